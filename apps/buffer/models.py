@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class Taskset(models.Model):
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasksets")
+    source = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Task(models.Model):
+    taskset = models.ForeignKey(Taskset, on_delete=models.CASCADE, related_name="tasks")
+    index = models.PositiveIntegerField(help_text="position in the source file")
+    # Either a text prompt or chat messages ([{"role": ..., "content": ...}]).
+    prompt = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)
+    # The reference answer (text or structure) and, for code, the tests.
+    reference = models.JSONField(null=True, blank=True)
+    tests = models.JSONField(null=True, blank=True)
+    domain = models.CharField(max_length=50, default="general", db_index=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    is_synthetic = models.BooleanField(default=False)
+    filter_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["taskset", "index"]
+        constraints = [models.UniqueConstraint(fields=["taskset", "index"], name="task_index_unique")]
+
+    def __str__(self) -> str:
+        return f"task {self.taskset_id}/{self.index}"
+
+
+class TaskAttempt(models.Model):
+    """One exploration of one task in one run and epoch: what explorers claim under a lease.
+
+    Its id is the stable base of the idempotency keys of the experiences it produces, so a
+    retried explorer writes the same keys again and nothing twice.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        LEASED = "leased"
+        DONE = "done"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="task_attempts")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempts")
+    epoch = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED)
+    priority = models.FloatField(default=0.0)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    model_version = models.PositiveIntegerField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "task", "epoch"], name="task_attempt_unique")]
+        indexes = [
+            models.Index(fields=["run", "status", "epoch", "priority", "id"], name="attempt_claim_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="attempt_reap_idx", condition=Q(status="leased")),
+        ]
+
+
+class Experience(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending feedback"
+        READY = "ready"
+        LEASED = "leased"
+        CONSUMED = "consumed"
+        FILTERED = "filtered"
+
+    class Source(models.TextChoices):
+        EXPLORER = "explorer"
+        ENV = "env"
+        HUMAN = "human"
+        IMPORT = "import"
+        SYNTHETIC = "synthetic"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="experiences")
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiences")
+    # Members of one GRPO group share a group id (the completions of one prompt).
+    group_id = models.CharField(max_length=100, db_index=True)
+    key = models.CharField(max_length=200, help_text="idempotency key, unique per run")
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.EXPLORER)
+    prompt_text = models.TextField(blank=True)
+    response_text = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)
+    # prompt followed by response; logprobs and action_mask cover the response part only.
+    token_ids = models.JSONField(default=list, blank=True)
+    prompt_length = models.PositiveIntegerField(default=0)
+    logprobs = models.JSONField(null=True, blank=True)
+    action_mask = models.JSONField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=20, blank=True)
+    reward = models.FloatField(null=True, blank=True)
+    auto_reward = models.FloatField(null=True, blank=True)
+    human_reward = models.FloatField(null=True, blank=True)
+    reward_parts = models.JSONField(default=dict, blank=True)
+    model_version = models.PositiveIntegerField(default=0)
+    is_expert = models.BooleanField(default=False)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="corrections")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
+    filter_reason = models.CharField(max_length=200, blank=True)
+    priority = models.FloatField(default=0.0)
+    use_count = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "key"], name="experience_key_unique")]
+        indexes = [
+            models.Index(fields=["run", "status", "-priority", "id"], name="experience_claim_idx"),
+            models.Index(fields=["run", "group_id", "status"], name="experience_group_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="experience_reap_idx", condition=Q(status="leased")),
+            models.Index(fields=["run", "model_version"], name="experience_version_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"experience {self.pk} ({self.status})"
+
+    @property
+    def response_length(self) -> int:
+        return max(0, len(self.token_ids or []) - self.prompt_length)

@@ -1,0 +1,346 @@
+"""The buffer's write and claim services.
+
+Claims use `SELECT … FOR UPDATE SKIP LOCKED` and a lease that expires: concurrent claimers
+never get the same row, and a claimer that dies loses nothing (`lease_reap` hands its rows
+back). On SQLite (the embedded default, one writer at a time) the same code runs without
+the row locks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from apps.buffer.models import Experience, Task, TaskAttempt
+from apps.runs.models import Run
+
+
+class BatchRejected(ValueError):
+    """A write batch was malformed; nothing of it was written. `row` is the 0-based index."""
+
+    def __init__(self, row: int, message: str) -> None:
+        self.row = row
+        self.message = message
+        super().__init__(f"row {row}: {message}")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    created: int
+    duplicates: int
+    ids: list[int]
+
+
+_REQUIRED = ("run_id", "key", "group_id")
+_FIELDS = {f.attname for f in Experience._meta.concrete_fields} - {"id", "created_at"}
+_ALIASES = {"run": "run_id", "task": "task_id", "parent": "parent_id"}
+
+
+def _normalise(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name, value in row.items():
+        name = _ALIASES.get(name, name)
+        if isinstance(value, (Run, Task, Experience)):
+            value = value.pk
+        if name not in _FIELDS:
+            raise BatchRejected(index, f"unknown field {name!r}")
+        data[name] = value
+    for name in _REQUIRED:
+        if data.get(name) in (None, ""):
+            raise BatchRejected(index, f"{name} is required")
+    data["key"] = str(data["key"])
+    data["group_id"] = str(data["group_id"])
+    if len(data["key"]) > 200:
+        raise BatchRejected(index, "key is longer than 200 characters")
+    token_ids = data.get("token_ids") or []
+    if not isinstance(token_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+        raise BatchRejected(index, "token_ids must be a list of integers")
+    prompt_length = data.get("prompt_length", 0) or 0
+    if not isinstance(prompt_length, int) or prompt_length < 0 or (token_ids and prompt_length > len(token_ids)):
+        raise BatchRejected(index, f"prompt_length {prompt_length!r} does not fit {len(token_ids)} token ids")
+    response_length = len(token_ids) - prompt_length if token_ids else 0
+    for name in ("logprobs", "action_mask"):
+        seq = data.get(name)
+        if seq is None:
+            continue
+        if not isinstance(seq, list):
+            raise BatchRejected(index, f"{name} must be a list")
+        if len(seq) != response_length:
+            raise BatchRejected(
+                index, f"{name} has {len(seq)} entries for {response_length} response tokens (token_ids minus prompt_length)"
+            )
+    logprobs = data.get("logprobs")
+    if logprobs is not None and not all(isinstance(x, (int, float)) and math.isfinite(x) for x in logprobs):
+        raise BatchRejected(index, "logprobs must be finite numbers")
+    for name in ("reward", "auto_reward", "human_reward", "priority"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
+            raise BatchRejected(index, f"{name} must be a finite number, got {value!r}")
+    parts = data.get("reward_parts") or {}
+    if not isinstance(parts, dict) or not all(
+        isinstance(v, (int, float)) and math.isfinite(v) for v in parts.values()
+    ):
+        raise BatchRejected(index, "reward_parts must map names to finite numbers")
+    status = data.get("status")
+    if status is not None and status not in Experience.Status.values:
+        raise BatchRejected(index, f"status {status!r} is not one of {', '.join(Experience.Status.values)}")
+    if data.get("status") in (Experience.Status.LEASED, Experience.Status.CONSUMED):
+        raise BatchRejected(index, f"a new experience cannot be written as {data['status']}")
+    return data
+
+
+def experience_write(*, experiences: Sequence[Mapping[str, Any]]) -> WriteResult:
+    """Insert a batch of experiences in one transaction, idempotent on (run, key).
+
+    A malformed row rejects the whole batch (BatchRejected names it) and writes nothing.
+    Rows whose key the run already holds are skipped and counted as duplicates.
+    """
+    rows = [_normalise(row, i) for i, row in enumerate(experiences)]
+    if not rows:
+        return WriteResult(created=0, duplicates=0, ids=[])
+
+    seen: dict[tuple[int, str], int] = {}
+    for i, row in enumerate(rows):
+        ident = (row["run_id"], row["key"])
+        if ident in seen:
+            raise BatchRejected(i, f"key {row['key']!r} repeats row {seen[ident]}")
+        seen[ident] = i
+
+    run_ids = {row["run_id"] for row in rows}
+    task_ids = {row["task_id"] for row in rows if row.get("task_id") is not None}
+    parent_ids = {row["parent_id"] for row in rows if row.get("parent_id") is not None}
+    known_runs = set(Run.objects.filter(pk__in=run_ids).values_list("pk", flat=True))
+    known_tasks = set(Task.objects.filter(pk__in=task_ids).values_list("pk", flat=True)) if task_ids else set()
+    known_parents = set(Experience.objects.filter(pk__in=parent_ids).values_list("pk", flat=True)) if parent_ids else set()
+    for i, row in enumerate(rows):
+        if row["run_id"] not in known_runs:
+            raise BatchRejected(i, f"unknown run {row['run_id']}")
+        if row.get("task_id") is not None and row["task_id"] not in known_tasks:
+            raise BatchRejected(i, f"unknown task {row['task_id']}")
+        if row.get("parent_id") is not None and row["parent_id"] not in known_parents:
+            raise BatchRejected(i, f"unknown parent experience {row['parent_id']}")
+
+    with transaction.atomic():
+        existing: set[tuple[int, str]] = set()
+        for run_id in run_ids:
+            keys = [row["key"] for row in rows if row["run_id"] == run_id]
+            existing.update(
+                (run_id, key) for key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("key", flat=True)
+            )
+        fresh = [Experience(**row) for row in rows if (row["run_id"], row["key"]) not in existing]
+        # ignore_conflicts covers a concurrent writer of the same keys between our read and insert.
+        Experience.objects.bulk_create(fresh, batch_size=1000, ignore_conflicts=True)
+        ids = list(
+            Experience.objects.filter(run_id__in=run_ids, key__in=[row["key"] for row in rows]).values_list("id", flat=True)
+        )
+    return WriteResult(created=len(fresh), duplicates=len(rows) - len(fresh), ids=ids)
+
+
+def _lock(qs: QuerySet[Any]) -> QuerySet[Any]:
+    # SQLite has one writer at a time and no row locks; Postgres skips rows others hold.
+    if connection.features.has_select_for_update_skip_locked:
+        return qs.select_for_update(skip_locked=True, of=("self",))
+    return qs
+
+
+def _claimable(*, run: Run, min_version: int | None, now: datetime) -> QuerySet[Experience]:
+    qs = Experience.objects.filter(run=run, status=Experience.Status.READY)
+    if min_version is not None:
+        qs = qs.filter(model_version__gte=min_version)
+    cooldown = run.cfg.replay.cooldown_seconds
+    if cooldown > 0:
+        qs = qs.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - timedelta(seconds=cooldown)))
+    return qs
+
+
+def batch_claim(
+    *,
+    run: Run,
+    worker: str,
+    size: int,
+    group_complete: bool = False,
+    min_version: int | None = None,
+    lease_seconds: float | None = None,
+    expert: bool | None = None,
+) -> list[Experience]:
+    """Lease up to `size` ready experiences of `run` to `worker`, highest priority first.
+
+    group_complete: only whole groups (no member still pending feedback or leased), and
+    never part of one; the first group is taken even when it alone exceeds `size`.
+    min_version: the staleness bound; nothing made by an older model version is claimed.
+    expert: True for expert experiences only, False for the model's own, None for both.
+    """
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    now = timezone.now()
+    expires = now + timedelta(seconds=lease_seconds if lease_seconds is not None else settings.RFT_LEASE_SECONDS)
+    with transaction.atomic():
+        qs = _claimable(run=run, min_version=min_version, now=now)
+        if expert is not None:
+            qs = qs.filter(is_expert=expert)
+        if not group_complete:
+            ids = list(_lock(qs.order_by("-priority", "id")).values_list("id", flat=True)[:size])
+        else:
+            ids = _claim_whole_groups(run=run, qs=qs, size=size)
+        if not ids:
+            return []
+        Experience.objects.filter(pk__in=ids).update(
+            status=Experience.Status.LEASED, lease_owner=worker, lease_expires_at=expires
+        )
+    claimed = list(Experience.objects.filter(pk__in=ids).order_by("-priority", "group_id", "id"))
+    if group_complete:
+        claimed.sort(key=lambda e: (e.group_id, e.id))
+    return claimed
+
+
+def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> list[int]:
+    unfinished = Experience.objects.filter(
+        run=run,
+        group_id=OuterRef("group_id"),
+        status__in=[Experience.Status.PENDING, Experience.Status.LEASED],
+    )
+    candidates = qs.annotate(blocked=Exists(unfinished)).filter(blocked=False)
+    # Lock a window of candidates; a group only partly locked (another claimer holds some
+    # of its rows) is left alone this time.
+    window = list(_lock(candidates.order_by("-priority", "group_id", "id")).values_list("id", "group_id")[: size * 4 + 64])
+    if not window:
+        return []
+    by_group: dict[str, list[int]] = {}
+    for pk, group in window:
+        by_group.setdefault(group, []).append(pk)
+    ready_counts = dict(
+        _claimable_counts(run=run, groups=list(by_group), base=qs)
+    )
+    ids: list[int] = []
+    for group, members in by_group.items():
+        if len(members) != ready_counts.get(group, 0):
+            continue
+        if ids and len(ids) + len(members) > size:
+            break
+        ids.extend(members)
+        if len(ids) >= size:
+            break
+    return ids
+
+
+def _claimable_counts(*, run: Run, groups: list[str], base: QuerySet[Experience]) -> Iterable[tuple[str, int]]:
+    from django.db.models import Count
+
+    return (
+        base.filter(group_id__in=groups).values("group_id").annotate(n=Count("id")).values_list("group_id", "n")
+    )
+
+
+def batch_ack(*, run: Run, worker: str, ids: Sequence[int]) -> int:
+    """Mark leased experiences as trained on: use count + 1, priority decays; with replay
+    (max_uses > 1) they go back to ready until used up, else they are consumed."""
+    replay = run.cfg.replay
+    now = timezone.now()
+    with transaction.atomic():
+        qs = Experience.objects.filter(run=run, pk__in=ids, status=Experience.Status.LEASED, lease_owner=worker)
+        again = qs.filter(use_count__lt=replay.max_uses - 1).update(
+            status=Experience.Status.READY,
+            use_count=F("use_count") + 1,
+            last_used_at=now,
+            priority=F("priority") * replay.priority_decay,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        done = qs.update(
+            status=Experience.Status.CONSUMED,
+            use_count=F("use_count") + 1,
+            last_used_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+    return again + done
+
+
+def batch_release(*, run: Run, worker: str, ids: Sequence[int] | None = None) -> int:
+    """Hand leased experiences back untouched (all of the worker's when ids is None)."""
+    qs = Experience.objects.filter(run=run, status=Experience.Status.LEASED, lease_owner=worker)
+    if ids is not None:
+        qs = qs.filter(pk__in=ids)
+    return qs.update(status=Experience.Status.READY, lease_owner="", lease_expires_at=None)
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    experiences: int
+    task_attempts: int
+
+
+def lease_reap(*, now: datetime | None = None) -> ReapResult:
+    """Return every expired lease to the pool: experiences to ready, task attempts to queued."""
+    now = now or timezone.now()
+    experiences = Experience.objects.filter(status=Experience.Status.LEASED, lease_expires_at__lt=now).update(
+        status=Experience.Status.READY, lease_owner="", lease_expires_at=None
+    )
+    attempts = TaskAttempt.objects.filter(status=TaskAttempt.Status.LEASED, lease_expires_at__lt=now).update(
+        status=TaskAttempt.Status.QUEUED, lease_owner="", lease_expires_at=None
+    )
+    return ReapResult(experiences=experiences, task_attempts=attempts)
+
+
+def task_attempts_create(*, run: Run, epoch: int) -> int:
+    """Queue one attempt per unfiltered task of the run's taskset for `epoch` (idempotent)."""
+    if run.taskset_id is None:
+        return 0
+    tasks = Task.objects.filter(taskset_id=run.taskset_id, filter_reason="").values_list("pk", "metadata")
+    attempts = [
+        TaskAttempt(run=run, task_id=pk, epoch=epoch, priority=float((meta or {}).get("priority", 0.0)))
+        for pk, meta in tasks
+    ]
+    TaskAttempt.objects.bulk_create(attempts, batch_size=2000, ignore_conflicts=True)
+    return len(attempts)
+
+
+def task_claim(*, run: Run, worker: str, size: int, lease_seconds: float | None = None) -> list[TaskAttempt]:
+    """Lease up to `size` queued task attempts of the run's lowest open epoch to `worker`.
+
+    When the current epoch is used up and the run has epochs left, the next one is queued.
+    """
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    expires = timezone.now() + timedelta(seconds=lease_seconds if lease_seconds is not None else settings.RFT_LEASE_SECONDS)
+    with transaction.atomic():
+        queued = TaskAttempt.objects.filter(run=run, status=TaskAttempt.Status.QUEUED)
+        ids = list(_lock(queued.order_by("epoch", "-priority", "id")).values_list("id", flat=True)[:size])
+        if not ids:
+            last_epoch = TaskAttempt.objects.filter(run=run).order_by("-epoch").values_list("epoch", flat=True).first()
+            nxt = 0 if last_epoch is None else last_epoch + 1
+            if nxt < run.cfg.epochs and not TaskAttempt.objects.filter(run=run, status=TaskAttempt.Status.LEASED).exists():
+                task_attempts_create(run=run, epoch=nxt)
+                ids = list(_lock(queued.order_by("epoch", "-priority", "id")).values_list("id", flat=True)[:size])
+        if not ids:
+            return []
+        TaskAttempt.objects.filter(pk__in=ids).update(
+            status=TaskAttempt.Status.LEASED, lease_owner=worker, lease_expires_at=expires, tries=F("tries") + 1
+        )
+    return list(TaskAttempt.objects.filter(pk__in=ids).select_related("task").order_by("epoch", "-priority", "id"))
+
+
+def task_release(*, run: Run, worker: str, ids: Sequence[int] | None = None) -> int:
+    """Hand leased task attempts back to the queue (all of the worker's when ids is None)."""
+    qs = TaskAttempt.objects.filter(run=run, status=TaskAttempt.Status.LEASED, lease_owner=worker)
+    if ids is not None:
+        qs = qs.filter(pk__in=ids)
+    return qs.update(status=TaskAttempt.Status.QUEUED, lease_owner="", lease_expires_at=None)
+
+
+def task_finish(*, run: Run, worker: str, ids: Sequence[int], model_version: int) -> int:
+    """Mark the worker's leased attempts done, recording the version that explored them."""
+    return TaskAttempt.objects.filter(
+        run=run, pk__in=ids, status=TaskAttempt.Status.LEASED, lease_owner=worker
+    ).update(
+        status=TaskAttempt.Status.DONE, lease_owner="", lease_expires_at=None,
+        model_version=model_version, finished_at=timezone.now(),
+    )

@@ -1,0 +1,185 @@
+"""The run config: one schema that validates configs everywhere (form, API, file).
+
+Errors name the bad field by its dotted path (`sampling.temperature`), so a form can show
+them beside the field and the CLI can print them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class Algorithm(StrEnum):
+    GRPO = "grpo"
+    DPO = "dpo"
+    SFT = "sft"
+    MIX = "mix"
+
+
+class Mode(StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+    EXPLORE = "explore"
+    TRAIN = "train"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(64, ge=1, le=65536)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class RewardTerm(_Strict):
+    name: str = Field(min_length=1)
+    weight: float = 1.0
+    params: dict[str, Any] = Field(default_factory=dict)
+    # Apply only to tasks of these domains; empty means every domain.
+    domains: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        from apps.rewards.registry import reward_names
+
+        known = reward_names()
+        if name not in known:
+            raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(known))}")
+        return name
+
+
+class FeedbackPolicy(_Strict):
+    mode: Literal["auto", "blend", "human"] = "auto"
+    w_auto: float = Field(0.5, ge=0.0)
+    w_human: float = Field(0.5, ge=0.0)
+    # How long a group waits for human rewards before the fallback applies.
+    wait_seconds: float = Field(600.0, ge=0.0)
+    fallback: Literal["auto", "drop"] = "auto"
+    # How many annotators see each item.
+    overlap: int = Field(1, ge=1, le=10)
+    rank_rule: Literal["borda"] = "borda"
+
+    @model_validator(mode="after")
+    def _weights(self) -> "FeedbackPolicy":
+        if self.mode == "blend" and self.w_auto + self.w_human <= 0:
+            raise ValueError("blend needs w_auto + w_human > 0")
+        return self
+
+
+class ReplayConfig(_Strict):
+    # 1 means every experience is trained on once.
+    max_uses: int = Field(1, ge=1)
+    cooldown_seconds: float = Field(0.0, ge=0.0)
+    priority_decay: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class AlgorithmConfig(_Strict):
+    learning_rate: float = Field(1e-5, gt=0.0)
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
+    beta: float = Field(0.0, ge=0.0)
+    epsilon: float = Field(0.2, gt=0.0)
+    epsilon_high: float | None = None
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    # MIX: (1 - mu) * GRPO(usual) + mu * SFT(expert); expert_share of each batch is expert.
+    mu: float = Field(0.1, ge=0.0, le=1.0)
+    expert_share: float = Field(0.25, ge=0.0, le=1.0)
+    # DPO
+    dpo_beta: float = Field(0.1, gt=0.0)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+
+
+class PipelineStep(_Strict):
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PipelineConfig(_Strict):
+    on_write: list[PipelineStep] = Field(default_factory=list)
+    on_import: list[PipelineStep] = Field(default_factory=list)
+    on_claim: list[PipelineStep] = Field(default_factory=list)
+
+
+class RunConfig(_Strict):
+    model: str = Field(min_length=1, description="hub id or local path of the starting model")
+    tokenizer: str | None = None
+    algorithm: Algorithm = Algorithm.GRPO
+    mode: Mode = Mode.SYNC
+    engine: Literal["vllm", "transformers"] = "transformers"
+    sync_interval: int = Field(1, ge=1)
+    sync_offset: int = Field(0, ge=0)
+    max_staleness: int = Field(0, ge=0)
+    repeat_times: int = Field(4, ge=1, le=256)
+    explore_batch_size: int = Field(8, ge=1, description="tasks per explore step")
+    train_batch_size: int = Field(32, ge=1, description="experiences per trainer step")
+    total_steps: int = Field(100, ge=1)
+    epochs: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rewards: list[RewardTerm] = Field(default_factory=list)
+    feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
+            raise ValueError("repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
+        return self
+
+
+class ConfigInvalid(ValueError):
+    """A run config failed validation; `errors` maps dotted field paths to messages."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{field}: {msg}" if field else msg for field, msg in errors.items()))
+
+
+def _errors_by_field(exc: ValidationError) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {str(err['loc'][-1])!r}"
+        errors.setdefault(field, msg)
+    return errors
+
+
+def config_validate(*, data: Any) -> RunConfig:
+    """Validate a config mapping; raise ConfigInvalid naming each bad field."""
+    if isinstance(data, RunConfig):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigInvalid({"": "a run config must be a mapping of keys to values"})
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigInvalid(_errors_by_field(exc)) from None
+
+
+def config_parse(*, text: str, filename: str = "config") -> RunConfig:
+    """Parse a YAML or JSON config file's text and validate it."""
+    import yaml
+
+    try:
+        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigInvalid({"": f"{filename} is not valid {'JSON' if filename.endswith('.json') else 'YAML'}: {exc}"}) from None
+    return config_validate(data=data)
+
+
+def config_dump(config: RunConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")

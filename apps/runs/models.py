@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+from apps.runs.config import RunConfig, config_validate
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        RUNNING = "running"
+        PAUSED = "paused"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT, db_index=True)
+    # Always written through config_validate, so it holds a valid RunConfig's JSON.
+    config = models.JSONField()
+    taskset = models.ForeignKey("buffer.Taskset", null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
+    current_version = models.PositiveIntegerField(default=0)
+    explore_step = models.PositiveIntegerField(default=0)
+    train_step = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def cfg(self) -> RunConfig:
+        cached: RunConfig | None = getattr(self, "_cfg_cache", None)
+        if cached is None or getattr(self, "_cfg_source", None) is not self.config:
+            cached = config_validate(data=self.config)
+            self._cfg_cache, self._cfg_source = cached, self.config
+        return cached
+
+    @property
+    def group_name(self) -> str:
+        return f"run.{self.pk}"
+
+
+class RunMember(models.Model):
+    """Who may do what on a run besides its owner and staff."""
+
+    class Role(models.TextChoices):
+        ANNOTATOR = "annotator"
+        VIEWER = "viewer"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="members")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "user"], name="run_member_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.role} of {self.run_id}"
+
+
+class ModelVersion(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    # A directory (shared storage) or hub id the explorers load.
+    checkpoint = models.CharField(max_length=1000)
+    train_step = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="model_version_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} v{self.number}"
+
+
+class Metric(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    step = models.PositiveIntegerField()
+    name = models.CharField(max_length=100)
+    value = models.FloatField()
+    time = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "name", "step"], name="metric_chart_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step}={self.value}"
+
+
+class AuditEntry(models.Model):
+    """Who did what to a run, and when (controls, policy edits)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="audit")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    action = models.CharField(max_length=50)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} on {self.run_id} by {self.actor_id}"
+
+
+def run_config_of(run: Run) -> dict[str, Any]:
+    return dict(run.config)

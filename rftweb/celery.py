@@ -1,0 +1,46 @@
+"""The Celery app: one queue per kind of work, routed to the hosts that can do it.
+
+GPU workers serve `rollout` (the explorer) and `train` (the trainer); `reward` runs the
+scorers that need a sandbox or a model; `default` runs housekeeping such as lease reaping.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+
+QUEUES = ("rollout", "train", "reward", "default")
+
+app = Celery("rftweb")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=[Queue(name) for name in QUEUES],
+    task_default_queue="default",
+    task_routes={
+        "workers.explorer.*": {"queue": "rollout"},
+        "workers.trainer.*": {"queue": "train"},
+        "workers.rewards.*": {"queue": "reward"},
+    },
+    # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_serializer="json",
+    accept_content=["json"],
+    task_time_limit=3600,
+    task_soft_time_limit=3300,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={"visibility_timeout": 4 * 3600},
+    worker_hijack_root_logger=False,
+    beat_schedule={
+        "lease-reap": {
+            "task": "apps.buffer.tasks.lease_reap_task",
+            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+        },
+    },
+)
+app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])

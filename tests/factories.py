@@ -1,0 +1,75 @@
+"""Factories for tests: small, explicit, and every argument overridable."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from apps.buffer.importers import taskset_create
+from apps.buffer.models import Experience, Taskset
+from apps.buffer.services import experience_write
+from apps.runs.models import Run, RunMember
+from apps.runs.services import run_create
+
+_seq = itertools.count(1)
+
+
+def make_user(username: str | None = None, *, password: str = "pw-for-tests-only", staff: bool = False) -> User:
+    username = username or f"user{next(_seq)}"
+    return User.objects.create_user(username=username, password=password, is_staff=staff, is_superuser=staff)
+
+
+def base_config(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "model": "local/demo",
+        "algorithm": "grpo",
+        "mode": "sync",
+        "repeat_times": 4,
+        "rewards": [{"name": "exact_match"}],
+    }
+    config.update(overrides)
+    return config
+
+
+def make_taskset(n: int = 4, *, name: str = "arith", owner: User | None = None) -> Taskset:
+    records = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "domain": "math"} for i in range(n)]
+    return taskset_create(name=name, records=records, owner=owner)
+
+
+def make_run(*, owner: User | None = None, taskset: Taskset | None = None, name: str = "run", **config: Any) -> Run:
+    owner = owner or make_user()
+    return run_create(name=name, owner=owner, config=base_config(**config), taskset=taskset)
+
+
+def add_member(run: Run, user: User, role: str = RunMember.Role.ANNOTATOR) -> RunMember:
+    return RunMember.objects.create(run=run, user=user, role=role)
+
+
+def experience_row(run: Run, *, key: str | None = None, group: str | None = None, prompt_len: int = 3,
+                   response_len: int = 4, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "run_id": run.pk,
+        "key": key or uuid.uuid4().hex,
+        "group_id": group or uuid.uuid4().hex[:12],
+        "prompt_text": "What is 1 + 1?",
+        "response_text": "<answer>2</answer>",
+        "token_ids": list(range(prompt_len + response_len)),
+        "prompt_length": prompt_len,
+        "logprobs": [-0.5] * response_len,
+        "reward": 1.0,
+    }
+    row.update(fields)
+    return row
+
+
+def make_experiences(run: Run, *, groups: int = 2, group_size: int = 4, **fields: Any) -> list[Experience]:
+    rows = []
+    for g in range(groups):
+        group = f"g{next(_seq)}"
+        for i in range(group_size):
+            rows.append(experience_row(run, key=f"{group}-{i}", group=group, reward=float(i), **fields))
+    result = experience_write(experiences=rows)
+    return list(Experience.objects.filter(pk__in=result.ids).order_by("id"))

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from apps.runs.config import ConfigInvalid, config_parse, config_validate
+
+
+def test_a_minimal_config_gets_defaults() -> None:
+    cfg = config_validate(data={"model": "Qwen/Qwen2.5-0.5B"})
+    assert cfg.algorithm == "grpo" and cfg.mode == "sync" and cfg.repeat_times == 4
+    assert cfg.feedback.mode == "auto" and cfg.replay.max_uses == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        ({}, "model", "Field required"),
+        ({"model": "m", "algorithm": "ppo"}, "algorithm", "Input should be"),
+        ({"model": "m", "sampling": {"temperature": -1}}, "sampling.temperature", "greater than or equal to 0"),
+        ({"model": "m", "sampling": {"temprature": 1}}, "sampling.temprature", "unknown key 'temprature'"),
+        ({"model": "m", "colour": "red"}, "colour", "unknown key 'colour'"),
+        ({"model": "m", "rewards": [{"name": "nope"}]}, "rewards.0.name", "unknown reward 'nope'"),
+        ({"model": "m", "repeat_times": 1}, "", "repeat_times must be at least 2"),
+        ({"model": "m", "feedback": {"mode": "blend", "w_auto": 0, "w_human": 0}}, "feedback", "w_auto + w_human > 0"),
+    ],
+)
+def test_a_bad_config_names_the_bad_field(data: dict, field: str, message: str) -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        config_validate(data=data)
+    assert field in caught.value.errors, caught.value.errors
+    assert message in caught.value.errors[field]
+
+
+def test_a_config_file_with_an_unknown_key_fails_naming_the_key() -> None:
+    with pytest.raises(ConfigInvalid, match="unknown key 'max_stalness'"):
+        config_parse(text="model: m\nmax_stalness: 2\n", filename="run.yaml")
+
+
+def test_json_and_yaml_files_parse_to_the_same_config() -> None:
+    yaml_cfg = config_parse(text="model: m\nmode: async\nmax_staleness: 2\n", filename="run.yaml")
+    json_cfg = config_parse(text='{"model": "m", "mode": "async", "max_staleness": 2}', filename="run.json")
+    assert yaml_cfg == json_cfg
+
+
+def test_a_broken_file_says_so() -> None:
+    with pytest.raises(ConfigInvalid, match="not valid YAML"):
+        config_parse(text="model: [unclosed", filename="run.yaml")
+    with pytest.raises(ConfigInvalid, match="must be a mapping"):
+        config_parse(text="- just a list", filename="run.yaml")
