@@ -114,3 +114,17 @@ class AuditEntry(models.Model):
 
 def run_config_of(run: Run) -> dict[str, Any]:
     return dict(run.config)
+
+
+class WeightLoad(models.Model):
+    """An explorer loaded a model version: the weight-sync timeline."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="weight_loads")
+    version = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200)
+    seconds = models.FloatField(default=0.0, help_text="how long the load took")
+    loaded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "loaded_at"]
+        indexes = [models.Index(fields=["run", "version"], name="weight_load_run_idx")]

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from apps.runs.config import RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
-from apps.runs.models import AuditEntry, Metric, Run
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
 
 
 class TransitionNotAllowed(ValueError):
@@ -59,3 +59,33 @@ def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
     clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
     Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
     event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+
+
+def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:
+    """Record a new model version (idempotent on (run, number)), make it the run's current
+    one if newer, and announce `weights.synced` once the transaction commits."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Greatest
+
+
+    with transaction.atomic():
+        version, _ = ModelVersion.objects.get_or_create(
+            run=run, number=number, defaults={"checkpoint": checkpoint, "train_step": train_step}
+        )
+        Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
+    run.refresh_from_db(fields=["current_version"])
+    payload = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="weights.synced", payload=payload))
+    return version
+
+
+def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -> None:
+    """An explorer loaded `version`: store it for the sync timeline and announce it."""
+    from apps.runs.models import WeightLoad
+
+    WeightLoad.objects.create(run=run, version=version, worker=worker, seconds=seconds)
+    event_publish(
+        run_id=run.pk,
+        type="weights.synced",
+        payload={"version": version, "worker": worker, "seconds": seconds, "event": "loaded"},
+    )

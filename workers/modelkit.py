@@ -1,0 +1,90 @@
+"""Build small causal LMs and tokenizers locally and deterministically (no model hub).
+
+Used by the demo model, by tests and by benches. Same arguments, same files: the tokenizer
+is trained on the given texts in order and the weights come from a seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+
+
+def tokenizer_build(*, texts: Iterable[str], vocab_size: int = 512) -> Any:
+    """A byte-level BPE tokenizer trained on `texts`, wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", padding_side="left"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def causal_lm_build(
+    *,
+    tokenizer: Any,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_positions: int = 512,
+    seed: int = 0,
+) -> Any:
+    """A randomly initialised Qwen2 causal LM sized for the CPU, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or hidden_size * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, seed: int = 0, **sizes: Any) -> Path:
+    """Build and save a tiny random model with its tokenizer; returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = list(texts) if texts is not None else [
+        f"What is {a} + {b}? <answer>{a + b}</answer>" for a in range(20) for b in range(20)
+    ]
+    tokenizer = tokenizer_build(texts=corpus, vocab_size=sizes.pop("vocab_size", 300))
+    model = causal_lm_build(tokenizer=tokenizer, seed=seed, **sizes)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
