@@ -68,7 +68,12 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = env_str("DATABASE_URL")
+TESTING = "pytest" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "test")
+# Tests talk to the real services at their standard local ports unless told otherwise;
+# RFT_TEST_EMBEDDED=1 runs them on the embedded default instead.
+_TEST_REAL_SERVICES = TESTING and not env_bool("RFT_TEST_EMBEDDED", False)
+
+DATABASE_URL = env_str("DATABASE_URL", "postgres://localhost:5432/test" if _TEST_REAL_SERVICES else "")
 EMBEDDED = not DATABASE_URL
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
@@ -105,7 +110,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
-REDIS_URL = env_str("REDIS_URL")
+REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -136,8 +141,6 @@ RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
-
-TESTING = "pytest" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "test")
 
 LOGGING = {
     "version": 1,

@@ -28,3 +28,19 @@ def run(owner: User, annotator: User) -> Run:
     run = make_run(owner=owner, taskset=taskset)
     add_member(run, annotator)
     return run
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: pytest.FixtureRequest) -> object:
+    yield
+    # Threads of async tests and killed child processes can leave sessions open on the test
+    # database, which would stop Django from dropping it at the end.
+    with django_db_blocker.unblock():
+        from django.db import connection
+
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )

@@ -9,7 +9,7 @@ the row locks.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -202,26 +202,32 @@ def batch_claim(
 
 
 def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> list[int]:
+    from django.db.models import Count, Max
+
     unfinished = Experience.objects.filter(
         run=run,
         group_id=OuterRef("group_id"),
         status__in=[Experience.Status.PENDING, Experience.Status.LEASED],
     )
     candidates = qs.annotate(blocked=Exists(unfinished)).filter(blocked=False)
-    # Lock a window of candidates; a group only partly locked (another claimer holds some
-    # of its rows) is left alone this time.
-    window = list(_lock(candidates.order_by("-priority", "group_id", "id")).values_list("id", "group_id")[: size * 4 + 64])
-    if not window:
-        return []
-    by_group: dict[str, list[int]] = {}
-    for pk, group in window:
-        by_group.setdefault(group, []).append(pk)
-    ready_counts = dict(
-        _claimable_counts(run=run, groups=list(by_group), base=qs)
+    # Groups in order of their best member, then lock their rows; a group that another
+    # claimer holds part of (SKIP LOCKED left rows out) is left alone this time.
+    top = (
+        candidates.values("group_id")
+        .annotate(best=Max("priority"), n=Count("id"))
+        .order_by("-best", "group_id")[: size + 16]
     )
+    wanted = {row["group_id"]: row["n"] for row in top}
+    if not wanted:
+        return []
+    locked = list(_lock(qs.filter(group_id__in=list(wanted)).order_by("id")).values_list("id", "group_id"))
+    by_group: dict[str, list[int]] = {}
+    for pk, group in locked:
+        by_group.setdefault(group, []).append(pk)
     ids: list[int] = []
-    for group, members in by_group.items():
-        if len(members) != ready_counts.get(group, 0):
+    for group, expected in wanted.items():
+        members = by_group.get(group, [])
+        if len(members) != expected:
             continue
         if ids and len(ids) + len(members) > size:
             break
@@ -229,14 +235,6 @@ def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> lis
         if len(ids) >= size:
             break
     return ids
-
-
-def _claimable_counts(*, run: Run, groups: list[str], base: QuerySet[Experience]) -> Iterable[tuple[str, int]]:
-    from django.db.models import Count
-
-    return (
-        base.filter(group_id__in=groups).values("group_id").annotate(n=Count("id")).values_list("group_id", "n")
-    )
 
 
 def batch_ack(*, run: Run, worker: str, ids: Sequence[int]) -> int:

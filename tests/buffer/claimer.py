@@ -1,0 +1,46 @@
+"""A claimer process for the concurrency tests: claims batches from one run until the
+buffer is empty, acking each, and prints every claimed id as one JSON line per batch.
+
+    python tests/buffer/claimer.py RUN_ID WORKER SIZE [--hold] [--group]
+
+--hold claims one batch, prints it, and then sleeps (to be killed with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from apps.buffer.services import batch_ack, batch_claim  # noqa: E402
+from apps.runs.models import Run  # noqa: E402
+
+
+def main() -> None:
+    run_id, worker, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    hold, group = "--hold" in sys.argv, "--group" in sys.argv
+    run = Run.objects.get(pk=run_id)
+    empty_polls = 0
+    while empty_polls < 3:
+        batch = batch_claim(run=run, worker=worker, size=size, group_complete=group, lease_seconds=2 if hold else 60)
+        if not batch:
+            empty_polls += 1
+            time.sleep(0.2)
+            continue
+        empty_polls = 0
+        print(json.dumps([e.pk for e in batch]), flush=True)
+        if hold:
+            time.sleep(3600)
+        batch_ack(run=run, worker=worker, ids=[e.pk for e in batch])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Live events: typed events on the run's group, published from anywhere, Celery included."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from apps.runs.events import event_publish
+from apps.runs.models import Run
+from apps.runs.tasks import run_announce
+from rftweb.asgi import application
+from tests.factories import make_experiences
+from tests.workers_util import celery_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def _connect(run: Run, user: object) -> tuple[WebsocketCommunicator, bool]:
+    from apps.runs.consumers import RunEventsConsumer
+
+    comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
+    comm.scope["user"] = user
+    comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
+    connected, _ = await comm.connect()
+    return comm, connected
+
+
+async def test_an_event_published_inside_a_celery_task_reaches_a_websocket_client(run: Run, owner: User, tmp_path) -> None:
+    await sync_to_async(make_experiences)(run, groups=2, group_size=3)
+    comm, connected = await _connect(run, owner)
+    assert connected
+    with celery_worker("default", name="events", log=tmp_path / "worker.log"):
+        await sync_to_async(run_announce.delay)(run.pk)
+        message = await comm.receive_json_from(timeout=30)
+    assert message == {"type": "buffer.counts", "payload": {"pending": 0, "ready": 6, "leased": 0, "consumed": 0, "filtered": 0}}
+    await comm.disconnect()
+
+
+async def test_members_receive_events_and_outsiders_cannot_subscribe(run: Run, annotator: User, outsider: User) -> None:
+    member, ok = await _connect(run, annotator)
+    assert ok
+    stranger, stranger_ok = await _connect(run, outsider)
+    assert not stranger_ok
+    anonymous, anonymous_ok = await _connect(run, AnonymousUser())
+    assert not anonymous_ok
+    await sync_to_async(event_publish)(run_id=run.pk, type="weights.synced", payload={"version": 3})
+    assert await member.receive_json_from(timeout=5) == {"type": "weights.synced", "payload": {"version": 3}}
+    await member.disconnect()
+
+
+async def test_events_of_one_run_do_not_reach_another(run: Run, owner: User) -> None:
+    from tests.factories import make_run
+
+    other = await sync_to_async(make_run)(owner=owner, name="other")
+    comm, _ = await _connect(other, owner)
+    await sync_to_async(event_publish)(run_id=run.pk, type="run.status", payload={"status": "paused"})
+    assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
+
+
+def test_unknown_event_types_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown event type 'run.exploded'"):
+        event_publish(run_id=1, type="run.exploded", payload={})
+
+
+async def test_the_asgi_router_refuses_an_anonymous_socket(run: Run) -> None:
+    comm = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost")])
+    connected, _ = await comm.connect()
+    assert not connected
+    await asyncio.sleep(0)

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from rftweb.env import ConfigError, database_from_url, env_bool, env_int
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.portable
+def test_the_embedded_default_uses_sqlite_and_in_process_services() -> None:
+    if os.environ.get("RFT_TEST_EMBEDDED") != "1":
+        pytest.skip("checked in the embedded child run (tests/test_embedded.py)")
+    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels.layers.InMemoryChannelLayer"
+    assert settings.CELERY_BROKER_URL == "memory://"
+
+
+def test_the_test_run_uses_postgres_and_redis() -> None:
+    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert settings.CELERY_BROKER_URL.startswith("redis://")
+
+
+def test_database_urls_are_parsed_and_bad_ones_named() -> None:
+    db = database_from_url("postgres://bob:s%40cret@db.example:6543/rft")
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == ("bob", "s@cret", "db.example", "6543", "rft")
+    with pytest.raises(ConfigError, match="scheme 'mysql'"):
+        database_from_url("mysql://localhost/x")
+    with pytest.raises(ConfigError, match="names no database"):
+        database_from_url("postgres://localhost/")
+
+
+def test_typed_env_helpers_reject_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_FLAG", "maybe")
+    with pytest.raises(ConfigError, match="X_FLAG='maybe' is not a boolean"):
+        env_bool("X_FLAG")
+    monkeypatch.setenv("X_NUM", "ten")
+    with pytest.raises(ConfigError, match="X_NUM='ten' is not an integer"):
+        env_int("X_NUM", 1)
+
+
+def test_the_development_secret_refuses_to_start_with_debug_off() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
+    env.update(DEBUG="0")
+    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "SECRET_KEY must be set when DEBUG is off" in proc.stderr
+    env["SECRET_KEY"] = "a-real-secret-for-this-test-only-1234567890"
+    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
