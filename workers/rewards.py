@@ -31,10 +31,6 @@ log = logging.getLogger(__name__)
 SCORER_RETRIES = 3
 
 
-class ScorerFailed(RuntimeError):
-    pass
-
-
 def _task_of(exp: Experience) -> Any:
     if exp.task is not None:
         return exp.task
@@ -45,8 +41,9 @@ def _task_of(exp: Experience) -> Any:
 
 def rewards_remote_score(
     *, run: Run, experiences: Sequence[Experience]
-) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]]]:
-    """Score each experience's awaited terms; (parts by experience id, errors by experience id).
+) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]], bool]:
+    """Score each experience's awaited terms: (parts by experience id, errors by experience id,
+    whether a scorer raised, which a retry may cure).
 
     Batch scorers (models) get every experience that awaits the same term in one call.
     """
@@ -57,6 +54,7 @@ def rewards_remote_score(
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     # key -> (term, [experiences awaiting it])
     groups: dict[str, tuple[Any, list[Experience]]] = {}
+    raised = False
     for exp in experiences:
         applicable = dict(rewards_for_domain(terms=terms, domain=task_domain(_task_of(exp))))
         for key in exp.metadata.get("awaiting_rewards") or []:
@@ -79,6 +77,7 @@ def rewards_remote_score(
         try:
             values = batch(completions, tasks, **params)
         except Exception as exc:  # noqa: BLE001 - recorded, retried, then scored 0
+            raised = True
             log.exception("reward %s failed for %d experiences of run %s", key, len(members), run.pk)
             for exp in members:
                 errors[exp.pk][key] = f"{type(exc).__name__}: {exc}"[:500]
@@ -86,7 +85,7 @@ def rewards_remote_score(
             continue
         for exp, value in zip(members, values, strict=True):
             scored[exp.pk][key] = float(value)
-    return scored, dict(errors)
+    return scored, dict(errors), raised
 
 
 @shared_task(
@@ -109,8 +108,8 @@ def score_experiences(self: Any, run_id: int, experience_ids: list[int]) -> dict
     pending = experiences_awaiting_rewards(run=run, ids=experience_ids)
     if not pending:
         return {"applied": 0, "skipped": len(experience_ids)}
-    scored, errors = rewards_remote_score(run=run, experiences=pending)
-    if errors and self.request.retries < SCORER_RETRIES:
+    scored, errors, raised = rewards_remote_score(run=run, experiences=pending)
+    if raised and self.request.retries < SCORER_RETRIES:
         raise self.retry(countdown=5 * (self.request.retries + 1), max_retries=SCORER_RETRIES)
     applied = experience_rewards_apply(run=run, scored=scored, errors=errors)
     return {"applied": len(applied), "skipped": len(experience_ids) - len(applied)}

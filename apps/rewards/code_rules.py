@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from apps.rewards.registry import RewardResult, register, task_field
-from apps.rewards.sandbox import code_extract, code_run, tests_normalise
+from apps.rewards.sandbox import code_extract, code_run, code_tests_normalise
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def code_exec(
     **params: Any,
 ) -> RewardResult:
     try:
-        tests = tests_normalise(task_field(task, "tests"))
+        tests = code_tests_normalise(task_field(task, "tests"))
     except ValueError as exc:
         log.warning("code_exec: task has unusable tests: %s", exc)
         tests = []

@@ -31,9 +31,14 @@ def _mv_parse(text: str, timeout: int | None) -> list[Any]:
     from math_verify import parse
 
     parsed = parse(_latex_wrapped(text), parsing_timeout=timeout)
-    if not parsed and _latex_wrapped(text) != text:
+    if not _has_expression(parsed) and _latex_wrapped(text) != text:
         parsed = parse(text, parsing_timeout=timeout)
-    return parsed
+    # A list of only strings is math-verify echoing text it could not read: not a parse.
+    return parsed if _has_expression(parsed) else []
+
+
+def _has_expression(parsed: list[Any]) -> bool:
+    return any(not isinstance(p, str) for p in parsed)
 
 
 def _number(text: str) -> float | None:

@@ -156,7 +156,7 @@ def code_extract(completion: str) -> str:
     return bare[-1] if bare else completion
 
 
-def tests_normalise(tests: Any) -> list[Any]:
+def code_tests_normalise(tests: Any) -> list[Any]:
     """Task tests as a list: assertion snippets (str) and/or {"input", "output"} cases."""
     if tests is None:
         return []
@@ -216,7 +216,7 @@ def code_run(
     `audit=False` leaves out the in-process audit hook, so tests can show that the
     process-level layers confine on their own.
     """
-    cases = tests_normalise(tests)[:MAX_TESTS]
+    cases = code_tests_normalise(tests)[:MAX_TESTS]
     if not cases:
         return CodeRunResult(passed=0, total=0)
     conf = sandbox_confinement()
