@@ -163,3 +163,19 @@ def test_the_llm_judge_reads_the_score_the_judge_model_gives(judge_model: str) -
 @pytest.mark.slow
 def test_a_judge_on_another_scale_is_normalised(judge_model: str) -> None:
     assert llm_judge_scores(COMPLETIONS[:1], TASKS[:1], model=judge_model, scale=14, max_tokens=8) == [pytest.approx(0.5)]
+
+
+@pytest.mark.gpu
+def test_a_reward_model_on_cuda_scores_as_on_the_cpu(scalar_rm: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the reward model's GPU path runs only on a GPU host")
+    reward_model_load.cache_clear()
+    gpu = reward_model_scores(COMPLETIONS, TASKS, model=scalar_rm)
+    net, _ = reward_model_load(scalar_rm)
+    assert net.device.type == "cuda"
+    net.to("cpu")  # the cached model now scores on the CPU
+    try:
+        cpu = reward_model_scores(COMPLETIONS, TASKS, model=scalar_rm)
+    finally:
+        reward_model_load.cache_clear()
+    assert gpu == pytest.approx(cpu, abs=1e-3)
