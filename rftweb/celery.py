@@ -44,3 +44,5 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
+# Worker-side tasks live in workers/<name>.py, not workers/tasks.py.
+app.autodiscover_tasks(["workers"], related_name="rewards")

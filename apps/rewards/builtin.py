@@ -1,34 +1,65 @@
-"""Built-in rule rewards."""
+"""Built-in rule rewards: exact match, regex, length penalty."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from apps.rewards.registry import RewardResult, register
+from apps.rewards.answers import answer_extract
+from apps.rewards.registry import RewardResult, reference_text, register
 
 
-def _reference_text(task: Any) -> str:
-    ref = getattr(task, "reference", None)
-    if isinstance(ref, dict):
-        ref = ref.get("answer", "")
-    return "" if ref is None else str(ref)
+def _normalise(text: str, *, case: bool) -> str:
+    text = " ".join(text.split())
+    return text if case else text.casefold()
 
 
-@register("exact_match", description="1 when the stripped completion equals the reference answer")
-def exact_match(completion: str, task: Any, **params: Any) -> RewardResult:
-    ok = completion.strip() == _reference_text(task).strip()
+def _exact_check(params: Mapping[str, Any]) -> None:
+    for key in ("case_sensitive", "use_answer_tag"):
+        if key in params and not isinstance(params[key], bool):
+            raise ValueError(f"exact_match: {key} must be true or false")
+
+
+@register("exact_match", check=_exact_check,
+          description="1 when the answer (tagged answer if present, else the completion) equals the reference")
+def exact_match(
+    completion: str, task: Any, *, case_sensitive: bool = True, use_answer_tag: bool = True, **params: Any
+) -> RewardResult:
+    # A model trained with <answer> tags should not lose the reward for wrapping its answer.
+    tagged = answer_extract(completion) if use_answer_tag else None
+    answer = completion if tagged is None else tagged
+    ok = _normalise(answer, case=case_sensitive) == _normalise(reference_text(task), case=case_sensitive)
     return RewardResult(float(ok), {"exact_match": float(ok)})
 
 
-@register("regex", description="1 when the completion matches params.pattern")
-def regex(completion: str, task: Any, *, pattern: str = "", **params: Any) -> RewardResult:
-    ok = re.search(pattern, completion, flags=re.DOTALL) is not None
+def _regex_check(params: Mapping[str, Any]) -> None:
+    pattern = params.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError("regex needs params.pattern, a non-empty regular expression")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"regex: params.pattern {pattern!r} does not compile: {exc}") from None
+
+
+@register("regex", check=_regex_check, description="1 when the completion matches params.pattern")
+def regex(completion: str, task: Any, *, pattern: str = "", fullmatch: bool = False, **params: Any) -> RewardResult:
+    compiled = re.compile(pattern, flags=re.DOTALL)
+    ok = (compiled.fullmatch(completion.strip()) if fullmatch else compiled.search(completion)) is not None
     return RewardResult(float(ok), {"regex": float(ok)})
 
 
-@register("length_penalty", description="-(excess characters / max_chars) past max_chars, else 0")
+def _length_check(params: Mapping[str, Any]) -> None:
+    value = params.get("max_chars", 512)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"length_penalty: max_chars must be a positive integer, got {value!r}")
+
+
+@register("length_penalty", check=_length_check,
+          description="-(excess characters / max_chars) past max_chars, else 0; floored at -1")
 def length_penalty(completion: str, task: Any, *, max_chars: int = 512, **params: Any) -> RewardResult:
     excess = max(0, len(completion) - max_chars)
-    value = -excess / max(1, max_chars)
+    # Floored so one runaway completion cannot swamp every other term of the sum.
+    value = max(-1.0, -excess / max(1, max_chars))
     return RewardResult(value, {"length_penalty": value})

@@ -2,6 +2,8 @@
 
 A reward function takes the completion text and the task (its reference answer, tests,
 metadata) plus the term's params, and returns a RewardResult: a float and named parts.
+A function registered with `where="reward"` is scored on the Celery queue `reward`
+(sandboxes, reward models, judges) instead of inline in the explorer.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ class TaskLike(Protocol):
 
 
 RewardFn = Callable[..., RewardResult]
+# Raises ValueError with a message naming the bad param; run validation shows it.
+ParamsCheck = Callable[[Mapping[str, Any]], None]
+
+WHERE = ("inline", "reward")
 
 
 @dataclass(frozen=True)
@@ -33,24 +39,32 @@ class RewardSpec:
     # Where it runs: "inline" in the explorer, or "reward" queue (sandboxes, models, judges).
     where: str = "inline"
     description: str = ""
+    check: ParamsCheck | None = None
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
 
 
-def register(name: str, *, where: str = "inline", description: str = "") -> Callable[[RewardFn], RewardFn]:
+def register(
+    name: str, *, where: str = "inline", description: str = "", check: ParamsCheck | None = None
+) -> Callable[[RewardFn], RewardFn]:
+    if where not in WHERE:
+        raise ValueError(f"reward {name!r}: where must be one of {WHERE}, got {where!r}")
+
     def decorate(fn: RewardFn) -> RewardFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"reward {name!r} is registered twice")
-        _REGISTRY[name] = RewardSpec(name=name, fn=fn, where=where, description=description or (fn.__doc__ or "").strip())
+        _REGISTRY[name] = RewardSpec(
+            name=name, fn=fn, where=where, description=description or (fn.__doc__ or "").strip(), check=check
+        )
         return fn
 
     return decorate
 
 
 def _load_builtins() -> None:
-    # Importing the module registers the built-in rewards.
-    from apps.rewards import builtin  # noqa: F401
+    # Importing the modules registers the built-in rewards.
+    from apps.rewards import builtin, code_rules, math_rules, remote  # noqa: F401
 
 
 def reward_names() -> set[str]:
@@ -64,3 +78,24 @@ def reward_get(name: str) -> RewardSpec:
         return _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def reward_params_check(*, name: str, params: Mapping[str, Any]) -> None:
+    """Raise ValueError naming what is wrong with a term's params (a bad regex, a missing model)."""
+    spec = reward_get(name)
+    if spec.check is not None:
+        spec.check(params)
+
+
+def task_field(task: Any, name: str, default: Any = None) -> Any:
+    """Read a field from a Task row, a dataclass or a plain mapping alike."""
+    if isinstance(task, Mapping):
+        return task.get(name, default)
+    return getattr(task, name, default)
+
+
+def reference_text(task: Any) -> str:
+    ref = task_field(task, "reference")
+    if isinstance(ref, Mapping):
+        ref = next((ref[k] for k in ("answer", "reference", "solution", "ground_truth") if k in ref), "")
+    return "" if ref is None else str(ref)

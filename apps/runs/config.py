@@ -57,6 +57,15 @@ class RewardTerm(_Strict):
             raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(known))}")
         return name
 
+    @model_validator(mode="after")
+    def _params_fit(self) -> "RewardTerm":
+        # Each reward checks its own params (a regex that compiles, a model path), so a bad
+        # term fails run validation instead of every explore step.
+        from apps.rewards.registry import reward_params_check
+
+        reward_params_check(name=self.name, params=self.params)
+        return self
+
 
 class FeedbackPolicy(_Strict):
     mode: Literal["auto", "blend", "human"] = "auto"

@@ -1,0 +1,64 @@
+"""Folding remotely scored reward parts into experiences, and handing experiences to the
+reward queue."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from django.db import transaction
+
+from apps.buffer.models import Experience
+from apps.feedback.policy import experience_initial_fields
+from apps.rewards.scoring import reward_combine
+from apps.runs.models import Run
+
+SCORE_TASK = "workers.rewards.score_experiences"
+
+
+def rewards_remote_enqueue(*, run_id: int, experience_ids: Sequence[int]) -> None:
+    """Queue remote scoring of experiences once the transaction that wrote them commits."""
+    if not experience_ids:
+        return
+    from rftweb.celery import app
+
+    ids = [int(i) for i in experience_ids]
+    transaction.on_commit(lambda: app.send_task(SCORE_TASK, args=[run_id, ids], queue="reward"))
+
+
+def experience_rewards_apply(
+    *,
+    run: Run,
+    scored: Mapping[int, Mapping[str, float]],
+    errors: Mapping[int, Mapping[str, str]] | None = None,
+) -> list[int]:
+    """Merge remote reward parts into experiences still awaiting them, in one transaction.
+
+    For each: parts merged into `reward_parts`, `auto_reward` recomputed over all parts,
+    `metadata["awaiting_rewards"]` cleared, and, while the experience is still pending,
+    status and reward set by the run's feedback policy (auto → ready with the reward;
+    blend/human → stays pending for people). Rows are locked and re-checked, so a second
+    worker scoring the same experiences applies nothing. Returns the ids applied.
+    """
+    if not scored:
+        return []
+    cfg = run.cfg
+    errors = errors or {}
+    applied: list[int] = []
+    with transaction.atomic():
+        rows = Experience.objects.select_for_update().filter(run=run, pk__in=list(scored)).order_by("pk")
+        for exp in rows:
+            metadata = dict(exp.metadata or {})
+            if not metadata.get("awaiting_rewards"):
+                continue
+            parts = {**(exp.reward_parts or {}), **{k: float(v) for k, v in scored[exp.pk].items()}}
+            auto = reward_combine(terms=cfg.rewards, parts=parts)
+            metadata["awaiting_rewards"] = []
+            if errors.get(exp.pk):
+                metadata["reward_errors"] = dict(errors[exp.pk])
+            update: dict[str, object] = {"reward_parts": parts, "auto_reward": auto, "metadata": metadata}
+            if exp.status == Experience.Status.PENDING:
+                fields = experience_initial_fields(cfg=cfg, auto_reward=auto)
+                update["status"], update["reward"] = fields["status"], fields["reward"]
+            Experience.objects.filter(pk=exp.pk).update(**update)
+            applied.append(exp.pk)
+    return applied
