@@ -85,7 +85,7 @@ class Experience(models.Model):
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="experiences")
     task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiences")
     # Members of one GRPO group share a group id (the completions of one prompt).
-    group_id = models.CharField(max_length=100, db_index=True)
+    group_id = models.CharField(max_length=100)
     key = models.CharField(max_length=200, help_text="idempotency key, unique per run")
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.EXPLORER)
     prompt_text = models.TextField(blank=True)
@@ -117,7 +117,8 @@ class Experience(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "key"], name="experience_key_unique")]
         indexes = [
-            models.Index(fields=["run", "status", "-priority", "id"], name="experience_claim_idx"),
+            # Only ready rows: the claim scans it, and leased or consumed rows leave it.
+            models.Index(fields=["run", "-priority", "id"], name="experience_claim_idx", condition=Q(status="ready")),
             models.Index(fields=["run", "group_id", "status"], name="experience_group_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="experience_reap_idx", condition=Q(status="leased")),
             models.Index(fields=["run", "model_version"], name="experience_version_idx"),

@@ -239,10 +239,12 @@ def batch_claim(
         raise ValueError("size must be at least 1")
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds if lease_seconds is not None else settings.RFT_LEASE_SECONDS)
+    qs = _claimable(run=run, min_version=min_version, now=now)
+    if expert is not None:
+        qs = qs.filter(is_expert=expert)
+    if not group_complete and connection.vendor == "postgresql":
+        return _claim_in_one_statement(qs=qs, worker=worker, size=size, expires=expires)
     with transaction.atomic():
-        qs = _claimable(run=run, min_version=min_version, now=now)
-        if expert is not None:
-            qs = qs.filter(is_expert=expert)
         if not group_complete:
             ids = list(_lock(qs.order_by("-priority", "id")).values_list("id", flat=True)[:size])
         else:
@@ -255,6 +257,20 @@ def batch_claim(
     claimed = list(Experience.objects.filter(pk__in=ids).order_by("-priority", "group_id", "id"))
     if group_complete:
         claimed.sort(key=lambda e: (e.group_id, e.id))
+    return claimed
+
+
+def _claim_in_one_statement(*, qs: QuerySet[Experience], worker: str, size: int, expires: datetime) -> list[Experience]:
+    """Pick, lock and lease in one round trip: the claim is the hot path of every trainer."""
+    picked_sql, params = qs.order_by("-priority", "id").values("id")[:size].query.sql_with_params()
+    table = Experience._meta.db_table
+    sql = (
+        f"WITH picked AS ({picked_sql} FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
+        f"FROM picked WHERE {table}.id = picked.id RETURNING {table}.*"
+    )
+    claimed = list(Experience.objects.raw(sql, [*params, Experience.Status.LEASED, worker, expires]))
+    claimed.sort(key=lambda e: (-e.priority, e.id))
     return claimed
 
 
@@ -297,26 +313,20 @@ def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> lis
 def batch_ack(*, run: Run, worker: str, ids: Sequence[int]) -> int:
     """Mark leased experiences as trained on: use count + 1, priority decays; with replay
     (max_uses > 1) they go back to ready until used up, else they are consumed."""
+    from django.db.models import Case, When
+
     replay = run.cfg.replay
-    now = timezone.now()
-    with transaction.atomic():
-        qs = Experience.objects.filter(run=run, pk__in=ids, status=Experience.Status.LEASED, lease_owner=worker)
-        again = qs.filter(use_count__lt=replay.max_uses - 1).update(
-            status=Experience.Status.READY,
-            use_count=F("use_count") + 1,
-            last_used_at=now,
-            priority=F("priority") * replay.priority_decay,
-            lease_owner="",
-            lease_expires_at=None,
-        )
-        done = qs.update(
-            status=Experience.Status.CONSUMED,
-            use_count=F("use_count") + 1,
-            last_used_at=now,
-            lease_owner="",
-            lease_expires_at=None,
-        )
-    return again + done
+    again = Q(use_count__lt=replay.max_uses - 1)
+    return Experience.objects.filter(
+        run=run, pk__in=ids, status=Experience.Status.LEASED, lease_owner=worker
+    ).update(
+        status=Case(When(again, then=models.Value(Experience.Status.READY)), default=models.Value(Experience.Status.CONSUMED)),
+        priority=Case(When(again, then=F("priority") * replay.priority_decay), default=F("priority")),
+        use_count=F("use_count") + 1,
+        last_used_at=timezone.now(),
+        lease_owner="",
+        lease_expires_at=None,
+    )
 
 
 def batch_release(*, run: Run, worker: str, ids: Sequence[int] | None = None) -> int:
