@@ -100,7 +100,8 @@ class AlgorithmConfig(_Strict):
 
 class PipelineStep(_Strict):
     name: str = Field(min_length=1)
-    params: dict[str, Any] = Field(default_factory=dict)
+    # Validated even when left out: some operators have required params.
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("name")
     @classmethod

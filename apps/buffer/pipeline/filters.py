@@ -85,7 +85,7 @@ def _seen_in_run(rows: list[Row], hashes: list[str], ctx: Ctx, seen: dict[str, s
     own_ids = {row.get("id") for row in rows if row.get("id") is not None}
     qs = (
         Experience.objects.filter(run_id=ctx.run_id)
-        .alias(h=KeyTextTransform("content_hash", "metadata"))
+        .annotate(h=KeyTextTransform("content_hash", "metadata"))
         .filter(h__in=set(hashes))
         .exclude(status="filtered")
         .values_list("h", "group_id", "key", "id")
