@@ -140,8 +140,9 @@ class _TaskWriter:
             row["index"] = self.next_index
             self.next_index += 1
         self.source_rows += len(rows)
+        given = len(rows)
         out = self.session.apply(rows)
-        for row in out[len(rows):]:
+        for row in out[given:]:
             row["index"] = self.next_index
             self.next_index += 1
         Task.objects.bulk_create([Task(taskset=self.taskset, **row) for row in out])

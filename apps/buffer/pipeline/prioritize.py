@@ -170,10 +170,15 @@ def task_priorities_update(*, run_id: int, task_ids: Iterable[int] | None, param
     from apps.buffer.models import TaskAttempt
 
     rates = task_pass_rates(run_id=run_id, task_ids=task_ids, pass_reward=params.pass_reward)
+    queued = TaskAttempt.objects.filter(run_id=run_id, status="queued")
+    changed = 0
+    if task_ids is None:
+        # A refresh of all: tasks without experiences yet get the unseen priority.
+        changed += queued.exclude(task_id__in=list(rates)).update(priority=params.unseen_priority)
     if not rates:
-        return 0
+        return changed
     priorities = {pk: curriculum_priority(rate, params) for pk, rate in rates.items()}
-    return TaskAttempt.objects.filter(run_id=run_id, status="queued", task_id__in=list(priorities)).update(
+    return changed + queued.filter(task_id__in=list(priorities)).update(
         priority=Case(*[When(task_id=pk, then=Value(p)) for pk, p in priorities.items()], output_field=FloatField())
     )
 
