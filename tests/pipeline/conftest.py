@@ -10,6 +10,12 @@ from apps.runs.models import Metric, Run
 from tests.factories import make_run, make_taskset
 
 
+@pytest.fixture(autouse=True)
+def _metrics_unbuffered(settings) -> None:
+    # Tests read the metrics right after each write.
+    settings.RFT_PIPELINE_METRICS_SECONDS = 0.0
+
+
 @pytest.fixture
 def make_pipeline_run(owner: User):
     """A run whose config lists the given pipeline steps per stage."""

@@ -13,6 +13,7 @@ from apps.buffer.pipeline.apply import (
     pipeline_apply_on_claim,
     pipeline_apply_on_write,
     pipeline_import_session,
+    pipeline_metrics_flush,
     task_priorities_refresh,
 )
 from apps.buffer.pipeline.registry import STAGES, operator_get, operator_names, params_check, register, stage_check
@@ -40,6 +41,7 @@ __all__ = [
     "pipeline_apply_on_claim",
     "pipeline_apply_on_write",
     "pipeline_import_session",
+    "pipeline_metrics_flush",
     "register",
     "stage_check",
     "task_priorities_refresh",

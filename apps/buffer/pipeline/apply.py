@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -12,6 +17,8 @@ from django.utils import timezone
 
 from apps.buffer.pipeline.core import Ctx, ModelRow, Row, row_pk, steps_apply
 from apps.runs.config import PipelineStep, RunConfig, config_validate
+
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=256)
@@ -50,14 +57,69 @@ class PipelineSession:
     def counts(self) -> dict[str, int]:
         return dict(self.ctx.counts)
 
-    def finish(self) -> None:
+    def finish(self, *, buffered: bool = False) -> None:
         for action in self.ctx.after:
             action()
         self.ctx.after.clear()
         if self.run is not None and self.ctx.counts:
-            from apps.runs.services import metric_record
+            if buffered:
+                _write_metrics.add(self.run, self.step, self.ctx.metric_values())
+            else:
+                from apps.runs.services import metric_record
 
-            metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
+                metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
+
+
+class _MetricBuffer:
+    """Write-stage counts summed per (run, step) and recorded at most every
+    RFT_PIPELINE_METRICS_SECONDS (and when the step moves on, and at exit): recording
+    (a Metric insert and a live event) per write batch would cost as much as the write.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[Any, int, Counter[str]]] = {}
+        self.last_flush = time.monotonic()
+        self.lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def add(self, run: Any, step: int, values: dict[str, float]) -> None:
+        from django.conf import settings
+
+        with self.lock:
+            held = self.pending.get(run.pk)
+            if held is not None and held[1] != step:
+                self._record(*held)
+                held = None
+            if held is None:
+                held = self.pending[run.pk] = (run, step, Counter())
+            held[2].update(values)
+            due = time.monotonic() - self.last_flush >= getattr(settings, "RFT_PIPELINE_METRICS_SECONDS", 2.0)
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = list(self.pending.values()), {}
+            self.last_flush = time.monotonic()
+        for held in pending:
+            self._record(*held)
+
+    @staticmethod
+    def _record(run: Any, step: int, counts: Counter[str]) -> None:
+        from apps.runs.services import metric_record
+
+        try:
+            metric_record(run=run, step=step, values=dict(counts))
+        except Exception:  # metrics must never fail a write (nor the exit of a process)
+            log.exception("pipeline metrics for run %s step %s were lost", run.pk, step)
+
+
+_write_metrics = _MetricBuffer()
+
+
+def pipeline_metrics_flush() -> None:
+    """Record the write-stage pipeline counts held back so far."""
+    _write_metrics.flush()
 
 
 def _noop() -> None:
@@ -111,7 +173,7 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, Any]]) -> tupl
 
     def done() -> None:
         for session in sessions:
-            session.finish()
+            session.finish(buffered=True)
 
     return rows, done
 
