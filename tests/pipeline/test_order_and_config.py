@@ -30,8 +30,8 @@ def test_operators_run_in_the_configured_order(make_pipeline_run, order: list[st
 
 @pytest.mark.django_db
 def test_a_later_operator_does_not_see_rows_an_earlier_one_removed(make_pipeline_run) -> None:
-    # Without the blocklist's row, the group's remaining rewards are not all equal... and
-    # the group is judged on its live members only.
+    # The blocklist removes the group's only 0.0; judged on its live members, the group
+    # is then all 1.0 and carries no advantage.
     run = make_pipeline_run(
         on_write=[{"name": "blocklist", "params": {"patterns": ["junk"]}}, {"name": "reward_variance", "params": {"group_size": 2}}]
     )
