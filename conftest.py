@@ -1,9 +1,14 @@
-"""Test defaults. The database and Redis defaults live in rftweb/settings.py (tests use the
-real services unless RFT_TEST_EMBEDDED=1); several checkouts can test at once against one
-Postgres and one Redis: TEST_DATABASE_NAME and REDIS_URL's database number keep them apart."""
+"""Test defaults: the real services at their standard local ports, unless told otherwise
+(RFT_TEST_EMBEDDED=1 runs on the embedded default). Exported so that child processes
+(Celery workers, servers) started by tests see the same services. Several checkouts can
+test at once against one Postgres and one Redis: TEST_DATABASE_NAME and REDIS_URL's
+database number keep them apart."""
 
 import os
 
+if os.environ.get("RFT_TEST_EMBEDDED") != "1":
+    os.environ.setdefault("DATABASE_URL", "postgres://localhost:5432/test")
+    os.environ.setdefault("REDIS_URL", "redis://localhost:6379/0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

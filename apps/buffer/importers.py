@@ -8,13 +8,17 @@ code tasks carry `tests`. Any other keys land in `metadata`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
 from apps.buffer.models import Task, Taskset
+from apps.buffer.pipeline import PipelineSession, pipeline_import_session
+
+# Operator steps as `{name, params}` mappings or config PipelineStep objects.
+PipelineSteps = Sequence[Any] | None
 
 PROMPT_KEYS = ("prompt", "question", "problem", "instruction")
 REFERENCE_KEYS = ("answer", "reference", "solution", "ground_truth")
@@ -121,40 +125,87 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
     raise ImportFailed(f"{path.name}: unsupported format; use .jsonl, .parquet or a datasets directory")
 
 
+class _TaskWriter:
+    """Passes chunks of task rows through the import pipeline and stores them, numbering
+    them in order (synthesized tasks after the chunk that made them)."""
+
+    def __init__(self, taskset: Taskset, session: PipelineSession) -> None:
+        self.taskset = taskset
+        self.session = session
+        self.next_index = 0
+        self.source_rows = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row["index"] = self.next_index
+            self.next_index += 1
+        self.source_rows += len(rows)
+        given = len(rows)
+        out = self.session.apply(rows)
+        for row in out[given:]:
+            row["index"] = self.next_index
+            self.next_index += 1
+        Task.objects.bulk_create([Task(taskset=self.taskset, **row) for row in out])
+
+
+def _session(steps: PipelineSteps, run: Any, taskset: Taskset) -> PipelineSession:
+    try:
+        return pipeline_import_session(steps=steps, run=run, taskset_id=taskset.pk)
+    except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+        raise ImportFailed(f"pipeline: {exc}") from None
+
+
 def taskset_import(
-    *, name: str, path: str | Path, owner: Any = None, split: str | None = None, progress: Progress | None = None
+    *, name: str, path: str | Path, owner: Any = None, split: str | None = None, progress: Progress | None = None,
+    pipeline: PipelineSteps = None, run: Any = None,
 ) -> Taskset:
-    """Import a taskset in one transaction: every record lands, or none (ImportFailed)."""
+    """Import a taskset in one transaction: every record lands, or none (ImportFailed).
+
+    pipeline: on_import operators to apply (default: the run's `pipeline.on_import` when
+    a run is given, else none). Tasks they filter are stored with their filter_reason (and
+    never explored); tasks they synthesize are stored with is_synthetic=True.
+    """
     path = Path(path)
     if not path.exists():
         raise ImportFailed(f"{path}: no such file or directory")
     records, total = _records(path, split)
     with transaction.atomic():
         taskset = Taskset.objects.create(name=name, owner=owner, source=str(path))
-        chunk: list[Task] = []
+        session = _session(pipeline, run, taskset)
+        writer = _TaskWriter(taskset, session)
+        chunk: list[dict[str, Any]] = []
         count = 0
         for where, record in records:
-            chunk.append(Task(taskset=taskset, index=count, **task_from_record(record, where=where)))
+            chunk.append(task_from_record(record, where=where))
             count += 1
             if len(chunk) >= 2000:
-                Task.objects.bulk_create(chunk)
-                chunk.clear()
+                writer.add(chunk)
+                chunk = []
                 if progress:
                     progress(count, total)
-        Task.objects.bulk_create(chunk)
+        writer.add(chunk)
         if count == 0:
             raise ImportFailed(f"{path.name}: no records")
         if progress:
             progress(count, total)
+        transaction.on_commit(session.finish)
+    taskset.pipeline_counts = session.counts  # type: ignore[attr-defined]
     return taskset
 
 
-def taskset_create(*, name: str, records: list[Mapping[str, Any]], owner: Any = None, source: str = "") -> Taskset:
-    """A taskset from in-memory records (forms, the API, tests); ImportFailed names the bad one."""
+def taskset_create(
+    *, name: str, records: list[Mapping[str, Any]], owner: Any = None, source: str = "",
+    pipeline: PipelineSteps = None, run: Any = None,
+) -> Taskset:
+    """A taskset from in-memory records (forms, the API, tests); ImportFailed names the bad one.
+    `pipeline` and `run` as for `taskset_import`."""
     rows = [task_from_record(r, where=f"record {i + 1}") for i, r in enumerate(records)]
     if not rows:
         raise ImportFailed("no records")
     with transaction.atomic():
         taskset = Taskset.objects.create(name=name, owner=owner, source=source)
-        Task.objects.bulk_create([Task(taskset=taskset, index=i, **row) for i, row in enumerate(rows)])
+        session = _session(pipeline, run, taskset)
+        _TaskWriter(taskset, session).add(rows)
+        transaction.on_commit(session.finish)
+    taskset.pipeline_counts = session.counts  # type: ignore[attr-defined]
     return taskset

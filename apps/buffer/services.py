@@ -21,6 +21,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.models import Experience, Task, TaskAttempt
+from apps.buffer.pipeline import pipeline_apply_on_claim, pipeline_apply_on_write, task_priorities_refresh
 from apps.runs.models import Run
 
 
@@ -104,6 +105,9 @@ def experience_write(*, experiences: Sequence[Mapping[str, Any]]) -> WriteResult
     A malformed row rejects the whole batch (BatchRejected names it) and writes nothing.
     Rows whose key the run already holds are skipped and counted as duplicates.
     """
+    # Data pipeline (apps/buffer/pipeline): the run's on_write operators, before validation;
+    # rows they remove stay in the batch as status "filtered" with their filter_reason.
+    experiences, pipeline_done = pipeline_apply_on_write(experiences=experiences)
     rows = [_normalise(row, i) for i, row in enumerate(experiences)]
     if not rows:
         return WriteResult(created=0, duplicates=0, ids=[])
@@ -135,6 +139,7 @@ def experience_write(*, experiences: Sequence[Mapping[str, Any]]) -> WriteResult
         else:
             created = _insert_by_orm(rows)
         ids = _ids_in_order(rows)
+    pipeline_done()  # the pipeline's deferred work and metrics, once the batch is stored
     return WriteResult(created=created, duplicates=len(rows) - created, ids=ids)
 
 
@@ -242,10 +247,12 @@ def batch_claim(
     qs = _claimable(run=run, min_version=min_version, now=now)
     if expert is not None:
         qs = qs.filter(is_expert=expert)
-    if not group_complete and connection.vendor == "postgresql":
+    if not group_complete and not run.cfg.pipeline.on_claim and connection.vendor == "postgresql":
         return _claim_in_one_statement(qs=qs, worker=worker, size=size, expires=expires)
     with transaction.atomic():
-        if not group_complete:
+        if run.cfg.pipeline.on_claim:
+            ids = _claim_through_pipeline(run=run, qs=qs, size=size, group_complete=group_complete)
+        elif not group_complete:
             ids = list(_lock(qs.order_by("-priority", "id")).values_list("id", flat=True)[:size])
         else:
             ids = _claim_whole_groups(run=run, qs=qs, size=size)
@@ -274,7 +281,27 @@ def _claim_in_one_statement(*, qs: QuerySet[Experience], worker: str, size: int,
     return claimed
 
 
-def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> list[int]:
+def _claim_through_pipeline(*, run: Run, qs: QuerySet[Experience], size: int, group_complete: bool) -> list[int]:
+    """Select as usual, pass the rows through the run's on_claim operators (which mark the
+    rows they remove as filtered, so they leave `qs`), and top up what they removed."""
+    kept: list[int] = []
+    for _ in range(8):  # a bound on top-ups: a batch smaller than asked beats a long claim
+        want = size - len(kept)
+        if not group_complete:
+            ids = list(_lock(qs.exclude(pk__in=kept).order_by("-priority", "id")).values_list("id", flat=True)[:want])
+        else:
+            ids = _claim_whole_groups(run=run, qs=qs.exclude(pk__in=kept), size=want, overflow=not kept)
+        if not ids:
+            break
+        rows = list(Experience.objects.filter(pk__in=ids).order_by("-priority", "group_id", "id"))
+        passed = pipeline_apply_on_claim(run=run, experiences=rows)
+        kept.extend(e.pk for e in passed)
+        if len(passed) == len(rows) or len(kept) >= size:
+            break
+    return kept
+
+
+def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int, overflow: bool = True) -> list[int]:
     from django.db.models import Count, Max
 
     unfinished = Experience.objects.filter(
@@ -302,7 +329,7 @@ def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int) -> lis
         members = by_group.get(group, [])
         if len(members) != expected:
             continue
-        if ids and len(ids) + len(members) > size:
+        if (ids or not overflow) and len(ids) + len(members) > size:
             break
         ids.extend(members)
         if len(ids) >= size:
@@ -365,6 +392,7 @@ def task_attempts_create(*, run: Run, epoch: int) -> int:
         for pk, meta in tasks
     ]
     TaskAttempt.objects.bulk_create(attempts, batch_size=2000, ignore_conflicts=True)
+    task_priorities_refresh(run=run)  # curriculum, when the run's pipeline has one
     return len(attempts)
 
 

@@ -18,3 +18,19 @@ def lease_reap_task() -> dict[str, int]:
     if result.experiences or result.task_attempts:
         log.info("lease_reap: %d experiences, %d task attempts back", result.experiences, result.task_attempts)
     return {"experiences": result.experiences, "task_attempts": result.task_attempts}
+
+
+# Idempotent (recomputes priorities from stored fields); cheap enough to run every few
+# minutes per active run; not retried: the next schedule runs it again.
+@shared_task(
+    name="apps.buffer.tasks.experience_priorities_refresh_task", ignore_result=True, time_limit=300,
+    soft_time_limit=280, acks_late=False,
+)
+def experience_priorities_refresh_task(run_id: int) -> int:
+    from apps.buffer.pipeline import experience_priorities_refresh
+    from apps.runs.models import Run
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or run.status not in (Run.Status.RUNNING, Run.Status.PAUSED):
+        return 0
+    return experience_priorities_refresh(run=run)

@@ -109,13 +109,49 @@ class AlgorithmConfig(_Strict):
 
 class PipelineStep(_Strict):
     name: str = Field(min_length=1)
-    params: dict[str, Any] = Field(default_factory=dict)
+    # Validated even when left out: some operators have required params.
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("name")
+    @classmethod
+    def _known_operator(cls, name: str) -> str:
+        from apps.buffer.pipeline.registry import operator_names
+
+        known = operator_names()
+        if name not in known:
+            raise ValueError(f"unknown pipeline operator {name!r}; known: {', '.join(sorted(known))}")
+        return name
+
+    @field_validator("params")
+    @classmethod
+    def _params_fit(cls, params: dict[str, Any], info: Any) -> dict[str, Any]:
+        from apps.buffer.pipeline.registry import params_check
+
+        name = info.data.get("name")
+        if name is not None:  # an unknown name was already reported
+            params_check(name, params)
+        return params
 
 
 class PipelineConfig(_Strict):
+    """Data-pipeline operators per stage, applied in the order listed."""
+
     on_write: list[PipelineStep] = Field(default_factory=list)
     on_import: list[PipelineStep] = Field(default_factory=list)
     on_claim: list[PipelineStep] = Field(default_factory=list)
+
+    @field_validator("on_write", "on_import", "on_claim")
+    @classmethod
+    def _runs_at_stage(cls, steps: list[PipelineStep], info: Any) -> list[PipelineStep]:
+        from apps.buffer.pipeline.registry import stage_check
+
+        stage = info.field_name.removeprefix("on_")
+        for i, step in enumerate(steps):
+            try:
+                stage_check(step.name, stage)
+            except ValueError as exc:
+                raise ValueError(f"step {i}: {exc}") from None
+        return steps
 
 
 class RunConfig(_Strict):

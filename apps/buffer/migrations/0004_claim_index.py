@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('buffer', '0002_initial'),
+        ('buffer', '0003_experience_content_hash_idx'),
         ('runs', '0002_weight_load'),
     ]
 

@@ -1,0 +1,195 @@
+"""Worker-side synthesis: paraphrases of tasks through the rollout engine.
+
+The import pipeline's `synth_paraphrase` step enqueues `taskset_paraphrase` (queue
+`rollout`, where the engine and its model live). It asks the engine for paraphrases of
+the taskset's tasks, keeps those that pass `paraphrase_accept` (not empty, not the
+original, every number kept so the reference answer stays right) and stores them as new
+synthetic tasks of the same taskset, each pointing at its source task.
+
+The engine is anything with `generate(prompts: list[list[int]], *, n, sampling)` (the
+contract of `workers.engines`); when `workers.engines` is not installed, a small
+transformers engine stands in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import shared_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields the engines read (the run config's SamplingConfig has them too)."""
+
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int | None = 0
+
+
+class TransformersEngine:
+    """A minimal `generate` over transformers, for when `workers.engines` is absent."""
+
+    def __init__(self, model_path: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model.eval()
+
+    def generate(self, prompts: list[list[int]], *, n: int, sampling: Any) -> list[list[dict[str, Any]]]:
+        import torch
+
+        if getattr(sampling, "seed", None) is not None:
+            torch.manual_seed(sampling.seed)
+        out: list[list[dict[str, Any]]] = []
+        for ids in prompts:
+            inputs = torch.tensor([ids])
+            do_sample = float(sampling.temperature) > 0
+            with torch.no_grad():
+                generated = self.model.generate(
+                    inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=int(sampling.max_tokens),
+                    do_sample=do_sample, temperature=float(sampling.temperature) if do_sample else None,
+                    top_p=float(sampling.top_p) if do_sample else None, num_return_sequences=n,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            out.append([{"token_ids": row[len(ids):].tolist()} for row in generated])
+        return out
+
+
+def _engine_for(model: str) -> tuple[Any, Any]:
+    """(engine, tokenizer) for `model`: the project's engines when present."""
+    try:
+        from workers.engines import engine_for  # the explorer's engines (issue 3)
+    except ImportError:
+        engine = TransformersEngine(model)
+        return engine, engine.tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        engine = engine_for(model=model)
+    except TypeError:
+        engine = engine_for(model)
+    tokenizer = getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(model)
+    return engine, tokenizer
+
+
+def _samples(per_prompt: Any) -> list[Any]:
+    for name in ("samples", "outputs", "completions"):
+        inner = getattr(per_prompt, name, None) if not isinstance(per_prompt, dict) else per_prompt.get(name)
+        if inner is not None:
+            return list(inner)
+    return list(per_prompt)
+
+
+def _text_of(sample: Any, tokenizer: Any) -> str:
+    get = sample.get if isinstance(sample, dict) else (lambda k, d=None: getattr(sample, k, d))
+    text = get("text")
+    if isinstance(text, str):
+        return text
+    ids = get("token_ids") or get("completion_ids") or []
+    return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def tasks_paraphrase(
+    *, taskset_id: int, engine: Any, tokenizer: Any, n: int = 1, sampling: Any = None,
+    instruction: str = "{prompt}", require_numbers: bool = True, max_tasks: int | None = None,
+) -> dict[str, int]:
+    """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
+    ones as synthetic tasks. Idempotent: tasks already paraphrased are skipped."""
+    from django.db import transaction
+    from django.db.models import Max
+
+    from apps.buffer.models import Task
+    from apps.buffer.pipeline.synthesize import paraphrase_accept
+
+    sampling = sampling or Sampling()
+    done = set(
+        Task.objects.filter(taskset_id=taskset_id, is_synthetic=True, metadata__synthetic="paraphrase")
+        .values_list("metadata__synthetic_from", flat=True)
+    )
+    sources = [
+        t for t in Task.objects.filter(taskset_id=taskset_id, is_synthetic=False, filter_reason="").order_by("index")
+        if t.prompt and t.index not in done
+    ][: max_tasks or None]
+    counts = {"asked": 0, "accepted": 0}
+    if not sources:
+        return counts
+    prompts = [tokenizer.encode(instruction.format(prompt=t.prompt), add_special_tokens=False) for t in sources]
+    results = engine.generate(prompts, n=n, sampling=sampling)
+    new: list[Task] = []
+    for task, per_prompt in zip(sources, results):
+        seen: set[str] = set()
+        for sample in _samples(per_prompt):
+            counts["asked"] += 1
+            text = _text_of(sample, tokenizer).strip()
+            why = paraphrase_accept(task.prompt, text, require_numbers=require_numbers)
+            if why is None and text in seen:
+                why = "repeated"
+            if why is not None:
+                counts[f"rejected_{why}"] = counts.get(f"rejected_{why}", 0) + 1
+                continue
+            seen.add(text)
+            new.append(Task(
+                taskset_id=taskset_id, prompt=text, reference=task.reference, tests=task.tests, domain=task.domain,
+                metadata={**task.metadata, "synthetic": "paraphrase", "synthetic_from": task.index},
+                is_synthetic=True,
+            ))
+    with transaction.atomic():
+        # Lock the taskset so two workers do not hand out the same indices.
+        from apps.buffer.models import Taskset
+
+        Taskset.objects.select_for_update().filter(pk=taskset_id).first()
+        start = (Task.objects.filter(taskset_id=taskset_id).aggregate(m=Max("index"))["m"] or 0) + 1
+        for offset, task in enumerate(new):
+            task.index = start + offset
+        Task.objects.bulk_create(new)
+    counts["accepted"] = len(new)
+    return counts
+
+
+def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
+    if run_id is None:
+        return
+    from apps.runs.models import Run
+    from apps.runs.services import metric_record
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is not None:
+        metric_record(run=run, step=run.explore_step,
+                      values={f"pipeline/import/synth_paraphrase/{k}": float(v) for k, v in counts.items()})
+
+
+# Idempotent (tasks already paraphrased are skipped); retried a few times when the engine
+# fails to start; a time limit because a stuck generation must not hold the GPU forever.
+@shared_task(
+    name="workers.synthesize.taskset_paraphrase", acks_late=True, autoretry_for=(OSError,),
+    max_retries=3, retry_backoff=True, time_limit=1800, soft_time_limit=1700,
+)
+def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int | None = None) -> dict[str, int]:
+    from django.conf import settings
+
+    model = params.get("model") or str(settings.RFT_DEMO_MODEL_DIR)
+    engine, tokenizer = _engine_for(model)
+    sampling = Sampling(temperature=params.get("temperature", 0.8), max_tokens=params.get("max_tokens", 128),
+                        seed=params.get("seed", 0))
+    counts = tasks_paraphrase(
+        taskset_id=taskset_id, engine=engine, tokenizer=tokenizer, n=params.get("n", 1), sampling=sampling,
+        instruction=params.get("instruction", "{prompt}"), require_numbers=params.get("require_numbers", True),
+        max_tasks=params.get("max_tasks"),
+    )
+    _counts_record(run_id, counts)
+    log.info("taskset_paraphrase %s: %s", taskset_id, counts)
+    return counts
+
+
+__all__: Sequence[str] = ("Sampling", "TransformersEngine", "taskset_paraphrase", "tasks_paraphrase")
