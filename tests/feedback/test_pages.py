@@ -60,6 +60,12 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
         page.keyboard.press("Enter")
         page.wait_for_function(f"document.querySelectorAll('#queue .item.done').length === {n}")
     assert page.locator("#queue .item.current").get_attribute("data-experience") == str(group_b[0])
+    page.wait_for_selector("#live-feed li:has-text('feedback: rating by annotator')")  # feedback.saved, live
+
+    page.keyboard.press("?")
+    assert page.locator("dialog#keys").is_visible()
+    page.keyboard.press("Escape")
+    assert not page.locator("dialog#keys").is_visible()
 
     # e edits the current item; Ctrl+Enter saves the correction.
     page.keyboard.press("e")

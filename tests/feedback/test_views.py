@@ -122,3 +122,32 @@ def test_a_completion_is_rendered_without_its_html(run: Run, annotator: User) ->
     html = _client(annotator).get(_page(run)).content.decode()
     assert "<script>alert(1)" not in html and "<img src=x" not in html and 'href="javascript:' not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_pairwise_choice_becomes_a_dpo_pair(run: Run, annotator: User) -> None:
+    from apps.feedback.selectors import dpo_pairs
+
+    a, b = make_experiences(run, groups=1, group_size=2)
+    c = _client(annotator)
+    url = reverse("feedback:compare", kwargs={"run_id": run.pk, "experience_id": a.pk})
+    panel = c.get(url, **HX).content.decode()
+    assert f"B · #{b.pk}" in panel
+    assert c.post(url, {"other": str(b.pk), "winner": "b"}, **HX).status_code == 200
+    [pair] = dpo_pairs(run=run)
+    assert (pair.chosen_id, pair.rejected_id, pair.prompt) == (b.pk, a.pk, a.prompt_text)
+    assert c.post(url, {"other": str(b.pk), "winner": "maybe"}, **HX).status_code == 400
+
+
+def test_skipping_over_http_hands_the_item_back(owner: User, settings) -> None:
+    settings.RFT_ANNOTATION_QUEUE_SIZE = 1
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
+    make_experiences(run, groups=1, group_size=1, status="pending")
+    a, b = make_user("ann-a"), make_user("ann-b")
+    add_member(run, a)
+    add_member(run, b)
+    _client(a).get(_page(run))
+    assert b'data-experience="' not in _client(b).get(_page(run)).content
+    mine = Assignment.objects.get(annotator=a)
+    response = _client(a).post(reverse("feedback:skip", kwargs={"run_id": run.pk, "assignment_id": mine.pk}), **HX)
+    assert response.status_code == 200 and b"skipped" in response.content
+    assert f'data-experience="{mine.experience_id}"'.encode() in _client(b).get(_page(run)).content
