@@ -41,6 +41,15 @@ app.conf.update(
             "task": "apps.buffer.tasks.lease_reap_task",
             "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
         },
+        # Feedback wait windows end in wall time; a beat every few seconds keeps the lag small.
+        "feedback-wait-expire": {
+            "task": "apps.feedback.tasks.feedback_wait_expire_task",
+            "schedule": float(os.environ.get("RFT_FEEDBACK_EXPIRE_SECONDS", "10")),
+        },
+        "annotation-lease-reap": {
+            "task": "apps.feedback.tasks.assignment_reap_task",
+            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+        },
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])

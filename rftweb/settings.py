@@ -111,7 +111,19 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
-if REDIS_URL:
+if REDIS_URL and env_str("RFT_CHANNEL_LAYER", "core") == "pubsub":
+    # Redis pub/sub: one copy of a group message per process, fanned out in-process; no
+    # backlog kept for absent listeners (live events are a view of the buffer). Measured
+    # against the default in bench/live_stream.py.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "rftweb")},
+        }
+    }
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND = REDIS_URL
+elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

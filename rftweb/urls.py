@@ -9,5 +9,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", include("apps.runs.urls")),
+    path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("health/", include("apps.runs.health_urls")),
 ]

@@ -37,3 +37,47 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} on run {self.run_id}"
+
+
+class Assignment(models.Model):
+    """An item of an annotator's queue, handed out under a lease.
+
+    The run's overlap k is enforced by the database: an experience has k slots, and a
+    partial unique constraint lets at most one live (leased or done) assignment hold each
+    slot, so two concurrent claimers can never both take the last one. A skipped assignment
+    frees its slot and keeps its row (the same annotator is not offered the item again);
+    an abandoned one (lease expired) is deleted, which frees the slot too.
+    """
+
+    class Status(models.TextChoices):
+        LEASED = "leased"
+        DONE = "done"
+        SKIPPED = "skipped"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="assignments")
+    experience = models.ForeignKey("buffer.Experience", on_delete=models.CASCADE, related_name="assignments")
+    annotator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="assignments")
+    slot = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.LEASED)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["experience", "annotator"], name="assignment_once_per_annotator"),
+            models.UniqueConstraint(
+                fields=["experience", "slot"],
+                condition=models.Q(status__in=["leased", "done"]),
+                name="assignment_live_slot",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["run", "annotator", "status"], name="assignment_queue_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="assignment_reap_idx",
+                         condition=models.Q(status="leased")),
+        ]
+
+    def __str__(self) -> str:
+        return f"assignment {self.pk}: experience {self.experience_id} to {self.annotator_id} ({self.status})"

@@ -1,15 +1,40 @@
 """The run's feedback policy: how automatic and human rewards become the final reward.
 
-`auto`: the reward functions decide; an experience is ready when written.
+`auto`: the reward functions decide; an experience is ready when written. Human feedback
+is still stored and its mean kept in `human_reward` (for export, DPO and SFT), but the
+training reward stays the automatic one.
 `blend` / `human`: an experience waits (status pending) for human feedback, which the
 policy folds in; a wait window in wall time ends with the policy's fallback.
+
+The scale. Human signals are normalised to [0, 1]:
+- a rating r on 1..5 counts (r - 1) / 4 (1 -> 0.0, 3 -> 0.5, 5 -> 1.0); thumbs up 1.0, down 0.0;
+- a ranking of a group of n completions gives the member at 0-based position i (best first)
+  the normalised Borda score (n - 1 - i) / (n - 1) (best 1.0, worst 0.0; a group of one: 1.0).
+An experience's human reward is the mean of all its signals (every rating and every ranking
+position it received, from every annotator). Reward functions are taken on their own scale
+(the built-in ones return [0, 1]), and
+
+    blend:  reward = w_auto * auto_reward + w_human * human_reward
+            (a member without an automatic reward gets the human reward alone)
+    human:  reward = human_reward
+
+A member's human reward is final once `overlap` distinct annotators have given it a signal;
+a group is trainable (pending -> ready) when every member's reward is final. When the wait
+window (`wait_seconds` since a member was written) ends first, members that have some human
+signal keep the fold of what they have, and the rest follow `fallback`: `auto` uses the
+automatic reward, `drop` filters the whole group with a stated reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from apps.runs.config import RunConfig
+from apps.runs.config import FeedbackPolicy, RunConfig
+
+RATING_MIN, RATING_MAX = 1, 5
+DROP_REASON = "feedback: wait window ended without human rewards (fallback drop)"
 
 
 def experience_initial_fields(*, cfg: RunConfig, auto_reward: float | None) -> dict[str, Any]:
@@ -17,3 +42,72 @@ def experience_initial_fields(*, cfg: RunConfig, auto_reward: float | None) -> d
     if cfg.feedback.mode == "auto":
         return {"status": "ready", "auto_reward": auto_reward, "reward": auto_reward}
     return {"status": "pending", "auto_reward": auto_reward, "reward": None}
+
+
+def rating_normalise(*, score: int | None = None, thumb: str | None = None) -> float:
+    """A 1..5 rating or a thumb on the [0, 1] scale."""
+    if thumb is not None:
+        if thumb not in ("up", "down"):
+            raise ValueError(f"thumb must be 'up' or 'down', got {thumb!r}")
+        return 1.0 if thumb == "up" else 0.0
+    if isinstance(score, bool) or not isinstance(score, int) or not RATING_MIN <= score <= RATING_MAX:
+        raise ValueError(f"a rating is a whole number from {RATING_MIN} to {RATING_MAX}, got {score!r}")
+    return (score - RATING_MIN) / (RATING_MAX - RATING_MIN)
+
+
+def borda_scores(order: Sequence[int]) -> dict[int, float]:
+    """Normalised Borda: best first; position i of n scores (n - 1 - i) / (n - 1)."""
+    n = len(order)
+    if n == 1:
+        return {order[0]: 1.0}
+    return {member: (n - 1 - i) / (n - 1) for i, member in enumerate(order)}
+
+
+def reward_combine(*, policy: FeedbackPolicy, auto: float | None, human: float | None) -> float | None:
+    """The training reward from the two sources under the policy (None: not known yet)."""
+    if policy.mode == "auto":
+        return auto
+    if human is None:
+        return None
+    if policy.mode == "human" or auto is None:
+        return human
+    return policy.w_auto * auto + policy.w_human * human
+
+
+@dataclass
+class MemberFold:
+    """What the policy makes of one experience's human signals."""
+
+    signals: list[tuple[int | None, float]] = field(default_factory=list)  # (author id, score)
+
+    @property
+    def human(self) -> float | None:
+        if not self.signals:
+            return None
+        return sum(score for _, score in self.signals) / len(self.signals)
+
+    @property
+    def authors(self) -> int:
+        # Signals without an author (an API key) count one each.
+        named = {a for a, _ in self.signals if a is not None}
+        return len(named) + sum(1 for a, _ in self.signals if a is None)
+
+
+def signals_fold(*, member_ids: Iterable[int], feedback: Iterable[Any]) -> dict[int, MemberFold]:
+    """Collect the rating and ranking signals of a group's members from Feedback rows
+    (anything with kind, experience_id, author_id and value)."""
+    folds = {pk: MemberFold() for pk in member_ids}
+    for fb in feedback:
+        if fb.kind == "rating" and fb.experience_id in folds:
+            folds[fb.experience_id].signals.append((fb.author_id, float(fb.value["normalised"])))
+        elif fb.kind == "ranking":
+            for pk, score in borda_scores([int(x) for x in fb.value["order"]]).items():
+                if pk in folds:
+                    folds[pk].signals.append((fb.author_id, score))
+    return folds
+
+
+def member_is_final(*, policy: FeedbackPolicy, fold: MemberFold) -> bool:
+    if policy.mode == "auto":
+        return True
+    return fold.authors >= policy.overlap

@@ -1,0 +1,71 @@
+"""Reads of feedback: the annotator's queue, counts, and the DPO pairs the trainer takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Assignment, Feedback
+from apps.runs.models import Run
+from apps.runs.selectors import run_role
+
+
+def run_may_annotate(*, run: Run, user: Any) -> bool:
+    """Owners, staff and the run's annotators give feedback; viewers only look."""
+    return run_role(run=run, user=user) in ("owner", "annotator")
+
+
+def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
+    """The annotator's leased items, in the order they were handed out."""
+    return (
+        Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED)
+        .select_related("experience")
+        .order_by("id")
+    )
+
+
+def feedback_counts(*, run: Run) -> dict[str, int]:
+    """Feedback of the run by kind, plus `late` (stored after its target was trained on)."""
+    counts = dict.fromkeys(Feedback.Kind.values, 0)
+    for row in Feedback.objects.filter(run=run).values("kind").annotate(n=Count("id")):
+        counts[row["kind"]] = row["n"]
+    counts["late"] = Feedback.objects.filter(run=run, late=True).count()
+    return counts
+
+
+def experience_feedback(*, experience: Experience) -> QuerySet[Feedback]:
+    return Feedback.objects.filter(Q(experience=experience) | Q(other=experience)).select_related("author")
+
+
+@dataclass(frozen=True)
+class DpoPair:
+    feedback_id: int
+    prompt: str
+    chosen: str
+    rejected: str
+    chosen_id: int
+    rejected_id: int
+    late: bool
+
+
+def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
+    """Preference pairs from pairwise feedback (ties carry no preference and are left out),
+    oldest first. Late comparisons are included by default: DPO learns from them even when
+    the GRPO step that used their completions is long past."""
+    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE).exclude(value__winner="tie")
+    if not include_late:
+        qs = qs.filter(late=False)
+    pairs = []
+    for fb in qs.select_related("experience", "other").order_by("created_at", "id"):
+        a, b = fb.experience, fb.other
+        if a is None or b is None:
+            continue
+        chosen, rejected = (a, b) if fb.value.get("winner") == "a" else (b, a)
+        pairs.append(DpoPair(
+            feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
+            chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,
+        ))
+    return pairs

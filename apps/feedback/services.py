@@ -1,0 +1,471 @@
+"""Feedback services: the annotation queue (assignments under a lease), storing feedback,
+and folding it into experience rewards under the run's policy (see apps.feedback.policy).
+
+Every piece of feedback is stored as its own row, whatever happens to its target. Feedback
+whose target was already taken by the trainer (leased or consumed) or dropped is stored
+with late=True, counted, and left out of the fold: the reward the trainer saw stays the
+reward the buffer shows, and the late rows stay available to DPO, SFT and export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
+from django.utils import timezone
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.models import Assignment, Feedback
+from apps.feedback.policy import (
+    DROP_REASON,
+    member_is_final,
+    rating_normalise,
+    reward_combine,
+    signals_fold,
+)
+from apps.runs.events import event_publish
+from apps.runs.models import Run
+
+log = logging.getLogger(__name__)
+
+FLAGS = ("unsafe", "broken", "off_task")
+# Statuses whose reward the trainer has already seen (or that were dropped): feedback is late.
+_TAKEN = (Experience.Status.LEASED, Experience.Status.CONSUMED, Experience.Status.FILTERED)
+_OPEN = (Experience.Status.PENDING, Experience.Status.READY)
+_LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
+
+
+class FeedbackInvalid(ValueError):
+    """The feedback was malformed or does not fit its target; nothing was stored."""
+
+
+def _lease_seconds() -> float:
+    return float(getattr(settings, "RFT_ANNOTATION_LEASE_SECONDS", 900))
+
+
+# ---------------------------------------------------------------- assignments
+
+
+def assignment_reap(*, run: Run | None = None, now: datetime | None = None) -> int:
+    """Abandoned items go back: delete leased assignments whose lease has expired, which
+    frees their slot for the next claimer."""
+    qs = Assignment.objects.filter(status=Assignment.Status.LEASED, lease_expires_at__lt=now or timezone.now())
+    if run is not None:
+        qs = qs.filter(run=run)
+    deleted, _ = qs.delete()
+    return deleted
+
+
+def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: float | None = None) -> list[Assignment]:
+    """Top the annotator's queue up to `size` leased items; returns the new assignments.
+
+    Items waiting for feedback come first, oldest first, so groups fill up in order. An
+    experience is handed to at most `run.cfg.feedback.overlap` annotators at once (leased
+    or done): the unique live slot makes concurrent claimers lose cleanly instead of
+    overshooting.
+    """
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    assignment_reap(run=run)
+    want = size - Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
+    if want <= 0:
+        return []
+    overlap = run.cfg.feedback.overlap
+    expires = timezone.now() + timedelta(seconds=lease_seconds if lease_seconds is not None else _lease_seconds())
+    mine = Assignment.objects.filter(experience=OuterRef("pk"), annotator=annotator)
+    candidates = (
+        Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
+        .annotate(live=Count("assignments", filter=Q(assignments__status__in=_LIVE)))
+        .filter(live__lt=overlap)
+        .exclude(Exists(mine))
+        .annotate(waiting=Case(When(status=Experience.Status.PENDING, then=Value(0)), default=Value(1),
+                               output_field=IntegerField()))
+        .order_by("waiting", "id")
+    )
+    created: list[Assignment] = []
+    tried: set[int] = set()
+    for _ in range(8):  # windows; each one either yields items or shows the pool is empty
+        window = [pk for pk in candidates.exclude(pk__in=tried).values_list("pk", flat=True)[: want * 3 + 8]]
+        if not window:
+            break
+        tried.update(window)
+        taken: dict[int, set[int]] = {}
+        for exp_id, slot in Assignment.objects.filter(experience_id__in=window, status__in=_LIVE).values_list(
+            "experience_id", "slot"
+        ):
+            taken.setdefault(exp_id, set()).add(slot)
+        for exp_id in window:
+            free = [s for s in range(overlap) if s not in taken.get(exp_id, set())]
+            for slot in free:
+                try:
+                    with transaction.atomic():
+                        created.append(
+                            Assignment.objects.create(
+                                run=run, experience_id=exp_id, annotator=annotator, slot=slot, lease_expires_at=expires
+                            )
+                        )
+                    break
+                except IntegrityError:
+                    # Another claimer took this slot (or this annotator got the item in a
+                    # parallel request): try the next slot, then the next item.
+                    continue
+            if len(created) >= want:
+                return created
+    return created
+
+
+def assignment_skip(*, assignment: Assignment) -> bool:
+    """Put a leased item back for others; the annotator is not offered it again."""
+    return bool(
+        Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.LEASED).update(
+            status=Assignment.Status.SKIPPED, finished_at=timezone.now(), lease_expires_at=None
+        )
+    )
+
+
+def _assignments_finish(*, run: Run, annotator: Any, experience_ids: Sequence[int]) -> int:
+    if annotator is None or not getattr(annotator, "is_authenticated", False):
+        return 0
+    return Assignment.objects.filter(
+        run=run, annotator=annotator, experience_id__in=list(experience_ids), status=Assignment.Status.LEASED
+    ).update(status=Assignment.Status.DONE, finished_at=timezone.now(), lease_expires_at=None)
+
+
+# ---------------------------------------------------------------- folding
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    updated: int
+    became_ready: bool
+
+
+def _locked_members(*, run: Run, group_id: str) -> list[Experience]:
+    # Lock the group in id order (so two folds cannot deadlock) for the read-compute-write;
+    # a second fold of the same group waits and then sees the first one's feedback.
+    return list(
+        Experience.objects.select_for_update()
+        .filter(run=run, group_id=group_id, is_expert=False)
+        .order_by("id")
+    )
+
+
+def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
+    return list(
+        Feedback.objects.filter(run=run, late=False)
+        .filter(Q(kind=Feedback.Kind.RATING, experience_id__in=list(member_ids)) | Q(kind=Feedback.Kind.RANKING, group_id=group_id))
+        .only("kind", "experience_id", "author_id", "value")
+    )
+
+
+def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = None) -> FoldResult:
+    """Recompute the human and final rewards of a group's open members from their feedback,
+    and make the group trainable when every member's reward is final. Call inside a
+    transaction (feedback_submit does); idempotent."""
+    policy = run.cfg.feedback
+    if members is None:
+        members = _locked_members(run=run, group_id=group_id)
+    folds = signals_fold(member_ids=[m.pk for m in members], feedback=_group_feedback(
+        run=run, group_id=group_id, member_ids=[m.pk for m in members]))
+    updated = 0
+    for m in members:
+        if m.status not in _OPEN:
+            continue
+        fold = folds[m.pk]
+        human = fold.human
+        changes: dict[str, Any] = {}
+        if human is not None and m.human_reward != human:
+            changes["human_reward"] = human
+        if policy.mode != "auto":
+            reward = reward_combine(policy=policy, auto=m.auto_reward, human=human)
+            if reward is not None and m.reward != reward:
+                changes["reward"] = reward
+        if changes:
+            Experience.objects.filter(pk=m.pk).update(**changes)
+            for name, value in changes.items():
+                setattr(m, name, value)
+            updated += 1
+    became_ready = False
+    if policy.mode != "auto" and any(m.status == Experience.Status.PENDING for m in members):
+        if all(m.status != Experience.Status.PENDING or member_is_final(policy=policy, fold=folds[m.pk]) for m in members):
+            became_ready = bool(
+                Experience.objects.filter(pk__in=[m.pk for m in members], status=Experience.Status.PENDING).update(
+                    status=Experience.Status.READY
+                )
+            )
+    return FoldResult(updated=updated, became_ready=became_ready)
+
+
+# ---------------------------------------------------------------- submitting
+
+
+def _clean_comment(comment: str | None) -> str:
+    comment = (comment or "").strip()
+    if len(comment) > 5000:
+        raise FeedbackInvalid("a comment is at most 5000 characters")
+    return comment
+
+
+def _experience_of(run: Run, experience: Experience | int | None, what: str) -> Experience:
+    if experience is None:
+        raise FeedbackInvalid(f"{what} is required")
+    pk = experience.pk if isinstance(experience, Experience) else experience
+    found = Experience.objects.filter(run=run, pk=pk).first()
+    if found is None:
+        raise FeedbackInvalid(f"{what} {pk} is not an experience of run {run.pk}")
+    return found
+
+
+def _clean_value(kind: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FeedbackInvalid(f"{kind} feedback needs a mapping as its value")
+    if kind == Feedback.Kind.RATING:
+        score, thumb = value.get("score"), value.get("thumb")
+        if (score is None) == (thumb is None):
+            raise FeedbackInvalid("a rating has either a score (1-5) or a thumb (up/down)")
+        try:
+            normalised = rating_normalise(score=score, thumb=thumb)
+        except ValueError as exc:
+            raise FeedbackInvalid(str(exc)) from None
+        return {"score": score, "thumb": thumb, "normalised": normalised}
+    if kind == Feedback.Kind.FLAG:
+        flags = value.get("flags")
+        if not isinstance(flags, list) or not flags or not set(flags) <= set(FLAGS):
+            raise FeedbackInvalid(f"flags must be a non-empty list of {', '.join(FLAGS)}")
+        return {"flags": sorted(set(flags))}
+    if kind == Feedback.Kind.PAIRWISE:
+        if value.get("winner") not in ("a", "b", "tie"):
+            raise FeedbackInvalid("a comparison's winner is 'a', 'b' or 'tie'")
+        return {"winner": value["winner"]}
+    if kind == Feedback.Kind.RANKING:
+        order = value.get("order")
+        if not isinstance(order, list) or not order or not all(isinstance(x, int) and not isinstance(x, bool) for x in order):
+            raise FeedbackInvalid("a ranking's order is a list of experience ids, best first")
+        if len(set(order)) != len(order):
+            raise FeedbackInvalid("a ranking names each completion once")
+        return {"order": order}
+    if kind == Feedback.Kind.ENV_REWARD:
+        reward = value.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise FeedbackInvalid("an environment reward is a finite number")
+        return {"reward": float(reward)}
+    raise FeedbackInvalid(f"unknown feedback kind {kind!r}")
+
+
+def feedback_submit(
+    *,
+    run: Run,
+    author: Any,
+    kind: str,
+    value: dict[str, Any],
+    experience: Experience | int | None = None,
+    other: Experience | int | None = None,
+    group_id: str = "",
+    comment: str = "",
+    api_key: Any = None,
+) -> Feedback:
+    """Validate and store one piece of feedback, fold it into its group's rewards, close the
+    author's assignments on its targets, and announce `feedback.saved` after commit.
+
+    rating: experience + {"score": 1..5} or {"thumb": "up"|"down"}
+    flag: experience + {"flags": [unsafe|broken|off_task, ...]}
+    ranking: group_id + {"order": [every member id of the group, best first]}
+    pairwise: experience (A) + other (B) of one group + {"winner": "a"|"b"|"tie"}
+    env_reward: experience + {"reward": number} (stored; environments write rewards through the buffer)
+    """
+    if kind == Feedback.Kind.EDIT:
+        raise FeedbackInvalid("edits go through feedback_edit, which writes the expert experience")
+    clean = _clean_value(kind, value)
+    comment = _clean_comment(comment)
+    author = author if getattr(author, "is_authenticated", False) else None
+    with transaction.atomic():
+        target: Experience | None = None
+        second: Experience | None = None
+        if kind == Feedback.Kind.RANKING:
+            group_id = str(group_id or "")
+            if not group_id:
+                raise FeedbackInvalid("a ranking needs the group_id of the completions it ranks")
+        else:
+            target = _experience_of(run, experience, "experience")
+            group_id = target.group_id
+            if kind == Feedback.Kind.PAIRWISE:
+                second = _experience_of(run, other, "other")
+                if second.pk == target.pk:
+                    raise FeedbackInvalid("a comparison needs two different completions")
+                if second.group_id != target.group_id:
+                    raise FeedbackInvalid("a comparison is between completions of one prompt (one group)")
+        members = _locked_members(run=run, group_id=group_id)
+        if kind == Feedback.Kind.RANKING:
+            if not members:
+                raise FeedbackInvalid(f"run {run.pk} has no group {group_id!r}")
+            if sorted(clean["order"]) != sorted(m.pk for m in members):
+                raise FeedbackInvalid("a ranking orders every completion of the group exactly once")
+            late = any(m.status in _TAKEN for m in members)
+        else:
+            assert target is not None
+            late = target.status in _TAKEN or (second is not None and second.status in _TAKEN)
+        fb = Feedback.objects.create(
+            run=run, kind=kind, experience=target, other=second, group_id=group_id, author=author,
+            api_key=api_key, value=clean, comment=comment, late=late,
+        )
+        fold = FoldResult(updated=0, became_ready=False)
+        if not late and kind in (Feedback.Kind.RATING, Feedback.Kind.RANKING):
+            fold = group_fold(run=run, group_id=group_id, members=members)
+        targets = clean["order"] if kind == Feedback.Kind.RANKING else [target.pk]  # type: ignore[union-attr]
+        if kind in (Feedback.Kind.RATING, Feedback.Kind.RANKING):
+            _assignments_finish(run=run, annotator=author, experience_ids=targets)
+        _announce(run=run, feedback=fb, ready=fold.became_ready)
+    return fb
+
+
+def _announce(*, run: Run, feedback: Feedback, ready: bool) -> None:
+    payload = {
+        "id": feedback.pk,
+        "kind": feedback.kind,
+        "experience_id": feedback.experience_id,
+        "other_id": feedback.other_id,
+        "group_id": feedback.group_id,
+        "late": feedback.late,
+        "author": feedback.author.get_username() if feedback.author else None,
+        "group_ready": ready,
+    }
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
+
+
+def feedback_rate(
+    *, run: Run, author: Any, experience: Experience | int, score: int | None = None, thumb: str | None = None,
+    flags: Sequence[str] = (), comment: str = "",
+) -> list[Feedback]:
+    """A rating and/or flags on one completion (the annotation form's submit)."""
+    if score is None and thumb is None and not flags:
+        raise FeedbackInvalid("give a rating (1-5 or a thumb) or at least one flag")
+    with transaction.atomic():
+        saved: list[Feedback] = []
+        if score is not None or thumb is not None:
+            saved.append(feedback_submit(run=run, author=author, kind=Feedback.Kind.RATING, experience=experience,
+                                         value={"score": score} if thumb is None else {"thumb": thumb},
+                                         comment=comment))
+            comment = ""
+        if flags:
+            saved.append(feedback_submit(run=run, author=author, kind=Feedback.Kind.FLAG, experience=experience,
+                                         value={"flags": list(flags)}, comment=comment))
+            if score is None and thumb is None:
+                # Flagging is a judgement of the item too: it leaves the queue.
+                _assignments_finish(run=run, annotator=author, experience_ids=[saved[-1].experience_id])
+    return saved
+
+
+def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: str, comment: str = "") -> tuple[Feedback, Experience]:
+    """A corrected completion: written through experience_write as an expert experience
+    (is_expert, parent = the original, source human) and recorded as edit feedback.
+
+    The key is stable in (original, author, text), so a resubmitted form writes nothing
+    twice while a revised correction is a new expert experience. Token ids are left empty:
+    the web side has no tokenizer; the trainer tokenises prompt_text + response_text.
+    """
+    text = (text or "").replace("\r\n", "\n")
+    if not text.strip():
+        raise FeedbackInvalid("a correction needs some text")
+    if len(text) > 100_000:
+        raise FeedbackInvalid("a correction is at most 100000 characters")
+    comment = _clean_comment(comment)
+    author = author if getattr(author, "is_authenticated", False) else None
+    with transaction.atomic():
+        parent = _experience_of(run, experience, "experience")
+        if parent.is_expert:
+            raise FeedbackInvalid("edit the original completion, not a correction")
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        key = f"edit:{parent.pk}:{author.pk if author else 'anon'}:{digest}"
+        result = experience_write(experiences=[{
+            "run_id": run.pk,
+            "key": key,
+            "group_id": f"expert-{parent.pk}",
+            "task_id": parent.task_id,
+            "source": Experience.Source.HUMAN,
+            "prompt_text": parent.prompt_text,
+            "response_text": text,
+            "is_expert": True,
+            "parent_id": parent.pk,
+            "status": Experience.Status.READY,
+            # A correction is the annotator's best answer: the top of the human scale.
+            "human_reward": 1.0,
+            "reward": 1.0,
+            "model_version": parent.model_version,
+            "metadata": {"edit_of": parent.pk, "author": author.get_username() if author else None},
+        }])
+        expert = Experience.objects.get(pk=result.ids[0])
+        fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()
+        if fb is None:
+            fb = Feedback.objects.create(
+                run=run, kind=Feedback.Kind.EDIT, experience=parent, group_id=parent.group_id, author=author,
+                value={"expert_id": expert.pk}, comment=comment, late=parent.status in _TAKEN,
+            )
+            _announce(run=run, feedback=fb, ready=False)
+    return fb, expert
+
+
+# ---------------------------------------------------------------- wait windows
+
+
+@dataclass(frozen=True)
+class ExpireResult:
+    groups_ready: int
+    groups_dropped: int
+
+
+def feedback_wait_expire(*, now: datetime | None = None) -> ExpireResult:
+    """End the wait windows that have run out: for each group with a member pending longer
+    than its run's `wait_seconds`, apply the run's fallback. Idempotent (conditional
+    updates on status pending), so overlapping beats do no harm."""
+    now = now or timezone.now()
+    ready = dropped = 0
+    for run in Run.objects.filter(experiences__status=Experience.Status.PENDING).distinct():
+        policy = run.cfg.feedback
+        cutoff = now - timedelta(seconds=policy.wait_seconds)
+        groups = list(
+            Experience.objects.filter(run=run, status=Experience.Status.PENDING, created_at__lte=cutoff)
+            .values_list("group_id", flat=True).distinct()
+        )
+        for group_id in groups:
+            outcome = _group_expire(run=run, group_id=group_id)
+            ready += outcome == "ready"
+            dropped += outcome == "dropped"
+    if ready or dropped:
+        log.info("feedback_wait_expire: %d groups made trainable, %d dropped", ready, dropped)
+    return ExpireResult(groups_ready=ready, groups_dropped=dropped)
+
+
+def _group_expire(*, run: Run, group_id: str) -> str | None:
+    policy = run.cfg.feedback
+    with transaction.atomic():
+        members = _locked_members(run=run, group_id=group_id)
+        pending = [m for m in members if m.status == Experience.Status.PENDING]
+        if not pending:
+            return None
+        group_fold(run=run, group_id=group_id, members=members)
+        without = [m for m in pending if m.reward is None]
+        if without and (policy.fallback == "drop" or any(m.auto_reward is None for m in without)):
+            # No usable reward for some member: a group with a hole cannot be trained on.
+            Experience.objects.filter(pk__in=[m.pk for m in members], status__in=_OPEN).update(
+                status=Experience.Status.FILTERED,
+                filter_reason=DROP_REASON if policy.fallback == "drop"
+                else "feedback: wait window ended and a member has neither human nor automatic reward",
+            )
+            outcome = "dropped"
+        else:
+            for m in without:
+                Experience.objects.filter(pk=m.pk, status=Experience.Status.PENDING).update(reward=m.auto_reward)
+            Experience.objects.filter(pk__in=[m.pk for m in pending], status=Experience.Status.PENDING).update(
+                status=Experience.Status.READY
+            )
+            outcome = "ready"
+    return outcome

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from apps.feedback import views
+
+app_name = "feedback"
+
+# Mounted at runs/<int:run_id>/annotate/ (rftweb/urls.py).
+urlpatterns = [
+    path("", views.annotate_page, name="page"),
+    path("queue/", views.queue_partial, name="queue"),
+    path("items/<int:assignment_id>/rate/", views.rate, name="rate"),
+    path("items/<int:assignment_id>/skip/", views.skip, name="skip"),
+    path("experiences/<int:experience_id>/edit/", views.edit, name="edit"),
+    path("experiences/<int:experience_id>/rank/", views.rank, name="rank"),
+    path("experiences/<int:experience_id>/compare/", views.compare, name="compare"),
+]

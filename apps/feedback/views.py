@@ -1,0 +1,251 @@
+"""The annotation page and its HTMX partials. Thin: check the role, call a service, render.
+
+Every partial is also reachable without JavaScript: a GET without HTMX renders the same
+fragment inside the full page, and a form POST without HTMX redirects back to the page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Assignment
+from apps.feedback.selectors import annotation_queue, feedback_counts, run_may_annotate
+from apps.feedback.services import (
+    FLAGS,
+    FeedbackInvalid,
+    assignment_claim,
+    assignment_skip,
+    feedback_edit,
+    feedback_rate,
+    feedback_submit,
+)
+from apps.runs.models import Run
+from apps.runs.selectors import run_role
+
+
+def _queue_size() -> int:
+    return int(getattr(settings, "RFT_ANNOTATION_QUEUE_SIZE", 8))
+
+
+def _run_for(request: HttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
+    """The run and the user's role; 404 for a run the user may not see (no hint that it
+    exists), 403 when a viewer tries to give feedback."""
+    run = get_object_or_404(Run, pk=run_id)
+    role = run_role(run=run, user=request.user)
+    if role is None:
+        raise Http404("no such run")
+    if annotate and not run_may_annotate(run=run, user=request.user):
+        raise PermissionError("viewers of a run cannot give feedback")
+    return run, role
+
+
+def _forbidden(message: str) -> HttpResponse:
+    return HttpResponseForbidden(message, content_type="text/plain; charset=utf-8")
+
+
+def _error(request: HttpRequest, message: str) -> HttpResponse:
+    # Plain text: the page's script shows it beside the form (as text); without JS it is the page.
+    return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
+
+
+def _page_url(run: Run) -> str:
+    return reverse("feedback:page", kwargs={"run_id": run.pk})
+
+
+def _fragment(request: HttpRequest, run: Run, template: str, context: dict[str, Any]) -> HttpResponse:
+    context = {"run": run, **context}
+    if request.htmx:
+        return render(request, template, context)
+    return render(request, "feedback/standalone.html", {**context, "fragment": template})
+
+
+def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
+    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS}
+
+
+@login_required
+@require_GET
+def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, role = _run_for(request, run_id)
+    can_annotate = role in ("owner", "annotator")
+    if can_annotate:
+        assignment_claim(run=run, annotator=request.user, size=_queue_size())
+    queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
+    recent = [] if can_annotate else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
+    policy = run.cfg.feedback
+    return render(request, "feedback/annotate.html", {
+        "run": run, "role": role, "can_annotate": can_annotate, "queue": queue, "recent": recent,
+        "policy": policy, "counts": feedback_counts(run=run), "flags": FLAGS,
+        "ws_path": f"/ws/runs/{run.pk}/",
+    })
+
+
+@login_required
+@require_GET
+def queue_partial(request: HttpRequest, run_id: int) -> HttpResponse:
+    """New items for the live queue: tops the queue up and returns the items handed out
+    after `after` (an assignment id), so the page appends only what it lacks."""
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    if not request.htmx and "after" not in request.GET:
+        return redirect(_page_url(run))
+    try:
+        after = int(request.GET.get("after", "0") or 0)
+    except ValueError:
+        return _error(request, "after must be an assignment id")
+    assignment_claim(run=run, annotator=request.user, size=_queue_size())
+    items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after]
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS})
+
+
+def _my_assignment(request: HttpRequest, run: Run, assignment_id: int) -> Assignment:
+    return get_object_or_404(Assignment.objects.select_related("experience"), pk=assignment_id, run=run,
+                             annotator=request.user)
+
+
+def _score(request: HttpRequest) -> tuple[int | None, str | None]:
+    raw, thumb = request.POST.get("score", ""), request.POST.get("thumb", "") or None
+    if raw == "":
+        return None, thumb
+    try:
+        return int(raw), thumb
+    except ValueError:
+        raise FeedbackInvalid(f"a rating is a whole number from 1 to 5, got {raw!r}") from None
+
+
+@login_required
+@require_POST
+def rate(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    a = _my_assignment(request, run, assignment_id)
+    try:
+        score, thumb = _score(request)
+        if score is not None and thumb is not None:
+            raise FeedbackInvalid("give a score or a thumb, not both")
+        saved = feedback_rate(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
+                              flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
+    except FeedbackInvalid as exc:
+        return _error(request, str(exc))
+    if not request.htmx:
+        return redirect(_page_url(run))
+    a.refresh_from_db()
+    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "saved": saved})
+
+
+@login_required
+@require_POST
+def skip(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    a = _my_assignment(request, run, assignment_id)
+    assignment_skip(assignment=a)
+    if not request.htmx:
+        return redirect(_page_url(run))
+    a.refresh_from_db()
+    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "skipped": True})
+
+
+def _experience(run: Run, experience_id: int) -> Experience:
+    return get_object_or_404(Experience, pk=experience_id, run=run)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def edit(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    e = _experience(run, experience_id)
+    if request.method == "GET":
+        return _fragment(request, run, "feedback/_edit.html", {"e": e, "text": e.response_text})
+    try:
+        fb, expert = feedback_edit(run=run, author=request.user, experience=e, text=request.POST.get("text", ""),
+                                   comment=request.POST.get("comment", ""))
+    except FeedbackInvalid as exc:
+        return _error(request, str(exc))
+    if not request.htmx:
+        return redirect(_page_url(run))
+    return render(request, "feedback/_saved.html", {"run": run, "message": f"Saved as expert experience #{expert.pk}",
+                                                    "expert": expert, "feedback": fb})
+
+
+def _group_members(run: Run, e: Experience) -> list[Experience]:
+    return list(Experience.objects.filter(run=run, group_id=e.group_id, is_expert=False).order_by("id"))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rank(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    e = _experience(run, experience_id)
+    members = _group_members(run, e)
+    if request.method == "GET":
+        return _fragment(request, run, "feedback/_rank.html", {"e": e, "members": members})
+    try:
+        ranks: dict[int, int] = {}
+        for m in members:
+            raw = request.POST.get(f"rank_{m.pk}", "")
+            if not raw.strip().isdigit():
+                raise FeedbackInvalid(f"give completion #{m.pk} a rank from 1 to {len(members)}")
+            ranks[m.pk] = int(raw)
+        if sorted(ranks.values()) != list(range(1, len(members) + 1)):
+            raise FeedbackInvalid(f"ranks must be 1 to {len(members)}, each used once")
+        order = sorted(ranks, key=ranks.__getitem__)
+        fb = feedback_submit(run=run, author=request.user, kind="ranking", group_id=e.group_id,
+                             value={"order": order}, comment=request.POST.get("comment", ""))
+    except FeedbackInvalid as exc:
+        return _error(request, str(exc))
+    if not request.htmx:
+        return redirect(_page_url(run))
+    # The ranked items that were in this annotator's queue are done: update their cards too.
+    closed = Assignment.objects.filter(run=run, annotator=request.user, experience_id__in=order).select_related("experience")
+    return render(request, "feedback/_saved.html", {
+        "run": run, "feedback": fb, "closed": closed, "flags": FLAGS,
+        "message": f"Ranked {len(order)} completions" + (" (late: stored, not folded)" if fb.late else ""),
+    })
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def compare(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    e = _experience(run, experience_id)
+    siblings = [m for m in _group_members(run, e) if m.pk != e.pk]
+    if request.method == "GET":
+        other_id = request.GET.get("other", "")
+        other = next((m for m in siblings if str(m.pk) == other_id), siblings[0] if siblings else None)
+        return _fragment(request, run, "feedback/_compare.html", {"e": e, "other": other, "siblings": siblings})
+    try:
+        other_raw = request.POST.get("other", "")
+        if not other_raw.isdigit():
+            raise FeedbackInvalid("choose the completion to compare with")
+        fb = feedback_submit(run=run, author=request.user, kind="pairwise", experience=e, other=int(other_raw),
+                             value={"winner": request.POST.get("winner", "")}, comment=request.POST.get("comment", ""))
+    except FeedbackInvalid as exc:
+        return _error(request, str(exc))
+    if not request.htmx:
+        return redirect(_page_url(run))
+    return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
+                                                    "message": f"Preference saved ({fb.value['winner']})"})

@@ -1,0 +1,209 @@
+// The annotation page's client: the run's live stream over a WebSocket, the queue that
+// grows as rollouts arrive, and the keyboard. Untrusted text from events is only ever set
+// as textContent; item HTML comes from the server, which renders completions sanitised.
+(function () {
+  "use strict";
+  const root = document.getElementById("annotate");
+  if (!root) return;
+  const queue = document.getElementById("queue");
+  const panel = document.getElementById("panel");
+  const feed = document.getElementById("live-feed");
+  const statusEl = document.getElementById("live-status");
+  const countEl = document.getElementById("live-count");
+  const keys = document.getElementById("keys");
+  const canAnnotate = root.dataset.canAnnotate === "1";
+  let current = null;
+
+  // ------------------------------------------------------------------ queue
+  function cards() { return queue ? Array.from(queue.querySelectorAll(".item")) : []; }
+  function openCards() { return cards().filter((c) => !c.classList.contains("done")); }
+  function lastAssignment() {
+    return cards().reduce((m, c) => Math.max(m, Number(c.dataset.assignment) || 0), 0);
+  }
+  function updateEmpty() {
+    const empty = document.getElementById("queue-empty");
+    if (empty) empty.hidden = openCards().length > 0;
+  }
+  function select(card) {
+    if (current) current.classList.remove("current");
+    current = card || null;
+    if (current) {
+      current.classList.add("current");
+      current.scrollIntoView({ block: "nearest" });
+    }
+    root.dataset.current = current ? current.dataset.assignment : "";
+  }
+  function ensureCurrent() {
+    if (!current || !current.isConnected || current.classList.contains("done")) select(openCards()[0]);
+  }
+  function move(step) {
+    const open = openCards();
+    if (!open.length) return select(null);
+    const i = open.indexOf(current);
+    select(open[Math.min(open.length - 1, Math.max(0, (i < 0 ? 0 : i + step)))]);
+  }
+
+  let loading = null;
+  let again = false;
+  // One fetch at a time; a burst of events while one runs costs one more fetch, not many.
+  function loadMore() {
+    if (!canAnnotate || !queue) return Promise.resolve();
+    if (loading) { again = true; return loading; }
+    const url = root.dataset.queueUrl + "?after=" + lastAssignment();
+    loading = fetch(url, { headers: { "HX-Request": "true" }, credentials: "same-origin" })
+      .then((r) => (r.ok ? r.text() : ""))
+      .then((html) => {
+        const tpl = document.createElement("template");
+        tpl.innerHTML = html;
+        const known = new Set(cards().map((c) => c.dataset.assignment));
+        for (const card of Array.from(tpl.content.querySelectorAll(".item"))) {
+          if (known.has(card.dataset.assignment)) continue;
+          queue.appendChild(card);
+          if (window.htmx) window.htmx.process(card);
+        }
+        updateEmpty();
+        ensureCurrent();
+      })
+      .catch(() => {})
+      .finally(() => {
+        loading = null;
+        if (again) { again = false; loadMore(); }
+      });
+    return loading;
+  }
+  const more = document.getElementById("load-more");
+  if (more) more.addEventListener("click", (ev) => { ev.preventDefault(); loadMore(); });
+
+  // ------------------------------------------------------------------ live stream
+  function note(text) {
+    if (!feed) return;
+    const li = document.createElement("li");
+    li.textContent = text;
+    feed.prepend(li);
+    while (feed.children.length > 50) feed.lastElementChild.remove();
+  }
+  let newCount = 0;
+  let backoff = 500;
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(proto + location.host + root.dataset.wsPath);
+    ws.onopen = () => {
+      backoff = 500;
+      statusEl.textContent = "live";
+      statusEl.classList.add("on");
+      root.dataset.live = "open";
+      loadMore(); // anything that arrived while we were away
+    };
+    ws.onmessage = (msg) => {
+      let ev;
+      try { ev = JSON.parse(msg.data); } catch (e) { return; }
+      const p = ev.payload || {};
+      if (ev.type === "experience.created") {
+        const n = Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
+        newCount += n;
+        countEl.textContent = String(newCount);
+        note("new experience" + (n > 1 ? "s: " + n : "") + (p.group_id ? " in group " + p.group_id : ""));
+        loadMore();
+      } else if (ev.type === "feedback.saved") {
+        note("feedback: " + p.kind + (p.author ? " by " + p.author : "") + (p.late ? " (late)" : "") +
+             (p.group_ready ? " · group trainable" : ""));
+      } else if (ev.type === "weights.synced") {
+        note("model v" + p.version + " " + (p.event || "synced"));
+      } else if (ev.type === "run.status") {
+        note("run " + p.status);
+      }
+    };
+    ws.onclose = (ev) => {
+      statusEl.textContent = ev.code === 4403 ? "not allowed" : "offline";
+      statusEl.classList.remove("on");
+      root.dataset.live = ev.code === 4403 ? "denied" : "closed";
+      if (ev.code === 4403) return;
+      setTimeout(connect, backoff);
+      backoff = Math.min(backoff * 2, 15000);
+    };
+  }
+  connect();
+
+  // ------------------------------------------------------------------ htmx glue
+  document.body.addEventListener("htmx:beforeSwap", (ev) => {
+    const xhr = ev.detail.xhr;
+    if (xhr.status === 400 || xhr.status === 403) {
+      // A refused form: keep what the annotator typed, show the message beside it.
+      ev.detail.shouldSwap = false;
+      ev.detail.isError = false;
+      const form = ev.detail.elt.closest("form") || ev.detail.elt;
+      const box = form.querySelector(".errors");
+      if (box) box.textContent = xhr.responseText;
+    }
+  });
+  document.body.addEventListener("htmx:afterSwap", (ev) => {
+    if (ev.detail.target === panel) {
+      const area = panel.querySelector("textarea, input[type=number]");
+      if (area) area.focus();
+    }
+    updateEmpty();
+    ensureCurrent();
+  });
+  document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); });
+
+  // ------------------------------------------------------------------ keyboard
+  function currentForm() { return current && current.querySelector("form.rate"); }
+  function check(selector) {
+    const form = currentForm();
+    const input = form && form.querySelector(selector);
+    if (!input) return;
+    if (input.type === "checkbox") input.checked = !input.checked;
+    else {
+      form.querySelectorAll("input[type=radio]").forEach((r) => { r.checked = false; });
+      input.checked = true;
+    }
+  }
+  function click(selector) {
+    const el = current && current.querySelector(selector);
+    if (el) el.click();
+  }
+  function toggleHelp() {
+    if (!keys) return;
+    if (keys.open) keys.close(); else keys.showModal();
+  }
+  document.addEventListener("keydown", (ev) => {
+    if (ev.altKey || ev.metaKey || (ev.ctrlKey && ev.key !== "Enter")) return;
+    const t = ev.target;
+    const typing = t && (t.tagName === "TEXTAREA" || t.tagName === "SELECT" ||
+      (t.tagName === "INPUT" && !["radio", "checkbox"].includes(t.type)));
+    if (typing) {
+      if (ev.key === "Escape") t.blur();
+      if (ev.key === "Enter" && ev.ctrlKey && t.form) { ev.preventDefault(); t.form.requestSubmit(); }
+      return;
+    }
+    if (keys && keys.open && ev.key !== "?" && ev.key !== "Escape") return;
+    ensureCurrent();
+    switch (ev.key) {
+      case "1": case "2": case "3": case "4": case "5":
+        check('input[name=score][value="' + ev.key + '"]'); break;
+      case "+": check('input[name=thumb][value="up"]'); break;
+      case "-": check('input[name=thumb][value="down"]'); break;
+      case "u": check('input[name=flags][value="unsafe"]'); break;
+      case "b": check('input[name=flags][value="broken"]'); break;
+      case "o": check('input[name=flags][value="off_task"]'); break;
+      case "j": move(1); break;
+      case "k": move(-1); break;
+      case "e": click("a.act-edit"); break;
+      case "r": click("a.act-rank"); break;
+      case "c": click("a.act-compare"); break;
+      case "s": { const f = current && current.querySelector("form.skip"); if (f) f.requestSubmit(); break; }
+      case "Enter": {
+        if (t && t.tagName === "BUTTON") return; // the browser presses the focused button
+        const f = currentForm();
+        if (f) { ev.preventDefault(); f.requestSubmit(); }
+        return;
+      }
+      case "?": toggleHelp(); break;
+      default: return;
+    }
+    ev.preventDefault();
+  });
+
+  updateEmpty();
+  ensureCurrent();
+})();

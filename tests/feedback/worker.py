@@ -1,0 +1,36 @@
+"""A stand-in for the explorer's write path, run as its own process by the page tests:
+writes experiences through experience_write and announces them, as a rollout worker does.
+
+    python -m tests.feedback.worker '{"run_id": 1, "rows": [{...}, ...]}'
+    python -m tests.feedback.worker '{"run_id": 1, "event": {"type": "feedback.saved", "payload": {}}}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+    import django
+
+    django.setup()
+    from apps.buffer.services import experience_write
+    from apps.runs.events import event_publish
+
+    spec = json.loads(sys.argv[1])
+    if "event" in spec:
+        event_publish(run_id=spec["run_id"], type=spec["event"]["type"], payload=spec["event"]["payload"])
+        print(json.dumps({"ids": []}))
+        return
+    rows = [{"run_id": spec["run_id"], **row} for row in spec["rows"]]
+    result = experience_write(experiences=rows)
+    event_publish(run_id=spec["run_id"], type="experience.created",
+                  payload={"ids": result.ids, "group_id": rows[0]["group_id"], "count": len(result.ids)})
+    print(json.dumps({"ids": result.ids}))
+
+
+if __name__ == "__main__":
+    main()
