@@ -12,3 +12,6 @@ if os.environ.get("RFT_TEST_EMBEDDED") != "1":
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Playwright's sync API runs an event loop on the test thread; the ORM calls the page tests
+# make between browser steps are still synchronous.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
