@@ -31,6 +31,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    # In INSTALLED_APPS so the API docs page uses ninja's bundled Swagger UI, not a CDN.
+    "ninja",
     "apps.runs",
     "apps.buffer",
     "apps.feedback",
@@ -153,6 +155,8 @@ RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
+# The longest the environment API waits for a rollout worker before answering 503.
+RFT_ROLLOUT_TIMEOUT_SECONDS = env_float("RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)
 
 LOGGING = {
     "version": 1,

@@ -3,6 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from apps.envapi.api import api as envapi
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False)),
     path("admin/", admin.site.urls),
@@ -11,4 +13,6 @@ urlpatterns = [
     path("runs/", include("apps.runs.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("health/", include("apps.runs.health_urls")),
+    path("api/v1/", envapi.urls),
+    path("", include("apps.envapi.urls")),
 ]

@@ -1,0 +1,466 @@
+"""The environment REST API, `/api/v1/`: thin handlers over `apps.envapi.services`.
+
+Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events), `submit`
+(tasks, rollouts, trajectories), `feedback` (feedback). Errors are `{"detail", "errors"}`
+with 401 (no or bad key), 403 (outside the key's runs or actions), 404 (unknown ids),
+413 (body past RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate,
+with Retry-After), 503 (no rollout worker answered). None of them writes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from ninja import NinjaAPI, Path, Query
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+from ninja.security import HttpBearer
+from pydantic import ValidationError as PydanticValidationError
+
+from apps.buffer.importers import ImportFailed
+from apps.buffer.models import Experience
+from apps.buffer.services import BatchRejected, task_claim, task_finish, task_release
+from apps.envapi import schemas as s
+from apps.envapi.models import ApiKey
+from apps.envapi.selectors import run_current_version
+from apps.envapi.services import (
+    FeedbackRejected,
+    KeyPrincipal,
+    RolloutFailed,
+    RolloutUnavailable,
+    api_key_authenticate,
+    feedback_from_env,
+    rate_limit_hit,
+    rollouts_generate,
+    tasks_add,
+    trajectories_submit,
+)
+from apps.runs.events import run_group
+from apps.runs.models import Run
+
+# ---- errors --------------------------------------------------------------------------
+
+
+class ApiProblem(Exception):
+    def __init__(self, status: int, detail: str, errors: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.errors = errors or {}
+        self.headers = headers or {}
+        super().__init__(detail)
+
+
+class BodyRejected(ValueError):
+    """A JSON body the database could not hold (NUL characters, lone surrogates, NaN)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+def _walk(value: Any, path: str, depth: int = 0) -> None:
+    # Postgres text and jsonb reject NUL and invalid UTF-8, jsonb rejects NaN: refuse them
+    # here, as a 422 naming the field, rather than as a 500 from the database.
+    if depth > 64:
+        raise BodyRejected(path or "body", "nested too deeply")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise BodyRejected(path or "body", "text may not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BodyRejected(path or "body", "text is not valid Unicode (lone surrogate)") from None
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise BodyRejected(path or "body", "numbers must be finite")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _walk(k, path, depth + 1)
+            _walk(v, f"{path}.{k}" if path else str(k), depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, f"{path}.{i}" if path else str(i), depth + 1)
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyRejected("body", f"{name} is not a JSON number")
+
+
+class SafeJSONParser(Parser):
+    def parse_body(self, request: HttpRequest) -> Any:
+        body = request.body
+        if len(body) > settings.RFT_MAX_BODY_BYTES:
+            raise BodyTooLarge()
+        try:
+            data = json.loads(body, parse_constant=_reject_constant)
+        except RecursionError:
+            raise BodyRejected("body", "nested too deeply") from None
+        _walk(data, "")
+        return data
+
+
+api = NinjaAPI(
+    title="rftweb environment API",
+    version="1",
+    description=__doc__,
+    urls_namespace="envapi-v1",
+    parser=SafeJSONParser(),
+)
+
+
+def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, str] | None = None,
+             headers: dict[str, str] | None = None) -> HttpResponse:
+    response = api.create_response(request, {"detail": detail, "errors": errors or {}}, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(ApiProblem)
+def _on_problem(request: HttpRequest, exc: ApiProblem) -> HttpResponse:
+    return _problem(request, exc.status, exc.detail, exc.errors, exc.headers)
+
+
+@api.exception_handler(AuthenticationError)
+def _on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return _problem(request, 401, "missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def _too_large() -> str:
+    return f"the request body is larger than {settings.RFT_MAX_BODY_BYTES} bytes"
+
+
+@api.exception_handler(RequestDataTooBig)
+def _on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return _problem(request, 413, _too_large())
+
+
+@api.exception_handler(HttpError)
+def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    cause = exc.__cause__
+    if isinstance(cause, BodyTooLarge):
+        return _problem(request, 413, _too_large())
+    if isinstance(cause, BodyRejected):
+        return _problem(request, 422, f"{cause.field}: {cause.message}", {cause.field: cause.message})
+    if isinstance(cause, json.JSONDecodeError):
+        return _problem(request, 400, f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}")
+    return _problem(request, exc.status_code, str(exc))
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = list(loc)
+    if parts and parts[0] == "body":
+        parts = parts[2:] if len(parts) > 1 else []
+    elif parts and parts[0] in ("path", "query", "header"):
+        parts = parts[1:]
+    return ".".join(str(p) for p in parts) or "body"
+
+
+@api.exception_handler(ValidationError)
+def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    errors: dict[str, str] = {}
+    for err in exc.errors:
+        errors.setdefault(_loc(err.get("loc", ())), str(err.get("msg", "invalid")).removeprefix("Value error, "))
+    detail = "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5])
+    return _problem(request, 422, f"invalid request: {detail}", errors)
+
+
+ERRORS: dict[int, type] = {400: s.Error, 401: s.Error, 403: s.Error, 404: s.Error, 413: s.Error, 422: s.Error, 429: s.Error}
+
+
+def responses(ok: Any, *extra: int) -> dict[int, Any]:
+    out: dict[int, Any] = {200: ok, **ERRORS}
+    for code in extra:
+        out[code] = s.Error
+    return out
+
+
+# ---- auth ----------------------------------------------------------------------------
+
+
+class KeyAuth(HttpBearer):
+    """A bearer API key that holds `action`, under the key's rate limit."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        super().__init__()
+
+    def authenticate(self, request: HttpRequest, token: str) -> KeyPrincipal | None:
+        principal = api_key_authenticate(raw=token)
+        if principal is None:
+            return None
+        if not principal.can(self.action):
+            raise ApiProblem(403, f"this key may not {self.action} (it may: {', '.join(principal.key.actions) or 'nothing'})")
+        wait = rate_limit_hit(key=principal.key)
+        if wait is not None:
+            raise ApiProblem(429, f"over this key's limit of {principal.key.rate_limit_per_minute} requests a minute",
+                             headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        return principal
+
+
+READ, SUBMIT, FEEDBACK = KeyAuth("read"), KeyAuth("submit"), KeyAuth("feedback")
+
+RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")
+
+
+def _principal(request: HttpRequest) -> KeyPrincipal:
+    return request.auth  # type: ignore[attr-defined,return-value]
+
+
+def _run_for(request: HttpRequest, run_id: int) -> Run:
+    principal = _principal(request)
+    if run_id not in principal.run_ids:
+        if not Run.objects.filter(pk=run_id).exists():
+            raise ApiProblem(404, f"run {run_id} not found")
+        raise ApiProblem(403, f"this key is not scoped to run {run_id}")
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise ApiProblem(404, f"run {run_id} not found")
+    return run
+
+
+def _worker(request: HttpRequest, label: str) -> str:
+    return f"key:{_principal(request).key.prefix}:{label}"[:200]
+
+
+# ---- runs ----------------------------------------------------------------------------
+
+
+def _run_out(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.pk, "name": run.name, "status": run.status, "config": run.cfg, "taskset_id": run.taskset_id,
+        "current_version": run_current_version(run=run), "explore_step": run.explore_step,
+        "train_step": run.train_step, "created_at": run.created_at,
+    }
+
+
+@api.get("/runs", auth=READ, response=responses(list[s.RunOut]), tags=["runs"], summary="Runs this key may see")
+def runs_list(request: HttpRequest) -> list[dict[str, Any]]:
+    runs = Run.objects.filter(pk__in=_principal(request).run_ids).order_by("-created_at")
+    return [_run_out(run) for run in runs]
+
+
+@api.get("/runs/{run_id}", auth=READ, response=responses(s.RunOut), tags=["runs"],
+         summary="A run, with its current model version and checkpoint")
+def run_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
+    return _run_out(_run_for(request, run_id))
+
+
+# ---- tasks ---------------------------------------------------------------------------
+
+
+@api.post("/runs/{run_id}/tasks/claim", auth=SUBMIT, response=responses(s.TaskClaimOut), tags=["tasks"],
+          summary="Lease a batch of the run's tasks")
+def tasks_claim(request: HttpRequest, payload: s.TaskClaimIn, run_id: int = RunId) -> dict[str, Any]:
+    run = _run_for(request, run_id)
+    worker = _worker(request, payload.worker)
+    attempts = task_claim(run=run, worker=worker, size=payload.size, lease_seconds=payload.lease_seconds)
+    return {
+        "worker": payload.worker,
+        "lease_expires_at": attempts[0].lease_expires_at if attempts else None,
+        "tasks": [
+            {"attempt_id": a.pk, "task_id": a.task_id, "epoch": a.epoch, "prompt": a.task.prompt,
+             "messages": a.task.messages, "reference": a.task.reference, "domain": a.task.domain,
+             "metadata": a.task.metadata or {}}
+            for a in attempts
+        ],
+    }
+
+
+@api.post("/runs/{run_id}/tasks/release", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
+          summary="Hand leased tasks back to the queue")
+def tasks_release(request: HttpRequest, payload: s.TaskReleaseIn, run_id: int = RunId) -> dict[str, int]:
+    run = _run_for(request, run_id)
+    n = task_release(run=run, worker=_worker(request, payload.worker), ids=payload.attempt_ids)
+    return {"count": n}
+
+
+@api.post("/runs/{run_id}/tasks/finish", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
+          summary="Mark leased tasks done")
+def tasks_finish(request: HttpRequest, payload: s.TaskFinishIn, run_id: int = RunId) -> dict[str, int]:
+    run = _run_for(request, run_id)
+    version = run.current_version if payload.model_version is None else payload.model_version
+    n = task_finish(run=run, worker=_worker(request, payload.worker), ids=payload.attempt_ids, model_version=version)
+    return {"count": n}
+
+
+@api.post("/runs/{run_id}/tasks", auth=SUBMIT, response=responses(s.TasksAddOut), tags=["tasks"],
+          summary="Add tasks to the run's taskset")
+def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunId) -> dict[str, Any]:
+    run = _run_for(request, run_id)
+    try:
+        tasks = tasks_add(run=run, records=[t.model_dump() for t in payload.tasks])
+    except ImportFailed as exc:
+        field, _, message = str(exc).partition(": ")
+        raise ApiProblem(422, str(exc), {field: message or str(exc)}) from None
+    return {"taskset_id": tasks[0].taskset_id, "task_ids": [t.pk for t in tasks]}
+
+
+# ---- trajectories --------------------------------------------------------------------
+
+
+@api.post("/runs/{run_id}/trajectories", auth=SUBMIT, response=responses(s.TrajectoriesOut), tags=["trajectories"],
+          summary="Submit trajectories as experiences (idempotent on each key)")
+def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id: int = RunId) -> dict[str, Any]:
+    run = _run_for(request, run_id)
+    items = [t.model_dump(exclude_none=False) for t in payload.trajectories]
+    for item, t in zip(items, payload.trajectories, strict=True):
+        if t.messages is not None:
+            item["messages"] = [m.model_dump(exclude_none=True) for m in t.messages]
+    try:
+        result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
+    except BatchRejected as exc:
+        field = f"trajectories.{exc.row}"
+        raise ApiProblem(422, f"{field}: {exc.message}", {field: exc.message}) from None
+    return {
+        "created": result.created,
+        "duplicates": result.duplicates,
+        "results": [{"key": k, "id": pk, "duplicate": dup} for k, pk, dup in result.items],
+    }
+
+
+# ---- feedback ------------------------------------------------------------------------
+
+
+@api.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
+          summary="A reward, rating, preference or flag for an experience")
+def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> dict[str, Any]:
+    run = _run_for(request, run_id)
+    experience = Experience.objects.filter(pk=payload.experience_id, run=run).first()
+    if experience is None:
+        raise ApiProblem(404, f"experience {payload.experience_id} not found in run {run_id}")
+    other = None
+    if payload.other_experience_id is not None:
+        other = Experience.objects.filter(pk=payload.other_experience_id, run=run).first()
+        if other is None:
+            raise ApiProblem(404, f"experience {payload.other_experience_id} not found in run {run_id}")
+    value: Any = payload.value
+    if payload.kind == "pairwise":
+        value = {"preferred": payload.preferred}
+    elif payload.kind == "flag" and value is None:
+        value = 1.0
+    try:
+        feedback = feedback_from_env(
+            run=run, api_key=_principal(request).key, experience=experience, kind=payload.kind, value=value,
+            other=other, reward_parts=payload.reward_parts, comment=payload.comment,
+        )
+    except FeedbackRejected as exc:
+        raise ApiProblem(422, str(exc), {exc.field: exc.message}) from None
+    return {
+        "id": feedback.pk, "kind": feedback.kind, "experience_id": experience.pk, "late": feedback.late,
+        "experience_status": experience.status, "experience_reward": experience.reward,
+    }
+
+
+# ---- rollouts ------------------------------------------------------------------------
+
+
+def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
+    data = req.model_dump(exclude_none=True)
+    if req.messages is not None:
+        data["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
+    return data
+
+
+@api.post("/runs/{run_id}/rollouts", auth=SUBMIT, response=responses(s.RolloutsOut, 502, 503), tags=["rollouts"],
+          summary="Generate with the run's current model (token ids and logprobs included)")
+async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
+    run = await sync_to_async(_run_for)(request, run_id)
+    timeout = min(payload.timeout_seconds, float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)))
+    requests = [_sampling_request(r) for r in payload.requests]
+    try:
+        # Off the shared sync thread: waiting for a worker must not stall every other request.
+        answer = await sync_to_async(rollouts_generate, thread_sensitive=False)(run=run, requests=requests, timeout=timeout)
+    except RolloutUnavailable as exc:
+        raise ApiProblem(503, f"{exc}; start a worker on the 'rollout' queue or try again", headers={"Retry-After": "5"}) from None
+    except RolloutFailed as exc:
+        raise ApiProblem(502, str(exc)) from None
+    try:
+        results = [s.RolloutOut.model_validate(item) for item in answer]
+    except PydanticValidationError as exc:
+        raise ApiProblem(502, f"the rollout worker returned a malformed result ({exc.error_count()} errors)") from None
+    return {"results": results}
+
+
+# ---- events --------------------------------------------------------------------------
+
+_SSE_DOC = {
+    "responses": {
+        "200": {
+            "description": "text/event-stream: `event: <type>` and `data: <json payload>` per run event; "
+                           "comment lines keep the connection alive",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    }
+}
+
+
+async def _key_live(key_id: int) -> bool:
+    return await ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).aexists()
+
+
+async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events: int | None) -> AsyncIterator[str]:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    group = run_group(run_id)
+    await layer.group_add(group, channel)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_seconds
+    checked = time.monotonic()
+    sent = 0
+    try:
+        # Tells the client the subscription is live: events published from now on arrive.
+        yield f": subscribed to run {run_id}\nretry: 3000\n\n"
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), timeout=min(15.0, remaining))
+            except TimeoutError:
+                message = None
+            # A revoked key stops its open streams too, within one keep-alive period.
+            if (message is None or time.monotonic() - checked > 5) and not await _key_live(key_id):
+                yield "event: error\ndata: {\"detail\": \"the API key was revoked\"}\n\n"
+                return
+            if message is None:
+                checked = time.monotonic()
+                yield ": keep-alive\n\n"
+                continue
+            sent += 1
+            data = json.dumps(message.get("payload", {}), separators=(",", ":"), default=str)
+            yield f"id: {sent}\nevent: {message.get('type', 'message')}\ndata: {data}\n\n"
+            if max_events is not None and sent >= max_events:
+                return
+    finally:
+        await layer.group_discard(group, channel)
+
+
+@api.get("/runs/{run_id}/events", auth=READ, response={k: v for k, v in ERRORS.items() if k not in (413,)},
+         tags=["events"], summary="The run's live events (server-sent events)", openapi_extra=_SSE_DOC)
+async def run_events(
+    request: HttpRequest,
+    run_id: int = RunId,
+    max_seconds: float = Query(3600.0, gt=0, le=86400, description="end the stream after this long"),
+    max_events: int | None = Query(None, ge=1, le=1_000_000, description="end the stream after this many events"),
+) -> StreamingHttpResponse:
+    run = await sync_to_async(_run_for)(request, run_id)
+    stream = _event_stream(run.pk, _principal(request).key.pk, max_seconds, max_events)
+    response = StreamingHttpResponse(stream, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

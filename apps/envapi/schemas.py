@@ -1,0 +1,285 @@
+"""Request and response schemas of the environment API (pydantic, via django-ninja).
+
+Inputs forbid unknown keys so a typo is a 422 naming the field, not a silently ignored
+value. Integer bounds follow the database columns so no value can overflow one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, FiniteFloat, model_validator
+
+from apps.runs.config import RunConfig
+
+Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
+Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Name = Annotated[str, Field(min_length=1, max_length=100)]
+LongText = Annotated[str, Field(max_length=200_000)]
+
+
+class In(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(Schema):
+    detail: str = Field(description="what went wrong, in words")
+    errors: dict[str, str] = Field(default_factory=dict, description="field path -> message, for 422")
+
+
+# ---- runs ----------------------------------------------------------------------------
+
+
+class ModelVersionOut(Schema):
+    number: int
+    checkpoint: str = Field(description="directory on shared storage, or hub id, the explorers load")
+    train_step: int
+    created_at: datetime | None = None
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    status: str
+    config: RunConfig
+    taskset_id: int | None
+    current_version: ModelVersionOut
+    explore_step: int
+    train_step: int
+    created_at: datetime
+
+
+# ---- tasks ---------------------------------------------------------------------------
+
+
+class PlainMessage(In):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, Field(max_length=200_000)]
+
+
+class TaskIn(In):
+    prompt: LongText | None = None
+    messages: Annotated[list[PlainMessage], Field(min_length=1, max_length=500)] | None = None
+    reference: Any = Field(None, description="the reference answer (any JSON)")
+    tests: Any = None
+    domain: Annotated[str, Field(min_length=1, max_length=50)] = "general"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_prompt(self) -> "TaskIn":
+        if not self.prompt and not self.messages:
+            raise ValueError("give a prompt or messages")
+        return self
+
+
+class TasksAddIn(In):
+    tasks: Annotated[list[TaskIn], Field(min_length=1, max_length=1000)]
+
+
+class TasksAddOut(Schema):
+    taskset_id: int
+    task_ids: list[int]
+
+
+class TaskClaimIn(In):
+    size: Annotated[int, Field(ge=1, le=256)] = 1
+    lease_seconds: Annotated[float, Field(ge=1, le=86400)] | None = Field(None, description="default: the server's lease")
+    worker: Annotated[str, Field(max_length=100)] = Field("", description="a label for this environment process")
+
+
+class TaskOut(Schema):
+    attempt_id: int
+    task_id: int
+    epoch: int
+    prompt: str
+    messages: list[dict[str, Any]] | None
+    reference: Any = None
+    domain: str
+    metadata: dict[str, Any]
+
+
+class TaskClaimOut(Schema):
+    worker: str = Field(description="the lease owner; pass the same label to release or finish")
+    lease_expires_at: datetime | None
+    tasks: list[TaskOut]
+
+
+class TaskReleaseIn(In):
+    attempt_ids: Annotated[list[Id], Field(max_length=1000)] | None = Field(None, description="all of this worker's when omitted")
+    worker: Annotated[str, Field(max_length=100)] = ""
+
+
+class TaskFinishIn(In):
+    attempt_ids: Annotated[list[Id], Field(min_length=1, max_length=1000)]
+    model_version: Int32 | None = Field(None, description="default: the run's current version")
+    worker: Annotated[str, Field(max_length=100)] = ""
+
+
+class CountOut(Schema):
+    count: int
+
+
+# ---- chat messages -------------------------------------------------------------------
+
+
+class ToolFunction(In):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    arguments: Annotated[str, Field(max_length=100_000)] = Field("", description="JSON text, as the model wrote it")
+
+
+class ToolCall(In):
+    id: Annotated[str, Field(max_length=200)] = ""
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class ChatMessage(In):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: LongText | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=64)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=200)] | None = None
+    name: Annotated[str, Field(max_length=200)] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("a message needs content or tool_calls")
+        return self
+
+
+# ---- trajectories --------------------------------------------------------------------
+
+
+class TrajectoryIn(In):
+    key: Annotated[str, Field(min_length=1, max_length=200)] = Field(description="client idempotency key, unique in the run")
+    group_id: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(None, description="default: the key")
+    task_id: Id | None = None
+    prompt: LongText | None = None
+    response: LongText | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=500)] | None = None
+    token_ids: Annotated[list[TokenId], Field(max_length=262_144)] | None = Field(None, description="prompt then response tokens")
+    prompt_length: Int32 | None = None
+    logprobs: Annotated[list[FiniteFloat], Field(max_length=262_144)] | None = Field(None, description="one per response token")
+    action_mask: Annotated[list[Literal[0, 1]], Field(max_length=262_144)] | None = Field(
+        None, description="one per response token: 1 where the model acted, 0 for environment tokens"
+    )
+    reward: FiniteFloat | None = Field(None, description="omit to send it later as env_reward feedback")
+    reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(default_factory=dict)
+    model_version: Int32 | None = Field(None, description="default: the run's current version")
+    finish_reason: Annotated[str, Field(max_length=20)] = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrajectoryIn":
+        if not self.messages and self.prompt is None and self.response is None:
+            raise ValueError("give messages, or a prompt and a response")
+        if self.token_ids is None:
+            if self.logprobs is not None or self.action_mask is not None or self.prompt_length is not None:
+                raise ValueError("logprobs, action_mask and prompt_length need token_ids")
+            return self
+        if self.prompt_length is None:
+            raise ValueError("token_ids need prompt_length (how many of them are the prompt)")
+        if self.prompt_length > len(self.token_ids):
+            raise ValueError(f"prompt_length {self.prompt_length} is longer than the {len(self.token_ids)} token_ids")
+        response = len(self.token_ids) - self.prompt_length
+        for name in ("logprobs", "action_mask"):
+            seq = getattr(self, name)
+            if seq is not None and len(seq) != response:
+                raise ValueError(f"{name} has {len(seq)} entries for {response} response tokens")
+        return self
+
+
+class TrajectoriesIn(In):
+    trajectories: Annotated[list[TrajectoryIn], Field(min_length=1, max_length=256)]
+
+
+class TrajectoryResult(Schema):
+    key: str
+    id: int = Field(description="the experience id")
+    duplicate: bool = Field(description="the key was already stored; nothing was changed")
+
+
+class TrajectoriesOut(Schema):
+    created: int
+    duplicates: int
+    results: list[TrajectoryResult]
+
+
+# ---- feedback ------------------------------------------------------------------------
+
+
+class FeedbackIn(In):
+    experience_id: Id
+    kind: Literal["env_reward", "rating", "pairwise", "flag"]
+    value: FiniteFloat | None = Field(None, description="the reward (env_reward) or rating")
+    reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(default_factory=dict)
+    other_experience_id: Id | None = Field(None, description="pairwise: the second experience (B)")
+    preferred: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: which one is better")
+    comment: Annotated[str, Field(max_length=10_000)] = ""
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> "FeedbackIn":
+        if self.kind in ("env_reward", "rating") and self.value is None:
+            raise ValueError(f"{self.kind} needs a value")
+        if self.kind == "pairwise" and (self.other_experience_id is None or self.preferred is None):
+            raise ValueError("pairwise needs other_experience_id and preferred")
+        if self.kind != "pairwise" and (self.other_experience_id is not None or self.preferred is not None):
+            raise ValueError("other_experience_id and preferred are for pairwise feedback only")
+        return self
+
+
+class FeedbackOut(Schema):
+    id: int
+    kind: str
+    experience_id: int
+    late: bool = Field(description="arrived after the experience was trained on; stored, reward unchanged")
+    experience_status: str
+    experience_reward: float | None
+
+
+# ---- rollouts ------------------------------------------------------------------------
+
+
+class RolloutRequestIn(In):
+    prompt: Annotated[str, Field(max_length=100_000)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=500)] | None = None
+    n: Annotated[int, Field(ge=1, le=16)] = 1
+    max_tokens: Annotated[int, Field(ge=1, le=4096)] | None = Field(None, description="default: the run's sampling")
+    temperature: Annotated[float, Field(ge=0, le=5)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=100_000)] | None = None
+    stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=8)] | None = None
+    seed: Int32 | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> "RolloutRequestIn":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class RolloutsIn(In):
+    requests: Annotated[list[RolloutRequestIn], Field(min_length=1, max_length=64)]
+    timeout_seconds: Annotated[float, Field(gt=0, le=600)] = Field(60.0, description="capped by the server")
+
+
+class CompletionOut(Schema):
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutOut(Schema):
+    prompt_token_ids: list[int]
+    model_version: int
+    completions: list[CompletionOut]
+
+
+class RolloutsOut(Schema):
+    results: list[RolloutOut]

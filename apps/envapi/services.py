@@ -1,0 +1,383 @@
+"""Services of the environment API: keys, rate limits, tasks, trajectories, feedback, rollouts.
+
+Keys look like `rft_<prefix>_<secret>`: the prefix finds the row, the sha256 of the whole
+key is what is stored, and the comparison is constant-time. The secret is shown once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from apps.buffer.importers import ImportFailed, task_from_record
+from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
+from apps.buffer.services import BatchRejected, WriteResult, experience_write, task_attempts_create
+from apps.envapi.models import ApiKey
+from apps.feedback.models import Feedback
+from apps.feedback.policy import experience_initial_fields
+from apps.runs.events import event_publish
+from apps.runs.models import Run
+
+KEY_PREFIX = "rft_"
+ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
+# last_used_at is a hint for people, not an audit log: writing it on every request would
+# turn each read into a write.
+_LAST_USED_EVERY = timedelta(seconds=60)
+
+
+class KeyInvalid(ValueError):
+    """Creating a key with bad arguments; `errors` maps field names to messages."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def _hash(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def api_key_create(
+    *,
+    name: str,
+    runs: Iterable[Run],
+    actions: Sequence[str],
+    created_by: Any = None,
+    rate_limit_per_minute: int = 600,
+) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the raw key, which is never stored or shown again."""
+    runs = list(runs)
+    errors: dict[str, str] = {}
+    if not name.strip():
+        errors["name"] = "a key needs a name"
+    unknown = [a for a in actions if a not in ACTIONS]
+    if unknown or not actions:
+        errors["actions"] = f"choose one or more of {', '.join(ACTIONS)}" + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+    if not runs:
+        errors["runs"] = "a key needs at least one run"
+    if not isinstance(rate_limit_per_minute, int) or not 1 <= rate_limit_per_minute <= 1_000_000:
+        errors["rate_limit_per_minute"] = "between 1 and 1000000 requests a minute"
+    if errors:
+        raise KeyInvalid(errors)
+    prefix = secrets.token_hex(6)
+    raw = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            name=name.strip(),
+            prefix=prefix,
+            hashed=_hash(raw),
+            actions=[a for a in ACTIONS if a in actions],
+            rate_limit_per_minute=rate_limit_per_minute,
+            created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
+        )
+        key.runs.set(runs)
+    return key, raw
+
+
+def api_key_revoke(*, key: ApiKey) -> ApiKey:
+    """Revoke at once (idempotent): the next request with it is refused."""
+    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    key.refresh_from_db(fields=["revoked_at"])
+    return key
+
+
+@dataclass(frozen=True)
+class KeyPrincipal:
+    """What a request authenticated as: the key and the runs it may touch."""
+
+    key: ApiKey
+    run_ids: frozenset[int]
+
+    def can(self, action: str) -> bool:
+        return action in (self.key.actions or [])
+
+
+def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
+    """The live, unrevoked key for `raw`, or None. Reads the row every time, so a revoked
+    key stops working on its next request."""
+    if not raw or not raw.startswith(KEY_PREFIX) or len(raw) > 200:
+        return None
+    prefix, _, secret = raw[len(KEY_PREFIX):].partition("_")
+    if not prefix or not secret:
+        return None
+    key = ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True).first()
+    if key is None or not hmac.compare_digest(key.hashed, _hash(raw)):
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > _LAST_USED_EVERY:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    run_ids = frozenset(key.runs.values_list("id", flat=True))
+    return KeyPrincipal(key=key, run_ids=run_ids)
+
+
+# ---------------------------------------------------------------------------------------
+# Rate limits: a fixed one-minute window per key, in Redis when there is one (every web
+# process shares it), in this process otherwise (the embedded default has one process).
+
+_redis_client: Any = None
+_redis_lock = threading.Lock()
+_local_counts: dict[tuple[int, int], int] = {}
+
+
+def _redis() -> Any:
+    global _redis_client
+    if _redis_client is None:
+        with _redis_lock:
+            if _redis_client is None:
+                import redis
+
+                _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return _redis_client
+
+
+def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
+    """Count one request for `key`; None when allowed, else seconds until the window ends."""
+    now = time.time() if now is None else now
+    window = int(now // 60)
+    retry_after = 60 - (now % 60)
+    if settings.REDIS_URL:
+        name = f"rftweb:envapi:rate:{key.pk}:{window}"
+        pipe = _redis().pipeline(transaction=False)
+        pipe.incr(name)
+        pipe.expire(name, 120)
+        count = int(pipe.execute()[0])
+    else:
+        with _redis_lock:
+            for stale in [k for k in _local_counts if k[1] < window]:
+                del _local_counts[stale]
+            count = _local_counts[(key.pk, window)] = _local_counts.get((key.pk, window), 0) + 1
+    return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
+
+
+# ---------------------------------------------------------------------------------------
+# Tasks
+
+
+def tasks_add(*, run: Run, records: Sequence[Mapping[str, Any]], owner: Any = None) -> list[Task]:
+    """Append tasks to the run's taskset (one is made for a run without one), all or none.
+
+    When the run has already queued an epoch, the new tasks join its latest epoch, so an
+    environment that adds tasks can claim them at once.
+    """
+    rows = [task_from_record(r, where=f"tasks.{i}") for i, r in enumerate(records)]
+    if not rows:
+        raise ImportFailed("tasks: give at least one task")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.taskset_id is None:
+            taskset = Taskset.objects.create(name=f"{run.name} (API)", owner=owner or run.owner, source="api")
+            Run.objects.filter(pk=run.pk).update(taskset=taskset)
+            run.taskset = taskset
+        else:
+            # Lock the taskset row so two concurrent adds do not pick the same indexes.
+            taskset = Taskset.objects.select_for_update().get(pk=locked.taskset_id)
+        start = (Task.objects.filter(taskset=taskset).aggregate(m=Max("index"))["m"] or -1) + 1
+        tasks = Task.objects.bulk_create([Task(taskset=taskset, index=start + i, **row) for i, row in enumerate(rows)])
+        latest = TaskAttempt.objects.filter(run=run).order_by("-epoch").values_list("epoch", flat=True).first()
+        if latest is not None:
+            task_attempts_create(run=run, epoch=latest)
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------
+# Trajectories
+
+
+def _trajectory_row(run: Run, item: Mapping[str, Any], *, key_prefix: str) -> dict[str, Any]:
+    messages = item.get("messages")
+    prompt = item.get("prompt") or ""
+    response = item.get("response") or ""
+    if messages and not prompt:
+        prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") != "assistant")[:20000]
+    if messages and not response:
+        response = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "assistant"), "")
+    reward = item.get("reward")
+    fields = experience_initial_fields(cfg=run.cfg, auto_reward=reward)
+    if reward is None:
+        # Nothing to train on yet: it waits for the environment's (or a person's) reward.
+        fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
+    metadata = dict(item.get("metadata") or {})
+    metadata["api_key"] = key_prefix
+    row: dict[str, Any] = {
+        "run_id": run.pk,
+        "key": item["key"],
+        "group_id": item.get("group_id") or item["key"],
+        "task_id": item.get("task_id"),
+        "source": Experience.Source.ENV,
+        "prompt_text": prompt,
+        "response_text": response,
+        "messages": messages,
+        "token_ids": item.get("token_ids") or [],
+        "prompt_length": item.get("prompt_length") or 0,
+        "logprobs": item.get("logprobs"),
+        "action_mask": item.get("action_mask"),
+        "finish_reason": item.get("finish_reason") or "",
+        "reward_parts": dict(item.get("reward_parts") or {}),
+        "model_version": run.current_version if item.get("model_version") is None else item["model_version"],
+        "metadata": metadata,
+        **fields,
+    }
+    return row
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    created: int
+    duplicates: int
+    # key -> (experience id, was it already there)
+    items: list[tuple[str, int, bool]]
+
+
+def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], key_prefix: str) -> SubmitResult:
+    """Write environment trajectories as experiences, idempotent on each client key.
+
+    Raises BatchRejected naming the row (nothing written) for a malformed one or a task
+    outside the run's taskset.
+    """
+    task_ids = {t["task_id"] for t in trajectories if t.get("task_id") is not None}
+    if task_ids:
+        known = set(Task.objects.filter(pk__in=task_ids, taskset_id=run.taskset_id).values_list("pk", flat=True)) if run.taskset_id else set()
+        for i, t in enumerate(trajectories):
+            if t.get("task_id") is not None and t["task_id"] not in known:
+                raise BatchRejected(i, f"task {t['task_id']} is not in this run's taskset")
+    keys = [str(t["key"]) for t in trajectories]
+    before = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
+    rows = [_trajectory_row(run, t, key_prefix=key_prefix) for t in trajectories]
+    result: WriteResult = experience_write(experiences=rows)
+    ids = dict(Experience.objects.filter(run=run, key__in=keys).values_list("key", "id"))
+    items = [(k, ids[k], k in before) for k in keys]
+    fresh = [(k, ids[k]) for k in keys if k not in before]
+    if fresh:
+        by_key = {r["key"]: r for r in rows}
+
+        def announce() -> None:
+            for k, pk in fresh:
+                r = by_key[k]
+                event_publish(
+                    run_id=run.pk,
+                    type="experience.created",
+                    payload={"id": pk, "group_id": r["group_id"], "source": "env", "status": r["status"],
+                             "reward": r["reward"], "model_version": r["model_version"]},
+                )
+
+        transaction.on_commit(announce)
+    return SubmitResult(created=result.created, duplicates=result.duplicates, items=items)
+
+
+# ---------------------------------------------------------------------------------------
+# Feedback
+
+
+class FeedbackRejected(ValueError):
+    """Feedback that cannot apply; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+def feedback_from_env(
+    *,
+    run: Run,
+    api_key: ApiKey,
+    experience: Experience,
+    kind: str,
+    value: Any,
+    other: Experience | None = None,
+    reward_parts: Mapping[str, float] | None = None,
+    comment: str = "",
+) -> Feedback:
+    """Store one piece of environment feedback; an env_reward also sets the experience's
+    automatic reward (and, under the auto policy, its reward, making a pending one ready).
+
+    Feedback on an experience already trained on is kept and marked late; its reward is
+    not changed under the trainer's feet.
+    """
+    if kind not in (Feedback.Kind.ENV_REWARD, Feedback.Kind.RATING, Feedback.Kind.PAIRWISE, Feedback.Kind.FLAG):
+        raise FeedbackRejected("kind", f"an environment cannot give {kind!r} feedback")
+    if experience.run_id != run.pk:
+        raise FeedbackRejected("experience_id", "not an experience of this run")
+    if kind == Feedback.Kind.PAIRWISE:
+        if other is None or other.run_id != run.pk or other.pk == experience.pk:
+            raise FeedbackRejected("other_experience_id", "pairwise feedback needs a second experience of this run")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FeedbackRejected("value", f"{kind} needs a finite number")
+    with transaction.atomic():
+        locked = Experience.objects.select_for_update().get(pk=experience.pk)
+        late = locked.status in (Experience.Status.LEASED, Experience.Status.CONSUMED)
+        feedback = Feedback.objects.create(
+            run=run, kind=kind, experience=locked, other=other, group_id=locked.group_id,
+            api_key=api_key, value=value, comment=comment, late=late,
+        )
+        if kind == Feedback.Kind.ENV_REWARD and not late:
+            locked.auto_reward = float(value)
+            locked.reward_parts = {**(locked.reward_parts or {}), **dict(reward_parts or {})}
+            update = ["auto_reward", "reward_parts"]
+            if run.cfg.feedback.mode == "auto":
+                locked.reward = float(value)
+                update.append("reward")
+                if locked.status == Experience.Status.PENDING:
+                    locked.status = Experience.Status.READY
+                    update.append("status")
+            locked.save(update_fields=update)
+    payload = {"id": feedback.pk, "kind": kind, "experience_id": locked.pk, "late": late, "source": "env"}
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
+    experience.refresh_from_db()
+    return feedback
+
+
+# ---------------------------------------------------------------------------------------
+# Rollouts
+
+GENERATE_TASK = "workers.explorer.generate"
+
+
+class RolloutUnavailable(RuntimeError):
+    """No rollout worker answered in time (or the broker is down)."""
+
+
+class RolloutFailed(RuntimeError):
+    """The rollout worker answered with an error or a malformed result."""
+
+
+def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Generate with the run's current model on a `rollout` worker and wait for the answer.
+
+    Contract with the explorer: `workers.explorer.generate(run_id, requests)` returns one
+    dict per request: {"prompt_token_ids": [...], "model_version": int, "completions":
+    [{"text", "token_ids", "logprobs", "finish_reason"}, ...]}.
+    """
+    from celery.exceptions import TimeoutError as CeleryTimeout
+    from kombu.exceptions import OperationalError
+
+    from rftweb.celery import app
+
+    try:
+        # expires: a request nobody picked up in time is dropped, not generated for nobody.
+        result = app.send_task(GENERATE_TASK, args=[run.pk, requests], queue="rollout", expires=timeout)
+    except OperationalError as exc:
+        raise RolloutUnavailable(f"the task broker is unreachable ({exc})") from None
+    try:
+        answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
+    except CeleryTimeout:
+        result.revoke()
+        raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
+    except Exception as exc:  # the worker's exception, re-raised by Celery
+        raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(answer, list) or len(answer) != len(requests):
+        raise RolloutFailed("the rollout worker returned a malformed result")
+    return answer

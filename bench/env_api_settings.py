@@ -1,0 +1,6 @@
+from rftweb.settings import *  # noqa: F403
+
+ROOT_URLCONF = "bench.env_api_urls"
+DEBUG = False
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+SECRET_KEY = "bench-only-not-a-secret"

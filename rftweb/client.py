@@ -1,0 +1,301 @@
+"""A Python client for the rftweb environment API. Needs only httpx (and the standard library).
+
+    from rftweb.client import RftClient
+    with RftClient("http://localhost:8000", api_key="rft_…") as api:
+        run = api.run(1)
+        batch = api.claim_tasks(1, size=4)
+        ...
+        api.submit_trajectory(1, key="episode-1", messages=[...], reward=1.0)
+
+Every call retries with exponential backoff on 429 (honouring Retry-After), on 5xx and on
+connection errors; trajectory submission is idempotent on its key, so a retry never
+writes twice. A final failure raises ApiError with the server's message and field errors.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, TypedDict, cast
+
+import httpx
+
+__all__ = ["ApiError", "RftClient"]
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class ApiError(Exception):
+    """The API answered with an error (after retries, where they apply)."""
+
+    def __init__(self, status: int, detail: str, errors: Mapping[str, str] | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.errors = dict(errors or {})
+        super().__init__(f"{status}: {detail}")
+
+
+# ---- typed results (mirror apps/envapi/schemas.py) -----------------------------------
+
+
+class ModelVersion(TypedDict):
+    number: int
+    checkpoint: str
+    train_step: int
+    created_at: str | None
+
+
+class Run(TypedDict):
+    id: int
+    name: str
+    status: str
+    config: dict[str, Any]
+    taskset_id: int | None
+    current_version: ModelVersion
+    explore_step: int
+    train_step: int
+    created_at: str
+
+
+class Task(TypedDict):
+    attempt_id: int
+    task_id: int
+    epoch: int
+    prompt: str
+    messages: list[dict[str, Any]] | None
+    reference: Any
+    domain: str
+    metadata: dict[str, Any]
+
+
+class TaskClaim(TypedDict):
+    worker: str
+    lease_expires_at: str | None
+    tasks: list[Task]
+
+
+class TasksAdded(TypedDict):
+    taskset_id: int
+    task_ids: list[int]
+
+
+class Completion(TypedDict):
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class Rollout(TypedDict):
+    prompt_token_ids: list[int]
+    model_version: int
+    completions: list[Completion]
+
+
+class TrajectoryResult(TypedDict):
+    key: str
+    id: int
+    duplicate: bool
+
+
+class SubmitResult(TypedDict):
+    created: int
+    duplicates: int
+    results: list[TrajectoryResult]
+
+
+class FeedbackResult(TypedDict):
+    id: int
+    kind: str
+    experience_id: int
+    late: bool
+    experience_status: str
+    experience_reward: float | None
+
+
+class Event(TypedDict):
+    type: str
+    payload: Any
+
+
+class RftClient:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.attempts = 0  # requests sent, retries included: for logs and tests
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1",
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> RftClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- plumbing ----------------------------------------------------------------
+
+    def _wait(self, attempt: int, response: httpx.Response | None) -> float:
+        retry_after = response.headers.get("Retry-After") if response is not None else None
+        if retry_after is not None:
+            try:
+                return min(float(retry_after), self.max_backoff)
+            except ValueError:
+                pass
+        # Full jitter: many environments retrying at once do not stampede the server.
+        return random.uniform(0, min(self.max_backoff, self.backoff * 2**attempt))
+
+    def _request(self, method: str, path: str, *, json_body: Any = None, params: Mapping[str, Any] | None = None,
+                 timeout: float | None = None) -> Any:
+        attempt = 0
+        while True:
+            self.attempts += 1
+            response: httpx.Response | None = None
+            try:
+                response = self._http.request(
+                    method, path, json=json_body, params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError:
+                if attempt >= self.retries:
+                    raise
+            else:
+                if response.status_code < 400:
+                    return response.json()
+                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    raise self._error(response)
+            time.sleep(self._wait(attempt, response))
+            attempt += 1
+
+    @staticmethod
+    def _error(response: httpx.Response) -> ApiError:
+        try:
+            body = response.json()
+        except ValueError:
+            return ApiError(response.status_code, response.text[:500] or response.reason_phrase)
+        if isinstance(body, dict):
+            detail = body.get("detail")
+            errors = body.get("errors") if isinstance(body.get("errors"), dict) else {}
+            return ApiError(response.status_code, str(detail), errors)
+        return ApiError(response.status_code, str(body))
+
+    # ---- runs ----------------------------------------------------------------------
+
+    def runs(self) -> list[Run]:
+        return cast(list[Run], self._request("GET", "/runs"))
+
+    def run(self, run_id: int) -> Run:
+        return cast(Run, self._request("GET", f"/runs/{run_id}"))
+
+    # ---- tasks ---------------------------------------------------------------------
+
+    def claim_tasks(self, run_id: int, *, size: int = 1, lease_seconds: float | None = None, worker: str = "") -> TaskClaim:
+        body: dict[str, Any] = {"size": size, "worker": worker}
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
+        return cast(TaskClaim, self._request("POST", f"/runs/{run_id}/tasks/claim", json_body=body))
+
+    def release_tasks(self, run_id: int, *, attempt_ids: Sequence[int] | None = None, worker: str = "") -> int:
+        body = {"attempt_ids": list(attempt_ids) if attempt_ids is not None else None, "worker": worker}
+        return int(self._request("POST", f"/runs/{run_id}/tasks/release", json_body=body)["count"])
+
+    def finish_tasks(self, run_id: int, *, attempt_ids: Sequence[int], model_version: int | None = None,
+                     worker: str = "") -> int:
+        body = {"attempt_ids": list(attempt_ids), "model_version": model_version, "worker": worker}
+        return int(self._request("POST", f"/runs/{run_id}/tasks/finish", json_body=body)["count"])
+
+    def add_tasks(self, run_id: int, tasks: Sequence[Mapping[str, Any]]) -> TasksAdded:
+        return cast(TasksAdded, self._request("POST", f"/runs/{run_id}/tasks", json_body={"tasks": list(tasks)}))
+
+    # ---- rollouts ------------------------------------------------------------------
+
+    def generate(self, run_id: int, requests: Sequence[Mapping[str, Any]], *, timeout_seconds: float = 60.0) -> list[Rollout]:
+        """Each request: {"prompt": str} or {"messages": [...]}, plus n, max_tokens,
+        temperature, top_p, top_k, stop, seed."""
+        body = {"requests": list(requests), "timeout_seconds": timeout_seconds}
+        answer = self._request("POST", f"/runs/{run_id}/rollouts", json_body=body, timeout=timeout_seconds + 10)
+        return cast(list[Rollout], answer["results"])
+
+    # ---- trajectories --------------------------------------------------------------
+
+    def submit_trajectories(self, run_id: int, trajectories: Sequence[Mapping[str, Any]]) -> SubmitResult:
+        return cast(SubmitResult, self._request(
+            "POST", f"/runs/{run_id}/trajectories", json_body={"trajectories": list(trajectories)}
+        ))
+
+    def submit_trajectory(self, run_id: int, *, key: str, **fields: Any) -> TrajectoryResult:
+        return self.submit_trajectories(run_id, [{"key": key, **fields}])["results"][0]
+
+    # ---- feedback ------------------------------------------------------------------
+
+    def feedback(
+        self,
+        run_id: int,
+        *,
+        experience_id: int,
+        kind: Literal["env_reward", "rating", "pairwise", "flag"],
+        value: float | None = None,
+        reward_parts: Mapping[str, float] | None = None,
+        other_experience_id: int | None = None,
+        preferred: Literal["a", "b", "tie"] | None = None,
+        comment: str = "",
+    ) -> FeedbackResult:
+        body: dict[str, Any] = {"experience_id": experience_id, "kind": kind, "comment": comment}
+        for name, v in (("value", value), ("reward_parts", dict(reward_parts) if reward_parts else None),
+                        ("other_experience_id", other_experience_id), ("preferred", preferred)):
+            if v is not None:
+                body[name] = v
+        return cast(FeedbackResult, self._request("POST", f"/runs/{run_id}/feedback", json_body=body))
+
+    # ---- events --------------------------------------------------------------------
+
+    def events(self, run_id: int, *, max_seconds: float | None = None, max_events: int | None = None) -> Iterator[Event]:
+        """The run's live events as they happen (server-sent events). The first item is
+        {"type": "subscribed"} once the stream is live."""
+        params: dict[str, Any] = {}
+        if max_seconds is not None:
+            params["max_seconds"] = max_seconds
+        if max_events is not None:
+            params["max_events"] = max_events
+        self.attempts += 1
+        with self._http.stream("GET", f"/runs/{run_id}/events", params=params, timeout=httpx.Timeout(30.0, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise self._error(response)
+            yield from _parse_sse(response.iter_lines())
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[Event]:
+    kind, data = "message", []
+    for line in lines:
+        if line == "":
+            if data:
+                yield {"type": kind, "payload": json.loads("\n".join(data))}
+            kind, data = "message", []
+        elif line.startswith(": subscribed"):
+            yield {"type": "subscribed", "payload": None}
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
