@@ -11,3 +11,9 @@ urlpatterns = [
     path("runs/", include("apps.runs.urls")),
     path("health/", include("apps.runs.health_urls")),
 ]
+
+# Static files when DEBUG is on and nothing else serves them (daphne serving the ASGI app
+# directly, as the page tests do); empty when DEBUG is off.
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns  # noqa: E402
+
+urlpatterns += staticfiles_urlpatterns()
