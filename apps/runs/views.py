@@ -219,6 +219,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     run, _ = _run_for(request, run_id)
+    if request.GET.get("only") == "counts":
+        return JsonResponse({"counts": buffer_counts(run=run), "status": run.status})
     return JsonResponse({"series": metric_series(run=run), "feedback": feedback_per_minute(run=run),
                          "counts": buffer_counts(run=run), "status": run.status})
 

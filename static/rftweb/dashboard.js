@@ -118,6 +118,20 @@
     if (link && window.htmx) window.htmx.trigger(link, "click");
   }
 
+  // Buffer counts follow new experiences and feedback even when nobody publishes
+  // buffer.counts: one small request at most every 2 s.
+  var countsTimer = null;
+  function countsSoon() {
+    if (countsTimer) return;
+    countsTimer = setTimeout(function () {
+      countsTimer = null;
+      fetch("/runs/" + runId + "/metrics/?only=counts", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (d) { if (d) { loadCounts(d.counts); render(buffer); } })
+        .catch(function () {});
+    }, 2000);
+  }
+
   var handlers = {
     "run.metric": function (p) {
       var touched = {};
@@ -135,7 +149,9 @@
       refresh("#timeline a.refresh");
     },
     "buffer.counts": function (p) { loadCounts(p.counts || p); render(buffer); },
+    "experience.created": countsSoon,
     "feedback.saved": function () {
+      countsSoon();
       var minute = Math.floor(Date.now() / 60000) * 60;
       var row = feedback.points.get(minute);
       put(feedback, "feedback", minute, (row && row.feedback ? row.feedback : 0) + 1);

@@ -152,3 +152,23 @@ def test_a_200k_row_export_stays_within_a_fixed_memory_bound(tmp_path: Path) -> 
     assert (tmp_path / "out" / "sft.jsonl").stat().st_size > 50 * 2**20
     for kind in ("sft", "dpo"):
         assert measured[kind]["growth_kb"] < 32 * 1024, measured
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_side_and_its_exports_never_import_torch_trl_or_transformers(run: Run, tmp_path: Path) -> None:
+    make_experiences(run, groups=2)
+    code = f"""
+import sys, django
+django.setup()
+import rftweb.urls, rftweb.asgi, apps.runs.views, apps.runs.tasks, apps.runs.management.commands.rft
+from apps.buffer.exports import export_hf_dataset, export_jsonl
+from apps.runs.models import Run
+run = Run.objects.get(pk={run.pk})
+export_hf_dataset(run=run, kind="dpo", out_dir=sys.argv[1] + "/hf")
+export_jsonl(run=run, kind="sft", out=sys.argv[1] + "/sft.jsonl")
+print(sorted(m for m in ("torch", "trl", "transformers", "vllm") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

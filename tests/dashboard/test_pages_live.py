@@ -190,3 +190,32 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
     page.wait_for_selector("article.member")
     assert page.locator("article.member").count() == 4
     assert "flag" in page.locator(f"article.member[data-id='{flagged.pk}'] .feedback").inner_text()
+
+
+def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, running_run: tuple[User, Run]) -> None:
+    owner, run = running_run
+    log_in(page, owner)
+    page.goto(f"/runs/{run.pk}/")
+    page.wait_for_selector("#live[data-state=live]")
+    assert page.inner_text("#buffer-counts [data-status=ready] b") == "0"
+
+    def explore() -> None:
+        from apps.buffer.services import experience_write
+        from apps.runs.events import event_publish
+
+        result = experience_write(experiences=[experience_row(run, key=f"e{i}", group="g") for i in range(3)])
+        event_publish(run_id=run.pk, type="experience.created", payload={"ids": result.ids})
+
+    in_a_thread(explore)
+    page.wait_for_function("document.querySelector('#buffer-counts [data-status=ready] b').textContent === '3'")
+
+    def sync() -> None:
+        from apps.runs.services import model_version_publish, weight_load_record
+
+        model_version_publish(run=run, number=1, checkpoint="/ckpt/v1", train_step=1)
+        weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05)
+
+    in_a_thread(sync)
+    page.wait_for_selector("#timeline tr[data-version='1'] .load")
+    assert "explorer-a" in page.inner_text("#timeline tr[data-version='1']")
+    assert page.inner_text("#run-version") == "v1"
