@@ -12,19 +12,27 @@
   var order = [];
   var COLORS = ["#3558d4", "#d4553f", "#2a9d5b", "#b07d12", "#7a44c2", "#1e8fa8", "#c2447a", "#555"];
 
+  // Known groups first in their listed order, then other metrics, then the time charts.
+  function rankOf(id) {
+    for (var i = 0; i < groups.length; i++) if (groups[i].id === id) return i;
+    return id === "feedback" ? 1000 : id === "buffer" ? 1001 : 500;
+  }
+
   function chartFor(id, title, xTime) {
     if (charts[id]) return charts[id];
     var box = document.createElement("div");
     box.className = "chart card";
     box.id = "chart-" + id;
     box.dataset.points = "0";
+    box.dataset.rank = String(rankOf(id));
     var h = document.createElement("h3");
     h.textContent = title;
     var area = document.createElement("div");
     area.className = "plot";
     box.appendChild(h);
     box.appendChild(area);
-    root.appendChild(box);
+    var after = Array.prototype.find.call(root.children, function (el) { return Number(el.dataset.rank) > rankOf(id); });
+    root.insertBefore(box, after || null);
     var chart = { id: id, title: title, xTime: !!xTime, names: [], points: new Map(), el: box, area: area, plot: null };
     charts[id] = chart;
     order.push(id);
