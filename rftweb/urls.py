@@ -16,3 +16,9 @@ urlpatterns = [
     path("api/v1/", envapi.urls),
     path("", include("apps.envapi.urls")),
 ]
+
+# Static files when DEBUG is on and nothing else serves them (daphne serving the ASGI app
+# directly, as the page tests do); empty when DEBUG is off.
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns  # noqa: E402
+
+urlpatterns += staticfiles_urlpatterns()

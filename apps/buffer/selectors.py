@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import Count
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, Exists, OuterRef
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.runs.models import Run
@@ -25,3 +30,128 @@ def task_attempt_counts(*, run: Run) -> dict[str, int]:
 
 def experience_group(*, run: Run, group_id: str) -> list[Experience]:
     return list(Experience.objects.filter(run=run, group_id=group_id).order_by("id"))
+
+
+# --- the experience browser ------------------------------------------------------------
+
+@dataclass
+class ExperienceFilters:
+    status: str = ""
+    reward_min: float | None = None
+    reward_max: float | None = None
+    version: int | None = None
+    domain: str = ""
+    annotator: str = ""
+    flagged: str = ""  # "", "yes", "no"
+    before: int | None = None  # keyset pagination: ids below this one
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def query(self, **changes: Any) -> str:
+        """The filters as a query string (for links to the next page)."""
+        from urllib.parse import urlencode
+
+        values = {
+            "status": self.status, "reward_min": self.reward_min, "reward_max": self.reward_max,
+            "version": self.version, "domain": self.domain, "annotator": self.annotator, "flagged": self.flagged,
+            "before": self.before,
+        }
+        values.update(changes)
+        return urlencode({k: v for k, v in values.items() if v not in (None, "")})
+
+
+def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
+    """Filters from query parameters; a malformed one is reported by name and ignored."""
+    filters = ExperienceFilters()
+    errors: dict[str, str] = {}
+    status = (params.get("status") or "").strip()
+    if status and status not in Experience.Status.values:
+        errors["status"] = f"unknown status {status!r}"
+    else:
+        filters.status = status
+    for name, cast in (("reward_min", float), ("reward_max", float), ("version", int), ("before", int)):
+        raw = (params.get(name) or "").strip()
+        if not raw:
+            continue
+        try:
+            value = cast(raw)
+            if cast is float and not math.isfinite(value):
+                raise ValueError
+            setattr(filters, name, value)
+        except ValueError:
+            errors[name] = f"{raw!r} is not {'a whole number' if cast is int else 'a number'}"
+    if filters.reward_min is not None and filters.reward_max is not None and filters.reward_min > filters.reward_max:
+        errors["reward_max"] = "the maximum is below the minimum"
+    flagged = (params.get("flagged") or "").strip()
+    if flagged not in ("", "yes", "no"):
+        errors["flagged"] = "use yes or no"
+    else:
+        filters.flagged = flagged
+    filters.domain = (params.get("domain") or "").strip()[:50]
+    filters.annotator = (params.get("annotator") or "").strip()[:150]
+    filters.errors = errors
+    return filters
+
+
+def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50) -> list[Experience]:
+    """One page of the run's experiences matching `filters`, newest first."""
+    from apps.feedback.models import Feedback
+
+    qs = Experience.objects.filter(run=run)
+    if filters.status:
+        qs = qs.filter(status=filters.status)
+    if filters.reward_min is not None:
+        qs = qs.filter(reward__gte=filters.reward_min)
+    if filters.reward_max is not None:
+        qs = qs.filter(reward__lte=filters.reward_max)
+    if filters.version is not None:
+        qs = qs.filter(model_version=filters.version)
+    if filters.domain:
+        qs = qs.filter(task__domain=filters.domain)
+    if filters.annotator:
+        qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
+    if filters.flagged:
+        flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+        qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
+    if filters.before is not None:
+        qs = qs.filter(pk__lt=filters.before)
+    qs = qs.annotate(
+        n_feedback=Count("feedback", distinct=True),
+        is_flagged=Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
+    ).select_related("task")
+    return list(qs.order_by("-id")[:limit])
+
+
+def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
+    """Values offered in the browser's filter menus."""
+    from django.contrib.auth import get_user_model
+
+    from apps.buffer.models import Task
+
+    versions = list(Experience.objects.filter(run=run).values_list("model_version", flat=True).distinct().order_by("model_version"))
+    domains = list(
+        Task.objects.filter(taskset_id=run.taskset_id).values_list("domain", flat=True).distinct().order_by("domain")
+    ) if run.taskset_id else []
+    annotators = list(
+        get_user_model().objects.filter(feedback__run=run).values_list("username", flat=True).distinct().order_by("username")
+    )
+    return {"statuses": list(Experience.Status.values), "versions": versions, "domains": domains, "annotators": annotators}
+
+
+def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
+    """A group's members side by side: each with its rewards and its feedback."""
+    from apps.feedback.models import Feedback
+
+    members = list(Experience.objects.filter(run=run, group_id=group_id).select_related("task").order_by("id"))
+    feedback: dict[int, list[Feedback]] = {}
+    for fb in Feedback.objects.filter(run=run, experience__in=members).select_related("author").order_by("created_at"):
+        feedback.setdefault(fb.experience_id, []).append(fb)
+    rewards = [m.reward for m in members if m.reward is not None]
+    best = max(rewards) if rewards else None
+    return [{"exp": m, "feedback": feedback.get(m.pk, []), "best": best is not None and m.reward == best} for m in members]
+
+
+def group_feedback(*, run: Run, group_id: str) -> list[Any]:
+    """Feedback on the group as a whole (rankings)."""
+    from apps.feedback.models import Feedback
+
+    return list(Feedback.objects.filter(run=run, group_id=group_id, experience__isnull=True).select_related("author"))

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, WorkerHeartbeat
 
 
 class RunMemberInline(admin.TabularInline):
@@ -34,3 +34,8 @@ class AuditEntryAdmin(admin.ModelAdmin):
 
 
 admin.site.register(RunMember)
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(admin.ModelAdmin):
+    list_display = ("hostname", "queues", "pool", "concurrency", "last_seen", "stopped_at")

@@ -128,3 +128,29 @@ class WeightLoad(models.Model):
     class Meta:
         ordering = ["run", "loaded_at"]
         indexes = [models.Index(fields=["run", "version"], name="weight_load_run_idx")]
+
+
+class WorkerHeartbeat(models.Model):
+    """A Celery worker's last sign of life, written by the worker itself (apps.runs.heartbeat).
+
+    One row per worker node name, upserted every few seconds from a thread in the worker's
+    main process; a row whose `last_seen` is older than a few intervals is a dead worker.
+    """
+
+    hostname = models.CharField(max_length=200, unique=True)
+    queues = models.JSONField(default=list)
+    pool = models.CharField(max_length=50, blank=True)
+    concurrency = models.PositiveIntegerField(default=1)
+    pid = models.PositiveIntegerField(default=0)
+    # [{"id", "name", "args", "started_at"}] of the tasks the worker is executing now.
+    active = models.JSONField(default=list, blank=True)
+    processed = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname

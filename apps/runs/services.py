@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from django.db import transaction
@@ -23,6 +25,57 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
 
         raise ConfigInvalid({"name": "a run needs a name"})
     return Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
+
+
+def run_create_with_taskset(
+    *,
+    name: str,
+    owner: Any,
+    config: dict[str, Any] | RunConfig,
+    taskset: Any = None,
+    taskset_path: str | Path | None = None,
+    taskset_name: str | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> Run:
+    """Create a draft run, importing its taskset file (JSONL, Parquet or a datasets
+    directory) in the same transaction: a bad config (ConfigInvalid) is found before any
+    import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
+    from apps.buffer.importers import taskset_import
+    from apps.runs.config import ConfigInvalid
+
+    cfg = config_validate(data=config)
+    if not name.strip():
+        raise ConfigInvalid({"name": "a run needs a name"})
+    with transaction.atomic():
+        if taskset_path is not None:
+            path = Path(taskset_path)
+            taskset = taskset_import(name=taskset_name or path.stem, path=path, owner=owner, progress=progress)
+        return run_create(name=name, owner=owner, config=cfg, taskset=taskset)
+
+
+def run_feedback_policy_update(*, run: Run, feedback: dict[str, Any], actor: Any = None) -> Run:
+    """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
+    names `feedback.<field>`), audited with the policy before and after."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        before = dict(locked.config.get("feedback") or {})
+        cfg = config_validate(data={**locked.config, "feedback": feedback})
+        after = config_dump(cfg)["feedback"]
+        locked.config = config_dump(cfg)
+        locked.save(update_fields=["config", "updated_at"])
+        AuditEntry.objects.create(
+            run=locked,
+            actor=actor if getattr(actor, "is_authenticated", False) else None,
+            action="feedback_policy",
+            detail={"before": before, "after": after},
+        )
+    run.refresh_from_db()
+    transaction.on_commit(
+        lambda: event_publish(
+            run_id=run.pk, type="run.status", payload={"status": run.status, "action": "feedback_policy", "feedback": after}
+        )
+    )
+    return run
 
 
 _TRANSITIONS: dict[str, tuple[set[str], str]] = {

@@ -1,10 +1,12 @@
-"""Housekeeping tasks of runs."""
+"""Housekeeping tasks of runs. The Celery app autodiscovers this module in every worker,
+which also connects the heartbeat signal handlers (apps.runs.heartbeat)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from apps.buffer.selectors import buffer_counts
+from apps.runs import heartbeat  # noqa: F401  (connects the worker signal handlers)
 from apps.runs.events import event_publish
 from apps.runs.models import Run
 

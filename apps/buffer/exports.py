@@ -1,0 +1,326 @@
+"""Exports of a run's buffer in the formats TRL's trainers read, streamed row by row.
+
+- `sft`:  {"messages": [...prompt messages, {"role": "assistant", "content": response}]}
+          (SFTTrainer's conversational language-modeling format)
+- `dpo`:  {"prompt": [...], "chosen": [{"role": "assistant", ...}], "rejected": [...]}
+          (DPOTrainer's conversational preference format, with an explicit prompt): per group,
+          the best and the worst completion by final reward, when they differ by more than
+          `min_margin`.
+- `grpo`: {"prompt": [...], "answer": ..., "domain": ..., "task_id": ...} per task of the
+          run's taskset (GRPOTrainer's prompt-only format; extra columns reach reward functions).
+
+Nothing here holds more than one chunk of rows (or one group for DPO) in memory: rows come
+from a server-side cursor (`QuerySet.iterator`), JSONL is written line by line, and a Hugging
+Face `datasets` directory is built with `Dataset.from_generator`, which writes Arrow batches
+to disk as they come. The web side uses `export_jsonl_chunks` for a streamed download, the
+CLI `export_jsonl` / `export_hf_dataset` with a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from apps.buffer.models import Experience, Task
+from apps.runs.models import Run
+
+ExportKind = Literal["sft", "dpo", "grpo"]
+EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo")
+Progress = Callable[[int, int | None], None]
+
+_CHUNK = 2000
+# Statuses whose reward is final; pending ones wait for humans, filtered ones were dropped.
+_FINAL = (Experience.Status.READY, Experience.Status.LEASED, Experience.Status.CONSUMED)
+
+
+class ExportFailed(ValueError):
+    """The export cannot be made as asked (unknown kind, no taskset, bad output path)."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    min_reward: float | None = None
+    min_version: int | None = None
+    domain: str | None = None
+    # DPO: the chosen reward must beat the rejected one by more than this.
+    min_margin: float = 0.0
+    statuses: tuple[str, ...] = field(default=tuple(_FINAL))
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    kind: str
+    rows: int
+    scanned: int
+    path: Path | None = None
+
+
+def _text_messages(value: Any) -> list[dict[str, str]] | None:
+    if isinstance(value, list) and value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    return None
+
+
+def _prompt_messages(exp_messages: Any, task_messages: Any, prompt_text: str, task_prompt: str | None) -> list[dict[str, str]]:
+    """The conversation up to the model's turn: the experience's own messages (without a
+    trailing assistant turn), else the task's, else the prompt text as one user turn."""
+    for candidate in (exp_messages, task_messages):
+        msgs = _text_messages(candidate)
+        if msgs:
+            if msgs[-1]["role"] == "assistant":
+                msgs = msgs[:-1]
+            if msgs:
+                return msgs
+    return [{"role": "user", "content": prompt_text or task_prompt or ""}]
+
+
+_EXP_FIELDS = (
+    "id", "group_id", "prompt_text", "response_text", "messages", "reward",
+    "is_expert", "model_version", "task__messages", "task__prompt",
+)
+
+
+def _experiences(*, run: Run, options: ExportOptions) -> Any:
+    qs = Experience.objects.filter(run=run, status__in=options.statuses).exclude(response_text="")
+    if options.min_version is not None:
+        qs = qs.filter(model_version__gte=options.min_version)
+    if options.domain:
+        qs = qs.filter(task__domain=options.domain)
+    return qs
+
+
+def _sft_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+    from django.db.models import Q
+
+    qs = _experiences(run=run, options=options)
+    if options.min_reward is not None:
+        # Expert experiences (human corrections) are good answers whatever their reward.
+        qs = qs.filter(Q(reward__gte=options.min_reward) | Q(is_expert=True))
+    total = qs.count()
+    done = 0
+    for row in qs.order_by("id").values_list(*_EXP_FIELDS).iterator(chunk_size=_CHUNK):
+        _, _, prompt_text, response, messages, _, _, _, task_messages, task_prompt = row
+        done += 1
+        prompt = _prompt_messages(messages, task_messages, prompt_text, task_prompt)
+        yield {"messages": [*prompt, {"role": "assistant", "content": response}]}
+        if progress and done % _CHUNK == 0:
+            progress(done, total)
+    if progress:
+        progress(done, total)
+
+
+def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+    qs = _experiences(run=run, options=options).filter(reward__isnull=False)
+    total = qs.count()
+    done = 0
+
+    def pair(members: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+        if len(members) < 2:
+            return None
+        # Ties go to the earliest row both ways, so one row never plays both parts.
+        best = max(members, key=lambda m: (m[5], -m[0]))
+        worst = min(members, key=lambda m: (m[5], m[0]))
+        if best[0] == worst[0] or best[5] - worst[5] <= options.min_margin:
+            return None
+        if options.min_reward is not None and best[5] < options.min_reward:
+            return None
+        prompt = _prompt_messages(best[4], best[8], best[2], best[9])
+        return {
+            "prompt": prompt,
+            "chosen": [{"role": "assistant", "content": best[3]}],
+            "rejected": [{"role": "assistant", "content": worst[3]}],
+        }
+
+    group: list[tuple[Any, ...]] = []
+    for row in qs.order_by("group_id", "id").values_list(*_EXP_FIELDS).iterator(chunk_size=_CHUNK):
+        done += 1
+        if group and row[1] != group[0][1]:
+            made = pair(group)
+            if made:
+                yield made
+            group = []
+        group.append(row)
+        if progress and done % _CHUNK == 0:
+            progress(done, total)
+    made = pair(group)
+    if made:
+        yield made
+    if progress:
+        progress(done, total)
+
+
+def _reference_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+    if run.taskset_id is None:
+        raise ExportFailed(f"run {run.pk} has no taskset to export prompts from")
+    qs = Task.objects.filter(taskset_id=run.taskset_id, filter_reason="")
+    if options.domain:
+        qs = qs.filter(domain=options.domain)
+    total = qs.count()
+    done = 0
+    for pk, prompt, messages, reference, domain in (
+        qs.order_by("index").values_list("id", "prompt", "messages", "reference", "domain").iterator(chunk_size=_CHUNK)
+    ):
+        done += 1
+        yield {
+            "prompt": _prompt_messages(None, messages, prompt, None),
+            "answer": _reference_text(reference),
+            "domain": domain,
+            "task_id": pk,
+        }
+        if progress and done % _CHUNK == 0:
+            progress(done, total)
+    if progress:
+        progress(done, total)
+
+
+_ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows}
+
+
+def export_rows(
+    *, run: Run, kind: str, options: ExportOptions | None = None, progress: Progress | None = None
+) -> Iterator[dict[str, Any]]:
+    """The export's rows, one at a time. `progress(done, total)` counts source rows read."""
+    if kind not in _ROWS:
+        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}")
+    return _ROWS[kind](run=run, options=options or ExportOptions(), progress=progress)
+
+
+def _line(row: dict[str, Any]) -> bytes:
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode()
+
+
+def export_jsonl_chunks(
+    *, run: Run, kind: str, options: ExportOptions | None = None, chunk_bytes: int = 64 * 1024
+) -> Iterator[bytes]:
+    """JSONL bytes in chunks of about `chunk_bytes`, for a streamed HTTP download."""
+    rows = export_rows(run=run, kind=kind, options=options)  # raises ExportFailed before streaming starts
+
+    def chunks() -> Iterator[bytes]:
+        buf: list[bytes] = []
+        size = 0
+        for row in rows:
+            line = _line(row)
+            buf.append(line)
+            size += len(line)
+            if size >= chunk_bytes:
+                yield b"".join(buf)
+                buf, size = [], 0
+        if buf:
+            yield b"".join(buf)
+
+    return chunks()
+
+
+def export_jsonl(
+    *, run: Run, kind: str, out: str | Path | IO[bytes], options: ExportOptions | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write the export as JSONL to a path (atomically: a temp file renamed at the end) or a
+    binary stream."""
+    scanned = 0
+
+    def counting(done: int, total: int | None) -> None:
+        nonlocal scanned
+        scanned = done
+        if progress:
+            progress(done, total)
+
+    rows = export_rows(run=run, kind=kind, options=options, progress=counting)
+    written = 0
+    if isinstance(out, (str, Path)):
+        path = Path(out)
+        if path.is_dir():
+            raise ExportFailed(f"{path} is a directory; give a file name ending in .jsonl")
+        if not path.parent.exists():
+            raise ExportFailed(f"{path.parent}: no such directory")
+        tmp = path.with_name(f".{path.name}.partial")
+        try:
+            with tmp.open("wb") as fh:
+                for row in rows:
+                    fh.write(_line(row))
+                    written += 1
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ExportResult(kind=kind, rows=written, scanned=scanned, path=path)
+    for row in rows:
+        out.write(_line(row))
+        written += 1
+    return ExportResult(kind=kind, rows=written, scanned=scanned)
+
+
+def _features(kind: str) -> Any:
+    from datasets import Features, List, Value
+
+    turn = {"role": Value("string"), "content": Value("string")}
+    if kind == "sft":
+        return Features({"messages": List(turn)})
+    if kind == "dpo":
+        return Features({"prompt": List(turn), "chosen": List(turn), "rejected": List(turn)})
+    return Features({"prompt": List(turn), "answer": Value("string"), "domain": Value("string"), "task_id": Value("int64")})
+
+
+def _generate(run_id: int, kind: str, options: dict[str, Any], progress: Progress | None) -> Iterator[dict[str, Any]]:
+    run = Run.objects.get(pk=run_id)
+    opts = ExportOptions(**{**options, "statuses": tuple(options["statuses"])})
+    yield from export_rows(run=run, kind=kind, options=opts, progress=progress)
+
+
+def export_hf_dataset(
+    *, run: Run, kind: str, out_dir: str | Path, options: ExportOptions | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write a Hugging Face `datasets` directory (`datasets.load_from_disk` reads it)."""
+    import datasets
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ExportFailed(f"{out} exists and is not empty")
+    if kind not in _ROWS:
+        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}")
+    if kind == "grpo" and run.taskset_id is None:
+        raise ExportFailed(f"run {run.pk} has no taskset to export prompts from")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A private cache per export: from_generator would otherwise reuse an earlier export's
+    # cached Arrow file for the same arguments even though the buffer has changed since.
+    cache = Path(tempfile.mkdtemp(prefix=".export-cache-", dir=out.parent))
+    scanned = 0
+
+    def counting(done: int, total: int | None) -> None:
+        nonlocal scanned
+        scanned = done
+        if progress:
+            progress(done, total)
+
+    try:
+        opts = asdict(options or ExportOptions())
+        was_enabled = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bar()
+        try:
+            ds = datasets.Dataset.from_generator(
+                _generate,
+                features=_features(kind),
+                cache_dir=str(cache),
+                gen_kwargs={"run_id": run.pk, "kind": kind, "options": opts, "progress": counting},
+            )
+            ds.save_to_disk(str(out))
+        finally:
+            if was_enabled:
+                datasets.enable_progress_bar()
+        rows = len(ds)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return ExportResult(kind=kind, rows=rows, scanned=scanned, path=out)

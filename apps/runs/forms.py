@@ -1,0 +1,194 @@
+"""The run-creation form, generated from the one config schema (`apps.runs.config.RunConfig`).
+
+Each scalar field of the schema becomes an input named by its dotted path
+(`sampling.temperature`); lists and mappings (rewards, stop strings, pipeline steps) are YAML
+text areas. The posted values go through `config_validate` unchanged, so the form, the API
+and config files agree, and each `ConfigInvalid.errors` entry lands beside the field whose
+path is the longest prefix of the error's path (`rewards.0.name` → the rewards box).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from apps.runs.config import FeedbackPolicy, RunConfig
+
+# Where errors with no field of their own go: the whole form, or the uploaded file.
+FORM = "__all__"
+CONFIG_FILE = "config_file"
+
+
+@dataclass
+class FieldSpec:
+    path: str
+    label: str
+    kind: str  # text | number | select | checkbox | yaml
+    section: str
+    required: bool = False
+    choices: list[str] = field(default_factory=list)
+    default: str = ""
+    help: str = ""
+    step: str = "any"
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _default_text(info: FieldInfo, kind: str) -> str:
+    if info.is_required():
+        return ""
+    value = info.get_default(call_default_factory=True)
+    if value is None:
+        return ""
+    if kind == "yaml":
+        return "" if value in ([], {}) else yaml.safe_dump(value, sort_keys=False).strip()
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "on" if value else ""
+    return str(value)
+
+
+def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]:
+    specs: list[FieldSpec] = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation, optional = _unwrap_optional(info.annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            specs.extend(_specs(annotation, f"{path}.", path))
+            continue
+        origin = typing.get_origin(annotation)
+        choices: list[str] = []
+        if origin is typing.Literal:
+            kind, choices = "select", [str(a) for a in typing.get_args(annotation)]
+        elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            kind, choices = "select", [str(m.value) for m in annotation]
+        elif annotation is bool:
+            kind = "checkbox"
+        elif annotation in (int, float):
+            kind = "number"
+        elif annotation is str:
+            kind = "text"
+        else:
+            kind = "yaml"
+        specs.append(FieldSpec(
+            path=path,
+            label=name.replace("_", " "),
+            kind=kind,
+            section=section,
+            required=info.is_required(),
+            choices=choices,
+            default=_default_text(info, kind),
+            help=info.description or "",
+            step="1" if annotation is int else "any",
+        ))
+    return specs
+
+
+def config_field_specs() -> list[FieldSpec]:
+    return _specs(RunConfig, "", "run")
+
+
+def feedback_field_specs() -> list[FieldSpec]:
+    return _specs(FeedbackPolicy, "feedback.", "feedback")
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def _get(data: Any, path: str) -> Any:
+    node = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def config_from_post(post: Any, specs: list[FieldSpec]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The nested config mapping the posted fields describe, and errors for fields that
+    could not even be read (bad YAML). Empty inputs are left out so defaults apply."""
+    data: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for spec in specs:
+        raw = post.get(spec.path)
+        if spec.kind == "checkbox":
+            _set(data, spec.path, raw is not None and raw not in ("", "off", "false", "0"))
+            continue
+        if raw is None or str(raw).strip() == "":
+            continue
+        if spec.kind == "yaml":
+            try:
+                _set(data, spec.path, yaml.safe_load(raw))
+            except yaml.YAMLError as exc:
+                errors[spec.path] = f"not valid YAML: {exc}"
+            continue
+        # Numbers stay strings: the schema parses them and names the field when it can't.
+        _set(data, spec.path, str(raw).strip())
+    return data, errors
+
+
+def values_from_config(data: Any, specs: list[FieldSpec]) -> dict[str, str]:
+    """Form values for a (possibly invalid) config mapping, to show an uploaded file's
+    contents in the form beside its errors."""
+    values: dict[str, str] = {}
+    if not isinstance(data, dict):
+        return values
+    for spec in specs:
+        value = _get(data, spec.path)
+        if value is None:
+            continue
+        if spec.kind == "yaml":
+            values[spec.path] = yaml.safe_dump(value, sort_keys=False).strip() if value not in ([], {}) else ""
+        elif spec.kind == "checkbox":
+            values[spec.path] = "on" if value else ""
+        else:
+            values[spec.path] = value if isinstance(value, str) else json.dumps(value)
+    return values
+
+
+def errors_by_field(errors: dict[str, str], specs: list[FieldSpec], *, fallback: str = FORM) -> dict[str, list[str]]:
+    """Attach each error to the field of the longest matching path, else its section,
+    else `fallback` (the whole form, or the uploaded file for keys the form lacks)."""
+    paths = {spec.path for spec in specs}
+    sections = {spec.section for spec in specs}
+    placed: dict[str, list[str]] = {}
+    for path, message in errors.items():
+        target = fallback
+        parts = path.split(".") if path else []
+        for n in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:n])
+            if candidate in paths or candidate in sections or candidate in {"name", "taskset", CONFIG_FILE}:
+                target = candidate
+                break
+        if target == fallback and path and fallback != FORM:
+            message = f"{path}: {message}" if path not in message else message
+        placed.setdefault(target, []).append(message)
+    return placed
+
+
+def section_specs(specs: list[FieldSpec]) -> list[tuple[str, list[FieldSpec]]]:
+    out: dict[str, list[FieldSpec]] = {}
+    for spec in specs:
+        out.setdefault(spec.section, []).append(spec)
+    return list(out.items())

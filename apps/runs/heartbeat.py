@@ -1,0 +1,193 @@
+"""Worker health: every Celery worker writes its own heartbeat row.
+
+Why not `celery inspect ping`: a broadcast waits for a reply timeout on every page view,
+and a solo-pool GPU worker busy with a training step cannot answer it at all. Instead a
+daemon thread in each worker's main process upserts a `WorkerHeartbeat` every
+`RFT_HEARTBEAT_SECONDS` (one small UPDATE), listing the worker's queues, pool and the tasks
+it is running now (`celery.worker.state.active_requests`, which the main process keeps for
+every pool). The thread keeps beating while a solo worker runs a long task, so the page
+tells "busy for 4 minutes on train_step" apart from "gone" (no beat for 3 intervals).
+
+The signal handlers are connected when this module is imported; `apps.runs.tasks` imports
+it, and the Celery app autodiscovers that module in every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import signals
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from apps.runs.models import WorkerHeartbeat
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 10.0
+# A worker is shown as gone when its last beat is older than this many intervals.
+STALE_AFTER_BEATS = 3
+
+
+def heartbeat_interval() -> float:
+    try:
+        return max(0.5, float(os.environ.get("RFT_HEARTBEAT_SECONDS", DEFAULT_INTERVAL)))
+    except ValueError:
+        return DEFAULT_INTERVAL
+
+
+def worker_heartbeat_record(
+    *,
+    hostname: str,
+    queues: list[str],
+    pool: str,
+    concurrency: int,
+    pid: int,
+    active: list[dict[str, Any]],
+    processed: int = 0,
+    started_at: datetime | None = None,
+) -> WorkerHeartbeat:
+    """Upsert the worker's row: its last sign of life and what it is doing."""
+    now = timezone.now()
+    beat, _ = WorkerHeartbeat.objects.update_or_create(
+        hostname=hostname,
+        defaults={
+            "queues": sorted(queues),
+            "pool": pool,
+            "concurrency": concurrency,
+            "pid": pid,
+            "active": active,
+            "processed": processed,
+            "last_seen": now,
+            "stopped_at": None,
+        },
+        create_defaults={
+            "queues": sorted(queues),
+            "pool": pool,
+            "concurrency": concurrency,
+            "pid": pid,
+            "active": active,
+            "processed": processed,
+            "last_seen": now,
+            "started_at": started_at or now,
+        },
+    )
+    return beat
+
+
+def worker_heartbeat_stop(*, hostname: str) -> int:
+    """The worker shut down cleanly: say so rather than let it go stale."""
+    now = timezone.now()
+    return WorkerHeartbeat.objects.filter(hostname=hostname).update(stopped_at=now, last_seen=now, active=[])
+
+
+def workers_health(*, now: datetime | None = None, forget_after: timedelta = timedelta(days=1)) -> list[dict[str, Any]]:
+    """Every worker seen lately, with `state` alive / busy / stale / stopped."""
+    now = now or timezone.now()
+    stale = timedelta(seconds=heartbeat_interval() * STALE_AFTER_BEATS)
+    rows: list[dict[str, Any]] = []
+    for beat in WorkerHeartbeat.objects.filter(last_seen__gte=now - forget_after):
+        if beat.stopped_at is not None:
+            state = "stopped"
+        elif now - beat.last_seen > stale:
+            state = "stale"
+        else:
+            state = "busy" if beat.active else "idle"
+        rows.append({"beat": beat, "state": state, "age": (now - beat.last_seen).total_seconds()})
+    return rows
+
+
+def _active_tasks() -> list[dict[str, Any]]:
+    from celery.worker import state
+
+    tasks: list[dict[str, Any]] = []
+    for request in list(state.active_requests):
+        started = getattr(request, "time_start", None)
+        tasks.append({
+            "id": request.id,
+            "name": request.name,
+            "args": repr(request.args)[:200],
+            "started_at": datetime.fromtimestamp(started, tz=UTC).isoformat() if started else None,
+        })
+    return tasks
+
+
+class _Beater(threading.Thread):
+    def __init__(self, *, hostname: str, queues: list[str], pool: str, concurrency: int) -> None:
+        super().__init__(name="rft-heartbeat", daemon=True)
+        self.hostname, self.queues, self.pool, self.concurrency = hostname, queues, pool, concurrency
+        self.started_at = timezone.now()
+        self.stopping = threading.Event()
+
+    def beat(self) -> None:
+        from celery.worker import state
+
+        try:
+            worker_heartbeat_record(
+                hostname=self.hostname, queues=self.queues, pool=self.pool, concurrency=self.concurrency,
+                pid=os.getpid(), active=_active_tasks(), processed=sum(state.total_count.values()),
+                started_at=self.started_at,
+            )
+        except Exception:  # a database hiccup must not kill the worker; the next beat retries
+            log.exception("heartbeat: could not record %s", self.hostname)
+        finally:
+            close_old_connections()
+
+    def run(self) -> None:
+        interval = heartbeat_interval()
+        while not self.stopping.is_set():
+            self.beat()
+            self.stopping.wait(interval)
+        connection.close()
+
+
+_beater: _Beater | None = None
+
+
+def _describe(consumer: Any) -> tuple[str, list[str], str, int]:
+    controller = consumer.controller
+    queues = [q.name for q in consumer.app.amqp.queues.consume_from.values()]
+    pool_cls = getattr(controller, "pool_cls", None)
+    module = getattr(pool_cls, "__module__", "") or ""
+    pool = module.rsplit(".", 1)[-1] if module.startswith("celery.concurrency") else getattr(pool_cls, "__name__", str(pool_cls))
+    # A solo pool runs one task at a time whatever --concurrency says.
+    concurrency = 1 if pool == "solo" else int(getattr(controller, "concurrency", 1) or 1)
+    return consumer.hostname, queues, pool, concurrency
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    global _beater
+    try:
+        hostname, queues, pool, concurrency = _describe(sender)
+    except Exception:
+        log.exception("heartbeat: could not describe the worker; no heartbeats")
+        return
+    _beater = _Beater(hostname=hostname, queues=queues, pool=pool, concurrency=concurrency)
+    _beater.start()
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _on_task_edge(**_: Any) -> None:
+    # Beat at once when a task starts or ends in a solo worker (same process), so the page
+    # shows the current task without waiting for the next interval.
+    if _beater is not None and _beater.is_alive() and threading.current_thread() is threading.main_thread():
+        threading.Thread(target=_beater.beat, daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    if _beater is None:
+        return
+    _beater.stopping.set()
+    try:
+        worker_heartbeat_stop(hostname=_beater.hostname)
+    except Exception:
+        log.exception("heartbeat: could not record the shutdown of %s", _beater.hostname)
+    finally:
+        close_old_connections()

@@ -1,0 +1,256 @@
+"""`manage.py rft …`: runs from the command line.
+
+  rft create CONFIG --name NAME [--owner USER] [--taskset FILE]   create a draft run
+  rft start|pause|resume|stop RUN [--as USER]                      move a run (audited)
+  rft export RUN --kind sft|dpo|grpo --out PATH [--format jsonl|hf] export the buffer
+  rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
+  rft list                                                          the runs, one a line
+
+Every failure prints a message and exits non-zero (CommandError).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_hf_dataset, export_jsonl
+from apps.buffer.importers import ImportFailed
+from apps.runs.config import ConfigInvalid, config_parse
+from apps.runs.models import Run
+from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_transition
+
+# GPU queues hold a model resident in the worker process: one process, one task at a time
+# (solo pool; a forked child would re-initialise CUDA and double the memory). CPU queues
+# take a prefork pool.
+GPU_QUEUES = ("rollout", "train")
+CPU_QUEUES = ("reward", "default")
+
+
+def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, python: str = sys.executable) -> list[list[str]]:
+    """The Celery worker command lines that serve `queues`: one solo worker per GPU queue
+    and one prefork worker for the CPU queues together."""
+    from rftweb.celery import QUEUES
+
+    unknown = [q for q in queues if q not in QUEUES]
+    if unknown:
+        raise CommandError(f"unknown queue {', '.join(map(repr, unknown))}; known queues: {', '.join(QUEUES)}")
+    if not queues:
+        raise CommandError("give at least one queue, e.g. --queues rollout,train")
+    base = [python, "-m", "celery", "-A", "rftweb", "worker", "--loglevel", loglevel]
+    plan: list[list[str]] = []
+    for queue in GPU_QUEUES:
+        if queue in queues:
+            plan.append([*base, "--pool", "solo", "--concurrency", "1", "--queues", queue, "--hostname", f"{queue}@%h"])
+    cpu = [q for q in queues if q in CPU_QUEUES]
+    if cpu:
+        n = concurrency or os.cpu_count() or 1
+        plan.append([*base, "--pool", "prefork", "--concurrency", str(n), "--queues", ",".join(cpu),
+                     "--hostname", f"{'+'.join(cpu)}@%h"])
+    return plan
+
+
+class Command(BaseCommand):
+    help = "Create, control and export runs; start workers."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, parser_class=ArgumentParser)
+
+        create = sub.add_parser("create", help="create a draft run from a YAML or JSON config file")
+        create.add_argument("config", help="path of the config file (.yaml, .yml or .json)")
+        create.add_argument("--name", required=True)
+        create.add_argument("--owner", help="username of the owner (default: the only superuser)")
+        create.add_argument("--taskset", help="taskset file: .jsonl, .parquet or a datasets directory")
+        create.add_argument("--taskset-name")
+        create.add_argument("--start", action="store_true", help="start the run once created")
+
+        for action in ("start", "pause", "resume", "stop"):
+            p = sub.add_parser(action, help=f"{action} a run")
+            p.add_argument("run", type=int)
+            p.add_argument("--as", dest="actor", help="username recorded in the audit log")
+
+        export = sub.add_parser("export", help="export a run's buffer for TRL")
+        export.add_argument("run", type=int)
+        export.add_argument("--kind", required=True, choices=EXPORT_KINDS)
+        export.add_argument("--out", required=True, help="a .jsonl file, or a directory for --format hf")
+        export.add_argument("--format", default="jsonl", choices=("jsonl", "hf"))
+        export.add_argument("--min-reward", type=float)
+        export.add_argument("--min-version", type=int)
+        export.add_argument("--min-margin", type=float, default=0.0)
+        export.add_argument("--domain")
+
+        worker = sub.add_parser("worker", help="start Celery workers for the given queues")
+        worker.add_argument("--queues", default="rollout,train,reward,default")
+        worker.add_argument("--concurrency", type=int, help="processes of the CPU queues' prefork pool")
+        worker.add_argument("--loglevel", default="INFO")
+        worker.add_argument("--dry-run", action="store_true", help="print the worker command lines and exit")
+
+        sub.add_parser("list", help="list the runs")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        getattr(self, f"_{opts['action']}")(opts)
+
+    # --- create / control -----------------------------------------------------------------
+
+    def _user(self, username: str | None, *, required: bool) -> Any:
+        User = get_user_model()
+        if username:
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                raise CommandError(f"no user {username!r}")
+            return user
+        if not required:
+            return None
+        supers = list(User.objects.filter(is_superuser=True)[:2])
+        if len(supers) != 1:
+            raise CommandError("give --owner USERNAME (there is not exactly one superuser to default to)")
+        return supers[0]
+
+    def _create(self, opts: dict[str, Any]) -> None:
+        path = Path(opts["config"])
+        if not path.is_file():
+            raise CommandError(f"{path}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"{path}: cannot read it ({exc})") from None
+        try:
+            config = config_parse(text=text, filename=path.name)
+        except ConfigInvalid as exc:
+            lines = "\n".join(f"  {field or '(config)'}: {msg}" for field, msg in exc.errors.items())
+            raise CommandError(f"{path} is not a valid run config:\n{lines}") from None
+        owner = self._user(opts["owner"], required=True)
+        bar = None
+        progress = None
+        if opts["taskset"]:
+            from tqdm import tqdm
+
+            bar = tqdm(desc="taskset", unit="task", file=self.stderr._out, disable=None)
+
+            def progress(done: int, total: int | None) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+        try:
+            run = run_create_with_taskset(
+                name=opts["name"], owner=owner, config=config,
+                taskset_path=opts["taskset"], taskset_name=opts["taskset_name"], progress=progress,
+            )
+        except ConfigInvalid as exc:
+            raise CommandError(str(exc)) from None
+        except ImportFailed as exc:
+            raise CommandError(f"taskset: {exc}") from None
+        finally:
+            if bar is not None:
+                bar.close()
+        self.stdout.write(f"created run {run.pk} “{run.name}” ({run.status})")
+        if opts["start"]:
+            self._transition(run.pk, "start", owner)
+
+    def _transition(self, run_id: int, action: str, actor: Any) -> None:
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None:
+            raise CommandError(f"no run {run_id}")
+        try:
+            run = run_transition(run=run, action=action, actor=actor)
+        except TransitionNotAllowed as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"run {run.pk} is {run.status}")
+
+    def _start(self, opts: dict[str, Any]) -> None:
+        self._transition(opts["run"], "start", self._user(opts["actor"], required=False))
+
+    def _pause(self, opts: dict[str, Any]) -> None:
+        self._transition(opts["run"], "pause", self._user(opts["actor"], required=False))
+
+    def _resume(self, opts: dict[str, Any]) -> None:
+        self._transition(opts["run"], "resume", self._user(opts["actor"], required=False))
+
+    def _stop(self, opts: dict[str, Any]) -> None:
+        self._transition(opts["run"], "stop", self._user(opts["actor"], required=False))
+
+    def _list(self, opts: dict[str, Any]) -> None:
+        for run in Run.objects.order_by("pk"):
+            cfg = run.config
+            self.stdout.write(
+                f"{run.pk}\t{run.status}\t{cfg.get('algorithm')}\t{cfg.get('mode')}\tv{run.current_version}\t"
+                f"step {run.train_step}\t{run.name}"
+            )
+
+    # --- export ---------------------------------------------------------------------------
+
+    def _export(self, opts: dict[str, Any]) -> None:
+        from tqdm import tqdm
+
+        run = Run.objects.filter(pk=opts["run"]).first()
+        if run is None:
+            raise CommandError(f"no run {opts['run']}")
+        options = ExportOptions(
+            min_reward=opts["min_reward"], min_version=opts["min_version"],
+            domain=opts["domain"], min_margin=opts["min_margin"],
+        )
+        bar = tqdm(desc=f"export {opts['kind']}", unit="row", file=self.stderr._out, disable=None)
+
+        def progress(done: int, total: int | None) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        try:
+            if opts["format"] == "hf":
+                result = export_hf_dataset(run=run, kind=opts["kind"], out_dir=opts["out"], options=options, progress=progress)
+            else:
+                result = export_jsonl(run=run, kind=opts["kind"], out=opts["out"], options=options, progress=progress)
+        except ExportFailed as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
+        finally:
+            bar.close()
+        self.stdout.write(f"wrote {result.rows} {opts['kind']} rows from {result.scanned} to {result.path}")
+
+    # --- workers --------------------------------------------------------------------------
+
+    def _worker(self, opts: dict[str, Any]) -> None:
+        queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
+        plan = worker_plan(queues=queues, concurrency=opts["concurrency"], loglevel=opts["loglevel"])
+        if opts["dry_run"]:
+            for cmd in plan:
+                self.stdout.write(" ".join(cmd))
+            return
+        procs = [subprocess.Popen(cmd) for cmd in plan]
+        self.stderr.write(f"started {len(procs)} worker process(es): " + ", ".join(str(p.pid) for p in procs))
+
+        def forward(signum: int, _frame: Any) -> None:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, forward)
+        # Workers stand together: when one exits, the others are stopped (warm shutdown)
+        # so a supervisor sees the failure and restarts the whole set.
+        code = 0
+        remaining = list(procs)
+        while remaining:
+            done = [p for p in remaining if p.poll() is not None]
+            if not done:
+                try:
+                    remaining[0].wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
+            for p in done:
+                remaining.remove(p)
+                code = code or p.returncode
+            for p in remaining:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+        if code not in (0, -signal.SIGTERM, -signal.SIGINT):
+            raise CommandError(f"a worker exited with status {code}")
