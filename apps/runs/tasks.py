@@ -19,7 +19,13 @@ log = logging.getLogger(__name__)
 # schedule's `runs_resume_task`; one chain per run is enforced by conduct_tick's marker.
 @shared_task(name="apps.runs.tasks.run_conduct", ignore_result=True, acks_late=False, time_limit=60, soft_time_limit=50)
 def run_conduct(run_id: int, token: str) -> None:
-    if conduct_tick(run_id=run_id, token=token):
+    try:
+        keep_going = conduct_tick(run_id=run_id, token=token)
+    except Exception:
+        # A database or Redis hiccup must not end the chain: the run would stall until the beat.
+        log.exception("conductor of run %s: beat failed; trying again", run_id)
+        keep_going = True
+    if keep_going:
         conduct_next(run_id=run_id, token=token)
 
 
