@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 EXPLORE_TASK = "workers.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.train_step"
-CONDUCT_TASK = "apps.runs.tasks.run_conduct"
+CONDUCT_TASK = "apps.runs.conduct.run_conduct"
 
 
 # ----------------------------------------------------------------------------- markers

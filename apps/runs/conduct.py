@@ -1,4 +1,6 @@
 """Celery tasks of the RFT core: the per-run conductor and the resume-after-restart path.
+(Autodiscovered as `apps.runs.conduct`, see rftweb/celery.py; apps/runs/tasks.py is the
+dashboard's.)
 
 Both are thin: the decisions live in `apps.runs.orchestration`.
 """
@@ -17,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # Not acked late and never retried: a lost beat is replaced by the next kick or the beat
 # schedule's `runs_resume_task`; one chain per run is enforced by conduct_tick's marker.
-@shared_task(name="apps.runs.tasks.run_conduct", ignore_result=True, acks_late=False, time_limit=60, soft_time_limit=50)
+@shared_task(name="apps.runs.conduct.run_conduct", ignore_result=True, acks_late=False, time_limit=60, soft_time_limit=50)
 def run_conduct(run_id: int, token: str) -> None:
     try:
         keep_going = conduct_tick(run_id=run_id, token=token)
@@ -30,7 +32,7 @@ def run_conduct(run_id: int, token: str) -> None:
 
 
 # Periodic (beat) safety net: restarts a conductor for any running run whose chain broke.
-@shared_task(name="apps.runs.tasks.runs_resume_task", ignore_result=True, acks_late=False, time_limit=60)
+@shared_task(name="apps.runs.conduct.runs_resume_task", ignore_result=True, acks_late=False, time_limit=60)
 def runs_resume_task(clear_markers: bool = False) -> list[int]:
     return runs_resume(clear_markers=clear_markers)
 
