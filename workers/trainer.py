@@ -305,7 +305,15 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
             metrics["sync_seconds"] = sync_seconds
         metric_record(run=run, step=step, values=metrics)
         _external_log(run_id, step, metrics)
-        return {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
+    # Dispatch what this step unblocked now rather than at the conductor's next beat (the
+    # dispatch markers keep it from doubling what the conductor sends).
+    try:
+        from apps.runs.orchestration import run_advance
+
+        run_advance(run=run)
+    except Exception:
+        log.exception("run %s: could not dispatch after train step %s", run_id, step)
+    return {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 
 def _fail_run(run_id: int, message: str) -> None:

@@ -157,7 +157,7 @@ def test_versions_are_published_every_sync_interval_steps(owner: Any, tiny_model
         _groups(run, tag=tag)
     for step in (1, 2, 3):
         assert trainer_step(run_id=run.pk, step=step)["status"] == "trained"
-    assert list(ModelVersion.objects.filter(run=run).values_list("number", "train_step")) == [(1, 2)]
+    assert list(ModelVersion.objects.filter(run=run, number__gte=1).values_list("number", "train_step")) == [(1, 2)]
     run.refresh_from_db()
     assert run.current_version == 1
 
