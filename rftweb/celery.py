@@ -50,8 +50,17 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
         },
+        # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
+        "runs-resume": {
+            "task": "apps.runs.conduct.runs_resume_task",
+            "schedule": float(os.environ.get("RFT_RESUME_SECONDS", "30")),
+        },
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py, not workers/tasks.py.
 app.autodiscover_tasks(["workers"], related_name="rewards")
+# The run conductor and the resume-after-restart path (apps/runs/conduct.py).
+app.autodiscover_tasks(["apps.runs"], related_name="conduct")
+# GPU-side tasks register in the workers that serve their queue: `celery -A rftweb worker
+# -Q train -I workers.trainer` (their modules import torch only inside the tasks).

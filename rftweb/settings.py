@@ -153,6 +153,13 @@ RFT_STORAGE_DIR = Path(env_str("RFT_STORAGE_DIR", str(VAR_DIR / "storage")))
 RFT_DEMO_MODEL_DIR = Path(env_str("RFT_DEMO_MODEL_DIR", str(VAR_DIR / "demo-model")))
 RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
+# The run conductor's beat, and how long a dispatched step is not dispatched again.
+RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
+RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
+# The trainer task's time limit (seconds); the soft limit releases the batch first.
+RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)
+# Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
+RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
 # The longest the environment API waits for a rollout worker before answering 503.

@@ -102,6 +102,12 @@ def run_transition(*, run: Run, action: str, actor: Any = None) -> Run:
     transaction.on_commit(
         lambda: event_publish(run_id=run.pk, type="run.status", payload={"status": run.status, "action": action})
     )
+    if target == Run.Status.RUNNING:
+        # The conductor enqueues explore and train steps; pause and stop end it by status.
+        from apps.runs.orchestration import conduct_kick
+
+        run_id = run.pk
+        transaction.on_commit(lambda: conduct_kick(run_id=run_id))
     return run
 
 

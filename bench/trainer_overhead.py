@@ -1,0 +1,152 @@
+"""Our trainer step against a bare TRL step on the same batches. Target: ≤ 1.10×.
+
+Baseline: a GRPOTrainer's `compute_loss` on a ready-made inputs dict, backward, gradient
+clipping, optimizer step: what a hand-written loop around TRL costs at least.
+
+Ours, two ways:
+- the learner step (`workers.algorithms.Learner.step`): experiences → advantages, padding,
+  π_old, TRL's loss, backward, clip, step, metrics;
+- the whole task body (`workers.trainer.trainer_step`) against Postgres: readiness check,
+  claim under a lease, the learner step, the trainer-state checkpoint, ack, metrics.
+
+Prints a table and, on the last line, the whole-step ratio against the baseline.
+
+    python -m bench.trainer_overhead [--steps 20] [--hidden 256] [--layers 4] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import median, setup_django
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--response", type=int, default=48)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-trainer-"))
+    os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
+    setup_django()
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from apps.buffer.services import experience_write
+    from apps.runs.models import Run
+    from apps.runs.services import run_create
+    from django.contrib.auth.models import User
+    from workers import trainer as trainer_mod
+    from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+    from workers.algorithms import trl_bridge as bridge
+    from workers.modelkit import tiny_model_save
+
+    model_dir = tiny_model_save(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=4)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    probe = AutoModelForCausalLM.from_pretrained(model_dir)
+    params_count = sum(p.numel() for p in probe.parameters())
+    vocab = probe.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+
+    def batch_rollouts(step: int) -> list[Rollout]:
+        rows = []
+        for g in range(args.batch // args.group):
+            prompt = torch.randint(10, vocab, (12,), generator=gen).tolist()
+            for i in range(args.group):
+                n = args.response - (i % 5) * 4
+                rows.append(Rollout(
+                    id=step * 10_000 + g * 100 + i, group_id=f"s{step}g{g}", prompt_ids=prompt,
+                    completion_ids=torch.randint(10, vocab, (n,), generator=gen).tolist(),
+                    logprobs=(-torch.rand(n, generator=gen) * 5).tolist(), reward=float((i * 7 + g) % 3),
+                ))
+        return rows
+
+    batches = [batch_rollouts(s) for s in range(args.steps + 2)]
+    params = bridge.LossParams(loss_type="dapo", learning_rate=1e-5, max_completion_length=args.response)
+
+    # -- baseline: bare TRL ------------------------------------------------------------
+    base_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base_trainer = bridge.grpo_trainer_build(model=base_model, tokenizer=tokenizer, params=params)
+    base_opt, _ = bridge.optimizer_build(trainer=base_trainer, total_steps=args.steps + 2)
+    from workers.algorithms.batch import group_advantages
+
+    ready_inputs = [
+        bridge.grpo_inputs(
+            trainer=base_trainer, prompt_ids=[r.prompt_ids for r in b], completion_ids=[r.completion_ids for r in b],
+            old_logprobs=[r.logprobs for r in b], advantages=group_advantages(b),
+        )
+        for b in batches
+    ]
+
+    def bare(inputs: dict) -> None:
+        base_opt.zero_grad(set_to_none=True)
+        loss = base_trainer.compute_loss(base_model, inputs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(base_model.parameters(), 1.0)
+        base_opt.step()
+
+    # -- ours: the learner -------------------------------------------------------------
+    our_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=our_model, tokenizer=tokenizer)
+
+    # -- ours: the whole task body against Postgres ------------------------------------
+    owner, _ = User.objects.get_or_create(username="bench-trainer")
+    config = {"model": str(model_dir), "mode": "train", "algorithm": "grpo", "repeat_times": args.group,
+              "train_batch_size": args.batch, "total_steps": args.steps + 2, "sync_interval": 10_000,
+              "sampling": {"max_tokens": args.response},
+              "trainer": {"loss_type": "dapo", "learning_rate": 1e-5}, "rewards": [{"name": "exact_match"}]}
+    run = run_create(name="bench trainer overhead", owner=owner, config=config)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    for s, b in enumerate(batches):
+        experience_write(experiences=[
+            {"run_id": run.pk, "key": f"{r.id}", "group_id": r.group_id, "token_ids": r.prompt_ids + r.completion_ids,
+             "prompt_length": len(r.prompt_ids), "logprobs": r.logprobs, "reward": r.reward,
+             "priority": float(len(batches) - s)}
+            for r in b
+        ])
+
+    # Warm-up: first calls allocate and load.
+    bare(ready_inputs[0])
+    learner.step(TrainBatch(usual=batches[0]))
+    assert trainer_mod.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+
+    timings: dict[str, list[float]] = {"bare": [], "learner": [], "task": []}
+    for s in range(1, args.steps + 1):
+        # Interleaved so that load on a shared machine hits all three alike.
+        t0 = time.perf_counter()
+        bare(ready_inputs[s])
+        timings["bare"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        learner.step(TrainBatch(usual=batches[s]))
+        timings["learner"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = trainer_mod.trainer_step(run_id=run.pk, step=s + 1)
+        timings["task"].append(time.perf_counter() - t0)
+        assert out["status"] == "trained", out
+
+    base = median(timings["bare"])
+    print(f"model: {params_count / 1e6:.1f}M parameters, batch {args.batch} × ≤{args.response} tokens, {args.steps} steps")
+    print(f"{'path':<44} {'median s':>9} {'ratio':>7}")
+    print(f"{'bare TRL compute_loss + optimizer step':<44} {base:>9.4f} {1.0:>7.3f}")
+    print(f"{'our learner step':<44} {median(timings['learner']):>9.4f} {median(timings['learner']) / base:>7.3f}")
+    print(f"{'our train_step (claim, step, state, ack)':<44} {median(timings['task']):>9.4f} {median(timings['task']) / base:>7.3f}")
+    run.delete()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"trainer_overhead ratio (our train_step / bare TRL step): {median(timings['task']) / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()

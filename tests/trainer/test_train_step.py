@@ -1,0 +1,187 @@
+"""The trainer step against real Postgres: claims, acks, releases, checkpoints, versions,
+metrics, restarts. The task body runs in this process (the Celery path is in test_modes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.models import Feedback
+from apps.runs.models import Metric, ModelVersion, Run
+from tests.factories import experience_row, make_run, make_taskset
+from workers import trainer as trainer_mod
+from workers.trainer import trainer_step
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _storage(settings: Any, tmp_path: Path) -> Path:
+    settings.RFT_STORAGE_DIR = tmp_path / "storage"
+    trainer_mod._RESIDENTS.clear()
+    yield settings.RFT_STORAGE_DIR
+    trainer_mod._RESIDENTS.clear()
+
+
+def _running_run(owner: Any, model_dir: Path, **config: Any) -> Run:
+    defaults = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
+                "total_steps": 10, "mode": "train", "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
+    defaults.update(config)
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), **defaults)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    run.refresh_from_db()
+    return run
+
+
+def _groups(run: Run, *, groups: int = 2, size: int = 4, version: int = 0, tag: str = "", **fields: Any) -> list[int]:
+    rows = []
+    for g in range(groups):
+        for i in range(size):
+            rows.append(experience_row(
+                run, key=f"{tag}v{version}g{g}-{i}", group=f"{tag}v{version}g{g}", prompt_len=3 + g, response_len=2 + i,
+                reward=float(i % 2), model_version=version, **fields,
+            ))
+    return experience_write(experiences=rows).ids
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_a_step_trains_acks_the_batch_publishes_a_version_and_records_metrics(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+    out = trainer_step(run_id=run.pk, step=1)
+    assert out["status"] == "trained" and out["published"]
+    run.refresh_from_db()
+    assert run.train_step == 1 and run.current_version == 1
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"consumed"}
+    version = ModelVersion.objects.get(run=run, number=1)
+    checkpoint = Path(version.checkpoint)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in checkpoint.iterdir()}
+    v0, v1 = _weights(tiny_model_dir), _weights(checkpoint)
+    assert any(not torch.equal(v0[k], v1[k]) for k in v0)
+    names = set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
+    assert {"loss", "reward_mean", "reward_std", "entropy", "clip_fraction", "response_length",
+            "tokens_per_second", "staleness", "step_seconds", "sync_seconds"} <= names
+
+
+def test_the_same_step_twice_trains_once(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir)
+    _groups(run)
+    _groups(run, tag="more")
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "done"
+    run.refresh_from_db()
+    assert run.train_step == 1
+    assert Experience.objects.filter(run=run, status="ready").count() == 8
+    assert Metric.objects.filter(run=run, name="loss").count() == 1
+
+
+def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+
+    def boom(self: Any, batch: Any) -> None:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr("workers.algorithms.learner.Learner.step", boom)
+    with pytest.raises(RuntimeError, match="device lost"):
+        trainer_step(run_id=run.pk, step=1)
+    run.refresh_from_db()
+    assert run.train_step == 0
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
+
+
+def test_a_paused_run_is_not_trained(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir)
+    _groups(run)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.PAUSED)
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "not running"
+    assert Experience.objects.filter(run=run, status="ready").count() == 8
+
+
+def test_a_restarted_trainer_continues_exactly_where_it_stopped(owner: Any, tiny_model_dir: Path) -> None:
+    """Same data, two runs: one trainer process throughout, and one whose resident model and
+    optimizer are forgotten between steps (a worker restart). Same weights at the end,
+    so the optimizer state came back too (Adam's second step depends on it)."""
+    runs = []
+    for restart in (False, True):
+        run = _running_run(owner, tiny_model_dir, name=f"restart={restart}")
+        _groups(run, version=0, tag="a")
+        _groups(run, version=0, tag="b")
+        assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+        if restart:
+            trainer_mod._RESIDENTS.clear()
+        assert trainer_step(run_id=run.pk, step=2)["status"] == "trained"
+        runs.append(run)
+    a, b = (_weights(Path(ModelVersion.objects.get(run=r, number=2).checkpoint)) for r in runs)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6)
+
+
+def test_sync_mode_never_trains_on_experiences_of_an_older_version(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir, mode="sync", sync_interval=1, sync_offset=0)
+    ModelVersion.objects.create(run=run, number=1, checkpoint=str(tiny_model_dir))
+    Run.objects.filter(pk=run.pk).update(train_step=1, current_version=1)
+    # the trainer state of step 1 is v0's weights here (a fresh optimizer is fine for this test)
+    stale = _groups(run, version=0, tag="old")
+    fresh = _groups(run, version=1, tag="new")
+    assert trainer_step(run_id=run.pk, step=2)["status"] == "trained"
+    assert set(Experience.objects.filter(pk__in=fresh).values_list("status", flat=True)) == {"consumed"}
+    assert set(Experience.objects.filter(pk__in=stale).values_list("status", flat=True)) == {"ready"}
+    assert Metric.objects.get(run=run, step=2, name="staleness").value == 0
+
+
+def test_async_mode_claims_within_max_staleness_only(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir, mode="async", max_staleness=1, train_batch_size=16)
+    Run.objects.filter(pk=run.pk).update(train_step=3, current_version=3)
+    too_old = _groups(run, version=1, tag="x")
+    within = _groups(run, version=2, tag="y") + _groups(run, version=3, tag="z")
+    assert trainer_step(run_id=run.pk, step=4)["status"] == "trained"
+    assert set(Experience.objects.filter(pk__in=within).values_list("status", flat=True)) == {"consumed"}
+    assert set(Experience.objects.filter(pk__in=too_old).values_list("status", flat=True)) == {"ready"}
+    assert Metric.objects.get(run=run, step=4, name="staleness").value == 1
+
+
+def test_versions_are_published_every_sync_interval_steps(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir, sync_interval=2)
+    for tag in "abc":
+        _groups(run, tag=tag)
+    for step in (1, 2, 3):
+        assert trainer_step(run_id=run.pk, step=step)["status"] == "trained"
+    assert list(ModelVersion.objects.filter(run=run, number__gte=1).values_list("number", "train_step")) == [(1, 2)]
+    run.refresh_from_db()
+    assert run.current_version == 1
+
+
+def test_mix_claims_its_expert_share_and_trains_on_both(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir, algorithm="mix", train_batch_size=8,
+                       trainer={"learning_rate": 1e-3, "mu": 0.5, "expert_share": 0.25})
+    usual = _groups(run, groups=2)
+    expert = experience_write(experiences=[
+        experience_row(run, key=f"x{i}", group=f"x{i}", is_expert=True, source="human", reward=None) for i in range(4)
+    ]).ids
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    consumed = set(Experience.objects.filter(run=run, status="consumed").values_list("pk", flat=True))
+    assert len(consumed & set(expert)) == 2 and len(consumed & set(usual)) == 4
+    names = set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
+    assert {"grpo_loss", "sft_loss"} <= names
+
+
+def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> None:
+    run = _running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
+    ids = _groups(run, groups=2, size=2)
+    # Against the rewards (the second of each group has the higher one), people preferred the first.
+    Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)
+    out = trainer_step(run_id=run.pk, step=1)
+    assert out["status"] == "trained"
+    assert Metric.objects.get(run=run, step=1, name="pairs").value == 2
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"consumed"}

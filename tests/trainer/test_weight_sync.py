@@ -1,0 +1,76 @@
+"""Weight sync: the checkpoint path on any host, the NCCL path where there are GPUs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from apps.runs.models import ModelVersion
+from tests.factories import make_run
+from workers.sync import CheckpointSync, NcclSync, SyncUnavailable, version_dir, weight_sync_for
+
+
+@pytest.mark.django_db
+def test_checkpoint_sync_writes_a_loadable_version_and_records_it(
+    owner: Any, tiny_model_dir: Path, load_model: Any, tokenizer: Any, settings: Any, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    settings.RFT_STORAGE_DIR = tmp_path
+    run = make_run(owner=owner, model=str(tiny_model_dir))
+    model = load_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    seconds = weight_sync_for("checkpoint").publish(run=run, number=1, train_step=1, model=model, tokenizer=tokenizer)
+    assert seconds > 0
+    version = ModelVersion.objects.get(run=run, number=1)
+    assert Path(version.checkpoint) == version_dir(run.pk, 1) == tmp_path / "runs" / str(run.pk) / "v1"
+    loaded = AutoModelForCausalLM.from_pretrained(version.checkpoint)
+    torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight)
+    assert not list(version_dir(run.pk, 1).parent.glob(".v1.tmp-*")), "a temporary directory was left behind"
+    run.refresh_from_db()
+    assert run.current_version == 1
+
+
+def test_an_unknown_sync_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown weight sync"):
+        weight_sync_for("carrier-pigeon")
+    assert isinstance(weight_sync_for("checkpoint"), CheckpointSync)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on hosts without CUDA")
+def test_nccl_sync_refuses_a_host_without_cuda() -> None:
+    with pytest.raises(SyncUnavailable, match="CUDA"):
+        NcclSync()
+
+
+def _nccl_rank(rank: int, addr: str, model_dir: str, out: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    sync = NcclSync(addr=addr, world_size=2, rank=rank)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).cuda()
+    if rank == 0:
+        with torch.no_grad():
+            model.lm_head.weight.add_(1.0)
+        sync.broadcast(model)
+    else:
+        sync.receive(model)
+    torch.save(model.lm_head.weight.detach().cpu(), os.path.join(out, f"rank{rank}.pt"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL weight sync needs CUDA")
+def test_nccl_sync_moves_the_trainers_weights_into_an_explorers_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < 2:
+        # NCCL refuses two ranks on one device.
+        pytest.skip("NCCL between two ranks needs two CUDA devices")
+    mp.start_processes(_nccl_rank, args=("tcp://127.0.0.1:29561", str(tiny_model_dir), str(tmp_path)),
+                       nprocs=2, start_method="spawn")
+    sent, received = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    torch.testing.assert_close(sent, received)

@@ -1,0 +1,128 @@
+"""What the trainer trains on, built from buffer experiences; no TRL here.
+
+An experience stores prompt and response as one `token_ids` list split at `prompt_length`,
+with the rollout's per-token logprobs for the response part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rollout:
+    id: int
+    group_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None = None
+    reward: float | None = None
+    is_expert: bool = False
+    model_version: int = 0
+
+
+def rollout_from_experience(exp: Any) -> Rollout:
+    """An `apps.buffer.models.Experience` (or anything with its fields) as a Rollout."""
+    tokens = list(exp.token_ids or [])
+    cut = int(exp.prompt_length or 0)
+    logprobs = list(exp.logprobs) if exp.logprobs is not None else None
+    return Rollout(
+        id=int(exp.pk),
+        group_id=str(exp.group_id),
+        prompt_ids=tokens[:cut],
+        completion_ids=tokens[cut:],
+        logprobs=logprobs,
+        reward=exp.reward,
+        is_expert=bool(exp.is_expert),
+        model_version=int(exp.model_version or 0),
+    )
+
+
+@dataclass
+class TrainBatch:
+    """One optimizer step's data: the model's own rollouts (GRPO, DPO), expert ones (SFT,
+    MIX), and explicit preferences (winner id, loser id) from pairwise feedback."""
+
+    usual: list[Rollout] = field(default_factory=list)
+    expert: list[Rollout] = field(default_factory=list)
+    preferences: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return [r.id for r in self.usual] + [r.id for r in self.expert]
+
+    def __len__(self) -> int:
+        return len(self.usual) + len(self.expert)
+
+
+def trainable(rollouts: Iterable[Rollout]) -> list[Rollout]:
+    """Rollouts with a response to learn from (an empty completion has no tokens to score)."""
+    return [r for r in rollouts if r.completion_ids]
+
+
+def group_advantages(rollouts: Sequence[Rollout], *, scale: str = "group") -> torch.Tensor:
+    """Group-relative advantages, exactly as TRL's GRPOTrainer computes them from rewards:
+    (r − mean of the group) / (std + 1e-4), std unbiased, per group ("group"), over the
+    whole batch ("batch") or not at all ("none"). A missing reward gives advantage 0 and
+    stays out of its group's statistics. Groups may differ in size (filtered members)."""
+    rewards = torch.tensor(
+        [float("nan") if r.reward is None else float(r.reward) for r in rollouts], dtype=torch.float32
+    )
+    mean = torch.zeros_like(rewards)
+    std = torch.zeros_like(rewards)
+    index: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        index.setdefault(r.group_id, []).append(i)
+    for members in index.values():
+        idx = torch.tensor(members)
+        g = rewards[idx]
+        mean[idx] = torch.nanmean(g)
+        std[idx] = _nanstd(g)
+    if scale == "batch":
+        std = _nanstd(rewards).expand_as(rewards).clone()
+    advantages = rewards - mean
+    if scale != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def _nanstd(x: torch.Tensor) -> torch.Tensor:
+    count = (~torch.isnan(x)).sum()
+    if count < 2:
+        return torch.zeros(())
+    mean = torch.nanmean(x)
+    variance = torch.nanmean((x - mean) ** 2) * (count / (count - 1))
+    return torch.sqrt(variance)
+
+
+def preference_pairs(
+    rollouts: Sequence[Rollout], *, preferences: Sequence[tuple[int, int]] = ()
+) -> list[tuple[Rollout, Rollout]]:
+    """(chosen, rejected) pairs for DPO: every explicit preference whose two rollouts share
+    a prompt, and for each group no preference covers, its best against its worst by reward
+    (a ranked group's reward carries the ranking). Ties give no pair."""
+    by_id = {r.id: r for r in rollouts}
+    pairs: list[tuple[Rollout, Rollout]] = []
+    covered: set[str] = set()
+    for winner, loser in preferences:
+        a, b = by_id.get(winner), by_id.get(loser)
+        if a is None or b is None or a.prompt_ids != b.prompt_ids or not a.completion_ids or not b.completion_ids:
+            continue
+        pairs.append((a, b))
+        covered.add(a.group_id)
+    groups: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        if r.group_id not in covered and r.reward is not None and r.completion_ids:
+            groups.setdefault(r.group_id, []).append(r)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        ordered = sorted(members, key=lambda r: (-float(r.reward or 0.0), r.id))
+        best, worst = ordered[0], ordered[-1]
+        if best.reward is not None and worst.reward is not None and best.reward > worst.reward:
+            pairs.append((best, worst))
+    return pairs

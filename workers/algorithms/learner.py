@@ -1,0 +1,206 @@
+"""GRPO, DPO, SFT and MIX on one resident policy, with TRL computing every loss.
+
+A `Learner` owns the policy, the reference model when the algorithm needs one, the TRL
+trainers it borrows `compute_loss` from, and one optimizer over the policy's parameters.
+`loss(batch)` is the algorithm's objective on one batch; `step(batch)` is one update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workers.algorithms import trl_bridge as bridge
+from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, preference_pairs, trainable
+
+ALGORITHMS = ("grpo", "dpo", "sft", "mix")
+
+
+class NothingToTrain(ValueError):
+    """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
+
+
+@dataclass
+class LearnerSpec:
+    algorithm: str
+    params: bridge.LossParams = field(default_factory=bridge.LossParams)
+    # MIX: (1 − mu)·GRPO(usual) + mu·SFT(expert)
+    mu: float = 0.1
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.algorithm == "dpo" or (self.algorithm in ("grpo", "mix") and self.params.beta > 0)
+
+
+def spec_from_config(cfg: Any) -> LearnerSpec:
+    """From an `apps.runs.config.RunConfig` (duck-typed: workers take no Django types here)."""
+    t = cfg.trainer
+    params = bridge.LossParams(
+        learning_rate=t.learning_rate,
+        loss_type=t.loss_type,
+        beta=t.beta,
+        epsilon=t.epsilon,
+        epsilon_high=t.epsilon_high,
+        max_grad_norm=t.max_grad_norm,
+        scale_rewards=t.scale_rewards,
+        max_completion_length=cfg.sampling.max_tokens,
+        dpo_beta=t.dpo_beta,
+        total_steps=cfg.total_steps,
+        seed=cfg.seed,
+    )
+    return LearnerSpec(algorithm=str(cfg.algorithm), params=params, mu=t.mu)
+
+
+class Learner:
+    def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None) -> None:
+        if spec.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {spec.algorithm!r}; known: {', '.join(ALGORITHMS)}")
+        if spec.needs_ref and ref_model is None:
+            raise ValueError(f"{spec.algorithm} with these settings needs a reference model")
+        self.spec = spec
+        self.model = model
+        self.tokenizer = tokenizer
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        p = spec.params
+        self.grpo = self.dpo = self.sft = None
+        if spec.algorithm in ("grpo", "mix"):
+            self.grpo = bridge.grpo_trainer_build(model=model, tokenizer=tokenizer, params=p)
+        if spec.algorithm == "dpo":
+            self.dpo = bridge.dpo_trainer_build(model=model, ref_model=ref_model, tokenizer=tokenizer, params=p)
+        if spec.algorithm in ("sft", "mix"):
+            self.sft = bridge.sft_trainer_build(model=model, tokenizer=tokenizer, params=p)
+        primary = self.grpo or self.dpo or self.sft
+        self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=p.total_steps)
+        self.model.train()
+
+    # -- objectives -----------------------------------------------------------------
+
+    def grpo_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.grpo is not None
+        rollouts = trainable(rollouts)
+        if not rollouts:
+            raise NothingToTrain("no rollout with a response")
+        advantages = group_advantages(rollouts, scale=self.spec.params.scale_rewards)
+        have_logprobs = all(r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts)
+        inputs = bridge.grpo_inputs(
+            trainer=self.grpo,
+            prompt_ids=[r.prompt_ids for r in rollouts],
+            completion_ids=[r.completion_ids for r in rollouts],
+            # Without stored logprobs, TRL's ratio is against the current policy (on-policy).
+            old_logprobs=[list(r.logprobs or []) for r in rollouts] if have_logprobs else None,
+            advantages=advantages,
+        )
+        if self.spec.params.beta > 0:
+            inputs["ref_per_token_logps"] = bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
+        loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.model, inputs=inputs)
+        metrics["advantage_abs_mean"] = float(advantages.abs().mean())
+        return loss, metrics
+
+    def sft_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.sft is not None
+        rollouts = trainable(rollouts)
+        if not rollouts:
+            raise NothingToTrain("no expert rollout with a response")
+        inputs = bridge.sft_inputs(trainer=self.sft, rows=[(r.prompt_ids, r.completion_ids) for r in rollouts])
+        return bridge.sft_loss(trainer=self.sft, model=self.model, inputs=inputs)
+
+    def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.dpo is not None
+        pairs = preference_pairs(rollouts, preferences=preferences)
+        if not pairs:
+            raise NothingToTrain("no preference pair (every group tied, no pairwise feedback)")
+        inputs = bridge.dpo_inputs(
+            trainer=self.dpo, pairs=[(c.prompt_ids, c.completion_ids, r.completion_ids) for c, r in pairs]
+        )
+        loss, metrics = bridge.dpo_loss(trainer=self.dpo, model=self.model, inputs=inputs)
+        metrics["pairs"] = float(len(pairs))
+        return loss, metrics
+
+    def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The algorithm's objective on `batch`, with the metrics TRL logged computing it."""
+        algo = self.spec.algorithm
+        if algo == "grpo":
+            return self.grpo_loss(batch.usual)
+        if algo == "dpo":
+            return self.dpo_loss(batch.usual + batch.expert, batch.preferences)
+        if algo == "sft":
+            # Offline SFT trains on whatever it is given; expert rows are what the trainer claims.
+            return self.sft_loss(batch.expert + batch.usual)
+        mu = self.spec.mu
+        parts: list[torch.Tensor] = []
+        metrics: dict[str, float] = {}
+        # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
+        # is SFT exactly, and a side with no data adds nothing.
+        if mu < 1 and trainable(batch.usual):
+            g, gm = self.grpo_loss(batch.usual)
+            parts.append((1 - mu) * g)
+            metrics.update({f"grpo_{k}" if k != "clip_fraction" else k: v for k, v in gm.items()})
+            metrics["grpo_loss"] = float(g.detach())
+        if mu > 0 and trainable(batch.expert):
+            s, sm = self.sft_loss(batch.expert)
+            parts.append(mu * s)
+            metrics["sft_loss"] = float(s.detach())
+            metrics.update({f"sft_{k}": v for k, v in sm.items()})
+        if not parts:
+            raise NothingToTrain("mix batch has neither usual nor expert rollouts to learn from")
+        if "grpo_entropy" in metrics:
+            metrics["entropy"] = metrics["grpo_entropy"]
+        if "grpo_kl" in metrics:
+            metrics["kl"] = metrics["grpo_kl"]
+        return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
+
+    # -- one update -------------------------------------------------------------------
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on `batch`; returns the step's metrics."""
+        started = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self.loss(batch)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.params.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - started
+        rows = batch.usual + batch.expert
+        tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        rewards = [float(r.reward) for r in rows if r.reward is not None]
+        metrics.update(
+            {
+                "loss": float(loss.detach()),
+                "grad_norm": float(grad_norm),
+                "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+                "batch_size": float(len(rows)),
+                "expert_count": float(len(batch.expert)),
+                "response_length": sum(len(r.completion_ids) for r in rows) / max(1, len(rows)),
+                "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+                "update_seconds": seconds,
+            }
+        )
+        if rewards:
+            mean = sum(rewards) / len(rewards)
+            metrics["reward_mean"] = mean
+            metrics["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+        return metrics
+
+    # -- state ------------------------------------------------------------------------
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+        }
+
+    def optimizer_state_load(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,301 @@
+"""Everything that touches TRL's internals, in one place.
+
+We do not let TRL drive training (its `training_step` would generate, its data loaders want
+a dataset): we build each TRL trainer once around our resident model, then feed its
+`compute_loss` with the inputs dict its own pipeline would have built, and step the
+optimizer ourselves. That keeps the numerics TRL's, and everything below leans on private
+details of TRL 1.16 (the inputs dict's keys, `_metrics`, `_get_per_token_logps_and_entropies`,
+`current_gradient_accumulation_steps`). `tests/trainer/test_trl_bridge.py` pins each of them,
+so an upgrade that moves them fails there, loudly, before a run trains on wrong numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TRL_VERSION = "1.16.0"
+
+
+class TrlApiMoved(RuntimeError):
+    """The installed TRL is not the one this bridge was written and tested against."""
+
+
+def trl_check() -> str:
+    import datasets
+    import trl
+
+    # Our dummy datasets are one row; their progress bars are noise in worker logs.
+    datasets.disable_progress_bars()
+
+    if trl.__version__ != TRL_VERSION:
+        raise TrlApiMoved(
+            f"workers/algorithms/trl_bridge.py is written against trl=={TRL_VERSION}, found {trl.__version__}; "
+            "run tests/trainer/test_trl_bridge.py and update the bridge before training"
+        )
+    return trl.__version__
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """The run config's trainer section, as the bridge needs it (no Django types here)."""
+
+    learning_rate: float = 1e-5
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    max_grad_norm: float = 1.0
+    scale_rewards: str = "group"
+    max_completion_length: int = 64
+    dpo_beta: float = 0.1
+    total_steps: int = 100
+    seed: int = 0
+
+
+def _common_args(params: LossParams) -> dict[str, Any]:
+    # CPU-safe, quiet, and nothing written unless we write it.
+    return {
+        "output_dir": tempfile.mkdtemp(prefix="rft-trl-"),
+        "use_cpu": not torch.cuda.is_available(),
+        "bf16": False,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "learning_rate": params.learning_rate,
+        "lr_scheduler_type": "constant",
+        "max_grad_norm": params.max_grad_norm,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "seed": params.seed,
+        "gradient_accumulation_steps": 1,
+        "remove_unused_columns": False,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+
+
+def _dummy_prompt_dataset(n: int) -> Any:
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": ["x"] * n})
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+def grpo_trainer_build(
+    *, model: Any, tokenizer: Any, params: LossParams, num_generations: int = 2, batch_size: int = 2,
+    rollout_func: Any = None, reward_funcs: Any = None,
+) -> Any:
+    """A GRPOTrainer around `model` that we only ask for losses. `num_generations` and
+    `batch_size` matter only to TRL's own generation path (used by tests as the oracle)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    trl_check()
+    args = GRPOConfig(
+        **_common_args(params),
+        per_device_train_batch_size=batch_size,
+        num_generations=num_generations,
+        max_completion_length=params.max_completion_length,
+        loss_type=params.loss_type,
+        beta=params.beta,
+        epsilon=params.epsilon,
+        epsilon_high=params.epsilon_high,
+        scale_rewards=params.scale_rewards,
+        importance_sampling_level="sequence" if params.loss_type == "luspo" else "token",
+        log_completions=False,
+        # Stored rollout logprobs are the raw model distribution's (STACK-NOTES: they match a
+        # plain forward pass), so the trainer scores at temperature 1 to compare like with like.
+        temperature=1.0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs or (lambda completions, **_: [0.0] * len(completions)),
+            args=args,
+            train_dataset=_dummy_prompt_dataset(max(batch_size, num_generations)),
+            processing_class=tokenizer,
+            rollout_func=rollout_func,
+        )
+    # We step once per batch, never accumulate: TRL divides the loss by this.
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _pad(seqs: list[list[int]] | list[list[float]], *, value: float, side: str, dtype: torch.dtype) -> torch.Tensor:
+    from trl.trainer.utils import pad
+
+    return pad([torch.tensor(s, dtype=dtype) for s in seqs], padding_value=value, padding_side=side)
+
+
+def grpo_inputs(
+    *, trainer: Any, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+    old_logprobs: list[list[float]] | None, advantages: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The dict `GRPOTrainer._generate_and_score_completions` returns, built from stored
+    rollouts: prompts left-padded, completions right-padded, the rollout logprobs as π_old."""
+    pad_id = trainer.processing_class.pad_token_id
+    completion_mask = _pad([[1] * len(c) for c in completion_ids], value=0, side="right", dtype=torch.long)
+    inputs: dict[str, torch.Tensor] = {
+        "prompt_ids": _pad(prompt_ids, value=pad_id, side="left", dtype=torch.long),
+        "prompt_mask": _pad([[1] * len(p) for p in prompt_ids], value=0, side="left", dtype=torch.long),
+        "completion_ids": _pad(completion_ids, value=pad_id, side="right", dtype=torch.long),
+        "completion_mask": completion_mask,
+        "advantages": advantages.to(torch.float32),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if old_logprobs is not None:
+        inputs["old_per_token_logps"] = _pad(old_logprobs, value=0.0, side="right", dtype=torch.float32)
+    return inputs
+
+
+def _fused_head(model: Any, *, temperature: float = 1.0) -> None:
+    """TRL scores tokens through a patched forward (`fused_lm_head=True`); a model we bring
+    (our reference, loaded from the run's v0) needs the same patch, once."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    if not getattr(model, "_rft_fused_head", False):
+        add_fused_lm_head(model, temperature=temperature)
+        model._rft_fused_head = True
+
+
+@torch.no_grad()
+def grpo_ref_logps(*, trainer: Any, ref_model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token logprobs of the completions under the reference model, as TRL computes them."""
+    _fused_head(ref_model, temperature=trainer.temperature)
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+    )
+    return logps
+
+
+def _metrics_drain(trainer: Any) -> dict[str, float]:
+    """The last value of each metric TRL logged during the call, then forget them (TRL
+    keeps appending until its own `log`, which we never call)."""
+    out: dict[str, float] = {}
+    for mode in ("train", "eval"):
+        for name, values in trainer._metrics[mode].items():
+            if values:
+                out[name] = float(values[-1])
+        trainer._metrics[mode].clear()
+    return out
+
+
+def grpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    loss = trainer.compute_loss(model, inputs)
+    m = _metrics_drain(trainer)
+    metrics = {"entropy": m.get("entropy"), "kl": m.get("kl")}
+    if "clip_ratio/region_mean" in m:
+        metrics["clip_fraction"] = m["clip_ratio/region_mean"]
+    elif "cispo_clip_ratio" in m:
+        metrics["clip_fraction"] = m["cispo_clip_ratio"]
+    return loss, {k: v for k, v in metrics.items() if v is not None}
+
+
+def grpo_reference_inputs(*, trainer: Any, prompts: list[Any]) -> dict[str, torch.Tensor]:
+    """TRL's own pipeline from prompts to the loss inputs (its rollout_func and reward
+    functions decide completions and rewards). Used by tests as the oracle."""
+    return trainer._generate_and_score_completions([{"prompt": p} for p in prompts])
+
+
+# ----------------------------------------------------------------------------- DPO
+
+
+def dpo_trainer_build(
+    *, model: Any, ref_model: Any, tokenizer: Any, params: LossParams, train_dataset: Any = None, batch_size: int = 2
+) -> Any:
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    trl_check()
+    args = DPOConfig(
+        **_common_args(params),
+        per_device_train_batch_size=batch_size,
+        beta=params.dpo_beta,
+        loss_type=["sigmoid"],
+        max_length=None,
+        precompute_ref_log_probs=False,
+    )
+    dataset = train_dataset or Dataset.from_dict({"prompt": ["a"], "chosen": ["b"], "rejected": ["c"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def dpo_inputs(*, trainer: Any, pairs: list[tuple[list[int], list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """(prompt_ids, chosen_ids, rejected_ids) triples through TRL's preference collator."""
+    return trainer.data_collator(
+        [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in pairs]
+    )
+
+
+def dpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    loss = trainer.compute_loss(model, inputs)
+    m = _metrics_drain(trainer)
+    metrics = {
+        "reward_accuracy": m.get("rewards/accuracies"),
+        "reward_margin": m.get("rewards/margins"),
+        "entropy": m.get("entropy"),
+    }
+    return loss, {k: v for k, v in metrics.items() if v is not None}
+
+
+# ----------------------------------------------------------------------------- SFT
+
+
+def sft_trainer_build(
+    *, model: Any, tokenizer: Any, params: LossParams, train_dataset: Any = None, batch_size: int = 2
+) -> Any:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    trl_check()
+    args = SFTConfig(
+        **_common_args(params),
+        per_device_train_batch_size=batch_size,
+        max_length=None,
+        completion_only_loss=True,
+        packing=False,
+    )
+    dataset = train_dataset or Dataset.from_dict({"prompt": ["a"], "completion": ["b"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def sft_inputs(*, trainer: Any, rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """(prompt_ids, completion_ids) pairs through TRL's LM collator, loss on the completion only."""
+    # The labels TRL's dataset preparation builds (`build_labels`): -100 outside the completion.
+    examples = [{"input_ids": p + c, "labels": [-100] * len(p) + list(c)} for p, c in rows]
+    return trainer.data_collator(examples)
+
+
+def sft_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    loss = trainer.compute_loss(model, dict(inputs), num_items_in_batch=None)
+    m = _metrics_drain(trainer)
+    metrics = {"entropy": m.get("entropy"), "token_accuracy": m.get("mean_token_accuracy")}
+    return loss, {k: v for k, v in metrics.items() if v is not None}
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def optimizer_build(*, trainer: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer and scheduler the trainer would use (AdamW from TrainingArguments)."""
+    trainer.create_optimizer_and_scheduler(num_training_steps=max(1, total_steps))
+    return trainer.optimizer, trainer.lr_scheduler
