@@ -18,7 +18,7 @@ def test_the_embedded_default_uses_sqlite_and_in_process_services() -> None:
     if os.environ.get("RFT_TEST_EMBEDDED") != "1":
         pytest.skip("checked in the embedded child run (tests/test_embedded.py)")
     assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels.layers.InMemoryChannelLayer"
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "rftweb.layers.EmbeddedChannelLayer"
     assert settings.CELERY_BROKER_URL == "memory://"
 
 

@@ -8,7 +8,9 @@ A consumer receives `{"type": "experience.created", ...}` as a call of its
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -44,10 +46,40 @@ def event_publish(*, run_id: int, type: str, payload: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    send = async_to_sync(layer.group_send)
     try:
-        async_to_sync(layer.group_send)(run_group(run_id), message)
+        if _loop_running_here():
+            # Sync code on a thread that also runs an event loop (a Playwright-driven test, a
+            # sync view under an async server): AsyncToSync refuses to block that loop's
+            # thread, so the send runs on a helper thread and this one waits for it.
+            errors: list[BaseException] = []
+            helper = threading.Thread(target=_capture(errors, send, run_group(run_id), message), daemon=True)
+            helper.start()
+            helper.join(timeout=10)
+            if errors:
+                raise errors[0]
+        else:
+            send(run_group(run_id), message)
     except Exception:  # the layer being down must not fail a rollout or a training step
         log.exception("event_publish: could not send %s to run %s", type, run_id)
+
+
+def _loop_running_here() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _capture(errors: list[BaseException], fn: Any, *args: Any) -> Any:
+    def run() -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # handed to the waiting thread
+            errors.append(exc)
+
+    return run
 
 
 async def event_publish_async(*, run_id: int, type: str, payload: dict[str, Any]) -> None:

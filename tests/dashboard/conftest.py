@@ -81,7 +81,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running on the test thread while
+# it is open, which would stop later async tests and async_to_sync from working.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("Debian's chromium is not installed (make browser)")
