@@ -44,3 +44,5 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
+# Worker-side tasks: importing these modules loads no torch (engines load when first used).
+app.autodiscover_tasks(["workers"], related_name="explorer")
