@@ -32,9 +32,13 @@ OPS = ("+", "-")
 @dataclass(frozen=True)
 class DemoSettings:
     seed: int = 0
-    steps: int = 900
+    # Warm-up stops at the first check where held-out accuracy reaches target_accuracy, or
+    # after `steps`: deterministic either way, since the checks draw no random numbers.
+    steps: int = 600
+    target_accuracy: float = 0.2
+    eval_every: int = 50
     batch_size: int = 64
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-3
     hidden_size: int = 128
     layers: int = 4
     heads: int = 4
@@ -164,7 +168,6 @@ def demo_model_build(
     force: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
-    eval_every: int = 0,
 ) -> DemoResult:
     """Build (or find already built) the demo model and its taskset in `out`."""
     settings = settings or DemoSettings()
@@ -205,6 +208,7 @@ def demo_model_build(
         model.train()
         bar = tqdm(total=settings.steps, desc="warm-up SFT", disable=not progress, mininterval=1.0)
         batches = _batches(train, settings)
+        accuracy: float | None = None
         for step in range(settings.steps):
             rows = [encoded.setdefault(p, _encode(tokenizer, p)) for p in next(batches)]
             width = max(len(p) + len(c) for p, c in rows)
@@ -226,13 +230,19 @@ def demo_model_build(
             bar.update(1)
             if step % 50 == 0 or step == settings.steps - 1:
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-            if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
-                # Greedy decoding draws no random numbers, so watching does not change the result.
-                log(f"step {step + 1}: accuracy {greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout):.1%}")
+            if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+                accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout)
+                if progress:
+                    bar.write(f"step {step + 1}: held-out accuracy {accuracy:.1%}")
+                if accuracy >= settings.target_accuracy:
+                    break
+                accuracy = None
                 model.train()
         bar.close()
-        accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout)
-        log(f"demo model: greedy accuracy on {len(heldout)} held-out problems: {accuracy:.1%}")
+        trained_steps = step + 1
+        if accuracy is None:
+            accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout)
+        log(f"demo model: after {trained_steps} steps, greedy accuracy on {len(heldout)} held-out problems: {accuracy:.1%}")
 
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)
@@ -243,7 +253,9 @@ def demo_model_build(
                 record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
                 fh.write(json.dumps(record, sort_keys=True) + "\n")
         files = _file_hashes(out)
-        manifest = {"settings": asdict(settings), "accuracy": accuracy, "parameters": params, "files": files}
+        manifest = {
+            "settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps, "files": files
+        }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     finally:
         torch.set_num_threads(threads)

@@ -53,7 +53,7 @@ def vllm_engine(demo_model_dir: Path) -> Iterator[Any]:
     engine = VLLMEngine(path=str(demo_model_dir))
     engine_cache_put(kind="vllm", model=str(demo_model_dir), engine=engine)
     yield engine
-    engine.llm.llm_engine.engine_core.shutdown()
+    # vLLM's own exit handler stops its engine process when the session ends.
 
 
 def _worker_env(db_name: str) -> dict[str, str]:
