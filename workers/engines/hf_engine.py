@@ -57,12 +57,15 @@ class HFEngine:
         import torch
 
         pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        # generate refuses num_return_sequences > 1 when greedy: repeat the prompts instead.
+        copies = n if sampling.greedy else 1
+        rows = [p for p in prompts for _ in range(copies)]
+        width = max(len(p) for p in rows)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
         kwargs: dict[str, Any] = {
             "max_new_tokens": sampling.max_tokens,
-            "num_return_sequences": n,
+            "num_return_sequences": n // copies,
             "return_dict_in_generate": True,
             # Raw logits: logprobs of the model's own distribution, as vLLM reports them.
             "output_logits": True,
