@@ -24,7 +24,7 @@ from typing import Any
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
 # Bump when the recipe changes in a way that changes the files, so old caches rebuild.
-RECIPE = 1
+RECIPE = 2
 
 OPS = ("+", "-")
 
@@ -36,7 +36,7 @@ class DemoSettings:
     # after `steps`: deterministic either way, since the checks draw no random numbers.
     steps: int = 600
     target_accuracy: float = 0.2
-    eval_every: int = 50
+    eval_every: int = 25
     batch_size: int = 64
     learning_rate: float = 1e-3
     hidden_size: int = 128
@@ -98,6 +98,25 @@ def _encode(tokenizer: Any, problem: tuple[int, str, int]) -> tuple[list[int], l
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(completion_text(answer_of(*problem)), add_special_tokens=False)["input_ids"]
     return prompt_ids, answer_ids + [tokenizer.eos_token_id]
+
+
+def _as_loaded(tokenizer: Any, model: Any) -> Any:
+    """The tokenizer as everyone else will load it: AutoTokenizer with the model's config.
+
+    For a Qwen2 config, AutoTokenizer gives Qwen2's tokenizer class, whose pre-tokenizer (one
+    token per digit) differs from the freshly trained one's; training on the freshly trained
+    encoding would teach the model inputs that vLLM, TRL and the engines never send it.
+    """
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        loaded = AutoTokenizer.from_pretrained(tmp)
+    loaded.padding_side = "left"
+    return loaded
 
 
 def greedy_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
@@ -188,15 +207,16 @@ def demo_model_build(
     torch.set_num_threads(1)
     try:
         train, heldout, taskset = _problems(settings)
-        tokenizer = tokenizer_build(texts=_tokenizer_corpus(settings), vocab_size=settings.vocab_size)
+        built = tokenizer_build(texts=_tokenizer_corpus(settings), vocab_size=settings.vocab_size)
         model = causal_lm_build(
-            tokenizer=tokenizer,
+            tokenizer=built,
             hidden_size=settings.hidden_size,
             layers=settings.layers,
             heads=settings.heads,
             max_positions=256,
             seed=settings.seed,
         )
+        tokenizer = _as_loaded(built, model)
         params = sum(p.numel() for p in model.parameters())
         log(f"demo model: {params / 1e6:.2f}M parameters, {len(train)} training problems, {settings.steps} steps")
         torch.manual_seed(settings.seed)
