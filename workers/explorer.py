@@ -9,6 +9,9 @@ Idempotence: an experience's key is `explore:<attempt id>:<sample index>`. An at
 its id when its lease expires or the task is retried, so whatever happens the buffer holds
 each (attempt, sample) once. Nothing is written for a run that is not running.
 
+Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
+the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
+Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there).
 Importing this module is cheap (no torch): engines are imported when first used, so the
 web side can send these tasks by name without loading any model code.
 """
@@ -142,57 +145,62 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         task_release(run=run, worker=worker, ids=claimed)
         return {"run": run_id, "step": step, "skipped": "run left running during the step"}
 
-    remote_terms = rewards_remote_terms(cfg.rewards)
-    rows: list[dict[str, Any]] = []
-    scores: list[float] = []
-    lengths: list[int] = []
-    for attempt, prompt, group in zip(attempts, prompts, samples):
-        task = attempt.task
-        awaiting = [t.name for t in remote_terms if _applies(t, task)]
-        for i, sample in enumerate(group):
-            result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
-            scores.append(result.score)
-            lengths.append(len(sample.token_ids))
-            fields = experience_initial_fields(cfg=cfg, auto_reward=result.score)
-            metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
-            if awaiting:
-                # The total waits for the queued scorers; they fill it in and flip the status.
-                fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
-                metadata["awaiting_rewards"] = awaiting
-            rows.append(
-                {
-                    "run_id": run.pk,
-                    "task_id": task.pk,
-                    "group_id": f"attempt-{attempt.pk}",
-                    "key": f"explore:{attempt.pk}:{i}",
-                    "source": Experience.Source.EXPLORER,
-                    "prompt_text": _display_prompt(task),
-                    "messages": task.messages,
-                    "response_text": sample.text,
-                    "token_ids": list(prompt) + list(sample.token_ids),
-                    "prompt_length": len(prompt),
-                    "logprobs": list(sample.logprobs),
-                    "finish_reason": sample.finish_reason,
-                    "reward_parts": result.parts,
-                    "model_version": version,
-                    "metadata": metadata,
-                    **fields,
-                }
-            )
+    try:
+        remote_terms = rewards_remote_terms(cfg.rewards)
+        rows: list[dict[str, Any]] = []
+        scores: list[float] = []
+        lengths: list[int] = []
+        for attempt, prompt, group in zip(attempts, prompts, samples):
+            task = attempt.task
+            awaiting = [t.name for t in remote_terms if _applies(t, task)]
+            for i, sample in enumerate(group):
+                result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
+                scores.append(result.score)
+                lengths.append(len(sample.token_ids))
+                fields = experience_initial_fields(cfg=cfg, auto_reward=result.score)
+                metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
+                if awaiting:
+                    # The total waits for the queued scorers; they fill it in and flip the status.
+                    fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
+                    metadata["awaiting_rewards"] = awaiting
+                rows.append(
+                    {
+                        "run_id": run.pk,
+                        "task_id": task.pk,
+                        "group_id": f"attempt-{attempt.pk}",
+                        "key": f"explore:{attempt.pk}:{i}",
+                        "source": Experience.Source.EXPLORER,
+                        "prompt_text": _display_prompt(task),
+                        "messages": task.messages,
+                        "response_text": sample.text,
+                        "token_ids": list(prompt) + list(sample.token_ids),
+                        "prompt_length": len(prompt),
+                        "logprobs": list(sample.logprobs),
+                        "finish_reason": sample.finish_reason,
+                        "reward_parts": result.parts,
+                        "model_version": version,
+                        "metadata": metadata,
+                        **fields,
+                    }
+                )
 
-    keys = [row["key"] for row in rows]
-    with transaction.atomic():
-        known = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
-        written = experience_write(experiences=rows)
-        task_finish(run=run, worker=worker, ids=claimed, model_version=version)
-        Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
-        fresh = list(
-            Experience.objects.filter(run=run, key__in=[k for k in keys if k not in known]).order_by("id")
-        )
-        pending_ids = [e.pk for e in fresh if e.metadata.get("awaiting_rewards")]
-        if pending_ids:
-            transaction.on_commit(lambda: _send_remote_scoring(run_id=run.pk, ids=pending_ids))
-        transaction.on_commit(lambda: _announce(run_id=run.pk, experiences=fresh))
+        keys = [row["key"] for row in rows]
+        with transaction.atomic():
+            known = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
+            written = experience_write(experiences=rows)
+            task_finish(run=run, worker=worker, ids=claimed, model_version=version)
+            Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+            fresh = list(
+                Experience.objects.filter(run=run, key__in=[k for k in keys if k not in known]).order_by("id")
+            )
+            pending_ids = [e.pk for e in fresh if e.metadata.get("awaiting_rewards")]
+            if pending_ids:
+                transaction.on_commit(lambda: _send_remote_scoring(run_id=run.pk, ids=pending_ids))
+            transaction.on_commit(lambda: _announce(run_id=run.pk, experiences=fresh))
+    except BaseException:
+        # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
+        task_release(run=run, worker=worker, ids=claimed)
+        raise
 
     tokens = sum(lengths)
     metric_record(
@@ -249,7 +257,6 @@ def _announce(*, run_id: int, experiences: Sequence[Experience]) -> None:
 @shared_task(
     name="workers.explorer.explore_step",
     bind=True,
-    queue="rollout",
     acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=1500,
@@ -345,7 +352,6 @@ def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[s
 # about retrying, hence no automatic retry. Bad requests raise GenerateRequestInvalid.
 @shared_task(
     name="workers.explorer.generate",
-    queue="rollout",
     acks_late=True,
     soft_time_limit=300,
     time_limit=330,

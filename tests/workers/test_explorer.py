@@ -4,6 +4,8 @@ Celery worker subprocess with a websocket client listening on the run's group.""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -111,17 +113,40 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
     def slow_judge(completion: str, task: Any, **params: Any) -> RewardResult:
         raise AssertionError("a remote term must not run inside the explorer")
 
+    import redis
+    from django.conf import settings
+
     run = demo_run(owner, demo_model_dir, tasks=1, rewards=[*FORMAT, {"name": "test_slow_judge", "weight": 2.0}])
-    with django_capture_on_commit_callbacks() as callbacks:
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete("reward")
+    with django_capture_on_commit_callbacks(execute=True):
         explore(run_id=run.pk, step=1)
-    experiences = list(Experience.objects.filter(run=run))
+    experiences = list(Experience.objects.filter(run=run).order_by("id"))
     assert len(experiences) == 3
     for e in experiences:
         assert e.status == "pending" and e.reward is None
         assert e.metadata["awaiting_rewards"] == ["test_slow_judge"]
         assert set(e.reward_parts) == {"regex"}
-    # Two callbacks: the hand-over to the reward queue and the live announcements.
-    assert len(callbacks) == 2
+    # One message on the reward queue names the scoring task and these experiences.
+    messages = [json.loads(m) for m in broker.lrange("reward", 0, -1)]
+    broker.delete("reward")
+    assert [m["headers"]["task"] for m in messages] == ["workers.rewards.score_experiences"]
+    assert json.loads(base64.b64decode(messages[0]["body"]))[0] == [run.pk, [e.pk for e in experiences]]
+
+
+@pytest.mark.django_db
+def test_a_reward_that_crashes_writes_nothing_and_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    from apps.rewards.registry import RewardResult, register
+
+    @register("test_crashing_rule")
+    def crashing(completion: str, task: Any, **params: Any) -> RewardResult:
+        raise RuntimeError("scorer bug")
+
+    run = demo_run(owner, demo_model_dir, tasks=2, rewards=[{"name": "test_crashing_rule"}])
+    with pytest.raises(RuntimeError, match="scorer bug"):
+        explore(run_id=run.pk, step=1)
+    assert not Experience.objects.filter(run=run).exists()
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
 
 
 @pytest.mark.django_db
