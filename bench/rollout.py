@@ -77,8 +77,8 @@ def main() -> None:
     print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device}))
     print(f"transformers: {hf_tokens} tokens in {hf_s:.2f} s = {hf_tps:.1f} tokens/s")
     print(f"vllm:         {vllm_tokens} tokens in {vllm_s:.2f} s = {vllm_tps:.1f} tokens/s")
-    print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}")
-    os._exit(0)  # skip vLLM's slow engine-process teardown
+    print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}", flush=True)
+    # vLLM's exit handlers stop its engine processes; os._exit would leave them orphaned.
 
 
 if __name__ == "__main__":
