@@ -72,13 +72,13 @@ def main() -> None:
 
     vllm = engine_create(kind="vllm", path=str(model_dir))
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, prompts, n=args.n, tokens=args.tokens)
+    vllm.close()  # its shutdown logs come before the results, so the ratio stays the last line
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU x{args.threads} ({platform.processor() or platform.machine()})"
     print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device}))
     print(f"transformers: {hf_tokens} tokens in {hf_s:.2f} s = {hf_tps:.1f} tokens/s")
     print(f"vllm:         {vllm_tokens} tokens in {vllm_s:.2f} s = {vllm_tps:.1f} tokens/s")
     print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}", flush=True)
-    # vLLM's exit handlers stop its engine processes; os._exit would leave them orphaned.
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def vllm_engine(demo_model_dir: Path) -> Iterator[Any]:
     engine = VLLMEngine(path=str(demo_model_dir))
     engine_cache_put(kind="vllm", model=str(demo_model_dir), engine=engine)
     yield engine
-    # vLLM's own exit handler stops its engine process when the session ends.
+    engine.close()
 
 
 def _worker_env(db_name: str) -> dict[str, str]:
