@@ -58,9 +58,9 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
-# Worker-side tasks live in workers/<name>.py, not workers/tasks.py.
-app.autodiscover_tasks(["workers"], related_name="rewards")
+# Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
+# inside the tasks), so every process knows every task by name.
+for _module in ("explorer", "trainer", "rewards", "synthesize"):
+    app.autodiscover_tasks(["workers"], related_name=_module)
 # The run conductor and the resume-after-restart path (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
-# GPU-side tasks register in the workers that serve their queue: `celery -A rftweb worker
-# -Q train -I workers.trainer` (their modules import torch only inside the tasks).

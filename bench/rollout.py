@@ -1,0 +1,85 @@
+"""vLLM vs transformers rollout throughput on the same ~20M-parameter local model.
+
+Same prompts, same sampling (temperature 1, n samples per prompt, up to `--tokens` new
+tokens), both engines given both cores. Prints tokens/s of each and, on the last line, the
+ratio vLLM / transformers (target >= 1.5 on CPU).
+
+    python -m bench.rollout [--prompts 64 --n 4 --tokens 64 --threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _model(out: Path) -> Path:
+    from workers.modelkit import tiny_model_save
+
+    if not (out / "model.safetensors").exists():
+        # ~20M parameters: Qwen2, hidden 512, 5 layers.
+        tiny_model_save(out, hidden_size=512, layers=5, heads=8, intermediate_size=2048, max_positions=512, vocab_size=512)
+    return out
+
+
+def _measure(engine: Any, prompts: list[list[int]], *, n: int, tokens: int) -> tuple[float, int, float]:
+    from workers.engines import SamplingSpec
+
+    sampling = SamplingSpec(temperature=1.0, max_tokens=tokens, seed=0)
+    engine.generate(prompts[:4], n=n, sampling=sampling)  # warm-up
+    started = time.perf_counter()
+    result = engine.generate(prompts, n=n, sampling=sampling)
+    seconds = time.perf_counter() - started
+    generated = sum(len(s.token_ids) for group in result for s in group)
+    return generated / seconds, generated, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--model-dir", default=None, help="reuse or create the bench model here")
+    args = parser.parse_args()
+
+    cache = Path(os.environ.get("RFT_BENCH_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "bench"))
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache.parent / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache.parent / "inductor"))
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # Both engines get every core: vLLM's CPU worker binds its OpenMP threads to these.
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from workers.engines import engine_create, prompt_ids
+
+    model_dir = _model(Path(args.model_dir) if args.model_dir else cache / "rollout-20m")
+    hf = engine_create(kind="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
+    params = sum(p.numel() for p in hf.model.parameters())
+    prompts = [prompt_ids(hf.tokenizer, text=f"What is {i} + {i % 7}?") for i in range(args.prompts)]
+    hf_tps, hf_tokens, hf_s = _measure(hf, prompts, n=args.n, tokens=args.tokens)
+    del hf
+
+    vllm = engine_create(kind="vllm", path=str(model_dir))
+    vllm_tps, vllm_tokens, vllm_s = _measure(vllm, prompts, n=args.n, tokens=args.tokens)
+    vllm.close()  # its shutdown logs come before the results, so the ratio stays the last line
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU x{args.threads} ({platform.processor() or platform.machine()})"
+    print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device}))
+    print(f"transformers: {hf_tokens} tokens in {hf_s:.2f} s = {hf_tps:.1f} tokens/s")
+    print(f"vllm:         {vllm_tokens} tokens in {vllm_s:.2f} s = {vllm_tps:.1f} tokens/s")
+    print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The local demo model: deterministic, cached by its manifest, and warmed up into the
+accuracy band RFT needs (clearly above zero, clearly below perfect)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from workers.demo_model import MANIFEST, DemoSettings, _problems, demo_model_build, greedy_accuracy
+
+ROOT = Path(__file__).resolve().parents[2]
+# Test-sized: the recipe end to end in seconds.
+TINY = DemoSettings(steps=8, batch_size=16, hidden_size=32, layers=1, heads=2, vocab_size=320, heldout=20, taskset_size=10)
+
+
+def test_the_same_seed_builds_byte_identical_files_and_another_seed_does_not(tmp_path: Path) -> None:
+    a = demo_model_build(out=tmp_path / "a", settings=TINY, progress=False, log=lambda _: None)
+    b = demo_model_build(out=tmp_path / "b", settings=TINY, progress=False, log=lambda _: None)
+    c = demo_model_build(out=tmp_path / "c", settings=DemoSettings(**{**TINY.__dict__, "seed": 1}), progress=False, log=lambda _: None)
+    assert a.built and b.built
+    assert "model.safetensors" in a.files and "tokenizer.json" in a.files and "demo-taskset.jsonl" in a.files
+    assert a.files == b.files
+    assert a.files["model.safetensors"] != c.files["model.safetensors"]
+
+
+def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_rebuild(tmp_path: Path) -> None:
+    first = demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+    started = time.monotonic()
+    again = demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+    assert not again.built and again.files == first.files and time.monotonic() - started < 1.0
+    (tmp_path / "model.safetensors").unlink()
+    assert demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None).built
+    other = DemoSettings(**{**TINY.__dict__, "steps": 9})
+    assert demo_model_build(out=tmp_path, settings=other, progress=False, log=lambda _: None).built
+    assert json.loads((tmp_path / MANIFEST).read_text())["settings"]["steps"] == 9
+
+
+def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_on(tmp_path: Path) -> None:
+    demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+    records = [json.loads(line) for line in (tmp_path / "demo-taskset.jsonl").read_text().splitlines()]
+    assert len(records) == TINY.taskset_size
+    train, heldout, taskset = _problems(TINY)
+    assert not set(train) & set(taskset) and not set(heldout) & set(taskset)
+    for record in records:
+        assert record["domain"] == "math"
+        a, op, b = record["prompt"].removeprefix("What is ").removesuffix("?").split(" ")
+        assert int(record["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+
+
+@pytest.mark.django_db
+def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path) -> None:
+    from apps.buffer.importers import ImportFailed
+    from apps.runs.demo import demo_taskset_import
+
+    with pytest.raises(ImportFailed, match="rft_demo_model"):
+        demo_taskset_import(model_dir=tmp_path)
+    demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+    taskset = demo_taskset_import(model_dir=tmp_path)
+    assert taskset.tasks.count() == TINY.taskset_size
+    assert set(taskset.tasks.values_list("domain", flat=True)) == {"math"}
+
+
+def test_the_command_module_loads_without_torch() -> None:
+    code = (
+        "import django, sys; django.setup(); "
+        "import apps.runs.management.commands.rft_demo_model as m; "
+        "assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "rftweb.settings", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_command_rejects_bad_arguments_with_a_message(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CommandError, match="not a directory"):
+        call_command("rft_demo_model", out=str(tmp_path / "file"))
+    with pytest.raises(CommandError, match="--steps must be at least 1"):
+        call_command("rft_demo_model", out=str(tmp_path / "m"), steps=0)
+
+
+@pytest.mark.slow
+def test_the_real_demo_model_answers_some_but_not_most_held_out_problems(demo_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default `rft_demo_model` build (the session's model) lands in the band, measured
+    again here from the saved files."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    call_command("rft_demo_model", out=str(demo_model_dir), quiet=True)
+    assert "up to date" in capsys.readouterr().out
+    manifest = json.loads((demo_model_dir / MANIFEST).read_text())
+    assert manifest["settings"] == DemoSettings().__dict__
+    assert 1_000_000 <= manifest["parameters"] <= 20_000_000
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
+    accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    assert accuracy == pytest.approx(manifest["accuracy"], abs=0.011)
+    assert 0.10 <= accuracy <= 0.60

@@ -1,0 +1,262 @@
+"""The explorer on real Postgres and Redis: in this process for the logic, and through a real
+Celery worker subprocess with a websocket client listening on the run's group."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.buffer.models import Experience, TaskAttempt
+from apps.buffer.services import task_attempts_create
+from apps.runs.models import Metric, Run, WeightLoad
+from apps.runs.services import model_version_publish, run_transition
+from tests.factories import make_run, make_taskset
+from workers.explorer import GenerateRequestInvalid, explore, explorer_version_for, generate_completions
+
+FORMAT = [{"name": "regex", "params": {"pattern": r"^<answer>-?\d+</answer>$"}}]
+
+
+def demo_run(owner: User, model_dir: Path, *, tasks: int = 3, **config: Any) -> Run:
+    defaults: dict[str, Any] = {
+        "model": str(model_dir),
+        "repeat_times": 3,
+        "explore_batch_size": tasks,
+        "rewards": FORMAT,
+        "sampling": {"temperature": 1.0, "max_tokens": 12, "seed": 0},
+    }
+    defaults.update(config)
+    run = make_run(owner=owner, taskset=make_taskset(tasks, owner=owner), **defaults)
+    run_transition(run=run, action="start")
+    task_attempts_create(run=run, epoch=0)
+    return run
+
+
+def assert_explored(run: Run, *, tasks: int, n: int, version: int) -> list[Experience]:
+    experiences = list(Experience.objects.filter(run=run).order_by("id"))
+    assert len(experiences) == tasks * n
+    assert len({e.group_id for e in experiences}) == tasks
+    for e in experiences:
+        assert e.model_version == version
+        assert e.source == "explorer"
+        assert 0 < e.prompt_length < len(e.token_ids)
+        assert len(e.logprobs) == len(e.token_ids) - e.prompt_length
+        assert all(lp <= 0 for lp in e.logprobs)
+        assert e.status == "ready" and e.reward == e.auto_reward
+        assert e.reward_parts == {"regex": e.reward}
+        assert e.prompt_text.startswith("What is")
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "model_version")) == {("done", version)}
+    return experiences
+
+
+@pytest.mark.django_db
+def test_an_explore_step_writes_one_scored_experience_per_completion(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    run = demo_run(owner, demo_model_dir)
+    summary = explore(run_id=run.pk, step=1)
+    assert summary["experiences"] == 9 and summary["tasks"] == 3
+    experiences = assert_explored(run, tasks=3, n=3, version=0)
+    # The scores are the format reward of the text actually stored.
+    import re
+
+    for e in experiences:
+        assert e.reward == float(re.search(FORMAT[0]["params"]["pattern"], e.response_text) is not None)
+    names = set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
+    assert {"explore/reward_mean", "explore/reward_std", "explore/response_length", "explore/tokens_per_second"} <= names
+    run.refresh_from_db()
+    assert run.explore_step == 1
+
+
+@pytest.mark.django_db
+def test_a_paused_or_stopped_run_gets_nothing_explored(owner: User, demo_model_dir: Path) -> None:
+    run = demo_run(owner, demo_model_dir)
+    run_transition(run=run, action="pause")
+    assert explore(run_id=run.pk, step=1)["skipped"] == "run is paused"
+    run_transition(run=run, action="stop")
+    assert explore(run_id=run.pk, step=2)["skipped"] == "run is stopped"
+    assert not Experience.objects.filter(run=run).exists()
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", flat=True)) == {"queued"}
+
+
+@pytest.mark.django_db
+def test_it_explores_with_a_newly_published_version_and_records_the_load(
+    owner: User, demo_model_dir: Path, hf_engine: Any, tmp_path: Path
+) -> None:
+    from tests.workers.test_engines import perturbed_copy
+
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    checkpoint = perturbed_copy(demo_model_dir, tmp_path / "v1")
+    model_version_publish(run=run, number=1, checkpoint=str(checkpoint), train_step=1)
+    run.refresh_from_db()
+    assert explorer_version_for(run=run, step=2) == 1
+    try:
+        explore(run_id=run.pk, step=2)
+    finally:
+        hf_engine.load(version=0, path=str(demo_model_dir))
+    assert_explored(run, tasks=2, n=3, version=1)
+    assert WeightLoad.objects.filter(run=run, version=1).count() == 1
+
+
+@pytest.mark.django_db
+def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
+    owner: User, demo_model_dir: Path, hf_engine: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    from apps.rewards.registry import RewardResult, register
+
+    @register("test_slow_judge", where="reward")
+    def slow_judge(completion: str, task: Any, **params: Any) -> RewardResult:
+        raise AssertionError("a remote term must not run inside the explorer")
+
+    import redis
+    from django.conf import settings
+
+    run = demo_run(owner, demo_model_dir, tasks=1, rewards=[*FORMAT, {"name": "test_slow_judge", "weight": 2.0}])
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete("reward")
+    with django_capture_on_commit_callbacks(execute=True):
+        explore(run_id=run.pk, step=1)
+    experiences = list(Experience.objects.filter(run=run).order_by("id"))
+    assert len(experiences) == 3
+    for e in experiences:
+        assert e.status == "pending" and e.reward is None
+        assert e.metadata["awaiting_rewards"] == ["test_slow_judge"]
+        assert set(e.reward_parts) == {"regex"}
+    # One message on the reward queue names the scoring task and these experiences.
+    messages = [json.loads(m) for m in broker.lrange("reward", 0, -1)]
+    broker.delete("reward")
+    assert [m["headers"]["task"] for m in messages] == ["workers.rewards.score_experiences"]
+    assert json.loads(base64.b64decode(messages[0]["body"]))[0] == [run.pk, [e.pk for e in experiences]]
+
+
+@pytest.mark.django_db
+def test_a_reward_that_crashes_writes_nothing_and_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    from apps.rewards.registry import RewardResult, register
+
+    @register("test_crashing_rule")
+    def crashing(completion: str, task: Any, **params: Any) -> RewardResult:
+        raise RuntimeError("scorer bug")
+
+    run = demo_run(owner, demo_model_dir, tasks=2, rewards=[{"name": "test_crashing_rule"}])
+    with pytest.raises(RuntimeError, match="scorer bug"):
+        explore(run_id=run.pk, step=1)
+    assert not Experience.objects.filter(run=run).exists()
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
+
+
+@pytest.mark.django_db
+def test_generate_answers_free_form_requests_with_tokens_and_logprobs(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    run = demo_run(owner, demo_model_dir, tasks=1)
+    out = generate_completions(
+        run_id=run.pk,
+        requests=[
+            {"prompt": "What is 12 + 3?", "n": 2, "temperature": 0.0, "max_tokens": 12},
+            {"messages": [{"role": "user", "content": "What is 40 - 1?"}], "sampling": {"max_tokens": 4}},
+        ],
+    )
+    assert [(c["request"], c["index"]) for c in out] == [(0, 0), (0, 1), (1, 0)]
+    assert out[0]["token_ids"] == out[1]["token_ids"]  # greedy
+    assert len(out[2]["token_ids"]) <= 4
+    for c in out:
+        assert len(c["logprobs"]) == len(c["token_ids"]) and c["model_version"] == 0
+        assert hf_engine.tokenizer.decode(c["prompt_token_ids"]).startswith("<|user|>What is")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("requests", "message"),
+    [
+        ([], "non-empty list"),
+        ([{"n": 2}], "request 0: give exactly one of prompt or messages"),
+        ([{"prompt": "hi"}, {"prompt": "x", "n": 0}], "request 1: n must be"),
+        ([{"prompt": "hi", "sampling": {"temprature": 1}}], "unknown sampling parameters: temprature"),
+        ([{"messages": [{"role": "user"}]}], "messages must be"),
+    ],
+)
+def test_generate_rejects_malformed_requests_naming_them(owner: User, demo_model_dir: Path, requests: Any, message: str) -> None:
+    run = demo_run(owner, demo_model_dir, tasks=1)
+    with pytest.raises(GenerateRequestInvalid, match=message):
+        generate_completions(run_id=run.pk, requests=requests)
+
+
+async def _events(communicator: WebsocketCommunicator, *, count: int, timeout: float) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len([e for e in seen if e["type"] == "experience.created"]) < count:
+        seen.append(await communicator.receive_json_from(timeout=max(0.1, deadline - loop.time())))
+    return [e for e in seen if e["type"] == "experience.created"]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experience(
+    demo_model_dir: Path, celery_rollout_worker: Any
+) -> None:
+    from rftweb.asgi import application
+    from tests.factories import make_user
+    from workers.explorer import explore_step
+
+    owner = make_user("owner")
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    client = Client()
+    client.force_login(owner)
+    communicator = WebsocketCommunicator(
+        application,
+        f"/ws/runs/{run.pk}/",
+        headers=[(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://localhost")],
+    )
+    connected, _ = await communicator.connect()
+    assert connected
+    try:
+        result = explore_step.delay(run.pk, 1)
+        events = await _events(communicator, count=6, timeout=120)
+        summary = await asyncio.to_thread(result.get, timeout=60)
+    finally:
+        await communicator.disconnect()
+    assert summary["experiences"] == 6
+    experiences = assert_explored(run, tasks=2, n=3, version=0)
+    assert sorted(e["payload"]["id"] for e in events) == [e.pk for e in experiences]
+    by_id = {e.pk: e for e in experiences}
+    for event in events:
+        payload = event["payload"]
+        stored = by_id[payload["id"]]
+        assert payload["response"] == stored.response_text and payload["reward"] == stored.reward
+        assert payload["group_id"] == stored.group_id and payload["model_version"] == 0
+        assert payload["status"] == "ready" and payload["prompt"] == stored.prompt_text
+    # The worker recorded that it loaded the base model.
+    assert WeightLoad.objects.filter(run=run, version=0).exists()
+
+    # A retry of the same attempts (their finish lost, as when a worker dies after writing)
+    # writes nothing twice.
+    keys = sorted(Experience.objects.filter(run=run).values_list("key", flat=True))
+    TaskAttempt.objects.filter(run=run).update(status="queued", lease_owner="", lease_expires_at=None)
+    again = await asyncio.to_thread(explore_step.delay(run.pk, 1).get, timeout=120)
+    assert again["experiences"] == 0 and again["duplicates"] == 6
+    assert sorted(Experience.objects.filter(run=run).values_list("key", flat=True)) == keys
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", flat=True)) == {"done"}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_generate_task_answers_through_the_celery_worker(owner: User, demo_model_dir: Path, celery_rollout_worker: Any) -> None:
+    from workers.explorer import generate
+
+    run = demo_run(owner, demo_model_dir, tasks=1)
+    out = generate.delay(run.pk, [{"prompt": "What is 7 + 2?", "n": 2, "max_tokens": 8}]).get(timeout=120)
+    assert len(out) == 2 and all(len(c["logprobs"]) == len(c["token_ids"]) for c in out)
+
+
+# Transactional, so it runs after the Celery tests: a vLLM engine alive in this process has
+# been seen to delay the websocket test's events past the channel layer's expiry.
+@pytest.mark.vllm
+@pytest.mark.django_db(transaction=True)
+def test_the_explorer_runs_on_the_vllm_engine(owner: User, demo_model_dir: Path, vllm_engine: Any) -> None:
+    run = demo_run(owner, demo_model_dir, tasks=2, engine="vllm")
+    explore(run_id=run.pk, step=1)
+    assert_explored(run, tasks=2, n=3, version=0)

@@ -1,0 +1,362 @@
+"""The explorer: tasks in, scored experiences out, streamed live.
+
+`explore_step(run_id, step)` claims a batch of task attempts, samples `repeat_times`
+completions per task with the model version the run's policy asks for, scores them with
+the run's inline rule rewards (terms that need the `reward` queue are handed over), writes
+one experience per completion through `experience_write` and announces each one.
+
+Idempotence: an experience's key is `explore:<attempt id>:<sample index>`. An attempt keeps
+its id when its lease expires or the task is retried, so whatever happens the buffer holds
+each (attempt, sample) once. Nothing is written for a run that is not running.
+
+Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
+the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
+Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there).
+Importing this module is cheap (no torch): engines are imported when first used, so the
+web side can send these tasks by name without loading any model code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import OperationalError, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
+
+from apps.buffer.models import Experience, TaskAttempt
+from apps.buffer.services import experience_write, task_claim, task_finish, task_release
+from apps.feedback.policy import experience_initial_fields
+from apps.rewards.scoring import rewards_inline, rewards_remote_terms
+from apps.runs.events import event_publish
+from apps.runs.models import ModelVersion, Run
+from apps.runs.services import metric_record, weight_load_record
+
+log = logging.getLogger(__name__)
+
+REMOTE_REWARD_TASK = "workers.rewards.score_experiences"
+
+
+class VersionNotReady(Exception):
+    """The version this step needs is not published yet; the task retries shortly."""
+
+
+def worker_name() -> str:
+    return f"explorer@{socket.gethostname()}:{os.getpid()}"
+
+
+def explorer_version_for(*, run: Run, step: int) -> int:
+    """The model version explore step `step` must use, from the run's mode (apps/runs/policy.py);
+    VersionNotReady makes the step wait for the trainer."""
+    from apps.runs.policy import explore_version
+
+    version = explore_version(cfg=run.cfg, explore_step=step, current_version=run.current_version)
+    if version is None:
+        raise VersionNotReady(f"run {run.pk} explore step {step} waits for the trainer (current v{run.current_version})")
+    return version
+
+
+def model_version_path(*, run: Run, version: int) -> str:
+    """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
+    if version == 0:
+        return str(run.cfg.model)
+    checkpoint = ModelVersion.objects.filter(run=run, number=version).values_list("checkpoint", flat=True).first()
+    if checkpoint is None:
+        raise VersionNotReady(f"run {run.pk} has no published version {version}")
+    return checkpoint
+
+
+def _engine_at(*, run: Run, version: int, worker: str) -> Any:
+    """The resident engine holding `version` of the run; records the load when one happens."""
+    from workers.engines import engine_cached, engine_for, engine_version_ensure
+
+    path = model_version_path(run=run, version=version)
+    started = time.monotonic()
+    resident = engine_cached(run.cfg)
+    engine = engine_for(run.cfg)
+    loaded = engine_version_ensure(engine, version=version, path=path)
+    if loaded or not resident:
+        weight_load_record(run=run, version=version, worker=worker, seconds=time.monotonic() - started)
+    return engine
+
+
+def _applies(term: Any, task: Any) -> bool:
+    return not term.domains or task.domain in term.domains
+
+
+def _prompt_of(task: Any) -> tuple[str | None, list[dict[str, str]] | None]:
+    if task.messages:
+        return None, list(task.messages)
+    return task.prompt, None
+
+
+def _display_prompt(task: Any) -> str:
+    if task.messages:
+        users = [m["content"] for m in task.messages if m.get("role") == "user"]
+        return users[-1] if users else task.messages[-1]["content"]
+    return task.prompt
+
+
+def _run_status(run_id: int) -> str | None:
+    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
+def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, Any]:
+    """One explore step of a run (the logic of the `explore_step` task)."""
+    from workers.engines import SamplingSpec, prompt_ids
+
+    worker = worker or worker_name()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return {"run": run_id, "step": step, "skipped": "no such run"}
+    if run.status != Run.Status.RUNNING:
+        return {"run": run_id, "step": step, "skipped": f"run is {run.status}"}
+    cfg = run.cfg
+    version = explorer_version_for(run=run, step=step)
+    engine = _engine_at(run=run, version=version, worker=worker)
+
+    attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
+    if not attempts:
+        return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
+    claimed = [a.pk for a in attempts]
+    try:
+        prompts = []
+        for attempt in attempts:
+            text, messages = _prompt_of(attempt.task)
+            prompts.append(prompt_ids(engine.tokenizer, text=text, messages=messages))
+        sampling = SamplingSpec.from_config(cfg.sampling)
+        started = time.monotonic()
+        samples = engine.generate(prompts, n=cfg.repeat_times, sampling=sampling)
+        gen_seconds = time.monotonic() - started
+    except BaseException:
+        # Hand the tasks back at once rather than when the lease runs out.
+        task_release(run=run, worker=worker, ids=claimed)
+        raise
+
+    if _run_status(run_id) != Run.Status.RUNNING:
+        # Paused or stopped while generating: the run gets nothing more from this step.
+        task_release(run=run, worker=worker, ids=claimed)
+        return {"run": run_id, "step": step, "skipped": "run left running during the step"}
+
+    try:
+        remote_terms = rewards_remote_terms(cfg.rewards)
+        rows: list[dict[str, Any]] = []
+        scores: list[float] = []
+        lengths: list[int] = []
+        for attempt, prompt, group in zip(attempts, prompts, samples):
+            task = attempt.task
+            awaiting = [t.name for t in remote_terms if _applies(t, task)]
+            for i, sample in enumerate(group):
+                result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
+                scores.append(result.score)
+                lengths.append(len(sample.token_ids))
+                fields = experience_initial_fields(cfg=cfg, auto_reward=result.score)
+                metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
+                if awaiting:
+                    # The total waits for the queued scorers; they fill it in and flip the status.
+                    fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
+                    metadata["awaiting_rewards"] = awaiting
+                rows.append(
+                    {
+                        "run_id": run.pk,
+                        "task_id": task.pk,
+                        "group_id": f"attempt-{attempt.pk}",
+                        "key": f"explore:{attempt.pk}:{i}",
+                        "source": Experience.Source.EXPLORER,
+                        "prompt_text": _display_prompt(task),
+                        "messages": task.messages,
+                        "response_text": sample.text,
+                        "token_ids": list(prompt) + list(sample.token_ids),
+                        "prompt_length": len(prompt),
+                        "logprobs": list(sample.logprobs),
+                        "finish_reason": sample.finish_reason,
+                        "reward_parts": result.parts,
+                        "model_version": version,
+                        "metadata": metadata,
+                        **fields,
+                    }
+                )
+
+        keys = [row["key"] for row in rows]
+        with transaction.atomic():
+            known = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
+            written = experience_write(experiences=rows)
+            task_finish(run=run, worker=worker, ids=claimed, model_version=version)
+            Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+            fresh = list(
+                Experience.objects.filter(run=run, key__in=[k for k in keys if k not in known]).order_by("id")
+            )
+            pending_ids = [e.pk for e in fresh if e.metadata.get("awaiting_rewards")]
+            if pending_ids:
+                transaction.on_commit(lambda: _send_remote_scoring(run_id=run.pk, ids=pending_ids))
+            transaction.on_commit(lambda: _announce(run_id=run.pk, experiences=fresh))
+    except BaseException:
+        # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
+        task_release(run=run, worker=worker, ids=claimed)
+        raise
+
+    tokens = sum(lengths)
+    metric_record(
+        run=run,
+        step=step,
+        values={
+            "explore/reward_mean": statistics.fmean(scores),
+            "explore/reward_std": statistics.pstdev(scores),
+            "explore/response_length": statistics.fmean(lengths),
+            "explore/tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else math.nan,
+            "explore/model_version": float(version),
+        },
+    )
+    return {
+        "run": run_id,
+        "step": step,
+        "tasks": len(attempts),
+        "experiences": written.created,
+        "duplicates": written.duplicates,
+        "model_version": version,
+    }
+
+
+def _send_remote_scoring(*, run_id: int, ids: list[int]) -> None:
+    from rftweb.celery import app
+
+    app.send_task(REMOTE_REWARD_TASK, args=[run_id, ids])
+
+
+def experience_event_payload(experience: Experience) -> dict[str, Any]:
+    return {
+        "id": experience.pk,
+        "group_id": experience.group_id,
+        "task_id": experience.task_id,
+        "prompt": experience.prompt_text,
+        "response": experience.response_text,
+        "reward": experience.reward,
+        "reward_parts": experience.reward_parts,
+        "model_version": experience.model_version,
+        "status": experience.status,
+        "finish_reason": experience.finish_reason,
+    }
+
+
+def _announce(*, run_id: int, experiences: Sequence[Experience]) -> None:
+    for experience in experiences:
+        event_publish(run_id=run_id, type="experience.created", payload=experience_event_payload(experience))
+
+
+# A step is idempotent (same attempt, same keys), so a redelivery or a retry after a lost
+# database connection is safe. Retries: database hiccups 3 times with backoff; a version not
+# yet published is waited for (every 2 s, up to 10 min). Time limits leave the soft one room
+# to hand the claimed tasks back.
+@shared_task(
+    name="workers.explorer.explore_step",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=1500,
+    time_limit=1800,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=3,
+)
+def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+    try:
+        return explore(run_id=run_id, step=step)
+    except VersionNotReady as exc:
+        raise self.retry(exc=exc, countdown=2, max_retries=300) from None
+    except SoftTimeLimitExceeded:
+        log.warning("explore_step run %s step %s hit its soft time limit; tasks handed back", run_id, step)
+        raise
+
+
+class GenerateRequestInvalid(ValueError):
+    """A generate request is malformed; the message names the request and the field."""
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed")
+
+
+def _request_parts(index: int, request: Any, base: Any) -> tuple[str | None, list[dict[str, str]] | None, int, Any]:
+    where = f"request {index}"
+    if not isinstance(request, Mapping):
+        raise GenerateRequestInvalid(f"{where}: expected an object")
+    text, messages = request.get("prompt"), request.get("messages")
+    if (text is None) == (messages is None):
+        raise GenerateRequestInvalid(f"{where}: give exactly one of prompt or messages")
+    if text is not None and not isinstance(text, str):
+        raise GenerateRequestInvalid(f"{where}: prompt must be text")
+    if messages is not None and not (
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    ):
+        raise GenerateRequestInvalid(f"{where}: messages must be a non-empty list of {{role, content}} objects")
+    n = request.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 256:
+        raise GenerateRequestInvalid(f"{where}: n must be an integer from 1 to 256")
+    overrides = dict(request.get("sampling") or {})
+    overrides.update({k: request[k] for k in _SAMPLING_KEYS if k in request})
+    try:
+        sampling = base.with_overrides(overrides)
+    except (TypeError, ValueError) as exc:
+        raise GenerateRequestInvalid(f"{where}: {exc}") from None
+    return text, messages, n, sampling
+
+
+def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[str, Any]]:
+    """Completions for free-form requests (the environment API) with the run's current
+    version. One dict per completion, in request order; `request` is its request's index."""
+    from workers.engines import SamplingSpec, prompt_ids
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise GenerateRequestInvalid(f"no run {run_id}")
+    if not isinstance(requests, list) or not requests:
+        raise GenerateRequestInvalid("requests must be a non-empty list")
+    base = SamplingSpec.from_config(run.cfg.sampling)
+    parsed = [_request_parts(i, r, base) for i, r in enumerate(requests)]
+    version = run.current_version
+    engine = _engine_at(run=run, version=version, worker=worker_name())
+    ids = [prompt_ids(engine.tokenizer, text=text, messages=messages) for text, messages, _, _ in parsed]
+    # One engine call per distinct (n, sampling): vLLM batches the prompts of each.
+    batches: dict[tuple[int, Any], list[int]] = {}
+    for i, (_, _, n, sampling) in enumerate(parsed):
+        batches.setdefault((n, sampling), []).append(i)
+    results: dict[int, list[Any]] = {}
+    for (n, sampling), members in batches.items():
+        for i, samples in zip(members, engine.generate([ids[i] for i in members], n=n, sampling=sampling)):
+            results[i] = samples
+    return [
+        {
+            "request": i,
+            "index": j,
+            "text": sample.text,
+            "token_ids": list(sample.token_ids),
+            "prompt_token_ids": list(ids[i]),
+            "logprobs": list(sample.logprobs),
+            "finish_reason": sample.finish_reason,
+            "model_version": version,
+        }
+        for i in range(len(parsed))
+        for j, sample in enumerate(results[i])
+    ]
+
+
+# Reads only, so safe to run twice; the caller (an API request) waits for it and decides
+# about retrying, hence no automatic retry. Bad requests raise GenerateRequestInvalid.
+@shared_task(
+    name="workers.explorer.generate",
+    acks_late=True,
+    soft_time_limit=300,
+    time_limit=330,
+)
+def generate(run_id: int, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return generate_completions(run_id=run_id, requests=requests)
