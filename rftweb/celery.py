@@ -31,8 +31,9 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     task_serializer="json",
     accept_content=["json"],
+    # A hard ceiling only: tasks state their own limits, and a global soft limit above a
+    # task's own hard limit would make Celery refuse to send that task.
     task_time_limit=3600,
-    task_soft_time_limit=3300,
     broker_connection_retry_on_startup=True,
     broker_transport_options={"visibility_timeout": 4 * 3600},
     worker_hijack_root_logger=False,
