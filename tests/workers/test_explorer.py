@@ -135,7 +135,8 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
 
 
 @pytest.mark.django_db
-def test_a_reward_that_crashes_writes_nothing_and_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+def test_a_reward_that_crashes_scores_zero_and_the_step_completes(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    # One broken scorer on untrusted text must not lose the step (apps/rewards/scoring.py).
     from apps.rewards.registry import RewardResult, register
 
     @register("test_crashing_rule")
@@ -143,7 +144,22 @@ def test_a_reward_that_crashes_writes_nothing_and_hands_the_tasks_back(owner: Us
         raise RuntimeError("scorer bug")
 
     run = demo_run(owner, demo_model_dir, tasks=2, rewards=[{"name": "test_crashing_rule"}])
-    with pytest.raises(RuntimeError, match="scorer bug"):
+    explore(run_id=run.pk, step=1)
+    rewards = set(Experience.objects.filter(run=run).values_list("reward", flat=True))
+    assert rewards == {0.0}
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", flat=True)) == {"done"}
+
+
+def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.explorer as explorer_module
+    from apps.buffer.services import BatchRejected
+
+    def reject(**kwargs: Any) -> Any:
+        raise BatchRejected(0, "simulated")
+
+    monkeypatch.setattr(explorer_module, "experience_write", reject)
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    with pytest.raises(BatchRejected):
         explore(run_id=run.pk, step=1)
     assert not Experience.objects.filter(run=run).exists()
     assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
