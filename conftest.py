@@ -9,6 +9,7 @@ import os
 if os.environ.get("RFT_TEST_EMBEDDED") != "1":
     os.environ.setdefault("DATABASE_URL", "postgres://localhost:5432/test")
     os.environ.setdefault("REDIS_URL", "redis://localhost:6379/0")
+os.environ.setdefault("RFT_FAST_PASSWORD_HASHER", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -108,7 +108,8 @@ class PlatformPlayer(Player):
         completion = result["completions"][0]
         episode.add_turn(result["prompt_token_ids"], completion["token_ids"], completion["logprobs"])
         episode.model_version = result["model_version"]
-        return completion["text"]
+        # Model output is untrusted bytes: the API refuses NUL characters in text.
+        return completion["text"].replace("\x00", "\ufffd")
 
 
 class RandomPlayer(Player):

@@ -95,6 +95,10 @@ if env_str("TEST_DATABASE_NAME"):
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Tests (and the servers they start) hash passwords cheaply; never set this in production.
+if env_bool("RFT_FAST_PASSWORD_HASHER", False):
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

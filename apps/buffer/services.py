@@ -58,6 +58,13 @@ def _normalise(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     for name in _REQUIRED:
         if data.get(name) in (None, ""):
             raise BatchRejected(index, f"{name} is required")
+    # Model output can hold NUL, which Postgres text and jsonb cannot store; the token ids
+    # keep the exact output, the text is its readable view.
+    for name in ("prompt_text", "response_text"):
+        if isinstance(data.get(name), str) and "\x00" in data[name]:
+            data[name] = data[name].replace("\x00", "\ufffd")
+    if data.get("messages") is not None:
+        data["messages"] = _without_nul(data["messages"])
     data["key"] = str(data["key"])
     data["group_id"] = str(data["group_id"])
     if len(data["key"]) > 200:
@@ -97,6 +104,16 @@ def _normalise(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     if data.get("status") in (Experience.Status.LEASED, Experience.Status.CONSUMED):
         raise BatchRejected(index, f"a new experience cannot be written as {data['status']}")
     return data
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_nul(v) for k, v in value.items()}
+    return value
 
 
 def experience_write(*, experiences: Sequence[Mapping[str, Any]]) -> WriteResult:

@@ -358,8 +358,9 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
     """Generate with the run's current model on a `rollout` worker and wait for the answer.
 
     Contract with the explorer: `workers.explorer.generate(run_id, requests)` returns one
-    dict per request: {"prompt_token_ids": [...], "model_version": int, "completions":
-    [{"text", "token_ids", "logprobs", "finish_reason"}, ...]}.
+    dict per completion, in request order: {"request", "index", "text", "token_ids",
+    "prompt_token_ids", "logprobs", "finish_reason", "model_version"}; the answer here is one
+    dict per request: {"prompt_token_ids", "model_version", "completions": [...]}.
     """
     from celery.exceptions import TimeoutError as CeleryTimeout
     from kombu.exceptions import OperationalError
@@ -378,6 +379,24 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
         raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
         raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
-    if not isinstance(answer, list) or len(answer) != len(requests):
+    return _rollouts_by_request(answer, count=len(requests))
+
+
+def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
+    """The explorer answers with one flat entry per completion, tagged with its request
+    index; the API answers per request."""
+    if not isinstance(answer, list) or not all(isinstance(c, dict) and isinstance(c.get("request"), int) for c in answer):
         raise RolloutFailed("the rollout worker returned a malformed result")
-    return answer
+    grouped: list[dict[str, Any]] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
+    for c in sorted(answer, key=lambda c: (c["request"], c.get("index", 0))):
+        if not 0 <= c["request"] < count:
+            raise RolloutFailed("the rollout worker returned a completion for an unknown request")
+        entry = grouped[c["request"]]
+        entry["prompt_token_ids"] = c.get("prompt_token_ids", [])
+        entry["model_version"] = c.get("model_version", 0)
+        entry["completions"].append(
+            {k: c.get(k) for k in ("text", "token_ids", "logprobs", "finish_reason")}
+        )
+    if any(not entry["completions"] for entry in grouped):
+        raise RolloutFailed("the rollout worker returned no completion for a request")
+    return grouped

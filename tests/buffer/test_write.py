@@ -79,3 +79,11 @@ def test_the_same_key_in_two_runs_is_two_experiences(run: Run, owner) -> None:
 
 def test_an_empty_batch_writes_nothing() -> None:
     assert experience_write(experiences=[]).created == 0
+
+
+def test_nul_characters_in_model_output_are_stored_as_replacement_characters(run: Run) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a\x00b"}]
+    experience_write(experiences=[experience_row(run, key="nul", response_text="x\x00y", messages=messages)])
+    stored = Experience.objects.get(key="nul")
+    assert stored.response_text == "x\ufffdy"
+    assert stored.messages[1]["content"] == "a\ufffdb"
