@@ -6,16 +6,14 @@ the taskset's tasks, keeps those that pass `paraphrase_accept` (not empty, not t
 original, every number kept so the reference answer stays right) and stores them as new
 synthetic tasks of the same taskset, each pointing at its source task.
 
-The engine is anything with `generate(prompts: list[list[int]], *, n, sampling)` (the
-contract of `workers.engines`); when `workers.engines` is not installed, a small
-transformers engine stands in.
+The engine is the worker's resident rollout engine from `workers.engines` (transformers
+by default; `params.engine: vllm` on GPU hosts).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from celery import shared_task
@@ -23,64 +21,24 @@ from celery import shared_task
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling fields the engines read (the run config's SamplingConfig has them too)."""
+def Sampling(**fields: Any) -> Any:
+    """Sampling for paraphrases: the engines' SamplingSpec with paraphrase defaults."""
+    from workers.engines.base import SamplingSpec
 
-    temperature: float = 0.8
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 128
-    stop: tuple[str, ...] = ()
-    seed: int | None = 0
+    fields.setdefault("temperature", 0.8)
+    fields.setdefault("max_tokens", 128)
+    fields.setdefault("seed", 0)
+    return SamplingSpec(**fields)
 
 
-class TransformersEngine:
-    """A minimal `generate` over transformers, for when `workers.engines` is absent."""
+def _engine_for(model: str, *, kind: str = "transformers") -> tuple[Any, Any]:
+    """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
+    from types import SimpleNamespace
 
-    def __init__(self, model_path: str) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    from workers.engines import engine_for
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.model.eval()
-
-    def generate(self, prompts: list[list[int]], *, n: int, sampling: Any) -> list[list[dict[str, Any]]]:
-        import torch
-
-        if getattr(sampling, "seed", None) is not None:
-            torch.manual_seed(sampling.seed)
-        out: list[list[dict[str, Any]]] = []
-        for ids in prompts:
-            inputs = torch.tensor([ids])
-            do_sample = float(sampling.temperature) > 0
-            with torch.no_grad():
-                generated = self.model.generate(
-                    inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=int(sampling.max_tokens),
-                    do_sample=do_sample, temperature=float(sampling.temperature) if do_sample else None,
-                    top_p=float(sampling.top_p) if do_sample else None, num_return_sequences=n,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
-            out.append([{"token_ids": row[len(ids):].tolist()} for row in generated])
-        return out
-
-
-def _engine_for(model: str) -> tuple[Any, Any]:
-    """(engine, tokenizer) for `model`: the project's engines when present."""
-    try:
-        from workers.engines import engine_for  # the explorer's engines (issue 3)
-    except ImportError:
-        engine = TransformersEngine(model)
-        return engine, engine.tokenizer
-    from transformers import AutoTokenizer
-
-    try:
-        engine = engine_for(model=model)
-    except TypeError:
-        engine = engine_for(model)
-    tokenizer = getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(model)
-    return engine, tokenizer
+    engine = engine_for(SimpleNamespace(engine=kind, model=model))
+    return engine, engine.tokenizer
 
 
 def _samples(per_prompt: Any) -> list[Any]:
@@ -179,7 +137,7 @@ def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int |
     from django.conf import settings
 
     model = params.get("model") or str(settings.RFT_DEMO_MODEL_DIR)
-    engine, tokenizer = _engine_for(model)
+    engine, tokenizer = _engine_for(model, kind=params.get("engine", "transformers"))
     sampling = Sampling(temperature=params.get("temperature", 0.8), max_tokens=params.get("max_tokens", 128),
                         seed=params.get("seed", 0))
     counts = tasks_paraphrase(
@@ -192,4 +150,4 @@ def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int |
     return counts
 
 
-__all__: Sequence[str] = ("Sampling", "TransformersEngine", "taskset_paraphrase", "tasks_paraphrase")
+__all__: Sequence[str] = ("Sampling", "taskset_paraphrase", "tasks_paraphrase")

@@ -42,10 +42,11 @@ def test_a_paraphrase_must_keep_the_numbers_and_change_the_words(candidate: str,
 @pytest.mark.django_db
 @pytest.mark.slow
 def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_reference(owner, tiny_model: Path) -> None:
-    from workers.synthesize import Sampling, TransformersEngine, tasks_paraphrase
+    from workers.engines import engine_create
+    from workers.synthesize import Sampling, tasks_paraphrase
 
     taskset = taskset_create(name="t", records=RECORDS, owner=owner)
-    engine = TransformersEngine(str(tiny_model))
+    engine = engine_create(kind="transformers", path=str(tiny_model))
     counts = tasks_paraphrase(taskset_id=taskset.pk, engine=engine, tokenizer=engine.tokenizer, n=2,
                               sampling=Sampling(max_tokens=8, seed=0), require_numbers=False)
     made = list(Task.objects.filter(taskset=taskset, is_synthetic=True).order_by("index"))
@@ -65,7 +66,7 @@ def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_referenc
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_model: Path) -> None:
+def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_model: Path, tmp_path: Path) -> None:
     from rftweb.celery import app
 
     with app.connection_for_write() as conn:
@@ -79,7 +80,7 @@ def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_m
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout",
          "-I", "workers.synthesize", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=env, stdout=(tmp_path / "worker.log").open("wb"), stderr=subprocess.STDOUT,
     )
     try:
         taskset = taskset_create(name="t", records=RECORDS, owner=owner, pipeline=[{
@@ -89,10 +90,10 @@ def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_m
         assert taskset.pipeline_counts == {"synth_paraphrase/enqueued": 1}
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not Task.objects.filter(taskset=taskset, is_synthetic=True).exists():
-            assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else "worker died"
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             time.sleep(0.5)
         made = Task.objects.filter(taskset=taskset, is_synthetic=True)
-        assert made.exists()
+        assert made.exists(), (tmp_path / "worker.log").read_text()[-3000:]
         assert {t.metadata["synthetic"] for t in made} == {"paraphrase"}
     finally:
         worker.terminate()
