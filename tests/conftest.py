@@ -44,3 +44,14 @@ def django_db_setup(django_db_setup: None, django_db_blocker: pytest.FixtureRequ
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.fixture(autouse=True)
+def fresh_channel_layer() -> object:
+    # Each async test runs on its own event loop, and a Redis channel layer holds locks and
+    # connections bound to the loop it first ran on: a cached one can hang a later test.
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
