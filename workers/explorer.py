@@ -106,6 +106,12 @@ def _display_prompt(task: Any) -> str:
     return task.prompt
 
 
+def storable_text(text: str) -> str:
+    """Model output as Postgres can hold it: text columns reject NUL, which a sampled token
+    can decode to; it becomes U+FFFD (the token ids keep what was sampled)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def _run_status(run_id: int) -> str | None:
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
@@ -156,7 +162,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
             task = attempt.task
             awaiting = [t.name for t in remote_terms if _applies(t, task)]
             for i, sample in enumerate(group):
-                result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
+                text = storable_text(sample.text)
+                result = rewards_inline(terms=cfg.rewards, completion=text, task=task)
                 scores.append(result.score)
                 lengths.append(len(sample.token_ids))
                 fields = experience_initial_fields(cfg=cfg, auto_reward=result.score)
@@ -174,7 +181,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                         "source": Experience.Source.EXPLORER,
                         "prompt_text": _display_prompt(task),
                         "messages": task.messages,
-                        "response_text": sample.text,
+                        "response_text": text,
                         "token_ids": list(prompt) + list(sample.token_ids),
                         "prompt_length": len(prompt),
                         "logprobs": list(sample.logprobs),

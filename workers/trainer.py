@@ -177,7 +177,7 @@ def run_lock(run_id: int) -> Iterator[bool]:
                 cur.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, run_id])
 
 
-def _claim(*, run: Any, worker: str, min_version: int | None) -> tuple[Any, list[Any]]:
+def _claim(*, run: Any, worker: str, min_version: int | None, tokenizer: Any = None) -> tuple[Any, list[Any]]:
     from apps.buffer.services import batch_claim
     from apps.runs.orchestration import batch_plan
     from apps.runs.selectors import preferences_among
@@ -192,8 +192,8 @@ def _claim(*, run: Any, worker: str, min_version: int | None) -> tuple[Any, list
     expert = batch_claim(run=run, worker=worker, size=plan.expert, expert=True) if plan.expert else []
     rows = usual + expert
     batch = TrainBatch(
-        usual=[rollout_from_experience(e) for e in usual],
-        expert=[rollout_from_experience(e) for e in expert],
+        usual=[rollout_from_experience(e, tokenizer=tokenizer) for e in usual],
+        expert=[rollout_from_experience(e, tokenizer=tokenizer) for e in expert],
     )
     if str(run.cfg.algorithm) == "dpo" and usual:
         batch.preferences = preferences_among(run=run, ids=[e.pk for e in usual])
@@ -271,7 +271,7 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
             return {"status": "waiting"}
         res = resident_for(run)
         trainer_version = run.current_version
-        batch, rows = _claim(run=run, worker=worker, min_version=readiness.min_version)
+        batch, rows = _claim(run=run, worker=worker, min_version=readiness.min_version, tokenizer=res.tokenizer)
         ids = [e.pk for e in rows]
         if not ids:
             return {"status": "waiting"}

@@ -25,10 +25,17 @@ class Rollout:
     model_version: int = 0
 
 
-def rollout_from_experience(exp: Any) -> Rollout:
-    """An `apps.buffer.models.Experience` (or anything with its fields) as a Rollout."""
+def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
+    """An `apps.buffer.models.Experience` (or anything with its fields) as a Rollout.
+
+    Text-only experiences (human corrections: the web side has no tokenizer) are tokenised
+    here with `tokenizer`, the prompt through the chat template as the explorer renders it
+    and the response closed by EOS as a sampled one is; without a tokenizer they stay empty.
+    """
     tokens = list(exp.token_ids or [])
     cut = int(exp.prompt_length or 0)
+    if not tokens and tokenizer is not None and getattr(exp, "response_text", ""):
+        tokens, cut = _tokenise_text(exp, tokenizer)
     logprobs = list(exp.logprobs) if exp.logprobs is not None else None
     return Rollout(
         id=int(exp.pk),
@@ -40,6 +47,19 @@ def rollout_from_experience(exp: Any) -> Rollout:
         is_expert=bool(exp.is_expert),
         model_version=int(exp.model_version or 0),
     )
+
+
+def _tokenise_text(exp: Any, tokenizer: Any) -> tuple[list[int], int]:
+    from workers.engines.base import prompt_ids
+
+    task = getattr(exp, "task", None) if getattr(exp, "task_id", None) else None
+    messages = getattr(exp, "messages", None) or (task.messages if task is not None else None)
+    text = (task.prompt if task is not None and task.prompt else None) or exp.prompt_text
+    prompt = prompt_ids(tokenizer, text=None if messages else text, messages=messages or None)
+    completion = list(tokenizer(exp.response_text, add_special_tokens=False)["input_ids"])
+    if tokenizer.eos_token_id is not None:
+        completion.append(int(tokenizer.eos_token_id))
+    return list(prompt) + completion, len(prompt)
 
 
 @dataclass
