@@ -20,7 +20,7 @@ from apps.runs.services import run_create
 DEMO_RUN = "demo: GRPO on arithmetic"
 
 
-def demo_config() -> dict[str, Any]:
+def demo_config(*, total_steps: int = 40) -> dict[str, Any]:
     return {
         "model": str(settings.RFT_DEMO_MODEL_DIR),
         "algorithm": "grpo",
@@ -30,7 +30,7 @@ def demo_config() -> dict[str, Any]:
         "repeat_times": 8,
         "explore_batch_size": 8,
         "train_batch_size": 64,
-        "total_steps": 40,
+        "total_steps": total_steps,
         "epochs": 20,
         "sampling": {"temperature": 1.0, "max_tokens": 12},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
@@ -44,8 +44,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--password", default=os.environ.get("RFT_DEMO_PASSWORD", "rftweb-demo"),
                             help="password of the demo accounts (default rftweb-demo, or RFT_DEMO_PASSWORD)")
+        parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
 
-    def handle(self, *args: Any, password: str, **options: Any) -> None:
+    def handle(self, *args: Any, password: str, total_steps: int, **options: Any) -> None:
+        if total_steps < 1:
+            raise CommandError("--total-steps must be at least 1")
         if not settings.DEBUG:
             raise CommandError("rft_demo creates accounts with a known password: run it with DEBUG on only")
         call_command("rft_demo_model", stdout=self.stdout, stderr=self.stderr)
@@ -58,7 +61,7 @@ class Command(BaseCommand):
                     taskset = demo_taskset_import(owner=owner)
                 except ImportFailed as exc:
                     raise CommandError(str(exc)) from None
-                run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(), taskset=taskset)
+                run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps), taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
             f"demo ready: log in as owner / {password} (or annotator / {password}); "

@@ -51,8 +51,14 @@ class Command(BaseCommand):
         threading.Thread(target=server.run, name="asgi-server", daemon=True).start()
         from rftweb.celery import app
 
+        # Beat as a thread: `worker -B` forks it into a process of its own, whose in-memory
+        # broker the workers here would never see.
+        from celery.beat import EmbeddedService
+
+        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        EmbeddedService(app, thread=True, schedule_filename=str(settings.VAR_DIR / "celerybeat-schedule")).start()
         self.stdout.write(f"workers: {threads} threads serving {', '.join(QUEUES)}; Ctrl+C stops everything")
         app.worker_main(
-            ["worker", "-P", "threads", "-c", str(threads), "-Q", ",".join(QUEUES), "-B", "-l", "info",
+            ["worker", "-P", "threads", "-c", str(threads), "-Q", ",".join(QUEUES), "-l", "info",
              "-n", "embedded@%h", *[arg for module in WORKER_MODULES for arg in ("-I", module)]]
         )

@@ -1,0 +1,90 @@
+"""`make run`'s path: the embedded default (SQLite, in-process broker and channel layer)
+serves the whole loop from one process, and a started demo run explores, trains and
+publishes versions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) -> None:
+    from workers.demo_model import demo_model_build
+
+    # The same cached build the worker tests use: rft_demo finds it up to date.
+    model_dir = demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
+    env.update(RFT_VAR_DIR=str(tmp_path), RFT_DEMO_MODEL_DIR=str(model_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc
+
+    manage("migrate", "--noinput", "-v", "0")
+    assert "demo ready" in manage("rft_demo", "--total-steps", "4").stdout
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "rft_serve", "--port", str(port)], cwd=ROOT, env=env,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    db = sqlite3.connect(tmp_path / "rftweb.sqlite3")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail((tmp_path / "serve.log").read_text()[-3000:])
+        assert httpx.get(f"http://127.0.0.1:{port}/login/").status_code == 200
+        (run_id,) = db.execute("SELECT id FROM runs_run").fetchone()
+        # The CLI is another process: its start reaches the server's conductor through the
+        # database (the resume beat), as a start after a restart would.
+        assert "is running" in manage("rft", "start", str(run_id)).stdout
+        deadline = time.monotonic() + 240
+        status = None
+        while time.monotonic() < deadline:
+            status, version, trained = db.execute(
+                "SELECT status, current_version, train_step FROM runs_run WHERE id = ?", (run_id,)
+            ).fetchone()
+            if status != "running":
+                break
+            time.sleep(1)
+        assert (status, version, trained) == ("stopped", 4, 4), (tmp_path / "serve.log").read_text()[-3000:]
+        (experiences,) = db.execute("SELECT count(*) FROM buffer_experience WHERE run_id = ?", (run_id,)).fetchone()
+        (consumed,) = db.execute(
+            "SELECT count(*) FROM buffer_experience WHERE run_id = ? AND status = 'consumed'", (run_id,)
+        ).fetchone()
+        assert experiences >= 4 * 64 and consumed == 4 * 64
+    finally:
+        db.close()
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
