@@ -96,8 +96,12 @@ if env_str("TEST_DATABASE_NAME"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Tests (and the servers they start) hash passwords cheaply; never set this in production.
-if env_bool("RFT_FAST_PASSWORD_HASHER", False):
-    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Both hashers stay listed so either side can check what the other one stored.
+if TESTING or env_bool("RFT_FAST_PASSWORD_HASHER", False):
+    PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -117,9 +121,6 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
-# channels_redis waits in BZPOPMIN for 5 s at a time and redis-py reads with a 5 s socket
-# timeout by default: the two race, and an idle consumer dies with "Timeout reading".
-_REDIS_LAYER_HOSTS = [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}]
 if REDIS_URL and env_str("RFT_CHANNEL_LAYER", "core") == "pubsub":
     # Redis pub/sub: one copy of a group message per process, fanned out in-process; no
     # backlog kept for absent listeners (live events are a view of the buffer). Measured
@@ -127,7 +128,7 @@ if REDIS_URL and env_str("RFT_CHANNEL_LAYER", "core") == "pubsub":
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": _REDIS_LAYER_HOSTS, "prefix": env_str("CHANNELS_PREFIX", "rftweb")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "rftweb")},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -137,7 +138,7 @@ elif REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": _REDIS_LAYER_HOSTS,
+                "hosts": [REDIS_URL],
                 "prefix": env_str("CHANNELS_PREFIX", "rftweb"),
                 "capacity": 1000,
                 "expiry": 30,
