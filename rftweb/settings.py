@@ -138,7 +138,10 @@ elif REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # channels_redis blocks in BZPOPMIN for 5 s at a time and redis-py's default
+                # socket timeout is 5 s too: the two race, and an idle consumer dies with
+                # "Timeout reading from localhost:6379". Reads may take longer than the block.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
                 "prefix": env_str("CHANNELS_PREFIX", "rftweb"),
                 "capacity": 1000,
                 "expiry": 30,

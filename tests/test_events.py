@@ -73,3 +73,14 @@ async def test_the_asgi_router_refuses_an_anonymous_socket(run: Run) -> None:
     assert not connected
     await asyncio.sleep(0)
 
+
+
+def test_an_idle_consumer_outlives_the_layers_blocking_read() -> None:
+    # channels_redis blocks in BZPOPMIN for brpop_timeout seconds; a socket timeout that is
+    # not longer makes idle consumers die with "Timeout reading from localhost:6379".
+    from channels.layers import get_channel_layer
+    from channels_redis.utils import create_pool
+
+    layer = get_channel_layer()
+    pool = create_pool(layer.hosts[0])
+    assert pool.connection_kwargs["socket_timeout"] > layer.brpop_timeout

@@ -145,6 +145,12 @@
     ensureCurrent();
   });
   document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); });
+  // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
+  // after the events we listen to: watching the queue itself keeps one item current.
+  if (queue) {
+    new MutationObserver(() => { updateEmpty(); ensureCurrent(); })
+      .observe(queue, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
+  }
 
   // ------------------------------------------------------------------ keyboard
   function currentForm() { return current && current.querySelector("form.rate"); }
