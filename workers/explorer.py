@@ -33,7 +33,7 @@ from django.db import OperationalError, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
-from apps.buffer.models import Experience, TaskAttempt
+from apps.buffer.models import Experience
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
 from apps.feedback.policy import experience_initial_fields
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms

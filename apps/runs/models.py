@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -111,9 +110,6 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.action} on {self.run_id} by {self.actor_id}"
 
-
-def run_config_of(run: Run) -> dict[str, Any]:
-    return dict(run.config)
 
 
 class WeightLoad(models.Model):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.runs.config import RunConfig, config_dump, config_validate
+from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
 
@@ -21,8 +21,6 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
     """Create a draft run; ConfigInvalid names each bad field."""
     cfg = config_validate(data=config)
     if not name.strip():
-        from apps.runs.config import ConfigInvalid
-
         raise ConfigInvalid({"name": "a run needs a name"})
     return Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
 
