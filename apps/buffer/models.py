@@ -82,7 +82,9 @@ class Experience(models.Model):
         IMPORT = "import"
         SYNTHETIC = "synthetic"
 
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="experiences")
+    # Every full index costs each claim and ack one entry per row (a status change cannot be
+    # a HOT update), so the table keeps few: run_id leads the composite indexes below.
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="experiences", db_index=False)
     task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiences")
     # Members of one GRPO group share a group id (the completions of one prompt).
     group_id = models.CharField(max_length=100)
@@ -103,7 +105,9 @@ class Experience(models.Model):
     reward_parts = models.JSONField(default=dict, blank=True)
     model_version = models.PositiveIntegerField(default=0)
     is_expert = models.BooleanField(default=False)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="corrections")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="corrections", db_index=False
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
     filter_reason = models.CharField(max_length=200, blank=True)
     priority = models.FloatField(default=0.0)
@@ -112,7 +116,7 @@ class Experience(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "key"], name="experience_key_unique")]
@@ -121,7 +125,8 @@ class Experience(models.Model):
             models.Index(fields=["run", "-priority", "id"], name="experience_claim_idx", condition=Q(status="ready")),
             models.Index(fields=["run", "group_id", "status"], name="experience_group_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="experience_reap_idx", condition=Q(status="leased")),
-            models.Index(fields=["run", "model_version"], name="experience_version_idx"),
+            # Only corrections have a parent: a partial index serves them and costs the rest nothing.
+            models.Index(fields=["parent"], name="experience_parent_idx", condition=Q(parent__isnull=False)),
         ]
 
     def __str__(self) -> str:

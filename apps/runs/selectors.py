@@ -108,7 +108,8 @@ def run_last_event(*, run: Run) -> dict[str, Any] | None:
     load = WeightLoad.objects.filter(run=run).order_by("-loaded_at").first()
     if load:
         candidates.append({"at": load.loaded_at, "text": f"v{load.version} loaded by {load.worker}"})
-    exp = Experience.objects.filter(run=run).order_by("-created_at").values("created_at").first()
+    # Ids grow with time; created_at has no index of its own (it would tax every claim).
+    exp = Experience.objects.filter(run=run).order_by("-id").values("created_at").first()
     if exp:
         candidates.append({"at": exp["created_at"], "text": "experience written"})
     return max(candidates, key=lambda c: c["at"]) if candidates else None
