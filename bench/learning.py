@@ -45,8 +45,8 @@ COMMON: dict[str, Any] = {
 }
 
 
-def _config(algorithm: str, *, model: str, steps: int) -> dict[str, Any]:
-    trainer: dict[str, Any] = {"learning_rate": 1e-4, "loss_type": "grpo"}
+def _config(algorithm: str, *, model: str, steps: int, lr: float = 1e-4, loss_type: str = "grpo") -> dict[str, Any]:
+    trainer: dict[str, Any] = {"learning_rate": lr, "loss_type": loss_type}
     if algorithm == "grpo":
         return {**COMMON, "model": model, "algorithm": "grpo", "mode": "sync", "total_steps": steps,
                 "train_batch_size": TASKS_PER_STEP * REPEAT, "epochs": -(-steps * TASKS_PER_STEP // 256),
@@ -93,7 +93,8 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
     return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
 
 
-def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: Any) -> list[tuple[int, float, float]]:
+def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: Any, lr: float,
+             loss_type: str) -> list[tuple[int, float, float]]:
     """[(step, training seconds so far, held-out accuracy)], step 0 being the base model."""
     from apps.buffer.importers import taskset_import
     from apps.buffer.services import task_attempts_create
@@ -104,7 +105,7 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     from workers.trainer import state_dir, trainer_step
 
     taskset = taskset_import(name=f"demo {algorithm}", path=demo / TASKSET_FILE, owner=owner)
-    run = run_create(name=f"bench learning {algorithm}", owner=owner, config=_config(algorithm, model=str(demo), steps=steps),
+    run = run_create(name=f"bench learning {algorithm}", owner=owner, config=_config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type),
                      taskset=taskset)
     if algorithm in ("mix", "sft"):
         _corrections_write(run=run, taskset=taskset, count=steps * EXPERT_PER_STEP)
@@ -138,6 +139,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--algorithms", default="grpo,mix,sft")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--loss-type", default="grpo")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-learning-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
@@ -145,6 +148,7 @@ def main() -> None:
     os.environ["REDIS_URL"] = ""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a bar per checkpoint drowns the table
     setup_django()
     import torch
     from django.contrib.auth.models import User
@@ -158,7 +162,8 @@ def main() -> None:
     try:
         for algorithm in args.algorithms.split(","):
             print(f"{algorithm}: {args.steps} steps", flush=True)
-            results[algorithm] = _run_one(algorithm, steps=args.steps, eval_every=args.eval_every, demo=demo, owner=owner)
+            results[algorithm] = _run_one(algorithm, steps=args.steps, eval_every=args.eval_every, demo=demo, owner=owner,
+                                          lr=args.lr, loss_type=args.loss_type)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -34,6 +34,23 @@ def test_it_claims_in_priority_order_and_leases_to_the_worker(run: Run) -> None:
     assert batch_claim(run=run, worker="w3", size=10) == []
 
 
+def test_claimed_experiences_carry_every_field_as_the_orm_reads_it(run: Run) -> None:
+    experience_write(experiences=[experience_row(
+        run, key="rich", messages=[{"role": "user", "content": "2+2?"}], reward_parts={"math_accuracy": 1.0},
+        metadata={"content_hash": "abc", "nested": {"x": [1, 2]}}, action_mask=[1, 0, 1], logprobs=[-0.1, -0.2, -0.3],
+        token_ids=[5, 6, 7, 8, 9], prompt_length=2,
+    )])
+    [claimed] = batch_claim(run=run, worker="w1", size=1)
+    stored = Experience.objects.get(pk=claimed.pk)
+    for field in Experience._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(stored, field.attname), field.name
+    assert claimed.metadata["nested"] == {"x": [1, 2]}
+    assert claimed.response_length == 3
+    claimed.priority = 9.0
+    claimed.save(update_fields=["priority"])  # a claimed row is a normal model instance
+    assert Experience.objects.get(pk=claimed.pk).priority == 9.0
+
+
 def test_it_claims_only_from_its_own_run(run: Run, owner) -> None:
     other = make_run(owner=owner, name="other")
     make_experiences(other, groups=1)
