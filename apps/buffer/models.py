@@ -124,7 +124,10 @@ class Experience(models.Model):
             # Only ready rows: the claim scans it, and leased or consumed rows leave it.
             models.Index(fields=["run", "-priority", "id"], name="experience_claim_idx", condition=Q(status="ready")),
             models.Index(fields=["run", "group_id", "status"], name="experience_group_idx"),
-            models.Index(fields=["status", "lease_expires_at"], name="experience_reap_idx", condition=Q(status="leased")),
+            # Only rows in flight (pending feedback or leased): small whatever the run's size, it
+            # finds the groups a whole-group claim must wait for, and the leases to reap.
+            models.Index(fields=["run", "group_id"], name="experience_inflight_idx",
+                         condition=Q(status__in=["pending", "leased"])),
             # Only corrections have a parent: a partial index serves them and costs the rest nothing.
             models.Index(fields=["parent"], name="experience_parent_idx", condition=Q(parent__isnull=False)),
         ]

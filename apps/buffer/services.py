@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.models import Experience, Task, TaskAttempt
@@ -340,12 +340,13 @@ def _claim_through_pipeline(*, run: Run, qs: QuerySet[Experience], size: int, gr
 def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int, overflow: bool = True) -> list[int]:
     from django.db.models import Count, Max
 
+    # The groups still in flight, as one set (a hashed subplan on Postgres) from the small
+    # in-flight index: a correlated NOT EXISTS let the planner, on a fast-growing table whose
+    # statistics lag, scan the whole run once per candidate row (claims took seconds).
     unfinished = Experience.objects.filter(
-        run=run,
-        group_id=OuterRef("group_id"),
-        status__in=[Experience.Status.PENDING, Experience.Status.LEASED],
-    )
-    candidates = qs.annotate(blocked=Exists(unfinished)).filter(blocked=False)
+        run=run, status__in=[Experience.Status.PENDING, Experience.Status.LEASED]
+    ).values("group_id")
+    candidates = qs.exclude(group_id__in=unfinished)
     # Groups in order of their best member, then lock their rows; a group that another
     # claimer holds part of (SKIP LOCKED left rows out) is left alone this time.
     top = (
