@@ -12,7 +12,7 @@ latency). Expert corrections are written as the annotation UI writes a human cor
 Accuracy is greedy `<answer>` accuracy on the demo model's 200 held-out problems (never in
 the taskset), of each published version, measured off the clock.
 
-    python -m bench.learning [--steps 120] [--eval-every 20] [--algorithms grpo,mix,sft]
+    python -m bench.learning [--steps 500] [--eval-every 50] [--algorithms grpo,mix,sft]
 
 Targets: GRPO ≥ +20 points within 10 minutes; MIX ≥ GRPO at equal steps. The last line
 prints both ratios.
@@ -136,8 +136,8 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--algorithms", default="grpo,mix,sft")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--loss-type", default="grpo")
