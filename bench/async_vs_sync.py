@@ -3,9 +3,13 @@ the whole loop: the conductor, the explorer and the trainer as real Celery worke
 Postgres and Redis, GRPO on the demo model and taskset. Target: sync / async ≥ 1.6×.
 
 Sync (interval 1, offset 0) makes the explorer wait for every version; async lets it
-generate up to two versions ahead while the trainer steps, so the two overlap.
+generate up to two versions ahead while the trainer steps, so the two overlap. The speed-up
+is bounded by (explore + train) / max(explore, train) per step, 2 when the sides are even:
+the default workload (16 tasks × 8 samples of ≤ 16 tokens per step, one GRPO step on the
+128 completions) keeps them close on this CPU, and the table shows each side's median step
+so the bound can be checked. Each worker gets one thread, as on a 2-core machine.
 
-    python -m bench.async_vs_sync [--steps 8]
+    python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16]
 
 Needs the explorer (`workers.explorer`, `workers.demo_model`).
 """
@@ -22,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BENCH_DB, ROOT, setup_django
+from bench.common import BENCH_DB, ROOT, median, setup_django
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
@@ -33,15 +37,19 @@ def _worker(name: str, queues: str, include: list[str], env: dict[str, str], log
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
 
 
-def _timed_run(*, mode: str, steps: int, model_dir: Path, taskset: object, owner: object) -> float:
+def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
+               steps: int | None = None) -> tuple[float, dict[str, float]]:
     from apps.runs.models import Run
     from apps.runs.services import run_create, run_transition
 
+    from apps.runs.models import Metric
+
+    steps = steps or args.steps
     config = {
         "model": str(model_dir), "mode": mode, "algorithm": "grpo", "engine": "transformers",
         "sync_interval": 1, "sync_offset": 0, "max_staleness": 2 if mode == "async" else 0,
-        "explore_batch_size": 8, "repeat_times": 4, "train_batch_size": 32, "total_steps": steps,
-        "sampling": {"temperature": 1.0, "max_tokens": 12},
+        "explore_batch_size": args.tasks, "repeat_times": args.repeat, "train_batch_size": args.tasks * args.repeat,
+        "total_steps": steps, "epochs": 1000, "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
         "rewards": [{"name": "exact_match"}], "trainer": {"learning_rate": 1e-4, "loss_type": "grpo"},
     }
     run = run_create(name=f"bench {mode}", owner=owner, config=config, taskset=taskset)
@@ -56,12 +64,19 @@ def _timed_run(*, mode: str, steps: int, model_dir: Path, taskset: object, owner
     seconds = time.perf_counter() - started
     if run.status != Run.Status.STOPPED or run.train_step != steps:
         raise SystemExit(f"{mode} run did not finish: status={run.status} train_step={run.train_step} error={run.error}")
-    return seconds
+    sides = {
+        name: median(list(Metric.objects.filter(run=run, name=name).values_list("value", flat=True)))
+        for name in ("explore/step_seconds", "step_seconds")
+    }
+    return seconds, sides
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=16, help="tasks per explore step")
+    parser.add_argument("--repeat", type=int, default=8, help="completions per task (the GRPO group)")
+    parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-async-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
@@ -87,9 +102,9 @@ def main() -> None:
     ]
     try:
         time.sleep(15)  # workers up; the first step of each run also pays the model loads
-        _timed_run(mode="sync", steps=1, model_dir=demo.out, taskset=taskset, owner=owner)  # warm-up
-        sync_s = _timed_run(mode="sync", steps=args.steps, model_dir=demo.out, taskset=taskset, owner=owner)
-        async_s = _timed_run(mode="async", steps=args.steps, model_dir=demo.out, taskset=taskset, owner=owner)
+        _timed_run(mode="sync", args=args, steps=1, model_dir=demo.out, taskset=taskset, owner=owner)  # warm-up
+        sync_s, sync_sides = _timed_run(mode="sync", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
+        async_s, async_sides = _timed_run(mode="async", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -99,9 +114,10 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'mode':<8} {'steps':>5} {'seconds':>8}")
-    print(f"{'sync':<8} {args.steps:>5} {sync_s:>8.1f}")
-    print(f"{'async':<8} {args.steps:>5} {async_s:>8.1f}")
+    print(f"workload per step: {args.tasks} tasks × {args.repeat} samples of ≤ {args.max_tokens} tokens; {args.steps} steps")
+    print(f"{'mode':<8} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13}")
+    for mode, total, sides in (("sync", sync_s, sync_sides), ("async", async_s, async_sides)):
+        print(f"{mode:<8} {args.steps:>5} {total:>8.1f} {sides['explore/step_seconds']:>15.3f} {sides['step_seconds']:>13.3f}")
     print(f"async_vs_sync speed-up (sync seconds / async seconds, max_staleness 2): {sync_s / async_s:.2f}")
 
 

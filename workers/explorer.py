@@ -37,7 +37,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
 from apps.feedback.policy import experience_initial_fields
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms
-from apps.runs.events import event_publish
+from apps.runs.events import event_publish_many
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import metric_record, weight_load_record
 
@@ -120,6 +120,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     """One explore step of a run (the logic of the `explore_step` task)."""
     from workers.engines import SamplingSpec, prompt_ids
 
+    step_started = time.monotonic()
     worker = worker or worker_name()
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -212,6 +213,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         raise
 
     tokens = sum(lengths)
+    _advance(run=run, step=step)
     metric_record(
         run=run,
         step=step,
@@ -221,6 +223,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
             "explore/response_length": statistics.fmean(lengths),
             "explore/tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else math.nan,
             "explore/model_version": float(version),
+            "explore/generate_seconds": gen_seconds,
+            "explore/step_seconds": time.monotonic() - step_started,
         },
     )
     return {
@@ -231,6 +235,19 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         "duplicates": written.duplicates,
         "model_version": version,
     }
+
+
+def _advance(*, run: Run, step: int) -> None:
+    """Dispatch what this step unblocked (the train step it filled, the next explore step)
+    now rather than at the conductor's next beat: in async mode that hop is what keeps the
+    explorer from overlapping the trainer. The dispatch markers keep it from doubling what
+    the conductor sends."""
+    try:
+        from apps.runs.orchestration import run_advance
+
+        run_advance(run=run)
+    except Exception:
+        log.exception("run %s: could not dispatch after explore step %s", run.pk, step)
 
 
 def _send_remote_scoring(*, run_id: int, ids: list[int]) -> None:
@@ -255,8 +272,9 @@ def experience_event_payload(experience: Experience) -> dict[str, Any]:
 
 
 def _announce(*, run_id: int, experiences: Sequence[Experience]) -> None:
-    for experience in experiences:
-        event_publish(run_id=run_id, type="experience.created", payload=experience_event_payload(experience))
+    event_publish_many(
+        run_id=run_id, events=[("experience.created", experience_event_payload(e)) for e in experiences]
+    )
 
 
 # A step is idempotent (same attempt, same keys), so a redelivery or a retry after a lost

@@ -28,7 +28,7 @@ from apps.buffer.services import BatchRejected, WriteResult, experience_write, t
 from apps.envapi.models import ApiKey
 from apps.feedback.models import Feedback
 from apps.feedback.policy import experience_initial_fields
-from apps.runs.events import event_publish
+from apps.runs.events import event_publish, event_publish_many
 from apps.runs.models import Run
 
 KEY_PREFIX = "rft_"
@@ -264,14 +264,12 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
         by_key = {r["key"]: r for r in rows}
 
         def announce() -> None:
-            for k, pk in fresh:
-                r = by_key[k]
-                event_publish(
-                    run_id=run.pk,
-                    type="experience.created",
-                    payload={"id": pk, "group_id": r["group_id"], "source": "env", "status": r["status"],
-                             "reward": r["reward"], "model_version": r["model_version"]},
-                )
+            event_publish_many(run_id=run.pk, events=[
+                ("experience.created",
+                 {"id": pk, "group_id": by_key[k]["group_id"], "source": "env", "status": by_key[k]["status"],
+                  "reward": by_key[k]["reward"], "model_version": by_key[k]["model_version"]})
+                for k, pk in fresh
+            ])
 
         transaction.on_commit(announce)
     return SubmitResult(created=result.created, duplicates=result.duplicates, items=items)

@@ -68,7 +68,8 @@ def test_an_explore_step_writes_one_scored_experience_per_completion(owner: User
     for e in experiences:
         assert e.reward == float(re.search(FORMAT[0]["params"]["pattern"], e.response_text) is not None)
     names = set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
-    assert {"explore/reward_mean", "explore/reward_std", "explore/response_length", "explore/tokens_per_second"} <= names
+    assert {"explore/reward_mean", "explore/reward_std", "explore/response_length", "explore/tokens_per_second",
+            "explore/generate_seconds", "explore/step_seconds"} <= names
     run.refresh_from_db()
     assert run.explore_step == 1
 
