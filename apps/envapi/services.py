@@ -196,6 +196,23 @@ def tasks_add(*, run: Run, records: Sequence[Mapping[str, Any]], owner: Any = No
 # Trajectories
 
 
+ENV_NAMESPACE = "env:"
+
+
+def env_scoped(value: str, *, limit: int) -> str:
+    """A client's key or group id as stored: under `env:`, so an environment can never
+    claim an explorer's idempotency key (`explore:…`) or join one of its GRPO groups
+    (`attempt-…`); hashed when the prefixed name would not fit its column."""
+    scoped = f"{ENV_NAMESPACE}{value}"
+    if len(scoped) <= limit:
+        return scoped
+    return f"{ENV_NAMESPACE}sha256:{hashlib.sha256(value.encode()).hexdigest()}"[:limit]
+
+
+def _stored_key(client_key: str) -> str:
+    return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
+
+
 def _trajectory_row(run: Run, item: Mapping[str, Any], *, key_prefix: str) -> dict[str, Any]:
     messages = item.get("messages")
     prompt = item.get("prompt") or ""
@@ -213,8 +230,9 @@ def _trajectory_row(run: Run, item: Mapping[str, Any], *, key_prefix: str) -> di
     metadata["api_key"] = key_prefix
     row: dict[str, Any] = {
         "run_id": run.pk,
-        "key": item["key"],
-        "group_id": item.get("group_id") or item["key"],
+        "key": _stored_key(item["key"]),
+        "group_id": env_scoped(str(item.get("group_id") or item["key"]),
+                               limit=Experience._meta.get_field("group_id").max_length),
         "task_id": item.get("task_id"),
         "source": Experience.Source.ENV,
         "prompt_text": prompt,
@@ -253,12 +271,14 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
         for i, t in enumerate(trajectories):
             if t.get("task_id") is not None and t["task_id"] not in known:
                 raise BatchRejected(i, f"task {t['task_id']} is not in this run's taskset")
-    keys = [str(t["key"]) for t in trajectories]
+    # Answers speak the client's keys; the buffer stores them scoped (see env_scoped).
+    client = {_stored_key(t["key"]): str(t["key"]) for t in trajectories}
+    keys = list(client)
     before = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
     rows = [_trajectory_row(run, t, key_prefix=key_prefix) for t in trajectories]
     result: WriteResult = experience_write(experiences=rows)
     ids = dict(Experience.objects.filter(run=run, key__in=keys).values_list("key", "id"))
-    items = [(k, ids[k], k in before) for k in keys]
+    items = [(client[k], ids[k], k in before) for k in (_stored_key(t["key"]) for t in trajectories)]
     fresh = [(k, ids[k]) for k in keys if k not in before]
     if fresh:
         by_key = {r["key"]: r for r in rows}

@@ -137,8 +137,8 @@ def test_a_trajectory_becomes_an_experience_with_its_reward(api: Api, run: Run) 
     exp = Experience.objects.get(pk=body["results"][0]["id"])
     assert (exp.source, exp.status, exp.reward, exp.auto_reward) == ("env", "ready", 1.0, 1.0)
     assert exp.token_ids == [5, 6, 7, 8, 9] and exp.prompt_length == 3 and exp.logprobs == [-0.1, -0.2]
-    assert exp.reward_parts == {"correct": 1.0} and exp.group_id == "g1" and exp.task_id == task.pk
-    assert exp.model_version == run.current_version and exp.key == "ep-1"
+    assert exp.reward_parts == {"correct": 1.0} and exp.group_id == "env:g1" and exp.task_id == task.pk
+    assert exp.model_version == run.current_version and exp.key == "env:ep-1"
 
 
 def test_a_multi_turn_trajectory_keeps_its_messages_and_tool_calls(api: Api, run: Run) -> None:
@@ -162,8 +162,23 @@ def test_submitting_the_same_key_twice_stores_it_once(api: Api, run: Run) -> Non
     again = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj("same", reward=0.0), traj("other")]}).json()
     assert (again["created"], again["duplicates"]) == (1, 1)
     assert again["results"][0] == {"key": "same", "id": first["results"][0]["id"], "duplicate": True}
-    assert Experience.objects.get(run=run, key="same").reward == 1.0
+    assert Experience.objects.get(run=run, key="env:same").reward == 1.0
     assert Experience.objects.filter(run=run).count() == 2
+
+
+def test_an_environment_cannot_take_an_explorers_key_or_join_its_group(api: Api, run: Run) -> None:
+    [explored] = make_experiences(run, groups=1, group_size=1)
+    Experience.objects.filter(pk=explored.pk).update(key="explore:7:0", group_id="attempt-7")
+    body = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [
+        traj("explore:7:0", group_id="attempt-7"), traj("x" * 200)]}).json()
+    assert body["created"] == 2 and [r["key"] for r in body["results"]] == ["explore:7:0", "x" * 200]
+    env = Experience.objects.get(pk=body["results"][0]["id"])
+    assert env.pk != explored.pk and (env.key, env.group_id) == ("env:explore:7:0", "env:attempt-7")
+    assert Experience.objects.filter(run=run, group_id="attempt-7").count() == 1
+    long = Experience.objects.get(pk=body["results"][1]["id"])
+    assert long.key.startswith("env:sha256:") and len(long.group_id) <= 100
+    again = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj("x" * 200)]}).json()
+    assert again["results"][0] == {"key": "x" * 200, "id": long.pk, "duplicate": True}
 
 
 def test_a_trajectory_without_a_reward_waits_for_one(api: Api, run: Run) -> None:
