@@ -5,7 +5,8 @@
 - `dpo`:  {"prompt": [...], "chosen": [{"role": "assistant", ...}], "rejected": [...]}
           (DPOTrainer's conversational preference format, with an explicit prompt): per group,
           the best and the worst completion by final reward, when they differ by more than
-          `min_margin`.
+          `min_margin`; then every human pairwise choice (A/B feedback) whose two completions
+          pass the filters, whatever their rewards: a person's preference is the signal.
 - `grpo`: {"prompt": [...], "answer": ..., "domain": ..., "task_id": ...} per task of the
           run's taskset (GRPOTrainer's prompt-only format; extra columns reach reward functions).
 
@@ -120,6 +121,7 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
     qs = _experiences(run=run, options=options).filter(reward__isnull=False)
     total = qs.count()
     done = 0
+    paired: set[tuple[int, int]] = set()
 
     def pair(members: list[tuple[Any, ...]]) -> dict[str, Any] | None:
         if len(members) < 2:
@@ -132,6 +134,7 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
         if options.min_reward is not None and best[5] < options.min_reward:
             return None
         prompt = _prompt_messages(best[4], best[8], best[2], best[9])
+        paired.add((best[0], worst[0]))
         return {
             "prompt": prompt,
             "chosen": [{"role": "assistant", "content": best[3]}],
@@ -154,6 +157,29 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
         yield made
     if progress:
         progress(done, total)
+    yield from _pairwise_rows(run=run, options=options, skip=paired)
+
+
+def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """Pairs people chose in A/B comparisons (late ones included), oldest first."""
+    from apps.feedback.selectors import dpo_pairs
+
+    fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt")
+    for choice in dpo_pairs(run=run):
+        if (choice.chosen_id, choice.rejected_id) in skip:
+            continue
+        ids = [choice.chosen_id, choice.rejected_id]
+        rows = {r["id"]: r for r in _experiences(run=run, options=options).filter(pk__in=ids).values(*fields)}
+        if len(rows) < 2:
+            continue
+        chosen = rows[choice.chosen_id]
+        skip.add((choice.chosen_id, choice.rejected_id))
+        yield {
+            "prompt": _prompt_messages(chosen["messages"], chosen["task__messages"], chosen["prompt_text"],
+                                       chosen["task__prompt"]),
+            "chosen": [{"role": "assistant", "content": chosen["response_text"]}],
+            "rejected": [{"role": "assistant", "content": rows[choice.rejected_id]["response_text"]}],
+        }
 
 
 def _reference_text(value: Any) -> str | None:
