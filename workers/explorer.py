@@ -34,6 +34,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 
 from apps.buffer.models import Experience
+from apps.buffer.selectors import tasks_exhausted
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
 from apps.feedback.policy import experience_initial_fields
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms
@@ -133,6 +134,15 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 
     attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
     if not attempts:
+        if tasks_exhausted(run=run):
+            # Every epoch is explored: exploring ends here rather than stalling the run, and
+            # the trainer gets to train on what the buffer holds and finish.
+            ended = Run.objects.filter(pk=run.pk, explore_step__lt=cfg.total_steps).update(explore_step=cfg.total_steps)
+            if ended:
+                log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, cfg.epochs, step)
+                _advance(run=run, step=step)
+            return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version,
+                    "exhausted": True}
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
     claimed = [a.pk for a in attempts]
     try:

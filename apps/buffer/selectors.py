@@ -28,6 +28,17 @@ def task_attempt_counts(*, run: Run) -> dict[str, int]:
     return counts
 
 
+def tasks_exhausted(*, run: Run) -> bool:
+    """Every epoch of the run's taskset has been explored: nothing queued, nothing leased,
+    no epoch left to queue. A run without tasks is not exhausted (the environment API may
+    still add some)."""
+    attempts = TaskAttempt.objects.filter(run=run)
+    last_epoch = attempts.order_by("-epoch").values_list("epoch", flat=True).first()
+    if last_epoch is None or last_epoch + 1 < run.cfg.epochs:
+        return False
+    return not attempts.filter(status__in=[TaskAttempt.Status.QUEUED, TaskAttempt.Status.LEASED]).exists()
+
+
 def experience_group(*, run: Run, group_id: str) -> list[Experience]:
     return list(Experience.objects.filter(run=run, group_id=group_id).order_by("id"))
 

@@ -75,6 +75,28 @@ def test_an_explore_step_writes_one_scored_experience_per_completion(owner: User
 
 
 @pytest.mark.django_db
+def test_a_used_up_taskset_ends_exploring_instead_of_stalling_the_run(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    run = demo_run(owner, demo_model_dir, tasks=2, total_steps=5, epochs=1, mode="explore")
+    assert explore(run_id=run.pk, step=1)["tasks"] == 2
+    summary = explore(run_id=run.pk, step=2)
+    assert summary["tasks"] == 0 and summary["exhausted"] is True
+    run.refresh_from_db()
+    assert run.explore_step == 5
+
+
+@pytest.mark.django_db
+def test_a_run_whose_tasks_are_leased_elsewhere_waits_for_them(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
+    from apps.buffer.services import task_claim
+
+    run = demo_run(owner, demo_model_dir, tasks=2, total_steps=5, epochs=1, mode="explore")
+    task_claim(run=run, worker="other", size=2)
+    summary = explore(run_id=run.pk, step=1)
+    assert summary["tasks"] == 0 and "exhausted" not in summary
+    run.refresh_from_db()
+    assert run.explore_step == 0
+
+
+@pytest.mark.django_db
 def test_a_paused_or_stopped_run_gets_nothing_explored(owner: User, demo_model_dir: Path) -> None:
     run = demo_run(owner, demo_model_dir)
     run_transition(run=run, action="pause")
