@@ -42,6 +42,8 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,16 +211,17 @@ def _rng_restore(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([dec(t) for t in state["cuda"]])
 
 
-def journal_write(*, run_id: int, step: int, batch: Any, batch_ids: list[int]) -> Path:
+def journal_write(*, run_id: int, step: int, batch: Any, batch_ids: list[int], rng: dict[str, Any] | None = None) -> Path:
     """Record what step `step` trains on, durably, before it commits: the batch as trained
-    (not ids: the buffer's rewards and feedback may change later) and the RNG state now."""
+    (not ids: the buffer's rewards and feedback may change later) and the RNG state the step
+    starts from (`rng`, taken now when not given)."""
     entry = {
         "step": step,
         "batch_ids": batch_ids,
         "usual": [dataclasses.asdict(r) for r in batch.usual],
         "expert": [dataclasses.asdict(r) for r in batch.expert],
         "preferences": [list(p) for p in batch.preferences],
-        "rng": _rng_state(),
+        "rng": rng if rng is not None else _rng_state(),
     }
     out = journal_path(run_id, step)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,6 +234,17 @@ def journal_write(*, run_id: int, step: int, batch: Any, batch_ids: list[int]) -
     os.replace(tmp, out)
     _fsync_path(out.parent)
     return out
+
+
+_JOURNAL_WRITER: ThreadPoolExecutor | None = None
+
+
+def _journal_writer() -> ThreadPoolExecutor:
+    # Made on first use, in the worker process (not before a prefork pool forks).
+    global _JOURNAL_WRITER
+    if _JOURNAL_WRITER is None:
+        _JOURNAL_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-journal")
+    return _JOURNAL_WRITER
 
 
 def journal_read(path: Path) -> tuple[Any, dict[str, Any]]:
@@ -450,12 +464,20 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
         if not ids:
             return {"status": "waiting"}
         try:
-            journal_write(run_id=run_id, step=step, batch=batch, batch_ids=ids)
+            # The journal entry is written and fsynced while the learner steps (torch leaves
+            # the GIL; the learner never mutates the batch), and waited for before the commit.
+            journal = _journal_writer().submit(
+                journal_write, run_id=run_id, step=step, batch=batch, batch_ids=ids, rng=_rng_state()
+            )
             try:
                 metrics = res.learner.step(batch)
             except NothingToTrain as exc:
                 log.info("run %s step %s: %s; the batch is used up without an update", run_id, step, exc)
                 metrics = {"skipped": 1.0}
+            except BaseException:
+                futures_wait([journal])  # an entry for a step that never commits: its outcome is moot
+                raise
+            journal.result()  # durable before the commit
             res.step = step
             with transaction.atomic():
                 if not Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step):
