@@ -11,10 +11,10 @@ one) resident between steps. One step:
    state it starts from, written and fsynced;
 4. one optimizer step with TRL's losses (`workers.algorithms`);
 5. in one transaction: `run.train_step` step-1 → step (conditional UPDATE: the idempotency
-   guard) and `batch_ack`; on any failure before this, `batch_release`;
-6. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
-   optimizer, scheduler), after which the journal entries and older snapshots it covers go;
-7. every `sync_interval` steps, publish version n through the weight sync.
+   guard), `batch_ack` and the step's metrics; on any failure before this, `batch_release`;
+6. every `sync_interval` steps, publish version n through the weight sync;
+7. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
+   optimizer, scheduler), after which the journal entries and older snapshots it covers go.
 
 A restart rebuilds the state as of the step the database says is done: the newest snapshot
 at or before it, then the journaled steps after it replayed on their own batches from their
@@ -460,6 +460,8 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
         if step == run.train_step and step > 0:
             # Re-dispatched after a crash between the step and its publish.
             seconds = _publish_due(run=run, res=resident_for(run))
+            if seconds is not None:
+                metric_record(run=run, step=step, values={"sync_seconds": seconds})
             return {"status": "published" if seconds is not None else "done"}
         if step != run.train_step + 1 or step > cfg.total_steps:
             return {"status": "not due", "train_step": run.train_step}
@@ -488,29 +490,34 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
                 raise
             journal.result()  # durable before the commit
             res.step = step
+            metrics.update(
+                {
+                    "staleness": float(policy.staleness(current_version=trainer_version, experience_versions=[e.model_version for e in rows])),
+                    "step_seconds": time.perf_counter() - started,
+                    "claimed": float(len(ids)),
+                }
+            )
             with transaction.atomic():
                 if not Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step):
                     raise StepConflict(f"run {run_id} step {step} was recorded by another trainer")
                 batch_ack(run=run, worker=worker, ids=ids)
+                # With the step, so that a worker killed right after the commit loses none
+                # (a re-dispatch of a done step only publishes). Its live event may go out
+                # just before the COMMIT, the one statement left to fail.
+                metric_record(run=run, step=step, values=metrics)
         except BaseException:
             # The in-memory weights may hold a step the database never got: reload next time.
             resident_drop(run_id)
             batch_release(run=run, worker=worker, ids=ids)
             raise
         run.train_step = step
-        if snapshot_due(step=step, total_steps=cfg.total_steps):
-            _snapshot_and_prune(res=res, step=step)
         sync_seconds = _publish_due(run=run, res=res)
-        metrics.update(
-            {
-                "staleness": float(policy.staleness(current_version=trainer_version, experience_versions=[e.model_version for e in rows])),
-                "step_seconds": time.perf_counter() - started,
-                "claimed": float(len(ids)),
-            }
-        )
         if sync_seconds is not None:
             metrics["sync_seconds"] = sync_seconds
-        metric_record(run=run, step=step, values=metrics)
+            metric_record(run=run, step=step, values={"sync_seconds": sync_seconds})
+        # After the publish (explorers may be waiting for it); the journal already holds the step.
+        if snapshot_due(step=step, total_steps=cfg.total_steps):
+            _snapshot_and_prune(res=res, step=step)
         _external_log(run_id, step, metrics)
     # Dispatch what this step unblocked now rather than at the conductor's next beat (the
     # dispatch markers keep it from doubling what the conductor sends).

@@ -14,7 +14,7 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
-from apps.runs.models import ModelVersion, Run
+from apps.runs.models import Metric, ModelVersion, Run
 from apps.runs.selectors import preferences_among
 from tests.factories import experience_row, make_run, make_taskset
 from workers import trainer as trainer_mod
@@ -208,3 +208,29 @@ def test_a_step_whose_journal_is_lost_resumes_from_the_newest_version_and_snapsh
     assert trainer_step(run_id=run.pk, step=3)["status"] == "trained"
     after_three = _state(run)
     _assert_identical(_restarted(run), after_three)
+
+
+def test_a_worker_killed_between_the_commit_and_the_publish_keeps_the_steps_metrics_and_publishes_when_redispatched(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _running_run(owner, tiny_model_dir, sync_interval=1)
+    _groups(run, tag="a")
+    _groups(run, tag="b")
+
+    def killed(**kwargs: Any) -> None:
+        raise RuntimeError("worker killed after the commit")
+
+    monkeypatch.setattr(trainer_mod, "_publish_due", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer_step(run_id=run.pk, step=1)
+    monkeypatch.undo()
+    run.refresh_from_db()
+    assert (run.train_step, run.current_version) == (1, 0)
+    assert {"loss", "claimed", "staleness"} <= set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
+
+    trainer_mod._RESIDENTS.clear()
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "published"
+    run.refresh_from_db()
+    assert run.current_version == 1
+    assert Metric.objects.filter(run=run, step=1, name="sync_seconds").count() == 1
+    assert Metric.objects.filter(run=run, step=1, name="loss").count() == 1
