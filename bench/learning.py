@@ -98,11 +98,11 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     """[(step, training seconds so far, held-out accuracy)], step 0 being the base model."""
     from apps.buffer.importers import taskset_import
     from apps.buffer.services import task_attempts_create
-    from apps.runs.models import Run
+    from apps.runs.models import ModelVersion, Run
     from apps.runs.services import run_create
     from workers.demo_model import TASKSET_FILE
     from workers.explorer import explore
-    from workers.trainer import state_dir, trainer_step
+    from workers.trainer import trainer_step
 
     taskset = taskset_import(name=f"demo {algorithm}", path=demo / TASKSET_FILE, owner=owner)
     run = run_create(name=f"bench learning {algorithm}", owner=owner, config=_config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type),
@@ -129,7 +129,9 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
         if result.get("status") != "trained":
             raise SystemExit(f"{algorithm}: train step {step}: {result}")
         if step % eval_every == 0 or step == steps:
-            points.append((step, clock, _accuracy(str(state_dir(run.pk, step)), demo)))
+            # The version published at this step (sync_interval is 1: every step publishes).
+            checkpoint = ModelVersion.objects.get(run=run, train_step=step).checkpoint
+            points.append((step, clock, _accuracy(checkpoint, demo)))
             print(f"  {algorithm} step {step:4d}  {clock:7.1f} s  acc {points[-1][2]:.3f}", flush=True)
     return points
 

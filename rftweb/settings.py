@@ -169,6 +169,9 @@ RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
 # The trainer task's time limit (seconds); the soft limit releases the batch first.
 RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)
+# Every how many train steps the trainer writes a full snapshot (weights, optimizer); the
+# steps in between are journaled (their batch only) and replayed from the snapshot on restart.
+RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
