@@ -202,6 +202,8 @@ def _server_command(server: str, app: str, port: int) -> list[str]:
         # No per-message deflate: daphne does not compress either, and browsers' frames here are small.
         return [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--ws", "websockets-sansio", "--ws-per-message-deflate", "false", "--no-access-log"]
+    if os.environ.get("BENCH_PROFILE"):
+        return [sys.executable, os.environ["BENCH_PROFILE"], "-b", "127.0.0.1", "-p", str(port), app]
     return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
 
 

@@ -41,7 +41,7 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.member is not None:
-            fanout_leave(member=self.member)
+            await fanout_leave(member=self.member)
             self.member = None
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

@@ -224,14 +224,16 @@ class RunFanout:
         except Exception:
             log.debug("fanout: closing a socket of run %s failed", self.run_id, exc_info=True)
 
-    def leave(self, member: Member) -> None:
+    def leave(self, member: Member) -> asyncio.Future[None] | None:
+        """Drop a member; the last one out closes the hub and gets its unsubscribe to await."""
         if self.members.get(id(member.socket)) is member:
             del self.members[id(member.socket)]
         member.stop()
         if not self.members and not self._closed:
-            self._close()
+            return self._close()
+        return None
 
-    def _close(self) -> None:
+    def _close(self) -> asyncio.Future[None]:
         # Out of the registry at once, so a socket that joins during the cleanup below starts
         # a fresh subscription instead of joining one that is going away.
         self._closed = True
@@ -250,6 +252,7 @@ class RunFanout:
         unsubscribe = asyncio.ensure_future(self._unsubscribe())
         _cleanups.add(unsubscribe)
         unsubscribe.add_done_callback(_cleanups.discard)
+        return unsubscribe
 
     async def _unsubscribe(self) -> None:
         try:
@@ -285,9 +288,12 @@ async def fanout_join(*, run_id: int, socket: LiveSocket) -> Member:
     return await hub.join(socket)
 
 
-def fanout_leave(*, member: Member) -> None:
-    """Take the socket out of its run's hub; the last one out unsubscribes the process."""
-    member.hub.leave(member)
+async def fanout_leave(*, member: Member) -> None:
+    """Take the socket out of its run's hub; the last one out unsubscribes the process (and
+    waits for it, so that a server or a test that stops next leaves no member behind)."""
+    unsubscribe = member.hub.leave(member)
+    if unsubscribe is not None:
+        await asyncio.shield(unsubscribe)
 
 
 def fanout_hub(*, run_id: int) -> RunFanout | None:
