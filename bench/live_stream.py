@@ -20,7 +20,8 @@ seconds that the server and the readers used. Target (issue #5): p99 < 100 ms at
 and 200 events/s with no lost deliveries. The last line prints the p99 ratio hub /
 per-client at N clients and the verdict for each.
 
-Needs DATABASE_URL (Postgres) and REDIS_URL; makes and drops its own database.
+Needs DATABASE_URL (Postgres) and REDIS_URL; makes and drops its own database. BENCH_LOG=path
+keeps the servers' stderr; BENCH_DUMP=path writes "client seq latency_ms" lines per reader.
 """
 
 from __future__ import annotations
@@ -202,8 +203,6 @@ def _server_command(server: str, app: str, port: int) -> list[str]:
         # No per-message deflate: daphne does not compress either, and browsers' frames here are small.
         return [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
                 "--ws", "websockets-sansio", "--ws-per-message-deflate", "false", "--no-access-log"]
-    if os.environ.get("BENCH_PROFILE"):
-        return [sys.executable, os.environ["BENCH_PROFILE"], "-b", "127.0.0.1", "-p", str(port), app]
     return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
 
 
