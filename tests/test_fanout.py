@@ -167,3 +167,29 @@ async def test_frames_are_encoded_once_for_all_sockets(run: Run, owner: User) ->
     assert hub is not None and hub.frames_sent == 1
     await first.disconnect()
     await second.disconnect()
+
+
+async def test_a_backlog_goes_out_as_several_frames_under_the_size_bound_in_order(
+    run: Run, owner: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.3)
+    monkeypatch.setattr(fanout, "MAX_FRAME_BYTES", 1000)
+    comm, _ = await _connect(run, owner)
+    for seq in range(30):
+        await event_publish_async(run_id=run.pk, type="experience.created", payload={"seq": seq, "text": "y" * 150})
+    frames: list[dict[str, Any]] = []
+    events = await _events(comm, 30, frames)
+    assert [e["payload"]["seq"] for e in events] == list(range(30))
+    batches = [f for f in frames if f["type"] == "batch"]
+    assert batches and all(len(json.dumps(f)) <= 1000 for f in batches)
+    await comm.disconnect()
+
+
+async def test_a_large_event_reaches_a_socket_that_is_keeping_up(run: Run, owner: User,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a backlog makes a socket slow: one frame bigger than the allowance is still sent.
+    monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 1000)
+    comm, _ = await _connect(run, owner)
+    await event_publish_async(run_id=run.pk, type="experience.created", payload={"text": "z" * 5000})
+    assert (await comm.receive_json_from(timeout=5))["payload"]["text"] == "z" * 5000
+    await comm.disconnect()

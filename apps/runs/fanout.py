@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 # events/s to 50 sockets become ~67 frames/s per socket instead of 200, and latency grows by
 # at most this much.
 FLUSH_INTERVAL = getattr(settings, "RFT_LIVE_FLUSH_MS", 15.0) / 1000.0
-# A frame never carries more events than this; a larger backlog goes out as several frames.
-MAX_EVENTS_PER_FRAME = 500
+# A batch frame stays under this many bytes (several frames for a larger backlog): common
+# websocket clients refuse messages over 1 MiB by default (Python's websockets does).
+MAX_FRAME_BYTES = 256 * 1024
 # What a socket may have queued and unsent before it is closed as too slow (bytes of frames).
 CLIENT_BUFFER_BYTES = 1 << 20
 # Application close code (4000-4999) for "closed because it did not keep up"; clients reconnect.
@@ -85,7 +86,8 @@ class Member:
     def push(self, frame: str) -> None:
         if self.closed_code is not None:
             return
-        if self.queued_bytes + len(frame) > CLIENT_BUFFER_BYTES:
+        # An empty outbox takes any frame: only a backlog makes a socket slow.
+        if self.outbox and self.queued_bytes + len(frame) > CLIENT_BUFFER_BYTES:
             self.hub.evict(self, code=SLOW_CLIENT_CLOSE_CODE)
             return
         self.outbox.append(frame)
@@ -105,8 +107,9 @@ class Member:
                     self.queued_bytes -= len(frame)
         except asyncio.CancelledError:
             raise
-        except Exception:  # the socket went away mid-send; its disconnect() leaves the hub
+        except Exception:  # the socket went away mid-send: stop queueing for it
             log.debug("fanout: a send to a socket of run %s failed", self.hub.run_id, exc_info=True)
+            self.hub.leave(self)
 
     def stop(self) -> None:
         self.outbox.clear()
@@ -191,9 +194,7 @@ class RunFanout:
         self._flush_handle = None
         self._last_flush = self._loop.time()
         events, self.pending = self.pending, []
-        for start in range(0, len(events), MAX_EVENTS_PER_FRAME):
-            chunk = events[start:start + MAX_EVENTS_PER_FRAME]
-            frame = json.dumps(chunk[0] if len(chunk) == 1 else {"type": "batch", "events": chunk})
+        for frame in _frames([json.dumps(event) for event in events]):
             self.frames_sent += 1
             for member in list(self.members.values()):
                 member.push(frame)
@@ -268,6 +269,22 @@ class RunFanout:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _frames(encoded: list[str]) -> list[str]:
+    """Encoded events as frames: one event as it is, several as a batch, in order, each batch
+    under MAX_FRAME_BYTES (an event larger than that goes alone)."""
+    frames: list[str] = []
+    chunk: list[str] = []
+    size = 0
+    for event in encoded + [""]:
+        if chunk and (not event or size + len(event) + 1 > MAX_FRAME_BYTES):
+            frames.append(chunk[0] if len(chunk) == 1 else '{"type": "batch", "events": [' + ", ".join(chunk) + "]}")
+            chunk, size = [], 0
+        if event:
+            chunk.append(event)
+            size += len(event) + 2
+    return frames
 
 
 # Hubs per event loop: a channel layer's connections belong to the loop that opened them,
