@@ -61,7 +61,8 @@ GROUP_RENEW_SECONDS = 3600.0
 class LiveSocket(Protocol):
     """What the hub needs from a socket: a consumer's send and close."""
 
-    def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> Awaitable[None]: ...
+    def send(self, text_data: str | None = None, bytes_data: bytes | None = None,
+             close: bool = False) -> Awaitable[None]: ...
 
     def close(self, code: int | None = None, reason: str | None = None) -> Awaitable[None]: ...
 
@@ -265,10 +266,6 @@ class RunFanout:
                 await self.layer.group_discard(self.group, self.channel)
             except Exception:
                 log.exception("fanout: could not unsubscribe run %s", self.run_id)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
 
 def _frames(encoded: list[str]) -> list[str]:
