@@ -155,6 +155,10 @@ else:
     CELERY_BROKER_URL = "memory://"
     CELERY_RESULT_BACKEND = "cache+memory://"
 
+# The live stream (apps/runs/fanout.py) sends a busy run's events to each socket at most once
+# per this many milliseconds, several events to a frame.
+RFT_LIVE_FLUSH_MS = env_float("RFT_LIVE_FLUSH_MS", 15.0)
+
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 

@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from apps.runs.events import run_group
+from apps.runs.fanout import Member, fanout_join, fanout_leave
 from apps.runs.models import Run
 from apps.runs.selectors import run_can_view
 
@@ -19,9 +19,13 @@ def _may_view(run_id: int, user: Any) -> bool:
 
 
 class RunEventsConsumer(AsyncJsonWebsocketConsumer):
-    """Joins `run.<id>` after checking the user may view the run; forwards typed events."""
+    """Checks the user may view the run, then joins this process's subscription to `run.<id>`
+    (apps/runs/fanout.py), which sends each event to every local socket of the run."""
 
-    group: str | None = None
+    # No channel of its own: the process's hub is the only group member, so a socket costs
+    # no layer channel (a Redis subscription on the pub/sub layer, a receive task on core).
+    channel_layer_alias = "rftweb.no-layer-per-socket"
+    member: Member | None = None
 
     async def connect(self) -> None:
         run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -29,26 +33,18 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not await _may_view(run_id, user):
             await self.close(code=4403)
             return
-        self.group = run_group(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        # Subscribed before the handshake completes, so nothing published after the client
+        # sees "open" is missed; frames wait in the member's outbox until start().
+        self.member = await fanout_join(run_id=run_id, socket=self)
         await self.accept()
+        self.member.start()
 
     async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.member is not None:
+            await fanout_leave(member=self.member)
+            self.member = None
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The stream is one-way; a ping gets a pong so clients can measure the link.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "payload": content.get("payload")})
-
-    async def _forward(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": event["type"], "payload": event.get("payload", {})})
-
-    experience_created = _forward
-    feedback_saved = _forward
-    weights_synced = _forward
-    run_metric = _forward
-    run_status = _forward
-    buffer_counts = _forward
-    worker_heartbeat = _forward

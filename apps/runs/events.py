@@ -1,9 +1,9 @@
 """Typed live events on a run's channel-layer group, publishable from anywhere (views,
 Celery tasks, management commands).
 
-A consumer receives `{"type": "experience.created", ...}` as a call of its
-`experience_created` method (Channels' dispatch), so every type here has such a method on
-`RunEventsConsumer`.
+Each web process subscribes to a run's group once, for all its sockets of that run
+(apps/runs/fanout.py), and forwards `{"type": "experience.created", "payload": {...}}` to the
+browser as it came, or several in order in one `{"type": "batch", "events": [...]}` frame.
 """
 
 from __future__ import annotations

@@ -95,8 +95,13 @@
       loadMore(); // anything that arrived while we were away
     };
     ws.onmessage = (msg) => {
-      let ev;
-      try { ev = JSON.parse(msg.data); } catch (e) { return; }
+      let frame;
+      try { frame = JSON.parse(msg.data); } catch (e) { return; }
+      // Under load the server sends several events, in order, as one "batch" frame.
+      const events = frame.type === "batch" && Array.isArray(frame.events) ? frame.events : [frame];
+      events.forEach(handle);
+    };
+    function handle(ev) {
       const p = ev.payload || {};
       if (ev.type === "experience.created") {
         const n = Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
@@ -112,7 +117,7 @@
       } else if (ev.type === "run.status") {
         note("run " + p.status);
       }
-    };
+    }
     ws.onclose = (ev) => {
       statusEl.textContent = ev.code === 4403 ? "not allowed" : "offline";
       statusEl.classList.remove("on");

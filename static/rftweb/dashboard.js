@@ -194,11 +194,15 @@
       catchUp();
     };
     ws.onmessage = function (m) {
-      var msg;
-      try { msg = JSON.parse(m.data); } catch (e) { return; }
-      logEvent(msg.type, msg.payload);
-      var h = handlers[msg.type];
-      if (h) h(msg.payload || {});
+      var frame;
+      try { frame = JSON.parse(m.data); } catch (e) { return; }
+      // Under load the server sends several events, in order, as one "batch" frame.
+      var events = frame.type === "batch" && Array.isArray(frame.events) ? frame.events : [frame];
+      events.forEach(function (msg) {
+        logEvent(msg.type, msg.payload);
+        var h = handlers[msg.type];
+        if (h) h(msg.payload || {});
+      });
     };
     ws.onclose = function (e) {
       live.dataset.state = "reconnecting";

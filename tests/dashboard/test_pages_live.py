@@ -97,6 +97,26 @@ def test_the_reward_chart_grows_as_metrics_arrive(page: Any, running_run: tuple[
     assert page.locator("#chart-reward canvas").count() == 1
 
 
+def test_a_burst_of_metrics_arrives_in_batch_frames_and_every_point_is_drawn(page: Any, running_run: tuple[User, Run]) -> None:
+    owner, run = running_run
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(payload)))
+    log_in(page, owner)
+    page.goto(f"/runs/{run.pk}/")
+    page.wait_for_selector("#live[data-state=live]")
+    # 40 metrics back to back from one process, as a trainer logging fast would: the server
+    # sends them several to a frame (apps/runs/fanout.py), in order.
+    in_another_process(
+        "import asyncio\nfrom apps.runs.events import event_publish_async\n"
+        "async def burst():\n"
+        f"    for step in range(4, 44): await event_publish_async(run_id={run.pk}, type='run.metric', "
+        "payload={'step': step, 'values': {'reward/mean': step / 100}})\n"
+        "asyncio.run(burst())"
+    )
+    page.wait_for_function("document.querySelector('#chart-reward').dataset.points === '43'")
+    assert any('"type": "batch"' in f for f in frames)
+
+
 def test_pause_and_resume_work_from_the_page(page: Any, running_run: tuple[User, Run]) -> None:
     owner, run = running_run
     log_in(page, owner)

@@ -102,12 +102,15 @@ def login(page: Any, live_url: str, username: str, password: str = "pw-for-tests
     page.wait_for_load_state()
 
 
-def worker_write(run_id: int, rows: list[dict[str, Any]] | None = None, event: dict[str, Any] | None = None) -> list[int]:
+def worker_write(run_id: int, rows: list[dict[str, Any]] | None = None, event: dict[str, Any] | None = None,
+                 events: list[dict[str, Any]] | None = None) -> list[int]:
     """Write experiences from another process, as a rollout worker does, and announce them
-    (or only publish `event`)."""
+    (or only publish `event`, or `events` back to back)."""
     spec: dict[str, Any] = {"run_id": run_id, "rows": rows or []}
     if event is not None:
         spec["event"] = event
+    if events is not None:
+        spec["events"] = events
     result = subprocess.run(
         [sys.executable, "-m", "tests.feedback.worker", json.dumps(spec)],
         cwd=ROOT, env=server_env(), capture_output=True, text=True, timeout=60,

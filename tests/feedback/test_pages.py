@@ -101,6 +101,20 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     assert Feedback.objects.get(kind="edit").value == {"expert_id": expert.pk}
 
 
+def test_a_burst_of_events_arrives_in_batch_frames_and_each_is_shown_in_order(page: Any, live_url: str, owner: User,
+                                                                             annotator: User) -> None:
+    run = make_run(owner=owner, feedback={"mode": "human"})
+    add_member(run, annotator)
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(payload)))
+    _open_annotate(page, live_url, run, "annotator")
+    worker_write(run.pk, events=[{"type": "feedback.saved", "payload": {"kind": f"k{i}"}} for i in range(25)])
+    page.wait_for_function("document.querySelectorAll('#live-feed li').length >= 25")
+    notes = page.locator("#live-feed li").all_inner_texts()
+    assert notes[:25] == [f"feedback: k{i}" for i in reversed(range(25))]  # newest first
+    assert any('"type": "batch"' in f for f in frames)
+
+
 XSS = (
     "Look: <script>window.__xss = 'script'</script>\n\n"
     "<img src=x onerror=\"window.__xss = 'img'\">\n\n"

@@ -3,13 +3,16 @@ writes experiences through experience_write and announces them, as a rollout wor
 
     python -m tests.feedback.worker '{"run_id": 1, "rows": [{...}, ...]}'
     python -m tests.feedback.worker '{"run_id": 1, "event": {"type": "feedback.saved", "payload": {}}}'
+    python -m tests.feedback.worker '{"run_id": 1, "events": [{"type": ..., "payload": {}}, ...]}'  (back to back)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+from typing import Any
 
 
 def main() -> None:
@@ -21,6 +24,10 @@ def main() -> None:
     from apps.runs.events import event_publish
 
     spec = json.loads(sys.argv[1])
+    if "events" in spec:
+        asyncio.run(_burst(spec["run_id"], spec["events"]))
+        print(json.dumps({"ids": []}))
+        return
     if "event" in spec:
         event_publish(run_id=spec["run_id"], type=spec["event"]["type"], payload=spec["event"]["payload"])
         print(json.dumps({"ids": []}))
@@ -30,6 +37,13 @@ def main() -> None:
     event_publish(run_id=spec["run_id"], type="experience.created",
                   payload={"ids": result.ids, "group_id": rows[0]["group_id"], "count": len(result.ids)})
     print(json.dumps({"ids": result.ids}))
+
+
+async def _burst(run_id: int, events: list[dict[str, Any]]) -> None:
+    from apps.runs.events import event_publish_async
+
+    for event in events:
+        await event_publish_async(run_id=run_id, type=event["type"], payload=event["payload"])
 
 
 if __name__ == "__main__":

@@ -228,7 +228,9 @@ async def _events(communicator: WebsocketCommunicator, *, count: int, timeout: f
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while len([e for e in seen if e["type"] == "experience.created"]) < count:
-        seen.append(await communicator.receive_json_from(timeout=max(0.1, deadline - loop.time())))
+        frame = await communicator.receive_json_from(timeout=max(0.1, deadline - loop.time()))
+        # Events that arrive together come as one batch frame, in order.
+        seen.extend(frame["events"] if frame["type"] == "batch" else [frame])
     return [e for e in seen if e["type"] == "experience.created"]
 
 

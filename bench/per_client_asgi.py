@@ -1,0 +1,61 @@
+"""The live stream as it was before apps/runs/fanout.py, for bench/live_stream.py's baseline:
+every socket is its own member of the run's group, so each event is one channel-layer
+message and one JSON encode per socket. Served by daphne as `bench.per_client_asgi:application`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.generic.websocket import AsyncJsonWebsocketConsumer  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from apps.runs.consumers import _may_view  # noqa: E402
+from apps.runs.events import run_group  # noqa: E402
+
+
+class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):
+    group: str | None = None
+
+    async def connect(self) -> None:
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        user = self.scope.get("user")
+        if user is None or not await _may_view(run_id, user):
+            await self.close(code=4403)
+            return
+        self.group = run_group(run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def _forward(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": event["type"], "payload": event.get("payload", {})})
+
+    experience_created = _forward
+    feedback_saved = _forward
+    weights_synced = _forward
+    run_metric = _forward
+    run_status = _forward
+    buffer_counts = _forward
+    worker_heartbeat = _forward
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter([
+            path("ws/runs/<int:run_id>/", PerClientRunEventsConsumer.as_asgi()),
+        ]))),
+    }
+)

@@ -1,0 +1,195 @@
+"""The live stream's per-process hub (apps/runs/fanout.py): one group membership per run per
+process however many sockets watch it, events in order in single or batch frames, slow
+sockets closed instead of buffered without bound, and a clean unsubscribe. Real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+
+from apps.runs import fanout
+from apps.runs.events import event_publish_async, run_group
+from apps.runs.fanout import SLOW_CLIENT_CLOSE_CODE, fanout_hub, fanout_join, fanout_leave
+from apps.runs.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+async def no_stale_members(run: Run) -> None:
+    # Run ids restart with each test database; a killed earlier session may have left members.
+    layer = get_channel_layer()
+    await layer.connection(layer.consistent_hash(run_group(run.pk))).delete(layer._group_key(run_group(run.pk)))
+
+
+async def _connect(run: Run, user: object) -> tuple[WebsocketCommunicator, bool]:
+    from apps.runs.consumers import RunEventsConsumer
+
+    comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
+    comm.scope["user"] = user
+    comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
+    connected, _ = await comm.connect()
+    return comm, connected
+
+
+async def _events(comm: WebsocketCommunicator, count: int, frames: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Read frames until `count` events came; batch frames are unpacked in order."""
+    events: list[dict[str, Any]] = []
+    while len(events) < count:
+        frame = await comm.receive_json_from(timeout=10)
+        if frames is not None:
+            frames.append(frame)
+        events.extend(frame["events"] if frame["type"] == "batch" else [frame])
+    return events
+
+
+async def _group_members(run: Run) -> list[bytes]:
+    layer = get_channel_layer()
+    connection = layer.connection(layer.consistent_hash(run_group(run.pk)))
+    return await connection.zrange(layer._group_key(run_group(run.pk)), 0, -1)
+
+
+async def _until(predicate: Any, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+async def test_sockets_of_a_run_in_one_process_share_one_group_membership(run: Run, owner: User, annotator: User) -> None:
+    comms = [(await _connect(run, user))[0] for user in (owner, annotator, owner)]
+    assert len(await _group_members(run)) == 1
+    await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2})
+    for comm in comms:
+        assert await comm.receive_json_from(timeout=5) == {"type": "weights.synced", "payload": {"version": 2}}
+    for comm in comms:
+        await comm.disconnect()
+
+
+async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner: User) -> None:
+    first, _ = await _connect(run, owner)
+    second, _ = await _connect(run, owner)
+    await first.disconnect()
+    assert fanout_hub(run_id=run.pk) is not None and len(await _group_members(run)) == 1
+    await second.disconnect()
+    assert fanout_hub(run_id=run.pk) is None
+
+    async def unsubscribed() -> bool:
+        return await _group_members(run) == []
+
+    await _until(unsubscribed)
+    # A socket that comes back subscribes afresh and receives again.
+    again, _ = await _connect(run, owner)
+    await event_publish_async(run_id=run.pk, type="run.status", payload={"status": "running"})
+    assert await again.receive_json_from(timeout=5) == {"type": "run.status", "payload": {"status": "running"}}
+    await again.disconnect()
+
+
+async def test_a_refused_socket_does_not_subscribe_the_process(run: Run, outsider: User) -> None:
+    _, connected = await _connect(run, outsider)
+    assert not connected
+    assert fanout_hub(run_id=run.pk) is None and await _group_members(run) == []
+
+
+async def test_a_burst_reaches_every_socket_in_order_in_fewer_frames(run: Run, owner: User, annotator: User,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long flush interval makes the batching certain however slow the machine is.
+    monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.3)
+    comms = [(await _connect(run, user))[0] for user in (owner, annotator)]
+    for seq in range(60):
+        await event_publish_async(run_id=run.pk, type="experience.created", payload={"ids": [seq], "seq": seq})
+    for comm in comms:
+        frames: list[dict[str, Any]] = []
+        events = await _events(comm, 60, frames)
+        assert [e["payload"]["seq"] for e in events] == list(range(60))
+        assert all(e["type"] == "experience.created" for e in events)
+        assert len(frames) < 60 and any(f["type"] == "batch" for f in frames)
+        await comm.disconnect()
+
+
+class StalledSocket:
+    """A socket whose client stopped reading: a send never completes (as under a server that
+    applies backpressure)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.closed_with: int | None = None
+        self.closed = asyncio.Event()
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        self.sent.append(text_data or "")
+        await asyncio.Event().wait()
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        self.closed_with = code
+        self.closed.set()
+
+
+async def test_a_socket_that_does_not_keep_up_is_closed_and_the_others_miss_nothing(
+    run: Run, owner: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 4000)
+    monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.0)
+    healthy, _ = await _connect(run, owner)
+    stalled = StalledSocket()
+    member = await fanout_join(run_id=run.pk, socket=stalled)
+    member.start()
+    peak = 0
+    for seq in range(100):
+        await event_publish_async(run_id=run.pk, type="experience.created", payload={"seq": seq, "text": "x" * 100})
+        peak = max(peak, member.queued_bytes)
+    await asyncio.wait_for(stalled.closed.wait(), timeout=10)
+    assert stalled.closed_with == SLOW_CLIENT_CLOSE_CODE
+    assert peak <= 4000 and member.queued_bytes == 0 and not member.outbox
+    assert member not in fanout_hub(run_id=run.pk).members.values()
+    events = await _events(healthy, 100)
+    assert [e["payload"]["seq"] for e in events] == list(range(100))
+    await fanout_leave(member=member)  # what its consumer's disconnect() does: harmless twice
+    await healthy.disconnect()
+    assert fanout_hub(run_id=run.pk) is None
+
+
+async def test_frames_are_encoded_once_for_all_sockets(run: Run, owner: User) -> None:
+    first, _ = await _connect(run, owner)
+    second, _ = await _connect(run, owner)
+    hub = fanout_hub(run_id=run.pk)
+    await event_publish_async(run_id=run.pk, type="run.metric", payload={"loss": 0.5})
+    one = await first.receive_from(timeout=5)
+    two = await second.receive_from(timeout=5)
+    assert one == two and json.loads(one) == {"type": "run.metric", "payload": {"loss": 0.5}}
+    assert hub is not None and hub.frames_sent == 1
+    await first.disconnect()
+    await second.disconnect()
+
+
+async def test_a_backlog_goes_out_as_several_frames_under_the_size_bound_in_order(
+    run: Run, owner: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.3)
+    monkeypatch.setattr(fanout, "MAX_FRAME_BYTES", 1000)
+    comm, _ = await _connect(run, owner)
+    for seq in range(30):
+        await event_publish_async(run_id=run.pk, type="experience.created", payload={"seq": seq, "text": "y" * 150})
+    frames: list[dict[str, Any]] = []
+    events = await _events(comm, 30, frames)
+    assert [e["payload"]["seq"] for e in events] == list(range(30))
+    batches = [f for f in frames if f["type"] == "batch"]
+    assert batches and all(len(json.dumps(f)) <= 1000 for f in batches)
+    await comm.disconnect()
+
+
+async def test_a_large_event_reaches_a_socket_that_is_keeping_up(run: Run, owner: User,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a backlog makes a socket slow: one frame bigger than the allowance is still sent.
+    monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 1000)
+    comm, _ = await _connect(run, owner)
+    await event_publish_async(run_id=run.pk, type="experience.created", payload={"text": "z" * 5000})
+    assert (await comm.receive_json_from(timeout=5))["payload"]["text"] == "z" * 5000
+    await comm.disconnect()
