@@ -250,10 +250,14 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 def _advance(*, run: Run, step: int) -> None:
     """Dispatch what this step unblocked (the train step it filled, the next explore step)
     now rather than at the conductor's next beat: in async mode that hop is what keeps the
-    explorer from overlapping the trainer."""
-    from apps.runs.orchestration import run_advance_soon
+    explorer from overlapping the trainer. The dispatch markers keep it from doubling what
+    the conductor sends."""
+    try:
+        from apps.runs.orchestration import run_advance
 
-    run_advance_soon(run_id=run.pk)
+        run_advance(run=run)
+    except Exception:
+        log.exception("run %s: could not dispatch after explore step %s", run.pk, step)
 
 
 def _send_remote_scoring(*, run_id: int, ids: list[int]) -> None:

@@ -519,10 +519,14 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None) -> dict[s
         if snapshot_due(step=step, total_steps=cfg.total_steps):
             _snapshot_and_prune(res=res, step=step)
         _external_log(run_id, step, metrics)
-    # Dispatch what this step unblocked now rather than at the conductor's next beat.
-    from apps.runs.orchestration import run_advance_soon
+    # Dispatch what this step unblocked now rather than at the conductor's next beat (the
+    # dispatch markers keep it from doubling what the conductor sends).
+    try:
+        from apps.runs.orchestration import run_advance
 
-    run_advance_soon(run_id=run_id)
+        run_advance(run=run)
+    except Exception:
+        log.exception("run %s: could not dispatch after train step %s", run_id, step)
     return {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 

@@ -12,8 +12,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 
-from apps.runs.models import Run
-from apps.runs.orchestration import conduct_next, conduct_tick, run_advance, runs_resume
+from apps.runs.orchestration import conduct_next, conduct_tick, runs_resume
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +29,6 @@ def run_conduct(run_id: int, token: str) -> None:
         keep_going = True
     if keep_going:
         conduct_next(run_id=run_id, token=token)
-
-
-# Sent by explorers and trainers when a step ends (run_advance_soon). Never retried: the
-# conductor's next beat does the same work; run_advance is idempotent through its markers.
-@shared_task(name="apps.runs.conduct.run_advance_task", ignore_result=True, acks_late=False, time_limit=60, soft_time_limit=50)
-def run_advance_task(run_id: int) -> None:
-    run = Run.objects.filter(pk=run_id).first()
-    if run is not None:
-        run_advance(run=run)
 
 
 # Periodic (beat) safety net: restarts a conductor for any running run whose chain broke.

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 EXPLORE_TASK = "workers.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.train_step"
 CONDUCT_TASK = "apps.runs.conduct.run_conduct"
-ADVANCE_TASK = "apps.runs.conduct.run_advance_task"
 
 
 # ----------------------------------------------------------------------------- markers
@@ -265,17 +264,6 @@ def run_advance(*, run: Run) -> Advance:
         run_finish(run=run)
         return Advance(keep_going=False, dispatched=out.dispatched, finished=True)
     return out
-
-
-def run_advance_soon(*, run_id: int) -> None:
-    """Have the conductor's queue run `run_advance` for the run now, instead of at its next
-    beat. Explorers and trainers call this when a step ends: the readiness queries and
-    dispatches then cost the GPU workers one broker send (about 1 ms) instead of 10-15 ms of
-    database round trips per step. The dispatch markers keep it from doubling a beat."""
-    try:
-        _send(ADVANCE_TASK, [run_id], "default")
-    except Exception:  # the next beat dispatches the same steps
-        log.exception("run %s: could not ask for an advance", run_id)
 
 
 def _in_flight(run: Run) -> bool:
