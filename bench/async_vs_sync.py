@@ -7,7 +7,9 @@ generate up to two versions ahead while the trainer steps, so the two overlap. T
 is bounded by (explore + train) / max(explore, train) per step, 2 when the sides are even:
 the default workload (16 tasks × 8 samples of ≤ 16 tokens per step, one GRPO step on the
 128 completions) keeps them close on this CPU, and the table shows each side's median step
-so the bound can be checked. Each worker gets one thread, as on a 2-core machine.
+so the bound can be checked. Each worker gets one thread, as on a 2-core machine, and the
+conductor beats at its default interval (steps dispatch their successors themselves; a
+faster beat only takes CPU from the two sides being overlapped).
 
     python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16]
 
@@ -94,7 +96,7 @@ def main() -> None:
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
-               RFT_STORAGE_DIR=str(tmp / "storage"), RFT_CONDUCT_SECONDS="0.2", OMP_NUM_THREADS="1")
+               RFT_STORAGE_DIR=str(tmp / "storage"), OMP_NUM_THREADS="1")
     procs = [
         _worker("conductor", "default", [], env, tmp),
         _worker("trainer", "train", ["workers.trainer"], env, tmp),
