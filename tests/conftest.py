@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -55,3 +57,16 @@ def fresh_channel_layer() -> object:
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+async def run_socket_connect(run: Run, user: object) -> tuple[Any, bool]:
+    """A websocket client of the run's live stream (the consumer alone, no server), as `user`."""
+    from channels.testing import WebsocketCommunicator
+
+    from apps.runs.consumers import RunEventsConsumer
+
+    comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
+    comm.scope["user"] = user
+    comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
+    connected, _ = await comm.connect()
+    return comm, connected

@@ -11,6 +11,7 @@ from django.contrib.auth.models import AnonymousUser, User
 
 from apps.runs.events import event_publish
 from apps.runs.models import Run
+from tests.conftest import run_socket_connect
 from apps.runs.tasks import run_announce
 from rftweb.asgi import application
 from tests.factories import make_experiences
@@ -19,19 +20,9 @@ from tests.workers_util import celery_worker
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def _connect(run: Run, user: object) -> tuple[WebsocketCommunicator, bool]:
-    from apps.runs.consumers import RunEventsConsumer
-
-    comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
-    comm.scope["user"] = user
-    comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
-    connected, _ = await comm.connect()
-    return comm, connected
-
-
 async def test_an_event_published_inside_a_celery_task_reaches_a_websocket_client(run: Run, owner: User, tmp_path) -> None:
     await sync_to_async(make_experiences)(run, groups=2, group_size=3)
-    comm, connected = await _connect(run, owner)
+    comm, connected = await run_socket_connect(run, owner)
     assert connected
     with celery_worker("default", name="events", log=tmp_path / "worker.log"):
         await sync_to_async(run_announce.delay)(run.pk)
@@ -41,11 +32,11 @@ async def test_an_event_published_inside_a_celery_task_reaches_a_websocket_clien
 
 
 async def test_members_receive_events_and_outsiders_cannot_subscribe(run: Run, annotator: User, outsider: User) -> None:
-    member, ok = await _connect(run, annotator)
+    member, ok = await run_socket_connect(run, annotator)
     assert ok
-    stranger, stranger_ok = await _connect(run, outsider)
+    stranger, stranger_ok = await run_socket_connect(run, outsider)
     assert not stranger_ok
-    anonymous, anonymous_ok = await _connect(run, AnonymousUser())
+    anonymous, anonymous_ok = await run_socket_connect(run, AnonymousUser())
     assert not anonymous_ok
     await sync_to_async(event_publish)(run_id=run.pk, type="weights.synced", payload={"version": 3})
     assert await member.receive_json_from(timeout=5) == {"type": "weights.synced", "payload": {"version": 3}}
@@ -56,7 +47,7 @@ async def test_events_of_one_run_do_not_reach_another(run: Run, owner: User) -> 
     from tests.factories import make_run
 
     other = await sync_to_async(make_run)(owner=owner, name="other")
-    comm, _ = await _connect(other, owner)
+    comm, _ = await run_socket_connect(other, owner)
     await sync_to_async(event_publish)(run_id=run.pk, type="run.status", payload={"status": "paused"})
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()

@@ -17,6 +17,7 @@ from apps.runs import fanout
 from apps.runs.events import event_publish_async, run_group
 from apps.runs.fanout import SLOW_CLIENT_CLOSE_CODE, fanout_hub, fanout_join, fanout_leave
 from apps.runs.models import Run
+from tests.conftest import run_socket_connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,16 +27,6 @@ async def no_stale_members(run: Run) -> None:
     # Run ids restart with each test database; a killed earlier session may have left members.
     layer = get_channel_layer()
     await layer.connection(layer.consistent_hash(run_group(run.pk))).delete(layer._group_key(run_group(run.pk)))
-
-
-async def _connect(run: Run, user: object) -> tuple[WebsocketCommunicator, bool]:
-    from apps.runs.consumers import RunEventsConsumer
-
-    comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
-    comm.scope["user"] = user
-    comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
-    connected, _ = await comm.connect()
-    return comm, connected
 
 
 async def _events(comm: WebsocketCommunicator, count: int, frames: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -64,7 +55,7 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
 
 
 async def test_sockets_of_a_run_in_one_process_share_one_group_membership(run: Run, owner: User, annotator: User) -> None:
-    comms = [(await _connect(run, user))[0] for user in (owner, annotator, owner)]
+    comms = [(await run_socket_connect(run, user))[0] for user in (owner, annotator, owner)]
     assert len(await _group_members(run)) == 1
     await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2})
     for comm in comms:
@@ -74,8 +65,8 @@ async def test_sockets_of_a_run_in_one_process_share_one_group_membership(run: R
 
 
 async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner: User) -> None:
-    first, _ = await _connect(run, owner)
-    second, _ = await _connect(run, owner)
+    first, _ = await run_socket_connect(run, owner)
+    second, _ = await run_socket_connect(run, owner)
     await first.disconnect()
     assert fanout_hub(run_id=run.pk) is not None and len(await _group_members(run)) == 1
     await second.disconnect()
@@ -86,14 +77,14 @@ async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner
 
     await _until(unsubscribed)
     # A socket that comes back subscribes afresh and receives again.
-    again, _ = await _connect(run, owner)
+    again, _ = await run_socket_connect(run, owner)
     await event_publish_async(run_id=run.pk, type="run.status", payload={"status": "running"})
     assert await again.receive_json_from(timeout=5) == {"type": "run.status", "payload": {"status": "running"}}
     await again.disconnect()
 
 
 async def test_a_refused_socket_does_not_subscribe_the_process(run: Run, outsider: User) -> None:
-    _, connected = await _connect(run, outsider)
+    _, connected = await run_socket_connect(run, outsider)
     assert not connected
     assert fanout_hub(run_id=run.pk) is None and await _group_members(run) == []
 
@@ -102,7 +93,7 @@ async def test_a_burst_reaches_every_socket_in_order_in_fewer_frames(run: Run, o
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # A long flush interval makes the batching certain however slow the machine is.
     monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.3)
-    comms = [(await _connect(run, user))[0] for user in (owner, annotator)]
+    comms = [(await run_socket_connect(run, user))[0] for user in (owner, annotator)]
     for seq in range(60):
         await event_publish_async(run_id=run.pk, type="experience.created", payload={"ids": [seq], "seq": seq})
     for comm in comms:
@@ -137,7 +128,7 @@ async def test_a_socket_that_does_not_keep_up_is_closed_and_the_others_miss_noth
 ) -> None:
     monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 4000)
     monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.0)
-    healthy, _ = await _connect(run, owner)
+    healthy, _ = await run_socket_connect(run, owner)
     stalled = StalledSocket()
     member = await fanout_join(run_id=run.pk, socket=stalled)
     member.start()
@@ -157,8 +148,8 @@ async def test_a_socket_that_does_not_keep_up_is_closed_and_the_others_miss_noth
 
 
 async def test_frames_are_encoded_once_for_all_sockets(run: Run, owner: User) -> None:
-    first, _ = await _connect(run, owner)
-    second, _ = await _connect(run, owner)
+    first, _ = await run_socket_connect(run, owner)
+    second, _ = await run_socket_connect(run, owner)
     hub = fanout_hub(run_id=run.pk)
     await event_publish_async(run_id=run.pk, type="run.metric", payload={"loss": 0.5})
     one = await first.receive_from(timeout=5)
@@ -174,7 +165,7 @@ async def test_a_backlog_goes_out_as_several_frames_under_the_size_bound_in_orde
 ) -> None:
     monkeypatch.setattr(fanout, "FLUSH_INTERVAL", 0.3)
     monkeypatch.setattr(fanout, "MAX_FRAME_BYTES", 1000)
-    comm, _ = await _connect(run, owner)
+    comm, _ = await run_socket_connect(run, owner)
     for seq in range(30):
         await event_publish_async(run_id=run.pk, type="experience.created", payload={"seq": seq, "text": "y" * 150})
     frames: list[dict[str, Any]] = []
@@ -189,7 +180,7 @@ async def test_a_large_event_reaches_a_socket_that_is_keeping_up(run: Run, owner
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # Only a backlog makes a socket slow: one frame bigger than the allowance is still sent.
     monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 1000)
-    comm, _ = await _connect(run, owner)
+    comm, _ = await run_socket_connect(run, owner)
     await event_publish_async(run_id=run.pk, type="experience.created", payload={"text": "z" * 5000})
     assert (await comm.receive_json_from(timeout=5))["payload"]["text"] == "z" * 5000
     await comm.disconnect()

@@ -161,24 +161,24 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
 
 
 def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
-    """Pairs people chose in A/B comparisons (late ones included), oldest first."""
+    """Pairs people chose in A/B comparisons (late ones included), oldest first. Choices are
+    human-made, so all of them and their completions fit in memory at once."""
     from apps.feedback.selectors import dpo_pairs
 
+    choices = [c for c in dpo_pairs(run=run) if (c.chosen_id, c.rejected_id) not in skip]
+    ids = {pk for c in choices for pk in (c.chosen_id, c.rejected_id)}
     fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt")
-    for choice in dpo_pairs(run=run):
-        if (choice.chosen_id, choice.rejected_id) in skip:
+    eligible = {r["id"]: r for r in _experiences(run=run, options=options).filter(pk__in=ids).values(*fields)}
+    for choice in choices:
+        chosen, rejected = eligible.get(choice.chosen_id), eligible.get(choice.rejected_id)
+        if chosen is None or rejected is None or (choice.chosen_id, choice.rejected_id) in skip:
             continue
-        ids = [choice.chosen_id, choice.rejected_id]
-        rows = {r["id"]: r for r in _experiences(run=run, options=options).filter(pk__in=ids).values(*fields)}
-        if len(rows) < 2:
-            continue
-        chosen = rows[choice.chosen_id]
         skip.add((choice.chosen_id, choice.rejected_id))
         yield {
             "prompt": _prompt_messages(chosen["messages"], chosen["task__messages"], chosen["prompt_text"],
                                        chosen["task__prompt"]),
             "chosen": [{"role": "assistant", "content": chosen["response_text"]}],
-            "rejected": [{"role": "assistant", "content": rows[choice.rejected_id]["response_text"]}],
+            "rejected": [{"role": "assistant", "content": rejected["response_text"]}],
         }
 
 

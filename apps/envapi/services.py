@@ -213,7 +213,7 @@ def _stored_key(client_key: str) -> str:
     return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
 
 
-def _trajectory_row(run: Run, item: Mapping[str, Any], *, key_prefix: str) -> dict[str, Any]:
+def _trajectory_row(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> dict[str, Any]:
     messages = item.get("messages")
     prompt = item.get("prompt") or ""
     response = item.get("response") or ""
@@ -230,7 +230,7 @@ def _trajectory_row(run: Run, item: Mapping[str, Any], *, key_prefix: str) -> di
     metadata["api_key"] = key_prefix
     row: dict[str, Any] = {
         "run_id": run.pk,
-        "key": _stored_key(item["key"]),
+        "key": key,
         "group_id": env_scoped(str(item.get("group_id") or item["key"]),
                                limit=Experience._meta.get_field("group_id").max_length),
         "task_id": item.get("task_id"),
@@ -272,13 +272,13 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
             if t.get("task_id") is not None and t["task_id"] not in known:
                 raise BatchRejected(i, f"task {t['task_id']} is not in this run's taskset")
     # Answers speak the client's keys; the buffer stores them scoped (see env_scoped).
-    client = {_stored_key(t["key"]): str(t["key"]) for t in trajectories}
-    keys = list(client)
+    stored = [_stored_key(t["key"]) for t in trajectories]
+    keys = list(dict.fromkeys(stored))
     before = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
-    rows = [_trajectory_row(run, t, key_prefix=key_prefix) for t in trajectories]
+    rows = [_trajectory_row(run, t, key=k, key_prefix=key_prefix) for t, k in zip(trajectories, stored)]
     result: WriteResult = experience_write(experiences=rows)
     ids = dict(Experience.objects.filter(run=run, key__in=keys).values_list("key", "id"))
-    items = [(client[k], ids[k], k in before) for k in (_stored_key(t["key"]) for t in trajectories)]
+    items = [(str(t["key"]), ids[k], k in before) for t, k in zip(trajectories, stored)]
     fresh = [(k, ids[k]) for k in keys if k not in before]
     if fresh:
         by_key = {r["key"]: r for r in rows}

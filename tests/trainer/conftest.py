@@ -139,3 +139,17 @@ def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactor
     finally:
         workers.stop_all()
         _redis_flush()
+
+
+def running_run(owner: Any, model_dir: Path, **config: Any) -> Any:
+    """A train-mode GRPO run on `model_dir`, already running (no conductor involved)."""
+    from apps.runs.models import Run
+    from tests.factories import make_run, make_taskset
+
+    defaults = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
+                "total_steps": 10, "mode": "train", "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
+    defaults.update(config)
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), **defaults)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    run.refresh_from_db()
+    return run

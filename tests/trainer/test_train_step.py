@@ -13,7 +13,8 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
 from apps.runs.models import Metric, ModelVersion, Run
-from tests.factories import experience_row, make_run, make_taskset
+from tests.factories import experience_row
+from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from workers.trainer import trainer_step
 
@@ -26,16 +27,6 @@ def _storage(settings: Any, tmp_path: Path) -> Path:
     trainer_mod._RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
     trainer_mod._RESIDENTS.clear()
-
-
-def _running_run(owner: Any, model_dir: Path, **config: Any) -> Run:
-    defaults = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
-                "total_steps": 10, "mode": "train", "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
-    defaults.update(config)
-    run = make_run(owner=owner, taskset=make_taskset(owner=owner), **defaults)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
-    run.refresh_from_db()
-    return run
 
 
 def _groups(run: Run, *, groups: int = 2, size: int = 4, version: int = 0, tag: str = "", **fields: Any) -> list[int]:
@@ -56,7 +47,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_a_step_trains_acks_the_batch_publishes_a_version_and_records_metrics(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     ids = _groups(run)
     out = trainer_step(run_id=run.pk, step=1)
     assert out["status"] == "trained" and out["published"]
@@ -74,7 +65,7 @@ def test_a_step_trains_acks_the_batch_publishes_a_version_and_records_metrics(ow
 
 
 def test_the_same_step_twice_trains_once(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     _groups(run)
     _groups(run, tag="more")
     assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
@@ -86,7 +77,7 @@ def test_the_same_step_twice_trains_once(owner: Any, tiny_model_dir: Path) -> No
 
 
 def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     ids = _groups(run)
 
     def boom(self: Any, batch: Any) -> None:
@@ -101,7 +92,7 @@ def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, mo
 
 
 def test_a_paused_run_is_not_trained(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     _groups(run)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.PAUSED)
     assert trainer_step(run_id=run.pk, step=1)["status"] == "not running"
@@ -114,7 +105,7 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(owner: Any, tiny
     so the optimizer state came back too (Adam's second step depends on it)."""
     runs = []
     for restart in (False, True):
-        run = _running_run(owner, tiny_model_dir, name=f"restart={restart}")
+        run = running_run(owner, tiny_model_dir, name=f"restart={restart}")
         _groups(run, version=0, tag="a")
         _groups(run, version=0, tag="b")
         assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
@@ -128,7 +119,7 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(owner: Any, tiny
 
 
 def test_sync_mode_never_trains_on_experiences_of_an_older_version(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, mode="sync", sync_interval=1, sync_offset=0)
+    run = running_run(owner, tiny_model_dir, mode="sync", sync_interval=1, sync_offset=0)
     ModelVersion.objects.create(run=run, number=1, checkpoint=str(tiny_model_dir))
     Run.objects.filter(pk=run.pk).update(train_step=1, current_version=1)
     # the trainer state of step 1 is v0's weights here (a fresh optimizer is fine for this test)
@@ -141,7 +132,7 @@ def test_sync_mode_never_trains_on_experiences_of_an_older_version(owner: Any, t
 
 
 def test_async_mode_claims_within_max_staleness_only(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, mode="async", max_staleness=1, train_batch_size=16)
+    run = running_run(owner, tiny_model_dir, mode="async", max_staleness=1, train_batch_size=16)
     Run.objects.filter(pk=run.pk).update(train_step=3, current_version=3)
     too_old = _groups(run, version=1, tag="x")
     within = _groups(run, version=2, tag="y") + _groups(run, version=3, tag="z")
@@ -152,7 +143,7 @@ def test_async_mode_claims_within_max_staleness_only(owner: Any, tiny_model_dir:
 
 
 def test_versions_are_published_every_sync_interval_steps(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, sync_interval=2)
+    run = running_run(owner, tiny_model_dir, sync_interval=2)
     for tag in "abc":
         _groups(run, tag=tag)
     for step in (1, 2, 3):
@@ -163,7 +154,7 @@ def test_versions_are_published_every_sync_interval_steps(owner: Any, tiny_model
 
 
 def test_mix_claims_its_expert_share_and_trains_on_both(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, algorithm="mix", train_batch_size=8,
+    run = running_run(owner, tiny_model_dir, algorithm="mix", train_batch_size=8,
                        trainer={"learning_rate": 1e-3, "mu": 0.5, "expert_share": 0.25})
     usual = _groups(run, groups=2)
     expert = experience_write(experiences=[
@@ -177,7 +168,7 @@ def test_mix_claims_its_expert_share_and_trains_on_both(owner: Any, tiny_model_d
 
 
 def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
+    run = running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
     ids = _groups(run, groups=2, size=2)
     # Against the rewards (the second of each group has the higher one), people preferred the first.
     Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)

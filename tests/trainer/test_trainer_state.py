@@ -16,7 +16,8 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
 from apps.runs.models import Metric, ModelVersion, Run
 from apps.runs.selectors import preferences_among
-from tests.factories import experience_row, make_run, make_taskset
+from tests.factories import experience_row
+from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from workers.trainer import journal_path, journal_read, state_dir, trainer_dir, trainer_step
 
@@ -32,16 +33,6 @@ def _storage(settings: Any, tmp_path: Path) -> Path:
     trainer_mod._RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
     trainer_mod._RESIDENTS.clear()
-
-
-def _running_run(owner: Any, model_dir: Path, **config: Any) -> Run:
-    defaults = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
-                "total_steps": 10, "mode": "train", "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
-    defaults.update(config)
-    run = make_run(owner=owner, taskset=make_taskset(owner=owner), **defaults)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
-    run.refresh_from_db()
-    return run
 
 
 def _groups(run: Run, *, tag: str, groups: int = 2, size: int = 4) -> list[int]:
@@ -98,7 +89,7 @@ def test_a_trainer_restarted_between_snapshots_replays_the_journal_to_the_same_w
     owner: Any, tiny_model_dir: Path, settings: Any, snapshot_steps: int
 ) -> None:
     settings.RFT_TRAINER_SNAPSHOT_STEPS = snapshot_steps
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     for step in range(1, 6):
         _groups(run, tag=f"s{step}")
     for step in range(1, 6):
@@ -122,7 +113,7 @@ def test_a_trainer_restarted_between_snapshots_replays_the_journal_to_the_same_w
 def test_a_crash_between_the_journal_write_and_the_commit_does_not_train_the_step_twice(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = _running_run(owner, tiny_model_dir)
+    run = running_run(owner, tiny_model_dir)
     first = _groups(run, tag="a")
     second = _groups(run, tag="b")
     assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
@@ -151,7 +142,7 @@ def test_a_crash_between_the_journal_write_and_the_commit_does_not_train_the_ste
 
 
 def test_pruning_keeps_exactly_what_a_restart_needs(owner: Any, tiny_model_dir: Path) -> None:
-    run = _running_run(owner, tiny_model_dir, total_steps=8)
+    run = running_run(owner, tiny_model_dir, total_steps=8)
     for step in range(1, 9):
         _groups(run, tag=f"s{step}")
     for step in range(1, 9):
@@ -169,7 +160,7 @@ def test_pruning_keeps_exactly_what_a_restart_needs(owner: Any, tiny_model_dir: 
 def test_a_replay_trains_on_the_batch_as_it_was_even_after_its_feedback_changed(
     owner: Any, tiny_model_dir: Path
 ) -> None:
-    run = _running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
+    run = running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
     ids = _groups(run, tag="d", groups=2, size=2)
     Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)
     assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
@@ -187,7 +178,7 @@ def test_a_replay_trains_on_the_batch_as_it_was_even_after_its_feedback_changed(
 def test_a_step_whose_journal_is_lost_resumes_from_the_newest_version_and_snapshots_there(
     owner: Any, tiny_model_dir: Path
 ) -> None:
-    run = _running_run(owner, tiny_model_dir, sync_interval=2)
+    run = running_run(owner, tiny_model_dir, sync_interval=2)
     for step in (1, 2, 3):
         _groups(run, tag=f"s{step}")
     for step in (1, 2):
@@ -213,7 +204,7 @@ def test_a_step_whose_journal_is_lost_resumes_from_the_newest_version_and_snapsh
 def test_a_worker_killed_between_the_commit_and_the_publish_keeps_the_steps_metrics_and_publishes_when_redispatched(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run = _running_run(owner, tiny_model_dir, sync_interval=1)
+    run = running_run(owner, tiny_model_dir, sync_interval=1)
     _groups(run, tag="a")
     _groups(run, tag="b")
 
