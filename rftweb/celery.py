@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
@@ -65,3 +65,30 @@ for _module in ("explorer", "trainer", "rewards", "synthesize"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The run conductor and the resume-after-restart path (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
+
+
+@signals.worker_init.connect
+@signals.worker_process_init.connect
+def _keep_database_connections(**_: object) -> None:
+    """Worker processes reuse their database connection across tasks for
+    RFT_WORKER_CONN_MAX_AGE seconds, checked before each reuse (see the settings)."""
+    from django.conf import settings
+
+    max_age = settings.RFT_WORKER_CONN_MAX_AGE
+    if max_age > 0:
+        for database in settings.DATABASES.values():
+            database["CONN_MAX_AGE"] = max_age
+            database["CONN_HEALTH_CHECKS"] = True
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _close_old_connections(sender: object = None, **_: object) -> None:
+    # What Django does around each request: drop a connection that is broken, in a failed
+    # transaction or older than its max age; keep the rest. Eager tasks run inside the
+    # caller's request or test, whose connection is not ours to close.
+    from django.conf import settings
+    from django.db import close_old_connections
+
+    if settings.RFT_WORKER_CONN_MAX_AGE > 0 and not getattr(getattr(sender, "request", None), "is_eager", False):
+        close_old_connections()

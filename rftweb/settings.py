@@ -89,6 +89,15 @@ else:
             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
         }
     }
+# Celery workers keep their database connection between tasks for this many seconds (with a
+# health check before reuse): opening one per task cost each trainer and explorer step about
+# 10 ms. Web processes keep Django's default of one connection per request, which async views
+# need, and so does the embedded default, whose workers share the web's process. 0 turns it off.
+RFT_WORKER_CONN_MAX_AGE = 0 if EMBEDDED else env_int("RFT_WORKER_CONN_MAX_AGE", 300)
+# Celery's Django fixup would close every connection around every task; with reuse on, it
+# only does so every this many tasks, and rftweb/celery.py applies Django's own age and
+# health rules around each task instead.
+CELERY_DB_REUSE_MAX = 1_000_000 if RFT_WORKER_CONN_MAX_AGE > 0 else None
 # Several checkouts (worktrees, CI) may test against one Postgres server at once.
 if env_str("TEST_DATABASE_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME")}

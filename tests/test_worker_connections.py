@@ -1,0 +1,47 @@
+"""Celery workers keep their database connection from one task to the next
+(RFT_WORKER_CONN_MAX_AGE), on a real worker and Postgres."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from apps.runs.models import Run
+from apps.runs.tasks import run_announce
+from tests.factories import make_run
+from tests.workers_util import celery_worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _backend_that_ran(run: Run, send: Callable[[], Any]) -> int:
+    """The Postgres backend whose latest query was the buffer count that `send` asks for."""
+    since = time.time()
+    send()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND query LIKE %s AND query_start >= to_timestamp(%s)",
+                [f'%buffer_experience%"run_id" = {run.pk}%', since],
+            )
+            row = cur.fetchone()
+        if row:
+            return int(row[0])
+        time.sleep(0.1)
+    raise AssertionError("the worker never ran the task")
+
+
+def test_a_worker_keeps_its_database_connection_from_one_task_to_the_next(owner: Any) -> None:
+    run = make_run(owner=owner)
+    with celery_worker("default", name="conn"):
+        first = _backend_that_ran(run, lambda: run_announce.delay(run.pk))
+        second = _backend_that_ran(run, lambda: run_announce.delay(run.pk))
+    # Without reuse the first backend is gone once its task ends, and the second task's is new.
+    assert first == second
+
