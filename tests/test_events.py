@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -50,6 +51,25 @@ async def test_events_of_one_run_do_not_reach_another(run: Run, owner: User) -> 
     comm, _ = await run_socket_connect(other, owner)
     await sync_to_async(event_publish)(run_id=run.pk, type="run.status", payload={"status": "paused"})
     assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
+
+
+async def test_a_forked_worker_process_publishes_through_a_loop_of_its_own(run: Run, owner: User) -> None:
+    # The parent's publisher thread exists before the fork, as in Celery's prefork pool.
+    await sync_to_async(event_publish)(run_id=run.pk, type="run.status", payload={"status": "before"})
+    comm, _ = await run_socket_connect(run, owner)
+
+    def fork_and_publish() -> int:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                event_publish(run_id=run.pk, type="run.status", payload={"status": "from the child"})
+            finally:
+                os._exit(0)
+        return os.waitpid(pid, 0)[1]
+
+    assert await asyncio.to_thread(fork_and_publish) == 0
+    assert await comm.receive_json_from(timeout=5) == {"type": "run.status", "payload": {"status": "from the child"}}
     await comm.disconnect()
 
 
