@@ -182,6 +182,10 @@ RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
 # The trainer task's time limit (seconds); the soft limit releases the batch first.
 RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)
+# A trainer task goes on with the run's next steps while each is ready at once, starting none
+# after this many seconds (then the queue, shared with other runs, has its turn). 0: one step
+# a task.
+RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TRAIN_TIME_LIMIT / 2)
 # Every how many train steps the trainer writes a full snapshot (weights, optimizer); the
 # steps in between are journaled (their batch only) and replayed from the snapshot on restart.
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)

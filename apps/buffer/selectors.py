@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.runs.models import Run
@@ -37,6 +38,34 @@ def tasks_exhausted(*, run: Run) -> bool:
     if last_epoch is None or last_epoch + 1 < run.cfg.epochs:
         return False
     return not attempts.filter(status__in=[TaskAttempt.Status.QUEUED, TaskAttempt.Status.LEASED]).exists()
+
+
+def experiences_claimable(
+    *, run: Run, now: datetime, min_version: int | None = None, expert: bool | None = None
+) -> QuerySet[Experience]:
+    """The run's experiences that `batch_claim` may lease now: ready, within the staleness
+    bound, out of their replay cooldown."""
+    qs = Experience.objects.filter(run=run, status=Experience.Status.READY)
+    if min_version is not None:
+        qs = qs.filter(model_version__gte=min_version)
+    if expert is not None:
+        qs = qs.filter(is_expert=expert)
+    cooldown = run.cfg.replay.cooldown_seconds
+    if cooldown > 0:
+        qs = qs.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - timedelta(seconds=cooldown)))
+    return qs
+
+
+def experiences_in_whole_groups(*, run: Run, qs: QuerySet[Experience]) -> QuerySet[Experience]:
+    """`qs` without the members of groups still in flight (a member pending feedback or leased).
+
+    The in-flight groups come as one set (a hashed subplan on Postgres) from the small
+    in-flight index: a correlated NOT EXISTS let the planner, on a fast-growing table whose
+    statistics lag, scan the whole run once per candidate row (claims took seconds)."""
+    in_flight = Experience.objects.filter(
+        run=run, status__in=[Experience.Status.PENDING, Experience.Status.LEASED]
+    ).values("group_id")
+    return qs.exclude(group_id__in=in_flight)
 
 
 def experience_group(*, run: Run, group_id: str) -> list[Experience]:

@@ -21,6 +21,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.models import Experience, Task, TaskAttempt
+from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.buffer.pipeline import pipeline_apply_on_claim, pipeline_apply_on_write, task_priorities_refresh
 from apps.runs.models import Run
 
@@ -230,16 +231,6 @@ def _lock(qs: QuerySet[Any]) -> QuerySet[Any]:
     return qs
 
 
-def _claimable(*, run: Run, min_version: int | None, now: datetime) -> QuerySet[Experience]:
-    qs = Experience.objects.filter(run=run, status=Experience.Status.READY)
-    if min_version is not None:
-        qs = qs.filter(model_version__gte=min_version)
-    cooldown = run.cfg.replay.cooldown_seconds
-    if cooldown > 0:
-        qs = qs.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - timedelta(seconds=cooldown)))
-    return qs
-
-
 def batch_claim(
     *,
     run: Run,
@@ -261,9 +252,7 @@ def batch_claim(
         raise ValueError("size must be at least 1")
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds if lease_seconds is not None else settings.RFT_LEASE_SECONDS)
-    qs = _claimable(run=run, min_version=min_version, now=now)
-    if expert is not None:
-        qs = qs.filter(is_expert=expert)
+    qs = experiences_claimable(run=run, now=now, min_version=min_version, expert=expert)
     if not group_complete and not run.cfg.pipeline.on_claim and connection.vendor == "postgresql":
         return _claim_in_one_statement(qs=qs, worker=worker, size=size, expires=expires)
     with transaction.atomic():
@@ -275,10 +264,14 @@ def batch_claim(
             ids = _claim_whole_groups(run=run, qs=qs, size=size)
         if not ids:
             return []
-        Experience.objects.filter(pk__in=ids).update(
-            status=Experience.Status.LEASED, lease_owner=worker, lease_expires_at=expires
-        )
-    claimed = list(Experience.objects.filter(pk__in=ids).order_by("-priority", "group_id", "id"))
+        if connection.vendor == "postgresql":
+            claimed = _lease_returning(ids=ids, worker=worker, expires=expires)
+        else:
+            Experience.objects.filter(pk__in=ids).update(
+                status=Experience.Status.LEASED, lease_owner=worker, lease_expires_at=expires
+            )
+            claimed = list(Experience.objects.filter(pk__in=ids))
+    claimed.sort(key=lambda e: (-e.priority, e.group_id, e.id))
     if group_complete:
         claimed.sort(key=lambda e: (e.group_id, e.id))
     return claimed
@@ -300,6 +293,20 @@ def _claim_in_one_statement(*, qs: QuerySet[Experience], worker: str, size: int,
     claimed = [_experience_from_row(row) for row in rows]
     claimed.sort(key=lambda e: (-e.priority, e.id))
     return claimed
+
+
+def _lease_returning(*, ids: Sequence[int], worker: str, expires: datetime) -> list[Experience]:
+    """Lease rows already locked and hand them back from the same statement, not a second
+    query through the ORM's slower row building."""
+    table = Experience._meta.db_table
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in _CONCRETE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
+            f"WHERE id = ANY(%s) RETURNING {columns}",
+            [Experience.Status.LEASED, worker, expires, list(ids)],
+        )
+        return [_experience_from_row(row) for row in cursor.fetchall()]
 
 
 _CONCRETE = Experience._meta.concrete_fields
@@ -340,13 +347,7 @@ def _claim_through_pipeline(*, run: Run, qs: QuerySet[Experience], size: int, gr
 def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int, overflow: bool = True) -> list[int]:
     from django.db.models import Count, Max
 
-    # The groups still in flight, as one set (a hashed subplan on Postgres) from the small
-    # in-flight index: a correlated NOT EXISTS let the planner, on a fast-growing table whose
-    # statistics lag, scan the whole run once per candidate row (claims took seconds).
-    unfinished = Experience.objects.filter(
-        run=run, status__in=[Experience.Status.PENDING, Experience.Status.LEASED]
-    ).values("group_id")
-    candidates = qs.exclude(group_id__in=unfinished)
+    candidates = experiences_in_whole_groups(run=run, qs=qs)
     # Groups in order of their best member, then lock their rows; a group that another
     # claimer holds part of (SKIP LOCKED left rows out) is left alone this time.
     top = (

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
-
 from apps.buffer.models import Experience, TaskAttempt
+from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs import policy
 from apps.runs.models import ModelVersion, Run
 
@@ -84,6 +83,14 @@ class _Markers:
             if key in self._local:
                 self._local[key] = (self._local[key][0], time.monotonic() + ttl)
 
+    def delete(self, key: str) -> None:
+        r = self._redis()
+        if r is not None:
+            r.delete(key)
+            return
+        with self._lock:
+            self._local.pop(key, None)
+
     def delete_prefix(self, prefix: str) -> None:
         r = self._redis()
         if r is not None:
@@ -114,19 +121,17 @@ def _conduct_seconds() -> float:
 # ----------------------------------------------------------------------------- readiness
 
 
-def experiences_claimable(*, run: Run, min_version: int | None, expert: bool | None, whole_groups: bool) -> int:
-    """How many ready experiences `batch_claim` with these arguments could hand out now."""
-    qs = Experience.objects.filter(run=run, status=Experience.Status.READY)
-    if min_version is not None:
-        qs = qs.filter(model_version__gte=min_version)
-    if expert is not None:
-        qs = qs.filter(is_expert=expert)
+def experiences_claimable_count(
+    *, run: Run, min_version: int | None, expert: bool | None, whole_groups: bool, limit: int | None = None
+) -> int:
+    """How many experiences `batch_claim` with these arguments could hand out now, counted
+    up to `limit` (readiness only asks whether a batch is there, not how much more)."""
+    from django.utils import timezone
+
+    qs = experiences_claimable(run=run, now=timezone.now(), min_version=min_version, expert=expert)
     if whole_groups:
-        unfinished = Experience.objects.filter(
-            run=run, group_id=OuterRef("group_id"), status__in=[Experience.Status.PENDING, Experience.Status.LEASED]
-        )
-        qs = qs.exclude(Exists(unfinished))
-    return qs.count()
+        qs = experiences_in_whole_groups(run=run, qs=qs)
+    return qs[:limit].count() if limit is not None else qs.count()
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,15 @@ def train_readiness(*, run: Run) -> TrainReadiness:
     plan = batch_plan(cfg=cfg)
     min_version = policy.min_version_for_claim(cfg=cfg, current_version=run.current_version)
     usual = (
-        experiences_claimable(run=run, min_version=min_version, expert=False, whole_groups=plan.whole_groups)
+        experiences_claimable_count(
+            run=run, min_version=min_version, expert=False, whole_groups=plan.whole_groups, limit=plan.usual
+        )
         if plan.usual else 0
     )
-    expert = experiences_claimable(run=run, min_version=None, expert=True, whole_groups=False) if plan.expert else 0
+    expert = (
+        experiences_claimable_count(run=run, min_version=None, expert=True, whole_groups=False, limit=plan.expert)
+        if plan.expert else 0
+    )
     pending = Experience.objects.filter(run=run, status=Experience.Status.PENDING).exists()
     final = explore_finished(run=run) and not pending
     algo = str(getattr(cfg.algorithm, "value", cfg.algorithm))
@@ -222,8 +232,10 @@ def _dispatch(run: Run, kind: str, step: int, name: str, queue: str) -> bool:
     return True
 
 
-def run_advance(*, run: Run) -> Advance:
-    """Enqueue every step of `run` that may go now; say whether to keep conducting."""
+def run_advance(*, run: Run, train: bool = True) -> Advance:
+    """Enqueue every step of `run` that may go now; say whether to keep conducting.
+
+    train=False: explore steps only (a trainer that goes on to its next step itself)."""
     from apps.buffer.services import lease_reap
 
     run.refresh_from_db()
@@ -243,6 +255,8 @@ def run_advance(*, run: Run) -> Advance:
             if _dispatch(run, "explore", k, EXPLORE_TASK, "rollout"):
                 out.dispatched.append(f"explore:{k}")
 
+    if not train:
+        return out
     train_done = True
     if policy.trains(cfg):
         expected = policy.version_for_train_step(cfg=cfg, train_step=run.train_step)
@@ -264,6 +278,31 @@ def run_advance(*, run: Run) -> Advance:
         run_finish(run=run)
         return Advance(keep_going=False, dispatched=out.dispatched, finished=True)
     return out
+
+
+def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
+    """A trainer that has just finished step - 1 asks to go on with `step` itself, without
+    the round trip through the queue. Its readiness when the step is due, its batch is there
+    and no one dispatched it (the dispatch marker becomes the trainer's, so the conductor
+    does not send it too); else None, and the conductor dispatches it as usual."""
+    run.refresh_from_db()
+    cfg = run.cfg
+    if run.status != Run.Status.RUNNING or step != run.train_step + 1 or step > cfg.total_steps:
+        return None
+    if run.current_version < policy.version_for_train_step(cfg=cfg, train_step=run.train_step):
+        return None  # the last step's version is not out yet; the re-dispatch publishes it
+    readiness = train_readiness(run=run)
+    if not readiness.ready:
+        return None
+    if not markers.add(f"{_prefix(run.pk)}train:{step}", str(time.time()), _dispatch_ttl()):
+        return None
+    return readiness
+
+
+def train_dispatch_forget(*, run_id: int, step: int) -> None:
+    """A trainer took `step` over (train_step_continue) and did not train it: the conductor
+    dispatches it again at its next beat."""
+    markers.delete(f"{_prefix(run_id)}train:{step}")
 
 
 def _in_flight(run: Run) -> bool:

@@ -176,3 +176,66 @@ def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> 
     assert out["status"] == "trained"
     assert Metric.objects.get(run=run, step=1, name="pairs").value == 2
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"consumed"}
+
+
+def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sending_them(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.runs.orchestration import _prefix, markers
+
+    run = running_run(owner, tiny_model_dir, total_steps=3)
+    markers.delete_prefix(_prefix(run.pk))  # run ids repeat across test sessions; Redis keys outlive them
+    for tag in ("a", "b", "c", "d"):
+        _groups(run, tag=tag)
+    sent: list[tuple[str, list[Any]]] = []
+    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue: sent.append((name, args)))
+    out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
+    assert out["status"] == "trained" and out["steps"] == [1, 2, 3]
+    assert not [args for name, args in sent if name == "workers.trainer.train_step"]
+    run.refresh_from_db()
+    assert run.train_step == 3 and run.current_version == 3
+    assert Metric.objects.filter(run=run, name="loss").count() == 3
+    # Steps 2 and 3 were the trainer's own: their dispatch markers are set, so a conductor
+    # beat in the meantime would not have queued them a second time.
+    assert markers.get(f"{_prefix(run.pk)}train:2") and markers.get(f"{_prefix(run.pk)}train:3")
+    assert Experience.objects.filter(run=run, status="ready").count() == 8  # the fourth batch stays
+
+
+def test_a_chain_stops_at_a_step_whose_batch_is_not_there(owner: Any, tiny_model_dir: Path) -> None:
+    from apps.runs.orchestration import _prefix, markers
+
+    run = running_run(owner, tiny_model_dir, mode="async", max_staleness=0)
+    markers.delete_prefix(_prefix(run.pk))
+    _groups(run, tag="a")
+    _groups(run, tag="b")  # version 0: too stale for step 2, which needs version 1
+    out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
+    assert out["steps"] == [1]
+    assert markers.get(f"{_prefix(run.pk)}train:2") is None  # the conductor dispatches it when it can go
+
+
+def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.runs.orchestration import _prefix, markers
+
+    run = running_run(owner, tiny_model_dir)
+    markers.delete_prefix(_prefix(run.pk))
+    _groups(run, tag="a")
+    _groups(run, tag="b")
+    real_claim = trainer_mod._claim
+    calls = 0
+
+    def claim_then_nothing(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real_claim(**kwargs) if calls == 1 else (None, [])  # another claimer was first
+
+    monkeypatch.setattr(trainer_mod, "_claim", claim_then_nothing)
+    sent: list[tuple[str, list[Any]]] = []
+    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue: sent.append((name, args)))
+    out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
+    assert out["status"] == "trained" and out["steps"] == [1]
+    run.refresh_from_db()
+    assert run.train_step == 1
+    # Handed back: the dispatch after the chain could queue step 2 (its marker was free again).
+    assert ("workers.trainer.train_step", [run.pk, 2]) in sent
