@@ -16,6 +16,11 @@ one) resident between steps. One step:
 7. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
    optimizer, scheduler), after which the journal entries and older snapshots it covers go.
 
+A task then goes on with the next step itself when that step's batch is already there (async
+and offline runs, where the trainer sets the pace), for up to `RFT_TRAIN_CHAIN_SECONDS`: it
+takes the step's dispatch marker so the conductor does not queue it too, and hands it back
+if the step finds no batch after all.
+
 A restart rebuilds the state as of the step the database says is done: the newest snapshot
 at or before it, then the journaled steps after it replayed on their own batches from their
 own RNG states (on CPU: the same weights and optimizer state, bit for bit). So nothing is
