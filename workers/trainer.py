@@ -459,6 +459,9 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None, chain_sec
     readiness: Any = None
     with run_lock(run_id) as got:
         if not got:
+            # Another task trains this run (a chain may hold it for a while): the conductor
+            # sends the step again at a later beat rather than after the marker's TTL.
+            train_dispatch_forget(run_id=run_id, step=step)
             return {"status": "busy"}
         chained = False
         while True:

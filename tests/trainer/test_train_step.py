@@ -239,3 +239,26 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
     assert run.train_step == 1
     # Handed back: the dispatch after the chain could queue step 2 (its marker was free again).
     assert ("workers.trainer.train_step", [run.pk, 2]) in sent
+
+
+def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_conductor(
+    owner: Any, tiny_model_dir: Path
+) -> None:
+    import psycopg
+    from django.db import connection
+
+    from apps.runs.orchestration import _prefix, markers
+
+    run = running_run(owner, tiny_model_dir)
+    _groups(run)
+    key = f"{_prefix(run.pk)}train:1"
+    markers.delete_prefix(_prefix(run.pk))
+    markers.add(key, "dispatched", 120)
+    db = connection.settings_dict
+    with psycopg.connect(host=db["HOST"] or "localhost", port=db["PORT"] or 5432, dbname=db["NAME"], user=db["USER"] or None) as other:
+        # The lock another trainer's chain would hold.
+        other.execute("SELECT pg_advisory_lock(%s, %s)", [trainer_mod._LOCK_NAMESPACE, run.pk])
+        assert trainer_step(run_id=run.pk, step=1)["status"] == "busy"
+    assert markers.get(key) is None  # the conductor's next beat may send it again
+    run.refresh_from_db()
+    assert run.train_step == 0
