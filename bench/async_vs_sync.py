@@ -8,8 +8,9 @@ is bounded by (explore + train) / max(explore, train) per step, 2 when the sides
 the default workload (16 tasks × 8 samples of ≤ 16 tokens per step, one GRPO step on the
 128 completions) keeps them close on this CPU, and the table shows each side's median step
 so the bound can be checked. Each worker gets one thread, as on a 2-core machine, and the
-conductor beats at its default interval (steps dispatch their successors themselves; a
-faster beat only takes CPU from the two sides being overlapped).
+conductor beats at its default interval (steps dispatch their successors themselves, and in
+async the trainer goes straight on to a step whose batch is there; a faster beat only takes
+CPU from the two sides being overlapped).
 
     python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16]
 
