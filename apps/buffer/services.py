@@ -21,8 +21,8 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.models import Experience, Task, TaskAttempt
-from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.buffer.pipeline import pipeline_apply_on_claim, pipeline_apply_on_write, task_priorities_refresh
+from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs.models import Run
 
 

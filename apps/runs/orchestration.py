@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
+
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs import policy
@@ -126,8 +128,6 @@ def experiences_claimable_count(
 ) -> int:
     """How many experiences `batch_claim` with these arguments could hand out now, counted
     up to `limit` (readiness only asks whether a batch is there, not how much more)."""
-    from django.utils import timezone
-
     qs = experiences_claimable(run=run, now=timezone.now(), min_version=min_version, expert=expert)
     if whole_groups:
         qs = experiences_in_whole_groups(run=run, qs=qs)
@@ -300,8 +300,8 @@ def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
 
 
 def train_dispatch_forget(*, run_id: int, step: int) -> None:
-    """A trainer took `step` over (train_step_continue) and did not train it: the conductor
-    dispatches it again at its next beat."""
+    """A trainer will not train `step`, which it took over (train_step_continue) or was sent
+    while another task held the run: the conductor may dispatch it again at its next beat."""
     markers.delete(f"{_prefix(run_id)}train:{step}")
 
 
