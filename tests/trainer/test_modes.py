@@ -26,20 +26,26 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 class Explorer:
-    """Explores step k (2 tasks × 4 samples) with the version the policy names, when it names one."""
+    """Explores steps (2 tasks × 4 samples each) as far ahead as the policy lets it, each with
+    the version the policy names: as fast an explorer as there can be, so that how far async
+    runs ahead depends on the policy alone, not on how fast the trainer happens to be."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.log: list[tuple[int, int, int]] = []  # (step, version used, trainer's version then)
 
     def tick(self) -> None:
+        while self._step():
+            pass
+
+    def _step(self) -> bool:
         run = Run.objects.get(pk=self.run.pk)
         if run.status != Run.Status.RUNNING or run.explore_step >= run.cfg.total_steps:
-            return
+            return False
         k = run.explore_step + 1
         version = policy.explore_version(cfg=run.cfg, explore_step=k, current_version=run.current_version)
         if version is None:
-            return
+            return False
         rows = [
             experience_row(run, key=f"s{k}g{g}-{i}", group=f"s{k}g{g}", prompt_len=3 + g, response_len=2 + i,
                            reward=float(i % 2), model_version=version)
@@ -48,6 +54,7 @@ class Explorer:
         experience_write(experiences=rows)
         Run.objects.filter(pk=run.pk, explore_step=k - 1).update(explore_step=k)
         self.log.append((k, version, run.current_version))
+        return True
 
 
 def drive(run: Run, until: Callable[[Run], bool], *, explorer: Explorer | None, timeout: float = 120.0) -> Run:
