@@ -40,6 +40,7 @@ from apps.feedback.policy import experience_initial_fields
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms
 from apps.runs.events import event_publish_many
 from apps.runs.models import ModelVersion, Run
+from apps.runs.orchestration import run_advance_after_step
 from apps.runs.services import metric_record, weight_load_record
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
             ended = Run.objects.filter(pk=run.pk, explore_step__lt=cfg.total_steps).update(explore_step=cfg.total_steps)
             if ended:
                 log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, cfg.epochs, step)
-                _advance(run=run, step=step)
+                run_advance_after_step(run=run)
             return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version,
                     "exhausted": True}
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
@@ -223,7 +224,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         raise
 
     tokens = sum(lengths)
-    _advance(run=run, step=step)
+    run_advance_after_step(run=run)
     metric_record(
         run=run,
         step=step,
@@ -245,19 +246,6 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         "duplicates": written.duplicates,
         "model_version": version,
     }
-
-
-def _advance(*, run: Run, step: int) -> None:
-    """Dispatch what this step unblocked (the train step it filled, the next explore step)
-    now rather than at the conductor's next beat: in async mode that hop is what keeps the
-    explorer from overlapping the trainer. The dispatch markers keep it from doubling what
-    the conductor sends."""
-    try:
-        from apps.runs.orchestration import run_advance
-
-        run_advance(run=run)
-    except Exception:
-        log.exception("run %s: could not dispatch after explore step %s", run.pk, step)
 
 
 def _send_remote_scoring(*, run_id: int, ids: list[int]) -> None:

@@ -450,7 +450,7 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None, chain_sec
     at once so skips the queue's round trip and the lock, run and readiness reads of a new
     task (in async mode, where the trainer sets the pace, that was a sixth of a step).
     """
-    from apps.runs.orchestration import train_dispatch_forget, train_step_continue
+    from apps.runs.orchestration import run_advance_after_step, train_dispatch_forget, train_step_continue
 
     worker = worker or worker_name()
     started = time.perf_counter()
@@ -467,7 +467,8 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None, chain_sec
         while True:
             step_started = time.perf_counter()
             try:
-                found, result = _train_once(run_id=run_id, step=step, worker=worker, readiness=readiness)
+                found, result = _train_once(run_id=run_id, step=step, worker=worker, readiness=readiness,
+                                            run=run if chained else None)
                 run = found or run
             except BaseException:
                 if chained:
@@ -486,29 +487,21 @@ def trainer_step(*, run_id: int, step: int, worker: str | None = None, chain_sec
             if readiness is None:
                 break
             # Explorers may be waiting for the version this step published.
-            _advance(run, train=False)
+            run_advance_after_step(run=run, train=False)
             step += 1
             chained = True
     if run is not None and (trained or result["status"] == "published"):
-        # Dispatch what this step unblocked now rather than at the conductor's next beat (the
-        # dispatch markers keep it from doubling what the conductor sends).
-        _advance(run)
+        run_advance_after_step(run=run)
     if trained and result["status"] != "trained":
         result = {"status": "trained", "step": trained[-1]}  # a chained step that found no batch after all
     return {**result, "steps": trained} if trained else result
 
 
-def _advance(run: Any, *, train: bool = True) -> None:
-    from apps.runs.orchestration import run_advance
-
-    try:
-        run_advance(run=run, train=train)
-    except Exception:
-        log.exception("run %s: could not dispatch after a train step", run.pk)
-
-
-def _train_once(*, run_id: int, step: int, worker: str, readiness: Any = None) -> tuple[Any, dict[str, Any]]:
-    """One step under the run's lock: (the run or None, the outcome)."""
+def _train_once(
+    *, run_id: int, step: int, worker: str, readiness: Any = None, run: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """One step under the run's lock: (the run or None, the outcome). A chained step passes
+    the run and readiness that train_step_continue has just read."""
     from apps.buffer.services import batch_ack, batch_release
     from apps.runs import policy
     from apps.runs.models import Run
@@ -517,7 +510,7 @@ def _train_once(*, run_id: int, step: int, worker: str, readiness: Any = None) -
     from workers.algorithms import NothingToTrain
 
     started = time.perf_counter()
-    run = Run.objects.filter(pk=run_id).first()
+    run = run or Run.objects.filter(pk=run_id).first()
     if run is None:
         return None, {"status": "gone"}
     if run.status != Run.Status.RUNNING:

@@ -281,11 +281,10 @@ def _claim_in_one_statement(*, qs: QuerySet[Experience], worker: str, size: int,
     """Pick, lock and lease in one round trip: the claim is the hot path of every trainer."""
     picked_sql, params = qs.order_by("-priority", "id").values("id")[:size].query.sql_with_params()
     table = Experience._meta.db_table
-    columns = ", ".join(f"{table}.{connection.ops.quote_name(f.column)}" for f in _CONCRETE)
     sql = (
         f"WITH picked AS ({picked_sql} FOR UPDATE SKIP LOCKED) "
         f"UPDATE {table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
-        f"FROM picked WHERE {table}.id = picked.id RETURNING {columns}"
+        f"FROM picked WHERE {table}.id = picked.id RETURNING {_returning_columns()}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, Experience.Status.LEASED, worker, expires])
@@ -298,12 +297,10 @@ def _claim_in_one_statement(*, qs: QuerySet[Experience], worker: str, size: int,
 def _lease_returning(*, ids: Sequence[int], worker: str, expires: datetime) -> list[Experience]:
     """Lease rows already locked and hand them back from the same statement, not a second
     query through the ORM's slower row building."""
-    table = Experience._meta.db_table
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in _CONCRETE)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
-            f"WHERE id = ANY(%s) RETURNING {columns}",
+            f"UPDATE {Experience._meta.db_table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
+            f"WHERE id = ANY(%s) RETURNING {_returning_columns()}",
             [Experience.Status.LEASED, worker, expires, list(ids)],
         )
         return [_experience_from_row(row) for row in cursor.fetchall()]
@@ -312,6 +309,12 @@ def _lease_returning(*, ids: Sequence[int], worker: str, expires: datetime) -> l
 _CONCRETE = Experience._meta.concrete_fields
 _ATTNAMES = [f.attname for f in _CONCRETE]
 _JSON_AT = [i for i, f in enumerate(_CONCRETE) if isinstance(f, models.JSONField)]
+
+
+def _returning_columns() -> str:
+    """Every concrete column, table-qualified, in `_experience_from_row`'s order."""
+    table = Experience._meta.db_table
+    return ", ".join(f"{table}.{connection.ops.quote_name(f.column)}" for f in _CONCRETE)
 
 
 def _experience_from_row(row: Sequence[Any]) -> Experience:

@@ -124,14 +124,14 @@ def _conduct_seconds() -> float:
 
 
 def experiences_claimable_count(
-    *, run: Run, min_version: int | None, expert: bool | None, whole_groups: bool, limit: int | None = None
+    *, run: Run, min_version: int | None, expert: bool | None, whole_groups: bool, limit: int
 ) -> int:
     """How many experiences `batch_claim` with these arguments could hand out now, counted
     up to `limit` (readiness only asks whether a batch is there, not how much more)."""
     qs = experiences_claimable(run=run, now=timezone.now(), min_version=min_version, expert=expert)
     if whole_groups:
         qs = experiences_in_whole_groups(run=run, qs=qs)
-    return qs[:limit].count() if limit is not None else qs.count()
+    return qs[:limit].count()
 
 
 @dataclass(frozen=True)
@@ -278,6 +278,17 @@ def run_advance(*, run: Run, train: bool = True) -> Advance:
         run_finish(run=run)
         return Advance(keep_going=False, dispatched=out.dispatched, finished=True)
     return out
+
+
+def run_advance_after_step(*, run: Run, train: bool = True) -> None:
+    """`run_advance` from an explorer or trainer that has just finished a step: dispatch what
+    the step unblocked now rather than at the conductor's next beat (in async mode that hop
+    is what keeps the two sides from overlapping). The dispatch markers keep it from
+    doubling what the conductor sends; a failure is logged, never the step's."""
+    try:
+        run_advance(run=run, train=train)
+    except Exception:
+        log.exception("run %s: could not dispatch after a step", run.pk)
 
 
 def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
