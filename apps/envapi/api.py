@@ -32,6 +32,7 @@ from apps.buffer.services import BatchRejected, task_claim, task_finish, task_re
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
+from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from apps.envapi.services import (
     FeedbackRejected,
     KeyPrincipal,
@@ -59,41 +60,13 @@ class ApiProblem(Exception):
         super().__init__(detail)
 
 
-class BodyRejected(ValueError):
-    """A JSON body the database could not hold (NUL characters, lone surrogates, NaN)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
+# Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting):
+# the one input hygiene of every door, refused as a 422 naming the field.
+BodyRejected = InputRejected
 
 
 class BodyTooLarge(ValueError):
     pass
-
-
-def _walk(value: Any, path: str, depth: int = 0) -> None:
-    # Postgres text and jsonb reject NUL and invalid UTF-8, jsonb rejects NaN: refuse them
-    # here, as a 422 naming the field, rather than as a 500 from the database.
-    if depth > 64:
-        raise BodyRejected(path or "body", "nested too deeply")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise BodyRejected(path or "body", "text may not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BodyRejected(path or "body", "text is not valid Unicode (lone surrogate)") from None
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise BodyRejected(path or "body", "numbers must be finite")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _walk(k, path, depth + 1)
-            _walk(v, f"{path}.{k}" if path else str(k), depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}" if path else str(i), depth + 1)
 
 
 def _reject_constant(name: str) -> Any:
@@ -108,9 +81,8 @@ class SafeJSONParser(Parser):
         try:
             data = json.loads(body, parse_constant=_reject_constant)
         except RecursionError:
-            raise BodyRejected("body", "nested too deeply") from None
-        _walk(data, "")
-        return data
+            raise BodyRejected("body", f"nested more than {MAX_DEPTH} levels deep") from None
+        return tree_check(data)
 
 
 api = NinjaAPI(

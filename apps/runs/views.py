@@ -26,7 +26,8 @@ from apps.buffer.selectors import (
     experiences_browse,
     group_feedback,
 )
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
     CONFIG_FILE,
     FORM,
@@ -121,13 +122,13 @@ def run_new(request: HttpRequest) -> HttpResponse:
     errors: dict[str, list[str]] = {}
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
-        text = upload.read().decode("utf-8", errors="replace")
+        raw = upload.read(MAX_CONFIG_BYTES + 1)
         filename = upload.name or "config.yaml"
         try:
-            config: Any = config_parse(text=text, filename=filename)
+            config: Any = config_parse(text=raw, filename=filename)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
-            return render(request, "runs/new.html", _create_context(_file_values(text, filename, specs), errors, name), status=400)
+            return render(request, "runs/new.html", _create_context(_file_values(raw, filename, specs), errors, name), status=400)
         values = values_from_config(config.model_dump(mode="json"), specs)
     else:
         config, read_errors = config_from_post(request.POST, specs)
@@ -160,14 +161,10 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return redirect("runs:detail", run_id=run.pk)
 
 
-def _file_values(text: str, filename: str, specs: list[Any]) -> dict[str, str]:
-    import json
-
-    import yaml
-
+def _file_values(raw: bytes, filename: str, specs: list[Any]) -> dict[str, str]:
     try:
-        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError):
+        data = config_file_read(data=raw, filename=filename)
+    except ConfigInvalid:
         return {}
     return values_from_config(data, specs)
 

@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_hf_dataset, export_jsonl
 from apps.buffer.importers import ImportFailed
+from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
 from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_transition
@@ -119,11 +120,12 @@ class Command(BaseCommand):
         if not path.is_file():
             raise CommandError(f"{path}: no such file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read it ({exc})") from None
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         try:
-            config = config_parse(text=text, filename=path.name)
+            config = config_parse(text=raw, filename=path.name)
         except ConfigInvalid as exc:
             lines = "\n".join(f"  {field or '(config)'}: {msg}" for field, msg in exc.errors.items())
             raise CommandError(f"{path} is not a valid run config:\n{lines}") from None
