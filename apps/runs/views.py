@@ -38,7 +38,6 @@ from apps.runs.forms import (
     section_specs,
     values_from_config,
 )
-from apps.runs.heartbeat import workers_health
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
@@ -48,6 +47,7 @@ from apps.runs.selectors import (
     run_role,
     run_rows,
     weight_sync_timeline,
+    workers_visible,
 )
 from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_feedback_policy_update, run_transition
 
@@ -199,7 +199,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "cfg": run.cfg,
         "counts": buffer_counts(run=run),
         "timeline": weight_sync_timeline(run=run),
-        "workers": workers_health(),
+        "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
         "chart_data": {
             "groups": CHART_GROUPS,
@@ -303,7 +303,7 @@ def run_audit_log(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def worker_health(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "runs/_workers.html", {"workers": workers_health()}, "Workers")
+    return _partial(request, "runs/_workers.html", {"workers": workers_visible(user=request.user)}, "Workers")
 
 
 # --- experiences ---------------------------------------------------------------------------
