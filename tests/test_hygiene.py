@@ -285,3 +285,26 @@ def test_a_clean_config_round_trips(web: Client) -> None:
     run = Run.objects.get()
     assert run.config["model"] == "local/démo"
     assert run.config["rewards"][0]["params"] == {"k": [1, 2.5, None, "ü"]}
+
+
+# --- every other form and query string ------------------------------------------------------
+
+def test_nul_in_any_form_field_is_400_naming_it_and_nothing_is_written(web: Client, owner: User) -> None:
+    from apps.feedback.models import Assignment, Feedback
+    from tests.factories import make_experiences
+
+    run = make_run(owner=owner)
+    experience = make_experiences(run, groups=1, group_size=2)[0]
+    assignment = Assignment.objects.create(run=run, experience=experience, annotator=owner, slot=0)
+    posts = [
+        (f"/runs/{run.pk}/annotate/experiences/{experience.pk}/edit/", {"text": "fixed\x00", "comment": "ok"}, "text"),
+        (f"/runs/{run.pk}/annotate/items/{assignment.pk}/rate/", {"score": "3", "comment": "a\x00b"}, "comment"),
+        (f"/runs/{run.pk}/keys/", {"name": "k\x00", "actions": ["read"], "rate_limit_per_minute": "1"}, "name"),
+    ]
+    for url, data, field in posts:
+        response = web.post(url, data)
+        assert response.status_code == 400, url
+        assert response.content.decode().startswith(f"{field}: text may not contain NUL characters")
+    assert not Feedback.objects.exists()
+    response = web.get(f"/runs/{run.pk}/experiences/", {"domain": "a\x00b"})
+    assert response.status_code == 400 and b"domain: text may not contain NUL" in response.content
