@@ -176,6 +176,8 @@ def yaml_parse(text: str, *, where: str = "config") -> Any:
 
     if _LOADER is None:
         _LOADER = _safe_loader()
+    if len(text) > MAX_CONFIG_BYTES:
+        raise InputRejected(where, f"{len(text)} characters; at most {MAX_CONFIG_BYTES} are read")
     text_check(text, field=where)
     try:
         data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader subclass

@@ -92,6 +92,13 @@ def test_a_huge_integer_is_refused_not_a_value_error() -> None:
         config_parse(text=('{"seed": ' + "9" * 5000 + "}").encode(), filename="c.json")
 
 
+def test_size_is_bounded_before_parsing() -> None:
+    with pytest.raises(ConfigInvalid, match="at most 1048576"):
+        config_parse(text=b"model: x\n" + b"#" * (1024 * 1024), filename="c.yaml")
+    with pytest.raises(InputRejected, match="at most 1048576"):
+        yaml_parse("x" * (1024 * 1024 + 1), where="rewards")
+
+
 def test_yaml_dates_stay_text() -> None:
     assert yaml_parse("when: 2024-01-01") == {"when": "2024-01-01"}
 
@@ -115,6 +122,15 @@ def test_rft_create_refuses_the_billion_laughs_in_a_second(owner: User, tmp_path
     with pytest.raises(CommandError, match="line 2: YAML aliases"):
         call_command("rft", "create", str(path), "--name", "laughs", "--owner", "owner")
     assert time.monotonic() - started < 2.0
+    assert not Run.objects.exists()
+
+
+def test_rft_create_refuses_a_name_postgres_cannot_hold(owner: User, tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(GOOD)
+    # A name from argv with undecodable bytes arrives with lone surrogates (surrogateescape).
+    with pytest.raises(CommandError, match="name: text is not valid Unicode"):
+        call_command("rft", "create", str(path), "--name", "caf\udce9", "--owner", "owner")
     assert not Run.objects.exists()
 
 
