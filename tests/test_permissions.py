@@ -237,3 +237,44 @@ def test_an_outsider_gets_404_on_the_keys_page_like_on_every_run_page(world: dic
     client.force_login(world["users"]["other_annotator"])
     assert client.get(f"/runs/{world['run'].pk}/keys/").status_code == 404
     assert client.get(f"/runs/{world['run'].pk}/").status_code == 404
+
+
+# --- websockets: the same rules on the live stream ---------------------------------------------
+
+WEBSOCKET_ACCESS: dict[str, str] = {"ws/runs/<int:run_id>/": MEMBER}
+
+
+def test_every_websocket_route_has_an_access_rule() -> None:
+    from rftweb.routing import websocket_urlpatterns
+
+    assert {str(p.pattern) for p in websocket_urlpatterns} == set(WEBSOCKET_ACCESS)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
+    from asgiref.sync import sync_to_async
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import AnonymousUser
+
+    from rftweb.routing import websocket_urlpatterns
+
+    @sync_to_async
+    def build() -> tuple[Run, dict[str, Any]]:
+        owner = make_user("owner")
+        run = make_run(owner=owner, name="secret run")
+        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+        add_member(run, annotator)
+        add_member(run, viewer, RunMember.Role.VIEWER)
+        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
+        return run, {"anonymous": AnonymousUser(), "owner": owner, "annotator": annotator, "viewer": viewer,
+                     "other_annotator": other}
+
+    run, users = await build()
+    allowed = {"owner", "annotator", "viewer"}
+    for persona, user in users.items():
+        comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
+        comm.scope["user"] = user
+        connected, _ = await comm.connect()
+        assert connected == (persona in allowed), persona
+        await comm.disconnect()
