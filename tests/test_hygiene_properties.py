@@ -158,3 +158,26 @@ def test_arbitrary_bytes_as_a_taskset_are_refused_or_imported(data: bytes, tmp_p
         taskset_import(name="bytes", path=path)
     except ImportFailed as exc:
         assert str(exc)
+
+
+@PROPERTY
+@given(reward=st.none() | any_number | json_values, extra=json_values, prompt=st.text(max_size=20) | any_text)
+def test_arbitrary_json_in_an_api_trajectory_is_a_4xx_or_stored_as_given(reward: Any, extra: Any, prompt: str) -> None:
+    from apps.buffer.models import Experience
+    from tests.envapi.conftest import Api, make_key
+    from tests.factories import make_run
+
+    run = make_run(owner=make_user())
+    _, raw = make_key(run, rate=1_000_000)
+    body = {"trajectories": [{"key": "k", "prompt": prompt, "response": "r", "reward": reward, "metadata": {"x": extra}}]}
+    response = Api(raw).post(f"/runs/{run.pk}/trajectories",
+                             raw=json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass"))
+    if response.status_code != 200:
+        event("refused")
+        assert response.status_code in (400, 422), response.content
+        assert not Experience.objects.filter(run=run).exists()
+        return
+    event("stored")
+    stored = Experience.objects.get(run=run)
+    assert _storable(reward) and not isinstance(reward, bool) and isinstance(reward, int | float | None)
+    assert _equal(stored.metadata["x"], extra) and stored.prompt_text == prompt

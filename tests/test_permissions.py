@@ -198,9 +198,15 @@ def test_every_url_keeps_to_its_rule_for_each_persona(world: dict[str, Any], per
 # --- the workers page (the leak the issue found) ----------------------------------------------
 
 def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
-    import workers.explorer  # noqa: F401 - registers the rollout tasks
+    import apps.runs.tasks  # noqa: F401 - registers the tasks, as a worker does
+    import workers.explorer  # noqa: F401
+    import workers.trainer  # noqa: F401
 
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
+    # Bound tasks (self first) too: the run, not the step.
+    assert task_run_id(name="workers.explorer.explore_step", args=[3, 9], kwargs={}) == 3
+    assert task_run_id(name="workers.trainer.train_step", args=[4, 9], kwargs={}) == 4
+    assert task_run_id(name="apps.runs.tasks.run_announce", args=[5], kwargs={}) == 5
     assert task_run_id(name="workers.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
     assert task_run_id(name="apps.buffer.tasks.lease_reap_task", args=[], kwargs={}) is None
 
