@@ -60,15 +60,14 @@ def test_dpo_pairs_the_best_and_worst_of_each_group(run: Run) -> None:
 
 
 def test_dpo_also_exports_what_people_chose_in_ab_comparisons(run: Run) -> None:
-    from apps.feedback.services import feedback_submit
+    from apps.feedback.services import feedback_compare
 
     a, b, c = make_experiences(run, groups=1, group_size=3)  # rewards 0, 1, 2: best c, worst a
     pending = make_experiences(run, groups=1, group_size=2, status="pending")
     # A person prefers the lower-reward b over c; the (c, a) choice repeats the reward pair.
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=b, other=c, value={"winner": "a"})
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=a, other=c, value={"winner": "b"})
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=pending[0], other=pending[1],
-                    value={"winner": "a"})
+    feedback_compare(run=run, author=run.owner, experience=b, other=c, winner="a")
+    feedback_compare(run=run, author=run.owner, experience=a, other=c, winner="b")
+    feedback_compare(run=run, author=run.owner, experience=pending[0], other=pending[1], winner="a")
     pairs = [(p["chosen"][0]["content"], p["rejected"][0]["content"]) for p in export_rows(run=run, kind="dpo")]
     texts = {e.pk: e.response_text for e in (a, b, c)}
     assert pairs == [(texts[c.pk], texts[a.pk]), (texts[b.pk], texts[c.pk])]

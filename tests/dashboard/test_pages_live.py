@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
 from tests.factories import experience_row, make_run, make_taskset, make_user
@@ -165,7 +165,7 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
                             response_text="<b>bold</b><script>window.pwned=1</script>") for i in range(3)]
     experience_write(experiences=rows)
     flagged = Experience.objects.get(run=run, key="r5")
-    Feedback.objects.create(run=run, kind=Feedback.Kind.FLAG, experience=flagged, author=annotator, value={"reason": "odd"})
+    feedback_flag(run=run, experience=flagged, author=annotator, reason="odd")
 
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/experiences/")
