@@ -20,8 +20,8 @@ PASSWORD = "pw-for-tests-only"
 
 
 @pytest.fixture
-def page(browser: Any, live_daphne: str) -> Iterator[tuple[Any, list[str]]]:
-    context = browser.new_context(base_url=live_daphne)
+def csp_page(browser: Any, live_url: str) -> Iterator[tuple[Any, list[str]]]:
+    context = browser.new_context(base_url=live_url)
     page = context.new_page()
     page.set_default_timeout(15_000)
     violations: list[str] = []
@@ -51,8 +51,8 @@ def staff_run() -> tuple[User, Run]:
     return owner, run
 
 
-def test_every_page_works_under_the_policy_without_a_violation(page: tuple[Any, list[str]], staff_run: tuple[User, Run]) -> None:
-    browser_page, violations = page
+def test_every_page_works_under_the_policy_without_a_violation(csp_page: tuple[Any, list[str]], staff_run: tuple[User, Run]) -> None:
+    browser_page, violations = csp_page
     owner, run = staff_run
     response = browser_page.goto("/login/")
     policy = response.headers["content-security-policy"]
