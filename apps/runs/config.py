@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from apps.hygiene import InputRejected, config_text_parse, tree_check
+from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 
 
 class Algorithm(StrEnum):
@@ -40,6 +40,14 @@ class _Strict(BaseModel):
             annotation = cls.model_fields[info.field_name].annotation
             if annotation in (int, float, int | None, float | None):
                 raise ValueError("expected a number, not true/false")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any, info: Any) -> Any:
+        # Seeds, counts and steps end up in 64-bit columns and libraries.
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError("number is too large (at most 2^63 - 1)")
         return value
 
 
