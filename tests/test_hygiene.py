@@ -23,9 +23,9 @@ from apps.buffer.models import Experience, Task, Taskset
 from apps.hygiene import InputRejected, json_parse, yaml_parse
 from apps.runs.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
-from tests.servers import ROOT, child_env
 from tests.envapi.conftest import Api, make_key
 from tests.factories import make_run
+from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -155,7 +155,7 @@ def test_rft_create_exits_non_zero_with_a_message_not_a_traceback(tmp_path: Path
     path.write_text(GOOD + "feedback: {w_auto: .inf}\n")
     done = subprocess.run(
         [sys.executable, "manage.py", "rft", "create", str(path), "--name", "x", "--owner", "nobody"],
-        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode != 0
     assert "feedback.w_auto: numbers must be finite" in done.stderr

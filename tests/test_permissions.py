@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
@@ -199,7 +198,7 @@ def test_every_url_keeps_to_its_rule_for_each_persona(world: dict[str, Any], per
 
 def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     import apps.runs.tasks  # noqa: F401 - registers the tasks, as a worker does
-    import workers.explorer  # noqa: F401
+    import workers.explorer
     import workers.trainer  # noqa: F401
 
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
