@@ -23,6 +23,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import config_parse
 from apps.runs.models import Run
 from apps.runs.services import run_create_with_taskset, run_transition
@@ -123,10 +124,14 @@ class Command(BaseCommand):
         if not path.is_file():
             raise CommandError(f"{path}: no such file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read it ({exc})") from None
-        config = config_parse(text=text, filename=path.name)
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        try:
+            config = config_parse(text=raw, filename=path.name)
+        except RftError as exc:
+            raise command_error(exc, what=f"{path} is not a valid run config") from None
         owner = self._user(opts["owner"], required=True)
         bar = None
         progress = None
