@@ -23,6 +23,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.buffer.importers import ImportFailed
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import config_parse
 from apps.runs.models import Run
@@ -148,6 +149,8 @@ class Command(BaseCommand):
                 name=opts["name"], owner=owner, config=config,
                 taskset_path=opts["taskset"], taskset_name=opts["taskset_name"], progress=progress,
             )
+        except ImportFailed as exc:
+            raise command_error(exc, what="taskset") from None
         finally:
             if bar is not None:
                 bar.close()
