@@ -21,6 +21,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
+from rftweb.exceptions import InvalidInput
+
 # Deeper than any config or record needs, far below Python's recursion limit.
 MAX_DEPTH = 64
 # A config file or form is a few KB; this bounds what a parser will even look at.
@@ -31,14 +33,14 @@ MAX_CONFIG_BYTES = 1024 * 1024
 MAX_INT = 2**63 - 1
 
 
-class InputRejected(ValueError):
+class InputRejected(InvalidInput, ValueError):
     """Input refused before anything was written; `field` names where (a dotted path,
-    `line 3`, or `body`), `message` says why."""
+    `line 3`, or `body`), `message` says why. An InvalidInput of the one error base (so
+    every door answers it as a 422 naming the field), and a ValueError so that pydantic
+    validators may raise it."""
 
     def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
+        super().__init__(message, field=field)
 
 
 def _join(path: str, key: object) -> str:

@@ -17,6 +17,7 @@ from django.db import transaction
 from apps.buffer.models import Task, Taskset
 from apps.hygiene import InputRejected, jsonl_records, tree_check
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
+from rftweb.exceptions import InvalidInput
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.
 PipelineSteps = Sequence[Any] | None
@@ -28,8 +29,15 @@ KNOWN = set(PROMPT_KEYS) | set(REFERENCE_KEYS) | {"messages", "tests", "domain",
 Progress = Callable[[int, int | None], None]
 
 
-class ImportFailed(ValueError):
-    """The source could not be imported; nothing was written. Names the bad line or record."""
+class ImportFailed(InvalidInput):
+    """The source could not be imported; nothing was written. Names the bad line or record:
+    a message "where: what" names `where` as its field."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        where, sep, what = message.partition(": ")
+        if not field and sep and what:
+            field, message = where, what
+        super().__init__(message, field=field)
 
 
 def _messages_ok(value: Any) -> bool:

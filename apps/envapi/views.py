@@ -12,9 +12,10 @@ from django.views.decorators.http import require_POST
 from apps.envapi.forms import ApiKeyForm
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import api_keys_of_run
-from apps.envapi.services import KeyInvalid, api_key_create, api_key_revoke
+from apps.envapi.services import api_key_create, api_key_revoke
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
+from rftweb.exceptions import RftError, form_errors_add
 
 
 def _owned_run(request: HttpRequest, run_id: int) -> Run:
@@ -40,9 +41,8 @@ def run_keys(request: HttpRequest, run_id: int) -> HttpResponse:
                 name=form.cleaned_data["name"], runs=[run], actions=form.cleaned_data["actions"],
                 rate_limit_per_minute=form.cleaned_data["rate_limit_per_minute"], created_by=request.user,
             )
-        except KeyInvalid as exc:
-            for field, message in exc.errors.items():
-                form.add_error(field if field in form.fields else None, message)
+        except RftError as exc:
+            form_errors_add(form, exc)
         else:
             form = ApiKeyForm()
     status = 422 if request.method == "POST" and new_key is None else 200

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from rftweb.exceptions import InvalidInput
 
 
 class Algorithm(StrEnum):
@@ -204,12 +205,11 @@ class RunConfig(_Strict):
         return self
 
 
-class ConfigInvalid(ValueError):
+class ConfigInvalid(InvalidInput):
     """A run config failed validation; `errors` maps dotted field paths to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{field}: {msg}" if field else msg for field, msg in errors.items()))
+        super().__init__(errors=errors)
 
 
 def _errors_by_field(exc: ValidationError) -> dict[str, str]:

@@ -12,9 +12,10 @@ from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from rftweb.exceptions import Conflict
 
 
-class TransitionNotAllowed(ValueError):
+class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
 
 
