@@ -31,6 +31,7 @@ from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
+from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from apps.envapi.services import (
     KeyPrincipal,
     api_key_authenticate,
@@ -50,7 +51,6 @@ from apps.feedback.services import (
 from apps.runs.events import run_group
 from apps.runs.models import Run
 from rftweb.exceptions import (
-    InvalidInput,
     NotAllowed,
     NotFound,
     RateLimited,
@@ -62,37 +62,13 @@ from rftweb.exceptions import (
 # ---- errors --------------------------------------------------------------------------
 
 
-def _body_rejected(path: str, message: str) -> InvalidInput:
-    """A JSON body the database could not hold (NUL characters, lone surrogates, NaN)."""
-    return InvalidInput(message, field=path or "body")
-
-
-def _walk(value: Any, path: str, depth: int = 0) -> None:
-    # Postgres text and jsonb reject NUL and invalid UTF-8, jsonb rejects NaN: refuse them
-    # here, as a 422 naming the field, rather than as a 500 from the database.
-    if depth > 64:
-        raise _body_rejected(path, "nested too deeply")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise _body_rejected(path, "text may not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _body_rejected(path, "text is not valid Unicode (lone surrogate)") from None
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise _body_rejected(path, "numbers must be finite")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _walk(k, path, depth + 1)
-            _walk(v, f"{path}.{k}" if path else str(k), depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}" if path else str(i), depth + 1)
+# Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
+# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
+# an InvalidInput, a 422 naming the field.
 
 
 def _reject_constant(name: str) -> Any:
-    raise _body_rejected("body", f"{name} is not a JSON number")
+    raise InputRejected("body", f"{name} is not a JSON number")
 
 
 class SafeJSONParser(Parser):
@@ -103,9 +79,8 @@ class SafeJSONParser(Parser):
         try:
             data = json.loads(body, parse_constant=_reject_constant)
         except RecursionError:
-            raise _body_rejected("body", "nested too deeply") from None
-        _walk(data, "")
-        return data
+            raise InputRejected("body", f"nested more than {MAX_DEPTH} levels deep") from None
+        return tree_check(data)
 
 
 api = NinjaAPI(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -19,8 +19,13 @@ from rftweb.exceptions import RftError, form_errors_add
 
 
 def _owned_run(request: HttpRequest, run_id: int) -> Run:
+    # As on the run pages: 404 for a run the user may not see (no hint that it exists),
+    # 403 for its people who are not its owner.
     run = get_object_or_404(Run, pk=run_id)
-    if run_role(run=run, user=request.user) != "owner":
+    role = run_role(run=run, user=request.user)
+    if role is None:
+        raise Http404("no such run")
+    if role != "owner":
         raise PermissionDenied("only the run's owner manages its API keys")
     return run
 

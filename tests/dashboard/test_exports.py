@@ -14,8 +14,8 @@ from django.db import connection
 from apps.buffer.exports import ExportFailed, ExportOptions, export_hf_dataset, export_jsonl, export_rows
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
-from tests.dashboard.conftest import ROOT, subprocess_env
 from tests.factories import experience_row, make_experiences, make_run, make_user
+from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -148,7 +148,7 @@ def _fill(run: Run, n: int) -> None:
 
 def _measure(run: Run, out: Path) -> dict:
     out.mkdir()
-    result = subprocess.run([sys.executable, "-c", _MEASURE, str(run.pk), str(out)], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "-c", _MEASURE, str(run.pk), str(out)], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -182,7 +182,7 @@ export_hf_dataset(run=run, kind="dpo", out_dir=sys.argv[1] + "/hf")
 export_jsonl(run=run, kind="sft", out=sys.argv[1] + "/sft.jsonl")
 print(sorted(m for m in ("torch", "trl", "transformers", "vllm") if m in sys.modules))
 """
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"

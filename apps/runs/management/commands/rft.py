@@ -24,6 +24,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.buffer.importers import ImportFailed
+from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import config_parse
 from apps.runs.models import Run
 from apps.runs.services import run_create_with_taskset, run_transition
@@ -139,10 +141,14 @@ class Command(BaseCommand):
         if not path.is_file():
             raise CommandError(f"{path}: no such file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read it ({exc})") from None
-        config = config_parse(text=text, filename=path.name)
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        try:
+            config = config_parse(text=raw, filename=path.name)
+        except RftError as exc:
+            raise command_error(exc, what=f"{path} is not a valid run config") from None
         owner = self._user(opts["owner"], required=True)
         bar = None
         progress = None
@@ -159,6 +165,8 @@ class Command(BaseCommand):
                 name=opts["name"], owner=owner, config=config,
                 taskset_path=opts["taskset"], taskset_name=opts["taskset_name"], progress=progress,
             )
+        except ImportFailed as exc:
+            raise command_error(exc, what="taskset") from None
         finally:
             if bar is not None:
                 bar.close()
