@@ -167,7 +167,7 @@ def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> li
 def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = None) -> FoldResult:
     """Recompute the human and final rewards of a group's open members from their feedback,
     and make the group trainable when every member's reward is final. Call inside a
-    transaction (feedback_submit does); idempotent."""
+    transaction (the feedback services do); idempotent."""
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
