@@ -13,7 +13,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -326,7 +326,9 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
         # An older client flags without saying why; the flag still needs to read as one.
         reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
         feedback = feedback_flag(experience=payload.experience_id, flags=payload.flags, reason=reason, **who)
-    target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
+    target: Mapping[str, Any] = {}
+    if feedback.experience_id is not None:
+        target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
     return {
         "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
         "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,

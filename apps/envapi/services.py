@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
-from apps.buffer.drafts import ExperienceDraft
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.runs.models import Run
@@ -207,7 +207,7 @@ def env_scoped(value: str, *, limit: int) -> str:
 
 
 def _stored_key(client_key: str) -> str:
-    return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
+    return env_scoped(str(client_key), limit=KEY_MAX)
 
 
 def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> ExperienceDraft:
@@ -226,8 +226,7 @@ def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix
         auto_reward=item.get("reward"),
         run_id=run.pk,
         key=key,
-        group_id=env_scoped(str(item.get("group_id") or item["key"]),
-                            limit=Experience._meta.get_field("group_id").max_length),
+        group_id=env_scoped(str(item.get("group_id") or item["key"]), limit=GROUP_MAX),
         task_id=item.get("task_id"),
         source=Experience.Source.ENV,
         prompt_text=prompt,
