@@ -13,6 +13,8 @@ from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
+from django.conf import settings  # noqa: E402  (after the settings module is named)
+
 QUEUES = ("rollout", "train", "reward", "default")
 
 app = Celery("rftweb")
@@ -40,21 +42,21 @@ app.conf.update(
     beat_schedule={
         "lease-reap": {
             "task": "apps.buffer.tasks.lease_reap_task",
-            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+            "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
         # Feedback wait windows end in wall time; a beat every few seconds keeps the lag small.
         "feedback-wait-expire": {
             "task": "apps.feedback.tasks.feedback_wait_expire_task",
-            "schedule": float(os.environ.get("RFT_FEEDBACK_EXPIRE_SECONDS", "10")),
+            "schedule": settings.RFT_FEEDBACK_EXPIRE_SECONDS,
         },
         "annotation-lease-reap": {
             "task": "apps.feedback.tasks.assignment_reap_task",
-            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+            "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
         # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
         "runs-resume": {
             "task": "apps.runs.conduct.runs_resume_task",
-            "schedule": float(os.environ.get("RFT_RESUME_SECONDS", "30")),
+            "schedule": settings.RFT_RESUME_SECONDS,
         },
     },
 )

@@ -417,22 +417,22 @@ def _publish_due(*, run: Any, res: Resident) -> float | None:
 
 def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
     """W&B / TensorBoard when installed and configured (WANDB_PROJECT, RFT_TENSORBOARD_DIR)."""
-    if os.environ.get("RFT_TENSORBOARD_DIR"):
+    if settings.RFT_TENSORBOARD_DIR:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(log_dir=str(Path(os.environ["RFT_TENSORBOARD_DIR"]) / f"run-{run_id}"))
+            writer = SummaryWriter(log_dir=str(Path(settings.RFT_TENSORBOARD_DIR) / f"run-{run_id}"))
             for name, value in values.items():
                 writer.add_scalar(f"train/{name}", value, step)
             writer.close()
         except ImportError:
             pass
-    if os.environ.get("WANDB_PROJECT"):
+    if settings.WANDB_PROJECT:
         try:
             import wandb
 
             if wandb.run is None:
-                wandb.init(project=os.environ["WANDB_PROJECT"], name=f"rftweb-run-{run_id}", reinit=True)
+                wandb.init(project=settings.WANDB_PROJECT, name=f"rftweb-run-{run_id}", reinit=True)
             wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
         except ImportError:
             pass

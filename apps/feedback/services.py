@@ -49,7 +49,7 @@ class FeedbackInvalid(ValueError):
 
 
 def _lease_seconds() -> float:
-    return float(getattr(settings, "RFT_ANNOTATION_LEASE_SECONDS", 900))
+    return settings.RFT_ANNOTATION_LEASE_SECONDS
 
 
 # ---------------------------------------------------------------- assignments

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import signals
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -28,16 +29,12 @@ from apps.runs.models import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 10.0
 # A worker is shown as gone when its last beat is older than this many intervals.
 STALE_AFTER_BEATS = 3
 
 
 def heartbeat_interval() -> float:
-    try:
-        return max(0.5, float(os.environ.get("RFT_HEARTBEAT_SECONDS", DEFAULT_INTERVAL)))
-    except ValueError:
-        return DEFAULT_INTERVAL
+    return float(settings.RFT_HEARTBEAT_SECONDS)
 
 
 def worker_heartbeat_record(

@@ -109,15 +109,15 @@ markers = _Markers()
 
 
 def _prefix(run_id: int) -> str:
-    return f"{getattr(settings, 'CHANNELS_PREFIX', 'rftweb')}:rft:run:{run_id}:"
+    return f"{settings.CHANNELS_PREFIX}:rft:run:{run_id}:"
 
 
 def _dispatch_ttl() -> float:
-    return float(getattr(settings, "RFT_DISPATCH_TTL", 120.0))
+    return settings.RFT_DISPATCH_TTL
 
 
 def _conduct_seconds() -> float:
-    return float(getattr(settings, "RFT_CONDUCT_SECONDS", 0.5))
+    return settings.RFT_CONDUCT_SECONDS
 
 
 # ----------------------------------------------------------------------------- readiness

@@ -93,7 +93,7 @@ class _MetricBuffer:
             if held is None:
                 held = self.pending[run.pk] = (run, step, Counter())
             held[2].update(values)
-            due = time.monotonic() - self.last_flush >= getattr(settings, "RFT_PIPELINE_METRICS_SECONDS", 2.0)
+            due = time.monotonic() - self.last_flush >= settings.RFT_PIPELINE_METRICS_SECONDS
         if due:
             self.flush()
 
