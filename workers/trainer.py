@@ -582,15 +582,17 @@ def _train_once(
 
 
 def _fail_run(run_id: int, message: str) -> None:
+    """The run cannot go on: failed through the one lifecycle service (audited, announced)."""
     from apps.runs.models import Run
+    from apps.runs.services import TransitionNotAllowed, run_transition
 
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.FAILED, error=message[:4000])
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return
     try:
-        from apps.runs.events import event_publish
-
-        event_publish(run_id=run_id, type="run.status", payload={"status": "failed", "action": "train", "error": message[:500]})
-    except Exception:
-        log.exception("could not announce the failure of run %s", run_id)
+        run_transition(run=run, action="fail", error=message)
+    except TransitionNotAllowed:
+        log.info("run %s is %s already; its failure (%s) is logged only", run_id, run.status, message)
 
 
 # Acked late (a worker that dies mid-step hands the message back); retried with backoff only

@@ -81,25 +81,36 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "pause": ({Run.Status.RUNNING}, Run.Status.PAUSED),
     "resume": ({Run.Status.PAUSED}, Run.Status.RUNNING),
     "stop": ({Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.DRAFT}, Run.Status.STOPPED),
+    # A worker could not go on with the run (an error that a retry would only repeat); not a
+    # control people are offered: the run pages and the CLI list theirs.
+    "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
 }
 
 
-def run_transition(*, run: Run, action: str, actor: Any = None) -> Run:
+def run_transition(*, run: Run, action: str, actor: Any = None, error: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
-    processes cannot both win; audited and announced on the run's group."""
+    processes cannot both win; audited and announced on the run's group. `error` (for
+    "fail") is stored on the run and in the audit entry."""
     if action not in _TRANSITIONS:
         raise TransitionNotAllowed(f"unknown action {action!r}")
     sources, target = _TRANSITIONS[action]
+    fields: dict[str, Any] = {"status": target}
+    if error:
+        fields["error"] = error[:4000]
     with transaction.atomic():
-        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(status=target)
+        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(**fields)
         if not changed:
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None, action=action)
+        AuditEntry.objects.create(
+            run=run, actor=actor if getattr(actor, "is_authenticated", False) else None, action=action,
+            detail={"error": error[:4000]} if error else {},
+        )
     run.refresh_from_db()
-    transaction.on_commit(
-        lambda: event_publish(run_id=run.pk, type="run.status", payload={"status": run.status, "action": action})
-    )
+    payload: dict[str, Any] = {"status": run.status, "action": action}
+    if error:
+        payload["error"] = error[:500]
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
     if target == Run.Status.RUNNING:
         # The conductor enqueues explore and train steps; pause and stop end it by status.
         from apps.runs.orchestration import conduct_kick

@@ -91,6 +91,34 @@ def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, mo
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
 
 
+def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_audit_entry(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.runs.models import AuditEntry
+    from workers.trainer import train_step
+
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+
+    def bad_shapes(self: Any, batch: Any) -> None:
+        raise ValueError("logits and labels differ in shape")
+
+    monkeypatch.setattr("workers.algorithms.learner.Learner.step", bad_shapes)
+    # The Celery task's body, in this process: a retry would only repeat this error.
+    out = train_step.apply(args=[run.pk, 1]).get()
+    assert out["status"] == "failed"
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+    assert "train step 1: ValueError: logits and labels differ in shape" in run.error
+    entry = AuditEntry.objects.get(run=run, action="fail")
+    assert entry.actor is None and "logits and labels differ" in entry.detail["error"]
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"ready"}
+    # A second failure report (another worker) leaves the run and its audit as they are.
+    trainer_mod._fail_run(run.pk, "later error")
+    run.refresh_from_db()
+    assert "later error" not in run.error and AuditEntry.objects.filter(run=run, action="fail").count() == 1
+
+
 def test_a_paused_run_is_not_trained(owner: Any, tiny_model_dir: Path) -> None:
     run = running_run(owner, tiny_model_dir)
     _groups(run)
