@@ -168,6 +168,19 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "rftweb.layers.EmbeddedChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     CELERY_RESULT_BACKEND = "cache+memory://"
+# Short-lived shared counters (the environment API's rate limits): Redis when there is one,
+# so every web process counts the same; this process's memory in the embedded default.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": CHANNELS_PREFIX,
+            "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # The live stream (apps/runs/fanout.py) sends a busy run's events to each socket at most once
 # per this many milliseconds, several events to a frame.
