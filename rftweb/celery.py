@@ -53,10 +53,12 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
-        # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
-        "runs-resume": {
-            "task": "apps.runs.conduct.runs_resume_task",
-            "schedule": settings.RFT_RESUME_SECONDS,
+        # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
+        # beat that waited in the queue longer than a few beats is dropped, not piled up.
+        "runs-conduct": {
+            "task": "apps.runs.conduct.runs_conduct_task",
+            "schedule": settings.RFT_CONDUCT_SECONDS,
+            "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
         },
     },
 )
@@ -65,7 +67,7 @@ app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envap
 # inside the tasks), so every process knows every task by name.
 for _module in ("explorer", "trainer", "rewards", "synthesize"):
     app.autodiscover_tasks(["workers"], related_name=_module)
-# The run conductor and the resume-after-restart path (apps/runs/conduct.py).
+# The RFT core's loop (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
 
 

@@ -188,8 +188,6 @@ RFT_LIVE_FLUSH_MS = env_float("RFT_LIVE_FLUSH_MS", 15.0)
 
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-# The beat that restarts the conductor of any running run whose chain broke.
-RFT_RESUME_SECONDS = env_float("RFT_RESUME_SECONDS", 30.0)
 
 # Where checkpoints and exports live: shared storage across hosts in production.
 RFT_STORAGE_DIR = Path(env_str("RFT_STORAGE_DIR", str(VAR_DIR / "storage")))
@@ -204,10 +202,16 @@ RFT_ANNOTATION_LEASE_SECONDS = env_float("RFT_ANNOTATION_LEASE_SECONDS", 900.0)
 RFT_ANNOTATION_QUEUE_SIZE = env_int("RFT_ANNOTATION_QUEUE_SIZE", 8)
 # Pipeline operators' counters go to the run's metrics at most this often.
 RFT_PIPELINE_METRICS_SECONDS = env_float("RFT_PIPELINE_METRICS_SECONDS", 2.0)
-# Every Celery worker writes a heartbeat row this often (apps/runs/heartbeat.py).
-RFT_HEARTBEAT_SECONDS = max(0.5, env_float("RFT_HEARTBEAT_SECONDS", 10.0))
-# The run conductor's beat, and how long a dispatched step is not dispatched again.
+# Every Celery worker writes a heartbeat row this often (apps/runs/heartbeat.py); one whose
+# last beat is older than RFT_WORKER_DEAD_SECONDS is gone: the workers page says so, and the
+# loop sends its step again, its leases handed back.
+RFT_HEARTBEAT_SECONDS = max(0.5, env_float("RFT_HEARTBEAT_SECONDS", 2.0))
+RFT_WORKER_DEAD_SECONDS = max(2 * RFT_HEARTBEAT_SECONDS, env_float("RFT_WORKER_DEAD_SECONDS", 5 * RFT_HEARTBEAT_SECONDS))
+# The RFT core's loop (apps/runs/orchestration.py): its beat; how long a sent step may wait
+# for a worker to pick it up before it is sent again (a broker that lost it); how long a
+# running step is trusted to a worker that writes no heartbeat (a task run by hand).
 RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
+RFT_DISPATCH_RESEND_SECONDS = env_float("RFT_DISPATCH_RESEND_SECONDS", 15.0)
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
 # The trainer task's time limit (seconds); the soft limit releases the batch first.
 RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,9 +40,14 @@ def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, *
     # Leftover messages from an earlier test must not reach this worker.
     app.control.purge()
     out = open(log, "wb") if log else subprocess.DEVNULL
+    beat: list[str] = []
+    if "default" in queues.split(","):
+        # The worker of the loop's queue runs the loop's beat (apps/runs/orchestration.py).
+        schedule = Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule"
+        beat = ["-B", "-s", str(schedule)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues,
-         "-n", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "-l", "info"],
+         "-n", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "-l", "info", *beat],
         cwd=ROOT, env=test_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:

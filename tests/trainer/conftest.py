@@ -66,6 +66,9 @@ class Workers:
                "-n", f"{name}@%h", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"]
         for module in includes:
             cmd += ["-I", module]
+        if "default" in queues.split(","):
+            # The worker of the loop's queue runs the loop's beat (apps/runs/orchestration.py).
+            cmd += ["-B", "-s", str(self.logs / f"{name}-beat-schedule")]
         fh = log_path.open("ab")
         self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120

@@ -65,7 +65,7 @@ class PipelineSession:
             if buffered:
                 _write_metrics.add(self.run, self.step, self.ctx.metric_values())
             else:
-                from apps.runs.services import metric_record
+                from apps.runs.metrics import metric_record
 
                 metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
 
@@ -106,7 +106,7 @@ class _MetricBuffer:
 
     @staticmethod
     def _record(run: Any, step: int, counts: Counter[str]) -> None:
-        from apps.runs.services import metric_record
+        from apps.runs.metrics import metric_record
 
         try:
             metric_record(run=run, step=step, values=dict(counts))
