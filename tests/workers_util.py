@@ -51,7 +51,8 @@ def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, *
         cwd=ROOT, env=test_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
+        # A trainer imports torch and TRL before it answers (a minute on a loaded host).
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"celery worker exited with {proc.returncode}")
@@ -59,7 +60,7 @@ def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, *
             if replies:
                 break
         else:
-            raise RuntimeError("celery worker did not answer a ping within 60 s")
+            raise RuntimeError("celery worker did not answer a ping within 300 s")
         yield proc
     finally:
         if proc.poll() is None:

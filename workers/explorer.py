@@ -294,7 +294,11 @@ def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
     if hold is None:
         return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}
     try:
-        result = explore(run_id=run_id, step=step, worker=holder)
+        if Run.objects.filter(pk=run_id, explore_step__gte=step).exists():
+            # A copy sent again for a worker that died after its step committed: done.
+            result = {"run": run_id, "step": step, "skipped": "explored already"}
+        else:
+            result = explore(run_id=run_id, step=step, worker=holder)
     except VersionNotReady as exc:
         result = {"run": run_id, "step": step, "skipped": str(exc)}
     except SoftTimeLimitExceeded:

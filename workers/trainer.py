@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from celery import shared_task
+from celery import shared_task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
@@ -638,3 +638,13 @@ def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         log.exception("run %s train step %s failed", run_id, step)
         _fail_run(run_id, f"train step {step}: {type(exc).__name__}: {exc}")
         return {"status": "failed", "error": str(exc)}
+
+
+@signals.worker_ready.connect
+def _import_the_learner_at_start(sender: Any = None, **_: Any) -> None:
+    """A worker that serves the train queue imports torch, transformers and TRL as it starts
+    (tens of seconds on a busy CPU host) rather than inside its first step, where the time
+    would count against the step and delay the run's first version."""
+    queues = {q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", [])}
+    if "train" in queues:
+        import workers.algorithms  # noqa: F401

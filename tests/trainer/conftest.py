@@ -71,7 +71,8 @@ class Workers:
             cmd += ["-B", "-s", str(self.logs / f"{name}-beat-schedule")]
         fh = log_path.open("ab")
         self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
+        # A trainer imports torch and TRL before it says ready (a minute on a loaded host).
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if b" ready." in log_path.read_bytes():
                 return
