@@ -33,21 +33,21 @@ def test_env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `celery worker -P solo` for `queues` until the block ends; waits until it is ready."""
+def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, beat: bool = False,
+                  **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `celery worker -P solo` for `queues` until the block ends; waits until it is ready.
+    beat: it also runs Celery beat, the RFT core's loop among it (apps/runs/orchestration.py)."""
     from rftweb.celery import app
 
     # Leftover messages from an earlier test must not reach this worker.
     app.control.purge()
     out = open(log, "wb") if log else subprocess.DEVNULL
-    beat: list[str] = []
-    if "default" in queues.split(","):
-        # The worker of the loop's queue runs the loop's beat (apps/runs/orchestration.py).
-        schedule = Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule"
-        beat = ["-B", "-s", str(schedule)]
+    with_beat: list[str] = []
+    if beat:
+        with_beat = ["-B", "-s", str(Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues,
-         "-n", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "-l", "info", *beat],
+         "-n", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "-l", "info", *with_beat],
         cwd=ROOT, env=test_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:

@@ -70,7 +70,9 @@ class Workers:
             # The worker of the loop's queue runs the loop's beat (apps/runs/orchestration.py).
             cmd += ["-B", "-s", str(self.logs / f"{name}-beat-schedule")]
         fh = log_path.open("ab")
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT)
+        # A group of its own: SIGKILL must reach the beat process that `-B` forks too.
+        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
         # A trainer imports torch and TRL before it says ready (a minute on a loaded host).
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -85,7 +87,7 @@ class Workers:
         """SIGKILL: no graceful shutdown, no message handed back, leases left behind."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
         self.procs.clear()
 
@@ -97,7 +99,7 @@ class Workers:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         self.procs.clear()
 
