@@ -60,6 +60,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from rftweb.exceptions import Conflict
+
 log = logging.getLogger(__name__)
 
 _MAX_RESIDENT_RUNS = 2
@@ -441,7 +443,7 @@ def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
             pass
 
 
-class StepConflict(RuntimeError):
+class StepConflict(Conflict):
     """Another trainer recorded this step first; ours is dropped."""
 
 

@@ -31,6 +31,21 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
     return run_role(run=run, user=user) is not None
 
 
+def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None = None) -> list[dict[str, Any]]:
+    """Worker health as `user` may see it: every worker's state, but of the tasks it runs
+    only those of runs the user may see (of `run` alone when given), by name and run, never
+    their arguments; the rest are counted as `hidden`."""
+    from apps.runs.heartbeat import workers_health
+
+    visible = {run.pk} if run is not None else set(runs_visible_to(user=user).values_list("pk", flat=True))
+    rows = []
+    for row in workers_health():
+        tasks = [{"name": t.get("name", ""), "run_id": t.get("run_id"), "started_at": t.get("started_at")}
+                 for t in row["beat"].active if t.get("run_id") in visible]
+        rows.append({**row, "tasks": tasks, "hidden": len(row["beat"].active) - len(tasks)})
+    return rows
+
+
 # --- the dashboard's reads -------------------------------------------------------------
 
 # Charts of the run page: metrics go to the first group whose pattern matches their name
@@ -182,25 +197,16 @@ def run_audit(*, run: Run, limit: int = 50) -> list[Any]:
 
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
 def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
-    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`.
-
-    A pairwise feedback's `experience` is A and `other` is B; its value names the winner:
-    "a" / "b" (any case, also "left" / "right"), or {"winner": "a" | "b" | <experience id>}.
-    Ties and anything else carry no preference.
+    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`,
+    oldest first. A pairwise feedback's `experience` is A and `other` is B, and its value is
+    {"winner": "a" | "b" | "tie"} (the one shape, see Feedback); ties carry no preference.
+    Late choices count: the pair was stored, and DPO learns from it.
     """
     from apps.feedback.models import Feedback
 
     wanted = set(ids)
-    out: list[tuple[int, int]] = []
     rows = Feedback.objects.filter(
-        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted
-    ).values_list("experience_id", "other_id", "value")
-    for a, b, value in rows:
-        winner = value.get("winner") if isinstance(value, dict) else value
-        if isinstance(winner, str):
-            winner = {"a": a, "left": a, "b": b, "right": b}.get(winner.strip().lower())
-        if winner == a:
-            out.append((a, b))
-        elif winner == b:
-            out.append((b, a))
-    return out
+        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,
+        value__winner__in=["a", "b"],
+    ).order_by("created_at", "id").values_list("experience_id", "other_id", "value__winner")
+    return [(a, b) if winner == "a" else (b, a) for a, b, winner in rows]
