@@ -11,7 +11,8 @@ from django.db import transaction
 from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from apps.runs.metrics import metric_record  # noqa: F401  (a run service; lives apart so the buffer can record without importing this module)
+from apps.runs.models import AuditEntry, ModelVersion, Run
 from rftweb.exceptions import Conflict
 
 
@@ -91,41 +92,60 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "pause": ({Run.Status.RUNNING}, Run.Status.PAUSED),
     "resume": ({Run.Status.PAUSED}, Run.Status.RUNNING),
     "stop": ({Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.DRAFT}, Run.Status.STOPPED),
+    # A worker could not go on with the run (an error that a retry would only repeat); not a
+    # control people are offered: the run pages and the CLI list theirs.
+    "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
 }
 
 
-def run_transition(*, run: Run, action: str, actor: Any = None) -> Run:
+def run_transition(*, run: Run, action: str, actor: Any = None, error: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
-    processes cannot both win; audited and announced on the run's group."""
+    processes cannot both win; audited and announced on the run's group. `error` (for
+    "fail") is stored on the run and in the audit entry."""
     if action not in _TRANSITIONS:
         raise TransitionNotAllowed(f"unknown action {action!r}")
     sources, target = _TRANSITIONS[action]
+    fields: dict[str, Any] = {"status": target}
+    if error:
+        fields["error"] = error[:4000]
     with transaction.atomic():
-        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(status=target)
+        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(**fields)
         if not changed:
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None, action=action)
+        AuditEntry.objects.create(
+            run=run, actor=actor if getattr(actor, "is_authenticated", False) else None, action=action,
+            detail={"error": error[:4000]} if error else {},
+        )
     run.refresh_from_db()
-    transaction.on_commit(
-        lambda: event_publish(run_id=run.pk, type="run.status", payload={"status": run.status, "action": action})
-    )
-    if target == Run.Status.RUNNING:
-        # The conductor enqueues explore and train steps; pause and stop end it by status.
-        from apps.runs.orchestration import conduct_kick
-
-        run_id = run.pk
-        transaction.on_commit(lambda: conduct_kick(run_id=run_id))
+    payload: dict[str, Any] = {"status": run.status, "action": action}
+    if error:
+        payload["error"] = error[:500]
+    # A running run's steps are sent by the loop's next beat (apps/runs/orchestration.py),
+    # which reads the status: pause and stop need nothing more.
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
     return run
 
 
-def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics and publish them to the run's group."""
-    import math
+def run_explore_step_record(*, run: Run, step: int) -> None:
+    """An explorer finished explore step `step` (in its write's transaction)."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Greatest
 
-    clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
-    Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
-    event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+
+
+def run_explore_end(*, run: Run) -> bool:
+    """Every epoch of the taskset is explored: exploring ends (explore_step = total_steps),
+    so the trainer trains on what the buffer holds and the run finishes. True if this call
+    ended it."""
+    return bool(Run.objects.filter(pk=run.pk, explore_step__lt=run.cfg.total_steps).update(explore_step=run.cfg.total_steps))
+
+
+def run_train_step_record(*, run_id: int, step: int) -> bool:
+    """A trainer recorded step `step` (in the transaction that acks its batch); False when
+    step - 1 was not the run's last (another trainer recorded it first)."""
+    return bool(Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step))
 
 
 def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:
