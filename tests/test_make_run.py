@@ -73,7 +73,7 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
             if status != "running":
                 break
             time.sleep(1)
-        assert (status, version, trained) == ("stopped", 4, 4), (tmp_path / "serve.log").read_text()[-3000:]
+        assert (status, version, trained) == ("finished", 4, 4), (tmp_path / "serve.log").read_text()[-3000:]
         (experiences,) = db.execute("SELECT count(*) FROM buffer_experience WHERE run_id = ?", (run_id,)).fetchone()
         (consumed,) = db.execute(
             "SELECT count(*) FROM buffer_experience WHERE run_id = ? AND status = 'consumed'", (run_id,)

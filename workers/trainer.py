@@ -581,16 +581,15 @@ def _train_once(
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 
-def _fail_run(run_id: int, message: str) -> None:
-    from apps.runs.models import Run
+def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+    """Record the failure for the run page and fail the run through run_transition."""
+    from apps.runs.failures import task_failure_record
 
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.FAILED, error=message[:4000])
     try:
-        from apps.runs.events import event_publish
-
-        event_publish(run_id=run_id, type="run.status", payload={"status": "failed", "action": "train", "error": message[:500]})
+        task_failure_record(run_id=run_id, task="workers.trainer.train_step", step=step, worker=worker_name(),
+                            exception=exc, fail_now=True)
     except Exception:
-        log.exception("could not announce the failure of run %s", run_id)
+        log.exception("could not record the failure of run %s", run_id)
 
 
 # Acked late (a worker that dies mid-step hands the message back); retried with backoff only
@@ -620,5 +619,5 @@ def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         raise
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
-        _fail_run(run_id, f"train step {step}: {type(exc).__name__}: {exc}")
+        _fail_run(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}

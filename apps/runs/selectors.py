@@ -37,21 +37,33 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
 # (the browser applies the same patterns to metrics that arrive live); the rest get a chart
 # each. Names are whatever the explorer and trainer record through `metric_record`.
 CHART_GROUPS: list[dict[str, str]] = [
-    {"id": "reward", "title": "Reward mean / std", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
-    {"id": "accuracy", "title": "Accuracy per domain", "pattern": r"^acc(uracy)?([/_.].*)?$"},
-    {"id": "loss", "title": "Loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},
-    {"id": "kl", "title": "KL", "pattern": r"(^|[/_.])kl([/_.].*)?$"},
-    {"id": "entropy", "title": "Entropy", "pattern": r"entropy"},
-    {"id": "clip", "title": "Clip fraction", "pattern": r"clip"},
-    {"id": "length", "title": "Response length", "pattern": r"(response|completion)[/_.]?len(gth)?|^len(gth)?([/_.].*)?$"},
-    {"id": "throughput", "title": "Tokens / s", "pattern": r"tokens?[/_.]?(per[/_.]?s(ec(ond)?)?|/s|_s)$|throughput"},
-    {"id": "staleness", "title": "Staleness", "pattern": r"stale"},
+    {"id": "reward", "title": "Reward mean / std", "section": "rewards", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
+    {"id": "accuracy", "title": "Accuracy per domain", "section": "rewards", "pattern": r"^acc(uracy)?([/_.].*)?$"},
+    {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval([/_.].*)?$"},
+    {"id": "loss", "title": "Loss", "section": "loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},
+    {"id": "kl", "title": "KL", "section": "loss", "pattern": r"(^|[/_.])kl([/_.].*)?$"},
+    {"id": "entropy", "title": "Entropy", "section": "loss", "pattern": r"entropy"},
+    {"id": "clip", "title": "Clip fraction", "section": "loss", "pattern": r"clip"},
+    {"id": "length", "title": "Response length", "section": "throughput", "pattern": r"(response|completion)[/_.]?len(gth)?|^len(gth)?([/_.].*)?$"},
+    {"id": "throughput", "title": "Tokens / s", "section": "throughput", "pattern": r"tokens?[/_.]?(per[/_.]?s(ec(ond)?)?|/s|_s)$|throughput"},
+    {"id": "staleness", "title": "Staleness", "section": "throughput", "pattern": r"stale"},
 ]
+# Sections of the run page's charts, in order; metrics no group claims go to "other".
+CHART_SECTIONS: list[dict[str, str]] = [
+    {"id": "rewards", "title": "Rewards and accuracy"},
+    {"id": "loss", "title": "Loss and KL"},
+    {"id": "throughput", "title": "Throughput"},
+    {"id": "other", "title": "Other metrics"},
+    {"id": "buffer", "title": "Buffer"},
+    {"id": "feedback", "title": "Feedback"},
+]
+# Metrics that are settings rather than measurements: a table of their last values, no chart.
+CONSTANT_PATTERN = r"(^|[/_.])(lr|learning_rate|batch_size|train_batch_size|explore_batch_size|repeat_times|beta|epsilon)$"
 REWARD_SPARK_PATTERN = CHART_GROUPS[0]["pattern"]
 
 
 def metric_series(*, run: Run, last_steps: int = 2000) -> dict[str, list[list[float]]]:
-    """{metric name: [[step, value], ...]} over the run's last `last_steps` steps."""
+    """{metric name: [[step, value, unix time], ...]} over the run's last `last_steps` steps."""
     from django.db.models import Max
 
     from apps.runs.models import Metric
@@ -63,10 +75,10 @@ def metric_series(*, run: Run, last_steps: int = 2000) -> dict[str, list[list[fl
     rows = (
         Metric.objects.filter(run=run, step__gt=top - last_steps)
         .order_by("name", "step", "id")
-        .values_list("name", "step", "value")
+        .values_list("name", "step", "value", "time")
     )
-    for name, step, value in rows:
-        series.setdefault(name, []).append([step, value])
+    for name, step, value, time in rows:
+        series.setdefault(name, []).append([step, value, round(time.timestamp(), 3)])
     return series
 
 
@@ -130,8 +142,11 @@ def run_rows(*, user: Any) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         spark = reward_sparkline(run=run)
+        role = run_role(run=run, user=user)
         rows.append({
             "run": run,
+            "role": role,
+            "waiting": annotation_waiting(run=run, user=user) if role in ("owner", "annotator") else 0,
             "counts": counts[run.pk],
             "spark": spark,
             "spark_points": sparkline_points(spark),
@@ -204,3 +219,51 @@ def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
         elif winner == b:
             out.append((b, a))
     return out
+
+
+def run_task_failures(*, run: Run, limit: int = 10) -> list[Any]:
+    """The run's last failed explore and train tasks, newest first."""
+    from apps.runs.models import TaskFailure
+
+    return list(TaskFailure.objects.filter(run=run).order_by("-created_at", "-id")[:limit])
+
+
+def run_state(*, run: Run) -> dict[str, Any]:
+    """What the run page's header shows, for its live updates."""
+    return {"status": run.status, "explore_step": run.explore_step, "train_step": run.train_step,
+            "total_steps": run.cfg.total_steps, "version": run.current_version, "error": run.error}
+
+
+def run_may_create(*, user: Any) -> bool:
+    """Who sees "New run": staff, owners of a run, and anyone who is not only an annotator or
+    viewer of others' runs (a fresh account owns nothing yet and may start)."""
+    if not user.is_authenticated:
+        return False
+    if user.is_staff or Run.objects.filter(owner=user).exists():
+        return True
+    return not RunMember.objects.filter(user=user).exists()
+
+
+def annotation_waiting(*, run: Run, user: Any) -> int:
+    """What waits for `user` on the run's annotation page: items leased to them, and
+    completions still waiting for human feedback that they have not been handed yet."""
+    from apps.buffer.models import Experience
+    from apps.feedback.models import Assignment
+
+    leased = Assignment.objects.filter(run=run, annotator=user, status=Assignment.Status.LEASED).count()
+    open_ = (Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.PENDING)
+             .exclude(assignments__annotator=user).count())
+    return leased + open_
+
+
+def tasksets_for(*, user: Any) -> list[Any]:
+    """Tasksets a user may start a run on: their own, and those of runs they own (all for
+    staff), newest first, with their task counts."""
+    from django.db.models import Count
+
+    from apps.buffer.models import Taskset
+
+    if not getattr(user, "is_authenticated", False):
+        return []
+    qs = Taskset.objects.all() if user.is_staff else Taskset.objects.filter(Q(owner=user) | Q(runs__owner=user)).distinct()
+    return list(qs.annotate(n_tasks=Count("tasks", distinct=True)).order_by("-created_at", "-id")[:200])
