@@ -67,6 +67,7 @@ from apps.runs.services import (
     run_feedback_policy_update,
     run_member_add,
     run_member_remove,
+    run_spec_errors,
     run_transition,
 )
 
@@ -202,6 +203,11 @@ def run_new(request: HttpRequest) -> HttpResponse:
     if taskset_errors:
         errors.setdefault("taskset", []).extend(taskset_errors)
     taskset_id = taskset.pk if taskset is not None else None
+    if config is not None and not any(k for k in errors if k not in ("name", "taskset")):
+        spec_errors = run_spec_errors(config=config, taskset=taskset)
+        for field_path, messages_ in errors_by_field(
+                spec_errors, specs, fallback=CONFIG_FILE if upload is not None else FORM).items():
+            errors.setdefault(field_path, []).extend(messages_)
     if not errors:
         try:
             run = run_create(name=name, owner=request.user, config=config, taskset=taskset)
