@@ -54,8 +54,8 @@ CHART_SECTIONS: list[dict[str, str]] = [
     {"id": "loss", "title": "Loss and KL"},
     {"id": "throughput", "title": "Throughput"},
     {"id": "other", "title": "Other metrics"},
-    {"id": "buffer", "title": "Buffer"},
-    {"id": "feedback", "title": "Feedback"},
+    {"id": "buffer", "title": "Buffer over time"},
+    {"id": "feedback", "title": "Feedback over time"},
 ]
 # Metrics that are settings rather than measurements: a table of their last values, no chart.
 CONSTANT_PATTERN = r"(^|[/_.])(lr|learning_rate|batch_size|train_batch_size|explore_batch_size|repeat_times|beta|epsilon)$"

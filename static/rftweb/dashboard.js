@@ -161,6 +161,8 @@
     }
     return Math.ceil(size);
   }
+  // One point in time would stretch the axis over years: show a minute either side.
+  function timeRange(u, min, max) { return min === max ? [min - 60, max + 60] : [min, max]; }
   function stepIncrs() {
     var out = [];
     for (var p = 1; p <= 1e7; p *= 10) out.push(p, 2 * p, 5 * p);
@@ -219,7 +221,7 @@
     var xAxis = view.x === "time" ? {} : { incrs: stepIncrs(), values: function (u, ticks) { return ticks.map(function (t) { return String(Math.round(t)); }); } };
     chart.plot = new uPlot({
       width: width, height: 180, series: series,
-      scales: { x: { time: view.x === "time" } },
+      scales: { x: view.x === "time" ? { time: true, range: timeRange } : { time: false } },
       axes: [xAxis, { size: axisSize, values: function (u, ticks) { return ticks.map(fmt); } }],
       cursor: { drag: { x: true, y: false } },
       legend: { live: true },
@@ -285,7 +287,7 @@
       var series = [{ label: "time" }];
       chart.names.forEach(function (n, i) { series.push({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: function (u, v) { return fmt(v); } }); });
       chart.plot = new uPlot({ width: Math.max(260, chart.area.clientWidth || 320), height: 180, series: series,
-        scales: { x: { time: true } }, axes: [{}, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
+        scales: { x: { time: true, range: timeRange } }, axes: [{}, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
         legend: { live: true } }, data, chart.area);
     };
     chart.put = function (name, x, v) {
@@ -387,6 +389,7 @@
       showRun({ status: p.status, error: p.error || "" });
       if (p.feedback && p.feedback.mode) text("run-feedback-mode", p.feedback.mode);
       refresh("#controls a.refresh");
+      refresh("#audit-box a.refresh");
       countsSoon();
       say("run " + (p.status || "") + (p.action ? " (" + p.action + ")" : ""));
     },
