@@ -83,7 +83,8 @@ def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]
         elif annotation in (int, float):
             kind = "number"
         elif annotation is str:
-            kind = "text"
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            kind = "markdown" if extra.get("widget") == "markdown" else "text"
         else:
             kind = "yaml"
         specs.append(FieldSpec(
