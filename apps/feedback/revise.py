@@ -30,7 +30,7 @@ class NotRevisable(ValueError):
     """The feedback is not the author's, or its group has been trained on."""
 
 
-def _targets(fb: Feedback) -> list[int]:
+def feedback_targets(fb: Feedback) -> list[int]:
     if fb.kind == Feedback.Kind.RANKING:
         return [int(i) for i in (fb.value or {}).get("order", [])]
     return [i for i in (fb.experience_id, fb.other_id) if i]
@@ -72,7 +72,7 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
                        .filter(run=run, group_id=fb.group_id, is_expert=False).order_by("id"))
         if fb.late or any(m.status in _TRAINED for m in members):
             raise NotRevisable("this group has been trained on: its feedback can no longer change")
-        targets = _targets(fb)
+        targets = feedback_targets(fb)
         fb.delete()
         _refold(run=run, members=members)
         Assignment.objects.filter(run=run, annotator=author, experience_id__in=targets,

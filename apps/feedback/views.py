@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import NotRevisable, feedback_withdraw, my_submissions
+from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
 from apps.feedback.selectors import annotation_queue, annotator_progress, feedback_counts, run_may_annotate
 from apps.feedback.services import (
     FLAGS,
@@ -280,5 +280,11 @@ def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:
             return redirect(_page_url(run))
-    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message}
+        # The reopened items replace their "done" cards in the queue (out of band).
+        reopened = list(Assignment.objects.filter(run=run, annotator=request.user, status=Assignment.Status.LEASED,
+                                                  experience_id__in=feedback_targets(fb)).select_related("experience"))
+    else:
+        reopened = []
+    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message,
+               "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback}
     return _fragment(request, run, "feedback/_mine.html", context)

@@ -159,8 +159,9 @@
         if (marks && !marks.textContent.includes(label)) marks.textContent += " · " + label;
       }
     }
+    // A withdrawal's own answer already redrew the list (with its message).
     const mine = document.querySelector("#mine a.refresh");
-    if (mine && window.htmx) window.htmx.trigger(mine, "click");
+    if (mine && window.htmx && !p.withdrawn) window.htmx.trigger(mine, "click");
     updateWaiting();
   }
   function updateWaiting() {
@@ -189,10 +190,21 @@
     ensureCurrent();
   });
   document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); updateWaiting(); });
-  // An undo puts the item back in my queue: fetch it.
+  // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
+  // before the undo was answered would show the withdrawn one again: drop its answer.
+  let withdrawnAt = 0;
+  document.body.addEventListener("htmx:beforeRequest", (ev) => {
+    if (ev.detail.elt && ev.detail.elt.matches && ev.detail.elt.matches("#mine a.refresh")) ev.detail.xhr.rftSentAt = Date.now();
+  });
+  document.body.addEventListener("htmx:beforeSwap", (ev) => {
+    const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
+    if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
+  });
   document.body.addEventListener("htmx:afterRequest", (ev) => {
     const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw");
-    if (form && ev.detail.successful) loadMore().then(updateWaiting);
+    if (!form) return;
+    withdrawnAt = Date.now();
+    if (ev.detail.successful) loadMore().then(updateWaiting);
   });
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.

@@ -35,6 +35,10 @@ def _number(value: Any) -> str:
     return str(value)
 
 
+# Derived or internal parts of a stored value that people do not need to read.
+_HIDDEN_KEYS = {"normalised", "normalized", "expert_id"}
+
+
 @register.filter
 def feedback_value(value: Any, kind: str = "") -> str:
     """A stored feedback value as people read it: "4/5", "thumb up (good)", "A better",
@@ -44,7 +48,7 @@ def feedback_value(value: Any, kind: str = "") -> str:
         return "" if value is None else _number(value)
     parts: list[str] = []
     for key, v in value.items():
-        if v is None or v == [] or v == "":
+        if v is None or v == [] or v == "" or key in _HIDDEN_KEYS:
             continue
         if key == "score":
             parts.append(f"{_number(v)}/5")
