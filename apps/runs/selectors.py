@@ -267,3 +267,80 @@ def tasksets_for(*, user: Any) -> list[Any]:
         return []
     qs = Taskset.objects.all() if user.is_staff else Taskset.objects.filter(Q(owner=user) | Q(runs__owner=user)).distinct()
     return list(qs.annotate(n_tasks=Count("tasks", distinct=True)).order_by("-created_at", "-id")[:200])
+
+
+def run_waiting(*, run: Run) -> list[dict[str, Any]]:
+    """What a running run waits for, and since when: people's feedback, a model version
+    from the trainer, a full batch, a worker for a queue. Empty when nothing holds it up."""
+    from datetime import timedelta
+
+    from django.db.models import Max, Min
+    from django.utils import timezone
+
+    from apps.buffer.models import Experience
+    from apps.runs import policy
+    from apps.runs.heartbeat import workers_health
+    from apps.runs.models import AuditEntry, ModelVersion
+    from apps.runs.orchestration import batch_plan, train_readiness
+
+    if run.status != Run.Status.RUNNING:
+        return []
+    cfg = run.cfg
+    out: list[dict[str, Any]] = []
+    started = (AuditEntry.objects.filter(run=run, action__in=("start", "resume")).aggregate(t=Max("created_at"))["t"]
+               or run.updated_at)
+    latest_version = ModelVersion.objects.filter(run=run).aggregate(t=Max("created_at"))["t"] or started
+
+    if cfg.feedback.mode != "auto":
+        pending = Experience.objects.filter(run=run, status=Experience.Status.PENDING, is_expert=False)
+        agg = pending.aggregate(since=Min("created_at"))
+        if agg["since"] is not None:
+            groups = pending.values("group_id").distinct().count()
+            fallback_at = agg["since"] + timedelta(seconds=cfg.feedback.wait_seconds)
+            then = ("then trains on the automatic reward" if cfg.feedback.fallback == "auto" else "then is dropped")
+            out.append({"what": "people", "since": agg["since"],
+                        "text": f"{groups} group{'s' if groups != 1 else ''} wait for people's feedback; the oldest "
+                                f"{then} at {timezone.localtime(fallback_at):%H:%M:%S} ({cfg.feedback.wait_seconds:g} s wait)"})
+    if policy.explores(cfg) and run.explore_step < cfg.total_steps:
+        k = run.explore_step + 1
+        if policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is None:
+            need = policy.version_required(cfg=cfg, explore_step=k)
+            out.append({"what": "version", "since": latest_version,
+                        "text": f"the explorer waits for model v{need} from the trainer before explore step {k} "
+                                f"(now v{run.current_version}; {cfg.mode}, max staleness {cfg.max_staleness})"})
+    if policy.trains(cfg) and run.train_step < cfg.total_steps:
+        readiness = train_readiness(run=run)
+        if not readiness.ready and not readiness.final:
+            plan = batch_plan(cfg=cfg)
+            out.append({"what": "batch", "since": latest_version,
+                        "text": f"the trainer waits for a full batch for step {run.train_step + 1}: "
+                                f"{readiness.usual} of {plan.usual} trainable experiences"
+                                + (f", {readiness.expert} of {plan.expert} expert" if plan.expert else "")})
+    health = workers_health()
+    for queue, needed in (("rollout", policy.explores(cfg) and run.explore_step < cfg.total_steps),
+                          ("train", policy.trains(cfg) and run.train_step < cfg.total_steps)):
+        if not needed:
+            continue
+        serving = [w for w in health if queue in (w["beat"].queues or [])]
+        if not any(w["state"] in ("idle", "busy") for w in serving):
+            last = max((w["beat"].last_seen for w in serving), default=None)
+            out.append({"what": "worker", "since": last or started,
+                        "text": f"no live worker serves the {queue} queue"
+                                + (" (the last one was seen then)" if last else " (none has reported)")})
+    return out
+
+
+def weight_sync_points(*, run: Run) -> dict[str, Any]:
+    """The weight-sync timeline for a chart: when each version was published, when each
+    explorer loaded which version (unix seconds), and the versions no explorer loaded
+    although a later one was (skipped)."""
+    timeline = weight_sync_timeline(run=run)
+    published = [[v["published_at"].timestamp(), v["number"]] for v in timeline if v["published_at"]]
+    loads: dict[str, list[list[float]]] = {}
+    for v in timeline:
+        for load in v["loads"]:
+            loads.setdefault(load["worker"], []).append([load["loaded_at"].timestamp(), v["number"]])
+    loaded = {v["number"] for v in timeline if v["loads"]}
+    newest_loaded = max(loaded, default=-1)
+    skipped = sorted(v["number"] for v in timeline if v["number"] not in loaded and v["number"] < newest_loaded)
+    return {"published": sorted(published), "loads": {w: sorted(p) for w, p in loads.items()}, "skipped": skipped}

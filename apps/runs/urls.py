@@ -16,6 +16,7 @@ urlpatterns = [
     path("<int:run_id>/timeline/", views.run_timeline, name="timeline"),
     path("<int:run_id>/audit/", views.run_audit_log, name="audit"),
     path("<int:run_id>/failures/", views.run_failures, name="failures"),
+    path("<int:run_id>/waiting/", views.run_waiting_view, name="waiting"),
     path("<int:run_id>/members/", views.run_members, name="members"),
     path("<int:run_id>/members/<int:member_id>/remove/", views.run_member_delete, name="member_remove"),
     path("<int:run_id>/experiences/", views.experience_list, name="experiences"),

@@ -56,7 +56,9 @@ from apps.runs.selectors import (
     run_rows,
     run_state,
     run_task_failures,
+    run_waiting,
     runs_visible_to,
+    weight_sync_points,
     tasksets_for,
     weight_sync_timeline,
 )
@@ -267,6 +269,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "workers": workers_health(),
         "audit": run_audit(run=run, limit=20),
         "failures": run_task_failures(run=run),
+        "waiting": run_waiting(run=run),
         "warnings": config_warnings(config=run.cfg),
         **_members_context(run, role),
         "demo_annotator": _demo_annotator(run),
@@ -279,6 +282,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "series": metric_series(run=run),
             "feedback": feedback_per_minute(run=run),
             "counts": buffer_counts(run=run),
+            "sync": weight_sync_points(run=run),
         },
         "export_kinds": EXPORT_KINDS,
     }
@@ -292,6 +296,8 @@ def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     state = run_state(run=run)
     if request.GET.get("only") == "counts":
         return JsonResponse({"counts": buffer_counts(run=run), "status": run.status, "run": state})
+    if request.GET.get("only") == "sync":
+        return JsonResponse({"sync": weight_sync_points(run=run)})
     return JsonResponse({"series": metric_series(run=run), "feedback": feedback_per_minute(run=run),
                          "counts": buffer_counts(run=run), "status": run.status, "run": state})
 
@@ -419,6 +425,13 @@ def run_member_delete(request: HttpRequest, run_id: int, member_id: int) -> Http
         return render(request, "runs/_members.html", _members_context(run, role))
     messages.success(request, "Removed.")
     return redirect("runs:detail", run_id=run.pk)
+
+
+@login_required
+@require_GET
+def run_waiting_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, _ = _run_for(request, run_id)
+    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
 
 
 @login_required

@@ -313,6 +313,54 @@
     });
   }
 
+  // ------------------------------------------------------------------ weight sync
+  // Version against time: the published versions as a stepped line, each explorer's loads as
+  // marks of its own colour; versions no explorer loaded (a later one was) listed as skipped.
+  var syncBox = document.getElementById("sync-chart");
+  var syncPlot = null;
+  var syncTimer = null;
+  function drawSync(sync) {
+    if (!syncBox || !sync) return;
+    var workers = Object.keys(sync.loads || {}).sort();
+    var xsSet = new Set();
+    (sync.published || []).forEach(function (p) { xsSet.add(p[0]); });
+    workers.forEach(function (w) { sync.loads[w].forEach(function (p) { xsSet.add(p[0]); }); });
+    var xs = Array.from(xsSet).sort(function (a, b) { return a - b; });
+    var pub = new Map((sync.published || []).map(function (p) { return [p[0], p[1]]; }));
+    var data = [xs, xs.map(function (x) { return pub.has(x) ? pub.get(x) : null; })];
+    workers.forEach(function (w) {
+      var m = new Map(sync.loads[w].map(function (p) { return [p[0], p[1]]; }));
+      data.push(xs.map(function (x) { return m.has(x) ? m.get(x) : null; }));
+    });
+    syncBox.dataset.versions = String((sync.published || []).length);
+    syncBox.dataset.loads = String(workers.reduce(function (n, w) { return n + sync.loads[w].length; }, 0));
+    var skipped = document.getElementById("sync-skipped");
+    if (skipped) skipped.textContent = sync.skipped && sync.skipped.length ? "Skipped (no explorer loaded them): " + sync.skipped.map(function (v) { return "v" + v; }).join(", ") : "";
+    if (!xs.length) { syncBox.textContent = "No versions published yet."; return; }
+    var series = [{ label: "time" }, { label: "published", stroke: "#3558d4", width: 1.5, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }), points: { show: true, size: 5 } }];
+    workers.forEach(function (w, i) {
+      series.push({ label: w, stroke: COLORS[(i + 1) % COLORS.length], width: 0, paths: function () { return null; }, points: { show: true, size: 7, fill: COLORS[(i + 1) % COLORS.length] } });
+    });
+    if (syncPlot) syncPlot.destroy();
+    syncBox.textContent = "";
+    syncPlot = new uPlot({ width: Math.max(240, syncBox.clientWidth || 300), height: 140, series: series,
+      scales: { x: { time: true, range: timeRange } },
+      axes: [{}, { size: axisSize, incrs: [1, 2, 5, 10, 20, 50, 100], values: function (u, t) { return t.map(function (v) { return "v" + v; }); } }],
+      legend: { live: true } }, data, syncBox);
+    window.rftSyncPlot = syncPlot;
+  }
+  function syncSoon() {
+    if (syncTimer) return;
+    syncTimer = setTimeout(function () {
+      syncTimer = null;
+      fetch("/runs/" + runId + "/metrics/?only=sync", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (d) { if (d) drawSync(d.sync); })
+        .catch(function () {});
+    }, 500);
+  }
+  drawSync(initial.sync);
+
   // ------------------------------------------------------------------ header
   function text(id, value) { var el = document.getElementById(id); if (el && value !== undefined && value !== null) el.textContent = String(value); }
   function showRun(state) {
@@ -374,6 +422,7 @@
       fetch("/runs/" + runId + "/metrics/?only=counts", { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (d) { if (d) { loadCounts(d.counts); buffer.custom(); showRun(d.run); } })
+        .then(function () { refresh("#waiting a.refresh"); })
         .catch(function () {});
     }, 2000);
   }
@@ -396,6 +445,7 @@
     "weights.synced": function (p) {
       if (p.event === "published") text("run-version", "v" + p.version);
       refresh("#timeline a.refresh");
+      syncSoon();
       countsSoon();
       say("v" + p.version + " " + (p.event === "loaded" ? "loaded by " + (p.worker || "an explorer") : "published"));
     },

@@ -324,3 +324,25 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     ann_page.goto("/runs/")
     assert ann_page.locator(f"tr[data-run='{run.pk}']").count() == 0
     other.close()
+
+
+# --- waiting explained ----------------------------------------------------------------------
+
+def test_the_page_says_what_a_run_waits_for_and_since_when(page: Any, owner: User) -> None:
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    run = running(owner, feedback={"mode": "blend", "wait_seconds": 600})
+    experience_write(experiences=[experience_row(run, key=f"p{i}", group="g1", status="pending", reward=None,
+                                                 auto_reward=0.5) for i in range(4)])
+    log_in(page, owner)
+    page.goto(f"/runs/{run.pk}/")
+    people = page.inner_text("#waiting [data-what=people]")
+    assert "1 group wait for people's feedback" in people and "then trains on the automatic reward at" in people
+    assert "since" in people
+    # Nobody serves the queues in this test: the page says so rather than showing "running".
+    assert "no live worker serves the rollout queue" in page.inner_text("#waiting [data-what=worker] >> nth=0")
+    batch = page.inner_text("#waiting [data-what=batch]")
+    assert "the trainer waits for a full batch for step 1: 0 of 32" in batch
+    # The human-loop hint for the owner of a run whose policy uses people.
+    assert "open the annotation page in a second window" in page.inner_text("#human-loop-hint").replace("\n", " ")
