@@ -346,3 +346,45 @@ def test_the_page_says_what_a_run_waits_for_and_since_when(page: Any, owner: Use
     assert "the trainer waits for a full batch for step 1: 0 of 32" in batch
     # The human-loop hint for the owner of a run whose policy uses people.
     assert "open the annotation page in a second window" in page.inner_text("#human-loop-hint").replace("\n", " ")
+
+
+# --- the new-run form: defaults per algorithm, warnings for configs that cannot learn --------
+
+def test_choosing_an_algorithm_fills_its_defaults_and_a_config_that_cannot_learn_is_warned(page: Any, owner: User) -> None:
+    log_in(page, owner)
+    page.goto("/runs/new/")
+    assert "Completions per task" in page.inner_text("[data-field=repeat_times] .help")
+    page.fill("#id_trainer\\.learning_rate", "3e-06")  # edited by hand: kept
+    page.select_option("#id_algorithm", "dpo")
+    assert page.input_value("#id_repeat_times") == "2"
+    assert page.input_value("#id_trainer\\.learning_rate") == "3e-06"
+    page.select_option("#id_algorithm", "grpo")
+    assert page.input_value("#id_repeat_times") == "8"
+    page.fill("#id_name", "cannot learn")
+    page.fill("#id_model", "local/demo")
+    page.fill("#id_rewards", "- name: exact_match\n  weight: 0")
+    page.click("#run-form button[type=submit]")
+    page.wait_for_url("**/runs/*/")
+    warnings = " ".join(page.locator("p.warning").all_inner_texts())
+    assert "has weight 0" in warnings and "learns nothing" in warnings
+
+
+def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: Any, browser: Any, live_daphne: str,
+                                                                          owner: User) -> None:
+    run = running(owner)
+    rater = make_user("rater")
+    add_member(run, rater)
+    log_in(page, owner)
+    page.goto(f"/runs/{run.pk}/")
+    page.fill("#id_feedback\\.guidelines", "# Be kind\n\nRate **correctness** first.")
+    page.check("#feedback-policy input[name=confirm]")
+    page.once("dialog", lambda d: d.accept())
+    page.click("#feedback-policy button[type=submit]")
+    page.wait_for_selector("#feedback-policy .saved")
+    other = browser.new_context(base_url=live_daphne)
+    rater_page = other.new_page()
+    log_in(rater_page, rater)
+    rater_page.goto(f"/runs/{run.pk}/annotate/")
+    assert rater_page.inner_text("#guidelines h1") == "Be kind"
+    assert rater_page.inner_text("#guidelines strong") == "correctness"
+    other.close()
