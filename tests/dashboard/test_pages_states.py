@@ -14,10 +14,9 @@ from django.contrib.auth.models import User
 
 from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import metric_record, run_transition
-from tests.dashboard.conftest import ROOT
-from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in, page  # noqa: F401
+from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import add_member, make_run, make_taskset, make_user
-from tests.workers_util import celery_worker
+from tests.servers import ROOT, celery_worker
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -291,7 +290,7 @@ def test_two_runs_are_compared_on_one_chart(page: Any, owner: User) -> None:
 
 # --- staffing -------------------------------------------------------------------------------
 
-def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: Any, browser: Any, live_daphne: str,
+def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: Any, browser: Any, live_url: str,
                                                                          owner: User) -> None:
     run = running(owner)
     annotator = make_user("ann")
@@ -307,7 +306,7 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     page.wait_for_selector("li[data-member=ann]")
     assert AuditEntry.objects.filter(run=run, action="member_add", detail__user="ann").exists()
 
-    other = browser.new_context(base_url=live_daphne)
+    other = browser.new_context(base_url=live_url)
     ann_page = other.new_page()
     log_in(ann_page, annotator)
     assert ann_page.locator("a", has_text="New run").count() == 0
@@ -369,7 +368,7 @@ def test_choosing_an_algorithm_fills_its_defaults_and_a_config_that_cannot_learn
     assert "has weight 0" in warnings and "learns nothing" in warnings
 
 
-def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: Any, browser: Any, live_daphne: str,
+def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: Any, browser: Any, live_url: str,
                                                                           owner: User) -> None:
     run = running(owner)
     rater = make_user("rater")
@@ -381,7 +380,7 @@ def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: A
     page.once("dialog", lambda d: d.accept())
     page.click("#feedback-policy button[type=submit]")
     page.wait_for_selector("#feedback-policy .saved")
-    other = browser.new_context(base_url=live_daphne)
+    other = browser.new_context(base_url=live_url)
     rater_page = other.new_page()
     log_in(rater_page, rater)
     rater_page.goto(f"/runs/{run.pk}/annotate/")

@@ -17,7 +17,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.feedback.conftest import login
+from tests.servers import login
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
