@@ -20,7 +20,12 @@ from apps.buffer.models import Experience
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
-from apps.feedback.selectors import annotation_queue, annotator_progress, feedback_counts, run_may_annotate
+from apps.feedback.selectors import (
+    annotation_queue,
+    annotator_progress,
+    feedback_counts,
+    run_may_annotate,
+)
 from apps.feedback.services import (
     assignment_claim,
     assignment_skip,
@@ -91,7 +96,7 @@ def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
         "policy": policy, "counts": feedback_counts(run=run), "flags": FLAGS,
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
-        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",  # noqa: S308
+        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
     })

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-
 from django.conf import settings
 from django.db import models
 

@@ -33,9 +33,9 @@ from apps.runs.forms import (
     FIELD_HELP,
     FORM,
     SECTION_HELP,
-    config_warnings,
     config_field_specs,
     config_from_post,
+    config_warnings,
     errors_by_field,
     feedback_field_specs,
     section_specs,
@@ -57,8 +57,8 @@ from apps.runs.selectors import (
     run_task_failures,
     run_waiting,
     runs_visible_to,
-    weight_sync_points,
     tasksets_for,
+    weight_sync_points,
     weight_sync_timeline,
 )
 from apps.runs.services import (

@@ -5,7 +5,6 @@ worker. Screenshots of the dashboard go to var/screenshots/ (ignored) for a revi
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 

@@ -115,7 +115,7 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
 
     page.keyboard.press("z")
     page.wait_for_selector("#mine .saved")
-    assert "Withdrawn: your rating on #%d" % members[1].pk in page.inner_text("#mine .saved")
+    assert f"Withdrawn: your rating on #{members[1].pk}" in page.inner_text("#mine .saved")
     assert list(Feedback.objects.filter(kind="rating").values_list("experience_id", flat=True)) == [members[0].pk]
     second = Experience.objects.get(pk=members[1].pk)
     assert (second.status, second.human_reward, second.reward) == ("pending", None, None)
