@@ -21,12 +21,13 @@ from apps.feedback.models import Assignment, Feedback
 from apps.feedback.policy import experience_initial_fields, member_is_final, signals_fold
 from apps.runs.events import event_publish
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
 REVISABLE_KINDS = ("rating", "ranking", "pairwise", "flag")
 
 
-class NotRevisable(ValueError):
+class NotRevisable(InvalidInput):
     """The feedback is not the author's, or its group has been trained on."""
 
 

@@ -277,11 +277,11 @@ def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST":
         raw = request.POST.get("feedback", "").strip()
         if raw and not raw.isdigit():
-            return _error(request, "feedback must be the id of one of your submissions")
+            return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
         try:
             fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
         except NotRevisable as exc:
-            return _error(request, str(exc))
+            return _error(request, exc)
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:
             return redirect(_page_url(run))

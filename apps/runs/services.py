@@ -12,6 +12,7 @@ from django.db import transaction
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from rftweb.exceptions import InvalidInput
 
 
 class TransitionNotAllowed(ValueError):
@@ -227,12 +228,11 @@ def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -
     )
 
 
-class MemberInvalid(ValueError):
+class MemberInvalid(InvalidInput):
     """A staffing change that cannot be made; `field` names the form field at fault."""
 
     def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
+        super().__init__(message, field=field)
 
 
 def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> Any:

@@ -401,7 +401,7 @@ def run_members(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         member = run_member_add(run=run, username=values["username"], role=values["role"], actor=request.user)
     except MemberInvalid as exc:
-        context = _members_context(run, role, member_errors={exc.field: [str(exc)]}, member_values=values)
+        context = _members_context(run, role, member_errors={exc.field: [exc.message]}, member_values=values)
         if request.htmx:
             return render(request, "runs/_members.html", context)
         return _partial(request, "runs/_members.html", context, f"People · {run.name}")
@@ -466,9 +466,10 @@ def experience_list(request: HttpRequest, run_id: int) -> HttpResponse:
         "next_query": filters.query(before=rows[-1].pk) if more and rows else "",
     }
     if request.htmx and request.htmx.target == "experience-results":
-        return render(request, "runs/_experience_results.html", context)
-    if request.htmx and request.htmx.target == "experience-browser":
-        return render(request, "runs/_experience_browser.html", context)
+        # The filters stay as typed; each one's error slot is refreshed beside it (out of band).
+        slots = [(f"e-{name.replace('_', '-')}", filters.errors.get(name, ""))
+                 for name in ("status", "reward_min", "reward_max", "version", "flagged")]
+        return render(request, "runs/_experience_results.html", {**context, "error_slots": slots})
     return render(request, "runs/experiences.html", context, status=400 if filters.errors else 200)
 
 

@@ -250,6 +250,10 @@ def test_a_bad_experience_filter_is_shown_beside_its_field(page: Any, owner: Use
     page.wait_for_selector("[data-filter=reward_min] .field-error")
     assert "'xyz' is not a number" in page.inner_text("[data-filter=reward_min] .field-error")
     assert page.input_value("input[name=reward_min]") == "xyz"
+    # Fixed, the message goes away.
+    page.fill("input[name=reward_min]", "0.5")
+    page.click("#experience-filters button[type=submit]")
+    page.wait_for_selector("[data-filter=reward_min] .field-error", state="hidden")
 
 
 # --- the runs list refreshes itself --------------------------------------------------------
