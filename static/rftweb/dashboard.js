@@ -162,7 +162,16 @@
     return Math.ceil(size);
   }
   // One point in time would stretch the axis over years: show a minute either side.
-  function timeRange(u, min, max) { return min === max ? [min - 60, max + 60] : [min, max]; }
+  function timeRange(u, min, max) {
+    if (min == null || max == null) { var now = Date.now() / 1000; return [now - 3600, now]; }
+    return max - min < 60 ? [min - 60, max + 60] : [min, max];
+  }
+  // uPlot sizes a time axis from one point (or none) over years: pin it to the hour around.
+  function pinTime(plot, xs) {
+    if (xs.length > 1) return;
+    var r = timeRange(plot, xs.length ? xs[0] : null, xs.length ? xs[0] : null);
+    plot.setScale("x", { min: r[0], max: r[1] });
+  }
   function stepIncrs() {
     var out = [];
     for (var p = 1; p <= 1e7; p *= 10) out.push(p, 2 * p, 5 * p);
@@ -281,7 +290,7 @@
       chart.names.forEach(function (n) { data.push(xs.map(function (x) { var v = chart.points.get(x)[n]; return v === undefined ? null : v; })); });
       chart.el.dataset.points = String(xs.length);
       var key = chart.names.join(",");
-      if (chart.plot && chart.key === key) { chart.plot.setData(data); return; }
+      if (chart.plot && chart.key === key) { chart.plot.setData(data); pinTime(chart.plot, xs); return; }
       if (chart.plot) chart.plot.destroy();
       chart.key = key;
       var series = [{ label: "time" }];
@@ -289,6 +298,7 @@
       chart.plot = new uPlot({ width: Math.max(260, chart.area.clientWidth || 320), height: 180, series: series,
         scales: { x: { time: true, range: timeRange } }, axes: [{}, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
         legend: { live: true } }, data, chart.area);
+      pinTime(chart.plot, xs);
     };
     chart.put = function (name, x, v) {
       if (chart.names.indexOf(name) < 0) chart.names.push(name);
@@ -347,6 +357,7 @@
       scales: { x: { time: true, range: timeRange } },
       axes: [{}, { size: axisSize, incrs: [1, 2, 5, 10, 20, 50, 100], values: function (u, t) { return t.map(function (v) { return "v" + v; }); } }],
       legend: { live: true } }, data, syncBox);
+    pinTime(syncPlot, xs);
     window.rftSyncPlot = syncPlot;
   }
   function syncSoon() {
