@@ -9,13 +9,14 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
-from rftweb.exceptions import InvalidInput
+from rftweb.exceptions import Conflict, InvalidInput
 
 
-class TransitionNotAllowed(ValueError):
+class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
 
 
@@ -24,8 +25,7 @@ class RunCannotStart(TransitionNotAllowed):
     (`model`, `taskset`, `rewards.0.params`) to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+        super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors=errors)
 
 
 # A hub id: "name" or "org/name", letters, digits, '-', '_', '.' (huggingface_hub's rules).
@@ -69,9 +69,29 @@ def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, 
     return errors
 
 
+def run_name_errors(*, name: str) -> dict[str, str]:
+    """{"name": message} for a name a run may not have, else {}."""
+    try:
+        _name_check(name)
+    except ConfigInvalid as exc:
+        return exc.errors
+    return {}
+
+
+def _name_check(name: str) -> None:
+    if not name.strip():
+        raise ConfigInvalid({"name": "a run needs a name"})
+    try:
+        text_check(name, field="name")
+    except InputRejected as exc:
+        raise ConfigInvalid({"name": exc.message}) from None
+    if len(name.strip()) > Run._meta.get_field("name").max_length:
+        raise ConfigInvalid({"name": f"at most {Run._meta.get_field('name').max_length} characters"})
+
+
 def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, taskset: Any = None) -> Run:
     """Create a draft run; ConfigInvalid names each bad field."""
-    errors = {} if name.strip() else {"name": "a run needs a name"}
+    errors = run_name_errors(name=name)
     errors.update(run_spec_errors(config=config, taskset=taskset))
     if errors:
         raise ConfigInvalid(errors)
@@ -93,10 +113,9 @@ def run_create_with_taskset(
     directory) in the same transaction: a bad config (ConfigInvalid) is found before any
     import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
     from apps.buffer.importers import taskset_import
-    from apps.runs.config import ConfigInvalid
 
     # Every error at once (a blank name too), before any import.
-    errors = {} if name.strip() else {"name": "a run needs a name"}
+    errors = run_name_errors(name=name)
     errors.update(run_spec_errors(config=config, taskset=taskset))
     if errors:
         raise ConfigInvalid(errors)

@@ -26,7 +26,8 @@ from apps.buffer.selectors import (
     experiences_browse,
     group_feedback,
 )
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
     ALGORITHM_DEFAULTS,
     CONFIG_FILE,
@@ -41,7 +42,6 @@ from apps.runs.forms import (
     section_specs,
     values_from_config,
 )
-from apps.runs.heartbeat import workers_health
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
@@ -60,6 +60,7 @@ from apps.runs.selectors import (
     tasksets_for,
     weight_sync_points,
     weight_sync_timeline,
+    workers_visible,
 )
 from apps.runs.services import (
     MemberInvalid,
@@ -68,6 +69,7 @@ from apps.runs.services import (
     run_feedback_policy_update,
     run_member_add,
     run_member_remove,
+    run_name_errors,
     run_spec_errors,
     run_transition,
 )
@@ -161,7 +163,7 @@ def _taskset_from_request(request: HttpRequest) -> tuple[Any, list[str], list[st
                 tmp.flush()
                 taskset = taskset_import(name=Path(upload.name or "taskset").stem, path=tmp.name, owner=request.user)
         except ImportFailed as exc:
-            return None, [str(exc)], []
+            return None, [exc.message], []
         return taskset, [], [f"Taskset “{taskset.name}” ({taskset.tasks.count()} tasks) was imported and is selected below."]
     raw = (request.POST.get("taskset_id") or "").strip()
     if not raw:
@@ -184,11 +186,11 @@ def run_new(request: HttpRequest) -> HttpResponse:
     config: Any = None
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
-        text = upload.read().decode("utf-8", errors="replace")
+        raw = upload.read(MAX_CONFIG_BYTES + 1)
         filename = upload.name or "config.yaml"
-        values = _file_values(text, filename, specs)
+        values = _file_values(raw, filename, specs)
         try:
-            config = config_parse(text=text, filename=filename)
+            config = config_parse(text=raw, filename=filename)
             values = values_from_config(config.model_dump(mode="json"), specs)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
@@ -198,8 +200,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
         if read_errors:
             errors = errors_by_field(read_errors, specs)
     # Every problem on the first submit: the name and the taskset too, not only the config.
-    if not name:
-        errors.setdefault("name", []).append("a run needs a name")
+    for message in run_name_errors(name=name).values():
+        errors.setdefault("name", []).append(message)
     taskset, taskset_errors, notes = _taskset_from_request(request)
     if taskset_errors:
         errors.setdefault("taskset", []).extend(taskset_errors)
@@ -223,14 +225,10 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return redirect("runs:detail", run_id=run.pk)
 
 
-def _file_values(text: str, filename: str, specs: list[Any]) -> dict[str, str]:
-    import json
-
-    import yaml
-
+def _file_values(raw: bytes, filename: str, specs: list[Any]) -> dict[str, str]:
     try:
-        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError):
+        data = config_file_read(data=raw, filename=filename)
+    except ConfigInvalid:
         return {}
     return values_from_config(data, specs)
 
@@ -265,7 +263,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "cfg": run.cfg,
         "counts": buffer_counts(run=run),
         "timeline": weight_sync_timeline(run=run),
-        "workers": workers_health(),
+        "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
         "failures": run_task_failures(run=run),
         "waiting": run_waiting(run=run),
@@ -323,7 +321,7 @@ def run_control(request: HttpRequest, run_id: int, action: str) -> HttpResponse:
     try:
         run = run_transition(run=run, action=action, actor=request.user)
     except TransitionNotAllowed as exc:
-        error = str(exc)
+        error = exc.message
     if request.htmx:
         response = render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error})
         if error:
@@ -444,7 +442,7 @@ def run_failures(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def worker_health(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "runs/_workers.html", {"workers": workers_health()}, "Workers")
+    return _partial(request, "runs/_workers.html", {"workers": workers_visible(user=request.user)}, "Workers")
 
 
 # --- experiences ---------------------------------------------------------------------------
@@ -497,8 +495,7 @@ def export_page(request: HttpRequest, run_id: int) -> HttpResponse:
 
 class _ExportFieldInvalid(ExportFailed):
     def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
+        super().__init__(message, field=field)
 
 
 def _export_options(params: Any) -> ExportOptions:
@@ -530,9 +527,9 @@ def export_download(request: HttpRequest, run_id: int, kind: str) -> HttpRespons
         chunks = export_jsonl_chunks(run=run, kind=kind, options=_export_options(request.GET))
     except ExportFailed as exc:
         # The export page again, the refused value kept and the error beside its field.
-        field = getattr(exc, "field", "")
+        field = exc.field if exc.field in ("min_reward", "min_version", "min_margin", "domain") else ""
         return render(request, "runs/export.html", {
-            "run": run, "kinds": EXPORT_KINDS, "error_kind": kind, "error_field": field, "error": str(exc),
+            "run": run, "kinds": EXPORT_KINDS, "error_kind": kind, "error_field": field, "error": exc.message,
             "values": {k: request.GET.get(k, "") for k in ("min_reward", "min_version", "min_margin", "domain")},
         }, status=400)
     response = StreamingHttpResponse(chunks, content_type="application/jsonl; charset=utf-8")
