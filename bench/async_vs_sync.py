@@ -63,11 +63,11 @@ def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset:
     deadline = started + 1800
     while time.perf_counter() < deadline:
         run.refresh_from_db()
-        if run.status in (Run.Status.STOPPED, Run.Status.FAILED):
+        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
             break
         time.sleep(0.2)
     seconds = time.perf_counter() - started
-    if run.status != Run.Status.STOPPED or run.train_step != steps:
+    if run.status != Run.Status.FINISHED or run.train_step != steps:
         raise SystemExit(f"{mode} run did not finish: status={run.status} train_step={run.train_step} error={run.error}")
     sides = {
         name: median(list(Metric.objects.filter(run=run, name=name).values_list("value", flat=True)))

@@ -257,6 +257,9 @@ RFT_WORKER_DEAD_SECONDS = max(2 * RFT_HEARTBEAT_SECONDS, env_float("RFT_WORKER_D
 RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
 RFT_DISPATCH_RESEND_SECONDS = env_float("RFT_DISPATCH_RESEND_SECONDS", 15.0)
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
+# A run whose explore or train steps fail this many times in a row (no progress between)
+# goes to `failed` with the last error (apps/runs/failures.py).
+RFT_RUN_FAIL_AFTER = max(1, env_int("RFT_RUN_FAIL_AFTER", 3))
 # The trainer task's time limit (seconds); the soft limit releases the batch first.
 RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)
 # A trainer task goes on with the run's next steps while each is ready at once, starting none

@@ -596,18 +596,15 @@ def _train_once(
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 
-def _fail_run(run_id: int, message: str) -> None:
-    """The run cannot go on: failed through the one lifecycle service (audited, announced)."""
-    from apps.runs.models import Run
-    from apps.runs.services import TransitionNotAllowed, run_transition
+def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+    """Record the failure for the run page and fail the run through run_transition."""
+    from apps.runs.failures import task_failure_record
 
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None:
-        return
     try:
-        run_transition(run=run, action="fail", error=message)
-    except TransitionNotAllowed:
-        log.info("run %s is %s already; its failure (%s) is logged only", run_id, run.status, message)
+        task_failure_record(run_id=run_id, task="workers.trainer.train_step", step=step, worker=worker_name(),
+                            exception=exc, fail_now=True)
+    except Exception:
+        log.exception("could not record the failure of run %s", run_id)
 
 
 # Acked late (a worker that dies mid-step hands the message back); retried with backoff only
@@ -638,7 +635,7 @@ def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         raise
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
-        _fail_run(run_id, f"train step {step}: {type(exc).__name__}: {exc}")
+        _fail_run(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}
 
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-
 from django.conf import settings
 from django.db import models
 
@@ -13,6 +12,9 @@ class Run(models.Model):
         RUNNING = "running"
         PAUSED = "paused"
         STOPPED = "stopped"
+        # Every step the config asks for is done; a finished run is not started again.
+        FINISHED = "finished"
+        # Its workers failed repeatedly, or it could not start; `error` says why.
         FAILED = "failed"
 
     name = models.CharField(max_length=200)
@@ -110,6 +112,29 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.action} on {self.run_id} by {self.actor_id}"
 
+
+
+class TaskFailure(models.Model):
+    """A run's explore or train task raised: what, where and when, for the run page's
+    worker-errors panel and for failing a run whose steps keep failing
+    (apps.runs.failures)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_failures")
+    task = models.CharField(max_length=200)
+    step = models.IntegerField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    exception = models.CharField(max_length=200)
+    message = models.TextField(blank=True)
+    # explore_step + train_step when it failed: failures at the same progress are "in a row".
+    progress = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["run", "-created_at"], name="task_failure_run_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task} of run {self.run_id}: {self.exception}"
 
 
 class WeightLoad(models.Model):

@@ -411,11 +411,11 @@ def _in_flight(run: Run) -> bool:
 
 
 def run_finish(*, run: Run) -> None:
-    """Every step the config asks for is done (or, offline, the buffer is used up): stop."""
+    """Every step the config asks for is done (or, offline, the buffer is used up): finished."""
     from apps.runs.services import TransitionNotAllowed, run_transition
 
     try:
-        run_transition(run=run, action="stop")
+        run_transition(run=run, action="finish")
     except TransitionNotAllowed:
         pass
 
