@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
