@@ -350,7 +350,7 @@ def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
           summary="Generate with the run's current model (token ids and logprobs included)")
 async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
     run = await sync_to_async(_run_for)(request, run_id)
-    timeout = min(payload.timeout_seconds, float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)))
+    timeout = min(payload.timeout_seconds, settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
     requests = [_sampling_request(r) for r in payload.requests]
     # Off the shared sync thread: waiting for a worker must not stall every other request.
     answer = await sync_to_async(rollouts_generate, thread_sensitive=False)(run=run, requests=requests, timeout=timeout)

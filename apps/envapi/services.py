@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -121,23 +120,9 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 
 
 # ---------------------------------------------------------------------------------------
-# Rate limits: a fixed one-minute window per key, in Redis when there is one (every web
-# process shares it), in this process otherwise (the embedded default has one process).
-
-_redis_client: Any = None
-_redis_lock = threading.Lock()
-_local_counts: dict[tuple[int, int], int] = {}
-
-
-def _redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        with _redis_lock:
-            if _redis_client is None:
-                import redis
-
-                _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _redis_client
+# Rate limits: a fixed one-minute window per key, counted in Django's cache (Redis when
+# there is one, so every web process shares it; this process's memory in the embedded
+# default, which has one process).
 
 
 def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
@@ -145,17 +130,13 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
     now = time.time() if now is None else now
     window = int(now // 60)
     retry_after = 60 - (now % 60)
-    if settings.REDIS_URL:
-        name = f"rftweb:envapi:rate:{key.pk}:{window}"
-        pipe = _redis().pipeline(transaction=False)
-        pipe.incr(name)
-        pipe.expire(name, 120)
-        count = int(pipe.execute()[0])
-    else:
-        with _redis_lock:
-            for stale in [k for k in _local_counts if k[1] < window]:
-                del _local_counts[stale]
-            count = _local_counts[(key.pk, window)] = _local_counts.get((key.pk, window), 0) + 1
+    name = f"envapi:rate:{key.pk}:{window}"
+    cache.add(name, 0, timeout=120)  # the window's counter, unless another request made it
+    try:
+        count = cache.incr(name)
+    except ValueError:  # expired between the two calls (a window two minutes old): start over
+        cache.add(name, 1, timeout=120)
+        count = 1
     return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
 
 

@@ -46,7 +46,7 @@ _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
 
 
 def _lease_seconds() -> float:
-    return float(getattr(settings, "RFT_ANNOTATION_LEASE_SECONDS", 900))
+    return settings.RFT_ANNOTATION_LEASE_SECONDS
 
 
 # ---------------------------------------------------------------- assignments

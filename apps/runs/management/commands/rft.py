@@ -20,6 +20,7 @@ from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -56,8 +57,13 @@ def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, py
     cpu = [q for q in queues if q in CPU_QUEUES]
     if cpu:
         n = concurrency or os.cpu_count() or 1
-        plan.append([*base, "--pool", "prefork", "--concurrency", str(n), "--queues", ",".join(cpu),
-                     "--hostname", f"{'+'.join(cpu)}@%h"])
+        cmd = [*base, "--pool", "prefork", "--concurrency", str(n), "--queues", ",".join(cpu),
+               "--hostname", f"{'+'.join(cpu)}@%h"]
+        if "default" in cpu:
+            # The RFT core's loop and the housekeeping run on Celery beat: the worker of the
+            # default queue runs it (run one such worker; docker-compose has its own beat).
+            cmd += ["--beat", "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")]
+        plan.append(cmd)
     return plan
 
 
