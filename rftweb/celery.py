@@ -51,6 +51,11 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
         },
+        # Agent sessions (OpenAI-compatible endpoint) nobody finished become abandoned.
+        "agent-sessions-expire": {
+            "task": "apps.envapi.tasks.agent_sessions_expire_task",
+            "schedule": 60.0,
+        },
         # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
         "runs-resume": {
             "task": "apps.runs.conduct.runs_resume_task",
