@@ -13,7 +13,7 @@ Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: 
 chunks go out once the worker has answered (the rollout engines generate whole completions),
 a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
-(`read` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
+(`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
 502/503 when no rollout worker answers.
 
 A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_session`, or
@@ -36,6 +36,8 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.envapi import openai_services as oa
+from apps.envapi.api import BodyRejected
+from apps.envapi.api import _walk as body_walk
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, RolloutFailed, RolloutUnavailable, api_key_authenticate, rate_limit_hit
 from apps.runs.models import Run
@@ -48,7 +50,8 @@ def _error(exc: oa.OpenAIError) -> JsonResponse:
     return response
 
 
-def _authorise(request: HttpRequest, run_id: int, action: str) -> tuple[Run, KeyPrincipal]:
+def _authorise(request: HttpRequest, run_id: int, *actions: str) -> tuple[Run, KeyPrincipal]:
+    """The run and key of a request whose key holds one of `actions` for this run."""
     header = request.headers.get("Authorization", "")
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
@@ -64,8 +67,8 @@ def _authorise(request: HttpRequest, run_id: int, action: str) -> tuple[Run, Key
         raise oa.OpenAIError(403, f"this key is not scoped to run {run_id}", code="permission_denied")
     if run is None:
         raise oa.OpenAIError(404, f"run {run_id} not found", code="not_found")
-    if not principal.can(action):
-        raise oa.OpenAIError(403, f"this key may not {action} (it may: {', '.join(principal.key.actions) or 'nothing'})",
+    if not any(principal.can(a) for a in actions):
+        raise oa.OpenAIError(403, f"this key may not {' or '.join(actions)} (it may: {', '.join(principal.key.actions) or 'nothing'})",
                              code="permission_denied")
     wait = rate_limit_hit(key=principal.key)
     if wait is not None:
@@ -86,8 +89,11 @@ def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
         raise oa.OpenAIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise oa.OpenAIError(400, "the body must be a JSON object", code="invalid_json")
-    if "\x00" in body.decode("utf-8", errors="replace"):
-        raise oa.OpenAIError(400, "text may not contain NUL characters", code="invalid_value")
+    try:
+        # NUL, lone surrogates, NaN: what Postgres cannot hold, refused as the environment API does.
+        body_walk(data, "")
+    except BodyRejected as exc:
+        raise oa.OpenAIError(400, f"{exc.field}: {exc.message}", param=exc.field, code="invalid_value") from None
     try:
         return schema.model_validate(data)
     except PydanticValidationError as exc:
@@ -168,7 +174,7 @@ async def models(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         if request.method != "GET":
             raise oa.OpenAIError(405, "use GET", code="method_not_allowed")
-        run, _ = await sync_to_async(_authorise)(request, run_id, "read")
+        run, _ = await sync_to_async(_authorise)(request, run_id, "read", "submit")
         return JsonResponse(await sync_to_async(oa.models_list)(run=run))
     except oa.OpenAIError as exc:
         return _error(exc)

@@ -168,6 +168,12 @@ def test_bad_requests_are_openai_errors_the_client_raises_as_its_own(stack: str,
     with pytest.raises(openai.BadRequestError) as penalty:
         client.chat.completions.create(model=model, messages=msgs, presence_penalty=1.0)
     assert penalty.value.body["param"] == "presence_penalty"
+    with pytest.raises(openai.BadRequestError) as nul:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a\x00b"}])
+    assert nul.value.body["param"] == "messages.0.content"
+    with pytest.raises(openai.BadRequestError) as forced:
+        client.chat.completions.create(model=model, messages=msgs, tools=[CALC_TOOL], tool_choice="required")
+    assert forced.value.body["param"] is None and "tool_choice" in forced.value.body["message"]
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4o", messages=msgs)
     assert missing.value.body["code"] == "model_not_found"
