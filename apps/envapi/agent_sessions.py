@@ -33,12 +33,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
 from apps.envapi.models import AgentCall, AgentSession, ApiKey
 from apps.envapi.openai_services import OpenAIError
 from apps.envapi.services import env_scoped
-from apps.feedback.policy import experience_initial_fields
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -242,11 +242,12 @@ def session_finish(*, run: Run, name: str, reward: float, reward_parts: Mapping[
         if not calls:
             raise SessionRejected(409, f"session {name!r} has no recorded call")
         segments, splits = session_assemble(calls)
-        rows = [_row(run=run, session=session, segment=s, part=i, parts=len(segments), reward=reward,
-                     reward_parts=reward_parts or {}, splits=splits, key_prefix=key_prefix)
-                for i, s in enumerate(segments)]
-        result = experience_write(experiences=rows)
-        ids = list(Experience.objects.filter(run=run, key__in=[r["key"] for r in rows]).order_by("id").values_list("id", flat=True))
+        drafts = [_draft(run=run, session=session, segment=s, part=i, parts=len(segments), reward=reward,
+                         reward_parts=reward_parts or {}, splits=splits, key_prefix=key_prefix)
+                  for i, s in enumerate(segments)]
+        # announce: experience.created for each new one once this commits.
+        result = experience_write(experiences=drafts, announce=True)
+        ids = list(result.ids)
         session.status = AgentSession.Status.FINISHED
         session.reward = reward
         session.reward_parts = dict(reward_parts or {})
@@ -254,17 +255,11 @@ def session_finish(*, run: Run, name: str, reward: float, reward_parts: Mapping[
         session.assembly = {"segments": len(segments), "splits": splits, "calls": len(calls)}
         session.finished_at = timezone.now()
         session.save(update_fields=["status", "reward", "reward_parts", "experience_ids", "assembly", "finished_at"])
-    if result.created:
-        from apps.runs.events import event_publish_many
-
-        transaction.on_commit(lambda: event_publish_many(run_id=run.pk, events=[
-            ("experience.created", {"id": pk, "source": "env", "reward": reward, "session": name}) for pk in ids
-        ]))
     return FinishResult(session=session, experience_ids=ids, splits=splits, created=True)
 
 
-def _row(*, run: Run, session: AgentSession, segment: Segment, part: int, parts: int, reward: float,
-         reward_parts: Mapping[str, float], splits: list[dict[str, Any]], key_prefix: str) -> dict[str, Any]:
+def _draft(*, run: Run, session: AgentSession, segment: Segment, part: int, parts: int, reward: float,
+           reward_parts: Mapping[str, float], splits: list[dict[str, Any]], key_prefix: str) -> ExperienceDraft:
     group = f"agent-task-{session.task_id}" if session.task_id else f"agent-session-{session.name}"
     key = f"agent-session:{session.name}" + (f":part{part}" if parts > 1 else "")
     metadata: dict[str, Any] = {
@@ -274,22 +269,23 @@ def _row(*, run: Run, session: AgentSession, segment: Segment, part: int, parts:
     if parts > 1:
         metadata.update({"part": part, "parts": parts, "splits": splits})
     task = Task.objects.filter(pk=session.task_id).first() if session.task_id else None
-    return {
-        "run_id": run.pk,
-        "key": env_scoped(key, limit=Experience._meta.get_field("key").max_length),
-        "group_id": env_scoped(group, limit=Experience._meta.get_field("group_id").max_length),
-        "task_id": session.task_id,
-        "source": Experience.Source.ENV,
-        "prompt_text": (task.prompt if task is not None else "") or f"agent session {session.name}",
-        "response_text": "\n".join(t for t in segment.texts if t),
-        "token_ids": segment.tokens,
-        "prompt_length": len(segment.prompt),
-        "logprobs": segment.logprobs,
-        "action_mask": segment.mask,
-        "finish_reason": segment.finish_reason[:20],
-        "reward_parts": dict(reward_parts),
+    return ExperienceDraft.scored(
+        cfg=run.cfg,
+        auto_reward=reward,
+        run_id=run.pk,
+        key=env_scoped(key, limit=Experience._meta.get_field("key").max_length),
+        group_id=env_scoped(group, limit=Experience._meta.get_field("group_id").max_length),
+        task_id=session.task_id,
+        source=Experience.Source.ENV,
+        prompt_text=(task.prompt if task is not None else "") or f"agent session {session.name}",
+        response_text="\n".join(t for t in segment.texts if t),
+        token_ids=segment.tokens,
+        prompt_length=len(segment.prompt),
+        logprobs=segment.logprobs,
+        action_mask=segment.mask,
+        finish_reason=segment.finish_reason[:20],
+        reward_parts={k: float(v) for k, v in reward_parts.items()},
         # The oldest version that sampled a turn: staleness is judged by it.
-        "model_version": min(segment.versions),
-        "metadata": metadata,
-        **experience_initial_fields(cfg=run.cfg, auto_reward=reward),
-    }
+        model_version=min(segment.versions),
+        metadata=metadata,
+    )

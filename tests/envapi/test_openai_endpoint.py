@@ -10,8 +10,6 @@ when the session finishes.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,9 @@ from apps.buffer.models import Experience
 from apps.envapi.models import AgentCall, AgentSession
 from apps.envapi.services import api_key_revoke
 from tests.agent_model import CALC_TOOL, call_text, conversation, question, tool_model_save
-from tests.envapi.conftest import ROOT, make_key, server_env, start_server, stop
+from tests.envapi.conftest import make_key
 from tests.factories import make_run, make_taskset
+from tests.servers import celery_worker, start_server, stop
 
 openai = pytest.importorskip("openai")
 
@@ -41,19 +40,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def stack(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("openai-stack")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout",
-         "--include", "workers.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
-        cwd=ROOT, env=server_env(OMP_NUM_THREADS="1"), stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT,
-    )
-    server, url = start_server(log=logs / "daphne.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
-    try:
-        yield url
-    finally:
-        stop(server)
-        stop(worker)
+    with django_db_blocker.unblock(), celery_worker("rollout", name="openai-rollout", log=logs / "worker.log", includes=("workers.explorer",)):
+        server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
+        try:
+            yield url
+        finally:
+            stop(server)
 
 
 def _client(url: str, run_id: int, key: str, **kw: Any) -> Any:

@@ -20,8 +20,9 @@ from apps.runs.demo import demo_taskset_import
 from apps.runs.services import run_transition
 from examples.calculator_agent import agent_run
 from rftweb.client import RftClient
-from tests.envapi.conftest import make_key, start_server, stop
+from tests.envapi.conftest import make_key
 from tests.factories import make_run
+from tests.servers import start_server, stop
 
 openai = pytest.importorskip("openai")
 
