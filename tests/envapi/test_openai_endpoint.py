@@ -271,3 +271,42 @@ def test_a_three_turn_session_with_a_tool_call_becomes_one_exact_experience(stac
         client.chat.completions.create(model=model, messages=messages, max_tokens=2)
     assert closed.value.body["code"] == "session_closed"
     assert call_text(2, 3)  # the turn the tiny model was taught
+
+
+# ---- the example agent ----------------------------------------------------------------
+
+
+def test_the_example_agent_plays_through_the_endpoint_and_its_sessions_become_experiences(
+    stack: str, owner: User, model_dir: Path
+) -> None:
+    """examples/calculator_agent.py end to end on the tool-taught model: it calls the tool,
+    sends the result back, the model answers, the environment scores the answer, and each
+    episode's session becomes one two-turn experience with that reward."""
+    from apps.buffer.importers import taskset_create
+    from examples.calculator_agent import agent_run
+    from rftweb.client import RftClient
+    from tests.agent_model import QUESTIONS
+
+    taskset = taskset_create(name="sums", owner=owner,
+                             records=[{"prompt": question(a, b), "answer": str(a + b), "domain": "math"} for a, b in QUESTIONS])
+    run = make_run(owner=owner, taskset=taskset, model=str(model_dir), engine="transformers", name="calc-agent",
+                   repeat_times=2)
+    _, raw = make_key(run)
+    with RftClient(stack, raw, timeout=300) as env:
+        [episodes] = agent_run(env=env, openai_client=_client(stack, run.pk, raw), run_id=run.pk, rounds=1,
+                               tasks_per_round=len(QUESTIONS), group=2, max_tokens=60, temperature=0.0, log=lambda _: None)
+    assert len(episodes) == 2 * len(QUESTIONS)
+    assert all(e.tool_calls == 1 and e.turns == 2 for e in episodes), [(e.tool_calls, e.answer) for e in episodes]
+    exps = list(Experience.objects.filter(run=run).order_by("id"))
+    assert len(exps) == len(episodes)
+    by_session = {e.metadata["agent_session"]: e for e in exps}
+    for episode in episodes:
+        exp = by_session[episode.session]
+        assert exp.reward == pytest.approx(episode.reward) and exp.reward_parts == episode.parts
+        assert exp.metadata["turns"] == 2 and exp.task_id == episode.task_id
+        # Two sampled stretches (the call, the answer) around the tool's answer.
+        edges = sum(1 for a, b in zip(exp.action_mask, exp.action_mask[1:]) if a != b)
+        assert exp.action_mask[0] == 1 and exp.action_mask[-1] == 1 and edges == 2
+    # Episodes of one task form one group.
+    assert len({e.group_id for e in exps}) == len(QUESTIONS)
+    assert sum(e.parts["format"] > 0 for e in episodes) >= len(episodes) // 2
