@@ -9,14 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-CALC_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Evaluate an arithmetic expression",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
+from examples.calculator_agent import CALC_TOOL as EXAMPLE_TOOL
+
+# The example agent's own tool, so the model knows the prompt the agent sends.
+CALC_TOOL = EXAMPLE_TOOL
 QUESTIONS = [(2, 3), (4, 1), (7, 5)]
 
 
