@@ -237,9 +237,9 @@ def test_the_pipelines_mask_on_truncated_responses_takes_them_out_of_the_loss(
 
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="masked",
                    pipeline={"on_write": [], "on_claim": [{"name": "clean"}] if clean else [], "on_import": []})
-    rows = [experience_row(run, key=f"k{i}", group="g", reward=float(i), token_ids=[1, 2, 3, 10 + i, 20 + i, 30 + i, 40 + i])
+    rows = [experience_row(run, key=f"k{i}", group="g", reward=float(i), token_ids=[1, 2, 3, 10 + i, 20 + i, 30 + i, 40 + i],
+                           finish_reason="length" if i == 0 else "stop")
             for i in range(4)]
-    rows[0]["finish_reason"] = "length"
     experience_write(experiences=rows)
     claimed = sorted(batch_claim(run=run, worker="trainer", size=4), key=lambda e: e.key)
     rollouts = [rollout_from_experience(e) for e in claimed]
