@@ -432,4 +432,4 @@ async def run_events(
 
 from apps.envapi.session_api import router_build as _sessions_router  # noqa: E402
 
-api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, problem=ApiProblem, responses=responses))
+api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, responses=responses))

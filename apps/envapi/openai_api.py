@@ -37,11 +37,11 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.envapi import openai_services as oa
-from apps.envapi.api import BodyRejected
-from apps.envapi.api import _walk as body_walk
+from apps.hygiene import InputRejected, tree_check
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
-from apps.envapi.services import KeyPrincipal, RolloutFailed, RolloutUnavailable, api_key_authenticate, rate_limit_hit
+from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
 from apps.runs.models import Run
+from rftweb.exceptions import Unavailable, UpstreamFailed
 
 
 def _error(exc: oa.OpenAIError) -> JsonResponse:
@@ -92,8 +92,8 @@ def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
         raise oa.OpenAIError(400, "the body must be a JSON object", code="invalid_json")
     try:
         # NUL, lone surrogates, NaN: what Postgres cannot hold, refused as the environment API does.
-        body_walk(data, "")
-    except BodyRejected as exc:
+        tree_check(data)
+    except InputRejected as exc:
         raise oa.OpenAIError(400, f"{exc.field}: {exc.message}", param=exc.field, code="invalid_value") from None
     try:
         return schema.model_validate(data)
@@ -141,10 +141,10 @@ async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
     try:
         # Off the shared sync thread: waiting for a worker must not stall other requests.
         return await sync_to_async(oa.openai_generate, thread_sensitive=False)(run=run, request=request, timeout=_timeout())
-    except RolloutUnavailable as exc:
+    except Unavailable as exc:
         raise oa.OpenAIError(503, f"{exc}; start a worker on the 'rollout' queue or try again", code="engine_unavailable",
                              headers={"Retry-After": "5"}) from None
-    except RolloutFailed as exc:
+    except UpstreamFailed as exc:
         raise oa.OpenAIError(502, str(exc), code="engine_error") from None
 
 

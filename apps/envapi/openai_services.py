@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
-from apps.envapi.services import RolloutFailed, RolloutUnavailable
 from apps.runs.models import ModelVersion, Run
+from rftweb.exceptions import Unavailable, UpstreamFailed
 
 CHAT_TASK = "workers.explorer.chat"
 _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
@@ -113,7 +113,7 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[
 
 def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Send one request to a rollout worker and wait; OpenAIError for what the worker
-    refused, RolloutUnavailable / RolloutFailed as the environment API's rollouts raise."""
+    refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
     from celery.exceptions import TimeoutError as CeleryTimeout
     from kombu.exceptions import OperationalError
 
@@ -122,23 +122,23 @@ def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dic
     try:
         result = app.send_task(CHAT_TASK, args=[run.pk, request], queue="rollout", expires=timeout)
     except OperationalError as exc:
-        raise RolloutUnavailable(f"the task broker is unreachable ({exc})") from None
+        raise Unavailable(f"the task broker is unreachable ({exc})") from None
     try:
         answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
         result.revoke()
-        raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(answer, dict):
-        raise RolloutFailed("the rollout worker returned a malformed result")
+        raise UpstreamFailed("the rollout worker returned a malformed result")
     if "error" in answer:
         err = answer["error"] or {}
         raise OpenAIError(int(err.get("status") or 400), str(err.get("message") or "refused"),
                           param=err.get("param"), code=err.get("code"))
     prompts = answer.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, dict) and p.get("choices") for p in prompts):
-        raise RolloutFailed("the rollout worker returned a malformed result")
+        raise UpstreamFailed("the rollout worker returned a malformed result")
     return answer
 
 

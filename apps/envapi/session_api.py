@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
 from apps.envapi import agent_sessions
+from rftweb.exceptions import Conflict, NotFound
 
 
 class SessionFinishIn(Schema):
@@ -32,7 +33,7 @@ class SessionFinishOut(Schema):
     created: bool = Field(description="false: the session was already finished; nothing changed")
 
 
-def router_build(*, auth: Any, run_for: Any, problem: Any, responses: Any) -> Router:
+def router_build(*, auth: Any, run_for: Any, responses: Any) -> Router:
     router = Router(tags=["sessions"])
 
     @router.post("/runs/{run_id}/sessions/{name}/finish", auth=auth, response=responses(SessionFinishOut, 409),
@@ -46,7 +47,7 @@ def router_build(*, auth: Any, run_for: Any, problem: Any, responses: Any) -> Ro
                                                    reward_parts=payload.reward_parts,
                                                    key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
         except agent_sessions.SessionRejected as exc:
-            raise problem(exc.status, str(exc)) from None
+            raise (NotFound if exc.status == 404 else Conflict)(str(exc)) from None
         return {"session": name, "status": result.session.status, "experience_ids": result.experience_ids,
                 "turns": int(result.session.assembly.get("calls", 0)), "splits": result.splits, "created": result.created}
 
