@@ -98,6 +98,12 @@ class FeedbackPolicy(_Strict):
     # How many annotators see each item.
     overlap: int = Field(1, ge=1, le=10)
     rank_rule: Literal["borda"] = "borda"
+    # What raters see: guidelines (Markdown, rendered sanitised beside the items), whether
+    # the automatic reward is shown (it biases people, so not by default), a daily target.
+    guidelines: str = Field("", max_length=20000, json_schema_extra={"widget": "markdown"},
+                            description="Markdown shown to raters beside the items")
+    show_auto_reward: bool = Field(False, description="show raters the automatic reward (it biases them)")
+    daily_target: int = Field(0, ge=0, description="items per rater per day shown as a target; 0: none")
 
     @model_validator(mode="after")
     def _weights(self) -> "FeedbackPolicy":
