@@ -53,6 +53,11 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
+        # Agent sessions (OpenAI-compatible endpoint) nobody finished become abandoned.
+        "agent-sessions-expire": {
+            "task": "apps.envapi.tasks.agent_sessions_expire_task",
+            "schedule": 60.0,
+        },
         # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
         # beat that waited in the queue longer than a few beats is dropped, not piled up.
         "runs-conduct": {

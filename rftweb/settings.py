@@ -285,6 +285,9 @@ RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
 # The longest the environment API waits for a rollout worker before answering 503.
 RFT_ROLLOUT_TIMEOUT_SECONDS = env_float("RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)
+# An agent session (OpenAI-compatible endpoint) with no call for this long and never
+# finished is recorded as abandoned: apps/envapi/agent_sessions.py.
+RFT_AGENT_SESSION_TTL_SECONDS = env_float("RFT_AGENT_SESSION_TTL_SECONDS", 1800.0)
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOGGING = {

@@ -428,3 +428,10 @@ async def run_events(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+# ---- agent sessions (apps/envapi/session_api.py) ----------------------------------------
+
+from apps.envapi.session_api import router_build as _sessions_router  # noqa: E402
+
+api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, responses=responses))
