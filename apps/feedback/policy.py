@@ -27,7 +27,7 @@ automatic reward, `drop` filters the whole group with a stated reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,9 @@ def borda_scores(order: Sequence[int]) -> dict[int, float]:
 
 
 def reward_combine(*, policy: FeedbackPolicy, auto: float | None, human: float | None) -> float | None:
-    """The training reward from the two sources under the policy (None: not known yet)."""
+    """The training reward from the two sources under the policy (None: not known yet).
+    `learned` folds people's reward as `blend` does; members no one rated get
+    `reward_learned` once a reward model scores them."""
     if policy.mode == "auto":
         return auto
     if human is None:
@@ -79,12 +81,23 @@ class MemberFold:
     """What the policy makes of one experience's human signals."""
 
     signals: list[tuple[int | None, float]] = field(default_factory=list)  # (author id, score)
+    # Rater reliability weights (author id -> weight); a rater not named weighs 1.
+    weights: Mapping[int, float] | None = None
+
+    def _weight(self, author: int | None) -> float:
+        if self.weights is None or author is None:
+            return 1.0
+        return float(self.weights.get(author, 1.0))
 
     @property
     def human(self) -> float | None:
         if not self.signals:
             return None
-        return sum(score for _, score in self.signals) / len(self.signals)
+        total = sum(self._weight(a) for a, _ in self.signals)
+        if total <= 0:
+            # Every rater of this member weighs nothing: their plain mean, not no reward at all.
+            return sum(score for _, score in self.signals) / len(self.signals)
+        return sum(self._weight(a) * score for a, score in self.signals) / total
 
     @property
     def authors(self) -> int:
@@ -93,10 +106,13 @@ class MemberFold:
         return len(named) + sum(1 for a, _ in self.signals if a is None)
 
 
-def signals_fold(*, member_ids: Iterable[int], feedback: Iterable[Any]) -> dict[int, MemberFold]:
+def signals_fold(
+    *, member_ids: Iterable[int], feedback: Iterable[Any], weights: Mapping[int, float] | None = None,
+) -> dict[int, MemberFold]:
     """Collect the rating and ranking signals of a group's members from Feedback rows
-    (anything with kind, experience_id, author_id and value)."""
-    folds = {pk: MemberFold() for pk in member_ids}
+    (anything with kind, experience_id, author_id and value); `weights` are the raters'
+    reliability weights (apps.feedback.reliability), None for equal weights."""
+    folds = {pk: MemberFold(weights=weights) for pk in member_ids}
     for fb in feedback:
         if fb.kind == "rating" and fb.experience_id in folds:
             folds[fb.experience_id].signals.append((fb.author_id, float(fb.value["normalised"])))
@@ -105,6 +121,12 @@ def signals_fold(*, member_ids: Iterable[int], feedback: Iterable[Any]) -> dict[
                 if pk in folds:
                     folds[pk].signals.append((fb.author_id, score))
     return folds
+
+
+def reward_learned(*, policy: FeedbackPolicy, auto: float | None, rm: float) -> float:
+    """`learned`, a member no person rated: w_auto * automatic reward + w_rm * the reward
+    model's score (a member without an automatic reward gets the score's part alone)."""
+    return (policy.w_auto * auto if auto is not None else 0.0) + policy.w_rm * rm
 
 
 def member_is_final(*, policy: FeedbackPolicy, fold: MemberFold) -> bool:
