@@ -24,6 +24,7 @@ app.conf.update(
         "workers.explorer.*": {"queue": "rollout"},
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
+        "workers.reward_trainer.*": {"queue": "reward"},
     },
     # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
     task_acks_late=True,
@@ -51,6 +52,11 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
         },
+        # The learned reward model: retrain where labels came in, score what is unscored.
+        "reward-model-beat": {
+            "task": "apps.rewards.tasks.reward_model_beat_task",
+            "schedule": float(os.environ.get("RFT_REWARD_MODEL_BEAT_SECONDS", "10")),
+        },
         # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
         "runs-resume": {
             "task": "apps.runs.conduct.runs_resume_task",
@@ -61,7 +67,7 @@ app.conf.update(
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "trainer", "rewards", "synthesize"):
+for _module in ("explorer", "trainer", "rewards", "synthesize", "reward_trainer"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The run conductor and the resume-after-restart path (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
