@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", include("apps.runs.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
+    path("runs/<int:run_id>/signal/", include("apps.rewards.urls")),
     path("health/", include("apps.runs.health_urls")),
     path("api/v1/", envapi.urls),
     path("", include("apps.envapi.urls")),

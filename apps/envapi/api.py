@@ -464,3 +464,9 @@ async def run_events(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+# The human-signal figures (apps/rewards/api.py), under the same keys and errors.
+from apps.rewards.api import router as _signal_router  # noqa: E402
+
+api.add_router("", _signal_router, auth=READ)

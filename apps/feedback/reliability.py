@@ -4,7 +4,7 @@
   the rating matrix (raters x experiences, 1..5 scores, ordinal and interval; thumbs nominal);
   for comparisons and rankings, the rate at which two raters who judged the same pair agree.
 - Per rater: how many labels, agreement with the consensus of the others (1 - 2 x mean
-  absolute distance to the others' mean rating of the same item, so a rater answering at
+  absolute distance to the median of the others' ratings of the same item, so a rater answering at
   random scores about 0 and a perfect one 1), accuracy on gold items (1 - 2 x mean absolute
   error against the known answer), median seconds per item, and scale offset (how far their
   ratings sit above (+) or below (-) the others' on shared items, on the [0, 1] scale).
@@ -173,7 +173,8 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
             continue
         for author, v in values.items():
             others = [w for a, w in values.items() if a != author]
-            consensus = sum(others) / len(others)
+            # The median: one wild rater among the others cannot move a careful rater's consensus.
+            consensus = statistics.median(others)
             distances[author].append(abs(v - consensus))
             offsets[author].append(v - consensus)
     # Comparisons and rankings: agreement with the others' majority on the same pair.
