@@ -146,3 +146,34 @@ def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiti
 
 def _fresh(exps: list[Experience]) -> list[Experience]:
     return list(Experience.objects.filter(pk__in=[e.pk for e in exps]).order_by("id"))
+
+
+def test_the_preference_export_trains_a_reward_model_with_trl(
+    owner: User, annotator: User, demo_model_dir: Path, tmp_path: Path,
+) -> None:
+    """`rft export --kind preferences` writes TRL's conversational preference rows, which
+    RewardTrainer takes as they are."""
+    import json
+
+    from django.core.management import call_command
+    from datasets import load_dataset
+    from trl import RewardConfig, RewardTrainer
+
+    run = make_run(owner=owner, feedback={"mode": "blend"})
+    add_member(run, annotator)
+    groups = _groups(run, 6, seed=4, size=3)
+    _compare_all(run, groups[:3], annotator)
+    for good, bad, worse in groups[3:]:
+        feedback_submit(run=run, author=annotator, kind="ranking", group_id=good.group_id,
+                        value={"order": [good.pk, bad.pk, worse.pk]})
+    out = tmp_path / "prefs.jsonl"
+    call_command("rft", "export", str(run.pk), "--kind", "preferences", "--out", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 + 3 * 3
+    assert all(r["chosen"][0]["content"].startswith("<answer>") for r in rows[:3])
+    dataset = load_dataset("json", data_files=str(out), split="train")
+    args = RewardConfig(output_dir=str(tmp_path / "rm"), max_steps=2, per_device_train_batch_size=4, report_to=[],
+                        save_strategy="no", bf16=False, use_cpu=True, disable_tqdm=True, dataset_num_proc=None)
+    trainer = RewardTrainer(model=str(demo_model_dir), args=args, train_dataset=dataset)
+    result = trainer.train()
+    assert result.global_step == 2
