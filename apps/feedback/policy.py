@@ -100,6 +100,11 @@ class MemberFold:
         return sum(self._weight(a) * score for a, score in self.signals) / total
 
     @property
+    def weight_total(self) -> float:
+        """How much trust the signals carry together (each signal counts its rater's weight)."""
+        return sum(self._weight(a) for a, _ in self.signals)
+
+    @property
     def authors(self) -> int:
         # Signals without an author (an API key) count one each.
         named = {a for a, _ in self.signals if a is not None}

@@ -26,6 +26,11 @@ from apps.feedback.policy import signals_fold
 from apps.runs.models import Run
 
 
+# Signals whose raters' weights add up to less than this count as no one's rating (the
+# learned policy then uses the reward model for the member, and no rating pair is made).
+TRUSTED_WEIGHT = 0.5
+
+
 @dataclass(frozen=True)
 class PreferencePair:
     prompt: str
@@ -104,7 +109,9 @@ def preference_pairs(
     for group_id, ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings})  # type: ignore[misc]
         folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights)
-        humans = [(pk, folds[pk].human) for pk in member_ids if folds[pk].human is not None]
+        # A member only untrusted raters rated teaches nothing: its rating is not evidence.
+        humans = [(pk, folds[pk].human) for pk in member_ids
+                  if folds[pk].human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT]
         for i, (pk_a, h_a) in enumerate(humans):
             for pk_b, h_b in humans[i + 1:]:
                 if h_a == h_b:

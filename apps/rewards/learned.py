@@ -22,7 +22,7 @@ from django.db.models import Exists, Max, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.policy import reward_learned
+from apps.feedback.policy import reward_learned, signals_fold
 from apps.feedback.services import group_fold
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.runs.models import Metric, Run
@@ -96,12 +96,15 @@ def _announce(rm: RewardModel) -> None:
 
 
 def experiences_to_score(*, run: Run, rm: RewardModel, limit: int) -> QuerySet[Experience]:
-    """Open experiences no person rated that this version has not scored yet (and whose
-    automatic reward is complete), oldest first."""
+    """Open experiences no person rated (with rater weighting on: every open one) that this
+    version has not scored yet and whose automatic reward is complete, oldest first."""
     scored = RewardModelScore.objects.filter(experience=OuterRef("pk"), reward_model=rm)
+    qs = Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
+    if run.cfg.feedback.rater_weighting == "off":
+        qs = qs.filter(human_reward__isnull=True)
+    # else rated ones too: a member only untrusted raters rated is the reward model's to score.
     return (
-        Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN, human_reward__isnull=True)
-        .exclude(Exists(scored))
+        qs.exclude(Exists(scored))
         .exclude(metadata__awaiting_rewards__0__isnull=False)
         .order_by("id")[:limit]
     )
@@ -130,17 +133,27 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
     whether it did."""
     from apps.feedback.services import _locked_members
 
+    from apps.feedback.preferences import TRUSTED_WEIGHT
+    from apps.feedback.reliability import rater_weights_cached
+    from apps.feedback.services import _group_feedback
+
     policy = run.cfg.feedback
     with transaction.atomic():
         members = _locked_members(run=run, group_id=group_id)
         group_fold(run=run, group_id=group_id, members=members)
-        scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=[m.pk for m in members])
+        ids = [m.pk for m in members]
+        weights = rater_weights_cached(run=run)
+        folds = signals_fold(member_ids=ids, feedback=_group_feedback(run=run, group_id=group_id, member_ids=ids),
+                             weights=weights)
+        scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
                       .values_list("experience_id", "score"))
         pending = [m for m in members if m.status == Experience.Status.PENDING]
         if not pending:
             return False
         for m in pending:
-            if m.human_reward is None and m.pk in scores:
+            # Rated only by raters the run does not trust: the reward model decides instead.
+            untrusted = weights is not None and folds[m.pk].weight_total < TRUSTED_WEIGHT
+            if (m.human_reward is None or untrusted) and m.pk in scores:
                 reward = reward_learned(policy=policy, auto=m.auto_reward, rm=rm.calibrated(scores[m.pk]))
                 Experience.objects.filter(pk=m.pk).update(reward=reward)
                 m.reward = reward
