@@ -5,6 +5,12 @@ is still stored and its mean kept in `human_reward` (for export, DPO and SFT), b
 training reward stays the automatic one.
 `blend` / `human`: an experience waits (status pending) for human feedback, which the
 policy folds in; a wait window in wall time ends with the policy's fallback.
+`learned`: people's reward is folded as in `blend` where they rated; a member no one rated
+gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
+scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
+trains without waiting for people (apps/rewards/learned.py); until then it waits as `blend`.
+Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's signals
+in a member's mean.
 
 The scale. Human signals are normalised to [0, 1]:
 - a rating r on 1..5 counts (r - 1) / 4 (1 -> 0.0, 3 -> 0.5, 5 -> 1.0); thumbs up 1.0, down 0.0;
