@@ -112,7 +112,7 @@ def server_start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 ITEM = re.compile(r'<article class="item" id="item-(\d+)" data-assignment="(\d+)" data-experience="(\d+)".*?'
-                  r'<pre class="prompt">(.*?)</pre>\s*<div class="completion">(.*?)</div>', re.S)
+                  r'<pre class="prompt">(.*?)</pre>\s*<div class="completion">(.*?)</div>', re.DOTALL)
 PROBLEM = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
 ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
@@ -202,6 +202,7 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: float) -> dict[str, Any]:
+    from django.contrib.auth.models import User
     from django.utils import timezone
 
     from apps.buffer.importers import taskset_import
@@ -210,11 +211,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.feedback.models import Feedback
     from apps.feedback.services import feedback_wait_expire
     from apps.rewards.models import RewardModel
-    from apps.runs.models import ModelVersion, Run
+    from apps.runs.models import ModelVersion, Run, RunMember
     from apps.runs.services import run_create
-    from django.contrib.auth.models import User
-
-    from apps.runs.models import RunMember
     from workers.demo_model import TASKSET_FILE
     from workers.explorer import explore
     from workers.reward_trainer import reward_model_score_run, reward_model_train_run

@@ -25,7 +25,6 @@ from apps.feedback.models import Feedback
 from apps.feedback.policy import signals_fold
 from apps.runs.models import Run
 
-
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
 TRUSTED_WEIGHT = 0.5

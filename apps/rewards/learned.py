@@ -14,6 +14,7 @@ run behaves as `blend` (groups wait for people, then the wait window's fallback)
 from __future__ import annotations
 
 import logging
+from functools import partial
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,7 +81,7 @@ def reward_model_publish(
                 )
                 if accuracy is not None:
                     Metric.objects.create(run=run, step=number, name=ACCURACY_METRIC, value=accuracy)
-                transaction.on_commit(lambda: _announce(rm))
+                transaction.on_commit(partial(_announce, rm))
             return rm
         except IntegrityError:
             continue  # another trainer published this number first: take the next
@@ -131,11 +132,9 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
     """`learned`: people's reward where they rated (the blend fold), the reward model's where
     no one did; the group becomes trainable when every open member has a reward. Returns
     whether it did."""
-    from apps.feedback.services import _locked_members
-
     from apps.feedback.preferences import TRUSTED_WEIGHT
     from apps.feedback.reliability import rater_weights_cached
-    from apps.feedback.services import _group_feedback
+    from apps.feedback.services import _group_feedback, _locked_members
 
     policy = run.cfg.feedback
     with transaction.atomic():

@@ -13,7 +13,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.preferences import pair_is_heldout, preference_pairs, preference_rows_trl
 from apps.feedback.services import feedback_edit, feedback_rate, feedback_submit
 from apps.runs.models import Run
-from tests.factories import add_member, experience_row, make_run, make_user
+from tests.factories import add_member, experience_row, make_run
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from apps.envapi.services import api_key_create
 from apps.feedback.services import feedback_rate, feedback_submit
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run
-from tests.factories import add_member, experience_row, make_run, make_user
+from tests.factories import add_member, experience_row, make_run
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def test_the_owner_sees_agreement_and_each_rater_on_the_raters_page(rated_run: R
     html = page.content.decode()
     assert 'data-rater="annotator"' in html and 'data-rater="owner"' in html
     assert "Krippendorff" in html and 'data-figure="rating_alpha_ordinal"' in html
-    labels = re.search(r'data-rater="annotator">.*?data-figure="labels">(\d+)<', html, re.S)
+    labels = re.search(r'data-rater="annotator">.*?data-figure="labels">(\d+)<', html, re.DOTALL)
     assert labels and labels.group(1) == "7"
 
 

@@ -13,14 +13,14 @@ from django.contrib.auth.models import User
 
 torch = pytest.importorskip("torch")
 
-from apps.buffer.models import Experience  # noqa: E402
-from apps.buffer.services import experience_write  # noqa: E402
-from apps.feedback.services import feedback_rate, feedback_submit  # noqa: E402
-from apps.rewards.learned import reward_model_due, reward_model_usable  # noqa: E402
-from apps.rewards.models import RewardModel, RewardModelScore  # noqa: E402
-from apps.runs.models import Run  # noqa: E402
-from tests.factories import add_member, experience_row, make_run  # noqa: E402
-from workers.reward_trainer import reward_model_score_run, reward_model_train_run  # noqa: E402
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.services import feedback_rate, feedback_submit
+from apps.rewards.learned import reward_model_due, reward_model_usable
+from apps.rewards.models import RewardModel, RewardModelScore
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run
+from workers.reward_trainer import reward_model_score_run, reward_model_train_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
@@ -155,8 +155,8 @@ def test_the_preference_export_trains_a_reward_model_with_trl(
     RewardTrainer takes as they are."""
     import json
 
-    from django.core.management import call_command
     from datasets import load_dataset
+    from django.core.management import call_command
     from trl import RewardConfig, RewardTrainer
 
     run = make_run(owner=owner, feedback={"mode": "blend"})
