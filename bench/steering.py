@@ -133,10 +133,28 @@ class Rater:
         if r.status_code != 302:
             raise SystemExit(f"{username} could not log in ({r.status_code})")
         self.labels = 0
+        self.retries = 0
 
     def _post(self, path: str, data: dict[str, str]) -> Any:
-        return self.http.post(path, data={**data, "csrfmiddlewaretoken": self.http.cookies["csrftoken"]},
-                              headers={"HX-Request": "true"})
+        # A person whose submit fails (a busy shared database answers 500 now and then) submits
+        # again; the services are idempotent per assignment, so nothing is counted twice.
+        for attempt in range(6):
+            r = self.http.post(path, data={**data, "csrfmiddlewaretoken": self.http.cookies["csrftoken"]},
+                               headers={"HX-Request": "true"})
+            if r.status_code < 500:
+                return r
+            self.retries += 1
+            time.sleep(0.5 * (attempt + 1))
+        return r
+
+    def _get(self, path: str) -> Any:
+        for attempt in range(6):
+            r = self.http.get(path)
+            if r.status_code < 500:
+                return r
+            self.retries += 1
+            time.sleep(0.5 * (attempt + 1))
+        return r
 
     def score_for(self, prompt: str, completion: str) -> int:
         if not self.careful:
@@ -151,7 +169,7 @@ class Rater:
         """Open the annotation page, rate up to `budget` items (None: all), skip the rest."""
         done = 0
         while budget is None or done < budget:
-            page = self.http.get(f"/runs/{run_id}/annotate/")
+            page = self._get(f"/runs/{run_id}/annotate/")
             page.raise_for_status()
             items = ITEM.findall(page.text)
             if not items:
@@ -320,6 +338,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()

@@ -30,7 +30,7 @@ from django.core.cache import cache
 from django.db import InterfaceError, OperationalError
 
 from apps.feedback.preferences import PreferencePair, pair_is_heldout, preference_pairs
-from apps.feedback.reliability import rater_weights
+from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
 from apps.rewards.learned import (
     experiences_to_score,
     gold_experience_ids,
@@ -165,7 +165,9 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     cfg = run.cfg.reward_model
     labels = run_label_count(run=run)
     gold = gold_experience_ids(run=run)
-    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run), exclude_experience_ids=gold)
+    figures = rater_figures(run=run)
+    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures),
+                             rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
     heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
     train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
     if not train:

@@ -119,14 +119,19 @@ class MemberFold:
 
 def signals_fold(
     *, member_ids: Iterable[int], feedback: Iterable[Any], weights: Mapping[int, float] | None = None,
+    offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
     """Collect the rating and ranking signals of a group's members from Feedback rows
     (anything with kind, experience_id, author_id and value); `weights` are the raters'
-    reliability weights (apps.feedback.reliability), None for equal weights."""
+    reliability weights (apps.feedback.reliability), None for equal weights; `offsets` their
+    rating scale offsets, subtracted from their ratings (clamped to [0, 1]) before folding."""
     folds = {pk: MemberFold(weights=weights) for pk in member_ids}
     for fb in feedback:
         if fb.kind == "rating" and fb.experience_id in folds:
-            folds[fb.experience_id].signals.append((fb.author_id, float(fb.value["normalised"])))
+            score = float(fb.value["normalised"])
+            if offsets and fb.author_id in offsets:
+                score = min(1.0, max(0.0, score - offsets[fb.author_id]))
+            folds[fb.experience_id].signals.append((fb.author_id, score))
         elif fb.kind == "ranking":
             for pk, score in borda_scores([int(x) for x in fb.value["order"]]).items():
                 if pk in folds:

@@ -52,13 +52,14 @@ def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float,
 
 def preference_pairs(
     *, run: Run, include_late: bool = True, rater_weights: Mapping[int, float] | None = None,
-    exclude_experience_ids: set[int] | None = None,
+    rater_offsets: Mapping[int, float] | None = None, exclude_experience_ids: set[int] | None = None,
 ) -> list[PreferencePair]:
     """Every preference pair the run's feedback implies, oldest feedback first.
 
     Late feedback (stored after its target was trained on) still says what people prefer,
     so it is included unless `include_late` is False. `rater_weights` (author id -> weight)
-    weights each rater's ratings in a member's mean. Gold items are left out by passing
+    weights each rater's ratings in a member's mean, `rater_offsets` shifts each rater's scale
+    (apps.feedback.reliability). Gold items are left out by passing
     their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
     """
     skip = exclude_experience_ids or set()
@@ -107,7 +108,7 @@ def preference_pairs(
 
     for group_id, ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings})  # type: ignore[misc]
-        folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights)
+        folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
         humans = [(pk, folds[pk].human) for pk in member_ids
                   if folds[pk].human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT]

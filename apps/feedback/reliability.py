@@ -227,6 +227,30 @@ def rater_weights(*, run: Run, figures: Iterable[RaterFigures] | None = None) ->
 
 
 WEIGHTS_CACHE_SECONDS = 30
+MIN_OFFSET_ITEMS = 3  # shared items before a rater's scale offset is trusted
+
+
+def rater_offsets(*, run: Run, figures: Iterable[RaterFigures] | None = None) -> dict[int, float] | None:
+    """author id -> scale offset to subtract before folding, or None when the run does not
+    normalise raters. Only offsets measured on MIN_OFFSET_ITEMS shared items count."""
+    if not run.cfg.feedback.normalise_raters:
+        return None
+    figures = rater_figures(run=run) if figures is None else figures
+    return {f.author_id: f.scale_offset for f in figures
+            if f.scale_offset is not None and f.agreement_items >= MIN_OFFSET_ITEMS}
+
+
+def rater_offsets_cached(*, run: Run) -> dict[int, float] | None:
+    if not run.cfg.feedback.normalise_raters:
+        return None
+    from django.core.cache import cache
+
+    key = f"rft:rater-offsets:{run.pk}"
+    offsets = cache.get(key)
+    if offsets is None:
+        offsets = rater_offsets(run=run) or {}
+        cache.set(key, offsets, WEIGHTS_CACHE_SECONDS)
+    return {int(k): float(v) for k, v in offsets.items()}
 
 
 def rater_weights_cached(*, run: Run) -> dict[int, float] | None:

@@ -231,10 +231,11 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
-    from apps.feedback.reliability import rater_weights_cached
+    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 
     folds = signals_fold(member_ids=[m.pk for m in members], feedback=_group_feedback(
-        run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run))
+        run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run),
+        offsets=rater_offsets_cached(run=run))
     updated = 0
     for m in members:
         if m.status not in _OPEN:

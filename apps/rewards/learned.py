@@ -133,7 +133,7 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
     no one did; the group becomes trainable when every open member has a reward. Returns
     whether it did."""
     from apps.feedback.preferences import TRUSTED_WEIGHT
-    from apps.feedback.reliability import rater_weights_cached
+    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
     from apps.feedback.services import _group_feedback, _locked_members
 
     policy = run.cfg.feedback
@@ -143,7 +143,7 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
         ids = [m.pk for m in members]
         weights = rater_weights_cached(run=run)
         folds = signals_fold(member_ids=ids, feedback=_group_feedback(run=run, group_id=group_id, member_ids=ids),
-                             weights=weights)
+                             weights=weights, offsets=rater_offsets_cached(run=run))
         scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
                       .values_list("experience_id", "score"))
         pending = [m for m in members if m.status == Experience.Status.PENDING]

@@ -92,6 +92,9 @@ class FeedbackPolicy(_Strict):
     # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"
+    # Subtract each rater's scale offset (how far their ratings sit above the others' on
+    # shared items) before folding, so a harsh or a generous rater counts like the rest.
+    normalise_raters: bool = False
     # Share of an annotator's hand-outs that are gold items (known answers), unannounced.
     gold_rate: float = Field(0.0, ge=0.0, le=0.5)
     selection: SelectionRule = Field(default_factory=SelectionRule)

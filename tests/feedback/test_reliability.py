@@ -148,3 +148,23 @@ def test_the_human_fold_weights_each_rater_by_reliability(owner: User) -> None:
 def _new_item(run: Run) -> Experience:
     row = experience_row(run, key="new", group="new-group", status="pending", reward=None, auto_reward=0.5)
     return Experience.objects.get(pk=experience_write(experiences=[row]).ids[0])
+
+
+def test_a_harsh_raters_scale_is_normalised_before_folding(owner: User) -> None:
+    from django.core.cache import cache
+
+    def run_with(normalise: bool) -> float:
+        run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.0, "w_human": 1.0, "overlap": 2,
+                                              "normalise_raters": normalise})
+        good, harsh = make_user(f"good{normalise}"), make_user(f"harsh{normalise}")
+        for e, s in zip(_items(run, 6), [2, 3, 4, 5, 3, 4], strict=True):
+            feedback_rate(run=run, author=good, experience=e, score=s)
+            feedback_rate(run=run, author=harsh, experience=e, score=s - 1)
+        cache.clear()
+        target = _new_item(run)
+        feedback_rate(run=run, author=harsh, experience=target, score=3)  # harsh 3 = everyone else's 4
+        target.refresh_from_db()
+        return target.human_reward
+
+    assert run_with(False) == pytest.approx(0.5)
+    assert run_with(True) == pytest.approx(0.75)
