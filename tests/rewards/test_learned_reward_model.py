@@ -114,9 +114,11 @@ def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
 def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiting(
     owner: User, annotator: User, demo_model_dir: Path,
 ) -> None:
-    run = make_run(owner=owner, feedback={"mode": "learned", "w_auto": 0.5, "w_rm": 1.0, "w_human": 1.0,
-                                          "min_rm_accuracy": 0.7, "wait_seconds": 3600},
-                   reward_model=_rm_config(demo_model_dir))
+    # The reward model's base is the policy's own checkpoint (version 0: the run's model).
+    run = make_run(owner=owner, model=str(demo_model_dir),
+                   feedback={"mode": "learned", "w_auto": 0.5, "w_rm": 1.0, "w_human": 1.0,
+                             "min_rm_accuracy": 0.7, "wait_seconds": 3600},
+                   reward_model=_rm_config(demo_model_dir, base="policy"))
     add_member(run, annotator)
     _compare_all(run, _groups(run, 80, seed=1), annotator)
     # Until a reward model is good enough, learned waits like blend: a new group stays pending.
@@ -125,7 +127,7 @@ def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiti
     assert {e.status for e in _fresh(waiting)} == {"pending"}
 
     rm = reward_model_train_run(run=run)
-    assert rm is not None and reward_model_usable(run=run) == rm
+    assert rm is not None and reward_model_usable(run=run) == rm and rm.base == str(demo_model_dir)
 
     # A new group: one member rated by a person, the rest by no one.
     group = _groups(run, 1, seed=10, size=4)[0]
