@@ -35,6 +35,9 @@ def demo_config(*, total_steps: int = 40) -> dict[str, Any]:
         "sampling": {"temperature": 1.0, "max_tokens": 12},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
         "trainer": {"learning_rate": 5e-4, "loss_type": "dapo"},
+        # People's ratings teach a reward model on the reward queue (from the demo model itself);
+        # switch feedback.mode to learned on the run page to train on it.
+        "reward_model": {"enabled": True, "base": "policy", "retrain_every": 20, "max_length": 64},
     }
 
 
