@@ -26,7 +26,6 @@ from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
 from apps.buffer.services import BatchRejected, WriteResult, experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
-from apps.feedback.models import Feedback
 from apps.feedback.policy import experience_initial_fields
 from apps.runs.events import event_publish, event_publish_many
 from apps.runs.models import Run
@@ -293,69 +292,6 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
 
         transaction.on_commit(announce)
     return SubmitResult(created=result.created, duplicates=result.duplicates, items=items)
-
-
-# ---------------------------------------------------------------------------------------
-# Feedback
-
-
-class FeedbackRejected(ValueError):
-    """Feedback that cannot apply; `field` names the culprit."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-
-def feedback_from_env(
-    *,
-    run: Run,
-    api_key: ApiKey,
-    experience: Experience,
-    kind: str,
-    value: Any,
-    other: Experience | None = None,
-    reward_parts: Mapping[str, float] | None = None,
-    comment: str = "",
-) -> Feedback:
-    """Store one piece of environment feedback; an env_reward also sets the experience's
-    automatic reward (and, under the auto policy, its reward, making a pending one ready).
-
-    Feedback on an experience already trained on is kept and marked late; its reward is
-    not changed under the trainer's feet.
-    """
-    if kind not in (Feedback.Kind.ENV_REWARD, Feedback.Kind.RATING, Feedback.Kind.PAIRWISE, Feedback.Kind.FLAG):
-        raise FeedbackRejected("kind", f"an environment cannot give {kind!r} feedback")
-    if experience.run_id != run.pk:
-        raise FeedbackRejected("experience_id", "not an experience of this run")
-    if kind == Feedback.Kind.PAIRWISE:
-        if other is None or other.run_id != run.pk or other.pk == experience.pk:
-            raise FeedbackRejected("other_experience_id", "pairwise feedback needs a second experience of this run")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise FeedbackRejected("value", f"{kind} needs a finite number")
-    with transaction.atomic():
-        locked = Experience.objects.select_for_update().get(pk=experience.pk)
-        late = locked.status in (Experience.Status.LEASED, Experience.Status.CONSUMED)
-        feedback = Feedback.objects.create(
-            run=run, kind=kind, experience=locked, other=other, group_id=locked.group_id,
-            api_key=api_key, value=value, comment=comment, late=late,
-        )
-        if kind == Feedback.Kind.ENV_REWARD and not late:
-            locked.auto_reward = float(value)
-            locked.reward_parts = {**(locked.reward_parts or {}), **dict(reward_parts or {})}
-            update = ["auto_reward", "reward_parts"]
-            if run.cfg.feedback.mode == "auto":
-                locked.reward = float(value)
-                update.append("reward")
-                if locked.status == Experience.Status.PENDING:
-                    locked.status = Experience.Status.READY
-                    update.append("status")
-            locked.save(update_fields=update)
-    payload = {"id": feedback.pk, "kind": kind, "experience_id": locked.pk, "late": late, "source": "env"}
-    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
-    experience.refresh_from_db()
-    return feedback
 
 
 # ---------------------------------------------------------------------------------------

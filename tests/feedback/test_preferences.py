@@ -11,7 +11,7 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.preferences import pair_is_heldout, preference_pairs, preference_rows_trl
-from apps.feedback.services import feedback_edit, feedback_rate, feedback_submit
+from apps.feedback.services import feedback_edit, feedback_rate, feedback_compare, feedback_rank
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 
@@ -60,14 +60,14 @@ def test_ratings_pool_raters_and_never_pair_across_groups(blend_run: Run, owner:
 
 def test_a_ranking_gives_every_ordered_pair_best_first(blend_run: Run, annotator: User) -> None:
     a, b, c = _group(blend_run, 3)
-    feedback_submit(run=blend_run, author=annotator, kind="ranking", group_id="g1", value={"order": [c.pk, a.pk, b.pk]})
+    feedback_rank(run=blend_run, author=annotator, group_id="g1", order=[c.pk, a.pk, b.pk])
     assert _as_ids(blend_run) == sorted([("ranking", c.pk, a.pk), ("ranking", c.pk, b.pk), ("ranking", a.pk, b.pk)])
 
 
 def test_a_comparison_prefers_its_winner_and_a_tie_gives_nothing(blend_run: Run, owner: User, annotator: User) -> None:
     a, b = _group(blend_run, 2)
-    feedback_submit(run=blend_run, author=annotator, kind="pairwise", experience=a, other=b, value={"winner": "b"})
-    feedback_submit(run=blend_run, author=owner, kind="pairwise", experience=a, other=b, value={"winner": "tie"})
+    feedback_compare(run=blend_run, author=annotator, experience=a, other=b, winner="b")
+    feedback_compare(run=blend_run, author=owner, experience=a, other=b, winner="tie")
     assert _as_ids(blend_run) == [("pairwise", b.pk, a.pk)]
 
 
@@ -107,8 +107,8 @@ def test_held_out_split_keeps_a_prompt_together_and_roughly_its_share(blend_run:
     pairs = []
     for g in range(60):
         x, y = _group(blend_run, 2, group=f"h{g}")
-        feedback_submit(run=blend_run, author=annotator, kind="pairwise", experience=x, other=y, value={"winner": "a"})
-        feedback_submit(run=blend_run, author=annotator, kind="ranking", group_id=f"h{g}", value={"order": [y.pk, x.pk]})
+        feedback_compare(run=blend_run, author=annotator, experience=x, other=y, winner="a")
+        feedback_rank(run=blend_run, author=annotator, group_id=f"h{g}", order=[y.pk, x.pk])
     pairs = preference_pairs(run=blend_run)
     by_group: dict[str, set[bool]] = {}
     for p in pairs:
@@ -120,7 +120,7 @@ def test_held_out_split_keeps_a_prompt_together_and_roughly_its_share(blend_run:
 
 def test_trl_rows_have_prompt_chosen_rejected(blend_run: Run, annotator: User) -> None:
     a, b = _group(blend_run, 2)
-    feedback_submit(run=blend_run, author=annotator, kind="pairwise", experience=a, other=b, value={"winner": "a"})
+    feedback_compare(run=blend_run, author=annotator, experience=a, other=b, winner="a")
     (row,) = preference_rows_trl(preference_pairs(run=blend_run))
     assert {"prompt", "chosen", "rejected"} <= set(row)
     assert (row["prompt"], row["chosen"], row["rejected"]) == (a.prompt_text, a.response_text, b.response_text)

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.reliability import rater_figures, rater_weights, run_agreement
-from apps.feedback.services import feedback_rate, feedback_submit
+from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
@@ -57,11 +57,11 @@ def test_pairwise_agreement_is_the_share_of_rater_pairs_that_agree(owner: User) 
     u1, u2, u3 = (make_user(f"r{i}") for i in range(3))
     for u in (u1, u2, u3):
         add_member(run, u)
-    feedback_submit(run=run, author=u1, kind="pairwise", experience=a, other=b, value={"winner": "a"})
-    feedback_submit(run=run, author=u2, kind="pairwise", experience=a, other=b, value={"winner": "a"})
-    feedback_submit(run=run, author=u3, kind="pairwise", experience=a, other=b, value={"winner": "b"})
-    feedback_submit(run=run, author=u1, kind="pairwise", experience=c, other=d, value={"winner": "b"})
-    feedback_submit(run=run, author=u2, kind="ranking", group_id=c.group_id, value={"order": [d.pk, c.pk]})
+    feedback_compare(run=run, author=u1, experience=a, other=b, winner="a")
+    feedback_compare(run=run, author=u2, experience=a, other=b, winner="a")
+    feedback_compare(run=run, author=u3, experience=a, other=b, winner="b")
+    feedback_compare(run=run, author=u1, experience=c, other=d, winner="b")
+    feedback_rank(run=run, author=u2, group_id=c.group_id, order=[d.pk, c.pk])
     agreement = run_agreement(run=run)
     # pair (a, b): 3 rater pairs, 1 agrees; pair (c, d): 1 rater pair, agrees -> 2 of 4.
     assert agreement["pairwise_agreement"] == pytest.approx(0.5) and agreement["pairwise_rater_pairs"] == 4

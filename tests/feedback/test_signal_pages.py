@@ -14,7 +14,7 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
-from apps.feedback.services import feedback_rate, feedback_submit
+from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
@@ -34,7 +34,7 @@ def rated_run(owner: User, annotator: User) -> Run:
     for e, (s1, s2) in zip(exps, [(5, 4), (1, 2), (5, 5), (2, 1), (4, 4), (1, 1)], strict=True):
         feedback_rate(run=run, author=owner, experience=e, score=s1)
         feedback_rate(run=run, author=annotator, experience=e, score=s2)
-    feedback_submit(run=run, author=annotator, kind="pairwise", experience=exps[0], other=exps[1], value={"winner": "a"})
+    feedback_compare(run=run, author=annotator, experience=exps[0], other=exps[1], winner="a")
     return run
 
 

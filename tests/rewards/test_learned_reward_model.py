@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_rate, feedback_submit
+from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
 from apps.rewards.learned import reward_model_due, reward_model_usable
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
@@ -68,7 +68,7 @@ def _groups(run: Run, n: int, *, seed: int, status: str = "pending", size: int =
 
 def _compare_all(run: Run, groups: list[list[Experience]], annotator: User) -> None:
     for good, bad, *_ in groups:
-        feedback_submit(run=run, author=annotator, kind="pairwise", experience=bad, other=good, value={"winner": "b"})
+        feedback_compare(run=run, author=annotator, experience=bad, other=good, winner="b")
 
 
 def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
@@ -166,8 +166,7 @@ def test_the_preference_export_trains_a_reward_model_with_trl(
     groups = _groups(run, 6, seed=4, size=3)
     _compare_all(run, groups[:3], annotator)
     for good, bad, worse in groups[3:]:
-        feedback_submit(run=run, author=annotator, kind="ranking", group_id=good.group_id,
-                        value={"order": [good.pk, bad.pk, worse.pk]})
+        feedback_rank(run=run, author=annotator, group_id=good.group_id, order=[good.pk, bad.pk, worse.pk])
     out = tmp_path / "prefs.jsonl"
     call_command("rft", "export", str(run.pk), "--kind", "preferences", "--out", str(out))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
