@@ -18,7 +18,7 @@ from apps.buffer.services import experience_write
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.feedback.conftest import login
+from tests.servers import login
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -36,7 +36,7 @@ def demo_model_dir() -> Path:
 
 @pytest.fixture
 def reward_worker(tmp_path: Path) -> Iterator[Path]:
-    from tests.workers_util import celery_worker
+    from tests.servers import celery_worker
 
     log = tmp_path / "reward.log"
     with celery_worker("reward", name="signal-reward", log=log, RFT_STORAGE_DIR=str(tmp_path / "storage"),
