@@ -31,6 +31,12 @@ class RftError(Exception):
         self.field = field
         super().__init__(f"{field}: {message}" if field else message)
 
+    def within(self, prefix: str) -> RftError:
+        """The same error, its field placed under `prefix` (a batch's row, a request's
+        list): `InvalidInput("…", field="logprobs").within("trajectories.3")` names
+        `trajectories.3.logprobs`."""
+        return type(self)(self.message, field=".".join(p for p in (prefix, self.field) if p))
+
     @property
     def errors(self) -> dict[str, str]:
         """field -> message, the shape the API's 422 answers carry."""

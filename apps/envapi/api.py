@@ -28,7 +28,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from apps.buffer.importers import ImportFailed
 from apps.buffer.models import Experience
-from apps.buffer.services import BatchRejected, task_claim, task_finish, task_release
+from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
@@ -335,11 +335,7 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
     for item, t in zip(items, payload.trajectories, strict=True):
         if t.messages is not None:
             item["messages"] = [m.model_dump(exclude_none=True) for m in t.messages]
-    try:
-        result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
-    except BatchRejected as exc:
-        field = f"trajectories.{exc.row}"
-        raise ApiProblem(422, f"{field}: {exc.message}", {field: exc.message}) from None
+    result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
     return {
         "created": result.created,
         "duplicates": result.duplicates,

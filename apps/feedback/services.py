@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
 from django.utils import timezone
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.models import ApiKey
@@ -486,23 +487,23 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
             raise InvalidInput("edit the original completion, not a correction", field="experience_id")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         key = f"edit:{parent.pk}:{author.pk if author else 'anon'}:{digest}"
-        result = experience_write(experiences=[{
-            "run_id": run.pk,
-            "key": key,
-            "group_id": f"expert-{parent.pk}",
-            "task_id": parent.task_id,
-            "source": Experience.Source.HUMAN,
-            "prompt_text": parent.prompt_text,
-            "response_text": text,
-            "is_expert": True,
-            "parent_id": parent.pk,
-            "status": Experience.Status.READY,
+        result = experience_write(experiences=[ExperienceDraft(
+            run_id=run.pk,
+            key=key,
+            group_id=f"expert-{parent.pk}",
+            task_id=parent.task_id,
+            source=Experience.Source.HUMAN,
+            prompt_text=parent.prompt_text,
+            response_text=text,
+            is_expert=True,
+            parent_id=parent.pk,
+            status=Experience.Status.READY,
             # A correction is the annotator's best answer: the top of the human scale.
-            "human_reward": 1.0,
-            "reward": 1.0,
-            "model_version": parent.model_version,
-            "metadata": {"edit_of": parent.pk, "author": author.get_username() if author else None},
-        }])
+            human_reward=1.0,
+            reward=1.0,
+            model_version=parent.model_version,
+            metadata={"edit_of": parent.pk, "author": author.get_username() if author else None},
+        )], announce=True)
         expert = Experience.objects.get(pk=result.ids[0])
         value = edit_value(expert_id=expert.pk)
         fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()

@@ -235,7 +235,7 @@ def test_a_task_outside_the_runs_taskset_rejects_the_batch(api: Api, run: Run, o
     foreign = make_taskset(owner=owner).tasks.first()
     response = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj("a"), traj("b", task_id=foreign.pk)]})
     assert response.status_code == 422
-    assert "not in this run's taskset" in response.json()["errors"]["trajectories.1"]
+    assert "not in this run's taskset" in response.json()["errors"]["trajectories.1.task_id"]
     assert not Experience.objects.filter(run=run).exists()
 
 
