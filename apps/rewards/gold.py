@@ -8,10 +8,7 @@ from apps.buffer.models import Experience
 from apps.feedback.policy import rating_normalise
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
-
-
-class GoldInvalid(ValueError):
-    """The gold item was malformed; nothing was stored."""
+from rftweb.exceptions import InvalidInput
 
 
 def gold_item_mark(*, run: Run, experience_id: Any, score: Any, actor: Any) -> GoldItem:
@@ -19,14 +16,14 @@ def gold_item_mark(*, run: Run, experience_id: Any, score: Any, actor: Any) -> G
     try:
         pk = int(experience_id)
     except (TypeError, ValueError):
-        raise GoldInvalid("experience: give the id of an experience of this run") from None
+        raise InvalidInput("give the id of an experience of this run", field="experience") from None
     try:
         answer = rating_normalise(score=int(str(score).strip()))
     except ValueError:
-        raise GoldInvalid("score: the right rating is a whole number from 1 to 5") from None
+        raise InvalidInput("the right rating is a whole number from 1 to 5", field="score") from None
     exp = Experience.objects.filter(run=run, pk=pk, is_expert=False).first()
     if exp is None:
-        raise GoldInvalid(f"experience: {pk} is not a completion of run {run.pk}")
+        raise InvalidInput(f"{pk} is not a completion of run {run.pk}", field="experience")
     item, _ = GoldItem.objects.update_or_create(run=run, experience=exp,
                                                 defaults={"answer": answer, "created_by": actor})
     return item

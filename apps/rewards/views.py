@@ -15,11 +15,12 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from apps.feedback.preferences import preference_pairs, preference_rows_trl
 from apps.feedback.reliability import rater_figures, run_agreement
-from apps.rewards.gold import GoldInvalid, gold_item_mark, gold_item_unmark
+from apps.rewards.gold import gold_item_mark, gold_item_unmark
 from apps.rewards.learned import reward_model_summary
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
+from rftweb.exceptions import InvalidInput
 
 
 def _run_for(request: HttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
@@ -51,11 +52,13 @@ def raters_page(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST":
         try:
             if request.POST.get("unmark"):
+                if not request.POST["unmark"].isdigit():
+                    raise InvalidInput("give the id of a gold item's experience", field="unmark")
                 gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
             else:
                 gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
                                score=request.POST.get("score", ""), actor=request.user)
-        except (GoldInvalid, ValueError) as exc:
+        except InvalidInput as exc:
             error = str(exc)
         if not error and not request.htmx:
             return redirect("rewards:raters", run_id=run.pk)

@@ -112,3 +112,8 @@ def test_signal_templates_have_no_inline_scripts_or_styles() -> None:
         text = path.read_text()
         assert "style=" not in text and "<style" not in text, path
         assert not re.search(r"<script(?![^>]*\bsrc=)", text), path
+
+
+def test_a_malformed_unmark_is_a_form_error_not_a_traceback(rated_run: Run, owner: User) -> None:
+    bad = _client(owner).post(f"/runs/{rated_run.pk}/signal/raters/", {"unmark": "x1"})
+    assert bad.status_code == 400 and "unmark:" in bad.content.decode()
