@@ -285,6 +285,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     return {"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc, "labels": labels,
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
+            "rm_heldout": rm.pairs_heldout if rm else 0,
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -343,12 +344,12 @@ def main() -> None:
 
     print()
     print(f"{'arm':<9}{'seed':>5}{'acc':>8}{'gain':>8}{'labels':>8}{'gain/100 labels':>17}{'rm acc':>8}"
-          f"{'seconds':>9}{'load':>6}")
+          f"{'held-out':>9}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.3f}{r['gain']:>+8.3f}{r['labels']:>8}{per100:>+17.3f}"
-              f"{rm:>8}{r['seconds']:>9.0f}{r['load']:>6.1f}")
+              f"{rm:>8}{r['rm_heldout']:>9}{r['seconds']:>9.0f}{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
@@ -357,11 +358,15 @@ def main() -> None:
     def ratio(x: str, y: str, what: dict[str, float]) -> str:
         if x not in what or y not in what or what[y] == 0:
             return "n/a"
+        if what is gain and what[y] <= 0:
+            # A ratio of losses says nothing about steering: report it as not measured.
+            return f"n/a ({y} gained {what[y]:+.3f})"
         return f"{what[x] / what[y]:.2f}"
 
     print(f"rm10/all gain {ratio('rm10', 'all', gain)} (target >= 0.8) with labels {ratio('rm10', 'all', labels)} "
           f"(<= 0.1); rm10/random10 gain {ratio('rm10', 'random10', gain)} (>= 2); noisy/rm10 gain "
-          f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85); "
+          f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85) on "
+          f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs; "
           f"seeds {args.seeds}, {args.steps} steps, load {os.getloadavg()[0]:.1f}")
 
 
