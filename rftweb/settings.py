@@ -21,6 +21,24 @@ if not DEBUG and SECRET_KEY == _DEV_SECRET:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# The production profile: on by default when DEBUG is off, each switchable on its own (a
+# deployment behind a TLS proxy sets RFT_BEHIND_TLS_PROXY so the SSL redirect sees https).
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Container health checks speak plain HTTP to the app.
+SECURE_REDIRECT_EXEMPT = [r"^health/$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+# Pages send the token from the template (hx-headers), never from JavaScript reading the cookie.
+CSRF_COOKIE_HTTPONLY = True
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("RFT_BEHIND_TLS_PROXY", False) else None
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -45,11 +63,37 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
+    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
+    "rftweb.middleware.FormHygieneMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+
+# Content-Security-Policy (django-csp) on every page, in development too so the pages are
+# tested under it: scripts and styles only from our own static files, no inline code, no
+# framing; websockets to the same host ('self' covers ws/wss of the page's origin).
+# RFT_CSP_REPORT_ONLY=1 sends it as Content-Security-Policy-Report-Only instead.
+_CSP = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+if env_bool("RFT_CSP_REPORT_ONLY", False):
+    CONTENT_SECURITY_POLICY_REPORT_ONLY = _CSP
+else:
+    CONTENT_SECURITY_POLICY = _CSP
 
 ROOT_URLCONF = "rftweb.urls"
 ASGI_APPLICATION = "rftweb.asgi.application"

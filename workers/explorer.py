@@ -42,10 +42,11 @@ from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.models import ModelVersion, Run
 from apps.runs.orchestration import run_advance_after_step
 from apps.runs.services import metric_record, weight_load_record
+from rftweb.exceptions import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 
-class VersionNotReady(Exception):
+class VersionNotReady(Unavailable):
     """The version this step needs is not published yet; the task retries shortly."""
 
 
@@ -255,7 +256,7 @@ def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         raise
 
 
-class GenerateRequestInvalid(ValueError):
+class GenerateRequestInvalid(InvalidInput):
     """A generate request is malformed; the message names the request and the field."""
 
 

@@ -24,8 +24,10 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from rftweb.exceptions import Unavailable
 
-class SyncUnavailable(RuntimeError):
+
+class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
 

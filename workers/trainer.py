@@ -59,6 +59,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from rftweb.exceptions import Conflict
+
 log = logging.getLogger(__name__)
 
 _LOCK_NAMESPACE = 7401  # first key of pg_try_advisory_lock(int, int): the trainer's locks
@@ -438,7 +440,7 @@ def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
             pass
 
 
-class StepConflict(RuntimeError):
+class StepConflict(Conflict):
     """Another trainer recorded this step first; ours is dropped."""
 
 

@@ -27,7 +27,7 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
 
 KEY_PREFIX = "rft_"
 ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
@@ -36,12 +36,11 @@ ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
 _LAST_USED_EVERY = timedelta(seconds=60)
 
 
-class KeyInvalid(ValueError):
+class KeyInvalid(InvalidInput):
     """Creating a key with bad arguments; `errors` maps field names to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        super().__init__(errors=errors)
 
 
 def _hash(raw: str) -> str:
@@ -285,14 +284,7 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
 # Rollouts
 
 GENERATE_TASK = "workers.explorer.generate"
-
-
-class RolloutUnavailable(RuntimeError):
-    """No rollout worker answered in time (or the broker is down)."""
-
-
-class RolloutFailed(RuntimeError):
-    """The rollout worker answered with an error or a malformed result."""
+_START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
 def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
@@ -312,14 +304,14 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
         # expires: a request nobody picked up in time is dropped, not generated for nobody.
         result = app.send_task(GENERATE_TASK, args=[run.pk, requests], queue="rollout", expires=timeout)
     except OperationalError as exc:
-        raise RolloutUnavailable(f"the task broker is unreachable ({exc})") from None
+        raise Unavailable(f"the task broker is unreachable ({exc}); {_START_ONE}") from None
     try:
         answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
         result.revoke()
-        raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s; {_START_ONE}") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
     return _rollouts_by_request(answer, count=len(requests))
 
 
@@ -327,11 +319,11 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
     """The explorer answers with one flat entry per completion, tagged with its request
     index; the API answers per request."""
     if not isinstance(answer, list) or not all(isinstance(c, dict) and isinstance(c.get("request"), int) for c in answer):
-        raise RolloutFailed("the rollout worker returned a malformed result")
+        raise UpstreamFailed("the rollout worker returned a malformed result")
     grouped: list[dict[str, Any]] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
     for c in sorted(answer, key=lambda c: (c["request"], c.get("index", 0))):
         if not 0 <= c["request"] < count:
-            raise RolloutFailed("the rollout worker returned a completion for an unknown request")
+            raise UpstreamFailed("the rollout worker returned a completion for an unknown request")
         entry = grouped[c["request"]]
         entry["prompt_token_ids"] = c.get("prompt_token_ids", [])
         entry["model_version"] = c.get("model_version", 0)
@@ -339,5 +331,5 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
             {k: c.get(k) for k in ("text", "token_ids", "logprobs", "finish_reason")}
         )
     if any(not entry["completions"] for entry in grouped):
-        raise RolloutFailed("the rollout worker returned no completion for a request")
+        raise UpstreamFailed("the rollout worker returned no completion for a request")
     return grouped

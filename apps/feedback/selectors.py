@@ -7,7 +7,6 @@ from typing import Any
 
 from django.db.models import Count, QuerySet
 
-from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from apps.runs.selectors import run_role

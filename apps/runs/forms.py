@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.config import FeedbackPolicy, RunConfig
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
@@ -139,9 +140,9 @@ def config_from_post(post: Any, specs: list[FieldSpec]) -> tuple[dict[str, Any],
             continue
         if spec.kind == "yaml":
             try:
-                _set(data, spec.path, yaml.safe_load(raw))
-            except yaml.YAMLError as exc:
-                errors[spec.path] = f"not valid YAML: {exc}"
+                _set(data, spec.path, yaml_parse(str(raw), where=spec.path))
+            except InputRejected as exc:
+                errors[spec.path] = exc.message if exc.field == spec.path else f"{exc.field}: {exc.message}"
             continue
         # Numbers stay strings: the schema parses them and names the field when it can't.
         _set(data, spec.path, str(raw).strip())

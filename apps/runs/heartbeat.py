@@ -14,6 +14,7 @@ it, and the Celery app autodiscovers that module in every worker.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -101,6 +102,20 @@ def workers_health(*, now: datetime | None = None, forget_after: timedelta = tim
     return rows
 
 
+def task_run_id(*, name: str, args: Any, kwargs: Any) -> int | None:
+    """The run a task works for (its `run_id` argument), or None for a task of no one run."""
+    value = (kwargs or {}).get("run_id") if isinstance(kwargs, dict) else None
+    if value is None:
+        from celery import current_app
+
+        try:
+            params = list(inspect.signature(current_app.tasks[name].run).parameters)
+            value = list(args or [])[params.index("run_id")]
+        except (KeyError, ValueError, IndexError, TypeError):
+            return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _active_tasks() -> list[dict[str, Any]]:
     from celery.worker import state
 
@@ -110,7 +125,9 @@ def _active_tasks() -> list[dict[str, Any]]:
         tasks.append({
             "id": request.id,
             "name": request.name,
-            "args": repr(request.args)[:200],
+            # The run, never the arguments: those hold prompts, which only the run's people
+            # may read (the workers page shows each task to its run's people only).
+            "run_id": task_run_id(name=request.name, args=request.args, kwargs=request.kwargs),
             "started_at": datetime.fromtimestamp(started, tz=UTC).isoformat() if started else None,
         })
     return tasks

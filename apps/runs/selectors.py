@@ -31,6 +31,21 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
     return run_role(run=run, user=user) is not None
 
 
+def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None = None) -> list[dict[str, Any]]:
+    """Worker health as `user` may see it: every worker's state, but of the tasks it runs
+    only those of runs the user may see (of `run` alone when given), by name and run, never
+    their arguments; the rest are counted as `hidden`."""
+    from apps.runs.heartbeat import workers_health
+
+    visible = {run.pk} if run is not None else set(runs_visible_to(user=user).values_list("pk", flat=True))
+    rows = []
+    for row in workers_health():
+        tasks = [{"name": t.get("name", ""), "run_id": t.get("run_id"), "started_at": t.get("started_at")}
+                 for t in row["beat"].active if t.get("run_id") in visible]
+        rows.append({**row, "tasks": tasks, "hidden": len(row["beat"].active) - len(tasks)})
+    return rows
+
+
 # --- the dashboard's reads -------------------------------------------------------------
 
 # Charts of the run page: metrics go to the first group whose pattern matches their name

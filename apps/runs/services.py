@@ -8,20 +8,32 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from rftweb.exceptions import Conflict
 
 
-class TransitionNotAllowed(ValueError):
+class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
+
+
+def _name_check(name: str) -> None:
+    if not name.strip():
+        raise ConfigInvalid({"name": "a run needs a name"})
+    try:
+        text_check(name, field="name")
+    except InputRejected as exc:
+        raise ConfigInvalid({"name": exc.message}) from None
+    if len(name.strip()) > Run._meta.get_field("name").max_length:
+        raise ConfigInvalid({"name": f"at most {Run._meta.get_field('name').max_length} characters"})
 
 
 def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, taskset: Any = None) -> Run:
     """Create a draft run; ConfigInvalid names each bad field."""
     cfg = config_validate(data=config)
-    if not name.strip():
-        raise ConfigInvalid({"name": "a run needs a name"})
+    _name_check(name)
     return Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
 
 
@@ -39,11 +51,9 @@ def run_create_with_taskset(
     directory) in the same transaction: a bad config (ConfigInvalid) is found before any
     import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
     from apps.buffer.importers import taskset_import
-    from apps.runs.config import ConfigInvalid
 
     cfg = config_validate(data=config)
-    if not name.strip():
-        raise ConfigInvalid({"name": "a run needs a name"})
+    _name_check(name)
     with transaction.atomic():
         if taskset_path is not None:
             path = Path(taskset_path)

@@ -25,7 +25,8 @@ from apps.buffer.selectors import (
     experiences_browse,
     group_feedback,
 )
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
     CONFIG_FILE,
     FORM,
@@ -36,7 +37,6 @@ from apps.runs.forms import (
     section_specs,
     values_from_config,
 )
-from apps.runs.heartbeat import workers_health
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
@@ -46,6 +46,7 @@ from apps.runs.selectors import (
     run_role,
     run_rows,
     weight_sync_timeline,
+    workers_visible,
 )
 from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_feedback_policy_update, run_transition
 
@@ -120,13 +121,13 @@ def run_new(request: HttpRequest) -> HttpResponse:
     errors: dict[str, list[str]] = {}
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
-        text = upload.read().decode("utf-8", errors="replace")
+        raw = upload.read(MAX_CONFIG_BYTES + 1)
         filename = upload.name or "config.yaml"
         try:
-            config: Any = config_parse(text=text, filename=filename)
+            config: Any = config_parse(text=raw, filename=filename)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
-            return render(request, "runs/new.html", _create_context(_file_values(text, filename, specs), errors, name), status=400)
+            return render(request, "runs/new.html", _create_context(_file_values(raw, filename, specs), errors, name), status=400)
         values = values_from_config(config.model_dump(mode="json"), specs)
     else:
         config, read_errors = config_from_post(request.POST, specs)
@@ -159,14 +160,10 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return redirect("runs:detail", run_id=run.pk)
 
 
-def _file_values(text: str, filename: str, specs: list[Any]) -> dict[str, str]:
-    import json
-
-    import yaml
-
+def _file_values(raw: bytes, filename: str, specs: list[Any]) -> dict[str, str]:
     try:
-        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError):
+        data = config_file_read(data=raw, filename=filename)
+    except ConfigInvalid:
         return {}
     return values_from_config(data, specs)
 
@@ -201,7 +198,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "cfg": run.cfg,
         "counts": buffer_counts(run=run),
         "timeline": weight_sync_timeline(run=run),
-        "workers": workers_health(),
+        "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
         "chart_data": {
             "groups": CHART_GROUPS,
@@ -312,7 +309,7 @@ def run_audit_log(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def worker_health(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "runs/_workers.html", {"workers": workers_health()}, "Workers")
+    return _partial(request, "runs/_workers.html", {"workers": workers_visible(user=request.user)}, "Workers")
 
 
 # --- experiences ---------------------------------------------------------------------------

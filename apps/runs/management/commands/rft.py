@@ -22,11 +22,13 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_hf_dataset, export_jsonl
+from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.buffer.importers import ImportFailed
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import config_parse
 from apps.runs.models import Run
-from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_transition
+from apps.runs.services import run_create_with_taskset, run_transition
+from rftweb.exceptions import RftError, command_error
 
 # GPU queues hold a model resident in the worker process: one process, one task at a time
 # (solo pool; a forked child would re-initialise CUDA and double the memory). CPU queues
@@ -96,7 +98,11 @@ class Command(BaseCommand):
         sub.add_parser("list", help="list the runs")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        getattr(self, f"_{opts['action']}")(opts)
+        try:
+            getattr(self, f"_{opts['action']}")(opts)
+        except RftError as exc:
+            # The CLI's one translation of the error base: a message and exit status 1.
+            raise command_error(exc) from None
 
     # --- create / control -----------------------------------------------------------------
 
@@ -119,14 +125,14 @@ class Command(BaseCommand):
         if not path.is_file():
             raise CommandError(f"{path}: no such file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read it ({exc})") from None
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         try:
-            config = config_parse(text=text, filename=path.name)
-        except ConfigInvalid as exc:
-            lines = "\n".join(f"  {field or '(config)'}: {msg}" for field, msg in exc.errors.items())
-            raise CommandError(f"{path} is not a valid run config:\n{lines}") from None
+            config = config_parse(text=raw, filename=path.name)
+        except RftError as exc:
+            raise command_error(exc, what=f"{path} is not a valid run config") from None
         owner = self._user(opts["owner"], required=True)
         bar = None
         progress = None
@@ -143,10 +149,8 @@ class Command(BaseCommand):
                 name=opts["name"], owner=owner, config=config,
                 taskset_path=opts["taskset"], taskset_name=opts["taskset_name"], progress=progress,
             )
-        except ConfigInvalid as exc:
-            raise CommandError(str(exc)) from None
         except ImportFailed as exc:
-            raise CommandError(f"taskset: {exc}") from None
+            raise command_error(exc, what="taskset") from None
         finally:
             if bar is not None:
                 bar.close()
@@ -158,10 +162,7 @@ class Command(BaseCommand):
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"no run {run_id}")
-        try:
-            run = run_transition(run=run, action=action, actor=actor)
-        except TransitionNotAllowed as exc:
-            raise CommandError(str(exc)) from None
+        run = run_transition(run=run, action=action, actor=actor)
         self.stdout.write(f"run {run.pk} is {run.status}")
 
     def _start(self, opts: dict[str, Any]) -> None:
@@ -207,8 +208,6 @@ class Command(BaseCommand):
                 result = export_hf_dataset(run=run, kind=opts["kind"], out_dir=opts["out"], options=options, progress=progress)
             else:
                 result = export_jsonl(run=run, kind=opts["kind"], out=opts["out"], options=options, progress=progress)
-        except ExportFailed as exc:
-            raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
         finally:

@@ -12,10 +12,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from apps.buffer.importers import ImportFailed
 from apps.runs.demo import demo_taskset_import
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
+from rftweb.exceptions import RftError, command_error
 
 DEMO_RUN = "demo: GRPO on arithmetic"
 
@@ -62,8 +62,8 @@ class Command(BaseCommand):
             if run is None:
                 try:
                     taskset = demo_taskset_import(owner=owner)
-                except ImportFailed as exc:
-                    raise CommandError(str(exc)) from None
+                except RftError as exc:
+                    raise command_error(exc) from None
                 run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps), taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
