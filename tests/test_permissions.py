@@ -74,6 +74,12 @@ ACCESS: dict[str, str] = {
     "feedback:edit": ANNOTATE,
     "feedback:rank": ANNOTATE,
     "feedback:compare": ANNOTATE,
+    "rewards:raters": OWNER,
+    "rewards:raters_json": OWNER,
+    "rewards:reward_model": MEMBER,
+    "rewards:preferences": OWNER,
+    "envapi-v1:raters_get": API,
+    "envapi-v1:reward_models_list": API,
     "envapi:run-keys": OWNER,
     "envapi:run-key-revoke": OWNER,
 }
