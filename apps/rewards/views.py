@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -92,11 +92,12 @@ def reward_model_panel(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def preferences_export(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
-    """The run's preference pairs in TRL's prompt / chosen / rejected format, as JSON lines."""
+def preferences_export(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run's preference pairs in TRL's prompt / chosen / rejected format, as JSON lines
+    (people's preferences: few enough to answer in one piece)."""
     run, _ = _run_for(request, run_id, owner=True)
     rows = preference_rows_trl(preference_pairs(run=run))
-    response = StreamingHttpResponse((json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                                     content_type="application/x-ndjson")
+    response = HttpResponse("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                            content_type="application/x-ndjson")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-preferences.jsonl"'
     return response

@@ -102,7 +102,7 @@ def test_the_run_page_shows_the_reward_model_its_accuracy_and_the_rule(rated_run
 
 def test_preference_pairs_download_in_trl_format(rated_run: Run, owner: User) -> None:
     response = _client(owner).get(f"/runs/{rated_run.pk}/signal/preferences.jsonl")
-    rows = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
+    rows = [json.loads(line) for line in response.content.decode().splitlines()]
     assert rows and all({"prompt", "chosen", "rejected"} <= set(r) for r in rows)
     assert {r["kind"] for r in rows} == {"rating", "pairwise"}
 
