@@ -27,8 +27,9 @@ from rftweb.exceptions import InvalidInput
 MAX_DEPTH = 64
 # A config file or form is a few KB; this bounds what a parser will even look at.
 MAX_CONFIG_BYTES = 1024 * 1024
-# jsonb holds larger integers, but everything downstream (seeds, step counts, bigint
-# columns) expects a 64-bit one.
+# For integer fields of schemas (seeds, counts, bigint columns): a 64-bit integer. Free-form
+# JSON (metadata, params) keeps any integer, as jsonb does; a float read back from jsonb
+# may come back as a large integer (1e19 is stored as 10000000000000000000).
 MAX_INT = 2**63 - 1
 
 
@@ -60,8 +61,6 @@ def text_check(value: str, *, field: str) -> str:
 def number_check(value: Any, *, field: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InputRejected(field, "numbers must be finite")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-        raise InputRejected(field, "number is too large")
     return value
 
 
@@ -182,7 +181,7 @@ def yaml_parse(text: str, *, where: str = "config") -> Any:
         raise InputRejected(where, f"{len(text)} characters; at most {MAX_CONFIG_BYTES} are read")
     text_check(text, field=where)
     try:
-        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"line {mark.line + 1}" if mark else where
@@ -236,10 +235,11 @@ def jsonl_records(lines: Iterator[bytes]) -> Iterator[tuple[str, Any]]:
 def _no_bool(value: Any) -> Any:
     # pydantic's lax mode takes true/false for 1/0; a reward of `true` is a client's bug.
     if isinstance(value, bool):
-        raise ValueError("expected a number, not true/false")
+        raise ValueError("expected a number, not true/false")  # noqa: TRY004 - pydantic reports ValueError, not TypeError, as a field error
     return value
 
 
-# For schemas: numbers that refuse true/false, and (floats) NaN and infinity.
+# For schemas: numbers that refuse true/false, floats that refuse NaN and infinity, and
+# 64-bit integers.
 Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
-Integer = Annotated[int, BeforeValidator(_no_bool)]
+Integer = Annotated[int, BeforeValidator(_no_bool), Field(ge=-MAX_INT - 1, le=MAX_INT)]

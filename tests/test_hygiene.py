@@ -23,9 +23,9 @@ from apps.buffer.models import Experience, Task, Taskset
 from apps.hygiene import InputRejected, json_parse, yaml_parse
 from apps.runs.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
-from tests.servers import ROOT, child_env
 from tests.envapi.conftest import Api, make_key
 from tests.factories import make_run
+from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -92,6 +92,22 @@ def test_a_huge_integer_is_refused_not_a_value_error() -> None:
         config_parse(text=('{"seed": ' + "9" * 5000 + "}").encode(), filename="c.json")
 
 
+def test_integer_fields_hold_64_bits_while_free_form_params_keep_any_integer() -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        config_parse(text=(GOOD + f"seed: {2**70}\n").encode(), filename="c.yaml")
+    assert caught.value.errors == {"seed": "number is too large (at most 2^63 - 1)"}
+    config = config_parse(text=GOOD.replace("exact_match\n", f"exact_match\n    params: {{big: {2**70}}}\n").encode(), filename="c.yaml")
+    assert config.rewards[0].params == {"big": 2**70}
+
+
+def test_a_float_field_read_back_from_jsonb_as_a_large_integer_still_validates(owner: User) -> None:
+    run = make_run(owner=owner, feedback={"w_auto": 9.223372036854776e18})
+    run.refresh_from_db()
+    from apps.runs.config import config_validate
+
+    assert config_validate(data=run.config).feedback.w_auto == 9.223372036854776e18
+
+
 def test_size_is_bounded_before_parsing() -> None:
     with pytest.raises(ConfigInvalid, match="at most 1048576"):
         config_parse(text=b"model: x\n" + b"#" * (1024 * 1024), filename="c.yaml")
@@ -139,7 +155,7 @@ def test_rft_create_exits_non_zero_with_a_message_not_a_traceback(tmp_path: Path
     path.write_text(GOOD + "feedback: {w_auto: .inf}\n")
     done = subprocess.run(
         [sys.executable, "manage.py", "rft", "create", str(path), "--name", "x", "--owner", "nobody"],
-        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode != 0
     assert "feedback.w_auto: numbers must be finite" in done.stderr

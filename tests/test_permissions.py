@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
@@ -201,11 +200,38 @@ def test_every_url_keeps_to_its_rule_for_each_persona(world: dict[str, Any], per
     assert checked > 50
 
 
+def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> None:
+    """The owner of this run, at this run's URLs, with ids of another run's experience,
+    group, assignment or key: 404, as if they did not exist."""
+    owner = world["users"]["owner"]
+    elsewhere = make_run(owner=owner, name="owner's other run")
+    foreign = make_experiences(elsewhere, groups=1, group_size=2)[0]
+    foreign_key, _ = api_key_create(name="other", runs=[elsewhere], actions=["read"], rate_limit_per_minute=100)
+    foreign_ids = {
+        "experience_id": foreign.pk, "group_id": foreign.group_id, "key_id": foreign_key.pk,
+        "assignment_id": Assignment.objects.create(run=elsewhere, experience=foreign, annotator=owner, slot=0).pk,
+    }
+    client = Client()
+    client.force_login(owner)
+    checked = 0
+    for key, route, pattern in all_urls():
+        names = {a or b for a, b in re.findall(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>", route)}
+        if not pattern.name or "run_id" not in names or not names & set(foreign_ids) or rule_of(key) == API:
+            continue
+        values = {"run_id": world["run"].pk, "action": "pause", "kind": "sft", **foreign_ids}
+        kwargs = {n: values[n] for n in names}
+        url = reverse(key, kwargs=kwargs)
+        response = _visit(client, url)
+        assert response.status_code == 404, f"{url}: {response.status_code}"
+        checked += 1
+    assert checked >= 7
+
+
 # --- the workers page (the leak the issue found) ----------------------------------------------
 
 def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     import apps.runs.tasks  # noqa: F401 - registers the tasks, as a worker does
-    import workers.explorer  # noqa: F401
+    import workers.explorer
     import workers.trainer  # noqa: F401
 
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7

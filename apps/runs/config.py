@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from apps.hygiene import InputRejected, config_text_parse, tree_check
+from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from rftweb.exceptions import InvalidInput
 
 
@@ -41,6 +41,14 @@ class _Strict(BaseModel):
             annotation = cls.model_fields[info.field_name].annotation
             if annotation in (int, float, int | None, float | None):
                 raise ValueError("expected a number, not true/false")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any, info: Any) -> Any:
+        # Seeds, counts and steps end up in 64-bit columns and libraries.
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError("number is too large (at most 2^63 - 1)")
         return value
 
 
@@ -117,6 +125,12 @@ class FeedbackPolicy(_Strict):
     # How many annotators see each item.
     overlap: int = Field(1, ge=1, le=10)
     rank_rule: Literal["borda"] = "borda"
+    # What raters see: guidelines (Markdown, rendered sanitised beside the items), whether
+    # the automatic reward is shown (it biases people, so not by default), a daily target.
+    guidelines: str = Field("", max_length=20000, json_schema_extra={"widget": "markdown"},
+                            description="Markdown shown to raters beside the items")
+    show_auto_reward: bool = Field(False, description="show raters the automatic reward (it biases them)")
+    daily_target: int = Field(0, ge=0, description="items per rater per day shown as a target; 0: none")
 
     @model_validator(mode="after")
     def _weights(self) -> "FeedbackPolicy":

@@ -228,6 +228,21 @@ def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, run
         weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05)
 
     in_a_thread(sync)
-    page.wait_for_selector("#timeline tr[data-version='1'] .load")
-    assert "explorer-a" in page.inner_text("#timeline tr[data-version='1']")
+    # The compact chart: one published version, one load mark; the table is folded away.
+    page.wait_for_selector("#sync-chart[data-versions='1'][data-loads='1']")
+    labels = page.evaluate("() => window.rftSyncPlot.series.map(s => s.label)")
+    assert labels == ["time", "published", "explorer-a"]
+    page.wait_for_selector("#timeline tr[data-version='1'] .load", state="attached")
+    assert "explorer-a" in page.text_content("#timeline tr[data-version='1']")
     assert page.inner_text("#run-version") == "v1"
+
+    def skip() -> None:
+        from apps.runs.services import model_version_publish, weight_load_record
+
+        model_version_publish(run=run, number=2, checkpoint="/ckpt/v2", train_step=2)
+        model_version_publish(run=run, number=3, checkpoint="/ckpt/v3", train_step=3)
+        weight_load_record(run=run, version=3, worker="explorer-a", seconds=0.05)
+
+    in_a_thread(skip)
+    page.wait_for_selector("#sync-chart[data-versions='3'][data-loads='2']")
+    assert page.inner_text("#sync-skipped") == "Skipped (no explorer loaded them): v2"
