@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
@@ -80,11 +81,11 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         for n in range(1, 9):
             ann_page.keyboard.press("5" if n % 2 else "1")
             ann_page.keyboard.press("Enter")
-            ann_page.wait_for_function(f"document.querySelectorAll('#queue .item.done').length === {n}")
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n)
 
         # The eighth label makes a version due: the reward worker trains it, the panel polls.
-        owner_page.wait_for_function(
-            "document.querySelector('[data-figure=rm-version]')?.textContent.trim() === 'v1'", timeout=240_000)
+        # (Locator waits, not page-side script: the CSP forbids evaluating strings.)
+        expect(owner_page.locator("[data-figure=rm-version]")).to_have_text("v1", timeout=240_000)
         accuracy = owner_page.locator("[data-figure=rm-accuracy]").inner_text().strip()
         rm = RewardModel.objects.get(run=run, version=1)
         assert rm.labels == 8 and rm.accuracy is not None
