@@ -241,6 +241,8 @@ RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
 # How often the beat ends feedback wait windows (they end in wall time; a short beat keeps the lag small).
 RFT_FEEDBACK_EXPIRE_SECONDS = env_float("RFT_FEEDBACK_EXPIRE_SECONDS", 10.0)
+# How often the beat trains due reward-model versions and scores what the newest has not.
+RFT_REWARD_MODEL_BEAT_SECONDS = env_float("RFT_REWARD_MODEL_BEAT_SECONDS", 10.0)
 # How long an annotator's claim on an experience holds, and how many the annotation page queues.
 RFT_ANNOTATION_LEASE_SECONDS = env_float("RFT_ANNOTATION_LEASE_SECONDS", 900.0)
 RFT_ANNOTATION_QUEUE_SIZE = env_int("RFT_ANNOTATION_QUEUE_SIZE", 8)
