@@ -52,6 +52,12 @@ ACCESS: dict[str, str] = {
     "envapi-v1:feedback_create": API,
     "envapi-v1:rollouts_create": API,
     "envapi-v1:run_events": API,
+    "envapi-v1:session_finish": API,
+    # The OpenAI-compatible endpoint (apps/envapi/openai_api.py): a run's bearer key.
+    "openai-chat": API,
+    "openai-completions": API,
+    "openai-models": API,
+    "api/v1/runs/<int:run_id>/openai/v1/<path:rest>": API,  # an OpenAI-shaped 404 for other paths
     "runs:list": LOGIN,
     "runs:new": LOGIN,
     "runs:workers": LOGIN,
@@ -150,7 +156,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
     values = {
         "run_id": world["run"].pk, "experience_id": world["experience"].pk, "group_id": world["experience"].group_id,
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
-        "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft",
+        "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
     }
     kwargs = {name: values[name] for name in params}

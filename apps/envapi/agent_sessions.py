@@ -30,7 +30,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from apps.buffer.drafts import ExperienceDraft

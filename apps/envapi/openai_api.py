@@ -115,7 +115,9 @@ def _in_thread(fn: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
-            connection.close()
+            # Not inside a transaction someone else holds (a test's, on the caller's thread).
+            if not connection.in_atomic_block:
+                connection.close()
 
     return sync_to_async(run)
 
@@ -134,7 +136,7 @@ def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[Any, ...]:
 
 
 def _timeout() -> float:
-    return float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0))
+    return float(settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
 
 
 async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
