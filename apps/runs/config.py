@@ -92,6 +92,34 @@ class ReplayConfig(_Strict):
     priority_decay: float = Field(1.0, gt=0.0, le=1.0)
 
 
+class AdapterConfig(_Strict):
+    """A LoRA adapter (peft): only these weights train; the base stays frozen and is the
+    KL reference with the adapter switched off."""
+
+    rank: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # Module names as the model calls them (Qwen2/Llama: q_proj … down_proj). The output head
+    # and embeddings are not allowed: vLLM cannot serve adapters on them.
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _servable(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if not n or not n.replace("_", "").replace(".", "").isalnum()]
+        if bad:
+            raise ValueError(f"not a module name: {bad[0]!r}")
+        heads = [n for n in names if n.split(".")[-1] in ("lm_head", "embed_tokens")]
+        if heads:
+            raise ValueError(f"{heads[0]!r} cannot carry an adapter here (vLLM serves adapters on linear layers only)")
+        if len(set(names)) != len(names):
+            raise ValueError("a module is named twice")
+        return names
+
+
 class AlgorithmConfig(_Strict):
     learning_rate: float = Field(1e-5, gt=0.0)
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
@@ -105,6 +133,14 @@ class AlgorithmConfig(_Strict):
     # DPO
     dpo_beta: float = Field(0.1, gt=0.0)
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    # Train a LoRA adapter instead of every weight (None: full fine-tuning).
+    lora: AdapterConfig | None = None
+    # Mixed precision of the forward and backward passes (weights and optimizer state stay
+    # float32, except a LoRA base, which is frozen and held in this precision). A trainer
+    # whose device lacks it fails the run with a message saying so.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # Recompute activations in the backward pass: less memory, about a third more compute.
+    gradient_checkpointing: bool = False
 
 
 class PipelineStep(_Strict):
@@ -154,12 +190,25 @@ class PipelineConfig(_Strict):
         return steps
 
 
+class RolloutEngineConfig(_Strict):
+    """The rollout engine's resources (vLLM; the transformers engine reads `dtype` only)."""
+
+    # auto: float32 on CPU (logprobs comparable with the trainer's), bfloat16 on GPUs.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Context length; None: the model's own, capped at 4096 on CPU hosts.
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576)
+    # Share of each GPU's memory vLLM may take (weights + KV cache).
+    memory_share: float = Field(0.5, gt=0.0, le=0.95)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+
+
 class RunConfig(_Strict):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
     algorithm: Algorithm = Algorithm.GRPO
     mode: Mode = Mode.SYNC
     engine: Literal["vllm", "transformers"] = "transformers"
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     max_staleness: int = Field(0, ge=0)
