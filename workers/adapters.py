@@ -137,17 +137,13 @@ class ExportFailed(ValueError):
 
 
 def model_export(*, source: str | Path, out: str | Path, merged: bool) -> Path:
-    """Copy a version's weights to `out`: the adapter as it is (small; needs its base to
-    run) or merged into full weights; a full-weight version is copied whole either way
-    asked for merged, refused when asked for an adapter."""
+    """Copy a version's weights to `out`: a LoRA version as its adapter (small; runs on its
+    base) or, `merged`, folded into full weights; a full-weight version is copied whole."""
     source, out = Path(source), Path(out)
     if not source.is_dir():
-        raise ExportFailed(f"{source} is not a saved model directory")
-    if is_adapter_dir(source):
-        if merged:
-            return merged_save(adapter_path=source, out=out)
-    elif not merged:
-        raise ExportFailed("this version holds full weights, not an adapter: export it with --merged")
+        raise ExportFailed(f"{source} is not a saved model directory (is the run's storage mounted here?)")
+    if merged and is_adapter_dir(source):
+        return merged_save(adapter_path=source, out=out)
     tmp = _atomic_dir(out)
     shutil.copytree(source, tmp)
     return _finish(tmp, out)

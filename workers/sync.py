@@ -11,7 +11,9 @@ still finds every version on disk), plus a broadcast of the tensors from the tra
 to the explorers' GPUs over an NCCL group, so explorers need not read the files.
 
 Both publish through `apps.runs.services.model_version_publish`; which one a trainer uses is
-`settings.RFT_WEIGHT_SYNC`.
+`settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.adapters): the
+same paths move megabytes instead of the whole model. Each publish reports the bytes it
+wrote or sent and the seconds it took, and `weights.synced` carries both.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,24 +56,43 @@ def save_pretrained_atomic(*, model: Any, tokenizer: Any, out: Path) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Published:
+    seconds: float
+    # Weight bytes written to storage plus those broadcast (tokenizer files not counted).
+    bytes: int
+
+
+def weight_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).glob("*.safetensors"))
+
+
 class WeightSync(Protocol):
     name: str
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        """Make version `number` of `run` available to explorers; returns seconds taken."""
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        """Make version `number` of `run` available to explorers."""
         ...
 
 
 class CheckpointSync:
     name = "checkpoint"
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        from apps.runs.services import model_version_publish
-
+    def _save(self, *, run: Any, number: int, model: Any, tokenizer: Any) -> tuple[Path, float, int]:
         started = time.perf_counter()
         out = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=version_dir(run.pk, number))
-        model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step)
-        return time.perf_counter() - started
+        return out, time.perf_counter() - started, weight_bytes(out)
+
+    def _record(self, *, run: Any, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
+        from apps.runs.services import model_version_publish
+
+        model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step,
+                              seconds=seconds, size=size)
+        return Published(seconds=seconds, bytes=size)
+
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
+        return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 
 
 class NcclSync(CheckpointSync):
@@ -127,13 +149,13 @@ class NcclSync(CheckpointSync):
                 dist.broadcast(buf, src=0, group=group)
                 tensor.copy_(buf.to(tensor.device))
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        seconds = super().publish(run=run, number=number, train_step=train_step, model=model, tokenizer=tokenizer)
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         if self.world_size > 1:
             started = time.perf_counter()
-            self.broadcast(model)
+            size += self.broadcast(model)
             seconds += time.perf_counter() - started
-        return seconds
+        return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 
 
 def weight_sync_for(name: str | None = None) -> WeightSync:

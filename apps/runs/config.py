@@ -96,7 +96,7 @@ class AdapterConfig(_Strict):
     """A LoRA adapter (peft): only these weights train; the base stays frozen and is the
     KL reference with the adapter switched off."""
 
-    rank: int = Field(8, ge=1, le=1024)
+    rank: int = Field(8, ge=1, le=512)
     alpha: float = Field(16.0, gt=0.0)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # Module names as the model calls them (Qwen2/Llama: q_proj … down_proj). The output head

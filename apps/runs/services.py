@@ -118,9 +118,12 @@ def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
     event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
 
 
-def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:
+def model_version_publish(
+    *, run: Run, number: int, checkpoint: str, train_step: int = 0, seconds: float | None = None, size: int | None = None
+) -> ModelVersion:
     """Record a new model version (idempotent on (run, number)), make it the run's current
-    one if newer, and announce `weights.synced` once the transaction commits."""
+    one if newer, and announce `weights.synced` once the transaction commits (with the
+    seconds the publish took and the bytes it moved, when the weight sync says)."""
     from django.db.models import F, Value
     from django.db.models.functions import Greatest
 
@@ -131,7 +134,11 @@ def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step:
         )
         Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
     run.refresh_from_db(fields=["current_version"])
-    payload = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    payload: dict[str, Any] = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    if seconds is not None:
+        payload["seconds"] = seconds
+    if size is not None:
+        payload["bytes"] = size
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="weights.synced", payload=payload))
     return version
 
