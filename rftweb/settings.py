@@ -191,6 +191,19 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
+# Experiment trackers every run logs to (besides those its config's `tracking` names):
+# any of tensorboard, mlflow, wandb (each needs its package: the `tracking` extra).
+RFT_TRACKERS = env_list("RFT_TRACKERS", [])
+if set(RFT_TRACKERS) - {"tensorboard", "mlflow", "wandb"}:
+    raise ConfigError(f"RFT_TRACKERS: unknown tracker(s) {sorted(set(RFT_TRACKERS) - {'tensorboard', 'mlflow', 'wandb'})}; "
+                      "use tensorboard, mlflow, wandb")
+# Where TensorBoard event files go (one directory per run) and the default MLflow file store.
+RFT_TRACKING_DIR = Path(env_str("RFT_TRACKING_DIR", str(RFT_STORAGE_DIR / "tracking")))
+# MLflow tracking URI; empty: a file store under RFT_TRACKING_DIR/mlruns.
+RFT_MLFLOW_URI = env_str("RFT_MLFLOW_URI", "")
+RFT_WANDB_PROJECT = env_str("RFT_WANDB_PROJECT", "rftweb")
+# wandb mode: offline (files under RFT_TRACKING_DIR/wandb, `wandb sync` uploads them) or online.
+RFT_WANDB_MODE = env_str("RFT_WANDB_MODE", "offline")
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
 # The longest the environment API waits for a rollout worker before answering 503.

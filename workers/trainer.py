@@ -443,29 +443,6 @@ def _publish_due(*, run: Any, res: Resident) -> float | None:
     return published.seconds
 
 
-def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
-    """W&B / TensorBoard when installed and configured (WANDB_PROJECT, RFT_TENSORBOARD_DIR)."""
-    if os.environ.get("RFT_TENSORBOARD_DIR"):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir=str(Path(os.environ["RFT_TENSORBOARD_DIR"]) / f"run-{run_id}"))
-            for name, value in values.items():
-                writer.add_scalar(f"train/{name}", value, step)
-            writer.close()
-        except ImportError:
-            pass
-    if os.environ.get("WANDB_PROJECT"):
-        try:
-            import wandb
-
-            if wandb.run is None:
-                wandb.init(project=os.environ["WANDB_PROJECT"], name=f"rftweb-run-{run_id}", reinit=True)
-            wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
-        except ImportError:
-            pass
-
-
 class StepConflict(RuntimeError):
     """Another trainer recorded this step first; ours is dropped."""
 
@@ -605,7 +582,6 @@ def _train_once(
     # After the publish (explorers may be waiting for it); the journal already holds the step.
     if snapshot_due(step=step, total_steps=cfg.total_steps):
         _snapshot_and_prune(res=res, step=step)
-    _external_log(run_id, step, metrics)
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 

@@ -190,6 +190,23 @@ class PipelineConfig(_Strict):
         return steps
 
 
+def _greedy() -> SamplingConfig:
+    return SamplingConfig(temperature=0.0)
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation every `eval_every` versions, on the `rollout` queue, scored by
+    the run's inline reward terms; greedy unless `sampling` says otherwise."""
+
+    # The id of the taskset to evaluate on (kept apart from the run's training taskset).
+    taskset: int | None = Field(None, ge=1)
+    sampling: SamplingConfig = Field(default_factory=_greedy)
+    # Evaluate on the first max_tasks tasks of the taskset (in file order).
+    max_tasks: int = Field(256, ge=1, le=100_000)
+    # Samples per task: the reward mean is over all of them (greedy: keep 1).
+    n: int = Field(1, ge=1, le=64)
+
+
 class RolloutEngineConfig(_Strict):
     """The rollout engine's resources (vLLM; the transformers engine reads `dtype` only)."""
 
@@ -217,13 +234,18 @@ class RunConfig(_Strict):
     train_batch_size: int = Field(32, ge=1, description="experiences per trainer step")
     total_steps: int = Field(100, ge=1)
     epochs: int = Field(1, ge=1)
+    # Evaluate every eval_every-th published version on `eval.taskset` (0: never).
     eval_every: int = Field(0, ge=0)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rewards: list[RewardTerm] = Field(default_factory=list)
     feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    # Experiment trackers this run logs every metric to (one tracker run per rftweb run),
+    # besides the deployment's RFT_TRACKERS.
+    tracking: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list)
     seed: int = 0
 
     @model_validator(mode="after")
@@ -231,6 +253,14 @@ class RunConfig(_Strict):
         if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
             raise ValueError("repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
         return self
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_has_tasks(cls, ev: EvalConfig, info: Any) -> EvalConfig:
+        # A field validator (not the model's) so the error is reported under `eval`.
+        if info.data.get("eval_every") and ev.taskset is None:
+            raise ValueError("eval_every needs an evaluation taskset: set eval.taskset to a taskset id")
+        return ev
 
 
 class ConfigInvalid(ValueError):

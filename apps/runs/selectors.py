@@ -38,6 +38,7 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
 # each. Names are whatever the explorer and trainer record through `metric_record`.
 CHART_GROUPS: list[dict[str, str]] = [
     {"id": "reward", "title": "Reward mean / std", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
+    {"id": "eval", "title": "Evaluation (held-out)", "pattern": r"^eval/(reward|accuracy)"},
     {"id": "accuracy", "title": "Accuracy per domain", "pattern": r"^acc(uracy)?([/_.].*)?$"},
     {"id": "loss", "title": "Loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},
     {"id": "kl", "title": "KL", "pattern": r"(^|[/_.])kl([/_.].*)?$"},
@@ -204,3 +205,16 @@ def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
         elif winner == b:
             out.append((b, a))
     return out
+
+
+def eval_best(*, run: Run) -> dict[str, float] | None:
+    """The evaluated version with the highest `eval/reward_mean` (the earliest on ties):
+    {"version", "reward_mean", "step"}, or None before any evaluation."""
+    from apps.runs.models import Metric
+
+    means = dict(Metric.objects.filter(run=run, name="eval/reward_mean").values_list("step", "value"))
+    if not means:
+        return None
+    versions = dict(Metric.objects.filter(run=run, name="eval/version").values_list("step", "value"))
+    step = max(sorted(means), key=lambda s: means[s])
+    return {"version": int(versions.get(step, 0)), "reward_mean": means[step], "step": step}

@@ -110,12 +110,16 @@ def run_transition(*, run: Run, action: str, actor: Any = None) -> Run:
 
 
 def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics and publish them to the run's group."""
+    """Store one step's metrics, publish them to the run's group and, once committed, log
+    them to the run's experiment trackers (apps.runs.trackers)."""
     import math
 
     clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
     Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
     event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    from apps.runs.trackers import trackers_log_on_commit
+
+    trackers_log_on_commit(run=run, step=step, values=clean)
 
 
 def model_version_publish(
@@ -140,7 +144,35 @@ def model_version_publish(
     if size is not None:
         payload["bytes"] = size
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="weights.synced", payload=payload))
+    cfg = run.cfg
+    if cfg.eval_every and cfg.eval.taskset is not None and number % cfg.eval_every == 0:
+        # On the rollout queue; the trainer goes on without waiting for it.
+        run_id = run.pk
+        transaction.on_commit(lambda: eval_dispatch(run_id=run_id, version=number))
     return version
+
+
+def eval_dispatch(*, run_id: int, version: int) -> None:
+    from rftweb.celery import app
+
+    app.send_task("workers.evaluation.evaluate", args=[run_id, version])
+
+
+def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, float]) -> int:
+    """Store an evaluation's `eval/…` metrics at the version's train step and announce the
+    result; returns the run's best version so far (by `eval/reward_mean`, earliest on ties),
+    which is also recorded as `eval/best_version`."""
+    from apps.runs.selectors import eval_best
+
+    with transaction.atomic():
+        metric_record(run=run, step=step, values=values)
+        best = eval_best(run=run)
+        assert best is not None
+        metric_record(run=run, step=step, values={"eval/best_version": float(best["version"])})
+    payload = {"version": version, "step": step, "values": values, "best_version": best["version"],
+               "best_reward_mean": best["reward_mean"]}
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="eval.result", payload=payload))
+    return int(best["version"])
 
 
 def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -> None:

@@ -41,6 +41,7 @@ from apps.runs.heartbeat import workers_health
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
+    eval_best,
     feedback_per_minute,
     metric_series,
     run_audit,
@@ -211,6 +212,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "counts": buffer_counts(run=run),
         },
         "export_kinds": EXPORT_KINDS,
+        "eval_best": eval_best(run=run),
     }
     return render(request, "runs/detail.html", context)
 
