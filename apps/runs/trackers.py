@@ -77,11 +77,19 @@ class MlflowTracker:
     EXPERIMENT = "rftweb"
 
     def __init__(self, run: Any) -> None:
+        import os
+
         from mlflow.tracking import MlflowClient
 
         from apps.runs.models import Run
 
-        self.client = MlflowClient(tracking_uri=mlflow_uri())
+        uri = mlflow_uri()
+        if uri.startswith("file:"):
+            # MLflow 3 refuses its file store unless told (it wants a database or a
+            # server); a file store on shared storage is what a deployment without an
+            # MLflow server has. RFT_MLFLOW_URI names a server to use one.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(self.EXPERIMENT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(self.EXPERIMENT)
         query = f"tags.`rftweb.run_id` = '{int(run.pk)}'"
