@@ -200,21 +200,27 @@ class Learner:
 
     # -- one update -------------------------------------------------------------------
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on `batch`; returns the step's metrics."""
+    def step(self, batch: TrainBatch, *, shard: Any = None) -> dict[str, float]:
+        """One optimizer step on `batch`; returns the step's metrics.
+
+        shard: this process's place in a learner group (workers.algorithms.distributed):
+        the loss is taken on its part of `batch`, weighted by that part's share, and the
+        gradients are summed over the group before the (identical) update on every rank."""
         started = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         from workers.precision import autocast
 
         with autocast(self.spec.precision, device=self.device):
-            loss, metrics = self.loss(batch)
+            loss, metrics = self.loss(batch) if shard is None else shard.loss(self, batch)
         params = self.trainable_parameters
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.unscale_(self.optimizer)
         else:
             loss.backward()
+        if shard is not None:
+            loss = shard.reduce(params=params, loss=loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.spec.params.max_grad_norm)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
