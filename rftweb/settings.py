@@ -191,6 +191,11 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
+# The nccl sync's process group: rendezvous address, size (the trainer plus the explorers
+# that receive) and this process's rank (0: the trainer; explorers 1, 2, …).
+RFT_NCCL_ADDR = env_str("RFT_NCCL_ADDR", "tcp://127.0.0.1:29555")
+RFT_NCCL_WORLD = env_int("RFT_NCCL_WORLD", 1)
+RFT_NCCL_RANK = env_int("RFT_NCCL_RANK", 0)
 # Experiment trackers every run logs to (besides those its config's `tracking` names):
 # any of tensorboard, mlflow, wandb (each needs its package: the `tracking` extra).
 RFT_TRACKERS = env_list("RFT_TRACKERS", [])

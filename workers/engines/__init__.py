@@ -113,6 +113,9 @@ def engine_for(cfg: Any, *, kind: str | None = None) -> RolloutEngine:
         engine = _ENGINES.get(key)
         if engine is None:
             engine = _ENGINES[key] = engine_create(kind=key[0], path=key[1], version=0, **options)
+            from workers.sync import receiver_ensure
+
+            receiver_ensure()  # NcclSync deployments: take the trainer's broadcasts from now on
         return engine
 
 
@@ -131,9 +134,16 @@ def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> 
     """Load `path` as `version` unless the engine already holds exactly that; True if it loaded.
 
     Compared by path as well as number: two runs of one base model share an engine and
-    their version 3s differ.
+    their version 3s differ. Tensors this process received by broadcast for that path
+    (workers.sync.NcclSync) go in directly when the engine can take them.
     """
     if engine.version == version and getattr(engine, "path", None) == path:
         return False
+    from workers.sync import received_take
+
+    received = received_take(path)
+    apply = getattr(engine, "load_tensors", None)
+    if received is not None and apply is not None and apply(version=version, path=path, tensors=received.tensors):
+        return True  # the trainer's broadcast (NcclSync), no checkpoint read
     engine.load(version=version, path=path)
     return True

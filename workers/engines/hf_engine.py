@@ -52,6 +52,31 @@ class HFEngine:
             self.model.eval()
             self.path, self._version = path, version
 
+    def load_tensors(self, *, version: int, path: str, tensors: dict[str, Any]) -> bool:
+        """Take a version's tensors as broadcast by the trainer (no checkpoint read): an
+        adapter's onto the adapter held for the same base, full weights onto the model held.
+        False when they do not fit what is held (the caller loads the checkpoint instead)."""
+        from peft import set_peft_model_state_dict
+
+        from workers.adapters import adapter_base, is_adapter_dir, is_adapter_model
+
+        with self._lock:
+            if is_adapter_dir(path):
+                same_base = os.path.realpath(adapter_base(path)) == os.path.realpath(self.base_path)
+                if not (is_adapter_model(self.model) and same_base):
+                    return False
+                held = {k for k in self.model.state_dict() if "lora_" in k}
+                result = set_peft_model_state_dict(self.model, tensors)
+                if getattr(result, "unexpected_keys", None) or not held:
+                    return False
+            else:
+                if is_adapter_model(self.model) or set(tensors) != set(self.model.state_dict()):
+                    return False
+                self.model.load_state_dict(tensors, strict=True)
+            self.model.eval()
+            self.path, self._version = path, version
+            return True
+
     def _full_load(self, path: str) -> Any:
         from transformers import AutoModelForCausalLM
 
