@@ -38,12 +38,21 @@ def _spec(algorithm: str, loss_type: str) -> LearnerSpec:
 
 
 def _learner(model_dir: str, spec: LearnerSpec) -> Learner:
+    """A learner that keeps the gradients its optimizer stepped with (in `.stepped_grads`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def keep(optimizer: Any, *_: Any) -> None:
+        learner.stepped_grads = {names[id(p)]: p.grad.detach().clone() for g in optimizer.param_groups
+                                 for p in g["params"] if p.grad is not None}
+
+    learner.optimizer.register_step_pre_hook(keep)
+    return learner
 
 
 def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss_type: str, out: str) -> None:
@@ -54,7 +63,7 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss
         learner = _learner(model_dir, _spec(algorithm, loss_type))
         shard = GroupShard(rank=rank, world=world)
         metrics = [learner.step(_batch(algorithm), shard=shard)]
-        torch.save({"params": {n: p.detach() for n, p in learner.model.named_parameters()},
+        torch.save({"params": {n: p.detach() for n, p in learner.model.named_parameters()}, "grads": learner.stepped_grads,
                     "loss": metrics[0]["loss"], "share": shard.last_share}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -75,16 +84,23 @@ def test_two_gloo_processes_make_the_one_process_update(
     single = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
     first = single.step(_batch(algorithm))
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
+    expected_grads = single.stepped_grads
     before = {n: p.detach() for n, p in _learner(str(tiny_model_dir), _spec(algorithm, loss_type)).model.named_parameters()}
 
     mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", str(tiny_model_dir), algorithm, loss_type, str(tmp_path)),
                        nprocs=2, start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert 0 < ranks[0]["share"] < 1 and ranks[0]["share"] + ranks[1]["share"] == pytest.approx(1.0)
+    assert ranks[0]["grads"].keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        # The group's summed gradient is the batch's: the summation order differs (two
+        # partial sums, then the all-reduce), so float noise only.
+        torch.testing.assert_close(ranks[0]["grads"][name], grad, atol=1e-6, rtol=1e-4)
     for name, value in expected.items():
         torch.testing.assert_close(ranks[0]["params"][name], ranks[1]["params"][name], atol=0, rtol=0)
-        # Summation order differs (two partial sums, then the all-reduce): float noise only.
-        torch.testing.assert_close(ranks[0]["params"][name], value, atol=1e-5, rtol=1e-4)
+        # Adam's first step divides by |grad|: a weight whose gradient is ~eps moves by up to
+        # lr on noise alone, hence a looser bound on the weights than on the gradients.
+        torch.testing.assert_close(ranks[0]["params"][name], value, atol=1e-4, rtol=1e-3)
     assert any(not torch.equal(before[n], expected[n]) for n in expected), "the step changed nothing"
     assert ranks[0]["loss"] == pytest.approx(first["loss"], abs=1e-5), "the group's loss metric is not the batch's"
 
