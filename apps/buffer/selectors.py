@@ -22,13 +22,6 @@ def buffer_counts(*, run: Run) -> dict[str, int]:
     return counts
 
 
-def task_attempt_counts(*, run: Run) -> dict[str, int]:
-    counts = dict.fromkeys(TaskAttempt.Status.values, 0)
-    for row in TaskAttempt.objects.filter(run=run).values("status").annotate(n=Count("id")):
-        counts[row["status"]] = row["n"]
-    return counts
-
-
 def tasks_exhausted(*, run: Run) -> bool:
     """Every epoch of the run's taskset has been explored: nothing queued, nothing leased,
     no epoch left to queue. A run without tasks is not exhausted (the environment API may

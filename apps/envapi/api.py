@@ -28,24 +28,31 @@ from pydantic import ValidationError as PydanticValidationError
 
 from apps.buffer.importers import ImportFailed
 from apps.buffer.models import Experience
-from apps.buffer.services import BatchRejected, task_claim, task_finish, task_release
+from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
 from apps.envapi.services import (
-    FeedbackRejected,
     KeyPrincipal,
     RolloutFailed,
     RolloutUnavailable,
     api_key_authenticate,
-    feedback_from_env,
     rate_limit_hit,
     rollouts_generate,
     tasks_add,
     trajectories_submit,
 )
+from apps.feedback.models import Feedback
+from apps.feedback.services import (
+    feedback_compare,
+    feedback_env_reward,
+    feedback_flag,
+    feedback_rank,
+    feedback_rate,
+)
 from apps.runs.events import run_group
 from apps.runs.models import Run
+from rftweb.exceptions import RftError
 
 # ---- errors --------------------------------------------------------------------------
 
@@ -133,6 +140,12 @@ def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, s
 @api.exception_handler(ApiProblem)
 def _on_problem(request: HttpRequest, exc: ApiProblem) -> HttpResponse:
     return _problem(request, exc.status, exc.detail, exc.errors, exc.headers)
+
+
+@api.exception_handler(RftError)
+def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
+    """The API's one translation of the error base: its status, and the field it names."""
+    return _problem(request, exc.status, str(exc), exc.errors)
 
 
 @api.exception_handler(AuthenticationError)
@@ -322,11 +335,7 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
     for item, t in zip(items, payload.trajectories, strict=True):
         if t.messages is not None:
             item["messages"] = [m.model_dump(exclude_none=True) for m in t.messages]
-    try:
-        result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
-    except BatchRejected as exc:
-        field = f"trajectories.{exc.row}"
-        raise ApiProblem(422, f"{field}: {exc.message}", {field: exc.message}) from None
+    result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
     return {
         "created": result.created,
         "duplicates": result.duplicates,
@@ -338,32 +347,31 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
 
 
 @api.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
-          summary="A reward, rating, preference or flag for an experience")
+          summary="A reward, rating, ranking, preference or flag")
 def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> dict[str, Any]:
     run = _run_for(request, run_id)
-    experience = Experience.objects.filter(pk=payload.experience_id, run=run).first()
-    if experience is None:
-        raise ApiProblem(404, f"experience {payload.experience_id} not found in run {run_id}")
-    other = None
-    if payload.other_experience_id is not None:
-        other = Experience.objects.filter(pk=payload.other_experience_id, run=run).first()
-        if other is None:
-            raise ApiProblem(404, f"experience {payload.other_experience_id} not found in run {run_id}")
-    value: Any = payload.value
-    if payload.kind == "pairwise":
-        value = {"preferred": payload.preferred}
-    elif payload.kind == "flag" and value is None:
-        value = 1.0
-    try:
-        feedback = feedback_from_env(
-            run=run, api_key=_principal(request).key, experience=experience, kind=payload.kind, value=value,
-            other=other, reward_parts=payload.reward_parts, comment=payload.comment,
-        )
-    except FeedbackRejected as exc:
-        raise ApiProblem(422, str(exc), {exc.field: exc.message}) from None
+    who: dict[str, Any] = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
+    feedback: Feedback
+    if payload.kind == "env_reward":
+        assert payload.value is not None  # the schema checked it
+        feedback = feedback_env_reward(experience=payload.experience_id, reward=payload.value,
+                                       reward_parts=payload.reward_parts, **who)
+    elif payload.kind == "rating":
+        feedback = feedback_rate(experience=payload.experience_id, score=payload.score, thumb=payload.thumb, **who)
+    elif payload.kind == "pairwise":
+        feedback = feedback_compare(experience=payload.experience_id, other=payload.other_experience_id,
+                                    winner=payload.winner or "", **who)
+    elif payload.kind == "ranking":
+        feedback = feedback_rank(order=payload.order or [], **who)
+    else:
+        # An older client flags without saying why; the flag still needs to read as one.
+        reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
+        feedback = feedback_flag(experience=payload.experience_id, flags=payload.flags, reason=reason, **who)
+    target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
     return {
-        "id": feedback.pk, "kind": feedback.kind, "experience_id": experience.pk, "late": feedback.late,
-        "experience_status": experience.status, "experience_reward": experience.reward,
+        "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
+        "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,
+        "experience_status": target.get("status"), "experience_reward": target.get("reward"),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
@@ -36,10 +36,6 @@ def feedback_counts(*, run: Run) -> dict[str, int]:
     return counts
 
 
-def experience_feedback(*, experience: Experience) -> QuerySet[Feedback]:
-    return Feedback.objects.filter(Q(experience=experience) | Q(other=experience)).select_related("author")
-
-
 @dataclass(frozen=True)
 class DpoPair:
     feedback_id: int
@@ -55,7 +51,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
     """Preference pairs from pairwise feedback (ties carry no preference and are left out),
     oldest first. Late comparisons are included by default: DPO learns from them even when
     the GRPO step that used their completions is long past."""
-    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE).exclude(value__winner="tie")
+    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE, value__winner__in=["a", "b"])
     if not include_late:
         qs = qs.filter(late=False)
     pairs = []
@@ -63,7 +59,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
         a, b = fb.experience, fb.other
         if a is None or b is None:
             continue
-        chosen, rejected = (a, b) if fb.value.get("winner") == "a" else (b, a)
+        chosen, rejected = (a, b) if fb.value["winner"] == "a" else (b, a)
         pairs.append(DpoPair(
             feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,

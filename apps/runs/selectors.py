@@ -183,28 +183,19 @@ def run_audit(*, run: Run, limit: int = 50) -> list[Any]:
 
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
 def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
-    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`.
-
-    A pairwise feedback's `experience` is A and `other` is B; its value names the winner:
-    "a" / "b" (any case, also "left" / "right"), or {"winner": "a" | "b" | <experience id>}.
-    Ties and anything else carry no preference.
+    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`,
+    oldest first. A pairwise feedback's `experience` is A and `other` is B, and its value is
+    {"winner": "a" | "b" | "tie"} (the one shape, see Feedback); ties carry no preference.
+    Late choices count: the pair was stored, and DPO learns from it.
     """
     from apps.feedback.models import Feedback
 
     wanted = set(ids)
-    out: list[tuple[int, int]] = []
     rows = Feedback.objects.filter(
-        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted
-    ).values_list("experience_id", "other_id", "value")
-    for a, b, value in rows:
-        winner = value.get("winner") if isinstance(value, dict) else value
-        if isinstance(winner, str):
-            winner = {"a": a, "left": a, "b": b, "right": b}.get(winner.strip().lower())
-        if winner == a:
-            out.append((a, b))
-        elif winner == b:
-            out.append((b, a))
-    return out
+        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,
+        value__winner__in=["a", "b"],
+    ).order_by("created_at", "id").values_list("experience_id", "other_id", "value__winner")
+    return [(a, b) if winner == "a" else (b, a) for a, b, winner in rows]
 
 
 def eval_best(*, run: Run) -> dict[str, float] | None:

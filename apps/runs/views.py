@@ -13,7 +13,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_jsonl_chunks
@@ -386,10 +385,6 @@ def export_download(request: HttpRequest, run_id: int, kind: str) -> HttpRespons
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
     response["X-Accel-Buffering"] = "no"
     return response
-
-
-def detail_url(run: Run) -> str:
-    return reverse("runs:detail", kwargs={"run_id": run.pk})
 
 
 def health(request: HttpRequest) -> JsonResponse:

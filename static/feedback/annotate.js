@@ -104,10 +104,12 @@
     function handle(ev) {
       const p = ev.payload || {};
       if (ev.type === "experience.created") {
-        const n = Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
-        newCount += n;
+        // One event per experience: {id, group_id, task_id, source, status, reward, ...}
+        // (ExperienceDraft.event_payload, the same whoever wrote it).
+        newCount += 1;
         countEl.textContent = String(newCount);
-        note("new experience" + (n > 1 ? "s: " + n : "") + (p.group_id ? " in group " + p.group_id : ""));
+        note("new experience #" + p.id + (p.group_id ? " in group " + p.group_id : "") +
+             (p.status === "pending" ? " (waits for feedback)" : ""));
         loadMore();
       } else if (ev.type === "feedback.saved") {
         note("feedback: " + p.kind + (p.author ? " by " + p.author : "") + (p.late ? " (late)" : "") +

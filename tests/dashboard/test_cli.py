@@ -21,8 +21,8 @@ from django.utils import timezone
 from apps.runs.heartbeat import worker_heartbeat_record, workers_health
 from apps.runs.management.commands.rft import worker_plan
 from apps.runs.models import AuditEntry, Run, WorkerHeartbeat
-from tests.dashboard.conftest import ROOT, subprocess_env
-from tests.factories import make_experiences, make_user
+from tests.factories import make_experiences
+from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +63,7 @@ def test_every_cli_error_is_a_message_and_a_nonzero_exit(tmp_path: Path) -> None
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": "m", "sampling": {"temprature": 1}}')
     result = subprocess.run([sys.executable, "manage.py", "rft", "create", str(bad), "--name", "x", "--owner", "nobody"],
-                            cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
+                            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "sampling.temprature: unknown key 'temprature'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -139,7 +139,7 @@ def test_a_real_worker_started_by_the_cli_reports_its_queues_and_its_shutdown(tm
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "rft", "worker", "--queues", "reward,default", "--concurrency", "1", "--loglevel", "WARNING"],
-        cwd=ROOT, env=subprocess_env(RFT_HEARTBEAT_SECONDS="1"), stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=child_env(RFT_HEARTBEAT_SECONDS="1"), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:

@@ -5,31 +5,22 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
-from tests.dashboard.conftest import ROOT, subprocess_env
 from tests.factories import experience_row, make_run, make_taskset, make_user
+from tests.servers import ROOT, child_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "pw-for-tests-only"
-
-
-@pytest.fixture
-def page(browser: Any, live_daphne: str) -> Iterator[Any]:
-    context = browser.new_context(base_url=live_daphne)
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
 
 
 def log_in(page: Any, user: User) -> None:
@@ -52,7 +43,7 @@ def running_run() -> tuple[User, Run]:
 
 def in_another_process(code: str) -> None:
     """Run Django code in a child process (as a worker would), e.g. to publish events."""
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -174,7 +165,7 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
                             response_text="<b>bold</b><script>window.pwned=1</script>") for i in range(3)]
     experience_write(experiences=rows)
     flagged = Experience.objects.get(run=run, key="r5")
-    Feedback.objects.create(run=run, kind=Feedback.Kind.FLAG, experience=flagged, author=annotator, value={"reason": "odd"})
+    feedback_flag(run=run, experience=flagged, author=annotator, reason="odd")
 
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/experiences/")

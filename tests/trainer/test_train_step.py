@@ -11,7 +11,7 @@ import torch
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
@@ -171,7 +171,7 @@ def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> 
     run = running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
     ids = _groups(run, groups=2, size=2)
     # Against the rewards (the second of each group has the higher one), people preferred the first.
-    Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)
+    feedback_compare(run=run, experience=ids[0], other=ids[1], winner="a", author=owner)
     out = trainer_step(run_id=run.pk, step=1)
     assert out["status"] == "trained"
     assert Metric.objects.get(run=run, step=1, name="pairs").value == 2
