@@ -41,7 +41,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     from apps.runs.models import Metric, ModelVersion, Run
     from apps.runs.services import eval_result_record
     from workers.engines import SamplingSpec, prompt_ids
-    from workers.explorer import _engine_at, _prompt_of, storable_text, worker_name
+    from workers.explorer import _engine_at, _prompt_of, worker_name
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -72,7 +72,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     lengths: list[int] = []
     for task, samples in zip(tasks, groups):
         for sample in samples:
-            scores.append(rewards_inline(terms=cfg.rewards, completion=storable_text(sample.text), task=task).score)
+            scores.append(rewards_inline(terms=cfg.rewards, completion=sample.text, task=task).score)
             lengths.append(len(sample.token_ids))
     values = {
         f"{EVAL_PREFIX}reward_mean": statistics.fmean(scores),
