@@ -51,7 +51,8 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
     base_rss = _rss_mb()
     config = Qwen2Config(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=args.kv_heads,
+        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+        num_key_value_heads=min(args.kv_heads, args.hidden // 64),
         max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )

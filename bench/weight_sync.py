@@ -49,7 +49,8 @@ def main() -> None:
         tokenizer = tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
         config = Qwen2Config(
             vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-            num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=4,
+            num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+            num_key_value_heads=min(4, args.hidden // 64),
             max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         )
@@ -58,6 +59,8 @@ def main() -> None:
         base = root / "base"
         model.save_pretrained(base)
         tokenizer.save_pretrained(base)
+        # Loaded back from its directory, so an adapter on it records the base it applies to.
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         params = sum(p.numel() for p in model.parameters())
         engine = HFEngine(path=str(base))
         prompt = [[5, 6, 7, 8]]
