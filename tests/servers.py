@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -134,22 +135,28 @@ def live_url(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: py
 
 # --------------------------------------------------------------------------- Celery workers
 
-def _worker_command(queues: str, node: str, includes: tuple[str, ...], heartbeat: bool) -> list[str]:
+def _worker_command(queues: str, node: str, includes: tuple[str, ...], heartbeat: bool,
+                    beat_schedule: Path | None) -> list[str]:
     cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues,
            "-n", node, "--without-gossip", "--without-mingle", "-l", "INFO"]
     if not heartbeat:
         cmd.append("--without-heartbeat")
+    if beat_schedule is not None:
+        # Celery beat in the worker (`-B`): the periodic tasks, the RFT core's loop among them.
+        cmd += ["-B", "-s", str(beat_schedule)]
     for module in includes:
         cmd += ["-I", module]
     return cmd
 
 
 def worker_start(queues: str, *, name: str, log: Path | None = None, includes: tuple[str, ...] = (),
-                 purge: bool = True, heartbeat: bool = True, env: dict[str, str] | None = None,
-                 ready_seconds: float = 120) -> subprocess.Popen[bytes]:
-    """Start `celery worker -P solo -Q queues` in its own process group and wait until it
-    answers a ping. `purge` drops messages left by an earlier test first (so start the
-    worker that must not lose queued work last, or pass purge=False)."""
+                 purge: bool = True, heartbeat: bool = True, beat: bool = False,
+                 env: dict[str, str] | None = None, ready_seconds: float = 300) -> subprocess.Popen[bytes]:
+    """Start `celery worker -P solo -Q queues` in its own process group (so a kill reaches
+    the beat process `beat=True` forks too) and wait until it answers a ping. `purge` drops
+    messages left by an earlier test first (so start the worker that must not lose queued
+    work last, or pass purge=False). A trainer imports torch and TRL before it answers (a
+    minute or two on a loaded 2-core host), hence the long wait."""
     from rftweb.celery import app
 
     if purge:
@@ -159,7 +166,8 @@ def worker_start(queues: str, *, name: str, log: Path | None = None, includes: t
         log.parent.mkdir(parents=True, exist_ok=True)
     out: IO[bytes] | int = log.open("ab") if log else subprocess.DEVNULL
     proc = subprocess.Popen(
-        _worker_command(queues, node, includes, heartbeat), cwd=ROOT, env=env or child_env(),
+        _worker_command(queues, node, includes, heartbeat,
+                        Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule" if beat else None), cwd=ROOT, env=env or child_env(),
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     deadline = time.monotonic() + ready_seconds
@@ -174,9 +182,10 @@ def worker_start(queues: str, *, name: str, log: Path | None = None, includes: t
 
 @contextmanager
 def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, includes: tuple[str, ...] = (),
-                  purge: bool = True, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A real Celery worker for `queues` for the length of the block."""
-    proc = worker_start(queues, name=name, log=log, includes=includes, purge=purge, env=child_env(**env))
+                  purge: bool = True, beat: bool = False, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker for `queues` for the length of the block (with Celery beat in
+    it when `beat`)."""
+    proc = worker_start(queues, name=name, log=log, includes=includes, purge=purge, beat=beat, env=child_env(**env))
     try:
         yield proc
     finally:
@@ -191,9 +200,9 @@ class Workers:
         self.env = child_env(**env)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, queues: str, *includes: str) -> None:
+    def start(self, name: str, queues: str, *includes: str, beat: bool = False) -> None:
         self.procs[name] = worker_start(queues, name=name, log=self.logs / f"{name}.log", includes=includes,
-                                        purge=False, heartbeat=False, env=self.env)
+                                        purge=False, heartbeat=False, beat=beat, env=self.env)
 
     def kill_all(self) -> None:
         """SIGKILL: no graceful shutdown, no message handed back, leases left behind."""

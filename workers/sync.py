@@ -27,8 +27,10 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from rftweb.exceptions import Unavailable
 
-class SyncUnavailable(RuntimeError):
+
+class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
 
@@ -285,7 +287,7 @@ def received_take(path: str) -> Received | None:
 
 
 def weight_sync_for(name: str | None = None) -> WeightSync:
-    name = name or getattr(settings, "RFT_WEIGHT_SYNC", "checkpoint")
+    name = name or settings.RFT_WEIGHT_SYNC
     if name == "checkpoint":
         return CheckpointSync()
     if name == "nccl":

@@ -78,6 +78,8 @@ class ExperienceFilters:
     flagged: str = ""  # "", "yes", "no"
     before: int | None = None  # keyset pagination: ids below this one
     errors: dict[str, str] = field(default_factory=dict)
+    # What was typed, so a refused value is shown back beside its error.
+    raw: dict[str, str] = field(default_factory=dict)
 
     def query(self, **changes: Any) -> str:
         """The filters as a query string (for links to the next page)."""
@@ -95,6 +97,7 @@ class ExperienceFilters:
 def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
     """Filters from query parameters; a malformed one is reported by name and ignored."""
     filters = ExperienceFilters()
+    filters.raw = {k: str(params.get(k) or "").strip()[:100] for k in ("reward_min", "reward_max", "version", "status", "flagged")}
     errors: dict[str, str] = {}
     status = (params.get("status") or "").strip()
     if status and status not in Experience.Status.values:

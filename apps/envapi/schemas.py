@@ -22,7 +22,9 @@ LongText = Annotated[str, Field(max_length=200_000)]
 
 
 class In(Schema):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON's true/false are never taken for 1/0 (`"reward": true`), nor text for
+    # numbers; an int is still a valid float.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Error(Schema):

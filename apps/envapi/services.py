@@ -9,25 +9,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
-from apps.buffer.drafts import ExperienceDraft
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
 
 KEY_PREFIX = "rft_"
 ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
@@ -36,12 +35,11 @@ ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
 _LAST_USED_EVERY = timedelta(seconds=60)
 
 
-class KeyInvalid(ValueError):
+class KeyInvalid(InvalidInput):
     """Creating a key with bad arguments; `errors` maps field names to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        super().__init__(errors=errors)
 
 
 def _hash(raw: str) -> str:
@@ -122,23 +120,9 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 
 
 # ---------------------------------------------------------------------------------------
-# Rate limits: a fixed one-minute window per key, in Redis when there is one (every web
-# process shares it), in this process otherwise (the embedded default has one process).
-
-_redis_client: Any = None
-_redis_lock = threading.Lock()
-_local_counts: dict[tuple[int, int], int] = {}
-
-
-def _redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        with _redis_lock:
-            if _redis_client is None:
-                import redis
-
-                _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _redis_client
+# Rate limits: a fixed one-minute window per key, counted in Django's cache (Redis when
+# there is one, so every web process shares it; this process's memory in the embedded
+# default, which has one process).
 
 
 def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
@@ -146,17 +130,13 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
     now = time.time() if now is None else now
     window = int(now // 60)
     retry_after = 60 - (now % 60)
-    if settings.REDIS_URL:
-        name = f"rftweb:envapi:rate:{key.pk}:{window}"
-        pipe = _redis().pipeline(transaction=False)
-        pipe.incr(name)
-        pipe.expire(name, 120)
-        count = int(pipe.execute()[0])
-    else:
-        with _redis_lock:
-            for stale in [k for k in _local_counts if k[1] < window]:
-                del _local_counts[stale]
-            count = _local_counts[(key.pk, window)] = _local_counts.get((key.pk, window), 0) + 1
+    name = f"envapi:rate:{key.pk}:{window}"
+    cache.add(name, 0, timeout=120)  # the window's counter, unless another request made it
+    try:
+        count = cache.incr(name)
+    except ValueError:  # expired between the two calls (a window two minutes old): start over
+        cache.add(name, 1, timeout=120)
+        count = 1
     return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
 
 
@@ -208,7 +188,7 @@ def env_scoped(value: str, *, limit: int) -> str:
 
 
 def _stored_key(client_key: str) -> str:
-    return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
+    return env_scoped(str(client_key), limit=KEY_MAX)
 
 
 def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> ExperienceDraft:
@@ -227,8 +207,7 @@ def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix
         auto_reward=item.get("reward"),
         run_id=run.pk,
         key=key,
-        group_id=env_scoped(str(item.get("group_id") or item["key"]),
-                            limit=Experience._meta.get_field("group_id").max_length),
+        group_id=env_scoped(str(item.get("group_id") or item["key"]), limit=GROUP_MAX),
         task_id=item.get("task_id"),
         source=Experience.Source.ENV,
         prompt_text=prompt,
@@ -285,14 +264,7 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
 # Rollouts
 
 GENERATE_TASK = "workers.explorer.generate"
-
-
-class RolloutUnavailable(RuntimeError):
-    """No rollout worker answered in time (or the broker is down)."""
-
-
-class RolloutFailed(RuntimeError):
-    """The rollout worker answered with an error or a malformed result."""
+_START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
 def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
@@ -312,14 +284,14 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
         # expires: a request nobody picked up in time is dropped, not generated for nobody.
         result = app.send_task(GENERATE_TASK, args=[run.pk, requests], queue="rollout", expires=timeout)
     except OperationalError as exc:
-        raise RolloutUnavailable(f"the task broker is unreachable ({exc})") from None
+        raise Unavailable(f"the task broker is unreachable ({exc}); {_START_ONE}") from None
     try:
         answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
         result.revoke()
-        raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s; {_START_ONE}") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
     return _rollouts_by_request(answer, count=len(requests))
 
 
@@ -327,11 +299,11 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
     """The explorer answers with one flat entry per completion, tagged with its request
     index; the API answers per request."""
     if not isinstance(answer, list) or not all(isinstance(c, dict) and isinstance(c.get("request"), int) for c in answer):
-        raise RolloutFailed("the rollout worker returned a malformed result")
+        raise UpstreamFailed("the rollout worker returned a malformed result")
     grouped: list[dict[str, Any]] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
     for c in sorted(answer, key=lambda c: (c["request"], c.get("index", 0))):
         if not 0 <= c["request"] < count:
-            raise RolloutFailed("the rollout worker returned a completion for an unknown request")
+            raise UpstreamFailed("the rollout worker returned a completion for an unknown request")
         entry = grouped[c["request"]]
         entry["prompt_token_ids"] = c.get("prompt_token_ids", [])
         entry["model_version"] = c.get("model_version", 0)
@@ -339,5 +311,5 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
             {k: c.get(k) for k in ("text", "token_ids", "logprobs", "finish_reason")}
         )
     if any(not entry["completions"] for entry in grouped):
-        raise RolloutFailed("the rollout worker returned no completion for a request")
+        raise UpstreamFailed("the rollout worker returned no completion for a request")
     return grouped

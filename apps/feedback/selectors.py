@@ -7,7 +7,6 @@ from typing import Any
 
 from django.db.models import Count, QuerySet
 
-from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
@@ -25,6 +24,18 @@ def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
         .select_related("experience")
         .order_by("id")
     )
+
+
+def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
+    """The annotator's day on the run: judgements given today (local day), items waiting in
+    their queue, and the owner's daily target (0: none)."""
+    from django.utils import timezone
+
+    start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    done = Feedback.objects.filter(run=run, author=annotator, created_at__gte=start,
+                                   kind__in=["rating", "ranking", "pairwise", "edit"]).count()
+    waiting = Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
+    return {"done_today": done, "waiting": waiting, "target": run.cfg.feedback.daily_target}
 
 
 def feedback_counts(*, run: Run) -> dict[str, int]:

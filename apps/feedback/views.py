@@ -13,11 +13,19 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment
-from apps.feedback.selectors import annotation_queue, feedback_counts, run_may_annotate
+from apps.feedback.rendering import markdown_safe
+from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.selectors import (
+    annotation_queue,
+    annotator_progress,
+    feedback_counts,
+    run_may_annotate,
+)
 from apps.feedback.services import (
     assignment_claim,
     assignment_skip,
@@ -33,7 +41,7 @@ from rftweb.exceptions import InvalidInput, RftError
 
 
 def _queue_size() -> int:
-    return int(getattr(settings, "RFT_ANNOTATION_QUEUE_SIZE", 8))
+    return settings.RFT_ANNOTATION_QUEUE_SIZE
 
 
 def _run_for(request: HttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
@@ -70,7 +78,7 @@ def _fragment(request: HttpRequest, run: Run, template: str, context: dict[str, 
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
-    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS}
+    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "policy": run.cfg.feedback}
 
 
 @login_required
@@ -87,6 +95,10 @@ def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run, "role": role, "can_annotate": can_annotate, "queue": queue, "recent": recent,
         "policy": policy, "counts": feedback_counts(run=run), "flags": FLAGS,
         "ws_path": f"/ws/runs/{run.pk}/",
+        # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
+        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
+        "progress": annotator_progress(run=run, annotator=request.user) if can_annotate else None,
+        "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
     })
 
 
@@ -107,7 +119,7 @@ def queue_partial(request: HttpRequest, run_id: int) -> HttpResponse:
         return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after]
-    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS})
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
 
 
 def _my_assignment(request: HttpRequest, run: Run, assignment_id: int) -> Assignment:
@@ -249,3 +261,35 @@ def compare(request: HttpRequest, run_id: int, experience_id: int) -> HttpRespon
         return redirect(_page_url(run))
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
                                                     "message": f"Preference saved ({fb.value['winner']})"})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
+    one (`feedback`), or the last one when none is named (undo); its items come back to the
+    queue to be judged again."""
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    message = ""
+    if request.method == "POST":
+        raw = request.POST.get("feedback", "").strip()
+        if raw and not raw.isdigit():
+            return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
+        try:
+            fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
+        except NotRevisable as exc:
+            return _error(request, exc)
+        message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
+        if not request.htmx:
+            return redirect(_page_url(run))
+        # The reopened items replace their "done" cards in the queue (out of band).
+        reopened = list(Assignment.objects.filter(run=run, annotator=request.user, status=Assignment.Status.LEASED,
+                                                  experience_id__in=feedback_targets(fb)).select_related("experience"))
+    else:
+        reopened = []
+    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message,
+               "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback}
+    return _fragment(request, run, "feedback/_mine.html", context)

@@ -1,0 +1,20 @@
+"""Run metrics: the one service the buffer's pipeline needs from runs, in a module of its own
+so that apps.buffer imports nothing of apps.runs.services (which imports the buffer)."""
+
+from __future__ import annotations
+
+import math
+
+from apps.runs.events import event_publish
+from apps.runs.models import Metric, Run
+
+
+def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
+    """Store one step's metrics, publish them to the run's group and, once committed, log
+    them to the run's experiment trackers (apps.runs.trackers)."""
+    clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
+    Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
+    event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    from apps.runs.trackers import trackers_log_on_commit
+
+    trackers_log_on_commit(run=run, step=step, values=clean)
