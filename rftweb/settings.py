@@ -273,12 +273,24 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
-# NCCL weight sync: the rendezvous address and the number of processes (trainer + explorers).
+# The nccl sync's process group: rendezvous address, size (the trainer plus the explorers
+# that receive) and this process's rank (0: the trainer; explorers 1, 2, …).
 RFT_NCCL_ADDR = env_str("RFT_NCCL_ADDR", "tcp://127.0.0.1:29555")
 RFT_NCCL_WORLD = env_int("RFT_NCCL_WORLD", 1)
-# Experiment trackers the trainer logs to when set (and the package is installed).
-RFT_TENSORBOARD_DIR = env_str("RFT_TENSORBOARD_DIR", "")
-WANDB_PROJECT = env_str("WANDB_PROJECT", "")
+RFT_NCCL_RANK = env_int("RFT_NCCL_RANK", 0)
+# Experiment trackers every run logs to (besides those its config's `tracking` names):
+# any of tensorboard, mlflow, wandb (each needs its package: the `tracking` extra).
+RFT_TRACKERS = env_list("RFT_TRACKERS", [])
+if set(RFT_TRACKERS) - {"tensorboard", "mlflow", "wandb"}:
+    raise ConfigError(f"RFT_TRACKERS: unknown tracker(s) {sorted(set(RFT_TRACKERS) - {'tensorboard', 'mlflow', 'wandb'})}; "
+                      "use tensorboard, mlflow, wandb")
+# Where TensorBoard event files go (one directory per run) and the default MLflow file store.
+RFT_TRACKING_DIR = Path(env_str("RFT_TRACKING_DIR", str(RFT_STORAGE_DIR / "tracking")))
+# MLflow tracking URI; empty: a file store under RFT_TRACKING_DIR/mlruns.
+RFT_MLFLOW_URI = env_str("RFT_MLFLOW_URI", "")
+RFT_WANDB_PROJECT = env_str("RFT_WANDB_PROJECT", "rftweb")
+# wandb mode: offline (files under RFT_TRACKING_DIR/wandb, `wandb sync` uploads them) or online.
+RFT_WANDB_MODE = env_str("RFT_WANDB_MODE", "offline")
 # The Python that runs sandboxed reward code (default: this interpreter).
 RFT_SANDBOX_PYTHON = env_str("RFT_SANDBOX_PYTHON", "")
 # The password of the demo accounts `manage.py rft_demo` creates.

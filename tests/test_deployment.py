@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rftweb.celery import QUEUES, app
@@ -48,11 +49,88 @@ def test_there_is_one_worker_per_queue_and_gpu_reservations_for_rollout_and_trai
 def test_tasks_route_to_their_queues() -> None:
     router = app.amqp.router
     assert router.route({}, "workers.explorer.explore_step")["queue"].name == "rollout"
+    assert router.route({}, "workers.evaluation.evaluate")["queue"].name == "rollout"
     assert router.route({}, "workers.trainer.train_step")["queue"].name == "train"
     assert router.route({}, "workers.rewards.score_experiences")["queue"].name == "reward"
     assert router.route({}, "apps.buffer.tasks.lease_reap_task")["queue"].name == "default"
 
 
+# ----------------------------------------------------------------------------- issue 19: GPUs, storage, order
+
+WORKER_HOST = ROOT / "docker-compose.worker-host.yml"
+COMPOSE_ENV = {"SECRET_KEY": "x", "HEAD_HOST": "10.0.0.1", "STORAGE_PATH": "/mnt/rftweb"}
+
+
+def _compose_cli() -> list[str] | None:
+    """`docker compose` (v2 plugin) or Debian's `docker-compose`, whichever is installed."""
+    import subprocess
+
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def _resolved(path: Path, **env: str) -> dict:
+    """The file as compose itself resolves it (anchors, variables, defaults)."""
+    import os
+    import subprocess
+
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed (make test installs docker-compose)")
+    result = subprocess.run([*cli, "-f", str(path), "config"], capture_output=True, text=True,
+                            env={**os.environ, **COMPOSE_ENV, **env}, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_compose_validates_both_deployment_files_and_refuses_a_missing_secret() -> None:
+    import os
+    import subprocess
+
+    head = _resolved(ROOT / "docker-compose.yml")
+    workers = _resolved(WORKER_HOST)
+    assert {"postgres", "redis", "migrate", "web", "worker-rollout", "worker-train"} <= set(head["services"])
+    assert set(workers["services"]) == {"worker-rollout", "worker-train"}
+    cli = _compose_cli()
+    env = {k: v for k, v in os.environ.items() if k not in COMPOSE_ENV}
+    result = subprocess.run([*cli, "-f", str(WORKER_HOST), "config"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode != 0 and "SECRET_KEY" in (result.stderr + result.stdout)
+
+
+def test_gpu_workers_are_pinned_to_the_devices_they_are_given() -> None:
+    for path in (ROOT / "docker-compose.yml", WORKER_HOST):
+        services = _resolved(path, ROLLOUT_GPUS="2", TRAIN_GPUS="3")["services"]
+        for name, gpu in (("worker-rollout", "2"), ("worker-train", "3")):
+            devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+            assert devices == [{"driver": "nvidia", "device_ids": [gpu], "capabilities": ["gpu"]}], (path.name, name)
+    defaults = _resolved(ROOT / "docker-compose.yml")["services"]
+    ids = [defaults[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in ("worker-rollout", "worker-train")]
+    assert ids[0] != ids[1], "by default rollout and train would share a GPU"
+
+
+def test_migrations_run_before_the_web_process_and_every_worker() -> None:
+    services = _resolved(ROOT / "docker-compose.yml")["services"]
+    for name, service in services.items():
+        command = service.get("command") or []
+        if name == "web" or command[:2] in (["celery", "-A"],):
+            assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+    assert "migrate" not in services["migrate"].get("depends_on", {})
+
+
+def test_every_app_service_on_every_host_sees_the_shared_storage_at_one_path() -> None:
+    for path in (ROOT / "docker-compose.yml", WORKER_HOST):
+        resolved = _resolved(path, STORAGE_PATH="/mnt/rftweb")
+        for name, service in resolved["services"].items():
+            if name in ("postgres", "redis"):
+                continue
+            assert service["environment"]["RFT_STORAGE_DIR"] == "/storage", (path.name, name)
+            mounts = [v for v in service["volumes"] if (v.get("target") if isinstance(v, dict) else v.split(":")[1]) == "/storage"]
+            assert mounts, (path.name, name)
+        volume = resolved["volumes"]["storage"]
+        assert volume["driver_opts"]["device"] == "/mnt/rftweb" and volume["driver_opts"]["o"] == "bind"
 def _compose_env(service: str) -> dict[str, str]:
     """The service's environment with ${VAR:-default} and ${VAR:?message} filled as compose would."""
     import re

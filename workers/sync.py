@@ -11,7 +11,9 @@ still finds every version on disk), plus a broadcast of the tensors from the tra
 to the explorers' GPUs over an NCCL group, so explorers need not read the files.
 
 Both publish through `apps.runs.services.model_version_publish`; which one a trainer uses is
-`settings.RFT_WEIGHT_SYNC`.
+`settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.adapters): the
+same paths move megabytes instead of the whole model. Each publish reports the bytes it
+wrote or sent and the seconds it took, and `weights.synced` carries both.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,45 +58,86 @@ def save_pretrained_atomic(*, model: Any, tokenizer: Any, out: Path) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Published:
+    seconds: float
+    # Weight bytes written to storage plus those broadcast (tokenizer files not counted).
+    bytes: int
+
+
+def weight_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).glob("*.safetensors"))
+
+
 class WeightSync(Protocol):
     name: str
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        """Make version `number` of `run` available to explorers; returns seconds taken."""
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        """Make version `number` of `run` available to explorers."""
         ...
 
 
 class CheckpointSync:
     name = "checkpoint"
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        from apps.runs.services import model_version_publish
-
+    def _save(self, *, run: Any, number: int, model: Any, tokenizer: Any) -> tuple[Path, float, int]:
         started = time.perf_counter()
         out = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=version_dir(run.pk, number))
-        model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step)
-        return time.perf_counter() - started
+        return out, time.perf_counter() - started, weight_bytes(out)
+
+    def _record(self, *, run: Any, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
+        from apps.runs.services import model_version_publish
+
+        model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step,
+                              seconds=seconds, size=size)
+        return Published(seconds=seconds, bytes=size)
+
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
+        return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
+
+
+@dataclass
+class Received:
+    """A version's tensors as an explorer received them from the trainer's broadcast."""
+
+    run_id: int
+    version: int
+    path: str
+    tensors: dict[str, Any]
+    bytes: int
+    seconds: float
 
 
 class NcclSync(CheckpointSync):
-    """Checkpoint plus an NCCL broadcast from the trainer (rank 0) to explorer ranks.
+    """Checkpoint plus a broadcast of the tensors from the trainer (rank 0) to explorer ranks.
 
-    The group is joined once per process (`init_process_group` with the `nccl` backend, a
-    TCP rendezvous at `RFT_NCCL_ADDR`, world size `RFT_NCCL_WORLD`); explorers run
-    `NcclSync.receive` into their engine's parameters (vLLM: through its weight-transfer
-    hook) when `weights.synced` arrives.
+    The group is joined once per process (`init_process_group`, a TCP rendezvous at
+    `RFT_NCCL_ADDR`, world size `RFT_NCCL_WORLD`, this process's `RFT_NCCL_RANK`; the
+    trainer is rank 0). Backend `nccl` on GPU hosts; `gloo` runs the same protocol on CPUs
+    (how it is tested here). What goes over the wire: a header (run, version, checkpoint
+    path, each tensor's name, shape and dtype, as JSON), then the tensors in that order. A
+    LoRA policy sends its adapter only. Explorers run a `SyncReceiver` thread that takes
+    each broadcast and keeps it; `workers.engines.engine_version_ensure` applies kept
+    tensors to a transformers engine instead of reading the checkpoint, and any engine that
+    cannot take them (vLLM, a layout that does not match) loads the checkpoint as before:
+    the files are always written first, so a late or restarted explorer loses nothing.
     """
 
     name = "nccl"
 
-    def __init__(self, *, addr: str | None = None, world_size: int | None = None, rank: int = 0) -> None:
+    def __init__(
+        self, *, addr: str | None = None, world_size: int | None = None, rank: int | None = None, backend: str = "nccl"
+    ) -> None:
         import torch
 
-        if not torch.cuda.is_available():
+        if backend == "nccl" and not torch.cuda.is_available():
             raise SyncUnavailable("NCCL weight sync needs CUDA on this host; use RFT_WEIGHT_SYNC=checkpoint")
+        self.backend = backend
+        self.device = "cuda" if backend == "nccl" else "cpu"
         self.addr = addr or settings.RFT_NCCL_ADDR
         self.world_size = world_size or settings.RFT_NCCL_WORLD
-        self.rank = rank
+        self.rank = settings.RFT_NCCL_RANK if rank is None else rank
         self._group: Any = None
 
     def _group_get(self) -> Any:
@@ -101,41 +145,145 @@ class NcclSync(CheckpointSync):
 
         if self._group is None:
             if not dist.is_initialized():
-                dist.init_process_group("nccl", init_method=self.addr, world_size=self.world_size, rank=self.rank)
+                dist.init_process_group(self.backend, init_method=self.addr, world_size=self.world_size, rank=self.rank)
             self._group = dist.group.WORLD
         return self._group
 
-    def broadcast(self, model: Any) -> int:
-        """Send every parameter from rank 0; returns the bytes sent."""
-        import torch.distributed as dist
+    @staticmethod
+    def sync_tensors(model: Any) -> dict[str, Any]:
+        """What a version is: the adapter's tensors for a LoRA policy, else every tensor."""
+        from workers.adapters import is_adapter_model
 
-        group = self._group_get()
-        sent = 0
-        for _, tensor in sorted(model.state_dict().items()):
-            t = tensor.detach().cuda().contiguous()
-            dist.broadcast(t, src=0, group=group)
-            sent += t.numel() * t.element_size()
-        return sent
+        if is_adapter_model(model):
+            from peft import get_peft_model_state_dict
 
-    def receive(self, model: Any) -> None:
-        """Explorer side: fill `model`'s tensors from rank 0's broadcast, in the same order."""
+            return dict(get_peft_model_state_dict(model))
+        return dict(model.state_dict())
+
+    def _bytes_broadcast(self, data: bytes | None) -> bytes:
         import torch
         import torch.distributed as dist
 
         group = self._group_get()
-        with torch.no_grad():
-            for _, tensor in sorted(model.state_dict().items()):
-                buf = tensor.detach().cuda().contiguous()
-                dist.broadcast(buf, src=0, group=group)
-                tensor.copy_(buf.to(tensor.device))
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
+        dist.broadcast(size, src=0, group=group)
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if data is not None
+               else torch.empty(int(size.item()), dtype=torch.uint8, device=self.device))
+        dist.broadcast(buf, src=0, group=group)
+        return bytes(buf.cpu().numpy().tobytes())
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
-        seconds = super().publish(run=run, number=number, train_step=train_step, model=model, tokenizer=tokenizer)
+    def broadcast(self, model: Any, *, run_id: int = 0, version: int = 0, path: str = "") -> int:
+        """Rank 0: send the version's tensors; returns the bytes sent."""
+        import json
+
+        import torch.distributed as dist
+
+        tensors = sorted(self.sync_tensors(model).items())
+        header = {"run": run_id, "version": version, "path": path,
+                  "tensors": [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors]}
+        self._bytes_broadcast(json.dumps(header).encode())
+        sent = 0
+        for _, tensor in tensors:
+            t = tensor.detach().to(self.device).contiguous()
+            dist.broadcast(t, src=0, group=self._group_get())
+            sent += t.numel() * t.element_size()
+        return sent
+
+    def receive(self) -> Received:
+        """An explorer rank: take the next broadcast whole (blocks until rank 0 sends)."""
+        import json
+
+        import torch
+        import torch.distributed as dist
+
+        header = json.loads(self._bytes_broadcast(None))
+        started = time.perf_counter()
+        tensors: dict[str, Any] = {}
+        size = 0
+        for name, shape, dtype in header["tensors"]:
+            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            dist.broadcast(buf, src=0, group=self._group_get())
+            tensors[name] = buf.cpu()
+            size += buf.numel() * buf.element_size()
+        return Received(run_id=int(header["run"]), version=int(header["version"]), path=str(header["path"]),
+                        tensors=tensors, bytes=size, seconds=time.perf_counter() - started)
+
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+        out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         if self.world_size > 1:
             started = time.perf_counter()
-            self.broadcast(model)
+            size += self.broadcast(model, run_id=run.pk, version=number, path=str(out))
             seconds += time.perf_counter() - started
-        return seconds
+        return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
+
+
+class SyncReceiver:
+    """An explorer's side of `NcclSync`: a daemon thread that receives every broadcast and
+    keeps the newest per checkpoint path until an engine takes it (`take`)."""
+
+    def __init__(self, sync: NcclSync, *, limit: int | None = None) -> None:
+        import threading
+
+        self.sync = sync
+        # Stop after this many versions (tests; None: for the life of the process).
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._kept: dict[str, Received] = {}
+        self.received = 0
+        self._thread = threading.Thread(target=self._loop, name="weight-sync-receiver", daemon=True)
+
+    def start(self) -> "SyncReceiver":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import logging
+
+        while self.limit is None or self.received < self.limit:
+            try:
+                got = self.sync.receive()
+            except Exception:
+                logging.getLogger(__name__).exception("weight sync receiver stopped; explorers load checkpoints")
+                return
+            self.keep(got)
+
+    def keep(self, got: Received) -> None:
+        with self._lock:
+            # Older versions of the same run are of no use once a newer one is here.
+            for path, old in list(self._kept.items()):
+                if old.run_id == got.run_id and old.version < got.version:
+                    del self._kept[path]
+            self._kept[os.path.realpath(got.path)] = got
+            self.received += 1
+
+    def take(self, path: str) -> Received | None:
+        with self._lock:
+            return self._kept.pop(os.path.realpath(path), None)
+
+
+_RECEIVER: SyncReceiver | None = None
+
+
+def receiver_install(receiver: SyncReceiver | None) -> None:
+    """Make `receiver` the one `engine_version_ensure` consults in this process."""
+    global _RECEIVER
+    _RECEIVER = receiver
+
+
+def receiver_ensure() -> SyncReceiver | None:
+    """On an explorer rank of an `nccl` deployment (RFT_NCCL_RANK ≥ 1), start receiving
+    broadcasts (once per process); elsewhere nothing."""
+    global _RECEIVER
+    if settings.RFT_WEIGHT_SYNC != "nccl" or settings.RFT_NCCL_RANK < 1:
+        return None
+    if _RECEIVER is None:
+        _RECEIVER = SyncReceiver(NcclSync()).start()
+    return _RECEIVER
+
+
+def received_take(path: str) -> Received | None:
+    """The broadcast tensors of the version saved at `path`, if this process received them."""
+    return _RECEIVER.take(path) if _RECEIVER is not None else None
 
 
 def weight_sync_for(name: str | None = None) -> WeightSync:

@@ -115,11 +115,32 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_model(path: str) -> Any:
+def _load_model(path: str, dtype: Any = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(_device())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(_device())
+
+
+def _policy_load(*, cfg: Any, spec: Any, source: str) -> tuple[Any, Any]:
+    """(policy, reference model or None) for a run config, its weights from `source` (the
+    config's model, a snapshot or a published version). With `trainer.lora` the policy is
+    the config's model (frozen; held in the training precision) plus an adapter, fresh or
+    loaded from `source`, and there is no reference model: the base is the reference."""
+    from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
+    from workers.precision import precision_dtype
+
+    if spec.lora is None:
+        if is_adapter_dir(source):
+            raise ValueError(f"{source} holds an adapter but the run's trainer.lora is not set")
+        model = _load_model(source)
+        return model, (_load_model(cfg.model) if spec.needs_ref_model else None)
+    base = _load_model(cfg.model, dtype=precision_dtype(spec.precision))
+    if is_adapter_dir(source):
+        return adapter_load(base_model=base, path=source, trainable=True), None
+    if source != cfg.model:
+        raise ValueError(f"{source} holds full weights but the run trains a LoRA adapter on {cfg.model}")
+    return adapter_wrap(model=base, lora=spec.lora), None
 
 
 def resident_for(run: Any) -> Resident:
@@ -162,10 +183,13 @@ def resident_for(run: Any) -> Resident:
             source = latest or cfg.model
             fallback = True
             log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, source)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
-    model = _load_model(source)
     spec = spec_from_config(cfg)
-    ref_model = _load_model(cfg.model) if spec.needs_ref else None
+    # Before loading gigabytes: a precision the device lacks fails the run with its reason.
+    from workers.precision import precision_check
+
+    precision_check(spec.precision, device=_device())
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
     if optimizer_state is not None:
         learner.optimizer_state_load(optimizer_state)
@@ -417,30 +441,11 @@ def _publish_due(*, run: Any, res: Resident) -> float | None:
     number = policy.version_for_train_step(cfg=cfg, train_step=res.step)
     if run.current_version >= number:
         return None
-    return weight_sync_for().publish(run=run, number=number, train_step=res.step, model=res.model, tokenizer=res.tokenizer)
+    published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=res.model, tokenizer=res.tokenizer)
+    from apps.runs.services import metric_record
 
-
-def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
-    """W&B / TensorBoard when installed and configured (WANDB_PROJECT, RFT_TENSORBOARD_DIR)."""
-    if settings.RFT_TENSORBOARD_DIR:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir=str(Path(settings.RFT_TENSORBOARD_DIR) / f"run-{run_id}"))
-            for name, value in values.items():
-                writer.add_scalar(f"train/{name}", value, step)
-            writer.close()
-        except ImportError:
-            pass
-    if settings.WANDB_PROJECT:
-        try:
-            import wandb
-
-            if wandb.run is None:
-                wandb.init(project=settings.WANDB_PROJECT, name=f"rftweb-run-{run_id}", reinit=True)
-            wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
-        except ImportError:
-            pass
+    metric_record(run=run, step=res.step, values={"sync_bytes": float(published.bytes)})
+    return published.seconds
 
 
 class StepConflict(Conflict):
@@ -592,7 +597,6 @@ def _train_once(
     # After the publish (explorers may be waiting for it); the journal already holds the step.
     if snapshot_due(step=step, total_steps=cfg.total_steps):
         _snapshot_and_prune(res=res, step=step)
-    _external_log(run_id, step, metrics)
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 

@@ -164,6 +164,34 @@ class ReplayConfig(_Strict):
     priority_decay: float = Field(1.0, gt=0.0, le=1.0)
 
 
+class AdapterConfig(_Strict):
+    """A LoRA adapter (peft): only these weights train; the base stays frozen and is the
+    KL reference with the adapter switched off."""
+
+    rank: int = Field(8, ge=1, le=512)
+    alpha: float = Field(16.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # Module names as the model calls them (Qwen2/Llama: q_proj … down_proj). The output head
+    # and embeddings are not allowed: vLLM cannot serve adapters on them.
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _servable(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if not n or not n.replace("_", "").replace(".", "").isalnum()]
+        if bad:
+            raise ValueError(f"not a module name: {bad[0]!r}")
+        heads = [n for n in names if n.split(".")[-1] in ("lm_head", "embed_tokens")]
+        if heads:
+            raise ValueError(f"{heads[0]!r} cannot carry an adapter here (vLLM serves adapters on linear layers only)")
+        if len(set(names)) != len(names):
+            raise ValueError("a module is named twice")
+        return names
+
+
 class AlgorithmConfig(_Strict):
     learning_rate: float = Field(1e-5, gt=0.0)
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
@@ -177,6 +205,14 @@ class AlgorithmConfig(_Strict):
     # DPO
     dpo_beta: float = Field(0.1, gt=0.0)
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    # Train a LoRA adapter instead of every weight (None: full fine-tuning).
+    lora: AdapterConfig | None = None
+    # Mixed precision of the forward and backward passes (weights and optimizer state stay
+    # float32, except a LoRA base, which is frozen and held in this precision). A trainer
+    # whose device lacks it fails the run with a message saying so.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # Recompute activations in the backward pass: less memory, about a third more compute.
+    gradient_checkpointing: bool = False
 
 
 class PipelineStep(_Strict):
@@ -226,12 +262,42 @@ class PipelineConfig(_Strict):
         return steps
 
 
+def _greedy() -> SamplingConfig:
+    return SamplingConfig(temperature=0.0)
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation every `eval_every` versions, on the `rollout` queue, scored by
+    the run's inline reward terms; greedy unless `sampling` says otherwise."""
+
+    # The id of the taskset to evaluate on (kept apart from the run's training taskset).
+    taskset: int | None = Field(None, ge=1)
+    sampling: SamplingConfig = Field(default_factory=_greedy)
+    # Evaluate on the first max_tasks tasks of the taskset (in file order).
+    max_tasks: int = Field(256, ge=1, le=100_000)
+    # Samples per task: the reward mean is over all of them (greedy: keep 1).
+    n: int = Field(1, ge=1, le=64)
+
+
+class RolloutEngineConfig(_Strict):
+    """The rollout engine's resources (vLLM; the transformers engine reads `dtype` only)."""
+
+    # auto: float32 on CPU (logprobs comparable with the trainer's), bfloat16 on GPUs.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Context length; None: the model's own, capped at 4096 on CPU hosts.
+    max_model_len: int | None = Field(None, ge=16, le=1_048_576)
+    # Share of each GPU's memory vLLM may take (weights + KV cache).
+    memory_share: float = Field(0.5, gt=0.0, le=0.95)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+
+
 class RunConfig(_Strict):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
     algorithm: Algorithm = Algorithm.GRPO
     mode: Mode = Mode.SYNC
     engine: Literal["vllm", "transformers"] = "transformers"
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     max_staleness: int = Field(0, ge=0)
@@ -240,7 +306,9 @@ class RunConfig(_Strict):
     train_batch_size: int = Field(32, ge=1, description="experiences per trainer step")
     total_steps: int = Field(100, ge=1)
     epochs: int = Field(1, ge=1)
+    # Evaluate every eval_every-th published version on `eval.taskset` (0: never).
     eval_every: int = Field(0, ge=0)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rewards: list[RewardTerm] = Field(default_factory=list)
     feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
@@ -248,6 +316,9 @@ class RunConfig(_Strict):
     trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    # Experiment trackers this run logs every metric to (one tracker run per rftweb run),
+    # besides the deployment's RFT_TRACKERS.
+    tracking: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list)
     seed: int = 0
 
     @model_validator(mode="after")
@@ -257,6 +328,14 @@ class RunConfig(_Strict):
         if self.feedback.mode == "learned" and not self.reward_model.enabled:
             raise ValueError("feedback.mode learned needs reward_model.enabled")
         return self
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_has_tasks(cls, ev: EvalConfig, info: Any) -> EvalConfig:
+        # A field validator (not the model's) so the error is reported under `eval`.
+        if info.data.get("eval_every") and ev.taskset is None:
+            raise ValueError("eval_every needs an evaluation taskset: set eval.taskset to a taskset id")
+        return ev
 
 
 class ConfigInvalid(InvalidInput):

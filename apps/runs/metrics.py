@@ -10,7 +10,11 @@ from apps.runs.models import Metric, Run
 
 
 def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics and publish them to the run's group."""
+    """Store one step's metrics, publish them to the run's group and, once committed, log
+    them to the run's experiment trackers (apps.runs.trackers)."""
     clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
     Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
     event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    from apps.runs.trackers import trackers_log_on_commit
+
+    trackers_log_on_commit(run=run, step=step, values=clean)

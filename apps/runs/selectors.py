@@ -227,6 +227,17 @@ def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
     return [(a, b) if winner == "a" else (b, a) for a, b, winner in rows]
 
 
+def eval_best(*, run: Run) -> dict[str, float] | None:
+    """The evaluated version with the highest `eval/reward_mean` (the earliest on ties):
+    {"version", "reward_mean", "step"}, or None before any evaluation."""
+    from apps.runs.models import Metric
+
+    means = dict(Metric.objects.filter(run=run, name="eval/reward_mean").values_list("step", "value"))
+    if not means:
+        return None
+    versions = dict(Metric.objects.filter(run=run, name="eval/version").values_list("step", "value"))
+    step = max(sorted(means), key=lambda s: means[s])
+    return {"version": int(versions.get(step, 0)), "reward_mean": means[step], "step": step}
 def run_task_failures(*, run: Run, limit: int = 10) -> list[Any]:
     """The run's last failed explore and train tasks, newest first."""
     from apps.runs.models import TaskFailure

@@ -226,9 +226,12 @@ def run_train_step_record(*, run_id: int, step: int) -> bool:
     return bool(Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step))
 
 
-def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:
+def model_version_publish(
+    *, run: Run, number: int, checkpoint: str, train_step: int = 0, seconds: float | None = None, size: int | None = None
+) -> ModelVersion:
     """Record a new model version (idempotent on (run, number)), make it the run's current
-    one if newer, and announce `weights.synced` once the transaction commits."""
+    one if newer, and announce `weights.synced` once the transaction commits (with the
+    seconds the publish took and the bytes it moved, when the weight sync says)."""
     from django.db.models import F, Value
     from django.db.models.functions import Greatest
 
@@ -239,9 +242,41 @@ def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step:
         )
         Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
     run.refresh_from_db(fields=["current_version"])
-    payload = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    payload: dict[str, Any] = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    if seconds is not None:
+        payload["seconds"] = seconds
+    if size is not None:
+        payload["bytes"] = size
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="weights.synced", payload=payload))
+    cfg = run.cfg
+    if cfg.eval_every and cfg.eval.taskset is not None and number % cfg.eval_every == 0:
+        # On the rollout queue; the trainer goes on without waiting for it.
+        run_id = run.pk
+        transaction.on_commit(lambda: eval_dispatch(run_id=run_id, version=number))
     return version
+
+
+def eval_dispatch(*, run_id: int, version: int) -> None:
+    from rftweb.celery import app
+
+    app.send_task("workers.evaluation.evaluate", args=[run_id, version])
+
+
+def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, float]) -> int:
+    """Store an evaluation's `eval/…` metrics at the version's train step and announce the
+    result; returns the run's best version so far (by `eval/reward_mean`, earliest on ties),
+    which is also recorded as `eval/best_version`."""
+    from apps.runs.selectors import eval_best
+
+    with transaction.atomic():
+        metric_record(run=run, step=step, values=values)
+        best = eval_best(run=run)
+        assert best is not None
+        metric_record(run=run, step=step, values={"eval/best_version": float(best["version"])})
+    payload = {"version": version, "step": step, "values": values, "best_version": best["version"],
+               "best_reward_mean": best["reward_mean"]}
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="eval.result", payload=payload))
+    return int(best["version"])
 
 
 def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -> None:

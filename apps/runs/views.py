@@ -45,6 +45,7 @@ from apps.runs.forms import (
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
+    eval_best,
     CHART_SECTIONS,
     CONSTANT_PATTERN,
     feedback_per_minute,
@@ -283,6 +284,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         },
         "export_kinds": EXPORT_KINDS,
         **_reward_model_context(run),
+        "eval_best": eval_best(run=run),
     }
     return render(request, "runs/detail.html", context)
 

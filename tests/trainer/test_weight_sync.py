@@ -25,8 +25,10 @@ def test_checkpoint_sync_writes_a_loadable_version_and_records_it(
     model = load_model()
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)
-    seconds = weight_sync_for("checkpoint").publish(run=run, number=1, train_step=1, model=model, tokenizer=tokenizer)
-    assert seconds > 0
+    published = weight_sync_for("checkpoint").publish(run=run, number=1, train_step=1, model=model, tokenizer=tokenizer)
+    assert published.seconds > 0
+    assert published.bytes == (version_dir(run.pk, 1) / "model.safetensors").stat().st_size
+    assert published.bytes >= 4 * sum(p.numel() for p in model.parameters())
     version = ModelVersion.objects.get(run=run, number=1)
     assert Path(version.checkpoint) == version_dir(run.pk, 1) == tmp_path / "runs" / str(run.pk) / "v1"
     loaded = AutoModelForCausalLM.from_pretrained(version.checkpoint)

@@ -30,10 +30,20 @@ class LearnerSpec:
     params: bridge.LossParams = field(default_factory=bridge.LossParams)
     # MIX: (1 − mu)·GRPO(usual) + mu·SFT(expert)
     mu: float = 0.1
+    # fp32 | bf16 | fp16 (autocast; workers.precision) and activation recomputation.
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    # The run's `trainer.lora` section, or None for full fine-tuning.
+    lora: Any = None
 
     @property
     def needs_ref(self) -> bool:
         return self.algorithm == "dpo" or (self.algorithm in ("grpo", "mix") and self.params.beta > 0)
+
+    @property
+    def needs_ref_model(self) -> bool:
+        """A separate reference model: not with an adapter, whose base is the reference."""
+        return self.needs_ref and self.lora is None
 
 
 def spec_from_config(cfg: Any) -> LearnerSpec:
@@ -52,33 +62,56 @@ def spec_from_config(cfg: Any) -> LearnerSpec:
         total_steps=cfg.total_steps,
         seed=cfg.seed,
     )
-    return LearnerSpec(algorithm=str(cfg.algorithm), params=params, mu=t.mu)
+    return LearnerSpec(
+        algorithm=str(cfg.algorithm), params=params, mu=t.mu, precision=t.precision,
+        gradient_checkpointing=t.gradient_checkpointing, lora=t.lora,
+    )
 
 
 class Learner:
     def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None) -> None:
         if spec.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {spec.algorithm!r}; known: {', '.join(ALGORITHMS)}")
-        if spec.needs_ref and ref_model is None:
+        from workers.adapters import is_adapter_model
+        from workers.precision import precision_check
+
+        self.adapter = is_adapter_model(model)
+        if spec.needs_ref and ref_model is None and not self.adapter:
             raise ValueError(f"{spec.algorithm} with these settings needs a reference model")
+        self.device = next(model.parameters()).device.type
+        precision_check(spec.precision, device=self.device)
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
-        self.ref_model = ref_model
-        if ref_model is not None:
-            ref_model.eval()
-            ref_model.requires_grad_(False)
+        # With an adapter the reference is the base itself (adapter off), never a copy.
+        self.ref_model = None if self.adapter else ref_model
+        if self.ref_model is not None:
+            self.ref_model.eval()
+            self.ref_model.requires_grad_(False)
+        if spec.gradient_checkpointing:
+            # Non-reentrant: works with frozen inputs (a LoRA base) without input grads.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
         p = spec.params
         self.grpo = self.dpo = self.sft = None
         if spec.algorithm in ("grpo", "mix"):
             self.grpo = bridge.grpo_trainer_build(model=model, tokenizer=tokenizer, params=p)
         if spec.algorithm == "dpo":
-            self.dpo = bridge.dpo_trainer_build(model=model, ref_model=ref_model, tokenizer=tokenizer, params=p)
+            self.dpo = bridge.dpo_trainer_build(model=model, ref_model=self.ref_model, tokenizer=tokenizer, params=p)
         if spec.algorithm in ("sft", "mix"):
             self.sft = bridge.sft_trainer_build(model=model, tokenizer=tokenizer, params=p)
+        if self.adapter:
+            # TRL keeps a frozen copy of a pre-existing adapter as the reference; ours is
+            # the base (a resumed adapter's copy would be the trained one, not the start).
+            bridge.reference_adapter_drop(model)
         primary = self.grpo or self.dpo or self.sft
         self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=p.total_steps)
+        self.scaler = torch.amp.GradScaler(self.device) if spec.precision == "fp16" else None
         self.model.train()
+
+    @property
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     # -- objectives -----------------------------------------------------------------
 
@@ -107,10 +140,19 @@ class Learner:
             action_masks=[r.trained_mask for r in rollouts] if masked else None,
         )
         if self.spec.params.beta > 0:
-            inputs["ref_per_token_logps"] = bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
+            inputs["ref_per_token_logps"] = self.reference_logps(inputs)
         loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.model, inputs=inputs)
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
         return loss, metrics
+
+    def reference_logps(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token logprobs of the completions under the KL reference: the reference
+        model, or with an adapter the same model with the adapter switched off."""
+        assert self.grpo is not None
+        if self.adapter:
+            with self.model.disable_adapter():
+                return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.model, inputs=inputs)
+        return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
 
     def sft_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
         assert self.sft is not None
@@ -171,15 +213,33 @@ class Learner:
 
     # -- one update -------------------------------------------------------------------
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on `batch`; returns the step's metrics."""
+    def step(self, batch: TrainBatch, *, shard: Any = None) -> dict[str, float]:
+        """One optimizer step on `batch`; returns the step's metrics.
+
+        shard: this process's place in a learner group (workers.algorithms.distributed):
+        the loss is taken on its part of `batch`, weighted by that part's share, and the
+        gradients are summed over the group before the (identical) update on every rank."""
         started = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.loss(batch)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.params.max_grad_norm)
-        self.optimizer.step()
+        from workers.precision import autocast
+
+        with autocast(self.spec.precision, device=self.device):
+            loss, metrics = self.loss(batch) if shard is None else shard.loss(self, batch)
+        params = self.trainable_parameters
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        if shard is not None:
+            loss = shard.reduce(params=params, loss=loss)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.spec.params.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

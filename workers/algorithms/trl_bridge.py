@@ -187,10 +187,21 @@ def _fused_head(model: Any, *, temperature: float = 1.0) -> None:
         model._rft_fused_head = True
 
 
+def reference_adapter_drop(model: Any) -> None:
+    """Remove the frozen "ref" adapter TRL adds beside a pre-existing one when beta > 0
+    (its reference is then that copy; ours is the base with the adapter off)."""
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+
+
 @torch.no_grad()
 def grpo_ref_logps(*, trainer: Any, ref_model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token logprobs of the completions under the reference model, as TRL computes them."""
-    _fused_head(ref_model, temperature=trainer.temperature)
+    """Per-token logprobs of the completions under the reference model, as TRL computes them.
+    `ref_model` may be the trainer's own (peft) model under `disable_adapter()`: TRL has
+    patched its base already."""
+    if ref_model is not trainer.model:
+        _fused_head(ref_model, temperature=trainer.temperature)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     logps, _, _ = trainer._get_per_token_logps_and_entropies(

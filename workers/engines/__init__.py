@@ -8,6 +8,7 @@ model, creating it on first use; later tasks reuse it and only load other weight
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from typing import Any
@@ -25,11 +26,12 @@ __all__ = [
     "engine_cached",
     "engine_create",
     "engine_for",
+    "engine_options",
     "engine_version_ensure",
     "prompt_ids",
 ]
 
-_ENGINES: dict[tuple[str, str], RolloutEngine] = {}
+_ENGINES: dict[tuple[str, str, str], RolloutEngine] = {}
 _LOCK = threading.Lock()
 
 
@@ -54,39 +56,73 @@ def engine_create(*, kind: str, path: str, version: int = 0, **options: Any) -> 
     raise ValueError(f"unknown engine {kind!r}; known: vllm, transformers")
 
 
-def _key(cfg: Any, kind: str | None) -> tuple[str, str]:
+def engine_options(cfg: Any, kind: str) -> dict[str, Any]:
+    """The engine's constructor options from a run config's `rollout` section (and, for
+    vLLM, the adapter rank to enable LoRA serving at): only those that differ from the
+    engine's defaults, so a default config shares the default engine."""
+    rollout = getattr(cfg, "rollout", None)
+    options: dict[str, Any] = {}
+    if rollout is not None and rollout.dtype != "auto":
+        options["dtype"] = rollout.dtype
+    if kind != "vllm":
+        return options
+    if rollout is not None:
+        if rollout.max_model_len is not None:
+            options["max_model_len"] = rollout.max_model_len
+        if rollout.memory_share != 0.5:
+            options["gpu_memory_utilization"] = rollout.memory_share
+        if rollout.tensor_parallel_size != 1:
+            options["tensor_parallel_size"] = rollout.tensor_parallel_size
+    lora = getattr(getattr(cfg, "trainer", None), "lora", None)
+    if lora is not None:
+        options["max_lora_rank"] = int(lora.rank)
+    return options
+
+
+_Key = tuple[str, str, str]
+
+
+def _cache_key(kind: str, model: str, options: dict[str, Any]) -> _Key:
+    return kind, str(model), json.dumps(options, sort_keys=True)
+
+
+def _key(cfg: Any, kind: str | None) -> tuple[_Key, dict[str, Any]]:
     kind = kind or cfg.engine
     if kind == "vllm" and not vllm_available():
         log.warning("vLLM is not importable on this worker; using the transformers engine")
         kind = "transformers"
-    return kind, str(cfg.model)
+    options = engine_options(cfg, kind)
+    return _cache_key(kind, str(cfg.model), options), options
 
 
 def engine_cached(cfg: Any, *, kind: str | None = None) -> bool:
     """Whether this process already holds the engine `engine_for(cfg)` would return."""
     with _LOCK:
-        return _key(cfg, kind) in _ENGINES
+        return _key(cfg, kind)[0] in _ENGINES
 
 
 def engine_for(cfg: Any, *, kind: str | None = None) -> RolloutEngine:
-    """The resident engine for a run config (`engine`, `model`), made on first use.
+    """The resident engine for a run config (`engine`, `model`, `rollout`), made on first use.
 
-    Keyed by engine kind and base model, so runs of the same model share one engine; a
-    run's own versions are loaded into it by path. A config asking for vLLM where vLLM
-    cannot be imported falls back to transformers, with a warning.
+    Keyed by engine kind, base model and engine options, so runs of the same model and
+    settings share one engine; a run's own versions are loaded into it by path. A config
+    asking for vLLM where vLLM cannot be imported falls back to transformers, with a warning.
     """
-    key = _key(cfg, kind)
+    key, options = _key(cfg, kind)
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = _ENGINES[key] = engine_create(kind=key[0], path=key[1], version=0)
+            engine = _ENGINES[key] = engine_create(kind=key[0], path=key[1], version=0, **options)
+            from workers.sync import receiver_ensure
+
+            receiver_ensure()  # NcclSync deployments: take the trainer's broadcasts from now on
         return engine
 
 
-def engine_cache_put(*, kind: str, model: str, engine: RolloutEngine) -> None:
+def engine_cache_put(*, kind: str, model: str, engine: RolloutEngine, options: dict[str, Any] | None = None) -> None:
     """Adopt an engine made elsewhere (tests share one vLLM engine per session)."""
     with _LOCK:
-        _ENGINES[(kind, str(model))] = engine
+        _ENGINES[_cache_key(kind, str(model), options or {})] = engine
 
 
 def engine_cache_clear() -> None:
@@ -98,9 +134,16 @@ def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> 
     """Load `path` as `version` unless the engine already holds exactly that; True if it loaded.
 
     Compared by path as well as number: two runs of one base model share an engine and
-    their version 3s differ.
+    their version 3s differ. Tensors this process received by broadcast for that path
+    (workers.sync.NcclSync) go in directly when the engine can take them.
     """
     if engine.version == version and getattr(engine, "path", None) == path:
         return False
+    from workers.sync import received_take
+
+    received = received_take(path)
+    apply = getattr(engine, "load_tensors", None)
+    if received is not None and apply is not None and apply(version=version, path=path, tensors=received.tensors):
+        return True  # the trainer's broadcast (NcclSync), no checkpoint read
     engine.load(version=version, path=path)
     return True

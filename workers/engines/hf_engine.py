@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -10,16 +11,28 @@ from workers.engines.base import Sample, SamplingSpec, tokenizer_load, trim_at_s
 
 
 class HFEngine:
+    """Holds one model; `load` swaps in a version's weights. A LoRA version (a peft adapter
+    directory) goes onto the base already held: the first one wraps it, later ones only
+    replace the adapter's tensors."""
+
     kind = "transformers"
 
-    def __init__(self, *, path: str, version: int = 0, device: str | None = None, batch_size: int = 64) -> None:
+    def __init__(
+        self, *, path: str, version: int = 0, device: str | None = None, batch_size: int = 64, dtype: str = "auto"
+    ) -> None:
         import torch
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.batch_size = batch_size
+        if dtype == "auto":
+            self.dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        else:
+            self.dtype = getattr(torch, dtype)
         self._lock = threading.Lock()
         self._version: int | None = None
         self.path = ""
+        # The full-weight directory the held model (or an adapter's base) came from.
+        self.base_path = ""
         self.tokenizer = tokenizer_load(path)
         self.model: Any = None
         self.load(version=version, path=path)
@@ -29,15 +42,65 @@ class HFEngine:
         return self._version
 
     def load(self, *, version: int, path: str) -> None:
-        import torch
+        from workers.adapters import is_adapter_dir
+
+        with self._lock:
+            if is_adapter_dir(path):
+                self._adapter_load(path)
+            else:
+                self.model, self.base_path = self._full_load(path), path
+            self.model.eval()
+            self.path, self._version = path, version
+            # The context the model was built for: the OpenAI endpoint refuses longer prompts.
+            self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    def load_tensors(self, *, version: int, path: str, tensors: dict[str, Any]) -> bool:
+        """Take a version's tensors as broadcast by the trainer (no checkpoint read): an
+        adapter's onto the adapter held for the same base, full weights onto the model held.
+        False when they do not fit what is held (the caller loads the checkpoint instead)."""
+        from peft import set_peft_model_state_dict
+
+        from workers.adapters import adapter_base, is_adapter_dir, is_adapter_model
+
+        with self._lock:
+            if is_adapter_dir(path):
+                same_base = os.path.realpath(adapter_base(path)) == os.path.realpath(self.base_path)
+                if not (is_adapter_model(self.model) and same_base):
+                    return False
+                held = {k for k in self.model.state_dict() if "lora_" in k}
+                result = set_peft_model_state_dict(self.model, tensors)
+                if getattr(result, "unexpected_keys", None) or not held:
+                    return False
+            else:
+                if is_adapter_model(self.model) or set(tensors) != set(self.model.state_dict()):
+                    return False
+                self.model.load_state_dict(tensors, strict=True)
+            self.model.eval()
+            self.path, self._version = path, version
+            return True
+
+    def _full_load(self, path: str) -> Any:
         from transformers import AutoModelForCausalLM
 
-        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
-        with self._lock:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
-            model.eval()
-            self.model, self.path, self._version = model, path, version
-            self.max_model_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device)
+
+    def _adapter_load(self, path: str) -> None:
+        import json
+        from pathlib import Path
+
+        from workers.adapters import ADAPTER_CONFIG, adapter_base, adapter_load, adapter_weights_load, is_adapter_model
+
+        base = adapter_base(path)
+        same_base = os.path.realpath(base) == os.path.realpath(self.base_path) if self.base_path else False
+        if is_adapter_model(self.model) and same_base:
+            held = self.model.peft_config["default"]
+            wanted = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+            if held.r == wanted.get("r") and sorted(held.target_modules) == sorted(wanted.get("target_modules") or []):
+                adapter_weights_load(model=self.model, path=path)
+                return
+        if not same_base or is_adapter_model(self.model):
+            self.model, self.base_path = self._full_load(base), base
+        self.model = adapter_load(base_model=self.model, path=path, trainable=False).to(self.device)
 
     def _eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id

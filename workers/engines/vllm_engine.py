@@ -3,6 +3,13 @@
 New weights go into the running engine with `collective_rpc("reload_weights")` from a
 checkpoint directory (same architecture), without restarting it; the prefix cache is then
 dropped so no KV computed by the old weights is reused.
+
+A LoRA version (a peft adapter directory) is served through vLLM's LoRA support when the
+engine was started with `max_lora_rank` (the explorer does so for runs with `trainer.lora`):
+the base stays put and each version is a `LoRARequest` (vLLM caches adapters by id, so
+prefix-cache entries of an older version are never reused). An engine started without
+LoRA gets the adapter merged into full weights (`workers.adapters.merged_save`) and
+reloaded: slower, same tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +30,16 @@ def _context_length(path: str, cap: int = 4096) -> int:
     return min(cap, int(getattr(config, "max_position_embeddings", cap) or cap))
 
 
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_rank_slot(rank: int) -> int:
+    for slot in _LORA_RANKS:
+        if rank <= slot:
+            return slot
+    raise ValueError(f"trainer.lora.rank {rank} is above what vLLM serves ({_LORA_RANKS[-1]})")
+
+
 class VLLMEngine:
     kind = "vllm"
 
@@ -34,6 +51,9 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        max_lora_rank: int | None = None,
     ) -> None:
         import torch
 
@@ -43,18 +63,30 @@ class VLLMEngine:
         from vllm import LLM
 
         on_cpu = not torch.cuda.is_available()
-        kwargs: dict[str, Any] = {"model": path, "max_model_len": max_model_len or _context_length(path), "seed": seed}
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "max_model_len": max_model_len or _context_length(path),
+            "seed": seed,
+            "tensor_parallel_size": tensor_parallel_size,
+        }
         if on_cpu:
             # CPU: float32 keeps logprobs comparable with a transformers forward pass;
             # eager mode skips a ~35 s compile at start.
-            kwargs.update(dtype="float32", enforce_eager=True)
+            kwargs.update(dtype="float32" if dtype == "auto" else dtype, enforce_eager=True)
         else:
-            kwargs.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization)
+            kwargs.update(dtype="bfloat16" if dtype == "auto" else dtype, gpu_memory_utilization=gpu_memory_utilization)
+        if max_lora_rank is not None:
+            # vLLM accepts ranks from a fixed set; the smallest that holds the run's.
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank_slot(max_lora_rank))
         self._lock = threading.Lock()
         self.llm = LLM(**kwargs)
         self.max_model_len = int(kwargs["max_model_len"])
         self.tokenizer = tokenizer_load(path)
         self.path = path
+        self.base_path = path
+        self.lora_enabled = max_lora_rank is not None
+        self._lora: Any = None
+        self._lora_ids = 0
         self._version: int | None = version
 
     @property
@@ -68,10 +100,44 @@ class VLLMEngine:
             core.shutdown()
 
     def load(self, *, version: int, path: str) -> None:
+        from workers.adapters import adapter_base, is_adapter_dir
+
         with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-            self.llm.reset_prefix_cache()
+            if is_adapter_dir(path):
+                base = adapter_base(path)
+                if os.path.realpath(base) != os.path.realpath(self.base_path):
+                    raise ValueError(f"{path} is an adapter of {base}, not of this engine's {self.base_path}")
+                if self.lora_enabled:
+                    self._lora_add(path=path, version=version)
+                else:
+                    self._reload(self._merged(path))
+            else:
+                self._reload(path)
+                self._lora = None
             self.path, self._version = path, version
+
+    def _reload(self, weights: str) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights})
+        self.llm.reset_prefix_cache()
+
+    def _lora_add(self, *, path: str, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        previous = self._lora
+        self._lora_ids += 1
+        self._lora = LoRARequest(lora_name=f"v{version}-{self._lora_ids}", lora_int_id=self._lora_ids, lora_path=path)
+        # Loaded now, not at the first request, so the load is what the sync timeline times.
+        self.llm.llm_engine.add_lora(self._lora)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+
+    def _merged(self, path: str) -> str:
+        import tempfile
+
+        from workers.adapters import merged_save
+
+        out = os.path.join(tempfile.gettempdir(), f"rft-merged-{os.getpid()}")
+        return str(merged_save(adapter_path=path, out=out, base=self.base_path))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]:
         from vllm import SamplingParams
@@ -92,7 +158,7 @@ class VLLMEngine:
         )
         inputs = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(copies)]
         with self._lock:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora)
         flat: list[Sample] = []
         for request in outputs:
             for completion in sorted(request.outputs, key=lambda c: c.index):

@@ -3,6 +3,7 @@
   rft create CONFIG --name NAME [--owner USER] [--taskset FILE]   create a draft run
   rft start|pause|resume|stop RUN [--as USER]                      move a run (audited)
   rft export RUN --kind sft|dpo|grpo|preferences --out PATH [--format jsonl|hf] export the buffer
+  rft weights RUN [--version N] --out DIR [--merged]                 export a version's weights
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
   rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person
@@ -95,6 +96,13 @@ class Command(BaseCommand):
         export.add_argument("--min-version", type=int)
         export.add_argument("--min-margin", type=float, default=0.0)
         export.add_argument("--domain")
+
+        weights = sub.add_parser("weights", help="export a model version's weights (adapter or merged)")
+        weights.add_argument("run", type=int)
+        weights.add_argument("--version", type=int, help="version number (default: the run's current one)")
+        weights.add_argument("--out", required=True, help="directory to write (replaced if it exists)")
+        weights.add_argument("--merged", action="store_true",
+                             help="full weights: a LoRA version's adapter folded into its base")
 
         worker = sub.add_parser("worker", help="start Celery workers for the given queues")
         worker.add_argument("--queues", default="rollout,train,reward,default")
@@ -267,6 +275,32 @@ class Command(BaseCommand):
         finally:
             bar.close()
         self.stdout.write(f"wrote {result.rows} {opts['kind']} rows from {result.scanned} to {result.path}")
+
+    def _weights(self, opts: dict[str, Any]) -> None:
+        from apps.runs.models import ModelVersion
+
+        run = Run.objects.filter(pk=opts["run"]).first()
+        if run is None:
+            raise CommandError(f"no run {opts['run']}")
+        number = run.current_version if opts["version"] is None else opts["version"]
+        if number == 0:
+            raise CommandError(f"run {run.pk} has no trained version yet (version 0 is its base, {run.cfg.model})")
+        version = ModelVersion.objects.filter(run=run, number=number).first()
+        if version is None:
+            raise CommandError(f"run {run.pk} has no version {number}")
+        try:
+            from workers.adapters import ExportFailed as WeightsExportFailed
+            from workers.adapters import model_export
+        except ImportError as exc:  # a web-only install: no torch / peft
+            raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
+        try:
+            out = model_export(source=version.checkpoint, out=opts["out"], merged=opts["merged"])
+        except WeightsExportFailed as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
+        kind = "merged weights" if opts["merged"] else "adapter"
+        self.stdout.write(f"wrote version {number} of run {run.pk} ({kind}) to {out}")
 
     # --- workers --------------------------------------------------------------------------
 

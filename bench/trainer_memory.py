@@ -1,0 +1,133 @@
+"""Peak trainer memory and step time of a ~100M-parameter Qwen2 (built locally, random
+weights) under four settings, each a GRPO learner step (workers.algorithms.Learner) on the
+same batch: full fine-tuning in fp32 (AdamW), + gradient checkpointing, LoRA, LoRA +
+gradient checkpointing. Target: LoRA + checkpointing ≤ 0.35× the memory of full fp32.
+
+Each setting runs in its own process (peak RSS is per process); memory is the peak RSS
+above the process's RSS before the model was built (torch and TRL imported), so it counts
+weights, gradients, optimizer state and activations. Ratios are to full fp32 in the same run.
+
+    python -m bench.trainer_memory [--layers 12] [--hidden 768] [--batch 8] [--prompt 64] [--completion 192] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {
+    "full fp32": {"lora": False, "ckpt": False},
+    "full + checkpointing": {"lora": False, "ckpt": True},
+    "LoRA": {"lora": True, "ckpt": False},
+    "LoRA + checkpointing": {"lora": True, "ckpt": True},
+}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    from types import SimpleNamespace
+
+    from workers.adapters import adapter_wrap
+    from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+    from workers.algorithms import trl_bridge as bridge
+    from workers.modelkit import tokenizer_build
+
+    torch.set_num_threads(max(1, args.threads))
+    setting = SETTINGS[name]
+    tokenizer = tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
+    base_rss = _rss_mb()
+    config = Qwen2Config(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+        num_key_value_heads=min(args.kv_heads, args.hidden // 64),
+        max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    lora = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    if setting["lora"]:
+        model = adapter_wrap(model=model, lora=lora)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
+                                                                  max_completion_length=args.completion),
+                       gradient_checkpointing=setting["ckpt"], lora=lora if setting["lora"] else None)
+    learner = Learner(spec=spec, model=model, tokenizer=tokenizer)
+    g = torch.Generator().manual_seed(1)
+    rollouts = []
+    for i in range(args.batch):
+        group = i // 4
+        rollouts.append(Rollout(
+            id=i, group_id=f"g{group}", prompt_ids=torch.randint(10, args.vocab, (args.prompt,), generator=g).tolist(),
+            completion_ids=torch.randint(10, args.vocab, (args.completion,), generator=g).tolist(),
+            logprobs=None, reward=float(i % 3),
+        ))
+    seconds = []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        learner.step(TrainBatch(usual=rollouts))
+        seconds.append(time.perf_counter() - started)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    trainable = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
+    return {"params": params, "trainable": trainable, "peak_mb": peak - base_rss,
+            "step_seconds": min(seconds[1:] or seconds)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--completion", type=int, default=192)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(_one(args.one, args)), flush=True)
+        return
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results: dict[str, dict[str, float]] = {}
+    for name in SETTINGS:
+        load = os.getloadavg()[0]
+        out = subprocess.run([sys.executable, "-m", "bench.trainer_memory", "--one", name, *sys.argv[1:]],
+                             capture_output=True, text=True, env=env, cwd=ROOT)
+        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
+        results[name] = {**json.loads(line.removeprefix("RESULT ")), "load": load}
+        print(f"  done: {name} (load average {load:.2f})", flush=True)
+
+    base = results["full fp32"]
+    print(f"\nmodel: {base['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
+          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step")
+    print(f"{'setting':<24}{'trainable':>12}{'peak MB':>10}{'× fp32':>8}{'step s':>9}{'× fp32':>8}{'load':>7}")
+    for name, r in results.items():
+        print(f"{name:<24}{r['trainable'] / 1e6:>11.2f}M{r['peak_mb']:>10.0f}{r['peak_mb'] / base['peak_mb']:>8.2f}"
+              f"{r['step_seconds']:>9.2f}{r['step_seconds'] / base['step_seconds']:>8.2f}{r['load']:>7.2f}")
+    ratio = results["LoRA + checkpointing"]["peak_mb"] / base["peak_mb"]
+    print(f"\nLoRA + checkpointing memory: {ratio:.2f}× full fp32 (target ≤ 0.35×): {'met' if ratio <= 0.35 else 'NOT met'}; "
+          f"load average now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

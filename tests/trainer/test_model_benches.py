@@ -1,0 +1,41 @@
+"""Smoke tests of bench/trainer_memory and bench/weight_sync on tiny sizes: they run end
+to end and print their ratio lines (the numbers themselves are the benches' business)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--vocab", "512"]
+
+
+def _bench(name: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench", name, *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_trainer_memory_bench_runs_the_four_settings_and_prints_the_ratio() -> None:
+    out = _bench("trainer_memory", *TINY, "--batch", "4", "--prompt", "8", "--completion", "8", "--steps", "1",
+                 "--threads", "1")
+    for setting in ("full fp32", "full + checkpointing", "LoRA ", "LoRA + checkpointing"):
+        assert setting in out
+    assert re.search(r"LoRA \+ checkpointing memory: [0-9.]+× full fp32 .*load average", out)
+
+
+def test_weight_sync_bench_compares_full_weights_with_an_adapter() -> None:
+    out = _bench("weight_sync", *TINY, "--repeats", "1", "--threads", "1")
+    full = int(re.search(r"full weights\s+([0-9,]+)", out).group(1).replace(",", ""))
+    adapter = int(re.search(r"LoRA adapter\s+([0-9,]+)", out).group(1).replace(",", ""))
+    assert 0 < adapter < full
+    assert re.search(r"adapter sync: [0-9.]+× the full-weight time", out)

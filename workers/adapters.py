@@ -1,0 +1,149 @@
+"""LoRA adapters (peft): wrap a policy, save and load adapter versions, merge, export.
+
+A LoRA run trains only the adapter; its base stays the run's `model`, frozen. A published
+version of such a run is a peft adapter directory (`adapter_config.json` naming the base by
+`base_model_name_or_path`, `adapter_model.safetensors`, the tokenizer): megabytes where the
+full weights are gigabytes, which is what makes its weight sync cheap. Explorers apply it to
+the base they already hold (transformers engine through peft, vLLM through its LoRA support);
+`merged_save` folds it into full weights for anything that wants a plain model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether `path` holds a peft adapter (rather than full weights or a hub id)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The base model the adapter at `path` applies to, as recorded when it was saved."""
+    data = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    base = data.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}: the adapter does not name its base model")
+    return str(base)
+
+
+def adapter_rank(path: str | Path) -> int:
+    return int(json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("r", 8))
+
+
+def peft_config_for(lora: Any) -> Any:
+    """A peft LoraConfig from a run config's `trainer.lora` section."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=int(lora.rank),
+        lora_alpha=float(lora.alpha),
+        lora_dropout=float(lora.dropout),
+        target_modules=list(lora.target_modules),
+        bias="none",
+    )
+
+
+class AdapterTargetsMissing(ValueError):
+    """None of the adapter's target modules exist in the model."""
+
+
+def adapter_wrap(*, model: Any, lora: Any) -> Any:
+    """A fresh adapter (B = 0, so at first the policy is exactly its base) on `model`, whose
+    own weights are frozen."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, peft_config_for(lora))
+    except ValueError as exc:
+        if "not found in the base model" in str(exc) or "Target modules" in str(exc):
+            raise AdapterTargetsMissing(f"trainer.lora.target_modules: {exc}") from None
+        raise
+
+
+def adapter_load(*, base_model: Any, path: str | Path, trainable: bool) -> Any:
+    """The adapter saved at `path` on `base_model` (which it modifies in place)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
+
+
+def adapter_weights_load(*, model: Any, path: str | Path) -> None:
+    """Replace the adapter weights of a peft `model` with those saved at `path` (same
+    rank and targets): the cheap path for an explorer moving from one version to the next."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(str(Path(path) / ADAPTER_WEIGHTS)))
+    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if unexpected:
+        raise ValueError(f"{path}: adapter weights do not fit the loaded adapter ({unexpected[0]} …)")
+
+
+def is_adapter_model(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def trainable_names(model: Any) -> set[str]:
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _atomic_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    return tmp
+
+
+def _finish(tmp: Path, out: Path) -> Path:
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def merged_save(*, adapter_path: str | Path, out: str | Path, base: str | None = None, dtype: Any = None) -> Path:
+    """Full weights (base + adapter folded in) as a save_pretrained directory with the
+    tokenizer; written atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out)
+    base = base or adapter_base(adapter_path)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype or torch.float32)
+    merged = adapter_load(base_model=model, path=adapter_path, trainable=False).merge_and_unload()
+    tmp = _atomic_dir(out)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer_source = adapter_path if (Path(adapter_path) / "tokenizer_config.json").exists() else base
+    AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
+    return _finish(tmp, out)
+
+
+class ExportFailed(ValueError):
+    """The weights cannot be exported as asked (no such version, adapter asked of a full run)."""
+
+
+def model_export(*, source: str | Path, out: str | Path, merged: bool) -> Path:
+    """Copy a version's weights to `out`: a LoRA version as its adapter (small; runs on its
+    base) or, `merged`, folded into full weights; a full-weight version is copied whole."""
+    source, out = Path(source), Path(out)
+    if not source.is_dir():
+        raise ExportFailed(f"{source} is not a saved model directory (is the run's storage mounted here?)")
+    if merged and is_adapter_dir(source):
+        return merged_save(adapter_path=source, out=out)
+    tmp = _atomic_dir(out)
+    shutil.copytree(source, tmp)
+    return _finish(tmp, out)

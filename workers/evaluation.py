@@ -1,0 +1,111 @@
+"""Held-out evaluation during a run: `workers.evaluation.evaluate(run_id, version)` on the
+`rollout` queue.
+
+When a version whose number is a multiple of the run's `eval_every` is published
+(`apps.runs.services.model_version_publish`), this task is sent. It samples the run's
+evaluation taskset (`eval.taskset`, the first `eval.max_tasks` tasks) with that version
+(greedy unless `eval.sampling` says otherwise), scores each completion with the run's inline
+reward terms, and records `eval/…` metrics at the version's train step, so they chart beside
+the training curves. Nothing is written to the buffer: evaluation never trains.
+
+The trainer never waits for it (it is a separate task on another queue); explorers share
+the rollout workers with it, and the resident engine goes back to the version the next
+explore step needs (`engine_version_ensure`). Idempotent: a version already evaluated is
+not evaluated again. Terms scored on the `reward` queue (judges, sandboxes) are left out of
+the evaluation score.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any
+
+from celery import shared_task
+from django.db import OperationalError
+
+log = logging.getLogger(__name__)
+
+EVAL_PREFIX = "eval/"
+
+
+def evaluation_due(*, cfg: Any, number: int) -> bool:
+    return bool(cfg.eval_every) and cfg.eval.taskset is not None and number > 0 and number % cfg.eval_every == 0
+
+
+def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> dict[str, Any]:
+    """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
+    from apps.buffer.models import Task
+    from apps.rewards.scoring import rewards_inline
+    from apps.runs.models import Metric, ModelVersion, Run
+    from apps.runs.services import eval_result_record
+    from workers.engines import SamplingSpec, prompt_ids
+    from workers.explorer import _engine_at, _prompt_of, worker_name
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return {"run": run_id, "version": version, "skipped": "no such run"}
+    cfg = run.cfg
+    if cfg.eval.taskset is None:
+        return {"run": run_id, "version": version, "skipped": "the run has no evaluation taskset"}
+    step = 0
+    if version > 0:
+        found = ModelVersion.objects.filter(run=run, number=version).values_list("train_step", flat=True).first()
+        if found is None:
+            return {"run": run_id, "version": version, "skipped": "no such version"}
+        step = found
+    if Metric.objects.filter(run=run, step=step, name=f"{EVAL_PREFIX}reward_mean").exists():
+        return {"run": run_id, "version": version, "skipped": "already evaluated"}
+    tasks = list(Task.objects.filter(taskset_id=cfg.eval.taskset).order_by("index")[: cfg.eval.max_tasks])
+    if not tasks:
+        return {"run": run_id, "version": version, "skipped": f"evaluation taskset {cfg.eval.taskset} has no tasks"}
+
+    started = time.monotonic()
+    engine = _engine_at(run=run, version=version, worker=worker or worker_name())
+    prompts = []
+    for task in tasks:
+        text, messages = _prompt_of(task)
+        prompts.append(prompt_ids(engine.tokenizer, text=text, messages=messages))
+    groups = engine.generate(prompts, n=cfg.eval.n, sampling=SamplingSpec.from_config(cfg.eval.sampling))
+    scores: list[float] = []
+    lengths: list[int] = []
+    for task, samples in zip(tasks, groups):
+        for sample in samples:
+            scores.append(rewards_inline(terms=cfg.rewards, completion=sample.text, task=task).score)
+            lengths.append(len(sample.token_ids))
+    values = {
+        f"{EVAL_PREFIX}reward_mean": statistics.fmean(scores),
+        f"{EVAL_PREFIX}reward_std": statistics.pstdev(scores),
+        # Share of samples with a positive score: accuracy for 0/1 rule rewards.
+        f"{EVAL_PREFIX}accuracy": sum(1 for s in scores if s > 0) / len(scores),
+        f"{EVAL_PREFIX}response_length": statistics.fmean(lengths),
+        f"{EVAL_PREFIX}version": float(version),
+        f"{EVAL_PREFIX}tasks": float(len(tasks)),
+        f"{EVAL_PREFIX}seconds": time.monotonic() - started,
+    }
+    best = eval_result_record(run=run, version=version, step=step, values=values)
+    return {"run": run_id, "version": version, "step": step, "reward_mean": values[f"{EVAL_PREFIX}reward_mean"],
+            "best_version": best}
+
+
+# Reads the buffer's tasks and writes metrics only, so a redelivery is harmless (and skipped
+# once the metrics are there). Database hiccups retry; anything else is logged and dropped:
+# a failed evaluation must never stop the run.
+@shared_task(
+    name="workers.evaluation.evaluate",
+    acks_late=True,
+    soft_time_limit=1500,
+    time_limit=1800,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=3,
+)
+def evaluate(run_id: int, version: int) -> dict[str, Any]:
+    try:
+        return evaluate_version(run_id=run_id, version=version)
+    except OperationalError:
+        raise
+    except Exception as exc:
+        log.exception("evaluation of run %s version %s failed", run_id, version)
+        return {"run": run_id, "version": version, "failed": f"{type(exc).__name__}: {exc}"}
