@@ -292,7 +292,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         workers.start("trainer", "train")
         workers.start("explorer", "rollout")
         workers.start("conductor", "default")
-        steps = 14
+        steps = 30  # enough that the run is still going when the last fault comes, even on an idle host
         made = subprocess.run([sys.executable, "-c", _CREATE_RUN.format(model=str(model), steps=steps)], cwd=ROOT,
                               env=env, check=True, capture_output=True, text=True)
         yield Demo(pg=pg, redis=redis, workers=workers, run_id=int(made.stdout.strip().splitlines()[-1]),
