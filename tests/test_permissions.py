@@ -62,6 +62,10 @@ ACCESS: dict[str, str] = {
     "runs:feedback_policy": OWNER,
     "runs:timeline": MEMBER,
     "runs:audit": MEMBER,
+    "runs:failures": MEMBER,
+    "runs:waiting": MEMBER,
+    "runs:members": MEMBER,  # GET; adding people (POST) is the owner's: tests/dashboard/test_run_states.py
+    "runs:member_remove": OWNER,
     "runs:experiences": MEMBER,
     "runs:group": MEMBER,
     "runs:export": MEMBER,
@@ -73,6 +77,7 @@ ACCESS: dict[str, str] = {
     "feedback:edit": ANNOTATE,
     "feedback:rank": ANNOTATE,
     "feedback:compare": ANNOTATE,
+    "feedback:mine": ANNOTATE,
     "envapi:run-keys": OWNER,
     "envapi:run-key-revoke": OWNER,
 }
@@ -117,7 +122,7 @@ def world() -> dict[str, Any]:
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="secret run")
     annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
     add_member(run, annotator)
-    add_member(run, viewer, RunMember.Role.VIEWER)
+    viewer_member = add_member(run, viewer, RunMember.Role.VIEWER).pk
     other_run = make_run(owner=make_user("other-owner"), name="other run")
     add_member(other_run, other)
     experiences = make_experiences(run, groups=1, group_size=2)
@@ -126,7 +131,7 @@ def world() -> dict[str, Any]:
         for i, user in enumerate((owner, annotator))
     }
     key, _ = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=100)
-    return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key,
+    return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "viewer_member": viewer_member,
             "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
 
 
@@ -140,6 +145,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
         "key_id": world["key"].pk, "action": "pause", "kind": "sft",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
+        "member_id": world["viewer_member"],
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:
@@ -204,6 +210,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
     foreign_ids = {
         "experience_id": foreign.pk, "group_id": foreign.group_id, "key_id": foreign_key.pk,
         "assignment_id": Assignment.objects.create(run=elsewhere, experience=foreign, annotator=owner, slot=0).pk,
+        "member_id": add_member(elsewhere, make_user("elsewhere-annotator")).pk,
     }
     client = Client()
     client.force_login(owner)
@@ -297,7 +304,7 @@ async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
         run = make_run(owner=owner, name="secret run")
         annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
         add_member(run, annotator)
-        add_member(run, viewer, RunMember.Role.VIEWER)
+        viewer_member = add_member(run, viewer, RunMember.Role.VIEWER).pk
         add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
         return run, {"anonymous": AnonymousUser(), "owner": owner, "annotator": annotator, "viewer": viewer,
                      "other_annotator": other}
