@@ -116,7 +116,7 @@ def test_the_header_steps_follow_the_run_without_a_reload(page: Any, owner: User
         f"Run.objects.filter(pk={run.pk}).update(explore_step=7, train_step=6)\n"
         f"metric_record(run=Run.objects.get(pk={run.pk}), step=6, values={{'loss': 0.5}})"
     )
-    page.wait_for_function("document.querySelector('#run-steps').textContent.includes('explore 7 · train 6 of 40')")
+    page.wait_for_function("() => document.querySelector('#run-steps').textContent.includes('explore 7 · train 6 of 40')")
 
 
 # --- 3. negative tick labels keep their minus sign --------------------------------------------
