@@ -37,6 +37,8 @@ def _worker(name: str, queues: str, include: list[str], env: dict[str, str], log
            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
     for module in include:
         cmd += ["-I", module]
+    if "default" in queues.split(","):  # the loop's beat (apps/runs/orchestration.py)
+        cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
 
 

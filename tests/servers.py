@@ -151,11 +151,12 @@ def _worker_command(queues: str, node: str, includes: tuple[str, ...], heartbeat
 
 def worker_start(queues: str, *, name: str, log: Path | None = None, includes: tuple[str, ...] = (),
                  purge: bool = True, heartbeat: bool = True, beat: bool = False,
-                 env: dict[str, str] | None = None, ready_seconds: float = 120) -> subprocess.Popen[bytes]:
+                 env: dict[str, str] | None = None, ready_seconds: float = 300) -> subprocess.Popen[bytes]:
     """Start `celery worker -P solo -Q queues` in its own process group (so a kill reaches
     the beat process `beat=True` forks too) and wait until it answers a ping. `purge` drops
     messages left by an earlier test first (so start the worker that must not lose queued
-    work last, or pass purge=False)."""
+    work last, or pass purge=False). A trainer imports torch and TRL before it answers (a
+    minute or two on a loaded 2-core host), hence the long wait."""
     from rftweb.celery import app
 
     if purge:

@@ -30,8 +30,6 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import OperationalError, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
 
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
@@ -39,9 +37,9 @@ from apps.buffer.selectors import tasks_exhausted
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms
 from apps.rewards.services import rewards_remote_enqueue
-from apps.runs.models import ModelVersion, Run
-from apps.runs.orchestration import run_advance_after_step
-from apps.runs.services import metric_record, weight_load_record
+from apps.runs.models import Dispatch, ModelVersion, Run
+from apps.runs.orchestration import dispatch_begin, run_advance_after_step
+from apps.runs.services import metric_record, run_explore_end, run_explore_step_record, weight_load_record
 from rftweb.exceptions import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
@@ -130,10 +128,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         if tasks_exhausted(run=run):
             # Every epoch is explored: exploring ends here rather than stalling the run, and
             # the trainer gets to train on what the buffer holds and finish.
-            ended = Run.objects.filter(pk=run.pk, explore_step__lt=cfg.total_steps).update(explore_step=cfg.total_steps)
-            if ended:
+            if run_explore_end(run=run):
                 log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, cfg.epochs, step)
-                run_advance_after_step(run=run)
             return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version,
                     "exhausted": True}
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
@@ -196,7 +192,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         with transaction.atomic():
             written = experience_write(experiences=drafts, announce=True)
             task_finish(run=run, worker=worker, ids=claimed, model_version=version)
-            Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+            run_explore_step_record(run=run, step=step)
             rewards_remote_enqueue(run_id=run.pk, experience_ids=[
                 pk for pk, draft, new in zip(written.ids, drafts, written.is_new)
                 if new and draft.metadata.get("awaiting_rewards")
@@ -207,7 +203,6 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         raise
 
     tokens = sum(lengths)
-    run_advance_after_step(run=run)
     metric_record(
         run=run,
         step=step,
@@ -232,8 +227,10 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 
 
 # A step is idempotent (same attempt, same keys), so a redelivery or a retry after a lost
-# database connection is safe. Retries: database hiccups 3 times with backoff; a version not
-# yet published is waited for (every 2 s, up to 10 min). Time limits leave the soft one room
+# database connection is safe; it runs only while the run's explore dispatch names it (or
+# nothing is out), and hands the dispatch back when it ends, whatever the outcome. Retries:
+# database hiccups 3 times with backoff. A version not yet published ends the task: the
+# loop sends the step again once the policy lets it go. Time limits leave the soft one room
 # to hand the claimed tasks back.
 @shared_task(
     name="workers.explorer.explore_step",
@@ -247,13 +244,28 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     max_retries=3,
 )
 def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+    holder = worker_name()
+    hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.EXPLORE, step=step, task_id=self.request.id,
+                          worker=self.request.hostname or holder, holder=holder)
+    if hold is None:
+        return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}
     try:
-        return explore(run_id=run_id, step=step)
+        if Run.objects.filter(pk=run_id, explore_step__gte=step).exists():
+            # A copy sent again for a worker that died after its step committed: done.
+            result = {"run": run_id, "step": step, "skipped": "explored already"}
+        else:
+            result = explore(run_id=run_id, step=step, worker=holder)
     except VersionNotReady as exc:
-        raise self.retry(exc=exc, countdown=2, max_retries=300) from None
+        result = {"run": run_id, "step": step, "skipped": str(exc)}
     except SoftTimeLimitExceeded:
         log.warning("explore_step run %s step %s hit its soft time limit; tasks handed back", run_id, step)
         raise
+    finally:
+        hold.end()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is not None and (not result.get("skipped") or result.get("exhausted")):
+        run_advance_after_step(run=run)
+    return result
 
 
 class GenerateRequestInvalid(InvalidInput):

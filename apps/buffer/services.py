@@ -167,7 +167,7 @@ def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], 
     to raw COPY speed, the conflict clause makes concurrent writers of one key safe, and
     RETURNING names the new rows (the new rows' (run, key) -> id)."""
     table = Experience._meta.db_table
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in _COPY_FIELDS)
+    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in _COPY_FIELDS)
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -277,7 +277,7 @@ _JSON_AT = [i for i, f in enumerate(_CONCRETE) if isinstance(f, models.JSONField
 def _returning_columns() -> str:
     """Every concrete column, table-qualified, in `_experience_from_row`'s order."""
     table = Experience._meta.db_table
-    return ", ".join(f"{table}.{connection.ops.quote_name(f.column)}" for f in _CONCRETE)
+    return ", ".join(f"{table}.{connection.ops.quote_name(str(f.column))}" for f in _CONCRETE)
 
 
 def _experience_from_row(row: Sequence[Any]) -> Experience:

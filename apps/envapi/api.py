@@ -13,7 +13,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -326,7 +326,9 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
         # An older client flags without saying why; the flag still needs to read as one.
         reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
         feedback = feedback_flag(experience=payload.experience_id, flags=payload.flags, reason=reason, **who)
-    target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
+    target: Mapping[str, Any] = {}
+    if feedback.experience_id is not None:
+        target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
     return {
         "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
         "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,
@@ -348,7 +350,7 @@ def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
           summary="Generate with the run's current model (token ids and logprobs included)")
 async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
     run = await sync_to_async(_run_for)(request, run_id)
-    timeout = min(payload.timeout_seconds, float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)))
+    timeout = min(payload.timeout_seconds, settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
     requests = [_sampling_request(r) for r in payload.requests]
     # Off the shared sync thread: waiting for a worker must not stall every other request.
     answer = await sync_to_async(rollouts_generate, thread_sensitive=False)(run=run, requests=requests, timeout=timeout)

@@ -9,21 +9,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
-from apps.buffer.drafts import ExperienceDraft
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.runs.models import Run
@@ -121,23 +120,9 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 
 
 # ---------------------------------------------------------------------------------------
-# Rate limits: a fixed one-minute window per key, in Redis when there is one (every web
-# process shares it), in this process otherwise (the embedded default has one process).
-
-_redis_client: Any = None
-_redis_lock = threading.Lock()
-_local_counts: dict[tuple[int, int], int] = {}
-
-
-def _redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        with _redis_lock:
-            if _redis_client is None:
-                import redis
-
-                _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _redis_client
+# Rate limits: a fixed one-minute window per key, counted in Django's cache (Redis when
+# there is one, so every web process shares it; this process's memory in the embedded
+# default, which has one process).
 
 
 def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
@@ -145,17 +130,13 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
     now = time.time() if now is None else now
     window = int(now // 60)
     retry_after = 60 - (now % 60)
-    if settings.REDIS_URL:
-        name = f"rftweb:envapi:rate:{key.pk}:{window}"
-        pipe = _redis().pipeline(transaction=False)
-        pipe.incr(name)
-        pipe.expire(name, 120)
-        count = int(pipe.execute()[0])
-    else:
-        with _redis_lock:
-            for stale in [k for k in _local_counts if k[1] < window]:
-                del _local_counts[stale]
-            count = _local_counts[(key.pk, window)] = _local_counts.get((key.pk, window), 0) + 1
+    name = f"envapi:rate:{key.pk}:{window}"
+    cache.add(name, 0, timeout=120)  # the window's counter, unless another request made it
+    try:
+        count = cache.incr(name)
+    except ValueError:  # expired between the two calls (a window two minutes old): start over
+        cache.add(name, 1, timeout=120)
+        count = 1
     return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
 
 
@@ -207,7 +188,7 @@ def env_scoped(value: str, *, limit: int) -> str:
 
 
 def _stored_key(client_key: str) -> str:
-    return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
+    return env_scoped(str(client_key), limit=KEY_MAX)
 
 
 def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> ExperienceDraft:
@@ -226,8 +207,7 @@ def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix
         auto_reward=item.get("reward"),
         run_id=run.pk,
         key=key,
-        group_id=env_scoped(str(item.get("group_id") or item["key"]),
-                            limit=Experience._meta.get_field("group_id").max_length),
+        group_id=env_scoped(str(item.get("group_id") or item["key"]), limit=GROUP_MAX),
         task_id=item.get("task_id"),
         source=Experience.Source.ENV,
         prompt_text=prompt,

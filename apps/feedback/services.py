@@ -46,7 +46,7 @@ _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
 
 
 def _lease_seconds() -> float:
-    return float(getattr(settings, "RFT_ANNOTATION_LEASE_SECONDS", 900))
+    return settings.RFT_ANNOTATION_LEASE_SECONDS
 
 
 # ---------------------------------------------------------------- assignments
@@ -167,7 +167,7 @@ def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> li
 def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = None) -> FoldResult:
     """Recompute the human and final rewards of a group's open members from their feedback,
     and make the group trainable when every member's reward is final. Call inside a
-    transaction (feedback_submit does); idempotent."""
+    transaction (the feedback services do); idempotent."""
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
@@ -269,7 +269,7 @@ def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience],
 
 
 def feedback_rate(
-    *, run: Run, experience: Experience | int, score: int | None = None, thumb: str | None = None,
+    *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
     author: Any = None, api_key: ApiKey | None = None, comment: str = "",
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
@@ -307,7 +307,7 @@ def feedback_rank(
 
 
 def feedback_compare(
-    *, run: Run, experience: Experience | int, other: Experience | int | None, winner: str,
+    *, run: Run, experience: Experience | int | None, other: Experience | int | None, winner: str,
     author: Any = None, api_key: ApiKey | None = None, comment: str = "",
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
@@ -329,7 +329,7 @@ def feedback_compare(
 
 
 def feedback_flag(
-    *, run: Run, experience: Experience | int, flags: Sequence[str] = (), reason: str = "",
+    *, run: Run, experience: Experience | int | None, flags: Sequence[str] = (), reason: str = "",
     author: Any = None, api_key: ApiKey | None = None, comment: str = "",
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
@@ -346,7 +346,7 @@ def feedback_flag(
 
 
 def feedback_env_reward(
-    *, run: Run, experience: Experience | int, reward: float, reward_parts: Mapping[str, float] | None = None,
+    *, run: Run, experience: Experience | int | None, reward: float, reward_parts: Mapping[str, float] | None = None,
     author: Any = None, api_key: ApiKey | None = None, comment: str = "",
 ) -> Feedback:
     """An environment's reward for one experience: it becomes the experience's automatic

@@ -41,7 +41,7 @@ from rftweb.exceptions import InvalidInput, RftError
 
 
 def _queue_size() -> int:
-    return int(getattr(settings, "RFT_ANNOTATION_QUEUE_SIZE", 8))
+    return settings.RFT_ANNOTATION_QUEUE_SIZE
 
 
 def _run_for(request: HttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:

@@ -175,3 +175,42 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+
+class Dispatch(models.Model):
+    """Which explore or train step of a run is out with a worker: one row per run and kind,
+    the RFT core's whole scheduling state (apps/runs/orchestration.py).
+
+    idle → sent (the conductor claimed it with a conditional UPDATE and queued task
+    `task_id`) → running (the worker that got that message, with the lease owner it
+    claims under) → idle (the task ended, whatever its outcome). A row that stays sent or
+    running after its worker died is taken back by the conductor and sent again.
+    """
+
+    class Kind(models.TextChoices):
+        EXPLORE = "explore"
+        TRAIN = "train"
+
+    class State(models.TextChoices):
+        IDLE = "idle"
+        SENT = "sent"
+        RUNNING = "running"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="dispatches")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    step = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IDLE)
+    task_id = models.CharField(max_length=64, blank=True)
+    # The Celery node running it (its WorkerHeartbeat.hostname) and the name its leases carry.
+    worker = models.CharField(max_length=200, blank=True)
+    holder = models.CharField(max_length=200, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    # How many times a message was queued for it (re-sends after a lost message or worker).
+    sends = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "kind"], name="dispatch_run_kind_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.kind}:{self.step} {self.state}"

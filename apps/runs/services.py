@@ -12,7 +12,8 @@ from django.db import transaction
 from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from apps.runs.metrics import metric_record  # noqa: F401  (a run service; lives apart so the buffer can record without importing this module)
+from apps.runs.models import AuditEntry, ModelVersion, Run
 from rftweb.exceptions import Conflict, InvalidInput
 
 
@@ -174,7 +175,7 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
 
     A start checks the run's model, taskset and rewards first (RunCannotStart names each
     problem) and clears the error of an earlier failure; a fail stores `reason` as the run's
-    error for the runs list and the run page."""
+    error for the runs list and the run page, and in the audit entry."""
     if action not in _TRANSITIONS:
         raise TransitionNotAllowed(f"unknown action {action!r}")
     sources, target = _TRANSITIONS[action]
@@ -185,7 +186,7 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
             raise RunCannotStart(errors)
     fields: dict[str, Any] = {"status": target}
     if action == "fail":
-        fields["error"] = reason or "failed"
+        fields["error"] = (reason or "failed")[:4000]
     elif action == "start":
         fields["error"] = ""
     with transaction.atomic():
@@ -194,28 +195,36 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
         AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
-                                  action=action, detail={"reason": reason} if reason else {})
+                                  action=action, detail={"reason": reason[:4000]} if reason else {})
     run.refresh_from_db()
     payload: dict[str, Any] = {"status": run.status, "action": action}
     if run.error:
-        payload["error"] = run.error
+        payload["error"] = run.error[:500]
+    # A running run's steps are sent by the loop's next beat (apps/runs/orchestration.py),
+    # which reads the status: start, pause and stop need nothing more.
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
-    if target == Run.Status.RUNNING:
-        # The conductor enqueues explore and train steps; pause and stop end it by status.
-        from apps.runs.orchestration import conduct_kick
-
-        run_id = run.pk
-        transaction.on_commit(lambda: conduct_kick(run_id=run_id))
     return run
 
 
-def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics and publish them to the run's group."""
-    import math
+def run_explore_step_record(*, run: Run, step: int) -> None:
+    """An explorer finished explore step `step` (in its write's transaction)."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Greatest
 
-    clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
-    Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
-    event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+
+
+def run_explore_end(*, run: Run) -> bool:
+    """Every epoch of the taskset is explored: exploring ends (explore_step = total_steps),
+    so the trainer trains on what the buffer holds and the run finishes. True if this call
+    ended it."""
+    return bool(Run.objects.filter(pk=run.pk, explore_step__lt=run.cfg.total_steps).update(explore_step=run.cfg.total_steps))
+
+
+def run_train_step_record(*, run_id: int, step: int) -> bool:
+    """A trainer recorded step `step` (in the transaction that acks its batch); False when
+    step - 1 was not the run's last (another trainer recorded it first)."""
+    return bool(Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step))
 
 
 def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:

@@ -155,7 +155,8 @@ def test_a_real_worker_started_by_the_cli_reports_its_queues_and_its_shutdown(tm
         time.sleep(2.5)
         beat.refresh_from_db()
         assert beat.last_seen > first  # it keeps beating
-        assert [w["state"] for w in workers_health()] == ["idle"]
+        # Alive: idle, or busy with a beat of the RFT core's loop (this worker runs Celery beat).
+        assert [w["state"] for w in workers_health()] in (["idle"], ["busy"])
     finally:
         proc.send_signal(signal.SIGTERM)  # the supervisor forwards it to its workers
         try:

@@ -8,10 +8,13 @@ the same, in the same direction.
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
@@ -66,6 +69,19 @@ def _through_the_page(run: Run, m: list[Experience], user: User) -> None:
     assert client.post(rank, ranks, **HX).status_code == 200
 
 
+def _rft(*args: Any) -> str:
+    out = StringIO()
+    call_command("rft", *[str(a) for a in args], stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def _through_the_cli(run: Run, m: list[Experience], user: User) -> None:
+    _rft("feedback", run.pk, "pairwise", "--as", user.username, "--experience", m[1].pk, "--other", m[2].pk,
+         "--winner", "b")
+    _rft("feedback", run.pk, "rating", "--as", user.username, "--experience", m[0].pk, "--score", 4)
+    _rft("feedback", run.pk, "ranking", "--as", user.username, "--order", f"{m[2].pk},{m[0].pk},{m[1].pk}")
+
+
 def _by_position(m: list[Experience]) -> dict[int, int]:
     return {e.pk: i for i, e in enumerate(m)}
 
@@ -89,18 +105,22 @@ def _outcome(run: Run, m: list[Experience]) -> dict[str, Any]:
     }
 
 
-def test_the_api_and_the_annotation_page_give_the_same_feedback_the_same_effect(owner: User, annotator: User) -> None:
+def test_the_api_the_annotation_page_and_the_cli_give_the_same_feedback_the_same_effect(
+    owner: User, annotator: User
+) -> None:
     policy = {"mode": "blend", "w_auto": 0.5, "w_human": 0.5}
-    by_env, by_person = make_run(owner=owner, name="env", feedback=policy), make_run(owner=owner, name="person",
-                                                                                     feedback=policy)
+    by_env, by_person, by_cli = (make_run(owner=owner, name=name, feedback=policy) for name in ("env", "page", "cli"))
     add_member(by_person, annotator)
-    env_members, person_members = _group(by_env), _group(by_person)
+    add_member(by_cli, annotator)
+    env_members, person_members, cli_members = _group(by_env), _group(by_person), _group(by_cli)
 
     _through_the_api(by_env, env_members)
     _through_the_page(by_person, person_members, annotator)
+    _through_the_cli(by_cli, cli_members, annotator)
 
-    env, person = _outcome(by_env, env_members), _outcome(by_person, person_members)
-    assert env == person
+    env, person, cli = (_outcome(by_env, env_members), _outcome(by_person, person_members),
+                        _outcome(by_cli, cli_members))
+    assert env == person == cli
     # And what they are: B (third) beats A (second) both in training and in the export.
     assert env["trained_pairs"] == [(2, 1)]
     assert ("third answer", "second answer") in env["exported_pairs"]
@@ -146,3 +166,17 @@ def test_late_means_the_same_through_both_doors(owner: User, annotator: User) ->
     assert env.json()["late"] is True
     assert [fb.late for fb in Feedback.objects.filter(run=run).order_by("id")] == [True, True]
     assert {e.human_reward for e in Experience.objects.filter(pk__in=[m.pk for m in members])} == {None}
+
+
+def test_feedback_from_the_cli_that_does_not_fit_is_a_message_and_stores_nothing(owner: User, annotator: User,
+                                                                                  outsider: User) -> None:
+    run = make_run(owner=owner, feedback={"mode": "human"})
+    add_member(run, annotator)
+    members = _group(run)
+    with pytest.raises(CommandError, match="a whole number from 1 to 5"):
+        _rft("feedback", run.pk, "rating", "--as", "annotator", "--experience", members[0].pk, "--score", 9)
+    with pytest.raises(CommandError, match="order: a ranking orders every completion of the group"):
+        _rft("feedback", run.pk, "ranking", "--as", "annotator", "--order", f"{members[0].pk},{members[1].pk}")
+    with pytest.raises(CommandError, match="may not give feedback"):
+        _rft("feedback", run.pk, "rating", "--as", "outsider", "--experience", members[0].pk, "--score", 3)
+    assert not Feedback.objects.exists()

@@ -37,6 +37,6 @@ def loop_workers(transactional_db: Any, tmp_path: Path) -> Iterator[dict[str, Pa
         stack.enter_context(celery_worker("train", name="learn-trainer", log=logs["trainer"], **env))
         stack.enter_context(celery_worker("rollout", name="learn-explorer", log=logs["explorer"], **env))
         # Last: the conductor's start purges no one else's messages (celery_worker purges first).
-        stack.enter_context(celery_worker("default", name="learn-conductor", log=logs["conductor"], **env))
+        stack.enter_context(celery_worker("default", name="learn-conductor", log=logs["conductor"], beat=True, **env))
         yield logs
     redis_flush()

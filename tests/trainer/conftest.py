@@ -53,7 +53,7 @@ def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactor
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_CONDUCT_SECONDS="0.3",
                       RFT_DISPATCH_TTL="30", RFT_LEASE_SECONDS="8")
-    workers.start("conductor", "default")
+    workers.start("conductor", "default", beat=True)
     workers.start("trainer", "train", "workers.trainer")
     try:
         yield workers

@@ -277,6 +277,7 @@ async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experie
     # writes nothing twice.
     keys = sorted(Experience.objects.filter(run=run).values_list("key", flat=True))
     TaskAttempt.objects.filter(run=run).update(status="queued", lease_owner="", lease_expires_at=None)
+    await asyncio.to_thread(Run.objects.filter(pk=run.pk).update, explore_step=0)  # committed with the finish
     again = await asyncio.to_thread(explore_step.delay(run.pk, 1).get, timeout=120)
     assert again["experiences"] == 0 and again["duplicates"] == 6
     assert sorted(Experience.objects.filter(run=run).values_list("key", flat=True)) == keys

@@ -3,7 +3,6 @@ account, an annotator account, and a draft GRPO run on the demo task. Idempotent
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.conf import settings
@@ -58,7 +57,7 @@ class Command(BaseCommand):
     help = "Build the demo model and taskset and create demo accounts and a demo run (idempotent)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--password", default=os.environ.get("RFT_DEMO_PASSWORD", "rftweb-demo"),
+        parser.add_argument("--password", default=settings.RFT_DEMO_PASSWORD,
                             help="password of the demo accounts (default rftweb-demo, or RFT_DEMO_PASSWORD)")
         parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
         parser.add_argument("--feedback-wait", type=float, default=20.0,
