@@ -26,6 +26,7 @@ app.conf.update(
         "workers.explorer.*": {"queue": "rollout"},
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
+        "workers.reward_trainer.*": {"queue": "reward"},
     },
     # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
     task_acks_late=True,
@@ -53,6 +54,11 @@ app.conf.update(
             "task": "apps.feedback.tasks.assignment_reap_task",
             "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
+        # Agent sessions (OpenAI-compatible endpoint) nobody finished become abandoned.
+        "agent-sessions-expire": {
+            "task": "apps.envapi.tasks.agent_sessions_expire_task",
+            "schedule": 60.0,
+        },
         # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
         # beat that waited in the queue longer than a few beats is dropped, not piled up.
         "runs-conduct": {
@@ -60,12 +66,17 @@ app.conf.update(
             "schedule": settings.RFT_CONDUCT_SECONDS,
             "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
         },
+        # The learned reward model: retrain where labels came in, score what is unscored.
+        "reward-model-beat": {
+            "task": "apps.rewards.tasks.reward_model_beat_task",
+            "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
+        },
     },
 )
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "trainer", "rewards", "synthesize"):
+for _module in ("explorer", "trainer", "rewards", "synthesize", "reward_trainer"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The RFT core's loop (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")

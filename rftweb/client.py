@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, TypedDict, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -246,6 +247,16 @@ class RftClient:
 
     def submit_trajectory(self, run_id: int, *, key: str, **fields: Any) -> TrajectoryResult:
         return self.submit_trajectories(run_id, [{"key": key, **fields}])["results"][0]
+
+    # ---- agent sessions ------------------------------------------------------------
+
+    def finish_session(self, run_id: int, session: str, *, reward: float,
+                       reward_parts: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """Finish an agent session of the OpenAI-compatible endpoint: its recorded calls become
+        experiences with `reward` ({"experience_ids", "splits", "turns", ...})."""
+        body = {"reward": reward, "reward_parts": dict(reward_parts or {})}
+        return cast(dict[str, Any], self._request("POST", f"/runs/{run_id}/sessions/{quote(session, safe='')}/finish",
+                                                  json_body=body))
 
     # ---- feedback ------------------------------------------------------------------
 

@@ -241,6 +241,8 @@ RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
 # How often the beat ends feedback wait windows (they end in wall time; a short beat keeps the lag small).
 RFT_FEEDBACK_EXPIRE_SECONDS = env_float("RFT_FEEDBACK_EXPIRE_SECONDS", 10.0)
+# How often the beat trains due reward-model versions and scores what the newest has not.
+RFT_REWARD_MODEL_BEAT_SECONDS = env_float("RFT_REWARD_MODEL_BEAT_SECONDS", 10.0)
 # How long an annotator's claim on an experience holds, and how many the annotation page queues.
 RFT_ANNOTATION_LEASE_SECONDS = env_float("RFT_ANNOTATION_LEASE_SECONDS", 900.0)
 RFT_ANNOTATION_QUEUE_SIZE = env_int("RFT_ANNOTATION_QUEUE_SIZE", 8)
@@ -285,6 +287,9 @@ RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
 # The longest the environment API waits for a rollout worker before answering 503.
 RFT_ROLLOUT_TIMEOUT_SECONDS = env_float("RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)
+# An agent session (OpenAI-compatible endpoint) with no call for this long and never
+# finished is recorded as abandoned: apps/envapi/agent_sessions.py.
+RFT_AGENT_SESSION_TTL_SECONDS = env_float("RFT_AGENT_SESSION_TTL_SECONDS", 1800.0)
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOGGING = {

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from apps.envapi import openai_api
 from apps.envapi.api import api as envapi
 
 urlpatterns = [
@@ -12,7 +13,10 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", include("apps.runs.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
+    path("runs/<int:run_id>/signal/", include("apps.rewards.urls")),
     path("health/", include("apps.runs.health_urls")),
+    # Before the environment API's own routes: OpenAI clients take this as their base URL.
+    path("api/v1/runs/<int:run_id>/openai/v1/", include(openai_api.urlpatterns)),
     path("api/v1/", envapi.urls),
     path("", include("apps.envapi.urls")),
 ]

@@ -78,6 +78,12 @@ ACCESS: dict[str, str] = {
     "feedback:rank": ANNOTATE,
     "feedback:compare": ANNOTATE,
     "feedback:mine": ANNOTATE,
+    "rewards:raters": OWNER,
+    "rewards:raters_json": OWNER,
+    "rewards:reward_model": MEMBER,
+    "rewards:preferences": OWNER,
+    "envapi-v1:raters_get": API,
+    "envapi-v1:reward_models_list": API,
     "envapi:run-keys": OWNER,
     "envapi:run-key-revoke": OWNER,
 }

@@ -24,7 +24,7 @@ from typing import Any
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
 # Bump when the recipe changes in a way that changes the files, so old caches rebuild.
-RECIPE = 2
+RECIPE = 3
 
 OPS = ("+", "-")
 

@@ -351,3 +351,18 @@ def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[s
 )
 def generate(run_id: int, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return generate_completions(run_id=run_id, requests=requests)
+
+
+# OpenAI-compatible generation (apps/envapi/openai_api.py; the logic is workers/chat.py).
+# Reads only; the waiting API request decides about retrying. Refusals come back as
+# {"error": {...}}, not exceptions, so the web side can answer them as OpenAI 4xx errors.
+@shared_task(
+    name="workers.explorer.chat",
+    acks_late=True,
+    soft_time_limit=300,
+    time_limit=330,
+)
+def chat(run_id: int, request: dict[str, Any]) -> dict[str, Any]:
+    from workers.chat import chat_generate
+
+    return chat_generate(run_id=run_id, request=request)

@@ -10,8 +10,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+# Qwen2-shaped: a turn is `<|role|>content<|end|>`, except that an assistant turn ends with
+# the end-of-sequence token, as a sampled one does (so a multi-turn prompt extends the tokens
+# the model saw and sampled exactly; Qwen's <|im_end|> is likewise its eos). Tools are
+# offered Hermes-style in a system turn and called as `<tool_call>{"name", "arguments"}</tool_call>`;
+# a tool's answer is a `<|tool|>` turn. Without tools or tool calls this renders what the
+# first template (round 1) did for system and user turns.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if tools %}<|system|>You may call these tools; to call one, answer "
+    '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>.<tools>'
+    "{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools><|end|>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] if m['content'] is string else '' }}"
+    "{% if m['tool_calls'] %}{% for tc in m['tool_calls'] %}{% set f = tc['function'] if tc['function'] is defined else tc %}"
+    '<tool_call>{"name": {{ f[\'name\'] | tojson }}, "arguments": {{ f[\'arguments\'] | tojson }}}</tool_call>'
+    "{% endfor %}{% endif %}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}<|end|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]

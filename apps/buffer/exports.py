@@ -31,8 +31,8 @@ from apps.buffer.models import Experience, Task
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 
-ExportKind = Literal["sft", "dpo", "grpo"]
-EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo")
+ExportKind = Literal["sft", "dpo", "grpo", "preferences"]
+EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo", "preferences")
 Progress = Callable[[int, int | None], None]
 
 _CHUNK = 2000
@@ -213,7 +213,29 @@ def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -
         progress(done, total)
 
 
-_ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows}
+def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+    """Every preference people expressed (ratings within a group, rankings, A/B choices, edits
+    over their originals; apps.feedback.preferences), in TRL's conversational preference
+    format: what the run's reward model learns from. Gold items are left out."""
+    from apps.feedback.preferences import preference_pairs
+    from apps.rewards.learned import gold_experience_ids
+
+    pairs = preference_pairs(run=run, exclude_experience_ids=gold_experience_ids(run=run))
+    for done, pair in enumerate(pairs, start=1):
+        if options.min_margin and pair.margin <= options.min_margin:
+            continue
+        yield {
+            "prompt": [{"role": "user", "content": pair.prompt}],
+            "chosen": [{"role": "assistant", "content": pair.chosen}],
+            "rejected": [{"role": "assistant", "content": pair.rejected}],
+        }
+        if progress and done % _CHUNK == 0:
+            progress(done, len(pairs))
+    if progress:
+        progress(len(pairs), len(pairs))
+
+
+_ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows, "preferences": _preference_rows}
 
 
 def export_rows(
@@ -295,7 +317,7 @@ def _features(kind: str) -> Any:
     turn = {"role": Value("string"), "content": Value("string")}
     if kind == "sft":
         return Features({"messages": List(turn)})
-    if kind == "dpo":
+    if kind in ("dpo", "preferences"):
         return Features({"prompt": List(turn), "chosen": List(turn), "rejected": List(turn)})
     return Features({"prompt": List(turn), "answer": Value("string"), "domain": Value("string"), "task_id": Value("int64")})
 

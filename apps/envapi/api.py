@@ -428,3 +428,15 @@ async def run_events(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+# ---- agent sessions (apps/envapi/session_api.py) ----------------------------------------
+
+from apps.envapi.session_api import router_build as _sessions_router  # noqa: E402
+
+api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, responses=responses))
+
+# The human-signal figures (apps/rewards/api.py), under the same keys and errors.
+from apps.rewards.api import router as _signal_router  # noqa: E402
+
+api.add_router("", _signal_router, auth=READ)

@@ -5,6 +5,12 @@ is still stored and its mean kept in `human_reward` (for export, DPO and SFT), b
 training reward stays the automatic one.
 `blend` / `human`: an experience waits (status pending) for human feedback, which the
 policy folds in; a wait window in wall time ends with the policy's fallback.
+`learned`: people's reward is folded as in `blend` where they rated; a member no one rated
+gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
+scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
+trains without waiting for people (apps/rewards/learned.py); until then it waits as `blend`.
+Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's signals
+in a member's mean.
 
 The scale. Human signals are normalised to [0, 1]:
 - a rating r on 1..5 counts (r - 1) / 4 (1 -> 0.0, 3 -> 0.5, 5 -> 1.0); thumbs up 1.0, down 0.0;
@@ -27,7 +33,7 @@ automatic reward, `drop` filters the whole group with a stated reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +80,9 @@ def borda_scores(order: Sequence[int]) -> dict[int, float]:
 
 
 def reward_combine(*, policy: FeedbackPolicy, auto: float | None, human: float | None) -> float | None:
-    """The training reward from the two sources under the policy (None: not known yet)."""
+    """The training reward from the two sources under the policy (None: not known yet).
+    `learned` folds people's reward as `blend` does; members no one rated get
+    `reward_learned` once a reward model scores them."""
     if policy.mode == "auto":
         return auto
     if human is None:
@@ -92,12 +100,28 @@ class MemberFold:
     """What the policy makes of one experience's human signals."""
 
     signals: list[tuple[Rater, float]] = field(default_factory=list)  # (rater, score)
+    # Rater reliability weights (author id -> weight); a rater not named (an API key) weighs 1.
+    weights: Mapping[int, float] | None = None
+
+    def _weight(self, rater: Rater) -> float:
+        if self.weights is None or not isinstance(rater, int):
+            return 1.0
+        return float(self.weights.get(rater, 1.0))
 
     @property
     def human(self) -> float | None:
         if not self.signals:
             return None
-        return sum(score for _, score in self.signals) / len(self.signals)
+        total = sum(self._weight(a) for a, _ in self.signals)
+        if total <= 0:
+            # Every rater of this member weighs nothing: their plain mean, not no reward at all.
+            return sum(score for _, score in self.signals) / len(self.signals)
+        return sum(self._weight(a) * score for a, score in self.signals) / total
+
+    @property
+    def weight_total(self) -> float:
+        """How much trust the signals carry together (each signal counts its rater's weight)."""
+        return sum(self._weight(a) for a, _ in self.signals)
 
     @property
     def authors(self) -> int:
@@ -116,22 +140,36 @@ def feedback_rater(feedback: Any) -> Rater:
     return None
 
 
-def signals_fold(*, member_ids: Iterable[int], feedback: Iterable[Any]) -> dict[int, MemberFold]:
+def signals_fold(
+    *, member_ids: Iterable[int], feedback: Iterable[Any], weights: Mapping[int, float] | None = None,
+    offsets: Mapping[int, float] | None = None,
+) -> dict[int, MemberFold]:
     """Collect the rating and ranking signals of a group's members from Feedback rows
-    (anything with kind, experience_id, author_id, api_key_id and value)."""
-    folds = {pk: MemberFold() for pk in member_ids}
+    (anything with kind, experience_id, author_id, api_key_id and value); `weights` are the
+    raters' reliability weights (apps.feedback.reliability), None for equal weights; `offsets`
+    their rating scale offsets, subtracted from their ratings (clamped to [0, 1]) before folding."""
+    folds = {pk: MemberFold(weights=weights) for pk in member_ids}
     for fb in feedback:
         rater = feedback_rater(fb)
         if fb.kind == "rating" and fb.experience_id in folds:
             # None: a number an old API client sent with no readable scale (see the
             # feedback migration 0003); kept for people, never folded.
             if fb.value.get("normalised") is not None:
-                folds[fb.experience_id].signals.append((rater, float(fb.value["normalised"])))
+                score = float(fb.value["normalised"])
+                if offsets and fb.author_id in offsets:
+                    score = min(1.0, max(0.0, score - offsets[fb.author_id]))
+                folds[fb.experience_id].signals.append((rater, score))
         elif fb.kind == "ranking":
             for pk, score in borda_scores([int(x) for x in fb.value["order"]]).items():
                 if pk in folds:
                     folds[pk].signals.append((rater, score))
     return folds
+
+
+def reward_learned(*, policy: FeedbackPolicy, auto: float | None, rm: float) -> float:
+    """`learned`, a member no person rated: w_auto * automatic reward + w_rm * the reward
+    model's score (a member without an automatic reward gets the score's part alone)."""
+    return (policy.w_auto * auto if auto is not None else 0.0) + policy.w_rm * rm
 
 
 def member_is_final(*, policy: FeedbackPolicy, fold: MemberFold) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,14 +27,20 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.models import ApiKey
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.policy import DROP_REASON, feedback_is_late, member_is_final, reward_combine, signals_fold
+from apps.feedback.policy import (
+    DROP_REASON,
+    feedback_is_late,
+    member_is_final,
+    reward_combine,
+    signals_fold,
+)
 from apps.feedback.values import (
     edit_value,
     env_reward_value,
     flag_value,
     pairwise_value,
-    rating_value,
     ranking_value,
+    rating_value,
 )
 from apps.runs.events import event_publish
 from apps.runs.models import Run
@@ -89,6 +96,11 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
         .order_by("waiting", "id")
     )
     created: list[Assignment] = []
+    from apps.feedback.selection import selection_active
+
+    policy = run.cfg.feedback
+    if policy.gold_rate > 0 or selection_active(policy.selection):
+        return _claim_selected(run=run, annotator=annotator, candidates=candidates, want=want, expires=expires)
     tried: set[int] = set()
     for _ in range(8):  # windows; each one either yields items or shows the pool is empty
         window = [pk for pk in candidates.exclude(pk__in=tried).values_list("pk", flat=True)[: want * 3 + 8]]
@@ -117,6 +129,57 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
                     continue
             if len(created) >= want:
                 return created
+    return created
+
+
+def _slot_take(*, run: Run, annotator: Any, exp_id: int, slots: Sequence[int], expires: datetime) -> Assignment | None:
+    for slot in slots:
+        try:
+            with transaction.atomic():
+                return Assignment.objects.create(run=run, experience_id=exp_id, annotator=annotator, slot=slot,
+                                                 lease_expires_at=expires)
+        except IntegrityError:
+            continue  # taken by a parallel claimer (or this annotator has the item): next slot
+    return None
+
+
+# Gold items take slots from here on: every annotator may get one, beside the overlap's slots.
+GOLD_SLOT_BASE = 1000
+
+
+def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
+    """assignment_claim under a selection rule (apps.feedback.selection) and gold items:
+    the same slots and leases, the order and the mix decided by the rule."""
+    from apps.feedback.selection import WINDOW, selection_order, share_slots
+    from apps.rewards.models import GoldItem
+
+    policy = run.cfg.feedback
+    gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
+    window = list(candidates.exclude(pk__in=gold_ids)[:WINDOW])
+    handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
+    order = selection_order(run=run, candidates=window, want=want, handed_out=handed_out)
+    mine = Assignment.objects.filter(run=run, annotator=annotator).count()
+    gold_turns = share_slots(start=mine, count=want, share=policy.gold_rate)
+    fresh_gold = [pk for pk in gold_ids - set(Assignment.objects.filter(run=run, annotator=annotator)
+                                                .values_list("experience_id", flat=True))]
+    random_gold = random.Random()
+    random_gold.shuffle(fresh_gold)
+    created: list[Assignment] = []
+    queue = iter(order)
+    for turn_is_gold in gold_turns:
+        got = None
+        if turn_is_gold and fresh_gold:
+            exp_id = fresh_gold.pop()
+            got = _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
+                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200))
+        while got is None:
+            nxt = next(queue, None)
+            if nxt is None:
+                return created
+            taken = set(Assignment.objects.filter(experience_id=nxt[0], status__in=_LIVE).values_list("slot", flat=True))
+            got = _slot_take(run=run, annotator=annotator, exp_id=nxt[0], expires=expires,
+                             slots=[s for s in range(policy.overlap) if s not in taken])
+        created.append(got)
     return created
 
 
@@ -171,8 +234,11 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
+    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+
     folds = signals_fold(member_ids=[m.pk for m in members], feedback=_group_feedback(
-        run=run, group_id=group_id, member_ids=[m.pk for m in members]))
+        run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run),
+        offsets=rater_offsets_cached(run=run))
     updated = 0
     for m in members:
         if m.status not in _OPEN:

@@ -1,0 +1,75 @@
+"""What the run learns about its own rewards: reward models trained from its human feedback
+(versioned like the policy), their scores of experiences, and gold items (experiences whose
+answer the owner knows, used to measure raters)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class RewardModel(models.Model):
+    """One published version of a run's learned reward model (workers/reward_trainer.py)."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reward_models")
+    version = models.PositiveIntegerField()
+    # A directory loadable by AutoModelForSequenceClassification (and its tokenizer).
+    path = models.CharField(max_length=1000)
+    base = models.CharField(max_length=1000, help_text="the model it was trained from")
+    # Pairwise accuracy on the held-out share of the preference pairs (None: no held-out pair).
+    accuracy = models.FloatField(null=True, blank=True)
+    pairs_train = models.PositiveIntegerField(default=0)
+    pairs_heldout = models.PositiveIntegerField(default=0)
+    # How many labels (feedback rows) the run had when this version's data was read.
+    labels = models.PositiveIntegerField(default=0)
+    seconds = models.FloatField(default=0.0, help_text="training time")
+    # A raw score s is put on the human scale as clamp(scale * s + offset, 0, 1): a least-
+    # squares fit of the rated experiences' human rewards on their scores at publication.
+    scale = models.FloatField(default=1.0)
+    offset = models.FloatField(default=0.5)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "version"]
+        constraints = [models.UniqueConstraint(fields=["run", "version"], name="reward_model_version_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} reward model v{self.version}"
+
+    def calibrated(self, score: float) -> float:
+        """A raw score on the human scale [0, 1]."""
+        return min(1.0, max(0.0, self.scale * score + self.offset))
+
+
+class RewardModelScore(models.Model):
+    """A reward model version's score of one experience; the version is part of the row."""
+
+    experience = models.ForeignKey("buffer.Experience", on_delete=models.CASCADE, related_name="rm_scores")
+    reward_model = models.ForeignKey(RewardModel, on_delete=models.CASCADE, related_name="scores")
+    score = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["experience", "reward_model"], name="rm_score_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.experience_id}: {self.score:.3f} (rm {self.reward_model_id})"
+
+
+class GoldItem(models.Model):
+    """An experience whose right rating the owner knows; mixed into annotators' queues at the
+    run's `feedback.gold_rate`, never announced, and used to measure each rater."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="gold_items")
+    experience = models.ForeignKey("buffer.Experience", on_delete=models.CASCADE, related_name="+")
+    # The known answer on the human scale [0, 1] (a 1..5 rating r is (r - 1) / 4).
+    answer = models.FloatField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "experience"], name="gold_item_unique")]
+
+    def __str__(self) -> str:
+        return f"gold {self.experience_id} = {self.answer}"

@@ -88,10 +88,37 @@ class RewardTerm(_Strict):
         return self
 
 
+class SelectionRule(_Strict):
+    """How the annotation queue is ordered (apps/feedback/selection.py). Each weight scales
+    one source of a candidate's priority, each on [0, 1]; all zero keeps arrival order.
+    `random_share` of the items handed out are drawn uniformly at random instead, so some
+    labels stay an unbiased sample (held-out evaluation of the reward model)."""
+
+    uncertainty: float = Field(0.0, ge=0.0, description="the reward model's small margin to the nearest sibling")
+    disagreement: float = Field(0.0, ge=0.0, description="reward model vs automatic reward (rank within the group)")
+    variance: float = Field(0.0, ge=0.0, description="spread of the group's automatic rewards")
+    random_share: float = Field(0.0, ge=0.0, le=1.0)
+
+
 class FeedbackPolicy(_Strict):
-    mode: Literal["auto", "blend", "human"] = "auto"
+    # learned: automatic reward + the run's reward model where no person rated (see
+    # apps/feedback/policy.py); needs reward_model.enabled.
+    mode: Literal["auto", "blend", "human", "learned"] = "auto"
     w_auto: float = Field(0.5, ge=0.0)
     w_human: float = Field(0.5, ge=0.0)
+    # learned: the reward model's weight beside w_auto where no person rated.
+    w_rm: float = Field(1.0, ge=0.0)
+    # learned falls back as blend until a reward model reaches this held-out pairwise accuracy.
+    min_rm_accuracy: float = Field(0.7, ge=0.0, le=1.0)
+    # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
+    # agreement with the other raters' consensus (apps/feedback/reliability.py).
+    rater_weighting: Literal["off", "gold", "agreement"] = "off"
+    # Subtract each rater's scale offset (how far their ratings sit above the others' on
+    # shared items) before folding, so a harsh or a generous rater counts like the rest.
+    normalise_raters: bool = False
+    # Share of an annotator's hand-outs that are gold items (known answers), unannounced.
+    gold_rate: float = Field(0.0, ge=0.0, le=0.5)
+    selection: SelectionRule = Field(default_factory=SelectionRule)
     # How long a group waits for human rewards before the fallback applies.
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
@@ -107,9 +134,27 @@ class FeedbackPolicy(_Strict):
 
     @model_validator(mode="after")
     def _weights(self) -> "FeedbackPolicy":
-        if self.mode == "blend" and self.w_auto + self.w_human <= 0:
-            raise ValueError("blend needs w_auto + w_human > 0")
+        if self.mode in ("blend", "learned") and self.w_auto + self.w_human <= 0:
+            raise ValueError(f"{self.mode} needs w_auto + w_human > 0")
         return self
+
+
+class RewardModelConfig(_Strict):
+    """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
+
+    enabled: bool = False
+    # "policy": the run's current checkpoint with a fresh scalar head; else a path or hub id.
+    base: str = Field("policy", min_length=1)
+    # Train a new version when this many labels (feedback rows) arrived since the last one.
+    retrain_every: int = Field(20, ge=1)
+    # Start each version from the previous version's weights instead of the base.
+    warm_start: bool = False
+    heldout_share: float = Field(0.2, gt=0.0, lt=1.0)
+    epochs: int = Field(4, ge=1, le=100)
+    learning_rate: float = Field(2e-4, gt=0.0)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=8)
+    score_batch_size: int = Field(64, ge=1)
 
 
 class ReplayConfig(_Strict):
@@ -201,6 +246,7 @@ class RunConfig(_Strict):
     feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     seed: int = 0
 
@@ -208,6 +254,8 @@ class RunConfig(_Strict):
     def _consistent(self) -> "RunConfig":
         if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
             raise ValueError("repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
+        if self.feedback.mode == "learned" and not self.reward_model.enabled:
+            raise ValueError("feedback.mode learned needs reward_model.enabled")
         return self
 
 

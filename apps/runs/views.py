@@ -282,8 +282,15 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "sync": weight_sync_points(run=run),
         },
         "export_kinds": EXPORT_KINDS,
+        **_reward_model_context(run),
     }
     return render(request, "runs/detail.html", context)
+
+
+def _reward_model_context(run: Run) -> dict[str, Any]:
+    from apps.rewards.learned import reward_model_summary
+
+    return {"rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection}
 
 
 @login_required

@@ -187,17 +187,6 @@ def test_the_vllm_judge_without_vllm_judges_through_the_workers_rollout_engine(
     engines.engine_cache_clear()
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_the_vllm_judge_reads_the_score_from_a_vllm_engine(judge_model: str) -> None:
-    import workers.engines as engines
-
-    scores, engine = _vllm_judge_scores(judge_model)
-    assert scores == [pytest.approx(0.7)] * 3
-    assert type(engine).__name__ == "VLLMEngine"
-    engines.engine_cache_clear()
-
-
 @pytest.mark.slow
 def test_a_judge_on_another_scale_is_normalised(judge_model: str) -> None:
     assert llm_judge_scores(COMPLETIONS[:1], TASKS[:1], model=judge_model, scale=14, max_tokens=8) == [pytest.approx(0.5)]

@@ -39,8 +39,11 @@ def test_grpo_trainer_still_has_the_internals_we_call() -> None:
     assert list(params)[1:5] == ["model", "input_ids", "attention_mask", "logits_to_keep"]
     source = inspect.getsource(GRPOTrainer._compute_loss)
     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
-                "old_per_token_logps", "ref_per_token_logps", "num_items_in_batch", "current_gradient_accumulation_steps"):
+                "old_per_token_logps", "ref_per_token_logps", "num_items_in_batch", "current_gradient_accumulation_steps",
+                "tool_mask"):
         assert key in source, f"GRPOTrainer._compute_loss no longer reads {key!r}"
+    # The action mask rides on TRL's tool_mask, multiplied into the completion mask for everything.
+    assert 'completion_mask * inputs["tool_mask"]' in source, "GRPOTrainer no longer folds tool_mask into its loss mask"
     for metric in ("entropy", "kl", "clip_ratio/region_mean"):
         assert f'"{metric}"' in source, f"GRPOTrainer no longer logs {metric!r}"
 

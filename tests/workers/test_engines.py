@@ -108,6 +108,34 @@ def test_greedy_outputs_of_vllm_and_transformers_agree(hf_engine: Any, vllm_engi
     assert sum("<answer>" in g[0].text for g in from_vllm) >= len(prompts) // 2
 
 
+def _assert_top_logprobs(samples: list[list[Sample]], k: int) -> None:
+    for group in samples:
+        for sample in group:
+            assert sample.top_logprobs is not None and len(sample.top_logprobs) == len(sample.token_ids)
+            for step, token, lp in zip(sample.top_logprobs, sample.token_ids, sample.logprobs):
+                assert len(step) == k and [x[1] for x in step] == sorted((x[1] for x in step), reverse=True)
+                # Greedy: the sampled token is the likeliest one, with its own logprob.
+                assert step[0][0] == token and step[0][1] == pytest.approx(lp, abs=1e-5)
+
+
+def test_the_transformers_engine_reports_the_top_logprobs_asked_for(hf_engine: Any) -> None:
+    sampling = SamplingSpec(temperature=0.0, max_tokens=6, logprobs=3)
+    _assert_top_logprobs(hf_engine.generate(_prompts(hf_engine)[:2], n=1, sampling=sampling), 3)
+    assert hf_engine.generate(_prompts(hf_engine)[:1], n=1, sampling=GREEDY)[0][0].top_logprobs is None
+
+
+@pytest.mark.vllm
+def test_vllm_reports_the_same_top_logprobs_as_transformers(hf_engine: Any, vllm_engine: Any) -> None:
+    sampling = SamplingSpec(temperature=0.0, max_tokens=6, logprobs=3)
+    from_vllm = vllm_engine.generate(_prompts(vllm_engine)[:2], n=1, sampling=sampling)
+    from_hf = hf_engine.generate(_prompts(hf_engine)[:2], n=1, sampling=sampling)
+    _assert_top_logprobs(from_vllm, 3)
+    for a, b in zip(from_vllm, from_hf):
+        for sa, sb in zip(a[0].top_logprobs or [], b[0].top_logprobs or []):
+            assert [t for t, _ in sa] == [t for t, _ in sb]
+            assert [lp for _, lp in sa] == pytest.approx([lp for _, lp in sb], abs=1e-4)
+
+
 @pytest.mark.vllm
 def test_vllm_logprobs_match_a_transformers_forward_pass(vllm_engine: Any, demo_model_dir: Path) -> None:
     prompts = _prompts(vllm_engine)[:3]

@@ -1,16 +1,22 @@
 """What the trainer trains on, built from buffer experiences; no TRL here.
 
 An experience stores prompt and response as one `token_ids` list split at `prompt_length`,
-with the rollout's per-token logprobs for the response part.
+with the rollout's per-token logprobs for the response part and, for multi-turn
+trajectories, an action mask over the response: 1 where the model sampled the token, 0 where
+the environment (a tool's output, a user turn) or the pipeline (a truncated response) put it.
+Only action tokens are trained on; the others are context.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,19 @@ class Rollout:
     reward: float | None = None
     is_expert: bool = False
     model_version: int = 0
+    # One 0/1 per completion token; None: every token is the model's own.
+    action_mask: list[int] | None = None
+
+    @property
+    def trained_mask(self) -> list[int]:
+        """1 for each completion token the loss sees, 0 for context the model did not write."""
+        if self.action_mask is None:
+            return [1] * len(self.completion_ids)
+        return [1 if m else 0 for m in self.action_mask]
+
+    @property
+    def action_count(self) -> int:
+        return sum(self.trained_mask)
 
 
 def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
@@ -37,6 +56,14 @@ def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
     if not tokens and tokenizer is not None and getattr(exp, "response_text", ""):
         tokens, cut = _tokenise_text(exp, tokenizer)
     logprobs = list(exp.logprobs) if exp.logprobs is not None else None
+    mask = getattr(exp, "action_mask", None)
+    completion_length = len(tokens) - cut
+    if mask is not None and len(mask) != completion_length:
+        # experience_write refuses this shape; a row that has it anyway is trained on nowhere
+        # rather than guessed at (or failing the whole step).
+        log.warning("experience %s: action_mask has %d entries for %d response tokens; none trained on",
+                    exp.pk, len(mask), completion_length)
+        mask = [0] * completion_length
     return Rollout(
         id=int(exp.pk),
         group_id=str(exp.group_id),
@@ -46,6 +73,7 @@ def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
         reward=exp.reward,
         is_expert=bool(exp.is_expert),
         model_version=int(exp.model_version or 0),
+        action_mask=[int(bool(m)) for m in mask] if mask is not None else None,
     )
 
 
@@ -80,7 +108,15 @@ class TrainBatch:
 
 
 def trainable(rollouts: Iterable[Rollout]) -> list[Rollout]:
-    """Rollouts with a response to learn from (an empty completion has no tokens to score)."""
+    """Rollouts with a token to learn from: an empty completion, or one whose action mask is
+    all zeros (environment text only, a masked truncated response), has nothing to score."""
+    return [r for r in rollouts if r.completion_ids and r.action_count > 0]
+
+
+def scored(rollouts: Iterable[Rollout]) -> list[Rollout]:
+    """Rollouts whose reward takes part in their group's statistics: every one with a
+    response, masked or not (a masked truncated response still tells its group how well
+    the prompt went; it just contributes no tokens to the loss)."""
     return [r for r in rollouts if r.completion_ids]
 
 

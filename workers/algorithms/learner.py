@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from workers.algorithms import trl_bridge as bridge
-from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, preference_pairs, trainable
+from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, preference_pairs, scored, trainable
 
 ALGORITHMS = ("grpo", "dpo", "sft", "mix")
 
@@ -84,11 +84,19 @@ class Learner:
 
     def grpo_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
         assert self.grpo is not None
-        rollouts = trainable(rollouts)
-        if not rollouts:
+        rows = scored(rollouts)
+        if not rows:
             raise NothingToTrain("no rollout with a response")
-        advantages = group_advantages(rollouts, scale=self.spec.params.scale_rewards)
+        # Advantages over every scored row (a masked one's reward still sets its group's
+        # baseline); the loss sees only rows with at least one action token.
+        all_advantages = group_advantages(rows, scale=self.spec.params.scale_rewards)
+        keep = [i for i, r in enumerate(rows) if r.action_count > 0]
+        if not keep:
+            raise NothingToTrain("no rollout with a token the model sampled (every action mask is zero)")
+        rollouts = [rows[i] for i in keep]
+        advantages = all_advantages[keep]
         have_logprobs = all(r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts)
+        masked = any(r.action_mask is not None for r in rollouts)
         inputs = bridge.grpo_inputs(
             trainer=self.grpo,
             prompt_ids=[r.prompt_ids for r in rollouts],
@@ -96,6 +104,7 @@ class Learner:
             # Without stored logprobs, TRL's ratio is against the current policy (on-policy).
             old_logprobs=[list(r.logprobs or []) for r in rollouts] if have_logprobs else None,
             advantages=advantages,
+            action_masks=[r.trained_mask for r in rollouts] if masked else None,
         )
         if self.spec.params.beta > 0:
             inputs["ref_per_token_logps"] = bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
@@ -107,8 +116,12 @@ class Learner:
         assert self.sft is not None
         rollouts = trainable(rollouts)
         if not rollouts:
-            raise NothingToTrain("no expert rollout with a response")
-        inputs = bridge.sft_inputs(trainer=self.sft, rows=[(r.prompt_ids, r.completion_ids) for r in rollouts])
+            raise NothingToTrain("no expert rollout with a token to learn (empty, or every action mask zero)")
+        inputs = bridge.sft_inputs(
+            trainer=self.sft,
+            rows=[(r.prompt_ids, r.completion_ids) for r in rollouts],
+            action_masks=[r.action_mask for r in rollouts],
+        )
         return bridge.sft_loss(trainer=self.sft, model=self.model, inputs=inputs)
 
     def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -181,7 +194,9 @@ class Learner:
                 "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
                 "batch_size": float(len(rows)),
                 "expert_count": float(len(batch.expert)),
-                "response_length": sum(len(r.completion_ids) for r in rows) / max(1, len(rows)),
+                # What the model wrote: environment tokens and masked responses count for nothing.
+                "response_length": sum(r.action_count for r in rows) / max(1, len(rows)),
+                "action_tokens": float(sum(r.action_count for r in rows)),
                 "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
                 "update_seconds": seconds,
             }

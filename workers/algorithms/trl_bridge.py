@@ -140,9 +140,18 @@ def _pad(seqs: list[list[int]] | list[list[float]], *, value: float, side: str, 
 def grpo_inputs(
     *, trainer: Any, prompt_ids: list[list[int]], completion_ids: list[list[int]],
     old_logprobs: list[list[float]] | None, advantages: torch.Tensor,
+    action_masks: list[list[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The dict `GRPOTrainer._generate_and_score_completions` returns, built from stored
-    rollouts: prompts left-padded, completions right-padded, the rollout logprobs as π_old."""
+    rollouts: prompts left-padded, completions right-padded, the rollout logprobs as π_old.
+
+    `action_masks` (one 0/1 per completion token) goes in as TRL's `tool_mask`, which its
+    loss multiplies into the completion mask everywhere: the loss, the sequence-level
+    importance weights, the entropy and clipping metrics. The token count the dapo/cispo/
+    vespo losses divide by (`num_items_in_batch`) counts action tokens only, and the stored
+    logprobs of masked tokens are replaced by 0 so a placeholder there (an environment's
+    0, or anything) never reaches a ratio (exp of a huge difference times a zero mask is NaN).
+    """
     pad_id = trainer.processing_class.pad_token_id
     completion_mask = _pad([[1] * len(c) for c in completion_ids], value=0, side="right", dtype=torch.long)
     inputs: dict[str, torch.Tensor] = {
@@ -153,8 +162,18 @@ def grpo_inputs(
         "advantages": advantages.to(torch.float32),
         "num_items_in_batch": completion_mask.sum(),
     }
+    if action_masks is not None:
+        for mask, completion in zip(action_masks, completion_ids, strict=True):
+            if len(mask) != len(completion):
+                raise ValueError(f"an action mask has {len(mask)} entries for {len(completion)} completion tokens")
+        tool_mask = _pad(action_masks, value=0, side="right", dtype=torch.long)
+        inputs["tool_mask"] = tool_mask
+        inputs["num_items_in_batch"] = (completion_mask * tool_mask).sum()
     if old_logprobs is not None:
-        inputs["old_per_token_logps"] = _pad(old_logprobs, value=0.0, side="right", dtype=torch.float32)
+        old = _pad(old_logprobs, value=0.0, side="right", dtype=torch.float32)
+        if action_masks is not None:
+            old = old.masked_fill(inputs["tool_mask"] == 0, 0.0)
+        inputs["old_per_token_logps"] = old
     return inputs
 
 
@@ -272,10 +291,21 @@ def sft_trainer_build(
     return trainer
 
 
-def sft_inputs(*, trainer: Any, rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
-    """(prompt_ids, completion_ids) pairs through TRL's LM collator, loss on the completion only."""
-    # The labels TRL's dataset preparation builds (`build_labels`): -100 outside the completion.
-    examples = [{"input_ids": p + c, "labels": [-100] * len(p) + list(c)} for p, c in rows]
+def sft_inputs(
+    *, trainer: Any, rows: list[tuple[list[int], list[int]]], action_masks: list[list[int] | None] | None = None
+) -> dict[str, torch.Tensor]:
+    """(prompt_ids, completion_ids) pairs through TRL's LM collator, loss on the completion only.
+
+    A completion token whose action mask is 0 is labelled -100 like the prompt: TRL's SFT loss,
+    its token count and its entropy and accuracy metrics all skip such labels."""
+    masks = action_masks or [None] * len(rows)
+    examples = []
+    for (p, c), mask in zip(rows, masks, strict=True):
+        if mask is not None and len(mask) != len(c):
+            raise ValueError(f"an action mask has {len(mask)} entries for {len(c)} completion tokens")
+        # The labels TRL's dataset preparation builds (`build_labels`): -100 outside the completion.
+        labels = [t if mask is None or mask[i] else -100 for i, t in enumerate(c)]
+        examples.append({"input_ids": p + c, "labels": [-100] * len(p) + labels})
     return trainer.data_collator(examples)
 
 

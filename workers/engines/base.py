@@ -25,6 +25,8 @@ class Sample:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
+    # With SamplingSpec.logprobs = k > 0: per token, the k likeliest (token id, logprob).
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class SamplingSpec:
     max_tokens: int = 64
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
+    # How many alternatives per token to report besides the sampled one (OpenAI's top_logprobs).
+    logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -46,6 +50,8 @@ class SamplingSpec:
             raise ValueError("top_k must be -1, 0 or positive")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if not 0 <= self.logprobs <= 20:
+            raise ValueError("logprobs must be from 0 to 20")
         object.__setattr__(self, "stop", tuple(self.stop))
 
     @property

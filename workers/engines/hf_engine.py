@@ -37,6 +37,7 @@ class HFEngine:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
             model.eval()
             self.model, self.path, self._version = model, path, version
+            self.max_model_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
 
     def _eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
@@ -95,6 +96,7 @@ class HFEngine:
         for row in range(generated.shape[0]):
             tokens: list[int] = []
             logprobs: list[float] = []
+            top: list[list[tuple[int, float]]] | None = [] if sampling.logprobs else None
             finish = "length"
             for t in range(generated.shape[1]):
                 token = int(generated[row, t])
@@ -105,6 +107,9 @@ class HFEngine:
                 tokens.append(token)
                 assert logps is not None
                 logprobs.append(float(logps[row, t, token]))
+                if top is not None:
+                    values, indices = torch.topk(logps[row, t], sampling.logprobs)
+                    top.append([(int(i), float(v)) for i, v in zip(indices.tolist(), values.tolist())])
                 if token in eos:
                     finish = "stop"
                     break
@@ -112,5 +117,5 @@ class HFEngine:
             text, stopped = trim_at_stop(text, sampling.stop)
             if stopped:
                 finish = "stop"
-            samples.append(Sample(token_ids=tokens, logprobs=logprobs, text=text, finish_reason=finish))
+            samples.append(Sample(token_ids=tokens, logprobs=logprobs, text=text, finish_reason=finish, top_logprobs=top))
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]

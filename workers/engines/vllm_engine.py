@@ -52,6 +52,7 @@ class VLLMEngine:
             kwargs.update(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization)
         self._lock = threading.Lock()
         self.llm = LLM(**kwargs)
+        self.max_model_len = int(kwargs["max_model_len"])
         self.tokenizer = tokenizer_load(path)
         self.path = path
         self._version: int | None = version
@@ -87,7 +88,7 @@ class VLLMEngine:
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             seed=sampling.seed,
-            logprobs=0,
+            logprobs=sampling.logprobs,
         )
         inputs = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(copies)]
         with self._lock:
@@ -98,5 +99,13 @@ class VLLMEngine:
                 tokens = list(completion.token_ids)
                 logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens)]
                 finish = "length" if completion.finish_reason == "length" else "stop"
-                flat.append(Sample(token_ids=tokens, logprobs=logprobs, text=completion.text, finish_reason=finish))
+                top = None
+                if sampling.logprobs:
+                    # vLLM's dict holds the top k and the sampled token; rank orders them.
+                    top = [
+                        [(int(t), float(lp.logprob)) for t, lp in sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+                         if lp.rank is not None and lp.rank <= sampling.logprobs][: sampling.logprobs]
+                        for step in completion.logprobs or []
+                    ]
+                flat.append(Sample(token_ids=tokens, logprobs=logprobs, text=completion.text, finish_reason=finish, top_logprobs=top))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]

@@ -2,7 +2,7 @@
 
   rft create CONFIG --name NAME [--owner USER] [--taskset FILE]   create a draft run
   rft start|pause|resume|stop RUN [--as USER]                      move a run (audited)
-  rft export RUN --kind sft|dpo|grpo --out PATH [--format jsonl|hf] export the buffer
+  rft export RUN --kind sft|dpo|grpo|preferences --out PATH [--format jsonl|hf] export the buffer
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
   rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person

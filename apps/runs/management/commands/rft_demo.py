@@ -39,6 +39,9 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[s
         # the demo also runs with nobody rating.
         "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
                      "guidelines": DEMO_GUIDELINES},
+        # People's ratings teach a reward model on the reward queue (from the demo model itself);
+        # switch feedback.mode to learned on the run page to train on it.
+        "reward_model": {"enabled": True, "base": "policy", "retrain_every": 20, "max_length": 64},
     }
 
 

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from rftweb.celery import QUEUES
 
-WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize"]
+WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize", "workers.reward_trainer"]
 
 
 class Command(BaseCommand):

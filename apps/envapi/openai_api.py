@@ -1,0 +1,222 @@
+"""The OpenAI-compatible endpoint of a run: `/api/v1/runs/<id>/openai/v1/…`.
+
+Point any OpenAI client at `base_url=<site>/api/v1/runs/<id>/openai/v1` with one of the run's
+API keys (the environment API's, made on the run's Keys page) as the api key:
+
+- `POST chat/completions`: messages (tools and tool results too), n, temperature, top_p,
+  max_tokens / max_completion_tokens, stop, seed, logprobs / top_logprobs, tools /
+  tool_choice ("auto", "none"), stream (server-sent `chat.completion.chunk`s), usage;
+- `POST completions`: a prompt (text, token ids, or a list of texts), the same sampling;
+- `GET models`: `run-<id>` (the current version) and `run-<id>@v<N>` for each version.
+
+Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: true` the
+chunks go out once the worker has answered (the rollout engines generate whole completions),
+a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
+"code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
+(`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
+502/503 when no rollout worker answers.
+
+A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_session`, or
+`user`) and its task (`X-Rft-Task` / `metadata.rft_task`): see `apps/envapi/agent_sessions.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+
+from apps.envapi import openai_services as oa
+from apps.hygiene import InputRejected, tree_check
+from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
+from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
+from apps.runs.models import Run
+from rftweb.exceptions import Unavailable, UpstreamFailed
+
+
+def _error(exc: oa.OpenAIError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
+
+
+def _authorise(request: HttpRequest, run_id: int, *actions: str) -> tuple[Run, KeyPrincipal]:
+    """The run and key of a request whose key holds one of `actions` for this run."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise oa.OpenAIError(401, "send the run's API key as 'Authorization: Bearer rft_…'", code="invalid_api_key",
+                             headers={"WWW-Authenticate": "Bearer"})
+    principal = api_key_authenticate(raw=raw.strip())
+    if principal is None:
+        raise oa.OpenAIError(401, "unknown or revoked API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    run = Run.objects.filter(pk=run_id).first()
+    if run_id not in principal.run_ids:
+        if run is None:
+            raise oa.OpenAIError(404, f"run {run_id} not found", code="not_found")
+        raise oa.OpenAIError(403, f"this key is not scoped to run {run_id}", code="permission_denied")
+    if run is None:
+        raise oa.OpenAIError(404, f"run {run_id} not found", code="not_found")
+    if not any(principal.can(a) for a in actions):
+        raise oa.OpenAIError(403, f"this key may not {' or '.join(actions)} (it may: {', '.join(principal.key.actions) or 'nothing'})",
+                             code="permission_denied")
+    wait = rate_limit_hit(key=principal.key)
+    if wait is not None:
+        raise oa.OpenAIError(429, f"over this key's limit of {principal.key.rate_limit_per_minute} requests a minute",
+                             code="rate_limit_exceeded", headers={"Retry-After": str(max(1, math.ceil(wait)))})
+    return run, principal
+
+
+def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
+    if request.content_type and "json" not in request.content_type:
+        raise oa.OpenAIError(400, "send the body as application/json", code="invalid_request")
+    body = request.body
+    if len(body) > settings.RFT_MAX_BODY_BYTES:
+        raise oa.OpenAIError(413, f"the request body is larger than {settings.RFT_MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        data = json.loads(body, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(f"{name} is not a JSON number")))
+    except (ValueError, RecursionError) as exc:
+        raise oa.OpenAIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise oa.OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+    try:
+        # NUL, lone surrogates, NaN: what Postgres cannot hold, refused as the environment API does.
+        tree_check(data)
+    except InputRejected as exc:
+        raise oa.OpenAIError(400, f"{exc.field}: {exc.message}", param=exc.field, code="invalid_value") from None
+    try:
+        return schema.model_validate(data)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise oa.OpenAIError(400, f"{loc}: {message}" if loc else message, param=loc, code="invalid_value") from None
+
+
+def _in_thread(fn: Any) -> Any:
+    """`fn` run by sync_to_async, its database connection closed when it returns. Under ASGI
+    each request's sync calls run on a thread of their own, which keeps its connection for
+    CONN_MAX_AGE: 16 concurrent agents held 16-22 Postgres connections between calls (and a
+    shared Postgres ran out). A call here spends its time waiting for generation, not in
+    the database, so reconnecting costs little."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(run)
+
+
+def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[Any, ...]:
+    """Everything before generation, in one trip to the database: key, body, model, session."""
+    from apps.envapi import agent_sessions
+
+    run, principal = _authorise(request, run_id, "submit")
+    req = _parse(request, ChatCompletionIn if kind == "chat" else CompletionIn)
+    version = oa.model_resolve(run=run, name=req.model)
+    session = agent_sessions.session_named(headers=request.headers, user=req.user, metadata=req.metadata)
+    if session is not None:
+        agent_sessions.session_check(run=run, key=principal.key, session=session)
+    return run, principal, req, version, session
+
+
+def _timeout() -> float:
+    return float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0))
+
+
+async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        # Off the shared sync thread: waiting for a worker must not stall other requests.
+        return await sync_to_async(oa.openai_generate, thread_sensitive=False)(run=run, request=request, timeout=_timeout())
+    except Unavailable as exc:
+        raise oa.OpenAIError(503, f"{exc}; start a worker on the 'rollout' queue or try again", code="engine_unavailable",
+                             headers={"Retry-After": "5"}) from None
+    except UpstreamFailed as exc:
+        raise oa.OpenAIError(502, str(exc), code="engine_error") from None
+
+
+def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingHttpResponse:
+    async def stream() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk, separators=(',', ':'), ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponse:
+    from apps.envapi import agent_sessions
+
+    try:
+        if request.method != "POST":
+            raise oa.OpenAIError(405, "use POST", code="method_not_allowed")
+        run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, kind)
+        build = oa.chat_request_build if kind == "chat" else oa.completion_request_build
+        answer = await _generate(run, build(req=req, version=version))  # type: ignore[arg-type]
+        if session is not None:
+            await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
+                                                         answer=answer)
+    except oa.OpenAIError as exc:
+        return _error(exc)
+    env = oa.envelope(kind=kind, model=req.model, run=run, version=int(answer["model_version"]))
+    if kind == "chat":
+        if req.stream:
+            return _sse(oa.chat_chunks(req=req, answer=answer, env=env))
+        return JsonResponse(oa.chat_body(req=req, answer=answer, env=env))
+    if req.stream:
+        return _sse(oa.completion_chunks(req=req, answer=answer, env=env))
+    return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest, run_id: int) -> HttpResponse:
+    return await _serve(request, run_id, "chat")
+
+
+@csrf_exempt
+async def completions(request: HttpRequest, run_id: int) -> HttpResponse:
+    return await _serve(request, run_id, "completion")
+
+
+@csrf_exempt
+async def models(request: HttpRequest, run_id: int) -> HttpResponse:
+    try:
+        if request.method != "GET":
+            raise oa.OpenAIError(405, "use GET", code="method_not_allowed")
+
+        def listing() -> dict[str, Any]:
+            run, _ = _authorise(request, run_id, "read", "submit")
+            return oa.models_list(run=run)
+
+        return JsonResponse(await _in_thread(listing)())
+    except oa.OpenAIError as exc:
+        return _error(exc)
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, run_id: int, rest: str) -> HttpResponse:
+    return _error(oa.OpenAIError(404, f"no such endpoint: /v1/{rest}", code="not_found"))
+
+
+urlpatterns = [
+    path("chat/completions", chat_completions, name="openai-chat"),
+    path("completions", completions, name="openai-completions"),
+    path("models", models, name="openai-models"),
+    path("<path:rest>", not_found),
+]

@@ -1,0 +1,296 @@
+"""Services of the OpenAI-compatible endpoint: model names, generation on a rollout worker,
+and the response bodies OpenAI's clients expect.
+
+A run's models are named `run-<id>` (its current version) and `run-<id>@v<N>` (version N).
+Generation is one `workers.explorer.chat` task on the `rollout` queue (`workers/chat.py`);
+its answer carries the exact token ids and logprobs, which the session recorder keeps.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
+from apps.runs.models import ModelVersion, Run
+from rftweb.exceptions import Unavailable, UpstreamFailed
+
+CHAT_TASK = "workers.explorer.chat"
+_MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
+
+
+class OpenAIError(Exception):
+    """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with `status`."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+             429: "rate_limit_error", 502: "server_error", 503: "server_error"}
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        super().__init__(message)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+def model_name(*, run: Run, version: int | None = None) -> str:
+    return f"run-{run.pk}" if version is None else f"run-{run.pk}@v{version}"
+
+
+def model_resolve(*, run: Run, name: str) -> int | None:
+    """The version a model name asks for (None: the current one); OpenAIError 404 for a name
+    that is not one of this run's models."""
+    match = _MODEL.match(name.strip())
+    if match is None or int(match.group(1)) != run.pk:
+        raise OpenAIError(404, f"the model {name!r} does not exist here; this run's models are "
+                               f"{model_name(run=run)!r} (current version) and {model_name(run=run)}@v<N>",
+                          param="model", code="model_not_found")
+    if match.group(2) is None:
+        return None
+    version = int(match.group(2))
+    if version != 0 and not ModelVersion.objects.filter(run=run, number=version).exists():
+        raise OpenAIError(404, f"run {run.pk} has no model version {version}", param="model", code="model_not_found")
+    return version
+
+
+def models_list(*, run: Run) -> dict[str, Any]:
+    created = int(run.created_at.timestamp())
+    data = [{"id": model_name(run=run), "object": "model", "created": created, "owned_by": "rftweb",
+             "current_version": run.current_version}]
+    data.append({"id": model_name(run=run, version=0), "object": "model", "created": created, "owned_by": "rftweb"})
+    for number, at in ModelVersion.objects.filter(run=run).order_by("number").values_list("number", "created_at"):
+        data.append({"id": model_name(run=run, version=number), "object": "model",
+                     "created": int(at.timestamp()), "owned_by": "rftweb"})
+    return {"object": "list", "data": data}
+
+
+def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | None) -> dict[str, Any]:
+    sampling: dict[str, Any] = {"logprobs": top}
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(req, name)
+        if value is not None:
+            sampling[name] = value
+    if limit is not None:
+        sampling["max_tokens"] = limit
+    if req.stop is not None:
+        sampling["stop"] = req.stops()
+    return sampling
+
+
+def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> dict[str, Any]:
+    """What `workers/chat.py` gets for a chat completion."""
+    return {
+        "kind": "chat",
+        "messages": [m.for_template() for m in req.messages],
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else None,
+        "n": req.n,
+        "sampling": _sampling(req, top=(req.top_logprobs or 0) if req.logprobs else 0, limit=req.token_limit()),
+        "version": version,
+    }
+
+
+def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[str, Any]:
+    return {
+        "kind": "completion",
+        "prompts": req.prompts(),
+        "n": req.n,
+        "sampling": _sampling(req, top=req.logprobs or 0, limit=req.max_tokens),
+        "version": version,
+    }
+
+
+def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Send one request to a rollout worker and wait; OpenAIError for what the worker
+    refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+    from kombu.exceptions import OperationalError
+
+    from rftweb.celery import app
+
+    try:
+        result = app.send_task(CHAT_TASK, args=[run.pk, request], queue="rollout", expires=timeout)
+    except OperationalError as exc:
+        raise Unavailable(f"the task broker is unreachable ({exc})") from None
+    try:
+        answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
+    except CeleryTimeout:
+        result.revoke()
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s") from None
+    except Exception as exc:  # the worker's exception, re-raised by Celery
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(answer, dict):
+        raise UpstreamFailed("the rollout worker returned a malformed result")
+    if "error" in answer:
+        err = answer["error"] or {}
+        raise OpenAIError(int(err.get("status") or 400), str(err.get("message") or "refused"),
+                          param=err.get("param"), code=err.get("code"))
+    prompts = answer.get("prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, dict) and p.get("choices") for p in prompts):
+        raise UpstreamFailed("the rollout worker returned a malformed result")
+    return answer
+
+
+# ---- response bodies -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+
+
+def envelope(*, kind: str, model: str, run: Run, version: int) -> Envelope:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Envelope(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model,
+                    fingerprint=f"rft-run{run.pk}-v{version}")
+
+
+def usage(answer: dict[str, Any]) -> dict[str, int]:
+    prompt = sum(len(p["prompt_token_ids"]) for p in answer["prompts"])
+    completion = sum(len(c["token_ids"]) for p in answer["prompts"] for c in p["choices"])
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+def _chat_logprob(token: str, logprob: float, top: list[list[Any]] | None) -> dict[str, Any]:
+    return {
+        "token": token, "logprob": logprob, "bytes": _bytes(token),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": _bytes(t)} for t, lp in (top or [])],
+    }
+
+
+def _chat_logprobs(choice: dict[str, Any], *, start: int = 0, stop: int | None = None) -> dict[str, Any]:
+    tops = choice.get("top_logprobs")
+    idx = range(len(choice["token_ids"]))[start:stop]
+    return {"content": [_chat_logprob(choice["tokens"][i], choice["logprobs"][i], tops[i] if tops else None) for i in idx],
+            "refusal": None}
+
+
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    calls = choice.get("tool_calls") or []
+    content = choice.get("content", choice["text"]) if "content" in choice else choice["text"]
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_body(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope) -> dict[str, Any]:
+    [prompt] = answer["prompts"]
+    choices = []
+    for i, c in enumerate(prompt["choices"]):
+        choice: dict[str, Any] = {"index": i, "message": _message(c), "logprobs": _chat_logprobs(c) if req.logprobs else None,
+                                  "finish_reason": c["finish_reason"]}
+        if req.return_token_ids:
+            choice["token_ids"] = c["token_ids"]
+        choices.append(choice)
+    body: dict[str, Any] = {"id": env.id, "object": "chat.completion", "created": env.created, "model": env.model,
+                            "system_fingerprint": env.fingerprint, "choices": choices, "usage": usage(answer)}
+    if req.return_token_ids:
+        body["prompt_token_ids"] = prompt["prompt_token_ids"]
+    return body
+
+
+def _completion_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
+    offsets, at = [], 0
+    for piece in choice["pieces"]:
+        offsets.append(at)
+        at += len(piece)
+    tops = choice.get("top_logprobs")
+    return {"tokens": choice["tokens"], "token_logprobs": choice["logprobs"],
+            "top_logprobs": [{t: lp for t, lp in step} for step in tops] if tops else None, "text_offset": offsets}
+
+
+def completion_body(*, req: CompletionIn, answer: dict[str, Any], env: Envelope) -> dict[str, Any]:
+    choices = []
+    for p in answer["prompts"]:
+        for c in p["choices"]:
+            choice: dict[str, Any] = {"index": len(choices), "text": c["text"], "finish_reason": c["finish_reason"],
+                                      "logprobs": _completion_logprobs(c) if req.logprobs is not None else None}
+            if req.return_token_ids:
+                choice["prompt_token_ids"] = p["prompt_token_ids"]
+                choice["token_ids"] = c["token_ids"]
+            choices.append(choice)
+    return {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+            "system_fingerprint": env.fingerprint, "choices": choices, "usage": usage(answer)}
+
+
+def _clipped_pieces(choice: dict[str, Any], text: str) -> Iterator[tuple[int, str]]:
+    """(token index, piece) whose pieces join to `text`: a stop string the engine cut from
+    the text, or a tool call after the content, ends the stream of pieces early."""
+    sent = ""
+    for i, piece in enumerate(choice["pieces"]):
+        if not piece:
+            continue
+        if text.startswith(sent + piece):
+            sent += piece
+            yield i, piece
+        else:
+            rest = text[len(sent):]
+            if rest and text.startswith(sent):
+                yield i, rest
+            return
+
+
+def chat_chunks(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope) -> Iterator[dict[str, Any]]:
+    """The answer as OpenAI's `chat.completion.chunk`s: per choice the role, the content a
+    token at a time (with its logprobs when asked), the tool calls, the finish reason; then
+    the usage when `stream_options.include_usage`."""
+    [prompt] = answer["prompts"]
+    usage_last = bool(req.stream_options and req.stream_options.include_usage)
+
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": env.id, "object": "chat.completion.chunk", "created": env.created,
+                               "model": env.model, "system_fingerprint": env.fingerprint, "choices": choices}
+        if usage_last:
+            out["usage"] = None
+        return out
+
+    for i, c in enumerate(prompt["choices"]):
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        content = _message(c)["content"] or ""
+        for t, piece in _clipped_pieces(c, content):
+            logprobs = _chat_logprobs(c, start=t, stop=t + 1) if req.logprobs else None
+            yield chunk([{"index": i, "delta": {"content": piece}, "logprobs": logprobs, "finish_reason": None}])
+        calls = c.get("tool_calls") or []
+        if calls:
+            yield chunk([{"index": i, "delta": {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]},
+                          "logprobs": None, "finish_reason": None}])
+        yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}])
+    if usage_last:
+        out = chunk([])
+        out["usage"] = usage(answer)
+        yield out
+
+
+def completion_chunks(*, req: CompletionIn, answer: dict[str, Any], env: Envelope) -> Iterator[dict[str, Any]]:
+    usage_last = bool(req.stream_options and req.stream_options.include_usage)
+    index = 0
+    for p in answer["prompts"]:
+        for c in p["choices"]:
+            for _, piece in _clipped_pieces(c, c["text"]):
+                yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+                       "choices": [{"index": index, "text": piece, "logprobs": None, "finish_reason": None}]}
+            yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+                   "choices": [{"index": index, "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}]}
+            index += 1
+    if usage_last:
+        yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+               "choices": [], "usage": usage(answer)}

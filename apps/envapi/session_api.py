@@ -1,0 +1,54 @@
+"""`POST /api/v1/runs/{run_id}/sessions/{name}/finish`: an agent session's reward, which turns
+its recorded calls into experiences (apps/envapi/agent_sessions.py). Registered on the
+environment API in apps/envapi/api.py."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from django.http import HttpRequest
+from ninja import Field, Path, Router, Schema
+
+from apps.envapi import agent_sessions
+from rftweb.exceptions import Conflict, NotFound
+
+
+class SessionFinishIn(Schema):
+    reward: float = Field(..., allow_inf_nan=False, description="the session's reward")
+    reward_parts: Annotated[dict[Annotated[str, Field(min_length=1, max_length=100)], Annotated[float, Field(allow_inf_nan=False)]],
+                            Field(max_length=64)] = Field(default_factory=dict)
+
+
+class SessionSplit(Schema):
+    call: int
+    reason: str
+
+
+class SessionFinishOut(Schema):
+    session: str
+    status: str
+    experience_ids: list[int]
+    turns: int
+    splits: list[SessionSplit]
+    created: bool = Field(description="false: the session was already finished; nothing changed")
+
+
+def router_build(*, auth: Any, run_for: Any, responses: Any) -> Router:
+    router = Router(tags=["sessions"])
+
+    @router.post("/runs/{run_id}/sessions/{name}/finish", auth=auth, response=responses(SessionFinishOut, 409),
+                 summary="Finish an agent session: its calls become one multi-turn experience")
+    def session_finish(request: HttpRequest, payload: SessionFinishIn,
+                       run_id: int = Path(..., ge=1, le=2**63 - 1),
+                       name: str = Path(..., min_length=1, max_length=200)) -> dict[str, Any]:
+        run = run_for(request, run_id)
+        try:
+            result = agent_sessions.session_finish(run=run, name=name, reward=payload.reward,
+                                                   reward_parts=payload.reward_parts,
+                                                   key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
+        except agent_sessions.SessionRejected as exc:
+            raise (NotFound if exc.status == 404 else Conflict)(str(exc)) from None
+        return {"session": name, "status": result.session.status, "experience_ids": result.experience_ids,
+                "turns": int(result.session.assembly.get("calls", 0)), "splits": result.splits, "created": result.created}
+
+    return router

@@ -1,0 +1,140 @@
+"""Preference pairs from every kind of human feedback: what the reward model learns from and
+what the preference export writes (TRL's prompt / chosen / rejected format).
+
+- ratings: within one group (the completions of one prompt), a member whose human reward
+  (the mean of its ratings, each rater weighted by reliability when the run says so) is
+  higher is preferred over one whose is lower; equal rewards give no pair;
+- rankings: every ordered pair of one ranking (best first), per ranking;
+- pairwise: the winner over the loser; a tie gives no pair;
+- edits: the corrected text (an expert experience) over the original it corrects.
+
+Each pair keeps the group it came from, so held-out splits can keep a whole prompt out of
+training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Feedback
+from apps.feedback.policy import signals_fold
+from apps.runs.models import Run
+
+# Signals whose raters' weights add up to less than this count as no one's rating (the
+# learned policy then uses the reward model for the member, and no rating pair is made).
+TRUSTED_WEIGHT = 0.5
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+    chosen_id: int
+    rejected_id: int
+    group_id: str
+    kind: str  # the feedback kind it came from
+    # How much more the chosen is preferred, on the human scale [0, 1] (1.0 for a choice).
+    margin: float
+
+
+def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str) -> PreferencePair:
+    return PreferencePair(
+        prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
+        chosen_id=chosen.pk, rejected_id=rejected.pk, group_id=group_id, kind=kind, margin=margin,
+    )
+
+
+def preference_pairs(
+    *, run: Run, include_late: bool = True, rater_weights: Mapping[int, float] | None = None,
+    rater_offsets: Mapping[int, float] | None = None, exclude_experience_ids: set[int] | None = None,
+) -> list[PreferencePair]:
+    """Every preference pair the run's feedback implies, oldest feedback first.
+
+    Late feedback (stored after its target was trained on) still says what people prefer,
+    so it is included unless `include_late` is False. `rater_weights` (author id -> weight)
+    weights each rater's ratings in a member's mean, `rater_offsets` shifts each rater's scale
+    (apps.feedback.reliability). Gold items are left out by passing
+    their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
+    """
+    skip = exclude_experience_ids or set()
+    qs = Feedback.objects.filter(run=run, kind__in=[Feedback.Kind.RATING, Feedback.Kind.RANKING,
+                                                    Feedback.Kind.PAIRWISE, Feedback.Kind.EDIT])
+    if not include_late:
+        qs = qs.filter(late=False)
+    rows = list(qs.order_by("created_at", "id").only("kind", "experience_id", "other_id", "group_id", "author_id",
+                                                      "value"))
+    wanted: set[int] = set()
+    for fb in rows:
+        if fb.kind == Feedback.Kind.RANKING:
+            wanted.update(int(x) for x in fb.value.get("order", []))
+        elif fb.kind == Feedback.Kind.EDIT:
+            wanted.update(x for x in (fb.experience_id, fb.value.get("expert_id")) if x)
+        else:
+            wanted.update(x for x in (fb.experience_id, fb.other_id) if x)
+    exps = {e.pk: e for e in Experience.objects.filter(run=run, pk__in=wanted - skip).only(
+        "pk", "group_id", "prompt_text", "response_text")}
+
+    pairs: list[PreferencePair] = []
+    ratings_by_group: dict[str, list[Feedback]] = defaultdict(list)
+    for fb in rows:
+        if fb.kind == Feedback.Kind.RATING:
+            if fb.experience_id in exps:
+                ratings_by_group[exps[fb.experience_id].group_id].append(fb)
+        elif fb.kind == Feedback.Kind.RANKING:
+            order = [exps.get(int(x)) for x in fb.value.get("order", [])]
+            if any(e is None for e in order):
+                continue
+            for i, better in enumerate(order):
+                for worse in order[i + 1:]:
+                    pairs.append(_pair(better, worse, kind="ranking", margin=1.0, group_id=fb.group_id))  # type: ignore[arg-type]
+        elif fb.kind == Feedback.Kind.PAIRWISE:
+            a, b = exps.get(fb.experience_id), exps.get(fb.other_id)  # type: ignore[arg-type]
+            winner = fb.value.get("winner")
+            if a is None or b is None or winner not in ("a", "b"):
+                continue
+            chosen, rejected = (a, b) if winner == "a" else (b, a)
+            pairs.append(_pair(chosen, rejected, kind="pairwise", margin=1.0, group_id=a.group_id))
+        elif fb.kind == Feedback.Kind.EDIT:
+            original, expert = exps.get(fb.experience_id), exps.get(fb.value.get("expert_id"))  # type: ignore[arg-type]
+            if original is None or expert is None or expert.response_text == original.response_text:
+                continue
+            pairs.append(_pair(expert, original, kind="edit", margin=1.0, group_id=original.group_id))
+
+    for group_id, ratings in ratings_by_group.items():
+        member_ids = sorted({fb.experience_id for fb in ratings})  # type: ignore[misc]
+        folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
+        # A member only untrusted raters rated teaches nothing: its rating is not evidence.
+        humans = [(pk, folds[pk].human) for pk in member_ids
+                  if folds[pk].human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT]
+        for i, (pk_a, h_a) in enumerate(humans):
+            for pk_b, h_b in humans[i + 1:]:
+                if h_a == h_b:
+                    continue
+                (hi, h_hi), (lo, h_lo) = ((pk_a, h_a), (pk_b, h_b)) if h_a > h_b else ((pk_b, h_b), (pk_a, h_a))
+                pairs.append(_pair(exps[hi], exps[lo], kind="rating", margin=float(h_hi - h_lo),  # type: ignore[operator]
+                                   group_id=group_id))
+    return pairs
+
+
+def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> bool:
+    """Deterministic split by group: a prompt's pairs are all held out or all trained on, so
+    held-out accuracy measures prompts the reward model never saw."""
+    digest = hashlib.sha256(f"{seed}:{pair.group_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:
+    """TRL's explicit-prompt preference format (DPOTrainer, RewardTrainer): prompt, chosen,
+    rejected, plus `margin` (RewardTrainer reads it when present) and where the pair came from."""
+    return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "margin": p.margin,
+             "kind": p.kind, "chosen_id": p.chosen_id, "rejected_id": p.rejected_id} for p in pairs]
+
+
+def preference_pair_dict(pair: PreferencePair) -> dict[str, Any]:
+    return asdict(pair)

@@ -1,0 +1,268 @@
+"""How far each rater can be trusted, measured from the run's own feedback.
+
+- Agreement per run and question type: Krippendorff's alpha (the `krippendorff` package) over
+  the rating matrix (raters x experiences, 1..5 scores, ordinal and interval; thumbs nominal);
+  for comparisons and rankings, the rate at which two raters who judged the same pair agree.
+- Per rater: how many labels, agreement with the consensus of the others (1 - 2 x mean
+  absolute distance to the median of the others' ratings of the same item, so a rater answering at
+  random scores about 0 and a perfect one 1), accuracy on gold items (1 - 2 x mean absolute
+  error against the known answer), median seconds per item, and scale offset (how far their
+  ratings sit above (+) or below (-) the others' on shared items, on the [0, 1] scale).
+- Weights for the human fold (`feedback.rater_weighting`): off (all 1), gold or agreement.
+  A measured figure is shrunk toward full trust by one pseudo-observation, so a new rater
+  starts at weight 1 and a rater who answers at random falls toward 0 within a few items.
+
+Everything is on the normalised human scale [0, 1] (apps.feedback.policy).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.feedback.models import Assignment, Feedback
+from apps.runs.models import Run
+
+PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
+
+
+@dataclass
+class RaterFigures:
+    author_id: int
+    username: str
+    labels: int = 0
+    agreement: float | None = None  # with the consensus of others, 0 (chance) .. 1
+    agreement_items: int = 0
+    gold_accuracy: float | None = None  # 0 (chance) .. 1
+    gold_items: int = 0
+    seconds_per_item: float | None = None
+    scale_offset: float | None = None
+    weight: float = 1.0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rater": self.username, "labels": self.labels, "kinds": self.kinds,
+            "agreement": self.agreement, "agreement_items": self.agreement_items,
+            "gold_accuracy": self.gold_accuracy, "gold_items": self.gold_items,
+            "seconds_per_item": self.seconds_per_item, "scale_offset": self.scale_offset, "weight": self.weight,
+        }
+
+
+def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, Any]]:
+    """(author, experience) -> (normalised value, score or thumb) of each rater's last rating."""
+    out: dict[tuple[int, int], tuple[float, Any]] = {}
+    for author, exp, value in (Feedback.objects.filter(run=run, kind=Feedback.Kind.RATING, author__isnull=False)
+                               .order_by("created_at", "id").values_list("author_id", "experience_id", "value")):
+        raw = value.get("score") if value.get("score") is not None else value.get("thumb")
+        out[(author, exp)] = (float(value["normalised"]), raw)
+    return out
+
+
+def _alpha(matrix: list[list[float]], level: str) -> float | None:
+    import krippendorff
+    import numpy as np
+
+    data = np.array(matrix, dtype=float)
+    # alpha needs at least one item judged by two raters and more than one value in all.
+    if data.shape[0] < 2 or not (np.sum(~np.isnan(data), axis=0) >= 2).any():
+        return None
+    values = data[~np.isnan(data)]
+    if len(set(values.tolist())) < 2:
+        return None
+    return float(krippendorff.alpha(reliability_data=data, level_of_measurement=level))
+
+
+def _matrix(cells: dict[tuple[int, int], float]) -> list[list[float]]:
+    raters = sorted({a for a, _ in cells})
+    units = sorted({u for _, u in cells})
+    col = {u: j for j, u in enumerate(units)}
+    matrix = [[float("nan")] * len(units) for _ in raters]
+    for i, r in enumerate(raters):
+        for (a, u), v in cells.items():
+            if a == r:
+                matrix[i][col[u]] = v
+    return matrix
+
+
+def _pair_verdicts(run: Run) -> dict[tuple[int, int], dict[int, int]]:
+    """(lower id, higher id) -> {author: preferred id}, from comparisons and rankings."""
+    verdicts: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
+    rows = (Feedback.objects.filter(run=run, kind__in=[Feedback.Kind.PAIRWISE, Feedback.Kind.RANKING],
+                                    author__isnull=False)
+            .order_by("created_at", "id").values_list("kind", "author_id", "experience_id", "other_id", "value"))
+    for kind, author, a, b, value in rows:
+        if kind == Feedback.Kind.PAIRWISE:
+            if value.get("winner") not in ("a", "b") or a is None or b is None:
+                continue
+            verdicts[(min(a, b), max(a, b))][author] = a if value["winner"] == "a" else b
+        else:
+            order = [int(x) for x in value.get("order", [])]
+            for i, better in enumerate(order):
+                for worse in order[i + 1:]:
+                    verdicts[(min(better, worse), max(better, worse))][author] = better
+    return verdicts
+
+
+def _pair_agreement(verdicts: dict[tuple[int, int], dict[int, int]]) -> tuple[float | None, int]:
+    agree = total = 0
+    for by_author in verdicts.values():
+        picks = list(by_author.values())
+        for i, x in enumerate(picks):
+            for y in picks[i + 1:]:
+                total += 1
+                agree += x == y
+    return (agree / total if total else None), total
+
+
+def run_agreement(*, run: Run) -> dict[str, Any]:
+    """Agreement per question type: Krippendorff's alpha for ratings (1..5 scores ordinal and
+    interval, thumbs nominal) and the agreement rate of rater pairs on comparisons/rankings."""
+    ratings = _latest_ratings(run)
+    scores = {k: float(raw) for k, (_, raw) in ratings.items() if isinstance(raw, int)}
+    thumbs = {k: (1.0 if raw == "up" else 0.0) for k, (_, raw) in ratings.items() if isinstance(raw, str)}
+    rate, pairs = _pair_agreement(_pair_verdicts(run))
+    return {
+        "rating_alpha_ordinal": _alpha(_matrix(scores), "ordinal") if scores else None,
+        "rating_alpha_interval": _alpha(_matrix(scores), "interval") if scores else None,
+        "thumb_alpha_nominal": _alpha(_matrix(thumbs), "nominal") if thumbs else None,
+        "rated_items": len({u for _, u in ratings}), "raters": len({a for a, _ in ratings}),
+        "pairwise_agreement": rate, "pairwise_rater_pairs": pairs,
+    }
+
+
+def _shrunk(value: float | None, n: int) -> float:
+    if value is None or n == 0:
+        return 1.0
+    return max(0.0, (n * value + PRIOR_WEIGHT * 1.0) / (n + PRIOR_WEIGHT))
+
+
+def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[RaterFigures]:
+    """Per-rater figures of the run (see the module docstring); `gold` maps experience id to
+    its known answer (default: the run's gold items)."""
+    from django.contrib.auth import get_user_model
+
+    if gold is None:
+        from apps.rewards.models import GoldItem
+
+        gold = dict(GoldItem.objects.filter(run=run).values_list("experience_id", "answer"))
+    ratings = _latest_ratings(run)
+    by_unit: dict[int, dict[int, float]] = defaultdict(dict)
+    for (author, unit), (value, _) in ratings.items():
+        by_unit[unit][author] = value
+    authors = set(Feedback.objects.filter(run=run, author__isnull=False).values_list("author_id", flat=True))
+    names = dict(get_user_model().objects.filter(pk__in=authors).values_list("pk", "username"))
+    figures = {a: RaterFigures(author_id=a, username=names.get(a, str(a))) for a in authors}
+    for author, kind in Feedback.objects.filter(run=run, author__isnull=False).values_list("author_id", "kind"):
+        f = figures[author]
+        f.labels += 1
+        f.kinds[kind] = f.kinds.get(kind, 0) + 1
+
+    distances: dict[int, list[float]] = defaultdict(list)
+    offsets: dict[int, list[float]] = defaultdict(list)
+    gold_errors: dict[int, list[float]] = defaultdict(list)
+    for unit, values in by_unit.items():
+        if unit in gold:
+            for author, v in values.items():
+                gold_errors[author].append(abs(v - gold[unit]))
+            continue  # gold answers are judged against the truth, not against each other
+        if len(values) < 2:
+            continue
+        for author, v in values.items():
+            others = [w for a, w in values.items() if a != author]
+            # The median: one wild rater among the others cannot move a careful rater's consensus.
+            consensus = statistics.median(others)
+            distances[author].append(abs(v - consensus))
+            offsets[author].append(v - consensus)
+    # Comparisons and rankings: agreement with the others' majority on the same pair.
+    pair_hits: dict[int, list[float]] = defaultdict(list)
+    for by_author in _pair_verdicts(run).values():
+        if len(by_author) < 2:
+            continue
+        for author, pick in by_author.items():
+            others = [p for a, p in by_author.items() if a != author]
+            same = sum(p == pick for p in others) / len(others)
+            pair_hits[author].append(same)
+
+    speeds: dict[int, list[float]] = defaultdict(list)
+    for author, created, finished in (Assignment.objects.filter(run=run, status=Assignment.Status.DONE,
+                                                                finished_at__isnull=False)
+                                      .values_list("annotator_id", "created_at", "finished_at")):
+        speeds[author].append((finished - created).total_seconds())
+
+    mode = run.cfg.feedback.rater_weighting
+    for author, f in figures.items():
+        parts: list[tuple[float, int]] = []
+        if distances[author]:
+            parts.append((1 - 2 * statistics.fmean(distances[author]), len(distances[author])))
+            f.scale_offset = statistics.fmean(offsets[author])
+        if pair_hits[author]:
+            # Two choices: agreeing by chance is 0.5, so 2 x rate - 1 puts chance at 0.
+            parts.append((2 * statistics.fmean(pair_hits[author]) - 1, len(pair_hits[author])))
+        if parts:
+            n = sum(k for _, k in parts)
+            f.agreement = max(-1.0, sum(v * k for v, k in parts) / n)
+            f.agreement_items = n
+        if gold_errors[author]:
+            f.gold_items = len(gold_errors[author])
+            f.gold_accuracy = 1 - 2 * statistics.fmean(gold_errors[author])
+        if speeds[author]:
+            f.seconds_per_item = statistics.median(speeds[author])
+        if mode == "gold":
+            f.weight = _shrunk(f.gold_accuracy, f.gold_items)
+        elif mode == "agreement":
+            f.weight = _shrunk(f.agreement, f.agreement_items)
+    return sorted(figures.values(), key=lambda f: f.username)
+
+
+def rater_weights(*, run: Run, figures: Iterable[RaterFigures] | None = None) -> dict[int, float] | None:
+    """author id -> weight for the human fold, or None when the run weights raters equally."""
+    if run.cfg.feedback.rater_weighting == "off":
+        return None
+    figures = rater_figures(run=run) if figures is None else figures
+    return {f.author_id: f.weight for f in figures}
+
+
+WEIGHTS_CACHE_SECONDS = 30
+MIN_OFFSET_ITEMS = 3  # shared items before a rater's scale offset is trusted
+
+
+def rater_offsets(*, run: Run, figures: Iterable[RaterFigures] | None = None) -> dict[int, float] | None:
+    """author id -> scale offset to subtract before folding, or None when the run does not
+    normalise raters. Only offsets measured on MIN_OFFSET_ITEMS shared items count."""
+    if not run.cfg.feedback.normalise_raters:
+        return None
+    figures = rater_figures(run=run) if figures is None else figures
+    return {f.author_id: f.scale_offset for f in figures
+            if f.scale_offset is not None and f.agreement_items >= MIN_OFFSET_ITEMS}
+
+
+def rater_offsets_cached(*, run: Run) -> dict[int, float] | None:
+    if not run.cfg.feedback.normalise_raters:
+        return None
+    from django.core.cache import cache
+
+    key = f"rft:rater-offsets:{run.pk}"
+    offsets = cache.get(key)
+    if offsets is None:
+        offsets = rater_offsets(run=run) or {}
+        cache.set(key, offsets, WEIGHTS_CACHE_SECONDS)
+    return {int(k): float(v) for k, v in offsets.items()}
+
+
+def rater_weights_cached(*, run: Run) -> dict[int, float] | None:
+    """rater_weights, recomputed at most every WEIGHTS_CACHE_SECONDS per run: the fold runs
+    on every submit, the figures read the whole run's feedback."""
+    if run.cfg.feedback.rater_weighting == "off":
+        return None
+    from django.core.cache import cache
+
+    key = f"rft:rater-weights:{run.pk}:{run.cfg.feedback.rater_weighting}"
+    weights = cache.get(key)
+    if weights is None:
+        weights = rater_weights(run=run) or {}
+        cache.set(key, weights, WEIGHTS_CACHE_SECONDS)
+    return {int(k): float(v) for k, v in weights.items()}

@@ -1,0 +1,147 @@
+"""What people see next: the run's selection rule orders the annotation queue where a label
+teaches the most, instead of arrival order (`feedback.selection` in the run config).
+
+A candidate's priority is the weighted sum of three sources, each on [0, 1] within the
+candidates considered at once:
+- uncertainty: the newest reward model's margin between the item and its nearest sibling
+  (same group, same version) is small (rank-normalised: the smallest margin scores 1), or two
+  reward-model versions disagree about the item (the larger of the two);
+- disagreement: the reward model's calibrated score and the automatic reward differ;
+- variance: the automatic rewards of the item's group spread widely (population std, scaled by
+  the largest among the candidates).
+Items without a reward-model score count 0 for the first two. Members of one group follow
+each other, so the labels they get make within-group pairs.
+
+`random_share` of the items handed out (counted over the run's hand-outs, so the share holds
+exactly however the claims are sized) are drawn uniformly from the candidates instead: an
+unbiased sample for evaluation. Gold items are mixed into each annotator's hand-outs at
+`feedback.gold_rate` the same way, and look like any other item.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from apps.buffer.models import Experience
+from apps.runs.config import SelectionRule
+from apps.runs.models import Run
+
+WINDOW = 500  # candidates weighed per claim; the oldest first, as arrival order would take them
+
+
+def selection_active(rule: SelectionRule) -> bool:
+    return any((rule.uncertainty, rule.disagreement, rule.variance, rule.random_share))
+
+
+def share_slots(*, start: int, count: int, share: float) -> list[bool]:
+    """For hand-outs number start .. start+count-1: which ones fall to the share (exactly
+    floor(n x share) of the first n hand-outs do, for every n)."""
+    return [math.floor((i + 1) * share) > math.floor(i * share) for i in range(start, start + count)]
+
+
+@dataclass(frozen=True)
+class Priority:
+    experience_id: int
+    group_id: str
+    uncertainty: float
+    disagreement: float
+    variance: float
+    total: float
+
+
+def _rank_normalise(values: dict[int, float], *, small_is_high: bool) -> dict[int, float]:
+    if not values:
+        return {}
+    order = sorted(values, key=lambda k: values[k], reverse=not small_is_high)
+    n = len(order)
+    if n == 1:
+        return {order[0]: 1.0}
+    return {k: 1 - i / (n - 1) for i, k in enumerate(order)}
+
+
+def candidate_priorities(*, run: Run, candidates: Sequence[Experience]) -> list[Priority]:
+    """Each candidate's priority under the run's rule, highest first, group members together."""
+    from apps.rewards.models import RewardModel, RewardModelScore
+
+    rule = run.cfg.feedback.selection
+    ids = [c.pk for c in candidates]
+    groups = {c.group_id for c in candidates}
+    versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:2])
+    newest = versions[0] if versions else None
+    # Scores of whole groups (siblings need not be candidates) by the two newest versions.
+    scores: dict[int, dict[int, float]] = defaultdict(dict)  # version pk -> experience -> score
+    group_of: dict[int, str] = {}
+    autos: dict[str, list[float]] = defaultdict(list)
+    for pk, group, auto in Experience.objects.filter(run=run, group_id__in=groups, is_expert=False).values_list(
+            "pk", "group_id", "auto_reward"):
+        group_of[pk] = group
+        if auto is not None:
+            autos[group].append(float(auto))
+    if versions:
+        for pk, rm_id, s in RewardModelScore.objects.filter(reward_model__in=versions,
+                                                            experience_id__in=list(group_of)).values_list(
+                "experience_id", "reward_model_id", "score"):
+            scores[rm_id][pk] = s
+    margins: dict[int, float] = {}
+    drift: dict[int, float] = {}
+    disagree: dict[int, float] = {}
+    if newest is not None:
+        mine = scores[newest.pk]
+        by_group: dict[str, list[float]] = defaultdict(list)
+        for pk, s in mine.items():
+            by_group[group_of[pk]].append(s)
+        auto_of = {c.pk: c.auto_reward for c in candidates}
+        for pk in ids:
+            if pk not in mine:
+                continue
+            siblings = list(by_group[group_of[pk]])
+            siblings.remove(mine[pk])
+            if siblings:
+                margins[pk] = min(abs(mine[pk] - s) for s in siblings)
+            if auto_of.get(pk) is not None:
+                disagree[pk] = abs(newest.calibrated(mine[pk]) - float(auto_of[pk]))  # type: ignore[arg-type]
+            if len(versions) > 1 and pk in scores[versions[1].pk]:
+                drift[pk] = abs(newest.calibrated(mine[pk]) - versions[1].calibrated(scores[versions[1].pk][pk]))
+    unc = _rank_normalise(margins, small_is_high=True)
+    drift_n = _rank_normalise(drift, small_is_high=False) if any(drift.values()) else {}
+    spread = {g: statistics.pstdev(v) if len(v) > 1 else 0.0 for g, v in autos.items()}
+    top_spread = max(spread.values(), default=0.0) or 1.0
+    out = []
+    for c in candidates:
+        u = max(unc.get(c.pk, 0.0), drift_n.get(c.pk, 0.0))
+        d = min(1.0, disagree.get(c.pk, 0.0))
+        v = spread.get(c.group_id, 0.0) / top_spread
+        total = rule.uncertainty * u + rule.disagreement * d + rule.variance * v
+        out.append(Priority(c.pk, c.group_id, u, d, v, total))
+    # A group goes as a block at its best member's priority; ties keep arrival order.
+    best: dict[str, float] = defaultdict(float)
+    first: dict[str, int] = {}
+    for p in out:
+        best[p.group_id] = max(best[p.group_id], p.total)
+        first.setdefault(p.group_id, p.experience_id)
+    out.sort(key=lambda p: (-best[p.group_id], first[p.group_id], -p.total, p.experience_id))
+    return out
+
+
+def selection_order(*, run: Run, candidates: Sequence[Experience], want: int, handed_out: int,
+                    rng: random.Random | None = None) -> list[tuple[int, str]]:
+    """The candidates in the order to try them, each with its source ("rule" or "random").
+    The first `want` positions follow the run-wide share of random picks; after them come
+    the remaining candidates by priority, for when some are taken by a parallel claimer."""
+    rng = rng or random.Random()
+    ranked = [p.experience_id for p in candidate_priorities(run=run, candidates=candidates)]
+    randoms = share_slots(start=handed_out, count=want, share=run.cfg.feedback.selection.random_share)
+    order: list[tuple[int, str]] = []
+    left = list(ranked)
+    for is_random in randoms:
+        if not left:
+            break
+        pick = left.pop(rng.randrange(len(left))) if is_random else left.pop(0)
+        order.append((pick, "random" if is_random else "rule"))
+    order.extend((pk, "rule") for pk in left)
+    return order

@@ -1,0 +1,188 @@
+"""The run's learned reward model, web side (no torch): when a new version is due, publishing
+a version, which experiences it should score, and folding its scores into rewards under the
+`learned` feedback policy.
+
+Training and scoring themselves run on the `reward` queue (workers/reward_trainer.py).
+
+`learned` in short: a member no person rated gets w_auto * auto + w_rm * calibrated score;
+a member people rated gets the `blend` fold of their reward; a group is trainable once every
+member has a reward, so groups never wait for people. Until a version reaches
+`feedback.min_rm_accuracy` on its held-out pairs, nothing is scored into rewards and the
+run behaves as `blend` (groups wait for people, then the wait window's fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, Max, OuterRef, QuerySet
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Feedback
+from apps.feedback.policy import reward_learned, signals_fold
+from apps.feedback.services import group_fold
+from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
+from apps.runs.models import Metric, Run
+
+log = logging.getLogger(__name__)
+
+LABEL_KINDS = (Feedback.Kind.RATING, Feedback.Kind.RANKING, Feedback.Kind.PAIRWISE, Feedback.Kind.EDIT)
+_OPEN = (Experience.Status.PENDING, Experience.Status.READY)
+ACCURACY_METRIC = "reward_model/accuracy"
+
+
+def reward_model_on(*, run: Run) -> bool:
+    return run.cfg.reward_model.enabled
+
+
+def run_label_count(*, run: Run) -> int:
+    """Labels that teach the reward model: ratings, rankings, comparisons and edits."""
+    return Feedback.objects.filter(run=run, kind__in=LABEL_KINDS).count()
+
+
+def reward_model_latest(*, run: Run) -> RewardModel | None:
+    return RewardModel.objects.filter(run=run).order_by("-version").first()
+
+
+def reward_model_usable(*, run: Run) -> RewardModel | None:
+    """The newest version good enough to score rewards (held-out accuracy at least the
+    policy's `min_rm_accuracy`), or None: `learned` then falls back as `blend`."""
+    latest = reward_model_latest(run=run)
+    if latest is None or latest.accuracy is None or latest.accuracy < run.cfg.feedback.min_rm_accuracy:
+        return None
+    return latest
+
+
+def reward_model_due(*, run: Run) -> bool:
+    """A new version is due when `retrain_every` labels came in since the last one."""
+    if not reward_model_on(run=run):
+        return False
+    latest = reward_model_latest(run=run)
+    seen = latest.labels if latest is not None else 0
+    return run_label_count(run=run) - seen >= run.cfg.reward_model.retrain_every
+
+
+def reward_model_publish(
+    *, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
+    labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5,
+) -> RewardModel:
+    """Record a trained reward model as the run's next version and announce it."""
+    for _ in range(5):
+        number = (RewardModel.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
+        try:
+            with transaction.atomic():
+                rm = RewardModel.objects.create(
+                    run=run, version=number, path=path, base=base, accuracy=accuracy, pairs_train=pairs_train,
+                    pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
+                )
+                if accuracy is not None:
+                    Metric.objects.create(run=run, step=number, name=ACCURACY_METRIC, value=accuracy)
+                transaction.on_commit(partial(_announce, rm))
+            return rm
+        except IntegrityError:
+            continue  # another trainer published this number first: take the next
+    raise RuntimeError(f"could not number a reward model of run {run.pk}")
+
+
+def _announce(rm: RewardModel) -> None:
+    from apps.runs.events import event_publish
+
+    if rm.accuracy is not None:
+        event_publish(run_id=rm.run_id, type="run.metric", payload={
+            "step": rm.version, "metrics": {ACCURACY_METRIC: rm.accuracy}})
+
+
+def experiences_to_score(*, run: Run, rm: RewardModel, limit: int) -> QuerySet[Experience]:
+    """Open experiences no person rated (with rater weighting on: every open one) that this
+    version has not scored yet and whose automatic reward is complete, oldest first."""
+    scored = RewardModelScore.objects.filter(experience=OuterRef("pk"), reward_model=rm)
+    qs = Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
+    if run.cfg.feedback.rater_weighting == "off":
+        qs = qs.filter(human_reward__isnull=True)
+    # else rated ones too: a member only untrusted raters rated is the reward model's to score.
+    return (
+        qs.exclude(Exists(scored))
+        .exclude(metadata__awaiting_rewards__0__isnull=False)
+        .order_by("id")[:limit]
+    )
+
+
+def rm_scores_apply(*, run: Run, rm: RewardModel, scores: Mapping[int, float]) -> int:
+    """Store a version's scores (idempotent: a score already stored stays) and, under the
+    `learned` policy with a usable version, fold them into the groups they touch. Returns
+    how many groups became trainable."""
+    RewardModelScore.objects.bulk_create(
+        [RewardModelScore(experience_id=pk, reward_model=rm, score=float(s)) for pk, s in scores.items()],
+        ignore_conflicts=True,
+    )
+    if run.cfg.feedback.mode != "learned":
+        return 0
+    usable = reward_model_usable(run=run)
+    if usable is None or usable.pk != rm.pk:
+        return 0
+    groups = set(Experience.objects.filter(run=run, pk__in=list(scores)).values_list("group_id", flat=True))
+    return sum(learned_group_fold(run=run, group_id=g, rm=rm) for g in sorted(groups))
+
+
+def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
+    """`learned`: people's reward where they rated (the blend fold), the reward model's where
+    no one did; the group becomes trainable when every open member has a reward. Returns
+    whether it did."""
+    from apps.feedback.preferences import TRUSTED_WEIGHT
+    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+    from apps.feedback.services import _group_feedback, _locked_members
+
+    policy = run.cfg.feedback
+    with transaction.atomic():
+        members = _locked_members(run=run, group_id=group_id)
+        group_fold(run=run, group_id=group_id, members=members)
+        ids = [m.pk for m in members]
+        weights = rater_weights_cached(run=run)
+        folds = signals_fold(member_ids=ids, feedback=_group_feedback(run=run, group_id=group_id, member_ids=ids),
+                             weights=weights, offsets=rater_offsets_cached(run=run))
+        scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
+                      .values_list("experience_id", "score"))
+        pending = [m for m in members if m.status == Experience.Status.PENDING]
+        if not pending:
+            return False
+        for m in pending:
+            # Rated only by raters the run does not trust: the reward model decides instead.
+            untrusted = weights is not None and folds[m.pk].weight_total < TRUSTED_WEIGHT
+            if (m.human_reward is None or untrusted) and m.pk in scores:
+                reward = reward_learned(policy=policy, auto=m.auto_reward, rm=rm.calibrated(scores[m.pk]))
+                Experience.objects.filter(pk=m.pk).update(reward=reward)
+                m.reward = reward
+        if any(m.reward is None or (m.metadata or {}).get("awaiting_rewards") for m in pending):
+            return False
+        return bool(Experience.objects.filter(pk__in=[m.pk for m in pending], status=Experience.Status.PENDING)
+                    .update(status=Experience.Status.READY))
+
+
+def rm_score_of(*, experience: Experience) -> tuple[float, int] | None:
+    """The newest reward-model score of an experience and the version that made it."""
+    row = (RewardModelScore.objects.filter(experience=experience).select_related("reward_model")
+           .order_by("-reward_model__version").first())
+    return (row.score, row.reward_model.version) if row else None
+
+
+def gold_experience_ids(*, run: Run) -> set[int]:
+    return set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
+
+
+def reward_model_summary(*, run: Run) -> dict[str, Any]:
+    """What the run page shows: versions with their held-out accuracy, the one in use, the
+    labels so far and the weights of the learned policy."""
+    versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:10])
+    usable = reward_model_usable(run=run)
+    policy = run.cfg.feedback
+    return {
+        "enabled": reward_model_on(run=run), "versions": versions, "latest": versions[0] if versions else None,
+        "in_use": usable, "labels": run_label_count(run=run), "mode": policy.mode,
+        "w_auto": policy.w_auto, "w_rm": policy.w_rm, "w_human": policy.w_human,
+        "min_accuracy": policy.min_rm_accuracy, "retrain_every": run.cfg.reward_model.retrain_every,
+        "scored": RewardModelScore.objects.filter(reward_model__run=run).count(),
+    }

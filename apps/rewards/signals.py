@@ -1,0 +1,29 @@
+"""Feedback arrival starts reward-model training without waiting for the beat: a label that
+makes a new version due enqueues `reward_model_train` once its transaction commits. A
+receiver, so the feedback services stay unaware of reward models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+
+from apps.feedback.models import Feedback
+
+
+@receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
+def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: Any) -> None:
+    from apps.rewards.learned import LABEL_KINDS, reward_model_due
+
+    if not created or instance.kind not in LABEL_KINDS:
+        return
+    run = instance.run
+    if not run.cfg.reward_model.enabled or not reward_model_due(run=run):
+        return
+    from apps.rewards.tasks import TRAIN_TASK
+    from rftweb.celery import app
+
+    run_id = run.pk
+    transaction.on_commit(lambda: app.send_task(TRAIN_TASK, args=[run_id], queue="reward"))

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from apps.rewards import views
+
+app_name = "rewards"
+
+# Mounted at runs/<int:run_id>/signal/ (rftweb/urls.py).
+urlpatterns = [
+    path("raters/", views.raters_page, name="raters"),
+    path("raters.json", views.raters_json, name="raters_json"),
+    path("reward-model/", views.reward_model_panel, name="reward_model"),
+    path("preferences.jsonl", views.preferences_export, name="preferences"),
+]

@@ -1,0 +1,103 @@
+"""Owner pages of the run's human signal: the Raters page (agreement, per-rater figures, gold
+items), the reward-model panel of the run page, and the preference export. Thin: check the
+role, call a selector or service, render."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods
+
+from apps.feedback.preferences import preference_pairs, preference_rows_trl
+from apps.feedback.reliability import rater_figures, run_agreement
+from apps.rewards.gold import gold_item_mark, gold_item_unmark
+from apps.rewards.learned import reward_model_summary
+from apps.rewards.models import GoldItem
+from apps.runs.models import Run
+from apps.runs.selectors import run_role
+from rftweb.exceptions import InvalidInput
+
+
+def _run_for(request: HttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
+    run = get_object_or_404(Run, pk=run_id)
+    role = run_role(run=run, user=request.user)
+    if role is None:
+        raise Http404("no such run")
+    if owner and role != "owner":
+        raise PermissionDenied("only the run's owner or staff may see this")
+    return run, role
+
+
+def raters_data(*, run: Run) -> dict[str, Any]:
+    """The Raters page's figures as JSON-ready data (the page and the API show the same)."""
+    figures = rater_figures(run=run)
+    return {
+        "weighting": run.cfg.feedback.rater_weighting,
+        "gold_rate": run.cfg.feedback.gold_rate,
+        "agreement": run_agreement(run=run),
+        "raters": [f.as_dict() for f in figures],
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def raters_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, _ = _run_for(request, run_id, owner=True)
+    error = ""
+    if request.method == "POST":
+        try:
+            if request.POST.get("unmark"):
+                if not request.POST["unmark"].isdigit():
+                    raise InvalidInput("give the id of a gold item's experience", field="unmark")
+                gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
+            else:
+                gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
+                               score=request.POST.get("score", ""), actor=request.user)
+        except InvalidInput as exc:
+            error = str(exc)
+        if not error and not request.htmx:
+            return redirect("rewards:raters", run_id=run.pk)
+    data = raters_data(run=run)
+    context = {"run": run, "data": data, "figures": data["raters"], "agreement": data["agreement"],
+               "gold": GoldItem.objects.filter(run=run).select_related("experience").order_by("-id")[:100],
+               "error": error}
+    response = render(request, "rewards/raters.html", context)
+    if error:
+        response.status_code = 400
+    return response
+
+
+@login_required
+@require_GET
+def raters_json(request: HttpRequest, run_id: int) -> JsonResponse:
+    run, _ = _run_for(request, run_id, owner=True)
+    return JsonResponse(raters_data(run=run))
+
+
+@login_required
+@require_GET
+def reward_model_panel(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, _ = _run_for(request, run_id)
+    context = {"run": run, "rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection}
+    if request.htmx:
+        return render(request, "rewards/_reward_model.html", context)
+    return render(request, "runs/partial_page.html", {**context, "fragment": "rewards/_reward_model.html",
+                                                      "page_title": f"Reward model · {run.name}"})
+
+
+@login_required
+@require_GET
+def preferences_export(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run's preference pairs in TRL's prompt / chosen / rejected format, as JSON lines
+    (people's preferences: few enough to answer in one piece)."""
+    run, _ = _run_for(request, run_id, owner=True)
+    rows = preference_rows_trl(preference_pairs(run=run))
+    response = HttpResponse("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                            content_type="application/x-ndjson")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-preferences.jsonl"'
+    return response

@@ -1,0 +1,182 @@
+"""The OpenAI-compatible endpoint against the rollout engine it fronts.
+
+Sixteen concurrent clients send the same chat completions three ways, one after the other:
+
+- `engine`: straight to a resident rollout engine in this process (the prompt rendered by
+  the same chat template, the same sampling): what the hardware does;
+- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP;
+- `endpoint`: the official `openai` client against daphne, through auth, validation, the
+  rollout queue and the response shaping.
+
+Prints requests/s and p50/p99 latency of each with the load average beside them, and on the
+last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
+throughput). The rollout engines serve one generation at a time per worker, so with 16
+clients the latency is mostly queueing; the ratio says what the endpoint adds to that.
+
+    python -m bench openai_endpoint [--clients 16 --requests 8 --tokens 16 --engine transformers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_DB, ROOT, percentile, setup_django
+
+
+def _model(out: Path) -> Path:
+    from workers.modelkit import tiny_model_save
+
+    if not (out / "model.safetensors").exists():
+        tiny_model_save(out, hidden_size=128, layers=4, heads=4, max_positions=512, vocab_size=384)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _load() -> str:
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+def _hammer(call: Callable[[int], None], *, clients: int, per_client: int) -> tuple[float, list[float]]:
+    """(seconds, latencies) of clients × per_client calls, `clients` at a time."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(c: int) -> None:
+        for i in range(per_client):
+            started = time.perf_counter()
+            try:
+                call(c * per_client + i)
+            except BaseException as exc:  # reported after the run
+                errors.append(exc)
+                return
+            with lock:
+                latencies.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started, latencies
+
+
+def _report(name: str, seconds: float, latencies: list[float]) -> dict[str, float]:
+    row = {"rps": len(latencies) / seconds, "p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)}
+    print(f"{name:9s} {row['rps']:7.2f} req/s  p50 {1000 * row['p50']:7.1f} ms  p99 {1000 * row['p99']:7.1f} ms  ({_load()})",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=8, help="per client")
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--model-dir", default=str(ROOT / ".cache" / "bench-openai-model"))
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    setup_django()
+
+    import openai
+    import torch
+
+    from apps.envapi.services import api_key_create
+    from rftweb.celery import app
+    from tests.factories import make_run, make_user
+    from workers.chat import chat_prompt_ids
+    from workers.engines import SamplingSpec, engine_create
+
+    torch.set_num_threads(1)
+    model = _model(Path(args.model_dir))
+    owner = make_user(f"bench-{os.getpid()}")
+    run = make_run(owner=owner, name="bench-openai", model=str(model), engine=args.engine,
+                   sampling={"temperature": 1.0, "max_tokens": args.tokens})
+    _, key = api_key_create(name="bench", runs=[run], actions=["read", "submit"], rate_limit_per_minute=1_000_000)
+    messages = [[{"role": "user", "content": f"What is {i % 50} + {i % 7}?"}] for i in range(args.clients * args.requests)]
+    total = len(messages)
+    print(f"{args.clients} clients x {args.requests} requests, {args.tokens} tokens each, engine {args.engine}; {_load()}")
+
+    # 1. Straight to the engine.
+    engine = engine_create(kind=args.engine, path=str(model))
+    sampling = SamplingSpec(temperature=1.0, max_tokens=args.tokens)
+    prompts = [chat_prompt_ids(engine.tokenizer, messages=m, tools=None) for m in messages]
+    engine.generate(prompts[:2], n=1, sampling=sampling)
+    rows = {"engine": _report("engine", *_hammer(lambda i: engine.generate([prompts[i]], n=1, sampling=sampling),
+                                                  clients=args.clients, per_client=args.requests))}
+    if hasattr(engine, "close"):
+        engine.close()
+    del engine
+
+    env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", LOG_LEVEL="WARNING",
+               PYTHONPATH=str(ROOT), RFT_ROLLOUT_TIMEOUT_SECONDS="600")
+    logs = ROOT / ".cache" / "bench-openai-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout", "-n", f"bench-{os.getpid()}@%h",
+         "--include", "workers.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
+        cwd=ROOT, env=env, stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT,
+    )
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+                              cwd=ROOT, env=env, stdout=(logs / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        app.control.purge()
+
+        def by_celery(i: int) -> None:
+            request = {"kind": "chat", "messages": messages[i], "n": 1, "sampling": {"temperature": 1.0, "max_tokens": args.tokens}}
+            answer = app.send_task("workers.explorer.chat", args=[run.pk, request], queue="rollout").get(timeout=600)
+            assert "error" not in answer, answer
+
+        by_celery(0)  # the worker loads its engine
+        rows["celery"] = _report("celery", *_hammer(by_celery, clients=args.clients, per_client=args.requests))
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/api/v1/runs/{run.pk}/openai/v1", api_key=key,
+                               max_retries=0, timeout=600)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+        def by_endpoint(i: int) -> None:
+            client.chat.completions.create(model=f"run-{run.pk}", messages=messages[i], max_tokens=args.tokens, temperature=1.0)
+
+        rows["endpoint"] = _report("endpoint", *_hammer(by_endpoint, clients=args.clients, per_client=args.requests))
+    finally:
+        for proc in (server, worker):
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        run.delete()
+    print(f"{total} requests each; throughput endpoint/engine {rows['endpoint']['rps'] / rows['engine']['rps']:.2f}, "
+          f"celery/engine {rows['celery']['rps'] / rows['engine']['rps']:.2f}")
+    print(f"endpoint p50 / engine p50: {rows['endpoint']['p50'] / rows['engine']['p50']:.2f}  ({_load()})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""How far a few human labels steer a run: held-out accuracy gain per arm, labels used, gain
+per 100 labels, and the learned reward model's held-out pairwise accuracy.
+
+The run has no automatic correctness reward (only `math_format`), so whatever the model
+learns about correctness it learns from people. Scripted raters log in and rate **through the
+same HTTP endpoints the annotation page posts to** (a real server process, `manage.py
+runserver`, on the bench database; httpx with the login form, CSRF and session cookies): a
+rater opens the annotation page (which hands out its queue under the run's selection rule),
+reads each item's prompt and completion from the page, and posts a rating: 5 when the
+`<answer>` is right, 1 when it is wrong; a random rater posts 1..5 at random. Arms, same
+steps and seeds:
+
+- `all`: every rollout rated, `human` mode (the ceiling);
+- `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty plus
+  a 20% random share), `learned` mode: the reward model (TRL RewardTrainer, retrained as
+  labels come in) scores the rest;
+- `random10`: 10% rated, chosen at random, no reward model (`blend`, the wait window's
+  fallback being the format reward);
+- `noisy`: as `rm10` with two raters, one answering at random, reliability weights on (gold
+  items marked by the owner through the Raters page, mixed in at 20%).
+
+The loop runs in this process step by step, as bench/learning does (explore, people rate,
+reward model trains and scores, wait windows end, train); the wait window is ended by the
+bench after the raters' turn, not by wall time. Accuracy is greedy `<answer>` accuracy on the
+demo model's 200 held-out problems, off the clock.
+
+    python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
+
+Targets: rm10 gain >= 0.8 x all's with <= 0.1 x its labels; rm10 >= 2 x random10; noisy >=
+0.8 x rm10; reward-model held-out accuracy >= 0.85. The last line prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_DB, ROOT, setup_django
+
+PASSWORD = "bench-steering-pw"
+ARMS = ("all", "rm10", "random10", "noisy")
+
+
+def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float) -> dict[str, Any]:
+    common: dict[str, Any] = {
+        "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
+        "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
+        "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": 12},
+        # Only the format reward: correctness comes from people (or the model learned from them).
+        "rewards": [{"name": "math_format"}],
+        "trainer": {"learning_rate": lr, "loss_type": "grpo"},
+    }
+    rm = {"enabled": True, "base": model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
+          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64}
+    wait = {"wait_seconds": 3600, "fallback": "auto"}
+    if arm == "all":
+        return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
+    if arm == "random10":
+        return {**common, "feedback": {"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "overlap": 1, **wait,
+                                       "selection": {"random_share": 1.0}}}
+    learned = {"mode": "learned", "w_auto": 0.2, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": 0.6,
+               "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2}}
+    if arm == "rm10":
+        return {**common, "feedback": learned, "reward_model": rm}
+    if arm == "noisy":
+        return {**common, "feedback": {**learned, "rater_weighting": "gold", "gold_rate": 0.2}, "reward_model": rm}
+    raise SystemExit(f"unknown arm {arm!r}")
+
+
+# ---------------------------------------------------------------- the server and raters
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "DATABASE_URL": BENCH_DB, "REDIS_URL": "", "RFT_STORAGE_DIR": str(tmp / "storage"),
+           "DJANGO_SETTINGS_MODULE": "rftweb.settings", "RFT_FAST_PASSWORD_HASHER": "1"}
+    log = open(tmp / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
+                             "--skip-checks"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(url + "/health/", timeout=2).status_code < 500:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the bench server did not start; see {tmp / 'server.log'}")
+        time.sleep(0.3)
+
+
+ITEM = re.compile(r'<article class="item" id="item-(\d+)" data-assignment="(\d+)" data-experience="(\d+)".*?'
+                  r'<pre class="prompt">(.*?)</pre>\s*<div class="completion">(.*?)</div>', re.DOTALL)
+PROBLEM = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
+ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+
+
+class Rater:
+    """A person at the annotation page, scripted: logs in through the login form, and rates
+    with the forms' own POSTs (CSRF token and session cookie included)."""
+
+    def __init__(self, url: str, username: str, *, careful: bool, seed: int) -> None:
+        import httpx
+
+        self.url, self.username, self.careful = url, username, careful
+        self.rng = random.Random(seed)
+        self.http = httpx.Client(base_url=url, timeout=60, follow_redirects=False)
+        self.http.get("/login/")
+        r = self.http.post("/login/", data={"username": username, "password": PASSWORD, "next": "/",
+                                            "csrfmiddlewaretoken": self.http.cookies["csrftoken"]})
+        if r.status_code != 302:
+            raise SystemExit(f"{username} could not log in ({r.status_code})")
+        self.labels = 0
+        self.retries = 0
+
+    def _post(self, path: str, data: dict[str, str]) -> Any:
+        # A person whose submit fails (a busy shared database answers 500 now and then) submits
+        # again; the services are idempotent per assignment, so nothing is counted twice.
+        for attempt in range(6):
+            r = self.http.post(path, data={**data, "csrfmiddlewaretoken": self.http.cookies["csrftoken"]},
+                               headers={"HX-Request": "true"})
+            if r.status_code < 500:
+                return r
+            self.retries += 1
+            time.sleep(0.5 * (attempt + 1))
+        return r
+
+    def _get(self, path: str) -> Any:
+        for attempt in range(6):
+            r = self.http.get(path)
+            if r.status_code < 500:
+                return r
+            self.retries += 1
+            time.sleep(0.5 * (attempt + 1))
+        return r
+
+    def score_for(self, prompt: str, completion: str) -> int:
+        if not self.careful:
+            return self.rng.randint(1, 5)
+        problem, answer = PROBLEM.search(prompt), ANSWER.search(completion)
+        if problem is None or answer is None:
+            return 1
+        a, op, b = int(problem.group(1)), problem.group(2), int(problem.group(3))
+        return 5 if int(answer.group(1)) == (a + b if op == "+" else a - b) else 1
+
+    def rate(self, run_id: int, budget: int | None) -> int:
+        """Open the annotation page, rate up to `budget` items (None: all), skip the rest."""
+        done = 0
+        while budget is None or done < budget:
+            page = self._get(f"/runs/{run_id}/annotate/")
+            page.raise_for_status()
+            items = ITEM.findall(page.text)
+            if not items:
+                break
+            for _, assignment, _exp, prompt, completion in items:
+                if budget is not None and done >= budget:
+                    self._post(f"/runs/{run_id}/annotate/items/{assignment}/skip/", {})
+                    continue
+                text = html.unescape(re.sub(r"<[^>]+>", "", html.unescape(completion)))
+                score = self.score_for(html.unescape(prompt), html.unescape(completion) + " " + text)
+                r = self._post(f"/runs/{run_id}/annotate/items/{assignment}/rate/", {"score": str(score)})
+                if r.status_code != 200:
+                    raise SystemExit(f"rating failed: {r.status_code} {r.text[:200]}")
+                done += 1
+        self.labels += done
+        return done
+
+
+# ---------------------------------------------------------------- one arm
+
+
+def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.demo_model import DemoSettings, _problems, greedy_accuracy
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+
+
+def _gold_mark(owner: Rater, run: Any) -> int:
+    """The owner marks a few explored completions as gold through the Raters page form."""
+    from apps.buffer.models import Experience
+
+    marked = 0
+    for exp_id, prompt, response in (Experience.objects.filter(run=run, is_expert=False).order_by("id")
+                                     .values_list("pk", "prompt_text", "response_text")[:12]):
+        score = owner.score_for(prompt, response)
+        r = owner._post(f"/runs/{run.pk}/signal/raters/", {"experience": str(exp_id), "score": str(score)})
+        if r.status_code not in (200, 302):
+            raise SystemExit(f"gold marking failed: {r.status_code}")
+        marked += 1
+    return marked
+
+
+def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
+            demo: Path, owner_user: Any, base_acc: float) -> dict[str, Any]:
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from apps.buffer.importers import taskset_import
+    from apps.buffer.models import Experience
+    from apps.buffer.services import task_attempts_create
+    from apps.feedback.models import Feedback
+    from apps.feedback.services import feedback_wait_expire
+    from apps.rewards.models import RewardModel
+    from apps.runs.models import ModelVersion, Run, RunMember
+    from apps.runs.services import run_create
+    from workers.demo_model import TASKSET_FILE
+    from workers.explorer import explore
+    from workers.reward_trainer import reward_model_score_run, reward_model_train_run
+    from workers.trainer import trainer_step
+
+    taskset = taskset_import(name=f"steering {arm} {seed}", path=demo / TASKSET_FILE, owner=owner_user)
+    run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,
+                     config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr))
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    for epoch in range(run.cfg.epochs):
+        task_attempts_create(run=run, epoch=epoch)
+    names = [f"r{run.pk}a", f"r{run.pk}b"] if arm == "noisy" else [f"r{run.pk}a"]
+    for name in names:
+        RunMember.objects.create(run=run, user=User.objects.create_user(username=name, password=PASSWORD),
+                                 role=RunMember.Role.ANNOTATOR)
+    raters = [Rater(url, name, careful=(i == 0), seed=seed * 100 + i) for i, name in enumerate(names)]
+    owner = Rater(url, owner_user.username, careful=True, seed=seed)
+    rm_seconds = 0.0
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        summary = explore(run_id=run.pk, step=step, worker="bench-explorer")
+        if not summary.get("tasks"):
+            raise SystemExit(f"{arm}: explore step {step} found no tasks: {summary}")
+        if arm == "noisy" and step == 1:
+            _gold_mark(owner, run)
+        rollouts = tasks * repeat
+        if arm == "all":
+            for r in raters:
+                r.rate(run.pk, None)
+        else:
+            budget = max(1, round(share * rollouts))
+            for i, r in enumerate(raters):  # the budget split between the raters
+                r.rate(run.pk, budget // len(raters) + (1 if i < budget % len(raters) else 0))
+        if run.cfg.reward_model.enabled:
+            t = time.perf_counter()
+            reward_model_train_run(run=run)
+            reward_model_score_run(run=run)
+            rm_seconds += time.perf_counter() - t
+        # The wait window ends after the raters' turn (the fallback: the format reward).
+        feedback_wait_expire(now=timezone.now() + timedelta(days=1))
+        result = trainer_step(run_id=run.pk, step=step, worker="bench-trainer")
+        if result.get("status") != "trained":
+            raise SystemExit(f"{arm}: train step {step}: {result}")
+        rm = RewardModel.objects.filter(run=run).order_by("-version").first()
+        print(f"  {arm} s{seed} step {step:3d}  labels {Feedback.objects.filter(run=run, kind='rating').count():4d}"
+              f"  rm {('v%d %.2f' % (rm.version, rm.accuracy or 0)) if rm else '-':>9}"
+              f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
+    checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
+    acc = _accuracy(checkpoint, demo)
+    rm = RewardModel.objects.filter(run=run).order_by("-version").first()
+    labels = Feedback.objects.filter(run=run, kind="rating").count()
+    return {"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc, "labels": labels,
+            "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
+            "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
+            "rm_heldout": rm.pairs_heldout if rm else 0,
+            "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--share", type=float, default=0.1, help="share of rollouts rated in the 10%% arms")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
+    os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
+    os.environ["REDIS_URL"] = ""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("RFT_FAST_PASSWORD_HASHER", "1")
+    setup_django()
+    import logging
+
+    import torch
+    from django.contrib.auth.models import User
+
+    from workers.demo_model import demo_model_build
+
+    logging.disable(logging.INFO)
+    torch.set_num_threads(1)
+    demo = demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None).out
+    owner, _ = User.objects.get_or_create(username="bench-steering-owner")
+    owner.set_password(PASSWORD)
+    owner.save()
+    base_acc = _accuracy(str(demo), demo)
+    print(f"base accuracy {base_acc:.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
+    proc, url = server_start(tmp)
+    results: list[dict[str, Any]] = []
+    try:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for arm in args.arms.split(","):
+                results.append(run_arm(arm, url=url, seed=seed, steps=args.steps, tasks=args.tasks,
+                                       repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
+                                       owner_user=owner, base_acc=base_acc))
+                print(f"RESULT {results[-1]}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print(f"{'arm':<9}{'seed':>5}{'acc':>8}{'gain':>8}{'labels':>8}{'gain/100 labels':>17}{'rm acc':>8}"
+          f"{'held-out':>9}{'seconds':>9}{'load':>6}")
+    for r in results:
+        per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
+        rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
+        print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.3f}{r['gain']:>+8.3f}{r['labels']:>8}{per100:>+17.3f}"
+              f"{rm:>8}{r['rm_heldout']:>9}{r['seconds']:>9.0f}{r['load']:>6.1f}")
+    by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
+    gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
+    labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
+    rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]
+
+    def ratio(x: str, y: str, what: dict[str, float]) -> str:
+        if x not in what or y not in what or what[y] == 0:
+            return "n/a"
+        if what is gain and what[y] <= 0:
+            # A ratio of losses says nothing about steering: report it as not measured.
+            return f"n/a ({y} gained {what[y]:+.3f})"
+        return f"{what[x] / what[y]:.2f}"
+
+    print(f"rm10/all gain {ratio('rm10', 'all', gain)} (target >= 0.8) with labels {ratio('rm10', 'all', labels)} "
+          f"(<= 0.1); rm10/random10 gain {ratio('rm10', 'random10', gain)} (>= 2); noisy/rm10 gain "
+          f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85) on "
+          f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs; "
+          f"seeds {args.seeds}, {args.steps} steps, load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""A tool-using agent, written against the official `openai` package, that trains a run's
+model through the run's OpenAI-compatible endpoint.
+
+Each episode takes one arithmetic task of the run (claimed over the environment API) and
+asks the model with a `calc` tool on offer. When the model calls the tool, the agent
+evaluates the expression (numbers and + - * / only, no eval) and sends the result back as a
+tool message; the model then answers. The environment checks the final answer
+(`<answer>N</answer>` against the task's reference): reward 1 for the right number, plus 0.1
+for answering in tags at all. Every call names its session (`X-Rft-Session`) and task
+(`X-Rft-Task`), so the platform records exact token ids; finishing the session with the
+reward turns the episode into one multi-turn experience, and the `--group` episodes of a task
+form one GRPO group. The run's trainer trains on them and publishes new versions, which the
+next calls use.
+
+    python examples/calculator_agent.py --url http://127.0.0.1:8000 --key rft_… --run 1 --rounds 20
+
+Needs `openai` and httpx (through `rftweb/client.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import operator
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rftweb.client import ApiError, RftClient
+
+CALC_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression such as 12+7",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+_ANSWER = re.compile(r"<answer>\s*(-?\d+(?:\.\d+)?)\s*</answer>")
+_OPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+}
+
+
+def calc(expression: str) -> str:
+    """The tool: a number for + - * / over numbers, or an error message (never eval)."""
+
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return float(_OPS[type(node.op)](value(node.left), value(node.right)))
+        raise ValueError("only numbers and + - * /")
+
+    try:
+        if len(expression) > 200:
+            raise ValueError("too long")
+        result = value(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+        return f"error: {exc}"
+    return str(int(result)) if result == int(result) else f"{result:.6g}"
+
+
+def reward_of(answer: str, reference: Any) -> tuple[float, dict[str, float]]:
+    """The environment's check: 1 for the right number, 0.1 for answering in tags."""
+    match = _ANSWER.search(answer or "")
+    formatted = 0.1 if match else 0.0
+    try:
+        correct = 1.0 if match and float(match.group(1)) == float(str(reference)) else 0.0
+    except ValueError:
+        correct = 0.0
+    return correct + formatted, {"correct": correct, "format": formatted}
+
+
+@dataclass
+class Episode:
+    session: str
+    task_id: int
+    turns: int
+    tool_calls: int
+    answer: str
+    reward: float
+    parts: dict[str, float]
+
+
+def episode_play(openai_client: Any, *, model: str, task: dict[str, Any], max_turns: int, max_tokens: int,
+                 temperature: float) -> Episode:
+    """One conversation on one task, as any agent framework would have it."""
+    session = f"calc-{task['attempt_id']}-{uuid.uuid4().hex[:8]}"
+    headers = {"X-Rft-Session": session, "X-Rft-Task": str(task["task_id"])}
+    messages: list[dict[str, Any]] = list(task.get("messages") or [{"role": "user", "content": task["prompt"]}])
+    answer, turns, tool_calls = "", 0, 0
+    while turns < max_turns:
+        turns += 1
+        reply = openai_client.chat.completions.create(
+            model=model, messages=messages, tools=[CALC_TOOL], tool_choice="auto", max_tokens=max_tokens,
+            temperature=temperature, extra_headers=headers,
+        )
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            answer = message.content or ""
+            break
+        messages.append({"role": "assistant", "content": message.content,
+                         "tool_calls": [c.model_dump() for c in message.tool_calls]})
+        for call in message.tool_calls:
+            tool_calls += 1
+            try:
+                expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(expression)})
+    reward, parts = reward_of(answer, task.get("reference"))
+    return Episode(session=session, task_id=int(task["task_id"]), turns=turns, tool_calls=tool_calls, answer=answer,
+                   reward=reward, parts=parts)
+
+
+def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, tasks_per_round: int, group: int,
+              max_turns: int = 3, max_tokens: int = 16, temperature: float = 1.0,
+              log: Callable[[str], None] = print) -> list[list[Episode]]:
+    """`rounds` rounds of `tasks_per_round` tasks, `group` episodes each; every episode's
+    session is finished with its reward. Returns the episodes per round."""
+    model = f"run-{run_id}"
+    history: list[list[Episode]] = []
+    for r in range(rounds):
+        claim = env.claim_tasks(run_id, size=tasks_per_round, worker="calculator-agent")
+        if not claim["tasks"]:
+            log("no task left to claim")
+            break
+        episodes: list[Episode] = []
+        for task in claim["tasks"]:
+            for _ in range(group):
+                episode = episode_play(openai_client, model=model, task=task, max_turns=max_turns, max_tokens=max_tokens,
+                                       temperature=temperature)
+                env.finish_session(run_id, episode.session, reward=episode.reward, reward_parts=episode.parts)
+                episodes.append(episode)
+        env.finish_tasks(run_id, attempt_ids=[t["attempt_id"] for t in claim["tasks"]], worker="calculator-agent")
+        history.append(episodes)
+        mean = sum(e.reward for e in episodes) / len(episodes)
+        calls = sum(e.tool_calls for e in episodes)
+        log(f"round {r}: {len(episodes)} episodes, mean reward {mean:.3f}, {calls} tool calls")
+    return history
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=os.environ.get("RFT_URL", "http://localhost:8000"))
+    parser.add_argument("--key", default=os.environ.get("RFT_API_KEY"), help="API key (or RFT_API_KEY)")
+    parser.add_argument("--run", type=int, required=True)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per round")
+    parser.add_argument("--group", type=int, default=4, help="episodes per task (one GRPO group)")
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    if not args.key:
+        parser.error("give --key or set RFT_API_KEY")
+    if min(args.rounds, args.tasks, args.group, args.max_turns, args.max_tokens) < 1:
+        parser.error("--rounds, --tasks, --group, --max-turns and --max-tokens must be at least 1")
+    import openai
+
+    client = openai.OpenAI(base_url=f"{args.url.rstrip('/')}/api/v1/runs/{args.run}/openai/v1", api_key=args.key,
+                           timeout=args.timeout)
+    with RftClient(args.url, args.key, timeout=args.timeout) as env:
+        try:
+            history = agent_run(env=env, openai_client=client, run_id=args.run, rounds=args.rounds,
+                                tasks_per_round=args.tasks, group=args.group, max_turns=args.max_turns,
+                                max_tokens=args.max_tokens, temperature=args.temperature)
+        except ApiError as exc:
+            print(f"calculator_agent: the environment API said {exc}", file=sys.stderr)
+            return 1
+        except openai.APIError as exc:
+            print(f"calculator_agent: the model endpoint said {exc}", file=sys.stderr)
+            return 1
+    episodes = [e for r in history for e in r]
+    print(f"{len(episodes)} episodes, mean reward {sum(e.reward for e in episodes) / max(1, len(episodes)):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

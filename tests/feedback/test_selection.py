@@ -1,0 +1,152 @@
+"""The selection rule of the annotation queue: most uncertain first, the random share kept,
+no item beyond its overlap, and gold items mixed in unannounced."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.models import Assignment
+from apps.feedback.selection import candidate_priorities, share_slots
+from apps.feedback.services import assignment_claim
+from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _selected_run(owner: User, **selection: float) -> Run:
+    return make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "selection": selection},
+                    reward_model={"enabled": True})
+
+
+def _scored_groups(run: Run, scores: list[list[float]], *, autos: list[list[float]] | None = None,
+                   version: int = 1) -> list[list[Experience]]:
+    """Groups whose members the reward model `version` scored as given."""
+    rm, _ = RewardModel.objects.get_or_create(run=run, version=version, defaults={"path": "/nowhere", "base": "x",
+                                                                                 "accuracy": 0.9})
+    rows = []
+    for g, group in enumerate(scores):
+        for i, _ in enumerate(group):
+            auto = autos[g][i] if autos else 0.5
+            rows.append(experience_row(run, key=f"g{g}-{i}", group=f"g{g}", status="pending", reward=None,
+                                       auto_reward=auto, response_text=f"answer {g}.{i}"))
+    ids = experience_write(experiences=rows).ids
+    exps = list(Experience.objects.filter(pk__in=ids).order_by("id"))
+    out, k = [], 0
+    for group in scores:
+        members = exps[k:k + len(group)]
+        k += len(group)
+        RewardModelScore.objects.bulk_create([RewardModelScore(experience=e, reward_model=rm, score=s)
+                                              for e, s in zip(members, group, strict=True)])
+        out.append(members)
+    return out
+
+
+def test_the_share_is_exact_over_every_prefix_of_hand_outs() -> None:
+    for share in (0.1, 0.25, 1 / 3):
+        flags = share_slots(start=0, count=300, share=share)
+        for n in (1, 7, 10, 99, 300):
+            assert sum(flags[:n]) == int(n * share + 1e-9)
+        # Counting on from where the last claim stopped continues the same sequence.
+        assert share_slots(start=37, count=50, share=share) == flags[37:87]
+
+
+def test_the_most_uncertain_group_is_handed_out_first(owner: User, annotator: User) -> None:
+    run = _selected_run(owner, uncertainty=1.0)
+    sure, unsure, middling = _scored_groups(run, [[0.0, 5.0], [0.0, 0.01], [0.0, 1.0]])
+    first = assignment_claim(run=run, annotator=annotator, size=2)
+    assert [a.experience_id for a in first] == [e.pk for e in unsure]
+    Assignment.objects.filter(pk__in=[a.pk for a in first]).update(status="done")
+    second = assignment_claim(run=run, annotator=annotator, size=4)
+    assert [a.experience_id for a in second] == [e.pk for e in middling + sure]
+
+
+def test_disagreement_and_variance_rank_by_their_own_source(owner: User) -> None:
+    run = _selected_run(owner, disagreement=1.0)
+    # Calibration of the fake version: scale 1, offset 0.5 (defaults), so score 0.5 -> 1.0.
+    agree, clash = _scored_groups(run, [[0.0, 0.0], [0.5, 0.5]], autos=[[0.5, 0.5], [0.0, 0.0]])
+    ranked = [p.experience_id for p in candidate_priorities(run=run, candidates=agree + clash)]
+    assert ranked[:2] == [e.pk for e in clash]
+
+    run2 = _selected_run(owner, variance=1.0)
+    flat, spread = _scored_groups(run2, [[0.0, 0.0], [0.0, 0.0]], autos=[[0.5, 0.5], [0.0, 1.0]])
+    ranked = [p.experience_id for p in candidate_priorities(run=run2, candidates=flat + spread)]
+    assert ranked[:2] == [e.pk for e in spread]
+
+
+def test_the_random_share_is_kept_and_the_rule_still_gets_its_top_items(owner: User) -> None:
+    run = _selected_run(owner, uncertainty=1.0, random_share=0.25)
+    # 100 groups of two; group g's margin is g: group 0 is the most uncertain.
+    groups = _scored_groups(run, [[0.0, float(g) + 0.5] for g in range(100)])
+    ranked = [p.experience_id for p in candidate_priorities(run=run, candidates=[e for g in groups for e in g])]
+    annotators = [make_user(f"ann{i}") for i in range(4)]
+    handed = [a.experience_id for u in annotators for a in assignment_claim(run=run, annotator=u, size=5)]
+    assert len(handed) == len(set(handed)) == 20
+    # 15 of the 20 hand-outs follow the rule: the 15 most uncertain items are all out ...
+    assert set(ranked[:15]) <= set(handed)
+    # ... and the 5 random picks came from anywhere: some fall outside the top 20.
+    assert set(handed) - set(ranked[:20])
+
+
+def test_without_overlap_two_annotators_never_share_an_item(transactional_db: None, owner: User) -> None:
+    run = _selected_run(owner, uncertainty=1.0, random_share=0.5)
+    _scored_groups(run, [[0.0, float(g)] for g in range(12)])
+    users = [make_user(f"racer{i}") for i in range(4)]
+    barrier = threading.Barrier(len(users))
+
+    def claim(user: User) -> None:
+        barrier.wait()
+        try:
+            assignment_claim(run=run, annotator=user, size=8)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    live = list(Assignment.objects.filter(run=run).values_list("experience_id", flat=True))
+    assert len(live) == len(set(live)) == 24  # every item handed out once, none twice
+
+
+def test_gold_items_are_mixed_in_at_the_rate_and_never_announced(owner: User, annotator: User) -> None:
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "gold_rate": 0.25})
+    add_member(run, annotator)
+    rows = [experience_row(run, key=f"k{i}", group=f"g{i // 2}", status="pending", reward=None, auto_reward=0.5,
+                           response_text=f"answer {i}") for i in range(20)]
+    exps = list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+    gold = exps[-4:]
+    for e in gold:
+        GoldItem.objects.create(run=run, experience=e, answer=1.0, created_by=owner)
+    client = Client()
+    client.force_login(annotator)
+    page = client.get(f"/runs/{run.pk}/annotate/")
+    assert page.status_code == 200
+    mine = list(Assignment.objects.filter(run=run, annotator=annotator).order_by("id"))
+    assert len(mine) == 8
+    assert sum(a.experience_id in {g.pk for g in gold} for a in mine) == 2
+    html = page.content.decode()
+    assert "gold" not in html.lower()
+    # A gold item is handed to every annotator (its slots are beside the overlap's).
+    other = make_user("second")
+    add_member(run, other)
+    theirs = assignment_claim(run=run, annotator=other, size=8)
+    assert sum(a.experience_id in {g.pk for g in gold} for a in theirs) == 2
+    # Rating a gold item answers as any item does.
+    item = next(a for a in mine if a.experience_id in {g.pk for g in gold})
+    plain = next(a for a in mine if a.experience_id not in {g.pk for g in gold})
+    r_gold = client.post(f"/runs/{run.pk}/annotate/items/{item.pk}/rate/", {"score": "4"}, HTTP_HX_REQUEST="true")
+    r_plain = client.post(f"/runs/{run.pk}/annotate/items/{plain.pk}/rate/", {"score": "4"}, HTTP_HX_REQUEST="true")
+    assert r_gold.status_code == r_plain.status_code == 200
+    assert "gold" not in r_gold.content.decode().lower()
+    assert r_gold.content.decode().replace(str(item.pk), "X").replace(str(item.experience_id), "Y").count("<") == \
+        r_plain.content.decode().replace(str(plain.pk), "X").replace(str(plain.experience_id), "Y").count("<")

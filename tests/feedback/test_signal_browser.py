@@ -1,0 +1,101 @@
+"""In a real browser against a real server and a real `reward` worker: as an annotator rates,
+the owner's run page shows the reward model's held-out accuracy appear (trained by the worker
+when enough labels came in) and the Raters page counts the annotator's labels."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import expect
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.rewards.models import RewardModel
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run
+from tests.servers import login
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
+
+
+@pytest.fixture(scope="module")
+def demo_model_dir() -> Path:
+    from workers.demo_model import demo_model_build
+
+    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+
+
+@pytest.fixture
+def reward_worker(tmp_path: Path) -> Iterator[Path]:
+    from tests.servers import celery_worker
+
+    log = tmp_path / "reward.log"
+    with celery_worker("reward", name="signal-reward", log=log, RFT_STORAGE_DIR=str(tmp_path / "storage"),
+                       PYTHONPATH=str(ROOT)):
+        yield log
+
+
+def _groups(run: Run, n: int) -> list[Experience]:
+    rng = random.Random(5)
+    rows = []
+    for g in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 9)
+        for i, text in enumerate((f"<answer>{a + b}</answer>", f"{a + b} is it")):
+            rows.append(experience_row(run, key=f"b{g}-{i}", group=f"bg{g}", status="pending", reward=None,
+                                       auto_reward=0.0, prompt_text=f"What is {a} + {b}?", response_text=text))
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_rates(
+    browser: Any, live_url: str, owner: User, annotator: User, demo_model_dir: Path, reward_worker: Path,
+) -> None:
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "wait_seconds": 3600},
+                   reward_model={"enabled": True, "base": str(demo_model_dir), "retrain_every": 8,
+                                 "heldout_share": 0.5, "epochs": 2, "max_length": 64})
+    add_member(run, annotator)
+    _groups(run, 6)
+
+    owner_ctx, annotator_ctx = browser.new_context(), browser.new_context()
+    try:
+        owner_page, ann_page = owner_ctx.new_page(), annotator_ctx.new_page()
+        for p in (owner_page, ann_page):
+            p.set_default_timeout(15_000)
+        login(owner_page, live_url, "owner", next_path=f"/runs/{run.pk}/")
+        owner_page.wait_for_selector("#reward-model")
+        assert "no reward model yet" in owner_page.locator("#reward-model").inner_text()
+
+        path = f"/runs/{run.pk}/annotate/"
+        login(ann_page, live_url, "annotator", next_path=path)
+        ann_page.wait_for_selector("#annotate[data-live=open]")
+        # Keyboard rating in queue order: each group's tagged answer 5, its bare sibling 1.
+        for n in range(1, 9):
+            ann_page.keyboard.press("5" if n % 2 else "1")
+            ann_page.keyboard.press("Enter")
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n)
+
+        # The eighth label makes a version due: the reward worker trains it, the panel polls.
+        # (Locator waits, not page-side script: the CSP forbids evaluating strings.)
+        expect(owner_page.locator("[data-figure=rm-version]")).to_have_text("v1", timeout=240_000)
+        accuracy = owner_page.locator("[data-figure=rm-accuracy]").inner_text().strip()
+        rm = RewardModel.objects.get(run=run, version=1)
+        assert rm.labels == 8 and rm.accuracy is not None
+        assert accuracy == f"{rm.accuracy:.3f}"
+        assert owner_page.locator("[data-figure=labels]").first.inner_text().strip() == "8"
+
+        owner_page.click("nav.subnav >> text=Raters")
+        owner_page.wait_for_selector("#raters")
+        row = owner_page.locator('#raters tr[data-rater="annotator"]')
+        assert row.locator("[data-figure=labels]").inner_text().strip() == "8"
+    finally:
+        owner_ctx.close()
+        annotator_ctx.close()

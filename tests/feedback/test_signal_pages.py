@@ -1,0 +1,119 @@
+"""The owner's doors to the human signal: the Raters page (figures, gold items), the same
+figures in the API, the reward-model panel of the run page, and the preference export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.envapi.services import api_key_create
+from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
+from apps.rewards.models import GoldItem, RewardModel
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def rated_run(owner: User, annotator: User) -> Run:
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2, "rater_weighting": "agreement"},
+                   reward_model={"enabled": True})
+    add_member(run, annotator)
+    rows = [experience_row(run, key=f"k{i}", group=f"g{i // 2}", status="pending", reward=None, auto_reward=0.5,
+                           response_text=f"<b>answer</b> {i}") for i in range(6)]
+    exps = list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+    for e, (s1, s2) in zip(exps, [(5, 4), (1, 2), (5, 5), (2, 1), (4, 4), (1, 1)], strict=True):
+        feedback_rate(run=run, author=owner, experience=e, score=s1)
+        feedback_rate(run=run, author=annotator, experience=e, score=s2)
+    feedback_compare(run=run, author=annotator, experience=exps[0], other=exps[1], winner="a")
+    return run
+
+
+def _client(user: User) -> Client:
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+def test_the_owner_sees_agreement_and_each_rater_on_the_raters_page(rated_run: Run, owner: User) -> None:
+    page = _client(owner).get(f"/runs/{rated_run.pk}/signal/raters/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-rater="annotator"' in html and 'data-rater="owner"' in html
+    assert "Krippendorff" in html and 'data-figure="rating_alpha_ordinal"' in html
+    labels = re.search(r'data-rater="annotator">.*?data-figure="labels">(\d+)<', html, re.DOTALL)
+    assert labels and labels.group(1) == "7"
+
+
+def test_only_the_owner_sees_raters(rated_run: Run, annotator: User, outsider: User) -> None:
+    assert _client(annotator).get(f"/runs/{rated_run.pk}/signal/raters/").status_code == 403
+    assert _client(outsider).get(f"/runs/{rated_run.pk}/signal/raters/").status_code == 404
+    assert _client(annotator).get(f"/runs/{rated_run.pk}/signal/raters.json").status_code == 403
+    assert _client(annotator).get(f"/runs/{rated_run.pk}/signal/preferences.jsonl").status_code == 403
+
+
+def test_the_owner_marks_gold_items_and_bad_input_names_the_field(rated_run: Run, owner: User) -> None:
+    c = _client(owner)
+    exp = Experience.objects.filter(run=rated_run).first()
+    bad = c.post(f"/runs/{rated_run.pk}/signal/raters/", {"experience": exp.pk, "score": "9"})
+    assert bad.status_code == 400 and "score:" in bad.content.decode()
+    missing = c.post(f"/runs/{rated_run.pk}/signal/raters/", {"experience": "999999", "score": "4"})
+    assert missing.status_code == 400 and "experience:" in missing.content.decode()
+    assert not GoldItem.objects.exists()
+    ok = c.post(f"/runs/{rated_run.pk}/signal/raters/", {"experience": exp.pk, "score": "5"})
+    assert ok.status_code == 302 and GoldItem.objects.get(run=rated_run).answer == 1.0
+    page = c.get(f"/runs/{rated_run.pk}/signal/raters/").content.decode()
+    assert f"#{exp.pk}" in page and "&lt;b&gt;answer&lt;/b&gt;" in page  # model output escaped
+    c.post(f"/runs/{rated_run.pk}/signal/raters/", {"unmark": exp.pk})
+    assert not GoldItem.objects.exists()
+
+
+def test_the_api_gives_the_same_figures_as_the_page(rated_run: Run, owner: User) -> None:
+    _, raw = api_key_create(name="env", runs=[rated_run], actions=["read"], rate_limit_per_minute=1000)
+    api = Client().get(f"/api/v1/runs/{rated_run.pk}/raters", headers={"Authorization": f"Bearer {raw}"})
+    assert api.status_code == 200
+    page = _client(owner).get(f"/runs/{rated_run.pk}/signal/raters.json").json()
+    assert api.json() == json.loads(json.dumps(page))
+    assert {r["rater"] for r in api.json()["raters"]} == {"owner", "annotator"}
+    other = make_run(owner=owner)
+    denied = Client().get(f"/api/v1/runs/{other.pk}/raters", headers={"Authorization": f"Bearer {raw}"})
+    assert denied.status_code == 403
+    assert Client().get(f"/api/v1/runs/{rated_run.pk}/raters").status_code == 401
+
+
+def test_the_run_page_shows_the_reward_model_its_accuracy_and_the_rule(rated_run: Run, owner: User) -> None:
+    RewardModel.objects.create(run=rated_run, version=1, path="/x", base="b", accuracy=0.875, pairs_train=10,
+                               pairs_heldout=4, labels=13)
+    html = _client(owner).get(f"/runs/{rated_run.pk}/").content.decode()
+    assert 'data-figure="rm-version">v1<' in html and 'data-figure="rm-accuracy">0.875<' in html
+    assert "random share" in html
+    panel = _client(owner).get(f"/runs/{rated_run.pk}/signal/reward-model/", HTTP_HX_REQUEST="true")
+    assert panel.status_code == 200 and 'id="reward-model"' in panel.content.decode()
+
+
+def test_preference_pairs_download_in_trl_format(rated_run: Run, owner: User) -> None:
+    response = _client(owner).get(f"/runs/{rated_run.pk}/signal/preferences.jsonl")
+    rows = [json.loads(line) for line in response.content.decode().splitlines()]
+    assert rows and all({"prompt", "chosen", "rejected"} <= set(r) for r in rows)
+    assert {r["kind"] for r in rows} == {"rating", "pairwise"}
+
+
+def test_signal_templates_have_no_inline_scripts_or_styles() -> None:
+    for path in (ROOT / "templates" / "rewards").glob("*.html"):
+        text = path.read_text()
+        assert "style=" not in text and "<style" not in text, path
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text), path
+
+
+def test_a_malformed_unmark_is_a_form_error_not_a_traceback(rated_run: Run, owner: User) -> None:
+    bad = _client(owner).post(f"/runs/{rated_run.pk}/signal/raters/", {"unmark": "x1"})
+    assert bad.status_code == 400 and "unmark:" in bad.content.decode()

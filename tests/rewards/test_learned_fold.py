@@ -1,0 +1,87 @@
+"""The learned fold without a model in the loop (crafted reward-model versions and scores):
+an untrusted rater's rating does not replace the reward model, and the beat puts due work
+on the reward queue."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.services import feedback_rate
+from apps.rewards.learned import reward_model_usable, rm_scores_apply
+from apps.rewards.models import GoldItem, RewardModel
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _items(run: Run, n: int, group: str) -> list[Experience]:
+    rows = [experience_row(run, key=f"{group}-{i}", group=group, status="pending", reward=None, auto_reward=0.0,
+                           response_text=f"answer {group} {i}") for i in range(n)]
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(owner: User) -> None:
+    from django.core.cache import cache
+
+    run = make_run(owner=owner, feedback={"mode": "learned", "w_auto": 0.0, "w_rm": 1.0, "w_human": 1.0,
+                                          "rater_weighting": "gold", "min_rm_accuracy": 0.7},
+                   reward_model={"enabled": True})
+    careful, careless = make_user("careful"), make_user("careless")
+    for u in (careful, careless):
+        add_member(run, u)
+    gold = _items(run, 8, "gold")
+    for i, e in enumerate(gold):
+        right = 5 if i % 2 else 1
+        GoldItem.objects.create(run=run, experience=e, answer=(right - 1) / 4)
+        feedback_rate(run=run, author=careful, experience=e, score=right)
+        feedback_rate(run=run, author=careless, experience=e, score=6 - right)
+    cache.clear()
+    a, b, c = _items(run, 3, "new")
+    feedback_rate(run=run, author=careless, experience=a, score=5)  # the careless rater says a is great
+    feedback_rate(run=run, author=careful, experience=b, score=4)
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, scale=0.25, offset=0.5)
+    assert reward_model_usable(run=run) == rm
+    rm_scores_apply(run=run, rm=rm, scores={a.pk: -2.0, b.pk: 0.0, c.pk: 1.0})
+    a, b, c = (Experience.objects.get(pk=e.pk) for e in (a, b, c))
+    assert {a.status, b.status, c.status} == {"ready"}
+    assert a.reward == pytest.approx(rm.calibrated(-2.0)) == pytest.approx(0.0)  # not the careless 5 (1.0)
+    assert b.reward == pytest.approx(0.75)  # the trusted person's 4
+    assert c.reward == pytest.approx(0.75)  # no one rated it: the reward model
+
+
+def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owner: User) -> None:
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.8}, reward_model={"enabled": True})
+    a, b = _items(run, 2, "g")
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75)
+    assert reward_model_usable(run=run) is None
+    assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 1.0, b.pk: 0.0}) == 0
+    assert set(Experience.objects.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"pending"}
+
+
+def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User, annotator: User) -> None:
+    import json
+
+    import redis
+    from django.conf import settings
+
+    from apps.rewards.tasks import reward_model_beat_task
+
+    run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model={"enabled": True, "retrain_every": 2})
+    add_member(run, annotator)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    r.delete("reward")
+    a, b, _unrated = _items(run, 3, "g")
+    assert reward_model_beat_task() == {"train": 0, "score": 0}
+    feedback_rate(run=run, author=annotator, experience=a, score=5)
+    feedback_rate(run=run, author=annotator, experience=b, score=1)
+    RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, labels=0)
+    assert reward_model_beat_task() == {"train": 1, "score": 1}
+    names = [json.loads(m)["headers"]["task"] for m in r.lrange("reward", 0, -1)]
+    assert names.count("workers.reward_trainer.reward_model_train") >= 1
+    assert "workers.reward_trainer.reward_model_score" in names
+    r.delete("reward")

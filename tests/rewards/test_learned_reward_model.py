@@ -1,0 +1,180 @@
+"""The reward model learned inside the run: trained with TRL's RewardTrainer from the run's
+preference pairs, held-out accuracy above chance, versions stored, scores that record the
+version, and the `learned` policy that trains on them without waiting for people."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+torch = pytest.importorskip("torch")
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
+from apps.rewards.learned import reward_model_due, reward_model_usable
+from apps.rewards.models import RewardModel, RewardModelScore
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run
+from workers.reward_trainer import reward_model_score_run, reward_model_train_run
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    from workers.demo_model import demo_model_build
+
+    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+
+
+@pytest.fixture(autouse=True)
+def _storage(settings: object, tmp_path: Path) -> None:
+    settings.RFT_STORAGE_DIR = tmp_path / "storage"  # type: ignore[attr-defined]
+    torch.set_num_threads(1)
+
+
+def _rm_config(model: Path, **rm: object) -> dict[str, object]:
+    return {"enabled": True, "base": str(model), "retrain_every": 20, "heldout_share": 0.25, "epochs": 4,
+            "learning_rate": 3e-4, "batch_size": 16, "max_length": 64, **rm}
+
+
+def _problem(rng: random.Random) -> tuple[str, str, str]:
+    """A prompt, the answer people prefer (tagged) and the one they do not (bare)."""
+    a, b = rng.randint(0, 99), rng.randint(0, 9)
+    return f"What is {a} + {b}?", f"<answer>{a + b}</answer>", f"{a + b} is it"
+
+
+def _groups(run: Run, n: int, *, seed: int, status: str = "pending", size: int = 2) -> list[list[Experience]]:
+    """n groups whose first member is the preferred form and the others the other form."""
+    rng = random.Random(seed)
+    rows = []
+    for g in range(n):
+        prompt, good, bad = _problem(rng)
+        for i in range(size):
+            rows.append(experience_row(run, key=f"s{seed}-{g}-{i}", group=f"s{seed}-g{g}", status=status, reward=None,
+                                       auto_reward=0.0, prompt_text=prompt, response_text=good if i == 0 else bad))
+    ids = experience_write(experiences=rows).ids
+    exps = list(Experience.objects.filter(pk__in=ids).order_by("id"))
+    return [exps[i:i + size] for i in range(0, len(exps), size)]
+
+
+def _compare_all(run: Run, groups: list[list[Experience]], annotator: User) -> None:
+    for good, bad, *_ in groups:
+        feedback_compare(run=run, author=annotator, experience=bad, other=good, winner="b")
+
+
+def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
+    owner: User, annotator: User, demo_model_dir: Path,
+) -> None:
+    run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model=_rm_config(demo_model_dir))
+    add_member(run, annotator)
+    assert reward_model_train_run(run=run) is None  # nothing due: no labels yet
+    _compare_all(run, _groups(run, 80, seed=1), annotator)
+    assert reward_model_due(run=run)
+
+    v1 = reward_model_train_run(run=run)
+    assert v1 is not None and v1.version == 1 and v1.labels == 80
+    assert v1.pairs_heldout >= 8 and v1.pairs_train + v1.pairs_heldout == 80
+    assert v1.accuracy is not None and v1.accuracy >= 0.8, v1.accuracy  # chance is 0.5
+    assert not reward_model_due(run=run)
+
+    # The directory is a plain sequence classifier: transformers loads it on its own.
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    net = AutoModelForSequenceClassification.from_pretrained(v1.path)
+    assert net.config.num_labels == 1 and AutoTokenizer.from_pretrained(v1.path) is not None
+
+    # Every open experience no person rated is scored by v1 (the compared ones too: a
+    # comparison is no rating), each score naming v1.
+    fresh = _groups(run, 6, seed=2, status="ready")
+    assert reward_model_score_run(run=run) == 160 + 12
+    scores = {s.experience_id: s for s in RewardModelScore.objects.filter(experience__in=[e for g in fresh for e in g])}
+    assert len(scores) == 12 and {s.reward_model_id for s in scores.values()} == {v1.pk}
+    wins = sum(scores[good.pk].score > scores[bad.pk].score for good, bad in fresh)
+    assert wins >= 5
+    assert reward_model_score_run(run=run) == 0  # idempotent: nothing left for v1
+
+    # Twenty more labels: version 2, and it scores under its own version.
+    _compare_all(run, _groups(run, 20, seed=3), annotator)
+    v2 = reward_model_train_run(run=run)
+    assert v2 is not None and v2.version == 2 and v2.labels == 100 and v2.path != v1.path
+    assert reward_model_score_run(run=run) == 200 + 12
+    assert set(RewardModel.objects.filter(run=run).values_list("version", flat=True)) == {1, 2}
+    assert RewardModelScore.objects.filter(reward_model=v2, experience__in=scores).count() == 12
+
+
+def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiting(
+    owner: User, annotator: User, demo_model_dir: Path,
+) -> None:
+    # The reward model's base is the policy's own checkpoint (version 0: the run's model).
+    run = make_run(owner=owner, model=str(demo_model_dir),
+                   feedback={"mode": "learned", "w_auto": 0.5, "w_rm": 1.0, "w_human": 1.0,
+                             "min_rm_accuracy": 0.7, "wait_seconds": 3600},
+                   reward_model=_rm_config(demo_model_dir, base="policy"))
+    add_member(run, annotator)
+    _compare_all(run, _groups(run, 80, seed=1), annotator)
+    # Until a reward model is good enough, learned waits like blend: a new group stays pending.
+    waiting = _groups(run, 1, seed=9, size=4)[0]
+    assert reward_model_usable(run=run) is None
+    assert {e.status for e in _fresh(waiting)} == {"pending"}
+
+    rm = reward_model_train_run(run=run)
+    assert rm is not None and reward_model_usable(run=run) == rm and rm.base == str(demo_model_dir)
+
+    # A new group: one member rated by a person, the rest by no one.
+    group = _groups(run, 1, seed=10, size=4)[0]
+    feedback_rate(run=run, author=annotator, experience=group[1], score=5)
+    reward_model_score_run(run=run)
+    group = _fresh(group)
+    assert {e.status for e in group} == {"ready"}  # nobody waited for the three unrated members
+    rated, unrated = group[1], [group[0], group[2], group[3]]
+    assert rated.reward == pytest.approx(0.5 * 0.0 + 1.0 * 1.0)  # blend of auto and the person's 5
+    for e in unrated:
+        s = RewardModelScore.objects.get(experience=e, reward_model=rm).score
+        assert e.reward == pytest.approx(0.5 * 0.0 + 1.0 * rm.calibrated(s))
+    # The preferred form (member 0) gets the higher learned reward than its bare siblings.
+    assert group[0].reward > max(group[2].reward, group[3].reward)
+    # The group that waited while no reward model was good enough trains now too.
+    assert {e.status for e in _fresh(waiting)} == {"ready"}
+
+
+def _fresh(exps: list[Experience]) -> list[Experience]:
+    return list(Experience.objects.filter(pk__in=[e.pk for e in exps]).order_by("id"))
+
+
+def test_the_preference_export_trains_a_reward_model_with_trl(
+    owner: User, annotator: User, demo_model_dir: Path, tmp_path: Path,
+) -> None:
+    """`rft export --kind preferences` writes TRL's conversational preference rows, which
+    RewardTrainer takes as they are."""
+    import json
+
+    from datasets import load_dataset
+    from django.core.management import call_command
+    from trl import RewardConfig, RewardTrainer
+
+    run = make_run(owner=owner, feedback={"mode": "blend"})
+    add_member(run, annotator)
+    groups = _groups(run, 6, seed=4, size=3)
+    _compare_all(run, groups[:3], annotator)
+    for good, bad, worse in groups[3:]:
+        feedback_rank(run=run, author=annotator, group_id=good.group_id, order=[good.pk, bad.pk, worse.pk])
+    out = tmp_path / "prefs.jsonl"
+    call_command("rft", "export", str(run.pk), "--kind", "preferences", "--out", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 + 3 * 3
+    assert all(r["chosen"][0]["content"].startswith("<answer>") for r in rows[:3])
+    dataset = load_dataset("json", data_files=str(out), split="train")
+    args = RewardConfig(output_dir=str(tmp_path / "rm"), max_steps=2, per_device_train_batch_size=4, report_to=[],
+                        save_strategy="no", bf16=False, use_cpu=True, disable_tqdm=True, dataset_num_proc=None)
+    trainer = RewardTrainer(model=str(demo_model_dir), args=args, train_dataset=dataset)
+    result = trainer.train()
+    assert result.global_step == 2

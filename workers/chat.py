@@ -1,0 +1,208 @@
+"""OpenAI-style generation on a rollout worker: chat messages (with tools) or a raw prompt in,
+exact token ids, logprobs and parsed tool calls out.
+
+The web side (`apps/envapi/openai_api.py`) validates the request and sends it here as one
+`workers.explorer.chat` task on the `rollout` queue; everything that needs the tokenizer
+happens here: the chat template (tools included), incremental detokenisation for streaming,
+the tool-call parser. The answer is plain JSON and always carries the exact prompt and
+completion token ids and the version that sampled them, so a session can be assembled into
+a training trajectory without re-tokenising anything.
+
+Tool calls are parsed with vLLM's Hermes parser (`<tool_call>{json}</tool_call>`, what
+Qwen2-family templates and our demo template use) where vLLM is importable, and with the
+same rule here where it is not (the transformers engine on a host without vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apps.runs.models import Run
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs")
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+class ChatRequestInvalid(ValueError):
+    """A request the worker cannot serve; `param` names the field, `status` the HTTP code."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        self.param = param
+        self.status = status
+        self.code = code
+        super().__init__(message)
+
+
+def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat templates expect them: a tool call's arguments as an object
+    (OpenAI sends a JSON string; HF templates and vLLM render the parsed object)."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        msg = dict(m)
+        content = msg.get("content")
+        if isinstance(content, list):
+            # Content parts: text only (this platform's models read text).
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping) or part.get("type") != "text":
+                    raise ChatRequestInvalid(f"messages.{i}.content.{j}: only text parts are supported",
+                                             param=f"messages.{i}.content")
+                texts.append(str(part.get("text", "")))
+            msg["content"] = "".join(texts)
+        calls = []
+        for call in msg.get("tool_calls") or []:
+            function = dict(call.get("function") or {})
+            args = function.get("arguments")
+            if isinstance(args, str):
+                try:
+                    function["arguments"] = json.loads(args) if args.strip() else {}
+                except json.JSONDecodeError:
+                    raise ChatRequestInvalid(f"messages.{i}.tool_calls: arguments are not valid JSON",
+                                             param=f"messages.{i}.tool_calls") from None
+            calls.append({**call, "function": function})
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def chat_prompt_ids(tokenizer: Any, *, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> list[int]:
+    """The prompt's token ids through the model's chat template, tools included, with the
+    assistant turn opened."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatRequestInvalid("this model has no chat template; use /v1/completions", param="messages")
+    rendered = tokenizer.apply_chat_template(
+        messages_for_template(messages), tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def tool_calls_parse(tokenizer: Any, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content before the first call, calls as OpenAI `tool_calls`) from a completion's text."""
+    if "<tool_call>" not in text:
+        return text, []
+    calls: list[tuple[str, str]] = []
+    content: str | None = text
+    parsed = False
+    try:
+        from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+        info = Hermes2ProToolParser(tokenizer).extract_tool_calls(text, request=None)  # type: ignore[arg-type]
+        if info.tools_called:
+            calls = [(c.function.name, c.function.arguments) for c in info.tool_calls]
+            content = info.content
+        parsed = True
+    except ImportError:
+        pass
+    if not parsed:
+        try:
+            raw = [json.loads(a or b) for a, b in _TOOL_CALL.findall(text)]
+            calls = [(str(r["name"]), json.dumps(r.get("arguments", {}), ensure_ascii=False)) for r in raw]
+            content = text[: text.find("<tool_call>")] or None
+        except (ValueError, KeyError, TypeError):
+            calls = []  # not a well-formed call: the text is the answer
+    return content, [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": n, "arguments": a}}
+        for n, a in calls
+    ]
+
+
+def token_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
+    """Each token's share of the decoded text (incremental detokenisation, as streaming sends
+    it): the pieces join to the whole decode, a multi-byte character lands on its last token."""
+    pieces: list[str] = []
+    previous = ""
+    for i in range(len(token_ids)):
+        text = tokenizer.decode(list(token_ids[: i + 1]), skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            pieces.append("")
+            continue
+        pieces.append(text[len(previous):])
+        previous = text
+    return pieces
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+
+def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+    """Serve one request: {"kind": "chat"|"completion", "messages"|"prompts", "tools",
+    "tool_choice", "n", "sampling": {...}, "version"}. Returns {"model_version", "prompts":
+    [{"prompt_token_ids", "choices": [...]}]} or {"error": {...}} for a request it refuses."""
+    try:
+        return _generate(run_id=run_id, request=request)
+    except ChatRequestInvalid as exc:
+        return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.code}}
+
+
+def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+    from workers.engines import SamplingSpec
+    from workers.explorer import VersionNotReady, _engine_at, worker_name
+
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise ChatRequestInvalid(f"run {run_id} not found", status=404, code="model_not_found", param="model")
+    version = run.current_version if request.get("version") is None else int(request["version"])
+    try:
+        engine = _engine_at(run=run, version=version, worker=worker_name())
+    except VersionNotReady:
+        raise ChatRequestInvalid(f"run {run_id} has no model version {version}", status=404, code="model_not_found",
+                                 param="model") from None
+    tokenizer = engine.tokenizer
+    base = SamplingSpec.from_config(run.cfg.sampling)
+    try:
+        sampling = base.with_overrides({k: v for k, v in dict(request.get("sampling") or {}).items() if k in SAMPLING_KEYS})
+    except (TypeError, ValueError) as exc:
+        raise ChatRequestInvalid(str(exc)) from None
+    n = int(request.get("n") or 1)
+    kind = request.get("kind", "chat")
+    tools = request.get("tools") or None
+    tool_choice = request.get("tool_choice")
+    if kind == "chat":
+        offered = tools if tool_choice != "none" else None
+        prompts = [chat_prompt_ids(tokenizer, messages=request["messages"], tools=offered)]
+    else:
+        prompts = []
+        for p in request["prompts"]:
+            prompts.append([int(t) for t in p] if isinstance(p, list) else list(tokenizer(p, add_special_tokens=False)["input_ids"]))
+    context = int(getattr(engine, "max_model_len", 0) or 0)
+    for p in prompts:
+        if not p:
+            raise ChatRequestInvalid("the prompt is empty", param="prompt")
+        vocab = len(tokenizer)
+        if any(t < 0 or t >= vocab for t in p):
+            raise ChatRequestInvalid(f"prompt token ids must be from 0 to {vocab - 1}", param="prompt")
+        if context and len(p) + sampling.max_tokens > context:
+            raise ChatRequestInvalid(
+                f"the prompt ({len(p)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the model's context of {context}",
+                param="max_tokens", code="context_length_exceeded",
+            )
+    outputs = engine.generate(prompts, n=n, sampling=sampling)
+    parse = kind == "chat" and bool(tools) and tool_choice != "none"
+    answer_prompts = []
+    for prompt, samples in zip(prompts, outputs, strict=True):
+        choices = []
+        for sample in samples:
+            choice: dict[str, Any] = {
+                "token_ids": list(sample.token_ids),
+                "logprobs": list(sample.logprobs),
+                "text": sample.text,
+                "finish_reason": sample.finish_reason,
+                "pieces": token_pieces(tokenizer, sample.token_ids),
+                "tokens": [_token_text(tokenizer, t) for t in sample.token_ids],
+            }
+            if sample.top_logprobs is not None:
+                choice["top_logprobs"] = [[[_token_text(tokenizer, t), float(lp)] for t, lp in step] for step in sample.top_logprobs]
+            if parse:
+                content, calls = tool_calls_parse(tokenizer, sample.text)
+                choice["content"], choice["tool_calls"] = content, calls
+                if calls:
+                    choice["finish_reason"] = "tool_calls"
+            choices.append(choice)
+        answer_prompts.append({"prompt_token_ids": list(prompt), "choices": choices})
+    return {"model_version": version, "prompts": answer_prompts}

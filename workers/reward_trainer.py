@@ -1,0 +1,254 @@
+"""The run's reward model, learned from its human feedback, on the `reward` queue.
+
+`reward_model_train` derives preference pairs from every kind of feedback
+(apps.feedback.preferences), splits them by prompt into a training and a held-out share,
+trains a scalar-head sequence classifier with TRL's `RewardTrainer`, measures pairwise
+accuracy on the held-out pairs, saves the model where `AutoModelForSequenceClassification`
+loads it, and publishes it as the run's next reward-model version. `reward_model_score` scores
+the experiences no person rated with the newest version, in batches, each score recording
+the version.
+
+Task policy: queue `reward`, acknowledged late, idempotent. Training takes a per-run lock in
+the Django cache (a second task for the same run returns at once), trains only when
+`retrain_every` new labels arrived, soft limit 30 min. Scoring skips what the version already
+scored. Database hiccups retry with backoff. torch / transformers / TRL are imported inside
+the functions only (every process imports this module to know the task names).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+from django.core.cache import cache
+from django.db import InterfaceError, OperationalError
+
+from apps.feedback.preferences import PreferencePair, pair_is_heldout, preference_pairs
+from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
+from apps.rewards.learned import (
+    experiences_to_score,
+    gold_experience_ids,
+    reward_model_due,
+    reward_model_latest,
+    reward_model_publish,
+    rm_scores_apply,
+    run_label_count,
+)
+from apps.rewards.models import RewardModel
+from apps.rewards.selectors import run_current_model
+from apps.runs.models import Run
+
+log = logging.getLogger(__name__)
+
+TRAIN_LOCK_SECONDS = 1800
+
+
+def _base_of(run: Run) -> str:
+    cfg = run.cfg.reward_model
+    if cfg.warm_start:
+        latest = reward_model_latest(run=run)
+        if latest is not None and Path(latest.path).exists():
+            return latest.path
+    return run_current_model(run=run) if cfg.base == "policy" else cfg.base
+
+
+def rm_texts_tokenize(tokenizer: Any, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
+    """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
+    from workers.reward_models import _rm_text
+
+    out = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        ids = tokenizer(_rm_text(tokenizer, prompt, completion), add_special_tokens=False)["input_ids"]
+        out.append(list(ids)[-max_length:])
+    return out
+
+
+def rm_score_texts(net: Any, tokenizer: Any, prompts: list[str], completions: list[str], *, max_length: int,
+                   batch_size: int = 64) -> list[float]:
+    """One scalar score per (prompt, completion), right-padded batches on the model's device."""
+    import torch
+
+    ids = rm_texts_tokenize(tokenizer, prompts, completions, max_length=max_length)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    scores: list[float] = []
+    net.eval()
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        width = max(len(x) for x in chunk)
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in chunk], device=net.device)
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in chunk], device=net.device)
+        with torch.inference_mode():
+            logits = net(input_ids=input_ids, attention_mask=mask).logits.float()
+        scores.extend(logits[:, 0].tolist())
+    return scores
+
+
+def pairwise_accuracy(chosen: list[float], rejected: list[float]) -> float | None:
+    """Share of pairs the model orders as people did; a tie counts half."""
+    if not chosen:
+        return None
+    hits = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected, strict=True))
+    return hits / len(chosen)
+
+
+def _calibration(scores: list[float], humans: list[float]) -> tuple[float, float]:
+    """Least-squares line from raw scores to people's rewards; a sigmoid-like default (slope
+    1/4 around the mean score) when there are too few distinct points to fit."""
+    mean_s = sum(scores) / len(scores) if scores else 0.0
+    if len(scores) >= 3:
+        mean_h = sum(humans) / len(humans)
+        var = sum((s - mean_s) ** 2 for s in scores)
+        if var > 1e-12:
+            slope = sum((s - mean_s) * (h - mean_h) for s, h in zip(scores, humans, strict=True)) / var
+            if slope > 0:
+                return slope, mean_h - slope * mean_s
+    return 0.25, 0.5 - 0.25 * mean_s
+
+
+def reward_model_fit(
+    *, base: str, train: list[PreferencePair], heldout: list[PreferencePair], out: Path, epochs: int,
+    learning_rate: float, batch_size: int, max_length: int, seed: int = 0,
+) -> tuple[Any, Any, float | None]:
+    """Train a scalar-head reward model on `train` with TRL's RewardTrainer from `base`, save
+    it (and its tokenizer) to `out`; returns (model, tokenizer, held-out pairwise accuracy)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardConfig, RewardTrainer
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    net = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+    net.config.pad_token_id = tokenizer.pad_token_id
+    chosen = rm_texts_tokenize(tokenizer, [p.prompt for p in train], [p.chosen for p in train], max_length=max_length)
+    rejected = rm_texts_tokenize(tokenizer, [p.prompt for p in train], [p.rejected for p in train],
+                                 max_length=max_length)
+    dataset = Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+    with tempfile.TemporaryDirectory(prefix="rm-train-") as scratch:
+        args = RewardConfig(
+            output_dir=scratch, num_train_epochs=epochs, learning_rate=learning_rate,
+            per_device_train_batch_size=batch_size, max_length=max_length, seed=seed, data_seed=seed,
+            bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
+            report_to=[], save_strategy="no", logging_steps=10, disable_tqdm=True, dataloader_num_workers=0,
+            lr_scheduler_type="constant",
+        )
+        trainer = RewardTrainer(model=net, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer.train()
+    net = trainer.model
+    out.mkdir(parents=True, exist_ok=True)
+    net.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    accuracy = None
+    if heldout:
+        prompts = [p.prompt for p in heldout]
+        c = rm_score_texts(net, tokenizer, prompts, [p.chosen for p in heldout], max_length=max_length)
+        r = rm_score_texts(net, tokenizer, prompts, [p.rejected for p in heldout], max_length=max_length)
+        accuracy = pairwise_accuracy(c, r)
+    return net, tokenizer, accuracy
+
+
+def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | None:
+    """Train and publish the run's next reward-model version if one is due (or `force`).
+    None when nothing was due or no pair can be learned from."""
+    from apps.buffer.models import Experience
+
+    if not force and not reward_model_due(run=run):
+        return None
+    cfg = run.cfg.reward_model
+    labels = run_label_count(run=run)
+    gold = gold_experience_ids(run=run)
+    figures = rater_figures(run=run)
+    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures),
+                             rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
+    heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    if not train:
+        log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
+        return None
+    base = _base_of(run)
+    number = (reward_model_latest(run=run).version if reward_model_latest(run=run) else 0) + 1
+    out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.pk) / "reward_models" / f"v{number}-{int(time.time())}"
+    started = time.monotonic()
+    rng = random.Random(run.cfg.seed + number)
+    rng.shuffle(train)
+    net, tokenizer, accuracy = reward_model_fit(
+        base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=run.cfg.seed + number,
+    )
+    # Put raw scores on the human scale with the experiences people rated.
+    rated = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
+                 .exclude(pk__in=gold).order_by("-id").values_list("prompt_text", "response_text", "human_reward")[:512])
+    scores = rm_score_texts(net, tokenizer, [r[0] for r in rated], [r[1] for r in rated], max_length=cfg.max_length)
+    scale, offset = _calibration(scores, [float(r[2]) for r in rated])
+    rm = reward_model_publish(
+        run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
+        labels=labels, seconds=time.monotonic() - started, scale=scale, offset=offset,
+    )
+    log.info("run %s reward model v%d: %d train / %d held-out pairs, accuracy %s, %.1fs", run.pk, rm.version,
+             len(train), len(heldout), accuracy, rm.seconds)
+    return rm
+
+
+def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
+    """Score, with the newest version, every open experience no person rated that it has not
+    scored, in batches; fold the scores under `learned`. Returns how many were scored."""
+    from workers.reward_models import reward_model_load
+
+    rm = reward_model_latest(run=run)
+    if rm is None:
+        return 0
+    cfg = run.cfg.reward_model
+    net, tokenizer = reward_model_load(rm.path)
+    done = 0
+    while limit is None or done < limit:
+        batch = list(experiences_to_score(run=run, rm=rm, limit=cfg.score_batch_size))
+        if not batch:
+            break
+        scores = rm_score_texts(net, tokenizer, [e.prompt_text for e in batch], [e.response_text for e in batch],
+                                max_length=cfg.max_length, batch_size=cfg.score_batch_size)
+        rm_scores_apply(run=run, rm=rm, scores={e.pk: s for e, s in zip(batch, scores, strict=True)})
+        done += len(batch)
+    return done
+
+
+@shared_task(
+    name="workers.reward_trainer.reward_model_train", queue="reward", acks_late=True, reject_on_worker_lost=True,
+    soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+    max_retries=5, ignore_result=True,
+)
+def reward_model_train(run_id: int) -> dict[str, Any]:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or not run.cfg.reward_model.enabled:
+        return {"version": None}
+    lock = f"rft:rm-train:{run_id}"
+    if not cache.add(lock, 1, TRAIN_LOCK_SECONDS):
+        return {"version": None, "busy": True}
+    try:
+        rm = reward_model_train_run(run=run)
+    finally:
+        cache.delete(lock)
+    if rm is not None:
+        reward_model_score.delay(run_id)
+    return {"version": rm.version if rm else None, "accuracy": rm.accuracy if rm else None}
+
+
+@shared_task(
+    name="workers.reward_trainer.reward_model_score", queue="reward", acks_late=True, reject_on_worker_lost=True,
+    soft_time_limit=600, time_limit=660, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+    max_retries=5, ignore_result=True,
+)
+def reward_model_score(run_id: int) -> dict[str, int]:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return {"scored": 0}
+    return {"scored": reward_model_score_run(run=run)}
+
+
