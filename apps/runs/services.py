@@ -29,8 +29,9 @@ class RunCannotStart(TransitionNotAllowed):
         super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors=errors)
 
 
-# A hub id: "name" or "org/name", letters, digits, '-', '_', '.' (huggingface_hub's rules).
-_HUB_ID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+# A hub id: "name" or "org/name" of word characters, '-', '_' and '.', not starting or
+# ending with '-' or '.' (huggingface_hub's rules, letters beyond ASCII let through).
+_HUB_ID = re.compile(r"^\w(?:[\w.-]{0,94}\w)?(?:/\w(?:[\w.-]{0,94}\w)?)?$")
 
 
 def _looks_like_path(name: str) -> bool:

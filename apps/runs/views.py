@@ -164,7 +164,7 @@ def _taskset_from_request(request: HttpRequest) -> tuple[Any, list[str], list[st
                 tmp.flush()
                 taskset = taskset_import(name=Path(upload.name or "taskset").stem, path=tmp.name, owner=request.user)
         except ImportFailed as exc:
-            return None, [str(exc)], []
+            return None, [str(exc)], []  # names the bad line
         return taskset, [], [f"Taskset “{taskset.name}” ({taskset.tasks.count()} tasks) was imported and is selected below."]
     raw = (request.POST.get("taskset_id") or "").strip()
     if not raw:

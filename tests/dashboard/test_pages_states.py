@@ -73,10 +73,11 @@ def test_a_run_whose_explore_steps_keep_failing_is_failed_with_the_reason_on_its
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")
     assert page.is_hidden("#run-error")
-    # A real worker for the explorer and the conductor; the conductor sends a failed step
-    # again after 1 s instead of 120, and 2 failures in a row fail the run.
-    with celery_worker("rollout,default", name="failing", log=tmp_path / "worker.log",
-                       RFT_DISPATCH_TTL="1", RFT_RUN_FAIL_AFTER="2", RFT_CONDUCT_SECONDS="0.2"):
+    # A real worker for the explorer and the loop (beat); the loop sends a failed step again
+    # after 1 s instead of 120, and 2 failures in a row fail the run.
+    with celery_worker("rollout,default", name="failing", log=tmp_path / "worker.log", beat=True,
+                       RFT_DISPATCH_TTL="1", RFT_DISPATCH_RESEND_SECONDS="1", RFT_RUN_FAIL_AFTER="2",
+                       RFT_CONDUCT_SECONDS="0.2"):
         page.on("dialog", lambda d: d.accept())
         page.click("#controls a.control-start")
         page.wait_for_selector("#controls[data-status=running]")
@@ -116,7 +117,7 @@ def test_the_header_steps_follow_the_run_without_a_reload(page: Any, owner: User
         f"Run.objects.filter(pk={run.pk}).update(explore_step=7, train_step=6)\n"
         f"metric_record(run=Run.objects.get(pk={run.pk}), step=6, values={{'loss': 0.5}})"
     )
-    page.wait_for_function("document.querySelector('#run-steps').textContent.includes('explore 7 · train 6 of 40')")
+    page.wait_for_function("() => document.querySelector('#run-steps').textContent.includes('explore 7 · train 6 of 40')")
 
 
 # --- 3. negative tick labels keep their minus sign --------------------------------------------

@@ -119,3 +119,23 @@ def test_a_failure_of_a_stopped_run_is_recorded_but_changes_nothing(owner: User)
     run.refresh_from_db()
     assert run.status == Run.Status.STOPPED
     assert TaskFailure.objects.get(run=run).task == "train"
+
+
+def test_only_the_owner_adds_or_removes_people(owner: User) -> None:
+    from django.test import Client
+
+    from apps.runs.models import RunMember
+    from tests.factories import add_member, make_user
+
+    run = make_run(owner=owner)
+    annotator, newcomer = make_user("ann"), make_user("new")
+    member = add_member(run, annotator)
+    client = Client()
+    client.force_login(annotator)
+    assert client.post(f"/runs/{run.pk}/members/", {"username": "new", "role": "viewer"}).status_code == 403
+    assert client.post(f"/runs/{run.pk}/members/{member.pk}/remove/").status_code == 403
+    client.force_login(owner)
+    assert client.post(f"/runs/{run.pk}/members/", {"username": "new", "role": "viewer"}).status_code == 302
+    assert RunMember.objects.get(run=run, user=newcomer).role == "viewer"
+    assert client.post(f"/runs/{run.pk}/members/{member.pk}/remove/").status_code == 302
+    assert not RunMember.objects.filter(pk=member.pk).exists()

@@ -63,7 +63,7 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     assert page.locator("#queue .item.current").get_attribute("data-experience") == str(group_b[0])
     # feedback.saved, live: the compact line says it, and the counter of ratings moves.
     page.wait_for_selector("#live-line:has-text('feedback: rating by annotator')")
-    page.wait_for_function("document.querySelector('#feedback-count').textContent === '3'")
+    page.wait_for_function("() => document.querySelector('#feedback-count').textContent === '3'")
     assert page.inner_text("#done-today") == "3"
 
     page.keyboard.press("?")

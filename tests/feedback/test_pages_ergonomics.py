@@ -74,7 +74,7 @@ def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: 
     assert page.is_disabled("#panel .rank-save")
     # Drag the last completion into the ranking first, then the others by click.
     page.drag_and_drop(f'#panel .rank-item[data-experience="{members[2].pk}"]', "#panel ol.ranked")
-    page.wait_for_function("document.querySelectorAll('#panel ol.ranked .rank-item').length === 1")
+    page.wait_for_function("() => document.querySelectorAll('#panel ol.ranked .rank-item').length === 1")
     assert page.is_disabled("#panel .rank-save")
     page.click(f'#panel .rank-item[data-experience="{members[0].pk}"] .completion')
     page.click(f'#panel .rank-item[data-experience="{members[1].pk}"] .completion')
@@ -86,7 +86,7 @@ def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: 
     page.wait_for_selector("#panel .saved")
     ranking = Feedback.objects.get(kind="ranking", author=annotator)
     assert ranking.value["order"] == [members[2].pk, members[1].pk, members[0].pk]
-    page.wait_for_function("document.querySelectorAll('#queue .item.done').length === 3")
+    page.wait_for_function("() => document.querySelectorAll('#queue .item.done').length === 3")
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "annotate-after-ranking.png"), full_page=True)
 
@@ -108,7 +108,7 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
     for n, score in enumerate(("5", "1"), start=1):
         page.keyboard.press(score)
         page.keyboard.press("Enter")
-        page.wait_for_function(f"document.querySelectorAll('#queue .item.done').length === {n}")
+        page.wait_for_function(f"() => document.querySelectorAll('#queue .item.done').length === {n}")
     # Both rated: the group is trainable with blended rewards.
     assert set(Experience.objects.filter(group_id="g").values_list("status", flat=True)) == {"ready"}
     assert page.inner_text("#done-today") == "2"
@@ -122,7 +122,7 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
     assert Assignment.objects.get(experience=second, annotator=annotator).status == "leased"
     # The item comes back to the queue, open, and can be rated again.
     page.wait_for_selector(f'#queue .item:not(.done)[data-experience="{members[1].pk}"]')
-    page.wait_for_function("document.querySelector('#done-today').textContent === '1'")
+    page.wait_for_function("() => document.querySelector('#done-today').textContent === '1'")
 
 
 def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(page: Any, live_url: str, blend_run: Run,
