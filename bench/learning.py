@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, median, setup_django
+from bench.common import DEMO_DIR, median, setup_django
 
 TASKS_PER_STEP = 16
 REPEAT = 8
@@ -179,7 +179,7 @@ def main() -> None:
     from workers.demo_model import demo_model_build
 
     torch.set_num_threads(1)
-    demo = demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None).out
+    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-learning")
     results: dict[str, dict[int, list[tuple[int, float, float]]]] = {}
     loads: list[float] = []

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, ROOT, median, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, median, setup_django
 
 TASKS_PER_STEP = 16
 REPEAT = 8
@@ -270,7 +270,7 @@ def _arm_child(args: argparse.Namespace) -> None:
     from apps.runs.models import Run
     from workers.demo_model import TASKSET_FILE
 
-    demo = ROOT / ".cache" / "demo-model"
+    demo = DEMO_DIR
     owner, _ = User.objects.get_or_create(username="bench-vs-trl")
     # Runs an earlier bench left running would take the workers' time.
     Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
@@ -321,7 +321,7 @@ def main() -> None:
         return
     from workers.demo_model import demo_model_build
 
-    demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None)
+    demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
     results: list[tuple[int, str, dict[str, Any]]] = []
     # Each arm in a fresh process: no import cache, thread pool or resident model carried over.
     for rep in range(args.repeat):
