@@ -23,7 +23,10 @@ seconds per step (median of the steps, and the whole-run mean), the accuracy aga
 wall-clock, and the time to a fixed gain over the base model (`--gain` points). Ratios last:
 (b)/(a) seconds per step (target ≤ 1.10) and (a)/(c) time to the gain (target ≥ 1.5).
 
-    python -m bench.vs_trl [--steps 100] [--eval-every 10] [--gain 5] [--cores 2] [--arms trl,inproc,celery]
+    python -m bench.vs_trl [--steps 100] [--eval-every 10] [--gain 5] [--cores 2] [--threads N] [--repeat 2]
+
+Give it a database of its own (BENCH_DATABASE_URL): arm (c)'s conductor resumes every running
+run of its database.
 """
 
 from __future__ import annotations
@@ -272,8 +275,9 @@ def _arm_child(args: argparse.Namespace) -> None:
 
     demo = DEMO_DIR
     owner, _ = User.objects.get_or_create(username="bench-vs-trl")
-    # Runs an earlier bench left running would take the workers' time.
-    Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
+    # This bench's runs that an earlier, interrupted run of it left running would take the
+    # workers' time (the conductor resumes every running run of the database it starts on).
+    Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
     threads = args.threads
     breakdown: dict[str, float] = {}
     try:
@@ -283,7 +287,7 @@ def _arm_child(args: argparse.Namespace) -> None:
             curve, times = arm_inproc(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                                       threads=threads, owner=owner)
             breakdown = _inproc_breakdown(f"bench learning grpo seed {args.seed}")
-            Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
+            Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
         elif args.arm == "celery":
             taskset = taskset_import(name="demo vs_trl", path=demo / TASKSET_FILE, owner=owner)
             curve, times = arm_celery(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
