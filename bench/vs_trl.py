@@ -160,6 +160,13 @@ def arm_inproc(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     from bench.learning import _run_one
 
     torch.set_num_threads(threads)
+    # What arm (a) does before its clock starts: import TRL and the model code (tens of
+    # seconds on a loaded machine). The model loads stay in step 1, as in bench/learning.
+    import trl.trainer.grpo_trainer  # noqa: F401
+
+    import workers.algorithms.learner  # noqa: F401
+    import workers.engines.hf_engine  # noqa: F401
+
     step_times: list[float] = []
     curve = _run_one("grpo", steps=steps, eval_every=eval_every, demo=demo, owner=owner, lr=LR, loss_type="grpo",
                      seed=seed, step_times=step_times)

@@ -32,6 +32,8 @@ def test_the_vs_trl_bench_runs_both_one_process_arms_and_prints_the_ratio(demo_m
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    assert any(line.startswith("1   trl        2") for line in lines), out.stdout[-2000:]
-    assert any(line.startswith("1   inproc     2") for line in lines), out.stdout[-2000:]
+    # The curve rows: repeat, arm, step, seconds, accuracy, gain.
+    rows = [line.split() for line in lines]
+    assert any(row[:3] == ["1", "trl", "2"] and len(row) == 6 for row in rows), out.stdout[-2000:]
+    assert any(row[:3] == ["1", "inproc", "2"] and len(row) == 6 for row in rows), out.stdout[-2000:]
     assert "(b)/(a) s/step" in lines[-1]
