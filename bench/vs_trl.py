@@ -252,7 +252,7 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     curve: Curve = [(0, 0.0, _accuracy_at(str(demo), demo))]
     versions = ModelVersion.objects.filter(run=run).order_by("number")
     for v in versions:
-        if v.train_step % eval_every == 0 or v.train_step == steps:
+        if v.train_step > 0 and (v.train_step % eval_every == 0 or v.train_step == steps):
             curve.append((v.train_step, v.created_at.timestamp() - started_wall, _accuracy_at(v.checkpoint, demo)))
             print(f"  celery step {v.train_step:4d} {curve[-1][1]:7.1f} s acc {curve[-1][2]:.3f}", flush=True)
     return curve, [seconds / steps]
