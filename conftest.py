@@ -16,3 +16,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Playwright's sync API runs an event loop on the test thread; the ORM calls the page tests
 # make between browser steps are still synchronous.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+# Live servers, Celery workers and the browser: one module for every test (tests/servers.py).
+pytest_plugins = ["tests.servers"]

@@ -40,6 +40,8 @@ def _worker(name: str, queues: str, include: list[str], env: dict[str, str], log
            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
     for module in include:
         cmd += ["-I", module]
+    if "default" in queues.split(","):  # the loop's beat (apps/runs/orchestration.py)
+        cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -78,11 +80,11 @@ def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset:
     deadline = started + 1800
     while time.perf_counter() < deadline:
         run.refresh_from_db()
-        if run.status in (Run.Status.STOPPED, Run.Status.FAILED):
+        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
             break
         time.sleep(0.2)
     seconds = time.perf_counter() - started
-    if run.status != Run.Status.STOPPED or run.train_step != steps:
+    if run.status != Run.Status.FINISHED or run.train_step != steps:
         raise SystemExit(f"{mode} run did not finish: status={run.status} train_step={run.train_step} error={run.error}")
     sides = {
         name: median(list(Metric.objects.filter(run=run, name=name).values_list("value", flat=True)))

@@ -69,6 +69,7 @@ def _config(algorithm: str, *, model: str, steps: int, lr: float = 1e-4, loss_ty
 
 def _corrections_write(*, run: Any, taskset: Any, count: int) -> None:
     """Human corrections as `feedback_edit` writes them: text only (no tokens), expert."""
+    from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.models import Experience
     from apps.buffer.services import experience_write
     from apps.rewards.registry import reference_text
@@ -77,12 +78,12 @@ def _corrections_write(*, run: Any, taskset: Any, count: int) -> None:
     rows = []
     for i in range(count):
         task = tasks[i % len(tasks)]
-        rows.append({
-            "run_id": run.pk, "key": f"bench-edit:{i}", "group_id": f"expert-{i}", "task_id": task.pk,
-            "source": Experience.Source.HUMAN, "prompt_text": task.prompt,
-            "response_text": f"<answer>{reference_text(task)}</answer>", "is_expert": True,
-            "status": Experience.Status.READY, "human_reward": 1.0, "reward": 1.0, "model_version": 0,
-        })
+        rows.append(ExperienceDraft(
+            run_id=run.pk, key=f"bench-edit:{i}", group_id=f"expert-{i}", task_id=task.pk,
+            source=Experience.Source.HUMAN, prompt_text=task.prompt,
+            response_text=f"<answer>{reference_text(task)}</answer>", is_expert=True,
+            status=Experience.Status.READY, human_reward=1.0, reward=1.0, model_version=0,
+        ))
     experience_write(experiences=rows)
 
 

@@ -26,7 +26,9 @@ TARGET = 0.7
 _seq = itertools.count()
 
 
-def _rows(run_id: int, groups: int, rng: random.Random) -> list[dict[str, Any]]:
+def _rows(run_id: int, groups: int, rng: random.Random) -> list[Any]:
+    from apps.buffer.drafts import ExperienceDraft
+
     rows = []
     for _ in range(groups):
         g = f"g{next(_seq)}"
@@ -35,7 +37,7 @@ def _rows(run_id: int, groups: int, rng: random.Random) -> list[dict[str, Any]]:
         for i in range(4):
             plen, rlen = 40, rng.randint(150, 250)
             reward = 1.0 if flat else float(rng.random() < 0.5)
-            rows.append({
+            rows.append(ExperienceDraft.from_row({
                 "run_id": run_id, "key": f"{g}-{i}", "group_id": g,
                 "prompt_text": f"What is {a} + {b}?  Show your work.\n",
                 "response_text": f"Let me add {a} and {b}.  \n\n\n\nFirst the ones, then the tens. " * 4
@@ -43,7 +45,7 @@ def _rows(run_id: int, groups: int, rng: random.Random) -> list[dict[str, Any]]:
                 "token_ids": [rng.randrange(300) for _ in range(plen + rlen)], "prompt_length": plen,
                 "logprobs": [-rng.random() for _ in range(rlen)], "finish_reason": "stop" if rng.random() < 0.9 else "length",
                 "reward": reward, "auto_reward": reward, "reward_parts": {"accuracy": reward}, "model_version": 0,
-            })
+            }))
     return rows
 
 

@@ -107,6 +107,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.services import experience_write
     from apps.runs.models import Run
     from apps.runs.services import run_create
@@ -174,9 +175,9 @@ def main() -> None:
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for s, b in enumerate(batches):
         experience_write(experiences=[
-            {"run_id": run.pk, "key": f"{r.id}", "group_id": r.group_id, "token_ids": r.prompt_ids + r.completion_ids,
-             "prompt_length": len(r.prompt_ids), "logprobs": r.logprobs, "reward": r.reward,
-             "priority": float(len(batches) - s)}
+            ExperienceDraft(run_id=run.pk, key=f"{r.id}", group_id=r.group_id, token_ids=r.prompt_ids + r.completion_ids,
+                            prompt_length=len(r.prompt_ids), logprobs=r.logprobs, reward=r.reward,
+                            priority=float(len(batches) - s))
             for r in b
         ])
 

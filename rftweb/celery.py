@@ -13,6 +13,8 @@ from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
+from django.conf import settings  # noqa: E402  (after the settings module is named)
+
 QUEUES = ("rollout", "train", "reward", "default")
 
 app = Celery("rftweb")
@@ -40,21 +42,23 @@ app.conf.update(
     beat_schedule={
         "lease-reap": {
             "task": "apps.buffer.tasks.lease_reap_task",
-            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+            "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
         # Feedback wait windows end in wall time; a beat every few seconds keeps the lag small.
         "feedback-wait-expire": {
             "task": "apps.feedback.tasks.feedback_wait_expire_task",
-            "schedule": float(os.environ.get("RFT_FEEDBACK_EXPIRE_SECONDS", "10")),
+            "schedule": settings.RFT_FEEDBACK_EXPIRE_SECONDS,
         },
         "annotation-lease-reap": {
             "task": "apps.feedback.tasks.assignment_reap_task",
-            "schedule": float(os.environ.get("RFT_LEASE_REAP_SECONDS", "30")),
+            "schedule": settings.RFT_LEASE_REAP_SECONDS,
         },
-        # Restarts the conductor of any running run whose chain broke (see apps/runs/conduct.py).
-        "runs-resume": {
-            "task": "apps.runs.conduct.runs_resume_task",
-            "schedule": float(os.environ.get("RFT_RESUME_SECONDS", "30")),
+        # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
+        # beat that waited in the queue longer than a few beats is dropped, not piled up.
+        "runs-conduct": {
+            "task": "apps.runs.conduct.runs_conduct_task",
+            "schedule": settings.RFT_CONDUCT_SECONDS,
+            "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
         },
     },
 )
@@ -63,7 +67,7 @@ app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envap
 # inside the tasks), so every process knows every task by name.
 for _module in ("explorer", "trainer", "rewards", "synthesize"):
     app.autodiscover_tasks(["workers"], related_name=_module)
-# The run conductor and the resume-after-restart path (apps/runs/conduct.py).
+# The RFT core's loop (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
 
 

@@ -109,9 +109,11 @@ class SubmitResult(TypedDict):
 class FeedbackResult(TypedDict):
     id: int
     kind: str
-    experience_id: int
+    experience_id: int | None
+    group_id: str
     late: bool
-    experience_status: str
+    value: dict[str, Any]
+    experience_status: str | None
     experience_reward: float | None
 
 
@@ -251,17 +253,29 @@ class RftClient:
         self,
         run_id: int,
         *,
-        experience_id: int,
-        kind: Literal["env_reward", "rating", "pairwise", "flag"],
+        kind: Literal["env_reward", "rating", "pairwise", "ranking", "flag"],
+        experience_id: int | None = None,
         value: float | None = None,
         reward_parts: Mapping[str, float] | None = None,
+        score: int | None = None,
+        thumb: Literal["up", "down"] | None = None,
         other_experience_id: int | None = None,
+        winner: Literal["a", "b", "tie"] | None = None,
         preferred: Literal["a", "b", "tie"] | None = None,
+        order: Sequence[int] | None = None,
+        flags: Sequence[Literal["unsafe", "broken", "off_task"]] | None = None,
+        reason: str | None = None,
         comment: str = "",
     ) -> FeedbackResult:
-        body: dict[str, Any] = {"experience_id": experience_id, "kind": kind, "comment": comment}
-        for name, v in (("value", value), ("reward_parts", dict(reward_parts) if reward_parts else None),
-                        ("other_experience_id", other_experience_id), ("preferred", preferred)):
+        """One piece of feedback. env_reward: value (+ reward_parts); rating: score 1-5 or
+        thumb; pairwise: other_experience_id + winner; ranking: order (a whole group, best
+        first); flag: flags and/or reason. The stored value is the annotation page's."""
+        body: dict[str, Any] = {"kind": kind, "comment": comment}
+        for name, v in (("experience_id", experience_id), ("value", value),
+                        ("reward_parts", dict(reward_parts) if reward_parts else None), ("score", score),
+                        ("thumb", thumb), ("other_experience_id", other_experience_id), ("winner", winner),
+                        ("preferred", preferred), ("order", list(order) if order is not None else None),
+                        ("flags", list(flags) if flags else None), ("reason", reason)):
             if v is not None:
                 body[name] = v
         return cast(FeedbackResult, self._request("POST", f"/runs/{run_id}/feedback", json_body=body))

@@ -21,6 +21,24 @@ if not DEBUG and SECRET_KEY == _DEV_SECRET:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# The production profile: on by default when DEBUG is off, each switchable on its own (a
+# deployment behind a TLS proxy sets RFT_BEHIND_TLS_PROXY so the SSL redirect sees https).
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Container health checks speak plain HTTP to the app.
+SECURE_REDIRECT_EXEMPT = [r"^health/$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+# Pages send the token from the template (hx-headers), never from JavaScript reading the cookie.
+CSRF_COOKIE_HTTPONLY = True
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("RFT_BEHIND_TLS_PROXY", False) else None
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -45,11 +63,37 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
+    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
+    "rftweb.middleware.FormHygieneMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+
+# Content-Security-Policy (django-csp) on every page, in development too so the pages are
+# tested under it: scripts and styles only from our own static files, no inline code, no
+# framing; websockets to the same host ('self' covers ws/wss of the page's origin).
+# RFT_CSP_REPORT_ONLY=1 sends it as Content-Security-Policy-Report-Only instead.
+_CSP = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+if env_bool("RFT_CSP_REPORT_ONLY", False):
+    CONTENT_SECURITY_POLICY_REPORT_ONLY = _CSP
+else:
+    CONTENT_SECURITY_POLICY = _CSP
 
 ROOT_URLCONF = "rftweb.urls"
 ASGI_APPLICATION = "rftweb.asgi.application"
@@ -130,14 +174,19 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
-if REDIS_URL and env_str("RFT_CHANNEL_LAYER", "core") == "pubsub":
+# Names the channel layer's keys in Redis (several deployments or test runs may share one).
+CHANNELS_PREFIX = env_str("CHANNELS_PREFIX", "rftweb")
+RFT_CHANNEL_LAYER = env_str("RFT_CHANNEL_LAYER", "core")
+if RFT_CHANNEL_LAYER not in {"core", "pubsub"}:
+    raise ConfigError(f"RFT_CHANNEL_LAYER={RFT_CHANNEL_LAYER!r} is not a channel layer (use core or pubsub)")
+if REDIS_URL and RFT_CHANNEL_LAYER == "pubsub":
     # Redis pub/sub: one copy of a group message per process, fanned out in-process; no
     # backlog kept for absent listeners (live events are a view of the buffer). Measured
     # against the default in bench/live_stream.py.
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "rftweb")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNELS_PREFIX},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -151,7 +200,7 @@ elif REDIS_URL:
                 # socket timeout is 5 s too: the two race, and an idle consumer dies with
                 # "Timeout reading from localhost:6379". Reads may take longer than the block.
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
-                "prefix": env_str("CHANNELS_PREFIX", "rftweb"),
+                "prefix": CHANNELS_PREFIX,
                 "capacity": 1000,
                 "expiry": 30,
             },
@@ -163,6 +212,19 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "rftweb.layers.EmbeddedChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     CELERY_RESULT_BACKEND = "cache+memory://"
+# Short-lived shared counters (the environment API's rate limits): Redis when there is one,
+# so every web process counts the same; this process's memory in the embedded default.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": CHANNELS_PREFIX,
+            "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2},
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # The live stream (apps/runs/fanout.py) sends a busy run's events to each socket at most once
 # per this many milliseconds, several events to a frame.
@@ -177,9 +239,27 @@ RFT_STORAGE_DIR = Path(env_str("RFT_STORAGE_DIR", str(VAR_DIR / "storage")))
 RFT_DEMO_MODEL_DIR = Path(env_str("RFT_DEMO_MODEL_DIR", str(VAR_DIR / "demo-model")))
 RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)
 RFT_LEASE_REAP_SECONDS = env_float("RFT_LEASE_REAP_SECONDS", 30.0)
-# The run conductor's beat, and how long a dispatched step is not dispatched again.
+# How often the beat ends feedback wait windows (they end in wall time; a short beat keeps the lag small).
+RFT_FEEDBACK_EXPIRE_SECONDS = env_float("RFT_FEEDBACK_EXPIRE_SECONDS", 10.0)
+# How long an annotator's claim on an experience holds, and how many the annotation page queues.
+RFT_ANNOTATION_LEASE_SECONDS = env_float("RFT_ANNOTATION_LEASE_SECONDS", 900.0)
+RFT_ANNOTATION_QUEUE_SIZE = env_int("RFT_ANNOTATION_QUEUE_SIZE", 8)
+# Pipeline operators' counters go to the run's metrics at most this often.
+RFT_PIPELINE_METRICS_SECONDS = env_float("RFT_PIPELINE_METRICS_SECONDS", 2.0)
+# Every Celery worker writes a heartbeat row this often (apps/runs/heartbeat.py); one whose
+# last beat is older than RFT_WORKER_DEAD_SECONDS is gone: the workers page says so, and the
+# loop sends its step again, its leases handed back.
+RFT_HEARTBEAT_SECONDS = max(0.5, env_float("RFT_HEARTBEAT_SECONDS", 2.0))
+RFT_WORKER_DEAD_SECONDS = max(2 * RFT_HEARTBEAT_SECONDS, env_float("RFT_WORKER_DEAD_SECONDS", 5 * RFT_HEARTBEAT_SECONDS))
+# The RFT core's loop (apps/runs/orchestration.py): its beat; how long a sent step may wait
+# for a worker to pick it up before it is sent again (a broker that lost it); how long a
+# running step is trusted to a worker that writes no heartbeat (a task run by hand).
 RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
+RFT_DISPATCH_RESEND_SECONDS = env_float("RFT_DISPATCH_RESEND_SECONDS", 15.0)
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
+# A run whose explore or train steps fail this many times in a row (no progress between)
+# goes to `failed` with the last error (apps/runs/failures.py).
+RFT_RUN_FAIL_AFTER = max(1, env_int("RFT_RUN_FAIL_AFTER", 3))
 # The trainer task's time limit (seconds); the soft limit releases the batch first.
 RFT_TRAIN_TIME_LIMIT = env_int("RFT_TRAIN_TIME_LIMIT", 1800)
 # A trainer task goes on with the run's next steps while each is ready at once, starting none
@@ -191,16 +271,27 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
+# NCCL weight sync: the rendezvous address and the number of processes (trainer + explorers).
+RFT_NCCL_ADDR = env_str("RFT_NCCL_ADDR", "tcp://127.0.0.1:29555")
+RFT_NCCL_WORLD = env_int("RFT_NCCL_WORLD", 1)
+# Experiment trackers the trainer logs to when set (and the package is installed).
+RFT_TENSORBOARD_DIR = env_str("RFT_TENSORBOARD_DIR", "")
+WANDB_PROJECT = env_str("WANDB_PROJECT", "")
+# The Python that runs sandboxed reward code (default: this interpreter).
+RFT_SANDBOX_PYTHON = env_str("RFT_SANDBOX_PYTHON", "")
+# The password of the demo accounts `manage.py rft_demo` creates.
+RFT_DEMO_PASSWORD = env_str("RFT_DEMO_PASSWORD", "rftweb-demo")
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
 # The longest the environment API waits for a rollout worker before answering 503.
 RFT_ROLLOUT_TIMEOUT_SECONDS = env_float("RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)
 
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Experience, Taskset
 from apps.buffer.services import experience_write
@@ -49,8 +50,10 @@ def add_member(run: Run, user: User, role: str = RunMember.Role.ANNOTATOR) -> Ru
 
 
 def experience_row(run: Run, *, key: str | None = None, group: str | None = None, prompt_len: int = 3,
-                   response_len: int = 4, **fields: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
+                   response_len: int = 4, **fields: Any) -> ExperienceDraft:
+    """A valid experience of `run` (every field overridable): an ExperienceDraft, as every
+    producer builds one."""
+    values: dict[str, Any] = {
         "run_id": run.pk,
         "key": key or uuid.uuid4().hex,
         "group_id": group or uuid.uuid4().hex[:12],
@@ -61,8 +64,8 @@ def experience_row(run: Run, *, key: str | None = None, group: str | None = None
         "logprobs": [-0.5] * response_len,
         "reward": 1.0,
     }
-    row.update(fields)
-    return row
+    values.update(fields)
+    return ExperienceDraft.from_row(values)
 
 
 def make_experiences(run: Run, *, groups: int = 2, group_size: int = 4, **fields: Any) -> list[Experience]:

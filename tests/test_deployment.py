@@ -51,3 +51,52 @@ def test_tasks_route_to_their_queues() -> None:
     assert router.route({}, "workers.trainer.train_step")["queue"].name == "train"
     assert router.route({}, "workers.rewards.score_experiences")["queue"].name == "reward"
     assert router.route({}, "apps.buffer.tasks.lease_reap_task")["queue"].name == "default"
+
+
+def _compose_env(service: str) -> dict[str, str]:
+    """The service's environment with ${VAR:-default} and ${VAR:?message} filled as compose would."""
+    import re
+    import secrets
+
+    env = {}
+    for name, value in _compose()["services"][service]["environment"].items():
+        value = str(value)
+        value = re.sub(r"\$\{SECRET_KEY:\?[^}]*\}", secrets.token_urlsafe(60), value)
+        env[name] = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+    return env
+
+
+def test_the_web_service_passes_djangos_deployment_checks_with_the_production_profile() -> None:
+    import os
+    import subprocess
+
+    # Only what the container would have: none of the test run's own variables.
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **_compose_env("web")}
+    # The compose hosts do not resolve here; the checks do not connect.
+    env.update({"DATABASE_URL": "postgres://localhost:5432/test", "REDIS_URL": "redis://localhost:6379/0"})
+    assert env["DEBUG"] == "0"
+    checked = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "no issues" in checked.stdout
+    shown = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c",
+         "from django.conf import settings as s; print(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE,"
+         " s.SESSION_COOKIE_HTTPONLY, s.CSRF_COOKIE_HTTPONLY, s.SECURE_HSTS_SECONDS > 0, s.SECURE_PROXY_SSL_HEADER is not None,"
+         " 'csp.middleware.CSPMiddleware' in s.MIDDLEWARE)"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert shown.stdout.splitlines()[-1].split() == ["True"] * 8, shown.stdout + shown.stderr
+
+
+def test_with_debug_on_the_profile_is_off_so_development_works_over_http() -> None:
+    import os
+    import subprocess
+
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "DEBUG": "1"}
+    shown = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c",
+         "from django.conf import settings as s; print(s.SECURE_SSL_REDIRECT, s.SESSION_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert shown.stdout.splitlines()[-1].split() == ["False", "False", "0"], shown.stdout + shown.stderr

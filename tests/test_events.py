@@ -12,11 +12,11 @@ from django.contrib.auth.models import AnonymousUser, User
 
 from apps.runs.events import event_publish
 from apps.runs.models import Run
-from tests.conftest import run_socket_connect
 from apps.runs.tasks import run_announce
 from rftweb.asgi import application
+from tests.conftest import run_socket_connect
 from tests.factories import make_experiences
-from tests.workers_util import celery_worker
+from tests.servers import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

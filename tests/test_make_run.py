@@ -41,7 +41,9 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
         return proc
 
     manage("migrate", "--noinput", "-v", "0")
-    assert "demo ready" in manage("rft_demo", "--total-steps", "4").stdout
+    # The demo's people-in-the-loop policy (blend) with a short wait, since nobody rates here.
+    demo = manage("rft_demo", "--total-steps", "4", "--feedback-wait", "2").stdout
+    assert "demo ready" in demo and "/annotate/ as annotator" in demo
     port = _free_port()
     log = (tmp_path / "serve.log").open("wb")
     server = subprocess.Popen(
@@ -73,7 +75,7 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
             if status != "running":
                 break
             time.sleep(1)
-        assert (status, version, trained) == ("stopped", 4, 4), (tmp_path / "serve.log").read_text()[-3000:]
+        assert (status, version, trained) == ("finished", 4, 4), (tmp_path / "serve.log").read_text()[-3000:]
         (experiences,) = db.execute("SELECT count(*) FROM buffer_experience WHERE run_id = ?", (run_id,)).fetchone()
         (consumed,) = db.execute(
             "SELECT count(*) FROM buffer_experience WHERE run_id = ? AND status = 'consumed'", (run_id,)

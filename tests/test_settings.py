@@ -55,3 +55,57 @@ def test_the_development_secret_refuses_to_start_with_debug_off() -> None:
     env["SECRET_KEY"] = "a-real-secret-for-this-test-only-1234567890"
     proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def _environment_reads(path: Path) -> list[str]:
+    """Where a module reads the environment or a setting with a fallback default, as
+    'path:line'; writes (os.environ.setdefault for a library) and copies for a child
+    process are not reads of a setting."""
+    import ast
+
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        target = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            text = ast.unparse(func)
+            if text in {"os.environ.get", "os.getenv", "environ.get", "getenv"}:
+                target = text
+            elif text == "getattr" and node.args and ast.unparse(node.args[0]) == "settings":
+                target = "getattr(settings, …)"
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == "os.environ":
+            target = "os.environ[…]"
+        if target:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {target}")
+    return found
+
+
+def test_settings_are_read_from_the_environment_only_in_the_settings_module() -> None:
+    allowed = {ROOT / "rftweb" / "settings.py", ROOT / "rftweb" / "env.py"}
+    reads = [
+        read
+        for folder in ("apps", "workers", "rftweb")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path not in allowed
+        for read in _environment_reads(path)
+    ]
+    assert reads == [], "read these through rftweb/settings.py and its typed helpers: " + ", ".join(reads)
+
+
+def test_every_variable_the_settings_read_is_in_the_readme_table() -> None:
+    import ast
+    import re
+
+    helpers = {"env_str", "env_bool", "env_int", "env_float", "env_list"}
+    tree = ast.parse((ROOT / "rftweb" / "settings.py").read_text())
+    names = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in helpers
+        and node.args and isinstance(node.args[0], ast.Constant)
+    }
+    # A row's first cell names one variable or several (`A`, `B`).
+    first_cells = re.findall(r"^\| ((?:`[A-Z0-9_]+`(?:, )?)+) \|", (ROOT / "README.md").read_text(), flags=re.M)
+    documented = {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
+    assert names - documented == set(), f"missing from the README's settings table: {sorted(names - documented)}"
+    assert documented - names == set(), f"in the README's table but not read by rftweb/settings.py: {sorted(documented - names)}"

@@ -13,7 +13,7 @@ from django.db import connection
 from apps.runs.models import Run
 from apps.runs.tasks import run_announce
 from tests.factories import make_run
-from tests.workers_util import celery_worker
+from tests.servers import celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

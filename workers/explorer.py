@@ -30,25 +30,21 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import OperationalError, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.selectors import tasks_exhausted
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
-from apps.feedback.policy import experience_initial_fields
 from apps.rewards.scoring import rewards_inline, rewards_remote_terms
-from apps.runs.events import event_publish_many
-from apps.runs.models import ModelVersion, Run
-from apps.runs.orchestration import run_advance_after_step
-from apps.runs.services import metric_record, weight_load_record
+from apps.rewards.services import rewards_remote_enqueue
+from apps.runs.models import Dispatch, ModelVersion, Run
+from apps.runs.orchestration import dispatch_begin, run_advance_after_step
+from apps.runs.services import metric_record, run_explore_end, run_explore_step_record, weight_load_record
+from rftweb.exceptions import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 
-REMOTE_REWARD_TASK = "workers.rewards.score_experiences"
-
-
-class VersionNotReady(Exception):
+class VersionNotReady(Unavailable):
     """The version this step needs is not published yet; the task retries shortly."""
 
 
@@ -116,12 +112,6 @@ def _display_prompt(task: Any) -> str:
     return task.prompt
 
 
-def storable_text(text: str) -> str:
-    """Model output as Postgres can hold it: text columns reject NUL, which a sampled token
-    can decode to; it becomes U+FFFD (the token ids keep what was sampled)."""
-    return text.replace("\x00", "\ufffd")
-
-
 def _run_status(run_id: int) -> str | None:
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
@@ -146,10 +136,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         if tasks_exhausted(run=run):
             # Every epoch is explored: exploring ends here rather than stalling the run, and
             # the trainer gets to train on what the buffer holds and finish.
-            ended = Run.objects.filter(pk=run.pk, explore_step__lt=cfg.total_steps).update(explore_step=cfg.total_steps)
-            if ended:
+            if run_explore_end(run=run):
                 log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, cfg.epochs, step)
-                run_advance_after_step(run=run)
             return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version,
                     "exhausted": True}
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
@@ -175,64 +163,54 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 
     try:
         remote_terms = rewards_remote_terms(cfg.rewards)
-        rows: list[dict[str, Any]] = []
+        drafts: list[ExperienceDraft] = []
         scores: list[float] = []
         lengths: list[int] = []
         for attempt, prompt, group in zip(attempts, prompts, samples):
             task = attempt.task
             awaiting = [t.name for t in remote_terms if _applies(t, task)]
             for i, sample in enumerate(group):
-                text = storable_text(sample.text)
-                result = rewards_inline(terms=cfg.rewards, completion=text, task=task)
+                result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
                 scores.append(result.score)
                 lengths.append(len(sample.token_ids))
-                fields = experience_initial_fields(cfg=cfg, auto_reward=result.score)
                 metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
                 if awaiting:
                     # The total waits for the queued scorers; they fill it in and flip the status.
-                    fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
                     metadata["awaiting_rewards"] = awaiting
-                rows.append(
-                    {
-                        "run_id": run.pk,
-                        "task_id": task.pk,
-                        "group_id": f"attempt-{attempt.pk}",
-                        "key": f"explore:{attempt.pk}:{i}",
-                        "source": Experience.Source.EXPLORER,
-                        "prompt_text": _display_prompt(task),
-                        "messages": task.messages,
-                        "response_text": text,
-                        "token_ids": list(prompt) + list(sample.token_ids),
-                        "prompt_length": len(prompt),
-                        "logprobs": list(sample.logprobs),
-                        "finish_reason": sample.finish_reason,
-                        "reward_parts": result.parts,
-                        "model_version": version,
-                        "metadata": metadata,
-                        **fields,
-                    }
-                )
+                drafts.append(ExperienceDraft.scored(
+                    cfg=cfg,
+                    auto_reward=None if awaiting else result.score,
+                    run_id=run.pk,
+                    task_id=task.pk,
+                    group_id=f"attempt-{attempt.pk}",
+                    key=f"explore:{attempt.pk}:{i}",
+                    source=Experience.Source.EXPLORER,
+                    prompt_text=_display_prompt(task),
+                    messages=task.messages,
+                    response_text=sample.text,
+                    token_ids=list(prompt) + list(sample.token_ids),
+                    prompt_length=len(prompt),
+                    logprobs=list(sample.logprobs),
+                    finish_reason=sample.finish_reason,
+                    reward_parts=result.parts,
+                    model_version=version,
+                    metadata=metadata,
+                ))
 
-        keys = [row["key"] for row in rows]
         with transaction.atomic():
-            known = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
-            written = experience_write(experiences=rows)
+            written = experience_write(experiences=drafts, announce=True)
             task_finish(run=run, worker=worker, ids=claimed, model_version=version)
-            Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
-            fresh = list(
-                Experience.objects.filter(run=run, key__in=[k for k in keys if k not in known]).order_by("id")
-            )
-            pending_ids = [e.pk for e in fresh if e.metadata.get("awaiting_rewards")]
-            if pending_ids:
-                transaction.on_commit(lambda: _send_remote_scoring(run_id=run.pk, ids=pending_ids))
-            transaction.on_commit(lambda: _announce(run_id=run.pk, experiences=fresh))
+            run_explore_step_record(run=run, step=step)
+            rewards_remote_enqueue(run_id=run.pk, experience_ids=[
+                pk for pk, draft, new in zip(written.ids, drafts, written.is_new)
+                if new and draft.metadata.get("awaiting_rewards")
+            ])
     except BaseException:
         # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
         task_release(run=run, worker=worker, ids=claimed)
         raise
 
     tokens = sum(lengths)
-    run_advance_after_step(run=run)
     metric_record(
         run=run,
         step=step,
@@ -256,36 +234,11 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     }
 
 
-def _send_remote_scoring(*, run_id: int, ids: list[int]) -> None:
-    from rftweb.celery import app
-
-    app.send_task(REMOTE_REWARD_TASK, args=[run_id, ids])
-
-
-def experience_event_payload(experience: Experience) -> dict[str, Any]:
-    return {
-        "id": experience.pk,
-        "group_id": experience.group_id,
-        "task_id": experience.task_id,
-        "prompt": experience.prompt_text,
-        "response": experience.response_text,
-        "reward": experience.reward,
-        "reward_parts": experience.reward_parts,
-        "model_version": experience.model_version,
-        "status": experience.status,
-        "finish_reason": experience.finish_reason,
-    }
-
-
-def _announce(*, run_id: int, experiences: Sequence[Experience]) -> None:
-    event_publish_many(
-        run_id=run_id, events=[("experience.created", experience_event_payload(e)) for e in experiences]
-    )
-
-
 # A step is idempotent (same attempt, same keys), so a redelivery or a retry after a lost
-# database connection is safe. Retries: database hiccups 3 times with backoff; a version not
-# yet published is waited for (every 2 s, up to 10 min). Time limits leave the soft one room
+# database connection is safe; it runs only while the run's explore dispatch names it (or
+# nothing is out), and hands the dispatch back when it ends, whatever the outcome. Retries:
+# database hiccups 3 times with backoff. A version not yet published ends the task: the
+# loop sends the step again once the policy lets it go. Time limits leave the soft one room
 # to hand the claimed tasks back.
 @shared_task(
     name="workers.explorer.explore_step",
@@ -299,16 +252,31 @@ def _announce(*, run_id: int, experiences: Sequence[Experience]) -> None:
     max_retries=3,
 )
 def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+    holder = worker_name()
+    hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.EXPLORE, step=step, task_id=self.request.id,
+                          worker=self.request.hostname or holder, holder=holder)
+    if hold is None:
+        return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}
     try:
-        return explore(run_id=run_id, step=step)
+        if Run.objects.filter(pk=run_id, explore_step__gte=step).exists():
+            # A copy sent again for a worker that died after its step committed: done.
+            result = {"run": run_id, "step": step, "skipped": "explored already"}
+        else:
+            result = explore(run_id=run_id, step=step, worker=holder)
     except VersionNotReady as exc:
-        raise self.retry(exc=exc, countdown=2, max_retries=300) from None
+        result = {"run": run_id, "step": step, "skipped": str(exc)}
     except SoftTimeLimitExceeded:
         log.warning("explore_step run %s step %s hit its soft time limit; tasks handed back", run_id, step)
         raise
+    finally:
+        hold.end()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is not None and (not result.get("skipped") or result.get("exhausted")):
+        run_advance_after_step(run=run)
+    return result
 
 
-class GenerateRequestInvalid(ValueError):
+class GenerateRequestInvalid(InvalidInput):
     """A generate request is malformed; the message names the request and the field."""
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from apps.rewards.registry import reference_text, task_field
-from apps.runs.config import SamplingConfig
+from workers.engines.base import SamplingSpec
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class TransformersJudgeEngine:
         dtype = torch.float32 if device == "cpu" else "auto"
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
 
-    def generate(self, prompts: list[list[int]], *, n: int, sampling: SamplingConfig) -> list[list[Sample]]:
+    def generate(self, prompts: list[list[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]:
         import torch
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
@@ -180,21 +180,22 @@ class TransformersJudgeEngine:
 
 @functools.lru_cache(maxsize=2)
 def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, Any]:
-    """(engine, tokenizer) for a judge model, resident for the worker's life."""
+    """(engine, tokenizer) for a judge model, resident for the worker's life.
+
+    `vllm`: the worker's resident rollout engine for the model (workers.engines, shared
+    with an explorer of the same model in this process; transformers where vLLM cannot be
+    imported). `transformers`: a plain `generate` engine of its own."""
+    from types import SimpleNamespace
+
     from transformers import AutoTokenizer
 
     with _load_lock:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        try:
-            from workers.engines import engine_for  # built by the explorer's part
-        except ImportError:
-            engine_for = None
-        if engine_for is not None:
-            try:
-                return engine_for(kind=kind, model=model), tokenizer
-            except TypeError:
-                log.warning("workers.engines.engine_for(kind=, model=) did not fit; judging with transformers")
-        return TransformersJudgeEngine(model), tokenizer
+        if kind == "vllm":
+            from workers.engines import engine_for
+
+            engine = engine_for(SimpleNamespace(engine="vllm", model=model))
+            return engine, engine.tokenizer
+        return TransformersJudgeEngine(model), AutoTokenizer.from_pretrained(model)
 
 
 _SCORE_PATTERNS = (
@@ -259,7 +260,7 @@ def llm_judge_scores(
         ]
         for c, t in zip(completions, tasks, strict=True)
     ]
-    outputs = runner.generate(prompts, n=1, sampling=SamplingConfig(temperature=0.0, max_tokens=max_tokens))
+    outputs = runner.generate(prompts, n=1, sampling=SamplingSpec(temperature=0.0, max_tokens=max_tokens))
     scores = []
     for samples in outputs:
         sample = samples[0]

@@ -24,8 +24,10 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from rftweb.exceptions import Unavailable
 
-class SyncUnavailable(RuntimeError):
+
+class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
 
@@ -89,8 +91,8 @@ class NcclSync(CheckpointSync):
 
         if not torch.cuda.is_available():
             raise SyncUnavailable("NCCL weight sync needs CUDA on this host; use RFT_WEIGHT_SYNC=checkpoint")
-        self.addr = addr or os.environ.get("RFT_NCCL_ADDR", "tcp://127.0.0.1:29555")
-        self.world_size = world_size or int(os.environ.get("RFT_NCCL_WORLD", "1"))
+        self.addr = addr or settings.RFT_NCCL_ADDR
+        self.world_size = world_size or settings.RFT_NCCL_WORLD
         self.rank = rank
         self._group: Any = None
 
@@ -137,7 +139,7 @@ class NcclSync(CheckpointSync):
 
 
 def weight_sync_for(name: str | None = None) -> WeightSync:
-    name = name or getattr(settings, "RFT_WEIGHT_SYNC", "checkpoint")
+    name = name or settings.RFT_WEIGHT_SYNC
     if name == "checkpoint":
         return CheckpointSync()
     if name == "nccl":

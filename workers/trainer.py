@@ -16,10 +16,11 @@ one) resident between steps. One step:
 7. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
    optimizer, scheduler), after which the journal entries and older snapshots it covers go.
 
-A task then goes on with the next step itself when that step's batch is already there (async
-and offline runs, where the trainer sets the pace), for up to `RFT_TRAIN_CHAIN_SECONDS`: it
-takes the step's dispatch marker so the conductor does not queue it too, and hands it back
-if the step finds no batch after all.
+A task runs only while its run's train dispatch names it (apps/runs/orchestration.py) and
+sets it idle when it ends. It goes on with the next step itself when that step's batch is
+already there (async and offline runs, where the trainer sets the pace), for up to
+`RFT_TRAIN_CHAIN_SECONDS`, moving its dispatch row on to that step so the loop does not
+send it too.
 
 A restart rebuilds the state as of the step the database says is done: the newest snapshot
 at or before it, then the journaled steps after it replayed on their own batches from their
@@ -54,14 +55,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from celery import shared_task
+from celery import shared_task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from rftweb.exceptions import Conflict
+
 log = logging.getLogger(__name__)
 
-_LOCK_NAMESPACE = 7401  # first key of pg_try_advisory_lock(int, int): the trainer's locks
 _MAX_RESIDENT_RUNS = 2
 
 
@@ -369,19 +371,22 @@ def _snapshot_and_prune(*, res: Resident, step: int) -> None:
 
 @contextmanager
 def run_lock(run_id: int) -> Iterator[bool]:
-    """One trainer per run: a session-level advisory lock the database drops if we die."""
+    """One trainer per run: a session-level advisory lock the database drops if we die (the
+    loop reads it to tell a live trainer from a dead one)."""
+    from apps.runs.orchestration import TRAINER_LOCK_NAMESPACE
+
     if connection.vendor != "postgresql":
         yield True
         return
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, run_id])
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [TRAINER_LOCK_NAMESPACE, run_id])
         got = bool(cur.fetchone()[0])
     try:
         yield got
     finally:
         if got:
             with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, run_id])
+                cur.execute("SELECT pg_advisory_unlock(%s, %s)", [TRAINER_LOCK_NAMESPACE, run_id])
 
 
 def _claim(*, run: Any, worker: str, min_version: int | None, tokenizer: Any = None) -> tuple[Any, list[Any]]:
@@ -425,79 +430,85 @@ def _publish_due(*, run: Any, res: Resident) -> float | None:
 
 def _external_log(run_id: int, step: int, values: dict[str, float]) -> None:
     """W&B / TensorBoard when installed and configured (WANDB_PROJECT, RFT_TENSORBOARD_DIR)."""
-    if os.environ.get("RFT_TENSORBOARD_DIR"):
+    if settings.RFT_TENSORBOARD_DIR:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(log_dir=str(Path(os.environ["RFT_TENSORBOARD_DIR"]) / f"run-{run_id}"))
+            writer = SummaryWriter(log_dir=str(Path(settings.RFT_TENSORBOARD_DIR) / f"run-{run_id}"))
             for name, value in values.items():
                 writer.add_scalar(f"train/{name}", value, step)
             writer.close()
         except ImportError:
             pass
-    if os.environ.get("WANDB_PROJECT"):
+    if settings.WANDB_PROJECT:
         try:
             import wandb
 
             if wandb.run is None:
-                wandb.init(project=os.environ["WANDB_PROJECT"], name=f"rftweb-run-{run_id}", reinit=True)
+                wandb.init(project=settings.WANDB_PROJECT, name=f"rftweb-run-{run_id}", reinit=True)
             wandb.log({f"train/{k}": v for k, v in values.items()}, step=step)
         except ImportError:
             pass
 
 
-class StepConflict(RuntimeError):
+class StepConflict(Conflict):
     """Another trainer recorded this step first; ours is dropped."""
 
 
-def trainer_step(*, run_id: int, step: int, worker: str | None = None, chain_seconds: float = 0.0) -> dict[str, Any]:
+def trainer_step(
+    *, run_id: int, step: int, worker: str | None = None, chain_seconds: float = 0.0, task_id: str | None = None,
+    node: str = "",
+) -> dict[str, Any]:
     """Train step `step` of run `run_id` if it is due; see the module docstring.
 
-    chain_seconds > 0: then go on with the next steps in this same call while each is ready
-    and dispatched nowhere else, starting none after chain_seconds. A step that can follow
-    at once so skips the queue's round trip and the lock, run and readiness reads of a new
-    task (in async mode, where the trainer sets the pace, that was a sixth of a step).
+    task_id: the Celery task's id, which the run's train dispatch must name (None: a call by
+    hand, which runs if nothing else is out). chain_seconds > 0: then go on with the next
+    steps in this same call while each is ready, starting none after chain_seconds. A step
+    that can follow at once so skips the queue's round trip and the lock, run and readiness
+    reads of a new task (in async mode, where the trainer sets the pace, that was a sixth of
+    a step).
     """
-    from apps.runs.orchestration import run_advance_after_step, train_dispatch_forget, train_step_continue
+    from apps.runs.models import Dispatch
+    from apps.runs.orchestration import dispatch_begin, run_advance_after_step, train_step_continue
 
     worker = worker or worker_name()
+    hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.TRAIN, step=step, task_id=task_id, worker=node or worker,
+                          holder=worker)
+    if hold is None:
+        return {"status": "superseded"}
     started = time.perf_counter()
     trained: list[int] = []
     run: Any = None
     readiness: Any = None
-    with run_lock(run_id) as got:
-        if not got:
-            # Another task trains this run (a chain may hold it for a while): the conductor
-            # sends the step again at a later beat rather than after the marker's TTL.
-            train_dispatch_forget(run_id=run_id, step=step)
-            return {"status": "busy"}
-        chained = False
-        while True:
-            step_started = time.perf_counter()
-            try:
+    result: dict[str, Any] = {"status": "busy"}
+    try:
+        with run_lock(run_id) as got:
+            if not got:
+                # Another task trains this run (by hand: dispatched ones hold the row); the
+                # loop sends the step again at a later beat.
+                return result
+            chained = False
+            while True:
+                step_started = time.perf_counter()
                 found, result = _train_once(run_id=run_id, step=step, worker=worker, readiness=readiness,
                                             run=run if chained else None)
                 run = found or run
-            except BaseException:
-                if chained:
-                    train_dispatch_forget(run_id=run_id, step=step)
-                raise
-            if result["status"] != "trained":
-                if chained:  # it was taken from the conductor: hand it back
-                    train_dispatch_forget(run_id=run_id, step=step)
-                break
-            trained.append(step)
-            elapsed = time.perf_counter() - started
-            # Start no step that would likely end past the chain's time (tasks have limits).
-            if elapsed + (time.perf_counter() - step_started) > chain_seconds:
-                break
-            readiness = train_step_continue(run=run, step=step + 1)
-            if readiness is None:
-                break
-            # Explorers may be waiting for the version this step published.
-            run_advance_after_step(run=run, train=False)
-            step += 1
-            chained = True
+                if result["status"] != "trained":
+                    break
+                trained.append(step)
+                elapsed = time.perf_counter() - started
+                # Start no step that would likely end past the chain's time (tasks have limits).
+                if elapsed + (time.perf_counter() - step_started) > chain_seconds:
+                    break
+                readiness = train_step_continue(run=run, step=step + 1)
+                if readiness is None or not hold.move_to(step + 1):
+                    break
+                # Explorers may be waiting for the version this step published.
+                run_advance_after_step(run=run, train=False)
+                step += 1
+                chained = True
+    finally:
+        hold.end()
     if run is not None and (trained or result["status"] == "published"):
         run_advance_after_step(run=run)
     if trained and result["status"] != "trained":
@@ -514,7 +525,7 @@ def _train_once(
     from apps.runs import policy
     from apps.runs.models import Run
     from apps.runs.orchestration import train_readiness
-    from apps.runs.services import metric_record
+    from apps.runs.services import metric_record, run_train_step_record
     from workers.algorithms import NothingToTrain
 
     started = time.perf_counter()
@@ -565,9 +576,13 @@ def _train_once(
             }
         )
         with transaction.atomic():
-            if not Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step):
+            if not run_train_step_record(run_id=run_id, step=step):
                 raise StepConflict(f"run {run_id} step {step} was recorded by another trainer")
-            batch_ack(run=run, worker=worker, ids=ids)
+            if batch_ack(run=run, worker=worker, ids=ids) != len(ids):
+                # Part of the batch is no longer ours (the loop took a step of a trainer it
+                # thought dead back and released its leases): trained on, it could be
+                # trained on twice. The step is not recorded; the loop sends it again.
+                raise StepConflict(f"run {run_id} step {step}: the batch's lease was lost")
             # With the step, so that a worker killed right after the commit loses none
             # (a re-dispatch of a done step only publishes). Its live event may go out
             # just before the COMMIT, the one statement left to fail.
@@ -589,16 +604,15 @@ def _train_once(
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
 
 
-def _fail_run(run_id: int, message: str) -> None:
-    from apps.runs.models import Run
+def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+    """Record the failure for the run page and fail the run through run_transition."""
+    from apps.runs.failures import task_failure_record
 
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(status=Run.Status.FAILED, error=message[:4000])
     try:
-        from apps.runs.events import event_publish
-
-        event_publish(run_id=run_id, type="run.status", payload={"status": "failed", "action": "train", "error": message[:500]})
+        task_failure_record(run_id=run_id, task="workers.trainer.train_step", step=step, worker=worker_name(),
+                            exception=exc, fail_now=True)
     except Exception:
-        log.exception("could not announce the failure of run %s", run_id)
+        log.exception("could not record the failure of run %s", run_id)
 
 
 # Acked late (a worker that dies mid-step hands the message back); retried with backoff only
@@ -619,7 +633,8 @@ def _fail_run(run_id: int, message: str) -> None:
 )
 def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
     try:
-        return trainer_step(run_id=run_id, step=step, chain_seconds=settings.RFT_TRAIN_CHAIN_SECONDS)
+        return trainer_step(run_id=run_id, step=step, chain_seconds=settings.RFT_TRAIN_CHAIN_SECONDS,
+                            task_id=self.request.id, node=self.request.hostname or "")
     except (OperationalError, InterfaceError, StepConflict, SoftTimeLimitExceeded) as exc:
         if isinstance(exc, StepConflict):
             return {"status": "conflict"}
@@ -628,5 +643,15 @@ def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         raise
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
-        _fail_run(run_id, f"train step {step}: {type(exc).__name__}: {exc}")
+        _fail_run(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}
+
+
+@signals.worker_ready.connect
+def _import_the_learner_at_start(sender: Any = None, **_: Any) -> None:
+    """A worker that serves the train queue imports torch, transformers and TRL as it starts
+    (tens of seconds on a busy CPU host) rather than inside its first step, where the time
+    would count against the step and delay the run's first version."""
+    queues = {q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", [])}
+    if "train" in queues:
+        import workers.algorithms  # noqa: F401

@@ -29,6 +29,7 @@ from typing import IO, Any, Literal
 
 from apps.buffer.models import Experience, Task
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput
 
 ExportKind = Literal["sft", "dpo", "grpo"]
 EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo")
@@ -39,7 +40,7 @@ _CHUNK = 2000
 _FINAL = (Experience.Status.READY, Experience.Status.LEASED, Experience.Status.CONSUMED)
 
 
-class ExportFailed(ValueError):
+class ExportFailed(InvalidInput):
     """The export cannot be made as asked (unknown kind, no taskset, bad output path)."""
 
 

@@ -15,7 +15,9 @@ from typing import Any
 from django.db import transaction
 
 from apps.buffer.models import Task, Taskset
+from apps.hygiene import InputRejected, jsonl_records, tree_check
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
+from rftweb.exceptions import InvalidInput
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.
 PipelineSteps = Sequence[Any] | None
@@ -27,8 +29,15 @@ KNOWN = set(PROMPT_KEYS) | set(REFERENCE_KEYS) | {"messages", "tests", "domain",
 Progress = Callable[[int, int | None], None]
 
 
-class ImportFailed(ValueError):
-    """The source could not be imported; nothing was written. Names the bad line or record."""
+class ImportFailed(InvalidInput):
+    """The source could not be imported; nothing was written. Names the bad line or record:
+    a message "where: what" names `where` as its field."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        where, sep, what = message.partition(": ")
+        if not field and sep and what:
+            field, message = where, what
+        super().__init__(message, field=field)
 
 
 def _messages_ok(value: Any) -> bool:
@@ -41,6 +50,13 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
     """Turn one source record into Task fields, or raise ImportFailed naming `where`."""
     if not isinstance(record, Mapping):
         raise ImportFailed(f"{where}: expected an object, got {type(record).__name__}")
+    try:
+        # What Postgres could not store (NUL, lone surrogates, NaN, deep nesting) is
+        # refused here, naming the record and field, whichever door the record came by.
+        tree_check(dict(record), root=where)
+    except InputRejected as exc:
+        field = exc.field if exc.field == where else f"{where}: {exc.field}"
+        raise ImportFailed(f"{field}: {exc.message}") from None
     prompt: str = ""
     messages: list[dict[str, str]] | None = None
     raw = next((record[k] for k in PROMPT_KEYS if record.get(k) not in (None, "")), None)
@@ -68,14 +84,12 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    # Strict UTF-8, no NaN/Infinity, bounded depth: the line (and field) is named.
     with path.open("rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {lineno}", json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ImportFailed(f"line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        try:
+            yield from jsonl_records(fh)
+        except InputRejected as exc:
+            raise ImportFailed(str(exc)) from None
 
 
 def _parquet(path: Path) -> Iterator[tuple[str, Any]]:

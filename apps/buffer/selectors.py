@@ -22,13 +22,6 @@ def buffer_counts(*, run: Run) -> dict[str, int]:
     return counts
 
 
-def task_attempt_counts(*, run: Run) -> dict[str, int]:
-    counts = dict.fromkeys(TaskAttempt.Status.values, 0)
-    for row in TaskAttempt.objects.filter(run=run).values("status").annotate(n=Count("id")):
-        counts[row["status"]] = row["n"]
-    return counts
-
-
 def tasks_exhausted(*, run: Run) -> bool:
     """Every epoch of the run's taskset has been explored: nothing queued, nothing leased,
     no epoch left to queue. A run without tasks is not exhausted (the environment API may
@@ -85,6 +78,8 @@ class ExperienceFilters:
     flagged: str = ""  # "", "yes", "no"
     before: int | None = None  # keyset pagination: ids below this one
     errors: dict[str, str] = field(default_factory=dict)
+    # What was typed, so a refused value is shown back beside its error.
+    raw: dict[str, str] = field(default_factory=dict)
 
     def query(self, **changes: Any) -> str:
         """The filters as a query string (for links to the next page)."""
@@ -102,6 +97,7 @@ class ExperienceFilters:
 def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
     """Filters from query parameters; a malformed one is reported by name and ignored."""
     filters = ExperienceFilters()
+    filters.raw = {k: str(params.get(k) or "").strip()[:100] for k in ("reward_min", "reward_max", "version", "status", "flagged")}
     errors: dict[str, str] = {}
     status = (params.get("status") or "").strip()
     if status and status not in Experience.Status.values:

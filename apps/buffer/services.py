@@ -9,8 +9,7 @@ the row locks.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,192 +19,155 @@ from django.db import connection, models, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from apps.buffer.drafts import ExperienceDraft, drafts_from_rows
 from apps.buffer.models import Experience, Task, TaskAttempt
 from apps.buffer.pipeline import pipeline_apply_on_claim, pipeline_apply_on_write, task_priorities_refresh
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
+from apps.runs.events import event_publish_many
 from apps.runs.models import Run
-
-
-class BatchRejected(ValueError):
-    """A write batch was malformed; nothing of it was written. `row` is the 0-based index."""
-
-    def __init__(self, row: int, message: str) -> None:
-        self.row = row
-        self.message = message
-        super().__init__(f"row {row}: {message}")
+from rftweb.exceptions import InvalidInput
 
 
 @dataclass(frozen=True)
 class WriteResult:
+    """What a write stored: `ids[i]` is the experience of the caller's draft i, new or
+    already there (`is_new[i]` says which)."""
+
     created: int
     duplicates: int
     ids: list[int]
+    is_new: list[bool]
 
 
-_REQUIRED = ("run_id", "key", "group_id")
-_FIELDS = {f.attname for f in Experience._meta.concrete_fields} - {"id", "created_at"}
-_ALIASES = {"run": "run_id", "task": "task_id", "parent": "parent_id"}
-
-
-def _normalise(row: Mapping[str, Any], index: int) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for name, value in row.items():
-        name = _ALIASES.get(name, name)
-        if isinstance(value, (Run, Task, Experience)):
-            value = value.pk
-        if name not in _FIELDS:
-            raise BatchRejected(index, f"unknown field {name!r}")
-        data[name] = value
-    for name in _REQUIRED:
-        if data.get(name) in (None, ""):
-            raise BatchRejected(index, f"{name} is required")
-    # Model output can hold NUL, which Postgres text and jsonb cannot store; the token ids
-    # keep the exact output, the text is its readable view.
-    for name in ("prompt_text", "response_text"):
-        if isinstance(data.get(name), str) and "\x00" in data[name]:
-            data[name] = data[name].replace("\x00", "\ufffd")
-    if data.get("messages") is not None:
-        data["messages"] = _without_nul(data["messages"])
-    data["key"] = str(data["key"])
-    data["group_id"] = str(data["group_id"])
-    if len(data["key"]) > 200:
-        raise BatchRejected(index, "key is longer than 200 characters")
-    token_ids = data.get("token_ids") or []
-    if not isinstance(token_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-        raise BatchRejected(index, "token_ids must be a list of integers")
-    prompt_length = data.get("prompt_length", 0) or 0
-    if not isinstance(prompt_length, int) or prompt_length < 0 or (token_ids and prompt_length > len(token_ids)):
-        raise BatchRejected(index, f"prompt_length {prompt_length!r} does not fit {len(token_ids)} token ids")
-    response_length = len(token_ids) - prompt_length if token_ids else 0
-    for name in ("logprobs", "action_mask"):
-        seq = data.get(name)
-        if seq is None:
-            continue
-        if not isinstance(seq, list):
-            raise BatchRejected(index, f"{name} must be a list")
-        if len(seq) != response_length:
-            raise BatchRejected(
-                index, f"{name} has {len(seq)} entries for {response_length} response tokens (token_ids minus prompt_length)"
-            )
-    logprobs = data.get("logprobs")
-    if logprobs is not None and not all(isinstance(x, (int, float)) and math.isfinite(x) for x in logprobs):
-        raise BatchRejected(index, "logprobs must be finite numbers")
-    for name in ("reward", "auto_reward", "human_reward", "priority"):
-        value = data.get(name)
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
-            raise BatchRejected(index, f"{name} must be a finite number, got {value!r}")
-    parts = data.get("reward_parts") or {}
-    if not isinstance(parts, dict) or not all(
-        isinstance(v, (int, float)) and math.isfinite(v) for v in parts.values()
-    ):
-        raise BatchRejected(index, "reward_parts must map names to finite numbers")
-    status = data.get("status")
-    if status is not None and status not in Experience.Status.values:
-        raise BatchRejected(index, f"status {status!r} is not one of {', '.join(Experience.Status.values)}")
-    if data.get("status") in (Experience.Status.LEASED, Experience.Status.CONSUMED):
-        raise BatchRejected(index, f"a new experience cannot be written as {data['status']}")
-    return data
-
-
-def _without_nul(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _without_nul(v) for k, v in value.items()}
-    return value
-
-
-def experience_write(*, experiences: Sequence[Mapping[str, Any]]) -> WriteResult:
+def experience_write(*, experiences: Sequence[ExperienceDraft], announce: bool = False) -> WriteResult:
     """Insert a batch of experiences in one transaction, idempotent on (run, key).
 
-    A malformed row rejects the whole batch (BatchRejected names it) and writes nothing.
-    Rows whose key the run already holds are skipped and counted as duplicates.
+    Drafts are checked when built (ExperienceDraft); here the batch is checked as a whole
+    (a key twice, unknown runs, tasks or parents) and a bad one refused with InvalidInput
+    naming `<row>.<field>`, writing nothing. Rows whose key the run already holds are
+    skipped and counted as duplicates. `announce`: publish `experience.created` for each
+    new experience once the transaction commits (the payload is the draft's).
     """
-    # Data pipeline (apps/buffer/pipeline): the run's on_write operators, before validation;
+    for i, draft in enumerate(experiences):
+        if not isinstance(draft, ExperienceDraft):
+            raise TypeError(f"experience_write takes ExperienceDraft, got {type(draft).__name__} at row {i}")
+    # Data pipeline (apps/buffer/pipeline): the run's on_write operators see plain rows;
     # rows they remove stay in the batch as status "filtered" with their filter_reason.
-    experiences, pipeline_done = pipeline_apply_on_write(experiences=experiences)
-    rows = [_normalise(row, i) for i, row in enumerate(experiences)]
-    if not rows:
-        return WriteResult(created=0, duplicates=0, ids=[])
+    # What they hand back (copies) is checked again as drafts.
+    rows, pipeline_done = pipeline_apply_on_write(experiences=experiences)
+    drafts = drafts_from_rows(rows) if rows is not experiences else list(experiences)
+    if not drafts:
+        return WriteResult(created=0, duplicates=0, ids=[], is_new=[])
 
     seen: dict[tuple[int, str], int] = {}
-    for i, row in enumerate(rows):
-        ident = (row["run_id"], row["key"])
+    for i, d in enumerate(drafts):
+        ident = (d.run_id, d.key)
         if ident in seen:
-            raise BatchRejected(i, f"key {row['key']!r} repeats row {seen[ident]}")
+            raise InvalidInput(f"key {d.key!r} repeats row {seen[ident]}", field=f"{i}.key")
         seen[ident] = i
 
-    run_ids = {row["run_id"] for row in rows}
-    task_ids = {row["task_id"] for row in rows if row.get("task_id") is not None}
-    parent_ids = {row["parent_id"] for row in rows if row.get("parent_id") is not None}
+    run_ids = {d.run_id for d in drafts}
+    task_ids = {d.task_id for d in drafts if d.task_id is not None}
+    parent_ids = {d.parent_id for d in drafts if d.parent_id is not None}
     known_runs = set(Run.objects.filter(pk__in=run_ids).values_list("pk", flat=True))
     known_tasks = set(Task.objects.filter(pk__in=task_ids).values_list("pk", flat=True)) if task_ids else set()
     known_parents = set(Experience.objects.filter(pk__in=parent_ids).values_list("pk", flat=True)) if parent_ids else set()
-    for i, row in enumerate(rows):
-        if row["run_id"] not in known_runs:
-            raise BatchRejected(i, f"unknown run {row['run_id']}")
-        if row.get("task_id") is not None and row["task_id"] not in known_tasks:
-            raise BatchRejected(i, f"unknown task {row['task_id']}")
-        if row.get("parent_id") is not None and row["parent_id"] not in known_parents:
-            raise BatchRejected(i, f"unknown parent experience {row['parent_id']}")
+    for i, d in enumerate(drafts):
+        if d.run_id not in known_runs:
+            raise InvalidInput(f"unknown run {d.run_id}", field=f"{i}.run_id")
+        if d.task_id is not None and d.task_id not in known_tasks:
+            raise InvalidInput(f"unknown task {d.task_id}", field=f"{i}.task_id")
+        if d.parent_id is not None and d.parent_id not in known_parents:
+            raise InvalidInput(f"unknown parent experience {d.parent_id}", field=f"{i}.parent_id")
 
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            created = _insert_by_copy(rows)
+            fresh = _insert_by_copy(drafts)
         else:
-            created = _insert_by_orm(rows)
-        ids = _ids_in_order(rows)
+            fresh = _insert_by_orm(drafts)
+        ids = _ids_in_order(drafts, fresh)
+        is_new = [(d.run_id, d.key) in fresh for d in drafts]
+        if announce:
+            _announce_on_commit(drafts=drafts, ids=ids, is_new=is_new)
     pipeline_done()  # the pipeline's deferred work and metrics, once the batch is stored
-    return WriteResult(created=created, duplicates=len(rows) - created, ids=ids)
+    return WriteResult(created=len(fresh), duplicates=len(drafts) - len(fresh), ids=ids, is_new=is_new)
 
 
-def _ids_in_order(rows: Sequence[dict[str, Any]]) -> list[int]:
-    found: dict[tuple[int, str], int] = {}
-    for run_id in {row["run_id"] for row in rows}:
-        keys = [row["key"] for row in rows if row["run_id"] == run_id]
+def _announce_on_commit(*, drafts: Sequence[ExperienceDraft], ids: Sequence[int], is_new: Sequence[bool]) -> None:
+    by_run: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    for d, pk, new in zip(drafts, ids, is_new, strict=True):
+        if new:
+            by_run.setdefault(d.run_id, []).append(("experience.created", d.event_payload(id=pk)))
+
+    def publish() -> None:
+        for run_id, events in by_run.items():
+            event_publish_many(run_id=run_id, events=events)
+
+    if by_run:
+        transaction.on_commit(publish)
+
+
+def _ids_in_order(drafts: Sequence[ExperienceDraft], fresh: dict[tuple[int, str], int]) -> list[int]:
+    found = dict(fresh)
+    missing: dict[int, list[str]] = {}
+    for d in drafts:
+        if (d.run_id, d.key) not in found:
+            missing.setdefault(d.run_id, []).append(d.key)
+    for run_id, keys in missing.items():
         for pk, key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("id", "key"):
             found[(run_id, key)] = pk
-    return [found[(row["run_id"], row["key"])] for row in rows]
+    return [found[(d.run_id, d.key)] for d in drafts]
 
 
-def _insert_by_orm(rows: Sequence[dict[str, Any]]) -> int:
+def _insert_by_orm(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], int]:
+    """The new rows' (run, key) -> id, on databases without COPY (SQLite)."""
     existing: set[tuple[int, str]] = set()
-    for run_id in {row["run_id"] for row in rows}:
-        keys = [row["key"] for row in rows if row["run_id"] == run_id]
+    for run_id in {d.run_id for d in drafts}:
+        keys = [d.key for d in drafts if d.run_id == run_id]
         existing.update(
             (run_id, key) for key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("key", flat=True)
         )
-    fresh = [Experience(**row) for row in rows if (row["run_id"], row["key"]) not in existing]
+    fresh = [d for d in drafts if (d.run_id, d.key) not in existing]
     # ignore_conflicts covers a concurrent writer of the same keys between our read and insert.
-    Experience.objects.bulk_create(fresh, batch_size=1000, ignore_conflicts=True)
-    return len(fresh)
+    Experience.objects.bulk_create([Experience(**d.columns()) for d in fresh], batch_size=1000, ignore_conflicts=True)
+    created: dict[tuple[int, str], int] = {}
+    for run_id in {d.run_id for d in fresh}:
+        keys = [d.key for d in fresh if d.run_id == run_id]
+        for pk, key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("id", "key"):
+            created[(run_id, key)] = pk
+    return created
 
 
 _COPY_FIELDS = [f for f in Experience._meta.concrete_fields if f.attname != "id"]
 _JSON_FIELDS = {f.attname for f in _COPY_FIELDS if isinstance(f, models.JSONField)}
+# Columns a draft does not carry (lease and use bookkeeping): their defaults, computed once.
+_COPY_PLAN = [
+    (f.attname, f.attname in _JSON_FIELDS, f.attname in ExperienceDraft.__dataclass_fields__, f.get_default())
+    for f in _COPY_FIELDS
+]
 
 
-def _copy_values(row: dict[str, Any], now: datetime) -> list[Any]:
+def _copy_values(draft: ExperienceDraft, now: datetime) -> list[Any]:
     values = []
-    for f in _COPY_FIELDS:
-        name = f.attname
+    for name, is_json, carried, default in _COPY_PLAN:
         if name == "created_at":
             values.append(now)
             continue
-        value = row[name] if name in row else f.get_default()
-        if name in _JSON_FIELDS and value is not None:
+        value = getattr(draft, name) if carried else default
+        if value is None and name == "priority":
+            value = 0.0  # the writer chose none (see ExperienceDraft.priority)
+        elif is_json and value is not None:
             value = json.dumps(value)
         values.append(value)
     return values
 
 
-def _insert_by_copy(rows: Sequence[dict[str, Any]]) -> int:
-    """COPY into a temporary table, then one INSERT … ON CONFLICT DO NOTHING: close to raw
-    COPY speed, and the conflict clause makes concurrent writers of one key safe."""
+def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], int]:
+    """COPY into a temporary table, then one INSERT … ON CONFLICT DO NOTHING RETURNING: close
+    to raw COPY speed, the conflict clause makes concurrent writers of one key safe, and
+    RETURNING names the new rows (the new rows' (run, key) -> id)."""
     table = Experience._meta.db_table
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in _COPY_FIELDS)
+    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in _COPY_FIELDS)
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -214,12 +176,13 @@ def _insert_by_copy(rows: Sequence[dict[str, Any]]) -> int:
         )
         raw = cursor.cursor  # psycopg's own cursor, for COPY
         with raw.copy(f"COPY experience_in ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(_copy_values(row, now))
+            for draft in drafts:
+                copy.write_row(_copy_values(draft, now))
         cursor.execute(
-            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM experience_in ON CONFLICT (run_id, key) DO NOTHING"
+            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM experience_in "
+            f"ON CONFLICT (run_id, key) DO NOTHING RETURNING id, run_id, key"
         )
-        created = cursor.rowcount
+        created = {(run_id, key): pk for pk, run_id, key in cursor.fetchall()}
         cursor.execute("TRUNCATE experience_in")
     return created
 
@@ -314,7 +277,7 @@ _JSON_AT = [i for i, f in enumerate(_CONCRETE) if isinstance(f, models.JSONField
 def _returning_columns() -> str:
     """Every concrete column, table-qualified, in `_experience_from_row`'s order."""
     table = Experience._meta.db_table
-    return ", ".join(f"{table}.{connection.ops.quote_name(f.column)}" for f in _CONCRETE)
+    return ", ".join(f"{table}.{connection.ops.quote_name(str(f.column))}" for f in _CONCRETE)
 
 
 def _experience_from_row(row: Sequence[Any]) -> Experience:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -26,91 +26,61 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 from pydantic import ValidationError as PydanticValidationError
 
-from apps.buffer.importers import ImportFailed
 from apps.buffer.models import Experience
-from apps.buffer.services import BatchRejected, task_claim, task_finish, task_release
+from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
+from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from apps.envapi.services import (
-    FeedbackRejected,
     KeyPrincipal,
-    RolloutFailed,
-    RolloutUnavailable,
     api_key_authenticate,
-    feedback_from_env,
     rate_limit_hit,
     rollouts_generate,
     tasks_add,
     trajectories_submit,
 )
+from apps.feedback.models import Feedback
+from apps.feedback.services import (
+    feedback_compare,
+    feedback_env_reward,
+    feedback_flag,
+    feedback_rank,
+    feedback_rate,
+)
 from apps.runs.events import run_group
 from apps.runs.models import Run
+from rftweb.exceptions import (
+    NotAllowed,
+    NotFound,
+    RateLimited,
+    RftError,
+    TooLarge,
+    UpstreamFailed,
+)
 
 # ---- errors --------------------------------------------------------------------------
 
 
-class ApiProblem(Exception):
-    def __init__(self, status: int, detail: str, errors: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.detail = detail
-        self.errors = errors or {}
-        self.headers = headers or {}
-        super().__init__(detail)
-
-
-class BodyRejected(ValueError):
-    """A JSON body the database could not hold (NUL characters, lone surrogates, NaN)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-
-class BodyTooLarge(ValueError):
-    pass
-
-
-def _walk(value: Any, path: str, depth: int = 0) -> None:
-    # Postgres text and jsonb reject NUL and invalid UTF-8, jsonb rejects NaN: refuse them
-    # here, as a 422 naming the field, rather than as a 500 from the database.
-    if depth > 64:
-        raise BodyRejected(path or "body", "nested too deeply")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise BodyRejected(path or "body", "text may not contain NUL characters")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BodyRejected(path or "body", "text is not valid Unicode (lone surrogate)") from None
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise BodyRejected(path or "body", "numbers must be finite")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _walk(k, path, depth + 1)
-            _walk(v, f"{path}.{k}" if path else str(k), depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _walk(v, f"{path}.{i}" if path else str(i), depth + 1)
+# Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
+# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
+# an InvalidInput, a 422 naming the field.
 
 
 def _reject_constant(name: str) -> Any:
-    raise BodyRejected("body", f"{name} is not a JSON number")
+    raise InputRejected("body", f"{name} is not a JSON number")
 
 
 class SafeJSONParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
         body = request.body
         if len(body) > settings.RFT_MAX_BODY_BYTES:
-            raise BodyTooLarge()
+            raise TooLarge(_too_large(), field="body")
         try:
             data = json.loads(body, parse_constant=_reject_constant)
         except RecursionError:
-            raise BodyRejected("body", "nested too deeply") from None
-        _walk(data, "")
-        return data
+            raise InputRejected("body", f"nested more than {MAX_DEPTH} levels deep") from None
+        return tree_check(data)
 
 
 api = NinjaAPI(
@@ -130,9 +100,17 @@ def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, s
     return response
 
 
-@api.exception_handler(ApiProblem)
-def _on_problem(request: HttpRequest, exc: ApiProblem) -> HttpResponse:
-    return _problem(request, exc.status, exc.detail, exc.errors, exc.headers)
+@api.exception_handler(RftError)
+def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
+    """The API's one translation of the error base (rftweb.exceptions): its status, the
+    fields it names (422: field path -> message), Retry-After where waiting helps."""
+    headers: dict[str, str] = {}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    named = exc.status == 422 or bool(exc.field)
+    errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
+    return _problem(request, exc.status, str(exc), errors, headers)
 
 
 @api.exception_handler(AuthenticationError)
@@ -153,10 +131,8 @@ def _on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
 @api.exception_handler(HttpError)
 def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     cause = exc.__cause__
-    if isinstance(cause, BodyTooLarge):
-        return _problem(request, 413, _too_large())
-    if isinstance(cause, BodyRejected):
-        return _problem(request, 422, f"{cause.field}: {cause.message}", {cause.field: cause.message})
+    if isinstance(cause, RftError):  # the body parser's refusals, wrapped by ninja
+        return _on_rft_error(request, cause)
     if isinstance(cause, json.JSONDecodeError):
         return _problem(request, 400, f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}")
     return _problem(request, exc.status_code, str(exc))
@@ -205,11 +181,11 @@ class KeyAuth(HttpBearer):
         if principal is None:
             return None
         if not principal.can(self.action):
-            raise ApiProblem(403, f"this key may not {self.action} (it may: {', '.join(principal.key.actions) or 'nothing'})")
+            raise NotAllowed(f"this key may not {self.action} (it may: {', '.join(principal.key.actions) or 'nothing'})")
         wait = rate_limit_hit(key=principal.key)
         if wait is not None:
-            raise ApiProblem(429, f"over this key's limit of {principal.key.rate_limit_per_minute} requests a minute",
-                             headers={"Retry-After": str(max(1, math.ceil(wait)))})
+            raise RateLimited(f"over this key's limit of {principal.key.rate_limit_per_minute} requests a minute",
+                              retry_after=wait)
         return principal
 
 
@@ -226,11 +202,11 @@ def _run_for(request: HttpRequest, run_id: int) -> Run:
     principal = _principal(request)
     if run_id not in principal.run_ids:
         if not Run.objects.filter(pk=run_id).exists():
-            raise ApiProblem(404, f"run {run_id} not found")
-        raise ApiProblem(403, f"this key is not scoped to run {run_id}")
+            raise NotFound(f"run {run_id} not found")
+        raise NotAllowed(f"this key is not scoped to run {run_id}")
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
-        raise ApiProblem(404, f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found")
     return run
 
 
@@ -303,11 +279,7 @@ def tasks_finish(request: HttpRequest, payload: s.TaskFinishIn, run_id: int = Ru
           summary="Add tasks to the run's taskset")
 def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunId) -> dict[str, Any]:
     run = _run_for(request, run_id)
-    try:
-        tasks = tasks_add(run=run, records=[t.model_dump() for t in payload.tasks])
-    except ImportFailed as exc:
-        field, _, message = str(exc).partition(": ")
-        raise ApiProblem(422, str(exc), {field: message or str(exc)}) from None
+    tasks = tasks_add(run=run, records=[t.model_dump() for t in payload.tasks])
     return {"taskset_id": tasks[0].taskset_id, "task_ids": [t.pk for t in tasks]}
 
 
@@ -322,11 +294,7 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
     for item, t in zip(items, payload.trajectories, strict=True):
         if t.messages is not None:
             item["messages"] = [m.model_dump(exclude_none=True) for m in t.messages]
-    try:
-        result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
-    except BatchRejected as exc:
-        field = f"trajectories.{exc.row}"
-        raise ApiProblem(422, f"{field}: {exc.message}", {field: exc.message}) from None
+    result = trajectories_submit(run=run, trajectories=items, key_prefix=_principal(request).key.prefix)
     return {
         "created": result.created,
         "duplicates": result.duplicates,
@@ -338,32 +306,33 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
 
 
 @api.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
-          summary="A reward, rating, preference or flag for an experience")
+          summary="A reward, rating, ranking, preference or flag")
 def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> dict[str, Any]:
     run = _run_for(request, run_id)
-    experience = Experience.objects.filter(pk=payload.experience_id, run=run).first()
-    if experience is None:
-        raise ApiProblem(404, f"experience {payload.experience_id} not found in run {run_id}")
-    other = None
-    if payload.other_experience_id is not None:
-        other = Experience.objects.filter(pk=payload.other_experience_id, run=run).first()
-        if other is None:
-            raise ApiProblem(404, f"experience {payload.other_experience_id} not found in run {run_id}")
-    value: Any = payload.value
-    if payload.kind == "pairwise":
-        value = {"preferred": payload.preferred}
-    elif payload.kind == "flag" and value is None:
-        value = 1.0
-    try:
-        feedback = feedback_from_env(
-            run=run, api_key=_principal(request).key, experience=experience, kind=payload.kind, value=value,
-            other=other, reward_parts=payload.reward_parts, comment=payload.comment,
-        )
-    except FeedbackRejected as exc:
-        raise ApiProblem(422, str(exc), {exc.field: exc.message}) from None
+    who: dict[str, Any] = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
+    feedback: Feedback
+    if payload.kind == "env_reward":
+        assert payload.value is not None  # the schema checked it
+        feedback = feedback_env_reward(experience=payload.experience_id, reward=payload.value,
+                                       reward_parts=payload.reward_parts, **who)
+    elif payload.kind == "rating":
+        feedback = feedback_rate(experience=payload.experience_id, score=payload.score, thumb=payload.thumb, **who)
+    elif payload.kind == "pairwise":
+        feedback = feedback_compare(experience=payload.experience_id, other=payload.other_experience_id,
+                                    winner=payload.winner or "", **who)
+    elif payload.kind == "ranking":
+        feedback = feedback_rank(order=payload.order or [], **who)
+    else:
+        # An older client flags without saying why; the flag still needs to read as one.
+        reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
+        feedback = feedback_flag(experience=payload.experience_id, flags=payload.flags, reason=reason, **who)
+    target: Mapping[str, Any] = {}
+    if feedback.experience_id is not None:
+        target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
     return {
-        "id": feedback.pk, "kind": feedback.kind, "experience_id": experience.pk, "late": feedback.late,
-        "experience_status": experience.status, "experience_reward": experience.reward,
+        "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
+        "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,
+        "experience_status": target.get("status"), "experience_reward": target.get("reward"),
     }
 
 
@@ -381,19 +350,14 @@ def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
           summary="Generate with the run's current model (token ids and logprobs included)")
 async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
     run = await sync_to_async(_run_for)(request, run_id)
-    timeout = min(payload.timeout_seconds, float(getattr(settings, "RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)))
+    timeout = min(payload.timeout_seconds, settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
     requests = [_sampling_request(r) for r in payload.requests]
-    try:
-        # Off the shared sync thread: waiting for a worker must not stall every other request.
-        answer = await sync_to_async(rollouts_generate, thread_sensitive=False)(run=run, requests=requests, timeout=timeout)
-    except RolloutUnavailable as exc:
-        raise ApiProblem(503, f"{exc}; start a worker on the 'rollout' queue or try again", headers={"Retry-After": "5"}) from None
-    except RolloutFailed as exc:
-        raise ApiProblem(502, str(exc)) from None
+    # Off the shared sync thread: waiting for a worker must not stall every other request.
+    answer = await sync_to_async(rollouts_generate, thread_sensitive=False)(run=run, requests=requests, timeout=timeout)
     try:
         results = [s.RolloutOut.model_validate(item) for item in answer]
     except PydanticValidationError as exc:
-        raise ApiProblem(502, f"the rollout worker returned a malformed result ({exc.error_count()} errors)") from None
+        raise UpstreamFailed(f"the rollout worker returned a malformed result ({exc.error_count()} errors)") from None
     return {"results": results}
 
 

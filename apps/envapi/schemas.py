@@ -22,7 +22,9 @@ LongText = Annotated[str, Field(max_length=200_000)]
 
 
 class In(Schema):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON's true/false are never taken for 1/0 (`"reward": true`), nor text for
+    # numbers; an int is still a valid float.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Error(Schema):
@@ -214,31 +216,68 @@ class TrajectoriesOut(Schema):
 
 
 class FeedbackIn(In):
-    experience_id: Id
-    kind: Literal["env_reward", "rating", "pairwise", "flag"]
-    value: FiniteFloat | None = Field(None, description="the reward (env_reward) or rating")
-    reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(default_factory=dict)
+    """One piece of feedback; each kind stores the same value as the annotation page's."""
+
+    kind: Literal["env_reward", "rating", "pairwise", "ranking", "flag"]
+    experience_id: Id | None = Field(None, description="the experience (A for pairwise); every kind but ranking")
+    value: FiniteFloat | None = Field(
+        None, description="env_reward: the reward; rating: the score 1-5 (the same as `score`)")
+    reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(
+        default_factory=dict, description="env_reward: named parts, merged into the experience's")
+    score: Annotated[int, Field(ge=1, le=5)] | None = Field(None, description="rating: 1 (worst) to 5 (best)")
+    thumb: Literal["up", "down"] | None = Field(None, description="rating: instead of a score")
     other_experience_id: Id | None = Field(None, description="pairwise: the second experience (B)")
-    preferred: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: which one is better")
-    comment: Annotated[str, Field(max_length=10_000)] = ""
+    winner: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: which one is better")
+    preferred: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: the same as `winner` (older name)")
+    order: Annotated[list[Id], Field(min_length=1, max_length=256)] | None = Field(
+        None, description="ranking: every experience id of one group, best first")
+    flags: Annotated[list[Literal["unsafe", "broken", "off_task"]], Field(max_length=3)] = Field(
+        default_factory=list, description="flag: what is wrong")
+    reason: Annotated[str, Field(max_length=5000)] = Field("", description="flag: what is wrong, in words")
+    comment: Annotated[str, Field(max_length=5000)] = ""
 
     @model_validator(mode="after")
     def _by_kind(self) -> "FeedbackIn":
-        if self.kind in ("env_reward", "rating") and self.value is None:
-            raise ValueError(f"{self.kind} needs a value")
-        if self.kind == "pairwise" and (self.other_experience_id is None or self.preferred is None):
-            raise ValueError("pairwise needs other_experience_id and preferred")
-        if self.kind != "pairwise" and (self.other_experience_id is not None or self.preferred is not None):
-            raise ValueError("other_experience_id and preferred are for pairwise feedback only")
+        if self.kind != "ranking" and self.experience_id is None:
+            raise ValueError(f"{self.kind} needs experience_id")
+        if self.kind == "env_reward" and self.value is None:
+            raise ValueError("env_reward needs a value")
+        if self.kind == "rating":
+            if self.value is not None:
+                if self.score is not None or not float(self.value).is_integer() or not 1 <= self.value <= 5:
+                    raise ValueError("a rating's value is its score, a whole number from 1 to 5")
+                self.score, self.value = int(self.value), None
+            if (self.score is None) == (self.thumb is None):
+                raise ValueError("rating needs a score (1-5) or a thumb (up/down)")
+        if self.kind == "pairwise":
+            if self.winner is None:
+                self.winner = self.preferred
+            elif self.preferred is not None and self.preferred != self.winner:
+                raise ValueError("winner and preferred disagree")
+            if self.other_experience_id is None or self.winner is None:
+                raise ValueError("pairwise needs other_experience_id and winner")
+        elif self.other_experience_id is not None or self.winner is not None or self.preferred is not None:
+            raise ValueError("other_experience_id and winner are for pairwise feedback only")
+        if self.kind == "ranking":
+            if not self.order:
+                raise ValueError("ranking needs order")
+            if self.experience_id is not None:
+                raise ValueError("a ranking names its experiences in order, not experience_id")
+        elif self.order is not None:
+            raise ValueError("order is for ranking feedback only")
+        if self.kind != "flag" and (self.flags or self.reason):
+            raise ValueError("flags and reason are for flag feedback only")
         return self
 
 
 class FeedbackOut(Schema):
     id: int
     kind: str
-    experience_id: int
+    experience_id: int | None = Field(description="null for a ranking")
+    group_id: str
     late: bool = Field(description="arrived after the experience was trained on; stored, reward unchanged")
-    experience_status: str
+    value: dict[str, Any] = Field(description="as stored: the same shape whichever door it came through")
+    experience_status: str | None = Field(description="the experience's status after this feedback")
     experience_reward: float | None
 
 

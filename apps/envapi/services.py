@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
-from apps.buffer.services import BatchRejected, WriteResult, experience_write, task_attempts_create
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
+from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
-from apps.feedback.models import Feedback
-from apps.feedback.policy import experience_initial_fields
-from apps.runs.events import event_publish, event_publish_many
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
 
 KEY_PREFIX = "rft_"
 ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
@@ -38,12 +35,11 @@ ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
 _LAST_USED_EVERY = timedelta(seconds=60)
 
 
-class KeyInvalid(ValueError):
+class KeyInvalid(InvalidInput):
     """Creating a key with bad arguments; `errors` maps field names to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        super().__init__(errors=errors)
 
 
 def _hash(raw: str) -> str:
@@ -124,23 +120,9 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 
 
 # ---------------------------------------------------------------------------------------
-# Rate limits: a fixed one-minute window per key, in Redis when there is one (every web
-# process shares it), in this process otherwise (the embedded default has one process).
-
-_redis_client: Any = None
-_redis_lock = threading.Lock()
-_local_counts: dict[tuple[int, int], int] = {}
-
-
-def _redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        with _redis_lock:
-            if _redis_client is None:
-                import redis
-
-                _redis_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _redis_client
+# Rate limits: a fixed one-minute window per key, counted in Django's cache (Redis when
+# there is one, so every web process shares it; this process's memory in the embedded
+# default, which has one process).
 
 
 def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
@@ -148,17 +130,13 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
     now = time.time() if now is None else now
     window = int(now // 60)
     retry_after = 60 - (now % 60)
-    if settings.REDIS_URL:
-        name = f"rftweb:envapi:rate:{key.pk}:{window}"
-        pipe = _redis().pipeline(transaction=False)
-        pipe.incr(name)
-        pipe.expire(name, 120)
-        count = int(pipe.execute()[0])
-    else:
-        with _redis_lock:
-            for stale in [k for k in _local_counts if k[1] < window]:
-                del _local_counts[stale]
-            count = _local_counts[(key.pk, window)] = _local_counts.get((key.pk, window), 0) + 1
+    name = f"envapi:rate:{key.pk}:{window}"
+    cache.add(name, 0, timeout=120)  # the window's counter, unless another request made it
+    try:
+        count = cache.incr(name)
+    except ValueError:  # expired between the two calls (a window two minutes old): start over
+        cache.add(name, 1, timeout=120)
+        count = 1
     return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
 
 
@@ -210,10 +188,10 @@ def env_scoped(value: str, *, limit: int) -> str:
 
 
 def _stored_key(client_key: str) -> str:
-    return env_scoped(str(client_key), limit=Experience._meta.get_field("key").max_length)
+    return env_scoped(str(client_key), limit=KEY_MAX)
 
 
-def _trajectory_row(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> dict[str, Any]:
+def _trajectory_draft(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: str) -> ExperienceDraft:
     messages = item.get("messages")
     prompt = item.get("prompt") or ""
     response = item.get("response") or ""
@@ -221,34 +199,29 @@ def _trajectory_row(run: Run, item: Mapping[str, Any], *, key: str, key_prefix: 
         prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") != "assistant")[:20000]
     if messages and not response:
         response = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "assistant"), "")
-    reward = item.get("reward")
-    fields = experience_initial_fields(cfg=run.cfg, auto_reward=reward)
-    if reward is None:
-        # Nothing to train on yet: it waits for the environment's (or a person's) reward.
-        fields = {"status": Experience.Status.PENDING, "auto_reward": None, "reward": None}
     metadata = dict(item.get("metadata") or {})
     metadata["api_key"] = key_prefix
-    row: dict[str, Any] = {
-        "run_id": run.pk,
-        "key": key,
-        "group_id": env_scoped(str(item.get("group_id") or item["key"]),
-                               limit=Experience._meta.get_field("group_id").max_length),
-        "task_id": item.get("task_id"),
-        "source": Experience.Source.ENV,
-        "prompt_text": prompt,
-        "response_text": response,
-        "messages": messages,
-        "token_ids": item.get("token_ids") or [],
-        "prompt_length": item.get("prompt_length") or 0,
-        "logprobs": item.get("logprobs"),
-        "action_mask": item.get("action_mask"),
-        "finish_reason": item.get("finish_reason") or "",
-        "reward_parts": dict(item.get("reward_parts") or {}),
-        "model_version": run.current_version if item.get("model_version") is None else item["model_version"],
-        "metadata": metadata,
-        **fields,
-    }
-    return row
+    # Without a reward it waits (pending) for the environment's env_reward or a person's.
+    return ExperienceDraft.scored(
+        cfg=run.cfg,
+        auto_reward=item.get("reward"),
+        run_id=run.pk,
+        key=key,
+        group_id=env_scoped(str(item.get("group_id") or item["key"]), limit=GROUP_MAX),
+        task_id=item.get("task_id"),
+        source=Experience.Source.ENV,
+        prompt_text=prompt,
+        response_text=response,
+        messages=messages,
+        token_ids=item.get("token_ids") or [],
+        prompt_length=item.get("prompt_length") or 0,
+        logprobs=item.get("logprobs"),
+        action_mask=item.get("action_mask"),
+        finish_reason=item.get("finish_reason") or "",
+        reward_parts=dict(item.get("reward_parts") or {}),
+        model_version=run.current_version if item.get("model_version") is None else item["model_version"],
+        metadata=metadata,
+    )
 
 
 @dataclass(frozen=True)
@@ -260,116 +233,38 @@ class SubmitResult:
 
 
 def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], key_prefix: str) -> SubmitResult:
-    """Write environment trajectories as experiences, idempotent on each client key.
+    """Write environment trajectories as experiences, idempotent on each client key, and
+    announce the new ones.
 
-    Raises BatchRejected naming the row (nothing written) for a malformed one or a task
-    outside the run's taskset.
+    Raises InvalidInput naming `trajectories.<row>[.<field>]` (nothing written) for a
+    malformed one or a task outside the run's taskset.
     """
     task_ids = {t["task_id"] for t in trajectories if t.get("task_id") is not None}
     if task_ids:
         known = set(Task.objects.filter(pk__in=task_ids, taskset_id=run.taskset_id).values_list("pk", flat=True)) if run.taskset_id else set()
         for i, t in enumerate(trajectories):
             if t.get("task_id") is not None and t["task_id"] not in known:
-                raise BatchRejected(i, f"task {t['task_id']} is not in this run's taskset")
-    # Answers speak the client's keys; the buffer stores them scoped (see env_scoped).
-    stored = [_stored_key(t["key"]) for t in trajectories]
-    keys = list(dict.fromkeys(stored))
-    before = set(Experience.objects.filter(run=run, key__in=keys).values_list("key", flat=True))
-    rows = [_trajectory_row(run, t, key=k, key_prefix=key_prefix) for t, k in zip(trajectories, stored)]
-    result: WriteResult = experience_write(experiences=rows)
-    ids = dict(Experience.objects.filter(run=run, key__in=keys).values_list("key", "id"))
-    items = [(str(t["key"]), ids[k], k in before) for t, k in zip(trajectories, stored)]
-    fresh = [(k, ids[k]) for k in keys if k not in before]
-    if fresh:
-        by_key = {r["key"]: r for r in rows}
-
-        def announce() -> None:
-            event_publish_many(run_id=run.pk, events=[
-                ("experience.created",
-                 {"id": pk, "group_id": by_key[k]["group_id"], "source": "env", "status": by_key[k]["status"],
-                  "reward": by_key[k]["reward"], "model_version": by_key[k]["model_version"]})
-                for k, pk in fresh
-            ])
-
-        transaction.on_commit(announce)
+                raise InvalidInput(f"task {t['task_id']} is not in this run's taskset", field=f"trajectories.{i}.task_id")
+    drafts = []
+    for i, t in enumerate(trajectories):
+        try:
+            # Answers speak the client's keys; the buffer stores them scoped (see env_scoped).
+            drafts.append(_trajectory_draft(run, t, key=_stored_key(t["key"]), key_prefix=key_prefix))
+        except InvalidInput as exc:
+            raise exc.within(f"trajectories.{i}") from None
+    try:
+        result = experience_write(experiences=drafts, announce=True)
+    except InvalidInput as exc:
+        raise exc.within("trajectories") from None
+    items = [(str(t["key"]), pk, not new) for t, pk, new in zip(trajectories, result.ids, result.is_new, strict=True)]
     return SubmitResult(created=result.created, duplicates=result.duplicates, items=items)
-
-
-# ---------------------------------------------------------------------------------------
-# Feedback
-
-
-class FeedbackRejected(ValueError):
-    """Feedback that cannot apply; `field` names the culprit."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-
-def feedback_from_env(
-    *,
-    run: Run,
-    api_key: ApiKey,
-    experience: Experience,
-    kind: str,
-    value: Any,
-    other: Experience | None = None,
-    reward_parts: Mapping[str, float] | None = None,
-    comment: str = "",
-) -> Feedback:
-    """Store one piece of environment feedback; an env_reward also sets the experience's
-    automatic reward (and, under the auto policy, its reward, making a pending one ready).
-
-    Feedback on an experience already trained on is kept and marked late; its reward is
-    not changed under the trainer's feet.
-    """
-    if kind not in (Feedback.Kind.ENV_REWARD, Feedback.Kind.RATING, Feedback.Kind.PAIRWISE, Feedback.Kind.FLAG):
-        raise FeedbackRejected("kind", f"an environment cannot give {kind!r} feedback")
-    if experience.run_id != run.pk:
-        raise FeedbackRejected("experience_id", "not an experience of this run")
-    if kind == Feedback.Kind.PAIRWISE:
-        if other is None or other.run_id != run.pk or other.pk == experience.pk:
-            raise FeedbackRejected("other_experience_id", "pairwise feedback needs a second experience of this run")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise FeedbackRejected("value", f"{kind} needs a finite number")
-    with transaction.atomic():
-        locked = Experience.objects.select_for_update().get(pk=experience.pk)
-        late = locked.status in (Experience.Status.LEASED, Experience.Status.CONSUMED)
-        feedback = Feedback.objects.create(
-            run=run, kind=kind, experience=locked, other=other, group_id=locked.group_id,
-            api_key=api_key, value=value, comment=comment, late=late,
-        )
-        if kind == Feedback.Kind.ENV_REWARD and not late:
-            locked.auto_reward = float(value)
-            locked.reward_parts = {**(locked.reward_parts or {}), **dict(reward_parts or {})}
-            update = ["auto_reward", "reward_parts"]
-            if run.cfg.feedback.mode == "auto":
-                locked.reward = float(value)
-                update.append("reward")
-                if locked.status == Experience.Status.PENDING:
-                    locked.status = Experience.Status.READY
-                    update.append("status")
-            locked.save(update_fields=update)
-    payload = {"id": feedback.pk, "kind": kind, "experience_id": locked.pk, "late": late, "source": "env"}
-    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
-    experience.refresh_from_db()
-    return feedback
 
 
 # ---------------------------------------------------------------------------------------
 # Rollouts
 
 GENERATE_TASK = "workers.explorer.generate"
-
-
-class RolloutUnavailable(RuntimeError):
-    """No rollout worker answered in time (or the broker is down)."""
-
-
-class RolloutFailed(RuntimeError):
-    """The rollout worker answered with an error or a malformed result."""
+_START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
 def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
@@ -389,14 +284,14 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
         # expires: a request nobody picked up in time is dropped, not generated for nobody.
         result = app.send_task(GENERATE_TASK, args=[run.pk, requests], queue="rollout", expires=timeout)
     except OperationalError as exc:
-        raise RolloutUnavailable(f"the task broker is unreachable ({exc})") from None
+        raise Unavailable(f"the task broker is unreachable ({exc}); {_START_ONE}") from None
     try:
         answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
         result.revoke()
-        raise RolloutUnavailable(f"no rollout worker answered within {timeout:g} s") from None
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s; {_START_ONE}") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise RolloutFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
     return _rollouts_by_request(answer, count=len(requests))
 
 
@@ -404,11 +299,11 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
     """The explorer answers with one flat entry per completion, tagged with its request
     index; the API answers per request."""
     if not isinstance(answer, list) or not all(isinstance(c, dict) and isinstance(c.get("request"), int) for c in answer):
-        raise RolloutFailed("the rollout worker returned a malformed result")
+        raise UpstreamFailed("the rollout worker returned a malformed result")
     grouped: list[dict[str, Any]] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
     for c in sorted(answer, key=lambda c: (c["request"], c.get("index", 0))):
         if not 0 <= c["request"] < count:
-            raise RolloutFailed("the rollout worker returned a completion for an unknown request")
+            raise UpstreamFailed("the rollout worker returned a completion for an unknown request")
         entry = grouped[c["request"]]
         entry["prompt_token_ids"] = c.get("prompt_token_ids", [])
         entry["model_version"] = c.get("model_version", 0)
@@ -416,5 +311,5 @@ def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
             {k: c.get(k) for k in ("text", "token_ids", "logprobs", "finish_reason")}
         )
     if any(not entry["completions"] for entry in grouped):
-        raise RolloutFailed("the rollout worker returned no completion for a request")
+        raise UpstreamFailed("the rollout worker returned no completion for a request")
     return grouped

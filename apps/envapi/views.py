@@ -5,21 +5,27 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.envapi.forms import ApiKeyForm
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import api_keys_of_run
-from apps.envapi.services import KeyInvalid, api_key_create, api_key_revoke
+from apps.envapi.services import api_key_create, api_key_revoke
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
+from rftweb.exceptions import RftError, form_errors_add
 
 
 def _owned_run(request: HttpRequest, run_id: int) -> Run:
+    # As on the run pages: 404 for a run the user may not see (no hint that it exists),
+    # 403 for its people who are not its owner.
     run = get_object_or_404(Run, pk=run_id)
-    if run_role(run=run, user=request.user) != "owner":
+    role = run_role(run=run, user=request.user)
+    if role is None:
+        raise Http404("no such run")
+    if role != "owner":
         raise PermissionDenied("only the run's owner manages its API keys")
     return run
 
@@ -35,9 +41,8 @@ def run_keys(request: HttpRequest, run_id: int) -> HttpResponse:
                 name=form.cleaned_data["name"], runs=[run], actions=form.cleaned_data["actions"],
                 rate_limit_per_minute=form.cleaned_data["rate_limit_per_minute"], created_by=request.user,
             )
-        except KeyInvalid as exc:
-            for field, message in exc.errors.items():
-                form.add_error(field if field in form.fields else None, message)
+        except RftError as exc:
+            form_errors_add(form, exc)
         else:
             form = ApiKeyForm()
     status = 422 if request.method == "POST" and new_key is None else 200

@@ -6,7 +6,21 @@ from django.db import models
 
 class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
-    by the run's feedback policy."""
+    by the run's feedback policy.
+
+    Every door stores it through the service of its kind (`apps.feedback.services`), which
+    builds `value` in the one shape of that kind (`apps.feedback.values`):
+
+    - rating: {"score": 1..5 | null, "thumb": "up" | "down" | null, "normalised": 0..1 | null}
+      (one of score and thumb; normalised is what the policy folds. normalised is null
+      only on rows migrated from an old API number with no readable scale, which then also
+      carry "legacy": the number, and are never folded);
+    - ranking: {"order": [every experience id of the group, best first]};
+    - pairwise: {"winner": "a" | "b" | "tie"}, a = `experience`, b = `other`;
+    - edit: {"expert_id": the expert experience holding the correction};
+    - flag: {"flags": [subset of unsafe, broken, off_task], "reason": str};
+    - env_reward: {"reward": number, "reward_parts": {name: number}}.
+    """
 
     class Kind(models.TextChoices):
         RATING = "rating"

@@ -35,6 +35,16 @@ from apps.runs.config import FeedbackPolicy, RunConfig
 
 RATING_MIN, RATING_MAX = 1, 5
 DROP_REASON = "feedback: wait window ended without human rewards (fallback drop)"
+# The one definition of "late": feedback whose target the trainer has already taken
+# (leased or consumed) or that was dropped (filtered). Late feedback is stored and counted,
+# kept for DPO, SFT and export, and never folded into a reward: the reward the trainer saw
+# stays the reward the buffer shows.
+LATE_STATUSES: tuple[str, ...] = ("leased", "consumed", "filtered")
+
+
+def feedback_is_late(*, statuses: Iterable[str]) -> bool:
+    """Whether feedback on targets in these statuses is late (any one taken is enough)."""
+    return any(status in LATE_STATUSES for status in statuses)
 
 
 def experience_initial_fields(*, cfg: RunConfig, auto_reward: float | None) -> dict[str, Any]:
@@ -74,11 +84,14 @@ def reward_combine(*, policy: FeedbackPolicy, auto: float | None, human: float |
     return policy.w_auto * auto + policy.w_human * human
 
 
+Rater = int | str | None  # a user id, "key:<id>" for an API key, None for neither
+
+
 @dataclass
 class MemberFold:
     """What the policy makes of one experience's human signals."""
 
-    signals: list[tuple[int | None, float]] = field(default_factory=list)  # (author id, score)
+    signals: list[tuple[Rater, float]] = field(default_factory=list)  # (rater, score)
 
     @property
     def human(self) -> float | None:
@@ -88,22 +101,36 @@ class MemberFold:
 
     @property
     def authors(self) -> int:
-        # Signals without an author (an API key) count one each.
+        # A person counts once, an API key counts once (one environment is one rater,
+        # whichever door its signals came through); a signal with neither counts one.
         named = {a for a, _ in self.signals if a is not None}
         return len(named) + sum(1 for a, _ in self.signals if a is None)
 
 
+def feedback_rater(feedback: Any) -> Rater:
+    """Who gave a piece of feedback, for counting distinct raters."""
+    if getattr(feedback, "author_id", None) is not None:
+        return int(feedback.author_id)
+    if getattr(feedback, "api_key_id", None) is not None:
+        return f"key:{feedback.api_key_id}"
+    return None
+
+
 def signals_fold(*, member_ids: Iterable[int], feedback: Iterable[Any]) -> dict[int, MemberFold]:
     """Collect the rating and ranking signals of a group's members from Feedback rows
-    (anything with kind, experience_id, author_id and value)."""
+    (anything with kind, experience_id, author_id, api_key_id and value)."""
     folds = {pk: MemberFold() for pk in member_ids}
     for fb in feedback:
+        rater = feedback_rater(fb)
         if fb.kind == "rating" and fb.experience_id in folds:
-            folds[fb.experience_id].signals.append((fb.author_id, float(fb.value["normalised"])))
+            # None: a number an old API client sent with no readable scale (see the
+            # feedback migration 0003); kept for people, never folded.
+            if fb.value.get("normalised") is not None:
+                folds[fb.experience_id].signals.append((rater, float(fb.value["normalised"])))
         elif fb.kind == "ranking":
             for pk, score in borda_scores([int(x) for x in fb.value["order"]]).items():
                 if pk in folds:
-                    folds[pk].signals.append((fb.author_id, score))
+                    folds[pk].signals.append((rater, score))
     return folds
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 
-from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
@@ -27,6 +26,18 @@ def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
     )
 
 
+def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
+    """The annotator's day on the run: judgements given today (local day), items waiting in
+    their queue, and the owner's daily target (0: none)."""
+    from django.utils import timezone
+
+    start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    done = Feedback.objects.filter(run=run, author=annotator, created_at__gte=start,
+                                   kind__in=["rating", "ranking", "pairwise", "edit"]).count()
+    waiting = Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
+    return {"done_today": done, "waiting": waiting, "target": run.cfg.feedback.daily_target}
+
+
 def feedback_counts(*, run: Run) -> dict[str, int]:
     """Feedback of the run by kind, plus `late` (stored after its target was trained on)."""
     counts = dict.fromkeys(Feedback.Kind.values, 0)
@@ -34,10 +45,6 @@ def feedback_counts(*, run: Run) -> dict[str, int]:
         counts[row["kind"]] = row["n"]
     counts["late"] = Feedback.objects.filter(run=run, late=True).count()
     return counts
-
-
-def experience_feedback(*, experience: Experience) -> QuerySet[Feedback]:
-    return Feedback.objects.filter(Q(experience=experience) | Q(other=experience)).select_related("author")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
     """Preference pairs from pairwise feedback (ties carry no preference and are left out),
     oldest first. Late comparisons are included by default: DPO learns from them even when
     the GRPO step that used their completions is long past."""
-    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE).exclude(value__winner="tie")
+    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE, value__winner__in=["a", "b"])
     if not include_late:
         qs = qs.filter(late=False)
     pairs = []
@@ -63,7 +70,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
         a, b = fb.experience, fb.other
         if a is None or b is None:
             continue
-        chosen, rejected = (a, b) if fb.value.get("winner") == "a" else (b, a)
+        chosen, rejected = (a, b) if fb.value["winner"] == "a" else (b, a)
         pairs.append(DpoPair(
             feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,34 +21,32 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
 from django.utils import timezone
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
+from apps.envapi.models import ApiKey
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.policy import (
-    DROP_REASON,
-    member_is_final,
-    rating_normalise,
-    reward_combine,
-    signals_fold,
+from apps.feedback.policy import DROP_REASON, feedback_is_late, member_is_final, reward_combine, signals_fold
+from apps.feedback.values import (
+    edit_value,
+    env_reward_value,
+    flag_value,
+    pairwise_value,
+    rating_value,
+    ranking_value,
 )
 from apps.runs.events import event_publish
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("unsafe", "broken", "off_task")
-# Statuses whose reward the trainer has already seen (or that were dropped): feedback is late.
-_TAKEN = (Experience.Status.LEASED, Experience.Status.CONSUMED, Experience.Status.FILTERED)
 _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
 
 
-class FeedbackInvalid(ValueError):
-    """The feedback was malformed or does not fit its target; nothing was stored."""
-
-
 def _lease_seconds() -> float:
-    return float(getattr(settings, "RFT_ANNOTATION_LEASE_SECONDS", 900))
+    return settings.RFT_ANNOTATION_LEASE_SECONDS
 
 
 # ---------------------------------------------------------------- assignments
@@ -163,14 +160,14 @@ def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> li
     return list(
         Feedback.objects.filter(run=run, late=False)
         .filter(Q(kind=Feedback.Kind.RATING, experience_id__in=list(member_ids)) | Q(kind=Feedback.Kind.RANKING, group_id=group_id))
-        .only("kind", "experience_id", "author_id", "value")
+        .only("kind", "experience_id", "author_id", "api_key_id", "value")
     )
 
 
 def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = None) -> FoldResult:
     """Recompute the human and final rewards of a group's open members from their feedback,
     and make the group trainable when every member's reward is final. Call inside a
-    transaction (feedback_submit does); idempotent."""
+    transaction (the feedback services do); idempotent."""
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
@@ -206,125 +203,45 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
 
 
 # ---------------------------------------------------------------- submitting
+#
+# One service per kind of feedback; the annotation page, the environment API and the CLI
+# all call these. Each builds its value in the kind's one shape (apps.feedback.values),
+# decides lateness by the one rule (policy.feedback_is_late), stores the row, folds it
+# into the group when it bears on rewards, and announces `feedback.saved`.
 
 
 def _clean_comment(comment: str | None) -> str:
     comment = (comment or "").strip()
     if len(comment) > 5000:
-        raise FeedbackInvalid("a comment is at most 5000 characters")
+        raise InvalidInput("a comment is at most 5000 characters", field="comment")
     return comment
 
 
 def _experience_of(run: Run, experience: Experience | int | None, what: str) -> Experience:
     if experience is None:
-        raise FeedbackInvalid(f"{what} is required")
+        raise InvalidInput(f"{what} is required", field=what)
     pk = experience.pk if isinstance(experience, Experience) else experience
     found = Experience.objects.filter(run=run, pk=pk).first()
     if found is None:
-        raise FeedbackInvalid(f"{what} {pk} is not an experience of run {run.pk}")
+        raise NotFound(f"experience {pk} is not an experience of run {run.pk}", field=what)
     return found
 
 
-def _clean_value(kind: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise FeedbackInvalid(f"{kind} feedback needs a mapping as its value")
-    if kind == Feedback.Kind.RATING:
-        score, thumb = value.get("score"), value.get("thumb")
-        if (score is None) == (thumb is None):
-            raise FeedbackInvalid("a rating has either a score (1-5) or a thumb (up/down)")
-        try:
-            normalised = rating_normalise(score=score, thumb=thumb)
-        except ValueError as exc:
-            raise FeedbackInvalid(str(exc)) from None
-        return {"score": score, "thumb": thumb, "normalised": normalised}
-    if kind == Feedback.Kind.FLAG:
-        flags = value.get("flags")
-        if not isinstance(flags, list) or not flags or not set(flags) <= set(FLAGS):
-            raise FeedbackInvalid(f"flags must be a non-empty list of {', '.join(FLAGS)}")
-        return {"flags": sorted(set(flags))}
-    if kind == Feedback.Kind.PAIRWISE:
-        if value.get("winner") not in ("a", "b", "tie"):
-            raise FeedbackInvalid("a comparison's winner is 'a', 'b' or 'tie'")
-        return {"winner": value["winner"]}
-    if kind == Feedback.Kind.RANKING:
-        order = value.get("order")
-        if not isinstance(order, list) or not order or not all(isinstance(x, int) and not isinstance(x, bool) for x in order):
-            raise FeedbackInvalid("a ranking's order is a list of experience ids, best first")
-        if len(set(order)) != len(order):
-            raise FeedbackInvalid("a ranking names each completion once")
-        return {"order": order}
-    if kind == Feedback.Kind.ENV_REWARD:
-        reward = value.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise FeedbackInvalid("an environment reward is a finite number")
-        return {"reward": float(reward)}
-    raise FeedbackInvalid(f"unknown feedback kind {kind!r}")
+def _person(author: Any) -> Any:
+    return author if getattr(author, "is_authenticated", False) else None
 
 
-def feedback_submit(
-    *,
-    run: Run,
-    author: Any,
-    kind: str,
-    value: dict[str, Any],
-    experience: Experience | int | None = None,
-    other: Experience | int | None = None,
-    group_id: str = "",
-    comment: str = "",
-    api_key: Any = None,
+def _store(
+    *, run: Run, kind: str, value: dict[str, Any], targets: Sequence[Experience], group_id: str,
+    author: Any, api_key: ApiKey | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
-    """Validate and store one piece of feedback, fold it into its group's rewards, close the
-    author's assignments on its targets, and announce `feedback.saved` after commit.
-
-    rating: experience + {"score": 1..5} or {"thumb": "up"|"down"}
-    flag: experience + {"flags": [unsafe|broken|off_task, ...]}
-    ranking: group_id + {"order": [every member id of the group, best first]}
-    pairwise: experience (A) + other (B) of one group + {"winner": "a"|"b"|"tie"}
-    env_reward: experience + {"reward": number} (stored; environments write rewards through the buffer)
-    """
-    if kind == Feedback.Kind.EDIT:
-        raise FeedbackInvalid("edits go through feedback_edit, which writes the expert experience")
-    clean = _clean_value(kind, value)
-    comment = _clean_comment(comment)
-    author = author if getattr(author, "is_authenticated", False) else None
-    with transaction.atomic():
-        target: Experience | None = None
-        second: Experience | None = None
-        if kind == Feedback.Kind.RANKING:
-            group_id = str(group_id or "")
-            if not group_id:
-                raise FeedbackInvalid("a ranking needs the group_id of the completions it ranks")
-        else:
-            target = _experience_of(run, experience, "experience")
-            group_id = target.group_id
-            if kind == Feedback.Kind.PAIRWISE:
-                second = _experience_of(run, other, "other")
-                if second.pk == target.pk:
-                    raise FeedbackInvalid("a comparison needs two different completions")
-                if second.group_id != target.group_id:
-                    raise FeedbackInvalid("a comparison is between completions of one prompt (one group)")
-        members = _locked_members(run=run, group_id=group_id)
-        if kind == Feedback.Kind.RANKING:
-            if not members:
-                raise FeedbackInvalid(f"run {run.pk} has no group {group_id!r}")
-            if sorted(clean["order"]) != sorted(m.pk for m in members):
-                raise FeedbackInvalid("a ranking orders every completion of the group exactly once")
-            late = any(m.status in _TAKEN for m in members)
-        else:
-            assert target is not None
-            late = target.status in _TAKEN or (second is not None and second.status in _TAKEN)
-        fb = Feedback.objects.create(
-            run=run, kind=kind, experience=target, other=second, group_id=group_id, author=author,
-            api_key=api_key, value=clean, comment=comment, late=late,
-        )
-        fold = FoldResult(updated=0, became_ready=False)
-        if not late and kind in (Feedback.Kind.RATING, Feedback.Kind.RANKING):
-            fold = group_fold(run=run, group_id=group_id, members=members)
-        targets = clean["order"] if kind == Feedback.Kind.RANKING else [target.pk]  # type: ignore[union-attr]
-        if kind in (Feedback.Kind.RATING, Feedback.Kind.RANKING):
-            _assignments_finish(run=run, annotator=author, experience_ids=targets)
-        _announce(run=run, feedback=fb, ready=fold.became_ready)
-    return fb
+    """The row itself, late or not by the one rule. Call inside a transaction, with the
+    targets' group locked."""
+    late = feedback_is_late(statuses=[t.status for t in targets])
+    return Feedback.objects.create(
+        run=run, kind=kind, experience=targets[0] if kind != Feedback.Kind.RANKING else None, other=other,
+        group_id=group_id, author=author, api_key=api_key, value=value, comment=comment, late=late,
+    )
 
 
 def _announce(*, run: Run, feedback: Feedback, ready: bool) -> None:
@@ -336,31 +253,151 @@ def _announce(*, run: Run, feedback: Feedback, ready: bool) -> None:
         "group_id": feedback.group_id,
         "late": feedback.late,
         "author": feedback.author.get_username() if feedback.author else None,
+        "source": "env" if feedback.api_key_id else "human",
         "group_ready": ready,
     }
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
 
 
+def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience], targets: Sequence[int]) -> Feedback:
+    fold = FoldResult(updated=0, became_ready=False)
+    if not feedback.late:
+        fold = group_fold(run=run, group_id=feedback.group_id, members=members)
+    _assignments_finish(run=run, annotator=feedback.author, experience_ids=targets)
+    _announce(run=run, feedback=feedback, ready=fold.became_ready)
+    return feedback
+
+
 def feedback_rate(
+    *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
+    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+) -> Feedback:
+    """A rating of one completion: a score 1..5 or a thumb; folded into its group's
+    rewards (unless late) and closing the author's assignment of it."""
+    value = rating_value(score=score, thumb=thumb)
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        target = _experience_of(run, experience, "experience_id")
+        members = _locked_members(run=run, group_id=target.group_id)
+        target = next((m for m in members if m.pk == target.pk), target)
+        fb = _store(run=run, kind=Feedback.Kind.RATING, value=value, targets=[target], group_id=target.group_id,
+                    author=author, api_key=api_key, comment=comment)
+        return _fold_and_finish(run=run, feedback=fb, members=members, targets=[target.pk])
+
+
+def feedback_rank(
+    *, run: Run, order: Sequence[int], group_id: str | None = None, author: Any = None,
+    api_key: ApiKey | None = None, comment: str = "",
+) -> Feedback:
+    """A ranking of a whole group, best first. The group is the one the ranked
+    experiences share (`group_id`, when given, must be it)."""
+    value = ranking_value(order=order)
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        first = _experience_of(run, value["order"][0], "order")
+        if group_id is not None and str(group_id) != first.group_id:
+            raise InvalidInput(f"experience {first.pk} is not in group {group_id!r}", field="order")
+        members = _locked_members(run=run, group_id=first.group_id)
+        if sorted(value["order"]) != sorted(m.pk for m in members):
+            raise InvalidInput(
+                f"a ranking orders every completion of the group exactly once ({len(members)} in group)", field="order")
+        fb = _store(run=run, kind=Feedback.Kind.RANKING, value=value, targets=members, group_id=first.group_id,
+                    author=author, api_key=api_key, comment=comment)
+        return _fold_and_finish(run=run, feedback=fb, members=members, targets=value["order"])
+
+
+def feedback_compare(
+    *, run: Run, experience: Experience | int | None, other: Experience | int | None, winner: str,
+    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+) -> Feedback:
+    """A choice between two completions of one group: winner "a" (`experience`), "b"
+    (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
+    value = pairwise_value(winner=winner)
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        a = _experience_of(run, experience, "experience_id")
+        b = _experience_of(run, other, "other_experience_id")
+        if a.pk == b.pk:
+            raise InvalidInput("a comparison needs two different completions", field="other_experience_id")
+        if a.group_id != b.group_id:
+            raise InvalidInput("a comparison is between completions of one prompt (one group)",
+                               field="other_experience_id")
+        fb = _store(run=run, kind=Feedback.Kind.PAIRWISE, value=value, targets=[a, b], group_id=a.group_id,
+                    author=author, api_key=api_key, comment=comment, other=b)
+        _announce(run=run, feedback=fb, ready=False)
+    return fb
+
+
+def feedback_flag(
+    *, run: Run, experience: Experience | int | None, flags: Sequence[str] = (), reason: str = "",
+    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+) -> Feedback:
+    """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
+    flag is a judgement of the item too: it leaves the author's queue."""
+    value = flag_value(flags=flags, reason=reason)
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        target = _experience_of(run, experience, "experience_id")
+        fb = _store(run=run, kind=Feedback.Kind.FLAG, value=value, targets=[target], group_id=target.group_id,
+                    author=author, api_key=api_key, comment=comment)
+        _assignments_finish(run=run, annotator=author, experience_ids=[target.pk])
+        _announce(run=run, feedback=fb, ready=False)
+    return fb
+
+
+def feedback_env_reward(
+    *, run: Run, experience: Experience | int | None, reward: float, reward_parts: Mapping[str, float] | None = None,
+    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+) -> Feedback:
+    """An environment's reward for one experience: it becomes the experience's automatic
+    reward (its parts merged into reward_parts), and the policy recomputes the training
+    reward (auto: the reward itself, making a pending experience ready; blend: combined
+    with the human fold). Late: stored, reward unchanged under the trainer's feet."""
+    value = env_reward_value(reward=reward, reward_parts=reward_parts)
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        target = _experience_of(run, experience, "experience_id")
+        members = _locked_members(run=run, group_id=target.group_id) if not target.is_expert else []
+        locked = next((m for m in members if m.pk == target.pk), None) or \
+            Experience.objects.select_for_update().get(pk=target.pk)
+        fb = _store(run=run, kind=Feedback.Kind.ENV_REWARD, value=value, targets=[locked], group_id=locked.group_id,
+                    author=author, api_key=api_key, comment=comment)
+        ready = False
+        if not fb.late:
+            locked.auto_reward = value["reward"]
+            locked.reward_parts = {**(locked.reward_parts or {}), **value["reward_parts"]}
+            update = ["auto_reward", "reward_parts"]
+            if run.cfg.feedback.mode == "auto":
+                locked.reward = value["reward"]
+                update.append("reward")
+                if locked.status == Experience.Status.PENDING:
+                    locked.status = Experience.Status.READY
+                    update.append("status")
+                    ready = True
+            locked.save(update_fields=update)
+            if run.cfg.feedback.mode != "auto" and members:
+                ready = group_fold(run=run, group_id=locked.group_id, members=members).became_ready
+        _announce(run=run, feedback=fb, ready=ready)
+    return fb
+
+
+def feedback_rate_and_flag(
     *, run: Run, author: Any, experience: Experience | int, score: int | None = None, thumb: str | None = None,
     flags: Sequence[str] = (), comment: str = "",
 ) -> list[Feedback]:
-    """A rating and/or flags on one completion (the annotation form's submit)."""
+    """The annotation form's submit: a rating and/or flags on one completion, all or none."""
     if score is None and thumb is None and not flags:
-        raise FeedbackInvalid("give a rating (1-5 or a thumb) or at least one flag")
+        raise InvalidInput("give a rating (1-5 or a thumb) or at least one flag", field="score")
+    if score is not None and thumb is not None:
+        raise InvalidInput("give a score or a thumb, not both", field="score")
     with transaction.atomic():
         saved: list[Feedback] = []
         if score is not None or thumb is not None:
-            saved.append(feedback_submit(run=run, author=author, kind=Feedback.Kind.RATING, experience=experience,
-                                         value={"score": score} if thumb is None else {"thumb": thumb},
-                                         comment=comment))
+            saved.append(feedback_rate(run=run, author=author, experience=experience, score=score, thumb=thumb,
+                                       comment=comment))
             comment = ""
         if flags:
-            saved.append(feedback_submit(run=run, author=author, kind=Feedback.Kind.FLAG, experience=experience,
-                                         value={"flags": list(flags)}, comment=comment))
-            if score is None and thumb is None:
-                # Flagging is a judgement of the item too: it leaves the queue.
-                _assignments_finish(run=run, annotator=author, experience_ids=[saved[-1].experience_id])
+            saved.append(feedback_flag(run=run, author=author, experience=experience, flags=flags, comment=comment))
     return saved
 
 
@@ -374,41 +411,39 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
     """
     text = (text or "").replace("\r\n", "\n")
     if not text.strip():
-        raise FeedbackInvalid("a correction needs some text")
+        raise InvalidInput("a correction needs some text", field="text")
     if len(text) > 100_000:
-        raise FeedbackInvalid("a correction is at most 100000 characters")
-    comment = _clean_comment(comment)
-    author = author if getattr(author, "is_authenticated", False) else None
+        raise InvalidInput("a correction is at most 100000 characters", field="text")
+    comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
-        parent = _experience_of(run, experience, "experience")
+        parent = _experience_of(run, experience, "experience_id")
         if parent.is_expert:
-            raise FeedbackInvalid("edit the original completion, not a correction")
+            raise InvalidInput("edit the original completion, not a correction", field="experience_id")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         key = f"edit:{parent.pk}:{author.pk if author else 'anon'}:{digest}"
-        result = experience_write(experiences=[{
-            "run_id": run.pk,
-            "key": key,
-            "group_id": f"expert-{parent.pk}",
-            "task_id": parent.task_id,
-            "source": Experience.Source.HUMAN,
-            "prompt_text": parent.prompt_text,
-            "response_text": text,
-            "is_expert": True,
-            "parent_id": parent.pk,
-            "status": Experience.Status.READY,
+        result = experience_write(experiences=[ExperienceDraft(
+            run_id=run.pk,
+            key=key,
+            group_id=f"expert-{parent.pk}",
+            task_id=parent.task_id,
+            source=Experience.Source.HUMAN,
+            prompt_text=parent.prompt_text,
+            response_text=text,
+            is_expert=True,
+            parent_id=parent.pk,
+            status=Experience.Status.READY,
             # A correction is the annotator's best answer: the top of the human scale.
-            "human_reward": 1.0,
-            "reward": 1.0,
-            "model_version": parent.model_version,
-            "metadata": {"edit_of": parent.pk, "author": author.get_username() if author else None},
-        }])
+            human_reward=1.0,
+            reward=1.0,
+            model_version=parent.model_version,
+            metadata={"edit_of": parent.pk, "author": author.get_username() if author else None},
+        )], announce=True)
         expert = Experience.objects.get(pk=result.ids[0])
+        value = edit_value(expert_id=expert.pk)
         fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()
         if fb is None:
-            fb = Feedback.objects.create(
-                run=run, kind=Feedback.Kind.EDIT, experience=parent, group_id=parent.group_id, author=author,
-                value={"expert_id": expert.pk}, comment=comment, late=parent.status in _TAKEN,
-            )
+            fb = _store(run=run, kind=Feedback.Kind.EDIT, value=value, targets=[parent], group_id=parent.group_id,
+                        author=author, api_key=None, comment=comment)
             _announce(run=run, feedback=fb, ready=False)
     return fb, expert
 

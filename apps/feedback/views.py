@@ -13,26 +13,35 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment
-from apps.feedback.selectors import annotation_queue, feedback_counts, run_may_annotate
+from apps.feedback.rendering import markdown_safe
+from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.selectors import (
+    annotation_queue,
+    annotator_progress,
+    feedback_counts,
+    run_may_annotate,
+)
 from apps.feedback.services import (
-    FLAGS,
-    FeedbackInvalid,
     assignment_claim,
     assignment_skip,
+    feedback_compare,
     feedback_edit,
-    feedback_rate,
-    feedback_submit,
+    feedback_rank,
+    feedback_rate_and_flag,
 )
+from apps.feedback.values import FLAGS
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
+from rftweb.exceptions import InvalidInput, RftError
 
 
 def _queue_size() -> int:
-    return int(getattr(settings, "RFT_ANNOTATION_QUEUE_SIZE", 8))
+    return settings.RFT_ANNOTATION_QUEUE_SIZE
 
 
 def _run_for(request: HttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
@@ -51,9 +60,10 @@ def _forbidden(message: str) -> HttpResponse:
     return HttpResponseForbidden(message, content_type="text/plain; charset=utf-8")
 
 
-def _error(request: HttpRequest, message: str) -> HttpResponse:
-    # Plain text: the page's script shows it beside the form (as text); without JS it is the page.
-    return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
+def _error(request: HttpRequest, error: RftError) -> HttpResponse:
+    """The views' one translation of the error base: plain text naming the problem, 400
+    (the page's script shows it beside the form, as text; without JS it is the page)."""
+    return HttpResponse(error.message, status=400, content_type="text/plain; charset=utf-8")
 
 
 def _page_url(run: Run) -> str:
@@ -68,7 +78,7 @@ def _fragment(request: HttpRequest, run: Run, template: str, context: dict[str, 
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
-    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS}
+    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "policy": run.cfg.feedback}
 
 
 @login_required
@@ -85,6 +95,10 @@ def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run, "role": role, "can_annotate": can_annotate, "queue": queue, "recent": recent,
         "policy": policy, "counts": feedback_counts(run=run), "flags": FLAGS,
         "ws_path": f"/ws/runs/{run.pk}/",
+        # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
+        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
+        "progress": annotator_progress(run=run, annotator=request.user) if can_annotate else None,
+        "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
     })
 
 
@@ -102,10 +116,10 @@ def queue_partial(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         after = int(request.GET.get("after", "0") or 0)
     except ValueError:
-        return _error(request, "after must be an assignment id")
+        return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after]
-    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS})
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
 
 
 def _my_assignment(request: HttpRequest, run: Run, assignment_id: int) -> Assignment:
@@ -120,7 +134,7 @@ def _score(request: HttpRequest) -> tuple[int | None, str | None]:
     try:
         return int(raw), thumb
     except ValueError:
-        raise FeedbackInvalid(f"a rating is a whole number from 1 to 5, got {raw!r}") from None
+        raise InvalidInput(f"a rating is a whole number from 1 to 5, got {raw!r}", field="score") from None
 
 
 @login_required
@@ -133,12 +147,10 @@ def rate(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
     a = _my_assignment(request, run, assignment_id)
     try:
         score, thumb = _score(request)
-        if score is not None and thumb is not None:
-            raise FeedbackInvalid("give a score or a thumb, not both")
-        saved = feedback_rate(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
+        saved = feedback_rate_and_flag(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
                               flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
-    except FeedbackInvalid as exc:
-        return _error(request, str(exc))
+    except RftError as exc:
+        return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
     a.refresh_from_db()
@@ -177,8 +189,8 @@ def edit(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
     try:
         fb, expert = feedback_edit(run=run, author=request.user, experience=e, text=request.POST.get("text", ""),
                                    comment=request.POST.get("comment", ""))
-    except FeedbackInvalid as exc:
-        return _error(request, str(exc))
+    except RftError as exc:
+        return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
     return render(request, "feedback/_saved.html", {"run": run, "message": f"Saved as expert experience #{expert.pk}",
@@ -205,15 +217,15 @@ def rank(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
         for m in members:
             raw = request.POST.get(f"rank_{m.pk}", "")
             if not raw.strip().isdigit():
-                raise FeedbackInvalid(f"give completion #{m.pk} a rank from 1 to {len(members)}")
+                raise InvalidInput(f"give completion #{m.pk} a rank from 1 to {len(members)}", field=f"rank_{m.pk}")
             ranks[m.pk] = int(raw)
         if sorted(ranks.values()) != list(range(1, len(members) + 1)):
-            raise FeedbackInvalid(f"ranks must be 1 to {len(members)}, each used once")
+            raise InvalidInput(f"ranks must be 1 to {len(members)}, each used once", field="rank")
         order = sorted(ranks, key=ranks.__getitem__)
-        fb = feedback_submit(run=run, author=request.user, kind="ranking", group_id=e.group_id,
-                             value={"order": order}, comment=request.POST.get("comment", ""))
-    except FeedbackInvalid as exc:
-        return _error(request, str(exc))
+        fb = feedback_rank(run=run, author=request.user, group_id=e.group_id, order=order,
+                           comment=request.POST.get("comment", ""))
+    except RftError as exc:
+        return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
     # The ranked items that were in this annotator's queue are done: update their cards too.
@@ -240,12 +252,44 @@ def compare(request: HttpRequest, run_id: int, experience_id: int) -> HttpRespon
     try:
         other_raw = request.POST.get("other", "")
         if not other_raw.isdigit():
-            raise FeedbackInvalid("choose the completion to compare with")
-        fb = feedback_submit(run=run, author=request.user, kind="pairwise", experience=e, other=int(other_raw),
-                             value={"winner": request.POST.get("winner", "")}, comment=request.POST.get("comment", ""))
-    except FeedbackInvalid as exc:
-        return _error(request, str(exc))
+            raise InvalidInput("choose the completion to compare with", field="other")
+        fb = feedback_compare(run=run, author=request.user, experience=e, other=int(other_raw),
+                              winner=request.POST.get("winner", ""), comment=request.POST.get("comment", ""))
+    except RftError as exc:
+        return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
                                                     "message": f"Preference saved ({fb.value['winner']})"})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
+    one (`feedback`), or the last one when none is named (undo); its items come back to the
+    queue to be judged again."""
+    try:
+        run, _ = _run_for(request, run_id, annotate=True)
+    except PermissionError as exc:
+        return _forbidden(str(exc))
+    message = ""
+    if request.method == "POST":
+        raw = request.POST.get("feedback", "").strip()
+        if raw and not raw.isdigit():
+            return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
+        try:
+            fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
+        except NotRevisable as exc:
+            return _error(request, exc)
+        message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
+        if not request.htmx:
+            return redirect(_page_url(run))
+        # The reopened items replace their "done" cards in the queue (out of band).
+        reopened = list(Assignment.objects.filter(run=run, annotator=request.user, status=Assignment.Status.LEASED,
+                                                  experience_id__in=feedback_targets(fb)).select_related("experience"))
+    else:
+        reopened = []
+    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message,
+               "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback}
+    return _fragment(request, run, "feedback/_mine.html", context)

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 log = logging.getLogger(__name__)
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -105,7 +107,7 @@ def sandbox_confinement() -> Confinement:
     """Measure which confinement layers this host allows (once per process)."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     root = os.geteuid() == 0
-    candidates = [os.environ.get("RFT_SANDBOX_PYTHON") or "", sys.executable, shutil.which("python3") or ""]
+    candidates = [settings.RFT_SANDBOX_PYTHON, sys.executable, shutil.which("python3") or ""]
     candidates = list(dict.fromkeys(c for c in candidates if c))
     namespaces: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()

@@ -6,11 +6,13 @@ them beside the field and the CLI can print them as they are.
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from rftweb.exceptions import InvalidInput
 
 
 class Algorithm(StrEnum):
@@ -28,7 +30,26 @@ class Mode(StrEnum):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity (jsonb cannot hold them; `1e400` parses as infinity).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: Any) -> Any:
+        # Lax mode would take `true` for 1 in a number field.
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            annotation = cls.model_fields[info.field_name].annotation
+            if annotation in (int, float, int | None, float | None):
+                raise ValueError("expected a number, not true/false")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any, info: Any) -> Any:
+        # Seeds, counts and steps end up in 64-bit columns and libraries.
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError("number is too large (at most 2^63 - 1)")
+        return value
 
 
 class SamplingConfig(_Strict):
@@ -77,6 +98,12 @@ class FeedbackPolicy(_Strict):
     # How many annotators see each item.
     overlap: int = Field(1, ge=1, le=10)
     rank_rule: Literal["borda"] = "borda"
+    # What raters see: guidelines (Markdown, rendered sanitised beside the items), whether
+    # the automatic reward is shown (it biases people, so not by default), a daily target.
+    guidelines: str = Field("", max_length=20000, json_schema_extra={"widget": "markdown"},
+                            description="Markdown shown to raters beside the items")
+    show_auto_reward: bool = Field(False, description="show raters the automatic reward (it biases them)")
+    daily_target: int = Field(0, ge=0, description="items per rater per day shown as a target; 0: none")
 
     @model_validator(mode="after")
     def _weights(self) -> "FeedbackPolicy":
@@ -184,12 +211,11 @@ class RunConfig(_Strict):
         return self
 
 
-class ConfigInvalid(ValueError):
+class ConfigInvalid(InvalidInput):
     """A run config failed validation; `errors` maps dotted field paths to messages."""
 
     def __init__(self, errors: dict[str, str]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{field}: {msg}" if field else msg for field, msg in errors.items()))
+        super().__init__(errors=errors)
 
 
 def _errors_by_field(exc: ValidationError) -> dict[str, str]:
@@ -204,26 +230,35 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
 
 
 def config_validate(*, data: Any) -> RunConfig:
-    """Validate a config mapping; raise ConfigInvalid naming each bad field."""
+    """Validate a config mapping; raise ConfigInvalid naming each bad field. Values
+    Postgres cannot store (NUL, lone surrogates, NaN, too deep) are refused first
+    (`apps.hygiene.tree_check`), so whatever validates can be written."""
     if isinstance(data, RunConfig):
         return data
     if not isinstance(data, dict):
         raise ConfigInvalid({"": "a run config must be a mapping of keys to values"})
+    try:
+        tree_check(data, root="")
+    except InputRejected as exc:
+        raise ConfigInvalid({exc.field: exc.message}) from None
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigInvalid(_errors_by_field(exc)) from None
 
 
-def config_parse(*, text: str, filename: str = "config") -> RunConfig:
-    """Parse a YAML or JSON config file's text and validate it."""
-    import yaml
-
+def config_file_read(*, data: bytes | str, filename: str = "config") -> Any:
+    """A YAML or JSON config file's mapping, unvalidated (to show an invalid file in the
+    form). Bytes are decoded strictly as UTF-8; ConfigInvalid names the line."""
     try:
-        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigInvalid({"": f"{filename} is not valid {'JSON' if filename.endswith('.json') else 'YAML'}: {exc}"}) from None
-    return config_validate(data=data)
+        return config_text_parse(data, filename=filename)
+    except InputRejected as exc:
+        raise ConfigInvalid({exc.field: exc.message}) from None
+
+
+def config_parse(*, text: bytes | str, filename: str = "config") -> RunConfig:
+    """Parse a YAML or JSON config file (bytes: strictly UTF-8) and validate it."""
+    return config_validate(data=config_file_read(data=text, filename=filename))
 
 
 def config_dump(config: RunConfig) -> dict[str, Any]:

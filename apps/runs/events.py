@@ -27,6 +27,8 @@ EVENT_TYPES = (
     "run.status",
     "buffer.counts",
     "worker.heartbeat",
+    # A run's explore or train task failed (apps/runs/failures.py).
+    "worker.error",
 )
 
 

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # At most one frame per socket per interval under load (seconds; RFT_LIVE_FLUSH_MS): 200
 # events/s to 50 sockets become ~67 frames/s per socket instead of 200, and latency grows by
 # at most this much.
-FLUSH_INTERVAL = getattr(settings, "RFT_LIVE_FLUSH_MS", 15.0) / 1000.0
+FLUSH_INTERVAL = settings.RFT_LIVE_FLUSH_MS / 1000.0
 # A batch frame stays under this many bytes (several frames for a larger backlog): common
 # websocket clients refuse messages over 1 MiB by default (Python's websockets does).
 MAX_FRAME_BYTES = 256 * 1024

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.config import FeedbackPolicy, RunConfig
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
@@ -83,7 +84,8 @@ def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]
         elif annotation in (int, float):
             kind = "number"
         elif annotation is str:
-            kind = "text"
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            kind = "markdown" if extra.get("widget") == "markdown" else "text"
         else:
             kind = "yaml"
         specs.append(FieldSpec(
@@ -139,9 +141,9 @@ def config_from_post(post: Any, specs: list[FieldSpec]) -> tuple[dict[str, Any],
             continue
         if spec.kind == "yaml":
             try:
-                _set(data, spec.path, yaml.safe_load(raw))
-            except yaml.YAMLError as exc:
-                errors[spec.path] = f"not valid YAML: {exc}"
+                _set(data, spec.path, yaml_parse(str(raw), where=spec.path))
+            except InputRejected as exc:
+                errors[spec.path] = exc.message if exc.field == spec.path else f"{exc.field}: {exc.message}"
             continue
         # Numbers stay strings: the schema parses them and names the field when it can't.
         _set(data, spec.path, str(raw).strip())
@@ -192,3 +194,58 @@ def section_specs(specs: list[FieldSpec]) -> list[tuple[str, list[FieldSpec]]]:
     for spec in specs:
         out.setdefault(spec.section, []).append(spec)
     return list(out.items())
+
+
+# Help shown on the new-run form, by section and by field (the schema's descriptions first).
+SECTION_HELP: dict[str, str] = {
+    "run": "What to train and how the loop runs: the starting model, the algorithm, the mode "
+           "(sync waits for each new version; async explores ahead by at most max staleness versions; "
+           "explore only writes experiences; train only learns from the buffer), batch sizes and steps.",
+    "sampling": "How the explorer samples completions from the model.",
+    "feedback": "How people's feedback enters the reward: auto (reward functions only), blend "
+                "(w_auto·auto + w_human·human) or human; how long a group waits for people before the fallback.",
+    "replay": "How often an experience may be trained on, and how its priority decays.",
+    "trainer": "The optimiser and loss of the trainer.",
+    "pipeline": "Data operators over the buffer at write, import and claim time.",
+}
+FIELD_HELP: dict[str, str] = {
+    "model": "A local directory that exists on this host and the workers (a checkpoint with config.json), or a hub id such as org/model.",
+    "rewards": "YAML list of reward functions: - name: math_accuracy (weight: 1.0, params: {...}, domains: [math]).",
+    "repeat_times": "Completions per task: GRPO and MIX compare them within the group, so at least 2 (4–8 is usual).",
+    "total_steps": "Train steps (explore steps in explore-only mode); the run is finished after these.",
+    "sync_interval": "A new model version every this many train steps.",
+    "max_staleness": "Async mode: how many versions the explorer may run ahead of the trainer.",
+    "train_batch_size": "Experiences per trainer step.",
+    "explore_batch_size": "Tasks per explore step (each gives repeat_times completions).",
+    "engine": "transformers works everywhere; vllm is faster where it is installed.",
+}
+# Values the new-run form fills in when the algorithm changes (static/rftweb/newrun.js),
+# for fields the person has not edited.
+ALGORITHM_DEFAULTS: dict[str, dict[str, str]] = {
+    "grpo": {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.loss_type": "dapo", "mode": "sync"},
+    "mix": {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.mu": "0.1", "mode": "sync"},
+    "dpo": {"repeat_times": "2", "trainer.learning_rate": "5e-07", "trainer.dpo_beta": "0.1", "mode": "sync"},
+    "sft": {"repeat_times": "1", "trainer.learning_rate": "2e-05", "mode": "train"},
+}
+
+
+def config_warnings(*, config: Any) -> list[str]:
+    """Configs that are valid but cannot learn (or learn nothing from people)."""
+    from apps.runs.config import config_validate
+
+    cfg = config_validate(data=config)
+    out: list[str] = []
+    group_relative = cfg.algorithm in ("grpo", "mix")
+    for i, term in enumerate(cfg.rewards):
+        if term.weight == 0:
+            out.append(f"reward {term.name} (rewards.{i}) has weight 0: it never changes the reward.")
+    if group_relative and cfg.feedback.mode == "auto" and not any(t.weight for t in cfg.rewards):
+        out.append(f"{cfg.algorithm} with no weighted reward and feedback mode auto: every completion scores 0, "
+                   "so every advantage is 0 and the model learns nothing. Add a reward or let people rate (blend / human).")
+    if group_relative and cfg.sampling.temperature == 0:
+        out.append(f"{cfg.algorithm} with temperature 0: a group's completions are identical, so advantages are 0.")
+    if cfg.feedback.mode == "blend" and cfg.feedback.w_human == 0:
+        out.append("feedback mode blend with w_human 0: people's ratings do not change the reward.")
+    if cfg.mode == "explore":
+        out.append("explore mode writes experiences but never trains the model.")
+    return out

@@ -6,7 +6,8 @@ daemon thread in each worker's main process upserts a `WorkerHeartbeat` every
 `RFT_HEARTBEAT_SECONDS` (one small UPDATE), listing the worker's queues, pool and the tasks
 it is running now (`celery.worker.state.active_requests`, which the main process keeps for
 every pool). The thread keeps beating while a solo worker runs a long task, so the page
-tells "busy for 4 minutes on train_step" apart from "gone" (no beat for 3 intervals).
+tells "busy for 4 minutes on train_step" apart from "gone" (no beat for
+RFT_WORKER_DEAD_SECONDS), and the RFT core's loop sends a gone worker's step again.
 
 The signal handlers are connected when this module is imported; `apps.runs.tasks` imports
 it, and the Celery app autodiscovers that module in every worker.
@@ -14,6 +15,7 @@ it, and the Celery app autodiscovers that module in every worker.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -21,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import signals
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -28,16 +31,10 @@ from apps.runs.models import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 10.0
-# A worker is shown as gone when its last beat is older than this many intervals.
-STALE_AFTER_BEATS = 3
 
 
 def heartbeat_interval() -> float:
-    try:
-        return max(0.5, float(os.environ.get("RFT_HEARTBEAT_SECONDS", DEFAULT_INTERVAL)))
-    except ValueError:
-        return DEFAULT_INTERVAL
+    return float(settings.RFT_HEARTBEAT_SECONDS)
 
 
 def worker_heartbeat_record(
@@ -51,20 +48,25 @@ def worker_heartbeat_record(
     processed: int = 0,
     started_at: datetime | None = None,
 ) -> WorkerHeartbeat:
-    """Upsert the worker's row: its last sign of life and what it is doing."""
+    """Upsert the worker's row: its last sign of life and what it is doing. `started_at`
+    (the worker's start) replaces the stored one: a worker restarted under the same name is
+    a new worker, and what the old one was running is lost (apps/runs/orchestration.py)."""
     now = timezone.now()
+    defaults: dict[str, Any] = {
+        "queues": sorted(queues),
+        "pool": pool,
+        "concurrency": concurrency,
+        "pid": pid,
+        "active": active,
+        "processed": processed,
+        "last_seen": now,
+        "stopped_at": None,
+    }
+    if started_at is not None:
+        defaults["started_at"] = started_at
     beat, _ = WorkerHeartbeat.objects.update_or_create(
         hostname=hostname,
-        defaults={
-            "queues": sorted(queues),
-            "pool": pool,
-            "concurrency": concurrency,
-            "pid": pid,
-            "active": active,
-            "processed": processed,
-            "last_seen": now,
-            "stopped_at": None,
-        },
+        defaults=defaults,
         create_defaults={
             "queues": sorted(queues),
             "pool": pool,
@@ -88,7 +90,7 @@ def worker_heartbeat_stop(*, hostname: str) -> int:
 def workers_health(*, now: datetime | None = None, forget_after: timedelta = timedelta(days=1)) -> list[dict[str, Any]]:
     """Every worker seen lately, with `state` alive / busy / stale / stopped."""
     now = now or timezone.now()
-    stale = timedelta(seconds=heartbeat_interval() * STALE_AFTER_BEATS)
+    stale = timedelta(seconds=settings.RFT_WORKER_DEAD_SECONDS)
     rows: list[dict[str, Any]] = []
     for beat in WorkerHeartbeat.objects.filter(last_seen__gte=now - forget_after):
         if beat.stopped_at is not None:
@@ -101,6 +103,20 @@ def workers_health(*, now: datetime | None = None, forget_after: timedelta = tim
     return rows
 
 
+def task_run_id(*, name: str, args: Any, kwargs: Any) -> int | None:
+    """The run a task works for (its `run_id` argument), or None for a task of no one run."""
+    value = (kwargs or {}).get("run_id") if isinstance(kwargs, dict) else None
+    if value is None:
+        from celery import current_app
+
+        try:
+            params = list(inspect.signature(current_app.tasks[name].run).parameters)
+            value = list(args or [])[params.index("run_id")]
+        except (KeyError, ValueError, IndexError, TypeError):
+            return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _active_tasks() -> list[dict[str, Any]]:
     from celery.worker import state
 
@@ -110,7 +126,9 @@ def _active_tasks() -> list[dict[str, Any]]:
         tasks.append({
             "id": request.id,
             "name": request.name,
-            "args": repr(request.args)[:200],
+            # The run, never the arguments: those hold prompts, which only the run's people
+            # may read (the workers page shows each task to its run's people only).
+            "run_id": task_run_id(name=request.name, args=request.args, kwargs=request.kwargs),
             "started_at": datetime.fromtimestamp(started, tz=UTC).isoformat() if started else None,
         })
     return tasks

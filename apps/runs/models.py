@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-
 from django.conf import settings
 from django.db import models
 
@@ -13,6 +12,9 @@ class Run(models.Model):
         RUNNING = "running"
         PAUSED = "paused"
         STOPPED = "stopped"
+        # Every step the config asks for is done; a finished run is not started again.
+        FINISHED = "finished"
+        # Its workers failed repeatedly, or it could not start; `error` says why.
         FAILED = "failed"
 
     name = models.CharField(max_length=200)
@@ -112,6 +114,29 @@ class AuditEntry(models.Model):
 
 
 
+class TaskFailure(models.Model):
+    """A run's explore or train task raised: what, where and when, for the run page's
+    worker-errors panel and for failing a run whose steps keep failing
+    (apps.runs.failures)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_failures")
+    task = models.CharField(max_length=200)
+    step = models.IntegerField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    exception = models.CharField(max_length=200)
+    message = models.TextField(blank=True)
+    # explore_step + train_step when it failed: failures at the same progress are "in a row".
+    progress = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["run", "-created_at"], name="task_failure_run_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task} of run {self.run_id}: {self.exception}"
+
+
 class WeightLoad(models.Model):
     """An explorer loaded a model version: the weight-sync timeline."""
 
@@ -150,3 +175,42 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+
+class Dispatch(models.Model):
+    """Which explore or train step of a run is out with a worker: one row per run and kind,
+    the RFT core's whole scheduling state (apps/runs/orchestration.py).
+
+    idle → sent (the conductor claimed it with a conditional UPDATE and queued task
+    `task_id`) → running (the worker that got that message, with the lease owner it
+    claims under) → idle (the task ended, whatever its outcome). A row that stays sent or
+    running after its worker died is taken back by the conductor and sent again.
+    """
+
+    class Kind(models.TextChoices):
+        EXPLORE = "explore"
+        TRAIN = "train"
+
+    class State(models.TextChoices):
+        IDLE = "idle"
+        SENT = "sent"
+        RUNNING = "running"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="dispatches")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    step = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IDLE)
+    task_id = models.CharField(max_length=64, blank=True)
+    # The Celery node running it (its WorkerHeartbeat.hostname) and the name its leases carry.
+    worker = models.CharField(max_length=200, blank=True)
+    holder = models.CharField(max_length=200, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    # How many times a message was queued for it (re-sends after a lost message or worker).
+    sends = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "kind"], name="dispatch_run_kind_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.kind}:{self.step} {self.state}"

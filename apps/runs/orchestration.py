@@ -1,10 +1,24 @@
-"""The RFT core's conductor: decide, from the database alone, which explore and train steps
-of a running run can go now, and enqueue them on their queues.
+"""The RFT core: one loop that decides, from Postgres alone, which explore and train steps of
+the running runs may go now, and sends them to their queues.
 
-Nothing here holds state the database does not: a conductor can die and another pick up;
-after a full restart `runs_resume` starts one per running run and the run goes on from its
-latest version with its buffer intact. Duplicate dispatches are harmless (the explorer and
-trainer tasks are idempotent); dispatch markers in Redis only keep them rare.
+Its whole state is the `Dispatch` row of each run and kind (explore, train): idle, sent (with
+the Celery task id of the message), running (on which worker, under which lease owner).
+
+- `runs_conduct` is the loop: a beat every RFT_CONDUCT_SECONDS (apps/runs/conduct.py) runs
+  `run_advance` for every running run. An explorer or trainer that has just ended a step
+  runs it for its own run at once (`run_advance_after_step`): in async mode that hop is
+  what lets the two sides overlap. Both send a step only through `dispatch_send`, a
+  conditional UPDATE idle → sent, so however many of them look, a step is sent once.
+- A worker runs a task only if `dispatch_begin` lets it (the message the row names, or any
+  when the row is idle), moves the row on when it chains to the next step itself
+  (`DispatchHold.move_to`) and sets it idle when the task ends (`DispatchHold.end`).
+- `dispatch_recover` takes back what was lost: a message no worker picked up within
+  RFT_DISPATCH_RESEND_SECONDS is sent again under the same id (the first copy to arrive
+  runs, later ones find the row taken); a running step whose worker died (its heartbeat
+  stopped or it restarted; for the trainer, no session holds the run's trainer lock) has
+  its leases handed back and is sent again, within seconds rather than a lease's or the
+  broker's visibility timeout. Nothing runs twice for it: the explorer's writes are keyed
+  by task attempt and a trainer step commits only while its batch is still leased to it.
 
 The web side may import this module: no torch, no TRL (tasks are sent by name).
 """
@@ -12,112 +26,28 @@ The web side may import this module: no torch, no TRL (tasks are sent by name).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs import policy
-from apps.runs.models import ModelVersion, Run
+from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
 EXPLORE_TASK = "workers.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.train_step"
-CONDUCT_TASK = "apps.runs.conduct.run_conduct"
-
-
-# ----------------------------------------------------------------------------- markers
-
-
-class _Markers:
-    """Short-lived keys shared by every process: Redis when configured, else this process
-    (the embedded default runs everything in one)."""
-
-    def __init__(self) -> None:
-        self._local: dict[str, tuple[str, float]] = {}
-        self._lock = threading.Lock()
-        self._client: Any = None
-
-    def _redis(self) -> Any:
-        if not settings.REDIS_URL:
-            return None
-        if self._client is None:
-            import redis
-
-            self._client = redis.Redis.from_url(settings.REDIS_URL)
-        return self._client
-
-    def add(self, key: str, value: str, ttl: float) -> bool:
-        """Set key if absent (True), else leave it (False)."""
-        r = self._redis()
-        if r is not None:
-            return bool(r.set(key, value, nx=True, px=max(1, int(ttl * 1000))))
-        with self._lock:
-            now = time.monotonic()
-            held = self._local.get(key)
-            if held and held[1] > now:
-                return False
-            self._local[key] = (value, now + ttl)
-            return True
-
-    def get(self, key: str) -> str | None:
-        r = self._redis()
-        if r is not None:
-            raw = r.get(key)
-            return raw.decode() if raw is not None else None
-        with self._lock:
-            held = self._local.get(key)
-            return held[0] if held and held[1] > time.monotonic() else None
-
-    def touch(self, key: str, ttl: float) -> None:
-        r = self._redis()
-        if r is not None:
-            r.pexpire(key, max(1, int(ttl * 1000)))
-            return
-        with self._lock:
-            if key in self._local:
-                self._local[key] = (self._local[key][0], time.monotonic() + ttl)
-
-    def delete(self, key: str) -> None:
-        r = self._redis()
-        if r is not None:
-            r.delete(key)
-            return
-        with self._lock:
-            self._local.pop(key, None)
-
-    def delete_prefix(self, prefix: str) -> None:
-        r = self._redis()
-        if r is not None:
-            keys = list(r.scan_iter(match=f"{prefix}*", count=500))
-            if keys:
-                r.delete(*keys)
-            return
-        with self._lock:
-            for key in [k for k in self._local if k.startswith(prefix)]:
-                del self._local[key]
-
-
-markers = _Markers()
-
-
-def _prefix(run_id: int) -> str:
-    return f"{getattr(settings, 'CHANNELS_PREFIX', 'rftweb')}:rft:run:{run_id}:"
-
-
-def _dispatch_ttl() -> float:
-    return float(getattr(settings, "RFT_DISPATCH_TTL", 120.0))
-
-
-def _conduct_seconds() -> float:
-    return float(getattr(settings, "RFT_CONDUCT_SECONDS", 0.5))
+_TASKS = {Dispatch.Kind.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Kind.TRAIN: (TRAIN_TASK, "train")}
+# First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer.py).
+TRAINER_LOCK_NAMESPACE = 7401
 
 
 # ----------------------------------------------------------------------------- readiness
@@ -208,6 +138,188 @@ def train_readiness(*, run: Run) -> TrainReadiness:
     return TrainReadiness(ready=full or (final and some), final=final, usual=usual, expert=expert, min_version=min_version)
 
 
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _send(name: str, args: list[Any], queue: str, task_id: str) -> None:
+    from rftweb.celery import app
+
+    app.send_task(name, args=args, queue=queue, task_id=task_id)
+
+
+def dispatch_send(*, run: Run, kind: str, step: int) -> bool:
+    """Claim the run's `kind` for `step` (idle → sent: of two conductors looking at once, one
+    wins) and queue its task. False: a step of that kind is out already."""
+    task_id = uuid.uuid4().hex
+    now = timezone.now()
+    claimed = Dispatch.objects.filter(run=run, kind=kind, state=Dispatch.State.IDLE).update(
+        state=Dispatch.State.SENT, step=step, task_id=task_id, worker="", holder="", sent_at=now, started_at=None,
+        sends=F("sends") + 1,
+    )
+    if not claimed:
+        if Dispatch.objects.filter(run=run, kind=kind).exists():
+            return False
+        try:
+            with transaction.atomic():
+                Dispatch.objects.create(run=run, kind=kind, step=step, state=Dispatch.State.SENT, task_id=task_id,
+                                        sent_at=now, sends=1)
+        except IntegrityError:
+            return False  # another conductor made the row first
+    name, queue = _TASKS[Dispatch.Kind(kind)]
+    try:
+        _send(name, [run.pk, step], queue, task_id)
+    except Exception:
+        # The broker is away: idle again, so the loop's next beat sends it once it is back.
+        Dispatch.objects.filter(run=run, kind=kind, task_id=task_id, state=Dispatch.State.SENT).update(
+            state=Dispatch.State.IDLE
+        )
+        raise
+    return True
+
+
+@dataclass
+class DispatchHold:
+    """A worker's hold on its run's dispatch of one kind, for as long as its task runs."""
+
+    run_id: int
+    kind: str
+    task_id: str
+    step: int
+    ended: bool = False
+
+    def _row(self) -> Any:
+        return Dispatch.objects.filter(run_id=self.run_id, kind=self.kind, task_id=self.task_id)
+
+    def move_to(self, step: int) -> bool:
+        """Go on with `step` in the same task (a trainer's chain); False if the row was taken
+        back in the meantime (then the step is the loop's to send)."""
+        if self._row().filter(state=Dispatch.State.RUNNING).update(step=step):
+            self.step = step
+            return True
+        return False
+
+    def end(self) -> None:
+        """The task is done with it, whatever the outcome: the loop may send the next step.
+        A database that is away leaves the row running; the loop takes it back."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            self._row().exclude(state=Dispatch.State.IDLE).update(
+                state=Dispatch.State.IDLE, worker="", holder="", started_at=None
+            )
+        except Exception:
+            log.exception("run %s: could not end the %s dispatch %s; the conductor takes it back", self.run_id,
+                          self.kind, self.task_id)
+
+
+def dispatch_begin(*, run_id: int, kind: str, step: int, task_id: str | None, worker: str, holder: str) -> DispatchHold | None:
+    """A task is about to run `step`: it may if the run's row names its message, or if
+    nothing is out (an idle row, or none: a task sent by hand). None: another message owns
+    the row, or this message already ran (a copy re-sent for a message thought lost), so
+    it is a duplicate or out of date and does nothing. task_id None: a call by hand (tests,
+    benches), which takes the row over whatever it holds."""
+    by_hand = task_id is None
+    task_id = task_id or uuid.uuid4().hex
+    now = timezone.now()
+    fields = {"state": Dispatch.State.RUNNING, "step": step, "task_id": task_id, "worker": worker, "holder": holder,
+              "started_at": now}
+    rows = Dispatch.objects.filter(run_id=run_id, kind=kind)
+    mine = Q(state=Dispatch.State.SENT, task_id=task_id) | (Q(state=Dispatch.State.IDLE) & ~Q(task_id=task_id))
+    if by_hand:
+        mine = Q()
+    if rows.filter(mine).update(**fields):
+        return DispatchHold(run_id=run_id, kind=kind, task_id=task_id, step=step)
+    if rows.exists():
+        return None
+    try:
+        with transaction.atomic():
+            Dispatch.objects.create(run_id=run_id, kind=kind, sent_at=now, sends=0, **fields)
+    except IntegrityError:
+        return None  # another task made the row first, or the run is gone
+    return DispatchHold(run_id=run_id, kind=kind, task_id=task_id, step=step)
+
+
+@dataclass(frozen=True)
+class Lost:
+    reason: str
+    # The worker is gone for certain: its leases can go back to the buffer at once.
+    release: bool
+
+
+def _trainer_lock_held(run_id: int) -> bool:
+    """Whether some database session holds the run's trainer lock (a live trainer does for
+    the whole of its task; the database drops it with a dead one's connection)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s"
+            " AND objid = %s AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+            [TRAINER_LOCK_NAMESPACE, run_id],
+        )
+        return bool(cur.fetchone()[0])
+
+
+def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | None) -> Lost | None:
+    """Why `dispatch` will not end by itself, or None while it may (see the module docstring)."""
+    dead = timedelta(seconds=settings.RFT_WORKER_DEAD_SECONDS)
+    if dispatch.state == Dispatch.State.SENT:
+        if dispatch.sent_at is None or now - dispatch.sent_at > timedelta(seconds=settings.RFT_DISPATCH_RESEND_SECONDS):
+            return Lost("no worker picked its message up", release=False)
+        return None
+    if dispatch.state != Dispatch.State.RUNNING:
+        return None
+    started = dispatch.started_at or now
+    if dispatch.kind == Dispatch.Kind.TRAIN and connection.vendor == "postgresql":
+        # The lock is taken right after the task begins and held until just before it ends.
+        if now - started < timedelta(seconds=settings.RFT_HEARTBEAT_SECONDS * 2):
+            return None
+        return None if _trainer_lock_held(dispatch.run_id) else Lost("no trainer holds the run", release=True)
+    if beat is None:
+        # A worker that writes no heartbeat (a task run by hand): only time tells.
+        if now - started > timedelta(seconds=settings.RFT_DISPATCH_TTL):
+            return Lost("its worker sent no heartbeat", release=True)
+        return None
+    if beat.stopped_at is not None or beat.started_at > started:
+        return Lost("its worker stopped or restarted", release=True)
+    if now - beat.last_seen > dead:
+        return Lost("its worker's heartbeat stopped", release=True)
+    if now - started > dead and dispatch.task_id not in {a.get("id") for a in beat.active or []}:
+        return Lost("its worker is no longer running it", release=False)
+    return None
+
+
+def dispatch_recover(*, run: Run, now: datetime | None = None) -> list[str]:
+    """Take back the run's dispatches that will not end by themselves and send them again
+    under their task id; a dead worker's leases go back to the buffer first."""
+    from apps.buffer.services import batch_release, task_release
+
+    now = now or timezone.now()
+    out: list[str] = []
+    rows = list(Dispatch.objects.filter(run=run).exclude(state=Dispatch.State.IDLE))
+    if not rows:
+        return out
+    beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=[d.worker for d in rows if d.worker])}
+    for d in rows:
+        lost = dispatch_lost(dispatch=d, now=now, beat=beats.get(d.worker))
+        if lost is None:
+            continue
+        taken = Dispatch.objects.filter(pk=d.pk, state=d.state, task_id=d.task_id, started_at=d.started_at).update(
+            state=Dispatch.State.SENT, worker="", holder="", sent_at=now, started_at=None, sends=F("sends") + 1
+        )
+        if not taken:
+            continue  # it moved on meanwhile, or another conductor took it
+        if lost.release and d.holder:
+            if d.kind == Dispatch.Kind.TRAIN:
+                batch_release(run=run, worker=d.holder)
+            else:
+                task_release(run=run, worker=d.holder)
+        log.warning("run %s: %s step %s sent again: %s", run.pk, d.kind, d.step, lost.reason)
+        name, queue = _TASKS[Dispatch.Kind(d.kind)]
+        _send(name, [run.pk, d.step], queue, d.task_id)
+        out.append(f"{d.kind}:{d.step} again")
+    return out
+
+
 # ----------------------------------------------------------------------------- advance
 
 
@@ -218,22 +330,8 @@ class Advance:
     finished: bool = False
 
 
-def _send(name: str, args: list[Any], queue: str) -> None:
-    from rftweb.celery import app
-
-    app.send_task(name, args=args, queue=queue)
-
-
-def _dispatch(run: Run, kind: str, step: int, name: str, queue: str) -> bool:
-    key = f"{_prefix(run.pk)}{kind}:{step}"
-    if not markers.add(key, str(time.time()), _dispatch_ttl()):
-        return False
-    _send(name, [run.pk, step], queue)
-    return True
-
-
 def run_advance(*, run: Run, train: bool = True) -> Advance:
-    """Enqueue every step of `run` that may go now; say whether to keep conducting.
+    """Send every step of `run` that may go now; say whether the run goes on.
 
     train=False: explore steps only (a trainer that goes on to its next step itself)."""
     from apps.buffer.services import lease_reap
@@ -245,14 +343,14 @@ def run_advance(*, run: Run, train: bool = True) -> Advance:
     ModelVersion.objects.get_or_create(run=run, number=0, defaults={"checkpoint": cfg.model, "train_step": 0})
     # Dead explorers' and trainers' leases come back here too, not only on the beat.
     lease_reap()
-    out = Advance(keep_going=True)
+    out = Advance(keep_going=True, dispatched=dispatch_recover(run=run))
 
     explore_done = True
     if policy.explores(cfg) and run.explore_step < cfg.total_steps:
         explore_done = False
         k = run.explore_step + 1
         if policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None:
-            if _dispatch(run, "explore", k, EXPLORE_TASK, "rollout"):
+            if dispatch_send(run=run, kind=Dispatch.Kind.EXPLORE, step=k):
                 out.dispatched.append(f"explore:{k}")
 
     if not train:
@@ -263,14 +361,14 @@ def run_advance(*, run: Run, train: bool = True) -> Advance:
         if run.train_step > 0 and policy.publishes_at(cfg=cfg, train_step=run.train_step) and run.current_version < expected:
             # A trainer died between its step and publishing: the same step again publishes.
             train_done = False
-            if _dispatch(run, "train", run.train_step, TRAIN_TASK, "train"):
+            if dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
                 out.dispatched.append(f"publish:{run.train_step}")
         elif run.train_step < cfg.total_steps:
             readiness = train_readiness(run=run)
             if readiness.ready:
                 train_done = False
                 t = run.train_step + 1
-                if _dispatch(run, "train", t, TRAIN_TASK, "train"):
+                if dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=t):
                     out.dispatched.append(f"train:{t}")
             elif not readiness.final:
                 train_done = False
@@ -281,10 +379,9 @@ def run_advance(*, run: Run, train: bool = True) -> Advance:
 
 
 def run_advance_after_step(*, run: Run, train: bool = True) -> None:
-    """`run_advance` from an explorer or trainer that has just finished a step: dispatch what
-    the step unblocked now rather than at the conductor's next beat (in async mode that hop
-    is what keeps the two sides from overlapping). The dispatch markers keep it from
-    doubling what the conductor sends; a failure is logged, never the step's."""
+    """`run_advance` from an explorer or trainer that has just ended a step (and its hold):
+    send what the step unblocked now rather than at the loop's next beat (in async mode that
+    hop is what keeps the two sides overlapping). A failure is logged, never the step's."""
     try:
         run_advance(run=run, train=train)
     except Exception:
@@ -292,10 +389,10 @@ def run_advance_after_step(*, run: Run, train: bool = True) -> None:
 
 
 def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
-    """A trainer that has just finished step - 1 asks to go on with `step` itself, without
-    the round trip through the queue. Its readiness when the step is due, its batch is there
-    and no one dispatched it (the dispatch marker becomes the trainer's, so the conductor
-    does not send it too); else None, and the conductor dispatches it as usual."""
+    """A trainer that has just finished step - 1 asks whether to go on with `step` itself,
+    without the round trip through the queue: its readiness when the step is due and its
+    batch is there, else None (the loop sends it when it can go). The trainer then moves
+    its dispatch row on to the step (`DispatchHold.move_to`), so the loop does not send it."""
     run.refresh_from_db()
     cfg = run.cfg
     if run.status != Run.Status.RUNNING or step != run.train_step + 1 or step > cfg.total_steps:
@@ -303,17 +400,7 @@ def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
     if run.current_version < policy.version_for_train_step(cfg=cfg, train_step=run.train_step):
         return None  # the last step's version is not out yet; the re-dispatch publishes it
     readiness = train_readiness(run=run)
-    if not readiness.ready:
-        return None
-    if not markers.add(f"{_prefix(run.pk)}train:{step}", str(time.time()), _dispatch_ttl()):
-        return None
-    return readiness
-
-
-def train_dispatch_forget(*, run_id: int, step: int) -> None:
-    """A trainer will not train `step`, which it took over (train_step_continue) or was sent
-    while another task held the run: the conductor may dispatch it again at its next beat."""
-    markers.delete(f"{_prefix(run_id)}train:{step}")
+    return readiness if readiness.ready else None
 
 
 def _in_flight(run: Run) -> bool:
@@ -324,68 +411,28 @@ def _in_flight(run: Run) -> bool:
 
 
 def run_finish(*, run: Run) -> None:
-    """Every step the config asks for is done (or, offline, the buffer is used up): stop."""
+    """Every step the config asks for is done (or, offline, the buffer is used up): finished."""
     from apps.runs.services import TransitionNotAllowed, run_transition
 
     try:
-        run_transition(run=run, action="stop")
+        run_transition(run=run, action="finish")
     except TransitionNotAllowed:
         pass
 
 
-# ----------------------------------------------------------------------------- conductor chain
+# ----------------------------------------------------------------------------- the loop
 
 
-def conduct_tick(*, run_id: int, token: str) -> bool:
-    """One beat of a run's conductor: True when the chain should go on. Only one chain per
-    run runs at a time: it owns a marker with its token; a second chain finds it and ends."""
-    key = f"{_prefix(run_id)}conductor"
-    ttl = max(10.0, _conduct_seconds() * 20)
-    owner = markers.get(key)
-    if owner is None:
-        if not markers.add(key, token, ttl):
-            return False
-    elif owner != token:
-        return False
-    else:
-        markers.touch(key, ttl)
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None:
-        return False
-    try:
-        advance = run_advance(run=run)
-    except Exception:
-        log.exception("conductor of run %s failed a beat; it goes on", run_id)
-        return True
-    if advance.dispatched:
-        log.info("run %s: dispatched %s", run_id, ", ".join(advance.dispatched))
-    if not advance.keep_going:
-        markers.delete_prefix(key)
-    return advance.keep_going
-
-
-def conduct_kick(*, run_id: int) -> str:
-    """Start a conductor chain for the run (a no-op beat when one already runs)."""
-    token = uuid.uuid4().hex
-    try:
-        _send(CONDUCT_TASK, [run_id, token], "default")
-    except Exception:  # the broker being down must not fail a start; the beat resumes the run
-        log.exception("could not start the conductor of run %s", run_id)
-    return token
-
-
-def runs_resume(*, clear_markers: bool = False) -> list[int]:
-    """After a restart: a conductor for every running run. With clear_markers, forget what
-    was dispatched before, since those tasks died with their workers."""
-    ids = list(Run.objects.filter(status=Run.Status.RUNNING).values_list("pk", flat=True))
-    for run_id in ids:
-        if clear_markers:
-            markers.delete_prefix(_prefix(run_id))
-        conduct_kick(run_id=run_id)
-    return ids
-
-
-def conduct_next(*, run_id: int, token: str) -> None:
-    from rftweb.celery import app
-
-    app.send_task(CONDUCT_TASK, args=[run_id, token], queue="default", countdown=_conduct_seconds())
+def runs_conduct() -> dict[int, Advance]:
+    """One beat of the RFT core's loop: every running run advanced (and its lost dispatches
+    taken back). A run that fails its beat is logged; the others go on."""
+    out: dict[int, Advance] = {}
+    for run in Run.objects.filter(status=Run.Status.RUNNING):
+        try:
+            out[run.pk] = run_advance(run=run)
+        except Exception:
+            log.exception("conductor: run %s failed its beat; the next beat tries again", run.pk)
+            continue
+        if out[run.pk].dispatched:
+            log.info("run %s: dispatched %s", run.pk, ", ".join(out[run.pk].dispatched))
+    return out

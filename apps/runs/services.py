@@ -2,26 +2,101 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
+from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from apps.runs.metrics import metric_record  # noqa: F401  (a run service; lives apart so the buffer can record without importing this module)
+from apps.runs.models import AuditEntry, ModelVersion, Run
+from rftweb.exceptions import Conflict, InvalidInput
 
 
-class TransitionNotAllowed(ValueError):
+class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
+
+
+class RunCannotStart(TransitionNotAllowed):
+    """The run's model, taskset or rewards do not allow it to start; `errors` maps fields
+    (`model`, `taskset`, `rewards.0.params`) to messages."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors=errors)
+
+
+# A hub id: "name" or "org/name", letters, digits, '-', '_', '.' (huggingface_hub's rules).
+_HUB_ID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?)?$")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name or name.count("/") > 1
+
+
+def model_name_errors(*, name: str | None, field: str = "model") -> dict[str, str]:
+    """{field: message} when `name` is neither an existing local path nor a well-formed hub
+    id. A hub id is not looked up (deployments run offline); a path must exist here, where
+    the web process and the workers share storage."""
+    if not name:
+        return {}
+    if Path(name).expanduser().exists():
+        return {}
+    if _looks_like_path(name):
+        return {field: f"no such file or directory: {name} (give a local path that exists, or a hub id such as org/model)"}
+    if not _HUB_ID.match(name) or "--" in name or ".." in name:
+        return {field: f"{name!r} is neither an existing path nor a hub id such as org/model"}
+    return {}
+
+
+def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
+    """What stops a run from working, by field: the config (rewards and their params
+    included), the model and tokenizer, and, when `starting`, tasks to explore."""
+    from apps.runs import policy
+
+    try:
+        cfg = config_validate(data=config)
+    except ConfigInvalid as exc:
+        return dict(exc.errors)
+    errors = {**model_name_errors(name=cfg.model), **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
+    if taskset is not None and not taskset.tasks.exists():
+        errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
+    elif starting and taskset is None and policy.explores(cfg):
+        errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
+                             "or add tasks through the API, before starting")
+    return errors
+
+
+def run_name_errors(*, name: str) -> dict[str, str]:
+    """{"name": message} for a name a run may not have, else {}."""
+    try:
+        _name_check(name)
+    except ConfigInvalid as exc:
+        return exc.errors
+    return {}
+
+
+def _name_check(name: str) -> None:
+    if not name.strip():
+        raise ConfigInvalid({"name": "a run needs a name"})
+    try:
+        text_check(name, field="name")
+    except InputRejected as exc:
+        raise ConfigInvalid({"name": exc.message}) from None
+    if len(name.strip()) > Run._meta.get_field("name").max_length:
+        raise ConfigInvalid({"name": f"at most {Run._meta.get_field('name').max_length} characters"})
 
 
 def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, taskset: Any = None) -> Run:
     """Create a draft run; ConfigInvalid names each bad field."""
+    errors = run_name_errors(name=name)
+    errors.update(run_spec_errors(config=config, taskset=taskset))
+    if errors:
+        raise ConfigInvalid(errors)
     cfg = config_validate(data=config)
-    if not name.strip():
-        raise ConfigInvalid({"name": "a run needs a name"})
     return Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
 
 
@@ -39,11 +114,13 @@ def run_create_with_taskset(
     directory) in the same transaction: a bad config (ConfigInvalid) is found before any
     import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
     from apps.buffer.importers import taskset_import
-    from apps.runs.config import ConfigInvalid
 
+    # Every error at once (a blank name too), before any import.
+    errors = run_name_errors(name=name)
+    errors.update(run_spec_errors(config=config, taskset=taskset))
+    if errors:
+        raise ConfigInvalid(errors)
     cfg = config_validate(data=config)
-    if not name.strip():
-        raise ConfigInvalid({"name": "a run needs a name"})
     with transaction.atomic():
         if taskset_path is not None:
             path = Path(taskset_path)
@@ -80,42 +157,73 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "start": ({Run.Status.DRAFT, Run.Status.STOPPED, Run.Status.FAILED}, Run.Status.RUNNING),
     "pause": ({Run.Status.RUNNING}, Run.Status.PAUSED),
     "resume": ({Run.Status.PAUSED}, Run.Status.RUNNING),
-    "stop": ({Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.DRAFT}, Run.Status.STOPPED),
+    # A draft has nothing to stop; a finished run has nothing left to do.
+    "stop": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.STOPPED),
+    # The system's: every step done (apps.runs.orchestration.run_finish) ...
+    "finish": ({Run.Status.RUNNING}, Run.Status.FINISHED),
+    # ... or its workers failed repeatedly (apps.runs.failures), with the reason.
+    "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
 }
+# What people may ask for from the page, the CLI and the API; finish and fail are the system's.
+USER_ACTIONS = ("start", "pause", "resume", "stop")
 
 
-def run_transition(*, run: Run, action: str, actor: Any = None) -> Run:
+def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
-    processes cannot both win; audited and announced on the run's group."""
+    processes cannot both win; audited and announced on the run's group.
+
+    A start checks the run's model, taskset and rewards first (RunCannotStart names each
+    problem) and clears the error of an earlier failure; a fail stores `reason` as the run's
+    error for the runs list and the run page, and in the audit entry."""
     if action not in _TRANSITIONS:
         raise TransitionNotAllowed(f"unknown action {action!r}")
     sources, target = _TRANSITIONS[action]
+    if action == "start":
+        run.refresh_from_db(fields=["config", "taskset"])
+        errors = run_spec_errors(config=run.config, taskset=run.taskset, starting=True)
+        if errors:
+            raise RunCannotStart(errors)
+    fields: dict[str, Any] = {"status": target}
+    if action == "fail":
+        fields["error"] = (reason or "failed")[:4000]
+    elif action == "start":
+        fields["error"] = ""
     with transaction.atomic():
-        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(status=target)
+        changed = Run.objects.filter(pk=run.pk, status__in=sources).update(**fields)
         if not changed:
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None, action=action)
+        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+                                  action=action, detail={"reason": reason[:4000]} if reason else {})
     run.refresh_from_db()
-    transaction.on_commit(
-        lambda: event_publish(run_id=run.pk, type="run.status", payload={"status": run.status, "action": action})
-    )
-    if target == Run.Status.RUNNING:
-        # The conductor enqueues explore and train steps; pause and stop end it by status.
-        from apps.runs.orchestration import conduct_kick
-
-        run_id = run.pk
-        transaction.on_commit(lambda: conduct_kick(run_id=run_id))
+    payload: dict[str, Any] = {"status": run.status, "action": action}
+    if run.error:
+        payload["error"] = run.error[:500]
+    # A running run's steps are sent by the loop's next beat (apps/runs/orchestration.py),
+    # which reads the status: start, pause and stop need nothing more.
+    transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
     return run
 
 
-def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics and publish them to the run's group."""
-    import math
+def run_explore_step_record(*, run: Run, step: int) -> None:
+    """An explorer finished explore step `step` (in its write's transaction)."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Greatest
 
-    clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
-    Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])
-    event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": clean})
+    Run.objects.filter(pk=run.pk).update(explore_step=Greatest(F("explore_step"), Value(step)))
+
+
+def run_explore_end(*, run: Run) -> bool:
+    """Every epoch of the taskset is explored: exploring ends (explore_step = total_steps),
+    so the trainer trains on what the buffer holds and the run finishes. True if this call
+    ended it."""
+    return bool(Run.objects.filter(pk=run.pk, explore_step__lt=run.cfg.total_steps).update(explore_step=run.cfg.total_steps))
+
+
+def run_train_step_record(*, run_id: int, step: int) -> bool:
+    """A trainer recorded step `step` (in the transaction that acks its batch); False when
+    step - 1 was not the run's last (another trainer recorded it first)."""
+    return bool(Run.objects.filter(pk=run_id, train_step=step - 1).update(train_step=step))
 
 
 def model_version_publish(*, run: Run, number: int, checkpoint: str, train_step: int = 0) -> ModelVersion:
@@ -146,3 +254,47 @@ def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -
         type="weights.synced",
         payload={"version": version, "worker": worker, "seconds": seconds, "event": "loaded"},
     )
+
+
+class MemberInvalid(InvalidInput):
+    """A staffing change that cannot be made; `field` names the form field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
+
+
+def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> Any:
+    """Make `username` an annotator or viewer of the run (or change their role), audited."""
+    from django.contrib.auth import get_user_model
+
+    from apps.runs.models import RunMember
+
+    username = (username or "").strip()
+    if not username:
+        raise MemberInvalid("username", "give the username of the person to add")
+    if role not in RunMember.Role.values:
+        raise MemberInvalid("role", f"role must be one of: {', '.join(RunMember.Role.values)}")
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise MemberInvalid("username", f"no active user is called {username!r}")
+    if user.pk == run.owner_id:
+        raise MemberInvalid("username", f"{username} owns this run already")
+    with transaction.atomic():
+        member, created = RunMember.objects.update_or_create(run=run, user=user, defaults={"role": role})
+        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+                                  action="member_add" if created else "member_role",
+                                  detail={"user": username, "role": role})
+    return member
+
+
+def run_member_remove(*, run: Run, member_id: int, actor: Any = None) -> None:
+    """Take a member off the run, audited; their given feedback stays."""
+    from apps.runs.models import RunMember
+
+    with transaction.atomic():
+        member = RunMember.objects.select_related("user").filter(run=run, pk=member_id).first()
+        if member is None:
+            raise MemberInvalid("member", "no such member of this run")
+        member.delete()
+        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+                                  action="member_remove", detail={"user": member.user.get_username(), "role": member.role})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from apps.buffer.selectors import buffer_counts
-from apps.runs import heartbeat  # noqa: F401  (connects the worker signal handlers)
+from apps.runs import failures, heartbeat  # noqa: F401  (connect the worker signal handlers)
 from apps.runs.events import event_publish
 from apps.runs.models import Run
 

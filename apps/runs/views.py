@@ -4,6 +4,7 @@ without HTMX, render as whole pages so every link works without JavaScript."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_jsonl_chunks
@@ -26,29 +26,53 @@ from apps.buffer.selectors import (
     experiences_browse,
     group_feedback,
 )
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
+    ALGORITHM_DEFAULTS,
     CONFIG_FILE,
+    FIELD_HELP,
     FORM,
+    SECTION_HELP,
     config_field_specs,
     config_from_post,
+    config_warnings,
     errors_by_field,
     feedback_field_specs,
     section_specs,
     values_from_config,
 )
-from apps.runs.heartbeat import workers_health
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
+    CHART_SECTIONS,
+    CONSTANT_PATTERN,
     feedback_per_minute,
     metric_series,
     run_audit,
+    run_may_create,
     run_role,
     run_rows,
+    run_state,
+    run_task_failures,
+    run_waiting,
+    runs_visible_to,
+    tasksets_for,
+    weight_sync_points,
     weight_sync_timeline,
+    workers_visible,
 )
-from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_feedback_policy_update, run_transition
+from apps.runs.services import (
+    MemberInvalid,
+    TransitionNotAllowed,
+    run_create,
+    run_feedback_policy_update,
+    run_member_add,
+    run_member_remove,
+    run_name_errors,
+    run_spec_errors,
+    run_transition,
+)
 
 CONTROLS: dict[str, dict[str, str]] = {
     "start": {"label": "Start", "question": "Start run “{name}”? Explorers and trainers begin work."},
@@ -57,11 +81,12 @@ CONTROLS: dict[str, dict[str, str]] = {
     "stop": {"label": "Stop", "question": "Stop run “{name}”? A stopped run can be started again from the last version."},
 }
 _ALLOWED: dict[str, list[str]] = {
-    Run.Status.DRAFT: ["start", "stop"],
+    Run.Status.DRAFT: ["start"],
     Run.Status.RUNNING: ["pause", "stop"],
     Run.Status.PAUSED: ["resume", "stop"],
     Run.Status.STOPPED: ["start"],
     Run.Status.FAILED: ["start"],
+    Run.Status.FINISHED: [],
 }
 
 
@@ -87,20 +112,30 @@ def _partial(request: HttpRequest, template: str, context: dict[str, Any], page_
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/list.html", {"rows": run_rows(user=request.user)})
+    context = {"rows": run_rows(user=request.user), "may_create": run_may_create(user=request.user)}
+    if request.htmx and request.htmx.target == "runs":
+        return render(request, "runs/_run_rows.html", context)
+    return render(request, "runs/list.html", context)
 
 
-def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: str = "") -> dict[str, Any]:
+def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: str = "", *, user: Any = None,
+                    taskset_id: int | None = None, notes: list[str] | None = None) -> dict[str, Any]:
     specs = config_field_specs()
     for spec in specs:
         spec.value = values.get(spec.path, spec.default)  # type: ignore[attr-defined]
         spec.errors = errors.get(spec.path, [])  # type: ignore[attr-defined]
+        spec.help = FIELD_HELP.get(spec.path, spec.help)
     return {
-        "sections": [(section, errors.get(section, []), fields) for section, fields in section_specs(specs)],
+        "sections": [(section, SECTION_HELP.get(section, ""), errors.get(section, []), fields)
+                     for section, fields in section_specs(specs)],
         "errors": errors,
         "form_errors": errors.get(FORM, []),
         "name": name,
         "reward_names": _reward_names(),
+        "tasksets": tasksets_for(user=user) if user is not None else [],
+        "taskset_id": taskset_id,
+        "notes": notes or [],
+        "algorithm_defaults": ALGORITHM_DEFAULTS,
     }
 
 
@@ -110,64 +145,90 @@ def _reward_names() -> list[str]:
     return sorted(reward_names())
 
 
+def _taskset_from_request(request: HttpRequest) -> tuple[Any, list[str], list[str]]:
+    """The taskset the form names: an upload (imported now, on its own, so a form error
+    elsewhere does not lose it: it comes back selected in the picker) or one picked from
+    the list. (taskset or None, errors, notes)."""
+    from apps.buffer.importers import taskset_import
+
+    upload = request.FILES.get("taskset")
+    if upload is not None:
+        suffix = Path(upload.name or "").suffix.lower()
+        if suffix not in {".jsonl", ".ndjson", ".parquet", ".pq"}:
+            return None, [f"{upload.name}: upload a .jsonl or .parquet file"], []
+        try:
+            with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
+                for chunk in upload.chunks():
+                    tmp.write(chunk)
+                tmp.flush()
+                taskset = taskset_import(name=Path(upload.name or "taskset").stem, path=tmp.name, owner=request.user)
+        except ImportFailed as exc:
+            return None, [str(exc)], []
+        return taskset, [], [f"Taskset “{taskset.name}” ({taskset.tasks.count()} tasks) was imported and is selected below."]
+    raw = (request.POST.get("taskset_id") or "").strip()
+    if not raw:
+        return None, [], []
+    taskset = next((t for t in tasksets_for(user=request.user) if str(t.pk) == raw), None)
+    if taskset is None:
+        return None, [f"no taskset #{raw} that you may use"], []
+    return taskset, [], []
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def run_new(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        return render(request, "runs/new.html", _create_context({}, {}))
+        return render(request, "runs/new.html", _create_context({}, {}, user=request.user))
     specs = config_field_specs()
     name = request.POST.get("name", "").strip()
     upload = request.FILES.get(CONFIG_FILE)
     errors: dict[str, list[str]] = {}
+    config: Any = None
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
-        text = upload.read().decode("utf-8", errors="replace")
+        raw = upload.read(MAX_CONFIG_BYTES + 1)
         filename = upload.name or "config.yaml"
+        values = _file_values(raw, filename, specs)
         try:
-            config: Any = config_parse(text=text, filename=filename)
+            config = config_parse(text=raw, filename=filename)
+            values = values_from_config(config.model_dump(mode="json"), specs)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
-            return render(request, "runs/new.html", _create_context(_file_values(text, filename, specs), errors, name), status=400)
-        values = values_from_config(config.model_dump(mode="json"), specs)
     else:
         config, read_errors = config_from_post(request.POST, specs)
         values = {k: v for k, v in request.POST.items() if k in {s.path for s in specs}}
         if read_errors:
             errors = errors_by_field(read_errors, specs)
-            return render(request, "runs/new.html", _create_context(values, errors, name), status=400)
-    taskset_file = request.FILES.get("taskset")
-    try:
-        if taskset_file is not None:
-            suffix = Path(taskset_file.name or "").suffix.lower()
-            if suffix not in {".jsonl", ".ndjson", ".parquet", ".pq"}:
-                raise ImportFailed(f"{taskset_file.name}: upload a .jsonl or .parquet file")
-            with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
-                for chunk in taskset_file.chunks():
-                    tmp.write(chunk)
-                tmp.flush()
-                run = run_create_with_taskset(
-                    name=name, owner=request.user, config=config, taskset_path=tmp.name,
-                    taskset_name=Path(taskset_file.name or "taskset").stem,
-                )
-        else:
-            run = run_create_with_taskset(name=name, owner=request.user, config=config)
-    except ConfigInvalid as exc:
-        errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE if upload is not None else FORM)
-        return render(request, "runs/new.html", _create_context(values, errors, name), status=400)
-    except ImportFailed as exc:
-        return render(request, "runs/new.html", _create_context(values, {"taskset": [str(exc)]}, name), status=400)
+    # Every problem on the first submit: the name and the taskset too, not only the config.
+    for message in run_name_errors(name=name).values():
+        errors.setdefault("name", []).append(message)
+    taskset, taskset_errors, notes = _taskset_from_request(request)
+    if taskset_errors:
+        errors.setdefault("taskset", []).extend(taskset_errors)
+    taskset_id = taskset.pk if taskset is not None else None
+    if config is not None and not any(k for k in errors if k not in ("name", "taskset")):
+        spec_errors = run_spec_errors(config=config, taskset=taskset)
+        for field_path, messages_ in errors_by_field(
+                spec_errors, specs, fallback=CONFIG_FILE if upload is not None else FORM).items():
+            errors.setdefault(field_path, []).extend(messages_)
+    if not errors:
+        try:
+            run = run_create(name=name, owner=request.user, config=config, taskset=taskset)
+        except ConfigInvalid as exc:
+            errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE if upload is not None else FORM)
+    if errors:
+        return render(request, "runs/new.html", _create_context(values, errors, name, user=request.user,
+                                                                 taskset_id=taskset_id, notes=notes), status=400)
     messages.success(request, f"Run “{run.name}” created as a draft.")
+    for warning in config_warnings(config=run.cfg):
+        messages.warning(request, warning)
     return redirect("runs:detail", run_id=run.pk)
 
 
-def _file_values(text: str, filename: str, specs: list[Any]) -> dict[str, str]:
-    import json
-
-    import yaml
-
+def _file_values(raw: bytes, filename: str, specs: list[Any]) -> dict[str, str]:
     try:
-        data = json.loads(text) if filename.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError):
+        data = config_file_read(data=raw, filename=filename)
+    except ConfigInvalid:
         return {}
     return values_from_config(data, specs)
 
@@ -202,13 +263,23 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "cfg": run.cfg,
         "counts": buffer_counts(run=run),
         "timeline": weight_sync_timeline(run=run),
-        "workers": workers_health(),
+        "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
+        "failures": run_task_failures(run=run),
+        "waiting": run_waiting(run=run),
+        "warnings": config_warnings(config=run.cfg),
+        **_members_context(run, role),
+        "demo_annotator": _demo_annotator(run),
         "chart_data": {
             "groups": CHART_GROUPS,
+            "sections": CHART_SECTIONS,
+            "constant_pattern": CONSTANT_PATTERN,
+            "compare": [{"id": r.pk, "name": r.name} for r in runs_visible_to(user=request.user).exclude(pk=run.pk)[:50]],
+            "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),
             "feedback": feedback_per_minute(run=run),
             "counts": buffer_counts(run=run),
+            "sync": weight_sync_points(run=run),
         },
         "export_kinds": EXPORT_KINDS,
     }
@@ -219,10 +290,13 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
     run, _ = _run_for(request, run_id)
+    state = run_state(run=run)
     if request.GET.get("only") == "counts":
-        return JsonResponse({"counts": buffer_counts(run=run), "status": run.status})
+        return JsonResponse({"counts": buffer_counts(run=run), "status": run.status, "run": state})
+    if request.GET.get("only") == "sync":
+        return JsonResponse({"sync": weight_sync_points(run=run)})
     return JsonResponse({"series": metric_series(run=run), "feedback": feedback_per_minute(run=run),
-                         "counts": buffer_counts(run=run), "status": run.status})
+                         "counts": buffer_counts(run=run), "status": run.status, "run": state})
 
 
 @login_required
@@ -247,7 +321,7 @@ def run_control(request: HttpRequest, run_id: int, action: str) -> HttpResponse:
     try:
         run = run_transition(run=run, action=action, actor=request.user)
     except TransitionNotAllowed as exc:
-        error = str(exc)
+        error = exc.message
     if request.htmx:
         response = render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error})
         if error:
@@ -303,10 +377,72 @@ def run_audit_log(request: HttpRequest, run_id: int) -> HttpResponse:
     return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
 
 
+def _members_context(run: Run, role: str, **extra: Any) -> dict[str, Any]:
+    return {"run": run, "role": role, "members": list(run.members.select_related("user").order_by("role", "user__username")),
+            **extra}
+
+
+def _demo_annotator(run: Run) -> str:
+    """The annotator account to suggest in the human-loop hint: the run's first annotator."""
+    member = run.members.filter(role="annotator").select_related("user").order_by("id").first()
+    return member.user.get_username() if member else ""
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_members(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: the run's people. POST (owner): add a person by username, or change their role."""
+    run, role = _run_for(request, run_id, owner=request.method == "POST")
+    if request.method == "GET":
+        return _partial(request, "runs/_members.html", _members_context(run, role), f"People · {run.name}")
+    values = {"username": request.POST.get("username", ""), "role": request.POST.get("role", "annotator")}
+    try:
+        member = run_member_add(run=run, username=values["username"], role=values["role"], actor=request.user)
+    except MemberInvalid as exc:
+        context = _members_context(run, role, member_errors={exc.field: [exc.message]}, member_values=values)
+        if request.htmx:
+            return render(request, "runs/_members.html", context)
+        return _partial(request, "runs/_members.html", context, f"People · {run.name}")
+    saved = f"{member.user.get_username()} is now {member.role} of this run."
+    if request.htmx:
+        return render(request, "runs/_members.html", _members_context(run, role, member_saved=saved))
+    messages.success(request, saved)
+    return redirect("runs:detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def run_member_delete(request: HttpRequest, run_id: int, member_id: int) -> HttpResponse:
+    run, role = _run_for(request, run_id, owner=True)
+    try:
+        run_member_remove(run=run, member_id=member_id, actor=request.user)
+    except MemberInvalid as exc:
+        raise Http404(str(exc)) from None
+    if request.htmx:
+        return render(request, "runs/_members.html", _members_context(run, role))
+    messages.success(request, "Removed.")
+    return redirect("runs:detail", run_id=run.pk)
+
+
+@login_required
+@require_GET
+def run_waiting_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, _ = _run_for(request, run_id)
+    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
+
+
+@login_required
+@require_GET
+def run_failures(request: HttpRequest, run_id: int) -> HttpResponse:
+    run, _ = _run_for(request, run_id)
+    return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
+                    f"Worker errors · {run.name}")
+
+
 @login_required
 @require_GET
 def worker_health(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "runs/_workers.html", {"workers": workers_health()}, "Workers")
+    return _partial(request, "runs/_workers.html", {"workers": workers_visible(user=request.user)}, "Workers")
 
 
 # --- experiences ---------------------------------------------------------------------------
@@ -328,8 +464,11 @@ def experience_list(request: HttpRequest, run_id: int) -> HttpResponse:
         "next_query": filters.query(before=rows[-1].pk) if more and rows else "",
     }
     if request.htmx and request.htmx.target == "experience-results":
-        return render(request, "runs/_experience_results.html", context)
-    return render(request, "runs/experiences.html", context)
+        # The filters stay as typed; each one's error slot is refreshed beside it (out of band).
+        slots = [(f"e-{name.replace('_', '-')}", filters.errors.get(name, ""))
+                 for name in ("status", "reward_min", "reward_max", "version", "flagged")]
+        return render(request, "runs/_experience_results.html", {**context, "error_slots": slots})
+    return render(request, "runs/experiences.html", context, status=400 if filters.errors else 200)
 
 
 @login_required
@@ -354,15 +493,23 @@ def export_page(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "runs/export.html", {"run": run, "kinds": EXPORT_KINDS})
 
 
+class _ExportFieldInvalid(ExportFailed):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, field=field)
+
+
 def _export_options(params: Any) -> ExportOptions:
     def number(name: str, cast: type) -> Any:
         raw = (params.get(name) or "").strip()
         if not raw:
             return None
         try:
-            return cast(raw)
+            value = cast(raw)
         except ValueError:
-            raise ExportFailed(f"{name}: {raw!r} is not {'a whole number' if cast is int else 'a number'}") from None
+            raise _ExportFieldInvalid(name, f"{raw!r} is not {'a whole number' if cast is int else 'a number'}") from None
+        if cast is float and not math.isfinite(value):
+            raise _ExportFieldInvalid(name, f"{raw!r} is not a finite number")
+        return value
 
     return ExportOptions(
         min_reward=number("min_reward", float),
@@ -379,15 +526,16 @@ def export_download(request: HttpRequest, run_id: int, kind: str) -> HttpRespons
     try:
         chunks = export_jsonl_chunks(run=run, kind=kind, options=_export_options(request.GET))
     except ExportFailed as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+        # The export page again, the refused value kept and the error beside its field.
+        field = exc.field if exc.field in ("min_reward", "min_version", "min_margin", "domain") else ""
+        return render(request, "runs/export.html", {
+            "run": run, "kinds": EXPORT_KINDS, "error_kind": kind, "error_field": field, "error": exc.message,
+            "values": {k: request.GET.get(k, "") for k in ("min_reward", "min_version", "min_margin", "domain")},
+        }, status=400)
     response = StreamingHttpResponse(chunks, content_type="application/jsonl; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
     response["X-Accel-Buffering"] = "no"
     return response
-
-
-def detail_url(run: Run) -> str:
-    return reverse("runs:detail", kwargs={"run_id": run.pk})
 
 
 def health(request: HttpRequest) -> JsonResponse:

@@ -75,7 +75,10 @@
   if (more) more.addEventListener("click", (ev) => { ev.preventDefault(); loadMore(); });
 
   // ------------------------------------------------------------------ live stream
+  const liveLine = document.getElementById("live-line");
   function note(text) {
+    // One compact line for people; the raw feed stays folded away below.
+    if (liveLine) liveLine.textContent = new Date().toLocaleTimeString() + " · " + text;
     if (!feed) return;
     const li = document.createElement("li");
     li.textContent = text;
@@ -104,14 +107,17 @@
     function handle(ev) {
       const p = ev.payload || {};
       if (ev.type === "experience.created") {
-        const n = Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
-        newCount += n;
+        // One event per experience: {id, group_id, task_id, source, status, reward, ...}
+        // (ExperienceDraft.event_payload, the same whoever wrote it).
+        newCount += 1;
         countEl.textContent = String(newCount);
-        note("new experience" + (n > 1 ? "s: " + n : "") + (p.group_id ? " in group " + p.group_id : ""));
+        note("new experience #" + p.id + (p.group_id ? " in group " + p.group_id : "") +
+             (p.status === "pending" ? " (waits for feedback)" : ""));
         loadMore();
       } else if (ev.type === "feedback.saved") {
-        note("feedback: " + p.kind + (p.author ? " by " + p.author : "") + (p.late ? " (late)" : "") +
-             (p.group_ready ? " · group trainable" : ""));
+        counted(p);
+        note((p.withdrawn ? "withdrawn: " : "feedback: ") + p.kind + (p.author ? " by " + p.author : "") +
+             (p.late ? " (late)" : "") + (p.group_ready ? " · group trainable" : ""));
       } else if (ev.type === "weights.synced") {
         note("model v" + p.version + " " + (p.event || "synced"));
       } else if (ev.type === "run.status") {
@@ -128,6 +134,42 @@
     };
   }
   connect();
+
+  // ------------------------------------------------------------------ counters and marks
+  const me = root.dataset.user || "";
+  function bump(id, by) {
+    const el = document.getElementById(id);
+    if (el) el.textContent = String(Math.max(0, (Number(el.textContent) || 0) + by));
+    return el ? Number(el.textContent) : 0;
+  }
+  function counted(p) {
+    const by = p.withdrawn ? -1 : 1;
+    if (p.kind === "rating") bump("feedback-count", by);
+    if (!me || p.author !== me) return;
+    if (["rating", "ranking", "pairwise", "edit"].includes(p.kind)) {
+      const done = bump("done-today", by);
+      const bar = document.getElementById("target-bar");
+      if (bar) bar.value = done;
+    }
+    // What I did to an item shows on its card: ranked, compared, corrected.
+    if (!p.withdrawn && p.experience_id && ["pairwise", "edit", "flag"].includes(p.kind)) {
+      const card = queue && queue.querySelector('.item[data-experience="' + p.experience_id + '"]');
+      if (card) {
+        card.classList.add("has-" + p.kind);
+        const marks = card.querySelector(".marks");
+        const label = { pairwise: "compared", edit: "corrected", flag: "flagged" }[p.kind];
+        if (marks && !marks.textContent.includes(label)) marks.textContent += " · " + label;
+      }
+    }
+    // A withdrawal's own answer already redrew the list (with its message).
+    const mine = document.querySelector("#mine a.refresh");
+    if (mine && window.htmx && !p.withdrawn) window.htmx.trigger(mine, "click");
+    updateWaiting();
+  }
+  function updateWaiting() {
+    const el = document.getElementById("waiting-count");
+    if (el) el.textContent = String(openCards().length);
+  }
 
   // ------------------------------------------------------------------ htmx glue
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
@@ -149,7 +191,23 @@
     updateEmpty();
     ensureCurrent();
   });
-  document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); });
+  document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); updateWaiting(); });
+  // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
+  // before the undo was answered would show the withdrawn one again: drop its answer.
+  let withdrawnAt = 0;
+  document.body.addEventListener("htmx:beforeRequest", (ev) => {
+    if (ev.detail.elt && ev.detail.elt.matches && ev.detail.elt.matches("#mine a.refresh")) ev.detail.xhr.rftSentAt = Date.now();
+  });
+  document.body.addEventListener("htmx:beforeSwap", (ev) => {
+    const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
+    if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
+  });
+  document.body.addEventListener("htmx:afterRequest", (ev) => {
+    const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw");
+    if (!form) return;
+    withdrawnAt = Date.now();
+    if (ev.detail.successful) loadMore().then(updateWaiting);
+  });
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.
   if (queue) {
@@ -188,6 +246,19 @@
       return;
     }
     if (keys && keys.open && ev.key !== "?" && ev.key !== "Escape") return;
+    // An open comparison takes a / b / t (tie) before the item's own keys.
+    const cmp = panel && panel.querySelector("form.compare");
+    if (cmp && ["a", "b", "t"].includes(ev.key)) {
+      const winner = { a: "a", b: "b", t: "tie" }[ev.key];
+      const button = cmp.querySelector('button[name=winner][value="' + winner + '"]');
+      if (button) { ev.preventDefault(); button.click(); }
+      return;
+    }
+    if (ev.key === "z") {
+      const undo = document.getElementById("undo");
+      if (undo) { ev.preventDefault(); undo.requestSubmit(); }
+      return;
+    }
     ensureCurrent();
     switch (ev.key) {
       case "1": case "2": case "3": case "4": case "5":

@@ -1,5 +1,6 @@
-// The run page, live: charts (uPlot) fed by the page's initial data and the run's
-// websocket group; status, version, buffer counts and the sync timeline follow the events.
+// The run page, live: charts (uPlot) in sections, fed by the page's initial data and the
+// run's websocket group; the header (status, steps, version, error), buffer counts, the sync
+// timeline, worker errors and a one-line summary of what just happened follow the events.
 // Everything from the server is inserted as text (textContent), never as HTML.
 (function () {
   "use strict";
@@ -7,97 +8,313 @@
   if (!root || typeof uPlot === "undefined") return;
   var initial = JSON.parse(document.getElementById("chart-data").textContent);
   var runId = root.dataset.run;
-  var groups = initial.groups.map(function (g) { return { id: g.id, title: g.title, re: new RegExp(g.pattern, "i") }; });
-  var charts = {};      // id -> chart state
-  var order = [];
+  var groups = initial.groups.map(function (g) {
+    return { id: g.id, title: g.title, section: g.section || "other", re: new RegExp(g.pattern, "i") };
+  });
+  var sections = initial.sections || [];
+  var constantRe = new RegExp(initial.constant_pattern || "$^", "i");
   var COLORS = ["#3558d4", "#d4553f", "#2a9d5b", "#b07d12", "#7a44c2", "#1e8fa8", "#c2447a", "#555"];
 
-  // Known groups first in their listed order, then other metrics, then the time charts.
-  function rankOf(id) {
-    for (var i = 0; i < groups.length; i++) if (groups[i].id === id) return i;
-    return id === "feedback" ? 1000 : id === "buffer" ? 1001 : 500;
+  // ------------------------------------------------------------------ state
+  // runs[id] = {name, metrics: {name: Map(step -> {v, t})}}; this run first, then compared ones.
+  var runs = {};
+  var runOrder = [];
+  function runEntry(id, name) {
+    id = String(id);
+    if (!runs[id]) { runs[id] = { id: id, name: name || ("#" + id), metrics: {} }; runOrder.push(id); }
+    return runs[id];
+  }
+  var self = runEntry(runId, (initial.run && initial.run.name) || "this run");
+  var view = { x: "step", smooth: 0 };
+  var charts = {};      // chart id -> {id, title, section, el, area, plot, key}
+  window.rftCharts = charts; // for the page tests and the curious
+
+  function put(run, name, step, value, time) {
+    var m = run.metrics[name];
+    if (!m) { m = new Map(); run.metrics[name] = m; }
+    m.set(Number(step), { v: Number(value), t: Number(time) || Date.now() / 1000 });
+  }
+  function loadSeries(run, series) {
+    Object.keys(series || {}).forEach(function (name) {
+      series[name].forEach(function (p) { put(run, name, p[0], p[1], p[2]); });
+    });
   }
 
-  function chartFor(id, title, xTime) {
+  // ------------------------------------------------------------------ layout
+  function sectionEl(id) {
+    var el = document.getElementById("section-" + id);
+    if (el) return el;
+    var info = sections.filter(function (s) { return s.id === id; })[0] || { id: id, title: id };
+    el = document.createElement("section");
+    el.className = "chart-section";
+    el.id = "section-" + id;
+    el.dataset.rank = String(sections.indexOf(info) < 0 ? 99 : sections.indexOf(info));
+    var h = document.createElement("h2");
+    h.textContent = info.title;
+    var grid = document.createElement("div");
+    grid.className = "chart-grid";
+    el.appendChild(h);
+    el.appendChild(grid);
+    var after = Array.prototype.find.call(root.children, function (c) {
+      return c.classList.contains("chart-section") && Number(c.dataset.rank) > Number(el.dataset.rank);
+    });
+    root.insertBefore(el, after || null);
+    return el;
+  }
+  function groupOf(name) {
+    for (var i = 0; i < groups.length; i++) if (groups[i].re.test(name)) return groups[i];
+    return { id: "m-" + name.replace(/[^a-zA-Z0-9_-]/g, "_"), title: name, section: "other" };
+  }
+  function chartFor(id, title, section) {
     if (charts[id]) return charts[id];
     var box = document.createElement("div");
     box.className = "chart card";
     box.id = "chart-" + id;
     box.dataset.points = "0";
-    box.dataset.rank = String(rankOf(id));
     var h = document.createElement("h3");
     h.textContent = title;
     var area = document.createElement("div");
     area.className = "plot";
     box.appendChild(h);
     box.appendChild(area);
-    var after = Array.prototype.find.call(root.children, function (el) { return Number(el.dataset.rank) > rankOf(id); });
-    root.insertBefore(box, after || null);
-    var chart = { id: id, title: title, xTime: !!xTime, names: [], points: new Map(), el: box, area: area, plot: null };
-    charts[id] = chart;
-    order.push(id);
-    return chart;
+    sectionEl(section).querySelector(".chart-grid").appendChild(box);
+    charts[id] = { id: id, title: title, section: section, el: box, area: area, plot: null, key: "" };
+    return charts[id];
   }
 
-  function groupOf(name) {
-    for (var i = 0; i < groups.length; i++) if (groups[i].re.test(name)) return groups[i];
-    return { id: "m-" + name.replace(/[^a-zA-Z0-9_-]/g, "_"), title: name };
+  // ------------------------------------------------------------------ controls
+  var bar = document.createElement("div");
+  bar.className = "chart-controls";
+  bar.innerHTML =
+    '<label>x axis <select id="chart-x"><option value="step">step</option><option value="time">wall time</option></select></label>' +
+    '<label>smoothing <input id="chart-smooth" type="range" min="0" max="0.95" step="0.05" value="0"> <output id="chart-smooth-value">0</output></label>' +
+    '<label>compare with <select id="chart-compare" multiple size="1"></select></label>' +
+    '<span class="muted">drag on a chart to zoom, double-click to reset</span>';
+  root.appendChild(bar);
+  var compareSel = bar.querySelector("#chart-compare");
+  (initial.compare || []).forEach(function (r) {
+    var o = document.createElement("option");
+    o.value = String(r.id);
+    o.textContent = r.name + " #" + r.id;
+    compareSel.appendChild(o);
+  });
+  if (!compareSel.options.length) compareSel.parentNode.hidden = true;
+  compareSel.size = Math.min(4, Math.max(1, compareSel.options.length));
+  var constants = document.createElement("div");
+  constants.id = "constants";
+  constants.className = "constants";
+  root.appendChild(constants);
+
+  bar.querySelector("#chart-x").addEventListener("change", function (ev) { view.x = ev.target.value; renderAll(true); });
+  bar.querySelector("#chart-smooth").addEventListener("input", function (ev) {
+    view.smooth = Number(ev.target.value);
+    bar.querySelector("#chart-smooth-value").textContent = ev.target.value;
+    renderAll(false);
+  });
+  compareSel.addEventListener("change", function () {
+    var wanted = Array.prototype.filter.call(compareSel.options, function (o) { return o.selected; })
+      .map(function (o) { return o.value; });
+    runOrder = [runId].concat(wanted);
+    Promise.all(wanted.map(function (id) {
+      if (runs[id] && runs[id].loaded) return null;
+      var name = compareSel.querySelector('option[value="' + id + '"]').textContent;
+      return fetch("/runs/" + id + "/metrics/", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (d) { if (d) { var e = runEntry(id, name); loadSeries(e, d.series); e.loaded = true; } });
+    })).then(function () {
+      runOrder = [runId].concat(wanted.filter(function (id) { return runs[id]; }));
+      renderAll(true);
+    });
+  });
+
+  // ------------------------------------------------------------------ rendering
+  function isConstant(name) { return constantRe.test(name); }
+  function smoothed(values) {
+    var a = view.smooth;
+    if (!a) return values;
+    var last = null;
+    return values.map(function (v) {
+      if (v === null) return null;
+      last = last === null ? v : a * last + (1 - a) * v;
+      return last;
+    });
+  }
+  // Tick labels as people read them: integers for steps, a few significant digits otherwise.
+  function fmt(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "–";
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2).replace("e+", "e");
+    return String(Number(v.toPrecision(4)));
+  }
+  // The y axis is as wide as its longest label (a negative one too): uPlot's fixed default
+  // cut the minus sign off labels such as -0.0015.
+  var measure = document.createElement("canvas").getContext("2d");
+  function axisSize(u, values, axisIdx, cycleNum) {
+    var axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    var size = (axis.ticks.size || 0) + (axis.gap || 0) + 6;
+    if (values && values.length) {
+      measure.font = axis.font ? axis.font[0] : "12px system-ui, sans-serif";
+      var widest = values.reduce(function (m, s) { return Math.max(m, measure.measureText(String(s)).width); }, 0);
+      // The axis font is scaled by the device pixel ratio; sizes are in CSS pixels.
+      size += widest / (uPlot.pxRatio || window.devicePixelRatio || 1);
+    }
+    return Math.ceil(size);
+  }
+  // One point in time would stretch the axis over years: show a minute either side.
+  function timeRange(u, min, max) {
+    if (min == null || max == null) { var now = Date.now() / 1000; return [now - 3600, now]; }
+    return max - min < 60 ? [min - 60, max + 60] : [min, max];
+  }
+  // uPlot sizes a time axis from one point (or none) over years: pin it to the hour around.
+  function pinTime(plot, xs) {
+    if (xs.length > 1) return;
+    var r = timeRange(plot, xs.length ? xs[0] : null, xs.length ? xs[0] : null);
+    plot.setScale("x", { min: r[0], max: r[1] });
+  }
+  function stepIncrs() {
+    var out = [];
+    for (var p = 1; p <= 1e7; p *= 10) out.push(p, 2 * p, 5 * p);
+    return out;
   }
 
-  function put(chart, name, x, value) {
-    if (chart.names.indexOf(name) < 0) chart.names.push(name);
-    var row = chart.points.get(x);
-    if (!row) { row = {}; chart.points.set(x, row); }
-    row[name] = value;
-  }
-
-  function addMetric(name, step, value) {
-    var g = groupOf(name);
-    var chart = chartFor(g.id, g.title, false);
-    put(chart, name, Number(step), Number(value));
-    return chart;
+  function seriesOf(chartId) {
+    // Every (run, metric) pair that belongs on this chart.
+    var out = [];
+    runOrder.forEach(function (rid, ri) {
+      var run = runs[rid];
+      if (!run) return;
+      Object.keys(run.metrics).sort().forEach(function (name) {
+        if (isConstant(name) || groupOf(name).id !== chartId) return;
+        out.push({ run: run, name: name, ri: ri });
+      });
+    });
+    return out;
   }
 
   function render(chart) {
-    var xs = Array.from(chart.points.keys()).sort(function (a, b) { return a - b; });
+    var list = seriesOf(chart.id);
+    var byX = new Map();
+    list.forEach(function (s, i) {
+      s.run.metrics[s.name].forEach(function (p, step) {
+        var x = view.x === "time" ? p.t : step;
+        var row = byX.get(x);
+        if (!row) { row = {}; byX.set(x, row); }
+        row[i] = p.v;
+      });
+    });
+    var xs = Array.from(byX.keys()).sort(function (a, b) { return a - b; });
     var data = [xs];
-    chart.names.forEach(function (n) {
-      data.push(xs.map(function (x) { var v = chart.points.get(x)[n]; return v === undefined ? null : v; }));
+    list.forEach(function (s, i) {
+      data.push(smoothed(xs.map(function (x) { var v = byX.get(x)[i]; return v === undefined ? null : v; })));
     });
-    chart.el.dataset.points = String(xs.length);
-    var width = Math.max(260, chart.area.clientWidth || 320);
-    if (chart.plot && chart.plot.series.length === chart.names.length + 1) {
-      chart.plot.setData(data);
-      return;
-    }
+    var own = list.filter(function (s) { return s.run === self; });
+    chart.el.dataset.points = String(own.length ? own[0].run.metrics[own[0].name].size : 0);
+    chart.el.dataset.series = String(list.length);
+    var key = view.x + "|" + list.map(function (s) { return s.run.id + ":" + s.name; }).join(",");
+    if (chart.plot && chart.key === key) { chart.plot.setData(data); return; }
     if (chart.plot) chart.plot.destroy();
-    var series = [{ label: chart.xTime ? "time" : "step" }];
-    chart.names.forEach(function (n, i) {
-      series.push({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: xs.length < 40 } });
+    chart.key = key;
+    var multi = runOrder.length > 1;
+    var series = [{ label: view.x === "time" ? "time" : "step", value: function (u, v) { return v === null ? "–" : (view.x === "time" ? new Date(v * 1000).toLocaleTimeString() : String(v)); } }];
+    list.forEach(function (s, i) {
+      series.push({
+        label: multi ? s.run.name + ": " + s.name : s.name,
+        stroke: COLORS[(multi ? s.ri : i) % COLORS.length],
+        dash: multi && s.ri > 0 ? [6, 3] : undefined,
+        width: 1.5, spanGaps: true, points: { show: xs.length < 40 },
+        value: function (u, v) { return fmt(v); },
+      });
     });
+    var width = Math.max(260, chart.area.clientWidth || 320);
+    var xAxis = view.x === "time" ? {} : { incrs: stepIncrs(), values: function (u, ticks) { return ticks.map(function (t) { return String(Math.round(t)); }); } };
     chart.plot = new uPlot({
       width: width, height: 180, series: series,
-      scales: { x: { time: chart.xTime } },
-      legend: { live: false },
+      scales: { x: view.x === "time" ? { time: true, range: timeRange } : { time: false } },
+      axes: [xAxis, { size: axisSize, values: function (u, ticks) { return ticks.map(fmt); } }],
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
     }, data, chart.area);
   }
 
-  function renderAll() { order.forEach(function (id) { render(charts[id]); }); }
-
-  function loadSeries(series) {
-    Object.keys(series).forEach(function (name) {
-      series[name].forEach(function (p) { addMetric(name, p[0], p[1]); });
+  function renderConstants() {
+    var rows = [];
+    Object.keys(self.metrics).sort().forEach(function (name) {
+      if (!isConstant(name)) return;
+      var m = self.metrics[name];
+      var steps = Array.from(m.keys()).sort(function (a, b) { return a - b; });
+      rows.push([name, m.get(steps[steps.length - 1]).v, steps[steps.length - 1]]);
     });
+    constants.textContent = "";
+    if (!rows.length) return;
+    var table = document.createElement("table");
+    table.className = "table compact";
+    var head = table.createTHead().insertRow();
+    ["Setting", "Value", "At step"].forEach(function (t) { var th = document.createElement("th"); th.textContent = t; head.appendChild(th); });
+    var body = table.createTBody();
+    rows.forEach(function (r) {
+      var tr = body.insertRow();
+      tr.dataset.metric = r[0];
+      [r[0], fmt(r[1]), String(r[2])].forEach(function (t) { tr.insertCell().textContent = t; });
+    });
+    var h = document.createElement("h3");
+    h.textContent = "Constants";
+    constants.appendChild(h);
+    constants.appendChild(table);
+  }
+
+  function ensureCharts() {
+    runOrder.forEach(function (rid) {
+      if (!runs[rid]) return;
+      Object.keys(runs[rid].metrics).forEach(function (name) {
+        if (isConstant(name)) return;
+        var g = groupOf(name);
+        chartFor(g.id, g.title, g.section);
+      });
+    });
+  }
+  function renderAll() {
+    ensureCharts();
+    Object.keys(charts).forEach(function (id) { if (charts[id].custom) charts[id].custom(); else render(charts[id]); });
+    renderConstants();
   }
 
   // Feedback per minute and buffer by status are not step metrics: their x axis is time.
-  var feedback = chartFor("feedback", "Feedback per minute", true);
+  function timeChart(id, title, section) {
+    var chart = chartFor(id, title, section);
+    chart.points = new Map();
+    chart.names = [];
+    chart.custom = function () {
+      var xs = Array.from(chart.points.keys()).sort(function (a, b) { return a - b; });
+      var data = [xs];
+      chart.names.forEach(function (n) { data.push(xs.map(function (x) { var v = chart.points.get(x)[n]; return v === undefined ? null : v; })); });
+      chart.el.dataset.points = String(xs.length);
+      var key = chart.names.join(",");
+      if (chart.plot && chart.key === key) { chart.plot.setData(data); pinTime(chart.plot, xs); return; }
+      if (chart.plot) chart.plot.destroy();
+      chart.key = key;
+      var series = [{ label: "time" }];
+      chart.names.forEach(function (n, i) { series.push({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: function (u, v) { return fmt(v); } }); });
+      chart.plot = new uPlot({ width: Math.max(260, chart.area.clientWidth || 320), height: 180, series: series,
+        scales: { x: { time: true, range: timeRange } }, axes: [{}, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
+        legend: { live: true } }, data, chart.area);
+      pinTime(chart.plot, xs);
+    };
+    chart.put = function (name, x, v) {
+      if (chart.names.indexOf(name) < 0) chart.names.push(name);
+      var row = chart.points.get(x);
+      if (!row) { row = {}; chart.points.set(x, row); }
+      row[name] = v;
+    };
+    return chart;
+  }
+  var feedback = timeChart("feedback", "Feedback per minute", "feedback");
   feedback.names.push("feedback");
-  function loadFeedback(rows) { rows.forEach(function (r) { put(feedback, "feedback", r[0], r[1]); }); }
-  var buffer = chartFor("buffer", "Buffer by status", true);
+  function loadFeedback(rows) { rows.forEach(function (r) { feedback.put("feedback", r[0], r[1]); }); }
+  var buffer = timeChart("buffer", "Buffer by status", "buffer");
   function loadCounts(counts) {
     var now = Math.floor(Date.now() / 1000);
-    Object.keys(counts).forEach(function (status) { put(buffer, status, now, counts[status]); });
+    Object.keys(counts).forEach(function (status) { buffer.put(status, now, counts[status]); });
     var box = document.getElementById("buffer-counts");
     if (!box) return;
     Object.keys(counts).forEach(function (status) {
@@ -106,17 +323,97 @@
     });
   }
 
-  loadSeries(initial.series);
+  // ------------------------------------------------------------------ weight sync
+  // Version against time: the published versions as a stepped line, each explorer's loads as
+  // marks of its own colour; versions no explorer loaded (a later one was) listed as skipped.
+  var syncBox = document.getElementById("sync-chart");
+  var syncPlot = null;
+  var syncTimer = null;
+  function drawSync(sync) {
+    if (!syncBox || !sync) return;
+    var workers = Object.keys(sync.loads || {}).sort();
+    var xsSet = new Set();
+    (sync.published || []).forEach(function (p) { xsSet.add(p[0]); });
+    workers.forEach(function (w) { sync.loads[w].forEach(function (p) { xsSet.add(p[0]); }); });
+    var xs = Array.from(xsSet).sort(function (a, b) { return a - b; });
+    var pub = new Map((sync.published || []).map(function (p) { return [p[0], p[1]]; }));
+    var data = [xs, xs.map(function (x) { return pub.has(x) ? pub.get(x) : null; })];
+    workers.forEach(function (w) {
+      var m = new Map(sync.loads[w].map(function (p) { return [p[0], p[1]]; }));
+      data.push(xs.map(function (x) { return m.has(x) ? m.get(x) : null; }));
+    });
+    syncBox.dataset.versions = String((sync.published || []).length);
+    syncBox.dataset.loads = String(workers.reduce(function (n, w) { return n + sync.loads[w].length; }, 0));
+    var skipped = document.getElementById("sync-skipped");
+    if (skipped) skipped.textContent = sync.skipped && sync.skipped.length ? "Skipped (no explorer loaded them): " + sync.skipped.map(function (v) { return "v" + v; }).join(", ") : "";
+    if (!xs.length) { syncBox.textContent = "No versions published yet."; return; }
+    var series = [{ label: "time" }, { label: "published", stroke: "#3558d4", width: 1.5, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }), points: { show: true, size: 5 } }];
+    workers.forEach(function (w, i) {
+      series.push({ label: w, stroke: COLORS[(i + 1) % COLORS.length], width: 0, paths: function () { return null; }, points: { show: true, size: 7, fill: COLORS[(i + 1) % COLORS.length] } });
+    });
+    if (syncPlot) syncPlot.destroy();
+    syncBox.textContent = "";
+    syncPlot = new uPlot({ width: Math.max(240, syncBox.clientWidth || 300), height: 140, series: series,
+      scales: { x: { time: true, range: timeRange } },
+      axes: [{}, { size: axisSize, incrs: [1, 2, 5, 10, 20, 50, 100], values: function (u, t) { return t.map(function (v) { return "v" + v; }); } }],
+      legend: { live: true } }, data, syncBox);
+    pinTime(syncPlot, xs);
+    window.rftSyncPlot = syncPlot;
+  }
+  function syncSoon() {
+    if (syncTimer) return;
+    syncTimer = setTimeout(function () {
+      syncTimer = null;
+      fetch("/runs/" + runId + "/metrics/?only=sync", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (d) { if (d) drawSync(d.sync); })
+        .catch(function () {});
+    }, 500);
+  }
+  drawSync(initial.sync);
+
+  // ------------------------------------------------------------------ header
+  function text(id, value) { var el = document.getElementById(id); if (el && value !== undefined && value !== null) el.textContent = String(value); }
+  function showRun(state) {
+    if (!state) return;
+    text("run-explore-step", state.explore_step);
+    text("run-train-step", state.train_step);
+    text("run-total-steps", state.total_steps);
+    if (state.version !== undefined) text("run-version", "v" + state.version);
+    if (state.status) {
+      var badge = document.getElementById("run-status");
+      if (badge && badge.textContent !== state.status) {
+        badge.textContent = state.status;
+        badge.className = "status status-" + state.status;
+        refresh("#controls a.refresh");
+      }
+    }
+    var err = document.getElementById("run-error");
+    if (err && state.error !== undefined) {
+      err.hidden = !state.error;
+      err.textContent = state.error ? (state.status || "") + ": " + state.error : "";
+    }
+  }
+
+  loadSeries(self, initial.series);
   loadFeedback(initial.feedback);
   loadCounts(initial.counts);
   renderAll();
 
+  // ------------------------------------------------------------------ live line
+  var line = document.getElementById("live-line");
+  var tally = { experiences: 0, feedback: 0 };
+  function say(msg) {
+    if (!line) return;
+    line.textContent = new Date().toLocaleTimeString() + " · " + msg +
+      " · since this page opened: " + tally.experiences + " experiences, " + tally.feedback + " feedback";
+  }
   function logEvent(type, payload) {
     var log = document.getElementById("event-log");
     if (!log) return;
     var li = document.createElement("li");
-    var text = JSON.stringify(payload);
-    li.textContent = new Date().toLocaleTimeString() + " " + type + " " + (text.length > 160 ? text.slice(0, 160) + "…" : text);
+    var t = JSON.stringify(payload);
+    li.textContent = new Date().toLocaleTimeString() + " " + type + " " + (t.length > 160 ? t.slice(0, 160) + "…" : t);
     log.insertBefore(li, log.firstChild);
     while (log.children.length > 30) log.removeChild(log.lastChild);
   }
@@ -126,8 +423,8 @@
     if (link && window.htmx) window.htmx.trigger(link, "click");
   }
 
-  // Buffer counts follow new experiences and feedback even when nobody publishes
-  // buffer.counts: one small request at most every 2 s.
+  // Counts and the header follow new experiences, steps and feedback even when nobody
+  // publishes them: one small request at most every 2 s.
   var countsTimer = null;
   function countsSoon() {
     if (countsTimer) return;
@@ -135,35 +432,52 @@
       countsTimer = null;
       fetch("/runs/" + runId + "/metrics/?only=counts", { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
-        .then(function (d) { if (d) { loadCounts(d.counts); render(buffer); } })
+        .then(function (d) { if (d) { loadCounts(d.counts); buffer.custom(); showRun(d.run); } })
+        .then(function () { refresh("#waiting a.refresh"); })
         .catch(function () {});
     }, 2000);
   }
 
   var handlers = {
     "run.metric": function (p) {
-      var touched = {};
-      Object.keys(p.values || {}).forEach(function (name) { touched[addMetric(name, p.step, p.values[name]).id] = true; });
-      Object.keys(touched).forEach(function (id) { render(charts[id]); });
+      Object.keys(p.values || {}).forEach(function (name) { put(self, name, p.step, p.values[name]); });
+      renderAll();
+      countsSoon();
+      say("metrics at step " + p.step);
     },
     "run.status": function (p) {
-      var badge = document.getElementById("run-status");
-      if (badge && p.status) { badge.textContent = p.status; badge.className = "status status-" + p.status; }
-      if (p.feedback && p.feedback.mode) document.getElementById("run-feedback-mode").textContent = p.feedback.mode;
+      showRun({ status: p.status, error: p.error || "" });
+      if (p.feedback && p.feedback.mode) text("run-feedback-mode", p.feedback.mode);
       refresh("#controls a.refresh");
+      refresh("#audit-box a.refresh");
+      countsSoon();
+      say("run " + (p.status || "") + (p.action ? " (" + p.action + ")" : ""));
     },
     "weights.synced": function (p) {
-      if (p.event === "published") document.getElementById("run-version").textContent = "v" + p.version;
+      if (p.event === "published") text("run-version", "v" + p.version);
       refresh("#timeline a.refresh");
+      syncSoon();
+      countsSoon();
+      say("v" + p.version + " " + (p.event === "loaded" ? "loaded by " + (p.worker || "an explorer") : "published"));
     },
-    "buffer.counts": function (p) { loadCounts(p.counts || p); render(buffer); },
-    "experience.created": countsSoon,
-    "feedback.saved": function () {
+    "buffer.counts": function (p) { loadCounts(p.counts || p); buffer.custom(); },
+    "experience.created": function (p) {
+      tally.experiences += Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
+      countsSoon();
+      say("new experiences");
+    },
+    "feedback.saved": function (p) {
+      tally.feedback += 1;
       countsSoon();
       var minute = Math.floor(Date.now() / 60000) * 60;
       var row = feedback.points.get(minute);
-      put(feedback, "feedback", minute, (row && row.feedback ? row.feedback : 0) + 1);
-      render(feedback);
+      feedback.put("feedback", minute, (row && row.feedback ? row.feedback : 0) + 1);
+      feedback.custom();
+      say("feedback: " + (p.kind || "") + (p.author ? " by " + p.author : ""));
+    },
+    "worker.error": function (p) {
+      refresh("#failures a.refresh");
+      say((p.task || "task") + " failed on " + (p.worker || "a worker") + ": " + (p.exception || ""));
     },
     "worker.heartbeat": function () { refresh("#workers a.refresh"); },
   };
@@ -174,9 +488,10 @@
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (d) {
         if (!d) return;
-        loadSeries(d.series);
+        loadSeries(self, d.series);
         loadFeedback(d.feedback);
         loadCounts(d.counts);
+        showRun(d.run);
         renderAll();
       })
       .catch(function () {});

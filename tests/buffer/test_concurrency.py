@@ -4,7 +4,6 @@ claimer dies holding a lease."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,24 +17,17 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write, lease_reap
 from apps.runs.models import Run
 from tests.factories import experience_row
+from tests.servers import child_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 CLAIMER = Path(__file__).with_name("claimer.py")
 
 
-def _env() -> dict[str, str]:
-    db = connection.settings_dict
-    env = dict(os.environ)
-    env["DATABASE_URL"] = f"postgres://{db['USER'] or ''}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _spawn(run: Run, worker: str, size: int, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(CLAIMER), str(run.pk), worker, str(size), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
     )
 
 

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from apps.buffer.models import Experience
-from apps.buffer.services import BatchRejected, experience_write
+from apps.buffer.services import experience_write
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput
 from tests.factories import experience_row
 
 pytestmark = [pytest.mark.django_db, pytest.mark.portable]
@@ -38,35 +39,63 @@ def test_a_batch_overlapping_an_earlier_one_adds_only_the_new_rows(run: Run) -> 
 
 
 @pytest.mark.parametrize(
-    ("bad", "message"),
+    ("bad", "field", "message"),
     [
-        ({"logprobs": [-0.1, -0.2]}, "logprobs has 2 entries for 4 response tokens"),
-        ({"action_mask": [1, 1, 1]}, "action_mask has 3 entries for 4 response tokens"),
-        ({"reward": math.nan}, "reward must be a finite number"),
-        ({"reward": math.inf}, "reward must be a finite number"),
-        ({"run_id": 987654}, "unknown run 987654"),
-        ({"task_id": 987654}, "unknown task 987654"),
-        ({"prompt_length": 99}, "prompt_length 99 does not fit"),
-        ({"token_ids": ["a", "b"]}, "token_ids must be a list of integers"),
-        ({"reward_parts": {"acc": math.nan}}, "reward_parts must map names to finite numbers"),
-        ({"bogus": 1}, "unknown field 'bogus'"),
-        ({"status": "leased"}, "cannot be written as leased"),
+        ({"logprobs": [-0.1, -0.2]}, "logprobs", "logprobs has 2 entries for 4 response tokens"),
+        ({"action_mask": [1, 1, 1]}, "action_mask", "action_mask has 3 entries for 4 response tokens"),
+        ({"action_mask": [1, 2, 1, 0]}, "action_mask", "1 (the model acted) or 0"),
+        ({"reward": math.nan}, "reward", "reward must be a finite number"),
+        ({"reward": math.inf}, "reward", "reward must be a finite number"),
+        ({"logprobs": [-0.1, math.nan, -0.1, -0.1]}, "logprobs", "logprobs must be finite numbers"),
+        ({"prompt_length": 99}, "prompt_length", "prompt_length 99 does not fit"),
+        ({"token_ids": ["a", "b"]}, "token_ids", "token_ids must be a list of integers"),
+        ({"reward_parts": {"acc": math.nan}}, "reward_parts", "reward_parts must map names to finite numbers"),
+        ({"bogus": 1}, "bogus", "unknown field 'bogus'"),
+        ({"status": "leased"}, "status", "cannot be written as leased"),
+        ({"group_id": "g" * 101}, "group_id", "longer than 100 characters"),
+        ({"finish_reason": "x" * 21}, "finish_reason", "at most 20 characters"),
     ],
 )
-def test_a_malformed_row_rejects_the_whole_batch_naming_the_row(run: Run, bad: dict, message: str) -> None:
-    rows = [experience_row(run, key="good-0"), experience_row(run, key="good-1"), experience_row(run, key="bad", **bad)]
-    with pytest.raises(BatchRejected) as caught:
+def test_a_malformed_experience_is_refused_naming_the_field_and_nothing_is_written(
+    run: Run, bad: dict, field: str, message: str
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        experience_write(experiences=[experience_row(run, key="good-0"), experience_row(run, key="bad", **bad)])
+    assert caught.value.field == field and message in caught.value.message
+    assert Experience.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "message"),
+    [
+        ({"run_id": 987654}, "2.run_id", "unknown run 987654"),
+        ({"task_id": 987654}, "2.task_id", "unknown task 987654"),
+        ({"parent_id": 987654}, "2.parent_id", "unknown parent experience 987654"),
+        ({"key": "good-0"}, "2.key", "repeats row 0"),
+    ],
+)
+def test_a_batch_that_does_not_fit_the_database_is_refused_naming_the_row(
+    run: Run, bad: dict, field: str, message: str
+) -> None:
+    rows = [experience_row(run, key="good-0"), experience_row(run, key="good-1"), experience_row(run, **{"key": "bad", **bad})]
+    with pytest.raises(InvalidInput) as caught:
         experience_write(experiences=rows)
-    assert caught.value.row == 2
-    assert message in str(caught.value)
-    assert str(caught.value).startswith("row 2:")
+    assert caught.value.field == field and message in caught.value.message
     assert Experience.objects.count() == 0
 
 
-def test_a_key_repeated_inside_one_batch_is_rejected(run: Run) -> None:
-    with pytest.raises(BatchRejected, match="repeats row 0"):
-        experience_write(experiences=[experience_row(run, key="same"), experience_row(run, key="same")])
+def test_only_drafts_are_written(run: Run) -> None:
+    with pytest.raises(TypeError, match="ExperienceDraft"):
+        experience_write(experiences=[dict(experience_row(run, key="a"))])  # type: ignore[list-item]
     assert Experience.objects.count() == 0
+
+
+def test_the_ids_of_new_and_existing_experiences_come_back_in_order(run: Run) -> None:
+    first = experience_write(experiences=[experience_row(run, key="b")])
+    result = experience_write(experiences=[experience_row(run, key=k) for k in ("a", "b", "c")])
+    stored = dict(Experience.objects.filter(run=run).values_list("key", "id"))
+    assert result.ids == [stored["a"], stored["b"], stored["c"]] and result.ids[1] == first.ids[0]
+    assert result.is_new == [True, False, True]
 
 
 def test_the_same_key_in_two_runs_is_two_experiences(run: Run, owner) -> None:

@@ -14,8 +14,8 @@ from django.db import connection
 from apps.buffer.exports import ExportFailed, ExportOptions, export_hf_dataset, export_jsonl, export_rows
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
-from tests.dashboard.conftest import ROOT, subprocess_env
 from tests.factories import experience_row, make_experiences, make_run, make_user
+from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
 
@@ -60,15 +60,14 @@ def test_dpo_pairs_the_best_and_worst_of_each_group(run: Run) -> None:
 
 
 def test_dpo_also_exports_what_people_chose_in_ab_comparisons(run: Run) -> None:
-    from apps.feedback.services import feedback_submit
+    from apps.feedback.services import feedback_compare
 
     a, b, c = make_experiences(run, groups=1, group_size=3)  # rewards 0, 1, 2: best c, worst a
     pending = make_experiences(run, groups=1, group_size=2, status="pending")
     # A person prefers the lower-reward b over c; the (c, a) choice repeats the reward pair.
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=b, other=c, value={"winner": "a"})
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=a, other=c, value={"winner": "b"})
-    feedback_submit(run=run, author=run.owner, kind="pairwise", experience=pending[0], other=pending[1],
-                    value={"winner": "a"})
+    feedback_compare(run=run, author=run.owner, experience=b, other=c, winner="a")
+    feedback_compare(run=run, author=run.owner, experience=a, other=c, winner="b")
+    feedback_compare(run=run, author=run.owner, experience=pending[0], other=pending[1], winner="a")
     pairs = [(p["chosen"][0]["content"], p["rejected"][0]["content"]) for p in export_rows(run=run, kind="dpo")]
     texts = {e.pk: e.response_text for e in (a, b, c)}
     assert pairs == [(texts[c.pk], texts[a.pk]), (texts[b.pk], texts[c.pk])]
@@ -149,7 +148,7 @@ def _fill(run: Run, n: int) -> None:
 
 def _measure(run: Run, out: Path) -> dict:
     out.mkdir()
-    result = subprocess.run([sys.executable, "-c", _MEASURE, str(run.pk), str(out)], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "-c", _MEASURE, str(run.pk), str(out)], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -183,7 +182,7 @@ export_hf_dataset(run=run, kind="dpo", out_dir=sys.argv[1] + "/hf")
 export_jsonl(run=run, kind="sft", out=sys.argv[1] + "/sft.jsonl")
 print(sorted(m for m in ("torch", "trl", "transformers", "vllm") if m in sys.modules))
 """
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"

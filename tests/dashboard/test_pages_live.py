@@ -5,31 +5,23 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
-from tests.dashboard.conftest import ROOT, subprocess_env
 from tests.factories import experience_row, make_run, make_taskset, make_user
+from tests.servers import ROOT, child_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "pw-for-tests-only"
-
-
-@pytest.fixture
-def page(browser: Any, live_daphne: str) -> Iterator[Any]:
-    context = browser.new_context(base_url=live_daphne)
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
 
 
 def log_in(page: Any, user: User) -> None:
@@ -52,7 +44,7 @@ def running_run() -> tuple[User, Run]:
 
 def in_another_process(code: str) -> None:
     """Run Django code in a child process (as a worker would), e.g. to publish events."""
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=subprocess_env(),
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -88,9 +80,9 @@ def test_the_reward_chart_grows_as_metrics_arrive(page: Any, running_run: tuple[
     # Published by another process, as a trainer would: the event travels through Redis.
     record = "from apps.runs.models import Run; from apps.runs.services import metric_record; "
     in_another_process(record + f"metric_record(run=Run.objects.get(pk={run.pk}), step=4, values={{'reward/mean': 0.9, 'loss': 0.2}})")
-    page.wait_for_function("document.querySelector('#chart-reward').dataset.points === '4'")
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "4", timeout=15_000)
     in_another_process(record + f"metric_record(run=Run.objects.get(pk={run.pk}), step=5, values={{'reward/mean': 0.95, 'kl': 0.01}})")
-    page.wait_for_function("document.querySelector('#chart-reward').dataset.points === '5'")
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "5", timeout=15_000)
     assert points(page, "loss") == 4  # step 5 had no loss
     # A metric no chart claims gets a chart of its own.
     page.wait_for_selector("#chart-kl")
@@ -113,7 +105,7 @@ def test_a_burst_of_metrics_arrives_in_batch_frames_and_every_point_is_drawn(pag
         "payload={'step': step, 'values': {'reward/mean': step / 100}})\n"
         "asyncio.run(burst())"
     )
-    page.wait_for_function("document.querySelector('#chart-reward').dataset.points === '43'")
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "43", timeout=15_000)
     assert any('"type": "batch"' in f for f in frames)
 
 
@@ -174,14 +166,14 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
                             response_text="<b>bold</b><script>window.pwned=1</script>") for i in range(3)]
     experience_write(experiences=rows)
     flagged = Experience.objects.get(run=run, key="r5")
-    Feedback.objects.create(run=run, kind=Feedback.Kind.FLAG, experience=flagged, author=annotator, value={"reason": "odd"})
+    feedback_flag(run=run, experience=flagged, author=annotator, reason="odd")
 
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/experiences/")
     assert page.locator("tr.experience").count() == 11
 
     page.select_option("select[name=status]", "pending")
-    page.wait_for_function("document.querySelectorAll('tr.experience').length === 3")
+    expect(page.locator("tr.experience")).to_have_count(3, timeout=15_000)
     assert set(page.locator("tr.experience").evaluate_all("rs => rs.map(r => r.dataset.status)")) == {"pending"}
     # Model output is shown as text, never run as markup.
     assert page.locator("tr.experience td.output b").count() == 0
@@ -193,17 +185,17 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
     page.fill("input[name=reward_min]", "3")
     page.fill("input[name=reward_max]", "6")
     page.click("#experience-filters button[type=submit]")
-    page.wait_for_function("document.querySelectorAll('tr.experience').length === 4")
+    expect(page.locator("tr.experience")).to_have_count(4, timeout=15_000)
     rewards = page.locator("tr.experience").evaluate_all("rs => rs.map(r => parseFloat(r.dataset.reward))")
     assert sorted(rewards) == [3.0, 4.0, 5.0, 6.0]
 
     page.select_option("select[name=flagged]", "yes")
-    page.wait_for_function("document.querySelectorAll('tr.experience').length === 1")
+    expect(page.locator("tr.experience")).to_have_count(1, timeout=15_000)
     assert page.locator("tr.experience").get_attribute("data-id") == str(flagged.pk)
 
     page.select_option("select[name=flagged]", "")
     page.select_option("select[name=annotator]", "annotator")
-    page.wait_for_function("document.querySelectorAll('tr.experience').length === 1")
+    expect(page.locator("tr.experience")).to_have_count(1, timeout=15_000)
 
     # A group side by side, with its rewards and feedback.
     page.click(f"tr.experience[data-id='{flagged.pk}'] a")
@@ -227,7 +219,7 @@ def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, run
         event_publish(run_id=run.pk, type="experience.created", payload={"ids": result.ids})
 
     in_a_thread(explore)
-    page.wait_for_function("document.querySelector('#buffer-counts [data-status=ready] b').textContent === '3'")
+    expect(page.locator("#buffer-counts [data-status=ready] b")).to_have_text("3", timeout=15_000)
 
     def sync() -> None:
         from apps.runs.services import model_version_publish, weight_load_record
@@ -236,6 +228,21 @@ def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, run
         weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05)
 
     in_a_thread(sync)
-    page.wait_for_selector("#timeline tr[data-version='1'] .load")
-    assert "explorer-a" in page.inner_text("#timeline tr[data-version='1']")
+    # The compact chart: one published version, one load mark; the table is folded away.
+    page.wait_for_selector("#sync-chart[data-versions='1'][data-loads='1']")
+    labels = page.evaluate("() => window.rftSyncPlot.series.map(s => s.label)")
+    assert labels == ["time", "published", "explorer-a"]
+    page.wait_for_selector("#timeline tr[data-version='1'] .load", state="attached")
+    assert "explorer-a" in page.text_content("#timeline tr[data-version='1']")
     assert page.inner_text("#run-version") == "v1"
+
+    def skip() -> None:
+        from apps.runs.services import model_version_publish, weight_load_record
+
+        model_version_publish(run=run, number=2, checkpoint="/ckpt/v2", train_step=2)
+        model_version_publish(run=run, number=3, checkpoint="/ckpt/v3", train_step=3)
+        weight_load_record(run=run, version=3, worker="explorer-a", seconds=0.05)
+
+    in_a_thread(skip)
+    page.wait_for_selector("#sync-chart[data-versions='3'][data-loads='2']")
+    assert page.inner_text("#sync-skipped") == "Skipped (no explorer loaded them): v2"

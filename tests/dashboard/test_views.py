@@ -115,7 +115,7 @@ def test_the_runs_list_shows_status_version_sparkline_buffer_and_last_event(clie
     make_experiences(run, groups=1, group_size=3)
     run_transition(run=run, action="start", actor=owner)
     html = client_of(owner).get("/runs/").content.decode()
-    row = re.search(rf'<tr data-run="{run.pk}">(.*?)</tr>', html, re.S).group(1)
+    row = re.search(rf'<tr data-run="{run.pk}"[^>]*>(.*?)</tr>', html, re.S).group(1)
     assert "status-running" in row and "grpo" in row and "v0" in row
     assert "<polyline" in row and "0.500" in row
     assert "ready 3" in row
@@ -188,8 +188,11 @@ def test_partials_requested_without_htmx_are_whole_pages(client_of, owner: User,
 def test_a_bad_filter_is_named_not_a_server_error(client_of, owner: User, run: Run) -> None:
     response = client_of(owner).get(f"/runs/{run.pk}/experiences/?reward_min=lots&status=nope")
     html = response.content.decode()
-    assert response.status_code == 200
-    assert "&#x27;lots&#x27; is not a number" in html and "unknown status &#x27;nope&#x27;" in html
+    assert response.status_code == 400
+    # Each error beside its own field, with what was typed kept.
+    reward_min = re.search(r'data-filter="reward_min">(.*?)</div>', html, re.S).group(1)
+    assert "&#x27;lots&#x27; is not a number" in reward_min and 'value="lots"' in reward_min
+    assert "unknown status &#x27;nope&#x27;" in re.search(r'data-filter="status">(.*?)</div>', html, re.S).group(1)
 
 
 def test_an_export_downloads_as_streamed_jsonl(client_of, owner: User, run: Run) -> None:

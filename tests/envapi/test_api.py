@@ -235,7 +235,7 @@ def test_a_task_outside_the_runs_taskset_rejects_the_batch(api: Api, run: Run, o
     foreign = make_taskset(owner=owner).tasks.first()
     response = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj("a"), traj("b", task_id=foreign.pk)]})
     assert response.status_code == 422
-    assert "not in this run's taskset" in response.json()["errors"]["trajectories.1"]
+    assert "not in this run's taskset" in response.json()["errors"]["trajectories.1.task_id"]
     assert not Experience.objects.filter(run=run).exists()
 
 
@@ -252,17 +252,19 @@ def test_an_env_reward_sets_the_reward_of_a_waiting_experience(api: Api, run: Ru
     exp = Experience.objects.get(pk=exp_id)
     assert (exp.auto_reward, exp.reward, exp.status, exp.reward_parts) == (0.75, 0.75, "ready", {"a": 1.0, "b": 0.5})
     fb = Feedback.objects.get(pk=body["id"])
-    assert fb.api_key_id == key[0].pk and fb.kind == "env_reward" and fb.value == 0.75 and fb.author_id is None
+    assert fb.api_key_id == key[0].pk and fb.kind == "env_reward" and fb.author_id is None
+    assert fb.value == body["value"] == {"reward": 0.75, "reward_parts": {"b": 0.5}}
 
 
 def test_ratings_and_preferences_are_stored_without_touching_the_reward(api: Api, run: Run) -> None:
     a, b = make_experiences(run, groups=1, group_size=2)
-    rating = api.post(f"/runs/{run.pk}/feedback", {"experience_id": a.pk, "kind": "rating", "value": -1, "comment": "off"})
+    rating = api.post(f"/runs/{run.pk}/feedback", {"experience_id": a.pk, "kind": "rating", "value": 1, "comment": "off"})
     pair = api.post(f"/runs/{run.pk}/feedback", {"experience_id": a.pk, "kind": "pairwise",
                                                  "other_experience_id": b.pk, "preferred": "b"})
     assert rating.status_code == 200 and pair.status_code == 200
+    assert Feedback.objects.get(pk=rating.json()["id"]).value == {"score": 1, "thumb": None, "normalised": 0.0}
     stored = Feedback.objects.get(pk=pair.json()["id"])
-    assert stored.other_id == b.pk and stored.value == {"preferred": "b"}
+    assert stored.other_id == b.pk and stored.value == {"winner": "b"}
     a.refresh_from_db()
     assert a.reward == 0.0
 
@@ -276,7 +278,23 @@ def test_feedback_on_an_experience_already_trained_on_is_kept_as_late(api: Api, 
 
 def test_feedback_on_an_unknown_experience_is_404(api: Api, run: Run) -> None:
     response = api.post(f"/runs/{run.pk}/feedback", {"experience_id": 99999, "kind": "rating", "value": 1})
-    assert response.status_code == 404 and not Feedback.objects.exists()
+    assert response.status_code == 404 and "experience_id" in response.json()["errors"]
+    assert not Feedback.objects.exists()
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"kind": "rating", "value": -1}, "whole number from 1 to 5"),
+    ({"kind": "rating", "value": 2.5}, "whole number from 1 to 5"),
+    ({"kind": "rating", "score": 3, "thumb": "up"}, "a score (1-5) or a thumb"),
+    ({"kind": "flag", "flags": ["boring"]}, "flags.0"),
+    ({"kind": "ranking", "order": [1, 2], "experience_id": 1}, "not experience_id"),
+])
+def test_malformed_feedback_is_422_naming_the_problem_and_stores_nothing(api: Api, run: Run, body: dict[str, Any],
+                                                                         field: str) -> None:
+    [exp] = make_experiences(run, groups=1, group_size=1)
+    response = api.post(f"/runs/{run.pk}/feedback", {"experience_id": exp.pk, **body})
+    assert response.status_code == 422 and field in response.content.decode(), response.content
+    assert not Feedback.objects.exists()
 
 
 def test_feedback_needs_the_fields_of_its_kind(api: Api, run: Run) -> None:

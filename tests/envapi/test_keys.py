@@ -105,11 +105,12 @@ def test_the_owner_revokes_a_key_from_the_page(run: Run, owner: User) -> None:
 
 def test_only_the_owner_manages_keys(run: Run, annotator: User, outsider: User) -> None:
     key, raw = make_key(run)
-    for user in (annotator, outsider):
+    # The run's annotator is refused; an outsider is not told the run exists (as on every run page).
+    for user, status in ((annotator, 403), (outsider, 404)):
         client = _logged_in(user)
-        assert client.get(f"/runs/{run.pk}/keys/").status_code == 403
-        assert client.post(f"/runs/{run.pk}/keys/", {"name": "x", "actions": ["read"], "rate_limit_per_minute": 1}).status_code == 403
-        assert client.post(f"/runs/{run.pk}/keys/{key.pk}/revoke/").status_code == 403
+        assert client.get(f"/runs/{run.pk}/keys/").status_code == status
+        assert client.post(f"/runs/{run.pk}/keys/", {"name": "x", "actions": ["read"], "rate_limit_per_minute": 1}).status_code == status
+        assert client.post(f"/runs/{run.pk}/keys/{key.pk}/revoke/").status_code == status
     assert ApiKey.objects.count() == 1 and Api(raw).get("/runs").status_code == 200
     assert Client().get(f"/runs/{run.pk}/keys/").status_code == 302
 

@@ -21,7 +21,8 @@ from apps.runs.events import event_publish
 from apps.runs.models import Run
 from examples import number_guess
 from rftweb.client import ApiError, RftClient
-from tests.envapi.conftest import ROOT, make_key
+from tests.envapi.conftest import make_key
+from tests.servers import ROOT
 from tests.factories import make_experiences, make_run, make_taskset
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

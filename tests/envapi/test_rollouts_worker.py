@@ -4,8 +4,6 @@ driving the model through the API. Needs `workers.explorer.generate` (the explor
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +15,9 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from examples import number_guess
 from rftweb.client import RftClient
-from tests.envapi.conftest import ROOT, make_key, server_env, start_server, stop
+from tests.envapi.conftest import make_key
 from tests.factories import make_run
+from tests.servers import celery_worker, start_server, stop
 
 HAVE_EXPLORER = importlib.util.find_spec("workers.explorer") is not None
 
@@ -40,18 +39,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def rollout_stack(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("stack")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout",
-         "--include", "workers.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "-l", "warning"],
-        cwd=ROOT, env=server_env(), stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT,
-    )
-    server, url = start_server(log=logs / "daphne.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
-    try:
-        yield url
-    finally:
-        stop(server)
-        stop(worker)
+    with celery_worker("rollout", name="rollouts", log=logs / "worker.log", includes=("workers.explorer",)):
+        server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
+        try:
+            yield url
+        finally:
+            stop(server)
 
 
 def test_rollouts_return_completions_with_token_ids_and_logprobs(rollout_stack: str, model_dir: Path, owner: User) -> None:

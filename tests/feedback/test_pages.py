@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 from django.contrib.auth.models import User
 from django.test import Client
 from websockets.exceptions import InvalidStatus
@@ -58,9 +59,12 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     for n, score in enumerate(("4", "2", "5"), start=1):
         page.keyboard.press(score)
         page.keyboard.press("Enter")
-        page.wait_for_function(f"document.querySelectorAll('#queue .item.done').length === {n}")
+        expect(page.locator("#queue .item.done")).to_have_count(n, timeout=15_000)
     assert page.locator("#queue .item.current").get_attribute("data-experience") == str(group_b[0])
-    page.wait_for_selector("#live-feed li:has-text('feedback: rating by annotator')")  # feedback.saved, live
+    # feedback.saved, live: the compact line says it, and the counter of ratings moves.
+    page.wait_for_selector("#live-line:has-text('feedback: rating by annotator')")
+    page.wait_for_function("document.querySelector('#feedback-count').textContent === '3'")
+    assert page.inner_text("#done-today") == "3"
 
     page.keyboard.press("?")
     assert page.locator("dialog#keys").is_visible()
@@ -74,14 +78,20 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.keyboard.press("Control+Enter")
     page.wait_for_selector("#panel .saved")
 
-    # r ranks the current item's group: best first.
+    # r ranks the current item's group: it starts unranked and cannot be saved until ordered;
+    # the number shown on an unranked completion ranks it next, best first.
     page.keyboard.press("r")
-    page.wait_for_selector("#panel form.rank")
-    for pk, rank in zip(group_b, ("2", "3", "1")):
-        page.fill(f'#panel input[name="rank_{pk}"]', rank)
+    page.wait_for_selector("#panel form.rank[data-complete='0']")
+    assert page.locator("#panel ol.ranked .rank-item").count() == 0
+    assert page.is_disabled("#panel .rank-save")
+    page.keyboard.press("3")  # group_b[2] is best
+    page.keyboard.press("1")  # then group_b[0]
+    assert page.is_disabled("#panel .rank-save")
+    page.keyboard.press("1")  # then group_b[1]
+    page.wait_for_selector("#panel form.rank[data-complete='1']")
     page.click("#panel form.rank button[type=submit]")
     page.wait_for_selector("#panel .saved")
-    page.wait_for_function("document.querySelectorAll('#queue .item.done').length === 6")
+    expect(page.locator("#queue .item.done")).to_have_count(6, timeout=15_000)
 
     a = {e.pk: e for e in Experience.objects.filter(pk__in=[e.pk for e in group_a])}
     ratings = {f.experience_id: f.value["score"] for f in Feedback.objects.filter(kind="rating", author=annotator)}
@@ -109,8 +119,9 @@ def test_a_burst_of_events_arrives_in_batch_frames_and_each_is_shown_in_order(pa
     page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(payload)))
     _open_annotate(page, live_url, run, "annotator")
     worker_write(run.pk, events=[{"type": "feedback.saved", "payload": {"kind": f"k{i}"}} for i in range(25)])
-    page.wait_for_function("document.querySelectorAll('#live-feed li').length >= 25")
-    notes = page.locator("#live-feed li").all_inner_texts()
+    page.locator("#live-feed li").nth(24).wait_for(state="attached")
+    assert page.inner_text("#live-line").endswith("feedback: k24")  # the compact line: the latest
+    notes = page.locator("#live-feed li").all_text_contents()  # folded away under "Live events"
     assert notes[:25] == [f"feedback: k{i}" for i in reversed(range(25))]  # newest first
     assert any('"type": "batch"' in f for f in frames)
 

@@ -14,14 +14,16 @@ from apps.feedback.models import Feedback
 from apps.feedback.policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
 from apps.feedback.services import (
-    FeedbackInvalid,
+    feedback_compare,
     feedback_edit,
+    feedback_rank,
     feedback_rate,
-    feedback_submit,
+    feedback_rate_and_flag,
     feedback_wait_expire,
 )
 from apps.runs.config import FeedbackPolicy
 from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput, NotFound
 from tests.factories import add_member, experience_row, make_run, make_user
 
 pytestmark = pytest.mark.django_db
@@ -96,7 +98,7 @@ def test_a_ranking_gives_each_member_its_normalised_borda_reward(owner: User) ->
     run = make_run(owner=owner, feedback={"mode": "human"})
     members = _group(run, autos=[0.0, 0.0, 0.0, 0.0])
     order = [members[2].pk, members[0].pk, members[3].pk, members[1].pk]
-    fb = feedback_submit(run=run, author=owner, kind="ranking", group_id="g1", value={"order": order})
+    fb = feedback_rank(run=run, author=owner, group_id="g1", order=order)
     assert fb.late is False
     rewards = {m.pk: m.reward for m in _fresh(members)}
     assert [rewards[pk] for pk in order] == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0])
@@ -106,8 +108,9 @@ def test_a_ranking_gives_each_member_its_normalised_borda_reward(owner: User) ->
 def test_a_ranking_must_order_the_whole_group(owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "human"})
     members = _group(run, autos=[0.0, 0.0, 0.0])
-    with pytest.raises(FeedbackInvalid, match="every completion"):
-        feedback_submit(run=run, author=owner, kind="ranking", group_id="g1", value={"order": [members[0].pk, members[1].pk]})
+    with pytest.raises(InvalidInput, match="every completion") as refused:
+        feedback_rank(run=run, author=owner, group_id="g1", order=[members[0].pk, members[1].pk])
+    assert refused.value.field == "order"
     assert not Feedback.objects.exists()
 
 
@@ -138,9 +141,8 @@ def test_late_feedback_is_stored_counted_and_leaves_the_trained_reward_alone(own
     Experience.objects.filter(pk__in=[m.pk for m in members]).update(reward=0.7)
     claimed = batch_claim(run=run, worker="t", size=10)
     batch_ack(run=run, worker="t", ids=[e.pk for e in claimed])
-    [rating] = feedback_rate(run=run, author=owner, experience=members[0], score=1)
-    pair = feedback_submit(run=run, author=owner, kind="pairwise", experience=members[0], other=members[1],
-                           value={"winner": "b"})
+    rating = feedback_rate(run=run, author=owner, experience=members[0], score=1)
+    pair = feedback_compare(run=run, author=owner, experience=members[0], other=members[1], winner="b")
     assert rating.late and pair.late
     assert {(m.status, m.reward) for m in _fresh(members)} == {("consumed", 0.7)}
     assert feedback_counts(run=run)["late"] == 2
@@ -175,12 +177,12 @@ def test_malformed_feedback_is_refused_with_a_message(owner: User) -> None:
     other_run = make_run(owner=owner, name="other")
     (member,) = _group(run, autos=[0.0])
     (foreign,) = _group(other_run, autos=[0.0], group="g2")
-    with pytest.raises(FeedbackInvalid, match="1 to 5"):
+    with pytest.raises(InvalidInput, match="1 to 5"):
         feedback_rate(run=run, author=owner, experience=member, score=9)
-    with pytest.raises(FeedbackInvalid, match="not an experience of run"):
+    with pytest.raises(NotFound, match="not an experience of run"):
         feedback_rate(run=run, author=owner, experience=foreign, score=3)
-    with pytest.raises(FeedbackInvalid, match="flags"):
-        feedback_rate(run=run, author=owner, experience=member, flags=["boring"])
+    with pytest.raises(InvalidInput, match="flags"):
+        feedback_rate_and_flag(run=run, author=owner, experience=member, flags=["boring"])
     assert not Feedback.objects.exists()
 
 
@@ -188,6 +190,7 @@ def test_flags_are_stored_beside_the_rating(owner: User) -> None:
     user = make_user("rater")
     run = make_run(owner=owner)
     (member,) = _group(run, autos=[0.0])
-    saved = feedback_rate(run=run, author=user, experience=member, score=2, flags=["unsafe", "off_task"], comment="bad")
+    saved = feedback_rate_and_flag(run=run, author=user, experience=member, score=2, flags=["unsafe", "off_task"],
+                                   comment="bad")
     assert [(f.kind, f.value.get("flags")) for f in saved] == [("rating", None), ("flag", ["off_task", "unsafe"])]
     assert saved[0].comment == "bad"

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -17,28 +15,15 @@ from apps.feedback.services import feedback_rate
 from apps.feedback.tasks import feedback_wait_expire_task
 from rftweb.celery import app
 from tests.factories import experience_row, make_run
-from tests.feedback.conftest import server_env
+from tests.servers import celery_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def celery_worker(django_db_setup: None, django_db_blocker) -> Iterator[None]:
-    with django_db_blocker.unblock():
-        env = server_env()
-    app.control.purge()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "default", "-c", "1",
-         "--without-heartbeat", "--without-gossip", "--without-mingle", "-n", f"feedback-test-{time.time_ns()}@%h"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    yield
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def default_worker(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    with django_db_blocker.unblock(), celery_worker("default", name="feedback-test"):
+        yield
 
 
 def test_the_beat_schedules_the_wait_window_sweep() -> None:
@@ -46,7 +31,7 @@ def test_the_beat_schedules_the_wait_window_sweep() -> None:
     assert {"apps.feedback.tasks.feedback_wait_expire_task", "apps.feedback.tasks.assignment_reap_task"} <= tasks
 
 
-def test_a_celery_worker_ends_wait_windows_with_the_fallback(celery_worker: None, owner: User) -> None:
+def test_a_celery_worker_ends_wait_windows_with_the_fallback(default_worker: None, owner: User) -> None:
     waiting = make_run(owner=owner, name="waits", feedback={"mode": "blend", "wait_seconds": 0, "fallback": "auto"})
     dropping = make_run(owner=owner, name="drops", feedback={"mode": "human", "wait_seconds": 0, "fallback": "drop"})
     patient = make_run(owner=owner, name="patient", feedback={"mode": "human", "wait_seconds": 3600})

@@ -1,5 +1,5 @@
 """A stand-in for the explorer's write path, run as its own process by the page tests:
-writes experiences through experience_write and announces them, as a rollout worker does.
+writes experiences through experience_write, which announces them, as a rollout worker does.
 
     python -m tests.feedback.worker '{"run_id": 1, "rows": [{...}, ...]}'
     python -m tests.feedback.worker '{"run_id": 1, "event": {"type": "feedback.saved", "payload": {}}}'
@@ -20,6 +20,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.services import experience_write
     from apps.runs.events import event_publish
 
@@ -32,10 +33,8 @@ def main() -> None:
         event_publish(run_id=spec["run_id"], type=spec["event"]["type"], payload=spec["event"]["payload"])
         print(json.dumps({"ids": []}))
         return
-    rows = [{"run_id": spec["run_id"], **row} for row in spec["rows"]]
-    result = experience_write(experiences=rows)
-    event_publish(run_id=spec["run_id"], type="experience.created",
-                  payload={"ids": result.ids, "group_id": rows[0]["group_id"], "count": len(result.ids)})
+    drafts = [ExperienceDraft.from_row({"run_id": spec["run_id"], **row}) for row in spec["rows"]]
+    result = experience_write(experiences=drafts, announce=True)
     print(json.dumps({"ids": result.ids}))
 
 

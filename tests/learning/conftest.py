@@ -28,18 +28,15 @@ def demo_model_dir() -> Path:
 def loop_workers(transactional_db: Any, tmp_path: Path) -> Iterator[dict[str, Path]]:
     """Conductor (default), explorer (rollout) and trainer (train) as `celery worker -P solo`
     subprocesses on the test database and Redis; yields their log files."""
-    import redis
-    from django.conf import settings
+    from tests.servers import celery_worker, redis_flush
 
-    from tests.workers_util import celery_worker
-
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    env = {"RFT_STORAGE_DIR": str(tmp_path / "storage"), "RFT_CONDUCT_SECONDS": "0.3", "PYTHONPATH": str(ROOT)}
+    redis_flush()
+    env = {"RFT_STORAGE_DIR": str(tmp_path / "storage"), "RFT_CONDUCT_SECONDS": "0.3"}
     logs = {name: tmp_path / f"{name}.log" for name in ("conductor", "explorer", "trainer")}
     with ExitStack() as stack:
         stack.enter_context(celery_worker("train", name="learn-trainer", log=logs["trainer"], **env))
         stack.enter_context(celery_worker("rollout", name="learn-explorer", log=logs["explorer"], **env))
         # Last: the conductor's start purges no one else's messages (celery_worker purges first).
-        stack.enter_context(celery_worker("default", name="learn-conductor", log=logs["conductor"], **env))
+        stack.enter_context(celery_worker("default", name="learn-conductor", log=logs["conductor"], beat=True, **env))
         yield logs
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    redis_flush()

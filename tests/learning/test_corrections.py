@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_edit
@@ -52,11 +53,11 @@ def test_an_sft_step_learns_from_a_human_correction_written_without_tokens(
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     prompt = prompt_ids(tokenizer, text=task.prompt)
     wrong = tokenizer("<answer>0</answer>", add_special_tokens=False)["input_ids"]
-    parent_id = experience_write(experiences=[{
-        "run_id": run.pk, "key": "explore:1:0", "group_id": "attempt-1", "task_id": task.pk,
-        "prompt_text": task.prompt, "response_text": "<answer>0</answer>", "token_ids": prompt + wrong,
-        "prompt_length": len(prompt), "logprobs": [-1.0] * len(wrong), "reward": 0.0,
-    }]).ids[0]
+    parent_id = experience_write(experiences=[ExperienceDraft(
+        run_id=run.pk, key="explore:1:0", group_id="attempt-1", task_id=task.pk,
+        prompt_text=task.prompt, response_text="<answer>0</answer>", token_ids=prompt + wrong,
+        prompt_length=len(prompt), logprobs=[-1.0] * len(wrong), reward=0.0,
+    )]).ids[0]
     correction = f"<answer>{reference_text(task)}</answer>"
     _, expert = feedback_edit(run=run, author=owner, experience=parent_id, text=correction)
     assert expert.is_expert and not expert.token_ids

@@ -71,12 +71,12 @@ def test_grpo_through_the_whole_loop_raises_heldout_accuracy_over_the_warm_up(
     deadline = started + 420
     while time.monotonic() < deadline:
         run.refresh_from_db()
-        if run.status in (Run.Status.STOPPED, Run.Status.FAILED):
+        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
             break
         time.sleep(1.0)
     seconds = time.monotonic() - started
     logs = {name: path.read_text(errors="replace")[-2000:] for name, path in loop_workers.items()}
-    assert run.status == Run.Status.STOPPED, (run.status, run.error, run.train_step, run.explore_step, logs)
+    assert run.status == Run.Status.FINISHED, (run.status, run.error, run.train_step, run.explore_step, logs)
     assert run.train_step == STEPS and run.current_version == STEPS
 
     base = heldout_accuracy(demo_model_dir)

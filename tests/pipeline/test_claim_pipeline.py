@@ -6,7 +6,7 @@ import pytest
 
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_flag
 from tests.factories import experience_row
 from tests.pipeline.conftest import metrics, reasons
 
@@ -85,7 +85,7 @@ def test_human_flagged_experiences_are_filtered_at_claim(make_pipeline_run, anno
     run = make_pipeline_run(on_claim=[{"name": "human_flagged"}])
     experience_write(experiences=[experience_row(run, key="flagged"), experience_row(run, key="fine")])
     flagged = Experience.objects.get(run=run, key="flagged")
-    Feedback.objects.create(run=run, kind="flag", experience=flagged, author=annotator, value={"reason": "wrong maths"})
+    feedback_flag(run=run, experience=flagged, author=annotator, reason="wrong maths")
     assert [e.key for e in batch_claim(run=run, worker="w", size=5)] == ["fine"]
     assert reasons(run) == {"flagged": "human_flagged: wrong maths"}
 

@@ -14,7 +14,7 @@ from apps.buffer.models import Experience, Task, TaskAttempt
 from apps.buffer.pipeline import experience_priorities_refresh
 from apps.buffer.pipeline.synthesize import arithmetic_eval
 from apps.buffer.services import experience_write, task_attempts_create, task_claim
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_flag
 from tests.factories import experience_row, make_run
 from tests.pipeline.conftest import metrics
 
@@ -117,8 +117,8 @@ def test_replay_priority_decays_with_use_and_age_and_boosts_flagged_rows(make_pi
     assert set(Experience.objects.filter(run=run).values_list("priority", flat=True)) == {1.0}
     Experience.objects.filter(run=run, key="used").update(use_count=2)
     Experience.objects.filter(run=run, key="old").update(created_at=timezone.now() - timedelta(hours=2))
-    Feedback.objects.create(run=run, kind="flag", experience=Experience.objects.get(run=run, key="flagged"),
-                            author=annotator, value={"reason": "interesting"})
+    feedback_flag(run=run, experience=Experience.objects.get(run=run, key="flagged"), author=annotator,
+                  reason="interesting")
     experience_priorities_refresh(run=run)
     got = dict(Experience.objects.filter(run=run).values_list("key", "priority"))
     assert got["fresh"] == pytest.approx(1.0, rel=1e-3)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Task
 from apps.buffer.pipeline.synthesize import paraphrase_accept
+from tests.servers import celery_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b), "domain": "math"} for a, b in ((3, 4), (10, 7))]
@@ -67,22 +64,8 @@ def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_referenc
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_model: Path, tmp_path: Path) -> None:
-    from rftweb.celery import app
-
-    with app.connection_for_write() as conn:
-        conn.default_channel.queue_purge("rollout")
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://localhost:5432/{connection.settings_dict['NAME']}",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout",
-         "-I", "workers.synthesize", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
-        cwd=ROOT, env=env, stdout=(tmp_path / "worker.log").open("wb"), stderr=subprocess.STDOUT,
-    )
-    try:
+    log = tmp_path / "worker.log"
+    with celery_worker("rollout", name="paraphrase", log=log, includes=("workers.synthesize",)) as worker:
         taskset = taskset_create(name="t", records=RECORDS, owner=owner, pipeline=[{
             "name": "synth_paraphrase",
             "params": {"model": str(tiny_model), "n": 2, "max_tokens": 8, "require_numbers": False},
@@ -90,11 +73,8 @@ def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_m
         assert taskset.pipeline_counts == {"synth_paraphrase/enqueued": 1}
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not Task.objects.filter(taskset=taskset, is_synthetic=True).exists():
-            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert worker.poll() is None, log.read_text()[-3000:]
             time.sleep(0.5)
         made = Task.objects.filter(taskset=taskset, is_synthetic=True)
-        assert made.exists(), (tmp_path / "worker.log").read_text()[-3000:]
+        assert made.exists(), log.read_text()[-3000:]
         assert {t.metadata["synthetic"] for t in made} == {"paraphrase"}
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from apps.buffer.models import Experience
-from apps.buffer.services import BatchRejected, experience_write
+from apps.buffer.services import experience_write
+from rftweb.exceptions import InvalidInput
 from tests.factories import experience_row
 from tests.pipeline.conftest import metrics, reasons
 
@@ -104,35 +105,30 @@ def test_length_bounds_drop_too_short_and_too_long_responses(make_pipeline_run) 
 def test_a_nan_reward_is_stored_filtered_with_its_reason_instead_of_failing_the_batch(make_pipeline_run) -> None:
     run = make_pipeline_run(on_write=[{"name": "reward_invalid", "params": {"max_reward": 1.0, "require_reward": True}}])
     result = experience_write(experiences=[
-        experience_row(run, key="nan", reward=math.nan),
-        experience_row(run, key="inf-part", reward_parts={"acc": math.inf}),
         experience_row(run, key="huge", reward=7.0),
         experience_row(run, key="none", reward=None),
         experience_row(run, key="waiting", reward=None, status="pending"),
         experience_row(run, key="ok", reward=0.5),
     ])
-    assert result.created == 6
-    found = reasons(run)
-    assert found == {
-        "nan": "invalid_reward: reward", "inf-part": "invalid_reward: reward_parts",
-        "huge": "reward_out_of_range: 7", "none": "missing_reward",
-    }
-    nan = Experience.objects.get(run=run, key="nan")
-    assert nan.reward is None and nan.metadata["invalid_reward"] == {"reward": "nan"}
+    assert result.created == 4
+    assert reasons(run) == {"huge": "reward_out_of_range: 7", "none": "missing_reward"}
+    # NaN never reaches the pipeline: the experience's own type refuses it, naming the field.
+    with pytest.raises(InvalidInput, match="reward: reward must be a finite number"):
+        experience_row(run, key="nan", reward=math.nan)
 
 
 def test_without_the_filter_a_nan_reward_still_rejects_the_batch(make_pipeline_run) -> None:
     run = make_pipeline_run(on_write=[{"name": "clean"}])
-    with pytest.raises(BatchRejected, match="row 1: reward must be a finite number"):
+    with pytest.raises(InvalidInput, match="reward must be a finite number"):
         experience_write(experiences=[experience_row(run, key="a"), experience_row(run, key="b", reward=math.nan)])
     assert not Experience.objects.filter(run=run).exists()
 
 
 def test_a_malformed_row_still_rejects_the_whole_batch_naming_the_callers_row(make_pipeline_run) -> None:
     run = make_pipeline_run(on_write=[{"name": "clean"}, {"name": "dedup_exact"}, {"name": "reward_variance"}])
-    with pytest.raises(BatchRejected) as caught:
+    with pytest.raises(InvalidInput) as caught:
         experience_write(experiences=[experience_row(run, key="a"), experience_row(run, key="b", token_ids="nope")])
-    assert caught.value.row == 1
+    assert caught.value.field == "token_ids"
     assert not Experience.objects.filter(run=run).exists()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -158,6 +160,42 @@ def test_the_llm_judge_reads_the_score_the_judge_model_gives(judge_model: str) -
     [[sample]] = engine.generate([tokenizer(head, add_special_tokens=False)["input_ids"]], n=1,
                                  sampling=SamplingConfig(temperature=0.0, max_tokens=8))
     assert sample.text.strip() == "Score: 7" and sample.finish_reason == "stop"
+
+
+def _vllm_judge_scores(judge_model: str) -> tuple[list[float], Any]:
+    import workers.engines as engines
+
+    judge_engine.cache_clear()
+    engines.engine_cache_clear()
+    scores = llm_judge_scores(COMPLETIONS, TASKS, model=judge_model, engine="vllm", max_tokens=8)
+    engine, _ = judge_engine(judge_model, "vllm")
+    return scores, engine
+
+
+@pytest.mark.slow
+def test_the_vllm_judge_without_vllm_judges_through_the_workers_rollout_engine(
+    judge_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reward worker where vLLM cannot be imported: engine_for falls back to the rollout
+    # engines' transformers engine, through the same call the vLLM path makes.
+    import workers.engines as engines
+
+    monkeypatch.setattr(engines, "vllm_available", lambda: False)
+    scores, engine = _vllm_judge_scores(judge_model)
+    assert scores == [pytest.approx(0.7)] * 3
+    assert engine is engines.engine_for(SimpleNamespace(engine="transformers", model=judge_model))
+    engines.engine_cache_clear()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_vllm_judge_reads_the_score_from_a_vllm_engine(judge_model: str) -> None:
+    import workers.engines as engines
+
+    scores, engine = _vllm_judge_scores(judge_model)
+    assert scores == [pytest.approx(0.7)] * 3
+    assert type(engine).__name__ == "VLLMEngine"
+    engines.engine_cache_clear()
 
 
 @pytest.mark.slow

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Experience, Task
@@ -21,6 +17,7 @@ from apps.rewards.services import experience_rewards_apply
 from apps.runs.models import Run
 from rftweb.celery import app
 from tests.factories import experience_row, make_run, make_taskset, make_user
+from tests.servers import celery_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "```python\ndef add(a, b):\n    return a + b\n```"
@@ -32,29 +29,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def reward_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[subprocess.Popen]:
+def reward_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[subprocess.Popen[bytes]]:
     """`celery worker -Q reward` against this session's test database and Redis database."""
     if settings.EMBEDDED or "postgres" not in settings.DATABASES["default"]["ENGINE"]:
         pytest.skip("needs DATABASE_URL (Postgres) and REDIS_URL")
-    db_name = connection.settings_dict["NAME"]
-    base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
-    env = {**os.environ, "DATABASE_URL": f"{base}/{db_name}", "DJANGO_SETTINGS_MODULE": "rftweb.settings",
-           "PYTHONPATH": str(ROOT)}
-    env.pop("TEST_DATABASE_NAME", None)
-    app.control.purge()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "reward", "-c", "1",
-         "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"rewards-test-{os.getpid()}@%h",
-         "--loglevel", "INFO"],
-        cwd=ROOT, env=env, start_new_session=True,
-    )
-    yield proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with celery_worker("reward", name="rewards-test") as proc:
+        yield proc
 
 
 def _code_run(*, feedback: str = "auto") -> tuple[Run, list[Task]]:

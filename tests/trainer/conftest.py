@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.servers import Workers, redis_flush
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -42,103 +45,21 @@ def load_model(tiny_model_dir: Path) -> Any:
 
 # ----------------------------------------------------------------------------- real Celery workers
 
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Workers:
-    """Celery workers as subprocesses (`-P solo`), on the test database and this
-    checkout's Redis database, started and killed by the tests."""
-
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env = env
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, queues: str, *includes: str) -> None:
-        log_path = self.logs / f"{name}.log"
-        cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues,
-               "-n", f"{name}@%h", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"]
-        for module in includes:
-            cmd += ["-I", module]
-        fh = log_path.open("ab")
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if b" ready." in log_path.read_bytes():
-                return
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"worker {name} exited: {log_path.read_text()[-3000:]}")
-            time.sleep(0.3)
-        raise RuntimeError(f"worker {name} did not come up: {log_path.read_text()[-3000:]}")
-
-    def kill_all(self) -> None:
-        """SIGKILL: no graceful shutdown, no message handed back, leases left behind."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
-        self.procs.clear()
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.procs.clear()
-
-    def log(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _redis_flush() -> None:
-    import redis
-    from django.conf import settings
-
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
-
-
 @pytest.fixture(scope="module")
 def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
     """A conductor worker (queue default) and a trainer worker (queue train), shared by a
     module's tests (starting them costs seconds; tests that kill them start them again)."""
-    from django.db import connection
-
-    db = connection.settings_dict
     tmp_path = tmp_path_factory.mktemp("workers")
-    storage = tmp_path / "storage"
-    env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": f"postgres://{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{db['NAME']}",
-        "DJANGO_SETTINGS_MODULE": "rftweb.settings",
-        "RFT_STORAGE_DIR": str(storage),
-        "RFT_CONDUCT_SECONDS": "0.3",
-        "RFT_DISPATCH_TTL": "30",
-        "RFT_LEASE_SECONDS": "8",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    })
-    env.pop("TEST_DATABASE_NAME", None)
-    _redis_flush()
-    workers = Workers(env, tmp_path)
-    workers.start("conductor", "default")
+    redis_flush()
+    workers = Workers(tmp_path, RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_CONDUCT_SECONDS="0.3",
+                      RFT_DISPATCH_TTL="30", RFT_LEASE_SECONDS="8")
+    workers.start("conductor", "default", beat=True)
     workers.start("trainer", "train", "workers.trainer")
     try:
         yield workers
     finally:
         workers.stop_all()
-        _redis_flush()
+        redis_flush()
 
 
 def running_run(owner: Any, model_dir: Path, **config: Any) -> Any:

@@ -79,7 +79,9 @@ def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.LossParams, r
         model=model, tokenizer=tokenizer, params=params, num_generations=size, batch_size=len(rollouts),
         rollout_func=rollout_func, reward_funcs=[reward],
     )
-    inputs = bridge.grpo_reference_inputs(trainer=trainer, prompts=[f"p{r.group_id}" for r in rollouts])
+    # TRL's own pipeline from prompts to the loss inputs (its rollout_func and reward
+    # function above decide completions and rewards).
+    inputs = trainer._generate_and_score_completions([{"prompt": f"p{r.group_id}"} for r in rollouts])
     # TRL keeps rollout logprobs as `sampling_per_token_logps`; for a buffer-fed trainer they
     # are π_old (DESIGN: ratio and clipping against the behaviour policy).
     inputs["old_per_token_logps"] = inputs.pop("sampling_per_token_logps")

@@ -11,7 +11,7 @@ import torch
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
@@ -89,6 +89,34 @@ def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, mo
     run.refresh_from_db()
     assert run.train_step == 0
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
+
+
+def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_audit_entry(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.runs.models import AuditEntry
+    from workers.trainer import train_step
+
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+
+    def bad_shapes(self: Any, batch: Any) -> None:
+        raise ValueError("logits and labels differ in shape")
+
+    monkeypatch.setattr("workers.algorithms.learner.Learner.step", bad_shapes)
+    # The Celery task's body, in this process: a retry would only repeat this error.
+    out = train_step.apply(args=[run.pk, 1]).get()
+    assert out["status"] == "failed"
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+    assert "train step 1" in run.error and "ValueError: logits and labels differ in shape" in run.error
+    entry = AuditEntry.objects.get(run=run, action="fail")
+    assert entry.actor is None and "logits and labels differ" in entry.detail["reason"]
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"ready"}
+    # A second failure report (another worker) leaves the run and its audit as they are.
+    trainer_mod._fail_run(run.pk, 1, RuntimeError("later error"))
+    run.refresh_from_db()
+    assert "later error" not in run.error and AuditEntry.objects.filter(run=run, action="fail").count() == 1
 
 
 def test_a_paused_run_is_not_trained(owner: Any, tiny_model_dir: Path) -> None:
@@ -171,55 +199,72 @@ def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> 
     run = running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
     ids = _groups(run, groups=2, size=2)
     # Against the rewards (the second of each group has the higher one), people preferred the first.
-    Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)
+    feedback_compare(run=run, experience=ids[0], other=ids[1], winner="a", author=owner)
     out = trainer_step(run_id=run.pk, step=1)
     assert out["status"] == "trained"
     assert Metric.objects.get(run=run, step=1, name="pairs").value == 2
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"consumed"}
 
 
+def _sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any]]]:
+    """What the loop queues, captured instead of sent (no workers here)."""
+    sent: list[tuple[str, list[Any]]] = []
+    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue, task_id: sent.append((name, args)))
+    return sent
+
+
+def _train_dispatch(run: Run) -> Any:
+    from apps.runs.models import Dispatch
+
+    return Dispatch.objects.get(run=run, kind="train")
+
+
 def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sending_them(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from apps.runs.orchestration import _prefix, markers
+    from apps.runs import orchestration
 
     run = running_run(owner, tiny_model_dir, total_steps=3)
-    markers.delete_prefix(_prefix(run.pk))  # run ids repeat across test sessions; Redis keys outlive them
     for tag in ("a", "b", "c", "d"):
         _groups(run, tag=tag)
-    sent: list[tuple[str, list[Any]]] = []
-    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue: sent.append((name, args)))
+    sent = _sends(monkeypatch)
+    # A conductor beat between the chained steps (as the loop's beat would come) finds the
+    # run's train dispatch held by the chain and sends nothing.
+    seen: list[tuple[str, int]] = []
+    real_continue = orchestration.train_step_continue
+
+    def continue_then_beat(*, run: Run, step: int) -> Any:
+        readiness = real_continue(run=run, step=step)
+        orchestration.run_advance(run=Run.objects.get(pk=run.pk))
+        row = _train_dispatch(run)
+        seen.append((row.state, row.step))
+        return readiness
+
+    monkeypatch.setattr(orchestration, "train_step_continue", continue_then_beat)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1, 2, 3]
     assert not [args for name, args in sent if name == "workers.trainer.train_step"]
+    assert seen == [("running", 1), ("running", 2), ("running", 3)]  # held by the chain, step by step
     run.refresh_from_db()
     assert run.train_step == 3 and run.current_version == 3
     assert Metric.objects.filter(run=run, name="loss").count() == 3
-    # Steps 2 and 3 were the trainer's own: their dispatch markers are set, so a conductor
-    # beat in the meantime would not have queued them a second time.
-    assert markers.get(f"{_prefix(run.pk)}train:2") and markers.get(f"{_prefix(run.pk)}train:3")
+    assert _train_dispatch(run).state == "idle"  # the task ended: the loop may send again
     assert Experience.objects.filter(run=run, status="ready").count() == 8  # the fourth batch stays
 
 
 def test_a_chain_stops_at_a_step_whose_batch_is_not_there(owner: Any, tiny_model_dir: Path) -> None:
-    from apps.runs.orchestration import _prefix, markers
-
     run = running_run(owner, tiny_model_dir, mode="async", max_staleness=0)
-    markers.delete_prefix(_prefix(run.pk))
     _groups(run, tag="a")
     _groups(run, tag="b")  # version 0: too stale for step 2, which needs version 1
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["steps"] == [1]
-    assert markers.get(f"{_prefix(run.pk)}train:2") is None  # the conductor dispatches it when it can go
+    assert _train_dispatch(run).state == "idle"  # the loop sends step 2 when it can go
 
 
 def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from apps.runs.orchestration import _prefix, markers
-
     run = running_run(owner, tiny_model_dir)
-    markers.delete_prefix(_prefix(run.pk))
     _groups(run, tag="a")
     _groups(run, tag="b")
     real_claim = trainer_mod._claim
@@ -231,13 +276,12 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
         return real_claim(**kwargs) if calls == 1 else (None, [])  # another claimer was first
 
     monkeypatch.setattr(trainer_mod, "_claim", claim_then_nothing)
-    sent: list[tuple[str, list[Any]]] = []
-    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue: sent.append((name, args)))
+    sent = _sends(monkeypatch)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1]
     run.refresh_from_db()
     assert run.train_step == 1
-    # Handed back: the dispatch after the chain could queue step 2 (its marker was free again).
+    # Handed back: the dispatch after the chain could queue step 2.
     assert ("workers.trainer.train_step", [run.pk, 2]) in sent
 
 
@@ -247,18 +291,58 @@ def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_
     import psycopg
     from django.db import connection
 
-    from apps.runs.orchestration import _prefix, markers
+    from apps.runs.orchestration import TRAINER_LOCK_NAMESPACE
 
     run = running_run(owner, tiny_model_dir)
     _groups(run)
-    key = f"{_prefix(run.pk)}train:1"
-    markers.delete_prefix(_prefix(run.pk))
-    markers.add(key, "dispatched", 120)
     db = connection.settings_dict
     with psycopg.connect(host=db["HOST"] or "localhost", port=db["PORT"] or 5432, dbname=db["NAME"], user=db["USER"] or None) as other:
-        # The lock another trainer's chain would hold.
-        other.execute("SELECT pg_advisory_lock(%s, %s)", [trainer_mod._LOCK_NAMESPACE, run.pk])
+        # The lock another trainer (one run by hand) would hold.
+        other.execute("SELECT pg_advisory_lock(%s, %s)", [TRAINER_LOCK_NAMESPACE, run.pk])
         assert trainer_step(run_id=run.pk, step=1)["status"] == "busy"
-    assert markers.get(key) is None  # the conductor's next beat may send it again
+    assert _train_dispatch(run).state == "idle"  # the conductor's next beat may send it again
     run.refresh_from_db()
     assert run.train_step == 0
+
+
+def test_a_message_that_is_not_the_dispatched_one_does_nothing(owner: Any, tiny_model_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.runs.orchestration import dispatch_send
+
+    run = running_run(owner, tiny_model_dir)
+    _groups(run)
+    _sends(monkeypatch)
+    assert dispatch_send(run=run, kind="train", step=1)
+    sent_id = _train_dispatch(run).task_id
+    # A stray copy (another id) finds the step sent to someone else.
+    assert trainer_step(run_id=run.pk, step=1, task_id="a-stray-copy")["status"] == "superseded"
+    assert Run.objects.get(pk=run.pk).train_step == 0
+    # The dispatched message trains; a late copy of it afterwards does nothing.
+    assert trainer_step(run_id=run.pk, step=1, task_id=sent_id)["status"] == "trained"
+    assert trainer_step(run_id=run.pk, step=1, task_id=sent_id)["status"] == "superseded"
+    assert Metric.objects.filter(run=run, name="loss").count() == 1
+
+
+def test_a_trainer_whose_batch_lease_was_taken_back_does_not_record_its_step(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.buffer.services import batch_release
+
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+    from workers.algorithms.learner import Learner
+
+    learner_step = Learner.step
+
+    def step_while_the_loop_takes_the_lease_back(self: Any, batch: Any) -> Any:
+        out = learner_step(self, batch)
+        # Meanwhile the loop took this trainer for dead and handed its leases back.
+        batch_release(run=run, worker="trainer-under-test")
+        return out
+
+    monkeypatch.setattr(Learner, "step", step_while_the_loop_takes_the_lease_back)
+    with pytest.raises(trainer_mod.StepConflict, match="lease was lost"):
+        trainer_step(run_id=run.pk, step=1, worker="trainer-under-test")
+    run.refresh_from_db()
+    assert run.train_step == 0 and not Metric.objects.filter(run=run, name="loss").exists()
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}

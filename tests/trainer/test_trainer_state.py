@@ -14,6 +14,7 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
+from apps.feedback.services import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from apps.runs.selectors import preferences_among
 from tests.factories import experience_row
@@ -162,11 +163,11 @@ def test_a_replay_trains_on_the_batch_as_it_was_even_after_its_feedback_changed(
 ) -> None:
     run = running_run(owner, tiny_model_dir, algorithm="dpo", train_batch_size=4, repeat_times=2)
     ids = _groups(run, tag="d", groups=2, size=2)
-    Feedback.objects.create(run=run, kind="pairwise", experience_id=ids[0], other_id=ids[1], value="a", author=owner)
+    feedback_compare(run=run, experience=ids[0], other=ids[1], winner="a", author=owner)
     assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
     before = _state(run)
     # People change their minds after the step: the step still trained on the first answer.
-    Feedback.objects.filter(run=run).update(value="b")
+    Feedback.objects.filter(run=run).update(value={"winner": "b"})
     Experience.objects.filter(pk__in=ids).update(reward=0.0)
     journaled, _ = journal_read(journal_path(run.pk, 1))
     assert journaled.preferences == [(ids[0], ids[1])]

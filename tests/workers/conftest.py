@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.servers import celery_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
@@ -56,51 +56,8 @@ def vllm_engine(demo_model_dir: Path) -> Iterator[Any]:
     engine.close()
 
 
-def _worker_env(db_name: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # The worker talks to the test database pytest-django created, not the dev one.
-    base = env.get("DATABASE_URL", "postgres://localhost:5432/test").rsplit("/", 1)[0]
-    env["DATABASE_URL"] = f"{base}/{db_name}"
-    env.pop("TEST_DATABASE_NAME", None)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
 @pytest.fixture(scope="session")
 def celery_rollout_worker(django_db_setup: Any, django_db_blocker: Any) -> Iterator[subprocess.Popen[bytes]]:
     """A real `celery worker -P solo -Q rollout` on the test database and this run's Redis."""
-    from django.db import connection
-
-    from rftweb.celery import app
-
-    with django_db_blocker.unblock():
-        db_name = connection.settings_dict["NAME"]
-    app.control.purge()
-    log_path = CACHE / "test-celery-rollout.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("wb")
-    name = f"rollout-test-{os.getpid()}@localhost"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout",
-         "-n", name, "--without-mingle", "--without-gossip", "-l", "INFO"],
-        cwd=ROOT, env=_worker_env(db_name), stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"celery worker exited with {proc.returncode}; see {log_path}")
-            if app.control.ping(destination=[name], timeout=1.0):
-                break
-        else:
-            raise RuntimeError(f"celery worker did not answer within 90 s; see {log_path}")
+    with django_db_blocker.unblock(), celery_worker("rollout", name="rollout-test", log=CACHE / "test-celery-rollout.log") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()

@@ -175,14 +175,14 @@ def test_a_reward_that_crashes_scores_zero_and_the_step_completes(owner: User, d
 
 def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import workers.explorer as explorer_module
-    from apps.buffer.services import BatchRejected
+    from rftweb.exceptions import InvalidInput
 
     def reject(**kwargs: Any) -> Any:
-        raise BatchRejected(0, "simulated")
+        raise InvalidInput("simulated", field="0.key")
 
     monkeypatch.setattr(explorer_module, "experience_write", reject)
     run = demo_run(owner, demo_model_dir, tasks=2)
-    with pytest.raises(BatchRejected):
+    with pytest.raises(InvalidInput):
         explore(run_id=run.pk, step=1)
     assert not Experience.objects.filter(run=run).exists()
     assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
@@ -277,6 +277,7 @@ async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experie
     # writes nothing twice.
     keys = sorted(Experience.objects.filter(run=run).values_list("key", flat=True))
     TaskAttempt.objects.filter(run=run).update(status="queued", lease_owner="", lease_expires_at=None)
+    await asyncio.to_thread(Run.objects.filter(pk=run.pk).update, explore_step=0)  # committed with the finish
     again = await asyncio.to_thread(explore_step.delay(run.pk, 1).get, timeout=120)
     assert again["experiences"] == 0 and again["duplicates"] == 6
     assert sorted(Experience.objects.filter(run=run).values_list("key", flat=True)) == keys

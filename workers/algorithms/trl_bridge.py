@@ -203,12 +203,6 @@ def grpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> t
     return loss, {k: v for k, v in metrics.items() if v is not None}
 
 
-def grpo_reference_inputs(*, trainer: Any, prompts: list[Any]) -> dict[str, torch.Tensor]:
-    """TRL's own pipeline from prompts to the loss inputs (its rollout_func and reward
-    functions decide completions and rewards). Used by tests as the oracle."""
-    return trainer._generate_and_score_completions([{"prompt": p} for p in prompts])
-
-
 # ----------------------------------------------------------------------------- DPO
 
 

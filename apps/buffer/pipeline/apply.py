@@ -65,7 +65,7 @@ class PipelineSession:
             if buffered:
                 _write_metrics.add(self.run, self.step, self.ctx.metric_values())
             else:
-                from apps.runs.services import metric_record
+                from apps.runs.metrics import metric_record
 
                 metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
 
@@ -93,7 +93,7 @@ class _MetricBuffer:
             if held is None:
                 held = self.pending[run.pk] = (run, step, Counter())
             held[2].update(values)
-            due = time.monotonic() - self.last_flush >= getattr(settings, "RFT_PIPELINE_METRICS_SECONDS", 2.0)
+            due = time.monotonic() - self.last_flush >= settings.RFT_PIPELINE_METRICS_SECONDS
         if due:
             self.flush()
 
@@ -106,7 +106,7 @@ class _MetricBuffer:
 
     @staticmethod
     def _record(run: Any, step: int, counts: Counter[str]) -> None:
-        from apps.runs.services import metric_record
+        from apps.runs.metrics import metric_record
 
         try:
             metric_record(run=run, step=step, values=dict(counts))

@@ -10,8 +10,10 @@ from pydantic import Field
 from apps.buffer.pipeline.core import Ctx, Row, metadata_set, response_tokens
 from apps.buffer.pipeline.registry import Params, register
 
-# C0/C1 control characters except tab and newline (carriage returns are newlines first).
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# C0/C1 control characters except tab and newline (carriage returns are newlines first),
+# and U+FFFD: what a NUL in model output becomes when it is written (ExperienceDraft), and
+# what a failed decode leaves: never meaningful text.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
 _ODD_SPACE = re.compile(r"[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
 _ODD_NEWLINE = re.compile(r"\r\n?|[\u2028\u2029\x85]")
 _TRAILING = re.compile(r"[ \t]+(?=\n|$)")

@@ -338,6 +338,6 @@ def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
         flags.setdefault(pk, value)
     for row in rows:
         if row["id"] in flags:
-            value = flags[row["id"]]
-            detail = value.get("reason", "") if isinstance(value, dict) else (value if isinstance(value, str) else "")
+            value = flags[row["id"]]  # {"flags": [...], "reason": str}, see Feedback
+            detail = value.get("reason") or ", ".join(value.get("flags") or ())
             ctx.drop(row, "human_flagged", str(detail)[:100])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -21,3 +23,56 @@ def completion(text: str) -> SafeString:
         '<div class="md">{}</div></details>',
         lines, len(text), body,
     )
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e-3 or abs(value) >= 1e4 else f"{round(value, 3):g}"
+    return str(value)
+
+
+# Derived or internal parts of a stored value that people do not need to read.
+_HIDDEN_KEYS = {"normalised", "normalized", "expert_id"}
+
+
+@register.filter
+def feedback_value(value: Any, kind: str = "") -> str:
+    """A stored feedback value as people read it: "4/5", "thumb up (good)", "A better",
+    "#3 > #1 > #2", "flagged: unsafe", rounded numbers; never a Python repr. Unknown shapes
+    come out as "key value" pairs."""
+    if not isinstance(value, dict):
+        return "" if value is None else _number(value)
+    parts: list[str] = []
+    for key, v in value.items():
+        if v is None or v == [] or v == "" or key in _HIDDEN_KEYS:
+            continue
+        if key == "score":
+            parts.append(f"{_number(v)}/5")
+        elif key == "thumb":
+            parts.append({"up": "thumb up (good)", "down": "thumb down (bad)"}.get(str(v), f"thumb {v}"))
+        elif key == "flags" and isinstance(v, list):
+            parts.append("flagged: " + ", ".join(str(f).replace("_", " ") for f in v))
+        elif key == "order" and isinstance(v, list):
+            parts.append(" > ".join(f"#{i}" for i in v))
+        elif key == "winner":
+            parts.append({"a": "A better", "b": "B better", "tie": "tie"}.get(str(v).lower(), f"winner {v}"))
+        elif isinstance(v, (dict, list)):
+            continue  # nested detail (an edit's text, a session) is shown elsewhere
+        else:
+            parts.append(f"{str(key).replace('_', ' ')} {_number(v)}")
+    return " · ".join(parts)
+
+
+@register.filter
+def readable_number(value: Any) -> str:
+    """A number rounded for people (3 significant places after the point), "–" for none."""
+    if value is None or value == "":
+        return "–"
+    try:
+        return _number(float(value)) if not isinstance(value, int) else str(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -5,6 +5,7 @@
   rft export RUN --kind sft|dpo|grpo --out PATH [--format jsonl|hf] export the buffer
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
+  rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person
 
 Every failure prints a message and exits non-zero (CommandError).
 """
@@ -19,14 +20,17 @@ from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_hf_dataset, export_jsonl
+from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.buffer.importers import ImportFailed
-from apps.runs.config import ConfigInvalid, config_parse
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.runs.config import config_parse
 from apps.runs.models import Run
-from apps.runs.services import TransitionNotAllowed, run_create_with_taskset, run_transition
+from apps.runs.services import run_create_with_taskset, run_transition
+from rftweb.exceptions import RftError, command_error
 
 # GPU queues hold a model resident in the worker process: one process, one task at a time
 # (solo pool; a forked child would re-initialise CUDA and double the memory). CPU queues
@@ -53,8 +57,13 @@ def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, py
     cpu = [q for q in queues if q in CPU_QUEUES]
     if cpu:
         n = concurrency or os.cpu_count() or 1
-        plan.append([*base, "--pool", "prefork", "--concurrency", str(n), "--queues", ",".join(cpu),
-                     "--hostname", f"{'+'.join(cpu)}@%h"])
+        cmd = [*base, "--pool", "prefork", "--concurrency", str(n), "--queues", ",".join(cpu),
+               "--hostname", f"{'+'.join(cpu)}@%h"]
+        if "default" in cpu:
+            # The RFT core's loop and the housekeeping run on Celery beat: the worker of the
+            # default queue runs it (run one such worker; docker-compose has its own beat).
+            cmd += ["--beat", "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")]
+        plan.append(cmd)
     return plan
 
 
@@ -95,8 +104,27 @@ class Command(BaseCommand):
 
         sub.add_parser("list", help="list the runs")
 
+        fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
+        fb.add_argument("run", type=int)
+        fb.add_argument("kind", choices=("rating", "ranking", "pairwise", "flag", "edit"))
+        fb.add_argument("--as", dest="actor", required=True, help="username of the person giving it")
+        fb.add_argument("--experience", type=int, help="the experience (A of a pairwise choice)")
+        fb.add_argument("--score", type=int, help="rating: 1 (worst) to 5 (best)")
+        fb.add_argument("--thumb", choices=("up", "down"), help="rating: instead of a score")
+        fb.add_argument("--other", type=int, help="pairwise: the second experience (B)")
+        fb.add_argument("--winner", choices=("a", "b", "tie"), help="pairwise: which one is better")
+        fb.add_argument("--order", help="ranking: every experience id of one group, best first, comma-separated")
+        fb.add_argument("--flags", default="", help="flag: comma-separated unsafe, broken, off_task")
+        fb.add_argument("--reason", default="", help="flag: what is wrong, in words")
+        fb.add_argument("--text", help="edit: the corrected completion")
+        fb.add_argument("--comment", default="")
+
     def handle(self, *args: Any, **opts: Any) -> None:
-        getattr(self, f"_{opts['action']}")(opts)
+        try:
+            getattr(self, f"_{opts['action']}")(opts)
+        except RftError as exc:
+            # The CLI's one translation of the error base: a message and exit status 1.
+            raise command_error(exc) from None
 
     # --- create / control -----------------------------------------------------------------
 
@@ -119,14 +147,14 @@ class Command(BaseCommand):
         if not path.is_file():
             raise CommandError(f"{path}: no such file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: cannot read it ({exc})") from None
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         try:
-            config = config_parse(text=text, filename=path.name)
-        except ConfigInvalid as exc:
-            lines = "\n".join(f"  {field or '(config)'}: {msg}" for field, msg in exc.errors.items())
-            raise CommandError(f"{path} is not a valid run config:\n{lines}") from None
+            config = config_parse(text=raw, filename=path.name)
+        except RftError as exc:
+            raise command_error(exc, what=f"{path} is not a valid run config") from None
         owner = self._user(opts["owner"], required=True)
         bar = None
         progress = None
@@ -143,10 +171,8 @@ class Command(BaseCommand):
                 name=opts["name"], owner=owner, config=config,
                 taskset_path=opts["taskset"], taskset_name=opts["taskset_name"], progress=progress,
             )
-        except ConfigInvalid as exc:
-            raise CommandError(str(exc)) from None
         except ImportFailed as exc:
-            raise CommandError(f"taskset: {exc}") from None
+            raise command_error(exc, what="taskset") from None
         finally:
             if bar is not None:
                 bar.close()
@@ -158,10 +184,7 @@ class Command(BaseCommand):
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"no run {run_id}")
-        try:
-            run = run_transition(run=run, action=action, actor=actor)
-        except TransitionNotAllowed as exc:
-            raise CommandError(str(exc)) from None
+        run = run_transition(run=run, action=action, actor=actor)
         self.stdout.write(f"run {run.pk} is {run.status}")
 
     def _start(self, opts: dict[str, Any]) -> None:
@@ -183,6 +206,38 @@ class Command(BaseCommand):
                 f"{run.pk}\t{run.status}\t{cfg.get('algorithm')}\t{cfg.get('mode')}\tv{run.current_version}\t"
                 f"step {run.train_step}\t{run.name}"
             )
+
+    # --- feedback -------------------------------------------------------------------------
+
+    def _feedback(self, opts: dict[str, Any]) -> None:
+        from apps.feedback import services as fs
+        from apps.feedback.selectors import run_may_annotate
+
+        run = Run.objects.filter(pk=opts["run"]).first()
+        if run is None:
+            raise CommandError(f"no run {opts['run']}")
+        author = self._user(opts["actor"], required=True)
+        if not run_may_annotate(run=run, user=author):
+            raise CommandError(f"{author.get_username()} may not give feedback on run {run.pk}")
+        who = {"run": run, "author": author, "comment": opts["comment"]}
+        kind = opts["kind"]
+        if kind == "rating":
+            fb = fs.feedback_rate(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
+        elif kind == "pairwise":
+            fb = fs.feedback_compare(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "",
+                                     **who)
+        elif kind == "ranking":
+            try:
+                order = [int(x) for x in (opts["order"] or "").split(",") if x.strip()]
+            except ValueError:
+                raise CommandError("--order is experience ids separated by commas, best first") from None
+            fb = fs.feedback_rank(order=order, **who)
+        elif kind == "flag":
+            flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
+            fb = fs.feedback_flag(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
+        else:
+            fb, _ = fs.feedback_edit(experience=opts["experience"], text=opts["text"] or "", **who)
+        self.stdout.write(f"feedback {fb.pk}: {fb.kind} {fb.value}" + (" (late: stored, not folded)" if fb.late else ""))
 
     # --- export ---------------------------------------------------------------------------
 
@@ -207,8 +262,6 @@ class Command(BaseCommand):
                 result = export_hf_dataset(run=run, kind=opts["kind"], out_dir=opts["out"], options=options, progress=progress)
             else:
                 result = export_jsonl(run=run, kind=opts["kind"], out=opts["out"], options=options, progress=progress)
-        except ExportFailed as exc:
-            raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
         finally:

@@ -3,7 +3,6 @@ account, an annotator account, and a draft GRPO run on the demo task. Idempotent
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.conf import settings
@@ -12,15 +11,15 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from apps.buffer.importers import ImportFailed
 from apps.runs.demo import demo_taskset_import
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
+from rftweb.exceptions import RftError, command_error
 
 DEMO_RUN = "demo: GRPO on arithmetic"
 
 
-def demo_config(*, total_steps: int = 40) -> dict[str, Any]:
+def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
     return {
         "model": str(settings.RFT_DEMO_MODEL_DIR),
         "algorithm": "grpo",
@@ -35,20 +34,40 @@ def demo_config(*, total_steps: int = 40) -> dict[str, Any]:
         "sampling": {"temperature": 1.0, "max_tokens": 12},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
         "trainer": {"learning_rate": 5e-4, "loss_type": "dapo"},
+        # People's ratings change training: blend them with the automatic reward. A group
+        # waits a short while for a rating, then trains on the automatic reward alone, so
+        # the demo also runs with nobody rating.
+        "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
+                     "guidelines": DEMO_GUIDELINES},
     }
+
+
+DEMO_GUIDELINES = """\
+**Rate the answer to the arithmetic question.**
+
+- 5: the right number, in the `<answer>…</answer>` format
+- 3: the right number, wrong format
+- 1: a wrong number, or no answer
+
+Use *skip* when you cannot tell.
+"""
 
 
 class Command(BaseCommand):
     help = "Build the demo model and taskset and create demo accounts and a demo run (idempotent)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--password", default=os.environ.get("RFT_DEMO_PASSWORD", "rftweb-demo"),
+        parser.add_argument("--password", default=settings.RFT_DEMO_PASSWORD,
                             help="password of the demo accounts (default rftweb-demo, or RFT_DEMO_PASSWORD)")
         parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
+        parser.add_argument("--feedback-wait", type=float, default=20.0,
+                            help="seconds a group waits for a person's rating before it trains on the automatic reward")
 
-    def handle(self, *args: Any, password: str, total_steps: int, **options: Any) -> None:
+    def handle(self, *args: Any, password: str, total_steps: int, feedback_wait: float, **options: Any) -> None:
         if total_steps < 1:
             raise CommandError("--total-steps must be at least 1")
+        if feedback_wait < 0:
+            raise CommandError("--feedback-wait must be 0 or more seconds")
         if not settings.DEBUG:
             raise CommandError("rft_demo creates accounts with a known password: run it with DEBUG on only")
         call_command("rft_demo_model", stdout=self.stdout, stderr=self.stderr)
@@ -59,13 +78,15 @@ class Command(BaseCommand):
             if run is None:
                 try:
                     taskset = demo_taskset_import(owner=owner)
-                except ImportFailed as exc:
-                    raise CommandError(str(exc)) from None
-                run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps), taskset=taskset)
+                except RftError as exc:
+                    raise command_error(exc) from None
+                run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
+                                 taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
-            f"demo ready: log in as owner / {password} (or annotator / {password}); "
-            f"run #{run.pk} '{run.name}' is {run.status} — start it from its page"
+            f"demo ready: log in as owner / {password}; run #{run.pk} '{run.name}' is {run.status} — start it from "
+            f"its page. Its feedback policy is blend: people's ratings change training. Open "
+            f"/runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window to rate live."
         ))
 
     def _user(self, username: str, password: str, *, staff: bool) -> User:

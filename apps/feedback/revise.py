@@ -1,0 +1,114 @@
+"""Taking back one's own feedback while it can still change training: the annotation page's
+undo of the last submission and the revisions of "my submissions".
+
+Feedback is revisable while none of its targets has been claimed by a trainer (leased or
+consumed) and it was not stored late. Withdrawing it refolds the group from the feedback
+that remains (a group made trainable only by it goes back to waiting), and the author's
+assignments on its targets open again so the items come back to their queue.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Assignment, Feedback
+from apps.feedback.policy import experience_initial_fields, member_is_final, signals_fold
+from apps.runs.events import event_publish
+from apps.runs.models import Run
+from rftweb.exceptions import InvalidInput
+
+_TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
+REVISABLE_KINDS = ("rating", "ranking", "pairwise", "flag")
+
+
+class NotRevisable(InvalidInput):
+    """The feedback is not the author's, or its group has been trained on."""
+
+
+def feedback_targets(fb: Feedback) -> list[int]:
+    if fb.kind == Feedback.Kind.RANKING:
+        return [int(i) for i in (fb.value or {}).get("order", [])]
+    return [i for i in (fb.experience_id, fb.other_id) if i]
+
+
+def feedback_revisable(*, feedback: Feedback) -> bool:
+    if feedback.late or feedback.kind not in REVISABLE_KINDS:
+        return False
+    group = Experience.objects.filter(run_id=feedback.run_id, group_id=feedback.group_id, is_expert=False)
+    return not group.filter(status__in=_TRAINED).exists()
+
+
+def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[dict[str, Any]]:
+    """The author's latest feedback on the run, newest first, each with whether it may still
+    be revised."""
+    rows = list(Feedback.objects.filter(run=run, author=author, kind__in=REVISABLE_KINDS)
+                .order_by("-created_at", "-id")[:limit])
+    trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
+                                            status__in=_TRAINED).values_list("group_id", flat=True))
+    return [{"feedback": f, "revisable": not f.late and f.group_id not in trained} for f in rows]
+
+
+def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) -> Feedback:
+    """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
+    refold its group and reopen their items. NotRevisable says why not."""
+    from apps.feedback.services import _lease_seconds
+
+    with transaction.atomic():
+        qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=REVISABLE_KINDS)
+        if feedback_id is not None:
+            fb = qs.filter(pk=feedback_id).first()
+            if fb is None:
+                raise NotRevisable("no such submission of yours on this run")
+        else:
+            fb = qs.order_by("-created_at", "-id").first()
+            if fb is None:
+                raise NotRevisable("nothing of yours to undo on this run")
+        members = list(Experience.objects.select_for_update()
+                       .filter(run=run, group_id=fb.group_id, is_expert=False).order_by("id"))
+        if fb.late or any(m.status in _TRAINED for m in members):
+            raise NotRevisable("this group has been trained on: its feedback can no longer change")
+        targets = feedback_targets(fb)
+        fb.delete()
+        _refold(run=run, members=members)
+        Assignment.objects.filter(run=run, annotator=author, experience_id__in=targets,
+                                  status=Assignment.Status.DONE).update(
+            status=Assignment.Status.LEASED, finished_at=None,
+            lease_expires_at=timezone.now() + timedelta(seconds=_lease_seconds()))
+        payload = {"id": feedback_id or fb.pk, "kind": fb.kind, "group_id": fb.group_id, "withdrawn": True,
+                   "author": author.get_username(), "experience_id": fb.experience_id}
+        transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))
+    return fb
+
+
+def _refold(*, run: Run, members: list[Experience]) -> None:
+    """Human and final rewards of the open members from the feedback that remains; a group
+    no longer complete waits for people again."""
+    policy = run.cfg.feedback
+    ids = [m.pk for m in members]
+    group_ids = {m.group_id for m in members}
+    remaining = list(Feedback.objects.filter(run=run, late=False).filter(
+        Q(kind=Feedback.Kind.RATING, experience_id__in=ids) | Q(kind=Feedback.Kind.RANKING, group_id__in=group_ids)))
+    folds = signals_fold(member_ids=ids, feedback=remaining)
+    complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
+    for m in members:
+        if m.status not in (Experience.Status.PENDING, Experience.Status.READY):
+            continue
+        human = folds[m.pk].human
+        if human is None:
+            changes: dict[str, Any] = {"human_reward": None,
+                                       "reward": experience_initial_fields(cfg=run.cfg, auto_reward=m.auto_reward).get("reward")}
+        else:
+            from apps.feedback.policy import reward_combine
+
+            changes = {"human_reward": human}
+            if policy.mode != "auto":
+                changes["reward"] = reward_combine(policy=policy, auto=m.auto_reward, human=human)
+        if policy.mode != "auto" and m.status == Experience.Status.READY and not complete:
+            changes["status"] = Experience.Status.PENDING
+        Experience.objects.filter(pk=m.pk).update(**changes)

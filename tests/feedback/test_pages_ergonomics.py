@@ -1,0 +1,173 @@
+"""Annotation ergonomics (issue 17) in a real browser against a real server: A/B by keys,
+ranking that cannot be saved unordered (keyboard and drag), undo and revision while a group
+is untrained, guidelines and the hidden automatic reward, progress, and values people read.
+A screenshot of the annotation page goes to var/screenshots/ (ignored)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.models import Assignment, Feedback
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run
+from tests.servers import login
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
+GUIDELINES = "**Prefer** short answers.\n\n<script>window.__xss = 1</script>\n\n- one\n- two"
+
+
+def _group(run: Run, group: str, autos: list[float]) -> list[Experience]:
+    rows = [experience_row(run, key=f"{group}-{i}", group=group, status="pending", auto_reward=a, reward=None,
+                           response_text=f"Answer {group}-{i}") for i, a in enumerate(autos)]
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+def _open(page: Any, live_url: str, run: Run, username: str = "annotator") -> None:
+    path = f"/runs/{run.pk}/annotate/"
+    login(page, live_url, username, next_path=path)
+    page.wait_for_url(f"**{path}")
+    page.wait_for_selector("#annotate[data-live=open]")
+
+
+@pytest.fixture
+def blend_run(owner: User, annotator: User) -> Run:
+    run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "guidelines": GUIDELINES,
+                                          "daily_target": 10})
+    add_member(run, annotator)
+    return run
+
+
+def test_a_b_comparison_by_keys(page: Any, live_url: str, blend_run: Run, annotator: User) -> None:
+    members = _group(blend_run, "g", [1.0, 0.0, 0.5])
+    _open(page, live_url, blend_run)
+    page.keyboard.press("c")
+    page.wait_for_selector("#panel form.compare")
+    page.keyboard.press("b")
+    page.wait_for_selector("#panel .saved")
+    fb = Feedback.objects.get(kind="pairwise", author=annotator)
+    assert (fb.experience_id, fb.other_id, fb.value["winner"]) == (members[0].pk, members[1].pk, "b")
+    # The compared item looks different in the queue.
+    page.wait_for_selector(f'#queue .item.has-pairwise[data-experience="{members[0].pk}"]')
+    page.keyboard.press("c")
+    page.wait_for_selector("#panel form.compare")
+    page.keyboard.press("t")
+    page.wait_for_selector("#panel .saved:has-text('tie')")
+    assert list(Feedback.objects.filter(kind="pairwise").order_by("id").values_list("value__winner", flat=True)) == ["b", "tie"]
+
+
+def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: Any, live_url: str, blend_run: Run,
+                                                                         annotator: User) -> None:
+    members = _group(blend_run, "g", [0.0, 0.0, 0.0])
+    _open(page, live_url, blend_run)
+    page.keyboard.press("r")
+    page.wait_for_selector("#panel form.rank[data-complete='0']")
+    assert page.locator("#panel ul.unranked .rank-item").count() == 3
+    assert page.is_disabled("#panel .rank-save")
+    # Drag the last completion into the ranking first, then the others by click.
+    page.drag_and_drop(f'#panel .rank-item[data-experience="{members[2].pk}"]', "#panel ol.ranked")
+    page.wait_for_function("document.querySelectorAll('#panel ol.ranked .rank-item').length === 1")
+    assert page.is_disabled("#panel .rank-save")
+    page.click(f'#panel .rank-item[data-experience="{members[0].pk}"] .completion')
+    page.click(f'#panel .rank-item[data-experience="{members[1].pk}"] .completion')
+    page.wait_for_selector("#panel form.rank[data-complete='1']")
+    # Alt+Up moves the focused one up: members[1] before members[0].
+    page.focus(f'#panel .rank-item[data-experience="{members[1].pk}"]')
+    page.keyboard.press("Alt+ArrowUp")
+    page.click("#panel .rank-save")
+    page.wait_for_selector("#panel .saved")
+    ranking = Feedback.objects.get(kind="ranking", author=annotator)
+    assert ranking.value["order"] == [members[2].pk, members[1].pk, members[0].pk]
+    page.wait_for_function("document.querySelectorAll('#queue .item.done').length === 3")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "annotate-after-ranking.png"), full_page=True)
+
+
+def test_the_server_refuses_an_unordered_ranking(blend_run: Run, annotator: User) -> None:
+    members = _group(blend_run, "g", [0.0, 0.0])
+    client = Client()
+    client.force_login(annotator)
+    url = f"/runs/{blend_run.pk}/annotate/experiences/{members[0].pk}/rank/"
+    response = client.post(url, {f"rank_{members[0].pk}": "1", f"rank_{members[1].pk}": ""}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400 and f"give completion #{members[1].pk} a rank" in response.content.decode()
+    assert not Feedback.objects.filter(kind="ranking").exists()
+
+
+def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_url: str, blend_run: Run,
+                                                              annotator: User) -> None:
+    members = _group(blend_run, "g", [1.0, 0.0])
+    _open(page, live_url, blend_run)
+    for n, score in enumerate(("5", "1"), start=1):
+        page.keyboard.press(score)
+        page.keyboard.press("Enter")
+        page.wait_for_function(f"document.querySelectorAll('#queue .item.done').length === {n}")
+    # Both rated: the group is trainable with blended rewards.
+    assert set(Experience.objects.filter(group_id="g").values_list("status", flat=True)) == {"ready"}
+    assert page.inner_text("#done-today") == "2"
+
+    page.keyboard.press("z")
+    page.wait_for_selector("#mine .saved")
+    assert f"Withdrawn: your rating on #{members[1].pk}" in page.inner_text("#mine .saved")
+    assert list(Feedback.objects.filter(kind="rating").values_list("experience_id", flat=True)) == [members[0].pk]
+    second = Experience.objects.get(pk=members[1].pk)
+    assert (second.status, second.human_reward, second.reward) == ("pending", None, None)
+    assert Assignment.objects.get(experience=second, annotator=annotator).status == "leased"
+    # The item comes back to the queue, open, and can be rated again.
+    page.wait_for_selector(f'#queue .item:not(.done)[data-experience="{members[1].pk}"]')
+    page.wait_for_function("document.querySelector('#done-today').textContent === '1'")
+
+
+def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(page: Any, live_url: str, blend_run: Run,
+                                                                             annotator: User) -> None:
+    members = _group(blend_run, "g", [1.0, 0.0])
+    other = _group(blend_run, "h", [1.0])
+    _open(page, live_url, blend_run)
+    page.keyboard.press("4")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#mine li.submission")
+    item = page.locator("#mine li.submission").first
+    assert "4/5" in item.inner_text() and "{" not in item.inner_text()  # no Python reprs
+    # A trainer claims the group: its feedback can no longer change.
+    Experience.objects.filter(group_id="g").update(status="consumed")
+    page.click("#mine a.refresh")
+    page.wait_for_selector("#mine li.submission.trained")
+    assert page.locator("#mine li.submission button").count() == 0
+    client = Client()
+    client.force_login(annotator)
+    fb = Feedback.objects.get(experience=members[0])
+    response = client.post(f"/runs/{blend_run.pk}/annotate/mine/", {"feedback": fb.pk}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400 and "trained on" in response.content.decode()
+    assert Feedback.objects.filter(pk=fb.pk).exists()
+    assert other  # the other group's item is still in the queue
+
+
+def test_guidelines_are_shown_safely_and_the_automatic_reward_is_hidden_unless_the_owner_shows_it(
+        page: Any, live_url: str, blend_run: Run, owner: User) -> None:
+    _group(blend_run, "g", [0.75, 0.25])
+    _open(page, live_url, blend_run)
+    guide = page.locator("#guidelines")
+    assert guide.locator("strong").inner_text() == "Prefer"
+    assert guide.locator("li").count() == 2
+    assert page.evaluate("window.__xss") is None and guide.locator("script").count() == 0
+    assert page.locator("#queue .auto-reward").count() == 0
+    assert "0.750" not in page.inner_text("#queue")
+    assert "of 10" in page.inner_text("#progress")
+    assert "good" in page.inner_text("#queue .item >> nth=0")  # text beside the thumbs, not emoji alone
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "annotate.png"), full_page=True)
+
+    from apps.runs.services import run_feedback_policy_update
+
+    run_feedback_policy_update(run=blend_run, feedback={**blend_run.config["feedback"], "show_auto_reward": True},
+                               actor=owner)
+    page.reload()
+    page.wait_for_selector("#queue .auto-reward")
+    assert page.locator("#queue .auto-reward").first.inner_text() == "0.750"

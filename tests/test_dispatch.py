@@ -1,0 +1,173 @@
+"""The RFT core's loop, its handlers called directly against Postgres (no workers): what it
+sends, once, and what it takes back from a worker that died or a message that was lost.
+The same loop with real workers killed and Postgres and Redis restarted under it is in
+tests/test_faults.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from apps.buffer.models import Experience, TaskAttempt
+from apps.buffer.services import batch_claim, experience_write, task_attempts_create, task_claim
+from apps.runs import orchestration
+from apps.runs.heartbeat import worker_heartbeat_record
+from apps.runs.models import Dispatch, Run
+from apps.runs.orchestration import dispatch_begin, dispatch_recover, dispatch_send, runs_conduct
+from tests.factories import experience_row, make_run, make_taskset
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any], str]]:
+    """What the loop queues (task name, args, task id), captured instead of sent."""
+    out: list[tuple[str, list[Any], str]] = []
+    monkeypatch.setattr(orchestration, "_send", lambda name, args, queue, task_id: out.append((name, args, task_id)))
+    return out
+
+
+def _running(owner: Any, **config: Any) -> Run:
+    run = make_run(owner=owner, taskset=make_taskset(8, owner=owner), **config)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    run.refresh_from_db()
+    return run
+
+
+def _explore_out_on(run: Run, *, worker: str, holder: str, started_ago: float = 0.0) -> Dispatch:
+    """Explore step 1 sent, picked up by `worker`, its tasks leased to `holder`."""
+    assert dispatch_send(run=run, kind="explore", step=1)
+    row = Dispatch.objects.get(run=run, kind="explore")
+    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=row.task_id, worker=worker, holder=holder)
+    Dispatch.objects.filter(pk=row.pk).update(started_at=timezone.now() - timedelta(seconds=started_ago))
+    task_attempts_create(run=run, epoch=0)
+    assert task_claim(run=run, worker=holder, size=2)
+    return Dispatch.objects.get(pk=row.pk)
+
+
+def _beat(hostname: str, *, ago: float = 0.0, active: list[str] = (), started_ago: float = 3600.0) -> None:
+    worker_heartbeat_record(hostname=hostname, queues=["rollout"], pool="solo", concurrency=1, pid=1,
+                            active=[{"id": t, "name": "workers.explorer.explore_step"} for t in active],
+                            started_at=timezone.now() - timedelta(seconds=started_ago))
+    from apps.runs.models import WorkerHeartbeat
+
+    WorkerHeartbeat.objects.filter(hostname=hostname).update(last_seen=timezone.now() - timedelta(seconds=ago))
+
+
+def test_two_conductors_looking_at_once_send_a_step_once(owner: Any, sent: list[Any]) -> None:
+    run = _running(owner, mode="explore")
+    assert dispatch_send(run=run, kind="explore", step=1) is True
+    assert dispatch_send(run=run, kind="explore", step=1) is False
+    assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
+    row = Dispatch.objects.get(run=run, kind="explore")
+    assert (row.state, row.step, row.task_id, row.sends) == ("sent", 1, sent[0][2], 1)
+
+
+def test_only_the_dispatched_message_runs_a_step_and_only_once(owner: Any, sent: list[Any]) -> None:
+    run = _running(owner, mode="explore")
+    dispatch_send(run=run, kind="explore", step=1)
+    task_id = sent[0][2]
+    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id="stray", worker="w", holder="h") is None
+    hold = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w", holder="h")
+    assert hold is not None
+    # A copy of the same message (re-sent while it was thought lost) finds it running...
+    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
+    hold.end()
+    # ...or done, and does nothing either; the loop's next step goes out as usual.
+    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
+    assert dispatch_send(run=run, kind="explore", step=2)
+
+
+def test_a_message_the_broker_lost_is_sent_again_under_its_id_and_runs_once(owner: Any, sent: list[Any], settings: Any) -> None:
+    settings.RFT_DISPATCH_RESEND_SECONDS = 15
+    run = _running(owner, mode="explore")
+    dispatch_send(run=run, kind="explore", step=1)
+    assert dispatch_recover(run=run) == []  # just sent: waiting for a worker is normal
+    Dispatch.objects.filter(run=run).update(sent_at=timezone.now() - timedelta(seconds=16))
+    assert dispatch_recover(run=run) == ["explore:1 again"]
+    assert sent[1] == sent[0]  # the same message again: same step, same task id
+    task_id = sent[0][2]
+    first = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="a", holder="a")
+    second = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="b", holder="b")
+    assert first is not None and second is None
+
+
+def test_a_dead_explorers_step_is_sent_again_and_its_tasks_go_back_within_seconds(
+    owner: Any, sent: list[Any], settings: Any
+) -> None:
+    settings.RFT_WORKER_DEAD_SECONDS = 10
+    run = _running(owner, mode="explore")
+    row = _explore_out_on(run, worker="rollout@a", holder="explorer@a:11", started_ago=30)
+    _beat("rollout@a", ago=5, active=[row.task_id])
+    assert dispatch_recover(run=run) == []  # a beat 5 s ago: alive
+    _beat("rollout@a", ago=11, active=[row.task_id])
+    assert dispatch_recover(run=run) == ["explore:1 again"]
+    assert sent[-1] == ("workers.explorer.explore_step", [run.pk, 1], row.task_id)
+    assert not TaskAttempt.objects.filter(run=run, status="leased").exists()  # back in the queue at once
+    assert Dispatch.objects.get(pk=row.pk).state == "sent"
+
+
+def test_a_worker_restarted_under_the_same_name_lost_what_it_was_running(owner: Any, sent: list[Any]) -> None:
+    run = _running(owner, mode="explore")
+    row = _explore_out_on(run, worker="rollout@a", holder="explorer@a:11", started_ago=3)
+    _beat("rollout@a", ago=0, started_ago=1)  # up again since a second, beating
+    assert dispatch_recover(run=run) == ["explore:1 again"]
+    assert not TaskAttempt.objects.filter(run=run, status="leased").exists()
+    assert sent[-1][2] == row.task_id
+
+
+def test_a_live_worker_that_no_longer_runs_the_step_gives_it_back_but_keeps_its_leases(
+    owner: Any, sent: list[Any], settings: Any
+) -> None:
+    settings.RFT_WORKER_DEAD_SECONDS = 10
+    run = _running(owner, mode="explore")
+    row = _explore_out_on(run, worker="rollout@a", holder="explorer@a:11", started_ago=30)
+    _beat("rollout@a", ago=1, active=[])  # alive, running something else (its end was not recorded)
+    assert dispatch_recover(run=run) == ["explore:1 again"]
+    # It may yet write them (keyed by attempt, so nothing twice); they come back by lease.
+    assert TaskAttempt.objects.filter(run=run, status="leased").count() == 2
+
+
+def test_a_step_on_a_busy_live_worker_is_left_alone(owner: Any, sent: list[Any]) -> None:
+    run = _running(owner, mode="explore")
+    row = _explore_out_on(run, worker="rollout@a", holder="explorer@a:11", started_ago=600)
+    _beat("rollout@a", ago=1, active=[row.task_id])  # ten minutes into a long step
+    assert dispatch_recover(run=run) == [] and sent == [sent[0]]
+
+
+def test_a_dead_trainers_step_is_sent_again_with_its_batch_back_while_a_live_ones_is_not(
+    owner: Any, sent: list[Any], settings: Any
+) -> None:
+    settings.RFT_HEARTBEAT_SECONDS = 1
+    run = _running(owner, mode="train")
+    experience_write(experiences=[experience_row(run, key=f"k{i}", group="g", reward=float(i)) for i in range(4)])
+    assert dispatch_send(run=run, kind="train", step=1)
+    task_id = sent[0][2]
+    assert dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=task_id, worker="train@b", holder="trainer@b:7")
+    assert batch_claim(run=run, worker="trainer@b:7", size=4)
+    Dispatch.objects.filter(run=run).update(started_at=timezone.now() - timedelta(seconds=5))
+    db = connection.settings_dict
+    with psycopg.connect(host=db["HOST"] or "localhost", port=db["PORT"] or 5432, dbname=db["NAME"],
+                         user=db["USER"] or None, autocommit=True) as trainer_session:
+        trainer_session.execute("SELECT pg_advisory_lock(%s, %s)", [orchestration.TRAINER_LOCK_NAMESPACE, run.pk])
+        assert dispatch_recover(run=run) == []  # its session holds the run: it is training
+    # The session is gone (the process died): the lock with it.
+    assert dispatch_recover(run=run) == ["train:1 again"]
+    assert set(Experience.objects.filter(run=run).values_list("status", flat=True)) == {"ready"}
+    assert sent[-1] == ("workers.trainer.train_step", [run.pk, 1], task_id)
+
+
+def test_the_loop_sends_every_running_runs_next_step_and_only_theirs(owner: Any, sent: list[Any]) -> None:
+    a, b = _running(owner, mode="explore", name="a"), _running(owner, mode="explore", name="b")
+    paused = make_run(owner=owner, taskset=make_taskset(owner=owner), mode="explore", name="paused")
+    Run.objects.filter(pk=paused.pk).update(status=Run.Status.PAUSED)
+    advanced = runs_conduct()
+    assert set(advanced) == {a.pk, b.pk}
+    assert sorted(args for _, args, _ in sent) == sorted([[a.pk, 1], [b.pk, 1]])
+    runs_conduct()  # the next beat: both steps are still out, nothing is sent twice
+    assert len(sent) == 2

@@ -1,0 +1,362 @@
+"""Faults under a real run: its own Postgres and Redis (started here from the installed
+server binaries on spare ports; the machine's shared ones are never touched), the loop's
+conductor, an explorer and a trainer as real Celery workers. Mid-run each worker kind is
+killed with SIGKILL once (while it runs a step) and each service is restarted once; after
+every fault the run must move on within 30 s, and at the end SQL must show every experience
+consumed exactly once, filtered with a reason, or still ready, and every train step
+recorded once.
+
+Leases are left at their production length (300 s) and the broker's visibility timeout at
+hours: that the run moves on within seconds shows the loop itself takes a dead worker's
+step back (apps/runs/orchestration.py), not an expiry.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+RECOVER_SECONDS = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_postgres_user() -> list[str]:
+    # initdb and postgres refuse to run as root.
+    if os.geteuid() != 0:
+        return []
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        pytest.skip("running as root without runuser: cannot start a Postgres server of our own")
+    return [runuser, "-u", "postgres", "--"]
+
+
+@dataclass
+class Postgres:
+    """A throwaway Postgres cluster on a spare port."""
+
+    root: Path
+    port: int = field(default_factory=_free_port)
+
+    @property
+    def bin(self) -> Path:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not found:
+            pytest.skip("no Postgres server binaries installed (/usr/lib/postgresql/*/bin)")
+        return Path(found[-1]).parent
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/faults"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run([*_as_postgres_user(), str(self.bin / "pg_ctl"), "-D", str(self.root / "data"), "-w", "-t", "60",
+                        "-l", str(self.root / "server.log"), *args], check=True, capture_output=True)
+
+    def start(self) -> None:
+        if not (self.root / "data").exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                shutil.chown(self.root, "postgres", "postgres")
+            subprocess.run([*_as_postgres_user(), str(self.bin / "initdb"), "-D", str(self.root / "data"), "-U", "postgres",
+                            "-A", "trust", "--no-sync"], check=True, capture_output=True)
+        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def restart(self) -> None:
+        self._ctl("-m", "fast", "stop")
+        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop(self) -> None:
+        try:
+            self._ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+
+    def sql(self, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="faults", autocommit=True) as conn:
+            return list(conn.execute(query, params).fetchall())
+
+
+@dataclass
+class Redis:
+    """A throwaway Redis without persistence (a restart loses every queued message)."""
+
+    root: Path
+    port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = (self.root / "redis.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.root)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("redis-server did not come up")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class Workers:
+    """Celery workers on the throwaway services, each in a process group of its own."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.queues: dict[str, str] = {}
+
+    def start(self, name: str, queue: str) -> None:
+        cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queue, "-n", f"{name}@%h",
+               "--without-gossip", "--without-mingle", "-l", "INFO"]
+        if queue == "default":
+            cmd += ["-B", "-s", str(self.logs / "beat-schedule")]
+        log = self.logs / f"{name}.log"
+        mark = log.stat().st_size if log.exists() else 0
+        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.queues[name] = queue
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if b" ready." in log.read_bytes()[mark:]:
+                return
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"worker {name} exited: {self.log(name)[-3000:]}")
+            time.sleep(0.3)
+        raise RuntimeError(f"worker {name} did not come up: {self.log(name)[-3000:]}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL to the worker's whole group: no shutdown, no message handed back."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+@dataclass
+class Demo:
+    pg: Postgres
+    redis: Redis
+    workers: Workers
+    run_id: int
+    total_steps: int
+
+    def state(self) -> tuple[str, int, int, str]:
+        return tuple(self.pg.sql("SELECT status, explore_step, train_step, error FROM runs_run WHERE id = %s",
+                                 [self.run_id])[0])  # type: ignore[return-value]
+
+    def dispatch(self, kind: str) -> str:
+        rows = self.pg.sql("SELECT state FROM runs_dispatch WHERE run_id = %s AND kind = %s", [self.run_id, kind])
+        return rows[0][0] if rows else "none"
+
+    def sent_since(self, kind: str, since: float) -> bool:
+        """The loop sent a step of `kind` (again, or the next one) after `since`."""
+        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND sent_at > to_timestamp(%s)",
+                                [self.run_id, kind, since]))
+
+    def running_since(self, kind: str, since: float) -> bool:
+        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND state = 'running'"
+                                " AND started_at > to_timestamp(%s)", [self.run_id, kind, since]))
+
+    def progress(self) -> int:
+        _, explored, trained, _ = self.state()
+        return explored + trained
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.workers.log(n)[-2500:]}" for n in ("conductor", "explorer", "trainer"))
+
+    def wait(self, what: str, until: Callable[[], bool], timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                if until():
+                    return time.monotonic() - started
+            except psycopg.OperationalError:
+                pass  # our own Postgres is restarting
+            status = self.state()[0] if self._pg_up() else "?"
+            if status == "failed":
+                pytest.fail(f"the run failed: {self.state()[3]}\n{self.logs()}")
+            time.sleep(0.2)
+        pytest.fail(f"{what}: not within {timeout:.0f} s; run {self.state()}\n{self.logs()}")
+
+    def _pg_up(self) -> bool:
+        try:
+            self.pg.sql("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def moves_on(self, fault: str, timeout: float = RECOVER_SECONDS) -> float:
+        """After `fault`, the run explores or trains a further step within `timeout`."""
+        before = self.progress()
+        if self.state()[0] != "running":
+            pytest.fail(f"the run ended before {fault} could be tried; give it more steps")
+        return self.wait(f"the run going on after {fault}", lambda: self.progress() > before or self.state()[0] == "stopped",
+                         timeout)
+
+
+_CREATE_RUN = """
+import django
+django.setup()
+from apps.runs.services import run_transition
+from tests.factories import make_run, make_taskset, make_user
+owner = make_user("owner")
+run = make_run(owner=owner, taskset=make_taskset(64, owner=owner), name="faults", model={model!r},
+               engine="transformers", mode="sync", sync_interval=1, total_steps={steps}, explore_batch_size=2,
+               repeat_times=4, train_batch_size=8, sampling={{"temperature": 1.0, "max_tokens": 8}},
+               trainer={{"learning_rate": 1e-3, "loss_type": "grpo"}},
+               rewards=[{{"name": "length_penalty", "params": {{"max_chars": 4}}}}])
+run_transition(run=run, action="start", actor=owner)
+print(run.pk)
+"""
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    from workers.modelkit import tiny_model_save
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    # Outside pytest's tmp (whose parents are private to root): the postgres user must reach it.
+    base = Path(tempfile.mkdtemp(prefix="rft-faults-"))
+    os.chmod(base, 0o755)
+    pg, redis = Postgres(base / "pg"), Redis(base / "redis")
+    workers: Workers | None = None
+    try:
+        pg.start()
+        subprocess.run([*_as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+                        "postgres", "faults"], check=True, capture_output=True)
+        redis.start()
+        model = tiny_model_save(tmp_path / "model", hidden_size=32, layers=2, heads=2, seed=0)
+        env = {k: v for k, v in os.environ.items() if k not in {"TEST_DATABASE_NAME", "DJANGO_SETTINGS_MODULE"}}
+        env.update(
+            DATABASE_URL=pg.url, REDIS_URL=redis.url, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
+            RFT_STORAGE_DIR=str(tmp_path / "storage"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+            RFT_CONDUCT_SECONDS="0.3", RFT_HEARTBEAT_SECONDS="1", RFT_WORKER_DEAD_SECONDS="4",
+            RFT_DISPATCH_RESEND_SECONDS="5", RFT_FAST_PASSWORD_HASHER="1",
+        )
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+        workers = Workers(env, tmp_path)
+        workers.start("trainer", "train")
+        workers.start("explorer", "rollout")
+        workers.start("conductor", "default")
+        steps = 14
+        made = subprocess.run([sys.executable, "-c", _CREATE_RUN.format(model=str(model), steps=steps)], cwd=ROOT,
+                              env=env, check=True, capture_output=True, text=True)
+        yield Demo(pg=pg, redis=redis, workers=workers, run_id=int(made.stdout.strip().splitlines()[-1]),
+                   total_steps=steps)
+    finally:
+        if workers is not None:
+            workers.stop_all()
+        redis.stop()
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_run_survives_killed_workers_and_restarted_services_and_trains_everything_once(demo: Demo) -> None:
+    recovered: dict[str, float] = {}
+    demo.wait("the first trained step", lambda: demo.state()[2] >= 1, 180)
+
+    # Each worker kind killed while it runs a step (its message unacknowledged, its leases
+    # held): the loop sends the step again within seconds (not after the lease or the
+    # broker's visibility timeout), and the worker started again takes it at once. (Its
+    # first step then loads the model: on a loaded 2-core host that alone took 35 s.)
+    for name, kind, queue in (("explorer", "explore", "rollout"), ("trainer", "train", "train")):
+        demo.wait(f"a {kind} step running", lambda: demo.dispatch(kind) == "running", 120)
+        killed_at = time.time()
+        demo.workers.kill(name)
+        recovered[f"{name} killed: step sent again"] = demo.wait(
+            f"the {kind} step sent again", lambda: demo.sent_since(kind, killed_at), RECOVER_SECONDS)
+        demo.workers.start(name, queue)
+        ready_at = time.time()
+        recovered[f"{name} killed: restarted worker took it"] = demo.wait(
+            f"the restarted {name} taking the step", lambda: demo.running_since(kind, ready_at - 1), RECOVER_SECONDS)
+        demo.moves_on(f"killing the {name}", timeout=180)
+
+    # The conductor (and the beat inside it) killed: another one picks the loop up.
+    demo.workers.kill("conductor")
+    demo.workers.start("conductor", "default")
+    recovered["conductor killed"] = demo.moves_on("killing the conductor")
+
+    # Redis restarted: every queued message and the channel layer's state are gone.
+    demo.redis.restart()
+    recovered["redis restarted"] = demo.moves_on("restarting Redis")
+
+    # Postgres restarted: every worker's connection (and the trainer's lock) is gone.
+    demo.pg.restart()
+    recovered["postgres restarted"] = demo.moves_on("restarting Postgres")
+
+    demo.wait("the run to finish", lambda: demo.state()[0] == "stopped", 300)
+    status, explored, trained, error = demo.state()
+    assert (status, trained, error) == ("stopped", demo.total_steps, ""), demo.logs()
+
+    # Every experience: consumed exactly once, filtered with a reason, or still ready.
+    by_state = demo.pg.sql(
+        "SELECT status, use_count, filter_reason <> '' AS has_reason, count(*) FROM buffer_experience"
+        " WHERE run_id = %s GROUP BY 1, 2, 3", [demo.run_id])
+    for status, uses, has_reason, count in by_state:
+        assert (status, uses) == ("consumed", 1) or (status == "filtered" and has_reason) or (status, uses) == ("ready", 0), by_state
+    consumed = sum(c for s, _, _, c in by_state if s == "consumed")
+    assert consumed == demo.total_steps * 8
+    # Every train step recorded once, on one batch of 8.
+    claimed = demo.pg.sql("SELECT step, count(*), min(value) FROM runs_metric WHERE run_id = %s AND name = 'claimed'"
+                          " GROUP BY step ORDER BY step", [demo.run_id])
+    assert claimed == [(s, 1, 8.0) for s in range(1, demo.total_steps + 1)], claimed
+    # No task attempt was left leased or explored twice by the same step's copies.
+    assert demo.pg.sql("SELECT count(*) FROM buffer_taskattempt WHERE run_id = %s AND status = 'leased'", [demo.run_id]) == [(0,)]
+    keys = demo.pg.sql("SELECT count(*), count(DISTINCT key) FROM buffer_experience WHERE run_id = %s", [demo.run_id])
+    assert keys[0][0] == keys[0][1]
+    print("seconds until the run went on:", {k: round(v, 1) for k, v in recovered.items()})
+    assert max(recovered.values()) < RECOVER_SECONDS

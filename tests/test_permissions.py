@@ -1,0 +1,319 @@
+"""Per-run permissions on every page (issue 20).
+
+Every URL in the URL conf has a row in ACCESS saying who may reach it; the sweep visits
+each with each persona and checks the rule, so a page added without a rule fails here.
+Personas: anonymous, the run's owner, an annotator of the run, a viewer of the run, and an
+annotator of another run (an outsider to this one)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from apps.envapi.services import api_key_create
+from apps.feedback.models import Assignment
+from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
+from apps.runs.models import Run, RunMember
+from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
+
+pytestmark = pytest.mark.django_db
+
+PUBLIC = "public"  # anyone, logged in or not
+API = "api"  # the environment API: a bearer key, never a browser session
+LOGIN = "login"  # any logged-in user; shows only what that user may see
+MEMBER = "member"  # the run's people (owner, annotator, viewer); 404 to others
+ANNOTATE = "annotate"  # the run's owner and annotators; 403 to its viewers, 404 to others
+OWNER = "owner"  # the run's owner (or staff); 403 to its other people, 404 to others
+STAFF = "staff"  # the admin site
+
+ACCESS: dict[str, str] = {
+    "": PUBLIC,  # redirects to the runs list
+    "login": PUBLIC,
+    "logout": PUBLIC,
+    "health": PUBLIC,
+    "^static/(?P<path>.*)$": PUBLIC,  # only while DEBUG is on
+    "admin:login": PUBLIC,
+    "admin:logout": PUBLIC,
+    "envapi-v1:openapi-json": PUBLIC,
+    "envapi-v1:openapi-view": PUBLIC,
+    "envapi-v1:api-root": API,
+    "envapi-v1:runs_list": API,
+    "envapi-v1:run_get": API,
+    "envapi-v1:tasks_claim": API,
+    "envapi-v1:tasks_release": API,
+    "envapi-v1:tasks_finish": API,
+    "envapi-v1:tasks_create": API,
+    "envapi-v1:trajectories_create": API,
+    "envapi-v1:feedback_create": API,
+    "envapi-v1:rollouts_create": API,
+    "envapi-v1:run_events": API,
+    "runs:list": LOGIN,
+    "runs:new": LOGIN,
+    "runs:workers": LOGIN,
+    "runs:detail": MEMBER,
+    "runs:metrics": MEMBER,
+    "runs:controls": MEMBER,
+    "runs:control": OWNER,
+    "runs:feedback_policy": OWNER,
+    "runs:timeline": MEMBER,
+    "runs:audit": MEMBER,
+    "runs:experiences": MEMBER,
+    "runs:group": MEMBER,
+    "runs:export": MEMBER,
+    "runs:export_download": MEMBER,
+    "runs:failures": MEMBER,
+    "runs:waiting": MEMBER,
+    "runs:members": MEMBER,  # GET lists the people; adding one is the owner's (POST)
+    "runs:member_remove": OWNER,
+    "feedback:page": MEMBER,
+    "feedback:queue": ANNOTATE,
+    "feedback:rate": ANNOTATE,
+    "feedback:skip": ANNOTATE,
+    "feedback:edit": ANNOTATE,
+    "feedback:rank": ANNOTATE,
+    "feedback:compare": ANNOTATE,
+    "feedback:mine": ANNOTATE,
+    "envapi:run-keys": OWNER,
+    "envapi:run-key-revoke": OWNER,
+}
+# The admin site guards all of its pages (staff only) by construction.
+STAFF_PREFIXES = ("admin:", "admin/")
+
+PERSONAS = ("anonymous", "owner", "annotator", "viewer", "other_annotator")
+
+
+def _patterns(patterns: list[Any], namespaces: list[str], prefix: str) -> Iterator[tuple[str, str, URLPattern]]:
+    for p in patterns:
+        if isinstance(p, URLResolver):
+            yield from _patterns(p.url_patterns, namespaces + ([p.namespace] if p.namespace else []), prefix + str(p.pattern))
+        else:
+            route = prefix + str(p.pattern)
+            yield (":".join([*namespaces, p.name]) if p.name else route), route, p
+
+
+def all_urls() -> list[tuple[str, str, URLPattern]]:
+    return list(_patterns(get_resolver().url_patterns, [], ""))
+
+
+def rule_of(key: str) -> str | None:
+    if key in ACCESS:
+        return ACCESS[key]
+    return STAFF if key.startswith(STAFF_PREFIXES) else None
+
+
+def test_every_url_in_the_url_conf_has_an_access_rule() -> None:
+    missing = [key for key, _, _ in all_urls() if rule_of(key) is None]
+    assert missing == [], f"add these to ACCESS in {__file__}: {missing}"
+
+
+def test_the_access_table_names_no_url_that_is_gone() -> None:
+    keys = {key for key, _, _ in all_urls()}
+    assert [k for k in ACCESS if k not in keys and not k.startswith("^static")] == []
+
+
+@pytest.fixture
+def world() -> dict[str, Any]:
+    owner = make_user("owner")
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="secret run")
+    annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+    add_member(run, annotator)
+    add_member(run, viewer, RunMember.Role.VIEWER)
+    other_run = make_run(owner=make_user("other-owner"), name="other run")
+    add_member(other_run, other)
+    experiences = make_experiences(run, groups=1, group_size=2)
+    assignments = {
+        user.username: Assignment.objects.create(run=run, experience=experiences[0], annotator=user, slot=i)
+        for i, user in enumerate((owner, annotator))
+    }
+    key, _ = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=100)
+    member = RunMember.objects.get(run=run, user=viewer)
+    return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
+            "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
+
+
+def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], persona: str) -> str | None:
+    params = set(re.findall(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>", route))
+    params = {a or b for a, b in params}
+    if key.startswith("^static") or key.endswith("(?P<url>.*)$"):
+        return None  # file serving and the admin's catch-all redirect: nothing of a run's
+    values = {
+        "run_id": world["run"].pk, "experience_id": world["experience"].pk, "group_id": world["experience"].group_id,
+        "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
+        "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft",
+        "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
+    }
+    kwargs = {name: values[name] for name in params}
+    if pattern.name:
+        return reverse(key, kwargs=kwargs)
+    return "/" + route.replace("<path:object_id>", str(world["run"].pk))
+
+
+def _visit(client: Client, url: str) -> Any:
+    response = client.get(url)
+    if response.status_code == 405:
+        response = client.post(url, {})
+    return response
+
+
+def _to_login(response: Any) -> bool:
+    return response.status_code == 302 and "login" in response["Location"]
+
+
+def _expect(rule: str, persona: str, response: Any, url: str) -> None:
+    status = response.status_code
+    where = f"{persona} at {url}: {status}"
+    if rule == PUBLIC:
+        assert status < 400 or status == 405, where
+    elif rule == API:
+        assert status in (401, 404), where  # a session is not a key
+    elif rule == STAFF:
+        assert _to_login(response), where  # no persona here is staff
+    elif persona == "anonymous":
+        assert _to_login(response), where
+    elif rule == LOGIN:
+        assert status in (200, 302), where
+    elif persona == "other_annotator":
+        assert status == 404, where  # no hint that the run exists
+    elif rule == MEMBER or (rule == ANNOTATE and persona != "viewer") or (rule == OWNER and persona == "owner"):
+        assert status not in (401, 403, 404) and not _to_login(response) and status < 500, where
+    else:
+        assert status == 403, where
+
+
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_every_url_keeps_to_its_rule_for_each_persona(world: dict[str, Any], persona: str) -> None:
+    client = Client()
+    checked = 0
+    for key, route, pattern in all_urls():
+        url = _url(key, route, pattern, world, persona)
+        if url is None:
+            continue
+        if persona != "anonymous":
+            client.force_login(world["users"][persona])  # again: one of the URLs logs out
+        _expect(rule_of(key), persona, _visit(client, url), url)
+        checked += 1
+    assert checked > 50
+
+
+def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> None:
+    """The owner of this run, at this run's URLs, with ids of another run's experience,
+    group, assignment or key: 404, as if they did not exist."""
+    owner = world["users"]["owner"]
+    elsewhere = make_run(owner=owner, name="owner's other run")
+    foreign = make_experiences(elsewhere, groups=1, group_size=2)[0]
+    foreign_key, _ = api_key_create(name="other", runs=[elsewhere], actions=["read"], rate_limit_per_minute=100)
+    foreign_ids = {
+        "experience_id": foreign.pk, "group_id": foreign.group_id, "key_id": foreign_key.pk,
+        "member_id": RunMember.objects.create(run=elsewhere, user=make_user("elsewhere"), role=RunMember.Role.VIEWER).pk,
+        "assignment_id": Assignment.objects.create(run=elsewhere, experience=foreign, annotator=owner, slot=0).pk,
+    }
+    client = Client()
+    client.force_login(owner)
+    checked = 0
+    for key, route, pattern in all_urls():
+        names = {a or b for a, b in re.findall(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>", route)}
+        if not pattern.name or "run_id" not in names or not names & set(foreign_ids) or rule_of(key) == API:
+            continue
+        values = {"run_id": world["run"].pk, "action": "pause", "kind": "sft", **foreign_ids}
+        kwargs = {n: values[n] for n in names}
+        url = reverse(key, kwargs=kwargs)
+        response = _visit(client, url)
+        assert response.status_code == 404, f"{url}: {response.status_code}"
+        checked += 1
+    assert checked >= 7
+
+
+# --- the workers page (the leak the issue found) ----------------------------------------------
+
+def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
+    import apps.runs.tasks  # noqa: F401 - registers the tasks, as a worker does
+    import workers.explorer
+    import workers.trainer  # noqa: F401
+
+    assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
+    # Bound tasks (self first) too: the run, not the step.
+    assert task_run_id(name="workers.explorer.explore_step", args=[3, 9], kwargs={}) == 3
+    assert task_run_id(name="workers.trainer.train_step", args=[4, 9], kwargs={}) == 4
+    assert task_run_id(name="apps.runs.tasks.run_announce", args=[5], kwargs={}) == 5
+    assert task_run_id(name="workers.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
+    assert task_run_id(name="apps.buffer.tasks.lease_reap_task", args=[], kwargs={}) is None
+
+
+def test_the_workers_page_shows_a_runs_tasks_to_its_people_only_and_never_arguments(world: dict[str, Any]) -> None:
+    run = world["run"]
+    worker_heartbeat_record(
+        hostname="rollout@gpu1", queues=["rollout"], pool="solo", concurrency=1, pid=1,
+        active=[{"id": "t1", "name": "workers.explorer.generate", "run_id": run.pk,
+                 # A heartbeat from before this change still holds the raw arguments.
+                 "args": "(1, [{'prompt': 'the secret prompt', 'n': 16}])", "started_at": None}],
+    )
+    pages = {}
+    for persona in ("owner", "annotator", "viewer", "other_annotator"):
+        client = Client()
+        client.force_login(world["users"][persona])
+        pages[persona] = client.get("/runs/workers/").content.decode()
+        assert "the secret prompt" not in pages[persona]
+        assert "rollout@gpu1" in pages[persona]  # worker health itself is not a run's secret
+    for persona in ("owner", "annotator", "viewer"):
+        assert "workers.explorer.generate" in pages[persona] and f"/runs/{run.pk}/" in pages[persona]
+    assert "workers.explorer.generate" not in pages["other_annotator"]
+    assert f"/runs/{run.pk}/" not in pages["other_annotator"]
+    assert "1 task of other runs" in pages["other_annotator"]
+
+    client = Client()
+    client.force_login(world["users"]["owner"])
+    detail = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "workers.explorer.generate" in detail and "the secret prompt" not in detail
+
+
+def test_an_outsider_gets_404_on_the_keys_page_like_on_every_run_page(world: dict[str, Any]) -> None:
+    client = Client()
+    client.force_login(world["users"]["other_annotator"])
+    assert client.get(f"/runs/{world['run'].pk}/keys/").status_code == 404
+    assert client.get(f"/runs/{world['run'].pk}/").status_code == 404
+
+
+# --- websockets: the same rules on the live stream ---------------------------------------------
+
+WEBSOCKET_ACCESS: dict[str, str] = {"ws/runs/<int:run_id>/": MEMBER}
+
+
+def test_every_websocket_route_has_an_access_rule() -> None:
+    from rftweb.routing import websocket_urlpatterns
+
+    assert {str(p.pattern) for p in websocket_urlpatterns} == set(WEBSOCKET_ACCESS)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
+    from asgiref.sync import sync_to_async
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import AnonymousUser
+
+    from rftweb.routing import websocket_urlpatterns
+
+    @sync_to_async
+    def build() -> tuple[Run, dict[str, Any]]:
+        owner = make_user("owner")
+        run = make_run(owner=owner, name="secret run")
+        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+        add_member(run, annotator)
+        add_member(run, viewer, RunMember.Role.VIEWER)
+        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
+        return run, {"anonymous": AnonymousUser(), "owner": owner, "annotator": annotator, "viewer": viewer,
+                     "other_annotator": other}
+
+    run, users = await build()
+    allowed = {"owner", "annotator", "viewer"}
+    for persona, user in users.items():
+        comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
+        comm.scope["user"] = user
+        connected, _ = await comm.connect(timeout=10)  # a loaded host can take over a second
+        assert connected == (persona in allowed), persona
+        await comm.disconnect()
