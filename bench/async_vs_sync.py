@@ -14,6 +14,9 @@ CPU from the two sides being overlapped).
 
     python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16]
 
+Also printed: the conductor worker's own CPU (user + system, from /proc) over each timed run,
+the beats it ran (Celery's task counters) and the CPU per beat.
+
 Needs the explorer (`workers.explorer`, `workers.demo_model`).
 """
 
@@ -40,6 +43,20 @@ def _worker(name: str, queues: str, include: list[str], env: dict[str, str], log
     if "default" in queues.split(","):  # the loop's beat (apps/runs/orchestration.py)
         cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _beats() -> int:
+    """Conductor beats (run_conduct tasks) the conductor worker has run so far."""
+    from rftweb.celery import app
+
+    stats = app.control.inspect(timeout=5.0).stats() or {}
+    return sum(int((s.get("total") or {}).get("apps.runs.conduct.run_conduct", 0)) for s in stats.values())
 
 
 def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
@@ -101,15 +118,24 @@ def main() -> None:
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
                RFT_STORAGE_DIR=str(tmp / "storage"), OMP_NUM_THREADS="1")
     procs = [
-        _worker("conductor", "default", [], env, tmp),
+        _worker("conductor", "default", [], env, tmp),  # first: its pid is read for the CPU per beat
         _worker("trainer", "train", ["workers.trainer"], env, tmp),
         _worker("explorer", "rollout", ["workers.explorer"], env, tmp),
     ]
     try:
         time.sleep(15)  # workers up; the first step of each run also pays the model loads
         _timed_run(mode="sync", args=args, steps=1, model_dir=demo.out, taskset=taskset, owner=owner)  # warm-up
+        conductor: dict[str, tuple[float, int]] = {}
+        loads: dict[str, str] = {}
+        cpu0, beats0 = _cpu_seconds(procs[0].pid), _beats()
         sync_s, sync_sides = _timed_run(mode="sync", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
+        cpu1, beats1 = _cpu_seconds(procs[0].pid), _beats()
+        loads["sync"] = "/".join(f"{x:.1f}" for x in os.getloadavg())
         async_s, async_sides = _timed_run(mode="async", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
+        cpu2, beats2 = _cpu_seconds(procs[0].pid), _beats()
+        loads["async"] = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        # The inspect calls between runs cost the conductor a little CPU of their own (counted).
+        conductor = {"sync": (cpu1 - cpu0, beats1 - beats0), "async": (cpu2 - cpu1, beats2 - beats1)}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -120,10 +146,15 @@ def main() -> None:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"workload per step: {args.tasks} tasks × {args.repeat} samples of ≤ {args.max_tokens} tokens; {args.steps} steps")
-    print(f"{'mode':<8} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13}")
+    print(f"{'mode':<8} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13} {'beats':>6} "
+          f"{'conductor CPU s':>16} {'ms CPU/beat':>12}  load 1/5/15")
     for mode, total, sides in (("sync", sync_s, sync_sides), ("async", async_s, async_sides)):
-        print(f"{mode:<8} {args.steps:>5} {total:>8.1f} {sides['explore/step_seconds']:>15.3f} {sides['step_seconds']:>13.3f}")
-    print(f"async_vs_sync speed-up (sync seconds / async seconds, max_staleness 2): {sync_s / async_s:.2f}")
+        cpu, beats = conductor[mode]
+        per_beat = f"{1000 * cpu / beats:.2f}" if beats else "n/a"
+        print(f"{mode:<8} {args.steps:>5} {total:>8.1f} {sides['explore/step_seconds']:>15.3f} {sides['step_seconds']:>13.3f} "
+              f"{beats:>6} {cpu:>16.2f} {per_beat:>12}  {loads[mode]}")
+    print(f"async_vs_sync speed-up (sync seconds / async seconds, max_staleness 2): {sync_s / async_s:.2f} "
+          f"(load {loads['async']})")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
-"""p50 / p99 latency of 256-experience claims from a 1M-row table with 8 concurrent
-claimers, and the duplicate count. Target: p50 < 10 ms, 0 duplicates.
+"""The cost of one claim-and-ack of 256 experiences, against the floor of the same two
+statements sent through raw psycopg, in the same run; then p50 / p99 with as many
+concurrent claimers as cores, and the duplicate count; at `--rows` rows (1M by default; run
+it again with --rows 10000000 for the 10M point: cost may not grow > 1.5x from 1M).
 
-The baseline in the same run is one claimer alone: the last line prints p50 under
-contention against it, with the duplicate count.
+Targets: Django path / raw floor <= 1.5x; p50 < 10 ms with claimers = cores; 0 duplicates.
 
-Each claimer claims and acks back to back, with no training step in between, so 8 claimers
-and their 8 Postgres backends keep every core busy: on C cores a claim then waits for about
-8 / C others, and p50 under contention is bounded below by the solo p50 × 8 / C. The bench
-prints that bound beside the measurement, so a result reads as claim cost or as queueing.
+The floor: the claim's `WITH picked AS (... FOR UPDATE SKIP LOCKED) UPDATE ... RETURNING`
+(the very SQL `batch_claim` sends, built from the same queryset) and the ack's UPDATE (by
+hand, with `id = ANY(%s)` where Django sends an IN list), on a psycopg connection in
+autocommit, rows left as tuples. What the ratio measures is what rftweb adds: the ORM,
+building Experience objects, the transaction handling. The two are measured alternately,
+one pair at a time, so load drift on a shared machine hits both alike.
+
+Each concurrent claimer claims and acks back to back with no training step between, so C
+claimers and their C Postgres backends keep every core busy; the bench prints the solo cost
+x claimers / cores beside the measurement, so a result reads as claim cost or as queueing.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 from bench.common import median, percentile, setup_django
 
@@ -62,6 +70,65 @@ def _fill(run_id: int, rows: int) -> None:
         cur.execute(f"ANALYZE {table}")
 
 
+def _floor_statements(run: Any, size: int) -> tuple[str, list[Any], str]:
+    """The claim SQL `batch_claim` sends (same queryset, same RETURNING list) and the ack."""
+    from django.utils import timezone
+
+    from apps.buffer.models import Experience
+    from apps.buffer.selectors import experiences_claimable
+    from apps.buffer.services import _returning_columns
+
+    table = Experience._meta.db_table
+    qs = experiences_claimable(run=run, now=timezone.now())
+    picked_sql, params = qs.order_by("-priority", "id").values("id")[:size].query.sql_with_params()
+    claim = (
+        f"WITH picked AS ({picked_sql} FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} SET status = %s, lease_owner = %s, lease_expires_at = %s "
+        f"FROM picked WHERE {table}.id = picked.id RETURNING {_returning_columns()}"
+    )
+    decay = run.cfg.replay.priority_decay
+    again = run.cfg.replay.max_uses - 1
+    ack = (
+        f"UPDATE {table} SET status = CASE WHEN use_count < {again} THEN 'ready' ELSE 'consumed' END, "
+        f"priority = CASE WHEN use_count < {again} THEN priority * {decay} ELSE priority END, "
+        "use_count = use_count + 1, last_used_at = %s, lease_owner = '', lease_expires_at = NULL "
+        "WHERE run_id = %s AND id = ANY(%s) AND status = 'leased' AND lease_owner = %s"
+    )
+    return claim, list(params), ack
+
+
+def _solo_costs(run: Any, size: int, pairs: int, database_url: str) -> tuple[list[float], list[float], list[int]]:
+    """Alternating claim-and-ack cycles: (rftweb's seconds, the raw floor's seconds, ids)."""
+    from datetime import timedelta
+
+    import psycopg
+    from django.utils import timezone
+
+    from apps.buffer.services import batch_ack, batch_claim
+
+    claim, params, ack = _floor_statements(run, size)
+    django_s: list[float] = []
+    floor_s: list[float] = []
+    ids: list[int] = []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for i in range(pairs + 1):
+            t0 = time.perf_counter()
+            batch = batch_claim(run=run, worker="solo-django", size=size)
+            got = [e.pk for e in batch]
+            batch_ack(run=run, worker="solo-django", ids=got)
+            t1 = time.perf_counter()
+            now = timezone.now()
+            rows = conn.execute(claim, [*params, "leased", "solo-raw", now + timedelta(seconds=300)]).fetchall()
+            raw_ids = [r[0] for r in rows]
+            conn.execute(ack, [now, run.pk, raw_ids, "solo-raw"])
+            t2 = time.perf_counter()
+            if i:  # the first pair warms both connections
+                django_s.append(t1 - t0)
+                floor_s.append(t2 - t1)
+            ids += got + raw_ids
+    return django_s, floor_s, ids
+
+
 def _measure(run_id: int, claimers: int, size: int, claims: int) -> tuple[list[float], list[int]]:
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
@@ -76,12 +143,16 @@ def _measure(run_id: int, claimers: int, size: int, claims: int) -> tuple[list[f
     return latencies, ids
 
 
+def _load() -> str:
+    return "load " + "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--claimers", type=int, default=8)
+    parser.add_argument("--claimers", type=int, default=os.cpu_count() or 1, help="concurrent claimers (default: cores)")
     parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--claims", type=int, default=60, help="claims per claimer")
+    parser.add_argument("--claims", type=int, default=60, help="claims per claimer, and solo pairs")
     args = parser.parse_args()
     setup_django()
     from django.contrib.auth.models import User
@@ -89,26 +160,36 @@ def main() -> None:
 
     from apps.buffer.models import Experience
     from apps.runs.services import run_create
+    from bench.common import BENCH_DB
 
     owner, _ = User.objects.get_or_create(username="bench")
     run = run_create(name="bench-claim", owner=owner, config={"model": "bench", "rewards": [{"name": "exact_match"}]})
     t0 = time.perf_counter()
     _fill(run.pk, args.rows)
-    print(f"filled {args.rows:,} rows in {time.perf_counter() - t0:.1f} s")
+    print(f"filled {args.rows:,} rows in {time.perf_counter() - t0:.1f} s ({_load()})", flush=True)
     try:
-        solo, solo_ids = _measure(run.pk, 1, args.size, args.claims)
+        django_s, floor_s, solo_ids = _solo_costs(run, args.size, args.claims, BENCH_DB)
+        solo_load = _load()
         many, ids = _measure(run.pk, args.claimers, args.size, args.claims)
+        many_load = _load()
         all_ids = solo_ids + ids
         duplicates = len(all_ids) - len(set(all_ids))
-        print(f"1 claimer:  p50 {median(solo) * 1000:.2f} ms, p99 {percentile(solo, 0.99) * 1000:.2f} ms ({len(solo)} claims)")
-        print(f"{args.claimers} claimers: p50 {median(many) * 1000:.2f} ms, p99 {percentile(many, 0.99) * 1000:.2f} ms "
-              f"({len(many)} claims, {len(ids):,} experiences)")
+        cost, floor = median(django_s), median(floor_s)
+        ratios = sorted(d / f for d, f in zip(django_s, floor_s))
         cores = os.cpu_count() or 1
-        print(f"CPU bound at {cores} cores: solo p50 x {args.claimers} / {cores} = "
-              f"{median(solo) * args.claimers / min(cores, args.claimers) * 1000:.2f} ms")
+        print(f"rows {args.rows:,}, claim-and-ack of {args.size}, {len(django_s)} alternating pairs ({solo_load}):")
+        print(f"  rftweb (batch_claim + batch_ack): p50 {cost * 1000:.2f} ms, p99 {percentile(django_s, 0.99) * 1000:.2f} ms")
+        print(f"  raw psycopg floor (same statements): p50 {floor * 1000:.2f} ms, p99 {percentile(floor_s, 0.99) * 1000:.2f} ms")
+        print(f"  ratio of medians {cost / floor:.2f}; per-pair ratio p25/p50/p75 "
+              f"{percentile(ratios, 0.25):.2f}/{percentile(ratios, 0.5):.2f}/{percentile(ratios, 0.75):.2f}")
+        print(f"{args.claimers} concurrent claimers ({many_load}): claim p50 {median(many) * 1000:.2f} ms, "
+              f"p99 {percentile(many, 0.99) * 1000:.2f} ms ({len(many)} claims, {len(ids):,} experiences); "
+              f"queueing bound solo claim-and-ack x {args.claimers}/{cores} = "
+              f"{cost * args.claimers / min(cores, args.claimers) * 1000:.2f} ms")
         print(f"duplicates: {duplicates}")
-        print(f"ratio p50 {args.claimers} claimers / 1 claimer = {median(many) / median(solo):.2f}; "
-              f"p50 {median(many) * 1000:.2f} ms (target < 10 ms), duplicates {duplicates} (target 0)")
+        print(f"rows {args.rows:,}: cost ratio {cost / floor:.2f} (target <= 1.5), claim-and-ack {cost * 1000:.2f} ms; "
+              f"p50 with {args.claimers} claimers {median(many) * 1000:.2f} ms (target < 10 ms); "
+              f"duplicates {duplicates} (target 0); {many_load}")
     finally:
         with connection.cursor() as cur:
             cur.execute(f"DELETE FROM {Experience._meta.db_table} WHERE run_id = %s", [run.pk])

@@ -9,6 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
+# Where benches find (or build) the demo model; the smoke tests point it at the tests' build.
+DEMO_DIR = Path(os.environ.get("BENCH_DEMO_DIR", str(ROOT / ".cache" / "demo-model")))
 
 
 def setup_django(*, database_url: str = BENCH_DB, migrate: bool = True) -> None:

@@ -12,10 +12,13 @@ latency). Expert corrections are written as the annotation UI writes a human cor
 Accuracy is greedy `<answer>` accuracy on the demo model's 200 held-out problems (never in
 the taskset), of each published version, measured off the clock.
 
-    python -m bench.learning [--steps 500] [--eval-every 50] [--algorithms grpo,mix,sft]
+    python -m bench.learning [--steps 500] [--eval-every 50] [--algorithms grpo,mix,sft] [--seeds 0,1,2]
 
-Targets: GRPO ≥ +20 points within 10 minutes; MIX ≥ GRPO at equal steps. The last line
-prints both ratios.
+Each algorithm runs once per seed (the run's seed: sampling and the trainer's RNG; the demo
+model is the same for all). The tables print each seed's curve, then the median gain over
+the seeds at each evaluated step with its spread (min..max). Targets, judged on the median:
+GRPO ≥ +20 points within 10 minutes; MIX ≥ GRPO at equal steps. The last line prints both,
+with the load average after each run.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, setup_django
+from bench.common import DEMO_DIR, median, setup_django
 
 TASKS_PER_STEP = 16
 REPEAT = 8
@@ -45,19 +48,21 @@ COMMON: dict[str, Any] = {
 }
 
 
-def _config(algorithm: str, *, model: str, steps: int, lr: float = 1e-4, loss_type: str = "grpo") -> dict[str, Any]:
+def _config(algorithm: str, *, model: str, steps: int, lr: float = 1e-4, loss_type: str = "grpo",
+            seed: int = 0) -> dict[str, Any]:
     trainer: dict[str, Any] = {"learning_rate": lr, "loss_type": loss_type}
+    common = {**COMMON, "seed": seed}
     if algorithm == "grpo":
-        return {**COMMON, "model": model, "algorithm": "grpo", "mode": "sync", "total_steps": steps,
+        return {**common, "model": model, "algorithm": "grpo", "mode": "sync", "total_steps": steps,
                 "train_batch_size": TASKS_PER_STEP * REPEAT, "epochs": -(-steps * TASKS_PER_STEP // 256),
                 "trainer": trainer}
     if algorithm == "mix":
         size = TASKS_PER_STEP * REPEAT + EXPERT_PER_STEP
-        return {**COMMON, "model": model, "algorithm": "mix", "mode": "sync", "total_steps": steps,
+        return {**common, "model": model, "algorithm": "mix", "mode": "sync", "total_steps": steps,
                 "train_batch_size": size, "epochs": -(-steps * TASKS_PER_STEP // 256),
                 "trainer": {**trainer, "mu": 0.2, "expert_share": EXPERT_PER_STEP / size}}
     if algorithm == "sft":
-        return {**COMMON, "model": model, "algorithm": "sft", "mode": "train", "total_steps": steps,
+        return {**common, "model": model, "algorithm": "sft", "mode": "train", "total_steps": steps,
                 "train_batch_size": EXPERT_PER_STEP, "trainer": trainer}
     raise SystemExit(f"unknown algorithm {algorithm!r}")
 
@@ -87,7 +92,9 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from workers.demo_model import DemoSettings, _problems, greedy_accuracy
+    from workers.handover import pending_wait
 
+    pending_wait()  # the in-memory handover writes the version's files in the background
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # the reloaded one, as engines see it
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -95,8 +102,9 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
 
 
 def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: Any, lr: float,
-             loss_type: str) -> list[tuple[int, float, float]]:
-    """[(step, training seconds so far, held-out accuracy)], step 0 being the base model."""
+             loss_type: str, seed: int = 0, step_times: list[float] | None = None) -> list[tuple[int, float, float]]:
+    """[(step, training seconds so far, held-out accuracy)], step 0 being the base model;
+    each step's seconds are appended to `step_times` when given."""
     from apps.buffer.importers import taskset_import
     from apps.buffer.services import task_attempts_create
     from apps.runs.models import ModelVersion, Run
@@ -106,8 +114,8 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     from workers.trainer import trainer_step
 
     taskset = taskset_import(name=f"demo {algorithm}", path=demo / TASKSET_FILE, owner=owner)
-    run = run_create(name=f"bench learning {algorithm}", owner=owner, config=_config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type),
-                     taskset=taskset)
+    config = _config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type, seed=seed)
+    run = run_create(name=f"bench learning {algorithm} seed {seed}", owner=owner, config=config, taskset=taskset)
     if algorithm in ("mix", "sft"):
         _corrections_write(run=run, taskset=taskset, count=steps * EXPERT_PER_STEP)
     # Running without the conductor: this process is the conductor.
@@ -126,15 +134,26 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
             if not summary.get("tasks"):
                 raise SystemExit(f"{algorithm}: explore step {step} found no tasks: {summary}")
         result = trainer_step(run_id=run.pk, step=step, worker="bench-trainer")
-        clock += time.perf_counter() - started
+        took = time.perf_counter() - started
+        clock += took
+        if step_times is not None:
+            step_times.append(took)
         if result.get("status") != "trained":
             raise SystemExit(f"{algorithm}: train step {step}: {result}")
         if step % eval_every == 0 or step == steps:
             # The version published at this step (sync_interval is 1: every step publishes).
             checkpoint = ModelVersion.objects.get(run=run, train_step=step).checkpoint
             points.append((step, clock, _accuracy(checkpoint, demo)))
-            print(f"  {algorithm} step {step:4d}  {clock:7.1f} s  acc {points[-1][2]:.3f}", flush=True)
+            print(f"  {algorithm} seed {seed} step {step:4d}  {clock:7.1f} s  acc {points[-1][2]:.3f}  "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     return points
+
+
+def _gain_within(points: list[tuple[int, float, float]], seconds: float) -> tuple[float, float]:
+    """(best gain in points within `seconds` of training, when it was reached)."""
+    base = points[0][2]
+    best = max((p for p in points if p[1] <= seconds), key=lambda p: p[2])
+    return 100 * (best[2] - base), best[1]
 
 
 def main() -> None:
@@ -142,9 +161,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--algorithms", default="grpo,mix,sft")
+    parser.add_argument("--seeds", default="0,1,2", help="run seeds (sampling and trainer RNG); targets use the median")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--loss-type", default="grpo")
     args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-learning-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     # No Redis: the in-process broker and markers (nothing consumes what trainer_step sends).
@@ -159,34 +180,52 @@ def main() -> None:
     from workers.demo_model import demo_model_build
 
     torch.set_num_threads(1)
-    demo = demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None).out
+    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-learning")
-    results: dict[str, list[tuple[int, float, float]]] = {}
+    results: dict[str, dict[int, list[tuple[int, float, float]]]] = {}
+    loads: list[float] = []
     try:
-        for algorithm in args.algorithms.split(","):
-            print(f"{algorithm}: {args.steps} steps", flush=True)
-            results[algorithm] = _run_one(algorithm, steps=args.steps, eval_every=args.eval_every, demo=demo, owner=owner,
-                                          lr=args.lr, loss_type=args.loss_type)
+        for seed in seeds:
+            for algorithm in args.algorithms.split(","):
+                print(f"{algorithm} seed {seed}: {args.steps} steps", flush=True)
+                results.setdefault(algorithm, {})[seed] = _run_one(
+                    algorithm, steps=args.steps, eval_every=args.eval_every, demo=demo, owner=owner, lr=args.lr,
+                    loss_type=args.loss_type, seed=seed)
+                loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(f"{'algorithm':<10}{'step':>6}{'seconds':>10}{'accuracy':>10}{'gain (pts)':>12}")
-    for algorithm, points in results.items():
-        base = points[0][2]
-        for step, seconds, acc in points:
-            print(f"{algorithm:<10}{step:>6}{seconds:>10.1f}{acc:>10.3f}{100 * (acc - base):>+12.1f}")
+    print(f"{'algorithm':<10}{'seed':>5}{'step':>6}{'seconds':>10}{'accuracy':>10}{'gain (pts)':>12}")
+    for algorithm, by_seed in results.items():
+        for seed, points in by_seed.items():
+            base = points[0][2]
+            for step, seconds, acc in points:
+                print(f"{algorithm:<10}{seed:>5}{step:>6}{seconds:>10.1f}{acc:>10.3f}{100 * (acc - base):>+12.1f}")
+    print()
+    print(f"median over seeds {seeds} (spread: min..max)")
+    print(f"{'algorithm':<10}{'step':>6}{'seconds':>10}{'gain (pts)':>12}{'spread':>16}")
+    for algorithm, by_seed in results.items():
+        curves = list(by_seed.values())
+        for i, (step, _, _) in enumerate(curves[0]):
+            gains = [100 * (c[i][2] - c[0][2]) for c in curves]
+            secs = [c[i][1] for c in curves]
+            print(f"{algorithm:<10}{step:>6}{median(secs):>10.1f}{median(gains):>+12.1f}"
+                  f"{f'{min(gains):+.1f}..{max(gains):+.1f}':>16}")
     summary = []
     if "grpo" in results:
-        g = results["grpo"]
-        best = max((p for p in g if p[1] <= 600), key=lambda p: p[2])
-        summary.append(f"grpo gain within 10 min {100 * (best[2] - g[0][2]):+.1f} pts at {best[1]:.0f} s "
-                       f"(ratio to target 20 pts: {(best[2] - g[0][2]) * 100 / 20:.2f})")
+        within = [_gain_within(points, 600) for points in results["grpo"].values()]
+        gains = [g for g, _ in within]
+        summary.append(f"grpo median best gain within 10 min {median(gains):+.1f} pts (seeds {', '.join(f'{g:+.1f}' for g in gains)}; "
+                       f"ratio to target 20 pts: {median(gains) / 20:.2f})")
     if "grpo" in results and "mix" in results:
-        g, m = results["grpo"][-1], results["mix"][-1]
-        base = results["grpo"][0][2]
-        ratio = (m[2] - base) / (g[2] - base) if g[2] > base else float("inf")
-        summary.append(f"mix/grpo gain at step {g[0]}: {ratio:.2f} (acc {m[2]:.3f} vs {g[2]:.3f}; target >= 1.00)")
+        pairs = [(results["mix"][s][-1], results["grpo"][s][-1], results["grpo"][s][0][2]) for s in seeds]
+        mix_gains = [100 * (m[2] - base) for m, _, base in pairs]
+        grpo_gains = [100 * (g[2] - base) for _, g, base in pairs]
+        summary.append(f"mix vs grpo gain at step {args.steps}: median {median(mix_gains):+.1f} vs {median(grpo_gains):+.1f} pts "
+                       f"(mix - grpo per seed: {', '.join(f'{m - g:+.1f}' for m, g in zip(mix_gains, grpo_gains))}; "
+                       "target mix >= grpo)")
+    summary.append(f"load average (1 min) after each run: {', '.join(f'{x:.1f}' for x in loads)}")
     print("; ".join(summary))
 
 

@@ -6,15 +6,26 @@ is still wrong often, so reinforcement fine-tuning on the demo taskset has somet
 learn. Same seed and settings, same files: problems come from a seeded generator, the
 weights from a seeded init, and training runs on one thread in a fixed order.
 
+Same files on another machine too, as far as the CPU allows: the build runs in a fresh
+Python process (`python -m workers.demo_model`) whose numerics are pinned before torch
+loads (`NUMERICS_ENV`: one thread, torch's AVX2 kernels and MKL's AVX2 code path even on
+AVX-512 CPUs, which otherwise sum in another order and give other bits), so neither the
+caller's thread settings nor its CPU's widest vector unit change the weights. Different
+torch / transformers / tokenizers versions may (weight init and kernels move between
+releases): the manifest records them and a build with other versions is not "current".
+
 A manifest (`rft-demo.json`) records the settings; a build into a directory that already
-holds a model made with the same settings is skipped.
+holds a model made with the same settings and library versions is skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,7 +35,27 @@ from typing import Any
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
 # Bump when the recipe changes in a way that changes the files, so old caches rebuild.
-RECIPE = 3
+# 3: `<|endoftext|>` in the tokenizer's vocabulary (the reloaded tokenizer's length is the
+# model's vocab size); the build in a child process with pinned numerics; the chat template
+# renders tools Hermes-style and ends assistant turns with eos.
+# 4: both of 3's changes at once (they were made on two branches, each calling itself 3).
+RECIPE = 4
+
+# Set before torch loads in the build's process. MKL_CBWR: MKL's conditional numerical
+# reproducibility (the same code path on every AVX2 CPU); ATEN_CPU_CAPABILITY and
+# ONEDNN_MAX_CPU_ISA: torch's own and oneDNN's kernels no wider than AVX2. A CPU without
+# AVX2 falls back to its default path (and may then give other bits).
+NUMERICS_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MKL_CBWR": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "PYTHONHASHSEED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "CUDA_VISIBLE_DEVICES": "",
+}
+VERSIONED = ("torch", "transformers", "tokenizers")
 
 OPS = ("+", "-")
 
@@ -169,15 +200,35 @@ def _file_hashes(out: Path) -> dict[str, str]:
     }
 
 
+def library_versions() -> dict[str, str]:
+    """The installed versions of the libraries the files depend on (read without importing them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
 def demo_model_current(out: Path, settings: DemoSettings) -> dict[str, Any] | None:
-    """The manifest when `out` holds an intact model built with exactly these settings."""
+    """The manifest when `out` holds an intact model built with exactly these settings and
+    the installed library versions."""
     manifest = manifest_read(out)
     if not manifest or manifest.get("settings") != asdict(settings):
+        return None
+    if manifest.get("versions") != library_versions():
         return None
     recorded = manifest.get("files") or {}
     if not recorded or any(not (out / name).is_file() for name in recorded):
         return None
     return manifest
+
+
+class DemoBuildFailed(RuntimeError):
+    """The build's process exited with an error; the message holds the end of its output."""
 
 
 def demo_model_build(
@@ -188,14 +239,42 @@ def demo_model_build(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Build (or find already built) the demo model and its taskset in `out`."""
+    """Build (or find already built) the demo model and its taskset in `out`.
+
+    The build itself runs in a child process with `NUMERICS_ENV` (see the module docstring);
+    its log lines come back through `log`, its progress bar on stderr.
+    """
     settings = settings or DemoSettings()
     out = Path(out)
     if not force:
         manifest = demo_model_current(out, settings)
         if manifest is not None:
             return DemoResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=False, files=manifest["files"])
+    started = time.monotonic()
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "workers.demo_model", "--out", str(out.resolve()),
+           "--settings", json.dumps(asdict(settings))] + ([] if progress else ["--quiet"])
+    env = {**os.environ, **NUMERICS_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.STDOUT,
+                            text=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        tail = (tail + [line])[-20:]
+        if line.startswith("demo model:"):
+            log(line)
+    if proc.wait() != 0:
+        raise DemoBuildFailed(f"building the demo model failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    manifest = manifest_read(out)
+    if manifest is None:
+        raise DemoBuildFailed(f"the demo model build wrote no manifest in {out}")
+    return DemoResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=True,
+                      seconds=time.monotonic() - started, files=manifest["files"])
 
+
+def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Callable[[str], None] = print) -> DemoResult:
+    """The build proper, in this process (`demo_model_build` runs it in a pinned child)."""
     import torch
     from tqdm import tqdm
 
@@ -217,6 +296,8 @@ def demo_model_build(
             seed=settings.seed,
         )
         tokenizer = _as_loaded(built, model)
+        if len(tokenizer) != model.config.vocab_size:
+            raise RuntimeError(f"the reloaded tokenizer has {len(tokenizer)} tokens, the model {model.config.vocab_size}")
         params = sum(p.numel() for p in model.parameters())
         log(f"demo model: {params / 1e6:.2f}M parameters, {len(train)} training problems, {settings.steps} steps")
         torch.manual_seed(settings.seed)
@@ -274,7 +355,8 @@ def demo_model_build(
                 fh.write(json.dumps(record, sort_keys=True) + "\n")
         files = _file_hashes(out)
         manifest = {
-            "settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps, "files": files
+            "settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps, "files": files,
+            "versions": library_versions(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     finally:
@@ -282,3 +364,19 @@ def demo_model_build(
     return DemoResult(
         out=out, settings=settings, accuracy=accuracy, built=True, seconds=time.monotonic() - started, files=files
     )
+
+
+def _main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the demo model here (demo_model_build runs this in a pinned child).")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--settings", required=True, help="DemoSettings as JSON")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    settings = DemoSettings(**json.loads(args.settings))
+    _build_here(out=Path(args.out), settings=settings, progress=not args.quiet, log=lambda line: print(line, flush=True))
+
+
+if __name__ == "__main__":
+    _main()

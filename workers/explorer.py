@@ -67,21 +67,29 @@ def model_version_path(*, run: Run, version: int) -> str:
     """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
     if version == 0:
         return str(run.cfg.model)
+    from workers.handover import handover_has
+
     checkpoint = ModelVersion.objects.filter(run=run, number=version).values_list("checkpoint", flat=True).first()
     if checkpoint is None:
         raise VersionNotReady(f"run {run.pk} has no published version {version}")
+    if not handover_has(checkpoint) and not os.path.exists(checkpoint):
+        # MemorySync records a version before its files are written (workers/handover.py).
+        raise VersionNotReady(f"run {run.pk} version {version}: {checkpoint} is not written yet")
     return checkpoint
 
 
 def _engine_at(*, run: Run, version: int, worker: str) -> Any:
     """The resident engine holding `version` of the run; records the load when one happens."""
     from workers.engines import engine_cached, engine_for, engine_version_ensure
+    from workers.handover import handover_apply
 
     path = model_version_path(run=run, version=version)
     started = time.monotonic()
     resident = engine_cached(run.cfg)
     engine = engine_for(run.cfg)
-    loaded = engine_version_ensure(engine, version=version, path=path)
+    current = engine.version == version and getattr(engine, "path", None) == path
+    loaded = not current and handover_apply(engine, version=version, path=path)
+    loaded = loaded or engine_version_ensure(engine, version=version, path=path)
     if loaded or not resident:
         weight_load_record(run=run, version=version, worker=worker, seconds=time.monotonic() - started)
     return engine

@@ -27,7 +27,10 @@ CHAT_TEMPLATE = (
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% else %}<|end|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# `<|endoftext|>` is in the vocabulary although nothing uses it: a saved Qwen2 model's
+# tokenizer reloads as transformers' Qwen2Tokenizer, which adds it as its unknown token when
+# missing, one id past the model's embeddings (len(tokenizer) == vocab_size + 1).
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"]
 
 
 def tokenizer_build(*, texts: Iterable[str], vocab_size: int = 512) -> Any:

@@ -197,6 +197,11 @@ def resident_for(run: Any) -> Resident:
         _replay(learner, replay)
         log.info("run %s: replayed %s journaled step(s) up to step %s", run.pk, len(replay), run.train_step)
     res = Resident(run.pk, key, run.train_step, model, tokenizer, ref_model, learner)
+    if run.train_step > 0 and not fallback:
+        # A crash may have left the newest version's background checkpoint unwritten.
+        from workers.handover import handover_repair
+
+        handover_repair(run=run, model=model, tokenizer=tokenizer, train_step=run.train_step)
     if fallback:
         # The journal from here on needs a base that a later restart can find.
         snapshot_save(res=res, step=run.train_step)
@@ -433,6 +438,7 @@ def _claim(*, run: Any, worker: str, min_version: int | None, tokenizer: Any = N
 
 def _publish_due(*, run: Any, res: Resident) -> float | None:
     from apps.runs import policy
+    from workers.handover import MemorySync, memory_sync_applies
     from workers.sync import weight_sync_for
 
     cfg = run.cfg
@@ -441,6 +447,10 @@ def _publish_due(*, run: Any, res: Resident) -> float | None:
     number = policy.version_for_train_step(cfg=cfg, train_step=res.step)
     if run.current_version >= number:
         return None
+    # An explorer in this very process takes full weights from memory (workers/handover.py);
+    # an adapter (LoRA) is small and goes the usual way.
+    if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
+        return MemorySync().publish(run=run, number=number, train_step=res.step, model=res.model, tokenizer=res.tokenizer)
     published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=res.model, tokenizer=res.tokenizer)
     from apps.runs.services import metric_record
 

@@ -52,10 +52,12 @@ def test_math_accuracy_can_require_the_tags() -> None:
 @pytest.mark.parametrize(
     ("gold", "answer", "ok", "how"),
     [
-        ("19", "19", True, "math_verify"),
+        ("19", "19", True, "integer"),
+        ("-3", "-03", True, "integer"),
+        ("19", "18", False, "integer"),
         ("1,000", "1000", True, "math_verify"),
         ("-3", "-3.0", True, "math_verify"),
-        ("19", "18", False, "numeric"),
+        ("19", "18.5", False, "numeric"),
         ("x+1", "1+x", True, "math_verify"),
         ("x+1", "x+2", False, "math_verify"),
         ("@home", "@Home", True, "exact"),

@@ -3,6 +3,7 @@ accuracy band RFT needs (clearly above zero, clearly below perfect)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -28,6 +29,57 @@ def test_the_same_seed_builds_byte_identical_files_and_another_seed_does_not(tmp
     assert "model.safetensors" in a.files and "tokenizer.json" in a.files and "demo-taskset.jsonl" in a.files
     assert a.files == b.files
     assert a.files["model.safetensors"] != c.files["model.safetensors"]
+
+
+def test_builds_from_processes_with_other_thread_settings_give_byte_identical_files(tmp_path: Path) -> None:
+    """The build runs in its own pinned process: neither the caller's torch threads nor its
+    OMP/MKL environment reach the weights."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        here = demo_model_build(out=tmp_path / "here", settings=TINY, progress=False, log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    code = (
+        "import json, sys; from workers.demo_model import DemoSettings, demo_model_build; "
+        "r = demo_model_build(out=sys.argv[1], settings=DemoSettings(**json.loads(sys.argv[2])), progress=False, "
+        "log=lambda _: None); print(json.dumps(r.files))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_CBWR": "AUTO"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "there"), json.dumps(TINY.__dict__)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == here.files
+    for name, digest in here.files.items():
+        assert hashlib.sha256((tmp_path / "there" / name).read_bytes()).hexdigest() == digest
+    manifest = json.loads((tmp_path / "here" / MANIFEST).read_text())
+    assert set(manifest["versions"]) == {"torch", "transformers", "tokenizers"}
+
+
+@pytest.mark.parametrize("maker", ["demo", "tiny"])
+def test_a_saved_model_s_tokenizer_reloads_with_exactly_the_model_s_vocabulary(tmp_path: Path, maker: str) -> None:
+    """transformers reloads these tokenizers as Qwen2Tokenizer, which used to append
+    `<|endoftext|>` one id past the embeddings: every id the tokenizer knows must embed."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from workers.modelkit import tiny_model_save
+
+    if maker == "demo":
+        demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+    else:
+        tiny_model_save(tmp_path, hidden_size=16, layers=1, heads=2)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    vocab = AutoConfig.from_pretrained(tmp_path).vocab_size
+    assert len(tokenizer) == vocab
+    assert max(tokenizer.get_vocab().values()) == vocab - 1
+    assert max(tokenizer("<|endoftext|> What is 1 + 2?", add_special_tokens=False)["input_ids"]) < vocab
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[len(tokenizer) - 1, 0]])).logits
+    assert logits.shape[-1] == len(tokenizer)
 
 
 def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_rebuild(tmp_path: Path) -> None:

@@ -1,0 +1,399 @@
+"""The same GRPO work three ways, in one run: what a user would do with stock TRL instead of
+rftweb, and rftweb's loop in one process and as real Celery workers.
+
+(a) `trl`: stock `trl.GRPOTrainer` with its own generation (`model.generate`), the demo
+    taskset as a conversational dataset, the reward functions rftweb registers
+    (math_accuracy + 0.1 × math_format, the same code).
+(b) `inproc`: rftweb's loop in this process, what bench/learning runs: `workers.explorer.explore`
+    then `workers.trainer.trainer_step`, sync mode (every step on the newest weights, like
+    TRL), through Postgres.
+(c) `celery`: rftweb's whole loop with real Celery workers (conductor, explorer, trainer) on
+    Postgres and Redis, async mode (max_staleness 2): exploring overlaps training.
+
+Same demo model, taskset, seed and settings: 16 prompts × 8 samples a step, ≤ 12 tokens,
+temperature 1, lr 1e-4 constant, loss `grpo`, beta 0, epsilon 0.2, group-scaled advantages,
+grad-norm clip 1. Same cores: every arm runs pinned to the same CPU set (`--cores`); (a) and
+(b) are one process with that many torch threads, (c)'s explorer and trainer each get half
+(at least one) and the conductor one.
+
+Held-out accuracy (greedy, the demo model's 200 held-out problems) is measured off the
+clock every `--eval-every` steps: (a) and (b) stop their clock while evaluating; (c) records
+each published version's time and evaluates the checkpoints after the run. Printed per arm:
+seconds per step (median of the steps, and the whole-run mean), the accuracy against
+wall-clock, and the time to a fixed gain over the base model (`--gain` points). Ratios last:
+(b)/(a) seconds per step (target ≤ 1.10) and (a)/(c) time to the gain (target ≥ 1.5).
+
+    python -m bench.vs_trl [--steps 100] [--eval-every 10] [--gain 5] [--cores 2] [--threads N] [--repeat 2]
+
+Give it a database of its own (BENCH_DATABASE_URL): arm (c)'s conductor resumes every running
+run of its database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, median, setup_django
+
+TASKS_PER_STEP = 16
+REPEAT = 8
+MAX_TOKENS = 12
+LR = 1e-4
+
+Curve = list[tuple[int, float, float]]  # (step, seconds on the clock, held-out accuracy)
+
+
+def _load() -> str:
+    return "load " + "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _heldout_accuracy(model: Any, tokenizer_dir: Path) -> float:
+    from transformers import AutoTokenizer
+
+    from workers.demo_model import DemoSettings, _problems, greedy_accuracy
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.padding_side = "left"
+    was_training = model.training
+    try:
+        return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    finally:
+        model.train(was_training)
+
+
+def _accuracy_at(path: str, tokenizer_dir: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return _heldout_accuracy(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer_dir)
+
+
+# ----------------------------------------------------------------------------- (a) stock TRL
+
+
+def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int) -> tuple[Curve, list[float]]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from apps.rewards.math_rules import math_accuracy, math_format
+    from workers.demo_model import TASKSET_FILE
+
+    torch.set_num_threads(threads)
+    records = [json.loads(line) for line in (demo / TASKSET_FILE).read_text().splitlines()]
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in records]
+    )
+
+    def _texts(completions: list[Any]) -> list[str]:
+        return [c[0]["content"] if isinstance(c, list) else c for c in completions]
+
+    def accuracy(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        return [math_accuracy(t, {"domain": "math", "reference": a}).score for t, a in zip(_texts(completions), answer)]
+
+    def fmt(completions: list[Any], **_: Any) -> list[float]:
+        return [math_format(t, {"domain": "math"}).score for t in _texts(completions)]
+
+    tokenizer = AutoTokenizer.from_pretrained(demo)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="rft-bench-trl-"), use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, report_to=[], save_strategy="no", logging_strategy="no", seed=seed, data_seed=seed,
+        per_device_train_batch_size=TASKS_PER_STEP * REPEAT, gradient_accumulation_steps=1, num_generations=REPEAT,
+        max_completion_length=MAX_TOKENS, temperature=1.0, top_p=1.0, loss_type="grpo", beta=0.0, epsilon=0.2,
+        scale_rewards="group", reward_weights=[1.0, 0.1], max_steps=steps, num_iterations=1, log_completions=False,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    curve: Curve = []
+    step_times: list[float] = []
+
+    class Clock(TrainerCallback):
+        """Training time only: evaluation runs with the clock stopped."""
+
+        def __init__(self) -> None:
+            self.on_clock = 0.0
+            self.since = 0.0
+            self.step_started = 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            curve.append((0, 0.0, _heldout_accuracy(model, demo)))
+            self.since = time.perf_counter()
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.step_started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            now = time.perf_counter()
+            step_times.append(now - self.step_started)
+            self.on_clock += now - self.since
+            if state.global_step % eval_every == 0 or state.global_step == steps:
+                curve.append((state.global_step, self.on_clock, _heldout_accuracy(model, demo)))
+                print(f"  trl    step {state.global_step:4d} {self.on_clock:7.1f} s acc {curve[-1][2]:.3f} {_load()}",
+                      flush=True)
+            self.since = time.perf_counter()
+
+    trainer = GRPOTrainer(model=model, reward_funcs=[accuracy, fmt], args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    return curve, step_times
+
+
+# ----------------------------------------------------------------------------- (b) rftweb in process
+
+
+def arm_inproc(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int, owner: Any) -> tuple[Curve, list[float]]:
+    import torch
+
+    from bench.learning import _run_one
+
+    torch.set_num_threads(threads)
+    # What arm (a) does before its clock starts: import TRL and the model code (tens of
+    # seconds on a loaded machine). The model loads stay in step 1, as in bench/learning.
+    import trl.trainer.grpo_trainer  # noqa: F401
+
+    import workers.algorithms.learner  # noqa: F401
+    import workers.engines.hf_engine  # noqa: F401
+
+    step_times: list[float] = []
+    curve = _run_one("grpo", steps=steps, eval_every=eval_every, demo=demo, owner=owner, lr=LR, loss_type="grpo",
+                     seed=seed, step_times=step_times)
+    return curve, step_times
+
+
+def _inproc_breakdown(run_name: str) -> dict[str, float]:
+    """Median seconds of the parts of a step of (b), from the metrics the loop records."""
+    from apps.runs.models import Metric, Run
+
+    run = Run.objects.filter(name=run_name).order_by("-id").first()
+    names = ("explore/step_seconds", "explore/generate_seconds", "step_seconds", "update_seconds", "sync_seconds")
+    return {n: median(list(Metric.objects.filter(run=run, name=n).values_list("value", flat=True))) for n in names}
+
+
+# ----------------------------------------------------------------------------- (c) rftweb, Celery, async
+
+
+def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@%h",
+           "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
+    for module in include:
+        cmd += ["-I", module]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+
+
+def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int, owner: Any, tmp: Path,
+               taskset: Any) -> tuple[Curve, list[float]]:
+    import redis
+    from django.conf import settings
+
+    from apps.runs.models import ModelVersion, Run
+    from apps.runs.services import run_create, run_transition
+
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    side = str(max(1, threads // 2))
+    base_env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
+                    RFT_STORAGE_DIR=str(tmp / "storage"))
+    procs = [
+        _worker("conductor", "default", [], {**base_env, "OMP_NUM_THREADS": "1"}, tmp),
+        _worker("trainer", "train", ["workers.trainer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
+        _worker("explorer", "rollout", ["workers.explorer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
+    ]
+
+    def config(n: int) -> dict[str, Any]:
+        return {
+            "model": str(demo), "mode": "async", "algorithm": "grpo", "engine": "transformers", "seed": seed,
+            "sync_interval": 1, "sync_offset": 0, "max_staleness": 2, "explore_batch_size": TASKS_PER_STEP,
+            "repeat_times": REPEAT, "train_batch_size": TASKS_PER_STEP * REPEAT, "total_steps": n,
+            "epochs": -(-n * TASKS_PER_STEP // 256) + 2, "sampling": {"temperature": 1.0, "max_tokens": MAX_TOKENS},
+            "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
+            "trainer": {"learning_rate": LR, "loss_type": "grpo"},
+        }
+
+    def timed(n: int) -> tuple[Any, float, float]:
+        run = run_create(name=f"bench vs_trl celery {n}", owner=owner, config=config(n), taskset=taskset)
+        started_wall = time.time()
+        started = time.perf_counter()
+        run_transition(run=run, action="start")
+        deadline = started + 3600
+        while time.perf_counter() < deadline:
+            run.refresh_from_db()
+            if run.status in (Run.Status.STOPPED, Run.Status.FAILED) or getattr(run.Status, "FINISHED", None) == run.status:
+                break
+            time.sleep(0.2)
+        seconds = time.perf_counter() - started
+        if run.train_step != n:
+            raise SystemExit(f"celery run did not finish: status={run.status} train_step={run.train_step} error={run.error}")
+        return run, seconds, started_wall
+
+    try:
+        time.sleep(10)  # workers up
+        timed(1)  # warm-up: both workers load the model and TRL once, as (a) and (b) do before their clocks
+        run, seconds, started_wall = timed(steps)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    curve: Curve = [(0, 0.0, _accuracy_at(str(demo), demo))]
+    versions = ModelVersion.objects.filter(run=run).order_by("number")
+    for v in versions:
+        if v.train_step > 0 and (v.train_step % eval_every == 0 or v.train_step == steps):
+            curve.append((v.train_step, v.created_at.timestamp() - started_wall, _accuracy_at(v.checkpoint, demo)))
+            print(f"  celery step {v.train_step:4d} {curve[-1][1]:7.1f} s acc {curve[-1][2]:.3f}", flush=True)
+    return curve, [seconds / steps]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _time_to_gain(curve: Curve, gain: float) -> float | None:
+    base = curve[0][2]
+    return next((seconds for _, seconds, acc in curve[1:] if 100 * (acc - base) >= gain), None)
+
+
+def _arm_child(args: argparse.Namespace) -> None:
+    """One arm in this (fresh) process; its result goes to `--result` as JSON."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"rft-bench-vs-trl-{args.arm}-"))
+    os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
+    if args.arm == "inproc":
+        # As bench/learning: the in-process broker and cache, nothing sent anywhere.
+        os.environ["REDIS_URL"] = ""
+    setup_django()
+    from django.contrib.auth.models import User
+
+    from apps.buffer.importers import taskset_import
+    from apps.runs.models import Run
+    from workers.demo_model import TASKSET_FILE
+
+    demo = DEMO_DIR
+    owner, _ = User.objects.get_or_create(username="bench-vs-trl")
+    # This bench's runs that an earlier, interrupted run of it left running would take the
+    # workers' time (the conductor resumes every running run of the database it starts on).
+    Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
+    threads = args.threads
+    breakdown: dict[str, float] = {}
+    try:
+        if args.arm == "trl":
+            curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads)
+        elif args.arm == "inproc":
+            curve, times = arm_inproc(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                                      threads=threads, owner=owner)
+            breakdown = _inproc_breakdown(f"bench learning grpo seed {args.seed}")
+            Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
+        elif args.arm == "celery":
+            taskset = taskset_import(name="demo vs_trl", path=demo / TASKSET_FILE, owner=owner)
+            curve, times = arm_celery(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                                      threads=args.cores, owner=owner, tmp=tmp, taskset=taskset)
+        else:
+            raise SystemExit(f"unknown arm {args.arm!r}; use trl, inproc, celery")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    Path(args.result).write_text(json.dumps({"curve": curve, "times": times, "breakdown": breakdown, "load": _load()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--gain", type=float, default=5.0, help="the fixed gain over the base model, in points")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1), help="CPU set every arm is pinned to")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of (a) and (b) (default: --cores; (c)'s sides get half each)")
+    parser.add_argument("--arms", default="trl,inproc,celery")
+    parser.add_argument("--repeat", type=int, default=1, help="run the arms this many times, interleaved")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm in this process
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))[: args.cores]
+    os.sched_setaffinity(0, cores)  # children (each arm, the Celery workers) inherit it
+    args.threads = args.threads or args.cores
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.arm:
+        _arm_child(args)
+        return
+    from workers.demo_model import demo_model_build
+
+    demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
+    results: list[tuple[int, str, dict[str, Any]]] = []
+    # Each arm in a fresh process: no import cache, thread pool or resident model carried over.
+    for rep in range(args.repeat):
+        for arm in args.arms.split(","):
+            print(f"[{rep + 1}/{args.repeat}] {arm}: {args.steps} steps on cores {cores}, {args.threads} thread(s), "
+                  f"{_load()}", flush=True)
+            started = time.perf_counter()
+            with tempfile.NamedTemporaryFile(suffix=".json") as result:
+                cmd = [sys.executable, "-m", "bench.vs_trl", "--arm", arm, "--result", result.name, "--steps",
+                       str(args.steps), "--eval-every", str(args.eval_every), "--seed", str(args.seed), "--cores",
+                       str(args.cores), "--threads", str(args.threads)]
+                if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+                    raise SystemExit(f"arm {arm} failed")
+                data = json.loads(Path(result.name).read_text())
+            data["curve"] = [tuple(p) for p in data["curve"]]
+            results.append((rep, arm, data))
+            print(f"{arm}: done in {time.perf_counter() - started:.0f} s (evaluations included), {data['load']}", flush=True)
+    _report(args, cores, results)
+
+
+def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int, str, dict[str, Any]]]) -> None:
+    print()
+    print(f"{args.steps} steps of {TASKS_PER_STEP} prompts x {REPEAT} samples, <= {MAX_TOKENS} tokens; seed {args.seed}; "
+          f"cores {cores}; (a)/(b) {args.threads} torch thread(s), (c) {max(1, args.cores // 2)} per side; "
+          f"fixed gain {args.gain:+.1f} pts")
+    print(f"{'rep':<4}{'arm':<8}{'step':>6}{'seconds':>10}{'accuracy':>10}{'gain':>8}")
+    for rep, arm, data in results:
+        curve = data["curve"]
+        for step, seconds, acc in curve:
+            print(f"{rep + 1:<4}{arm:<8}{step:>6}{seconds:>10.1f}{acc:>10.3f}{100 * (acc - curve[0][2]):>+8.1f}")
+    print()
+    print(f"{'rep':<4}{'arm':<8}{'s/step median':>14}{'s/step mean':>12}{'to gain (s)':>12}  load after (1/5/15 min)")
+    per_step: dict[int, dict[str, float]] = {}
+    to_gain: dict[int, dict[str, float | None]] = {}
+    for rep, arm, data in results:
+        curve = data["curve"]
+        mean = curve[-1][1] / curve[-1][0] if curve[-1][0] else float("nan")
+        per_step.setdefault(rep, {})[arm] = median(data["times"]) if arm != "celery" else mean
+        to_gain.setdefault(rep, {})[arm] = _time_to_gain(curve, args.gain)
+        reached = to_gain[rep][arm]
+        gain_text = f"{reached:.1f}" if reached is not None else "not reached"
+        print(f"{rep + 1:<4}{arm:<8}{per_step[rep][arm]:>14.3f}{mean:>12.3f}{gain_text:>12}  {data['load']}")
+        if data.get("breakdown"):
+            print("    inproc step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
+    ratios = []
+    b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
+    if b_a:
+        ratios.append(f"(b)/(a) s/step {median(b_a):.2f} median of {len(b_a)} ({', '.join(f'{x:.2f}' for x in b_a)}; "
+                      "target <= 1.10)")
+    a_c = []
+    for r in to_gain.values():
+        if "trl" in r and "celery" in r:
+            a, c = r["trl"], r["celery"]
+            a_c.append(f"{a / c:.2f}" if a is not None and c is not None else f"not reached by {'trl' if a is None else 'celery'}")
+    if a_c:
+        ratios.append(f"(a)/(c) time to {args.gain:+.0f} pts: {', '.join(a_c)} (target >= 1.5)")
+    c_a = [r["celery"] / r["trl"] for r in per_step.values() if "trl" in r and "celery" in r]
+    if c_a:
+        ratios.append(f"(c)/(a) s/step {', '.join(f'{x:.2f}' for x in c_a)}")
+    print("; ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()

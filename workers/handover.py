@@ -1,0 +1,197 @@
+"""In-memory weight handover, where the explorer and the trainer share a process.
+
+With `CheckpointSync` every published version costs the trainer a `save_pretrained` and the
+explorer a `from_pretrained` of the same bytes, both on the loop's critical path (on the
+1.2M-parameter demo model about 50 and 100 ms a step, more under load). When this process
+also holds the rollout engine for the run's model (bench/learning, the embedded default, a
+worker serving both queues), `MemorySync` instead:
+
+1. clones the trainer's state dict (a memcpy) and keeps it here under the version's
+   checkpoint path;
+2. records the `ModelVersion` at once, so the run goes on;
+3. writes the same durable checkpoint directory in a background thread (atomic rename, as
+   `CheckpointSync`), off the critical path.
+
+The explorer in this process (`handover_apply`) copies the kept tensors into its engine's
+model instead of reading the files. A reader in another process finds the directory once the
+write is done: `checkpoint_pending` tells the explorer to wait (VersionNotReady) until then.
+At most one write is in flight: the next publish waits for the previous one, so a crash can
+leave only the newest version's directory unwritten, and that version is always the one at
+the run's recorded train step, which `handover_repair` rewrites from the trainer's restored
+state (bit-identical on CPU, see workers/trainer.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_KEEP = 2  # versions kept in memory: the newest, and the one an explorer may still be loading
+_LOCK = threading.Lock()
+_STATES: OrderedDict[str, tuple[dict[str, Any], Any]] = OrderedDict()  # path -> (state dict, model config)
+_PENDING: dict[str, Future[Path]] = {}
+_WRITER: ThreadPoolExecutor | None = None
+
+
+def _writer() -> ThreadPoolExecutor:
+    # Made on first use, in the worker process (not before a prefork pool forks).
+    global _WRITER
+    if _WRITER is None:
+        _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handover-writer")
+    return _WRITER
+
+
+def memory_sync_applies(cfg: Any) -> bool:
+    """Whether this process holds the rollout engine for the run's model: then an explorer
+    shares the trainer's process and can take the weights from memory."""
+    from django.conf import settings
+
+    if settings.RFT_WEIGHT_SYNC != "checkpoint":
+        return False
+    from workers.engines import engine_cached
+
+    return engine_cached(cfg)
+
+
+def _write(*, model: Any, state: dict[str, Any], tokenizer: Any, out: Path) -> Path:
+    """`save_pretrained_atomic` of the cloned tensors: the live model goes on training while
+    this runs, so only its config is read from it."""
+    import os
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def pending_wait() -> None:
+    """Wait for the checkpoint write in flight, if any (its error is logged, not raised:
+    the version is still in memory, and `handover_repair` can write it again)."""
+    with _LOCK:
+        futures = list(_PENDING.values())
+    for future in futures:
+        try:
+            future.result()
+        except Exception:
+            log.exception("a background checkpoint write failed")
+
+
+def handover_has(path: str) -> bool:
+    """Whether this process keeps the version at `path` in memory."""
+    with _LOCK:
+        return path in _STATES
+
+
+def checkpoint_pending(path: str) -> bool:
+    """Whether `path` is a version this process is still writing (readers wait for it)."""
+    with _LOCK:
+        future = _PENDING.get(path)
+    return future is not None and not future.done()
+
+
+class MemorySync:
+    """`CheckpointSync`'s durable result, with the files written off the critical path and
+    the weights handed to this process's explorer in memory."""
+
+    name = "memory"
+
+    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
+        import torch
+
+        from apps.runs.services import model_version_publish
+        from workers.sync import version_dir
+
+        started = time.perf_counter()
+        pending_wait()  # one write in flight at most (see the module docstring)
+        with torch.no_grad():
+            state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        out = version_dir(run.pk, number)
+        key = str(out)
+        with _LOCK:
+            _STATES[key] = (state, model.config)
+            _STATES.move_to_end(key)
+            while len(_STATES) > _KEEP:
+                _STATES.popitem(last=False)
+            future = _writer().submit(_write, model=model, state=state, tokenizer=tokenizer, out=out)
+            _PENDING[key] = future
+        future.add_done_callback(lambda _f, key=key: _forget_pending(key, _f))
+        model_version_publish(run=run, number=number, checkpoint=key, train_step=train_step)
+        return time.perf_counter() - started
+
+
+def _forget_pending(key: str, future: Future[Path]) -> None:
+    with _LOCK:
+        if _PENDING.get(key) is future:
+            del _PENDING[key]
+
+
+def handover_apply(engine: Any, *, version: int, path: str) -> bool:
+    """Load `version` into `engine` from memory when this process published it; True if it
+    did. An engine that cannot take tensors directly (vLLM's CPU backend repacks its weights
+    on load) gets False after the files are written, and loads them as usual."""
+    with _LOCK:
+        kept = _STATES.get(path)
+        future = _PENDING.get(path)
+    if kept is None:
+        return False
+    model = getattr(engine, "model", None)
+    lock = getattr(engine, "_lock", None)
+    if getattr(engine, "kind", None) != "transformers" or model is None or lock is None:
+        if future is not None:
+            future.result()
+        return False
+    import torch
+
+    state, _config = kept
+    with lock, torch.no_grad():
+        target = engine.model
+        own = target.state_dict()
+        if set(own) != set(state) or any(own[k].shape != state[k].shape for k in state):
+            if future is not None:
+                future.result()
+            return False  # another architecture: the files decide
+        for name, tensor in state.items():
+            own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+        engine.path, engine._version = path, version
+    return True
+
+
+def handover_repair(*, run: Any, model: Any, tokenizer: Any, train_step: int) -> bool:
+    """After a restart: rewrite the newest published version's directory when a crash left
+    it unwritten and it is the version of `train_step` (the weights just restored). True if
+    it wrote."""
+    from apps.runs.models import ModelVersion
+    from workers.sync import save_pretrained_atomic
+
+    latest = ModelVersion.objects.filter(run=run).order_by("-number").first()
+    if latest is None or not latest.checkpoint or Path(latest.checkpoint).exists() or checkpoint_pending(latest.checkpoint):
+        return False
+    if latest.train_step != train_step:
+        log.warning("run %s: version %s's checkpoint %s is missing and not rebuildable from step %s",
+                    run.pk, latest.number, latest.checkpoint, train_step)
+        return False
+    save_pretrained_atomic(model=model, tokenizer=tokenizer, out=Path(latest.checkpoint))
+    log.info("run %s: rewrote the checkpoint of version %s from step %s", run.pk, latest.number, train_step)
+    return True
+
+
+def handover_clear() -> None:
+    """Forget kept versions after waiting for the writes (tests, process shutdown)."""
+    pending_wait()
+    with _LOCK:
+        _STATES.clear()
