@@ -254,7 +254,10 @@ def demo_model_build(
     root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "workers.demo_model", "--out", str(out.resolve()),
            "--settings", json.dumps(asdict(settings))] + ([] if progress else ["--quiet"])
-    env = {**os.environ, **NUMERICS_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    # The child inherits this environment (not a setting: what the process was started with),
+    # with the numerics pinned and this checkout first on its path.
+    env = {**os.environ, **NUMERICS_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.STDOUT,
                             text=True)
     tail: list[str] = []

@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import NinjaAPI, Path, Query
+from ninja import NinjaAPI, Query
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
@@ -156,14 +156,7 @@ def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     return _problem(request, 422, f"invalid request: {detail}", errors)
 
 
-ERRORS: dict[int, type] = {400: s.Error, 401: s.Error, 403: s.Error, 404: s.Error, 413: s.Error, 422: s.Error, 429: s.Error}
-
-
-def responses(ok: Any, *extra: int) -> dict[int, Any]:
-    out: dict[int, Any] = {200: ok, **ERRORS}
-    for code in extra:
-        out[code] = s.Error
-    return out
+ERRORS, RunId, responses = s.ERRORS, s.RunId, s.responses
 
 
 # ---- auth ----------------------------------------------------------------------------
@@ -191,7 +184,6 @@ class KeyAuth(HttpBearer):
 
 READ, SUBMIT, FEEDBACK = KeyAuth("read"), KeyAuth("submit"), KeyAuth("feedback")
 
-RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")
 
 
 def _principal(request: HttpRequest) -> KeyPrincipal:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from ninja import Schema
+from ninja import Path, Schema
 from pydantic import ConfigDict, Field, FiniteFloat, model_validator
 
 from apps.runs.config import RunConfig
@@ -322,3 +322,19 @@ class RolloutOut(Schema):
 
 class RolloutsOut(Schema):
     results: list[RolloutOut]
+
+
+# Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a
+# path is one positive 64-bit integer: shared by the API's routers (apps/envapi/api.py, the
+# session and human-signal routers).
+ERRORS: dict[int, type] = {400: Error, 401: Error, 403: Error, 404: Error, 413: Error, 422: Error, 429: Error}
+
+
+def responses(ok: Any, *extra: int) -> dict[int, Any]:
+    out: dict[int, Any] = {200: ok, **ERRORS}
+    for code in extra:
+        out[code] = Error
+    return out
+
+
+RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")

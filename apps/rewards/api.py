@@ -8,6 +8,8 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Schema
 
+from apps.envapi.schemas import RunId, responses
+
 router = Router(tags=["human signal"])
 
 
@@ -57,16 +59,16 @@ def _run(request: HttpRequest, run_id: int) -> Any:
     return _run_for(request, run_id)
 
 
-@router.get("/runs/{run_id}/raters", response=RatersOut, summary="Rater agreement, reliability and weights")
-def raters_get(request: HttpRequest, run_id: int) -> dict[str, Any]:
+@router.get("/runs/{run_id}/raters", response=responses(RatersOut), summary="Rater agreement, reliability and weights")
+def raters_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
     from apps.rewards.views import raters_data
 
     return raters_data(run=_run(request, run_id))
 
 
-@router.get("/runs/{run_id}/reward-models", response=list[RewardModelOut],
+@router.get("/runs/{run_id}/reward-models", response=responses(list[RewardModelOut]),
             summary="The run's learned reward-model versions, newest first")
-def reward_models_list(request: HttpRequest, run_id: int) -> list[Any]:
+def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
     from apps.rewards.models import RewardModel
 
     return list(RewardModel.objects.filter(run=_run(request, run_id)).order_by("-version"))

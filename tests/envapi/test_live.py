@@ -90,7 +90,8 @@ def test_the_served_schema_holds_no_5xx_and_every_response_matches_it(live_url: 
             except Unsatisfiable:
                 # GET /runs takes no input at all: nothing can be made invalid.
                 assert negative and "{run_id}" not in operation.path
-    assert len(tried) == 9
+    # The environment API, the agent sessions' finish and the human-signal figures.
+    assert len(tried) == 12
     assert Experience.objects.filter(run=run, source="env").exists(), "no valid trajectory got through"
 
 
