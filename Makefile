@@ -63,6 +63,7 @@ worker: venv
 	$(PY) manage.py rft worker --queues $${QUEUES:-rollout,train,reward,default}
 
 test: venv browser compose
+	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -310,7 +310,7 @@ class RftClient:
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[Event]:
-    kind, data = "message", []
+    kind, data = "message", list[str]()
     for line in lines:
         if line == "":
             if data:

@@ -45,7 +45,7 @@ def peft_config_for(lora: Any) -> Any:
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=int(lora.rank),
-        lora_alpha=float(lora.alpha),
+        lora_alpha=float(lora.alpha),  # type: ignore[arg-type]  # peft scales by alpha / r: a float works
         lora_dropout=float(lora.dropout),
         target_modules=list(lora.target_modules),
         bias="none",

@@ -23,6 +23,7 @@ state (bit-identical on CPU, see workers/trainer.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -129,7 +130,7 @@ class MemorySync:
                 _STATES.popitem(last=False)
             future = _writer().submit(_write, model=model, state=state, tokenizer=tokenizer, out=out)
             _PENDING[key] = future
-        future.add_done_callback(lambda _f, key=key: _forget_pending(key, _f))
+        future.add_done_callback(functools.partial(_forget_pending, key))
         model_version_publish(run=run, number=number, checkpoint=key, train_step=train_step)
         return time.perf_counter() - started
 

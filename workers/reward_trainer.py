@@ -174,7 +174,8 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
         return None
     base = _base_of(run)
-    number = (reward_model_latest(run=run).version if reward_model_latest(run=run) else 0) + 1
+    latest = reward_model_latest(run=run)
+    number = (latest.version if latest is not None else 0) + 1
     out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.pk) / "reward_models" / f"v{number}-{int(time.time())}"
     started = time.monotonic()
     rng = random.Random(run.cfg.seed + number)
@@ -187,7 +188,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     rated = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
                  .exclude(pk__in=gold).order_by("-id").values_list("prompt_text", "response_text", "human_reward")[:512])
     scores = rm_score_texts(net, tokenizer, [r[0] for r in rated], [r[1] for r in rated], max_length=cfg.max_length)
-    scale, offset = _calibration(scores, [float(r[2]) for r in rated])
+    scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
     rm = reward_model_publish(
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
         labels=labels, seconds=time.monotonic() - started, scale=scale, offset=offset,

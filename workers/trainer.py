@@ -352,8 +352,8 @@ def state_prune(*, run_id: int, snapshot_step: int) -> None:
         if step < snapshot_step:
             shutil.rmtree(path, ignore_errors=True)
     for path in (trainer_dir(run_id) / "journal").glob("step-*.json"):
-        step = _step_of(path)
-        if step is not None and step <= snapshot_step:
+        entry_step = _step_of(path)
+        if entry_step is not None and entry_step <= snapshot_step:
             path.unlink(missing_ok=True)
 
 

@@ -17,6 +17,7 @@ from django.db import transaction
 from apps.buffer.models import Task, Taskset
 from apps.hygiene import InputRejected, jsonl_records, tree_check
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
+from apps.buffer.pipeline.core import Row
 from rftweb.exceptions import InvalidInput
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.
@@ -64,7 +65,7 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
         raw = record["messages"]
     if isinstance(raw, str):
         prompt = raw
-    elif _messages_ok(raw):
+    elif raw is not None and _messages_ok(raw):
         messages = [{"role": m["role"], "content": m["content"]} for m in raw]
     elif raw is None:
         raise ImportFailed(f"{where}: no prompt (give one of {', '.join(PROMPT_KEYS)} or messages)")
@@ -149,13 +150,13 @@ class _TaskWriter:
         self.next_index = 0
         self.source_rows = 0
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
+    def add(self, rows: Sequence[Row]) -> None:
         for row in rows:
             row["index"] = self.next_index
             self.next_index += 1
         self.source_rows += len(rows)
         given = len(rows)
-        out = self.session.apply(rows)
+        out = self.session.apply(list(rows))
         for row in out[given:]:
             row["index"] = self.next_index
             self.next_index += 1

@@ -178,7 +178,7 @@ def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
     from apps.feedback.models import Feedback
 
     members = list(Experience.objects.filter(run=run, group_id=group_id).select_related("task").order_by("id"))
-    feedback: dict[int, list[Feedback]] = {}
+    feedback: dict[int | None, list[Feedback]] = {}
     for fb in Feedback.objects.filter(run=run, experience__in=members).select_related("author").order_by("created_at"):
         feedback.setdefault(fb.experience_id, []).append(fb)
     rewards = [m.reward for m in members if m.reward is not None]

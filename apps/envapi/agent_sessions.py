@@ -37,7 +37,7 @@ from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
 from apps.envapi.models import AgentCall, AgentSession, ApiKey
 from apps.envapi.openai_services import OpenAIError
-from apps.envapi.services import env_scoped
+from apps.envapi.services import GROUP_MAX, KEY_MAX, env_scoped
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def session_check(*, run: Run, key: ApiKey, session: SessionRef) -> AgentSession
     session already finished or abandoned, or a task outside the run's taskset."""
     sessions_expire(run=run)
     task_id = session.task_id
-    if task_id is not None and not Task.objects.filter(pk=task_id, taskset_id=run.taskset_id).exists():
+    if task_id is not None and not Task.objects.filter(pk=task_id, taskset_id=run.taskset_id or 0).exists():
         raise OpenAIError(400, f"task {task_id} is not in this run's taskset", param=TASK_HEADER, code="invalid_value")
     row = AgentSession.objects.filter(run=run, name=session.name).first()
     if row is None:
@@ -272,8 +272,8 @@ def _draft(*, run: Run, session: AgentSession, segment: Segment, part: int, part
         cfg=run.cfg,
         auto_reward=reward,
         run_id=run.pk,
-        key=env_scoped(key, limit=Experience._meta.get_field("key").max_length),
-        group_id=env_scoped(group, limit=Experience._meta.get_field("group_id").max_length),
+        key=env_scoped(key, limit=KEY_MAX),
+        group_id=env_scoped(group, limit=GROUP_MAX),
         task_id=session.task_id,
         source=Experience.Source.ENV,
         prompt_text=(task.prompt if task is not None else "") or f"agent session {session.name}",

@@ -303,21 +303,23 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
     run = _run_for(request, run_id)
     who: dict[str, Any] = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
     feedback: Feedback
+    # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
+    experience = payload.experience_id or 0
     if payload.kind == "env_reward":
         assert payload.value is not None  # the schema checked it
-        feedback = feedback_env_reward(experience=payload.experience_id, reward=payload.value,
+        feedback = feedback_env_reward(experience=experience, reward=payload.value,
                                        reward_parts=payload.reward_parts, **who)
     elif payload.kind == "rating":
-        feedback = feedback_rate(experience=payload.experience_id, score=payload.score, thumb=payload.thumb, **who)
+        feedback = feedback_rate(experience=experience, score=payload.score, thumb=payload.thumb, **who)
     elif payload.kind == "pairwise":
-        feedback = feedback_compare(experience=payload.experience_id, other=payload.other_experience_id,
+        feedback = feedback_compare(experience=experience, other=payload.other_experience_id,
                                     winner=payload.winner or "", **who)
     elif payload.kind == "ranking":
         feedback = feedback_rank(order=payload.order or [], **who)
     else:
         # An older client flags without saying why; the flag still needs to read as one.
         reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
-        feedback = feedback_flag(experience=payload.experience_id, flags=payload.flags, reason=reason, **who)
+        feedback = feedback_flag(experience=experience, flags=payload.flags, reason=reason, **who)
     target: Mapping[str, Any] = {}
     if feedback.experience_id is not None:
         target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}

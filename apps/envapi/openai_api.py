@@ -30,7 +30,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
@@ -162,7 +162,7 @@ def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingHttpResponse:
     return response
 
 
-async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponse:
+async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBase:
     from apps.envapi import agent_sessions
 
     try:
@@ -187,12 +187,12 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponse:
 
 
 @csrf_exempt
-async def chat_completions(request: HttpRequest, run_id: int) -> HttpResponse:
+async def chat_completions(request: HttpRequest, run_id: int) -> HttpResponseBase:
     return await _serve(request, run_id, "chat")
 
 
 @csrf_exempt
-async def completions(request: HttpRequest, run_id: int) -> HttpResponse:
+async def completions(request: HttpRequest, run_id: int) -> HttpResponseBase:
     return await _serve(request, run_id, "completion")
 
 

@@ -219,7 +219,7 @@ def _completion_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def completion_body(*, req: CompletionIn, answer: dict[str, Any], env: Envelope) -> dict[str, Any]:
-    choices = []
+    choices: list[dict[str, Any]] = []
     for p in answer["prompts"]:
         for c in p["choices"]:
             choice: dict[str, Any] = {"index": len(choices), "text": c["text"], "finish_reason": c["finish_reason"],

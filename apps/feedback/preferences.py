@@ -107,17 +107,20 @@ def preference_pairs(
             pairs.append(_pair(expert, original, kind="edit", margin=1.0, group_id=original.group_id))
 
     for group_id, ratings in ratings_by_group.items():
-        member_ids = sorted({fb.experience_id for fb in ratings})  # type: ignore[misc]
+        member_ids = sorted({fb.experience_id for fb in ratings if fb.experience_id is not None})
         folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
-        humans = [(pk, folds[pk].human) for pk in member_ids
-                  if folds[pk].human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT]
+        humans: list[tuple[int, float]] = []
+        for pk in member_ids:
+            human = folds[pk].human
+            if human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT:
+                humans.append((pk, human))
         for i, (pk_a, h_a) in enumerate(humans):
             for pk_b, h_b in humans[i + 1:]:
                 if h_a == h_b:
                     continue
                 (hi, h_hi), (lo, h_lo) = ((pk_a, h_a), (pk_b, h_b)) if h_a > h_b else ((pk_b, h_b), (pk_a, h_a))
-                pairs.append(_pair(exps[hi], exps[lo], kind="rating", margin=float(h_hi - h_lo),  # type: ignore[operator]
+                pairs.append(_pair(exps[hi], exps[lo], kind="rating", margin=float(h_hi - h_lo),
                                    group_id=group_id))
     return pairs
 

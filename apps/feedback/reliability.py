@@ -73,7 +73,7 @@ def _alpha(matrix: list[list[float]], level: str) -> float | None:
     values = data[~np.isnan(data)]
     if len(set(values.tolist())) < 2:
         return None
-    return float(krippendorff.alpha(reliability_data=data, level_of_measurement=level))
+    return float(krippendorff.alpha(reliability_data=data, level_of_measurement=level))  # type: ignore[arg-type]  # level is one of its names
 
 
 def _matrix(cells: dict[tuple[int, int], float]) -> list[list[float]]:
@@ -191,7 +191,8 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
     for author, created, finished in (Assignment.objects.filter(run=run, status=Assignment.Status.DONE,
                                                                 finished_at__isnull=False)
                                       .values_list("annotator_id", "created_at", "finished_at")):
-        speeds[author].append((finished - created).total_seconds())
+        if finished is not None:  # filtered above; the ORM's type does not know it
+            speeds[author].append((finished - created).total_seconds())
 
     mode = run.cfg.feedback.rater_weighting
     for author, f in figures.items():

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
@@ -38,13 +38,14 @@ from apps.feedback.values import FLAGS
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
 from rftweb.exceptions import InvalidInput, RftError
+from rftweb.http import HtmxHttpRequest
 
 
 def _queue_size() -> int:
     return settings.RFT_ANNOTATION_QUEUE_SIZE
 
 
-def _run_for(request: HttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
+def _run_for(request: HtmxHttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
     """The run and the user's role; 404 for a run the user may not see (no hint that it
     exists), 403 when a viewer tries to give feedback."""
     run = get_object_or_404(Run, pk=run_id)
@@ -60,7 +61,7 @@ def _forbidden(message: str) -> HttpResponse:
     return HttpResponseForbidden(message, content_type="text/plain; charset=utf-8")
 
 
-def _error(request: HttpRequest, error: RftError) -> HttpResponse:
+def _error(request: HtmxHttpRequest, error: RftError) -> HttpResponse:
     """The views' one translation of the error base: plain text naming the problem, 400
     (the page's script shows it beside the form, as text; without JS it is the page)."""
     return HttpResponse(error.message, status=400, content_type="text/plain; charset=utf-8")
@@ -70,7 +71,7 @@ def _page_url(run: Run) -> str:
     return reverse("feedback:page", kwargs={"run_id": run.pk})
 
 
-def _fragment(request: HttpRequest, run: Run, template: str, context: dict[str, Any]) -> HttpResponse:
+def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[str, Any]) -> HttpResponse:
     context = {"run": run, **context}
     if request.htmx:
         return render(request, template, context)
@@ -83,7 +84,7 @@ def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
 
 @login_required
 @require_GET
-def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
+def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = _run_for(request, run_id)
     can_annotate = role in ("owner", "annotator")
     if can_annotate:
@@ -104,7 +105,7 @@ def annotate_page(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def queue_partial(request: HttpRequest, run_id: int) -> HttpResponse:
+def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """New items for the live queue: tops the queue up and returns the items handed out
     after `after` (an assignment id), so the page appends only what it lacks."""
     try:
@@ -122,12 +123,12 @@ def queue_partial(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
 
 
-def _my_assignment(request: HttpRequest, run: Run, assignment_id: int) -> Assignment:
+def _my_assignment(request: HtmxHttpRequest, run: Run, assignment_id: int) -> Assignment:
     return get_object_or_404(Assignment.objects.select_related("experience"), pk=assignment_id, run=run,
                              annotator=request.user)
 
 
-def _score(request: HttpRequest) -> tuple[int | None, str | None]:
+def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
     raw, thumb = request.POST.get("score", ""), request.POST.get("thumb", "") or None
     if raw == "":
         return None, thumb
@@ -139,7 +140,7 @@ def _score(request: HttpRequest) -> tuple[int | None, str | None]:
 
 @login_required
 @require_POST
-def rate(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
+def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
     try:
         run, _ = _run_for(request, run_id, annotate=True)
     except PermissionError as exc:
@@ -159,7 +160,7 @@ def rate(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def skip(request: HttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
+def skip(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
     try:
         run, _ = _run_for(request, run_id, annotate=True)
     except PermissionError as exc:
@@ -178,7 +179,7 @@ def _experience(run: Run, experience_id: int) -> Experience:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def edit(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+def edit(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
     try:
         run, _ = _run_for(request, run_id, annotate=True)
     except PermissionError as exc:
@@ -203,7 +204,7 @@ def _group_members(run: Run, e: Experience) -> list[Experience]:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def rank(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
     try:
         run, _ = _run_for(request, run_id, annotate=True)
     except PermissionError as exc:
@@ -229,7 +230,7 @@ def rank(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
     if not request.htmx:
         return redirect(_page_url(run))
     # The ranked items that were in this annotator's queue are done: update their cards too.
-    closed = Assignment.objects.filter(run=run, annotator=request.user, experience_id__in=order).select_related("experience")
+    closed = Assignment.objects.filter(run=run, annotator_id=request.user.pk, experience_id__in=order).select_related("experience")
     return render(request, "feedback/_saved.html", {
         "run": run, "feedback": fb, "closed": closed, "flags": FLAGS,
         "message": f"Ranked {len(order)} completions" + (" (late: stored, not folded)" if fb.late else ""),
@@ -238,7 +239,7 @@ def rank(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def compare(request: HttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
     try:
         run, _ = _run_for(request, run_id, annotate=True)
     except PermissionError as exc:
@@ -265,7 +266,7 @@ def compare(request: HttpRequest, run_id: int, experience_id: int) -> HttpRespon
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
+def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
     one (`feedback`), or the last one when none is named (undo); its items come back to the
     queue to be judged again."""
@@ -286,7 +287,7 @@ def submissions(request: HttpRequest, run_id: int) -> HttpResponse:
         if not request.htmx:
             return redirect(_page_url(run))
         # The reopened items replace their "done" cards in the queue (out of band).
-        reopened = list(Assignment.objects.filter(run=run, annotator=request.user, status=Assignment.Status.LEASED,
+        reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk, status=Assignment.Status.LEASED,
                                                   experience_id__in=feedback_targets(fb)).select_related("experience"))
     else:
         reopened = []

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -21,9 +21,10 @@ from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
 from rftweb.exceptions import InvalidInput
+from rftweb.http import HtmxHttpRequest
 
 
-def _run_for(request: HttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
+def _run_for(request: HtmxHttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
     run = get_object_or_404(Run, pk=run_id)
     role = run_role(run=run, user=request.user)
     if role is None:
@@ -46,7 +47,7 @@ def raters_data(*, run: Run) -> dict[str, Any]:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def raters_page(request: HttpRequest, run_id: int) -> HttpResponse:
+def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id, owner=True)
     error = ""
     if request.method == "POST":
@@ -74,14 +75,14 @@ def raters_page(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def raters_json(request: HttpRequest, run_id: int) -> JsonResponse:
+def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
     run, _ = _run_for(request, run_id, owner=True)
     return JsonResponse(raters_data(run=run))
 
 
 @login_required
 @require_GET
-def reward_model_panel(request: HttpRequest, run_id: int) -> HttpResponse:
+def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     context = {"run": run, "rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection}
     if request.htmx:
@@ -92,7 +93,7 @@ def reward_model_panel(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def preferences_export(request: HttpRequest, run_id: int) -> HttpResponse:
+def preferences_export(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The run's preference pairs in TRL's prompt / chosen / rejected format, as JSON lines
     (people's preferences: few enough to answer in one piece)."""
     run, _ = _run_for(request, run_id, owner=True)

@@ -10,10 +10,15 @@ from django.db.models import Q, QuerySet
 from apps.runs.models import Run, RunMember
 
 
+def _is_staff(user: AbstractBaseUser | AnonymousUser) -> bool:
+    # Staff is a field of Django's User, not of the abstract base that request.user is typed as.
+    return bool(getattr(user, "is_staff", False))
+
+
 def runs_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Run]:
     if not user.is_authenticated:
         return Run.objects.none()
-    if user.is_staff:
+    if _is_staff(user):
         return Run.objects.all()
     return Run.objects.filter(Q(owner=user) | Q(members__user=user)).distinct()
 
@@ -22,9 +27,9 @@ def run_role(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> str | None:
     """'owner' (owner or staff), 'annotator', 'viewer', or None for no access."""
     if not user.is_authenticated:
         return None
-    if user.is_staff or run.owner_id == user.pk:
+    if _is_staff(user) or run.owner_id == user.pk:
         return "owner"
-    return RunMember.objects.filter(run=run, user=user).values_list("role", flat=True).first()
+    return RunMember.objects.filter(run=run, user_id=user.pk).values_list("role", flat=True).first()
 
 
 def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:

@@ -87,8 +87,9 @@ def _name_check(name: str) -> None:
         text_check(name, field="name")
     except InputRejected as exc:
         raise ConfigInvalid({"name": exc.message}) from None
-    if len(name.strip()) > Run._meta.get_field("name").max_length:
-        raise ConfigInvalid({"name": f"at most {Run._meta.get_field('name').max_length} characters"})
+    limit = Run._meta.get_field("name").max_length or 0
+    if len(name.strip()) > limit:
+        raise ConfigInvalid({"name": f"at most {limit} characters"})
 
 
 def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, taskset: Any = None) -> Run:

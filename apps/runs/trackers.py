@@ -130,7 +130,7 @@ class WandbTracker:
         path.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=settings.RFT_WANDB_PROJECT, id=wandb_run_id(run.pk), name=f"{run.name} (#{run.pk})",
-            resume="allow", dir=str(path), mode=settings.RFT_WANDB_MODE, config=run.config,
+            resume="allow", dir=str(path), mode=settings.RFT_WANDB_MODE,  # type: ignore[arg-type]  # one of wandb's modes (settings.py) config=run.config,
             reinit="create_new", settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
 

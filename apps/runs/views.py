@@ -12,7 +12,13 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -45,9 +51,9 @@ from apps.runs.forms import (
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
-    eval_best,
     CHART_SECTIONS,
     CONSTANT_PATTERN,
+    eval_best,
     feedback_per_minute,
     metric_series,
     run_audit,
@@ -74,6 +80,7 @@ from apps.runs.services import (
     run_spec_errors,
     run_transition,
 )
+from rftweb.http import HtmxHttpRequest
 
 CONTROLS: dict[str, dict[str, str]] = {
     "start": {"label": "Start", "question": "Start run “{name}”? Explorers and trainers begin work."},
@@ -91,7 +98,7 @@ _ALLOWED: dict[str, list[str]] = {
 }
 
 
-def _run_for(request: HttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
+def _run_for(request: HtmxHttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
     run = get_object_or_404(Run.objects.select_related("owner", "taskset"), pk=run_id)
     role = run_role(run=run, user=request.user)
     if role is None:
@@ -101,7 +108,7 @@ def _run_for(request: HttpRequest, run_id: int, *, owner: bool = False) -> tuple
     return run, role
 
 
-def _partial(request: HttpRequest, template: str, context: dict[str, Any], page_title: str) -> HttpResponse:
+def _partial(request: HtmxHttpRequest, template: str, context: dict[str, Any], page_title: str) -> HttpResponse:
     """An HTMX request gets the fragment; a plain one the fragment inside a page."""
     if request.htmx:
         return render(request, template, context)
@@ -112,7 +119,7 @@ def _partial(request: HttpRequest, template: str, context: dict[str, Any], page_
 
 @login_required
 @require_GET
-def run_list(request: HttpRequest) -> HttpResponse:
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
     context = {"rows": run_rows(user=request.user), "may_create": run_may_create(user=request.user)}
     if request.htmx and request.htmx.target == "runs":
         return render(request, "runs/_run_rows.html", context)
@@ -146,7 +153,7 @@ def _reward_names() -> list[str]:
     return sorted(reward_names())
 
 
-def _taskset_from_request(request: HttpRequest) -> tuple[Any, list[str], list[str]]:
+def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], list[str]]:
     """The taskset the form names: an upload (imported now, on its own, so a form error
     elsewhere does not lose it: it comes back selected in the picker) or one picked from
     the list. (taskset or None, errors, notes)."""
@@ -169,15 +176,15 @@ def _taskset_from_request(request: HttpRequest) -> tuple[Any, list[str], list[st
     raw = (request.POST.get("taskset_id") or "").strip()
     if not raw:
         return None, [], []
-    taskset = next((t for t in tasksets_for(user=request.user) if str(t.pk) == raw), None)
-    if taskset is None:
+    chosen = next((t for t in tasksets_for(user=request.user) if str(t.pk) == raw), None)
+    if chosen is None:
         return None, [f"no taskset #{raw} that you may use"], []
-    return taskset, [], []
+    return chosen, [], []
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def run_new(request: HttpRequest) -> HttpResponse:
+def run_new(request: HtmxHttpRequest) -> HttpResponse:
     if request.method == "GET":
         return render(request, "runs/new.html", _create_context({}, {}, user=request.user))
     specs = config_field_specs()
@@ -197,7 +204,7 @@ def run_new(request: HttpRequest) -> HttpResponse:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
     else:
         config, read_errors = config_from_post(request.POST, specs)
-        values = {k: v for k, v in request.POST.items() if k in {s.path for s in specs}}
+        values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
         if read_errors:
             errors = errors_by_field(read_errors, specs)
     # Every problem on the first submit: the name and the taskset too, not only the config.
@@ -256,7 +263,7 @@ def _feedback_form_context(run: Run, values: dict[str, str] | None = None, error
 
 @login_required
 @require_GET
-def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = _run_for(request, run_id)
     context = {
         **_controls_context(run, role),
@@ -297,7 +304,7 @@ def _reward_model_context(run: Run) -> dict[str, Any]:
 
 @login_required
 @require_GET
-def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
+def run_metrics(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
     run, _ = _run_for(request, run_id)
     state = run_state(run=run)
     if request.GET.get("only") == "counts":
@@ -310,14 +317,14 @@ def run_metrics(request: HttpRequest, run_id: int) -> JsonResponse:
 
 @login_required
 @require_GET
-def run_controls(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_controls(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = _run_for(request, run_id)
     return _partial(request, "runs/_controls.html", _controls_context(run, role), f"Controls · {run.name}")
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def run_control(request: HttpRequest, run_id: int, action: str) -> HttpResponse:
+def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpResponse:
     """GET: a confirmation page (the no-JavaScript path). POST with confirm=yes: do it."""
     run, role = _run_for(request, run_id, owner=True)
     if action not in CONTROLS:
@@ -345,10 +352,10 @@ def run_control(request: HttpRequest, run_id: int, action: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def run_feedback_policy(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = _run_for(request, run_id, owner=True)
     specs = feedback_field_specs()
-    values = {k: v for k, v in request.POST.items() if k in {s.path for s in specs}}
+    values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
     if request.POST.get("confirm") != "yes":
         errors = {FORM: ["tick the box to confirm the change of policy"]}
@@ -373,7 +380,7 @@ def run_feedback_policy(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_timeline(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     return _partial(request, "runs/_timeline.html", {"run": run, "timeline": weight_sync_timeline(run=run)},
                     f"Weight sync · {run.name}")
@@ -381,7 +388,7 @@ def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def run_audit_log(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_audit_log(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
 
@@ -399,7 +406,7 @@ def _demo_annotator(run: Run) -> str:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def run_members(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """GET: the run's people. POST (owner): add a person by username, or change their role."""
     run, role = _run_for(request, run_id, owner=request.method == "POST")
     if request.method == "GET":
@@ -421,7 +428,7 @@ def run_members(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def run_member_delete(request: HttpRequest, run_id: int, member_id: int) -> HttpResponse:
+def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> HttpResponse:
     run, role = _run_for(request, run_id, owner=True)
     try:
         run_member_remove(run=run, member_id=member_id, actor=request.user)
@@ -435,14 +442,14 @@ def run_member_delete(request: HttpRequest, run_id: int, member_id: int) -> Http
 
 @login_required
 @require_GET
-def run_waiting_view(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
 
 
 @login_required
 @require_GET
-def run_failures(request: HttpRequest, run_id: int) -> HttpResponse:
+def run_failures(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
                     f"Worker errors · {run.name}")
@@ -450,7 +457,7 @@ def run_failures(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def worker_health(request: HttpRequest) -> HttpResponse:
+def worker_health(request: HtmxHttpRequest) -> HttpResponse:
     return _partial(request, "runs/_workers.html", {"workers": workers_visible(user=request.user)}, "Workers")
 
 
@@ -458,7 +465,7 @@ def worker_health(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def experience_list(request: HttpRequest, run_id: int) -> HttpResponse:
+def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     filters = experience_filters_parse(request.GET)
     page_size = 50
@@ -482,7 +489,7 @@ def experience_list(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def experience_group(request: HttpRequest, run_id: int, group_id: str) -> HttpResponse:
+def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     members = experience_group_detail(run=run, group_id=group_id)
     if not members:
@@ -497,7 +504,7 @@ def experience_group(request: HttpRequest, run_id: int, group_id: str) -> HttpRe
 
 @login_required
 @require_GET
-def export_page(request: HttpRequest, run_id: int) -> HttpResponse:
+def export_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
     return render(request, "runs/export.html", {"run": run, "kinds": EXPORT_KINDS})
 
@@ -530,7 +537,7 @@ def _export_options(params: Any) -> ExportOptions:
 
 @login_required
 @require_GET
-def export_download(request: HttpRequest, run_id: int, kind: str) -> HttpResponse:
+def export_download(request: HtmxHttpRequest, run_id: int, kind: str) -> HttpResponseBase:
     run, _ = _run_for(request, run_id)
     try:
         chunks = export_jsonl_chunks(run=run, kind=kind, options=_export_options(request.GET))
@@ -547,7 +554,7 @@ def export_download(request: HttpRequest, run_id: int, kind: str) -> HttpRespons
     return response
 
 
-def health(request: HttpRequest) -> JsonResponse:
+def health(request: HtmxHttpRequest) -> JsonResponse:
     from django.db import connection
 
     with connection.cursor() as cursor:

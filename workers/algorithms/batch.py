@@ -53,7 +53,7 @@ def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
     """
     tokens = list(exp.token_ids or [])
     cut = int(exp.prompt_length or 0)
-    if not tokens and tokenizer is not None and getattr(exp, "response_text", ""):
+    if not tokens and tokenizer is not None and getattr(exp, "response_text", None):
         tokens, cut = _tokenise_text(exp, tokenizer)
     logprobs = list(exp.logprobs) if exp.logprobs is not None else None
     mask = getattr(exp, "action_mask", None)

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from workers.engines.base import Sample, SamplingSpec, tokenizer_load, trim_at_stop
+from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load, trim_at_stop
 
 
 class HFEngine:
@@ -160,7 +160,7 @@ class HFEngine:
             tokens: list[int] = []
             logprobs: list[float] = []
             top: list[list[tuple[int, float]]] | None = [] if sampling.logprobs else None
-            finish = "length"
+            finish: FinishReason = "length"
             for t in range(generated.shape[1]):
                 token = int(generated[row, t])
                 if token == pad and token not in eos:

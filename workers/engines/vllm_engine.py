@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from workers.engines.base import Sample, SamplingSpec, tokenizer_load
+from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load
 
 
 def _context_length(path: str, cap: int = 4096) -> int:
@@ -164,7 +164,7 @@ class VLLMEngine:
             for completion in sorted(request.outputs, key=lambda c: c.index):
                 tokens = list(completion.token_ids)
                 logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens)]
-                finish = "length" if completion.finish_reason == "length" else "stop"
+                finish: FinishReason = "length" if completion.finish_reason == "length" else "stop"
                 top = None
                 if sampling.logprobs:
                     # vLLM's dict holds the top k and the sampled token; rank orders them.

@@ -84,7 +84,7 @@ def _seen_in_run(rows: list[Row], hashes: list[str], ctx: Ctx, seen: dict[str, s
     own_keys = {str(row.get("key")) for row in rows}
     own_ids = {row.get("id") for row in rows if row.get("id") is not None}
     qs = (
-        Experience.objects.filter(run_id=ctx.run_id)
+        Experience.objects.filter(run_id=ctx.run_id or 0)
         .annotate(h=KeyTextTransform("content_hash", "metadata"))
         .filter(h__in=set(hashes))
         .exclude(status="filtered")
@@ -273,7 +273,7 @@ def _stored_members(rows: list[Row], groups: list[str], ctx: Ctx) -> dict[str, l
 
     ids = [row["id"] for row in rows]
     qs = (
-        Experience.objects.filter(run_id=ctx.run_id, group_id__in=groups, is_expert=False)
+        Experience.objects.filter(run_id=ctx.run_id or 0, group_id__in=groups, is_expert=False)
         .exclude(pk__in=ids)
         # Members filtered for another reason are not part of the group's statistics.
         .filter(~Q(status="filtered") | Q(filter_reason__startswith="zero_variance"))
@@ -332,7 +332,7 @@ def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
 
     ids = [row["id"] for row in rows]
     flags: dict[int, Any] = {}
-    for pk, value in Feedback.objects.filter(run_id=ctx.run_id, kind="flag", experience_id__in=ids).values_list(
+    for pk, value in Feedback.objects.filter(run_id=ctx.run_id or 0, kind="flag", experience_id__in=ids).values_list(
         "experience_id", "value"
     ):
         flags.setdefault(pk, value)

@@ -34,9 +34,10 @@ def priority_reward_variance(rows: list[Row], ctx: Ctx, params: RewardVariancePr
         if group not in (None, ""):
             by_group[str(group)].append(row)
     for members in by_group.values():
-        rewards = [r.get("reward") for r in members]
-        if not all(is_number(x) for x in rewards):
+        given = [r.get("reward") for r in members]
+        if not all(is_number(x) for x in given):
             continue
+        rewards = [float(x) for x in given if x is not None]
         mean = sum(rewards) / len(rewards)
         std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         priority = params.offset + params.weight * std
