@@ -61,10 +61,8 @@ def _beats() -> int:
 
 def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
                steps: int | None = None) -> tuple[float, dict[str, float]]:
-    from apps.runs.models import Run
+    from apps.runs.models import Metric, Run
     from apps.runs.services import run_create, run_transition
-
-    from apps.runs.models import Metric
 
     steps = steps or args.steps
     config = {

@@ -29,7 +29,7 @@ from typing import Any
 from bench.common import median, percentile, setup_django
 
 
-def _claimer(run_id: int, worker: str, size: int, claims: int, out: "mp.Queue[tuple[str, list[float], list[int]]]") -> None:
+def _claimer(run_id: int, worker: str, size: int, claims: int, out: mp.Queue[tuple[str, list[float], list[int]]]) -> None:
     setup_django(migrate=False)
     from apps.buffer.services import batch_ack, batch_claim
     from apps.runs.models import Run

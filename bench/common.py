@@ -30,8 +30,9 @@ def setup_django(*, database_url: str = BENCH_DB, migrate: bool = True) -> None:
 
 
 def _ensure_database(url: str) -> None:
-    import psycopg
     from urllib.parse import urlsplit
+
+    import psycopg
 
     parts = urlsplit(url)
     name = parts.path.lstrip("/")

@@ -1,4 +1,4 @@
-from rftweb.settings import *  # noqa: F403
+from rftweb.settings import *
 
 ROOT_URLCONF = "bench.env_api_urls"
 DEBUG = False

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bench.common import BENCH_DB, ROOT, percentile, setup_django
 

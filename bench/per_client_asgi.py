@@ -12,14 +12,14 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.generic.websocket import AsyncJsonWebsocketConsumer  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.urls import path  # noqa: E402
+from channels.auth import AuthMiddlewareStack
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.urls import path
 
-from apps.runs.consumers import _may_view  # noqa: E402
-from apps.runs.events import run_group  # noqa: E402
+from apps.runs.consumers import _may_view
+from apps.runs.events import run_group
 
 
 class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):

@@ -36,9 +36,10 @@ def _rss_mb() -> float:
 
 
 def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
+    from types import SimpleNamespace
+
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
-    from types import SimpleNamespace
 
     from workers.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch

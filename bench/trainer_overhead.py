@@ -105,13 +105,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from django.contrib.auth.models import User
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.services import experience_write
     from apps.runs.models import Run
     from apps.runs.services import run_create
-    from django.contrib.auth.models import User
     from workers import trainer as trainer_mod
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
     from workers.algorithms import trl_bridge as bridge

@@ -164,7 +164,7 @@ def arm_inproc(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     # seconds on a loaded machine). The model loads stay in step 1, as in bench/learning.
     import trl.trainer.grpo_trainer  # noqa: F401
 
-    import workers.algorithms.learner  # noqa: F401
+    import workers.algorithms.learner
     import workers.engines.hf_engine  # noqa: F401
 
     step_times: list[float] = []

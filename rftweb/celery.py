@@ -13,7 +13,7 @@ from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
-from django.conf import settings  # noqa: E402  (after the settings module is named)
+from django.conf import settings
 
 QUEUES = ("rollout", "train", "reward", "default")
 

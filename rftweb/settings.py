@@ -7,7 +7,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rftweb.env import ConfigError, database_from_url, env_bool, env_float, env_int, env_list, env_str
+from rftweb.env import (
+    ConfigError,
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RFT_VAR_DIR", str(BASE_DIR / "var")))

@@ -23,6 +23,6 @@ urlpatterns = [
 
 # Static files when DEBUG is on and nothing else serves them (daphne serving the ASGI app
 # directly, as the page tests do); empty when DEBUG is off.
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns  # noqa: E402
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 
 urlpatterns += staticfiles_urlpatterns()

@@ -105,7 +105,7 @@ def test_every_variable_the_settings_read_is_in_the_readme_table() -> None:
         and node.args and isinstance(node.args[0], ast.Constant)
     }
     # A row's first cell names one variable or several (`A`, `B`).
-    first_cells = re.findall(r"^\| ((?:`[A-Z0-9_]+`(?:, )?)+) \|", (ROOT / "README.md").read_text(), flags=re.M)
+    first_cells = re.findall(r"^\| ((?:`[A-Z0-9_]+`(?:, )?)+) \|", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
     documented = {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
     assert names - documented == set(), f"missing from the README's settings table: {sorted(names - documented)}"
     assert documented - names == set(), f"in the README's table but not read by rftweb/settings.py: {sorted(documented - names)}"

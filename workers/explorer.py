@@ -39,7 +39,12 @@ from apps.rewards.scoring import rewards_inline, rewards_remote_terms
 from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.models import Dispatch, ModelVersion, Run
 from apps.runs.orchestration import dispatch_begin, run_advance_after_step
-from apps.runs.services import metric_record, run_explore_end, run_explore_step_record, weight_load_record
+from apps.runs.services import (
+    metric_record,
+    run_explore_end,
+    run_explore_step_record,
+    weight_load_record,
+)
 from rftweb.exceptions import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)

@@ -76,7 +76,7 @@ def rewards_remote_score(
             params["model"] = run_current_model(run=run)
         try:
             values = batch(completions, tasks, **params)
-        except Exception as exc:  # noqa: BLE001 - recorded, retried, then scored 0
+        except Exception as exc:
             raised = True
             log.exception("reward %s failed for %d experiences of run %s", key, len(members), run.pk)
             for exp in members:

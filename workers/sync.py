@@ -232,7 +232,7 @@ class SyncReceiver:
         self.received = 0
         self._thread = threading.Thread(target=self._loop, name="weight-sync-receiver", daemon=True)
 
-    def start(self) -> "SyncReceiver":
+    def start(self) -> SyncReceiver:
         self._thread.start()
         return self
 

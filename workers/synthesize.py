@@ -150,4 +150,4 @@ def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int |
     return counts
 
 
-__all__: Sequence[str] = ("Sampling", "taskset_paraphrase", "tasks_paraphrase")
+__all__: Sequence[str] = ("Sampling", "tasks_paraphrase", "taskset_paraphrase")

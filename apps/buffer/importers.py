@@ -15,9 +15,9 @@ from typing import Any
 from django.db import transaction
 
 from apps.buffer.models import Task, Taskset
-from apps.hygiene import InputRejected, jsonl_records, tree_check
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
 from apps.buffer.pipeline.core import Row
+from apps.hygiene import InputRejected, jsonl_records, tree_check
 from rftweb.exceptions import InvalidInput
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.

@@ -21,7 +21,11 @@ from django.utils import timezone
 
 from apps.buffer.drafts import ExperienceDraft, drafts_from_rows
 from apps.buffer.models import Experience, Task, TaskAttempt
-from apps.buffer.pipeline import pipeline_apply_on_claim, pipeline_apply_on_write, task_priorities_refresh
+from apps.buffer.pipeline import (
+    pipeline_apply_on_claim,
+    pipeline_apply_on_write,
+    task_priorities_refresh,
+)
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs.events import event_publish_many
 from apps.runs.models import Run

@@ -31,7 +31,6 @@ from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
 from apps.envapi.selectors import run_current_version
-from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from apps.envapi.services import (
     KeyPrincipal,
     api_key_authenticate,
@@ -48,6 +47,7 @@ from apps.feedback.services import (
     feedback_rank,
     feedback_rate,
 )
+from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from apps.runs.events import run_group
 from apps.runs.models import Run
 from rftweb.exceptions import (
@@ -426,11 +426,11 @@ async def run_events(
 
 # ---- agent sessions (apps/envapi/session_api.py) ----------------------------------------
 
-from apps.envapi.session_api import router_build as _sessions_router  # noqa: E402
+from apps.envapi.session_api import router_build as _sessions_router
 
 api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, responses=responses))
 
 # The human-signal figures (apps/rewards/api.py), under the same keys and errors.
-from apps.rewards.api import router as _signal_router  # noqa: E402
+from apps.rewards.api import router as _signal_router
 
 api.add_router("", _signal_router, auth=READ)

@@ -30,16 +30,22 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.envapi import openai_services as oa
-from apps.hygiene import InputRejected, tree_check
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
+from apps.hygiene import InputRejected, tree_check
 from apps.runs.models import Run
 from rftweb.exceptions import Unavailable, UpstreamFailed
 

@@ -45,7 +45,7 @@ class MessageIn(_In):
     tool_call_id: Annotated[str, Field(max_length=200)] | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> "MessageIn":
+    def _shape(self) -> MessageIn:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         if self.content is None and not self.tool_calls:
@@ -137,7 +137,7 @@ class ChatCompletionIn(_SamplingIn):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ChatCompletionIn":
+    def _consistent(self) -> ChatCompletionIn:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         if self.response_format and self.response_format.get("type") != "text":
@@ -165,7 +165,7 @@ class CompletionIn(_SamplingIn):
     best_of: int | None = None
 
     @model_validator(mode="after")
-    def _supported(self) -> "CompletionIn":
+    def _supported(self) -> CompletionIn:
         if self.echo:
             raise ValueError("echo is not supported by this endpoint")
         if self.suffix:

@@ -71,7 +71,7 @@ class TaskIn(In):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _has_prompt(self) -> "TaskIn":
+    def _has_prompt(self) -> TaskIn:
         if not self.prompt and not self.messages:
             raise ValueError("give a prompt or messages")
         return self
@@ -146,7 +146,7 @@ class ChatMessage(In):
     name: Annotated[str, Field(max_length=200)] | None = None
 
     @model_validator(mode="after")
-    def _shape(self) -> "ChatMessage":
+    def _shape(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         if self.content is None and not self.tool_calls:
@@ -177,7 +177,7 @@ class TrajectoryIn(In):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrajectoryIn":
+    def _consistent(self) -> TrajectoryIn:
         if not self.messages and self.prompt is None and self.response is None:
             raise ValueError("give messages, or a prompt and a response")
         if self.token_ids is None:
@@ -237,7 +237,7 @@ class FeedbackIn(In):
     comment: Annotated[str, Field(max_length=5000)] = ""
 
     @model_validator(mode="after")
-    def _by_kind(self) -> "FeedbackIn":
+    def _by_kind(self) -> FeedbackIn:
         if self.kind != "ranking" and self.experience_id is None:
             raise ValueError(f"{self.kind} needs experience_id")
         if self.kind == "env_reward" and self.value is None:
@@ -296,7 +296,7 @@ class RolloutRequestIn(In):
     seed: Int32 | None = None
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "RolloutRequestIn":
+    def _one_prompt(self) -> RolloutRequestIn:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         return self

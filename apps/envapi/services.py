@@ -20,9 +20,9 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
 from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
-from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.runs.models import Run

@@ -14,8 +14,8 @@ run behaves as `blend` (groups wait for people, then the wait window's fallback)
 from __future__ import annotations
 
 import logging
-from functools import partial
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from django.db import IntegrityError, transaction

@@ -56,8 +56,7 @@ def _has_expression(parsed: list[Any]) -> bool:
 
 def _number(text: str) -> float | None:
     cleaned = text.strip().strip("$").replace(",", "").replace(" ", "")
-    if cleaned.endswith("."):
-        cleaned = cleaned[:-1]
+    cleaned = cleaned.removesuffix(".")
     try:
         value = float(cleaned)
     except ValueError:
@@ -77,7 +76,7 @@ def answers_equivalent(*, gold: str, answer: str, timeout: int = 5) -> tuple[boo
     try:
         gold_parsed = list(_mv_parse_gold(gold, mv_timeout))
         answer_parsed = _mv_parse(answer, mv_timeout)
-    except Exception:  # noqa: BLE001 - a parser crash on untrusted text is a failed parse, not an error
+    except Exception:
         log.debug("math-verify failed on %r / %r", gold[:80], answer[:80], exc_info=True)
         gold_parsed, answer_parsed = [], []
     if gold_parsed and answer_parsed:
@@ -86,7 +85,7 @@ def answers_equivalent(*, gold: str, answer: str, timeout: int = 5) -> tuple[boo
         try:
             if verify(gold_parsed, answer_parsed, timeout_seconds=mv_timeout):
                 return True, "math_verify"
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("math-verify verify failed", exc_info=True)
         # Both parsed and differ: trust the parser unless plain numbers say otherwise.
     g, a = _number(gold), _number(answer)

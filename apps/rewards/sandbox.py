@@ -243,7 +243,7 @@ def code_run(
         try:
             cpu = int(timeout) + 1
             argv = [*conf.namespaces, *conf.drop_user, conf.python, "-I", "-S", "-B", "runner.py", str(verdicts_fd)]
-            proc = subprocess.Popen(  # noqa: S603 - argv is ours; the untrusted part is a file
+            proc = subprocess.Popen(
                 argv,
                 cwd=work,
                 env={**ENV, "HOME": str(work), "TMPDIR": str(work)},

@@ -69,7 +69,7 @@ def _on_alarm(signum, frame):
 
 
 def _same_output(got, want):
-    lines = lambda s: [line.rstrip() for line in s.strip().splitlines()]  # noqa: E731
+    lines = lambda s: [line.rstrip() for line in s.strip().splitlines()]
     return lines(got) == lines(want)
 
 

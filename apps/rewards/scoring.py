@@ -87,7 +87,7 @@ def reward_term_score(*, term: RewardTerm, completion: str, task: Any) -> float:
     spec = reward_get(term.name)
     try:
         result = spec.fn(completion, task, **term.params)
-    except Exception:  # noqa: BLE001 - one broken scorer must not lose the whole experience
+    except Exception:
         log.exception("reward %s failed", term.name)
         return 0.0
     score = float(result.score if isinstance(result, RewardResult) else result)

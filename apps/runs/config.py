@@ -79,7 +79,7 @@ class RewardTerm(_Strict):
         return name
 
     @model_validator(mode="after")
-    def _params_fit(self) -> "RewardTerm":
+    def _params_fit(self) -> RewardTerm:
         # Each reward checks its own params (a regex that compiles, a model path), so a bad
         # term fails run validation instead of every explore step.
         from apps.rewards.registry import reward_params_check
@@ -133,7 +133,7 @@ class FeedbackPolicy(_Strict):
     daily_target: int = Field(0, ge=0, description="items per rater per day shown as a target; 0: none")
 
     @model_validator(mode="after")
-    def _weights(self) -> "FeedbackPolicy":
+    def _weights(self) -> FeedbackPolicy:
         if self.mode in ("blend", "learned") and self.w_auto + self.w_human <= 0:
             raise ValueError(f"{self.mode} needs w_auto + w_human > 0")
         return self
@@ -322,7 +322,7 @@ class RunConfig(_Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
+    def _consistent(self) -> RunConfig:
         if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
             raise ValueError("repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
         if self.feedback.mode == "learned" and not self.reward_model.enabled:

@@ -12,7 +12,7 @@ from django.db import transaction
 from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish
-from apps.runs.metrics import metric_record  # noqa: F401  (a run service; lives apart so the buffer can record without importing this module)
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run
 from rftweb.exceptions import Conflict, InvalidInput
 

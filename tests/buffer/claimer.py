@@ -16,12 +16,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
-from apps.buffer.services import batch_ack, batch_claim  # noqa: E402
-from apps.runs.models import Run  # noqa: E402
+from apps.buffer.services import batch_ack, batch_claim
+from apps.runs.models import Run
 
 
 def main() -> None:

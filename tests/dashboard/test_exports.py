@@ -11,7 +11,13 @@ import datasets
 import pytest
 from django.db import connection
 
-from apps.buffer.exports import ExportFailed, ExportOptions, export_hf_dataset, export_jsonl, export_rows
+from apps.buffer.exports import (
+    ExportFailed,
+    ExportOptions,
+    export_hf_dataset,
+    export_jsonl,
+    export_rows,
+)
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
 from tests.factories import experience_row, make_experiences, make_run, make_user

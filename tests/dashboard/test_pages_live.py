@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.feedback.services import feedback_flag

@@ -14,7 +14,12 @@ from django.test import override_settings
 from apps.runs.config import ConfigInvalid
 from apps.runs.failures import task_failure_record
 from apps.runs.models import AuditEntry, Run, TaskFailure
-from apps.runs.services import RunCannotStart, TransitionNotAllowed, model_name_errors, run_transition
+from apps.runs.services import (
+    RunCannotStart,
+    TransitionNotAllowed,
+    model_name_errors,
+    run_transition,
+)
 from tests.factories import make_run, make_taskset
 
 pytestmark = pytest.mark.django_db

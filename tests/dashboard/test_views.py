@@ -17,7 +17,7 @@ from django.test import Client
 from apps.buffer.models import Taskset
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
-from tests.factories import make_experiences, make_run
+from tests.factories import make_experiences
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def client_of(client: Client):  # type: ignore[no-untyped-def]
 
 def field_block(html: str, path: str) -> str:
     """The markup of the form field named by its dotted path."""
-    match = re.search(rf'<div class="field[^"]*" data-field="{re.escape(path)}">(.*?)</div>', html, re.S)
+    match = re.search(rf'<div class="field[^"]*" data-field="{re.escape(path)}">(.*?)</div>', html, re.DOTALL)
     assert match, f"no field {path}"
     return match.group(1)
 
@@ -115,7 +115,7 @@ def test_the_runs_list_shows_status_version_sparkline_buffer_and_last_event(clie
     make_experiences(run, groups=1, group_size=3)
     run_transition(run=run, action="start", actor=owner)
     html = client_of(owner).get("/runs/").content.decode()
-    row = re.search(rf'<tr data-run="{run.pk}"[^>]*>(.*?)</tr>', html, re.S).group(1)
+    row = re.search(rf'<tr data-run="{run.pk}"[^>]*>(.*?)</tr>', html, re.DOTALL).group(1)
     assert "status-running" in row and "grpo" in row and "v0" in row
     assert "<polyline" in row and "0.500" in row
     assert "ready 3" in row
@@ -190,9 +190,9 @@ def test_a_bad_filter_is_named_not_a_server_error(client_of, owner: User, run: R
     html = response.content.decode()
     assert response.status_code == 400
     # Each error beside its own field, with what was typed kept.
-    reward_min = re.search(r'data-filter="reward_min">(.*?)</div>', html, re.S).group(1)
+    reward_min = re.search(r'data-filter="reward_min">(.*?)</div>', html, re.DOTALL).group(1)
     assert "&#x27;lots&#x27; is not a number" in reward_min and 'value="lots"' in reward_min
-    assert "unknown status &#x27;nope&#x27;" in re.search(r'data-filter="status">(.*?)</div>', html, re.S).group(1)
+    assert "unknown status &#x27;nope&#x27;" in re.search(r'data-filter="status">(.*?)</div>', html, re.DOTALL).group(1)
 
 
 def test_an_export_downloads_as_streamed_jsonl(client_of, owner: User, run: Run) -> None:

@@ -22,8 +22,8 @@ from apps.runs.models import Run
 from examples import number_guess
 from rftweb.client import ApiError, RftClient
 from tests.envapi.conftest import make_key
-from tests.servers import ROOT
 from tests.factories import make_experiences, make_run, make_taskset
+from tests.servers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 from django.contrib.auth.models import User
 from django.test import Client
+from playwright.sync_api import expect
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 

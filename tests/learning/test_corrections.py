@@ -12,8 +12,8 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_edit
-from apps.runs.demo import demo_taskset_import
 from apps.rewards.registry import reference_text
+from apps.runs.demo import demo_taskset_import
 from apps.runs.models import Run
 from tests.factories import make_run
 

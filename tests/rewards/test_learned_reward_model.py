@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_rate, feedback_compare, feedback_rank
+from apps.feedback.services import feedback_compare, feedback_rank, feedback_rate
 from apps.rewards.learned import reward_model_due, reward_model_usable
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run

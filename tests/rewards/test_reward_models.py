@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.modelkit import causal_lm_build, tokenizer_build  # noqa: E402
-from workers.reward_models import (  # noqa: E402
+from workers.modelkit import causal_lm_build, tokenizer_build
+from workers.reward_models import (
     judge_engine,
     judge_prompt,
     judge_score_parse,
@@ -163,7 +163,7 @@ def test_the_llm_judge_reads_the_score_the_judge_model_gives(judge_model: str) -
 
 
 def _vllm_judge_scores(judge_model: str) -> tuple[list[float], Any]:
-    import workers.engines as engines
+    from workers import engines
 
     judge_engine.cache_clear()
     engines.engine_cache_clear()
@@ -178,7 +178,7 @@ def test_the_vllm_judge_without_vllm_judges_through_the_workers_rollout_engine(
 ) -> None:
     # A reward worker where vLLM cannot be imported: engine_for falls back to the rollout
     # engines' transformers engine, through the same call the vLLM path makes.
-    import workers.engines as engines
+    from workers import engines
 
     monkeypatch.setattr(engines, "vllm_available", lambda: False)
     scores, engine = _vllm_judge_scores(judge_model)

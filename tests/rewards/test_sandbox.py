@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from apps.rewards.code_rules import code_exec
-from apps.rewards.sandbox import code_extract, code_run, sandbox_confinement, code_tests_normalise
+from apps.rewards.sandbox import code_extract, code_run, code_tests_normalise, sandbox_confinement
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 CONF = sandbox_confinement()

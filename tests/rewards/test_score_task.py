@@ -64,7 +64,7 @@ def _write(run: Run, task: Task, completions: list[str], *, awaiting: list[str] 
     return experience_write(experiences=rows).ids
 
 
-def _send(run: Run, ids: list[int]):  # noqa: ANN202
+def _send(run: Run, ids: list[int]):
     return app.send_task("workers.rewards.score_experiences", args=[run.pk, ids], queue="reward")
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 import torch
 
-from workers.algorithms import Learner, LearnerSpec, NothingToTrain, Rollout, TrainBatch, rollout_from_experience
+from workers.algorithms import (
+    Learner,
+    LearnerSpec,
+    NothingToTrain,
+    Rollout,
+    TrainBatch,
+    rollout_from_experience,
+)
 from workers.algorithms import trl_bridge as bridge
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch, group_advantages, preference_pairs
+from workers.algorithms import (
+    Learner,
+    LearnerSpec,
+    Rollout,
+    TrainBatch,
+    group_advantages,
+    preference_pairs,
+)
 from workers.algorithms import trl_bridge as bridge
 
 pytestmark = pytest.mark.slow

@@ -4,15 +4,13 @@ and generate the trainer's own greedy text with."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from workers.adapters import adapter_wrap, is_adapter_dir
+from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from apps.runs.models import ModelVersion
-from tests.trainer.test_lora_loop import PROMPTS, _engine_greedy, _greedy_of, _lora_run, _train, _trim
+from tests.trainer.test_lora_loop import (
+    PROMPTS,
+    _engine_greedy,
+    _greedy_of,
+    _lora_run,
+    _train,
+    _trim,
+)
 from workers import trainer as trainer_mod
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow, pytest.mark.vllm]

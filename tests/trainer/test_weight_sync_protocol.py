@@ -6,7 +6,6 @@ version moves its adapter only. (The same code with backend nccl is the GPU path
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from pathlib import Path

@@ -19,7 +19,12 @@ from apps.buffer.services import task_attempts_create
 from apps.runs.models import Metric, Run, WeightLoad
 from apps.runs.services import model_version_publish, run_transition
 from tests.factories import make_run, make_taskset
-from workers.explorer import GenerateRequestInvalid, explore, explorer_version_for, generate_completions
+from workers.explorer import (
+    GenerateRequestInvalid,
+    explore,
+    explorer_version_for,
+    generate_completions,
+)
 
 FORMAT = [{"name": "regex", "params": {"pattern": r"^<answer>-?\d+</answer>$"}}]
 

@@ -5,8 +5,20 @@
 - `learner`: GRPO, DPO, SFT and MIX on a resident policy.
 """
 
-from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, preference_pairs, rollout_from_experience
-from workers.algorithms.learner import ALGORITHMS, Learner, LearnerSpec, NothingToTrain, spec_from_config
+from workers.algorithms.batch import (
+    Rollout,
+    TrainBatch,
+    group_advantages,
+    preference_pairs,
+    rollout_from_experience,
+)
+from workers.algorithms.learner import (
+    ALGORITHMS,
+    Learner,
+    LearnerSpec,
+    NothingToTrain,
+    spec_from_config,
+)
 
 __all__ = [
     "ALGORITHMS",

@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from workers.algorithms import trl_bridge as bridge
-from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, preference_pairs, scored, trainable
+from workers.algorithms.batch import (
+    Rollout,
+    TrainBatch,
+    group_advantages,
+    preference_pairs,
+    scored,
+    trainable,
+)
 
 ALGORITHMS = ("grpo", "dpo", "sft", "mix")
 

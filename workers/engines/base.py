@@ -59,12 +59,12 @@ class SamplingSpec:
         return self.temperature == 0
 
     @classmethod
-    def from_config(cls, sampling: Any) -> "SamplingSpec":
+    def from_config(cls, sampling: Any) -> SamplingSpec:
         """From a run config's `sampling` section (a pydantic model or a mapping)."""
         data = sampling.model_dump() if hasattr(sampling, "model_dump") else dict(sampling)
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
-    def with_overrides(self, overrides: Mapping[str, Any] | None) -> "SamplingSpec":
+    def with_overrides(self, overrides: Mapping[str, Any] | None) -> SamplingSpec:
         """A copy with the given fields changed; unknown names raise ValueError naming them."""
         if not overrides:
             return self

@@ -88,7 +88,13 @@ class HFEngine:
         import json
         from pathlib import Path
 
-        from workers.adapters import ADAPTER_CONFIG, adapter_base, adapter_load, adapter_weights_load, is_adapter_model
+        from workers.adapters import (
+            ADAPTER_CONFIG,
+            adapter_base,
+            adapter_load,
+            adapter_weights_load,
+            is_adapter_model,
+        )
 
         base = adapter_base(path)
         same_base = os.path.realpath(base) == os.path.realpath(self.base_path) if self.base_path else False

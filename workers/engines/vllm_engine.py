@@ -150,7 +150,7 @@ class VLLMEngine:
             n=n // copies,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            top_k=max(0, sampling.top_k),
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             seed=sampling.seed,

@@ -16,7 +16,14 @@ from apps.buffer.pipeline.apply import (
     pipeline_metrics_flush,
     task_priorities_refresh,
 )
-from apps.buffer.pipeline.registry import STAGES, operator_get, operator_names, params_check, register, stage_check
+from apps.buffer.pipeline.registry import (
+    STAGES,
+    operator_get,
+    operator_names,
+    params_check,
+    register,
+    stage_check,
+)
 
 # A sensible write pipeline for GRPO runs (what bench/pipeline measures): tidy text and
 # mask truncated responses, drop bad rewards, exact duplicates across groups and groups

@@ -97,9 +97,7 @@ def _truncation(row: Row, ctx: Ctx, params: CleanParams) -> None:
     reason = ""
     if row.get("finish_reason") == "length":
         reason = "truncated"
-    elif params.max_response_tokens is not None and n_tokens is not None and n_tokens > params.max_response_tokens:
-        reason = "over_long"
-    elif params.max_response_chars is not None and len(str(row.get("response_text") or "")) > params.max_response_chars:
+    elif params.max_response_tokens is not None and n_tokens is not None and n_tokens > params.max_response_tokens or params.max_response_chars is not None and len(str(row.get("response_text") or "")) > params.max_response_chars:
         reason = "over_long"
     if not reason:
         return

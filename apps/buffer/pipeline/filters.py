@@ -10,7 +10,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from apps.buffer.pipeline.core import Ctx, Row, is_number, metadata_set, response_tokens, row_get, task_text
+from apps.buffer.pipeline.core import (
+    Ctx,
+    Row,
+    is_number,
+    metadata_set,
+    response_tokens,
+    row_get,
+    task_text,
+)
 from apps.buffer.pipeline.registry import Params, register
 
 _SPACES = re.compile(r"\s+")
@@ -156,7 +164,7 @@ class LengthParams(Params):
     max_chars: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "LengthParams":
+    def _ordered(self) -> LengthParams:
         for low, high in (("min_tokens", "max_tokens"), ("min_chars", "max_chars")):
             lo, hi = getattr(self, low), getattr(self, high)
             if lo is not None and hi is not None and lo > hi:

@@ -105,7 +105,7 @@ class CurriculumParams(Params):
     difficulty_key: str = "difficulty"
 
     @model_validator(mode="after")
-    def _band(self) -> "CurriculumParams":
+    def _band(self) -> CurriculumParams:
         if self.band_low > self.band_high:
             raise ValueError(f"band_low ({self.band_low}) is above band_high ({self.band_high})")
         return self

@@ -49,11 +49,11 @@ class Command(BaseCommand):
             raise CommandError("--threads must be at least 2: the explorer and the trainer run side by side")
         server = Server(application=application, endpoints=endpoints, signal_handlers=False)
         threading.Thread(target=server.run, name="asgi-server", daemon=True).start()
-        from rftweb.celery import app
-
         # Beat as a thread: `worker -B` forks it into a process of its own, whose in-memory
         # broker the workers here would never see.
         from celery.beat import EmbeddedService
+
+        from rftweb.celery import app
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         EmbeddedService(app, thread=True, schedule_filename=str(settings.VAR_DIR / "celerybeat-schedule")).start()
