@@ -216,7 +216,14 @@
   }
 
   // ------------------------------------------------------------------ keyboard
-  function currentForm() { return current && current.querySelector("form.rate"); }
+  // htmx wires up swapped-in content only when the swap settles (htmx.config.defaultSettleDelay,
+  // 20 ms later): a key pressed in between would submit the plain form or follow the plain
+  // link, and leave the page. Processing is idempotent, so every key processes what it uses.
+  function ready(el) {
+    if (el && window.htmx) window.htmx.process(el.closest("form") || el);
+    return el;
+  }
+  function currentForm() { return ready(current && current.querySelector("form.rate")); }
   function check(selector) {
     const form = currentForm();
     const input = form && form.querySelector(selector);
@@ -228,7 +235,7 @@
     }
   }
   function click(selector) {
-    const el = current && current.querySelector(selector);
+    const el = ready(current && current.querySelector(selector));
     if (el) el.click();
   }
   function toggleHelp() {
@@ -247,7 +254,7 @@
     }
     if (keys && keys.open && ev.key !== "?" && ev.key !== "Escape") return;
     // An open comparison takes a / b / t (tie) before the item's own keys.
-    const cmp = panel && panel.querySelector("form.compare");
+    const cmp = ready(panel && panel.querySelector("form.compare"));
     if (cmp && ["a", "b", "t"].includes(ev.key)) {
       const winner = { a: "a", b: "b", t: "tie" }[ev.key];
       const button = cmp.querySelector('button[name=winner][value="' + winner + '"]');
@@ -256,7 +263,7 @@
     }
     if (ev.key === "z") {
       const undo = document.getElementById("undo");
-      if (undo) { ev.preventDefault(); undo.requestSubmit(); }
+      if (undo) { ev.preventDefault(); ready(undo).requestSubmit(); }
       return;
     }
     ensureCurrent();
@@ -273,7 +280,7 @@
       case "e": click("a.act-edit"); break;
       case "r": click("a.act-rank"); break;
       case "c": click("a.act-compare"); break;
-      case "s": { const f = current && current.querySelector("form.skip"); if (f) f.requestSubmit(); break; }
+      case "s": { const f = ready(current && current.querySelector("form.skip")); if (f) f.requestSubmit(); break; }
       case "Enter": {
         if (t && t.tagName === "BUTTON") return; // the browser presses the focused button
         const f = currentForm();
