@@ -29,6 +29,8 @@ EVENT_TYPES = (
     "worker.heartbeat",
     # A run's explore or train task failed (apps/runs/failures.py).
     "worker.error",
+    # A held-out evaluation finished (apps.runs.services.eval_result_record).
+    "eval.result",
 )
 
 

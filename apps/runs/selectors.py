@@ -59,7 +59,9 @@ def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None =
 CHART_GROUPS: list[dict[str, str]] = [
     {"id": "reward", "title": "Reward mean / std", "section": "rewards", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
     {"id": "accuracy", "title": "Accuracy per domain", "section": "rewards", "pattern": r"^acc(uracy)?([/_.].*)?$"},
-    {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval([/_.].*)?$"},
+    # The evaluator's scores (workers/evaluation.py); its response length charts with the
+    # training one, its version / task count / best version are constants, its seconds "other".
+    {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval[/_.](.*[/_.])?(reward|acc|accuracy|score|pass|correct)([/_.@].*)?$"},
     {"id": "loss", "title": "Loss", "section": "loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},
     {"id": "kl", "title": "KL", "section": "loss", "pattern": r"(^|[/_.])kl([/_.].*)?$"},
     {"id": "entropy", "title": "Entropy", "section": "loss", "pattern": r"entropy"},
@@ -78,7 +80,8 @@ CHART_SECTIONS: list[dict[str, str]] = [
     {"id": "feedback", "title": "Feedback over time"},
 ]
 # Metrics that are settings rather than measurements: a table of their last values, no chart.
-CONSTANT_PATTERN = r"(^|[/_.])(lr|learning_rate|batch_size|train_batch_size|explore_batch_size|repeat_times|beta|epsilon)$"
+CONSTANT_PATTERN = (r"(^|[/_.])(lr|learning_rate|batch_size|train_batch_size|explore_batch_size|repeat_times|beta|epsilon)$"
+                    r"|^eval[/_.](version|tasks|best_version)$")
 REWARD_SPARK_PATTERN = CHART_GROUPS[0]["pattern"]
 
 

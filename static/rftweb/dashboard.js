@@ -212,9 +212,11 @@
     chart.el.dataset.points = String(own.length ? own[0].run.metrics[own[0].name].size : 0);
     chart.el.dataset.series = String(list.length);
     var key = view.x + "|" + list.map(function (s) { return s.run.id + ":" + s.name; }).join(",");
-    if (chart.plot && chart.key === key) { chart.plot.setData(data); return; }
+    // A zoomed chart keeps its range while points arrive (a double-click resets it).
+    if (chart.plot && chart.key === key) { chart.plot.setData(data, !chart.zoomed); return; }
     if (chart.plot) chart.plot.destroy();
     chart.key = key;
+    chart.zoomed = false;
     var multi = runOrder.length > 1;
     var series = [{ label: view.x === "time" ? "time" : "step", value: function (u, v) { return v === null ? "–" : (view.x === "time" ? new Date(v * 1000).toLocaleTimeString() : String(v)); } }];
     list.forEach(function (s, i) {
@@ -234,7 +236,9 @@
       axes: [xAxis, { size: axisSize, values: function (u, ticks) { return ticks.map(fmt); } }],
       cursor: { drag: { x: true, y: false } },
       legend: { live: true },
+      hooks: { setSelect: [function (u) { if (u.select.width > 0) chart.zoomed = true; }] },
     }, data, chart.area);
+    chart.plot.over.addEventListener("dblclick", function () { chart.zoomed = false; });
   }
 
   function renderConstants() {
@@ -480,6 +484,16 @@
       say((p.task || "task") + " failed on " + (p.worker || "a worker") + ": " + (p.exception || ""));
     },
     "worker.heartbeat": function () { refresh("#workers a.refresh"); },
+    "eval.result": function (p) {
+      // Its eval/… metrics came as run.metric; the header names the best version so far.
+      var best = document.getElementById("run-eval-best");
+      if (best && p.best_version !== undefined) {
+        best.hidden = false;
+        text("run-best-version", "v" + p.best_version);
+        if (p.best_reward_mean !== undefined) text("run-best-reward", Number(p.best_reward_mean).toFixed(3));
+      }
+      say("held-out evaluation of v" + p.version + " (best v" + p.best_version + ")");
+    },
   };
 
   // After every (re)connect, fetch what the page may have missed while not connected.
