@@ -292,7 +292,7 @@ def test_an_outsider_gets_404_on_the_keys_page_like_on_every_run_page(world: dic
 
 # --- websockets: the same rules on the live stream ---------------------------------------------
 
-WEBSOCKET_ACCESS: dict[str, str] = {"ws/runs/<int:run_id>/": MEMBER}
+WEBSOCKET_ACCESS: dict[str, str] = {"ws/runs/<int:run_id>/": MEMBER, "ws/runs/": LOGIN}
 
 
 def test_every_websocket_route_has_an_access_rule() -> None:
@@ -329,3 +329,52 @@ async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
         connected, _ = await comm.connect(timeout=10)  # a loaded host can take over a second
         assert connected == (persona in allowed), persona
         await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_runs_list_socket_tells_each_persona_only_about_runs_they_may_see() -> None:
+    from asgiref.sync import sync_to_async
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import AnonymousUser
+
+    from apps.runs.events import runs_list_touch
+    from apps.runs.services import run_member_remove
+    from rftweb.routing import websocket_urlpatterns
+
+    @sync_to_async
+    def build() -> tuple[Run, dict[str, Any]]:
+        owner = make_user("owner")
+        run = make_run(owner=owner, name="secret run")
+        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+        add_member(run, annotator)
+        add_member(run, viewer, RunMember.Role.VIEWER)
+        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
+        return run, {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}
+
+    run, users = await build()
+    refused = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
+    refused.scope["user"] = AnonymousUser()
+    assert (await refused.connect(timeout=10))[0] is False
+    sockets = {}
+    for persona, user in users.items():
+        comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
+        comm.scope["user"] = user
+        assert (await comm.connect(timeout=10))[0], persona
+        sockets[persona] = comm
+    try:
+        runs_list_touch(run_id=run.pk)  # as any change to the run does, through the channel layer
+        for persona in ("owner", "annotator", "viewer"):
+            assert await sockets[persona].receive_json_from(timeout=10) == {"type": "runs.changed",
+                                                                            "payload": {"run": run.pk}}, persona
+        assert await sockets["other_annotator"].receive_nothing(timeout=1)
+        # Taken off the run: told once more (their page drops the row), then never again.
+        member = await sync_to_async(lambda: run.members.get(user=users["annotator"]))()
+        await sync_to_async(run_member_remove)(run=run, member_id=member.pk)
+        assert (await sockets["annotator"].receive_json_from(timeout=10))["payload"] == {"run": run.pk}
+        await sync_to_async(runs_list_touch)(run_id=run.pk)
+        assert (await sockets["owner"].receive_json_from(timeout=10))["payload"] == {"run": run.pk}
+        assert await sockets["annotator"].receive_nothing(timeout=2)
+    finally:
+        for comm in sockets.values():
+            await comm.disconnect()

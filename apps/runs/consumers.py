@@ -7,15 +7,21 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.runs.events import RUNS_LIST_GROUP
 from apps.runs.fanout import Member, fanout_join, fanout_leave
 from apps.runs.models import Run
-from apps.runs.selectors import run_can_view
+from apps.runs.selectors import run_can_view, runs_visible_to
 
 
 @database_sync_to_async
 def _may_view(run_id: int, user: Any) -> bool:
     run = Run.objects.filter(pk=run_id).first()
     return run is not None and run_can_view(run=run, user=user)
+
+
+@database_sync_to_async
+def _visible_ids(user: Any) -> set[int]:
+    return set(runs_visible_to(user=user).values_list("pk", flat=True))
 
 
 class RunEventsConsumer(AsyncJsonWebsocketConsumer):
@@ -48,3 +54,38 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
         # The stream is one-way; a ping gets a pong so clients can measure the link.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "payload": content.get("payload")})
+
+
+class RunsListConsumer(AsyncJsonWebsocketConsumer):
+    """The runs list's live refresh. A signed-in user's socket joins the `runs` group, which
+    carries only "run N changed" (apps.runs.events.runs_list_touch); a notice goes on to the
+    browser only when the user may view run N, as `{"type": "runs.changed", "payload":
+    {"run": N}}`, and the page then fetches its rows over HTTP, filtered as every page is.
+    A few list pages per team: one layer channel per socket is cheap here."""
+
+    shown: set[int]
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4403)
+            return
+        # The runs this list shows: a run taken from the user (staffing) is told once more,
+        # so that the page drops its row.
+        self.shown = await _visible_ids(user)
+        await self.channel_layer.group_add(RUNS_LIST_GROUP, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(RUNS_LIST_GROUP, self.channel_name)
+
+    async def runs_changed(self, event: dict[str, Any]) -> None:
+        run_id = int(event["run"])
+        # Asked each time: a run's people change while the list is open.
+        if await _may_view(run_id, self.scope["user"]):
+            self.shown.add(run_id)
+        elif run_id in self.shown:
+            self.shown.discard(run_id)
+        else:
+            return
+        await self.send_json({"type": "runs.changed", "payload": {"run": run_id}})

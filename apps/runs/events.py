@@ -9,6 +9,7 @@ browser as it came, or several in order in one `{"type": "batch", "events": [...
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -38,6 +39,17 @@ def run_group(run_id: int) -> str:
     return f"run.{run_id}"
 
 
+# The runs list's live refresh (RunsListConsumer): one group for every list page, told only
+# "run N changed"; each socket passes on the notices for runs its user may see, and the page
+# fetches its rows over HTTP, filtered as always. Heartbeats change no row.
+RUNS_LIST_GROUP = "runs"
+RUNS_LIST_NOTICE = "runs.changed"
+_LIST_QUIET = frozenset({"worker.heartbeat"})
+# A busy run (a metric a step, an experience a rollout) tells the lists at most once per this
+# many seconds per process; the last change of a burst is always told.
+RUNS_LIST_NOTICE_SECONDS = 1.0
+
+
 def _message(type: str, payload: dict[str, Any]) -> dict[str, Any]:
     if type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {type!r}; known: {', '.join(EVENT_TYPES)}")
@@ -57,6 +69,8 @@ def event_publish_many(*, run_id: int, events: Sequence[tuple[str, dict[str, Any
     layer = get_channel_layer()
     if layer is None or not messages:
         return
+    if any(m["type"] not in _LIST_QUIET for m in messages):
+        runs_list_touch(run_id=run_id)
     group = run_group(run_id)
 
     async def send_all() -> None:
@@ -91,11 +105,72 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         return _publisher[0]
 
 
+def runs_list_touch(*, run_id: int) -> None:
+    """Tell the open runs lists that run `run_id` changed (its status, steps, buffer, people):
+    at once if it has not told them within RUNS_LIST_NOTICE_SECONDS, else once at the end of
+    that interval. Never blocks or raises: scheduled on the process's publisher loop."""
+    if get_channel_layer() is None:
+        return
+    try:
+        _publisher_loop().call_soon_threadsafe(_list_schedule, run_id)
+    except RuntimeError:  # the loop is closing (interpreter shutdown)
+        log.debug("runs_list_touch: no publisher loop for run %s", run_id)
+
+
+# On the publisher loop only: runs with a notice scheduled, and when each last went out.
+_list_pending: set[int] = set()
+_list_sent: dict[int, float] = {}
+
+
+def _list_schedule(run_id: int) -> None:
+    if run_id in _list_pending:
+        return
+    loop = asyncio.get_running_loop()
+    _list_pending.add(run_id)
+    wait = _list_sent.get(run_id, float("-inf")) + RUNS_LIST_NOTICE_SECONDS - loop.time()
+    if wait <= 0:
+        loop.create_task(_list_send(run_id))
+    else:
+        loop.call_later(wait, lambda: loop.create_task(_list_send(run_id)))
+
+
+async def _list_send(run_id: int) -> None:
+    _list_pending.discard(run_id)
+    _list_sent[run_id] = asyncio.get_running_loop().time()
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(RUNS_LIST_GROUP, {"type": RUNS_LIST_NOTICE, "run": run_id})
+    except Exception:  # a list that misses a notice still refreshes on reconnect
+        log.exception("runs_list_touch: could not tell the runs lists about run %s", run_id)
+
+
+def _flush_list_notices() -> None:
+    """At exit, send the notices still waiting out their interval: a short-lived process (a
+    CLI command, a script) must not take the last change of a burst with it."""
+    if _publisher is None or not _publisher[1].is_alive() or not _list_pending:
+        return
+
+    async def flush() -> None:
+        await asyncio.gather(*(_list_send(run_id) for run_id in list(_list_pending)))
+
+    try:
+        asyncio.run_coroutine_threadsafe(flush(), _publisher[0]).result(timeout=5)
+    except Exception:
+        log.debug("runs_list_touch: could not flush the notices at exit", exc_info=True)
+
+
+atexit.register(_flush_list_notices)
+
+
 def _forget_publisher_after_fork() -> None:
     # A forked child (Celery's prefork pool) has the parent's loop object but not its thread.
     global _publisher, _publisher_lock
     _publisher = None
     _publisher_lock = threading.Lock()
+    _list_pending.clear()
+    _list_sent.clear()
 
 
 os.register_at_fork(after_in_child=_forget_publisher_after_fork)
@@ -106,6 +181,8 @@ async def event_publish_async(*, run_id: int, type: str, payload: dict[str, Any]
     layer = get_channel_layer()
     if layer is None:
         return
+    if type not in _LIST_QUIET:
+        runs_list_touch(run_id=run_id)
     try:
         await layer.group_send(run_group(run_id), message)
     except Exception:

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from apps.hygiene import InputRejected, text_check
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
-from apps.runs.events import event_publish
+from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run
 from rftweb.exceptions import Conflict, InvalidInput
@@ -99,7 +99,10 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
     if errors:
         raise ConfigInvalid(errors)
     cfg = config_validate(data=config)
-    return Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
+    run = Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
+    run_id = run.pk
+    transaction.on_commit(lambda: runs_list_touch(run_id=run_id))  # open runs lists show it
+    return run
 
 
 def run_create_with_taskset(
@@ -321,6 +324,8 @@ def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> 
         AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
                                   action="member_add" if created else "member_role",
                                   detail={"user": username, "role": role})
+    run_id = run.pk
+    transaction.on_commit(lambda: runs_list_touch(run_id=run_id))  # the run appears on their list
     return member
 
 
@@ -335,3 +340,5 @@ def run_member_remove(*, run: Run, member_id: int, actor: Any = None) -> None:
         member.delete()
         AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
                                   action="member_remove", detail={"user": member.user.get_username(), "role": member.role})
+    run_id = run.pk
+    transaction.on_commit(lambda: runs_list_touch(run_id=run_id))

@@ -260,14 +260,48 @@ def test_a_bad_experience_filter_is_shown_beside_its_field(page: Any, owner: Use
     page.wait_for_selector("[data-filter=reward_min] .field-error", state="hidden")
 
 
-# --- the runs list refreshes itself --------------------------------------------------------
+# --- the runs list refreshes itself, over the websocket -----------------------------------
 
-def test_the_runs_list_refreshes_itself(page: Any, owner: User) -> None:
-    run = running(owner)
+def test_the_runs_list_follows_the_runs_live_over_its_websocket(page: Any, owner: User) -> None:
+    run = running(owner, total_steps=40)
+    notices: list[str] = []
+    requests: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: notices.append(frame)) if ws.url.endswith("/ws/runs/") else None)
     log_in(page, owner)
+    page.wait_for_selector("#runs-live[data-state=live]")
+    page.on("request", lambda r: requests.append(r.url) if r.url.endswith("/runs/") else None)
     assert page.locator(f"tr[data-run='{run.pk}']").get_attribute("data-status") == "running"
     in_a_thread(lambda: run_transition(run=run, action="pause"))
+    page.wait_for_selector(f"tr[data-run='{run.pk}'][data-status=paused]", timeout=10_000)
+    assert json.loads(notices[-1]) == {"type": "runs.changed", "payload": {"run": run.pk}}
+    # A trainer's burst of 30 steps from another process: a notice a second at most, and the
+    # list ends on the last step.
+    in_another_process(
+        "from apps.runs.models import Run; from apps.runs.services import metric_record\n"
+        f"run = Run.objects.get(pk={run.pk})\n"
+        "for step in range(1, 31):\n"
+        f"    Run.objects.filter(pk={run.pk}).update(train_step=step)\n"
+        "    metric_record(run=run, step=step, values={'reward/mean': step / 30})"
+    )
+    page.wait_for_function(f"() => document.querySelector(\"tr[data-run='{run.pk}'] td[title^=explore]\").textContent.includes('0 / 30')")
+    assert len(notices) <= 1 + 4, notices  # the pause, then at most one per second of the burst
+    # A run created elsewhere appears; no polling happened while the socket was up.
+    other = make_run(owner=owner, taskset=make_taskset(owner=owner), name="made elsewhere")
+    page.wait_for_selector(f"tr[data-run='{other.pk}']", timeout=10_000)
+    page.wait_for_timeout(1_500)  # the last coalesced refresh, if any
+    before = len(requests)
+    page.wait_for_timeout(5_500)
+    assert len(requests) == before, requests
+
+
+def test_without_its_websocket_the_runs_list_falls_back_to_polling(page: Any, owner: User) -> None:
+    run = running(owner)
+    # A proxy on the way that does not pass websockets on.
+    page.add_init_script("window.WebSocket = function () { throw new Error('no websockets here'); };")
+    log_in(page, owner)
+    in_a_thread(lambda: run_transition(run=run, action="pause"))
     page.wait_for_selector(f"tr[data-run='{run.pk}'][data-status=paused]", timeout=15_000)
+    assert page.get_attribute("#runs-live", "data-state") == "polling"
 
 
 # --- compare runs on one chart -------------------------------------------------------------
@@ -323,12 +357,18 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     ann_page.goto(f"/runs/{run.pk}/")
     assert ann_page.locator(".member-add").count() == 0  # only the owner staffs
 
-    # The owner takes them off again: the run is gone from their list.
+    # The owner takes them off again: the run leaves their open list without a reload.
+    ann_page.goto("/runs/")
+    ann_page.wait_for_selector("#runs-live[data-state=live]")
     page.on("dialog", lambda d: d.accept())
     page.click("li[data-member=ann] button")
     page.wait_for_selector("li[data-member=ann]", state="detached")
-    ann_page.goto("/runs/")
-    assert ann_page.locator(f"tr[data-run='{run.pk}']").count() == 0
+    ann_page.wait_for_selector(f"tr[data-run='{run.pk}']", state="detached", timeout=10_000)
+    # ... and comes back the same way when they are added again.
+    page.fill("#id_member_username", "ann")
+    page.select_option("#id_member_role", "annotator")
+    page.click(".member-add button[type=submit]")
+    ann_page.wait_for_selector(f"tr[data-run='{run.pk}'] a.annotate-link", timeout=10_000)
     other.close()
 
 
