@@ -427,6 +427,19 @@ def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: A
     page.once("dialog", lambda d: d.accept())
     page.click("#feedback-policy button[type=submit]")
     page.wait_for_selector("#feedback-policy .saved")
+    # The audit says what changed, as people read it: not the whole policy as a Python dict.
+    page.wait_for_selector("#audit li:has-text('feedback_policy') .changes")
+    change = page.inner_text("#audit li:has-text('feedback_policy') .changes")
+    assert change == "guidelines set", change
+    page.fill("#id_feedback\\.w_human", "0.8")
+    page.fill("#id_feedback\\.selection\\.uncertainty", "0.5")
+    page.check("#feedback-policy input[name=confirm]")
+    page.once("dialog", lambda d: d.accept())
+    page.click("#feedback-policy button[type=submit]")
+    page.wait_for_selector("#audit li:has-text('w_human') .changes")
+    change = page.inner_text("#audit li:has-text('w_human') .changes")
+    assert change == "selection.uncertainty 0 → 0.5 · w_human 0.5 → 0.8", change
+    assert "{" not in page.inner_text("#audit")
     other = browser.new_context(base_url=live_url)
     rater_page = other.new_page()
     log_in(rater_page, rater)

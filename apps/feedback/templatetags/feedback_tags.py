@@ -67,6 +67,46 @@ def feedback_value(value: Any, kind: str = "") -> str:
     return " · ".join(parts)
 
 
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {prefix: value} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        out.update(_flat(v, f"{prefix}.{key}" if prefix else str(key)) if isinstance(v, dict) else {
+            f"{prefix}.{key}" if prefix else str(key): v})
+    return out
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, str):
+        return (value or "none") if len(value) <= 40 and "\n" not in value else "(text)"
+    if isinstance(value, list):
+        return ", ".join(_setting(v) for v in value) or "none"
+    return "none" if value is None else _number(value)
+
+
+@register.filter
+def setting_changes(detail: Any) -> str:
+    """An audited settings change (`{"before": {...}, "after": {...}}`) as people read it:
+    only what changed, nested settings by their dotted name, numbers rounded, long text as
+    "changed" ("w_human 0.5 → 0.8 · guidelines changed"); never a Python repr."""
+    if not isinstance(detail, dict) or not isinstance(detail.get("after"), dict):
+        return ""
+    before, after = _flat(detail.get("before") or {}), _flat(detail["after"])
+    parts: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if isinstance(new, str) and _setting(new) == "(text)" or isinstance(old, str) and _setting(old) == "(text)":
+            parts.append(f"{key} {'cleared' if not new else 'changed' if old else 'set'}")
+        elif key not in before:
+            parts.append(f"{key} {_setting(new)}")
+        else:
+            parts.append(f"{key} {_setting(old)} → {_setting(new)}")
+    return " · ".join(parts) or "no change"
+
+
 @register.filter
 def readable_number(value: Any) -> str:
     """A number rounded for people (3 significant places after the point), "–" for none."""
