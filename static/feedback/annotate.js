@@ -211,7 +211,8 @@
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.
   if (queue) {
-    new MutationObserver(() => { updateEmpty(); ensureCurrent(); })
+    // The waiting count too: a feedback.saved event can arrive before its card is swapped.
+    new MutationObserver(() => { updateEmpty(); ensureCurrent(); updateWaiting(); })
       .observe(queue, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
   }
 

@@ -77,6 +77,9 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.fill("#panel form.edit textarea", "Corrected: 2 + 2 = 4")
     page.keyboard.press("Control+Enter")
     page.wait_for_selector("#panel .saved")
+    # The corrected item looks different in the queue, in words too.
+    corrected = page.locator(f'#queue .item.has-edit[data-experience="{group_b[0]}"]')
+    expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=15_000)
 
     # r ranks the current item's group: it starts unranked and cannot be saved until ordered;
     # the number shown on an unranked completion ranks it next, best first.

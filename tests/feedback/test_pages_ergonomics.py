@@ -110,13 +110,17 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
                                                               annotator: User) -> None:
     members = _group(blend_run, "g", [1.0, 0.0])
     _open(page, live_url, blend_run)
+    assert (page.inner_text("#done-today"), page.inner_text("#waiting-count")) == ("0", "2")
     for n, score in enumerate(("5", "1"), start=1):
         page.keyboard.press(score)
         page.keyboard.press("Enter")
         page.wait_for_function(f"() => document.querySelectorAll('#queue .item.done').length === {n}")
     # Both rated: the group is trainable with blended rewards.
     assert set(Experience.objects.filter(group_id="g").values_list("status", flat=True)) == {"ready"}
-    assert page.inner_text("#done-today") == "2"
+    page.wait_for_function("() => document.querySelector('#done-today').textContent === '2'")
+    # Progress: done today against the owner's target, and what waits.
+    assert page.inner_text("#waiting-count") == "0"
+    assert page.eval_on_selector("#target-bar", "b => [b.value, b.max]") == [2, 10]
 
     page.keyboard.press("z")
     page.wait_for_selector("#mine .saved")
@@ -128,6 +132,11 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
     # The item comes back to the queue, open, and can be rated again.
     page.wait_for_selector(f'#queue .item:not(.done)[data-experience="{members[1].pk}"]')
     page.wait_for_function("() => document.querySelector('#done-today').textContent === '1'")
+    page.wait_for_function("() => document.querySelector('#waiting-count').textContent === '1'")
+    # A reload agrees with what the page counted live.
+    page.reload()
+    page.wait_for_selector("#annotate[data-live=open]")
+    assert (page.inner_text("#done-today"), page.inner_text("#waiting-count")) == ("1", "1")
 
 
 def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(page: Any, live_url: str, blend_run: Run,
