@@ -221,26 +221,6 @@ def _announce(run_id: int, number: int, accuracy: float) -> None:
     event_publish(run_id=run_id, type="run.metric", payload={"step": number, "metrics": {ACCURACY_METRIC: accuracy}})
 
 
-def k12_summary(*, run: Any) -> dict[str, Any]:
-    """What the run page shows: the reward routes per domain (term, weight) and the learned
-    K-12 grader's versions."""
-    from apps.rewards.models import K12Grader
-    from apps.rewards.scoring import DOMAINS, rewards_for_domain
-
-    terms = run.cfg.rewards
-    routes = []
-    for domain in DOMAINS:
-        applied = rewards_for_domain(terms=terms, domain=domain)
-        routes.append({"domain": domain, "terms": [{"key": k, "weight": t.weight, "params": t.params} for k, t in applied]})
-    k12_terms = [t for _, t in rewards_for_domain(terms=terms, domain=DOMAIN)]
-    graders = list(K12Grader.objects.filter(run=run).order_by("-version")[:10])
-    return {
-        "routes": routes, "explicit": bool(terms), "graders": graders,
-        "learned": any(t.name == "k12_learned" for t in k12_terms),
-        "judge": any(t.name == "k12_judge" for t in k12_terms),
-    }
-
-
 def k12_grade_pairs(answers: list[GradedAnswer]) -> list[Any]:
     """Preference pairs (apps.feedback.preferences.PreferencePair) of the graded answers:
     within one question, an answer graded higher over one graded lower; the prompt carries

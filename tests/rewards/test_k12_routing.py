@@ -105,8 +105,18 @@ def test_the_form_shows_an_unknown_domain_beside_the_rewards_box(client: Client,
     # The same form with a known domain creates the run, its spec as typed.
     response = client.post("/runs/new/", {**data, "rewards": _yaml(SPEC)})
     assert response.status_code == 302
-    assert [(t.name, t.weight) for t in Run.objects.get().cfg.rewards] == [
+    run = Run.objects.get()
+    assert [(t.name, t.weight) for t in run.cfg.rewards] == [
         ("math_accuracy", 1.0), ("k12_judge", 0.25), ("k12_learned", 0.75)]
+    # The run page shows which grader scores which domain, with its weight.
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    routes = page[page.index('id="reward-routes"'):]
+    k12 = routes[routes.index('data-domain="k12"'):routes.index("</tr>", routes.index('data-domain="k12"'))]
+    assert "0.25 × <code>k12_judge</code>" in k12 and "0.75 × <code>k12_learned</code>" in k12
+    assert "math_accuracy" not in k12
+    math = routes[routes.index('data-domain="math"'):routes.index("</tr>", routes.index('data-domain="math"'))]
+    assert "1.0 × <code>math_accuracy</code>" in math
+    assert "No version yet" in routes  # the learned grader has not been trained
 
 
 @pytest.mark.django_db
