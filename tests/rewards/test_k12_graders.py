@@ -201,7 +201,6 @@ def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: Us
     assert k12_grader_train_run(run=run, params=learned_params(LEARNED)) is None
 
 
-@pytest.mark.slow
 @pytest.mark.django_db
 def test_grades_given_in_the_annotation_page_teach_the_learned_grader(owner: User, annotator: User) -> None:
     run = _k12_run(owner, feedback={"mode": "blend"})
