@@ -149,3 +149,35 @@ def test_the_api_refuses_tasks_of_a_domain_the_run_does_not_score(owner: User) -
     assert not Task.objects.exists()
     body["tasks"][1]["domain"] = "k12"
     assert api.post(f"/runs/{run.pk}/tasks", body).status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: object, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    from io import StringIO
+
+    from apps.rewards.k12_taskset import k12_taskset_write
+    from apps.runs.demo import DEMO_TASKSET_FILE
+
+    # The demo model is rft_demo_model's business; a directory with its taskset stands in
+    # for the cached build so this test stays fast (the slow tests use the real model).
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
+    settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
+    import apps.runs.management.commands.rft_demo as demo
+
+    monkeypatch.setattr(demo, "call_command", lambda *a, **k: None)  # rft_demo_model: built already
+    out = StringIO()
+    call_command("rft_demo", "--k12", "--password", "pw", stdout=out)
+    call_command("rft_demo", "--k12", "--password", "pw", stdout=StringIO())  # idempotent
+    run = Run.objects.get(name=demo.K12_RUN)
+    assert f"run #{run.pk}" in out.getvalue()
+    assert Run.objects.filter(name=demo.K12_RUN).count() == 1
+    assert run.taskset is not None and run.taskset.tasks.filter(domain="k12").count() == len(k12_records())
+    assert [t.name for t in run.cfg.rewards] == ["k12_judge", "k12_learned"]
+    # The file form of the same taskset imports to the same tasks.
+    path = k12_taskset_write(tmp_path / "k12.jsonl")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == k12_records()
+    assert os.path.getsize(path) > 0
