@@ -12,7 +12,7 @@ reward part and the reason in the experience's `metadata["reward_reasons"]`.
   (`k12_grader_train_run`: graded answers -> preference pairs per question -> TRL's
   RewardTrainer through workers.reward_trainer.reward_model_fit, held-out accuracy on whole
   questions, calibration onto the grade scale). Training holds a per-run lock in the Django
-  cache; a scorer that finds it held raises, and the reward task retries.
+  cache; a scorer that finds it held uses the newest version, or waits for the first.
 
 torch / transformers are imported inside the functions (every process imports the task names).
 """
@@ -53,6 +53,8 @@ from apps.runs.models import Run
 log = logging.getLogger(__name__)
 
 TRAIN_LOCK_SECONDS = 1800
+# How long a scorer waits for another worker's training of a run's first grader version.
+TRAIN_WAIT_SECONDS = 600
 MAX_JUDGED_CHARS = 4000
 MAX_REASON_CHARS = 500
 
@@ -184,15 +186,25 @@ def k12_grader_train_run(*, run: Run, params: K12LearnedParams, force: bool = Fa
 
 
 def k12_grader_ensure(*, run: Run, params: K12LearnedParams) -> Any:
-    """The newest version, trained first when one is due; None when there is nothing to learn."""
-    if k12_grader_due(run=run, params=params):
-        lock = f"rft:k12-train:{run.pk}"
-        if not cache.add(lock, 1, TRAIN_LOCK_SECONDS):
+    """The newest version, trained first when one is due; None when there is nothing to learn.
+
+    While another worker trains: the newest version if there is one (the next scoring picks
+    up the new one), else wait for that training (up to TRAIN_WAIT_SECONDS)."""
+    lock = f"rft:k12-train:{run.pk}"
+    deadline = time.monotonic() + TRAIN_WAIT_SECONDS
+    while k12_grader_due(run=run, params=params):
+        if cache.add(lock, 1, TRAIN_LOCK_SECONDS):
+            try:
+                k12_grader_train_run(run=run, params=params)
+            finally:
+                cache.delete(lock)
+            break
+        latest = k12_grader_latest(run=run)
+        if latest is not None:
+            return latest
+        if time.monotonic() > deadline:
             raise RuntimeError(f"the K-12 grader of run {run.pk} is being trained by another worker")
-        try:
-            k12_grader_train_run(run=run, params=params)
-        finally:
-            cache.delete(lock)
+        time.sleep(2.0)
     return k12_grader_latest(run=run)
 
 

@@ -255,3 +255,20 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
         assert exp.status == "ready" and exp.reward == exp.auto_reward
         assert set(exp.metadata["reward_reasons"]) == {"k12_judge", "k12_learned"}
         assert exp.metadata["awaiting_rewards"] == []
+
+
+@pytest.mark.django_db
+def test_a_scorer_uses_the_newest_grader_while_another_worker_trains_the_next(owner: User) -> None:
+    from django.core.cache import cache
+
+    from apps.rewards.k12 import learned_params
+    from apps.rewards.models import K12Grader
+    from workers.k12 import k12_grader_ensure
+
+    run = _k12_run(owner, rewards=[{"name": "k12_learned", "domains": ["k12"]}])
+    v1 = K12Grader.objects.create(run=run, version=1, path="/nowhere", base="b", grades=0)
+    cache.set(f"rft:k12-train:{run.pk}", 1, 60)  # another worker is training v2
+    try:
+        assert k12_grader_ensure(run=run, params=learned_params({"retrain_every": 1})) == v1
+    finally:
+        cache.delete(f"rft:k12-train:{run.pk}")
