@@ -3,6 +3,7 @@ account, an annotator account, and a draft GRPO run on the demo task. Idempotent
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -119,7 +120,8 @@ class Command(BaseCommand):
                 from apps.buffer.importers import taskset_create
                 from apps.rewards.k12_taskset import k12_records
 
-                taskset = taskset_create(name="K-12 short answers", records=k12_records(), owner=owner)
+                records: list[Mapping[str, Any]] = list(k12_records())
+                taskset = taskset_create(name="K-12 short answers", records=records, owner=owner)
                 k12_run = run_create(name=K12_RUN, owner=owner, taskset=taskset,
                                      config=k12_demo_config(total_steps=total_steps, feedback_wait=feedback_wait))
                 RunMember.objects.get_or_create(run=k12_run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
