@@ -40,13 +40,16 @@ def _task_of(exp: Experience) -> Any:
 
 
 def rewards_remote_score(
-    *, run: Run, experiences: Sequence[Experience]
+    *, run: Run, experiences: Sequence[Experience], reasons: dict[int, dict[str, str]] | None = None,
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]], bool]:
     """Score each experience's awaited terms: (parts by experience id, errors by experience id,
     whether a scorer raised, which a retry may cure).
 
-    Batch scorers (models) get every experience that awaits the same term in one call.
+    Batch scorers (models) get every experience that awaits the same term in one call. The
+    K-12 graders (workers/k12.py) also get the run and give a reason with each score, which
+    lands in `reasons` (by experience id, then term key) when given.
     """
+    from workers.k12 import K12_SCORERS
     from workers.reward_models import BATCH_SCORERS
 
     terms = run.cfg.rewards
@@ -66,7 +69,7 @@ def rewards_remote_score(
     for key, (term, members) in groups.items():
         tasks = [_task_of(e) for e in members]
         completions = [e.response_text for e in members]
-        batch = BATCH_SCORERS.get(term.name)
+        batch = BATCH_SCORERS.get(term.name) or K12_SCORERS.get(term.name)
         if batch is None:
             for exp, task, completion in zip(members, tasks, completions, strict=True):
                 scored[exp.pk][key] = reward_term_score(term=term, completion=completion, task=task)
@@ -74,6 +77,8 @@ def rewards_remote_score(
         params = dict(term.params)
         if term.name == "llm_judge" and not params.get("model"):
             params["model"] = run_current_model(run=run)
+        if term.name in K12_SCORERS:
+            params["run"] = run
         try:
             values = batch(completions, tasks, **params)
         except Exception as exc:
@@ -84,7 +89,11 @@ def rewards_remote_score(
                 scored[exp.pk][key] = 0.0
             continue
         for exp, value in zip(members, values, strict=True):
-            scored[exp.pk][key] = float(value)
+            reason = getattr(value, "reason", None)
+            if reason is not None and reasons is not None:
+                reasons.setdefault(exp.pk, {})[key] = reason
+            score: Any = getattr(value, "score", value)
+            scored[exp.pk][key] = float(score)
     return scored, dict(errors), raised
 
 
@@ -108,8 +117,9 @@ def score_experiences(self: Any, run_id: int, experience_ids: list[int]) -> dict
     pending = experiences_awaiting_rewards(run=run, ids=experience_ids)
     if not pending:
         return {"applied": 0, "skipped": len(experience_ids)}
-    scored, errors, raised = rewards_remote_score(run=run, experiences=pending)
+    reasons: dict[int, dict[str, str]] = {}
+    scored, errors, raised = rewards_remote_score(run=run, experiences=pending, reasons=reasons)
     if raised and self.request.retries < SCORER_RETRIES:
         raise self.retry(countdown=5 * (self.request.retries + 1), max_retries=SCORER_RETRIES)
-    applied = experience_rewards_apply(run=run, scored=scored, errors=errors)
+    applied = experience_rewards_apply(run=run, scored=scored, errors=errors, reasons=reasons)
     return {"applied": len(applied), "skipped": len(experience_ids) - len(applied)}

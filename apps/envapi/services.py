@@ -25,6 +25,7 @@ from apps.buffer.importers import ImportFailed, task_from_record
 from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
+from apps.rewards.scoring import rewards_unrouted_domains
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
 
@@ -153,6 +154,11 @@ def tasks_add(*, run: Run, records: Sequence[Mapping[str, Any]], owner: Any = No
     rows = [task_from_record(r, where=f"tasks.{i}") for i, r in enumerate(records)]
     if not rows:
         raise ImportFailed("tasks: give at least one task")
+    for i, row in enumerate(rows):
+        # A task no reward term of the run scores would train on nothing: refused, named.
+        if rewards_unrouted_domains(terms=run.cfg.rewards, domains=[row["domain"]]):
+            raise ImportFailed(f"tasks.{i}.domain: no reward term of this run scores domain {row['domain']!r}",
+                               field=f"tasks.{i}.domain")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.taskset_id is None:

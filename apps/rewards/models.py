@@ -73,3 +73,37 @@ class GoldItem(models.Model):
 
     def __str__(self) -> str:
         return f"gold {self.experience_id} = {self.answer}"
+
+
+class K12Grader(models.Model):
+    """One published version of a run's learned K-12 grader (workers/k12.py): a scalar-head
+    reward model trained on graded answers to K-12 questions (the taskset's `graded_answers`
+    and people's ratings of K-12 experiences). Versioned like RewardModel (numbered per run,
+    published with its held-out pairwise accuracy), but kept apart from it: it scores one
+    domain's answers against their reference and never stands in for people's feedback."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="k12_graders")
+    version = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000)
+    base = models.CharField(max_length=1000, help_text="the model it was trained from")
+    # Pairwise accuracy on the held-out questions' graded answers (None: no held-out pair).
+    accuracy = models.FloatField(null=True, blank=True)
+    pairs_train = models.PositiveIntegerField(default=0)
+    pairs_heldout = models.PositiveIntegerField(default=0)
+    # How many graded answers the run had when this version's data was read.
+    grades = models.PositiveIntegerField(default=0)
+    seconds = models.FloatField(default=0.0, help_text="training time")
+    # Raw score s on the grade scale: clamp(scale * s + offset, 0, 1), fitted on the grades.
+    scale = models.FloatField(default=1.0)
+    offset = models.FloatField(default=0.5)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "version"]
+        constraints = [models.UniqueConstraint(fields=["run", "version"], name="k12_grader_version_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} K-12 grader v{self.version}"
+
+    def calibrated(self, score: float) -> float:
+        return min(1.0, max(0.0, self.scale * score + self.offset))

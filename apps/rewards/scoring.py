@@ -3,8 +3,9 @@ worker call.
 
 A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a task when
 the term's `domains` is empty or names the task's domain. An empty list means the default
-routes: math → math_accuracy + 0.1 × math_format, code → code_exec, anything else →
-exact_match. Each term's score is stored as a part under its key (the term's name; a name
+routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
+(apps/rewards/k12.py), anything else → exact_match. A term's `domains` must name domains of
+DOMAINS: a misspelt one is a config error naming it, not a term that silently scores nothing. Each term's score is stored as a part under its key (the term's name; a name
 repeated in one spec gets "#2", "#3"…), and the reward is the weighted sum of the parts.
 Inline terms are scored by the explorer; terms registered `where="reward"` (code, reward
 models, judges) on the Celery queue `reward` (workers/rewards.py).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from apps.rewards.registry import RewardResult, reward_get, task_field
@@ -24,6 +25,8 @@ from apps.runs.config import RewardTerm
 log = logging.getLogger(__name__)
 
 DEFAULT_DOMAIN = "general"
+# The domains rewards are routed by: each one but the fallback has a route in default_routes.
+DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12")
 
 
 @functools.cache
@@ -34,6 +37,7 @@ def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
             RewardTerm(name="math_format", weight=0.1, domains=["math"]),
         ),
         "code": (RewardTerm(name="code_exec", weight=1.0, domains=["code"]),),
+        "k12": (RewardTerm(name="k12_judge", weight=1.0, domains=["k12"]),),
     }
 
 
@@ -66,6 +70,12 @@ def rewards_for_domain(*, terms: Sequence[RewardTerm], domain: str) -> list[tupl
         route = default_routes().get(domain, default_other())
         return [(t.name, t) for t in route]
     return [(key, t) for key, t in zip(term_keys(terms), terms, strict=True) if not t.domains or domain in t.domains]
+
+
+def rewards_unrouted_domains(*, terms: Sequence[RewardTerm], domains: Iterable[str]) -> list[str]:
+    """The domains (of a taskset) that no term of an explicit spec applies to, sorted: their
+    tasks would get no reward at all. An empty spec routes every domain."""
+    return sorted({d for d in domains if terms and not rewards_for_domain(terms=terms, domain=d)})
 
 
 def _is_remote(term: RewardTerm) -> bool:

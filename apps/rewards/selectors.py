@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from apps.buffer.models import Experience
 from apps.runs.models import ModelVersion, Run
@@ -16,3 +17,19 @@ def run_current_model(*, run: Run) -> str:
     """The checkpoint of the run's current version; version 0 is the config's model."""
     version = ModelVersion.objects.filter(run=run, number=run.current_version).first()
     return version.checkpoint if version is not None else run.cfg.model
+
+
+def rewards_summary(*, run: Run) -> dict[str, Any]:
+    """What the run page shows of its reward spec: per domain the terms that score it (key,
+    weight, params), and the learned K-12 grader's versions when the spec uses it."""
+    from apps.rewards.k12 import DOMAIN as K12
+    from apps.rewards.models import K12Grader
+    from apps.rewards.scoring import DOMAINS, rewards_for_domain
+
+    terms = run.cfg.rewards
+    routes = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}
+                                           for key, t in rewards_for_domain(terms=terms, domain=domain)]}
+              for domain in DOMAINS]
+    learned = any(t.name == "k12_learned" for _, t in rewards_for_domain(terms=terms, domain=K12))
+    graders = list(K12Grader.objects.filter(run=run).order_by("-version")[:10]) if learned else []
+    return {"routes": routes, "explicit": bool(terms), "learned": learned, "graders": graders}

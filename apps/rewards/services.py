@@ -30,6 +30,7 @@ def experience_rewards_apply(
     run: Run,
     scored: Mapping[int, Mapping[str, float]],
     errors: Mapping[int, Mapping[str, str]] | None = None,
+    reasons: Mapping[int, Mapping[str, str]] | None = None,
 ) -> list[int]:
     """Merge remote reward parts into experiences still awaiting them, in one transaction.
 
@@ -37,12 +38,14 @@ def experience_rewards_apply(
     `metadata["awaiting_rewards"]` cleared, and, while the experience is still pending,
     status and reward set by the run's feedback policy (auto → ready with the reward;
     blend/human → stays pending for people). Rows are locked and re-checked, so a second
-    worker scoring the same experiences applies nothing. Returns the ids applied.
+    worker scoring the same experiences applies nothing. A scorer's reasons (the K-12
+    judge's) go to `metadata["reward_reasons"]` by term key. Returns the ids applied.
     """
     if not scored:
         return []
     cfg = run.cfg
     errors = errors or {}
+    reasons = reasons or {}
     applied: list[int] = []
     with transaction.atomic():
         rows = Experience.objects.select_for_update().filter(run=run, pk__in=list(scored)).order_by("pk")
@@ -55,6 +58,8 @@ def experience_rewards_apply(
             metadata["awaiting_rewards"] = []
             if errors.get(exp.pk):
                 metadata["reward_errors"] = dict(errors[exp.pk])
+            if reasons.get(exp.pk):
+                metadata["reward_reasons"] = {**metadata.get("reward_reasons", {}), **reasons[exp.pk]}
             update: dict[str, object] = {"reward_parts": parts, "auto_reward": auto, "metadata": metadata}
             if exp.status == Experience.Status.PENDING:
                 fields = experience_initial_fields(cfg=cfg, auto_reward=auto)

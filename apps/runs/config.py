@@ -78,6 +78,16 @@ class RewardTerm(_Strict):
             raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(known))}")
         return name
 
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, domains: list[str]) -> list[str]:
+        from apps.rewards.scoring import DOMAINS
+
+        for domain in domains:
+            if domain not in DOMAINS:
+                raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
+        return domains
+
     @model_validator(mode="after")
     def _params_fit(self) -> RewardTerm:
         # Each reward checks its own params (a regex that compiles, a model path), so a bad

@@ -65,6 +65,14 @@ def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, 
     errors = {**model_name_errors(name=cfg.model), **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
     if taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
+    elif taskset is not None and cfg.rewards:
+        from apps.rewards.scoring import rewards_unrouted_domains
+
+        unrouted = rewards_unrouted_domains(terms=cfg.rewards,
+                                            domains=taskset.tasks.values_list("domain", flat=True).distinct())
+        if unrouted:
+            errors["rewards"] = (f"no reward term scores the taskset's tasks of domain {unrouted[0]!r}: add a term "
+                                 f"with domains: [{unrouted[0]}] or one without domains")
     elif starting and taskset is None and policy.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")

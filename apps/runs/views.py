@@ -33,6 +33,7 @@ from apps.buffer.selectors import (
     group_feedback,
 )
 from apps.hygiene import MAX_CONFIG_BYTES
+from apps.rewards.selectors import rewards_summary
 from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
     ALGORITHM_DEFAULTS,
@@ -291,6 +292,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         },
         "export_kinds": EXPORT_KINDS,
         **_reward_model_context(run),
+        "rewards": rewards_summary(run=run),
         "eval_best": eval_best(run=run),
     }
     return render(request, "runs/detail.html", context)

@@ -36,7 +36,7 @@ def test_an_empty_spec_sends_code_to_the_reward_queue_and_anything_else_to_exact
     assert rewards_inline(terms=[], completion="def add(a, b): return a + b", task=CODE).parts == {}
     assert rewards_awaiting(terms=[], task=CODE) == ["code_exec"]
     assert rewards_awaiting(terms=[], task=MATH) == []
-    assert [t.name for t in rewards_remote_terms([])] == ["code_exec"]
+    assert [t.name for t in rewards_remote_terms([])] == ["code_exec", "k12_judge"]
     assert rewards_inline(terms=[], completion="Paris", task=GENERAL).parts == {"exact_match": 1.0}
     assert rewards_inline(terms=[], completion="Lyon", task={**GENERAL, "domain": "trivia"}).score == 0.0
 

@@ -3,6 +3,7 @@ account, an annotator account, and a draft GRPO run on the demo task. Idempotent
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from apps.runs.services import run_create
 from rftweb.exceptions import RftError, command_error
 
 DEMO_RUN = "demo: GRPO on arithmetic"
+K12_RUN = "demo: K-12 short answers"
 
 
 def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
@@ -56,6 +58,31 @@ Use *skip* when you cannot tell.
 """
 
 
+def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
+    """GRPO on the shipped K-12 taskset, scored half by the reference-guided judge (the demo
+    model itself judges: it knows arithmetic, not grading, so expect low, noisy verdicts) and
+    half by the learned grader trained on the taskset's graded answers and people's ratings."""
+    return {
+        **demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
+        "sampling": {"temperature": 1.0, "max_tokens": 24},
+        "rewards": [{"name": "k12_judge", "weight": 0.5, "domains": ["k12"], "params": {"max_tokens": 24}},
+                    {"name": "k12_learned", "weight": 0.5, "domains": ["k12"], "params": {"max_length": 192}}],
+        "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
+                     "guidelines": K12_GUIDELINES},
+    }
+
+
+K12_GUIDELINES = """\
+**Grade the student's answer against the question** (the reference answer is in the task).
+
+- 5: right (other words are fine)
+- 3: partly right or incomplete
+- 1: wrong, off-topic or empty
+
+Your grades teach the learned K-12 grader.
+"""
+
+
 class Command(BaseCommand):
     help = "Build the demo model and taskset and create demo accounts and a demo run (idempotent)."
 
@@ -65,8 +92,11 @@ class Command(BaseCommand):
         parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
         parser.add_argument("--feedback-wait", type=float, default=20.0,
                             help="seconds a group waits for a person's rating before it trains on the automatic reward")
+        parser.add_argument("--k12", action="store_true",
+                            help="also create a draft run on the shipped K-12 short-answer taskset (K-12 graders)")
 
-    def handle(self, *args: Any, password: str, total_steps: int, feedback_wait: float, **options: Any) -> None:
+    def handle(self, *args: Any, password: str, total_steps: int, feedback_wait: float, k12: bool = False,
+               **options: Any) -> None:
         if total_steps < 1:
             raise CommandError("--total-steps must be at least 1")
         if feedback_wait < 0:
@@ -86,11 +116,26 @@ class Command(BaseCommand):
                 run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
                                  taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
+            if k12 and not Run.objects.filter(name=K12_RUN, owner=owner).exists():
+                from apps.buffer.importers import taskset_create
+                from apps.rewards.k12_taskset import k12_records
+
+                records: list[Mapping[str, Any]] = list(k12_records())
+                taskset = taskset_create(name="K-12 short answers", records=records, owner=owner)
+                k12_run = run_create(name=K12_RUN, owner=owner, taskset=taskset,
+                                     config=k12_demo_config(total_steps=total_steps, feedback_wait=feedback_wait))
+                RunMember.objects.get_or_create(run=k12_run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
             f"demo ready: log in as owner / {password}; run #{run.pk} '{run.name}' is {run.status} — start it from "
             f"its page. Its feedback policy is blend: people's ratings change training. Open "
             f"/runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window to rate live."
         ))
+        if k12:
+            k12_run = Run.objects.get(name=K12_RUN, owner__username="owner")
+            self.stdout.write(self.style.SUCCESS(
+                f"K-12 demo: run #{k12_run.pk} '{k12_run.name}' ({k12_run.status}) on the shipped K-12 taskset, "
+                "scored by the K-12 judge and the learned K-12 grader."
+            ))
 
     def _user(self, username: str, password: str, *, staff: bool) -> User:
         user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff, "is_superuser": staff})

@@ -1,0 +1,183 @@
+"""Reward routing by domain with K-12 in it: a K-12 task goes to the K-12 graders, a math task
+still to math-verify, and an unknown domain is a config error naming it at every door
+(form, API, CLI), before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+
+from apps.buffer.importers import taskset_create
+from apps.buffer.models import Task
+from apps.rewards.k12_taskset import k12_records
+from apps.rewards.scoring import DOMAINS, default_routes, rewards_awaiting, rewards_inline
+from apps.runs.config import ConfigInvalid, config_validate
+from apps.runs.models import Run
+from tests.factories import base_config, make_run
+
+K12 = {"domain": "k12", "prompt": "What gas do plants take in to make food?", "reference": "carbon dioxide"}
+MATH = {"domain": "math", "prompt": "Simplify 2/4.", "reference": "\\frac{1}{2}"}
+
+SPEC = [
+    {"name": "math_accuracy", "domains": ["math"]},
+    {"name": "k12_judge", "weight": 0.25, "domains": ["k12"], "params": {"rubric": "Name the gas."}},
+    {"name": "k12_learned", "weight": 0.75, "domains": ["k12"]},
+]
+
+
+def test_a_k12_task_goes_to_the_k12_judge_and_a_math_task_still_to_math_verify() -> None:
+    # The default routes.
+    assert rewards_awaiting(terms=[], task=K12) == ["k12_judge"]
+    assert rewards_inline(terms=[], completion="carbon dioxide", task=K12).parts == {}
+    assert rewards_awaiting(terms=[], task=MATH) == []
+    # 0.5 equals 1/2 only to math-verify, not to a string comparison.
+    assert rewards_inline(terms=[], completion="<answer>0.5</answer>", task=MATH).parts["math_accuracy"] == 1.0
+    # A spec that names both K-12 graders with weights.
+    terms = config_validate(data={"model": "m", "rewards": SPEC}).rewards
+    assert rewards_awaiting(terms=terms, task=K12) == ["k12_judge", "k12_learned"]
+    assert rewards_inline(terms=terms, completion="carbon dioxide", task=K12).parts == {}
+    assert rewards_awaiting(terms=terms, task=MATH) == []
+    assert rewards_inline(terms=terms, completion="<answer>0.5</answer>", task=MATH).parts == {"math_accuracy": 1.0}
+
+
+def test_every_routed_domain_is_a_known_domain() -> None:
+    assert set(default_routes()) <= set(DOMAINS) and "k12" in DOMAINS
+
+
+def test_an_unknown_domain_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        config_validate(data={"model": "m", "rewards": [SPEC[0], {"name": "k12_judge", "domains": ["k-12"]}]})
+    message = caught.value.errors["rewards.1.domains"]
+    assert "unknown domain 'k-12'" in message and "k12" in message and "math" in message
+
+
+@pytest.mark.parametrize(
+    ("term", "field", "message"),
+    [
+        ({"name": "k12_judge", "params": {"engine": "magic"}}, "params.engine", "should match"),
+        ({"name": "k12_judge", "params": {"rubric": ""}}, "params.rubric", "at least 1 character"),
+        ({"name": "k12_judge", "params": {"rubrik": "x"}}, "params.rubrik", "unknown param"),
+        ({"name": "k12_learned", "params": {"epochs": 0}}, "params.epochs", "greater than or equal to 1"),
+        ({"name": "k12_learned", "params": {"heldout_share": 1.5}}, "params.heldout_share", "less than 1"),
+    ],
+)
+def test_bad_k12_grader_params_fail_run_validation_naming_the_param(term: dict, field: str, message: str) -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        config_validate(data={"model": "m", "rewards": [term]})
+    text = " ".join(caught.value.errors.values())
+    assert field in text and message in text and term["name"] in text, caught.value.errors
+
+
+@pytest.mark.django_db
+def test_a_taskset_domain_no_term_scores_stops_run_creation(owner: User) -> None:
+    taskset = taskset_create(name="k12", records=k12_records()[:3], owner=owner)
+    with pytest.raises(ConfigInvalid) as caught:
+        make_run(owner=owner, taskset=taskset, rewards=[SPEC[0]])
+    assert "domain 'k12'" in caught.value.errors["rewards"]
+    # With a K-12 term the same taskset makes a run.
+    assert make_run(owner=owner, taskset=taskset, rewards=SPEC).cfg.rewards[2].name == "k12_learned"
+
+
+# ---- the doors -----------------------------------------------------------------------
+
+
+def _yaml(rewards: list[dict]) -> str:
+    import yaml
+
+    return yaml.safe_dump(rewards)
+
+
+@pytest.mark.django_db
+def test_the_form_shows_an_unknown_domain_beside_the_rewards_box(client: Client, owner: User) -> None:
+    client.force_login(owner)
+    data = {"name": "k12 run", "model": "local/demo", "algorithm": "grpo", "repeat_times": "4",
+            "rewards": _yaml([{"name": "k12_judge", "domains": ["k13"]}])}
+    response = client.post("/runs/new/", data)
+    assert response.status_code == 400
+    assert "unknown domain &#x27;k13&#x27;" in response.content.decode()
+    assert not Run.objects.exists()
+    # The same form with a known domain creates the run, its spec as typed.
+    response = client.post("/runs/new/", {**data, "rewards": _yaml(SPEC)})
+    assert response.status_code == 302
+    run = Run.objects.get()
+    assert [(t.name, t.weight) for t in run.cfg.rewards] == [
+        ("math_accuracy", 1.0), ("k12_judge", 0.25), ("k12_learned", 0.75)]
+    # The run page shows which grader scores which domain, with its weight.
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    routes = page[page.index('id="reward-routes"'):]
+    k12 = routes[routes.index('data-domain="k12"'):routes.index("</tr>", routes.index('data-domain="k12"'))]
+    assert "0.25 × <code>k12_judge</code>" in k12 and "0.75 × <code>k12_learned</code>" in k12
+    assert "math_accuracy" not in k12
+    math = routes[routes.index('data-domain="math"'):routes.index("</tr>", routes.index('data-domain="math"'))]
+    assert "1.0 × <code>math_accuracy</code>" in math
+    assert "No version yet" in routes  # the learned grader has not been trained
+
+
+@pytest.mark.django_db
+def test_the_cli_names_an_unknown_domain_and_creates_nothing(owner: User, tmp_path: Path) -> None:
+    bad = tmp_path / "run.json"
+    bad.write_text(json.dumps(base_config(rewards=[{"name": "k12_judge", "domains": ["science"]}])))
+    with pytest.raises(CommandError, match=r"rewards\.0\.domains: unknown domain 'science'"):
+        call_command("rft", "create", str(bad), "--name", "x", "--owner", "owner")
+    # A taskset whose K-12 tasks no term scores is refused before it is imported.
+    tasks = tmp_path / "k12.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in k12_records()))
+    only_math = tmp_path / "math.json"
+    only_math.write_text(json.dumps(base_config(rewards=[SPEC[0]])))
+    with pytest.raises(CommandError, match="domain 'k12'"):
+        call_command("rft", "create", str(only_math), "--name", "x", "--owner", "owner", "--taskset", str(tasks))
+    assert not Run.objects.exists() and not Task.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_api_refuses_tasks_of_a_domain_the_run_does_not_score(owner: User) -> None:
+    from tests.envapi.conftest import Api, make_key
+
+    run = make_run(owner=owner, rewards=[SPEC[0], SPEC[1]])
+    api = Api(make_key(run)[1])
+    body = {"tasks": [{"prompt": "What is 2 + 2?", "reference": "4", "domain": "math"},
+                      {"prompt": "Say hi.", "reference": "hi", "domain": "chat"}]}
+    response = api.post(f"/runs/{run.pk}/tasks", body)
+    assert response.status_code == 422, response.content
+    assert "tasks.1.domain" in response.content.decode() and "'chat'" in response.content.decode()
+    assert not Task.objects.exists()
+    body["tasks"][1]["domain"] = "k12"
+    assert api.post(f"/runs/{run.pk}/tasks", body).status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: object, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    from io import StringIO
+
+    from apps.rewards.k12_taskset import k12_taskset_write
+    from apps.runs.demo import DEMO_TASKSET_FILE
+
+    # The demo model is rft_demo_model's business; a directory with its taskset stands in
+    # for the cached build so this test stays fast (the slow tests use the real model).
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
+    settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
+    import apps.runs.management.commands.rft_demo as demo
+
+    monkeypatch.setattr(demo, "call_command", lambda *a, **k: None)  # rft_demo_model: built already
+    out = StringIO()
+    call_command("rft_demo", "--k12", "--password", "pw", stdout=out)
+    call_command("rft_demo", "--k12", "--password", "pw", stdout=StringIO())  # idempotent
+    run = Run.objects.get(name=demo.K12_RUN)
+    assert f"run #{run.pk}" in out.getvalue()
+    assert Run.objects.filter(name=demo.K12_RUN).count() == 1
+    assert run.taskset is not None and run.taskset.tasks.filter(domain="k12").count() == len(k12_records())
+    assert [t.name for t in run.cfg.rewards] == ["k12_judge", "k12_learned"]
+    # The file form of the same taskset imports to the same tasks.
+    path = k12_taskset_write(tmp_path / "k12.jsonl")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == k12_records()
+    assert os.path.getsize(path) > 0
