@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
 from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import metric_record, run_transition
@@ -331,10 +332,20 @@ def test_two_runs_are_compared_on_one_chart(page: Any, owner: User) -> None:
 
 # --- staffing -------------------------------------------------------------------------------
 
+def _pending(run: Run, group: str, n: int) -> None:
+    """`n` completions that wait for people, written as an explorer writes them (announced)."""
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    experience_write(experiences=[experience_row(run, key=f"{group}-{i}", group=group, status="pending", reward=None,
+                                                 auto_reward=0.5) for i in range(n)], announce=True)
+
+
 def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: Any, browser: Any, live_url: str,
                                                                          owner: User) -> None:
     run = running(owner)
     annotator = make_user("ann")
+    _pending(run, "g1", 3)
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
     page.fill("#id_member_username", "nobody")
@@ -354,6 +365,11 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     assert ann_page.inner_text("h1") == "Your runs"
     row = ann_page.locator(f"tr[data-run='{run.pk}']")
     assert row.locator("a.annotate-link").count() == 1
+    # Their home page says what waits for them, and follows new rollouts live.
+    assert "3 waiting" in row.locator("a.annotate-link").inner_text()
+    ann_page.wait_for_selector("#runs-live[data-state=live]")
+    in_a_thread(lambda: _pending(run, "g2", 2))
+    expect(row.locator("a.annotate-link")).to_contain_text("5 waiting", timeout=10_000)
     ann_page.goto(f"/runs/{run.pk}/")
     assert ann_page.locator(".member-add").count() == 0  # only the owner staffs
 
