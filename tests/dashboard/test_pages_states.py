@@ -425,6 +425,12 @@ def test_choosing_an_algorithm_fills_its_defaults_and_a_config_that_cannot_learn
     page.fill("#id_name", "cannot learn")
     page.fill("#id_model", "local/demo")
     page.fill("#id_rewards", "- name: exact_match\n  weight: 0")
+    # GRPO compares completions within a group: one per task is refused beside its field.
+    page.fill("#id_repeat_times", "1")
+    page.click("#run-form button[type=submit]")
+    assert "at least 2 for grpo" in page.inner_text("[data-field=repeat_times] .field-error")
+    assert not Run.objects.exists()
+    page.fill("#id_repeat_times", "8")
     page.click("#run-form button[type=submit]")
     page.wait_for_url("**/runs/*/")
     warnings = " ".join(page.locator("p.warning").all_inner_texts())
