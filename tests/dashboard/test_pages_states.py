@@ -408,6 +408,19 @@ def test_the_page_says_what_a_run_waits_for_and_since_when(page: Any, owner: Use
     assert "the trainer waits for a full batch for step 1: 0 of 32" in batch
     # The human-loop hint for the owner of a run whose policy uses people.
     assert "open the annotation page in a second window" in page.inner_text("#human-loop-hint").replace("\n", " ")
+    # The explorer finishes step 1 (sync mode): step 2 needs the trainer's v1, and the panel
+    # says so without a reload.
+    assert page.locator("#waiting [data-what=version]").count() == 0
+    page.wait_for_selector("#live[data-state=live]")
+    in_another_process(
+        "from apps.runs.models import Run; from apps.runs.services import metric_record\n"
+        f"Run.objects.filter(pk={run.pk}).update(explore_step=1)\n"
+        f"metric_record(run=Run.objects.get(pk={run.pk}), step=1, values={{'explore/reward_mean': 0.5}})"
+    )
+    version = page.locator("#waiting [data-what=version]")
+    expect(version).to_contain_text("the explorer waits for model v1 from the trainer before explore step 2",
+                                    timeout=15_000)
+    assert "since" in version.inner_text()
 
 
 # --- the new-run form: defaults per algorithm, warnings for configs that cannot learn --------
