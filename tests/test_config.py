@@ -20,7 +20,8 @@ def test_a_minimal_config_gets_defaults() -> None:
         ({"model": "m", "sampling": {"temprature": 1}}, "sampling.temprature", "unknown key 'temprature'"),
         ({"model": "m", "colour": "red"}, "colour", "unknown key 'colour'"),
         ({"model": "m", "rewards": [{"name": "nope"}]}, "rewards.0.name", "unknown reward 'nope'"),
-        ({"model": "m", "repeat_times": 1}, "", "repeat_times must be at least 2"),
+        ({"model": "m", "repeat_times": 1}, "repeat_times", "repeat_times must be at least 2"),
+        ({"model": "m", "feedback": {"mode": "learned"}}, "feedback.mode", "needs reward_model.enabled"),
         ({"model": "m", "feedback": {"mode": "blend", "w_auto": 0, "w_human": 0}}, "feedback", "w_auto + w_human > 0"),
     ],
 )

@@ -29,6 +29,15 @@ class Mode(StrEnum):
     TRAIN = "train"
 
 
+class FieldConflict(ValueError):
+    """A model validator's error about one field (its dotted path from the model's root), so
+    that forms and the API report it beside that field rather than the whole config."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class _Strict(BaseModel):
     # No NaN or infinity (jsonb cannot hold them; `1e400` parses as infinity).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -334,9 +343,10 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
-            raise ValueError("repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
+            raise FieldConflict("repeat_times",
+                                "repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
         if self.feedback.mode == "learned" and not self.reward_model.enabled:
-            raise ValueError("feedback.mode learned needs reward_model.enabled")
+            raise FieldConflict("feedback.mode", "feedback.mode learned needs reward_model.enabled")
         return self
 
     @field_validator("eval")
@@ -359,6 +369,9 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
     errors: dict[str, str] = {}
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldConflict):
+            field = ".".join(p for p in (field, cause.field) if p)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown key {str(err['loc'][-1])!r}"

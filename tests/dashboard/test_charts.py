@@ -63,6 +63,7 @@ def test_smoothing_averages_the_curve_and_hovering_shows_the_values_at_the_curso
         metric_record(run=run, step=step, values={"loss": value})
     open_run(page, owner, run, "loss")
     assert plot(page, "loss", "u.data[1]") == raw
+    assert page.locator("#section-loss #chart-loss").count() == 1  # in its section: loss and KL
 
     page.locator("#chart-smooth").fill("0.5")
     expect(page.locator("#chart-smooth-value")).to_have_text("0.5")
@@ -105,6 +106,9 @@ def test_a_drag_zooms_the_chart_the_zoom_survives_live_points_and_a_double_click
                        f"metric_record(run=Run.objects.get(pk={run.pk}), step=11, values={{'reward/mean': 0.05}})")
     expect(page.locator("#chart-reward")).to_have_attribute("data-points", "11", timeout=15_000)
     assert plot(page, "reward", "u.data[0].length") == 11
+    # One compact line says what just happened; the raw events stay folded away.
+    assert "metrics at step 11" in page.inner_text("#live-line")
+    assert page.locator("details.event-details").get_attribute("open") is None
     assert plot(page, "reward", "[u.scales.x.min, u.scales.x.max]") == [low, high]
 
     page.dblclick("#chart-reward .u-over")
