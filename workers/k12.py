@@ -7,7 +7,8 @@ reward part and the reason in the experience's `metadata["reward_reasons"]`.
 - `k12_judge_verdicts`: the judge model through a rollout engine of workers/engines (the
   worker's resident engine for that model, vLLM or transformers), greedy. A verdict without
   a readable "Score: N" in range scores 0, its reason says why and is logged: a judge's
-  malformed output never fails the step.
+  malformed output never fails the step. So does a prompt longer than the judge model's
+  context (the demo model's 256 tokens cannot hold one: use a judge with a longer context).
 - `k12_learned_verdicts`: the run's newest K12Grader version, trained first when one is due
   (`k12_grader_train_run`: graded answers -> preference pairs per question -> TRL's
   RewardTrainer through workers.reward_trainer.reward_model_fit, held-out accuracy on whole
@@ -129,14 +130,26 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run:
     if not model:
         raise ValueError("k12_judge needs params.model or a run whose model judges")
     engine = judge_engine_for(model=model, kind=params.engine)
-    prompts = [
-        prompt_ids(engine.tokenizer, text=k12_judge_prompt(task=t, answer=c, params=params))[-params.max_prompt_tokens:]
-        for c, t in zip(completions, tasks, strict=True)
-    ]
-    outputs = engine.generate(prompts, n=1, sampling=SamplingSpec(temperature=0.0, max_tokens=params.max_tokens))
+    # A prompt the judge model cannot read whole is not judged: cut, it would lose the
+    # question or the answer, and vLLM refuses it outright.
+    context = int(getattr(engine, "max_model_len", 0) or 0)
+    budget = min(params.max_prompt_tokens, context - params.max_tokens) if context else params.max_prompt_tokens
+    prompts = [prompt_ids(engine.tokenizer, text=k12_judge_prompt(task=t, answer=c, params=params))
+               for c, t in zip(completions, tasks, strict=True)]
+    fits = [i for i, p in enumerate(prompts) if len(p) <= budget]
+    texts: dict[int, str] = {}
+    if fits:
+        outputs = engine.generate([prompts[i] for i in fits], n=1,
+                                  sampling=SamplingSpec(temperature=0.0, max_tokens=params.max_tokens))
+        texts = {i: samples[0].text for i, samples in zip(fits, outputs, strict=True)}
     verdicts = []
-    for samples in outputs:
-        score, reason = k12_verdict_parse(samples[0].text, scale=params.scale)
+    for i, prompt in enumerate(prompts):
+        if i in texts:
+            score, reason = k12_verdict_parse(texts[i], scale=params.scale)
+        else:
+            score, reason = None, (f"the judge prompt has {len(prompt)} tokens; the judge model {model} reads at most "
+                                   f"{budget} (context {context or 'unknown'} less max_tokens {params.max_tokens}, "
+                                   f"max_prompt_tokens {params.max_prompt_tokens}): use a judge with a longer context")
         if score is None:
             log.warning("k12_judge scores 0: %s", reason)
         verdicts.append(Verdict(0.0 if score is None else score, reason))

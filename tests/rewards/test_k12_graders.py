@@ -168,18 +168,6 @@ LEARNED = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192, "heldout_share
 
 @pytest.mark.slow
 @pytest.mark.django_db
-def test_the_judge_runs_through_the_runs_rollout_engine_on_the_demo_model(owner: User, demo_model_dir: Path) -> None:
-    from workers.engines import engine_cached
-
-    run = _k12_run(owner, model=str(demo_model_dir))
-    verdicts = k12_judge_verdicts(["Carbon dioxide.", "oxygen"], [TASK] * 2, run=run, max_tokens=16)
-    # The demo model knows arithmetic, not grading: whatever it says is a verdict in range.
-    assert len(verdicts) == 2 and all(0.0 <= v.score <= 1.0 and v.reason for v in verdicts)
-    assert engine_cached(type("Cfg", (), {"engine": "transformers", "model": str(demo_model_dir)})())
-
-
-@pytest.mark.slow
-@pytest.mark.django_db
 def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: User, demo_model_dir: Path) -> None:
     from workers.k12 import k12_grader_train_run
     from apps.rewards.k12 import learned_params

@@ -59,9 +59,11 @@ Use *skip* when you cannot tell.
 
 
 def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
-    """GRPO on the shipped K-12 taskset, scored half by the reference-guided judge (the demo
-    model itself judges: it knows arithmetic, not grading, so expect low, noisy verdicts) and
-    half by the learned grader trained on the taskset's graded answers and people's ratings."""
+    """GRPO on the shipped K-12 taskset, scored half by the reference-guided judge and half by
+    the learned grader trained on the taskset's graded answers and people's ratings. The judge
+    is the run's own model: the demo model's 256-token context cannot hold the judge's prompt,
+    so its verdicts are 0 with that reason (set params.model to a local instruction model with
+    a longer context to see real ones); the learned grader's part carries the signal."""
     return {
         **demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
         "sampling": {"temperature": 1.0, "max_tokens": 24},
