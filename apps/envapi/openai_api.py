@@ -10,8 +10,10 @@ API keys (the environment API's, made on the run's Keys page) as the api key:
 - `GET models`: `run-<id>` (the current version) and `run-<id>@v<N>` for each version.
 
 Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: true` the
-chunks go out once the worker has answered (the rollout engines generate whole completions),
-a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
+text goes out as the worker samples it (the transformers engine; `apps/envapi/token_stream.py`),
+holding back what may be a stop string or a tool call, which come from the whole answer at the
+end with the finish reason; where the engine cannot stream (vLLM here), the request asks for
+logprobs, or there is no Redis, the chunks go out once the answer is whole, a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
 (`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
 502/503 when no rollout worker answers.
@@ -22,6 +24,7 @@ A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_sessi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -43,6 +46,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.envapi import openai_services as oa
+from apps.envapi import token_stream
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
 from apps.hygiene import InputRejected, tree_check
@@ -176,10 +180,24 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
             raise oa.OpenAIError(405, "use POST", code="method_not_allowed")
         run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, kind)
         build = oa.chat_request_build if kind == "chat" else oa.completion_request_build
-        answer = await _generate(run, build(req=req, version=version))  # type: ignore[arg-type]
-        if session is not None:
-            await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
-                                                         answer=answer)
+        body = build(req=req, version=version)  # type: ignore[arg-type]
+
+        async def answer_recorded() -> dict[str, Any]:
+            answer = await _generate(run, body)
+            if session is not None:
+                await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
+                                                             answer=answer)
+            return answer
+
+        key = token_stream.stream_key_new() if oa.live_streamable(req) else None
+        if key is not None:
+            body["stream_key"] = key
+            live = await _live(kind=kind, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key)
+            if isinstance(live, StreamingHttpResponse):
+                return live
+            answer = live
+        else:
+            answer = await answer_recorded()
     except oa.OpenAIError as exc:
         return _error(exc)
     env = oa.envelope(kind=kind, model=req.model, run=run, version=int(answer["model_version"]))
@@ -190,6 +208,84 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     if req.stream:
         return _sse(oa.completion_chunks(req=req, answer=answer, env=env))
     return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
+
+
+async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]], key: str) -> Any:
+    """Token-by-token streaming: a StreamingHttpResponse once the worker has started
+    generating (its first event), or the answer itself when the job ends first (a refusal,
+    which raises here as a 4xx; an engine that cannot stream; a short answer)."""
+    # The job records the session's call even if the client goes away mid-stream.
+    job.add_done_callback(lambda f: f.cancelled() or f.exception())
+    reader = token_stream.StreamReader(key)
+    try:
+        while True:
+            first = await reader.next(timeout=0.5)
+            if first is not None or job.done():
+                break
+    except BaseException:
+        await reader.close()
+        raise
+    if first is None:
+        await reader.close()
+        return await job
+    return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first))
+
+
+async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]],
+                       reader: token_stream.StreamReader, first: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    env = oa.envelope(kind=kind, model=req.model, run=run, version=run.current_version)
+    texts = [oa.LiveText(oa.live_markers(req)) for _ in range(req.n)]
+    try:
+        if kind == "chat":
+            for chunk in oa.chat_live_head(req=req, env=env):
+                yield chunk
+        event: dict[str, Any] | None = first
+        while True:
+            if event is None:
+                if job.done():
+                    event = await reader.next(timeout=0)  # what was pushed before the answer came
+                    if event is None:
+                        break
+                else:
+                    event = await reader.next(timeout=0.5)
+                    continue
+            if event.get("t") == "end":
+                break
+            for i, piece in enumerate(event.get("p") or []):
+                text = texts[i].add(str(piece)) if i < len(texts) else ""
+                if text:
+                    yield (oa.chat_live_piece(req=req, env=env, index=i, text=text) if kind == "chat"
+                           else oa.completion_live_piece(env=env, index=i, text=text))
+            event = None
+        try:
+            answer = await asyncio.shield(job)
+        except oa.OpenAIError as exc:
+            yield exc.body()
+            return
+        # The version that really answered (a new one may have been published meanwhile).
+        env = oa.Envelope(id=env.id, created=env.created, model=env.model,
+                          fingerprint=f"rft-run{run.pk}-v{int(answer['model_version'])}")
+        tail = (oa.chat_live_tail(req=req, answer=answer, env=env, live=texts) if kind == "chat"
+                else oa.completion_live_tail(req=req, answer=answer, env=env, live=texts))
+        for chunk in tail:
+            yield chunk
+    finally:
+        await reader.close()
+
+
+def _sse_async(chunks: AsyncIterator[dict[str, Any]]) -> StreamingHttpResponse:
+    async def stream() -> AsyncIterator[str]:
+        failed = False
+        async for chunk in chunks:
+            failed = failed or "error" in chunk
+            yield f"data: {json.dumps(chunk, separators=(',', ':'), ensure_ascii=False)}\n\n"
+        if not failed:
+            yield "data: [DONE]\n\n"
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 @csrf_exempt
