@@ -140,7 +140,9 @@ def test_a_stream_sends_the_text_while_the_model_is_still_generating(
         if kind == "chat":
             return client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 1 + 2?"}],
                                                   max_tokens=400, temperature=0, **kw)
-        return client.completions.create(model=model, prompt="What is 1 + 2?", max_tokens=400, temperature=0, **kw)
+        # The chat prompt as text: the same greedy ramble.
+        return client.completions.create(model=model, prompt="<|user|>What is 1 + 2?<|end|><|assistant|>", max_tokens=400,
+                                         temperature=0, **kw)
 
     create()  # the worker loads the model
     started = time.perf_counter()
