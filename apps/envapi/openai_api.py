@@ -28,6 +28,7 @@ import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -114,22 +115,46 @@ def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
         raise oa.OpenAIError(400, f"{loc}: {message}" if loc else message, param=loc, code="invalid_value") from None
 
 
+# The endpoint's database work (key, run, session, recording a call) runs on these few
+# threads, each keeping its connection between requests. Run on a thread of the request's
+# own (sync_to_async's default under ASGI), each call opened a new Postgres connection and
+# closed it after: a backend started per request, ~30 ms wall and a few ms of CPU on a busy
+# host, where 16 concurrent agents otherwise held 16-22 idle connections. A call here spends
+# its time waiting for generation, not in the database, so a few threads serve many agents.
+DB_THREADS = 4
+_db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="openai-db")
+
+
+def _connection_check() -> None:
+    """What Django's per-request check does, minus the age limit: a connection that failed
+    and is no longer usable is dropped (the next query opens a new one)."""
+    if connection.connection is not None and connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
 def _in_thread(fn: Any) -> Any:
-    """`fn` run by sync_to_async, its database connection closed when it returns. Under ASGI
-    each request's sync calls run on a thread of their own, which keeps its connection for
-    CONN_MAX_AGE: 16 concurrent agents held 16-22 Postgres connections between calls (and a
-    shared Postgres ran out). A call here spends its time waiting for generation, not in
-    the database, so reconnecting costs little."""
+    """`fn` run off the event loop with a database connection: on the endpoint's pool of
+    threads, or, on the embedded default (SQLite, one process), on the request's own thread
+    with its connection closed after."""
+    if settings.EMBEDDED:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                # Not inside a transaction someone else holds (a test's, on the caller's thread).
+                if not connection.in_atomic_block:
+                    connection.close()
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            # Not inside a transaction someone else holds (a test's, on the caller's thread).
-            if not connection.in_atomic_block:
-                connection.close()
+        return sync_to_async(run)
 
-    return sync_to_async(run)
+    def pooled(*args: Any, **kwargs: Any) -> Any:
+        _connection_check()
+        return fn(*args, **kwargs)
+
+    return sync_to_async(pooled, thread_sensitive=False, executor=_db_pool)
 
 
 def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[Any, ...]:
