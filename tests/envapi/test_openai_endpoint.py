@@ -102,7 +102,8 @@ def test_a_stream_sends_chunks_that_add_up_to_the_whole_answer(stack: str, agent
     kwargs: dict[str, Any] = {"model": f"run-{agent_run.pk}", "messages": conversation(2, 3)[:1], "tools": [CALC_TOOL],
                               "max_tokens": 60, "temperature": 0}
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True},
+                                                 extra_headers={"X-Rft-Session": "streamed"}))
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,6 +114,9 @@ def test_a_stream_sends_chunks_that_add_up_to_the_whole_answer(stack: str, agent
         (tc.function.name, tc.function.arguments) for tc in whole.choices[0].message.tool_calls or []]
     assert finish == [whole.choices[0].finish_reason]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # A streamed call of a session is recorded like any other, by the time the stream ends.
+    [recorded] = AgentCall.objects.filter(session__run=agent_run, session__name="streamed")
+    assert len(recorded.choices[0]["token_ids"]) == whole.usage.completion_tokens
 
 
 @pytest.fixture(scope="module")
