@@ -8,7 +8,8 @@ Sixteen concurrent clients send the same chat completions three ways, one after 
 - `endpoint`: the official `openai` client against daphne, through auth, validation, the
   rollout queue and the response shaping.
 
-Prints requests/s and p50/p99 latency of each with the load average beside them, and on the
+Prints requests/s and p50/p99 latency of each with the load average beside them, the CPU
+milliseconds per request of each process taking part (this one, the worker, daphne), and on the
 last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
 throughput). The rollout engines serve one generation at a time per worker, so with 16
 clients the latency is mostly queueing; the ratio says what the endpoint adds to that.
@@ -47,6 +48,25 @@ def _free_port() -> int:
 
 def _load() -> str:
     return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Cpu:
+    """CPU milliseconds per request spent by each named process during a phase: on a busy
+    host wall-clock latency is mostly waiting for a core, CPU time is what each part costs."""
+
+    def __init__(self, **pids: int) -> None:
+        self.pids = pids
+        self.start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+
+    def per_request(self, requests: int) -> str:
+        return ", ".join(f"{name} {1000 * (_cpu_seconds(pid) - self.start[name]) / requests:.1f}"
+                         for name, pid in self.pids.items())
 
 
 def _hammer(call: Callable[[int], None], *, clients: int, per_client: int) -> tuple[float, list[float]]:
@@ -119,8 +139,10 @@ def main() -> None:
     sampling = SamplingSpec(temperature=1.0, max_tokens=args.tokens)
     prompts = [chat_prompt_ids(engine.tokenizer, messages=m, tools=None) for m in messages]
     engine.generate(prompts[:2], n=1, sampling=sampling)
+    cpu = _Cpu(bench=os.getpid())
     rows = {"engine": _report("engine", *_hammer(lambda i: engine.generate([prompts[i]], n=1, sampling=sampling),
                                                   clients=args.clients, per_client=args.requests))}
+    print(f"          CPU ms per request: {cpu.per_request(total)}")
     if hasattr(engine, "close"):
         engine.close()
     del engine
@@ -146,7 +168,9 @@ def main() -> None:
             assert "error" not in answer, answer
 
         by_celery(0)  # the worker loads its engine
+        cpu = _Cpu(worker=worker.pid, bench=os.getpid())
         rows["celery"] = _report("celery", *_hammer(by_celery, clients=args.clients, per_client=args.requests))
+        print(f"          CPU ms per request: {cpu.per_request(total)}")
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/api/v1/runs/{run.pk}/openai/v1", api_key=key,
                                max_retries=0, timeout=600)
@@ -163,7 +187,9 @@ def main() -> None:
         def by_endpoint(i: int) -> None:
             client.chat.completions.create(model=f"run-{run.pk}", messages=messages[i], max_tokens=args.tokens, temperature=1.0)
 
+        cpu = _Cpu(worker=worker.pid, daphne=server.pid, bench=os.getpid())
         rows["endpoint"] = _report("endpoint", *_hammer(by_endpoint, clients=args.clients, per_client=args.requests))
+        print(f"          CPU ms per request: {cpu.per_request(total)}")
     finally:
         for proc in (server, worker):
             proc.terminate()

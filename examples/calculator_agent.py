@@ -14,6 +14,9 @@ next calls use.
 
     python examples/calculator_agent.py --url http://127.0.0.1:8000 --key rft_… --run 1 --rounds 20
 
+On the demo model (`manage.py rft_demo_model`, a 256-token context) add `--compact-tool`: the
+full tool definition alone takes ~350 of its tokens.
+
 Needs `openai` and httpx (through `rftweb/client.py`).
 """
 
@@ -28,6 +31,7 @@ import re
 import sys
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +45,10 @@ CALC_TOOL: dict[str, Any] = {
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
     },
 }
+# The same tool described by its name alone: the chat template's tool preamble plus this
+# definition is ~175 tokens on the demo model's tokenizer (the full one ~350), which leaves
+# room for a question and two turns in its 256-token context (`--compact-tool`).
+CALC_TOOL_COMPACT: dict[str, Any] = {"type": "function", "function": {"name": "calc"}}
 _ANSWER = re.compile(r"<answer>\s*(-?\d+(?:\.\d+)?)\s*</answer>")
 _OPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -90,18 +98,35 @@ class Episode:
     parts: dict[str, float]
 
 
+def _expression(arguments: str | None) -> str:
+    """The expression a call asks for: its `expression` argument, else its first string one."""
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return ""
+    if not isinstance(args, dict):
+        return ""
+    if "expression" in args:
+        return str(args["expression"])
+    return next((str(v) for v in args.values() if isinstance(v, (str, int, float))), "")
+
+
 def episode_play(openai_client: Any, *, model: str, task: dict[str, Any], max_turns: int, max_tokens: int,
-                 temperature: float) -> Episode:
-    """One conversation on one task, as any agent framework would have it."""
+                 temperature: float, tool: dict[str, Any] | None = None, seed: int | None = None,
+                 record: bool = True) -> Episode:
+    """One conversation on one task, as any agent framework would have it. `record`: name the
+    session and task so the platform keeps the calls for training (off for an evaluation);
+    `seed`: the sampling seed of the first call (the next turns take the following ones)."""
     session = f"calc-{task['attempt_id']}-{uuid.uuid4().hex[:8]}"
-    headers = {"X-Rft-Session": session, "X-Rft-Task": str(task["task_id"])}
+    headers = {"X-Rft-Session": session, "X-Rft-Task": str(task["task_id"])} if record else {}
     messages: list[dict[str, Any]] = list(task.get("messages") or [{"role": "user", "content": task["prompt"]}])
     answer, turns, tool_calls = "", 0, 0
     while turns < max_turns:
         turns += 1
+        extra: dict[str, Any] = {} if seed is None else {"seed": seed + turns - 1}
         reply = openai_client.chat.completions.create(
-            model=model, messages=messages, tools=[CALC_TOOL], tool_choice="auto", max_tokens=max_tokens,
-            temperature=temperature, extra_headers=headers,
+            model=model, messages=messages, tools=[tool or CALC_TOOL], tool_choice="auto", max_tokens=max_tokens,
+            temperature=temperature, extra_headers=headers, **extra,
         )
         message = reply.choices[0].message
         if not message.tool_calls:
@@ -111,40 +136,43 @@ def episode_play(openai_client: Any, *, model: str, task: dict[str, Any], max_tu
                          "tool_calls": [c.model_dump() for c in message.tool_calls]})
         for call in message.tool_calls:
             tool_calls += 1
-            try:
-                expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))
-            except (json.JSONDecodeError, AttributeError):
-                expression = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(expression)})
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(_expression(call.function.arguments))})
     reward, parts = reward_of(answer, task.get("reference"))
     return Episode(session=session, task_id=int(task["task_id"]), turns=turns, tool_calls=tool_calls, answer=answer,
                    reward=reward, parts=parts)
 
 
 def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, tasks_per_round: int, group: int,
-              max_turns: int = 3, max_tokens: int = 16, temperature: float = 1.0,
-              log: Callable[[str], None] = print) -> list[list[Episode]]:
-    """`rounds` rounds of `tasks_per_round` tasks, `group` episodes each; every episode's
-    session is finished with its reward. Returns the episodes per round."""
+              max_turns: int = 3, max_tokens: int = 16, temperature: float = 1.0, tool: dict[str, Any] | None = None,
+              seed: int | None = None, concurrency: int = 1, log: Callable[[str], None] = print) -> list[list[Episode]]:
+    """`rounds` rounds of `tasks_per_round` tasks, `group` episodes each, `concurrency` of them
+    at a time; every episode's session is finished with its reward. Returns the episodes per
+    round, in order. With `seed`, episode k samples with seed `seed + 1000·k` (its turns with
+    the next ones): the same model versions sample the same tokens, in any order."""
     model = f"run-{run_id}"
     history: list[list[Episode]] = []
-    for r in range(rounds):
-        claim = env.claim_tasks(run_id, size=tasks_per_round, worker="calculator-agent")
-        if not claim["tasks"]:
-            log("no task left to claim")
-            break
-        episodes: list[Episode] = []
-        for task in claim["tasks"]:
-            for _ in range(group):
-                episode = episode_play(openai_client, model=model, task=task, max_turns=max_turns, max_tokens=max_tokens,
-                                       temperature=temperature)
-                env.finish_session(run_id, episode.session, reward=episode.reward, reward_parts=episode.parts)
-                episodes.append(episode)
-        env.finish_tasks(run_id, attempt_ids=[t["attempt_id"] for t in claim["tasks"]], worker="calculator-agent")
-        history.append(episodes)
-        mean = sum(e.reward for e in episodes) / len(episodes)
-        calls = sum(e.tool_calls for e in episodes)
-        log(f"round {r}: {len(episodes)} episodes, mean reward {mean:.3f}, {calls} tool calls")
+    played = 0
+
+    def play(task: dict[str, Any], k: int) -> Episode:
+        episode = episode_play(openai_client, model=model, task=task, max_turns=max_turns, max_tokens=max_tokens,
+                               temperature=temperature, tool=tool, seed=None if seed is None else seed + 1000 * k)
+        env.finish_session(run_id, episode.session, reward=episode.reward, reward_parts=episode.parts)
+        return episode
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for r in range(rounds):
+            claim = env.claim_tasks(run_id, size=tasks_per_round, worker="calculator-agent")
+            if not claim["tasks"]:
+                log("no task left to claim")
+                break
+            jobs = [(task, played + i * group + j) for i, task in enumerate(claim["tasks"]) for j in range(group)]
+            played += len(jobs)
+            episodes = list(pool.map(lambda job: play(*job), jobs))
+            env.finish_tasks(run_id, attempt_ids=[t["attempt_id"] for t in claim["tasks"]], worker="calculator-agent")
+            history.append(episodes)
+            mean = sum(e.reward for e in episodes) / len(episodes)
+            calls = sum(e.tool_calls for e in episodes)
+            log(f"round {r}: {len(episodes)} episodes, mean reward {mean:.3f}, {calls} tool calls")
     return history
 
 
@@ -160,11 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
+    parser.add_argument("--concurrency", type=int, default=1, help="episodes played at a time")
+    parser.add_argument("--compact-tool", action="store_true",
+                        help="describe the tool by its name only (fits models with a short context, e.g. the demo model)")
     args = parser.parse_args(argv)
     if not args.key:
         parser.error("give --key or set RFT_API_KEY")
-    if min(args.rounds, args.tasks, args.group, args.max_turns, args.max_tokens) < 1:
-        parser.error("--rounds, --tasks, --group, --max-turns and --max-tokens must be at least 1")
+    if min(args.rounds, args.tasks, args.group, args.max_turns, args.max_tokens, args.concurrency) < 1:
+        parser.error("--rounds, --tasks, --group, --max-turns, --max-tokens and --concurrency must be at least 1")
     import openai
 
     client = openai.OpenAI(base_url=f"{args.url.rstrip('/')}/api/v1/runs/{args.run}/openai/v1", api_key=args.key,
@@ -173,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             history = agent_run(env=env, openai_client=client, run_id=args.run, rounds=args.rounds,
                                 tasks_per_round=args.tasks, group=args.group, max_turns=args.max_turns,
-                                max_tokens=args.max_tokens, temperature=args.temperature)
+                                max_tokens=args.max_tokens, temperature=args.temperature,
+                                tool=CALC_TOOL_COMPACT if args.compact_tool else CALC_TOOL, seed=args.seed,
+                                concurrency=args.concurrency)
         except ApiError as exc:
             print(f"calculator_agent: the environment API said {exc}", file=sys.stderr)
             return 1

@@ -171,3 +171,23 @@ def test_the_loop_sends_every_running_runs_next_step_and_only_theirs(owner: Any,
     assert sorted(args for _, args, _ in sent) == sorted([[a.pk, 1], [b.pk, 1]])
     runs_conduct()  # the next beat: both steps are still out, nothing is sent twice
     assert len(sent) == 2
+
+
+def test_a_train_mode_run_waits_while_an_environment_works_on_its_tasks(owner: Any, sent: list[Any]) -> None:
+    """An agent (or any environment) that claimed a train-mode run's tasks will send their
+    experiences: the run does not finish on an empty buffer meanwhile; once no task is queued
+    or leased, an empty buffer ends it as before."""
+    run = _running(owner, mode="train", total_steps=5)
+    [attempt] = task_claim(run=run, worker="agent", size=1)
+    orchestration.run_advance(run=run)
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    # The rest of the epoch is still queued after the leased one is done.
+    TaskAttempt.objects.filter(pk=attempt.pk).update(status=TaskAttempt.Status.DONE)
+    orchestration.run_advance(run=run)
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    TaskAttempt.objects.filter(run=run).update(status=TaskAttempt.Status.DONE)
+    orchestration.run_advance(run=run)
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED and not sent

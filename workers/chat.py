@@ -130,6 +130,59 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
 
+class _Pieces:
+    """Incremental detokenisation of each row as its tokens arrive (what `token_pieces` does
+    for a whole completion): a row's pieces join to its decoded text; a row that ended (end
+    of sequence, or padding after a stop) adds nothing more."""
+
+    def __init__(self, tokenizer: Any, rows: int, eos: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = eos
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.texts = [""] * rows
+        self.done = [False] * rows
+
+    def step(self, tokens: Sequence[int]) -> list[str]:
+        pieces = []
+        for row, token in enumerate(tokens):
+            if self.done[row]:
+                pieces.append("")
+                continue
+            self.ids[row].append(int(token))
+            self.done[row] = int(token) in self.eos
+            text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+            if text.endswith("\ufffd"):  # a character's bytes not all there yet
+                pieces.append("")
+                continue
+            pieces.append(text[len(self.texts[row]):])
+            self.texts[row] = text
+        return pieces
+
+
+def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampling: Any, key: str) -> Any:
+    """`engine.generate` with each decoding step's text pushed to the web process
+    (apps/envapi/token_stream.py) while the generation goes on."""
+    from apps.envapi.token_stream import StreamWriter
+
+    writer = StreamWriter(key)
+    tokenizer = engine.tokenizer
+    eos = {t for t in (tokenizer.eos_token_id,) if t is not None}
+    config_eos = getattr(getattr(getattr(engine, "model", None), "generation_config", None), "eos_token_id", None)
+    eos |= set(config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else [])
+    pieces = _Pieces(tokenizer, n, eos)
+
+    def on_tokens(tokens: list[int]) -> None:
+        step = pieces.step(tokens)
+        if any(step):
+            writer.push({"t": "tok", "p": step})
+
+    writer.push({"t": "start"})
+    try:
+        return engine.generate(prompts, n=n, sampling=sampling, on_tokens=on_tokens)
+    finally:
+        writer.push({"t": "end"})
+
+
 def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     """Serve one request: {"kind": "chat"|"completion", "messages"|"prompts", "tools",
     "tool_choice", "n", "sampling": {...}, "version"}. Returns {"model_version", "prompts":
@@ -182,7 +235,11 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
                 f"the prompt ({len(p)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the model's context of {context}",
                 param="max_tokens", code="context_length_exceeded",
             )
-    outputs = engine.generate(prompts, n=n, sampling=sampling)
+    stream_key = request.get("stream_key")
+    if stream_key and len(prompts) == 1 and getattr(engine, "streams_tokens", False):
+        outputs = _generate_streaming(engine, prompts, n=n, sampling=sampling, key=str(stream_key))
+    else:
+        outputs = engine.generate(prompts, n=n, sampling=sampling)
     parse = kind == "chat" and bool(tools) and tool_choice != "none"
     answer_prompts = []
     for prompt, samples in zip(prompts, outputs, strict=True):

@@ -10,8 +10,10 @@ API keys (the environment API's, made on the run's Keys page) as the api key:
 - `GET models`: `run-<id>` (the current version) and `run-<id>@v<N>` for each version.
 
 Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: true` the
-chunks go out once the worker has answered (the rollout engines generate whole completions),
-a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
+text goes out as the worker samples it (the transformers engine; `apps/envapi/token_stream.py`),
+holding back what may be a stop string or a tool call, which come from the whole answer at the
+end with the finish reason; where the engine cannot stream (vLLM here), the request asks for
+logprobs, or there is no Redis, the chunks go out once the answer is whole, a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
 (`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
 502/503 when no rollout worker answers.
@@ -22,9 +24,11 @@ A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_sessi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -43,6 +47,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.envapi import openai_services as oa
+from apps.envapi import token_stream
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
 from apps.hygiene import InputRejected, tree_check
@@ -110,22 +115,46 @@ def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
         raise oa.OpenAIError(400, f"{loc}: {message}" if loc else message, param=loc, code="invalid_value") from None
 
 
+# The endpoint's database work (key, run, session, recording a call) runs on these few
+# threads, each keeping its connection between requests. Run on a thread of the request's
+# own (sync_to_async's default under ASGI), each call opened a new Postgres connection and
+# closed it after: a backend started per request, ~30 ms wall and a few ms of CPU on a busy
+# host, where 16 concurrent agents otherwise held 16-22 idle connections. A call here spends
+# its time waiting for generation, not in the database, so a few threads serve many agents.
+DB_THREADS = 4
+_db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="openai-db")
+
+
+def _connection_check() -> None:
+    """What Django's per-request check does, minus the age limit: a connection that failed
+    and is no longer usable is dropped (the next query opens a new one)."""
+    if connection.connection is not None and connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
 def _in_thread(fn: Any) -> Any:
-    """`fn` run by sync_to_async, its database connection closed when it returns. Under ASGI
-    each request's sync calls run on a thread of their own, which keeps its connection for
-    CONN_MAX_AGE: 16 concurrent agents held 16-22 Postgres connections between calls (and a
-    shared Postgres ran out). A call here spends its time waiting for generation, not in
-    the database, so reconnecting costs little."""
+    """`fn` run off the event loop with a database connection: on the endpoint's pool of
+    threads, or, on the embedded default (SQLite, one process), on the request's own thread
+    with its connection closed after."""
+    if settings.EMBEDDED:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                # Not inside a transaction someone else holds (a test's, on the caller's thread).
+                if not connection.in_atomic_block:
+                    connection.close()
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            # Not inside a transaction someone else holds (a test's, on the caller's thread).
-            if not connection.in_atomic_block:
-                connection.close()
+        return sync_to_async(run)
 
-    return sync_to_async(run)
+    def pooled(*args: Any, **kwargs: Any) -> Any:
+        _connection_check()
+        return fn(*args, **kwargs)
+
+    return sync_to_async(pooled, thread_sensitive=False, executor=_db_pool)
 
 
 def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[Any, ...]:
@@ -176,10 +205,24 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
             raise oa.OpenAIError(405, "use POST", code="method_not_allowed")
         run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, kind)
         build = oa.chat_request_build if kind == "chat" else oa.completion_request_build
-        answer = await _generate(run, build(req=req, version=version))  # type: ignore[arg-type]
-        if session is not None:
-            await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
-                                                         answer=answer)
+        body = build(req=req, version=version)  # type: ignore[arg-type]
+
+        async def answer_recorded() -> dict[str, Any]:
+            answer = await _generate(run, body)
+            if session is not None:
+                await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
+                                                             answer=answer)
+            return answer
+
+        key = token_stream.stream_key_new() if oa.live_streamable(req) else None
+        if key is not None:
+            body["stream_key"] = key
+            live = await _live(kind=kind, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key)
+            if isinstance(live, StreamingHttpResponse):
+                return live
+            answer = live
+        else:
+            answer = await answer_recorded()
     except oa.OpenAIError as exc:
         return _error(exc)
     env = oa.envelope(kind=kind, model=req.model, run=run, version=int(answer["model_version"]))
@@ -190,6 +233,84 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     if req.stream:
         return _sse(oa.completion_chunks(req=req, answer=answer, env=env))
     return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
+
+
+async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]], key: str) -> Any:
+    """Token-by-token streaming: a StreamingHttpResponse once the worker has started
+    generating (its first event), or the answer itself when the job ends first (a refusal,
+    which raises here as a 4xx; an engine that cannot stream; a short answer)."""
+    # The job records the session's call even if the client goes away mid-stream.
+    job.add_done_callback(lambda f: f.cancelled() or f.exception())
+    reader = token_stream.StreamReader(key)
+    try:
+        while True:
+            first = await reader.next(timeout=0.5)
+            if first is not None or job.done():
+                break
+    except BaseException:
+        await reader.close()
+        raise
+    if first is None:
+        await reader.close()
+        return await job
+    return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first))
+
+
+async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]],
+                       reader: token_stream.StreamReader, first: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    env = oa.envelope(kind=kind, model=req.model, run=run, version=run.current_version)
+    texts = [oa.LiveText(oa.live_markers(req)) for _ in range(req.n)]
+    try:
+        if kind == "chat":
+            for chunk in oa.chat_live_head(req=req, env=env):
+                yield chunk
+        event: dict[str, Any] | None = first
+        while True:
+            if event is None:
+                if job.done():
+                    event = await reader.next(timeout=0)  # what was pushed before the answer came
+                    if event is None:
+                        break
+                else:
+                    event = await reader.next(timeout=0.5)
+                    continue
+            if event.get("t") == "end":
+                break
+            for i, piece in enumerate(event.get("p") or []):
+                text = texts[i].add(str(piece)) if i < len(texts) else ""
+                if text:
+                    yield (oa.chat_live_piece(req=req, env=env, index=i, text=text) if kind == "chat"
+                           else oa.completion_live_piece(env=env, index=i, text=text))
+            event = None
+        try:
+            answer = await asyncio.shield(job)
+        except oa.OpenAIError as exc:
+            yield exc.body()
+            return
+        # The version that really answered (a new one may have been published meanwhile).
+        env = oa.Envelope(id=env.id, created=env.created, model=env.model,
+                          fingerprint=f"rft-run{run.pk}-v{int(answer['model_version'])}")
+        tail = (oa.chat_live_tail(req=req, answer=answer, env=env, live=texts) if kind == "chat"
+                else oa.completion_live_tail(req=req, answer=answer, env=env, live=texts))
+        for chunk in tail:
+            yield chunk
+    finally:
+        await reader.close()
+
+
+def _sse_async(chunks: AsyncIterator[dict[str, Any]]) -> StreamingHttpResponse:
+    async def stream() -> AsyncIterator[str]:
+        failed = False
+        async for chunk in chunks:
+            failed = failed or "error" in chunk
+            yield f"data: {json.dumps(chunk, separators=(',', ':'), ensure_ascii=False)}\n\n"
+        if not failed:
+            yield "data: [DONE]\n\n"
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 @csrf_exempt

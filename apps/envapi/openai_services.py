@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,5 +292,124 @@ def completion_chunks(*, req: CompletionIn, answer: dict[str, Any], env: Envelop
                    "choices": [{"index": index, "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}]}
             index += 1
     if usage_last:
+        yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+               "choices": [], "usage": usage(answer)}
+
+
+# ---- live streaming (apps/envapi/token_stream.py) -------------------------------------
+
+
+def live_streamable(req: ChatCompletionIn | CompletionIn) -> bool:
+    """Whether `stream: true` can send text as the worker samples it: one prompt, and no
+    per-token logprobs (they are known once the generation ends); otherwise the chunks go
+    out when the answer is whole."""
+    if not req.stream:
+        return False
+    if isinstance(req, ChatCompletionIn):
+        return not req.logprobs
+    return req.logprobs is None and len(req.prompts()) == 1
+
+
+def live_markers(req: ChatCompletionIn | CompletionIn) -> list[str]:
+    """Text that ends what may be streamed as content: stop strings (the engine cuts the text
+    there) and, with tools offered, the start of a tool call (sent as `tool_calls` at the end)."""
+    markers = list(req.stops()) if req.stop is not None else []
+    if isinstance(req, ChatCompletionIn) and req.tools and req.tool_choice != "none":
+        markers.append("<tool_call>")
+    return [m for m in markers if m]
+
+
+class LiveText:
+    """One choice's text as pieces arrive: `add` returns what may go out now, holding back a
+    tail that could be the start of a marker and everything from a marker on; `rest` is what
+    the final answer adds to what went out."""
+
+    def __init__(self, markers: Sequence[str]) -> None:
+        self.markers = [m for m in markers if m]
+        self.longest = max((len(m) for m in self.markers), default=0)
+        self.text = ""
+        self.sent = ""
+        self.closed = False
+
+    def add(self, piece: str) -> str:
+        if self.closed or not piece:
+            return ""
+        self.text += piece
+        safe = self.text
+        for marker in self.markers:
+            at = safe.find(marker)
+            if at >= 0:
+                safe, self.closed = safe[:at], True
+        if not self.closed:
+            hold = 0
+            for k in range(1, min(len(safe), self.longest - 1) + 1):
+                if any(m.startswith(safe[-k:]) for m in self.markers):
+                    hold = k
+            safe = safe[: len(safe) - hold]
+        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
+            return ""
+        out, self.sent = safe[len(self.sent):], safe
+        return out
+
+    def rest(self, final: str) -> str:
+        return final[len(self.sent):] if final.startswith(self.sent) else ""
+
+
+def chat_chunk(*, req: ChatCompletionIn, env: Envelope, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": env.id, "object": "chat.completion.chunk", "created": env.created, "model": env.model,
+                           "system_fingerprint": env.fingerprint, "choices": choices}
+    if req.stream_options and req.stream_options.include_usage:
+        out["usage"] = None
+    return out
+
+
+def chat_live_head(*, req: ChatCompletionIn, env: Envelope) -> Iterator[dict[str, Any]]:
+    for i in range(req.n):
+        yield chat_chunk(req=req, env=env, choices=[
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+
+
+def chat_live_piece(*, req: ChatCompletionIn, env: Envelope, index: int, text: str) -> dict[str, Any]:
+    return chat_chunk(req=req, env=env, choices=[
+        {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+
+
+def chat_live_tail(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope,
+                   live: Sequence[LiveText]) -> Iterator[dict[str, Any]]:
+    """After the streamed text: per choice the content the answer adds (a stop string's cut,
+    text the markers held back), its tool calls, its finish reason; then the usage."""
+    [prompt] = answer["prompts"]
+    for i, c in enumerate(prompt["choices"]):
+        rest = live[i].rest(_message(c)["content"] or "") if i < len(live) else ""
+        if rest:
+            yield chat_live_piece(req=req, env=env, index=i, text=rest)
+        calls = c.get("tool_calls") or []
+        if calls:
+            yield chat_chunk(req=req, env=env, choices=[
+                {"index": i, "delta": {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]},
+                 "logprobs": None, "finish_reason": None}])
+        yield chat_chunk(req=req, env=env, choices=[
+            {"index": i, "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}])
+    if req.stream_options and req.stream_options.include_usage:
+        out = chat_chunk(req=req, env=env, choices=[])
+        out["usage"] = usage(answer)
+        yield out
+
+
+def completion_live_piece(*, env: Envelope, index: int, text: str) -> dict[str, Any]:
+    return {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]}
+
+
+def completion_live_tail(*, req: CompletionIn, answer: dict[str, Any], env: Envelope,
+                         live: Sequence[LiveText]) -> Iterator[dict[str, Any]]:
+    [prompt] = answer["prompts"]
+    for i, c in enumerate(prompt["choices"]):
+        rest = live[i].rest(c["text"]) if i < len(live) else ""
+        if rest:
+            yield completion_live_piece(env=env, index=i, text=rest)
+        yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
+               "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}]}
+    if req.stream_options and req.stream_options.include_usage:
         yield {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
                "choices": [], "usage": usage(answer)}

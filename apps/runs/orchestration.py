@@ -94,7 +94,12 @@ def explore_finished(*, run: Run) -> bool:
     """No more experiences will come from the explorer for this run."""
     cfg = run.cfg
     if not policy.explores(cfg):
-        return True
+        # No explorer of its own, but an environment (the REST API, an agent through the
+        # OpenAI-compatible endpoint) that claimed the run's tasks sends more while any of
+        # them is queued or leased. A run nobody claims tasks of trains on what the buffer holds.
+        return not TaskAttempt.objects.filter(
+            run=run, status__in=[TaskAttempt.Status.QUEUED, TaskAttempt.Status.LEASED]
+        ).exists()
     if run.explore_step < cfg.total_steps:
         return False
     return not TaskAttempt.objects.filter(run=run, status=TaskAttempt.Status.LEASED).exists()

@@ -122,3 +122,20 @@ def test_an_assembled_session_trains_only_on_what_the_model_sampled(run: Run, ke
     rollout = rollout_from_experience(exp)
     assert rollout.completion_ids == [10, 11, 7, 8, 9, 12] and rollout.action_count == 3
     assert rollout.trained_mask == [1, 1, 0, 0, 0, 1]
+
+
+def test_the_beat_marks_sessions_nobody_finished_abandoned(run: Run, key: Any, settings: Any) -> None:
+    """The housekeeping task the beat schedules, not only the service: a session idle past the
+    TTL is abandoned, a fresh one stays open."""
+    from apps.envapi.tasks import agent_sessions_expire_task
+    from rftweb.celery import app
+
+    k, _ = key
+    settings.RFT_AGENT_SESSION_TTL_SECONDS = 60
+    _record(run, k, "idle", _answer([1], [2]))
+    _record(run, k, "busy", _answer([1], [2]))
+    AgentSession.objects.filter(name="idle").update(last_call_at=timezone.now() - timedelta(seconds=61))
+    scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert agent_sessions_expire_task.name in scheduled
+    assert agent_sessions_expire_task.apply().get() == 1
+    assert dict(AgentSession.objects.values_list("name", "status")) == {"idle": "abandoned", "busy": "open"}

@@ -102,7 +102,8 @@ def test_a_stream_sends_chunks_that_add_up_to_the_whole_answer(stack: str, agent
     kwargs: dict[str, Any] = {"model": f"run-{agent_run.pk}", "messages": conversation(2, 3)[:1], "tools": [CALC_TOOL],
                               "max_tokens": 60, "temperature": 0}
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True},
+                                                 extra_headers={"X-Rft-Session": "streamed"}))
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,6 +114,66 @@ def test_a_stream_sends_chunks_that_add_up_to_the_whole_answer(stack: str, agent
         (tc.function.name, tc.function.arguments) for tc in whole.choices[0].message.tool_calls or []]
     assert finish == [whole.choices[0].finish_reason]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # A streamed call of a session is recorded like any other, by the time the stream ends.
+    [recorded] = AgentCall.objects.filter(session__run=agent_run, session__name="streamed")
+    assert len(recorded.choices[0]["token_ids"]) == whole.usage.completion_tokens
+
+
+@pytest.fixture(scope="module")
+def rambling_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model: greedy, it goes on for hundreds of tokens without an end."""
+    from workers.modelkit import tiny_model_save
+
+    return tiny_model_save(tmp_path_factory.mktemp("rambling") / "m", hidden_size=64, layers=2, heads=4, max_positions=1024)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_stream_sends_the_text_while_the_model_is_still_generating(
+    stack: str, owner: User, rambling_dir: Path, kind: str
+) -> None:
+    """Token by token: the text arrives spread over the generation, the first of it long
+    before a whole answer could; not in one burst once the worker is done."""
+    import time
+
+    run = make_run(owner=owner, model=str(rambling_dir), engine="transformers", name=f"stream-{kind}")
+    _, raw = make_key(run)
+    client = _client(stack, run.pk, raw)
+    model = f"run-{run.pk}"
+
+    def create(**kw: Any) -> Any:
+        if kind == "chat":
+            return client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 1 + 2?"}],
+                                                  max_tokens=400, temperature=0, **kw)
+        # The chat prompt as text: the same greedy ramble.
+        return client.completions.create(model=model, prompt="<|user|>What is 1 + 2?<|end|><|assistant|>", max_tokens=400,
+                                         temperature=0, **kw)
+
+    create()  # the worker loads the model
+    started = time.perf_counter()
+    whole = create()
+    whole_seconds = time.perf_counter() - started
+    whole_text = whole.choices[0].message.content if kind == "chat" else whole.choices[0].text
+    assert whole.usage.completion_tokens >= 300, whole.usage
+
+    started = time.perf_counter()
+    arrivals, text, finish = [], "", []
+    for chunk in create(stream=True):
+        for choice in chunk.choices:
+            piece = choice.delta.content if kind == "chat" else choice.text
+            if piece:
+                arrivals.append(time.perf_counter() - started)
+                text += piece
+            if choice.finish_reason:
+                finish.append(choice.finish_reason)
+    ended = time.perf_counter() - started
+    assert text == whole_text and finish == [whole.choices[0].finish_reason]
+    print(f"\n{kind}: whole answer {whole_seconds:.2f} s; stream: first text at {arrivals[0]:.2f} s, last at "
+          f"{arrivals[-1]:.2f} s, done at {ended:.2f} s, {len(arrivals)} chunks")
+    assert len(arrivals) >= 100
+    # The first text comes before half the whole answer's time, and the text is spread over
+    # most of the request (sent at the end in one go, the spread would be milliseconds).
+    assert arrivals[0] < 0.5 * whole_seconds
+    assert arrivals[-1] - arrivals[0] > 0.5 * ended
 
 
 def test_tools_reach_the_template_and_a_sampled_call_comes_back_as_tool_calls(stack: str, agent_run: Any) -> None:

@@ -141,6 +141,55 @@ def test_mix_with_environment_tokens_masked_equals_mix_without_them(load_model: 
     assert {"grpo_loss", "sft_loss"} <= metrics.keys()
 
 
+def _dpo_pairs(model: Any, *, seed: int = 5) -> tuple[list[Rollout], list[Rollout]]:
+    """(masked, removed) for DPO: per group a better and a worse rollout of one prompt. The
+    environment tokens leading the completion are the same for both (they are context the
+    model saw), so moving them into the prompt keeps the pair's shared prompt."""
+    g = torch.Generator().manual_seed(seed)
+    masked, removed = [], []
+    for gi in range(3):
+        prompt = torch.randint(10, 200, (3 + gi,), generator=g).tolist()
+        lead = torch.randint(10, 200, (gi % 3,), generator=g).tolist()
+        for j, reward in enumerate((1.0, 0.0)):
+            own = torch.randint(10, 200, (2 + (gi + j) % 3,), generator=g).tolist()
+            tail = torch.randint(10, 200, ((gi + 2 * j) % 3,), generator=g).tolist()
+            common = {"id": gi * 2 + j, "group_id": f"g{gi}", "reward": reward}
+            masked.append(Rollout(prompt_ids=prompt, completion_ids=lead + own + tail,
+                                  logprobs=[-30.0] * (len(lead) + len(own) + len(tail)),
+                                  action_mask=[0] * len(lead) + [1] * len(own) + [0] * len(tail), **common))
+            removed.append(Rollout(prompt_ids=prompt + lead, completion_ids=own, **common))
+    assert any(r.action_mask and r.action_mask[0] == 0 for r in masked)
+    assert any(r.action_mask and r.action_mask[-1] == 0 for r in masked)
+    return masked, removed
+
+
+def test_dpo_with_environment_tokens_masked_equals_dpo_without_them(load_model: Any, tokenizer: Any) -> None:
+    spec = LearnerSpec(algorithm="dpo", params=bridge.LossParams(dpo_beta=0.5))
+
+    def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
+        masked, removed = _dpo_pairs(model)
+        return TrainBatch(usual=masked), TrainBatch(usual=removed)
+
+    metrics = _compare(load_model, tokenizer, spec=spec, batches=batches, ref=True)
+    assert metrics["pairs"] == 3 and "reward_margin" in metrics
+
+
+def test_dpo_without_the_mask_would_train_on_the_environments_tokens(load_model: Any, tokenizer: Any) -> None:
+    """The check above could pass with a mask that did nothing only if the environment's
+    tokens did not move the loss; they do."""
+    model = load_model()
+    learner = Learner(spec=LearnerSpec(algorithm="dpo", params=bridge.LossParams(dpo_beta=0.5)), model=model,
+                      tokenizer=tokenizer, ref_model=load_model())
+    masked, _ = _dpo_pairs(model)
+    # A reference a step away from the policy: with policy == reference every log ratio is 0.
+    with torch.no_grad():
+        for p in learner.ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        loss, _ = learner.loss(TrainBatch(usual=masked))
+        unmasked, _ = learner.loss(TrainBatch(usual=[Rollout(**{**r.__dict__, "action_mask": None}) for r in masked]))
+    assert abs(float(loss) - float(unmasked)) > 1e-4
+
+
 def test_a_mask_in_the_middle_of_a_turn_changes_the_loss_and_ignores_the_masked_logprobs(load_model: Any, tokenizer: Any) -> None:
     """Multi-turn: sampled, environment, sampled. The mask matters (the loss differs from the
     unmasked one) and what the environment wrote as logprobs for its tokens does not."""
@@ -167,7 +216,7 @@ def test_a_mask_in_the_middle_of_a_turn_changes_the_loss_and_ignores_the_masked_
     assert abs(float(loss) - float(loss_unmasked)) > 1e-3
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "sft", "mix"])
+@pytest.mark.parametrize("algorithm", ["grpo", "sft", "mix", "dpo"])
 def test_an_all_zero_mask_trains_nothing(load_model: Any, tokenizer: Any, algorithm: str) -> None:
     model = load_model()
     masked, _ = _pair(model, expert=algorithm == "sft", seed=7)
@@ -177,7 +226,7 @@ def test_an_all_zero_mask_trains_nothing(load_model: Any, tokenizer: Any, algori
     )
     learner = Learner(
         spec=LearnerSpec(algorithm=algorithm, params=bridge.LossParams(learning_rate=1e-2), mu=0.5),
-        model=model, tokenizer=tokenizer,
+        model=model, tokenizer=tokenizer, ref_model=load_model() if algorithm == "dpo" else None,
     )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(NothingToTrain):

@@ -176,10 +176,13 @@ class Learner:
     def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
         assert self.dpo is not None
         pairs = preference_pairs(rollouts, preferences=preferences)
+        # A pair neither of whose completions has a token the model sampled scores nothing.
+        pairs = [(c, r) for c, r in pairs if c.action_count or r.action_count]
         if not pairs:
-            raise NothingToTrain("no preference pair (every group tied, no pairwise feedback)")
+            raise NothingToTrain("no preference pair (every group tied, no pairwise feedback, or every action mask zero)")
         inputs = bridge.dpo_inputs(
-            trainer=self.dpo, pairs=[(c.prompt_ids, c.completion_ids, r.completion_ids) for c, r in pairs]
+            trainer=self.dpo, pairs=[(c.prompt_ids, c.completion_ids, r.completion_ids) for c, r in pairs],
+            action_masks=[(c.action_mask, r.action_mask) for c, r in pairs],
         )
         loss, metrics = bridge.dpo_loss(trainer=self.dpo, model=self.model, inputs=inputs)
         metrics["pairs"] = float(len(pairs))

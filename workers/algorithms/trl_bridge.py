@@ -259,11 +259,32 @@ def dpo_trainer_build(
     return trainer
 
 
-def dpo_inputs(*, trainer: Any, pairs: list[tuple[list[int], list[int], list[int]]]) -> dict[str, torch.Tensor]:
-    """(prompt_ids, chosen_ids, rejected_ids) triples through TRL's preference collator."""
-    return trainer.data_collator(
+def dpo_inputs(
+    *, trainer: Any, pairs: list[tuple[list[int], list[int], list[int]]],
+    action_masks: list[tuple[list[int] | None, list[int] | None]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """(prompt_ids, chosen_ids, rejected_ids) triples through TRL's preference collator.
+
+    `action_masks`: per pair, the chosen and the rejected completion's action mask (None: all
+    the model's own). A token under mask 0 leaves TRL's `completion_mask`: its label becomes
+    -100 and it adds nothing to either sequence's summed logprob, hence to the loss, the
+    gradient or the metrics (the collator lays rows out right-padded, chosen rows first)."""
+    inputs = trainer.data_collator(
         [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in pairs]
     )
+    if action_masks is None:
+        return inputs
+    completion_mask = inputs["completion_mask"]
+    n = len(pairs)
+    for i, ((p, c, r), masks) in enumerate(zip(pairs, action_masks, strict=True)):
+        for row, ids, mask in ((i, c, masks[0]), (n + i, r, masks[1])):
+            if mask is None:
+                continue
+            if len(mask) != len(ids):
+                raise ValueError(f"an action mask has {len(mask)} entries for {len(ids)} completion tokens")
+            completion_mask[row, len(p) : len(p) + len(ids)] *= torch.tensor([1 if m else 0 for m in mask],
+                                                                             dtype=completion_mask.dtype)
+    return inputs
 
 
 def dpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load, trim_at_stop
@@ -113,17 +113,28 @@ class HFEngine:
         ids = ids if isinstance(ids, list) else [ids]
         return {i for i in ids + [self.tokenizer.eos_token_id] if i is not None}
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]:
+    # `generate(on_tokens=…)` hands over each decoding step's tokens as they are sampled.
+    streams_tokens = True
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> list[list[Sample]]:
+        """`on_tokens`: called after every decoding step with one token id per row (row
+        i·n + j is choice j of prompt i; a row that has finished gets the pad token), while
+        the generation goes on: what streaming sends token by token."""
         if n < 1:
             raise ValueError("n must be at least 1")
         out: list[list[Sample]] = []
         with self._lock:
             per_call = max(1, self.batch_size // n)
+            if on_tokens is not None and len(prompts) > per_call:
+                raise ValueError(f"streaming takes at most {per_call} prompts at a time")
             for start in range(0, len(prompts), per_call):
-                out.extend(self._generate_chunk(prompts[start : start + per_call], n=n, sampling=sampling))
+                out.extend(self._generate_chunk(prompts[start : start + per_call], n=n, sampling=sampling,
+                                                on_tokens=on_tokens))
         return out
 
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]:
+    def _generate_chunk(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
+                        on_tokens: Callable[[list[int]], None] | None = None) -> list[list[Sample]]:
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -155,6 +166,8 @@ class HFEngine:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
+        if on_tokens is not None:
+            kwargs["streamer"] = _StepStreamer(on_tokens)
         with torch.inference_mode():
             result = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         generated = result.sequences[:, width:]
@@ -188,3 +201,21 @@ class HFEngine:
                 finish = "stop"
             samples.append(Sample(token_ids=tokens, logprobs=logprobs, text=text, finish_reason=finish, top_logprobs=top))
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+class _StepStreamer:
+    """transformers' streamer protocol (`put` per step, `end`) for every row at once: its own
+    streamers (TextIteratorStreamer) take one row only. The first `put` is the prompt."""
+
+    def __init__(self, on_tokens: Callable[[list[int]], None]) -> None:
+        self.on_tokens = on_tokens
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.on_tokens([int(t) for t in value.reshape(-1).tolist()])
+
+    def end(self) -> None:
+        pass
