@@ -7,7 +7,12 @@ Each setting runs in its own process (peak RSS is per process); memory is the pe
 above the process's RSS before the model was built (torch and TRL imported), so it counts
 weights, gradients, optimizer state and activations. Ratios are to full fp32 in the same run.
 
-    python -m bench.trainer_memory [--layers 12] [--hidden 768] [--batch 8] [--prompt 64] [--completion 192] [--steps 2]
+Short sequences and two steps by default, so that the four settings finish in minutes on a
+two-core CPU host (a ~100M model at 8 × 256 tokens took tens of minutes per setting there);
+the logits of a 16k vocabulary over long sequences would otherwise dominate every setting.
+On a CUDA host (--device cuda) memory is the allocator's peak instead of RSS.
+
+    python -m bench.trainer_memory [--layers 12] [--hidden 768] [--batch 4] [--prompt 32] [--completion 64] [--steps 2]
 """
 
 from __future__ import annotations
@@ -58,7 +63,11 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(args.device)
     params = sum(p.numel() for p in model.parameters())
     lora = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -81,8 +90,12 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
     for _ in range(args.steps):
         started = time.perf_counter()
         learner.step(TrainBatch(usual=rollouts))
+        if cuda:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if cuda:
+        peak, base_rss = torch.cuda.max_memory_allocated() / 2**20, base_cuda / 2**20
     trainable = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
     return {"params": params, "trainable": trainable, "peak_mb": peak - base_rss,
             "step_seconds": min(seconds[1:] or seconds)}
@@ -95,9 +108,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=16384)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--completion", type=int, default=192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--completion", type=int, default=64)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -106,7 +120,8 @@ def main() -> None:
         print("RESULT " + json.dumps(_one(args.one, args)), flush=True)
         return
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, dict[str, float]] = {}
     for name in SETTINGS:
         load = os.getloadavg()[0]
@@ -120,7 +135,7 @@ def main() -> None:
 
     base = results["full fp32"]
     print(f"\nmodel: {base['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
-          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step")
+          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step; device {args.device}")
     print(f"{'setting':<24}{'trainable':>12}{'peak MB':>10}{'× fp32':>8}{'step s':>9}{'× fp32':>8}{'load':>7}")
     for name, r in results.items():
         print(f"{name:<24}{r['trainable'] / 1e6:>11.2f}M{r['peak_mb']:>10.0f}{r['peak_mb'] / base['peak_mb']:>8.2f}"

@@ -187,9 +187,10 @@ def resident_for(run: Any) -> Resident:
             log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, source)
     spec = spec_from_config(cfg)
     # Before loading gigabytes: a precision the device lacks fails the run with its reason.
-    from workers.precision import precision_check
+    from workers.precision import optimizer_check, precision_check
 
     precision_check(spec.precision, device=_device())
+    optimizer_check(spec.optimizer, device=_device())
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
     model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
