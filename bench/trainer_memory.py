@@ -4,15 +4,25 @@ same batch: full fine-tuning in fp32 (AdamW), + gradient checkpointing, LoRA, Lo
 gradient checkpointing. Target: LoRA + checkpointing ≤ 0.35× the memory of full fp32.
 
 Each setting runs in its own process (peak RSS is per process); memory is the peak RSS
-above the process's RSS before the model was built (torch and TRL imported), so it counts
-weights, gradients, optimizer state and activations. Ratios are to full fp32 in the same run.
+above the process's RSS before the model was built, so it counts weights, gradients,
+optimizer state and activations. Before that baseline each process builds and steps the
+same learner on a 2-layer, 64-wide model: what TRL, transformers and accelerate set up
+once per process (imports, caches, allocator arenas; ~0.6 GB of RSS here) is then in the
+baseline of every setting instead of inflating the small ones' ratios. Ratios are to full
+fp32 in the same run.
 
-    python -m bench.trainer_memory [--layers 12] [--hidden 768] [--batch 8] [--prompt 64] [--completion 192] [--steps 2]
+Short sequences and two steps by default, so that the four settings finish in minutes on a
+two-core CPU host (a ~100M model at 8 × 256 tokens took tens of minutes per setting there);
+the logits of a 16k vocabulary over long sequences would otherwise dominate every setting.
+On a CUDA host (--device cuda) memory is the allocator's peak instead of RSS.
+
+    python -m bench.trainer_memory [--layers 12] [--hidden 768] [--batch 4] [--prompt 32] [--completion 64] [--steps 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -20,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {
@@ -49,25 +60,28 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(max(1, args.threads))
     setting = SETTINGS[name]
     tokenizer = tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
-    base_rss = _rss_mb()
-    config = Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-        num_key_value_heads=min(args.kv_heads, args.hidden // 64),
-        max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    params = sum(p.numel() for p in model.parameters())
     lora = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    if setting["lora"]:
-        model = adapter_wrap(model=model, lora=lora)
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
-                                                                  max_completion_length=args.completion),
-                       gradient_checkpointing=setting["ckpt"], lora=lora if setting["lora"] else None)
-    learner = Learner(spec=spec, model=model, tokenizer=tokenizer)
+    cuda = args.device == "cuda"
+
+    def build(layers: int, hidden: int, intermediate: int) -> tuple[Any, int]:
+        config = Qwen2Config(
+            vocab_size=args.vocab, hidden_size=hidden, intermediate_size=intermediate,
+            num_hidden_layers=layers, num_attention_heads=hidden // 64,
+            num_key_value_heads=min(args.kv_heads, hidden // 64),
+            max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        )
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(args.device)
+        params = sum(p.numel() for p in model.parameters())
+        if setting["lora"]:
+            model = adapter_wrap(model=model, lora=lora)
+        spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
+                                                                      max_completion_length=args.completion),
+                           gradient_checkpointing=setting["ckpt"], lora=lora if setting["lora"] else None)
+        return Learner(spec=spec, model=model, tokenizer=tokenizer), params
+
     g = torch.Generator().manual_seed(1)
     rollouts = []
     for i in range(args.batch):
@@ -77,12 +91,27 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
             completion_ids=torch.randint(10, args.vocab, (args.completion,), generator=g).tolist(),
             logprobs=None, reward=float(i % 3),
         ))
+    # The once-per-process setup, on a small model, before the baseline (see the docstring).
+    warm, _ = build(2, 64, 128)
+    warm.step(TrainBatch(usual=rollouts[:4]))
+    del warm
+    gc.collect()
+    base_rss = _rss_mb()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    learner, params = build(args.layers, args.hidden, args.intermediate)
     seconds = []
     for _ in range(args.steps):
         started = time.perf_counter()
         learner.step(TrainBatch(usual=rollouts))
+        if cuda:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if cuda:
+        peak, base_rss = torch.cuda.max_memory_allocated() / 2**20, base_cuda / 2**20
     trainable = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
     return {"params": params, "trainable": trainable, "peak_mb": peak - base_rss,
             "step_seconds": min(seconds[1:] or seconds)}
@@ -95,9 +124,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=16384)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--completion", type=int, default=192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--completion", type=int, default=64)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -106,7 +136,8 @@ def main() -> None:
         print("RESULT " + json.dumps(_one(args.one, args)), flush=True)
         return
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, dict[str, float]] = {}
     for name in SETTINGS:
         load = os.getloadavg()[0]
@@ -120,7 +151,7 @@ def main() -> None:
 
     base = results["full fp32"]
     print(f"\nmodel: {base['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
-          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step")
+          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step; device {args.device}")
     print(f"{'setting':<24}{'trainable':>12}{'peak MB':>10}{'× fp32':>8}{'step s':>9}{'× fp32':>8}{'load':>7}")
     for name, r in results.items():
         print(f"{name:<24}{r['trainable'] / 1e6:>11.2f}M{r['peak_mb']:>10.0f}{r['peak_mb'] / base['peak_mb']:>8.2f}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +77,91 @@ def adapter_load(*, base_model: Any, path: str | Path, trainable: bool) -> Any:
     return PeftModel.from_pretrained(base_model, str(path), is_trainable=trainable)
 
 
+# model → {key as saved in adapter_model.safetensors: the live parameter}, made once per model.
+_ADAPTER_KEYS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def adapter_tensors(model: Any) -> dict[str, Any] | None:
+    """The default adapter's live parameters under the keys peft saves them by, or None if
+    they cannot be told apart. peft's own `get_peft_model_state_dict` and
+    `set_peft_model_state_dict` walk every module and remap every key on each call (about
+    0.2 s each for a 12-layer model, more than moving a rank-16 adapter's megabytes): this
+    asks peft once which keys it writes, matches them to parameters by storage, and keeps
+    the map for the life of the model."""
+    keys = _ADAPTER_KEYS.get(model)
+    if keys is None:
+        from peft import get_peft_model_state_dict
+
+        by_ptr = {p.data_ptr(): p for p in model.parameters()}
+        keys = {}
+        for key, tensor in get_peft_model_state_dict(model).items():
+            param = by_ptr.get(tensor.data_ptr())
+            if param is None or param.shape != tensor.shape:
+                return None
+            keys[key] = param
+        _ADAPTER_KEYS[model] = keys
+    return keys
+
+
+def adapter_state(model: Any) -> dict[str, Any]:
+    """What adapter_model.safetensors holds for `model` (detached, contiguous)."""
+    keys = adapter_tensors(model)
+    if keys is None:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: p.detach().contiguous() for k, p in keys.items()}
+
+
+def adapter_weights_apply(*, model: Any, tensors: dict[str, Any]) -> bool:
+    """Copy an adapter's saved tensors into the live adapter of `model` in place; False
+    when their keys or shapes are not exactly the live adapter's (nothing is changed)."""
+    import torch
+
+    keys = adapter_tensors(model)
+    if keys is None or set(tensors) != set(keys) or any(keys[k].shape != v.shape for k, v in tensors.items()):
+        return False
+    with torch.no_grad():
+        for key, value in tensors.items():
+            keys[key].copy_(value)
+    return True
+
+
 def adapter_weights_load(*, model: Any, path: str | Path) -> None:
     """Replace the adapter weights of a peft `model` with those saved at `path` (same
     rank and targets): the cheap path for an explorer moving from one version to the next."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    result = set_peft_model_state_dict(model, load_file(str(Path(path) / ADAPTER_WEIGHTS)))
+    tensors = load_file(str(Path(path) / ADAPTER_WEIGHTS))
+    if adapter_weights_apply(model=model, tensors=tensors):
+        return
+    result = set_peft_model_state_dict(model, tensors)
     unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
     if unexpected:
         raise ValueError(f"{path}: adapter weights do not fit the loaded adapter ({unexpected[0]} …)")
+
+
+def adapter_save(*, model: Any, out: str | Path) -> Path:
+    """The files `PeftModel.save_pretrained` writes for the default adapter (its weights as
+    safetensors, its config in inference mode naming the base), without the model card:
+    peft renders a README.md from a Jinja template on every save, which took longer than
+    writing a rank-16 adapter of a 100M model (bench/weight_sync) and is no use to an
+    explorer."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = adapter_state(model)
+    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = copy.copy(model.peft_config["default"])
+    if not config.base_model_name_or_path:
+        config.base_model_name_or_path = model.base_model.model.__dict__.get("name_or_path") or None
+    config.inference_mode = True
+    config.save_pretrained(str(out))
+    return out
 
 
 def is_adapter_model(model: Any) -> bool:

@@ -85,7 +85,7 @@ def model_version_path(*, run: Run, version: int) -> str:
 
 def _engine_at(*, run: Run, version: int, worker: str) -> Any:
     """The resident engine holding `version` of the run; records the load when one happens."""
-    from workers.engines import engine_cached, engine_for, engine_version_ensure
+    from workers.engines import engine_cached, engine_for, engine_last_load, engine_version_ensure
     from workers.handover import handover_apply
 
     path = model_version_path(run=run, version=version)
@@ -94,9 +94,11 @@ def _engine_at(*, run: Run, version: int, worker: str) -> Any:
     engine = engine_for(run.cfg)
     current = engine.version == version and getattr(engine, "path", None) == path
     loaded = not current and handover_apply(engine, version=version, path=path)
-    loaded = loaded or engine_version_ensure(engine, version=version, path=path)
-    if loaded or not resident:
-        weight_load_record(run=run, version=version, worker=worker, seconds=time.monotonic() - started)
+    ensured = not loaded and engine_version_ensure(engine, version=version, path=path)
+    if loaded or ensured or not resident:
+        how = engine_last_load(engine) if ensured else None
+        weight_load_record(run=run, version=version, worker=worker, seconds=time.monotonic() - started,
+                           size=how.bytes if how else None, via=how.via if how else ("memory" if loaded else None))
     return engine
 
 

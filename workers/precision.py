@@ -46,6 +46,31 @@ def precision_supported(precision: str, *, device: str) -> str | None:
     return "fp16 training needs a GPU (a CPU has no fp16 autocast with loss scaling); use fp32 or bf16"
 
 
+OPTIMIZERS = ("adamw", "adamw_8bit")
+
+
+def optimizer_supported(name: str, *, device: str) -> str | None:
+    """None when `device` can run optimizer `name`, else why not. AdamW with 8-bit state
+    is bitsandbytes' (CUDA kernels; its CPU build has no 8-bit optimizers worth running)."""
+    if name not in OPTIMIZERS:
+        return f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}"
+    if name == "adamw":
+        return None
+    if not device.startswith("cuda"):
+        return "adamw_8bit (bitsandbytes) needs a CUDA GPU; this trainer runs on the CPU (use adamw)"
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "adamw_8bit needs the bitsandbytes package on the train worker (pip install bitsandbytes), or use adamw"
+    return None
+
+
+def optimizer_check(name: str, *, device: str) -> None:
+    reason = optimizer_supported(name, device=device)
+    if reason is not None:
+        raise PrecisionUnsupported(f"trainer.optimizer: {reason}")
+
+
 def precision_check(precision: str, *, device: str) -> None:
     reason = precision_supported(precision, device=device)
     if reason is not None:

@@ -49,7 +49,12 @@ def save_pretrained_atomic(*, model: Any, tokenizer: Any, out: Path) -> Path:
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    from workers.adapters import adapter_save, is_adapter_model
+
+    if is_adapter_model(model):
+        adapter_save(model=model, out=tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if out.exists():

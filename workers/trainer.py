@@ -104,6 +104,8 @@ class Resident:
     tokenizer: Any
     ref_model: Any
     learner: Any
+    # A learner group's rank 0 side (workers.algorithms.distributed) when trainer.processes > 1.
+    group: Any = None
 
 
 _RESIDENTS: OrderedDict[int, Resident] = OrderedDict()
@@ -156,9 +158,9 @@ def resident_for(run: Any) -> Resident:
     if res is not None and res.config_key == key and res.step == run.train_step:
         _RESIDENTS.move_to_end(run.pk)
         return res
-    _RESIDENTS.pop(run.pk, None)
+    resident_drop(run.pk)
     while len(_RESIDENTS) >= _MAX_RESIDENT_RUNS:
-        _RESIDENTS.popitem(last=False)
+        resident_drop(next(iter(_RESIDENTS)))
 
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
@@ -185,18 +187,20 @@ def resident_for(run: Any) -> Resident:
             log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, source)
     spec = spec_from_config(cfg)
     # Before loading gigabytes: a precision the device lacks fails the run with its reason.
-    from workers.precision import precision_check
+    from workers.precision import optimizer_check, precision_check
 
     precision_check(spec.precision, device=_device())
+    optimizer_check(spec.optimizer, device=_device())
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
     model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
     if optimizer_state is not None:
         learner.optimizer_state_load(optimizer_state)
+    group = _group_start(run=run, learner=learner)
     if replay:
-        _replay(learner, replay)
+        _replay(learner, replay, group=group)
         log.info("run %s: replayed %s journaled step(s) up to step %s", run.pk, len(replay), run.train_step)
-    res = Resident(run.pk, key, run.train_step, model, tokenizer, ref_model, learner)
+    res = Resident(run.pk, key, run.train_step, model, tokenizer, ref_model, learner, group)
     if run.train_step > 0 and not fallback:
         # A crash may have left the newest version's background checkpoint unwritten.
         from workers.handover import handover_repair
@@ -209,8 +213,29 @@ def resident_for(run: Any) -> Resident:
     return res
 
 
+def _group_start(*, run: Any, learner: Any) -> Any:
+    """With trainer.processes > 1, the follower processes of the run's learner group, given
+    this learner's state (None: one process)."""
+    processes = int(run.cfg.trainer.processes)
+    if processes <= 1:
+        return None
+    from workers.algorithms.distributed import LearnerGroup
+
+    return LearnerGroup(learner=learner, run_config=run.config, world=processes,
+                        timeout_s=float(settings.RFT_TRAIN_TIME_LIMIT))
+
+
+def _learner_step(learner: Any, batch: Any, *, group: Any, entry: bytes) -> dict[str, Any]:
+    if group is None:
+        result: dict[str, Any] = learner.step(batch)
+        return result
+    return dict(group.step(batch, entry=entry))
+
+
 def resident_drop(run_id: int) -> None:
-    _RESIDENTS.pop(run_id, None)
+    res = _RESIDENTS.pop(run_id, None)
+    if res is not None and res.group is not None:
+        res.group.close()
 
 
 # ----------------------------------------------------------------------------- trainer state
@@ -294,9 +319,14 @@ def _journal_writer() -> ThreadPoolExecutor:
 
 def journal_read(path: Path) -> tuple[Any, dict[str, Any]]:
     """A journal entry's batch and the RNG state its step started from."""
+    return journal_decode(path.read_bytes())
+
+
+def journal_decode(data: bytes) -> tuple[Any, dict[str, Any]]:
+    """What journal_encode wrote: (the batch, the RNG state)."""
     from workers.algorithms import Rollout, TrainBatch
 
-    entry = json.loads(path.read_text())
+    entry = json.loads(data)
     batch = TrainBatch(
         usual=[Rollout(**r) for r in entry["usual"]],
         expert=[Rollout(**r) for r in entry["expert"]],
@@ -368,14 +398,15 @@ def _restore_point(run_id: int, train_step: int) -> tuple[Path | None, list[Path
     return None
 
 
-def _replay(learner: Any, entries: list[Path]) -> None:
+def _replay(learner: Any, entries: list[Path], *, group: Any = None) -> None:
     from workers.algorithms import NothingToTrain
 
     for path in entries:
-        batch, rng = journal_read(path)
+        data = path.read_bytes()
+        batch, rng = journal_decode(data)
         _rng_restore(rng)
         try:
-            learner.step(batch)
+            _learner_step(learner, batch, group=group, entry=data)
         except NothingToTrain:
             pass  # the original step made no update either
 
@@ -566,7 +597,7 @@ def _train_once(
         data = journal_encode(step=step, batch=batch, batch_ids=ids, rng=_rng_state())
         journal = _journal_writer().submit(journal_store, run_id=run_id, step=step, data=data)
         try:
-            metrics = res.learner.step(batch)
+            metrics = _learner_step(res.learner, batch, group=res.group, entry=data)
         except NothingToTrain as exc:
             log.info("run %s step %s: %s; the batch is used up without an update", run_id, step, exc)
             metrics = {"skipped": 1.0}

@@ -232,6 +232,32 @@ class AlgorithmConfig(_Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     # Recompute activations in the backward pass: less memory, about a third more compute.
     gradient_checkpointing: bool = False
+    # Learner processes on the train worker's host (data parallel: gloo on CPU, NCCL with
+    # one GPU per process). Each takes part of every batch; rank 0 (the worker's own
+    # process) holds the whole state and writes every checkpoint. grpo and sft only.
+    processes: int = Field(1, ge=1, le=64)
+    # AdamW with 8-bit state (bitsandbytes, CUDA only; refused with a message elsewhere).
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+
+
+# Losses a learner group splits exactly: each part weighted by its share of the batch's
+# sequences (grpo, dr_grpo) or of its completion tokens (dapo, bnpo; and SFT).
+GROUP_PER_SEQUENCE = ("grpo", "dr_grpo")
+GROUP_PER_TOKEN = ("dapo", "bnpo")
+
+
+def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str) -> str | None:
+    """Why a learner of these settings cannot run as a group of processes (None: it can)."""
+    if algorithm == "sft":
+        return None
+    if algorithm != "grpo":
+        return f"a learner group trains grpo and sft; {algorithm} runs in one process (set processes: 1)"
+    if loss_type not in GROUP_PER_SEQUENCE + GROUP_PER_TOKEN:
+        return (f"loss_type {loss_type} does not split exactly over a learner group; "
+                f"use one of {', '.join(GROUP_PER_SEQUENCE + GROUP_PER_TOKEN)} or processes: 1")
+    if scale_rewards == "batch":
+        return "scale_rewards=batch needs the whole batch's statistics on every process; use group or none"
+    return None
 
 
 class PipelineStep(_Strict):
@@ -348,6 +374,17 @@ class RunConfig(_Strict):
         if self.feedback.mode == "learned" and not self.reward_model.enabled:
             raise FieldConflict("feedback.mode", "feedback.mode learned needs reward_model.enabled")
         return self
+
+    @field_validator("trainer")
+    @classmethod
+    def _group_splits(cls, t: AlgorithmConfig, info: Any) -> AlgorithmConfig:
+        # A field validator, so the error is reported under `trainer` (algorithm comes first).
+        algorithm = info.data.get("algorithm")
+        if t.processes > 1 and algorithm is not None:
+            reason = learner_group_refusal(algorithm=str(algorithm), loss_type=t.loss_type, scale_rewards=t.scale_rewards)
+            if reason:
+                raise ValueError(f"processes: {reason}")
+        return t
 
     @field_validator("eval")
     @classmethod

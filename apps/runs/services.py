@@ -292,16 +292,20 @@ def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, f
     return int(best["version"])
 
 
-def weight_load_record(*, run: Run, version: int, worker: str, seconds: float) -> None:
-    """An explorer loaded `version`: store it for the sync timeline and announce it."""
+def weight_load_record(
+    *, run: Run, version: int, worker: str, seconds: float, size: int | None = None, via: str | None = None
+) -> None:
+    """An explorer loaded `version`: store it for the sync timeline and announce it (with
+    the weight bytes it read or received and how: checkpoint, broadcast or memory)."""
     from apps.runs.models import WeightLoad
 
     WeightLoad.objects.create(run=run, version=version, worker=worker, seconds=seconds)
-    event_publish(
-        run_id=run.pk,
-        type="weights.synced",
-        payload={"version": version, "worker": worker, "seconds": seconds, "event": "loaded"},
-    )
+    payload: dict[str, Any] = {"version": version, "worker": worker, "seconds": seconds, "event": "loaded"}
+    if size is not None:
+        payload["bytes"] = size
+    if via is not None:
+        payload["via"] = via
+    event_publish(run_id=run.pk, type="weights.synced", payload=payload)
 
 
 class MemberInvalid(InvalidInput):

@@ -35,6 +35,40 @@ def test_bf16_is_refused_on_a_cpu_without_native_bfloat16_with_the_reason() -> N
     assert str(torch.backends.cpu.get_cpu_capability()) in message
 
 
+def test_adamw_8bit_is_refused_on_a_cpu_with_the_reason_and_the_config_offers_it() -> None:
+    from apps.runs.config import ConfigInvalid, config_validate
+    from workers.precision import optimizer_check
+
+    with pytest.raises(PrecisionUnsupported) as refused:
+        optimizer_check("adamw_8bit", device="cpu")
+    assert str(refused.value).startswith("trainer.optimizer: adamw_8bit (bitsandbytes) needs a CUDA GPU")
+    optimizer_check("adamw", device="cpu")
+    assert config_validate(data={"model": "m", "trainer": {"optimizer": "adamw_8bit"}}).trainer.optimizer == "adamw_8bit"
+    with pytest.raises(ConfigInvalid) as exc:
+        config_validate(data={"model": "m", "trainer": {"optimizer": "lion"}})
+    assert "trainer.optimizer" in exc.value.errors
+
+
+@pytest.mark.django_db
+def test_an_adamw_8bit_run_on_a_cpu_trainer_fails_with_the_message_and_keeps_its_batch(
+    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
+) -> None:
+    from apps.buffer.models import Experience
+    from tests.factories import make_experiences
+    from workers.trainer import train_step
+
+    settings.RFT_STORAGE_DIR = tmp_path
+    trainer_mod._RESIDENTS.clear()
+    run = running_run(owner, tiny_model_dir, trainer={"optimizer": "adamw_8bit", "loss_type": "grpo"})
+    make_experiences(run, groups=2, group_size=4)
+    out = train_step.apply(args=(run.pk, 1)).get()
+    assert out["status"] == "failed"
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+    assert "trainer.optimizer: adamw_8bit (bitsandbytes) needs a CUDA GPU" in run.error
+    assert Experience.objects.filter(run=run, status="ready").count() == 8, "the batch was lost"
+
+
 def test_fp16_training_is_refused_on_a_cpu_and_fp32_always_runs() -> None:
     with pytest.raises(PrecisionUnsupported, match="fp16 training needs a GPU"):
         precision_check("fp16", device="cpu")

@@ -45,7 +45,7 @@ def _trainer_model(model_dir: str, lora: bool):
 def _rank(rank: int, addr: str, model_dir: str, lora: bool, out: str) -> None:
     from transformers import AutoTokenizer
 
-    from workers.engines import engine_version_ensure, prompt_ids
+    from workers.engines import engine_last_load, engine_version_ensure, prompt_ids
     from workers.engines.hf_engine import HFEngine
     from workers.sync import NcclSync, SyncReceiver, receiver_install, save_pretrained_atomic
 
@@ -88,8 +88,10 @@ def _rank(rank: int, addr: str, model_dir: str, lora: bool, out: str) -> None:
         for f in version_dir.glob("*.safetensors"):
             f.unlink()
         took = engine_version_ensure(engine, version=1, path=str(version_dir))
+        how = engine_last_load(engine)
         result = {"got": _greedy(engine, tokenizer, prompts), "before": before, "loaded": took,
-                  "version": engine.version, "path": engine.path}
+                  "version": engine.version, "path": engine.path, "via": how.via if how else None,
+                  "bytes": how.bytes if how else None}
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
@@ -110,6 +112,8 @@ def test_an_explorer_receives_a_broadcast_version_and_generates_the_trainers_tex
     trainer = json.loads((tmp_path / "rank0.json").read_text())
     explorer = json.loads((tmp_path / "rank1.json").read_text())
     assert explorer["loaded"] and explorer["version"] == 1
+    # What the explorer's load event reports: the tensors came over the wire, every byte sent.
+    assert explorer["via"] == "broadcast" and explorer["bytes"] == trainer["sent"]
     assert explorer["got"] == trainer["expected"]
     assert explorer["before"] != trainer["expected"], "the new version generates what the old one did: proves nothing"
     if lora:

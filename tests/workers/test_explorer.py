@@ -114,9 +114,15 @@ def test_a_paused_or_stopped_run_gets_nothing_explored(owner: User, demo_model_d
 
 @pytest.mark.django_db
 def test_it_explores_with_a_newly_published_version_and_records_the_load(
-    owner: User, demo_model_dir: Path, hf_engine: Any, tmp_path: Path
+    owner: User, demo_model_dir: Path, hf_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from apps.runs import services
     from tests.workers.test_engines import perturbed_copy
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    publish = services.event_publish
+    monkeypatch.setattr(services, "event_publish",
+                        lambda *, run_id, type, payload: (sent.append((type, payload)), publish(run_id=run_id, type=type, payload=payload)))
 
     run = demo_run(owner, demo_model_dir, tasks=2)
     checkpoint = perturbed_copy(demo_model_dir, tmp_path / "v1")
@@ -129,6 +135,9 @@ def test_it_explores_with_a_newly_published_version_and_records_the_load(
         hf_engine.load(version=0, path=str(demo_model_dir))
     assert_explored(run, tasks=2, n=3, version=1)
     assert WeightLoad.objects.filter(run=run, version=1).count() == 1
+    loads = [p for t, p in sent if t == "weights.synced" and p["event"] == "loaded" and p["version"] == 1]
+    assert len(loads) == 1 and loads[0]["via"] == "checkpoint" and loads[0]["seconds"] > 0
+    assert loads[0]["bytes"] == sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) > 0
 
 
 @pytest.mark.django_db

@@ -42,6 +42,8 @@ class LearnerSpec:
     gradient_checkpointing: bool = False
     # The run's `trainer.lora` section, or None for full fine-tuning.
     lora: Any = None
+    # adamw | adamw_8bit (bitsandbytes, CUDA; workers.precision.optimizer_check)
+    optimizer: str = "adamw"
 
     @property
     def needs_ref(self) -> bool:
@@ -71,7 +73,7 @@ def spec_from_config(cfg: Any) -> LearnerSpec:
     )
     return LearnerSpec(
         algorithm=str(cfg.algorithm), params=params, mu=t.mu, precision=t.precision,
-        gradient_checkpointing=t.gradient_checkpointing, lora=t.lora,
+        gradient_checkpointing=t.gradient_checkpointing, lora=t.lora, optimizer=t.optimizer,
     )
 
 
@@ -80,13 +82,14 @@ class Learner:
         if spec.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {spec.algorithm!r}; known: {', '.join(ALGORITHMS)}")
         from workers.adapters import is_adapter_model
-        from workers.precision import precision_check
+        from workers.precision import optimizer_check, precision_check
 
         self.adapter = is_adapter_model(model)
         if spec.needs_ref and ref_model is None and not self.adapter:
             raise ValueError(f"{spec.algorithm} with these settings needs a reference model")
         self.device = next(model.parameters()).device.type
         precision_check(spec.precision, device=self.device)
+        optimizer_check(spec.optimizer, device=self.device)
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
@@ -112,7 +115,8 @@ class Learner:
             # the base (a resumed adapter's copy would be the trained one, not the start).
             bridge.reference_adapter_drop(model)
         primary = self.grpo or self.dpo or self.sft
-        self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=p.total_steps)
+        self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=p.total_steps,
+                                                                optimizer=spec.optimizer)
         self.scaler = torch.amp.GradScaler(self.device) if spec.precision == "fp16" else None
         self.model.train()
 

@@ -137,6 +137,16 @@ def _pad(seqs: list[list[int]] | list[list[float]], *, value: float, side: str, 
     return pad([torch.tensor(s, dtype=dtype) for s in seqs], padding_value=value, padding_side=side)
 
 
+def _on_model(trainer: Any, inputs: Any) -> Any:
+    """The batch's tensors on the device of the trainer's model (built on the CPU; a model
+    on a GPU — cuda:rank in a learner group — takes them there)."""
+    device = next(trainer.model.parameters()).device
+    for key, value in list(inputs.items()):
+        if isinstance(value, torch.Tensor) and value.device != device:
+            inputs[key] = value.to(device)
+    return inputs
+
+
 def grpo_inputs(
     *, trainer: Any, prompt_ids: list[list[int]], completion_ids: list[list[int]],
     old_logprobs: list[list[float]] | None, advantages: torch.Tensor,
@@ -174,7 +184,7 @@ def grpo_inputs(
         if action_masks is not None:
             old = old.masked_fill(inputs["tool_mask"] == 0, 0.0)
         inputs["old_per_token_logps"] = old
-    return inputs
+    return _on_model(trainer, inputs)
 
 
 def _fused_head(model: Any, *, temperature: float = 1.0) -> None:
@@ -273,7 +283,7 @@ def dpo_inputs(
         [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in pairs]
     )
     if action_masks is None:
-        return inputs
+        return _on_model(trainer, inputs)
     completion_mask = inputs["completion_mask"]
     n = len(pairs)
     for i, ((p, c, r), masks) in enumerate(zip(pairs, action_masks, strict=True)):
@@ -284,7 +294,7 @@ def dpo_inputs(
                 raise ValueError(f"an action mask has {len(mask)} entries for {len(ids)} completion tokens")
             completion_mask[row, len(p) : len(p) + len(ids)] *= torch.tensor([1 if m else 0 for m in mask],
                                                                              dtype=completion_mask.dtype)
-    return inputs
+    return _on_model(trainer, inputs)
 
 
 def dpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -338,7 +348,7 @@ def sft_inputs(
         # The labels TRL's dataset preparation builds (`build_labels`): -100 outside the completion.
         labels = [t if mask is None or mask[i] else -100 for i, t in enumerate(c)]
         examples.append({"input_ids": p + c, "labels": [-100] * len(p) + labels})
-    return trainer.data_collator(examples)
+    return _on_model(trainer, trainer.data_collator(examples))
 
 
 def sft_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -351,7 +361,10 @@ def sft_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tu
 # ----------------------------------------------------------------------------- optimizer
 
 
-def optimizer_build(*, trainer: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimizer and scheduler the trainer would use (AdamW from TrainingArguments)."""
+def optimizer_build(*, trainer: Any, total_steps: int, optimizer: str = "adamw") -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer and scheduler the trainer would use (AdamW from TrainingArguments;
+    optimizer adamw_8bit: transformers' `adamw_bnb_8bit`, bitsandbytes' AdamW8bit)."""
+    if optimizer == "adamw_8bit":
+        trainer.args.optim = "adamw_bnb_8bit"
     trainer.create_optimizer_and_scheduler(num_training_steps=max(1, total_steps))
     return trainer.optimizer, trainer.lr_scheduler

@@ -10,7 +10,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
@@ -18,6 +22,7 @@ from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "LoadInfo",
     "RolloutEngine",
     "Sample",
     "SamplingSpec",
@@ -26,6 +31,7 @@ __all__ = [
     "engine_cached",
     "engine_create",
     "engine_for",
+    "engine_last_load",
     "engine_options",
     "engine_version_ensure",
     "prompt_ids",
@@ -139,11 +145,30 @@ def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> 
     """
     if engine.version == version and getattr(engine, "path", None) == path:
         return False
-    from workers.sync import received_take
+    from workers.sync import received_take, weight_bytes
 
     received = received_take(path)
     apply = getattr(engine, "load_tensors", None)
     if received is not None and apply is not None and apply(version=version, path=path, tensors=received.tensors):
+        _LAST_LOAD[engine] = LoadInfo(via="broadcast", bytes=received.bytes)
         return True  # the trainer's broadcast (NcclSync), no checkpoint read
     engine.load(version=version, path=path)
+    _LAST_LOAD[engine] = LoadInfo(via="checkpoint", bytes=weight_bytes(Path(path)) if os.path.isdir(path) else 0)
     return True
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """How an engine got its last version: `broadcast` (NcclSync tensors) or `checkpoint`
+    (files), and the weight bytes that took (safetensors files read, or tensors received)."""
+
+    via: str
+    bytes: int
+
+
+_LAST_LOAD: weakref.WeakKeyDictionary[Any, LoadInfo] = weakref.WeakKeyDictionary()
+
+
+def engine_last_load(engine: RolloutEngine) -> LoadInfo | None:
+    """What the last `engine_version_ensure` that loaded into `engine` moved, if any."""
+    return _LAST_LOAD.get(engine)

@@ -49,7 +49,8 @@ class HFEngine:
                 self._adapter_load(path)
             else:
                 self.model, self.base_path = self._full_load(path), path
-            self.model.eval()
+            if self.model.training:  # a walk over every module: only when needed
+                self.model.eval()
             self.path, self._version = path, version
             # The context the model was built for: the OpenAI endpoint refuses longer prompts.
             self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
@@ -60,13 +61,16 @@ class HFEngine:
         False when they do not fit what is held (the caller loads the checkpoint instead)."""
         from peft import set_peft_model_state_dict
 
-        from workers.adapters import adapter_base, is_adapter_dir, is_adapter_model
+        from workers.adapters import adapter_base, adapter_weights_apply, is_adapter_dir, is_adapter_model
 
         with self._lock:
             if is_adapter_dir(path):
                 same_base = os.path.realpath(adapter_base(path)) == os.path.realpath(self.base_path)
                 if not (is_adapter_model(self.model) and same_base):
                     return False
+                if adapter_weights_apply(model=self.model, tensors=tensors):
+                    self.path, self._version = path, version
+                    return True
                 held = {k for k in self.model.state_dict() if "lora_" in k}
                 result = set_peft_model_state_dict(self.model, tensors)
                 if getattr(result, "unexpected_keys", None) or not held:
