@@ -95,3 +95,30 @@ def test_an_idle_consumer_outlives_the_layers_blocking_read() -> None:
     layer = get_channel_layer()
     pool = create_pool(layer.hosts[0])
     assert pool.connection_kwargs["socket_timeout"] > layer.brpop_timeout
+
+
+async def test_a_burst_of_events_tells_the_runs_lists_twice_and_heartbeats_not_at_all(run: Run, owner: User) -> None:
+    from channels.routing import URLRouter
+
+    from apps.runs.events import RUNS_LIST_NOTICE_SECONDS
+    from rftweb.routing import websocket_urlpatterns
+
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
+    comm.scope["user"] = owner
+    assert (await comm.connect(timeout=10))[0]
+    await asyncio.sleep(RUNS_LIST_NOTICE_SECONDS)  # past any notice of the run's creation
+
+    def burst() -> None:
+        for step in range(50):
+            event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": {"loss": 1.0}})
+
+    await sync_to_async(burst)()
+    # 50 events: one notice at once, one for the rest when the interval ends.
+    notice = {"type": "runs.changed", "payload": {"run": run.pk}}
+    assert await comm.receive_json_from(timeout=5) == notice
+    assert await comm.receive_json_from(timeout=5) == notice
+    assert await comm.receive_nothing(timeout=RUNS_LIST_NOTICE_SECONDS + 0.5)
+    # A heartbeat changes no row of the list.
+    await sync_to_async(event_publish)(run_id=run.pk, type="worker.heartbeat", payload={})
+    assert await comm.receive_nothing(timeout=RUNS_LIST_NOTICE_SECONDS + 0.5)
+    await comm.disconnect()

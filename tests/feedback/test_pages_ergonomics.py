@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
@@ -149,6 +150,20 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     page.wait_for_selector("#mine li.submission")
     item = page.locator("#mine li.submission").first
     assert "4/5" in item.inner_text() and "{" not in item.inner_text()  # no Python reprs
+    page.keyboard.press("2")
+    page.keyboard.press("Enter")
+    expect(page.locator("#mine li.submission")).to_have_count(2, timeout=15_000)
+    # Revise the older one (undo is for the last): its item comes back, open, and is rated again.
+    first = Feedback.objects.get(experience=members[0])
+    page.click(f'#mine li.submission[data-feedback="{first.pk}"] button')
+    page.wait_for_selector(f'#queue .item:not(.done)[data-experience="{members[0].pk}"]')
+    assert Experience.objects.get(pk=members[0].pk).human_reward is None
+    page.click(f'#queue .item[data-experience="{members[0].pk}"] input[name=score][value="5"]')
+    page.click(f'#queue .item[data-experience="{members[0].pk}"] form.rate button[type=submit]')
+    page.wait_for_selector(f'#queue .item.done[data-experience="{members[0].pk}"]')
+    revised = Feedback.objects.get(experience=members[0])
+    assert revised.value["score"] == 5 and revised.pk != first.pk
+    assert Experience.objects.get(pk=members[0].pk).human_reward == 1.0  # 5 stars
     # A trainer claims the group: its feedback can no longer change.
     Experience.objects.filter(group_id="g").update(status="consumed")
     page.click("#mine a.refresh")

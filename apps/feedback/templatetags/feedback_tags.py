@@ -67,13 +67,15 @@ def feedback_value(value: Any, kind: str = "") -> str:
     return " · ".join(parts)
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(value, dict):
-        return {prefix: value} if prefix else {}
+def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings by their dotted names: {"selection": {"variance": 1}} -> {"selection.variance": 1}."""
     out: dict[str, Any] = {}
     for key, v in value.items():
-        out.update(_flat(v, f"{prefix}.{key}" if prefix else str(key)) if isinstance(v, dict) else {
-            f"{prefix}.{key}" if prefix else str(key): v})
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(v, dict):
+            out.update(_flat(v, path))
+        else:
+            out[path] = v
     return out
 
 
