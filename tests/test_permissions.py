@@ -90,6 +90,7 @@ ACCESS: dict[str, str] = {
     "rewards:preferences": OWNER,
     "envapi-v1:raters_get": API,
     "envapi-v1:reward_models_list": API,
+    "envapi-v1:k12_graders_list": API,
     "envapi:run-keys": OWNER,
     "envapi:run-key-revoke": OWNER,
 }

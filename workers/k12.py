@@ -29,10 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from celery import shared_task
 from django.conf import settings
 from django.core.cache import cache
-from django.db import InterfaceError, OperationalError
 
 from apps.rewards.k12 import (
     K12JudgeParams,
@@ -240,24 +238,3 @@ def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, ru
 # Scorers of workers/rewards.py that take the run and return verdicts.
 K12_SCORERS = {"k12_judge": k12_judge_verdicts, "k12_learned": k12_learned_verdicts}
 
-
-@shared_task(
-    name="workers.k12.k12_grader_train", queue="reward", acks_late=True, reject_on_worker_lost=True,
-    soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
-    max_retries=5, ignore_result=True,
-)
-def k12_grader_train(run_id: int, force: bool = False) -> dict[str, Any]:
-    """Train the run's next K-12 grader (the params of its first `k12_learned` term)."""
-    run = Run.objects.filter(pk=run_id).first()
-    term = next((t for t in run.cfg.rewards if t.name == "k12_learned"), None) if run is not None else None
-    if run is None:
-        return {"version": None}
-    params = learned_params(term.params if term is not None else {})
-    lock = f"rft:k12-train:{run_id}"
-    if not cache.add(lock, 1, TRAIN_LOCK_SECONDS):
-        return {"version": None, "busy": True}
-    try:
-        grader = k12_grader_train_run(run=run, params=params, force=force)
-    finally:
-        cache.delete(lock)
-    return {"version": grader.version if grader else None, "accuracy": grader.accuracy if grader else None}

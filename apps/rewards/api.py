@@ -72,3 +72,21 @@ def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
     from apps.rewards.models import RewardModel
 
     return list(RewardModel.objects.filter(run=_run(request, run_id)).order_by("-version"))
+
+
+class K12GraderOut(Schema):
+    version: int
+    accuracy: float | None
+    pairs_train: int
+    pairs_heldout: int
+    grades: int
+    path: str
+    created_at: Any
+
+
+@router.get("/runs/{run_id}/k12-graders", response=responses(list[K12GraderOut]),
+            summary="The run's learned K-12 grader versions, newest first")
+def k12_graders_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
+    from apps.rewards.models import K12Grader
+
+    return list(K12Grader.objects.filter(run=_run(request, run_id)).order_by("-version"))

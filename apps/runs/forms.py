@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from apps.hygiene import InputRejected, yaml_parse
+from apps.rewards.scoring import DOMAINS
 from apps.runs.config import FeedbackPolicy, RunConfig
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
@@ -210,7 +211,8 @@ SECTION_HELP: dict[str, str] = {
 }
 FIELD_HELP: dict[str, str] = {
     "model": "A local directory that exists on this host and the workers (a checkpoint with config.json), or a hub id such as org/model.",
-    "rewards": "YAML list of reward functions: - name: math_accuracy (weight: 1.0, params: {...}, domains: [math]).",
+    "rewards": "YAML list of reward functions: - name: math_accuracy (weight: 1.0, params: {...}, domains: [math]). "
+               f"Domains: {', '.join(DOMAINS)}; K-12 answers: k12_judge and/or k12_learned.",
     "repeat_times": "Completions per task: GRPO and MIX compare them within the group, so at least 2 (4–8 is usual).",
     "total_steps": "Train steps (explore steps in explore-only mode); the run is finished after these.",
     "sync_interval": "A new model version every this many train steps.",

@@ -181,3 +181,23 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     path = k12_taskset_write(tmp_path / "k12.jsonl")
     assert [json.loads(line) for line in path.read_text().splitlines()] == k12_records()
     assert os.path.getsize(path) > 0
+
+
+@pytest.mark.django_db
+def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: User) -> None:
+    from apps.rewards.k12 import k12_grader_publish
+    from apps.runs.models import Metric
+    from tests.envapi.conftest import Api, make_key
+
+    run, other = make_run(owner=owner, rewards=SPEC), make_run(owner=owner, name="other", rewards=SPEC)
+    fields = {"path": "/x", "base": "b", "pairs_train": 9, "pairs_heldout": 3, "grades": 12, "seconds": 1.0,
+              "scale": 1.0, "offset": 0.5}
+    v1 = k12_grader_publish(run=run, accuracy=0.7, **fields)
+    v2 = k12_grader_publish(run=run, accuracy=0.8, **fields)
+    assert (v1.version, v2.version, k12_grader_publish(run=other, accuracy=None, **fields).version) == (1, 2, 1)
+    assert list(Metric.objects.filter(run=run, name="k12_grader/accuracy").values_list("step", "value")) == [
+        (1, 0.7), (2, 0.8)]
+    api = Api(make_key(run)[1])
+    listed = api.get(f"/runs/{run.pk}/k12-graders").json()
+    assert [(g["version"], g["accuracy"], g["grades"]) for g in listed] == [(2, 0.8, 12), (1, 0.7, 12)]
+    assert api.get(f"/runs/{other.pk}/k12-graders").status_code == 403  # the key is not scoped to it
