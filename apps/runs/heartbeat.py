@@ -189,11 +189,20 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _beater.start()
 
 
+# Tasks that serve one API request each (the OpenAI-compatible endpoint, /rollouts): tens
+# of milliseconds, many a second. An edge beat is a new thread with a new database
+# connection and a write, which cost such a task about as much CPU as its generation on a
+# busy host; the interval's beats show these workers.
+QUICK_TASKS = frozenset({"workers.explorer.chat", "workers.explorer.generate"})
+
+
 @signals.task_prerun.connect
 @signals.task_postrun.connect
-def _on_task_edge(**_: Any) -> None:
+def _on_task_edge(sender: Any = None, **_: Any) -> None:
     # Beat at once when a task starts or ends in a solo worker (same process), so the page
     # shows the current task without waiting for the next interval.
+    if getattr(sender, "name", None) in QUICK_TASKS:
+        return
     if _beater is not None and _beater.is_alive() and threading.current_thread() is threading.main_thread():
         threading.Thread(target=_beater.beat, daemon=True).start()
 
