@@ -87,6 +87,32 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
     assert followers and all(p.poll() is not None for p in followers)
 
 
+def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
+    owner: Any, tiny_model_dir: Path, celery_workers: Any
+) -> None:
+    """The same through a real train worker (a prefork child starts the follower) and the
+    conductor, from `start` to a finished run."""
+    from safetensors.torch import load_file
+
+    from apps.runs.models import Run
+    from apps.runs.services import run_transition
+    from tests.factories import make_run, make_taskset
+    from tests.trainer.test_modes import drive
+
+    torch.set_num_threads(1)
+    one = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), model=str(tiny_model_dir), mode="train",
+                   train_batch_size=12, repeat_times=4, explore_batch_size=2, total_steps=1,
+                   trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+    _fill(run, expert=False)
+    run_transition(run=run, action="start", actor=owner)
+    run = drive(run, lambda r: r.status == Run.Status.FINISHED, explorer=None, timeout=600)
+    assert Metric.objects.get(run=run, step=1, name="learner_processes").value == 2
+    two = load_file(str(Path(ModelVersion.objects.get(run=run, number=1).checkpoint) / "model.safetensors"))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize(("config", "message"), [
     ({"algorithm": "dpo", "trainer": {"processes": 2}}, "processes: a learner group trains grpo and sft"),
     ({"trainer": {"processes": 2, "loss_type": "cispo"}}, "processes: loss_type cispo does not split exactly"),

@@ -258,14 +258,17 @@ class LearnerGroup:
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
         self.broken = False
-        env = {**os.environ, "RFT_GROUP_SPEC": json.dumps({
+        # From the project's root, with it on the path, whatever the worker's own directory.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+               "RFT_GROUP_SPEC": json.dumps({
             "port": port, "world": world, "backend": self.backend, "timeout_s": timeout_s, "config": run_config,
             "parent": os.getpid(),
         })}
         self.followers: list[subprocess.Popen[bytes]] = []
         for rank in range(1, world):
             self.followers.append(subprocess.Popen(
-                [sys.executable, "-m", "workers.algorithms.distributed", str(rank)], env=env, close_fds=True,
+                [sys.executable, "-m", "workers.algorithms.distributed", str(rank)], env=env, cwd=root, close_fds=True,
             ))
         try:
             self.group = _process_group(store=self._store, rank=0, world=world, backend=self.backend, timeout=timeout)
