@@ -43,7 +43,8 @@ def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(o
     a, b, c = _items(run, 3, "new")
     feedback_rate(run=run, author=careless, experience=a, score=5)  # the careless rater says a is great
     feedback_rate(run=run, author=careful, experience=b, score=4)
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, scale=0.25, offset=0.5)
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, scale=0.25, offset=0.5,
+                                    pairs_heldout=40)
     assert reward_model_usable(run=run) == rm
     rm_scores_apply(run=run, rm=rm, scores={a.pk: -2.0, b.pk: 0.0, c.pk: 1.0})
     a, b, c = (Experience.objects.get(pk=e.pk) for e in (a, b, c))
@@ -56,10 +57,16 @@ def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(o
 def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.8}, reward_model={"enabled": True})
     a, b = _items(run, 2, "g")
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75)
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75, pairs_heldout=100)
     assert reward_model_usable(run=run) is None
     assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 1.0, b.pk: 0.0}) == 0
     assert set(Experience.objects.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"pending"}
+    # A high accuracy on a handful of held-out pairs is no evidence either (default: 20 pairs).
+    lucky = RewardModel.objects.create(run=run, version=2, path="/x", base="b", accuracy=1.0, pairs_heldout=5)
+    assert reward_model_usable(run=run) is None
+    assert rm_scores_apply(run=run, rm=lucky, scores={a.pk: 1.0, b.pk: 0.0}) == 0
+    RewardModel.objects.filter(pk=lucky.pk).update(pairs_heldout=20)
+    assert reward_model_usable(run=run) == lucky
 
 
 def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User, annotator: User) -> None:
