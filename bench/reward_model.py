@@ -97,6 +97,40 @@ def rating_pairs(rows: list[dict[str, Any]]) -> list[Any]:
     return pairs
 
 
+def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]) -> float:
+    """Held-out pairwise accuracy of ranking by the base's own log-likelihood of the
+    completion: what the base knows about right answers, whether or not a scalar head on its
+    last token can read it (a diagnostic, not a reward model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.reward_models import _rm_text
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    loglik: dict[int, float] = {}
+    for i, r in enumerate(rows):
+        if r["group"] not in groups:
+            continue
+        ids = tokenizer(_rm_text(tokenizer, r["prompt"], r["completion"]), add_special_tokens=False,
+                        return_tensors="pt")["input_ids"]
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                               add_generation_prompt=True)
+        start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1]
+        token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+        loglik[i] = float(token_lp[start - 1:].sum())
+    hits = total = 0.0
+    for p in rating_pairs(rows):
+        if p.group_id not in groups:
+            continue
+        total += 1
+        c, r_ = loglik[p.chosen_id], loglik[p.rejected_id]
+        hits += 1.0 if c > r_ else 0.5 if c == r_ else 0.0
+    return hits / total if total else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--labels", default="100,200,400")
@@ -133,6 +167,9 @@ def main() -> None:
         heldout = rating_pairs([r for r in rows if r["group"] in heldout_groups])
         right = sum(r["score"] == 5 for r in rows) / len(rows)
         print(f"seed {seed}: {len(rows)} completions, {right:.3f} right, {len(heldout)} held-out pairs", flush=True)
+        for name in args.bases.split(","):
+            print(f"  base {name:<7} ranking by its own completion log-likelihood (diagnostic): held-out accuracy "
+                  f"{likelihood_accuracy(bases[name], rows, heldout_groups):.3f}", flush=True)
         for labels in [int(x) for x in args.labels.split(",")]:
             train_groups = set(groups[HELDOUT_GROUPS:HELDOUT_GROUPS + labels // GROUP])
             train = rating_pairs([r for r in rows if r["group"] in train_groups])
