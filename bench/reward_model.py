@@ -19,8 +19,8 @@ temperature 1, 8 per prompt, as the explorer samples them. Bases compared:
 
 Each base's ranking by its own log-likelihood of the completion is printed beside it: what
 the base knows. Measured 2026-11 (seeds 0 and 1, load 12-16): trained reward models 0.41-0.46
-(policy) and 0.44 (judge) at 200 labels, 0.55 (policy) and 0.61 (judge) at 800 labels (seed
-0); log-likelihood rankings 0.66-0.69 (policy) and 0.97-0.98 (judge); a linear probe of the
+(policy) and 0.44 (judge) at 200 labels; at 800 labels (seed 0, 4 epochs) 0.55 (policy, lr 1e-4)
+and 0.61 (judge, lr 3e-4); log-likelihood rankings 0.66-0.69 (policy) and 0.97-0.98 (judge); a linear probe of the
 judge's hidden states at each of the last 8 positions 0.47-0.53. The knowledge is in the
 token likelihoods, not where a sequence classifier's head reads it.
 
