@@ -25,6 +25,11 @@ bench after the raters' turn, not by wall time. Accuracy is greedy `<answer>` ac
 demo model's 200 held-out problems, off the clock.
 
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
+                             [--rm-base policy|judge|PATH] [--min-rm-accuracy 0.75]
+
+A reward model is folded into rewards only once its held-out accuracy reaches
+--min-rm-accuracy on at least 20 held-out pairs; bench/reward_model measures how far the
+reward model gets on these labels with each base.
 
 Targets: rm10 gain >= 0.8 x all's with <= 0.1 x its labels; rm10 >= 2 x random10; noisy >=
 0.8 x rm10; reward-model held-out accuracy >= 0.85. The last line prints the ratios.
@@ -53,16 +58,20 @@ PASSWORD = "bench-steering-pw"
 ARMS = ("all", "rm10", "random10", "noisy")
 
 
-def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float) -> dict[str, Any]:
+def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
+            rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch") -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
         "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": 12},
         # Only the format reward: correctness comes from people (or the model learned from them).
         "rewards": [{"name": "math_format"}],
-        "trainer": {"learning_rate": lr, "loss_type": "grpo"},
+        # Advantages scaled by the batch's reward spread, not each group's: under per-group
+        # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
+        # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
+        "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards},
     }
-    rm = {"enabled": True, "base": model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
+    rm = {"enabled": True, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
           "learning_rate": 3e-4, "batch_size": 16, "max_length": 64}
     wait = {"wait_seconds": 3600, "fallback": "auto"}
     if arm == "all":
@@ -70,7 +79,10 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
     if arm == "random10":
         return {**common, "feedback": {"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "overlap": 1, **wait,
                                        "selection": {"random_share": 1.0}}}
-    learned = {"mode": "learned", "w_auto": 0.2, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": 0.6,
+    # A reward model steers only once it ranks held-out pairs well on enough of them: one at
+    # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
+    learned = {"mode": "learned", "w_auto": 0.2, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
+               "min_rm_heldout_pairs": 20,
                "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2}}
     if arm == "rm10":
         return {**common, "feedback": learned, "reward_model": rm}
@@ -219,7 +231,8 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 
 
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
-            demo: Path, owner_user: Any, base_acc: float) -> dict[str, Any]:
+            demo: Path, owner_user: Any, base_acc: float, rm_base: str | None = None,
+            min_rm_accuracy: float = 0.75, scale_rewards: str = "batch") -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -238,7 +251,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
 
     taskset = taskset_import(name=f"steering {arm} {seed}", path=demo / TASKSET_FILE, owner=owner_user)
     run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,
-                     config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr))
+                     config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
+                                    rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -302,6 +316,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--share", type=float, default=0.1, help="share of rollouts rated in the 10%% arms")
+    parser.add_argument("--rm-base", default="policy",
+                        help="the reward model's base: policy (the demo model), judge (bench/reward_model's), or a path")
+    parser.add_argument("--min-rm-accuracy", type=float, default=0.75)
+    parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
@@ -325,6 +343,13 @@ def main() -> None:
     owner, _ = User.objects.get_or_create(username="bench-steering-owner")
     owner.set_password(PASSWORD)
     owner.save()
+    rm_base: str | None = None
+    if args.rm_base == "judge":
+        from bench.reward_model import JUDGE_DIR, judge_settings
+
+        rm_base = str(demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=lambda _: None).out)
+    elif args.rm_base != "policy":
+        rm_base = args.rm_base
     base_acc = _accuracy(str(demo), demo)
     print(f"base accuracy {base_acc:.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
     proc, url = server_start(tmp)
@@ -334,7 +359,8 @@ def main() -> None:
             for arm in args.arms.split(","):
                 results.append(run_arm(arm, url=url, seed=seed, steps=args.steps, tasks=args.tasks,
                                        repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
-                                       owner_user=owner, base_acc=base_acc))
+                                       owner_user=owner, base_acc=base_acc, rm_base=rm_base,
+                                       min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()

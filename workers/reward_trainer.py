@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import InterfaceError, OperationalError
 
-from apps.feedback.preferences import PreferencePair, pair_is_heldout, preference_pairs
+from apps.feedback.preferences import PreferencePair, group_is_heldout, pair_is_heldout, preference_pairs
 from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
 from apps.rewards.learned import (
     experiences_to_score,
@@ -97,17 +97,23 @@ def pairwise_accuracy(chosen: list[float], rejected: list[float]) -> float | Non
     return hits / len(chosen)
 
 
+MIN_CALIBRATION_POINTS = 8
+
+
 def _calibration(scores: list[float], humans: list[float]) -> tuple[float, float]:
-    """Least-squares line from raw scores to people's rewards; a sigmoid-like default (slope
-    1/4 around the mean score) when there are too few distinct points to fit."""
+    """Least-squares line from raw scores to people's rewards. Fitted on experiences the
+    model did not train on, it shrinks an uninformative model toward the people's mean reward
+    (slope 0 when its scores do not follow people at all), so its noise adds no spread to the
+    rewards a group is normalised by. A sigmoid-like default (slope 1/4 around the mean score)
+    when there are too few distinct points to fit."""
     mean_s = sum(scores) / len(scores) if scores else 0.0
     if len(scores) >= 3:
         mean_h = sum(humans) / len(humans)
         var = sum((s - mean_s) ** 2 for s in scores)
         if var > 1e-12:
             slope = sum((s - mean_s) * (h - mean_h) for s, h in zip(scores, humans, strict=True)) / var
-            if slope > 0:
-                return slope, mean_h - slope * mean_s
+            slope = max(0.0, slope)
+            return slope, mean_h - slope * mean_s
     return 0.25, 0.5 - 0.25 * mean_s
 
 
@@ -184,9 +190,14 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
         batch_size=cfg.batch_size, max_length=cfg.max_length, seed=run.cfg.seed + number,
     )
-    # Put raw scores on the human scale with the experiences people rated.
-    rated = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
-                 .exclude(pk__in=gold).order_by("-id").values_list("prompt_text", "response_text", "human_reward")[:512])
+    # Put raw scores on the human scale with the experiences people rated in the held-out
+    # groups (scores of what it trained on are overconfident); all rated ones while too few.
+    rated_all = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
+                     .exclude(pk__in=gold).order_by("-id")
+                     .values_list("prompt_text", "response_text", "human_reward", "group_id")[:2048])
+    rated = [r for r in rated_all if group_is_heldout(r[3], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
+    if len(rated) < MIN_CALIBRATION_POINTS:
+        rated = rated_all[:512]
     scores = rm_score_texts(net, tokenizer, [r[0] for r in rated], [r[1] for r in rated], max_length=cfg.max_length)
     scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
     rm = reward_model_publish(

@@ -125,11 +125,15 @@ def preference_pairs(
     return pairs
 
 
-def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> bool:
+def group_is_heldout(group_id: str, *, share: float, seed: int = 0) -> bool:
     """Deterministic split by group: a prompt's pairs are all held out or all trained on, so
     held-out accuracy measures prompts the reward model never saw."""
-    digest = hashlib.sha256(f"{seed}:{pair.group_id}".encode()).digest()
+    digest = hashlib.sha256(f"{seed}:{group_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> bool:
+    return group_is_heldout(pair.group_id, share=share, seed=seed)
 
 
 def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:

@@ -37,9 +37,24 @@ def feedback_targets(fb: Feedback) -> list[int]:
     return [i for i in (fb.experience_id, fb.other_id) if i]
 
 
+def _gold_ids(run_id: int) -> set[int]:
+    from apps.rewards.models import GoldItem
+
+    return set(GoldItem.objects.filter(run_id=run_id).values_list("experience_id", flat=True))
+
+
+def _on_gold(fb: Feedback, gold: set[int]) -> bool:
+    """Feedback on a gold item stays revisable like any fresh item's (its group is usually
+    trained, and "trained on" beside it would announce it); withdrawing it changes no reward."""
+    targets = feedback_targets(fb)
+    return bool(targets) and all(t in gold for t in targets)
+
+
 def feedback_revisable(*, feedback: Feedback) -> bool:
     if feedback.late or feedback.kind not in REVISABLE_KINDS:
         return False
+    if _on_gold(feedback, _gold_ids(feedback.run_id)):
+        return True
     group = Experience.objects.filter(run_id=feedback.run_id, group_id=feedback.group_id, is_expert=False)
     return not group.filter(status__in=_TRAINED).exists()
 
@@ -51,7 +66,9 @@ def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[dict[str, 
                 .order_by("-created_at", "-id")[:limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
-    return [{"feedback": f, "revisable": not f.late and f.group_id not in trained} for f in rows]
+    gold = _gold_ids(run.pk)
+    return [{"feedback": f, "revisable": not f.late and (f.group_id not in trained or _on_gold(f, gold))}
+            for f in rows]
 
 
 def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) -> Feedback:
@@ -71,7 +88,7 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
                 raise NotRevisable("nothing of yours to undo on this run")
         members = list(Experience.objects.select_for_update()
                        .filter(run=run, group_id=fb.group_id, is_expert=False).order_by("id"))
-        if fb.late or any(m.status in _TRAINED for m in members):
+        if fb.late or (any(m.status in _TRAINED for m in members) and not _on_gold(fb, _gold_ids(run.pk))):
             raise NotRevisable("this group has been trained on: its feedback can no longer change")
         targets = feedback_targets(fb)
         fb.delete()

@@ -304,10 +304,21 @@ def _store(
     """The row itself, late or not by the one rule. Call inside a transaction, with the
     targets' group locked."""
     late = feedback_is_late(statuses=[t.status for t in targets])
+    if late and _gold_targets(run=run, targets=targets):
+        # A gold item is usually a trained-on completion handed out on purpose: its answer is
+        # no late feedback (and nothing in the page may say "late" about it). It is still never
+        # folded into a trained reward: group_fold only touches open members.
+        late = False
     return Feedback.objects.create(
         run=run, kind=kind, experience=targets[0] if kind != Feedback.Kind.RANKING else None, other=other,
         group_id=group_id, author=author, api_key=api_key, value=value, comment=comment, late=late,
     )
+
+
+def _gold_targets(*, run: Run, targets: Sequence[Experience]) -> bool:
+    from apps.rewards.models import GoldItem
+
+    return GoldItem.objects.filter(run=run, experience_id__in=[t.pk for t in targets]).exists()
 
 
 def _announce(*, run: Run, feedback: Feedback, ready: bool) -> None:

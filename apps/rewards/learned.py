@@ -50,9 +50,13 @@ def reward_model_latest(*, run: Run) -> RewardModel | None:
 
 def reward_model_usable(*, run: Run) -> RewardModel | None:
     """The newest version good enough to score rewards (held-out accuracy at least the
-    policy's `min_rm_accuracy`), or None: `learned` then falls back as `blend`."""
+    policy's `min_rm_accuracy`, measured on at least `min_rm_heldout_pairs` pairs), or None:
+    `learned` then falls back as `blend`."""
     latest = reward_model_latest(run=run)
-    if latest is None or latest.accuracy is None or latest.accuracy < run.cfg.feedback.min_rm_accuracy:
+    policy = run.cfg.feedback
+    if latest is None or latest.accuracy is None or latest.accuracy < policy.min_rm_accuracy:
+        return None
+    if latest.pairs_heldout < policy.min_rm_heldout_pairs:
         return None
     return latest
 
@@ -183,6 +187,7 @@ def reward_model_summary(*, run: Run) -> dict[str, Any]:
         "enabled": reward_model_on(run=run), "versions": versions, "latest": versions[0] if versions else None,
         "in_use": usable, "labels": run_label_count(run=run), "mode": policy.mode,
         "w_auto": policy.w_auto, "w_rm": policy.w_rm, "w_human": policy.w_human,
-        "min_accuracy": policy.min_rm_accuracy, "retrain_every": run.cfg.reward_model.retrain_every,
+        "min_accuracy": policy.min_rm_accuracy, "min_heldout_pairs": policy.min_rm_heldout_pairs,
+        "retrain_every": run.cfg.reward_model.retrain_every,
         "scored": RewardModelScore.objects.filter(reward_model__run=run).count(),
     }

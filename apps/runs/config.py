@@ -129,6 +129,9 @@ class FeedbackPolicy(_Strict):
     w_rm: float = Field(1.0, ge=0.0)
     # learned falls back as blend until a reward model reaches this held-out pairwise accuracy.
     min_rm_accuracy: float = Field(0.7, ge=0.0, le=1.0)
+    # ... measured on at least this many held-out pairs: an accuracy on a handful of pairs is
+    # noise, and a chance-level reward model folded into rewards steers the run at random.
+    min_rm_heldout_pairs: int = Field(20, ge=0)
     # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"

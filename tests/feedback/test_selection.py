@@ -4,6 +4,7 @@ no item beyond its overlap, and gold items mixed in unannounced."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -150,3 +151,49 @@ def test_gold_items_are_mixed_in_at_the_rate_and_never_announced(owner: User, an
     assert "gold" not in r_gold.content.decode().lower()
     assert r_gold.content.decode().replace(str(item.pk), "X").replace(str(item.experience_id), "Y").count("<") == \
         r_plain.content.decode().replace(str(plain.pk), "X").replace(str(plain.experience_id), "Y").count("<")
+
+
+def test_a_trained_on_gold_item_reads_as_any_fresh_item(owner: User, annotator: User, monkeypatch: pytest.MonkeyPatch,
+                                                       django_capture_on_commit_callbacks: Any) -> None:
+    """Gold items are usually old, consumed completions: nothing on the card, the answer to
+    a rating, the live event or "your submissions" may say so."""
+    import apps.feedback.services as services
+    from apps.feedback.revise import my_submissions
+
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "gold_rate": 0.5})
+    add_member(run, annotator)
+    old = [experience_row(run, key=f"old{i}", group="g-old", status="ready", reward=0.5, auto_reward=0.5,
+                          response_text=f"old answer {i}") for i in range(2)]
+    fresh = [experience_row(run, key=f"new{i}", group=f"g-new{i}", status="pending", reward=None, auto_reward=0.5,
+                            response_text=f"new answer {i}") for i in range(4)]
+    experience_write(experiences=old + fresh)
+    Experience.objects.filter(run=run, group_id="g-old").update(status="consumed")  # the trainer took it
+    gold_exp = Experience.objects.get(run=run, response_text="old answer 0")
+    GoldItem.objects.create(run=run, experience=gold_exp, answer=1.0, created_by=owner)
+    client = Client()
+    client.force_login(annotator)
+    events: list[dict[str, Any]] = []
+    monkeypatch.setattr(services, "event_publish", lambda **kw: events.append(kw))
+
+    page = client.get(f"/runs/{run.pk}/annotate/").content.decode()
+    mine = {a.experience_id: a for a in Assignment.objects.filter(run=run, annotator=annotator)}
+    assert gold_exp.pk in mine
+    card = page[page.index(f'data-experience="{gold_exp.pk}"'):]
+    card = card[:card.index("</article>")].lower()
+    assert "consumed" not in card and "trained" not in card and "gold" not in card
+    plain_pk = next(pk for pk in mine if pk != gold_exp.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = client.post(f"/runs/{run.pk}/annotate/items/{mine[gold_exp.pk].pk}/rate/", {"score": "5"},
+                           HTTP_HX_REQUEST="true").content.decode().lower()
+        client.post(f"/runs/{run.pk}/annotate/items/{mine[plain_pk].pk}/rate/", {"score": "5"}, HTTP_HX_REQUEST="true")
+    assert "late" not in done and "consumed" not in done
+    saved = [e["payload"] for e in events if e["type"] == "feedback.saved"]
+    assert [p["late"] for p in saved] == [False, False]
+    # Both submissions may be revised alike; the trained gold item's reward did not move.
+    subs = my_submissions(run=run, author=annotator)
+    assert [m["revisable"] for m in subs] == [True, True]
+    gold_exp.refresh_from_db()
+    assert (gold_exp.status, gold_exp.reward, gold_exp.human_reward) == ("consumed", 0.5, None)
+    undo = client.post(f"/runs/{run.pk}/annotate/mine/", {"feedback": str(subs[1]["feedback"].pk)},
+                       HTTP_HX_REQUEST="true")
+    assert undo.status_code == 200 and "trained on" not in undo.content.decode()

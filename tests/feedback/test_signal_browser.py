@@ -63,7 +63,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
                    reward_model={"enabled": True, "base": str(demo_model_dir), "retrain_every": 8,
                                  "heldout_share": 0.5, "epochs": 2, "max_length": 64})
     add_member(run, annotator)
-    _groups(run, 6)
+    _groups(run, 8)
 
     owner_ctx, annotator_ctx = browser.new_context(), browser.new_context()
     try:
@@ -92,10 +92,23 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         assert accuracy == f"{rm.accuracy:.3f}"
         assert owner_page.locator("[data-figure=labels]").first.inner_text().strip() == "8"
 
+        # Eight more labels: the run page moves on to v2 and shows v2's accuracy, unreloaded.
+        ann_page.goto(live_url + path)
+        ann_page.wait_for_selector("#annotate[data-live=open]")
+        for n in range(1, 9):
+            ann_page.keyboard.press("5" if n % 2 else "1")
+            ann_page.keyboard.press("Enter")
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n)
+        expect(owner_page.locator("[data-figure=rm-version]")).to_have_text("v2", timeout=240_000)
+        v2 = RewardModel.objects.get(run=run, version=2)
+        assert v2.labels == 16 and v2.accuracy is not None
+        expect(owner_page.locator("[data-figure=rm-accuracy]")).to_have_text(f"{v2.accuracy:.3f}")
+        expect(owner_page.locator("[data-figure=labels]").first).to_have_text("16")
+
         owner_page.click("nav.subnav >> text=Raters")
         owner_page.wait_for_selector("#raters")
         row = owner_page.locator('#raters tr[data-rater="annotator"]')
-        assert row.locator("[data-figure=labels]").inner_text().strip() == "8"
+        assert row.locator("[data-figure=labels]").inner_text().strip() == "16"
     finally:
         owner_ctx.close()
         annotator_ctx.close()

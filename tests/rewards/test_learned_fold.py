@@ -43,7 +43,8 @@ def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(o
     a, b, c = _items(run, 3, "new")
     feedback_rate(run=run, author=careless, experience=a, score=5)  # the careless rater says a is great
     feedback_rate(run=run, author=careful, experience=b, score=4)
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, scale=0.25, offset=0.5)
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, scale=0.25, offset=0.5,
+                                    pairs_heldout=40)
     assert reward_model_usable(run=run) == rm
     rm_scores_apply(run=run, rm=rm, scores={a.pk: -2.0, b.pk: 0.0, c.pk: 1.0})
     a, b, c = (Experience.objects.get(pk=e.pk) for e in (a, b, c))
@@ -56,10 +57,16 @@ def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(o
 def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.8}, reward_model={"enabled": True})
     a, b = _items(run, 2, "g")
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75)
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75, pairs_heldout=100)
     assert reward_model_usable(run=run) is None
     assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 1.0, b.pk: 0.0}) == 0
     assert set(Experience.objects.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"pending"}
+    # A high accuracy on a handful of held-out pairs is no evidence either (default: 20 pairs).
+    lucky = RewardModel.objects.create(run=run, version=2, path="/x", base="b", accuracy=1.0, pairs_heldout=5)
+    assert reward_model_usable(run=run) is None
+    assert rm_scores_apply(run=run, rm=lucky, scores={a.pk: 1.0, b.pk: 0.0}) == 0
+    RewardModel.objects.filter(pk=lucky.pk).update(pairs_heldout=20)
+    assert reward_model_usable(run=run) == lucky
 
 
 def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User, annotator: User) -> None:
@@ -85,3 +92,17 @@ def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User,
     assert names.count("workers.reward_trainer.reward_model_train") >= 1
     assert "workers.reward_trainer.reward_model_score" in names
     r.delete("reward")
+
+
+def test_calibration_on_held_out_ratings_shrinks_an_uninformative_model_to_the_mean() -> None:
+    """A model whose scores do not follow people adds no spread to a group's rewards (GRPO
+    would otherwise train on its noise); one that does keeps its order on the human scale."""
+    from workers.reward_trainer import _calibration
+
+    humans = [1.0, 0.0, 0.0, 0.0] * 4
+    noise = [0.3, 2.0, -1.0, 0.7, -0.2, 1.1, 0.4, -2.0, 1.5, 0.9, -0.7, 0.1, 0.8, -1.4, 2.2, 0.0]
+    slope, offset = _calibration(noise[::-1], humans)  # anti-correlated or unrelated: slope 0
+    assert slope == 0.0 and offset == pytest.approx(sum(humans) / len(humans))
+    scores = [3.0 if h else -3.0 for h in humans]
+    slope, offset = _calibration([s + n * 0.1 for s, n in zip(scores, noise, strict=True)], humans)
+    assert slope > 0 and slope * 3.0 + offset > 0.9 and slope * -3.0 + offset < 0.1

@@ -117,7 +117,7 @@ def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiti
     # The reward model's base is the policy's own checkpoint (version 0: the run's model).
     run = make_run(owner=owner, model=str(demo_model_dir),
                    feedback={"mode": "learned", "w_auto": 0.5, "w_rm": 1.0, "w_human": 1.0,
-                             "min_rm_accuracy": 0.7, "wait_seconds": 3600},
+                             "min_rm_accuracy": 0.7, "min_rm_heldout_pairs": 8, "wait_seconds": 3600},
                    reward_model=_rm_config(demo_model_dir, base="policy"))
     add_member(run, annotator)
     _compare_all(run, _groups(run, 80, seed=1), annotator)

@@ -1,0 +1,214 @@
+"""How well the run's learned reward model ranks held-out pairs, by base and by labels.
+
+The reward model of `learned` runs (workers/reward_trainer.py: TRL RewardTrainer through
+`reward_model_fit`, the same call the `reward` worker makes) is trained on preference pairs
+made the way the run makes them from ratings: the steering bench's scripted rater rates each
+sampled completion of the demo taskset 5 when its `<answer>` is right and 1 when it is wrong,
+whole groups at a time (the selection rule hands out groups as blocks), and every rated
+member of a group is preferred over each lower-rated one. Held-out pairs come from prompts
+the model never saw (a separate set of groups), as `pair_is_heldout` splits them in a run.
+
+Completions are sampled from the demo model (the policy of the steering bench) at
+temperature 1, 8 per prompt, as the explorer samples them. Bases compared:
+- `policy`: the demo model itself (the default base of the demo's reward model);
+- `judge`: the same recipe warmed up until it solves 90% of the held-out problems (a
+  stronger model as the reward model's base, as deployments pick a larger judge). It brings
+  its own knowledge of right answers, which the steering bench's premise (correctness comes
+  from people only) does not allow; it is here to tell "the base does not know" from "a scalar
+  head on the last token cannot read what the base knows".
+
+Each base's ranking by its own log-likelihood of the completion is printed beside it: what
+the base knows. Measured 2026-11 (seeds 0 and 1, load 12-16): trained reward models 0.41-0.46
+(policy) and 0.44 (judge) at 200 labels; at 800 labels (seed 0, 4 epochs) 0.55 (policy, lr 1e-4)
+and 0.61 (judge, lr 3e-4); log-likelihood rankings 0.66-0.69 (policy) and 0.97-0.98 (judge); a linear probe of the
+judge's hidden states at each of the last 8 positions 0.47-0.53. The knowledge is in the
+token likelihoods, not where a sequence classifier's head reads it.
+
+    python -m bench reward_model [--labels 100,200,400] [--bases policy,judge] [--seeds 0,1]
+
+Target (issue 16): held-out pairwise accuracy >= 0.85 at the labels a `rm10` steering arm
+collects (about 200). The last line prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import DEMO_DIR, ROOT, setup_django
+
+JUDGE_DIR = Path(os.environ.get("BENCH_JUDGE_DIR", str(ROOT / ".cache" / "demo-judge")))
+GROUP = 8
+HELDOUT_GROUPS = 96
+ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+
+
+def judge_settings() -> Any:
+    from workers.demo_model import DemoSettings
+
+    return DemoSettings(target_accuracy=0.9, steps=3000)
+
+
+def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:
+    """GROUP completions per taskset problem, sampled at temperature 1, labelled as the
+    scripted rater labels them (5 right, 1 wrong)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.demo_model import DemoSettings, _encode, _problems, answer_of, problem_text
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    taskset = _problems(DemoSettings())[2]
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(taskset), 32):
+        chunk = taskset[start:start + 32]
+        prompts = [_encode(tokenizer, p)[0] for p in chunk]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids.repeat_interleave(GROUP, 0), attention_mask=mask.repeat_interleave(GROUP, 0),
+                                 max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        for i, row in enumerate(gen[:, width:].tolist()):
+            problem = chunk[i // GROUP]
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            found = ANSWER.search(text)
+            right = bool(found and int(found.group(1)) == answer_of(*problem))
+            out.append({"group": f"g{start + i // GROUP}", "prompt": problem_text(*problem), "completion": text,
+                        "score": 5 if right else 1})
+    return out
+
+
+def rating_pairs(rows: list[dict[str, Any]]) -> list[Any]:
+    """Within each group, every higher-rated member over every lower-rated one (as
+    apps.feedback.preferences pairs ratings)."""
+    from apps.feedback.preferences import PreferencePair
+
+    pairs = []
+    by_group: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, r in enumerate(rows):
+        by_group.setdefault(r["group"], []).append((i, r))
+    for group, members in by_group.items():
+        for i, a in members:
+            for j, b in members:
+                if a["score"] > b["score"]:
+                    pairs.append(PreferencePair(prompt=a["prompt"], chosen=a["completion"], rejected=b["completion"],
+                                                chosen_id=i, rejected_id=j, group_id=group, kind="rating",
+                                                margin=(a["score"] - b["score"]) / 4))
+    return pairs
+
+
+def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]) -> float:
+    """Held-out pairwise accuracy of ranking by the base's own log-likelihood of the
+    completion: what the base knows about right answers, whether or not a scalar head on its
+    last token can read it (a diagnostic, not a reward model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.reward_models import _rm_text
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    loglik: dict[int, float] = {}
+    for i, r in enumerate(rows):
+        if r["group"] not in groups:
+            continue
+        ids = tokenizer(_rm_text(tokenizer, r["prompt"], r["completion"]), add_special_tokens=False,
+                        return_tensors="pt")["input_ids"]
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                               add_generation_prompt=True)
+        start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1]
+        token_lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+        loglik[i] = float(token_lp[start - 1:].sum())
+    hits = total = 0.0
+    for p in rating_pairs(rows):
+        if p.group_id not in groups:
+            continue
+        total += 1
+        c, r_ = loglik[p.chosen_id], loglik[p.rejected_id]
+        hits += 1.0 if c > r_ else 0.5 if c == r_ else 0.0
+    return hits / total if total else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--labels", default="100,200,400")
+    parser.add_argument("--bases", default="policy,judge")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    setup_django(migrate=False)
+    import logging
+
+    import torch
+
+    from workers.demo_model import demo_model_build
+    from workers.reward_trainer import reward_model_fit
+
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    policy = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
+    bases = {"policy": policy}
+    if "judge" in args.bases.split(","):
+        built = demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=print)
+        print(f"judge base: greedy accuracy {built.accuracy:.3f}", flush=True)
+        bases["judge"] = built.out
+    results: list[tuple[str, int, int, float, int]] = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        rows = rollouts(policy, seed=seed)
+        groups = sorted({r["group"] for r in rows})
+        random.Random(seed).shuffle(groups)
+        heldout_groups = set(groups[:HELDOUT_GROUPS])
+        heldout = rating_pairs([r for r in rows if r["group"] in heldout_groups])
+        right = sum(r["score"] == 5 for r in rows) / len(rows)
+        print(f"seed {seed}: {len(rows)} completions, {right:.3f} right, {len(heldout)} held-out pairs", flush=True)
+        for name in args.bases.split(","):
+            print(f"  base {name:<7} ranking by its own completion log-likelihood (diagnostic): held-out accuracy "
+                  f"{likelihood_accuracy(bases[name], rows, heldout_groups):.3f}", flush=True)
+        for labels in [int(x) for x in args.labels.split(",")]:
+            train_groups = set(groups[HELDOUT_GROUPS:HELDOUT_GROUPS + labels // GROUP])
+            train = rating_pairs([r for r in rows if r["group"] in train_groups])
+            random.Random(seed).shuffle(train)
+            for name in args.bases.split(","):
+                started = time.perf_counter()
+                with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
+                    _, _, acc = reward_model_fit(base=str(bases[name]), train=train, heldout=heldout, out=Path(tmp),
+                                                 epochs=args.epochs, learning_rate=args.lr, batch_size=16,
+                                                 max_length=64, seed=seed)
+                results.append((name, labels, seed, acc or 0.0, len(train)))
+                print(f"  base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out accuracy "
+                      f"{acc:.3f}  {time.perf_counter() - started:5.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
+    print()
+    for name in args.bases.split(","):
+        for labels in [int(x) for x in args.labels.split(",")]:
+            accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
+            print(f"base {name:<7} labels {labels:4d}: held-out accuracy mean {sum(accs) / len(accs):.3f} "
+                  f"(min {min(accs):.3f}, max {max(accs):.3f}, {len(accs)} seeds)")
+    def mean_at(name: str, labels: int) -> float:
+        accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
+        return sum(accs) / len(accs) if accs else float("nan")
+
+    first = min(int(x) for x in args.labels.split(",") if int(x) >= 200) if any(
+        int(x) >= 200 for x in args.labels.split(",")) else max(int(x) for x in args.labels.split(","))
+    best = max(args.bases.split(","), key=lambda n: mean_at(n, first))
+    print(f"reward model held-out pairwise accuracy at {first} labels: {mean_at(best, first):.3f} with base {best} "
+          f"(target >= 0.85); load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
