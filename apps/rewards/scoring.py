@@ -3,8 +3,9 @@ worker call.
 
 A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a task when
 the term's `domains` is empty or names the task's domain. An empty list means the default
-routes: math → math_accuracy + 0.1 × math_format, code → code_exec, anything else →
-exact_match. Each term's score is stored as a part under its key (the term's name; a name
+routes: math → math_accuracy + 0.1 × math_format, code → code_exec, vision →
+vision_answer (apps/rewards/vision_rules.py), anything else → exact_match. Each term's
+score is stored as a part under its key (the term's name; a name
 repeated in one spec gets "#2", "#3"…), and the reward is the weighted sum of the parts.
 Inline terms are scored by the explorer; terms registered `where="reward"` (code, reward
 models, judges) on the Celery queue `reward` (workers/rewards.py).
@@ -34,6 +35,7 @@ def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
             RewardTerm(name="math_format", weight=0.1, domains=["math"]),
         ),
         "code": (RewardTerm(name="code_exec", weight=1.0, domains=["code"]),),
+        "vision": (RewardTerm(name="vision_answer", weight=1.0, domains=["vision"]),),
     }
 
 
