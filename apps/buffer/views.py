@@ -28,6 +28,8 @@ def task_image(request: HttpRequest, run_id: int, sha256: str) -> FileResponse:
     run = get_object_or_404(Run, pk=run_id)
     if run_role(run=run, user=request.user) is None or not DIGEST.match(sha256):
         raise Http404("no such run")
+    if run.taskset_id is None:
+        raise Http404("the run has no taskset")
     row = TasksetImage.objects.filter(taskset_id=run.taskset_id, sha256=sha256).first()
     if row is None or row.content_type not in _EXTENSIONS:
         raise Http404("no such image in this run")
