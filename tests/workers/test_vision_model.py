@@ -71,3 +71,14 @@ def test_the_shipped_taskset_zip_names_an_image_per_task_with_its_count(vision_m
             pixels = image.convert("RGB")
             centres = sum(pixels.getpixel((x * 8 + 4, y * 8 + 4)) != (255, 255, 255) for x in range(4) for y in range(4))
             assert str(centres) == record["answer"]
+
+
+def test_the_command_finds_a_current_build_and_names_its_taskset(vision_model_dir: Path) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("rft_vision_model", "--out", str(vision_model_dir), stdout=out)
+    assert f"vision model in {vision_model_dir} is up to date" in out.getvalue()
+    assert str(vision_model_dir / TASKSET_ZIP) in out.getvalue()
