@@ -117,6 +117,16 @@ def _display_prompt(task: Any) -> str:
     return task.prompt
 
 
+def task_prompt(engine: Any, task: Any) -> Any:
+    """A task's prompt for `engine`: token ids, or with the task's pictures an ImagePrompt."""
+    from workers.engines import prompt_ids
+
+    text, messages = _prompt_of(task)
+    if task.images:
+        return _image_prompt(engine, task=task, text=text, messages=messages)
+    return prompt_ids(engine.tokenizer, text=text, messages=messages)
+
+
 def _image_prompt(engine: Any, *, task: Any, text: str | None, messages: list[dict[str, str]] | None) -> Any:
     """A task's prompt with its pictures (workers/vision.py): the engine's model must see images."""
     from workers.vision import images_open, vision_prompt
@@ -134,7 +144,7 @@ def _run_status(run_id: int) -> str | None:
 
 def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, Any]:
     """One explore step of a run (the logic of the `explore_step` task)."""
-    from workers.engines import SamplingSpec, prompt_ids
+    from workers.engines import SamplingSpec
     from workers.vision import stored_ids
 
     step_started = time.monotonic()
@@ -162,11 +172,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     try:
         prompts: list[Any] = []
         for attempt in attempts:
-            text, messages = _prompt_of(attempt.task)
-            if attempt.task.images:
-                prompts.append(_image_prompt(engine, task=attempt.task, text=text, messages=messages))
-            else:
-                prompts.append(prompt_ids(engine.tokenizer, text=text, messages=messages))
+            prompts.append(task_prompt(engine, attempt.task))
         sampling = SamplingSpec.from_config(cfg.sampling)
         started = time.monotonic()
         samples = engine.generate(prompts, n=cfg.repeat_times, sampling=sampling)

@@ -135,3 +135,35 @@ def test_a_task_with_pictures_on_a_text_only_model_fails_the_step_naming_the_mod
         engine_cache_clear()
     assert not Experience.objects.filter(run=run).exists()
     shutil.rmtree(text_model)
+
+
+@pytest.mark.django_db
+def test_held_out_evaluation_sends_the_pictures_too(
+    owner: User, vision_model_dir: Path, vision_engine: None, settings: Any, tmp_path: Path,
+) -> None:
+    """Greedy evaluation of v0 on the picture taskset scores about what the warm-up measured:
+    with the pictures left out it could only guess."""
+    from apps.runs.models import Metric
+    from workers.evaluation import evaluate_version
+
+    settings.RFT_STORAGE_DIR = tmp_path / "storage"
+    eval_set = taskset_import(name="held-out", path=vision_model_dir / TASKSET_ZIP, owner=owner)
+    run = vision_run(owner, vision_model_dir, eval_every=1,
+                     eval={"taskset": eval_set.pk, "max_tasks": 64, "n": 1, "sampling": {"temperature": 0, "max_tokens": 12}})
+    result = evaluate_version(run_id=run.pk, version=0)
+    accuracy = Metric.objects.get(run=run, name="eval/accuracy").value
+    assert result["reward_mean"] == accuracy
+    # The model counts right about half the time from the pictures; one fixed guess is right a quarter.
+    assert 0.35 < accuracy < 0.9
+
+
+def test_the_vision_domain_is_scored_by_the_vision_rule_and_math_still_by_math_verify() -> None:
+    from apps.rewards.scoring import rewards_inline
+
+    vision = {"domain": "vision", "reference": "3", "metadata": {}}
+    assert rewards_inline(terms=[], completion="<answer>3</answer>", task=vision).parts == {"vision_answer": 1.0}
+    assert rewards_inline(terms=[], completion="<answer> 3.0 </answer>", task=vision).score == 1.0
+    assert rewards_inline(terms=[], completion="three", task=vision).score == 0.0
+    assert rewards_inline(terms=[], completion="<answer>4</answer>", task=vision).score == 0.0
+    math = rewards_inline(terms=[], completion="<answer>3</answer>", task={"domain": "math", "reference": "3", "metadata": {}})
+    assert set(math.parts) == {"math_accuracy", "math_format"}
