@@ -4,7 +4,12 @@ Same prompts, same sampling (temperature 1, n samples per prompt, up to `--token
 tokens), both engines given both cores. Prints tokens/s of each and, on the last line, the
 ratio vLLM / transformers (target >= 1.5 on CPU).
 
-    python -m bench.rollout [--prompts 64 --n 4 --tokens 64 --threads 2]
+The vision row, in the same run: the tiny VLM (workers/vision_model.py, 0.44M parameters) on
+the same picture prompts (a 32×32 picture of squares and the counting question) through
+vLLM's multimodal inputs and through transformers with the processor's pixels; its ratio is
+printed before the text ratio (`--no-vision` skips it).
+
+    python -m bench.rollout [--prompts 64 --n 4 --tokens 64 --threads 2 --no-vision]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ def _model(out: Path) -> Path:
     return out
 
 
-def _measure(engine: Any, prompts: list[list[int]], *, n: int, tokens: int) -> tuple[float, int, float]:
+def _measure(engine: Any, prompts: list[Any], *, n: int, tokens: int) -> tuple[float, int, float]:
     from workers.engines import SamplingSpec
 
     sampling = SamplingSpec(temperature=1.0, max_tokens=tokens, seed=0)
@@ -46,6 +51,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model-dir", default=None, help="reuse or create the bench model here")
+    parser.add_argument("--no-vision", action="store_true", help="skip the vision row")
     args = parser.parse_args()
 
     cache = Path(os.environ.get("RFT_BENCH_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "bench"))
@@ -74,11 +80,43 @@ def main() -> None:
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, prompts, n=args.n, tokens=args.tokens)
     vllm.close()  # its shutdown logs come before the results, so the ratio stays the last line
 
+    vision = None if args.no_vision else _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU x{args.threads} ({platform.processor() or platform.machine()})"
-    print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device}))
+    print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device,
+                      "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+    if vision is not None:
+        print(f"vision transformers: {vision['hf_tokens']} tokens in {vision['hf_s']:.2f} s = {vision['hf_tps']:.1f} tokens/s "
+              f"({vision['parameters']} parameters, {args.prompts} pictures)")
+        print(f"vision vllm:         {vision['vllm_tokens']} tokens in {vision['vllm_s']:.2f} s = {vision['vllm_tps']:.1f} tokens/s")
+        print(f"vision vllm/transformers tokens/s ratio: {vision['vllm_tps'] / vision['hf_tps']:.2f}")
     print(f"transformers: {hf_tokens} tokens in {hf_s:.2f} s = {hf_tps:.1f} tokens/s")
     print(f"vllm:         {vllm_tokens} tokens in {vllm_s:.2f} s = {vllm_tps:.1f} tokens/s")
     print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}", flush=True)
+
+
+def _vision_row(cache: Path, *, prompts: int, n: int, tokens: int) -> dict[str, Any]:
+    """The tiny VLM through both engines on the same picture prompts (ImagePrompt: vLLM gets
+    the pictures as multimodal inputs, transformers the processor's pixels)."""
+    import random
+
+    from workers.engines import engine_create
+    from workers.vision import vision_prompt
+    from workers.vision_model import QUESTION, squares_image, vision_model_build
+
+    model_dir = vision_model_build(out=cache / "vision-model", log=lambda _: None).out
+    hf = engine_create(kind="transformers", path=str(model_dir), batch_size=prompts * n)
+    rng = random.Random(0)
+    pictured = [vision_prompt(hf.processor, text=QUESTION, images=[squares_image(count=rng.randint(1, 4), rng=rng)])
+                for _ in range(prompts)]
+    parameters = sum(p.numel() for p in hf.model.parameters())
+    hf_tps, hf_tokens, hf_s = _measure(hf, pictured, n=n, tokens=tokens)
+    del hf
+    vllm = engine_create(kind="vllm", path=str(model_dir))
+    vllm_tps, vllm_tokens, vllm_s = _measure(vllm, pictured, n=n, tokens=tokens)
+    vllm.close()
+    return {"parameters": parameters, "hf_tps": hf_tps, "hf_tokens": hf_tokens, "hf_s": hf_s,
+            "vllm_tps": vllm_tps, "vllm_tokens": vllm_tokens, "vllm_s": vllm_s}
 
 
 if __name__ == "__main__":

@@ -243,6 +243,10 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 # Where checkpoints and exports live: shared storage across hosts in production.
 RFT_STORAGE_DIR = Path(env_str("RFT_STORAGE_DIR", str(VAR_DIR / "storage")))
+# Task images (apps/buffer/images.py): stored once under RFT_STORAGE_DIR/images by content
+# hash; a larger file, or a picture with more pixels, is refused at import naming it.
+RFT_IMAGE_MAX_BYTES = env_int("RFT_IMAGE_MAX_BYTES", 4 * 1024 * 1024)
+RFT_IMAGE_MAX_PIXELS = env_int("RFT_IMAGE_MAX_PIXELS", 16_000_000)
 # The demo model built by `manage.py rft_demo_model`.
 RFT_DEMO_MODEL_DIR = Path(env_str("RFT_DEMO_MODEL_DIR", str(VAR_DIR / "demo-model")))
 RFT_LEASE_SECONDS = env_int("RFT_LEASE_SECONDS", 300)

@@ -70,3 +70,15 @@ async def run_socket_connect(run: Run, user: object) -> tuple[Any, bool]:
     comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
     connected, _ = await comm.connect()
     return comm, connected
+
+
+@pytest.fixture(scope="session")
+def vision_model_dir() -> Any:
+    """The tiny VLM (workers/vision_model.py, default settings), built once per cache like the demo model."""
+    import os
+    from pathlib import Path
+
+    from workers.vision_model import vision_model_build
+
+    cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+    return vision_model_build(out=cache / "test-vision-model", log=lambda _: None).out

@@ -76,3 +76,40 @@ def make_experiences(run: Run, *, groups: int = 2, group_size: int = 4, **fields
             rows.append(experience_row(run, key=f"{group}-{i}", group=group, reward=float(i), **fields))
     result = experience_write(experiences=rows)
     return list(Experience.objects.filter(pk__in=result.ids).order_by("id"))
+
+
+def picture_png(count: int, *, seed: int = 0, colour: tuple[int, int, int] = (220, 30, 30)) -> bytes:
+    """A 32×32 PNG with `count` squares (as the tiny VLM's task draws them), deterministic."""
+    import random
+
+    from workers.vision_model import png_bytes, squares_image
+
+    return png_bytes(squares_image(count=count, rng=random.Random(seed * 10 + count)))
+
+
+def image_zip(path: Any, records: list[dict[str, Any]], files: dict[str, bytes]) -> Any:
+    """A taskset zip: `tasks.jsonl` with `records` and the given files beside it."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("tasks.jsonl", "\n".join(json.dumps(r) for r in records) + "\n")
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def make_image_taskset(n: int = 3, *, owner: User | None = None, name: str = "squares", tmp: Any = None,
+                       file_names: list[str] | None = None) -> Taskset:
+    """A vision taskset imported from a zip: task i shows i % 4 + 1 squares, domain "vision"."""
+    import tempfile
+    from pathlib import Path
+
+    from apps.buffer.importers import taskset_import
+
+    directory = Path(tmp or tempfile.mkdtemp(prefix="rft-img-"))
+    names = file_names or [f"images/{i}.png" for i in range(n)]
+    records = [{"prompt": "How many squares are in the image?", "answer": str(i % 4 + 1), "domain": "vision",
+                "image": names[i]} for i in range(n)]
+    files = {names[i]: picture_png(i % 4 + 1, seed=i) for i in range(n)}
+    return taskset_import(name=name, path=image_zip(directory / "tasks.zip", records, files), owner=owner)

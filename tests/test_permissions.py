@@ -72,6 +72,7 @@ ACCESS: dict[str, str] = {
     "runs:group": MEMBER,
     "runs:export": MEMBER,
     "runs:export_download": MEMBER,
+    "runs:image": MEMBER,  # a picture of the run's taskset (apps/buffer/views.py)
     "runs:failures": MEMBER,
     "runs:waiting": MEMBER,
     "runs:members": MEMBER,  # GET lists the people; adding one is the owner's (POST)
@@ -145,8 +146,21 @@ def world() -> dict[str, Any]:
     }
     key, _ = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=100)
     member = RunMember.objects.get(run=run, user=viewer)
+    image = _taskset_picture(run)
     return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
-            "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
+            "image": image, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
+
+
+def _taskset_picture(run: Run) -> str:
+    """A picture of the run's taskset, in the image store: the digest the image URL names."""
+    from apps.buffer.images import image_store
+    from apps.buffer.models import TasksetImage
+    from tests.factories import picture_png
+
+    info = image_store(data=picture_png(2), name="two.png")
+    TasksetImage.objects.create(taskset=run.taskset, sha256=info.sha256, content_type=info.content_type, width=info.width,
+                                height=info.height, size=info.size, name=info.name)
+    return info.sha256
 
 
 def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], persona: str) -> str | None:
@@ -159,6 +173,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
         "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
+        "sha256": world["image"],
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:

@@ -40,8 +40,8 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     from apps.rewards.scoring import rewards_inline
     from apps.runs.models import Metric, ModelVersion, Run
     from apps.runs.services import eval_result_record
-    from workers.engines import SamplingSpec, prompt_ids
-    from workers.explorer import _engine_at, _prompt_of, worker_name
+    from workers.engines import SamplingSpec
+    from workers.explorer import _engine_at, task_prompt, worker_name
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
@@ -63,10 +63,8 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
 
     started = time.monotonic()
     engine = _engine_at(run=run, version=version, worker=worker or worker_name())
-    prompts = []
-    for task in tasks:
-        text, messages = _prompt_of(task)
-        prompts.append(prompt_ids(engine.tokenizer, text=text, messages=messages))
+    # Tasks with pictures go in with them (an ImagePrompt), as the explorer sends them.
+    prompts = [task_prompt(engine, task) for task in tasks]
     groups = engine.generate(prompts, n=cfg.eval.n, sampling=SamplingSpec.from_config(cfg.eval.sampling))
     scores: list[float] = []
     lengths: list[int] = []

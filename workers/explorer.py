@@ -119,13 +119,35 @@ def _display_prompt(task: Any) -> str:
     return task.prompt
 
 
+def task_prompt(engine: Any, task: Any) -> Any:
+    """A task's prompt for `engine`: token ids, or with the task's pictures an ImagePrompt."""
+    from workers.engines import prompt_ids
+
+    text, messages = _prompt_of(task)
+    if task.images:
+        return _image_prompt(engine, task=task, text=text, messages=messages)
+    return prompt_ids(engine.tokenizer, text=text, messages=messages)
+
+
+def _image_prompt(engine: Any, *, task: Any, text: str | None, messages: list[dict[str, str]] | None) -> Any:
+    """A task's prompt with its pictures (workers/vision.py): the engine's model must see images."""
+    from workers.vision import images_open, vision_prompt
+
+    processor = getattr(engine, "processor", None)
+    if processor is None:
+        raise InvalidInput(f"task {task.pk} has images but the run's model {getattr(engine, 'path', '')} "
+                           "is not a vision-language model", field="model")
+    return vision_prompt(processor, text=text, messages=messages, images=images_open(task.images), digests=task.images)
+
+
 def _run_status(run_id: int) -> str | None:
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
 
 def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, Any]:
     """One explore step of a run (the logic of the `explore_step` task)."""
-    from workers.engines import SamplingSpec, prompt_ids
+    from workers.engines import SamplingSpec
+    from workers.vision import stored_ids
 
     step_started = time.monotonic()
     worker = worker or worker_name()
@@ -150,10 +172,9 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
     claimed = [a.pk for a in attempts]
     try:
-        prompts = []
+        prompts: list[Any] = []
         for attempt in attempts:
-            text, messages = _prompt_of(attempt.task)
-            prompts.append(prompt_ids(engine.tokenizer, text=text, messages=messages))
+            prompts.append(task_prompt(engine, attempt.task))
         sampling = SamplingSpec.from_config(cfg.sampling)
         started = time.monotonic()
         samples = engine.generate(prompts, n=cfg.repeat_times, sampling=sampling)
@@ -181,6 +202,9 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                 scores.append(result.score)
                 lengths.append(len(sample.token_ids))
                 metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
+                if task.images:
+                    # The pictures the model saw, by digest (the trainer and the pages fetch them).
+                    metadata["images"] = list(task.images)
                 if awaiting:
                     # The total waits for the queued scorers; they fill it in and flip the status.
                     metadata["awaiting_rewards"] = awaiting
@@ -195,8 +219,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                     prompt_text=_display_prompt(task),
                     messages=task.messages,
                     response_text=sample.text,
-                    token_ids=list(prompt) + list(sample.token_ids),
-                    prompt_length=len(prompt),
+                    token_ids=stored_ids(prompt) + list(sample.token_ids),
+                    prompt_length=len(stored_ids(prompt)),
                     logprobs=list(sample.logprobs),
                     finish_reason=sample.finish_reason,
                     reward_parts=result.parts,

@@ -119,9 +119,12 @@ def _device() -> str:
 
 def _load_model(path: str, dtype: Any = None) -> Any:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(_device())
+    from workers.vision import is_vision_model
+
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=dtype or torch.float32).to(_device())
 
 
 def _policy_load(*, cfg: Any, spec: Any, source: str) -> tuple[Any, Any]:
@@ -193,7 +196,10 @@ def resident_for(run: Any) -> Resident:
     optimizer_check(spec.optimizer, device=_device())
     tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
     model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
-    learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
+    from workers.vision import is_vision_model, processor_load
+
+    processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
+    learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
     if optimizer_state is not None:
         learner.optimizer_state_load(optimizer_state)
     group = _group_start(run=run, learner=learner)

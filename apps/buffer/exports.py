@@ -10,6 +10,12 @@
 - `grpo`: {"prompt": [...], "answer": ..., "domain": ..., "task_id": ...} per task of the
           run's taskset (GRPOTrainer's prompt-only format; extra columns reach reward functions).
 
+A run whose taskset has pictures exports `sft`, `dpo` and `grpo` in TRL's vision-language
+format: every turn's content is a list of parts (`{"type": "image"}` before the text of the
+user turn, `{"type": "text", "text": ...}`) and an `images` column holds the pictures in
+order: in a datasets directory an `Image` feature with the bytes (what TRL's trainers load),
+in JSONL the pictures' sha256 digests (fetch them at `/runs/<id>/images/<digest>/`).
+
 Nothing here holds more than one chunk of rows (or one group for DPO) in memory: rows come
 from a server-side cursor (`QuerySet.iterator`), JSONL is written line by line, and a Hugging
 Face `datasets` directory is built with `Dataset.from_generator`, which writes Arrow batches
@@ -85,8 +91,10 @@ def _prompt_messages(exp_messages: Any, task_messages: Any, prompt_text: str, ta
 
 _EXP_FIELDS = (
     "id", "group_id", "prompt_text", "response_text", "messages", "reward",
-    "is_expert", "model_version", "task__messages", "task__prompt",
+    "is_expert", "model_version", "task__messages", "task__prompt", "task__images",
 )
+# The private key rows carry their pictures' digests under until `export_rows` shapes them.
+_IMAGES = "_images"
 
 
 def _experiences(*, run: Run, options: ExportOptions) -> Any:
@@ -108,10 +116,10 @@ def _sft_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
     total = qs.count()
     done = 0
     for row in qs.order_by("id").values_list(*_EXP_FIELDS).iterator(chunk_size=_CHUNK):
-        _, _, prompt_text, response, messages, _, _, _, task_messages, task_prompt = row
+        _, _, prompt_text, response, messages, _, _, _, task_messages, task_prompt, images = row
         done += 1
         prompt = _prompt_messages(messages, task_messages, prompt_text, task_prompt)
-        yield {"messages": [*prompt, {"role": "assistant", "content": response}]}
+        yield {"messages": [*prompt, {"role": "assistant", "content": response}], _IMAGES: images or []}
         if progress and done % _CHUNK == 0:
             progress(done, total)
     if progress:
@@ -140,6 +148,7 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
             "prompt": prompt,
             "chosen": [{"role": "assistant", "content": best[3]}],
             "rejected": [{"role": "assistant", "content": worst[3]}],
+            _IMAGES: best[10] or [],
         }
 
     group: list[tuple[Any, ...]] = []
@@ -168,7 +177,7 @@ def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int
 
     choices = [c for c in dpo_pairs(run=run) if (c.chosen_id, c.rejected_id) not in skip]
     ids = {pk for c in choices for pk in (c.chosen_id, c.rejected_id)}
-    fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt")
+    fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt", "task__images")
     eligible = {r["id"]: r for r in _experiences(run=run, options=options).filter(pk__in=ids).values(*fields)}
     for choice in choices:
         chosen, rejected = eligible.get(choice.chosen_id), eligible.get(choice.rejected_id)
@@ -180,6 +189,7 @@ def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int
                                        chosen["task__prompt"]),
             "chosen": [{"role": "assistant", "content": chosen["response_text"]}],
             "rejected": [{"role": "assistant", "content": rejected["response_text"]}],
+            _IMAGES: chosen["task__images"] or [],
         }
 
 
@@ -197,8 +207,9 @@ def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -
         qs = qs.filter(domain=options.domain)
     total = qs.count()
     done = 0
-    for pk, prompt, messages, reference, domain in (
-        qs.order_by("index").values_list("id", "prompt", "messages", "reference", "domain").iterator(chunk_size=_CHUNK)
+    for pk, prompt, messages, reference, domain, images in (
+        qs.order_by("index").values_list("id", "prompt", "messages", "reference", "domain", "images")
+        .iterator(chunk_size=_CHUNK)
     ):
         done += 1
         yield {
@@ -206,6 +217,7 @@ def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -
             "answer": _reference_text(reference),
             "domain": domain,
             "task_id": pk,
+            _IMAGES: images or [],
         }
         if progress and done % _CHUNK == 0:
             progress(done, total)
@@ -238,13 +250,46 @@ def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | N
 _ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows, "preferences": _preference_rows}
 
 
+def export_is_vision(*, run: Run, kind: str) -> bool:
+    """Whether the export is in TRL's vision-language format: a run whose taskset has pictures."""
+    from apps.buffer.models import TasksetImage
+
+    return kind in ("sft", "dpo", "grpo") and run.taskset_id is not None and \
+        TasksetImage.objects.filter(taskset_id=run.taskset_id).exists()
+
+
+def _parts(turns: list[dict[str, Any]], *, pictures: int) -> list[dict[str, Any]]:
+    """Turns with content parts; the pictures go before the text of the last user turn."""
+    last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=-1)
+    out = []
+    for i, turn in enumerate(turns):
+        parts: list[dict[str, Any]] = [{"type": "image", "text": None}] * pictures if i == last_user else []
+        out.append({"role": turn["role"], "content": [*parts, {"type": "text", "text": turn["content"]}]})
+    return out
+
+
+def _vision_row(row: dict[str, Any], *, embed: bool) -> dict[str, Any]:
+    from apps.buffer.images import image_bytes
+
+    digests = list(row.pop(_IMAGES))
+    shaped = {k: _parts(v, pictures=len(digests) if k in ("messages", "prompt") else 0)
+              if k in ("messages", "prompt", "chosen", "rejected") else v for k, v in row.items()}
+    shaped["images"] = [{"bytes": image_bytes(d), "path": d} for d in digests] if embed else digests
+    return shaped
+
+
 def export_rows(
-    *, run: Run, kind: str, options: ExportOptions | None = None, progress: Progress | None = None
+    *, run: Run, kind: str, options: ExportOptions | None = None, progress: Progress | None = None,
+    embed_images: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """The export's rows, one at a time. `progress(done, total)` counts source rows read."""
+    """The export's rows, one at a time. `progress(done, total)` counts source rows read.
+    `embed_images`: a vision export's `images` hold the bytes (a datasets directory), not digests."""
     if kind not in _ROWS:
         raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}")
-    return _ROWS[kind](run=run, options=options or ExportOptions(), progress=progress)
+    rows = _ROWS[kind](run=run, options=options or ExportOptions(), progress=progress)
+    if export_is_vision(run=run, kind=kind):
+        return (_vision_row(row, embed=embed_images) for row in rows)
+    return ({k: v for k, v in row.items() if k != _IMAGES} for row in rows)
 
 
 def _line(row: dict[str, Any]) -> bytes:
@@ -311,21 +356,27 @@ def export_jsonl(
     return ExportResult(kind=kind, rows=written, scanned=scanned)
 
 
-def _features(kind: str) -> Any:
-    from datasets import Features, List, Value
+def _features(kind: str, *, vision: bool = False) -> Any:
+    from datasets import Features, Image, List, Value
 
-    turn = {"role": Value("string"), "content": Value("string")}
+    if vision:
+        turn = {"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})}
+        images = {"images": List(Image())}
+    else:
+        turn = {"role": Value("string"), "content": Value("string")}
+        images = {}
     if kind == "sft":
-        return Features({"messages": List(turn)})
+        return Features({"messages": List(turn), **images})
     if kind in ("dpo", "preferences"):
-        return Features({"prompt": List(turn), "chosen": List(turn), "rejected": List(turn)})
-    return Features({"prompt": List(turn), "answer": Value("string"), "domain": Value("string"), "task_id": Value("int64")})
+        return Features({"prompt": List(turn), "chosen": List(turn), "rejected": List(turn), **images})
+    return Features({"prompt": List(turn), "answer": Value("string"), "domain": Value("string"), "task_id": Value("int64"),
+                     **images})
 
 
 def _generate(run_id: int, kind: str, options: dict[str, Any], progress: Progress | None) -> Iterator[dict[str, Any]]:
     run = Run.objects.get(pk=run_id)
     opts = ExportOptions(**{**options, "statuses": tuple(options["statuses"])})
-    yield from export_rows(run=run, kind=kind, options=opts, progress=progress)
+    yield from export_rows(run=run, kind=kind, options=opts, progress=progress, embed_images=True)
 
 
 def export_hf_dataset(
@@ -361,7 +412,7 @@ def export_hf_dataset(
         try:
             ds = datasets.Dataset.from_generator(
                 _generate,
-                features=_features(kind),
+                features=_features(kind, vision=export_is_vision(run=run, kind=kind)),
                 cache_dir=str(cache),
                 gen_kwargs={"run_id": run.pk, "kind": kind, "options": opts, "progress": counting},
             )

@@ -3,18 +3,24 @@
 Each record needs a prompt: `prompt` (text or chat messages) or `messages`, or `question`.
 The reference answer comes from `answer`, `reference`, `solution` or `ground_truth`;
 code tasks carry `tests`. Any other keys land in `metadata`.
+
+Pictures (`image`: one, `images`: a list) come as paths inside a `.zip` that holds the JSONL
+beside them, as a Parquet binary or struct column (`{bytes, path}`, the Hugging Face Image
+encoding), or as an `Image` feature of a datasets directory. Each is checked and stored once
+in the image store (apps/buffer/images.py); the task keeps its digests.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
 
-from apps.buffer.models import Task, Taskset
+from apps.buffer.models import Task, Taskset, TasksetImage
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
 from apps.buffer.pipeline.core import Row
 from apps.hygiene import InputRejected, jsonl_records, tree_check
@@ -25,7 +31,8 @@ PipelineSteps = Sequence[Any] | None
 
 PROMPT_KEYS = ("prompt", "question", "problem", "instruction")
 REFERENCE_KEYS = ("answer", "reference", "solution", "ground_truth")
-KNOWN = set(PROMPT_KEYS) | set(REFERENCE_KEYS) | {"messages", "tests", "domain", "metadata"}
+IMAGE_KEYS = ("image", "images")
+KNOWN = set(PROMPT_KEYS) | set(REFERENCE_KEYS) | {"messages", "tests", "domain", "metadata"} | set(IMAGE_KEYS)
 
 Progress = Callable[[int, int | None], None]
 
@@ -107,6 +114,56 @@ def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"row {row}", record
 
 
+def _zip_jsonl(zf: zipfile.ZipFile, name: str) -> Iterator[tuple[str, Any]]:
+    with zf.open(name) as fh:
+        try:
+            for where, record in jsonl_records(fh):
+                yield f"{name} {where}", record
+        except InputRejected as exc:
+            raise ImportFailed(f"{name} {exc}") from None
+
+
+class _Pictures:
+    """Turns a record's picture values into bytes: zip members (the zip's JSONL), or the
+    bytes a Parquet column or datasets Image feature carries."""
+
+    def __init__(self, zf: zipfile.ZipFile | None = None) -> None:
+        self.zf = zf
+        self.members = set(zf.namelist()) if zf is not None else set()
+
+    def read(self, value: Any, *, where: str) -> tuple[bytes, str]:
+        if isinstance(value, Mapping) and ("bytes" in value or "path" in value):
+            data, name = value.get("bytes"), str(value.get("path") or "image")
+            if isinstance(data, (bytes, bytearray)):
+                return bytes(data), name
+            raise ImportFailed(f"{where}: image {name!r} carries no bytes (embed the pictures in the file)")
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value), "image"
+        if isinstance(value, str):
+            if self.zf is None:
+                raise ImportFailed(f"{where}: image {value!r} is a path; put the JSONL and its pictures in one .zip")
+            if value not in self.members:
+                raise ImportFailed(f"{where}: image {value!r} is not in the zip")
+            return self.zf.read(value), value
+        raise ImportFailed(f"{where}: an image must be a path inside the zip or image bytes, got {type(value).__name__}")
+
+
+def _pictures_of(record: Any, *, where: str) -> tuple[Any, list[Any]]:
+    """(the record without its picture keys, the picture values in order)."""
+    if not isinstance(record, Mapping) or not any(k in record for k in IMAGE_KEYS):
+        return record, []
+    rest = {k: v for k, v in record.items() if k not in IMAGE_KEYS}
+    values: list[Any] = []
+    single, many = record.get("image"), record.get("images")
+    if single is not None:
+        values.append(single)
+    if many is not None:
+        if not isinstance(many, (list, tuple)):
+            raise ImportFailed(f"{where}: images must be a list")
+        values.extend(many)
+    return rest, values
+
+
 def _hf_dataset(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
     import datasets
 
@@ -120,15 +177,31 @@ def _hf_dataset(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         if split not in ds:
             raise ImportFailed(f"{path}: no split {split!r}; it has {', '.join(ds)}")
         ds = ds[split]
+    for column in IMAGE_KEYS:
+        feature = ds.features.get(column)
+        # The encoded bytes, not decoded PIL pictures: checked and stored as they are.
+        if isinstance(feature, datasets.Image):
+            ds = ds.cast_column(column, datasets.Image(decode=False))
+        elif isinstance(feature, (datasets.Sequence, datasets.List)) and isinstance(getattr(feature, "feature", None), datasets.Image):
+            ds = ds.cast_column(column, type(feature)(datasets.Image(decode=False)))
     for i, record in enumerate(ds, start=1):
         yield f"row {i}", record
 
 
-def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], int | None]:
+def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], int | None, _Pictures]:
     if path.is_dir():
-        return _hf_dataset(path, split), None
+        return _hf_dataset(path, split), None, _Pictures()
     if path.suffix in {".jsonl", ".ndjson"}:
-        return _jsonl(path), None
+        return _jsonl(path), None, _Pictures()
+    if path.suffix == ".zip":
+        try:
+            zf = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ImportFailed(f"{path.name}: not a readable zip ({exc})") from None
+        found = sorted(n for n in zf.namelist() if n.endswith((".jsonl", ".ndjson")) and not n.startswith("__MACOSX/"))
+        if len(found) != 1:
+            raise ImportFailed(f"{path.name}: the zip must hold exactly one .jsonl file (it holds {len(found)})")
+        return _zip_jsonl(zf, found[0]), None, _Pictures(zf)
     if path.suffix in {".parquet", ".pq"}:
         import pyarrow.parquet as pq
 
@@ -136,8 +209,8 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
             total = pq.ParquetFile(path).metadata.num_rows
         except Exception:
             total = None
-        return _parquet(path), total
-    raise ImportFailed(f"{path.name}: unsupported format; use .jsonl, .parquet or a datasets directory")
+        return _parquet(path), total, _Pictures()
+    raise ImportFailed(f"{path.name}: unsupported format; use .jsonl, .zip (JSONL and its pictures), .parquet or a datasets directory")
 
 
 class _TaskWriter:
@@ -149,6 +222,7 @@ class _TaskWriter:
         self.session = session
         self.next_index = 0
         self.source_rows = 0
+        self.images: dict[str, TasksetImage] = {}
 
     def add(self, rows: Sequence[Row]) -> None:
         for row in rows:
@@ -161,6 +235,28 @@ class _TaskWriter:
             row["index"] = self.next_index
             self.next_index += 1
         Task.objects.bulk_create([Task(taskset=self.taskset, **row) for row in out])
+
+    def pictures(self, pictures: _Pictures, values: list[Any], *, where: str) -> list[str]:
+        """Store a record's pictures (once each) and return their digests in order."""
+        from apps.buffer.images import ImageRejected, image_store
+
+        digests = []
+        for value in values:
+            data, name = pictures.read(value, where=where)
+            try:
+                info = image_store(data=data, name=name)
+            except ImageRejected as exc:
+                raise ImportFailed(f"{where}: {exc.message}") from None
+            if info.sha256 not in self.images:
+                self.images[info.sha256] = TasksetImage(
+                    taskset=self.taskset, sha256=info.sha256, content_type=info.content_type, width=info.width,
+                    height=info.height, size=info.size, name=info.name,
+                )
+            digests.append(info.sha256)
+        return digests
+
+    def finish(self) -> None:
+        TasksetImage.objects.bulk_create(list(self.images.values()))
 
 
 def _session(steps: PipelineSteps, run: Any, taskset: Taskset) -> PipelineSession:
@@ -183,7 +279,7 @@ def taskset_import(
     path = Path(path)
     if not path.exists():
         raise ImportFailed(f"{path}: no such file or directory")
-    records, total = _records(path, split)
+    records, total, pictures = _records(path, split)
     with transaction.atomic():
         taskset = Taskset.objects.create(name=name, owner=owner, source=str(path))
         session = _session(pipeline, run, taskset)
@@ -191,7 +287,11 @@ def taskset_import(
         chunk: list[dict[str, Any]] = []
         count = 0
         for where, record in records:
-            chunk.append(task_from_record(record, where=where))
+            record, values = _pictures_of(record, where=where)
+            row = task_from_record(record, where=where)
+            if values:
+                row["images"] = writer.pictures(pictures, values, where=where)
+            chunk.append(row)
             count += 1
             if len(chunk) >= 2000:
                 writer.add(chunk)
@@ -199,6 +299,7 @@ def taskset_import(
                 if progress:
                     progress(count, total)
         writer.add(chunk)
+        writer.finish()
         if count == 0:
             raise ImportFailed(f"{path.name}: no records")
         if progress:
@@ -214,13 +315,20 @@ def taskset_create(
 ) -> Taskset:
     """A taskset from in-memory records (forms, the API, tests); ImportFailed names the bad one.
     `pipeline` and `run` as for `taskset_import`."""
-    rows = [task_from_record(r, where=f"record {i + 1}") for i, r in enumerate(records)]
+    split = [_pictures_of(r, where=f"record {i + 1}") for i, r in enumerate(records)]
+    rows = [task_from_record(r, where=f"record {i + 1}") for i, (r, _) in enumerate(split)]
     if not rows:
         raise ImportFailed("no records")
     with transaction.atomic():
         taskset = Taskset.objects.create(name=name, owner=owner, source=source)
         session = _session(pipeline, run, taskset)
-        _TaskWriter(taskset, session).add(rows)
+        writer = _TaskWriter(taskset, session)
+        for i, (row, (_, values)) in enumerate(zip(rows, split, strict=True)):
+            if values:
+                # In-memory records carry bytes (or {bytes, path}); paths need a zip import.
+                row["images"] = writer.pictures(_Pictures(), values, where=f"record {i + 1}")
+        writer.add(rows)
+        writer.finish()
         transaction.on_commit(session.finish)
     taskset.pipeline_counts = session.counts  # type: ignore[attr-defined]
     return taskset

@@ -25,6 +25,9 @@ class Task(models.Model):
     tests = models.JSONField(null=True, blank=True)
     domain = models.CharField(max_length=50, default="general", db_index=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # The task's pictures, in prompt order: sha256 digests of files in the image store
+    # (apps/buffer/images.py), never the bytes; each has a TasksetImage row of the taskset.
+    images = models.JSONField(default=list, blank=True)
     is_synthetic = models.BooleanField(default=False)
     filter_reason = models.CharField(max_length=200, blank=True)
 
@@ -34,6 +37,24 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.taskset_id}/{self.index}"
+
+
+class TasksetImage(models.Model):
+    """A picture some task of the taskset shows: the file is in the image store under its
+    digest (shared by every taskset holding the same bytes); this row says which taskset may
+    show it (so who may see it) and what it is. `name` is the uploader's file name: untrusted
+    text, shown escaped."""
+
+    taskset = models.ForeignKey(Taskset, on_delete=models.CASCADE, related_name="images")
+    sha256 = models.CharField(max_length=64)
+    content_type = models.CharField(max_length=20)
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    size = models.PositiveIntegerField()
+    name = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["taskset", "sha256"], name="taskset_image_unique")]
 
 
 class TaskAttempt(models.Model):

@@ -64,7 +64,7 @@ def register(
 
 def _load_builtins() -> None:
     # Importing the modules registers the built-in rewards.
-    from apps.rewards import builtin, code_rules, k12, math_rules, remote  # noqa: F401
+    from apps.rewards import builtin, code_rules, k12, math_rules, remote, vision_rules  # noqa: F401
 
 
 def reward_names() -> set[str]:

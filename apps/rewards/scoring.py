@@ -4,8 +4,10 @@ worker call.
 A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a task when
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
-(apps/rewards/k12.py), anything else → exact_match. A term's `domains` must name domains of
-DOMAINS: a misspelt one is a config error naming it, not a term that silently scores nothing. Each term's score is stored as a part under its key (the term's name; a name
+(apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
+else → exact_match. A term's `domains` must name domains of DOMAINS: a misspelt one is a
+config error naming it, not a term that silently scores nothing. Each term's score is
+stored as a part under its key (the term's name; a name
 repeated in one spec gets "#2", "#3"…), and the reward is the weighted sum of the parts.
 Inline terms are scored by the explorer; terms registered `where="reward"` (code, reward
 models, judges) on the Celery queue `reward` (workers/rewards.py).
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DOMAIN = "general"
 # The domains rewards are routed by: each one but the fallback has a route in default_routes.
-DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12")
+DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12", "vision")
 
 
 @functools.cache
@@ -38,6 +40,7 @@ def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
         ),
         "code": (RewardTerm(name="code_exec", weight=1.0, domains=["code"]),),
         "k12": (RewardTerm(name="k12_judge", weight=1.0, domains=["k12"]),),
+        "vision": (RewardTerm(name="vision_answer", weight=1.0, domains=["vision"]),),
     }
 
 

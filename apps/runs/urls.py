@@ -1,5 +1,6 @@
 from django.urls import path
 
+from apps.buffer import views as buffer_views
 from apps.runs import views
 
 app_name = "runs"
@@ -23,4 +24,5 @@ urlpatterns = [
     path("<int:run_id>/groups/<str:group_id>/", views.experience_group, name="group"),
     path("<int:run_id>/export/", views.export_page, name="export"),
     path("<int:run_id>/export/<str:kind>.jsonl", views.export_download, name="export_download"),
+    path("<int:run_id>/images/<str:sha256>/", buffer_views.task_image, name="image"),
 ]

@@ -163,8 +163,8 @@ def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], lis
     upload = request.FILES.get("taskset")
     if upload is not None:
         suffix = Path(upload.name or "").suffix.lower()
-        if suffix not in {".jsonl", ".ndjson", ".parquet", ".pq"}:
-            return None, [f"{upload.name}: upload a .jsonl or .parquet file"], []
+        if suffix not in {".jsonl", ".ndjson", ".parquet", ".pq", ".zip"}:
+            return None, [f"{upload.name}: upload a .jsonl, .parquet or .zip (JSONL with its pictures) file"], []
         try:
             with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
                 for chunk in upload.chunks():

@@ -31,6 +31,8 @@ class Rollout:
     model_version: int = 0
     # One 0/1 per completion token; None: every token is the model's own.
     action_mask: list[int] | None = None
+    # Digests of the pictures the prompt showed (apps/buffer/images.py), in prompt order.
+    images: list[str] | None = None
 
     @property
     def trained_mask(self) -> list[int]:
@@ -74,6 +76,7 @@ def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
         is_expert=bool(exp.is_expert),
         model_version=int(exp.model_version or 0),
         action_mask=[int(bool(m)) for m in mask] if mask is not None else None,
+        images=list((getattr(exp, "metadata", None) or {}).get("images") or []) or None,
     )
 
 

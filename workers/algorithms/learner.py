@@ -78,7 +78,7 @@ def spec_from_config(cfg: Any) -> LearnerSpec:
 
 
 class Learner:
-    def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None) -> None:
+    def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None, processor: Any = None) -> None:
         if spec.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {spec.algorithm!r}; known: {', '.join(ALGORITHMS)}")
         from workers.adapters import is_adapter_model
@@ -93,6 +93,8 @@ class Learner:
         self.spec = spec
         self.model = model
         self.tokenizer = tokenizer
+        # A vision-language model's processor: the pictures of image prompts become pixel inputs.
+        self.processor = processor
         # With an adapter the reference is the base itself (adapter off), never a copy.
         self.ref_model = None if self.adapter else ref_model
         if self.ref_model is not None:
@@ -150,11 +152,30 @@ class Learner:
             advantages=advantages,
             action_masks=[r.trained_mask for r in rollouts] if masked else None,
         )
+        inputs.update(self.pixel_inputs(rollouts))
         if self.spec.params.beta > 0:
             inputs["ref_per_token_logps"] = self.reference_logps(inputs)
         loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.model, inputs=inputs)
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
         return loss, metrics
+
+    def pixel_inputs(self, rollouts: list[Rollout]) -> dict[str, Any]:
+        """The pictures of image prompts as the model's pixel inputs, TRL's way (`pixel_values`
+        and the processor's other tensors, `num_images` per row); nothing for text rollouts."""
+        pictured = [bool(r.images) for r in rollouts]
+        if not any(pictured):
+            return {}
+        if not all(pictured):
+            raise ValueError("a batch mixes prompts with and without images; the trainer takes one kind per batch")
+        if self.processor is None:
+            raise ValueError("rollouts with images need a vision-language model (its processor)")
+        from workers.vision import images_open, pixel_inputs
+
+        pixels = pixel_inputs(self.processor, [images_open(r.images or []) for r in rollouts])
+        device = next(self.model.parameters()).device
+        out: dict[str, Any] = {k: v.to(device) for k, v in pixels.items()}
+        out["num_images"] = [len(r.images or []) for r in rollouts]
+        return out
 
     def reference_logps(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-token logprobs of the completions under the KL reference: the reference

@@ -214,8 +214,10 @@ def grpo_ref_logps(*, trainer: Any, ref_model: Any, inputs: dict[str, torch.Tens
         _fused_head(ref_model, temperature=trainer.temperature)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    pixels = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes", "num_images")
+              if k in inputs}
     logps, _, _ = trainer._get_per_token_logps_and_entropies(
-        ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+        ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1), **pixels
     )
     return logps
 

@@ -34,6 +34,10 @@ class HFEngine:
         # The full-weight directory the held model (or an adapter's base) came from.
         self.base_path = ""
         self.tokenizer = tokenizer_load(path)
+        from workers.vision import is_vision_model, processor_load
+
+        # A vision-language model's processor turns pictures into pixel tensors (workers/vision.py).
+        self.processor: Any = processor_load(path) if is_vision_model(path) else None
         self.model: Any = None
         self.load(version=version, path=path)
 
@@ -53,7 +57,9 @@ class HFEngine:
                 self.model.eval()
             self.path, self._version = path, version
             # The context the model was built for: the OpenAI endpoint refuses longer prompts.
-            self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+            config = self.model.config
+            self.max_model_len = int(getattr(config, "max_position_embeddings", 0)
+                                     or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
 
     def load_tensors(self, *, version: int, path: str, tensors: dict[str, Any]) -> bool:
         """Take a version's tensors as broadcast by the trainer (no checkpoint read): an
@@ -84,9 +90,12 @@ class HFEngine:
             return True
 
     def _full_load(self, path: str) -> Any:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device)
+        from workers.vision import is_vision_model
+
+        auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+        return auto.from_pretrained(path, dtype=self.dtype).to(self.device)
 
     def _adapter_load(self, path: str) -> None:
         import json
@@ -122,23 +131,38 @@ class HFEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
                  on_tokens: Callable[[list[int]], None] | None = None) -> list[list[Sample]]:
-        """`on_tokens`: called after every decoding step with one token id per row (row
+        """`prompts`: token ids, or `workers.vision.ImagePrompt`s (expanded ids and pictures).
+
+        `on_tokens`: called after every decoding step with one token id per row (row
         i·n + j is choice j of prompt i; a row that has finished gets the pad token), while
         the generation goes on: what streaming sends token by token."""
+        from workers.vision import ImagePrompt
+
         if n < 1:
             raise ValueError("n must be at least 1")
-        out: list[list[Sample]] = []
+        out: dict[int, list[Sample]] = {}
+        # Prompts with pictures go in batches of their own (pixel tensors for every row).
+        pictured = [i for i, p in enumerate(prompts) if isinstance(p, ImagePrompt)]
+        plain = [i for i, p in enumerate(prompts) if not isinstance(p, ImagePrompt)]
+        if pictured and self.processor is None:
+            raise ValueError(f"{self.path} is not a vision-language model; a prompt with images needs one")
         with self._lock:
             per_call = max(1, self.batch_size // n)
             if on_tokens is not None and len(prompts) > per_call:
                 raise ValueError(f"streaming takes at most {per_call} prompts at a time")
-            for start in range(0, len(prompts), per_call):
-                out.extend(self._generate_chunk(prompts[start : start + per_call], n=n, sampling=sampling,
-                                                on_tokens=on_tokens))
-        return out
+            for members, with_images in ((plain, False), (pictured, True)):
+                for start in range(0, len(members), per_call):
+                    chunk = members[start : start + per_call]
+                    images = [prompts[i].images for i in chunk] if with_images else None  # type: ignore[attr-defined]
+                    for i, samples in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], n=n, sampling=sampling,
+                                                                      images=images, on_tokens=on_tokens)):
+                        out[i] = samples
+        return [out[i] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
-                        on_tokens: Callable[[list[int]], None] | None = None) -> list[list[Sample]]:
+    def _generate_chunk(
+        self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec, images: Sequence[Sequence[Any]] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> list[list[Sample]]:
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -168,6 +192,14 @@ class HFEngine:
             )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        if images is not None:
+            from workers.vision import pixel_inputs
+
+            # Repeated like the prompt rows; generate expands them again for num_return_sequences.
+            pixels = pixel_inputs(self.processor, [row for row in images for _ in range(copies)])
+            kwargs.update({k: v.to(self.device) for k, v in pixels.items()})
+            if "pixel_values" in kwargs:
+                kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         if on_tokens is not None:

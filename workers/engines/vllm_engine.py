@@ -27,7 +27,9 @@ def _context_length(path: str, cap: int = 4096) -> int:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
-    return min(cap, int(getattr(config, "max_position_embeddings", cap) or cap))
+    # An image-text model's context is its text model's.
+    found = getattr(config, "max_position_embeddings", None) or getattr(config.get_text_config(), "max_position_embeddings", None)
+    return min(cap, int(found or cap))
 
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -82,6 +84,10 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         self.max_model_len = int(kwargs["max_model_len"])
         self.tokenizer = tokenizer_load(path)
+        from workers.vision import is_vision_model, processor_load
+
+        # Renders prompts with pictures (workers/vision.py); vLLM does its own pixel work.
+        self.processor: Any = processor_load(path) if is_vision_model(path) else None
         self.path = path
         self.base_path = path
         self.lora_enabled = max_lora_rank is not None
@@ -156,7 +162,16 @@ class VLLMEngine:
             seed=sampling.seed,
             logprobs=sampling.logprobs,
         )
-        inputs = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(copies)]
+        from workers.vision import ImagePrompt
+
+        def as_input(p: Sequence[int]) -> dict[str, Any]:
+            if isinstance(p, ImagePrompt):
+                # One placeholder per picture: vLLM expands them itself (multimodal inputs).
+                images = list(p.images)
+                return {"prompt_token_ids": list(p.token_ids), "multi_modal_data": {"image": images[0] if len(images) == 1 else images}}
+            return {"prompt_token_ids": list(p)}
+
+        inputs = [as_input(p) for p in prompts for _ in range(copies)]
         with self._lock:
             outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora)
         flat: list[Sample] = []

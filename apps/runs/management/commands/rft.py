@@ -78,7 +78,7 @@ class Command(BaseCommand):
         create.add_argument("config", help="path of the config file (.yaml, .yml or .json)")
         create.add_argument("--name", required=True)
         create.add_argument("--owner", help="username of the owner (default: the only superuser)")
-        create.add_argument("--taskset", help="taskset file: .jsonl, .parquet or a datasets directory")
+        create.add_argument("--taskset", help="taskset file: .jsonl, .zip (JSONL with its pictures), .parquet or a datasets directory")
         create.add_argument("--taskset-name")
         create.add_argument("--start", action="store_true", help="start the run once created")
 

@@ -1,0 +1,20 @@
+"""`{% task_images run digests %}`: the pictures a prompt showed, as thumbnails that open
+larger (a `<details>`, no script) with a plain link to the full picture."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from apps.buffer.models import TasksetImage
+
+register = template.Library()
+
+
+@register.inclusion_tag("runs/_images.html")
+def task_images(run: Any, digests: Any) -> dict[str, Any]:
+    digests = [d for d in (digests or []) if isinstance(d, str)]
+    rows = {r.sha256: r for r in TasksetImage.objects.filter(taskset_id=run.taskset_id, sha256__in=digests)} if digests else {}
+    # Only pictures of the run's taskset: the same rule the image view keeps.
+    return {"run": run, "images": [rows[d] for d in digests if d in rows]}
