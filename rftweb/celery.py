@@ -28,7 +28,6 @@ app.conf.update(
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
         "workers.reward_trainer.*": {"queue": "reward"},
-        "workers.k12.*": {"queue": "reward"},
     },
     # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
     task_acks_late=True,
@@ -78,7 +77,7 @@ app.conf.update(
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer", "k12"):
+for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The RFT core's loop (apps/runs/conduct.py).
 app.autodiscover_tasks(["apps.runs"], related_name="conduct")
