@@ -258,17 +258,16 @@ class LearnerGroup:
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
         self.broken = False
-        # From the project's root, with it on the path, whatever the worker's own directory.
+        # From the project's root (`-m` puts it on the path), whatever the worker's directory.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]),
-               "RFT_GROUP_SPEC": json.dumps({
+        spec = json.dumps({
             "port": port, "world": world, "backend": self.backend, "timeout_s": timeout_s, "config": run_config,
             "parent": os.getpid(),
-        })}
+        })
         self.followers: list[subprocess.Popen[bytes]] = []
         for rank in range(1, world):
             self.followers.append(subprocess.Popen(
-                [sys.executable, "-m", "workers.algorithms.distributed", str(rank)], env=env, cwd=root, close_fds=True,
+                [sys.executable, "-m", "workers.algorithms.distributed", str(rank), spec], cwd=root, close_fds=True,
             ))
         try:
             self.group = _process_group(store=self._store, rank=0, world=world, backend=self.backend, timeout=timeout)
@@ -330,12 +329,12 @@ def _orphan_watch(parent: int) -> None:
     threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
 
 
-def follower_main(rank: int) -> None:
+def follower_main(rank: int, spec_json: str) -> None:
     """A follower: build the run's learner as rank 0 did, take rank 0's state, then train
     on every batch it sends until told to stop."""
     import django
 
-    spec_in = json.loads(os.environ["RFT_GROUP_SPEC"])
+    spec_in = json.loads(spec_json)
     _orphan_watch(int(spec_in["parent"]))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
     django.setup()
@@ -377,4 +376,4 @@ def follower_main(rank: int) -> None:
 
 
 if __name__ == "__main__":
-    follower_main(int(sys.argv[1]))
+    follower_main(int(sys.argv[1]), sys.argv[2])
