@@ -25,6 +25,7 @@ A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_sessi
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -53,6 +54,8 @@ from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_
 from apps.hygiene import InputRejected, tree_check
 from apps.runs.models import Run
 from rftweb.exceptions import Unavailable, UpstreamFailed
+
+log = logging.getLogger(__name__)
 
 
 def _error(exc: oa.OpenAIError) -> JsonResponse:
@@ -217,7 +220,8 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
         key = token_stream.stream_key_new() if oa.live_streamable(req) else None
         if key is not None:
             body["stream_key"] = key
-            live = await _live(kind=kind, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key)
+            live = await _live(kind=kind, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key,
+                               version=run.current_version if version is None else version)
             if isinstance(live, StreamingHttpResponse):
                 return live
             answer = live
@@ -235,30 +239,43 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
 
 
-async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]], key: str) -> Any:
+async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]], key: str, version: int) -> Any:
     """Token-by-token streaming: a StreamingHttpResponse once the worker has started
     generating (its first event), or the answer itself when the job ends first (a refusal,
     which raises here as a 4xx; an engine that cannot stream; a short answer)."""
     # The job records the session's call even if the client goes away mid-stream.
     job.add_done_callback(lambda f: f.cancelled() or f.exception())
     reader = token_stream.StreamReader(key)
+    first: dict[str, Any] | None = None
     try:
         while True:
             first = await reader.next(timeout=0.5)
             if first is not None or job.done():
                 break
+    except Exception:
+        # Redis went away under us: the answer still comes through Celery, whole.
+        log.warning("token stream %s unreadable; streaming the whole answer", key, exc_info=True)
+        first = None
     except BaseException:
-        await reader.close()
+        await _quietly(reader.close())
         raise
     if first is None:
-        await reader.close()
+        await _quietly(reader.close())
         return await job
-    return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first))
+    return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first, version=version))
+
+
+async def _quietly(close: Any) -> None:
+    try:
+        await close
+    except Exception:
+        log.warning("token stream: could not clean up", exc_info=True)
 
 
 async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]],
-                       reader: token_stream.StreamReader, first: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    env = oa.envelope(kind=kind, model=req.model, run=run, version=run.current_version)
+                       reader: token_stream.StreamReader, first: dict[str, Any], version: int) -> AsyncIterator[dict[str, Any]]:
+    # The version asked for (the worker read the current one a moment later: the tail says which answered).
+    env = oa.envelope(kind=kind, model=req.model, run=run, version=version)
     texts = [oa.LiveText(oa.live_markers(req)) for _ in range(req.n)]
     try:
         if kind == "chat":
@@ -267,12 +284,16 @@ async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dic
         event: dict[str, Any] | None = first
         while True:
             if event is None:
-                if job.done():
-                    event = await reader.next(timeout=0)  # what was pushed before the answer came
-                    if event is None:
+                try:
+                    # Once the answer is in, what was pushed before it; else wait for more.
+                    event = await reader.next(timeout=0 if job.done() else 0.5)
+                except Exception:
+                    # Redis went away: the rest of the text comes from the answer below.
+                    log.warning("token stream unreadable mid-stream; finishing from the answer", exc_info=True)
+                    break
+                if event is None:
+                    if job.done():
                         break
-                else:
-                    event = await reader.next(timeout=0.5)
                     continue
             if event.get("t") == "end":
                 break
@@ -295,7 +316,7 @@ async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dic
         for chunk in tail:
             yield chunk
     finally:
-        await reader.close()
+        await _quietly(reader.close())
 
 
 def _sse_async(chunks: AsyncIterator[dict[str, Any]]) -> StreamingHttpResponse:

@@ -13,7 +13,9 @@ explore step's experiences (train_batch_size = explore_batch_size × repeat_time
 - async: the explorer uses the newest version, and runs ahead of the trainer by at most
   max_staleness versions: step k waits for v(max(0, ⌊(k − 1) / interval⌋ − max_staleness)).
 - explore: rollouts and evaluation with whatever version is current; no trainer.
-- train: no explorer; the trainer trains on what the buffer holds.
+- train: no explorer; the trainer trains on what the buffer holds, and on what environments
+  (the REST API, agents through the OpenAI-compatible endpoint) send while tasks they
+  claimed are queued or leased (`orchestration.explore_finished`).
 """
 
 from __future__ import annotations
