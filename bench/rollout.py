@@ -9,7 +9,7 @@ the same picture prompts (a 32×32 picture of squares and the counting question)
 vLLM's multimodal inputs and through transformers with the processor's pixels; its ratio is
 printed before the text ratio (`--no-vision` skips it).
 
-    python -m bench.rollout [--prompts 64 --n 4 --tokens 64 --threads 2 --no-vision]
+    python -m bench.rollout [--prompts 64 --n 4 --tokens 64 --threads 2 --no-vision | --vision-only]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--model-dir", default=None, help="reuse or create the bench model here")
     parser.add_argument("--no-vision", action="store_true", help="skip the vision row")
+    parser.add_argument("--vision-only", action="store_true", help="only the vision row (its ratio is then the last line)")
     args = parser.parse_args()
 
     cache = Path(os.environ.get("RFT_BENCH_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "bench"))
@@ -68,6 +69,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from workers.engines import engine_create, prompt_ids
+
+    if args.vision_only:
+        vision = _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
+        print(json.dumps({"prompts": args.prompts, "n": args.n, "max_tokens": args.tokens,
+                          "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+        _vision_print(vision, prompts=args.prompts)
+        return
 
     model_dir = _model(Path(args.model_dir) if args.model_dir else cache / "rollout-20m")
     hf = engine_create(kind="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
@@ -86,13 +94,17 @@ def main() -> None:
     print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device,
                       "loadavg": [round(x, 2) for x in os.getloadavg()]}))
     if vision is not None:
-        print(f"vision transformers: {vision['hf_tokens']} tokens in {vision['hf_s']:.2f} s = {vision['hf_tps']:.1f} tokens/s "
-              f"({vision['parameters']} parameters, {args.prompts} pictures)")
-        print(f"vision vllm:         {vision['vllm_tokens']} tokens in {vision['vllm_s']:.2f} s = {vision['vllm_tps']:.1f} tokens/s")
-        print(f"vision vllm/transformers tokens/s ratio: {vision['vllm_tps'] / vision['hf_tps']:.2f}")
+        _vision_print(vision, prompts=args.prompts)
     print(f"transformers: {hf_tokens} tokens in {hf_s:.2f} s = {hf_tps:.1f} tokens/s")
     print(f"vllm:         {vllm_tokens} tokens in {vllm_s:.2f} s = {vllm_tps:.1f} tokens/s")
     print(f"vllm/transformers tokens/s ratio: {vllm_tps / hf_tps:.2f}", flush=True)
+
+
+def _vision_print(vision: dict[str, Any], *, prompts: int) -> None:
+    print(f"vision transformers: {vision['hf_tokens']} tokens in {vision['hf_s']:.2f} s = {vision['hf_tps']:.1f} tokens/s "
+          f"({vision['parameters']} parameters, {prompts} pictures)")
+    print(f"vision vllm:         {vision['vllm_tokens']} tokens in {vision['vllm_s']:.2f} s = {vision['vllm_tps']:.1f} tokens/s")
+    print(f"vision vllm/transformers tokens/s ratio: {vision['vllm_tps'] / vision['hf_tps']:.2f}", flush=True)
 
 
 def _vision_row(cache: Path, *, prompts: int, n: int, tokens: int) -> dict[str, Any]:

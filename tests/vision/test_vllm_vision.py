@@ -61,3 +61,39 @@ def test_an_explore_step_on_the_vllm_engine_records_its_pictures(
     run = vision_run(owner, vision_model_dir, engine="vllm")
     experiences = explored(run, vision_model_dir)
     assert all(isinstance(e, Experience) and e.metadata["images"] for e in experiences)
+
+
+def test_a_published_version_reloads_into_the_running_vllm_engine(vision_model_dir: Path, vllm_vision: Any, tmp_path: Path) -> None:
+    """Weight sync for the VLM: a checkpoint of changed weights goes into the running engine
+    (reload_weights), and its answers are then the new weights' on the same pictures."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from workers.engines import SamplingSpec
+    from workers.engines.hf_engine import HFEngine
+    from workers.vision import vision_prompt
+    from workers.vision_model import QUESTION, squares_image
+
+    model = AutoModelForImageTextToText.from_pretrained(vision_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vision_model" in name or "connector" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+    checkpoint = tmp_path / "v1"
+    model.save_pretrained(checkpoint)
+    hf = HFEngine(path=str(vision_model_dir))
+    rng = random.Random(3)
+    prompts = [vision_prompt(hf.processor, text=QUESTION, images=[squares_image(count=n, rng=rng)]) for n in (1, 2, 3, 4)]
+    greedy = SamplingSpec(temperature=0, max_tokens=12)
+    before = vllm_vision.generate(prompts, n=1, sampling=greedy)
+    try:
+        vllm_vision.load(version=1, path=str(checkpoint))
+        hf.load(version=1, path=str(checkpoint))
+        after = vllm_vision.generate(prompts, n=1, sampling=greedy)
+        expected = hf.generate(prompts, n=1, sampling=greedy)
+    finally:
+        vllm_vision.load(version=0, path=str(vision_model_dir))
+    assert [g[0].token_ids for g in after] == [g[0].token_ids for g in expected]
+    changed = [abs(a[0].logprobs[0] - b[0].logprobs[0]) > 1e-4 for a, b in zip(after, before, strict=True)]
+    assert any(changed)

@@ -125,6 +125,10 @@ class VLLMEngine:
     def _reload(self, weights: str) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights})
         self.llm.reset_prefix_cache()
+        if self.processor is not None:
+            # Image embeddings the old vision tower computed are cached by picture: drop them
+            # (scheduler and runner both, else the next request of a cached picture misses).
+            self.llm.llm_engine.reset_encoder_cache()
 
     def _lora_add(self, *, path: str, version: int) -> None:
         from vllm.lora.request import LoRARequest
