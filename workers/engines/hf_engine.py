@@ -118,6 +118,12 @@ class HFEngine:
             raise ValueError("n must be at least 1")
         out: list[list[Sample]] = []
         with self._lock:
+            if sampling.seed is not None:
+                import torch
+
+                # Once per call, not per chunk: chunks seeded alike would draw the same
+                # random numbers, and their samples would be correlated.
+                torch.manual_seed(sampling.seed)
             per_call = max(1, self.batch_size // n)
             for start in range(0, len(prompts), per_call):
                 out.extend(self._generate_chunk(prompts[start : start + per_call], n=n, sampling=sampling))
@@ -149,12 +155,12 @@ class HFEngine:
                 do_sample=True,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else None,
+                # 0, not None: None means the generation config's default (50), which would
+                # sample from a truncated distribution while the logprobs are the full one's.
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
             )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             result = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         generated = result.sequences[:, width:]
