@@ -21,8 +21,10 @@ steps and seeds:
 
 The loop runs in this process step by step, as bench/learning does (explore, people rate,
 reward model trains and scores, wait windows end, train); the wait window is ended by the
-bench after the raters' turn, not by wall time. Accuracy is greedy `<answer>` accuracy on the
-demo model's 200 held-out problems, off the clock.
+bench after the raters' turn, not by wall time. Accuracy is the expected accuracy (probability of
+sampling the right `<answer>`, workers.demo_model.expected_accuracy) on the demo model's 200
+held-out problems, off the clock; greedy accuracy is printed beside it (over a few dozen steps it
+is mostly trajectory luck).
 
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
                              [--rm-base policy|judge|PATH] [--min-rm-accuracy 0.75]
@@ -203,16 +205,22 @@ class Rater:
 # ---------------------------------------------------------------- one arm
 
 
-def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
+def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
+    """(expected, greedy) accuracy on the held-out problems. Gains are measured on the
+    expected accuracy (the probability of sampling the right answer, what GRPO maximises):
+    greedy accuracy over a few dozen steps is mostly trajectory luck (the learn helper's
+    measurement, workers.demo_model.expected_accuracy)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _problems, greedy_accuracy
+    from workers.demo_model import DemoSettings, _problems, expected_accuracy, greedy_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    problems = _problems(DemoSettings())[1]
+    expected = expected_accuracy(model=model, tokenizer=tokenizer, problems=problems)
+    return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
 
 def _gold_mark(owner: Rater, run: Any) -> int:
@@ -231,7 +239,7 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 
 
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
-            demo: Path, owner_user: Any, base_acc: float, rm_base: str | None = None,
+            demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch") -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
@@ -293,10 +301,11 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  rm {('v%d %.2f' % (rm.version, rm.accuracy or 0)) if rm else '-':>9}"
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
-    acc = _accuracy(checkpoint, demo)
+    acc, greedy = _accuracy(checkpoint, demo)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
-    return {"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc, "labels": labels,
+    return {"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc[0], "greedy": greedy,
+            "greedy_gain": greedy - base_acc[1], "labels": labels,
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
             "rm_heldout": rm.pairs_heldout if rm else 0,
@@ -351,7 +360,8 @@ def main() -> None:
     elif args.rm_base != "policy":
         rm_base = args.rm_base
     base_acc = _accuracy(str(demo), demo)
-    print(f"base accuracy {base_acc:.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}  load {os.getloadavg()[0]:.1f}",
+          flush=True)
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
     try:
@@ -369,12 +379,14 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(f"{'arm':<9}{'seed':>5}{'acc':>8}{'gain':>8}{'labels':>8}{'gain/100 labels':>17}{'rm acc':>8}"
+    print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
+          f"{'rm acc':>8}"
           f"{'held-out':>9}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
-        print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.3f}{r['gain']:>+8.3f}{r['labels']:>8}{per100:>+17.3f}"
+        print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
+              f"{r['labels']:>8}{per100:>+17.4f}"
               f"{rm:>8}{r['rm_heldout']:>9}{r['seconds']:>9.0f}{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}

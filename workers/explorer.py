@@ -102,6 +102,11 @@ def _engine_at(*, run: Run, version: int, worker: str) -> Any:
     return engine
 
 
+def explore_seed(*, seed: int, step: int) -> int:
+    """The sampling seed of explore step `step` of a run seeded `seed` (distinct per step)."""
+    return (int(seed) * 1_000_003 + int(step)) % (2**31 - 1)
+
+
 def _applies(term: Any, task: Any) -> bool:
     return not term.domains or task.domain in term.domains
 
@@ -176,6 +181,12 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         for attempt in attempts:
             prompts.append(task_prompt(engine, attempt.task))
         sampling = SamplingSpec.from_config(cfg.sampling)
+        if sampling.seed is None and engine.kind == "transformers":
+            # The transformers engine draws from the process's global RNG, whose state depends
+            # on what the process did before (other runs, the trainer beside it in one process,
+            # step 1 coming before the trainer seeds anything): seeded per step from the run's
+            # seed, a rerun samples the same completions. vLLM seeds its own engine.
+            sampling = sampling.with_overrides({"seed": explore_seed(seed=cfg.seed, step=step)})
         started = time.monotonic()
         samples = engine.generate(prompts, n=cfg.repeat_times, sampling=sampling)
         gen_seconds = time.monotonic() - started

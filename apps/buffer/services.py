@@ -238,9 +238,17 @@ def batch_claim(
                 status=Experience.Status.LEASED, lease_owner=worker, lease_expires_at=expires
             )
             claimed = list(Experience.objects.filter(pk__in=ids))
-    claimed.sort(key=lambda e: (-e.priority, e.group_id, e.id))
+    # Groups by the id of their first member, not by group_id's text: ids keep the order the
+    # experiences were written in, which a rerun of the same seed repeats, while the text
+    # order of "attempt-<id>" keys moves with the ids a database hands out (and a batch in
+    # another order sums in another order: a run would not reproduce its own curve).
+    first: dict[str, int] = {}
+    for e in sorted(claimed, key=lambda e: e.id):
+        first.setdefault(e.group_id, e.id)
     if group_complete:
-        claimed.sort(key=lambda e: (e.group_id, e.id))
+        claimed.sort(key=lambda e: (first[e.group_id], e.id))
+    else:
+        claimed.sort(key=lambda e: (-e.priority, first[e.group_id], e.id))
     return claimed
 
 

@@ -147,6 +147,12 @@ class HFEngine:
         if pictured and self.processor is None:
             raise ValueError(f"{self.path} is not a vision-language model; a prompt with images needs one")
         with self._lock:
+            if sampling.seed is not None:
+                import torch
+
+                # Once per call, not per chunk: chunks seeded alike would draw the same
+                # random numbers, and their samples would be correlated.
+                torch.manual_seed(sampling.seed)
             per_call = max(1, self.batch_size // n)
             if on_tokens is not None and len(prompts) > per_call:
                 raise ValueError(f"streaming takes at most {per_call} prompts at a time")
@@ -188,7 +194,9 @@ class HFEngine:
                 do_sample=True,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else None,
+                # 0, not None: None means the generation config's default (50), which would
+                # sample from a truncated distribution while the logprobs are the full one's.
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
             )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
@@ -200,8 +208,6 @@ class HFEngine:
             kwargs.update({k: v.to(self.device) for k, v in pixels.items()})
             if "pixel_values" in kwargs:
                 kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
         if on_tokens is not None:
             kwargs["streamer"] = _StepStreamer(on_tokens)
         with torch.inference_mode():
