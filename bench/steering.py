@@ -29,6 +29,12 @@ is mostly trajectory luck).
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
                              [--rm-base policy|judge|PATH] [--min-rm-accuracy 0.75]
 
+Measured 2026-11-22 (after the learn merge; 15 steps, 8 tasks x 8, seeds 0 and 1, load 6-10):
+every arm still lost expected accuracy (base 0.1443): all -0.021 / -0.013 (960 labels), rm10
+-0.031 / -0.003, random10 -0.055 / -0.040, noisy -0.042 / -0.049 (90 labels each); no reward
+model became usable (held-out accuracy on 2-13 held-out pairs, under the 20 required), so rm10
+was blend with whole groups handed out by the rule, and it beat random10 in both seeds.
+
 A reward model is folded into rewards only once its held-out accuracy reaches
 --min-rm-accuracy on at least 20 held-out pairs; bench/reward_model measures how far the
 reward model gets on these labels with each base.
