@@ -76,7 +76,9 @@ def heldout_accuracy(model_dir: str | Path) -> tuple[float, float]:
 # is mostly the trajectory's luck. The probability of sampling the right answer, which GRPO
 # raises, moves every step: seeds 0 and 1 of the bare loop, +0.5 and +1.0 greedy points at
 # step 60, raise it from 0.144 to 0.186 and 0.197 (+4.2 and +5.3 points; 0.155 and 0.175 at
-# step 20, 0.174 and 0.198 at step 40). An unchanged model scores the base exactly.
+# step 20, 0.174 and 0.198 at step 40). An unchanged model scores the base exactly. This test,
+# first run: greedy +10.0, expected +6.9 points in 346 s at load 15. (lr 3e-4 in the bare
+# loop: greedy -7.5 and -14.0 points at step 20; the model is no more robust than that.)
 def test_grpo_through_the_whole_loop_raises_heldout_accuracy_over_the_warm_up(
     owner: Any, demo_model_dir: Path, loop_workers: dict[str, Path]
 ) -> None:
