@@ -12,7 +12,11 @@ Prints requests/s and p50/p99 latency of each with the load average beside them,
 milliseconds per request of each process taking part (this one, the worker, daphne), and on the
 last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
 throughput). The rollout engines serve one generation at a time per worker, so with 16
-clients the latency is mostly queueing; the ratio says what the endpoint adds to that.
+clients the latency is mostly queueing; the ratio says what the endpoint adds to that. On a
+busy shared host the ratio swings with the load (the `engine` row's 16 threads also contend
+for the GIL and the engine's lock in this process); the CPU milliseconds per request are the
+steadier profile: in Nov 2026 the worker spent about what the engine does per generation
+(53-65 ms against 58-67 ms) and daphne 17-19 ms per request.
 
     python -m bench openai_endpoint [--clients 16 --requests 8 --tokens 16 --engine transformers]
 """
