@@ -2,7 +2,8 @@
 
 Sixteen concurrent clients send the same chat completions three ways, one after the other:
 
-- `engine`: straight to a resident rollout engine in this process (the prompt rendered by
+- `engine`: straight to a resident rollout engine in this process, one generation at a time
+  in arrival order (what a solo rollout worker does with its queue; the prompt rendered by
   the same chat template, the same sampling): what the hardware does;
 - `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP;
 - `endpoint`: the official `openai` client against daphne, through auth, validation, the
@@ -13,8 +14,7 @@ milliseconds per request of each process taking part (this one, the worker, daph
 last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
 throughput). The rollout engines serve one generation at a time per worker, so with 16
 clients the latency is mostly queueing; the ratio says what the endpoint adds to that. On a
-busy shared host the ratio swings with the load (the `engine` row's 16 threads also contend
-for the GIL and the engine's lock in this process); the CPU milliseconds per request are the
+busy shared host the ratio swings with the load; the CPU milliseconds per request are the
 steadier profile: in Nov 2026 the worker spent about what the engine does per generation
 (53-65 ms against 58-67 ms) and daphne 17-19 ms per request.
 
@@ -101,6 +101,44 @@ def _hammer(call: Callable[[int], None], *, clients: int, per_client: int) -> tu
     return time.perf_counter() - started, latencies
 
 
+def _fifo(serve: Callable[[int], object]) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(call, stop): one server thread answers the calls in arrival order.
+
+    That is a rollout worker's discipline (a solo worker takes one task at a time off its
+    queue), without the transport. Sixteen threads calling the engine directly race for its
+    lock instead, which is not first-come first-served: one thread wins it again and again, and
+    the p50 then measures the lock's unfairness (50 ms p50 beside a 4.7 s p99 on a quiet host),
+    not the engine."""
+    import queue
+
+    waiting: queue.Queue[tuple[int, threading.Event, list[BaseException]] | None] = queue.Queue()
+
+    def server() -> None:
+        while (item := waiting.get()) is not None:
+            i, done, errors = item
+            try:
+                serve(i)
+            except BaseException as exc:  # handed to the caller
+                errors.append(exc)
+            done.set()
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+
+    def call(i: int) -> None:
+        done, errors = threading.Event(), list[BaseException]()
+        waiting.put((i, done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
+
+    def stop() -> None:
+        waiting.put(None)
+        thread.join()
+
+    return call, stop
+
+
 def _report(name: str, seconds: float, latencies: list[float]) -> dict[str, float]:
     row = {"rps": len(latencies) / seconds, "p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)}
     print(f"{name:9s} {row['rps']:7.2f} req/s  p50 {1000 * row['p50']:7.1f} ms  p99 {1000 * row['p99']:7.1f} ms  ({_load()})",
@@ -144,8 +182,9 @@ def main() -> None:
     prompts = [chat_prompt_ids(engine.tokenizer, messages=m, tools=None) for m in messages]
     engine.generate(prompts[:2], n=1, sampling=sampling)
     cpu = _Cpu(bench=os.getpid())
-    rows = {"engine": _report("engine", *_hammer(lambda i: engine.generate([prompts[i]], n=1, sampling=sampling),
-                                                  clients=args.clients, per_client=args.requests))}
+    call, stop = _fifo(lambda i: engine.generate([prompts[i]], n=1, sampling=sampling))
+    rows = {"engine": _report("engine", *_hammer(call, clients=args.clients, per_client=args.requests))}
+    stop()
     print(f"          CPU ms per request: {cpu.per_request(total)}")
     if hasattr(engine, "close"):
         engine.close()
