@@ -35,7 +35,7 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.selectors import tasks_exhausted
 from apps.buffer.services import experience_write, task_claim, task_finish, task_release
-from apps.rewards.scoring import rewards_inline, rewards_remote_terms
+from apps.rewards.scoring import rewards_awaiting, rewards_inline
 from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.models import Dispatch, ModelVersion, Run
 from apps.runs.orchestration import dispatch_begin, run_advance_after_step
@@ -105,10 +105,6 @@ def _engine_at(*, run: Run, version: int, worker: str) -> Any:
 def explore_seed(*, seed: int, step: int) -> int:
     """The sampling seed of explore step `step` of a run seeded `seed` (distinct per step)."""
     return (int(seed) * 1_000_003 + int(step)) % (2**31 - 1)
-
-
-def _applies(term: Any, task: Any) -> bool:
-    return not term.domains or task.domain in term.domains
 
 
 def _prompt_of(task: Any) -> tuple[str | None, list[dict[str, str]] | None]:
@@ -201,13 +197,14 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         return {"run": run_id, "step": step, "skipped": "run left running during the step"}
 
     try:
-        remote_terms = rewards_remote_terms(cfg.rewards)
         drafts: list[ExperienceDraft] = []
         scores: list[float] = []
         lengths: list[int] = []
         for attempt, prompt, group in zip(attempts, prompts, samples):
             task = attempt.task
-            awaiting = [t.name for t in remote_terms if _applies(t, task)]
+            # Keys, not names: a term repeated in the spec is awaited as "name#2", the key the
+            # reward worker scores it under.
+            awaiting = rewards_awaiting(terms=cfg.rewards, task=task)
             for i, sample in enumerate(group):
                 result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
                 scores.append(result.score)

@@ -153,7 +153,9 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
     import redis
     from django.conf import settings
 
-    run = demo_run(owner, demo_model_dir, tasks=1, rewards=[*FORMAT, {"name": "test_slow_judge", "weight": 2.0}])
+    # The judge twice, with two weights: each is awaited under its own key.
+    run = demo_run(owner, demo_model_dir, tasks=1, rewards=[*FORMAT, {"name": "test_slow_judge", "weight": 2.0},
+                                                           {"name": "test_slow_judge", "weight": 0.5}])
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     broker.delete("reward")
     with django_capture_on_commit_callbacks(execute=True):
@@ -162,7 +164,7 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
     assert len(experiences) == 3
     for e in experiences:
         assert e.status == "pending" and e.reward is None
-        assert e.metadata["awaiting_rewards"] == ["test_slow_judge"]
+        assert e.metadata["awaiting_rewards"] == ["test_slow_judge", "test_slow_judge#2"]
         assert set(e.reward_parts) == {"regex"}
     # One message on the reward queue names the scoring task and these experiences.
     messages = [json.loads(m) for m in broker.lrange("reward", 0, -1)]
