@@ -27,7 +27,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,27 +212,28 @@ def _batches(train: list[tuple[int, str, int]], settings: DemoSettings) -> Itera
         del order[: settings.batch_size]
 
 
-def manifest_read(out: Path) -> dict[str, Any] | None:
+def manifest_read(out: Path, *, name: str = MANIFEST) -> dict[str, Any] | None:
     try:
-        return json.loads((out / MANIFEST).read_text())
+        return json.loads((out / name).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _file_hashes(out: Path) -> dict[str, str]:
+def file_hashes(out: Path, *, manifest: str = MANIFEST) -> dict[str, str]:
+    """sha256 of every file a build wrote in `out`, its manifest aside."""
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(out.iterdir())
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name != manifest
     }
 
 
-def library_versions() -> dict[str, str]:
+def library_versions(names: Sequence[str] = VERSIONED) -> dict[str, str]:
     """The installed versions of the libraries the files depend on (read without importing them)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in VERSIONED:
+    for name in names:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -240,18 +241,24 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def manifest_current(out: Path, *, manifest: str, settings: dict[str, Any], versions: Sequence[str]) -> dict[str, Any] | None:
+    """The manifest when `out` holds an intact build with exactly these settings and the
+    installed versions of `versions` (the demo model's and the tiny VLM's cache check)."""
+    recorded_manifest = manifest_read(out, name=manifest)
+    if not recorded_manifest or recorded_manifest.get("settings") != settings:
+        return None
+    if recorded_manifest.get("versions") != library_versions(versions):
+        return None
+    recorded = recorded_manifest.get("files") or {}
+    if not recorded or any(not (out / name).is_file() for name in recorded):
+        return None
+    return recorded_manifest
+
+
 def demo_model_current(out: Path, settings: DemoSettings) -> dict[str, Any] | None:
     """The manifest when `out` holds an intact model built with exactly these settings and
     the installed library versions."""
-    manifest = manifest_read(out)
-    if not manifest or manifest.get("settings") != asdict(settings):
-        return None
-    if manifest.get("versions") != library_versions():
-        return None
-    recorded = manifest.get("files") or {}
-    if not recorded or any(not (out / name).is_file() for name in recorded):
-        return None
-    return manifest
+    return manifest_current(out, manifest=MANIFEST, settings=asdict(settings), versions=VERSIONED)
 
 
 class DemoBuildFailed(RuntimeError):
@@ -383,7 +390,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
             for a, op, b in taskset:
                 record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
                 fh.write(json.dumps(record, sort_keys=True) + "\n")
-        files = _file_hashes(out)
+        files = file_hashes(out)
         manifest = {
             "settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps, "files": files,
             "versions": library_versions(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

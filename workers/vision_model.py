@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.demo_model import NUMERICS_ENV, DemoBuildFailed
+from workers.demo_model import NUMERICS_ENV, DemoBuildFailed, file_hashes, library_versions, manifest_current
 
 MANIFEST = "rft-vision.json"
 TASKSET_ZIP = "vision-taskset.zip"
@@ -131,36 +131,9 @@ def png_bytes(image: Any) -> bytes:
     return buf.getvalue()
 
 
-def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in VERSIONED:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
-def _file_hashes(out: Path) -> dict[str, str]:
-    import hashlib
-
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir()) if p.is_file() and p.name != MANIFEST}
-
-
 def vision_model_current(out: Path, settings: VisionSettings) -> dict[str, Any] | None:
     """The manifest when `out` holds an intact model built with these settings and library versions."""
-    try:
-        manifest = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if manifest.get("settings") != asdict(settings) or manifest.get("versions") != library_versions():
-        return None
-    recorded = manifest.get("files") or {}
-    if not recorded or any(not (out / name).is_file() for name in recorded):
-        return None
-    return dict(manifest)
+    return manifest_current(out, manifest=MANIFEST, settings=asdict(settings), versions=VERSIONED)
 
 
 def vision_model_build(
@@ -321,9 +294,9 @@ def _build_here(*, out: Path, settings: VisionSettings, log: Callable[[str], Non
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
     _taskset_zip_write(out / TASKSET_ZIP, taskset)
-    files = _file_hashes(out)
+    files = file_hashes(out, manifest=MANIFEST)
     manifest = {"settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps,
-                "files": files, "versions": library_versions()}
+                "files": files, "versions": library_versions(VERSIONED)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return VisionResult(out=out, settings=settings, accuracy=accuracy, built=True, seconds=time.monotonic() - started, files=files)
 
