@@ -8,37 +8,47 @@ from django.conf import settings
 from django.db import models
 
 
-class RewardModel(models.Model):
-    """One published version of a run's learned reward model (workers/reward_trainer.py)."""
+class VersionedScorer(models.Model):
+    """What a learned scorer's published version holds, whatever it learned from: a directory,
+    the base it was trained from, its held-out pairwise accuracy and the calibration that puts
+    its raw scores on the [0, 1] scale. RewardModel and K12Grader are its two kinds."""
 
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reward_models")
     version = models.PositiveIntegerField()
     # A directory loadable by AutoModelForSequenceClassification (and its tokenizer).
     path = models.CharField(max_length=1000)
     base = models.CharField(max_length=1000, help_text="the model it was trained from")
-    # Pairwise accuracy on the held-out share of the preference pairs (None: no held-out pair).
+    # Pairwise accuracy on the held-out share of the pairs (None: no held-out pair).
     accuracy = models.FloatField(null=True, blank=True)
     pairs_train = models.PositiveIntegerField(default=0)
     pairs_heldout = models.PositiveIntegerField(default=0)
-    # How many labels (feedback rows) the run had when this version's data was read.
-    labels = models.PositiveIntegerField(default=0)
     seconds = models.FloatField(default=0.0, help_text="training time")
-    # A raw score s is put on the human scale as clamp(scale * s + offset, 0, 1): a least-
-    # squares fit of the rated experiences' human rewards on their scores at publication.
+    # A raw score s is put on the [0, 1] scale as clamp(scale * s + offset, 0, 1), fitted on
+    # the human rewards (or grades) of the rated items at publication.
     scale = models.FloatField(default=1.0)
     offset = models.FloatField(default=0.5)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        abstract = True
         ordering = ["run", "version"]
+
+    def calibrated(self, score: float) -> float:
+        """A raw score on the [0, 1] scale."""
+        return min(1.0, max(0.0, self.scale * score + self.offset))
+
+
+class RewardModel(VersionedScorer):
+    """One published version of a run's learned reward model (workers/reward_trainer.py)."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reward_models")
+    # How many labels (feedback rows) the run had when this version's data was read.
+    labels = models.PositiveIntegerField(default=0)
+
+    class Meta(VersionedScorer.Meta):
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="reward_model_version_unique")]
 
     def __str__(self) -> str:
         return f"run {self.run_id} reward model v{self.version}"
-
-    def calibrated(self, score: float) -> float:
-        """A raw score on the human scale [0, 1]."""
-        return min(1.0, max(0.0, self.scale * score + self.offset))
 
 
 class RewardModelScore(models.Model):
@@ -75,7 +85,7 @@ class GoldItem(models.Model):
         return f"gold {self.experience_id} = {self.answer}"
 
 
-class K12Grader(models.Model):
+class K12Grader(VersionedScorer):
     """One published version of a run's learned K-12 grader (workers/k12.py): a scalar-head
     reward model trained on graded answers to K-12 questions (the taskset's `graded_answers`
     and people's ratings of K-12 experiences). Versioned like RewardModel (numbered per run,
@@ -83,27 +93,11 @@ class K12Grader(models.Model):
     domain's answers against their reference and never stands in for people's feedback."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="k12_graders")
-    version = models.PositiveIntegerField()
-    path = models.CharField(max_length=1000)
-    base = models.CharField(max_length=1000, help_text="the model it was trained from")
-    # Pairwise accuracy on the held-out questions' graded answers (None: no held-out pair).
-    accuracy = models.FloatField(null=True, blank=True)
-    pairs_train = models.PositiveIntegerField(default=0)
-    pairs_heldout = models.PositiveIntegerField(default=0)
     # How many graded answers the run had when this version's data was read.
     grades = models.PositiveIntegerField(default=0)
-    seconds = models.FloatField(default=0.0, help_text="training time")
-    # Raw score s on the grade scale: clamp(scale * s + offset, 0, 1), fitted on the grades.
-    scale = models.FloatField(default=1.0)
-    offset = models.FloatField(default=0.5)
-    created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        ordering = ["run", "version"]
+    class Meta(VersionedScorer.Meta):
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="k12_grader_version_unique")]
 
     def __str__(self) -> str:
         return f"run {self.run_id} K-12 grader v{self.version}"
-
-    def calibrated(self, score: float) -> float:
-        return min(1.0, max(0.0, self.scale * score + self.offset))
