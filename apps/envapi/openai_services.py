@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
+from apps.envapi.services import rollout_task_wait
 from apps.runs.models import ModelVersion, Run
-from rftweb.exceptions import Unavailable, UpstreamFailed
+from rftweb.exceptions import UpstreamFailed
 
 CHAT_TASK = "workers.explorer.chat"
 _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
@@ -114,22 +115,7 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[
 def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Send one request to a rollout worker and wait; OpenAIError for what the worker
     refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
-    from celery.exceptions import TimeoutError as CeleryTimeout
-    from kombu.exceptions import OperationalError
-
-    from rftweb.celery import app
-
-    try:
-        result = app.send_task(CHAT_TASK, args=[run.pk, request], queue="rollout", expires=timeout)
-    except OperationalError as exc:
-        raise Unavailable(f"the task broker is unreachable ({exc})") from None
-    try:
-        answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
-    except CeleryTimeout:
-        result.revoke()
-        raise Unavailable(f"no rollout worker answered within {timeout:g} s") from None
-    except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+    answer = rollout_task_wait(task=CHAT_TASK, args=[run.pk, request], timeout=timeout)
     if not isinstance(answer, dict):
         raise UpstreamFailed("the rollout worker returned a malformed result")
     if "error" in answer:

@@ -273,6 +273,29 @@ GENERATE_TASK = "workers.explorer.generate"
 _START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
+def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str = "") -> Any:
+    """Send one task to the `rollout` queue and wait for its answer: Unavailable when no broker
+    or no worker answers in time (`hint` says what to do), UpstreamFailed when the worker
+    raised. The environment API's rollouts and the OpenAI endpoint both call it."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+    from kombu.exceptions import OperationalError
+
+    from rftweb.celery import app
+
+    try:
+        # expires: a request nobody picked up in time is dropped, not generated for nobody.
+        result = app.send_task(task, args=args, queue="rollout", expires=timeout)
+    except OperationalError as exc:
+        raise Unavailable(f"the task broker is unreachable ({exc}){hint}") from None
+    try:
+        return result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
+    except CeleryTimeout:
+        result.revoke()
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s{hint}") from None
+    except Exception as exc:  # the worker's exception, re-raised by Celery
+        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+
+
 def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
     """Generate with the run's current model on a `rollout` worker and wait for the answer.
 
@@ -281,23 +304,7 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
     "prompt_token_ids", "logprobs", "finish_reason", "model_version"}; the answer here is one
     dict per request: {"prompt_token_ids", "model_version", "completions": [...]}.
     """
-    from celery.exceptions import TimeoutError as CeleryTimeout
-    from kombu.exceptions import OperationalError
-
-    from rftweb.celery import app
-
-    try:
-        # expires: a request nobody picked up in time is dropped, not generated for nobody.
-        result = app.send_task(GENERATE_TASK, args=[run.pk, requests], queue="rollout", expires=timeout)
-    except OperationalError as exc:
-        raise Unavailable(f"the task broker is unreachable ({exc}); {_START_ONE}") from None
-    try:
-        answer = result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
-    except CeleryTimeout:
-        result.revoke()
-        raise Unavailable(f"no rollout worker answered within {timeout:g} s; {_START_ONE}") from None
-    except Exception as exc:  # the worker's exception, re-raised by Celery
-        raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
+    answer = rollout_task_wait(task=GENERATE_TASK, args=[run.pk, requests], timeout=timeout, hint=f"; {_START_ONE}")
     return _rollouts_by_request(answer, count=len(requests))
 
 
