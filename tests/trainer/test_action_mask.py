@@ -25,31 +25,12 @@ from workers.algorithms import (
     TrainBatch,
     rollout_from_experience,
 )
+from tests.trainer.gradients import TOL, assert_same_grads, true_logprobs
 from workers.algorithms import trl_bridge as bridge
 
 pytestmark = pytest.mark.slow
 
-TOL = 1e-5
 LOSS_TYPES = ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
-
-
-def _grads(model: Any) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _assert_same_grads(a_model: Any, b_model: Any) -> None:
-    a, b = _grads(a_model), _grads(b_model)
-    assert a.keys() == b.keys() and a
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=TOL, rtol=TOL, msg=lambda m: f"{name}: {m}")
-    assert any(g.abs().sum() > 0 for g in a.values()), "the batch gave no gradient at all"
-
-
-@torch.no_grad()
-def _true_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
 def _pair(model: Any, *, expert: bool = False, seed: int = 0) -> tuple[list[Rollout], list[Rollout]]:
@@ -63,7 +44,7 @@ def _pair(model: Any, *, expert: bool = False, seed: int = 0) -> tuple[list[Roll
             lead = torch.randint(10, 200, ((j + gi) % 3,), generator=g).tolist()
             own = torch.randint(10, 200, (2 + (j * 3 + gi) % 4,), generator=g).tolist()
             tail = torch.randint(10, 200, ((j * 2 + gi) % 4,), generator=g).tolist()
-            true = _true_logprobs(model, prompt + lead, own)
+            true = true_logprobs(model, prompt + lead, own)
             noise = (torch.rand(len(true), generator=g) - 0.5) * 0.8
             own_logprobs = [t + float(n) for t, n in zip(true, noise)]
             common = {"id": gi * 4 + j, "group_id": f"g{gi}", "reward": float((j * 7 + gi) % 3), "is_expert": expert}
@@ -89,7 +70,7 @@ def _compare(load_model: Any, tokenizer: Any, *, spec: LearnerSpec, batches: Any
         results.append((loss, metrics))
     (a_loss, a_metrics), (b_loss, b_metrics) = results
     torch.testing.assert_close(a_loss, b_loss, atol=TOL, rtol=TOL)
-    _assert_same_grads(a_model, b_model)
+    assert_same_grads(a_model, b_model)
     assert a_metrics.keys() == b_metrics.keys()
     for name in a_metrics:
         assert a_metrics[name] == pytest.approx(b_metrics[name], abs=TOL), name

@@ -21,30 +21,11 @@ from workers.algorithms import (
     group_advantages,
     preference_pairs,
 )
+from tests.trainer.gradients import TOL, assert_same_grads, true_logprobs
 from workers.algorithms import trl_bridge as bridge
 
 pytestmark = pytest.mark.slow
 
-TOL = 1e-5
-
-
-def _grads(model: Any) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _assert_same_grads(ours: Any, theirs: Any) -> None:
-    a, b = _grads(ours), _grads(theirs)
-    assert a.keys() == b.keys() and a
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=TOL, rtol=TOL, msg=lambda m: f"{name}: {m}")
-    assert any(g.abs().sum() > 0 for g in a.values()), "the batch gave no gradient at all"
-
-
-@torch.no_grad()
-def _true_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
 def _grpo_rollouts(model: Any, *, groups: int = 2, size: int = 4, seed: int = 0) -> list[Rollout]:
@@ -56,7 +37,7 @@ def _grpo_rollouts(model: Any, *, groups: int = 2, size: int = 4, seed: int = 0)
         prompt = torch.randint(10, 200, (3 + gi,), generator=g).tolist()
         for j in range(size):
             completion = torch.randint(10, 200, (2 + (j * 3 + gi) % 5,), generator=g).tolist()
-            true = _true_logprobs(model, prompt, completion)
+            true = true_logprobs(model, prompt, completion)
             noise = (torch.rand(len(true), generator=g) - 0.5) * 0.8
             rows.append(
                 Rollout(
@@ -108,7 +89,7 @@ def test_grpo_loss_and_gradients_equal_trls_own_grpo_trainer(load_model: Any, to
     ours.backward()
 
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
-    _assert_same_grads(ours_model, theirs_model)
+    assert_same_grads(ours_model, theirs_model)
     assert metrics["entropy"] > 0
 
 
@@ -129,7 +110,7 @@ def test_grpo_with_kl_to_the_reference_equals_trl(load_model: Any, tokenizer: An
     ours, metrics = learner.loss(TrainBatch(usual=rollouts))
     ours.backward()
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
-    _assert_same_grads(ours_model, theirs_model)
+    assert_same_grads(ours_model, theirs_model)
     assert metrics["kl"] > 0
 
 
@@ -177,7 +158,7 @@ def test_dpo_loss_and_gradients_equal_trls_dpo_trainer(load_model: Any, tokenize
     ours, metrics = learner.loss(TrainBatch(usual=rollouts))
     ours.backward()
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
-    _assert_same_grads(ours_model, theirs_model)
+    assert_same_grads(ours_model, theirs_model)
     assert metrics["pairs"] == 3
 
 
@@ -217,7 +198,7 @@ def test_sft_loss_and_gradients_equal_trls_sft_trainer(load_model: Any, tokenize
     ours, _ = learner.loss(TrainBatch(expert=rollouts))
     ours.backward()
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
-    _assert_same_grads(ours_model, theirs_model)
+    assert_same_grads(ours_model, theirs_model)
 
 
 def _mix_batch(model: Any) -> TrainBatch:
@@ -241,7 +222,7 @@ def test_mix_at_the_ends_of_mu_equals_grpo_or_sft(load_model: Any, tokenizer: An
     mix_loss.backward()
     single_loss.backward()
     torch.testing.assert_close(mix_loss, single_loss, atol=TOL, rtol=TOL)
-    _assert_same_grads(mix_model, alone_model)
+    assert_same_grads(mix_model, alone_model)
 
 
 def test_mix_in_between_weighs_both_losses(load_model: Any, tokenizer: Any) -> None:
