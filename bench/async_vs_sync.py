@@ -52,11 +52,13 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _beats() -> int:
-    """Conductor beats (run_conduct tasks) the conductor worker has run so far."""
+    """Conductor beats the conductor worker has run so far (Celery's per-task counters; the
+    name comes from the task itself: a hand-written one that did not match counted 0)."""
+    from apps.runs.conduct import runs_conduct_task
     from rftweb.celery import app
 
     stats = app.control.inspect(timeout=5.0).stats() or {}
-    return sum(int((s.get("total") or {}).get("apps.runs.conduct.run_conduct", 0)) for s in stats.values())
+    return sum(int((s.get("total") or {}).get(runs_conduct_task.name, 0)) for s in stats.values())
 
 
 def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,

@@ -1,7 +1,9 @@
-"""How well the run's learned reward model ranks held-out pairs, by base and by labels.
+"""How well the run's learned reward model ranks held-out pairs, by kind, base and labels.
 
-The reward model of `learned` runs (workers/reward_trainer.py: TRL RewardTrainer through
-`reward_model_fit`, the same call the `reward` worker makes) is trained on preference pairs
+The reward model of `learned` runs, of each kind (`reward_model.kind`): `likelihood`
+(workers/likelihood_rm.py `likelihood_model_fit`: the base's token log-likelihoods weighed by a
+Bradley-Terry model) and `classifier` (workers/reward_trainer.py `reward_model_fit`: TRL
+RewardTrainer) — the same calls the `reward` worker makes — is fitted on preference pairs
 made the way the run makes them from ratings: the steering bench's scripted rater rates each
 sampled completion of the demo taskset 5 when its `<answer>` is right and 1 when it is wrong,
 whole groups at a time (the selection rule hands out groups as blocks), and every rated
@@ -24,7 +26,14 @@ and 0.61 (judge, lr 3e-4); log-likelihood rankings 0.66-0.69 (policy) and 0.97-0
 judge's hidden states at each of the last 8 positions 0.47-0.53. The knowledge is in the
 token likelihoods, not where a sequence classifier's head reads it.
 
+The `likelihood` kind reads it there. Measured 2026-11-22 (seeds 0 and 1, load 6.3-7.1):
+base policy 0.685 / 0.658 at 100 labels, 0.686 / 0.659 at 200, 0.686 / 0.659 at 400 (what the
+demo model itself knows: its own log-likelihood ranking is 0.688 / 0.658); base judge 0.983 /
+0.983 at 100 and 200 labels, 0.983 / 0.980 at 400; 2-5 s per fit. The target is met with the
+judge base only; over the policy base no kind gets past what the policy knows.
+
     python -m bench reward_model [--labels 100,200,400] [--bases policy,judge] [--seeds 0,1]
+                                 [--kinds likelihood,classifier]
 
 Target (issue 16): held-out pairwise accuracy >= 0.85 at the labels a `rm10` steering arm
 collects (about 200). The last line prints it.
@@ -148,6 +157,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--kinds", default="likelihood,classifier",
+                        help="reward-model kinds (reward_model.kind): likelihood, classifier")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -158,6 +169,7 @@ def main() -> None:
     import torch
 
     from workers.demo_model import demo_model_build
+    from workers.likelihood_rm import likelihood_model_fit
     from workers.reward_trainer import reward_model_fit
 
     logging.disable(logging.WARNING)
@@ -168,6 +180,7 @@ def main() -> None:
         built = demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=print)
         print(f"judge base: greedy accuracy {built.accuracy:.3f}", flush=True)
         bases["judge"] = built.out
+    kinds = args.kinds.split(",")
     results: list[tuple[str, int, int, float, int]] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         rows = rollouts(policy, seed=seed)
@@ -185,19 +198,26 @@ def main() -> None:
             train = rating_pairs([r for r in rows if r["group"] in train_groups])
             random.Random(seed).shuffle(train)
             for name in args.bases.split(","):
-                started = time.perf_counter()
-                with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
-                    _, _, acc = reward_model_fit(base=str(bases[name]), train=train, heldout=heldout, out=Path(tmp),
-                                                 epochs=args.epochs, learning_rate=args.lr, batch_size=16,
-                                                 max_length=64, seed=seed)
-                results.append((name, labels, seed, acc or 0.0, len(train)))
-                print(f"  base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out accuracy "
-                      f"{acc:.3f}  {time.perf_counter() - started:5.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
+                for kind in kinds:
+                    started = time.perf_counter()
+                    with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
+                        if kind == "likelihood":
+                            _, acc = likelihood_model_fit(base=str(bases[name]), train=train, heldout=heldout,
+                                                          out=Path(tmp), max_length=64)
+                        else:
+                            _, _, acc = reward_model_fit(base=str(bases[name]), train=train, heldout=heldout,
+                                                         out=Path(tmp), epochs=args.epochs, learning_rate=args.lr,
+                                                         batch_size=16, max_length=64, seed=seed)
+                    results.append((f"{kind}/{name}", labels, seed, acc or 0.0, len(train)))
+                    print(f"  {kind:<10} base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out "
+                          f"accuracy {acc:.3f}  {time.perf_counter() - started:5.0f} s  load {os.getloadavg()[0]:.1f}",
+                          flush=True)
     print()
-    for name in args.bases.split(","):
+    names = [f"{kind}/{name}" for kind in kinds for name in args.bases.split(",")]
+    for name in names:
         for labels in [int(x) for x in args.labels.split(",")]:
             accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
-            print(f"base {name:<7} labels {labels:4d}: held-out accuracy mean {sum(accs) / len(accs):.3f} "
+            print(f"{name:<18} labels {labels:4d}: held-out accuracy mean {sum(accs) / len(accs):.3f} "
                   f"(min {min(accs):.3f}, max {max(accs):.3f}, {len(accs)} seeds)")
     def mean_at(name: str, labels: int) -> float:
         accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
@@ -205,9 +225,11 @@ def main() -> None:
 
     first = min(int(x) for x in args.labels.split(",") if int(x) >= 200) if any(
         int(x) >= 200 for x in args.labels.split(",")) else max(int(x) for x in args.labels.split(","))
-    best = max(args.bases.split(","), key=lambda n: mean_at(n, first))
-    print(f"reward model held-out pairwise accuracy at {first} labels: {mean_at(best, first):.3f} with base {best} "
-          f"(target >= 0.85); load {os.getloadavg()[0]:.1f}")
+    for name in names:
+        print(f"reward model {name}: held-out pairwise accuracy at {first} labels {mean_at(name, first):.3f}")
+    best = max(names, key=lambda n: mean_at(n, first))
+    print(f"reward model held-out pairwise accuracy at {first} labels: {mean_at(best, first):.3f} with {best} "
+          f"(kind/base; target >= 0.85); load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

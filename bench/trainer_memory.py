@@ -58,6 +58,12 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
     from workers.modelkit import tokenizer_build
 
     torch.set_num_threads(max(1, args.threads))
+    if args.mmap_threshold and args.device == "cpu":
+        # What a train worker does with RFT_TRAINER_CPU_MMAP_THRESHOLD set (off by default:
+        # it slows the step; see rftweb/settings.py).
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=args.mmap_threshold)
     setting = SETTINGS[name]
     tokenizer = tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
     lora = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
@@ -130,6 +136,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
+                        help="glibc mmap threshold of each setting's process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -151,7 +159,8 @@ def main() -> None:
 
     base = results["full fp32"]
     print(f"\nmodel: {base['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
-          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step; device {args.device}")
+          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step; device {args.device}; "
+          f"mmap threshold {args.mmap_threshold or 'glibc default'}")
     print(f"{'setting':<24}{'trainable':>12}{'peak MB':>10}{'× fp32':>8}{'step s':>9}{'× fp32':>8}{'load':>7}")
     for name, r in results.items():
         print(f"{name:<24}{r['trainable'] / 1e6:>11.2f}M{r['peak_mb']:>10.0f}{r['peak_mb'] / base['peak_mb']:>8.2f}"

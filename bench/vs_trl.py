@@ -12,16 +12,23 @@ rftweb, and rftweb's loop in one process and as real Celery workers.
 
 Same demo model, taskset, seed and settings: 16 prompts × 8 samples a step, ≤ 12 tokens,
 temperature 1, lr 1e-4 constant, loss `grpo`, beta 0, epsilon 0.2, group-scaled advantages,
-grad-norm clip 1. Same cores: every arm runs pinned to the same CPU set (`--cores`); (a) and
-(b) are one process with that many torch threads, (c)'s explorer and trainer each get half
-(at least one) and the conductor one.
+grad-norm clip 1.
+
+Load on a shared machine swings by 2× within minutes, so arms run one after the other are
+not comparable. (a) and (b) therefore run at the same time, each pinned to its own half of
+the cores (`--cores`, default 2: one core each) with the same torch thread count, and swap
+halves on every repeat: what else loads the machine loads both alike. (c) needs every core
+(its explorer and trainer each get half, at least one thread, the conductor one), so it
+alternates with a run of (a) on every core (`trl-all`), the order swapped on every repeat.
 
 Held-out accuracy (greedy, the demo model's 200 held-out problems) is measured off the
 clock every `--eval-every` steps: (a) and (b) stop their clock while evaluating; (c) records
 each published version's time and evaluates the checkpoints after the run. Printed per arm:
 seconds per step (median of the steps, and the whole-run mean), the accuracy against
-wall-clock, and the time to a fixed gain over the base model (`--gain` points). Ratios last:
-(b)/(a) seconds per step (target ≤ 1.10) and (a)/(c) time to the gain (target ≥ 1.5).
+wall-clock, the time to a fixed gain over the base model (`--gain` points), the step seconds'
+quartiles and the load average at each arm's start and end. Ratios last: (b)/(a) seconds per
+step per side-by-side repeat with their spread (target ≤ 1.10) and (a)/(c) time to the gain
+(`trl-all` against (c); target ≥ 1.5).
 
     python -m bench.vs_trl [--steps 100] [--eval-every 10] [--gain 5] [--cores 2] [--threads N] [--repeat 2]
 
@@ -268,6 +275,7 @@ def _time_to_gain(curve: Curve, gain: float) -> float | None:
 
 def _arm_child(args: argparse.Namespace) -> None:
     """One arm in this (fresh) process; its result goes to `--result` as JSON."""
+    load_start = _load()
     tmp = Path(tempfile.mkdtemp(prefix=f"rft-bench-vs-trl-{args.arm}-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     if args.arm == "inproc":
@@ -281,8 +289,9 @@ def _arm_child(args: argparse.Namespace) -> None:
     from workers.demo_model import TASKSET_FILE
 
     demo = DEMO_DIR
-    owner, _ = User.objects.get_or_create(username="bench-vs-trl")
-    # This bench's runs that an earlier, interrupted run of it left running would take the
+    # An owner per arm: arms run side by side, and each stops only its own leftovers.
+    owner, _ = User.objects.get_or_create(username=f"bench-vs-trl-{args.arm}")
+    # This arm's runs that an earlier, interrupted run of it left running would take the
     # workers' time (the conductor resumes every running run of the database it starts on).
     Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
     threads = args.threads
@@ -303,7 +312,26 @@ def _arm_child(args: argparse.Namespace) -> None:
             raise SystemExit(f"unknown arm {args.arm!r}; use trl, inproc, celery")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(args.result).write_text(json.dumps({"curve": curve, "times": times, "breakdown": breakdown, "load": _load()}))
+    Path(args.result).write_text(json.dumps({"curve": curve, "times": times, "breakdown": breakdown, "load": _load(),
+                                             "load_start": load_start}))
+
+
+def _launch(*, arm: str, args: argparse.Namespace, cores: list[int], threads: int, result: str) -> subprocess.Popen[bytes]:
+    """One arm in a fresh process (no import cache, thread pool or resident model carried
+    over), pinned to `cores` with `threads` torch threads."""
+    cmd = [sys.executable, "-m", "bench.vs_trl", "--arm", arm, "--result", result, "--steps", str(args.steps),
+           "--eval-every", str(args.eval_every), "--seed", str(args.seed), "--cores", str(len(cores)),
+           "--threads", str(threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+def _collect(proc: subprocess.Popen[bytes], arm: str, result: str) -> dict[str, Any]:
+    if proc.wait() != 0:
+        raise SystemExit(f"arm {arm} failed")
+    data: dict[str, Any] = json.loads(Path(result).read_text())
+    data["curve"] = [tuple(p) for p in data["curve"]]
+    return data
 
 
 def main() -> None:
@@ -312,59 +340,89 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--gain", type=float, default=5.0, help="the fixed gain over the base model, in points")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1), help="CPU set every arm is pinned to")
+    parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1), help="CPU set the bench is pinned to")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of (a) and (b) (default: --cores; (c)'s sides get half each)")
+                        help="torch threads of (a) and (b) (default: the cores each gets); (c)'s sides get half each")
     parser.add_argument("--arms", default="trl,inproc,celery")
-    parser.add_argument("--repeat", type=int, default=1, help="run the arms this many times, interleaved")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="repeats; (a) and (b) swap cores and (a) and (c) swap order on each")
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm in this process
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))[: args.cores]
     os.sched_setaffinity(0, cores)  # children (each arm, the Celery workers) inherit it
-    args.threads = args.threads or args.cores
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.arm:
+        args.threads = args.threads or args.cores
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
         _arm_child(args)
         return
     from workers.demo_model import demo_model_build
 
     demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
+    # Create and migrate the bench database once, before arms start side by side.
+    from bench.common import _ensure_database
+
+    _ensure_database(BENCH_DB)
+    subprocess.run([sys.executable, "-c", "from bench.common import setup_django; setup_django()"], cwd=ROOT, check=True)
+    arms = args.arms.split(",")
+    # (a) and (b) run at the same time, each pinned to its own half of the cores (both on the
+    # same core when there is one), and swap halves on every repeat: whatever else loads the
+    # machine loads both alike. (c) needs every core, so it alternates with (a) on every core.
+    half = max(1, len(cores) // 2)
+    sides = (cores[:half], cores[half:] or cores[:half])
+    pair_threads = args.threads or half
     results: list[tuple[int, str, dict[str, Any]]] = []
-    # Each arm in a fresh process: no import cache, thread pool or resident model carried over.
     for rep in range(args.repeat):
-        for arm in args.arms.split(","):
-            print(f"[{rep + 1}/{args.repeat}] {arm}: {args.steps} steps on cores {cores}, {args.threads} thread(s), "
-                  f"{_load()}", flush=True)
-            started = time.perf_counter()
-            with tempfile.NamedTemporaryFile(suffix=".json") as result:
-                cmd = [sys.executable, "-m", "bench.vs_trl", "--arm", arm, "--result", result.name, "--steps",
-                       str(args.steps), "--eval-every", str(args.eval_every), "--seed", str(args.seed), "--cores",
-                       str(args.cores), "--threads", str(args.threads)]
-                if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-                    raise SystemExit(f"arm {arm} failed")
-                data = json.loads(Path(result.name).read_text())
-            data["curve"] = [tuple(p) for p in data["curve"]]
-            results.append((rep, arm, data))
-            print(f"{arm}: done in {time.perf_counter() - started:.0f} s (evaluations included), {data['load']}", flush=True)
-    _report(args, cores, results)
+        paired = [a for a in ("trl", "inproc") if a in arms]
+        if paired:
+            order = paired if rep % 2 == 0 else paired[::-1]
+            with tempfile.TemporaryDirectory() as out:
+                procs = []
+                for arm, arm_cores in zip(order, sides):
+                    print(f"[{rep + 1}/{args.repeat}] {arm}: {args.steps} steps on cores {arm_cores}, {pair_threads} "
+                          f"thread(s), side by side with {' '.join(a for a in order if a != arm) or 'nothing'}, {_load()}",
+                          flush=True)
+                    result = str(Path(out) / f"{arm}.json")
+                    procs.append((arm, result, _launch(arm=arm, args=args, cores=arm_cores, threads=pair_threads,
+                                                       result=result)))
+                for arm, result, proc in procs:
+                    results.append((rep, arm, _collect(proc, arm, result)))
+        if "celery" in arms:
+            order = ["celery", "trl"] if rep % 2 == 0 else ["trl", "celery"]
+            for arm in order:
+                label = "trl-all" if arm == "trl" else arm
+                print(f"[{rep + 1}/{args.repeat}] {label}: {args.steps} steps on cores {cores}, {_load()}", flush=True)
+                with tempfile.TemporaryDirectory() as out:
+                    result = str(Path(out) / f"{arm}.json")
+                    proc = _launch(arm=arm, args=args, cores=cores, threads=args.threads or len(cores), result=result)
+                    results.append((rep, label, _collect(proc, arm, result)))
+    _report(args, cores, results, pair_threads=pair_threads)
 
 
-def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int, str, dict[str, Any]]]) -> None:
+def _quartiles(values: list[float]) -> str:
+    from bench.common import percentile
+
+    return f"{percentile(values, 0.25):.3f}..{percentile(values, 0.75):.3f}"
+
+
+def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int, str, dict[str, Any]]], *,
+            pair_threads: int) -> None:
     print()
     print(f"{args.steps} steps of {TASKS_PER_STEP} prompts x {REPEAT} samples, <= {MAX_TOKENS} tokens; seed {args.seed}; "
-          f"cores {cores}; (a)/(b) {args.threads} torch thread(s), (c) {max(1, args.cores // 2)} per side; "
-          f"fixed gain {args.gain:+.1f} pts")
+          f"cores {cores}; (a) and (b) side by side, {pair_threads} torch thread(s) each on their own core(s), swapping "
+          f"cores each repeat; (c) and trl-all alternate on every core, (c) {max(1, args.cores // 2)} thread(s) per "
+          f"side; fixed gain {args.gain:+.1f} pts")
     print(f"{'rep':<4}{'arm':<8}{'step':>6}{'seconds':>10}{'accuracy':>10}{'gain':>8}")
     for rep, arm, data in results:
         curve = data["curve"]
         for step, seconds, acc in curve:
             print(f"{rep + 1:<4}{arm:<8}{step:>6}{seconds:>10.1f}{acc:>10.3f}{100 * (acc - curve[0][2]):>+8.1f}")
     print()
-    print(f"{'rep':<4}{'arm':<8}{'s/step median':>14}{'s/step mean':>12}{'to gain (s)':>12}  load after (1/5/15 min)")
+    print(f"{'rep':<4}{'arm':<8}{'s/step median':>14}{'p25..p75':>14}{'s/step mean':>12}{'to gain (s)':>12}"
+          "  load at start -> end (1/5/15 min)")
     per_step: dict[int, dict[str, float]] = {}
     to_gain: dict[int, dict[str, float | None]] = {}
     for rep, arm, data in results:
@@ -374,22 +432,24 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
         to_gain.setdefault(rep, {})[arm] = _time_to_gain(curve, args.gain)
         reached = to_gain[rep][arm]
         gain_text = f"{reached:.1f}" if reached is not None else "not reached"
-        print(f"{rep + 1:<4}{arm:<8}{per_step[rep][arm]:>14.3f}{mean:>12.3f}{gain_text:>12}  {data['load']}")
+        spread = _quartiles(data["times"]) if arm != "celery" else "-"
+        print(f"{rep + 1:<4}{arm:<8}{per_step[rep][arm]:>14.3f}{spread:>14}{mean:>12.3f}{gain_text:>12}  "
+              f"{data.get('load_start', '?')} -> {data['load']}")
         if data.get("breakdown"):
             print("    inproc step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
     ratios = []
     b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
     if b_a:
-        ratios.append(f"(b)/(a) s/step {median(b_a):.2f} median of {len(b_a)} ({', '.join(f'{x:.2f}' for x in b_a)}; "
-                      "target <= 1.10)")
+        ratios.append(f"(b)/(a) s/step {median(b_a):.2f} median of {len(b_a)} side-by-side repeats "
+                      f"({', '.join(f'{x:.2f}' for x in b_a)}; spread {min(b_a):.2f}..{max(b_a):.2f}; target <= 1.10)")
     a_c = []
     for r in to_gain.values():
-        if "trl" in r and "celery" in r:
-            a, c = r["trl"], r["celery"]
+        if "trl-all" in r and "celery" in r:
+            a, c = r["trl-all"], r["celery"]
             a_c.append(f"{a / c:.2f}" if a is not None and c is not None else f"not reached by {'trl' if a is None else 'celery'}")
     if a_c:
         ratios.append(f"(a)/(c) time to {args.gain:+.0f} pts: {', '.join(a_c)} (target >= 1.5)")
-    c_a = [r["celery"] / r["trl"] for r in per_step.values() if "trl" in r and "celery" in r]
+    c_a = [r["celery"] / r["trl-all"] for r in per_step.values() if "trl-all" in r and "celery" in r]
     if c_a:
         ratios.append(f"(c)/(a) s/step {', '.join(f'{x:.2f}' for x in c_a)}")
     print("; ".join(ratios))

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rftweb.client import ApiError, RftClient
+from rftweb.client import ApiError, RftClient, TrajectoryResult
 
 GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>|(-?\d+)")
 
@@ -169,11 +169,11 @@ def game_tasks(n: int, *, low: int, high: int, max_turns: int, seed: int) -> lis
 
 
 def run_env(client: RftClient, run_id: int, player: Player, *, episodes: int, batch: int = 4,
-            worker: str = "number-guess", log: Any = print) -> list[dict[str, Any]]:
+            worker: str = "number-guess", log: Any = print) -> list[TrajectoryResult]:
     """Claim game tasks, play each `repeat_times` times (one group), submit, finish. Returns
     the submitted trajectories' results."""
     group_size = int(client.run(run_id)["config"].get("repeat_times", 1))
-    done: list[dict[str, Any]] = []
+    done: list[TrajectoryResult] = []
     while len(done) < episodes:
         claim = client.claim_tasks(run_id, size=batch, worker=worker)
         if not claim["tasks"]:

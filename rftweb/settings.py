@@ -283,6 +283,15 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 # Every how many train steps the trainer writes a full snapshot (weights, optimizer); the
 # steps in between are journaled (their batch only) and replayed from the snapshot on restart.
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
+# A train worker drops a run's resident policy (and ends its learner group's processes) when
+# the run has no step left, and when no train task has used it for this many seconds (a
+# stopped, paused or offline-finished run); 0: only at the run's last step or on eviction.
+RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
+# A CPU train worker's glibc mmap threshold in bytes (0: glibc's dynamic default). Fixed at
+# 1 MB a step's freed tensors leave the process (bench/trainer_memory: LoRA + checkpointing
+# 0.32x full fp32 with it), but every large tensor is then mapped afresh: the update step of
+# bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default.
+RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
 # The nccl sync's process group: rendezvous address, size (the trainer plus the explorers
@@ -320,7 +329,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Celery's INFO lines about the loop's beat task (six a second) are dropped: rftweb/logfilters.py.
+    "filters": {"loop_beat_quiet": {"()": "rftweb.logfilters.LoopBeatQuiet"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["loop_beat_quiet"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }

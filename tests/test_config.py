@@ -23,6 +23,10 @@ def test_a_minimal_config_gets_defaults() -> None:
         ({"model": "m", "repeat_times": 1}, "repeat_times", "repeat_times must be at least 2"),
         ({"model": "m", "feedback": {"mode": "learned"}}, "feedback.mode", "needs reward_model.enabled"),
         ({"model": "m", "feedback": {"mode": "blend", "w_auto": 0, "w_human": 0}}, "feedback", "w_auto + w_human > 0"),
+        ({"model": "m", "reward_model": {"kind": "value_head"}}, "reward_model.kind",
+         "Input should be 'likelihood' or 'classifier'"),
+        ({"model": "m", "reward_model": {"answer_pattern": "<answer>(.*"}}, "reward_model.answer_pattern",
+         "not a regular expression"),
     ],
 )
 def test_a_bad_config_names_the_bad_field(data: dict, field: str, message: str) -> None:

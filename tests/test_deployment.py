@@ -53,6 +53,30 @@ def test_tasks_route_to_their_queues() -> None:
     assert router.route({}, "workers.trainer.train_step")["queue"].name == "train"
     assert router.route({}, "workers.rewards.score_experiences")["queue"].name == "reward"
     assert router.route({}, "apps.buffer.tasks.lease_reap_task")["queue"].name == "default"
+    for name in ("workers.reward_trainer.reward_model_train", "workers.reward_trainer.reward_model_score"):
+        assert router.route({}, name)["queue"].name == "reward"
+
+
+def test_no_task_names_its_queue_celery_6_would_ignore_it() -> None:
+    """A task's own `queue=` is deprecated (no effect from Celery 6): task_routes routes
+    every task. A fresh interpreter binds every task module's tasks with the warning an error."""
+    import subprocess
+
+    from tests.servers import child_env
+
+    code = (
+        "import warnings; from celery.exceptions import CDeprecationWarning;"
+        "warnings.simplefilter('error', CDeprecationWarning);"
+        "import django; django.setup();"
+        "from rftweb.celery import app; import importlib;"
+        "[importlib.import_module(m) for m in ('workers.explorer', 'workers.evaluation', 'workers.trainer',"
+        " 'workers.rewards', 'workers.reward_trainer', 'workers.synthesize', 'apps.buffer.tasks', 'apps.runs.tasks',"
+        " 'apps.runs.conduct', 'apps.feedback.tasks', 'apps.rewards.tasks', 'apps.envapi.tasks')];"
+        "app.finalize(); [t.name for t in app.tasks.values()]; print('bound', len(app.tasks))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=child_env(),
+                         timeout=300)
+    assert out.returncode == 0 and "bound" in out.stdout, out.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------- issue 19: GPUs, storage, order

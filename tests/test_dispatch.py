@@ -191,3 +191,68 @@ def test_a_train_mode_run_waits_while_an_environment_works_on_its_tasks(owner: A
     orchestration.run_advance(run=run)
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED and not sent
+
+
+def test_an_idle_beat_writes_nothing_and_reads_the_run_once(owner: Any, sent: list[Any], settings: Any) -> None:
+    """The beat comes every RFT_CONDUCT_SECONDS for every running run. With the run's step
+    out (the steady state) it reads the run, its dispatches and what it needs to decide, and
+    writes nothing: no send that would find the row taken, no second read of the run, and
+    the table-wide lease reaping at most every twentieth of a lease (bench/async_vs_sync
+    measures the conductor's CPU per beat)."""
+    from django.test.utils import CaptureQueriesContext
+
+    settings.RFT_LEASE_SECONDS = 300
+    run = _running(owner, mode="explore")
+    runs_conduct()
+    assert [args for _, args, _ in sent] == [[run.pk, 1]]
+    with CaptureQueriesContext(connection) as queries:
+        runs_conduct()
+        runs_conduct()
+    statements = [q["sql"].lstrip().split()[0].upper() for q in queries.captured_queries]
+    assert not {"UPDATE", "INSERT", "DELETE"} & set(statements), statements
+    assert statements.count("SELECT") <= 2 * 3, [q["sql"][:80] for q in queries.captured_queries]
+    assert len(sent) == 1
+
+
+def test_the_beat_still_hands_back_an_expired_lease_once_reaping_is_due(owner: Any, sent: list[Any],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _running(owner, mode="explore")
+    task_attempts_create(run=run, epoch=0)
+    [attempt] = task_claim(run=run, worker="gone", size=1, lease_seconds=30)
+    TaskAttempt.objects.filter(pk=attempt.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    monkeypatch.setattr(orchestration, "_last_reap", float("-inf"))
+    runs_conduct()
+    assert TaskAttempt.objects.get(pk=attempt.pk).status == TaskAttempt.Status.QUEUED
+
+
+def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edge heartbeat is a new thread, a new database connection and an upsert: for the
+    loop's beat (every RFT_CONDUCT_SECONDS, milliseconds of work) it was most of the
+    conductor worker's CPU per beat. Steps still beat at their edges (the workers page shows
+    the step a worker runs at once)."""
+    import threading
+    import types
+
+    from apps.runs import heartbeat
+    from apps.runs.conduct import runs_conduct_task
+    from workers.trainer import train_step
+
+    beats: list[str] = []
+
+    class Beater:
+        def is_alive(self) -> bool:
+            return True
+
+        def beat(self) -> None:
+            beats.append("beat")
+
+    fake_threading = types.SimpleNamespace(
+        Thread=lambda target, daemon: types.SimpleNamespace(start=target),
+        current_thread=threading.current_thread, main_thread=threading.main_thread,
+    )
+    monkeypatch.setattr(heartbeat, "_beater", Beater())
+    monkeypatch.setattr(heartbeat, "threading", fake_threading)
+    heartbeat._on_task_edge(sender=runs_conduct_task)
+    assert beats == []
+    heartbeat._on_task_edge(sender=train_step)
+    assert beats == ["beat"]

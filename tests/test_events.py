@@ -122,3 +122,35 @@ async def test_a_burst_of_events_tells_the_runs_lists_twice_and_heartbeats_not_a
     await sync_to_async(event_publish)(run_id=run.pk, type="worker.heartbeat", payload={})
     assert await comm.receive_nothing(timeout=RUNS_LIST_NOTICE_SECONDS + 0.5)
     await comm.disconnect()
+
+
+async def test_a_process_that_exits_right_after_touching_runs_delivers_every_notice_without_an_error() -> None:
+    """A script or CLI command that changes runs and exits: the notices under way and those
+    waiting out their interval all go out, and nothing is logged about Redis at exit (the
+    sends once raced the interpreter's executor shutdown: "cannot schedule new futures")."""
+    import subprocess
+    import sys
+
+    from channels.layers import get_channel_layer
+
+    from apps.runs.events import RUNS_LIST_GROUP, RUNS_LIST_NOTICE
+    from tests.servers import ROOT, child_env
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(RUNS_LIST_GROUP, channel)
+    runs = 40
+    code = ("import django; django.setup(); from apps.runs.events import runs_list_touch;"
+            f"[runs_list_touch(run_id=900000 + i) for i in range({runs})];"
+            "runs_list_touch(run_id=900000)")  # within its interval: waits for the exit flush
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
+                                  cwd=ROOT, env=child_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "could not" not in out.stderr, out.stderr[-3000:]
+    got = []
+    for _ in range(runs + 1):
+        message = await asyncio.wait_for(layer.receive(channel), timeout=10)
+        assert message["type"] == RUNS_LIST_NOTICE
+        got.append(message["run"])
+    assert sorted(set(got)) == [900000 + i for i in range(runs)] and got.count(900000) == 2
+    await layer.group_discard(RUNS_LIST_GROUP, channel)

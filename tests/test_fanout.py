@@ -184,3 +184,47 @@ async def test_a_large_event_reaches_a_socket_that_is_keeping_up(run: Run, owner
     await event_publish_async(run_id=run.pk, type="experience.created", payload={"text": "z" * 5000})
     assert (await comm.receive_json_from(timeout=5))["payload"]["text"] == "z" * 5000
     await comm.disconnect()
+
+
+@pytest.fixture
+def private_redis(settings: Any, tmp_path: Any) -> Any:
+    """The channel layer on a Redis of this test's own, which it may restart."""
+    from channels.layers import channel_layers
+
+    from tests.test_faults import Redis
+
+    redis = Redis(tmp_path / "redis")
+    redis.start()
+    layers = json.loads(json.dumps(settings.CHANNEL_LAYERS))
+    layers["default"]["CONFIG"]["hosts"][0]["address"] = redis.url
+    settings.CHANNEL_LAYERS = layers
+    channel_layers.backends.clear()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+        channel_layers.backends.clear()
+
+
+async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_gets_events_again(
+    run: Run, owner: User, private_redis: Any
+) -> None:
+    """Redis keeps nothing on disk: a restart forgets the process's group membership. A
+    stream that silently stopped would leave a page showing stale state; instead the socket
+    is closed with RESUBSCRIBE_CLOSE_CODE (the pages reconnect on close), and the new socket
+    resubscribes against the restarted Redis."""
+    comm, connected = await run_socket_connect(run, owner)
+    assert connected
+    await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 1})
+    assert [e["payload"] for e in await _events(comm, 1)] == [{"version": 1}]
+
+    await asyncio.to_thread(private_redis.restart)
+    closed = await comm.receive_output(timeout=15)
+    assert closed == {"type": "websocket.close", "code": fanout.RESUBSCRIBE_CLOSE_CODE}
+    await comm.wait()
+
+    again, connected = await run_socket_connect(run, owner)
+    assert connected
+    await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2})
+    assert [e["payload"] for e in await _events(again, 1)] == [{"version": 2}]
+    await again.disconnect()

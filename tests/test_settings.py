@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -109,3 +110,35 @@ def test_every_variable_the_settings_read_is_in_the_readme_table() -> None:
     documented = {name for cell in first_cells for name in re.findall(r"`([A-Z0-9_]+)`", cell)}
     assert names - documented == set(), f"missing from the README's settings table: {sorted(names - documented)}"
     assert documented - names == set(), f"in the README's table but not read by rftweb/settings.py: {sorted(documented - names)}"
+
+
+def test_the_console_drops_celerys_info_lines_about_the_loop_beat_and_keeps_the_rest() -> None:
+    """The loop's beat runs every RFT_CONDUCT_SECONDS: Celery's INFO lines about it (sent by
+    beat, received and succeeded by the worker) would be six lines a second. Other tasks'
+    lines, and any warning about the beat, still reach the console."""
+    import logging
+    import logging.config
+
+    from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS
+
+    stream = __import__("io").StringIO()
+    configured: dict[str, Any] = dict(settings.LOGGING)
+    config: dict[str, Any] = {**configured, "disable_existing_loggers": False, "root": {"handlers": [], "level": "INFO"}}
+    config["handlers"] = {"console": {**configured["handlers"]["console"], "stream": stream}}
+    config["loggers"] = {name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+                         for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")}
+    logging.config.dictConfig(config)
+    try:
+        beat, received, trace = (logging.getLogger(n) for n in ("celery.beat", "celery.worker.strategy", "celery.app.trace"))
+        for task in ("apps.runs.conduct.runs_conduct_task", "workers.trainer.train_step"):
+            context = {"id": "x1", "name": task}
+            beat.info("Scheduler: Sending due task %s (%s)", "entry", task)
+            received.info(LOG_RECEIVED, context, extra={"data": context})
+            trace.info(LOG_SUCCESS, {**context, "return_value": "[]", "runtime": 0.01, "args": "()", "kwargs": "{}"})
+        trace.warning("Task %(name)s[%(id)s] raised", {"id": "x2", "name": "apps.runs.conduct.runs_conduct_task"})
+    finally:
+        logging.config.dictConfig(settings.LOGGING)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4, lines
+    assert sum("workers.trainer.train_step" in line for line in lines) == 3
+    assert "raised" in lines[-1]

@@ -140,3 +140,31 @@ def test_a_run_config_names_only_known_trackers() -> None:
     with pytest.raises(ConfigInvalid) as exc:
         config_validate(data={"model": "m", "tracking": ["tensorboard", "neptune"]})
     assert any(field.startswith("tracking") for field in exc.value.errors)
+
+
+def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_live_chart(
+    owner: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Both publishers once wrote the metric row alone and sent their live event under
+    `metrics`, a key the run page's chart does not read: the page showed the accuracy only
+    after a reload and no tracker ever got it."""
+    from apps.rewards.k12 import k12_grader_publish
+    from apps.rewards.learned import reward_model_publish
+    from apps.runs import metrics
+
+    sent: list[dict[str, Any]] = []
+    real = metrics.event_publish
+    monkeypatch.setattr(metrics, "event_publish", lambda **kw: (sent.append(kw), real(**kw)))
+    run = make_run(owner=owner, tracking=["tensorboard"])
+    with django_capture_on_commit_callbacks(execute=True):
+        reward_model_publish(run=run, path="/rm/1", base="demo", accuracy=0.875, pairs_train=40,
+                             pairs_heldout=20, labels=60, seconds=1.0)
+        k12_grader_publish(run=run, path="/k12/1", base="demo", accuracy=0.75, pairs_train=10,
+                           pairs_heldout=5, grades=12, seconds=1.0, scale=1.0, offset=0.5)
+    trackers_close()
+    tb = tensorboard_scalars(tensorboard_dir(run.pk))
+    assert tb["reward_model/accuracy"] == {1: 0.875}
+    assert any(name.startswith("k12") and values == {1: 0.75} for name, values in tb.items())
+    # The chart (static/rftweb/dashboard.js) puts `payload.values` of each run.metric event.
+    assert [e["payload"]["values"] for e in sent if e["type"] == "run.metric"] == [
+        {"reward_model/accuracy": 0.875}, {next(n for n in tb if n.startswith("k12")): 0.75}]

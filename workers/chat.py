@@ -3,7 +3,8 @@ exact token ids, logprobs and parsed tool calls out.
 
 The web side (`apps/envapi/openai_api.py`) validates the request and sends it here as one
 `workers.explorer.chat` task on the `rollout` queue; everything that needs the tokenizer
-happens here: the chat template (tools included), incremental detokenisation for streaming,
+happens here: the chat template (tools included), incremental detokenisation for streaming
+(both engines hand over each step's tokens: `generate(on_tokens=…)`),
 the tool-call parser. The answer is plain JSON and always carries the exact prompt and
 completion token ids and the version that sampled them, so a session can be assembled into
 a training trajectory without re-tokenising anything.
@@ -142,10 +143,12 @@ class _Pieces:
         self.texts = [""] * rows
         self.done = [False] * rows
 
-    def step(self, tokens: Sequence[int]) -> list[str]:
+    def step(self, tokens: Sequence[int | None]) -> list[str]:
+        """Each row's text for its token of this step; None: the row sampled nothing (vLLM
+        reports a row only when it has new tokens)."""
         pieces = []
         for row, token in enumerate(tokens):
-            if self.done[row]:
+            if self.done[row] or token is None:
                 pieces.append("")
                 continue
             self.ids[row].append(int(token))
@@ -171,7 +174,7 @@ def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampli
     eos |= set(config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else [])
     pieces = _Pieces(tokenizer, n, eos)
 
-    def on_tokens(tokens: list[int]) -> None:
+    def on_tokens(tokens: list[int | None]) -> None:
         step = pieces.step(tokens)
         if any(step):
             writer.push({"t": "tok", "p": step})

@@ -2,9 +2,11 @@
 
 `reward_model_train` derives preference pairs from every kind of feedback
 (apps.feedback.preferences), splits them by prompt into a training and a held-out share,
-trains a scalar-head sequence classifier with TRL's `RewardTrainer`, measures pairwise
-accuracy on the held-out pairs, saves the model where `AutoModelForSequenceClassification`
-loads it, and publishes it as the run's next reward-model version. `reward_model_score` scores
+fits the run's kind of reward model (`reward_model.kind`): `likelihood` (the base's token
+log-likelihoods weighed by a Bradley-Terry model, workers/likelihood_rm.py) or `classifier`
+(a scalar-head sequence classifier trained with TRL's `RewardTrainer`, saved where
+`AutoModelForSequenceClassification` loads it), measures pairwise accuracy on the held-out
+pairs, and publishes it as the run's next reward-model version. `reward_model_score` scores
 the experiences no person rated with the newest version, in batches, each score recording
 the version.
 
@@ -21,6 +23,7 @@ import logging
 import random
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +52,12 @@ log = logging.getLogger(__name__)
 TRAIN_LOCK_SECONDS = 1800
 
 
+Scorer = Callable[[Sequence[str], Sequence[str]], list[float]]
+
+
 def _base_of(run: Run) -> str:
     cfg = run.cfg.reward_model
-    if cfg.warm_start:
+    if cfg.warm_start and cfg.kind == "classifier":  # a likelihood version has no weights to start from
         latest = reward_model_latest(run=run)
         if latest is not None and Path(latest.path).exists():
             return latest.path
@@ -186,10 +192,22 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     started = time.monotonic()
     rng = random.Random(run.cfg.seed + number)
     rng.shuffle(train)
-    net, tokenizer, accuracy = reward_model_fit(
-        base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-        batch_size=cfg.batch_size, max_length=cfg.max_length, seed=run.cfg.seed + number,
-    )
+    score: Scorer
+    if cfg.kind == "likelihood":
+        from workers.likelihood_rm import likelihood_model_fit
+
+        scorer, accuracy = likelihood_model_fit(base=base, train=train, heldout=heldout, out=out,
+                                                max_length=cfg.max_length, answer_pattern=cfg.answer_pattern or None,
+                                                l2=cfg.l2)
+        score = scorer.score
+    else:
+        net, tokenizer, accuracy = reward_model_fit(
+            base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+            batch_size=cfg.batch_size, max_length=cfg.max_length, seed=run.cfg.seed + number,
+        )
+
+        def score(prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+            return rm_score_texts(net, tokenizer, list(prompts), list(completions), max_length=cfg.max_length)
     # Put raw scores on the human scale with the experiences people rated in the held-out
     # groups (scores of what it trained on are overconfident); all rated ones while too few.
     rated_all = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
@@ -198,7 +216,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     rated = [r for r in rated_all if group_is_heldout(r[3], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
     if len(rated) < MIN_CALIBRATION_POINTS:
         rated = rated_all[:512]
-    scores = rm_score_texts(net, tokenizer, [r[0] for r in rated], [r[1] for r in rated], max_length=cfg.max_length)
+    scores = score([r[0] for r in rated], [r[1] for r in rated])
     scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
     rm = reward_model_publish(
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
@@ -209,30 +227,41 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     return rm
 
 
+def reward_scorer_load(path: str, *, max_length: int, batch_size: int = 64) -> Scorer:
+    """The scorer of a published version, whichever kind its directory holds."""
+    from workers.likelihood_rm import is_likelihood_dir, likelihood_model_load
+
+    if is_likelihood_dir(path):
+        scorer = likelihood_model_load(path)
+        return lambda prompts, completions: scorer.score(prompts, completions, batch_size=batch_size)
+    from workers.reward_models import reward_model_load
+
+    net, tokenizer = reward_model_load(path)
+    return lambda prompts, completions: rm_score_texts(net, tokenizer, list(prompts), list(completions),
+                                                       max_length=max_length, batch_size=batch_size)
+
+
 def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
     """Score, with the newest version, every open experience no person rated that it has not
     scored, in batches; fold the scores under `learned`. Returns how many were scored."""
-    from workers.reward_models import reward_model_load
-
     rm = reward_model_latest(run=run)
     if rm is None:
         return 0
     cfg = run.cfg.reward_model
-    net, tokenizer = reward_model_load(rm.path)
+    score = reward_scorer_load(rm.path, max_length=cfg.max_length, batch_size=cfg.score_batch_size)
     done = 0
     while limit is None or done < limit:
         batch = list(experiences_to_score(run=run, rm=rm, limit=cfg.score_batch_size))
         if not batch:
             break
-        scores = rm_score_texts(net, tokenizer, [e.prompt_text for e in batch], [e.response_text for e in batch],
-                                max_length=cfg.max_length, batch_size=cfg.score_batch_size)
+        scores = score([e.prompt_text for e in batch], [e.response_text for e in batch])
         rm_scores_apply(run=run, rm=rm, scores={e.pk: s for e, s in zip(batch, scores, strict=True)})
         done += len(batch)
     return done
 
 
 @shared_task(
-    name="workers.reward_trainer.reward_model_train", queue="reward", acks_late=True, reject_on_worker_lost=True,
+    name="workers.reward_trainer.reward_model_train", acks_late=True, reject_on_worker_lost=True,
     soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
     max_retries=5, ignore_result=True,
 )
@@ -253,7 +282,7 @@ def reward_model_train(run_id: int) -> dict[str, Any]:
 
 
 @shared_task(
-    name="workers.reward_trainer.reward_model_score", queue="reward", acks_late=True, reject_on_worker_lost=True,
+    name="workers.reward_trainer.reward_model_score", acks_late=True, reject_on_worker_lost=True,
     soft_time_limit=600, time_limit=660, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
     max_retries=5, ignore_result=True,
 )

@@ -100,7 +100,6 @@ def rewards_remote_score(
 @shared_task(
     bind=True,
     name="workers.rewards.score_experiences",
-    queue="reward",
     acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=900,

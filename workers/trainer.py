@@ -45,13 +45,14 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,17 @@ class Resident:
     learner: Any
     # A learner group's rank 0 side (workers.algorithms.distributed) when trainer.processes > 1.
     group: Any = None
+    # time.monotonic() of the last task that used it (the idle reaper's clock).
+    used: float = field(default_factory=time.monotonic)
 
 
 _RESIDENTS: OrderedDict[int, Resident] = OrderedDict()
+# Guards _RESIDENTS, _BUSY and _reaper between train tasks (threads, in the embedded
+# default) and the idle reaper; held briefly, never across a step.
+_RESIDENTS_LOCK = threading.Lock()
+# Runs with a train task in progress in this process (count): the reaper leaves them be.
+_BUSY: dict[int, int] = {}
+_reaper: threading.Thread | None = None
 
 
 def _device() -> str:
@@ -160,6 +169,7 @@ def resident_for(run: Any) -> Resident:
     res = _RESIDENTS.get(run.pk)
     if res is not None and res.config_key == key and res.step == run.train_step:
         _RESIDENTS.move_to_end(run.pk)
+        res.used = time.monotonic()
         return res
     resident_drop(run.pk)
     while len(_RESIDENTS) >= _MAX_RESIDENT_RUNS:
@@ -199,6 +209,10 @@ def resident_for(run: Any) -> Resident:
     from workers.vision import is_vision_model, processor_load
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
+    if _device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
     if optimizer_state is not None:
         learner.optimizer_state_load(optimizer_state)
@@ -215,7 +229,9 @@ def resident_for(run: Any) -> Resident:
     if fallback:
         # The journal from here on needs a base that a later restart can find.
         snapshot_save(res=res, step=run.train_step)
-    _RESIDENTS[run.pk] = res
+    with _RESIDENTS_LOCK:
+        _RESIDENTS[run.pk] = res
+    _reaper_ensure()
     return res
 
 
@@ -239,9 +255,72 @@ def _learner_step(learner: Any, batch: Any, *, group: Any, entry: bytes) -> dict
 
 
 def resident_drop(run_id: int) -> None:
-    res = _RESIDENTS.pop(run_id, None)
+    """Forget the run's resident policy; a learner group's followers are told to end."""
+    with _RESIDENTS_LOCK:
+        res = _RESIDENTS.pop(run_id, None)
     if res is not None and res.group is not None:
         res.group.close()
+
+
+@contextmanager
+def _resident_busy(run_id: int) -> Iterator[None]:
+    """A train task of `run_id` is in progress: the idle reaper leaves its resident alone,
+    and its idle clock restarts when the task ends."""
+    with _RESIDENTS_LOCK:
+        _BUSY[run_id] = _BUSY.get(run_id, 0) + 1
+    try:
+        yield
+    finally:
+        with _RESIDENTS_LOCK:
+            _BUSY[run_id] -= 1
+            if not _BUSY[run_id]:
+                del _BUSY[run_id]
+            res = _RESIDENTS.get(run_id)
+            if res is not None:
+                res.used = time.monotonic()
+
+
+def residents_reap(*, idle_seconds: float) -> list[int]:
+    """Drop every resident no task has used for `idle_seconds` (a run stopped, paused or
+    finished offline gets no further train task) and none is using now; returns their runs."""
+    now = time.monotonic()
+    with _RESIDENTS_LOCK:
+        idle = [run_id for run_id, res in _RESIDENTS.items()
+                if run_id not in _BUSY and now - res.used >= idle_seconds]
+        dropped = [_RESIDENTS.pop(run_id) for run_id in idle]
+    for res in dropped:
+        log.info("run %s: trainer idle for %.0f s; its resident policy (and learner group) ends", res.run_id,
+                 now - res.used)
+        if res.group is not None:
+            res.group.close()
+    return idle
+
+
+def _reaper_ensure() -> None:
+    """A daemon thread in this worker process that reaps idle residents
+    (RFT_TRAINER_IDLE_SECONDS; 0: never) and ends when none is left."""
+    global _reaper
+    with _RESIDENTS_LOCK:
+        if float(settings.RFT_TRAINER_IDLE_SECONDS) <= 0 or (_reaper is not None and _reaper.is_alive()):
+            return
+        _reaper = threading.Thread(target=_reap_loop, name="trainer-idle-reaper", daemon=True)
+        _reaper.start()
+
+
+def _reap_loop() -> None:
+    global _reaper
+    while True:
+        idle = float(settings.RFT_TRAINER_IDLE_SECONDS)
+        time.sleep(min(30.0, max(0.2, idle / 4)) if idle > 0 else 30.0)
+        try:
+            if idle > 0:
+                residents_reap(idle_seconds=idle)
+        except Exception:
+            log.exception("trainer idle reaper: dropping a resident failed")
+        with _RESIDENTS_LOCK:
+            if not _RESIDENTS or idle <= 0:
+                _reaper = None
+                return
 
 
 # ----------------------------------------------------------------------------- trainer state
@@ -499,6 +578,16 @@ class StepConflict(Conflict):
     """Another trainer recorded this step first; ours is dropped."""
 
 
+# Run statuses after which a run trains no more (a paused one may resume: the idle reaper's).
+_ENDED = ("finished", "stopped", "failed")
+
+
+def _run_ended(run_id: int) -> bool:
+    from apps.runs.models import Run
+
+    return Run.objects.filter(pk=run_id, status__in=_ENDED).exists()
+
+
 def trainer_step(
     *, run_id: int, step: int, worker: str | None = None, chain_seconds: float = 0.0, task_id: str | None = None,
     node: str = "",
@@ -519,6 +608,8 @@ def trainer_step(
     hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.TRAIN, step=step, task_id=task_id, worker=node or worker,
                           holder=worker)
     if hold is None:
+        if _run_ended(run_id):
+            resident_drop(run_id)  # a task sent before the run stopped: its resident goes now
         return {"status": "superseded"}
     started = time.perf_counter()
     trained: list[int] = []
@@ -526,7 +617,7 @@ def trainer_step(
     readiness: Any = None
     result: dict[str, Any] = {"status": "busy"}
     try:
-        with run_lock(run_id) as got:
+        with _resident_busy(run_id), run_lock(run_id) as got:
             if not got:
                 # Another task trains this run (by hand: dispatched ones hold the row); the
                 # loop sends the step again at a later beat.
@@ -553,6 +644,11 @@ def trainer_step(
                 chained = True
     finally:
         hold.end()
+    if (run is not None and run.train_step >= run.cfg.total_steps) or result.get("run_status") in _ENDED:
+        # Nothing left to train: the policy's memory and a learner group's processes go now,
+        # not when another run evicts them (the last step's snapshot holds the state). A run
+        # that ends otherwise (a used-up buffer, a stop) is the idle reaper's.
+        resident_drop(run_id)
     if run is not None and (trained or result["status"] == "published"):
         run_advance_after_step(run=run)
     if trained and result["status"] != "trained":
@@ -566,6 +662,7 @@ def _train_once(
     """One step under the run's lock: (the run or None, the outcome). A chained step passes
     the run and readiness that train_step_continue has just read."""
     from apps.buffer.services import batch_ack, batch_release
+    from apps.feedback.selectors import batch_feedback_metrics
     from apps.runs import policy
     from apps.runs.models import Run
     from apps.runs.orchestration import train_readiness
@@ -617,6 +714,7 @@ def _train_once(
                 "staleness": float(policy.staleness(current_version=trainer_version, experience_versions=[e.model_version for e in rows])),
                 "step_seconds": time.perf_counter() - started,
                 "claimed": float(len(ids)),
+                **batch_feedback_metrics(rows=rows),
             }
         )
         with transaction.atomic():

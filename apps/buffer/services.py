@@ -9,6 +9,7 @@ the row locks.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -405,8 +406,11 @@ def task_attempts_create(*, run: Run, epoch: int) -> int:
     tasks = Task.objects.filter(taskset_id=run.taskset_id, filter_reason="").values_list("pk", "metadata")
     attempts = [
         TaskAttempt(run=run, task_id=pk, epoch=epoch, priority=float((meta or {}).get("priority", 0.0)))
-        for pk, meta in tasks
+        for pk, meta in tasks.order_by("index", "pk")
     ]
+    if run.cfg.shuffle:
+        # Claims take equal priorities in id order, and ids follow this list's order.
+        random.Random(f"{run.cfg.seed}:{epoch}").shuffle(attempts)
     TaskAttempt.objects.bulk_create(attempts, batch_size=2000, ignore_conflicts=True)
     task_priorities_refresh(run=run)  # curriculum, when the run's pipeline has one
     return len(attempts)

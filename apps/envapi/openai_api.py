@@ -10,10 +10,10 @@ API keys (the environment API's, made on the run's Keys page) as the api key:
 - `GET models`: `run-<id>` (the current version) and `run-<id>@v<N>` for each version.
 
 Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: true` the
-text goes out as the worker samples it (the transformers engine; `apps/envapi/token_stream.py`),
+text goes out as the worker samples it (either engine; `apps/envapi/token_stream.py`),
 holding back what may be a stop string or a tool call, which come from the whole answer at the
-end with the finish reason; where the engine cannot stream (vLLM here), the request asks for
-logprobs, or there is no Redis, the chunks go out once the answer is whole, a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
+end with the finish reason; where the request asks for logprobs, or there is no Redis, the
+chunks go out once the answer is whole, a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
 (`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
 502/503 when no rollout worker answers.

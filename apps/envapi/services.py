@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -124,6 +123,31 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 # Rate limits: a fixed one-minute window per key, counted in Django's cache (Redis when
 # there is one, so every web process shares it; this process's memory in the embedded
 # default, which has one process).
+#
+# Counted on one cache object per process, not `django.core.cache.cache`: under ASGI that is
+# per asyncio context, so every request built a new RedisCache with a new connection pool and
+# opened a new Redis connection, and `add` + `incr` cost three round trips (incr checks
+# EXISTS first). That was the largest part of the OpenAI endpoint's own CPU per request
+# (bench/openai_endpoint). On Redis the window is now one pipelined round trip.
+
+_counter: tuple[Any, Any, Any] | None = None  # (settings.CACHES["default"], cache, redis client or None)
+
+
+def _counter_cache() -> tuple[Any, Any]:
+    """(the process's cache object for counters, its Redis client or None); remade when the
+    CACHES setting changes (tests override it)."""
+    global _counter
+    from django.conf import settings
+    from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+    from django.core.cache.backends.redis import RedisCache
+
+    config = settings.CACHES[DEFAULT_CACHE_ALIAS]
+    if _counter is None or _counter[0] is not config:
+        made = caches.create_connection(DEFAULT_CACHE_ALIAS)
+        # One client on the cache's own pool (RedisCache makes a new client object per call).
+        client = made._cache.get_client(write=True) if isinstance(made, RedisCache) else None
+        _counter = (config, made, client)
+    return _counter[1], _counter[2]
 
 
 def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
@@ -132,12 +156,20 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
     window = int(now // 60)
     retry_after = 60 - (now % 60)
     name = f"envapi:rate:{key.pk}:{window}"
-    cache.add(name, 0, timeout=120)  # the window's counter, unless another request made it
-    try:
-        count = cache.incr(name)
-    except ValueError:  # expired between the two calls (a window two minutes old): start over
-        cache.add(name, 1, timeout=120)
-        count = 1
+    counters, client = _counter_cache()
+    if client is not None:
+        full = counters.make_and_validate_key(name)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(full, 0, ex=120, nx=True)  # the window's counter, unless another request made it
+        pipe.incr(full)
+        count = int(pipe.execute()[1])
+    else:
+        counters.add(name, 0, timeout=120)
+        try:
+            count = counters.incr(name)
+        except ValueError:  # expired between the two calls (a window two minutes old): start over
+            counters.add(name, 1, timeout=120)
+            count = 1
     return None if count <= key.rate_limit_per_minute else max(retry_after, 0.001)
 
 
@@ -284,7 +316,11 @@ def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str =
 
     try:
         # expires: a request nobody picked up in time is dropped, not generated for nobody.
-        result = app.send_task(task, args=args, queue="rollout", expires=timeout)
+        # argsrepr: Celery would otherwise walk the whole request (every message of every
+        # prompt) to build a depth-limited repr for the headers: ~3% of the OpenAI endpoint's
+        # CPU per call in a profile (bench/openai_endpoint), for a log line nobody reads.
+        result = app.send_task(task, args=args, queue="rollout", expires=timeout,
+                               argsrepr=f"[{args[0]!r}, …]" if args else "[]", kwargsrepr="{}")
     except OperationalError as exc:
         raise Unavailable(f"the task broker is unreachable ({exc}){hint}") from None
     try:

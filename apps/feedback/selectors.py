@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,3 +77,18 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,
         ))
     return pairs
+
+
+def batch_feedback_metrics(*, rows: Sequence[Any]) -> dict[str, float]:
+    """How much of a trained batch people's feedback reached, as step metrics (`feedback/…`):
+    the share of the model's own experiences that carry a human reward, their mean human
+    reward, and the expert (corrected) experiences trained on. They go where every metric
+    goes (the run page, its live event, the run's experiment trackers), so a team sees how
+    many of the steps' rewards came from people, not only the label count."""
+    own = [e for e in rows if not e.is_expert]
+    rated = [e.human_reward for e in own if e.human_reward is not None]
+    out = {"feedback/human_share": len(rated) / len(own) if own else 0.0,
+           "feedback/expert": float(len(rows) - len(own))}
+    if rated:
+        out["feedback/human_reward_mean"] = sum(rated) / len(rated)
+    return out

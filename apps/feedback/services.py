@@ -556,6 +556,17 @@ def feedback_wait_expire(*, now: datetime | None = None) -> ExpireResult:
     return ExpireResult(groups_ready=ready, groups_dropped=dropped)
 
 
+def _fallback_human(members: Sequence[Experience]) -> float | None:
+    """The human reward an unrated member stands in with when the wait window ends: the mean
+    of its rated siblings' (None when no member is rated: the group then trains on the
+    automatic reward alone). On the blended scale of its rated siblings (w_auto * auto +
+    w_human * this), so it neither outranks a rated right answer nor is favoured over a rated
+    wrong one for lack of a rating (the automatic reward alone, e.g. a format reward of 1.0
+    beside rated members' 0.2 / 1.2, put every unrated member above every rated wrong one)."""
+    rated = [m.human_reward for m in members if m.human_reward is not None and not m.is_expert]
+    return sum(rated) / len(rated) if rated else None
+
+
 def _group_expire(*, run: Run, group_id: str) -> str | None:
     policy = run.cfg.feedback
     with transaction.atomic():
@@ -574,8 +585,10 @@ def _group_expire(*, run: Run, group_id: str) -> str | None:
             )
             outcome = "dropped"
         else:
+            fill = _fallback_human(members)
             for m in without:
-                Experience.objects.filter(pk=m.pk, status=Experience.Status.PENDING).update(reward=m.auto_reward)
+                reward = m.auto_reward if fill is None else reward_combine(policy=policy, auto=m.auto_reward, human=fill)
+                Experience.objects.filter(pk=m.pk, status=Experience.Status.PENDING).update(reward=reward)
             Experience.objects.filter(pk__in=[m.pk for m in pending], status=Experience.Status.PENDING).update(
                 status=Experience.Status.READY
             )

@@ -23,11 +23,8 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Max
 from pydantic import Field, ValidationError
 
 from apps.rewards.registry import RewardResult, register
@@ -196,29 +193,12 @@ def k12_grader_publish(
 ) -> Any:
     """Record a trained K-12 grader as the run's next version, its accuracy as a metric."""
     from apps.rewards.models import K12Grader
-    from apps.runs.models import Metric
+    from apps.rewards.services import scorer_publish
 
-    for _ in range(5):
-        number = (K12Grader.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
-        try:
-            with transaction.atomic():
-                grader = K12Grader.objects.create(
-                    run=run, version=number, path=path, base=base, accuracy=accuracy, pairs_train=pairs_train,
-                    pairs_heldout=pairs_heldout, grades=grades, seconds=seconds, scale=scale, offset=offset,
-                )
-                if accuracy is not None:
-                    Metric.objects.create(run=run, step=number, name=ACCURACY_METRIC, value=accuracy)
-                    transaction.on_commit(partial(_announce, run.pk, number, accuracy))
-            return grader
-        except IntegrityError:
-            continue  # another worker published this number first: take the next
-    raise RuntimeError(f"could not number a K-12 grader of run {run.pk}")
-
-
-def _announce(run_id: int, number: int, accuracy: float) -> None:
-    from apps.runs.events import event_publish
-
-    event_publish(run_id=run_id, type="run.metric", payload={"step": number, "metrics": {ACCURACY_METRIC: accuracy}})
+    return scorer_publish(
+        model=K12Grader, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
+        pairs_train=pairs_train, pairs_heldout=pairs_heldout, grades=grades, seconds=seconds, scale=scale, offset=offset,
+    )
 
 
 def k12_grade_pairs(answers: list[GradedAnswer]) -> list[Any]:

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Exists, Max, OuterRef, QuerySet
+from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
 from apps.feedback.policy import reward_learned, signals_fold
 from apps.feedback.services import group_fold
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
-from apps.runs.models import Metric, Run
+from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +74,13 @@ def reward_model_publish(
     labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5,
 ) -> RewardModel:
     """Record a trained reward model as the run's next version and announce it."""
-    for _ in range(5):
-        number = (RewardModel.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
-        try:
-            with transaction.atomic():
-                rm = RewardModel.objects.create(
-                    run=run, version=number, path=path, base=base, accuracy=accuracy, pairs_train=pairs_train,
-                    pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
-                )
-                if accuracy is not None:
-                    Metric.objects.create(run=run, step=number, name=ACCURACY_METRIC, value=accuracy)
-                transaction.on_commit(partial(_announce, rm))
-            return rm
-        except IntegrityError:
-            continue  # another trainer published this number first: take the next
-    raise RuntimeError(f"could not number a reward model of run {run.pk}")
+    from apps.rewards.services import scorer_publish
 
-
-def _announce(rm: RewardModel) -> None:
-    from apps.runs.events import event_publish
-
-    if rm.accuracy is not None:
-        event_publish(run_id=rm.run_id, type="run.metric", payload={
-            "step": rm.version, "metrics": {ACCURACY_METRIC: rm.accuracy}})
+    rm: RewardModel = scorer_publish(
+        model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
+        pairs_train=pairs_train, pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
+    )
+    return rm
 
 
 def experiences_to_score(*, run: Run, rm: RewardModel, limit: int) -> QuerySet[Experience]:
@@ -188,6 +171,7 @@ def reward_model_summary(*, run: Run) -> dict[str, Any]:
         "in_use": usable, "labels": run_label_count(run=run), "mode": policy.mode,
         "w_auto": policy.w_auto, "w_rm": policy.w_rm, "w_human": policy.w_human,
         "min_accuracy": policy.min_rm_accuracy, "min_heldout_pairs": policy.min_rm_heldout_pairs,
-        "retrain_every": run.cfg.reward_model.retrain_every,
+        "retrain_every": run.cfg.reward_model.retrain_every, "kind": run.cfg.reward_model.kind,
+        "base": run.cfg.reward_model.base,
         "scored": RewardModelScore.objects.filter(reward_model__run=run).count(),
     }

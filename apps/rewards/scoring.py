@@ -6,7 +6,9 @@ the term's `domains` is empty or names the task's domain. An empty list means th
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
 (apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
 else → exact_match. A term's `domains` must name domains of DOMAINS: a misspelt one is a
-config error naming it, not a term that silently scores nothing. Each term's score is
+config error naming it, not a term that silently scores nothing; a task's domain that
+misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
+fallback. Each term's score is
 stored as a part under its key (the term's name; a name
 repeated in one spec gets "#2", "#3"…), and the reward is the weighted sum of the parts.
 Inline terms are scored by the explorer; terms registered `where="reward"` (code, reward
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +32,26 @@ log = logging.getLogger(__name__)
 DEFAULT_DOMAIN = "general"
 # The domains rewards are routed by: each one but the fallback has a route in default_routes.
 DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12", "vision")
+
+
+def _domain_key(domain: str) -> str:
+    return re.sub(r"[\s_-]+", "", domain).casefold()
+
+
+def domain_misspelt(domain: str) -> str | None:
+    """The routed domain that `domain` is a misspelling of (`K12`, `Math `, `k-12`: case,
+    spaces, `-` and `_` aside the same), else None. Such a task would silently get the
+    fallback's exact_match instead of its domain's rewards, so the doors refuse it; any
+    other unknown domain (`chat`, `trivia`) is a domain of its own, scored as "anything else"."""
+    if domain in DOMAINS:
+        return None
+    key = _domain_key(domain)
+    return next((known for known in DOMAINS if _domain_key(known) == key), None)
+
+
+def domain_misspelt_message(domain: str, known: str) -> str:
+    return (f"domain {domain!r} is not a reward domain; did you mean {known!r}? (domains are exact: "
+            f"{', '.join(DOMAINS)}; any other is scored by exact_match)")
 
 
 @functools.cache

@@ -4,6 +4,7 @@ reward queue."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from django.db import transaction
 
@@ -67,3 +68,25 @@ def experience_rewards_apply(
             Experience.objects.filter(pk=exp.pk).update(**update)
             applied.append(exp.pk)
     return applied
+
+
+def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float | None, **fields: Any) -> Any:
+    """Record a trained scorer (a VersionedScorer: the learned reward model, the K-12 grader)
+    as the run's next version; its held-out accuracy goes through metric_record, the one path
+    to the run page's chart, the live event and the run's experiment trackers."""
+    from django.db import IntegrityError
+    from django.db.models import Max
+
+    from apps.runs.metrics import metric_record
+
+    for _ in range(5):
+        number = (model.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
+        try:
+            with transaction.atomic():
+                scorer = model.objects.create(run=run, version=number, accuracy=accuracy, **fields)
+                if accuracy is not None:
+                    metric_record(run=run, step=number, values={metric: accuracy})
+            return scorer
+        except IntegrityError:
+            continue  # another worker published this number first: take the next
+    raise RuntimeError(f"could not number a {model._meta.verbose_name} of run {run.pk}")

@@ -6,6 +6,7 @@ them beside the field and the CLI can print them as they are.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -165,11 +166,16 @@ class RewardModelConfig(_Strict):
     """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
 
     enabled: bool = False
-    # "policy": the run's current checkpoint with a fresh scalar head; else a path or hub id.
+    # likelihood: the base's token log-likelihoods of the completion (sum, mean, min, answer
+    # span) weighed by a Bradley-Terry model fitted on the pairs (workers/likelihood_rm.py);
+    # classifier: a scalar-head sequence classifier trained with TRL's RewardTrainer.
+    kind: Literal["likelihood", "classifier"] = "likelihood"
+    # "policy": the run's current checkpoint (with a fresh scalar head for `classifier`);
+    # else a path or hub id (a larger "judge" model is a deployment's choice).
     base: str = Field("policy", min_length=1)
     # Train a new version when this many labels (feedback rows) arrived since the last one.
     retrain_every: int = Field(20, ge=1)
-    # Start each version from the previous version's weights instead of the base.
+    # classifier: start each version from the previous version's weights instead of the base.
     warm_start: bool = False
     heldout_share: float = Field(0.2, gt=0.0, lt=1.0)
     epochs: int = Field(4, ge=1, le=100)
@@ -177,6 +183,20 @@ class RewardModelConfig(_Strict):
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(256, ge=8)
     score_batch_size: int = Field(64, ge=1)
+    # likelihood: the answer span is the last match of this regex (its first group when it
+    # has one); empty: no span features.
+    answer_pattern: str = Field(r"<answer>(.*?)</answer>", max_length=500)
+    # likelihood: L2 penalty of the Bradley-Terry weights.
+    l2: float = Field(1e-2, ge=0.0)
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        return value
 
 
 class ReplayConfig(_Strict):
@@ -354,6 +374,10 @@ class RunConfig(_Strict):
     train_batch_size: int = Field(32, ge=1, description="experiences per trainer step")
     total_steps: int = Field(100, ge=1)
     epochs: int = Field(1, ge=1)
+    # Each epoch hands out the taskset in its own order, drawn from (seed, epoch) as TRL's
+    # sampler shuffles: a taskset sorted by source or difficulty is not trained in blocks,
+    # and the same seed gives the same order. Priorities (curriculum, replay) still lead.
+    shuffle: bool = True
     # Evaluate every eval_every-th published version on `eval.taskset` (0: never).
     eval_every: int = Field(0, ge=0)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -9,7 +9,6 @@ browser as it came, or several in order in one `{"type": "batch", "events": [...
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import os
 import threading
@@ -117,8 +116,10 @@ def runs_list_touch(*, run_id: int) -> None:
         log.debug("runs_list_touch: no publisher loop for run %s", run_id)
 
 
-# On the publisher loop only: runs with a notice scheduled, and when each last went out.
+# On the publisher loop only: runs with a notice waiting out its interval, the sends under
+# way (which the exit flush waits for), and when each run's notice last went out.
 _list_pending: set[int] = set()
+_list_inflight: set[asyncio.Task[None]] = set()
 _list_sent: dict[int, float] = {}
 
 
@@ -129,14 +130,24 @@ def _list_schedule(run_id: int) -> None:
     _list_pending.add(run_id)
     wait = _list_sent.get(run_id, float("-inf")) + RUNS_LIST_NOTICE_SECONDS - loop.time()
     if wait <= 0:
-        loop.create_task(_list_send(run_id))
+        _list_start(run_id)
     else:
-        loop.call_later(wait, lambda: loop.create_task(_list_send(run_id)))
+        loop.call_later(wait, _list_start, run_id)
+
+
+def _list_start(run_id: int) -> None:
+    """Send the run's waiting notice now (nothing if the exit flush has sent it already)."""
+    if run_id not in _list_pending:
+        return
+    _list_pending.discard(run_id)
+    loop = asyncio.get_running_loop()
+    _list_sent[run_id] = loop.time()
+    task = loop.create_task(_list_send(run_id))
+    _list_inflight.add(task)
+    task.add_done_callback(_list_inflight.discard)
 
 
 async def _list_send(run_id: int) -> None:
-    _list_pending.discard(run_id)
-    _list_sent[run_id] = asyncio.get_running_loop().time()
     layer = get_channel_layer()
     if layer is None:
         return
@@ -147,13 +158,17 @@ async def _list_send(run_id: int) -> None:
 
 
 def _flush_list_notices() -> None:
-    """At exit, send the notices still waiting out their interval: a short-lived process (a
-    CLI command, a script) must not take the last change of a burst with it."""
-    if _publisher is None or not _publisher[1].is_alive() or not _list_pending:
+    """At exit, send the notices still waiting out their interval and wait for the sends
+    under way: a short-lived process (a CLI command, a script) must not take the last change
+    of a burst with it, nor leave a send to fail on a half torn-down interpreter (Redis's
+    connect needs the executor that shutdown closes)."""
+    if _publisher is None or not _publisher[1].is_alive():
         return
 
     async def flush() -> None:
-        await asyncio.gather(*(_list_send(run_id) for run_id in list(_list_pending)))
+        for run_id in list(_list_pending):
+            _list_start(run_id)
+        await asyncio.gather(*list(_list_inflight))
 
     try:
         asyncio.run_coroutine_threadsafe(flush(), _publisher[0]).result(timeout=5)
@@ -161,7 +176,13 @@ def _flush_list_notices() -> None:
         log.debug("runs_list_touch: could not flush the notices at exit", exc_info=True)
 
 
-atexit.register(_flush_list_notices)
+# Before the interpreter's thread shutdown, not at atexit: by then concurrent.futures has
+# shut its executors, and Redis's connect (getaddrinfo on the loop's executor) fails with
+# "cannot schedule new futures after shutdown". Thread-shutdown hooks run in reverse order of
+# registration, so importing concurrent.futures.thread first puts ours ahead of its own.
+import concurrent.futures.thread  # noqa: E402,F401
+
+threading._register_atexit(_flush_list_notices)  # type: ignore[attr-defined]
 
 
 def _forget_publisher_after_fork() -> None:
@@ -170,6 +191,7 @@ def _forget_publisher_after_fork() -> None:
     _publisher = None
     _publisher_lock = threading.Lock()
     _list_pending.clear()
+    _list_inflight.clear()
     _list_sent.clear()
 
 

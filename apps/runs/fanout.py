@@ -167,6 +167,13 @@ class RunFanout:
             # Events are lost from here on: close every socket so that browsers reconnect
             # (resubscribing) and catch up from the buffer, rather than sit on a dead stream.
             log.exception("fanout: the subscription of run %s failed; closing its sockets", self.run_id)
+            # The layer's pooled connections are as dead as this one was (Redis restarted, or
+            # the network dropped): a socket that reconnects must get a subscription on fresh
+            # ones. Kept, each of them failed the next subscription once, closing the page again.
+            try:
+                await self.layer.close_pools()
+            except Exception:
+                log.debug("fanout: could not reset the channel layer's connections", exc_info=True)
             for member in list(self.members.values()):
                 self.evict(member, code=RESUBSCRIBE_CLOSE_CODE)
 

@@ -192,8 +192,17 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 # Tasks that serve one API request each (the OpenAI-compatible endpoint, /rollouts): tens
 # of milliseconds, many a second. An edge beat is a new thread with a new database
 # connection and a write, which cost such a task about as much CPU as its generation on a
-# busy host; the interval's beats show these workers.
-QUICK_TASKS = frozenset({"workers.explorer.chat", "workers.explorer.generate"})
+# busy host; the interval's beats show these workers. The same holds for the RFT core's
+# loop beat (every RFT_CONDUCT_SECONDS, milliseconds each: its two edge beats were most of
+# the conductor worker's CPU per beat, bench/async_vs_sync) and the short housekeeping beats.
+QUICK_TASKS = frozenset({
+    "workers.explorer.chat",
+    "workers.explorer.generate",
+    "apps.runs.conduct.runs_conduct_task",
+    "apps.buffer.tasks.lease_reap_task",
+    "apps.feedback.tasks.feedback_wait_expire_task",
+    "apps.feedback.tasks.assignment_reap_task",
+})
 
 
 @signals.task_prerun.connect

@@ -26,6 +26,7 @@ The web side may import this module: no torch, no TRL (tasks are sent by name).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -293,14 +294,17 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
     return None
 
 
-def dispatch_recover(*, run: Run, now: datetime | None = None) -> list[str]:
+def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | None = None) -> list[str]:
     """Take back the run's dispatches that will not end by themselves and send them again
-    under their task id; a dead worker's leases go back to the buffer first."""
+    under their task id; a dead worker's leases go back to the buffer first. `busy` gets the
+    kinds that are out (sent or running, recovered or not) as read here."""
     from apps.buffer.services import batch_release, task_release
 
     now = now or timezone.now()
     out: list[str] = []
     rows = list(Dispatch.objects.filter(run=run).exclude(state=Dispatch.State.IDLE))
+    if busy is not None:
+        busy.update(str(d.kind) for d in rows)
     if not rows:
         return out
     beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=[d.worker for d in rows if d.worker])}
@@ -335,26 +339,51 @@ class Advance:
     finished: bool = False
 
 
-def run_advance(*, run: Run, train: bool = True) -> Advance:
+_last_reap = float("-inf")
+
+
+def _lease_reap_due() -> bool:
+    """Whether this process's `run_advance` should reap expired leases now. Leases last
+    RFT_LEASE_SECONDS (300 s by default): reaping at most every twentieth of that returns a
+    dead worker's rows at most 5% of a lease late, where reaping on every beat and every
+    step (two table-wide UPDATEs each time) was a third of an idle beat's statements."""
+    global _last_reap
+    now = time.monotonic()
+    if now - _last_reap < settings.RFT_LEASE_SECONDS / 20:
+        return False
+    _last_reap = now
+    return True
+
+
+def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance:
     """Send every step of `run` that may go now; say whether the run goes on.
 
-    train=False: explore steps only (a trainer that goes on to its next step itself)."""
+    train=False: explore steps only (a trainer that goes on to its next step itself).
+    fresh=True: `run` was read from the database just now (the loop's beat), not again."""
     from apps.buffer.services import lease_reap
 
-    run.refresh_from_db()
+    if not fresh:
+        run.refresh_from_db()
     if run.status != Run.Status.RUNNING:
         return Advance(keep_going=False)
     cfg = run.cfg
-    ModelVersion.objects.get_or_create(run=run, number=0, defaults={"checkpoint": cfg.model, "train_step": 0})
+    if run.current_version == 0:
+        # Once a version is out, version 0 was recorded by an earlier advance.
+        ModelVersion.objects.get_or_create(run=run, number=0, defaults={"checkpoint": cfg.model, "train_step": 0})
     # Dead explorers' and trainers' leases come back here too, not only on the beat.
-    lease_reap()
-    out = Advance(keep_going=True, dispatched=dispatch_recover(run=run))
+    if _lease_reap_due():
+        lease_reap()
+    busy: set[str] = set()
+    out = Advance(keep_going=True, dispatched=dispatch_recover(run=run, busy=busy))
 
     explore_done = True
     if policy.explores(cfg) and run.explore_step < cfg.total_steps:
         explore_done = False
         k = run.explore_step + 1
-        if policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None:
+        # A step already out (sent or running, seen just now): sending would find the row taken.
+        if Dispatch.Kind.EXPLORE not in busy and (
+            policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None
+        ):
             if dispatch_send(run=run, kind=Dispatch.Kind.EXPLORE, step=k):
                 out.dispatched.append(f"explore:{k}")
 
@@ -366,14 +395,14 @@ def run_advance(*, run: Run, train: bool = True) -> Advance:
         if run.train_step > 0 and policy.publishes_at(cfg=cfg, train_step=run.train_step) and run.current_version < expected:
             # A trainer died between its step and publishing: the same step again publishes.
             train_done = False
-            if dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
+            if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
                 out.dispatched.append(f"publish:{run.train_step}")
         elif run.train_step < cfg.total_steps:
             readiness = train_readiness(run=run)
             if readiness.ready:
                 train_done = False
                 t = run.train_step + 1
-                if dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=t):
+                if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=t):
                     out.dispatched.append(f"train:{t}")
             elif not readiness.final:
                 train_done = False
@@ -434,7 +463,7 @@ def runs_conduct() -> dict[int, Advance]:
     out: dict[int, Advance] = {}
     for run in Run.objects.filter(status=Run.Status.RUNNING):
         try:
-            out[run.pk] = run_advance(run=run)
+            out[run.pk] = run_advance(run=run, fresh=True)
         except Exception:
             log.exception("conductor: run %s failed its beat; the next beat tries again", run.pk)
             continue

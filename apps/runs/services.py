@@ -73,6 +73,16 @@ def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, 
         if unrouted:
             errors["rewards"] = (f"no reward term scores the taskset's tasks of domain {unrouted[0]!r}: add a term "
                                  f"with domains: [{unrouted[0]}] or one without domains")
+    elif taskset is not None:
+        # The default routes: a task whose domain misspells a routed one (imported before
+        # the importers refused it) would be scored by exact_match instead.
+        from apps.rewards.scoring import domain_misspelt, domain_misspelt_message
+
+        for domain in taskset.tasks.values_list("domain", flat=True).distinct().order_by("domain"):
+            known = domain_misspelt(domain)
+            if known is not None:
+                errors["taskset"] = f"tasks of taskset {taskset.name!r}: {domain_misspelt_message(domain, known)}"
+                break
     elif starting and taskset is None and policy.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")

@@ -181,6 +181,28 @@ def test_task_claims_lease_each_attempt_once_and_move_through_epochs(owner) -> N
     assert task_claim(run=run, worker="e3", size=5) == []
 
 
+def _epoch_orders(run: Run, *, epochs: int, size: int) -> list[list[int]]:
+    orders = []
+    for _ in range(epochs):
+        claimed = task_claim(run=run, worker="e", size=size)
+        orders.append([a.task.index for a in claimed])
+        task_finish(run=run, worker="e", ids=[a.pk for a in claimed], model_version=0)
+    return orders
+
+
+def test_each_epoch_hands_the_taskset_out_in_its_own_seeded_order(owner) -> None:
+    taskset = make_taskset(12, owner=owner)
+    orders = _epoch_orders(make_run(owner=owner, taskset=taskset, epochs=3, seed=7), epochs=3, size=12)
+    assert all(sorted(o) == list(range(12)) for o in orders)  # every task once per epoch
+    assert len({tuple(o) for o in orders}) == 3 and orders[0] != list(range(12))
+    # The same seed gives the same orders; another seed others.
+    assert _epoch_orders(make_run(owner=owner, taskset=taskset, epochs=3, seed=7), epochs=3, size=12) == orders
+    assert _epoch_orders(make_run(owner=owner, taskset=taskset, epochs=3, seed=8), epochs=3, size=12) != orders
+    # shuffle off: the taskset's own order, every epoch.
+    plain = make_run(owner=owner, taskset=taskset, epochs=2, shuffle=False)
+    assert _epoch_orders(plain, epochs=2, size=12) == [list(range(12))] * 2
+
+
 def test_released_and_expired_task_attempts_go_back_to_the_queue(owner) -> None:
     run = make_run(owner=owner, taskset=make_taskset(2, owner=owner))
     claimed = task_claim(run=run, worker="e1", size=2, lease_seconds=30)

@@ -46,10 +46,11 @@ def _fast_passwords(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_rate_windows(settings: Any) -> None:
     # Rate windows live in Redis under the key's id, and ids restart with each test database.
+    # Django's cache names them `<prefix>:<version>:envapi:rate:…`.
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    for name in client.scan_iter("rftweb:envapi:rate:*"):
+    for name in client.scan_iter("*:envapi:rate:*"):
         client.delete(name)
 
 

@@ -378,3 +378,58 @@ def test_the_docs_page_serves_swagger_from_the_package_not_a_cdn(client: Any) ->
     schema = client.get("/api/v1/openapi.json").json()
     assert "/api/v1/runs/{run_id}/trajectories" in schema["paths"]
     assert json.dumps(schema["components"]["schemas"]["RunConfig"]).count("repeat_times") >= 1
+
+
+def test_rate_counting_reuses_one_redis_connection_across_asgi_requests(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ASGI `django.core.cache.cache` is per request context: counting there opened a new
+    Redis connection (and pool) for every request, the largest CPU cost of the OpenAI endpoint's
+    own work. Each call below runs in a fresh context, as daphne runs each request."""
+    import asyncio
+    import contextvars
+
+    import redis.connection
+    from asgiref.sync import sync_to_async
+
+    from apps.envapi.services import rate_limit_hit
+
+    key, _ = make_key(run, rate=4)
+    connects: list[object] = []
+    real = redis.connection.Connection._connect  # opens the socket (`connect` is called per command)
+
+    def counted(self: Any) -> Any:
+        connects.append(self)
+        return real(self)
+
+    monkeypatch.setattr(redis.connection.Connection, "_connect", counted)
+    rate_limit_hit(key=key)  # the process's counter connection, made once
+    opened = len(connects)
+    waits = [contextvars.Context().run(lambda: asyncio.run(sync_to_async(rate_limit_hit)(key=key))) for _ in range(5)]
+    assert len(connects) == opened, f"{len(connects) - opened} new Redis connections for 5 requests"
+    # And the window still counts: 4 allowed (one above, three here), then refused.
+    assert waits[:3] == [None] * 3 and all(w is not None and 0 < w <= 60 for w in waits[3:])
+
+
+def test_a_rollout_task_message_does_not_repr_the_request(run: Run) -> None:
+    """Celery builds a repr of a task's arguments for the message headers unless told not to,
+    walking every message of the request on the endpoint's CPU for each call; the headers name
+    the run only."""
+    from celery.signals import before_task_publish
+
+    from apps.envapi.services import rollout_task_wait
+    from rftweb.exceptions import Unavailable
+
+    sent: list[dict[str, Any]] = []
+
+    def capture(headers: dict[str, Any], body: Any, **_: Any) -> None:
+        sent.append({"headers": headers, "body": body})
+
+    before_task_publish.connect(capture, weak=False)
+    try:
+        request = {"kind": "chat", "messages": [{"role": "user", "content": "2 + 2?"}]}
+        with pytest.raises(Unavailable):  # no rollout worker in this test
+            rollout_task_wait(task="workers.explorer.chat", args=[run.pk, request], timeout=0.2)
+    finally:
+        before_task_publish.disconnect(capture)
+    [message] = sent
+    assert "2 + 2?" in json.dumps(message["body"])
+    assert message["headers"]["argsrepr"] == f"[{run.pk}, …]"

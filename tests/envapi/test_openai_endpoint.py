@@ -127,15 +127,25 @@ def rambling_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_save(tmp_path_factory.mktemp("rambling") / "m", hidden_size=64, layers=2, heads=4, max_positions=1024)
 
 
+@pytest.fixture(scope="module")
+def rambling_vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same kind of rambler with heads of 32 (vLLM's CPU attention has no head size 16)."""
+    from workers.modelkit import tiny_model_save
+
+    return tiny_model_save(tmp_path_factory.mktemp("rambling-vllm") / "m", hidden_size=64, layers=2, heads=2, max_positions=1024)
+
+
+@pytest.mark.parametrize("engine", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_a_stream_sends_the_text_while_the_model_is_still_generating(
-    stack: str, owner: User, rambling_dir: Path, kind: str
+    stack: str, owner: User, request: pytest.FixtureRequest, kind: str, engine: str
 ) -> None:
-    """Token by token: the text arrives spread over the generation, the first of it long
-    before a whole answer could; not in one burst once the worker is done."""
+    """Token by token, with either engine: the text arrives spread over the generation, the
+    first of it long before a whole answer could; not in one burst once the worker is done."""
     import time
 
-    run = make_run(owner=owner, model=str(rambling_dir), engine="transformers", name=f"stream-{kind}")
+    model_dir = request.getfixturevalue("rambling_dir" if engine == "transformers" else "rambling_vllm_dir")
+    run = make_run(owner=owner, model=str(model_dir), engine=engine, name=f"stream-{kind}-{engine}")
     _, raw = make_key(run)
     client = _client(stack, run.pk, raw)
     model = f"run-{run.pk}"
@@ -167,7 +177,7 @@ def test_a_stream_sends_the_text_while_the_model_is_still_generating(
                 finish.append(choice.finish_reason)
     ended = time.perf_counter() - started
     assert text == whole_text and finish == [whole.choices[0].finish_reason]
-    print(f"\n{kind}: whole answer {whole_seconds:.2f} s; stream: first text at {arrivals[0]:.2f} s, last at "
+    print(f"\n{engine} {kind}: whole answer {whole_seconds:.2f} s; stream: first text at {arrivals[0]:.2f} s, last at "
           f"{arrivals[-1]:.2f} s, done at {ended:.2f} s, {len(arrivals)} chunks")
     assert len(arrivals) >= 100
     # The first text comes before half the whole answer's time, and the text is spread over

@@ -127,6 +127,25 @@ def test_the_wait_window_falls_back_to_the_automatic_reward(owner: User) -> None
     assert feedback_wait_expire(now=later).groups_ready == 0  # idempotent
 
 
+def test_at_the_wait_windows_end_unrated_members_stand_on_the_rated_siblings_scale(owner: User) -> None:
+    """An unrated member's fallback is blended like its rated siblings' rewards, with their
+    mean human reward standing in for its own: with a format-only automatic reward (1.0 for
+    all) it sits between a rated right (5) and a rated wrong (1) answer, not above both."""
+    run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "wait_seconds": 0})
+    members = _group(run, autos=[1.0, 1.0, 1.0, 1.0])
+    feedback_rate(run=run, author=owner, experience=members[0], score=5)
+    feedback_rate(run=run, author=owner, experience=members[1], score=1)
+    assert feedback_wait_expire().groups_ready == 1
+    right, wrong, *unrated = _fresh(members)
+    assert (right.reward, wrong.reward) == (pytest.approx(1.2), pytest.approx(0.2))
+    assert [m.reward for m in unrated] == [pytest.approx(0.2 * 1.0 + 1.0 * 0.5)] * 2
+    assert {m.status for m in _fresh(members)} == {"ready"}
+    # A group no one rated trains on the automatic reward alone, as before.
+    alone = _group(run, autos=[1.0, 0.0], group="g2")
+    assert feedback_wait_expire().groups_ready == 1
+    assert [m.reward for m in _fresh(alone)] == [1.0, 0.0]
+
+
 def test_the_drop_fallback_filters_the_whole_group_with_a_reason(owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "human", "wait_seconds": 0, "fallback": "drop"})
     members = _group(run, autos=[1.0, 1.0])

@@ -201,3 +201,70 @@ def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: U
     listed = api.get(f"/runs/{run.pk}/k12-graders").json()
     assert [(g["version"], g["accuracy"], g["grades"]) for g in listed] == [(2, 0.8, 12), (1, 0.7, 12)]
     assert api.get(f"/runs/{other.pk}/k12-graders").status_code == 403  # the key is not scoped to it
+
+
+# ---- a misspelt domain with the default routes -----------------------------------------
+
+
+def test_a_domain_that_misspells_a_routed_one_is_named_and_other_domains_are_their_own() -> None:
+    from apps.rewards.scoring import domain_misspelt
+
+    assert [domain_misspelt(d) for d in ("K12", "k-12", " Math", "CODE", "Vision_", "General")] == [
+        "k12", "k12", "math", "code", "vision", "general"]
+    assert [domain_misspelt(d) for d in ("k12", "math", "chat", "trivia", "k13")] == [None] * 5
+
+
+@pytest.mark.django_db
+def test_tasks_of_a_misspelt_domain_are_refused_at_every_door_naming_the_record(
+    client: Client, owner: User, tmp_path: Path
+) -> None:
+    """With the default routes a `K12` task would be scored by exact_match, not the K-12
+    judge: the service, the CLI, the run form's upload and the environment API refuse it."""
+    from apps.buffer.importers import ImportFailed
+    from tests.envapi.conftest import Api, make_key
+
+    bad = {**K12, "domain": "K12"}
+    with pytest.raises(ImportFailed) as caught:
+        taskset_create(name="k12", records=[K12, bad], owner=owner)
+    assert caught.value.field == "record 2"
+    assert "domain 'K12' is not a reward domain; did you mean 'k12'?" in str(caught.value)
+
+    tasks = tmp_path / "k12.jsonl"
+    tasks.write_text(json.dumps(K12) + "\n" + json.dumps(bad) + "\n")
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(base_config()))
+    with pytest.raises(CommandError, match=r"line 2: domain 'K12' is not a reward domain; did you mean 'k12'"):
+        call_command("rft", "create", str(config), "--name", "x", "--owner", "owner", "--taskset", str(tasks))
+
+    client.force_login(owner)
+    with tasks.open("rb") as fh:
+        response = client.post("/runs/new/", {"name": "k12 run", "model": "local/demo", "algorithm": "grpo",
+                                              "repeat_times": "4", "taskset": fh})
+    assert response.status_code == 400
+    assert "did you mean &#x27;k12&#x27;" in response.content.decode()
+    assert not Run.objects.exists() and not Task.objects.exists()
+
+    run = make_run(owner=owner)
+    api = Api(make_key(run)[1])
+    response = api.post(f"/runs/{run.pk}/tasks", {"tasks": [K12, bad]})
+    assert response.status_code == 422, response.content
+    assert "tasks.1" in response.content.decode() and "did you mean 'k12'" in response.content.decode()
+    assert not Task.objects.exists()
+    # A domain of its own is still "anything else": exact_match.
+    assert api.post(f"/runs/{run.pk}/tasks", {"tasks": [{**K12, "domain": "chat"}]}).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_run_on_tasks_of_a_misspelt_domain_imported_earlier_does_not_start(owner: User) -> None:
+    from apps.runs.services import RunCannotStart, run_transition
+
+    taskset = taskset_create(name="k12", records=[K12], owner=owner)
+    run = make_run(owner=owner, taskset=taskset, rewards=[])  # the default routes
+    Task.objects.filter(taskset=taskset).update(domain="K12")  # data from before the importers refused it
+    with pytest.raises(RunCannotStart) as caught:
+        run_transition(run=run, action="start", actor=owner)
+    assert "did you mean 'k12'" in caught.value.errors["taskset"]
+    # An explicit spec says what scores which domain: a term without domains scores any.
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "rewards": [{"name": "exact_match"}]})
+    run.refresh_from_db()
+    assert run_transition(run=run, action="start", actor=owner).status == Run.Status.RUNNING

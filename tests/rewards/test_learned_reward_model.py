@@ -1,6 +1,7 @@
-"""The reward model learned inside the run: trained with TRL's RewardTrainer from the run's
-preference pairs, held-out accuracy above chance, versions stored, scores that record the
-version, and the `learned` policy that trains on them without waiting for people."""
+"""The reward model learned inside the run, of each kind (`likelihood`: the base's token
+log-likelihoods weighed by a Bradley-Terry model; `classifier`: TRL's RewardTrainer) from the
+run's preference pairs: held-out accuracy above chance, versions stored, scores that record
+the version, and the `learned` policy that trains on them without waiting for people."""
 
 from __future__ import annotations
 
@@ -71,10 +72,11 @@ def _compare_all(run: Run, groups: list[list[Experience]], annotator: User) -> N
         feedback_compare(run=run, author=annotator, experience=bad, other=good, winner="b")
 
 
+@pytest.mark.parametrize("kind", ["likelihood", "classifier"])
 def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
-    owner: User, annotator: User, demo_model_dir: Path,
+    owner: User, annotator: User, demo_model_dir: Path, kind: str,
 ) -> None:
-    run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model=_rm_config(demo_model_dir))
+    run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model=_rm_config(demo_model_dir, kind=kind))
     add_member(run, annotator)
     assert reward_model_train_run(run=run) is None  # nothing due: no labels yet
     _compare_all(run, _groups(run, 80, seed=1), annotator)
@@ -86,11 +88,19 @@ def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
     assert v1.accuracy is not None and v1.accuracy >= 0.8, v1.accuracy  # chance is 0.5
     assert not reward_model_due(run=run)
 
-    # The directory is a plain sequence classifier: transformers loads it on its own.
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    net = AutoModelForSequenceClassification.from_pretrained(v1.path)
-    assert net.config.num_labels == 1 and AutoTokenizer.from_pretrained(v1.path) is not None
+    if kind == "classifier":
+        # The directory is a plain sequence classifier: transformers loads it on its own.
+        net = AutoModelForSequenceClassification.from_pretrained(v1.path)
+        assert net.config.num_labels == 1 and AutoTokenizer.from_pretrained(v1.path) is not None
+    else:
+        # The directory names the base checkpoint it read and the fitted weights.
+        import json
+
+        head = json.loads((Path(v1.path) / "likelihood_reward.json").read_text())
+        assert head["kind"] == "likelihood" and head["base"] == str(demo_model_dir) == v1.base
+        assert len(head["weights"]) == len(head["features"]) and AutoTokenizer.from_pretrained(v1.path) is not None
 
     # Every open experience no person rated is scored by v1 (the compared ones too: a
     # comparison is no rating), each score naming v1.

@@ -249,3 +249,50 @@ def test_one_step_of_each_algorithm_changes_the_weights(load_model: Any, tokeniz
     changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed, f"{algorithm}: no parameter moved"
     assert metrics["loss"] == metrics["loss"] and metrics["grad_norm"] > 0
+
+
+@pytest.fixture
+def trl_tiles() -> Any:
+    """TRL's fused-head tile sizes as they were, after the test (they are process-wide)."""
+    before = bridge.fused_head_tiles(tokens=4096, vocab=32768)
+    bridge.fused_head_tiles(tokens=before[0], vocab=before[1])
+    yield
+    bridge.fused_head_tiles(tokens=before[0], vocab=before[1])
+
+
+def test_small_logprob_tiles_leave_the_grpo_loss_kl_and_gradients_as_one_tile_gives(
+    load_model: Any, tokenizer: Any, trl_tiles: Any
+) -> None:
+    """The CPU learner scores tokens in small tiles (trl_bridge.CPU_HEAD_*) to keep its peak
+    memory down; tiles of 4 tokens × 32 vocabulary columns, which split every row and the
+    300-token vocabulary, give the loss, KL and gradients of one whole tile."""
+    params = bridge.LossParams(loss_type="grpo", beta=0.04, max_completion_length=8)
+    results = []
+    for tokens, vocab in ((4096, 32768), (4, 32)):
+        model = load_model()
+        with torch.no_grad():
+            model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape,
+                                                  generator=torch.Generator().manual_seed(1)) * 0.5)
+        learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=model, tokenizer=tokenizer,
+                          ref_model=load_model())
+        # After the learner, which sets the CPU tiles.
+        bridge.fused_head_tiles(tokens=tokens, vocab=vocab)
+        loss, metrics = learner.loss(TrainBatch(usual=_grpo_rollouts(model, seed=3)))
+        loss.backward()
+        results.append((model, loss.detach(), metrics))
+    (whole, whole_loss, whole_metrics), (tiled, tiled_loss, tiled_metrics) = results
+    assert tokenizer.vocab_size > 32 * 4
+    torch.testing.assert_close(tiled_loss, whole_loss, atol=TOL, rtol=TOL)
+    assert tiled_metrics["kl"] == pytest.approx(whole_metrics["kl"], rel=1e-5) and whole_metrics["kl"] > 0
+    assert tiled_metrics["entropy"] == pytest.approx(whole_metrics["entropy"], rel=1e-5)
+    assert_same_grads(tiled, whole)
+
+
+def test_a_cpu_learner_scores_in_small_tiles(load_model: Any, tokenizer: Any, trl_tiles: Any) -> None:
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    bridge.fused_head_tiles(tokens=4096, vocab=32768)
+    Learner(spec=LearnerSpec(algorithm="grpo"), model=load_model(), tokenizer=tokenizer)
+    assert (chunked_logprob.TOKEN_CHUNK_SIZE, utils._CHUNKED_LOGPROB_CHUNK_SIZE) == (
+        bridge.CPU_HEAD_TOKENS, bridge.CPU_HEAD_VOCAB)

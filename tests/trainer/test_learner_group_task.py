@@ -31,7 +31,7 @@ def _storage(settings: Any, tmp_path: Path) -> Any:
         trainer_mod.resident_drop(run_id)
 
 
-def _fill(run: Any, *, expert: bool) -> None:
+def _fill(run: Any, *, expert: bool, tag: str = "", version: int = 0) -> None:
     """Three groups of four (uneven over two processes), one prompt length (TRL's forward
     takes positions from 0 whatever the left padding), varied completions and rewards."""
     g = torch.Generator().manual_seed(5)
@@ -40,9 +40,9 @@ def _fill(run: Any, *, expert: bool) -> None:
         prompt = torch.randint(10, 200, (4,), generator=g).tolist()
         for j in range(4):
             completion = torch.randint(10, 200, (2 + (j * 5 + gi) % 6,), generator=g).tolist()
-            rows.append(experience_row(run, key=f"g{gi}-{j}", group=f"g{gi}", token_ids=prompt + completion,
+            rows.append(experience_row(run, key=f"{tag}g{gi}-{j}", group=f"{tag}g{gi}", token_ids=prompt + completion,
                                        prompt_length=4, logprobs=[-0.7] * len(completion),
-                                       reward=float((j * 7 + gi) % 3), is_expert=expert))
+                                       reward=float((j * 7 + gi) % 3), is_expert=expert, model_version=version))
     experience_write(experiences=rows)
 
 
@@ -53,6 +53,8 @@ def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int) -> 
                       trainer={"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo",
                                "processes": processes})
     _fill(run, expert=algorithm == "sft")
+    # A batch for step 2, fresh enough for it: the run goes on (a finished one's group ends).
+    _fill(run, expert=algorithm == "sft", tag="b", version=1)
     out = trainer_mod.train_step.apply(args=(run.pk, 1)).get()
     assert out["status"] == "trained", out
     if processes > 1:
@@ -125,3 +127,98 @@ def test_a_learner_group_that_would_train_another_objective_is_refused_in_the_co
         config_validate(data={"model": "m", **config})
     assert refused.value.errors["trainer"].startswith(message)
     assert config_validate(data={"model": "m", "algorithm": "sft", "trainer": {"processes": 2, "loss_type": "cispo"}})
+
+
+def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every learner group the train task starts (the resident may be gone by the time it returns)."""
+    started: list[Any] = []
+    real = trainer_mod._group_start
+
+    def spy(**kwargs: Any) -> Any:
+        group = real(**kwargs)
+        started.append(group)
+        return group
+
+    monkeypatch.setattr(trainer_mod, "_group_start", spy)
+    return started
+
+
+def _followers_end(processes: list[Any], *, within: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if all(p.poll() is not None for p in processes):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_learner_groups_followers_exit_when_its_run_has_no_step_left(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.set_num_threads(1)
+    started = _group_spy(monkeypatch)
+    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=1,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+    _fill(run, expert=False)
+    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
+    followers = [p for group in started for p in group.followers_started]
+    assert len(followers) == 1
+    assert _followers_end(followers, within=15), "a follower outlived its finished run"
+    assert run.pk not in trainer_mod._RESIDENTS
+
+
+def test_a_stopped_runs_learner_group_ends_with_a_train_task_sent_before_the_stop(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.runs.models import Run
+
+    torch.set_num_threads(1)
+    started = _group_spy(monkeypatch)
+    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=5,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+    _fill(run, expert=False)
+    _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
+    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
+    followers = [p for group in started for p in group.followers_started]
+    assert followers and all(p.poll() is None for p in followers), "the group should live between steps"
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.STOPPED)  # as run_transition's stop does
+    # A task sent before the stop (a stopped run gets no new one: the idle reaper's case).
+    # Refused before its step whether or not the stop took its dispatch back.
+    assert trainer_mod.train_step.apply(args=(run.pk, 2)).get()["status"] in ("superseded", "not running")
+    assert _followers_end(followers, within=15)
+    assert run.pk not in trainer_mod._RESIDENTS
+
+
+def test_an_idle_learner_group_ends_after_the_idle_timeout(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A run with steps left that gets no train task (paused, stopped, its buffer used up):
+    the worker's idle reaper frees its policy and ends the followers after
+    RFT_TRAINER_IDLE_SECONDS."""
+    torch.set_num_threads(1)
+    settings.RFT_TRAINER_IDLE_SECONDS = 1.0
+    started = _group_spy(monkeypatch)
+    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=5,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+    _fill(run, expert=False)
+    _fill(run, expert=False, tag="b", version=1)
+    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
+    followers = [p for group in started for p in group.followers_started]
+    assert followers
+    assert _followers_end(followers, within=30), "the idle reaper did not end the followers"
+    assert run.pk not in trainer_mod._RESIDENTS
+
+
+def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_model_dir: Path) -> None:
+    run = running_run(owner, tiny_model_dir, total_steps=5)
+    res = trainer_mod.resident_for(run)
+    res.used -= 100
+    with trainer_mod._resident_busy(run.pk):
+        assert trainer_mod.residents_reap(idle_seconds=10) == []
+    # The task's end restarts the idle clock.
+    assert trainer_mod.residents_reap(idle_seconds=10) == []
+    res.used -= 100
+    assert trainer_mod.residents_reap(idle_seconds=10) == [run.pk]
+    assert run.pk not in trainer_mod._RESIDENTS

@@ -86,7 +86,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
     from workers.engines import engine_cache_clear, engine_for, engine_version_ensure, prompt_ids
 
     run = _lora_run(owner, tiny_model_dir)
-    _train(run, 2, spare=1)
+    _train(run, 2, spare=2)  # step 3 below, and one more so the run goes on (its resident is read)
     version = ModelVersion.objects.get(run=run, number=2)
     checkpoint = Path(version.checkpoint)
     assert is_adapter_dir(checkpoint) and not (checkpoint / "model.safetensors").exists()
@@ -124,7 +124,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
 
 def test_a_restarted_lora_trainer_rebuilds_the_same_adapter_and_optimizer(owner: Any, tiny_model_dir: Path) -> None:
     run = _lora_run(owner, tiny_model_dir, beta=0.05)
-    _train(run, 3)
+    _train(run, 3, spare=1)  # the run goes on: its trainer keeps the resident read below
     before = {n: p.detach().clone() for n, p in trainer_mod._RESIDENTS[run.pk].model.named_parameters() if p.requires_grad}
     trainer_mod.resident_drop(run.pk)
     res = trainer_mod.resident_for(run)
@@ -143,7 +143,7 @@ def test_the_cli_exports_a_versions_adapter_and_its_merged_weights(
     from workers.engines import prompt_ids
 
     run = _lora_run(owner, tiny_model_dir)
-    _train(run, 2)
+    _train(run, 2, spare=1)  # the run goes on: its trainer keeps the resident read below
     call_command("rft", "weights", str(run.pk), "--version", "2", "--out", str(tmp_path / "adapter"))
     assert is_adapter_dir(tmp_path / "adapter")
     call_command("rft", "weights", str(run.pk), "--out", str(tmp_path / "merged"), "--merged")

@@ -54,7 +54,7 @@ def test_vllm_serves_a_published_adapter_with_the_trainers_greedy_text(owner: An
     run = _lora_run(owner, vllm_model_dir)
     run.config = {**run.config, "engine": "vllm", "rollout": {"max_model_len": 256}}
     run.save(update_fields=["config"])
-    _train(run, 2)
+    _train(run, 2, spare=1)  # the run goes on: its trainer keeps the resident policy read below
     checkpoint = ModelVersion.objects.get(run=run, number=2).checkpoint
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
     prompts = [prompt_ids(tokenizer, text=p) for p in PROMPTS]

@@ -53,7 +53,10 @@ def _learn(owner: Any, model_dir: Path, *, seed: int) -> tuple[list[str], dict[s
         assert explore(run_id=run.pk, step=step, worker="explorer")["experiences"] == 8
         assert trainer_step(run_id=run.pk, step=step, worker="trainer")["status"] == "trained"
     texts = list(Experience.objects.filter(run=run).order_by("id").values_list("response_text", flat=True))
-    weights = {k: v.detach().clone() for k, v in trainer_mod._RESIDENTS[run.pk].model.state_dict().items()}
+    # The trainer frees the policy after the last step; its snapshot of that step holds the weights.
+    from safetensors.torch import load_file
+
+    weights = load_file(str(trainer_mod.state_dir(run.pk, STEPS) / "model.safetensors"))
     _fresh()
     return texts, weights
 

@@ -346,3 +346,29 @@ def test_a_trainer_whose_batch_lease_was_taken_back_does_not_record_its_step(
     run.refresh_from_db()
     assert run.train_step == 0 and not Metric.objects.filter(run=run, name="loss").exists()
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
+
+
+def test_a_step_records_how_much_of_its_batch_people_rated(owner: Any, tiny_model_dir: Path) -> None:
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)  # 8 of the model's own experiences
+    Experience.objects.filter(pk__in=ids[:2]).update(human_reward=1.0)
+    Experience.objects.filter(pk__in=ids[2:3]).update(human_reward=0.25)
+    assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    got = dict(Metric.objects.filter(run=run, step=1, name__startswith="feedback/").values_list("name", "value"))
+    assert got == {"feedback/human_share": 3 / 8, "feedback/human_reward_mean": 0.75, "feedback/expert": 0.0}
+
+
+def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
+    owner: Any, tiny_model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import host_memory
+
+    tuned: list[int] = []
+    monkeypatch.setattr(host_memory, "cpu_allocator_tune", lambda *, threshold: tuned.append(threshold) or True)
+    plain = running_run(owner, tiny_model_dir)
+    _groups(plain)
+    assert trainer_step(run_id=plain.pk, step=1)["status"] == "trained" and tuned == []
+    settings.RFT_TRAINER_CPU_MMAP_THRESHOLD = 1 << 20
+    lean = running_run(owner, tiny_model_dir)
+    _groups(lean)
+    assert trainer_step(run_id=lean.pk, step=1)["status"] == "trained" and tuned == [1 << 20]

@@ -78,3 +78,14 @@ def test_the_fused_head_patch_still_exists_with_its_signature() -> None:
 
     params: dict[str, Any] = dict(inspect.signature(add_fused_lm_head).parameters)
     assert {"model", "temperature", "outputs"} <= set(params)
+
+
+def test_the_fused_heads_tile_sizes_are_module_globals_read_at_each_call() -> None:
+    """trl_bridge.fused_head_tiles sets them; a TRL that binds them at import would ignore it."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    assert isinstance(chunked_logprob.TOKEN_CHUNK_SIZE, int) and isinstance(utils._CHUNKED_LOGPROB_CHUNK_SIZE, int)
+    assert "TOKEN_CHUNK_SIZE" in inspect.getsource(chunked_logprob.ChunkedLogProbFunction.forward)
+    assert "_CHUNKED_LOGPROB_CHUNK_SIZE" in inspect.getsource(utils.add_fused_lm_head)
+    assert inspect.signature(chunked_logprob._use_triton).parameters.keys() == {"device"}

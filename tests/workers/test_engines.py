@@ -73,6 +73,27 @@ def test_the_transformers_engine_returns_n_samples_per_prompt_with_one_logprob_p
     assert any(s.finish_reason == "length" for group in result for s in group)
 
 
+def test_a_grpo_step_of_16_prompts_times_8_samples_is_one_generate_call(hf_engine: Any) -> None:
+    """The default rows per call hold a step of bench/learning (16 × 8): each extra call pays
+    generate's per-token Python overhead again (stock TRL generates the step in one call)."""
+    calls: list[int] = []
+    model = hf_engine.model
+    original = model.generate
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(int(kwargs["input_ids"].shape[0]) * int(kwargs.get("num_return_sequences", 1)))
+        return original(*args, **kwargs)
+
+    prompts = (_prompts(hf_engine) * 3)[:16]
+    model.generate = counting
+    try:
+        result = hf_engine.generate(prompts, n=8, sampling=SamplingSpec(temperature=1.0, max_tokens=4, seed=0))
+    finally:
+        del model.generate
+    assert calls == [128]
+    assert_well_formed(result, prompts=16, n=8, max_tokens=4)
+
+
 def test_the_transformers_engine_logprobs_match_a_forward_pass(hf_engine: Any, demo_model_dir: Path) -> None:
     prompts = _prompts(hf_engine)[:2]
     result = hf_engine.generate(prompts, n=2, sampling=SamplingSpec(temperature=1.0, max_tokens=10, seed=0))
@@ -144,6 +165,26 @@ def test_vllm_logprobs_match_a_transformers_forward_pass(vllm_engine: Any, demo_
         for sample in group:
             expected = forward_logprobs(demo_model_dir, prompt, sample.token_ids)
             assert sample.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.vllm
+def test_vllm_hands_over_each_steps_tokens_and_ends_with_the_same_samples(vllm_engine: Any) -> None:
+    """`generate(on_tokens=…)` (what `stream: true` uses): a call per engine step while the
+    generation goes on, the rows' tokens in order, and the same samples as without it."""
+    prompts = _prompts(vllm_engine)[:1]
+    spec = SamplingSpec(temperature=1.0, max_tokens=12, seed=7)
+    steps: list[list[int | None]] = []
+    streamed = vllm_engine.generate(prompts, n=2, sampling=spec, on_tokens=steps.append)
+    whole = vllm_engine.generate(prompts, n=2, sampling=spec)
+    assert [[(s.token_ids, s.logprobs, s.text, s.finish_reason) for s in g] for g in streamed] == \
+        [[(s.token_ids, s.logprobs, s.text, s.finish_reason) for s in g] for g in whole]
+    assert all(len(step) == 2 for step in steps)
+    for row, sample in enumerate(streamed[0]):
+        assert [step[row] for step in steps if step[row] is not None] == sample.token_ids
+    # Token by token, not once at the end.
+    assert len(steps) >= max(len(s.token_ids) for s in streamed[0]) >= 2
+    # The engine is left clean for the next request.
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests()
 
 
 def perturbed_copy(src: Path, dst: Path, *, scale: float = 0.3, seed: int = 1) -> Path:

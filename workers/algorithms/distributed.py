@@ -269,6 +269,8 @@ class LearnerGroup:
             self.followers.append(subprocess.Popen(
                 [sys.executable, "-m", "workers.algorithms.distributed", str(rank), spec], cwd=root, close_fds=True,
             ))
+        # The processes started, kept after `close` forgets `followers` (to see them end).
+        self.followers_started = list(self.followers)
         try:
             self.group = _process_group(store=self._store, rank=0, world=world, backend=self.backend, timeout=timeout)
             self.channel = _Channel(self.group, device)

@@ -89,6 +89,10 @@ class Learner:
             raise ValueError(f"{spec.algorithm} with these settings needs a reference model")
         self.device = next(model.parameters()).device.type
         precision_check(spec.precision, device=self.device)
+        # Peak memory of a CPU step: small logprob tiles (trl_bridge says why); nothing
+        # changes on a GPU. Returning freed tensors to the system is the train worker's
+        # choice (RFT_TRAINER_CPU_MMAP_THRESHOLD, workers/host_memory.py): it costs time.
+        bridge.fused_head_tiles_for(next(model.parameters()).device)
         optimizer_check(spec.optimizer, device=self.device)
         self.spec = spec
         self.model = model

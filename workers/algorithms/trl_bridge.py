@@ -197,6 +197,38 @@ def _fused_head(model: Any, *, temperature: float = 1.0) -> None:
         model._rft_fused_head = True
 
 
+# The fused head's tiles where TRL has no Triton kernel (the CPU): tokens × vocabulary
+# columns per projection. TRL's own (4096 × 32768, sized for a GPU) make one fp32 tile of
+# a whole CPU batch by its whole vocabulary (4 × 96 tokens × 16k: 25 MB), and its torch
+# fallback holds about eight tensors of the tile's size at once (the scaled logits, their
+# exp, the products), in the forward and again in the backward: the largest transient of
+# a LoRA step. Tiles of 256 × 4096 (4 MB) cut that to a few MB; the online logsumexp over
+# vocabulary chunks gives the same logprobs and gradients within float rounding
+# (tests/trainer/test_trl_bridge.py).
+CPU_HEAD_TOKENS = 256
+CPU_HEAD_VOCAB = 4096
+
+
+def fused_head_tiles(*, tokens: int, vocab: int) -> tuple[int, int]:
+    """Set TRL's fused-head tile (tokens per tile, vocabulary columns per tile) for this
+    process; returns the previous pair. TRL reads both at each call."""
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    before = (chunked_logprob.TOKEN_CHUNK_SIZE, utils._CHUNKED_LOGPROB_CHUNK_SIZE)
+    chunked_logprob.TOKEN_CHUNK_SIZE = tokens
+    utils._CHUNKED_LOGPROB_CHUNK_SIZE = vocab
+    return before
+
+
+def fused_head_tiles_for(device: Any) -> None:
+    """Small tiles where the head runs TRL's torch fallback; TRL's on a Triton device."""
+    from trl.kernels.chunked_logprob import _use_triton
+
+    if not _use_triton(torch.device(device)):
+        fused_head_tiles(tokens=CPU_HEAD_TOKENS, vocab=CPU_HEAD_VOCAB)
+
+
 def reference_adapter_drop(model: Any) -> None:
     """Remove the frozen "ref" adapter TRL adds beside a pre-existing one when beta > 0
     (its reference is then that copy; ours is the base with the adapter off)."""

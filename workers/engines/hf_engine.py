@@ -18,7 +18,7 @@ class HFEngine:
     kind = "transformers"
 
     def __init__(
-        self, *, path: str, version: int = 0, device: str | None = None, batch_size: int = 64, dtype: str = "auto"
+        self, *, path: str, version: int = 0, device: str | None = None, batch_size: int = 128, dtype: str = "auto"
     ) -> None:
         import torch
 
@@ -172,9 +172,11 @@ class HFEngine:
         import torch
 
         pad = self.tokenizer.pad_token_id
-        # generate refuses num_return_sequences > 1 when greedy: repeat the prompts instead.
+        # generate refuses num_return_sequences > 1 when greedy: generate once and hand the
+        # answer out n times (repeated rows of one batch gave logprobs that differed in the 7th
+        # digit, and cost a row each for one answer).
         copies = n if sampling.greedy else 1
-        rows = [p for p in prompts for _ in range(copies)]
+        rows = list(prompts)
         width = max(len(p) for p in rows)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
@@ -203,37 +205,49 @@ class HFEngine:
         if images is not None:
             from workers.vision import pixel_inputs
 
-            # Repeated like the prompt rows; generate expands them again for num_return_sequences.
-            pixels = pixel_inputs(self.processor, [row for row in images for _ in range(copies)])
+            # One per prompt row; generate expands them itself for num_return_sequences.
+            pixels = pixel_inputs(self.processor, list(images))
             kwargs.update({k: v.to(self.device) for k, v in pixels.items()})
             if "pixel_values" in kwargs:
                 kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
         if on_tokens is not None:
-            kwargs["streamer"] = _StepStreamer(on_tokens)
+            each = on_tokens
+            if copies > 1:
+                def each(tokens: list[int]) -> None:
+                    on_tokens([t for t in tokens for _ in range(copies)])
+            kwargs["streamer"] = _StepStreamer(each)
         with torch.inference_mode():
             result = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         generated = result.sequences[:, width:]
         steps = len(result.logits)
         logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in result.logits], dim=1) if steps else None
+        # Whole-batch tensor ops, then plain lists: element-wise tensor indexing per token
+        # cost as much Python time as a tenth of the generation on a small model.
+        rows_tokens: list[list[int]] = generated.tolist()
+        rows_logps: list[list[float]] = (
+            logps.gather(-1, generated[:, :steps].unsqueeze(-1)).squeeze(-1).tolist() if logps is not None else []
+        )
+        top_values: list[Any] = []
+        top_indices: list[Any] = []
+        if sampling.logprobs and logps is not None:
+            values, indices = torch.topk(logps, sampling.logprobs, dim=-1)
+            top_values, top_indices = values.tolist(), indices.tolist()
         eos = self._eos_ids()
         samples: list[Sample] = []
-        for row in range(generated.shape[0]):
+        for row, row_tokens in enumerate(rows_tokens):
             tokens: list[int] = []
             logprobs: list[float] = []
             top: list[list[tuple[int, float]]] | None = [] if sampling.logprobs else None
             finish: FinishReason = "length"
-            for t in range(generated.shape[1]):
-                token = int(generated[row, t])
+            for t, token in enumerate(row_tokens):
                 if token == pad and token not in eos:
                     # generate pads a row that a stop string ended while others go on.
                     finish = "stop"
                     break
                 tokens.append(token)
-                assert logps is not None
-                logprobs.append(float(logps[row, t, token]))
+                logprobs.append(rows_logps[row][t])
                 if top is not None:
-                    values, indices = torch.topk(logps[row, t], sampling.logprobs)
-                    top.append([(int(i), float(v)) for i, v in zip(indices.tolist(), values.tolist())])
+                    top.append(list(zip(top_indices[row][t], top_values[row][t])))
                 if token in eos:
                     finish = "stop"
                     break
@@ -241,7 +255,9 @@ class HFEngine:
             text, stopped = trim_at_stop(text, sampling.stop)
             if stopped:
                 finish = "stop"
-            samples.append(Sample(token_ids=tokens, logprobs=logprobs, text=text, finish_reason=finish, top_logprobs=top))
+            for _ in range(copies):
+                samples.append(Sample(token_ids=list(tokens), logprobs=list(logprobs), text=text, finish_reason=finish,
+                                      top_logprobs=None if top is None else list(top)))
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 

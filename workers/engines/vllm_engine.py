@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load
@@ -149,12 +150,22 @@ class VLLMEngine:
         out = os.path.join(tempfile.gettempdir(), f"rft-merged-{os.getpid()}")
         return str(merged_save(adapter_path=path, out=out, base=self.base_path))
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]:
+    # `generate(on_tokens=…)` hands over each engine step's tokens as they are sampled.
+    streams_tokens = True
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
+                 on_tokens: Callable[[list[int | None]], None] | None = None) -> list[list[Sample]]:
+        """`n` samples per prompt. `on_tokens`: called after every engine step with one entry
+        per row (row = prompt × n + sample): the token that row sampled, or None where it
+        sampled none (it ended, or was not scheduled this step); a step that sampled
+        several tokens for a row calls it once per token."""
         from vllm import SamplingParams
 
         if n < 1:
             raise ValueError("n must be at least 1")
-        # vLLM refuses n > 1 when greedy: ask n times instead (same answer n times).
+        # vLLM refuses n > 1 when greedy: generate once and hand the answer out n times. (Asking
+        # n times gave copies whose logprobs differed in the 7th digit with the batch's shape,
+        # and cost n generations for one answer.)
         copies = n if sampling.greedy else 1
         params = SamplingParams(
             n=n // copies,
@@ -175,12 +186,20 @@ class VLLMEngine:
                 return {"prompt_token_ids": list(p.token_ids), "multi_modal_data": {"image": images[0] if len(images) == 1 else images}}
             return {"prompt_token_ids": list(p)}
 
-        inputs = [as_input(p) for p in prompts for _ in range(copies)]
+        inputs = [as_input(p) for p in prompts]
         with self._lock:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora)
+            if on_tokens is None:
+                outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora)
+                completions = [sorted(request.outputs, key=lambda c: c.index) for request in outputs]
+            else:
+                each = on_tokens
+                if copies > 1:
+                    def each(tokens: list[int | None]) -> None:
+                        on_tokens([t for t in tokens for _ in range(copies)])
+                completions = self._generate_stepped(inputs, params, each)
         flat: list[Sample] = []
-        for request in outputs:
-            for completion in sorted(request.outputs, key=lambda c: c.index):
+        for request_completions in completions:
+            for completion in request_completions * copies:
                 tokens = list(completion.token_ids)
                 logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens)]
                 finish: FinishReason = "length" if completion.finish_reason == "length" else "stop"
@@ -194,3 +213,46 @@ class VLLMEngine:
                     ]
                 flat.append(Sample(token_ids=tokens, logprobs=logprobs, text=completion.text, finish_reason=finish, top_logprobs=top))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_stepped(self, inputs: list[dict[str, Any]], params: Any,
+                          on_tokens: Callable[[list[int | None]], None]) -> list[list[Any]]:
+        """What `LLM.generate` does (add the requests, step the engine until they end), with
+        each step's new tokens handed to `on_tokens`. `LLM` asks its engine for final outputs
+        only; here the engine reports each request's output so far (CUMULATIVE) every step.
+        The finished outputs are the same objects `LLM.generate` returns, so the samples are
+        too (same seed, same tokens, same logprobs)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.CUMULATIVE
+        engine = self.llm.llm_engine
+        per = int(params.n)
+        ids = [f"rft-stream-{uuid.uuid4().hex}" for _ in inputs]
+        index = {rid: i for i, rid in enumerate(ids)}
+        latest: list[list[Any]] = [[None] * per for _ in inputs]
+        sent = [0] * (len(inputs) * per)
+        try:
+            for rid, prompt in zip(ids, inputs):
+                engine.add_request(rid, prompt, params, lora_request=self._lora)
+            while engine.has_unfinished_requests():
+                new: list[list[int]] = [[] for _ in sent]
+                for out in engine.step():
+                    i = index.get(out.request_id)
+                    if i is None:
+                        continue
+                    # With n > 1 a step may report each sample of a request separately.
+                    for completion in out.outputs:
+                        row = i * per + completion.index
+                        latest[i][completion.index] = completion
+                        tokens = list(completion.token_ids)
+                        new[row] = tokens[sent[row]:]
+                        sent[row] = len(tokens)
+                for k in range(max((len(t) for t in new), default=0)):
+                    on_tokens([t[k] if k < len(t) else None for t in new])
+        except BaseException:
+            # The engine is shared by the next request: nothing of this one may stay in it.
+            engine.abort_request(ids, internal=False)
+            raise
+        if any(c is None for row in latest for c in row):
+            raise RuntimeError("the vLLM engine ended a request without all its samples")
+        return latest

@@ -1,0 +1,27 @@
+"""Logging filters named in rftweb/settings.py's LOGGING."""
+
+from __future__ import annotations
+
+import logging
+
+# The RFT core's loop beat (apps/runs/conduct.py) runs every RFT_CONDUCT_SECONDS (0.5 s by
+# default): at INFO, Celery writes a line when beat sends it and two more when the worker
+# receives it and when it succeeds, about six lines a second that say nothing. What the beat
+# does (a step dispatched or sent again) is logged by apps.runs.orchestration itself.
+QUIET_TASKS = frozenset({"apps.runs.conduct.runs_conduct_task"})
+
+
+class LoopBeatQuiet(logging.Filter):
+    """Drops Celery's INFO lines about the loop's beat task; warnings and errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or not record.name.startswith("celery"):
+            return True
+        data = getattr(record, "data", None)  # the worker's "received" / "succeeded" lines
+        if isinstance(data, dict) and data.get("name") in QUIET_TASKS:
+            return False
+        args = record.args
+        if isinstance(args, dict):
+            return args.get("name") not in QUIET_TASKS
+        # beat's "Sending due task <entry> (<task name>)"
+        return not (isinstance(args, tuple) and any(isinstance(a, str) and a in QUIET_TASKS for a in args))

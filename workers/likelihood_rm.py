@@ -1,0 +1,240 @@
+"""The `likelihood` kind of the run's learned reward model: what a causal language model (the
+base) thinks of a completion, read from its token log-likelihoods and weighed by a
+Bradley-Terry model fitted on the run's preference pairs.
+
+Why not only a classifier head: on the demo task a scalar head trained with TRL's
+RewardTrainer on a few hundred pairs ranks held-out pairs near chance, while ranking by the
+base's own log-likelihood of the completion already orders them (bench/reward_model). The
+knowledge is in the likelihoods; this kind reads it there and learns from people only how to
+weigh it (a handful of weights, so a few hundred labels are plenty).
+
+Features of one (prompt, completion), under the base, the completion tokenised as the trainer
+tokenises it (the prompt through the chat template, the completion's tokens, then eos):
+the sum, mean and minimum of the completion tokens' log-probabilities, the sum and mean over
+the answer span (the last match of `answer_pattern`'s first group, e.g. the text inside
+`<answer>…</answer>`), whether a span was found, and the token count. They are standardised
+on the training completions; the model is P(chosen ≻ rejected) = σ(w · (z_chosen − z_rejected)),
+L2-regularised, fitted by L-BFGS, each pair weighted by its margin. A completion's raw score is
+w · z, calibrated to the human scale like any version (reward_trainer._calibration).
+
+A version's directory holds `likelihood_reward.json` (the kind, the base checkpoint it read —
+pinned, so a later policy checkpoint does not change what a version means —, the feature
+names, standardisation and weights) and the base's tokenizer. Worker-only: torch is imported
+inside the functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apps.feedback.preferences import PreferencePair
+
+HEAD_FILE = "likelihood_reward.json"
+KIND = "likelihood"
+FEATURES = ("sum", "mean", "min", "span_sum", "span_mean", "has_span", "tokens")
+DEFAULT_ANSWER_PATTERN = r"<answer>(.*?)</answer>"
+
+_load_lock = threading.Lock()
+
+
+def is_likelihood_dir(path: str | Path) -> bool:
+    return (Path(path) / HEAD_FILE).is_file()
+
+
+@functools.lru_cache(maxsize=4)
+def causal_lm_load(base: str) -> tuple[Any, Any]:
+    """(model, tokenizer) of a causal LM, resident for the worker's life."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _load_lock:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        dtype = torch.float32 if device == "cpu" else "auto"
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
+        return model, tokenizer
+
+
+def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    from workers.engines.base import prompt_ids
+
+    return list(prompt_ids(tokenizer, text=prompt, messages=None))
+
+
+def _completion_ids(tokenizer: Any, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
+    """The completion's token ids (eos appended, as the trainer does) and the [start, end)
+    token range of the answer span, None when there is none."""
+    span: tuple[int, int] | None = None
+    match = None
+    if pattern is not None:
+        for match in pattern.finditer(completion):
+            pass
+    try:
+        enc = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, ValueError, KeyError):
+        enc, offsets = tokenizer(completion, add_special_tokens=False), None
+    ids = list(enc["input_ids"])
+    if match is not None and offsets is not None:
+        lo, hi = match.span(1) if match.groups() else match.span()
+        inside = [i for i, (a, b) in enumerate(offsets) if a < hi and b > lo]
+        if inside:
+            span = (inside[0], inside[-1] + 1)
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids, span
+
+
+def likelihood_features(
+    model: Any, tokenizer: Any, prompts: Sequence[str], completions: Sequence[str], *, max_length: int,
+    answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, batch_size: int = 32,
+) -> list[list[float]]:
+    """One feature vector (FEATURES) per (prompt, completion) under the model."""
+    import torch
+
+    pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
+    rows: list[tuple[list[int], int, tuple[int, int] | None]] = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        p = _prompt_ids(tokenizer, prompt)
+        c, span = _completion_ids(tokenizer, completion, pattern)
+        c = c[:max_length - 1]
+        p = p[-(max_length - len(c)):] if len(p) + len(c) > max_length else p
+        if span is not None and span[0] >= len(c):
+            span = None
+        rows.append((p + c, len(p), span))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    out: list[list[float]] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        width = max(len(ids) for ids, _, _ in chunk)
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
+        with torch.inference_mode():
+            logits = model(input_ids=input_ids, attention_mask=mask).logits.float()
+        token_lp = torch.log_softmax(logits[:, :-1], -1).gather(2, input_ids[:, 1:, None])[..., 0].cpu()
+        for row, (ids, cut, span) in enumerate(chunk):
+            # Position t of token_lp is the log-probability of token t + 1.
+            lp = token_lp[row, max(cut, 1) - 1:len(ids) - 1].tolist()
+            if not lp:
+                lp = [0.0]
+            s = [lp[i] for i in range(span[0], min(span[1], len(lp)))] if span else []
+            out.append([sum(lp), sum(lp) / len(lp), min(lp), sum(s), sum(s) / len(s) if s else 0.0,
+                        1.0 if s else 0.0, float(len(lp))])
+    return out
+
+
+@dataclass
+class LikelihoodHead:
+    """The fitted part of a version: standardisation and Bradley-Terry weights."""
+
+    base: str
+    mean: list[float]
+    std: list[float]
+    weights: list[float]
+    answer_pattern: str | None
+    max_length: int
+
+    def score(self, features: Sequence[Sequence[float]]) -> list[float]:
+        return [sum(w * (x - m) / s for w, x, m, s in zip(self.weights, f, self.mean, self.std, strict=True))
+                for f in features]
+
+    def save(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / HEAD_FILE).write_text(json.dumps({
+            "kind": KIND, "base": self.base, "features": list(FEATURES), "mean": self.mean, "std": self.std,
+            "weights": self.weights, "answer_pattern": self.answer_pattern, "max_length": self.max_length,
+        }, indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> LikelihoodHead:
+        data = json.loads((path / HEAD_FILE).read_text())
+        if data.get("kind") != KIND or data.get("features") != list(FEATURES):
+            raise ValueError(f"{path}: not a likelihood reward model of this version ({data.get('kind')!r})")
+        return cls(base=data["base"], mean=data["mean"], std=data["std"], weights=data["weights"],
+                   answer_pattern=data["answer_pattern"], max_length=int(data["max_length"]))
+
+
+def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequence[float]],
+                      weights: Sequence[float], *, l2: float = 1e-2) -> list[float]:
+    """Weights w maximising Σ weight · log σ(w · (chosen − rejected)) − l2 · |w|² (no bias:
+    the model of a preference is antisymmetric)."""
+    import torch
+
+    diff = torch.tensor(chosen, dtype=torch.float64) - torch.tensor(rejected, dtype=torch.float64)
+    weight = torch.tensor(weights, dtype=torch.float64)
+    weight = weight / weight.sum().clamp_min(1e-12)
+    w = torch.zeros(diff.shape[1], dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> Any:
+        optimizer.zero_grad()
+        loss = -(weight * torch.nn.functional.logsigmoid(diff @ w)).sum() + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return [float(x) for x in w.detach()]
+
+
+def likelihood_model_fit(
+    *, base: str, train: list[PreferencePair], heldout: list[PreferencePair], out: Path, max_length: int,
+    answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, l2: float = 1e-2,
+) -> tuple[LikelihoodScorer, float | None]:
+    """Fit a likelihood reward model on `train` over `base`, save it to `out`; returns (the
+    scorer, held-out pairwise accuracy)."""
+    from workers.reward_trainer import pairwise_accuracy
+
+    model, tokenizer = causal_lm_load(base)
+    texts: dict[tuple[str, str], int] = {}
+    for p in train:
+        texts.setdefault((p.prompt, p.chosen), len(texts))
+        texts.setdefault((p.prompt, p.rejected), len(texts))
+    keys = list(texts)
+    feats = likelihood_features(model, tokenizer, [k[0] for k in keys], [k[1] for k in keys], max_length=max_length,
+                                answer_pattern=answer_pattern)
+    n = len(FEATURES)
+    mean = [sum(f[i] for f in feats) / len(feats) for i in range(n)]
+    std = [math.sqrt(sum((f[i] - mean[i]) ** 2 for f in feats) / len(feats)) or 1.0 for i in range(n)]
+    z = [[(f[i] - mean[i]) / std[i] for i in range(n)] for f in feats]
+    weights = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in train],
+                                [z[texts[(p.prompt, p.rejected)]] for p in train],
+                                [max(p.margin, 1e-3) for p in train], l2=l2)
+    head = LikelihoodHead(base=base, mean=mean, std=std, weights=weights, answer_pattern=answer_pattern,
+                          max_length=max_length)
+    head.save(out)
+    tokenizer.save_pretrained(out)
+    scorer = LikelihoodScorer(head, model, tokenizer)
+    accuracy = None
+    if heldout:
+        prompts = [p.prompt for p in heldout]
+        accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
+                                     scorer.score(prompts, [p.rejected for p in heldout]))
+    return scorer, accuracy
+
+
+class LikelihoodScorer:
+    """A loaded likelihood reward model: `score(prompts, completions) -> raw scores`."""
+
+    def __init__(self, head: LikelihoodHead, model: Any, tokenizer: Any) -> None:
+        self.head, self.model, self.tokenizer = head, model, tokenizer
+
+    def score(self, prompts: Sequence[str], completions: Sequence[str], *, batch_size: int = 32) -> list[float]:
+        if not prompts:
+            return []
+        return self.head.score(likelihood_features(
+            self.model, self.tokenizer, prompts, completions, max_length=self.head.max_length,
+            answer_pattern=self.head.answer_pattern, batch_size=batch_size))
+
+
+def likelihood_model_load(path: str) -> LikelihoodScorer:
+    head = LikelihoodHead.load(Path(path))
+    model, tokenizer = causal_lm_load(head.base)
+    return LikelihoodScorer(head, model, tokenizer)
