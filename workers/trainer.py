@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
@@ -280,20 +280,33 @@ def _resident_busy(run_id: int) -> Iterator[None]:
                 res.used = time.monotonic()
 
 
-def residents_reap(*, idle_seconds: float) -> list[int]:
-    """Drop every resident no task has used for `idle_seconds` (a run stopped, paused or
-    finished offline gets no further train task) and none is using now; returns their runs."""
+def residents_reap(*, idle_seconds: float, ended: Collection[int] = ()) -> list[int]:
+    """Drop every resident none is using now that no task has used for `idle_seconds` (a
+    paused run, or one whose train tasks stopped coming) or whose run is in `ended` (a run
+    that finished on a used-up buffer or was stopped gets no further train task to drop it);
+    returns their runs."""
     now = time.monotonic()
     with _RESIDENTS_LOCK:
         idle = [run_id for run_id, res in _RESIDENTS.items()
-                if run_id not in _BUSY and now - res.used >= idle_seconds]
+                if run_id not in _BUSY and (run_id in ended or now - res.used >= idle_seconds)]
         dropped = [_RESIDENTS.pop(run_id) for run_id in idle]
     for res in dropped:
-        log.info("run %s: trainer idle for %.0f s; its resident policy (and learner group) ends", res.run_id,
-                 now - res.used)
+        log.info("run %s: %s; its resident policy (and learner group) ends", res.run_id,
+                 "the run has ended" if res.run_id in ended else f"trainer idle for {now - res.used:.0f} s")
         if res.group is not None:
             res.group.close()
     return idle
+
+
+def _ended_residents() -> set[int]:
+    """Runs with a resident here that have ended (one query)."""
+    from apps.runs.models import Run
+
+    with _RESIDENTS_LOCK:
+        ids = list(_RESIDENTS)
+    if not ids:
+        return set()
+    return set(Run.objects.filter(pk__in=ids, status__in=_ENDED).values_list("pk", flat=True))
 
 
 def _reaper_ensure() -> None:
@@ -314,9 +327,13 @@ def _reap_loop() -> None:
         time.sleep(min(30.0, max(0.2, idle / 4)) if idle > 0 else 30.0)
         try:
             if idle > 0:
-                residents_reap(idle_seconds=idle)
+                residents_reap(idle_seconds=idle, ended=_ended_residents())
         except Exception:
             log.exception("trainer idle reaper: dropping a resident failed")
+        finally:
+            from django.db import connection
+
+            connection.close()  # this thread's own: not held open between passes
         with _RESIDENTS_LOCK:
             if not _RESIDENTS or idle <= 0:
                 _reaper = None
@@ -647,7 +664,7 @@ def trainer_step(
     if (run is not None and run.train_step >= run.cfg.total_steps) or result.get("run_status") in _ENDED:
         # Nothing left to train: the policy's memory and a learner group's processes go now,
         # not when another run evicts them (the last step's snapshot holds the state). A run
-        # that ends otherwise (a used-up buffer, a stop) is the idle reaper's.
+        # that ends otherwise (a used-up buffer, a stop) is the reaper's next pass.
         resident_drop(run_id)
     if run is not None and (trained or result["status"] == "published"):
         run_advance_after_step(run=run)

@@ -222,3 +222,23 @@ def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_mode
     res.used -= 100
     assert trainer_mod.residents_reap(idle_seconds=10) == [run.pk]
     assert run.pk not in trainer_mod._RESIDENTS
+
+
+def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pass(
+    owner: Any, tiny_model_dir: Path
+) -> None:
+    """A run that finishes on a used-up buffer, or is stopped, gets no further train task to
+    drop its policy: the reaper asks which of its residents' runs have ended and drops those
+    at once, not after RFT_TRAINER_IDLE_SECONDS; a running run's resident stays."""
+    from apps.runs.models import Run
+
+    ended = running_run(owner, tiny_model_dir, total_steps=5)
+    going = running_run(owner, tiny_model_dir, total_steps=5)
+    trainer_mod.resident_for(ended)
+    trainer_mod.resident_for(going)
+    assert trainer_mod._ended_residents() == set()
+    Run.objects.filter(pk=ended.pk).update(status=Run.Status.FINISHED)
+    assert trainer_mod._ended_residents() == {ended.pk}
+    assert trainer_mod.residents_reap(idle_seconds=600, ended=trainer_mod._ended_residents()) == [ended.pk]
+    assert ended.pk not in trainer_mod._RESIDENTS and going.pk in trainer_mod._RESIDENTS
+    trainer_mod.resident_drop(going.pk)
