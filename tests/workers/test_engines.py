@@ -64,6 +64,17 @@ def test_sampling_overrides_name_unknown_parameters() -> None:
         spec.with_overrides({"temperature": -1.0})
 
 
+def test_a_vanishing_temperature_samples_as_greedy_instead_of_failing(hf_engine: Any) -> None:
+    """temperature=1e-300 divided the logits into inf and the sampler raised on NaN
+    probabilities (a 502 from the OpenAI endpoint); under vLLM's threshold it is greedy."""
+    assert SamplingSpec(temperature=1e-300).greedy and SamplingSpec(temperature=9e-6).greedy
+    assert not SamplingSpec(temperature=1e-4).greedy
+    prompts = _prompts(hf_engine)[:2]
+    tiny = hf_engine.generate(prompts, n=2, sampling=SamplingSpec(temperature=1e-300, max_tokens=6, seed=1))
+    greedy = hf_engine.generate(prompts, n=2, sampling=SamplingSpec(temperature=0.0, max_tokens=6))
+    assert [[s.token_ids for s in g] for g in tiny] == [[s.token_ids for s in g] for g in greedy]
+
+
 def test_the_transformers_engine_returns_n_samples_per_prompt_with_one_logprob_per_token(hf_engine: Any) -> None:
     assert isinstance(hf_engine, RolloutEngine)
     sampling = SamplingSpec(temperature=1.0, max_tokens=6, seed=3)

@@ -29,6 +29,10 @@ class Sample:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
+# A temperature under this samples as greedy (vLLM's own threshold, _SAMPLING_EPS).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     temperature: float = 1.0
@@ -44,6 +48,11 @@ class SamplingSpec:
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
+        if self.temperature < GREEDY_BELOW:
+            # Logits divided by 1e-300 are inf and the sampler fails on NaN probabilities
+            # (the OpenAI endpoint's fuzzing found it); vLLM treats such a temperature as
+            # greedy, and so does every engine here.
+            object.__setattr__(self, "temperature", 0.0)
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < -1:
