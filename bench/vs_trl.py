@@ -88,7 +88,8 @@ def _accuracy_at(path: str, tokenizer_dir: Path) -> float:
 # ----------------------------------------------------------------------------- (a) stock TRL
 
 
-def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int) -> tuple[Curve, list[float]]:
+def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int,
+            breakdown: dict[str, float] | None = None) -> tuple[Curve, list[float]]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -154,7 +155,23 @@ def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int)
 
     trainer = GRPOTrainer(model=model, reward_funcs=[accuracy, fmt], args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
+    # The part of TRL's step that (b) does in its explore step (generate and score), timed
+    # apart so the breakdowns of (a) and (b) compare; the rest is its update.
+    generate_times: list[float] = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generate(*a: Any, **kw: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return generate_and_score(*a, **kw)
+        finally:
+            generate_times.append(time.perf_counter() - started)
+
+    trainer._generate_and_score_completions = timed_generate
     trainer.train()
+    if breakdown is not None and generate_times:
+        breakdown["generate_and_score_seconds"] = median(generate_times)
+        breakdown["update_seconds"] = median([s - g for s, g in zip(step_times, generate_times)])
     return curve, step_times
 
 
@@ -298,7 +315,8 @@ def _arm_child(args: argparse.Namespace) -> None:
     breakdown: dict[str, float] = {}
     try:
         if args.arm == "trl":
-            curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads)
+            curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads,
+                                   breakdown=breakdown)
         elif args.arm == "inproc":
             curve, times = arm_inproc(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                                       threads=threads, owner=owner)
@@ -436,7 +454,7 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
         print(f"{rep + 1:<4}{arm:<8}{per_step[rep][arm]:>14.3f}{spread:>14}{mean:>12.3f}{gain_text:>12}  "
               f"{data.get('load_start', '?')} -> {data['load']}")
         if data.get("breakdown"):
-            print("    inproc step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
+            print(f"    {arm} step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
     ratios = []
     b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
     if b_a:
