@@ -113,3 +113,26 @@ def test_nccl_sync_refuses_a_host_without_cuda() -> None:
 
 # The NCCL path itself (two ranks on two GPUs) is in tests/gpu/test_cuda_paths.py, which runs
 # on a GPU machine without the database.
+
+
+@pytest.mark.django_db
+def test_publishing_a_version_is_one_statement_idempotent_and_never_moves_the_run_back(run: Any) -> None:
+    """A trainer publishes every step: the version row and the run's current version in one
+    round trip; a re-publish keeps the first row, an older number leaves the run where it is."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.runs.services import model_version_publish
+
+    with CaptureQueriesContext(connection) as queries:
+        v2 = model_version_publish(run=run, number=2, checkpoint="/ckpt/v2", train_step=2)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert run.current_version == 2
+    assert v2.pk == ModelVersion.objects.get(run=run, number=2).pk and v2.checkpoint == "/ckpt/v2"
+    again = model_version_publish(run=run, number=2, checkpoint="/elsewhere", train_step=9)
+    assert (again.pk, again.checkpoint, again.train_step) == (v2.pk, "/ckpt/v2", 2)
+    model_version_publish(run=run, number=1, checkpoint="/ckpt/v1", train_step=1)
+    assert run.current_version == 2
+    run.refresh_from_db()
+    assert run.current_version == 2
+    assert list(ModelVersion.objects.filter(run=run).values_list("number", "checkpoint")) == [(1, "/ckpt/v1"), (2, "/ckpt/v2")]
