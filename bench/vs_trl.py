@@ -229,7 +229,14 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     side = str(max(1, threads // 2))
     base_env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
                     RFT_STORAGE_DIR=str(tmp / "storage"))
+    # The loop's beat (runs-conduct, every RFT_CONDUCT_SECONDS) drives the run: without it
+    # nothing sends the first explore step. As docker-compose runs it: its own process.
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "rftweb", "beat", "-s", str(tmp / "celerybeat-schedule"), "-l", "WARNING"],
+        cwd=ROOT, env={**base_env, "OMP_NUM_THREADS": "1"}, stdout=(tmp / "beat.log").open("ab"), stderr=subprocess.STDOUT,
+    )
     procs = [
+        beat,
         _worker("conductor", "default", [], {**base_env, "OMP_NUM_THREADS": "1"}, tmp),
         _worker("trainer", "train", ["workers.trainer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
         _worker("explorer", "rollout", ["workers.explorer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
@@ -394,7 +401,8 @@ def main() -> None:
     pair_threads = args.threads or half
     results: list[tuple[int, str, dict[str, Any]]] = []
     for rep in range(args.repeat):
-        paired = [a for a in ("trl", "inproc") if a in arms]
+        # (a) alone on half the cores says nothing when it is here only as (c)'s baseline.
+        paired = [a for a in ("trl", "inproc") if a in arms] if "inproc" in arms or "celery" not in arms else []
         if paired:
             order = paired if rep % 2 == 0 else paired[::-1]
             with tempfile.TemporaryDirectory() as out:
