@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -466,8 +467,13 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
     ratios = []
     b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
     if b_a:
+        # Other work pinned to one core slows whichever arm sits there (by 40% in a run of this
+        # bench): over a pair of repeats that swapped cores a factor per core cancels in the
+        # geometric mean of the two ratios, where the median of a few repeats keeps it.
+        swapped = [math.sqrt(x * y) for x, y in zip(b_a[0::2], b_a[1::2])]
         ratios.append(f"(b)/(a) s/step {median(b_a):.2f} median of {len(b_a)} side-by-side repeats "
-                      f"({', '.join(f'{x:.2f}' for x in b_a)}; spread {min(b_a):.2f}..{max(b_a):.2f}; target <= 1.10)")
+                      f"({', '.join(f'{x:.2f}' for x in b_a)}; spread {min(b_a):.2f}..{max(b_a):.2f}; target <= 1.10)"
+                      + (f"; geometric mean per core-swapped pair {', '.join(f'{x:.2f}' for x in swapped)}" if swapped else ""))
     a_c = []
     for r in to_gain.values():
         if "trl-all" in r and "celery" in r:
