@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -88,7 +89,8 @@ def _accuracy_at(path: str, tokenizer_dir: Path) -> float:
 # ----------------------------------------------------------------------------- (a) stock TRL
 
 
-def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int) -> tuple[Curve, list[float]]:
+def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int,
+            breakdown: dict[str, float] | None = None) -> tuple[Curve, list[float]]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -154,7 +156,23 @@ def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int)
 
     trainer = GRPOTrainer(model=model, reward_funcs=[accuracy, fmt], args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
+    # The part of TRL's step that (b) does in its explore step (generate and score), timed
+    # apart so the breakdowns of (a) and (b) compare; the rest is its update.
+    generate_times: list[float] = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generate(*a: Any, **kw: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return generate_and_score(*a, **kw)
+        finally:
+            generate_times.append(time.perf_counter() - started)
+
+    trainer._generate_and_score_completions = timed_generate
     trainer.train()
+    if breakdown is not None and generate_times:
+        breakdown["generate_and_score_seconds"] = median(generate_times)
+        breakdown["update_seconds"] = median([s - g for s, g in zip(step_times, generate_times)])
     return curve, step_times
 
 
@@ -212,7 +230,14 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     side = str(max(1, threads // 2))
     base_env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
                     RFT_STORAGE_DIR=str(tmp / "storage"))
+    # The loop's beat (runs-conduct, every RFT_CONDUCT_SECONDS) drives the run: without it
+    # nothing sends the first explore step. As docker-compose runs it: its own process.
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "rftweb", "beat", "-s", str(tmp / "celerybeat-schedule"), "-l", "WARNING"],
+        cwd=ROOT, env={**base_env, "OMP_NUM_THREADS": "1"}, stdout=(tmp / "beat.log").open("ab"), stderr=subprocess.STDOUT,
+    )
     procs = [
+        beat,
         _worker("conductor", "default", [], {**base_env, "OMP_NUM_THREADS": "1"}, tmp),
         _worker("trainer", "train", ["workers.trainer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
         _worker("explorer", "rollout", ["workers.explorer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
@@ -298,7 +323,8 @@ def _arm_child(args: argparse.Namespace) -> None:
     breakdown: dict[str, float] = {}
     try:
         if args.arm == "trl":
-            curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads)
+            curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads,
+                                   breakdown=breakdown)
         elif args.arm == "inproc":
             curve, times = arm_inproc(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                                       threads=threads, owner=owner)
@@ -376,7 +402,8 @@ def main() -> None:
     pair_threads = args.threads or half
     results: list[tuple[int, str, dict[str, Any]]] = []
     for rep in range(args.repeat):
-        paired = [a for a in ("trl", "inproc") if a in arms]
+        # (a) alone on half the cores says nothing when it is here only as (c)'s baseline.
+        paired = [a for a in ("trl", "inproc") if a in arms] if "inproc" in arms or "celery" not in arms else []
         if paired:
             order = paired if rep % 2 == 0 else paired[::-1]
             with tempfile.TemporaryDirectory() as out:
@@ -436,12 +463,17 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
         print(f"{rep + 1:<4}{arm:<8}{per_step[rep][arm]:>14.3f}{spread:>14}{mean:>12.3f}{gain_text:>12}  "
               f"{data.get('load_start', '?')} -> {data['load']}")
         if data.get("breakdown"):
-            print("    inproc step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
+            print(f"    {arm} step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
     ratios = []
     b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
     if b_a:
+        # Other work pinned to one core slows whichever arm sits there (by 40% in a run of this
+        # bench): over a pair of repeats that swapped cores a factor per core cancels in the
+        # geometric mean of the two ratios, where the median of a few repeats keeps it.
+        swapped = [math.sqrt(x * y) for x, y in zip(b_a[0::2], b_a[1::2])]
         ratios.append(f"(b)/(a) s/step {median(b_a):.2f} median of {len(b_a)} side-by-side repeats "
-                      f"({', '.join(f'{x:.2f}' for x in b_a)}; spread {min(b_a):.2f}..{max(b_a):.2f}; target <= 1.10)")
+                      f"({', '.join(f'{x:.2f}' for x in b_a)}; spread {min(b_a):.2f}..{max(b_a):.2f}; target <= 1.10)"
+                      + (f"; geometric mean per core-swapped pair {', '.join(f'{x:.2f}' for x in swapped)}" if swapped else ""))
     a_c = []
     for r in to_gain.values():
         if "trl-all" in r and "celery" in r:

@@ -61,23 +61,13 @@ def memory_sync_applies(cfg: Any) -> bool:
     return engine_cached(cfg)
 
 
-def _write(*, model: Any, state: dict[str, Any], tokenizer: Any, out: Path) -> Path:
+def _write(*, model: Any, state: dict[str, Any], tokenizer: Any, out: Path, like: Path | None = None) -> Path:
     """`save_pretrained_atomic` of the cloned tensors: the live model goes on training while
-    this runs, so only its config is read from it."""
-    import os
-    import shutil
+    this runs, so only its config is read from it (none at all when `like`, the previous
+    version's directory, serves as the layout: workers.sync.weights_like)."""
+    from workers.sync import save_pretrained_atomic
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    return save_pretrained_atomic(model=model, tokenizer=tokenizer, out=out, state=state, like=like)
 
 
 def pending_wait() -> None:
@@ -128,7 +118,8 @@ class MemorySync:
             _STATES.move_to_end(key)
             while len(_STATES) > _KEEP:
                 _STATES.popitem(last=False)
-            future = _writer().submit(_write, model=model, state=state, tokenizer=tokenizer, out=out)
+            like = version_dir(run.pk, number - 1) if number > 1 else None
+            future = _writer().submit(_write, model=model, state=state, tokenizer=tokenizer, out=out, like=like)
             _PENDING[key] = future
         future.add_done_callback(functools.partial(_forget_pending, key))
         model_version_publish(run=run, number=number, checkpoint=key, train_step=train_step)

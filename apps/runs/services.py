@@ -255,16 +255,21 @@ def model_version_publish(
     """Record a new model version (idempotent on (run, number)), make it the run's current
     one if newer, and announce `weights.synced` once the transaction commits (with the
     seconds the publish took and the bytes it moved, when the weight sync says)."""
-    from django.db.models import F, Value
-    from django.db.models.functions import Greatest
+    from django.db import connection
 
+    if connection.vendor == "postgresql":
+        version, run.current_version = _version_insert(run=run, number=number, checkpoint=checkpoint,
+                                                       train_step=train_step)
+    else:
+        from django.db.models import F, Value
+        from django.db.models.functions import Greatest
 
-    with transaction.atomic():
-        version, _ = ModelVersion.objects.get_or_create(
-            run=run, number=number, defaults={"checkpoint": checkpoint, "train_step": train_step}
-        )
-        Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
-    run.refresh_from_db(fields=["current_version"])
+        with transaction.atomic():
+            version, _ = ModelVersion.objects.get_or_create(
+                run=run, number=number, defaults={"checkpoint": checkpoint, "train_step": train_step}
+            )
+            Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
+        run.refresh_from_db(fields=["current_version"])
     payload: dict[str, Any] = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
     if seconds is not None:
         payload["seconds"] = seconds
@@ -277,6 +282,33 @@ def model_version_publish(
         run_id = run.pk
         transaction.on_commit(lambda: eval_dispatch(run_id=run_id, version=number))
     return version
+
+
+def _version_insert(*, run: Run, number: int, checkpoint: str, train_step: int) -> tuple[ModelVersion, int]:
+    """(the version row, the run's current version after it) in one statement, atomic as
+    any statement is: a trainer publishes every step, and get_or_create, the update and a
+    refresh in a transaction took seven round trips. The no-op DO UPDATE returns an existing
+    row (a re-publish after a crash) unchanged, as get_or_create would."""
+    from django.db import connection
+    from django.utils import timezone
+
+    versions, runs = ModelVersion._meta.db_table, Run._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"WITH v AS (INSERT INTO {versions} (run_id, number, checkpoint, train_step, created_at) "
+            f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, number) DO UPDATE SET number = EXCLUDED.number "
+            f"RETURNING id, run_id, number, checkpoint, train_step, created_at), "
+            f"r AS (UPDATE {runs} SET current_version = GREATEST(current_version, %s) WHERE id = %s "
+            f"RETURNING current_version) "
+            f"SELECT v.id, v.run_id, v.number, v.checkpoint, v.train_step, v.created_at, r.current_version FROM v, r",
+            [run.pk, number, checkpoint, train_step, timezone.now(), number, run.pk],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise Run.DoesNotExist(f"run {run.pk} is gone")
+    version = ModelVersion.from_db(connection.alias, ["id", "run_id", "number", "checkpoint", "train_step", "created_at"],
+                                   list(row[:6]))
+    return version, int(row[6])
 
 
 def eval_dispatch(*, run_id: int, version: int) -> None:
