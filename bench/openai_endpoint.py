@@ -1,24 +1,29 @@
 """The OpenAI-compatible endpoint against the rollout engine it fronts.
 
-Sixteen concurrent clients send the same chat completions three ways, one after the other:
+Sixteen concurrent clients send the same chat completions two ways (three with `--celery`),
+in rounds that interleave the ways, the order flipped every round:
 
 - `engine`: straight to a resident rollout engine in this process, one generation at a time
   in arrival order (what a solo rollout worker does with its queue; the prompt rendered by
-  the same chat template, the same sampling): what the hardware does;
-- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP;
+  the same chat template beforehand, the same sampling): what the hardware does;
+- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP (through
+  Celery's result backend, as the environment API's rollouts wait);
 - `endpoint`: the official `openai` client against daphne, through auth, validation, the
-  rollout queue and the response shaping.
+  rollout queue, the reply list and the response shaping.
 
-Prints requests/s and p50/p99 latency of each with the load average beside them, the CPU
-milliseconds per request of each process taking part (this one, the worker, daphne), and on the
-last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
+Prints, per round and way, requests/s and p50/p99 latency with the load average beside them
+and the CPU milliseconds per request of each process taking part (this one, the worker,
+daphne); per round the ratio endpoint p50 / engine p50; at the end every round's ratio, their
+spread, and on the last line their median (target: at most 1.10 at the engine's own
 throughput). The rollout engines serve one generation at a time per worker, so with 16
-clients the latency is mostly queueing; the ratio says what the endpoint adds to that. On a
-busy shared host the ratio swings with the load; the CPU milliseconds per request are the
-steadier profile: in Nov 2026 the worker spent about what the engine does per generation
-(53-65 ms against 58-67 ms) and daphne 17-19 ms per request.
+clients the latency is mostly queueing: the ratio is about the worker's time per call against
+the engine's per generation. On a shared 2-core host one run of each way after the other swung
+from 0.99 to 1.53 between runs with the load; neighbouring rounds share the load, and the
+median of their ratios is the figure. The CPU milliseconds per request are the steadier
+profile: in Nov 2026 (load 7-15) the worker spent 33-35 ms per call against the engine's
+28-30 ms per generation, daphne 9-12 ms.
 
-    python -m bench openai_endpoint [--clients 16 --requests 8 --tokens 16 --engine transformers]
+    python -m bench openai_endpoint [--clients 16 --requests 4 --rounds 6 --tokens 16 --celery --engine transformers]
 """
 
 from __future__ import annotations
