@@ -1,31 +1,38 @@
 """The OpenAI-compatible endpoint against the rollout engine it fronts.
 
-Sixteen concurrent clients send the same chat completions three ways, one after the other:
+Sixteen concurrent clients send the same chat completions two ways (three with `--celery`),
+in rounds that interleave the ways, the order flipped every round:
 
 - `engine`: straight to a resident rollout engine in this process, one generation at a time
   in arrival order (what a solo rollout worker does with its queue; the prompt rendered by
-  the same chat template, the same sampling): what the hardware does;
-- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP;
+  the same chat template beforehand, the same sampling): what the hardware does;
+- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP (through
+  Celery's result backend, as the environment API's rollouts wait);
 - `endpoint`: the official `openai` client against daphne, through auth, validation, the
-  rollout queue and the response shaping.
+  rollout queue, the reply list and the response shaping.
 
-Prints requests/s and p50/p99 latency of each with the load average beside them, the CPU
-milliseconds per request of each process taking part (this one, the worker, daphne), and on the
-last line the ratio endpoint p50 / engine p50 (target: at most 1.10 at the engine's own
+Prints, per round and way, requests/s and p50/p99 latency with the load average beside them
+and the CPU milliseconds per request of each process taking part (this one, the worker,
+daphne); per round the ratio endpoint p50 / engine p50; at the end every round's ratio, their
+spread, and on the last line their median (target: at most 1.10 at the engine's own
 throughput). The rollout engines serve one generation at a time per worker, so with 16
-clients the latency is mostly queueing; the ratio says what the endpoint adds to that. On a
-busy shared host the ratio swings with the load; the CPU milliseconds per request are the
-steadier profile: in Nov 2026 the worker spent about what the engine does per generation
-(53-65 ms against 58-67 ms) and daphne 17-19 ms per request.
+clients the latency is mostly queueing: the ratio is about the worker's time per call against
+the engine's per generation. On a shared 2-core host one run of each way after the other swung
+from 0.99 to 1.53 between runs with the load; neighbouring rounds share the load, and the
+median of their ratios is the figure. The CPU milliseconds per request are the steadier
+profile: in Nov 2026 (load 7-15) the worker spent 33-35 ms per call against the engine's
+28-30 ms per generation, daphne 9-12 ms.
 
-    python -m bench openai_endpoint [--clients 16 --requests 8 --tokens 16 --engine transformers]
+    python -m bench openai_endpoint [--clients 16 --requests 4 --rounds 6 --tokens 16 --celery --engine transformers]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -149,13 +156,18 @@ def _report(name: str, seconds: float, latencies: list[float]) -> dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=8, help="per client")
+    parser.add_argument("--requests", type=int, default=4, help="per client per round and way")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--celery", action="store_true", help="also time the Celery task without HTTP each round")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--model-dir", default=str(ROOT / ".cache" / "bench-openai-model"))
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     setup_django()
+    for noisy in ("httpx", "httpx2", "openai"):
+        # A line per request drowns the figures.
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     import openai
     import torch
@@ -172,23 +184,15 @@ def main() -> None:
     run = make_run(owner=owner, name="bench-openai", model=str(model), engine=args.engine,
                    sampling={"temperature": 1.0, "max_tokens": args.tokens})
     _, key = api_key_create(name="bench", runs=[run], actions=["read", "submit"], rate_limit_per_minute=1_000_000)
-    messages = [[{"role": "user", "content": f"What is {i % 50} + {i % 7}?"}] for i in range(args.clients * args.requests)]
-    total = len(messages)
-    print(f"{args.clients} clients x {args.requests} requests, {args.tokens} tokens each, engine {args.engine}; {_load()}")
+    per_round = args.clients * args.requests
+    messages = [[{"role": "user", "content": f"What is {i % 50} + {i % 7}?"}] for i in range(per_round)]
+    print(f"{args.clients} clients x {args.requests} requests a way a round, {args.rounds} rounds, {args.tokens} tokens each, "
+          f"engine {args.engine}; {_load()}", flush=True)
 
-    # 1. Straight to the engine.
     engine = engine_create(kind=args.engine, path=str(model))
     sampling = SamplingSpec(temperature=1.0, max_tokens=args.tokens)
     prompts = [chat_prompt_ids(engine.tokenizer, messages=m, tools=None) for m in messages]
     engine.generate(prompts[:2], n=1, sampling=sampling)
-    cpu = _Cpu(bench=os.getpid())
-    call, stop = _fifo(lambda i: engine.generate([prompts[i]], n=1, sampling=sampling))
-    rows = {"engine": _report("engine", *_hammer(call, clients=args.clients, per_client=args.requests))}
-    stop()
-    print(f"          CPU ms per request: {cpu.per_request(total)}")
-    if hasattr(engine, "close"):
-        engine.close()
-    del engine
 
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", LOG_LEVEL="WARNING",
                PYTHONPATH=str(ROOT), RFT_ROLLOUT_TIMEOUT_SECONDS="600")
@@ -202,18 +206,17 @@ def main() -> None:
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
                               cwd=ROOT, env=env, stdout=(logs / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
+    ratios: list[float] = []
     try:
         app.control.purge()
+
+        def by_engine(i: int) -> None:
+            engine.generate([prompts[i]], n=1, sampling=sampling)
 
         def by_celery(i: int) -> None:
             request = {"kind": "chat", "messages": messages[i], "n": 1, "sampling": {"temperature": 1.0, "max_tokens": args.tokens}}
             answer = app.send_task("workers.explorer.chat", args=[run.pk, request], queue="rollout").get(timeout=600)
             assert "error" not in answer, answer
-
-        by_celery(0)  # the worker loads its engine
-        cpu = _Cpu(worker=worker.pid, bench=os.getpid())
-        rows["celery"] = _report("celery", *_hammer(by_celery, clients=args.clients, per_client=args.requests))
-        print(f"          CPU ms per request: {cpu.per_request(total)}")
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/api/v1/runs/{run.pk}/openai/v1", api_key=key,
                                max_retries=0, timeout=600)
@@ -230,9 +233,34 @@ def main() -> None:
         def by_endpoint(i: int) -> None:
             client.chat.completions.create(model=f"run-{run.pk}", messages=messages[i], max_tokens=args.tokens, temperature=1.0)
 
-        cpu = _Cpu(worker=worker.pid, daphne=server.pid, bench=os.getpid())
-        rows["endpoint"] = _report("endpoint", *_hammer(by_endpoint, clients=args.clients, per_client=args.requests))
-        print(f"          CPU ms per request: {cpu.per_request(total)}")
+        by_celery(0)  # the worker loads its engine
+        by_endpoint(0)
+        for r in range(args.rounds):
+            # Interleaved, the order flipped every round: a change in the host's load lands
+            # on both ways alike, and each round's ratio compares neighbours in time.
+            ways = ["engine", "endpoint"] + (["celery"] if args.celery else [])
+            if r % 2:
+                ways.reverse()
+            rows: dict[str, dict[str, float]] = {}
+            print(f"round {r + 1}", flush=True)
+            for way in ways:
+                if way == "engine":
+                    cpu = _Cpu(bench=os.getpid())
+                    call, stop = _fifo(by_engine)
+                    try:
+                        rows[way] = _report(way, *_hammer(call, clients=args.clients, per_client=args.requests))
+                    finally:
+                        stop()
+                elif way == "celery":
+                    cpu = _Cpu(worker=worker.pid, bench=os.getpid())
+                    rows[way] = _report(way, *_hammer(by_celery, clients=args.clients, per_client=args.requests))
+                else:
+                    cpu = _Cpu(worker=worker.pid, daphne=server.pid, bench=os.getpid())
+                    rows[way] = _report(way, *_hammer(by_endpoint, clients=args.clients, per_client=args.requests))
+                print(f"          CPU ms per request: {cpu.per_request(per_round)}", flush=True)
+            ratios.append(rows["endpoint"]["p50"] / rows["engine"]["p50"])
+            print(f"          round {r + 1}: endpoint p50 / engine p50 {ratios[-1]:.2f}, "
+                  f"throughput endpoint/engine {rows['endpoint']['rps'] / rows['engine']['rps']:.2f}", flush=True)
     finally:
         for proc in (server, worker):
             proc.terminate()
@@ -240,10 +268,12 @@ def main() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if hasattr(engine, "close"):
+            engine.close()
         run.delete()
-    print(f"{total} requests each; throughput endpoint/engine {rows['endpoint']['rps'] / rows['engine']['rps']:.2f}, "
-          f"celery/engine {rows['celery']['rps'] / rows['engine']['rps']:.2f}")
-    print(f"endpoint p50 / engine p50: {rows['endpoint']['p50'] / rows['engine']['p50']:.2f}  ({_load()})")
+    spread = ", ".join(f"{r:.2f}" for r in ratios)
+    print(f"per-round ratios {spread}; spread {min(ratios):.2f}-{max(ratios):.2f}")
+    print(f"endpoint p50 / engine p50 (median of {len(ratios)} rounds): {statistics.median(ratios):.2f}  ({_load()})")
 
 
 if __name__ == "__main__":

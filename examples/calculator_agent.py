@@ -29,6 +29,7 @@ import operator
 import os
 import re
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -142,16 +143,45 @@ def episode_play(openai_client: Any, *, model: str, task: dict[str, Any], max_tu
                    reward=reward, parts=parts)
 
 
+def current_version(openai_client: Any, *, model: str) -> int:
+    """The run's current model version, as its `models` listing says."""
+    for entry in openai_client.models.list():
+        if entry.id == model:
+            return int(getattr(entry, "current_version", 0) or 0)
+    raise LookupError(f"the endpoint does not list {model}")
+
+
+def version_wait(openai_client: Any, *, model: str, newer_than: int, timeout: float,
+                 poll: float = 0.5) -> int:
+    """Wait until the run publishes a version newer than `newer_than`; the version, or the
+    current one after `timeout` seconds (the trainer may have finished its steps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        version = current_version(openai_client, model=model)
+        if version > newer_than or time.monotonic() >= deadline:
+            return version
+        time.sleep(poll)
+
+
 def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, tasks_per_round: int, group: int,
               max_turns: int = 3, max_tokens: int = 16, temperature: float = 1.0, tool: dict[str, Any] | None = None,
-              seed: int | None = None, concurrency: int = 1, log: Callable[[str], None] = print) -> list[list[Episode]]:
+              seed: int | None = None, concurrency: int = 1, on_policy: bool = False, version_timeout: float = 600.0,
+              log: Callable[[str], None] = print) -> list[list[Episode]]:
     """`rounds` rounds of `tasks_per_round` tasks, `group` episodes each, `concurrency` of them
     at a time; every episode's session is finished with its reward. Returns the episodes per
     round, in order. With `seed`, episode k samples with seed `seed + 1000·k` (its turns with
-    the next ones): the same model versions sample the same tokens, in any order."""
+    the next ones): the same model versions sample the same tokens, in any order.
+
+    `on_policy`: each round waits (up to `version_timeout` s) for the version trained on the
+    round before. Without it the agent plays on with whatever version is current, and how many
+    rounds a version serves depends on how fast the trainer keeps up: on a busy host several
+    rounds of stale samples, a different run each time even with a seed. Waiting makes every
+    round sample from the version trained on all the rounds before it (a train-mode run whose
+    batch is one round, as the demo's): the same seed then plays the same episodes."""
     model = f"run-{run_id}"
     history: list[list[Episode]] = []
     played = 0
+    version = current_version(openai_client, model=model) if on_policy else 0
 
     def play(task: dict[str, Any], k: int) -> Episode:
         episode = episode_play(openai_client, model=model, task=task, max_turns=max_turns, max_tokens=max_tokens,
@@ -161,6 +191,8 @@ def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, t
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         for r in range(rounds):
+            if on_policy and r > 0:
+                version = version_wait(openai_client, model=model, newer_than=version, timeout=version_timeout)
             claim = env.claim_tasks(run_id, size=tasks_per_round, worker="calculator-agent")
             if not claim["tasks"]:
                 log("no task left to claim")
@@ -172,7 +204,8 @@ def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, t
             history.append(episodes)
             mean = sum(e.reward for e in episodes) / len(episodes)
             calls = sum(e.tool_calls for e in episodes)
-            log(f"round {r}: {len(episodes)} episodes, mean reward {mean:.3f}, {calls} tool calls")
+            log(f"round {r}: {len(episodes)} episodes, mean reward {mean:.3f}, {calls} tool calls"
+                + (f", v{version}" if on_policy else ""))
     return history
 
 
@@ -190,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
     parser.add_argument("--concurrency", type=int, default=1, help="episodes played at a time")
+    parser.add_argument("--on-policy", action="store_true",
+                        help="before each round, wait for the version trained on the rounds before (train-mode runs)")
     parser.add_argument("--compact-tool", action="store_true",
                         help="describe the tool by its name only (fits models with a short context, e.g. the demo model)")
     args = parser.parse_args(argv)
@@ -207,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 tasks_per_round=args.tasks, group=args.group, max_turns=args.max_turns,
                                 max_tokens=args.max_tokens, temperature=args.temperature,
                                 tool=CALC_TOOL_COMPACT if args.compact_tool else CALC_TOOL, seed=args.seed,
-                                concurrency=args.concurrency)
+                                concurrency=args.concurrency, on_policy=args.on_policy)
         except ApiError as exc:
             print(f"calculator_agent: the environment API said {exc}", file=sys.stderr)
             return 1

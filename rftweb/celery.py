@@ -6,7 +6,9 @@ scorers that need a sandbox or a model; `default` runs housekeeping such as leas
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 from celery import Celery, signals
 from kombu import Queue
@@ -97,14 +99,36 @@ def _keep_database_connections(**_: object) -> None:
             database["CONN_HEALTH_CHECKS"] = True
 
 
-@signals.task_prerun.connect
-@signals.task_postrun.connect
-def _close_old_connections(sender: object = None, **_: object) -> None:
+_last_task_end = [-math.inf]  # time.monotonic() when this process's last task ended
+
+
+def _close_old_connections(sender: object = None, *, ending: bool) -> None:
     # What Django does around each request: drop a connection that is broken, in a failed
     # transaction or older than its max age; keep the rest. Eager tasks run inside the
     # caller's request or test, whose connection is not ours to close.
     from django.conf import settings
-    from django.db import close_old_connections
+    from django.db import close_old_connections, connections
 
-    if settings.RFT_WORKER_CONN_MAX_AGE > 0 and not getattr(getattr(sender, "request", None), "is_eager", False):
-        close_old_connections()
+    if settings.RFT_WORKER_CONN_MAX_AGE <= 0 or getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    close_old_connections()
+    now = time.monotonic()
+    if ending:
+        _last_task_end[0] = now
+    elif now - _last_task_end[0] < settings.RFT_WORKER_HEALTH_CHECK_IDLE_SECONDS:
+        # Django would check each kept connection with a round trip before its first query
+        # (CONN_HEALTH_CHECKS); the last task ended a moment ago, with its connections working
+        # (one that errored was checked, or dropped, just above).
+        for conn in connections.all(initialized_only=True):
+            if conn.connection is not None:
+                conn.health_check_done = True  # type: ignore[attr-defined]  # Django sets it; the stubs lag
+
+
+@signals.task_prerun.connect
+def _connections_before_task(sender: object = None, **_: object) -> None:
+    _close_old_connections(sender, ending=False)
+
+
+@signals.task_postrun.connect
+def _connections_after_task(sender: object = None, **_: object) -> None:
+    _close_old_connections(sender, ending=True)

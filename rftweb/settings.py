@@ -150,6 +150,11 @@ RFT_WORKER_CONN_MAX_AGE = 0 if EMBEDDED else env_int("RFT_WORKER_CONN_MAX_AGE", 
 # only does so every this many tasks, and rftweb/celery.py applies Django's own age and
 # health rules around each task instead.
 CELERY_DB_REUSE_MAX = 1_000_000 if RFT_WORKER_CONN_MAX_AGE > 0 else None
+# A kept connection is health-checked (a `SELECT 1` round trip) before a task's first query
+# only when the worker's last task ended longer ago than this: one that answered a moment ago
+# is alive, and a rollout worker serving chat calls back to back paid the extra round trip on
+# every call (bench/openai_endpoint). A connection that errored is checked whatever the age.
+RFT_WORKER_HEALTH_CHECK_IDLE_SECONDS = env_float("RFT_WORKER_HEALTH_CHECK_IDLE_SECONDS", 2.0)
 # Several checkouts (worktrees, CI) may test against one Postgres server at once.
 if env_str("TEST_DATABASE_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME")}

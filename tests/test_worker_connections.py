@@ -45,3 +45,45 @@ def test_a_worker_keeps_its_database_connection_from_one_task_to_the_next(owner:
     # Without reuse the first backend is gone once its task ends, and the second task's is new.
     assert first == second
 
+
+
+class _Task:
+    """What the connection signal handlers read of a task: it is not run eagerly."""
+
+    class request:
+        is_eager = False
+
+
+def test_a_task_right_after_another_skips_the_health_check_round_trip(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept connection is checked (`SELECT 1`) before a task's first query only when the
+    worker has been idle a while, or the connection errored: back-to-back rollout tasks
+    (OpenAI chat calls) would pay a round trip each for nothing."""
+    from rftweb import celery as celery_app
+
+    settings.RFT_WORKER_CONN_MAX_AGE = 300
+    settings.RFT_WORKER_HEALTH_CHECK_IDLE_SECONDS = 2.0
+    connection.ensure_connection()
+    connection.health_check_enabled = True  # type: ignore[attr-defined]
+    checks: list[bool] = []
+    real = connection.is_usable
+    monkeypatch.setattr(connection, "is_usable", lambda: checks.append(True) or real())
+
+    def task() -> None:
+        celery_app._connections_before_task(sender=_Task)
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        celery_app._connections_after_task(sender=_Task)
+
+    task()  # the first after a long idle time: checked
+    assert len(checks) == 1
+    task()
+    task()
+    assert len(checks) == 1
+    monkeypatch.setattr(celery_app, "_last_task_end", [time.monotonic() - 10])
+    celery_app._connections_before_task(sender=_Task)
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1")
+    assert len(checks) == 2
+    connection.errors_occurred = True
+    celery_app._connections_before_task(sender=_Task)  # errored: checked whatever the age
+    assert len(checks) == 3

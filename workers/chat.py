@@ -186,6 +186,25 @@ def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampli
         writer.push({"t": "end"})
 
 
+def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+    """`chat_generate`, with the answer (or, when it raises, what failed) also pushed onto the
+    request's `reply_key` where it names one (apps/envapi/token_stream.py): the web side waits
+    there, not on Celery's result backend."""
+    reply = request.get("reply_key")
+    if not reply:
+        return chat_generate(run_id=run_id, request=request)
+    from apps.envapi.token_stream import reply_push
+
+    try:
+        answer = chat_generate(run_id=run_id, request=request)
+    except BaseException as exc:
+        # The caller learns now, not when its wait times out.
+        reply_push(str(reply), {"failed": f"{type(exc).__name__}: {exc}"})
+        raise
+    reply_push(str(reply), answer)
+    return answer
+
+
 def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     """Serve one request: {"kind": "chat"|"completion", "messages"|"prompts", "tools",
     "tool_choice", "n", "sampling": {...}, "version"}. Returns {"model_version", "prompts":

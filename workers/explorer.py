@@ -410,6 +410,6 @@ def generate(run_id: int, requests: list[dict[str, Any]]) -> list[dict[str, Any]
     time_limit=330,
 )
 def chat(run_id: int, request: dict[str, Any]) -> dict[str, Any]:
-    from workers.chat import chat_generate
+    from workers.chat import chat_serve
 
-    return chat_generate(run_id=run_id, request=request)
+    return chat_serve(run_id=run_id, request=request)

@@ -179,6 +179,9 @@ def _timeout() -> float:
 
 async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
     try:
+        if settings.REDIS_URL:
+            # The answer comes back on a Redis list this loop waits on (token_stream.py).
+            return await oa.openai_generate_replied(run=run, request=request, timeout=_timeout())
         # Off the shared sync thread: waiting for a worker must not stall other requests.
         return await sync_to_async(oa.openai_generate, thread_sensitive=False)(run=run, request=request, timeout=_timeout())
     except Unavailable as exc:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
-from apps.envapi.services import rollout_task_wait
+from apps.envapi.services import rollout_task_send, rollout_task_wait
 from apps.runs.models import ModelVersion, Run
-from rftweb.exceptions import UpstreamFailed
+from rftweb.exceptions import Unavailable, UpstreamFailed
 
 CHAT_TASK = "workers.explorer.chat"
 _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
@@ -115,7 +115,36 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[
 def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Send one request to a rollout worker and wait; OpenAIError for what the worker
     refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
-    answer = rollout_task_wait(task=CHAT_TASK, args=[run.pk, request], timeout=timeout)
+    return _answer_checked(rollout_task_wait(task=CHAT_TASK, args=[run.pk, request], timeout=timeout))
+
+
+async def openai_generate_replied(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """`openai_generate` with the answer coming back on a Redis list (token_stream.reply_*)
+    the event loop waits on, not through Celery's result backend; needs Redis."""
+    from asgiref.sync import sync_to_async
+
+    from apps.envapi import token_stream
+
+    key = token_stream.reply_key_new()
+    if key is None:
+        raise ValueError("replies need Redis")
+    request = {**request, "reply_key": key}
+    # Publishing may block (a reconnect): off the event loop.
+    result = await sync_to_async(rollout_task_send, thread_sensitive=False)(
+        task=CHAT_TASK, args=[run.pk, request], timeout=timeout, ignore_result=True)
+    try:
+        answer = await token_stream.reply_wait(key, timeout=timeout)
+    except Exception as exc:  # Redis went away while waiting
+        raise Unavailable(f"lost the connection to Redis while waiting for the rollout worker ({exc})") from None
+    if answer is None:
+        await sync_to_async(result.revoke, thread_sensitive=False)()
+        raise Unavailable(f"no rollout worker answered within {timeout:g} s")
+    if "failed" in answer:
+        raise UpstreamFailed(f"the rollout worker failed: {answer['failed']}")
+    return _answer_checked(answer)
+
+
+def _answer_checked(answer: Any) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise UpstreamFailed("the rollout worker returned a malformed result")
     if "error" in answer:

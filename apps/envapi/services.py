@@ -305,11 +305,10 @@ GENERATE_TASK = "workers.explorer.generate"
 _START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
-def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str = "") -> Any:
-    """Send one task to the `rollout` queue and wait for its answer: Unavailable when no broker
-    or no worker answers in time (`hint` says what to do), UpstreamFailed when the worker
-    raised. The environment API's rollouts and the OpenAI endpoint both call it."""
-    from celery.exceptions import TimeoutError as CeleryTimeout
+def rollout_task_send(*, task: str, args: list[Any], timeout: float, hint: str = "", ignore_result: bool = False) -> Any:
+    """Send one task to the `rollout` queue (its AsyncResult); Unavailable when the broker is
+    unreachable. `ignore_result`: the answer comes back another way (the OpenAI endpoint's
+    reply list), so the worker stores nothing in the result backend."""
     from kombu.exceptions import OperationalError
 
     from rftweb.celery import app
@@ -319,10 +318,19 @@ def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str =
         # argsrepr: Celery would otherwise walk the whole request (every message of every
         # prompt) to build a depth-limited repr for the headers: ~3% of the OpenAI endpoint's
         # CPU per call in a profile (bench/openai_endpoint), for a log line nobody reads.
-        result = app.send_task(task, args=args, queue="rollout", expires=timeout,
-                               argsrepr=f"[{args[0]!r}, …]" if args else "[]", kwargsrepr="{}")
+        return app.send_task(task, args=args, queue="rollout", expires=timeout, ignore_result=ignore_result,
+                             argsrepr=f"[{args[0]!r}, …]" if args else "[]", kwargsrepr="{}")
     except OperationalError as exc:
         raise Unavailable(f"the task broker is unreachable ({exc}){hint}") from None
+
+
+def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str = "") -> Any:
+    """Send one task to the `rollout` queue and wait for its answer: Unavailable when no broker
+    or no worker answers in time (`hint` says what to do), UpstreamFailed when the worker
+    raised. The environment API's rollouts and the OpenAI endpoint both call it."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    result = rollout_task_send(task=task, args=args, timeout=timeout, hint=hint)
     try:
         return result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
