@@ -172,8 +172,13 @@ def resident_for(run: Any) -> Resident:
         res.used = time.monotonic()
         return res
     resident_drop(run.pk)
-    while len(_RESIDENTS) >= _MAX_RESIDENT_RUNS:
-        resident_drop(next(iter(_RESIDENTS)))
+    # Least recently used first, but never one a train task is using (another thread of the
+    # embedded pool, mid-step: its learner group would be closed under it); with every
+    # resident busy, the cap is exceeded until one of them is done.
+    with _RESIDENTS_LOCK:
+        idle = [run_id for run_id in _RESIDENTS if run_id not in _BUSY]
+    for run_id in idle[: max(0, len(_RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
+        resident_drop(run_id)
 
     cfg = run.cfg
     torch.manual_seed(cfg.seed)

@@ -242,3 +242,22 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
     assert trainer_mod.residents_reap(idle_seconds=600, ended=trainer_mod._ended_residents()) == [ended.pk]
     assert ended.pk not in trainer_mod._RESIDENTS and going.pk in trainer_mod._RESIDENTS
     trainer_mod.resident_drop(going.pk)
+
+
+def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded pool's threads share the residents: a new run's policy evicts the least
+    recently used idle one, not one that another thread is stepping."""
+    monkeypatch.setattr(trainer_mod, "_MAX_RESIDENT_RUNS", 1)
+    busy, idle, new = (running_run(owner, tiny_model_dir, total_steps=5) for _ in range(3))
+    with trainer_mod._resident_busy(busy.pk):
+        using = trainer_mod.resident_for(busy)
+        trainer_mod.resident_for(idle)
+        assert set(trainer_mod._RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
+        assert trainer_mod._RESIDENTS[busy.pk] is using
+        trainer_mod.resident_for(new)
+        assert set(trainer_mod._RESIDENTS) == {busy.pk, new.pk}
+    trainer_mod.resident_for(idle)  # none busy now: back to the cap, least recently used first
+    assert set(trainer_mod._RESIDENTS) == {idle.pk}
+    trainer_mod.resident_drop(idle.pk)
