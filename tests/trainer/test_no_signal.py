@@ -13,19 +13,21 @@ from typing import Any
 
 import torch
 
-from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch, group_advantages
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.learner import SKIPPED_NO_SIGNAL
 
 
-def _rollouts(*, tied: bool, groups: int = 2, size: int = 4, start: int = 0) -> list[Rollout]:
+def _rollouts(*, tied: bool, groups: int = 2, size: int = 6, start: int = 0) -> list[Rollout]:
     g = torch.Generator().manual_seed(start)
     rows = []
     for gi in range(groups):
         prompt = torch.randint(10, 200, (3,), generator=g).tolist()
         for j in range(size):
             completion = torch.randint(10, 200, (2 + j % 3,), generator=g).tolist()
-            reward = float(gi % 2) if tied else float(j % 2)  # tied: each group's members alike
+            # tied: each group's members alike, at values float32 cannot hold exactly (the mean of
+            # six 0.3s is an ulp off 0.3: the advantages' rounding dust must not count).
+            reward = (0.3 if gi % 2 else 1.2) if tied else float(j % 2)
             rows.append(Rollout(id=start + gi * size + j, group_id=f"g{start}-{gi}", prompt_ids=prompt,
                                 completion_ids=completion, reward=reward))
     return rows
@@ -51,6 +53,14 @@ def _moved(learner: Learner, before: dict[str, torch.Tensor]) -> list[str]:
     return [n for n, p in learner.model.named_parameters() if not torch.equal(p.detach(), before[n])]
 
 
+def test_a_group_rewarded_alike_has_advantages_of_exactly_zero() -> None:
+    rows = _rollouts(tied=True) + _rollouts(tied=False, start=50)
+    for scale in ("group", "batch", "none"):
+        advantages = group_advantages(rows, scale=scale)
+        assert torch.count_nonzero(advantages[:12]) == 0, scale
+        assert torch.count_nonzero(advantages[12:]) == 12, scale  # 0/1 rewards: every member off the mean
+
+
 def test_a_grpo_batch_whose_groups_are_all_tied_leaves_weights_and_optimizer_bit_identical(
     load_model: Any, tokenizer: Any,
 ) -> None:
@@ -71,7 +81,7 @@ def test_a_grpo_batch_whose_groups_are_all_tied_leaves_weights_and_optimizer_bit
     for key, state in opt["state"].items():
         assert torch.equal(state["exp_avg"], after["state"][key]["exp_avg"])
     # What the batch was is still reported (the run page shows its rewards), no loss.
-    assert metrics["batch_size"] == 8.0 and "reward_mean" in metrics and "loss" not in metrics
+    assert metrics["batch_size"] == 12.0 and "reward_mean" in metrics and "loss" not in metrics
 
 
 def test_a_grpo_batch_with_one_untied_group_still_updates(load_model: Any, tokenizer: Any) -> None:
