@@ -206,7 +206,9 @@ def likelihood_model_fit(
     z = [[(f[i] - mean[i]) / std[i] for i in range(n)] for f in feats]
     weights = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in train],
                                 [z[texts[(p.prompt, p.rejected)]] for p in train],
-                                [max(p.margin, 1e-3) for p in train], l2=l2)
+                                # A pair counts by how much more the chosen was preferred and
+                                # how far its raters are trusted (apps.feedback.preferences).
+                                [max(p.margin, 1e-3) * p.trust for p in train], l2=l2)
     head = LikelihoodHead(base=base, mean=mean, std=std, weights=weights, answer_pattern=answer_pattern,
                           max_length=max_length)
     head.save(out)
@@ -216,7 +218,8 @@ def likelihood_model_fit(
     if heldout:
         prompts = [p.prompt for p in heldout]
         accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
-                                     scorer.score(prompts, [p.rejected for p in heldout]))
+                                     scorer.score(prompts, [p.rejected for p in heldout]),
+                                     [p.trust for p in heldout])
     return scorer, accuracy
 
 
