@@ -85,6 +85,8 @@ ARMS = ("all", "rm10", "random10", "noisy")
 # `auto` (a control, not in the default arms): the automatic correctness reward
 # (math_accuracy) in place of people, `auto` mode; the rewards `all` gets from its rater,
 # without the annotation path. `all` and `auto` apart means the human path loses signal.
+# `format` (a control too): the format reward alone, no people: what `random10` trains on
+# wherever no one rated (its wait window's fallback).
 
 
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
@@ -109,6 +111,8 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
     if arm == "auto":
         return {**common, "rewards": [{"name": "math_accuracy"}], "feedback": {"mode": "auto"}}
+    if arm == "format":
+        return {**common, "feedback": {"mode": "auto"}}
     if arm == "random10":
         return {**common, "feedback": {"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "overlap": 1, **wait,
                                        "selection": {"random_share": 1.0}}}
@@ -315,7 +319,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
         if arm == "noisy" and step == 1:
             _gold_mark(owner, run)
         rollouts = tasks * repeat
-        if arm == "auto":
+        if arm in ("auto", "format"):
             pass
         elif arm == "all":
             for r in raters:
@@ -362,7 +366,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto")
+    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto,format")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-4)
