@@ -92,7 +92,7 @@ ARMS = ("all", "rm10", "random10", "noisy")
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
-            rm_confidence: float = 0.95) -> dict[str, Any]:
+            rm_confidence: float = 0.95, w_auto: float = 0.2) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -114,11 +114,11 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
     if arm == "format":
         return {**common, "feedback": {"mode": "auto"}}
     if arm == "random10":
-        return {**common, "feedback": {"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "overlap": 1, **wait,
+        return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait,
                                        "selection": {"random_share": 1.0}}}
     # A reward model steers only once it ranks held-out pairs well on enough of them: one at
     # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
-    learned = {"mode": "learned", "w_auto": 0.2, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
+    learned = {"mode": "learned", "w_auto": w_auto, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
                "min_rm_heldout_pairs": min_rm_heldout_pairs, "rm_accuracy_confidence": rm_confidence,
                "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2}}
     if arm == "rm10":
@@ -276,7 +276,7 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
-            min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95) -> dict[str, Any]:
+            min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -299,7 +299,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                      config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
-                                    rm_confidence=rm_confidence))
+                                    rm_confidence=rm_confidence, w_auto=w_auto))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -379,6 +379,9 @@ def main() -> None:
     parser.add_argument("--rm-confidence", type=float, default=0.95,
                         help="the reward model is used once its held-out accuracy's lower bound at this "
                              "confidence reaches --min-rm-accuracy (0.5: the point estimate)")
+    parser.add_argument("--w-auto", type=float, default=0.2,
+                        help="weight of the automatic (format) reward beside people's and the reward model's "
+                             "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -423,7 +426,7 @@ def main() -> None:
                                        owner_user=owner, base_acc=base_acc, rm_base=rm_base,
                                        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
                                        rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
-                                       rm_confidence=args.rm_confidence))
+                                       rm_confidence=args.rm_confidence, w_auto=args.w_auto))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()

@@ -172,12 +172,14 @@ def reward_model_fit(
 
 def reward_model_pairs(*, run: Run, gold: set[int] | None = None) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """(training, held-out) pairs of the run's next reward model: every kind of feedback, each
-    rater weighted by reliability when the run weights raters (an untrusted rater's pairs left
-    out of both, a half-trusted one's counting by its trust), gold items left out, split by prompt."""
+    rater weighted by the reliability they earned when the run weights raters (an untrusted or
+    unmeasured rater's pairs left out of both, a half-trusted one's counting by its trust),
+    gold items left out, split by prompt."""
     cfg = run.cfg.reward_model
     gold = gold_experience_ids(run=run) if gold is None else gold
     figures = rater_figures(run=run)
-    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures),
+    # Earned trust, not the fold's: a rater not yet measured teaches the reward model nothing.
+    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures, earned=True),
                              rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
     heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
     train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
