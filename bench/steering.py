@@ -53,6 +53,25 @@ Met: reward-model held-out accuracy >= 0.85 (judge base only), rm10 labels <= 0.
 `all` on the mean with the gate at 8 pairs. Not met: rm10 >= 2x random10 (random10 loses: no
 ratio; rm10 is ahead of it by 0.07-0.10 in every seed), noisy >= 0.8x rm10.
 
+Measured 2026-11-22, round 8 (60 steps, 8 tasks x 8, lr 1e-4, seeds 0 / 1, --rm-base judge, load
+9-20 on the shared 2-core box; base expected accuracy 0.1627), after the trainer stopped stepping
+on batches without signal (train/skipped_no_signal; tied groups' advantages exactly 0), the
+reward-model gate became a 95% Wilson lower bound >= 0.75, and its pairs use earned rater trust:
+- `all`: +0.025 / +0.017 (3840 labels; greedy +0.050 / +0.035). `auto` control: -0.003 / +0.017.
+- `format` control (the format reward alone, no people; what random10 falls back to): -0.061 /
+  -0.064, 21 / 8 steps skipped. `random10`: -0.059 / -0.119 (360 labels, 14 / 6 skipped): its loss
+  is the format reward's, not optimizer drift on empty batches (round 7: -0.078 / -0.070).
+- `rm10`: -0.028 / -0.019 (360 labels; reward model 1.00 on 30 / 0.94 on 35 held-out pairs, usable
+  from step 39 / 6: seed 0 sat at 8 perfect pairs, a bound of 0.747, from step ~30). Ahead of
+  random10 by 0.03 / 0.10, behind `all`. With --w-auto 0: -0.055 / -0.070 (usable from step 15).
+- `noisy`: before earned trust -0.063 / -0.052 (seed 1's random rater, lucky on its 4 gold answers,
+  had fold weight 0.5: 112 random pairs in training, reward model 0.58 on 77); with it -0.045 /
+  -0.062, reward model 1.00 on 1 / 3 clean held-out pairs, never usable: three careful ratings a
+  step rarely put a right and a wrong answer of one held-out prompt side by side.
+Spread between seeds and between rounds on one seed (all s0: +0.007 then +0.025) is 0.02-0.06:
+most arm differences here are inside it. Not met: rm10 >= 0.8x all, rm10 >= 2x random10 (random10
+loses; rm10 is ahead on every seed), noisy >= 0.8x rm10, held-out accuracy on the policy base.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
