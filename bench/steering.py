@@ -111,7 +111,7 @@ ARMS = ("all", "rm10", "random10", "noisy")
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
-            rm_confidence: float = 0.95, w_auto: float = 0.2) -> dict[str, Any]:
+            rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -124,7 +124,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards},
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
-          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64}
+          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64, "crossval_folds": crossval_folds}
     wait = {"wait_seconds": 3600, "fallback": "auto"}
     if arm == "all":
         return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
@@ -295,7 +295,8 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
-            min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2) -> dict[str, Any]:
+            min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
+            crossval_folds: int = 0) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -318,7 +319,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                      config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
-                                    rm_confidence=rm_confidence, w_auto=w_auto))
+                                    rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -401,6 +402,8 @@ def main() -> None:
     parser.add_argument("--w-auto", type=float, default=0.2,
                         help="weight of the automatic (format) reward beside people's and the reward model's "
                              "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
+    parser.add_argument("--crossval-folds", type=int, default=0,
+                        help="the likelihood reward model's held-out accuracy by k-fold cross-validation (0: split)")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -445,7 +448,8 @@ def main() -> None:
                                        owner_user=owner, base_acc=base_acc, rm_base=rm_base,
                                        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
                                        rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
-                                       rm_confidence=args.rm_confidence, w_auto=args.w_auto))
+                                       rm_confidence=args.rm_confidence, w_auto=args.w_auto,
+                                       crossval_folds=args.crossval_folds))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()

@@ -213,7 +213,10 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
 
         scorer, accuracy = likelihood_model_fit(base=base, train=train, heldout=heldout, out=out,
                                                 max_length=cfg.max_length, answer_pattern=cfg.answer_pattern or None,
-                                                l2=cfg.l2)
+                                                l2=cfg.l2, crossval_folds=cfg.crossval_folds)
+        if cfg.crossval_folds >= 2:
+            # Every pair trained the published version and was held out once in the folds.
+            train, heldout = train + heldout, train + heldout
         score = scorer.score
     else:
         net, tokenizer, accuracy = reward_model_fit(
