@@ -72,10 +72,15 @@ reward-model gate became a 95% Wilson lower bound >= 0.75, and its pairs use ear
   is evidence for the gate): `rm10` +0.001 / +0.043 (mean +0.022 = 1.05x `all`'s +0.021 with
   0.094x its labels), reward model 0.94 on 112 / 0.96 on 148 pairs, usable from step 18 / 3;
   `noisy` -0.096 / -0.128 (clean pairs, but only 14 / 9 by the end: usable from step 50 / never).
+  Two more seeds (2 / 3, load 4-9): `rm10` -0.035 / +0.023 (0.96 on 94 / 0.97 on 110, usable from
+  step 9 / 3), `all` +0.011 / +0.025, `random10` -0.064 / -0.088. Over seeds 0-3: all +0.020 (spread
+  0.011-0.025), rm10 +0.008 (-0.035..+0.043) = 0.41x all with 0.094x labels, random10 -0.083;
+  rm10 - random10 per seed +0.060 / +0.162 / +0.029 / +0.111.
 Spread between seeds and between rounds on one seed (all s0: +0.007 then +0.025) is 0.02-0.06:
-most arm differences here are inside it. Met with cross-validation, on the two seeds' mean: rm10 >=
-0.8x all with <= 0.1x its labels, held-out accuracy >= 0.85 (judge base). Not met: rm10 >= 2x
-random10 (random10 loses; rm10 is ahead on every seed), noisy >= 0.8x rm10, accuracy on the policy base.
+most arm differences here are inside it. Met: held-out accuracy >= 0.85 (judge base, cross-
+validated), rm10 labels <= 0.1x; rm10 >= 0.8x all only on seeds 0-1 (1.05x), not over seeds 0-3
+(0.41x). Not met: rm10 >= 2x random10 (random10 loses; rm10 is ahead on every seed), noisy >= 0.8x
+rm10, held-out accuracy on the policy base (not re-measured).
 
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
