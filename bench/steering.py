@@ -28,7 +28,7 @@ is mostly trajectory luck).
 
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
                              [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
-                             [--min-rm-accuracy 0.75] [--min-rm-heldout-pairs 20]
+                             [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
 
 Measured 2026-11-22, round 7 (60 steps, 8 tasks x 8, lr 1e-4, seeds 0 and 1, load 6-17 on a
 shared 2-core box; base expected accuracy 0.1443). The reward model is the `likelihood` kind
@@ -53,9 +53,38 @@ Met: reward-model held-out accuracy >= 0.85 (judge base only), rm10 labels <= 0.
 `all` on the mean with the gate at 8 pairs. Not met: rm10 >= 2x random10 (random10 loses: no
 ratio; rm10 is ahead of it by 0.07-0.10 in every seed), noisy >= 0.8x rm10.
 
-A reward model is folded into rewards only once its held-out accuracy reaches
---min-rm-accuracy on at least --min-rm-heldout-pairs held-out pairs; bench/reward_model measures how far the
-reward model gets on these labels with each base.
+Measured 2026-11-22, round 8 (60 steps, 8 tasks x 8, lr 1e-4, seeds 0 / 1, --rm-base judge, load
+9-20 on the shared 2-core box; base expected accuracy 0.1627), after the trainer stopped stepping
+on batches without signal (train/skipped_no_signal; tied groups' advantages exactly 0), the
+reward-model gate became a 95% Wilson lower bound >= 0.75, and its pairs use earned rater trust:
+- `all`: +0.025 / +0.017 (3840 labels; greedy +0.050 / +0.035). `auto` control: -0.003 / +0.017.
+- `format` control (the format reward alone, no people; what random10 falls back to): -0.061 /
+  -0.064, 21 / 8 steps skipped. `random10`: -0.059 / -0.119 (360 labels, 14 / 6 skipped): its loss
+  is the format reward's, not optimizer drift on empty batches (round 7: -0.078 / -0.070).
+- `rm10`: -0.028 / -0.019 (360 labels; reward model 1.00 on 30 / 0.94 on 35 held-out pairs, usable
+  from step 39 / 6: seed 0 sat at 8 perfect pairs, a bound of 0.747, from step ~30). Ahead of
+  random10 by 0.03 / 0.10, behind `all`. With --w-auto 0: -0.055 / -0.070 (usable from step 15).
+- `noisy`: before earned trust -0.063 / -0.052 (seed 1's random rater, lucky on its 4 gold answers,
+  had fold weight 0.5: 112 random pairs in training, reward model 0.58 on 77); with it -0.045 /
+  -0.062, reward model 1.00 on 1 / 3 clean held-out pairs, never usable: three careful ratings a
+  step rarely put a right and a wrong answer of one held-out prompt side by side.
+- With --crossval-folds 4 (held-out accuracy by 4-fold cross-validation over prompts: every pair
+  is evidence for the gate): `rm10` +0.001 / +0.043 (mean +0.022 = 1.05x `all`'s +0.021 with
+  0.094x its labels), reward model 0.94 on 112 / 0.96 on 148 pairs, usable from step 18 / 3;
+  `noisy` -0.096 / -0.128 (clean pairs, but only 14 / 9 by the end: usable from step 50 / never).
+  Two more seeds (2 / 3, load 4-9): `rm10` -0.035 / +0.023 (0.96 on 94 / 0.97 on 110, usable from
+  step 9 / 3), `all` +0.011 / +0.025, `random10` -0.064 / -0.088. Over seeds 0-3: all +0.020 (spread
+  0.011-0.025), rm10 +0.008 (-0.035..+0.043) = 0.41x all with 0.094x labels, random10 -0.083;
+  rm10 - random10 per seed +0.060 / +0.162 / +0.029 / +0.111.
+Spread between seeds and between rounds on one seed (all s0: +0.007 then +0.025) is 0.02-0.06:
+most arm differences here are inside it. Met: held-out accuracy >= 0.85 (judge base, cross-
+validated), rm10 labels <= 0.1x; rm10 >= 0.8x all only on seeds 0-1 (1.05x), not over seeds 0-3
+(0.41x). Not met: rm10 >= 2x random10 (random10 loses; rm10 is ahead on every seed), noisy >= 0.8x
+rm10, held-out accuracy on the policy base (not re-measured).
+
+A reward model is folded into rewards only once the lower bound of its held-out accuracy at
+--rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
+~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
 
 Targets: rm10 gain >= 0.8 x all's with <= 0.1 x its labels; rm10 >= 2 x random10; noisy >=
 0.8 x rm10; reward-model held-out accuracy >= 0.85. The last line prints the ratios.
@@ -85,11 +114,14 @@ ARMS = ("all", "rm10", "random10", "noisy")
 # `auto` (a control, not in the default arms): the automatic correctness reward
 # (math_accuracy) in place of people, `auto` mode; the rewards `all` gets from its rater,
 # without the annotation path. `all` and `auto` apart means the human path loses signal.
+# `format` (a control too): the format reward alone, no people: what `random10` trains on
+# wherever no one rated (its wait window's fallback).
 
 
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
-            rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 20) -> dict[str, Any]:
+            rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
+            rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -102,19 +134,21 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards},
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
-          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64}
+          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64, "crossval_folds": crossval_folds}
     wait = {"wait_seconds": 3600, "fallback": "auto"}
     if arm == "all":
         return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
     if arm == "auto":
         return {**common, "rewards": [{"name": "math_accuracy"}], "feedback": {"mode": "auto"}}
+    if arm == "format":
+        return {**common, "feedback": {"mode": "auto"}}
     if arm == "random10":
-        return {**common, "feedback": {"mode": "blend", "w_auto": 0.2, "w_human": 1.0, "overlap": 1, **wait,
+        return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait,
                                        "selection": {"random_share": 1.0}}}
     # A reward model steers only once it ranks held-out pairs well on enough of them: one at
     # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
-    learned = {"mode": "learned", "w_auto": 0.2, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
-               "min_rm_heldout_pairs": min_rm_heldout_pairs,
+    learned = {"mode": "learned", "w_auto": w_auto, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
+               "min_rm_heldout_pairs": min_rm_heldout_pairs, "rm_accuracy_confidence": rm_confidence,
                "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2}}
     if arm == "rm10":
         return {**common, "feedback": learned, "reward_model": rm}
@@ -271,7 +305,8 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
-            min_rm_heldout_pairs: int = 20) -> dict[str, Any]:
+            min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
+            crossval_folds: int = 0) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -280,8 +315,9 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.buffer.services import task_attempts_create
     from apps.feedback.models import Feedback
     from apps.feedback.services import feedback_wait_expire
+    from apps.rewards.learned import reward_model_usable
     from apps.rewards.models import RewardModel
-    from apps.runs.models import ModelVersion, Run, RunMember
+    from apps.runs.models import Metric, ModelVersion, Run, RunMember
     from apps.runs.services import run_create
     from workers.demo_model import TASKSET_FILE
     from workers.explorer import explore
@@ -292,7 +328,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,
                      config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
-                                    rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs))
+                                    rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
+                                    rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -303,6 +340,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     raters = [Rater(url, name, careful=(i == 0), seed=seed * 100 + i) for i, name in enumerate(names)]
     owner = Rater(url, owner_user.username, careful=True, seed=seed)
     rm_seconds = 0.0
+    usable_from: int | None = None
     started = time.perf_counter()
     for step in range(1, steps + 1):
         summary = explore(run_id=run.pk, step=step, worker="bench-explorer")
@@ -311,7 +349,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
         if arm == "noisy" and step == 1:
             _gold_mark(owner, run)
         rollouts = tasks * repeat
-        if arm == "auto":
+        if arm in ("auto", "format"):
             pass
         elif arm == "all":
             for r in raters:
@@ -325,6 +363,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             reward_model_train_run(run=run)
             reward_model_score_run(run=run)
             rm_seconds += time.perf_counter() - t
+            if usable_from is None and reward_model_usable(run=run) is not None:
+                usable_from = step
         # The wait window ends after the raters' turn (the fallback: the format reward).
         feedback_wait_expire(now=timezone.now() + timedelta(days=1))
         result = trainer_step(run_id=run.pk, step=step, worker="bench-trainer")
@@ -332,13 +372,15 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             raise SystemExit(f"{arm}: train step {step}: {result}")
         rm = RewardModel.objects.filter(run=run).order_by("-version").first()
         print(f"  {arm} s{seed} step {step:3d}  labels {Feedback.objects.filter(run=run, kind='rating').count():4d}"
-              f"  rm {('v%d %.2f' % (rm.version, rm.accuracy or 0)) if rm else '-':>9}"
+              f"  rm {('v%d %.2f/%d' % (rm.version, rm.accuracy or 0, rm.pairs_heldout)) if rm else '-':>12}"
+              f"{'*' if usable_from else ' '}"
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
-    return {"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc[0], "greedy": greedy,
+    skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
+    return {"usable_from": usable_from, "skipped": skipped,"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc[0], "greedy": greedy,
             "greedy_gain": greedy - base_acc[1], "labels": labels,
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
@@ -354,7 +396,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto")
+    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto,format")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -363,7 +405,15 @@ def main() -> None:
                         help="the reward model's base: policy (the demo model), judge (bench/reward_model's), or a path")
     parser.add_argument("--min-rm-accuracy", type=float, default=0.75)
     parser.add_argument("--rm-kind", default="likelihood", choices=["likelihood", "classifier"])
-    parser.add_argument("--min-rm-heldout-pairs", type=int, default=20)
+    parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
+    parser.add_argument("--rm-confidence", type=float, default=0.95,
+                        help="the reward model is used once its held-out accuracy's lower bound at this "
+                             "confidence reaches --min-rm-accuracy (0.5: the point estimate)")
+    parser.add_argument("--w-auto", type=float, default=0.2,
+                        help="weight of the automatic (format) reward beside people's and the reward model's "
+                             "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
+    parser.add_argument("--crossval-folds", type=int, default=0,
+                        help="the likelihood reward model's held-out accuracy by k-fold cross-validation (0: split)")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -407,7 +457,9 @@ def main() -> None:
                                        repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
                                        owner_user=owner, base_acc=base_acc, rm_base=rm_base,
                                        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
-                                       rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs))
+                                       rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
+                                       rm_confidence=args.rm_confidence, w_auto=args.w_auto,
+                                       crossval_folds=args.crossval_folds))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()
@@ -418,13 +470,14 @@ def main() -> None:
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
           f"{'rm acc':>8}"
-          f"{'held-out':>9}{'seconds':>9}{'load':>6}")
+          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
-              f"{rm:>8}{r['rm_heldout']:>9}{r['seconds']:>9.0f}{r['load']:>6.1f}")
+              f"{rm:>8}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
+              f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}

@@ -14,6 +14,12 @@ Same demo model, taskset, seed and settings: 16 prompts × 8 samples a step, ≤
 temperature 1, lr 1e-4 constant, loss `grpo`, beta 0, epsilon 0.2, group-scaled advantages,
 grad-norm clip 1.
 
+One difference in semantics: rftweb skips the optimizer step on a batch that carries no
+learning signal (every advantage 0 with beta 0, `train/skipped_no_signal`; AdamW's momentum
+would move the weights anyway), while stock TRL steps on every batch. With 16 groups a step
+and a correctness reward a batch whose every group is tied is rare here, so the arms still do
+the same work; where it happens, (b) and (c) do less of it than (a), and the weights differ.
+
 Load on a shared machine swings by 2× within minutes, so arms run one after the other are
 not comparable. (a) and (b) therefore run at the same time, each pinned to its own half of
 the cores (`--cores`, default 2: one core each) with the same torch thread count, and swap

@@ -26,6 +26,7 @@ inside the functions.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
@@ -184,14 +185,48 @@ def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequ
     return [float(x) for x in w.detach()]
 
 
-def likelihood_model_fit(
-    *, base: str, train: list[PreferencePair], heldout: list[PreferencePair], out: Path, max_length: int,
-    answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, l2: float = 1e-2,
-) -> tuple[LikelihoodScorer, float | None]:
-    """Fit a likelihood reward model on `train` over `base`, save it to `out`; returns (the
-    scorer, held-out pairwise accuracy)."""
+def _fold_of(group_id: str, folds: int) -> int:
+    digest = hashlib.sha256(f"fold:{group_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % folds
+
+
+def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
+                      *, folds: int, l2: float) -> float | None:
+    """k-fold cross-validated pairwise accuracy over prompts: each pair ranked by weights fitted
+    on the other folds' pairs (a prompt's pairs share a fold), weighted by the pair's trust."""
     from workers.reward_trainer import pairwise_accuracy
 
+    chosen: list[float] = []
+    rejected: list[float] = []
+    trust: list[float] = []
+    by_fold: dict[int, list[PreferencePair]] = {}
+    for p in pairs:
+        by_fold.setdefault(_fold_of(p.group_id, folds), []).append(p)
+    for k, held in by_fold.items():
+        rest = [p for f, ps in by_fold.items() if f != k for p in ps]
+        if not rest:
+            continue  # one fold holds every prompt: nothing to fit on without them
+        w = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in rest],
+                              [z[texts[(p.prompt, p.rejected)]] for p in rest],
+                              [max(p.margin, 1e-3) * p.trust for p in rest], l2=l2)
+        for p in held:
+            chosen.append(sum(a * b for a, b in zip(w, z[texts[(p.prompt, p.chosen)]], strict=True)))
+            rejected.append(sum(a * b for a, b in zip(w, z[texts[(p.prompt, p.rejected)]], strict=True)))
+            trust.append(p.trust)
+    return pairwise_accuracy(chosen, rejected, trust)
+
+
+def likelihood_model_fit(
+    *, base: str, train: list[PreferencePair], heldout: list[PreferencePair], out: Path, max_length: int,
+    answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, l2: float = 1e-2, crossval_folds: int = 0,
+) -> tuple[LikelihoodScorer, float | None]:
+    """Fit a likelihood reward model on `train` over `base`, save it to `out`; returns (the
+    scorer, held-out pairwise accuracy). With `crossval_folds` >= 2 the model fits `train` +
+    `heldout` and the accuracy is `crossval_accuracy` over all of them."""
+    from workers.reward_trainer import pairwise_accuracy
+
+    if crossval_folds >= 2:
+        train = train + heldout
     model, tokenizer = causal_lm_load(base)
     texts: dict[tuple[str, str], int] = {}
     for p in train:
@@ -206,17 +241,22 @@ def likelihood_model_fit(
     z = [[(f[i] - mean[i]) / std[i] for i in range(n)] for f in feats]
     weights = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in train],
                                 [z[texts[(p.prompt, p.rejected)]] for p in train],
-                                [max(p.margin, 1e-3) for p in train], l2=l2)
+                                # A pair counts by how much more the chosen was preferred and
+                                # how far its raters are trusted (apps.feedback.preferences).
+                                [max(p.margin, 1e-3) * p.trust for p in train], l2=l2)
     head = LikelihoodHead(base=base, mean=mean, std=std, weights=weights, answer_pattern=answer_pattern,
                           max_length=max_length)
     head.save(out)
     tokenizer.save_pretrained(out)
     scorer = LikelihoodScorer(head, model, tokenizer)
     accuracy = None
-    if heldout:
+    if crossval_folds >= 2:
+        accuracy = crossval_accuracy(z, texts, train, folds=crossval_folds, l2=l2)
+    elif heldout:
         prompts = [p.prompt for p in heldout]
         accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
-                                     scorer.score(prompts, [p.rejected for p in heldout]))
+                                     scorer.score(prompts, [p.rejected for p in heldout]),
+                                     [p.trust for p in heldout])
     return scorer, accuracy
 
 

@@ -95,12 +95,15 @@ def rm_score_texts(net: Any, tokenizer: Any, prompts: list[str], completions: li
     return scores
 
 
-def pairwise_accuracy(chosen: list[float], rejected: list[float]) -> float | None:
-    """Share of pairs the model orders as people did; a tie counts half."""
+def pairwise_accuracy(chosen: list[float], rejected: list[float], weights: Sequence[float] | None = None) -> float | None:
+    """Share of pairs the model orders as people did; a tie counts half. `weights`: each
+    pair's trust (PreferencePair.trust), so a half-trusted rater's pairs count half."""
     if not chosen:
         return None
-    hits = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected, strict=True))
-    return hits / len(chosen)
+    w = list(weights) if weights is not None else [1.0] * len(chosen)
+    hits = sum(wi * (1.0 if c > r else 0.5 if c == r else 0.0) for c, r, wi in zip(chosen, rejected, w, strict=True))
+    total = sum(w)
+    return hits / total if total > 0 else None
 
 
 MIN_CALIBRATION_POINTS = 8
@@ -163,8 +166,24 @@ def reward_model_fit(
         prompts = [p.prompt for p in heldout]
         c = rm_score_texts(net, tokenizer, prompts, [p.chosen for p in heldout], max_length=max_length)
         r = rm_score_texts(net, tokenizer, prompts, [p.rejected for p in heldout], max_length=max_length)
-        accuracy = pairwise_accuracy(c, r)
+        accuracy = pairwise_accuracy(c, r, [p.trust for p in heldout])
     return net, tokenizer, accuracy
+
+
+def reward_model_pairs(*, run: Run, gold: set[int] | None = None) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(training, held-out) pairs of the run's next reward model: every kind of feedback, each
+    rater weighted by the reliability they earned when the run weights raters (an untrusted or
+    unmeasured rater's pairs left out of both, a half-trusted one's counting by its trust),
+    gold items left out, split by prompt."""
+    cfg = run.cfg.reward_model
+    gold = gold_experience_ids(run=run) if gold is None else gold
+    figures = rater_figures(run=run)
+    # Earned trust, not the fold's: a rater not yet measured teaches the reward model nothing.
+    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures, earned=True),
+                             rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
+    heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    return train, heldout
 
 
 def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | None:
@@ -177,11 +196,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     cfg = run.cfg.reward_model
     labels = run_label_count(run=run)
     gold = gold_experience_ids(run=run)
-    figures = rater_figures(run=run)
-    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures),
-                             rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
-    heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
-    train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    train, heldout = reward_model_pairs(run=run, gold=gold)
     if not train:
         log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
         return None
@@ -198,7 +213,10 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
 
         scorer, accuracy = likelihood_model_fit(base=base, train=train, heldout=heldout, out=out,
                                                 max_length=cfg.max_length, answer_pattern=cfg.answer_pattern or None,
-                                                l2=cfg.l2)
+                                                l2=cfg.l2, crossval_folds=cfg.crossval_folds)
+        if cfg.crossval_folds >= 2:
+            # Every pair trained the published version and was held out once in the folds.
+            train, heldout = train + heldout, train + heldout
         score = scorer.score
     else:
         net, tokenizer, accuracy = reward_model_fit(

@@ -9,7 +9,8 @@ one) resident between steps. One step:
    bound from `apps.runs.policy`), plus expert experiences for SFT and MIX;
 3. journal the step: the exact batch (tokens, logprobs, rewards, preferences) and the RNG
    state it starts from, written and fsynced;
-4. one optimizer step with TRL's losses (`workers.algorithms`);
+4. one optimizer step with TRL's losses (`workers.algorithms`), none on a batch without learning
+   signal (`train/skipped_no_signal`: the step is still recorded and its batch used up);
 5. in one transaction: `run.train_step` step-1 → step (conditional UPDATE: the idempotency
    guard), `batch_ack` and the step's metrics; on any failure before this, `batch_release`;
 6. every `sync_interval` steps, publish version n through the weight sync;

@@ -41,13 +41,27 @@ class PreferencePair:
     kind: str  # the feedback kind it came from
     # How much more the chosen is preferred, on the human scale [0, 1] (1.0 for a choice).
     margin: float
+    # How far the pair's raters are trusted, [TRUSTED_WEIGHT, 1] (1 without rater weighting):
+    # a choice, ranking or edit its author's reliability weight; a rating pair the lesser of
+    # its two sides' (each side the summed weight of the raters who rated it, capped at 1).
+    # The reward model weighs its training pairs and its held-out accuracy by it.
+    trust: float = 1.0
 
 
-def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str) -> PreferencePair:
+def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str,
+          trust: float = 1.0) -> PreferencePair:
     return PreferencePair(
         prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
         chosen_id=chosen.pk, rejected_id=rejected.pk, group_id=group_id, kind=kind, margin=margin,
+        trust=min(1.0, trust),
     )
+
+
+def _author_trust(fb: Feedback, weights: Mapping[int, float] | None) -> float:
+    """A choice's, ranking's or edit's trust: its author's weight (1 for an API key, as in the fold)."""
+    if weights is None or fb.author_id is None:
+        return 1.0
+    return float(weights.get(fb.author_id, 1.0))
 
 
 def preference_pairs(
@@ -59,7 +73,10 @@ def preference_pairs(
     Late feedback (stored after its target was trained on) still says what people prefer,
     so it is included unless `include_late` is False. `rater_weights` (author id -> weight)
     weights each rater's ratings in a member's mean, `rater_offsets` shifts each rater's scale
-    (apps.feedback.reliability). Gold items are left out by passing
+    (apps.feedback.reliability). With weights, every pair records its trust
+    (`PreferencePair.trust`) and a pair trusted less than TRUSTED_WEIGHT is left out, whatever
+    kind of feedback it came from: a rater who answers at random teaches the reward model
+    nothing through ratings, choices, rankings or edits alike. Gold items are left out by passing
     their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
     """
     skip = exclude_experience_ids or set()
@@ -83,6 +100,9 @@ def preference_pairs(
     pairs: list[PreferencePair] = []
     ratings_by_group: dict[str, list[Feedback]] = defaultdict(list)
     for fb in rows:
+        trust = _author_trust(fb, rater_weights)
+        if fb.kind != Feedback.Kind.RATING and trust < TRUSTED_WEIGHT:
+            continue  # an untrusted rater's choice is not evidence (ratings: per member, below)
         if fb.kind == Feedback.Kind.RATING:
             if fb.experience_id in exps:
                 ratings_by_group[exps[fb.experience_id].group_id].append(fb)
@@ -92,36 +112,37 @@ def preference_pairs(
                 continue
             for i, better in enumerate(order):
                 for worse in order[i + 1:]:
-                    pairs.append(_pair(better, worse, kind="ranking", margin=1.0, group_id=fb.group_id))  # type: ignore[arg-type]
+                    pairs.append(_pair(better, worse, kind="ranking", margin=1.0, group_id=fb.group_id,  # type: ignore[arg-type]
+                                       trust=trust))
         elif fb.kind == Feedback.Kind.PAIRWISE:
             a, b = exps.get(fb.experience_id), exps.get(fb.other_id)  # type: ignore[arg-type]
             winner = fb.value.get("winner")
             if a is None or b is None or winner not in ("a", "b"):
                 continue
             chosen, rejected = (a, b) if winner == "a" else (b, a)
-            pairs.append(_pair(chosen, rejected, kind="pairwise", margin=1.0, group_id=a.group_id))
+            pairs.append(_pair(chosen, rejected, kind="pairwise", margin=1.0, group_id=a.group_id, trust=trust))
         elif fb.kind == Feedback.Kind.EDIT:
             original, expert = exps.get(fb.experience_id), exps.get(fb.value.get("expert_id"))  # type: ignore[arg-type]
             if original is None or expert is None or expert.response_text == original.response_text:
                 continue
-            pairs.append(_pair(expert, original, kind="edit", margin=1.0, group_id=original.group_id))
+            pairs.append(_pair(expert, original, kind="edit", margin=1.0, group_id=original.group_id, trust=trust))
 
     for group_id, ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings if fb.experience_id is not None})
         folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
-        humans: list[tuple[int, float]] = []
+        humans: list[tuple[int, float, float]] = []
         for pk in member_ids:
             human = folds[pk].human
             if human is not None and folds[pk].weight_total >= TRUSTED_WEIGHT:
-                humans.append((pk, human))
-        for i, (pk_a, h_a) in enumerate(humans):
-            for pk_b, h_b in humans[i + 1:]:
+                humans.append((pk, human, folds[pk].weight_total if rater_weights is not None else 1.0))
+        for i, (pk_a, h_a, t_a) in enumerate(humans):
+            for pk_b, h_b, t_b in humans[i + 1:]:
                 if h_a == h_b:
                     continue
                 (hi, h_hi), (lo, h_lo) = ((pk_a, h_a), (pk_b, h_b)) if h_a > h_b else ((pk_b, h_b), (pk_a, h_a))
                 pairs.append(_pair(exps[hi], exps[lo], kind="rating", margin=float(h_hi - h_lo),
-                                   group_id=group_id))
+                                   group_id=group_id, trust=min(t_a, t_b)))
     return pairs
 
 

@@ -11,6 +11,11 @@
 - Weights for the human fold (`feedback.rater_weighting`): off (all 1), gold or agreement.
   A measured figure is shrunk toward full trust by one pseudo-observation, so a new rater
   starts at weight 1 and a rater who answers at random falls toward 0 within a few items.
+- Trust for the reward model (`rater_weights(..., earned=True)`): the same figure shrunk
+  toward no trust instead, so a rater teaches the run's reward model only once measured. The
+  fold's generous prior costs one group's reward; the reward model generalises whatever it is
+  taught to every rollout, and a random rater lucky on 4 gold items (accuracy 0.375: fold
+  weight 0.5, trusted) put 112 random pairs into bench/steering's noisy arm; earned, 0.3.
 
 Everything is on the normalised human scale [0, 1] (apps.feedback.policy).
 """
@@ -41,6 +46,8 @@ class RaterFigures:
     seconds_per_item: float | None = None
     scale_offset: float | None = None
     weight: float = 1.0
+    # The weight the reward model's pairs use: earned by measurement (module docstring).
+    earned: float = 1.0
     kinds: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -49,6 +56,7 @@ class RaterFigures:
             "agreement": self.agreement, "agreement_items": self.agreement_items,
             "gold_accuracy": self.gold_accuracy, "gold_items": self.gold_items,
             "seconds_per_item": self.seconds_per_item, "scale_offset": self.scale_offset, "weight": self.weight,
+            "earned_weight": self.earned,
         }
 
 
@@ -134,10 +142,12 @@ def run_agreement(*, run: Run) -> dict[str, Any]:
     }
 
 
-def _shrunk(value: float | None, n: int) -> float:
+def _shrunk(value: float | None, n: int, *, prior: float = 1.0) -> float:
+    """A measured figure (0 chance .. 1 perfect) on n items, pulled toward `prior` by
+    PRIOR_WEIGHT pseudo-observations: full trust (1) for the fold, none (0) for the reward model."""
     if value is None or n == 0:
-        return 1.0
-    return max(0.0, (n * value + PRIOR_WEIGHT * 1.0) / (n + PRIOR_WEIGHT))
+        return prior
+    return max(0.0, (n * value + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT))
 
 
 def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[RaterFigures]:
@@ -214,17 +224,21 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
             f.seconds_per_item = statistics.median(speeds[author])
         if mode == "gold":
             f.weight = _shrunk(f.gold_accuracy, f.gold_items)
+            f.earned = _shrunk(f.gold_accuracy, f.gold_items, prior=0.0)
         elif mode == "agreement":
             f.weight = _shrunk(f.agreement, f.agreement_items)
+            f.earned = _shrunk(f.agreement, f.agreement_items, prior=0.0)
     return sorted(figures.values(), key=lambda f: f.username)
 
 
-def rater_weights(*, run: Run, figures: Iterable[RaterFigures] | None = None) -> dict[int, float] | None:
-    """author id -> weight for the human fold, or None when the run weights raters equally."""
+def rater_weights(*, run: Run, figures: Iterable[RaterFigures] | None = None,
+                  earned: bool = False) -> dict[int, float] | None:
+    """author id -> weight for the human fold (`earned`: for the reward model's pairs, trust
+    only as far as measured), or None when the run weights raters equally."""
     if run.cfg.feedback.rater_weighting == "off":
         return None
     figures = rater_figures(run=run) if figures is None else figures
-    return {f.author_id: f.weight for f in figures}
+    return {f.author_id: f.earned if earned else f.weight for f in figures}
 
 
 WEIGHTS_CACHE_SECONDS = 30

@@ -34,6 +34,8 @@ class RaterOut(Schema):
     seconds_per_item: float | None
     scale_offset: float | None
     weight: float
+    # The weight of the rater's pairs in the reward model: trust earned by measurement.
+    earned_weight: float
 
 
 class RatersOut(Schema):

@@ -6,15 +6,18 @@ Training and scoring themselves run on the `reward` queue (workers/reward_traine
 
 `learned` in short: a member no person rated gets w_auto * auto + w_rm * calibrated score;
 a member people rated gets the `blend` fold of their reward; a group is trainable once every
-member has a reward, so groups never wait for people. Until a version reaches
-`feedback.min_rm_accuracy` on its held-out pairs, nothing is scored into rewards and the
-run behaves as `blend` (groups wait for people, then the wait window's fallback).
+member has a reward, so groups never wait for people. Until a version's held-out accuracy
+is at least `feedback.min_rm_accuracy` with `feedback.rm_accuracy_confidence` confidence,
+nothing is scored into rewards and the run behaves as `blend` (groups wait for people, then
+the wait window's fallback).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
+from statistics import NormalDist
 from typing import Any
 
 from django.db import transaction
@@ -47,15 +50,44 @@ def reward_model_latest(*, run: Run) -> RewardModel | None:
     return RewardModel.objects.filter(run=run).order_by("-version").first()
 
 
+def accuracy_lower_bound(*, accuracy: float, pairs: int, confidence: float) -> float:
+    """One-sided Wilson score lower bound of a pairwise accuracy measured on `pairs` pairs:
+    the true accuracy is at least this with probability `confidence` (0.5: the accuracy
+    itself). Wilson rather than the normal approximation because the interesting accuracies
+    sit near 1 on few pairs, where p ± z·sqrt(p(1-p)/n) collapses to p. Pairs of one held-out
+    prompt share completions, so they are not quite independent: the bound is optimistic by
+    that much, which the default confidence (95%) leaves room for."""
+    if pairs <= 0:
+        return 0.0
+    if confidence <= 0.5:
+        return accuracy
+    z = NormalDist().inv_cdf(confidence)
+    n = float(pairs)
+    p = min(1.0, max(0.0, accuracy))
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - spread) / (1 + z * z / n))
+
+
+def reward_model_lower_bound(*, run: Run, rm: RewardModel) -> float | None:
+    """The accuracy `rm` has at least, at the run's `rm_accuracy_confidence` (None: no held-out pairs)."""
+    if rm.accuracy is None or not rm.pairs_heldout:
+        return None
+    return accuracy_lower_bound(accuracy=rm.accuracy, pairs=rm.pairs_heldout,
+                                confidence=run.cfg.feedback.rm_accuracy_confidence)
+
+
 def reward_model_usable(*, run: Run) -> RewardModel | None:
-    """The newest version good enough to score rewards (held-out accuracy at least the
-    policy's `min_rm_accuracy`, measured on at least `min_rm_heldout_pairs` pairs), or None:
-    `learned` then falls back as `blend`."""
+    """The newest version good enough to score rewards, or None: `learned` then falls back
+    as `blend`. Good enough: the lower confidence bound of its held-out accuracy
+    (`accuracy_lower_bound` at `rm_accuracy_confidence`) reaches `min_rm_accuracy`, on at
+    least `min_rm_heldout_pairs` pairs."""
     latest = reward_model_latest(run=run)
     policy = run.cfg.feedback
-    if latest is None or latest.accuracy is None or latest.accuracy < policy.min_rm_accuracy:
+    if latest is None or latest.pairs_heldout < policy.min_rm_heldout_pairs:
         return None
-    if latest.pairs_heldout < policy.min_rm_heldout_pairs:
+    bound = reward_model_lower_bound(run=run, rm=latest)
+    if bound is None or bound < policy.min_rm_accuracy:
         return None
     return latest
 
@@ -167,6 +199,8 @@ def reward_model_summary(*, run: Run) -> dict[str, Any]:
     usable = reward_model_usable(run=run)
     policy = run.cfg.feedback
     return {
+        "latest_bound": reward_model_lower_bound(run=run, rm=versions[0]) if versions else None,
+        "confidence": policy.rm_accuracy_confidence,
         "enabled": reward_model_on(run=run), "versions": versions, "latest": versions[0] if versions else None,
         "in_use": usable, "labels": run_label_count(run=run), "mode": policy.mode,
         "w_auto": policy.w_auto, "w_rm": policy.w_rm, "w_human": policy.w_human,

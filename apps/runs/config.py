@@ -128,11 +128,17 @@ class FeedbackPolicy(_Strict):
     w_human: float = Field(0.5, ge=0.0)
     # learned: the reward model's weight beside w_auto where no person rated.
     w_rm: float = Field(1.0, ge=0.0)
-    # learned falls back as blend until a reward model reaches this held-out pairwise accuracy.
+    # learned falls back as blend until a reward model's held-out pairwise accuracy is at least
+    # this, with `rm_accuracy_confidence` confidence: the one-sided Wilson lower bound of the
+    # accuracy on its held-out pairs must reach it (apps.rewards.learned.accuracy_lower_bound).
+    # An accuracy on a handful of pairs is noise, and a chance-level reward model folded into
+    # rewards steers the run at random; a bound asks a perfect model for few pairs (9 at 0.75,
+    # 95%) and a mediocre one for many, where a fixed pair count holds both back alike.
     min_rm_accuracy: float = Field(0.7, ge=0.0, le=1.0)
-    # ... measured on at least this many held-out pairs: an accuracy on a handful of pairs is
-    # noise, and a chance-level reward model folded into rewards steers the run at random.
-    min_rm_heldout_pairs: int = Field(20, ge=0)
+    # 0.5: the point estimate alone (no bound).
+    rm_accuracy_confidence: float = Field(0.95, ge=0.5, lt=1.0)
+    # ... and on at least this many held-out pairs (a floor beside the bound; 0: the bound alone).
+    min_rm_heldout_pairs: int = Field(0, ge=0)
     # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"
@@ -188,6 +194,11 @@ class RewardModelConfig(_Strict):
     answer_pattern: str = Field(r"<answer>(.*?)</answer>", max_length=500)
     # likelihood: L2 penalty of the Bradley-Terry weights.
     l2: float = Field(1e-2, ge=0.0)
+    # likelihood: measure held-out accuracy by k-fold cross-validation over prompts (k >= 2)
+    # instead of the `heldout_share` split: every pair is held out once (ranked by a fit that
+    # never saw its prompt), so the gate has k / 1 x (at 0.25, 4x) the evidence; the published
+    # version fits every pair. 0: the split. Its fits are a few LBFGS steps on 6 features each.
+    crossval_folds: int = Field(0, ge=0, le=20)
 
     @field_validator("answer_pattern")
     @classmethod

@@ -61,12 +61,42 @@ def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owne
     assert reward_model_usable(run=run) is None
     assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 1.0, b.pk: 0.0}) == 0
     assert set(Experience.objects.filter(pk__in=[a.pk, b.pk]).values_list("status", flat=True)) == {"pending"}
-    # A high accuracy on a handful of held-out pairs is no evidence either (default: 20 pairs).
+    # A high accuracy on a handful of held-out pairs is no evidence either: 5 of 5 right is
+    # at least 0.65 with 95% confidence, short of 0.8; 20 of 20 is at least 0.88.
     lucky = RewardModel.objects.create(run=run, version=2, path="/x", base="b", accuracy=1.0, pairs_heldout=5)
     assert reward_model_usable(run=run) is None
     assert rm_scores_apply(run=run, rm=lucky, scores={a.pk: 1.0, b.pk: 0.0}) == 0
     RewardModel.objects.filter(pk=lucky.pk).update(pairs_heldout=20)
     assert reward_model_usable(run=run) == lucky
+
+
+@pytest.mark.parametrize("accuracy,pairs,usable", [
+    (1.0, 9, True),     # the old rule (>= 20 pairs) waited for 11 more
+    (1.0, 8, False),    # 8 of 8: at least 0.747 with 95% confidence
+    (0.9, 40, True),    # at least 0.795
+    (0.9, 20, False),   # at least 0.72: a mediocre model needs more evidence than a perfect one
+    (0.69, 103, False),  # the noisy arm's model of round 7: never, however many pairs
+])
+def test_the_reward_model_gate_is_a_lower_confidence_bound_on_held_out_accuracy(
+    owner: User, accuracy: float, pairs: int, usable: bool,
+) -> None:
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs)
+    assert (reward_model_usable(run=run) == rm) is usable
+
+
+def test_the_lower_bound_is_wilsons_and_confidence_one_half_is_the_point_estimate() -> None:
+    from scipy.stats import binomtest
+
+    from apps.rewards.learned import accuracy_lower_bound
+
+    for hits, n in [(9, 9), (18, 20), (71, 103), (3, 10)]:
+        for confidence in (0.9, 0.95):
+            # One-sided at c is the lower end of the two-sided interval at 2c - 1.
+            expected = binomtest(hits, n).proportion_ci(confidence_level=2 * confidence - 1, method="wilson").low
+            assert accuracy_lower_bound(accuracy=hits / n, pairs=n, confidence=confidence) == pytest.approx(expected)
+    assert accuracy_lower_bound(accuracy=0.8, pairs=3, confidence=0.5) == 0.8
+    assert accuracy_lower_bound(accuracy=1.0, pairs=0, confidence=0.95) == 0.0
 
 
 def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User, annotator: User) -> None:

@@ -121,6 +121,19 @@ def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
     assert RewardModelScore.objects.filter(reward_model=v2, experience__in=scores).count() == 12
 
 
+def test_cross_validation_holds_every_pair_out_once_and_the_version_fits_them_all(
+    owner: User, annotator: User, demo_model_dir: Path,
+) -> None:
+    run = make_run(owner=owner, feedback={"mode": "blend"},
+                   reward_model=_rm_config(demo_model_dir, kind="likelihood", crossval_folds=4))
+    add_member(run, annotator)
+    _compare_all(run, _groups(run, 40, seed=1), annotator)
+    rm = reward_model_train_run(run=run, force=True)
+    # 40 pairs: the gate's evidence is all 40 (a 0.25 split would give it about 10).
+    assert rm is not None and rm.pairs_heldout == rm.pairs_train == 40
+    assert rm.accuracy is not None and rm.accuracy >= 0.8, rm.accuracy  # chance is 0.5
+
+
 def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiting(
     owner: User, annotator: User, demo_model_dir: Path,
 ) -> None:

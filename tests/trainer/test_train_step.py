@@ -61,7 +61,7 @@ def test_a_step_trains_acks_the_batch_publishes_a_version_and_records_metrics(ow
     assert any(not torch.equal(v0[k], v1[k]) for k in v0)
     names = set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
     assert {"loss", "reward_mean", "reward_std", "entropy", "clip_fraction", "response_length",
-            "tokens_per_second", "staleness", "step_seconds", "sync_seconds"} <= names
+            "tokens_per_second", "staleness", "step_seconds", "sync_seconds", "train/skipped_no_signal"} <= names
 
 
 def test_the_same_step_twice_trains_once(owner: Any, tiny_model_dir: Path) -> None:
@@ -346,6 +346,19 @@ def test_a_trainer_whose_batch_lease_was_taken_back_does_not_record_its_step(
     run.refresh_from_db()
     assert run.train_step == 0 and not Metric.objects.filter(run=run, name="loss").exists()
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
+
+
+def test_a_step_whose_groups_are_all_tied_is_recorded_but_moves_no_weight(owner: Any, tiny_model_dir: Path) -> None:
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+    Experience.objects.filter(pk__in=ids).update(reward=0.3)  # every member alike: no advantage anywhere
+    out = trainer_step(run_id=run.pk, step=1)
+    assert out["status"] == "trained" and out["published"]
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"consumed"}
+    v0 = _weights(tiny_model_dir)
+    v1 = _weights(Path(ModelVersion.objects.get(run=run, number=1).checkpoint))
+    assert all(torch.equal(v0[k], v1[k]) for k in v0)
+    assert Metric.objects.get(run=run, step=1, name="train/skipped_no_signal").value == 1.0
 
 
 def test_a_step_records_how_much_of_its_batch_people_rated(owner: Any, tiny_model_dir: Path) -> None:

@@ -127,7 +127,8 @@ def group_advantages(rollouts: Sequence[Rollout], *, scale: str = "group") -> to
     """Group-relative advantages, exactly as TRL's GRPOTrainer computes them from rewards:
     (r − mean of the group) / (std + 1e-4), std unbiased, per group ("group"), over the
     whole batch ("batch") or not at all ("none"). A missing reward gives advantage 0 and
-    stays out of its group's statistics. Groups may differ in size (filtered members)."""
+    stays out of its group's statistics. Groups may differ in size (filtered members). A
+    group whose rewards are equal (within TIE_TOLERANCE) gets advantages of exactly 0."""
     rewards = torch.tensor(
         [float("nan") if r.reward is None else float(r.reward) for r in rollouts], dtype=torch.float32
     )
@@ -136,17 +137,32 @@ def group_advantages(rollouts: Sequence[Rollout], *, scale: str = "group") -> to
     index: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
         index.setdefault(r.group_id, []).append(i)
+    tied: list[torch.Tensor] = []
     for members in index.values():
         idx = torch.tensor(members)
         g = rewards[idx]
         mean[idx] = torch.nanmean(g)
         std[idx] = _nanstd(g)
+        known = g[~torch.isnan(g)]
+        if known.numel() and float(known.max() - known.min()) <= TIE_TOLERANCE:
+            tied.append(idx)
     if scale == "batch":
         std = _nanstd(rewards).expand_as(rewards).clone()
     advantages = rewards - mean
     if scale != "none":
         advantages = advantages / (std + 1e-4)
+    # A group whose members were rewarded alike teaches nothing: its advantages are 0 exactly.
+    # float32's mean of equal rewards can be an ulp off them (0.2 x 8 / 8 is not 0.2), leaving
+    # advantages of ~1e-8 where TRL's arithmetic would; Adam divides by the gradient's own
+    # scale, so such dust moved the weights by a full learning-rate step in a direction set
+    # by rounding (bench/steering's random10 arm: grad norms of 1e-8, and accuracy lost).
+    for idx in tied:
+        advantages[idx] = 0.0
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+# Rewards of one group that differ by at most this are equal (their spread is rounding).
+TIE_TOLERANCE = 1e-6
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:

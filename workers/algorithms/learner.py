@@ -31,6 +31,11 @@ class NothingToTrain(ValueError):
     """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
 
 
+# Step metric: 1.0 when the batch carried no learning signal and the optimizer did not step
+# (Learner.no_signal), 0.0 when it stepped. Recorded on every step so the run page charts it.
+SKIPPED_NO_SIGNAL = "train/skipped_no_signal"
+
+
 @dataclass
 class LearnerSpec:
     algorithm: str
@@ -252,13 +257,75 @@ class Learner:
 
     # -- one update -------------------------------------------------------------------
 
+    def grpo_has_signal(self, rollouts: list[Rollout]) -> bool:
+        """Whether the GRPO loss on `rollouts` has a gradient at all. Every TRL loss type
+        multiplies each token's term by its advantage, so when every advantage is exactly 0
+        (each group's members rewarded alike: all wrong, all right, or all given the same
+        fallback) the only term left is the KL penalty, which exists only with beta > 0.
+        Undecidable cases (no scored row, no action token) answer True: `grpo_loss` then
+        raises NothingToTrain with its own reason."""
+        if self.spec.params.beta > 0:
+            return True
+        rows = scored(rollouts)
+        keep = [i for i, r in enumerate(rows) if r.action_count > 0]
+        if not keep:
+            return True
+        advantages = group_advantages(rows, scale=self.spec.params.scale_rewards)[keep]
+        return bool((advantages != 0).any())
+
+    def no_signal(self, batch: TrainBatch) -> str | None:
+        """Why `batch` cannot move the weights (None: it can, or only the loss can tell).
+
+        AdamW would still move them on such a batch: its momentum replays earlier
+        gradients and its weight decay shrinks every weight, so a run fed batches without
+        signal (a reward model's fallback scoring every member alike, a rater budget that
+        leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
+        Decided on the whole batch, before any learner-group shard, so every rank agrees.
+        TRL's own trainers do not skip (they step on whatever the batch gives)."""
+        algo = self.spec.algorithm
+        if algo == "grpo":
+            usual = trainable(batch.usual)
+            if usual and not self.grpo_has_signal(batch.usual):
+                return "every advantage is zero (each group's rewards are equal) and beta is 0"
+            return None
+        if algo == "mix":
+            mu = self.spec.mu
+            grpo_part = mu < 1 and bool(trainable(batch.usual))
+            sft_part = mu > 0 and bool(trainable(batch.expert))
+            if grpo_part and not sft_part and not self.grpo_has_signal(batch.usual):
+                return "no expert rollout, and every advantage of the usual ones is zero with beta 0"
+            return None
+        return None  # DPO and SFT: a pair or a token to learn always carries a gradient
+
+    def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        rows = batch.usual + batch.expert
+        metrics = {
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+            "batch_size": float(len(rows)),
+            "expert_count": float(len(batch.expert)),
+            # What the model wrote: environment tokens and masked responses count for nothing.
+            "response_length": sum(r.action_count for r in rows) / max(1, len(rows)),
+            "action_tokens": float(sum(r.action_count for r in rows)),
+        }
+        rewards = [float(r.reward) for r in rows if r.reward is not None]
+        if rewards:
+            mean = sum(rewards) / len(rewards)
+            metrics["reward_mean"] = mean
+            metrics["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+        return metrics
+
     def step(self, batch: TrainBatch, *, shard: Any = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
         shard: this process's place in a learner group (workers.algorithms.distributed):
         the loss is taken on its part of `batch`, weighted by that part's share, and the
-        gradients are summed over the group before the (identical) update on every rank."""
+        gradients are summed over the group before the (identical) update on every rank.
+
+        A batch without learning signal (`no_signal`) leaves the weights, the optimizer's
+        state and the scheduler exactly as they were, and says so in SKIPPED_NO_SIGNAL."""
         started = time.perf_counter()
+        if self.no_signal(batch) is not None:
+            return {**self._batch_metrics(batch), SKIPPED_NO_SIGNAL: 1.0, "update_seconds": time.perf_counter() - started}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         from workers.precision import autocast
@@ -285,25 +352,16 @@ class Learner:
         seconds = time.perf_counter() - started
         rows = batch.usual + batch.expert
         tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-        rewards = [float(r.reward) for r in rows if r.reward is not None]
+        metrics.update(self._batch_metrics(batch))
         metrics.update(
             {
                 "loss": float(loss.detach()),
                 "grad_norm": float(grad_norm),
-                "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
-                "batch_size": float(len(rows)),
-                "expert_count": float(len(batch.expert)),
-                # What the model wrote: environment tokens and masked responses count for nothing.
-                "response_length": sum(r.action_count for r in rows) / max(1, len(rows)),
-                "action_tokens": float(sum(r.action_count for r in rows)),
                 "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
                 "update_seconds": seconds,
+                SKIPPED_NO_SIGNAL: 0.0,
             }
         )
-        if rewards:
-            mean = sum(rewards) / len(rewards)
-            metrics["reward_mean"] = mean
-            metrics["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         return metrics
 
     # -- state ------------------------------------------------------------------------
