@@ -215,14 +215,63 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.code}}
 
 
+# run id -> (config digest, the run as read then). The web side sends the digest of the
+# config it read for the call (apps/envapi/openai_services.py), so a call whose digest
+# matches needs no query here, and an edited config (a feedback policy change) is read
+# again on the next call. Only the config and pk of the kept run are used: its
+# current_version goes stale, and "current" comes with the request. Bounded: cleared whole
+# when full; one dict assignment per miss, safe across a pool's threads.
+_RUNS: dict[int, tuple[str, Run]] = {}
+_RUNS_MAX = 256
+
+
+def _run_for(*, run_id: int, digest: Any) -> Run | None:
+    if isinstance(digest, str):
+        kept = _RUNS.get(run_id)
+        if kept is not None and kept[0] == digest:
+            return kept[1]
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        _RUNS.pop(run_id, None)
+        return None
+    if len(_RUNS) >= _RUNS_MAX:
+        _RUNS.clear()
+    _RUNS[run_id] = (run.config_digest, run)
+    return run
+
+
+def _version_current(*, run: Run, floor: int) -> int:
+    """The run's current version for a call that asked for "current": the one the web side
+    read (`floor`), or a later one of this run the resident engine already holds (the
+    explorer loaded it after a publish), so a call queued across a publish neither reads
+    the run again nor swaps the engine back to older weights."""
+    from workers.engines import engine_cached, engine_for
+    from workers.explorer import checkpoint_known
+
+    if not engine_cached(run.cfg):
+        return floor
+    engine = engine_for(run.cfg)
+    held = getattr(engine, "version", None)
+    if isinstance(held, int) and held > floor and getattr(engine, "path", None) == checkpoint_known(run_id=run.pk, version=held):
+        return held
+    return floor
+
+
 def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     from workers.engines import SamplingSpec
     from workers.explorer import VersionNotReady, _engine_at, worker_name
 
-    run = Run.objects.filter(pk=run_id).first()
+    run = _run_for(run_id=run_id, digest=request.get("config_digest"))
     if run is None:
         raise ChatRequestInvalid(f"run {run_id} not found", status=404, code="model_not_found", param="model")
-    version = run.current_version if request.get("version") is None else int(request["version"])
+    if request.get("version") is not None:
+        version = int(request["version"])
+    elif request.get("current") is not None:
+        version = _version_current(run=run, floor=int(request["current"]))
+    elif request.get("config_digest") is None:
+        version = run.current_version  # read just now by _run_for
+    else:  # a kept run's current_version is stale
+        version = Run.objects.filter(pk=run_id).values_list("current_version", flat=True).first() or 0
     try:
         engine = _engine_at(run=run, version=version, worker=worker_name())
     except VersionNotReady:

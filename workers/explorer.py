@@ -68,15 +68,32 @@ def explorer_version_for(*, run: Run, step: int) -> int:
     return version
 
 
+# (run id, version) -> checkpoint, as read from ModelVersion: a published version's row is
+# never changed (apps/runs/services.py inserts it once), so a chat call at a version this
+# process has seen costs no query. Bounded: cleared whole when full.
+_CHECKPOINTS: dict[tuple[int, int], str] = {}
+_CHECKPOINTS_MAX = 4096
+
+
+def checkpoint_known(*, run_id: int, version: int) -> str | None:
+    """The checkpoint of a version this process has already read, without asking the database."""
+    return _CHECKPOINTS.get((run_id, version))
+
+
 def model_version_path(*, run: Run, version: int) -> str:
     """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
     if version == 0:
         return str(run.cfg.model)
     from workers.handover import handover_has
 
-    checkpoint = ModelVersion.objects.filter(run=run, number=version).values_list("checkpoint", flat=True).first()
+    checkpoint = _CHECKPOINTS.get((run.pk, version))
     if checkpoint is None:
-        raise VersionNotReady(f"run {run.pk} has no published version {version}")
+        checkpoint = ModelVersion.objects.filter(run=run, number=version).values_list("checkpoint", flat=True).first()
+        if checkpoint is None:
+            raise VersionNotReady(f"run {run.pk} has no published version {version}")
+        if len(_CHECKPOINTS) >= _CHECKPOINTS_MAX:
+            _CHECKPOINTS.clear()
+        _CHECKPOINTS[(run.pk, version)] = checkpoint
     if not handover_has(checkpoint) and not os.path.exists(checkpoint):
         # MemorySync records a version before its files are written (workers/handover.py).
         raise VersionNotReady(f"run {run.pk} version {version}: {checkpoint} is not written yet")

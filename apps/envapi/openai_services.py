@@ -112,9 +112,17 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[
     }
 
 
+def worker_request_build(*, run: Run, request: dict[str, Any]) -> dict[str, Any]:
+    """The request with what this process already read of the run, so the worker need not
+    read it again per call (workers/chat.py): the current version as the floor of "current",
+    and the config's digest, under which the worker keeps the config it read last."""
+    return {**request, "current": run.current_version, "config_digest": run.config_digest}
+
+
 def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Send one request to a rollout worker and wait; OpenAIError for what the worker
     refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
+    request = worker_request_build(run=run, request=request)
     return _answer_checked(rollout_task_wait(task=CHAT_TASK, args=[run.pk, request], timeout=timeout))
 
 
@@ -128,7 +136,7 @@ async def openai_generate_replied(*, run: Run, request: dict[str, Any], timeout:
     key = token_stream.reply_key_new()
     if key is None:
         raise ValueError("replies need Redis")
-    request = {**request, "reply_key": key}
+    request = {**worker_request_build(run=run, request=request), "reply_key": key}
     # Publishing may block (a reconnect): off the event loop.
     result = await sync_to_async(rollout_task_send, thread_sensitive=False)(
         task=CHAT_TASK, args=[run.pk, request], timeout=timeout, ignore_result=True)

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import hashlib
+import json
+
 from django.conf import settings
 from django.db import models
 
@@ -43,6 +46,14 @@ class Run(models.Model):
             cached = config_validate(data=self.config)
             self._cfg_cache, self._cfg_source = cached, self.config
         return cached
+
+    @property
+    def config_digest(self) -> str:
+        """A fingerprint of the stored config: equal digests, equal configs. A rollout worker
+        keeps a run's config between chat calls under it (workers/chat.py) and reads the run
+        again when the web side sends another (an edited config, e.g. a feedback policy)."""
+        raw = json.dumps(self.config, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
     @property
     def group_name(self) -> str:
