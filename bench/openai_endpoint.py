@@ -21,7 +21,10 @@ the engine's per generation. On a shared 2-core host one run of each way after t
 from 0.99 to 1.53 between runs with the load; neighbouring rounds share the load, and the
 median of their ratios is the figure. The CPU milliseconds per request are the steadier
 profile: in Nov 2026 (load 7-15) the worker spent 33-35 ms per call against the engine's
-28-30 ms per generation, daphne 9-12 ms.
+28-30 ms per generation, daphne 9-12 ms. With the worker reading nothing from the database
+per call (it keeps the run per config digest, workers/chat.py), paired runs at load 3.4-5.8:
+worker minus engine CPU per call 2.7-8.0 ms (median of each run's rounds) against 8.4-11.2 ms
+before; the wall-clock ratio's median 1.30-1.81 (before 1.71-1.95): the host's noise swamps it.
 
     python -m bench openai_endpoint [--clients 16 --requests 4 --rounds 6 --tokens 16 --celery --engine transformers]
 """
