@@ -85,12 +85,9 @@ def experience_write(*, experiences: Sequence[ExperienceDraft], announce: bool =
         if d.parent_id is not None and d.parent_id not in known_parents:
             raise InvalidInput(f"unknown parent experience {d.parent_id}", field=f"{i}.parent_id")
 
-    # Outside any transaction, the atomic block below is the whole transaction and its
-    # COMMIT empties the staging table (ON COMMIT DELETE ROWS); nested, it must empty it itself.
-    clears_on_commit = connection.get_autocommit()
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            fresh = _insert_by_copy(drafts, clears_on_commit=clears_on_commit)
+            fresh = _insert_by_copy(drafts)
         else:
             fresh = _insert_by_orm(drafts)
         ids = _ids_in_order(drafts, fresh)
@@ -192,13 +189,14 @@ def _copy_values(draft: ExperienceDraft, now: datetime) -> list[Any]:
 _STAGING_READY: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _insert_by_copy(drafts: Sequence[ExperienceDraft], *, clears_on_commit: bool) -> dict[tuple[int, str], int]:
+def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], int]:
     """COPY into a temporary table, then one INSERT … ON CONFLICT DO NOTHING RETURNING: close
     to raw COPY speed, the conflict clause makes concurrent writers of one key safe, and
     RETURNING names the new rows (the new rows' (run, key) -> id).
 
-    clears_on_commit: this write's transaction is the outermost, so its COMMIT empties the
-    staging table; otherwise (inside a caller's transaction) it is truncated here."""
+    The INSERT takes its rows out of the staging table (DELETE … RETURNING) in the same
+    statement, so that it is empty for the next write even inside a caller's transaction
+    (where ON COMMIT DELETE ROWS has not run yet), without a TRUNCATE round trip."""
     table = Experience._meta.db_table
     columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in _COPY_FIELDS)
     now = timezone.now()
@@ -216,12 +214,11 @@ def _insert_by_copy(drafts: Sequence[ExperienceDraft], *, clears_on_commit: bool
             for draft in drafts:
                 copy.write_row(_copy_values(draft, now))
         cursor.execute(
-            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM experience_in "
+            f"WITH staged AS (DELETE FROM experience_in RETURNING *) "
+            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM staged "
             f"ON CONFLICT (run_id, key) DO NOTHING RETURNING id, run_id, key"
         )
         created = {(run_id, key): pk for pk, run_id, key in cursor.fetchall()}
-        if not clears_on_commit:
-            cursor.execute("TRUNCATE experience_in")
     return created
 
 
