@@ -208,7 +208,9 @@ def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], 
                 f"SELECT {columns} FROM {table} WITH NO DATA"
             )
             # Only once committed: a rolled-back transaction takes the new table with it.
-            transaction.on_commit(lambda: _STAGING_READY.add(session))
+            # A real commit runs this with autocommit back on; a test's captured on-commit
+            # callbacks run inside its transaction, which is then rolled back.
+            transaction.on_commit(lambda: _STAGING_READY.add(session) if connection.get_autocommit() else None)
         raw = cursor.cursor  # psycopg's own cursor, for COPY
         with raw.copy(f"COPY experience_in ({columns}) FROM STDIN") as copy:
             for draft in drafts:
