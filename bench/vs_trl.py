@@ -45,6 +45,7 @@ run of its database.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -53,7 +54,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +201,58 @@ def arm_inproc(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     import workers.algorithms.learner
     import workers.engines.hf_engine  # noqa: F401
 
-    step_times: list[float] = []
-    curve = _run_one("grpo", steps=steps, eval_every=eval_every, demo=demo, owner=owner, lr=LR, loss_type="grpo",
-                     seed=seed, step_times=step_times)
+    step_times = _CountedSteps()
+    with _statements_counted() as counter:
+        step_times.counter = counter
+        curve = _run_one("grpo", steps=steps, eval_every=eval_every, demo=demo, owner=owner, lr=LR, loss_type="grpo",
+                         seed=seed, step_times=step_times)
     return curve, step_times
+
+
+class _CountedSteps(list[float]):
+    """Step times that also note the database statements sent so far at the end of each
+    step: the statements of a step are the difference (issue 22: round trips, 1-5 ms each
+    on a loaded host, were the whole gap to stock TRL)."""
+
+    counter: list[int]
+    marks: list[int]
+
+    def append(self, seconds: float) -> None:
+        self.marks = [*getattr(self, "marks", []), self.counter[0]]
+        super().append(seconds)
+
+    def statements_per_step(self) -> float:
+        marks = getattr(self, "marks", [])
+        # From step 2: step 1 loads the model and sets the run up.
+        per = [b - a for a, b in zip(marks, marks[1:])]
+        return median(per) if per else float("nan")
+
+
+@contextlib.contextmanager
+def _statements_counted() -> Iterator[list[int]]:
+    """Count every statement Django sends, on every thread's connection (COPY, which goes
+    through psycopg's own cursor, is not counted)."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    counter = [0]
+    lock = threading.Lock()
+
+    def count(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        with lock:
+            counter[0] += 1
+        return execute(sql, params, many, context)
+
+    def install(sender: Any, connection: Any, **_: Any) -> None:
+        connection.execute_wrappers.append(count)
+
+    connection_created.connect(install, weak=False)
+    connection.execute_wrappers.append(count)
+    try:
+        yield counter
+    finally:
+        connection_created.disconnect(install)
+        connection.execute_wrappers.remove(count)
 
 
 def _inproc_breakdown(run_name: str) -> dict[str, float]:
@@ -327,6 +378,7 @@ def _arm_child(args: argparse.Namespace) -> None:
     Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
     threads = args.threads
     breakdown: dict[str, float] = {}
+    statements: float | None = None
     try:
         if args.arm == "trl":
             curve, times = arm_trl(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed, threads=threads,
@@ -335,6 +387,8 @@ def _arm_child(args: argparse.Namespace) -> None:
             curve, times = arm_inproc(demo=demo, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                                       threads=threads, owner=owner)
             breakdown = _inproc_breakdown(f"bench learning grpo seed {args.seed}")
+            assert isinstance(times, _CountedSteps)
+            statements = times.statements_per_step()
             Run.objects.filter(owner=owner, status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
         elif args.arm == "celery":
             taskset = taskset_import(name="demo vs_trl", path=demo / TASKSET_FILE, owner=owner)
@@ -344,7 +398,8 @@ def _arm_child(args: argparse.Namespace) -> None:
             raise SystemExit(f"unknown arm {args.arm!r}; use trl, inproc, celery")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(args.result).write_text(json.dumps({"curve": curve, "times": times, "breakdown": breakdown, "load": _load(),
+    Path(args.result).write_text(json.dumps({"curve": curve, "times": list(times), "breakdown": breakdown,
+                                             "statements_per_step": statements, "load": _load(),
                                              "load_start": load_start}))
 
 
@@ -470,6 +525,9 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
               f"{data.get('load_start', '?')} -> {data['load']}")
         if data.get("breakdown"):
             print(f"    {arm} step medians (s): " + ", ".join(f"{k} {v:.3f}" for k, v in data["breakdown"].items()))
+        if data.get("statements_per_step") is not None:
+            print(f"    {arm} database statements per step (median from step 2; COPY not counted): "
+                  f"{data['statements_per_step']:.1f}")
     ratios = []
     b_a = [r["inproc"] / r["trl"] for r in per_step.values() if "trl" in r and "inproc" in r]
     if b_a:

@@ -684,12 +684,12 @@ def _train_once(
 ) -> tuple[Any, dict[str, Any]]:
     """One step under the run's lock: (the run or None, the outcome). A chained step passes
     the run and readiness that train_step_continue has just read."""
-    from apps.buffer.services import batch_ack, batch_release
+    from apps.buffer.services import batch_commit_step, batch_release
     from apps.feedback.selectors import batch_feedback_metrics
     from apps.runs import policy
     from apps.runs.models import Run
     from apps.runs.orchestration import train_readiness
-    from apps.runs.services import metric_record, run_train_step_record
+    from apps.runs.services import metric_record
     from workers.algorithms import NothingToTrain
 
     started = time.perf_counter()
@@ -741,17 +741,19 @@ def _train_once(
             }
         )
         with transaction.atomic():
-            if not run_train_step_record(run_id=run_id, step=step):
+            # The step record, the batch's ack and the step's metrics, together (one
+            # statement on Postgres). The metrics go with the step, so that a worker killed
+            # right after the commit loses none (a re-dispatch of a done step only
+            # publishes); their live event may go out just before the COMMIT, the one
+            # statement left to fail.
+            conflict = batch_commit_step(run=run, step=step, worker=worker, ids=ids, metrics=metrics)
+            if conflict == "recorded by another trainer":
                 raise StepConflict(f"run {run_id} step {step} was recorded by another trainer")
-            if batch_ack(run=run, worker=worker, ids=ids) != len(ids):
+            if conflict is not None:
                 # Part of the batch is no longer ours (the loop took a step of a trainer it
                 # thought dead back and released its leases): trained on, it could be
                 # trained on twice. The step is not recorded; the loop sends it again.
                 raise StepConflict(f"run {run_id} step {step}: the batch's lease was lost")
-            # With the step, so that a worker killed right after the commit loses none
-            # (a re-dispatch of a done step only publishes). Its live event may go out
-            # just before the COMMIT, the one statement left to fail.
-            metric_record(run=run, step=step, values=metrics)
     except BaseException:
         # The in-memory weights may hold a step the database never got: reload next time.
         resident_drop(run_id)

@@ -126,8 +126,9 @@ def test_a_crash_between_the_journal_write_and_the_commit_does_not_train_the_ste
     def crash(**kwargs: Any) -> None:
         raise RuntimeError("worker killed before the commit")
 
-    # batch_ack runs inside the step's transaction, after the journal entry is on disk.
-    monkeypatch.setattr("apps.buffer.services.batch_ack", crash)
+    # batch_commit_step (the step record and the batch's ack) runs inside the step's
+    # transaction, after the journal entry is on disk.
+    monkeypatch.setattr("apps.buffer.services.batch_commit_step", crash)
     with pytest.raises(RuntimeError, match="killed"):
         trainer_step(run_id=run.pk, step=2)
     monkeypatch.undo()
