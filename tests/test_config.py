@@ -27,6 +27,9 @@ def test_a_minimal_config_gets_defaults() -> None:
          "Input should be 'likelihood' or 'classifier'"),
         ({"model": "m", "reward_model": {"answer_pattern": "<answer>(.*"}}, "reward_model.answer_pattern",
          "not a regular expression"),
+        ({"model": "m", "reward_model": {"crossval_folds": 1}}, "reward_model.crossval_folds", "at least 2 folds"),
+        ({"model": "m", "reward_model": {"kind": "classifier", "crossval_folds": 4}}, "reward_model",
+         "kind 'likelihood' only"),
     ],
 )
 def test_a_bad_config_names_the_bad_field(data: dict, field: str, message: str) -> None:

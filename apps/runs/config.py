@@ -200,6 +200,21 @@ class RewardModelConfig(_Strict):
     # version fits every pair. 0: the split. Its fits are a few LBFGS steps on 6 features each.
     crossval_folds: int = Field(0, ge=0, le=20)
 
+    @field_validator("crossval_folds")
+    @classmethod
+    def _folds_are_two_or_more(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("0 (the held-out share) or at least 2 folds")
+        return value
+
+    @model_validator(mode="after")
+    def _crossval_is_the_likelihood_kinds(self) -> RewardModelConfig:
+        # The classifier's held-out split is TRL's training data split: it has no folds, and
+        # a setting it would silently ignore is refused.
+        if self.crossval_folds and self.kind != "likelihood":
+            raise ValueError("reward_model.crossval_folds applies to kind 'likelihood' only")
+        return self
+
     @field_validator("answer_pattern")
     @classmethod
     def _pattern_compiles(cls, value: str) -> str:
