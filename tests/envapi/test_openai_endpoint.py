@@ -24,7 +24,7 @@ from apps.envapi.services import api_key_revoke
 from tests.agent_model import CALC_TOOL, call_text, conversation, question, tool_model_save
 from tests.envapi.conftest import make_key
 from tests.factories import make_run, make_taskset
-from tests.servers import celery_worker, start_server, stop
+from tests.servers import rollout_stack
 
 openai = pytest.importorskip("openai")
 
@@ -41,13 +41,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("openai-stack")
-    with django_db_blocker.unblock(), celery_worker("rollout", name="openai-rollout", log=logs / "worker.log", includes=("workers.explorer",)):
-        server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
-        try:
-            yield url
-        finally:
-            stop(server)
+    with django_db_blocker.unblock(), rollout_stack(logs=tmp_path_factory.mktemp("openai-stack"), name="openai-rollout") as url:
+        yield url
 
 
 def _client(url: str, run_id: int, key: str, **kw: Any) -> Any:

@@ -16,21 +16,16 @@ from django.contrib.auth.models import User
 from apps.envapi import token_stream
 from tests.envapi.conftest import make_key
 from tests.factories import make_run
-from tests.servers import celery_worker, start_server, stop
+from tests.servers import rollout_stack
 
 openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
 def stack(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("openai-reply-stack")
-    with django_db_blocker.unblock(), celery_worker("rollout", name="openai-reply", log=logs / "worker.log", includes=("workers.explorer",)):
-        # The wait for an answer is long: a failure must not have to sit it out.
-        server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
-        try:
-            yield url
-        finally:
-            stop(server)
+    # The wait for an answer is long: a failure must not have to sit it out.
+    with django_db_blocker.unblock(), rollout_stack(logs=tmp_path_factory.mktemp("openai-reply-stack"), name="openai-reply") as url:
+        yield url
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from examples import number_guess
 from rftweb.client import RftClient
 from tests.envapi.conftest import make_key
 from tests.factories import make_run
-from tests.servers import celery_worker, start_server, stop
+from tests.servers import rollout_stack as live_rollout_stack
 
 HAVE_EXPLORER = importlib.util.find_spec("workers.explorer") is not None
 
@@ -38,13 +38,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def rollout_stack(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    logs = tmp_path_factory.mktemp("stack")
-    with celery_worker("rollout", name="rollouts", log=logs / "worker.log", includes=("workers.explorer",)):
-        server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
-        try:
-            yield url
-        finally:
-            stop(server)
+    with live_rollout_stack(logs=tmp_path_factory.mktemp("stack"), name="rollouts") as url:
+        yield url
 
 
 def test_rollouts_return_completions_with_token_ids_and_logprobs(rollout_stack: str, model_dir: Path, owner: User) -> None:

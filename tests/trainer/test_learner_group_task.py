@@ -154,16 +154,26 @@ def _followers_end(processes: list[Any], *, within: float) -> bool:
     return False
 
 
+def _two_process_run_after_step_one(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, *, total_steps: int
+) -> tuple[Any, list[Any]]:
+    """A running two-process GRPO run that has trained step 1 through the train task (with a
+    batch for step 2 waiting when it has steps left): the run and its group's followers."""
+    torch.set_num_threads(1)
+    started = _group_spy(monkeypatch)
+    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=total_steps,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+    _fill(run, expert=False)
+    if total_steps > 1:
+        _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
+    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
+    return run, [p for group in started for p in group.followers_started]
+
+
 def test_a_learner_groups_followers_exit_when_its_run_has_no_step_left(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    torch.set_num_threads(1)
-    started = _group_spy(monkeypatch)
-    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=1,
-                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
-    _fill(run, expert=False)
-    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
-    followers = [p for group in started for p in group.followers_started]
+    run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=1)
     assert len(followers) == 1
     assert _followers_end(followers, within=15), "a follower outlived its finished run"
     assert run.pk not in trainer_mod._RESIDENTS
@@ -174,14 +184,7 @@ def test_a_stopped_runs_learner_group_ends_with_a_train_task_sent_before_the_sto
 ) -> None:
     from apps.runs.models import Run
 
-    torch.set_num_threads(1)
-    started = _group_spy(monkeypatch)
-    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=5,
-                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
-    _fill(run, expert=False)
-    _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
-    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
-    followers = [p for group in started for p in group.followers_started]
+    run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=5)
     assert followers and all(p.poll() is None for p in followers), "the group should live between steps"
     Run.objects.filter(pk=run.pk).update(status=Run.Status.STOPPED)  # as run_transition's stop does
     # A task sent before the stop (a stopped run gets no new one: the idle reaper's case).
@@ -197,15 +200,8 @@ def test_an_idle_learner_group_ends_after_the_idle_timeout(
     """A run with steps left that gets no train task (paused, stopped, its buffer used up):
     the worker's idle reaper frees its policy and ends the followers after
     RFT_TRAINER_IDLE_SECONDS."""
-    torch.set_num_threads(1)
     settings.RFT_TRAINER_IDLE_SECONDS = 1.0
-    started = _group_spy(monkeypatch)
-    run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=5,
-                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
-    _fill(run, expert=False)
-    _fill(run, expert=False, tag="b", version=1)
-    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
-    followers = [p for group in started for p in group.followers_started]
+    run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=5)
     assert followers
     assert _followers_end(followers, within=30), "the idle reaper did not end the followers"
     assert run.pk not in trainer_mod._RESIDENTS
