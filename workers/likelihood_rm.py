@@ -19,8 +19,9 @@ w · z, calibrated to the human scale like any version (reward_trainer._calibrat
 
 A version's directory holds `likelihood_reward.json` (the kind, the base checkpoint it read —
 pinned, so a later policy checkpoint does not change what a version means —, the feature
-names, standardisation and weights) and the base's tokenizer. Worker-only: torch is imported
-inside the functions.
+names, standardisation and weights) and the base's tokenizer. The features are computed by
+workers/likelihood_rm_hf.py, which `likelihood_model_export` writes beside an exported version
+so that `AutoModelForSequenceClassification` loads it. Worker-only (torch, transformers).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from apps.feedback.preferences import PreferencePair
+from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
 
 HEAD_FILE = "likelihood_reward.json"
 KIND = "likelihood"
-FEATURES = ("sum", "mean", "min", "span_sum", "span_mean", "has_span", "tokens")
 DEFAULT_ANSWER_PATTERN = r"<answer>(.*?)</answer>"
 
 _load_lock = threading.Lock()
@@ -73,22 +74,13 @@ def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
 def _completion_ids(tokenizer: Any, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
     """The completion's token ids (eos appended, as the trainer does) and the [start, end)
     token range of the answer span, None when there is none."""
-    span: tuple[int, int] | None = None
-    match = None
-    if pattern is not None:
-        for match in pattern.finditer(completion):
-            pass
     try:
         enc = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
     except (NotImplementedError, ValueError, KeyError):
         enc, offsets = tokenizer(completion, add_special_tokens=False), None
     ids = list(enc["input_ids"])
-    if match is not None and offsets is not None:
-        lo, hi = match.span(1) if match.groups() else match.span()
-        inside = [i for i, (a, b) in enumerate(offsets) if a < hi and b > lo]
-        if inside:
-            span = (inside[0], inside[-1] + 1)
+    span = answer_span(completion, offsets, pattern)
     if tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))
     return ids, span
@@ -99,36 +91,19 @@ def likelihood_features(
     answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, batch_size: int = 32,
 ) -> list[list[float]]:
     """One feature vector (FEATURES) per (prompt, completion) under the model."""
-    import torch
-
     pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
-    rows: list[tuple[list[int], int, tuple[int, int] | None]] = []
+    rows: list[tuple[list[int], int]] = []
+    spans: list[tuple[int, int] | None] = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        p = _prompt_ids(tokenizer, prompt)
         c, span = _completion_ids(tokenizer, completion, pattern)
-        c = c[:max_length - 1]
-        p = p[-(max_length - len(c)):] if len(p) + len(c) > max_length else p
-        if span is not None and span[0] >= len(c):
-            span = None
-        rows.append((p + c, len(p), span))
+        p, c, span = truncated(_prompt_ids(tokenizer, prompt), c, span, max_length)
+        rows.append((p + c, len(p)))
+        spans.append(span)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     out: list[list[float]] = []
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        width = max(len(ids) for ids, _, _ in chunk)
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
-        with torch.inference_mode():
-            logits = model(input_ids=input_ids, attention_mask=mask).logits.float()
-        token_lp = torch.log_softmax(logits[:, :-1], -1).gather(2, input_ids[:, 1:, None])[..., 0].cpu()
-        for row, (ids, cut, span) in enumerate(chunk):
-            # Position t of token_lp is the log-probability of token t + 1.
-            lp = token_lp[row, max(cut, 1) - 1:len(ids) - 1].tolist()
-            if not lp:
-                lp = [0.0]
-            s = [lp[i] for i in range(span[0], min(span[1], len(lp)))] if span else []
-            out.append([sum(lp), sum(lp) / len(lp), min(lp), sum(s), sum(s) / len(s) if s else 0.0,
-                        1.0 if s else 0.0, float(len(lp))])
+        chunk = completion_logprobs(model, rows[start:start + batch_size], pad)
+        out.extend(features_of(lp, span) for lp, span in zip(chunk, spans[start:start + batch_size], strict=True))
     return out
 
 
@@ -278,3 +253,47 @@ def likelihood_model_load(path: str) -> LikelihoodScorer:
     head = LikelihoodHead.load(Path(path))
     model, tokenizer = causal_lm_load(head.base)
     return LikelihoodScorer(head, model, tokenizer)
+
+
+def _response_template(tokenizer: Any) -> list[int]:
+    """The token ids the chat template opens the assistant turn with (what follows the
+    prompt in every training sequence); [] for a tokenizer without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    chat = [{"role": "user", "content": "x"}]
+    opened = _prompt_ids(tokenizer, "x")
+    closed = list(tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False),
+                            add_special_tokens=False)["input_ids"])
+    return opened[len(closed):] if opened[:len(closed)] == closed else []
+
+
+def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float, offset: float) -> Path:
+    """Write the version at `source` as a directory `AutoModelForSequenceClassification`
+    loads with `trust_remote_code=True` (workers/likelihood_rm_hf.py, copied in): the pinned
+    base's weights, the head and the calibration (`scale`, `offset`) in its config, the
+    tokenizer. Written atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.adapters import _atomic_dir, _finish
+    from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
+
+    source, out = Path(source), Path(out)
+    head = LikelihoodHead.load(source)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    lm = AutoModelForCausalLM.from_pretrained(head.base, dtype=torch.float32)
+    config = LikelihoodRewardConfig(
+        lm_config=lm.config.to_dict(), mean=head.mean, std=head.std, weights=head.weights,
+        answer_pattern=head.answer_pattern, max_length=head.max_length, response_template=_response_template(tokenizer),
+        calibration={"scale": scale, "offset": offset}, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    # auto_map in config.json, and this module copied beside the weights.
+    LikelihoodRewardConfig.register_for_auto_class()
+    LikelihoodRewardModel.register_for_auto_class("AutoModelForSequenceClassification")
+    model = LikelihoodRewardModel(config)
+    model.lm.load_state_dict(lm.state_dict())
+    tmp = _atomic_dir(out)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    return _finish(tmp, out)

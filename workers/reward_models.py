@@ -13,6 +13,7 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from apps.rewards.registry import reference_text, task_field
@@ -275,3 +276,17 @@ def llm_judge_scores(
 
 
 BATCH_SCORERS = {"reward_model": reward_model_scores, "llm_judge": llm_judge_scores}
+
+
+def reward_model_export(*, source: str, out: str, scale: float, offset: float) -> Path:
+    """A learned reward-model version as a directory `AutoModelForSequenceClassification`
+    loads: a `classifier` version is one already (copied); a `likelihood` version is built
+    as one (trust_remote_code=True; workers/likelihood_rm_hf.py)."""
+    from workers.adapters import ExportFailed, model_export
+    from workers.likelihood_rm import is_likelihood_dir, likelihood_model_export
+
+    if not Path(source).is_dir():
+        raise ExportFailed(f"{source} is not a saved reward model directory (is the run's storage mounted here?)")
+    if is_likelihood_dir(source):
+        return likelihood_model_export(source=source, out=out, scale=scale, offset=offset)
+    return model_export(source=source, out=out, merged=False)

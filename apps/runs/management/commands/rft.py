@@ -4,6 +4,7 @@
   rft start|pause|resume|stop RUN [--as USER]                      move a run (audited)
   rft export RUN --kind sft|dpo|grpo|preferences --out PATH [--format jsonl|hf] export the buffer
   rft weights RUN [--version N] --out DIR [--merged]                 export a version's weights
+  rft reward-model RUN [--version N] --out DIR                      export the learned reward model
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
   rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person
@@ -104,6 +105,11 @@ class Command(BaseCommand):
         weights.add_argument("--merged", action="store_true",
                              help="full weights: a LoRA version's adapter folded into its base")
 
+        rm = sub.add_parser("reward-model", help="export a learned reward-model version (AutoModelForSequenceClassification)")
+        rm.add_argument("run", type=int)
+        rm.add_argument("--version", type=int, help="version number (default: the newest)")
+        rm.add_argument("--out", required=True, help="directory to write (replaced if it exists)")
+
         worker = sub.add_parser("worker", help="start Celery workers for the given queues")
         worker.add_argument("--queues", default="rollout,train,reward,default")
         worker.add_argument("--concurrency", type=int, help="processes of the CPU queues' prefork pool")
@@ -129,7 +135,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
-            getattr(self, f"_{opts['action']}")(opts)
+            getattr(self, f"_{opts['action'].replace('-', '_')}")(opts)
         except RftError as exc:
             # The CLI's one translation of the error base: a message and exit status 1.
             raise command_error(exc) from None
@@ -301,6 +307,31 @@ class Command(BaseCommand):
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
         kind = "merged weights" if opts["merged"] else "adapter"
         self.stdout.write(f"wrote version {number} of run {run.pk} ({kind}) to {out}")
+
+    def _reward_model(self, opts: dict[str, Any]) -> None:
+        from apps.rewards.models import RewardModel
+
+        run = Run.objects.filter(pk=opts["run"]).first()
+        if run is None:
+            raise CommandError(f"no run {opts['run']}")
+        versions = RewardModel.objects.filter(run=run).order_by("-version")
+        rm = versions.first() if opts["version"] is None else versions.filter(version=opts["version"]).first()
+        if rm is None:
+            raise CommandError(f"run {run.pk} has no reward model yet (feedback.reward_model: it trains as labels come in)"
+                               if opts["version"] is None else f"run {run.pk} has no reward model version {opts['version']}")
+        try:
+            from workers.adapters import ExportFailed as WeightsExportFailed
+            from workers.reward_models import reward_model_export
+        except ImportError as exc:  # a web-only install: no torch / transformers
+            raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
+        try:
+            out = reward_model_export(source=rm.path, out=opts["out"], scale=rm.scale, offset=rm.offset)
+        except WeightsExportFailed as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
+        self.stdout.write(f"wrote reward model v{rm.version} of run {run.pk} (held-out accuracy "
+                          f"{'n/a' if rm.accuracy is None else f'{rm.accuracy:.3f}'}) to {out}")
 
     # --- workers --------------------------------------------------------------------------
 

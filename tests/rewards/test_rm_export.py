@@ -1,0 +1,128 @@
+"""An exported reward-model version loads where any reward model does
+(`AutoModelForSequenceClassification`) and scores as the run's reward model did: the
+`likelihood` kind through its own model class (trust_remote_code), the `classifier` kind as
+it is. Doors: the `rft reward-model` command; its refusals are CLI errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from django.core.management import CommandError, call_command
+
+from apps.feedback.preferences import PreferencePair
+from apps.rewards.models import RewardModel
+from tests.factories import make_run
+from workers.likelihood_rm import likelihood_model_fit
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
+
+PROBLEMS = [(a, b) for a in range(2, 9) for b in range(1, 6)]
+
+
+def _pairs() -> list[PreferencePair]:
+    # People preferred the tagged right answer over a bare wrong one.
+    return [PreferencePair(prompt=f"What is {a} + {b}?", chosen=f"<answer>{a + b}</answer>", rejected=f"{a + b + 3}",
+                           chosen_id=2 * i, rejected_id=2 * i + 1, group_id=f"g{i}", kind="rating", margin=1.0)
+            for i, (a, b) in enumerate(PROBLEMS)]
+
+
+@pytest.fixture(scope="module")
+def demo_base() -> Path:
+    from workers.demo_model import demo_model_build
+
+    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+
+
+@pytest.fixture(scope="module")
+def likelihood_version(demo_base: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    out = tmp_path_factory.mktemp("rm") / "v1"
+    scorer, _ = likelihood_model_fit(base=str(demo_base), train=_pairs(), heldout=[], out=out, max_length=64)
+    return out, scorer
+
+
+def _chat_ids(tokenizer: object, prompt: str, completion: str) -> list[int]:
+    """The sequence a user of the exported model builds: the whole exchange through the chat template."""
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_an_exported_likelihood_reward_model_scores_as_the_run_did(likelihood_version: tuple[Path, object],
+                                                                    tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from workers.reward_models import reward_model_export
+
+    source, scorer = likelihood_version
+    out = reward_model_export(source=str(source), out=str(tmp_path / "export"), scale=0.25, offset=0.5)
+    model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    assert model.config.calibration == {"scale": 0.25, "offset": 0.5}
+
+    prompts = ["What is 3 + 4?", "What is 6 + 2?", "What is 5 + 5?"]
+    completions = ["<answer>7</answer>", "8 maybe", "<answer>11</answer>"]
+    expected = scorer.score(prompts, completions)  # type: ignore[attr-defined]
+    got = [float(model(input_ids=torch.tensor([_chat_ids(tokenizer, p, c)])).logits[0, 0])
+           for p, c in zip(prompts, completions, strict=True)]
+    assert got == pytest.approx(expected, abs=1e-4)
+    # It learnt what people preferred, and the export keeps the order.
+    assert got[0] > got[1]
+
+    # A padded batch with the completion marked gives the same scores.
+    rows = [_chat_ids(tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
+    prompt_lengths = [len(_chat_ids(tokenizer, p, "")) - 1 for p in prompts]  # the empty answer's eos aside
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    marks = torch.tensor([[0] * n + [1] * (len(r) - n) + [0] * (width - len(r)) for r, n in zip(rows, prompt_lengths, strict=True)])
+    batch = model(input_ids=ids, attention_mask=mask, completion_mask=marks).logits[:, 0].tolist()
+    assert batch == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_an_input_without_an_assistant_turn_is_refused_naming_completion_mask(likelihood_version: tuple[Path, object],
+                                                                             tmp_path: Path) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from workers.reward_models import reward_model_export
+
+    out = reward_model_export(source=str(likelihood_version[0]), out=str(tmp_path / "export"), scale=1.0, offset=0.5)
+    model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True)
+    ids = AutoTokenizer.from_pretrained(out, trust_remote_code=True)("just text", add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match="completion_mask"):
+        model(input_ids=torch.tensor([ids]))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_the_cli_exports_a_runs_reward_model_version(likelihood_version: tuple[Path, object], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    run = make_run()
+    RewardModel.objects.create(run=run, version=1, path=str(likelihood_version[0]), base="demo", scale=0.5, offset=0.4)
+    call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
+    assert "reward model v1" in capsys.readouterr().out
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", trust_remote_code=True)
+    assert model.config.calibration == {"scale": 0.5, "offset": 0.4}
+
+
+@pytest.mark.django_db
+def test_the_cli_refuses_a_run_without_a_reward_model_and_an_unknown_version(tmp_path: Path) -> None:
+    run = make_run()
+    with pytest.raises(CommandError, match="no reward model yet"):
+        call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
+    RewardModel.objects.create(run=run, version=1, path=str(tmp_path / "gone"), base="demo")
+    with pytest.raises(CommandError, match="no reward model version 7"):
+        call_command("rft", "reward-model", str(run.pk), "--version", "7", "--out", str(tmp_path / "rm"))
+    with pytest.raises(CommandError, match="not a saved reward model directory"):
+        call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
+    with pytest.raises(CommandError, match="no run 999999"):
+        call_command("rft", "reward-model", "999999", "--out", str(tmp_path / "rm"))
+    assert not (tmp_path / "rm").exists()
