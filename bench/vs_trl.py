@@ -40,6 +40,22 @@ step per side-by-side repeat with their spread (target ≤ 1.10) and (a)/(c) tim
 
 Give it a database of its own (BENCH_DATABASE_URL): arm (c)'s conductor resumes every running
 run of its database.
+
+Measured 2026-11-23 (round 9), two runs of 100 steps, load 1.0-4.0 (two helper sessions
+coding on the same 2 cores):
+- (b)/(a) s/step per side-by-side repeat 1.09, 1.07 (run 1) and 1.08, 1.01 (run 2): median
+  1.075, spread 1.01..1.09, target <= 1.10 met in 4 of 4. The model work is at par (update
+  0.96 / 0.96 s, generate 0.42 / 0.51 s, rftweb / TRL, run 1 rep 1); 32 statements a step.
+  (b) reached +5 points before (a) in every repeat (47.8 / 58.8, 72.7 / 82.7, 70.4 / 86.6,
+  75.3 / 100.2 s): greedy accuracy on 200 problems, so partly luck.
+- (a)/(c) time to +5 points: 1.27 (trl-all 62.6 s, (c) 49.4 s), then 7.19 when trl-all's two
+  OpenMP threads collapsed under the helpers' load (4.24 s/step against 0.92 s alone; (c)'s
+  one-thread sides did not). (c) s/step 2.25 / 1.67 against trl-all's 0.92 / 4.24. The
+  overlap bound line says why the target is out of reach here: (c)'s trainer side alone,
+  at one thread, takes 0.96 s a step, as long as trl-all's whole step on both cores (0.92 s),
+  so overlap cannot make (c) step faster than trl-all on 2 cores; it needs the two sides on
+  separate devices (GPU rollouts beside GPU training) or enough cores that a second thread
+  stops paying.
 """
 
 from __future__ import annotations
@@ -548,6 +564,18 @@ def _report(args: argparse.Namespace, cores: list[int], results: list[tuple[int,
     c_a = [r["celery"] / r["trl-all"] for r in per_step.values() if "trl-all" in r and "celery" in r]
     if c_a:
         ratios.append(f"(c)/(a) s/step {', '.join(f'{x:.2f}' for x in c_a)}")
+    # What overlap can buy on these cores: (c)'s explorer and trainer get half the cores each,
+    # so its step is at best the slower side at that thread count ((b)'s medians, one side at
+    # a time), against trl-all's whole step on every core. Below 1, (c) cannot step faster
+    # than trl-all however well it overlaps, and reaches a gain sooner only by learning more
+    # per step.
+    floors = [max(d["breakdown"].get("explore/step_seconds", 0.0), d["breakdown"].get("update_seconds", 0.0))
+              for _, arm, d in results if arm == "inproc" and d.get("breakdown")]
+    trl_all = [v["trl-all"] for v in per_step.values() if "trl-all" in v]
+    if floors and trl_all and pair_threads == max(1, args.cores // 2):
+        print(f"overlap bound: (c)'s step >= the slower side at {pair_threads} thread(s) = {median(floors):.3f} s "
+              f"((b)'s medians) against trl-all's {median(trl_all):.3f} s/step: (c) at most "
+              f"{median(trl_all) / median(floors):.2f}x trl-all's steps per second on these cores")
     print("; ".join(ratios))
 
 
