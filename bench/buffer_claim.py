@@ -15,6 +15,17 @@ one pair at a time, so load drift on a shared machine hits both alike.
 Each concurrent claimer claims and acks back to back with no training step between, so C
 claimers and their C Postgres backends keep every core busy; the bench prints the solo cost
 x claimers / cores beside the measurement, so a result reads as claim cost or as queueing.
+
+Measured 2026-11-23 (round 9), 1M rows, load 4.0-4.5 (two helper sessions and a bench on the
+same 2 cores): claim-and-ack p50 93 ms against the raw floor's 67 ms, ratio of medians 1.38
+(per-pair p25/p50/p75 1.30/1.41/1.48; target <= 1.5 met); 2 claimers p50 90 ms (target < 10 ms
+not met), 0 duplicates. The picking SELECT alone takes 1.4 ms (an index-only scan of
+experience_claim_idx); the floor is the two UPDATEs: status is in three of the table's eight
+indexes (the claim index's predicate, experience_group_idx, experience_inflight_idx), so no
+update of a claim or an ack is HOT and each of the 256 rows writes a tuple into all eight
+indexes, twice. Under 10 ms needs the lease out of the wide experience row (a narrow lease
+table the claim inserts into), not a faster client: the raw statements miss it by 6x here.
+The 10M point was not re-run.
 """
 
 from __future__ import annotations
