@@ -275,13 +275,16 @@ def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.adapters import _atomic_dir, _finish
+    from workers.adapters import ExportFailed, _atomic_dir, _finish
     from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
 
     source, out = Path(source), Path(out)
     head = LikelihoodHead.load(source)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    lm = AutoModelForCausalLM.from_pretrained(head.base, dtype=torch.float32)
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(head.base, dtype=torch.float32)
+    except OSError as exc:  # the pinned base checkpoint was deleted or is on another host's storage
+        raise ExportFailed(f"the reward model's base {head.base} cannot be loaded: {exc}") from None
     config = LikelihoodRewardConfig(
         lm_config=lm.config.to_dict(), mean=head.mean, std=head.std, weights=head.weights,
         answer_pattern=head.answer_pattern, max_length=head.max_length, response_template=_response_template(tokenizer),

@@ -126,3 +126,22 @@ def test_the_cli_refuses_a_run_without_a_reward_model_and_an_unknown_version(tmp
     with pytest.raises(CommandError, match="no run 999999"):
         call_command("rft", "reward-model", "999999", "--out", str(tmp_path / "rm"))
     assert not (tmp_path / "rm").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_a_version_whose_base_is_gone_is_refused_naming_the_base(likelihood_version: tuple[Path, object],
+                                                                  tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    moved = tmp_path / "v1"
+    shutil.copytree(likelihood_version[0], moved)
+    head = json.loads((moved / "likelihood_reward.json").read_text())
+    head["base"] = str(tmp_path / "deleted-checkpoint")
+    (moved / "likelihood_reward.json").write_text(json.dumps(head))
+    run = make_run()
+    RewardModel.objects.create(run=run, version=1, path=str(moved), base="demo")
+    with pytest.raises(CommandError, match="deleted-checkpoint cannot be loaded"):
+        call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
+    assert not (tmp_path / "rm").exists()
