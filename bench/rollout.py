@@ -71,24 +71,25 @@ def main() -> None:
     from workers.engines import engine_create, prompt_ids
 
     if args.vision_only:
-        vision = _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
+        only = _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
         print(json.dumps({"prompts": args.prompts, "n": args.n, "max_tokens": args.tokens,
                           "loadavg": [round(x, 2) for x in os.getloadavg()]}))
-        _vision_print(vision, prompts=args.prompts)
+        _vision_print(only, prompts=args.prompts)
         return
 
     model_dir = _model(Path(args.model_dir) if args.model_dir else cache / "rollout-20m")
-    hf = engine_create(kind="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
+    # The concrete engines' own attributes (model, close) are read: not the RolloutEngine protocol.
+    hf: Any = engine_create(kind="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
     params = sum(p.numel() for p in hf.model.parameters())
     prompts = [prompt_ids(hf.tokenizer, text=f"What is {i} + {i % 7}?") for i in range(args.prompts)]
     hf_tps, hf_tokens, hf_s = _measure(hf, prompts, n=args.n, tokens=args.tokens)
     del hf
 
-    vllm = engine_create(kind="vllm", path=str(model_dir))
+    vllm: Any = engine_create(kind="vllm", path=str(model_dir))
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, prompts, n=args.n, tokens=args.tokens)
     vllm.close()  # its shutdown logs come before the results, so the ratio stays the last line
 
-    vision = None if args.no_vision else _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
+    vision: dict[str, Any] | None = None if args.no_vision else _vision_row(cache, prompts=args.prompts, n=args.n, tokens=args.tokens)
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU x{args.threads} ({platform.processor() or platform.machine()})"
     print(json.dumps({"model_parameters": params, "prompts": args.prompts, "n": args.n, "max_tokens": args.tokens, "device": device,
@@ -117,14 +118,14 @@ def _vision_row(cache: Path, *, prompts: int, n: int, tokens: int) -> dict[str, 
     from workers.vision_model import QUESTION, squares_image, vision_model_build
 
     model_dir = vision_model_build(out=cache / "vision-model", log=lambda _: None).out
-    hf = engine_create(kind="transformers", path=str(model_dir), batch_size=prompts * n)
+    hf: Any = engine_create(kind="transformers", path=str(model_dir), batch_size=prompts * n)
     rng = random.Random(0)
     pictured = [vision_prompt(hf.processor, text=QUESTION, images=[squares_image(count=rng.randint(1, 4), rng=rng)])
                 for _ in range(prompts)]
     parameters = sum(p.numel() for p in hf.model.parameters())
     hf_tps, hf_tokens, hf_s = _measure(hf, pictured, n=n, tokens=tokens)
     del hf
-    vllm = engine_create(kind="vllm", path=str(model_dir))
+    vllm: Any = engine_create(kind="vllm", path=str(model_dir))
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, pictured, n=n, tokens=tokens)
     vllm.close()
     return {"parameters": parameters, "hf_tps": hf_tps, "hf_tokens": hf_tokens, "hf_s": hf_s,

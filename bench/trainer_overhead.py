@@ -149,7 +149,7 @@ def main() -> None:
     ready_inputs = [
         bridge.grpo_inputs(
             trainer=base_trainer, prompt_ids=[r.prompt_ids for r in b], completion_ids=[r.completion_ids for r in b],
-            old_logprobs=[r.logprobs for r in b], advantages=group_advantages(b),
+            old_logprobs=[r.logprobs or [] for r in b], advantages=group_advantages(b),  # the bench's rows all carry them
         )
         for b in batches
     ]
