@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +34,7 @@ def run(owner: User, annotator: User) -> Run:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker: pytest.FixtureRequest) -> object:
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     yield
     # Threads of async tests and killed child processes can leave sessions open on the test
     # database, which would stop Django from dropping it at the end.

@@ -119,6 +119,7 @@ def test_compose_validates_both_deployment_files_and_refuses_a_missing_secret() 
     assert {"postgres", "redis", "migrate", "web", "worker-rollout", "worker-train"} <= set(head["services"])
     assert set(workers["services"]) == {"worker-rollout", "worker-train"}
     cli = _compose_cli()
+    assert cli is not None  # _resolved above needed it
     env = {k: v for k, v in os.environ.items() if k not in COMPOSE_ENV}
     result = subprocess.run([*cli, "-f", str(WORKER_HOST), "config"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode != 0 and "SECRET_KEY" in (result.stderr + result.stdout)

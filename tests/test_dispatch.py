@@ -5,6 +5,7 @@ tests/test_faults.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -50,7 +51,7 @@ def _explore_out_on(run: Run, *, worker: str, holder: str, started_ago: float = 
     return Dispatch.objects.get(pk=row.pk)
 
 
-def _beat(hostname: str, *, ago: float = 0.0, active: list[str] = (), started_ago: float = 3600.0) -> None:
+def _beat(hostname: str, *, ago: float = 0.0, active: Sequence[str] = (), started_ago: float = 3600.0) -> None:
     worker_heartbeat_record(hostname=hostname, queues=["rollout"], pool="solo", concurrency=1, pid=1,
                             active=[{"id": t, "name": "workers.explorer.explore_step"} for t in active],
                             started_at=timezone.now() - timedelta(seconds=started_ago))

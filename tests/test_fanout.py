@@ -139,7 +139,8 @@ async def test_a_socket_that_does_not_keep_up_is_closed_and_the_others_miss_noth
     await asyncio.wait_for(stalled.closed.wait(), timeout=10)
     assert stalled.closed_with == SLOW_CLIENT_CLOSE_CODE
     assert peak <= 4000 and member.queued_bytes == 0 and not member.outbox
-    assert member not in fanout_hub(run_id=run.pk).members.values()
+    hub = fanout_hub(run_id=run.pk)
+    assert hub is None or member not in hub.members.values()
     events = await _events(healthy, 100)
     assert [e["payload"]["seq"] for e in events] == list(range(100))
     await fanout_leave(member=member)  # what its consumer's disconnect() does: harmless twice

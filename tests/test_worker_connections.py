@@ -66,7 +66,12 @@ def test_a_task_right_after_another_skips_the_health_check_round_trip(settings: 
     connection.health_check_enabled = True  # type: ignore[attr-defined]
     checks: list[bool] = []
     real = connection.is_usable
-    monkeypatch.setattr(connection, "is_usable", lambda: checks.append(True) or real())
+
+    def counted() -> bool:
+        checks.append(True)
+        return real()
+
+    monkeypatch.setattr(connection, "is_usable", counted)
 
     def task() -> None:
         celery_app._connections_before_task(sender=_Task)

@@ -29,7 +29,7 @@ def test_it_claims_in_priority_order_and_leases_to_the_worker(run: Run) -> None:
     claimed = batch_claim(run=run, worker="w1", size=3)
     assert [e.key for e in claimed] == ["k5", "k4", "k3"]
     assert all(e.status == Experience.Status.LEASED and e.lease_owner == "w1" for e in claimed)
-    assert all(e.lease_expires_at > timezone.now() for e in claimed)
+    assert all(e.lease_expires_at is not None and e.lease_expires_at > timezone.now() for e in claimed)
     assert [e.key for e in batch_claim(run=run, worker="w2", size=10)] == ["k2", "k1", "k0"]
     assert batch_claim(run=run, worker="w3", size=10) == []
 

@@ -115,4 +115,4 @@ def test_nul_characters_in_model_output_are_stored_as_replacement_characters(run
     experience_write(experiences=[experience_row(run, key="nul", response_text="x\x00y", messages=messages)])
     stored = Experience.objects.get(key="nul")
     assert stored.response_text == "x\ufffdy"
-    assert stored.messages[1]["content"] == "a\ufffdb"
+    assert stored.messages is not None and stored.messages[1]["content"] == "a\ufffdb"

@@ -48,7 +48,7 @@ def test_a_run_is_created_from_a_config_file_with_its_taskset(owner: User, confi
     out = rft("create", str(config_file), "--name", "cli run", "--owner", "owner", "--taskset", str(tasks))
     run = Run.objects.get()
     assert f"created run {run.pk}" in out
-    assert run.owner == owner and run.cfg.rewards[0].name == "exact_match" and run.taskset.tasks.count() == 7
+    assert run.owner == owner and run.cfg.rewards[0].name == "exact_match" and run.taskset is not None and run.taskset.tasks.count() == 7
 
 
 def test_a_config_file_with_an_unknown_key_fails_naming_the_key(owner: User, tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def running_run(owner: Any, model_dir: Path, **config: Any) -> Any:
     from apps.runs.models import Run
     from tests.factories import make_run, make_taskset
 
-    defaults = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
+    defaults: dict[str, Any] = {"model": str(model_dir), "train_batch_size": 8, "repeat_times": 4, "explore_batch_size": 2,
                 "total_steps": 10, "mode": "train", "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
     defaults.update(config)
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), **defaults)

@@ -57,7 +57,7 @@ def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_hol
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED, (run.error, logs())
     versions = {v.number: v for v in ModelVersion.objects.filter(run=run, number__gt=0)}
-    detail = [(v.number, v.train_step, v.checkpoint) for v in versions.values()]
+    detail: list[tuple[Any, ...]] = [(v.number, v.train_step, v.checkpoint) for v in versions.values()]
     detail += sorted(Metric.objects.filter(run=run, name__in=["loss", "sync_bytes"]).values_list("name", "step"))
     # (Seen once here: a sync run ending one version short of total_steps; not this test's subject.)
     assert {1, 2, 3, 4} <= set(versions), detail

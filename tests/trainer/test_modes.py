@@ -74,7 +74,7 @@ def drive(run: Run, until: Callable[[Run], bool], *, explorer: Explorer | None, 
 
 
 def _run(owner: Any, model_dir: Path, **config: Any) -> Run:
-    base = {"model": str(model_dir), "train_batch_size": 8, "explore_batch_size": 2, "repeat_times": 4,
+    base: dict[str, Any] = {"model": str(model_dir), "train_batch_size": 8, "explore_batch_size": 2, "repeat_times": 4,
             "total_steps": 3, "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
     base.update(config)
     return make_run(owner=owner, taskset=make_taskset(owner=owner), **base)

@@ -5,6 +5,7 @@ journal from the newest snapshot to exactly the state it had (real Postgres, thi
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ SNAPSHOT_STEPS = 3
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings: Any, tmp_path: Path) -> Path:
+def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     settings.RFT_TRAINER_SNAPSHOT_STEPS = SNAPSHOT_STEPS
     trainer_mod._RESIDENTS.clear()
