@@ -231,7 +231,7 @@ def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and
     page.click("#run-form button[type=submit]")
     page.wait_for_url("**/runs/*/")
     run = Run.objects.get(name="fixed")
-    assert run.taskset.name == "arith" and run.taskset.tasks.count() == 5
+    assert run.taskset is not None and run.taskset.name == "arith" and run.taskset.tasks.count() == 5
     assert run.cfg.sampling.temperature == 0.7
 
 

@@ -134,7 +134,7 @@ def test_the_human_fold_weights_each_rater_by_reliability(owner: User) -> None:
         feedback_rate(run=run, author=u, experience=target, score=5)
     feedback_rate(run=run, author=careless, experience=target, score=1)
     target.refresh_from_db()
-    assert target.human_reward > 0.9  # an equal-weight mean would be 0.75
+    assert target.human_reward is not None and target.human_reward > 0.9  # an equal-weight mean would be 0.75
 
     equal = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.0, "w_human": 1.0, "overlap": 4})
     other = _new_item(equal)
@@ -164,6 +164,7 @@ def test_a_harsh_raters_scale_is_normalised_before_folding(owner: User) -> None:
         target = _new_item(run)
         feedback_rate(run=run, author=harsh, experience=target, score=3)  # harsh 3 = everyone else's 4
         target.refresh_from_db()
+        assert target.human_reward is not None
         return target.human_reward
 
     assert run_with(False) == pytest.approx(0.5)

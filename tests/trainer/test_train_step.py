@@ -3,6 +3,7 @@ metrics, restarts. The task body runs in this process (the Celery path is in tes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings: Any, tmp_path: Path) -> Path:
+def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     trainer_mod._RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
@@ -377,7 +378,12 @@ def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
     from workers import host_memory
 
     tuned: list[int] = []
-    monkeypatch.setattr(host_memory, "cpu_allocator_tune", lambda *, threshold: tuned.append(threshold) or True)
+
+    def tune(*, threshold: int) -> bool:
+        tuned.append(threshold)
+        return True
+
+    monkeypatch.setattr(host_memory, "cpu_allocator_tune", tune)
     plain = running_run(owner, tiny_model_dir)
     _groups(plain)
     assert trainer_step(run_id=plain.pk, step=1)["status"] == "trained" and tuned == []

@@ -38,6 +38,7 @@ def test_the_run_form_takes_a_zip_of_tasks_and_pictures(owner: User, tmp_path: P
     response = client.post("/runs/new/", {**form_data(), "taskset": upload})
     assert response.status_code == 302, response.content.decode()[:1500]
     run = Run.objects.get()
+    assert run.taskset is not None
     assert [len(t.images) for t in run.taskset.tasks.order_by("index")] == [1, 1]
     assert TasksetImage.objects.filter(taskset=run.taskset).count() == 2
 
@@ -55,6 +56,7 @@ def test_the_cli_imports_a_zip_and_refuses_a_bad_picture_naming_it(owner: User, 
     call_command("rft", "create", str(config), "--name", "cli", "--owner", "owner", "--taskset", str(_zip(tmp_path)),
                  stdout=out, stderr=io.StringIO())
     run = Run.objects.get()
+    assert run.taskset is not None
     assert run.taskset.tasks.filter(domain="vision").count() == 2 and all(t.images for t in run.taskset.tasks.all())
     with pytest.raises(CommandError, match="two.png: not an image"):
         call_command("rft", "create", str(config), "--name", "cli2", "--owner", "owner", "--taskset",
