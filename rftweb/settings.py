@@ -225,6 +225,9 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "rftweb.layers.EmbeddedChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     CELERY_RESULT_BACKEND = "cache+memory://"
+# Kombu's Redis transport with one redis-py client per channel, not one per message sent or
+# acknowledged (rftweb/broker.py).
+CELERY_BROKER_TRANSPORT = "rftweb.broker:RedisTransport" if CELERY_BROKER_URL.startswith("redis://") else None
 # Short-lived shared counters (the environment API's rate limits): Redis when there is one,
 # so every web process counts the same; this process's memory in the embedded default.
 if REDIS_URL:
