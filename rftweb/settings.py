@@ -71,13 +71,16 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
-    "rftweb.middleware.FormHygieneMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
+    # Sync-only, so innermost: under ASGI Django then runs the whole chain in one thread,
+    # entered once per request; in the middle, each middleware inside it crossed between the
+    # event loop and a thread for each of its hooks (tests/envapi/test_openai_hops.py).
+    "rftweb.middleware.FormHygieneMiddleware",
 ]
 
 # Content-Security-Policy (django-csp) on every page, in development too so the pages are
