@@ -25,6 +25,16 @@ profile: in Nov 2026 (load 7-15) the worker spent 33-35 ms per call against the 
 per call (it keeps the run per config digest, workers/chat.py), paired runs at load 3.4-5.8:
 worker minus engine CPU per call 2.7-8.0 ms (median of each run's rounds) against 8.4-11.2 ms
 before; the wall-clock ratio's median 1.30-1.81 (before 1.71-1.95): the host's noise swamps it.
+Later in Nov 2026 the engine took ~95 ms of CPU per generation on this host, swinging ±10%
+between rounds, so worker minus engine drowned. With the engine stubbed out
+(bench/openai_worker_cpu: the same task path serving canned samples; load 4.0-4.9) the worker
+spent 4.3-4.5 ms of CPU per call: a sixth in kombu building a redis-py client per delivery and
+per ack (rftweb/broker.py keeps one), an eighth in per-token `decode` calls (now one tokenizers
+call), some in Celery's repr of the result; after, 3.3-3.6 ms, the rest Celery's per-message
+work and three Redis round trips (unacked entry, ack, reply). daphne, engine stubbed:
+16.3-17.5 -> 13.0-13.9 ms per request (the middleware chain run in one thread, one query fewer
+per key). Paired runs of this bench (3 rounds, load 3.0-3.4): daphne 17.8-20.9 ms per request
+before, 13.4-16.2 after; the ratio's median 1.21 and 1.14 before, 1.14 and 1.15 after.
 
     python -m bench openai_endpoint [--clients 16 --requests 4 --rounds 6 --tokens 16 --celery --engine transformers]
 """

@@ -71,13 +71,16 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
-    "rftweb.middleware.FormHygieneMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
+    # Sync-only, so innermost: under ASGI Django then runs the whole chain in one thread,
+    # entered once per request; in the middle, each middleware inside it crossed between the
+    # event loop and a thread for each of its hooks (tests/envapi/test_openai_hops.py).
+    "rftweb.middleware.FormHygieneMiddleware",
 ]
 
 # Content-Security-Policy (django-csp) on every page, in development too so the pages are
@@ -225,6 +228,9 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "rftweb.layers.EmbeddedChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     CELERY_RESULT_BACKEND = "cache+memory://"
+# Kombu's Redis transport with one redis-py client per channel, not one per message sent or
+# acknowledged (rftweb/broker.py).
+CELERY_BROKER_TRANSPORT = "rftweb.broker:RedisTransport" if CELERY_BROKER_URL.startswith("redis://") else None
 # Short-lived shared counters (the environment API's rate limits): Redis when there is one,
 # so every web process counts the same; this process's memory in the embedded default.
 if REDIS_URL:

@@ -112,13 +112,40 @@ def tool_calls_parse(tokenizer: Any, text: str) -> tuple[str | None, list[dict[s
     ]
 
 
+def _decodes_plainly(tokenizer: Any) -> bool:
+    """Whether the tokenizer's `decode` is only its tokenizers-library (Rust) decode: a fast
+    tokenizer whose class changes neither `decode` nor `_decode` and cleans up no spaces."""
+    try:
+        from transformers import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers than the one pinned: its own decode
+        return False
+    kind = type(tokenizer)
+    return (isinstance(tokenizer, TokenizersBackend) and kind.decode is PreTrainedTokenizerBase.decode
+            and kind._decode is TokenizersBackend._decode and not tokenizer.clean_up_tokenization_spaces)
+
+
+def decode_each(tokenizer: Any, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+    """`tokenizer.decode(seq, skip_special_tokens=…)` of each sequence, in one call into the
+    tokenizers library where that is all `decode` does. An answer decodes each token alone and
+    each prefix of its completion (`token_pieces`): per call, `decode` spent more CPU in Python
+    (converting the ids, checking each is a number) than decoding, on the rollout worker that
+    serves OpenAI calls one after another (bench/openai_endpoint)."""
+    if not seqs:
+        return []
+    if _decodes_plainly(tokenizer):
+        return list(tokenizer.backend_tokenizer.decode_batch([[int(t) for t in s] for s in seqs],
+                                                             skip_special_tokens=skip_special_tokens))
+    return [tokenizer.decode([int(t) for t in s], skip_special_tokens=skip_special_tokens) for s in seqs]
+
+
 def token_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     """Each token's share of the decoded text (incremental detokenisation, as streaming sends
     it): the pieces join to the whole decode, a multi-byte character lands on its last token."""
+    ids = list(token_ids)
     pieces: list[str] = []
     previous = ""
-    for i in range(len(token_ids)):
-        text = tokenizer.decode(list(token_ids[: i + 1]), skip_special_tokens=True)
+    for text in decode_each(tokenizer, [ids[: i + 1] for i in range(len(ids))], skip_special_tokens=True):
         if text.endswith("\ufffd"):
             pieces.append("")
             continue
@@ -127,8 +154,9 @@ def token_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def _token_text(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([int(token_id)], skip_special_tokens=False)
+def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
+    """Each token decoded alone, special tokens included (logprobs' `token`s)."""
+    return decode_each(tokenizer, [[t] for t in token_ids], skip_special_tokens=False)
 
 
 class _Pieces:
@@ -322,10 +350,12 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
                 "text": sample.text,
                 "finish_reason": sample.finish_reason,
                 "pieces": token_pieces(tokenizer, sample.token_ids),
-                "tokens": [_token_text(tokenizer, t) for t in sample.token_ids],
+                "tokens": token_texts(tokenizer, sample.token_ids),
             }
             if sample.top_logprobs is not None:
-                choice["top_logprobs"] = [[[_token_text(tokenizer, t), float(lp)] for t, lp in step] for step in sample.top_logprobs]
+                tops = [list(step) for step in sample.top_logprobs]
+                texts = iter(token_texts(tokenizer, [t for step in tops for t, _ in step]))
+                choice["top_logprobs"] = [[[next(texts), float(lp)] for _, lp in step] for step in tops]
             if parse:
                 content, calls = tool_calls_parse(tokenizer, sample.text)
                 choice["content"], choice["tool_calls"] = content, calls

@@ -47,6 +47,33 @@ def test_a_revoked_key_stops_working_on_its_next_request(run: Run) -> None:
     assert api.get(f"/runs/{run.pk}").status_code == 401
 
 
+def test_a_key_and_the_runs_it_may_touch_are_read_in_one_query(run: Run, owner: User) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.envapi.services import api_key_authenticate
+
+    other = make_run(owner=owner, name="other")
+    _, raw = api_key_create(name="two", runs=[run, other], actions=["read"], rate_limit_per_minute=10)
+    api_key_authenticate(raw=raw)  # records the first use
+    with CaptureQueriesContext(connection) as queries:
+        principal = api_key_authenticate(raw=raw)
+    assert principal is not None and principal.run_ids == {run.pk, other.pk}
+    assert len(queries.captured_queries) == 1
+
+
+def test_a_key_whose_runs_were_all_deleted_still_authenticates_scoped_to_nothing(owner: User) -> None:
+    from apps.envapi.services import api_key_authenticate
+
+    gone = make_run(owner=owner, name="gone")
+    key, raw = make_key(gone)
+    gone.delete()
+    principal = api_key_authenticate(raw=raw)
+    assert principal is not None and principal.key.pk == key.pk and principal.run_ids == frozenset()
+    api_key_revoke(key=key)
+    assert api_key_authenticate(raw=raw) is None
+
+
 def test_using_a_key_records_when_it_was_last_used(run: Run) -> None:
     key, raw = make_key(run)
     assert key.last_used_at is None

@@ -90,3 +90,56 @@ def test_an_unknown_run_or_version_is_refused_as_model_not_found(owner: User, de
     # A run this worker never saw (the endpoint refuses it first; the worker, asked anyway, too).
     unknown = chat_generate(run_id=10**9, request=_request(run))
     assert unknown["error"]["status"] == 404 and unknown["error"]["code"] == "model_not_found"
+
+
+def _pieces_one_decode_at_a_time(tokenizer: Any, ids: list[int]) -> list[str]:
+    """token_pieces as it was written first: one `decode` per prefix."""
+    pieces, previous = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            pieces.append("")
+            continue
+        pieces.append(text[len(previous):])
+        previous = text
+    return pieces
+
+
+def test_an_answers_token_texts_and_pieces_are_what_decoding_each_token_and_prefix_gives(demo_model_dir: Path) -> None:
+    from workers.chat import _decodes_plainly, token_pieces, token_texts
+    from workers.engines.base import tokenizer_load
+
+    tokenizer = tokenizer_load(str(demo_model_dir))
+    assert _decodes_plainly(tokenizer)  # the demo tokenizer takes the one-call path
+    # Multi-byte characters split across tokens, special tokens, and every id of the vocabulary.
+    ids = list(tokenizer("7 × 6 = 42, héllo 世界 🙂", add_special_tokens=False)["input_ids"])
+    ids += [tokenizer.eos_token_id, *ids[:3], *range(len(tokenizer))]
+    assert token_texts(tokenizer, ids) == [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    assert token_pieces(tokenizer, ids) == _pieces_one_decode_at_a_time(tokenizer, ids)
+    assert "".join(token_pieces(tokenizer, ids[:12])) == tokenizer.decode(ids[:12], skip_special_tokens=True)
+
+    class Shouting(type(tokenizer)):  # type: ignore[misc]
+        def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> Any:
+            return super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs).upper()
+
+    tokenizer.__class__ = Shouting  # a tokenizer with its own decode is asked, not bypassed
+    assert not _decodes_plainly(tokenizer)
+    assert token_texts(tokenizer, ids[:8]) == [tokenizer.decode([t]) for t in ids[:8]]
+
+
+def test_a_call_with_a_reply_list_answers_there_and_leaves_the_task_result_empty(
+    owner: User, demo_model_dir: Path, hf_engine: Any
+) -> None:
+    import asyncio
+
+    from apps.envapi import token_stream
+    from workers.explorer import chat
+
+    key = token_stream.reply_key_new()
+    if key is None:
+        pytest.skip("replies need Redis")
+    run = _run(owner, demo_model_dir)
+    assert chat.apply(args=[run.pk, {**_request(run), "reply_key": key}]).get() is None
+    answer = asyncio.run(token_stream.reply_wait(key, timeout=5))
+    assert answer is not None and 0 < len(_tokens(answer)) <= 6
+    assert _tokens(chat.apply(args=[run.pk, _request(run)]).get()) == _tokens(answer)  # seed 0
