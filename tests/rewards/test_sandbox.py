@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def _task(tests: object) -> dict:
 
 
 @pytest.fixture
-def marker() -> Path:
+def marker() -> Iterator[Path]:
     # A path the host process may write, outside the sandbox's directory.
     path = Path(__file__).resolve().parents[2] / ".cache" / f"sandbox-marker-{uuid.uuid4().hex}"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,7 +35,7 @@ def marker() -> Path:
 
 
 @pytest.fixture
-def listener() -> tuple[int, list[socket.socket]]:
+def listener() -> Iterator[tuple[int, list[socket.socket]]]:
     """A TCP server on the host's loopback that records every connection it gets."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
