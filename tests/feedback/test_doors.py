@@ -28,7 +28,7 @@ from tests.envapi.conftest import Api, make_key
 from tests.factories import add_member, experience_row, make_run
 
 pytestmark = pytest.mark.django_db
-HX = {"HTTP_HX_REQUEST": "true"}
+HX: dict[str, Any] = {"HTTP_HX_REQUEST": "true"}
 TEXTS = ("first answer", "second answer", "third answer")
 
 
@@ -89,12 +89,16 @@ def _by_position(m: list[Experience]) -> dict[int, int]:
 def _outcome(run: Run, m: list[Experience]) -> dict[str, Any]:
     """Everything the feedback changed, with experience ids replaced by their position."""
     pos = _by_position(m)
+
+    def at(pk: int | None) -> int | None:
+        return None if pk is None else pos.get(pk)
+
     stored = []
     for fb in Feedback.objects.filter(run=run).order_by("id"):
         value = dict(fb.value)
         if fb.kind == "ranking":
             value["order"] = [pos[pk] for pk in value["order"]]
-        stored.append((fb.kind, pos.get(fb.experience_id), pos.get(fb.other_id), value, fb.late))
+        stored.append((fb.kind, at(fb.experience_id), at(fb.other_id), value, fb.late))
     fresh = list(Experience.objects.filter(pk__in=pos).order_by("id"))
     return {
         "stored": stored,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -15,7 +16,7 @@ from apps.runs.models import Run
 from tests.factories import add_member, make_experiences, make_run, make_user
 
 pytestmark = pytest.mark.django_db
-HX = {"HTTP_HX_REQUEST": "true"}
+HX: dict[str, Any] = {"HTTP_HX_REQUEST": "true"}
 
 
 def _client(user: User) -> Client:

@@ -47,7 +47,7 @@ def _pair(model: Any, *, expert: bool = False, seed: int = 0) -> tuple[list[Roll
             true = true_logprobs(model, prompt + lead, own)
             noise = (torch.rand(len(true), generator=g) - 0.5) * 0.8
             own_logprobs = [t + float(n) for t, n in zip(true, noise)]
-            common = {"id": gi * 4 + j, "group_id": f"g{gi}", "reward": float((j * 7 + gi) % 3), "is_expert": expert}
+            common: dict[str, Any] = {"id": gi * 4 + j, "group_id": f"g{gi}", "reward": float((j * 7 + gi) % 3), "is_expert": expert}
             masked.append(Rollout(
                 prompt_ids=prompt, completion_ids=lead + own + tail,
                 logprobs=[-30.0] * len(lead) + own_logprobs + [-30.0] * len(tail),
@@ -134,7 +134,7 @@ def _dpo_pairs(model: Any, *, seed: int = 5) -> tuple[list[Rollout], list[Rollou
         for j, reward in enumerate((1.0, 0.0)):
             own = torch.randint(10, 200, (2 + (gi + j) % 3,), generator=g).tolist()
             tail = torch.randint(10, 200, ((gi + 2 * j) % 3,), generator=g).tolist()
-            common = {"id": gi * 2 + j, "group_id": f"g{gi}", "reward": reward}
+            common: dict[str, Any] = {"id": gi * 2 + j, "group_id": f"g{gi}", "reward": reward}
             masked.append(Rollout(prompt_ids=prompt, completion_ids=lead + own + tail,
                                   logprobs=[-30.0] * (len(lead) + len(own) + len(tail)),
                                   action_mask=[0] * len(lead) + [1] * len(own) + [0] * len(tail), **common))
@@ -163,6 +163,7 @@ def test_dpo_without_the_mask_would_train_on_the_environments_tokens(load_model:
                       tokenizer=tokenizer, ref_model=load_model())
     masked, _ = _dpo_pairs(model)
     # A reference a step away from the policy: with policy == reference every log ratio is 0.
+    assert learner.ref_model is not None
     with torch.no_grad():
         for p in learner.ref_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
