@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -37,7 +36,7 @@ def base_config(**overrides: Any) -> dict[str, Any]:
 
 
 def make_taskset(n: int = 4, *, name: str = "arith", owner: User | None = None) -> Taskset:
-    records: list[Mapping[str, Any]] = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "domain": "math"} for i in range(n)]
+    records = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "domain": "math"} for i in range(n)]
     return taskset_create(name=name, records=records, owner=owner)
 
 

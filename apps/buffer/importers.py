@@ -315,7 +315,7 @@ def taskset_import(
 
 
 def taskset_create(
-    *, name: str, records: list[Mapping[str, Any]], owner: Any = None, source: str = "",
+    *, name: str, records: Sequence[Mapping[str, Any]], owner: Any = None, source: str = "",
     pipeline: PipelineSteps = None, run: Any = None,
 ) -> Taskset:
     """A taskset from in-memory records (forms, the API, tests); ImportFailed names the bad one.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from rftweb.exceptions import InvalidInput
@@ -15,7 +17,7 @@ from tests.pipeline.conftest import metrics, reasons
 pytestmark = pytest.mark.django_db
 
 
-def _group(run, group: str, rewards: list[float | None], **fields) -> list[dict]:
+def _group(run: Any, group: str, rewards: list[float | None], **fields: Any) -> list[ExperienceDraft]:
     return [experience_row(run, key=f"{group}-{i}", group=group, reward=r, **fields) for i, r in enumerate(rewards)]
 
 
@@ -57,7 +59,7 @@ def test_clean_can_filter_truncated_responses_instead(make_pipeline_run) -> None
 
 def test_exact_dedup_drops_repeats_across_groups_and_batches_but_not_within_a_group(make_pipeline_run) -> None:
     run = make_pipeline_run(on_write=[{"name": "dedup_exact"}])
-    same = {"response_text": "<answer>4</answer>"}
+    same: dict[str, Any] = {"response_text": "<answer>4</answer>"}
     experience_write(experiences=[
         experience_row(run, key="a0", group="a", **same),
         experience_row(run, key="a1", group="a", **same),  # a second sample of one prompt

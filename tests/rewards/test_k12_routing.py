@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -24,7 +25,7 @@ from tests.factories import base_config, make_run
 K12 = {"domain": "k12", "prompt": "What gas do plants take in to make food?", "reference": "carbon dioxide"}
 MATH = {"domain": "math", "prompt": "Simplify 2/4.", "reference": "\\frac{1}{2}"}
 
-SPEC = [
+SPEC: list[dict[str, Any]] = [
     {"name": "math_accuracy", "domains": ["math"]},
     {"name": "k12_judge", "weight": 0.25, "domains": ["k12"], "params": {"rubric": "Name the gas."}},
     {"name": "k12_learned", "weight": 0.75, "domains": ["k12"]},
@@ -190,7 +191,7 @@ def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: U
     from tests.envapi.conftest import Api, make_key
 
     run, other = make_run(owner=owner, rewards=SPEC), make_run(owner=owner, name="other", rewards=SPEC)
-    fields = {"path": "/x", "base": "b", "pairs_train": 9, "pairs_heldout": 3, "grades": 12, "seconds": 1.0,
+    fields: dict[str, Any] = {"path": "/x", "base": "b", "pairs_train": 9, "pairs_heldout": 3, "grades": 12, "seconds": 1.0,
               "scale": 1.0, "offset": 0.5}
     v1 = k12_grader_publish(run=run, accuracy=0.7, **fields)
     v2 = k12_grader_publish(run=run, accuracy=0.8, **fields)
