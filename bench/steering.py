@@ -11,16 +11,18 @@ reads each item's prompt and completion from the page, and posts a rating: 5 whe
 steps and seeds:
 
 - `all`: every rollout rated, `human` mode (the ceiling);
-- `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty plus
-  a 20% random share), `learned` mode: the reward model (TRL RewardTrainer, retrained as
-  labels come in) scores the rest;
-- `random10`: 10% rated, chosen at random, no reward model (`blend`, the wait window's
-  fallback being the format reward);
+- `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty in
+  sibling pairs, `feedback.selection.pairs`, plus a 20% random share of pairs; `--pairs off`:
+  single items), `learned` mode: the reward model (retrained as labels come in) scores the rest;
+- `random10`: 10% rated, single items chosen uniformly at random, no reward model (`blend`, the
+  wait window's fallback being the format reward);
 - `noisy`: as `rm10` with two raters, one answering at random, reliability weights on (gold
-  items marked by the owner through the Raters page, mixed in at 20%).
+  items marked by the owner through the Raters page, mixed in at 20%); the step's budget is
+  split between the raters in whole pairs (4 / 2, alternating).
 
-The loop runs in this process step by step, as bench/learning does (explore, people rate,
-reward model trains and scores, wait windows end, train); the wait window is ended by the
+The loop runs in this process step by step, as bench/learning does (explore, the newest reward
+model scores the new rollouts as the reward beat would, people rate, reward model trains and
+scores, wait windows end, train); the wait window is ended by the
 bench after the raters' turn, not by wall time. Accuracy is the expected accuracy (probability of
 sampling the right `<answer>`, workers.demo_model.expected_accuracy) on the demo model's 200
 held-out problems, off the clock; greedy accuracy is printed beside it (over a few dozen steps it
