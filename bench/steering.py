@@ -11,16 +11,18 @@ reads each item's prompt and completion from the page, and posts a rating: 5 whe
 steps and seeds:
 
 - `all`: every rollout rated, `human` mode (the ceiling);
-- `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty plus
-  a 20% random share), `learned` mode: the reward model (TRL RewardTrainer, retrained as
-  labels come in) scores the rest;
-- `random10`: 10% rated, chosen at random, no reward model (`blend`, the wait window's
-  fallback being the format reward);
+- `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty in
+  sibling pairs, `feedback.selection.pairs`, plus a 20% random share of pairs; `--pairs off`:
+  single items), `learned` mode: the reward model (retrained as labels come in) scores the rest;
+- `random10`: 10% rated, single items chosen uniformly at random, no reward model (`blend`, the
+  wait window's fallback being the format reward);
 - `noisy`: as `rm10` with two raters, one answering at random, reliability weights on (gold
-  items marked by the owner through the Raters page, mixed in at 20%).
+  items marked by the owner through the Raters page, mixed in at 20%); the step's budget is
+  split between the raters in whole pairs (4 / 2, alternating).
 
-The loop runs in this process step by step, as bench/learning does (explore, people rate,
-reward model trains and scores, wait windows end, train); the wait window is ended by the
+The loop runs in this process step by step, as bench/learning does (explore, the newest reward
+model scores the new rollouts as the reward beat would, people rate, reward model trains and
+scores, wait windows end, train); the wait window is ended by the
 bench after the raters' turn, not by wall time. Accuracy is the expected accuracy (probability of
 sampling the right `<answer>`, workers.demo_model.expected_accuracy) on the demo model's 200
 held-out problems, off the clock; greedy accuracy is printed beside it (over a few dozen steps it
@@ -121,7 +123,8 @@ ARMS = ("all", "rm10", "random10", "noisy")
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
-            rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0) -> dict[str, Any]:
+            rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0,
+            pairs: bool = True) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -144,12 +147,12 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         return {**common, "feedback": {"mode": "auto"}}
     if arm == "random10":
         return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait,
-                                       "selection": {"random_share": 1.0}}}
+                                       "selection": {"random_share": 1.0, "pairs": False}}}
     # A reward model steers only once it ranks held-out pairs well on enough of them: one at
     # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
     learned = {"mode": "learned", "w_auto": w_auto, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
                "min_rm_heldout_pairs": min_rm_heldout_pairs, "rm_accuracy_confidence": rm_confidence,
-               "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2}}
+               "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2, "pairs": pairs}}
     if arm == "rm10":
         return {**common, "feedback": learned, "reward_model": rm}
     if arm == "noisy":
@@ -306,7 +309,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
-            crossval_folds: int = 0) -> dict[str, Any]:
+            crossval_folds: int = 0, pairs: bool = True) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -329,7 +332,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                      config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
-                                    rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds))
+                                    rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
+                                    pairs=pairs))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -349,6 +353,12 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
         if arm == "noisy" and step == 1:
             _gold_mark(owner, run)
         rollouts = tasks * repeat
+        if run.cfg.reward_model.enabled:
+            # The newest version scores the new rollouts before people see them, as the
+            # reward beat does in a deployment: the selection rule ranks by those scores.
+            t = time.perf_counter()
+            reward_model_score_run(run=run)
+            rm_seconds += time.perf_counter() - t
         if arm in ("auto", "format"):
             pass
         elif arm == "all":
@@ -356,8 +366,13 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                 r.rate(run.pk, None)
         else:
             budget = max(1, round(share * rollouts))
-            for i, r in enumerate(raters):  # the budget split between the raters
-                r.rate(run.pk, budget // len(raters) + (1 if i < budget % len(raters) else 0))
+            # The budget split between the raters, in whole pairs where the rule hands out
+            # pairs (a pair half rated by each rater is half random); the odd unit alternates.
+            unit = 2 if run.cfg.feedback.selection.pairs and budget >= 2 * len(raters) else 1
+            units = budget // unit
+            for i, r in enumerate(raters):
+                extra = 1 if (i + step) % len(raters) < units % len(raters) else 0
+                r.rate(run.pk, unit * (units // len(raters) + extra) + (budget % unit if i == len(raters) - 1 else 0))
         if run.cfg.reward_model.enabled:
             t = time.perf_counter()
             reward_model_train_run(run=run)
@@ -385,6 +400,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
             "rm_heldout": rm.pairs_heldout if rm else 0,
+            "rm_pairs": 0 if rm is None else (
+                rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -414,6 +431,8 @@ def main() -> None:
                              "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
     parser.add_argument("--crossval-folds", type=int, default=0,
                         help="the likelihood reward model's held-out accuracy by k-fold cross-validation (0: split)")
+    parser.add_argument("--pairs", default="on", choices=["on", "off"],
+                        help="rm10 / noisy: the selection rule hands out sibling pairs (feedback.selection.pairs)")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -459,7 +478,7 @@ def main() -> None:
                                        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
                                        rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
                                        rm_confidence=args.rm_confidence, w_auto=args.w_auto,
-                                       crossval_folds=args.crossval_folds))
+                                       crossval_folds=args.crossval_folds, pairs=args.pairs == "on"))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()
@@ -469,14 +488,14 @@ def main() -> None:
 
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
-          f"{'rm acc':>8}"
+          f"{'rm acc':>8}{'pairs':>6}"
           f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
-              f"{rm:>8}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
+              f"{rm:>8}{r['rm_pairs']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
               f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}

@@ -12,10 +12,22 @@ candidates considered at once:
 Items without a reward-model score count 0 for the first two. Members of one group follow
 each other, so the labels they get make within-group pairs.
 
-`random_share` of the items handed out (counted over the run's hand-outs, so the share holds
-exactly however the claims are sized) are drawn uniformly from the candidates instead: an
-unbiased sample for evaluation. Gold items are mixed into each annotator's hand-outs at
-`feedback.gold_rate` the same way, and look like any other item.
+With `pairs` (the default) items go out as pairs of siblings, both to one annotator: a rating
+teaches the reward model only beside a sibling of the same prompt rated differently by a
+trusted rater (apps.feedback.preferences), so a label whose siblings no one (or only an
+untrusted rater) rated is lost to it. A pair's uncertainty is then the chance that its two
+ratings differ under the newest version's calibrated scores p (p_a (1 - p_b) + p_b (1 - p_a)):
+a pair straddling the model's decision, one member it calls right and one it calls wrong, or
+both near the middle, scores high; two members it scores alike and low (both wrong, the usual
+case on a weak policy) score low even when their margin is smallest. Each group's best pair is
+chosen (ties: the smaller raw margin, then at random; with no scores, two random siblings),
+then its next best among the rest; groups go as blocks at their best pair's priority.
+
+`random_share` of the hand-outs (counted over the run's hand-outs, pairs with `pairs`, so the
+share holds exactly however the claims are sized) are drawn uniformly from the candidates
+instead (with `pairs`, a random member and a random sibling of it): an unbiased sample for
+evaluation. Gold items are mixed into each annotator's hand-outs at `feedback.gold_rate` the
+same way, between pairs, and look like any other item.
 """
 
 from __future__ import annotations
@@ -128,20 +140,108 @@ def candidate_priorities(*, run: Run, candidates: Sequence[Experience]) -> list[
     return out
 
 
+Unit = tuple[int, ...]  # one experience, or two siblings handed out together
+
+
+def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Sequence[Priority],
+                rng: random.Random) -> list[Unit]:
+    """The candidates as sibling pairs, highest priority first (see the module docstring);
+    a group with one candidate left gives a single."""
+    from apps.rewards.models import RewardModel, RewardModelScore
+
+    rule = run.cfg.feedback.selection
+    newest = RewardModel.objects.filter(run=run).order_by("-version").first()
+    raw: dict[int, float] = {}
+    if newest is not None:
+        raw = dict(RewardModelScore.objects.filter(reward_model=newest, experience_id__in=[c.pk for c in candidates])
+                   .values_list("experience_id", "score"))
+    prio = {p.experience_id: p for p in priorities}
+    members: dict[str, list[int]] = defaultdict(list)
+    for c in candidates:
+        members[c.group_id].append(c.pk)
+
+    def pair_key(a: int, b: int) -> tuple[float, float, float]:
+        pa, pb = prio[a], prio[b]
+        u = 0.0
+        margin = 0.0
+        if a in raw and b in raw and newest is not None:
+            ca, cb = newest.calibrated(raw[a]), newest.calibrated(raw[b])
+            u = ca * (1 - cb) + cb * (1 - ca)
+            margin = abs(raw[a] - raw[b])
+        total = rule.uncertainty * u + rule.disagreement * max(pa.disagreement, pb.disagreement) + \
+            rule.variance * max(pa.variance, pb.variance)
+        return (total, -margin, rng.random())
+
+    blocks: list[tuple[tuple[float, float], int, list[Unit]]] = []
+    for group, ids in members.items():
+        left = list(ids)
+        units: list[Unit] = []
+        best = (0.0, 0.0)  # the best pair's priority, then (ties) its smaller raw margin
+        while len(left) > 1:
+            key, a, b = max((pair_key(a, b), a, b) for i, a in enumerate(left) for b in left[i + 1:])
+            if not units:
+                best = key[:2]
+            units.append((a, b))
+            left.remove(a)
+            left.remove(b)
+        if left:
+            units.append((left[0],))
+            if len(units) == 1:
+                best = (prio[left[0]].total, 0.0)
+        blocks.append((best, min(ids), units))
+    blocks.sort(key=lambda b: (-b[0][0], -b[0][1], b[1]))
+    return [u for _, _, units in blocks for u in units]
+
+
+def _repaired(units: list[Unit], *, group_of: dict[int, str], size: int) -> list[Unit]:
+    """Singles of one group joined into a pair at the first one's place (with pairs)."""
+    if size == 1:
+        return units
+    out: list[Unit] = []
+    single_at: dict[str, int] = {}
+    for u in units:
+        if len(u) == 1:
+            g = group_of[u[0]]
+            if g in single_at:
+                i = single_at.pop(g)
+                out[i] = out[i] + u
+                continue
+            single_at[g] = len(out)
+        out.append(u)
+    return out
+
+
 def selection_order(*, run: Run, candidates: Sequence[Experience], want: int, handed_out: int,
-                    rng: random.Random | None = None) -> list[tuple[int, str]]:
-    """The candidates in the order to try them, each with its source ("rule" or "random").
-    The first `want` positions follow the run-wide share of random picks; after them come
-    the remaining candidates by priority, for when some are taken by a parallel claimer."""
+                    rng: random.Random | None = None) -> list[tuple[Unit, str]]:
+    """The candidates in the order to try them, in units (single items, or sibling pairs
+    under `pairs`), each with its source ("rule" or "random"). The first units cover `want`
+    items and follow the run-wide share of random picks; after them come the remaining
+    candidates by priority, for when some are taken by a parallel claimer."""
     rng = rng or random.Random()
-    ranked = [p.experience_id for p in candidate_priorities(run=run, candidates=candidates)]
-    randoms = share_slots(start=handed_out, count=want, share=run.cfg.feedback.selection.random_share)
-    order: list[tuple[int, str]] = []
+    rule = run.cfg.feedback.selection
+    priorities = candidate_priorities(run=run, candidates=candidates)
+    size = 2 if rule.pairs else 1
+    if rule.pairs:
+        ranked = _pair_units(run=run, candidates=candidates, priorities=priorities, rng=rng)
+    else:
+        ranked = [(p.experience_id,) for p in priorities]
+    group_of = {c.pk: c.group_id for c in candidates}
+    randoms = share_slots(start=handed_out // size, count=-(-want // size), share=rule.random_share)
+    order: list[tuple[Unit, str]] = []
     left = list(ranked)
     for is_random in randoms:
         if not left:
             break
-        pick = left.pop(rng.randrange(len(left))) if is_random else left.pop(0)
-        order.append((pick, "random" if is_random else "rule"))
-    order.extend((pk, "rule") for pk in left)
+        if not is_random:
+            order.append((left.pop(0), "rule"))
+            continue
+        pool = [pk for u in left for pk in u]
+        first = rng.choice(pool)
+        siblings = [pk for pk in pool if pk != first and group_of[pk] == group_of[first]] if size == 2 else []
+        pick = (first, rng.choice(siblings)) if siblings else (first,)
+        # What the random pick took leaves the rule's units; broken pairs' other members pair up again.
+        left = _repaired([r for r in (tuple(pk for pk in u if pk not in pick) for u in left) if r],
+                         group_of=group_of, size=size)
+        order.append((pick, "random"))
+    order.extend((u, "rule") for u in left)
     return order

@@ -149,7 +149,9 @@ GOLD_SLOT_BASE = 1000
 
 def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
     """assignment_claim under a selection rule (apps.feedback.selection) and gold items:
-    the same slots and leases, the order and the mix decided by the rule."""
+    the same slots and leases, the order and the mix decided by the rule. A sibling pair
+    (`selection.pairs`) goes to one annotator whole, so the queue may end one over `want`;
+    gold items come between pairs."""
     from apps.feedback.selection import WINDOW, selection_order, share_slots
     from apps.rewards.models import GoldItem
 
@@ -159,27 +161,39 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
     handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
     order = selection_order(run=run, candidates=window, want=want, handed_out=handed_out)
     mine = Assignment.objects.filter(run=run, annotator=annotator).count()
-    gold_turns = share_slots(start=mine, count=want, share=policy.gold_rate)
+    gold_turns = share_slots(start=mine, count=want + 1, share=policy.gold_rate)
     fresh_gold = [pk for pk in gold_ids - set(Assignment.objects.filter(run=run, annotator=annotator)
                                                 .values_list("experience_id", flat=True))]
     random_gold = random.Random()
     random_gold.shuffle(fresh_gold)
     created: list[Assignment] = []
     queue = iter(order)
-    for turn_is_gold in gold_turns:
-        got = None
-        if turn_is_gold and fresh_gold:
-            exp_id = fresh_gold.pop()
-            got = _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
+
+    def take(exp_id: int) -> Assignment | None:
+        taken = set(Assignment.objects.filter(experience_id=exp_id, status__in=_LIVE).values_list("slot", flat=True))
+        return _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
+                          slots=[s for s in range(policy.overlap) if s not in taken])
+
+    gold_given = 0
+    while len(created) < want:
+        # Gold turns up to this hand-out not yet served (a pair may step over one: it comes next).
+        if sum(gold_turns[:len(created) + 1]) > gold_given and fresh_gold:
+            got = _slot_take(run=run, annotator=annotator, exp_id=fresh_gold.pop(), expires=expires,
                              slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200))
-        while got is None:
+            if got is not None:
+                gold_given += 1
+                created.append(got)
+                continue
+        while True:
             nxt = next(queue, None)
             if nxt is None:
                 return created
-            taken = set(Assignment.objects.filter(experience_id=nxt[0], status__in=_LIVE).values_list("slot", flat=True))
-            got = _slot_take(run=run, annotator=annotator, exp_id=nxt[0], expires=expires,
-                             slots=[s for s in range(policy.overlap) if s not in taken])
-        created.append(got)
+            # A pair whose first member a parallel claimer took is passed over whole.
+            first = take(nxt[0][0])
+            if first is not None:
+                created.append(first)
+                created.extend(a for a in (take(pk) for pk in nxt[0][1:]) if a is not None)
+                break
     return created
 
 

@@ -112,12 +112,17 @@ class SelectionRule(_Strict):
     """How the annotation queue is ordered (apps/feedback/selection.py). Each weight scales
     one source of a candidate's priority, each on [0, 1]; all zero keeps arrival order.
     `random_share` of the items handed out are drawn uniformly at random instead, so some
-    labels stay an unbiased sample (held-out evaluation of the reward model)."""
+    labels stay an unbiased sample (held-out evaluation of the reward model). With `pairs`,
+    items go out two siblings at a time and the share counts pairs."""
 
     uncertainty: float = Field(0.0, ge=0.0, description="the reward model's small margin to the nearest sibling")
     disagreement: float = Field(0.0, ge=0.0, description="reward model vs automatic reward (rank within the group)")
     variance: float = Field(0.0, ge=0.0, description="spread of the group's automatic rewards")
     random_share: float = Field(0.0, ge=0.0, le=1.0)
+    # Hand items out as sibling pairs (two members of one group, both to one annotator): a
+    # rating becomes a reward-model preference pair only beside a differently rated sibling
+    # that a trusted rater rated, so single picks spread over groups mostly teach it nothing.
+    pairs: bool = Field(True, description="hand out labels as pairs of siblings (one group, one annotator)")
 
 
 class FeedbackPolicy(_Strict):

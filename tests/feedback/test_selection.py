@@ -23,7 +23,7 @@ from tests.factories import add_member, experience_row, make_run, make_user
 pytestmark = pytest.mark.django_db
 
 
-def _selected_run(owner: User, **selection: float) -> Run:
+def _selected_run(owner: User, **selection: float | bool) -> Run:
     return make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "selection": selection},
                     reward_model={"enabled": True})
 
@@ -84,7 +84,7 @@ def test_disagreement_and_variance_rank_by_their_own_source(owner: User) -> None
 
 
 def test_the_random_share_is_kept_and_the_rule_still_gets_its_top_items(owner: User) -> None:
-    run = _selected_run(owner, uncertainty=1.0, random_share=0.25)
+    run = _selected_run(owner, uncertainty=1.0, random_share=0.25, pairs=False)
     # 100 groups of two; group g's margin is g: group 0 is the most uncertain.
     groups = _scored_groups(run, [[0.0, float(g) + 0.5] for g in range(100)])
     ranked = [p.experience_id for p in candidate_priorities(run=run, candidates=[e for g in groups for e in g])]
@@ -197,3 +197,116 @@ def test_a_trained_on_gold_item_reads_as_any_fresh_item(owner: User, annotator: 
     undo = client.post(f"/runs/{run.pk}/annotate/mine/", {"feedback": str(subs[1]["feedback"].pk)},
                        HTTP_HX_REQUEST="true")
     assert undo.status_code == 200 and "trained on" not in undo.content.decode()
+
+
+# ---------------------------------------------------------------- sibling pairs
+
+
+def _rated_groups(run: Run, *, groups: int, size: int, right_score: float = 0.45,
+                  wrong_score: float = -0.4) -> list[list[Experience]]:
+    """Groups of `size` completions of one prompt each: member 0 right, the rest wrong. The
+    reward model scores the right one high and the wrong ones low and nearly alike (their
+    margins the smallest: what plain per-item uncertainty hands out first)."""
+    scores = [[right_score] + [wrong_score + 0.001 * i for i in range(1, size)] for _ in range(groups)]
+    out = _scored_groups(run, scores)
+    for members in out:
+        Experience.objects.filter(pk=members[0].pk).update(response_text="<answer>right</answer>")
+        Experience.objects.filter(pk__in=[m.pk for m in members[1:]]).update(response_text="<answer>wrong</answer>")
+    return out
+
+
+def _rate_on_the_page(run: Run, user: User, *, budget: int) -> int:
+    """An annotator at the annotation page: rates the first `budget` items of the queue (5
+    when the answer is right, 1 when wrong), skips the rest, as bench/steering's rater does."""
+    client = Client()
+    client.force_login(user)
+    assert client.get(f"/runs/{run.pk}/annotate/").status_code == 200
+    done = 0
+    for a in Assignment.objects.filter(run=run, annotator=user, status="leased").select_related("experience") \
+            .order_by("id"):
+        if done < budget:
+            score = "5" if "right" in a.experience.response_text else "1"
+            r = client.post(f"/runs/{run.pk}/annotate/items/{a.pk}/rate/", {"score": score}, HTTP_HX_REQUEST="true")
+            assert r.status_code == 200
+            done += 1
+        else:
+            client.post(f"/runs/{run.pk}/annotate/items/{a.pk}/skip/", {}, HTTP_HX_REQUEST="true")
+    return done
+
+
+def _pairs_of(assignments: list[Assignment]) -> list[tuple[Experience, Experience]]:
+    items = [a.experience for a in assignments]
+    return list(zip(items[0::2], items[1::2], strict=True))
+
+
+def test_labels_go_out_as_sibling_pairs_each_pair_to_one_annotator(owner: User) -> None:
+    run = _selected_run(owner, uncertainty=1.0, random_share=0.25)
+    _rated_groups(run, groups=30, size=8)
+    raters = [make_user(f"pairer{i}") for i in range(3)]
+    for rater in raters:
+        add_member(run, rater)
+    for _ in range(2):  # two rounds: each annotator's second claim continues the run-wide share
+        for rater in raters:
+            _rate_on_the_page(run, rater, budget=6)
+    handed: list[int] = []
+    for rater in raters:
+        mine = list(Assignment.objects.filter(run=run, annotator=rater).select_related("experience").order_by("id"))
+        assert len(mine) == 16
+        # Every consecutive two of an annotator's hand-outs are siblings: the 16 items are 8 pairs.
+        assert all(a.group_id == b.group_id and a.pk != b.pk for a, b in _pairs_of(mine))
+        handed += [a.experience_id for a in mine]
+    assert len(handed) == len(set(handed))  # no item to two annotators (overlap 1)
+
+
+def test_the_random_share_counts_pairs_and_random_pairs_are_siblings_too(owner: User) -> None:
+    from apps.feedback.selection import selection_order
+
+    run = _selected_run(owner, uncertainty=1.0, random_share=0.25)
+    groups = _rated_groups(run, groups=40, size=4)
+    candidates = [e for g in groups for e in g]
+    group_of = {e.pk: e.group_id for e in candidates}
+    order = selection_order(run=run, candidates=candidates, want=40, handed_out=0)
+    first = order[:20]  # 40 items, 20 pairs: the share is counted over pairs
+    assert [source for _, source in first].count("random") == 5
+    assert all(len(unit) == 2 and group_of[unit[0]] == group_of[unit[1]] for unit, _ in first)
+    # The rule's pairs straddle the model's decision: its right answer beside a wrong one.
+    rule = [unit for unit, source in first if source == "rule"]
+    right = {g[0].pk for g in groups}
+    assert sum(len(set(unit) & right) == 1 for unit in rule) >= len(rule) // 2
+    # Random pairs come from anywhere: not only the groups the rule reached first.
+    rule_groups = {group_of[u[0]] for u in rule}
+    assert any(group_of[unit[0]] not in rule_groups for unit, source in first if source == "random")
+
+
+def test_pairs_make_more_reward_model_pairs_from_the_same_ratings(owner: User) -> None:
+    """The same six ratings through the annotation page: picked one by one by the reward
+    model's smallest margins they are six wrong answers of one prompt, rated alike (no pair);
+    picked as pairs straddling its decision they put each right answer beside a wrong one."""
+    from apps.feedback.preferences import preference_pairs
+
+    derived = {}
+    for pairs in (False, True):
+        run = _selected_run(owner, uncertainty=1.0, pairs=pairs)
+        _rated_groups(run, groups=6, size=8)
+        rater = make_user(f"rater-{pairs}")
+        add_member(run, rater)
+        assert _rate_on_the_page(run, rater, budget=6) == 6
+        derived[pairs] = preference_pairs(run=run)
+    assert len(derived[False]) == 0
+    assert len(derived[True]) >= 3
+    assert all("right" in p.chosen and "wrong" in p.rejected for p in derived[True])
+
+
+def test_with_no_reward_model_a_pair_is_two_random_siblings(owner: User, annotator: User) -> None:
+    run = _selected_run(owner, variance=1.0)
+    add_member(run, annotator)
+    rows = [experience_row(run, key=f"k{i}", group=f"g{i // 8}", status="pending", reward=None,
+                           auto_reward=float(i % 2), response_text=f"answer {i}") for i in range(32)]
+    experience_write(experiences=rows)
+    picks = set()
+    for _ in range(6):
+        Assignment.objects.filter(run=run).delete()
+        mine = assignment_claim(run=run, annotator=annotator, size=2)
+        assert len(mine) == 2 and mine[0].experience.group_id == mine[1].experience.group_id
+        picks.add(frozenset(a.experience_id for a in mine))
+    assert len(picks) > 1  # not always the first two members
