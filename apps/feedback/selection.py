@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -190,7 +190,10 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
                 best = (prio[left[0]].total, 0.0)
         blocks.append((best, min(ids), units))
     blocks.sort(key=lambda b: (-b[0][0], -b[0][1], b[1]))
-    return [u for _, _, units in blocks for u in units]
+    # Singles (a group the candidate window cut to one member) after every pair: a single
+    # label teaches the reward model nothing until a sibling of it is rated too.
+    ranked = [u for _, _, units in blocks for u in units]
+    return [u for u in ranked if len(u) == 2] + [u for u in ranked if len(u) == 1]
 
 
 def _repaired(units: list[Unit], *, group_of: dict[int, str], size: int) -> list[Unit]:
@@ -236,6 +239,9 @@ def selection_order(*, run: Run, candidates: Sequence[Experience], want: int, ha
             order.append((left.pop(0), "rule"))
             continue
         pool = [pk for u in left for pk in u]
+        if size == 2:  # a member with a sibling left, where there is one: a random pair, not a lone item
+            grouped = Counter(group_of[pk] for pk in pool)
+            pool = [pk for pk in pool if grouped[group_of[pk]] > 1] or pool
         first = rng.choice(pool)
         siblings = [pk for pk in pool if pk != first and group_of[pk] == group_of[first]] if size == 2 else []
         pick = (first, rng.choice(siblings)) if siblings else (first,)
