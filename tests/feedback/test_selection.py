@@ -234,9 +234,15 @@ def _rate_on_the_page(run: Run, user: User, *, budget: int) -> int:
     return done
 
 
-def _pairs_of(assignments: list[Assignment]) -> list[tuple[Experience, Experience]]:
-    items = [a.experience for a in assignments]
-    return list(zip(items[0::2], items[1::2], strict=True))
+def _sibling_pairs(assignments: list[Assignment]) -> int:
+    """Pairs of consecutive hand-outs of one group, walking the annotator's queue in order."""
+    items, pairs, i = [a.experience for a in assignments], 0, 0
+    while i + 1 < len(items):
+        if items[i].group_id == items[i + 1].group_id:
+            pairs, i = pairs + 1, i + 2
+        else:
+            i += 1
+    return pairs
 
 
 def test_labels_go_out_as_sibling_pairs_each_pair_to_one_annotator(owner: User) -> None:
@@ -251,11 +257,13 @@ def test_labels_go_out_as_sibling_pairs_each_pair_to_one_annotator(owner: User) 
     handed: list[int] = []
     for rater in raters:
         mine = list(Assignment.objects.filter(run=run, annotator=rater).select_related("experience").order_by("id"))
-        assert len(mine) == 16
-        # Every consecutive two of an annotator's hand-outs are siblings: the 16 items are 8 pairs.
-        assert all(a.group_id == b.group_id and a.pk != b.pk for a, b in _pairs_of(mine))
-        handed += [a.experience_id for a in mine]
-    assert len(handed) == len(set(handed))  # no item to two annotators (overlap 1)
+        # Two claims of 8; a pair is never split, so a claim may end one over (a single left in
+        # a group whose other members were skipped back to the pool).
+        assert 16 <= len(mine) <= 18
+        # The hand-outs come as consecutive siblings: about k/2 within-group pairs from k items.
+        assert _sibling_pairs(mine) >= 7
+        handed += [a.experience_id for a in mine if a.status != "skipped"]  # a skipped item goes back to others
+    assert len(handed) == len(set(handed)) == 3 * 12  # no item to two annotators (overlap 1)
 
 
 def test_the_random_share_counts_pairs_and_random_pairs_are_siblings_too(owner: User) -> None:
