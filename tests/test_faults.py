@@ -253,7 +253,7 @@ django.setup()
 from apps.runs.services import run_transition
 from tests.factories import make_run, make_taskset, make_user
 owner = make_user("owner")
-run = make_run(owner=owner, taskset=make_taskset(64, owner=owner), name="faults", model={model!r},
+run = make_run(owner=owner, taskset=make_taskset(2 * {steps}, owner=owner), name="faults", model={model!r},
                engine="transformers", mode="sync", sync_interval=1, total_steps={steps}, explore_batch_size=2,
                repeat_times=4, train_batch_size=8, sampling={{"temperature": 1.0, "max_tokens": 8}},
                trainer={{"learning_rate": 1e-3, "loss_type": "grpo"}},
@@ -292,7 +292,9 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         workers.start("trainer", "train")
         workers.start("explorer", "rollout")
         workers.start("conductor", "default")
-        steps = 30  # enough that the run is still going when the last fault comes, even on an idle host
+        # Enough that the run is still going when the last fault comes, even on an idle host (30
+        # were not once the loop got faster: the run ended before the conductor could be killed).
+        steps = 60
         made = subprocess.run([sys.executable, "-c", _CREATE_RUN.format(model=str(model), steps=steps)], cwd=ROOT,
                               env=env, check=True, capture_output=True, text=True)
         yield Demo(pg=pg, redis=redis, workers=workers, run_id=int(made.stdout.strip().splitlines()[-1]),
