@@ -35,6 +35,9 @@ work and three Redis round trips (unacked entry, ack, reply). daphne, engine stu
 16.3-17.5 -> 13.0-13.9 ms per request (the middleware chain run in one thread, one query fewer
 per key). Paired runs of this bench (3 rounds, load 3.0-3.4): daphne 17.8-20.9 ms per request
 before, 13.4-16.2 after; the ratio's median 1.21 and 1.14 before, 1.14 and 1.15 after.
+On the quiet host afterwards (nothing else running, load 1.0-1.4), two runs of 4 rounds: the
+ratio's median 1.05 (rounds 1.03-1.07) and 1.07 (1.03-1.11), throughput endpoint/engine
+0.91-0.94; worker 92-94 ms CPU per call, daphne 12.7-14.2 ms per request.
 
     python -m bench openai_endpoint [--clients 16 --requests 4 --rounds 6 --tokens 16 --celery --engine transformers]
 """
