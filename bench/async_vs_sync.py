@@ -18,6 +18,12 @@ Also printed: the conductor worker's own CPU (user + system, from /proc) over ea
 the beats it ran (Celery's task counters) and the CPU per beat.
 
 Needs the explorer (`workers.explorer`, `workers.demo_model`).
+
+Measured 2026-11-23 (round 10), defaults, quiet 2-core host: 1.59 (sync 16.8 s, async 10.6 s,
+load 0.6-0.8) and 1.54 (15.4 / 10.0 s, load 0.9-1.0); explore 0.38-0.40 s and train 0.50-0.58 s a
+step, so the bound is ~1.75; the conductor 9.3-10.5 ms of CPU a beat. Target 1.6 not met. A first
+run right after the test suite gave 11.65 (sync 121 s, its train steps 2.17 s each): an outlier,
+not understood.
 """
 
 from __future__ import annotations

@@ -26,6 +26,24 @@ update of a claim or an ack is HOT and each of the 256 rows writes a tuple into 
 indexes, twice. Under 10 ms needs the lease out of the wide experience row (a narrow lease
 table the claim inserts into), not a faster client: the raw statements miss it by 6x here.
 The 10M point was not re-run.
+
+Round 10 (2026-11-23), this code, 1M rows: claim-and-ack 59.4 ms against the floor's 40.6 ms,
+ratio 1.46 (per pair p25/p50/p75 1.21/1.34/1.42), 2 claimers p50 33.7 ms, at load 1.2-1.4;
+56.3 / 41.5 ms, ratio 1.36, p50 53.4 ms at load 3.0-3.5; 0 duplicates. EXPLAIN (ANALYZE,
+BUFFERS, WAL), 466-byte rows, load 4.9-7.3: the claim 24.5 ms (the picking index scan 0.6 ms;
+~2,330 WAL records, 275 KB; 0 of 256 updates HOT, each row a new tuple and entries in six
+indexes), the ack 7.5-18.6 ms (~1,800 records, 240 KB, five indexes a row).
+Tried and not kept (branch `lease`, round 10): no index reading `status` (a generated column
+`claim_state`, leased read as ready, in the claim, group and pending indexes; fillfactor 80)
+and a narrow lease table for the reaper, whole-group claims and "in flight". Claims became
+HOT (256 of 256; 768 WAL records / 59 KB for the experience rows plus 771 / 50 KB for the
+lease rows; EXPLAIN 16.6 ms at load 5.6, ~11 ms of it the HOT updates), but claim-and-ack
+wall-clock showed no gain beyond the noise (alternated with this code: 128.6 vs 126.0 ms at
+load 7.5, 72.1 vs 54.4 ms at load 2.6-3.4; its 10M point 33.3 ms, p50 29.8 ms at load 3.0),
+the ack became two statements, and the stored generated column rewrites the whole table on
+migration. The next route: a claim that only inserts lease rows and leaves the wide row
+alone (status stays ready; the readers of "leased" -- feedback lateness and revision,
+buffer counts, exports -- ask the lease table): about the picking plus 2 ms of lease rows.
 """
 
 from __future__ import annotations

@@ -15,6 +15,21 @@ the expected accuracy at temperature 1 (`workers.demo_model.expected_accuracy`),
 with every step where greedy accuracy on 200 problems moves by luck.
 
     python -m bench.learning [--steps 500] [--eval-every 50] [--algorithms grpo,mix,sft] [--seeds 0,1,2]
+                             [--jobs 1]
+
+--jobs N runs N (algorithm, seed) runs at a time, each in its own single-threaded process
+(as bench/vs_trl runs its arms side by side): on this 2-core host `--jobs 2` runs a seed's
+GRPO and MIX together, so both see the same load, in half the wall-clock.
+
+The loop is its own conductor: nothing here sends a step to a Celery queue (the run's
+dispatch rows stay idle), so the log carries no "sent again" warnings for queues no worker reads.
+
+Measured 2026-11-23 (round 10), `--steps 400 --eval-every 50 --algorithms grpo,mix --seeds 0,1,2
+--jobs 2`, quiet 2-core host (load 1.1-2.4), base greedy accuracy 0.215, expected 0.1443:
+GRPO median of each seed's best gain within 10 minutes +21.5 points (seeds +27.0 / +21.5 / +20.0;
+target +20 met); median curve +9.0 at 95 s, +18.5 at 312 s, +21.5 at step 400 (353 s; spread
++14.0..+27.0), ~0.9 s a step. MIX at step 400: median +35.5 against GRPO's +21.5 (per seed +3.5 /
++15.0 / +21.5; MIX >= GRPO met); MIX passes +17 by step 50.
 
 Each algorithm runs once per seed (the run's seed: sampling and the trainer's RNG; the demo
 model is the same for all). The tables print each seed's curve, then the median gain over
@@ -26,10 +41,15 @@ with the load average after each run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +142,9 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     each step's seconds are appended to `step_times` when given."""
     from apps.buffer.importers import taskset_import
     from apps.buffer.services import task_attempts_create
-    from apps.runs.models import ModelVersion, Run
+    from apps.runs.models import Run
     from apps.runs.services import run_create
     from workers.demo_model import TASKSET_FILE
-    from workers.explorer import explore
-    from workers.trainer import trainer_step
 
     taskset = taskset_import(name=f"demo {algorithm}", path=demo / TASKSET_FILE, owner=owner)
     config = _config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type, seed=seed)
@@ -142,6 +160,31 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     base = _accuracy(str(demo), demo)
     base_expected = _expected_accuracy(str(demo), demo)
     points = [(0, 0.0, base)]
+    with _own_conductor():
+        _steps(algorithm, run=run, steps=steps, eval_every=eval_every, demo=demo, seed=seed, points=points,
+               base_expected=base_expected, step_times=step_times)
+    return points
+
+
+@contextmanager
+def _own_conductor() -> Iterator[None]:
+    """This process is the run's conductor and both its workers: what a step would send to the
+    Celery queues after it ends (the next explore or train step) is what the loop below does
+    itself. Left in, those messages sat in a broker nobody reads, and the loop's recovery sent
+    them again every RFT_DISPATCH_RESEND_SECONDS, with a warning each time."""
+    from unittest import mock
+
+    with mock.patch("apps.runs.orchestration.run_advance_after_step", lambda **_: None):
+        yield
+
+
+def _steps(algorithm: str, *, run: Any, steps: int, eval_every: int, demo: Path, seed: int,
+           points: list[tuple[int, float, float]], base_expected: float, step_times: list[float] | None) -> None:
+    from apps.runs.models import ModelVersion
+    from workers.explorer import explore
+    from workers.trainer import trainer_step
+
+    explores = algorithm != "sft"
     clock = 0.0
     for step in range(1, steps + 1):
         started = time.perf_counter()
@@ -163,7 +206,6 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
             print(f"  {algorithm} seed {seed} step {step:4d}  {clock:7.1f} s  acc {points[-1][2]:.3f}  "
                   f"expected {_expected_accuracy(checkpoint, demo):.4f} (base {base_expected:.4f})  "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
-    return points
 
 
 def _gain_within(points: list[tuple[int, float, float]], seconds: float) -> tuple[float, float]:
@@ -181,8 +223,30 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="run seeds (sampling and trainer RNG); targets use the median")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--loss-type", default="grpo")
+    parser.add_argument("--jobs", type=int, default=1, help="(algorithm, seed) runs at a time, one process each")
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)  # a --jobs child's results file
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     seeds = [int(s) for s in args.seeds.split(",")]
+    algorithms = args.algorithms.split(",")
+    for algorithm in algorithms:
+        if algorithm not in ("grpo", "mix", "sft"):
+            parser.error(f"--algorithms: unknown algorithm {algorithm!r} (grpo, mix, sft)")
+    if args.jobs > 1:
+        results, loads = _in_processes(args, seeds=seeds, algorithms=algorithms)
+    else:
+        results, loads = _in_this_process(args, seeds=seeds, algorithms=algorithms)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"results": results, "loads": loads}))
+        return
+    _report(results, loads=loads, seeds=seeds, steps=args.steps)
+
+
+Results = dict[str, dict[int, list[tuple[int, float, float]]]]
+
+
+def _in_this_process(args: argparse.Namespace, *, seeds: list[int], algorithms: list[str]) -> tuple[Results, list[float]]:
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-learning-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     # No Redis: the in-process broker and markers (nothing consumes what trainer_step sends).
@@ -199,11 +263,11 @@ def main() -> None:
     torch.set_num_threads(1)
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-learning")
-    results: dict[str, dict[int, list[tuple[int, float, float]]]] = {}
+    results: Results = {}
     loads: list[float] = []
     try:
         for seed in seeds:
-            for algorithm in args.algorithms.split(","):
+            for algorithm in algorithms:
                 print(f"{algorithm} seed {seed}: {args.steps} steps", flush=True)
                 results.setdefault(algorithm, {})[seed] = _run_one(
                     algorithm, steps=args.steps, eval_every=args.eval_every, demo=demo, owner=owner, lr=args.lr,
@@ -211,7 +275,51 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return results, loads
 
+
+def _in_processes(args: argparse.Namespace, *, seeds: list[int], algorithms: list[str]) -> tuple[Results, list[float]]:
+    """Each (algorithm, seed) run in a child process of its own, `--jobs` at a time, in the
+    order seed by seed (a seed's algorithms side by side see the same load)."""
+    from workers.demo_model import demo_model_build
+
+    setup_django()  # migrate once here: children migrating at the same time would race
+    demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)  # built once, before the children read it
+    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-learning-jobs-"))
+    queue = [(algorithm, seed) for seed in seeds for algorithm in algorithms]
+    running: list[tuple[str, int, Path, subprocess.Popen[bytes]]] = []
+    results: Results = {}
+    loads: list[float] = []
+    try:
+        while queue or running:
+            while queue and len(running) < args.jobs:
+                algorithm, seed = queue.pop(0)
+                out = tmp / f"{algorithm}-{seed}.json"
+                command = [sys.executable, "-m", "bench.learning", "--steps", str(args.steps), "--eval-every",
+                           str(args.eval_every), "--algorithms", algorithm, "--seeds", str(seed), "--lr", str(args.lr),
+                           "--loss-type", args.loss_type, "--out", str(out)]
+                running.append((algorithm, seed, out, subprocess.Popen(command)))
+            time.sleep(1)
+            for entry in [e for e in running if e[3].poll() is not None]:
+                running.remove(entry)
+                algorithm, seed, out, child = entry
+                if child.returncode != 0:
+                    raise SystemExit(f"{algorithm} seed {seed} failed (exit {child.returncode})")
+                data = json.loads(out.read_text())
+                for name, by_seed in data["results"].items():
+                    for key, points in by_seed.items():
+                        results.setdefault(name, {})[int(key)] = [(int(a), float(b), float(c)) for a, b, c in points]
+                loads.extend(data["loads"])
+    finally:
+        for *_, child in running:
+            child.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    # The tables list algorithms and seeds in the order asked, whichever child ended first.
+    ordered = {a: {s: results[a][s] for s in seeds} for a in algorithms}
+    return ordered, loads
+
+
+def _report(results: Results, *, loads: list[float], seeds: list[int], steps: int) -> None:
     print()
     print(f"{'algorithm':<10}{'seed':>5}{'step':>6}{'seconds':>10}{'accuracy':>10}{'gain (pts)':>12}")
     for algorithm, by_seed in results.items():
@@ -239,7 +347,7 @@ def main() -> None:
         pairs = [(results["mix"][s][-1], results["grpo"][s][-1], results["grpo"][s][0][2]) for s in seeds]
         mix_gains = [100 * (m[2] - base) for m, _, base in pairs]
         grpo_gains = [100 * (g[2] - base) for _, g, base in pairs]
-        summary.append(f"mix vs grpo gain at step {args.steps}: median {median(mix_gains):+.1f} vs {median(grpo_gains):+.1f} pts "
+        summary.append(f"mix vs grpo gain at step {steps}: median {median(mix_gains):+.1f} vs {median(grpo_gains):+.1f} pts "
                        f"(mix - grpo per seed: {', '.join(f'{m - g:+.1f}' for m, g in zip(mix_gains, grpo_gains))}; "
                        "target mix >= grpo)")
     summary.append(f"load average (1 min) after each run: {', '.join(f'{x:.1f}' for x in loads)}")

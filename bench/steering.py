@@ -17,8 +17,12 @@ steps and seeds:
 - `random10`: 10% rated, single items chosen uniformly at random, no reward model (`blend`, the
   wait window's fallback being the format reward);
 - `noisy`: as `rm10` with two raters, one answering at random, reliability weights on (gold
-  items marked by the owner through the Raters page, mixed in at 20%); the step's budget is
-  split between the raters in whole pairs (4 / 2, alternating).
+  items marked by the owner through the Raters page, mixed in at 20%) and, from round 10,
+  trust-aware hand-out (`feedback.trust`: a new rater rates 3 gold items before anything else,
+  an untrusted one gets gold items only; `--trust off`: both served alike). The raters take
+  turns at the page (who comes first alternates by step), each rating what the server hands
+  them until the step's budget is spent: how the budget divides is the server's hand-out, not
+  the bench's (round 9 split it blind, in whole pairs, 4 / 2 alternating).
 
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
@@ -31,7 +35,7 @@ is mostly trajectory luck).
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
                              [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
-                             [--crossval-folds 0] [--pairs on|off] [--w-auto 0.2]
+                             [--crossval-folds 0] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -75,6 +79,50 @@ careful rater) and make noisy's reward model usable on both seeds; rm10's gain m
 spread. What would likely meet noisy >= 0.8x rm10: more of the budget to the rater who earned
 trust (the split here is blind, 3 / 3), or gold items from step 1 so trust is earned sooner.
 
+Measured 2026-11-23, round 10 (same settings: 60 steps, 8 tasks x 8, lr 1e-4, `--rm-base judge
+--crossval-folds 4`, base expected accuracy 0.1443; load 4.1-7.0 on the shared 2-core box, two or
+three benches at once on separate bench databases, 2.5-6.5 s a step): trust-aware hand-out
+(`feedback.trust`: a new rater rates 3 gold items before anything else, an untrusted one gets
+gold items only) and the raters' turns at the page in place of the blind split:
+- `rm10` (one rater, unchanged by either): +0.046 / +0.012 / +0.048 / +0.045 (seeds 0-3; round 9
+  seeds 0 / 1: +0.029 / +0.031); reward model 0.98-1.00 on 253-330 pairs, usable from step 3 / 15
+  / 3 / 3. Seed 2 again: +0.057.
+- `noisy`: +0.047 / +0.013 / +0.024 / +0.036 (seeds 0-3); reward model 0.98-1.00 on 246-277
+  pairs (round 9: 63 / 85), usable from step 8 / 15 / 11 / 9 (round 9: 15 / 18). Seed 2 again:
+  +0.045, usable from step 6 (the same seed moves by 0.02: trajectory luck, unseeded hand-out).
+  Where the 360 labels went: the careful rater 348-353 (10 of them gold), the random one 7-12 (7-10 of them
+  gold; he is untrusted after his 3 first gold items and then gets only the gold items left).
+- noisy / rm10: 1.02 / 1.06 / 0.51 / 0.80 per seed (seed 2 again: 0.79); seeds 0 / 1 (the
+  target's seeds): mean +0.030 vs +0.029 = 1.03x (round 9: 0.06x); seeds 0-3, first runs: +0.030
+  vs +0.038 = 0.795x; all five runs of each: +0.033 vs +0.042 = 0.79x; seed 2's two runs averaged first:
+  0.84x.
+- ablation `--trust off` (the new turns at the page, both raters served alike), seeds 0 / 1:
+  `noisy` +0.001 / +0.002, careful 180 / random 180 labels, reward model 0.97 / 0.99 on 118 / 97
+  pairs: the turns alone change nothing; the gain comes from the hand-out.
+Met: noisy >= 0.8x rm10 on seeds 0 / 1 (1.03x). Over four seeds it sits at the target, 0.79-0.84x
+by how the runs are pooled: not shown to hold beyond the spread. What is left: noisy's reward
+model becomes usable a few steps later than rm10's (8-11 vs 3 on seeds 0 / 2 / 3), as step 1's budget goes to gold (the random rater's 3
+first, then 3 more of the gold items he is untrusted on) and the careful rater's first 3 labels
+are gold too, then 20% of his hand-outs (`gold_rate`) until the 12 gold items are used up. Counting
+the first gold items toward `gold_rate`, or pacing an untrusted rater's gold re-checks, would move
+a few labels back to the first steps; not done this round. The between-seed spread of rm10 itself
+(+0.012..+0.057) is larger than the noisy - rm10 difference on any seed.
+Re-measured on the merged code (the hand-out above plus out-of-fold calibration of the
+cross-validated reward model: round 10's main), same settings, one bench per seed, two at a
+time, load 0.5-6.9, ~1.4-2.3 s a step for rm10 / noisy, 4.1 for all:
+- `all`: +0.024 / +0.014 (seeds 0 / 1; 3840 labels).
+- `rm10`: +0.042 / +0.040 / +0.030 / +0.037 (seeds 0-3; mean +0.037); reward model 0.99-1.00 on
+  300-312 pairs, usable from step 3 / 9 / 3 / 6. Seeds 0 / 1: +0.041 = 2.16x `all`'s +0.019 with
+  0.094x its labels.
+- `random10`: -0.029 / -0.026 (seeds 0 / 1; 21 / 15 steps without signal).
+- `noisy`: +0.041 / +0.025 / +0.030 / +0.058 (mean +0.039); reward model 0.99-1.00 on 253-298
+  pairs, usable from step 11 / 6 / 9 / 9. noisy / rm10 per seed 0.97 / 0.62 / 0.99 / 1.57;
+  seeds 0 / 1: +0.033 vs +0.041 = 0.80x; seeds 0-3: 1.03x.
+Met on these runs: rm10 >= 0.8x all with 0.094x its labels (2.16x); reward-model held-out
+accuracy >= 0.85 (0.99-1.00, optimistic as said above); noisy >= 0.8x rm10 (0.80x on seeds
+0 / 1, 1.03x over four seeds, with a per-seed spread of 0.62-1.57). rm10 >= 2x random10 has no
+ratio while random10 loses (rm10 is ahead by 0.07 on each seed).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
@@ -115,7 +163,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0,
-            pairs: bool = True) -> dict[str, Any]:
+            pairs: bool = True, trust: bool = True) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -147,7 +195,11 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
     if arm == "rm10":
         return {**common, "feedback": learned, "reward_model": rm}
     if arm == "noisy":
-        return {**common, "feedback": {**learned, "rater_weighting": "gold", "gold_rate": 0.2}, "reward_model": rm}
+        # Trust-aware hand-out (`--trust on`): a new rater rates 3 gold items before anything
+        # else, an untrusted one gets gold items only (apps.feedback.services._claim_selected).
+        hand_out = {"trust": {"gold_first": 3, "untrusted_share": 0.0}} if trust else {}
+        return {**common, "feedback": {**learned, "rater_weighting": "gold", "gold_rate": 0.2, **hand_out},
+                "reward_model": rm}
     raise SystemExit(f"unknown arm {arm!r}")
 
 
@@ -300,7 +352,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
-            crossval_folds: int = 0, pairs: bool = True) -> dict[str, Any]:
+            crossval_folds: int = 0, pairs: bool = True, trust: bool = True) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -324,7 +376,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
-                                    pairs=pairs))
+                                    pairs=pairs, trust=trust))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -356,14 +408,23 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             for r in raters:
                 r.rate(run.pk, None)
         else:
-            budget = max(1, round(share * rollouts))
-            # The budget split between the raters, in whole pairs where the rule hands out
-            # pairs (a pair half rated by each rater is half random); the odd unit alternates.
-            unit = 2 if run.cfg.feedback.selection.pairs and budget >= 2 * len(raters) else 1
-            units = budget // unit
-            for i, r in enumerate(raters):
-                extra = 1 if (i + step) % len(raters) < units % len(raters) else 0
-                r.rate(run.pk, unit * (units // len(raters) + extra) + (budget % unit if i == len(raters) - 1 else 0))
+            # The step's budget is the people's time: the raters take turns at the page (who
+            # comes first alternates by step) and each rates what the server hands them until
+            # the budget is spent. How much each one gets is the server's hand-out (the
+            # selection rule, and `feedback.trust` by measured trust), not a split by the bench,
+            # which does not know who answers at random. Two raters both handed items share the
+            # budget about evenly over the steps, as round 9's blind 4 / 2 split did.
+            left = max(1, round(share * rollouts))
+            turn = raters[step % len(raters):] + raters[:step % len(raters)]
+            while left > 0:
+                got = 0
+                for r in turn:
+                    if left > 0:
+                        done = r.rate(run.pk, left)
+                        left -= done
+                        got += done
+                if got == 0:
+                    break  # nothing left to hand out to anyone
         if run.cfg.reward_model.enabled:
             t = time.perf_counter()
             reward_model_train_run(run=run)
@@ -386,7 +447,15 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
-    return {"usable_from": usable_from, "skipped": skipped,"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc[0], "greedy": greedy,
+    from apps.rewards.models import GoldItem
+
+    gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
+    # Where the budget went: each rater's labels, and how many of them were on gold items.
+    by_rater = {("careful" if r.careful else "random"): (
+        Feedback.objects.filter(run=run, kind="rating", author__username=r.username).count(),
+        Feedback.objects.filter(run=run, kind="rating", author__username=r.username,
+                                experience_id__in=gold_ids).count()) for r in raters}
+    return {"by_rater": by_rater, "usable_from": usable_from, "skipped": skipped,"arm": arm, "seed": seed, "acc": acc, "gain": acc - base_acc[0], "greedy": greedy,
             "greedy_gain": greedy - base_acc[1], "labels": labels,
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
@@ -424,6 +493,9 @@ def main() -> None:
                         help="the likelihood reward model's held-out accuracy by k-fold cross-validation (0: split)")
     parser.add_argument("--pairs", default="on", choices=["on", "off"],
                         help="rm10 / noisy: the selection rule hands out sibling pairs (feedback.selection.pairs)")
+    parser.add_argument("--trust", default="on", choices=["on", "off"],
+                        help="noisy: trust-aware hand-out (feedback.trust: 3 gold items first, untrusted raters "
+                             "get gold items only); off: round 9's hand-out, both raters served alike")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -469,7 +541,8 @@ def main() -> None:
                                        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
                                        rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
                                        rm_confidence=args.rm_confidence, w_auto=args.w_auto,
-                                       crossval_folds=args.crossval_folds, pairs=args.pairs == "on"))
+                                       crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
+                                       trust=args.trust == "on"))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()

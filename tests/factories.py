@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from typing import Any
 
@@ -10,7 +11,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.importers import taskset_create
-from apps.buffer.models import Experience, Taskset
+from apps.buffer.models import Experience, Task, Taskset
 from apps.buffer.services import experience_write
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
@@ -113,3 +114,24 @@ def make_image_taskset(n: int = 3, *, owner: User | None = None, name: str = "sq
                 "image": names[i]} for i in range(n)]
     files = {names[i]: picture_png(i % 4 + 1, seed=i) for i in range(n)}
     return taskset_import(name=name, path=image_zip(directory / "tasks.zip", records, files), owner=owner)
+
+
+def found(pattern: str, text: str, flags: int = 0) -> re.Match[str]:
+    """`re.search` for what a test reads off a page or a log: a miss fails the test with the
+    text it searched, instead of an AttributeError on None."""
+    match = re.search(pattern, text, flags)
+    assert match is not None, f"{pattern!r} not found in: {text[-2000:]}"
+    return match
+
+
+def taskset_of(run: Run) -> Taskset:
+    """The run's taskset; a test run without one fails here, by name."""
+    assert run.taskset is not None, f"run {run.pk} has no taskset"
+    return run.taskset
+
+
+def first_task(of: Run | Taskset) -> Task:
+    """The first task (by id) of a run's taskset or of a taskset."""
+    task = (taskset_of(of) if isinstance(of, Run) else of).tasks.order_by("id").first()
+    assert task is not None, f"{of} has no tasks"
+    return task

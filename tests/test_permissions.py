@@ -155,10 +155,10 @@ def _taskset_picture(run: Run) -> str:
     """A picture of the run's taskset, in the image store: the digest the image URL names."""
     from apps.buffer.images import image_store
     from apps.buffer.models import TasksetImage
-    from tests.factories import picture_png
+    from tests.factories import picture_png, taskset_of
 
     info = image_store(data=picture_png(2), name="two.png")
-    TasksetImage.objects.create(taskset=run.taskset, sha256=info.sha256, content_type=info.content_type, width=info.width,
+    TasksetImage.objects.create(taskset=taskset_of(run), sha256=info.sha256, content_type=info.content_type, width=info.width,
                                 height=info.height, size=info.size, name=info.name)
     return info.sha256
 
@@ -223,7 +223,9 @@ def test_every_url_keeps_to_its_rule_for_each_persona(world: dict[str, Any], per
             continue
         if persona != "anonymous":
             client.force_login(world["users"][persona])  # again: one of the URLs logs out
-        _expect(rule_of(key), persona, _visit(client, url), url)
+        rule = rule_of(key)
+        assert rule is not None, f"{key} has no access rule"  # the rule-per-URL test says which
+        _expect(rule, persona, _visit(client, url), url)
         checked += 1
     assert checked > 50
 

@@ -77,7 +77,7 @@ def _environment_reads(path: Path) -> list[str]:
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == "os.environ":
             target = "os.environ[…]"
         if target:
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {target}")
+            found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')} {target}")
     return found
 
 
@@ -100,7 +100,7 @@ def test_every_variable_the_settings_read_is_in_the_readme_table() -> None:
     helpers = {"env_str", "env_bool", "env_int", "env_float", "env_list"}
     tree = ast.parse((ROOT / "rftweb" / "settings.py").read_text())
     names = {
-        node.args[0].value
+        str(node.args[0].value)
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in helpers
         and node.args and isinstance(node.args[0], ast.Constant)

@@ -45,6 +45,7 @@ def mlflow_metrics(run_pk: int) -> dict[str, dict[int, float]]:
 
     client = MlflowClient(tracking_uri=mlflow_uri())
     experiment = client.get_experiment_by_name("rftweb")
+    assert experiment is not None, "the tracker made no 'rftweb' experiment"
     found = client.search_runs([experiment.experiment_id], filter_string=f"tags.`rftweb.run_id` = '{run_pk}'")
     assert len(found) == 1, "one MLflow run per rftweb run"
     run_id = found[0].info.run_id
@@ -70,7 +71,7 @@ def wandb_history(root: Path) -> list[dict[str, str]]:
             chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
             buf = chunk if kind in (1, 2) else buf + chunk
             if kind in (1, 4):
-                record = pb.Record()
+                record = pb.Record()  # type: ignore[attr-defined]  # protobuf's generated class
                 record.ParseFromString(buf)
                 if record.WhichOneof("record_type") == "history":
                     rows.append({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
@@ -154,7 +155,11 @@ def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_liv
 
     sent: list[dict[str, Any]] = []
     real = metrics.event_publish
-    monkeypatch.setattr(metrics, "event_publish", lambda **kw: (sent.append(kw), real(**kw)))
+    def publish(**kw: Any) -> Any:
+        sent.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(metrics, "event_publish", publish)
     run = make_run(owner=owner, tracking=["tensorboard"])
     with django_capture_on_commit_callbacks(execute=True):
         reward_model_publish(run=run, path="/rm/1", base="demo", accuracy=0.875, pairs_train=40,

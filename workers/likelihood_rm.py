@@ -165,30 +165,54 @@ def _fold_of(group_id: str, folds: int) -> int:
     return int.from_bytes(digest[:8], "big") % folds
 
 
-def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
-                      *, folds: int, l2: float) -> float | None:
-    """k-fold cross-validated pairwise accuracy over prompts: each pair ranked by weights fitted
-    on the other folds' pairs (a prompt's pairs share a fold), weighted by the pair's trust."""
-    from workers.reward_trainer import pairwise_accuracy
+def _dot(w: Sequence[float], x: Sequence[float]) -> float:
+    return sum(a * b for a, b in zip(w, x, strict=True))
 
-    chosen: list[float] = []
-    rejected: list[float] = []
-    trust: list[float] = []
+
+def fold_weights(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
+                 *, folds: int, l2: float) -> dict[int, list[float]]:
+    """For each fold holding pairs, the weights fitted on the other folds' pairs (a prompt's
+    pairs share a fold: `_fold_of` its group); none for a fold that holds every pair."""
     by_fold: dict[int, list[PreferencePair]] = {}
     for p in pairs:
         by_fold.setdefault(_fold_of(p.group_id, folds), []).append(p)
-    for k, held in by_fold.items():
+    out: dict[int, list[float]] = {}
+    for k in by_fold:
         rest = [p for f, ps in by_fold.items() if f != k for p in ps]
-        if not rest:
-            continue  # one fold holds every prompt: nothing to fit on without them
-        w = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in rest],
-                              [z[texts[(p.prompt, p.rejected)]] for p in rest],
-                              [max(p.margin, 1e-3) * p.trust for p in rest], l2=l2)
-        for p in held:
-            chosen.append(sum(a * b for a, b in zip(w, z[texts[(p.prompt, p.chosen)]], strict=True)))
-            rejected.append(sum(a * b for a, b in zip(w, z[texts[(p.prompt, p.rejected)]], strict=True)))
-            trust.append(p.trust)
+        if rest:
+            out[k] = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in rest],
+                                       [z[texts[(p.prompt, p.rejected)]] for p in rest],
+                                       [max(p.margin, 1e-3) * p.trust for p in rest], l2=l2)
+    return out
+
+
+def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
+                      *, folds: int, l2: float, weights: dict[int, list[float]] | None = None) -> float | None:
+    """k-fold cross-validated pairwise accuracy over prompts: each pair ranked by weights fitted
+    on the other folds' pairs (`fold_weights`, or `weights` when given), weighted by its trust."""
+    from workers.reward_trainer import pairwise_accuracy
+
+    weights = fold_weights(z, texts, pairs, folds=folds, l2=l2) if weights is None else weights
+    chosen: list[float] = []
+    rejected: list[float] = []
+    trust: list[float] = []
+    for p in pairs:
+        w = weights.get(_fold_of(p.group_id, folds))
+        if w is None:
+            continue  # one fold holds every prompt: nothing was fitted without them
+        chosen.append(_dot(w, z[texts[(p.prompt, p.chosen)]]))
+        rejected.append(_dot(w, z[texts[(p.prompt, p.rejected)]]))
+        trust.append(p.trust)
     return pairwise_accuracy(chosen, rejected, trust)
+
+
+def out_of_fold_scores(z: Sequence[Sequence[float]], group_ids: Sequence[str], *, weights: dict[int, list[float]],
+                       folds: int, fallback: Sequence[float]) -> list[float]:
+    """Each item scored by the weights fitted without its group's fold: what the reward model
+    would score it had it never seen its prompt's pairs. A group whose fold has no fit gets
+    `fallback`, the weights fitted on every pair: its fold held no pair (so neither did the
+    group), or, with too few prompts, every pair (nothing was fitted without them)."""
+    return [_dot(weights.get(_fold_of(g, folds), fallback), x) for x, g in zip(z, group_ids, strict=True)]
 
 
 def likelihood_model_fit(
@@ -226,7 +250,9 @@ def likelihood_model_fit(
     scorer = LikelihoodScorer(head, model, tokenizer)
     accuracy = None
     if crossval_folds >= 2:
-        accuracy = crossval_accuracy(z, texts, train, folds=crossval_folds, l2=l2)
+        scorer.folds = crossval_folds
+        scorer.fold_weights = fold_weights(z, texts, train, folds=crossval_folds, l2=l2)
+        accuracy = crossval_accuracy(z, texts, train, folds=crossval_folds, l2=l2, weights=scorer.fold_weights)
     elif heldout:
         prompts = [p.prompt for p in heldout]
         accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
@@ -240,13 +266,31 @@ class LikelihoodScorer:
 
     def __init__(self, head: LikelihoodHead, model: Any, tokenizer: Any) -> None:
         self.head, self.model, self.tokenizer = head, model, tokenizer
+        # Set by a cross-validated fit (not saved with the version): each fold's weights.
+        self.folds = 0
+        self.fold_weights: dict[int, list[float]] = {}
 
     def score(self, prompts: Sequence[str], completions: Sequence[str], *, batch_size: int = 32) -> list[float]:
         if not prompts:
             return []
-        return self.head.score(likelihood_features(
-            self.model, self.tokenizer, prompts, completions, max_length=self.head.max_length,
-            answer_pattern=self.head.answer_pattern, batch_size=batch_size))
+        return self.head.score(self._features(prompts, completions, batch_size=batch_size))
+
+    def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], group_ids: Sequence[str],
+                          *, batch_size: int = 32) -> list[float]:
+        """Scores as `score`, but each by the fold's weights that never saw its group's pairs
+        (`out_of_fold_scores`); `score` itself when the fit was not cross-validated."""
+        if not self.fold_weights:
+            return self.score(prompts, completions, batch_size=batch_size)
+        if not prompts:
+            return []
+        head = self.head
+        z = [[(x - m) / s for x, m, s in zip(f, head.mean, head.std, strict=True)]
+             for f in self._features(prompts, completions, batch_size=batch_size)]
+        return out_of_fold_scores(z, group_ids, weights=self.fold_weights, folds=self.folds, fallback=head.weights)
+
+    def _features(self, prompts: Sequence[str], completions: Sequence[str], *, batch_size: int) -> list[list[float]]:
+        return likelihood_features(self.model, self.tokenizer, prompts, completions, max_length=self.head.max_length,
+                                   answer_pattern=self.head.answer_pattern, batch_size=batch_size)
 
 
 def likelihood_model_load(path: str) -> LikelihoodScorer:

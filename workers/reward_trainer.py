@@ -208,6 +208,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     rng = random.Random(run.cfg.seed + number)
     rng.shuffle(train)
     score: Scorer
+    calibration_score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]] | None = None
     if cfg.kind == "likelihood":
         from workers.likelihood_rm import likelihood_model_fit
 
@@ -217,6 +218,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         if cfg.crossval_folds >= 2:
             # Every pair trained the published version and was held out once in the folds.
             train, heldout = train + heldout, train + heldout
+            calibration_score = scorer.score_out_of_fold
         score = scorer.score
     else:
         net, tokenizer, accuracy = reward_model_fit(
@@ -228,13 +230,19 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
             return rm_score_texts(net, tokenizer, list(prompts), list(completions), max_length=cfg.max_length)
     # Put raw scores on the human scale with the experiences people rated in the held-out
     # groups (scores of what it trained on are overconfident); all rated ones while too few.
+    # Cross-validated, no group is held out of the published fit, but each has a fold's fit
+    # that never saw it: every rated experience is scored by that one.
     rated_all = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
                      .exclude(pk__in=gold).order_by("-id")
                      .values_list("prompt_text", "response_text", "human_reward", "group_id")[:2048])
-    rated = [r for r in rated_all if group_is_heldout(r[3], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
-    if len(rated) < MIN_CALIBRATION_POINTS:
+    if calibration_score is not None:
         rated = rated_all[:512]
-    scores = score([r[0] for r in rated], [r[1] for r in rated])
+        scores = calibration_score([r[0] for r in rated], [r[1] for r in rated], [r[3] for r in rated])
+    else:
+        rated = [r for r in rated_all if group_is_heldout(r[3], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
+        if len(rated) < MIN_CALIBRATION_POINTS:
+            rated = rated_all[:512]
+        scores = score([r[0] for r in rated], [r[1] for r in rated])
     scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
     rm = reward_model_publish(
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),

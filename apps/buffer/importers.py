@@ -310,7 +310,7 @@ def taskset_import(
         if progress:
             progress(count, total)
         transaction.on_commit(session.finish)
-    taskset.pipeline_counts = session.counts  # type: ignore[attr-defined]
+    taskset.pipeline_counts = session.counts
     return taskset
 
 
@@ -335,5 +335,5 @@ def taskset_create(
         writer.add(rows)
         writer.finish()
         transaction.on_commit(session.finish)
-    taskset.pipeline_counts = session.counts  # type: ignore[attr-defined]
+    taskset.pipeline_counts = session.counts
     return taskset

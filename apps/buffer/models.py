@@ -10,6 +10,10 @@ class Taskset(models.Model):
     source = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # Not a column: the importers set it on the taskset they return, to say what the import
+    # pipeline's operators did ("operator/outcome": count); each task keeps its own reason.
+    pipeline_counts: dict[str, int]
+
     def __str__(self) -> str:
         return self.name
 

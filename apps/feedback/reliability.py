@@ -17,18 +17,30 @@
   taught to every rollout, and a random rater lucky on 4 gold items (accuracy 0.375: fold
   weight 0.5, trusted) put 112 random pairs into bench/steering's noisy arm; earned, 0.3.
 
+- Standing for the annotation queue (`feedback.trust`, apps.feedback.services): unmeasured
+  (fewer gold items rated than `trust.gold_first`, at least one; under agreement weighting no
+  shared item yet), trusted (earned trust at least the reward model's bar, TRUSTED_WEIGHT) or
+  untrusted. An unmeasured annotator gets gold items first, an untrusted one gold items and
+  only `trust.untrusted_share` of the fresh items.
+
 Everything is on the normalised human scale [0, 1] (apps.feedback.policy).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.cache import cache
+from django.db.models import Count, Max, Sum
+
 from apps.feedback.models import Assignment, Feedback
+from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.runs.models import Run
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
@@ -49,6 +61,8 @@ class RaterFigures:
     # The weight the reward model's pairs use: earned by measurement (module docstring).
     earned: float = 1.0
     kinds: dict[str, int] = field(default_factory=dict)
+    # unmeasured / trusted / untrusted (module docstring); None without rater weighting.
+    standing: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -56,7 +70,7 @@ class RaterFigures:
             "agreement": self.agreement, "agreement_items": self.agreement_items,
             "gold_accuracy": self.gold_accuracy, "gold_items": self.gold_items,
             "seconds_per_item": self.seconds_per_item, "scale_offset": self.scale_offset, "weight": self.weight,
-            "earned_weight": self.earned,
+            "earned_weight": self.earned, "standing": self.standing,
         }
 
 
@@ -228,7 +242,48 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
         elif mode == "agreement":
             f.weight = _shrunk(f.agreement, f.agreement_items)
             f.earned = _shrunk(f.agreement, f.agreement_items, prior=0.0)
+        f.standing = _standing(run, f)
     return sorted(figures.values(), key=lambda f: f.username)
+
+
+def _standing(run: Run, f: RaterFigures) -> str | None:
+    policy = run.cfg.feedback
+    if policy.rater_weighting == "off":
+        return None
+    if policy.rater_weighting == "gold":
+        measured = f.gold_items >= max(1, policy.trust.gold_first)
+    else:
+        measured = f.agreement_items >= 1
+    if not measured:
+        return "unmeasured"
+    return "trusted" if f.earned >= TRUSTED_WEIGHT else "untrusted"
+
+
+STANDINGS_CACHE_SECONDS = 600
+
+
+def rater_standing(*, run: Run, annotator_id: int) -> str | None:
+    """The annotator's standing for the hand-out (module docstring): "unmeasured" for one
+    with no feedback yet, None when the run does not weight raters.
+
+    Every claim asks, and the figures read all of the run's feedback: the standings are
+    cached under what they are computed from (the run's feedback and gold items as of now,
+    and its feedback policy), so a new label or gold item is a new key and never a stale one."""
+    from apps.rewards.models import GoldItem
+
+    policy = run.cfg.feedback
+    if policy.rater_weighting == "off":
+        return None
+    labels = Feedback.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
+    gold = GoldItem.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"), answers=Sum("answer"))
+    # The run's creation time too: a database rebuilt from scratch hands out the same ids again.
+    basis = json.dumps([run.created_at, labels, gold, policy.model_dump(mode="json")], sort_keys=True, default=str)
+    key = f"rater-standings:{run.pk}:{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
+    standings: dict[int, str | None] | None = cache.get(key)
+    if standings is None:
+        standings = {f.author_id: f.standing for f in rater_figures(run=run)}
+        cache.set(key, standings, STANDINGS_CACHE_SECONDS)
+    return standings.get(annotator_id, "unmeasured")
 
 
 def rater_weights(*, run: Run, figures: Iterable[RaterFigures] | None = None,
@@ -258,8 +313,6 @@ def rater_offsets(*, run: Run, figures: Iterable[RaterFigures] | None = None) ->
 def rater_offsets_cached(*, run: Run) -> dict[int, float] | None:
     if not run.cfg.feedback.normalise_raters:
         return None
-    from django.core.cache import cache
-
     key = f"rft:rater-offsets:{run.pk}"
     offsets = cache.get(key)
     if offsets is None:
@@ -273,8 +326,6 @@ def rater_weights_cached(*, run: Run) -> dict[int, float] | None:
     on every submit, the figures read the whole run's feedback."""
     if run.cfg.feedback.rater_weighting == "off":
         return None
-    from django.core.cache import cache
-
     key = f"rft:rater-weights:{run.pk}:{run.cfg.feedback.rater_weighting}"
     weights = cache.get(key)
     if weights is None:

@@ -42,6 +42,7 @@ from apps.feedback.values import (
     ranking_value,
     rating_value,
 )
+from apps.runs.config import FeedbackPolicy
 from apps.runs.events import event_publish
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, NotFound
@@ -99,7 +100,7 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
     from apps.feedback.selection import selection_active
 
     policy = run.cfg.feedback
-    if policy.gold_rate > 0 or selection_active(policy.selection):
+    if policy.gold_rate > 0 or selection_active(policy.selection) or _trust_handout(policy):
         return _claim_selected(run=run, annotator=annotator, candidates=candidates, want=want, expires=expires)
     tried: set[int] = set()
     for _ in range(8):  # windows; each one either yields items or shows the pool is empty
@@ -147,26 +148,76 @@ def _slot_take(*, run: Run, annotator: Any, exp_id: int, slots: Sequence[int], e
 GOLD_SLOT_BASE = 1000
 
 
+def _trust_handout(policy: FeedbackPolicy) -> bool:
+    """Whether the hand-out follows each annotator's standing (`feedback.trust` set, and
+    trust measured: a rater weighting on)."""
+    return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
+
+
 def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
-    """assignment_claim under a selection rule (apps.feedback.selection) and gold items:
-    the same slots and leases, the order and the mix decided by the rule. A sibling pair
-    (`selection.pairs`) goes to one annotator whole, so the queue may end one over `want`;
-    gold items come between pairs."""
+    """assignment_claim under a selection rule (apps.feedback.selection), gold items and
+    trust-aware hand-out (`feedback.trust`): the same slots and leases, the order and the mix
+    decided by the rule. A sibling pair (`selection.pairs`) goes to one annotator whole, so the
+    queue may end one over `want`; gold items come between pairs.
+
+    By the annotator's standing (apps.feedback.reliability.rater_standing): an unmeasured one
+    gets gold items only until `trust.gold_first` are handed out (their fresh labels would
+    teach the reward model nothing until trust is known, and half the budget went to a random
+    rater before); an untrusted one gets their unrated gold items first, then only
+    `trust.untrusted_share` of the fresh items, the rest staying for trusted annotators.
+    The gold items look like any other item either way."""
     from apps.feedback.selection import WINDOW, selection_order, share_slots
     from apps.rewards.models import GoldItem
 
     policy = run.cfg.feedback
+    trust = policy.trust
     gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
-    window = list(candidates.exclude(pk__in=gold_ids)[:WINDOW])
-    handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
-    order = selection_order(run=run, candidates=window, want=want, handed_out=handed_out)
-    mine = Assignment.objects.filter(run=run, annotator=annotator).count()
-    gold_turns = share_slots(start=mine, count=want + 1, share=policy.gold_rate)
-    fresh_gold = [pk for pk in gold_ids - set(Assignment.objects.filter(run=run, annotator=annotator)
-                                                .values_list("experience_id", flat=True))]
+    mine_qs = Assignment.objects.filter(run=run, annotator=annotator)
+    mine = mine_qs.count()
+    fresh_gold = [pk for pk in gold_ids - set(mine_qs.values_list("experience_id", flat=True))]
     random_gold = random.Random()
     random_gold.shuffle(fresh_gold)
     created: list[Assignment] = []
+
+    def gold_take() -> Assignment | None:
+        while fresh_gold:
+            got = _slot_take(run=run, annotator=annotator, exp_id=fresh_gold.pop(), expires=expires,
+                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200))
+            if got is not None:
+                return got
+        return None
+
+    standing = None
+    if _trust_handout(policy):
+        from apps.feedback.reliability import rater_standing
+
+        standing = rater_standing(run=run, annotator_id=annotator.pk)
+    fresh_cap = want
+    if standing == "unmeasured" and trust.gold_first and fresh_gold:
+        # Gold only until measured; gold already in the queue counts (skipped ones do not).
+        given = mine_qs.filter(experience_id__in=gold_ids).exclude(status=Assignment.Status.SKIPPED).count()
+        for _ in range(min(want, trust.gold_first - given)):
+            got = gold_take()
+            if got is None:
+                break
+            created.append(got)
+        return created
+    if standing == "untrusted":
+        while len(created) < want:
+            got = gold_take()
+            if got is None:
+                break
+            created.append(got)
+        fresh_mine = mine_qs.exclude(experience_id__in=gold_ids).count()
+        fresh_cap = sum(share_slots(start=fresh_mine, count=want - len(created), share=trust.untrusted_share))
+        if fresh_cap == 0:
+            return created
+        want = len(created) + fresh_cap
+
+    window = list(candidates.exclude(pk__in=gold_ids)[:WINDOW])
+    handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
+    order = selection_order(run=run, candidates=window, want=want - len(created), handed_out=handed_out)
+    gold_turns = share_slots(start=mine, count=want + 1, share=policy.gold_rate)
     queue = iter(order)
 
     def take(exp_id: int) -> Assignment | None:
@@ -174,12 +225,11 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
         return _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
                           slots=[s for s in range(policy.overlap) if s not in taken])
 
-    gold_given = 0
+    gold_given = len(created)
     while len(created) < want:
         # Gold turns up to this hand-out not yet served (a pair may step over one: it comes next).
         if sum(gold_turns[:len(created) + 1]) > gold_given and fresh_gold:
-            got = _slot_take(run=run, annotator=annotator, exp_id=fresh_gold.pop(), expires=expires,
-                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200))
+            got = gold_take()
             if got is not None:
                 gold_given += 1
                 created.append(got)

@@ -36,11 +36,16 @@ class RaterOut(Schema):
     weight: float
     # The weight of the rater's pairs in the reward model: trust earned by measurement.
     earned_weight: float
+    # What the annotation queue hands them (feedback.trust): unmeasured, trusted, untrusted;
+    # None without rater weighting.
+    standing: str | None
 
 
 class RatersOut(Schema):
     weighting: str
     gold_rate: float
+    # feedback.trust: gold_first, untrusted_share.
+    trust: dict[str, float]
     agreement: AgreementOut
     raters: list[RaterOut]
 

@@ -40,6 +40,7 @@ def raters_data(*, run: Run) -> dict[str, Any]:
     return {
         "weighting": run.cfg.feedback.rater_weighting,
         "gold_rate": run.cfg.feedback.gold_rate,
+        "trust": run.cfg.feedback.trust.model_dump(),
         "agreement": run_agreement(run=run),
         "raters": [f.as_dict() for f in figures],
     }
@@ -84,7 +85,8 @@ def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
 @require_GET
 def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = _run_for(request, run_id)
-    context = {"run": run, "rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection}
+    context = {"run": run, "rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection,
+               "trust": run.cfg.feedback.trust, "weighting": run.cfg.feedback.rater_weighting}
     if request.htmx:
         return render(request, "rewards/_reward_model.html", context)
     return render(request, "runs/partial_page.html", {**context, "fragment": "rewards/_reward_model.html",

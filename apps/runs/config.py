@@ -125,6 +125,23 @@ class SelectionRule(_Strict):
     pairs: bool = Field(True, description="hand out labels as pairs of siblings (one group, one annotator)")
 
 
+class TrustHandout(_Strict):
+    """How the annotation queue hands items out by each annotator's measured trust (the
+    reward-model trust of apps/feedback/reliability.py, earned on gold items or agreement):
+    a rater answering at random should cost the run little of its label budget, and a new
+    rater should be measured within their first items. Needs `rater_weighting`."""
+
+    # An annotator not yet measured on this many gold items gets gold items only, up to this
+    # many, before any fresh item: trust is then known after their first few labels instead
+    # of after gold_rate spreads a few gold items over dozens (needs rater_weighting gold).
+    gold_first: int = Field(0, ge=0, le=100, description="gold items a new annotator rates first, before fresh items")
+    # Share of the fresh items a trusted annotator would get that an untrusted one (measured,
+    # trust below the reward model's bar) still gets; the rest stay for trusted annotators.
+    # Their unrated gold items come first either way, so they can earn trust back. 0: gold only.
+    untrusted_share: float = Field(1.0, ge=0.0, le=1.0,
+                                   description="share of fresh items an untrusted annotator still gets (0: gold only)")
+
+
 class FeedbackPolicy(_Strict):
     # learned: automatic reward + the run's reward model where no person rated (see
     # apps/feedback/policy.py); needs reward_model.enabled.
@@ -153,6 +170,7 @@ class FeedbackPolicy(_Strict):
     # Share of an annotator's hand-outs that are gold items (known answers), unannounced.
     gold_rate: float = Field(0.0, ge=0.0, le=0.5)
     selection: SelectionRule = Field(default_factory=SelectionRule)
+    trust: TrustHandout = Field(default_factory=TrustHandout)
     # How long a group waits for human rewards before the fallback applies.
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
@@ -170,6 +188,14 @@ class FeedbackPolicy(_Strict):
     def _weights(self) -> FeedbackPolicy:
         if self.mode in ("blend", "learned") and self.w_auto + self.w_human <= 0:
             raise ValueError(f"{self.mode} needs w_auto + w_human > 0")
+        # Trust is only measured under a weighting: without one every rater would stay
+        # "unmeasured" and the hand-out settings would silently do nothing.
+        if self.trust.gold_first and self.rater_weighting != "gold":
+            raise FieldConflict("trust.gold_first",
+                                "trust.gold_first needs rater_weighting gold (trust measured on gold items)")
+        if self.trust.untrusted_share < 1 and self.rater_weighting == "off":
+            raise FieldConflict("trust.untrusted_share",
+                                "trust.untrusted_share needs rater_weighting gold or agreement (trust is not measured)")
         return self
 
 

@@ -301,7 +301,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def _reward_model_context(run: Run) -> dict[str, Any]:
     from apps.rewards.learned import reward_model_summary
 
-    return {"rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection}
+    return {"rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection,
+            "trust": run.cfg.feedback.trust, "weighting": run.cfg.feedback.rater_weighting}
 
 
 @login_required

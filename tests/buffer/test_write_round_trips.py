@@ -5,6 +5,8 @@ workers run it: the staging table outlives a write only when its transaction com
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -13,12 +15,12 @@ from apps.buffer.models import Experience
 from apps.buffer.services import WriteResult, experience_write
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
-from tests.factories import experience_row
+from tests.factories import experience_row, first_task
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-def _write(run: Run, keys: list[str], **fields: object) -> tuple[list[str], WriteResult]:
+def _write(run: Run, keys: list[str], **fields: Any) -> tuple[list[str], WriteResult]:
     with CaptureQueriesContext(connection) as ctx:
         result = experience_write(experiences=[experience_row(run, key=k, **fields) for k in keys])
     return [q["sql"] for q in ctx.captured_queries], result
@@ -30,8 +32,7 @@ def _keys(run: Run) -> list[str]:
 
 def test_a_batch_of_new_rows_costs_five_statements_once_the_connection_is_set_up(run: Run) -> None:
     _write(run, ["warm"])  # the connection's first write creates its staging table
-    task = run.taskset.tasks.first()
-    assert task is not None
+    task = first_task(run)
     sql, result = _write(run, [f"k{i}" for i in range(128)], task_id=task.pk)
     # The pipeline's run read, one look-up of runs and tasks together, BEGIN, INSERT, COMMIT
     # (was 8: a look-up each, CREATE TEMP TABLE and TRUNCATE every call).

@@ -17,7 +17,7 @@ from django.test import Client
 from apps.buffer.models import Taskset
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
-from tests.factories import make_experiences
+from tests.factories import found, make_experiences, taskset_of
 
 pytestmark = pytest.mark.django_db
 
@@ -83,7 +83,7 @@ def test_a_run_is_created_from_the_form_with_a_jsonl_taskset(client_of, owner: U
     assert response["Location"] == f"/runs/{run.pk}/"
     assert run.cfg.feedback.mode == "blend" and run.cfg.sampling.temperature == 0.7
     assert run.cfg.rewards[0].name == "exact_match"
-    assert run.taskset.tasks.count() == 5 and run.taskset.name == "arith"
+    assert taskset_of(run).tasks.count() == 5 and taskset_of(run).name == "arith"
 
 
 def test_a_run_is_created_from_a_parquet_taskset_and_a_json_config_file(client_of, owner: User) -> None:
@@ -98,7 +98,7 @@ def test_a_run_is_created_from_a_parquet_taskset_and_a_json_config_file(client_o
     assert response.status_code == 302, response.content.decode()[:2000]
     run = Run.objects.get()
     assert (run.cfg.algorithm, run.cfg.mode, run.cfg.max_staleness) == ("dpo", "async", 2)
-    assert list(run.taskset.tasks.values_list("prompt", flat=True)) == ["a?", "b?", "c?"]
+    assert list(taskset_of(run).tasks.values_list("prompt", flat=True)) == ["a?", "b?", "c?"]
 
 
 def test_a_bad_taskset_shows_beside_its_field_and_leaves_nothing_behind(client_of, owner: User) -> None:
@@ -115,7 +115,7 @@ def test_the_runs_list_shows_status_version_sparkline_buffer_and_last_event(clie
     make_experiences(run, groups=1, group_size=3)
     run_transition(run=run, action="start", actor=owner)
     html = client_of(owner).get("/runs/").content.decode()
-    row = re.search(rf'<tr data-run="{run.pk}"[^>]*>(.*?)</tr>', html, re.DOTALL).group(1)
+    row = found(rf'<tr data-run="{run.pk}"[^>]*>(.*?)</tr>', html, re.DOTALL).group(1)
     assert "status-running" in row and "grpo" in row and "v0" in row
     assert "<polyline" in row and "0.500" in row
     assert "ready 3" in row
@@ -190,9 +190,9 @@ def test_a_bad_filter_is_named_not_a_server_error(client_of, owner: User, run: R
     html = response.content.decode()
     assert response.status_code == 400
     # Each error beside its own field, with what was typed kept.
-    reward_min = re.search(r'data-filter="reward_min">(.*?)</div>', html, re.DOTALL).group(1)
+    reward_min = found(r'data-filter="reward_min">(.*?)</div>', html, re.DOTALL).group(1)
     assert "&#x27;lots&#x27; is not a number" in reward_min and 'value="lots"' in reward_min
-    assert "unknown status &#x27;nope&#x27;" in re.search(r'data-filter="status">(.*?)</div>', html, re.DOTALL).group(1)
+    assert "unknown status &#x27;nope&#x27;" in found(r'data-filter="status">(.*?)</div>', html, re.DOTALL).group(1)
 
 
 def test_an_export_downloads_as_streamed_jsonl(client_of, owner: User, run: Run) -> None:

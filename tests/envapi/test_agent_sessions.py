@@ -16,6 +16,7 @@ from apps.envapi.models import AgentSession
 from apps.envapi.openai_services import OpenAIError
 from apps.runs.models import Run
 from tests.envapi.conftest import Api
+from tests.factories import first_task
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +68,7 @@ def test_of_n_choices_the_one_the_next_prompt_continues_is_kept(run: Run, key: A
 
 def test_sessions_of_one_task_share_a_group(run: Run, key: Any) -> None:
     k, _ = key
-    task = run.taskset.tasks.first()
+    task = first_task(run)
     for name in ("a", "b"):
         _record(run, k, name, _answer([1, 2], [3]), task=task.pk)
         sessions.session_finish(run=run, name=name, reward=1.0)

@@ -13,7 +13,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import model_version_publish
 from tests.envapi.conftest import Api, make_key
-from tests.factories import make_experiences, make_run, make_taskset
+from tests.factories import first_task, make_experiences, make_run, make_taskset, taskset_of
 
 pytestmark = pytest.mark.django_db
 
@@ -108,7 +108,7 @@ def test_a_run_without_a_taskset_gets_one_when_tasks_are_added(owner: User) -> N
     api = Api(make_key(run)[1])
     body = api.post(f"/runs/{run.pk}/tasks", {"tasks": [{"prompt": "p"}]}).json()
     run.refresh_from_db()
-    assert run.taskset_id == body["taskset_id"] and run.taskset.tasks.count() == 1
+    assert run.taskset_id == body["taskset_id"] and taskset_of(run).tasks.count() == 1
 
 
 def test_a_bad_task_rejects_the_whole_batch_naming_it(api: Api, run: Run) -> None:
@@ -129,7 +129,7 @@ def test_claiming_from_a_run_without_tasks_gives_an_empty_batch(owner: User) -> 
 
 
 def test_a_trajectory_becomes_an_experience_with_its_reward(api: Api, run: Run) -> None:
-    task = run.taskset.tasks.first()
+    task = first_task(run)
     response = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj(task_id=task.pk, group_id="g1")]})
     assert response.status_code == 200, response.content
     body = response.json()
@@ -152,6 +152,7 @@ def test_a_multi_turn_trajectory_keeps_its_messages_and_tool_calls(api: Api, run
     body = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [
         {"key": "mt-1", "messages": messages, "reward": 0.5, "model_version": 2}]}).json()
     exp = Experience.objects.get(pk=body["results"][0]["id"])
+    assert exp.messages is not None
     assert exp.messages[1]["tool_calls"][0]["function"]["name"] == "weather"
     assert exp.messages[2] == {"role": "tool", "tool_call_id": "c1", "content": "rain"}
     assert exp.response_text == "It rains in Oslo." and exp.model_version == 2 and exp.token_ids == []
@@ -232,7 +233,7 @@ def test_a_body_that_is_not_json_is_400(api: Api, run: Run) -> None:
 
 
 def test_a_task_outside_the_runs_taskset_rejects_the_batch(api: Api, run: Run, owner: User) -> None:
-    foreign = make_taskset(owner=owner).tasks.first()
+    foreign = first_task(make_taskset(owner=owner))
     response = api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj("a"), traj("b", task_id=foreign.pk)]})
     assert response.status_code == 422
     assert "not in this run's taskset" in response.json()["errors"]["trajectories.1.task_id"]

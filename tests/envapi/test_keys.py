@@ -14,7 +14,7 @@ from apps.envapi.models import ApiKey
 from apps.envapi.services import KeyInvalid, api_key_create, api_key_revoke
 from apps.runs.models import Run
 from tests.envapi.conftest import Api, make_key
-from tests.factories import make_run, make_user
+from tests.factories import found, make_run, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -108,7 +108,7 @@ def test_the_owner_creates_a_key_that_is_shown_once_and_works(run: Run, owner: U
     page = client.post(f"/runs/{run.pk}/keys/", {"name": "guessing env", "actions": ["read", "submit"],
                                                  "rate_limit_per_minute": 60})
     assert page.status_code == 200 and page["Cache-Control"] == "no-store"
-    raw = re.search(r"rft_[0-9a-f]{12}_[\w-]{40,}", page.content.decode()).group(0)
+    raw = found(r"rft_[0-9a-f]{12}_[\w-]{40,}", page.content.decode()).group(0)
     key = ApiKey.objects.get()
     assert (key.name, key.actions, key.rate_limit_per_minute, key.created_by) == ("guessing env", ["read", "submit"], 60, owner)
     assert list(key.runs.all()) == [run]
@@ -155,7 +155,7 @@ def test_staff_create_a_key_in_the_admin_and_see_it_once(run: Run) -> None:
     response = client.post("/admin/envapi/apikey/add/", {"name": "grader", "runs": [run.pk], "actions": ["feedback"],
                                                         "rate_limit_per_minute": 100}, follow=True)
     text = response.content.decode()
-    raw = re.search(r"rft_[0-9a-f]{12}_[\w-]{40,}", text).group(0)
+    raw = found(r"rft_[0-9a-f]{12}_[\w-]{40,}", text).group(0)
     key = ApiKey.objects.get()
     assert key.hashed == hashlib.sha256(raw.encode()).hexdigest() and key.actions == ["feedback"]
     assert list(key.runs.all()) == [run] and key.created_by == admin

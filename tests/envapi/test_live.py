@@ -22,7 +22,7 @@ from apps.runs.models import Run
 from examples import number_guess
 from rftweb.client import ApiError, RftClient
 from tests.envapi.conftest import make_key
-from tests.factories import make_experiences, make_run, make_taskset
+from tests.factories import make_experiences, make_run, make_taskset, taskset_of
 from tests.servers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -54,14 +54,14 @@ def test_the_served_schema_holds_no_5xx_and_every_response_matches_it(live_url: 
     [exp] = make_experiences(run, groups=1, group_size=1)
     # Bodies whose rules span fields (token counts, one of prompt or messages) are seldom
     # generated valid, so the success paths also get one known-good request each.
-    known_good = {
+    known_good: dict[str, Any] = {
         "/trajectories": {"trajectories": [{"key": "st-1", "messages": [{"role": "user", "content": "hi"}], "reward": 1}]},
         "/feedback": {"experience_id": exp.pk, "kind": "env_reward", "value": 0.5},
         "/rollouts": {"requests": [{"prompt": "1 + 1 ="}], "timeout_seconds": 1},
     }
     tried = []
     for result in schema.get_all_operations():
-        operation = result.ok()
+        operation = result.ok()  # type: ignore[union-attr]  # an Err raises here: the schema must load
         if operation.path.endswith("/events"):
             continue  # a stream, not a JSON document: covered by the events tests below
         tried.append(operation.label)
@@ -170,7 +170,8 @@ def test_the_client_needs_only_httpx() -> None:
 
 def _replayed_reward(exp: Experience) -> float:
     """Score the stored conversation again with the game's rules."""
-    secret = int(exp.task.reference)
+    assert exp.task is not None and exp.messages is not None
+    secret = int(exp.task.reference or "")
     meta = exp.task.metadata
     guesses = [number_guess.parse_guess(m["content"]) for m in exp.messages if m["role"] == "assistant"]
     solved = bool(guesses) and guesses[-1][0] == secret
@@ -192,7 +193,7 @@ def test_the_number_guessing_environment_lands_its_trajectories_with_rewards(liv
     assert all(e.reward == pytest.approx(_replayed_reward(e)) for e in exps)
     assert Experience.objects.filter(run=run).values("group_id").distinct().count() == 3
     assert TaskAttempt.objects.filter(run=run, status="done").count() == 3
-    assert any(len(e.messages) > 3 for e in exps), "no episode took more than one turn"
+    assert any(len(e.messages or []) > 3 for e in exps), "no episode took more than one turn"
 
 
 # ---- keys across runs, over HTTP -----------------------------------------------------
@@ -219,7 +220,7 @@ def test_a_key_of_run_a_can_neither_read_nor_write_run_b(live_url: str, run: Run
             statuses.append(exc.value.status)
     assert statuses == [403, 403, 403, 403, 403, 404]
     assert list(Experience.objects.filter(run=run_b).values_list("key", flat=True)) == ["b1"]
-    assert run_b.taskset.tasks.count() == 4 and not TaskAttempt.objects.filter(run=run_b).exists()
+    assert taskset_of(run_b).tasks.count() == 4 and not TaskAttempt.objects.filter(run=run_b).exists()
     assert Experience.objects.get(pk=exp_b.pk).reward is None
 
 

@@ -327,6 +327,7 @@ def test_a_three_turn_session_with_a_tool_call_becomes_one_exact_experience(stac
     assert exp.action_mask == expected_mask
     # The logprobs of the sampled tokens are those of a forward pass of the version that sampled them.
     forward = _forward_logprobs(agent_run.cfg.model, exp.token_ids, exp.prompt_length)
+    assert exp.action_mask is not None and exp.logprobs is not None
     for i, m in enumerate(exp.action_mask):
         if m:
             assert abs(exp.logprobs[i] - forward[i]) < 1e-4, i
@@ -376,6 +377,7 @@ def test_the_example_agent_plays_through_the_endpoint_and_its_sessions_become_ex
         assert exp.reward == pytest.approx(episode.reward) and exp.reward_parts == episode.parts
         assert exp.metadata["turns"] == 2 and exp.task_id == episode.task_id
         # Two sampled stretches (the call, the answer) around the tool's answer.
+        assert exp.action_mask is not None
         edges = sum(1 for a, b in zip(exp.action_mask, exp.action_mask[1:]) if a != b)
         assert exp.action_mask[0] == 1 and exp.action_mask[-1] == 1 and edges == 2
     # Episodes of one task form one group.

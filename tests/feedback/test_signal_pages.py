@@ -64,6 +64,7 @@ def test_only_the_owner_sees_raters(rated_run: Run, annotator: User, outsider: U
 def test_the_owner_marks_gold_items_and_bad_input_names_the_field(rated_run: Run, owner: User) -> None:
     c = _client(owner)
     exp = Experience.objects.filter(run=rated_run).first()
+    assert exp is not None
     bad = c.post(f"/runs/{rated_run.pk}/signal/raters/", {"experience": exp.pk, "score": "9"})
     assert bad.status_code == 400 and "score:" in bad.content.decode()
     missing = c.post(f"/runs/{rated_run.pk}/signal/raters/", {"experience": "999999", "score": "4"})

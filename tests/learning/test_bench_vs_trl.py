@@ -3,34 +3,16 @@ stock TRL and of rftweb's in-process loop on the demo model run through to the r
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 
-def test_the_vs_trl_bench_runs_both_one_process_arms_and_prints_the_ratio(demo_model_dir: Path) -> None:
-    from django.db import connection
-
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "BENCH_DATABASE_URL": f"postgres://{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}/{db['NAME']}_bench",
-        "PYTHONPATH": str(ROOT),
-        "BENCH_DEMO_DIR": str(demo_model_dir),
-    }
-    env.pop("TEST_DATABASE_NAME", None)
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.vs_trl", "--steps", "2", "--eval-every", "2", "--arms", "trl,inproc", "--cores", "1",
-         "--repeat", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
-    )
+def test_the_vs_trl_bench_runs_both_one_process_arms_and_prints_the_ratio(bench: Callable[..., Any]) -> None:
+    out = bench("vs_trl", "--steps", "2", "--eval-every", "2", "--arms", "trl,inproc", "--cores", "1", "--repeat", "1")
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     # The curve rows: repeat, arm, step, seconds, accuracy, gain.

@@ -15,7 +15,7 @@ from apps.feedback.services import feedback_edit
 from apps.rewards.registry import reference_text
 from apps.runs.demo import demo_taskset_import
 from apps.runs.models import Run
-from tests.factories import make_run
+from tests.factories import first_task, make_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -52,7 +52,7 @@ def test_an_sft_step_learns_from_a_human_correction_written_without_tokens(
     # 2.65 -> 8.61, as a hand-written AdamW step does; at 1e-4 it goes to 1.23).
     run = make_run(owner=owner, taskset=taskset, model=str(demo_model_dir), algorithm="sft", mode="train",
                    train_batch_size=4, total_steps=1, trainer={"learning_rate": 1e-4})
-    task = taskset.tasks.order_by("id").first()
+    task = first_task(taskset)
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     prompt = prompt_ids(tokenizer, text=task.prompt)
     wrong = tokenizer("<answer>0</answer>", add_special_tokens=False)["input_ids"]

@@ -13,6 +13,7 @@ import pytest
 from apps.buffer.models import Experience
 from apps.buffer.services import task_attempts_create
 from apps.runs.services import run_transition
+from workers.engines.base import Prompt
 from tests.factories import make_run, make_taskset
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +34,7 @@ class NulSpeakingEngine:
     def load(self, *, version: int, path: str) -> None:
         self.path, self.version = path, version
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: Any) -> list[list[Any]]:
+    def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: Any) -> list[list[Any]]:
         from workers.engines.base import Sample
 
         ids = self.tokenizer("<answer>4\x00</answer>", add_special_tokens=False)["input_ids"]

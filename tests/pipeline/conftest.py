@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ def _metrics_unbuffered(settings) -> None:
 def make_pipeline_run(owner: User):
     """A run whose config lists the given pipeline steps per stage."""
 
-    def make(*, on_write: list[Any] = (), on_claim: list[Any] = (), on_import: list[Any] = (), **config: Any) -> Run:
+    def make(*, on_write: Sequence[Any] = (), on_claim: Sequence[Any] = (), on_import: Sequence[Any] = (), **config: Any) -> Run:
         pipeline = {"on_write": list(on_write), "on_claim": list(on_claim), "on_import": list(on_import)}
         return make_run(owner=owner, taskset=make_taskset(owner=owner), name="piped", pipeline=pipeline, **config)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.services import feedback_flag
@@ -13,7 +14,7 @@ from tests.pipeline.conftest import metrics, reasons
 pytestmark = pytest.mark.django_db
 
 
-def _group(run, group: str, rewards: list[float | None], **fields) -> list[dict]:
+def _group(run, group: str, rewards: list[float | None], **fields) -> list[ExperienceDraft]:
     return [experience_row(run, key=f"{group}-{i}", group=group, reward=r, **fields) for i, r in enumerate(rewards)]
 
 

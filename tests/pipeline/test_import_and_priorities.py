@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -20,7 +21,7 @@ from tests.pipeline.conftest import metrics
 
 pytestmark = pytest.mark.django_db
 
-RECORDS = [
+RECORDS: list[dict[str, Any]] = [
     {"prompt": "What is 12 + 30?", "answer": "42", "domain": "math"},
     {"prompt": "what is  12 + 30?", "answer": "42", "domain": "math"},  # a duplicate, cased and spaced differently
     {"prompt": "Compute 7 * 6 - 2.", "answer": 40, "domain": "math"},
@@ -54,7 +55,7 @@ def test_templated_arithmetic_variants_are_synthetic_with_computed_answers(owner
     assert [t.index for t in synthetic] == list(range(6, 12))
     for task in synthetic:
         expr = task.prompt.removeprefix("What is ").removeprefix("Compute ").rstrip("?.")
-        assert arithmetic_eval(expr) == Fraction(task.reference)
+        assert arithmetic_eval(expr) == Fraction(str(task.reference))
         assert task.domain == "math" and task.filter_reason == ""
     from_int = [t for t in synthetic if t.metadata["synthetic_from"] == 2]
     assert all(isinstance(t.reference, int) for t in from_int)  # the template's answer type is kept

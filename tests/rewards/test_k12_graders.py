@@ -35,7 +35,8 @@ class ScriptedEngine:
     model would say), with a real tokenizer: records the prompt each call received."""
 
     def __init__(self, tokenizer: Any, replies: list[str]) -> None:
-        self.tokenizer, self.replies, self.prompts = tokenizer, list(replies), []
+        self.tokenizer, self.replies = tokenizer, list(replies)
+        self.prompts: list[list[int]] = []
 
     def generate(self, prompts: list[list[int]], *, n: int, sampling: Any) -> list[list[Sample]]:
         assert n == 1 and sampling.temperature == 0.0
@@ -163,7 +164,7 @@ def _storage(settings: Any, tmp_path: Path) -> None:
     torch.set_num_threads(1)
 
 
-LEARNED = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192, "heldout_share": 0.3}
+LEARNED: dict[str, Any] = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192, "heldout_share": 0.3}
 
 
 @pytest.mark.slow

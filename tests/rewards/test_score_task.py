@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from apps.buffer.services import experience_write
 from apps.rewards.services import experience_rewards_apply
 from apps.runs.models import Run
 from rftweb.celery import app
-from tests.factories import experience_row, make_run, make_taskset, make_user
+from tests.factories import experience_row, first_task, make_run, make_taskset, make_user
 from tests.servers import celery_worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +30,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def reward_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[subprocess.Popen[bytes]]:
+def reward_worker(django_db_setup: None, django_db_blocker: Any) -> Iterator[subprocess.Popen[bytes]]:
     """`celery worker -Q reward` against this session's test database and Redis database."""
-    if settings.EMBEDDED or "postgres" not in settings.DATABASES["default"]["ENGINE"]:
+    if settings.EMBEDDED or "postgres" not in str(settings.DATABASES["default"]["ENGINE"]):
         pytest.skip("needs DATABASE_URL (Postgres) and REDIS_URL")
     with celery_worker("reward", name="rewards-test") as proc:
         yield proc
@@ -92,7 +93,7 @@ def test_scoring_twice_applies_once(reward_worker: subprocess.Popen) -> None:
     assert sum(r["applied"] for r in results) == 2
     # And a late duplicate apply (a second worker that scored the same rows) changes nothing.
     assert experience_rewards_apply(run=run, scored={i: {"code_exec": 0.0} for i in ids}) == []
-    assert sorted(Experience.objects.filter(pk__in=ids).values_list("auto_reward", flat=True)) == [1.0, 2.0]
+    assert sorted(r or 0.0 for r in Experience.objects.filter(pk__in=ids).values_list("auto_reward", flat=True)) == [1.0, 2.0]
 
 
 def test_under_a_human_policy_scored_experiences_stay_pending(reward_worker: subprocess.Popen) -> None:
@@ -136,7 +137,7 @@ def test_a_failing_scorer_is_reported_scored_zero_and_recorded(tmp_path: Path) -
     taskset = make_taskset(owner=owner)
     run = make_run(owner=owner, taskset=taskset,
                    rewards=[{"name": "exact_match"}, {"name": "reward_model", "params": {"model": str(tmp_path / "gone")}}])
-    task = taskset.tasks.first()
+    task = first_task(taskset)
     ids = _write(run, task, ["<answer>0</answer>"], awaiting=["reward_model"])
     exps = list(Experience.objects.filter(pk__in=ids).select_related("task"))
     scored, errors, raised = rewards_remote_score(run=run, experiences=exps)

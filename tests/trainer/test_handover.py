@@ -18,6 +18,7 @@ from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from workers.engines import engine_cache_clear, engine_for
 from workers.engines.hf_engine import HFEngine
+from workers.engines.hf_engine import HFEngine
 from workers.explorer import VersionNotReady, explore, model_version_path
 from workers.handover import handover_clear, pending_wait
 from workers.trainer import trainer_step
@@ -80,6 +81,7 @@ def test_the_explorer_in_the_trainer_s_process_samples_the_new_version_without_r
     for step in (1, 2, 3):
         assert explore(run_id=run.pk, step=step, worker="one-process")["tasks"] == 2
         engine = engine_for(run.cfg)
+        assert isinstance(engine, HFEngine)
         if base is None:
             base = _weights(engine.model)
         assert trainer_step(run_id=run.pk, step=step, worker="one-process")["status"] == "trained"
@@ -88,9 +90,10 @@ def test_the_explorer_in_the_trainer_s_process_samples_the_new_version_without_r
     # Only the base model came from disk; versions 1-3 came from the trainer's memory.
     assert file_loads == [str(tiny_model_dir)]
     engine = engine_for(run.cfg)
+    assert isinstance(engine, HFEngine)
     trained = _weights(trainer_mod._RESIDENTS[run.pk].model)
     assert engine.version == 3 and _same(_weights(engine.model), trained)
-    assert not _same(trained, base), "the steps should have moved the weights"
+    assert base is not None and not _same(trained, base), "the steps should have moved the weights"
 
     # The durable checkpoint of each version is there all the same, with the same weights.
     pending_wait()

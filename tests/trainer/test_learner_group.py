@@ -37,8 +37,8 @@ def _spec(algorithm: str, loss_type: str) -> LearnerSpec:
     return LearnerSpec(algorithm=algorithm, params=bridge.LossParams(loss_type=loss_type, learning_rate=1e-2))
 
 
-def _learner(model_dir: str, spec: LearnerSpec) -> Learner:
-    """A learner that keeps the gradients its optimizer stepped with (in `.stepped_grads`)."""
+def _learner(model_dir: str, spec: LearnerSpec) -> tuple[Learner, dict[str, Any]]:
+    """A learner, and the gradients its optimizer stepped with last (filled in by each step)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
@@ -47,12 +47,15 @@ def _learner(model_dir: str, spec: LearnerSpec) -> Learner:
     learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
     names = {id(p): n for n, p in model.named_parameters()}
 
+    stepped: dict[str, Any] = {}
+
     def keep(optimizer: Any, *_: Any) -> None:
-        learner.stepped_grads = {names[id(p)]: p.grad.detach().clone() for g in optimizer.param_groups
-                                 for p in g["params"] if p.grad is not None}
+        stepped.clear()
+        stepped.update({names[id(p)]: p.grad.detach().clone() for g in optimizer.param_groups
+                        for p in g["params"] if p.grad is not None})
 
     learner.optimizer.register_step_pre_hook(keep)
-    return learner
+    return learner, stepped
 
 
 def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss_type: str, out: str) -> None:
@@ -60,10 +63,10 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss
 
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
     try:
-        learner = _learner(model_dir, _spec(algorithm, loss_type))
+        learner, stepped = _learner(model_dir, _spec(algorithm, loss_type))
         shard = GroupShard(rank=rank, world=world)
         metrics = [learner.step(_batch(algorithm), shard=shard)]
-        torch.save({"params": {n: p.detach() for n, p in learner.model.named_parameters()}, "grads": learner.stepped_grads,
+        torch.save({"params": {n: p.detach() for n, p in learner.model.named_parameters()}, "grads": stepped,
                     "loss": metrics[0]["loss"], "share": shard.last_share}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -81,11 +84,10 @@ def test_two_gloo_processes_make_the_one_process_update(
 ) -> None:
     import torch.multiprocessing as mp
 
-    single = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
+    single, expected_grads = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
     first = single.step(_batch(algorithm))
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
-    expected_grads = single.stepped_grads
-    before = {n: p.detach() for n, p in _learner(str(tiny_model_dir), _spec(algorithm, loss_type)).model.named_parameters()}
+    before = {n: p.detach() for n, p in _learner(str(tiny_model_dir), _spec(algorithm, loss_type))[0].model.named_parameters()}
 
     mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", str(tiny_model_dir), algorithm, loss_type, str(tmp_path)),
                        nprocs=2, start_method="spawn")
@@ -116,6 +118,6 @@ def test_what_does_not_split_exactly_is_refused(tiny_model_dir: Path, algorithm:
     reason = group_supported(_spec(algorithm, loss_type))
     assert reason is not None and message in reason
     if algorithm == "grpo":
-        learner = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
+        learner, _ = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
         with pytest.raises(GroupUnsupported, match=message):
             learner.step(_batch("grpo"), shard=GroupShard(rank=0, world=2))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ PROMPTS = ["What is 3 + 4?", "What is 12 + 5?", "What is 7 + 7?"]
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings: Any, tmp_path: Path) -> Path:
+def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     trainer_mod._RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
@@ -84,6 +85,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
     owner: Any, tiny_model_dir: Path, tokenizer: Any
 ) -> None:
     from workers.engines import engine_cache_clear, engine_for, engine_version_ensure, prompt_ids
+    from workers.engines.hf_engine import HFEngine
 
     run = _lora_run(owner, tiny_model_dir)
     _train(run, 2, spare=2)  # step 3 below, and one more so the run goes on (its resident is read)
@@ -108,6 +110,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
     engine_cache_clear()
     try:
         engine = engine_for(run.cfg, kind="transformers")
+        assert isinstance(engine, HFEngine)
         assert _engine_greedy(engine, prompts) == base_text  # version 0 is the base
         engine_version_ensure(engine, version=2, path=str(checkpoint))
         assert _engine_greedy(engine, prompts) == trainer_text

@@ -50,6 +50,7 @@ def test_vllm_serves_a_published_adapter_with_the_trainers_greedy_text(owner: An
     from transformers import AutoTokenizer
 
     from workers.engines import engine_cache_clear, engine_for, engine_version_ensure, prompt_ids
+    from workers.engines.vllm_engine import VLLMEngine
 
     run = _lora_run(owner, vllm_model_dir)
     run.config = {**run.config, "engine": "vllm", "rollout": {"max_model_len": 256}}
@@ -66,6 +67,7 @@ def test_vllm_serves_a_published_adapter_with_the_trainers_greedy_text(owner: An
 
     engine_cache_clear()
     engine = engine_for(run.cfg)
+    assert isinstance(engine, VLLMEngine)
     try:
         assert engine.kind == "vllm" and engine.lora_enabled
         assert engine.llm.llm_engine.model_config.max_model_len == 256  # rollout.max_model_len reached vLLM

@@ -35,7 +35,10 @@ def test_trainer_memory_bench_runs_the_four_settings_and_prints_the_ratio() -> N
 
 def test_weight_sync_bench_compares_full_weights_with_an_adapter() -> None:
     out = _bench("weight_sync", *TINY, "--repeats", "1", "--threads", "1")
-    full = int(re.search(r"full weights\s+([0-9,]+)", out).group(1).replace(",", ""))
-    adapter = int(re.search(r"LoRA adapter\s+([0-9,]+)", out).group(1).replace(",", ""))
+    full_row = re.search(r"full weights\s+([0-9,]+)", out)
+    adapter_row = re.search(r"LoRA adapter\s+([0-9,]+)", out)
+    assert full_row and adapter_row, out
+    full = int(full_row.group(1).replace(",", ""))
+    adapter = int(adapter_row.group(1).replace(",", ""))
     assert 0 < adapter < full
     assert re.search(r"adapter sync: [0-9.]+× the full-weight time", out)

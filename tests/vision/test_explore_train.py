@@ -74,7 +74,7 @@ def test_an_explore_step_on_the_tiny_vlm_records_its_pictures_and_a_grpo_step_tr
     run = vision_run(owner, vision_model_dir)
     experiences = explored(run, vision_model_dir)
     # Sampled at temperature 1 from a model that is right about half the time: some right, some wrong.
-    assert 0 < sum(e.reward for e in experiences) < len(experiences)
+    assert 0 < sum(e.reward or 0.0 for e in experiences) < len(experiences)
 
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
@@ -83,7 +83,7 @@ def test_an_explore_step_on_the_tiny_vlm_records_its_pictures_and_a_grpo_step_tr
     from workers.vision import processor_load
 
     rollouts = [rollout_from_experience(e) for e in experiences]
-    assert all(r.images == e.task.images for r, e in zip(rollouts, experiences, strict=True))
+    assert all(e.task is not None and r.images == e.task.images for r, e in zip(rollouts, experiences, strict=True))
     model = AutoModelForImageTextToText.from_pretrained(vision_model_dir, dtype=torch.float32)
     learner = Learner(spec=spec_from_config(run.cfg), model=model, tokenizer=AutoTokenizer.from_pretrained(vision_model_dir),
                       processor=processor_load(str(vision_model_dir)))
@@ -96,6 +96,7 @@ def test_an_explore_step_on_the_tiny_vlm_records_its_pictures_and_a_grpo_step_tr
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     width = inputs["completion_ids"].size(1)
     model.eval()
+    assert learner.grpo is not None
     with torch.no_grad():
         seen, _, _ = learner.grpo._get_per_token_logps_and_entropies(model, ids, mask, width, **learner.pixel_inputs(rollouts))
         pixels = learner.pixel_inputs(rollouts)

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -27,7 +28,7 @@ def _stored(store: Path) -> list[Path]:
 
 def test_a_zip_of_jsonl_and_pictures_imports_each_picture_once_outside_postgres(tmp_path: Path, image_store: Path) -> None:
     one, two = picture_png(1), picture_png(2)
-    records = [
+    records: list[dict[str, Any]] = [
         {"prompt": QUESTION, "answer": "1", "domain": "vision", "image": "a.png"},
         {"prompt": QUESTION, "answer": "2", "domain": "vision", "image": "pics/b.png"},
         # The same bytes under another name, and a task with two pictures.

@@ -81,7 +81,7 @@ def test_a_sync_grpo_run_of_the_tiny_vlm_trains_and_explores_on_its_pictures(
                                                loop_workers.log("explorer")[-3000:])
     assert run.current_version == 2
     experiences = list(Experience.objects.filter(run=run).select_related("task").order_by("id"))
-    assert experiences and all(e.metadata["images"] == e.task.images for e in experiences)
+    assert experiences and all(e.task is not None and e.metadata["images"] == e.task.images for e in experiences)
     assert {e.reward_parts.keys().__iter__().__next__() for e in experiences} == {"vision_answer"}
     step2 = [e for e in experiences if e.metadata.get("step") == 2]
     assert step2 and {e.model_version for e in step2} == {1}

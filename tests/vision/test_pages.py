@@ -63,7 +63,7 @@ def test_the_people_of_the_run_see_its_pictures_and_no_one_else_does(owner: User
     assert "sandbox" in response["Content-Security-Policy"]
     # The download name is the digest, never the uploader's name.
     assert "onerror" not in response["Content-Disposition"] and digest[:16] in response["Content-Disposition"]
-    assert b"".join(response.streaming_content)[:2] == b"\xff\xd8"
+    assert response.getvalue()[:2] == b"\xff\xd8"
 
     # The pages that show the experience carry the thumbnail, the name escaped.
     for page in (f"/runs/{run.pk}/experiences/", f"/runs/{run.pk}/groups/{experiences[0].group_id}/",
@@ -93,7 +93,11 @@ def test_the_annotation_page_shows_the_picture_and_a_script_in_its_name_or_exif_
 
     run, experiences = _run_with_pictures(owner, annotator, tmp_path, name="xss")
     dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    def dismissed(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismissed)
     path = f"/runs/{run.pk}/annotate/"
     login(page, live_url, "annotator", next_path=path)
     page.wait_for_url(f"**{path}")

@@ -26,7 +26,7 @@ from workers.explorer import (
     generate_completions,
 )
 
-FORMAT = [{"name": "regex", "params": {"pattern": r"^<answer>-?\d+</answer>$"}}]
+FORMAT: list[dict[str, Any]] = [{"name": "regex", "params": {"pattern": r"^<answer>-?\d+</answer>$"}}]
 
 
 def demo_run(owner: User, model_dir: Path, *, tasks: int = 3, **config: Any) -> Run:
@@ -51,7 +51,7 @@ def assert_explored(run: Run, *, tasks: int, n: int, version: int) -> list[Exper
     for e in experiences:
         assert e.model_version == version
         assert e.source == "explorer"
-        assert 0 < e.prompt_length < len(e.token_ids)
+        assert 0 < e.prompt_length < len(e.token_ids) and e.logprobs is not None
         assert len(e.logprobs) == len(e.token_ids) - e.prompt_length
         assert all(lp <= 0 for lp in e.logprobs)
         assert e.status == "ready" and e.reward == e.auto_reward
@@ -121,8 +121,11 @@ def test_it_explores_with_a_newly_published_version_and_records_the_load(
 
     sent: list[tuple[str, dict[str, Any]]] = []
     publish = services.event_publish
-    monkeypatch.setattr(services, "event_publish",
-                        lambda *, run_id, type, payload: (sent.append((type, payload)), publish(run_id=run_id, type=type, payload=payload)))
+    def recorded(*, run_id: int, type: str, payload: dict[str, Any]) -> Any:
+        sent.append((type, payload))
+        return publish(run_id=run_id, type=type, payload=payload)
+
+    monkeypatch.setattr(services, "event_publish", recorded)
 
     run = demo_run(owner, demo_model_dir, tasks=2)
     checkpoint = perturbed_copy(demo_model_dir, tmp_path / "v1")

@@ -62,11 +62,14 @@ def test_the_judge_runs_on_the_resident_transformers_engine(judge_model_dir: Pat
 def test_the_judge_runs_on_the_resident_vllm_engine(judge_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm")
     from workers.engines import engine_for
+    from workers.engines.vllm_engine import VLLMEngine
 
     try:
         _judge_on("vllm", judge_model_dir, monkeypatch)
     finally:
-        engine_for(SimpleNamespace(engine="vllm", model=str(judge_model_dir))).close()
+        engine = engine_for(SimpleNamespace(engine="vllm", model=str(judge_model_dir)))
+        assert isinstance(engine, VLLMEngine)
+        engine.close()
 
 
 def test_a_prompt_longer_than_the_judges_context_scores_zero_unjudged(

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+if TYPE_CHECKING:
+    from workers.vision import ImagePrompt
+
+# What an engine samples from: a prompt's token ids, or an image-text prompt (its ids with
+# the pictures' placeholders expanded, and the pictures).
+Prompt: TypeAlias = "Sequence[int] | ImagePrompt"
 
 FinishReason = Literal["stop", "length"]
 
@@ -99,7 +106,7 @@ class RolloutEngine(Protocol):
     @property
     def version(self) -> int | None: ...
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]: ...
+    def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec) -> list[list[Sample]]: ...
 
     def load(self, *, version: int, path: str) -> None: ...
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load, trim_at_stop
+from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_load, trim_at_stop
 
 
 class HFEngine:
@@ -129,7 +129,7 @@ class HFEngine:
     # `generate(on_tokens=…)` hands over each decoding step's tokens as they are sampled.
     streams_tokens = True
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
+    def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec,
                  on_tokens: Callable[[list[int]], None] | None = None) -> list[list[Sample]]:
         """`prompts`: token ids, or `workers.vision.ImagePrompt`s (expanded ids and pictures).
 
@@ -159,14 +159,14 @@ class HFEngine:
             for members, with_images in ((plain, False), (pictured, True)):
                 for start in range(0, len(members), per_call):
                     chunk = members[start : start + per_call]
-                    images = [prompts[i].images for i in chunk] if with_images else None  # type: ignore[attr-defined]
+                    images = [cast(ImagePrompt, prompts[i]).images for i in chunk] if with_images else None
                     for i, samples in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], n=n, sampling=sampling,
                                                                       images=images, on_tokens=on_tokens)):
                         out[i] = samples
         return [out[i] for i in range(len(prompts))]
 
     def _generate_chunk(
-        self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec, images: Sequence[Sequence[Any]] | None = None,
+        self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec, images: Sequence[Sequence[Any]] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> list[list[Sample]]:
         import torch

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.engines.base import FinishReason, Sample, SamplingSpec, tokenizer_load
+from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_load
 
 
 def _context_length(path: str, cap: int = 4096) -> int:
@@ -153,7 +153,7 @@ class VLLMEngine:
     # `generate(on_tokens=…)` hands over each engine step's tokens as they are sampled.
     streams_tokens = True
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, sampling: SamplingSpec,
+    def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec,
                  on_tokens: Callable[[list[int | None]], None] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt. `on_tokens`: called after every engine step with one entry
         per row (row = prompt × n + sample): the token that row sampled, or None where it
@@ -179,7 +179,7 @@ class VLLMEngine:
         )
         from workers.vision import ImagePrompt
 
-        def as_input(p: Sequence[int]) -> dict[str, Any]:
+        def as_input(p: Prompt) -> dict[str, Any]:
             if isinstance(p, ImagePrompt):
                 # One placeholder per picture: vLLM expands them itself (multimodal inputs).
                 images = list(p.images)
