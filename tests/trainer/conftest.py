@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,8 @@ def load_model(tiny_model_dir: Path) -> Any:
 
 # ----------------------------------------------------------------------------- real Celery workers
 
-@pytest.fixture(scope="module")
-def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    """A conductor worker (queue default) and a trainer worker (queue train), shared by a
-    module's tests (starting them costs seconds; tests that kill them start them again)."""
-    tmp_path = tmp_path_factory.mktemp("workers")
+@contextmanager
+def _conductor_and_trainer(tmp_path: Path) -> Iterator[Workers]:
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_CONDUCT_SECONDS="0.3",
                       RFT_DISPATCH_TTL="30", RFT_LEASE_SECONDS="8")
@@ -60,6 +58,24 @@ def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactor
     finally:
         workers.stop_all()
         redis_flush()
+
+
+@pytest.fixture(scope="module")
+def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """A conductor worker (queue default) and a trainer worker (queue train), shared by a
+    module's tests (starting them costs seconds; tests that kill them start them again).
+    While they live, the conductor advances every running run in the database, so a module
+    whose other tests make running runs without a conductor uses `own_celery_workers`."""
+    with _conductor_and_trainer(tmp_path_factory.mktemp("workers")) as workers:
+        yield workers
+
+
+@pytest.fixture
+def own_celery_workers(django_db_setup: Any, tmp_path: Path) -> Iterator[Workers]:
+    """The same two workers for one test only: gone before the next test makes its runs
+    (the module-wide conductor once finished another test's runs under it)."""
+    with _conductor_and_trainer(tmp_path) as workers:
+        yield workers
 
 
 def running_run(owner: Any, model_dir: Path, **config: Any) -> Any:

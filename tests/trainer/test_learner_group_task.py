@@ -90,7 +90,7 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
 
 
 def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
-    owner: Any, tiny_model_dir: Path, celery_workers: Any
+    owner: Any, tiny_model_dir: Path, own_celery_workers: Any
 ) -> None:
     """The same through a real train worker (a prefork child starts the follower) and the
     conductor, from `start` to a finished run."""
@@ -234,7 +234,8 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
     going = running_run(owner, tiny_model_dir, total_steps=5)
     trainer_mod.resident_for(ended)
     trainer_mod.resident_for(going)
-    # (Failed once in a full suite with both runs reported ended; the statuses say by whom next time.)
+    # No conductor may run here: it finishes a train-mode run with no batch (CI once saw both
+    # finished by the module-wide one an earlier test had left running).
     assert trainer_mod._ended_residents() == set(), list(Run.objects.values_list("pk", "status", "error"))
     Run.objects.filter(pk=ended.pk).update(status=Run.Status.FINISHED)
     assert trainer_mod._ended_residents() == {ended.pk}
