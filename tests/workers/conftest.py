@@ -56,8 +56,10 @@ def vllm_engine(demo_model_dir: Path) -> Iterator[Any]:
     engine.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def celery_rollout_worker(django_db_setup: Any, django_db_blocker: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """A real `celery worker -P solo -Q rollout` on the test database and this run's Redis."""
+    """A real `celery worker -P solo -Q rollout` on the test database and this run's Redis,
+    for one module: a session-wide one outlived its module and took other modules' rollout
+    tasks when the files ran in another order."""
     with django_db_blocker.unblock(), celery_worker("rollout", name="rollout-test", log=CACHE / "test-celery-rollout.log") as proc:
         yield proc
