@@ -215,6 +215,44 @@ def test_an_idle_beat_writes_nothing_and_reads_the_run_once(owner: Any, sent: li
     assert len(sent) == 1
 
 
+def test_a_beat_under_a_train_step_that_is_out_does_not_count_the_buffer(owner: Any, sent: list[Any]) -> None:
+    """In async mode the trainer goes on from step to step itself, so its step is out at
+    almost every beat: the beat then asks neither how much the buffer holds nor whether
+    anything is pending (two of an async beat's six statements, half its CPU:
+    bench/conductor_beat), and reads no heartbeat for a train step (the trainer's lock says
+    whether it lives)."""
+    from django.test.utils import CaptureQueriesContext
+
+    run = _running(owner, mode="async", max_staleness=2)
+    runs_conduct()
+    assert dispatch_send(run=run, kind="train", step=1)
+    assert dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
+    with CaptureQueriesContext(connection) as queries:
+        runs_conduct()
+    tables = " ".join(q["sql"] for q in queries.captured_queries)
+    assert "buffer_experience" not in tables and "runs_workerheartbeat" not in tables, tables
+    assert len(queries.captured_queries) <= 3
+
+
+def test_a_run_with_nothing_left_to_train_finishes_only_after_the_train_step_that_is_out(
+    owner: Any, sent: list[Any]
+) -> None:
+    """A train-mode run whose buffer is used up ends; but not under a train step that is
+    still out (its trainer would find the run finished halfway): the beat after it ends does."""
+    run = _running(owner, mode="train", total_steps=5)
+    TaskAttempt.objects.filter(run=run).update(status=TaskAttempt.Status.DONE)
+    assert dispatch_send(run=run, kind="train", step=1)
+    hold = dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
+    assert hold is not None
+    runs_conduct()
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    hold.end()
+    runs_conduct()
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED
+
+
 def test_the_beat_still_hands_back_an_expired_lease_once_reaping_is_due(owner: Any, sent: list[Any],
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     run = _running(owner, mode="explore")

@@ -307,7 +307,12 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
         busy.update(str(d.kind) for d in rows)
     if not rows:
         return out
-    beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=[d.worker for d in rows if d.worker])}
+    # Only a running explore-side step is judged by its worker's heartbeat (a sent one by its
+    # age, a train step by the trainer's lock): the beat reads no heartbeats otherwise.
+    by_lock = connection.vendor == "postgresql"
+    hosts = [d.worker for d in rows if d.worker and d.state == Dispatch.State.RUNNING
+             and not (by_lock and d.kind == Dispatch.Kind.TRAIN)]
+    beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=hosts)} if hosts else {}
     for d in rows:
         lost = dispatch_lost(dispatch=d, now=now, beat=beats.get(d.worker))
         if lost is None:
@@ -397,6 +402,11 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
             train_done = False
             if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
                 out.dispatched.append(f"publish:{run.train_step}")
+        elif run.train_step < cfg.total_steps and Dispatch.Kind.TRAIN in busy:
+            # A step is out (in async mode the trainer goes on to the next one itself): the
+            # run is not done, and whether a batch is there is the trainer's question now.
+            # Not counting the buffer here halves an async beat's statements.
+            train_done = False
         elif run.train_step < cfg.total_steps:
             readiness = train_readiness(run=run)
             if readiness.ready:
