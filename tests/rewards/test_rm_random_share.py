@@ -71,9 +71,9 @@ def _run(olga: User, anna: User, model: Path, **rm: object) -> tuple[Run, set[st
     exps = list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
     # A previous version: one right, one wrong on the first groups (the pairs straddling its
     # decision, the rule's first picks); sure both are wrong on the rest.
-    rm = RewardModel.objects.create(run=run, version=1, path="/nowhere", base="x", accuracy=0.9)
+    previous = RewardModel.objects.create(run=run, version=1, path="/nowhere", base="x", accuracy=0.9)
     RewardModelScore.objects.bulk_create([
-        RewardModelScore(experience=e, reward_model=rm,
+        RewardModelScore(experience=e, reward_model=previous,
                          score=(0.5 if k % 2 == 0 else -0.5) if k < 2 * STRADDLING else -0.5)
         for k, e in enumerate(exps)])
     return run, {f"g{g}" for g in range(STRADDLING)}
