@@ -156,16 +156,30 @@ def _trust_handout(policy: FeedbackPolicy) -> bool:
     return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
 
 
+def _claimer(*, run: Run, annotator: Any) -> str:
+    """Who claims, as the hand-out's seed sees them: the owner, a member by their place among
+    the run's members (the order they joined), anyone else (staff) by name. Not the account's
+    name or id: the same people claiming in the same order draw the same numbers in another
+    database (bench/steering names its raters after the run)."""
+    if annotator.pk == run.owner_id:
+        return "owner"
+    from apps.runs.models import RunMember
+
+    members = list(RunMember.objects.filter(run=run).order_by("id").values_list("user_id", flat=True))
+    return f"member {members.index(annotator.pk)}" if annotator.pk in members else f"user {annotator.get_username()}"
+
+
 def handout_rng(*, run: Run, annotator: Any, stream: str) -> random.Random:
     """The random numbers of one claim: seeded by the run's seed and how many hand-outs the run
     has made (every assignment row, skipped ones too), so a given sequence of claims repeats
-    its random share, pairs and gold order under the same seed (bench seeds repeat). The
-    annotator's name is in the seed too: two annotators claiming at the same count draw
-    different sequences, so they do not go for the same random pick (they would still only
-    race on its slots, which the unique live slot settles). `stream` keeps the gold shuffle and
-    the selection's draws apart, so a change to one does not shift the other."""
+    its random share, pairs and gold order under the same seed (bench seeds repeat). Who claims
+    is in the seed too (`_claimer`): two annotators claiming at the same count draw different
+    sequences, so they do not both go for the same random pick (they would only race on its
+    slots, which the unique live slot settles, but the loser's random turn would go to the
+    rule's next unit). `stream` keeps the gold shuffle and the selection's draws apart, so a
+    change to one does not shift the other."""
     count = Assignment.objects.filter(run=run).count()
-    key = f"{run.cfg.seed}:{count}:{annotator.get_username()}:{stream}"
+    key = f"{run.cfg.seed}:{count}:{_claimer(run=run, annotator=annotator)}:{stream}"
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
 
 

@@ -136,11 +136,13 @@ def test_the_same_seed_hands_out_the_same_items_and_another_seed_others(olga: Us
     config = {"gold_rate": 0.25, "selection": {"variance": 1.0, "random_share": 0.5, "pairs": True}}
     handed = {}
     for name, seed in (("first", 7), ("again", 7), ("other", 8)):
-        run = _run(olga, anna, seed=seed, **config)
+        # Another account each time, the run's first annotator each time (as bench/steering's).
+        person = anna if name == "first" else make_user(f"anna-{name}")
+        run = _run(olga, person, seed=seed, **config)
         groups = _groups(run, groups=24, size=4)  # no model: the rule's pairs are drawn too
         for e in groups[-1] + groups[-2]:
             GoldItem.objects.create(run=run, experience=e, answer=1.0, created_by=olga)
-        handed[name] = _handed(run, anna)
+        handed[name] = _handed(run, person)
     assert len(handed["first"]) == 16 and {s for _, s in handed["first"]} == {"rule", "random", "gold"}
     assert handed["again"] == handed["first"]
     assert handed["other"] != handed["first"]
@@ -151,8 +153,9 @@ def test_two_annotators_claiming_at_the_same_count_draw_different_sequences(olga
 
     run = _run(olga, anna, selection={"random_share": 1.0})
     ben = make_user("ben")
-    draws = {u.username: handout_rng(run=run, annotator=u, stream="order").random() for u in (anna, ben)}
-    assert draws["anna"] != draws["ben"]
+    add_member(run, ben)
+    draws = {u.username: handout_rng(run=run, annotator=u, stream="order").random() for u in (anna, ben, olga)}
+    assert len(set(draws.values())) == 3
     assert handout_rng(run=run, annotator=anna, stream="order").random() == draws["anna"]
 
 
