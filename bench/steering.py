@@ -125,6 +125,15 @@ accuracy >= 0.85 (0.99-1.00, optimistic as said above); noisy >= 0.8x rm10 (0.80
 0 / 1, 1.03x over four seeds, with a per-seed spread of 0.62-1.57). rm10 >= 2x random10 has no
 ratio while random10 loses (rm10 is ahead by 0.07 on each seed).
 
+Round 11 (smoke only, no full bench): the hand-out's random draws are seeded by the run's seed
+and its hand-out count (apps.feedback.services.handout_rng), so the same seed repeats: two runs of
+`--steps 2 --seeds 0 --arms rm10 --share 0.5 --crossval-folds 4` handed out the same 64 items
+in the same order and ended at the same expected accuracy (0.1356; reward model v1 0.74 on 43
+pairs in both, v2 0.62 / 0.63 on 71), load 4.7-6.7. The "random" column (accuracy on the pairs
+only the random share handed out) read 1.00 on 2 pairs: with sibling pairs in groups of 8, most
+rating pairs join a rule-chosen and a random-chosen member, which counts as chosen, so the
+unbiased figure stays thin (a few pairs a step at a 20% share) beside the held-out accuracy.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
