@@ -132,7 +132,7 @@ in the same order and ended at the same expected accuracy (0.1356; reward model 
 pairs in both, v2 0.62 / 0.63 on 71), load 4.7-6.7. The "random" column (accuracy on the pairs
 only the random share handed out) read 1.00 on 2 pairs. Of that run's 71 rating pairs 53 joined
 two rule-chosen members, 16 a rule-chosen and a random one (counted as chosen) and 2 two random
-ones (12 random items, 6 random sibling pairs, 4 of them rated alike): at a 20% share the
+ones (of 12 items the random share handed out, in 6 sibling pairs): at a 20% share the
 unbiased figure is thin beside the held-out accuracy, so the `learned` gate stays on the latter.
 
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
