@@ -1,5 +1,7 @@
 """How far a few human labels steer a run: held-out accuracy gain per arm, labels used, gain
-per 100 labels, and the learned reward model's held-out pairwise accuracy.
+per 100 labels, and the learned reward model's held-out pairwise accuracy, with beside it its
+accuracy on the pairs the random share alone handed out (`RewardModel.accuracy_random`, "random"
+and its pair count: the unbiased estimate; the rule's pairs straddle the model's decision).
 
 The run has no automatic correctness reward (only `math_format`), so whatever the model
 learns about correctness it learns from people. Scripted raters log in and rate **through the
@@ -122,6 +124,16 @@ Met on these runs: rm10 >= 0.8x all with 0.094x its labels (2.16x); reward-model
 accuracy >= 0.85 (0.99-1.00, optimistic as said above); noisy >= 0.8x rm10 (0.80x on seeds
 0 / 1, 1.03x over four seeds, with a per-seed spread of 0.62-1.57). rm10 >= 2x random10 has no
 ratio while random10 loses (rm10 is ahead by 0.07 on each seed).
+
+Round 11 (smoke only, no full bench): the hand-out's random draws are seeded by the run's seed
+and its hand-out count (apps.feedback.services.handout_rng), so the same seed repeats: two runs of
+`--steps 2 --seeds 0 --arms rm10 --share 0.5 --crossval-folds 4` handed out the same 64 items
+in the same order and ended at the same expected accuracy (0.1356; reward model v1 0.74 on 43
+pairs in both, v2 0.62 / 0.63 on 71), load 4.7-6.7. The "random" column (accuracy on the pairs
+only the random share handed out) read 1.00 on 2 pairs. Of that run's 71 rating pairs 53 joined
+two rule-chosen members, 16 a rule-chosen and a random one (counted as chosen) and 2 two random
+ones (of 12 items the random share handed out, in 6 sibling pairs): at a 20% share the
+unbiased figure is thin beside the held-out accuracy, so the `learned` gate stays on the latter.
 
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
@@ -440,6 +452,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
         rm = RewardModel.objects.filter(run=run).order_by("-version").first()
         print(f"  {arm} s{seed} step {step:3d}  labels {Feedback.objects.filter(run=run, kind='rating').count():4d}"
               f"  rm {('v%d %.2f/%d' % (rm.version, rm.accuracy or 0, rm.pairs_heldout)) if rm else '-':>12}"
+              f" random {_rm_random(rm):>9}"
               f"{'*' if usable_from else ' '}"
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
@@ -459,10 +472,19 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "greedy_gain": greedy - base_acc[1], "labels": labels,
             "rollouts": Experience.objects.filter(run=run, is_expert=False).count(),
             "rm_acc": rm.accuracy if rm else None, "rm_versions": rm.version if rm else 0,
+            # The unbiased figure: accuracy on the pairs only the random share handed out.
+            "rm_acc_random": rm.accuracy_random if rm else None, "rm_pairs_random": (rm.pairs_random or 0) if rm else 0,
             "rm_heldout": rm.pairs_heldout if rm else 0,
             "rm_pairs": 0 if rm is None else (
                 rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
+
+
+def _rm_random(rm: Any) -> str:
+    """A version's accuracy on the random share's pairs and their count, '-' when none."""
+    if rm is None or rm.accuracy_random is None:
+        return "-"
+    return f"{rm.accuracy_random:.2f}/{rm.pairs_random}"
 
 
 def _mean(values: list[float]) -> float:
@@ -552,19 +574,21 @@ def main() -> None:
 
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
-          f"{'rm acc':>8}{'pairs':>6}"
+          f"{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
           f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
+        rm_random = f"{r['rm_acc_random']:.2f}" if r["rm_acc_random"] is not None else "-"
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
-              f"{rm:>8}{r['rm_pairs']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
+              f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
               f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
     rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]
+    rm_randoms = [r["rm_acc_random"] for r in results if r["arm"] == "rm10" and r["rm_acc_random"] is not None]
 
     def ratio(x: str, y: str, what: dict[str, float]) -> str:
         if x not in what or y not in what or what[y] == 0:
@@ -577,7 +601,8 @@ def main() -> None:
     print(f"rm10/all gain {ratio('rm10', 'all', gain)} (target >= 0.8) with labels {ratio('rm10', 'all', labels)} "
           f"(<= 0.1); rm10/random10 gain {ratio('rm10', 'random10', gain)} (>= 2); noisy/rm10 gain "
           f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85) on "
-          f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs; "
+          f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs, on the random share only "
+          f"{_mean(rm_randoms):.2f} on {sum(r['rm_pairs_random'] for r in results if r['arm'] == 'rm10')}; "
           f"seeds {args.seeds}, {args.steps} steps, load {os.getloadavg()[0]:.1f}")
 
 

@@ -275,6 +275,11 @@ class LikelihoodScorer:
             return []
         return self.head.score(self._features(prompts, completions, batch_size=batch_size))
 
+    def fold_fitted(self, group_id: str) -> bool:
+        """Whether a fit that never saw this prompt's pairs exists (crossval_accuracy ranks a
+        pair only then)."""
+        return _fold_of(group_id, self.folds) in self.fold_weights if self.folds else False
+
     def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], group_ids: Sequence[str],
                           *, batch_size: int = 32) -> list[float]:
         """Scores as `score`, but each by the fold's weights that never saw its group's pairs

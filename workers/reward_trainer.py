@@ -34,6 +34,7 @@ from django.db import InterfaceError, OperationalError
 
 from apps.feedback.preferences import PreferencePair, group_is_heldout, pair_is_heldout, preference_pairs
 from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
+from apps.feedback.selectors import experiences_handed_out_unbiased
 from apps.rewards.learned import (
     experiences_to_score,
     gold_experience_ids,
@@ -186,6 +187,28 @@ def reward_model_pairs(*, run: Run, gold: set[int] | None = None) -> tuple[list[
     return train, heldout
 
 
+def _random_share_accuracy(heldout: list[PreferencePair], *, unbiased: set[int], score: Scorer,
+                           out_of_fold: Any = None) -> tuple[float | None, int]:
+    """(pairwise accuracy, pairs) on the held-out pairs both of whose completions only the
+    random share or arrival order handed out (`unbiased`, apps.feedback.selectors): the
+    estimate the selection rule's straddling pairs do not bias. Scored as the held-out accuracy
+    is: by the published fit (`score`), or, cross-validated (`out_of_fold`, a LikelihoodScorer
+    whose folds were fitted), each pair by the fold's fit that never saw its prompt, a pair
+    whose fold has no such fit left out as crossval_accuracy leaves it."""
+    pairs = [p for p in heldout if p.chosen_id in unbiased and p.rejected_id in unbiased]
+    if out_of_fold is not None:
+        pairs = [p for p in pairs if out_of_fold.fold_fitted(p.group_id)]
+    if not pairs:
+        return None, 0
+    prompts, groups = [p.prompt for p in pairs], [p.group_id for p in pairs]
+    if out_of_fold is not None:
+        chosen = out_of_fold.score_out_of_fold(prompts, [p.chosen for p in pairs], groups)
+        rejected = out_of_fold.score_out_of_fold(prompts, [p.rejected for p in pairs], groups)
+    else:
+        chosen, rejected = score(prompts, [p.chosen for p in pairs]), score(prompts, [p.rejected for p in pairs])
+    return pairwise_accuracy(chosen, rejected, [p.trust for p in pairs]), len(pairs)
+
+
 def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | None:
     """Train and publish the run's next reward-model version if one is due (or `force`).
     None when nothing was due or no pair can be learned from."""
@@ -197,6 +220,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     labels = run_label_count(run=run)
     gold = gold_experience_ids(run=run)
     train, heldout = reward_model_pairs(run=run, gold=gold)
+    unbiased = experiences_handed_out_unbiased(run=run)  # read with the pairs
     if not train:
         log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
         return None
@@ -209,6 +233,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     rng.shuffle(train)
     score: Scorer
     calibration_score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]] | None = None
+    out_of_fold: Any = None  # the cross-validated scorer, whose folds rank each pair unseen
     if cfg.kind == "likelihood":
         from workers.likelihood_rm import likelihood_model_fit
 
@@ -218,7 +243,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         if cfg.crossval_folds >= 2:
             # Every pair trained the published version and was held out once in the folds.
             train, heldout = train + heldout, train + heldout
-            calibration_score = scorer.score_out_of_fold
+            calibration_score, out_of_fold = scorer.score_out_of_fold, scorer
         score = scorer.score
     else:
         net, tokenizer, accuracy = reward_model_fit(
@@ -244,12 +269,15 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
             rated = rated_all[:512]
         scores = score([r[0] for r in rated], [r[1] for r in rated])
     scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
+    accuracy_random, pairs_random = _random_share_accuracy(
+        heldout, unbiased=unbiased, score=score, out_of_fold=out_of_fold)
     rm = reward_model_publish(
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
         labels=labels, seconds=time.monotonic() - started, scale=scale, offset=offset,
+        accuracy_random=accuracy_random, pairs_random=pairs_random,
     )
-    log.info("run %s reward model v%d: %d train / %d held-out pairs, accuracy %s, %.1fs", run.pk, rm.version,
-             len(train), len(heldout), accuracy, rm.seconds)
+    log.info("run %s reward model v%d: %d train / %d held-out pairs, accuracy %s (random share %s on %d), %.1fs",
+             run.pk, rm.version, len(train), len(heldout), accuracy, accuracy_random, pairs_random, rm.seconds)
     return rm
 
 

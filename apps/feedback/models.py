@@ -68,11 +68,25 @@ class Assignment(models.Model):
         DONE = "done"
         SKIPPED = "skipped"
 
+    class Source(models.TextChoices):
+        """Why the item was handed out: the selection rule's priority, the rule's random share,
+        a gold item, or plain arrival order (no selection rule). Only random and arrival
+        hand-outs are a sample the reward model did not choose, so only their labels give an
+        unbiased accuracy (RewardModel.accuracy_random). Unknown: handed out before this was
+        recorded, under a run whose config could have used either."""
+
+        RULE = "rule"
+        RANDOM = "random"
+        GOLD = "gold"
+        ARRIVAL = "arrival"
+        UNKNOWN = "unknown"
+
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="assignments")
     experience = models.ForeignKey("buffer.Experience", on_delete=models.CASCADE, related_name="assignments")
     annotator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="assignments")
     slot = models.PositiveSmallIntegerField()
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.LEASED)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.UNKNOWN)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -20,14 +20,19 @@ ratings differ under the newest version's calibrated scores p (p_a (1 - p_b) + p
 a pair straddling the model's decision, one member it calls right and one it calls wrong, or
 both near the middle, scores high; two members it scores alike and low (both wrong, the usual
 case on a weak policy) score low even when their margin is smallest. Each group's best pair is
-chosen (ties: the smaller raw margin, then at random; with no scores, two random siblings),
-then its next best among the rest; groups go as blocks at their best pair's priority.
+chosen (ties: the smaller raw margin when the rule weighs uncertainty, then at random; with no
+scores, two random siblings), then its next best among the rest; groups go as blocks at their
+best pair's priority.
 
 `random_share` of the hand-outs (counted over the run's hand-outs, pairs with `pairs`, so the
 share holds exactly however the claims are sized) are drawn uniformly from the candidates
 instead (with `pairs`, a random member and a random sibling of it): an unbiased sample for
 evaluation. Gold items are mixed into each annotator's hand-outs at `feedback.gold_rate` the
-same way, between pairs, and look like any other item.
+same way, between pairs, and look like any other item. Each assignment records which of these
+handed it out (`Assignment.source`: rule, random, gold; arrival when the rule weighs nothing),
+and the reward model's accuracy on the random / arrival share alone is reported beside its
+held-out accuracy (`RewardModel.accuracy_random`): the rule's pairs straddle the model's
+decision, so accuracy over them is no estimate of how it ranks the rest.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ WINDOW = 500  # candidates weighed per claim; the oldest first, as arrival order
 
 def selection_active(rule: SelectionRule) -> bool:
     return any((rule.uncertainty, rule.disagreement, rule.variance, rule.random_share))
+
+
+def selection_ranks(rule: SelectionRule) -> bool:
+    """Whether the rule orders by priority at all: with every weight 0 its units go in arrival
+    order (pairs: random siblings), reading no reward model, so they are no biased sample."""
+    return any((rule.uncertainty, rule.disagreement, rule.variance))
 
 
 def share_slots(*, start: int, count: int, share: float) -> list[bool]:
@@ -167,7 +178,10 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
         if a in raw and b in raw and newest is not None:
             ca, cb = newest.calibrated(raw[a]), newest.calibrated(raw[b])
             u = ca * (1 - cb) + cb * (1 - ca)
-            margin = abs(raw[a] - raw[b])
+            # The smaller margin breaks ties only under uncertainty: a rule without it (or no
+            # rule: gold items or trust alone) must not let the model choose the pairs, so
+            # that its hand-out stays the unbiased arrival sample (Assignment.source).
+            margin = abs(raw[a] - raw[b]) if rule.uncertainty else 0.0
         total = rule.uncertainty * u + rule.disagreement * max(pa.disagreement, pb.disagreement) + \
             rule.variance * max(pa.variance, pb.variance)
         return (total, -margin, rng.random())
@@ -219,7 +233,8 @@ def selection_order(*, run: Run, candidates: Sequence[Experience], want: int, ha
     """The candidates in the order to try them, in units (single items, or sibling pairs
     under `pairs`), each with its source ("rule" or "random"). The first units cover `want`
     items and follow the run-wide share of random picks; after them come the remaining
-    candidates by priority, for when some are taken by a parallel claimer."""
+    candidates by priority, for when some are taken by a parallel claimer. `rng` draws the
+    random share and breaks ties (the hand-out seeds it: apps.feedback.services)."""
     rng = rng or random.Random()
     rule = run.cfg.feedback.selection
     priorities = candidate_priorities(run=run, candidates=candidates)

@@ -27,6 +27,20 @@ def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
     )
 
 
+# Hand-outs the reward model did not choose: the selection rule's random share, and arrival
+# order (no rule). Labels of items handed out only so are an unbiased sample of the run's items.
+UNBIASED_SOURCES = (Assignment.Source.RANDOM, Assignment.Source.ARRIVAL)
+
+
+def experiences_handed_out_unbiased(*, run: Run) -> set[int]:
+    """Experiences every hand-out of which (skipped ones too) came from the random share or
+    arrival order. One the rule, a gold turn or an unrecorded hand-out also gave out is left
+    out, and so is one never handed out (rated through the API: someone chose it)."""
+    chosen = Assignment.objects.filter(run=run).exclude(source__in=UNBIASED_SOURCES).values("experience_id")
+    return set(Assignment.objects.filter(run=run, source__in=UNBIASED_SOURCES).exclude(experience_id__in=chosen)
+               .values_list("experience_id", flat=True).distinct())
+
+
 def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
     """The annotator's day on the run: judgements given today (local day), items waiting in
     their queue, and the owner's daily target (0: none)."""

@@ -120,7 +120,8 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
                     with transaction.atomic():
                         created.append(
                             Assignment.objects.create(
-                                run=run, experience_id=exp_id, annotator=annotator, slot=slot, lease_expires_at=expires
+                                run=run, experience_id=exp_id, annotator=annotator, slot=slot, lease_expires_at=expires,
+                                source=Assignment.Source.ARRIVAL,
                             )
                         )
                     break
@@ -133,12 +134,13 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
     return created
 
 
-def _slot_take(*, run: Run, annotator: Any, exp_id: int, slots: Sequence[int], expires: datetime) -> Assignment | None:
+def _slot_take(*, run: Run, annotator: Any, exp_id: int, slots: Sequence[int], expires: datetime,
+               source: str) -> Assignment | None:
     for slot in slots:
         try:
             with transaction.atomic():
                 return Assignment.objects.create(run=run, experience_id=exp_id, annotator=annotator, slot=slot,
-                                                 lease_expires_at=expires)
+                                                 lease_expires_at=expires, source=source)
         except IntegrityError:
             continue  # taken by a parallel claimer (or this annotator has the item): next slot
     return None
@@ -154,6 +156,33 @@ def _trust_handout(policy: FeedbackPolicy) -> bool:
     return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
 
 
+def _claimer(*, run: Run, annotator: Any) -> str:
+    """Who claims, as the hand-out's seed sees them: the owner, a member by their place among
+    the run's members (the order they joined), anyone else (staff) by name. Not the account's
+    name or id: the same people claiming in the same order draw the same numbers in another
+    database (bench/steering names its raters after the run)."""
+    if annotator.pk == run.owner_id:
+        return "owner"
+    from apps.runs.models import RunMember
+
+    members = list(RunMember.objects.filter(run=run).order_by("id").values_list("user_id", flat=True))
+    return f"member {members.index(annotator.pk)}" if annotator.pk in members else f"user {annotator.get_username()}"
+
+
+def handout_rng(*, run: Run, annotator: Any, stream: str) -> random.Random:
+    """The random numbers of one claim: seeded by the run's seed and how many hand-outs the run
+    has made (every assignment row, skipped ones too), so a given sequence of claims repeats
+    its random share, pairs and gold order under the same seed (bench seeds repeat). Who claims
+    is in the seed too (`_claimer`): two annotators claiming at the same count draw different
+    sequences, so they do not both go for the same random pick (they would only race on its
+    slots, which the unique live slot settles, but the loser's random turn would go to the
+    rule's next unit). `stream` keeps the gold shuffle and the selection's draws apart, so a
+    change to one does not shift the other."""
+    count = Assignment.objects.filter(run=run).count()
+    key = f"{run.cfg.seed}:{count}:{_claimer(run=run, annotator=annotator)}:{stream}"
+    return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+
+
 def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
     """assignment_claim under a selection rule (apps.feedback.selection), gold items and
     trust-aware hand-out (`feedback.trust`): the same slots and leases, the order and the mix
@@ -166,7 +195,7 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
     rater before); an untrusted one gets their unrated gold items first, then only
     `trust.untrusted_share` of the fresh items, the rest staying for trusted annotators.
     The gold items look like any other item either way."""
-    from apps.feedback.selection import WINDOW, selection_order, share_slots
+    from apps.feedback.selection import WINDOW, selection_order, selection_ranks, share_slots
     from apps.rewards.models import GoldItem
 
     policy = run.cfg.feedback
@@ -175,14 +204,18 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
     mine_qs = Assignment.objects.filter(run=run, annotator=annotator)
     mine = mine_qs.count()
     fresh_gold = [pk for pk in gold_ids - set(mine_qs.values_list("experience_id", flat=True))]
-    random_gold = random.Random()
-    random_gold.shuffle(fresh_gold)
+    # Both drawn before anything is handed out, from the count the claim starts at. Sorted
+    # first: the shuffle repeats under a seed whatever order the set iterates in.
+    gold_rng = handout_rng(run=run, annotator=annotator, stream="gold")
+    order_rng = handout_rng(run=run, annotator=annotator, stream="order")
+    fresh_gold.sort()
+    gold_rng.shuffle(fresh_gold)
     created: list[Assignment] = []
 
     def gold_take() -> Assignment | None:
         while fresh_gold:
             got = _slot_take(run=run, annotator=annotator, exp_id=fresh_gold.pop(), expires=expires,
-                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200))
+                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200), source=Assignment.Source.GOLD)
             if got is not None:
                 return got
         return None
@@ -216,14 +249,17 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
 
     window = list(candidates.exclude(pk__in=gold_ids)[:WINDOW])
     handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
-    order = selection_order(run=run, candidates=window, want=want - len(created), handed_out=handed_out)
+    order = selection_order(run=run, candidates=window, want=want - len(created), handed_out=handed_out,
+                            rng=order_rng)
+    # A rule that weighs nothing (gold items or trust alone) hands out in arrival order.
+    ranks = selection_ranks(policy.selection)
     gold_turns = share_slots(start=mine, count=want + 1, share=policy.gold_rate)
     queue = iter(order)
 
-    def take(exp_id: int) -> Assignment | None:
+    def take(exp_id: int, source: str) -> Assignment | None:
         taken = set(Assignment.objects.filter(experience_id=exp_id, status__in=_LIVE).values_list("slot", flat=True))
         return _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
-                          slots=[s for s in range(policy.overlap) if s not in taken])
+                          slots=[s for s in range(policy.overlap) if s not in taken], source=source)
 
     gold_given = len(created)
     while len(created) < want:
@@ -238,11 +274,13 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
             nxt = next(queue, None)
             if nxt is None:
                 return created
+            unit, source = nxt
+            source = source if source == "random" or ranks else Assignment.Source.ARRIVAL
             # A pair whose first member a parallel claimer took is passed over whole.
-            first = take(nxt[0][0])
+            first = take(unit[0], source)
             if first is not None:
                 created.append(first)
-                created.extend(a for a in (take(pk) for pk in nxt[0][1:]) if a is not None)
+                created.extend(a for a in (take(pk, source) for pk in unit[1:]) if a is not None)
                 break
     return created
 

@@ -53,6 +53,10 @@ class RatersOut(Schema):
 class RewardModelOut(Schema):
     version: int
     accuracy: float | None
+    # The unbiased estimate: accuracy on the held-out pairs only the random share or arrival
+    # order handed out (None: none such; pairs_random None: a version from before it was measured).
+    accuracy_random: float | None
+    pairs_random: int | None
     pairs_train: int
     pairs_heldout: int
     labels: int

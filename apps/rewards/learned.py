@@ -103,14 +103,17 @@ def reward_model_due(*, run: Run) -> bool:
 
 def reward_model_publish(
     *, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
-    labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5,
+    labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5, accuracy_random: float | None = None,
+    pairs_random: int | None = None,
 ) -> RewardModel:
-    """Record a trained reward model as the run's next version and announce it."""
+    """Record a trained reward model as the run's next version and announce it (with its
+    unbiased accuracy on the random / arrival share, RewardModel.accuracy_random)."""
     from apps.rewards.services import scorer_publish
 
     rm: RewardModel = scorer_publish(
         model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
+        accuracy_random=accuracy_random, pairs_random=pairs_random,
     )
     return rm
 

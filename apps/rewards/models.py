@@ -43,6 +43,13 @@ class RewardModel(VersionedScorer):
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reward_models")
     # How many labels (feedback rows) the run had when this version's data was read.
     labels = models.PositiveIntegerField(default=0)
+    # The unbiased estimate: pairwise accuracy on the held-out (cross-validated: out-of-fold)
+    # pairs both of whose completions only the random share or arrival order handed out
+    # (Assignment.source). The selection rule hands out the pairs that straddle the model's
+    # decision, so `accuracy` over every held-out pair is no estimate of how it ranks the rest.
+    # None: no such pair (pairs_random 0), or a version from before this was measured (both None).
+    accuracy_random = models.FloatField(null=True, blank=True)
+    pairs_random = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta(VersionedScorer.Meta):
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="reward_model_version_unique")]
