@@ -38,6 +38,21 @@ Run 2 ended in a deadlock with the ack written DELETE-the-leases-then-UPDATE: a 
 whose stale snapshot picked a row being acked held its lock and waited on the lease's
 deletion, while the ack waited on the row. The ack now updates the row first (see
 `new_ack`); runs 3 and 4 had none.
+
+The same design was then built into the app on a branch (round 11, not merged): an
+`ExperienceLease` model keyed by experience (no database foreign keys), a migration moving
+stored leases into it and dropping `lease_owner` / `lease_expires_at`, the claim as one
+statement (lock, insert leases ON CONFLICT DO NOTHING, top up at most twice), whole-group
+claims handing back a group that lost a member, the ack as a hand-written UPDATE ... FROM the
+lease table (the ORM's EXISTS let the planner scan every lease per row: 28 -> 17 ms at 100k
+rows), release and the reaper as lease deletes, and every reader of "leased" (run page, API and
+runs-list counts, the browser, in-flight, feedback lateness and hand-out, revision, scoring,
+exports) asking the lease table. bench/buffer_claim against the round-10 code, fresh databases,
+one after the other (the two schemas cannot share one): claim-and-ack 58.5 / 60.3 / 78.9 ms
+old against 50.0 / 96.7 / 43.1 new, 2-claimer p50 46.8 / 62.0 / 68.2 against 36.6 / 79.8 / 43.9,
+load 2.4-5.8: lower in 2 of 3 pairs, the load swamping the difference; 0 duplicates. Not merged:
+a schema change of that reach needs a gain the app shows, measured on a quiet host (alternating
+the two schemas means two databases); the prototype's 0.67-0.79x claim is where to start.
 """
 
 from __future__ import annotations
