@@ -207,12 +207,12 @@ def main() -> None:
             res: dict[str, dict[str, list[float]]] = {k: {"claim": [], "ack": [], "both": []} for k in ("old", "new")}
             for i in range(args.pairs + 1):
                 for kind in ("old", "new") if i % 2 else ("new", "old"):
-                    c, a, ids = _cycle(conn, st, kind, run.pk, f"solo-{kind}", args.size, args.topup)
+                    c, ack_s, ids = _cycle(conn, st, kind, run.pk, f"solo-{kind}", args.size, args.topup)
                     every += ids
                     if i:
                         res[kind]["claim"].append(c)
-                        res[kind]["ack"].append(a)
-                        res[kind]["both"].append(c + a)
+                        res[kind]["ack"].append(ack_s)
+                        res[kind]["both"].append(c + ack_s)
             print(f"solo, {args.pairs} alternated pairs of claim-and-ack of {args.size} ({_load()}):")
             for kind, r in res.items():
                 print(f"  {kind}: claim p50 {median(r['claim']) * 1e3:.2f} ms (p25/p75 {percentile(r['claim'], .25) * 1e3:.2f}/"
