@@ -135,6 +135,25 @@ two rule-chosen members, 16 a rule-chosen and a random one (counted as chosen) a
 ones (of 12 items the random share handed out, in 6 sibling pairs): at a 20% share the
 unbiased figure is thin beside the held-out accuracy, so the `learned` gate stays on the latter.
 
+Measured 2026-11-23, round 11 (same settings: 60 steps, 8 tasks x 8, lr 1e-4, `--rm-base judge
+--crossval-folds 4`, base 0.1443; seeds 0 / 1, one bench per arm, two or three at once on
+separate bench databases, load 1.2-8.4), the hand-out now seeded (a re-run repeats its labels):
+- `all`: +0.024 / +0.014 (3840 labels; as round 10: the seeding does not touch it).
+- `rm10`: +0.038 / +0.026 (mean +0.032 = 1.70x `all`'s +0.019 with 0.094x its labels); reward
+  model 0.99 on 302 / 294 pairs, usable from step 3 / 9; on the random share alone 1.00 on 8 / 8.
+- `random10`: -0.031 / -0.029 (19 / 14 steps without signal).
+- `noisy`: +0.060 / +0.038 (mean +0.049 = 1.51x `rm10`; 1.57 / 1.44 per seed); reward model 1.00 on
+  283 / 274 pairs, usable from step 6 / 7; random share 1.00 on 5 / 4. Labels: careful 353, random
+  7 (all 7 gold).
+Met: rm10 >= 0.8x all with <= 0.1x labels (1.70x); noisy >= 0.8x rm10 (1.51x, each seed above
+1); reward-model held-out accuracy >= 0.85 (0.99-1.00; the unbiased random-share figure agrees
+but rests on 4-8 pairs). Not met: rm10 >= 2x random10 (random10 loses; no ratio). Per-seed
+spread stays large (rm10 +0.026..+0.038): two seeds.
+Tried and not kept: counting the `gold_first` items toward `gold_rate` (a new rater's next 12
+items all fresh, not 20% gold on top). noisy went to +0.064 / -0.005, usable from step 8 / 15
+(against 6 / 7 without it, same seeds and code otherwise): the careful rater's earned trust
+grows with the gold he rates, so fewer early gold items made his labels count later.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
