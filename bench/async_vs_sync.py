@@ -24,6 +24,18 @@ load 0.6-0.8) and 1.54 (15.4 / 10.0 s, load 0.9-1.0); explore 0.38-0.40 s and tr
 step, so the bound is ~1.75; the conductor 9.3-10.5 ms of CPU a beat. Target 1.6 not met. A first
 run right after the test suite gave 11.65 (sync 121 s, its train steps 2.17 s each): an outlier,
 not understood.
+
+Measured 2026-11-23 (round 11), defaults, quiet 2-core host (load 0.9-1.4), this round's
+conductor change (a beat under a train step that is out counts no buffer: bench/conductor_beat)
+against the code before it, alternated new / old three times: speed-up 1.61 / 1.56 / 1.55 new,
+1.66 / 1.65 / 1.47 old (one more old run before: 1.72); medians 1.56 and 1.65, spreads
+overlapping: the change does not move the speed-up beyond the noise (nor should it: the beat is
+not on either side's path). The conductor's CPU a beat in the loop: 10.0-12.0 ms new against
+11.9-15.4 ms old (0.8x; the in-process beat halves, bench/conductor_beat, but the Celery task
+around it stays). Two earlier runs of the new code, minutes before, gave 1.19 and 1.24 with
+sync's steps at 0.38 / 0.51 s and async's at 0.60 / 0.81 s, then the host's steps slowed to
+0.47-0.58 / 0.62-0.75 s in sync for the alternated runs: the host's speed moved by half within
+minutes at load ~1. Target 1.6: not met on the median of either.
 """
 
 from __future__ import annotations
