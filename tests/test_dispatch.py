@@ -286,7 +286,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
             beats.append("beat")
 
     fake_threading = types.SimpleNamespace(
-        Thread=lambda target, daemon: types.SimpleNamespace(start=target),
+        Thread=lambda target, args, daemon: types.SimpleNamespace(start=lambda: target(*args)),
         current_thread=threading.current_thread, main_thread=threading.main_thread,
     )
     monkeypatch.setattr(heartbeat, "_beater", Beater())
@@ -295,3 +295,40 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
     assert beats == []
     heartbeat._on_task_edge(sender=train_step)
     assert beats == ["beat"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers keep their connections between tasks (RFT_WORKER_CONN_MAX_AGE), which Django's
+    close_old_connections respects: a step's edge heartbeat runs on a thread that then ends,
+    and must close its own connection, or each one stays open until the garbage collector
+    (two a step: a restarted Postgres once ran out of connection slots in tests/test_faults)."""
+    import threading
+
+    from django.db import connections
+
+    from apps.runs import heartbeat
+    from workers.trainer import train_step
+
+    for database in settings.DATABASES.values():
+        monkeypatch.setitem(database, "CONN_MAX_AGE", 300)
+    used: list[Any] = []
+
+    class Beater:
+        def is_alive(self) -> bool:
+            return True
+
+        def beat(self) -> None:
+            from apps.runs.models import WorkerHeartbeat
+
+            WorkerHeartbeat.objects.count()  # the beat's query, on this thread's own connection
+            used.append(connections["default"])
+            heartbeat.close_old_connections()  # as _Beater.beat ends
+
+    monkeypatch.setattr(heartbeat, "_beater", Beater())
+    before = set(threading.enumerate())
+    heartbeat._on_task_edge(sender=train_step)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
+    assert len(used) == 1 and used[0] is not connections["default"]
+    assert used[0].connection is None, "the edge thread left its connection open"

@@ -213,7 +213,18 @@ def _on_task_edge(sender: Any = None, **_: Any) -> None:
     if getattr(sender, "name", None) in QUICK_TASKS:
         return
     if _beater is not None and _beater.is_alive() and threading.current_thread() is threading.main_thread():
-        threading.Thread(target=_beater.beat, daemon=True).start()
+        threading.Thread(target=_edge_beat, args=(_beater,), daemon=True).start()
+
+
+def _edge_beat(beater: _Beater) -> None:
+    """One beat on a thread of its own, which then ends: it closes its connection itself.
+    Workers keep connections (RFT_WORKER_CONN_MAX_AGE), so `beat`'s close_old_connections
+    leaves a healthy one open, and an ended thread's connection waited for the garbage
+    collector: two per step, until a restarted Postgres ran out of slots (tests/test_faults)."""
+    try:
+        beater.beat()
+    finally:
+        connection.close()
 
 
 @signals.worker_shutdown.connect
