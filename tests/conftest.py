@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,3 +85,13 @@ def vision_model_dir() -> Any:
 
     cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
     return vision_model_build(out=cache / "test-vision-model", log=lambda _: None).out
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The real demo model (`rft_demo_model`'s default settings), built once per cache
+    (RFT_TEST_CACHE, else the checkout's .cache) and shared by every module that needs it."""
+    from workers.demo_model import demo_model_build
+
+    cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+    return demo_model_build(out=cache / "test-demo-model", progress=False, log=lambda _: None).out

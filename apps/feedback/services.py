@@ -170,17 +170,23 @@ def _claimer(*, run: Run, annotator: Any) -> str:
 
 
 def handout_rng(*, run: Run, annotator: Any, stream: str) -> random.Random:
+    """One stream of `handout_rngs`."""
+    return handout_rngs(run=run, annotator=annotator, streams=(stream,))[0]
+
+
+def handout_rngs(*, run: Run, annotator: Any, streams: Sequence[str]) -> list[random.Random]:
     """The random numbers of one claim: seeded by the run's seed and how many hand-outs the run
     has made (every assignment row, skipped ones too), so a given sequence of claims repeats
     its random share, pairs and gold order under the same seed (bench seeds repeat). Who claims
     is in the seed too (`_claimer`): two annotators claiming at the same count draw different
     sequences, so they do not both go for the same random pick (they would only race on its
     slots, which the unique live slot settles, but the loser's random turn would go to the
-    rule's next unit). `stream` keeps the gold shuffle and the selection's draws apart, so a
-    change to one does not shift the other."""
-    count = Assignment.objects.filter(run=run).count()
-    key = f"{run.cfg.seed}:{count}:{_claimer(run=run, annotator=annotator)}:{stream}"
-    return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+    rule's next unit). Each of `streams` gets its own generator, so the gold shuffle and the
+    selection's draws stay apart: a change to one does not shift the other. The count and who
+    claims are read once for all of them."""
+    base = f"{run.cfg.seed}:{Assignment.objects.filter(run=run).count()}:{_claimer(run=run, annotator=annotator)}"
+    return [random.Random(int.from_bytes(hashlib.sha256(f"{base}:{stream}".encode()).digest()[:8], "big"))
+            for stream in streams]
 
 
 def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
@@ -206,8 +212,7 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
     fresh_gold = [pk for pk in gold_ids - set(mine_qs.values_list("experience_id", flat=True))]
     # Both drawn before anything is handed out, from the count the claim starts at. Sorted
     # first: the shuffle repeats under a seed whatever order the set iterates in.
-    gold_rng = handout_rng(run=run, annotator=annotator, stream="gold")
-    order_rng = handout_rng(run=run, annotator=annotator, stream="order")
+    gold_rng, order_rng = handout_rngs(run=run, annotator=annotator, streams=("gold", "order"))
     fresh_gold.sort()
     gold_rng.shuffle(fresh_gold)
     created: list[Assignment] = []

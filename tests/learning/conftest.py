@@ -15,15 +15,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
-
-
-@pytest.fixture(scope="session")
-def demo_model_dir() -> Path:
-    """The real demo model (`rft_demo_model` defaults); same cache as tests/workers."""
-    from workers.demo_model import demo_model_build
-
-    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
 
 
 @pytest.fixture

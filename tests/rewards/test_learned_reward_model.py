@@ -5,7 +5,6 @@ the version, and the `learned` policy that trains on them without waiting for pe
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -23,17 +22,8 @@ from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 from workers.reward_trainer import reward_model_score_run, reward_model_train_run
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-
-
-@pytest.fixture(scope="session")
-def demo_model_dir() -> Path:
-    from workers.demo_model import demo_model_build
-
-    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ Personas: Olga owns the run; Anna annotates at the annotation page."""
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from pathlib import Path
@@ -32,21 +31,12 @@ from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from workers.reward_trainer import reward_model_train_run
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 STRADDLING = 4  # groups the rule hands out first
 GROUPS = 40
 VISITS = 4  # page visits of 8 items: 16 pairs, a quarter the rule's (random_share 0.75)
-
-
-@pytest.fixture(scope="session")
-def demo_model_dir() -> Path:
-    from workers.demo_model import demo_model_build
-
-    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
 
 
 @pytest.fixture(autouse=True)

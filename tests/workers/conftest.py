@@ -25,15 +25,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @pytest.fixture(scope="session")
-def demo_model_dir() -> Path:
-    """The real demo model (the `rft_demo_model` default settings), built once per cache."""
-    from workers.demo_model import demo_model_build
-
-    result = demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None)
-    return result.out
-
-
-@pytest.fixture(scope="session")
 def hf_engine(demo_model_dir: Path) -> Any:
     from workers.engines import engine_cache_put
     from workers.engines.hf_engine import HFEngine
