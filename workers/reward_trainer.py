@@ -347,3 +347,51 @@ def reward_model_score(run_id: int) -> dict[str, int]:
     return {"scored": reward_model_score_run(run=run)}
 
 
+
+
+@shared_task(
+    name="workers.reward_trainer.reward_model_export_zip", acks_late=True, reject_on_worker_lost=True,
+    soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+    max_retries=5, ignore_result=True,
+)
+def reward_model_export_zip(rm_id: int) -> dict[str, Any]:
+    """Pack a version as the web download (apps/rewards/export.py): the directory
+    `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
+    complete: it is renamed into place); a failure is kept for the page to show."""
+    from apps.rewards.export import error_key, export_zip_path, preparing_key
+
+    rm = RewardModel.objects.filter(pk=rm_id).first()
+    if rm is None:
+        return {"zip": None}
+    target = export_zip_path(rm)
+    try:
+        if not target.is_file():
+            reward_model_zip_write(rm=rm, target=target)
+        return {"zip": str(target), "bytes": target.stat().st_size}
+    except (ValueError, OSError) as exc:  # ExportFailed (a ValueError): the base or the files are gone
+        log.warning("reward model v%d of run %s: export failed: %s", rm.version, rm.run_id, exc)
+        cache.set(error_key(rm.pk), str(exc)[:500] or type(exc).__name__, 24 * 3600)
+        return {"zip": None, "error": str(exc)}
+    finally:
+        cache.delete(preparing_key(rm.pk))
+
+
+def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:
+    """Export `rm` (workers.reward_models.reward_model_export) into a temporary directory
+    and zip it, stored (weights do not compress), under a temporary name renamed into place."""
+    import os
+    import zipfile
+
+    from workers.adapters import ExportFailed
+    from workers.reward_models import reward_model_export
+
+    if not Path(rm.path).is_dir():  # before writing anything beside it
+        raise ExportFailed(f"{rm.path} is not a saved reward model directory (is the run's storage mounted here?)")
+    with tempfile.TemporaryDirectory(prefix="rm-export-", dir=target.parent) as tmp:
+        out = reward_model_export(source=rm.path, out=str(Path(tmp) / "model"), scale=rm.scale, offset=rm.offset)
+        partial = Path(tmp) / "export.zip"
+        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive:
+            for file in sorted(p for p in out.rglob("*") if p.is_file()):
+                archive.write(file, arcname=str(file.relative_to(out)))
+        os.replace(partial, target)
+    return target

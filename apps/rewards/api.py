@@ -1,14 +1,16 @@
 """The human-signal figures over the REST API (keys with `read`): the same rater figures
-and agreement as the Raters page, and the run's reward-model versions."""
+and agreement as the Raters page, the run's reward-model versions, and a version as a
+download (the zip the run page offers: apps/rewards/export.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
-from ninja import Router, Schema
+from django.http import FileResponse, HttpRequest
+from ninja import Path, Router, Schema, Status
 
-from apps.envapi.schemas import RunId, responses
+from apps.envapi.schemas import ERRORS, Error, RunId, responses
+from rftweb.exceptions import Conflict
 
 router = Router(tags=["human signal"])
 
@@ -83,6 +85,56 @@ def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
     from apps.rewards.models import RewardModel
 
     return list(RewardModel.objects.filter(run=_run(request, run_id)).order_by("-version"))
+
+
+Version = Path(..., ge=1, le=2**31 - 1, description="the reward model's version")
+
+
+class ExportOut(Schema):
+    version: int
+    # ready: the zip is there (`download`); preparing: a reward worker is packing it;
+    # failed: the last try failed (`error`; POST again); none: nobody asked yet.
+    state: str
+    bytes: int
+    error: str
+    download: str | None
+
+
+def _export_out(run_id: int, version: int, state: Any) -> dict[str, Any]:
+    name = "ready" if state.ready else "preparing" if state.preparing else "failed" if state.error else "none"
+    return {"version": version, "state": name, "bytes": state.size, "error": state.error,
+            "download": f"/api/v1/runs/{run_id}/reward-models/{version}/export.zip" if state.ready else None}
+
+
+@router.post("/runs/{run_id}/reward-models/{version}/export", response={**responses(ExportOut), 202: ExportOut},
+             summary="Pack a reward-model version as a zip AutoModelForSequenceClassification loads (202 while a worker packs it)")
+def reward_model_export_post(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+    from apps.rewards.export import reward_model_export_request
+
+    state = reward_model_export_request(run=_run(request, run_id), version=version)
+    return Status(200 if state.ready else 202, _export_out(run_id, version, state))
+
+
+@router.get("/runs/{run_id}/reward-models/{version}/export", response=responses(ExportOut),
+            summary="Where a reward-model version's zip stands")
+def reward_model_export_get(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+    from apps.rewards.export import export_states, reward_model_version_get
+
+    rm = reward_model_version_get(run=_run(request, run_id), version=version)
+    return _export_out(run_id, version, export_states([rm])[rm.version])
+
+
+@router.get("/runs/{run_id}/reward-models/{version}/export.zip", response={**ERRORS, 409: Error},
+            summary="A packed reward-model version (POST …/export first)")
+def reward_model_export_zip(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+    from apps.rewards.export import download_name, export_zip_path, reward_model_version_get
+
+    rm = reward_model_version_get(run=_run(request, run_id), version=version)
+    path = export_zip_path(rm)
+    if not path.is_file():
+        raise Conflict(f"reward model v{version} is not packed yet: POST /api/v1/runs/{run_id}/reward-models/"
+                       f"{version}/export and wait until its state is ready")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=download_name(rm), content_type="application/zip")
 
 
 class K12GraderOut(Schema):

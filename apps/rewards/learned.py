@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 LABEL_KINDS = (Feedback.Kind.RATING, Feedback.Kind.RANKING, Feedback.Kind.PAIRWISE, Feedback.Kind.EDIT)
 _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 ACCURACY_METRIC = "reward_model/accuracy"
+ACCURACY_RANDOM_METRIC = "reward_model/accuracy_random"  # the unbiased twin: pairs the random share handed out
 
 
 def reward_model_on(*, run: Run) -> bool:
@@ -111,7 +112,8 @@ def reward_model_publish(
     from apps.rewards.services import scorer_publish
 
     rm: RewardModel = scorer_publish(
-        model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
+        model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy,
+        more_metrics={ACCURACY_RANDOM_METRIC: accuracy_random}, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
         accuracy_random=accuracy_random, pairs_random=pairs_random,
     )

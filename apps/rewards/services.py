@@ -70,10 +70,12 @@ def experience_rewards_apply(
     return applied
 
 
-def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float | None, **fields: Any) -> Any:
+def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float | None,
+                   more_metrics: dict[str, float | None] | None = None, **fields: Any) -> Any:
     """Record a trained scorer (a VersionedScorer: the learned reward model, the K-12 grader)
-    as the run's next version; its held-out accuracy goes through metric_record, the one path
-    to the run page's chart, the live event and the run's experiment trackers."""
+    as the run's next version; its held-out accuracy (and `more_metrics`, where not None) goes
+    through metric_record, the one path to the run page's chart, the live event and the run's
+    experiment trackers."""
     from django.db import IntegrityError
     from django.db.models import Max
 
@@ -84,8 +86,10 @@ def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float |
         try:
             with transaction.atomic():
                 scorer = model.objects.create(run=run, version=number, accuracy=accuracy, **fields)
-                if accuracy is not None:
-                    metric_record(run=run, step=number, values={metric: accuracy})
+                values = {name: value for name, value in {metric: accuracy, **(more_metrics or {})}.items()
+                          if value is not None}
+                if values:
+                    metric_record(run=run, step=number, values=values)
             return scorer
         except IntegrityError:
             continue  # another worker published this number first: take the next

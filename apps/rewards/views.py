@@ -9,18 +9,25 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse, JsonResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.feedback.preferences import preference_pairs, preference_rows_trl
 from apps.feedback.reliability import rater_figures, run_agreement
+from apps.rewards.export import (
+    download_name,
+    export_states,
+    export_zip_path,
+    reward_model_export_request,
+    reward_model_version_get,
+)
 from apps.rewards.gold import gold_item_mark, gold_item_unmark
 from apps.rewards.learned import reward_model_summary
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
-from rftweb.exceptions import InvalidInput
+from rftweb.exceptions import InvalidInput, NotFound
 from rftweb.http import HtmxHttpRequest
 
 
@@ -81,16 +88,63 @@ def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(raters_data(run=run))
 
 
+def reward_model_panel_context(*, run: Run, role: str) -> dict[str, Any]:
+    """The reward-model panel's context (the run page includes the panel; the panel's own
+    URL refreshes it): the summary, the hand-out rule and, for the owner, each version's
+    download state."""
+    rm = reward_model_summary(run=run)
+    owner = role == "owner"
+    states = export_states(rm["versions"]) if owner else {}
+    return {"rm": rm, "selection": run.cfg.feedback.selection, "trust": run.cfg.feedback.trust,
+            "weighting": run.cfg.feedback.rater_weighting, "rm_owner": owner,
+            "rm_rows": [(v, states.get(v.version)) for v in rm["versions"]]}
+
+
+def _reward_model_panel(request: HtmxHttpRequest, run: Run, role: str, *, status: int = 200) -> HttpResponse:
+    context = {"run": run, **reward_model_panel_context(run=run, role=role)}
+    if request.htmx:
+        return render(request, "rewards/_reward_model.html", context, status=status)
+    return render(request, "runs/partial_page.html", {**context, "fragment": "rewards/_reward_model.html",
+                                                      "page_title": f"Reward model · {run.name}"}, status=status)
+
+
 @login_required
 @require_GET
 def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
-    context = {"run": run, "rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection,
-               "trust": run.cfg.feedback.trust, "weighting": run.cfg.feedback.rater_weighting}
-    if request.htmx:
-        return render(request, "rewards/_reward_model.html", context)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "rewards/_reward_model.html",
-                                                      "page_title": f"Reward model · {run.name}"})
+    run, role = _run_for(request, run_id)
+    return _reward_model_panel(request, run, role)
+
+
+@login_required
+@require_POST
+def reward_model_export(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
+    """Ask for a version's download (a `reward` worker packs it); the panel shows
+    "preparing" and, once the zip is there, the link."""
+    run, role = _run_for(request, run_id, owner=True)
+    try:
+        reward_model_export_request(run=run, version=version)
+    except NotFound as exc:
+        raise Http404(exc.message) from None
+    if not request.htmx:
+        return redirect("rewards:reward_model", run_id=run.pk)
+    return _reward_model_panel(request, run, role)
+
+
+@login_required
+@require_GET
+def reward_model_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse | FileResponse:
+    """The version's zip (what `rft reward-model` writes), once a worker packed it."""
+    run, _ = _run_for(request, run_id, owner=True)
+    try:
+        rm = reward_model_version_get(run=run, version=version)
+    except NotFound as exc:
+        raise Http404(exc.message) from None
+    path = export_zip_path(rm)
+    if not path.is_file():
+        return HttpResponse(f"reward model v{version} is not packed yet: ask for it on the run page "
+                            "(Reward model, Export) and wait for the link", status=404, content_type="text/plain")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=download_name(rm),
+                        content_type="application/zip")
 
 
 @login_required

@@ -34,6 +34,7 @@ from apps.buffer.selectors import (
 )
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.selectors import rewards_summary
+from apps.rewards.views import reward_model_panel_context
 from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
     ALGORITHM_DEFAULTS,
@@ -291,18 +292,11 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "sync": weight_sync_points(run=run),
         },
         "export_kinds": EXPORT_KINDS,
-        **_reward_model_context(run),
+        **reward_model_panel_context(run=run, role=role),
         "rewards": rewards_summary(run=run),
         "eval_best": eval_best(run=run),
     }
     return render(request, "runs/detail.html", context)
-
-
-def _reward_model_context(run: Run) -> dict[str, Any]:
-    from apps.rewards.learned import reward_model_summary
-
-    return {"rm": reward_model_summary(run=run), "selection": run.cfg.feedback.selection,
-            "trust": run.cfg.feedback.trust, "weighting": run.cfg.feedback.rater_weighting}
 
 
 @login_required

@@ -106,9 +106,13 @@ def test_the_cli_exports_a_runs_reward_model_version(likelihood_version: tuple[P
     from transformers import AutoModelForSequenceClassification
 
     run = make_run()
-    RewardModel.objects.create(run=run, version=1, path=str(likelihood_version[0]), base="demo", scale=0.5, offset=0.4)
+    RewardModel.objects.create(run=run, version=1, path=str(likelihood_version[0]), base="demo", scale=0.5, offset=0.4,
+                               accuracy=0.9, pairs_heldout=20, accuracy_random=0.8, pairs_random=5)
     call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
-    assert "reward model v1" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    # Both accuracies, so whoever ships it knows how far the held-out figure is to be trusted.
+    assert "reward model v1" in said and "held-out accuracy 0.900 on 20 pairs" in said
+    assert "on the random share 0.800 on 5" in said
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", trust_remote_code=True)
     assert model.config.calibration == {"scale": 0.5, "offset": 0.4}
 

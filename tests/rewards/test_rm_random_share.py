@@ -123,6 +123,10 @@ def test_the_panel_and_the_api_show_the_accuracy_on_the_random_share_beside_the_
     assert shown is not None, panel
     assert shown.group(1) == f"{newest['accuracy_random']:.3f}" and shown.group(2) == "12"
     assert re.search(r'data-figure="rm-accuracy">' + re.escape(f"{newest['accuracy']:.3f}"), panel)
+    # Both are charted on the run page, per version (the metrics feed its charts read).
+    series = client.get(f"/runs/{run.pk}/metrics/").json()["series"]
+    assert [p[:2] for p in series["reward_model/accuracy"]][-1] == [2, newest["accuracy"]]
+    assert [p[:2] for p in series["reward_model/accuracy_random"]][-1] == [2, newest["accuracy_random"]]
 
 
 def test_with_no_pair_from_the_random_share_the_panel_shows_a_dash(owner: User) -> None:

@@ -331,7 +331,9 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
         self.stdout.write(f"wrote reward model v{rm.version} of run {run.pk} (held-out accuracy "
-                          f"{'n/a' if rm.accuracy is None else f'{rm.accuracy:.3f}'}) to {out}")
+                          f"{'n/a' if rm.accuracy is None else f'{rm.accuracy:.3f}'} on {rm.pairs_heldout} pairs; "
+                          f"on the random share {'n/a' if rm.accuracy_random is None else f'{rm.accuracy_random:.3f}'}"
+                          f" on {rm.pairs_random or 0}) to {out}")
 
     # --- workers --------------------------------------------------------------------------
 
