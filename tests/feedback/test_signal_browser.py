@@ -1,11 +1,14 @@
 """In a real browser against a real server and a real `reward` worker: as an annotator rates,
 the owner's run page shows the reward model's held-out accuracy appear (trained by the worker
-when enough labels came in) and the Raters page counts the annotator's labels."""
+when enough labels came in), the owner downloads a version from the panel (packed by the
+worker), and the Raters page counts the annotator's labels."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +107,17 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         assert v2.labels == 16 and v2.accuracy is not None
         expect(owner_page.locator("[data-figure=rm-accuracy]")).to_have_text(f"{v2.accuracy:.3f}")
         expect(owner_page.locator("[data-figure=labels]").first).to_have_text("16")
+
+        # The owner takes v2 away from the page: the worker packs it, the panel links the zip.
+        owner_page.locator('tr[data-version="2"] button', has_text="prepare .zip").click()
+        link = owner_page.locator('tr[data-version="2"] .rm-export a')
+        expect(link).to_have_text("v2.zip", timeout=120_000)
+        with owner_page.expect_download() as download:
+            link.click()
+        assert download.value.suggested_filename == f"run-{run.pk}-reward-model-v2.zip"
+        with zipfile.ZipFile(download.value.path()) as archive:
+            config = json.loads(archive.read("config.json"))
+        assert config["calibration"] == pytest.approx({"scale": v2.scale, "offset": v2.offset})
 
         owner_page.click("nav.subnav >> text=Raters")
         owner_page.wait_for_selector("#raters")
