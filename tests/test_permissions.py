@@ -17,6 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Assignment
+from apps.rewards.models import RewardModel
 from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
 from apps.runs.models import Run, RunMember
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
@@ -88,9 +89,14 @@ ACCESS: dict[str, str] = {
     "rewards:raters": OWNER,
     "rewards:raters_json": OWNER,
     "rewards:reward_model": MEMBER,
+    "rewards:reward_model_export": OWNER,
+    "rewards:reward_model_download": OWNER,
     "rewards:preferences": OWNER,
     "envapi-v1:raters_get": API,
     "envapi-v1:reward_models_list": API,
+    "envapi-v1:reward_model_export_post": API,
+    "envapi-v1:reward_model_export_get": API,
+    "envapi-v1:reward_model_export_zip": API,
     "envapi-v1:k12_graders_list": API,
     "envapi:run-keys": OWNER,
     "envapi:run-key-revoke": OWNER,
@@ -147,6 +153,7 @@ def world() -> dict[str, Any]:
     key, _ = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=100)
     member = RunMember.objects.get(run=run, user=viewer)
     image = _taskset_picture(run)
+    RewardModel.objects.create(run=run, version=1, path="/nowhere/v1", base="demo", accuracy=0.9)
     return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
             "image": image, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
 
@@ -173,7 +180,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
         "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
-        "sha256": world["image"],
+        "sha256": world["image"], "version": 1,
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:

@@ -142,7 +142,7 @@ def reward_model_download(request: HtmxHttpRequest, run_id: int, version: int) -
     path = export_zip_path(rm)
     if not path.is_file():
         return HttpResponse(f"reward model v{version} is not packed yet: ask for it on the run page "
-                            "(Reward model, Export) and wait for the link", status=404, content_type="text/plain")
+                            "(reward model, prepare .zip) and wait for the link", status=409, content_type="text/plain")
     return FileResponse(path.open("rb"), as_attachment=True, filename=download_name(rm),
                         content_type="application/zip")
 

@@ -100,7 +100,7 @@ def test_the_owner_prepares_and_downloads_a_version_from_the_run_page(
     client = Client()
     client.force_login(olga)
     assert 'data-export="none"' in _panel(client, run)
-    assert client.get(f"/runs/{run.pk}/signal/reward-model/v1/download/").status_code == 404  # not packed yet
+    assert client.get(f"/runs/{run.pk}/signal/reward-model/v1/download/").status_code == 409  # not packed yet
 
     # The panel's button (hx-post); clicking twice asks the worker once.
     first = client.post(f"/runs/{run.pk}/signal/reward-model/v1/export/", HTTP_HX_REQUEST="true")
