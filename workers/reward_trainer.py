@@ -370,10 +370,10 @@ def reward_model_export_zip(rm_id: int) -> dict[str, Any]:
         return {"zip": str(target), "bytes": target.stat().st_size}
     except (ValueError, OSError) as exc:  # ExportFailed (a ValueError): the base or the files are gone
         log.warning("reward model v%d of run %s: export failed: %s", rm.version, rm.run_id, exc)
-        cache.set(error_key(rm.pk), str(exc)[:500] or type(exc).__name__, 24 * 3600)
+        cache.set(error_key(rm), str(exc)[:500] or type(exc).__name__, 24 * 3600)
         return {"zip": None, "error": str(exc)}
     finally:
-        cache.delete(preparing_key(rm.pk))
+        cache.delete(preparing_key(rm))
 
 
 def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:

@@ -40,12 +40,18 @@ class ExportState:
     error: str = ""
 
 
-def preparing_key(rm_id: int) -> str:
-    return f"rft:rm-export:{rm_id}"
+def _identity(rm: RewardModel) -> str:
+    # The id and the creation time: a database made anew (tests, a restored backup) reuses ids,
+    # and a stale "preparing" of another version must not stand for this one.
+    return f"{rm.pk}:{rm.created_at.timestamp():.6f}"
 
 
-def error_key(rm_id: int) -> str:
-    return f"rft:rm-export-error:{rm_id}"
+def preparing_key(rm: RewardModel) -> str:
+    return f"rft:rm-export:{_identity(rm)}"
+
+
+def error_key(rm: RewardModel) -> str:
+    return f"rft:rm-export-error:{_identity(rm)}"
 
 
 def export_zip_path(rm: RewardModel) -> Path:
@@ -59,15 +65,15 @@ def download_name(rm: RewardModel) -> str:
 
 def export_states(versions: list[RewardModel]) -> dict[int, ExportState]:
     """Each version's state by version number, in one cache round trip."""
-    keys = [k for rm in versions for k in (preparing_key(rm.pk), error_key(rm.pk))]
+    keys = [k for rm in versions for k in (preparing_key(rm), error_key(rm))]
     flags = cache.get_many(keys) if keys else {}
     states = {}
     for rm in versions:
         path = export_zip_path(rm)
         size = path.stat().st_size if path.is_file() else -1
         states[rm.version] = ExportState(ready=size >= 0, size=max(size, 0),
-                                         preparing=size < 0 and preparing_key(rm.pk) in flags,
-                                         error=str(flags.get(error_key(rm.pk), "")))
+                                         preparing=size < 0 and preparing_key(rm) in flags,
+                                         error=str(flags.get(error_key(rm), "")))
     return states
 
 
@@ -87,7 +93,7 @@ def reward_model_export_request(*, run: Run, version: int) -> ExportState:
     state = export_states([rm])[rm.version]
     if state.ready or state.preparing:
         return state
-    if cache.add(preparing_key(rm.pk), 1, EXPORT_SECONDS):
-        cache.delete(error_key(rm.pk))
+    if cache.add(preparing_key(rm), 1, EXPORT_SECONDS):
+        cache.delete(error_key(rm))
         transaction.on_commit(lambda: app.send_task(EXPORT_TASK, args=[rm.pk], queue="reward"))
     return ExportState(ready=False, preparing=True)

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.cache import cache
 from django.test import Client
 
 torch = pytest.importorskip("torch")
 
 from apps.envapi.services import api_key_create
 from apps.feedback.preferences import PreferencePair
-from apps.rewards.export import error_key, export_zip_path, preparing_key
+from apps.rewards.export import export_zip_path
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_user
@@ -58,8 +57,6 @@ def _run_with_version(olga: User, path: Path) -> tuple[Run, RewardModel]:
     run = make_run(owner=olga, reward_model={"enabled": True})
     rm = RewardModel.objects.create(run=run, version=1, path=str(path), base="demo", accuracy=0.9, pairs_heldout=20,
                                     scale=0.25, offset=0.5)
-    for key in (preparing_key(rm.pk), error_key(rm.pk)):
-        cache.delete(key)
     export_zip_path(rm).unlink(missing_ok=True)
     return run, rm
 
