@@ -179,6 +179,12 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     engine = _engine_at(run=run, version=version, worker=worker)
 
     attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
+    if not attempts and task_release(run=run, worker=worker):
+        # Leases this worker still held on the run's tasks were an earlier try's that could not
+        # hand them back (the database went away mid-step, so the release failed too): it holds
+        # the run's one explore dispatch now, so they are nobody else's. Taken back here rather
+        # than when the lease runs out (RFT_LEASE_SECONDS), which held a run's last step that long.
+        attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
     if not attempts:
         if tasks_exhausted(run=run):
             # Every epoch is explored: exploring ends here rather than stalling the run, and

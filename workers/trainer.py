@@ -708,6 +708,11 @@ def _train_once(
     if step != run.train_step + 1 or step > cfg.total_steps:
         return run, {"status": "not due", "train_step": run.train_step}
     readiness = readiness or train_readiness(run=run)
+    if not readiness.ready and batch_release(run=run, worker=worker):
+        # Leases this trainer still held were an earlier try's that could not hand them back
+        # (the database went away mid-step, so the release failed too): it holds the run's lock
+        # now, so they are nobody else's. Back to the buffer at once, not when the lease runs out.
+        readiness = train_readiness(run=run)
     if not readiness.ready:
         return run, {"status": "waiting"}
     res = resident_for(run)

@@ -275,7 +275,10 @@ def test_the_runs_list_follows_the_runs_live_over_its_websocket(page: Any, owner
     assert page.locator(f"tr[data-run='{run.pk}']").get_attribute("data-status") == "running"
     in_a_thread(lambda: run_transition(run=run, action="pause"))
     page.wait_for_selector(f"tr[data-run='{run.pk}'][data-status=paused]", timeout=10_000)
-    assert json.loads(notices[-1]) == {"type": "runs.changed", "payload": {"run": run.pk}}
+    deadline = time.monotonic() + 5
+    while not notices and time.monotonic() < deadline:
+        page.wait_for_timeout(100)  # Playwright may hand the frame over after the page acted on it
+    assert notices and json.loads(notices[-1]) == {"type": "runs.changed", "payload": {"run": run.pk}}
     # A trainer's burst of 30 steps from another process: a notice a second at most, and the
     # list ends on the last step.
     before, started = len(notices), time.monotonic()

@@ -14,11 +14,11 @@ def grads(model: Any) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_grads(ours: Any, theirs: Any) -> None:
+def assert_same_grads(ours: Any, theirs: Any, *, tol: float = TOL) -> None:
     a, b = grads(ours), grads(theirs)
     assert a.keys() == b.keys() and a
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=TOL, rtol=TOL, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a[name], b[name], atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
     assert any(g.abs().sum() > 0 for g in a.values()), "the batch gave no gradient at all"
 
 

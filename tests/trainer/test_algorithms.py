@@ -285,7 +285,9 @@ def test_small_logprob_tiles_leave_the_grpo_loss_kl_and_gradients_as_one_tile_gi
     torch.testing.assert_close(tiled_loss, whole_loss, atol=TOL, rtol=TOL)
     assert tiled_metrics["kl"] == pytest.approx(whole_metrics["kl"], rel=1e-5) and whole_metrics["kl"] > 0
     assert tiled_metrics["entropy"] == pytest.approx(whole_metrics["entropy"], rel=1e-5)
-    assert_same_grads(tiled, whole)
+    # The tiles add the same float32 terms in another order, and the embedding's gradient
+    # gathers every token's: 12 of its 9,600 entries were once 4e-5 apart (CI-like load).
+    assert_same_grads(tiled, whole, tol=2e-4)
 
 
 def test_a_cpu_learner_scores_in_small_tiles(load_model: Any, tokenizer: Any, trl_tiles: Any) -> None:

@@ -92,6 +92,18 @@ def test_a_failed_step_hands_its_batch_back(owner: Any, tiny_model_dir: Path, mo
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count")) == {("ready", 0)}
 
 
+def test_a_trainer_whose_earlier_try_could_not_hand_its_batch_back_trains_on_it_next(owner: Any, tiny_model_dir: Path) -> None:
+    """Postgres went away mid-step: the claim had committed, the release on the way out could
+    not. The trainer's next try takes the batch back at once instead of waiting the lease out."""
+    from apps.buffer.services import batch_claim
+
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run)
+    assert len(batch_claim(run=run, worker="trainer-1", size=8)) == 8  # the try that died
+    assert trainer_step(run_id=run.pk, step=1, worker="trainer-1")["status"] == "trained"
+    assert set(Experience.objects.filter(pk__in=ids).values_list("status", "lease_owner")) == {("consumed", "")}
+
+
 def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_audit_entry(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

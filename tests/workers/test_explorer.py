@@ -102,6 +102,22 @@ def test_a_run_whose_tasks_are_leased_elsewhere_waits_for_them(owner: User, demo
 
 
 @pytest.mark.django_db
+def test_a_worker_whose_earlier_try_could_not_hand_its_tasks_back_explores_them_next(
+    owner: User, demo_model_dir: Path, hf_engine: Any,
+) -> None:
+    """Postgres went away mid-step: the claim had committed, the release on the way out could
+    not. The worker's next step (Celery's retry, or the step sent again) takes them back at
+    once; the run's last step no longer waits the lease out (tests/test_faults.py did, once)."""
+    from apps.buffer.services import task_claim
+
+    run = demo_run(owner, demo_model_dir, tasks=2, total_steps=5, epochs=1, mode="explore")
+    task_claim(run=run, worker="explorer-1", size=2)  # the try that died
+    summary = explore(run_id=run.pk, step=1, worker="explorer-1")
+    assert summary["tasks"] == 2 and summary["experiences"] == 6
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("done", "")}
+
+
+@pytest.mark.django_db
 def test_a_paused_or_stopped_run_gets_nothing_explored(owner: User, demo_model_dir: Path) -> None:
     run = demo_run(owner, demo_model_dir)
     run_transition(run=run, action="pause")
