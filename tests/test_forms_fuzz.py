@@ -4,8 +4,9 @@ client re-raises a view's exception, so a crash fails here with its traceback).
 
 The forms are found, not listed: the owner and the annotator crawl the pages from the runs
 list (links, `hx-get` partials), and every `<form>` and `hx-post` they meet is collected with
-its fields (inputs, selects, textareas, named buttons). So a form added to any page is fuzzed
-without a line here. Each example runs in a savepoint rolled back afterwards, so one
+its fields (inputs, selects, textareas, named buttons), and every link with a query string
+as a form of its parameters. So a form or a filter added to any page is fuzzed without a line
+here. Each example runs in a savepoint rolled back afterwards, so one
 example's pause, revoke or removal does not hide the next one's page; nothing it enqueues
 reaches a broker (on_commit never fires).
 
@@ -127,6 +128,11 @@ def _crawl(client: Client, start: list[str]) -> list[Form]:
         for form in page.forms:
             if not SKIP.search(urlsplit(form.action).path):
                 forms.setdefault(form.key, form)
+        if urlsplit(url).query:  # a link's query (filters, pages, tabs): its parameters are a form too
+            query = Form(page=url, action=url.split("?")[0], method="get")
+            for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+                query.fields.setdefault(name, []).append(value)
+            forms.setdefault((query.key[0], query.key[1] + "?" + ",".join(sorted(query.fields))), query)
         todo.extend(sorted(link.split("#")[0] for link in page.links if link.split("#")[0] not in seen))
     return list(forms.values())
 
