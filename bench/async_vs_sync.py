@@ -12,7 +12,13 @@ conductor beats at its default interval (steps dispatch their successors themsel
 async the trainer goes straight on to a step whose batch is there; a faster beat only takes
 CPU from the two sides being overlapped).
 
-    python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16]
+    python -m bench.async_vs_sync [--steps 16] [--tasks 16] [--repeat 8] [--max-tokens 16] [--pairs 3]
+
+Sync and async runs alternate in `--pairs` pairs, ABBA (sync then async, then async then sync,
+...), on the same workers; each pair gives its own ratio and the last line prints their median
+and spread: the host's speed drifts by half within minutes, so one sync run against one async
+run measured the drift as often as the overlap (round 13: 1.61, 1.99 and 1.44 from three such
+single pairs within ten minutes at load 0.8-1.0, the 1.99 above its own ceiling).
 
 Also printed: the conductor worker's own CPU (user + system, from /proc) over each timed run,
 the beats it ran (Celery's task counters) and the CPU per beat; and the overlap ceiling, what a
@@ -40,6 +46,17 @@ around it stays). Two earlier runs of the new code, minutes before, gave 1.19 an
 sync's steps at 0.38 / 0.51 s and async's at 0.60 / 0.81 s, then the host's steps slowed to
 0.47-0.58 / 0.62-0.75 s in sync for the alternated runs: the host's speed moved by half within
 minutes at load ~1. Target 1.6: not met on the median of either.
+
+Measured 2026-11-23 (round 13), defaults, quiet 2-core host: first as single pairs (the bench
+before --pairs): 1.61, 1.99, 1.44 at 16 steps and 1.62 at 32 (ceilings 1.58-1.65), load 0.8-1.2,
+within ten minutes. Then alternated, `--pairs 4`, twice: per-pair 1.72 / 1.62 / 1.70 / 1.49 (median
+1.66, load 0.5-0.7) and 1.61 / 1.72 / 1.55 / 1.78 (median 1.67, load 0.8-1.2); over the 8 pairs
+median 1.66, spread 1.49..1.78. Target 1.6 met on the median. Sync 11.6-13.4 s, async 7.1-8.0 s;
+explore 0.25-0.33 s and train 0.36-0.41 s a step. Pairs above the overlap ceiling: the ceiling
+counts sync's side times only, while a sync run also waits out each hand-over (the explorer
+for the new version, the trainer for the batch; 16 x (0.28 + 0.39) = 10.7 s of sides in a 12.6 s
+sync run), which async hides too. The conductor's CPU a beat 5.4-8.7 ms (round 10: 9.3-10.5 ms,
+round 11: 10.0-12.0 ms; host speeds differ between rounds).
 """
 
 from __future__ import annotations
@@ -52,6 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import BENCH_DB, ROOT, median, setup_django
@@ -81,6 +99,17 @@ def _beats() -> int:
 
     stats = app.control.inspect(timeout=5.0).stats() or {}
     return sum(int((s.get("total") or {}).get(runs_conduct_task.name, 0)) for s in stats.values())
+
+
+@dataclass(frozen=True)
+class _Timed:
+    pair: int
+    mode: str
+    seconds: float
+    sides: dict[str, float]
+    cpu: float  # the conductor's CPU seconds over the run
+    beats: int
+    load: str
 
 
 def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
@@ -121,6 +150,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=16, help="tasks per explore step")
     parser.add_argument("--repeat", type=int, default=8, help="completions per task (the GRPO group)")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=3, help="alternated sync / async pairs (ABBA order)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-async-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
@@ -144,20 +174,22 @@ def main() -> None:
         _worker("trainer", "train", ["workers.trainer"], env, tmp),
         _worker("explorer", "rollout", ["workers.explorer"], env, tmp),
     ]
+    results: list[_Timed] = []
     try:
         time.sleep(15)  # workers up; the first step of each run also pays the model loads
         _timed_run(mode="sync", args=args, steps=1, model_dir=demo.out, taskset=taskset, owner=owner)  # warm-up
-        conductor: dict[str, tuple[float, int]] = {}
-        loads: dict[str, str] = {}
-        cpu0, beats0 = _cpu_seconds(procs[0].pid), _beats()
-        sync_s, sync_sides = _timed_run(mode="sync", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
-        cpu1, beats1 = _cpu_seconds(procs[0].pid), _beats()
-        loads["sync"] = "/".join(f"{x:.1f}" for x in os.getloadavg())
-        async_s, async_sides = _timed_run(mode="async", args=args, model_dir=demo.out, taskset=taskset, owner=owner)
-        cpu2, beats2 = _cpu_seconds(procs[0].pid), _beats()
-        loads["async"] = "/".join(f"{x:.1f}" for x in os.getloadavg())
-        # The inspect calls between runs cost the conductor a little CPU of their own (counted).
-        conductor = {"sync": (cpu1 - cpu0, beats1 - beats0), "async": (cpu2 - cpu1, beats2 - beats1)}
+        # Sync and async alternate, ABBA (sync-async, async-sync, ...), each pair's ratio taken
+        # on its own: the host's speed drifts by half within minutes, and a single sync run
+        # against a single async run measured that drift as often as the overlap.
+        for pair in range(args.pairs):
+            for mode in ("sync", "async") if pair % 2 == 0 else ("async", "sync"):
+                cpu0, beats0 = _cpu_seconds(procs[0].pid), _beats()
+                seconds, sides = _timed_run(mode=mode, args=args, model_dir=demo.out, taskset=taskset, owner=owner)
+                # The inspect calls around a run cost the conductor a little CPU of their own (counted).
+                cpu, beats = _cpu_seconds(procs[0].pid) - cpu0, _beats() - beats0
+                load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+                results.append(_Timed(pair=pair + 1, mode=mode, seconds=seconds, sides=sides, cpu=cpu, beats=beats,
+                                      load=load))
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -168,22 +200,28 @@ def main() -> None:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"workload per step: {args.tasks} tasks × {args.repeat} samples of ≤ {args.max_tokens} tokens; {args.steps} steps")
-    print(f"{'mode':<8} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13} {'beats':>6} "
+    print(f"{'pair':>4} {'mode':<6} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13} {'beats':>6} "
           f"{'conductor CPU s':>16} {'ms CPU/beat':>12}  load 1/5/15")
-    for mode, total, sides in (("sync", sync_s, sync_sides), ("async", async_s, async_sides)):
-        cpu, beats = conductor[mode]
-        per_beat = f"{1000 * cpu / beats:.2f}" if beats else "n/a"
-        print(f"{mode:<8} {args.steps:>5} {total:>8.1f} {sides['explore/step_seconds']:>15.3f} {sides['step_seconds']:>13.3f} "
-              f"{beats:>6} {cpu:>16.2f} {per_beat:>12}  {loads[mode]}")
-    # What overlap alone could give with sync's side times: per step (explore + train) / the
-    # longer side; over N steps the first explore (or the last train) step has nothing to
-    # overlap with, so the run's ceiling is N (e + t) / (min(e, t) + N max(e, t)).
-    e, t, n = sync_sides["explore/step_seconds"], sync_sides["step_seconds"], args.steps
+    for r in results:
+        per_beat = f"{1000 * r.cpu / r.beats:.2f}" if r.beats else "n/a"
+        print(f"{r.pair:>4} {r.mode:<6} {args.steps:>5} {r.seconds:>8.1f} {r.sides['explore/step_seconds']:>15.3f} "
+              f"{r.sides['step_seconds']:>13.3f} {r.beats:>6} {r.cpu:>16.2f} {per_beat:>12}  {r.load}")
+    by_pair = {(r.pair, r.mode): r for r in results}
+    ratios = [by_pair[(i, "sync")].seconds / by_pair[(i, "async")].seconds for i in range(1, args.pairs + 1)]
+    syncs = [r for r in results if r.mode == "sync"]
+    # What overlap alone could give with sync's side times (their medians over the sync runs):
+    # per step (explore + train) / the longer side; over N steps the first explore (or the
+    # last train) step has nothing to overlap with, so the run's ceiling is
+    # N (e + t) / (min(e, t) + N max(e, t)).
+    e = median([r.sides["explore/step_seconds"] for r in syncs])
+    t = median([r.sides["step_seconds"] for r in syncs])
+    n = args.steps
     if e > 0 and t > 0:
         print(f"overlap ceiling with sync's side times: {(e + t) / max(e, t):.2f} a step, "
               f"{n * (e + t) / (min(e, t) + n * max(e, t)):.2f} over {n} steps")
-    print(f"async_vs_sync speed-up (sync seconds / async seconds, max_staleness 2): {sync_s / async_s:.2f} "
-          f"(load {loads['async']})")
+    print("per-pair speed-ups: " + ", ".join(f"{x:.2f}" for x in ratios))
+    print(f"async_vs_sync speed-up (sync seconds / async seconds, max_staleness 2): {median(ratios):.2f} "
+          f"(load {results[-1].load}; median of {len(ratios)} alternated pairs, spread {min(ratios):.2f}..{max(ratios):.2f})")
 
 
 if __name__ == "__main__":

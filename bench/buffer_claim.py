@@ -33,6 +33,11 @@ ratio 1.46 (per pair p25/p50/p75 1.21/1.34/1.42), 2 claimers p50 33.7 ms, at loa
 BUFFERS, WAL), 466-byte rows, load 4.9-7.3: the claim 24.5 ms (the picking index scan 0.6 ms;
 ~2,330 WAL records, 275 KB; 0 of 256 updates HOT, each row a new tuple and entries in six
 indexes), the ack 7.5-18.6 ms (~1,800 records, 240 KB, five indexes a row).
+Round 13 (2026-11-23), this code, quiet host, 1M then 10M rows in one sitting: claim-and-ack
+24.6 ms against the floor's 18.3 ms, ratio 1.34 (per pair p25/p50/p75 1.27/1.32/1.35), 2 claimers
+p50 18.5 ms, load 0.3; at 10M (filled in 140 s) 26.4 ms against 20.5 ms, ratio 1.29 (1.19/1.28/
+1.38), 2 claimers p50 25.4 ms, load 1.1; 0 duplicates at both. 10M / 1M cost 1.07x (target <=
+1.5x met); ratio <= 1.5 met at both; p50 < 10 ms with 2 claimers not met (see above).
 Tried and not kept (branch `lease`, round 10): no index reading `status` (a generated column
 `claim_state`, leased read as ready, in the claim, group and pending indexes; fillfactor 80)
 and a narrow lease table for the reaper, whole-group claims and "in flight". Claims became

@@ -154,6 +154,24 @@ items all fresh, not 20% gold on top). noisy went to +0.064 / -0.005, usable fro
 (against 6 / 7 without it, same seeds and code otherwise): the careful rater's earned trust
 grows with the gold he rates, so fewer early gold items made his labels count later.
 
+Measured 2026-11-23, round 13 (same settings and code path; seeds 2, 3, 4 added, one bench per
+run of seeds, each seed ~7 minutes for the four arms, load 1.1-2.8), so five seeds in all:
+| arm      | s0     | s1     | s2     | s3     | s4     | median | sum    |
+| all      | +0.024 | +0.014 | +0.008 | +0.043 | +0.015 | +0.015 | +0.104 |
+| rm10     | +0.038 | +0.026 | +0.052 | +0.028 | +0.037 | +0.037 | +0.182 |
+| random10 | -0.031 | -0.029 | -0.042 | -0.066 | -0.019 | -0.031 | -0.187 |
+| noisy    | +0.060 | +0.038 | +0.028 | +0.035 | +0.020 | +0.035 | +0.182 |
+- rm10 / all: 1.75 on the sums, 2.5 on the medians, with 0.094x the labels; per seed 1.6 / 1.9 /
+  6.5 / 0.65 / 2.5 (seed 3's `all` gained most of any). Met on the sums, the medians and 4 of 5 seeds.
+- noisy / rm10: 1.00 on the sums, 0.95 on the medians; per seed 1.57 / 1.44 / 0.54 / 1.25 / 0.53.
+  Met on the sums and medians, 3 of 5 seeds: the random rater gets gold only (7 labels, all gold,
+  on every seed), so what noisy pays is the careful rater's gold and a later start (reward model
+  usable from step 6-8 against 3-6).
+- Reward model: held-out 0.99-1.00 on 268-319 pairs per run, random share 1.00 on 4-9.
+- rm10 >= 2x random10: random10 loses on every seed (-0.019..-0.066: the format reward alone,
+  with 90% of groups on the fallback, drifts the model down), so rm10 beats it by 0.057-0.094 and
+  the inequality holds, but a ratio of a gain to a loss says nothing.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.

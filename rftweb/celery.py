@@ -43,43 +43,55 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     broker_transport_options={"visibility_timeout": 4 * 3600},
     worker_hijack_root_logger=False,
-    # Celery falls back to Django's TIME_ZONE by itself, but through a lookup that tries each
-    # namespaced name in turn, anew for every task message with an expiry (the OpenAI
-    # endpoint's): ~0.07 ms a message, 0.01 ms when set here.
-    timezone=settings.TIME_ZONE,
-    beat_schedule={
-        "lease-reap": {
-            "task": "apps.buffer.tasks.lease_reap_task",
-            "schedule": settings.RFT_LEASE_REAP_SECONDS,
-        },
-        # Feedback wait windows end in wall time; a beat every few seconds keeps the lag small.
-        "feedback-wait-expire": {
-            "task": "apps.feedback.tasks.feedback_wait_expire_task",
-            "schedule": settings.RFT_FEEDBACK_EXPIRE_SECONDS,
-        },
-        "annotation-lease-reap": {
-            "task": "apps.feedback.tasks.assignment_reap_task",
-            "schedule": settings.RFT_LEASE_REAP_SECONDS,
-        },
-        # Agent sessions (OpenAI-compatible endpoint) nobody finished become abandoned.
-        "agent-sessions-expire": {
-            "task": "apps.envapi.tasks.agent_sessions_expire_task",
-            "schedule": 60.0,
-        },
-        # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
-        # beat that waited in the queue longer than a few beats is dropped, not piled up.
-        "runs-conduct": {
-            "task": "apps.runs.conduct.runs_conduct_task",
-            "schedule": settings.RFT_CONDUCT_SECONDS,
-            "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
-        },
-        # The learned reward model: retrain where labels came in, score what is unscored.
-        "reward-model-beat": {
-            "task": "apps.rewards.tasks.reward_model_beat_task",
-            "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
-        },
-    },
 )
+
+
+@app.on_after_configure.connect
+def _settings_config(sender: Celery, **_: object) -> None:
+    """What comes from Django's settings, read when Celery first reads its configuration, not
+    when this module is imported: a deployment's settings module that extends rftweb.settings
+    (`from rftweb.settings import *`) imports this module half-way through its own import,
+    when its values are not there yet."""
+    sender.conf.update(
+        # Celery falls back to Django's TIME_ZONE by itself, but through a lookup that tries each
+        # namespaced name in turn, anew for every task message with an expiry (the OpenAI
+        # endpoint's): ~0.07 ms a message, 0.01 ms when set here.
+        timezone=settings.TIME_ZONE,
+        beat_schedule={
+            "lease-reap": {
+                "task": "apps.buffer.tasks.lease_reap_task",
+                "schedule": settings.RFT_LEASE_REAP_SECONDS,
+            },
+            # Feedback wait windows end in wall time; a beat every few seconds keeps the lag small.
+            "feedback-wait-expire": {
+                "task": "apps.feedback.tasks.feedback_wait_expire_task",
+                "schedule": settings.RFT_FEEDBACK_EXPIRE_SECONDS,
+            },
+            "annotation-lease-reap": {
+                "task": "apps.feedback.tasks.assignment_reap_task",
+                "schedule": settings.RFT_LEASE_REAP_SECONDS,
+            },
+            # Agent sessions (OpenAI-compatible endpoint) nobody finished become abandoned.
+            "agent-sessions-expire": {
+                "task": "apps.envapi.tasks.agent_sessions_expire_task",
+                "schedule": 60.0,
+            },
+            # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
+            # beat that waited in the queue longer than a few beats is dropped, not piled up.
+            "runs-conduct": {
+                "task": "apps.runs.conduct.runs_conduct_task",
+                "schedule": settings.RFT_CONDUCT_SECONDS,
+                "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
+            },
+            # The learned reward model: retrain where labels came in, score what is unscored.
+            "reward-model-beat": {
+                "task": "apps.rewards.tasks.reward_model_beat_task",
+                "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
+            },
+        },
+    )
+
+
 app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,8 @@ from django.contrib.auth.models import User
 
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_taskset, make_user
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -83,7 +87,7 @@ def vision_model_dir() -> Any:
 
     from workers.vision_model import vision_model_build
 
-    cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+    cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
     return vision_model_build(out=cache / "test-vision-model", log=lambda _: None).out
 
 
@@ -93,5 +97,41 @@ def demo_model_dir() -> Path:
     (RFT_TEST_CACHE, else the checkout's .cache) and shared by every module that needs it."""
     from workers.demo_model import demo_model_build
 
-    cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache"))
+    cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
     return demo_model_build(out=cache / "test-demo-model", progress=False, log=lambda _: None).out
+
+
+@pytest.fixture
+def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`bench(NAME, *ARGS)` runs `python -m bench.NAME ARGS` (a smoke test of a bench) on a
+    database beside the test database, with the tests' demo model; returns the finished process."""
+    from django.conf import settings as django_settings
+    from django.db import connection
+
+    settings = connection.settings_dict
+    env = {
+        **os.environ,
+        "BENCH_DATABASE_URL": (f"postgres://{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 5432}/"
+                               f"{settings['NAME']}_bench"),
+        "PYTHONPATH": str(_ROOT),
+        "BENCH_DEMO_DIR": str(demo_model_dir),
+        # A Redis database of its own: a bench flushes its broker and starts workers that would
+        # take the tests' leftover messages (whose run ids mean other runs in the bench's database).
+        "REDIS_URL": _redis_beside(django_settings.REDIS_URL),
+    }
+    env.pop("TEST_DATABASE_NAME", None)
+
+    def run(name: str, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=_ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run
+
+
+def _redis_beside(url: str) -> str:
+    """The same Redis server, database number + 8 (mod 16)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url or "redis://localhost:6379/0")
+    number = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(number + 8) % 16}"))

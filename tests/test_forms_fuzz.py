@@ -37,9 +37,11 @@ from tests.factories import add_member, make_experiences, make_run, make_taskset
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
-# Never crawled or sent: leaving the session, the admin site (Django's own), the API (keys,
-# not sessions: schemathesis fuzzes it in tests/envapi/test_live.py), file downloads.
-SKIP = re.compile(r"^/(logout|admin|api|static)/|\.(jsonl|json|zip|png)$|/download/|/events/")
+# Never sent: leaving the session, the admin site (Django's own), the API (keys, not
+# sessions: schemathesis fuzzes it in tests/envapi/test_live.py). Never crawled, too: files
+# (a form that downloads one, the export page's, is still sent).
+SKIP = re.compile(r"^/(logout|admin|api|static)/")
+NOT_PAGES = re.compile(r"\.(jsonl|json|zip|png)$|/download/|/events/")
 MAX_PAGES = 120
 
 # Values people and scripts send that a form does not expect.
@@ -117,7 +119,7 @@ def _crawl(client: Client, start: list[str]) -> list[Form]:
     while todo and len(seen) < MAX_PAGES:
         url = todo.pop(0)
         path = urlsplit(url).path
-        if url in seen or SKIP.search(path) or urlsplit(url).netloc not in ("", "testserver"):
+        if url in seen or SKIP.search(path) or NOT_PAGES.search(path) or urlsplit(url).netloc not in ("", "testserver"):
             continue
         seen.add(url)
         response = client.get(url)
@@ -181,6 +183,8 @@ def _fuzz(client: Client, form: Form) -> Iterator[None]:
                 response = client.post(form.action, data, headers=headers)
             else:
                 response = client.get(form.action, {k: v for k, v in data.items() if isinstance(v, str)}, headers=headers)
+            if response.streaming:  # an export streams: a failure halfway is a crash too
+                b"".join(response.streaming_content)  # type: ignore[attr-defined]
             assert response.status_code < 500, (form.method, form.action, data, response.status_code)
             transaction.set_rollback(True)
 

@@ -53,6 +53,7 @@ ACCESS: dict[str, str] = {
     "envapi-v1:feedback_create": API,
     "envapi-v1:rollouts_create": API,
     "envapi-v1:run_events": API,
+    "envapi-v1:run_export": API,
     "envapi-v1:session_finish": API,
     # The OpenAI-compatible endpoint (apps/envapi/openai_api.py): a run's bearer key.
     "openai-chat": API,

@@ -58,6 +58,20 @@ def test_the_development_secret_refuses_to_start_with_debug_off() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_deployments_settings_module_that_extends_ours_loads_and_its_values_reach_celery(tmp_path: Path) -> None:
+    # The usual way to deploy: a site module with `from rftweb.settings import *` and overrides.
+    # Importing rftweb.settings imports rftweb, hence the Celery app, half-way through the site
+    # module's own import: the app must read its settings later (bench/env_api's settings module
+    # failed this way, at import, for rounds).
+    (tmp_path / "site_settings.py").write_text("from rftweb.settings import *\n\nRFT_CONDUCT_SECONDS = 2.5\n")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "site_settings", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    code = ("import django; django.setup(); from rftweb.celery import app; "
+            "print(app.conf.beat_schedule['runs-conduct']['schedule'], app.conf.timezone)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["2.5", settings.TIME_ZONE]
+
+
 def _environment_reads(path: Path) -> list[str]:
     """Where a module reads the environment or a setting with a fallback default, as
     'path:line'; writes (os.environ.setdefault for a library) and copies for a child

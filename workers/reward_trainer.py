@@ -358,12 +358,13 @@ def reward_model_export_zip(rm_id: int) -> dict[str, Any]:
     """Pack a version as the web download (apps/rewards/export.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
     complete: it is renamed into place); a failure is kept for the page to show."""
-    from apps.rewards.export import error_key, export_zip_path, preparing_key
+    from apps.rewards.export import EXPORT_SECONDS, error_key, export_zip_path, preparing_key, stage_mark
 
     rm = RewardModel.objects.filter(pk=rm_id).first()
     if rm is None:
         return {"zip": None}
     target = export_zip_path(rm)
+    cache.set(preparing_key(rm), stage_mark("packing"), EXPORT_SECONDS)  # the page: no longer just queued
     try:
         if not target.is_file():
             reward_model_zip_write(rm=rm, target=target)

@@ -26,9 +26,10 @@ CLI `export_jsonl` / `export_hf_dataset` with a progress bar.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -58,6 +59,34 @@ class ExportOptions:
     # DPO: the chosen reward must beat the rejected one by more than this.
     min_margin: float = 0.0
     statuses: tuple[str, ...] = field(default=tuple(_FINAL))
+
+
+def export_options_parse(params: Mapping[str, Any]) -> ExportOptions:
+    """The options as a form or a query string gives them (min_reward, min_version,
+    min_margin, domain; blank: unset), each refusal naming its field: the export page and
+    the API read them alike."""
+
+    def number(name: str, cast: type) -> Any:
+        raw = str(params.get(name) or "").strip()
+        if not raw:
+            return None
+        try:
+            value = cast(raw)
+        except ValueError:
+            raise ExportFailed(f"{raw[:40]!r} is not {'a whole number' if cast is int else 'a number'}",
+                               field=name) from None
+        if cast is float and not math.isfinite(value):
+            raise ExportFailed(f"{raw[:40]!r} is not a finite number", field=name)
+        if cast is int and not -(2**63) <= value < 2**63:
+            raise ExportFailed(f"{raw[:40]!r} is out of range", field=name)
+        return value
+
+    return ExportOptions(
+        min_reward=number("min_reward", float),
+        min_version=number("min_version", int),
+        domain=str(params.get("domain") or "").strip() or None,
+        min_margin=number("min_margin", float) or 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -285,7 +314,7 @@ def export_rows(
     """The export's rows, one at a time. `progress(done, total)` counts source rows read.
     `embed_images`: a vision export's `images` hold the bytes (a datasets directory), not digests."""
     if kind not in _ROWS:
-        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}")
+        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}", field="kind")
     rows = _ROWS[kind](run=run, options=options or ExportOptions(), progress=progress)
     if export_is_vision(run=run, kind=kind):
         return (_vision_row(row, embed=embed_images) for row in rows)
@@ -390,7 +419,7 @@ def export_hf_dataset(
     if out.exists() and any(out.iterdir()):
         raise ExportFailed(f"{out} exists and is not empty")
     if kind not in _ROWS:
-        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}")
+        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}", field="kind")
     if kind == "grpo" and run.taskset_id is None:
         raise ExportFailed(f"run {run.pk} has no taskset to export prompts from")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import NinjaAPI, Query
+from ninja import NinjaAPI, Path, Query
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
@@ -420,6 +420,41 @@ async def run_events(
     stream = _event_stream(run.pk, _principal(request).key.pk, max_seconds, max_events)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+# ---- exports --------------------------------------------------------------------------
+
+_JSONL_DOC = {
+    "responses": {
+        "200": {
+            "description": "JSON lines in the format TRL's trainers read (the run page's export, the same bytes)",
+            "content": {"application/jsonl": {"schema": {"type": "string"}}},
+        }
+    }
+}
+
+
+@api.get("/runs/{run_id}/export/{kind}.jsonl", auth=READ, response=ERRORS, tags=["exports"],
+         summary="The run's data as TRL reads it: sft, dpo, grpo or preferences", openapi_extra=_JSONL_DOC)
+def run_export(
+    request: HttpRequest,
+    run_id: int = RunId,
+    kind: str = Path(..., description="sft, dpo, grpo or preferences"),
+    min_reward: str | None = Query(None, description="only experiences with at least this reward"),
+    min_version: str | None = Query(None, description="only experiences of this model version or later"),
+    min_margin: str | None = Query(None, description="dpo: chosen beats rejected by more than this"),
+    domain: str | None = Query(None, description="only tasks of this domain"),
+) -> StreamingHttpResponse:
+    from apps.buffer.exports import export_jsonl_chunks, export_options_parse
+
+    run = _run_for(request, run_id)
+    options = export_options_parse({"min_reward": min_reward, "min_version": min_version, "min_margin": min_margin,
+                                    "domain": domain})
+    response = StreamingHttpResponse(export_jsonl_chunks(run=run, kind=kind, options=options),
+                                     content_type="application/jsonl; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
     response["X-Accel-Buffering"] = "no"
     return response
 

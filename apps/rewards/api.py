@@ -95,6 +95,9 @@ class ExportOut(Schema):
     # ready: the zip is there (`download`); preparing: a reward worker is packing it;
     # failed: the last try failed (`error`; POST again); none: nobody asked yet.
     state: str
+    # While preparing: queued (no reward worker has started on it yet), packing, or stalled
+    # (queued longer than a free worker needs: is one running? POST again); else empty.
+    stage: str
     bytes: int
     error: str
     download: str | None
@@ -102,7 +105,7 @@ class ExportOut(Schema):
 
 def _export_out(run_id: int, version: int, state: Any) -> dict[str, Any]:
     name = "ready" if state.ready else "preparing" if state.preparing else "failed" if state.error else "none"
-    return {"version": version, "state": name, "bytes": state.size, "error": state.error,
+    return {"version": version, "state": name, "stage": state.stage, "bytes": state.size, "error": state.error,
             "download": f"/api/v1/runs/{run_id}/reward-models/{version}/export.zip" if state.ready else None}
 
 

@@ -4,7 +4,6 @@ without HTMX, render as whole pages so every link works without JavaScript."""
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.buffer.exports import EXPORT_KINDS, ExportFailed, ExportOptions, export_jsonl_chunks
+from apps.buffer.exports import EXPORT_KINDS, ExportFailed, export_jsonl_chunks, export_options_parse
 from apps.buffer.importers import ImportFailed
 from apps.buffer.selectors import (
     buffer_counts,
@@ -506,38 +505,12 @@ def export_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return render(request, "runs/export.html", {"run": run, "kinds": EXPORT_KINDS})
 
 
-class _ExportFieldInvalid(ExportFailed):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message, field=field)
-
-
-def _export_options(params: Any) -> ExportOptions:
-    def number(name: str, cast: type) -> Any:
-        raw = (params.get(name) or "").strip()
-        if not raw:
-            return None
-        try:
-            value = cast(raw)
-        except ValueError:
-            raise _ExportFieldInvalid(name, f"{raw!r} is not {'a whole number' if cast is int else 'a number'}") from None
-        if cast is float and not math.isfinite(value):
-            raise _ExportFieldInvalid(name, f"{raw!r} is not a finite number")
-        return value
-
-    return ExportOptions(
-        min_reward=number("min_reward", float),
-        min_version=number("min_version", int),
-        domain=(params.get("domain") or "").strip() or None,
-        min_margin=number("min_margin", float) or 0.0,
-    )
-
-
 @login_required
 @require_GET
 def export_download(request: HtmxHttpRequest, run_id: int, kind: str) -> HttpResponseBase:
     run, _ = _run_for(request, run_id)
     try:
-        chunks = export_jsonl_chunks(run=run, kind=kind, options=_export_options(request.GET))
+        chunks = export_jsonl_chunks(run=run, kind=kind, options=export_options_parse(request.GET))
     except ExportFailed as exc:
         # The export page again, the refused value kept and the error beside its field.
         field = exc.field if exc.field in ("min_reward", "min_version", "min_margin", "domain") else ""

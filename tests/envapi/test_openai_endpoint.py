@@ -159,31 +159,41 @@ def test_a_stream_sends_the_text_while_the_model_is_still_generating(
                                          temperature=0, **kw)
 
     create()  # the worker loads the model
-    started = time.perf_counter()
-    whole = create()
-    whole_seconds = time.perf_counter() - started
-    whole_text = whole.choices[0].message.content if kind == "chat" else whole.choices[0].text
-    assert whole.usage.completion_tokens >= 0.75 * max_tokens, whole.usage
+    # The timing bounds are judged on the best of three tries: on a shared 2-core host one
+    # slow moment (another process's engine, a checkpoint) pushes one request's first text
+    # back by seconds (CI, twice: first text at 1.13 s of a 1.33 s answer, at 1.88 s of 3.52 s)
+    # and failed the suite. A stream held back until the worker is done fails every try.
+    tries: list[str] = []
+    for _ in range(3):
+        started = time.perf_counter()
+        whole = create()
+        whole_seconds = time.perf_counter() - started
+        whole_text = whole.choices[0].message.content if kind == "chat" else whole.choices[0].text
+        assert whole.usage.completion_tokens >= 0.75 * max_tokens, whole.usage
 
-    started = time.perf_counter()
-    arrivals, text, finish = [], "", []
-    for chunk in create(stream=True):
-        for choice in chunk.choices:
-            piece = choice.delta.content if kind == "chat" else choice.text
-            if piece:
-                arrivals.append(time.perf_counter() - started)
-                text += piece
-            if choice.finish_reason:
-                finish.append(choice.finish_reason)
-    ended = time.perf_counter() - started
-    assert text == whole_text and finish == [whole.choices[0].finish_reason]
-    print(f"\n{engine} {kind}: whole answer {whole_seconds:.2f} s; stream: first text at {arrivals[0]:.2f} s, last at "
-          f"{arrivals[-1]:.2f} s, done at {ended:.2f} s, {len(arrivals)} chunks")
-    assert len(arrivals) >= 100
-    # The first text comes before half the whole answer's time, and the text is spread over
-    # most of the request (sent at the end in one go, the spread would be milliseconds).
-    assert arrivals[0] < 0.5 * whole_seconds
-    assert arrivals[-1] - arrivals[0] > 0.5 * ended
+        started = time.perf_counter()
+        arrivals, text, finish = [], "", []
+        for chunk in create(stream=True):
+            for choice in chunk.choices:
+                piece = choice.delta.content if kind == "chat" else choice.text
+                if piece:
+                    arrivals.append(time.perf_counter() - started)
+                    text += piece
+                if choice.finish_reason:
+                    finish.append(choice.finish_reason)
+        ended = time.perf_counter() - started
+        # What the stream carries holds on every try, whatever the host's speed.
+        assert text == whole_text and finish == [whole.choices[0].finish_reason]
+        assert len(arrivals) >= 100
+        tries.append(f"whole answer {whole_seconds:.2f} s; stream: first text at {arrivals[0]:.2f} s, last at "
+                     f"{arrivals[-1]:.2f} s, done at {ended:.2f} s, {len(arrivals)} chunks")
+        print(f"\n{engine} {kind}: {tries[-1]}")
+        # The first text comes before half the whole answer's time, and the text is spread over
+        # most of the request (sent at the end in one go, the spread would be milliseconds).
+        if arrivals[0] < 0.5 * whole_seconds and arrivals[-1] - arrivals[0] > 0.5 * ended:
+            break
+    else:
+        pytest.fail("the stream's text came in a burst on every try:\n" + "\n".join(tries))
 
 
 def test_tools_reach_the_template_and_a_sampled_call_comes_back_as_tool_calls(stack: str, agent_run: Any) -> None:

@@ -1,43 +1,14 @@
-"""Fixtures of the learning test: the demo model, shared with tests/workers through the same
-cache directory (built once by its manifest), and the explorer / trainer / conductor as
-real Celery workers."""
+"""Fixtures of the learning test: the explorer / trainer / conductor as real Celery workers
+(the demo model and the `bench` runner are in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`bench(NAME, *ARGS)` runs `python -m bench.NAME ARGS` (a smoke test of a bench) on a
-    database beside the test database, with the tests' demo model; returns the finished process."""
-    from django.db import connection
-
-    settings = connection.settings_dict
-    env = {
-        **os.environ,
-        "BENCH_DATABASE_URL": (f"postgres://{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 5432}/"
-                               f"{settings['NAME']}_bench"),
-        "PYTHONPATH": str(ROOT),
-        "BENCH_DEMO_DIR": str(demo_model_dir),
-    }
-    env.pop("TEST_DATABASE_NAME", None)
-
-    def run(name: str, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout)
-
-    return run
 
 
 @pytest.fixture

@@ -179,3 +179,55 @@ def test_only_the_owner_may_pack_or_download_and_unknown_versions_are_404() -> N
     missing = api.post(f"/api/v1/runs/{run.pk}/reward-models/7/export")
     assert missing.status_code == 404 and "no reward model version 7" in missing.json()["detail"]
     assert api.post(f"/api/v1/runs/{run.pk}/reward-models/0/export").status_code == 422
+
+
+def _age_the_request(rm: RewardModel, minutes: float) -> None:
+    """The request was made `minutes` ago and no worker has started on it (its message lost,
+    or no reward worker running): the mark it left in the cache, moved back in time."""
+    from django.core.cache import cache
+
+    from apps.rewards.export import EXPORT_SECONDS, preparing_key, stage_mark
+
+    cache.set(preparing_key(rm), stage_mark("queued", at=time.time() - 60 * minutes), EXPORT_SECONDS)
+
+
+@pytest.mark.django_db
+def test_a_request_no_worker_has_taken_says_queued_then_that_no_worker_came(tmp_path: Path) -> None:
+    # No commit in this test, so the request's message is never sent: as with no reward worker.
+    olga = make_user("olga")
+    run, rm = _run_with_version(olga, tmp_path / "v1-1")
+    client = Client()
+    client.force_login(olga)
+    panel = client.post(f"/runs/{run.pk}/signal/reward-model/v1/export/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-stage="queued"' in panel and "waiting for a reward worker" in panel and "packing" not in panel
+    _, raw = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=1000)
+    api = Client(headers={"Authorization": f"Bearer {raw}"})
+    base = f"/api/v1/runs/{run.pk}/reward-models/1/export"
+    assert api.get(base).json() | {"bytes": 0} == {"version": 1, "state": "preparing", "stage": "queued", "bytes": 0,
+                                                   "error": "", "download": None}
+
+    _age_the_request(rm, minutes=4)  # a worker may be busy training the next version: still just queued
+    assert 'data-stage="queued"' in _panel(client, run)
+    _age_the_request(rm, minutes=12)
+    panel = _panel(client, run)
+    assert 'data-stage="stalled"' in panel and "no reward worker has taken it in 12 min" in panel
+    assert ">ask again</button>" in panel
+    assert api.get(base).json()["stage"] == "stalled"
+    asked = api.post(base)
+    assert asked.status_code == 202 and asked.json()["stage"] == "queued"  # sent again, the clock restarted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_request_asked_again_is_packed_by_the_worker(
+    version_dir: tuple[Path, list[float]], reward_worker: None,
+) -> None:
+    olga = make_user("olga")
+    run, rm = _run_with_version(olga, version_dir[0])
+    client = Client()
+    client.force_login(olga)
+    _age_the_request(rm, minutes=15)  # asked a quarter of an hour ago; the broker lost the message
+    assert ">ask again</button>" in _panel(client, run)
+    again = client.post(f"/runs/{run.pk}/signal/reward-model/v1/export/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-export="preparing"' in again or 'data-export="ready"' in again
+    _wait_for(lambda: 'data-export="ready"' in _panel(client, run))
+    assert export_zip_path(rm).is_file()

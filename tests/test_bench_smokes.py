@@ -1,0 +1,59 @@
+"""Smoke tests of the benches that had none: each runs end to end on tiny sizes, against a
+database and a Redis database beside the tests', and prints its ratio line with a number.
+The figures are the benches' business (bench/, never timed here); what a smoke catches is a
+bench that no longer runs: bench/env_api had stopped at import for rounds (its settings module
+extends rftweb.settings, which then read Celery's schedule half-loaded) without anyone seeing.
+
+The benches with smokes elsewhere: learning, vs_trl, conductor_beat (tests/learning),
+trainer_memory, weight_sync (tests/trainer). Without one: rollout (vLLM's start alone is a
+minute; its engine paths are tested in tests/workers) and steering (its scripted rater is
+tested in tests/feedback/test_steering_rater.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+NUMBER = r"(\d+\.\d+)"
+
+# name, tiny arguments, the ratio line's pattern (its number is the bench's result)
+SMOKES = [
+    ("buffer_claim", ("--rows", "3000", "--claims", "3", "--size", "64"),
+     rf"^rows 3,000: cost ratio {NUMBER} \(target <= 1\.5\).*duplicates 0 \(target 0\)"),
+    ("buffer_claim_lease", ("--rows", "3000", "--pairs", "3", "--claims", "3", "--rounds", "1", "--size", "64"),
+     r"^duplicates over all: 0 of "),
+    ("buffer_write", ("--rows", "500", "--batch", "100"), rf"^ratio experience_write / COPY = {NUMBER} "),
+    ("pipeline", ("--batches", "2", "--batch-groups", "2", "--rounds", "1"), rf"^ratio {NUMBER}$"),
+    ("trainer_overhead", ("--steps", "2", "--hidden", "32", "--layers", "1", "--batch", "4", "--group", "2",
+                          "--response", "8"),
+     rf"^trainer_overhead ratio \(our train_step / bare TRL step\): {NUMBER} median"),
+    ("env_api", ("--seconds", "0.5", "--rounds", "1", "--concurrency", "2"),
+     rf"^ratio \(API/baseline submissions/s, target >= 0\.5\): {NUMBER}$"),
+    ("live_stream", ("--clients", "4", "--rate", "20", "--seconds", "1", "--client-procs", "1"),
+     r"^live_stream: 4 clients at 20 events/s: .* 0 lost"),
+    ("reward_model", ("--labels", "20", "--bases", "policy", "--seeds", "0", "--epochs", "1", "--kinds", "likelihood"),
+     rf"^reward model held-out pairwise accuracy at 20 labels: {NUMBER} with likelihood/policy"),
+    ("openai_worker_cpu", ("--calls", "4", "--warm", "1", "--tokens", "4"),
+     rf"^worker CPU ms per call \(engine stubbed\): {NUMBER}$"),
+    ("openai_endpoint", ("--clients", "2", "--requests", "1", "--rounds", "1", "--tokens", "4"),
+     rf"^endpoint p50 / engine p50 \(median of 1 rounds\): {NUMBER} "),
+    ("async_vs_sync", ("--steps", "2", "--tasks", "2", "--repeat", "2", "--max-tokens", "4", "--pairs", "1"),
+     rf"^async_vs_sync speed-up \(sync seconds / async seconds, max_staleness 2\): {NUMBER} \(load "),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "pattern"), SMOKES, ids=[s[0] for s in SMOKES])
+def test_the_bench_runs_on_tiny_sizes_and_prints_its_ratio(
+    bench: Callable[..., Any], name: str, args: tuple[str, ...], pattern: str,
+) -> None:
+    out = bench(name, *args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    matches = [m for m in (re.search(pattern, line) for line in out.stdout.splitlines()) if m]
+    assert matches, out.stdout[-2000:]
+    for number in matches[-1].groups():
+        assert float(number) > 0
