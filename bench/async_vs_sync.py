@@ -72,7 +72,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import BENCH_DB, ROOT, median, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, median, setup_django
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
@@ -110,6 +110,17 @@ class _Timed:
     cpu: float  # the conductor's CPU seconds over the run
     beats: int
     load: str
+
+
+def _workers_wait(*, count: int, seconds: float = 120) -> None:
+    """Until `count` workers answer a ping (a fixed sleep was 15 s of every smoke test)."""
+    from rftweb.celery import app
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(app.control.inspect(timeout=1.0).ping() or {}) >= count:
+            return
+    raise SystemExit(f"the {count} Celery workers did not answer within {seconds:.0f} s (their logs are in the temp dir)")
 
 
 def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
@@ -162,7 +173,7 @@ def main() -> None:
     from apps.buffer.importers import taskset_import
     from workers.demo_model import TASKSET_FILE, demo_model_build
 
-    demo = demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None)
+    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
     owner, _ = User.objects.get_or_create(username="bench-async")
     taskset = taskset_import(name="demo", path=demo.out / TASKSET_FILE, owner=owner)
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
@@ -176,7 +187,7 @@ def main() -> None:
     ]
     results: list[_Timed] = []
     try:
-        time.sleep(15)  # workers up; the first step of each run also pays the model loads
+        _workers_wait(count=len(procs))  # the first step of each run also pays the model loads
         _timed_run(mode="sync", args=args, steps=1, model_dir=demo.out, taskset=taskset, owner=owner)  # warm-up
         # Sync and async alternate, ABBA (sync-async, async-sync, ...), each pair's ratio taken
         # on its own: the host's speed drifts by half within minutes, and a single sync run

@@ -197,7 +197,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, ROOT, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, setup_django
 
 PASSWORD = "bench-steering-pw"
 ARMS = ("all", "rm10", "random10", "noisy")
@@ -575,7 +575,7 @@ def main() -> None:
 
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
-    demo = demo_model_build(out=ROOT / ".cache" / "demo-model", progress=False, log=lambda _: None).out
+    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-steering-owner")
     owner.set_password(PASSWORD)
     owner.save()
@@ -635,6 +635,17 @@ def main() -> None:
             return f"n/a ({y} gained {what[y]:+.3f})"
         return f"{what[x] / what[y]:.2f}"
 
+    def verdict(x: str, y: str, k: float) -> str:
+        """The target as the issue words it, x's gain at least k times y's, read as the
+        inequality: where y lost, a ratio of a gain to a loss says nothing, while x gaining
+        meets it (random10 loses on every seed: the format reward alone drifts the model)."""
+        if x not in gain or y not in gain:
+            return "n/a"
+        met = gain[x] > 0 and gain[x] >= k * gain[y]
+        return f"{'met' if met else 'NOT met'} ({x} {gain[x]:+.3f} against {k:g} x {y} {gain[y]:+.3f})"
+
+    print(f"targets: rm10 >= 0.8 x all {verdict('rm10', 'all', 0.8)}; rm10 >= 2 x random10 "
+          f"{verdict('rm10', 'random10', 2)}; noisy >= 0.8 x rm10 {verdict('noisy', 'rm10', 0.8)}")
     print(f"rm10/all gain {ratio('rm10', 'all', gain)} (target >= 0.8) with labels {ratio('rm10', 'all', labels)} "
           f"(<= 0.1); rm10/random10 gain {ratio('rm10', 'random10', gain)} (>= 2); noisy/rm10 gain "
           f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85) on "
