@@ -172,6 +172,20 @@ run of seeds, each seed ~7 minutes for the four arms, load 1.1-2.8), so five see
   with 90% of groups on the fallback, drifts the model down), so rm10 beats it by 0.057-0.094 and
   the inequality holds, but a ratio of a gain to a loss says nothing.
 
+Re-run 2026-11-23, round 14, seeds 0 and 1 on this code (a fresh machine: the demo and judge
+models built anew; base 0.1443 again), load 1.3-2.8, ~9 minutes a seed for the four arms:
+| arm      | s0      | s1      | labels | reward model (held-out / random share)   | usable from |
+| all      | +0.0237 | +0.0126 | 3840   | -                                        | -           |
+| rm10     | +0.0565 | +0.0307 | 360    | 0.99 on 302 / 1.00 on 8; 0.98 on 294 / 7 | 3 / 9       |
+| random10 | -0.0312 | -0.0293 | 360    | -                                        | -           |
+| noisy    | +0.0607 | +0.0373 | 360    | 1.00 on 261 / 6; 1.00 / 7                | 6 / 7       |
+all, random10 and noisy repeat round 11's figures to the third decimal, and the hand-out too
+(the same pair counts); rm10 gained more on both seeds (+0.038 / +0.026 in round 11): the
+difference comes after the hand-out, in what the reward model scored or the trainer made of
+it, and was not traced. The verdict line (new) reads every target met on each seed: rm10 / all
+2.39 and 2.43 with 0.094x the labels; noisy / rm10 1.07 and 1.21; rm10 >= 2 x random10 as the
+inequality (random10 lost).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
