@@ -162,3 +162,40 @@ async def test_a_process_that_exits_right_after_touching_runs_delivers_every_not
         got.append(message["run"])
     assert sorted(set(got)) == [900000 + i for i in range(runs)] and got.count(900000) == 2
     await layer.group_discard(RUNS_LIST_GROUP, channel)
+
+
+async def test_events_published_together_cross_the_layer_as_few_messages_and_reach_the_page_in_order(
+    run: Run, owner: User,
+) -> None:
+    """An explore step's 128 rollouts were 128 layer messages, each a Redis round trip the
+    step waited for (40 ms a step); now one envelope, or several where the texts are long,
+    and a browser socket still gets every event, in order."""
+    from channels.layers import get_channel_layer
+
+    from apps.runs.events import ENVELOPE_BYTES, event_publish_many, layer_events, run_group
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(run_group(run.pk), channel)
+    page, ok = await run_socket_connect(run, owner)
+    assert ok
+    short = [("experience.created", {"id": i, "response": f"<answer>{i}</answer>"}) for i in range(128)]
+    await sync_to_async(event_publish_many)(run_id=run.pk, events=short)
+    message = await asyncio.wait_for(layer.receive(channel), timeout=10)
+    # All 128 in the one message (were any left out, the next receive below would get them).
+    assert [e["payload"]["id"] for e in layer_events(message)] == list(range(128))
+
+    long = [("experience.created", {"id": i, "response": "x" * (ENVELOPE_BYTES // 3)}) for i in range(7)]
+    await sync_to_async(event_publish_many)(run_id=run.pk, events=long)
+    envelopes = [await asyncio.wait_for(layer.receive(channel), timeout=10) for _ in range(4)]  # 2 + 2 + 2 + 1
+    assert [len(layer_events(m)) for m in envelopes] == [2, 2, 2, 1]
+    assert [e["payload"]["id"] for m in envelopes for e in layer_events(m)] == list(range(7))
+
+    seen: list[int] = []
+    while len(seen) < 128 + 7:
+        frame = await page.receive_json_from(timeout=10)
+        events = frame["events"] if frame["type"] == "batch" else [frame]
+        seen += [e["payload"]["id"] for e in events if e["type"] == "experience.created"]
+    assert seen == list(range(128)) + list(range(7))
+    await page.disconnect()
+    await layer.group_discard(run_group(run.pk), channel)

@@ -48,7 +48,7 @@ from apps.feedback.services import (
     feedback_rate,
 )
 from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
-from apps.runs.events import run_group
+from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run
 from rftweb.exceptions import (
     NotAllowed,
@@ -399,11 +399,12 @@ async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events
                 checked = time.monotonic()
                 yield ": keep-alive\n\n"
                 continue
-            sent += 1
-            data = json.dumps(message.get("payload", {}), separators=(",", ":"), default=str)
-            yield f"id: {sent}\nevent: {message.get('type', 'message')}\ndata: {data}\n\n"
-            if max_events is not None and sent >= max_events:
-                return
+            for event in layer_events(message):
+                sent += 1
+                data = json.dumps(event["payload"], separators=(",", ":"), default=str)
+                yield f"id: {sent}\nevent: {event['type']}\ndata: {data}\n\n"
+                if max_events is not None and sent >= max_events:
+                    return
     finally:
         await layer.group_discard(group, channel)
 

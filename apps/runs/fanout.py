@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.runs.events import run_group
+from apps.runs.events import layer_events, run_group
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class RunFanout:
         try:
             while True:
                 message = await self.layer.receive(self.channel)
-                self.pending.append({"type": message["type"], "payload": message.get("payload", {})})
+                self.pending.extend(layer_events(message))
                 self._schedule_flush()
         except asyncio.CancelledError:
             raise

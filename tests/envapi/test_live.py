@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis.errors import Unsatisfiable
@@ -240,3 +241,23 @@ def test_the_docs_page_loads_its_assets_from_this_server(live_url: str) -> None:
     html = httpx.get(f"{live_url}/api/v1/docs").text
     assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html)
     assert assets and all(a.startswith("/static/") for a in assets)
+
+
+def test_a_steps_experiences_cross_the_layer_as_one_message_and_stream_one_event_each(live_url: str, run: Run) -> None:
+    """An explore step announces its rollouts together: one layer message for the lot (an
+    envelope), which the API's event stream unpacks into one server-sent event per
+    experience, in order, counting each against max_events."""
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    _, raw = make_key(run, actions=["read"])
+    rows = [experience_row(run, key=f"env-{i}", group="g", response_text=f"<answer>{i}</answer>") for i in range(12)]
+    with RftClient(live_url, raw) as client:
+        stream = client.events(run.pk, max_seconds=20, max_events=10)
+        assert next(stream)["type"] == "subscribed"
+        with transaction.atomic():  # announced when the write commits, as the explorer's is
+            written = experience_write(experiences=rows, announce=True)
+        got = list(stream)
+    assert [e["type"] for e in got] == ["experience.created"] * 10  # stopped at max_events, mid-envelope
+    assert [e["payload"]["id"] for e in got] == list(written.ids[:10])
+    assert [e["payload"]["response"] for e in got] == [f"<answer>{i}</answer>" for i in range(10)]
