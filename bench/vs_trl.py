@@ -56,6 +56,17 @@ coding on the same 2 cores):
   so overlap cannot make (c) step faster than trl-all on 2 cores; it needs the two sides on
   separate devices (GPU rollouts beside GPU training) or enough cores that a second thread
   stops paying.
+
+Round 14 (2026-11-23), (a) and (b) only (`--arms trl,inproc`, 100 steps, 2 repeats), three runs
+on a quiet host (load 0.1-2.1): (b)/(a) per repeat 1.07, 1.11 / 1.08, 1.05 / 1.05, 1.14, median
+1.075, spread 1.05..1.14: target <= 1.10 met on the median, in 4 of 6 repeats. Each arm's accuracy
+curve repeated to the step in every repeat and run (both reach +5 at step 40, +13 at step 80 or
+90); (b) reached +5 points in 19.5-22.5 s against (a)'s 24.0-26.9 s. The third run came after
+events published together went as one channel-layer envelope (40 ms an explore step with Redis),
+which (b) does not show: it runs on the in-memory layer. A cProfile of (b)'s explore step outside
+the model: the reward functions ~45 ms (math-verify parses ~7 cut-off answers a step, ~5 ms each;
+(a) scores with the same functions), experience_write ~15 ms, the task claim ~10 ms. A cache of
+parsed answers was tried and not kept: 32 of 35 parses in 8 steps were of distinct texts.
 """
 
 from __future__ import annotations
