@@ -67,6 +67,12 @@ which (b) does not show: it runs on the in-memory layer. A cProfile of (b)'s exp
 the model: the reward functions ~45 ms (math-verify parses ~7 cut-off answers a step, ~5 ms each;
 (a) scores with the same functions), experience_write ~15 ms, the task claim ~10 ms. A cache of
 parsed answers was tried and not kept: 32 of 35 parses in 8 steps were of distinct texts.
+Then (c) against (a) on both cores (`--arms trl,celery`, 2 repeats, load 0.2-1.9, after the
+envelope change): (a)/(c) time to +5 points 0.87 and 1.51 (target >= 1.5: met once, by (c)'s
+trajectory reaching +5 at step 20, not by speed); (c)/(a) seconds a step 1.63 and 1.29 (0.64 /
+0.59 s against trl-all's 0.39 / 0.46 s). trl-all's update on two threads takes 0.24-0.28 s, less
+than (b)'s one-thread update (0.38-0.45 s): (c)'s trainer side alone is as long as trl-all's
+whole step, so overlapping exploring cannot win on 2 cores.
 """
 
 from __future__ import annotations
