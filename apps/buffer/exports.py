@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from django.http import StreamingHttpResponse
+
 from apps.buffer.models import Experience, Task
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
@@ -59,6 +61,10 @@ class ExportOptions:
     # DPO: the chosen reward must beat the rejected one by more than this.
     min_margin: float = 0.0
     statuses: tuple[str, ...] = field(default=tuple(_FINAL))
+
+
+# The filters a download takes, by their form and query-string names.
+EXPORT_FILTERS = ("min_reward", "min_version", "min_margin", "domain")
 
 
 def export_options_parse(params: Mapping[str, Any]) -> ExportOptions:
@@ -345,6 +351,16 @@ def export_jsonl_chunks(
             yield b"".join(buf)
 
     return chunks()
+
+
+def export_jsonl_response(*, run: Run, kind: str, options: ExportOptions) -> StreamingHttpResponse:
+    """The streamed JSONL download the export page and the API both serve (the same bytes).
+    Raises ExportFailed before anything is sent: each door answers it in its own way."""
+    response = StreamingHttpResponse(export_jsonl_chunks(run=run, kind=kind, options=options),
+                                     content_type="application/jsonl; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
+    response["X-Accel-Buffering"] = "no"  # a proxy passes chunks on as they come
+    return response
 
 
 def export_jsonl(

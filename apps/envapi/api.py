@@ -448,16 +448,12 @@ def run_export(
     min_margin: str | None = Query(None, description="dpo: chosen beats rejected by more than this"),
     domain: str | None = Query(None, description="only tasks of this domain"),
 ) -> StreamingHttpResponse:
-    from apps.buffer.exports import export_jsonl_chunks, export_options_parse
+    from apps.buffer.exports import export_jsonl_response, export_options_parse
 
     run = _run_for(request, run_id)
     options = export_options_parse({"min_reward": min_reward, "min_version": min_version, "min_margin": min_margin,
                                     "domain": domain})
-    response = StreamingHttpResponse(export_jsonl_chunks(run=run, kind=kind, options=options),
-                                     content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return export_jsonl_response(run=run, kind=kind, options=options)
 
 
 # ---- agent sessions (apps/envapi/session_api.py) ----------------------------------------

@@ -16,12 +16,11 @@ from django.http import (
     HttpResponse,
     HttpResponseBase,
     JsonResponse,
-    StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.buffer.exports import EXPORT_KINDS, ExportFailed, export_jsonl_chunks, export_options_parse
+from apps.buffer.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
 from apps.buffer.importers import ImportFailed
 from apps.buffer.selectors import (
     buffer_counts,
@@ -510,18 +509,14 @@ def export_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def export_download(request: HtmxHttpRequest, run_id: int, kind: str) -> HttpResponseBase:
     run, _ = _run_for(request, run_id)
     try:
-        chunks = export_jsonl_chunks(run=run, kind=kind, options=export_options_parse(request.GET))
+        return export_jsonl_response(run=run, kind=kind, options=export_options_parse(request.GET))
     except ExportFailed as exc:
         # The export page again, the refused value kept and the error beside its field.
-        field = exc.field if exc.field in ("min_reward", "min_version", "min_margin", "domain") else ""
+        field = exc.field if exc.field in EXPORT_FILTERS else ""
         return render(request, "runs/export.html", {
             "run": run, "kinds": EXPORT_KINDS, "error_kind": kind, "error_field": field, "error": exc.message,
-            "values": {k: request.GET.get(k, "") for k in ("min_reward", "min_version", "min_margin", "domain")},
+            "values": {k: request.GET.get(k, "") for k in EXPORT_FILTERS},
         }, status=400)
-    response = StreamingHttpResponse(chunks, content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
-    response["X-Accel-Buffering"] = "no"
-    return response
 
 
 def health(request: HtmxHttpRequest) -> JsonResponse:
