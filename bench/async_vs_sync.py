@@ -80,7 +80,7 @@ def _worker(name: str, queues: str, include: list[str], env: dict[str, str], log
            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
     for module in include:
         cmd += ["-I", module]
-    if "default" in queues.split(","):  # the loop's beat (apps/runs/orchestration.py)
+    if "default" in queues.split(","):  # the loop's beat (apps/control/orchestration.py)
         cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
 
@@ -94,7 +94,7 @@ def _cpu_seconds(pid: int) -> float:
 def _beats() -> int:
     """Conductor beats the conductor worker has run so far (Celery's per-task counters; the
     name comes from the task itself: a hand-written one that did not match counted 0)."""
-    from apps.runs.conduct import runs_conduct_task
+    from apps.control.conduct import runs_conduct_task
     from rftweb.celery import app
 
     stats = app.control.inspect(timeout=5.0).stats() or {}

@@ -1,5 +1,5 @@
 """The conductor's own cost per beat, in process: statements and CPU milliseconds of one
-`runs_conduct_task` (the loop's beat, apps/runs/orchestration.py) for a run in an async
+`runs_conduct_task` (the loop's beat, apps/control/orchestration.py) for a run in an async
 run's steady state, where the beat comes every RFT_CONDUCT_SECONDS for every running run:
 
 - `async`: an explore step running on a live worker (its heartbeat fresh, the step in its
@@ -86,9 +86,9 @@ def main() -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from apps.runs.conduct import runs_conduct_task
+    from apps.control.conduct import runs_conduct_task
     from apps.runs.models import Run
-    from apps.runs.orchestration import TRAINER_LOCK_NAMESPACE, runs_conduct
+    from apps.control.orchestration import TRAINER_LOCK_NAMESPACE, runs_conduct
 
     Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)  # this bench's runs only
     for name, make in (("async", _async_run), ("idle", _idle_run)):

@@ -174,7 +174,7 @@ def _own_conductor() -> Iterator[None]:
     them again every RFT_DISPATCH_RESEND_SECONDS, with a warning each time."""
     from unittest import mock
 
-    with mock.patch("apps.runs.orchestration.run_advance_after_step", lambda **_: None):
+    with mock.patch("apps.control.orchestration.run_advance_after_step", lambda **_: None):
         yield
 
 

@@ -76,7 +76,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
                 "task": "apps.envapi.tasks.agent_sessions_expire_task",
                 "schedule": 60.0,
             },
-            # The RFT core's loop (apps/runs/orchestration.py): every running run advanced. A
+            # The RFT core's loop (apps/control/orchestration.py): every running run advanced. A
             # beat that waited in the queue longer than a few beats is dropped, not piled up.
             "runs-conduct": {
                 "task": "apps.runs.conduct.runs_conduct_task",
@@ -92,13 +92,13 @@ def _settings_config(sender: Celery, **_: object) -> None:
     )
 
 
-app.autodiscover_tasks(["apps.buffer", "apps.runs", "apps.feedback", "apps.envapi", "apps.rewards"])
+app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedback", "apps.control", "apps.envapi"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
 for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer"):
     app.autodiscover_tasks(["workers"], related_name=_module)
-# The RFT core's loop (apps/runs/conduct.py).
-app.autodiscover_tasks(["apps.runs"], related_name="conduct")
+# The RFT core's loop (apps/control/conduct.py).
+app.autodiscover_tasks(["apps.control"], related_name="conduct")
 
 
 @signals.worker_init.connect

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-# The RFT core's loop beat (apps/runs/conduct.py) runs every RFT_CONDUCT_SECONDS (0.5 s by
+# The RFT core's loop beat (apps/control/conduct.py) runs every RFT_CONDUCT_SECONDS (0.5 s by
 # default): at INFO, Celery writes a line when beat sends it and two more when the worker
 # receives it and when it succeeds, about six lines a second that say nothing. What the beat
-# does (a step dispatched or sent again) is logged by apps.runs.orchestration itself.
+# does (a step dispatched or sent again) is logged by apps.control.orchestration itself.
 QUIET_TASKS = frozenset({"apps.runs.conduct.runs_conduct_task"})
 
 

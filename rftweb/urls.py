@@ -11,10 +11,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("runs/", include("apps.runs.urls")),
+    path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("runs/<int:run_id>/signal/", include("apps.rewards.urls")),
-    path("health/", include("apps.runs.health_urls")),
+    path("health/", include("apps.control.health_urls")),
     # Before the environment API's own routes: OpenAI clients take this as their base URL.
     path("api/v1/runs/<int:run_id>/openai/v1/", include(openai_api.urlpatterns)),
     path("api/v1/", envapi.urls),

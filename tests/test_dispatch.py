@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.services import batch_claim, experience_write, task_attempts_create, task_claim
-from apps.runs import orchestration
+from apps.control import orchestration
 from apps.runs.heartbeat import worker_heartbeat_record
 from apps.runs.models import Dispatch, Run
-from apps.runs.orchestration import dispatch_begin, dispatch_recover, dispatch_send, runs_conduct
+from apps.control.orchestration import dispatch_begin, dispatch_recover, dispatch_send, runs_conduct
 from tests.factories import experience_row, make_run, make_taskset
 
 pytestmark = pytest.mark.django_db
@@ -273,7 +273,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
     import types
 
     from apps.runs import heartbeat
-    from apps.runs.conduct import runs_conduct_task
+    from apps.control.conduct import runs_conduct_task
     from workers.trainer import train_step
 
     beats: list[str] = []

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AnonymousUser, User
 
 from apps.runs.events import event_publish
 from apps.runs.models import Run
-from apps.runs.tasks import run_announce
+from apps.control.tasks import run_announce
 from rftweb.asgi import application
 from tests.conftest import run_socket_connect
 from tests.factories import make_experiences

@@ -193,7 +193,7 @@ def test_arbitrary_text_in_the_run_forms_is_never_a_500_and_what_is_stored_valid
     from django.test import Client
 
     from apps.runs.config import config_validate
-    from apps.runs.forms import config_field_specs, feedback_field_specs
+    from apps.control.forms import config_field_specs, feedback_field_specs
     from tests.factories import make_run
 
     owner = make_user()

@@ -269,7 +269,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
 # --- the workers page (the leak the issue found) ----------------------------------------------
 
 def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
-    import apps.runs.tasks  # noqa: F401 - registers the tasks, as a worker does
+    import apps.control.tasks  # noqa: F401 - registers the tasks, as a worker does
     import workers.explorer
     import workers.trainer  # noqa: F401
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from apps.runs.models import Run
-from apps.runs.tasks import run_announce
+from apps.control.tasks import run_announce
 from tests.factories import make_run
 from tests.servers import celery_worker
 

@@ -38,7 +38,7 @@ from apps.buffer.services import experience_write, task_claim, task_finish, task
 from apps.rewards.scoring import rewards_awaiting, rewards_inline
 from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.models import Dispatch, ModelVersion, Run
-from apps.runs.orchestration import dispatch_begin, run_advance_after_step
+from apps.control.orchestration import dispatch_begin, run_advance_after_step
 from apps.runs.services import (
     metric_record,
     run_explore_end,

@@ -17,7 +17,7 @@ one) resident between steps. One step:
 7. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
    optimizer, scheduler), after which the journal entries and older snapshots it covers go.
 
-A task runs only while its run's train dispatch names it (apps/runs/orchestration.py) and
+A task runs only while its run's train dispatch names it (apps/control/orchestration.py) and
 sets it idle when it ends. It goes on with the next step itself when that step's batch is
 already there (async and offline runs, where the trainer sets the pace), for up to
 `RFT_TRAIN_CHAIN_SECONDS`, moving its dispatch row on to that step so the loop does not
@@ -536,7 +536,7 @@ def _snapshot_and_prune(*, res: Resident, step: int) -> None:
 def run_lock(run_id: int) -> Iterator[bool]:
     """One trainer per run: a session-level advisory lock the database drops if we die (the
     loop reads it to tell a live trainer from a dead one)."""
-    from apps.runs.orchestration import TRAINER_LOCK_NAMESPACE
+    from apps.control.orchestration import TRAINER_LOCK_NAMESPACE
 
     if connection.vendor != "postgresql":
         yield True
@@ -554,8 +554,8 @@ def run_lock(run_id: int) -> Iterator[bool]:
 
 def _claim(*, run: Any, worker: str, min_version: int | None, tokenizer: Any = None) -> tuple[Any, list[Any]]:
     from apps.buffer.services import batch_claim
-    from apps.runs.orchestration import batch_plan
-    from apps.runs.selectors import preferences_among
+    from apps.control.orchestration import batch_plan
+    from apps.feedback.selectors import preferences_among
     from workers.algorithms import TrainBatch, rollout_from_experience
 
     plan = batch_plan(cfg=run.cfg)
@@ -625,7 +625,7 @@ def trainer_step(
     a step).
     """
     from apps.runs.models import Dispatch
-    from apps.runs.orchestration import dispatch_begin, run_advance_after_step, train_step_continue
+    from apps.control.orchestration import dispatch_begin, run_advance_after_step, train_step_continue
 
     worker = worker or worker_name()
     hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.TRAIN, step=step, task_id=task_id, worker=node or worker,
@@ -688,7 +688,7 @@ def _train_once(
     from apps.feedback.selectors import batch_feedback_metrics
     from apps.runs import policy
     from apps.runs.models import Run
-    from apps.runs.orchestration import train_readiness
+    from apps.control.orchestration import train_readiness
     from apps.runs.services import metric_record
     from workers.algorithms import NothingToTrain
 

@@ -174,7 +174,7 @@ class ExperienceDraft(Mapping[str, Any]):
         under `auto` ready with its automatic reward, under `blend`/`human` pending for
         people. Without an automatic reward yet (remote scorers or the environment will
         give it) it is pending, with no reward."""
-        from apps.feedback.policy import experience_initial_fields
+        from apps.runs.feedback_policy import experience_initial_fields
 
         if auto_reward is None:
             initial: dict[str, Any] = {"status": "pending", "auto_reward": None, "reward": None}

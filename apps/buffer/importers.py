@@ -82,7 +82,7 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
     domain = record.get("domain") or "general"
     if not isinstance(domain, str) or len(domain) > 50:
         raise ImportFailed(f"{where}: domain must be text of at most 50 characters")
-    from apps.rewards.scoring import domain_misspelt, domain_misspelt_message
+    from apps.runs.vocabulary import domain_misspelt, domain_misspelt_message
 
     known = domain_misspelt(domain)
     if known is not None:

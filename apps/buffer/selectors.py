@@ -128,34 +128,6 @@ def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
     return filters
 
 
-def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50) -> list[Experience]:
-    """One page of the run's experiences matching `filters`, newest first."""
-    from apps.feedback.models import Feedback
-
-    qs = Experience.objects.filter(run=run)
-    if filters.status:
-        qs = qs.filter(status=filters.status)
-    if filters.reward_min is not None:
-        qs = qs.filter(reward__gte=filters.reward_min)
-    if filters.reward_max is not None:
-        qs = qs.filter(reward__lte=filters.reward_max)
-    if filters.version is not None:
-        qs = qs.filter(model_version=filters.version)
-    if filters.domain:
-        qs = qs.filter(task__domain=filters.domain)
-    if filters.annotator:
-        qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
-    if filters.flagged:
-        flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
-        qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
-    if filters.before is not None:
-        qs = qs.filter(pk__lt=filters.before)
-    qs = qs.annotate(
-        n_feedback=Count("feedback", distinct=True),
-        is_flagged=Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
-    ).select_related("task")
-    return list(qs.order_by("-id")[:limit])
-
 
 def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
     """Values offered in the browser's filter menus."""
@@ -173,21 +145,4 @@ def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
     return {"statuses": list(Experience.Status.values), "versions": versions, "domains": domains, "annotators": annotators}
 
 
-def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
-    """A group's members side by side: each with its rewards and its feedback."""
-    from apps.feedback.models import Feedback
 
-    members = list(Experience.objects.filter(run=run, group_id=group_id).select_related("task").order_by("id"))
-    feedback: dict[int | None, list[Feedback]] = {}
-    for fb in Feedback.objects.filter(run=run, experience__in=members).select_related("author").order_by("created_at"):
-        feedback.setdefault(fb.experience_id, []).append(fb)
-    rewards = [m.reward for m in members if m.reward is not None]
-    best = max(rewards) if rewards else None
-    return [{"exp": m, "feedback": feedback.get(m.pk, []), "best": best is not None and m.reward == best} for m in members]
-
-
-def group_feedback(*, run: Run, group_id: str) -> list[Any]:
-    """Feedback on the group as a whole (rankings)."""
-    from apps.feedback.models import Feedback
-
-    return list(Feedback.objects.filter(run=run, group_id=group_id, experience__isnull=True).select_related("author"))

@@ -22,7 +22,7 @@ from typing import Any
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.policy import signals_fold
+from apps.runs.feedback_policy import signals_fold
 from apps.runs.models import Run
 
 # Signals whose raters' weights add up to less than this count as no one's rating (the

@@ -23,7 +23,7 @@
   untrusted. An unmeasured annotator gets gold items first, an untrusted one gold items and
   only `trust.untrusted_share` of the fresh items.
 
-Everything is on the normalised human scale [0, 1] (apps.feedback.policy).
+Everything is on the normalised human scale [0, 1] (apps.runs.feedback_policy).
 """
 
 from __future__ import annotations

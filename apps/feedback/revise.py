@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.policy import experience_initial_fields, member_is_final, signals_fold
+from apps.runs.feedback_policy import experience_initial_fields, member_is_final, signals_fold
 from apps.runs.events import event_publish
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
@@ -121,7 +121,7 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
             changes: dict[str, Any] = {"human_reward": None,
                                        "reward": experience_initial_fields(cfg=run.cfg, auto_reward=m.auto_reward).get("reward")}
         else:
-            from apps.feedback.policy import reward_combine
+            from apps.runs.feedback_policy import reward_combine
 
             changes = {"human_reward": human}
             if policy.mode != "auto":

@@ -106,3 +106,19 @@ def batch_feedback_metrics(*, rows: Sequence[Any]) -> dict[str, float]:
     if rated:
         out["feedback/human_reward_mean"] = sum(rated) / len(rated)
     return out
+
+
+def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
+    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`,
+    oldest first. A pairwise feedback's `experience` is A and `other` is B, and its value is
+    {"winner": "a" | "b" | "tie"} (the one shape, see Feedback); ties carry no preference.
+    Late choices count: the pair was stored, and DPO learns from it.
+    """
+    from apps.feedback.models import Feedback
+
+    wanted = set(ids)
+    rows = Feedback.objects.filter(
+        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,
+        value__winner__in=["a", "b"],
+    ).order_by("created_at", "id").values_list("experience_id", "other_id", "value__winner")
+    return [(a, b) if winner == "a" else (b, a) for a, b, winner in rows]

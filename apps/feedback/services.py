@@ -1,5 +1,5 @@
 """Feedback services: the annotation queue (assignments under a lease), storing feedback,
-and folding it into experience rewards under the run's policy (see apps.feedback.policy).
+and folding it into experience rewards under the run's policy (see apps.runs.feedback_policy).
 
 Every piece of feedback is stored as its own row, whatever happens to its target. Feedback
 whose target was already taken by the trainer (leased or consumed) or dropped is stored
@@ -27,7 +27,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.models import ApiKey
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.policy import (
+from apps.runs.feedback_policy import (
     DROP_REASON,
     feedback_is_late,
     member_is_final,

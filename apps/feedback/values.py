@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from apps.feedback.policy import rating_normalise
+from apps.runs.feedback_policy import rating_normalise
 from rftweb.exceptions import InvalidInput
 
 FLAGS: tuple[str, ...] = ("unsafe", "broken", "off_task")

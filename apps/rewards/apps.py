@@ -8,3 +8,13 @@ class RewardsConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.rewards import signals  # noqa: F401 - connects the receivers
+
+        # The run config (apps.runs, below this app) validates reward names and params, and a
+        # run's start checks its taskset's domains, through the kernel's vocabulary registry.
+        from apps.rewards.registry import reward_names, reward_params_check
+        from apps.rewards.scoring import taskset_routing_errors
+        from apps.runs.vocabulary import rewards_register
+
+        rewards_register(names=reward_names,
+                         params_check=lambda name, params: reward_params_check(name=name, params=params),
+                         taskset_check=taskset_routing_errors)

@@ -25,7 +25,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.policy import reward_learned, signals_fold
+from apps.runs.feedback_policy import reward_learned, signals_fold
 from apps.feedback.services import group_fold
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.runs.models import Run

@@ -25,34 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from apps.rewards.registry import RewardResult, reward_get, task_field
-from apps.runs.config import RewardTerm
+from apps.runs.config import RewardTerm, RunConfig
+from apps.runs.vocabulary import DEFAULT_DOMAIN, DOMAINS, domain_misspelt, domain_misspelt_message
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DOMAIN = "general"
-# The domains rewards are routed by: each one but the fallback has a route in default_routes.
-DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12", "vision")
-
-
-def _domain_key(domain: str) -> str:
-    return re.sub(r"[\s_-]+", "", domain).casefold()
-
-
-def domain_misspelt(domain: str) -> str | None:
-    """The routed domain that `domain` is a misspelling of (`K12`, `Math `, `k-12`: case,
-    spaces, `-` and `_` aside the same), else None. Such a task would silently get the
-    fallback's exact_match instead of its domain's rewards, so the doors refuse it; any
-    other unknown domain (`chat`, `trivia`) is a domain of its own, scored as "anything else"."""
-    if domain in DOMAINS:
-        return None
-    key = _domain_key(domain)
-    return next((known for known in DOMAINS if _domain_key(known) == key), None)
-
-
-def domain_misspelt_message(domain: str, known: str) -> str:
-    return (f"domain {domain!r} is not a reward domain; did you mean {known!r}? (domains are exact: "
-            f"{', '.join(DOMAINS)}; any other is scored by exact_match)")
-
 
 @functools.cache
 def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
@@ -144,3 +120,22 @@ def reward_combine(*, terms: Sequence[RewardTerm], parts: Mapping[str, float]) -
     """Weighted sum of the parts present; a part whose term is not in the spec counts nothing."""
     keyed = dict(zip(term_keys(terms), terms, strict=True)) if terms else {t.name: t for t in _all_defaults()}
     return float(sum(keyed[key].weight * float(value) for key, value in parts.items() if key in keyed))
+
+
+def taskset_routing_errors(cfg: RunConfig, taskset: Any) -> dict[str, str]:
+    """The rewards' check of a run's taskset (registered with apps.runs.vocabulary): every
+    domain of its tasks is scored by a term of `cfg.rewards`; with the default routes, no
+    task's domain misspells a routed one (imported before the importers refused it, it would
+    be scored by exact_match instead)."""
+    domains = taskset.tasks.values_list("domain", flat=True).distinct()
+    if cfg.rewards:
+        unrouted = rewards_unrouted_domains(terms=cfg.rewards, domains=domains)
+        if unrouted:
+            return {"rewards": (f"no reward term scores the taskset's tasks of domain {unrouted[0]!r}: add a term "
+                                f"with domains: [{unrouted[0]}] or one without domains")}
+        return {}
+    for domain in domains.order_by("domain"):
+        known = domain_misspelt(domain)
+        if known is not None:
+            return {"taskset": f"tasks of taskset {taskset.name!r}: {domain_misspelt_message(domain, known)}"}
+    return {}

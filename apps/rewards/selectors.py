@@ -24,7 +24,8 @@ def rewards_summary(*, run: Run) -> dict[str, Any]:
     weight, params), and the learned K-12 grader's versions when the spec uses it."""
     from apps.rewards.k12 import DOMAIN as K12
     from apps.rewards.models import K12Grader
-    from apps.rewards.scoring import DOMAINS, rewards_for_domain
+    from apps.rewards.scoring import rewards_for_domain
+    from apps.runs.vocabulary import DOMAINS
 
     terms = run.cfg.rewards
     routes = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from apps.buffer.models import Experience
-from apps.feedback.policy import experience_initial_fields
+from apps.runs.feedback_policy import experience_initial_fields
 from apps.rewards.scoring import reward_combine
 from apps.runs.models import Run
 

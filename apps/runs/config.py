@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from apps.runs import vocabulary
+from apps.runs.vocabulary import DOMAINS
 from rftweb.exceptions import InvalidInput
 
 
@@ -81,9 +83,7 @@ class RewardTerm(_Strict):
     @field_validator("name")
     @classmethod
     def _known_reward(cls, name: str) -> str:
-        from apps.rewards.registry import reward_names
-
-        known = reward_names()
+        known = vocabulary.reward_names()
         if name not in known:
             raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(known))}")
         return name
@@ -91,8 +91,6 @@ class RewardTerm(_Strict):
     @field_validator("domains")
     @classmethod
     def _known_domains(cls, domains: list[str]) -> list[str]:
-        from apps.rewards.scoring import DOMAINS
-
         for domain in domains:
             if domain not in DOMAINS:
                 raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
@@ -102,9 +100,7 @@ class RewardTerm(_Strict):
     def _params_fit(self) -> RewardTerm:
         # Each reward checks its own params (a regex that compiles, a model path), so a bad
         # term fails run validation instead of every explore step.
-        from apps.rewards.registry import reward_params_check
-
-        reward_params_check(name=self.name, params=self.params)
+        vocabulary.reward_params_check(self.name, self.params)
         return self
 
 
@@ -144,7 +140,7 @@ class TrustHandout(_Strict):
 
 class FeedbackPolicy(_Strict):
     # learned: automatic reward + the run's reward model where no person rated (see
-    # apps/feedback/policy.py); needs reward_model.enabled.
+    # apps/runs/feedback_policy.py); needs reward_model.enabled.
     mode: Literal["auto", "blend", "human", "learned"] = "auto"
     w_auto: float = Field(0.5, ge=0.0)
     w_human: float = Field(0.5, ge=0.0)
@@ -348,9 +344,7 @@ class PipelineStep(_Strict):
     @field_validator("name")
     @classmethod
     def _known_operator(cls, name: str) -> str:
-        from apps.buffer.pipeline.registry import operator_names
-
-        known = operator_names()
+        known = vocabulary.operator_names()
         if name not in known:
             raise ValueError(f"unknown pipeline operator {name!r}; known: {', '.join(sorted(known))}")
         return name
@@ -358,11 +352,9 @@ class PipelineStep(_Strict):
     @field_validator("params")
     @classmethod
     def _params_fit(cls, params: dict[str, Any], info: Any) -> dict[str, Any]:
-        from apps.buffer.pipeline.registry import params_check
-
         name = info.data.get("name")
         if name is not None:  # an unknown name was already reported
-            params_check(name, params)
+            vocabulary.operator_params_check(name, params)
         return params
 
 
@@ -376,12 +368,10 @@ class PipelineConfig(_Strict):
     @field_validator("on_write", "on_import", "on_claim")
     @classmethod
     def _runs_at_stage(cls, steps: list[PipelineStep], info: Any) -> list[PipelineStep]:
-        from apps.buffer.pipeline.registry import stage_check
-
         stage = info.field_name.removeprefix("on_")
         for i, step in enumerate(steps):
             try:
-                stage_check(step.name, stage)
+                vocabulary.operator_stage_check(step.name, stage)
             except ValueError as exc:
                 raise ValueError(f"step {i}: {exc}") from None
         return steps

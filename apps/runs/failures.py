@@ -5,7 +5,7 @@ A failure counts as "in a row" when the run has made no progress (explore_step +
 train_step) since the previous one and since it was last started or resumed; after
 `RFT_RUN_FAIL_AFTER` of them the run fails. One bad step that a retry gets past does not.
 
-The Celery `task_failure` handler is connected when this module is imported; apps.runs.tasks
+The Celery `task_failure` handler is connected when this module is imported; apps.control.tasks
 imports it, and the Celery app autodiscovers that module in every worker.
 """
 

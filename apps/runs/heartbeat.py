@@ -9,7 +9,7 @@ every pool). The thread keeps beating while a solo worker runs a long task, so t
 tells "busy for 4 minutes on train_step" apart from "gone" (no beat for
 RFT_WORKER_DEAD_SECONDS), and the RFT core's loop sends a gone worker's step again.
 
-The signal handlers are connected when this module is imported; `apps.runs.tasks` imports
+The signal handlers are connected when this module is imported; `apps.control.tasks` imports
 it, and the Celery app autodiscovers that module in every worker.
 """
 
@@ -50,7 +50,7 @@ def worker_heartbeat_record(
 ) -> WorkerHeartbeat:
     """Upsert the worker's row: its last sign of life and what it is doing. `started_at`
     (the worker's start) replaces the stored one: a worker restarted under the same name is
-    a new worker, and what the old one was running is lost (apps/runs/orchestration.py)."""
+    a new worker, and what the old one was running is lost (apps/control/orchestration.py)."""
     now = timezone.now()
     defaults: dict[str, Any] = {
         "queues": sorted(queues),

@@ -190,7 +190,7 @@ class WorkerHeartbeat(models.Model):
 
 class Dispatch(models.Model):
     """Which explore or train step of a run is out with a worker: one row per run and kind,
-    the RFT core's whole scheduling state (apps/runs/orchestration.py).
+    the RFT core's whole scheduling state (apps/control/orchestration.py).
 
     idle → sent (the conductor claimed it with a conditional UPDATE and queued task
     `task_id`) → running (the worker that got that message, with the lease owner it

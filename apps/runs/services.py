@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 
 from apps.hygiene import InputRejected, text_check
+from apps.runs import policy, vocabulary
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.metrics import metric_record
@@ -56,8 +57,6 @@ def model_name_errors(*, name: str | None, field: str = "model") -> dict[str, st
 def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
     """What stops a run from working, by field: the config (rewards and their params
     included), the model and tokenizer, and, when `starting`, tasks to explore."""
-    from apps.runs import policy
-
     try:
         cfg = config_validate(data=config)
     except ConfigInvalid as exc:
@@ -65,24 +64,9 @@ def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, 
     errors = {**model_name_errors(name=cfg.model), **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
     if taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
-    elif taskset is not None and cfg.rewards:
-        from apps.rewards.scoring import rewards_unrouted_domains
-
-        unrouted = rewards_unrouted_domains(terms=cfg.rewards,
-                                            domains=taskset.tasks.values_list("domain", flat=True).distinct())
-        if unrouted:
-            errors["rewards"] = (f"no reward term scores the taskset's tasks of domain {unrouted[0]!r}: add a term "
-                                 f"with domains: [{unrouted[0]}] or one without domains")
     elif taskset is not None:
-        # The default routes: a task whose domain misspells a routed one (imported before
-        # the importers refused it) would be scored by exact_match instead.
-        from apps.rewards.scoring import domain_misspelt, domain_misspelt_message
-
-        for domain in taskset.tasks.values_list("domain", flat=True).distinct().order_by("domain"):
-            known = domain_misspelt(domain)
-            if known is not None:
-                errors["taskset"] = f"tasks of taskset {taskset.name!r}: {domain_misspelt_message(domain, known)}"
-                break
+        # The rewards app's checks (apps.runs.vocabulary): every task domain routed to a term.
+        errors.update(vocabulary.taskset_errors(config=cfg, taskset=taskset))
     elif starting and taskset is None and policy.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
@@ -123,33 +107,6 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
     return run
 
 
-def run_create_with_taskset(
-    *,
-    name: str,
-    owner: Any,
-    config: dict[str, Any] | RunConfig,
-    taskset: Any = None,
-    taskset_path: str | Path | None = None,
-    taskset_name: str | None = None,
-    progress: Callable[[int, int | None], None] | None = None,
-) -> Run:
-    """Create a draft run, importing its taskset file (JSONL, Parquet or a datasets
-    directory) in the same transaction: a bad config (ConfigInvalid) is found before any
-    import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
-    from apps.buffer.importers import taskset_import
-
-    # Every error at once (a blank name too), before any import.
-    errors = run_name_errors(name=name)
-    errors.update(run_spec_errors(config=config, taskset=taskset))
-    if errors:
-        raise ConfigInvalid(errors)
-    cfg = config_validate(data=config)
-    with transaction.atomic():
-        if taskset_path is not None:
-            path = Path(taskset_path)
-            taskset = taskset_import(name=taskset_name or path.stem, path=path, owner=owner, progress=progress)
-        return run_create(name=name, owner=owner, config=cfg, taskset=taskset)
-
 
 def run_feedback_policy_update(*, run: Run, feedback: dict[str, Any], actor: Any = None) -> Run:
     """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
@@ -182,7 +139,7 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "resume": ({Run.Status.PAUSED}, Run.Status.RUNNING),
     # A draft has nothing to stop; a finished run has nothing left to do.
     "stop": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.STOPPED),
-    # The system's: every step done (apps.runs.orchestration.run_finish) ...
+    # The system's: every step done (apps.control.orchestration.run_finish) ...
     "finish": ({Run.Status.RUNNING}, Run.Status.FINISHED),
     # ... or its workers failed repeatedly (apps.runs.failures), with the reason.
     "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
@@ -222,7 +179,7 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
     payload: dict[str, Any] = {"status": run.status, "action": action}
     if run.error:
         payload["error"] = run.error[:500]
-    # A running run's steps are sent by the loop's next beat (apps/runs/orchestration.py),
+    # A running run's steps are sent by the loop's next beat (apps/control/orchestration.py),
     # which reads the status: start, pause and stop need nothing more.
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
     return run

@@ -200,7 +200,7 @@ def test_a_run_that_ends_while_watched_turns_finished(page: Any, owner: User) ->
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")
-    from apps.runs.orchestration import run_finish
+    from apps.control.orchestration import run_finish
 
     in_a_thread(lambda: run_finish(run=run))  # what the conductor does after the last step
     page.wait_for_selector("#controls[data-status=finished]")

@@ -23,7 +23,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
-from apps.runs.selectors import preferences_among
+from apps.feedback.selectors import preferences_among
 from tests.envapi.conftest import Api, make_key
 from tests.factories import add_member, experience_row, make_run
 

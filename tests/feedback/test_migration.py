@@ -16,7 +16,7 @@ from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import dpo_pairs
 from apps.feedback.services import group_fold
-from apps.runs.selectors import preferences_among
+from apps.feedback.selectors import preferences_among
 from tests.envapi.conftest import make_key
 from tests.factories import make_experiences, make_run
 

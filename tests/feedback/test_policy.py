@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.models import Feedback
-from apps.feedback.policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
+from apps.runs.feedback_policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
 from apps.feedback.services import (
     feedback_compare,

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from apps.runs.demo import demo_taskset_import
+from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.envapi.conftest import make_key

@@ -17,7 +17,8 @@ from django.test import Client
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Task
 from apps.rewards.k12_taskset import k12_records
-from apps.rewards.scoring import DOMAINS, default_routes, rewards_awaiting, rewards_inline
+from apps.rewards.scoring import default_routes, rewards_awaiting, rewards_inline
+from apps.runs.vocabulary import DOMAINS
 from apps.runs.config import ConfigInvalid, config_validate
 from apps.runs.models import Run
 from tests.factories import base_config, make_run
@@ -159,7 +160,7 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     from io import StringIO
 
     from apps.rewards.k12_taskset import k12_taskset_write
-    from apps.runs.demo import DEMO_TASKSET_FILE
+    from apps.control.demo import DEMO_TASKSET_FILE
 
     # The demo model is rft_demo_model's business; a directory with its taskset stands in
     # for the cached build so this test stays fast (the slow tests use the real model).
@@ -167,7 +168,7 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     model_dir.mkdir()
     (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
     settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
-    import apps.runs.management.commands.rft_demo as demo
+    import apps.control.management.commands.rft_demo as demo
 
     monkeypatch.setattr(demo, "call_command", lambda *a, **k: None)  # rft_demo_model: built already
     out = StringIO()
@@ -208,7 +209,7 @@ def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: U
 
 
 def test_a_domain_that_misspells_a_routed_one_is_named_and_other_domains_are_their_own() -> None:
-    from apps.rewards.scoring import domain_misspelt
+    from apps.runs.vocabulary import domain_misspelt
 
     assert [domain_misspelt(d) for d in ("K12", "k-12", " Math", "CODE", "Vision_", "General")] == [
         "k12", "k12", "math", "code", "vision", "general"]

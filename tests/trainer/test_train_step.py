@@ -222,7 +222,7 @@ def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> 
 def _sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any]]]:
     """What the loop queues, captured instead of sent (no workers here)."""
     sent: list[tuple[str, list[Any]]] = []
-    monkeypatch.setattr("apps.runs.orchestration._send", lambda name, args, queue, task_id: sent.append((name, args)))
+    monkeypatch.setattr("apps.control.orchestration._send", lambda name, args, queue, task_id: sent.append((name, args)))
     return sent
 
 
@@ -235,7 +235,7 @@ def _train_dispatch(run: Run) -> Any:
 def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sending_them(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from apps.runs import orchestration
+    from apps.control import orchestration
 
     run = running_run(owner, tiny_model_dir, total_steps=3)
     for tag in ("a", "b", "c", "d"):
@@ -304,7 +304,7 @@ def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_
     import psycopg
     from django.db import connection
 
-    from apps.runs.orchestration import TRAINER_LOCK_NAMESPACE
+    from apps.control.orchestration import TRAINER_LOCK_NAMESPACE
 
     run = running_run(owner, tiny_model_dir)
     _groups(run)
@@ -320,7 +320,7 @@ def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_
 
 def test_a_message_that_is_not_the_dispatched_one_does_nothing(owner: Any, tiny_model_dir: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.runs.orchestration import dispatch_send
+    from apps.control.orchestration import dispatch_send
 
     run = running_run(owner, tiny_model_dir)
     _groups(run)

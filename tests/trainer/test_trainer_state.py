@@ -17,7 +17,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
 from apps.feedback.services import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
-from apps.runs.selectors import preferences_among
+from apps.feedback.selectors import preferences_among
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod

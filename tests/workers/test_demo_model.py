@@ -109,7 +109,7 @@ def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_
 @pytest.mark.django_db
 def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path) -> None:
     from apps.buffer.importers import ImportFailed
-    from apps.runs.demo import demo_taskset_import
+    from apps.control.demo import demo_taskset_import
 
     with pytest.raises(ImportFailed, match="rft_demo_model"):
         demo_taskset_import(model_dir=tmp_path)
@@ -122,7 +122,7 @@ def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path) -> None:
 def test_the_command_module_loads_without_torch() -> None:
     code = (
         "import django, sys; django.setup(); "
-        "import apps.runs.management.commands.rft_demo_model as m; "
+        "import apps.control.management.commands.rft_demo_model as m; "
         "assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "rftweb.settings", "PYTHONPATH": str(ROOT)}

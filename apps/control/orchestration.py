@@ -4,7 +4,7 @@ the running runs may go now, and sends them to their queues.
 Its whole state is the `Dispatch` row of each run and kind (explore, train): idle, sent (with
 the Celery task id of the message), running (on which worker, under which lease owner).
 
-- `runs_conduct` is the loop: a beat every RFT_CONDUCT_SECONDS (apps/runs/conduct.py) runs
+- `runs_conduct` is the loop: a beat every RFT_CONDUCT_SECONDS (apps/control/conduct.py) runs
   `run_advance` for every running run. An explorer or trainer that has just ended a step
   runs it for its own run at once (`run_advance_after_step`): in async mode that hop is
   what lets the two sides overlap. Both send a step only through `dispatch_send`, a

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from apps.runs.demo import demo_taskset_import
+from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
 from rftweb.exceptions import RftError, command_error

@@ -22,10 +22,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from apps.buffer.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
 from apps.buffer.importers import ImportFailed
-from apps.buffer.selectors import (
-    buffer_counts,
-    experience_filter_choices,
-    experience_filters_parse,
+from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
+from apps.control.selectors import (
     experience_group_detail,
     experiences_browse,
     group_feedback,
@@ -34,7 +32,7 @@ from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.selectors import rewards_summary
 from apps.rewards.views import reward_model_panel_context
 from apps.runs.config import ConfigInvalid, config_file_read, config_parse
-from apps.runs.forms import (
+from apps.control.forms import (
     ALGORITHM_DEFAULTS,
     CONFIG_FILE,
     FIELD_HELP,
@@ -54,17 +52,13 @@ from apps.runs.selectors import (
     CHART_SECTIONS,
     CONSTANT_PATTERN,
     eval_best,
-    feedback_per_minute,
     metric_series,
     run_audit,
     run_may_create,
     run_role,
-    run_rows,
     run_state,
     run_task_failures,
-    run_waiting,
     runs_visible_to,
-    tasksets_for,
     weight_sync_points,
     weight_sync_timeline,
     workers_visible,

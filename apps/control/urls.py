@@ -1,7 +1,7 @@
 from django.urls import path
 
 from apps.buffer import views as buffer_views
-from apps.runs import views
+from apps.control import views
 
 app_name = "runs"
 

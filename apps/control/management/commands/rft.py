@@ -31,7 +31,8 @@ from apps.buffer.importers import ImportFailed
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import config_parse
 from apps.runs.models import Run
-from apps.runs.services import run_create_with_taskset, run_transition
+from apps.control.services import run_create_with_taskset
+from apps.runs.services import run_transition
 from rftweb.exceptions import RftError, command_error
 
 # GPU queues hold a model resident in the worker process: one process, one task at a time

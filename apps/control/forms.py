@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from apps.hygiene import InputRejected, yaml_parse
-from apps.rewards.scoring import DOMAINS
+from apps.runs.vocabulary import DOMAINS
 from apps.runs.config import FeedbackPolicy, RunConfig
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.

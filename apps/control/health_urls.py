@@ -1,5 +1,5 @@
 from django.urls import path
 
-from apps.runs import views
+from apps.control import views
 
 urlpatterns = [path("", views.health, name="health")]

@@ -1,13 +1,13 @@
-"""The RFT core's loop as a Celery beat task (autodiscovered as `apps.runs.conduct`, see
-rftweb/celery.py; apps/runs/tasks.py is the dashboard's). Thin: the decisions live in
-`apps.runs.orchestration`.
+"""The RFT core's loop as a Celery beat task (autodiscovered as `apps.control.conduct`, see
+rftweb/celery.py; apps/control/tasks.py is the dashboard's). Thin: the decisions live in
+`apps.control.orchestration`.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from apps.runs.orchestration import runs_conduct
+from apps.control.orchestration import runs_conduct
 
 
 # Not acked late and never retried: a lost or failed beat is replaced by the next one, a

@@ -1,0 +1,41 @@
+"""Run lifecycle actions that need the layers above the kernel: a run created together with
+the import of its taskset file (apps.buffer's importers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from apps.buffer.importers import taskset_import
+from apps.runs.config import ConfigInvalid, RunConfig, config_validate
+from apps.runs.models import Run
+from apps.runs.services import run_create, run_name_errors, run_spec_errors
+
+
+def run_create_with_taskset(
+    *,
+    name: str,
+    owner: Any,
+    config: dict[str, Any] | RunConfig,
+    taskset: Any = None,
+    taskset_path: str | Path | None = None,
+    taskset_name: str | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> Run:
+    """Create a draft run, importing its taskset file (JSONL, Parquet or a datasets
+    directory) in the same transaction: a bad config (ConfigInvalid) is found before any
+    import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
+    # Every error at once (a blank name too), before any import.
+    errors = run_name_errors(name=name)
+    errors.update(run_spec_errors(config=config, taskset=taskset))
+    if errors:
+        raise ConfigInvalid(errors)
+    cfg = config_validate(data=config)
+    with transaction.atomic():
+        if taskset_path is not None:
+            path = Path(taskset_path)
+            taskset = taskset_import(name=taskset_name or path.stem, path=path, owner=owner, progress=progress)
+        return run_create(name=name, owner=owner, config=cfg, taskset=taskset)
