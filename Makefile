@@ -63,6 +63,8 @@ worker: venv
 	$(PY) manage.py rft worker --queues $${QUEUES:-rollout,train,reward,default}
 
 test: venv browser compose
+	@# the apps' layers (pyproject.toml [tool.importlinter]): no import against them, none in a cycle
+	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -424,7 +424,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.buffer.services import task_attempts_create
     from apps.feedback.models import Feedback
     from apps.feedback.services import feedback_wait_expire
-    from apps.rewards.learned import reward_model_usable
+    from apps.feedback.learned import reward_model_usable
     from apps.rewards.models import RewardModel
     from apps.runs.models import Metric, ModelVersion, Run, RunMember
     from apps.runs.services import run_create

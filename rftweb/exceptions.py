@@ -2,7 +2,7 @@
 
 Services, selectors and workers raise these; each door translates them in one place:
 
-- the environment API: `apps/envapi/api.py` `_on_rft_error` answers `status` with
+- the environment API: `rftweb/api.py` `_on_rft_error` answers `status` with
   `{"detail", "errors": {field: message}}` (and Retry-After where one applies);
 - the browser views: `apps/feedback/views.py` `_error` (400, the message as text) and the
   forms (`form_errors_add`: each field's message on its form field);

@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from apps.envapi import openai_api
-from apps.envapi.api import api as envapi
+from rftweb.api import api
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="runs:list", permanent=False)),
@@ -13,11 +13,11 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
-    path("runs/<int:run_id>/signal/", include("apps.rewards.urls")),
+    path("runs/<int:run_id>/signal/", include("apps.feedback.signal_urls")),
     path("health/", include("apps.control.health_urls")),
     # Before the environment API's own routes: OpenAI clients take this as their base URL.
     path("api/v1/runs/<int:run_id>/openai/v1/", include(openai_api.urlpatterns)),
-    path("api/v1/", envapi.urls),
+    path("api/v1/", api.urls),
     path("", include("apps.envapi.urls")),
 ]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management.base import CommandError
 
-from apps.buffer.exports import ExportFailed
+from apps.feedback.exports import ExportFailed
 from apps.buffer.importers import ImportFailed
 from apps.envapi.services import KeyInvalid
 from apps.runs.config import ConfigInvalid

@@ -150,7 +150,7 @@ def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_liv
     `metrics`, a key the run page's chart does not read: the page showed the accuracy only
     after a reload and no tracker ever got it."""
     from apps.rewards.k12 import k12_grader_publish
-    from apps.rewards.learned import reward_model_publish
+    from apps.feedback.learned import reward_model_publish
     from apps.runs import metrics
 
     sent: list[dict[str, Any]] = []

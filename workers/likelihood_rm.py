@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apps.feedback.preferences import PreferencePair
+from apps.rewards.pairs import PreferencePair
 from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
 
 HEAD_FILE = "likelihood_reward.json"

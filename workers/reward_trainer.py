@@ -35,7 +35,7 @@ from django.db import InterfaceError, OperationalError
 from apps.feedback.preferences import PreferencePair, group_is_heldout, pair_is_heldout, preference_pairs
 from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
 from apps.feedback.selectors import experiences_handed_out_unbiased
-from apps.rewards.learned import (
+from apps.feedback.learned import (
     experiences_to_score,
     gold_experience_ids,
     reward_model_due,

@@ -128,7 +128,6 @@ def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
     return filters
 
 
-
 def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
     """Values offered in the browser's filter menus."""
     from django.contrib.auth import get_user_model
@@ -143,6 +142,5 @@ def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
         get_user_model().objects.filter(feedback__run=run).values_list("username", flat=True).distinct().order_by("username")
     )
     return {"statuses": list(Experience.Status.values), "versions": versions, "domains": domains, "annotators": annotators}
-
 
 

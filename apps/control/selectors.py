@@ -4,13 +4,26 @@ waits for). Kernel-only reads (roles, metrics, versions) stay in apps.runs.selec
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from apps.buffer.models import Experience, Taskset
+from apps.buffer.selectors import ExperienceFilters
+from apps.control.orchestration import batch_plan, train_readiness
+from apps.feedback.models import Assignment, Feedback
+from apps.runs import policy
+from apps.runs.heartbeat import workers_health
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, WeightLoad
+from apps.runs.selectors import reward_sparkline, run_role, runs_visible_to, sparkline_points
+
 
 def run_last_event(*, run: Run) -> dict[str, Any] | None:
     """The most recent thing that happened to the run: a control, a metric, a version, a
     weight load or an experience."""
-    from apps.buffer.models import Experience
-    from apps.runs.models import AuditEntry, Metric, ModelVersion, WeightLoad
-
     candidates: list[dict[str, Any]] = []
     audit = AuditEntry.objects.filter(run=run).order_by("-created_at").first()
     if audit:
@@ -31,12 +44,9 @@ def run_last_event(*, run: Run) -> dict[str, Any] | None:
     return max(candidates, key=lambda c: c["at"]) if candidates else None
 
 
-
 def run_rows(*, user: Any) -> list[dict[str, Any]]:
     """The runs list: each visible run with its buffer counts, reward sparkline and last event."""
-    from django.db.models import Count
 
-    from apps.buffer.models import Experience
 
     runs = list(runs_visible_to(user=user).select_related("owner"))
     counts: dict[int, dict[str, int]] = {run.pk: dict.fromkeys(Experience.Status.values, 0) for run in runs}
@@ -60,16 +70,9 @@ def run_rows(*, user: Any) -> list[dict[str, Any]]:
     return rows
 
 
-
 def feedback_per_minute(*, run: Run, minutes: int = 120) -> list[list[float]]:
     """[[unix minute start, count], ...] of feedback on the run over the last `minutes`."""
-    from datetime import timedelta
 
-    from django.db.models import Count
-    from django.db.models.functions import TruncMinute
-    from django.utils import timezone
-
-    from apps.feedback.models import Feedback
 
     since = timezone.now() - timedelta(minutes=minutes)
     rows = (
@@ -82,27 +85,19 @@ def feedback_per_minute(*, run: Run, minutes: int = 120) -> list[list[float]]:
     return [[row["minute"].timestamp(), row["n"]] for row in rows]
 
 
-
-
 def annotation_waiting(*, run: Run, user: Any) -> int:
     """What waits for `user` on the run's annotation page: items leased to them, and
     completions still waiting for human feedback that they have not been handed yet."""
-    from apps.buffer.models import Experience
-    from apps.feedback.models import Assignment
-
     leased = Assignment.objects.filter(run=run, annotator=user, status=Assignment.Status.LEASED).count()
     open_ = (Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.PENDING)
              .exclude(assignments__annotator=user).count())
     return leased + open_
 
 
-
 def tasksets_for(*, user: Any) -> list[Any]:
     """Tasksets a user may start a run on: their own, and those of runs they own (all for
     staff), newest first, with their task counts."""
-    from django.db.models import Count
 
-    from apps.buffer.models import Taskset
 
     if not getattr(user, "is_authenticated", False):
         return []
@@ -110,20 +105,10 @@ def tasksets_for(*, user: Any) -> list[Any]:
     return list(qs.annotate(n_tasks=Count("tasks", distinct=True)).order_by("-created_at", "-id")[:200])
 
 
-
 def run_waiting(*, run: Run) -> list[dict[str, Any]]:
     """What a running run waits for, and since when: people's feedback, a model version
     from the trainer, a full batch, a worker for a queue. Empty when nothing holds it up."""
-    from datetime import timedelta
 
-    from django.db.models import Max, Min
-    from django.utils import timezone
-
-    from apps.buffer.models import Experience
-    from apps.runs import policy
-    from apps.runs.heartbeat import workers_health
-    from apps.runs.models import AuditEntry, ModelVersion
-    from apps.control.orchestration import batch_plan, train_readiness
 
     if run.status != Run.Status.RUNNING:
         return []
@@ -174,8 +159,6 @@ def run_waiting(*, run: Run) -> list[dict[str, Any]]:
 
 def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50) -> list[Experience]:
     """One page of the run's experiences matching `filters`, newest first."""
-    from apps.feedback.models import Feedback
-
     qs = Experience.objects.filter(run=run)
     if filters.status:
         qs = qs.filter(status=filters.status)
@@ -201,11 +184,8 @@ def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50)
     return list(qs.order_by("-id")[:limit])
 
 
-
 def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
     """A group's members side by side: each with its rewards and its feedback."""
-    from apps.feedback.models import Feedback
-
     members = list(Experience.objects.filter(run=run, group_id=group_id).select_related("task").order_by("id"))
     feedback: dict[int | None, list[Feedback]] = {}
     for fb in Feedback.objects.filter(run=run, experience__in=members).select_related("author").order_by("created_at"):
@@ -215,9 +195,6 @@ def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
     return [{"exp": m, "feedback": feedback.get(m.pk, []), "best": best is not None and m.reward == best} for m in members]
 
 
-
 def group_feedback(*, run: Run, group_id: str) -> list[Any]:
     """Feedback on the group as a whole (rankings)."""
-    from apps.feedback.models import Feedback
-
     return list(Feedback.objects.filter(run=run, group_id=group_id, experience__isnull=True).select_related("author"))

@@ -20,17 +20,21 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.buffer.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
+from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
 from apps.buffer.importers import ImportFailed
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
 from apps.control.selectors import (
     experience_group_detail,
     experiences_browse,
+    feedback_per_minute,
     group_feedback,
+    run_rows,
+    run_waiting,
+    tasksets_for,
 )
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.selectors import rewards_summary
-from apps.rewards.views import reward_model_panel_context
+from apps.feedback.signal_views import reward_model_panel_context
 from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.control.forms import (
     ALGORITHM_DEFAULTS,

@@ -1,28 +1,27 @@
-"""The environment REST API, `/api/v1/`: thin handlers over `apps.envapi.services`.
+"""The environment API's router (runs, tasks, trajectories, feedback, rollouts, events,
+exports): thin handlers over `apps.envapi.services`, mounted with the other apps' routers on
+the one NinjaAPI of `/api/v1/` (rftweb/api.py, which also translates the errors).
 
 Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events), `submit`
 (tasks, rollouts, trajectories), `feedback` (feedback). Errors are `{"detail", "errors"}`
-with 401 (no or bad key), 403 (outside the key's runs or actions), 404 (unknown ids),
-413 (body past RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate,
-with Retry-After), 503 (no rollout worker answered). None of them writes anything.
+with 401 (no or bad key), 403 (an action outside the key's scopes), 404 (unknown ids, and
+runs outside the key's runs: the same answer, so run ids cannot be probed), 413 (body past
+RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate, with
+Retry-After), 503 (no rollout worker answered). None of them writes anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import NinjaAPI, Path, Query
-from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.parser import Parser
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Path, Query, Router
 from ninja.security import HttpBearer
 from pydantic import ValidationError as PydanticValidationError
 
@@ -39,6 +38,7 @@ from apps.envapi.services import (
     tasks_add,
     trajectories_submit,
 )
+from apps.feedback.exports import export_jsonl_response, export_options_parse
 from apps.feedback.models import Feedback
 from apps.feedback.services import (
     feedback_compare,
@@ -47,116 +47,12 @@ from apps.feedback.services import (
     feedback_rank,
     feedback_rate,
 )
-from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
+from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run
-from rftweb.exceptions import (
-    NotAllowed,
-    NotFound,
-    RateLimited,
-    RftError,
-    TooLarge,
-    UpstreamFailed,
-)
+from rftweb.exceptions import NotAllowed, RateLimited, UpstreamFailed
 
-# ---- errors --------------------------------------------------------------------------
-
-
-# Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
-# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
-# an InvalidInput, a 422 naming the field.
-
-
-def _reject_constant(name: str) -> Any:
-    raise InputRejected("body", f"{name} is not a JSON number")
-
-
-class SafeJSONParser(Parser):
-    def parse_body(self, request: HttpRequest) -> Any:
-        body = request.body
-        if len(body) > settings.RFT_MAX_BODY_BYTES:
-            raise TooLarge(_too_large(), field="body")
-        try:
-            data = json.loads(body, parse_constant=_reject_constant)
-        except RecursionError:
-            raise InputRejected("body", f"nested more than {MAX_DEPTH} levels deep") from None
-        return tree_check(data)
-
-
-api = NinjaAPI(
-    title="rftweb environment API",
-    version="1",
-    description=__doc__,
-    urls_namespace="envapi-v1",
-    parser=SafeJSONParser(),
-)
-
-
-def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, str] | None = None,
-             headers: dict[str, str] | None = None) -> HttpResponse:
-    response = api.create_response(request, {"detail": detail, "errors": errors or {}}, status=status)
-    for name, value in (headers or {}).items():
-        response[name] = value
-    return response
-
-
-@api.exception_handler(RftError)
-def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
-    """The API's one translation of the error base (rftweb.exceptions): its status, the
-    fields it names (422: field path -> message), Retry-After where waiting helps."""
-    headers: dict[str, str] = {}
-    retry_after = getattr(exc, "retry_after", None)
-    if retry_after is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
-    named = exc.status == 422 or bool(exc.field)
-    errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
-    return _problem(request, exc.status, str(exc), errors, headers)
-
-
-@api.exception_handler(AuthenticationError)
-def _on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    return _problem(request, 401, "missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'",
-                    headers={"WWW-Authenticate": "Bearer"})
-
-
-def _too_large() -> str:
-    return f"the request body is larger than {settings.RFT_MAX_BODY_BYTES} bytes"
-
-
-@api.exception_handler(RequestDataTooBig)
-def _on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
-    return _problem(request, 413, _too_large())
-
-
-@api.exception_handler(HttpError)
-def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-    cause = exc.__cause__
-    if isinstance(cause, RftError):  # the body parser's refusals, wrapped by ninja
-        return _on_rft_error(request, cause)
-    if isinstance(cause, json.JSONDecodeError):
-        return _problem(request, 400, f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}")
-    return _problem(request, exc.status_code, str(exc))
-
-
-def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = list(loc)
-    if parts and parts[0] == "body":
-        parts = parts[2:] if len(parts) > 1 else []
-    elif parts and parts[0] in ("path", "query", "header"):
-        parts = parts[1:]
-    return ".".join(str(p) for p in parts) or "body"
-
-
-@api.exception_handler(ValidationError)
-def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    errors: dict[str, str] = {}
-    for err in exc.errors:
-        errors.setdefault(_loc(err.get("loc", ())), str(err.get("msg", "invalid")).removeprefix("Value error, "))
-    detail = "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5])
-    return _problem(request, 422, f"invalid request: {detail}", errors)
-
-
-ERRORS, RunId, responses = s.ERRORS, s.RunId, s.responses
+router = Router()
 
 
 # ---- auth ----------------------------------------------------------------------------
@@ -190,18 +86,6 @@ def _principal(request: HttpRequest) -> KeyPrincipal:
     return request.auth  # type: ignore[attr-defined,return-value]
 
 
-def _run_for(request: HttpRequest, run_id: int) -> Run:
-    principal = _principal(request)
-    if run_id not in principal.run_ids:
-        if not Run.objects.filter(pk=run_id).exists():
-            raise NotFound(f"run {run_id} not found")
-        raise NotAllowed(f"this key is not scoped to run {run_id}")
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
-    return run
-
-
 def _worker(request: HttpRequest, label: str) -> str:
     return f"key:{_principal(request).key.prefix}:{label}"[:200]
 
@@ -217,25 +101,25 @@ def _run_out(run: Run) -> dict[str, Any]:
     }
 
 
-@api.get("/runs", auth=READ, response=responses(list[s.RunOut]), tags=["runs"], summary="Runs this key may see")
+@router.get("/runs", auth=READ, response=responses(list[s.RunOut]), tags=["runs"], summary="Runs this key may see")
 def runs_list(request: HttpRequest) -> list[dict[str, Any]]:
     runs = Run.objects.filter(pk__in=_principal(request).run_ids).order_by("-created_at")
     return [_run_out(run) for run in runs]
 
 
-@api.get("/runs/{run_id}", auth=READ, response=responses(s.RunOut), tags=["runs"],
+@router.get("/runs/{run_id}", auth=READ, response=responses(s.RunOut), tags=["runs"],
          summary="A run, with its current model version and checkpoint")
 def run_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
-    return _run_out(_run_for(request, run_id))
+    return _run_out(run_reachable(request, run_id))
 
 
 # ---- tasks ---------------------------------------------------------------------------
 
 
-@api.post("/runs/{run_id}/tasks/claim", auth=SUBMIT, response=responses(s.TaskClaimOut), tags=["tasks"],
+@router.post("/runs/{run_id}/tasks/claim", auth=SUBMIT, response=responses(s.TaskClaimOut), tags=["tasks"],
           summary="Lease a batch of the run's tasks")
 def tasks_claim(request: HttpRequest, payload: s.TaskClaimIn, run_id: int = RunId) -> dict[str, Any]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     worker = _worker(request, payload.worker)
     attempts = task_claim(run=run, worker=worker, size=payload.size, lease_seconds=payload.lease_seconds)
     return {
@@ -250,27 +134,27 @@ def tasks_claim(request: HttpRequest, payload: s.TaskClaimIn, run_id: int = RunI
     }
 
 
-@api.post("/runs/{run_id}/tasks/release", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
+@router.post("/runs/{run_id}/tasks/release", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
           summary="Hand leased tasks back to the queue")
 def tasks_release(request: HttpRequest, payload: s.TaskReleaseIn, run_id: int = RunId) -> dict[str, int]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     n = task_release(run=run, worker=_worker(request, payload.worker), ids=payload.attempt_ids)
     return {"count": n}
 
 
-@api.post("/runs/{run_id}/tasks/finish", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
+@router.post("/runs/{run_id}/tasks/finish", auth=SUBMIT, response=responses(s.CountOut), tags=["tasks"],
           summary="Mark leased tasks done")
 def tasks_finish(request: HttpRequest, payload: s.TaskFinishIn, run_id: int = RunId) -> dict[str, int]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     version = run.current_version if payload.model_version is None else payload.model_version
     n = task_finish(run=run, worker=_worker(request, payload.worker), ids=payload.attempt_ids, model_version=version)
     return {"count": n}
 
 
-@api.post("/runs/{run_id}/tasks", auth=SUBMIT, response=responses(s.TasksAddOut), tags=["tasks"],
+@router.post("/runs/{run_id}/tasks", auth=SUBMIT, response=responses(s.TasksAddOut), tags=["tasks"],
           summary="Add tasks to the run's taskset")
 def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunId) -> dict[str, Any]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     tasks = tasks_add(run=run, records=[t.model_dump() for t in payload.tasks])
     return {"taskset_id": tasks[0].taskset_id, "task_ids": [t.pk for t in tasks]}
 
@@ -278,10 +162,10 @@ def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunI
 # ---- trajectories --------------------------------------------------------------------
 
 
-@api.post("/runs/{run_id}/trajectories", auth=SUBMIT, response=responses(s.TrajectoriesOut), tags=["trajectories"],
+@router.post("/runs/{run_id}/trajectories", auth=SUBMIT, response=responses(s.TrajectoriesOut), tags=["trajectories"],
           summary="Submit trajectories as experiences (idempotent on each key)")
 def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id: int = RunId) -> dict[str, Any]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     items = [t.model_dump(exclude_none=False) for t in payload.trajectories]
     for item, t in zip(items, payload.trajectories, strict=True):
         if t.messages is not None:
@@ -297,10 +181,10 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
 # ---- feedback ------------------------------------------------------------------------
 
 
-@api.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
+@router.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
           summary="A reward, rating, ranking, preference or flag")
 def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> dict[str, Any]:
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     who: dict[str, Any] = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
     feedback: Feedback
     # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
@@ -340,10 +224,10 @@ def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
     return data
 
 
-@api.post("/runs/{run_id}/rollouts", auth=SUBMIT, response=responses(s.RolloutsOut, 502, 503), tags=["rollouts"],
+@router.post("/runs/{run_id}/rollouts", auth=SUBMIT, response=responses(s.RolloutsOut, 502, 503), tags=["rollouts"],
           summary="Generate with the run's current model (token ids and logprobs included)")
 async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
-    run = await sync_to_async(_run_for)(request, run_id)
+    run = await sync_to_async(run_reachable)(request, run_id)
     timeout = min(payload.timeout_seconds, settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
     requests = [_sampling_request(r) for r in payload.requests]
     # Off the shared sync thread: waiting for a worker must not stall every other request.
@@ -409,7 +293,7 @@ async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events
         await layer.group_discard(group, channel)
 
 
-@api.get("/runs/{run_id}/events", auth=READ, response={k: v for k, v in ERRORS.items() if k not in (413,)},
+@router.get("/runs/{run_id}/events", auth=READ, response={k: v for k, v in ERRORS.items() if k not in (413,)},
          tags=["events"], summary="The run's live events (server-sent events)", openapi_extra=_SSE_DOC)
 async def run_events(
     request: HttpRequest,
@@ -417,7 +301,7 @@ async def run_events(
     max_seconds: float = Query(3600.0, gt=0, le=86400, description="end the stream after this long"),
     max_events: int | None = Query(None, ge=1, le=1_000_000, description="end the stream after this many events"),
 ) -> StreamingHttpResponse:
-    run = await sync_to_async(_run_for)(request, run_id)
+    run = await sync_to_async(run_reachable)(request, run_id)
     stream = _event_stream(run.pk, _principal(request).key.pk, max_seconds, max_events)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
@@ -437,7 +321,7 @@ _JSONL_DOC = {
 }
 
 
-@api.get("/runs/{run_id}/export/{kind}.jsonl", auth=READ, response=ERRORS, tags=["exports"],
+@router.get("/runs/{run_id}/export/{kind}.jsonl", auth=READ, response=ERRORS, tags=["exports"],
          summary="The run's data as TRL reads it: sft, dpo, grpo or preferences", openapi_extra=_JSONL_DOC)
 def run_export(
     request: HttpRequest,
@@ -448,21 +332,7 @@ def run_export(
     min_margin: str | None = Query(None, description="dpo: chosen beats rejected by more than this"),
     domain: str | None = Query(None, description="only tasks of this domain"),
 ) -> StreamingHttpResponse:
-    from apps.buffer.exports import export_jsonl_response, export_options_parse
-
-    run = _run_for(request, run_id)
+    run = run_reachable(request, run_id)
     options = export_options_parse({"min_reward": min_reward, "min_version": min_version, "min_margin": min_margin,
                                     "domain": domain})
     return export_jsonl_response(run=run, kind=kind, options=options)
-
-
-# ---- agent sessions (apps/envapi/session_api.py) ----------------------------------------
-
-from apps.envapi.session_api import router_build as _sessions_router
-
-api.add_router("/", _sessions_router(auth=SUBMIT, run_for=_run_for, responses=responses))
-
-# The human-signal figures (apps/rewards/api.py), under the same keys and errors.
-from apps.rewards.api import router as _signal_router
-
-api.add_router("", _signal_router, auth=READ)

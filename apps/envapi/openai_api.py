@@ -15,7 +15,8 @@ holding back what may be a stop string or a tool call, which come from the whole
 end with the finish reason; where the request asks for logprobs, or there is no Redis, the
 chunks go out once the answer is whole, a token a chunk. Every refusal is OpenAI-shaped: `{"error": {"message", "type", "param",
 "code"}}`, 400 for a bad request, 401 no or bad key, 403 a key without the `submit` action
-(`read` or `submit` for models) or not scoped to this run, 404 an unknown model, 413, 429 (Retry-After),
+(`read` or `submit` for models), 404 an unknown model or a run the key is not scoped to (the same
+answer as for a missing run), 413, 429 (Retry-After),
 502/503 when no rollout worker answers.
 
 A call can name an agent session (header `X-Rft-Session`, or `metadata.rft_session`, or
@@ -75,15 +76,15 @@ def _authorise(request: HttpRequest, run_id: int, *actions: str) -> tuple[Run, K
     principal = api_key_authenticate(raw=raw.strip())
     if principal is None:
         raise oa.OpenAIError(401, "unknown or revoked API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-    try:
-        # get, not filter().first(): no ordering for Django to build (CPU per request).
-        run: Run | None = Run.objects.get(pk=run_id)
-    except Run.DoesNotExist:
-        run = None
-    if run_id not in principal.run_ids:
-        if run is None:
-            raise oa.OpenAIError(404, f"run {run_id} not found", code="not_found")
-        raise oa.OpenAIError(403, f"this key is not scoped to run {run_id}", code="permission_denied")
+    # A run outside the key's runs answers as a missing one (apps.runs.api_kit.run_reachable):
+    # run ids cannot be probed.
+    run: Run | None = None
+    if run_id in principal.run_ids:
+        try:
+            # get, not filter().first(): no ordering for Django to build (CPU per request).
+            run = Run.objects.get(pk=run_id)
+        except Run.DoesNotExist:
+            run = None
     if run is None:
         raise oa.OpenAIError(404, f"run {run_id} not found", code="not_found")
     if not any(principal.can(a) for a in actions):

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from ninja import Path, Schema
 from pydantic import ConfigDict, Field, FiniteFloat, model_validator
 
+from apps.runs.api_kit import Error
 from apps.runs.config import RunConfig
 
 Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
@@ -25,11 +26,6 @@ class In(Schema):
     # strict: JSON's true/false are never taken for 1/0 (`"reward": true`), nor text for
     # numbers; an int is still a valid float.
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Error(Schema):
-    detail: str = Field(description="what went wrong, in words")
-    errors: dict[str, str] = Field(default_factory=dict, description="field path -> message, for 422")
 
 
 # ---- runs ----------------------------------------------------------------------------
@@ -322,19 +318,3 @@ class RolloutOut(Schema):
 
 class RolloutsOut(Schema):
     results: list[RolloutOut]
-
-
-# Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a
-# path is one positive 64-bit integer: shared by the API's routers (apps/envapi/api.py, the
-# session and human-signal routers).
-ERRORS: dict[int, type] = {400: Error, 401: Error, 403: Error, 404: Error, 413: Error, 422: Error, 429: Error}
-
-
-def responses(ok: Any, *extra: int) -> dict[int, Any]:
-    out: dict[int, Any] = {200: ok, **ERRORS}
-    for code in extra:
-        out[code] = Error
-    return out
-
-
-RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")

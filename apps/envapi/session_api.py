@@ -1,6 +1,6 @@
 """`POST /api/v1/runs/{run_id}/sessions/{name}/finish`: an agent session's reward, which turns
-its recorded calls into experiences (apps/envapi/agent_sessions.py). Registered on the
-environment API in apps/envapi/api.py."""
+its recorded calls into experiences (apps/envapi/agent_sessions.py). Mounted on the one API
+with the `submit` keys in rftweb/api.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
 from apps.envapi import agent_sessions
+from apps.runs.api_kit import responses, run_reachable
 from rftweb.exceptions import Conflict, NotFound
 
 
@@ -33,22 +34,20 @@ class SessionFinishOut(Schema):
     created: bool = Field(description="false: the session was already finished; nothing changed")
 
 
-def router_build(*, auth: Any, run_for: Any, responses: Any) -> Router:
-    router = Router(tags=["sessions"])
+router = Router(tags=["sessions"])
 
-    @router.post("/runs/{run_id}/sessions/{name}/finish", auth=auth, response=responses(SessionFinishOut, 409),
-                 summary="Finish an agent session: its calls become one multi-turn experience")
-    def session_finish(request: HttpRequest, payload: SessionFinishIn,
-                       run_id: int = Path(..., ge=1, le=2**63 - 1),
-                       name: str = Path(..., min_length=1, max_length=200)) -> dict[str, Any]:
-        run = run_for(request, run_id)
-        try:
-            result = agent_sessions.session_finish(run=run, name=name, reward=payload.reward,
-                                                   reward_parts=payload.reward_parts,
-                                                   key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
-        except agent_sessions.SessionRejected as exc:
-            raise (NotFound if exc.status == 404 else Conflict)(str(exc)) from None
-        return {"session": name, "status": result.session.status, "experience_ids": result.experience_ids,
-                "turns": int(result.session.assembly.get("calls", 0)), "splits": result.splits, "created": result.created}
 
-    return router
+@router.post("/runs/{run_id}/sessions/{name}/finish", response=responses(SessionFinishOut, 409),
+             summary="Finish an agent session: its calls become one multi-turn experience")
+def session_finish(request: HttpRequest, payload: SessionFinishIn,
+                   run_id: int = Path(..., ge=1, le=2**63 - 1),
+                   name: str = Path(..., min_length=1, max_length=200)) -> dict[str, Any]:
+    run = run_reachable(request, run_id)
+    try:
+        result = agent_sessions.session_finish(run=run, name=name, reward=payload.reward,
+                                               reward_parts=payload.reward_parts,
+                                               key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
+    except agent_sessions.SessionRejected as exc:
+        raise (NotFound if exc.status == 404 else Conflict)(str(exc)) from None
+    return {"session": name, "status": result.session.status, "experience_ids": result.experience_ids,
+            "turns": int(result.session.assembly.get("calls", 0)), "splits": result.splits, "created": result.created}

@@ -17,35 +17,18 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
+from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import signals_fold
 from apps.runs.models import Run
 
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
 TRUSTED_WEIGHT = 0.5
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt: str
-    chosen: str
-    rejected: str
-    chosen_id: int
-    rejected_id: int
-    group_id: str
-    kind: str  # the feedback kind it came from
-    # How much more the chosen is preferred, on the human scale [0, 1] (1.0 for a choice).
-    margin: float
-    # How far the pair's raters are trusted, [TRUSTED_WEIGHT, 1] (1 without rater weighting):
-    # a choice, ranking or edit its author's reliability weight; a rating pair the lesser of
-    # its two sides' (each side the summed weight of the raters who rated it, capped at 1).
-    # The reward model weighs its training pairs and its held-out accuracy by it.
-    trust: float = 1.0
 
 
 def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str,

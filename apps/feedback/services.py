@@ -25,7 +25,6 @@ from django.utils import timezone
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.envapi.models import ApiKey
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.feedback_policy import (
     DROP_REASON,
@@ -51,6 +50,11 @@ log = logging.getLogger(__name__)
 
 _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
+
+# The environment API's key that sent the feedback (an envapi.ApiKey row, Feedback.api_key's
+# FK): the envapi app sits above this one (pyproject.toml's layers), so its model is not
+# imported here.
+ApiKeyRow = Any
 
 
 def _lease_seconds() -> float:
@@ -406,7 +410,7 @@ def _person(author: Any) -> Any:
 
 def _store(
     *, run: Run, kind: str, value: dict[str, Any], targets: Sequence[Experience], group_id: str,
-    author: Any, api_key: ApiKey | None, comment: str, other: Experience | None = None,
+    author: Any, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
     """The row itself, late or not by the one rule. Call inside a transaction, with the
     targets' group locked."""
@@ -454,7 +458,7 @@ def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience],
 
 def feedback_rate(
     *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
-    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
     rewards (unless late) and closing the author's assignment of it."""
@@ -471,7 +475,7 @@ def feedback_rate(
 
 def feedback_rank(
     *, run: Run, order: Sequence[int], group_id: str | None = None, author: Any = None,
-    api_key: ApiKey | None = None, comment: str = "",
+    api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A ranking of a whole group, best first. The group is the one the ranked
     experiences share (`group_id`, when given, must be it)."""
@@ -492,7 +496,7 @@ def feedback_rank(
 
 def feedback_compare(
     *, run: Run, experience: Experience | int | None, other: Experience | int | None, winner: str,
-    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
     (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
@@ -514,7 +518,7 @@ def feedback_compare(
 
 def feedback_flag(
     *, run: Run, experience: Experience | int | None, flags: Sequence[str] = (), reason: str = "",
-    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
     flag is a judgement of the item too: it leaves the author's queue."""
@@ -531,7 +535,7 @@ def feedback_flag(
 
 def feedback_env_reward(
     *, run: Run, experience: Experience | int | None, reward: float, reward_parts: Mapping[str, float] | None = None,
-    author: Any = None, api_key: ApiKey | None = None, comment: str = "",
+    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """An environment's reward for one experience: it becomes the experience's automatic
     reward (its parts merged into reward_parts), and the policy recomputes the training

@@ -1,10 +1,18 @@
-"""Periodic housekeeping of feedback: wait windows and abandoned annotation leases."""
+"""Periodic housekeeping of feedback: wait windows and abandoned annotation leases; the beat
+of the learned reward model (retrain where labels came in, score what is unscored).
+
+Feedback arrival also enqueues training at once (apps.feedback.signals); the reward-model beat
+is the safety net for a lost message and the trigger for scoring new experiences of `learned`
+runs. Idempotent: the worker tasks check what is due themselves. Its task keeps its name
+(apps.feedback.tasks.…) from before it moved here with the learned reward model."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from apps.feedback.learned import experiences_to_score, reward_model_due, reward_model_latest
 from apps.feedback.services import assignment_reap, feedback_wait_expire
+from apps.runs.models import Run
 
 
 # Idempotent (conditional updates on status pending); the next beat retries, so no retry here.
@@ -19,3 +27,26 @@ def feedback_wait_expire_task() -> dict[str, int]:
              soft_time_limit=50, acks_late=False)
 def assignment_reap_task() -> int:
     return assignment_reap()
+
+
+TRAIN_TASK = "workers.reward_trainer.reward_model_train"
+SCORE_TASK = "workers.reward_trainer.reward_model_score"
+
+
+@shared_task(name="apps.rewards.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
+             soft_time_limit=50, acks_late=False)
+def reward_model_beat_task() -> dict[str, int]:
+    from rftweb.celery import app
+
+    trained = scored = 0
+    for run in Run.objects.filter(status=Run.Status.RUNNING):
+        if not run.cfg.reward_model.enabled:
+            continue
+        if reward_model_due(run=run):
+            app.send_task(TRAIN_TASK, args=[run.pk], queue="reward")
+            trained += 1
+        rm = reward_model_latest(run=run)
+        if rm is not None and experiences_to_score(run=run, rm=rm, limit=1).exists():
+            app.send_task(SCORE_TASK, args=[run.pk], queue="reward")
+            scored += 1
+    return {"train": trained, "score": scored}

@@ -7,8 +7,6 @@ class RewardsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.rewards import signals  # noqa: F401 - connects the receivers
-
         # The run config (apps.runs, below this app) validates reward names and params, and a
         # run's start checks its taskset's domains, through the kernel's vocabulary registry.
         from apps.rewards.registry import reward_names, reward_params_check

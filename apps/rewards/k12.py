@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import RewardResult, register
 from apps.runs.config import _Strict
 
@@ -201,13 +202,11 @@ def k12_grader_publish(
     )
 
 
-def k12_grade_pairs(answers: list[GradedAnswer]) -> list[Any]:
-    """Preference pairs (apps.feedback.preferences.PreferencePair) of the graded answers:
+def k12_grade_pairs(answers: list[GradedAnswer]) -> list[PreferencePair]:
+    """Preference pairs (apps.rewards.pairs.PreferencePair) of the graded answers:
     within one question, an answer graded higher over one graded lower; the prompt carries
     the question and reference, the group is the question (so a held-out split keeps whole
     questions out). The same text graded twice counts with its mean grade."""
-    from apps.feedback.preferences import PreferencePair
-
     grades: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     prompts: dict[int, str] = {}
     for a in answers:

@@ -148,7 +148,7 @@ class FeedbackPolicy(_Strict):
     w_rm: float = Field(1.0, ge=0.0)
     # learned falls back as blend until a reward model's held-out pairwise accuracy is at least
     # this, with `rm_accuracy_confidence` confidence: the one-sided Wilson lower bound of the
-    # accuracy on its held-out pairs must reach it (apps.rewards.learned.accuracy_lower_bound).
+    # accuracy on its held-out pairs must reach it (apps.feedback.learned.accuracy_lower_bound).
     # An accuracy on a handful of pairs is noise, and a chance-level reward model folded into
     # rewards steers the run at random; a bound asks a perfect model for few pairs (9 at 0.75,
     # 95%) and a mediocre one for many, where a fixed pair count holds both back alike.

@@ -8,7 +8,7 @@ policy folds in; a wait window in wall time ends with the policy's fallback.
 `learned`: people's reward is folded as in `blend` where they rated; a member no one rated
 gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
 scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
-trains without waiting for people (apps/rewards/learned.py); until then it waits as `blend`.
+trains without waiting for people (apps/feedback/learned.py); until then it waits as `blend`.
 Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's signals
 in a member's mean.
 

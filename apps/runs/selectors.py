@@ -124,7 +124,6 @@ def sparkline_points(values: list[float], *, width: int = 100, height: int = 24)
     return " ".join(f"{i * step:.1f},{height - (v - low) / span * (height - 2) - 1:.1f}" for i, v in enumerate(values))
 
 
-
 def weight_sync_timeline(*, run: Run) -> list[dict[str, Any]]:
     """Per model version, newest first: when it was published and when each explorer loaded it."""
     from apps.runs.models import ModelVersion, WeightLoad
@@ -178,7 +177,6 @@ def run_may_create(*, user: Any) -> bool:
     if user.is_staff or Run.objects.filter(owner=user).exists():
         return True
     return not RunMember.objects.filter(user=user).exists()
-
 
 
 def weight_sync_points(*, run: Run) -> dict[str, Any]:

@@ -107,7 +107,6 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
     return run
 
 
-
 def run_feedback_policy_update(*, run: Run, feedback: dict[str, Any], actor: Any = None) -> Run:
     """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
     names `feedback.<field>`), audited with the policy before and after."""

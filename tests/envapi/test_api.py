@@ -53,6 +53,42 @@ def test_an_unknown_run_is_404(api: Api) -> None:
     assert response.status_code == 404 and "987654" in response.json()["detail"]
 
 
+def test_a_run_outside_the_keys_runs_answers_exactly_like_a_missing_run(owner: User, run: Run) -> None:
+    """Issue #33: every router's run access (apps.runs.api_kit.run_reachable) answers 404 for
+    a run the key is not scoped to, with the words of a missing run, so run ids cannot be
+    enumerated; nothing is written to the other run."""
+    other = make_run(owner=owner, name="not this key's", taskset=make_taskset(owner=owner))
+    [exp] = Experience.objects.bulk_create([Experience(run=other, key="o1", group_id="g")])
+    missing = other.pk + 10_000
+    api = Api(make_key(run)[1])
+    calls: list[tuple[str, str, Any]] = [
+        ("get", "/runs/{id}", None),
+        ("post", "/runs/{id}/tasks/claim", {"worker": "w", "size": 1}),
+        ("post", "/runs/{id}/tasks/release", {"worker": "w", "attempt_ids": [1]}),
+        ("post", "/runs/{id}/tasks/finish", {"worker": "w", "attempt_ids": [1]}),
+        ("post", "/runs/{id}/tasks", {"tasks": [{"prompt": "x"}]}),
+        ("post", "/runs/{id}/trajectories", {"trajectories": [traj("sneak")]}),
+        ("post", "/runs/{id}/feedback", {"experience_id": exp.pk, "kind": "rating", "score": 5}),
+        ("get", "/runs/{id}/export/sft.jsonl", None),
+        ("get", "/runs/{id}/events", None),
+        ("post", "/runs/{id}/sessions/s1/finish", {"reward": 1.0}),
+        ("get", "/runs/{id}/raters", None),
+        ("get", "/runs/{id}/reward-models", None),
+        ("get", "/runs/{id}/k12-graders", None),
+        ("post", "/runs/{id}/reward-models/1/export", None),
+    ]
+    for method, path, body in calls:
+        answers = []
+        for run_id in (other.pk, missing):
+            url = path.format(id=run_id)
+            response = api.get(url) if method == "get" else api.post(url, body)
+            answers.append((response.status_code, response.json()["detail"].replace(str(run_id), "<id>")))
+        assert answers[0] == answers[1] == (404, "run <id> not found"), (method, path, answers)
+    assert list(Experience.objects.filter(run=other).values_list("key", flat=True)) == ["o1"]
+    assert not Feedback.objects.filter(run=other).exists() and not TaskAttempt.objects.filter(run=other).exists()
+    assert taskset_of(other).tasks.count() == 4
+
+
 def test_a_run_id_out_of_range_is_422_not_a_crash(api: Api) -> None:
     response = api.get(f"/runs/{2**70}")
     assert response.status_code == 422 and "run_id" in response.json()["errors"]

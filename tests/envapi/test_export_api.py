@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.buffer.exports import EXPORT_KINDS
+from apps.feedback.exports import EXPORT_KINDS
 from apps.envapi.services import api_key_create
 from apps.feedback.services import feedback_compare
 from apps.runs.models import Run
@@ -84,5 +84,6 @@ def test_the_filters_apply_alike_and_a_bad_one_is_a_422_naming_its_field(olga: U
 
 def test_a_key_of_another_run_or_none_gets_nothing(olga: User, run: Run) -> None:
     other = _job(make_run(owner=olga, name="other"))
-    assert other.get(f"/api/v1/runs/{run.pk}/export/sft.jsonl").status_code == 403
+    # 404, as for a missing run: a key cannot tell another run from none (issue #33).
+    assert other.get(f"/api/v1/runs/{run.pk}/export/sft.jsonl").status_code == 404
     assert Client().get(f"/api/v1/runs/{run.pk}/export/sft.jsonl").status_code == 401

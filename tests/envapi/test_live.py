@@ -117,7 +117,7 @@ def test_events_refuse_a_key_of_another_run_and_a_revoked_key(live_url: str, run
     with RftClient(live_url, raw, retries=0) as client:
         with pytest.raises(ApiError) as denied:
             next(client.events(other.pk, max_seconds=1))
-        assert denied.value.status == 403
+        assert denied.value.status == 404  # as for a missing run: run ids cannot be probed
         api_key_revoke(key=key)
         with pytest.raises(ApiError) as revoked:
             next(client.events(run.pk, max_seconds=1))
@@ -220,7 +220,8 @@ def test_a_key_of_run_a_can_neither_read_nor_write_run_b(live_url: str, run: Run
             with pytest.raises(ApiError) as exc:
                 call()
             statuses.append(exc.value.status)
-    assert statuses == [403, 403, 403, 403, 403, 404]
+    # Another run's ids answer as missing ones (issue #33); so does another run's experience.
+    assert statuses == [404, 404, 404, 404, 404, 404]
     assert list(Experience.objects.filter(run=run_b).values_list("key", flat=True)) == ["b1"]
     assert taskset_of(run_b).tasks.count() == 4 and not TaskAttempt.objects.filter(run=run_b).exists()
     assert Experience.objects.get(pk=exp_b.pk).reward is None

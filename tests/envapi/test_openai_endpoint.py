@@ -265,9 +265,10 @@ def test_keys_of_another_run_read_only_or_revoked_are_refused(stack: str, agent_
     model = f"run-{agent_run.pk}"
     other = make_run(owner=owner, name="other")
     _, other_raw = make_key(other)
-    with pytest.raises(openai.PermissionDeniedError) as foreign:
+    # A key of another run is told the run is not found, as for a missing run (issue #33).
+    with pytest.raises(openai.NotFoundError) as foreign:
         _client(stack, agent_run.pk, other_raw).chat.completions.create(model=model, messages=msgs)
-    assert foreign.value.body["type"] == "permission_error"
+    assert foreign.value.body["code"] == "not_found" and f"run {agent_run.pk} not found" in foreign.value.body["message"]
     _, read_raw = make_key(agent_run, actions=["read"])
     with pytest.raises(openai.PermissionDeniedError):
         _client(stack, agent_run.pk, read_raw).chat.completions.create(model=model, messages=msgs)

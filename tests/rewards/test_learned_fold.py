@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_rate
-from apps.rewards.learned import reward_model_usable, rm_scores_apply
+from apps.feedback.learned import reward_model_usable, rm_scores_apply
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
@@ -88,7 +88,7 @@ def test_the_reward_model_gate_is_a_lower_confidence_bound_on_held_out_accuracy(
 def test_the_lower_bound_is_wilsons_and_confidence_one_half_is_the_point_estimate() -> None:
     from scipy.stats import binomtest
 
-    from apps.rewards.learned import accuracy_lower_bound
+    from apps.feedback.learned import accuracy_lower_bound
 
     for hits, n in [(9, 9), (18, 20), (71, 103), (3, 10)]:
         for confidence in (0.9, 0.95):
@@ -105,7 +105,7 @@ def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User,
     import redis
     from django.conf import settings
 
-    from apps.rewards.tasks import reward_model_beat_task
+    from apps.feedback.tasks import reward_model_beat_task
 
     run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model={"enabled": True, "retrain_every": 2})
     add_member(run, annotator)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_compare, feedback_rank, feedback_rate
-from apps.rewards.learned import reward_model_due, reward_model_usable
+from apps.feedback.learned import reward_model_due, reward_model_usable
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run

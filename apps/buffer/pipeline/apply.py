@@ -223,17 +223,17 @@ def experience_priorities_refresh(*, run: Any, chunk: int = 2000) -> int:
     from apps.buffer.models import Experience
     from apps.buffer.pipeline.prioritize import ReplayPriorityParams, experience_priority_compute
     from apps.buffer.pipeline.registry import params_parse
-    from apps.feedback.models import Feedback
-
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "priority_replay"), None)
     if step is None:
         return 0
     params = params_parse(step.name, dict(step.params))
     assert isinstance(params, ReplayPriorityParams)
     now = timezone.now()
+    # Through the reverse relation of feedback.Feedback.experience: the feedback app sits
+    # above the buffer (pyproject.toml's layers), so its model is not imported here.
     flagged = set(
-        Feedback.objects.filter(run=run, kind="flag", experience__status=Experience.Status.READY)
-        .values_list("experience_id", flat=True)
+        Experience.objects.filter(status=Experience.Status.READY, feedback__run=run, feedback__kind="flag")
+        .values_list("pk", flat=True)
     )
     changed = 0
     last = 0

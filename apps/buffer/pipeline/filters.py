@@ -336,13 +336,16 @@ class FlaggedParams(Params):
 @register("human_flagged", stages=("claim",), params=FlaggedParams)
 def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     """Drop experiences a person flagged (Feedback of kind "flag")."""
-    from apps.feedback.models import Feedback
+    from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]
     flags: dict[int, Any] = {}
-    for pk, value in Feedback.objects.filter(run_id=ctx.run_id or 0, kind="flag", experience_id__in=ids).values_list(
-        "experience_id", "value"
-    ):
+    # Through the reverse relation of feedback.Feedback.experience (one join, both conditions
+    # on the same feedback row): the feedback app sits above the buffer, so its model is not
+    # imported here.
+    for pk, value in Experience.objects.filter(
+        pk__in=ids, feedback__run_id=ctx.run_id or 0, feedback__kind="flag"
+    ).values_list("pk", "feedback__value"):
         flags.setdefault(pk, value)
     for row in rows:
         if row["id"] in flags:

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.buffer.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.buffer.importers import ImportFailed
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.runs.config import config_parse

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.rewards import views
+from apps.feedback import signal_views as views
 
 app_name = "rewards"
 

@@ -9,9 +9,20 @@ from typing import Any
 from django.http import FileResponse, HttpRequest
 from ninja import Path, Router, Schema, Status
 
-from apps.envapi.schemas import ERRORS, Error, RunId, responses
+from apps.feedback.signal_views import raters_data
+from apps.rewards.export import (
+    download_name,
+    export_states,
+    export_zip_path,
+    reward_model_export_request,
+    reward_model_version_get,
+)
+from apps.rewards.models import K12Grader, RewardModel
+from apps.runs.api_kit import ERRORS, Error, RunId, responses, run_reachable
 from rftweb.exceptions import Conflict
 
+# The operation ids are the ones this router had as apps/rewards/api.py (generated clients
+# name their methods by them).
 router = Router(tags=["human signal"])
 
 
@@ -66,25 +77,15 @@ class RewardModelOut(Schema):
     created_at: Any
 
 
-def _run(request: HttpRequest, run_id: int) -> Any:
-    from apps.envapi.api import _run_for
-
-    return _run_for(request, run_id)
-
-
-@router.get("/runs/{run_id}/raters", response=responses(RatersOut), summary="Rater agreement, reliability and weights")
+@router.get("/runs/{run_id}/raters", response=responses(RatersOut), operation_id="apps_rewards_api_raters_get", summary="Rater agreement, reliability and weights")
 def raters_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
-    from apps.rewards.views import raters_data
-
-    return raters_data(run=_run(request, run_id))
+    return raters_data(run=run_reachable(request, run_id))
 
 
 @router.get("/runs/{run_id}/reward-models", response=responses(list[RewardModelOut]),
-            summary="The run's learned reward-model versions, newest first")
+            operation_id="apps_rewards_api_reward_models_list", summary="The run's learned reward-model versions, newest first")
 def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
-    from apps.rewards.models import RewardModel
-
-    return list(RewardModel.objects.filter(run=_run(request, run_id)).order_by("-version"))
+    return list(RewardModel.objects.filter(run=run_reachable(request, run_id)).order_by("-version"))
 
 
 Version = Path(..., ge=1, le=2**31 - 1, description="the reward model's version")
@@ -110,29 +111,23 @@ def _export_out(run_id: int, version: int, state: Any) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/reward-models/{version}/export", response={**responses(ExportOut), 202: ExportOut},
-             summary="Pack a reward-model version as a zip AutoModelForSequenceClassification loads (202 while a worker packs it)")
+             operation_id="apps_rewards_api_reward_model_export_post", summary="Pack a reward-model version as a zip AutoModelForSequenceClassification loads (202 while a worker packs it)")
 def reward_model_export_post(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
-    from apps.rewards.export import reward_model_export_request
-
-    state = reward_model_export_request(run=_run(request, run_id), version=version)
+    state = reward_model_export_request(run=run_reachable(request, run_id), version=version)
     return Status(200 if state.ready else 202, _export_out(run_id, version, state))
 
 
 @router.get("/runs/{run_id}/reward-models/{version}/export", response=responses(ExportOut),
-            summary="Where a reward-model version's zip stands")
+            operation_id="apps_rewards_api_reward_model_export_get", summary="Where a reward-model version's zip stands")
 def reward_model_export_get(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
-    from apps.rewards.export import export_states, reward_model_version_get
-
-    rm = reward_model_version_get(run=_run(request, run_id), version=version)
+    rm = reward_model_version_get(run=run_reachable(request, run_id), version=version)
     return _export_out(run_id, version, export_states([rm])[rm.version])
 
 
 @router.get("/runs/{run_id}/reward-models/{version}/export.zip", response={**ERRORS, 409: Error},
-            summary="A packed reward-model version (POST …/export first)")
+            operation_id="apps_rewards_api_reward_model_export_zip", summary="A packed reward-model version (POST …/export first)")
 def reward_model_export_zip(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
-    from apps.rewards.export import download_name, export_zip_path, reward_model_version_get
-
-    rm = reward_model_version_get(run=_run(request, run_id), version=version)
+    rm = reward_model_version_get(run=run_reachable(request, run_id), version=version)
     path = export_zip_path(rm)
     if not path.is_file():
         raise Conflict(f"reward model v{version} is not packed yet: POST /api/v1/runs/{run_id}/reward-models/"
@@ -151,8 +146,6 @@ class K12GraderOut(Schema):
 
 
 @router.get("/runs/{run_id}/k12-graders", response=responses(list[K12GraderOut]),
-            summary="The run's learned K-12 grader versions, newest first")
+            operation_id="apps_rewards_api_k12_graders_list", summary="The run's learned K-12 grader versions, newest first")
 def k12_graders_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
-    from apps.rewards.models import K12Grader
-
-    return list(K12Grader.objects.filter(run=_run(request, run_id)).order_by("-version"))
+    return list(K12Grader.objects.filter(run=run_reachable(request, run_id)).order_by("-version"))

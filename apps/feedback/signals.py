@@ -15,14 +15,14 @@ from apps.feedback.models import Feedback
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
 def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: Any) -> None:
-    from apps.rewards.learned import LABEL_KINDS, reward_model_due
+    from apps.feedback.learned import LABEL_KINDS, reward_model_due
 
     if not created or instance.kind not in LABEL_KINDS:
         return
     run = instance.run
     if not run.cfg.reward_model.enabled or not reward_model_due(run=run):
         return
-    from apps.rewards.tasks import TRAIN_TASK
+    from apps.feedback.tasks import TRAIN_TASK
     from rftweb.celery import app
 
     run_id = run.pk

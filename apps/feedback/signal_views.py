@@ -23,7 +23,7 @@ from apps.rewards.export import (
     reward_model_version_get,
 )
 from apps.rewards.gold import gold_item_mark, gold_item_unmark
-from apps.rewards.learned import reward_model_summary
+from apps.feedback.learned import reward_model_summary
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from apps.runs.selectors import run_role

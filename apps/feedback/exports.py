@@ -265,7 +265,7 @@ def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | N
     over their originals; apps.feedback.preferences), in TRL's conversational preference
     format: what the run's reward model learns from. Gold items are left out."""
     from apps.feedback.preferences import preference_pairs
-    from apps.rewards.learned import gold_experience_ids
+    from apps.feedback.learned import gold_experience_ids
 
     pairs = preference_pairs(run=run, exclude_experience_ids=gold_experience_ids(run=run))
     for done, pair in enumerate(pairs, start=1):

@@ -1,0 +1,58 @@
+"""What every router of the one REST API shares (`/api/v1/`, one NinjaAPI assembled in
+rftweb/api.py from the routers the apps contribute): the error schema, the errors every
+endpoint documents, the run id in a path, and run access.
+
+Run access is `run_reachable`: the one place a router turns a path's run id into a run. A
+run the request's key is not scoped to answers 404 exactly like a run that does not exist,
+so run ids cannot be enumerated by probing (issue #33).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from django.http import HttpRequest
+from ninja import Path, Schema
+from pydantic import Field
+
+from apps.runs.models import Run
+from rftweb.exceptions import NotFound
+
+
+class Error(Schema):
+    detail: str = Field(description="what went wrong, in words")
+    errors: dict[str, str] = Field(default_factory=dict, description="field path -> message, for 422")
+
+
+# Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a
+# path is one positive 64-bit integer: shared by the API's routers (apps/envapi/api.py, the
+# session and human-signal routers).
+ERRORS: dict[int, type] = {400: Error, 401: Error, 403: Error, 404: Error, 413: Error, 422: Error, 429: Error}
+
+
+def responses(ok: Any, *extra: int) -> dict[int, Any]:
+    out: dict[int, Any] = {200: ok, **ERRORS}
+    for code in extra:
+        out[code] = Error
+    return out
+
+
+RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")
+
+
+class RunScoped(Protocol):
+    """What a request authenticated as, as far as run access goes: the runs it may reach
+    (apps.envapi.services.KeyPrincipal)."""
+
+    run_ids: frozenset[int]
+
+
+def run_reachable(request: HttpRequest, run_id: int) -> Run:
+    """The run `run_id` when the request's principal may reach it; else NotFound (404), the
+    same answer, words and all, for a run outside the key's runs as for a missing one."""
+    principal: RunScoped | Any = getattr(request, "auth", None)
+    run_ids: frozenset[int] = getattr(principal, "run_ids", frozenset())
+    run = Run.objects.filter(pk=run_id).first() if run_id in run_ids else None
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run

@@ -1,0 +1,129 @@
+"""The one REST API, `/api/v1/`: one NinjaAPI, the routers each app contributes mounted on it,
+and the API's one translation of errors (rftweb.exceptions' RftError, ninja's own).
+
+The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
+rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the human-signal
+figures (apps/feedback/signal_api.py). They share apps/runs/api_kit.py (errors, RunId, run
+access); authentication is the environment API's keys (apps.envapi.api.KeyAuth).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+
+from apps.envapi import api as envapi
+from apps.envapi.session_api import router as sessions_router
+from apps.feedback.signal_api import router as signal_router
+from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
+from rftweb.exceptions import RftError, TooLarge
+
+# ---- errors --------------------------------------------------------------------------
+
+
+# Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
+# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
+# an InvalidInput, a 422 naming the field.
+
+
+def _reject_constant(name: str) -> Any:
+    raise InputRejected("body", f"{name} is not a JSON number")
+
+
+class SafeJSONParser(Parser):
+    def parse_body(self, request: HttpRequest) -> Any:
+        body = request.body
+        if len(body) > settings.RFT_MAX_BODY_BYTES:
+            raise TooLarge(_too_large(), field="body")
+        try:
+            data = json.loads(body, parse_constant=_reject_constant)
+        except RecursionError:
+            raise InputRejected("body", f"nested more than {MAX_DEPTH} levels deep") from None
+        return tree_check(data)
+
+
+api = NinjaAPI(
+    title="rftweb environment API",
+    version="1",
+    description=envapi.__doc__,
+    urls_namespace="envapi-v1",
+    parser=SafeJSONParser(),
+)
+
+
+def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, str] | None = None,
+             headers: dict[str, str] | None = None) -> HttpResponse:
+    response = api.create_response(request, {"detail": detail, "errors": errors or {}}, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(RftError)
+def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
+    """The API's one translation of the error base (rftweb.exceptions): its status, the
+    fields it names (422: field path -> message), Retry-After where waiting helps."""
+    headers: dict[str, str] = {}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    named = exc.status == 422 or bool(exc.field)
+    errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
+    return _problem(request, exc.status, str(exc), errors, headers)
+
+
+@api.exception_handler(AuthenticationError)
+def _on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return _problem(request, 401, "missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def _too_large() -> str:
+    return f"the request body is larger than {settings.RFT_MAX_BODY_BYTES} bytes"
+
+
+@api.exception_handler(RequestDataTooBig)
+def _on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return _problem(request, 413, _too_large())
+
+
+@api.exception_handler(HttpError)
+def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    cause = exc.__cause__
+    if isinstance(cause, RftError):  # the body parser's refusals, wrapped by ninja
+        return _on_rft_error(request, cause)
+    if isinstance(cause, json.JSONDecodeError):
+        return _problem(request, 400, f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}")
+    return _problem(request, exc.status_code, str(exc))
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = list(loc)
+    if parts and parts[0] == "body":
+        parts = parts[2:] if len(parts) > 1 else []
+    elif parts and parts[0] in ("path", "query", "header"):
+        parts = parts[1:]
+    return ".".join(str(p) for p in parts) or "body"
+
+
+@api.exception_handler(ValidationError)
+def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    errors: dict[str, str] = {}
+    for err in exc.errors:
+        errors.setdefault(_loc(err.get("loc", ())), str(err.get("msg", "invalid")).removeprefix("Value error, "))
+    detail = "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5])
+    return _problem(request, 422, f"invalid request: {detail}", errors)
+
+
+api.add_router("", envapi.router)
+api.add_router("/", sessions_router, auth=envapi.SUBMIT)
+# The human-signal figures, under the same keys and errors.
+api.add_router("", signal_router, auth=envapi.READ)
