@@ -24,12 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apps.runs.config import RunConfig
+from apps.runs.feedback_policy import experience_initial_fields
 from rftweb.exceptions import InvalidInput
-
-if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
 
 STATUSES = ("pending", "ready", "leased", "consumed", "filtered")
 WRITABLE_STATUSES = ("pending", "ready", "filtered")
@@ -174,8 +173,6 @@ class ExperienceDraft(Mapping[str, Any]):
         under `auto` ready with its automatic reward, under `blend`/`human` pending for
         people. Without an automatic reward yet (remote scorers or the environment will
         give it) it is pending, with no reward."""
-        from apps.runs.feedback_policy import experience_initial_fields
-
         if auto_reward is None:
             initial: dict[str, Any] = {"status": "pending", "auto_reward": None, "reward": None}
         else:

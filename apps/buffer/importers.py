@@ -24,6 +24,7 @@ from apps.buffer.models import Task, Taskset, TasksetImage
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
 from apps.buffer.pipeline.core import Row
 from apps.hygiene import InputRejected, jsonl_records, tree_check
+from apps.runs.vocabulary import domain_misspelt, domain_misspelt_message
 from rftweb.exceptions import InvalidInput
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.
@@ -82,7 +83,6 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
     domain = record.get("domain") or "general"
     if not isinstance(domain, str) or len(domain) > 50:
         raise ImportFailed(f"{where}: domain must be text of at most 50 characters")
-    from apps.runs.vocabulary import domain_misspelt, domain_misspelt_message
 
     known = domain_misspelt(domain)
     if known is not None:

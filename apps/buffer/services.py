@@ -30,7 +30,9 @@ from apps.buffer.pipeline import (
 )
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs.events import event_publish_many
-from apps.runs.models import Run
+from apps.runs.metrics import metric_announce, metric_record, metric_values_clean
+from apps.runs.models import Metric, Run
+from apps.runs.services import run_train_step_record
 from rftweb.exceptions import InvalidInput
 
 
@@ -418,9 +420,6 @@ def batch_commit_step(*, run: Run, step: int, worker: str, ids: Sequence[int], m
 
     On Postgres it is one statement (data-modifying CTEs) instead of three: the in-process
     loop commits a step every ~1 s and each round trip costs 1-5 ms on a loaded host."""
-    from apps.runs.metrics import metric_announce, metric_record, metric_values_clean
-    from apps.runs.models import Metric
-    from apps.runs.services import run_train_step_record
 
     if not connection.in_atomic_block:
         raise RuntimeError("batch_commit_step runs inside the caller's transaction (a conflict rolls it back)")

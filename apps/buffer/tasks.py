@@ -7,6 +7,7 @@ import logging
 from celery import shared_task
 
 from apps.buffer.services import lease_reap
+from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,6 @@ def lease_reap_task() -> dict[str, int]:
 )
 def experience_priorities_refresh_task(run_id: int) -> int:
     from apps.buffer.pipeline import experience_priorities_refresh
-    from apps.runs.models import Run
 
     run = Run.objects.filter(pk=run_id).first()
     if run is None or run.status not in (Run.Status.RUNNING, Run.Status.PAUSED):

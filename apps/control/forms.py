@@ -21,8 +21,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from apps.hygiene import InputRejected, yaml_parse
+from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
 from apps.runs.vocabulary import DOMAINS
-from apps.runs.config import FeedbackPolicy, RunConfig
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
 FORM = "__all__"
@@ -233,8 +233,6 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, str]] = {
 
 def config_warnings(*, config: Any) -> list[str]:
     """Configs that are valid but cannot learn (or learn nothing from people)."""
-    from apps.runs.config import config_validate
-
     cfg = config_validate(data=config)
     out: list[str] = []
     group_relative = cfg.algorithm in ("grpo", "mix")

@@ -39,8 +39,10 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
+from apps.buffer.services import batch_release, lease_reap, task_release
 from apps.runs import policy
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
+from apps.runs.services import TransitionNotAllowed, run_transition
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +300,6 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
     """Take back the run's dispatches that will not end by themselves and send them again
     under their task id; a dead worker's leases go back to the buffer first. `busy` gets the
     kinds that are out (sent or running, recovered or not) as read here."""
-    from apps.buffer.services import batch_release, task_release
-
     now = now or timezone.now()
     out: list[str] = []
     rows = list(Dispatch.objects.filter(run=run).exclude(state=Dispatch.State.IDLE))
@@ -365,8 +365,6 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
 
     train=False: explore steps only (a trainer that goes on to its next step itself).
     fresh=True: `run` was read from the database just now (the loop's beat), not again."""
-    from apps.buffer.services import lease_reap
-
     if not fresh:
         run.refresh_from_db()
     if run.status != Run.Status.RUNNING:
@@ -456,8 +454,6 @@ def _in_flight(run: Run) -> bool:
 
 def run_finish(*, run: Run) -> None:
     """Every step the config asks for is done (or, offline, the buffer is used up): finished."""
-    from apps.runs.services import TransitionNotAllowed, run_transition
-
     try:
         run_transition(run=run, action="finish")
     except TransitionNotAllowed:

@@ -10,32 +10,17 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import (
     Http404,
     HttpResponse,
     HttpResponseBase,
     JsonResponse,
 )
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
-from apps.buffer.importers import ImportFailed
+from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
-from apps.control.selectors import (
-    experience_group_detail,
-    experiences_browse,
-    feedback_per_minute,
-    group_feedback,
-    run_rows,
-    run_waiting,
-    tasksets_for,
-)
-from apps.hygiene import MAX_CONFIG_BYTES
-from apps.rewards.selectors import rewards_summary
-from apps.feedback.signal_views import reward_model_panel_context
-from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.control.forms import (
     ALGORITHM_DEFAULTS,
     CONFIG_FILE,
@@ -50,6 +35,22 @@ from apps.control.forms import (
     section_specs,
     values_from_config,
 )
+from apps.control.selectors import (
+    experience_group_detail,
+    experiences_browse,
+    feedback_per_minute,
+    group_feedback,
+    run_rows,
+    run_waiting,
+    tasksets_for,
+)
+from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
+from apps.feedback.signal_views import reward_model_panel_context
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.rewards.registry import reward_names
+from apps.rewards.selectors import rewards_summary
+from apps.runs.access import run_for_page
+from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
@@ -59,7 +60,6 @@ from apps.runs.selectors import (
     metric_series,
     run_audit,
     run_may_create,
-    run_role,
     run_state,
     run_task_failures,
     runs_visible_to,
@@ -96,14 +96,8 @@ _ALLOWED: dict[str, list[str]] = {
 }
 
 
-def _run_for(request: HtmxHttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
-    run = get_object_or_404(Run.objects.select_related("owner", "taskset"), pk=run_id)
-    role = run_role(run=run, user=request.user)
-    if role is None:
-        raise Http404("no such run")
-    if owner and role != "owner":
-        raise PermissionDenied("only the run's owner or staff may do this")
-    return run, role
+# The run pages read the run's owner and taskset: one query with the run.
+_RUNS = Run.objects.select_related("owner", "taskset")
 
 
 def _partial(request: HtmxHttpRequest, template: str, context: dict[str, Any], page_title: str) -> HttpResponse:
@@ -146,8 +140,6 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
 
 
 def _reward_names() -> list[str]:
-    from apps.rewards.registry import reward_names
-
     return sorted(reward_names())
 
 
@@ -155,8 +147,6 @@ def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], lis
     """The taskset the form names: an upload (imported now, on its own, so a form error
     elsewhere does not lose it: it comes back selected in the picker) or one picked from
     the list. (taskset or None, errors, notes)."""
-    from apps.buffer.importers import taskset_import
-
     upload = request.FILES.get("taskset")
     if upload is not None:
         suffix = Path(upload.name or "").suffix.lower()
@@ -262,7 +252,7 @@ def _feedback_form_context(run: Run, values: dict[str, str] | None = None, error
 @login_required
 @require_GET
 def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id)
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     context = {
         **_controls_context(run, role),
         **_feedback_form_context(run),
@@ -298,7 +288,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def run_metrics(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     state = run_state(run=run)
     if request.GET.get("only") == "counts":
         return JsonResponse({"counts": buffer_counts(run=run), "status": run.status, "run": state})
@@ -311,7 +301,7 @@ def run_metrics(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
 @login_required
 @require_GET
 def run_controls(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id)
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_controls.html", _controls_context(run, role), f"Controls · {run.name}")
 
 
@@ -319,7 +309,7 @@ def run_controls(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpResponse:
     """GET: a confirmation page (the no-JavaScript path). POST with confirm=yes: do it."""
-    run, role = _run_for(request, run_id, owner=True)
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
     if action not in CONTROLS:
         raise Http404("no such action")
     question = CONTROLS[action]["question"].format(name=run.name)
@@ -346,7 +336,7 @@ def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpRespo
 @login_required
 @require_POST
 def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id, owner=True)
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
     specs = feedback_field_specs()
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
@@ -374,7 +364,7 @@ def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def run_timeline(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_timeline.html", {"run": run, "timeline": weight_sync_timeline(run=run)},
                     f"Weight sync · {run.name}")
 
@@ -382,7 +372,7 @@ def run_timeline(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def run_audit_log(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
 
 
@@ -401,7 +391,7 @@ def _demo_annotator(run: Run) -> str:
 @require_http_methods(["GET", "POST"])
 def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """GET: the run's people. POST (owner): add a person by username, or change their role."""
-    run, role = _run_for(request, run_id, owner=request.method == "POST")
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner" if request.method == "POST" else "view", runs=_RUNS)
     if request.method == "GET":
         return _partial(request, "runs/_members.html", _members_context(run, role), f"People · {run.name}")
     values = {"username": request.POST.get("username", ""), "role": request.POST.get("role", "annotator")}
@@ -422,7 +412,7 @@ def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id, owner=True)
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
     try:
         run_member_remove(run=run, member_id=member_id, actor=request.user)
     except MemberInvalid as exc:
@@ -436,14 +426,14 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
 @login_required
 @require_GET
 def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
 
 
 @login_required
 @require_GET
 def run_failures(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
                     f"Worker errors · {run.name}")
 
@@ -459,7 +449,7 @@ def worker_health(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     filters = experience_filters_parse(request.GET)
     page_size = 50
     rows = [] if filters.errors else experiences_browse(run=run, filters=filters, limit=page_size + 1)
@@ -483,7 +473,7 @@ def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     members = experience_group_detail(run=run, group_id=group_id)
     if not members:
         raise Http404("no such group")
@@ -498,14 +488,14 @@ def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> Ht
 @login_required
 @require_GET
 def export_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return render(request, "runs/export.html", {"run": run, "kinds": EXPORT_KINDS})
 
 
 @login_required
 @require_GET
 def export_download(request: HtmxHttpRequest, run_id: int, kind: str) -> HttpResponseBase:
-    run, _ = _run_for(request, run_id)
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     try:
         return export_jsonl_response(run=run, kind=kind, options=export_options_parse(request.GET))
     except ExportFailed as exc:

@@ -36,7 +36,11 @@ from typing import IO, Any, Literal
 
 from django.http import StreamingHttpResponse
 
-from apps.buffer.models import Experience, Task
+from apps.buffer.images import image_bytes
+from apps.buffer.models import Experience, Task, TasksetImage
+from apps.feedback.learned import gold_experience_ids
+from apps.feedback.preferences import preference_pairs
+from apps.feedback.selectors import dpo_pairs
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 
@@ -208,8 +212,6 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
 def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
     """Pairs people chose in A/B comparisons (late ones included), oldest first. Choices are
     human-made, so all of them and their completions fit in memory at once."""
-    from apps.feedback.selectors import dpo_pairs
-
     choices = [c for c in dpo_pairs(run=run) if (c.chosen_id, c.rejected_id) not in skip]
     ids = {pk for c in choices for pk in (c.chosen_id, c.rejected_id)}
     fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt", "task__images")
@@ -264,8 +266,6 @@ def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | N
     """Every preference people expressed (ratings within a group, rankings, A/B choices, edits
     over their originals; apps.feedback.preferences), in TRL's conversational preference
     format: what the run's reward model learns from. Gold items are left out."""
-    from apps.feedback.preferences import preference_pairs
-    from apps.feedback.learned import gold_experience_ids
 
     pairs = preference_pairs(run=run, exclude_experience_ids=gold_experience_ids(run=run))
     for done, pair in enumerate(pairs, start=1):
@@ -287,8 +287,6 @@ _ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows, "preferences": 
 
 def export_is_vision(*, run: Run, kind: str) -> bool:
     """Whether the export is in TRL's vision-language format: a run whose taskset has pictures."""
-    from apps.buffer.models import TasksetImage
-
     return kind in ("sft", "dpo", "grpo") and run.taskset_id is not None and \
         TasksetImage.objects.filter(taskset_id=run.taskset_id).exists()
 
@@ -304,8 +302,6 @@ def _parts(turns: list[dict[str, Any]], *, pictures: int) -> list[dict[str, Any]
 
 
 def _vision_row(row: dict[str, Any], *, embed: bool) -> dict[str, Any]:
-    from apps.buffer.images import image_bytes
-
     digests = list(row.pop(_IMAGES))
     shaped = {k: _parts(v, pictures=len(digests) if k in ("messages", "prompt") else 0)
               if k in ("messages", "prompt", "chosen", "rejected") else v for k, v in row.items()}

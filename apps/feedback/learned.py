@@ -25,9 +25,12 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.runs.feedback_policy import reward_learned, signals_fold
-from apps.feedback.services import group_fold
+from apps.feedback.preferences import TRUSTED_WEIGHT
+from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+from apps.feedback.services import _group_feedback, _locked_members, group_fold
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
+from apps.rewards.services import scorer_publish
+from apps.runs.feedback_policy import reward_learned, signals_fold
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -109,8 +112,6 @@ def reward_model_publish(
 ) -> RewardModel:
     """Record a trained reward model as the run's next version and announce it (with its
     unbiased accuracy on the random / arrival share, RewardModel.accuracy_random)."""
-    from apps.rewards.services import scorer_publish
-
     rm: RewardModel = scorer_publish(
         model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy,
         more_metrics={ACCURACY_RANDOM_METRIC: accuracy_random}, path=path, base=base,
@@ -156,9 +157,6 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
     """`learned`: people's reward where they rated (the blend fold), the reward model's where
     no one did; the group becomes trainable when every open member has a reward. Returns
     whether it did."""
-    from apps.feedback.preferences import TRUSTED_WEIGHT
-    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-    from apps.feedback.services import _group_feedback, _locked_members
 
     policy = run.cfg.feedback
     with transaction.atomic():

@@ -41,6 +41,7 @@ from django.db.models import Count, Max, Sum
 
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
+from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
@@ -170,8 +171,6 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
     from django.contrib.auth import get_user_model
 
     if gold is None:
-        from apps.rewards.models import GoldItem
-
         gold = dict(GoldItem.objects.filter(run=run).values_list("experience_id", "answer"))
     ratings = _latest_ratings(run)
     by_unit: dict[int, dict[int, float]] = defaultdict(dict)
@@ -269,8 +268,6 @@ def rater_standing(*, run: Run, annotator_id: int) -> str | None:
     Every claim asks, and the figures read all of the run's feedback: the standings are
     cached under what they are computed from (the run's feedback and gold items as of now,
     and its feedback policy), so a new label or gold item is a new key and never a stale one."""
-    from apps.rewards.models import GoldItem
-
     policy = run.cfg.feedback
     if policy.rater_weighting == "off":
         return None

@@ -18,8 +18,15 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Assignment, Feedback
-from apps.runs.feedback_policy import experience_initial_fields, member_is_final, signals_fold
+from apps.feedback.services import _lease_seconds
+from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
+from apps.runs.feedback_policy import (
+    experience_initial_fields,
+    member_is_final,
+    reward_combine,
+    signals_fold,
+)
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 
@@ -38,8 +45,6 @@ def feedback_targets(fb: Feedback) -> list[int]:
 
 
 def _gold_ids(run_id: int) -> set[int]:
-    from apps.rewards.models import GoldItem
-
     return set(GoldItem.objects.filter(run_id=run_id).values_list("experience_id", flat=True))
 
 
@@ -74,8 +79,6 @@ def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[dict[str, 
 def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
     refold its group and reopen their items. NotRevisable says why not."""
-    from apps.feedback.services import _lease_seconds
-
     with transaction.atomic():
         qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=REVISABLE_KINDS)
         if feedback_id is not None:
@@ -121,8 +124,6 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
             changes: dict[str, Any] = {"human_reward": None,
                                        "reward": experience_initial_fields(cfg=run.cfg, auto_reward=m.auto_reward).get("reward")}
         else:
-            from apps.runs.feedback_policy import reward_combine
-
             changes = {"human_reward": human}
             if policy.mode != "auto":
                 changes["reward"] = reward_combine(policy=policy, auto=m.auto_reward, human=human)

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apps.buffer.models import Experience
+from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.config import SelectionRule
 from apps.runs.models import Run
 
@@ -89,8 +90,6 @@ def _rank_normalise(values: dict[int, float], *, small_is_high: bool) -> dict[in
 
 def candidate_priorities(*, run: Run, candidates: Sequence[Experience]) -> list[Priority]:
     """Each candidate's priority under the run's rule, highest first, group members together."""
-    from apps.rewards.models import RewardModel, RewardModelScore
-
     rule = run.cfg.feedback.selection
     ids = [c.pk for c in candidates]
     groups = {c.group_id for c in candidates}
@@ -158,8 +157,6 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
                 rng: random.Random) -> list[Unit]:
     """The candidates as sibling pairs, highest priority first (see the module docstring);
     a group with one candidate left gives a single."""
-    from apps.rewards.models import RewardModel, RewardModelScore
-
     rule = run.cfg.feedback.selection
     newest = RewardModel.objects.filter(run=run).order_by("-version").first()
     raw: dict[int, float] = {}

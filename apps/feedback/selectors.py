@@ -114,8 +114,6 @@ def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
     {"winner": "a" | "b" | "tie"} (the one shape, see Feedback); ties carry no preference.
     Late choices count: the pair was stored, and DPO learns from it.
     """
-    from apps.feedback.models import Feedback
-
     wanted = set(ids)
     rows = Feedback.objects.filter(
         run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,

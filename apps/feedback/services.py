@@ -26,13 +26,8 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
-from apps.runs.feedback_policy import (
-    DROP_REASON,
-    feedback_is_late,
-    member_is_final,
-    reward_combine,
-    signals_fold,
-)
+from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
+from apps.feedback.selection import WINDOW, selection_active, selection_order, selection_ranks, share_slots
 from apps.feedback.values import (
     edit_value,
     env_reward_value,
@@ -41,9 +36,17 @@ from apps.feedback.values import (
     ranking_value,
     rating_value,
 )
+from apps.rewards.models import GoldItem
 from apps.runs.config import FeedbackPolicy
 from apps.runs.events import event_publish
-from apps.runs.models import Run
+from apps.runs.feedback_policy import (
+    DROP_REASON,
+    feedback_is_late,
+    member_is_final,
+    reward_combine,
+    signals_fold,
+)
+from apps.runs.models import Run, RunMember
 from rftweb.exceptions import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
@@ -101,7 +104,6 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
         .order_by("waiting", "id")
     )
     created: list[Assignment] = []
-    from apps.feedback.selection import selection_active
 
     policy = run.cfg.feedback
     if policy.gold_rate > 0 or selection_active(policy.selection) or _trust_handout(policy):
@@ -167,7 +169,6 @@ def _claimer(*, run: Run, annotator: Any) -> str:
     database (bench/steering names its raters after the run)."""
     if annotator.pk == run.owner_id:
         return "owner"
-    from apps.runs.models import RunMember
 
     members = list(RunMember.objects.filter(run=run).order_by("id").values_list("user_id", flat=True))
     return f"member {members.index(annotator.pk)}" if annotator.pk in members else f"user {annotator.get_username()}"
@@ -205,9 +206,6 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
     rater before); an untrusted one gets their unrated gold items first, then only
     `trust.untrusted_share` of the fresh items, the rest staying for trusted annotators.
     The gold items look like any other item either way."""
-    from apps.feedback.selection import WINDOW, selection_order, selection_ranks, share_slots
-    from apps.rewards.models import GoldItem
-
     policy = run.cfg.feedback
     trust = policy.trust
     gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
@@ -231,8 +229,6 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
 
     standing = None
     if _trust_handout(policy):
-        from apps.feedback.reliability import rater_standing
-
         standing = rater_standing(run=run, annotator_id=annotator.pk)
     fresh_cap = want
     if standing == "unmeasured" and trust.gold_first and fresh_gold:
@@ -345,7 +341,6 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     policy = run.cfg.feedback
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
-    from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 
     folds = signals_fold(member_ids=[m.pk for m in members], feedback=_group_feedback(
         run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run),
@@ -427,8 +422,6 @@ def _store(
 
 
 def _gold_targets(*, run: Run, targets: Sequence[Experience]) -> bool:
-    from apps.rewards.models import GoldItem
-
     return GoldItem.objects.filter(run=run, experience_id__in=[t.pk for t in targets]).exists()
 
 

@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from apps.feedback.learned import reward_model_summary
 from apps.feedback.preferences import preference_pairs, preference_rows_trl
 from apps.feedback.reliability import rater_figures, run_agreement
 from apps.rewards.export import (
@@ -23,22 +23,11 @@ from apps.rewards.export import (
     reward_model_version_get,
 )
 from apps.rewards.gold import gold_item_mark, gold_item_unmark
-from apps.feedback.learned import reward_model_summary
 from apps.rewards.models import GoldItem
+from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from apps.runs.selectors import run_role
 from rftweb.exceptions import InvalidInput, NotFound
 from rftweb.http import HtmxHttpRequest
-
-
-def _run_for(request: HtmxHttpRequest, run_id: int, *, owner: bool = False) -> tuple[Run, str]:
-    run = get_object_or_404(Run, pk=run_id)
-    role = run_role(run=run, user=request.user)
-    if role is None:
-        raise Http404("no such run")
-    if owner and role != "owner":
-        raise PermissionDenied("only the run's owner or staff may see this")
-    return run, role
 
 
 def raters_data(*, run: Run) -> dict[str, Any]:
@@ -56,7 +45,7 @@ def raters_data(*, run: Run) -> dict[str, Any]:
 @login_required
 @require_http_methods(["GET", "POST"])
 def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = _run_for(request, run_id, owner=True)
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     error = ""
     if request.method == "POST":
         try:
@@ -84,7 +73,7 @@ def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_GET
 def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
-    run, _ = _run_for(request, run_id, owner=True)
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     return JsonResponse(raters_data(run=run))
 
 
@@ -111,7 +100,7 @@ def _reward_model_panel(request: HtmxHttpRequest, run: Run, role: str, *, status
 @login_required
 @require_GET
 def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id)
+    run, role = run_for_page(user=request.user, run_id=run_id)
     return _reward_model_panel(request, run, role)
 
 
@@ -120,7 +109,7 @@ def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def reward_model_export(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
     """Ask for a version's download (a `reward` worker packs it); the panel shows
     "preparing" and, once the zip is there, the link."""
-    run, role = _run_for(request, run_id, owner=True)
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner")
     try:
         reward_model_export_request(run=run, version=version)
     except NotFound as exc:
@@ -134,7 +123,7 @@ def reward_model_export(request: HtmxHttpRequest, run_id: int, version: int) -> 
 @require_GET
 def reward_model_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse | FileResponse:
     """The version's zip (what `rft reward-model` writes), once a worker packed it."""
-    run, _ = _run_for(request, run_id, owner=True)
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     try:
         rm = reward_model_version_get(run=run, version=version)
     except NotFound as exc:
@@ -152,7 +141,7 @@ def reward_model_download(request: HtmxHttpRequest, run_id: int, version: int) -
 def preferences_export(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The run's preference pairs in TRL's prompt / chosen / rejected format, as JSON lines
     (people's preferences: few enough to answer in one piece)."""
-    run, _ = _run_for(request, run_id, owner=True)
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     rows = preference_rows_trl(preference_pairs(run=run))
     response = HttpResponse("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
                             content_type="application/x-ndjson")

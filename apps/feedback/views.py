@@ -6,11 +6,14 @@ fragment inside the full page, and a form POST without HTMX redirects back to th
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
@@ -24,7 +27,6 @@ from apps.feedback.selectors import (
     annotation_queue,
     annotator_progress,
     feedback_counts,
-    run_may_annotate,
 )
 from apps.feedback.services import (
     assignment_claim,
@@ -35,8 +37,8 @@ from apps.feedback.services import (
     feedback_rate_and_flag,
 )
 from apps.feedback.values import FLAGS
+from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from apps.runs.selectors import run_role
 from rftweb.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
@@ -45,16 +47,18 @@ def _queue_size() -> int:
     return settings.RFT_ANNOTATION_QUEUE_SIZE
 
 
-def _run_for(request: HtmxHttpRequest, run_id: int, *, annotate: bool = False) -> tuple[Run, str]:
-    """The run and the user's role; 404 for a run the user may not see (no hint that it
-    exists), 403 when a viewer tries to give feedback."""
-    run = get_object_or_404(Run, pk=run_id)
-    role = run_role(run=run, user=request.user)
-    if role is None:
-        raise Http404("no such run")
-    if annotate and not run_may_annotate(run=run, user=request.user):
-        raise PermissionError("viewers of a run cannot give feedback")
-    return run, role
+def _refusal_as_text(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The annotation page's script shows a refusal beside the item: a role short of giving
+    feedback (run_for_page's PermissionDenied) answers 403 with its reason as plain text."""
+
+    @functools.wraps(view)
+    def wrapped(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            return _forbidden(str(exc))
+
+    return wrapped
 
 
 def _forbidden(message: str) -> HttpResponse:
@@ -85,7 +89,7 @@ def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
 @login_required
 @require_GET
 def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, role = _run_for(request, run_id)
+    run, role = run_for_page(user=request.user, run_id=run_id)
     can_annotate = role in ("owner", "annotator")
     if can_annotate:
         assignment_claim(run=run, annotator=request.user, size=_queue_size())
@@ -105,13 +109,11 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
+@_refusal_as_text
 def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """New items for the live queue: tops the queue up and returns the items handed out
     after `after` (an assignment id), so the page appends only what it lacks."""
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     if not request.htmx and "after" not in request.GET:
         return redirect(_page_url(run))
     try:
@@ -140,11 +142,9 @@ def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
 
 @login_required
 @require_POST
+@_refusal_as_text
 def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     a = _my_assignment(request, run, assignment_id)
     try:
         score, thumb = _score(request)
@@ -160,11 +160,9 @@ def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpRespo
 
 @login_required
 @require_POST
+@_refusal_as_text
 def skip(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     a = _my_assignment(request, run, assignment_id)
     assignment_skip(assignment=a)
     if not request.htmx:
@@ -179,11 +177,9 @@ def _experience(run: Run, experience_id: int) -> Experience:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@_refusal_as_text
 def edit(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     e = _experience(run, experience_id)
     if request.method == "GET":
         return _fragment(request, run, "feedback/_edit.html", {"e": e, "text": e.response_text})
@@ -204,11 +200,9 @@ def _group_members(run: Run, e: Experience) -> list[Experience]:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@_refusal_as_text
 def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     e = _experience(run, experience_id)
     members = _group_members(run, e)
     if request.method == "GET":
@@ -239,11 +233,9 @@ def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRespo
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@_refusal_as_text
 def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     e = _experience(run, experience_id)
     siblings = [m for m in _group_members(run, e) if m.pk != e.pk]
     if request.method == "GET":
@@ -266,14 +258,12 @@ def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRe
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@_refusal_as_text
 def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
     one (`feedback`), or the last one when none is named (undo); its items come back to the
     queue to be judged again."""
-    try:
-        run, _ = _run_for(request, run_id, annotate=True)
-    except PermissionError as exc:
-        return _forbidden(str(exc))
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     message = ""
     if request.method == "POST":
         raw = request.POST.get("feedback", "").strip()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from apps.buffer.models import Experience
-from apps.runs.feedback_policy import rating_normalise
 from apps.rewards.models import GoldItem
+from apps.runs.feedback_policy import rating_normalise
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 

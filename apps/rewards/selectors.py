@@ -4,7 +4,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from apps.buffer.models import Experience
+from apps.rewards.k12 import DOMAIN as K12
+from apps.rewards.models import K12Grader
+from apps.rewards.scoring import rewards_for_domain
 from apps.runs.models import ModelVersion, Run
+from apps.runs.vocabulary import DOMAINS
 
 
 def experiences_awaiting_rewards(*, run: Run, ids: Sequence[int]) -> list[Experience]:
@@ -22,10 +26,6 @@ def run_current_model(*, run: Run) -> str:
 def rewards_summary(*, run: Run) -> dict[str, Any]:
     """What the run page shows of its reward spec: per domain the terms that score it (key,
     weight, params), and the learned K-12 grader's versions when the spec uses it."""
-    from apps.rewards.k12 import DOMAIN as K12
-    from apps.rewards.models import K12Grader
-    from apps.rewards.scoring import rewards_for_domain
-    from apps.runs.vocabulary import DOMAINS
 
     terms = run.cfg.rewards
     routes = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}

@@ -9,8 +9,9 @@ from typing import Any
 from django.db import transaction
 
 from apps.buffer.models import Experience
-from apps.runs.feedback_policy import experience_initial_fields
 from apps.rewards.scoring import reward_combine
+from apps.runs.feedback_policy import experience_initial_fields
+from apps.runs.metrics import metric_record
 from apps.runs.models import Run
 
 SCORE_TASK = "workers.rewards.score_experiences"
@@ -78,8 +79,6 @@ def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float |
     experiment trackers."""
     from django.db import IntegrityError
     from django.db.models import Max
-
-    from apps.runs.metrics import metric_record
 
     for _ in range(5):
         number = (model.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1

@@ -7,7 +7,8 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Q, QuerySet
 
-from apps.runs.models import Run, RunMember
+from apps.runs.heartbeat import workers_health
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
 
 
 def _is_staff(user: AbstractBaseUser | AnonymousUser) -> bool:
@@ -40,8 +41,6 @@ def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None =
     """Worker health as `user` may see it: every worker's state, but of the tasks it runs
     only those of runs the user may see (of `run` alone when given), by name and run, never
     their arguments; the rest are counted as `hidden`."""
-    from apps.runs.heartbeat import workers_health
-
     visible = {run.pk} if run is not None else set(runs_visible_to(user=user).values_list("pk", flat=True))
     rows = []
     for row in workers_health():
@@ -89,8 +88,6 @@ def metric_series(*, run: Run, last_steps: int = 2000) -> dict[str, list[list[fl
     """{metric name: [[step, value, unix time], ...]} over the run's last `last_steps` steps."""
     from django.db.models import Max
 
-    from apps.runs.models import Metric
-
     top = Metric.objects.filter(run=run).aggregate(top=Max("step"))["top"]
     if top is None:
         return {}
@@ -107,8 +104,6 @@ def metric_series(*, run: Run, last_steps: int = 2000) -> dict[str, list[list[fl
 
 def reward_sparkline(*, run: Run, points: int = 30) -> list[float]:
     """The last `points` values of the run's mean reward metric, oldest first."""
-    from apps.runs.models import Metric
-
     qs = Metric.objects.filter(run=run, name__regex=REWARD_SPARK_PATTERN).exclude(name__iregex=r"(std|max|min)$")
     values = list(qs.order_by("-step", "-id").values_list("value", flat=True)[:points])
     return values[::-1]
@@ -126,8 +121,6 @@ def sparkline_points(values: list[float], *, width: int = 100, height: int = 24)
 
 def weight_sync_timeline(*, run: Run) -> list[dict[str, Any]]:
     """Per model version, newest first: when it was published and when each explorer loaded it."""
-    from apps.runs.models import ModelVersion, WeightLoad
-
     versions: dict[int, dict[str, Any]] = {}
     for v in ModelVersion.objects.filter(run=run).order_by("number"):
         versions[v.number] = {"number": v.number, "published_at": v.created_at, "train_step": v.train_step,
@@ -141,15 +134,11 @@ def weight_sync_timeline(*, run: Run) -> list[dict[str, Any]]:
 
 
 def run_audit(*, run: Run, limit: int = 50) -> list[Any]:
-    from apps.runs.models import AuditEntry
-
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
 
 def eval_best(*, run: Run) -> dict[str, float] | None:
     """The evaluated version with the highest `eval/reward_mean` (the earliest on ties):
     {"version", "reward_mean", "step"}, or None before any evaluation."""
-    from apps.runs.models import Metric
-
     means = dict(Metric.objects.filter(run=run, name="eval/reward_mean").values_list("step", "value"))
     if not means:
         return None
@@ -158,8 +147,6 @@ def eval_best(*, run: Run) -> dict[str, float] | None:
     return {"version": int(versions.get(step, 0)), "reward_mean": means[step], "step": step}
 def run_task_failures(*, run: Run, limit: int = 10) -> list[Any]:
     """The run's last failed explore and train tasks, newest first."""
-    from apps.runs.models import TaskFailure
-
     return list(TaskFailure.objects.filter(run=run).order_by("-created_at", "-id")[:limit])
 
 

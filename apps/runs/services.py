@@ -14,7 +14,8 @@ from apps.runs import policy, vocabulary
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.metrics import metric_record
-from apps.runs.models import AuditEntry, ModelVersion, Run
+from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, WeightLoad
+from apps.runs.selectors import eval_best
 from rftweb.exceptions import Conflict, InvalidInput
 
 
@@ -277,8 +278,6 @@ def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, f
     """Store an evaluation's `eval/…` metrics at the version's train step and announce the
     result; returns the run's best version so far (by `eval/reward_mean`, earliest on ties),
     which is also recorded as `eval/best_version`."""
-    from apps.runs.selectors import eval_best
-
     with transaction.atomic():
         metric_record(run=run, step=step, values=values)
         best = eval_best(run=run)
@@ -295,8 +294,6 @@ def weight_load_record(
 ) -> None:
     """An explorer loaded `version`: store it for the sync timeline and announce it (with
     the weight bytes it read or received and how: checkpoint, broadcast or memory)."""
-    from apps.runs.models import WeightLoad
-
     WeightLoad.objects.create(run=run, version=version, worker=worker, seconds=seconds)
     payload: dict[str, Any] = {"version": version, "worker": worker, "seconds": seconds, "event": "loaded"}
     if size is not None:
@@ -316,8 +313,6 @@ class MemberInvalid(InvalidInput):
 def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> Any:
     """Make `username` an annotator or viewer of the run (or change their role), audited."""
     from django.contrib.auth import get_user_model
-
-    from apps.runs.models import RunMember
 
     username = (username or "").strip()
     if not username:
@@ -341,8 +336,6 @@ def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> 
 
 def run_member_remove(*, run: Run, member_id: int, actor: Any = None) -> None:
     """Take a member off the run, audited; their given feedback stays."""
-    from apps.runs.models import RunMember
-
     with transaction.atomic():
         member = RunMember.objects.select_related("user").filter(run=run, pk=member_id).first()
         if member is None:

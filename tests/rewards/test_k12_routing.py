@@ -202,7 +202,7 @@ def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: U
     api = Api(make_key(run)[1])
     listed = api.get(f"/runs/{run.pk}/k12-graders").json()
     assert [(g["version"], g["accuracy"], g["grades"]) for g in listed] == [(2, 0.8, 12), (1, 0.7, 12)]
-    assert api.get(f"/runs/{other.pk}/k12-graders").status_code == 403  # the key is not scoped to it
+    assert api.get(f"/runs/{other.pk}/k12-graders").status_code == 404  # the key is not scoped to it: answered as a missing run (issue #33)
 
 
 # ---- a misspelt domain with the default routes -----------------------------------------

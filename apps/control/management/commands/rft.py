@@ -26,12 +26,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.buffer.importers import ImportFailed
-from apps.hygiene import MAX_CONFIG_BYTES
-from apps.runs.config import config_parse
-from apps.runs.models import Run
 from apps.control.services import run_create_with_taskset
+from apps.feedback import services as fs
+from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.selectors import run_may_annotate
+from apps.hygiene import MAX_CONFIG_BYTES
+from apps.rewards.models import RewardModel
+from apps.runs.config import config_parse
+from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
 from rftweb.exceptions import RftError, command_error
 
@@ -225,9 +228,6 @@ class Command(BaseCommand):
     # --- feedback -------------------------------------------------------------------------
 
     def _feedback(self, opts: dict[str, Any]) -> None:
-        from apps.feedback import services as fs
-        from apps.feedback.selectors import run_may_annotate
-
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
@@ -284,8 +284,6 @@ class Command(BaseCommand):
         self.stdout.write(f"wrote {result.rows} {opts['kind']} rows from {result.scanned} to {result.path}")
 
     def _weights(self, opts: dict[str, Any]) -> None:
-        from apps.runs.models import ModelVersion
-
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
@@ -310,8 +308,6 @@ class Command(BaseCommand):
         self.stdout.write(f"wrote version {number} of run {run.pk} ({kind}) to {out}")
 
     def _reward_model(self, opts: dict[str, Any]) -> None:
-        from apps.rewards.models import RewardModel
-
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")

@@ -12,7 +12,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from apps.buffer.importers import taskset_create
 from apps.control.demo import demo_taskset_import
+from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
 from rftweb.exceptions import RftError, command_error
@@ -119,8 +121,6 @@ class Command(BaseCommand):
                                  taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
             if k12 and not Run.objects.filter(name=K12_RUN, owner=owner).exists():
-                from apps.buffer.importers import taskset_create
-                from apps.rewards.k12_taskset import k12_records
 
                 records: list[Mapping[str, Any]] = list(k12_records())
                 taskset = taskset_create(name="K-12 short answers", records=records, owner=owner)
