@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "apps.envapi",
     "apps.rewards",
     "apps.control",
+    "apps.cli",
 ]
 
 MIDDLEWARE = [

@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.runs.heartbeat import worker_heartbeat_record, workers_health
-from apps.control.management.commands.rft import worker_plan
+from apps.cli.management.commands.rft import worker_plan
 from apps.runs.models import AuditEntry, Run, WorkerHeartbeat
 from tests.factories import make_experiences, make_run
 from tests.servers import ROOT, child_env

@@ -180,7 +180,7 @@ def test_the_web_side_and_its_exports_never_import_torch_trl_or_transformers(run
     code = f"""
 import sys, django
 django.setup()
-import rftweb.urls, rftweb.asgi, apps.control.views, apps.control.tasks, apps.control.management.commands.rft
+import rftweb.urls, rftweb.asgi, apps.control.views, apps.control.tasks, apps.cli.management.commands.rft
 from apps.feedback.exports import export_hf_dataset, export_jsonl
 from apps.runs.models import Run
 run = Run.objects.get(pk={run.pk})

@@ -168,7 +168,7 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     model_dir.mkdir()
     (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
     settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
-    import apps.control.management.commands.rft_demo as demo
+    import apps.cli.management.commands.rft_demo as demo
 
     monkeypatch.setattr(demo, "call_command", lambda *a, **k: None)  # rft_demo_model: built already
     out = StringIO()

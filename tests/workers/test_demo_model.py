@@ -122,7 +122,7 @@ def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path) -> None:
 def test_the_command_module_loads_without_torch() -> None:
     code = (
         "import django, sys; django.setup(); "
-        "import apps.control.management.commands.rft_demo_model as m; "
+        "import apps.cli.management.commands.rft_demo_model as m; "
         "assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "rftweb.settings", "PYTHONPATH": str(ROOT)}
