@@ -50,10 +50,21 @@ class SafeJSONParser(Parser):
         return tree_check(data)
 
 
+# The API's own description (its docs page and OpenAPI document).
+DESCRIPTION = """The environment REST API, `/api/v1/`.
+
+Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events, the human-signal
+figures), `submit` (tasks, rollouts, trajectories, sessions), `feedback` (feedback). Errors are
+`{"detail", "errors"}` with 401 (no or bad key), 403 (an action outside the key's scopes), 404
+(unknown ids, and runs outside the key's runs: the same answer, so run ids cannot be probed),
+413 (body past RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate, with
+Retry-After), 503 (no rollout worker answered). None of them writes anything.
+"""
+
 api = NinjaAPI(
     title="rftweb environment API",
     version="1",
-    description=envapi.__doc__,
+    description=DESCRIPTION,
     urls_namespace="envapi-v1",
     parser=SafeJSONParser(),
 )

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,3 +35,19 @@ def test_a_kernel_module_importing_an_upper_app_breaks_the_contract(tmp_path: Pa
     assert result.returncode != 0
     assert "apps.runs is not allowed to import apps.control" in result.stdout
     assert "apps.runs.metrics -> apps.control.views" in result.stdout
+
+
+def test_the_apps_above_fill_the_kernels_config_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel validates reward and operator names it cannot import: the rewards and buffer
+    apps register them when Django loads them (AppConfig.ready); without them a config is
+    refused loudly, never accepted with any name."""
+    from apps.runs import vocabulary
+    from apps.runs.config import config_validate
+
+    assert {"exact_match", "math_accuracy", "k12_judge"} <= set(vocabulary.reward_names())
+    assert {"human_flagged", "priority_replay"} <= set(vocabulary.operator_names())
+    with pytest.raises(Exception, match="unknown reward 'exact_match_typo'"):
+        config_validate(data={"model": "x", "rewards": [{"name": "exact_match_typo"}]})
+    monkeypatch.setattr(vocabulary, "_VOCABULARY", vocabulary._Vocabulary())
+    with pytest.raises(vocabulary.VocabularyMissing, match="no reward functions are registered"):
+        config_validate(data={"model": "x", "rewards": [{"name": "exact_match"}]})
