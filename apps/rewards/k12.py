@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import RewardResult, register
-from apps.runs.config import _Strict
+from apps.runs.config import StrictModel
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ DEFAULT_RUBRIC = (
 )
 
 
-class K12JudgeParams(_Strict):
+class K12JudgeParams(StrictModel):
     rubric: str = Field(DEFAULT_RUBRIC, min_length=1, max_length=4000)
     # Without a model the judge is the run's current model.
     model: str | None = Field(None, min_length=1)
@@ -52,7 +52,7 @@ class K12JudgeParams(_Strict):
     max_prompt_tokens: int = Field(2048, ge=64, le=65536)
 
 
-class K12LearnedParams(_Strict):
+class K12LearnedParams(StrictModel):
     # The model a version is trained from: a path or hub id; None: the run's current model.
     base: str | None = Field(None, min_length=1)
     retrain_every: int = Field(20, ge=1)
@@ -63,7 +63,7 @@ class K12LearnedParams(_Strict):
     max_length: int = Field(256, ge=8)
 
 
-def _params_check(name: str, model: type[_Strict]) -> Any:
+def _params_check(name: str, model: type[StrictModel]) -> Any:
     def check(params: Mapping[str, Any]) -> None:
         try:
             model.model_validate(dict(params))

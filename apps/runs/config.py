@@ -64,6 +64,11 @@ class _Strict(BaseModel):
         return value
 
 
+# The base of every config shape, public for the apps above that validate params the same
+# way (apps.rewards.k12's params).
+StrictModel = _Strict
+
+
 class SamplingConfig(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
