@@ -35,11 +35,11 @@ from apps.rewards.selectors import rewards_summary
 from apps.rewards.views import reward_model_panel_context
 from apps.runs.config import ConfigInvalid, config_file_read, config_parse
 from apps.runs.forms import (
-    ALGORITHM_DEFAULTS,
     CONFIG_FILE,
     FIELD_HELP,
     FORM,
     SECTION_HELP,
+    algorithm_defaults,
     config_field_specs,
     config_from_post,
     config_warnings,
@@ -143,7 +143,7 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
         "tasksets": tasksets_for(user=user) if user is not None else [],
         "taskset_id": taskset_id,
         "notes": notes or [],
-        "algorithm_defaults": ALGORITHM_DEFAULTS,
+        "algorithm_defaults": algorithm_defaults(),
     }
 
 
