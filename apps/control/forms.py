@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from apps.hygiene import InputRejected, yaml_parse
+from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
 from apps.runs.vocabulary import DOMAINS
 
@@ -66,6 +67,10 @@ def _default_text(info: FieldInfo, kind: str) -> str:
     return str(value)
 
 
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
 def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]:
     specs: list[FieldSpec] = []
     for name, info in model.model_fields.items():
@@ -84,9 +89,10 @@ def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]
             kind = "checkbox"
         elif annotation in (int, float):
             kind = "number"
+        elif annotation is str and _extra(info).get("registry") == "algorithms":
+            kind, choices = "select", algorithm_names()
         elif annotation is str:
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            kind = "markdown" if extra.get("widget") == "markdown" else "text"
+            kind = "markdown" if _extra(info).get("widget") == "markdown" else "text"
         else:
             kind = "yaml"
         specs.append(FieldSpec(
@@ -223,19 +229,16 @@ FIELD_HELP: dict[str, str] = {
 }
 # Values the new-run form fills in when the algorithm changes (static/rftweb/newrun.js),
 # for fields the person has not edited.
-ALGORITHM_DEFAULTS: dict[str, dict[str, str]] = {
-    "grpo": {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.loss_type": "dapo", "mode": "sync"},
-    "mix": {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.mu": "0.1", "mode": "sync"},
-    "dpo": {"repeat_times": "2", "trainer.learning_rate": "5e-07", "trainer.dpo_beta": "0.1", "mode": "sync"},
-    "sft": {"repeat_times": "1", "trainer.learning_rate": "2e-05", "mode": "train"},
-}
+def algorithm_defaults() -> dict[str, dict[str, str]]:
+    """Each registered algorithm's form values (its declaration's `form_defaults`)."""
+    return {a.name: dict(a.form_defaults) for a in algorithms()}
 
 
 def config_warnings(*, config: Any) -> list[str]:
     """Configs that are valid but cannot learn (or learn nothing from people)."""
     cfg = config_validate(data=config)
     out: list[str] = []
-    group_relative = cfg.algorithm in ("grpo", "mix")
+    group_relative = algorithm_get(cfg.algorithm).group_relative
     for i, term in enumerate(cfg.rewards):
         if term.weight == 0:
             out.append(f"reward {term.name} (rewards.{i}) has weight 0: it never changes the reward.")

@@ -41,6 +41,8 @@ from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.buffer.services import batch_release, lease_reap, task_release
 from apps.runs import policy
+from apps.runs.algorithms import BatchPlan, algorithm_get
+from apps.runs.config import RunConfig
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
 from apps.runs.services import TransitionNotAllowed, run_transition
 
@@ -67,30 +69,9 @@ def experiences_claimable_count(
     return qs[:limit].count()
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """What a train step claims: how many of the model's own rollouts (whole groups or
-    not), how many expert ones."""
-
-    usual: int
-    expert: int
-    whole_groups: bool
-
-    @property
-    def size(self) -> int:
-        return self.usual + self.expert
-
-
-def batch_plan(*, cfg: Any) -> BatchPlan:
-    algo = str(getattr(cfg.algorithm, "value", cfg.algorithm))
-    size = cfg.train_batch_size
-    if algo == "sft":
-        return BatchPlan(usual=0, expert=size, whole_groups=False)
-    if algo == "mix":
-        expert = min(size - 1, round(cfg.trainer.expert_share * size)) if size > 1 else 0
-        return BatchPlan(usual=size - expert, expert=expert, whole_groups=True)
-    # grpo: advantages are group-relative; dpo: pairs are drawn within a group.
-    return BatchPlan(usual=size, expert=0, whole_groups=True)
+def batch_plan(*, cfg: RunConfig) -> BatchPlan:
+    """What a train step of this run claims: its algorithm's declaration says."""
+    return algorithm_get(cfg.algorithm).batch_plan(cfg)
 
 
 def explore_finished(*, run: Run) -> bool:
@@ -134,15 +115,7 @@ def train_readiness(*, run: Run) -> TrainReadiness:
     )
     pending = Experience.objects.filter(run=run, status=Experience.Status.PENDING).exists()
     final = explore_finished(run=run) and not pending
-    algo = str(getattr(cfg.algorithm, "value", cfg.algorithm))
-    if algo == "mix":
-        # The expert part is optional (a missing side adds nothing); the usual part sets the pace.
-        full = usual >= plan.usual
-        some = usual > 0 or expert > 0
-    elif plan.expert:
-        full, some = expert >= plan.expert, expert > 0
-    else:
-        full, some = usual >= plan.usual, usual > 0
+    full, some = algorithm_get(cfg.algorithm).batch_ready(plan, usual=usual, expert=expert)
     return TrainReadiness(ready=full or (final and some), final=final, usual=usual, expert=expert, min_version=min_version)
 
 

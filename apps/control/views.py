@@ -22,11 +22,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
 from apps.control.forms import (
-    ALGORITHM_DEFAULTS,
     CONFIG_FILE,
     FIELD_HELP,
     FORM,
     SECTION_HELP,
+    algorithm_defaults,
     config_field_specs,
     config_from_post,
     config_warnings,
@@ -135,7 +135,7 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
         "tasksets": tasksets_for(user=user) if user is not None else [],
         "taskset_id": taskset_id,
         "notes": notes or [],
-        "algorithm_defaults": ALGORITHM_DEFAULTS,
+        "algorithm_defaults": algorithm_defaults(),
     }
 
 

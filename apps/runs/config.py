@@ -14,15 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
+from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.vocabulary import DOMAINS
 from rftweb.exceptions import InvalidInput
-
-
-class Algorithm(StrEnum):
-    GRPO = "grpo"
-    DPO = "dpo"
-    SFT = "sft"
-    MIX = "mix"
 
 
 class Mode(StrEnum):
@@ -321,24 +315,10 @@ class AlgorithmConfig(_Strict):
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 
 
-# Losses a learner group splits exactly: each part weighted by its share of the batch's
-# sequences (grpo, dr_grpo) or of its completion tokens (dapo, bnpo; and SFT).
-GROUP_PER_SEQUENCE = ("grpo", "dr_grpo")
-GROUP_PER_TOKEN = ("dapo", "bnpo")
-
-
 def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str) -> str | None:
-    """Why a learner of these settings cannot run as a group of processes (None: it can)."""
-    if algorithm == "sft":
-        return None
-    if algorithm != "grpo":
-        return f"a learner group trains grpo and sft; {algorithm} runs in one process (set processes: 1)"
-    if loss_type not in GROUP_PER_SEQUENCE + GROUP_PER_TOKEN:
-        return (f"loss_type {loss_type} does not split exactly over a learner group; "
-                f"use one of {', '.join(GROUP_PER_SEQUENCE + GROUP_PER_TOKEN)} or processes: 1")
-    if scale_rewards == "batch":
-        return "scale_rewards=batch needs the whole batch's statistics on every process; use group or none"
-    return None
+    """Why a learner of these settings cannot run as a group of processes (None: it can):
+    the algorithm's own declaration says (apps.runs.algorithms)."""
+    return algorithm_get(algorithm).group_refusal(loss_type=loss_type, scale_rewards=scale_rewards)
 
 
 class PipelineStep(_Strict):
@@ -414,7 +394,8 @@ class RolloutEngineConfig(_Strict):
 class RunConfig(_Strict):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
-    algorithm: Algorithm = Algorithm.GRPO
+    # A registered algorithm's name (apps.runs.algorithms): grpo, dpo, sft, mix, …
+    algorithm: str = Field("grpo", json_schema_extra={"registry": "algorithms"})
     mode: Mode = Mode.SYNC
     engine: Literal["vllm", "transformers"] = "transformers"
     rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
@@ -447,12 +428,20 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.algorithm in (Algorithm.GRPO, Algorithm.MIX) and self.repeat_times < 2:
+        if algorithm_get(self.algorithm).group_relative and self.repeat_times < 2:
+            relative = " and ".join(a.name for a in algorithms() if a.group_relative)
             raise FieldConflict("repeat_times",
-                                "repeat_times must be at least 2 for grpo and mix (advantages are group-relative)")
+                                f"repeat_times must be at least 2 for {relative} (advantages are group-relative)")
         if self.feedback.mode == "learned" and not self.reward_model.enabled:
             raise FieldConflict("feedback.mode", "feedback.mode learned needs reward_model.enabled")
         return self
+
+    @field_validator("algorithm")
+    @classmethod
+    def _registered_algorithm(cls, name: str) -> str:
+        if name not in algorithm_names():
+            raise ValueError(f"Input should be one of the registered algorithms: {', '.join(algorithm_names())}")
+        return name
 
     @field_validator("trainer")
     @classmethod

@@ -42,10 +42,8 @@ from typing import Any
 
 import torch
 
-from apps.runs.config import GROUP_PER_SEQUENCE as PER_SEQUENCE
-from apps.runs.config import GROUP_PER_TOKEN as PER_TOKEN
 from apps.runs.config import learner_group_refusal
-from workers.algorithms.batch import Rollout, TrainBatch, trainable
+from workers.algorithms.batch import Rollout, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +93,8 @@ class GroupShard:
         reason = group_supported(spec)
         if reason is not None:
             raise GroupUnsupported(reason)
-        if spec.algorithm == "sft":
-            rows = trainable(batch.expert + batch.usual)
-            return rows, _parts(rows, self.world, by_group=False)[self.rank]
-        rows = trainable(batch.usual)
-        return rows, _parts(rows, self.world, by_group=True)[self.rank]
-
-    def _share(self, learner: Any, rows: list[Rollout], mine: list[Rollout]) -> float:
-        per_sequence = learner.spec.algorithm == "grpo" and learner.spec.params.loss_type in PER_SEQUENCE
-        if per_sequence:
-            return len(mine) / len(rows)
-        return sum(len(r.completion_ids) for r in mine) / sum(len(r.completion_ids) for r in rows)
+        rows, by_group = learner.objective.group_rows(batch)
+        return rows, _parts(rows, self.world, by_group=by_group)[self.rank]
 
     def loss(self, learner: Any, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         from workers.algorithms.learner import NothingToTrain
@@ -113,8 +102,8 @@ class GroupShard:
         rows, mine = self._rows(learner, batch)
         self.nothing = "" if mine else "no rollout with a token to learn from"
         if mine:
-            share = self.last_share = self._share(learner, rows, mine)
-            part = TrainBatch(usual=mine) if learner.spec.algorithm == "grpo" else TrainBatch(expert=mine)
+            share = self.last_share = learner.objective.group_share(learner, rows, mine)
+            part = learner.objective.group_part(mine)
             try:
                 loss, metrics = learner.loss(part)
                 return loss * share, metrics

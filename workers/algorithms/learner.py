@@ -24,7 +24,11 @@ from workers.algorithms.batch import (
     trainable,
 )
 
-ALGORITHMS = ("grpo", "dpo", "sft", "mix")
+from apps.runs.algorithms import algorithm_get, algorithm_names
+from workers.algorithms.objectives import objective_get
+
+# The registered algorithms (apps.runs.algorithms), each with its objective here.
+ALGORITHMS = tuple(algorithm_names())
 
 
 class NothingToTrain(ValueError):
@@ -52,7 +56,7 @@ class LearnerSpec:
 
     @property
     def needs_ref(self) -> bool:
-        return self.algorithm == "dpo" or (self.algorithm in ("grpo", "mix") and self.params.beta > 0)
+        return algorithm_get(self.algorithm).needs_reference(beta=self.params.beta)
 
     @property
     def needs_ref_model(self) -> bool:
@@ -84,8 +88,7 @@ def spec_from_config(cfg: Any) -> LearnerSpec:
 
 class Learner:
     def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None, processor: Any = None) -> None:
-        if spec.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {spec.algorithm!r}; known: {', '.join(ALGORITHMS)}")
+        self.objective = objective_get(spec.algorithm)  # ValueError naming the known ones
         from workers.adapters import is_adapter_model
         from workers.precision import optimizer_check, precision_check
 
@@ -115,11 +118,12 @@ class Learner:
             model.config.use_cache = False
         p = spec.params
         self.grpo = self.dpo = self.sft = None
-        if spec.algorithm in ("grpo", "mix"):
+        # The TRL trainers whose losses the objective borrows.
+        if "grpo" in self.objective.trainers:
             self.grpo = bridge.grpo_trainer_build(model=model, tokenizer=tokenizer, params=p)
-        if spec.algorithm == "dpo":
+        if "dpo" in self.objective.trainers:
             self.dpo = bridge.dpo_trainer_build(model=model, ref_model=self.ref_model, tokenizer=tokenizer, params=p)
-        if spec.algorithm in ("sft", "mix"):
+        if "sft" in self.objective.trainers:
             self.sft = bridge.sft_trainer_build(model=model, tokenizer=tokenizer, params=p)
         if self.adapter:
             # TRL keeps a frozen copy of a pre-existing adapter as the reference; ours is
@@ -224,36 +228,7 @@ class Learner:
 
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The algorithm's objective on `batch`, with the metrics TRL logged computing it."""
-        algo = self.spec.algorithm
-        if algo == "grpo":
-            return self.grpo_loss(batch.usual)
-        if algo == "dpo":
-            return self.dpo_loss(batch.usual + batch.expert, batch.preferences)
-        if algo == "sft":
-            # Offline SFT trains on whatever it is given; expert rows are what the trainer claims.
-            return self.sft_loss(batch.expert + batch.usual)
-        mu = self.spec.mu
-        parts: list[torch.Tensor] = []
-        metrics: dict[str, float] = {}
-        # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
-        # is SFT exactly, and a side with no data adds nothing.
-        if mu < 1 and trainable(batch.usual):
-            g, gm = self.grpo_loss(batch.usual)
-            parts.append((1 - mu) * g)
-            metrics.update({f"grpo_{k}" if k != "clip_fraction" else k: v for k, v in gm.items()})
-            metrics["grpo_loss"] = float(g.detach())
-        if mu > 0 and trainable(batch.expert):
-            s, sm = self.sft_loss(batch.expert)
-            parts.append(mu * s)
-            metrics["sft_loss"] = float(s.detach())
-            metrics.update({f"sft_{k}": v for k, v in sm.items()})
-        if not parts:
-            raise NothingToTrain("mix batch has neither usual nor expert rollouts to learn from")
-        if "grpo_entropy" in metrics:
-            metrics["entropy"] = metrics["grpo_entropy"]
-        if "grpo_kl" in metrics:
-            metrics["kl"] = metrics["grpo_kl"]
-        return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
+        return self.objective.loss(self, batch)
 
     # -- one update -------------------------------------------------------------------
 
@@ -282,20 +257,7 @@ class Learner:
         leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
         Decided on the whole batch, before any learner-group shard, so every rank agrees.
         TRL's own trainers do not skip (they step on whatever the batch gives)."""
-        algo = self.spec.algorithm
-        if algo == "grpo":
-            usual = trainable(batch.usual)
-            if usual and not self.grpo_has_signal(batch.usual):
-                return "every advantage is zero (each group's rewards are equal) and beta is 0"
-            return None
-        if algo == "mix":
-            mu = self.spec.mu
-            grpo_part = mu < 1 and bool(trainable(batch.usual))
-            sft_part = mu > 0 and bool(trainable(batch.expert))
-            if grpo_part and not sft_part and not self.grpo_has_signal(batch.usual):
-                return "no expert rollout, and every advantage of the usual ones is zero with beta 0"
-            return None
-        return None  # DPO and SFT: a pair or a token to learn always carries a gradient
+        return self.objective.no_signal(self, batch)
 
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
         rows = batch.usual + batch.expert

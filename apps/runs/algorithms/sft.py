@@ -1,0 +1,24 @@
+"""SFT: supervised fine-tuning on expert experiences (corrections, demonstrations)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apps.runs.algorithms import AlgorithmType, BatchPlan, algorithm_register
+
+if TYPE_CHECKING:
+    from apps.runs.config import RunConfig
+
+
+@algorithm_register
+class SFT(AlgorithmType):
+    name = "sft"
+    summary = "supervised fine-tuning on expert experiences"
+    learner_group = True
+    form_defaults = {"repeat_times": "1", "trainer.learning_rate": "2e-05", "mode": "train"}
+
+    def batch_plan(self, cfg: RunConfig) -> BatchPlan:
+        return BatchPlan(usual=0, expert=cfg.train_batch_size, whole_groups=False)
+
+    def group_refusal(self, *, loss_type: str, scale_rewards: str) -> str | None:
+        return None  # rows split by their completion tokens, whatever the GRPO settings say

@@ -1,0 +1,47 @@
+"""MIX: (1 − mu)·GRPO on the usual rollouts + mu·SFT on the expert ones."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.algorithms.batch import TrainBatch, trainable
+from workers.algorithms.learner import Learner, NothingToTrain
+from workers.algorithms.objectives import Objective, objective_register
+
+
+@objective_register
+class MIX(Objective):
+    name = "mix"
+    trainers = ("grpo", "sft")
+
+    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mu = learner.spec.mu
+        parts: list[torch.Tensor] = []
+        metrics: dict[str, float] = {}
+        # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
+        # is SFT exactly, and a side with no data adds nothing.
+        if mu < 1 and trainable(batch.usual):
+            g, gm = learner.grpo_loss(batch.usual)
+            parts.append((1 - mu) * g)
+            metrics.update({f"grpo_{k}" if k != "clip_fraction" else k: v for k, v in gm.items()})
+            metrics["grpo_loss"] = float(g.detach())
+        if mu > 0 and trainable(batch.expert):
+            s, sm = learner.sft_loss(batch.expert)
+            parts.append(mu * s)
+            metrics["sft_loss"] = float(s.detach())
+            metrics.update({f"sft_{k}": v for k, v in sm.items()})
+        if not parts:
+            raise NothingToTrain("mix batch has neither usual nor expert rollouts to learn from")
+        if "grpo_entropy" in metrics:
+            metrics["entropy"] = metrics["grpo_entropy"]
+        if "grpo_kl" in metrics:
+            metrics["kl"] = metrics["grpo_kl"]
+        return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
+
+    def no_signal(self, learner: Learner, batch: TrainBatch) -> str | None:
+        mu = learner.spec.mu
+        grpo_part = mu < 1 and bool(trainable(batch.usual))
+        sft_part = mu > 0 and bool(trainable(batch.expert))
+        if grpo_part and not sft_part and not learner.grpo_has_signal(batch.usual):
+            return "no expert rollout, and every advantage of the usual ones is zero with beta 0"
+        return None
