@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
-from apps.runs.vocabulary import DOMAINS
+from apps.runs.vocabulary import domains
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
 FORM = "__all__"
@@ -215,10 +215,15 @@ SECTION_HELP: dict[str, str] = {
     "trainer": "The optimiser and loss of the trainer.",
     "pipeline": "Data operators over the buffer at write, import and claim time.",
 }
+def field_help(path: str, default: str) -> str:
+    """A field's help text; the rewards help names the domains registered now."""
+    return FIELD_HELP.get(path, default).replace("{domains}", ", ".join(domains()))
+
+
 FIELD_HELP: dict[str, str] = {
     "model": "A local directory that exists on this host and the workers (a checkpoint with config.json), or a hub id such as org/model.",
     "rewards": "YAML list of reward functions: - name: math_accuracy (weight: 1.0, params: {...}, domains: [math]). "
-               f"Domains: {', '.join(DOMAINS)}; K-12 answers: k12_judge and/or k12_learned.",
+               "Domains: {domains}; K-12 answers: k12_judge and/or k12_learned.",
     "repeat_times": "Completions per task: GRPO and MIX compare them within the group, so at least 2 (4–8 is usual).",
     "total_steps": "Train steps (explore steps in explore-only mode); the run is finished after these.",
     "sync_interval": "A new model version every this many train steps.",

@@ -23,7 +23,6 @@ from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
 from apps.control.forms import (
     CONFIG_FILE,
-    FIELD_HELP,
     FORM,
     SECTION_HELP,
     algorithm_defaults,
@@ -32,6 +31,7 @@ from apps.control.forms import (
     config_warnings,
     errors_by_field,
     feedback_field_specs,
+    field_help,
     section_specs,
     values_from_config,
 )
@@ -124,7 +124,7 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
     for spec in specs:
         spec.value = values.get(spec.path, spec.default)  # type: ignore[attr-defined]
         spec.errors = errors.get(spec.path, [])  # type: ignore[attr-defined]
-        spec.help = FIELD_HELP.get(spec.path, spec.help)
+        spec.help = field_help(spec.path, spec.help)
     return {
         "sections": [(section, SECTION_HELP.get(section, ""), errors.get(section, []), fields)
                      for section, fields in section_specs(specs)],

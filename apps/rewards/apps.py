@@ -9,10 +9,11 @@ class RewardsConfig(AppConfig):
     def ready(self) -> None:
         # The run config (apps.runs, below this app) validates reward names and params, and a
         # run's start checks its taskset's domains, through the kernel's vocabulary registry.
-        from apps.rewards.registry import reward_names, reward_params_check
+        from apps.rewards.registry import domain_routes, reward_names, reward_params_check
         from apps.rewards.scoring import taskset_routing_errors
         from apps.runs.vocabulary import rewards_register
 
         rewards_register(names=reward_names,
                          params_check=lambda name, params: reward_params_check(name=name, params=params),
-                         taskset_check=taskset_routing_errors)
+                         taskset_check=taskset_routing_errors,
+                         domain_names=lambda: list(domain_routes()))

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from apps.rewards.registry import RewardResult, register, task_field
+from apps.rewards.registry import RewardResult, domain_register, register, task_field
 from apps.rewards.sandbox import code_extract, code_run, code_tests_normalise
 
 log = logging.getLogger(__name__)
@@ -45,3 +45,7 @@ def code_exec(
         return RewardResult(0.0, {"code_exec": 0.0})
     result = code_run(code=code, tests=tests, timeout=timeout, test_timeout=test_timeout, memory_mb=int(memory_mb))
     return RewardResult(result.fraction, {"code_exec": result.fraction})
+
+
+# Tasks of this domain are scored by these terms when a run names none of its own.
+domain_register("code", terms={"code_exec": 1.0})

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.registry import RewardResult, register
+from apps.rewards.registry import RewardResult, domain_register, register
 from apps.runs.config import StrictModel
 
 log = logging.getLogger(__name__)
@@ -221,3 +221,7 @@ def k12_grade_pairs(answers: list[GradedAnswer]) -> list[PreferencePair]:
                     pairs.append(PreferencePair(prompt=prompts[task_id], chosen=chosen, rejected=rejected, chosen_id=0,
                                                 rejected_id=0, group_id=f"k12:{task_id}", kind="grade", margin=hi - lo))
     return pairs
+
+
+# Tasks of this domain are scored by these terms when a run names none of its own.
+domain_register("k12", terms={"k12_judge": 1.0})

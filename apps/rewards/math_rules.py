@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from apps.rewards.answers import CLOSE, MAX_ANSWER_CHARS, OPEN, answer_extract, answer_tags
-from apps.rewards.registry import RewardResult, reference_text, register
+from apps.rewards.registry import RewardResult, domain_register, reference_text, register
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +134,7 @@ def math_format(completion: str, task: Any, *, strict: bool = False, **params: A
     if ok and strict:
         ok = completion.rstrip().endswith(CLOSE)
     return RewardResult(float(ok), {"math_format": float(ok)})
+
+
+# Tasks of this domain are scored by these terms when a run names none of its own.
+domain_register("math", terms={"math_accuracy": 1.0, "math_format": 0.1})

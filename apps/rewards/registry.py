@@ -62,6 +62,34 @@ def register(
     return decorate
 
 
+@dataclass(frozen=True)
+class DomainRoute:
+    """A reward domain: the terms (reward name -> weight) that score its tasks when a run
+    names no reward terms of its own. Tasks of any unregistered domain get exact_match."""
+
+    name: str
+    terms: tuple[tuple[str, float], ...]
+
+
+_DOMAINS: dict[str, DomainRoute] = {}
+
+
+def domain_register(name: str, *, terms: Mapping[str, float]) -> None:
+    """Register a reward domain and its default terms, next to the rewards that score it
+    (math_rules.py registers `math`). The run config learns the name through the kernel's
+    vocabulary (apps.runs.vocabulary.domains)."""
+    route = DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()))
+    if name in _DOMAINS and _DOMAINS[name] != route:
+        raise ValueError(f"reward domain {name!r} is registered twice")
+    _DOMAINS[name] = route
+
+
+def domain_routes() -> dict[str, DomainRoute]:
+    """By name: the order modules registered in depends on who imported them first."""
+    _load_builtins()
+    return {name: _DOMAINS[name] for name in sorted(_DOMAINS)}
+
+
 def _load_builtins() -> None:
     # Importing the modules registers the built-in rewards.
     from apps.rewards import builtin, code_rules, k12, math_rules, remote, vision_rules  # noqa: F401

@@ -5,7 +5,7 @@ A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a 
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
 (apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
-else → exact_match. A term's `domains` must name domains of DOMAINS: a misspelt one is a
+else → exact_match. A term's `domains` must name registered domains (apps.runs.vocabulary.domains): a misspelt one is a
 config error naming it, not a term that silently scores nothing; a task's domain that
 misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
 fallback. Each term's score is
@@ -24,22 +24,17 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from apps.rewards.registry import RewardResult, reward_get, task_field
+from apps.rewards.registry import RewardResult, domain_routes, reward_get, task_field
 from apps.runs.config import RewardTerm, RunConfig
-from apps.runs.vocabulary import DEFAULT_DOMAIN, DOMAINS, domain_misspelt, domain_misspelt_message
+from apps.runs.vocabulary import DEFAULT_DOMAIN, domain_misspelt, domain_misspelt_message
 
 log = logging.getLogger(__name__)
 
-@functools.cache
 def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
+    """Each registered domain's default terms (apps.rewards.registry.domain_register)."""
     return {
-        "math": (
-            RewardTerm(name="math_accuracy", weight=1.0, domains=["math"]),
-            RewardTerm(name="math_format", weight=0.1, domains=["math"]),
-        ),
-        "code": (RewardTerm(name="code_exec", weight=1.0, domains=["code"]),),
-        "k12": (RewardTerm(name="k12_judge", weight=1.0, domains=["k12"]),),
-        "vision": (RewardTerm(name="vision_answer", weight=1.0, domains=["vision"]),),
+        name: tuple(RewardTerm(name=reward, weight=weight, domains=[name]) for reward, weight in route.terms)
+        for name, route in domain_routes().items()
     }
 
 

@@ -8,7 +8,7 @@ from apps.rewards.k12 import DOMAIN as K12
 from apps.rewards.models import K12Grader
 from apps.rewards.scoring import rewards_for_domain
 from apps.runs.models import ModelVersion, Run
-from apps.runs.vocabulary import DOMAINS
+from apps.runs.vocabulary import domains
 
 
 def experiences_awaiting_rewards(*, run: Run, ids: Sequence[int]) -> list[Experience]:
@@ -30,7 +30,7 @@ def rewards_summary(*, run: Run) -> dict[str, Any]:
     terms = run.cfg.rewards
     routes = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}
                                            for key, t in rewards_for_domain(terms=terms, domain=domain)]}
-              for domain in DOMAINS]
+              for domain in domains()]
     learned = any(t.name == "k12_learned" for _, t in rewards_for_domain(terms=terms, domain=K12))
     graders = list(K12Grader.objects.filter(run=run).order_by("-version")[:10]) if learned else []
     return {"routes": routes, "explicit": bool(terms), "learned": learned, "graders": graders}

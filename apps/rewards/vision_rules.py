@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.rewards.answers import answer_extract
-from apps.rewards.registry import RewardResult, reference_text, register
+from apps.rewards.registry import RewardResult, domain_register, reference_text, register
 
 
 def _same(answer: str, reference: str) -> bool:
@@ -28,3 +28,7 @@ def vision_answer(completion: str, task: Any, **params: Any) -> RewardResult:
     answer = answer_extract(completion)
     ok = bool(reference) and answer is not None and _same(answer, reference)
     return RewardResult(float(ok), {"vision_answer": float(ok)})
+
+
+# Tasks of this domain are scored by these terms when a run names none of its own.
+domain_register("vision", terms={"vision_answer": 1.0})

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
-from apps.runs.vocabulary import DOMAINS
 from rftweb.exceptions import InvalidInput
 
 
@@ -91,8 +90,8 @@ class RewardTerm(_Strict):
     @classmethod
     def _known_domains(cls, domains: list[str]) -> list[str]:
         for domain in domains:
-            if domain not in DOMAINS:
-                raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
+            if domain not in vocabulary.domains():
+                raise ValueError(f"unknown domain {domain!r}; known: {', '.join(vocabulary.domains())}")
         return domains
 
     @model_validator(mode="after")

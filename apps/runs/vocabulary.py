@@ -9,8 +9,8 @@ before any request, task or command runs, so a config is never validated against
 vocabulary; outside Django (no apps loaded) validation fails loudly instead of silently
 accepting any name.
 
-The reward domains are plain data the config itself names (a term's `domains`), so they live
-here, not in the rewards app.
+The reward domains are registered by the rewards app beside the rewards that score them
+(apps.rewards.registry.domain_register); `domains()` is every registered one and the fallback.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# Tasks without a domain, and of any unregistered one, are scored by the fallback route.
 DEFAULT_DOMAIN = "general"
-# The domains rewards are routed by: each one but the fallback has a route in
-# apps.rewards.scoring.default_routes.
-DOMAINS = (DEFAULT_DOMAIN, "math", "code", "k12", "vision")
 
 
 def _domain_key(domain: str) -> str:
@@ -35,15 +33,16 @@ def domain_misspelt(domain: str) -> str | None:
     spaces, `-` and `_` aside the same), else None. Such a task would silently get the
     fallback's exact_match instead of its domain's rewards, so the doors refuse it; any
     other unknown domain (`chat`, `trivia`) is a domain of its own, scored as "anything else"."""
-    if domain in DOMAINS:
+    known_domains = domains()
+    if domain in known_domains:
         return None
     key = _domain_key(domain)
-    return next((known for known in DOMAINS if _domain_key(known) == key), None)
+    return next((known for known in known_domains if _domain_key(known) == key), None)
 
 
 def domain_misspelt_message(domain: str, known: str) -> str:
     return (f"domain {domain!r} is not a reward domain; did you mean {known!r}? (domains are exact: "
-            f"{', '.join(DOMAINS)}; any other is scored by exact_match)")
+            f"{', '.join(domains())}; any other is scored by exact_match)")
 
 
 # (config, taskset) -> {field: message}; a taskset check runs for a run with a taskset.
@@ -52,6 +51,7 @@ TasksetCheck = Callable[[Any, Any], dict[str, str]]
 
 @dataclass
 class _Vocabulary:
+    domain_names: Callable[[], Collection[str]] | None = None
     reward_names: Callable[[], Collection[str]] | None = None
     # Raises ValueError naming the bad param.
     reward_params_check: Callable[[str, Mapping[str, Any]], None] | None = None
@@ -70,8 +70,11 @@ class VocabularyMissing(RuntimeError):
 
 def rewards_register(*, names: Callable[[], Collection[str]],
                      params_check: Callable[[str, Mapping[str, Any]], None],
-                     taskset_check: TasksetCheck) -> None:
-    """apps.rewards: its reward names, their params check and the taskset routing check."""
+                     taskset_check: TasksetCheck,
+                     domain_names: Callable[[], Collection[str]]) -> None:
+    """apps.rewards: its reward names, their params check, the taskset routing check and
+    the reward domains it routes."""
+    _VOCABULARY.domain_names = domain_names
     _VOCABULARY.reward_names = names
     _VOCABULARY.reward_params_check = params_check
     if taskset_check not in _VOCABULARY.taskset_checks:
@@ -91,6 +94,12 @@ def _need(hook: Any, what: str) -> Any:
     if hook is None:
         raise VocabularyMissing(f"no {what} are registered: load the Django apps (django.setup()) first")
     return hook
+
+
+def domains() -> tuple[str, ...]:
+    """The reward domains a term may name: the fallback, then every registered one."""
+    registered = _need(_VOCABULARY.domain_names, "reward domains")()
+    return (DEFAULT_DOMAIN, *(d for d in registered if d != DEFAULT_DOMAIN))
 
 
 def reward_names() -> Collection[str]:

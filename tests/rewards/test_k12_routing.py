@@ -18,9 +18,9 @@ from apps.buffer.importers import taskset_create
 from apps.buffer.models import Task
 from apps.rewards.k12_taskset import k12_records
 from apps.rewards.scoring import default_routes, rewards_awaiting, rewards_inline
-from apps.runs.vocabulary import DOMAINS
 from apps.runs.config import ConfigInvalid, config_validate
 from apps.runs.models import Run
+from apps.runs.vocabulary import domains
 from tests.factories import base_config, make_run
 
 K12 = {"domain": "k12", "prompt": "What gas do plants take in to make food?", "reference": "carbon dioxide"}
@@ -49,7 +49,7 @@ def test_a_k12_task_goes_to_the_k12_judge_and_a_math_task_still_to_math_verify()
 
 
 def test_every_routed_domain_is_a_known_domain() -> None:
-    assert set(default_routes()) <= set(DOMAINS) and "k12" in DOMAINS
+    assert set(default_routes()) <= set(domains()) and "k12" in domains()
 
 
 def test_an_unknown_domain_is_a_config_error_naming_it() -> None:
