@@ -36,7 +36,9 @@ from apps.feedback.services import (
     feedback_rank,
     feedback_rate_and_flag,
 )
-from apps.feedback.values import FLAGS
+from apps.feedback.kinds import value_of
+from apps.feedback.kinds.flag import FLAGS
+from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, RftError
@@ -253,7 +255,7 @@ def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRe
     if not request.htmx:
         return redirect(_page_url(run))
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
-                                                    "message": f"Preference saved ({fb.value['winner']})"})
+                                                    "message": f"Preference saved ({value_of(fb, PairwiseValue).winner})"})
 
 
 @login_required
