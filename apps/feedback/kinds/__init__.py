@@ -82,6 +82,8 @@ class FeedbackKind:
     api: ClassVar[bool] = False
     api_exclusive: ClassVar[tuple[str, ...]] = ()
     api_exclusive_message: ClassVar[str] = ""
+    # Given through `rft feedback` (apps.cli: its options are the command's, see `cli_store`).
+    cli: ClassVar[bool] = False
 
     def parse(self, raw: Mapping[str, Any]) -> KindValue:
         return self.Value.from_stored(raw)
@@ -113,6 +115,11 @@ class FeedbackKind:
 
     def api_check(self, payload: Any) -> None:
         """Check (and normalise) a FeedbackIn of this kind; ValueError says what is wrong."""
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Feedback:
+        """Store one from `rft feedback`'s options (`who`: run, author, comment); InvalidInput
+        names the option that is wrong."""
+        raise NotImplementedError(f"{self.name} feedback is not given through the command line")
 
     def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Feedback:
         """Store a checked FeedbackIn through the kind's service (`who`: run, api_key, comment)."""
@@ -184,13 +191,13 @@ def kind_get(name: object) -> FeedbackKind:
     try:
         return _REGISTRY[key]
     except KeyError:
-        raise ValueError(f"unknown feedback kind {key!r}; known: {', '.join(_REGISTRY)}") from None
+        raise ValueError(f"unknown feedback kind {key!r}; known: {', '.join(k.name for k in kinds())}") from None
 
 
 def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisable: bool | None = None,
-               api: bool | None = None) -> list[str]:
+               api: bool | None = None, cli: bool | None = None) -> list[str]:
     """The registered kinds' names, those with the given attributes only."""
-    wanted = {"folds": folds, "labels": labels, "revisable": revisable, "api": api}
+    wanted = {"folds": folds, "labels": labels, "revisable": revisable, "api": api, "cli": cli}
     return [k.name for k in kinds() if all(v is None or getattr(k, a) == v for a, v in wanted.items())]
 
 

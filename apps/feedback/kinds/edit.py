@@ -34,6 +34,11 @@ class Edit(FeedbackKind):
     Value = EditValue
     target = "experience"
     labels = True
+    cli = True
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        feedback, _ = self.service(experience=opts["experience"], text=opts["text"] or "", **who)
+        return feedback
 
     def pair_ids(self, fb: Any) -> list[int]:
         value = self.parse(fb.value)

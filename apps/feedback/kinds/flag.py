@@ -50,8 +50,13 @@ class Flag(FeedbackKind):
     target = "experience"
     revisable = True
     api = True
+    cli = True
     api_exclusive = ("flags", "reason")
     api_exclusive_message = "flags and reason are for flag feedback only"
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
+        return self.service(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
 
     def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
         # An older client flags without saying why; the flag still needs to read as one.

@@ -44,6 +44,7 @@ class Pairwise(FeedbackKind):
     labels = True
     revisable = True
     api = True
+    cli = True
     api_exclusive = ("other_experience_id", "winner", "preferred")
     api_exclusive_message = "other_experience_id and winner are for pairwise feedback only"
 
@@ -55,6 +56,9 @@ class Pairwise(FeedbackKind):
             return []
         chosen, rejected = (a, b) if value.winner == "a" else (b, a)
         return [preference_pair(chosen, rejected, kind=self.name, margin=1.0, group_id=a.group_id, trust=trust)]
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        return self.service(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "", **who)
 
     def api_check(self, payload: Any) -> None:
         if payload.winner is None:

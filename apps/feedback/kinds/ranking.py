@@ -51,6 +51,7 @@ class Ranking(FeedbackKind):
     labels = True
     revisable = True
     api = True
+    cli = True
     api_exclusive = ("order",)
     api_exclusive_message = "order is for ranking feedback only"
 
@@ -73,6 +74,13 @@ class Ranking(FeedbackKind):
             return []
         return [preference_pair(better, worse, kind=self.name, margin=1.0, group_id=fb.group_id, trust=trust)
                 for i, better in enumerate(present) for worse in present[i + 1:]]
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        try:
+            order = [int(x) for x in (opts["order"] or "").split(",") if x.strip()]
+        except ValueError:
+            raise InvalidInput("--order is experience ids separated by commas, best first") from None
+        return self.service(order=order, **who)
 
     def api_check(self, payload: Any) -> None:
         if not payload.order:

@@ -55,6 +55,10 @@ class Rating(FeedbackKind):
     pairs_by_fold = True
     revisable = True
     api = True
+    cli = True
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        return self.service(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
 
     def signals(self, fb: Any) -> Iterable[Signal]:
         value = self.parse(fb.value)
