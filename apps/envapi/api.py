@@ -39,8 +39,8 @@ from apps.envapi.services import (
     trajectories_submit,
 )
 from apps.feedback.exports import export_jsonl_response, export_options_parse
-from apps.feedback.models import Feedback
 from apps.feedback.kinds import kind_get
+from apps.feedback.models import Feedback
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run

@@ -26,6 +26,8 @@ class Feedback(models.Model):
     """
 
     class Kind(models.TextChoices):
+        # The names the kinds registered in apps.feedback.kinds are stored under; what each
+        # kind does (target, fold, pairs, doors) is its declaration there, not a check here.
         RATING = "rating"
         RANKING = "ranking"
         PAIRWISE = "pairwise"
@@ -35,8 +37,9 @@ class Feedback(models.Model):
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="feedback")
     kind = models.CharField(max_length=12, choices=Kind.choices)
-    # Target: one experience (rating, flag, edit, env_reward), a pair (pairwise: experience is
-    # A, other is B), or a group (ranking: group_id, value holds the ordered experience ids).
+    # Target (the kind's `target`): one experience (rating, flag, edit, env_reward), a pair
+    # (pairwise: experience is A, other is B), or a group (ranking: group_id, value holds the
+    # ordered experience ids).
     experience = models.ForeignKey("buffer.Experience", null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
     other = models.ForeignKey("buffer.Experience", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     group_id = models.CharField(max_length=100, blank=True, db_index=True)

@@ -25,10 +25,10 @@ from django.utils import timezone
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
+from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
 from apps.feedback.selection import WINDOW, selection_active, selection_order, selection_ranks, share_slots
-from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
 from apps.rewards.models import GoldItem
 from apps.runs.config import FeedbackPolicy
 from apps.runs.events import event_publish
@@ -380,11 +380,11 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
 # into the group when it bears on rewards, and announces `feedback.saved`.
 
 
-def _value(kind: str, **fields: Any) -> dict[str, Any]:
-    """The stored JSON of a new value of `kind`, checked by the kind's typed model."""
+def _new(kind: str, **fields: Any) -> Any:
+    """A new value of `kind`: its typed model, checked in its constructor (typed Any here:
+    its fields are the kind's)."""
     model: Any = kind_get(kind).Value
-    stored: dict[str, Any] = model(**fields).stored()
-    return stored
+    return model(**fields)
 
 
 def _clean_comment(comment: str | None) -> str:
@@ -409,7 +409,7 @@ def _person(author: Any) -> Any:
 
 
 def _store(
-    *, run: Run, kind: str, value: dict[str, Any], targets: Sequence[Experience], group_id: str,
+    *, run: Run, kind: str, value: KindValue, targets: Sequence[Experience], group_id: str,
     author: Any, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
     """The row itself, late or not by the one rule. Call inside a transaction, with the
@@ -422,7 +422,7 @@ def _store(
         late = False
     return Feedback.objects.create(
         run=run, kind=kind, experience=targets[0] if kind_get(kind).target != "group" else None, other=other,
-        group_id=group_id, author=author, api_key=api_key, value=value, comment=comment, late=late,
+        group_id=group_id, author=author, api_key=api_key, value=value.stored(), comment=comment, late=late,
     )
 
 
@@ -468,7 +468,7 @@ def feedback_store(
         target = _experience_of(run, experience, "experience_id")
         members = _locked_members(run=run, group_id=target.group_id)
         target = next((m for m in members if m.pk == target.pk), target)
-        fb = _store(run=run, kind=kind, value=value.stored(), targets=[target], group_id=target.group_id,
+        fb = _store(run=run, kind=kind, value=value, targets=[target], group_id=target.group_id,
                     author=author, api_key=api_key, comment=comment)
         if folds:
             return _fold_and_finish(run=run, feedback=fb, members=members, targets=[target.pk])
@@ -484,9 +484,9 @@ def feedback_rate(
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
     rewards (unless late) and closing the author's assignment of it."""
-    rating: Any = kind_get(Feedback.Kind.RATING).Value
-    return feedback_store(run=run, kind=Feedback.Kind.RATING, value=rating(score=score, thumb=thumb),
-                          experience=experience, author=author, api_key=api_key, comment=comment)
+    value = _new(Feedback.Kind.RATING, score=score, thumb=thumb)
+    return feedback_store(run=run, kind=Feedback.Kind.RATING, value=value, experience=experience, author=author,
+                          api_key=api_key, comment=comment)
 
 
 @kind_service(Feedback.Kind.RANKING)
@@ -496,19 +496,19 @@ def feedback_rank(
 ) -> Feedback:
     """A ranking of a whole group, best first. The group is the one the ranked
     experiences share (`group_id`, when given, must be it)."""
-    value = _value(Feedback.Kind.RANKING, order=order)
+    value = _new(Feedback.Kind.RANKING, order=order)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
-        first = _experience_of(run, value["order"][0], "order")
+        first = _experience_of(run, value.order[0], "order")
         if group_id is not None and str(group_id) != first.group_id:
             raise InvalidInput(f"experience {first.pk} is not in group {group_id!r}", field="order")
         members = _locked_members(run=run, group_id=first.group_id)
-        if sorted(value["order"]) != sorted(m.pk for m in members):
+        if sorted(value.order) != sorted(m.pk for m in members):
             raise InvalidInput(
                 f"a ranking orders every completion of the group exactly once ({len(members)} in group)", field="order")
         fb = _store(run=run, kind=Feedback.Kind.RANKING, value=value, targets=members, group_id=first.group_id,
                     author=author, api_key=api_key, comment=comment)
-        return _fold_and_finish(run=run, feedback=fb, members=members, targets=value["order"])
+        return _fold_and_finish(run=run, feedback=fb, members=members, targets=value.order)
 
 
 @kind_service(Feedback.Kind.PAIRWISE)
@@ -518,7 +518,7 @@ def feedback_compare(
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
     (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
-    value = _value(Feedback.Kind.PAIRWISE, winner=winner)
+    value = _new(Feedback.Kind.PAIRWISE, winner=winner)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         a = _experience_of(run, experience, "experience_id")
@@ -541,7 +541,7 @@ def feedback_flag(
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
     flag is a judgement of the item too: it leaves the author's queue."""
-    value = _value(Feedback.Kind.FLAG, flags=flags, reason=reason)
+    value = _new(Feedback.Kind.FLAG, flags=flags, reason=reason)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -561,7 +561,7 @@ def feedback_env_reward(
     reward (its parts merged into reward_parts), and the policy recomputes the training
     reward (auto: the reward itself, making a pending experience ready; blend: combined
     with the human fold). Late: stored, reward unchanged under the trainer's feet."""
-    value = _value(Feedback.Kind.ENV_REWARD, reward=reward, reward_parts=reward_parts or {})
+    value = _new(Feedback.Kind.ENV_REWARD, reward=reward, reward_parts=reward_parts or {})
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -572,11 +572,11 @@ def feedback_env_reward(
                     author=author, api_key=api_key, comment=comment)
         ready = False
         if not fb.late:
-            locked.auto_reward = value["reward"]
-            locked.reward_parts = {**(locked.reward_parts or {}), **value["reward_parts"]}
+            locked.auto_reward = value.reward
+            locked.reward_parts = {**(locked.reward_parts or {}), **value.reward_parts}
             update = ["auto_reward", "reward_parts"]
             if run.cfg.feedback.mode == "auto":
-                locked.reward = value["reward"]
+                locked.reward = value.reward
                 update.append("reward")
                 if locked.status == Experience.Status.PENDING:
                     locked.status = Experience.Status.READY
@@ -648,7 +648,7 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
             metadata={"edit_of": parent.pk, "author": author.get_username() if author else None},
         )], announce=True)
         expert = Experience.objects.get(pk=result.ids[0])
-        value = _value(Feedback.Kind.EDIT, expert_id=expert.pk)
+        value = _new(Feedback.Kind.EDIT, expert_id=expert.pk)
         fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()
         if fb is None:
             fb = _store(run=run, kind=Feedback.Kind.EDIT, value=value, targets=[parent], group_id=parent.group_id,

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from apps.feedback.kinds import kind_get
+from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 
 
@@ -18,7 +18,7 @@ from apps.feedback.models import Feedback
 def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: Any) -> None:
     from apps.feedback.learned import reward_model_due
 
-    if not created or not kind_get(instance.kind).labels:
+    if not created or instance.kind not in kind_names(labels=True):
         return
     run = instance.run
     if not run.cfg.reward_model.enabled or not reward_model_due(run=run):

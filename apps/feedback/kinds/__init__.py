@@ -5,13 +5,15 @@ its value as a typed model (validated in its constructor; `stored()` is the JSON
 `value`, `Feedback.parsed` reads it back), what it targets (one experience, a pair of one
 group, a whole group), whether and how it folds into a member's human reward, which
 preference pairs it yields for the reward model, whether it may be revised, and how the
-environment API posts it (`apps.envapi.schemas.FeedbackIn` / `api.feedback_create`). Its
-service (`kind_service`) lives in `apps.feedback.services` for the built-in kinds, or in the
-kind's own module, storing through the shared `services.feedback_store`. Nothing else compares kind names to decide behaviour.
+environment API (`apps.envapi.schemas.FeedbackIn`, `api.feedback_create`) and `rft feedback`
+take it. Its service (`kind_service`) lives in `apps.feedback.services` for the built-in
+kinds, or in the kind's own module, storing through the shared `services.feedback_store`.
+Nothing else compares kind names to decide behaviour (queries for one kind's rows, such as
+the DPO export's comparisons or the pipeline's flag filter, name the kind they read).
 
-Adding one: a module here (see `rating.py`) listed in `_BUILTIN`, with its `Feedback.Kind`
-choice for a kind stored in the database (tests/feedback/test_kind_registry.py registers one
-from a single test module).
+Adding one: a module here (see `rating.py`) listed in `_BUILTIN`, and a `Feedback.Kind`
+choice (with its choices-only migration) so the admin and the counts list it;
+tests/feedback/test_kind_registry.py registers one from a single test module.
 
 The folding math stays in the kernel (`apps.runs.feedback_policy`, which cannot import this
 app): registering a kind that folds hands the kernel its signal source.
@@ -216,6 +218,6 @@ def value_of(fb: Any, cls: type[V]) -> V:
 
 
 __all__: Sequence[str] = (
-    "FeedbackKind", "KindValue", "Target", "kind_get", "kind_names", "kind_register", "kind_service", "kind_unregister", "kinds",
-    "kinds_load", "preference_pair", "value_of", "value_parse",
+    "FeedbackKind", "KindValue", "Target", "kind_get", "kind_names", "kind_register", "kind_service",
+    "kind_unregister", "kinds", "kinds_load", "preference_pair", "value_of", "value_parse",
 )

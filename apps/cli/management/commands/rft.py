@@ -28,8 +28,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.importers import ImportFailed
 from apps.control.services import run_create_with_taskset
-from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.selectors import run_may_annotate
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
