@@ -39,14 +39,8 @@ from apps.envapi.services import (
     trajectories_submit,
 )
 from apps.feedback.exports import export_jsonl_response, export_options_parse
+from apps.feedback.kinds import kind_get
 from apps.feedback.models import Feedback
-from apps.feedback.services import (
-    feedback_compare,
-    feedback_env_reward,
-    feedback_flag,
-    feedback_rank,
-    feedback_rate,
-)
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run
@@ -189,21 +183,7 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
     feedback: Feedback
     # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
     experience = payload.experience_id or 0
-    if payload.kind == "env_reward":
-        assert payload.value is not None  # the schema checked it
-        feedback = feedback_env_reward(experience=experience, reward=payload.value,
-                                       reward_parts=payload.reward_parts, **who)
-    elif payload.kind == "rating":
-        feedback = feedback_rate(experience=experience, score=payload.score, thumb=payload.thumb, **who)
-    elif payload.kind == "pairwise":
-        feedback = feedback_compare(experience=experience, other=payload.other_experience_id,
-                                    winner=payload.winner or "", **who)
-    elif payload.kind == "ranking":
-        feedback = feedback_rank(order=payload.order or [], **who)
-    else:
-        # An older client flags without saying why; the flag still needs to read as one.
-        reason = payload.reason or ("" if payload.flags else "flagged through the environment API")
-        feedback = feedback_flag(experience=experience, flags=payload.flags, reason=reason, **who)
+    feedback = kind_get(payload.kind).api_store(payload, experience=experience, who=who)
     target: Mapping[str, Any] = {}
     if feedback.experience_id is not None:
         target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}

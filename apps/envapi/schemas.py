@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, FiniteFloat, model_validator
+from pydantic import ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
+from apps.feedback.kinds import kind_get, kind_names, kinds
 from apps.runs.api_kit import Error
 from apps.runs.config import RunConfig
 
@@ -211,10 +212,15 @@ class TrajectoriesOut(Schema):
 # ---- feedback ------------------------------------------------------------------------
 
 
+def _kind_enum(schema: dict[str, Any]) -> None:
+    """The API's kinds in its description, as registered when it is asked for."""
+    schema["enum"] = kind_names(api=True)
+
+
 class FeedbackIn(In):
     """One piece of feedback; each kind stores the same value as the annotation page's."""
 
-    kind: Literal["env_reward", "rating", "pairwise", "ranking", "flag"]
+    kind: str = Field(description="the kind of feedback", json_schema_extra=_kind_enum)
     experience_id: Id | None = Field(None, description="the experience (A for pairwise); every kind but ranking")
     value: FiniteFloat | None = Field(
         None, description="env_reward: the reward; rating: the score 1-5 (the same as `score`)")
@@ -232,37 +238,25 @@ class FeedbackIn(In):
     reason: Annotated[str, Field(max_length=5000)] = Field("", description="flag: what is wrong, in words")
     comment: Annotated[str, Field(max_length=5000)] = ""
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        names = kind_names(api=True)
+        if kind not in names:
+            raise ValueError(f"kind is one of {', '.join(names)}")
+        return kind
+
     @model_validator(mode="after")
     def _by_kind(self) -> FeedbackIn:
-        if self.kind != "ranking" and self.experience_id is None:
+        # Each kind checks its own fields (apps.feedback.kinds); the fields only one kind may
+        # set are refused on every other.
+        kind = kind_get(self.kind)
+        if kind.target != "group" and self.experience_id is None:
             raise ValueError(f"{self.kind} needs experience_id")
-        if self.kind == "env_reward" and self.value is None:
-            raise ValueError("env_reward needs a value")
-        if self.kind == "rating":
-            if self.value is not None:
-                if self.score is not None or not float(self.value).is_integer() or not 1 <= self.value <= 5:
-                    raise ValueError("a rating's value is its score, a whole number from 1 to 5")
-                self.score, self.value = int(self.value), None
-            if (self.score is None) == (self.thumb is None):
-                raise ValueError("rating needs a score (1-5) or a thumb (up/down)")
-        if self.kind == "pairwise":
-            if self.winner is None:
-                self.winner = self.preferred
-            elif self.preferred is not None and self.preferred != self.winner:
-                raise ValueError("winner and preferred disagree")
-            if self.other_experience_id is None or self.winner is None:
-                raise ValueError("pairwise needs other_experience_id and winner")
-        elif self.other_experience_id is not None or self.winner is not None or self.preferred is not None:
-            raise ValueError("other_experience_id and winner are for pairwise feedback only")
-        if self.kind == "ranking":
-            if not self.order:
-                raise ValueError("ranking needs order")
-            if self.experience_id is not None:
-                raise ValueError("a ranking names its experiences in order, not experience_id")
-        elif self.order is not None:
-            raise ValueError("order is for ranking feedback only")
-        if self.kind != "flag" and (self.flags or self.reason):
-            raise ValueError("flags and reason are for flag feedback only")
+        kind.api_check(self)
+        for other in kinds():
+            if other.api and other is not kind and any(getattr(self, f) for f in other.api_exclusive):
+                raise ValueError(other.api_exclusive_message)
         return self
 
 

@@ -7,4 +7,9 @@ class FeedbackConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.feedback import signals  # noqa: F401 - connects the receivers
+        # signals connects the receivers; services registers the built-in kinds' services.
+        from apps.feedback import services, signals  # noqa: F401
+        from apps.feedback.kinds import kinds_load
+
+        # Every kind registered at start: the kernel's fold reads their signal sources.
+        kinds_load()

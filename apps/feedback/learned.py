@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
+from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
@@ -35,7 +36,6 @@ from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
-LABEL_KINDS = (Feedback.Kind.RATING, Feedback.Kind.RANKING, Feedback.Kind.PAIRWISE, Feedback.Kind.EDIT)
 _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 ACCURACY_METRIC = "reward_model/accuracy"
 ACCURACY_RANDOM_METRIC = "reward_model/accuracy_random"  # the unbiased twin: pairs the random share handed out
@@ -47,7 +47,7 @@ def reward_model_on(*, run: Run) -> bool:
 
 def run_label_count(*, run: Run) -> int:
     """Labels that teach the reward model: ratings, rankings, comparisons and edits."""
-    return Feedback.objects.filter(run=run, kind__in=LABEL_KINDS).count()
+    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).count()
 
 
 def reward_model_latest(*, run: Run) -> RewardModel | None:

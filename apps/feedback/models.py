@@ -3,13 +3,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from apps.feedback.kinds import KindValue, value_parse
+
 
 class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
     by the run's feedback policy.
 
     Every door stores it through the service of its kind (`apps.feedback.services`), which
-    builds `value` in the one shape of that kind (`apps.feedback.values`):
+    builds `value` in the one shape of that kind (its typed model in `apps.feedback.kinds`,
+    read back through `Feedback.parsed`):
 
     - rating: {"score": 1..5 | null, "thumb": "up" | "down" | null, "normalised": 0..1 | null}
       (one of score and thumb; normalised is what the policy folds. normalised is null
@@ -23,6 +26,8 @@ class Feedback(models.Model):
     """
 
     class Kind(models.TextChoices):
+        # The names the kinds registered in apps.feedback.kinds are stored under; what each
+        # kind does (target, fold, pairs, doors) is its declaration there, not a check here.
         RATING = "rating"
         RANKING = "ranking"
         PAIRWISE = "pairwise"
@@ -32,8 +37,9 @@ class Feedback(models.Model):
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="feedback")
     kind = models.CharField(max_length=12, choices=Kind.choices)
-    # Target: one experience (rating, flag, edit, env_reward), a pair (pairwise: experience is
-    # A, other is B), or a group (ranking: group_id, value holds the ordered experience ids).
+    # Target (the kind's `target`): one experience (rating, flag, edit, env_reward), a pair
+    # (pairwise: experience is A, other is B), or a group (ranking: group_id, value holds the
+    # ordered experience ids).
     experience = models.ForeignKey("buffer.Experience", null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
     other = models.ForeignKey("buffer.Experience", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     group_id = models.CharField(max_length=100, blank=True, db_index=True)
@@ -51,6 +57,12 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} on run {self.run_id}"
+
+    @property
+    def parsed(self) -> KindValue:
+        """`value` as its kind's typed model (apps.feedback.kinds); `kinds.value_of(fb, Model)`
+        when the reader needs one kind's fields."""
+        return value_parse(kind=self.kind, raw=self.value)
 
 
 class Assignment(models.Model):

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from apps.buffer.models import Experience
+from apps.feedback.kinds import kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import signals_fold
@@ -29,15 +30,6 @@ from apps.runs.models import Run
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
 TRUSTED_WEIGHT = 0.5
-
-
-def _pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str,
-          trust: float = 1.0) -> PreferencePair:
-    return PreferencePair(
-        prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
-        chosen_id=chosen.pk, rejected_id=rejected.pk, group_id=group_id, kind=kind, margin=margin,
-        trust=min(1.0, trust),
-    )
 
 
 def _author_trust(fb: Feedback, weights: Mapping[int, float] | None) -> float:
@@ -63,54 +55,32 @@ def preference_pairs(
     their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
     """
     skip = exclude_experience_ids or set()
-    qs = Feedback.objects.filter(run=run, kind__in=[Feedback.Kind.RATING, Feedback.Kind.RANKING,
-                                                    Feedback.Kind.PAIRWISE, Feedback.Kind.EDIT])
+    qs = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
     if not include_late:
         qs = qs.filter(late=False)
     rows = list(qs.order_by("created_at", "id").only("kind", "experience_id", "other_id", "group_id", "author_id",
                                                       "value"))
     wanted: set[int] = set()
     for fb in rows:
-        if fb.kind == Feedback.Kind.RANKING:
-            wanted.update(int(x) for x in fb.value.get("order", []))
-        elif fb.kind == Feedback.Kind.EDIT:
-            wanted.update(x for x in (fb.experience_id, fb.value.get("expert_id")) if x)
-        else:
-            wanted.update(x for x in (fb.experience_id, fb.other_id) if x)
+        wanted.update(kind_get(fb.kind).pair_ids(fb))
     exps = {e.pk: e for e in Experience.objects.filter(run=run, pk__in=wanted - skip).only(
         "pk", "group_id", "prompt_text", "response_text")}
 
     pairs: list[PreferencePair] = []
-    ratings_by_group: dict[str, list[Feedback]] = defaultdict(list)
+    # Kinds whose pairs come from the group's folded rewards (ratings), by (kind, group).
+    ratings_by_group: dict[tuple[str, str], list[Feedback]] = defaultdict(list)
     for fb in rows:
+        kind = kind_get(fb.kind)
         trust = _author_trust(fb, rater_weights)
-        if fb.kind != Feedback.Kind.RATING and trust < TRUSTED_WEIGHT:
-            continue  # an untrusted rater's choice is not evidence (ratings: per member, below)
-        if fb.kind == Feedback.Kind.RATING:
+        if kind.pairs_by_fold:
             if fb.experience_id in exps:
-                ratings_by_group[exps[fb.experience_id].group_id].append(fb)
-        elif fb.kind == Feedback.Kind.RANKING:
-            order = [exps.get(int(x)) for x in fb.value.get("order", [])]
-            if any(e is None for e in order):
-                continue
-            for i, better in enumerate(order):
-                for worse in order[i + 1:]:
-                    pairs.append(_pair(better, worse, kind="ranking", margin=1.0, group_id=fb.group_id,  # type: ignore[arg-type]
-                                       trust=trust))
-        elif fb.kind == Feedback.Kind.PAIRWISE:
-            a, b = exps.get(fb.experience_id), exps.get(fb.other_id)  # type: ignore[arg-type]
-            winner = fb.value.get("winner")
-            if a is None or b is None or winner not in ("a", "b"):
-                continue
-            chosen, rejected = (a, b) if winner == "a" else (b, a)
-            pairs.append(_pair(chosen, rejected, kind="pairwise", margin=1.0, group_id=a.group_id, trust=trust))
-        elif fb.kind == Feedback.Kind.EDIT:
-            original, expert = exps.get(fb.experience_id), exps.get(fb.value.get("expert_id"))  # type: ignore[arg-type]
-            if original is None or expert is None or expert.response_text == original.response_text:
-                continue
-            pairs.append(_pair(expert, original, kind="edit", margin=1.0, group_id=original.group_id, trust=trust))
+                ratings_by_group[(kind.name, exps[fb.experience_id].group_id)].append(fb)
+            continue
+        if trust < TRUSTED_WEIGHT:
+            continue  # an untrusted rater's choice is not evidence (ratings: per member, below)
+        pairs.extend(kind.pairs(fb, exps, trust=trust))
 
-    for group_id, ratings in ratings_by_group.items():
+    for (kind_name, group_id), ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings if fb.experience_id is not None})
         folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
@@ -124,8 +94,8 @@ def preference_pairs(
                 if h_a == h_b:
                     continue
                 (hi, h_hi), (lo, h_lo) = ((pk_a, h_a), (pk_b, h_b)) if h_a > h_b else ((pk_b, h_b), (pk_a, h_a))
-                pairs.append(_pair(exps[hi], exps[lo], kind="rating", margin=float(h_hi - h_lo),
-                                   group_id=group_id, trust=min(t_a, t_b)))
+                pairs.append(preference_pair(exps[hi], exps[lo], kind=kind_name, margin=float(h_hi - h_lo),
+                                             group_id=group_id, trust=min(t_a, t_b)))
     return pairs
 
 

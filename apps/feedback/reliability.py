@@ -39,6 +39,10 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Count, Max, Sum
 
+from apps.feedback.kinds import value_parse
+from apps.feedback.kinds.pairwise import PairwiseValue
+from apps.feedback.kinds.ranking import RankingValue
+from apps.feedback.kinds.rating import RatingValue
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
@@ -80,8 +84,10 @@ def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, Any]]:
     out: dict[tuple[int, int], tuple[float, Any]] = {}
     for author, exp, value in (Feedback.objects.filter(run=run, kind=Feedback.Kind.RATING, author__isnull=False)
                                .order_by("created_at", "id").values_list("author_id", "experience_id", "value")):
-        raw = value.get("score") if value.get("score") is not None else value.get("thumb")
-        out[(author, exp)] = (float(value["normalised"]), raw)
+        rating = RatingValue.from_stored(value)
+        if rating.normalised is None:
+            continue  # migration 0003's unreadable number: never folded, no rating to agree with
+        out[(author, exp)] = (float(rating.normalised), rating.score if rating.score is not None else rating.thumb)
     return out
 
 
@@ -118,12 +124,13 @@ def _pair_verdicts(run: Run) -> dict[tuple[int, int], dict[int, int]]:
                                     author__isnull=False)
             .order_by("created_at", "id").values_list("kind", "author_id", "experience_id", "other_id", "value"))
     for kind, author, a, b, value in rows:
-        if kind == Feedback.Kind.PAIRWISE:
-            if value.get("winner") not in ("a", "b") or a is None or b is None:
+        parsed = value_parse(kind=kind, raw=value)
+        if isinstance(parsed, PairwiseValue):
+            if not parsed.decided or a is None or b is None:
                 continue
-            verdicts[(min(a, b), max(a, b))][author] = a if value["winner"] == "a" else b
-        else:
-            order = [int(x) for x in value.get("order", [])]
+            verdicts[(min(a, b), max(a, b))][author] = a if parsed.winner == "a" else b
+        elif isinstance(parsed, RankingValue):
+            order = list(parsed.order)
             for i, better in enumerate(order):
                 for worse in order[i + 1:]:
                     verdicts[(min(better, worse), max(better, worse))][author] = better

@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.buffer.models import Experience
+from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.services import _lease_seconds
 from apps.rewards.models import GoldItem
@@ -31,7 +32,6 @@ from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
-REVISABLE_KINDS = ("rating", "ranking", "pairwise", "flag")
 
 
 class NotRevisable(InvalidInput):
@@ -39,9 +39,7 @@ class NotRevisable(InvalidInput):
 
 
 def feedback_targets(fb: Feedback) -> list[int]:
-    if fb.kind == Feedback.Kind.RANKING:
-        return [int(i) for i in (fb.value or {}).get("order", [])]
-    return [i for i in (fb.experience_id, fb.other_id) if i]
+    return kind_get(fb.kind).targets(fb)
 
 
 def _gold_ids(run_id: int) -> set[int]:
@@ -56,7 +54,7 @@ def _on_gold(fb: Feedback, gold: set[int]) -> bool:
 
 
 def feedback_revisable(*, feedback: Feedback) -> bool:
-    if feedback.late or feedback.kind not in REVISABLE_KINDS:
+    if feedback.late or not kind_get(feedback.kind).revisable:
         return False
     if _on_gold(feedback, _gold_ids(feedback.run_id)):
         return True
@@ -67,7 +65,7 @@ def feedback_revisable(*, feedback: Feedback) -> bool:
 def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[dict[str, Any]]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised."""
-    rows = list(Feedback.objects.filter(run=run, author=author, kind__in=REVISABLE_KINDS)
+    rows = list(Feedback.objects.filter(run=run, author=author, kind__in=kind_names(revisable=True))
                 .order_by("-created_at", "-id")[:limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
@@ -80,7 +78,7 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
     refold its group and reopen their items. NotRevisable says why not."""
     with transaction.atomic():
-        qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=REVISABLE_KINDS)
+        qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=kind_names(revisable=True))
         if feedback_id is not None:
             fb = qs.filter(pk=feedback_id).first()
             if fb is None:
@@ -112,8 +110,11 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
     policy = run.cfg.feedback
     ids = [m.pk for m in members]
     group_ids = {m.group_id for m in members}
-    remaining = list(Feedback.objects.filter(run=run, late=False).filter(
-        Q(kind=Feedback.Kind.RATING, experience_id__in=ids) | Q(kind=Feedback.Kind.RANKING, group_id__in=group_ids)))
+    on = Q(pk__in=[])
+    for name in kind_names(folds=True):  # the kinds that fold, on a member or on its group
+        on |= Q(kind=name, group_id__in=group_ids) if kind_get(name).target == "group" \
+            else Q(kind=name, experience_id__in=ids)
+    remaining = list(Feedback.objects.filter(run=run, late=False).filter(on))
     folds = signals_fold(member_ids=ids, feedback=remaining)
     complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
     for m in members:

@@ -8,6 +8,8 @@ from typing import Any
 
 from django.db.models import Count, QuerySet
 
+from apps.feedback.kinds import kind_names, value_of
+from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
@@ -48,7 +50,7 @@ def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
 
     start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
     done = Feedback.objects.filter(run=run, author=annotator, created_at__gte=start,
-                                   kind__in=["rating", "ranking", "pairwise", "edit"]).count()
+                                   kind__in=kind_names(labels=True)).count()
     waiting = Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
     return {"done_today": done, "waiting": waiting, "target": run.cfg.feedback.daily_target}
 
@@ -85,7 +87,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
         a, b = fb.experience, fb.other
         if a is None or b is None:
             continue
-        chosen, rejected = (a, b) if fb.value["winner"] == "a" else (b, a)
+        chosen, rejected = (a, b) if value_of(fb, PairwiseValue).winner == "a" else (b, a)
         pairs.append(DpoPair(
             feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,

@@ -25,17 +25,10 @@ from django.utils import timezone
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
+from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
 from apps.feedback.selection import WINDOW, selection_active, selection_order, selection_ranks, share_slots
-from apps.feedback.values import (
-    edit_value,
-    env_reward_value,
-    flag_value,
-    pairwise_value,
-    ranking_value,
-    rating_value,
-)
 from apps.rewards.models import GoldItem
 from apps.runs.config import FeedbackPolicy
 from apps.runs.events import event_publish
@@ -327,9 +320,13 @@ def _locked_members(*, run: Run, group_id: str) -> list[Experience]:
 
 
 def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
+    """The group's feedback of the kinds that fold: on a member, or (a group's kinds) on the group."""
+    on = Q(pk__in=[])
+    for name in kind_names(folds=True):
+        target = kind_get(name).target
+        on |= Q(kind=name, group_id=group_id) if target == "group" else Q(kind=name, experience_id__in=list(member_ids))
     return list(
-        Feedback.objects.filter(run=run, late=False)
-        .filter(Q(kind=Feedback.Kind.RATING, experience_id__in=list(member_ids)) | Q(kind=Feedback.Kind.RANKING, group_id=group_id))
+        Feedback.objects.filter(run=run, late=False).filter(on)
         .only("kind", "experience_id", "author_id", "api_key_id", "value")
     )
 
@@ -377,9 +374,17 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
 # ---------------------------------------------------------------- submitting
 #
 # One service per kind of feedback; the annotation page, the environment API and the CLI
-# all call these. Each builds its value in the kind's one shape (apps.feedback.values),
+# all call these. Each builds its value in the kind's one shape (its typed model in
+# apps.feedback.kinds),
 # decides lateness by the one rule (policy.feedback_is_late), stores the row, folds it
 # into the group when it bears on rewards, and announces `feedback.saved`.
+
+
+def _new(kind: str, **fields: Any) -> Any:
+    """A new value of `kind`: its typed model, checked in its constructor (typed Any here:
+    its fields are the kind's)."""
+    model: Any = kind_get(kind).Value
+    return model(**fields)
 
 
 def _clean_comment(comment: str | None) -> str:
@@ -404,7 +409,7 @@ def _person(author: Any) -> Any:
 
 
 def _store(
-    *, run: Run, kind: str, value: dict[str, Any], targets: Sequence[Experience], group_id: str,
+    *, run: Run, kind: str, value: KindValue, targets: Sequence[Experience], group_id: str,
     author: Any, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
     """The row itself, late or not by the one rule. Call inside a transaction, with the
@@ -416,8 +421,8 @@ def _store(
         # folded into a trained reward: group_fold only touches open members.
         late = False
     return Feedback.objects.create(
-        run=run, kind=kind, experience=targets[0] if kind != Feedback.Kind.RANKING else None, other=other,
-        group_id=group_id, author=author, api_key=api_key, value=value, comment=comment, late=late,
+        run=run, kind=kind, experience=targets[0] if kind_get(kind).target != "group" else None, other=other,
+        group_id=group_id, author=author, api_key=api_key, value=value.stored(), comment=comment, late=late,
     )
 
 
@@ -449,51 +454,71 @@ def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience],
     return feedback
 
 
+def feedback_store(
+    *, run: Run, kind: str, value: KindValue, experience: Experience | int | None, author: Any = None,
+    api_key: ApiKeyRow | None = None, comment: str = "",
+) -> Feedback:
+    """The shared service of a kind that targets one experience (ratings; a kind of one's
+    own, registered in apps.feedback.kinds): store `value` (its kind's typed model, checked
+    when built) by the one lateness rule, fold it into its group's rewards when the kind
+    folds (unless late), close the author's assignment of the item and announce it."""
+    folds = kind_get(kind).folds
+    comment, author = _clean_comment(comment), _person(author)
+    with transaction.atomic():
+        target = _experience_of(run, experience, "experience_id")
+        members = _locked_members(run=run, group_id=target.group_id)
+        target = next((m for m in members if m.pk == target.pk), target)
+        fb = _store(run=run, kind=kind, value=value, targets=[target], group_id=target.group_id,
+                    author=author, api_key=api_key, comment=comment)
+        if folds:
+            return _fold_and_finish(run=run, feedback=fb, members=members, targets=[target.pk])
+        _assignments_finish(run=run, annotator=fb.author, experience_ids=[target.pk])
+        _announce(run=run, feedback=fb, ready=False)
+        return fb
+
+
+@kind_service(Feedback.Kind.RATING)
 def feedback_rate(
     *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
     author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
     rewards (unless late) and closing the author's assignment of it."""
-    value = rating_value(score=score, thumb=thumb)
-    comment, author = _clean_comment(comment), _person(author)
-    with transaction.atomic():
-        target = _experience_of(run, experience, "experience_id")
-        members = _locked_members(run=run, group_id=target.group_id)
-        target = next((m for m in members if m.pk == target.pk), target)
-        fb = _store(run=run, kind=Feedback.Kind.RATING, value=value, targets=[target], group_id=target.group_id,
-                    author=author, api_key=api_key, comment=comment)
-        return _fold_and_finish(run=run, feedback=fb, members=members, targets=[target.pk])
+    value = _new(Feedback.Kind.RATING, score=score, thumb=thumb)
+    return feedback_store(run=run, kind=Feedback.Kind.RATING, value=value, experience=experience, author=author,
+                          api_key=api_key, comment=comment)
 
 
+@kind_service(Feedback.Kind.RANKING)
 def feedback_rank(
     *, run: Run, order: Sequence[int], group_id: str | None = None, author: Any = None,
     api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A ranking of a whole group, best first. The group is the one the ranked
     experiences share (`group_id`, when given, must be it)."""
-    value = ranking_value(order=order)
+    value = _new(Feedback.Kind.RANKING, order=order)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
-        first = _experience_of(run, value["order"][0], "order")
+        first = _experience_of(run, value.order[0], "order")
         if group_id is not None and str(group_id) != first.group_id:
             raise InvalidInput(f"experience {first.pk} is not in group {group_id!r}", field="order")
         members = _locked_members(run=run, group_id=first.group_id)
-        if sorted(value["order"]) != sorted(m.pk for m in members):
+        if sorted(value.order) != sorted(m.pk for m in members):
             raise InvalidInput(
                 f"a ranking orders every completion of the group exactly once ({len(members)} in group)", field="order")
         fb = _store(run=run, kind=Feedback.Kind.RANKING, value=value, targets=members, group_id=first.group_id,
                     author=author, api_key=api_key, comment=comment)
-        return _fold_and_finish(run=run, feedback=fb, members=members, targets=value["order"])
+        return _fold_and_finish(run=run, feedback=fb, members=members, targets=value.order)
 
 
+@kind_service(Feedback.Kind.PAIRWISE)
 def feedback_compare(
     *, run: Run, experience: Experience | int | None, other: Experience | int | None, winner: str,
     author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
     (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
-    value = pairwise_value(winner=winner)
+    value = _new(Feedback.Kind.PAIRWISE, winner=winner)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         a = _experience_of(run, experience, "experience_id")
@@ -509,13 +534,14 @@ def feedback_compare(
     return fb
 
 
+@kind_service(Feedback.Kind.FLAG)
 def feedback_flag(
     *, run: Run, experience: Experience | int | None, flags: Sequence[str] = (), reason: str = "",
     author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
     flag is a judgement of the item too: it leaves the author's queue."""
-    value = flag_value(flags=flags, reason=reason)
+    value = _new(Feedback.Kind.FLAG, flags=flags, reason=reason)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -526,6 +552,7 @@ def feedback_flag(
     return fb
 
 
+@kind_service(Feedback.Kind.ENV_REWARD)
 def feedback_env_reward(
     *, run: Run, experience: Experience | int | None, reward: float, reward_parts: Mapping[str, float] | None = None,
     author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
@@ -534,7 +561,7 @@ def feedback_env_reward(
     reward (its parts merged into reward_parts), and the policy recomputes the training
     reward (auto: the reward itself, making a pending experience ready; blend: combined
     with the human fold). Late: stored, reward unchanged under the trainer's feet."""
-    value = env_reward_value(reward=reward, reward_parts=reward_parts)
+    value = _new(Feedback.Kind.ENV_REWARD, reward=reward, reward_parts=reward_parts or {})
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -545,11 +572,11 @@ def feedback_env_reward(
                     author=author, api_key=api_key, comment=comment)
         ready = False
         if not fb.late:
-            locked.auto_reward = value["reward"]
-            locked.reward_parts = {**(locked.reward_parts or {}), **value["reward_parts"]}
+            locked.auto_reward = value.reward
+            locked.reward_parts = {**(locked.reward_parts or {}), **value.reward_parts}
             update = ["auto_reward", "reward_parts"]
             if run.cfg.feedback.mode == "auto":
-                locked.reward = value["reward"]
+                locked.reward = value.reward
                 update.append("reward")
                 if locked.status == Experience.Status.PENDING:
                     locked.status = Experience.Status.READY
@@ -582,6 +609,7 @@ def feedback_rate_and_flag(
     return saved
 
 
+@kind_service(Feedback.Kind.EDIT)
 def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: str, comment: str = "") -> tuple[Feedback, Experience]:
     """A corrected completion: written through experience_write as an expert experience
     (is_expert, parent = the original, source human) and recorded as edit feedback.
@@ -620,7 +648,7 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
             metadata={"edit_of": parent.pk, "author": author.get_username() if author else None},
         )], announce=True)
         expert = Experience.objects.get(pk=result.ids[0])
-        value = edit_value(expert_id=expert.pk)
+        value = _new(Feedback.Kind.EDIT, expert_id=expert.pk)
         fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()
         if fb is None:
             fb = _store(run=run, kind=Feedback.Kind.EDIT, value=value, targets=[parent], group_id=parent.group_id,

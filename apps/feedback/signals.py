@@ -10,14 +10,15 @@ from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
 def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: Any) -> None:
-    from apps.feedback.learned import LABEL_KINDS, reward_model_due
+    from apps.feedback.learned import reward_model_due
 
-    if not created or instance.kind not in LABEL_KINDS:
+    if not created or instance.kind not in kind_names(labels=True):
         return
     run = instance.run
     if not run.cfg.reward_model.enabled or not reward_model_due(run=run):

@@ -20,6 +20,9 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
+from apps.feedback.kinds import value_of
+from apps.feedback.kinds.flag import FLAGS
+from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
@@ -36,7 +39,6 @@ from apps.feedback.services import (
     feedback_rank,
     feedback_rate_and_flag,
 )
-from apps.feedback.values import FLAGS
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, RftError
@@ -252,8 +254,9 @@ def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRe
         return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
+    winner = value_of(fb, PairwiseValue).winner
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
-                                                    "message": f"Preference saved ({fb.value['winner']})"})
+                                                    "message": f"Preference saved ({winner})"})
 
 
 @login_required

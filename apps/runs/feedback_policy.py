@@ -33,7 +33,7 @@ automatic reward, `drop` filters the whole group with a stated reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,29 +140,44 @@ def feedback_rater(feedback: Any) -> Rater:
     return None
 
 
+# What a kind of feedback contributes to its members' human rewards: (experience id, score on
+# [0, 1], whether the rater's scale offset applies: it does to a rater's own scale, as a rating
+# is, not to a position in an order). Each kind that folds registers its source here
+# (apps.feedback.kinds, which this kernel cannot import); the math below is the same for all.
+Signal = tuple[int, float, bool]
+_SIGNAL_SOURCES: dict[str, Callable[[Any], Iterable[Signal]]] = {}
+
+
+def signal_source_register(kind: str, source: Callable[[Any], Iterable[Signal]]) -> None:
+    _SIGNAL_SOURCES[kind] = source
+
+
+def signal_source_unregister(kind: str) -> None:
+    _SIGNAL_SOURCES.pop(kind, None)
+
+
 def signals_fold(
     *, member_ids: Iterable[int], feedback: Iterable[Any], weights: Mapping[int, float] | None = None,
     offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
-    """Collect the rating and ranking signals of a group's members from Feedback rows
-    (anything with kind, experience_id, author_id, api_key_id and value); `weights` are the
-    raters' reliability weights (apps.feedback.reliability), None for equal weights; `offsets`
-    their rating scale offsets, subtracted from their ratings (clamped to [0, 1]) before folding."""
+    """Collect the human signals of a group's members from Feedback rows (anything with
+    kind, experience_id, author_id, api_key_id and value) through their kinds' registered
+    sources; rows of a kind that does not fold are passed over. `weights` are the raters'
+    reliability weights (apps.feedback.reliability), None for equal weights; `offsets` their
+    scale offsets, subtracted from their scaled signals (ratings; clamped to [0, 1]) before
+    folding."""
     folds = {pk: MemberFold(weights=weights) for pk in member_ids}
     for fb in feedback:
+        source = _SIGNAL_SOURCES.get(fb.kind)
+        if source is None:
+            continue
         rater = feedback_rater(fb)
-        if fb.kind == "rating" and fb.experience_id in folds:
-            # None: a number an old API client sent with no readable scale (see the
-            # feedback migration 0003); kept for people, never folded.
-            if fb.value.get("normalised") is not None:
-                score = float(fb.value["normalised"])
-                if offsets and fb.author_id in offsets:
-                    score = min(1.0, max(0.0, score - offsets[fb.author_id]))
-                folds[fb.experience_id].signals.append((rater, score))
-        elif fb.kind == "ranking":
-            for pk, score in borda_scores([int(x) for x in fb.value["order"]]).items():
-                if pk in folds:
-                    folds[pk].signals.append((rater, score))
+        for pk, score, scaled in source(fb):
+            if pk not in folds:
+                continue
+            if scaled and offsets and fb.author_id in offsets:
+                score = min(1.0, max(0.0, score - offsets[fb.author_id]))
+            folds[pk].signals.append((rater, score))
     return folds
 
 

@@ -28,8 +28,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.importers import ImportFailed
 from apps.control.services import run_create_with_taskset
-from apps.feedback import services as fs
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.selectors import run_may_annotate
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
@@ -124,7 +124,7 @@ class Command(BaseCommand):
 
         fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
         fb.add_argument("run", type=int)
-        fb.add_argument("kind", choices=("rating", "ranking", "pairwise", "flag", "edit"))
+        fb.add_argument("kind", choices=kind_names(cli=True))
         fb.add_argument("--as", dest="actor", required=True, help="username of the person giving it")
         fb.add_argument("--experience", type=int, help="the experience (A of a pairwise choice)")
         fb.add_argument("--score", type=int, help="rating: 1 (worst) to 5 (best)")
@@ -235,23 +235,7 @@ class Command(BaseCommand):
         if not run_may_annotate(run=run, user=author):
             raise CommandError(f"{author.get_username()} may not give feedback on run {run.pk}")
         who = {"run": run, "author": author, "comment": opts["comment"]}
-        kind = opts["kind"]
-        if kind == "rating":
-            fb = fs.feedback_rate(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
-        elif kind == "pairwise":
-            fb = fs.feedback_compare(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "",
-                                     **who)
-        elif kind == "ranking":
-            try:
-                order = [int(x) for x in (opts["order"] or "").split(",") if x.strip()]
-            except ValueError:
-                raise CommandError("--order is experience ids separated by commas, best first") from None
-            fb = fs.feedback_rank(order=order, **who)
-        elif kind == "flag":
-            flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
-            fb = fs.feedback_flag(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
-        else:
-            fb, _ = fs.feedback_edit(experience=opts["experience"], text=opts["text"] or "", **who)
+        fb = kind_get(opts["kind"]).cli_store(opts, who=who)
         self.stdout.write(f"feedback {fb.pk}: {fb.kind} {fb.value}" + (" (late: stored, not folded)" if fb.late else ""))
 
     # --- export ---------------------------------------------------------------------------

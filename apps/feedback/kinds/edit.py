@@ -1,0 +1,55 @@
+"""An edit: a corrected completion, written as an expert experience
+(apps.feedback.services.feedback_edit); the correction over the original is a preference."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from apps.feedback.kinds import FeedbackKind, KindValue, kind_register, preference_pair
+from apps.rewards.pairs import PreferencePair
+from rftweb.exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from apps.buffer.models import Experience
+
+
+@dataclass(frozen=True)
+class EditValue(KindValue):
+    """{"expert_id": the expert experience holding the corrected completion}."""
+
+    expert_id: int
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "expert_id", int(self.expert_id))
+        except (TypeError, ValueError):
+            raise InvalidInput("an edit names its expert experience by id", field="expert_id") from None
+
+
+@kind_register
+class Edit(FeedbackKind):
+    name = "edit"
+    Value = EditValue
+    target = "experience"
+    labels = True
+    cli = True
+
+    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+        feedback, _ = self.service(experience=opts["experience"], text=opts["text"] or "", **who)
+        return feedback
+
+    def pair_ids(self, fb: Any) -> list[int]:
+        value = self.parse(fb.value)
+        assert isinstance(value, EditValue)
+        return [i for i in (fb.experience_id, value.expert_id) if i]
+
+    def pairs(self, fb: Any, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
+        value = self.parse(fb.value)
+        assert isinstance(value, EditValue)
+        original, expert = exps.get(fb.experience_id), exps.get(value.expert_id)
+        if original is None or expert is None or expert.response_text == original.response_text:
+            return []
+        return [preference_pair(expert, original, kind=self.name, margin=1.0, group_id=original.group_id,
+                                trust=trust)]
