@@ -68,6 +68,9 @@ def database_from_url(url: str) -> dict[str, object]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": 60,
+        # 0: one connection a request. Under ASGI every request runs in its own thread, so a
+        # kept connection per thread exhausted Postgres's slots (issue #33: 94 held, 500s).
+        # Celery workers raise it to RFT_WORKER_CONN_MAX_AGE in rftweb/celery.py.
+        "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": True,
     }

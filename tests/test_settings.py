@@ -31,6 +31,8 @@ def test_the_test_run_uses_postgres_and_redis() -> None:
 
 def test_database_urls_are_parsed_and_bad_ones_named() -> None:
     db = database_from_url("postgres://bob:s%40cret@db.example:6543/rft")
+    # Web processes (ASGI, a thread per request) keep no connection between requests.
+    assert db["CONN_MAX_AGE"] == 0
     assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == ("bob", "s@cret", "db.example", "6543", "rft")
     with pytest.raises(ConfigError, match="scheme 'mysql'"):
         database_from_url("mysql://localhost/x")

@@ -62,6 +62,8 @@ def test_a_task_right_after_another_skips_the_health_check_round_trip(settings: 
 
     settings.RFT_WORKER_CONN_MAX_AGE = 300
     settings.RFT_WORKER_HEALTH_CHECK_IDLE_SECONDS = 2.0
+    # What worker_process_init sets in a worker; this test process is a web-side one (age 0).
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 300)
     connection.ensure_connection()
     connection.health_check_enabled = True  # type: ignore[attr-defined]
     checks: list[bool] = []
