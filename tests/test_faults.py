@@ -30,16 +30,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.servers import free_port
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOVER_SECONDS = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_postgres_user() -> list[str]:
@@ -57,7 +53,7 @@ class Postgres:
     """A throwaway Postgres cluster on a spare port."""
 
     root: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
 
     @property
     def bin(self) -> Path:
@@ -103,7 +99,7 @@ class Redis:
     """A throwaway Redis without persistence (a restart loses every queued message)."""
 
     root: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
     @property

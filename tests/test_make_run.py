@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,14 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -44,7 +39,7 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
     # The demo's people-in-the-loop policy (blend) with a short wait, since nobody rates here.
     demo = manage("rft_demo", "--total-steps", "4", "--feedback-wait", "2").stdout
     assert "demo ready" in demo and "/annotate/ as annotator" in demo
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "serve.log").open("wb")
     server = subprocess.Popen(
         [sys.executable, "manage.py", "rft_serve", "--port", str(port)], cwd=ROOT, env=env,

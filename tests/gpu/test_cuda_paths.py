@@ -12,13 +12,14 @@ Everything here carries the `gpu` marker and is skipped where CUDA is absent."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+
+from tests.servers import free_port
 
 pytestmark = [
     pytest.mark.gpu,
@@ -151,12 +152,6 @@ def test_adamw_8bit_on_cuda_keeps_8_bit_optimizer_state_and_trains(model_dir: Pa
     assert _first_loss(learner) != first
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _nccl_rank(rank: int, addr: str, model_dir: str, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -182,7 +177,7 @@ def test_nccl_sync_moves_the_trainers_weights_to_an_explorer_rank(model_dir: Pat
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL between two ranks needs two CUDA devices (NCCL refuses two ranks on one: "
                     "'Duplicate GPU detected')")
-    mp.start_processes(_nccl_rank, args=(f"tcp://127.0.0.1:{_free_port()}", str(model_dir), str(tmp_path)),
+    mp.start_processes(_nccl_rank, args=(f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(tmp_path)),
                        nprocs=2, start_method="spawn")
     sent, got = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     torch.testing.assert_close(sent["w"], got["w"])
@@ -209,7 +204,7 @@ def test_nccl_learner_group_of_two_makes_the_one_process_update(model_dir: Path,
 
     single.step(TrainBatch(usual=_rollouts()))
     expected = {n: p.detach().cpu() for n, p in single.model.named_parameters()}
-    mp.start_processes(_group_rank, args=(f"tcp://127.0.0.1:{_free_port()}", str(model_dir), str(tmp_path)),
+    mp.start_processes(_group_rank, args=(f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(tmp_path)),
                        nprocs=2, start_method="spawn")
     got = torch.load(tmp_path / "group0.pt")
     for name, value in expected.items():

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,8 @@ import torch
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.distributed import GroupShard, GroupUnsupported
+
+from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -72,12 +73,6 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("algorithm", "loss_type"), [("grpo", "grpo"), ("grpo", "dapo"), ("sft", "dapo")])
 def test_two_gloo_processes_make_the_one_process_update(
     tiny_model_dir: Path, tmp_path: Path, algorithm: str, loss_type: str
@@ -89,7 +84,7 @@ def test_two_gloo_processes_make_the_one_process_update(
     expected = {n: p.detach() for n, p in single.model.named_parameters()}
     before = {n: p.detach() for n, p in _learner(str(tiny_model_dir), _spec(algorithm, loss_type))[0].model.named_parameters()}
 
-    mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", str(tiny_model_dir), algorithm, loss_type, str(tmp_path)),
+    mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", str(tiny_model_dir), algorithm, loss_type, str(tmp_path)),
                        nprocs=2, start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert 0 < ranks[0]["share"] < 1 and ranks[0]["share"] + ranks[1]["share"] == pytest.approx(1.0)

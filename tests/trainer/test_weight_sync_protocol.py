@@ -6,13 +6,14 @@ version moves its adapter only. (The same code with backend nccl is the GPU path
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -95,19 +96,13 @@ def _rank(rank: int, addr: str, model_dir: str, lora: bool, out: str) -> None:
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_an_explorer_receives_a_broadcast_version_and_generates_the_trainers_text(
     tiny_model_dir: Path, tmp_path: Path, lora: bool
 ) -> None:
     import torch.multiprocessing as mp
 
-    mp.start_processes(_rank, args=(f"tcp://127.0.0.1:{_free_port()}", str(tiny_model_dir), lora, str(tmp_path)),
+    mp.start_processes(_rank, args=(f"tcp://127.0.0.1:{free_port()}", str(tiny_model_dir), lora, str(tmp_path)),
                        nprocs=2, start_method="spawn")
     trainer = json.loads((tmp_path / "rank0.json").read_text())
     explorer = json.loads((tmp_path / "rank1.json").read_text())
