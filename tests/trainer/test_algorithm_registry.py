@@ -46,8 +46,8 @@ def raft_registered() -> Iterator[None]:
     algorithm_register(RAFT)
     objective_register(RAFTObjective)
     yield
-    declarations._REGISTRY.pop("raft")
-    objectives._REGISTRY.pop("raft")
+    declarations.algorithm_unregister("raft")
+    objectives.objective_unregister("raft")
 
 
 def test_an_unregistered_algorithm_is_refused_by_name() -> None:

@@ -11,7 +11,7 @@ kinds, or in the kind's own module, storing through the shared `services.feedbac
 Nothing else compares kind names to decide behaviour (queries for one kind's rows, such as
 the DPO export's comparisons or the pipeline's flag filter, name the kind they read).
 
-Adding one: a module here (see `rating.py`) listed in `_BUILTIN`, and a `Feedback.Kind`
+Adding one: a module here (see `rating.py`) listed in `_REGISTRY`'s built-ins, and a `Feedback.Kind`
 choice (with its choices-only migration) so the admin and the counts list it;
 tests/feedback/test_kind_registry.py registers one from a single test module.
 
@@ -21,13 +21,13 @@ app): registering a kind that folds hands the kernel its signal source.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import Signal, signal_source_register, signal_source_unregister
+from rftweb.registry import Registry
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
@@ -137,7 +137,12 @@ def preference_pair(chosen: Experience, rejected: Experience, *, kind: str, marg
     )
 
 
-_REGISTRY: dict[str, FeedbackKind] = {}
+# The kinds that ship with rftweb, one module each, registered on first use; listed in this
+# order (the API's description lists them so), then any registered later.
+_REGISTRY: Registry[FeedbackKind] = Registry(
+    what="feedback kind", package=__name__,
+    builtin=("env_reward", "rating", "pairwise", "ranking", "flag", "edit"),
+)
 # Each kind's service by kind name: registered where it is defined (apps.feedback.services for
 # the built-in kinds, which import this package; a kind's own module otherwise), so the kind
 # modules need not import the services.
@@ -151,17 +156,10 @@ def kind_service(name: str) -> Callable[[F], F]:
         _SERVICES[str(getattr(name, "value", name))] = fn
         return fn
     return register
-# The kinds that ship with rftweb, one module each, registered on first use.
-# In this order (the API's description lists them so), then any registered later.
-_BUILTIN = ("env_reward", "rating", "pairwise", "ranking", "flag", "edit")
-
-
 def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
     """Class decorator: register one instance of `cls` under `cls.name` (once)."""
-    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"feedback kind {cls.name!r} is registered twice")
     kind = cls()
-    _REGISTRY[cls.name] = kind
+    _REGISTRY.add(cls.name, kind)
     if kind.folds:
         signal_source_register(cls.name, kind.signals)
     return cls
@@ -169,31 +167,23 @@ def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
 
 def kind_unregister(name: str) -> None:
     """Take a kind out again (tests that register one of their own)."""
-    _REGISTRY.pop(name, None)
+    _REGISTRY.remove(name)
     _SERVICES.pop(name, None)
     signal_source_unregister(name)
 
 
 def kinds_load() -> None:
-    for module in _BUILTIN:
-        importlib.import_module(f"{__name__}.{module}")
+    _REGISTRY.load()
 
 
 def kinds() -> list[FeedbackKind]:
-    kinds_load()
-    rank = {name: i for i, name in enumerate(_BUILTIN)}
-    return sorted(_REGISTRY.values(), key=lambda k: rank.get(k.name, len(rank)))
+    return _REGISTRY.entries()
 
 
 def kind_get(name: object) -> FeedbackKind:
     """The declaration registered as `name` (a str or a str enum); ValueError naming the
     known ones otherwise."""
-    kinds_load()
-    key = str(getattr(name, "value", name))
-    try:
-        return _REGISTRY[key]
-    except KeyError:
-        raise ValueError(f"unknown feedback kind {key!r}; known: {', '.join(k.name for k in kinds())}") from None
+    return _REGISTRY.get(name)
 
 
 def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisable: bool | None = None,

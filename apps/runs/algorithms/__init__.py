@@ -6,16 +6,18 @@ what a train step claims from the buffer, when that batch is ready, whether its 
 over a learner group — and its loss lives beside the other losses on the worker side
 (`workers/algorithms/objectives/`, registered under the same name). The config, the run
 form, the conductor and the learner read these declarations; nothing compares algorithm
-names. Adding one: a module here (see `grpo.py`) listed in `_BUILTIN`, and its objective.
+names. Adding one: a module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins, and its
+objective.
 
 No Django, no torch: imported by the config (pydantic), the conductor and the workers.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
+
+from rftweb.registry import Registry
 
 if TYPE_CHECKING:
     from apps.runs.config import RunConfig
@@ -80,39 +82,30 @@ class AlgorithmType:
         return None
 
 
-_REGISTRY: dict[str, AlgorithmType] = {}
 # The algorithms that ship with rftweb, one module each, registered on first use.
-_BUILTIN = ("grpo", "dpo", "sft", "mix")
+_REGISTRY: Registry[AlgorithmType] = Registry(what="algorithm", package=__name__,
+                                              builtin=("grpo", "dpo", "sft", "mix"))
 
 
 def algorithm_register(cls: type[AlgorithmType]) -> type[AlgorithmType]:
     """Class decorator: register one instance of `cls` under `cls.name` (once)."""
-    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"algorithm {cls.name!r} is registered twice")
-    _REGISTRY[cls.name] = cls()
+    _REGISTRY.add(cls.name, cls())
     return cls
 
 
-def _load() -> None:
-    for module in _BUILTIN:
-        importlib.import_module(f"{__name__}.{module}")
+def algorithm_unregister(name: str) -> None:
+    _REGISTRY.remove(name)
 
 
 def algorithms() -> list[AlgorithmType]:
-    _load()
-    return list(_REGISTRY.values())
+    return _REGISTRY.entries()
 
 
 def algorithm_names() -> list[str]:
-    return [a.name for a in algorithms()]
+    return _REGISTRY.names()
 
 
 def algorithm_get(name: object) -> AlgorithmType:
     """The declaration registered as `name` (a str or a str enum); ValueError naming the
     known ones otherwise."""
-    _load()
-    key = str(getattr(name, "value", name))
-    try:
-        return _REGISTRY[key]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {key!r}; known: {', '.join(_REGISTRY)}") from None
+    return _REGISTRY.get(name)

@@ -4,13 +4,14 @@ the weights at all, and how its rows split over a learner group.
 Registered under the same name as the algorithm's declaration (`apps.runs.algorithms`),
 which says what the rest of the loop must know of it; `Learner` builds the TRL trainers an
 objective names in `trainers` and calls it, never comparing algorithm names. Adding one: a
-module here (see `grpo.py`) listed in `_BUILTIN`.
+module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, ClassVar
+
+from rftweb.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -47,21 +48,18 @@ class Objective:
         return sum(len(r.completion_ids) for r in mine) / sum(len(r.completion_ids) for r in rows)
 
 
-_REGISTRY: dict[str, Objective] = {}
-_BUILTIN = ("grpo", "dpo", "sft", "mix")
+_REGISTRY: Registry[Objective] = Registry(what="algorithm", package=__name__,
+                                          builtin=("grpo", "dpo", "sft", "mix"))
 
 
 def objective_register(cls: type[Objective]) -> type[Objective]:
-    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"objective {cls.name!r} is registered twice")
-    _REGISTRY[cls.name] = cls()
+    _REGISTRY.add(cls.name, cls())
     return cls
 
 
+def objective_unregister(name: str) -> None:
+    _REGISTRY.remove(name)
+
+
 def objective_get(name: str) -> Objective:
-    for module in _BUILTIN:
-        importlib.import_module(f"{__name__}.{module}")
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(_REGISTRY)}") from None
+    return _REGISTRY.get(name)
