@@ -17,11 +17,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, NoReturn, TypeVar
 
 from pydantic import BeforeValidator, Field
 
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import JSON
+
+T = TypeVar("T")
 
 # Deeper than any config or record needs, far below Python's recursion limit.
 MAX_DEPTH = 64
@@ -58,13 +61,13 @@ def text_check(value: str, *, field: str) -> str:
     return value
 
 
-def number_check(value: Any, *, field: str) -> Any:
+def number_check(value: T, *, field: str) -> T:
     if isinstance(value, float) and not math.isfinite(value):
         raise InputRejected(field, "numbers must be finite")
     return value
 
 
-def tree_check(value: Any, *, path: str = "", root: str = "body", max_depth: int = MAX_DEPTH) -> Any:
+def tree_check(value: T, *, path: str = "", root: str = "body", max_depth: int = MAX_DEPTH) -> T:
     """`value` unchanged if it is a JSON tree Postgres can store as it is: text without NUL
     or lone surrogates, finite numbers, string keys, at most `max_depth` deep. Otherwise
     InputRejected naming the dotted path of the first bad value (`root` for the root)."""
@@ -72,7 +75,7 @@ def tree_check(value: Any, *, path: str = "", root: str = "body", max_depth: int
     return value
 
 
-def _tree_walk(value: Any, path: str, depth: int, max_depth: int, root: str) -> None:
+def _tree_walk(value: object, path: str, depth: int, max_depth: int, root: str) -> None:
     where = path or root
     if depth > max_depth:
         raise InputRejected(where, f"nested more than {max_depth} levels deep")
@@ -112,18 +115,18 @@ def utf8_decode(data: bytes, *, name: str = "input") -> str:
     return text.removeprefix("\ufeff")
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise InputRejected("", f"{name} is not a JSON number")
 
 
-def json_parse(text: str | bytes, *, where: str = "body", max_depth: int = MAX_DEPTH) -> Any:
+def json_parse(text: str | bytes, *, where: str = "body", max_depth: int = MAX_DEPTH) -> JSON:
     """JSON without NaN/Infinity, nested at most `max_depth`, holding only what Postgres
     can store (`tree_check`); InputRejected names the bad value's dotted path, or `where`
     for the document as a whole."""
     if isinstance(text, bytes):
         text = utf8_decode(text, name=where)
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data: JSON = json.loads(text, parse_constant=_reject_constant)
     except InputRejected as exc:
         raise InputRejected(where, exc.message) from None
     except RecursionError:
@@ -144,7 +147,7 @@ def _safe_loader() -> type:
 
         _depth = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
+        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise InputRejected(f"line {event.start_mark.line + 1}",
@@ -169,7 +172,7 @@ def _safe_loader() -> type:
 _LOADER: type | None = None
 
 
-def yaml_parse(text: str, *, where: str = "config") -> Any:
+def yaml_parse(text: str, *, where: str = "config") -> JSON:
     """YAML parsed safely, aliases refused, depth bounded, and the result checked like JSON
     (`tree_check`); InputRejected names the line or the bad value's path."""
     global _LOADER
@@ -181,7 +184,7 @@ def yaml_parse(text: str, *, where: str = "config") -> Any:
         raise InputRejected(where, f"{len(text)} characters; at most {MAX_CONFIG_BYTES} are read")
     text_check(text, field=where)
     try:
-        data = yaml.load(text, Loader=_LOADER)
+        data: JSON = yaml.load(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"line {mark.line + 1}" if mark else where
@@ -197,7 +200,7 @@ def yaml_parse(text: str, *, where: str = "config") -> Any:
     return tree_check(data, root=where)
 
 
-def config_text_parse(data: bytes | str, *, filename: str) -> Any:
+def config_text_parse(data: bytes | str, *, filename: str) -> JSON:
     """A config file's bytes or text, size-bounded, strictly UTF-8, as JSON (`.json`) or
     YAML (anything else)."""
     size = len(data)
@@ -209,7 +212,7 @@ def config_text_parse(data: bytes | str, *, filename: str) -> Any:
     return yaml_parse(text, where=filename)
 
 
-def jsonl_records(lines: Iterator[bytes]) -> Iterator[tuple[str, Any]]:
+def jsonl_records(lines: Iterator[bytes]) -> Iterator[tuple[str, JSON]]:
     """(`line N`, record) for each non-blank line; InputRejected names the line and,
     within it, the field."""
     for lineno, line in enumerate(lines, start=1):
@@ -232,7 +235,7 @@ def jsonl_records(lines: Iterator[bytes]) -> Iterator[tuple[str, Any]]:
 
 # --- typed fields ------------------------------------------------------------------------
 
-def _no_bool(value: Any) -> Any:
+def _no_bool(value: T) -> T:
     # pydantic's lax mode takes true/false for 1/0; a reward of `true` is a client's bug.
     if isinstance(value, bool):
         raise ValueError("expected a number, not true/false")  # noqa: TRY004 - pydantic reports ValueError, not TypeError, as a field error

@@ -64,25 +64,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, median, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, median, processes_stop, run_wait_ended, setup_django
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@%h",
-           "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
-    for module in include:
-        cmd += ["-I", module]
-    if "default" in queues.split(","):  # the loop's beat (apps/control/orchestration.py)
-        cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+    # The default queue's worker runs the loop's beat (apps/control/orchestration.py).
+    return bench_worker(name, queues, include, env=env, logs=logs, beat="default" in queues.split(","))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -139,12 +132,7 @@ def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset:
     run = run_create(name=f"bench {mode}", owner=owner, config=config, taskset=taskset)
     started = time.perf_counter()
     run_transition(run=run, action="start")
-    deadline = started + 1800
-    while time.perf_counter() < deadline:
-        run.refresh_from_db()
-        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
-            break
-        time.sleep(0.2)
+    run_wait_ended(run, seconds=1800, poll=0.2)
     seconds = time.perf_counter() - started
     if run.status != Run.Status.FINISHED or run.train_step != steps:
         raise SystemExit(f"{mode} run did not finish: status={run.status} train_step={run.train_step} error={run.error}")
@@ -202,13 +190,7 @@ def main() -> None:
                 results.append(_Timed(pair=pair + 1, mode=mode, seconds=seconds, sides=sides, cpu=cpu, beats=beats,
                                       load=load))
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        processes_stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"workload per step: {args.tasks} tasks × {args.repeat} samples of ≤ {args.max_tokens} tokens; {args.steps} steps")
     print(f"{'pair':>4} {'mode':<6} {'steps':>5} {'seconds':>8} {'explore step s':>15} {'train step s':>13} {'beats':>6} "

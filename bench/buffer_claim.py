@@ -197,7 +197,7 @@ def main() -> None:
     from bench.common import BENCH_DB
 
     owner, _ = User.objects.get_or_create(username="bench")
-    run = run_create(name="bench-claim", owner=owner, config={"model": "bench", "rewards": [{"name": "exact_match"}]})
+    run = run_create(name="bench-claim", owner=owner, config={"model": "bench-org/no-such-model", "rewards": [{"name": "exact_match"}]})
     t0 = time.perf_counter()
     _fill(run.pk, args.rows)
     print(f"filled {args.rows:,} rows in {time.perf_counter() - t0:.1f} s ({_load()})", flush=True)

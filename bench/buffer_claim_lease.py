@@ -178,7 +178,7 @@ def main() -> None:
     table = Experience._meta.db_table
     columns = ", ".join(f"{table}.{connection.ops.quote_name(str(f.column))}" for f in Experience._meta.concrete_fields)
     owner, _ = User.objects.get_or_create(username="bench")
-    run = run_create(name="bench-claim-lease", owner=owner, config={"model": "bench", "rewards": [{"name": "exact_match"}]})
+    run = run_create(name="bench-claim-lease", owner=owner, config={"model": "bench-org/no-such-model", "rewards": [{"name": "exact_match"}]})
     st = _statements(table, columns, args.size, run.cfg.replay.priority_decay, run.cfg.replay.max_uses - 1)
     with connection.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS {LEASE}")

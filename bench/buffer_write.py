@@ -29,7 +29,7 @@ def main() -> None:
     from apps.runs.services import run_create
 
     owner, _ = User.objects.get_or_create(username="bench")
-    run = run_create(name="bench-write", owner=owner, config={"model": "bench", "rewards": [{"name": "exact_match"}]})
+    run = run_create(name="bench-write", owner=owner, config={"model": "bench-org/no-such-model", "rewards": [{"name": "exact_match"}]})
     prompt, response = 48, args.response_tokens
 
     def values(prefix: str, i: int) -> dict:

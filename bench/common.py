@@ -3,14 +3,88 @@
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
 # Where benches find (or build) the demo model; the smoke tests point it at the tests' build.
 DEMO_DIR = Path(os.environ.get("BENCH_DEMO_DIR", str(ROOT / ".cache" / "demo-model")))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def health_wait(url: str, *, seconds: float, poll: float = 0.2, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether the server at `url` answered /health/ with 200 within `seconds`; False as soon
+    as `alive()` says its process is gone."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and alive():
+        try:
+            if httpx.get(f"{url}/health/", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    return False
+
+
+def run_wait_ended(run: Any, *, seconds: float, poll: float = 0.5) -> None:
+    """Wait until `run` (a Run, read again every `poll` seconds) has finished, stopped or
+    failed, for at most `seconds`; the caller asserts which."""
+    import time
+
+    from apps.runs.models import Run
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
+            return
+        time.sleep(poll)
+
+
+def bench_worker(name: str, queues: str, include: list[str], *, env: dict[str, str], logs: Path,
+                 beat: bool = False) -> Any:
+    """A solo-pool Celery worker for `queues` (with Celery beat in it when `beat`), its output
+    in `logs`/<name>.log."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@%h",
+           "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
+    for module in include:
+        cmd += ["-I", module]
+    if beat:
+        cmd += ["-B", "-s", str(logs / f"{name}-beat-schedule")]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+
+
+def processes_stop(procs: list[Any], *, timeout: float = 30) -> None:
+    """SIGTERM to every process (they shut down side by side), then SIGKILL to any that has
+    not exited within `timeout`."""
+    import signal
+    import subprocess
+
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def setup_django(*, database_url: str = BENCH_DB, migrate: bool = True) -> None:
@@ -40,6 +114,24 @@ def _ensure_database(url: str) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
+    """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it."""
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"{(parts.path.lstrip('/') or 'rftweb')}_{suffix}"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    drop()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(parts._replace(path=f"/{name}")), drop
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -24,7 +24,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from bench.common import free_port, health_wait, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,20 +36,8 @@ def _scratch_database() -> tuple[dict[str, str], Any]:
     if not url:
         path = Path(tempfile.mkdtemp()) / "bench.sqlite3"
         return {"DATABASE_URL": "", "SQLITE_PATH": str(path)}, lambda: None
-    import psycopg
-
-    parts = urlsplit(url)
-    name = f"{(parts.path.lstrip('/') or 'rftweb')}_bench_envapi"
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return {"DATABASE_URL": urlunsplit(parts._replace(path=f"/{name}"))}, drop
+    database_url, drop = scratch_database(url, "bench_envapi")
+    return {"DATABASE_URL": database_url}, drop
 
 
 def _trajectory(i: int) -> dict[str, Any]:
@@ -119,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        import httpx
         from django.contrib.auth.models import User
 
         from apps.envapi.services import api_key_create
@@ -129,25 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         run = run_create(name="bench", owner=owner, config={"model": "local/demo", "rewards": []})
         _, raw = api_key_create(name="bench", runs=[run], actions=["submit"], rate_limit_per_minute=1_000_000)
 
-        import socket
-
         server_log = Path(tempfile.mkdtemp()) / "daphne.log"
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         server = subprocess.Popen(
             # DJANGO_SETTINGS_MODULE (bench settings: project URLs + the baseline view) rides in env.
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
             cwd=ROOT, env=env, stdout=server_log.open("wb"), stderr=subprocess.STDOUT,
         )
         base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/health/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
+        if not health_wait(base, seconds=60):
             raise SystemExit("bench: the server did not start")
 
         api_url = f"{base}/api/v1/runs/{run.pk}/trajectories"

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from bench.common import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_P99_MS = 100.0
@@ -192,12 +193,6 @@ def _phase(*, url: str, origin: str, cookie: str, run_id: int, clients: int, pro
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_command(server: str, app: str, port: int) -> list[str]:
     if server == "uvicorn":
         # No per-message deflate: daphne does not compress either, and browsers' frames here are small.
@@ -268,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         log_path = Path(os.environ.get("BENCH_LOG", "/dev/null"))
         log = open(log_path, "a")
         for path, server_name, app, clients in phases:
-            port = _free_port()
+            port = free_port()
             server = subprocess.Popen(_server_command(server_name, app, port), cwd=ROOT, env=env,
                                       stdout=subprocess.DEVNULL, stderr=log)
             origin = f"http://127.0.0.1:{port}"

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import BENCH_DB, ROOT, percentile, setup_django
+from bench.common import BENCH_DB, ROOT, free_port, percentile, setup_django
 
 
 def _model(out: Path) -> Path:
@@ -65,12 +64,6 @@ def _model(out: Path) -> Path:
     if not (out / "model.safetensors").exists():
         tiny_model_save(out, hidden_size=128, layers=4, heads=4, max_positions=512, vocab_size=384)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _load() -> str:
@@ -219,7 +212,7 @@ def main() -> None:
          "--include", "workers.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
         cwd=ROOT, env=env, stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT,
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
                               cwd=ROOT, env=env, stdout=(logs / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
     ratios: list[float] = []

@@ -18,7 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
-from apps.runs.consumers import _may_view
+from apps.runs.consumers import run_socket_admit
 from apps.runs.events import run_group
 
 
@@ -26,10 +26,8 @@ class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
 
     async def connect(self) -> None:
-        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        user = self.scope.get("user")
-        if user is None or not await _may_view(run_id, user):
-            await self.close(code=4403)
+        run_id = await run_socket_admit(self)
+        if run_id is None:
             return
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)

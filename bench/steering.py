@@ -8,9 +8,16 @@ learns about correctness it learns from people. Scripted raters log in and rate 
 same HTTP endpoints the annotation page posts to** (a real server process, `manage.py
 runserver`, on the bench database; httpx with the login form, CSRF and session cookies): a
 rater opens the annotation page (which hands out its queue under the run's selection rule),
-reads each item's prompt and completion from the page, and posts a rating: 5 when the
-`<answer>` is right, 1 when it is wrong; a random rater posts 1..5 at random. Arms, same
-steps and seeds:
+reads each item's prompt and completion from the page, and posts a rating: by default 5 when
+the `<answer>` is right, 1 when it is wrong (`bench.raters:correct`); a random rater posts 1..5
+at random. `--rater MODULE:FUNCTION` rates by any function (prompt, completion) -> 1..5 instead,
+from an importable module or a .py file anywhere: bench/raters.py ships the style preferences
+`concise`, `working` (the working before the answer) and `in_words` (the number written in
+words), which no reward term of the run knows. `--noise P` replaces a careful rating by a random
+one with probability P; `--random-raters S` (with `--noisy-raters N`) is the share of `noisy`'s
+raters answering at random. Beside the arithmetic accuracy, each arm reports the share of
+completions (one sampled per held-out problem) the rater rates 4 or 5, before and after. Arms,
+same steps and seeds:
 
 - `all`: every rollout rated, `human` mode (the ceiling);
 - `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty in
@@ -38,6 +45,8 @@ is mostly trajectory luck).
                              [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 0] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
+                             [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
+                             [--noisy-raters 2] [--max-tokens 12]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -186,6 +195,24 @@ it, and was not traced. The verdict line (new) reads every target met on each se
 2.39 and 2.43 with 0.094x the labels; noisy / rm10 1.07 and 1.21; rm10 >= 2 x random10 as the
 inequality (random10 lost).
 
+Measured 2026-11-25 (round 12: the reward model over the run's own base, `--rm-base policy`,
+the default; the held-out split by prompt; 30 steps, 8 tasks x 8, seed 0 only, base expected
+accuracy 0.1627; load 7-24 on the shared 2-core box, other helpers' benches and suites running):
+correctness through people, `--rater bench.raters:correct`, rm10 (180 labels):
+- `--rm-kind head` (the new default): -0.048 (random10 beside it: -0.055); reward model 0.80 on
+  10 held-out pairs (by prompt), never usable (the gate needs its lower bound at 0.75).
+- `--rm-kind head --crossval-folds 4`: -0.066; out-of-fold accuracy 0.37 on 63 pairs: the demo
+  model's hidden states do not carry correctness (on such features k-fold estimates fall below
+  chance), never usable.
+- `--rm-kind likelihood`: -0.013; 0.88 on 17 held-out pairs, never usable.
+One seed each and no reward model ever used: the differences are the trajectory's, not the
+kinds'. Style preferences (`concise`, `working`, `in_words`): the demo model's sampled
+completions (max_tokens 12 or 32) are the bare `<answer>N</answer>` every time, so their
+preferred shares are 1.00, 0.00 and 0.00 before any run: nothing to amplify or learn (a pair
+needs two siblings rated apart) until the demo model's warm-up produces those behaviours some of
+the time. Over the demo model the `head` kind learns a style it sees: a word's presence, 1.00
+on pairs of unseen prompts from 45 labels (tests/rewards/test_learned_reward_model.py).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
@@ -202,7 +229,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -211,7 +237,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, setup_django
+from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, setup_django
+from bench.raters import Rating, correct, rater_load
 
 PASSWORD = "bench-steering-pw"
 ARMS = ("all", "rm10", "random10", "noisy")
@@ -224,13 +252,13 @@ ARMS = ("all", "rm10", "random10", "noisy")
 
 def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
-            rm_kind: str = "likelihood", min_rm_heldout_pairs: int = 0,
+            rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0,
-            pairs: bool = True, trust: bool = True) -> dict[str, Any]:
+            pairs: bool = True, trust: bool = True, max_tokens: int = 12) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
-        "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": 12},
+        "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
         # Only the format reward: correctness comes from people (or the model learned from them).
         "rewards": [{"name": "math_format"}],
         # Advantages scaled by the batch's reward spread, not each group's: under per-group
@@ -269,16 +297,10 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
 # ---------------------------------------------------------------- the server and raters
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DATABASE_URL": BENCH_DB, "REDIS_URL": "", "RFT_STORAGE_DIR": str(tmp / "storage"),
            "DJANGO_SETTINGS_MODULE": "rftweb.settings", "RFT_FAST_PASSWORD_HASHER": "1"}
     log = open(tmp / "server.log", "wb")
@@ -300,18 +322,20 @@ def server_start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 ITEM = re.compile(r'<article class="item" id="item-(\d+)" data-assignment="(\d+)" data-experience="(\d+)".*?'
                   r'<pre class="prompt">(.*?)</pre>\s*<div class="completion">(.*?)</div>', re.DOTALL)
-PROBLEM = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
-ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
 class Rater:
     """A person at the annotation page, scripted: logs in through the login form, and rates
     with the forms' own POSTs (CSRF token and session cookie included)."""
 
-    def __init__(self, url: str, username: str, *, careful: bool, seed: int) -> None:
+    def __init__(self, url: str, username: str, *, careful: bool, seed: int, rating: Rating = correct,
+                 noise: float = 0.0) -> None:
         import httpx
 
         self.url, self.username, self.careful = url, username, careful
+        # A careful rater rates by `rating` (bench/raters.py, or --rater's), each rating
+        # replaced by a random one with probability `noise`; a careless one rates at random.
+        self.rating, self.noise = rating, noise
         self.rng = random.Random(seed)
         self.http = httpx.Client(base_url=url, timeout=60, follow_redirects=False)
         self.http.get("/login/")
@@ -346,11 +370,10 @@ class Rater:
     def score_for(self, prompt: str, completion: str) -> int:
         if not self.careful:
             return self.rng.randint(1, 5)
-        problem, answer = PROBLEM.search(prompt), ANSWER.search(completion)
-        if problem is None or answer is None:
-            return 1
-        a, op, b = int(problem.group(1)), problem.group(2), int(problem.group(3))
-        return 5 if int(answer.group(1)) == (a + b if op == "+" else a - b) else 1
+        score = self.rating(prompt, completion)
+        if self.noise and self.rng.random() < self.noise:
+            return self.rng.randint(1, 5)
+        return score
 
     def rate(self, run_id: int, budget: int | None) -> int:
         """Open the annotation page, rate up to `budget` items (None: all), skip the rest."""
@@ -365,8 +388,10 @@ class Rater:
                 if budget is not None and done >= budget:
                     self._post(f"/runs/{run_id}/annotate/items/{assignment}/skip/", {})
                     continue
-                text = html.unescape(re.sub(r"<[^>]+>", "", html.unescape(completion)))
-                score = self.score_for(html.unescape(prompt), html.unescape(completion) + " " + text)
+                # What a person reads: the rendered completion's text (its markup dropped, the
+                # completion's own characters, `<answer>` tags included, unescaped).
+                shown = html.unescape(re.sub(r"<[^>]+>", "", completion)).strip()
+                score = self.score_for(html.unescape(prompt), shown)
                 r = self._post(f"/runs/{run_id}/annotate/items/{assignment}/rate/", {"score": str(score)})
                 if r.status_code != 200:
                     raise SystemExit(f"rating failed: {r.status_code} {r.text[:200]}")
@@ -396,6 +421,34 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
     return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
 
+def _preference_share(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int) -> float:
+    """Share of the completions sampled (temperature 1, one per held-out problem, seeded) that
+    `rating` rates 4 or 5: how often the model does what the rater prefers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.demo_model import DemoSettings, _encode, _problems
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    problems = _problems(DemoSettings())[1]
+    torch.manual_seed(seed)
+    liked = 0
+    for start in range(0, len(problems), 100):
+        chunk = problems[start:start + 100]
+        prompts = [_encode(tokenizer, p)[0] for p in chunk]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True,
+                                 temperature=1.0, top_k=0, top_p=1.0)
+        for prompt_ids, row in zip(prompts, out[:, width:].tolist(), strict=True):
+            prompt = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+            liked += rating(prompt, tokenizer.decode(row, skip_special_tokens=True)) >= 4
+    return liked / max(1, len(problems))
+
+
 def _gold_mark(owner: Rater, run: Any) -> int:
     """The owner marks a few explored completions as gold through the Raters page form."""
     from apps.buffer.models import Experience
@@ -413,9 +466,11 @@ def _gold_mark(owner: Rater, run: Any) -> int:
 
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
-            min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "likelihood",
+            min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "head",
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
-            crossval_folds: int = 0, pairs: bool = True, trust: bool = True) -> dict[str, Any]:
+            crossval_folds: int = 0, pairs: bool = True, trust: bool = True, rating: Rating = correct,
+            noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 12,
+            base_share: float | None = None) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -427,6 +482,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.feedback.learned import reward_model_usable
     from apps.rewards.models import RewardModel
     from apps.runs.models import Metric, ModelVersion, Run, RunMember
+    from apps.runs.ports import run_view_of
     from apps.runs.services import run_create
     from workers.demo_model import TASKSET_FILE
     from workers.explorer import explore
@@ -439,16 +495,21 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
-                                    pairs=pairs, trust=trust))
+                                    pairs=pairs, trust=trust, max_tokens=max_tokens))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
-    names = [f"r{run.pk}a", f"r{run.pk}b"] if arm == "noisy" else [f"r{run.pk}a"]
+    # noisy: `noisy_raters` people, `random_share` of them (at least one careful) answering at
+    # random, the careless ones last (the turns at the page rotate by step).
+    count = max(2, noisy_raters) if arm == "noisy" else 1
+    careless = min(count - 1, round(random_share * count)) if arm == "noisy" else 0
+    names = [f"r{run.pk}{chr(ord('a') + i)}" for i in range(count)]
     for name in names:
         RunMember.objects.create(run=run, user=User.objects.create_user(username=name, password=PASSWORD),
                                  role=RunMember.Role.ANNOTATOR)
-    raters = [Rater(url, name, careful=(i == 0), seed=seed * 100 + i) for i, name in enumerate(names)]
-    owner = Rater(url, owner_user.username, careful=True, seed=seed)
+    raters = [Rater(url, name, careful=i < count - careless, seed=seed * 100 + i, rating=rating, noise=noise)
+              for i, name in enumerate(names)]
+    owner = Rater(url, owner_user.username, careful=True, seed=seed, rating=rating)
     rm_seconds = 0.0
     usable_from: int | None = None
     started = time.perf_counter()
@@ -463,7 +524,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             # The newest version scores the new rollouts before people see them, as the
             # reward beat does in a deployment: the selection rule ranks by those scores.
             t = time.perf_counter()
-            reward_model_score_run(run=run)
+            reward_model_score_run(run=run_view_of(run))
             rm_seconds += time.perf_counter() - t
         if arm in ("auto", "format"):
             pass
@@ -490,8 +551,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                     break  # nothing left to hand out to anyone
         if run.cfg.reward_model.enabled:
             t = time.perf_counter()
-            reward_model_train_run(run=run)
-            reward_model_score_run(run=run)
+            reward_model_train_run(run=run_view_of(run))
+            reward_model_score_run(run=run_view_of(run))
             rm_seconds += time.perf_counter() - t
             if usable_from is None and reward_model_usable(run=run) is not None:
                 usable_from = step
@@ -508,6 +569,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo)
+    share_after = _preference_share(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -515,7 +577,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
 
     gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
     # Where the budget went: each rater's labels, and how many of them were on gold items.
-    by_rater = {("careful" if r.careful else "random"): (
+    by_rater = {(f"careful {r.username}" if r.careful else f"random {r.username}"): (
         Feedback.objects.filter(run=run, kind="rating", author__username=r.username).count(),
         Feedback.objects.filter(run=run, kind="rating", author__username=r.username,
                                 experience_id__in=gold_ids).count()) for r in raters}
@@ -528,6 +590,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "rm_heldout": rm.pairs_heldout if rm else 0,
             "rm_pairs": 0 if rm is None else (
                 rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
+            "share": share_after, "share_gain": share_after - (base_share or 0.0),
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -554,7 +617,17 @@ def main() -> None:
     parser.add_argument("--rm-base", default="policy",
                         help="the reward model's base: policy (the demo model), judge (bench/reward_model's), or a path")
     parser.add_argument("--min-rm-accuracy", type=float, default=0.75)
-    parser.add_argument("--rm-kind", default="likelihood", choices=["likelihood", "classifier"])
+    parser.add_argument("--rm-kind", default=DEFAULT_REWARD_KIND, choices=reward_kind_names())
+    parser.add_argument("--rater", default="bench.raters:correct",
+                        help="MODULE:FUNCTION, a function (prompt, completion) -> 1..5 that the careful raters rate "
+                             "by; MODULE an importable module or a .py file anywhere (bench/raters.py: correct, "
+                             "concise, working, in_words)")
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="probability that a careful rater's rating is replaced by a random one")
+    parser.add_argument("--random-raters", type=float, default=0.5,
+                        help="noisy: share of its raters who answer at random (at least one stays careful)")
+    parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
+    parser.add_argument("--max-tokens", type=int, default=12, help="sampling.max_tokens of the runs")
     parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
     parser.add_argument("--rm-confidence", type=float, default=0.95,
                         help="the reward model is used once its held-out accuracy's lower bound at this "
@@ -571,6 +644,12 @@ def main() -> None:
                              "get gold items only); off: round 9's hand-out, both raters served alike")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
+    try:
+        rating = rater_load(args.rater)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
+        parser.error("--noise and --random-raters are shares between 0 and 1")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     os.environ["REDIS_URL"] = ""
@@ -601,8 +680,10 @@ def main() -> None:
     elif args.rm_base != "policy":
         rm_base = args.rm_base
     base_acc = _accuracy(str(demo), demo)
-    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}  load {os.getloadavg()[0]:.1f}",
-          flush=True)
+    base_share = {seed: _preference_share(str(demo), demo, rating, max_tokens=args.max_tokens, seed=seed)
+                  for seed in [int(s) for s in args.seeds.split(",")]}
+    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, rater {args.rater}'s preferred "
+          f"share {_mean(list(base_share.values())):.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
     try:
@@ -615,7 +696,9 @@ def main() -> None:
                                        rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
                                        rm_confidence=args.rm_confidence, w_auto=args.w_auto,
                                        crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
-                                       trust=args.trust == "on"))
+                                       trust=args.trust == "on", rating=rating, noise=args.noise,
+                                       noisy_raters=args.noisy_raters, random_share=args.random_raters,
+                                       max_tokens=args.max_tokens, base_share=base_share[seed]))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()
@@ -626,18 +709,23 @@ def main() -> None:
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
           f"{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
-          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'seconds':>9}{'load':>6}")
+          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
         rm_random = f"{r['rm_acc_random']:.2f}" if r["rm_acc_random"] is not None else "-"
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
-              f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}{r['seconds']:>9.0f}"
+              f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}"
+              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['seconds']:>9.0f}"
               f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
+    share_gain = {a: _mean([r["share_gain"] for r in rs]) for a, rs in by_arm.items()}
+    print(f"rater {args.rater} (noise {args.noise:g}): preferred share gain per arm (base "
+          f"{_mean(list(base_share.values())):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
+          + "; arithmetic accuracy gain beside: " + ", ".join(f"{a} {g:+.4f}" for a, g in gain.items()))
     rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]
     rm_randoms = [r["rm_acc_random"] for r in results if r["arm"] == "rm10" and r["rm_acc_random"] is not None]
 

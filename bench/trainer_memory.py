@@ -46,47 +46,50 @@ def _rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
+def bench_tokenizer() -> Any:
+    from workers.modelkit import tokenizer_build
+
+    return tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
+
+
+def qwen2_learner(args: argparse.Namespace, tokenizer: Any, *, layers: int, hidden: int, intermediate: int,
+                  lora: bool = False, ckpt: bool = False) -> tuple[Any, int]:
+    """(a GRPO learner on a Qwen2-shaped model of these sizes with random weights, its
+    parameter count): the model every memory bench measures (bench/sharding too)."""
     from types import SimpleNamespace
 
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from workers.adapters import adapter_wrap
-    from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+    from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
-    from workers.modelkit import tokenizer_build
 
-    torch.set_num_threads(max(1, args.threads))
-    if args.mmap_threshold and args.device == "cpu":
-        # What a train worker does with RFT_TRAINER_CPU_MMAP_THRESHOLD set (off by default:
-        # it slows the step; see rftweb/settings.py).
-        from workers.host_memory import cpu_allocator_tune
+    adapter = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
+                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    config = Qwen2Config(
+        vocab_size=args.vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=min(args.kv_heads, hidden // 64),
+        max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(args.device)
+    params = sum(p.numel() for p in model.parameters())
+    if lora:
+        model = adapter_wrap(model=model, lora=adapter)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
+                                                                  max_completion_length=args.completion),
+                       gradient_checkpointing=ckpt, lora=adapter if lora else None)
+    return Learner(spec=spec, model=model, tokenizer=tokenizer), params
 
-        cpu_allocator_tune(threshold=args.mmap_threshold)
-    setting = SETTINGS[name]
-    tokenizer = tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
-    lora = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
-                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    cuda = args.device == "cuda"
 
-    def build(layers: int, hidden: int, intermediate: int) -> tuple[Any, int]:
-        config = Qwen2Config(
-            vocab_size=args.vocab, hidden_size=hidden, intermediate_size=intermediate,
-            num_hidden_layers=layers, num_attention_heads=hidden // 64,
-            num_key_value_heads=min(args.kv_heads, hidden // 64),
-            max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        )
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(args.device)
-        params = sum(p.numel() for p in model.parameters())
-        if setting["lora"]:
-            model = adapter_wrap(model=model, lora=lora)
-        spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
-                                                                      max_completion_length=args.completion),
-                           gradient_checkpointing=setting["ckpt"], lora=lora if setting["lora"] else None)
-        return Learner(spec=spec, model=model, tokenizer=tokenizer), params
+def bench_rollouts(args: argparse.Namespace) -> list[Any]:
+    """`args.batch` rollouts in groups of four, random tokens of the set lengths."""
+    import torch
+
+    from workers.algorithms import Rollout
 
     g = torch.Generator().manual_seed(1)
     rollouts = []
@@ -97,6 +100,30 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
             completion_ids=torch.randint(10, args.vocab, (args.completion,), generator=g).tolist(),
             logprobs=None, reward=float(i % 3),
         ))
+    return rollouts
+
+
+def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    from workers.algorithms import TrainBatch
+
+    torch.set_num_threads(max(1, args.threads))
+    if args.mmap_threshold and args.device == "cpu":
+        # What a train worker does with RFT_TRAINER_CPU_MMAP_THRESHOLD set (off by default:
+        # it slows the step; see rftweb/settings.py).
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=args.mmap_threshold)
+    setting = SETTINGS[name]
+    tokenizer = bench_tokenizer()
+    cuda = args.device == "cuda"
+
+    def build(layers: int, hidden: int, intermediate: int) -> tuple[Any, int]:
+        return qwen2_learner(args, tokenizer, layers=layers, hidden=hidden, intermediate=intermediate,
+                             lora=setting["lora"], ckpt=setting["ckpt"])
+
+    rollouts = bench_rollouts(args)
     # The once-per-process setup, on a small model, before the baseline (see the docstring).
     warm, _ = build(2, 64, 128)
     warm.step(TrainBatch(usual=rollouts[:4]))
@@ -123,8 +150,9 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, float]:
             "step_seconds": min(seconds[1:] or seconds)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's shape and the GRPO batch, as qwen2_learner and bench_rollouts read them
+    (bench/sharding builds the same model)."""
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--intermediate", type=int, default=2048)
@@ -135,6 +163,11 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=64)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each setting's process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")

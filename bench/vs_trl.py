@@ -83,7 +83,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -93,7 +92,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, median, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, median, processes_stop, setup_django
 
 TASKS_PER_STEP = 16
 REPEAT = 8
@@ -301,11 +300,7 @@ def _inproc_breakdown(run_name: str) -> dict[str, float]:
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queues, "-n", f"{name}@%h",
-           "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "WARNING"]
-    for module in include:
-        cmd += ["-I", module]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
+    return bench_worker(name, queues, include, env=env, logs=logs)
 
 
 def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int, owner: Any, tmp: Path,
@@ -364,13 +359,7 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
         timed(1)  # warm-up: both workers load the model and TRL once, as (a) and (b) do before their clocks
         run, seconds, started_wall = timed(steps)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        processes_stop(procs)
     curve: Curve = [(0, 0.0, _accuracy_at(str(demo), demo))]
     versions = ModelVersion.objects.filter(run=run).order_by("number")
     for v in versions:

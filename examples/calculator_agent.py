@@ -22,11 +22,9 @@ Needs `openai` and httpx (through `rftweb/client.py`).
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import operator
-import os
 import re
 import sys
 import time
@@ -34,9 +32,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rftweb.client import ApiError, RftClient
+if not __package__:
+    # Run as a script (`python examples/calculator_agent.py`): Python puts examples/ on the
+    # path, not the checkout's root where rftweb lives (the project is not pip-installed).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rftweb.client import ApiError, RftClient, environment_args, environment_parser  # noqa: E402
 
 CALC_TOOL: dict[str, Any] = {
     "type": "function",
@@ -210,10 +214,7 @@ def agent_run(*, env: RftClient, openai_client: Any, run_id: int, rounds: int, t
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=os.environ.get("RFT_URL", "http://localhost:8000"))
-    parser.add_argument("--key", default=os.environ.get("RFT_API_KEY"), help="API key (or RFT_API_KEY)")
-    parser.add_argument("--run", type=int, required=True)
+    parser = environment_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tasks", type=int, default=4, help="tasks per round")
     parser.add_argument("--group", type=int, default=4, help="episodes per task (one GRPO group)")
@@ -227,9 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="before each round, wait for the version trained on the rounds before (train-mode runs)")
     parser.add_argument("--compact-tool", action="store_true",
                         help="describe the tool by its name only (fits models with a short context, e.g. the demo model)")
-    args = parser.parse_args(argv)
-    if not args.key:
-        parser.error("give --key or set RFT_API_KEY")
+    args = environment_args(parser, argv)
     if min(args.rounds, args.tasks, args.group, args.max_turns, args.max_tokens, args.concurrency) < 1:
         parser.error("--rounds, --tasks, --group, --max-turns, --max-tokens and --concurrency must be at least 1")
     import openai

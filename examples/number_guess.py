@@ -15,16 +15,20 @@ a rollout worker.
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rftweb.client import ApiError, RftClient, TrajectoryResult
+if not __package__:
+    # Run as a script (`python examples/number_guess.py`): Python puts examples/ on the path,
+    # not the checkout's root where rftweb lives (the project is not pip-installed).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rftweb.client import ApiError, RftClient, TrajectoryResult, environment_args, environment_parser  # noqa: E402
 
 GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>|(-?\d+)")
 
@@ -198,10 +202,7 @@ def run_env(client: RftClient, run_id: int, player: Player, *, episodes: int, ba
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=os.environ.get("RFT_URL", "http://localhost:8000"))
-    parser.add_argument("--key", default=os.environ.get("RFT_API_KEY"), help="API key (or RFT_API_KEY)")
-    parser.add_argument("--run", type=int, required=True)
+    parser = environment_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--add-tasks", type=int, default=0, help="add this many games to the run's taskset first")
     parser.add_argument("--low", type=int, default=1)
@@ -212,9 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if not args.key:
-        parser.error("give --key or set RFT_API_KEY")
+    args = environment_args(parser, argv)
     if args.low >= args.high or args.max_turns < 1:
         parser.error("need --low < --high and --max-turns >= 1")
     with RftClient(args.url, args.key) as client:

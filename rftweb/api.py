@@ -24,6 +24,7 @@ from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.feedback.signal_api import router as signal_router
 from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
+from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_down, unavailable_message
 from rftweb.exceptions import RftError, TooLarge
 
 # ---- errors --------------------------------------------------------------------------
@@ -89,6 +90,19 @@ def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
     named = exc.status == 422 or bool(exc.field)
     errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
     return _problem(request, exc.status, str(exc), errors, headers)
+
+
+def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """Postgres or Redis unreachable: 503 with Retry-After naming it (rftweb/degrade.py);
+    any other database error goes on to Django (a 500)."""
+    dependency = dependency_down(exc)
+    if dependency is None:
+        raise exc
+    return _problem(request, 503, unavailable_message(dependency), headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+for _error in (*POSTGRES_ERRORS, *REDIS_ERRORS):
+    api.add_exception_handler(_error, _on_dependency_down)  # type: ignore[arg-type]  # ninja types the handler oddly
 
 
 @api.exception_handler(AuthenticationError)

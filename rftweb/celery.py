@@ -30,6 +30,7 @@ app.conf.update(
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
         "workers.reward_trainer.*": {"queue": "reward"},
+        "workers.exports.*": {"queue": "train"},
     },
     # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
     task_acks_late=True,
@@ -95,7 +96,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
 app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedback", "apps.control", "apps.envapi"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer"):
+for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The RFT core's loop (apps/control/conduct.py).
 app.autodiscover_tasks(["apps.control"], related_name="conduct")
@@ -108,9 +109,19 @@ def _keep_database_connections(**_: object) -> None:
     RFT_WORKER_CONN_MAX_AGE seconds, checked before each reuse (see the settings)."""
     from django.conf import settings
 
+    from django.db import connections
+
     max_age = settings.RFT_WORKER_CONN_MAX_AGE
     if max_age > 0:
-        for database in settings.DATABASES.values():
+        for alias, database in settings.DATABASES.items():
+            # The web process's pool is not for workers: one kept connection each (a pool
+            # refuses CONN_MAX_AGE > 0).
+            options = database.get("OPTIONS")
+            if isinstance(options, dict) and "pool" in options:
+                connection = connections[alias]
+                connection.close()
+                connection.close_pool()  # type: ignore[attr-defined]  # postgresql's wrapper
+                del options["pool"]
             database["CONN_MAX_AGE"] = max_age
             database["CONN_HEALTH_CHECKS"] = True
 

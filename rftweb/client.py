@@ -14,18 +14,25 @@ writes twice. A final failure raises ApiError with the server's message and fiel
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, TypeAlias, TypedDict, cast
 from urllib.parse import quote
 
 import httpx
 
-__all__ = ["ApiError", "RftClient"]
+__all__ = ["ApiError", "RftClient", "environment_args", "environment_parser"]
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+# A JSON value as the API sends it (as rftweb.jsontypes has it: this module needs only httpx).
+JSON: TypeAlias = "None | bool | int | float | str | list[JSON] | dict[str, JSON]"
+JSONObject: TypeAlias = "dict[str, JSON]"
+QueryParams = Mapping[str, "str | int | float"]
 
 
 class ApiError(Exception):
@@ -48,6 +55,11 @@ class ModelVersion(TypedDict):
     created_at: str | None
 
 
+# Free-form JSON that the environment itself wrote and reads as it knows it (a task's
+# reference and metadata, the run's config, an event's payload) stays Any: an
+# environment's script (examples/) reads it without narrowing each value.
+
+
 class Run(TypedDict):
     id: int
     name: str
@@ -65,7 +77,7 @@ class Task(TypedDict):
     task_id: int
     epoch: int
     prompt: str
-    messages: list[dict[str, Any]] | None
+    messages: list[JSONObject] | None
     reference: Any
     domain: str
     metadata: dict[str, Any]
@@ -113,7 +125,7 @@ class FeedbackResult(TypedDict):
     experience_id: int | None
     group_id: str
     late: bool
-    value: dict[str, Any]
+    value: JSONObject
     experience_status: str | None
     experience_reward: float | None
 
@@ -121,6 +133,24 @@ class FeedbackResult(TypedDict):
 class Event(TypedDict):
     type: str
     payload: Any
+
+
+def environment_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of an environment script: where the platform is (--url, else
+    RFT_URL), its API key (--key, else RFT_API_KEY) and the run (--run); add your own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--url", default=os.environ.get("RFT_URL", "http://localhost:8000"))
+    parser.add_argument("--key", default=os.environ.get("RFT_API_KEY"), help="API key (or RFT_API_KEY)")
+    parser.add_argument("--run", type=int, required=True)
+    return parser
+
+
+def environment_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`parser`'s arguments, refused (exit 2, with the usage) when no API key was given."""
+    args = parser.parse_args(argv)
+    if not args.key:
+        parser.error("give --key or set RFT_API_KEY")
+    return args
 
 
 class RftClient:
@@ -167,8 +197,8 @@ class RftClient:
         # Full jitter: many environments retrying at once do not stampede the server.
         return random.uniform(0, min(self.max_backoff, self.backoff * 2**attempt))
 
-    def _request(self, method: str, path: str, *, json_body: Any = None, params: Mapping[str, Any] | None = None,
-                 timeout: float | None = None) -> Any:
+    def _request(self, method: str, path: str, *, json_body: object = None, params: QueryParams | None = None,
+                 timeout: float | None = None) -> JSON:
         attempt = 0
         while True:
             self.attempts += 1
@@ -183,7 +213,8 @@ class RftClient:
                     raise
             else:
                 if response.status_code < 400:
-                    return response.json()
+                    answer: JSON = response.json()
+                    return answer
                 if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
                     raise self._error(response)
             time.sleep(self._wait(attempt, response))
@@ -212,50 +243,50 @@ class RftClient:
     # ---- tasks ---------------------------------------------------------------------
 
     def claim_tasks(self, run_id: int, *, size: int = 1, lease_seconds: float | None = None, worker: str = "") -> TaskClaim:
-        body: dict[str, Any] = {"size": size, "worker": worker}
+        body: dict[str, object] = {"size": size, "worker": worker}
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
         return cast(TaskClaim, self._request("POST", f"/runs/{run_id}/tasks/claim", json_body=body))
 
     def release_tasks(self, run_id: int, *, attempt_ids: Sequence[int] | None = None, worker: str = "") -> int:
         body = {"attempt_ids": list(attempt_ids) if attempt_ids is not None else None, "worker": worker}
-        return int(self._request("POST", f"/runs/{run_id}/tasks/release", json_body=body)["count"])
+        return int(cast(dict[str, int], self._request("POST", f"/runs/{run_id}/tasks/release", json_body=body))["count"])
 
     def finish_tasks(self, run_id: int, *, attempt_ids: Sequence[int], model_version: int | None = None,
                      worker: str = "") -> int:
         body = {"attempt_ids": list(attempt_ids), "model_version": model_version, "worker": worker}
-        return int(self._request("POST", f"/runs/{run_id}/tasks/finish", json_body=body)["count"])
+        return int(cast(dict[str, int], self._request("POST", f"/runs/{run_id}/tasks/finish", json_body=body))["count"])
 
-    def add_tasks(self, run_id: int, tasks: Sequence[Mapping[str, Any]]) -> TasksAdded:
+    def add_tasks(self, run_id: int, tasks: Sequence[Mapping[str, object]]) -> TasksAdded:
         return cast(TasksAdded, self._request("POST", f"/runs/{run_id}/tasks", json_body={"tasks": list(tasks)}))
 
     # ---- rollouts ------------------------------------------------------------------
 
-    def generate(self, run_id: int, requests: Sequence[Mapping[str, Any]], *, timeout_seconds: float = 60.0) -> list[Rollout]:
+    def generate(self, run_id: int, requests: Sequence[Mapping[str, object]], *, timeout_seconds: float = 60.0) -> list[Rollout]:
         """Each request: {"prompt": str} or {"messages": [...]}, plus n, max_tokens,
         temperature, top_p, top_k, stop, seed."""
         body = {"requests": list(requests), "timeout_seconds": timeout_seconds}
         answer = self._request("POST", f"/runs/{run_id}/rollouts", json_body=body, timeout=timeout_seconds + 10)
-        return cast(list[Rollout], answer["results"])
+        return cast(dict[str, list[Rollout]], answer)["results"]
 
     # ---- trajectories --------------------------------------------------------------
 
-    def submit_trajectories(self, run_id: int, trajectories: Sequence[Mapping[str, Any]]) -> SubmitResult:
+    def submit_trajectories(self, run_id: int, trajectories: Sequence[Mapping[str, object]]) -> SubmitResult:
         return cast(SubmitResult, self._request(
             "POST", f"/runs/{run_id}/trajectories", json_body={"trajectories": list(trajectories)}
         ))
 
-    def submit_trajectory(self, run_id: int, *, key: str, **fields: Any) -> TrajectoryResult:
+    def submit_trajectory(self, run_id: int, *, key: str, **fields: object) -> TrajectoryResult:
         return self.submit_trajectories(run_id, [{"key": key, **fields}])["results"][0]
 
     # ---- agent sessions ------------------------------------------------------------
 
     def finish_session(self, run_id: int, session: str, *, reward: float,
-                       reward_parts: Mapping[str, float] | None = None) -> dict[str, Any]:
+                       reward_parts: Mapping[str, float] | None = None) -> JSONObject:
         """Finish an agent session of the OpenAI-compatible endpoint: its recorded calls become
         experiences with `reward` ({"experience_ids", "splits", "turns", ...})."""
         body = {"reward": reward, "reward_parts": dict(reward_parts or {})}
-        return cast(dict[str, Any], self._request("POST", f"/runs/{run_id}/sessions/{quote(session, safe='')}/finish",
+        return cast(JSONObject, self._request("POST", f"/runs/{run_id}/sessions/{quote(session, safe='')}/finish",
                                                   json_body=body))
 
     # ---- feedback ------------------------------------------------------------------
@@ -281,7 +312,7 @@ class RftClient:
         """One piece of feedback. env_reward: value (+ reward_parts); rating: score 1-5 or
         thumb; pairwise: other_experience_id + winner; ranking: order (a whole group, best
         first); flag: flags and/or reason. The stored value is the annotation page's."""
-        body: dict[str, Any] = {"kind": kind, "comment": comment}
+        body: dict[str, object] = {"kind": kind, "comment": comment}
         for name, v in (("experience_id", experience_id), ("value", value),
                         ("reward_parts", dict(reward_parts) if reward_parts else None), ("score", score),
                         ("thumb", thumb), ("other_experience_id", other_experience_id), ("winner", winner),
@@ -296,7 +327,7 @@ class RftClient:
     def events(self, run_id: int, *, max_seconds: float | None = None, max_events: int | None = None) -> Iterator[Event]:
         """The run's live events as they happen (server-sent events). The first item is
         {"type": "subscribed"} once the stream is live."""
-        params: dict[str, Any] = {}
+        params: dict[str, float | int] = {}
         if max_seconds is not None:
             params["max_seconds"] = max_seconds
         if max_events is not None:

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
+from rftweb.exceptions import InvalidInput
 
-class ConfigError(RuntimeError):
+
+N = TypeVar("N", int, float)
+
+
+class ConfigError(InvalidInput, RuntimeError):
     """A setting in the environment is missing or malformed."""
 
 
@@ -26,24 +33,22 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
-def env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: N, cast: Callable[[str], N], what: str) -> N:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return cast(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        raise ConfigError(f"{name}={raw!r} is not {what}") from None
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    return _env_number(name, default, float, "a number")
 
 
 def env_list(name: str, default: list[str] | None = None) -> list[str]:

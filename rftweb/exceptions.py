@@ -11,7 +11,10 @@ Services, selectors and workers raise these; each door translates them in one pl
 A new failure picks the kind that says what the caller can do about it, and names the
 field it concerns when there is one (a dotted path such as `trajectories.3.logprobs`).
 Domain errors that callers catch by name (ConfigInvalid, ImportFailed, ExportFailed,
-TransitionNotAllowed, …) are subclasses of these kinds, so every door handles them too.
+TransitionNotAllowed, …) are subclasses of these kinds, so every door handles them too;
+one that code also catches as a builtin (a ValueError inside a pydantic validator, a
+RuntimeError at startup) keeps that base beside its kind. The few exceptions outside
+RftError are not domain errors, each for a reason tests/test_exceptions.py lists.
 
 The pattern is HackSoftware's Django-Styleguide `core/exceptions.py`: one application
 error, mapped to a response once per door.
@@ -20,7 +23,7 @@ error, mapped to a response once per door.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 
 class RftError(Exception):
@@ -32,7 +35,8 @@ class RftError(Exception):
     status a door answers with.
     """
 
-    status: ClassVar[int] = 400
+    # A kind's status; an error that knows a finer one (the OpenAI door's) sets its own.
+    status: int = 400
 
     def __init__(self, message: str = "", *, field: str = "", errors: Mapping[str, str] | None = None) -> None:
         if errors:
@@ -119,6 +123,11 @@ class UpstreamFailed(RftError):
     """A part the request relied on answered, but with an error or a malformed result (a 502)."""
 
     status = 502
+
+
+class ExportFailed(InvalidInput, ValueError):
+    """Something cannot be exported as asked: feedback exports (apps/feedback/exports.py),
+    weights and reward models (workers/adapters.py, workers/reward_models.py)."""
 
 
 def command_error(exc: RftError, *, what: str = "") -> Exception:

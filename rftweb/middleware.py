@@ -11,6 +11,7 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 from apps.hygiene import InputRejected, text_check
+from rftweb.uploads import UploadTooLarge, upload_refused
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -25,6 +26,8 @@ class FormHygieneMiddleware:
                 self._check(request)
             except InputRejected as exc:
                 return HttpResponseBadRequest(f"{exc.field}: {exc.message}\n", content_type="text/plain; charset=utf-8")
+            except UploadTooLarge as exc:
+                return upload_refused(exc)
             except (RequestDataTooBig, TooManyFieldsSent):
                 pass  # Django answers these itself when the view reads the form
         return self.get_response(request)

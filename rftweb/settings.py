@@ -5,6 +5,7 @@ layer)."""
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from rftweb.env import (
@@ -33,7 +34,7 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # deployment behind a TLS proxy sets RFT_BEHIND_TLS_PROXY so the SSL redirect sees https).
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 # Container health checks speak plain HTTP to the app.
-SECURE_REDIRECT_EXEMPT = [r"^health/$"]
+SECURE_REDIRECT_EXEMPT = [r"^health/$", r"^ready/$"]
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SESSION_COOKIE_HTTPONLY = True
@@ -59,6 +60,8 @@ INSTALLED_APPS = [
     "channels",
     # In INSTALLED_APPS so the API docs page uses ninja's bundled Swagger UI, not a CDN.
     "ninja",
+    # Failed-login counting and lockout (rftweb/login_guard.py).
+    "axes",
     "apps.runs",
     "apps.buffer",
     "apps.feedback",
@@ -70,6 +73,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Postgres or Redis unreachable under a view: 503 + Retry-After, never a 500 (rftweb/degrade.py).
+    "rftweb.degrade.DegradeMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -78,6 +83,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Answers a locked-out login with rftweb/login_guard.py's page (django-axes).
+    "axes.middleware.AxesMiddleware",
     # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
     # Sync-only, so innermost: under ASGI Django then runs the whole chain in one thread,
     # entered once per request; in the middle, each middleware inside it crossed between the
@@ -146,6 +153,25 @@ else:
             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
         }
     }
+# The web process (ASGI: each request runs in a thread of its own) borrows connections from a
+# psycopg pool of at most RFT_DB_POOL_SIZE per process (Django's OPTIONS["pool"], with
+# CONN_MAX_AGE 0): under load requests wait for a free connection (up to
+# RFT_DB_POOL_TIMEOUT seconds, then 503) instead of opening one each until Postgres refuses
+# (issue #33: 94 connections, 40% of requests 500). Unused connections close again, one every
+# RFT_DB_POOL_MAX_IDLE seconds, down to none. Celery workers drop the pool and keep their own
+# connection (RFT_WORKER_CONN_MAX_AGE, rftweb/celery.py). 0 turns the pool off (a connection
+# per request). Off in the test process itself (pytest's threads); the servers tests start
+# use it.
+# Management commands other than runserver (migrate, the `rft` CLI) run one thread: no pool,
+# so a bad DATABASE_URL fails at once naming its cause, not after the pool's timeout.
+_COMMAND = len(sys.argv) > 1 and Path(sys.argv[0]).name == "manage.py" and sys.argv[1] != "runserver"
+RFT_DB_POOL_SIZE = 0 if EMBEDDED or _COMMAND else max(0, env_int("RFT_DB_POOL_SIZE", 0 if TESTING else 10))
+RFT_DB_POOL_MAX_IDLE = env_float("RFT_DB_POOL_MAX_IDLE", 1.0)
+RFT_DB_POOL_TIMEOUT = env_float("RFT_DB_POOL_TIMEOUT", 10.0)
+if RFT_DB_POOL_SIZE > 0:
+    DATABASES["default"]["OPTIONS"] = {"pool": {
+        "min_size": 0, "max_size": RFT_DB_POOL_SIZE, "max_idle": RFT_DB_POOL_MAX_IDLE, "timeout": RFT_DB_POOL_TIMEOUT,
+    }}
 # Celery workers keep their database connection between tasks for this many seconds (with a
 # health check before reuse): opening one per task cost each trainer and explorer step about
 # 10 ms. Web processes keep Django's default of one connection per request, which async views
@@ -177,9 +203,36 @@ if TESTING or env_bool("RFT_FAST_PASSWORD_HASHER", False):
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Login protection (django-axes, rftweb/login_guard.py): this many failed logins in a row for
+# one account, or from one address, lock that account and that address for this many
+# seconds, on the login page and the admin login; every attempt is recorded (the admin's
+# "Access attempts" and "Access failures"). A successful login resets the account's count.
+RFT_LOGIN_FAILURE_LIMIT = env_int("RFT_LOGIN_FAILURE_LIMIT", 10)
+RFT_LOGIN_LOCKOUT_SECONDS = env_int("RFT_LOGIN_LOCKOUT_SECONDS", 900)
+AUTHENTICATION_BACKENDS = ["rftweb.login_guard.LoginGuardBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = RFT_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=RFT_LOGIN_LOCKOUT_SECONDS)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "rftweb.login_guard.lockout_response"
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "runs:list"
 LOGOUT_REDIRECT_URL = "login"
+
+# --- accounts and email (apps/runs/invitations.py) -------------------------------------
+# Mail (invitations, password resets) goes through Django's email backend: printed to the
+# console unless a deployment names another (django.core.mail.backends.smtp.EmailBackend).
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "rftweb@localhost")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+# How long an invitation link (email or one-time link) may be used.
+RFT_INVITATION_DAYS = env_int("RFT_INVITATION_DAYS", 7)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -305,6 +358,12 @@ RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
 # 0.32x full fp32 with it), but every large tensor is then mapped afresh: the update step of
 # bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default.
 RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
+# A learner group's rendezvous (trainer.processes > 1): the TCP store rank 0 (the train
+# worker that runs the step) opens on its host, which the other ranks join. The address is
+# where the other hosts reach rank 0's host (trainer.hosts > 1); port 0 lets the system pick
+# a free one, which only ranks started on rank 0's own host can learn.
+RFT_LEARNER_ADDR = env_str("RFT_LEARNER_ADDR", "127.0.0.1")
+RFT_LEARNER_PORT = env_int("RFT_LEARNER_PORT", 0)
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
 # The nccl sync's process group: rendezvous address, size (the trainer plus the explorers
@@ -327,10 +386,25 @@ RFT_WANDB_PROJECT = env_str("RFT_WANDB_PROJECT", "rftweb")
 RFT_WANDB_MODE = env_str("RFT_WANDB_MODE", "offline")
 # The Python that runs sandboxed reward code (default: this interpreter).
 RFT_SANDBOX_PYTHON = env_str("RFT_SANDBOX_PYTHON", "")
+# `rft_serve` in the embedded default exits this long after SIGTERM / Ctrl+C at the latest
+# (tasks still running are sent again at the next start).
+RFT_SERVE_STOP_SECONDS = env_float("RFT_SERVE_STOP_SECONDS", 2.0)
 # The password of the demo accounts `manage.py rft_demo` creates.
 RFT_DEMO_PASSWORD = env_str("RFT_DEMO_PASSWORD", "rftweb-demo")
 RFT_MAX_BODY_BYTES = env_int("RFT_MAX_BODY_BYTES", 8 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RFT_MAX_BODY_BYTES
+# The largest file one upload field may carry (a taskset, a run config): larger ones are
+# refused with 413 naming this cap (rftweb/uploads.py). Django's limit above counts fields only.
+RFT_UPLOAD_MAX_BYTES = env_int("RFT_UPLOAD_MAX_BYTES", 16 * 1024 * 1024)
+# A taskset upload larger than this is stored under RFT_STORAGE_DIR/uploads and imported by a
+# Celery task (apps/buffer/tasks.py) with its progress on the run page and in the API;
+# smaller ones are imported inside the request.
+RFT_UPLOAD_BACKGROUND_BYTES = env_int("RFT_UPLOAD_BACKGROUND_BYTES", 2 * 1024 * 1024)
+FILE_UPLOAD_HANDLERS = [
+    "rftweb.uploads.CappedUploadHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 # The longest the environment API waits for a rollout worker before answering 503.
 RFT_ROLLOUT_TIMEOUT_SECONDS = env_float("RFT_ROLLOUT_TIMEOUT_SECONDS", 120.0)
 # An agent session (OpenAI-compatible endpoint) with no call for this long and never

@@ -3,6 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from apps.control import accounts
+from apps.control import views as control_views
 from apps.envapi import openai_api
 from rftweb.api import api
 
@@ -11,10 +13,20 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Accounts without the admin site: invitations, Django's password reset, staff's list.
+    path("invite/<str:token>/", accounts.invitation_open, name="invitation"),
+    path("password/reset/", auth_views.PasswordResetView.as_view(), name="password_reset"),
+    path("password/reset/sent/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"),
+    path("password/reset/<uidb64>/<token>/", accounts.PasswordSetView.as_view(), name="password_reset_confirm"),
+    path("password/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    path("accounts/", accounts.account_list, name="accounts"),
+    path("accounts/<int:user_id>/active/", accounts.account_active, name="account_active"),
     path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("runs/<int:run_id>/signal/", include("apps.feedback.signal_urls")),
     path("health/", include("apps.control.health_urls")),
+    # Readiness: 503 naming Postgres or Redis when either is unreachable (/health/ is liveness).
+    path("ready/", control_views.ready, name="ready"),
     # Before the environment API's own routes: OpenAI clients take this as their base URL.
     path("api/v1/runs/<int:run_id>/openai/v1/", include(openai_api.urlpatterns)),
     path("api/v1/", api.urls),
@@ -26,3 +38,6 @@ urlpatterns = [
 from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 
 urlpatterns += staticfiles_urlpatterns()
+
+# A service unreachable in a middleware (outside any view) is a 503 too (rftweb/degrade.py).
+handler500 = "rftweb.degrade.server_error"

@@ -1,6 +1,8 @@
 """The one place tests start processes: the environment a child process needs to share the
 test database and Redis, a live server (HTTP + websockets + static files), real Celery
-workers per queue, and one headless chromium.
+workers per queue, and one headless chromium. Every long-lived child goes through `spawn`:
+its own process group, watched by tests/child_guard.py, so it dies with the test process
+even when that is killed (no teardown runs then).
 
 Loaded for every test as a pytest plugin (the root conftest.py), so its fixtures are
 available everywhere; the helpers are imported from here by the tests that drive processes
@@ -23,7 +25,11 @@ from typing import IO, Any
 
 import pytest
 
+# One definition for tests and benches (a bench runs without pytest, so it lives there).
+from bench.common import free_port, health_wait
+
 ROOT = Path(__file__).resolve().parent.parent
+GUARD = ROOT / "tests" / "child_guard.py"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -61,23 +67,44 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def spawn(cmd: list[str], *, env: dict[str, str], log: Path | None = None,
+          cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    """Start `cmd` in a process group of its own (a kill of the group reaches what it forks)
+    under tests/child_guard.py (which kills that group once the test process is gone). The
+    Popen's pid is the group's id; its returncode is `cmd`'s. Output to `log`, appended."""
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    out: IO[bytes] | int = log.open("ab") if log else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, str(GUARD), *cmd], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[Any], *, timeout: float = 20) -> None:
     """SIGTERM, then SIGKILL if it has not exited within `timeout` (its group, if it leads one)."""
-    if proc.poll() is not None:
-        return
-    group = _leads_group(proc)
-    (os.killpg(proc.pid, signal.SIGTERM) if group else proc.terminate())
+    stop_together([proc], timeout=timeout)
+
+
+def stop_together(procs: list[subprocess.Popen[Any]], *, timeout: float = 20) -> None:
+    """`stop` for several processes at once: SIGTERM to all first, then the waits, so their
+    shutdowns overlap (a loop's three workers stopped one after another took 25-40 s of a
+    test's teardown on a loaded host)."""
+    running = [(proc, _leads_group(proc)) for proc in procs if proc.poll() is None]
+    for proc, group in running:
+        _signal(proc, signal.SIGTERM, group)
+    deadline = time.monotonic() + timeout
+    for proc, group in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL, group)
+            proc.wait(timeout=10)
+
+
+def _signal(proc: subprocess.Popen[Any], sig: signal.Signals, group: bool) -> None:
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        (os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill())
-        proc.wait(timeout=10)
+        (os.killpg(proc.pid, sig) if group else proc.send_signal(sig))
+    except ProcessLookupError:
+        pass
 
 
 def _leads_group(proc: subprocess.Popen[Any]) -> bool:
@@ -96,26 +123,33 @@ def _tail(path: Path | None) -> str:
 def start_server(*, log: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
     """`manage.py runserver` (daphne's: HTTP and websockets, and static files as in DEBUG)
     on a free port; returns once /health/ answers."""
-    import httpx
-
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
-        cwd=ROOT, env=child_env(**{"DEBUG": "1", **env}), stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
+    log.unlink(missing_ok=True)
+    proc = spawn([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
+                 env=child_env(**{"DEBUG": "1", **env}), log=log)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the test server exited with {proc.returncode}: {_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health/", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    if health_wait(url, seconds=60, alive=lambda: proc.poll() is None):
+        return proc, url
+    if proc.poll() is not None:
+        raise RuntimeError(f"the test server exited with {proc.returncode}: {_tail(log)}")
     stop(proc)
     raise RuntimeError(f"the test server did not answer within 60 s: {_tail(log)}")
+
+
+def start_uvicorn(*, log: Path, workers: int = 1, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The ASGI app under uvicorn, as docker-compose.yml runs the web service (DEBUG off: no
+    static files, no migration check at start), on a free port; returns once /health/ answers."""
+    port = free_port()
+    log.unlink(missing_ok=True)
+    proc = spawn([sys.executable, "-m", "uvicorn", "rftweb.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+                  "--workers", str(workers), "--no-access-log"],
+                 env=child_env(**{"DEBUG": "0", "SECRET_KEY": "test-secret-key-for-the-uvicorn-server-only",
+                                  "SECURE_SSL_REDIRECT": "0", **env}), log=log)
+    url = f"http://127.0.0.1:{port}"
+    if health_wait(url, seconds=60, alive=lambda: proc.poll() is None):
+        return proc, url
+    stop(proc)
+    raise RuntimeError(f"uvicorn did not answer within 60 s: {_tail(log)}")
 
 
 @pytest.fixture(scope="session")
@@ -149,35 +183,68 @@ def _worker_command(queues: str, node: str, includes: tuple[str, ...], heartbeat
     return cmd
 
 
+def _control_app(broker: str) -> Any:
+    """The Celery app whose control commands (ping, purge) reach workers on `broker`: the
+    test's own, or one for a throwaway Redis (Celery's control messages go out through the
+    app's own producer pool, whatever connection a call is given)."""
+    from celery import Celery
+
+    from rftweb.celery import app
+
+    if not broker or broker == app.conf.broker_url:
+        return app
+    other = Celery("rftweb-control", broker=broker, set_as_current=False)
+    other.conf.broker_transport = app.conf.broker_transport
+    return other
+
+
 def worker_start(queues: str, *, name: str, log: Path | None = None, includes: tuple[str, ...] = (),
                  purge: bool = True, heartbeat: bool = True, beat: bool = False,
                  env: dict[str, str] | None = None, ready_seconds: float = 300) -> subprocess.Popen[bytes]:
-    """Start `celery worker -P solo -Q queues` in its own process group (so a kill reaches
-    the beat process `beat=True` forks too) and wait until it answers a ping. `purge` drops
-    messages left by an earlier test first (so start the worker that must not lose queued
-    work last, or pass purge=False). A trainer imports torch and TRL before it answers (a
-    minute or two on a loaded 2-core host), hence the long wait."""
-    from rftweb.celery import app
-
+    """Start `celery worker -P solo -Q queues` (through `spawn`: a kill of its group reaches
+    the beat process `beat=True` forks too, and it dies with the test process) and wait until
+    it answers a ping on its broker (`env`'s REDIS_URL: the test's, or a throwaway one).
+    `purge` drops messages left by an earlier test first (so start the worker that must not
+    lose queued work last, or pass purge=False). A trainer imports torch and TRL before it
+    answers (a minute or two on a loaded 2-core host), hence the long wait."""
+    env = env or child_env()
     if purge:
-        app.control.purge()
+        _control_app(env.get("REDIS_URL", "")).control.purge()
+    started = _worker_spawn(queues, name=name, log=log, includes=includes, heartbeat=heartbeat, beat=beat, env=env)
+    return _workers_ready([started], env=env, ready_seconds=ready_seconds)[0]
+
+
+_Started = tuple[subprocess.Popen[bytes], str, str, Path | None]  # the process, its node name, its name, its log
+
+
+def _worker_spawn(queues: str, *, name: str, log: Path | None, includes: tuple[str, ...], heartbeat: bool,
+                  beat: bool, env: dict[str, str]) -> _Started:
     node = f"{name}-{os.getpid()}@{socket.gethostname()}"
-    if log:
-        log.parent.mkdir(parents=True, exist_ok=True)
-    out: IO[bytes] | int = log.open("ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        _worker_command(queues, node, includes, heartbeat,
-                        Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule" if beat else None), cwd=ROOT, env=env or child_env(),
-        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    proc = spawn(_worker_command(queues, node, includes, heartbeat,
+                                 Path(tempfile.mkdtemp(prefix="rft-beat-")) / "schedule" if beat else None),
+                 env=env, log=log)
+    return proc, node, name, log
+
+
+def _workers_ready(started: list[_Started], *, env: dict[str, str], ready_seconds: float) -> list[subprocess.Popen[bytes]]:
+    """Wait until every started worker answers a ping; if one exits or the time runs out,
+    stop them all and raise with its log."""
+    app = _control_app(env.get("REDIS_URL", ""))
+    waiting = {node: (proc, name, log) for proc, node, name, log in started}
     deadline = time.monotonic() + ready_seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"celery worker {name} exited with {proc.returncode}: {_tail(log)}")
-        if app.control.ping(destination=[node], timeout=0.5):
-            return proc
-    stop(proc)
-    raise RuntimeError(f"celery worker {name} did not answer a ping within {ready_seconds:.0f} s: {_tail(log)}")
+    while waiting and time.monotonic() < deadline:
+        for proc, name, log in waiting.values():
+            if proc.poll() is not None:
+                stop_together([p for p, *_ in started])
+                raise RuntimeError(f"celery worker {name} exited with {proc.returncode}: {_tail(log)}")
+        for reply in app.control.ping(destination=list(waiting), timeout=0.5) or []:
+            for node in reply:
+                waiting.pop(node, None)
+    if waiting:
+        stop_together([p for p, *_ in started])
+        _, name, log = next(iter(waiting.values()))
+        raise RuntimeError(f"celery worker {name} did not answer a ping within {ready_seconds:.0f} s: {_tail(log)}")
+    return [proc for proc, *_ in started]
 
 
 @contextmanager
@@ -193,16 +260,36 @@ def celery_worker(queues: str, *, name: str = "test", log: Path | None = None, i
 
 
 class Workers:
-    """Named Celery workers that tests start, stop and kill -9 as they need."""
+    """Named Celery workers that tests start, stop and kill -9 as they need. `env`: the whole
+    environment of workers on services of the test's own (tests/test_faults.py); by default
+    the test database and Redis, with `extra` over them."""
 
-    def __init__(self, logs: Path, **env: str) -> None:
+    def __init__(self, logs: Path, *, env: dict[str, str] | None = None, heartbeat: bool = False,
+                 **extra: str) -> None:
         self.logs = logs
-        self.env = child_env(**env)
+        self.env = env if env is not None else child_env(**extra)
+        self.heartbeat = heartbeat
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, queues: str, *includes: str, beat: bool = False) -> None:
+    def start(self, name: str, queues: str, *includes: str, beat: bool = False, ready_seconds: float = 300) -> None:
         self.procs[name] = worker_start(queues, name=name, log=self.logs / f"{name}.log", includes=includes,
-                                        purge=False, heartbeat=False, beat=beat, env=self.env)
+                                        purge=False, heartbeat=self.heartbeat, beat=beat, env=self.env,
+                                        ready_seconds=ready_seconds)
+
+    def start_together(self, *specs: tuple[str, str, tuple[str, ...], bool], ready_seconds: float = 300) -> None:
+        """`start` for several workers at once, each spec (name, queues, includes, beat): all
+        spawned first, then one wait for all their pings, so their imports overlap."""
+        started = [_worker_spawn(queues, name=name, log=self.logs / f"{name}.log", includes=includes,
+                                 heartbeat=self.heartbeat, beat=beat, env=self.env)
+                   for name, queues, includes, beat in specs]
+        for (name, *_), proc in zip(specs, _workers_ready(started, env=self.env, ready_seconds=ready_seconds), strict=True):
+            self.procs[name] = proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL to the worker's whole group: no shutdown, no message handed back."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
     def kill_all(self) -> None:
         """SIGKILL: no graceful shutdown, no message handed back, leases left behind."""
@@ -213,8 +300,7 @@ class Workers:
         self.procs.clear()
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            stop(proc)
+        stop_together(list(self.procs.values()))
         self.procs.clear()
 
     def log(self, name: str) -> str:
@@ -274,3 +360,10 @@ def login(page: Any, live_url: str, username: str, password: str = "pw-for-tests
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_load_state()
+
+
+def login_to_runs(page: Any, username: str) -> None:
+    """Sign in on a page whose context has the live server as its base URL; returns once the
+    runs list (where a login lands) is there."""
+    login(page, "", username, next_path="/runs/")
+    page.wait_for_url("**/runs/")

@@ -6,8 +6,9 @@ extends rftweb.settings, which then read Celery's schedule half-loaded) without 
 
 The benches with smokes elsewhere: learning, vs_trl, conductor_beat (tests/learning),
 trainer_memory, weight_sync (tests/trainer). Without one: rollout (vLLM's start alone is a
-minute; its engine paths are tested in tests/workers) and steering (its scripted rater is
-tested in tests/feedback/test_steering_rater.py)."""
+minute; its engine paths are tested in tests/workers). Steering's scripted rater is tested in
+tests/feedback/test_steering_rater.py, and one step of it below, with a rater from a file
+outside the repository (`--rater`)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,15 @@ SMOKES = [
      rf"^worker CPU ms per call \(engine stubbed\): {NUMBER}$"),
     ("openai_endpoint", ("--clients", "2", "--requests", "1", "--rounds", "1", "--tokens", "4"),
      rf"^endpoint p50 / engine p50 \(median of 1 rounds\): {NUMBER} "),
+    ("web_load", ("--clients", "3", "--seconds", "1", "--after", "2"),
+     rf"^web_load p99 ratio \(pool / connection per request\): {NUMBER} \(load "),
+    ("label_timing", ("--steps", "6", "--seeds", "0", "--arms", "before", "after"),
+     rf"^label_timing ratio \(after / before share of labels in time\): {NUMBER} "),
     ("async_vs_sync", ("--steps", "2", "--tasks", "2", "--repeat", "2", "--max-tokens", "4", "--pairs", "1"),
      rf"^async_vs_sync speed-up \(sync seconds / async seconds, max_staleness 2\): {NUMBER} \(load "),
+    ("sharding", ("--layers", "2", "--hidden", "64", "--intermediate", "128", "--vocab", "512", "--batch", "4",
+                  "--prompt", "8", "--completion", "8", "--steps", "2"),
+     rf"^sharding peak per rank / one process: {NUMBER} \(target <= 0\.65"),
 ]
 
 
@@ -57,3 +65,54 @@ def test_the_bench_runs_on_tiny_sizes_and_prints_its_ratio(
     assert matches, out.stdout[-2000:]
     for number in matches[-1].groups():
         assert float(number) > 0
+
+
+RATER_FILE = '''
+from pathlib import Path
+
+CALLS = Path(__file__).with_name("calls.log")
+
+
+def likes_tags(prompt: str, completion: str) -> int:
+    """Prefers answers in <answer> tags; writes down every call."""
+    with CALLS.open("a") as log:
+        log.write(repr((prompt[-30:], completion)) + "\\n")
+    return 5 if "<answer>" in completion else 2
+'''
+
+
+def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
+    bench: Callable[..., Any], tmp_path: Any,
+) -> None:
+    """`--rater PATH:FUNCTION` with a file nowhere near the checkout: the bench's raters rate
+    every handed-out item by it, and the preferred share it reads off the model is printed."""
+    from tests.conftest import _ROOT
+
+    mine = tmp_path / "elsewhere" / "my_rater.py"
+    mine.parent.mkdir()
+    mine.write_text(RATER_FILE)
+    assert _ROOT not in mine.resolve().parents
+    out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all", "--tasks", "2", "--repeat", "2",
+                "--rater", f"{mine}:likes_tags", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"rater .*my_rater\.py:likes_tags \(noise 0\): preferred share gain per arm \(base "
+                     rf"{NUMBER}\): all [-+]\d\.\d+", out.stdout), out.stdout[-2000:]
+    calls = (mine.parent / "calls.log").read_text().splitlines()
+    # The 200 held-out problems sampled before and after, and the 4 rollouts `all` rated.
+    assert len(calls) >= 2 * 200 + 4
+    assert any("What is" in line for line in calls)
+
+
+def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import _ROOT
+
+    (tmp_path / "r.py").write_text("def rate(prompt, completion):\n    return 3\n")
+    for spec, message in ((f"{tmp_path}/r.py:missing", "has no function 'missing'"),
+                          (f"{tmp_path}/nope.py:rate", "no file"), ("no_such_module_xyz:rate", "cannot import"),
+                          ("bench.raters", "expected MODULE:FUNCTION")):
+        out = subprocess.run([sys.executable, "-m", "bench.steering", "--rater", spec], cwd=_ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "--rater" in out.stderr and message in out.stderr, (spec, out.stderr[-500:])

@@ -24,12 +24,12 @@ def test_a_minimal_config_gets_defaults() -> None:
         ({"model": "m", "feedback": {"mode": "learned"}}, "feedback.mode", "needs reward_model.enabled"),
         ({"model": "m", "feedback": {"mode": "blend", "w_auto": 0, "w_human": 0}}, "feedback", "w_auto + w_human > 0"),
         ({"model": "m", "reward_model": {"kind": "value_head"}}, "reward_model.kind",
-         "Input should be 'likelihood' or 'classifier'"),
+         "registered reward-model kinds: head, likelihood, classifier"),
         ({"model": "m", "reward_model": {"answer_pattern": "<answer>(.*"}}, "reward_model.answer_pattern",
          "not a regular expression"),
         ({"model": "m", "reward_model": {"crossval_folds": 1}}, "reward_model.crossval_folds", "at least 2 folds"),
         ({"model": "m", "reward_model": {"kind": "classifier", "crossval_folds": 4}}, "reward_model",
-         "kind 'likelihood' only"),
+         "kinds 'head', 'likelihood' only"),
     ],
 )
 def test_a_bad_config_names_the_bad_field(data: dict, field: str, message: str) -> None:

@@ -117,7 +117,9 @@ def test_compose_validates_both_deployment_files_and_refuses_a_missing_secret() 
     head = _resolved(ROOT / "docker-compose.yml")
     workers = _resolved(WORKER_HOST)
     assert {"postgres", "redis", "migrate", "web", "worker-rollout", "worker-train"} <= set(head["services"])
-    assert set(workers["services"]) == {"worker-rollout", "worker-train"}
+    assert set(workers["services"]) == {"worker-rollout", "worker-train", "learner-ranks"}
+    # A host joins a learner group spread over hosts only when asked: the ranks are a profile.
+    assert workers["services"]["learner-ranks"]["profiles"] == ["learner"]
     cli = _compose_cli()
     assert cli is not None  # _resolved above needed it
     env = {k: v for k, v in os.environ.items() if k not in COMPOSE_ENV}
@@ -203,3 +205,18 @@ def test_with_debug_on_the_profile_is_off_so_development_works_over_http() -> No
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert shown.stdout.splitlines()[-1].split() == ["False", "False", "0"], shown.stdout + shown.stderr
+
+
+def test_the_web_service_runs_several_uvicorn_processes_within_postgres_connections() -> None:
+    """WEB_PROCESSES uvicorn workers (default 4); every web process's pool plus one kept
+    connection per worker process stays under 60% of Postgres's default 100 connections."""
+    web = _compose()["services"]["web"]["command"]
+    assert web[:2] == ["uvicorn", "rftweb.asgi:application"]
+    assert web[web.index("--workers") + 1] == "${WEB_PROCESSES:-4}"
+    worker_processes = 0
+    for service in _compose()["services"].values():
+        command = service.get("command") or []
+        if command[:4] == ["celery", "-A", "rftweb", "worker"]:
+            worker_processes += int(command[command.index("-c") + 1]) if "-c" in command else 1
+    pool, beat = 10, 1  # RFT_DB_POOL_SIZE's default; beat's one connection
+    assert 4 * pool + worker_processes + beat <= 60, (pool, worker_processes)

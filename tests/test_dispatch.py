@@ -1,7 +1,8 @@
 """The RFT core's loop, its handlers called directly against Postgres (no workers): what it
 sends, once, and what it takes back from a worker that died or a message that was lost.
 The same loop with real workers killed and Postgres and Redis restarted under it is in
-tests/test_faults.py."""
+tests/test_faults.py. The other jobs on the same dispatch rows (reward-model training and
+export) run once at a time and are taken over once a crashed one's lease ran out."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.services import batch_claim, experience_write, task_attempts_create, task_claim
 from apps.control import orchestration
 from apps.runs.heartbeat import worker_heartbeat_record
+from apps.runs.dispatch import dispatch_claim
 from apps.runs.models import Dispatch, Run
 from apps.control.orchestration import dispatch_begin, dispatch_recover, dispatch_send, runs_conduct
 from tests.factories import experience_row, make_run, make_taskset
@@ -332,3 +334,78 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
         thread.join(timeout=10)
     assert len(used) == 1 and used[0] is not connections["default"]
     assert used[0].connection is None, "the edge thread left its connection open"
+
+
+# ----------------------------------------------------------------------------- other jobs
+
+
+def test_a_second_reward_model_training_while_one_runs_starts_nothing_and_a_crashed_ones_lease_runs_out(
+    owner: Any,
+) -> None:
+    from workers.reward_trainer import TRAIN_LEASE_SECONDS, reward_model_train
+
+    run = make_run(owner=owner, reward_model={"enabled": True})
+    training = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@a",
+                              lease_seconds=TRAIN_LEASE_SECONDS)
+    assert training is not None
+    assert reward_model_train(run.pk) == {"version": None, "busy": True}  # a second trigger meanwhile
+    training.end()
+    assert reward_model_train(run.pk) == {"version": None, "accuracy": None}  # ran: nothing was due
+    # A training whose worker crashed never ends its hold: the next trigger waits out its lease.
+    crashed = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@b",
+                             lease_seconds=TRAIN_LEASE_SECONDS)
+    assert crashed is not None
+    assert reward_model_train(run.pk)["busy"] is True
+    Dispatch.objects.filter(run=run, kind="rm_train").update(expires_at=timezone.now() - timedelta(seconds=1))
+    taker = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@c", lease_seconds=60)
+    assert taker is not None
+    crashed.end()  # the crashed one, come back late, frees nothing of its successor's
+    row = Dispatch.objects.get(run=run, kind="rm_train")
+    assert (row.state, row.worker, row.task_id) == ("running", "reward@c", taker.task_id)
+    taker.end()
+    assert reward_model_train(run.pk) == {"version": None, "accuracy": None}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_at_once_from_two_sessions_give_one_holder(owner: Any) -> None:
+    """The conditional UPDATE decides between concurrent claimers: a second session's claim,
+    blocked on the first's uncommitted row, finds it taken once the first commits."""
+    import threading
+
+    from django.db import close_old_connections, transaction
+
+    run = make_run(owner=owner)
+    Dispatch.objects.create(run=run, kind="k12_train")
+    won: list[bool] = []
+    second_started = threading.Event()
+
+    def second() -> None:
+        try:
+            second_started.set()
+            won.append(dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=60) is not None)
+        finally:
+            close_old_connections()
+
+    with transaction.atomic():
+        assert dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=60) is not None
+        other = threading.Thread(target=second)
+        other.start()
+        second_started.wait(5)
+        other.join(0.5)
+        assert won == []  # blocked on the row until this transaction commits
+    other.join(10)
+    assert won == [False]
+    assert Dispatch.objects.get(run=run, kind="k12_train").state == "running"
+
+
+def test_the_loop_leaves_jobs_of_other_kinds_to_their_leases(owner: Any, sent: list[Any], settings: Any) -> None:
+    settings.RFT_DISPATCH_TTL = 1
+    run = _running(owner, mode="explore")
+    dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@quiet", lease_seconds=1800)
+    dispatch_claim(run_id=run.pk, kind="rm_export", key="v1", state="sent", lease_seconds=1800)
+    Dispatch.objects.exclude(kind="explore").update(started_at=timezone.now() - timedelta(hours=1),
+                                                    sent_at=timezone.now() - timedelta(hours=1))
+    runs_conduct()
+    assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
+    assert dict(Dispatch.objects.filter(run=run).values_list("kind", "state")) == {
+        "explore": "sent", "rm_train": "running", "rm_export": "sent"}

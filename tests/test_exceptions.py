@@ -3,15 +3,18 @@ can do, and each door turns any of them into its own answer naming the field."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+from pathlib import Path
+
 import pytest
 from django.core.management.base import CommandError
 
-from apps.feedback.exports import ExportFailed
 from apps.buffer.importers import ImportFailed
 from apps.envapi.services import KeyInvalid
 from apps.runs.config import ConfigInvalid
 from apps.runs.services import TransitionNotAllowed
-from rftweb.exceptions import Conflict, InvalidInput, RftError, Unavailable, command_error
+from rftweb.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable, command_error
 from workers.explorer import GenerateRequestInvalid, VersionNotReady
 from workers.sync import SyncUnavailable
 from workers.trainer import StepConflict
@@ -50,3 +53,52 @@ def test_the_cli_gives_one_line_per_field_and_exits_non_zero() -> None:
     several = command_error(ConfigInvalid({"model": "required", "sampling.top_p": "must be in (0, 1]"}))
     assert isinstance(one, CommandError) and str(one) == "sampling.temperature: must be >= 0"
     assert str(several) == "2 problems:\n  model: required\n  sampling.top_p: must be in (0, 1]"
+
+
+# The exceptions outside RftError, each for a reason: none is a domain error a door answers.
+NOT_DOMAIN_ERRORS = {
+    # The environments' API client answers its own caller, with httpx alone installed.
+    "ApiError": "rftweb/client.py",
+    # A BaseException on purpose: the sandbox's per-test alarm must pass through the
+    # submitted code's own `except Exception`.
+    "_TestTimeout": "apps/rewards/sandbox_runner.py",
+    # A programming error: the Django apps were not loaded before the vocabulary was read.
+    "VocabularyMissing": "apps/runs/vocabulary.py",
+}
+
+
+def _exception_classes() -> dict[str, list[tuple[str, list[str]]]]:
+    """Every class defined in the application (apps/, workers/, rftweb/; no migrations):
+    name -> [(file, base names)]."""
+    root = Path(__file__).resolve().parent.parent
+    classes: dict[str, list[tuple[str, list[str]]]] = {}
+    for package in ("apps", "workers", "rftweb"):
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                             for b in node.bases]
+                    classes.setdefault(node.name, []).append((str(path.relative_to(root)), bases))
+    builtin = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
+               and issubclass(getattr(builtins, n), BaseException)}
+
+    def is_exception(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        return name in builtin or (name not in seen and any(
+            is_exception(b, seen | {name}) for _, bases in classes.get(name, []) for b in bases))
+
+    return {name: defs for name, defs in classes.items() if is_exception(name)}
+
+
+def test_every_domain_error_is_an_rft_error_and_each_is_defined_once() -> None:
+    classes = _exception_classes()
+
+    def under_rft_error(bases: list[str], seen: frozenset[str] = frozenset()) -> bool:
+        return any(b == "RftError" or (b not in seen and any(
+            under_rft_error(more, seen | {b}) for _, more in classes.get(b, []))) for b in bases)
+
+    assert {name: [path for path, _ in defs] for name, defs in classes.items() if len(defs) > 1} == {}
+    outside = {name: defs[0][0] for name, defs in classes.items()
+               if name != "RftError" and not under_rft_error(defs[0][1])}
+    assert outside == NOT_DOMAIN_ERRORS

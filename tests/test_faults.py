@@ -1,6 +1,7 @@
 """Faults under a real run: its own Postgres and Redis (started here from the installed
 server binaries on spare ports; the machine's shared ones are never touched), the loop's
-conductor, an explorer and a trainer as real Celery workers. Mid-run each worker kind is
+conductor, an explorer and a trainer as real Celery workers (started as every test starts
+them: tests/servers.py, on these services). Mid-run each worker kind is
 killed with SIGKILL once (while it runs a step) and each service is restarted once; after
 every fault the run must move on within 30 s, and at the end SQL must show every experience
 consumed exactly once, filtered with a reason, or still ready, and every train step
@@ -16,7 +17,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,11 +30,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.servers import free_port
+from tests.servers import ROOT, Workers, free_port, spawn, stop
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 RECOVER_SECONDS = 30.0
 
 
@@ -108,10 +107,8 @@ class Redis:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        log = (self.root / "redis.log").open("ab")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.root)], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                           "no", "--dir", str(self.root)], env=dict(os.environ), log=self.root / "redis.log")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -122,63 +119,12 @@ class Redis:
         raise RuntimeError("redis-server did not come up")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
+        if self.proc is not None:
+            stop(self.proc)
 
     def restart(self) -> None:
         self.stop()
         self.start()
-
-
-class Workers:
-    """Celery workers on the throwaway services, each in a process group of its own."""
-
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env, self.logs = env, logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.queues: dict[str, str] = {}
-
-    def start(self, name: str, queue: str) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", queue, "-n", f"{name}@%h",
-               "--without-gossip", "--without-mingle", "-l", "INFO"]
-        if queue == "default":
-            cmd += ["-B", "-s", str(self.logs / "beat-schedule")]
-        log = self.logs / f"{name}.log"
-        mark = log.stat().st_size if log.exists() else 0
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        self.queues[name] = queue
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if b" ready." in log.read_bytes()[mark:]:
-                return
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"worker {name} exited: {self.log(name)[-3000:]}")
-            time.sleep(0.3)
-        raise RuntimeError(f"worker {name} did not come up: {self.log(name)[-3000:]}")
-
-    def kill(self, name: str) -> None:
-        """SIGKILL to the worker's whole group: no shutdown, no message handed back."""
-        proc = self.procs.pop(name)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs.clear()
-
-    def log(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
 
 
 @dataclass
@@ -284,10 +230,9 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
             RFT_DISPATCH_RESEND_SECONDS="5", RFT_FAST_PASSWORD_HASHER="1",
         )
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-        workers = Workers(env, tmp_path)
-        workers.start("trainer", "train")
-        workers.start("explorer", "rollout")
-        workers.start("conductor", "default")
+        workers = Workers(tmp_path, env=env, heartbeat=True)
+        workers.start_together(("trainer", "train", (), False), ("explorer", "rollout", (), False),
+                               ("conductor", "default", (), True), ready_seconds=180)
         # Enough that the run is still going when the last fault comes, even on an idle host (30
         # were not once the loop got faster: the run ended before the conductor could be killed).
         steps = 60
@@ -317,7 +262,7 @@ def test_the_run_survives_killed_workers_and_restarted_services_and_trains_every
         demo.workers.kill(name)
         recovered[f"{name} killed: step sent again"] = demo.wait(
             f"the {kind} step sent again", lambda: demo.sent_since(kind, killed_at), RECOVER_SECONDS)
-        demo.workers.start(name, queue)
+        demo.workers.start(name, queue, ready_seconds=180)
         ready_at = time.time()
         recovered[f"{name} killed: restarted worker took it"] = demo.wait(
             f"the restarted {name} taking the step", lambda: demo.running_since(kind, ready_at - 1), RECOVER_SECONDS)
@@ -325,7 +270,7 @@ def test_the_run_survives_killed_workers_and_restarted_services_and_trains_every
 
     # The conductor (and the beat inside it) killed: another one picks the loop up.
     demo.workers.kill("conductor")
-    demo.workers.start("conductor", "default")
+    demo.workers.start("conductor", "default", beat=True, ready_seconds=180)
     recovered["conductor killed"] = demo.moves_on("killing the conductor")
 
     # Redis restarted: every queued message and the channel layer's state are gone.

@@ -155,7 +155,8 @@ def world() -> dict[str, Any]:
 
 def _start(run: Run) -> list[str]:
     return ["/runs/", "/runs/new/", f"/runs/{run.pk}/", f"/runs/{run.pk}/annotate/", f"/runs/{run.pk}/signal/raters/",
-            f"/runs/{run.pk}/export/", f"/runs/{run.pk}/keys/", f"/runs/{run.pk}/signal/reward-model/"]
+            f"/runs/{run.pk}/export/", f"/runs/{run.pk}/keys/", f"/runs/{run.pk}/signal/reward-model/",
+            f"/runs/{run.pk}/diff/{run.pk}/"]
 
 
 def _upload(name: str) -> Any:

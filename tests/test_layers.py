@@ -51,3 +51,47 @@ def test_the_apps_above_fill_the_kernels_config_vocabulary(monkeypatch: pytest.M
     monkeypatch.setattr(vocabulary, "_VOCABULARY", vocabulary._Vocabulary())
     with pytest.raises(vocabulary.VocabularyMissing, match="no reward functions are registered"):
         config_validate(data={"model": "x", "rewards": [{"name": "exact_match"}]})
+
+
+def test_a_worker_importing_an_apps_model_breaks_the_ports_contract(tmp_path: Path) -> None:
+    """Workers reach the apps through their ports only: a copy of the tree where the explorer
+    imports the Run model is refused, naming the import; the ports themselves are allowed."""
+    import shutil
+
+    for name in ("apps", "workers", "rftweb"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "migrations"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with (tmp_path / "workers" / "explorer.py").open("a") as f:
+        f.write("\n\ndef _around_the_port() -> None:\n    from apps.runs.models import Run  # noqa: F401\n")
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "workers reach the apps through their ports BROKEN" in result.stdout
+    assert "workers.explorer -> apps.runs.models" in result.stdout
+    assert "apps are layered KEPT" in result.stdout
+
+
+def test_no_worker_uses_a_model_manager() -> None:
+    """The ports hand workers rows to read (a claimed batch, a reward-model version), never a
+    way to query: no module in workers/ calls a manager, refreshes a row, or takes the row
+    behind a RunView (`apps.runs.ports.row`, which is for the other apps' ports)."""
+    import re
+
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted((ROOT / "workers").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), start=1)
+             if re.search(r"\.objects\b|\._default_manager\b|\.refresh_from_db\(|\._row\b|\brow\(", line)]
+    assert found == []
+
+
+def test_a_learner_groups_follower_module_imports_before_django_is_set_up() -> None:
+    """A learner group's follower process (`python -m workers.algorithms.distributed`) imports
+    its module before it calls django.setup(): the learner may import the kernel's pure config
+    and algorithm registry there, never a port (which loads the models and would kill the
+    follower, leaving the group's first step waiting for it)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "-c", "import workers.algorithms.distributed, workers.demo_model"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.common import health_wait
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +29,10 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
     # The same cached build the worker tests use: rft_demo finds it up to date.
     model_dir = demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
-    env.update(RFT_VAR_DIR=str(tmp_path), RFT_DEMO_MODEL_DIR=str(model_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # The wait windows end on a beat (10 s by default): at 1 s a step no longer waits up to 10 s
+    # for the sweep after its 2 s window (about 20 of the test's seconds).
+    env.update(RFT_VAR_DIR=str(tmp_path), RFT_DEMO_MODEL_DIR=str(model_dir), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               RFT_FEEDBACK_EXPIRE_SECONDS="1")
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -47,14 +51,7 @@ def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) 
     )
     db = sqlite3.connect(tmp_path / "rftweb.sqlite3")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
+        if not health_wait(f"http://127.0.0.1:{port}", seconds=60, poll=0.5):
             pytest.fail((tmp_path / "serve.log").read_text()[-3000:])
         assert httpx.get(f"http://127.0.0.1:{port}/login/").status_code == 200
         (run_id,) = db.execute("SELECT id FROM runs_run").fetchone()

@@ -19,7 +19,8 @@ from apps.envapi.services import api_key_create
 from apps.feedback.models import Assignment
 from apps.rewards.models import RewardModel
 from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
-from apps.runs.models import Run, RunMember
+from apps.runs.invitations import invitation_create
+from apps.runs.models import ModelVersion, Run, RunMember
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db
@@ -30,13 +31,22 @@ LOGIN = "login"  # any logged-in user; shows only what that user may see
 MEMBER = "member"  # the run's people (owner, annotator, viewer); 404 to others
 ANNOTATE = "annotate"  # the run's owner and annotators; 403 to its viewers, 404 to others
 OWNER = "owner"  # the run's owner (or staff); 403 to its other people, 404 to others
-STAFF = "staff"  # the admin site
+STAFF = "staff"  # the admin site, and the accounts page
+TOKEN = "token"  # anyone who holds the link's token (an invitation, a password reset): no login asked
 
 ACCESS: dict[str, str] = {
     "": PUBLIC,  # redirects to the runs list
     "login": PUBLIC,
     "logout": PUBLIC,
+    "invitation": TOKEN,
+    "password_reset": PUBLIC,
+    "password_reset_done": PUBLIC,
+    "password_reset_confirm": TOKEN,
+    "password_reset_complete": PUBLIC,
+    "accounts": STAFF,
+    "account_active": STAFF,
     "health": PUBLIC,
+    "ready": PUBLIC,  # readiness: which dependency is down, nothing of any run
     "^static/(?P<path>.*)$": PUBLIC,  # only while DEBUG is on
     "admin:login": PUBLIC,
     "admin:logout": PUBLIC,
@@ -45,6 +55,8 @@ ACCESS: dict[str, str] = {
     "envapi-v1:api-root": API,
     "envapi-v1:runs_list": API,
     "envapi-v1:run_get": API,
+    "envapi-v1:run_taskset_get": API,
+    "envapi-v1:annotation_get": API,
     "envapi-v1:tasks_claim": API,
     "envapi-v1:tasks_release": API,
     "envapi-v1:tasks_finish": API,
@@ -65,6 +77,11 @@ ACCESS: dict[str, str] = {
     "runs:workers": LOGIN,
     "runs:detail": MEMBER,
     "runs:metrics": MEMBER,
+    "runs:summary": MEMBER,
+    "runs:diff": MEMBER,  # the config diff: both runs must be visible (the other is checked in tests/dashboard/test_config_diff.py)
+    "runs:diff_with": MEMBER,
+    "runs:weights_prepare": MEMBER,  # the run's people may ask for and download its weights
+    "runs:weights_download": MEMBER,
     "runs:controls": MEMBER,
     "runs:control": OWNER,
     "runs:feedback_policy": OWNER,
@@ -77,10 +94,14 @@ ACCESS: dict[str, str] = {
     "runs:image": MEMBER,  # a picture of the run's taskset (apps/buffer/views.py)
     "runs:failures": MEMBER,
     "runs:waiting": MEMBER,
+    "runs:taskset_import": MEMBER,
     "runs:members": MEMBER,  # GET lists the people; adding one is the owner's (POST)
     "runs:member_remove": OWNER,
+    "runs:invitations": OWNER,
+    "runs:invitation_revoke": OWNER,
     "feedback:page": MEMBER,
     "feedback:queue": ANNOTATE,
+    "feedback:counts": MEMBER,
     "feedback:rate": ANNOTATE,
     "feedback:skip": ANNOTATE,
     "feedback:edit": ANNOTATE,
@@ -155,8 +176,10 @@ def world() -> dict[str, Any]:
     member = RunMember.objects.get(run=run, user=viewer)
     image = _taskset_picture(run)
     RewardModel.objects.create(run=run, version=1, path="/nowhere/v1", base="demo", accuracy=0.9)
+    ModelVersion.objects.create(run=run, number=1, checkpoint="/nowhere/model-v1", train_step=1)
+    invitation = invitation_create(run=run, role="annotator", actor=owner).invitation
     return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
-            "image": image, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
+            "image": image, "invitation": invitation, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
 
 
 def _taskset_picture(run: Run) -> str:
@@ -181,7 +204,9 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
         "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
-        "sha256": world["image"], "version": 1,
+        "sha256": world["image"], "version": 1, "invitation_id": world["invitation"].pk, "token": "not-a-token",
+        "uidb64": "MQ", "user_id": world["users"]["owner"].pk,
+        "other_id": world["run"].pk,
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:
@@ -205,6 +230,8 @@ def _expect(rule: str, persona: str, response: Any, url: str) -> None:
     where = f"{persona} at {url}: {status}"
     if rule == PUBLIC:
         assert status < 400 or status == 405, where
+    elif rule == TOKEN:
+        assert status < 500 and status != 403 and not _to_login(response), where
     elif rule == API:
         assert status in (401, 404), where  # a session is not a key
     elif rule == STAFF:

@@ -17,6 +17,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from rftweb.exceptions import ExportFailed, InvalidInput
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -35,10 +37,6 @@ def adapter_base(path: str | Path) -> str:
     return str(base)
 
 
-def adapter_rank(path: str | Path) -> int:
-    return int(json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("r", 8))
-
-
 def peft_config_for(lora: Any) -> Any:
     """A peft LoraConfig from a run config's `trainer.lora` section."""
     from peft import LoraConfig, TaskType
@@ -53,7 +51,7 @@ def peft_config_for(lora: Any) -> Any:
     )
 
 
-class AdapterTargetsMissing(ValueError):
+class AdapterTargetsMissing(InvalidInput, ValueError):
     """None of the adapter's target modules exist in the model."""
 
 
@@ -66,7 +64,7 @@ def adapter_wrap(*, model: Any, lora: Any) -> Any:
         return get_peft_model(model, peft_config_for(lora))
     except ValueError as exc:
         if "not found in the base model" in str(exc) or "Target modules" in str(exc):
-            raise AdapterTargetsMissing(f"trainer.lora.target_modules: {exc}") from None
+            raise AdapterTargetsMissing(str(exc), field="trainer.lora.target_modules") from None
         raise
 
 
@@ -172,10 +170,6 @@ def is_adapter_model(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def trainable_names(model: Any) -> set[str]:
-    return {name for name, p in model.named_parameters() if p.requires_grad}
-
-
 def _atomic_dir(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -206,10 +200,6 @@ def merged_save(*, adapter_path: str | Path, out: str | Path, base: str | None =
     tokenizer_source = adapter_path if (Path(adapter_path) / "tokenizer_config.json").exists() else base
     AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
     return _finish(tmp, out)
-
-
-class ExportFailed(ValueError):
-    """The weights cannot be exported as asked (no such version, adapter asked of a full run)."""
 
 
 def model_export(*, source: str | Path, out: str | Path, merged: bool) -> Path:

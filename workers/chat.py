@@ -22,20 +22,21 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apps.runs.models import Run
+from apps.runs.ports import RunView, run_current_version, run_view
+from rftweb.exceptions import InvalidInput
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs")
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 
-class ChatRequestInvalid(ValueError):
+class ChatRequestInvalid(InvalidInput, ValueError):
     """A request the worker cannot serve; `param` names the field, `status` the HTTP code."""
 
     def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
         self.param = param
         self.status = status
         self.code = code
-        super().__init__(message)
 
 
 def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -193,7 +194,7 @@ class _Pieces:
 def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampling: Any, key: str) -> Any:
     """`engine.generate` with each decoding step's text pushed to the web process
     (apps/envapi/token_stream.py) while the generation goes on."""
-    from apps.envapi.token_stream import StreamWriter
+    from apps.envapi.ports import StreamWriter
 
     writer = StreamWriter(key)
     tokenizer = engine.tokenizer
@@ -221,7 +222,7 @@ def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     reply = request.get("reply_key")
     if not reply:
         return chat_generate(run_id=run_id, request=request)
-    from apps.envapi.token_stream import reply_push
+    from apps.envapi.ports import reply_push
 
     try:
         answer = chat_generate(run_id=run_id, request=request)
@@ -249,16 +250,16 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
 # again on the next call. Only the config and pk of the kept run are used: its
 # current_version goes stale, and "current" comes with the request. Bounded: cleared whole
 # when full; one dict assignment per miss, safe across a pool's threads.
-_RUNS: dict[int, tuple[str, Run]] = {}
+_RUNS: dict[int, tuple[str, RunView]] = {}
 _RUNS_MAX = 256
 
 
-def _run_for(*, run_id: int, digest: Any) -> Run | None:
+def _run_for(*, run_id: int, digest: Any) -> RunView | None:
     if isinstance(digest, str):
         kept = _RUNS.get(run_id)
         if kept is not None and kept[0] == digest:
             return kept[1]
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         _RUNS.pop(run_id, None)
         return None
@@ -268,7 +269,7 @@ def _run_for(*, run_id: int, digest: Any) -> Run | None:
     return run
 
 
-def _version_current(*, run: Run, floor: int) -> int:
+def _version_current(*, run: RunView, floor: int) -> int:
     """The run's current version for a call that asked for "current": the one the web side
     read (`floor`), or a later one of this run the resident engine already holds (the
     explorer loaded it after a publish), so a call queued across a publish neither reads
@@ -299,7 +300,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     elif request.get("config_digest") is None:
         version = run.current_version  # read just now by _run_for
     else:  # a kept run's current_version is stale
-        version = Run.objects.filter(pk=run_id).values_list("current_version", flat=True).first() or 0
+        version = run_current_version(run_id)
     try:
         engine = _engine_at(run=run, version=version, worker=worker_name())
     except VersionNotReady:

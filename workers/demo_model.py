@@ -6,31 +6,25 @@ is still wrong often, so reinforcement fine-tuning on the demo taskset has somet
 learn. Same seed and settings, same files: problems come from a seeded generator, the
 weights from a seeded init, and training runs on one thread in a fixed order.
 
-Same files on another machine too, as far as the CPU allows: the build runs in a fresh
-Python process (`python -m workers.demo_model`) whose numerics are pinned before torch
-loads (`NUMERICS_ENV`: one thread, torch's AVX2 kernels and MKL's AVX2 code path even on
-AVX-512 CPUs, which otherwise sum in another order and give other bits), so neither the
-caller's thread settings nor its CPU's widest vector unit change the weights. Different
-torch / transformers / tokenizers versions may (weight init and kernels move between
-releases): the manifest records them and a build with other versions is not "current".
-
-A manifest (`rft-demo.json`) records the settings; a build into a directory that already
-holds a model made with the same settings and library versions is skipped.
+Same files on another machine too, as far as the CPU allows: the build is a recipe of
+workers/model_build.py (as the tiny VLM's is), run in a fresh Python process with its
+numerics pinned. Different torch / transformers / tokenizers versions may give other files
+(weight init and kernels move between releases): the manifest (`rft-demo.json`) records
+them and a build with other versions is not "current"; a build into a directory that
+already holds a model made with the same settings and library versions is skipped.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
@@ -41,20 +35,6 @@ TASKSET_FILE = "demo-taskset.jsonl"
 # 4: both of 3's changes at once (they were made on two branches, each calling itself 3).
 RECIPE = 4
 
-# Set before torch loads in the build's process. MKL_CBWR: MKL's conditional numerical
-# reproducibility (the same code path on every AVX2 CPU); ATEN_CPU_CAPABILITY and
-# ONEDNN_MAX_CPU_ISA: torch's own and oneDNN's kernels no wider than AVX2. A CPU without
-# AVX2 falls back to its default path (and may then give other bits).
-NUMERICS_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "MKL_CBWR": "AVX2",
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "PYTHONHASHSEED": "0",
-    "TOKENIZERS_PARALLELISM": "false",
-    "CUDA_VISIBLE_DEVICES": "",
-}
 VERSIONED = ("torch", "transformers", "tokenizers")
 
 OPS = ("+", "-")
@@ -82,14 +62,9 @@ class DemoSettings:
     recipe: int = RECIPE
 
 
-@dataclass
-class DemoResult:
-    out: Path
-    settings: DemoSettings
-    accuracy: float
-    built: bool
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
+DemoResult = BuildResult[DemoSettings]
+BUILD = Recipe(name="demo model", module="workers.demo_model", manifest=MANIFEST, taskset=TASKSET_FILE,
+               versions=VERSIONED, settings_type=DemoSettings)
 
 
 def problem_text(a: int, op: str, b: int) -> str:
@@ -212,59 +187,6 @@ def _batches(train: list[tuple[int, str, int]], settings: DemoSettings) -> Itera
         del order[: settings.batch_size]
 
 
-def manifest_read(out: Path, *, name: str = MANIFEST) -> dict[str, Any] | None:
-    try:
-        return json.loads((out / name).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def file_hashes(out: Path, *, manifest: str = MANIFEST) -> dict[str, str]:
-    """sha256 of every file a build wrote in `out`, its manifest aside."""
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(out.iterdir())
-        if p.is_file() and p.name != manifest
-    }
-
-
-def library_versions(names: Sequence[str] = VERSIONED) -> dict[str, str]:
-    """The installed versions of the libraries the files depend on (read without importing them)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
-def manifest_current(out: Path, *, manifest: str, settings: dict[str, Any], versions: Sequence[str]) -> dict[str, Any] | None:
-    """The manifest when `out` holds an intact build with exactly these settings and the
-    installed versions of `versions` (the demo model's and the tiny VLM's cache check)."""
-    recorded_manifest = manifest_read(out, name=manifest)
-    if not recorded_manifest or recorded_manifest.get("settings") != settings:
-        return None
-    if recorded_manifest.get("versions") != library_versions(versions):
-        return None
-    recorded = recorded_manifest.get("files") or {}
-    if not recorded or any(not (out / name).is_file() for name in recorded):
-        return None
-    return recorded_manifest
-
-
-def demo_model_current(out: Path, settings: DemoSettings) -> dict[str, Any] | None:
-    """The manifest when `out` holds an intact model built with exactly these settings and
-    the installed library versions."""
-    return manifest_current(out, manifest=MANIFEST, settings=asdict(settings), versions=VERSIONED)
-
-
-class DemoBuildFailed(RuntimeError):
-    """The build's process exited with an error; the message holds the end of its output."""
-
-
 def demo_model_build(
     *,
     out: str | Path,
@@ -273,41 +195,10 @@ def demo_model_build(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Build (or find already built) the demo model and its taskset in `out`.
-
-    The build itself runs in a child process with `NUMERICS_ENV` (see the module docstring);
-    its log lines come back through `log`, its progress bar on stderr.
-    """
-    settings = settings or DemoSettings()
-    out = Path(out)
-    if not force:
-        manifest = demo_model_current(out, settings)
-        if manifest is not None:
-            return DemoResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=False, files=manifest["files"])
-    started = time.monotonic()
-    root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-m", "workers.demo_model", "--out", str(out.resolve()),
-           "--settings", json.dumps(asdict(settings))] + ([] if progress else ["--quiet"])
-    # The child inherits this environment (not a setting: what the process was started with),
-    # with the numerics pinned and this checkout first on its path.
-    env = {**os.environ, **NUMERICS_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.STDOUT,
-                            text=True)
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        tail = (tail + [line])[-20:]
-        if line.startswith("demo model:"):
-            log(line)
-    if proc.wait() != 0:
-        raise DemoBuildFailed(f"building the demo model failed (exit {proc.returncode}):\n" + "\n".join(tail))
-    manifest = manifest_read(out)
-    if manifest is None:
-        raise DemoBuildFailed(f"the demo model build wrote no manifest in {out}")
-    return DemoResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=True,
-                      seconds=time.monotonic() - started, files=manifest["files"])
+    """Build (or find already built) the demo model and its taskset in `out`, in a pinned
+    child process (workers/model_build.py); its log lines come back through `log`, its
+    progress bar on stderr."""
+    return model_build(BUILD, out=out, settings=settings or DemoSettings(), force=force, progress=progress, log=log)
 
 
 def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Callable[[str], None] = print) -> DemoResult:
@@ -349,16 +240,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
         accuracy: float | None = None
         for step in range(settings.steps):
             rows = [encoded.setdefault(p, _encode(tokenizer, p)) for p in next(batches)]
-            width = max(len(p) + len(c) for p, c in rows)
-            ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-            labels = torch.full((len(rows), width), -100)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, (p, c) in enumerate(rows):
-                seq = p + c
-                ids[i, : len(seq)] = torch.tensor(seq)
-                mask[i, : len(seq)] = 1
-                # Loss on the answer only: the prompt is given, not learned.
-                labels[i, len(p) : len(seq)] = torch.tensor(c)
+            ids, mask, labels = sft_batch(rows, pad_id=tokenizer.pad_token_id)
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -390,12 +272,8 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
             for a, op, b in taskset:
                 record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
                 fh.write(json.dumps(record, sort_keys=True) + "\n")
-        files = file_hashes(out)
-        manifest = {
-            "settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps, "files": files,
-            "versions": library_versions(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        }
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps,
+                               cpu_capability=torch.backends.cpu.get_cpu_capability())
     finally:
         torch.set_num_threads(threads)
     return DemoResult(
@@ -404,15 +282,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
 
 
 def _main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Build the demo model here (demo_model_build runs this in a pinned child).")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--settings", required=True, help="DemoSettings as JSON")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    settings = DemoSettings(**json.loads(args.settings))
-    _build_here(out=Path(args.out), settings=settings, progress=not args.quiet, log=lambda line: print(line, flush=True))
+    build_main(BUILD, _build_here, argv)
 
 
 if __name__ == "__main__":

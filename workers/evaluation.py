@@ -30,20 +30,15 @@ log = logging.getLogger(__name__)
 EVAL_PREFIX = "eval/"
 
 
-def evaluation_due(*, cfg: Any, number: int) -> bool:
-    return bool(cfg.eval_every) and cfg.eval.taskset is not None and number > 0 and number % cfg.eval_every == 0
-
-
 def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> dict[str, Any]:
     """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
-    from apps.buffer.models import Task
-    from apps.rewards.scoring import rewards_inline
-    from apps.runs.models import Metric, ModelVersion, Run
-    from apps.runs.services import eval_result_record
+    from apps.buffer.ports import taskset_tasks
+    from apps.rewards.ports import rewards_inline
+    from apps.runs.ports import eval_result_record, metric_exists, run_view, version_train_step
     from workers.engines import SamplingSpec
     from workers.explorer import _engine_at, task_prompt, worker_name
 
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         return {"run": run_id, "version": version, "skipped": "no such run"}
     cfg = run.cfg
@@ -51,13 +46,13 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
         return {"run": run_id, "version": version, "skipped": "the run has no evaluation taskset"}
     step = 0
     if version > 0:
-        found = ModelVersion.objects.filter(run=run, number=version).values_list("train_step", flat=True).first()
+        found = version_train_step(run_id=run.pk, number=version)
         if found is None:
             return {"run": run_id, "version": version, "skipped": "no such version"}
         step = found
-    if Metric.objects.filter(run=run, step=step, name=f"{EVAL_PREFIX}reward_mean").exists():
+    if metric_exists(run_id=run.pk, step=step, name=f"{EVAL_PREFIX}reward_mean"):
         return {"run": run_id, "version": version, "skipped": "already evaluated"}
-    tasks = list(Task.objects.filter(taskset_id=cfg.eval.taskset).order_by("index")[: cfg.eval.max_tasks])
+    tasks = taskset_tasks(taskset_id=cfg.eval.taskset, limit=cfg.eval.max_tasks)
     if not tasks:
         return {"run": run_id, "version": version, "skipped": f"evaluation taskset {cfg.eval.taskset} has no tasks"}
 

@@ -29,20 +29,22 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import OperationalError, transaction
+from django.db import OperationalError
 
-from apps.buffer.drafts import ExperienceDraft
-from apps.buffer.models import Experience
-from apps.buffer.selectors import tasks_exhausted
-from apps.buffer.services import experience_write, task_claim, task_finish, task_release
-from apps.rewards.scoring import rewards_awaiting, rewards_inline
-from apps.rewards.services import rewards_remote_enqueue
-from apps.runs.models import Dispatch, ModelVersion, Run
-from apps.control.orchestration import dispatch_begin, run_advance_after_step
-from apps.runs.services import (
+from apps.buffer.ports import EXPLORER, ExperienceDraft, TaskSource, tasks_exhausted
+from apps.control.ports import dispatch_begin, explore_step_write, run_advance_after_step
+from apps.rewards.ports import rewards_awaiting, rewards_inline
+from apps.runs.ports import (
+    RUNNING,
+    DispatchKind,
+    RunView,
+    explore_version,
     metric_record,
     run_explore_end,
-    run_explore_step_record,
+    run_explored,
+    run_status,
+    run_view,
+    version_checkpoint,
     weight_load_record,
 )
 from rftweb.exceptions import InvalidInput, Unavailable
@@ -57,11 +59,9 @@ def worker_name() -> str:
     return f"explorer@{socket.gethostname()}:{os.getpid()}"
 
 
-def explorer_version_for(*, run: Run, step: int) -> int:
+def explorer_version_for(*, run: RunView, step: int) -> int:
     """The model version explore step `step` must use, from the run's mode (apps/runs/policy.py);
     VersionNotReady makes the step wait for the trainer."""
-    from apps.runs.policy import explore_version
-
     version = explore_version(cfg=run.cfg, explore_step=step, current_version=run.current_version)
     if version is None:
         raise VersionNotReady(f"run {run.pk} explore step {step} waits for the trainer (current v{run.current_version})")
@@ -80,7 +80,7 @@ def checkpoint_known(*, run_id: int, version: int) -> str | None:
     return _CHECKPOINTS.get((run_id, version))
 
 
-def model_version_path(*, run: Run, version: int) -> str:
+def model_version_path(*, run: RunView, version: int) -> str:
     """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
     if version == 0:
         return str(run.cfg.model)
@@ -88,7 +88,7 @@ def model_version_path(*, run: Run, version: int) -> str:
 
     checkpoint = _CHECKPOINTS.get((run.pk, version))
     if checkpoint is None:
-        checkpoint = ModelVersion.objects.filter(run=run, number=version).values_list("checkpoint", flat=True).first()
+        checkpoint = version_checkpoint(run_id=run.pk, number=version)
         if checkpoint is None:
             raise VersionNotReady(f"run {run.pk} has no published version {version}")
         if len(_CHECKPOINTS) >= _CHECKPOINTS_MAX:
@@ -100,7 +100,7 @@ def model_version_path(*, run: Run, version: int) -> str:
     return checkpoint
 
 
-def _engine_at(*, run: Run, version: int, worker: str) -> Any:
+def _engine_at(*, run: RunView, version: int, worker: str) -> Any:
     """The resident engine holding `version` of the run; records the load when one happens."""
     from workers.engines import engine_cached, engine_for, engine_last_load, engine_version_ensure
     from workers.handover import handover_apply
@@ -159,7 +159,7 @@ def _image_prompt(engine: Any, *, task: Any, text: str | None, messages: list[di
 
 
 def _run_status(run_id: int) -> str | None:
-    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    return run_status(run_id)
 
 
 def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, Any]:
@@ -169,22 +169,22 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 
     step_started = time.monotonic()
     worker = worker or worker_name()
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         return {"run": run_id, "step": step, "skipped": "no such run"}
-    if run.status != Run.Status.RUNNING:
+    if not run.running:
         return {"run": run_id, "step": step, "skipped": f"run is {run.status}"}
     cfg = run.cfg
     version = explorer_version_for(run=run, step=step)
     engine = _engine_at(run=run, version=version, worker=worker)
 
-    attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
-    if not attempts and task_release(run=run, worker=worker):
+    attempts = TaskSource.claim(run=run, worker=worker, size=cfg.explore_batch_size)
+    if not attempts and TaskSource.release(run=run, worker=worker):
         # Leases this worker still held on the run's tasks were an earlier try's that could not
         # hand them back (the database went away mid-step, so the release failed too): it holds
         # the run's one explore dispatch now, so they are nobody else's. Taken back here rather
         # than when the lease runs out (RFT_LEASE_SECONDS), which held a run's last step that long.
-        attempts = task_claim(run=run, worker=worker, size=cfg.explore_batch_size)
+        attempts = TaskSource.claim(run=run, worker=worker, size=cfg.explore_batch_size)
     if not attempts:
         if tasks_exhausted(run=run):
             # Every epoch is explored: exploring ends here rather than stalling the run, and
@@ -211,12 +211,12 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         gen_seconds = time.monotonic() - started
     except BaseException:
         # Hand the tasks back at once rather than when the lease runs out.
-        task_release(run=run, worker=worker, ids=claimed)
+        TaskSource.release(run=run, worker=worker, ids=claimed)
         raise
 
-    if _run_status(run_id) != Run.Status.RUNNING:
+    if _run_status(run_id) != RUNNING:
         # Paused or stopped while generating: the run gets nothing more from this step.
-        task_release(run=run, worker=worker, ids=claimed)
+        TaskSource.release(run=run, worker=worker, ids=claimed)
         return {"run": run_id, "step": step, "skipped": "run left running during the step"}
 
     try:
@@ -246,7 +246,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                     task_id=task.pk,
                     group_id=f"attempt-{attempt.pk}",
                     key=f"explore:{attempt.pk}:{i}",
-                    source=Experience.Source.EXPLORER,
+                    source=EXPLORER,
                     prompt_text=_display_prompt(task),
                     messages=task.messages,
                     response_text=sample.text,
@@ -259,17 +259,11 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                     metadata=metadata,
                 ))
 
-        with transaction.atomic():
-            written = experience_write(experiences=drafts, announce=True)
-            task_finish(run=run, worker=worker, ids=claimed, model_version=version)
-            run_explore_step_record(run=run, step=step)
-            rewards_remote_enqueue(run_id=run.pk, experience_ids=[
-                pk for pk, draft, new in zip(written.ids, drafts, written.is_new)
-                if new and draft.metadata.get("awaiting_rewards")
-            ])
+        written = explore_step_write(run=run, step=step, worker=worker, drafts=drafts, attempt_ids=claimed,
+                           model_version=version)
     except BaseException:
         # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
-        task_release(run=run, worker=worker, ids=claimed)
+        TaskSource.release(run=run, worker=worker, ids=claimed)
         raise
 
     tokens = sum(lengths)
@@ -315,12 +309,12 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
 )
 def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
     holder = worker_name()
-    hold = dispatch_begin(run_id=run_id, kind=Dispatch.Kind.EXPLORE, step=step, task_id=self.request.id,
+    hold = dispatch_begin(run_id=run_id, kind=DispatchKind.EXPLORE, step=step, task_id=self.request.id,
                           worker=self.request.hostname or holder, holder=holder)
     if hold is None:
         return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}
     try:
-        if Run.objects.filter(pk=run_id, explore_step__gte=step).exists():
+        if run_explored(run_id, step):
             # A copy sent again for a worker that died after its step committed: done.
             result = {"run": run_id, "step": step, "skipped": "explored already"}
         else:
@@ -332,7 +326,7 @@ def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
         raise
     finally:
         hold.end()
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is not None and (not result.get("skipped") or result.get("exhausted")):
         run_advance_after_step(run=run)
     return result
@@ -377,7 +371,7 @@ def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[s
     version. One dict per completion, in request order; `request` is its request's index."""
     from workers.engines import SamplingSpec, prompt_ids
 
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         raise GenerateRequestInvalid(f"no run {run_id}")
     if not isinstance(requests, list) or not requests:

@@ -18,7 +18,7 @@ write is done: `checkpoint_pending` tells the explorer to wait (VersionNotReady)
 At most one write is in flight: the next publish waits for the previous one, so a crash can
 leave only the newest version's directory unwritten, and that version is always the one at
 the run's recorded train step, which `handover_repair` rewrites from the trainer's restored
-state (bit-identical on CPU, see workers/trainer.py).
+state (bit-identical on CPU, see workers/trainer/).
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from apps.runs.ports import RunView
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +104,10 @@ class MemorySync:
 
     name = "memory"
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
         import torch
 
-        from apps.runs.services import model_version_publish
+        from apps.runs.ports import model_version_publish
         from workers.sync import version_dir
 
         started = time.perf_counter()
@@ -163,14 +166,14 @@ def handover_apply(engine: Any, *, version: int, path: str) -> bool:
     return True
 
 
-def handover_repair(*, run: Any, model: Any, tokenizer: Any, train_step: int) -> bool:
+def handover_repair(*, run: RunView, model: Any, tokenizer: Any, train_step: int) -> bool:
     """After a restart: rewrite the newest published version's directory when a crash left
     it unwritten and it is the version of `train_step` (the weights just restored). True if
     it wrote."""
-    from apps.runs.models import ModelVersion
+    from apps.runs.ports import version_latest
     from workers.sync import save_pretrained_atomic
 
-    latest = ModelVersion.objects.filter(run=run).order_by("-number").first()
+    latest = version_latest(run_id=run.pk)
     if latest is None or not latest.checkpoint or Path(latest.checkpoint).exists() or checkpoint_pending(latest.checkpoint):
         return False
     if latest.train_step != train_step:

@@ -12,8 +12,9 @@ reward part and the reason in the experience's `metadata["reward_reasons"]`.
 - `k12_learned_verdicts`: the run's newest K12Grader version, trained first when one is due
   (`k12_grader_train_run`: graded answers -> preference pairs per question -> TRL's
   RewardTrainer through workers.reward_trainer.reward_model_fit, held-out accuracy on whole
-  questions, calibration onto the grade scale). Training holds a per-run lock in the Django
-  cache; a scorer that finds it held uses the newest version, or waits for the first.
+  questions, calibration onto the grade scale). Training claims the run's `k12_train`
+  dispatch row under a lease (apps/runs/dispatch.py); a scorer that finds it held uses the
+  newest version, or waits for the first.
 
 torch / transformers are imported inside the functions (every process imports the task names).
 """
@@ -30,9 +31,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 
-from apps.rewards.k12 import (
+from apps.rewards.ports import (
     K12JudgeParams,
     K12LearnedParams,
     grader_prompt,
@@ -43,15 +43,16 @@ from apps.rewards.k12 import (
     k12_grader_latest,
     k12_grader_publish,
     learned_params,
+    reference_text,
+    run_current_model,
     task_question,
 )
-from apps.rewards.registry import reference_text
-from apps.rewards.selectors import run_current_model
-from apps.runs.models import Run
+from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
 
 log = logging.getLogger(__name__)
 
-TRAIN_LOCK_SECONDS = 1800
+# A training's lease: past it (its worker crashed) another scorer's worker trains instead.
+TRAIN_LEASE_SECONDS = 1800
 # How long a scorer waits for another worker's training of a run's first grader version.
 TRAIN_WAIT_SECONDS = 600
 MAX_JUDGED_CHARS = 4000
@@ -119,7 +120,7 @@ def judge_engine_for(*, model: str, kind: str) -> Any:
     return engine_for(SimpleNamespace(engine=kind, model=model))
 
 
-def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: Run | None = None,
+def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: RunView | None = None,
                        **raw: Any) -> list[Verdict]:
     from workers.engines import SamplingSpec, prompt_ids
 
@@ -158,12 +159,12 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run:
 # The learned grader
 
 
-def k12_grader_train_run(*, run: Run, params: K12LearnedParams, force: bool = False) -> Any:
+def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> Any:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
     from workers.reward_trainer import _calibration, reward_model_fit, rm_score_texts
 
-    from apps.feedback.preferences import pair_is_heldout
+    from apps.feedback.ports import pair_is_heldout
 
     answers = k12_graded_answers(run=run)
     if not force and not k12_grader_due(run=run, params=params, grades=len(answers)):
@@ -196,19 +197,20 @@ def k12_grader_train_run(*, run: Run, params: K12LearnedParams, force: bool = Fa
     return grader
 
 
-def k12_grader_ensure(*, run: Run, params: K12LearnedParams) -> Any:
+def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
     """The newest version, trained first when one is due; None when there is nothing to learn.
 
     While another worker trains: the newest version if there is one (the next scoring picks
     up the new one), else wait for that training (up to TRAIN_WAIT_SECONDS)."""
-    lock = f"rft:k12-train:{run.pk}"
     deadline = time.monotonic() + TRAIN_WAIT_SECONDS
     while k12_grader_due(run=run, params=params):
-        if cache.add(lock, 1, TRAIN_LOCK_SECONDS):
+        hold = dispatch_claim(run_id=run.pk, kind=DispatchKind.K12_TRAIN, state=DispatchState.RUNNING,
+                              lease_seconds=TRAIN_LEASE_SECONDS)
+        if hold is not None:
             try:
                 k12_grader_train_run(run=run, params=params)
             finally:
-                cache.delete(lock)
+                hold.end()
             break
         latest = k12_grader_latest(run=run)
         if latest is not None:
@@ -219,7 +221,7 @@ def k12_grader_ensure(*, run: Run, params: K12LearnedParams) -> Any:
     return k12_grader_latest(run=run)
 
 
-def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: Run, **raw: Any) -> list[Verdict]:
+def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: RunView, **raw: Any) -> list[Verdict]:
     from workers.reward_models import reward_model_load
     from workers.reward_trainer import rm_score_texts
 

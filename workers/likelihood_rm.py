@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apps.rewards.pairs import PreferencePair
+from apps.rewards.ports import PreferencePair
+from rftweb.exceptions import ExportFailed
 from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
 
 HEAD_FILE = "likelihood_reward.json"
@@ -160,8 +161,9 @@ def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequ
     return [float(x) for x in w.detach()]
 
 
-def _fold_of(group_id: str, folds: int) -> int:
-    digest = hashlib.sha256(f"fold:{group_id}".encode()).digest()
+def _fold_of(prompt: str, folds: int) -> int:
+    """A prompt's fold: all its pairs (every group of it) share one."""
+    digest = hashlib.sha256(f"fold:{prompt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % folds
 
 
@@ -172,10 +174,10 @@ def _dot(w: Sequence[float], x: Sequence[float]) -> float:
 def fold_weights(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
                  *, folds: int, l2: float) -> dict[int, list[float]]:
     """For each fold holding pairs, the weights fitted on the other folds' pairs (a prompt's
-    pairs share a fold: `_fold_of` its group); none for a fold that holds every pair."""
+    pairs share a fold: `_fold_of` its prompt); none for a fold that holds every pair."""
     by_fold: dict[int, list[PreferencePair]] = {}
     for p in pairs:
-        by_fold.setdefault(_fold_of(p.group_id, folds), []).append(p)
+        by_fold.setdefault(_fold_of(p.prompt, folds), []).append(p)
     out: dict[int, list[float]] = {}
     for k in by_fold:
         rest = [p for f, ps in by_fold.items() if f != k for p in ps]
@@ -197,7 +199,7 @@ def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str],
     rejected: list[float] = []
     trust: list[float] = []
     for p in pairs:
-        w = weights.get(_fold_of(p.group_id, folds))
+        w = weights.get(_fold_of(p.prompt, folds))
         if w is None:
             continue  # one fold holds every prompt: nothing was fitted without them
         chosen.append(_dot(w, z[texts[(p.prompt, p.chosen)]]))
@@ -206,13 +208,13 @@ def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str],
     return pairwise_accuracy(chosen, rejected, trust)
 
 
-def out_of_fold_scores(z: Sequence[Sequence[float]], group_ids: Sequence[str], *, weights: dict[int, list[float]],
+def out_of_fold_scores(z: Sequence[Sequence[float]], prompts: Sequence[str], *, weights: dict[int, list[float]],
                        folds: int, fallback: Sequence[float]) -> list[float]:
-    """Each item scored by the weights fitted without its group's fold: what the reward model
-    would score it had it never seen its prompt's pairs. A group whose fold has no fit gets
+    """Each item scored by the weights fitted without its prompt's fold: what the reward model
+    would score it had it never seen its prompt's pairs. A prompt whose fold has no fit gets
     `fallback`, the weights fitted on every pair: its fold held no pair (so neither did the
-    group), or, with too few prompts, every pair (nothing was fitted without them)."""
-    return [_dot(weights.get(_fold_of(g, folds), fallback), x) for x, g in zip(z, group_ids, strict=True)]
+    prompt), or, with too few prompts, every pair (nothing was fitted without them)."""
+    return [_dot(weights.get(_fold_of(g, folds), fallback), x) for x, g in zip(z, prompts, strict=True)]
 
 
 def likelihood_model_fit(
@@ -275,15 +277,16 @@ class LikelihoodScorer:
             return []
         return self.head.score(self._features(prompts, completions, batch_size=batch_size))
 
-    def fold_fitted(self, group_id: str) -> bool:
+    def fold_fitted(self, prompt: str) -> bool:
         """Whether a fit that never saw this prompt's pairs exists (crossval_accuracy ranks a
         pair only then)."""
-        return _fold_of(group_id, self.folds) in self.fold_weights if self.folds else False
+        return _fold_of(prompt, self.folds) in self.fold_weights if self.folds else False
 
-    def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], group_ids: Sequence[str],
+    def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], keys: Sequence[str],
                           *, batch_size: int = 32) -> list[float]:
         """Scores as `score`, but each by the fold's weights that never saw its group's pairs
-        (`out_of_fold_scores`); `score` itself when the fit was not cross-validated."""
+        (`out_of_fold_scores`; `keys`: the items' prompts, which their folds are of); `score`
+        itself when the fit was not cross-validated."""
         if not self.fold_weights:
             return self.score(prompts, completions, batch_size=batch_size)
         if not prompts:
@@ -291,7 +294,7 @@ class LikelihoodScorer:
         head = self.head
         z = [[(x - m) / s for x, m, s in zip(f, head.mean, head.std, strict=True)]
              for f in self._features(prompts, completions, batch_size=batch_size)]
-        return out_of_fold_scores(z, group_ids, weights=self.fold_weights, folds=self.folds, fallback=head.weights)
+        return out_of_fold_scores(z, keys, weights=self.fold_weights, folds=self.folds, fallback=head.weights)
 
     def _features(self, prompts: Sequence[str], completions: Sequence[str], *, batch_size: int) -> list[list[float]]:
         return likelihood_features(self.model, self.tokenizer, prompts, completions, max_length=self.head.max_length,
@@ -324,7 +327,7 @@ def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.adapters import ExportFailed, _atomic_dir, _finish
+    from workers.adapters import _atomic_dir, _finish
     from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
 
     source, out = Path(source), Path(out)

@@ -12,10 +12,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from rftweb.exceptions import InvalidInput
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-class PrecisionUnsupported(ValueError):
+class PrecisionUnsupported(InvalidInput, ValueError):
     """The device cannot train in the precision the run asks for."""
 
 
@@ -68,13 +70,13 @@ def optimizer_supported(name: str, *, device: str) -> str | None:
 def optimizer_check(name: str, *, device: str) -> None:
     reason = optimizer_supported(name, device=device)
     if reason is not None:
-        raise PrecisionUnsupported(f"trainer.optimizer: {reason}")
+        raise PrecisionUnsupported(reason, field="trainer.optimizer")
 
 
 def precision_check(precision: str, *, device: str) -> None:
     reason = precision_supported(precision, device=device)
     if reason is not None:
-        raise PrecisionUnsupported(f"trainer.precision: {reason}")
+        raise PrecisionUnsupported(reason, field="trainer.precision")
 
 
 def precision_dtype(precision: str) -> Any:

@@ -2,16 +2,18 @@
 
 `reward_model_train` derives preference pairs from every kind of feedback
 (apps.feedback.preferences), splits them by prompt into a training and a held-out share,
-fits the run's kind of reward model (`reward_model.kind`): `likelihood` (the base's token
-log-likelihoods weighed by a Bradley-Terry model, workers/likelihood_rm.py) or `classifier`
-(a scalar-head sequence classifier trained with TRL's `RewardTrainer`, saved where
-`AutoModelForSequenceClassification` loads it), measures pairwise accuracy on the held-out
-pairs, and publishes it as the run's next reward-model version. `reward_model_score` scores
+fits the run's kind of reward model (`reward_model.kind`, a registry: workers/reward_kinds/):
+`head` (the default: an ensemble of scalar heads on the pooled hidden states of the run's own
+model), `likelihood` (the base's token log-likelihoods weighed by a Bradley-Terry model,
+workers/likelihood_rm.py) or `classifier` (a scalar-head sequence classifier trained with
+TRL's `RewardTrainer`, saved where `AutoModelForSequenceClassification` loads it), measures
+pairwise accuracy on the held-out pairs, and publishes it as the run's next reward-model version. `reward_model_score` scores
 the experiences no person rated with the newest version, in batches, each score recording
 the version.
 
-Task policy: queue `reward`, acknowledged late, idempotent. Training takes a per-run lock in
-the Django cache (a second task for the same run returns at once), trains only when
+Task policy: queue `reward`, acknowledged late, idempotent. Training claims the run's
+`rm_train` dispatch row (apps/runs/dispatch.py) under a lease (a second task for the same
+run returns at once; a crashed one's row is free once the lease ran out), trains only when
 `retrain_every` new labels arrived, soft limit 30 min. Scoring skips what the version already
 scored. Database hiccups retry with backoff. torch / transformers / TRL are imported inside
 the functions only (every process imports this module to know the task names).
@@ -29,13 +31,12 @@ from typing import Any
 
 from celery import shared_task
 from django.conf import settings
-from django.core.cache import cache
 from django.db import InterfaceError, OperationalError
 
-from apps.feedback.preferences import PreferencePair, group_is_heldout, pair_is_heldout, preference_pairs
-from apps.feedback.reliability import rater_figures, rater_offsets, rater_weights
-from apps.feedback.selectors import experiences_handed_out_unbiased
-from apps.feedback.learned import (
+from apps.feedback.ports import PreferencePair, pair_is_heldout, preference_pairs, prompt_is_heldout
+from apps.feedback.ports import rater_figures, rater_offsets, rater_weights
+from apps.feedback.ports import experiences_handed_out_unbiased, rated_experiences
+from apps.feedback.ports import (
     experiences_to_score,
     gold_experience_ids,
     reward_model_due,
@@ -44,13 +45,18 @@ from apps.feedback.learned import (
     rm_scores_apply,
     run_label_count,
 )
-from apps.rewards.models import RewardModel
-from apps.rewards.selectors import run_current_model
-from apps.runs.models import Run
+from apps.rewards.ports import RewardModelRow as RewardModel  # the type of the versions the ports hand out
+from apps.rewards.ports import reward_model_export_begin, reward_model_get, run_current_model
+from apps.runs.ports import dispatch_claim
+from apps.runs.ports import reward_kind_get
+from apps.runs.ports import DispatchKind, DispatchState, run_view
+from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
+from workers.reward_kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
 
 log = logging.getLogger(__name__)
 
-TRAIN_LOCK_SECONDS = 1800
+# A training's lease: its task's hard time limit, past which its row is free for another.
+TRAIN_LEASE_SECONDS = 1860
 
 
 Scorer = Callable[[Sequence[str], Sequence[str]], list[float]]
@@ -58,7 +64,8 @@ Scorer = Callable[[Sequence[str], Sequence[str]], list[float]]
 
 def _base_of(run: Run) -> str:
     cfg = run.cfg.reward_model
-    if cfg.warm_start and cfg.kind == "classifier":  # a likelihood version has no weights to start from
+    # Only some kinds' versions have weights to start from (RewardKind.warm_start).
+    if cfg.warm_start and reward_kind_get(cfg.kind).warm_start:
         latest = reward_model_latest(run=run)
         if latest is not None and Path(latest.path).exists():
             return latest.path
@@ -197,13 +204,13 @@ def _random_share_accuracy(heldout: list[PreferencePair], *, unbiased: set[int],
     whose fold has no such fit left out as crossval_accuracy leaves it."""
     pairs = [p for p in heldout if p.chosen_id in unbiased and p.rejected_id in unbiased]
     if out_of_fold is not None:
-        pairs = [p for p in pairs if out_of_fold.fold_fitted(p.group_id)]
+        pairs = [p for p in pairs if out_of_fold.fold_fitted(p.prompt)]
     if not pairs:
         return None, 0
-    prompts, groups = [p.prompt for p in pairs], [p.group_id for p in pairs]
+    prompts = [p.prompt for p in pairs]
     if out_of_fold is not None:
-        chosen = out_of_fold.score_out_of_fold(prompts, [p.chosen for p in pairs], groups)
-        rejected = out_of_fold.score_out_of_fold(prompts, [p.rejected for p in pairs], groups)
+        chosen = out_of_fold.score_out_of_fold(prompts, [p.chosen for p in pairs], prompts)
+        rejected = out_of_fold.score_out_of_fold(prompts, [p.rejected for p in pairs], prompts)
     else:
         chosen, rejected = score(prompts, [p.chosen for p in pairs]), score(prompts, [p.rejected for p in pairs])
     return pairwise_accuracy(chosen, rejected, [p.trust for p in pairs]), len(pairs)
@@ -212,8 +219,6 @@ def _random_share_accuracy(heldout: list[PreferencePair], *, unbiased: set[int],
 def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | None:
     """Train and publish the run's next reward-model version if one is due (or `force`).
     None when nothing was due or no pair can be learned from."""
-    from apps.buffer.models import Experience
-
     if not force and not reward_model_due(run=run):
         return None
     cfg = run.cfg.reward_model
@@ -231,40 +236,21 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     started = time.monotonic()
     rng = random.Random(run.cfg.seed + number)
     rng.shuffle(train)
-    score: Scorer
-    calibration_score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]] | None = None
-    out_of_fold: Any = None  # the cross-validated scorer, whose folds rank each pair unseen
-    if cfg.kind == "likelihood":
-        from workers.likelihood_rm import likelihood_model_fit
-
-        scorer, accuracy = likelihood_model_fit(base=base, train=train, heldout=heldout, out=out,
-                                                max_length=cfg.max_length, answer_pattern=cfg.answer_pattern or None,
-                                                l2=cfg.l2, crossval_folds=cfg.crossval_folds)
-        if cfg.crossval_folds >= 2:
-            # Every pair trained the published version and was held out once in the folds.
-            train, heldout = train + heldout, train + heldout
-            calibration_score, out_of_fold = scorer.score_out_of_fold, scorer
-        score = scorer.score
-    else:
-        net, tokenizer, accuracy = reward_model_fit(
-            base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-            batch_size=cfg.batch_size, max_length=cfg.max_length, seed=run.cfg.seed + number,
-        )
-
-        def score(prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
-            return rm_score_texts(net, tokenizer, list(prompts), list(completions), max_length=cfg.max_length)
+    fitted = reward_kind_impl(cfg.kind).fit(cfg=cfg, base=base, train=train, heldout=heldout, out=out,
+                                            seed=run.cfg.seed + number)
+    train, heldout, accuracy = fitted.train, fitted.heldout, fitted.accuracy
+    score: Scorer = fitted.scorer
+    calibration_score, out_of_fold = fitted.calibration_score, fitted.out_of_fold
     # Put raw scores on the human scale with the experiences people rated in the held-out
-    # groups (scores of what it trained on are overconfident); all rated ones while too few.
-    # Cross-validated, no group is held out of the published fit, but each has a fold's fit
+    # prompts (scores of what it trained on are overconfident); all rated ones while too few.
+    # Cross-validated, no prompt is held out of the published fit, but each has a fold's fit
     # that never saw it: every rated experience is scored by that one.
-    rated_all = list(Experience.objects.filter(run=run, human_reward__isnull=False, is_expert=False)
-                     .exclude(pk__in=gold).order_by("-id")
-                     .values_list("prompt_text", "response_text", "human_reward", "group_id")[:2048])
+    rated_all = rated_experiences(run=run, exclude=gold, limit=2048)
     if calibration_score is not None:
         rated = rated_all[:512]
-        scores = calibration_score([r[0] for r in rated], [r[1] for r in rated], [r[3] for r in rated])
+        scores = calibration_score([r[0] for r in rated], [r[1] for r in rated], [r[0] for r in rated])
     else:
-        rated = [r for r in rated_all if group_is_heldout(r[3], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
+        rated = [r for r in rated_all if prompt_is_heldout(r[0], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
         if len(rated) < MIN_CALIBRATION_POINTS:
             rated = rated_all[:512]
         scores = score([r[0] for r in rated], [r[1] for r in rated])
@@ -281,18 +267,10 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     return rm
 
 
-def reward_scorer_load(path: str, *, max_length: int, batch_size: int = 64) -> Scorer:
-    """The scorer of a published version, whichever kind its directory holds."""
-    from workers.likelihood_rm import is_likelihood_dir, likelihood_model_load
-
-    if is_likelihood_dir(path):
-        scorer = likelihood_model_load(path)
-        return lambda prompts, completions: scorer.score(prompts, completions, batch_size=batch_size)
-    from workers.reward_models import reward_model_load
-
-    net, tokenizer = reward_model_load(path)
-    return lambda prompts, completions: rm_score_texts(net, tokenizer, list(prompts), list(completions),
-                                                       max_length=max_length, batch_size=batch_size)
+def reward_scorer_load(path: str, *, max_length: int, batch_size: int = 64) -> KindScorer:
+    """The scorer of a published version, whichever kind its directory holds (called as
+    `scorer(prompts, completions)`; `scorer.score_spread` adds each score's spread)."""
+    return reward_kind_of_dir(path).load(path, max_length=max_length, batch_size=batch_size)
 
 
 def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
@@ -308,40 +286,41 @@ def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
         batch = list(experiences_to_score(run=run, rm=rm, limit=cfg.score_batch_size))
         if not batch:
             break
-        scores = score([e.prompt_text for e in batch], [e.response_text for e in batch])
-        rm_scores_apply(run=run, rm=rm, scores={e.pk: s for e, s in zip(batch, scores, strict=True)})
+        scores, spreads = score.score_spread([e.prompt_text for e in batch], [e.response_text for e in batch])
+        rm_scores_apply(run=run, rm=rm, scores={e.pk: s for e, s in zip(batch, scores, strict=True)},
+                        spreads=None if spreads is None else dict(zip([e.pk for e in batch], spreads, strict=True)))
         done += len(batch)
     return done
 
 
-@shared_task(
-    name="workers.reward_trainer.reward_model_train", acks_late=True, reject_on_worker_lost=True,
-    soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
-    max_retries=5, ignore_result=True,
-)
+# The reward queue's task policy (the module docstring); each task adds its name and limits.
+_REWARD_TASK: dict[str, Any] = {
+    "acks_late": True, "reject_on_worker_lost": True, "autoretry_for": (OperationalError, InterfaceError),
+    "retry_backoff": True, "max_retries": 5, "ignore_result": True,
+}
+
+
+@shared_task(name="workers.reward_trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
 def reward_model_train(run_id: int) -> dict[str, Any]:
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None or not run.cfg.reward_model.enabled:
         return {"version": None}
-    lock = f"rft:rm-train:{run_id}"
-    if not cache.add(lock, 1, TRAIN_LOCK_SECONDS):
+    hold = dispatch_claim(run_id=run_id, kind=DispatchKind.RM_TRAIN, state=DispatchState.RUNNING,
+                          lease_seconds=TRAIN_LEASE_SECONDS)
+    if hold is None:
         return {"version": None, "busy": True}
     try:
         rm = reward_model_train_run(run=run)
     finally:
-        cache.delete(lock)
+        hold.end()
     if rm is not None:
         reward_model_score.delay(run_id)
     return {"version": rm.version if rm else None, "accuracy": rm.accuracy if rm else None}
 
 
-@shared_task(
-    name="workers.reward_trainer.reward_model_score", acks_late=True, reject_on_worker_lost=True,
-    soft_time_limit=600, time_limit=660, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
-    max_retries=5, ignore_result=True,
-)
+@shared_task(name="workers.reward_trainer.reward_model_score", soft_time_limit=600, time_limit=660, **_REWARD_TASK)
 def reward_model_score(run_id: int) -> dict[str, int]:
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         return {"scored": 0}
     return {"scored": reward_model_score_run(run=run)}
@@ -349,32 +328,30 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 
 
 
-@shared_task(
-    name="workers.reward_trainer.reward_model_export_zip", acks_late=True, reject_on_worker_lost=True,
-    soft_time_limit=1800, time_limit=1860, autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
-    max_retries=5, ignore_result=True,
-)
-def reward_model_export_zip(rm_id: int) -> dict[str, Any]:
+@shared_task(name="workers.reward_trainer.reward_model_export_zip", bind=True, soft_time_limit=1800, time_limit=1860,
+             **_REWARD_TASK)
+def reward_model_export_zip(self: Any, rm_id: int) -> dict[str, Any]:
     """Pack a version as the web download (apps/rewards/export.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
-    complete: it is renamed into place); a failure is kept for the page to show."""
-    from apps.rewards.export import EXPORT_SECONDS, error_key, export_zip_path, preparing_key, stage_mark
-
-    rm = RewardModel.objects.filter(pk=rm_id).first()
+    complete: it is renamed into place); one packing at a time per version (its dispatch
+    row); a failure is kept for the page to show."""
+    rm = reward_model_get(rm_id)
     if rm is None:
         return {"zip": None}
-    target = export_zip_path(rm)
-    cache.set(preparing_key(rm), stage_mark("packing"), EXPORT_SECONDS)  # the page: no longer just queued
+    target, hold = reward_model_export_begin(rm=rm, task_id=self.request.id)
+    if hold is None:
+        return {"zip": None, "busy": True}
+    error = ""
     try:
         if not target.is_file():
             reward_model_zip_write(rm=rm, target=target)
         return {"zip": str(target), "bytes": target.stat().st_size}
     except (ValueError, OSError) as exc:  # ExportFailed (a ValueError): the base or the files are gone
         log.warning("reward model v%d of run %s: export failed: %s", rm.version, rm.run_id, exc)
-        cache.set(error_key(rm), str(exc)[:500] or type(exc).__name__, 24 * 3600)
+        error = str(exc)[:500] or type(exc).__name__
         return {"zip": None, "error": str(exc)}
     finally:
-        cache.delete(preparing_key(rm))
+        hold.end(error=error)
 
 
 def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:

@@ -20,18 +20,23 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from apps.buffer.models import Experience
-from apps.rewards.scoring import reward_term_score, rewards_for_domain, task_domain
-from apps.rewards.selectors import experiences_awaiting_rewards, run_current_model
-from apps.rewards.services import experience_rewards_apply
-from apps.runs.models import Run
+from apps.rewards.ports import (
+    ExperienceRecord,
+    experience_rewards_apply,
+    experiences_awaiting_rewards,
+    reward_term_score,
+    rewards_for_domain,
+    run_current_model,
+    task_domain,
+)
+from apps.runs.ports import RunView, run_view
 
 log = logging.getLogger(__name__)
 
 SCORER_RETRIES = 3
 
 
-def _task_of(exp: Experience) -> Any:
+def _task_of(exp: ExperienceRecord) -> Any:
     if exp.task is not None:
         return exp.task
     # Experiences from environments may have no task row: score against what they carry.
@@ -40,7 +45,7 @@ def _task_of(exp: Experience) -> Any:
 
 
 def rewards_remote_score(
-    *, run: Run, experiences: Sequence[Experience], reasons: dict[int, dict[str, str]] | None = None,
+    *, run: RunView, experiences: Sequence[ExperienceRecord], reasons: dict[int, dict[str, str]] | None = None,
 ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, str]], bool]:
     """Score each experience's awaited terms: (parts by experience id, errors by experience id,
     whether a scorer raised, which a retry may cure).
@@ -56,7 +61,7 @@ def rewards_remote_score(
     scored: dict[int, dict[str, float]] = {e.pk: {} for e in experiences}
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     # key -> (term, [experiences awaiting it])
-    groups: dict[str, tuple[Any, list[Experience]]] = {}
+    groups: dict[str, tuple[Any, list[ExperienceRecord]]] = {}
     raised = False
     for exp in experiences:
         applicable = dict(rewards_for_domain(terms=terms, domain=task_domain(_task_of(exp))))
@@ -110,7 +115,7 @@ def rewards_remote_score(
     max_retries=5,
 )
 def score_experiences(self: Any, run_id: int, experience_ids: list[int]) -> dict[str, int]:
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is None:
         return {"applied": 0, "skipped": len(experience_ids)}
     pending = experiences_awaiting_rewards(run=run, ids=experience_ids)

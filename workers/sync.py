@@ -23,11 +23,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 
 from rftweb.exceptions import Unavailable
+
+if TYPE_CHECKING:
+    from apps.runs.ports import RunView
 
 
 class SyncUnavailable(Unavailable):
@@ -138,7 +141,7 @@ def weight_bytes(path: Path) -> int:
 class WeightSync(Protocol):
     name: str
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
         """Make version `number` of `run` available to explorers."""
         ...
 
@@ -146,20 +149,20 @@ class WeightSync(Protocol):
 class CheckpointSync:
     name = "checkpoint"
 
-    def _save(self, *, run: Any, number: int, model: Any, tokenizer: Any) -> tuple[Path, float, int]:
+    def _save(self, *, run: RunView, number: int, model: Any, tokenizer: Any) -> tuple[Path, float, int]:
         started = time.perf_counter()
         out = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=version_dir(run.pk, number),
                                      like=version_dir(run.pk, number - 1) if number > 1 else None)
         return out, time.perf_counter() - started, weight_bytes(out)
 
-    def _record(self, *, run: Any, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
-        from apps.runs.services import model_version_publish
+    def _record(self, *, run: RunView, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
+        from apps.runs.ports import model_version_publish
 
         model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step,
                               seconds=seconds, size=size)
         return Published(seconds=seconds, bytes=size)
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 
@@ -275,7 +278,7 @@ class NcclSync(CheckpointSync):
         return Received(run_id=int(header["run"]), version=int(header["version"]), path=str(header["path"]),
                         tensors=tensors, bytes=size, seconds=time.perf_counter() - started)
 
-    def publish(self, *, run: Any, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         if self.world_size > 1:
             started = time.perf_counter()

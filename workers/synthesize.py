@@ -64,27 +64,16 @@ def tasks_paraphrase(
 ) -> dict[str, int]:
     """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
     ones as synthetic tasks. Idempotent: tasks already paraphrased are skipped."""
-    from django.db import transaction
-    from django.db.models import Max
-
-    from apps.buffer.models import Task
-    from apps.buffer.pipeline.synthesize import paraphrase_accept
+    from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
 
     sampling = sampling or Sampling()
-    done = set(
-        Task.objects.filter(taskset_id=taskset_id, is_synthetic=True, metadata__synthetic="paraphrase")
-        .values_list("metadata__synthetic_from", flat=True)
-    )
-    sources = [
-        t for t in Task.objects.filter(taskset_id=taskset_id, is_synthetic=False, filter_reason="").order_by("index")
-        if t.prompt and t.index not in done
-    ][: max_tasks or None]
+    sources = paraphrase_sources(taskset_id=taskset_id, limit=max_tasks)
     counts = {"asked": 0, "accepted": 0}
     if not sources:
         return counts
     prompts = [tokenizer.encode(instruction.format(prompt=t.prompt), add_special_tokens=False) for t in sources]
     results = engine.generate(prompts, n=n, sampling=sampling)
-    new: list[Task] = []
+    new: list[tuple[Any, str]] = []
     for task, per_prompt in zip(sources, results):
         seen: set[str] = set()
         for sample in _samples(per_prompt):
@@ -97,31 +86,17 @@ def tasks_paraphrase(
                 counts[f"rejected_{why}"] = counts.get(f"rejected_{why}", 0) + 1
                 continue
             seen.add(text)
-            new.append(Task(
-                taskset_id=taskset_id, prompt=text, reference=task.reference, tests=task.tests, domain=task.domain,
-                metadata={**task.metadata, "synthetic": "paraphrase", "synthetic_from": task.index},
-                is_synthetic=True,
-            ))
-    with transaction.atomic():
-        # Lock the taskset so two workers do not hand out the same indices.
-        from apps.buffer.models import Taskset
-
-        Taskset.objects.select_for_update().filter(pk=taskset_id).first()
-        start = (Task.objects.filter(taskset_id=taskset_id).aggregate(m=Max("index"))["m"] or 0) + 1
-        for offset, task in enumerate(new):
-            task.index = start + offset
-        Task.objects.bulk_create(new)
-    counts["accepted"] = len(new)
+            new.append((task, text))
+    counts["accepted"] = paraphrases_add(taskset_id=taskset_id, paraphrases=new)
     return counts
 
 
 def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
     if run_id is None:
         return
-    from apps.runs.models import Run
-    from apps.runs.services import metric_record
+    from apps.runs.ports import metric_record, run_view
 
-    run = Run.objects.filter(pk=run_id).first()
+    run = run_view(run_id)
     if run is not None:
         metric_record(run=run, step=run.explore_step,
                       values={f"pipeline/import/synth_paraphrase/{k}": float(v) for k, v in counts.items()})

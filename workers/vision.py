@@ -90,6 +90,6 @@ def pixel_inputs(processor: Any, images: Sequence[Sequence[Any]]) -> dict[str, A
 
 
 def images_open(digests: Sequence[str]) -> list[Any]:
-    from apps.buffer.images import image_open
+    from apps.buffer.ports import image_open
 
     return [image_open(d) for d in digests]

@@ -15,9 +15,9 @@ CPU torch (STACK-NOTES); vLLM's Idefics3 / SmolVLM path and transformers' PIL im
 processor for it need no torchvision. Text attention heads are 32 wide: vLLM's CPU
 attention refuses 16.
 
-The build runs in a fresh process with the numerics pinned (`demo_model.NUMERICS_ENV`) and is
-cached by a manifest (`rft-vision.json`) recording settings and library versions, like the
-demo model's. The model directory also holds the demo taskset in the import format:
+The build is a recipe of workers/model_build.py, as the demo model's is: a fresh process
+with the numerics pinned, cached by a manifest (`rft-vision.json`) recording settings and
+library versions. The model directory also holds the demo taskset in the import format:
 `vision-taskset.zip` with `tasks.jsonl` (prompt, answer, domain "vision", an `image` path
 inside the zip) and the PNGs.
 """
@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
-import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.demo_model import NUMERICS_ENV, DemoBuildFailed, file_hashes, library_versions, manifest_current
+from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
 MANIFEST = "rft-vision.json"
 TASKSET_ZIP = "vision-taskset.zip"
@@ -84,14 +81,9 @@ class VisionSettings:
     recipe: int = RECIPE
 
 
-@dataclass
-class VisionResult:
-    out: Path
-    settings: VisionSettings
-    accuracy: float
-    built: bool
-    seconds: float = 0.0
-    files: dict[str, str] = field(default_factory=dict)
+VisionResult = BuildResult[VisionSettings]
+BUILD = Recipe(name="vision model", module="workers.vision_model", manifest=MANIFEST, taskset=TASKSET_ZIP,
+               versions=VERSIONED, settings_type=VisionSettings)
 
 
 def squares_image(*, count: int, rng: random.Random) -> Any:
@@ -131,37 +123,12 @@ def png_bytes(image: Any) -> bytes:
     return buf.getvalue()
 
 
-def vision_model_current(out: Path, settings: VisionSettings) -> dict[str, Any] | None:
-    """The manifest when `out` holds an intact model built with these settings and library versions."""
-    return manifest_current(out, manifest=MANIFEST, settings=asdict(settings), versions=VERSIONED)
-
-
 def vision_model_build(
-    *, out: str | Path, settings: VisionSettings | None = None, force: bool = False, log: Callable[[str], None] = print,
+    *, out: str | Path, settings: VisionSettings | None = None, force: bool = False, progress: bool = False,
+    log: Callable[[str], None] = print,
 ) -> VisionResult:
     """Build (or find already built) the tiny VLM and its taskset zip in `out`, in a pinned child process."""
-    settings = settings or VisionSettings()
-    out = Path(out)
-    if not force:
-        manifest = vision_model_current(out, settings)
-        if manifest is not None:
-            return VisionResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=False, files=manifest["files"])
-    started = time.monotonic()
-    root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-m", "workers.vision_model", "--out", str(out.resolve()), "--settings", json.dumps(asdict(settings))]
-    env = {**os.environ, **NUMERICS_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("vision model:"):
-            log(line)
-    if proc.returncode != 0:
-        raise DemoBuildFailed(f"building the vision model failed (exit {proc.returncode}):\n" + (proc.stdout + proc.stderr)[-3000:])
-    manifest = vision_model_current(out, settings)
-    if manifest is None:
-        raise DemoBuildFailed(f"the vision model build wrote no manifest in {out}")
-    return VisionResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=True,
-                        seconds=time.monotonic() - started, files=manifest["files"])
+    return model_build(BUILD, out=out, settings=settings or VisionSettings(), force=force, progress=progress, log=log)
 
 
 def _model_build(settings: VisionSettings) -> tuple[Any, Any]:
@@ -237,7 +204,8 @@ def greedy_accuracy(*, model: Any, processor: Any, examples: Sequence[tuple[Any,
     return correct / max(1, len(examples))
 
 
-def _build_here(*, out: Path, settings: VisionSettings, log: Callable[[str], None] = print) -> VisionResult:
+def _build_here(*, out: Path, settings: VisionSettings, progress: bool = False,
+                log: Callable[[str], None] = print) -> VisionResult:
     import torch
 
     started = time.monotonic()
@@ -263,15 +231,7 @@ def _build_here(*, out: Path, settings: VisionSettings, log: Callable[[str], Non
     for step in range(settings.steps):
         model.train()
         rows = rng.sample(range(len(train)), settings.batch_size)
-        width = len(prompt_ids) + max(len(answers[i]) for i in rows)
-        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-        labels = torch.full((len(rows), width), -100)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for j, i in enumerate(rows):
-            seq = prompt_ids + answers[i]
-            ids[j, : len(seq)] = torch.tensor(seq)
-            mask[j, : len(seq)] = 1
-            labels[j, len(prompt_ids) : len(seq)] = torch.tensor(answers[i])
+        ids, mask, labels = sft_batch([(prompt_ids, answers[i]) for i in rows], pad_id=tokenizer.pad_token_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels, pixel_values=encoded["pixel_values"][rows],
                      pixel_attention_mask=encoded["pixel_attention_mask"][rows]).loss
         loss.backward()
@@ -294,10 +254,7 @@ def _build_here(*, out: Path, settings: VisionSettings, log: Callable[[str], Non
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
     _taskset_zip_write(out / TASKSET_ZIP, taskset)
-    files = file_hashes(out, manifest=MANIFEST)
-    manifest = {"settings": asdict(settings), "accuracy": accuracy, "parameters": params, "steps": trained_steps,
-                "files": files, "versions": library_versions(VERSIONED)}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps)
     return VisionResult(out=out, settings=settings, accuracy=accuracy, built=True, seconds=time.monotonic() - started, files=files)
 
 
@@ -313,13 +270,7 @@ def _taskset_zip_write(path: Path, examples: Sequence[tuple[Any, int]]) -> None:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Build the tiny VLM here (vision_model_build runs this in a pinned child).")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--settings", required=True, help="VisionSettings as JSON")
-    args = parser.parse_args(argv)
-    _build_here(out=Path(args.out), settings=VisionSettings(**json.loads(args.settings)), log=lambda line: print(line, flush=True))
+    build_main(BUILD, _build_here, argv)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,16 @@ reads as one (`dict(draft)`), and what they hand back is checked again by `from_
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard, TypeVar, cast
 
 from apps.runs.config import RunConfig
-from apps.runs.feedback_policy import experience_initial_fields
+from apps.runs.feedback_policy import InitialFields, experience_initial_fields
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
+
+T = TypeVar("T")
 
 STATUSES = ("pending", "ready", "leased", "consumed", "filtered")
 WRITABLE_STATUSES = ("pending", "ready", "filtered")
@@ -38,27 +41,28 @@ KEY_MAX, GROUP_MAX, FINISH_MAX, FILTER_MAX = 200, 100, 20, 200
 _ALIASES = {"run": "run_id", "task": "task_id", "parent": "parent_id"}
 
 
-def without_nul(value: Any) -> Any:
-    """`value` with every NUL in its text (nested too) replaced by U+FFFD."""
+def without_nul(value: T) -> T:
+    """`value` with every NUL in its text (nested too) replaced by U+FFFD (of the same shape:
+    text stays text, lists lists, dicts dicts)."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        return cast(T, value.replace("\x00", "\ufffd")) if "\x00" in value else value
     if isinstance(value, list):
-        return [without_nul(v) for v in value]
+        return cast(T, [without_nul(v) for v in value])
     if isinstance(value, dict):
-        return {without_nul(k): without_nul(v) for k, v in value.items()}
+        return cast(T, {without_nul(k): without_nul(v) for k, v in value.items()})
     return value
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(eq=True, slots=True)
-class ExperienceDraft(Mapping[str, Any]):
+class ExperienceDraft(Mapping[str, object]):
     """An experience about to be written (see the module docstring). Treat it as
     immutable: `dataclasses.replace(draft, …)` makes a changed copy, checked again."""
 
@@ -67,7 +71,7 @@ class ExperienceDraft(Mapping[str, Any]):
     group_id: str
     prompt_text: str = ""
     response_text: str = ""
-    messages: list[Any] | None = None
+    messages: Sequence[Mapping[str, object]] | None = None
     # prompt followed by response; logprobs and action_mask cover the response part only.
     token_ids: list[int] = field(default_factory=list)
     prompt_length: int = 0
@@ -87,7 +91,7 @@ class ExperienceDraft(Mapping[str, Any]):
     filter_reason: str = ""
     # None: the writer chose none (the run's pipeline may set one; stored as 0.0).
     priority: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> InvalidInput:
@@ -174,13 +178,13 @@ class ExperienceDraft(Mapping[str, Any]):
         people. Without an automatic reward yet (remote scorers or the environment will
         give it) it is pending, with no reward."""
         if auto_reward is None:
-            initial: dict[str, Any] = {"status": "pending", "auto_reward": None, "reward": None}
+            initial: InitialFields = {"status": "pending", "auto_reward": None, "reward": None}
         else:
             initial = experience_initial_fields(cfg=cfg, auto_reward=auto_reward)
         return cls(**values, **initial)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ExperienceDraft:
+    def from_row(cls, row: Mapping[str, object]) -> ExperienceDraft:
         """A draft from a plain row (what a pipeline operator hands back); unknown fields
         are refused by name."""
         values: dict[str, Any] = {}
@@ -196,7 +200,7 @@ class ExperienceDraft(Mapping[str, Any]):
 
     # ---- what it becomes -------------------------------------------------------------
 
-    def event_payload(self, *, id: int) -> dict[str, Any]:
+    def event_payload(self, *, id: int) -> Body:
         """The one payload of `experience.created` (the annotation page, the dashboard and
         environments' event streams read this shape)."""
         return {
@@ -213,7 +217,7 @@ class ExperienceDraft(Mapping[str, Any]):
             "response": self.response_text,
         }
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self) -> dict[str, object]:
         """The values stored: the draft's fields, with the column defaults filled in."""
         values = {name: getattr(self, name) for name in _ORDER}
         if values["priority"] is None:
@@ -222,7 +226,7 @@ class ExperienceDraft(Mapping[str, Any]):
 
     # ---- a read-only row view (Mapping) ----------------------------------------------
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         if name not in _NAMES:
             raise KeyError(name)
         return getattr(self, name)
@@ -238,7 +242,7 @@ _ORDER: tuple[str, ...] = tuple(f.name for f in fields(ExperienceDraft))
 _NAMES = frozenset(_ORDER)
 
 
-def drafts_from_rows(rows: Iterable[Mapping[str, Any]], *, where: str = "") -> list[ExperienceDraft]:
+def drafts_from_rows(rows: Iterable[Mapping[str, object]], *, where: str = "") -> list[ExperienceDraft]:
     """Drafts from plain rows, all or none; an error names the row's position (and `where`)."""
     out: list[ExperienceDraft] = []
     for i, row in enumerate(rows):

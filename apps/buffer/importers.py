@@ -16,7 +16,7 @@ import json
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from django.db import transaction
 
@@ -27,8 +27,16 @@ from apps.hygiene import InputRejected, jsonl_records, tree_check
 from apps.runs.vocabulary import domain_misspelt, domain_misspelt_message
 from rftweb.exceptions import InvalidInput
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from apps.runs.config import PipelineStep
+    from apps.runs.models import Run
+
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.
-PipelineSteps = Sequence[Any] | None
+PipelineSteps = Sequence["PipelineStep | Mapping[str, object]"] | None
+# A record as read from the source (checked by task_from_record).
+Records = Iterator[tuple[str, object]]
 
 PROMPT_KEYS = ("prompt", "question", "problem", "instruction")
 REFERENCE_KEYS = ("answer", "reference", "solution", "ground_truth")
@@ -36,6 +44,18 @@ IMAGE_KEYS = ("image", "images")
 KNOWN = set(PROMPT_KEYS) | set(REFERENCE_KEYS) | {"messages", "tests", "domain", "metadata"} | set(IMAGE_KEYS)
 
 Progress = Callable[[int, int | None], None]
+
+
+class TaskFields(TypedDict):
+    """A record as Task fields (task_from_record); the import adds `images` and `index`."""
+
+    prompt: str
+    messages: list[dict[str, str]] | None
+    reference: object
+    tests: object
+    domain: str
+    metadata: dict[str, object]
+    images: NotRequired[list[str]]
 
 
 class ImportFailed(InvalidInput):
@@ -49,13 +69,13 @@ class ImportFailed(InvalidInput):
         super().__init__(message, field=field)
 
 
-def _messages_ok(value: Any) -> bool:
+def _messages_ok(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(
         isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
     )
 
 
-def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
+def task_from_record(record: object, *, where: str) -> TaskFields:
     """Turn one source record into Task fields, or raise ImportFailed naming `where`."""
     if not isinstance(record, Mapping):
         raise ImportFailed(f"{where}: expected an object, got {type(record).__name__}")
@@ -96,7 +116,7 @@ def task_from_record(record: Any, *, where: str) -> dict[str, Any]:
     return {"prompt": prompt, "messages": messages, "reference": reference, "tests": record.get("tests"), "domain": domain, "metadata": metadata}
 
 
-def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+def _jsonl(path: Path) -> Records:
     # Strict UTF-8, no NaN/Infinity, bounded depth: the line (and field) is named.
     with path.open("rb") as fh:
         try:
@@ -105,7 +125,7 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             raise ImportFailed(str(exc)) from None
 
 
-def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
+def _parquet(path: Path) -> Records:
     import pyarrow.parquet as pq
 
     try:
@@ -119,7 +139,7 @@ def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"row {row}", record
 
 
-def _zip_jsonl(zf: zipfile.ZipFile, name: str) -> Iterator[tuple[str, Any]]:
+def _zip_jsonl(zf: zipfile.ZipFile, name: str) -> Records:
     with zf.open(name) as fh:
         try:
             for where, record in jsonl_records(fh):
@@ -136,7 +156,7 @@ class _Pictures:
         self.zf = zf
         self.members = set(zf.namelist()) if zf is not None else set()
 
-    def read(self, value: Any, *, where: str) -> tuple[bytes, str]:
+    def read(self, value: object, *, where: str) -> tuple[bytes, str]:
         if isinstance(value, Mapping) and ("bytes" in value or "path" in value):
             data, name = value.get("bytes"), str(value.get("path") or "image")
             if isinstance(data, (bytes, bytearray)):
@@ -153,12 +173,12 @@ class _Pictures:
         raise ImportFailed(f"{where}: an image must be a path inside the zip or image bytes, got {type(value).__name__}")
 
 
-def _pictures_of(record: Any, *, where: str) -> tuple[Any, list[Any]]:
+def _pictures_of(record: object, *, where: str) -> tuple[object, list[object]]:
     """(the record without its picture keys, the picture values in order)."""
     if not isinstance(record, Mapping) or not any(k in record for k in IMAGE_KEYS):
         return record, []
     rest = {k: v for k, v in record.items() if k not in IMAGE_KEYS}
-    values: list[Any] = []
+    values: list[object] = []
     single, many = record.get("image"), record.get("images")
     if single is not None:
         values.append(single)
@@ -169,7 +189,7 @@ def _pictures_of(record: Any, *, where: str) -> tuple[Any, list[Any]]:
     return rest, values
 
 
-def _hf_dataset(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
+def _hf_dataset(path: Path, split: str | None) -> Records:
     import datasets
 
     try:
@@ -193,7 +213,7 @@ def _hf_dataset(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
         yield f"row {i}", record
 
 
-def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], int | None, _Pictures]:
+def _records(path: Path, split: str | None) -> tuple[Records, int | None, _Pictures]:
     if path.is_dir():
         return _hf_dataset(path, split), None, _Pictures()
     if path.suffix in {".jsonl", ".ndjson"}:
@@ -229,7 +249,9 @@ class _TaskWriter:
         self.source_rows = 0
         self.images: dict[str, TasksetImage] = {}
 
-    def add(self, rows: Sequence[Row]) -> None:
+    def add(self, fields: Sequence[TaskFields]) -> None:
+        # A TaskFields is a plain dict: the operators see it as a row they may add fields to.
+        rows = cast(list[Row], list(fields))
         for row in rows:
             row["index"] = self.next_index
             self.next_index += 1
@@ -241,7 +263,7 @@ class _TaskWriter:
             self.next_index += 1
         Task.objects.bulk_create([Task(taskset=self.taskset, **row) for row in out])
 
-    def pictures(self, pictures: _Pictures, values: list[Any], *, where: str) -> list[str]:
+    def pictures(self, pictures: _Pictures, values: list[object], *, where: str) -> list[str]:
         """Store a record's pictures (once each) and return their digests in order."""
         from apps.buffer.images import ImageRejected, image_store
 
@@ -264,7 +286,7 @@ class _TaskWriter:
         TasksetImage.objects.bulk_create(list(self.images.values()))
 
 
-def _session(steps: PipelineSteps, run: Any, taskset: Taskset) -> PipelineSession:
+def _session(steps: PipelineSteps, run: Run | None, taskset: Taskset) -> PipelineSession:
     try:
         return pipeline_import_session(steps=steps, run=run, taskset_id=taskset.pk)
     except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
@@ -272,8 +294,8 @@ def _session(steps: PipelineSteps, run: Any, taskset: Taskset) -> PipelineSessio
 
 
 def taskset_import(
-    *, name: str, path: str | Path, owner: Any = None, split: str | None = None, progress: Progress | None = None,
-    pipeline: PipelineSteps = None, run: Any = None,
+    *, name: str, path: str | Path, owner: Any = None, split: str | None = None,
+    progress: Progress | None = None, pipeline: PipelineSteps = None, run: Run | None = None,
 ) -> Taskset:
     """Import a taskset in one transaction: every record lands, or none (ImportFailed).
 
@@ -289,21 +311,11 @@ def taskset_import(
         taskset = Taskset.objects.create(name=name, owner=owner, source=str(path))
         session = _session(pipeline, run, taskset)
         writer = _TaskWriter(taskset, session)
-        chunk: list[dict[str, Any]] = []
         count = 0
-        for where, record in records:
-            record, values = _pictures_of(record, where=where)
-            row = task_from_record(record, where=where)
-            if values:
-                row["images"] = writer.pictures(pictures, values, where=where)
-            chunk.append(row)
-            count += 1
-            if len(chunk) >= 2000:
-                writer.add(chunk)
-                chunk = []
-                if progress:
-                    progress(count, total)
-        writer.add(chunk)
+        for chunk, count, full in _task_chunks(records, writer, pictures, size=2000):
+            writer.add(chunk)
+            if full and progress:
+                progress(count, total)
         writer.finish()
         if count == 0:
             raise ImportFailed(f"{path.name}: no records")
@@ -314,9 +326,29 @@ def taskset_import(
     return taskset
 
 
+def _task_chunks(
+    records: Records, writer: _TaskWriter, pictures: _Pictures, *, size: int,
+) -> Iterator[tuple[list[TaskFields], int, bool]]:
+    """Task rows from `records` in chunks of `size`: (rows, records read so far, whether the
+    chunk is full). The last chunk (possibly empty) comes with full=False."""
+    chunk: list[TaskFields] = []
+    count = 0
+    for where, record in records:
+        record, values = _pictures_of(record, where=where)
+        row = task_from_record(record, where=where)
+        if values:
+            row["images"] = writer.pictures(pictures, values, where=where)
+        chunk.append(row)
+        count += 1
+        if len(chunk) >= size:
+            yield chunk, count, True
+            chunk = []
+    yield chunk, count, False
+
+
 def taskset_create(
-    *, name: str, records: Sequence[Mapping[str, Any]], owner: Any = None, source: str = "",
-    pipeline: PipelineSteps = None, run: Any = None,
+    *, name: str, records: Sequence[Mapping[str, object]], owner: Any = None, source: str = "",
+    pipeline: PipelineSteps = None, run: Run | None = None,
 ) -> Taskset:
     """A taskset from in-memory records (forms, the API, tests); ImportFailed names the bad one.
     `pipeline` and `run` as for `taskset_import`."""
@@ -336,4 +368,93 @@ def taskset_create(
         writer.finish()
         transaction.on_commit(session.finish)
     taskset.pipeline_counts = session.counts
+    return taskset
+
+
+# --- background imports (uploads past RFT_UPLOAD_BACKGROUND_BYTES) ------------------------
+
+BACKGROUND_CHUNK = 2000
+
+
+def _records_total(path: Path, total: int | None) -> int | None:
+    """Rows in all, for the progress: Parquet says so; a JSONL file's non-blank lines are
+    counted first (one pass over bytes, far cheaper than the import)."""
+    if total is not None or path.suffix not in {".jsonl", ".ndjson"}:
+        return total
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def taskset_import_queued(*, name: str, stored: Path, owner: User | None = None) -> Taskset:
+    """A taskset whose file (already stored under RFT_STORAGE_DIR/uploads) a Celery task
+    imports once the caller's transaction commits (apps/buffer/tasks.py)."""
+    from apps.buffer.tasks import taskset_import_task
+
+    taskset = Taskset.objects.create(name=name, owner=owner, source=str(stored), import_status=Taskset.Import.QUEUED)
+    transaction.on_commit(lambda: taskset_import_task.delay(taskset.pk))
+    return taskset
+
+
+def taskset_import_claim(*, taskset_id: int, stale_seconds: float) -> bool:
+    """Take the taskset's import (queued → importing) by a conditional UPDATE: of any number
+    of deliveries of the task, one wins. An `importing` claim older than `stale_seconds`
+    (the task's hard time limit: its worker died) may be taken again."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    now = timezone.now()
+    free = Q(import_status=Taskset.Import.QUEUED) | Q(
+        import_status=Taskset.Import.IMPORTING, import_started_at__lt=now - timedelta(seconds=stale_seconds))
+    return bool(Taskset.objects.filter(free, pk=taskset_id).update(
+        import_status=Taskset.Import.IMPORTING, import_started_at=now, import_rows=0, import_error=""))
+
+
+def taskset_import_background(*, taskset_id: int) -> Taskset:
+    """Import a claimed taskset's stored file in committed chunks, writing rows read / total
+    on the taskset after each, so the run page and the API can show it. Idempotent: tasks of
+    an earlier, interrupted try are removed first. On ImportFailed (or any error) the tasks
+    are removed again and the taskset is marked failed with the message (naming the line);
+    the stored file is removed either way."""
+    taskset = Taskset.objects.get(pk=taskset_id)
+    path = Path(taskset.source)
+    Task.objects.filter(taskset=taskset).delete()
+    TasksetImage.objects.filter(taskset=taskset).delete()
+    try:
+        if not path.exists():
+            raise ImportFailed(f"{path.name}: the uploaded file is gone; upload it again")
+        records, total, pictures = _records(path, None)
+        total = _records_total(path, total)
+        Taskset.objects.filter(pk=taskset_id).update(import_total=total)
+        session = _session(None, None, taskset)
+        writer = _TaskWriter(taskset, session)
+        count = 0
+        last: list[TaskFields] = []
+        for chunk, count, full in _task_chunks(records, writer, pictures, size=BACKGROUND_CHUNK):
+            if not full:
+                last = chunk  # the remainder commits with the taskset's final state below
+                break
+            with transaction.atomic():
+                writer.add(chunk)
+                Taskset.objects.filter(pk=taskset_id).update(import_rows=count)
+        if count == 0:
+            raise ImportFailed(f"{path.name}: no records")
+        with transaction.atomic():
+            writer.add(last)
+            writer.finish()
+            Taskset.objects.filter(pk=taskset_id).update(
+                import_rows=count, import_total=count, import_status=Taskset.Import.READY, import_error="")
+            transaction.on_commit(session.finish)
+    except Exception as exc:
+        message = str(exc) if isinstance(exc, ImportFailed) else f"the import stopped: {type(exc).__name__}: {exc}"
+        with transaction.atomic():
+            Task.objects.filter(taskset=taskset).delete()
+            TasksetImage.objects.filter(taskset=taskset).delete()
+            Taskset.objects.filter(pk=taskset_id).update(import_status=Taskset.Import.FAILED, import_error=message[:2000])
+        if not isinstance(exc, ImportFailed):
+            raise
+    finally:
+        path.unlink(missing_ok=True)
+    taskset.refresh_from_db()
     return taskset

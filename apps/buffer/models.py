@@ -10,6 +10,24 @@ class Taskset(models.Model):
     source = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Import(models.TextChoices):
+        """Where the taskset's import stands: `ready` for every taskset imported inside its
+        request; an upload past RFT_UPLOAD_BACKGROUND_BYTES is `queued`, then `importing` on
+        a Celery task (apps/buffer/tasks.py), then `ready` or `failed` (its tasks removed)."""
+
+        QUEUED = "queued"
+        IMPORTING = "importing"
+        READY = "ready"
+        FAILED = "failed"
+
+    import_status = models.CharField(max_length=10, choices=Import.choices, default=Import.READY)
+    # Source records read so far and in all (None while unknown); the failure, naming the line.
+    import_rows = models.PositiveIntegerField(default=0)
+    import_total = models.PositiveIntegerField(null=True, blank=True)
+    import_error = models.TextField(blank=True)
+    # When the importing task took it: a claim older than the task's time limit is taken back.
+    import_started_at = models.DateTimeField(null=True, blank=True)
+
     # Not a column: the importers set it on the taskset they return, to say what the import
     # pipeline's operators did ("operator/outcome": count); each task keeps its own reason.
     pipeline_counts: dict[str, int]
@@ -140,6 +158,10 @@ class Experience(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Held for a person who has the group open on their annotation page: the trainer's claim
+    # skips the group until then (set on every member by apps.feedback's holds; the run's
+    # feedback.hold_seconds and hold_cap_seconds bound it).
+    held_until = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

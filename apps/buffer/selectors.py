@@ -37,8 +37,10 @@ def experiences_claimable(
     *, run: Run, now: datetime, min_version: int | None = None, expert: bool | None = None
 ) -> QuerySet[Experience]:
     """The run's experiences that `batch_claim` may lease now: ready, within the staleness
-    bound, out of their replay cooldown."""
-    qs = Experience.objects.filter(run=run, status=Experience.Status.READY)
+    bound, out of their replay cooldown, not held for a person who has their group open
+    (`held_until`, every member alike)."""
+    qs = Experience.objects.filter(run=run, status=Experience.Status.READY).filter(
+        Q(held_until__isnull=True) | Q(held_until__lte=now))
     if min_version is not None:
         qs = qs.filter(model_version__gte=min_version)
     if expert is not None:

@@ -34,3 +34,28 @@ def experience_priorities_refresh_task(run_id: int) -> int:
     if run is None or run.status not in (Run.Status.RUNNING, Run.Status.PAUSED):
         return 0
     return experience_priorities_refresh(run=run)
+
+
+# An upload past RFT_UPLOAD_BACKGROUND_BYTES, imported off the request. Takes the taskset's id;
+# idempotent: the conditional-UPDATE claim on the taskset row lets one delivery import it
+# (a redelivered or duplicate message finds it importing, ready or failed and does nothing),
+# and a retry after a dead worker removes the earlier try's tasks first. Not retried: a bad
+# file fails the same way each time, and its failure is kept on the taskset for the page.
+# acks_late (the app's default) hands it back when its worker dies; the claim becomes free
+# again once TASKSET_IMPORT_TIME_LIMIT has passed.
+TASKSET_IMPORT_TIME_LIMIT = 3600
+
+
+@shared_task(
+    name="apps.buffer.tasks.taskset_import_task", ignore_result=True, time_limit=TASKSET_IMPORT_TIME_LIMIT,
+    soft_time_limit=TASKSET_IMPORT_TIME_LIMIT - 60,
+)
+def taskset_import_task(taskset_id: int) -> str:
+    from apps.buffer.importers import taskset_import_background, taskset_import_claim
+
+    if not taskset_import_claim(taskset_id=taskset_id, stale_seconds=TASKSET_IMPORT_TIME_LIMIT):
+        return "taken"
+    taskset = taskset_import_background(taskset_id=taskset_id)
+    log.info("taskset %s import %s: %d rows %s", taskset_id, taskset.import_status, taskset.import_rows,
+             taskset.import_error)
+    return str(taskset.import_status)

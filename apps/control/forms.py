@@ -23,6 +23,7 @@ from pydantic.fields import FieldInfo
 from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
+from apps.runs.reward_kinds import reward_kind_names
 from apps.runs.vocabulary import domains
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
@@ -41,6 +42,12 @@ class FieldSpec:
     default: str = ""
     help: str = ""
     step: str = "any"
+    # A field of a settings block that is off unless given (trainer.lora): no value is
+    # filled in, so an untouched form does not switch the block on.
+    optional_block: bool = False
+    # Filled in per request by the views (the value shown, its errors).
+    value: str = ""
+    errors: list[str] = field(default_factory=list)
 
 
 def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
@@ -52,10 +59,17 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _default_text(info: FieldInfo, kind: str) -> str:
-    if info.is_required():
+_NO_BASE = object()
+
+
+def _default_text(info: FieldInfo, kind: str, base: object = _NO_BASE) -> str:
+    if base is _NO_BASE and info.is_required():
         return ""
-    value = info.get_default(call_default_factory=True)
+    # A nested block's field takes its default from the block's own default (eval.sampling
+    # is greedy, although a SamplingConfig's temperature defaults to 1).
+    value = info.get_default(call_default_factory=True) if base is _NO_BASE else base
+    if isinstance(value, BaseModel):
+        return ""
     if value is None:
         return ""
     if kind == "yaml":
@@ -71,13 +85,18 @@ def _extra(info: FieldInfo) -> dict[str, Any]:
     return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
-def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]:
+def _specs(model: type[BaseModel], prefix: str, section: str, optional_block: bool = False,
+           base: BaseModel | None = None) -> list[FieldSpec]:
     specs: list[FieldSpec] = []
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
         annotation, optional = _unwrap_optional(info.annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            specs.extend(_specs(annotation, f"{path}.", path))
+            # A block that may be left out entirely (None: off) keeps its fields blank.
+            block = getattr(base, name) if base is not None else (
+                None if info.is_required() else info.get_default(call_default_factory=True))
+            specs.extend(_specs(annotation, f"{path}.", path, optional_block or (optional and info.default is None),
+                                block if isinstance(block, BaseModel) else None))
             continue
         origin = typing.get_origin(annotation)
         choices: list[str] = []
@@ -91,6 +110,8 @@ def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]
             kind = "number"
         elif annotation is str and _extra(info).get("registry") == "algorithms":
             kind, choices = "select", algorithm_names()
+        elif annotation is str and _extra(info).get("registry") == "reward_kinds":
+            kind, choices = "select", reward_kind_names()
         elif annotation is str:
             kind = "markdown" if _extra(info).get("widget") == "markdown" else "text"
         else:
@@ -102,9 +123,10 @@ def _specs(model: type[BaseModel], prefix: str, section: str) -> list[FieldSpec]
             section=section,
             required=info.is_required(),
             choices=choices,
-            default=_default_text(info, kind),
+            default="" if optional_block else _default_text(info, kind, getattr(base, name) if base is not None else _NO_BASE),
             help=info.description or "",
             step="1" if annotation is int else "any",
+            optional_block=optional_block,
         ))
     return specs
 
@@ -203,6 +225,76 @@ def section_specs(specs: list[FieldSpec]) -> list[tuple[str, list[FieldSpec]]]:
     return list(out.items())
 
 
+# The run section's fields everyone sets; the rest of the section is collapsed like the
+# other sections ("more run settings").
+ESSENTIAL = ("model", "tokenizer", "algorithm", "mode", "engine", "repeat_times", "explore_batch_size",
+             "train_batch_size", "total_steps", "rewards")
+GROUP_ORDER = ("run", "sampling", "feedback", "trainer", "reward_model", "feedback.selection", "feedback.trust",
+               "run.more", "eval", "eval.sampling", "replay", "trainer.lora", "pipeline", "rollout")
+SECTION_TITLES: dict[str, str] = {
+    "run": "Run", "run.more": "More run settings", "sampling": "Sampling", "feedback": "Feedback policy",
+    "feedback.selection": "Annotation queue order", "feedback.trust": "Hand-out by rater trust",
+    "replay": "Replay", "trainer": "Trainer", "trainer.lora": "LoRA adapter", "reward_model": "Learned reward model",
+    "pipeline": "Data pipeline", "rollout": "Rollout engine", "eval": "Held-out evaluation",
+    "eval.sampling": "Evaluation sampling",
+}
+
+
+@dataclass
+class FormGroup:
+    """One box of the new-run form: open (the essentials, or any with an error) or folded
+    with a line saying what in it differs from the defaults."""
+
+    id: str
+    title: str
+    help: str
+    errors: list[str]
+    fields: list[FieldSpec]
+    open: bool
+    summary: str
+
+
+def _said(value: str, limit: int = 40) -> str:
+    one_line = " ".join(value.split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+def group_summary(fields: list[FieldSpec]) -> str:
+    """What a folded box holds: its values that differ from the defaults, or "defaults"."""
+    changed = []
+    for spec in fields:
+        if (spec.value or "") == (spec.default or ""):
+            continue
+        if spec.kind == "checkbox":
+            changed.append(f"{spec.label} {'on' if spec.value else 'off'}")
+        elif spec.kind in ("yaml", "markdown"):
+            changed.append(f"{spec.label}: {_said(spec.value)}" if spec.value else f"{spec.label} cleared")
+        else:
+            changed.append(f"{spec.label} {_said(spec.value, 24) if spec.value else '(blank)'}")
+    return " · ".join(changed) if changed else ("off" if fields and all(f.optional_block for f in fields) else "defaults")
+
+
+def form_groups(specs: list[FieldSpec], errors: dict[str, list[str]]) -> list[FormGroup]:
+    """The form's boxes in schema order: the run's essentials first and open, every other
+    section folded unless one of its fields (or the section) has an error."""
+    groups: list[FormGroup] = []
+    for section, fields in section_specs(specs):
+        parts = [(section, fields)]
+        if section == "run":
+            parts = [("run", [f for f in fields if f.path in ESSENTIAL]),
+                     ("run.more", [f for f in fields if f.path not in ESSENTIAL])]
+        for gid, members in parts:
+            section_errors = errors.get(section, []) if gid == section else []
+            has_errors = bool(section_errors) or any(f.errors for f in members)
+            groups.append(FormGroup(
+                id=gid, title=SECTION_TITLES.get(gid, gid), help=SECTION_HELP.get(gid, ""), errors=section_errors,
+                fields=members, open=gid == "run" or has_errors, summary=group_summary(members),
+            ))
+    # What people change most first; the rarely touched blocks after (unknown ones last).
+    rank = {gid: i for i, gid in enumerate(GROUP_ORDER)}
+    return sorted(groups, key=lambda g: rank.get(g.id, len(rank)))
+
+
 # Help shown on the new-run form, by section and by field (the schema's descriptions first).
 SECTION_HELP: dict[str, str] = {
     "run": "What to train and how the loop runs: the starting model, the algorithm, the mode "
@@ -214,6 +306,9 @@ SECTION_HELP: dict[str, str] = {
     "replay": "How often an experience may be trained on, and how its priority decays.",
     "trainer": "The optimiser and loss of the trainer.",
     "pipeline": "Data operators over the buffer at write, import and claim time.",
+    "run.more": "How explore and train steps interleave (sync interval and offset, staleness), epochs, "
+                "held-out evaluation, experiment trackers and the seed.",
+    "trainer.lora": "Train a LoRA adapter instead of every weight: give a rank to switch it on; blank is full fine-tuning.",
 }
 def field_help(path: str, default: str) -> str:
     """A field's help text; the rewards help names the domains registered now."""

@@ -2,7 +2,9 @@
 the running runs may go now, and sends them to their queues.
 
 Its whole state is the `Dispatch` row of each run and kind (explore, train): idle, sent (with
-the Celery task id of the message), running (on which worker, under which lease owner).
+the Celery task id of the message), running (on which worker, under which lease owner),
+claimed through the project's one mechanism (apps/runs/dispatch.py); the other kinds of row
+there (reward-model training and export) are not the loop's and it leaves them alone.
 
 - `runs_conduct` is the loop: a beat every RFT_CONDUCT_SECONDS (apps/control/conduct.py) runs
   `run_advance` for every running run. An explorer or trainer that has just ended a step
@@ -27,13 +29,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -43,6 +44,7 @@ from apps.buffer.services import batch_release, lease_reap, task_release
 from apps.runs import policy
 from apps.runs.algorithms import BatchPlan, algorithm_get
 from apps.runs.config import RunConfig
+from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
 from apps.runs.services import TransitionNotAllowed, run_transition
 
@@ -50,8 +52,12 @@ log = logging.getLogger(__name__)
 
 EXPLORE_TASK = "workers.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.train_step"
-_TASKS = {Dispatch.Kind.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Kind.TRAIN: (TRAIN_TASK, "train")}
-# First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer.py).
+# A version's weights zipped for download (apps/control/weights.py): on a train worker, which
+# has torch and peft (a LoRA version is merged into its base).
+EXPORT_TASK = "workers.exports.weights_export_zip"
+_TASKS = {Dispatch.Kind.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Kind.TRAIN: (TRAIN_TASK, "train"),
+          Dispatch.Kind.EXPORT: (EXPORT_TASK, "train")}
+# First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer/).
 TRAINER_LOCK_NAMESPACE = 7401
 
 
@@ -131,67 +137,19 @@ def _send(name: str, args: list[Any], queue: str, task_id: str) -> None:
 def dispatch_send(*, run: Run, kind: str, step: int) -> bool:
     """Claim the run's `kind` for `step` (idle → sent: of two conductors looking at once, one
     wins) and queue its task. False: a step of that kind is out already."""
-    task_id = uuid.uuid4().hex
-    now = timezone.now()
-    claimed = Dispatch.objects.filter(run=run, kind=kind, state=Dispatch.State.IDLE).update(
-        state=Dispatch.State.SENT, step=step, task_id=task_id, worker="", holder="", sent_at=now, started_at=None,
-        sends=F("sends") + 1,
-    )
-    if not claimed:
-        if Dispatch.objects.filter(run=run, kind=kind).exists():
-            return False
-        try:
-            with transaction.atomic():
-                Dispatch.objects.create(run=run, kind=kind, step=step, state=Dispatch.State.SENT, task_id=task_id,
-                                        sent_at=now, sends=1)
-        except IntegrityError:
-            return False  # another conductor made the row first
+    hold = dispatch_claim(run_id=run.pk, kind=kind, state=Dispatch.State.SENT, step=step)
+    if hold is None:
+        return False
     name, queue = _TASKS[Dispatch.Kind(kind)]
     try:
-        _send(name, [run.pk, step], queue, task_id)
+        _send(name, [run.pk, step], queue, hold.task_id)
     except Exception:
         # The broker is away: idle again, so the loop's next beat sends it once it is back.
-        Dispatch.objects.filter(run=run, kind=kind, task_id=task_id, state=Dispatch.State.SENT).update(
+        Dispatch.objects.filter(run=run, kind=kind, task_id=hold.task_id, state=Dispatch.State.SENT).update(
             state=Dispatch.State.IDLE
         )
         raise
     return True
-
-
-@dataclass
-class DispatchHold:
-    """A worker's hold on its run's dispatch of one kind, for as long as its task runs."""
-
-    run_id: int
-    kind: str
-    task_id: str
-    step: int
-    ended: bool = False
-
-    def _row(self) -> Any:
-        return Dispatch.objects.filter(run_id=self.run_id, kind=self.kind, task_id=self.task_id)
-
-    def move_to(self, step: int) -> bool:
-        """Go on with `step` in the same task (a trainer's chain); False if the row was taken
-        back in the meantime (then the step is the loop's to send)."""
-        if self._row().filter(state=Dispatch.State.RUNNING).update(step=step):
-            self.step = step
-            return True
-        return False
-
-    def end(self) -> None:
-        """The task is done with it, whatever the outcome: the loop may send the next step.
-        A database that is away leaves the row running; the loop takes it back."""
-        if self.ended:
-            return
-        self.ended = True
-        try:
-            self._row().exclude(state=Dispatch.State.IDLE).update(
-                state=Dispatch.State.IDLE, worker="", holder="", started_at=None
-            )
-        except Exception:
-            log.exception("run %s: could not end the %s dispatch %s; the conductor takes it back", self.run_id,
-                          self.kind, self.task_id)
 
 
 def dispatch_begin(*, run_id: int, kind: str, step: int, task_id: str | None, worker: str, holder: str) -> DispatchHold | None:
@@ -200,25 +158,10 @@ def dispatch_begin(*, run_id: int, kind: str, step: int, task_id: str | None, wo
     the row, or this message already ran (a copy re-sent for a message thought lost), so
     it is a duplicate or out of date and does nothing. task_id None: a call by hand (tests,
     benches), which takes the row over whatever it holds."""
-    by_hand = task_id is None
-    task_id = task_id or uuid.uuid4().hex
-    now = timezone.now()
-    fields = {"state": Dispatch.State.RUNNING, "step": step, "task_id": task_id, "worker": worker, "holder": holder,
-              "started_at": now}
-    rows = Dispatch.objects.filter(run_id=run_id, kind=kind)
-    mine = Q(state=Dispatch.State.SENT, task_id=task_id) | (Q(state=Dispatch.State.IDLE) & ~Q(task_id=task_id))
-    if by_hand:
-        mine = Q()
-    if rows.filter(mine).update(**fields):
-        return DispatchHold(run_id=run_id, kind=kind, task_id=task_id, step=step)
-    if rows.exists():
-        return None
-    try:
-        with transaction.atomic():
-            Dispatch.objects.create(run_id=run_id, kind=kind, sent_at=now, sends=0, **fields)
-    except IntegrityError:
-        return None  # another task made the row first, or the run is gone
-    return DispatchHold(run_id=run_id, kind=kind, task_id=task_id, step=step)
+    mine = (Q(state=Dispatch.State.SENT, task_id=task_id) | (Q(state=Dispatch.State.IDLE) & ~Q(task_id=task_id))
+            if task_id is not None else Q())
+    return dispatch_claim(run_id=run_id, kind=kind, state=Dispatch.State.RUNNING, when=mine, step=step,
+                          task_id=task_id, worker=worker, holder=holder)
 
 
 @dataclass(frozen=True)
@@ -269,13 +212,17 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
     return None
 
 
-def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | None = None) -> list[str]:
-    """Take back the run's dispatches that will not end by themselves and send them again
-    under their task id; a dead worker's leases go back to the buffer first. `busy` gets the
-    kinds that are out (sent or running, recovered or not) as read here."""
+def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | None = None,
+                     kinds: tuple[str, ...] | None = None) -> list[str]:
+    """Take back the run's dispatches (of `kinds`, default all) that will not end by
+    themselves and send them again under their task id; a dead worker's leases go back to
+    the buffer first. `busy` gets the kinds that are out (sent or running, recovered or not)
+    as read here."""
     now = now or timezone.now()
     out: list[str] = []
-    rows = list(Dispatch.objects.filter(run=run).exclude(state=Dispatch.State.IDLE))
+    # Only the kinds the conductor sends (_TASKS); the other jobs' rows go by their lease.
+    rows = list(Dispatch.objects.filter(run=run, kind__in=_TASKS if kinds is None else kinds)
+                .exclude(state=Dispatch.State.IDLE))
     if busy is not None:
         busy.update(str(d.kind) for d in rows)
     if not rows:
@@ -298,7 +245,7 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
         if lost.release and d.holder:
             if d.kind == Dispatch.Kind.TRAIN:
                 batch_release(run=run, worker=d.holder)
-            else:
+            elif d.kind == Dispatch.Kind.EXPLORE:
                 task_release(run=run, worker=d.holder)
         log.warning("run %s: %s step %s sent again: %s", run.pk, d.kind, d.step, lost.reason)
         name, queue = _TASKS[Dispatch.Kind(d.kind)]

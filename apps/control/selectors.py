@@ -4,8 +4,11 @@ waits for). Kernel-only reads (roles, metrics, versions) stay in apps.runs.selec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 from django.db.models.functions import TruncMinute
@@ -14,11 +17,22 @@ from django.utils import timezone
 from apps.buffer.models import Experience, Taskset
 from apps.buffer.selectors import ExperienceFilters
 from apps.control.orchestration import batch_plan, train_readiness
-from apps.feedback.models import Assignment, Feedback
+from apps.feedback.models import Feedback
+from apps.feedback.kinds import kind_names
+from apps.feedback.selectors import annotation_waiting
 from apps.runs import policy
 from apps.runs.heartbeat import workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, WeightLoad
-from apps.runs.selectors import reward_sparkline, run_role, runs_visible_to, sparkline_points
+from apps.runs.selectors import (
+    audit_text,
+    reward_sparkline,
+    run_invites_annotation,
+    run_role,
+    runs_visible_to,
+    sparkline_points,
+)
+
+EVAL_ACCURACY = "eval/accuracy"  # the held-out evaluation's accuracy metric (workers' name for it)
 
 
 def run_last_event(*, run: Run) -> dict[str, Any] | None:
@@ -27,7 +41,7 @@ def run_last_event(*, run: Run) -> dict[str, Any] | None:
     candidates: list[dict[str, Any]] = []
     audit = AuditEntry.objects.filter(run=run).order_by("-created_at").first()
     if audit:
-        candidates.append({"at": audit.created_at, "text": f"{audit.action} by {audit.actor or 'system'}"})
+        candidates.append({"at": audit.created_at, "text": audit_text(action=audit.action, actor=audit.actor)})
     metric = Metric.objects.filter(run=run).order_by("-time", "-id").first()
     if metric:
         candidates.append({"at": metric.time, "text": f"metrics at step {metric.step}"})
@@ -44,30 +58,127 @@ def run_last_event(*, run: Run) -> dict[str, Any] | None:
     return max(candidates, key=lambda c: c["at"]) if candidates else None
 
 
-def run_rows(*, user: Any) -> list[dict[str, Any]]:
-    """The runs list: each visible run with its buffer counts, reward sparkline and last event."""
+# The runs table's columns one may sort by (`?sort=key`, `?sort=-key` descending), and
+# what each sorts on; an unknown key falls back to the newest runs first.
+RUN_SORTS: dict[str, str] = {
+    "name": "name", "status": "status", "created": "created", "steps": "steps",
+    "reward": "reward", "eval": "eval", "labels": "labels",
+}
+RUN_SORT_DEFAULT = "-created"
 
 
-    runs = list(runs_visible_to(user=user).select_related("owner"))
+@dataclass(frozen=True)
+class RunListQuery:
+    """What the runs table shows: sorted by `sort` (a RUN_SORTS key, descending when
+    `descending`), filtered to a status and to names containing `name`."""
+
+    sort: str = "created"
+    descending: bool = True
+    status: str = ""
+    name: str = ""
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> RunListQuery:
+        """From the page's query string; unknown sorts and statuses are ignored, never an error."""
+        raw = str(params.get("sort", "") or RUN_SORT_DEFAULT)
+        key = raw.removeprefix("-")
+        if key not in RUN_SORTS:
+            raw, key = RUN_SORT_DEFAULT, RUN_SORT_DEFAULT.removeprefix("-")
+        status = str(params.get("status", ""))
+        return cls(sort=key, descending=raw.startswith("-"),
+                   status=status if status in Run.Status.values else "",
+                   name=str(params.get("q", "")).strip()[:200])
+
+    @property
+    def token(self) -> str:
+        return f"-{self.sort}" if self.descending else self.sort
+
+    def params(self, **change: str) -> str:
+        """The query string of this view with `change` applied (e.g. sort="name")."""
+        values = {"sort": self.token, "status": self.status, "q": self.name, **change}
+        if values["sort"] == RUN_SORT_DEFAULT:
+            values["sort"] = ""
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+def run_columns(query: RunListQuery) -> list[dict[str, str]]:
+    """The sortable headers: each links to its sort, the opposite direction when it is the
+    current one (numbers start highest first, words from A)."""
+    columns = []
+    for key, label in (("name", "Run"), ("status", "Status"), ("steps", "Steps"), ("reward", "Reward"),
+                       ("eval", "Eval accuracy"), ("labels", "Labels"), ("created", "Created")):
+        first = key if key in ("name", "status") else f"-{key}"
+        if query.sort == key:
+            target = key if query.descending else f"-{key}"
+            arrow = "descending" if query.descending else "ascending"
+        else:
+            target, arrow = first, ""
+        columns.append({"key": key, "label": label, "href": "?" + query.params(sort=target), "sorted": arrow})
+    return columns
+
+
+def _sort_value(query: RunListQuery, run: Run, *, reward: float | None, eval_accuracy: float | None,
+                labels: int) -> tuple[str, float] | None:
+    """What `query` sorts `run` by, as (text, number); None when the run has no such value yet."""
+    numbers: dict[str, float | None] = {
+        "created": run.created_at.timestamp(), "steps": float(run.train_step), "reward": reward,
+        "eval": eval_accuracy, "labels": float(labels),
+    }
+    if query.sort == "name":
+        return (run.name.lower(), float(run.pk))
+    if query.sort == "status":
+        return (run.status, float(run.pk))
+    number = numbers[query.sort]
+    return None if number is None else ("", number)
+
+
+def run_rows(*, user: Any, query: RunListQuery | None = None) -> list[dict[str, Any]]:
+    """The runs list: each visible run with its buffer counts, reward sparkline, latest
+    evaluation accuracy, labels given and last event; sorted and filtered by `query`."""
+    query = query or RunListQuery()
+    visible = runs_visible_to(user=user).select_related("owner")
+    if query.status:
+        visible = visible.filter(status=query.status)
+    if query.name:
+        visible = visible.filter(name__icontains=query.name)
+    runs = list(visible)
+    ids = [r.pk for r in runs]
+    evals = dict(Metric.objects.filter(run__in=ids, name=EVAL_ACCURACY).order_by("run_id", "-step", "-id")
+                 .distinct("run_id").values_list("run_id", "value"))
+    labels = dict(Feedback.objects.filter(run__in=ids, kind__in=kind_names(labels=True)).order_by()
+                  .values("run_id").annotate(n=Count("id")).values_list("run_id", "n"))
     counts: dict[int, dict[str, int]] = {run.pk: dict.fromkeys(Experience.Status.values, 0) for run in runs}
     for row in (
         Experience.objects.filter(run__in=[r.pk for r in runs]).values("run_id", "status").annotate(n=Count("id"))
     ):
         counts[row["run_id"]][row["status"]] = row["n"]
     rows = []
+    keys: dict[int, tuple[str, float]] = {}
     for run in runs:
         spark = reward_sparkline(run=run)
         role = run_role(run=run, user=user)
+        # "Annotate" only where people's labels still count (not on an auto, finished or failed run).
+        annotate = role in ("owner", "annotator") and run_invites_annotation(run=run)
         rows.append({
             "run": run,
             "role": role,
-            "waiting": annotation_waiting(run=run, user=user) if role in ("owner", "annotator") else 0,
+            "annotate": annotate,
+            "waiting": annotation_waiting(run=run, annotator=user) if annotate else 0,
             "counts": counts[run.pk],
             "spark": spark,
             "spark_points": sparkline_points(spark),
+            "reward": spark[-1] if spark else None,
+            "eval_accuracy": evals.get(run.pk),
+            "labels": labels.get(run.pk, 0),
             "last_event": run_last_event(run=run),
         })
-    return rows
+        value = _sort_value(query, run, reward=spark[-1] if spark else None, eval_accuracy=evals.get(run.pk),
+                            labels=labels.get(run.pk, 0))
+        if value is not None:
+            keys[len(rows) - 1] = value
+    # Runs without the value (no metric yet) come last either way.
+    order = sorted(keys, key=lambda i: keys[i], reverse=query.descending)
+    return [rows[i] for i in order] + [row for i, row in enumerate(rows) if i not in keys]
 
 
 def feedback_per_minute(*, run: Run, minutes: int = 120) -> list[list[float]]:
@@ -85,15 +196,6 @@ def feedback_per_minute(*, run: Run, minutes: int = 120) -> list[list[float]]:
     return [[row["minute"].timestamp(), row["n"]] for row in rows]
 
 
-def annotation_waiting(*, run: Run, user: Any) -> int:
-    """What waits for `user` on the run's annotation page: items leased to them, and
-    completions still waiting for human feedback that they have not been handed yet."""
-    leased = Assignment.objects.filter(run=run, annotator=user, status=Assignment.Status.LEASED).count()
-    open_ = (Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.PENDING)
-             .exclude(assignments__annotator=user).count())
-    return leased + open_
-
-
 def tasksets_for(*, user: Any) -> list[Any]:
     """Tasksets a user may start a run on: their own, and those of runs they own (all for
     staff), newest first, with their task counts."""
@@ -102,6 +204,7 @@ def tasksets_for(*, user: Any) -> list[Any]:
     if not getattr(user, "is_authenticated", False):
         return []
     qs = Taskset.objects.all() if user.is_staff else Taskset.objects.filter(Q(owner=user) | Q(runs__owner=user)).distinct()
+    qs = qs.exclude(import_status=Taskset.Import.FAILED)
     return list(qs.annotate(n_tasks=Count("tasks", distinct=True)).order_by("-created_at", "-id")[:200])
 
 

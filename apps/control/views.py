@@ -5,26 +5,32 @@ without HTMX, render as whole pages so every link works without JavaScript."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.contrib import messages
+from django.db import transaction
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import (
+    FileResponse,
     Http404,
     HttpResponse,
     HttpResponseBase,
     JsonResponse,
 )
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.buffer.importers import ImportFailed, taskset_import
+from apps.buffer.models import Taskset
+from apps.buffer.importers import ImportFailed, taskset_import, taskset_import_queued
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
 from apps.control.forms import (
     CONFIG_FILE,
     FORM,
-    SECTION_HELP,
     algorithm_defaults,
     config_field_specs,
     config_from_post,
@@ -32,36 +38,47 @@ from apps.control.forms import (
     errors_by_field,
     feedback_field_specs,
     field_help,
-    section_specs,
+    form_groups,
     values_from_config,
 )
+from apps.control.presets import PRESETS, preset_get, run_copy_source
 from apps.control.selectors import (
+    RunListQuery,
     experience_group_detail,
     experiences_browse,
     feedback_per_minute,
     group_feedback,
+    run_columns,
     run_rows,
     run_waiting,
     tasksets_for,
 )
-from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, ExportFailed, export_jsonl_response, export_options_parse
+from apps.control.summary import run_summary
+from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
+from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.signal_views import reward_model_panel_context
+from apps.feedback.selectors import annotation_waiting, labelling_progress
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.registry import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
-from apps.runs.config import ConfigInvalid, config_file_read, config_parse
+from apps.runs.config import ConfigInvalid, config_file_read
+from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
 from apps.runs.selectors import (
     CHART_GROUPS,
     CHART_SECTIONS,
     CONSTANT_PATTERN,
+    config_differences,
     eval_best,
     metric_series,
     run_audit,
+    run_invites_annotation,
     run_may_create,
     run_state,
+    run_takes_feedback,
     run_task_failures,
+    runs_to_compare,
     runs_visible_to,
     weight_sync_points,
     weight_sync_timeline,
@@ -78,6 +95,8 @@ from apps.runs.services import (
     run_spec_errors,
     run_transition,
 )
+from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
+from rftweb.exceptions import ExportFailed, RftError
 from rftweb.http import HtmxHttpRequest
 
 CONTROLS: dict[str, dict[str, str]] = {
@@ -112,31 +131,65 @@ def _partial(request: HtmxHttpRequest, template: str, context: dict[str, Any], p
 @login_required
 @require_GET
 def run_list(request: HtmxHttpRequest) -> HttpResponse:
-    context = {"rows": run_rows(user=request.user), "may_create": run_may_create(user=request.user)}
+    query = RunListQuery.parse(request.GET)
+    context = {"rows": run_rows(user=request.user, query=query), "may_create": run_may_create(user=request.user),
+               "query": query, "columns": run_columns(query), "statuses": Run.Status.values,
+               "here": request.path + (f"?{query.params()}" if query.params() else "")}
     if request.htmx and request.htmx.target == "runs":
         return render(request, "runs/_run_rows.html", context)
+    if request.htmx and request.htmx.target == "runs-table":
+        return render(request, "runs/_run_table.html", context)
     return render(request, "runs/list.html", context)
 
 
 def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: str = "", *, user: Any = None,
-                    taskset_id: int | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+                    taskset_id: int | None = None, notes: list[str] | None = None, chosen: str = "") -> dict[str, Any]:
     specs = config_field_specs()
     for spec in specs:
-        spec.value = values.get(spec.path, spec.default)  # type: ignore[attr-defined]
-        spec.errors = errors.get(spec.path, [])  # type: ignore[attr-defined]
+        spec.value = values.get(spec.path, spec.default)
+        spec.errors = errors.get(spec.path, [])
         spec.help = field_help(spec.path, spec.help)
     return {
-        "sections": [(section, SECTION_HELP.get(section, ""), errors.get(section, []), fields)
-                     for section, fields in section_specs(specs)],
+        "groups": form_groups(specs, errors),
         "errors": errors,
+        # Errors no field shows (the form as a whole, a key the form lacks): listed on top.
         "form_errors": errors.get(FORM, []),
+        "error_count": sum(len(v) for v in errors.values()),
         "name": name,
         "reward_names": _reward_names(),
         "tasksets": tasksets_for(user=user) if user is not None else [],
         "taskset_id": taskset_id,
         "notes": notes or [],
         "algorithm_defaults": algorithm_defaults(),
+        "presets": PRESETS,
+        "chosen": chosen,
+        "copyable": list(runs_visible_to(user=user).order_by("-created_at").values("pk", "name")[:50]) if user else [],
     }
+
+
+def _run_new_get(request: HtmxHttpRequest) -> HttpResponse:
+    """The empty form, or filled from a preset (`?preset=grpo-math`) or another run
+    (`?from=12`): plain links, so they work without JavaScript."""
+    specs = config_field_specs()
+    slug, source = request.GET.get("preset", ""), request.GET.get("from", "")
+    if slug:
+        preset = preset_get(slug)
+        if preset is None:
+            return render(request, "runs/new.html", _create_context(
+                {}, {FORM: [f"no preset {slug!r}; pick one of the list"]}, user=request.user), status=404)
+        note = f"Filled in from “{preset.title}”. Name your model and a taskset, check the rest, then create."
+        return render(request, "runs/new.html", _create_context(
+            values_from_config(preset.config, specs), {}, user=request.user, notes=[note], chosen=preset.slug))
+    if source:
+        copy = run_copy_source(user=request.user, run_id=source)
+        if copy is None:
+            return render(request, "runs/new.html", _create_context(
+                {}, {FORM: [f"no run #{source} that you may see to copy from"]}, user=request.user), status=404)
+        note = f"Copied from run “{copy.run.name}” (#{copy.run.pk}): change what should differ, then create."
+        return render(request, "runs/new.html", _create_context(
+            values_from_config(copy.config, specs), {}, copy.name, user=request.user, notes=[note],
+            taskset_id=copy.taskset_id, chosen=f"run-{copy.run.pk}"))
+    return render(request, "runs/new.html", _create_context({}, {}, user=request.user))
 
 
 def _reward_names() -> list[str]:
@@ -144,14 +197,27 @@ def _reward_names() -> list[str]:
 
 
 def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], list[str]]:
-    """The taskset the form names: an upload (imported now, on its own, so a form error
-    elsewhere does not lose it: it comes back selected in the picker) or one picked from
-    the list. (taskset or None, errors, notes)."""
+    """The taskset the form names: an upload (imported in the form's transaction, gone
+    again if the form is refused) or one picked from the list. (taskset or None, errors,
+    notes)."""
     upload = request.FILES.get("taskset")
     if upload is not None:
         suffix = Path(upload.name or "").suffix.lower()
         if suffix not in {".jsonl", ".ndjson", ".parquet", ".pq", ".zip"}:
             return None, [f"{upload.name}: upload a .jsonl, .parquet or .zip (JSONL with its pictures) file"], []
+        if upload.size is not None and upload.size > settings.RFT_UPLOAD_BACKGROUND_BYTES:
+            # Large: stored, and imported by a Celery task once the run is created (the
+            # enqueue waits for the commit; a refused form removes the file, _run_new_post).
+            uploads = Path(settings.RFT_STORAGE_DIR) / "uploads"
+            uploads.mkdir(parents=True, exist_ok=True)
+            stored = uploads / f"{uuid.uuid4().hex}{suffix}"
+            with stored.open("wb") as fh:
+                for chunk in upload.chunks():
+                    fh.write(chunk)
+            owner = request.user if isinstance(request.user, User) else None  # login_required: always a User
+            taskset = taskset_import_queued(name=Path(upload.name or "taskset").stem, stored=stored, owner=owner)
+            return taskset, [], [f"Taskset “{taskset.name}” is imported in the background; the run page shows "
+                                 "its progress."]
         try:
             with tempfile.NamedTemporaryFile(suffix=suffix) as tmp:
                 for chunk in upload.chunks():
@@ -170,63 +236,100 @@ def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], lis
     return chosen, [], []
 
 
+class _Refused(NamedTuple):
+    """A run form that created nothing: what the page shows again."""
+
+    values: dict[str, str]
+    errors: dict[str, list[str]]
+    name: str
+    taskset_id: int | None
+    notes: list[str]
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def run_new(request: HtmxHttpRequest) -> HttpResponse:
     if request.method == "GET":
-        return render(request, "runs/new.html", _create_context({}, {}, user=request.user))
+        return _run_new_get(request)
+    # One transaction: a refused form leaves nothing behind, an uploaded taskset included
+    # (issue #33: a refused 50 MB upload left 54,557 tasks). The page is drawn after the
+    # rollback, so its picker lists only what stays.
+    with transaction.atomic():
+        outcome = _run_new_post(request)
+        if isinstance(outcome, _Refused):
+            transaction.set_rollback(True)
+    if isinstance(outcome, _Refused):
+        return render(request, "runs/new.html", _create_context(
+            outcome.values, outcome.errors, outcome.name, user=request.user, taskset_id=outcome.taskset_id,
+            notes=outcome.notes), status=400)
+    return outcome
+
+
+def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     specs = config_field_specs()
     name = request.POST.get("name", "").strip()
     upload = request.FILES.get(CONFIG_FILE)
     errors: dict[str, list[str]] = {}
-    config: Any = None
+    data: dict[str, Any] | None = None
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
         raw = upload.read(MAX_CONFIG_BYTES + 1)
         filename = upload.name or "config.yaml"
-        values = _file_values(raw, filename, specs)
+        fallback = CONFIG_FILE
         try:
-            config = config_parse(text=raw, filename=filename)
-            values = values_from_config(config.model_dump(mode="json"), specs)
+            read = config_file_read(data=raw, filename=filename)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE)
+        else:
+            data = read if isinstance(read, dict) else None
+            if data is None:
+                errors = {CONFIG_FILE: ["a run config must be a mapping of keys to values"]}
+        values = values_from_config(data, specs) if data is not None else {}
     else:
-        config, read_errors = config_from_post(request.POST, specs)
+        fallback = FORM
+        data, read_errors = config_from_post(request.POST, specs)
         values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
-        if read_errors:
-            errors = errors_by_field(read_errors, specs)
-    # Every problem on the first submit: the name and the taskset too, not only the config.
+        errors = errors_by_field(read_errors, specs) if read_errors else {}
+    # Every problem on the first submit: the name, the taskset, each field that could not be
+    # read (bad YAML), and the rest of the config validated without those (a negative
+    # learning rate), the model directory checked beside it (a missing tokenizer).
     for message in run_name_errors(name=name).values():
         errors.setdefault("name", []).append(message)
     taskset, taskset_errors, notes = _taskset_from_request(request)
     if taskset_errors:
         errors.setdefault("taskset", []).extend(taskset_errors)
     taskset_id = taskset.pk if taskset is not None else None
-    if config is not None and not any(k for k in errors if k not in ("name", "taskset")):
-        spec_errors = run_spec_errors(config=config, taskset=taskset)
-        for field_path, messages_ in errors_by_field(
-                spec_errors, specs, fallback=CONFIG_FILE if upload is not None else FORM).items():
-            errors.setdefault(field_path, []).extend(messages_)
-    if not errors:
+    unreadable = set(errors)
+    if data is not None:
+        spec_errors = run_spec_errors(config=data, taskset=taskset)
+        for field_path, messages_ in errors_by_field(spec_errors, specs, fallback=fallback).items():
+            if field_path in unreadable and field_path not in ("name", "taskset", FORM):
+                continue  # its own message (the YAML that did not parse) says it already
+            errors.setdefault(field_path, []).extend(m for m in messages_ if m not in errors.get(field_path, []))
+    run: Run | None = None
+    if not errors and data is not None:
         try:
-            run = run_create(name=name, owner=request.user, config=config, taskset=taskset)
+            run = run_create(name=name, owner=request.user, config=data, taskset=taskset)
         except ConfigInvalid as exc:
-            errors = errors_by_field(exc.errors, specs, fallback=CONFIG_FILE if upload is not None else FORM)
-    if errors:
-        return render(request, "runs/new.html", _create_context(values, errors, name, user=request.user,
-                                                                 taskset_id=taskset_id, notes=notes), status=400)
+            errors = errors_by_field(exc.errors, specs, fallback=fallback)
+    if errors or run is None:
+        upload = request.FILES.get("taskset")
+        if upload is not None and taskset is not None and taskset.import_status != Taskset.Import.READY:
+            # Its row goes with the rollback, its stored file here; nothing was enqueued.
+            Path(taskset.source).unlink(missing_ok=True)
+            notes = [f"“{upload.name}” was not kept, as the run was not created: fix the errors below and "
+                     "choose the file again."]
+            taskset_id = None
+        elif upload is not None and taskset is not None:
+            # Rolled back with the rest: the picker cannot offer it, the file must come again.
+            notes = [f"“{upload.name}” ({taskset.tasks.count()} tasks) was read but not kept, as the run was not "
+                     "created: fix the errors below and choose the file again."]
+            taskset_id = None
+        return _Refused(values, errors, name, taskset_id, notes)
     messages.success(request, f"Run “{run.name}” created as a draft.")
     for warning in config_warnings(config=run.cfg):
         messages.warning(request, warning)
     return redirect("runs:detail", run_id=run.pk)
-
-
-def _file_values(raw: bytes, filename: str, specs: list[Any]) -> dict[str, str]:
-    try:
-        data = config_file_read(data=raw, filename=filename)
-    except ConfigInvalid:
-        return {}
-    return values_from_config(data, specs)
 
 
 # --- the run page ------------------------------------------------------------------------
@@ -244,8 +347,8 @@ def _feedback_form_context(run: Run, values: dict[str, str] | None = None, error
     specs = feedback_field_specs()
     current = values_from_config(run.config, specs)
     for spec in specs:
-        spec.value = (values or current).get(spec.path, spec.default)  # type: ignore[attr-defined]
-        spec.errors = (errors or {}).get(spec.path, [])  # type: ignore[attr-defined]
+        spec.value = (values or current).get(spec.path, spec.default)
+        spec.errors = (errors or {}).get(spec.path, [])
     return {"feedback_fields": specs, "feedback_errors": (errors or {}).get("feedback", []) + (errors or {}).get(FORM, [])}
 
 
@@ -264,13 +367,20 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "failures": run_task_failures(run=run),
         "waiting": run_waiting(run=run),
         "warnings": config_warnings(config=run.cfg),
+        # "Annotate" only where people's labels still count; an ended run shows its summary.
+        "invites_annotation": run_invites_annotation(run=run),
+        "annotation_waiting": annotation_waiting(run=run, annotator=request.user) if role in ("owner", "annotator") else 0,
+        "takes_feedback": run_takes_feedback(run=run),
+        "summary": run_summary(run=run),
         **_members_context(run, role),
+        "invitations": invitations_open(run=run) if role == "owner" else [],
+        "labelling": labelling_progress(run=run) if role == "owner" else None,
         "demo_annotator": _demo_annotator(run),
         "chart_data": {
             "groups": CHART_GROUPS,
             "sections": CHART_SECTIONS,
             "constant_pattern": CONSTANT_PATTERN,
-            "compare": [{"id": r.pk, "name": r.name} for r in runs_visible_to(user=request.user).exclude(pk=run.pk)[:50]],
+            "compare": runs_to_compare(user=request.user, run=run),
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),
             "feedback": feedback_per_minute(run=run),
@@ -283,6 +393,81 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "eval_best": eval_best(run=run),
     }
     return render(request, "runs/detail.html", context)
+
+
+def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str = "", status: int = 200) -> HttpResponse:
+    context = {"run": run, "summary": run_summary(run=run), "export_kinds": EXPORT_KINDS, "weights_error": weights_error}
+    if context["summary"] is None:
+        # Not ended (yet): the run page says where it stands.
+        if request.htmx:
+            return HttpResponse('<section id="summary" hidden></section>')
+        return redirect("runs:detail", run_id=run.pk)
+    if request.htmx:
+        return render(request, "runs/_summary.html", context, status=status)
+    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_summary.html",
+                                                      "page_title": f"Summary · {run.name}"}, status=status)
+
+
+@login_required
+@require_GET
+def run_config_diff(request: HtmxHttpRequest, run_id: int, other_id: int | None = None) -> HttpResponse:
+    """The config keys two runs differ in (dotted paths, both values): /runs/<id>/diff/<other>/,
+    or ?with=<other> from the run page's picker. A run one may not see is a 404, either side."""
+    run, _role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    raw = request.GET.get("with", "")
+    error = ""
+    if other_id is None and raw:
+        if not (raw.strip().isascii() and raw.strip().isdigit()) or len(raw.strip()) > 18:
+            error = f"“with” must be a run number, not {raw[:50]!r}"
+        else:
+            other_id = int(raw)
+    other = run_for_page(user=request.user, run_id=other_id, runs=_RUNS)[0] if other_id is not None else None
+    context = {
+        "run": run, "other": other, "error": error,
+        "differences": config_differences(run.config, other.config) if other is not None else [],
+        "choices": runs_visible_to(user=request.user).exclude(pk=run.pk).order_by("-created_at")
+                   .values("pk", "name", "status")[:100],
+    }
+    return render(request, "runs/diff.html", context, status=400 if error else 200)
+
+
+@login_required
+@require_GET
+def run_summary_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    return _summary_partial(request, run)
+
+
+@login_required
+@require_POST
+def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
+    """A member asks for a version's weights as a .zip: a train worker packs it (see
+    apps/control/weights.py); the summary shows it queued, packing, then the link."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    try:
+        weights_export_request(run=run, version=version)
+    except RftError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
+        return _summary_partial(request, run, weights_error=exc.message, status=200 if request.htmx else exc.status)
+    if not request.htmx:
+        return redirect(f"{reverse('runs:detail', kwargs={'run_id': run.pk})}#summary")
+    return _summary_partial(request, run)
+
+
+@login_required
+@require_GET
+def run_weights_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponseBase:
+    """The packed zip of a version's weights, for the run's members."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    try:
+        path = weights_zip_ready(run=run, version=version)
+    except RftError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=weights_download_name(run_id=run.pk, version=version),
+                        content_type="application/zip")
 
 
 @login_required
@@ -432,6 +617,14 @@ def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
+def run_taskset_import(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The run's taskset import progress (polled by the run page while it goes on)."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    return _partial(request, "runs/_taskset_import.html", {"run": run, "just_done": True}, f"Taskset import · {run.name}")
+
+
+@login_required
+@require_GET
 def run_failures(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
@@ -513,3 +706,19 @@ def health(request: HtmxHttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+def ready(request: HtmxHttpRequest) -> JsonResponse:
+    """Readiness for a load balancer: each dependency "ok" or why it is not; 503 naming
+    those down when any is (Redis "unused" in the embedded default)."""
+    checks = readiness_checks()
+    names = {"database": "Postgres", "redis": "Redis"}
+    down = [names[name] for name, state in checks.items() if state not in {"ok", "unused"}]
+    body: dict[str, object] = {"ok": not down, **checks}
+    if down:
+        body["down"] = down
+    response = JsonResponse(body, status=503 if down else 200)
+    if down:
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    response["Cache-Control"] = "no-store"
+    return response

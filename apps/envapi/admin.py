@@ -4,6 +4,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import BaseFormSet, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -20,7 +22,7 @@ class ApiKeyAddForm(forms.ModelForm):
 
 
 @admin.action(description="Revoke the selected keys now")
-def revoke(modeladmin: Any, request: HttpRequest, queryset: Any) -> None:
+def revoke(modeladmin: admin.ModelAdmin[ApiKey], request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
     n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
     modeladmin.message_user(request, f"Revoked {n} keys.")
 
@@ -33,21 +35,22 @@ class ApiKeyAdmin(admin.ModelAdmin):
     filter_horizontal = ("runs",)
     actions = [revoke]
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+    def get_form(self, request: HttpRequest, obj: ApiKey | None = None, change: bool = False,
+                 **kwargs: Any) -> type[ModelForm[ApiKey]]:
         if obj is None:
             kwargs["form"] = ApiKeyAddForm
         return super().get_form(request, obj, change=change, **kwargs)
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str] | tuple[str, ...]:
         return self.readonly_fields if obj is not None else ()
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
         if obj is None:
             return ("name", "runs", "actions", "rate_limit_per_minute")
         return ("name", "prefix", "hashed", "runs", "actions", "rate_limit_per_minute", "created_by", "created_at",
                 "last_used_at", "revoked_at")
 
-    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
@@ -62,6 +65,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         obj.pk, obj.prefix, obj.hashed = key.pk, key.prefix, key.hashed
         messages.warning(request, f"The new key, shown only this once: {raw}")
 
-    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+    def save_related(self, request: HttpRequest, form: ModelForm[ApiKey], formsets: list[BaseFormSet[ModelForm[ApiKey]]],
+                     change: bool) -> None:
         if change:
             super().save_related(request, form, formsets, change)

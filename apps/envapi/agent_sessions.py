@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -39,11 +39,28 @@ from apps.envapi.models import AgentCall, AgentSession, ApiKey
 from apps.envapi.openai_services import OpenAIError
 from apps.envapi.services import GROUP_MAX, KEY_MAX, env_scoped
 from apps.runs.models import Run
+from rftweb.exceptions import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Rft-Session"
 TASK_HEADER = "X-Rft-Task"
+
+
+class RecordedChoice(TypedDict):
+    """A choice of a recorded call (AgentCall.choices): the exact tokens the model sampled."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+
+
+class Split(TypedDict):
+    """Where a session's trajectory was split: the call whose prompt broke the prefix, and why."""
+
+    call: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,8 @@ def session_check(*, run: Run, key: ApiKey, session: SessionRef) -> AgentSession
 
 def call_record(*, run: Run, key: ApiKey, session: SessionRef, kind: str, answer: Mapping[str, Any]) -> AgentCall:
     """Keep one call's exact tokens: one AgentCall per prompt of the answer (a completions
-    call with several prompts records each)."""
+    call with several prompts records each). `answer`: a WorkerAnswer, of which this reads the
+    prompts' token ids and the choices' tokens, logprobs, finish reason and text."""
     row = session_check(run=run, key=key, session=session)
     version = int(answer["model_version"])
     with transaction.atomic():
@@ -115,7 +133,7 @@ def call_record(*, run: Run, key: ApiKey, session: SessionRef, kind: str, answer
     return calls[-1]
 
 
-def sessions_expire(*, run: Run | None = None, now: Any = None) -> int:
+def sessions_expire(*, run: Run | None = None, now: datetime | None = None) -> int:
     """Mark open sessions with no call for RFT_AGENT_SESSION_TTL_SECONDS abandoned; how many."""
     now = now or timezone.now()
     stale = AgentSession.objects.filter(
@@ -150,7 +168,7 @@ class Segment:
     def tokens(self) -> list[int]:
         return self.prompt + self.completion
 
-    def sample(self, call: AgentCall, choice: Mapping[str, Any]) -> None:
+    def sample(self, call: AgentCall, choice: RecordedChoice) -> None:
         ids = list(choice["token_ids"])
         self.completion += ids
         self.mask += [1] * len(ids)
@@ -165,12 +183,12 @@ def _extends(prompt: Sequence[int], tokens: Sequence[int]) -> bool:
     return len(prompt) >= len(tokens) and list(prompt[: len(tokens)]) == list(tokens)
 
 
-def session_assemble(calls: Sequence[AgentCall]) -> tuple[list[Segment], list[dict[str, Any]]]:
+def session_assemble(calls: Sequence[AgentCall]) -> tuple[list[Segment], list[Split]]:
     """The session's calls as segments (one, unless a prompt broke the token prefix) and the
     notes on each split. A call with n > 1 choices continues with the choice the next call's
     prompt extends (the first choice for the last call)."""
     segments: list[Segment] = []
-    splits: list[dict[str, Any]] = []
+    splits: list[Split] = []
     current: Segment | None = None
     for pos, call in enumerate(calls):
         nxt = calls[pos + 1] if pos + 1 < len(calls) else None
@@ -208,17 +226,15 @@ def _why(prompt: Sequence[int], before: Sequence[int]) -> str:
     return f"the prompt differs from the tokens before it at token {same} of {len(before)}"
 
 
-class SessionRejected(ValueError):
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(message)
+class SessionRejected(Conflict):
+    """The session cannot be finished in the state it is in (abandoned, no call)."""
 
 
 @dataclass(frozen=True)
 class FinishResult:
     session: AgentSession
     experience_ids: list[int]
-    splits: list[dict[str, Any]]
+    splits: list[Split]
     created: bool
 
 
@@ -230,16 +246,16 @@ def session_finish(*, run: Run, name: str, reward: float, reward_parts: Mapping[
     with transaction.atomic():
         session = AgentSession.objects.select_for_update().filter(run=run, name=name).first()
         if session is None:
-            raise SessionRejected(404, f"session {name!r} not found in run {run.pk}")
+            raise NotFound(f"session {name!r} not found in run {run.pk}")
         if session.status == AgentSession.Status.FINISHED:
             return FinishResult(session=session, experience_ids=list(session.experience_ids),
                                 splits=list(session.assembly.get("splits", [])), created=False)
         if session.status == AgentSession.Status.ABANDONED:
-            raise SessionRejected(409, f"session {name!r} was abandoned (no call for "
+            raise SessionRejected(f"session {name!r} was abandoned (no call for "
                                        f"{settings.RFT_AGENT_SESSION_TTL_SECONDS:g} s); it trains nothing")
         calls = list(session.calls.order_by("index"))
         if not calls:
-            raise SessionRejected(409, f"session {name!r} has no recorded call")
+            raise SessionRejected(f"session {name!r} has no recorded call")
         segments, splits = session_assemble(calls)
         drafts = [_draft(run=run, session=session, segment=s, part=i, parts=len(segments), reward=reward,
                          reward_parts=reward_parts or {}, splits=splits, key_prefix=key_prefix)
@@ -258,10 +274,10 @@ def session_finish(*, run: Run, name: str, reward: float, reward_parts: Mapping[
 
 
 def _draft(*, run: Run, session: AgentSession, segment: Segment, part: int, parts: int, reward: float,
-           reward_parts: Mapping[str, float], splits: list[dict[str, Any]], key_prefix: str) -> ExperienceDraft:
+           reward_parts: Mapping[str, float], splits: list[Split], key_prefix: str) -> ExperienceDraft:
     group = f"agent-task-{session.task_id}" if session.task_id else f"agent-session-{session.name}"
     key = f"agent-session:{session.name}" + (f":part{part}" if parts > 1 else "")
-    metadata: dict[str, Any] = {
+    metadata: dict[str, object] = {
         "agent_session": session.name, "turns": len(segment.calls), "calls": segment.calls,
         "turn_versions": segment.versions, "api_key": key_prefix,
     }

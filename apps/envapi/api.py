@@ -29,7 +29,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
 from apps.envapi.models import ApiKey
-from apps.envapi.selectors import run_current_version
+from apps.envapi.selectors import TasksetImportOut, run_current_version, run_taskset_import
 from apps.envapi.services import (
     KeyPrincipal,
     api_key_authenticate,
@@ -41,10 +41,12 @@ from apps.envapi.services import (
 from apps.feedback.exports import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import kind_get
 from apps.feedback.models import Feedback
+from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run
-from rftweb.exceptions import NotAllowed, RateLimited, UpstreamFailed
+from apps.runs.selectors import run_takes_feedback
+from rftweb.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
 
 router = Router()
 
@@ -91,7 +93,7 @@ def _run_out(run: Run) -> dict[str, Any]:
     return {
         "id": run.pk, "name": run.name, "status": run.status, "config": run.cfg, "taskset_id": run.taskset_id,
         "current_version": run_current_version(run=run), "explore_step": run.explore_step,
-        "train_step": run.train_step, "created_at": run.created_at,
+        "train_step": run.train_step, "created_at": run.created_at, "takes_feedback": run_takes_feedback(run=run),
     }
 
 
@@ -105,6 +107,15 @@ def runs_list(request: HttpRequest) -> list[dict[str, Any]]:
          summary="A run, with its current model version and checkpoint")
 def run_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
     return _run_out(run_reachable(request, run_id))
+
+
+@router.get("/runs/{run_id}/taskset", auth=READ, response=responses(s.TasksetOut), tags=["runs"],
+         summary="The run's taskset and its import progress (large uploads import in the background)")
+def run_taskset_get(request: HttpRequest, run_id: int = RunId) -> TasksetImportOut:
+    found = run_taskset_import(run=run_reachable(request, run_id))
+    if found is None:
+        raise NotFound("this run has no taskset", field="taskset")
+    return found
 
 
 # ---- tasks ---------------------------------------------------------------------------
@@ -190,8 +201,22 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
     return {
         "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
         "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,
+        "effect": feedback_effect(run=run, feedback=feedback),
         "experience_status": target.get("status"), "experience_reward": target.get("reward"),
     }
+
+
+@router.get("/runs/{run_id}/annotation", auth=READ, response=responses(s.AnnotationOut), tags=["feedback"],
+            summary="What waits for the key's person on the run's annotation page")
+def annotation_get(request: HttpRequest, run_id: int = RunId) -> dict[str, int | str]:
+    run = run_reachable(request, run_id)
+    person = _principal(request).key.created_by
+    if person is None or not run_may_annotate(run=run, user=person):
+        raise NotAllowed("this key's person does not annotate this run (the key has no person, or they are not "
+                         "its owner or one of its annotators)", field="run_id")
+    counts = feedback_counts(run=run)
+    return {"annotator": person.get_username(), "waiting": annotation_waiting(run=run, annotator=person),
+            "ratings": counts["rating"], "late": counts["late"]}
 
 
 # ---- rollouts ------------------------------------------------------------------------

@@ -29,9 +29,9 @@ import asyncio
 import logging
 import json
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -54,9 +54,18 @@ from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
 from apps.hygiene import InputRejected, tree_check
 from apps.runs.models import Run
+from rftweb.degrade import RETRY_AFTER_SECONDS
 from rftweb.exceptions import Unavailable, UpstreamFailed
+from rftweb.jsontypes import Body
+
+if TYPE_CHECKING:
+    from apps.envapi.agent_sessions import SessionRef
 
 log = logging.getLogger(__name__)
+
+Schema = TypeVar("Schema", bound=BaseModel)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _error(exc: oa.OpenAIError) -> JsonResponse:
@@ -90,14 +99,18 @@ def _authorise(request: HttpRequest, run_id: int, *actions: str) -> tuple[Run, K
     if not any(principal.can(a) for a in actions):
         raise oa.OpenAIError(403, f"this key may not {' or '.join(actions)} (it may: {', '.join(principal.key.actions) or 'nothing'})",
                              code="permission_denied")
-    wait = rate_limit_hit(key=principal.key)
+    try:
+        wait = rate_limit_hit(key=principal.key)
+    except Unavailable as exc:
+        raise oa.OpenAIError(503, str(exc), code="service_unavailable",
+                             headers={"Retry-After": str(math.ceil(exc.retry_after or RETRY_AFTER_SECONDS))}) from None
     if wait is not None:
         raise oa.OpenAIError(429, f"over this key's limit of {principal.key.rate_limit_per_minute} requests a minute",
                              code="rate_limit_exceeded", headers={"Retry-After": str(max(1, math.ceil(wait)))})
     return run, principal
 
 
-def _parse(request: HttpRequest, schema: type[BaseModel]) -> Any:
+def _parse(request: HttpRequest, schema: type[Schema]) -> Schema:
     if request.content_type and "json" not in request.content_type:
         raise oa.OpenAIError(400, "send the body as application/json", code="invalid_request")
     body = request.body
@@ -143,12 +156,12 @@ def _connection_check() -> None:
             connection.close()
 
 
-def _in_thread(fn: Any) -> Any:
+def _in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     """`fn` run off the event loop with a database connection: on the endpoint's pool of
     threads, or, on the embedded default (SQLite, one process), on the request's own thread
     with its connection closed after."""
     if settings.EMBEDDED:
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -158,19 +171,21 @@ def _in_thread(fn: Any) -> Any:
 
         return sync_to_async(run)
 
-    def pooled(*args: Any, **kwargs: Any) -> Any:
+    def pooled(*args: P.args, **kwargs: P.kwargs) -> R:
         _connection_check()
         return fn(*args, **kwargs)
 
     return sync_to_async(pooled, thread_sensitive=False, executor=_db_pool)
 
 
-def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[Any, ...]:
+def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[
+        Run, KeyPrincipal, ChatCompletionIn | CompletionIn, int | None, SessionRef | None]:
     """Everything before generation, in one trip to the database: key, body, model, session."""
     from apps.envapi import agent_sessions
 
     run, principal = _authorise(request, run_id, "submit")
-    req = _parse(request, ChatCompletionIn if kind == "chat" else CompletionIn)
+    req: ChatCompletionIn | CompletionIn = (
+        _parse(request, ChatCompletionIn) if kind == "chat" else _parse(request, CompletionIn))
     version = oa.model_resolve(run=run, name=req.model)
     session = agent_sessions.session_named(headers=request.headers, user=req.user, metadata=req.metadata)
     if session is not None:
@@ -182,7 +197,7 @@ def _timeout() -> float:
     return float(settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
 
 
-async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
+async def _generate(run: Run, request: Body) -> oa.WorkerAnswer:
     try:
         if settings.REDIS_URL:
             # The answer comes back on a Redis list this loop waits on (token_stream.py).
@@ -196,7 +211,7 @@ async def _generate(run: Run, request: dict[str, Any]) -> dict[str, Any]:
         raise oa.OpenAIError(502, str(exc), code="engine_error") from None
 
 
-def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingHttpResponse:
+def _sse(chunks: Iterator[Body]) -> StreamingHttpResponse:
     async def stream() -> AsyncIterator[str]:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk, separators=(',', ':'), ensure_ascii=False)}\n\n"
@@ -215,10 +230,11 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
         if request.method != "POST":
             raise oa.OpenAIError(405, "use POST", code="method_not_allowed")
         run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, kind)
-        build = oa.chat_request_build if kind == "chat" else oa.completion_request_build
-        body = build(req=req, version=version)  # type: ignore[arg-type]
+        # The request's type follows the kind (_prepare): a chat request for "chat".
+        body = (oa.chat_request_build(req=req, version=version) if isinstance(req, ChatCompletionIn)
+                else oa.completion_request_build(req=req, version=version))
 
-        async def answer_recorded() -> dict[str, Any]:
+        async def answer_recorded() -> oa.WorkerAnswer:
             answer = await _generate(run, body)
             if session is not None:
                 await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
@@ -238,7 +254,7 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     except oa.OpenAIError as exc:
         return _error(exc)
     env = oa.envelope(kind=kind, model=req.model, run=run, version=int(answer["model_version"]))
-    if kind == "chat":
+    if isinstance(req, ChatCompletionIn):
         if req.stream:
             return _sse(oa.chat_chunks(req=req, answer=answer, env=env))
         return JsonResponse(oa.chat_body(req=req, answer=answer, env=env))
@@ -247,14 +263,15 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
 
 
-async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]], key: str, version: int) -> Any:
+async def _live(*, kind: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer], key: str,
+                version: int) -> StreamingHttpResponse | oa.WorkerAnswer:
     """Token-by-token streaming: a StreamingHttpResponse once the worker has started
     generating (its first event), or the answer itself when the job ends first (a refusal,
     which raises here as a 4xx; an engine that cannot stream; a short answer)."""
     # The job records the session's call even if the client goes away mid-stream.
     job.add_done_callback(lambda f: f.cancelled() or f.exception())
     reader = token_stream.StreamReader(key)
-    first: dict[str, Any] | None = None
+    first: dict[str, object] | None = None
     try:
         while True:
             first = await reader.next(timeout=0.5)
@@ -273,23 +290,23 @@ async def _live(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, 
     return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first, version=version))
 
 
-async def _quietly(close: Any) -> None:
+async def _quietly(close: Awaitable[object]) -> None:
     try:
         await close
     except Exception:
         log.warning("token stream: could not clean up", exc_info=True)
 
 
-async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dict[str, Any]],
-                       reader: token_stream.StreamReader, first: dict[str, Any], version: int) -> AsyncIterator[dict[str, Any]]:
+async def _live_chunks(*, kind: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer],
+                       reader: token_stream.StreamReader, first: dict[str, object], version: int) -> AsyncIterator[Body]:
     # The version asked for (the worker read the current one a moment later: the tail says which answered).
     env = oa.envelope(kind=kind, model=req.model, run=run, version=version)
     texts = [oa.LiveText(oa.live_markers(req)) for _ in range(req.n)]
     try:
-        if kind == "chat":
+        if isinstance(req, ChatCompletionIn):  # kind "chat"
             for chunk in oa.chat_live_head(req=req, env=env):
                 yield chunk
-        event: dict[str, Any] | None = first
+        event: dict[str, object] | None = first
         while True:
             if event is None:
                 try:
@@ -305,10 +322,11 @@ async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dic
                     continue
             if event.get("t") == "end":
                 break
-            for i, piece in enumerate(event.get("p") or []):
+            pieces = event.get("p") or []
+            for i, piece in enumerate(pieces if isinstance(pieces, list) else []):
                 text = texts[i].add(str(piece)) if i < len(texts) else ""
                 if text:
-                    yield (oa.chat_live_piece(req=req, env=env, index=i, text=text) if kind == "chat"
+                    yield (oa.chat_live_piece(req=req, env=env, index=i, text=text) if isinstance(req, ChatCompletionIn)
                            else oa.completion_live_piece(env=env, index=i, text=text))
             event = None
         try:
@@ -319,7 +337,7 @@ async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dic
         # The version that really answered (a new one may have been published meanwhile).
         env = oa.Envelope(id=env.id, created=env.created, model=env.model,
                           fingerprint=f"rft-run{run.pk}-v{int(answer['model_version'])}")
-        tail = (oa.chat_live_tail(req=req, answer=answer, env=env, live=texts) if kind == "chat"
+        tail = (oa.chat_live_tail(req=req, answer=answer, env=env, live=texts) if isinstance(req, ChatCompletionIn)
                 else oa.completion_live_tail(req=req, answer=answer, env=env, live=texts))
         for chunk in tail:
             yield chunk
@@ -327,7 +345,7 @@ async def _live_chunks(*, kind: str, req: Any, run: Run, job: asyncio.Future[dic
         await _quietly(reader.close())
 
 
-def _sse_async(chunks: AsyncIterator[dict[str, Any]]) -> StreamingHttpResponse:
+def _sse_async(chunks: AsyncIterator[Body]) -> StreamingHttpResponse:
     async def stream() -> AsyncIterator[str]:
         failed = False
         async for chunk in chunks:
@@ -358,7 +376,7 @@ async def models(request: HttpRequest, run_id: int) -> HttpResponse:
         if request.method != "GET":
             raise oa.OpenAIError(405, "use GET", code="method_not_allowed")
 
-        def listing() -> dict[str, Any]:
+        def listing() -> Body:
             run, _ = _authorise(request, run_id, "read", "submit")
             return oa.models_list(run=run)
 

@@ -52,8 +52,8 @@ class MessageIn(_In):
             raise ValueError("a message needs content (or, for the assistant, tool_calls)")
         return self
 
-    def for_template(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+    def for_template(self) -> dict[str, object]:
+        data: dict[str, object] = {"role": "system" if self.role == "developer" else self.role}
         if isinstance(self.content, list):
             data["content"] = "".join(p.text for p in self.content)
         else:

@@ -11,20 +11,47 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import rollout_task_send, rollout_task_wait
 from apps.runs.models import ModelVersion, Run
-from rftweb.exceptions import Unavailable, UpstreamFailed
+from rftweb.exceptions import RftError, Unavailable, UpstreamFailed
+from rftweb.jsontypes import Body
+
+# What a rollout worker answers (workers/chat.py `chat_generate`), once `_answer_checked`
+# has seen its shape.
+
+
+class AnswerChoice(TypedDict):
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    pieces: list[str]  # the text a token at a time: they join to `text`
+    tokens: list[str]  # each token decoded on its own
+    # Per token, [text, logprob] of the most likely tokens (lists once through JSON).
+    top_logprobs: NotRequired[list[list[tuple[str, float]]]]
+    content: NotRequired[str | None]  # with tools offered: the text before the first call
+    tool_calls: NotRequired[list[Body]]
+
+
+class AnswerPrompt(TypedDict):
+    prompt_token_ids: list[int]
+    choices: list[AnswerChoice]
+
+
+class WorkerAnswer(TypedDict):
+    model_version: int
+    prompts: list[AnswerPrompt]
 
 CHAT_TASK = "workers.explorer.chat"
 _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
 
 
-class OpenAIError(Exception):
+class OpenAIError(RftError):
     """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with `status`."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -33,14 +60,13 @@ class OpenAIError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
         self.status = status
-        self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
-        super().__init__(message)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> Body:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
 
@@ -65,9 +91,9 @@ def model_resolve(*, run: Run, name: str) -> int | None:
     return version
 
 
-def models_list(*, run: Run) -> dict[str, Any]:
+def models_list(*, run: Run) -> Body:
     created = int(run.created_at.timestamp())
-    data = [{"id": model_name(run=run), "object": "model", "created": created, "owned_by": "rftweb",
+    data: list[Body] = [{"id": model_name(run=run), "object": "model", "created": created, "owned_by": "rftweb",
              "current_version": run.current_version}]
     data.append({"id": model_name(run=run, version=0), "object": "model", "created": created, "owned_by": "rftweb"})
     for number, at in ModelVersion.objects.filter(run=run).order_by("number").values_list("number", "created_at"):
@@ -76,8 +102,8 @@ def models_list(*, run: Run) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | None) -> dict[str, Any]:
-    sampling: dict[str, Any] = {"logprobs": top}
+def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | None) -> Body:
+    sampling: Body = {"logprobs": top}
     for name in ("temperature", "top_p", "seed"):
         value = getattr(req, name)
         if value is not None:
@@ -89,7 +115,7 @@ def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | No
     return sampling
 
 
-def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> dict[str, Any]:
+def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> Body:
     """What `workers/chat.py` gets for a chat completion."""
     return {
         "kind": "chat",
@@ -102,7 +128,7 @@ def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> dict[st
     }
 
 
-def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[str, Any]:
+def completion_request_build(*, req: CompletionIn, version: int | None) -> Body:
     return {
         "kind": "completion",
         "prompts": req.prompts(),
@@ -112,21 +138,21 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> dict[
     }
 
 
-def worker_request_build(*, run: Run, request: dict[str, Any]) -> dict[str, Any]:
+def worker_request_build(*, run: Run, request: Mapping[str, object]) -> Body:
     """The request with what this process already read of the run, so the worker need not
     read it again per call (workers/chat.py): the current version as the floor of "current",
     and the config's digest, under which the worker keeps the config it read last."""
     return {**request, "current": run.current_version, "config_digest": run.config_digest}
 
 
-def openai_generate(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+def openai_generate(*, run: Run, request: Body, timeout: float) -> WorkerAnswer:
     """Send one request to a rollout worker and wait; OpenAIError for what the worker
     refused, Unavailable / UpstreamFailed as the environment API's rollouts raise."""
     request = worker_request_build(run=run, request=request)
     return _answer_checked(rollout_task_wait(task=CHAT_TASK, args=[run.pk, request], timeout=timeout))
 
 
-async def openai_generate_replied(*, run: Run, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+async def openai_generate_replied(*, run: Run, request: Body, timeout: float) -> WorkerAnswer:
     """`openai_generate` with the answer coming back on a Redis list (token_stream.reply_*)
     the event loop waits on, not through Celery's result backend; needs Redis."""
     from asgiref.sync import sync_to_async
@@ -152,7 +178,7 @@ async def openai_generate_replied(*, run: Run, request: dict[str, Any], timeout:
     return _answer_checked(answer)
 
 
-def _answer_checked(answer: Any) -> dict[str, Any]:
+def _answer_checked(answer: object) -> WorkerAnswer:
     if not isinstance(answer, dict):
         raise UpstreamFailed("the rollout worker returned a malformed result")
     if "error" in answer:
@@ -162,7 +188,7 @@ def _answer_checked(answer: Any) -> dict[str, Any]:
     prompts = answer.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, dict) and p.get("choices") for p in prompts):
         raise UpstreamFailed("the rollout worker returned a malformed result")
-    return answer
+    return cast(WorkerAnswer, answer)
 
 
 # ---- response bodies -----------------------------------------------------------------
@@ -182,7 +208,7 @@ def envelope(*, kind: str, model: str, run: Run, version: int) -> Envelope:
                     fingerprint=f"rft-run{run.pk}-v{version}")
 
 
-def usage(answer: dict[str, Any]) -> dict[str, int]:
+def usage(answer: WorkerAnswer) -> dict[str, int]:
     prompt = sum(len(p["prompt_token_ids"]) for p in answer["prompts"])
     completion = sum(len(c["token_ids"]) for p in answer["prompts"] for c in p["choices"])
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -192,46 +218,53 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def _chat_logprob(token: str, logprob: float, top: list[list[Any]] | None) -> dict[str, Any]:
+def _chat_logprob(token: str, logprob: float, top: list[tuple[str, float]] | None) -> Body:
     return {
         "token": token, "logprob": logprob, "bytes": _bytes(token),
         "top_logprobs": [{"token": t, "logprob": lp, "bytes": _bytes(t)} for t, lp in (top or [])],
     }
 
 
-def _chat_logprobs(choice: dict[str, Any], *, start: int = 0, stop: int | None = None) -> dict[str, Any]:
+def _chat_logprobs(choice: AnswerChoice, *, start: int = 0, stop: int | None = None) -> Body:
     tops = choice.get("top_logprobs")
     idx = range(len(choice["token_ids"]))[start:stop]
     return {"content": [_chat_logprob(choice["tokens"][i], choice["logprobs"][i], tops[i] if tops else None) for i in idx],
             "refusal": None}
 
 
-def _message(choice: dict[str, Any]) -> dict[str, Any]:
+class Message(TypedDict):
+    role: str
+    content: str | None
+    refusal: None
+    tool_calls: NotRequired[list[Body]]
+
+
+def _message(choice: AnswerChoice) -> Message:
     calls = choice.get("tool_calls") or []
     content = choice.get("content", choice["text"]) if "content" in choice else choice["text"]
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    message: Message = {"role": "assistant", "content": content, "refusal": None}
     if calls:
         message["tool_calls"] = calls
     return message
 
 
-def chat_body(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope) -> dict[str, Any]:
+def chat_body(*, req: ChatCompletionIn, answer: WorkerAnswer, env: Envelope) -> Body:
     [prompt] = answer["prompts"]
     choices = []
     for i, c in enumerate(prompt["choices"]):
-        choice: dict[str, Any] = {"index": i, "message": _message(c), "logprobs": _chat_logprobs(c) if req.logprobs else None,
+        choice: Body = {"index": i, "message": _message(c), "logprobs": _chat_logprobs(c) if req.logprobs else None,
                                   "finish_reason": c["finish_reason"]}
         if req.return_token_ids:
             choice["token_ids"] = c["token_ids"]
         choices.append(choice)
-    body: dict[str, Any] = {"id": env.id, "object": "chat.completion", "created": env.created, "model": env.model,
+    body: Body = {"id": env.id, "object": "chat.completion", "created": env.created, "model": env.model,
                             "system_fingerprint": env.fingerprint, "choices": choices, "usage": usage(answer)}
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt["prompt_token_ids"]
     return body
 
 
-def _completion_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
+def _completion_logprobs(choice: AnswerChoice) -> Body:
     offsets, at = [], 0
     for piece in choice["pieces"]:
         offsets.append(at)
@@ -241,11 +274,11 @@ def _completion_logprobs(choice: dict[str, Any]) -> dict[str, Any]:
             "top_logprobs": [{t: lp for t, lp in step} for step in tops] if tops else None, "text_offset": offsets}
 
 
-def completion_body(*, req: CompletionIn, answer: dict[str, Any], env: Envelope) -> dict[str, Any]:
-    choices: list[dict[str, Any]] = []
+def completion_body(*, req: CompletionIn, answer: WorkerAnswer, env: Envelope) -> Body:
+    choices: list[Body] = []
     for p in answer["prompts"]:
         for c in p["choices"]:
-            choice: dict[str, Any] = {"index": len(choices), "text": c["text"], "finish_reason": c["finish_reason"],
+            choice: Body = {"index": len(choices), "text": c["text"], "finish_reason": c["finish_reason"],
                                       "logprobs": _completion_logprobs(c) if req.logprobs is not None else None}
             if req.return_token_ids:
                 choice["prompt_token_ids"] = p["prompt_token_ids"]
@@ -255,7 +288,7 @@ def completion_body(*, req: CompletionIn, answer: dict[str, Any], env: Envelope)
             "system_fingerprint": env.fingerprint, "choices": choices, "usage": usage(answer)}
 
 
-def _clipped_pieces(choice: dict[str, Any], text: str) -> Iterator[tuple[int, str]]:
+def _clipped_pieces(choice: AnswerChoice, text: str) -> Iterator[tuple[int, str]]:
     """(token index, piece) whose pieces join to `text`: a stop string the engine cut from
     the text, or a tool call after the content, ends the stream of pieces early."""
     sent = ""
@@ -272,15 +305,15 @@ def _clipped_pieces(choice: dict[str, Any], text: str) -> Iterator[tuple[int, st
             return
 
 
-def chat_chunks(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope) -> Iterator[dict[str, Any]]:
+def chat_chunks(*, req: ChatCompletionIn, answer: WorkerAnswer, env: Envelope) -> Iterator[Body]:
     """The answer as OpenAI's `chat.completion.chunk`s: per choice the role, the content a
     token at a time (with its logprobs when asked), the tool calls, the finish reason; then
     the usage when `stream_options.include_usage`."""
     [prompt] = answer["prompts"]
     usage_last = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": env.id, "object": "chat.completion.chunk", "created": env.created,
+    def chunk(choices: list[Body]) -> Body:
+        out: Body = {"id": env.id, "object": "chat.completion.chunk", "created": env.created,
                                "model": env.model, "system_fingerprint": env.fingerprint, "choices": choices}
         if usage_last:
             out["usage"] = None
@@ -303,7 +336,7 @@ def chat_chunks(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope)
         yield out
 
 
-def completion_chunks(*, req: CompletionIn, answer: dict[str, Any], env: Envelope) -> Iterator[dict[str, Any]]:
+def completion_chunks(*, req: CompletionIn, answer: WorkerAnswer, env: Envelope) -> Iterator[Body]:
     usage_last = bool(req.stream_options and req.stream_options.include_usage)
     index = 0
     for p in answer["prompts"]:
@@ -378,27 +411,27 @@ class LiveText:
         return final[len(self.sent):] if final.startswith(self.sent) else ""
 
 
-def chat_chunk(*, req: ChatCompletionIn, env: Envelope, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": env.id, "object": "chat.completion.chunk", "created": env.created, "model": env.model,
+def chat_chunk(*, req: ChatCompletionIn, env: Envelope, choices: list[Body]) -> Body:
+    out: Body = {"id": env.id, "object": "chat.completion.chunk", "created": env.created, "model": env.model,
                            "system_fingerprint": env.fingerprint, "choices": choices}
     if req.stream_options and req.stream_options.include_usage:
         out["usage"] = None
     return out
 
 
-def chat_live_head(*, req: ChatCompletionIn, env: Envelope) -> Iterator[dict[str, Any]]:
+def chat_live_head(*, req: ChatCompletionIn, env: Envelope) -> Iterator[Body]:
     for i in range(req.n):
         yield chat_chunk(req=req, env=env, choices=[
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
 
 
-def chat_live_piece(*, req: ChatCompletionIn, env: Envelope, index: int, text: str) -> dict[str, Any]:
+def chat_live_piece(*, req: ChatCompletionIn, env: Envelope, index: int, text: str) -> Body:
     return chat_chunk(req=req, env=env, choices=[
         {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
 
 
-def chat_live_tail(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelope,
-                   live: Sequence[LiveText]) -> Iterator[dict[str, Any]]:
+def chat_live_tail(*, req: ChatCompletionIn, answer: WorkerAnswer, env: Envelope,
+                   live: Sequence[LiveText]) -> Iterator[Body]:
     """After the streamed text: per choice the content the answer adds (a stop string's cut,
     text the markers held back), its tool calls, its finish reason; then the usage."""
     [prompt] = answer["prompts"]
@@ -419,13 +452,13 @@ def chat_live_tail(*, req: ChatCompletionIn, answer: dict[str, Any], env: Envelo
         yield out
 
 
-def completion_live_piece(*, env: Envelope, index: int, text: str) -> dict[str, Any]:
+def completion_live_piece(*, env: Envelope, index: int, text: str) -> Body:
     return {"id": env.id, "object": "text_completion", "created": env.created, "model": env.model,
             "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]}
 
 
-def completion_live_tail(*, req: CompletionIn, answer: dict[str, Any], env: Envelope,
-                         live: Sequence[LiveText]) -> Iterator[dict[str, Any]]:
+def completion_live_tail(*, req: CompletionIn, answer: WorkerAnswer, env: Envelope,
+                         live: Sequence[LiveText]) -> Iterator[Body]:
     [prompt] = answer["prompts"]
     for i, c in enumerate(prompt["choices"]):
         rest = live[i].rest(c["text"]) if i < len(live) else ""

@@ -39,6 +39,17 @@ class ModelVersionOut(Schema):
     created_at: datetime | None = None
 
 
+class TasksetOut(Schema):
+    id: int
+    name: str
+    import_status: Literal["queued", "importing", "ready", "failed"] = Field(
+        description="queued or importing while a large upload is imported in the background; failed keeps no task")
+    rows_imported: int = Field(description="source records read so far")
+    rows_total: int | None = Field(description="source records in all; null while not yet counted")
+    error: str = Field(description="why the import failed, naming the line; empty otherwise")
+    tasks: int = Field(description="tasks stored (0 until the import is done)")
+
+
 class RunOut(Schema):
     id: int
     name: str
@@ -49,6 +60,7 @@ class RunOut(Schema):
     explore_step: int
     train_step: int
     created_at: datetime
+    takes_feedback: bool = Field(description="false once the run is finished or failed: feedback is refused (409)")
 
 
 # ---- tasks ---------------------------------------------------------------------------
@@ -265,10 +277,23 @@ class FeedbackOut(Schema):
     kind: str
     experience_id: int | None = Field(description="null for a ranking")
     group_id: str
-    late: bool = Field(description="arrived after the experience was trained on; stored, reward unchanged")
+    late: bool = Field(description="arrived after the experience was trained on: its reward is unchanged, and a "
+                                   "label still teaches the run's reward model (see effect)")
+    effect: str = Field(description="what this feedback does, in words: e.g. \"moves its group's reward\", "
+                                    "\"late: teaches the reward model\"")
     value: dict[str, Any] = Field(description="as stored: the same shape whichever door it came through")
     experience_status: str | None = Field(description="the experience's status after this feedback")
     experience_reward: float | None
+
+
+class AnnotationOut(Schema):
+    """What waits on the run's annotation page for the key's person (who created the key)."""
+
+    annotator: str = Field(description="the key's person: the account that created the key")
+    waiting: int = Field(description="what waits for them: their queue plus what it may still hand them, the "
+                                     "number every page shows")
+    ratings: int = Field(description="ratings on the run, every annotator's")
+    late: int = Field(description="labels that arrived after their group trained (they teach the reward model)")
 
 
 # ---- rollouts ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from django.db.models import QuerySet
 
@@ -21,3 +21,29 @@ def run_current_version(*, run: Run) -> dict[str, Any]:
 
 def api_keys_of_run(*, run: Run) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(runs=run).select_related("created_by").order_by("revoked_at", "-created_at")
+
+
+class TasksetImportOut(TypedDict):
+    """The API's TasksetOut (apps/envapi/schemas.py)."""
+
+    id: int
+    name: str
+    import_status: str
+    rows_imported: int
+    rows_total: int | None
+    error: str
+    tasks: int
+
+
+def run_taskset_import(*, run: Run) -> TasksetImportOut | None:
+    """The run's taskset and where its import stands (None: the run has none)."""
+    taskset = run.taskset
+    if taskset is None:
+        return None
+    ready = taskset.import_status == "ready"
+    return {
+        "id": taskset.pk, "name": taskset.name, "import_status": taskset.import_status,
+        "rows_imported": taskset.import_rows if not ready or taskset.import_rows else taskset.tasks.count(),
+        "rows_total": taskset.import_total if not ready or taskset.import_total else taskset.tasks.count(),
+        "error": taskset.import_error, "tasks": taskset.tasks.count() if ready else 0,
+    }

@@ -26,6 +26,7 @@ from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.rewards.scoring import rewards_unrouted_domains
 from apps.runs.models import Run
+from rftweb.degrade import REDIS_ERRORS, unavailable_message
 from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
 
 KEY_PREFIX = "rft_"
@@ -170,7 +171,11 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
         pipe = client.pipeline(transaction=False)
         pipe.set(full, 0, ex=120, nx=True)  # the window's counter, unless another request made it
         pipe.incr(full)
-        count = int(pipe.execute()[1])
+        try:
+            count = int(pipe.execute()[1])
+        except REDIS_ERRORS as exc:
+            # Fail closed: a request that cannot be counted is not served (503, Retry-After).
+            raise Unavailable(unavailable_message("Redis (the API's rate limiter)")) from exc
     else:
         counters.add(name, 0, timeout=120)
         try:

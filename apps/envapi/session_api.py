@@ -11,7 +11,6 @@ from ninja import Field, Path, Router, Schema
 
 from apps.envapi import agent_sessions
 from apps.runs.api_kit import responses, run_reachable
-from rftweb.exceptions import Conflict, NotFound
 
 
 class SessionFinishIn(Schema):
@@ -43,11 +42,10 @@ def session_finish(request: HttpRequest, payload: SessionFinishIn,
                    run_id: int = Path(..., ge=1, le=2**63 - 1),
                    name: str = Path(..., min_length=1, max_length=200)) -> dict[str, Any]:
     run = run_reachable(request, run_id)
-    try:
-        result = agent_sessions.session_finish(run=run, name=name, reward=payload.reward,
-                                               reward_parts=payload.reward_parts,
-                                               key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
-    except agent_sessions.SessionRejected as exc:
-        raise (NotFound if exc.status == 404 else Conflict)(str(exc)) from None
+    # A missing session is NotFound, one that cannot finish SessionRejected (a Conflict): the
+    # API's one translation of RftError answers them.
+    result = agent_sessions.session_finish(run=run, name=name, reward=payload.reward,
+                                           reward_parts=payload.reward_parts,
+                                           key_prefix=request.auth.key.prefix)  # type: ignore[attr-defined]
     return {"session": name, "status": result.session.status, "experience_ids": result.experience_ids,
             "turns": int(result.session.assembly.get("calls", 0)), "splits": result.splits, "created": result.created}

@@ -25,15 +25,25 @@ import asyncio
 import json
 import uuid
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aioredis
 
 PREFIX = "rftweb:openai:stream:"
 REPLY_PREFIX = "rftweb:openai:reply:"
 # A stream nobody reads (the client went away) is gone after this long.
 TTL_SECONDS = 600
 _SLICE_SECONDS = 2.0
+# How long a client waits on Redis's answer before it gives the connection up. redis-py's
+# default (5 s) is close enough to a blocking pop's own wait that a loaded host (CI: an engine
+# starting on both cores) crossed it and failed a call; worse, a pop that Redis answered but
+# the client abandoned loses what it popped. Well above a slice, as the channel layer's 30 s.
+SOCKET_TIMEOUT = 30.0
 
 
 def stream_key_new() -> str | None:
@@ -46,59 +56,59 @@ def reply_key_new() -> str | None:
     return f"{REPLY_PREFIX}{uuid.uuid4().hex}" if settings.REDIS_URL else None
 
 
-_sync_clients: dict[str, Any] = {}
+_sync_clients: dict[str, redis.Redis] = {}
 
 
-def _sync_client() -> Any:
+def _sync_client() -> redis.Redis:
     """The worker process's Redis client (one connection pool per URL, kept)."""
     import redis
 
     url = settings.REDIS_URL
     client = _sync_clients.get(url)
     if client is None:
-        client = _sync_clients[url] = redis.Redis.from_url(url)
+        client = _sync_clients[url] = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT)
     return client
 
 
 # One asyncio client (a connection pool) per event loop: its connections belong to the loop
 # that opened them. A client per request, as the reader had, opened a new connection for
 # every streamed call and closed it after.
-_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, Any]] = weakref.WeakKeyDictionary()
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, aioredis.Redis]] = weakref.WeakKeyDictionary()
 
 
-def _async_client() -> Any:
+def _async_client() -> aioredis.Redis:
     import redis.asyncio as aioredis
 
     loop = asyncio.get_running_loop()
     url = settings.REDIS_URL
     kept = _async_clients.get(loop)
     if kept is None or kept[0] != url:
-        kept = _async_clients[loop] = (url, aioredis.Redis.from_url(url))
+        kept = _async_clients[loop] = (url, aioredis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT))
     return kept[1]
 
 
-def _push(key: str, event: dict[str, Any]) -> None:
+def _push(key: str, event: Mapping[str, object]) -> None:
     pipe = _sync_client().pipeline(transaction=False)
     pipe.rpush(key, json.dumps(event, separators=(",", ":"), ensure_ascii=False))
     pipe.expire(key, TTL_SECONDS)
     pipe.execute()
 
 
-def reply_push(key: str, answer: dict[str, Any]) -> None:
+def reply_push(key: str, answer: Mapping[str, object]) -> None:
     """The worker's end of a reply: the task's answer, in one round trip."""
     if not key.startswith(REPLY_PREFIX):
         raise ValueError("not a reply key")
     _push(key, answer)
 
 
-async def reply_wait(key: str, *, timeout: float) -> dict[str, Any] | None:
+async def reply_wait(key: str, *, timeout: float) -> dict[str, object] | None:
     """The web process's end: the answer pushed onto `key`, or None after `timeout` seconds."""
     # Cancelled (the caller went away), an answer pushed later expires on its own.
     client = _async_client()
     deadline = asyncio.get_running_loop().time() + timeout
     while (left := deadline - asyncio.get_running_loop().time()) > 0:
-        # In slices: redis-py gives up reading a socket after 5 s (its default
-        # socket_timeout), blocking command or not. A list keeps what is pushed meanwhile.
+        # In slices, each well under the client's socket timeout (a blocking command's read
+        # counts against it too). A list keeps what is pushed meanwhile.
         popped = await client.blpop([key], timeout=min(left, _SLICE_SECONDS))
         if popped:
             return dict(json.loads(popped[1]))
@@ -113,7 +123,7 @@ class StreamWriter:
             raise ValueError("not a token stream key")
         self.key = key
 
-    def push(self, event: dict[str, Any]) -> None:
+    def push(self, event: Mapping[str, object]) -> None:
         _push(self.key, event)
 
 
@@ -124,7 +134,7 @@ class StreamReader:
         self.client = _async_client()
         self.key = key
 
-    async def next(self, timeout: float) -> dict[str, Any] | None:
+    async def next(self, timeout: float) -> dict[str, object] | None:
         if timeout <= 0:
             raw = await self.client.lpop(self.key)
         else:

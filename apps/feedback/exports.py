@@ -29,11 +29,12 @@ import json
 import math
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
+from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 
 from apps.buffer.images import image_bytes
@@ -42,19 +43,21 @@ from apps.feedback.learned import gold_experience_ids
 from apps.feedback.preferences import preference_pairs
 from apps.feedback.selectors import dpo_pairs
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from rftweb.exceptions import ExportFailed
 
-ExportKind = Literal["sft", "dpo", "grpo", "preferences"]
+if TYPE_CHECKING:
+    from datasets import Features
+
 EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo", "preferences")
 Progress = Callable[[int, int | None], None]
+# A chat turn as the exports write it, and one exported row (written out as JSON).
+Turn = dict[str, str]
+ExportRow = dict[str, object]
+N = TypeVar("N", int, float)
 
 _CHUNK = 2000
 # Statuses whose reward is final; pending ones wait for humans, filtered ones were dropped.
 _FINAL = (Experience.Status.READY, Experience.Status.LEASED, Experience.Status.CONSUMED)
-
-
-class ExportFailed(InvalidInput):
-    """The export cannot be made as asked (unknown kind, no taskset, bad output path)."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,12 @@ class ExportOptions:
 EXPORT_FILTERS = ("min_reward", "min_version", "min_margin", "domain")
 
 
-def export_options_parse(params: Mapping[str, Any]) -> ExportOptions:
+def export_options_parse(params: Mapping[str, object]) -> ExportOptions:
     """The options as a form or a query string gives them (min_reward, min_version,
     min_margin, domain; blank: unset), each refusal naming its field: the export page and
     the API read them alike."""
 
-    def number(name: str, cast: type) -> Any:
+    def number(name: str, cast: type[N]) -> N | None:
         raw = str(params.get(name) or "").strip()
         if not raw:
             return None
@@ -107,7 +110,7 @@ class ExportResult:
     path: Path | None = None
 
 
-def _text_messages(value: Any) -> list[dict[str, str]] | None:
+def _text_messages(value: object) -> list[Turn] | None:
     if isinstance(value, list) and value and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
     ):
@@ -115,7 +118,7 @@ def _text_messages(value: Any) -> list[dict[str, str]] | None:
     return None
 
 
-def _prompt_messages(exp_messages: Any, task_messages: Any, prompt_text: str, task_prompt: str | None) -> list[dict[str, str]]:
+def _prompt_messages(exp_messages: object, task_messages: object, prompt_text: str, task_prompt: str | None) -> list[Turn]:
     """The conversation up to the model's turn: the experience's own messages (without a
     trailing assistant turn), else the task's, else the prompt text as one user turn."""
     for candidate in (exp_messages, task_messages):
@@ -136,7 +139,7 @@ _EXP_FIELDS = (
 _IMAGES = "_images"
 
 
-def _experiences(*, run: Run, options: ExportOptions) -> Any:
+def _experiences(*, run: Run, options: ExportOptions) -> QuerySet[Experience]:
     qs = Experience.objects.filter(run=run, status__in=options.statuses).exclude(response_text="")
     if options.min_version is not None:
         qs = qs.filter(model_version__gte=options.min_version)
@@ -145,7 +148,7 @@ def _experiences(*, run: Run, options: ExportOptions) -> Any:
     return qs
 
 
-def _sft_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _sft_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[ExportRow]:
     from django.db.models import Q
 
     qs = _experiences(run=run, options=options)
@@ -165,13 +168,13 @@ def _sft_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
         progress(done, total)
 
 
-def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[ExportRow]:
     qs = _experiences(run=run, options=options).filter(reward__isnull=False)
     total = qs.count()
     done = 0
     paired: set[tuple[int, int]] = set()
 
-    def pair(members: list[tuple[Any, ...]]) -> dict[str, Any] | None:
+    def pair(members: list[tuple[Any, ...]]) -> ExportRow | None:
         if len(members) < 2:
             return None
         # Ties go to the earliest row both ways, so one row never plays both parts.
@@ -209,7 +212,7 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
     yield from _pairwise_rows(run=run, options=options, skip=paired)
 
 
-def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[ExportRow]:
     """Pairs people chose in A/B comparisons (late ones included), oldest first. Choices are
     human-made, so all of them and their completions fit in memory at once."""
     choices = [c for c in dpo_pairs(run=run) if (c.chosen_id, c.rejected_id) not in skip]
@@ -230,13 +233,13 @@ def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int
         }
 
 
-def _reference_text(value: Any) -> str | None:
+def _reference_text(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
 
 
-def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[ExportRow]:
     if run.taskset_id is None:
         raise ExportFailed(f"run {run.pk} has no taskset to export prompts from")
     qs = Task.objects.filter(taskset_id=run.taskset_id, filter_reason="")
@@ -262,7 +265,7 @@ def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -
         progress(done, total)
 
 
-def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[ExportRow]:
     """Every preference people expressed (ratings within a group, rankings, A/B choices, edits
     over their originals; apps.feedback.preferences), in TRL's conversational preference
     format: what the run's reward model learns from. Gold items are left out."""
@@ -291,19 +294,19 @@ def export_is_vision(*, run: Run, kind: str) -> bool:
         TasksetImage.objects.filter(taskset_id=run.taskset_id).exists()
 
 
-def _parts(turns: list[dict[str, Any]], *, pictures: int) -> list[dict[str, Any]]:
+def _parts(turns: list[Turn], *, pictures: int) -> list[dict[str, object]]:
     """Turns with content parts; the pictures go before the text of the last user turn."""
     last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=-1)
-    out = []
+    out: list[dict[str, object]] = []
     for i, turn in enumerate(turns):
-        parts: list[dict[str, Any]] = [{"type": "image", "text": None}] * pictures if i == last_user else []
+        parts: list[dict[str, object]] = [{"type": "image", "text": None}] * pictures if i == last_user else []
         out.append({"role": turn["role"], "content": [*parts, {"type": "text", "text": turn["content"]}]})
     return out
 
 
-def _vision_row(row: dict[str, Any], *, embed: bool) -> dict[str, Any]:
-    digests = list(row.pop(_IMAGES))
-    shaped = {k: _parts(v, pictures=len(digests) if k in ("messages", "prompt") else 0)
+def _vision_row(row: ExportRow, *, embed: bool) -> ExportRow:
+    digests = list(cast(Iterable[str], row.pop(_IMAGES)))
+    shaped: ExportRow = {k: _parts(cast(list[Turn], v), pictures=len(digests) if k in ("messages", "prompt") else 0)
               if k in ("messages", "prompt", "chosen", "rejected") else v for k, v in row.items()}
     shaped["images"] = [{"bytes": image_bytes(d), "path": d} for d in digests] if embed else digests
     return shaped
@@ -312,7 +315,7 @@ def _vision_row(row: dict[str, Any], *, embed: bool) -> dict[str, Any]:
 def export_rows(
     *, run: Run, kind: str, options: ExportOptions | None = None, progress: Progress | None = None,
     embed_images: bool = False,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, Any]]:  # JSON of the kind's known shape, read as such
     """The export's rows, one at a time. `progress(done, total)` counts source rows read.
     `embed_images`: a vision export's `images` hold the bytes (a datasets directory), not digests."""
     if kind not in _ROWS:
@@ -323,7 +326,7 @@ def export_rows(
     return ({k: v for k, v in row.items() if k != _IMAGES} for row in rows)
 
 
-def _line(row: dict[str, Any]) -> bytes:
+def _line(row: ExportRow) -> bytes:
     return (json.dumps(row, ensure_ascii=False) + "\n").encode()
 
 
@@ -359,20 +362,26 @@ def export_jsonl_response(*, run: Run, kind: str, options: ExportOptions) -> Str
     return response
 
 
+@dataclass
+class _Counting:
+    """A progress callback that keeps how many rows were scanned and passes the count on."""
+
+    then: Progress | None = None
+    scanned: int = 0
+
+    def __call__(self, done: int, total: int | None) -> None:
+        self.scanned = done
+        if self.then:
+            self.then(done, total)
+
+
 def export_jsonl(
     *, run: Run, kind: str, out: str | Path | IO[bytes], options: ExportOptions | None = None,
     progress: Progress | None = None,
 ) -> ExportResult:
     """Write the export as JSONL to a path (atomically: a temp file renamed at the end) or a
     binary stream."""
-    scanned = 0
-
-    def counting(done: int, total: int | None) -> None:
-        nonlocal scanned
-        scanned = done
-        if progress:
-            progress(done, total)
-
+    counting = _Counting(progress)
     rows = export_rows(run=run, kind=kind, options=options, progress=counting)
     written = 0
     if isinstance(out, (str, Path)):
@@ -390,14 +399,14 @@ def export_jsonl(
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
-        return ExportResult(kind=kind, rows=written, scanned=scanned, path=path)
+        return ExportResult(kind=kind, rows=written, scanned=counting.scanned, path=path)
     for row in rows:
         out.write(_line(row))
         written += 1
-    return ExportResult(kind=kind, rows=written, scanned=scanned)
+    return ExportResult(kind=kind, rows=written, scanned=counting.scanned)
 
 
-def _features(kind: str, *, vision: bool = False) -> Any:
+def _features(kind: str, *, vision: bool = False) -> Features:
     from datasets import Features, Image, List, Value
 
     if vision:
@@ -414,7 +423,7 @@ def _features(kind: str, *, vision: bool = False) -> Any:
                      **images})
 
 
-def _generate(run_id: int, kind: str, options: dict[str, Any], progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _generate(run_id: int, kind: str, options: dict[str, Any], progress: Progress | None) -> Iterator[ExportRow]:
     run = Run.objects.get(pk=run_id)
     opts = ExportOptions(**{**options, "statuses": tuple(options["statuses"])})
     yield from export_rows(run=run, kind=kind, options=opts, progress=progress, embed_images=True)
@@ -438,14 +447,7 @@ def export_hf_dataset(
     # A private cache per export: from_generator would otherwise reuse an earlier export's
     # cached Arrow file for the same arguments even though the buffer has changed since.
     cache = Path(tempfile.mkdtemp(prefix=".export-cache-", dir=out.parent))
-    scanned = 0
-
-    def counting(done: int, total: int | None) -> None:
-        nonlocal scanned
-        scanned = done
-        if progress:
-            progress(done, total)
-
+    counting = _Counting(progress)
     try:
         opts = asdict(options or ExportOptions())
         was_enabled = datasets.is_progress_bar_enabled()
@@ -464,4 +466,4 @@ def export_hf_dataset(
         rows = len(ds)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return ExportResult(kind=kind, rows=rows, scanned=scanned, path=out)
+    return ExportResult(kind=kind, rows=rows, scanned=counting.scanned, path=out)

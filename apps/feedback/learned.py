@@ -136,12 +136,16 @@ def experiences_to_score(*, run: Run, rm: RewardModel, limit: int) -> QuerySet[E
     )
 
 
-def rm_scores_apply(*, run: Run, rm: RewardModel, scores: Mapping[int, float]) -> int:
-    """Store a version's scores (idempotent: a score already stored stays) and, under the
-    `learned` policy with a usable version, fold them into the groups they touch. Returns
-    how many groups became trainable."""
+def rm_scores_apply(*, run: Run, rm: RewardModel, scores: Mapping[int, float],
+                    spreads: Mapping[int, float] | None = None) -> int:
+    """Store a version's scores (idempotent: a score already stored stays), each with its
+    spread where the kind has one (an ensemble's disagreement, RewardModelScore.spread), and,
+    under the `learned` policy with a usable version, fold them into the groups they touch.
+    Returns how many groups became trainable."""
+    spreads = spreads or {}
     RewardModelScore.objects.bulk_create(
-        [RewardModelScore(experience_id=pk, reward_model=rm, score=float(s)) for pk, s in scores.items()],
+        [RewardModelScore(experience_id=pk, reward_model=rm, score=float(s),
+                          spread=None if spreads.get(pk) is None else float(spreads[pk])) for pk, s in scores.items()],
         ignore_conflicts=True,
     )
     if run.cfg.feedback.mode != "learned":
@@ -182,13 +186,6 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
             return False
         return bool(Experience.objects.filter(pk__in=[m.pk for m in pending], status=Experience.Status.PENDING)
                     .update(status=Experience.Status.READY))
-
-
-def rm_score_of(*, experience: Experience) -> tuple[float, int] | None:
-    """The newest reward-model score of an experience and the version that made it."""
-    row = (RewardModelScore.objects.filter(experience=experience).select_related("reward_model")
-           .order_by("-reward_model__version").first())
-    return (row.score, row.reward_model.version) if row else None
 
 
 def gold_experience_ids(*, run: Run) -> set[int]:

@@ -100,6 +100,8 @@ class Assignment(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.LEASED)
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.UNKNOWN)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # While leased: how long the item's group waits for this annotator (apps.feedback.holds).
+    held_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

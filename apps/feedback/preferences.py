@@ -8,8 +8,8 @@ what the preference export writes (TRL's prompt / chosen / rejected format).
 - pairwise: the winner over the loser; a tie gives no pair;
 - edits: the corrected text (an expert experience) over the original it corrects.
 
-Each pair keeps the group it came from, so held-out splits can keep a whole prompt out of
-training.
+Each pair keeps its prompt and the group it came from; held-out splits keep a whole prompt
+out of training (`pair_is_heldout`), every group of it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from apps.buffer.models import Experience
@@ -99,15 +98,17 @@ def preference_pairs(
     return pairs
 
 
-def group_is_heldout(group_id: str, *, share: float, seed: int = 0) -> bool:
-    """Deterministic split by group: a prompt's pairs are all held out or all trained on, so
-    held-out accuracy measures prompts the reward model never saw."""
-    digest = hashlib.sha256(f"{seed}:{group_id}".encode()).digest()
+def prompt_is_heldout(prompt: str, *, share: float, seed: int = 0) -> bool:
+    """Deterministic split by prompt text: all pairs of a prompt are held out or all trained
+    on, whichever group (attempt) of the task they came from, so held-out accuracy measures
+    prompts the reward model never saw. (A task explored again makes a new group with the
+    same prompt: a split by group would train on the prompt and measure on it too.)"""
+    digest = hashlib.sha256(f"{seed}:{prompt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
 def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> bool:
-    return group_is_heldout(pair.group_id, share=share, seed=seed)
+    return prompt_is_heldout(pair.prompt, share=share, seed=seed)
 
 
 def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:
@@ -117,5 +118,3 @@ def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:
              "kind": p.kind, "chosen_id": p.chosen_id, "rejected_id": p.rejected_id} for p in pairs]
 
 
-def preference_pair_dict(pair: PreferencePair) -> dict[str, Any]:
-    return asdict(pair)

@@ -32,11 +32,10 @@ import hashlib
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.cache import cache
 from django.db.models import Count, Max, Sum
 
 from apps.feedback.kinds import value_parse
@@ -47,6 +46,7 @@ from apps.feedback.models import Assignment, Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
+from rftweb.degrade import cached
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
 
@@ -283,10 +283,9 @@ def rater_standing(*, run: Run, annotator_id: int) -> str | None:
     # The run's creation time too: a database rebuilt from scratch hands out the same ids again.
     basis = json.dumps([run.created_at, labels, gold, policy.model_dump(mode="json")], sort_keys=True, default=str)
     key = f"rater-standings:{run.pk}:{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
-    standings: dict[int, str | None] | None = cache.get(key)
-    if standings is None:
-        standings = {f.author_id: f.standing for f in rater_figures(run=run)}
-        cache.set(key, standings, STANDINGS_CACHE_SECONDS)
+    # With Redis down the standings are computed afresh (rftweb/degrade.py).
+    standings: dict[int, str | None] = cached(
+        key, lambda: {f.author_id: f.standing for f in rater_figures(run=run)}, STANDINGS_CACHE_SECONDS)
     return standings.get(annotator_id, "unmeasured")
 
 
@@ -314,15 +313,16 @@ def rater_offsets(*, run: Run, figures: Iterable[RaterFigures] | None = None) ->
             if f.scale_offset is not None and f.agreement_items >= MIN_OFFSET_ITEMS}
 
 
+def _per_rater_cached(key: str, compute: Callable[[], dict[int, float] | None]) -> dict[int, float]:
+    """A rater id -> number map, computed at most every WEIGHTS_CACHE_SECONDS per key."""
+    found = cached(key, lambda: compute() or {}, WEIGHTS_CACHE_SECONDS)
+    return {int(k): float(v) for k, v in found.items()}
+
+
 def rater_offsets_cached(*, run: Run) -> dict[int, float] | None:
     if not run.cfg.feedback.normalise_raters:
         return None
-    key = f"rft:rater-offsets:{run.pk}"
-    offsets = cache.get(key)
-    if offsets is None:
-        offsets = rater_offsets(run=run) or {}
-        cache.set(key, offsets, WEIGHTS_CACHE_SECONDS)
-    return {int(k): float(v) for k, v in offsets.items()}
+    return _per_rater_cached(f"rft:rater-offsets:{run.pk}", lambda: rater_offsets(run=run))
 
 
 def rater_weights_cached(*, run: Run) -> dict[int, float] | None:
@@ -330,9 +330,5 @@ def rater_weights_cached(*, run: Run) -> dict[int, float] | None:
     on every submit, the figures read the whole run's feedback."""
     if run.cfg.feedback.rater_weighting == "off":
         return None
-    key = f"rft:rater-weights:{run.pk}:{run.cfg.feedback.rater_weighting}"
-    weights = cache.get(key)
-    if weights is None:
-        weights = rater_weights(run=run) or {}
-        cache.set(key, weights, WEIGHTS_CACHE_SECONDS)
-    return {int(k): float(v) for k, v in weights.items()}
+    return _per_rater_cached(f"rft:rater-weights:{run.pk}:{run.cfg.feedback.rater_weighting}",
+                             lambda: rater_weights(run=run))

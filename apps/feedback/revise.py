@@ -10,7 +10,7 @@ assignments on its targets open again so the items come back to their queue.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from django.db import transaction
 from django.db.models import Q
@@ -53,16 +53,12 @@ def _on_gold(fb: Feedback, gold: set[int]) -> bool:
     return bool(targets) and all(t in gold for t in targets)
 
 
-def feedback_revisable(*, feedback: Feedback) -> bool:
-    if feedback.late or not kind_get(feedback.kind).revisable:
-        return False
-    if _on_gold(feedback, _gold_ids(feedback.run_id)):
-        return True
-    group = Experience.objects.filter(run_id=feedback.run_id, group_id=feedback.group_id, is_expert=False)
-    return not group.filter(status__in=_TRAINED).exists()
+class Submission(TypedDict):
+    feedback: Feedback
+    revisable: bool
 
 
-def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[dict[str, Any]]:
+def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised."""
     rows = list(Feedback.objects.filter(run=run, author=author, kind__in=kind_names(revisable=True))
@@ -122,7 +118,7 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
             continue
         human = folds[m.pk].human
         if human is None:
-            changes: dict[str, Any] = {"human_reward": None,
+            changes: dict[str, object] = {"human_reward": None,
                                        "reward": experience_initial_fields(cfg=run.cfg, auto_reward=m.auto_reward).get("reward")}
         else:
             changes = {"human_reward": human}

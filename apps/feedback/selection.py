@@ -1,11 +1,18 @@
 """What people see next: the run's selection rule orders the annotation queue where a label
 teaches the most, instead of arrival order (`feedback.selection` in the run config).
 
+Freshness comes first (`freshness_keys`): groups still waiting for people before trainable
+ones, the newest policy's rollouts before older ones; the rule orders within that, and its
+ties go to the freshest group. A label can change a group that waits; on an old group it
+mostly arrives after the group trained (it then only teaches the reward model).
+
 A candidate's priority is the weighted sum of three sources, each on [0, 1] within the
 candidates considered at once:
-- uncertainty: the newest reward model's margin between the item and its nearest sibling
-  (same group, same version) is small (rank-normalised: the smallest margin scores 1), or two
-  reward-model versions disagree about the item (the larger of the two);
+- uncertainty: the newest version's ensemble of heads disagrees about the item
+  (RewardModelScore.spread, rank-normalised: the widest scores 1), or, for a kind without an
+  ensemble, its margin between the item and its nearest sibling (same group, same version) is
+  small (rank-normalised: the smallest margin scores 1); or two reward-model versions disagree
+  about the item — the larger of the two;
 - disagreement: the reward model's calibrated score and the automatic reward differ;
 - variance: the automatic rewards of the item's group spread widely (population std, scaled by
   the largest among the candidates).
@@ -49,7 +56,7 @@ from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.config import SelectionRule
 from apps.runs.models import Run
 
-WINDOW = 500  # candidates weighed per claim; the oldest first, as arrival order would take them
+WINDOW = 500  # candidates weighed per claim: the freshest waiting groups (annotation_candidates' order)
 
 
 def selection_active(rule: SelectionRule) -> bool:
@@ -76,6 +83,7 @@ class Priority:
     disagreement: float
     variance: float
     total: float
+    spread: float = 0.0  # the ensemble's disagreement alone, rank-normalised (part of uncertainty)
 
 
 def _rank_normalise(values: dict[int, float], *, small_is_high: bool) -> dict[int, float]:
@@ -104,11 +112,15 @@ def candidate_priorities(*, run: Run, candidates: Sequence[Experience]) -> list[
         group_of[pk] = group
         if auto is not None:
             autos[group].append(float(auto))
+    spreads: dict[int, float] = {}  # the newest version's ensemble spread, candidates only
     if versions:
-        for pk, rm_id, s in RewardModelScore.objects.filter(reward_model__in=versions,
-                                                            experience_id__in=list(group_of)).values_list(
-                "experience_id", "reward_model_id", "score"):
+        wanted = set(ids)
+        for pk, rm_id, s, sd in RewardModelScore.objects.filter(reward_model__in=versions,
+                                                                experience_id__in=list(group_of)).values_list(
+                "experience_id", "reward_model_id", "score", "spread"):
             scores[rm_id][pk] = s
+            if sd is not None and rm_id == versions[0].pk and pk in wanted:
+                spreads[pk] = sd
     margins: dict[int, float] = {}
     drift: dict[int, float] = {}
     disagree: dict[int, float] = {}
@@ -131,22 +143,43 @@ def candidate_priorities(*, run: Run, candidates: Sequence[Experience]) -> list[
                 drift[pk] = abs(newest.calibrated(mine[pk]) - versions[1].calibrated(scores[versions[1].pk][pk]))
     unc = _rank_normalise(margins, small_is_high=True)
     drift_n = _rank_normalise(drift, small_is_high=False) if any(drift.values()) else {}
+    spread_n = _rank_normalise(spreads, small_is_high=False) if any(spreads.values()) else {}
     spread = {g: statistics.pstdev(v) if len(v) > 1 else 0.0 for g, v in autos.items()}
     top_spread = max(spread.values(), default=0.0) or 1.0
     out = []
     for c in candidates:
-        u = max(unc.get(c.pk, 0.0), drift_n.get(c.pk, 0.0))
+        # The ensemble's disagreement, where the version has one, is the estimate itself and
+        # stands in for the margin (its proxy); versions disagreeing count either way.
+        u = max(spread_n.get(c.pk, 0.0) if spread_n else unc.get(c.pk, 0.0), drift_n.get(c.pk, 0.0))
         d = min(1.0, disagree.get(c.pk, 0.0))
         v = spread.get(c.group_id, 0.0) / top_spread
         total = rule.uncertainty * u + rule.disagreement * d + rule.variance * v
-        out.append(Priority(c.pk, c.group_id, u, d, v, total))
-    # A group goes as a block at its best member's priority; ties keep arrival order.
+        out.append(Priority(c.pk, c.group_id, u, d, v, total, spread=spread_n.get(c.pk, 0.0)))
+    # A group goes as a block at its best member's priority, within its freshness (see
+    # freshness_keys); ties keep the candidates' order (the freshest group first).
     best: dict[str, float] = defaultdict(float)
-    first: dict[str, int] = {}
     for p in out:
         best[p.group_id] = max(best[p.group_id], p.total)
-        first.setdefault(p.group_id, p.experience_id)
-    out.sort(key=lambda p: (-best[p.group_id], first[p.group_id], -p.total, p.experience_id))
+    fresh = freshness_keys(candidates)
+    out.sort(key=lambda p: (fresh[p.group_id][:2], -best[p.group_id], fresh[p.group_id][2], -p.total,
+                            p.experience_id))
+    return out
+
+
+def freshness_keys(candidates: Sequence[Experience]) -> dict[str, tuple[int, int, int]]:
+    """Each candidate group's place before the selection rule weighs it: groups waiting for
+    people (pending) first, then the newest policy's (model version, newest first); the third
+    part is the group's place in `candidates` (apps.feedback.selectors.annotation_candidates
+    lists the freshest group first), which breaks the rule's ties. A label on a group still
+    waiting can change what trains; one on an old group mostly arrives after it trained."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for i, c in enumerate(candidates):
+        tier = 0 if c.status == Experience.Status.PENDING else 1
+        if c.group_id not in out:
+            out[c.group_id] = (tier, -c.model_version, i)
+        else:
+            t, v, pos = out[c.group_id]
+            out[c.group_id] = (min(t, tier), min(v, -c.model_version), pos)
     return out
 
 
@@ -174,7 +207,8 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
         margin = 0.0
         if a in raw and b in raw and newest is not None:
             ca, cb = newest.calibrated(raw[a]), newest.calibrated(raw[b])
-            u = ca * (1 - cb) + cb * (1 - ca)
+            # The chance their ratings differ, or the ensemble's doubt about either member.
+            u = max(ca * (1 - cb) + cb * (1 - ca), pa.spread, pb.spread)
             # The smaller margin breaks ties only under uncertainty: a rule without it (or no
             # rule: gold items or trust alone) must not let the model choose the pairs, so
             # that its hand-out stays the unbiased arrival sample (Assignment.source).
@@ -183,7 +217,7 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
             rule.variance * max(pa.variance, pb.variance)
         return (total, -margin, rng.random())
 
-    blocks: list[tuple[tuple[float, float], int, list[Unit]]] = []
+    blocks: list[tuple[tuple[float, float], str, list[Unit]]] = []
     for group, ids in members.items():
         left = list(ids)
         units: list[Unit] = []
@@ -199,8 +233,9 @@ def _pair_units(*, run: Run, candidates: Sequence[Experience], priorities: Seque
             units.append((left[0],))
             if len(units) == 1:
                 best = (prio[left[0]].total, 0.0)
-        blocks.append((best, min(ids), units))
-    blocks.sort(key=lambda b: (-b[0][0], -b[0][1], b[1]))
+        blocks.append((best, group, units))
+    fresh = freshness_keys(candidates)
+    blocks.sort(key=lambda b: (fresh[b[1]][:2], -b[0][0], -b[0][1], fresh[b[1]][2]))
     # Singles (a group the candidate window cut to one member) after every pair: a single
     # label teaches the reward model nothing until a sibling of it is rated too.
     ranked = [u for _, _, units in blocks for u in units]

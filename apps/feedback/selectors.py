@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
-from django.db.models import Count, QuerySet
+from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 
-from apps.feedback.kinds import kind_names, value_of
+from apps.buffer.models import Experience
+from apps.feedback.holds import Person
+from apps.feedback.kinds import kind_get, kind_names, value_of
 from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.models import Assignment, Feedback
-from apps.runs.models import Run
-from apps.runs.selectors import run_role
+from apps.runs.models import Run, RunMember
+from apps.runs.selectors import run_role, run_takes_feedback
 
 
 def run_may_annotate(*, run: Run, user: Any) -> bool:
@@ -20,12 +22,51 @@ def run_may_annotate(*, run: Run, user: Any) -> bool:
     return run_role(run=run, user=user) in ("owner", "annotator")
 
 
+_OPEN = (Experience.Status.PENDING, Experience.Status.READY)
+_LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
+
+
+def annotation_candidates(*, run: Run, annotator: Person) -> QuerySet[Experience]:
+    """What the annotation queue may still hand `annotator`: the run's open completions (a
+    label on them still moves a reward) with a free overlap slot that they were never handed,
+    in the order a label can still change most: groups waiting for people (pending) before
+    groups already trainable (ready), the newest policy's rollouts first (model version), the
+    freshest group first within a version (its first member's id), members in order. The
+    selection rule (apps.feedback.selection) reorders within this order and keeps it for ties.
+
+    Freshest rather than oldest: an old pending group is the one closest to its wait window's
+    end (or already trained when the label arrives), and its completions come from a policy the
+    run has left behind; a fresh one gives the person the whole window."""
+    mine = Assignment.objects.filter(experience=OuterRef("pk"), annotator_id=annotator.pk)
+    group_first = Experience.objects.filter(run=run, group_id=OuterRef("group_id")).order_by("id").values("id")[:1]
+    return (
+        Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
+        .annotate(live=Count("assignments", filter=Q(assignments__status__in=_LIVE)))
+        .filter(live__lt=run.cfg.feedback.overlap)
+        .exclude(Exists(mine))
+        .annotate(waiting=Case(When(status=Experience.Status.PENDING, then=Value(0)), default=Value(1),
+                               output_field=IntegerField()),
+                  group_first=Subquery(group_first))
+        .order_by("waiting", "-model_version", "-group_first", "id")
+    )
+
+
+def queue_item_counts() -> Q:
+    """A leased item whose label can still change its group's reward: its completion is still
+    open (pending or ready), or it is a gold item (handed out on purpose, trained or not, and
+    never to be told apart from the rest)."""
+    return Q(experience__status__in=_OPEN) | Q(source=Assignment.Source.GOLD)
+
+
 def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
-    """The annotator's leased items, in the order they were handed out."""
+    """The annotator's leased items in the order they were handed out, those whose group
+    trained meanwhile (a label on them is late: it only teaches the reward model) after the
+    rest: a page loaded late serves what a label can still change first."""
+    stale = Case(When(queue_item_counts(), then=Value(0)), default=Value(1), output_field=IntegerField())
     return (
         Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED)
         .select_related("experience")
-        .order_by("id")
+        .order_by(stale, "id")
     )
 
 
@@ -43,16 +84,100 @@ def experiences_handed_out_unbiased(*, run: Run) -> set[int]:
                .values_list("experience_id", flat=True).distinct())
 
 
+def annotation_waiting(*, run: Run, annotator: Person) -> int:
+    """The one count of what waits for `annotator` on the run, shown on every page (the runs
+    list, the run page, the annotation page) and by the API: the items in their queue (leased
+    to them) plus what the queue may still hand them (annotation_candidates). A claim moves
+    items from the second part to the first, so opening the annotation page does not change
+    it; a label, a skip, or an item that trained or went to someone else does. 0 on a run
+    that takes no more feedback."""
+    if not run_takes_feedback(run=run):
+        return 0
+    leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED).count()
+    return leased + annotation_candidates(run=run, annotator=annotator).order_by().count()
+
+
+class PersonLabelling(TypedDict):
+    username: str
+    labels: int  # judgements given (the label kinds), late ones included
+    late: int  # of those, given after their group trained
+    skipped: int  # items they passed on
+    leased: int  # items in their queue now
+
+
+class LabellingProgress(TypedDict):
+    done: int  # overlap slots labelled through the queue
+    remaining: int  # slots a label can still fill: in someone's queue, or free on open items
+    leased: int  # of the remaining, in someone's queue now
+    percent: int  # done of done + remaining
+    open: bool  # the run still takes feedback (an ended run has nothing remaining)
+    people: list[PersonLabelling]
+
+
+def labelling_progress(*, run: Run) -> LabellingProgress:
+    """The whole labelling job of the run, as its owner follows it: overlap slots labelled and
+    still to label (the same slots annotation_waiting counts per person), and per person the
+    labels given, late and skipped. Everyone who may annotate is listed, with zeros until
+    they start."""
+    done = Assignment.objects.filter(run=run, status=Assignment.Status.DONE).count()
+    leased = remaining = 0
+    if run_takes_feedback(run=run):
+        leased = Assignment.objects.filter(queue_item_counts(), run=run, status=Assignment.Status.LEASED).count()
+        open_items = Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
+        held = Assignment.objects.filter(experience__in=open_items, status__in=_LIVE).count()
+        remaining = leased + max(0, run.cfg.feedback.overlap * open_items.count() - held)
+    people: dict[int, PersonLabelling] = {}
+
+    def person(user_id: int, username: str) -> PersonLabelling:
+        return people.setdefault(user_id, {"username": username, "labels": 0, "late": 0, "skipped": 0, "leased": 0})
+
+    for member in RunMember.objects.filter(run=run, role=RunMember.Role.ANNOTATOR).select_related("user"):
+        person(member.user_id, member.user.get_username())
+    for row in (Feedback.objects.filter(run=run, kind__in=kind_names(labels=True), author__isnull=False).order_by()
+                .values("author_id", "author__username")
+                .annotate(n=Count("id"), n_late=Count("id", filter=Q(late=True)))):
+        entry = person(row["author_id"], row["author__username"])
+        entry["labels"], entry["late"] = row["n"], row["n_late"]
+    for queued in (Assignment.objects.filter(run=run).order_by().values("annotator_id", "annotator__username")
+                .annotate(n_skipped=Count("id", filter=Q(status=Assignment.Status.SKIPPED)),
+                          n_leased=Count("id", filter=Q(status=Assignment.Status.LEASED)))):
+        entry = person(queued["annotator_id"], queued["annotator__username"])
+        entry["skipped"], entry["leased"] = queued["n_skipped"], queued["n_leased"]
+    total = done + remaining
+    return {
+        "done": done, "remaining": remaining, "leased": leased,
+        "percent": round(100 * done / total) if total else (100 if done else 0),
+        "open": run_takes_feedback(run=run),
+        "people": sorted(people.values(), key=lambda p: (-p["labels"], p["username"])),
+    }
+
+
 def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
-    """The annotator's day on the run: judgements given today (local day), items waiting in
-    their queue, and the owner's daily target (0: none)."""
+    """The annotator's day on the run: judgements given today (local day), what waits for
+    them (annotation_waiting), and the owner's daily target (0: none)."""
     from django.utils import timezone
 
     start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
     done = Feedback.objects.filter(run=run, author=annotator, created_at__gte=start,
                                    kind__in=kind_names(labels=True)).count()
-    waiting = Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
-    return {"done_today": done, "waiting": waiting, "target": run.cfg.feedback.daily_target}
+    return {"done_today": done, "waiting": annotation_waiting(run=run, annotator=annotator),
+            "target": run.cfg.feedback.daily_target}
+
+
+def feedback_effect(*, run: Run, feedback: Feedback) -> str:
+    """What a piece of feedback does, in the words the page, the API and the CLI all use. A
+    label that arrives after its group trained (late) still teaches the run's reward model
+    (apps.feedback.preferences takes late labels: the next version trains on them)."""
+    kind = kind_get(feedback.kind)
+    teaches = kind.labels and run.cfg.reward_model.enabled
+    if feedback.late:
+        return "late: teaches the reward model" if teaches else "late: kept for DPO, SFT and export"
+    parts = []
+    if kind.folds and run.cfg.feedback.mode != "auto":
+        parts.append("moves its group's reward")
+    if teaches:
+        parts.append("teaches the reward model")
+    return " and ".join(parts) or "stored"
 
 
 def feedback_counts(*, run: Run) -> dict[str, int]:

@@ -19,14 +19,17 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
+from django.contrib.auth.models import User
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
+from apps.feedback.holds import holds_renew, holds_renew_on_commit
 from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
 from apps.feedback.models import Assignment, Feedback
+from apps.feedback.selectors import annotation_candidates, queue_item_counts
 from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
 from apps.feedback.selection import WINDOW, selection_active, selection_order, selection_ranks, share_slots
 from apps.rewards.models import GoldItem
@@ -40,7 +43,8 @@ from apps.runs.feedback_policy import (
     signals_fold,
 )
 from apps.runs.models import Run, RunMember
-from rftweb.exceptions import InvalidInput, NotFound
+from apps.runs.selectors import run_takes_feedback
+from rftweb.exceptions import Conflict, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -72,30 +76,35 @@ def assignment_reap(*, run: Run | None = None, now: datetime | None = None) -> i
 
 def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: float | None = None) -> list[Assignment]:
     """Top the annotator's queue up to `size` leased items; returns the new assignments.
+    A claim is a sign of work (the page opened or polled): it renews the holds of the groups
+    the annotator has open (apps.feedback.holds).
 
-    Items waiting for feedback come first, oldest first, so groups fill up in order. An
+    What a label can still change comes first (apps.feedback.selectors.annotation_candidates:
+    groups waiting for people, the freshest first, then the selection rule). An
     experience is handed to at most `run.cfg.feedback.overlap` annotators at once (leased
     or done): the unique live slot makes concurrent claimers lose cleanly instead of
     overshooting.
     """
     if size < 1:
         raise ValueError("size must be at least 1")
+    if not run_takes_feedback(run=run):
+        return []  # a finished or failed run hands nothing out
+    created = _claim(run=run, annotator=annotator, size=size, lease_seconds=lease_seconds)
+    holds_renew(run=run, annotator=annotator)
+    return created
+
+
+def _claim(*, run: Run, annotator: User, size: int, lease_seconds: float | None) -> list[Assignment]:
     assignment_reap(run=run)
-    want = size - Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).count()
+    # Items whose group trained while they sat in the queue do not fill it: fresh ones come
+    # beside them (the queue shows them first, apps.feedback.selectors.annotation_queue).
+    want = size - Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).filter(
+        queue_item_counts()).count()
     if want <= 0:
         return []
     overlap = run.cfg.feedback.overlap
     expires = timezone.now() + timedelta(seconds=lease_seconds if lease_seconds is not None else _lease_seconds())
-    mine = Assignment.objects.filter(experience=OuterRef("pk"), annotator=annotator)
-    candidates = (
-        Experience.objects.filter(run=run, is_expert=False, status__in=_OPEN)
-        .annotate(live=Count("assignments", filter=Q(assignments__status__in=_LIVE)))
-        .filter(live__lt=overlap)
-        .exclude(Exists(mine))
-        .annotate(waiting=Case(When(status=Experience.Status.PENDING, then=Value(0)), default=Value(1),
-                               output_field=IntegerField()))
-        .order_by("waiting", "id")
-    )
+    candidates = annotation_candidates(run=run, annotator=annotator)
     created: list[Assignment] = []
 
     policy = run.cfg.feedback
@@ -133,7 +142,7 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
     return created
 
 
-def _slot_take(*, run: Run, annotator: Any, exp_id: int, slots: Sequence[int], expires: datetime,
+def _slot_take(*, run: Run, annotator: User, exp_id: int, slots: Sequence[int], expires: datetime,
                source: str) -> Assignment | None:
     for slot in slots:
         try:
@@ -155,7 +164,7 @@ def _trust_handout(policy: FeedbackPolicy) -> bool:
     return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
 
 
-def _claimer(*, run: Run, annotator: Any) -> str:
+def _claimer(*, run: Run, annotator: User) -> str:
     """Who claims, as the hand-out's seed sees them: the owner, a member by their place among
     the run's members (the order they joined), anyone else (staff) by name. Not the account's
     name or id: the same people claiming in the same order draw the same numbers in another
@@ -167,12 +176,12 @@ def _claimer(*, run: Run, annotator: Any) -> str:
     return f"member {members.index(annotator.pk)}" if annotator.pk in members else f"user {annotator.get_username()}"
 
 
-def handout_rng(*, run: Run, annotator: Any, stream: str) -> random.Random:
+def handout_rng(*, run: Run, annotator: User, stream: str) -> random.Random:
     """One stream of `handout_rngs`."""
     return handout_rngs(run=run, annotator=annotator, streams=(stream,))[0]
 
 
-def handout_rngs(*, run: Run, annotator: Any, streams: Sequence[str]) -> list[random.Random]:
+def handout_rngs(*, run: Run, annotator: User, streams: Sequence[str]) -> list[random.Random]:
     """The random numbers of one claim: seeded by the run's seed and how many hand-outs the run
     has made (every assignment row, skipped ones too), so a given sequence of claims repeats
     its random share, pairs and gold order under the same seed (bench seeds repeat). Who claims
@@ -187,7 +196,7 @@ def handout_rngs(*, run: Run, annotator: Any, streams: Sequence[str]) -> list[ra
             for stream in streams]
 
 
-def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, expires: datetime) -> list[Assignment]:
+def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experience], want: int, expires: datetime) -> list[Assignment]:
     """assignment_claim under a selection rule (apps.feedback.selection), gold items and
     trust-aware hand-out (`feedback.trust`): the same slots and leases, the order and the mix
     decided by the rule. A sibling pair (`selection.pairs`) goes to one annotator whole, so the
@@ -284,20 +293,30 @@ def _claim_selected(*, run: Run, annotator: Any, candidates: Any, want: int, exp
 
 
 def assignment_skip(*, assignment: Assignment) -> bool:
-    """Put a leased item back for others; the annotator is not offered it again."""
-    return bool(
+    """Put a leased item back for others; the annotator is not offered it again (and it no
+    longer holds its group for them)."""
+    skipped = bool(
         Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.LEASED).update(
-            status=Assignment.Status.SKIPPED, finished_at=timezone.now(), lease_expires_at=None
+            status=Assignment.Status.SKIPPED, finished_at=timezone.now(), lease_expires_at=None, held_until=None
         )
     )
+    if skipped:
+        holds_renew_on_commit(run=assignment.run, annotator=assignment.annotator,
+                              also_groups=[assignment.experience.group_id])
+    return skipped
 
 
 def _assignments_finish(*, run: Run, annotator: Any, experience_ids: Sequence[int]) -> int:
     if annotator is None or not getattr(annotator, "is_authenticated", False):
         return 0
-    return Assignment.objects.filter(
+    finished = Assignment.objects.filter(
         run=run, annotator=annotator, experience_id__in=list(experience_ids), status=Assignment.Status.LEASED
-    ).update(status=Assignment.Status.DONE, finished_at=timezone.now(), lease_expires_at=None)
+    ).update(status=Assignment.Status.DONE, finished_at=timezone.now(), lease_expires_at=None, held_until=None)
+    # A label is a sign of work: the annotator's other open groups keep waiting for them; the
+    # finished items' groups are held only by what else is leased in them.
+    groups = Experience.objects.filter(pk__in=list(experience_ids)).values_list("group_id", flat=True).distinct()
+    holds_renew_on_commit(run=run, annotator=annotator, also_groups=list(groups))
+    return finished
 
 
 # ---------------------------------------------------------------- folding
@@ -413,7 +432,10 @@ def _store(
     author: Any, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
     """The row itself, late or not by the one rule. Call inside a transaction, with the
-    targets' group locked."""
+    targets' group locked. A run that takes no more feedback (finished, failed) refuses it,
+    whichever door it came through."""
+    if not run_takes_feedback(run=run):
+        raise FeedbackClosed(run)
     late = feedback_is_late(statuses=[t.status for t in targets])
     if late and _gold_targets(run=run, targets=targets):
         # A gold item is usually a trained-on completion handed out on purpose: its answer is
@@ -424,6 +446,14 @@ def _store(
         run=run, kind=kind, experience=targets[0] if kind_get(kind).target != "group" else None, other=other,
         group_id=group_id, author=author, api_key=api_key, value=value.stored(), comment=comment, late=late,
     )
+
+
+class FeedbackClosed(Conflict):
+    """Feedback on a finished or failed run: nothing it could change is left (a 409)."""
+
+    def __init__(self, run: Run) -> None:
+        why = "its training is done" if run.status == Run.Status.FINISHED else "it trains nothing until it is started again"
+        super().__init__(f"run {run.pk} is {run.status}: it takes no more feedback ({why})", field="run")
 
 
 def _gold_targets(*, run: Run, targets: Sequence[Experience]) -> bool:
@@ -618,6 +648,8 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
     twice while a revised correction is a new expert experience. Token ids are left empty:
     the web side has no tokenizer; the trainer tokenises prompt_text + response_text.
     """
+    if not run_takes_feedback(run=run):
+        raise FeedbackClosed(run)  # before the expert row is written
     text = (text or "").replace("\r\n", "\n")
     if not text.strip():
         raise InvalidInput("a correction needs some text", field="text")

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import FileResponse, HttpRequest
-from ninja import Path, Router, Schema, Status
+from ninja import Router, Schema, Status
+from ninja.params.functions import Path
 
 from apps.feedback.signal_views import raters_data
 from apps.rewards.export import (
+    ExportState,
     download_name,
     export_states,
     export_zip_path,
@@ -20,6 +22,7 @@ from apps.rewards.export import (
 from apps.rewards.models import K12Grader, RewardModel
 from apps.runs.api_kit import ERRORS, Error, RunId, responses, run_reachable
 from rftweb.exceptions import Conflict
+from rftweb.jsontypes import Body
 
 # The operation ids are the ones this router had as apps/rewards/api.py (generated clients
 # name their methods by them).
@@ -84,11 +87,11 @@ def raters_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/reward-models", response=responses(list[RewardModelOut]),
             operation_id="apps_rewards_api_reward_models_list", summary="The run's learned reward-model versions, newest first")
-def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
+def reward_models_list(request: HttpRequest, run_id: int = RunId) -> list[RewardModel]:
     return list(RewardModel.objects.filter(run=run_reachable(request, run_id)).order_by("-version"))
 
 
-Version = Path(..., ge=1, le=2**31 - 1, description="the reward model's version")
+Version: int = Path(..., ge=1, le=2**31 - 1, description="the reward model's version")
 
 
 class ExportOut(Schema):
@@ -104,7 +107,7 @@ class ExportOut(Schema):
     download: str | None
 
 
-def _export_out(run_id: int, version: int, state: Any) -> dict[str, Any]:
+def _export_out(run_id: int, version: int, state: ExportState) -> Body:
     name = "ready" if state.ready else "preparing" if state.preparing else "failed" if state.error else "none"
     return {"version": version, "state": name, "stage": state.stage, "bytes": state.size, "error": state.error,
             "download": f"/api/v1/runs/{run_id}/reward-models/{version}/export.zip" if state.ready else None}
@@ -112,21 +115,21 @@ def _export_out(run_id: int, version: int, state: Any) -> dict[str, Any]:
 
 @router.post("/runs/{run_id}/reward-models/{version}/export", response={**responses(ExportOut), 202: ExportOut},
              operation_id="apps_rewards_api_reward_model_export_post", summary="Pack a reward-model version as a zip AutoModelForSequenceClassification loads (202 while a worker packs it)")
-def reward_model_export_post(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+def reward_model_export_post(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Status[Body]:
     state = reward_model_export_request(run=run_reachable(request, run_id), version=version)
     return Status(200 if state.ready else 202, _export_out(run_id, version, state))
 
 
 @router.get("/runs/{run_id}/reward-models/{version}/export", response=responses(ExportOut),
             operation_id="apps_rewards_api_reward_model_export_get", summary="Where a reward-model version's zip stands")
-def reward_model_export_get(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+def reward_model_export_get(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Body:
     rm = reward_model_version_get(run=run_reachable(request, run_id), version=version)
     return _export_out(run_id, version, export_states([rm])[rm.version])
 
 
 @router.get("/runs/{run_id}/reward-models/{version}/export.zip", response={**ERRORS, 409: Error},
             operation_id="apps_rewards_api_reward_model_export_zip", summary="A packed reward-model version (POST …/export first)")
-def reward_model_export_zip(request: HttpRequest, run_id: int = RunId, version: int = Version) -> Any:
+def reward_model_export_zip(request: HttpRequest, run_id: int = RunId, version: int = Version) -> FileResponse:
     rm = reward_model_version_get(run=run_reachable(request, run_id), version=version)
     path = export_zip_path(rm)
     if not path.is_file():
@@ -147,5 +150,5 @@ class K12GraderOut(Schema):
 
 @router.get("/runs/{run_id}/k12-graders", response=responses(list[K12GraderOut]),
             operation_id="apps_rewards_api_k12_graders_list", summary="The run's learned K-12 grader versions, newest first")
-def k12_graders_list(request: HttpRequest, run_id: int = RunId) -> list[Any]:
+def k12_graders_list(request: HttpRequest, run_id: int = RunId) -> list[K12Grader]:
     return list(K12Grader.objects.filter(run=run_reachable(request, run_id)).order_by("-version"))

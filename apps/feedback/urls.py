@@ -8,6 +8,7 @@ app_name = "feedback"
 urlpatterns = [
     path("", views.annotate_page, name="page"),
     path("queue/", views.queue_partial, name="queue"),
+    path("counts/", views.counts_partial, name="counts"),
     path("mine/", views.submissions, name="mine"),
     path("items/<int:assignment_id>/rate/", views.rate, name="rate"),
     path("items/<int:assignment_id>/skip/", views.skip, name="skip"),

@@ -26,10 +26,13 @@ from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.holds import Person, holds_renew
 from apps.feedback.selectors import (
     annotation_queue,
+    annotation_waiting,
     annotator_progress,
     feedback_counts,
+    feedback_effect,
 )
 from apps.feedback.services import (
     assignment_claim,
@@ -41,6 +44,7 @@ from apps.feedback.services import (
 )
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
+from apps.runs.selectors import run_takes_feedback
 from rftweb.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
@@ -92,15 +96,17 @@ def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
 @require_GET
 def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id)
-    can_annotate = role in ("owner", "annotator")
+    # A finished or failed run lists nothing to do: the page says why and points at its summary.
+    closed = not run_takes_feedback(run=run)
+    can_annotate = role in ("owner", "annotator") and not closed
     if can_annotate:
         assignment_claim(run=run, annotator=request.user, size=_queue_size())
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
-    recent = [] if can_annotate else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
+    recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
     policy = run.cfg.feedback
     return render(request, "feedback/annotate.html", {
-        "run": run, "role": role, "can_annotate": can_annotate, "queue": queue, "recent": recent,
-        "policy": policy, "counts": feedback_counts(run=run), "flags": FLAGS,
+        "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
+        "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
         "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
@@ -123,8 +129,27 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     except ValueError:
         return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
-    items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after]
+    items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after] if run_takes_feedback(run=run) else []
     return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
+
+
+@login_required
+@require_GET
+@_refusal_as_text
+def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The annotation header's counts, live: the page polls it and asks again after each label
+    (ratings, late labels, what waits for you: the one annotation_waiting). A poll is a sign of
+    work: it renews the holds of the groups the annotator has open (apps.feedback.holds)."""
+    run, role = run_for_page(user=request.user, run_id=run_id)
+    can_annotate = role in ("owner", "annotator") and run_takes_feedback(run=run)
+    if can_annotate:
+        holds_renew(run=run, annotator=request.user)
+    return _fragment(request, run, "feedback/_counts.html", _counts_context(run, request.user, can_annotate))
+
+
+def _counts_context(run: Run, user: Person, can_annotate: bool) -> dict[str, object]:
+    return {"counts": feedback_counts(run=run), "teaches": run.cfg.reward_model.enabled,
+            "waiting": annotation_waiting(run=run, annotator=user) if can_annotate else None}
 
 
 def _my_assignment(request: HtmxHttpRequest, run: Run, assignment_id: int) -> Assignment:
@@ -157,7 +182,8 @@ def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpRespo
     if not request.htmx:
         return redirect(_page_url(run))
     a.refresh_from_db()
-    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "saved": saved})
+    saved_notes = [(f, feedback_effect(run=run, feedback=f)) for f in saved]
+    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "saved_notes": saved_notes})
 
 
 @login_required
@@ -229,7 +255,7 @@ def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRespo
     closed = Assignment.objects.filter(run=run, annotator_id=request.user.pk, experience_id__in=order).select_related("experience")
     return render(request, "feedback/_saved.html", {
         "run": run, "feedback": fb, "closed": closed, "flags": FLAGS,
-        "message": f"Ranked {len(order)} completions" + (" (late: stored, not folded)" if fb.late else ""),
+        "message": f"Ranked {len(order)} completions" + (f" ({feedback_effect(run=run, feedback=fb)})" if fb.late else ""),
     })
 
 
@@ -255,8 +281,10 @@ def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRe
     if not request.htmx:
         return redirect(_page_url(run))
     winner = value_of(fb, PairwiseValue).winner
+    said = {"a": "A is better", "b": "B is better"}.get(str(winner).lower(), "a tie")
+    late = f" ({feedback_effect(run=run, feedback=fb)})" if fb.late else ""
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
-                                                    "message": f"Preference saved ({winner})"})
+                                                    "message": f"Preference saved: {said}{late}"})
 
 
 @login_required

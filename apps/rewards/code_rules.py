@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from apps.rewards.registry import RewardResult, domain_register, register, task_field
 from apps.rewards.sandbox import code_extract, code_run, code_tests_normalise
@@ -16,7 +15,7 @@ MAX_CODE_CHARS = 100_000
 _LIMITS = {"timeout": (0.1, 300.0), "test_timeout": (0.05, 300.0), "memory_mb": (32, 16384)}
 
 
-def _code_check(params: Mapping[str, Any]) -> None:
+def _code_check(params: Mapping[str, object]) -> None:
     for key, (low, high) in _LIMITS.items():
         if key in params:
             value = params[key]
@@ -28,12 +27,12 @@ def _code_check(params: Mapping[str, Any]) -> None:
           description="fraction of the task's tests passed by the completion's code, run in a sandbox")
 def code_exec(
     completion: str,
-    task: Any,
+    task: object,
     *,
     timeout: float = 10.0,
     test_timeout: float = 4.0,
     memory_mb: int = 512,
-    **params: Any,
+    **params: object,
 ) -> RewardResult:
     try:
         tests = code_tests_normalise(task_field(task, "tests"))

@@ -8,26 +8,30 @@ directory and packs it into one zip beside the version (`workers.reward_trainer
 CLI writes (`rft reward-model RUN --out DIR`).
 
 State lives where it is true: the zip on the run's storage (written atomically, so present
-means complete), "preparing" and the last failure in Django's cache for as long as an export
-may take. "Preparing" has two stages, so a request no worker takes is not shown as work under
-way for half an hour: `queued` from the request until a reward worker starts on it, then
-`packing`. A request queued longer than `REQUEUE_SECONDS` (no reward worker running, or the
-broker lost the message) says so and may be asked again; a second packing of the same
-version is harmless (each writes its own temporary zip and renames it into place).
+means complete), "preparing" and the last failure on the version's `rm_export` dispatch row
+(apps/runs/dispatch.py, the project's one scheduling mechanism), held for at most as long as
+an export may take. "Preparing" has two stages, so a request no worker takes is not shown as
+work under way for half an hour: `queued` (the row sent) from the request until a reward
+worker starts on it, then `packing` (running). A request queued longer than
+`REQUEUE_SECONDS` (no reward worker running, or the broker lost the message) says so and may
+be asked again; one packing at a time per version, and a second one later is harmless (each
+writes its own temporary zip and renames it into place).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from apps.rewards.models import RewardModel
-from apps.runs.models import Run
+from apps.runs.dispatch import DispatchHold, dispatch_claim, dispatch_free
+from apps.runs.models import Dispatch, Run
 from rftweb.exceptions import NotFound
 
 EXPORT_TASK = "workers.reward_trainer.reward_model_export_zip"
@@ -69,18 +73,9 @@ class ExportState:
         return int((time.time() - self.since) // 60) if self.since is not None else 0
 
 
-def _identity(rm: RewardModel) -> str:
-    # The id and the creation time: a database made anew (tests, a restored backup) reuses ids,
-    # and a stale "preparing" of another version must not stand for this one.
-    return f"{rm.pk}:{rm.created_at.timestamp():.6f}"
-
-
-def preparing_key(rm: RewardModel) -> str:
-    return f"rft:rm-export:{_identity(rm)}"
-
-
-def error_key(rm: RewardModel) -> str:
-    return f"rft:rm-export-error:{_identity(rm)}"
+def export_key(rm: RewardModel) -> str:
+    """The key of the version's `rm_export` dispatch row within its run."""
+    return f"v{rm.version}"
 
 
 def export_zip_path(rm: RewardModel) -> Path:
@@ -88,32 +83,39 @@ def export_zip_path(rm: RewardModel) -> Path:
     return Path(rm.path).with_name(f"{Path(rm.path).name}-export.zip")
 
 
-def stage_mark(stage: str, at: float | None = None) -> dict[str, Any]:
-    """The cache value of a preparing version: its stage and when it entered it (now)."""
-    return {"stage": stage, "at": time.time() if at is None else at}
-
-
 def download_name(rm: RewardModel) -> str:
     return f"run-{rm.run_id}-reward-model-v{rm.version}.zip"
 
 
 def export_states(versions: list[RewardModel]) -> dict[int, ExportState]:
-    """Each version's state by version number, in one cache round trip."""
-    keys = [k for rm in versions for k in (preparing_key(rm), error_key(rm))]
-    flags = cache.get_many(keys) if keys else {}
+    """Each version's state by version number, in one query."""
+    rows = {
+        (d.run_id, d.key): d
+        for d in Dispatch.objects.filter(kind=Dispatch.Kind.RM_EXPORT, run_id__in={rm.run_id for rm in versions},
+                                         key__in=[export_key(rm) for rm in versions])
+    } if versions else {}
+    now = timezone.now()
     states = {}
     for rm in versions:
         path = export_zip_path(rm)
         size = path.stat().st_size if path.is_file() else -1
-        mark = flags.get(preparing_key(rm))
-        stage: dict[str, Any] = mark if isinstance(mark, dict) else {"stage": "packing"}  # a bare flag: older code's
-        at = stage.get("at")
-        states[rm.version] = ExportState(ready=size >= 0, size=max(size, 0),
-                                         preparing=size < 0 and mark is not None,
-                                         packing=stage.get("stage") == "packing",
-                                         since=float(at) if isinstance(at, int | float) else None,
-                                         error=str(flags.get(error_key(rm), "")))
+        row = rows.get((rm.run_id, export_key(rm)))
+        # Held: sent or running under a lease that has not run out (past it, its job crashed).
+        held = row is not None and row.state != Dispatch.State.IDLE and (row.expires_at is None or row.expires_at >= now)
+        states[rm.version] = ExportState(ready=size >= 0, size=max(size, 0), preparing=size < 0 and held,
+                                         packing=held and row is not None and row.state == Dispatch.State.RUNNING,
+                                         since=row.sent_at.timestamp() if row is not None and row.sent_at else None,
+                                         error=row.error if row is not None and not held else "")
     return states
+
+
+def export_begin(*, rm: RewardModel, task_id: str | None) -> DispatchHold | None:
+    """A reward worker starts packing `rm` (the page: no longer just queued); None while
+    another packs it. The hold's end keeps the failure, if any, for the page."""
+    now = timezone.now()
+    return dispatch_claim(run_id=rm.run_id, kind=Dispatch.Kind.RM_EXPORT, key=export_key(rm),
+                          state=Dispatch.State.RUNNING, when=dispatch_free(now) | Q(state=Dispatch.State.SENT),
+                          task_id=task_id, lease_seconds=EXPORT_SECONDS)
 
 
 def reward_model_version_get(*, run: Run, version: int) -> RewardModel:
@@ -133,14 +135,13 @@ def reward_model_export_request(*, run: Run, version: int) -> ExportState:
     state = export_states([rm])[rm.version]
     if state.ready or (state.preparing and not state.stalled):
         return state
-    mark = stage_mark("queued")
-    if state.stalled:
-        cache.set(preparing_key(rm), mark, EXPORT_SECONDS)
-        sent = True
-    else:
-        sent = cache.add(preparing_key(rm), mark, EXPORT_SECONDS)
-    if sent:
-        cache.delete(error_key(rm))
-        transaction.on_commit(lambda: app.send_task(EXPORT_TASK, args=[rm.pk], queue="reward"))
-        return ExportState(ready=False, preparing=True, since=mark["at"])
-    return export_states([rm])[rm.version]  # another request got there first
+    now = timezone.now()
+    # Free, or queued so long that no worker is taking it: of two requests at once, one sends.
+    stale = Q(state=Dispatch.State.SENT, sent_at__lt=now - timedelta(seconds=REQUEUE_SECONDS))
+    hold = dispatch_claim(run_id=rm.run_id, kind=Dispatch.Kind.RM_EXPORT, key=export_key(rm),
+                          state=Dispatch.State.SENT, when=dispatch_free(now) | stale, lease_seconds=EXPORT_SECONDS)
+    if hold is None:
+        return export_states([rm])[rm.version]  # another request got there first
+    task_id = hold.task_id
+    transaction.on_commit(lambda: app.send_task(EXPORT_TASK, args=[rm.pk], queue="reward", task_id=task_id))
+    return ExportState(ready=False, preparing=True, since=now.timestamp())

@@ -11,7 +11,8 @@ from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 
 
-def gold_item_mark(*, run: Run, experience_id: Any, score: Any, actor: Any) -> GoldItem:
+def gold_item_mark(*, run: Run, experience_id: int | str, score: int | str,
+                   actor: Any) -> GoldItem:  # request.user: a signed-in User by the view's guard
     """Mark an experience of the run as gold with its right 1..5 rating (again: a new answer)."""
     try:
         pk = int(experience_id)

@@ -23,13 +23,17 @@ import logging
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.registry import RewardResult, domain_register, register
+from apps.rewards.registry import ParamsCheck, RewardFn, RewardResult, domain_register, register
 from apps.runs.config import StrictModel
+
+if TYPE_CHECKING:
+    from apps.rewards.models import K12Grader
+    from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +67,8 @@ class K12LearnedParams(StrictModel):
     max_length: int = Field(256, ge=8)
 
 
-def _params_check(name: str, model: type[StrictModel]) -> Any:
-    def check(params: Mapping[str, Any]) -> None:
+def _params_check(name: str, model: type[StrictModel]) -> ParamsCheck:
+    def check(params: Mapping[str, object]) -> None:
         try:
             model.model_validate(dict(params))
         except ValidationError as exc:
@@ -76,16 +80,16 @@ def _params_check(name: str, model: type[StrictModel]) -> Any:
     return check
 
 
-def judge_params(params: Mapping[str, Any]) -> K12JudgeParams:
+def judge_params(params: Mapping[str, object]) -> K12JudgeParams:
     return K12JudgeParams.model_validate(dict(params))
 
 
-def learned_params(params: Mapping[str, Any]) -> K12LearnedParams:
+def learned_params(params: Mapping[str, object]) -> K12LearnedParams:
     return K12LearnedParams.model_validate(dict(params))
 
 
-def _worker_only(name: str) -> Any:
-    def fn(completion: str, task: Any, **params: Any) -> RewardResult:
+def _worker_only(name: str) -> RewardFn:
+    def fn(completion: str, task: object, **params: object) -> RewardResult:
         raise RuntimeError(f"reward {name!r} is scored by workers.k12 on queue 'reward', not inline")
 
     fn.__name__ = name
@@ -119,7 +123,7 @@ def grader_prompt(*, question: str, reference: str) -> str:
     return f"Question: {question}\nReference answer: {reference}\nStudent answer:"
 
 
-def graded_answers_of_record(value: Any) -> list[tuple[str, float]]:
+def graded_answers_of_record(value: object) -> list[tuple[str, float]]:
     """(answer, grade) pairs of a task's `graded_answers` column: a list of {answer, grade}
     with the grade on [0, 1]; entries of another shape are skipped."""
     out = []
@@ -133,7 +137,7 @@ def graded_answers_of_record(value: Any) -> list[tuple[str, float]]:
     return out
 
 
-def task_question(task: Any) -> str:
+def task_question(task: object) -> str:
     """A task's question as text: its prompt, or its chat messages' contents joined."""
     from apps.rewards.registry import task_field
 
@@ -144,7 +148,7 @@ def task_question(task: Any) -> str:
     return str(prompt)
 
 
-def k12_graded_answers(*, run: Any) -> list[GradedAnswer]:
+def k12_graded_answers(*, run: Run) -> list[GradedAnswer]:
     """Every graded answer of the run's K-12 tasks: the taskset's `graded_answers` column,
     then people's ratings (the human reward on [0, 1]) of K-12 experiences."""
     from apps.buffer.models import Experience, Task
@@ -165,7 +169,7 @@ def k12_graded_answers(*, run: Any) -> list[GradedAnswer]:
     return out
 
 
-def k12_grade_count(*, run: Any) -> int:
+def k12_grade_count(*, run: Run) -> int:
     return len(k12_graded_answers(run=run))
 
 
@@ -173,13 +177,13 @@ def k12_grade_count(*, run: Any) -> int:
 # Versions
 
 
-def k12_grader_latest(*, run: Any) -> Any:
+def k12_grader_latest(*, run: Run) -> K12Grader | None:
     from apps.rewards.models import K12Grader
 
     return K12Grader.objects.filter(run=run).order_by("-version").first()
 
 
-def k12_grader_due(*, run: Any, params: K12LearnedParams, grades: int | None = None) -> bool:
+def k12_grader_due(*, run: Run, params: K12LearnedParams, grades: int | None = None) -> bool:
     """A version is due when there is none yet or `retrain_every` grades came in since."""
     latest = k12_grader_latest(run=run)
     grades = k12_grade_count(run=run) if grades is None else grades
@@ -189,9 +193,9 @@ def k12_grader_due(*, run: Any, params: K12LearnedParams, grades: int | None = N
 
 
 def k12_grader_publish(
-    *, run: Any, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int, grades: int,
+    *, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int, grades: int,
     seconds: float, scale: float, offset: float,
-) -> Any:
+) -> K12Grader:
     """Record a trained K-12 grader as the run's next version, its accuracy as a metric."""
     from apps.rewards.models import K12Grader
     from apps.rewards.services import scorer_publish

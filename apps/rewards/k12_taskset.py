@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 # subject, question, reference, a right answer, a partly right one, a wrong one.
 _ITEMS: tuple[tuple[str, str, str, str, str, str], ...] = (
@@ -112,11 +112,24 @@ _ITEMS: tuple[tuple[str, str, str, str, str, str], ...] = (
 _EMPTY = ("I don't know.", "Maybe.")
 
 
-def k12_records() -> list[dict[str, Any]]:
+class GradedRecord(TypedDict):
+    answer: str
+    grade: float
+
+
+class K12Record(TypedDict):
+    question: str
+    answer: str
+    domain: str
+    subject: str
+    graded_answers: list[GradedRecord]
+
+
+def k12_records() -> list[K12Record]:
     """The taskset's records, in a fixed order."""
-    records = []
+    records: list[K12Record] = []
     for i, (subject, question, reference, right, partial, wrong) in enumerate(_ITEMS):
-        graded = [{"answer": right, "grade": 1.0}, {"answer": partial, "grade": 0.5},
+        graded: list[GradedRecord] = [{"answer": right, "grade": 1.0}, {"answer": partial, "grade": 0.5},
                   {"answer": wrong, "grade": 0.0}, {"answer": _EMPTY[i % len(_EMPTY)], "grade": 0.0}]
         records.append({"question": question, "answer": reference, "domain": "k12", "subject": subject,
                         "graded_answers": graded})

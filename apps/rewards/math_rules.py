@@ -13,11 +13,9 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Mapping
-from typing import Any
 
 from apps.rewards.answers import CLOSE, MAX_ANSWER_CHARS, OPEN, answer_extract, answer_tags
-from apps.rewards.registry import RewardResult, domain_register, reference_text, register
+from apps.rewards.registry import RewardResult, booleans_check, domain_register, reference_text, register
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +27,7 @@ def _latex_wrapped(text: str) -> str:
     return f"${text}$"
 
 
-def _mv_parse(text: str, timeout: int | None) -> list[Any]:
+def _mv_parse(text: str, timeout: int | None) -> list[object]:
     from math_verify import parse
 
     parsed = parse(_latex_wrapped(text), parsing_timeout=timeout)
@@ -40,7 +38,7 @@ def _mv_parse(text: str, timeout: int | None) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _mv_parse_gold(text: str, timeout: int | None) -> tuple[Any, ...]:
+def _mv_parse_gold(text: str, timeout: int | None) -> tuple[object, ...]:
     # A taskset's references repeat for every sample of a group and every epoch: parse once.
     return tuple(_mv_parse(text, timeout))
 
@@ -50,7 +48,7 @@ def _mv_parse_gold(text: str, timeout: int | None) -> tuple[Any, ...]:
 _INTEGER = re.compile(r"[+-]?\d{1,100}")
 
 
-def _has_expression(parsed: list[Any]) -> bool:
+def _has_expression(parsed: list[object]) -> bool:
     return any(not isinstance(p, str) for p in parsed)
 
 
@@ -96,14 +94,9 @@ def answers_equivalent(*, gold: str, answer: str, timeout: int = 5) -> tuple[boo
     return " ".join(gold.split()).casefold() == " ".join(answer.split()).casefold(), "exact"
 
 
-def _accuracy_check(params: Mapping[str, Any]) -> None:
-    if "require_tags" in params and not isinstance(params["require_tags"], bool):
-        raise ValueError("math_accuracy: require_tags must be true or false")
-
-
-@register("math_accuracy", check=_accuracy_check,
+@register("math_accuracy", check=booleans_check("math_accuracy", "require_tags"),
           description="1 when the <answer> (else the completion's final expression) equals the reference")
-def math_accuracy(completion: str, task: Any, *, require_tags: bool = False, **params: Any) -> RewardResult:
+def math_accuracy(completion: str, task: object, *, require_tags: bool = False, **params: object) -> RewardResult:
     answer = answer_extract(completion)
     if answer is None:
         if require_tags:
@@ -116,14 +109,9 @@ def math_accuracy(completion: str, task: Any, *, require_tags: bool = False, **p
     return RewardResult(float(ok), {"math_accuracy": float(ok)})
 
 
-def _format_check(params: Mapping[str, Any]) -> None:
-    if "strict" in params and not isinstance(params["strict"], bool):
-        raise ValueError("math_format: strict must be true or false")
-
-
-@register("math_format", check=_format_check,
+@register("math_format", check=booleans_check("math_format", "strict"),
           description="1 for exactly one non-empty <answer>…</answer>; strict: and nothing after it")
-def math_format(completion: str, task: Any, *, strict: bool = False, **params: Any) -> RewardResult:
+def math_format(completion: str, task: object, *, strict: bool = False, **params: object) -> RewardResult:
     tags = answer_tags(completion)
     ok = (
         len(tags) == 1

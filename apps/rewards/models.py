@@ -64,6 +64,9 @@ class RewardModelScore(models.Model):
     experience = models.ForeignKey("buffer.Experience", on_delete=models.CASCADE, related_name="rm_scores")
     reward_model = models.ForeignKey(RewardModel, on_delete=models.CASCADE, related_name="scores")
     score = models.FloatField()
+    # How far the version's ensemble of heads disagrees about this score (their standard
+    # deviation, raw scale); None for a kind with no ensemble. The selection rule reads it.
+    spread = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

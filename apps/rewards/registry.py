@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -19,15 +18,20 @@ class RewardResult:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-class TaskLike(Protocol):
-    domain: str
-    reference: Any
-    metadata: Mapping[str, Any]
-
-
 RewardFn = Callable[..., RewardResult]
 # Raises ValueError with a message naming the bad param; run validation shows it.
-ParamsCheck = Callable[[Mapping[str, Any]], None]
+ParamsCheck = Callable[[Mapping[str, object]], None]
+
+
+def booleans_check(function: str, *names: str) -> ParamsCheck:
+    """The check of a reward function whose params `names` are true or false when given."""
+
+    def check(params: Mapping[str, object]) -> None:
+        for name in names:
+            if name in params and not isinstance(params[name], bool):
+                raise ValueError(f"{function}: {name} must be true or false")
+
+    return check
 
 WHERE = ("inline", "reward")
 
@@ -108,21 +112,21 @@ def reward_get(name: str) -> RewardSpec:
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
 
 
-def reward_params_check(*, name: str, params: Mapping[str, Any]) -> None:
+def reward_params_check(*, name: str, params: Mapping[str, object]) -> None:
     """Raise ValueError naming what is wrong with a term's params (a bad regex, a missing model)."""
     spec = reward_get(name)
     if spec.check is not None:
         spec.check(params)
 
 
-def task_field(task: Any, name: str, default: Any = None) -> Any:
+def task_field(task: object, name: str, default: object = None) -> object:
     """Read a field from a Task row, a dataclass or a plain mapping alike."""
     if isinstance(task, Mapping):
         return task.get(name, default)
     return getattr(task, name, default)
 
 
-def reference_text(task: Any) -> str:
+def reference_text(task: object) -> str:
     ref = task_field(task, "reference")
     if isinstance(ref, Mapping):
         ref = next((ref[k] for k in ("answer", "reference", "solution", "ground_truth") if k in ref), "")

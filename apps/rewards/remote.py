@@ -5,22 +5,21 @@ implemented in `workers/reward_models.py` and evaluated only by workers on queue
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from apps.rewards.registry import RewardResult, register
+from apps.rewards.registry import RewardFn, RewardResult, register
 
 JUDGE_ENGINES = ("transformers", "vllm")
 
 
-def _worker_only(name: str) -> Any:
-    def fn(completion: str, task: Any, **params: Any) -> RewardResult:
+def _worker_only(name: str) -> RewardFn:
+    def fn(completion: str, task: object, **params: object) -> RewardResult:
         raise RuntimeError(f"reward {name!r} is scored by workers.rewards on queue 'reward', not inline")
 
     fn.__name__ = name
     return fn
 
 
-def _model_param(name: str, params: Mapping[str, Any], *, required: bool) -> None:
+def _model_param(name: str, params: Mapping[str, object], *, required: bool) -> None:
     model = params.get("model")
     if model is None and not required:
         return
@@ -28,7 +27,7 @@ def _model_param(name: str, params: Mapping[str, Any], *, required: bool) -> Non
         raise ValueError(f"{name} needs params.model: a hub id or a local path of the model")
 
 
-def _reward_model_check(params: Mapping[str, Any]) -> None:
+def _reward_model_check(params: Mapping[str, object]) -> None:
     _model_param("reward_model", params, required=True)
     label = params.get("label")
     if label is not None and (not isinstance(label, int) or isinstance(label, bool) or label < 0):
@@ -38,7 +37,7 @@ def _reward_model_check(params: Mapping[str, Any]) -> None:
         raise ValueError("reward_model: max_length must be an integer of at least 8")
 
 
-def _judge_check(params: Mapping[str, Any]) -> None:
+def _judge_check(params: Mapping[str, object]) -> None:
     # Without params.model the judge is the run's own current model.
     _model_param("llm_judge", params, required=False)
     engine = params.get("engine", "transformers")

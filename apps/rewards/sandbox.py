@@ -40,9 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 
@@ -52,6 +52,8 @@ RUNNER = Path(__file__).with_name("sandbox_runner.py")
 NOBODY_UID = 65534
 NOBODY_GID = 65534
 MAX_TESTS = 500
+# A test: an assertion snippet, or an {"input", "output"} case.
+TestCase = str | dict[str, object]
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -158,7 +160,7 @@ def code_extract(completion: str) -> str:
     return bare[-1] if bare else completion
 
 
-def code_tests_normalise(tests: Any) -> list[Any]:
+def code_tests_normalise(tests: object) -> list[TestCase]:
     """Task tests as a list: assertion snippets (str) and/or {"input", "output"} cases."""
     if tests is None:
         return []
@@ -179,7 +181,7 @@ def code_tests_normalise(tests: Any) -> list[Any]:
     raise ValueError(f"tests must be a list, not {type(tests).__name__}")
 
 
-def _limits(*, cpu_seconds: int, memory_bytes: int, file_bytes: int, nproc: int | None) -> Any:
+def _limits(*, cpu_seconds: int, memory_bytes: int, file_bytes: int, nproc: int | None) -> Callable[[], None]:
     def apply() -> None:
         # Soft equals hard: the code cannot raise them back.
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
@@ -206,7 +208,7 @@ def _read_tail(path: Path, limit: int = 2000) -> str:
 def code_run(
     *,
     code: str,
-    tests: Any,
+    tests: object,
     timeout: float = 10.0,
     test_timeout: float = 4.0,
     memory_mb: int = 512,

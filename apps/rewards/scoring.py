@@ -22,11 +22,14 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from apps.rewards.registry import RewardResult, domain_routes, reward_get, task_field
 from apps.runs.config import RewardTerm, RunConfig
 from apps.runs.vocabulary import DEFAULT_DOMAIN, domain_misspelt, domain_misspelt_message
+
+if TYPE_CHECKING:
+    from apps.buffer.models import Taskset
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def term_keys(terms: Sequence[RewardTerm]) -> list[str]:
     return keys
 
 
-def task_domain(task: Any) -> str:
+def task_domain(task: object) -> str:
     return str(task_field(task, "domain") or DEFAULT_DOMAIN)
 
 
@@ -84,12 +87,12 @@ def rewards_remote_terms(terms: Sequence[RewardTerm]) -> list[RewardTerm]:
     return [t for t in (terms or _all_defaults()) if _is_remote(t)]
 
 
-def rewards_awaiting(*, terms: Sequence[RewardTerm], task: Any) -> list[str]:
+def rewards_awaiting(*, terms: Sequence[RewardTerm], task: object) -> list[str]:
     """Keys of the remote terms that apply to this task: what `metadata["awaiting_rewards"]` holds."""
     return [key for key, t in rewards_for_domain(terms=terms, domain=task_domain(task)) if _is_remote(t)]
 
 
-def reward_term_score(*, term: RewardTerm, completion: str, task: Any) -> float:
+def reward_term_score(*, term: RewardTerm, completion: str, task: object) -> float:
     """One term's score, finite; a reward function that fails on untrusted text scores 0."""
     spec = reward_get(term.name)
     try:
@@ -101,7 +104,7 @@ def reward_term_score(*, term: RewardTerm, completion: str, task: Any) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-def rewards_inline(*, terms: Sequence[RewardTerm], completion: str, task: Any) -> RewardResult:
+def rewards_inline(*, terms: Sequence[RewardTerm], completion: str, task: object) -> RewardResult:
     """Score the inline terms that apply to the task's domain; the score is their weighted sum."""
     parts: dict[str, float] = {}
     for key, term in rewards_for_domain(terms=terms, domain=task_domain(task)):
@@ -117,7 +120,7 @@ def reward_combine(*, terms: Sequence[RewardTerm], parts: Mapping[str, float]) -
     return float(sum(keyed[key].weight * float(value) for key, value in parts.items() if key in keyed))
 
 
-def taskset_routing_errors(cfg: RunConfig, taskset: Any) -> dict[str, str]:
+def taskset_routing_errors(cfg: RunConfig, taskset: Taskset) -> dict[str, str]:
     """The rewards' check of a run's taskset (registered with apps.runs.vocabulary): every
     domain of its tasks is scored by a term of `cfg.rewards`; with the default routes, no
     task's domain misspells a routed one (imported before the importers refused it, it would

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from apps.buffer.models import Experience
 from apps.rewards.k12 import DOMAIN as K12
@@ -23,12 +23,19 @@ def run_current_model(*, run: Run) -> str:
     return version.checkpoint if version is not None else run.cfg.model
 
 
-def rewards_summary(*, run: Run) -> dict[str, Any]:
+class RewardsSummary(TypedDict):
+    routes: list[dict[str, object]]  # {"domain", "terms": [{"key", "weight", "params"}]}
+    explicit: bool
+    learned: bool
+    graders: list[K12Grader]
+
+
+def rewards_summary(*, run: Run) -> RewardsSummary:
     """What the run page shows of its reward spec: per domain the terms that score it (key,
     weight, params), and the learned K-12 grader's versions when the spec uses it."""
 
     terms = run.cfg.rewards
-    routes = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}
+    routes: list[dict[str, object]] = [{"domain": domain, "terms": [{"key": key, "weight": t.weight, "params": t.params}
                                            for key, t in rewards_for_domain(terms=terms, domain=domain)]}
               for domain in domains()]
     learned = any(t.name == "k12_learned" for _, t in rewards_for_domain(terms=terms, domain=K12))

@@ -4,7 +4,7 @@ reward queue."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypeVar
 
 from django.db import transaction
 
@@ -12,7 +12,10 @@ from apps.buffer.models import Experience
 from apps.rewards.scoring import reward_combine
 from apps.runs.feedback_policy import experience_initial_fields
 from apps.runs.metrics import metric_record
+from apps.rewards.models import VersionedScorer
 from apps.runs.models import Run
+
+Scorer = TypeVar("Scorer", bound=VersionedScorer)
 
 SCORE_TASK = "workers.rewards.score_experiences"
 
@@ -71,8 +74,8 @@ def experience_rewards_apply(
     return applied
 
 
-def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float | None,
-                   more_metrics: dict[str, float | None] | None = None, **fields: Any) -> Any:
+def scorer_publish(*, model: type[Scorer], run: Run, metric: str, accuracy: float | None,
+                   more_metrics: dict[str, float | None] | None = None, **fields: object) -> Scorer:
     """Record a trained scorer (a VersionedScorer: the learned reward model, the K-12 grader)
     as the run's next version; its held-out accuracy (and `more_metrics`, where not None) goes
     through metric_record, the one path to the run page's chart, the live event and the run's
@@ -81,10 +84,10 @@ def scorer_publish(*, model: type[Any], run: Run, metric: str, accuracy: float |
     from django.db.models import Max
 
     for _ in range(5):
-        number = (model.objects.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
+        number = (model._default_manager.filter(run=run).aggregate(m=Max("version"))["m"] or 0) + 1
         try:
             with transaction.atomic():
-                scorer = model.objects.create(run=run, version=number, accuracy=accuracy, **fields)
+                scorer = model._default_manager.create(run=run, version=number, accuracy=accuracy, **fields)
                 values = {name: value for name, value in {metric: accuracy, **(more_metrics or {})}.items()
                           if value is not None}
                 if values:

@@ -4,7 +4,6 @@ without a checkable reference goes to a judge or a reward model by the run's rew
 
 from __future__ import annotations
 
-from typing import Any
 
 from apps.rewards.answers import answer_extract
 from apps.rewards.registry import RewardResult, domain_register, reference_text, register
@@ -23,7 +22,7 @@ def _same(answer: str, reference: str) -> bool:
 
 @register("vision_answer", description="1 when the tagged answer about the picture equals the reference "
                                         "(numbers compared as numbers), 0 otherwise or without a tag")
-def vision_answer(completion: str, task: Any, **params: Any) -> RewardResult:
+def vision_answer(completion: str, task: object, **params: object) -> RewardResult:
     reference = reference_text(task)
     answer = answer_extract(completion)
     ok = bool(reference) and answer is not None and _same(answer, reference)

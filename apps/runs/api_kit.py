@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from django.http import HttpRequest
-from ninja import Path, Schema
+from ninja import Schema
+from ninja.params.functions import Path
 from pydantic import Field
 
 from apps.runs.models import Run
@@ -30,14 +31,15 @@ class Error(Schema):
 ERRORS: dict[int, type] = {400: Error, 401: Error, 403: Error, 404: Error, 413: Error, 422: Error, 429: Error}
 
 
-def responses(ok: Any, *extra: int) -> dict[int, Any]:
-    out: dict[int, Any] = {200: ok, **ERRORS}
+def responses(ok: object, *extra: int) -> dict[int, object]:
+    """`response=` of a route: `ok` (a schema, a list of one, None) for 200, Error for the rest."""
+    out: dict[int, object] = {200: ok, **ERRORS}
     for code in extra:
         out[code] = Error
     return out
 
 
-RunId = Path(..., ge=1, le=2**63 - 1, description="the run's id")
+RunId: int = Path(..., ge=1, le=2**63 - 1, description="the run's id")
 
 
 class RunScoped(Protocol):
@@ -50,7 +52,7 @@ class RunScoped(Protocol):
 def run_reachable(request: HttpRequest, run_id: int) -> Run:
     """The run `run_id` when the request's principal may reach it; else NotFound (404), the
     same answer, words and all, for a run outside the key's runs as for a missing one."""
-    principal: RunScoped | Any = getattr(request, "auth", None)
+    principal: RunScoped | None = getattr(request, "auth", None)
     run_ids: frozenset[int] = getattr(principal, "run_ids", frozenset())
     run = Run.objects.filter(pk=run_id).first() if run_id in run_ids else None
     if run is None:

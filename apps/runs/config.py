@@ -7,6 +7,7 @@ them beside the field and the CLI can print them as they are.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
+from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from rftweb.exceptions import InvalidInput
 
 
@@ -25,13 +27,22 @@ class Mode(StrEnum):
     TRAIN = "train"
 
 
-class FieldConflict(ValueError):
+def _known(name: str, known: Collection[str], *, what: str) -> str:
+    """`name` when it is one of the registered `known` names; else a ValueError listing them."""
+    if name not in known:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
+    return name
+
+
+class FieldConflict(InvalidInput, ValueError):
     """A model validator's error about one field (its dotted path from the model's root), so
-    that forms and the API report it beside that field rather than the whole config."""
+    that forms and the API report it beside that field rather than the whole config. A
+    ValueError too: pydantic turns only those into its validation errors."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
+        # pydantic's message is str(error): the message alone, the field goes beside it.
+        self.args = (message,)
 
 
 class _Strict(BaseModel):
@@ -81,10 +92,7 @@ class RewardTerm(_Strict):
     @field_validator("name")
     @classmethod
     def _known_reward(cls, name: str) -> str:
-        known = vocabulary.reward_names()
-        if name not in known:
-            raise ValueError(f"unknown reward {name!r}; known: {', '.join(sorted(known))}")
-        return name
+        return _known(name, vocabulary.reward_names(), what="reward")
 
     @field_validator("domains")
     @classmethod
@@ -168,6 +176,15 @@ class FeedbackPolicy(_Strict):
     # How long a group waits for human rewards before the fallback applies.
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
+    # A group a person has open (an item of it in their queue) waits for them rather than
+    # training under their hands: the trainer's claim skips it for `hold_seconds` after their
+    # last sign of work (opening or polling the page, a label), and never longer than
+    # `hold_cap_seconds` after the item was handed to them. 0: no holds. Not under `auto`
+    # (labels move no reward there).
+    hold_seconds: float = Field(45.0, ge=0.0, le=3600.0,
+                                description="how long a group an annotator has open waits after their last activity")
+    hold_cap_seconds: float = Field(180.0, ge=0.0, le=86400.0,
+                                    description="the longest a group waits for an annotator who holds it")
     # How many annotators see each item.
     overlap: int = Field(1, ge=1, le=10)
     rank_rule: Literal["borda"] = "borda"
@@ -197,16 +214,17 @@ class RewardModelConfig(_Strict):
     """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
 
     enabled: bool = False
-    # likelihood: the base's token log-likelihoods of the completion (sum, mean, min, answer
-    # span) weighed by a Bradley-Terry model fitted on the pairs (workers/likelihood_rm.py);
-    # classifier: a scalar-head sequence classifier trained with TRL's RewardTrainer.
-    kind: Literal["likelihood", "classifier"] = "likelihood"
+    # A registered reward-model kind (apps.runs.reward_kinds): head (the default: an ensemble
+    # of scalar heads on the base's pooled hidden states), likelihood (the base's token
+    # log-likelihoods weighed by a Bradley-Terry model), classifier (TRL's RewardTrainer), …
+    kind: str = Field(DEFAULT_REWARD_KIND, json_schema_extra={"registry": "reward_kinds"})
     # "policy": the run's current checkpoint (with a fresh scalar head for `classifier`);
-    # else a path or hub id (a larger "judge" model is a deployment's choice).
+    # else a path or hub id (a separately trained "judge" model is a deployment's choice).
     base: str = Field("policy", min_length=1)
     # Train a new version when this many labels (feedback rows) arrived since the last one.
     retrain_every: int = Field(20, ge=1)
-    # classifier: start each version from the previous version's weights instead of the base.
+    # Kinds that declare `warm_start` (classifier): start each version from the previous
+    # version's weights instead of the base.
     warm_start: bool = False
     heldout_share: float = Field(0.2, gt=0.0, lt=1.0)
     epochs: int = Field(4, ge=1, le=100)
@@ -217,12 +235,15 @@ class RewardModelConfig(_Strict):
     # likelihood: the answer span is the last match of this regex (its first group when it
     # has one); empty: no span features.
     answer_pattern: str = Field(r"<answer>(.*?)</answer>", max_length=500)
-    # likelihood: L2 penalty of the Bradley-Terry weights.
+    # head: how many heads the ensemble has, each on its own bootstrap sample of the pairs
+    # (their spread is the selection rule's uncertainty; 1: one head on every pair).
+    ensemble: int = Field(5, ge=1, le=32)
+    # head, likelihood: L2 penalty of the Bradley-Terry weights.
     l2: float = Field(1e-2, ge=0.0)
-    # likelihood: measure held-out accuracy by k-fold cross-validation over prompts (k >= 2)
-    # instead of the `heldout_share` split: every pair is held out once (ranked by a fit that
-    # never saw its prompt), so the gate has k / 1 x (at 0.25, 4x) the evidence; the published
-    # version fits every pair. 0: the split. Its fits are a few LBFGS steps on 6 features each.
+    # Kinds that declare `crossval` (head, likelihood): measure held-out accuracy by k-fold
+    # cross-validation over prompts (k >= 2) instead of the `heldout_share` split: every pair is
+    # held out once (ranked by a fit that never saw its prompt), so the gate has k / 1 x (at
+    # 0.25, 4x) the evidence; the published version fits every pair. 0: the split.
     crossval_folds: int = Field(0, ge=0, le=20)
 
     @field_validator("crossval_folds")
@@ -232,12 +253,20 @@ class RewardModelConfig(_Strict):
             raise ValueError("0 (the held-out share) or at least 2 folds")
         return value
 
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, name: str) -> str:
+        if name not in reward_kind_names():
+            raise ValueError(f"Input should be one of the registered reward-model kinds: {', '.join(reward_kind_names())}")
+        return name
+
     @model_validator(mode="after")
-    def _crossval_is_the_likelihood_kinds(self) -> RewardModelConfig:
-        # The classifier's held-out split is TRL's training data split: it has no folds, and
-        # a setting it would silently ignore is refused.
-        if self.crossval_folds and self.kind != "likelihood":
-            raise ValueError("reward_model.crossval_folds applies to kind 'likelihood' only")
+    def _crossval_is_the_declaring_kinds(self) -> RewardModelConfig:
+        # A kind without folds (its held-out split is the prompt split) would silently
+        # ignore the setting: it is refused.
+        if self.crossval_folds and self.kind in reward_kind_names() and not reward_kind_get(self.kind).crossval:
+            able = ", ".join(repr(k.name) for k in reward_kinds() if k.crossval)
+            raise ValueError(f"reward_model.crossval_folds applies to the kinds {able} only")
         return self
 
     @field_validator("answer_pattern")
@@ -306,10 +335,16 @@ class AlgorithmConfig(_Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     # Recompute activations in the backward pass: less memory, about a third more compute.
     gradient_checkpointing: bool = False
-    # Learner processes on the train worker's host (data parallel: gloo on CPU, NCCL with
-    # one GPU per process). Each takes part of every batch; rank 0 (the worker's own
-    # process) holds the whole state and writes every checkpoint. grpo and sft only.
+    # Learner processes (ranks) in all, over `hosts` hosts: PyTorch's FSDP2 across them (gloo
+    # on CPU, NCCL with one GPU per process). Each takes part of every batch; rank 0 (the
+    # train worker's own process) claims, journals, commits and publishes whole versions.
     processes: int = Field(1, ge=1, le=64)
+    hosts: int = Field(1, ge=1, le=16)
+    # How the learner group splits the model: full (parameters, gradients and optimizer
+    # state sharded; FSDP2, ZeRO-3-like), grad_op (gradients and optimizer state sharded,
+    # parameters kept gathered from forward to backward; ZeRO-2-like), none (whole replicas,
+    # PyTorch's DistributedDataParallel).
+    sharding: Literal["full", "grad_op", "none"] = "full"
     # AdamW with 8-bit state (bitsandbytes, CUDA only; refused with a message elsewhere).
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 
@@ -328,10 +363,7 @@ class PipelineStep(_Strict):
     @field_validator("name")
     @classmethod
     def _known_operator(cls, name: str) -> str:
-        known = vocabulary.operator_names()
-        if name not in known:
-            raise ValueError(f"unknown pipeline operator {name!r}; known: {', '.join(sorted(known))}")
-        return name
+        return _known(name, vocabulary.operator_names(), what="pipeline operator")
 
     @field_validator("params")
     @classmethod
@@ -451,6 +483,10 @@ class RunConfig(_Strict):
             reason = learner_group_refusal(algorithm=str(algorithm), loss_type=t.loss_type, scale_rewards=t.scale_rewards)
             if reason:
                 raise ValueError(f"processes: {reason}")
+        if t.processes > 1 and t.precision == "fp16":
+            raise ValueError("processes: fp16's loss scaler is one process's; a learner group trains in fp32 or bf16")
+        if t.processes % t.hosts:
+            raise ValueError(f"hosts: {t.processes} processes do not split evenly over {t.hosts} hosts")
         return t
 
     @field_validator("eval")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -12,15 +12,29 @@ from apps.runs.fanout import Member, fanout_join, fanout_leave
 from apps.runs.models import Run
 from apps.runs.selectors import run_can_view, runs_visible_to
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
 
 @database_sync_to_async
-def _may_view(run_id: int, user: Any) -> bool:
+def _may_view(run_id: int, user: AbstractBaseUser | AnonymousUser) -> bool:
     run = Run.objects.filter(pk=run_id).first()
     return run is not None and run_can_view(run=run, user=user)
 
 
+async def run_socket_admit(socket: AsyncJsonWebsocketConsumer) -> int | None:
+    """The run id of the socket's URL when its user may view that run; else the socket is
+    closed (4403, the same for a missing run) and None."""
+    run_id = int(socket.scope["url_route"]["kwargs"]["run_id"])
+    user = socket.scope.get("user")
+    if user is None or not await _may_view(run_id, user):
+        await socket.close(code=4403)
+        return None
+    return run_id
+
+
 @database_sync_to_async
-def _visible_ids(user: Any) -> set[int]:
+def _visible_ids(user: AbstractBaseUser | AnonymousUser) -> set[int]:
     return set(runs_visible_to(user=user).values_list("pk", flat=True))
 
 
@@ -34,10 +48,8 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
     member: Member | None = None
 
     async def connect(self) -> None:
-        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        user = self.scope.get("user")
-        if user is None or not await _may_view(run_id, user):
-            await self.close(code=4403)
+        run_id = await run_socket_admit(self)
+        if run_id is None:
             return
         # Subscribed before the handshake completes, so nothing published after the client
         # sees "open" is missed; frames wait in the member's outbox until start().

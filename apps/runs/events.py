@@ -13,8 +13,8 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from channels.layers import get_channel_layer
 
@@ -58,7 +58,21 @@ ENVELOPE = "events"
 ENVELOPE_BYTES = 256 * 1024
 
 
-def _message(type: str, payload: dict[str, Any]) -> dict[str, Any]:
+class LayerMessage(TypedDict):
+    """One event as it goes onto the run's group."""
+
+    type: str
+    payload: Mapping[str, object]
+
+
+class Envelope(TypedDict):
+    """Several events in one layer message (type ENVELOPE)."""
+
+    type: str
+    events: list[LayerMessage]
+
+
+def _message(type: str, payload: Mapping[str, object]) -> LayerMessage:
     if type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {type!r}; known: {', '.join(EVENT_TYPES)}")
     return {"type": type, "payload": payload}
@@ -72,10 +86,10 @@ def layer_events(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"type": message["type"], "payload": message.get("payload", {})}]
 
 
-def _envelopes(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _envelopes(messages: Sequence[LayerMessage]) -> list[LayerMessage | Envelope]:
     """`messages` as few layer messages as fit ENVELOPE_BYTES (its texts counted: a cheap
     upper part of the size, not an encoding), in order; a lone event goes as itself."""
-    out: list[list[dict[str, Any]]] = []
+    out: list[list[LayerMessage]] = []
     size = ENVELOPE_BYTES
     for m in messages:
         weight = 64 + sum(len(v) for v in m["payload"].values() if isinstance(v, str))
@@ -87,13 +101,13 @@ def _envelopes(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [chunk[0] if len(chunk) == 1 else {"type": ENVELOPE, "events": chunk} for chunk in out]
 
 
-def event_publish(*, run_id: int, type: str, payload: dict[str, Any]) -> None:
+def event_publish(*, run_id: int, type: str, payload: Mapping[str, object]) -> None:
     """Send one event to the run's group. Never raises for a broken layer: live events are
     a view of the buffer, which stays the source of truth."""
     event_publish_many(run_id=run_id, events=[(type, payload)])
 
 
-def event_publish_many(*, run_id: int, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+def event_publish_many(*, run_id: int, events: Sequence[tuple[str, Mapping[str, object]]]) -> None:
     """Send several events to the run's group, in order, from sync code, and wait until they
     are sent. One hop into the process's publisher loop for all of them."""
     messages = [_message(type, payload) for type, payload in events]
@@ -230,7 +244,7 @@ def _forget_publisher_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_publisher_after_fork)
 
 
-async def event_publish_async(*, run_id: int, type: str, payload: dict[str, Any]) -> None:
+async def event_publish_async(*, run_id: int, type: str, payload: Mapping[str, object]) -> None:
     message = _message(type, payload)
     layer = get_channel_layer()
     if layer is None:

@@ -48,9 +48,11 @@ def task_failure_record(*, run_id: int, task: str, step: int | None, worker: str
         "task": failure.task, "step": step, "worker": failure.worker, "exception": failure.exception,
         "message": _short(message, 500), "at": failure.created_at.isoformat(),
     })
+    if failure.task not in RUN_TASKS.values():
+        return failure  # a side job (a weights download): shown, never held against the run
     started = (AuditEntry.objects.filter(run=run, action__in=("start", "resume")).order_by("-created_at")
                .values_list("created_at", flat=True).first())
-    in_a_row = TaskFailure.objects.filter(run=run, progress=progress)
+    in_a_row = TaskFailure.objects.filter(run=run, progress=progress, task__in=RUN_TASKS.values())
     if started is not None:
         in_a_row = in_a_row.filter(created_at__gte=started)
     count = in_a_row.count()

@@ -30,7 +30,7 @@ import json
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -134,7 +134,7 @@ class RunFanout:
         self._loop = asyncio.get_running_loop()
         self._last_flush = float("-inf")
         self._flush_handle: asyncio.Handle | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._ready = asyncio.ensure_future(self._subscribe())
         self._closed = False
 
@@ -148,7 +148,7 @@ class RunFanout:
         self._spawn(self._read(), "read")
         self._spawn(self._renew(), "renew")
 
-    def _spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[object, object, None], what: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"fanout-{what}-{self.run_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -294,7 +294,7 @@ def _frames(encoded: list[str]) -> list[str]:
 # Hubs per event loop: a channel layer's connections belong to the loop that opened them,
 # and each test (and each server process) runs its own loop.
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, RunFanout]] = weakref.WeakKeyDictionary()
-_cleanups: set[asyncio.Future[Any]] = set()
+_cleanups: set[asyncio.Future[None]] = set()
 
 
 async def fanout_join(*, run_id: int, socket: LiveSocket) -> Member:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from apps.runs.config import FeedbackPolicy, RunConfig
 
@@ -53,7 +53,13 @@ def feedback_is_late(*, statuses: Iterable[str]) -> bool:
     return any(status in LATE_STATUSES for status in statuses)
 
 
-def experience_initial_fields(*, cfg: RunConfig, auto_reward: float | None) -> dict[str, Any]:
+class InitialFields(TypedDict):
+    status: str
+    auto_reward: float | None
+    reward: float | None
+
+
+def experience_initial_fields(*, cfg: RunConfig, auto_reward: float | None) -> InitialFields:
     """Status and reward fields for a freshly explored experience under the run's policy."""
     if cfg.feedback.mode == "auto":
         return {"status": "ready", "auto_reward": auto_reward, "reward": auto_reward}

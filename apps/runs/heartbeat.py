@@ -20,7 +20,8 @@ import logging
 import os
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from celery import signals
 from django.conf import settings
@@ -29,7 +30,25 @@ from django.utils import timezone
 
 from apps.runs.models import WorkerHeartbeat
 
+if TYPE_CHECKING:
+    from celery.worker.consumer import Consumer
+
 log = logging.getLogger(__name__)
+
+
+class ActiveTask(TypedDict):
+    """A task a worker is running, as its heartbeat stores it (never its arguments)."""
+
+    id: str
+    name: str
+    run_id: int | None
+    started_at: str | None  # ISO 8601
+
+
+class WorkerHealth(TypedDict):
+    beat: WorkerHeartbeat
+    state: str  # alive / busy / stale / stopped
+    age: float  # seconds since its last beat
 
 
 
@@ -44,7 +63,7 @@ def worker_heartbeat_record(
     pool: str,
     concurrency: int,
     pid: int,
-    active: list[dict[str, Any]],
+    active: Sequence[Mapping[str, object]],  # ActiveTask rows (older beats stored other keys)
     processed: int = 0,
     started_at: datetime | None = None,
 ) -> WorkerHeartbeat:
@@ -52,7 +71,7 @@ def worker_heartbeat_record(
     (the worker's start) replaces the stored one: a worker restarted under the same name is
     a new worker, and what the old one was running is lost (apps/control/orchestration.py)."""
     now = timezone.now()
-    defaults: dict[str, Any] = {
+    defaults: dict[str, object] = {
         "queues": sorted(queues),
         "pool": pool,
         "concurrency": concurrency,
@@ -65,18 +84,7 @@ def worker_heartbeat_record(
     if started_at is not None:
         defaults["started_at"] = started_at
     beat, _ = WorkerHeartbeat.objects.update_or_create(
-        hostname=hostname,
-        defaults=defaults,
-        create_defaults={
-            "queues": sorted(queues),
-            "pool": pool,
-            "concurrency": concurrency,
-            "pid": pid,
-            "active": active,
-            "processed": processed,
-            "last_seen": now,
-            "started_at": started_at or now,
-        },
+        hostname=hostname, defaults=defaults, create_defaults={**defaults, "started_at": started_at or now},
     )
     return beat
 
@@ -87,11 +95,11 @@ def worker_heartbeat_stop(*, hostname: str) -> int:
     return WorkerHeartbeat.objects.filter(hostname=hostname).update(stopped_at=now, last_seen=now, active=[])
 
 
-def workers_health(*, now: datetime | None = None, forget_after: timedelta = timedelta(days=1)) -> list[dict[str, Any]]:
+def workers_health(*, now: datetime | None = None, forget_after: timedelta = timedelta(days=1)) -> list[WorkerHealth]:
     """Every worker seen lately, with `state` alive / busy / stale / stopped."""
     now = now or timezone.now()
     stale = timedelta(seconds=settings.RFT_WORKER_DEAD_SECONDS)
-    rows: list[dict[str, Any]] = []
+    rows: list[WorkerHealth] = []
     for beat in WorkerHeartbeat.objects.filter(last_seen__gte=now - forget_after):
         if beat.stopped_at is not None:
             state = "stopped"
@@ -103,7 +111,7 @@ def workers_health(*, now: datetime | None = None, forget_after: timedelta = tim
     return rows
 
 
-def task_run_id(*, name: str, args: Any, kwargs: Any) -> int | None:
+def task_run_id(*, name: str, args: Iterable[object] | None, kwargs: object) -> int | None:
     """The run a task works for (its `run_id` argument), or None for a task of no one run."""
     value = (kwargs or {}).get("run_id") if isinstance(kwargs, dict) else None
     if value is None:
@@ -117,10 +125,10 @@ def task_run_id(*, name: str, args: Any, kwargs: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _active_tasks() -> list[dict[str, Any]]:
+def _active_tasks() -> list[ActiveTask]:
     from celery.worker import state
 
-    tasks: list[dict[str, Any]] = []
+    tasks: list[ActiveTask] = []
     for request in list(state.active_requests):
         started = getattr(request, "time_start", None)
         tasks.append({
@@ -166,7 +174,7 @@ class _Beater(threading.Thread):
 _beater: _Beater | None = None
 
 
-def _describe(consumer: Any) -> tuple[str, list[str], str, int]:
+def _describe(consumer: Consumer) -> tuple[str, list[str], str, int]:
     controller = consumer.controller
     queues = [q.name for q in consumer.app.amqp.queues.consume_from.values()]
     pool_cls = getattr(controller, "pool_cls", None)
@@ -178,7 +186,7 @@ def _describe(consumer: Any) -> tuple[str, list[str], str, int]:
 
 
 @signals.worker_ready.connect
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
     global _beater
     try:
         hostname, queues, pool, concurrency = _describe(sender)
@@ -207,7 +215,7 @@ QUICK_TASKS = frozenset({
 
 @signals.task_prerun.connect
 @signals.task_postrun.connect
-def _on_task_edge(sender: Any = None, **_: Any) -> None:
+def _on_task_edge(sender: object = None, **_: object) -> None:
     # Beat at once when a task starts or ends in a solo worker (same process), so the page
     # shows the current task without waiting for the next interval.
     if getattr(sender, "name", None) in QUICK_TASKS:
@@ -228,7 +236,7 @@ def _edge_beat(beater: _Beater) -> None:
 
 
 @signals.worker_shutdown.connect
-def _on_worker_shutdown(**_: Any) -> None:
+def _on_worker_shutdown(**_: object) -> None:
     if _beater is None:
         return
     _beater.stopping.set()

@@ -78,6 +78,31 @@ class RunMember(models.Model):
         return f"{self.user} {self.role} of {self.run_id}"
 
 
+class Invitation(models.Model):
+    """An owner's invitation to a run with a role, by email address or as a one-time link
+    (apps/runs/invitations.py). Only a digest of its token is kept: the link is shown or
+    sent once. Whoever opens it first, before it expires, becomes a member of the run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=RunMember.Role.choices)
+    # Empty for a one-time link handed over by other means.
+    email = models.EmailField(blank=True)
+    token_digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invitation to run {self.run_id} as {self.role}"
+
+
 class ModelVersion(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
@@ -189,18 +214,28 @@ class WorkerHeartbeat(models.Model):
 
 
 class Dispatch(models.Model):
-    """Which explore or train step of a run is out with a worker: one row per run and kind,
-    the RFT core's whole scheduling state (apps/control/orchestration.py).
+    """A background job of a run that must not run twice at once: one row per run, kind and
+    key, the project's whole scheduling state, claimed only through apps/runs/dispatch.py.
 
-    idle → sent (the conductor claimed it with a conditional UPDATE and queued task
-    `task_id`) → running (the worker that got that message, with the lease owner it
-    claims under) → idle (the task ended, whatever its outcome). A row that stays sent or
-    running after its worker died is taken back by the conductor and sent again.
+    idle → sent (a message `task_id` is queued for it) → running (the worker that got it,
+    with the lease owner it claims under) → idle (the task ended, whatever its outcome).
+    The loop's explore and train steps (apps/control/orchestration.py) are taken back by the
+    conductor when their worker dies; the other kinds carry a lease (`expires_at`) after
+    which a new claim takes them over.
     """
 
     class Kind(models.TextChoices):
+        # The RFT loop's steps (apps/control/orchestration.py): one row per run, no key.
         EXPLORE = "explore"
         TRAIN = "train"
+        # A version's weights packed as a download (the run summary's button); `step` is the
+        # version number. One at a time per run, sent and taken back by the conductor like a step.
+        EXPORT = "export"
+        # The run's reward-model and K-12 grader training (workers/reward_trainer.py, workers/k12.py).
+        RM_TRAIN = "rm_train"
+        K12_TRAIN = "k12_train"
+        # A reward-model version packed as a download (apps/rewards/export.py); key: the version.
+        RM_EXPORT = "rm_export"
 
     class State(models.TextChoices):
         IDLE = "idle"
@@ -209,6 +244,8 @@ class Dispatch(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="dispatches")
     kind = models.CharField(max_length=16, choices=Kind.choices)
+    # What the job is about within its run and kind, where a run has several ("v3": a version).
+    key = models.CharField(max_length=64, blank=True, default="")
     step = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.IDLE)
     task_id = models.CharField(max_length=64, blank=True)
@@ -217,11 +254,15 @@ class Dispatch(models.Model):
     holder = models.CharField(max_length=200, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # Past it a sent or running row is free again (its job crashed); None: no lease.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # The last run's failure, shown until the next claim (an export's page says why).
+    error = models.CharField(max_length=500, blank=True, default="")
     # How many times a message was queued for it (re-sends after a lost message or worker).
     sends = models.PositiveIntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "kind"], name="dispatch_run_kind_unique")]
+        constraints = [models.UniqueConstraint(fields=["run", "kind", "key"], name="dispatch_run_kind_key_unique")]
 
     def __str__(self) -> str:
-        return f"run {self.run_id} {self.kind}:{self.step} {self.state}"
+        return f"run {self.run_id} {self.kind}{':' + self.key if self.key else ''}:{self.step} {self.state}"

@@ -20,34 +20,47 @@ explore step's experiences (train_batch_size = explore_batch_size × repeat_time
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 SYNC, ASYNC, EXPLORE, TRAIN = "sync", "async", "explore", "train"
 
 
-def _mode(cfg: Any) -> str:
+class Schedule(Protocol):
+    """What the schedule reads of a config: a RunConfig is one (plain objects in tests too)."""
+
+    @property
+    def mode(self) -> object: ...
+    @property
+    def sync_interval(self) -> int: ...
+    @property
+    def sync_offset(self) -> int: ...
+    @property
+    def max_staleness(self) -> int: ...
+
+
+def _mode(cfg: Schedule) -> str:
     return str(getattr(cfg.mode, "value", cfg.mode))
 
 
-def explores(cfg: Any) -> bool:
+def explores(cfg: Schedule) -> bool:
     return _mode(cfg) in (SYNC, ASYNC, EXPLORE)
 
 
-def trains(cfg: Any) -> bool:
+def trains(cfg: Schedule) -> bool:
     return _mode(cfg) in (SYNC, ASYNC, TRAIN)
 
 
-def version_for_train_step(*, cfg: Any, train_step: int) -> int:
+def version_for_train_step(*, cfg: Schedule, train_step: int) -> int:
     """The version the policy is after `train_step` steps (published at multiples of sync_interval)."""
     return max(0, train_step) // cfg.sync_interval
 
 
-def publishes_at(*, cfg: Any, train_step: int) -> bool:
+def publishes_at(*, cfg: Schedule, train_step: int) -> bool:
     """Whether train step t ends by publishing a new version."""
     return train_step > 0 and train_step % cfg.sync_interval == 0
 
 
-def version_required(*, cfg: Any, explore_step: int) -> int:
+def version_required(*, cfg: Schedule, explore_step: int) -> int:
     """The lowest model version explore step k may use; in sync mode, the one it must use."""
     if explore_step < 1:
         raise ValueError("explore steps are counted from 1")
@@ -59,7 +72,7 @@ def version_required(*, cfg: Any, explore_step: int) -> int:
     return 0
 
 
-def explore_version(*, cfg: Any, explore_step: int, current_version: int) -> int | None:
+def explore_version(*, cfg: Schedule, explore_step: int, current_version: int) -> int | None:
     """The version explore step k runs with now, or None when it must wait for the trainer."""
     mode = _mode(cfg)
     if mode == TRAIN:
@@ -72,7 +85,7 @@ def explore_version(*, cfg: Any, explore_step: int, current_version: int) -> int
     return required if mode == SYNC else current_version
 
 
-def min_version_for_claim(*, cfg: Any, current_version: int) -> int | None:
+def min_version_for_claim(*, cfg: Schedule, current_version: int) -> int | None:
     """The oldest model version whose experiences the trainer may still claim, or None for
     no bound (train mode trains on whatever the buffer holds, imported data included)."""
     mode = _mode(cfg)

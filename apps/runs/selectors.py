@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from datetime import datetime
+from typing import TypedDict
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db.models import Q, QuerySet
 
-from apps.runs.heartbeat import workers_health
+from apps.runs.algorithms import algorithm_get
+from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
+from rftweb.jsontypes import JSON
 
 
 def _is_staff(user: AbstractBaseUser | AnonymousUser) -> bool:
@@ -24,6 +28,14 @@ def runs_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Run]:
     return Run.objects.filter(Q(owner=user) | Q(members__user=user)).distinct()
 
 
+def runs_to_compare(*, user: AbstractBaseUser | AnonymousUser, run: Run, limit: int = 50) -> list[dict[str, int | str]]:
+    """The runs `user` may compare `run` with on its charts: visible ones with metrics (a run
+    that failed before its first step has nothing to draw), newest first."""
+    others = (runs_visible_to(user=user).exclude(pk=run.pk)
+              .filter(pk__in=Metric.objects.values("run_id")).order_by("-created_at"))
+    return [{"id": r.pk, "name": r.name, "status": r.status} for r in others[:limit]]
+
+
 def run_role(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> str | None:
     """'owner' (owner or staff), 'annotator', 'viewer', or None for no access."""
     if not user.is_authenticated:
@@ -37,14 +49,41 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
     return run_role(run=run, user=user) is not None
 
 
-def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None = None) -> list[dict[str, Any]]:
+# A finished run has nothing left to train and a failed one trains nothing until someone
+# starts it again: neither takes people's feedback, so no page, list or API invites it.
+ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED)
+
+
+def run_takes_feedback(*, run: Run) -> bool:
+    """Whether feedback on the run can still change anything (every door refuses it otherwise)."""
+    return run.status not in ENDED_STATUSES
+
+
+def run_invites_annotation(*, run: Run) -> bool:
+    """Whether pages offer "Annotate" on the run: it takes feedback and people's labels
+    count (a policy that folds them, a reward model learning from them, or an algorithm
+    that trains on people's corrections). An `auto` run with none of these trains on the
+    reward functions alone."""
+    if not run_takes_feedback(run=run):
+        return False
+    cfg = run.cfg
+    return (cfg.feedback.mode != "auto" or cfg.reward_model.enabled
+            or algorithm_get(cfg.algorithm).batch_plan(cfg).expert > 0)
+
+
+class VisibleWorker(WorkerHealth):
+    tasks: list[dict[str, object]]  # {"name", "run_id", "started_at"} of the runs the user sees
+    hidden: int  # how many of its tasks are of other runs
+
+
+def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None = None) -> list[VisibleWorker]:
     """Worker health as `user` may see it: every worker's state, but of the tasks it runs
     only those of runs the user may see (of `run` alone when given), by name and run, never
     their arguments; the rest are counted as `hidden`."""
     visible = {run.pk} if run is not None else set(runs_visible_to(user=user).values_list("pk", flat=True))
-    rows = []
+    rows: list[VisibleWorker] = []
     for row in workers_health():
-        tasks = [{"name": t.get("name", ""), "run_id": t.get("run_id"), "started_at": t.get("started_at")}
+        tasks: list[dict[str, object]] = [{"name": t.get("name", ""), "run_id": t.get("run_id"), "started_at": t.get("started_at")}
                  for t in row["beat"].active if t.get("run_id") in visible]
         rows.append({**row, "tasks": tasks, "hidden": len(row["beat"].active) - len(tasks)})
     return rows
@@ -119,9 +158,24 @@ def sparkline_points(values: list[float], *, width: int = 100, height: int = 24)
     return " ".join(f"{i * step:.1f},{height - (v - low) / span * (height - 2) - 1:.1f}" for i, v in enumerate(values))
 
 
-def weight_sync_timeline(*, run: Run) -> list[dict[str, Any]]:
+class WeightLoadRow(TypedDict):
+    worker: str
+    loaded_at: datetime
+    seconds: float
+    lag: float | None  # seconds from publication to this load (None: publication unknown)
+
+
+class VersionSync(TypedDict):
+    number: int
+    published_at: datetime | None
+    train_step: int | None
+    checkpoint: str
+    loads: list[WeightLoadRow]
+
+
+def weight_sync_timeline(*, run: Run) -> list[VersionSync]:
     """Per model version, newest first: when it was published and when each explorer loaded it."""
-    versions: dict[int, dict[str, Any]] = {}
+    versions: dict[int, VersionSync] = {}
     for v in ModelVersion.objects.filter(run=run).order_by("number"):
         versions[v.number] = {"number": v.number, "published_at": v.created_at, "train_step": v.train_step,
                               "checkpoint": v.checkpoint, "loads": []}
@@ -133,7 +187,22 @@ def weight_sync_timeline(*, run: Run) -> list[dict[str, Any]]:
     return [versions[n] for n in sorted(versions, reverse=True)]
 
 
-def run_audit(*, run: Run, limit: int = 50) -> list[Any]:
+# How the audit log and "last event" say what happened: the past tense of the action, and
+# "by <person>" only when a person did it (the system's own finish or failure says no more).
+_AUDIT_WORDS = {
+    "start": "started", "pause": "paused", "resume": "resumed", "stop": "stopped", "finish": "finished",
+    "fail": "failed", "feedback_policy": "feedback policy changed", "member_add": "member added",
+    "member_role": "member's role changed", "member_remove": "member removed", "invite": "invitation made",
+    "invite_used": "invitation accepted", "invite_revoke": "invitation revoked",
+}
+
+
+def audit_text(*, action: str, actor: object = None) -> str:
+    said = _AUDIT_WORDS.get(action, action.replace("_", " "))
+    return f"{said} by {actor}" if actor else said
+
+
+def run_audit(*, run: Run, limit: int = 50) -> list[AuditEntry]:
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
 
 def eval_best(*, run: Run) -> dict[str, float] | None:
@@ -145,18 +214,27 @@ def eval_best(*, run: Run) -> dict[str, float] | None:
     versions = dict(Metric.objects.filter(run=run, name="eval/version").values_list("step", "value"))
     step = max(sorted(means), key=lambda s: means[s])
     return {"version": int(versions.get(step, 0)), "reward_mean": means[step], "step": step}
-def run_task_failures(*, run: Run, limit: int = 10) -> list[Any]:
+def run_task_failures(*, run: Run, limit: int = 10) -> list[TaskFailure]:
     """The run's last failed explore and train tasks, newest first."""
     return list(TaskFailure.objects.filter(run=run).order_by("-created_at", "-id")[:limit])
 
 
-def run_state(*, run: Run) -> dict[str, Any]:
+class RunState(TypedDict):
+    status: str
+    explore_step: int
+    train_step: int
+    total_steps: int
+    version: int
+    error: str
+
+
+def run_state(*, run: Run) -> RunState:
     """What the run page's header shows, for its live updates."""
     return {"status": run.status, "explore_step": run.explore_step, "train_step": run.train_step,
             "total_steps": run.cfg.total_steps, "version": run.current_version, "error": run.error}
 
 
-def run_may_create(*, user: Any) -> bool:
+def run_may_create(*, user: User | AnonymousUser) -> bool:
     """Who sees "New run": staff, owners of a run, and anyone who is not only an annotator or
     viewer of others' runs (a fresh account owns nothing yet and may start)."""
     if not user.is_authenticated:
@@ -166,7 +244,7 @@ def run_may_create(*, user: Any) -> bool:
     return not RunMember.objects.filter(user=user).exists()
 
 
-def weight_sync_points(*, run: Run) -> dict[str, Any]:
+def weight_sync_points(*, run: Run) -> dict[str, object]:
     """The weight-sync timeline for a chart: when each version was published, when each
     explorer loaded which version (unix seconds), and the versions no explorer loaded
     although a later one was (skipped)."""
@@ -180,3 +258,41 @@ def weight_sync_points(*, run: Run) -> dict[str, Any]:
     newest_loaded = max(loaded, default=-1)
     skipped = sorted(v["number"] for v in timeline if v["number"] not in loaded and v["number"] < newest_loaded)
     return {"published": sorted(published), "loads": {w: sorted(p) for w, p in loads.items()}, "skipped": skipped}
+
+
+class ConfigDifference(TypedDict):
+    path: str  # dotted, e.g. "feedback.mode"
+    left: str  # the value in the first run as JSON, "" when the key is absent there
+    right: str
+    only: str  # "left" / "right" when the key is in one run only, else ""
+
+
+def config_flat(config: JSON, prefix: str = "") -> dict[str, JSON]:
+    """`config` as {dotted path: leaf value}; lists are leaves (compared whole)."""
+    if not isinstance(config, dict):
+        return {prefix: config} if prefix else {}
+    flat: dict[str, JSON] = {}
+    for key, value in config.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(config_flat(value, path))
+        else:
+            flat[path] = value
+    return flat
+
+
+def config_differences(left: JSON, right: JSON) -> list[ConfigDifference]:
+    """The keys whose values differ between two run configs, sorted by path."""
+    a, b = config_flat(left), config_flat(right)
+    rows: list[ConfigDifference] = []
+    for path in sorted(a.keys() | b.keys()):
+        shown = [json.dumps(side[path], sort_keys=True) if path in side else "" for side in (a, b)]
+        if path in a and path in b and shown[0] == shown[1]:
+            continue
+        rows.append({
+            "path": path,
+            "left": shown[0],
+            "right": shown[1],
+            "only": "left" if path not in b else "right" if path not in a else "",
+        })
+    return rows

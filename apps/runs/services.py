@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 
@@ -16,6 +15,7 @@ from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, WeightLoad
 from apps.runs.selectors import eval_best
+from apps.runs.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
 from rftweb.exceptions import Conflict, InvalidInput
 
 
@@ -40,13 +40,29 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name or name.count("/") > 1
 
 
-def model_name_errors(*, name: str | None, field: str = "model") -> dict[str, str]:
-    """{field: message} when `name` is neither an existing local path nor a well-formed hub
-    id. A hub id is not looked up (deployments run offline); a path must exist here, where
-    the web process and the workers share storage."""
+def model_name_errors(*, name: str | None, field: str = "model", tokenizer_elsewhere: bool = False) -> dict[str, str]:
+    """{field: message} when `name` is neither a usable local model directory nor a
+    well-formed hub id. A hub id is not looked up (deployments run offline); a path must
+    exist here, where the web process and the workers share storage, and hold what loading
+    it needs: its config, its weights and, unless `tokenizer_elsewhere`, a tokenizer (a
+    `tokenizer` field names a directory that must hold a tokenizer only)."""
     if not name:
         return {}
-    if Path(name).expanduser().exists():
+    path = Path(name).expanduser()
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name the file system refuses (too long, …) is no model either
+        return {field: f"{name[:80]!r}… is not a usable path: {exc.strerror}"}
+    if exists:
+        if not path.is_dir():
+            return {field: f"{name} is a file: give the directory the model was saved in"}
+        if field == "tokenizer":
+            if not has_any(path, TOKENIZER, ("*.tiktoken",)):
+                return {field: f"{name} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)"}
+            return {}
+        missing = model_dir_missing(path=path, tokenizer=not tokenizer_elsewhere)
+        if missing:
+            return {field: model_missing_said(name=name, missing=missing)}
         return {}
     if _looks_like_path(name):
         return {field: f"no such file or directory: {name} (give a local path that exists, or a hub id such as org/model)"}
@@ -55,15 +71,68 @@ def model_name_errors(*, name: str | None, field: str = "model") -> dict[str, st
     return {}
 
 
+class _Importing(Protocol):
+    """What the run's checks read of a taskset's background import (apps.buffer's Taskset)."""
+
+    name: str
+    import_status: str
+    import_rows: int
+    import_total: int | None
+    import_error: str
+
+    def refresh_from_db(self, *, fields: list[str]) -> None: ...
+
+
+def _taskset_import_error(taskset: _Importing | None, *, starting: bool) -> str | None:
+    """None for a taskset whose import is done (its tasks are checked as usual); else what
+    its background import (apps/buffer/tasks.py) says: "" while it runs and the run is only
+    created, a message when the run would start on it or the import failed."""
+    if taskset is None:
+        return None
+    status = taskset.import_status
+    if status != "ready":
+        # A cached row may be minutes old: the import goes on in a worker.
+        taskset.refresh_from_db(fields=["import_status", "import_rows", "import_total", "import_error"])
+        status = taskset.import_status
+    if status == "ready":
+        return None
+    if status == "failed":
+        return f"taskset {taskset.name!r} could not be imported: {taskset.import_error}"
+    if not starting:
+        return ""
+    total = f" of {taskset.import_total}" if taskset.import_total is not None else ""
+    return (f"taskset {taskset.name!r} is still being imported ({taskset.import_rows}{total} rows so far); "
+            "start the run when the import is done")
+
+
 def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
     """What stops a run from working, by field: the config (rewards and their params
     included), the model and tokenizer, and, when `starting`, tasks to explore."""
     try:
         cfg = config_validate(data=config)
     except ConfigInvalid as exc:
-        return dict(exc.errors)
-    errors = {**model_name_errors(name=cfg.model), **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
-    if taskset is not None and not taskset.tasks.exists():
+        # Every problem at once: the model and the taskset are checked beside a config that
+        # does not validate (a negative learning rate and a missing model in one answer).
+        errors = dict(exc.errors)
+        raw = config if isinstance(config, dict) else {}
+        tokenizer = raw.get("tokenizer") if isinstance(raw.get("tokenizer"), str) else None
+        for field, name in (("model", raw.get("model")), ("tokenizer", tokenizer)):
+            if field not in errors and isinstance(name, str):
+                errors.update(model_name_errors(name=name, field=field, tokenizer_elsewhere=bool(tokenizer)))
+        pending = _taskset_import_error(taskset, starting=starting)
+        if pending is not None:
+            if pending:
+                errors.setdefault("taskset", pending)
+        elif taskset is not None and not taskset.tasks.exists():
+            errors.setdefault("taskset", f"taskset {taskset.name!r} has no tasks")
+        return errors
+    errors = {**model_name_errors(name=cfg.model, tokenizer_elsewhere=bool(cfg.tokenizer)),
+              **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
+    pending = _taskset_import_error(taskset, starting=starting)
+    if pending is not None:
+        if pending:
+            errors["taskset"] = pending
+    elif taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
     elif taskset is not None:
         # The rewards app's checks (apps.runs.vocabulary): every task domain routed to a term.
@@ -144,8 +213,6 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     # ... or its workers failed repeatedly (apps.runs.failures), with the reason.
     "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
 }
-# What people may ask for from the page, the CLI and the API; finish and fail are the system's.
-USER_ACTIONS = ("start", "pause", "resume", "stop")
 
 
 def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = "") -> Run:

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 from django.db import transaction
+
+if TYPE_CHECKING:
+    from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def wandb_run_id(run_id: int) -> str:
 
 
 class TensorBoardTracker:
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Run) -> None:
         # tensorboard's own writer: no torch needed, so web processes can log too.
         from tensorboard.summary import Writer
 
@@ -76,7 +80,7 @@ class TensorBoardTracker:
 class MlflowTracker:
     EXPERIMENT = "rftweb"
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Run) -> None:
         import os
 
         from mlflow.tracking import MlflowClient
@@ -123,7 +127,7 @@ class MlflowTracker:
 
 
 class WandbTracker:
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Run) -> None:
         import wandb
 
         path = tracking_dir() / "wandb"
@@ -143,7 +147,7 @@ class WandbTracker:
         self.run.finish()
 
 
-def _flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def _flat_params(config: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
@@ -159,13 +163,13 @@ _OPEN: dict[tuple[int, str], Tracker | None] = {}
 _LOCK = threading.Lock()
 
 
-def trackers_for(run: Any) -> list[str]:
+def trackers_for(run: Run) -> list[str]:
     """The trackers `run` logs to: its config's `tracking` plus the deployment's."""
     names = list(getattr(run.cfg, "tracking", [])) + list(settings.RFT_TRACKERS)
     return [n for n in TRACKERS if n in names]
 
 
-def _tracker(run: Any, kind: str) -> Tracker | None:
+def _tracker(run: Run, kind: str) -> Tracker | None:
     key = (run.pk, kind)
     with _LOCK:
         if key in _OPEN:
@@ -181,7 +185,7 @@ def _tracker(run: Any, kind: str) -> Tracker | None:
         return _OPEN[key]
 
 
-def trackers_log(*, run: Any, step: int, values: dict[str, float]) -> None:
+def trackers_log(*, run: Run, step: int, values: dict[str, float]) -> None:
     """Log one step's metrics to the run's trackers now (callers use `trackers_log_on_commit`)."""
     for kind in trackers_for(run):
         tracker = _tracker(run, kind)
@@ -195,7 +199,7 @@ def trackers_log(*, run: Any, step: int, values: dict[str, float]) -> None:
                 _OPEN[(run.pk, kind)] = None
 
 
-def trackers_log_on_commit(*, run: Any, step: int, values: dict[str, float]) -> None:
+def trackers_log_on_commit(*, run: Run, step: int, values: dict[str, float]) -> None:
     """What `metric_record` calls: nothing for a run without trackers, else log once the
     metrics are committed (a rolled-back step never reaches a tracker)."""
     if not values or not trackers_for(run):

@@ -18,7 +18,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from apps.runs.config import RunConfig
+
+T = TypeVar("T")
 
 # Tasks without a domain, and of any unregistered one, are scored by the fallback route.
 DEFAULT_DOMAIN = "general"
@@ -45,8 +50,9 @@ def domain_misspelt_message(domain: str, known: str) -> str:
             f"{', '.join(domains())}; any other is scored by exact_match)")
 
 
-# (config, taskset) -> {field: message}; a taskset check runs for a run with a taskset.
-TasksetCheck = Callable[[Any, Any], dict[str, str]]
+# (config, taskset) -> {field: message}; a taskset check runs for a run with a taskset. The
+# taskset is a buffer Taskset, which this app (below the buffer) cannot name.
+TasksetCheck = Callable[["RunConfig", Any], dict[str, str]]
 
 
 @dataclass
@@ -54,9 +60,9 @@ class _Vocabulary:
     domain_names: Callable[[], Collection[str]] | None = None
     reward_names: Callable[[], Collection[str]] | None = None
     # Raises ValueError naming the bad param.
-    reward_params_check: Callable[[str, Mapping[str, Any]], None] | None = None
+    reward_params_check: Callable[[str, Mapping[str, object]], None] | None = None
     operator_names: Callable[[], Collection[str]] | None = None
-    operator_params_check: Callable[[str, dict[str, Any]], object] | None = None
+    operator_params_check: Callable[[str, Mapping[str, object]], object] | None = None
     operator_stage_check: Callable[[str, str], None] | None = None
     taskset_checks: list[TasksetCheck] = field(default_factory=list)
 
@@ -69,7 +75,7 @@ class VocabularyMissing(RuntimeError):
 
 
 def rewards_register(*, names: Callable[[], Collection[str]],
-                     params_check: Callable[[str, Mapping[str, Any]], None],
+                     params_check: Callable[[str, Mapping[str, object]], None],
                      taskset_check: TasksetCheck,
                      domain_names: Callable[[], Collection[str]]) -> None:
     """apps.rewards: its reward names, their params check, the taskset routing check and
@@ -82,7 +88,7 @@ def rewards_register(*, names: Callable[[], Collection[str]],
 
 
 def operators_register(*, names: Callable[[], Collection[str]],
-                       params_check: Callable[[str, dict[str, Any]], object],
+                       params_check: Callable[[str, Mapping[str, object]], object],
                        stage_check: Callable[[str, str], None]) -> None:
     """apps.buffer: its pipeline operators, their params check and where each may run."""
     _VOCABULARY.operator_names = names
@@ -90,7 +96,7 @@ def operators_register(*, names: Callable[[], Collection[str]],
     _VOCABULARY.operator_stage_check = stage_check
 
 
-def _need(hook: Any, what: str) -> Any:
+def _need(hook: T | None, what: str) -> T:
     if hook is None:
         raise VocabularyMissing(f"no {what} are registered: load the Django apps (django.setup()) first")
     return hook
@@ -103,18 +109,18 @@ def domains() -> tuple[str, ...]:
 
 
 def reward_names() -> Collection[str]:
-    return _need(_VOCABULARY.reward_names, "reward functions")()  # type: ignore[no-any-return]
+    return _need(_VOCABULARY.reward_names, "reward functions")()
 
 
-def reward_params_check(name: str, params: Mapping[str, Any]) -> None:
+def reward_params_check(name: str, params: Mapping[str, object]) -> None:
     _need(_VOCABULARY.reward_params_check, "reward functions")(name, params)
 
 
 def operator_names() -> Collection[str]:
-    return _need(_VOCABULARY.operator_names, "pipeline operators")()  # type: ignore[no-any-return]
+    return _need(_VOCABULARY.operator_names, "pipeline operators")()
 
 
-def operator_params_check(name: str, params: dict[str, Any]) -> None:
+def operator_params_check(name: str, params: Mapping[str, object]) -> None:
     _need(_VOCABULARY.operator_params_check, "pipeline operators")(name, params)
 
 
@@ -122,7 +128,7 @@ def operator_stage_check(name: str, stage: str) -> None:
     _need(_VOCABULARY.operator_stage_check, "pipeline operators")(name, stage)
 
 
-def taskset_errors(*, config: Any, taskset: Any) -> dict[str, str]:
+def taskset_errors(*, config: RunConfig, taskset: Any) -> dict[str, str]:
     """What the registered checks find wrong with `taskset` under `config` (first check wins)."""
     for check in _VOCABULARY.taskset_checks:
         errors = check(config, taskset)

@@ -11,7 +11,7 @@
   const statusEl = document.getElementById("live-status");
   const countEl = document.getElementById("live-count");
   const keys = document.getElementById("keys");
-  const canAnnotate = root.dataset.canAnnotate === "1";
+  let canAnnotate = root.dataset.canAnnotate === "1";
   let current = null;
 
   // ------------------------------------------------------------------ queue
@@ -122,6 +122,7 @@
         note("model v" + p.version + " " + (p.event || "synced"));
       } else if (ev.type === "run.status") {
         note("run " + p.status);
+        if (p.status === "finished" || p.status === "failed") closeQueue(p.status);
       }
     }
     ws.onclose = (ev) => {
@@ -135,6 +136,21 @@
   }
   connect();
 
+  // A run that ends while the page is open takes no more feedback: say so, put the queue away.
+  function closeQueue(status) {
+    const closed = document.getElementById("annotate-closed");
+    if (closed) {
+      closed.hidden = false;
+      closed.insertBefore(document.createTextNode("This run is " + status + ": it takes no more feedback, so nothing waits here. "),
+                          closed.firstChild);
+    }
+    canAnnotate = false;
+    root.dataset.canAnnotate = "0";
+    const col = root.querySelector(".queue-col");
+    if (col) col.hidden = true;
+    select(null);
+  }
+
   // ------------------------------------------------------------------ counters and marks
   const me = root.dataset.user || "";
   function bump(id, by) {
@@ -142,9 +158,16 @@
     if (el) el.textContent = String(Math.max(0, (Number(el.textContent) || 0) + by));
     return el ? Number(el.textContent) : 0;
   }
+  // The header's counts come from the server (feedback/_counts.html polls); events move them
+  // at once and ask it again, so the waiting count stays the one the other pages show.
+  function refreshCounts() {
+    if (window.htmx) window.htmx.trigger(document.body, "rft-counts");
+  }
   function counted(p) {
     const by = p.withdrawn ? -1 : 1;
     if (p.kind === "rating") bump("feedback-count", by);
+    if (p.late) bump("late-count", by);
+    refreshCounts();
     if (!me || p.author !== me) return;
     if (["rating", "ranking", "pairwise", "edit"].includes(p.kind)) {
       const done = bump("done-today", by);
@@ -166,10 +189,7 @@
     if (mine && window.htmx && !p.withdrawn) window.htmx.trigger(mine, "click");
     updateWaiting();
   }
-  function updateWaiting() {
-    const el = document.getElementById("waiting-count");
-    if (el) el.textContent = String(openCards().length);
-  }
+  function updateWaiting() { refreshCounts(); }
 
   // ------------------------------------------------------------------ htmx glue
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
@@ -183,10 +203,16 @@
       if (box) box.textContent = xhr.responseText;
     }
   });
+  // On a phone the page is one column and the panel sits under the queue: bring it into view
+  // when it opens, and start with the guidelines folded (a tap opens them).
+  const narrow = window.matchMedia("(max-width: 700px)");
+  const guidelines = document.getElementById("guidelines");
+  if (guidelines && narrow.matches) guidelines.open = false;
   document.body.addEventListener("htmx:afterSwap", (ev) => {
     if (ev.detail.target === panel) {
       const area = panel.querySelector("textarea, input[type=number]");
-      if (area) area.focus();
+      if (area) area.focus({ preventScroll: narrow.matches });
+      if (narrow.matches) panel.scrollIntoView({ block: "start" });
     }
     updateEmpty();
     ensureCurrent();

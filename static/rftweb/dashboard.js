@@ -61,6 +61,18 @@
     root.insertBefore(el, after || null);
     return el;
   }
+  // A chart follows its box's width: a section's single chart spans the row, and a second
+  // chart arriving in it, a turned phone or a resized window re-sizes the ones there.
+  function plotWidth(el) { return Math.max(200, (el.clientWidth || 320) - 2); }
+  function fitWidth(el, plotOf, height) {
+    if (typeof ResizeObserver === "undefined") return;
+    var last = 0;
+    new ResizeObserver(function () {
+      var plot = plotOf();
+      var w = plotWidth(el);
+      if (plot && Math.abs(w - last) > 4) { last = w; plot.setSize({ width: w, height: height }); }
+    }).observe(el);
+  }
   function groupOf(name) {
     for (var i = 0; i < groups.length; i++) if (groups[i].re.test(name)) return groups[i];
     return { id: "m-" + name.replace(/[^a-zA-Z0-9_-]/g, "_"), title: name, section: "other" };
@@ -79,6 +91,7 @@
     box.appendChild(area);
     sectionEl(section).querySelector(".chart-grid").appendChild(box);
     charts[id] = { id: id, title: title, section: section, el: box, area: area, plot: null, key: "" };
+    fitWidth(area, function () { return charts[id] && charts[id].plot; }, 180);
     return charts[id];
   }
 
@@ -88,18 +101,23 @@
   bar.innerHTML =
     '<label>x axis <select id="chart-x"><option value="step">step</option><option value="time">wall time</option></select></label>' +
     '<label>smoothing <input id="chart-smooth" type="range" min="0" max="0.95" step="0.05" value="0"> <output id="chart-smooth-value">0</output></label>' +
-    '<label>compare with <select id="chart-compare" multiple size="1"></select></label>' +
+    '<span class="compare-pick"><label>compare with <select id="chart-compare"><option value="">choose a run…</option></select></label>' +
+    ' <span id="chart-compared" class="compared"></span></span>' +
     '<span class="muted">drag on a chart to zoom, double-click to reset</span>';
   root.appendChild(bar);
+  // "Compare with": a picker of the runs with data (the server offers no others); each run
+  // picked shows as a chip that takes it off again.
   var compareSel = bar.querySelector("#chart-compare");
+  var compared = bar.querySelector("#chart-compared");
+  var compareNames = {};
   (initial.compare || []).forEach(function (r) {
     var o = document.createElement("option");
     o.value = String(r.id);
-    o.textContent = r.name + " #" + r.id;
+    o.textContent = r.name + " #" + r.id + (r.status && r.status !== "running" ? " (" + r.status + ")" : "");
+    compareNames[String(r.id)] = r.name + " #" + r.id;
     compareSel.appendChild(o);
   });
-  if (!compareSel.options.length) compareSel.parentNode.hidden = true;
-  compareSel.size = Math.min(4, Math.max(1, compareSel.options.length));
+  if (compareSel.options.length < 2) bar.querySelector(".compare-pick").hidden = true;
   var constants = document.createElement("div");
   constants.id = "constants";
   constants.className = "constants";
@@ -111,24 +129,53 @@
     bar.querySelector("#chart-smooth-value").textContent = ev.target.value;
     renderAll(false);
   });
-  compareSel.addEventListener("change", function () {
-    var wanted = Array.prototype.filter.call(compareSel.options, function (o) { return o.selected; })
-      .map(function (o) { return o.value; });
-    runOrder = [runId].concat(wanted);
+  var wanted = [];
+  function drawCompared() {
+    compared.textContent = "";
+    wanted.forEach(function (id, i) {
+      var chip = document.createElement("button");
+      chip.type = "button";
+      chip.className = "chip secondary small";
+      chip.dataset.run = id;
+      chip.style.borderColor = COLORS[(i + 1) % COLORS.length];
+      chip.textContent = compareNames[id] + " ×";
+      chip.title = "stop comparing with " + compareNames[id];
+      chip.addEventListener("click", function () { setCompared(wanted.filter(function (w) { return w !== id; })); });
+      compared.appendChild(chip);
+    });
+    Array.prototype.forEach.call(compareSel.options, function (o) { o.disabled = !!o.value && wanted.indexOf(o.value) >= 0; });
+  }
+  function setCompared(ids) {
+    wanted = ids;
+    drawCompared();
     Promise.all(wanted.map(function (id) {
       if (runs[id] && runs[id].loaded) return null;
-      var name = compareSel.querySelector('option[value="' + id + '"]').textContent;
       return fetch("/runs/" + id + "/metrics/", { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
-        .then(function (d) { if (d) { var e = runEntry(id, name); loadSeries(e, d.series); e.loaded = true; } });
+        .then(function (d) { if (d) { var e = runEntry(id, compareNames[id]); loadSeries(e, d.series); e.loaded = true; } });
     })).then(function () {
       runOrder = [runId].concat(wanted.filter(function (id) { return runs[id]; }));
       renderAll(true);
     });
+  }
+  compareSel.addEventListener("change", function () {
+    var id = compareSel.value;
+    compareSel.value = "";
+    if (id && wanted.indexOf(id) < 0) setCompared(wanted.concat([id]));
   });
 
   // ------------------------------------------------------------------ rendering
-  function isConstant(name) { return constantRe.test(name); }
+  // A setting logged as a metric (learning rate, batch size, the evaluated version) is a
+  // constant only while this run's values never changed: one that moved (a last, smaller
+  // batch; the next evaluated version) is charted like any measurement instead.
+  function isConstant(name) {
+    if (!constantRe.test(name)) return false;
+    var m = self.metrics[name];
+    if (!m) return true;
+    var first = null, same = true;
+    m.forEach(function (p) { if (first === null) first = p.v; else if (p.v !== first) same = false; });
+    return same;
+  }
   function smoothed(values) {
     var a = view.smooth;
     if (!a) return values;
@@ -178,6 +225,17 @@
     return out;
   }
 
+  // A colour mixed with white: the second, third… metric of one run on one chart (a mean and
+  // its std) in lighter shades of that run's colour, so they stay apart and the run stays one hue.
+  function shade(hex, k) {
+    if (!k) return hex;
+    var f = Math.min(0.7, 0.38 * k);
+    var n = parseInt(hex.slice(1), 16);
+    var mix = function (c) { return Math.round(c + (255 - c) * f); };
+    var rgb = [mix((n >> 16) & 255), mix((n >> 8) & 255), mix(n & 255)];
+    return "#" + rgb.map(function (c) { return (c < 16 ? "0" : "") + c.toString(16); }).join("");
+  }
+
   function seriesOf(chartId) {
     // Every (run, metric) pair that belongs on this chart.
     var out = [];
@@ -219,16 +277,18 @@
     chart.zoomed = false;
     var multi = runOrder.length > 1;
     var series = [{ label: view.x === "time" ? "time" : "step", value: function (u, v) { return v === null ? "–" : (view.x === "time" ? new Date(v * 1000).toLocaleTimeString() : String(v)); } }];
+    var nth = {};
     list.forEach(function (s, i) {
+      var k = nth[s.run.id] = (nth[s.run.id] === undefined ? 0 : nth[s.run.id] + 1);
       series.push({
         label: multi ? s.run.name + ": " + s.name : s.name,
-        stroke: COLORS[(multi ? s.ri : i) % COLORS.length],
+        stroke: multi ? shade(COLORS[s.ri % COLORS.length], k) : COLORS[i % COLORS.length],
         dash: multi && s.ri > 0 ? [6, 3] : undefined,
         width: 1.5, spanGaps: true, points: { show: xs.length < 40 },
         value: function (u, v) { return fmt(v); },
       });
     });
-    var width = Math.max(260, chart.area.clientWidth || 320);
+    var width = plotWidth(chart.area);
     var xAxis = view.x === "time" ? {} : { incrs: stepIncrs(), values: function (u, ticks) { return ticks.map(function (t) { return String(Math.round(t)); }); } };
     chart.plot = new uPlot({
       width: width, height: 180, series: series,
@@ -290,8 +350,20 @@
     chart.names = [];
     chart.custom = function () {
       var xs = Array.from(chart.points.keys()).sort(function (a, b) { return a - b; });
+      if (chart.perMinute && xs.length > 1) {
+        // A count per minute: a minute without feedback is a zero, drawn as one.
+        var full = [];
+        for (var m = xs[0]; m <= xs[xs.length - 1] && full.length < 100000; m += 60) full.push(m);
+        xs = full;
+      }
       var data = [xs];
-      chart.names.forEach(function (n) { data.push(xs.map(function (x) { var v = chart.points.get(x)[n]; return v === undefined ? null : v; })); });
+      chart.names.forEach(function (n) {
+        data.push(xs.map(function (x) {
+          var row = chart.points.get(x);
+          var v = row ? row[n] : undefined;
+          return v === undefined ? (chart.perMinute ? 0 : null) : v;
+        }));
+      });
       chart.el.dataset.points = String(xs.length);
       var key = chart.names.join(",");
       if (chart.plot && chart.key === key) { chart.plot.setData(data); pinTime(chart.plot, xs); return; }
@@ -299,8 +371,8 @@
       chart.key = key;
       var series = [{ label: "time" }];
       chart.names.forEach(function (n, i) { series.push({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: function (u, v) { return fmt(v); } }); });
-      chart.plot = new uPlot({ width: Math.max(260, chart.area.clientWidth || 320), height: 180, series: series,
-        scales: { x: { time: true, range: timeRange } }, axes: [{}, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
+      chart.plot = new uPlot({ width: plotWidth(chart.area), height: 180, series: series,
+        scales: { x: { time: true, range: timeRange } }, axes: [{ space: 90 }, { size: axisSize, values: function (u, t) { return t.map(fmt); } }],
         legend: { live: true } }, data, chart.area);
       pinTime(chart.plot, xs);
     };
@@ -313,6 +385,7 @@
     return chart;
   }
   var feedback = timeChart("feedback", "Feedback per minute", "feedback");
+  feedback.perMinute = true;
   feedback.names.push("feedback");
   function loadFeedback(rows) { rows.forEach(function (r) { feedback.put("feedback", r[0], r[1]); }); }
   var buffer = timeChart("buffer", "Buffer by status", "buffer");
@@ -357,9 +430,12 @@
     });
     if (syncPlot) syncPlot.destroy();
     syncBox.textContent = "";
-    syncPlot = new uPlot({ width: Math.max(240, syncBox.clientWidth || 300), height: 140, series: series,
+    // Room between tick labels: times need ~90 px each, versions a line each (14 px labels
+    // crowded each other on the default spacing in a 140 px tall chart).
+    syncPlot = new uPlot({ width: plotWidth(syncBox), height: 160, series: series,
       scales: { x: { time: true, range: timeRange } },
-      axes: [{}, { size: axisSize, incrs: [1, 2, 5, 10, 20, 50, 100], values: function (u, t) { return t.map(function (v) { return "v" + v; }); } }],
+      axes: [{ space: 90 }, { size: axisSize, space: 28, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000],
+        values: function (u, t) { return t.map(function (v) { return "v" + v; }); } }],
       legend: { live: true } }, data, syncBox);
     pinTime(syncPlot, xs);
     window.rftSyncPlot = syncPlot;
@@ -375,6 +451,7 @@
     }, 500);
   }
   drawSync(initial.sync);
+  if (syncBox) fitWidth(syncBox, function () { return syncPlot; }, 160);
 
   // ------------------------------------------------------------------ header
   function text(id, value) { var el = document.getElementById(id); if (el && value !== undefined && value !== null) el.textContent = String(value); }
@@ -392,11 +469,30 @@
         refresh("#controls a.refresh");
       }
     }
+    if (state.status && state.status !== "running") {
+      // Only a running run waits for anything: a banner from before a failure, a stop or the
+      // end must not stay under it (the server's box is empty for such a run too).
+      document.querySelectorAll("#waiting .wait").forEach(function (el) { el.remove(); });
+      var waiting = document.getElementById("waiting");
+      if (waiting) waiting.classList.remove("has-waits");
+    }
+    if (state.status === "finished" || state.status === "failed" || state.status === "stopped") showSummary(state.status);
     var err = document.getElementById("run-error");
     if (err && state.error !== undefined) {
       err.hidden = !state.error;
       err.textContent = state.error ? (state.status || "") + ": " + state.error : "";
     }
+  }
+
+  // A run that ends while the page is open: its summary appears, and a finished or failed
+  // run no longer invites anyone to annotate it (the server renders the same on a reload).
+  function showSummary(status) {
+    if (status !== "stopped") {
+      document.querySelectorAll("a.annotate-link, #human-loop-hint").forEach(function (el) { el.remove(); });
+    }
+    var box = document.getElementById("summary");
+    if (!box || !window.htmx || box.dataset.status === status) return;
+    window.htmx.ajax("GET", "/runs/" + runId + "/summary/", { target: "#summary", swap: "outerHTML" });
   }
 
   loadSeries(self, initial.series);

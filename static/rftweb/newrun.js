@@ -1,5 +1,7 @@
 // The new-run form: choosing an algorithm fills in its usual values (repeat times, learning
-// rate, mode) for the fields the person has not edited themselves.
+// rate, mode) for the fields the person has not edited themselves, and each folded box's
+// line says what in it differs from the defaults as the person edits (the server writes the
+// same line when it renders the form).
 (function () {
   "use strict";
   var form = document.getElementById("run-form");
@@ -7,7 +9,37 @@
   if (!form || !data) return;
   var defaults = JSON.parse(data.textContent);
   var touched = {};
-  form.addEventListener("input", function (ev) { if (ev.target.name) touched[ev.target.name] = true; });
+
+  function valueOf(el) {
+    if (el.type === "checkbox") return el.checked ? "on" : "";
+    return el.value;
+  }
+  function said(text, limit) {
+    var line = text.split(/\s+/).join(" ").trim();
+    return line.length <= limit ? line : line.slice(0, limit - 1) + "…";
+  }
+  function summarise(group) {
+    var out = [];
+    group.querySelectorAll(".field[data-field]").forEach(function (box) {
+      var el = box.querySelector("[name]");
+      if (!el) return;
+      var value = valueOf(el), dflt = el.dataset.default || "";
+      if (value === dflt) return;
+      var labelEl = box.querySelector("label");
+      var label = labelEl ? labelEl.textContent.replace(/\s*\*$/, "") : el.name;
+      if (el.type === "checkbox") out.push(label + " " + (value ? "on" : "off"));
+      else if (el.tagName === "TEXTAREA") out.push(value ? label + ": " + said(value, 40) : label + " cleared");
+      else out.push(label + " " + (value ? said(value, 24) : "(blank)"));
+    });
+    var line = group.querySelector("[data-summary]");
+    if (line) line.textContent = out.length ? out.join(" · ") : (group.dataset.block === "optional" ? "off" : "defaults");
+  }
+
+  form.addEventListener("input", function (ev) {
+    if (ev.target.name) touched[ev.target.name] = true;
+    var group = ev.target.closest("details[data-group]");
+    if (group) summarise(group);
+  });
   var algorithm = form.querySelector('[name="algorithm"]');
   if (!algorithm) return;
   algorithm.addEventListener("change", function () {
@@ -17,5 +49,6 @@
       var el = form.querySelector('[name="' + CSS.escape(name) + '"]');
       if (el) el.value = values[name];
     });
+    form.querySelectorAll("details[data-group]").forEach(summarise);
   });
 })();

@@ -6,7 +6,8 @@
   "use strict";
   var live = document.getElementById("runs-live");
   if (!live || !document.getElementById("runs")) return;
-  var url = live.dataset.rowsUrl;
+  // The rows as the page shows them now: a sort or filter picked since pushed its query.
+  function url() { return live.dataset.rowsUrl.split("?")[0] + location.search; }
   var timer = null;
   var last = 0;
   var poll = null;
@@ -17,7 +18,7 @@
     last = Date.now();
     // htmx.ajax, not a trigger on the table body: a body swapped in less than a settle ago
     // is not wired up yet, and would miss the event.
-    if (window.htmx) window.htmx.ajax("GET", url, { target: "#runs", swap: "outerHTML" });
+    if (window.htmx) window.htmx.ajax("GET", url(), { target: "#runs", swap: "outerHTML" });
   }
   function soon() {
     if (timer) return;

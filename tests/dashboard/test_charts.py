@@ -178,6 +178,9 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     assert plot(page, "eval", "u.data[0]") == [2, 4]
     assert plot(page, "eval", "u.data[2]") == [0.25, 0.5]  # eval/reward_mean
     assert page.inner_text("#run-best-version") == "v2"
+    # The evaluated version changed (1, then 2): no longer a constant; the task count still is.
+    constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
+    assert "eval/tasks" in constants and "eval/version" not in constants
     shot(page, "dashboard-evaluation")
 
 
@@ -196,7 +199,9 @@ def test_another_run_is_drawn_on_the_same_chart_with_its_own_values(page: Any, o
     options = page.locator("#chart-compare option").evaluate_all("os => os.map(o => o.value)")
     assert str(hidden.pk) not in options and {str(b.pk), str(c.pk)} <= set(options)
 
-    page.select_option("#chart-compare", [str(b.pk), str(c.pk)])
+    page.select_option("#chart-compare", str(b.pk))
+    page.wait_for_selector("#chart-reward[data-series='2']")
+    page.select_option("#chart-compare", str(c.pk))
     page.wait_for_selector("#chart-reward[data-series='3']")
     assert plot(page, "reward", "u.data[0]") == [1, 2, 3, 4, 5]  # the union of the runs' steps
     labels = plot(page, "reward", "u.series.slice(1).map(s => s.label)")
@@ -212,6 +217,7 @@ def test_another_run_is_drawn_on_the_same_chart_with_its_own_values(page: Any, o
     shot(page, "dashboard-compare-three")
 
     # Comparing with nothing again leaves this run alone on the chart.
-    page.select_option("#chart-compare", [])
+    for other in (b, c):
+        page.click(f"#chart-compared .chip[data-run='{other.pk}']")
     page.wait_for_selector("#chart-reward[data-series='1']")
     assert plot(page, "reward", "u.data[0]") == [1, 2, 3]

@@ -13,10 +13,9 @@ from django.contrib.auth.models import User
 from apps.runs.models import Run
 from apps.runs.services import metric_record, run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
+from tests.servers import login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-PASSWORD = "pw-for-tests-only"
 
 
 @pytest.fixture
@@ -29,14 +28,6 @@ def csp_page(browser: Any, live_url: str) -> Iterator[tuple[Any, list[str]]]:
             if "Content Security Policy" in msg.text or "Content-Security-Policy" in msg.text else None)
     yield page, violations
     context.close()
-
-
-def log_in(page: Any, user: User) -> None:
-    page.goto("/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/runs/")
 
 
 @pytest.fixture
@@ -57,7 +48,7 @@ def test_every_page_works_under_the_policy_without_a_violation(csp_page: tuple[A
     response = browser_page.goto("/login/")
     policy = response.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "style-src 'self'" in policy and "frame-ancestors 'none'" in policy
-    log_in(browser_page, owner)
+    login_to_runs(browser_page, owner.username)
 
     browser_page.goto(f"/runs/{run.pk}/")
     # dashboard.js ran: it read the chart data and drew uPlot charts.

@@ -47,9 +47,25 @@ def trainable_weight(model: Any) -> Any:
     return next(p for p in model.parameters() if p.requires_grad).detach().clone()
 
 
+def assert_one_step_moves_the_weights(trainer_class: Any, config_class: Any, *, tiny_model: Path, dataset: Any,
+                                      out: Path) -> None:
+    """The TRL trainer takes one optimizer step on `dataset`, with a finite loss, and it
+    changes the model's weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    before = trainable_weight(model)
+    trainer = trainer_class(model=model, args=config_class(**common_args(out), max_length=128), train_dataset=dataset,
+                            processing_class=tokenizer)
+    result = trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(result.training_loss)
+    assert not trainable_weight(model).equal(before)
+
+
 def test_sft_trainer_takes_a_step_on_the_sft_export(run: Run, tiny_model: Path, tmp_path: Path) -> None:
     import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     fill(run)
@@ -59,21 +75,11 @@ def test_sft_trainer_takes_a_step_on_the_sft_export(run: Run, tiny_model: Path, 
                                        cache_dir=str(tmp_path / "cache"))
     dataset = datasets.load_from_disk(str(tmp_path / "sft-hf"))
     assert len(dataset) == len(from_jsonl) == 12
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    before = trainable_weight(model)
-    trainer = SFTTrainer(model=model, args=SFTConfig(**common_args(tmp_path / "out"), max_length=128),
-                         train_dataset=dataset, processing_class=tokenizer)
-    result = trainer.train()
-    assert trainer.state.global_step == 1
-    assert math.isfinite(result.training_loss)
-    assert not trainable_weight(model).equal(before)
+    assert_one_step_moves_the_weights(SFTTrainer, SFTConfig, tiny_model=tiny_model, dataset=dataset, out=tmp_path / "out")
 
 
 def test_dpo_trainer_takes_a_step_on_the_dpo_export(run: Run, tiny_model: Path, tmp_path: Path) -> None:
     import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     fill(run)
@@ -81,13 +87,4 @@ def test_dpo_trainer_takes_a_step_on_the_dpo_export(run: Run, tiny_model: Path, 
     dataset = datasets.load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train",
                                     cache_dir=str(tmp_path / "cache"))
     assert len(dataset) == 4
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    before = trainable_weight(model)
-    trainer = DPOTrainer(model=model, args=DPOConfig(**common_args(tmp_path / "out"), max_length=128),
-                         train_dataset=dataset, processing_class=tokenizer)
-    result = trainer.train()
-    assert trainer.state.global_step == 1
-    assert math.isfinite(result.training_loss)
-    assert not trainable_weight(model).equal(before)
+    assert_one_step_moves_the_weights(DPOTrainer, DPOConfig, tiny_model=tiny_model, dataset=dataset, out=tmp_path / "out")

@@ -17,19 +17,14 @@ from apps.feedback.services import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import metric_record, run_transition
 from tests.factories import experience_row, make_run, make_taskset, make_user
-from tests.servers import ROOT, child_env
+from tests.servers import ROOT, child_env, login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PASSWORD = "pw-for-tests-only"
-
 
 def log_in(page: Any, user: User) -> None:
-    page.goto("/login/")
-    page.fill("#id_username", user.username)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/runs/")
+    """`user` signs in; the runs list is there (the other live page tests use it too)."""
+    login_to_runs(page, user.username)
 
 
 @pytest.fixture

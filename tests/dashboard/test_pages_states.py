@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from apps.buffer.models import Taskset
 from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import metric_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
@@ -69,7 +70,9 @@ def test_a_run_without_tasks_cannot_start_and_says_why(page: Any, owner: User) -
 def test_a_run_whose_explore_steps_keep_failing_is_failed_with_the_reason_on_its_page_and_the_list(
         page: Any, owner: User, tmp_path: Path) -> None:
     not_a_model = tmp_path / "not-a-model"
-    not_a_model.mkdir()  # exists, so the run is accepted; the explorer cannot load it
+    not_a_model.mkdir()  # laid out as a model, so the run is accepted; the explorer cannot load it
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (not_a_model / name).write_text("{}")
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="broken", model=str(not_a_model))
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
@@ -210,7 +213,7 @@ def test_a_run_that_ends_while_watched_turns_finished(page: Any, owner: User) ->
 
 # --- 5. form errors beside their fields, at once, losing nothing -----------------------------
 
-def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and_the_taskset_is_kept(
+def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and_the_upload_is_not_kept(
         page: Any, owner: User, tmp_path: Path) -> None:
     tasks = tmp_path / "arith.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"{i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(5)))
@@ -218,16 +221,18 @@ def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and
     page.goto("/runs/new/")
     page.fill("#id_model", "local/demo")
     page.fill("#id_rewards", "- name: exact_match")
+    page.click("details[data-group=sampling] > summary")  # a folded box, opened as a person would
     page.fill("#id_sampling\\.temperature", "-1")
     page.set_input_files("#id_taskset", str(tasks))
     page.click("#run-form button[type=submit]")
     assert "a run needs a name" in page.inner_text("[data-field=name] .field-error")
     assert "greater than or equal to 0" in page.inner_text("[data-field='sampling.temperature'] .field-error")
-    # The uploaded taskset is imported and comes back selected, so nothing is uploaded twice.
-    selected = page.locator("#id_taskset_id option:checked").inner_text()
-    assert selected.startswith("arith · 5 tasks")
+    # A refused form leaves nothing behind (issue #33): the page says the file must come again.
+    assert "“arith.jsonl” (5 tasks) was read but not kept" in page.inner_text("body")
+    assert not Taskset.objects.exists()
     page.fill("#id_name", "fixed")
     page.fill("#id_sampling\\.temperature", "0.7")
+    page.set_input_files("#id_taskset", str(tasks))
     page.click("#run-form button[type=submit]")
     page.wait_for_url("**/runs/*/")
     run = Run.objects.get(name="fixed")
@@ -326,7 +331,7 @@ def test_two_runs_are_compared_on_one_chart(page: Any, owner: User) -> None:
     # Settings recorded as metrics are a table, not a chart.
     assert page.locator("#chart-m-learning_rate").count() == 0
     assert page.locator("#constants tr[data-metric=learning_rate]").count() == 1
-    page.select_option("#chart-compare", [str(b.pk)])
+    page.select_option("#chart-compare", str(b.pk))
     page.wait_for_selector("#chart-reward[data-series='2']")
     labels = page.evaluate("() => window.rftCharts.reward.plot.series.slice(1).map(s => s.label)")
     assert labels == ["demo: reward/mean", f"baseline #{b.pk}: reward/mean"]
@@ -349,7 +354,7 @@ def _pending(run: Run, group: str, n: int) -> None:
 
 def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: Any, browser: Any, live_url: str,
                                                                          owner: User) -> None:
-    run = running(owner)
+    run = running(owner, feedback={"mode": "blend"})  # people's ratings count: "Annotate" is offered
     annotator = make_user("ann")
     _pending(run, "g1", 3)
     log_in(page, owner)
@@ -435,6 +440,7 @@ def test_choosing_an_algorithm_fills_its_defaults_and_a_config_that_cannot_learn
     log_in(page, owner)
     page.goto("/runs/new/")
     assert "Completions per task" in page.inner_text("[data-field=repeat_times] .help")
+    page.click("details[data-group=trainer] > summary")
     page.fill("#id_trainer\\.learning_rate", "3e-06")  # edited by hand: kept
     page.select_option("#id_algorithm", "dpo")
     assert page.input_value("#id_repeat_times") == "2"
@@ -465,17 +471,15 @@ def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: A
     page.goto(f"/runs/{run.pk}/")
     page.fill("#id_feedback\\.guidelines", "# Be kind\n\nRate **correctness** first.")
     page.check("#feedback-policy input[name=confirm]")
-    page.once("dialog", lambda d: d.accept())
     page.click("#feedback-policy button[type=submit]")
     page.wait_for_selector("#feedback-policy .saved")
     # The audit says what changed, as people read it: not the whole policy as a Python dict.
-    page.wait_for_selector("#audit li:has-text('feedback_policy') .changes")
-    change = page.inner_text("#audit li:has-text('feedback_policy') .changes")
+    page.wait_for_selector("#audit li:has-text('feedback policy changed') .changes")
+    change = page.inner_text("#audit li:has-text('feedback policy changed') .changes")
     assert change == "guidelines set", change
     page.fill("#id_feedback\\.w_human", "0.8")
     page.fill("#id_feedback\\.selection\\.uncertainty", "0.5")
     page.check("#feedback-policy input[name=confirm]")
-    page.once("dialog", lambda d: d.accept())
     page.click("#feedback-policy button[type=submit]")
     page.wait_for_selector("#audit li:has-text('w_human') .changes")
     change = page.inner_text("#audit li:has-text('w_human') .changes")

@@ -34,9 +34,16 @@ def test_a_model_is_an_existing_path_or_a_well_formed_hub_id(name: str, ok: bool
     assert (model_name_errors(name=name) == {}) is ok
 
 
+def _saved_model(path: Path) -> Path:
+    """A directory laid out as save_pretrained leaves one (only the names are checked)."""
+    path.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (path / name).write_text("{}")
+    return path
+
+
 def test_an_existing_directory_is_accepted_whatever_its_name(tmp_path: Path) -> None:
-    model = tmp_path / "my" / "deep" / "model"
-    model.mkdir(parents=True)
+    model = _saved_model(tmp_path / "my" / "deep" / "model")
     assert model_name_errors(name=str(model)) == {}
 
 
@@ -60,10 +67,11 @@ def test_a_run_that_explores_needs_tasks_to_start_and_its_model_is_checked_again
     with pytest.raises(RunCannotStart, match="explores tasks and this one has none"):
         run_transition(run=run, action="start", actor=owner)
     # A model directory that vanished after creation stops the start too.
-    model = tmp_path / "model"
-    model.mkdir()
+    model = _saved_model(tmp_path / "model")
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), model=str(model))
-    model.rmdir()
+    import shutil
+
+    shutil.rmtree(model)
     with pytest.raises(RunCannotStart) as refused:
         run_transition(run=run, action="start", actor=owner)
     assert set(refused.value.errors) == {"model"}

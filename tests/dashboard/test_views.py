@@ -119,7 +119,7 @@ def test_the_runs_list_shows_status_version_sparkline_buffer_and_last_event(clie
     assert "status-running" in row and "grpo" in row and "v0" in row
     assert "<polyline" in row and "0.500" in row
     assert "ready 3" in row
-    assert "start by owner" in row
+    assert "started by owner" in row
 
 
 def test_only_the_owner_controls_a_run_and_others_see_no_buttons(client_of, run: Run, annotator: User, outsider: User) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from django.contrib.auth.models import User
 
@@ -25,8 +26,6 @@ from tests.agent_model import CALC_TOOL, call_text, conversation, question, tool
 from tests.envapi.conftest import make_key
 from tests.factories import make_run, make_taskset
 from tests.servers import rollout_stack
-
-openai = pytest.importorskip("openai")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -230,6 +229,13 @@ def test_completions_take_text_or_token_ids(stack: str, agent_run: Any) -> None:
     assert streamed == by_ids.choices[0].text
 
 
+def _body(raised: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]:
+    """The OpenAI error body the client raised with (the client types it as an object)."""
+    body = raised.value.body
+    assert isinstance(body, dict), body
+    return body
+
+
 def test_bad_requests_are_openai_errors_the_client_raises_as_its_own(stack: str, agent_run: Any, owner: User) -> None:
     _, raw = make_key(agent_run)
     client = _client(stack, agent_run.pk, raw)
@@ -237,21 +243,21 @@ def test_bad_requests_are_openai_errors_the_client_raises_as_its_own(stack: str,
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=model, messages=msgs, temperature=5)
-    assert bad.value.body["type"] == "invalid_request_error" and bad.value.body["param"] == "temperature"
+    assert _body(bad)["type"] == "invalid_request_error" and _body(bad)["param"] == "temperature"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=[])
     with pytest.raises(openai.BadRequestError) as penalty:
         client.chat.completions.create(model=model, messages=msgs, presence_penalty=1.0)
-    assert penalty.value.body["param"] == "presence_penalty"
+    assert _body(penalty)["param"] == "presence_penalty"
     with pytest.raises(openai.BadRequestError) as nul:
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a\x00b"}])
-    assert nul.value.body["param"] == "messages.0.content"
+    assert _body(nul)["param"] == "messages.0.content"
     with pytest.raises(openai.BadRequestError) as forced:
         client.chat.completions.create(model=model, messages=msgs, tools=[CALC_TOOL], tool_choice="required")
-    assert forced.value.body["param"] is None and "tool_choice" in forced.value.body["message"]
+    assert _body(forced)["param"] is None and "tool_choice" in _body(forced)["message"]
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4o", messages=msgs)
-    assert missing.value.body["code"] == "model_not_found"
+    assert _body(missing)["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model=f"{model}@v7", messages=msgs)
     # Raw: the body is exactly OpenAI's error shape, also for JSON that does not parse.
@@ -268,7 +274,7 @@ def test_keys_of_another_run_read_only_or_revoked_are_refused(stack: str, agent_
     # A key of another run is told the run is not found, as for a missing run (issue #33).
     with pytest.raises(openai.NotFoundError) as foreign:
         _client(stack, agent_run.pk, other_raw).chat.completions.create(model=model, messages=msgs)
-    assert foreign.value.body["code"] == "not_found" and f"run {agent_run.pk} not found" in foreign.value.body["message"]
+    assert _body(foreign)["code"] == "not_found" and f"run {agent_run.pk} not found" in _body(foreign)["message"]
     _, read_raw = make_key(agent_run, actions=["read"])
     with pytest.raises(openai.PermissionDeniedError):
         _client(stack, agent_run.pk, read_raw).chat.completions.create(model=model, messages=msgs)
@@ -276,7 +282,7 @@ def test_keys_of_another_run_read_only_or_revoked_are_refused(stack: str, agent_
     api_key_revoke(key=key)
     with pytest.raises(openai.AuthenticationError) as revoked:
         _client(stack, agent_run.pk, raw).chat.completions.create(model=model, messages=msgs)
-    assert revoked.value.body["type"] == "authentication_error"
+    assert _body(revoked)["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         _client(stack, agent_run.pk, "rft_nope_nope").models.list()
 
@@ -352,7 +358,7 @@ def test_a_three_turn_session_with_a_tool_call_becomes_one_exact_experience(stac
     assert again["experience_ids"] == [exp.pk] and not again["created"]
     with pytest.raises(openai.BadRequestError) as closed:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2)
-    assert closed.value.body["code"] == "session_closed"
+    assert _body(closed)["code"] == "session_closed"
     assert call_text(2, 3)  # the turn the tiny model was taught
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from django.contrib.auth.models import User
 
@@ -17,8 +18,6 @@ from apps.envapi import token_stream
 from tests.envapi.conftest import make_key
 from tests.factories import make_run
 from tests.servers import rollout_stack
-
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""Rollouts through a real Celery worker on the `rollout` queue, and the example environment
-driving the model through the API. Needs `workers.explorer.generate` (the explorer's branch)."""
+"""Rollouts through a real Celery worker on the `rollout` queue (`workers.explorer.generate`),
+and the example environment driving the model through the API."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,7 @@ from tests.envapi.conftest import make_key
 from tests.factories import make_run
 from tests.servers import rollout_stack as live_rollout_stack
 
-HAVE_EXPLORER = importlib.util.find_spec("workers.explorer") is not None
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    pytest.mark.skipif(not HAVE_EXPLORER, reason="workers.explorer is not importable: the explorer's "
-                       "`generate` task (issue 3) is not on this branch yet; this test runs once it is merged"),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
 from apps.feedback import kinds as registry
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_get, kind_register, kind_service
+from apps.feedback.kinds import FeedbackKind, KindValue, Who, kind_get, kind_register, kind_service
 from apps.feedback.learned import run_label_count
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import preference_pairs
@@ -66,7 +66,7 @@ class Length(FeedbackKind):
         if payload.value not in (-1, 0, 1):
             raise ValueError("a length verdict's value is -1 (too short), 0 (right) or 1 (too long)")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Feedback:
+    def api_store(self, payload: Any, *, experience: int, who: Who) -> Feedback:
         verdict = VERDICTS[int(payload.value) + 1]
         feedback: Feedback = self.service(experience=experience, verdict=verdict, **who)
         return feedback

@@ -82,15 +82,14 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=15_000)
 
     # r ranks the current item's group: it starts unranked and cannot be saved until ordered;
-    # the number shown on an unranked completion ranks it next, best first.
+    # a number puts the focused completion (A, then the next unranked) at that place.
     page.keyboard.press("r")
     page.wait_for_selector("#panel form.rank[data-complete='0']")
     assert page.locator("#panel ol.ranked .rank-item").count() == 0
     assert page.is_disabled("#panel .rank-save")
-    page.keyboard.press("3")  # group_b[2] is best
-    page.keyboard.press("1")  # then group_b[0]
+    page.keyboard.press("2")  # A (group_b[0]) second
     assert page.is_disabled("#panel .rank-save")
-    page.keyboard.press("1")  # then group_b[1]
+    page.keyboard.press("3")  # B (group_b[1]) third; C (group_b[2]) takes the place left, the best
     page.wait_for_selector("#panel form.rank[data-complete='1']")
     page.click("#panel form.rank button[type=submit]")
     page.wait_for_selector("#panel .saved")

@@ -78,12 +78,12 @@ def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: 
     page.wait_for_selector("#panel form.rank[data-complete='0']")
     assert page.locator("#panel ul.unranked .rank-item").count() == 3
     assert page.is_disabled("#panel .rank-save")
-    # Drag the last completion into the ranking first, then the others by click.
-    page.drag_and_drop(f'#panel .rank-item[data-experience="{members[2].pk}"]', "#panel ol.ranked")
+    # Drag the last completion onto the first place, then the first by click (it takes the
+    # first free place, and the last one left places itself).
+    page.drag_and_drop(f'#panel .rank-item[data-experience="{members[2].pk}"]', "#panel .rank-slot[data-place='1']")
     page.wait_for_function("() => document.querySelectorAll('#panel ol.ranked .rank-item').length === 1")
     assert page.is_disabled("#panel .rank-save")
     page.click(f'#panel .rank-item[data-experience="{members[0].pk}"] .completion')
-    page.click(f'#panel .rank-item[data-experience="{members[1].pk}"] .completion')
     page.wait_for_selector("#panel form.rank[data-complete='1']")
     # Alt+Up moves the focused one up: members[1] before members[0].
     page.focus(f'#panel .rank-item[data-experience="{members[1].pk}"]')
@@ -120,7 +120,7 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
     assert set(Experience.objects.filter(group_id="g").values_list("status", flat=True)) == {"ready"}
     page.wait_for_function("() => document.querySelector('#done-today').textContent === '2'")
     # Progress: done today against the owner's target, and what waits.
-    assert page.inner_text("#waiting-count") == "0"
+    page.wait_for_function("() => document.querySelector('#waiting-count').textContent === '0'")
     assert page.eval_on_selector("#target-bar", "b => [b.value, b.max]") == [2, 10]
 
     page.keyboard.press("z")
@@ -142,8 +142,8 @@ def test_undo_takes_back_the_last_rating_and_the_item_returns(page: Any, live_ur
 
 def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(page: Any, live_url: str, blend_run: Run,
                                                                              annotator: User) -> None:
-    members = _group(blend_run, "g", [1.0, 0.0])
     other = _group(blend_run, "h", [1.0])
+    members = _group(blend_run, "g", [1.0, 0.0])  # the fresher group: first in the queue
     _open(page, live_url, blend_run)
     page.keyboard.press("4")
     page.keyboard.press("Enter")

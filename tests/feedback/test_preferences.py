@@ -110,11 +110,11 @@ def test_held_out_split_keeps_a_prompt_together_and_roughly_its_share(blend_run:
         feedback_compare(run=blend_run, author=annotator, experience=x, other=y, winner="a")
         feedback_rank(run=blend_run, author=annotator, group_id=f"h{g}", order=[y.pk, x.pk])
     pairs = preference_pairs(run=blend_run)
-    by_group: dict[str, set[bool]] = {}
+    by_prompt: dict[str, set[bool]] = {}
     for p in pairs:
-        by_group.setdefault(p.group_id, set()).add(pair_is_heldout(p, share=0.25))
-    assert all(len(v) == 1 for v in by_group.values())
-    held = sum(1 for v in by_group.values() if True in v)
+        by_prompt.setdefault(p.prompt, set()).add(pair_is_heldout(p, share=0.25))
+    assert all(len(v) == 1 for v in by_prompt.values())
+    held = sum(1 for v in by_prompt.values() if True in v)
     assert 5 <= held <= 25
 
 

@@ -67,23 +67,23 @@ def test_pairwise_agreement_is_the_share_of_rater_pairs_that_agree(owner: User) 
     assert agreement["pairwise_agreement"] == pytest.approx(0.5) and agreement["pairwise_rater_pairs"] == 4
 
 
-def _rate_truthfully_and_randomly(run: Run, items: list[Experience], truth: list[int], *, careful: list[User],
-                                  careless: User, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    for item, t in zip(items, truth, strict=True):
+def _three_careful_raters_and_a_careless_one(run: Run, *, seed: int) -> tuple[list[User], User]:
+    """30 items, each rated 1 or 5 (at random, by `seed`) by three careful raters who agree,
+    and at random from 1 to 5 by a careless one."""
+    rng, noise = random.Random(seed), random.Random(0)
+    careful = [make_user(f"careful{i}") for i in range(3)]
+    careless = make_user("careless")
+    for item in _items(run, 30):
+        truth = rng.choice([1, 5])
         for u in careful:
-            feedback_rate(run=run, author=u, experience=item, score=t)
-        feedback_rate(run=run, author=careless, experience=item, score=rng.randint(1, 5))
+            feedback_rate(run=run, author=u, experience=item, score=truth)
+        feedback_rate(run=run, author=careless, experience=item, score=noise.randint(1, 5))
+    return careful, careless
 
 
 def test_a_rater_who_answers_at_random_gets_a_low_weight(owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 4, "rater_weighting": "agreement"})
-    rng = random.Random(1)
-    items = _items(run, 30)
-    truth = [rng.choice([1, 5]) for _ in items]
-    careful = [make_user(f"careful{i}") for i in range(3)]
-    careless = make_user("careless")
-    _rate_truthfully_and_randomly(run, items, truth, careful=careful, careless=careless)
+    careful, careless = _three_careful_raters_and_a_careless_one(run, seed=1)
     figures = {f.username: f for f in rater_figures(run=run)}
     assert figures["careless"].weight < 0.35
     assert all(figures[u.username].weight > 0.8 for u in careful)
@@ -119,12 +119,7 @@ def test_the_human_fold_weights_each_rater_by_reliability(owner: User) -> None:
     """One careless rater cannot steer an item the careful ones agree on."""
     run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.0, "w_human": 1.0, "overlap": 4,
                                           "rater_weighting": "agreement"})
-    rng = random.Random(2)
-    items = _items(run, 30)
-    truth = [rng.choice([1, 5]) for _ in items]
-    careful = [make_user(f"careful{i}") for i in range(3)]
-    careless = make_user("careless")
-    _rate_truthfully_and_randomly(run, items, truth, careful=careful, careless=careless)
+    careful, careless = _three_careful_raters_and_a_careless_one(run, seed=2)
     # A new item: the careful raters say 5, the careless one says 1.
     target = _new_item(run)
     from django.core.cache import cache

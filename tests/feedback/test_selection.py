@@ -70,6 +70,23 @@ def test_the_most_uncertain_group_is_handed_out_first(owner: User, annotator: Us
     assert [a.experience_id for a in second] == [e.pk for e in middling + sure]
 
 
+@pytest.mark.parametrize("pairs", [True, False])
+def test_the_group_the_reward_models_heads_disagree_on_is_handed_out_first(
+    owner: User, annotator: User, pairs: bool,
+) -> None:
+    """Two groups the version scores alike; its ensemble of heads (the `head` kind) agrees on
+    one and splits on the other: a label teaches most there, so it goes first, whichever of
+    the two is fresher."""
+    for split_is_older in (False, True):
+        run = _selected_run(owner, uncertainty=1.0, pairs=pairs)
+        older, newer = _scored_groups(run, [[0.0, 0.0], [0.0, 0.0]])
+        split, agreed = (older, newer) if split_is_older else (newer, older)
+        RewardModelScore.objects.filter(experience__in=agreed).update(spread=0.01)
+        RewardModelScore.objects.filter(experience__in=split).update(spread=0.8)
+        first = assignment_claim(run=run, annotator=annotator, size=2)
+        assert {a.experience_id for a in first} == {e.pk for e in split}, split_is_older
+
+
 def test_disagreement_and_variance_rank_by_their_own_source(owner: User) -> None:
     run = _selected_run(owner, disagreement=1.0)
     # Calibration of the fake version: scale 1, offset 0.5 (defaults), so score 0.5 -> 1.0.

@@ -96,7 +96,7 @@ def test_the_run_page_shows_the_reward_model_its_accuracy_and_the_rule(rated_run
                                pairs_heldout=4, labels=13)
     html = _client(owner).get(f"/runs/{rated_run.pk}/").content.decode()
     assert 'data-figure="rm-version">v1<' in html and 'data-figure="rm-accuracy">0.875<' in html
-    assert 'data-figure="rm-kind">likelihood<' in html  # the config's kind (the default)
+    assert 'data-figure="rm-kind">head<' in html  # the config's kind (the default)
     assert "random share" in html
     assert "sibling pairs" in html  # feedback.selection.pairs, on by default
     panel = _client(owner).get(f"/runs/{rated_run.pk}/signal/reward-model/", HTTP_HX_REQUEST="true")

@@ -61,13 +61,20 @@ def test_a_viewer_sees_the_run_but_cannot_give_feedback(owner: User) -> None:
     assert not Feedback.objects.exists()
 
 
-def test_two_annotators_with_overlap_one_get_different_items(owner: User, settings) -> None:
-    settings.RFT_ANNOTATION_QUEUE_SIZE = 2
+def _blend_run_with_two_annotators(owner: User, *, pending: int) -> tuple[Run, User, User]:
+    """A blend run (each item to one annotator) with `pending` items in groups of up to two,
+    and its two annotators, Ann A and Ann B."""
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
-    make_experiences(run, groups=2, group_size=2, status="pending")
+    make_experiences(run, groups=(pending + 1) // 2, group_size=min(2, pending), status="pending")
     a, b = make_user("ann-a"), make_user("ann-b")
     add_member(run, a)
     add_member(run, b)
+    return run, a, b
+
+
+def test_two_annotators_with_overlap_one_get_different_items(owner: User, settings) -> None:
+    settings.RFT_ANNOTATION_QUEUE_SIZE = 2
+    run, a, b = _blend_run_with_two_annotators(owner, pending=4)
     ids = {}
     for user in (a, b):
         html = _client(user).get(_page(run)).content.decode()
@@ -141,11 +148,7 @@ def test_a_pairwise_choice_becomes_a_dpo_pair(run: Run, annotator: User) -> None
 
 def test_skipping_over_http_hands_the_item_back(owner: User, settings) -> None:
     settings.RFT_ANNOTATION_QUEUE_SIZE = 1
-    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
-    make_experiences(run, groups=1, group_size=1, status="pending")
-    a, b = make_user("ann-a"), make_user("ann-b")
-    add_member(run, a)
-    add_member(run, b)
+    run, a, b = _blend_run_with_two_annotators(owner, pending=1)
     _client(a).get(_page(run))
     assert b'data-experience="' not in _client(b).get(_page(run)).content
     mine = Assignment.objects.get(annotator=a)

@@ -188,15 +188,13 @@ def test_a_learner_group_wider_than_the_hosts_gpus_is_refused_with_the_count(mod
     from workers.algorithms.distributed import GroupUnsupported, group_backend
 
     n = torch.cuda.device_count()
-    assert group_backend(n) == ("nccl", "cuda:0")
+    assert group_backend(n) == ("cpu:gloo,cuda:nccl", "cuda:0")
     with pytest.raises(GroupUnsupported, match=f"{n + 1} learner processes need {n + 1} GPUs .* it has {n}"):
         group_backend(n + 1)
 
 
 def test_nccl_learner_group_of_two_makes_the_one_process_update(model_dir: Path, tmp_path: Path) -> None:
-    """Two ranks over NCCL (cuda:0, cuda:1) against one process on the same batch."""
-    import torch.multiprocessing as mp
-
+    """Two ranks over NCCL (cuda:0, cuda:1), FSDP2 `full`, against one process on the same batch."""
     if torch.cuda.device_count() < 2:
         pytest.skip("an NCCL learner group of two needs two CUDA devices")
     single = _learner(model_dir, algorithm="grpo")
@@ -204,25 +202,51 @@ def test_nccl_learner_group_of_two_makes_the_one_process_update(model_dir: Path,
 
     single.step(TrainBatch(usual=_rollouts()))
     expected = {n: p.detach().cpu() for n, p in single.model.named_parameters()}
-    mp.start_processes(_group_rank, args=(f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(tmp_path)),
-                       nprocs=2, start_method="spawn")
+    _group_spawn(2, model_dir, tmp_path, precision="fp32")
     got = torch.load(tmp_path / "group0.pt")
     for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(got["params"][name], value, atol=1e-4, rtol=1e-3)
 
 
-def _group_rank(rank: int, addr: str, model_dir: str, out: str) -> None:
+@pytest.mark.parametrize("sharding", ["full", "grad_op"])
+def test_fsdp2_in_bf16_over_nccl_trains_like_one_bf16_process(model_dir: Path, tmp_path: Path, sharding: str) -> None:
+    """FSDP2's MixedPrecisionPolicy (bf16 compute, fp32 reduction and master weights) over
+    NCCL, on every GPU of the host (one suffices): the loss is the one-process bf16 loss
+    within bf16's precision, and the step moves the fp32 master weights."""
+    from workers.algorithms import TrainBatch
+
+    world = torch.cuda.device_count()
+    single = _learner(model_dir, algorithm="grpo", precision="bf16")
+    before = {n: p.detach().cpu().clone() for n, p in single.model.named_parameters()}
+    loss = single.step(TrainBatch(usual=_rollouts()))["loss"]
+    _group_spawn(world, model_dir, tmp_path, precision="bf16", sharding=sharding)
+    got = torch.load(tmp_path / "group0.pt")
+    assert got["loss"] == pytest.approx(loss, abs=2e-2)
+    assert all(v.dtype == torch.float32 for v in got["params"].values()), "the master weights are fp32"
+    assert any(not torch.equal(before[n], got["params"][n]) for n in before), "the step changed nothing"
+
+
+def _group_spawn(world: int, model_dir: Path, out: Path, *, precision: str, sharding: str = "full") -> None:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_group_rank, args=(world, f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(out), precision,
+                                          sharding), nprocs=world, start_method="spawn")
+
+
+def _group_rank(rank: int, world: int, addr: str, model_dir: str, out: str, precision: str, sharding: str) -> None:
     import torch.distributed as dist
 
     from workers.algorithms import TrainBatch
-    from workers.algorithms.distributed import GroupShard
+    from workers.algorithms.distributed import learner_shard, whole_state
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=addr, world_size=2, rank=rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=addr, world_size=world, rank=rank)
     try:
-        learner = _learner(Path(model_dir))  # on cuda:rank, the current device
-        learner.step(TrainBatch(usual=_rollouts()), shard=GroupShard(rank=rank, world=2))
+        learner = _learner(Path(model_dir), precision=precision)  # on cuda:rank, the current device
+        shard = learner_shard(learner, rank=rank, world=world, sharding=sharding)
+        metrics = learner.step(TrainBatch(usual=_rollouts()), shard=shard)
+        params = whole_state(learner)
         if rank == 0:
-            torch.save({n: p.detach().cpu() for n, p in learner.model.named_parameters()}, os.path.join(out, "group0.pt"))
+            torch.save({"params": params, "loss": metrics["loss"]}, os.path.join(out, "group0.pt"))
     finally:
         dist.destroy_process_group()

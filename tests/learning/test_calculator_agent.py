@@ -25,16 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run
 from apps.runs.services import run_transition
+from bench.common import run_wait_ended
 from tests.envapi.conftest import make_key
 from tests.factories import make_run
 from tests.servers import start_server, stop
-
-openai = pytest.importorskip("openai")
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -95,12 +95,7 @@ def test_the_example_agent_raises_its_reward_on_the_demo_model(
             history = agent_run(env=env, openai_client=client, run_id=run.pk, rounds=ROUNDS, tasks_per_round=TASKS,
                                 group=GROUP, max_turns=2, max_tokens=16, temperature=1.0, tool=CALC_TOOL_COMPACT,
                                 seed=SEED, concurrency=8, on_policy=True, version_timeout=240, log=print)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            run.refresh_from_db()
-            if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
-                break
-            time.sleep(1.0)
+        run_wait_ended(run, seconds=240, poll=1.0)
         seconds = time.monotonic() - started
         logs = {name: path.read_text(errors="replace")[-1500:] for name, path in loop_workers.items()}
         assert run.status == Run.Status.FINISHED, (run.status, run.error, run.train_step, logs)

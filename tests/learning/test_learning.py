@@ -18,6 +18,7 @@ import pytest
 from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run
 from apps.runs.services import run_transition
+from bench.common import run_wait_ended
 from tests.factories import make_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -86,12 +87,7 @@ def test_grpo_through_the_whole_loop_raises_heldout_accuracy_over_the_warm_up(
     run = make_run(owner=owner, taskset=taskset, model=str(demo_model_dir), **LEARNING_CONFIG)
     started = time.monotonic()
     run_transition(run=run, action="start", actor=owner)
-    deadline = started + 600  # a cap for a busy host: 346 s at load 15 (round 6)
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
-            break
-        time.sleep(1.0)
+    run_wait_ended(run, seconds=600, poll=1.0)  # a cap for a busy host: 346 s at load 15 (round 6)
     seconds = time.monotonic() - started
     logs = {name: path.read_text(errors="replace")[-2000:] for name, path in loop_workers.items()}
     assert run.status == Run.Status.FINISHED, (run.status, run.error, run.train_step, run.explore_step, logs)

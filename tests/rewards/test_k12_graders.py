@@ -24,6 +24,7 @@ from tests.factories import add_member, experience_row, make_run
 from workers.engines.base import Sample
 from workers.k12 import k12_judge_prompt, k12_judge_verdicts, k12_verdict_parse
 from workers.rewards import score_experiences
+from apps.runs.ports import run_view_of
 
 TASK = {"domain": "k12", "prompt": "What gas do plants take in from the air to make their food?",
         "reference": "carbon dioxide"}
@@ -178,7 +179,7 @@ def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: Us
                    rewards=[{"name": "k12_learned", "domains": ["k12"], "params": LEARNED}])
     answers = k12_graded_answers(run=run)
     assert len(answers) == 4 * len(k12_records()) and {a.source for a in answers} == {"taskset"}
-    grader = k12_grader_train_run(run=run, params=learned_params(LEARNED))
+    grader = k12_grader_train_run(run=run_view_of(run), params=learned_params(LEARNED))
     assert grader is not None and grader.version == 1
     pairs = k12_grade_pairs(answers)
     assert grader.pairs_train + grader.pairs_heldout == len(pairs) and grader.pairs_heldout >= 10
@@ -187,7 +188,7 @@ def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: Us
     assert Metric.objects.get(run=run, name="k12_grader/accuracy").value == grader.accuracy
     assert K12Grader.objects.filter(run=run).count() == 1
     # Not due again until new grades come in.
-    assert k12_grader_train_run(run=run, params=learned_params(LEARNED)) is None
+    assert k12_grader_train_run(run=run_view_of(run), params=learned_params(LEARNED)) is None
 
 
 @pytest.mark.django_db
@@ -248,16 +249,14 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
 
 @pytest.mark.django_db
 def test_a_scorer_uses_the_newest_grader_while_another_worker_trains_the_next(owner: User) -> None:
-    from django.core.cache import cache
-
     from apps.rewards.k12 import learned_params
     from apps.rewards.models import K12Grader
-    from workers.k12 import k12_grader_ensure
+    from apps.runs.dispatch import dispatch_claim
+    from workers.k12 import TRAIN_LEASE_SECONDS, k12_grader_ensure
 
     run = _k12_run(owner, rewards=[{"name": "k12_learned", "domains": ["k12"]}])
     v1 = K12Grader.objects.create(run=run, version=1, path="/nowhere", base="b", grades=0)
-    cache.set(f"rft:k12-train:{run.pk}", 1, 60)  # another worker is training v2
-    try:
-        assert k12_grader_ensure(run=run, params=learned_params({"retrain_every": 1})) == v1
-    finally:
-        cache.delete(f"rft:k12-train:{run.pk}")
+    # Another worker is training v2: it holds the run's grader training.
+    training = dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=TRAIN_LEASE_SECONDS)
+    assert training is not None
+    assert k12_grader_ensure(run=run_view_of(run), params=learned_params({"retrain_every": 1})) == v1

@@ -166,6 +166,8 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     # for the cached build so this test stays fast (the slow tests use the real model).
     model_dir = tmp_path / "model"
     model_dir.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):  # laid out as a saved model
+        (model_dir / name).write_text("{}")
     (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
     settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
     import apps.cli.management.commands.rft_demo as demo

@@ -1,4 +1,5 @@
-"""The reward model learned inside the run, of each kind (`likelihood`: the base's token
+"""The reward model learned inside the run, of each kind (`head`, the default: an ensemble of
+scalar heads on the base's pooled hidden states; `likelihood`: the base's token
 log-likelihoods weighed by a Bradley-Terry model; `classifier`: TRL's RewardTrainer) from the
 run's preference pairs: held-out accuracy above chance, versions stored, scores that record
 the version, and the `learned` policy that trains on them without waiting for people."""
@@ -21,6 +22,7 @@ from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 from workers.reward_trainer import reward_model_score_run, reward_model_train_run
+from apps.runs.ports import run_view_of
 
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -62,17 +64,17 @@ def _compare_all(run: Run, groups: list[list[Experience]], annotator: User) -> N
         feedback_compare(run=run, author=annotator, experience=bad, other=good, winner="b")
 
 
-@pytest.mark.parametrize("kind", ["likelihood", "classifier"])
+@pytest.mark.parametrize("kind", ["head", "likelihood", "classifier"])
 def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
     owner: User, annotator: User, demo_model_dir: Path, kind: str,
 ) -> None:
     run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model=_rm_config(demo_model_dir, kind=kind))
     add_member(run, annotator)
-    assert reward_model_train_run(run=run) is None  # nothing due: no labels yet
+    assert reward_model_train_run(run=run_view_of(run)) is None  # nothing due: no labels yet
     _compare_all(run, _groups(run, 80, seed=1), annotator)
     assert reward_model_due(run=run)
 
-    v1 = reward_model_train_run(run=run)
+    v1 = reward_model_train_run(run=run_view_of(run))
     assert v1 is not None and v1.version == 1 and v1.labels == 80
     assert v1.pairs_heldout >= 8 and v1.pairs_train + v1.pairs_heldout == 80
     assert v1.accuracy is not None and v1.accuracy >= 0.8, v1.accuracy  # chance is 0.5
@@ -84,6 +86,14 @@ def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
         # The directory is a plain sequence classifier: transformers loads it on its own.
         net = AutoModelForSequenceClassification.from_pretrained(v1.path)
         assert net.config.num_labels == 1 and AutoTokenizer.from_pretrained(v1.path) is not None
+    elif kind == "head":
+        # The directory names the base checkpoint whose hidden states it reads and the
+        # ensemble's heads, one weight per pooled feature each.
+        import json
+
+        heads = json.loads((Path(v1.path) / "head_reward.json").read_text())
+        assert heads["kind"] == "head" and heads["base"] == str(demo_model_dir) == v1.base
+        assert len(heads["heads"]) == 5 and {len(h) for h in heads["heads"]} == {len(heads["mean"])}
     else:
         # The directory names the base checkpoint it read and the fitted weights.
         import json
@@ -95,30 +105,34 @@ def test_a_reward_model_learns_a_crafted_preference_and_each_version_is_stored(
     # Every open experience no person rated is scored by v1 (the compared ones too: a
     # comparison is no rating), each score naming v1.
     fresh = _groups(run, 6, seed=2, status="ready")
-    assert reward_model_score_run(run=run) == 160 + 12
+    assert reward_model_score_run(run=run_view_of(run)) == 160 + 12
     scores = {s.experience_id: s for s in RewardModelScore.objects.filter(experience__in=[e for g in fresh for e in g])}
     assert len(scores) == 12 and {s.reward_model_id for s in scores.values()} == {v1.pk}
     wins = sum(scores[good.pk].score > scores[bad.pk].score for good, bad in fresh)
     assert wins >= 5
-    assert reward_model_score_run(run=run) == 0  # idempotent: nothing left for v1
+    if kind == "head":  # each score carries how far the ensemble's heads disagree about it
+        assert all(s.spread is not None and s.spread >= 0 for s in scores.values())
+        assert len({round(s.spread or 0, 9) for s in scores.values()}) > 1
+    assert reward_model_score_run(run=run_view_of(run)) == 0  # idempotent: nothing left for v1
 
     # Twenty more labels: version 2, and it scores under its own version.
     _compare_all(run, _groups(run, 20, seed=3), annotator)
-    v2 = reward_model_train_run(run=run)
+    v2 = reward_model_train_run(run=run_view_of(run))
     assert v2 is not None and v2.version == 2 and v2.labels == 100 and v2.path != v1.path
-    assert reward_model_score_run(run=run) == 200 + 12
+    assert reward_model_score_run(run=run_view_of(run)) == 200 + 12
     assert set(RewardModel.objects.filter(run=run).values_list("version", flat=True)) == {1, 2}
     assert RewardModelScore.objects.filter(reward_model=v2, experience__in=scores).count() == 12
 
 
+@pytest.mark.parametrize("kind", ["head", "likelihood"])
 def test_cross_validation_holds_every_pair_out_once_and_the_version_fits_them_all(
-    owner: User, annotator: User, demo_model_dir: Path,
+    owner: User, annotator: User, demo_model_dir: Path, kind: str,
 ) -> None:
     run = make_run(owner=owner, feedback={"mode": "blend"},
-                   reward_model=_rm_config(demo_model_dir, kind="likelihood", crossval_folds=4))
+                   reward_model=_rm_config(demo_model_dir, kind=kind, crossval_folds=4))
     add_member(run, annotator)
     _compare_all(run, _groups(run, 40, seed=1), annotator)
-    rm = reward_model_train_run(run=run, force=True)
+    rm = reward_model_train_run(run=run_view_of(run), force=True)
     # 40 pairs: the gate's evidence is all 40 (a 0.25 split would give it about 10).
     assert rm is not None and rm.pairs_heldout == rm.pairs_train == 40
     assert rm.accuracy is not None and rm.accuracy >= 0.8, rm.accuracy  # chance is 0.5
@@ -142,7 +156,7 @@ def test_a_cross_validated_version_is_calibrated_by_fits_that_never_saw_the_rate
     for group in _groups(run, 40, seed=6):
         for e in group:
             feedback_rate(run=run, author=annotator, experience=e, score=rng.randint(1, 5))
-    rm = reward_model_train_run(run=run, force=True)
+    rm = reward_model_train_run(run=run_view_of(run), force=True)
     assert rm is not None and rm.pairs_train > 10
     rated = list(Experience.objects.filter(run=run, human_reward__isnull=False)
                  .values_list("prompt_text", "response_text", "human_reward"))
@@ -169,13 +183,13 @@ def test_learned_mode_trains_unrated_groups_on_reward_model_scores_without_waiti
     assert reward_model_usable(run=run) is None
     assert {e.status for e in _fresh(waiting)} == {"pending"}
 
-    rm = reward_model_train_run(run=run)
+    rm = reward_model_train_run(run=run_view_of(run))
     assert rm is not None and reward_model_usable(run=run) == rm and rm.base == str(demo_model_dir)
 
     # A new group: one member rated by a person, the rest by no one.
     group = _groups(run, 1, seed=10, size=4)[0]
     feedback_rate(run=run, author=annotator, experience=group[1], score=5)
-    reward_model_score_run(run=run)
+    reward_model_score_run(run=run_view_of(run))
     group = _fresh(group)
     assert {e.status for e in group} == {"ready"}  # nobody waited for the three unrated members
     rated, unrated = group[1], [group[0], group[2], group[3]]
@@ -222,3 +236,56 @@ def test_the_preference_export_trains_a_reward_model_with_trl(
     trainer = RewardTrainer(model=str(demo_model_dir), args=args, train_dataset=dataset)
     result = trainer.train()
     assert result.global_step == 2
+
+
+# A preference no verifier has: Anna prefers answers that say "certainly", right or wrong,
+# whatever their form. The words around it are drawn alike for both sides.
+_FORMS = ["<answer>{s}</answer>", "The sum is {s}.", "{a} plus {b} makes {s}. <answer>{s}</answer>",
+          "Adding them gives {s}", "I think it is {s}.", "{s}", "First {a}, then add {b}: {s}."]
+
+
+def _worded(rng: random.Random, a: int, b: int, *, word: str | None) -> str:
+    words = rng.choice(_FORMS).format(a=a, b=b, s=a + b + rng.choice([0, 0, 1, -1])).split(" ")
+    if word:
+        words.insert(rng.randint(0, len(words)), word)
+    return " ".join(words)
+
+
+def test_a_reward_model_over_the_demo_model_learns_a_preference_for_a_word_on_prompts_it_never_saw(
+    owner: User, annotator: User, demo_model_dir: Path,
+) -> None:
+    """The default kind (`head`) over the run's own model, from 60 of Anna's choices: held-out
+    pairs (by prompt) ranked above 0.8, and so are pairs of 40 prompts no label touched."""
+    from workers.reward_trainer import pairwise_accuracy, reward_scorer_load
+
+    run = make_run(owner=owner, feedback={"mode": "blend"},
+                   reward_model={"enabled": True, "base": str(demo_model_dir), "retrain_every": 20,
+                                 "heldout_share": 0.25, "max_length": 64})
+    assert run.cfg.reward_model.kind == "head"  # the default
+    add_member(run, annotator)
+    rng = random.Random(5)
+    rows = []
+    for g in range(60):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        for i, word in enumerate(("certainly", None)):
+            rows.append(experience_row(run, key=f"w{g}-{i}", group=f"w{g}", status="pending", reward=None,
+                                       auto_reward=0.0, prompt_text=f"What is {a} + {b}?",
+                                       response_text=_worded(rng, a, b, word=word)))
+    exps = list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+    for worded, plain in zip(exps[::2], exps[1::2], strict=True):
+        feedback_compare(run=run, author=annotator, experience=plain, other=worded, winner="b")
+
+    rm = reward_model_train_run(run=run_view_of(run))
+    assert rm is not None and rm.labels == 60 and rm.pairs_heldout >= 8
+    assert rm.accuracy is not None and rm.accuracy > 0.8, rm.accuracy  # chance is 0.5
+
+    fresh = random.Random(6)
+    prompts, worded_answers, plain_answers = [], [], []
+    for _ in range(40):
+        a, b = fresh.randint(100, 199), fresh.randint(0, 99)
+        prompts.append(f"What is {a} + {b}?")
+        worded_answers.append(_worded(fresh, a, b, word="certainly"))
+        plain_answers.append(_worded(fresh, a, b, word=None))
+    score = reward_scorer_load(rm.path, max_length=64)
+    accuracy = pairwise_accuracy(score(prompts, worded_answers), score(prompts, plain_answers))
+    assert accuracy is not None and accuracy > 0.8, accuracy

@@ -46,7 +46,7 @@ def test_a_preference_the_features_do_not_explain_scores_about_chance() -> None:
 def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_noise() -> None:
     """Seven features, ratings they do not explain: the fit on every pair lines its scores up
     with the very ratings it trained on, so a calibration from those scores is steep and would
-    carry noise into every learned reward; scored by the fold that never saw its group, each
+    carry noise into every learned reward; scored by the fold that never saw its prompt, each
     item's score follows people no better than chance, and the calibration is flat."""
     from workers.likelihood_rm import bradley_terry_fit, fold_weights, out_of_fold_scores
     from workers.reward_trainer import _calibration
@@ -62,7 +62,7 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
         for m in range(2):
             texts[(f"p{g}", f"c{m}")] = len(z)
             z.append([rng.gauss(0, 1) for _ in range(7)])
-            groups.append(f"g{g}")
+            groups.append(f"p{g}")  # its prompt: the fold it falls in
             ratings.append(float(rng.random() < 0.5))
             members.append(len(z) - 1)
         a, b = members

@@ -149,3 +149,16 @@ def test_a_version_whose_base_is_gone_is_refused_naming_the_base(likelihood_vers
     with pytest.raises(CommandError, match="deleted-checkpoint cannot be loaded"):
         call_command("rft", "reward-model", str(run.pk), "--out", str(tmp_path / "rm"))
     assert not (tmp_path / "rm").exists()
+
+
+def test_a_head_version_is_refused_naming_its_kind(tmp_path: Path) -> None:
+    """The default kind has no transformers form yet: its export says so instead of failing
+    somewhere inside transformers."""
+    from rftweb.exceptions import ExportFailed
+    from workers.reward_models import reward_model_export
+
+    version = tmp_path / "v1"
+    version.mkdir()
+    (version / "head_reward.json").write_text("{}")
+    with pytest.raises(ExportFailed, match="'head' reward-model version cannot be exported"):
+        reward_model_export(source=str(version), out=str(tmp_path / "out"), scale=1.0, offset=0.5)

@@ -183,12 +183,18 @@ def test_only_the_owner_may_pack_or_download_and_unknown_versions_are_404() -> N
 
 def _age_the_request(rm: RewardModel, minutes: float) -> None:
     """The request was made `minutes` ago and no worker has started on it (its message lost,
-    or no reward worker running): the mark it left in the cache, moved back in time."""
-    from django.core.cache import cache
+    or no reward worker running): the version's export row it left, moved back in time."""
+    from datetime import timedelta
 
-    from apps.rewards.export import EXPORT_SECONDS, preparing_key, stage_mark
+    from django.utils import timezone
 
-    cache.set(preparing_key(rm), stage_mark("queued", at=time.time() - 60 * minutes), EXPORT_SECONDS)
+    from apps.rewards.export import export_key
+    from apps.runs.models import Dispatch
+
+    asked = timezone.now() - timedelta(minutes=minutes)
+    row, _ = Dispatch.objects.get_or_create(run_id=rm.run_id, kind="rm_export", key=export_key(rm))
+    Dispatch.objects.filter(pk=row.pk).update(state="sent", sent_at=asked, started_at=None,
+                                              expires_at=asked + timedelta(minutes=31))
 
 
 @pytest.mark.django_db
@@ -231,3 +237,31 @@ def test_a_lost_request_asked_again_is_packed_by_the_worker(
     assert 'data-export="preparing"' in again or 'data-export="ready"' in again
     _wait_for(lambda: 'data-export="ready"' in _panel(client, run))
     assert export_zip_path(rm).is_file()
+
+
+@pytest.mark.django_db
+def test_a_packing_whose_worker_crashed_shows_until_its_lease_ran_out_then_may_be_asked_again(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.rewards.export import export_begin, export_key
+    from apps.runs.models import Dispatch
+
+    olga = make_user("olga")
+    run, rm = _run_with_version(olga, tmp_path / "v1-1")
+    _, raw = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=1000)
+    api = Client(headers={"Authorization": f"Bearer {raw}"})
+    base = f"/api/v1/runs/{run.pk}/reward-models/1/export"
+    assert api.post(base).json()["stage"] == "queued"
+    # A reward worker takes the message and starts packing, then its host dies; a second copy
+    # of the message meanwhile packs nothing, nor does a second request send one.
+    assert export_begin(rm=rm, task_id="first-copy") is not None
+    assert export_begin(rm=rm, task_id="second-copy") is None
+    assert api.post(base).json()["stage"] == "packing"
+    assert api.get(base).json()["stage"] == "packing"
+    Dispatch.objects.filter(run=run, kind="rm_export", key=export_key(rm)).update(
+        expires_at=timezone.now() - timedelta(seconds=1))  # half an hour later: its lease ran out
+    assert api.get(base).json() | {"bytes": 0} == {"version": 1, "state": "none", "stage": "", "bytes": 0, "error": "",
+                                                   "download": None}
+    assert api.post(base).json()["stage"] == "queued"

@@ -18,6 +18,7 @@ from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from workers.reward_trainer import pairwise_accuracy, reward_model_pairs
+from apps.runs.ports import run_view_of
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +68,7 @@ def test_a_random_rater_puts_no_pair_into_the_reward_models_training_or_held_out
     weights = {f.username: f.weight for f in rater_figures(run=run)}
     assert weights["careless"] < TRUSTED_WEIGHT <= weights["careful"]  # the gold items measured it
 
-    train, heldout = reward_model_pairs(run=run)
+    train, heldout = reward_model_pairs(run=run_view_of(run))
 
     assert train and heldout
     ids = {e.pk: e for e in Experience.objects.filter(run=run)}
@@ -126,7 +127,7 @@ def test_a_random_rater_lucky_on_few_gold_items_and_an_unmeasured_one_teach_the_
     assert figures["lucky"].earned == pytest.approx(0.3) and figures["unmeasured"].earned == 0.0
     assert figures["careful"].earned == pytest.approx(0.8)  # 4 of 4 gold right
 
-    train, heldout = reward_model_pairs(run=run)
+    train, heldout = reward_model_pairs(run=run_view_of(run))
 
     ids = {e.pk: e for e in Experience.objects.filter(run=run)}
     assert train and heldout

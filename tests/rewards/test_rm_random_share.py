@@ -30,13 +30,14 @@ from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from workers.reward_trainer import reward_model_train_run
+from apps.runs.ports import run_view_of
 
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
-STRADDLING = 4  # groups the rule hands out first
-GROUPS = 40
-VISITS = 4  # page visits of 8 items: 16 pairs, a quarter the rule's (random_share 0.75)
+STRADDLING = 8  # groups the rule hands out first
+GROUPS = 80
+VISITS = 8  # page visits of 8 items: 32 pairs, a quarter the rule's (random_share 0.75)
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +50,8 @@ def _run(olga: User, anna: User, model: Path, **rm: object) -> tuple[Run, set[st
     """The run, and the groups the rule goes to first (where Anna prefers the bare answer)."""
     run = make_run(owner=olga, seed=3, feedback={
         "mode": "blend", "overlap": 1, "selection": {"uncertainty": 1.0, "random_share": 0.75, "pairs": True}},
-        reward_model={"enabled": True, "base": str(model), "max_length": 64, "crossval_folds": 4, **rm})
+        reward_model={"enabled": True, "kind": "likelihood", "base": str(model), "max_length": 64, "crossval_folds": 4,
+                      **rm})
     add_member(run, anna)
     rng = random.Random(0)
     rows = []
@@ -89,7 +91,7 @@ def test_a_held_out_split_measures_the_random_share_on_its_held_out_pairs_only(
     anna = make_user("anna")
     run, straddling = _run(owner, anna, demo_model_dir, crossval_folds=0, heldout_share=0.5)
     _annotate(run, anna, straddling)
-    rm = reward_model_train_run(run=run, force=True)
+    rm = reward_model_train_run(run=run_view_of(run), force=True)
     assert rm is not None and rm.accuracy is not None and rm.accuracy_random is not None
     # Of the held-out pairs only those of the random share count, and the rule's are among the rest.
     assert 0 < rm.pairs_random < rm.pairs_heldout  # type: ignore[operator]
@@ -102,14 +104,14 @@ def test_the_panel_and_the_api_show_the_accuracy_on_the_random_share_beside_the_
     olga, anna = owner, make_user("anna")
     run, straddling = _run(olga, anna, demo_model_dir)
     _annotate(run, anna, straddling)
-    assert reward_model_train_run(run=run, force=True) is not None
+    assert reward_model_train_run(run=run_view_of(run), force=True) is not None
 
     _, raw = api_key_create(name="env", runs=[run], actions=["read"], rate_limit_per_minute=1000)
     newest = Client().get(f"/api/v1/runs/{run.pk}/reward-models",
                           headers={"Authorization": f"Bearer {raw}"}).json()[0]
-    # 16 pairs, each cross-validated; 12 of them the random share's (3 of every 4 hand-outs).
-    assert newest["version"] == 2 and newest["pairs_heldout"] == 16
-    assert newest["pairs_random"] == 12
+    # 32 pairs, each cross-validated; 24 of them the random share's (3 of every 4 hand-outs).
+    assert newest["version"] == 2 and newest["pairs_heldout"] == 32
+    assert newest["pairs_random"] == 24
     # Over every pair the rule's "mislabelled-looking" pairs pull the accuracy down; on the
     # random share's pairs it is what the model does on the items it did not choose.
     assert newest["accuracy"] <= 0.85
@@ -121,7 +123,7 @@ def test_the_panel_and_the_api_show_the_accuracy_on_the_random_share_beside_the_
     panel = client.get(f"/runs/{run.pk}/signal/reward-model/", HTTP_HX_REQUEST="true").content.decode()
     shown = re.search(r'data-figure="rm-accuracy-random">([^<]+)</b>\s*<span[^>]*>\((\d+) pairs\)', panel)
     assert shown is not None, panel
-    assert shown.group(1) == f"{newest['accuracy_random']:.3f}" and shown.group(2) == "12"
+    assert shown.group(1) == f"{newest['accuracy_random']:.3f}" and shown.group(2) == "24"
     assert re.search(r'data-figure="rm-accuracy">' + re.escape(f"{newest['accuracy']:.3f}"), panel)
     # Both are charted on the run page, per version (the metrics feed its charts read).
     series = client.get(f"/runs/{run.pk}/metrics/").json()["series"]

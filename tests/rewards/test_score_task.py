@@ -19,6 +19,7 @@ from apps.runs.models import Run
 from rftweb.celery import app
 from tests.factories import experience_row, first_task, make_run, make_taskset, make_user
 from tests.servers import celery_worker
+from apps.runs.ports import run_view_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "```python\ndef add(a, b):\n    return a + b\n```"
@@ -140,7 +141,7 @@ def test_a_failing_scorer_is_reported_scored_zero_and_recorded(tmp_path: Path) -
     task = first_task(taskset)
     ids = _write(run, task, ["<answer>0</answer>"], awaiting=["reward_model"])
     exps = list(Experience.objects.filter(pk__in=ids).select_related("task"))
-    scored, errors, raised = rewards_remote_score(run=run, experiences=exps)
+    scored, errors, raised = rewards_remote_score(run=run_view_of(run), experiences=exps)
     assert raised and scored == {ids[0]: {"reward_model": 0.0}}
     assert "reward_model" in errors[ids[0]]
     assert experience_rewards_apply(run=run, scored=scored, errors=errors) == ids

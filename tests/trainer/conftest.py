@@ -51,8 +51,7 @@ def _conductor_and_trainer(tmp_path: Path) -> Iterator[Workers]:
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_CONDUCT_SECONDS="0.3",
                       RFT_DISPATCH_TTL="30", RFT_LEASE_SECONDS="8")
-    workers.start("conductor", "default", beat=True)
-    workers.start("trainer", "train", "workers.trainer")
+    workers.start_together(("conductor", "default", (), True), ("trainer", "train", ("workers.trainer",), False))
     try:
         yield workers
     finally:

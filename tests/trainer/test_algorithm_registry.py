@@ -65,7 +65,8 @@ def test_a_registered_algorithm_reaches_the_config_the_form_and_the_conductor(ra
     plan = batch_plan(cfg=cfg)
     assert (plan.usual, plan.expert, plan.whole_groups) == (6, 0, True)
     refusal = declarations.algorithm_get("raft").group_refusal(loss_type="dapo", scale_rewards="group")
-    assert refusal == "a learner group trains grpo and sft; raft runs in one process (set processes: 1)"
+    # No `learner_group` declared (its objective has no shard_loss): one process only, said by name.
+    assert refusal == "raft has no sharded objective (its objective's shard_loss); set processes: 1"
 
 
 def test_a_registered_objective_trains_only_on_what_it_selects(raft_registered: None, load_model: Any, tokenizer: Any) -> None:

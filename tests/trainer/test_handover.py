@@ -22,6 +22,7 @@ from workers.engines.hf_engine import HFEngine
 from workers.explorer import VersionNotReady, explore, model_version_path
 from workers.handover import handover_clear, pending_wait
 from workers.trainer import trainer_step
+from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -121,10 +122,10 @@ def test_a_version_recorded_before_its_files_waits_for_them_and_a_restarted_trai
     shutil.rmtree(checkpoint)
     run.refresh_from_db()
     with pytest.raises(VersionNotReady, match="not written yet"):
-        model_version_path(run=run, version=1)
+        model_version_path(run=run_view_of(run), version=1)
 
     # The restarted trainer rebuilds step 1 from its journal and writes version 1 again.
     trainer_mod._RESIDENTS.clear()
-    trainer_mod.resident_for(run)
-    assert model_version_path(run=run, version=1) == str(checkpoint)
+    trainer_mod.resident_for(run_view_of(run))
+    assert model_version_path(run=run_view_of(run), version=1) == str(checkpoint)
     assert _same(_weights(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)), trained)

@@ -1,5 +1,8 @@
-"""A learner as two gloo processes makes the same update as one process on the same batch
-(GRPO per-sequence and per-token losses, SFT), and refuses what does not split exactly."""
+"""A learner sharded over 2 and 3 gloo processes with PyTorch's FSDP2 (and, sharded `none`,
+its DistributedDataParallel) makes the same update as one process on the whole batch: GRPO
+with every loss type (one with a KL term, so a sharded reference model), DPO, SFT and MIX.
+A checkpoint the group writes through torch.distributed.checkpoint (each rank its shard)
+resumes on one process and on three with the same next-step weights."""
 
 from __future__ import annotations
 
@@ -12,107 +15,209 @@ import torch
 
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
-from workers.algorithms.distributed import GroupShard, GroupUnsupported
 
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
 
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+# (algorithm, loss_type, beta, sharding)
+CASES = ([("grpo", lt, 0.0, "full") for lt in LOSS_TYPES]
+         + [("grpo", "bnpo", 0.04, "full"), ("dpo", "dapo", 0.0, "full"), ("sft", "dapo", 0.0, "full"),
+            ("mix", "dapo", 0.0, "full")])
+# Two ranks also try the other shardings (ZeRO-2-like and DDP).
+CASES_TWO = CASES + [("grpo", "grpo", 0.0, "grad_op"), ("mix", "dapo", 0.0, "grad_op"),
+                     ("grpo", "dapo", 0.0, "none"), ("mix", "dapo", 0.0, "none")]
 
-def _batch(algorithm: str) -> TrainBatch:
-    """Three groups (uneven over two ranks) of varied completion lengths. Prompts share one
-    length: TRL's forward takes positions from 0 whatever the left padding, so a batch
-    padded differently in each part would not be the same computation."""
-    g = torch.Generator().manual_seed(3)
+
+def _batch(algorithm: str, *, seed: int = 3) -> TrainBatch:
+    """Four groups of three (uneven over two and three ranks), varied completion lengths,
+    one masked token; MIX and SFT add expert rows. One prompt length: TRL's forward takes
+    positions from 0 whatever the left padding, so a part padded differently from the
+    whole batch would not be the same computation."""
+    g = torch.Generator().manual_seed(seed)
     rows = []
-    for gi in range(3):
+    for gi in range(4):
         prompt = torch.randint(10, 200, (4,), generator=g).tolist()
-        for j in range(4):
+        for j in range(3):
             completion = torch.randint(10, 200, (2 + (j * 5 + gi) % 6,), generator=g).tolist()
-            rows.append(Rollout(id=gi * 4 + j, group_id=f"g{gi}", prompt_ids=prompt, completion_ids=completion,
-                                logprobs=None, reward=float((j * 7 + gi) % 3)))
-    return TrainBatch(usual=rows) if algorithm == "grpo" else TrainBatch(expert=rows)
+            mask = [1] * len(completion)
+            if gi == 1 and j == 2:
+                mask[0] = 0
+            rows.append(Rollout(id=gi * 3 + j, group_id=f"g{gi}", prompt_ids=prompt, completion_ids=completion,
+                                logprobs=[-0.7] * len(completion), reward=float((j * 7 + gi) % 3), action_mask=mask))
+    expert = [Rollout(id=100 + i, group_id=f"e{i}", prompt_ids=rows[0].prompt_ids,
+                      completion_ids=torch.randint(10, 200, (3 + i,), generator=g).tolist(), is_expert=True)
+              for i in range(5)]
+    if algorithm == "sft":
+        return TrainBatch(expert=expert + rows)
+    if algorithm == "mix":
+        return TrainBatch(usual=rows, expert=expert)
+    return TrainBatch(usual=rows)
 
 
-def _spec(algorithm: str, loss_type: str) -> LearnerSpec:
-    return LearnerSpec(algorithm=algorithm, params=bridge.LossParams(loss_type=loss_type, learning_rate=1e-2))
+def _spec(algorithm: str, loss_type: str, beta: float) -> LearnerSpec:
+    return LearnerSpec(algorithm=algorithm, mu=0.3,
+                       params=bridge.LossParams(loss_type=loss_type, learning_rate=1e-2, beta=beta, epsilon_high=0.28))
 
 
-def _learner(model_dir: str, spec: LearnerSpec) -> tuple[Learner, dict[str, Any]]:
-    """A learner, and the gradients its optimizer stepped with last (filled in by each step)."""
+def _learner(model_dir: str, spec: LearnerSpec) -> Learner:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
-    names = {id(p): n for n, p in model.named_parameters()}
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if spec.needs_ref_model else None
+    return Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), ref_model=ref)
 
-    stepped: dict[str, Any] = {}
+
+def _grads_kept(learner: Learner) -> dict[str, torch.Tensor]:
+    """The whole gradients the optimizer steps with (filled in at each step; gathered from
+    the shards, which every rank's hook does alike)."""
+    names = {id(p): n for n, p in learner.model.named_parameters()}
+    stepped: dict[str, torch.Tensor] = {}
 
     def keep(optimizer: Any, *_: Any) -> None:
         stepped.clear()
-        stepped.update({names[id(p)]: p.grad.detach().clone() for g in optimizer.param_groups
-                        for p in g["params"] if p.grad is not None})
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                    stepped[names[id(p)]] = grad.detach().clone()
 
     learner.optimizer.register_step_pre_hook(keep)
-    return learner, stepped
+    return stepped
 
 
-def _rank(rank: int, world: int, addr: str, model_dir: str, algorithm: str, loss_type: str, out: str) -> None:
+def _whole(learner: Learner) -> dict[str, torch.Tensor]:
+    from workers.algorithms.distributed import whole_state
+
+    return whole_state(learner)
+
+
+def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: str) -> None:
     import torch.distributed as dist
+
+    from workers.algorithms.distributed import learner_shard
 
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
     try:
-        learner, stepped = _learner(model_dir, _spec(algorithm, loss_type))
-        shard = GroupShard(rank=rank, world=world)
-        metrics = [learner.step(_batch(algorithm), shard=shard)]
-        torch.save({"params": {n: p.detach() for n, p in learner.model.named_parameters()}, "grads": stepped,
-                    "loss": metrics[0]["loss"], "share": shard.last_share}, os.path.join(out, f"rank{rank}.pt"))
+        for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
+            learner = _learner(model_dir, _spec(algorithm, loss_type, beta))
+            shard = learner_shard(learner, rank=rank, world=world, sharding=sharding)
+            grads = _grads_kept(learner)
+            metrics = learner.step(_batch(algorithm), shard=shard)
+            params = _whole(learner) if sharding != "none" else {n: p.detach() for n, p in learner.model.named_parameters()}
+            if rank == 0 or sharding == "none":
+                torch.save({"params": params, "grads": grads, "loss": metrics["loss"], "term": shard.last_term},
+                           os.path.join(out, f"case{i}-rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("algorithm", "loss_type"), [("grpo", "grpo"), ("grpo", "dapo"), ("sft", "dapo")])
-def test_two_gloo_processes_make_the_one_process_update(
-    tiny_model_dir: Path, tmp_path: Path, algorithm: str, loss_type: str
-) -> None:
+def _spawn(fn: Any, world: int, *args: Any) -> None:
     import torch.multiprocessing as mp
 
-    single, expected_grads = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
-    first = single.step(_batch(algorithm))
-    expected = {n: p.detach() for n, p in single.model.named_parameters()}
-    before = {n: p.detach() for n, p in _learner(str(tiny_model_dir), _spec(algorithm, loss_type))[0].model.named_parameters()}
-
-    mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", str(tiny_model_dir), algorithm, loss_type, str(tmp_path)),
-                       nprocs=2, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert 0 < ranks[0]["share"] < 1 and ranks[0]["share"] + ranks[1]["share"] == pytest.approx(1.0)
-    assert ranks[0]["grads"].keys() == expected_grads.keys()
-    for name, grad in expected_grads.items():
-        # The group's summed gradient is the batch's: the summation order differs (two
-        # partial sums, then the all-reduce), so float noise only.
-        torch.testing.assert_close(ranks[0]["grads"][name], grad, atol=1e-6, rtol=1e-4)
-    for name, value in expected.items():
-        torch.testing.assert_close(ranks[0]["params"][name], ranks[1]["params"][name], atol=0, rtol=0)
-        # Adam's first step divides by |grad|: a weight whose gradient is ~eps moves by up to
-        # lr on noise alone, hence a looser bound on the weights than on the gradients.
-        torch.testing.assert_close(ranks[0]["params"][name], value, atol=1e-4, rtol=1e-3)
-    assert any(not torch.equal(before[n], expected[n]) for n in expected), "the step changed nothing"
-    assert ranks[0]["loss"] == pytest.approx(first["loss"], abs=1e-5), "the group's loss metric is not the batch's"
+    mp.start_processes(fn, args=(world, f"tcp://127.0.0.1:{free_port()}", *args), nprocs=world, start_method="spawn")
 
 
-@pytest.mark.parametrize(("algorithm", "loss_type", "message"), [
-    ("grpo", "cispo", "does not split exactly"),
-    ("dpo", "dapo", "runs in one process"),
-    ("mix", "dapo", "runs in one process"),
-])
-def test_what_does_not_split_exactly_is_refused(tiny_model_dir: Path, algorithm: str, loss_type: str, message: str) -> None:
-    from workers.algorithms.distributed import group_supported
+_ONE: dict[tuple[str, str, float], dict[str, Any]] = {}
 
-    reason = group_supported(_spec(algorithm, loss_type))
-    assert reason is not None and message in reason
-    if algorithm == "grpo":
-        learner, _ = _learner(str(tiny_model_dir), _spec(algorithm, loss_type))
-        with pytest.raises(GroupUnsupported, match=message):
-            learner.step(_batch("grpo"), shard=GroupShard(rank=0, world=2))
+
+def _one_process(model_dir: Path, algorithm: str, loss_type: str, beta: float) -> dict[str, Any]:
+    key = (algorithm, loss_type, beta)
+    if key not in _ONE:
+        learner = _learner(str(model_dir), _spec(algorithm, loss_type, beta))
+        grads = _grads_kept(learner)
+        metrics = learner.step(_batch(algorithm))
+        _ONE[key] = {"params": {n: p.detach().clone() for n, p in learner.model.state_dict().items()},
+                     "grads": dict(grads), "loss": metrics["loss"]}
+    return _ONE[key]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_loss_type(
+    tiny_model_dir: Path, tmp_path: Path, world: int
+) -> None:
+    cases = CASES_TWO if world == 2 else CASES
+    _spawn(_rank, world, str(tiny_model_dir), cases, str(tmp_path))
+    before = dict(_learner(str(tiny_model_dir), _spec("sft", "dapo", 0.0)).model.state_dict())
+    for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
+        case = f"{algorithm}/{loss_type}/beta={beta}/{sharding} on {world} ranks"
+        one = _one_process(tiny_model_dir, algorithm, loss_type, beta)
+        got = torch.load(tmp_path / f"case{i}-rank0.pt")
+        assert got["grads"].keys() == one["grads"].keys(), case
+        for name, grad in one["grads"].items():
+            # Partial sums per rank, then the reduction: float noise only.
+            torch.testing.assert_close(got["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=lambda m: f"{case}: {name}: {m}")
+        for name, value in one["params"].items():
+            # Adam's first step divides by |grad|: a weight whose gradient is ~eps moves by up
+            # to lr on noise alone, hence a looser bound on the weights than on the gradients.
+            torch.testing.assert_close(got["params"][name], value, atol=1e-4, rtol=1e-3, msg=lambda m: f"{case}: {name}: {m}")
+        assert any(not torch.equal(before[n], one["params"][n]) for n in before), f"{case}: the step changed nothing"
+        assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), f"{case}: the group's loss metric is not the batch's"
+        if sharding == "none":  # DDP: every rank holds the same whole weights
+            other = torch.load(tmp_path / f"case{i}-rank1.pt")
+            for name, value in got["params"].items():
+                torch.testing.assert_close(other["params"][name], value, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints
+
+
+def _ckpt_write(rank: int, world: int, addr: str, model_dir: str, path: str) -> None:
+    import torch.distributed as dist
+
+    from workers.algorithms.distributed import learner_shard, sharded_save
+
+    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
+    try:
+        learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
+        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+        learner.step(_batch("grpo"), shard=shard)
+        sharded_save(learner, Path(path))
+    finally:
+        dist.destroy_process_group()
+
+
+def _ckpt_resume(rank: int, world: int, addr: str, model_dir: str, path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from workers.algorithms.distributed import learner_shard, sharded_load, whole_state
+
+    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
+    try:
+        learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
+        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+        sharded_load(learner, Path(path))
+        learner.step(_batch("grpo", seed=4), shard=shard)
+        params = whole_state(learner)
+        if rank == 0:
+            torch.save(params, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_two_ranks_wrote_resumes_on_one_process_and_on_three_to_the_same_next_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from workers.algorithms.distributed import sharded_load
+
+    ckpt = tmp_path / "ckpt"
+    _spawn(_ckpt_write, 2, str(tiny_model_dir), str(ckpt))
+    assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], "each rank its shard"
+    _spawn(_ckpt_resume, 3, str(tiny_model_dir), str(ckpt), str(tmp_path / "three.pt"))
+    three = torch.load(tmp_path / "three.pt")
+
+    one = _learner(str(tiny_model_dir), _spec("grpo", "dapo", 0.0))
+    sharded_load(one, ckpt)
+    one.step(_batch("grpo", seed=4))
+    # The run that never stopped: both steps in one process.
+    straight = _learner(str(tiny_model_dir), _spec("grpo", "dapo", 0.0))
+    straight.step(_batch("grpo"))
+    straight.step(_batch("grpo", seed=4))
+    for name, value in straight.model.state_dict().items():
+        torch.testing.assert_close(one.model.state_dict()[name], value, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(three[name], one.model.state_dict()[name], atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"{name}: {m}")
+    assert int(one.optimizer.state_dict()["state"][0]["step"]) == 2, "the optimizer's state came back with the weights"

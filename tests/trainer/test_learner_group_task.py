@@ -1,8 +1,9 @@
 """A run whose trainer config asks for two learner processes: the train task starts the
 group itself (its own process as rank 0, one follower over gloo) and the version it
 publishes after a step holds the same weights as a one-process run trained on the same
-batch, for GRPO and SFT. Settings the group cannot split exactly are refused in the run
-config, naming the field."""
+batch, for GRPO and SFT (FSDP2 over gloo; a published version is the whole model). What a
+group cannot run (fp16's loss scaler, hosts that do not split the ranks evenly) is refused
+in the run config, naming the field."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from apps.runs.models import Metric, ModelVersion
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
+from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -116,17 +118,31 @@ def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"algorithm": "dpo", "trainer": {"processes": 2}}, "processes: a learner group trains grpo and sft"),
-    ({"trainer": {"processes": 2, "loss_type": "cispo"}}, "processes: loss_type cispo does not split exactly"),
-    ({"trainer": {"processes": 2, "scale_rewards": "batch"}}, "processes: scale_rewards=batch"),
+    ({"trainer": {"processes": 2, "precision": "fp16"}}, "processes: fp16's loss scaler is one process's"),
+    ({"trainer": {"processes": 3, "hosts": 2}}, "hosts: 3 processes do not split evenly over 2 hosts"),
 ])
-def test_a_learner_group_that_would_train_another_objective_is_refused_in_the_config(
+def test_a_learner_group_that_cannot_run_is_refused_in_the_config_naming_the_field(
     config: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigInvalid) as refused:
         config_validate(data={"model": "m", **config})
     assert refused.value.errors["trainer"].startswith(message)
-    assert config_validate(data={"model": "m", "algorithm": "sft", "trainer": {"processes": 2, "loss_type": "cispo"}})
+
+
+@pytest.mark.parametrize("trainer", [
+    {"processes": 2, "loss_type": "cispo"}, {"processes": 2, "scale_rewards": "batch"},
+    {"processes": 4, "hosts": 2, "sharding": "grad_op"}, {"processes": 2, "sharding": "none", "precision": "bf16"},
+])
+@pytest.mark.parametrize("algorithm", ["grpo", "dpo", "sft", "mix"])
+def test_every_algorithm_and_loss_type_may_run_as_a_learner_group(algorithm: str, trainer: dict[str, Any]) -> None:
+    cfg = config_validate(data={"model": "m", "algorithm": algorithm, "trainer": trainer})
+    assert cfg.trainer.processes == trainer["processes"]
+
+
+def test_a_sharding_that_does_not_exist_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        config_validate(data={"model": "m", "trainer": {"processes": 2, "sharding": "zero3"}})
+    assert "trainer.sharding" in refused.value.errors
 
 
 def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -139,7 +155,7 @@ def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         started.append(group)
         return group
 
-    monkeypatch.setattr(trainer_mod, "_group_start", spy)
+    monkeypatch.setattr("workers.trainer.resident._group_start", spy)
     return started
 
 
@@ -209,7 +225,7 @@ def test_an_idle_learner_group_ends_after_the_idle_timeout(
 
 def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_model_dir: Path) -> None:
     run = running_run(owner, tiny_model_dir, total_steps=5)
-    res = trainer_mod.resident_for(run)
+    res = trainer_mod.resident_for(run_view_of(run))
     res.used -= 100
     with trainer_mod._resident_busy(run.pk):
         assert trainer_mod.residents_reap(idle_seconds=10) == []
@@ -232,8 +248,8 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
         trainer_mod.resident_drop(pk)
     ended = running_run(owner, tiny_model_dir, total_steps=5)
     going = running_run(owner, tiny_model_dir, total_steps=5)
-    trainer_mod.resident_for(ended)
-    trainer_mod.resident_for(going)
+    trainer_mod.resident_for(run_view_of(ended))
+    trainer_mod.resident_for(run_view_of(going))
     # No conductor may run here: it finishes a train-mode run with no batch (CI once saw both
     # finished by the module-wide one an earlier test had left running).
     assert trainer_mod._ended_residents() == set(), list(Run.objects.values_list("pk", "status", "error"))
@@ -249,15 +265,50 @@ def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
 ) -> None:
     """The embedded pool's threads share the residents: a new run's policy evicts the least
     recently used idle one, not one that another thread is stepping."""
-    monkeypatch.setattr(trainer_mod, "_MAX_RESIDENT_RUNS", 1)
+    monkeypatch.setattr("workers.trainer.resident._MAX_RESIDENT_RUNS", 1)
     busy, idle, new = (running_run(owner, tiny_model_dir, total_steps=5) for _ in range(3))
     with trainer_mod._resident_busy(busy.pk):
-        using = trainer_mod.resident_for(busy)
-        trainer_mod.resident_for(idle)
+        using = trainer_mod.resident_for(run_view_of(busy))
+        trainer_mod.resident_for(run_view_of(idle))
         assert set(trainer_mod._RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
         assert trainer_mod._RESIDENTS[busy.pk] is using
-        trainer_mod.resident_for(new)
+        trainer_mod.resident_for(run_view_of(new))
         assert set(trainer_mod._RESIDENTS) == {busy.pk, new.pk}
-    trainer_mod.resident_for(idle)  # none busy now: back to the cap, least recently used first
+    trainer_mod.resident_for(run_view_of(idle))  # none busy now: back to the cap, least recently used first
     assert set(trainer_mod._RESIDENTS) == {idle.pk}
     trainer_mod.resident_drop(idle.pk)
+
+
+def _two_steps(owner: Any, model_dir: Path, settings: Any, *, processes: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """Step 1 with `processes[0]` learner processes (a snapshot after it), the resident
+    dropped as a restarted worker would have it, then step 2 with `processes[1]`: version 2."""
+    from safetensors.torch import load_file
+
+    from apps.runs.models import Run
+
+    settings.RFT_TRAINER_SNAPSHOT_STEPS = 1
+    settings.RFT_TRAIN_CHAIN_SECONDS = 0
+    trainer = {"learning_rate": 1e-2, "loss_type": "dapo", "processes": processes[0]}
+    run = running_run(owner, model_dir, train_batch_size=12, total_steps=5, trainer=trainer)
+    _fill(run, expert=False)
+    _fill(run, expert=False, tag="b", version=1)
+    assert trainer_mod.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    snapshot = trainer_mod.state_dir(run.pk, 1)
+    if processes[0] > 1:
+        assert (snapshot / "dcp" / ".metadata").exists() and len(list((snapshot / "dcp").glob("*.distcp"))) == processes[0]
+    trainer_mod.resident_drop(run.pk)
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "trainer": {**trainer, "processes": processes[1]}})
+    assert trainer_mod.trainer_step(run_id=run.pk, step=2)["status"] == "trained"
+    return load_file(str(Path(ModelVersion.objects.get(run=run, number=2).checkpoint) / "model.safetensors"))
+
+
+def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_one_process_weights(
+    owner: Any, tiny_model_dir: Path, settings: Any
+) -> None:
+    """The trainer's snapshot of a two-process run is sharded (each rank its file); a worker
+    that restarts the run in one process loads it and trains step 2 as if nothing changed."""
+    torch.set_num_threads(1)
+    one = _two_steps(owner, tiny_model_dir, settings, processes=(1, 1))
+    resumed = _two_steps(owner, tiny_model_dir, settings, processes=(2, 1))
+    for name in one:
+        torch.testing.assert_close(resumed[name], one[name], atol=1e-4, rtol=1e-3)

@@ -1,11 +1,7 @@
-"""The whole loop with the real explorer: conductor, explorer and trainer as Celery workers.
-
-Skipped until the explorer (`workers.explorer`) is in the checkout.
-"""
+"""The whole loop with the real explorer: conductor, explorer and trainer as Celery workers."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +11,8 @@ import torch
 from apps.buffer.models import Experience
 from apps.runs.models import Run, WeightLoad
 from apps.runs.services import run_transition
+from bench.common import run_wait_ended
 from tests.factories import make_run, make_taskset
-
-pytest.importorskip("workers.explorer", reason="the explorer issue is not merged into this checkout yet")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -42,12 +37,7 @@ def test_after_the_trainer_publishes_v1_the_explorers_next_experiences_come_from
         rewards=[{"name": "length_penalty", "params": {"max_chars": 4}}],
     )
     run_transition(run=run, action="start", actor=owner)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
-            break
-        time.sleep(0.5)
+    run_wait_ended(run, seconds=240, poll=0.5)
     assert run.status == Run.Status.FINISHED, (run.status, run.error, celery_workers.log("explorer")[-3000:])
     assert run.current_version == 2
     step2 = [e for e in Experience.objects.filter(run=run).order_by("id") if e.metadata.get("step") == 2]

@@ -20,6 +20,7 @@ from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from workers.adapters import adapter_base, is_adapter_dir
 from workers.trainer import trainer_step
+from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -130,7 +131,7 @@ def test_a_restarted_lora_trainer_rebuilds_the_same_adapter_and_optimizer(owner:
     _train(run, 3, spare=1)  # the run goes on: its trainer keeps the resident read below
     before = {n: p.detach().clone() for n, p in trainer_mod._RESIDENTS[run.pk].model.named_parameters() if p.requires_grad}
     trainer_mod.resident_drop(run.pk)
-    res = trainer_mod.resident_for(run)
+    res = trainer_mod.resident_for(run_view_of(run))
     after = {n: p.detach() for n, p in res.model.named_parameters() if p.requires_grad}
     assert before.keys() == after.keys() and all("lora_" in n for n in after)
     for name in before:

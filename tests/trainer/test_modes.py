@@ -147,8 +147,7 @@ def test_killing_every_worker_and_restarting_continues_from_the_latest_version(
     celery_workers.kill_all()
     killed_at = Run.objects.get(pk=run.pk)
     time.sleep(1)
-    celery_workers.start("conductor", "default", beat=True)
-    celery_workers.start("trainer", "train", "workers.trainer")
+    celery_workers.start_together(("conductor", "default", (), True), ("trainer", "train", ("workers.trainer",), False))
     run = drive(run, lambda r: r.status == Run.Status.FINISHED, explorer=explorer, timeout=300)
     assert run.train_step == 5 and run.current_version == 5
     assert run.current_version >= killed_at.current_version

@@ -50,8 +50,13 @@ def test_adamw_8bit_is_refused_on_a_cpu_with_the_reason_and_the_config_offers_it
 
 
 @pytest.mark.django_db
-def test_an_adamw_8bit_run_on_a_cpu_trainer_fails_with_the_message_and_keeps_its_batch(
-    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
+@pytest.mark.parametrize(("trainer", "message"), [
+    ({"optimizer": "adamw_8bit"}, "trainer.optimizer: adamw_8bit (bitsandbytes) needs a CUDA GPU"),
+    pytest.param({"precision": "bf16"}, "trainer.precision: bf16 needs a device with native bfloat16",
+                 marks=pytest.mark.skipif(CPU_HAS_BF16, reason="this CPU has native bfloat16: nothing to refuse")),
+], ids=["adamw_8bit on a cpu", "bf16 without native bfloat16"])
+def test_a_run_this_trainer_cannot_train_fails_with_the_message_and_keeps_its_batch(
+    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path, trainer: dict[str, str], message: str
 ) -> None:
     from apps.buffer.models import Experience
     from tests.factories import make_experiences
@@ -59,13 +64,13 @@ def test_an_adamw_8bit_run_on_a_cpu_trainer_fails_with_the_message_and_keeps_its
 
     settings.RFT_STORAGE_DIR = tmp_path
     trainer_mod._RESIDENTS.clear()
-    run = running_run(owner, tiny_model_dir, trainer={"optimizer": "adamw_8bit", "loss_type": "grpo"})
+    run = running_run(owner, tiny_model_dir, trainer={**trainer, "loss_type": "grpo"})
     make_experiences(run, groups=2, group_size=4)
     out = train_step.apply(args=(run.pk, 1)).get()
     assert out["status"] == "failed"
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
-    assert "trainer.optimizer: adamw_8bit (bitsandbytes) needs a CUDA GPU" in run.error
+    assert message in run.error
     assert Experience.objects.filter(run=run, status="ready").count() == 8, "the batch was lost"
 
 
@@ -73,27 +78,6 @@ def test_fp16_training_is_refused_on_a_cpu_and_fp32_always_runs() -> None:
     with pytest.raises(PrecisionUnsupported, match="fp16 training needs a GPU"):
         precision_check("fp16", device="cpu")
     precision_check("fp32", device="cpu")
-
-
-@pytest.mark.django_db
-@pytest.mark.skipif(CPU_HAS_BF16, reason="this CPU has native bfloat16: nothing to refuse")
-def test_a_bf16_run_on_this_trainer_fails_with_the_message_and_keeps_its_batch(
-    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
-) -> None:
-    from apps.buffer.models import Experience
-    from tests.factories import make_experiences
-    from workers.trainer import train_step
-
-    settings.RFT_STORAGE_DIR = tmp_path
-    trainer_mod._RESIDENTS.clear()
-    run = running_run(owner, tiny_model_dir, trainer={"precision": "bf16", "loss_type": "grpo"})
-    make_experiences(run, groups=2, group_size=4)
-    out = train_step.apply(args=(run.pk, 1)).get()
-    assert out["status"] == "failed"
-    run.refresh_from_db()
-    assert run.status == Run.Status.FAILED
-    assert "trainer.precision: bf16 needs a device with native bfloat16" in run.error
-    assert Experience.objects.filter(run=run, status="ready").count() == 8, "the batch was lost"
 
 
 def test_the_run_config_offers_precision_and_checkpointing_and_names_bad_values() -> None:

@@ -288,7 +288,7 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
         calls += 1
         return real_claim(**kwargs) if calls == 1 else (None, [])  # another claimer was first
 
-    monkeypatch.setattr(trainer_mod, "_claim", claim_then_nothing)
+    monkeypatch.setattr("workers.trainer.step._claim", claim_then_nothing)
     sent = _sends(monkeypatch)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1]

@@ -22,6 +22,7 @@ from tests.factories import experience_row
 from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from workers.trainer import journal_path, journal_read, state_dir, trainer_dir, trainer_step
+from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -59,7 +60,7 @@ def _restarted(run: Run) -> dict[str, Any]:
     """The state a freshly started worker rebuilds for `run` (the resident is forgotten)."""
     trainer_mod._RESIDENTS.clear()
     run.refresh_from_db()
-    trainer_mod.resident_for(run)
+    trainer_mod.resident_for(run_view_of(run))
     return _state(run)
 
 
@@ -129,7 +130,7 @@ def test_a_crash_between_the_journal_write_and_the_commit_does_not_train_the_ste
 
     # batch_commit_step (the step record and the batch's ack) runs inside the step's
     # transaction, after the journal entry is on disk.
-    monkeypatch.setattr("apps.buffer.services.batch_commit_step", crash)
+    monkeypatch.setattr("apps.buffer.ports.batch_commit_step", crash)
     with pytest.raises(RuntimeError, match="killed"):
         trainer_step(run_id=run.pk, step=2)
     monkeypatch.undo()
@@ -221,7 +222,7 @@ def test_a_worker_killed_between_the_commit_and_the_publish_keeps_the_steps_metr
     def killed(**kwargs: Any) -> None:
         raise RuntimeError("worker killed after the commit")
 
-    monkeypatch.setattr(trainer_mod, "_publish_due", killed)
+    monkeypatch.setattr("workers.trainer.step._publish_due", killed)
     with pytest.raises(RuntimeError, match="killed"):
         trainer_step(run_id=run.pk, step=1)
     monkeypatch.undo()

@@ -11,6 +11,7 @@ import torch
 from apps.runs.models import ModelVersion
 from tests.factories import make_run
 from workers.sync import CheckpointSync, NcclSync, SyncUnavailable, version_dir, weight_sync_for
+from apps.runs.ports import run_view_of
 
 
 @pytest.mark.django_db
@@ -24,7 +25,7 @@ def test_checkpoint_sync_writes_a_loadable_version_and_records_it(
     model = load_model()
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)
-    published = weight_sync_for("checkpoint").publish(run=run, number=1, train_step=1, model=model, tokenizer=tokenizer)
+    published = weight_sync_for("checkpoint").publish(run=run_view_of(run), number=1, train_step=1, model=model, tokenizer=tokenizer)
     assert published.seconds > 0
     assert published.bytes == (version_dir(run.pk, 1) / "model.safetensors").stat().st_size
     assert published.bytes >= 4 * sum(p.numel() for p in model.parameters())
@@ -53,7 +54,7 @@ def test_a_later_version_is_written_like_the_one_before_byte_for_byte_and_loads_
     run = make_run(owner=owner, model=str(tiny_model_dir))
     model = load_model()
     sync = weight_sync_for("checkpoint")
-    sync.publish(run=run, number=1, train_step=1, model=model, tokenizer=tokenizer)
+    sync.publish(run=run_view_of(run), number=1, train_step=1, model=model, tokenizer=tokenizer)
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)
     calls: list[Any] = []
@@ -65,7 +66,7 @@ def test_a_later_version_is_written_like_the_one_before_byte_for_byte_and_loads_
 
     type(model).save_pretrained = counting  # type: ignore[method-assign]
     try:
-        sync.publish(run=run, number=2, train_step=2, model=model, tokenizer=tokenizer)
+        sync.publish(run=run_view_of(run), number=2, train_step=2, model=model, tokenizer=tokenizer)
     finally:
         type(model).save_pretrained = real  # type: ignore[method-assign]
     assert calls == [], "version 2 went through save_pretrained"

@@ -5,7 +5,6 @@ on the same pixels)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from apps.buffer.importers import taskset_import
 from apps.buffer.models import Experience
 from apps.runs.models import Run
 from apps.runs.services import run_transition
+from bench.common import run_wait_ended
 from tests.factories import make_run
 from tests.servers import Workers, redis_flush
 from workers.vision_model import TASKSET_ZIP
@@ -35,9 +35,8 @@ def loop_workers(django_db_setup: Any, storage: Path, tmp_path: Path) -> Iterato
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(storage), RFT_CONDUCT_SECONDS="0.3", RFT_DISPATCH_TTL="60")
     try:
-        workers.start("conductor", "default", beat=True)
-        workers.start("explorer", "rollout", "workers.explorer")
-        workers.start("trainer", "train", "workers.trainer")
+        workers.start_together(("conductor", "default", (), True), ("explorer", "rollout", ("workers.explorer",), False),
+                               ("trainer", "train", ("workers.trainer",), False))
         yield workers
     finally:
         workers.stop_all()
@@ -71,12 +70,7 @@ def test_a_sync_grpo_run_of_the_tiny_vlm_trains_and_explores_on_its_pictures(
         sampling={"temperature": 1.0, "max_tokens": 10}, trainer={"learning_rate": 5e-2, "loss_type": "grpo"},
     )
     run_transition(run=run, action="start", actor=owner)
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.status in (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED):
-            break
-        time.sleep(0.5)
+    run_wait_ended(run, seconds=420, poll=0.5)
     assert run.status == Run.Status.FINISHED, (run.status, run.error, loop_workers.log("trainer")[-3000:],
                                                loop_workers.log("explorer")[-3000:])
     assert run.current_version == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,15 +15,22 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from workers.demo_model import MANIFEST, DemoSettings, _problems, demo_model_build, greedy_accuracy
+from workers.demo_model import MANIFEST, DemoResult, DemoSettings, _problems, demo_model_build, greedy_accuracy
 
 ROOT = Path(__file__).resolve().parents[2]
 # Test-sized: the recipe end to end in seconds.
 TINY = DemoSettings(steps=8, batch_size=16, hidden_size=32, layers=1, heads=2, vocab_size=320, heldout=20, taskset_size=10)
 
 
-def test_the_same_seed_builds_byte_identical_files_and_another_seed_does_not(tmp_path: Path) -> None:
-    a = demo_model_build(out=tmp_path / "a", settings=TINY, progress=False, log=lambda _: None)
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    """One TINY build for the tests that only read a build (each build is a child process
+    that imports torch: 10-25 s on a loaded 2-core host); tests that build on purpose still do."""
+    return demo_model_build(out=tmp_path_factory.mktemp("tiny-demo"), settings=TINY, progress=False, log=lambda _: None)
+
+
+def test_the_same_seed_builds_byte_identical_files_and_another_seed_does_not(tmp_path: Path, tiny_build: DemoResult) -> None:
+    a = tiny_build
     b = demo_model_build(out=tmp_path / "b", settings=TINY, progress=False, log=lambda _: None)
     c = demo_model_build(out=tmp_path / "c", settings=DemoSettings(**{**TINY.__dict__, "seed": 1}), progress=False, log=lambda _: None)
     assert a.built and b.built
@@ -59,7 +67,8 @@ def test_builds_from_processes_with_other_thread_settings_give_byte_identical_fi
 
 
 @pytest.mark.parametrize("maker", ["demo", "tiny"])
-def test_a_saved_model_s_tokenizer_reloads_with_exactly_the_model_s_vocabulary(tmp_path: Path, maker: str) -> None:
+def test_a_saved_model_s_tokenizer_reloads_with_exactly_the_model_s_vocabulary(tmp_path: Path, maker: str,
+                                                                              tiny_build: DemoResult) -> None:
     """transformers reloads these tokenizers as Qwen2Tokenizer, which used to append
     `<|endoftext|>` one id past the embeddings: every id the tokenizer knows must embed."""
     import torch
@@ -67,23 +76,22 @@ def test_a_saved_model_s_tokenizer_reloads_with_exactly_the_model_s_vocabulary(t
 
     from workers.modelkit import tiny_model_save
 
-    if maker == "demo":
-        demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
-    else:
-        tiny_model_save(tmp_path, hidden_size=16, layers=1, heads=2)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
-    vocab = AutoConfig.from_pretrained(tmp_path).vocab_size
+    model_dir = tiny_build.out if maker == "demo" else tiny_model_save(tmp_path, hidden_size=16, layers=1, heads=2)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     assert len(tokenizer) == vocab
     assert max(tokenizer.get_vocab().values()) == vocab - 1
     assert max(tokenizer("<|endoftext|> What is 1 + 2?", add_special_tokens=False)["input_ids"]) < vocab
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[len(tokenizer) - 1, 0]])).logits
     assert logits.shape[-1] == len(tokenizer)
 
 
-def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_rebuild(tmp_path: Path) -> None:
-    first = demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
+def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_rebuild(tmp_path: Path,
+                                                                                    tiny_build: DemoResult) -> None:
+    shutil.copytree(tiny_build.out, tmp_path, dirs_exist_ok=True)  # a finished build of TINY, moved here
+    first = tiny_build
     started = time.monotonic()
     again = demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
     assert not again.built and again.files == first.files and time.monotonic() - started < 1.0
@@ -94,9 +102,8 @@ def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_reb
     assert json.loads((tmp_path / MANIFEST).read_text())["settings"]["steps"] == 9
 
 
-def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_on(tmp_path: Path) -> None:
-    demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
-    records = [json.loads(line) for line in (tmp_path / "demo-taskset.jsonl").read_text().splitlines()]
+def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_on(tiny_build: DemoResult) -> None:
+    records = [json.loads(line) for line in (tiny_build.out / "demo-taskset.jsonl").read_text().splitlines()]
     assert len(records) == TINY.taskset_size
     train, heldout, taskset = _problems(TINY)
     assert not set(train) & set(taskset) and not set(heldout) & set(taskset)
@@ -107,14 +114,13 @@ def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_
 
 
 @pytest.mark.django_db
-def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path) -> None:
+def test_the_demo_taskset_imports_as_a_taskset(tmp_path: Path, tiny_build: DemoResult) -> None:
     from apps.buffer.importers import ImportFailed
     from apps.control.demo import demo_taskset_import
 
     with pytest.raises(ImportFailed, match="rft_demo_model"):
         demo_taskset_import(model_dir=tmp_path)
-    demo_model_build(out=tmp_path, settings=TINY, progress=False, log=lambda _: None)
-    taskset = demo_taskset_import(model_dir=tmp_path)
+    taskset = demo_taskset_import(model_dir=tiny_build.out)
     assert taskset.tasks.count() == TINY.taskset_size
     assert set(taskset.tasks.values_list("domain", flat=True)) == {"math"}
 

@@ -105,13 +105,18 @@ def test_a_grpo_step_of_16_prompts_times_8_samples_is_one_generate_call(hf_engin
     assert_well_formed(result, prompts=16, n=8, max_tokens=4)
 
 
-def test_the_transformers_engine_logprobs_match_a_forward_pass(hf_engine: Any, demo_model_dir: Path) -> None:
-    prompts = _prompts(hf_engine)[:2]
-    result = hf_engine.generate(prompts, n=2, sampling=SamplingSpec(temperature=1.0, max_tokens=10, seed=0))
-    for prompt, group in zip(prompts, result):
+def _assert_logprobs_match_a_forward_pass(engine: Any, model_dir: Path, *, prompts: int, sampling: SamplingSpec) -> None:
+    """Every sampled token's logprob is the one a transformers forward pass gives it."""
+    chosen = _prompts(engine)[:prompts]
+    for prompt, group in zip(chosen, engine.generate(chosen, n=2, sampling=sampling)):
         for sample in group:
-            expected = forward_logprobs(demo_model_dir, prompt, sample.token_ids)
+            expected = forward_logprobs(model_dir, prompt, sample.token_ids)
             assert sample.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_transformers_engine_logprobs_match_a_forward_pass(hf_engine: Any, demo_model_dir: Path) -> None:
+    _assert_logprobs_match_a_forward_pass(hf_engine, demo_model_dir, prompts=2,
+                                          sampling=SamplingSpec(temperature=1.0, max_tokens=10, seed=0))
 
 
 @pytest.mark.vllm
@@ -170,12 +175,8 @@ def test_vllm_reports_the_same_top_logprobs_as_transformers(hf_engine: Any, vllm
 
 @pytest.mark.vllm
 def test_vllm_logprobs_match_a_transformers_forward_pass(vllm_engine: Any, demo_model_dir: Path) -> None:
-    prompts = _prompts(vllm_engine)[:3]
-    result = vllm_engine.generate(prompts, n=2, sampling=SamplingSpec(temperature=1.0, max_tokens=12, seed=7))
-    for prompt, group in zip(prompts, result):
-        for sample in group:
-            expected = forward_logprobs(demo_model_dir, prompt, sample.token_ids)
-            assert sample.logprobs == pytest.approx(expected, abs=1e-4)
+    _assert_logprobs_match_a_forward_pass(vllm_engine, demo_model_dir, prompts=3,
+                                          sampling=SamplingSpec(temperature=1.0, max_tokens=12, seed=7))
 
 
 @pytest.mark.vllm

@@ -25,6 +25,7 @@ from workers.explorer import (
     explorer_version_for,
     generate_completions,
 )
+from apps.runs.ports import run_view_of
 
 FORMAT: list[dict[str, Any]] = [{"name": "regex", "params": {"pattern": r"^<answer>-?\d+</answer>$"}}]
 
@@ -147,7 +148,7 @@ def test_it_explores_with_a_newly_published_version_and_records_the_load(
     checkpoint = perturbed_copy(demo_model_dir, tmp_path / "v1")
     model_version_publish(run=run, number=1, checkpoint=str(checkpoint), train_step=1)
     run.refresh_from_db()
-    assert explorer_version_for(run=run, step=2) == 1
+    assert explorer_version_for(run=run_view_of(run), step=2) == 1
     try:
         explore(run_id=run.pk, step=2)
     finally:
@@ -209,13 +210,13 @@ def test_a_reward_that_crashes_scores_zero_and_the_step_completes(owner: User, d
 
 
 def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.explorer as explorer_module
     from rftweb.exceptions import InvalidInput
 
     def reject(**kwargs: Any) -> Any:
         raise InvalidInput("simulated", field="0.key")
 
-    monkeypatch.setattr(explorer_module, "experience_write", reject)
+    # The explorer writes through the buffer's port (ExperienceSink), in one transaction.
+    monkeypatch.setattr("apps.buffer.ports.experience_write", reject)
     run = demo_run(owner, demo_model_dir, tasks=2)
     with pytest.raises(InvalidInput):
         explore(run_id=run.pk, step=1)

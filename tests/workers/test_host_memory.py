@@ -47,7 +47,7 @@ def test_freed_tensors_leave_the_process_once_the_allocator_is_tuned() -> None:
 def test_a_learner_leaves_the_allocator_alone_unless_the_worker_asks() -> None:
     """The fixed threshold maps every large tensor afresh: bench/vs_trl's update step took
     0.79-0.83 s with it against 0.48-0.53 s without, so only RFT_TRAINER_CPU_MMAP_THRESHOLD
-    turns it on (workers/trainer.py)."""
+    turns it on (workers/trainer/resident.py)."""
     code = ("import torch; from workers.algorithms import Learner, LearnerSpec; from workers import host_memory;"
             "from workers.modelkit import causal_lm_build, tokenizer_build;"
             "tok = tokenizer_build(texts=['1 + 1 = 2'], vocab_size=300);"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -201,3 +201,11 @@ def preference_pairs(
         if best.reward is not None and worst.reward is not None and best.reward > worst.reward:
             pairs.append((best, worst))
     return pairs
+
+
+T = TypeVar("T")
+
+
+def deal(items: Sequence[T], world: int) -> list[list[T]]:
+    """Deal `items` round-robin to `world` parts, in order (a learner group's ranks)."""
+    return [list(items[rank::world]) for rank in range(world)]

@@ -1,30 +1,36 @@
-"""A learner as a group of processes (torch.distributed: gloo on CPU, NCCL on GPUs).
+"""A learner as a group of processes, on PyTorch's own sharding: FSDP2 (`fully_shard`) or,
+sharded `none`, DistributedDataParallel (gloo on CPU, NCCL on GPUs).
 
-Data parallel, as DDP does it, made explicit so that the update is exactly the one-process
-update on the whole batch: every rank holds the same policy and optimizer; each takes its
-part of the batch (GRPO: whole groups, so group-relative advantages are unchanged; SFT:
-rows), computes the algorithm's loss on it weighted by the part's share of the whole
-batch's normaliser, and the gradients are summed over the group (all-reduce) before
-clipping and the optimizer step, which then agree on every rank.
+Every rank builds the same learner, takes rank 0's trainable state (weights, optimizer),
+then shards it (`learner_shard`): with `trainer.sharding: full` parameters, gradients and
+optimizer state are split across the ranks and each decoder block's weights are gathered
+for its forward and backward and freed after (ZeRO-3); `grad_op` keeps the gathered
+weights from the forward to the backward (ZeRO-2: less traffic, more memory); `none`
+replicates the model and averages gradients (DDP). bf16 on GPUs is FSDP2's
+`MixedPrecisionPolicy` (bf16 compute, fp32 gradient reduction; the sharded master weights
+stay fp32).
 
-The share depends on how TRL normalises each loss: per sequence (grpo, dr_grpo: the share
-of sequences) or per token (dapo, bnpo, SFT: the share of completion tokens). Loss types
-whose normaliser does not split that way (cispo, sapo, luspo, vespo), batch-scaled rewards,
-MIX and DPO are refused with a message rather than trained on a different objective.
+Each rank trains on its part of every batch (`Objective.shard_loss`: rows dealt
+round-robin, each part weighted by its share of the whole batch's normaliser — sequences,
+completion tokens or pairs, as TRL normalises each loss — with GRPO advantages taken on
+the whole batch first), so the reduced gradient, and the update, is the one-process update
+on the whole batch. Every algorithm and loss type runs so.
 
 `LearnerGroup` is how a train worker runs a run's learner that way (`trainer.processes`
 > 1): its own process is rank 0 and keeps everything the trainer does (claims, journal,
-commits, checkpoints); it starts `processes - 1` follower processes on its host
-(`python -m workers.algorithms.distributed`), each holding the same policy and optimizer
-on its own device (cuda:rank with NCCL where the host has a GPU per process, else the CPU
-with gloo). Rank 0 sends them its whole trainable state once (weights and optimizer, so a
-resumed or replayed learner starts identical everywhere), then each step's batch (the
-journal entry, with the RNG state it starts from); every rank trains on its part and the
-gradients are summed before the same update. The parameters are replicated, so rank 0's
-copy is the whole model: checkpoints, published versions and snapshots are written by rank
-0 alone, in the one place they always were. The group has its own process group (not the
-default one, which `workers.sync.NcclSync` may hold in the same process). A follower ends
-when rank 0 closes the group or its parent process goes away.
+commits, checkpoints, versions); it starts the other ranks (`python -m
+workers.algorithms.distributed`) and they join one process group through a TCP store on
+rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
+(the journal entry, with the RNG state it starts from). A published version is a whole
+model: rank 0 gathers the shards into an unsharded copy of the policy (`whole`) before it
+writes one. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
+shard; they load on any number of ranks, or in one process).
+
+The group is the process's default process group (DeviceMesh needs one), so a train
+worker runs one learner group at a time and cannot also hold the NCCL weight sync's
+group (RFT_WEIGHT_SYNC=nccl). A follower ends when rank 0 closes the group or its parent
+process goes away; a rank that dies mid-step fails the step (its collective times out or
+errors) and nothing of it is committed.
 """
 
 from __future__ import annotations
@@ -38,154 +44,241 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from apps.runs.config import learner_group_refusal
-from workers.algorithms.batch import Rollout, TrainBatch
+from rftweb.exceptions import InvalidInput
+from workers.algorithms.batch import TrainBatch
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from workers.algorithms.learner import Learner
 
 log = logging.getLogger(__name__)
 
-
-class GroupUnsupported(ValueError):
-    """This algorithm or loss cannot be split over a learner group exactly."""
-
-
-def group_supported(spec: Any) -> str | None:
-    """None when a learner with `spec` can run as a group, else why not."""
-    return learner_group_refusal(algorithm=spec.algorithm, loss_type=spec.params.loss_type,
-                                 scale_rewards=spec.params.scale_rewards)
-
-
-def _parts(rows: list[Rollout], world: int, *, by_group: bool) -> list[list[Rollout]]:
-    """Deal rows (whole groups when by_group) round-robin to `world` parts, in batch order."""
-    parts: list[list[Rollout]] = [[] for _ in range(world)]
-    if not by_group:
-        for i, row in enumerate(rows):
-            parts[i % world].append(row)
-        return parts
-    order: list[str] = []
-    groups: dict[str, list[Rollout]] = {}
-    for row in rows:
-        if row.group_id not in groups:
-            order.append(row.group_id)
-        groups.setdefault(row.group_id, []).append(row)
-    for i, gid in enumerate(order):
-        parts[i % world].extend(groups[gid])
-    return parts
+SHARDINGS = ("full", "grad_op", "none")
 
 
 @dataclass
-class GroupShard:
-    """This process's place in a learner group: rank of world, and the process group."""
+class Shard:
+    """This process's place in a learner group: rank of world."""
 
     rank: int
     world: int
-    group: Any = None
-    last_share: float = field(default=0.0, init=False)
-    # Why this rank's part had nothing to learn from ("" when it had something).
-    nothing: str = field(default="", init=False)
+    sharding: str = "full"
+    # The rank's weighted loss term of the last step (its share of the batch's loss).
+    last_term: float = field(default=0.0, init=False)
 
-    def _rows(self, learner: Any, batch: TrainBatch) -> tuple[list[Rollout], list[Rollout]]:
-        """(all rows the algorithm trains on, this rank's part)."""
-        spec = learner.spec
-        reason = group_supported(spec)
-        if reason is not None:
-            raise GroupUnsupported(reason)
-        rows, by_group = learner.objective.group_rows(batch)
-        return rows, _parts(rows, self.world, by_group=by_group)[self.rank]
+    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = learner.objective.shard_loss(learner, batch, rank=self.rank, world=self.world)
+        self.last_term = float(loss.detach())
+        # FSDP2 and DDP average the gradients over the ranks; the terms are to be summed.
+        return loss * self.world, metrics
 
-    def loss(self, learner: Any, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        from workers.algorithms.learner import NothingToTrain
-
-        rows, mine = self._rows(learner, batch)
-        self.nothing = "" if mine else "no rollout with a token to learn from"
-        if mine:
-            share = self.last_share = learner.objective.group_share(learner, rows, mine)
-            part = learner.objective.group_part(mine)
-            try:
-                loss, metrics = learner.loss(part)
-                return loss * share, metrics
-            except NothingToTrain as exc:
-                # Every rank must still join the all-reduce; whether anyone trained is
-                # decided there (`reduce`), so all ranks skip the update together.
-                self.nothing = str(exc)
-        # More ranks than groups, or nothing to learn in this part: this rank adds nothing.
-        self.last_share = 0.0
-        zero = sum(p.sum() * 0.0 for p in learner.trainable_parameters)
-        return zero, {}
-
-    def reduce(self, *, params: list[torch.nn.Parameter], loss: torch.Tensor) -> torch.Tensor:
-        """Sum the gradients (and the weighted losses, for the metric) over the group."""
+    def reduce(self, loss: torch.Tensor) -> torch.Tensor:
+        """The whole batch's loss (the metric): the ranks' terms summed."""
         import torch.distributed as dist
 
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        # One flat buffer: one collective instead of one per tensor.
-        # Plus the loss and a count of ranks that had something to learn from.
-        trained = torch.ones(1) if not self.nothing else torch.zeros(1)
-        flat = torch.cat([p.grad.reshape(-1) for p in params]
-                         + [loss.detach().reshape(1).to(params[0].grad), trained.to(params[0].grad)])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        if float(flat[-1]) == 0:
-            from workers.algorithms.learner import NothingToTrain
+        total = (loss.detach() / self.world).reshape(1).float().to(_comm_device())
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total[0]
 
-            raise NothingToTrain(self.nothing or "no rank of the learner group had anything to learn from")
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
-        return flat[offset]
+
+def _comm_device() -> str:
+    """Where this process's collectives' tensors live (NCCL takes GPU tensors only)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+# ----------------------------------------------------------------------------- sharding a learner
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (transformers' `_no_split_modules`: the decoder layers),
+    each one FSDP2 unit: its weights are gathered for its own forward and backward only."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    # Outermost only (a vision tower's layers inside a listed module stay in it).
+    inner = {id(c) for b in blocks for c in b.modules() if c is not b}
+    blocks = [b for b in blocks if id(b) not in inner]
+    # The input embeddings too, unless tied to the head: otherwise they would stay gathered
+    # in the root unit from the forward to the backward (the head must: TRL's fused head
+    # reads its weight without calling it, inside the root's forward).
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    embed = get_in() if callable(get_in) else None
+    head = get_out() if callable(get_out) else None
+    if isinstance(embed, torch.nn.Module) and (head is None or head.weight is not embed.weight):
+        blocks.insert(0, embed)
+    return blocks
+
+
+def _mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy for bf16 on GPUs: bf16 compute, fp32 gradient reduction; the sharded
+    master weights (and the optimizer) stay fp32. Elsewhere None (autocast does the rest)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16" and torch.cuda.is_available():
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, precision: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    policy = _mixed_precision(precision)
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+
+
+def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str) -> Shard:
+    """Shard a learner that is the same on every rank of the (default) process group, in
+    place: its optimizer is rebuilt over the shards and keeps the state it had."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if sharding not in SHARDINGS:
+        raise ValueError(f"trainer.sharding: {sharding!r} is not one of {', '.join(SHARDINGS)}")
+    model = learner.model
+    if sharding == "none":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        learner.forward_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            # A borrowed row's loss weighted by zero still reaches every weight.
+            find_unused_parameters=False,
+        )
+        return Shard(rank=rank, world=world, sharding=sharding)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    full = StateDictOptions(full_state_dict=True)
+    # A fresh optimizer has no state; asking for its state dict would make one (a zero step).
+    optim_state = get_optimizer_state_dict(model, learner.optimizer, options=full) if learner.optimizer.state else None
+    scheduler_state = learner.scheduler.state_dict() if learner.scheduler is not None else None
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world,))
+    _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
+    if learner.ref_model is not None:
+        # Frozen, forward only: gathered block by block like the policy.
+        _fully_shard(learner.ref_model, mesh=mesh, reshard=True, precision=learner.spec.precision)
+    learner.optimizer_rebuild()
+    if optim_state is not None:
+        set_optimizer_state_dict(model, learner.optimizer, optim_state, options=full)
+    if scheduler_state is not None and learner.scheduler is not None:
+        learner.scheduler.load_state_dict(scheduler_state)
+    return Shard(rank=rank, world=world, sharding=sharding)
+
+
+def whole_state(learner: Learner) -> dict[str, torch.Tensor]:
+    """The policy's whole state dict (every rank calls it; rank 0 gets the tensors, on
+    the CPU, the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return dict(get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+
+
+def _dcp_state(learner: Learner) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    if learner.scheduler is not None:
+        state["scheduler"] = learner.scheduler.state_dict()
+    return state
+
+
+def sharded_save(learner: Learner, path: Path) -> None:
+    """Write the learner's weights and optimizer state through torch.distributed.checkpoint:
+    in a group every rank its shard (all ranks call it), in one process the whole."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    state = _dcp_state(learner)
+    scheduler = state.pop("scheduler", None)
+    dcp.save(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    if scheduler is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+        torch.save(scheduler, path / "scheduler.pt")
+
+
+def sharded_load(learner: Learner, path: Path) -> None:
+    """Load what `sharded_save` wrote, on however many ranks (all call it) or in one process."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _dcp_state(learner)
+    state.pop("scheduler", None)
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if learner.scheduler is not None and (path / "scheduler.pt").exists():
+        learner.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return (path / ".metadata").exists()
 
 
 # ----------------------------------------------------------------------------- a group of processes
 
 
-def _process_group(*, store: Any, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> Any:
-    """A process group of its own (not registered as the default): collectives take it as
-    `group=`, broadcasts name the source with `group_src`."""
-    import torch.distributed as dist
-
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world, timeout)
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, world, options)
+class GroupUnsupported(InvalidInput, ValueError):
+    """This host cannot run the learner group asked for (say, fewer GPUs than processes)."""
 
 
-def group_backend(world: int) -> tuple[str, str]:
-    """(backend, rank 0's device) for a group of `world` processes on this host: NCCL with a
-    GPU per process, gloo on the CPU where there is no GPU; a host with GPUs, but fewer than
-    processes, is refused (NCCL will not put two ranks on one GPU)."""
+def group_backend(local: int) -> tuple[str, str]:
+    """(backend, rank 0's device) for `local` learner processes on this host: NCCL (gloo
+    beside it for the CPU messages) with a GPU per process, gloo where there is no GPU; a
+    host with GPUs, but fewer than processes, is refused (NCCL will not put two ranks on
+    one GPU)."""
     if not torch.cuda.is_available():
         return "gloo", "cpu"
-    if torch.cuda.device_count() < world:
-        raise GroupUnsupported(f"trainer.processes: {world} learner processes need {world} GPUs on the train "
+    if torch.cuda.device_count() < local:
+        raise GroupUnsupported(f"trainer.processes: {local} learner processes need {local} GPUs on the train "
                                f"worker's host; it has {torch.cuda.device_count()}")
-    return "nccl", "cuda:0"
+    return "cpu:gloo,cuda:nccl", "cuda:0"
+
+
+def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
+    """Make the learner group this process's default process group (FSDP2's DeviceMesh
+    takes the default one)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise GroupUnsupported("a learner group needs this process's default process group, and it is taken (the NCCL "
+                               "weight sync, or another run's learner group): use RFT_WEIGHT_SYNC=checkpoint, or one "
+                               "learner group per train worker")
+    dist.init_process_group(backend, store=dist.PrefixStore("learner", store), rank=rank, world_size=world,
+                            timeout=timeout)
 
 
 class _Channel:
-    """Bytes and tensors from rank 0 to the other ranks of a group."""
-
-    def __init__(self, group: Any, device: str) -> None:
-        self.group = group
-        self.device = device
+    """Bytes and tensors from rank 0 to the other ranks (over the default group, on the CPU)."""
 
     def bytes(self, data: bytes | None) -> bytes:
         import torch.distributed as dist
 
-        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
-        dist.broadcast(size, group=self.group, group_src=0)
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, src=0)
         if data is not None:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if data else torch.empty(0, dtype=torch.uint8, device=self.device)
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         else:
-            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-        dist.broadcast(buf, group=self.group, group_src=0)
-        return data if data is not None else bytes(buf.cpu().numpy().tobytes())
+            buf = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(buf, src=0)
+        return data if data is not None else bytes(buf.numpy().tobytes())
 
     def message(self, msg: dict[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(self.bytes(json.dumps(msg).encode() if msg is not None else None))
@@ -196,23 +289,19 @@ class _Channel:
         import torch.distributed as dist
 
         for t in tensors:
-            buf = t.detach() if t.device.type == torch.device(self.device).type else t.detach().to(self.device)
-            dist.broadcast(buf, group=self.group, group_src=0)
+            buf = t.detach().cpu().contiguous()
+            dist.broadcast(buf, src=0)
             if buf is not t:
                 with torch.no_grad():
                     t.copy_(buf)
 
 
-def _state_names(learner: Any) -> list[str]:
-    return [n for n, p in learner.model.named_parameters() if p.requires_grad]
-
-
-def state_share(channel: _Channel, learner: Any, *, rank: int) -> None:
-    """Make every rank's trainable weights and optimizer state rank 0's (a frozen base is
-    the run's model on every rank already)."""
+def state_share(channel: _Channel, learner: Learner, *, rank: int) -> None:
+    """Make every rank's trainable weights and optimizer state rank 0's, before sharding (a
+    frozen base is the run's model on every rank already)."""
     import io
 
-    names = _state_names(learner)
+    names = [n for n, p in learner.model.named_parameters() if p.requires_grad]
     got = channel.message({"names": names} if rank == 0 else None)["names"]
     if got != names:
         raise RuntimeError(f"learner group: rank {rank} holds other trainable weights than rank 0 "
@@ -223,76 +312,137 @@ def state_share(channel: _Channel, learner: Any, *, rank: int) -> None:
         torch.save(learner.optimizer_state(), buf)
         channel.bytes(buf.getvalue())
     else:
-        state = torch.load(io.BytesIO(channel.bytes(None)), map_location=channel.device, weights_only=False)
+        device = next(learner.model.parameters()).device
+        state = torch.load(io.BytesIO(channel.bytes(None)), map_location=device, weights_only=False)
         learner.optimizer_state_load(state)
 
 
-class LearnerGroup:
-    """Rank 0's side of a learner group: the follower processes it started and the channel
-    to them. `step` is one update of the whole group on a batch."""
+@dataclass
+class GroupPlan:
+    """What a learner group is: ranks in all, over how many hosts, sharded how."""
 
-    def __init__(self, *, learner: Any, run_config: dict[str, Any], world: int, timeout_s: float) -> None:
+    world: int
+    hosts: int = 1
+    sharding: str = "full"
+
+    @property
+    def local(self) -> int:
+        """Ranks per host (rank 0's host runs ranks 0 … local − 1)."""
+        return self.world // self.hosts
+
+
+class LearnerGroup:
+    """Rank 0's side of a learner group: the follower processes it started on its host, the
+    channel to every rank, and an unsharded copy of the policy (`whole`) that versions are
+    written from. `step` is one update of the whole group on a batch."""
+
+    def __init__(self, *, learner: Learner, run_config: dict[str, Any], plan: GroupPlan, timeout_s: float,
+                 whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None) -> None:
         import torch.distributed as dist
 
-        reason = group_supported(learner.spec)
-        if reason is not None:
-            raise GroupUnsupported(f"trainer.processes: {reason}")
-        self.world = world
-        self.backend, device = group_backend(world)
+        from workers.algorithms.objectives import Objective
+
+        if type(learner.objective).shard_loss is Objective.shard_loss:
+            raise GroupUnsupported(f"trainer.processes: {learner.spec.algorithm} has no sharded objective; set processes: 1")
+        self.plan = plan
+        self.world = plan.world
+        self.backend, _ = group_backend(plan.local)
         self.learner = learner
+        self.whole = whole
         timeout = datetime.timedelta(seconds=timeout_s)
-        # Port 0: the system picks a free one (no race with another group starting).
-        self._store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
-        port = self._store.port
+        # Port 0: the system picks a free one (no race with another group starting); ranks
+        # on other hosts need a fixed one (RFT_LEARNER_PORT).
+        self._store = dist.TCPStore("0.0.0.0" if plan.hosts > 1 else addr, port, plan.world, is_master=True,
+                                    timeout=timeout, wait_for_workers=False)
+        self.port = self._store.port
+        # What every rank builds its learner from: read from the store, so a rank on another
+        # host needs only the address (`python -m workers.algorithms.distributed join`).
+        self._store.set("rft/spec", json.dumps({
+            "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
+            "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None,
+        }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
         self.broken = False
-        # From the project's root (`-m` puts it on the path), whatever the worker's directory.
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        spec = json.dumps({
-            "port": port, "world": world, "backend": self.backend, "timeout_s": timeout_s, "config": run_config,
-            "parent": os.getpid(),
-        })
-        self.followers: list[subprocess.Popen[bytes]] = []
-        for rank in range(1, world):
-            self.followers.append(subprocess.Popen(
-                [sys.executable, "-m", "workers.algorithms.distributed", str(rank), spec], cwd=root, close_fds=True,
-            ))
+        self.followers: list[subprocess.Popen[bytes]] = [
+            _follower_start(addr="127.0.0.1", port=self.port, rank=rank, parent=os.getpid())
+            for rank in range(1, plan.local)
+        ]
         # The processes started, kept after `close` forgets `followers` (to see them end).
         self.followers_started = list(self.followers)
+        self.channel: _Channel | None = None
         try:
-            self.group = _process_group(store=self._store, rank=0, world=world, backend=self.backend, timeout=timeout)
-            self.channel = _Channel(self.group, device)
+            group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
+            self.channel = _Channel()
             state_share(self.channel, learner, rank=0)
+            self.shard = learner_shard(learner, rank=0, world=plan.world, sharding=plan.sharding)
+            if checkpoint is not None:
+                sharded_load(learner, checkpoint)
         except BaseException:
+            self.broken = True
             self.close()
             raise
-        log.info("learner group of %s processes (%s) started: followers %s", world, self.backend,
-                 [p.pid for p in self.followers])
+        log.info("learner group of %s processes over %s host(s) (%s, sharding %s) started: followers %s", plan.world,
+                 plan.hosts, self.backend, plan.sharding, [p.pid for p in self.followers])
+
+    def _alive(self) -> None:
+        dead = [p.pid for p in self.followers if p.poll() is not None]
+        if dead:
+            self.broken = True
+            raise RuntimeError(f"learner group: follower process(es) {dead} ended; the group is restarted")
+
+    def _op(self, msg: dict[str, Any]) -> None:
+        self._alive()
+        assert self.channel is not None
+        self.channel.message(msg)
 
     def step(self, batch: TrainBatch, *, entry: bytes) -> dict[str, float]:
         """One update on `batch` by every rank. `entry`: the batch as the journal encodes it
         (workers.trainer.journal_encode), RNG state included, which is what followers decode."""
-        dead = [p.pid for p in self.followers if p.poll() is not None]
-        if dead:
-            raise RuntimeError(f"learner group: follower process(es) {dead} ended; the group is restarted")
         from workers.algorithms.learner import NothingToTrain
 
         try:
-            self.channel.message({"op": "step"})
+            self._op({"op": "step"})
+            assert self.channel is not None
             self.channel.bytes(entry)
-            metrics: dict[str, float] = self.learner.step(batch, shard=GroupShard(rank=0, world=self.world, group=self.group))
+            metrics: dict[str, float] = self.learner.step(batch, shard=self.shard)
         except NothingToTrain:
-            raise  # every rank skipped together: the group is in step
+            raise  # decided on the whole batch: every rank skipped together, the group is in step
         except BaseException:
             self.broken = True
             raise
         metrics["learner_processes"] = float(self.world)
         return metrics
 
+    def whole_model(self) -> torch.nn.Module:
+        """The unsharded policy as of the last step (gathered from every rank's shard)."""
+        if self.plan.sharding == "none":
+            return self.learner.model  # a whole replica already
+        try:
+            self._op({"op": "whole"})
+            state = whole_state(self.learner)
+        except BaseException:
+            self.broken = True
+            raise
+        assert self.whole is not None, "a sharded learner group needs its unsharded copy (whole)"
+        self.whole.load_state_dict(state, strict=False)
+        return self.whole
+
+    def save(self, path: Path) -> None:
+        """A sharded checkpoint at `path` (each rank writes its shard)."""
+        try:
+            self._op({"op": "save", "path": str(path)})
+            sharded_save(self.learner, path)
+        except BaseException:
+            self.broken = True
+            raise
+
     def close(self) -> None:
-        """Tell the followers to end (they also end on their own if this process dies)."""
-        if getattr(self, "channel", None) is not None and not self.broken and all(p.poll() is None for p in self.followers):
+        """Tell the followers to end (they also end on their own if this process dies), and
+        leave the process group."""
+        import torch.distributed as dist
+
+        if self.channel is not None and not self.broken and all(p.poll() is None for p in self.followers):
             try:
                 self.channel.message({"op": "stop"})
             except Exception:
@@ -306,7 +456,16 @@ class LearnerGroup:
                 p.kill()
                 p.wait()
         self.followers = []
-        self.channel = None  # type: ignore[assignment]
+        self.channel = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _follower_start(*, addr: str, port: int, rank: int, parent: int) -> subprocess.Popen[bytes]:
+    # From the project's root (`-m` puts it on the path), whatever the worker's directory.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen([sys.executable, "-m", "workers.algorithms.distributed", "rank", addr, str(port), str(rank),
+                             str(parent)], cwd=root, close_fds=True)
 
 
 def _orphan_watch(parent: int) -> None:
@@ -320,13 +479,13 @@ def _orphan_watch(parent: int) -> None:
     threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
 
 
-def follower_main(rank: int, spec_json: str) -> None:
-    """A follower: build the run's learner as rank 0 did, take rank 0's state, then train
-    on every batch it sends until told to stop."""
+def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
+    """A follower: build the run's learner as rank 0 did, take rank 0's state, shard it,
+    then train on every batch it sends until told to stop."""
     import django
 
-    spec_in = json.loads(spec_json)
-    _orphan_watch(int(spec_in["parent"]))
+    if parent:
+        _orphan_watch(parent)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
     django.setup()
     import torch.distributed as dist
@@ -335,36 +494,74 @@ def follower_main(rank: int, spec_json: str) -> None:
     from workers.algorithms import Learner, NothingToTrain, spec_from_config
     from workers.trainer import _policy_load, _rng_restore, journal_decode
 
-    world, backend = int(spec_in["world"]), str(spec_in["backend"])
-    device = "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+    store = dist_store(addr, port)
+    spec_in = json.loads(store.get("rft/spec"))
+    world, hosts = int(spec_in["world"]), int(spec_in["hosts"])
+    plan = GroupPlan(world=world, hosts=hosts, sharding=str(spec_in["sharding"]))
+    backend, _ = group_backend(plan.local)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % plan.local)
     timeout = datetime.timedelta(seconds=float(spec_in["timeout_s"]))
-    store = dist.TCPStore("127.0.0.1", int(spec_in["port"]), world, is_master=False, timeout=timeout)
     cfg = config_validate(data=spec_in["config"])
     torch.manual_seed(cfg.seed)
-    from transformers import AutoTokenizer
+    from workers.engines.base import tokenizer_from_pretrained
 
     spec = spec_from_config(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+    tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
     model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
-    group = _process_group(store=store, rank=rank, world=world, backend=backend, timeout=timeout)
-    channel = _Channel(group, device)
-    state_share(channel, learner, rank=rank)
-    shard = GroupShard(rank=rank, world=world, group=group)
-    while True:
-        msg = channel.message()
-        if msg.get("op") == "stop":
-            return
-        batch, rng = journal_decode(channel.bytes(None))
-        _rng_restore(rng)
-        try:
-            learner.step(batch, shard=shard)
-        except NothingToTrain:
-            pass  # every rank skipped this update together (GroupShard.reduce)
+    group_join(store=store, rank=rank, world=world, backend=backend, timeout=timeout)
+    try:
+        channel = _Channel()
+        state_share(channel, learner, rank=rank)
+        shard = learner_shard(learner, rank=rank, world=world, sharding=plan.sharding)
+        if spec_in.get("checkpoint"):
+            sharded_load(learner, Path(spec_in["checkpoint"]))
+        while True:
+            msg = channel.message()
+            op = msg.get("op")
+            if op == "stop":
+                return
+            if op == "whole":
+                whole_state(learner)
+            elif op == "save":
+                sharded_save(learner, Path(msg["path"]))
+            elif op == "step":
+                batch, rng = journal_decode(channel.bytes(None))
+                _rng_restore(rng)
+                try:
+                    learner.step(batch, shard=shard)
+                except NothingToTrain:
+                    pass  # decided on the whole batch: every rank skipped this update together
+    finally:
+        dist.destroy_process_group()
+
+
+def host_join(*, addr: str, port: int, host: int) -> int:
+    """Another host's part of a learner group (trainer.hosts > 1): read the group's plan from
+    rank 0's store at addr:port, run this host's ranks (host × local … + local − 1), one
+    process each, until they end; returns the first failing one's exit status (0: all ended
+    cleanly)."""
+    store = dist_store(addr, port)
+    plan_in = json.loads(store.get("rft/spec"))
+    plan = GroupPlan(world=int(plan_in["world"]), hosts=int(plan_in["hosts"]), sharding=str(plan_in["sharding"]))
+    if not 0 < host < plan.hosts:
+        raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
+    ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid())
+             for rank in range(host * plan.local, (host + 1) * plan.local)]
+    codes = [p.wait() for p in ranks]
+    return next((c for c in codes if c), 0)
+
+
+def dist_store(addr: str, port: int) -> dist.TCPStore:
+    import torch.distributed as dist
+
+    return dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=600))
 
 
 if __name__ == "__main__":
-    follower_main(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "join":
+        # join ADDR PORT HOST: this host's ranks of the learner group rank 0 opened at ADDR:PORT.
+        sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
+    # rank ADDR PORT RANK PARENT: a follower rank 0 (or `join`) started on its host.
+    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]))

@@ -25,13 +25,14 @@ from workers.algorithms.batch import (
 )
 
 from apps.runs.algorithms import algorithm_get, algorithm_names
+from rftweb.exceptions import Conflict
 from workers.algorithms.objectives import objective_get
 
 # The registered algorithms (apps.runs.algorithms), each with its objective here.
 ALGORITHMS = tuple(algorithm_names())
 
 
-class NothingToTrain(ValueError):
+class NothingToTrain(Conflict, ValueError):
     """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
 
 
@@ -104,6 +105,9 @@ class Learner:
         optimizer_check(spec.optimizer, device=self.device)
         self.spec = spec
         self.model = model
+        # What the losses call: the model itself, or its DistributedDataParallel wrapper in a
+        # learner group sharded `none` (FSDP2 shards the model in place).
+        self.forward_model: Any = model
         self.tokenizer = tokenizer
         # A vision-language model's processor: the pictures of image prompts become pixel inputs.
         self.processor = processor
@@ -129,11 +133,19 @@ class Learner:
             # TRL keeps a frozen copy of a pre-existing adapter as the reference; ours is
             # the base (a resumed adapter's copy would be the trained one, not the start).
             bridge.reference_adapter_drop(model)
-        primary = self.grpo or self.dpo or self.sft
-        self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=p.total_steps,
-                                                                optimizer=spec.optimizer)
+        self.optimizer_rebuild()
         self.scaler = torch.amp.GradScaler(self.device) if spec.precision == "fp16" else None
         self.model.train()
+
+    def optimizer_rebuild(self) -> None:
+        """A fresh optimizer and scheduler over the model's parameters as they are now (FSDP2
+        replaces them with their shards: workers.algorithms.distributed.learner_shard)."""
+        primary = self.grpo or self.dpo or self.sft
+        assert primary is not None
+        primary.optimizer = None
+        primary.lr_scheduler = None
+        self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=self.spec.params.total_steps,
+                                                                optimizer=self.spec.optimizer)
 
     @property
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -141,19 +153,27 @@ class Learner:
 
     # -- objectives -----------------------------------------------------------------
 
-    def grpo_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.grpo is not None
+    def grpo_plan(self, rollouts: list[Rollout]) -> tuple[list[Rollout], torch.Tensor]:
+        """(the rows the GRPO loss trains on, their advantages): advantages over every scored
+        row of the whole batch (a masked one's reward still sets its group's baseline); the
+        loss sees only rows with at least one action token. A learner group takes the plan of
+        the whole batch on every rank and deals its rows, so the advantages never change."""
         rows = scored(rollouts)
         if not rows:
             raise NothingToTrain("no rollout with a response")
-        # Advantages over every scored row (a masked one's reward still sets its group's
-        # baseline); the loss sees only rows with at least one action token.
         all_advantages = group_advantages(rows, scale=self.spec.params.scale_rewards)
         keep = [i for i, r in enumerate(rows) if r.action_count > 0]
         if not keep:
             raise NothingToTrain("no rollout with a token the model sampled (every action mask is zero)")
-        rollouts = [rows[i] for i in keep]
-        advantages = all_advantages[keep]
+        return [rows[i] for i in keep], all_advantages[keep]
+
+    def grpo_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.grpo is not None
+        return self.grpo_loss_on(*self.grpo_plan(rollouts))
+
+    def grpo_loss_on(self, rollouts: list[Rollout], advantages: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """TRL's GRPO loss on `rollouts` (each with an action token) with these advantages."""
+        assert self.grpo is not None
         have_logprobs = all(r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts)
         masked = any(r.action_mask is not None for r in rollouts)
         inputs = bridge.grpo_inputs(
@@ -168,7 +188,7 @@ class Learner:
         inputs.update(self.pixel_inputs(rollouts))
         if self.spec.params.beta > 0:
             inputs["ref_per_token_logps"] = self.reference_logps(inputs)
-        loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.model, inputs=inputs)
+        loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.forward_model, inputs=inputs)
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
         return loss, metrics
 
@@ -199,30 +219,42 @@ class Learner:
                 return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.model, inputs=inputs)
         return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
 
-    def sft_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.sft is not None
-        rollouts = trainable(rollouts)
-        if not rollouts:
+    def sft_rows(self, rollouts: list[Rollout]) -> list[Rollout]:
+        rows = trainable(rollouts)
+        if not rows:
             raise NothingToTrain("no expert rollout with a token to learn (empty, or every action mask zero)")
+        return rows
+
+    def sft_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.sft_loss_on(self.sft_rows(rollouts))
+
+    def sft_loss_on(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.sft is not None
         inputs = bridge.sft_inputs(
             trainer=self.sft,
             rows=[(r.prompt_ids, r.completion_ids) for r in rollouts],
             action_masks=[r.action_mask for r in rollouts],
         )
-        return bridge.sft_loss(trainer=self.sft, model=self.model, inputs=inputs)
+        return bridge.sft_loss(trainer=self.sft, model=self.forward_model, inputs=inputs)
 
-    def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.dpo is not None
+    def dpo_pairs(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> list[tuple[Rollout, Rollout]]:
         pairs = preference_pairs(rollouts, preferences=preferences)
         # A pair neither of whose completions has a token the model sampled scores nothing.
         pairs = [(c, r) for c, r in pairs if c.action_count or r.action_count]
         if not pairs:
             raise NothingToTrain("no preference pair (every group tied, no pairwise feedback, or every action mask zero)")
+        return pairs
+
+    def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.dpo_loss_on(self.dpo_pairs(rollouts, preferences))
+
+    def dpo_loss_on(self, pairs: list[tuple[Rollout, Rollout]]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert self.dpo is not None
         inputs = bridge.dpo_inputs(
             trainer=self.dpo, pairs=[(c.prompt_ids, c.completion_ids, r.completion_ids) for c, r in pairs],
             action_masks=[(c.action_mask, r.action_mask) for c, r in pairs],
         )
-        loss, metrics = bridge.dpo_loss(trainer=self.dpo, model=self.model, inputs=inputs)
+        loss, metrics = bridge.dpo_loss(trainer=self.dpo, model=self.forward_model, inputs=inputs)
         metrics["pairs"] = float(len(pairs))
         return loss, metrics
 
@@ -279,9 +311,10 @@ class Learner:
     def step(self, batch: TrainBatch, *, shard: Any = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
-        shard: this process's place in a learner group (workers.algorithms.distributed):
-        the loss is taken on its part of `batch`, weighted by that part's share, and the
-        gradients are summed over the group before the (identical) update on every rank.
+        shard: this process's place in a learner group (workers.algorithms.distributed.Shard):
+        the loss is this rank's term of the whole batch's objective (its part of the rows,
+        weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
+        over the group in the backward pass, before the same clipping and update.
 
         A batch without learning signal (`no_signal`) leaves the weights, the optimizer's
         state and the scheduler exactly as they were, and says so in SKIPPED_NO_SIGNAL."""
@@ -301,8 +334,10 @@ class Learner:
         else:
             loss.backward()
         if shard is not None:
-            loss = shard.reduce(params=params, loss=loss)
+            loss = shard.reduce(loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.spec.params.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # sharded gradients: the norm is a DTensor
+            grad_norm = grad_norm.full_tensor()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()

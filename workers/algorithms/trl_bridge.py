@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
+from rftweb.exceptions import UpstreamFailed
+
 log = logging.getLogger(__name__)
 
 TRL_VERSION = "1.16.0"
 
 
-class TrlApiMoved(RuntimeError):
+class TrlApiMoved(UpstreamFailed, RuntimeError):
     """The installed TRL is not the one this bridge was written and tested against."""
 
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
+from rftweb.exceptions import InvalidInput
+
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from workers.vision import ImagePrompt
 
 # What an engine samples from: a prompt's token ids, or an image-text prompt (its ids with
@@ -126,10 +131,29 @@ def prompt_ids(tokenizer: Any, *, text: str | None = None, messages: Sequence[Ma
     return list(tokenizer(text)["input_ids"])
 
 
-def tokenizer_load(path: str) -> Any:
+def tokenizer_folder_check(path: str) -> None:
+    """A local folder to load a tokenizer from must hold one: without its files transformers
+    either asks to install sentencepiece or tiktoken or, for some configs, builds an empty
+    tokenizer of one token without a word. InvalidInput names what is missing instead."""
+    # The pure folder check, not the port: engines run where Django is not set up (a
+    # learner group's ranks, the weight-sync protocol's spawned processes).
+    from apps.runs.model_dirs import model_dir_missing, model_missing_said
+
+    folder = Path(path).expanduser()
+    if folder.is_dir() and not (folder / "adapter_config.json").is_file() and "tokenizer" in model_dir_missing(path=folder):
+        raise InvalidInput(model_missing_said(name=path, missing=["tokenizer"]), field="model")
+
+
+def tokenizer_from_pretrained(path: str) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer.from_pretrained(path)`, after checking that a local folder holds one."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer_folder_check(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tokenizer_load(path: str) -> Any:
+    tokenizer = tokenizer_from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

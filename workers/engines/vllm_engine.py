@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_load
+from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_folder_check, tokenizer_load
 
 
 def _context_length(path: str, cap: int = 4096) -> int:
@@ -82,6 +82,7 @@ class VLLMEngine:
             # vLLM accepts ranks from a fixed set; the smallest that holds the run's.
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=_lora_rank_slot(max_lora_rank))
         self._lock = threading.Lock()
+        tokenizer_folder_check(path)  # before vLLM loads one of its own (or fails in its words)
         self.llm = LLM(**kwargs)
         self.max_model_len = int(kwargs["max_model_len"])
         self.tokenizer = tokenizer_load(path)

@@ -28,7 +28,7 @@ from apps.buffer.pipeline.registry import (
 # A sensible write pipeline for GRPO runs (what bench/pipeline measures): tidy text and
 # mask truncated responses, drop bad rewards, exact duplicates across groups and groups
 # without reward spread, and put informative groups first.
-DEFAULT_ON_WRITE: list[dict] = [
+DEFAULT_ON_WRITE: list[dict[str, object]] = [
     {"name": "clean"},
     {"name": "reward_invalid"},
     {"name": "length_bounds", "params": {"min_tokens": 1}},

@@ -10,13 +10,17 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
 
 from apps.buffer.pipeline.core import Ctx, ModelRow, Row, row_pk, steps_apply
 from apps.runs.config import PipelineStep, RunConfig, config_validate
+
+if TYPE_CHECKING:
+    from apps.buffer.models import Experience
+    from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ def _cfg_cached(config_json: str) -> RunConfig:
     return config_validate(data=json.loads(config_json))
 
 
-def run_cfg_of(config: Mapping[str, Any]) -> RunConfig:
+def run_cfg_of(config: Mapping[str, object]) -> RunConfig:
     # Parsing a config costs more than a small write batch; configs repeat, so cache them.
     return _cfg_cached(json.dumps(config, sort_keys=True))
 
@@ -37,7 +41,7 @@ class PipelineSession:
     the operators did as run metrics."""
 
     def __init__(
-        self, *, stage: str, steps: Sequence[PipelineStep], run: Any = None, taskset_id: int | None = None,
+        self, *, stage: str, steps: Sequence[PipelineStep], run: Run | None = None, taskset_id: int | None = None,
         run_cfg: RunConfig | None = None, step: int = 0,
     ) -> None:
         self.steps = list(steps)
@@ -77,12 +81,12 @@ class _MetricBuffer:
     """
 
     def __init__(self) -> None:
-        self.pending: dict[int, tuple[Any, int, Counter[str]]] = {}
+        self.pending: dict[int, tuple[Run, int, Counter[str]]] = {}
         self.last_flush = time.monotonic()
         self.lock = threading.Lock()
         atexit.register(self.flush)
 
-    def add(self, run: Any, step: int, values: dict[str, float]) -> None:
+    def add(self, run: Run, step: int, values: dict[str, float]) -> None:
         from django.conf import settings
 
         with self.lock:
@@ -105,7 +109,7 @@ class _MetricBuffer:
             self._record(*held)
 
     @staticmethod
-    def _record(run: Any, step: int, counts: Counter[str]) -> None:
+    def _record(run: Run, step: int, counts: Counter[str]) -> None:
         from apps.runs.metrics import metric_record
 
         try:
@@ -126,7 +130,7 @@ def _noop() -> None:
     return None
 
 
-def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, Any]]) -> tuple[Sequence[Mapping[str, Any]], Callable[[], None]]:
+def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, object]]) -> tuple[Sequence[Mapping[str, object]], Callable[[], None]]:
     """Run each run's `pipeline.on_write` steps over a write batch, before validation.
 
     Returns the rows to write (copies, when any step ran; rows an operator removed carry
@@ -135,7 +139,7 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, Any]]) -> tupl
     """
     from apps.runs.models import Run
 
-    run_ids: set[Any] = set()
+    run_ids: set[int] = set()
     for row in experiences:
         pk = row_pk(row.get("run_id", row.get("run")))
         if isinstance(pk, int) and not isinstance(pk, bool):
@@ -150,19 +154,20 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, Any]]) -> tupl
     if not runs:
         return experiences, _noop
 
-    rows: list[Any] = list(experiences)
+    rows: list[Mapping[str, object]] = list(experiences)
+    copies: dict[int, Row] = {}
     by_run: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
         pk = row_pk(row.get("run_id", row.get("run")))
         if pk in runs:
-            rows[i] = dict(row)
+            rows[i] = copies[i] = dict(row)
             by_run.setdefault(pk, []).append(i)
     sessions = []
     for pk, positions in by_run.items():
         run = runs[pk]
         cfg = run_cfg_of(run.config)
         session = PipelineSession(stage="write", steps=cfg.pipeline.on_write, run=run, run_cfg=cfg, step=run.explore_step)
-        batch = [rows[i] for i in positions]
+        batch = [copies[i] for i in positions]
         out = session.apply(batch)
         if len(out) != len(batch):
             raise RuntimeError("a write-stage operator added rows; only imports may synthesize")
@@ -178,7 +183,7 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, Any]]) -> tupl
     return rows, done
 
 
-def pipeline_apply_on_claim(*, run: Any, experiences: list[Any]) -> list[Any]:
+def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[Experience]:
     """Run `pipeline.on_claim` over freshly selected (locked) experiences, inside the
     claim's transaction: rows an operator removes become status filtered with their
     reason; changes to the others are saved. Returns the experiences kept, in order."""
@@ -203,7 +208,7 @@ def pipeline_apply_on_claim(*, run: Any, experiences: list[Any]) -> list[Any]:
     return [r.instance for r in rows if not r.instance.filter_reason]
 
 
-def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, Any]] | None, run: Any = None,
+def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, object]] | None, run: Run | None = None,
                             taskset_id: int | None = None) -> PipelineSession:
     """A session for a taskset import: the given steps, else the run's `on_import`."""
     from apps.buffer.pipeline.registry import stage_check
@@ -217,7 +222,7 @@ def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, Any]]
                            step=getattr(run, "explore_step", 0))
 
 
-def experience_priorities_refresh(*, run: Any, chunk: int = 2000) -> int:
+def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     """Recompute the replay priority of the run's ready experiences (age, uses and human
     flags change over time) with its `priority_replay` step from `on_write`."""
     from apps.buffer.models import Experience
@@ -258,7 +263,7 @@ def experience_priorities_refresh(*, run: Any, chunk: int = 2000) -> int:
         changed += len(update)
 
 
-def task_priorities_refresh(*, run: Any) -> int:
+def task_priorities_refresh(*, run: Run) -> int:
     """Curriculum: set the priority of all the run's queued attempts from pass rates."""
     from apps.buffer.pipeline.prioritize import CurriculumParams, task_priorities_update
     from apps.buffer.pipeline.registry import params_parse

@@ -20,11 +20,19 @@ from collections import Counter
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeGuard, TypeVar
 
 from apps.buffer.pipeline.registry import operator_get, params_parse
 
+if TYPE_CHECKING:
+    from django.db import models
+
+    from apps.runs.config import PipelineStep, RunConfig
+
+# A row's values are whatever the stage carries (unvalidated input on write): operators
+# check what they read.
 Row = MutableMapping[str, Any]
+M = TypeVar("M", bound="models.Model")
 
 FILTER_REASON_MAX = 200
 
@@ -44,7 +52,7 @@ class Ctx:
     op: str = ""
     step_index: int = 0
     # The run's config when there is one (operators read e.g. sampling from it).
-    run_cfg: Any = None
+    run_cfg: RunConfig | None = None
 
     def count(self, reason: str, n: int = 1) -> None:
         if n:
@@ -63,20 +71,20 @@ class Ctx:
         return {f"pipeline/{self.stage}/{k}": float(v) for k, v in sorted(self.counts.items())}
 
 
-class ModelRow(MutableMapping[str, Any]):
+class ModelRow(MutableMapping[str, object], Generic[M]):
     """A model instance seen as a row; remembers which fields an operator changed."""
 
-    def __init__(self, instance: Any) -> None:
+    def __init__(self, instance: M) -> None:
         self.instance = instance
         self.dirty: set[str] = set()
         self._names = {f.attname for f in instance._meta.concrete_fields}
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         if key not in self._names:
             raise KeyError(key)
         return getattr(self.instance, key)
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         if key not in self._names:
             raise KeyError(f"{type(self.instance).__name__} has no field {key!r}")
         setattr(self.instance, key, value)
@@ -92,7 +100,7 @@ class ModelRow(MutableMapping[str, Any]):
         return len(self._names)
 
 
-def steps_apply(steps: Sequence[Any], rows: list[Row], ctx: Ctx) -> list[Row]:
+def steps_apply(steps: Sequence[PipelineStep], rows: list[Row], ctx: Ctx) -> list[Row]:
     """Run the configured steps in order over `rows`; returns them plus any added rows."""
     for index, step in enumerate(steps):
         spec = operator_get(step.name)
@@ -108,17 +116,17 @@ def steps_apply(steps: Sequence[Any], rows: list[Row], ctx: Ctx) -> list[Row]:
 
 # Small helpers for reading raw rows defensively (the write stage sees unvalidated input).
 
-def row_pk(value: Any) -> Any:
+def row_pk(value: object) -> object:
     return getattr(value, "pk", value)
 
 
-def row_get(row: Row, name: str, alias: str | None = None) -> Any:
+def row_get(row: Row, name: str, alias: str | None = None) -> object:
     if name in row:
         return row_pk(row[name])
     return row_pk(row[alias]) if alias and alias in row else None
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -131,7 +139,7 @@ def response_tokens(row: Row) -> int | None:
     return max(0, len(ids) - prompt_length)
 
 
-def metadata_set(row: Row, **values: Any) -> None:
+def metadata_set(row: Row, **values: object) -> None:
     """Add keys to a row's metadata by assignment (so a ModelRow records the change)."""
     meta = row.get("metadata")
     meta = dict(meta) if isinstance(meta, dict) else {}

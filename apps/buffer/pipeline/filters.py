@@ -203,7 +203,7 @@ class RewardInvalidParams(Params):
     require_reward: bool = False
 
 
-def _float_or_none(value: Any) -> float | None:
+def _float_or_none(value: object) -> float | None:
     return float(value) if is_number(value) else None
 
 

@@ -152,7 +152,7 @@ def curriculum(rows: list[Row], ctx: Ctx, params: CurriculumParams) -> None:
         ctx.after.append(update)
 
 
-def task_pass_rates(*, run_id: int, task_ids: Iterable[int] | None, pass_reward: float) -> dict[int, float]:
+def task_pass_rates(*, run_id: int, task_ids: Iterable[object] | None, pass_reward: float) -> dict[int, float]:
     from django.db.models import Count, Q
 
     from apps.buffer.models import Experience
@@ -164,7 +164,7 @@ def task_pass_rates(*, run_id: int, task_ids: Iterable[int] | None, pass_reward:
     return {r["task_id"]: r["passed"] / r["n"] for r in rows if r["n"]}
 
 
-def task_priorities_update(*, run_id: int, task_ids: Iterable[int] | None, params: CurriculumParams) -> int:
+def task_priorities_update(*, run_id: int, task_ids: Iterable[object] | None, params: CurriculumParams) -> int:
     """Set the priority of the run's queued attempts of these tasks (all when None)."""
     from django.db.models import Case, FloatField, Value, When
 

@@ -7,12 +7,15 @@ validate pipeline steps anywhere the config is validated.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from apps.buffer.pipeline.core import Row
 
 # Where a pipeline runs: experiences being written, a taskset being imported, a batch
 # claimed for training. The config's lists are named after them (on_write, ...).
@@ -25,17 +28,23 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# An operator: `fn(rows, ctx, params) -> added rows | None` (apps/buffer/pipeline/core.py);
+# each takes its own Params subclass, hence the open argument list.
+Operator = Callable[..., "list[Row] | None"]
+Op = TypeVar("Op", bound=Operator)
+
+
 @dataclass(frozen=True)
 class OperatorSpec:
     name: str
-    fn: Callable[..., Any]
+    fn: Operator
     stages: frozenset[str]
     params: type[Params]
     # "inline": runs in the process applying the pipeline; "worker": enqueued to a GPU
     # worker after the surrounding transaction commits (needs the rollout engine).
     where: str = "inline"
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 _REGISTRY: dict[str, OperatorSpec] = {}
@@ -43,13 +52,13 @@ _REGISTRY: dict[str, OperatorSpec] = {}
 
 def register(
     name: str, *, stages: Iterable[str], params: type[Params] = Params, where: str = "inline", description: str = ""
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[Op], Op]:
     stage_set = frozenset(stages)
     unknown = stage_set - set(STAGES)
     if unknown:
         raise ValueError(f"operator {name!r}: unknown stages {sorted(unknown)}")
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: Op) -> Op:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"pipeline operator {name!r} is registered twice")
         _REGISTRY[name] = OperatorSpec(
@@ -90,7 +99,7 @@ def _pydantic_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def params_check(name: str, params: dict[str, Any]) -> Params:
+def params_check(name: str, params: Mapping[str, object]) -> Params:
     """The operator's typed params, or ValueError saying which param is wrong and why."""
     spec = operator_get(name)
     try:
@@ -104,7 +113,7 @@ def _params_cached(name: str, params_json: str) -> Params:
     return params_check(name, json.loads(params_json))
 
 
-def params_parse(name: str, params: dict[str, Any]) -> Params:
+def params_parse(name: str, params: Mapping[str, object]) -> Params:
     """params_check, cached: the write path parses the same few configs again and again."""
     return _params_cached(name, json.dumps(params, sort_keys=True, default=str))
 

@@ -14,8 +14,8 @@ import ast
 import operator
 import random
 import re
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
 
 from pydantic import Field
 
@@ -25,7 +25,7 @@ from apps.buffer.pipeline.registry import Params, register
 # Integers joined by + - * / (with optional parentheses), at least one operator.
 _EXPR = re.compile(r"\(?\s*-?\d+(?:\s*\)?\s*[-+*/×÷]\s*\(?\s*-?\d+\s*\)?)+")
 _NUMBER = re.compile(r"\d+")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
 class ArithmeticParams(Params):
@@ -65,7 +65,7 @@ def _answer_text(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
-def _reference_matches(reference: Any, value: Fraction) -> bool:
+def _reference_matches(reference: object, value: Fraction) -> bool:
     if isinstance(reference, bool):
         return False
     if isinstance(reference, (int, float)):
@@ -147,10 +147,10 @@ def synth_arithmetic(rows: list[Row], ctx: Ctx, params: ArithmeticParams) -> lis
                 continue
             new_text, new_value = made
             seen.add(new_text)
-            reference: Any = _answer_text(new_value)
+            reference: str | int | float = _answer_text(new_value)
             if isinstance(row.get("reference"), (int, float)) and not isinstance(row.get("reference"), bool):
                 reference = int(new_value) if new_value.denominator == 1 else float(new_value)
-            new: dict[str, Any] = {
+            new: dict[str, object] = {
                 "prompt": new_text if field == "prompt" else "",
                 "messages": None,
                 "reference": reference,

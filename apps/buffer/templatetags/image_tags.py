@@ -3,6 +3,7 @@ larger (a `<details>`, no script) with a plain link to the full picture."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django import template
@@ -13,7 +14,7 @@ register = template.Library()
 
 
 @register.inclusion_tag("runs/_images.html")
-def task_images(run: Any, digests: Any) -> dict[str, Any]:
+def task_images(run: Any, digests: Iterable[object] | None) -> dict[str, object]:  # run: a Run
     digests = [d for d in (digests or []) if isinstance(d, str)]
     rows = {r.sha256: r for r in TasksetImage.objects.filter(taskset_id=run.taskset_id, sha256__in=digests)} if digests else {}
     # Only pictures of the run's taskset: the same rule the image view keeps.

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import Signal, signal_source_register, signal_source_unregister
+from rftweb.jsontypes import Body
 from rftweb.registry import Registry
 
 if TYPE_CHECKING:
@@ -35,6 +36,38 @@ if TYPE_CHECKING:
 
 Target = Literal["experience", "pair", "group"]
 V = TypeVar("V", bound="KindValue")
+Winner = Literal["a", "b", "tie"]
+
+
+class FeedbackPayload(Protocol):
+    """What the kinds read of the environment API's FeedbackIn (apps.envapi.schemas, above
+    this app): `api_check` may normalise `value`, `score` and `winner`."""
+
+    value: float | None
+    score: int | None
+    winner: Winner | None
+
+    @property
+    def experience_id(self) -> int | None: ...
+    @property
+    def reward_parts(self) -> Mapping[str, float]: ...
+    @property
+    def thumb(self) -> Literal["up", "down"] | None: ...
+    @property
+    def other_experience_id(self) -> int | None: ...
+    @property
+    def preferred(self) -> Winner | None: ...
+    @property
+    def order(self) -> Sequence[int] | None: ...
+    @property
+    def flags(self) -> Sequence[str]: ...
+    @property
+    def reason(self) -> str: ...
+
+
+# Who gives a piece of feedback, passed on to the kind's service: run, author or api_key,
+# comment.
+Who = Mapping[str, object]
 
 
 @dataclass(frozen=True)
@@ -42,18 +75,18 @@ class KindValue:
     """A kind's typed value. Subclasses are frozen dataclasses that validate in
     `__post_init__` (raising rftweb.exceptions.InvalidInput naming the field)."""
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> Body:
         """The JSON stored in Feedback.value (the one shape of the kind; see the model)."""
         return {k: v for k, v in asdict(self).items() if not (k == "legacy" and v is None)}
 
     @classmethod
-    def from_stored(cls: type[V], raw: Mapping[str, Any]) -> V:
+    def from_stored(cls: type[V], raw: Mapping[str, object]) -> V:
         """The value of a stored row (shapes as documented on Feedback, migration 0003's
         `legacy` included)."""
         return cls(**raw)
 
     @classmethod
-    def _unchecked(cls: type[V], **fields: Any) -> V:
+    def _unchecked(cls: type[V], **fields: object) -> V:
         """A stored row migration 0003 kept in a shape no new value may take (its `legacy`):
         read as it is, past the constructor's checks."""
         value = object.__new__(cls)
@@ -86,8 +119,16 @@ class FeedbackKind:
     api_exclusive_message: ClassVar[str] = ""
     # Given through `rft feedback` (apps.cli: its options are the command's, see `cli_store`).
     cli: ClassVar[bool] = False
+    # What people call one and several of them on the pages ("rating", "ratings"); empty:
+    # the name, and the name + "s".
+    nouns: ClassVar[tuple[str, str]] = ("", "")
 
-    def parse(self, raw: Mapping[str, Any]) -> KindValue:
+    def noun(self, count: int) -> str:
+        one, many = self.nouns
+        one = one or self.name.replace("_", " ")
+        return one if count == 1 else (many or f"{one}s")
+
+    def parse(self, raw: Mapping[str, object]) -> KindValue:
         return self.Value.from_stored(raw)
 
     def targets(self, fb: Feedback) -> list[int]:
@@ -98,7 +139,7 @@ class FeedbackKind:
         """The experience ids its preference pairs need read (default: its targets)."""
         return self.targets(fb)
 
-    def signals(self, fb: Any) -> Iterable[Signal]:
+    def signals(self, fb: Feedback) -> Iterable[Signal]:
         """Its part of the members' human rewards: (experience id, score on [0, 1], whether
         the rater's scale offset applies). Only for `folds` kinds."""
         return ()
@@ -106,6 +147,11 @@ class FeedbackKind:
     def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         """The preference pairs one row yields (`exps`: the experiences it names, by id)."""
         return []
+
+    def store(self, **fields: object) -> Feedback:
+        """Store one through its service (for the kinds whose service returns the row)."""
+        stored: Feedback = self.service(**fields)
+        return stored
 
     @property
     def service(self) -> Callable[..., Any]:
@@ -115,15 +161,15 @@ class FeedbackKind:
         except KeyError:
             raise LookupError(f"no service is registered for {self.name} feedback") from None
 
-    def api_check(self, payload: Any) -> None:
+    def api_check(self, payload: FeedbackPayload) -> None:
         """Check (and normalise) a FeedbackIn of this kind; ValueError says what is wrong."""
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Feedback:
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         """Store one from `rft feedback`'s options (`who`: run, author, comment); InvalidInput
         names the option that is wrong."""
         raise NotImplementedError(f"{self.name} feedback is not given through the command line")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Feedback:
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
         """Store a checked FeedbackIn through the kind's service (`who`: run, api_key, comment)."""
         raise NotImplementedError(f"{self.name} feedback is not posted through the environment API")
 
@@ -193,12 +239,12 @@ def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisab
     return [k.name for k in kinds() if all(v is None or getattr(k, a) == v for a, v in wanted.items())]
 
 
-def value_parse(*, kind: str, raw: Mapping[str, Any]) -> KindValue:
+def value_parse(*, kind: str, raw: Mapping[str, object]) -> KindValue:
     """The typed value of a stored row of `kind` (Feedback.parsed is this for a row)."""
     return kind_get(kind).parse(raw)
 
 
-def value_of(fb: Any, cls: type[V]) -> V:
+def value_of(fb: Feedback, cls: type[V]) -> V:
     """A row's typed value as the kind's model the caller expects (TypeError otherwise:
     a reader asking a rating for a winner is a bug, not bad input)."""
     value = value_parse(kind=fb.kind, raw=fb.value)

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register, preference_pair
+from apps.feedback.kinds import FeedbackKind, KindValue, Who, kind_register, preference_pair
 from apps.rewards.pairs import PreferencePair
 from rftweb.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
+    from apps.feedback.models import Feedback
 
 
 @dataclass(frozen=True)
@@ -31,24 +32,27 @@ class EditValue(KindValue):
 @kind_register
 class Edit(FeedbackKind):
     name = "edit"
+    nouns = ("correction", "corrections")
     Value = EditValue
     target = "experience"
     labels = True
     cli = True
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
+        feedback: Feedback
         feedback, _ = self.service(experience=opts["experience"], text=opts["text"] or "", **who)
         return feedback
 
-    def pair_ids(self, fb: Any) -> list[int]:
+    def pair_ids(self, fb: Feedback) -> list[int]:
         value = self.parse(fb.value)
         assert isinstance(value, EditValue)
         return [i for i in (fb.experience_id, value.expert_id) if i]
 
-    def pairs(self, fb: Any, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
+    def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         value = self.parse(fb.value)
         assert isinstance(value, EditValue)
-        original, expert = exps.get(fb.experience_id), exps.get(value.expert_id)
+        original = exps.get(fb.experience_id) if fb.experience_id is not None else None
+        expert = exps.get(value.expert_id)
         if original is None or expert is None or expert.response_text == original.response_text:
             return []
         return [preference_pair(expert, original, kind=self.name, margin=1.0, group_id=original.group_id,

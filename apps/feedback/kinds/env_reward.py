@@ -7,13 +7,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register
+from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
+
+if TYPE_CHECKING:
+    from apps.feedback.models import Feedback
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[int | float]:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -24,7 +28,7 @@ class EnvRewardValue(KindValue):
 
     reward: float
     reward_parts: Mapping[str, float] = field(default_factory=dict)
-    legacy: Any = None
+    legacy: object = None
 
     def __post_init__(self) -> None:
         if not _finite(self.reward):
@@ -43,8 +47,8 @@ class EnvRewardValue(KindValue):
                                   legacy=raw.get("legacy"))
         return cls(reward=raw["reward"], reward_parts=raw.get("reward_parts") or {}, legacy=raw.get("legacy"))
 
-    def stored(self) -> dict[str, Any]:
-        value: dict[str, Any] = {"reward": self.reward, "reward_parts": dict(self.reward_parts)}
+    def stored(self) -> Body:
+        value: Body = {"reward": self.reward, "reward_parts": dict(self.reward_parts)}
         if self.reward is None or self.legacy is not None:
             value["legacy"] = self.legacy
         return value
@@ -53,14 +57,15 @@ class EnvRewardValue(KindValue):
 @kind_register
 class EnvReward(FeedbackKind):
     name = "env_reward"
+    nouns = ("environment reward", "environment rewards")
     Value = EnvRewardValue
     target = "experience"
     api = True
 
-    def api_check(self, payload: Any) -> None:
+    def api_check(self, payload: FeedbackPayload) -> None:
         if payload.value is None:
             raise ValueError("env_reward needs a value")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
-        return self.service(experience=experience, reward=payload.value, reward_parts=payload.reward_parts,
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+        return self.store(experience=experience, reward=payload.value, reward_parts=payload.reward_parts,
                                    **who)

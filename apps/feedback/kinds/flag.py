@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register
+from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
+
+if TYPE_CHECKING:
+    from apps.feedback.models import Feedback
 
 FLAGS: tuple[str, ...] = ("unsafe", "broken", "off_task")
 REASON_MAX = 5000
@@ -24,7 +28,7 @@ class FlagValue(KindValue):
     reason: str = ""
 
     def __post_init__(self) -> None:
-        flags: Sequence[Any] = self.flags
+        flags: Sequence[object] = self.flags
         if isinstance(flags, str) or not all(isinstance(f, str) for f in flags) or not set(flags) <= set(FLAGS):
             raise InvalidInput(f"flags are a list of {', '.join(FLAGS)}", field="flags")
         reason = (self.reason or "").strip()
@@ -35,7 +39,7 @@ class FlagValue(KindValue):
         object.__setattr__(self, "flags", tuple(sorted(set(flags))))
         object.__setattr__(self, "reason", reason)
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> Body:
         return {"flags": list(self.flags), "reason": self.reason}
 
     @classmethod
@@ -54,11 +58,11 @@ class Flag(FeedbackKind):
     api_exclusive = ("flags", "reason")
     api_exclusive_message = "flags and reason are for flag feedback only"
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
-        return self.service(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
+        return self.store(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
         # An older client flags without saying why; the flag still needs to read as one.
         reason = payload.reason or ("" if payload.flags else API_FLAG_REASON)
-        return self.service(experience=experience, flags=payload.flags, reason=reason, **who)
+        return self.store(experience=experience, flags=payload.flags, reason=reason, **who)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register, preference_pair
+from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register, preference_pair
 from apps.rewards.pairs import PreferencePair
 from rftweb.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
+    from apps.feedback.models import Feedback
 
 WINNERS: tuple[str, ...] = ("a", "b", "tie")
-Winner = Literal["a", "b", "tie"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class PairwiseValue(KindValue):
     with the old value under `legacy`."""
 
     winner: str
-    legacy: Any = None
+    legacy: object = None
 
     def __post_init__(self) -> None:
         if self.winner not in WINNERS:
@@ -39,6 +39,7 @@ class PairwiseValue(KindValue):
 @kind_register
 class Pairwise(FeedbackKind):
     name = "pairwise"
+    nouns = ("A/B choice", "A/B choices")
     Value = PairwiseValue
     target = "pair"
     labels = True
@@ -48,8 +49,9 @@ class Pairwise(FeedbackKind):
     api_exclusive = ("other_experience_id", "winner", "preferred")
     api_exclusive_message = "other_experience_id and winner are for pairwise feedback only"
 
-    def pairs(self, fb: Any, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
-        a, b = exps.get(fb.experience_id), exps.get(fb.other_id)
+    def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
+        a = exps.get(fb.experience_id) if fb.experience_id is not None else None
+        b = exps.get(fb.other_id) if fb.other_id is not None else None
         value = self.parse(fb.value)
         assert isinstance(value, PairwiseValue)
         if a is None or b is None or not value.decided:
@@ -57,10 +59,10 @@ class Pairwise(FeedbackKind):
         chosen, rejected = (a, b) if value.winner == "a" else (b, a)
         return [preference_pair(chosen, rejected, kind=self.name, margin=1.0, group_id=a.group_id, trust=trust)]
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
-        return self.service(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "", **who)
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
+        return self.store(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "", **who)
 
-    def api_check(self, payload: Any) -> None:
+    def api_check(self, payload: FeedbackPayload) -> None:
         if payload.winner is None:
             payload.winner = payload.preferred
         elif payload.preferred is not None and payload.preferred != payload.winner:
@@ -68,6 +70,6 @@ class Pairwise(FeedbackKind):
         if payload.other_experience_id is None or payload.winner is None:
             raise ValueError("pairwise needs other_experience_id and winner")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
-        return self.service(experience=experience, other=payload.other_experience_id,
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+        return self.store(experience=experience, other=payload.other_experience_id,
                                 winner=payload.winner or "", **who)

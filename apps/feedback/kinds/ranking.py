@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register, preference_pair
+from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register, preference_pair
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import Signal, borda_scores
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
+    from apps.feedback.models import Feedback
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -34,7 +36,7 @@ class RankingValue(KindValue):
             raise InvalidInput("a ranking names each completion once", field="order")
         object.__setattr__(self, "order", tuple(order))
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> Body:
         return {"order": list(self.order)}
 
     @classmethod
@@ -55,19 +57,19 @@ class Ranking(FeedbackKind):
     api_exclusive = ("order",)
     api_exclusive_message = "order is for ranking feedback only"
 
-    def _order(self, fb: Any) -> tuple[int, ...]:
+    def _order(self, fb: Feedback) -> tuple[int, ...]:
         value = self.parse(fb.value)
         assert isinstance(value, RankingValue)
         return value.order
 
-    def targets(self, fb: Any) -> list[int]:
+    def targets(self, fb: Feedback) -> list[int]:
         return list(self._order(fb))
 
-    def signals(self, fb: Any) -> Iterable[Signal]:
+    def signals(self, fb: Feedback) -> Iterable[Signal]:
         for pk, score in borda_scores(list(self._order(fb))).items():
             yield (pk, score, False)
 
-    def pairs(self, fb: Any, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
+    def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         order = [exps.get(x) for x in self._order(fb)]
         present = [e for e in order if e is not None]
         if len(present) != len(order):
@@ -75,18 +77,18 @@ class Ranking(FeedbackKind):
         return [preference_pair(better, worse, kind=self.name, margin=1.0, group_id=fb.group_id, trust=trust)
                 for i, better in enumerate(present) for worse in present[i + 1:]]
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         try:
             order = [int(x) for x in (opts["order"] or "").split(",") if x.strip()]
         except ValueError:
             raise InvalidInput("--order is experience ids separated by commas, best first") from None
-        return self.service(order=order, **who)
+        return self.store(order=order, **who)
 
-    def api_check(self, payload: Any) -> None:
+    def api_check(self, payload: FeedbackPayload) -> None:
         if not payload.order:
             raise ValueError("ranking needs order")
         if payload.experience_id is not None:
             raise ValueError("a ranking names its experiences in order, not experience_id")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
-        return self.service(order=payload.order or [], **who)
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+        return self.store(order=payload.order or [], **who)

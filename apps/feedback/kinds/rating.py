@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apps.feedback.kinds import FeedbackKind, KindValue, kind_register
+from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
 from apps.runs.feedback_policy import Signal, rating_normalise
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
+
+if TYPE_CHECKING:
+    from apps.feedback.models import Feedback
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class RatingValue(KindValue):
     score: int | None = None
     thumb: str | None = None
     normalised: float | None = None
-    legacy: Any = None
+    legacy: object = None
 
     def __post_init__(self) -> None:
         if (self.score is None) == (self.thumb is None):
@@ -38,8 +42,8 @@ class RatingValue(KindValue):
             return cls._unchecked(score=None, thumb=None, normalised=None, legacy=raw.get("legacy"))
         return cls(score=raw.get("score"), thumb=raw.get("thumb"), legacy=raw.get("legacy"))
 
-    def stored(self) -> dict[str, Any]:
-        value: dict[str, Any] = {"score": self.score, "thumb": self.thumb, "normalised": self.normalised}
+    def stored(self) -> Body:
+        value: Body = {"score": self.score, "thumb": self.thumb, "normalised": self.normalised}
         if self.score is None and self.thumb is None or self.legacy is not None:
             value["legacy"] = self.legacy
         return value
@@ -57,16 +61,16 @@ class Rating(FeedbackKind):
     api = True
     cli = True
 
-    def cli_store(self, opts: Mapping[str, Any], *, who: dict[str, Any]) -> Any:
-        return self.service(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
+    def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
+        return self.store(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
 
-    def signals(self, fb: Any) -> Iterable[Signal]:
+    def signals(self, fb: Feedback) -> Iterable[Signal]:
         value = self.parse(fb.value)
         assert isinstance(value, RatingValue)
         if value.normalised is not None and fb.experience_id is not None:
             yield (fb.experience_id, float(value.normalised), True)
 
-    def api_check(self, payload: Any) -> None:
+    def api_check(self, payload: FeedbackPayload) -> None:
         if payload.value is not None:
             if payload.score is not None or not float(payload.value).is_integer() or not 1 <= payload.value <= 5:
                 raise ValueError("a rating's value is its score, a whole number from 1 to 5")
@@ -74,5 +78,5 @@ class Rating(FeedbackKind):
         if (payload.score is None) == (payload.thumb is None):
             raise ValueError("rating needs a score (1-5) or a thumb (up/down)")
 
-    def api_store(self, payload: Any, *, experience: int, who: dict[str, Any]) -> Any:
-        return self.service(experience=experience, score=payload.score, thumb=payload.thumb, **who)
+    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+        return self.store(experience=experience, score=payload.score, thumb=payload.thumb, **who)

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from apps.feedback.kinds import kind_get
 from apps.feedback.rendering import is_long, markdown_safe
+from apps.runs.models import AuditEntry
+from apps.runs.selectors import audit_text
 
 register = template.Library()
 
@@ -25,7 +30,7 @@ def completion(text: str) -> SafeString:
     )
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
@@ -40,7 +45,7 @@ _HIDDEN_KEYS = {"normalised", "normalized", "expert_id"}
 
 
 @register.filter
-def feedback_value(value: Any, kind: str = "") -> str:
+def feedback_value(value: object, kind: str = "") -> str:
     """A stored feedback value as people read it: "4/5", "thumb up (good)", "A better",
     "#3 > #1 > #2", "flagged: unsafe", rounded numbers; never a Python repr. Unknown shapes
     come out as "key value" pairs."""
@@ -55,7 +60,9 @@ def feedback_value(value: Any, kind: str = "") -> str:
         elif key == "thumb":
             parts.append({"up": "thumb up (good)", "down": "thumb down (bad)"}.get(str(v), f"thumb {v}"))
         elif key == "flags" and isinstance(v, list):
-            parts.append("flagged: " + ", ".join(str(f).replace("_", " ") for f in v))
+            # Beside its kind ("flag #12: broken") the word "flagged" would say it twice.
+            said = "" if kind == "flag" else "flagged: "
+            parts.append(said + ", ".join(str(f).replace("_", " ") for f in v))
         elif key == "order" and isinstance(v, list):
             parts.append(" > ".join(f"#{i}" for i in v))
         elif key == "winner":
@@ -67,9 +74,9 @@ def feedback_value(value: Any, kind: str = "") -> str:
     return " · ".join(parts)
 
 
-def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flat(value: Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Nested settings by their dotted names: {"selection": {"variance": 1}} -> {"selection.variance": 1}."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, v in value.items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(v, dict):
@@ -79,7 +86,7 @@ def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _setting(value: Any) -> str:
+def _setting(value: object) -> str:
     if isinstance(value, str):
         return (value or "none") if len(value) <= 40 and "\n" not in value else "(text)"
     if isinstance(value, list):
@@ -88,7 +95,7 @@ def _setting(value: Any) -> str:
 
 
 @register.filter
-def setting_changes(detail: Any) -> str:
+def setting_changes(detail: object) -> str:
     """An audited settings change (`{"before": {...}, "after": {...}}`) as people read it:
     only what changed, nested settings by their dotted name, numbers rounded, long text as
     "changed" ("w_human 0.5 → 0.8 · guidelines changed"); never a Python repr."""
@@ -118,3 +125,45 @@ def readable_number(value: Any) -> str:
         return _number(float(value)) if not isinstance(value, int) else str(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+@register.filter
+def kind_noun(kind: str, count: int = 2) -> str:
+    """A kind of feedback as people call `count` of them: "1 rating", "3 A/B choices"."""
+    try:
+        return kind_get(str(kind)).noun(int(count))
+    except (KeyError, ValueError):
+        return str(kind).replace("_", " ")
+
+
+@register.filter
+def duration_words(value: timedelta | float | None) -> str:
+    """A timedelta as people say it: "2 h 5 min", "4 min 10 s", "12 s"."""
+    seconds = int(value.total_seconds()) if isinstance(value, timedelta) else int(value or 0)
+    days, rest = divmod(max(seconds, 0), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+@register.filter
+def stars(answer: float | str | None) -> str:
+    """A rating on the human scale [0, 1] as the 1–5 stars people gave: 1.0 is "5★"."""
+    if answer is None:
+        return "–"
+    try:
+        return f"{round(float(answer) * 4 + 1)}★"
+    except ValueError:
+        return "–"
+
+
+@register.filter
+def audit_words(entry: AuditEntry) -> str:
+    """An audit entry's action as people say it: "started by owner", "finished"."""
+    return audit_text(action=str(entry.action), actor=entry.actor)

@@ -22,10 +22,11 @@ from rftweb.registry import Registry
 if TYPE_CHECKING:
     from apps.runs.config import RunConfig
 
-# Loss types whose learner-group split is exact: each part weighted by its share of the
-# batch's sequences (grpo, dr_grpo) or of its completion tokens (dapo, bnpo; and SFT).
-GROUP_PER_SEQUENCE = ("grpo", "dr_grpo")
-GROUP_PER_TOKEN = ("dapo", "bnpo")
+# How TRL normalises each GRPO loss type, hence how a learner group weights each rank's
+# part of a batch: a mean over sequences (each part by its share of the sequences) or over
+# completion tokens (its share of the action tokens).
+GROUP_PER_SEQUENCE = ("grpo", "dr_grpo", "sapo", "luspo")
+GROUP_PER_TOKEN = ("dapo", "bnpo", "cispo", "vespo")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class AlgorithmType:
     # A frozen reference model: always (DPO's log-ratio), or only for a KL term (beta > 0).
     reference_always: ClassVar[bool] = False
     reference_for_kl: ClassVar[bool] = False
-    # The loss splits exactly over a learner group of processes (workers.algorithms.distributed).
+    # Its objective has a `shard_loss` (workers.algorithms.objectives): it trains as a
+    # sharded learner group (workers.algorithms.distributed). Every built-in one does.
     learner_group: ClassVar[bool] = False
     # Values the new-run form fills in when this algorithm is picked (static/rftweb/newrun.js).
     form_defaults: ClassVar[dict[str, str]] = {}
@@ -77,8 +79,7 @@ class AlgorithmType:
     def group_refusal(self, *, loss_type: str, scale_rewards: str) -> str | None:
         """Why a learner of these settings cannot run as a group of processes (None: it can)."""
         if not self.learner_group:
-            able = " and ".join(a.name for a in algorithms() if a.learner_group)
-            return f"a learner group trains {able}; {self.name} runs in one process (set processes: 1)"
+            return f"{self.name} has no sharded objective (its objective's shard_loss); set processes: 1"
         return None
 
 

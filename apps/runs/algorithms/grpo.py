@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.runs.algorithms import GROUP_PER_SEQUENCE, GROUP_PER_TOKEN, AlgorithmType, algorithm_register
+from apps.runs.algorithms import AlgorithmType, algorithm_register
 
 
 @algorithm_register
@@ -13,12 +13,3 @@ class GRPO(AlgorithmType):
     reference_for_kl = True
     learner_group = True
     form_defaults = {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.loss_type": "dapo", "mode": "sync"}
-
-    def group_refusal(self, *, loss_type: str, scale_rewards: str) -> str | None:
-        exact = GROUP_PER_SEQUENCE + GROUP_PER_TOKEN
-        if loss_type not in exact:
-            return (f"loss_type {loss_type} does not split exactly over a learner group; "
-                    f"use one of {', '.join(exact)} or processes: 1")
-        if scale_rewards == "batch":
-            return "scale_rewards=batch needs the whole batch's statistics on every process; use group or none"
-        return None

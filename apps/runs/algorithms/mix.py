@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 class MIX(AlgorithmType):
     name = "mix"
     summary = "GRPO on the model's own rollouts plus SFT on expert ones (trainer.mu)"
+    learner_group = True
     group_relative = True
     reference_for_kl = True
     form_defaults = {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.mu": "0.1", "mode": "sync"}

@@ -9,7 +9,8 @@ module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from rftweb.registry import Registry
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
     from workers.algorithms.batch import Rollout, TrainBatch
     from workers.algorithms.learner import Learner
+
+R = TypeVar("R")
 
 
 class Objective:
@@ -32,20 +35,33 @@ class Objective:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell)."""
         return None
 
-    # -- a learner group (only objectives whose declaration says `learner_group`) ---------
+    # -- a learner group ---------------------------------------------------------------
 
-    def group_rows(self, batch: TrainBatch) -> tuple[list[Rollout], bool]:
-        """(the rows this objective trains on, whether they are dealt as whole groups)."""
+    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rank `rank`'s term of the objective on the whole `batch`: summed over the `world`
+        ranks the terms are `loss(batch)`, so the group's update is the one-process update.
+        Every rank gets the whole batch and must call the model the same number of times (the
+        FSDP2 collectives run in each forward and backward): a rank whose part is empty
+        computes the loss on a borrowed row and weights it by zero. Whatever makes the
+        whole batch untrainable raises NothingToTrain on every rank alike."""
         raise NotImplementedError(f"{self.name} does not run as a learner group")
 
-    def group_part(self, rows: list[Rollout]) -> TrainBatch:
-        """One rank's part of the rows as a batch this objective trains on."""
-        raise NotImplementedError(f"{self.name} does not run as a learner group")
 
-    def group_share(self, learner: Learner, rows: list[Rollout], mine: list[Rollout]) -> float:
-        """The weight of one rank's part: its share of the completion tokens by default
-        (token-mean losses); a per-sequence loss overrides it."""
-        return sum(len(r.completion_ids) for r in mine) / sum(len(r.completion_ids) for r in rows)
+def weighted_part(
+    loss_on: Callable[[list[R]], tuple[torch.Tensor, dict[str, float]]], rows: list[R], *, rank: int, world: int,
+    weight: Callable[[list[R]], float],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`loss_on` this rank's dealt part of `rows`, times the part's share of `weight(rows)`
+    (rows: sequences for a per-sequence mean, completion tokens for a per-token mean, pairs
+    for DPO). An empty part runs the loss on the first row and weights it by zero."""
+    from workers.algorithms.batch import deal
+
+    mine = deal(rows, world)[rank]
+    if not mine:
+        loss, _ = loss_on(rows[:1])
+        return loss * 0.0, {}
+    loss, metrics = loss_on(mine)
+    return loss * (weight(mine) / weight(rows)), metrics
 
 
 _REGISTRY: Registry[Objective] = Registry(what="algorithm", package=__name__,

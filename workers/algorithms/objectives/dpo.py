@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from workers.algorithms.batch import TrainBatch
-from workers.algorithms.objectives import Objective, objective_register
+from workers.algorithms.objectives import Objective, objective_register, weighted_part
 
 if TYPE_CHECKING:
     import torch
@@ -21,3 +21,8 @@ class DPO(Objective):
     def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         # A pair to learn always carries a gradient: no `no_signal` check.
         return learner.dpo_loss(batch.usual + batch.expert, batch.preferences)
+
+    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+        # TRL's sigmoid DPO loss is a mean over the pairs.
+        pairs = learner.dpo_pairs(batch.usual + batch.expert, batch.preferences)
+        return weighted_part(learner.dpo_loss_on, pairs, rank=rank, world=world, weight=lambda part: float(len(part)))

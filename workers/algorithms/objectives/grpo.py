@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from apps.runs.algorithms import GROUP_PER_SEQUENCE
 from workers.algorithms.batch import Rollout, TrainBatch, trainable
-from workers.algorithms.objectives import Objective, objective_register
+from workers.algorithms.objectives import Objective, objective_register, weighted_part
 
 if TYPE_CHECKING:
     import torch
@@ -28,13 +28,15 @@ class GRPO(Objective):
             return "every advantage is zero (each group's rewards are equal) and beta is 0"
         return None
 
-    def group_rows(self, batch: TrainBatch) -> tuple[list[Rollout], bool]:
-        return trainable(batch.usual), True  # advantages need a whole group on one rank
+    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+        rows, advantages = learner.grpo_plan(batch.usual)  # the whole batch's advantages
+        index = {id(r): i for i, r in enumerate(rows)}
+        per_sequence = learner.spec.params.loss_type in GROUP_PER_SEQUENCE
 
-    def group_part(self, rows: list[Rollout]) -> TrainBatch:
-        return TrainBatch(usual=rows)
+        def loss_on(part: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
+            return learner.grpo_loss_on(part, advantages[[index[id(r)] for r in part]])
 
-    def group_share(self, learner: Learner, rows: list[Rollout], mine: list[Rollout]) -> float:
-        if learner.spec.params.loss_type in GROUP_PER_SEQUENCE:
-            return len(mine) / len(rows)
-        return super().group_share(learner, rows, mine)
+        def weight(part: list[Rollout]) -> float:
+            return float(len(part)) if per_sequence else float(sum(r.action_count for r in part))
+
+        return weighted_part(loss_on, rows, rank=rank, world=world, weight=weight)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from workers.algorithms.batch import TrainBatch, trainable
 from workers.algorithms.learner import Learner, NothingToTrain
-from workers.algorithms.objectives import Objective, objective_register
+from workers.algorithms.objectives import Objective, objective_get, objective_register
+
+Term = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
 @objective_register
@@ -15,18 +19,29 @@ class MIX(Objective):
     trainers = ("grpo", "sft")
 
     def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        return self._mixed(learner, batch, grpo=lambda b: learner.grpo_loss(b.usual),
+                           sft=lambda b: learner.sft_loss(b.expert))
+
+    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+        # Each side is its own objective's term on this rank; the sides are decided on the
+        # whole batch, so every rank runs the same ones.
+        grpo, sft = objective_get("grpo"), objective_get("sft")
+        return self._mixed(learner, batch, grpo=lambda b: grpo.shard_loss(learner, b, rank=rank, world=world),
+                           sft=lambda b: sft.shard_loss(learner, b, rank=rank, world=world))
+
+    def _mixed(self, learner: Learner, batch: TrainBatch, *, grpo: Term, sft: Term) -> tuple[torch.Tensor, dict[str, float]]:
         mu = learner.spec.mu
         parts: list[torch.Tensor] = []
         metrics: dict[str, float] = {}
         # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
         # is SFT exactly, and a side with no data adds nothing.
         if mu < 1 and trainable(batch.usual):
-            g, gm = learner.grpo_loss(batch.usual)
+            g, gm = grpo(TrainBatch(usual=batch.usual))
             parts.append((1 - mu) * g)
             metrics.update({f"grpo_{k}" if k != "clip_fraction" else k: v for k, v in gm.items()})
             metrics["grpo_loss"] = float(g.detach())
         if mu > 0 and trainable(batch.expert):
-            s, sm = learner.sft_loss(batch.expert)
+            s, sm = sft(TrainBatch(expert=batch.expert))
             parts.append(mu * s)
             metrics["sft_loss"] = float(s.detach())
             metrics.update({f"sft_{k}": v for k, v in sm.items()})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.algorithms.batch import Rollout, TrainBatch, trainable
-from workers.algorithms.objectives import Objective, objective_register
+from workers.algorithms.batch import TrainBatch
+from workers.algorithms.objectives import Objective, objective_register, weighted_part
 
 if TYPE_CHECKING:
     import torch
@@ -22,8 +22,7 @@ class SFT(Objective):
         # Offline SFT trains on whatever it is given; expert rows are what the trainer claims.
         return learner.sft_loss(batch.expert + batch.usual)
 
-    def group_rows(self, batch: TrainBatch) -> tuple[list[Rollout], bool]:
-        return trainable(batch.expert + batch.usual), False
-
-    def group_part(self, rows: list[Rollout]) -> TrainBatch:
-        return TrainBatch(expert=rows)
+    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+        # TRL's SFT loss is a mean over the completion tokens it learns (labels not -100).
+        return weighted_part(learner.sft_loss_on, learner.sft_rows(batch.expert + batch.usual), rank=rank, world=world,
+                             weight=lambda part: float(sum(r.action_count for r in part)))

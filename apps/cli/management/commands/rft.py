@@ -20,7 +20,8 @@ import subprocess
 import sys
 from argparse import ArgumentParser
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -30,13 +31,16 @@ from apps.buffer.importers import ImportFailed
 from apps.control.services import run_create_with_taskset
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kind_names
-from apps.feedback.selectors import run_may_annotate
+from apps.feedback.selectors import feedback_effect, run_may_annotate
 from apps.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
 from apps.runs.config import config_parse
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
-from rftweb.exceptions import RftError, command_error
+from rftweb.exceptions import ExportFailed, RftError, command_error
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 # GPU queues hold a model resident in the worker process: one process, one task at a time
 # (solo pool; a forked child would re-initialise CUDA and double the memory). CPU queues
@@ -146,7 +150,12 @@ class Command(BaseCommand):
 
     # --- create / control -----------------------------------------------------------------
 
-    def _user(self, username: str | None, *, required: bool) -> Any:
+    @overload
+    def _user(self, username: str | None, *, required: Literal[True]) -> User: ...
+    @overload
+    def _user(self, username: str | None, *, required: bool) -> User | None: ...
+
+    def _user(self, username: str | None, *, required: bool) -> User | None:
         User = get_user_model()
         if username:
             user = User.objects.filter(username=username).first()
@@ -198,7 +207,7 @@ class Command(BaseCommand):
         if opts["start"]:
             self._transition(run.pk, "start", owner)
 
-    def _transition(self, run_id: int, action: str, actor: Any) -> None:
+    def _transition(self, run_id: int, action: str, actor: User | None) -> None:
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"no run {run_id}")
@@ -236,7 +245,7 @@ class Command(BaseCommand):
             raise CommandError(f"{author.get_username()} may not give feedback on run {run.pk}")
         who = {"run": run, "author": author, "comment": opts["comment"]}
         fb = kind_get(opts["kind"]).cli_store(opts, who=who)
-        self.stdout.write(f"feedback {fb.pk}: {fb.kind} {fb.value}" + (" (late: stored, not folded)" if fb.late else ""))
+        self.stdout.write(f"feedback {fb.pk}: {fb.kind} {fb.value} ({feedback_effect(run=run, feedback=fb)})")
 
     # --- export ---------------------------------------------------------------------------
 
@@ -278,13 +287,12 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"run {run.pk} has no version {number}")
         try:
-            from workers.adapters import ExportFailed as WeightsExportFailed
             from workers.adapters import model_export
         except ImportError as exc:  # a web-only install: no torch / peft
             raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
         try:
             out = model_export(source=version.checkpoint, out=opts["out"], merged=opts["merged"])
-        except WeightsExportFailed as exc:
+        except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
@@ -301,13 +309,12 @@ class Command(BaseCommand):
             raise CommandError(f"run {run.pk} has no reward model yet (feedback.reward_model: it trains as labels come in)"
                                if opts["version"] is None else f"run {run.pk} has no reward model version {opts['version']}")
         try:
-            from workers.adapters import ExportFailed as WeightsExportFailed
             from workers.reward_models import reward_model_export
         except ImportError as exc:  # a web-only install: no torch / transformers
             raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
         try:
             out = reward_model_export(source=rm.path, out=opts["out"], scale=rm.scale, offset=rm.offset)
-        except WeightsExportFailed as exc:
+        except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
@@ -328,7 +335,7 @@ class Command(BaseCommand):
         procs = [subprocess.Popen(cmd) for cmd in plan]
         self.stderr.write(f"started {len(procs)} worker process(es): " + ", ".join(str(p.pid) for p in procs))
 
-        def forward(signum: int, _frame: Any) -> None:
+        def forward(signum: int, _frame: FrameType | None) -> None:
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signum)

@@ -4,12 +4,11 @@ account, an annotator account, and a draft GRPO run on the demo task. Idempotent
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from apps.buffer.importers import taskset_create
@@ -23,7 +22,7 @@ DEMO_RUN = "demo: GRPO on arithmetic"
 K12_RUN = "demo: K-12 short answers"
 
 
-def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
+def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, object]:
     return {
         "model": str(settings.RFT_DEMO_MODEL_DIR),
         "algorithm": "grpo",
@@ -60,7 +59,7 @@ Use *skip* when you cannot tell.
 """
 
 
-def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, Any]:
+def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, object]:
     """GRPO on the shipped K-12 taskset, scored half by the reference-guided judge and half by
     the learned grader trained on the taskset's graded answers and people's ratings. The judge
     is the run's own model: the demo model's 256-token context cannot hold the judge's prompt,
@@ -90,7 +89,7 @@ Your grades teach the learned K-12 grader.
 class Command(BaseCommand):
     help = "Build the demo model and taskset and create demo accounts and a demo run (idempotent)."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--password", default=settings.RFT_DEMO_PASSWORD,
                             help="password of the demo accounts (default rftweb-demo, or RFT_DEMO_PASSWORD)")
         parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
@@ -99,8 +98,8 @@ class Command(BaseCommand):
         parser.add_argument("--k12", action="store_true",
                             help="also create a draft run on the shipped K-12 short-answer taskset (K-12 graders)")
 
-    def handle(self, *args: Any, password: str, total_steps: int, feedback_wait: float, k12: bool = False,
-               **options: Any) -> None:
+    def handle(self, *args: object, password: str, total_steps: int, feedback_wait: float, k12: bool = False,
+               **options: object) -> None:
         if total_steps < 1:
             raise CommandError("--total-steps must be at least 1")
         if feedback_wait < 0:
@@ -122,7 +121,7 @@ class Command(BaseCommand):
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
             if k12 and not Run.objects.filter(name=K12_RUN, owner=owner).exists():
 
-                records: list[Mapping[str, Any]] = list(k12_records())
+                records: list[Mapping[str, object]] = list(k12_records())
                 taskset = taskset_create(name="K-12 short answers", records=records, owner=owner)
                 k12_run = run_create(name=K12_RUN, owner=owner, taskset=taskset,
                                      config=k12_demo_config(total_steps=total_steps, feedback_wait=feedback_wait))

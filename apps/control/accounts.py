@@ -1,0 +1,160 @@
+"""Accounts without the admin site: an owner's invitations (by email or one-time link), the
+page an invitation link opens, Django's password-reset pages to choose a password, and the
+staff page that deactivates accounts. Thin: parse, call apps/runs/invitations.py, render."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.forms import SetPasswordForm
+from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required, user_passes_test
+from django.contrib.auth.tokens import default_token_generator
+from django.db.models import Count, Q
+from django.http import HttpResponse, HttpResponseBase
+from django.shortcuts import redirect, render
+from django.urls import reverse, reverse_lazy
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
+from django.views.decorators.http import require_http_methods, require_POST
+
+from apps.runs.access import run_for_page
+from apps.runs.invitations import (
+    account_active_set,
+    account_create_invited,
+    invitation_accept,
+    invitation_create,
+    invitation_find,
+    invitation_revoke,
+    invitation_send,
+    invitations_open,
+)
+from apps.runs.models import Run
+from rftweb.exceptions import RftError
+from rftweb.http import HtmxHttpRequest
+
+_RUNS = Run.objects.select_related("owner", "taskset")
+
+
+def _is_staff(user: AbstractBaseUser | AnonymousUser) -> bool:
+    return bool(getattr(user, "is_staff", False) and user.is_active)
+
+
+def invitations_context(run: Run, role: str, **extra: object) -> dict[str, object]:
+    """The run page's invitation box (inside the People card)."""
+    return {"run": run, "role": role, "invitations": invitations_open(run=run) if role == "owner" else [], **extra}
+
+
+def _invite_box(request: HtmxHttpRequest, run: Run, role: str, status: int = 200, **extra: object) -> HttpResponse:
+    context = invitations_context(run, role, **extra)
+    if request.htmx:
+        return render(request, "runs/_invitations.html", context, status=200)
+    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_invitations.html",
+                                                      "page_title": f"Invitations · {run.name}"}, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_invitations(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """GET: the run's open invitations. POST (owner): invite `email` as `role`, or, with no
+    email, make a one-time link, shown once."""
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+    if request.method == "GET":
+        return _invite_box(request, run, role)
+    values = {"email": request.POST.get("email", "").strip(), "role": request.POST.get("role", "annotator")}
+    try:
+        made = invitation_create(run=run, role=values["role"], email=values["email"], actor=request.user)
+    except RftError as exc:
+        return _invite_box(request, run, role, status=400, invite_errors={exc.field: [exc.message]},
+                           invite_values=values)
+    link = request.build_absolute_uri(reverse("invitation", kwargs={"token": made.token}))
+    if made.invitation.email:
+        invitation_send(made=made, url=link)
+        said = f"Invitation sent to {made.invitation.email} as {made.invitation.role}."
+        return _invite_box(request, run, role, invite_saved=said)
+    return _invite_box(request, run, role, invite_link=link, invite_saved=(
+        f"One-time link for a new {made.invitation.role}: copy it now, it is not shown again."))
+
+
+@login_required
+@require_POST
+def run_invitation_revoke(request: HtmxHttpRequest, run_id: int, invitation_id: int) -> HttpResponse:
+    run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+    try:
+        invitation_revoke(run=run, invitation_id=invitation_id, actor=request.user)
+    except RftError as exc:
+        return _invite_box(request, run, role, status=exc.status, invite_errors={"invitation": [exc.message]})
+    return _invite_box(request, run, role, invite_saved="Invitation revoked: its link no longer works.")
+
+
+@require_http_methods(["GET", "POST"])
+def invitation_open(request: HtmxHttpRequest, token: str) -> HttpResponseBase:
+    """Where an invitation link lands. Logged in: join the run. Not: choose a username (the
+    invitation's email is the account's), then a password on Django's reset-confirm page."""
+    try:
+        invitation = invitation_find(token=token)
+    except RftError as exc:
+        return render(request, "accounts/invitation.html", {"gone": exc.message}, status=404)
+    context: dict[str, object] = {"invitation": invitation, "run": invitation.run, "token": token,
+                               "values": {"username": request.POST.get("username", "") or invitation.email.split("@")[0],
+                                          "email": request.POST.get("email", "")}}
+    if request.method == "GET":
+        return render(request, "accounts/invitation.html", context)
+    try:
+        if request.user.is_authenticated:
+            invitation_accept(token=token, user=request.user)
+            messages.success(request, f"You are now {invitation.role} of “{invitation.run.name}”.")
+            return redirect("runs:detail", run_id=invitation.run_id)
+        user = account_create_invited(token=token, username=request.POST.get("username", ""),
+                                      email=request.POST.get("email", ""))
+    except RftError as exc:
+        return render(request, "accounts/invitation.html", {**context, "errors": {exc.field: [exc.message]}},
+                      status=400 if exc.status < 500 else exc.status)
+    # The account has no password yet: Django's reset confirmation sets the first one.
+    uid = urlsafe_base64_encode(force_bytes(user.pk))
+    return redirect("password_reset_confirm", uidb64=uid, token=default_token_generator.make_token(user))
+
+
+class PasswordSetView(auth_views.PasswordResetConfirmView):
+    """Django's reset confirmation: choosing a new password (or the first one, after an
+    invitation) logs the person in and takes them to their runs."""
+
+    post_reset_login = True
+    # Two backends are configured (axes' lockout check first, rftweb/login_guard.py): name
+    # the one that logs people in.
+    post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
+    success_url = reverse_lazy("runs:list")
+
+    def form_valid(self, form: SetPasswordForm) -> HttpResponse:
+        response = super().form_valid(form)
+        messages.success(self.request, "Your password is set; you are logged in.")
+        return response
+
+
+@login_required
+@user_passes_test(_is_staff)
+@require_http_methods(["GET"])
+def account_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Staff: every account, its runs and whether it may log in."""
+    query = request.GET.get("q", "").strip()
+    users = User.objects.annotate(
+        owned=Count("runs", distinct=True), member_of=Count("run_memberships", distinct=True)).order_by("username")
+    if query:
+        users = users.filter(Q(username__icontains=query) | Q(email__icontains=query))
+    return render(request, "accounts/list.html", {"accounts": users[:500], "q": query})
+
+
+@login_required
+@user_passes_test(_is_staff)
+@require_POST
+def account_active(request: HtmxHttpRequest, user_id: int) -> HttpResponse:
+    """Staff: deactivate (active=0) or reactivate (active=1) an account."""
+    active = request.POST.get("active") == "1"
+    try:
+        user = account_active_set(user_id=user_id, active=active, actor=request.user)
+    except RftError as exc:
+        messages.error(request, exc.message)
+        return redirect("accounts")
+    messages.success(request, f"{user.get_username()} is {'active again' if active else 'deactivated: they cannot log in'}.")
+    return redirect("accounts")

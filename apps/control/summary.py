@@ -1,0 +1,156 @@
+"""A run's summary once it ended (finished, failed or stopped): how long it ran, how far it
+got, how its main metrics moved, who labelled what, and its best version, whose weights the
+page offers as a download (apps/control/weights.py). A read: no writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Max
+
+from apps.control.weights import WeightsExport, weights_export_state
+from apps.feedback.models import Feedback
+from apps.rewards.models import RewardModel
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
+from apps.runs.selectors import eval_best
+
+# The statuses a summary is shown for: nothing runs any more.
+SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+# The run's main metrics, in the order people read them: what the explorer was rewarded, how
+# the held-out evaluation scored, what people rated (the human reward of trained batches).
+MAIN_METRICS: tuple[tuple[str, str], ...] = (
+    ("explore/reward_mean", "reward (explored)"),
+    ("reward_mean", "reward (trained batches)"),
+    ("eval/accuracy", "evaluation accuracy"),
+    ("eval/reward_mean", "evaluation reward"),
+    ("feedback/human_reward_mean", "people's ratings (human reward)"),
+    ("reward_model/accuracy", "reward model accuracy"),
+)
+
+
+@dataclass(frozen=True)
+class MetricMove:
+    """A metric from the run's first value to its last, and its best (highest) value."""
+
+    name: str
+    label: str
+    start: float
+    end: float
+    best: float
+    best_step: int
+    points: int
+
+    @property
+    def change(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Labeller:
+    who: str
+    total: int
+    kinds: dict[str, int]
+
+
+@dataclass(frozen=True)
+class BestVersion:
+    number: int
+    # Why this one: the held-out evaluation's best, or the last one published.
+    reason: str
+    train_step: int
+    export: WeightsExport
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    status: str
+    error: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    explore_step: int
+    train_step: int
+    total_steps: int
+    versions: int
+    metrics: list[MetricMove]
+    labels: dict[str, int]
+    labellers: list[Labeller]
+    best: BestVersion | None
+    reward_models: list[int] = field(default_factory=list)
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+    @property
+    def labels_total(self) -> int:
+        return sum(self.labels.values())
+
+
+def _metric_moves(run: Run) -> list[MetricMove]:
+    names = [name for name, _ in MAIN_METRICS]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in (Metric.objects.filter(run=run, name__in=names).order_by("name", "step", "id")
+                              .values_list("name", "step", "value")):
+        series.setdefault(name, []).append((step, value))
+    out = []
+    for name, label in MAIN_METRICS:
+        points = series.get(name)
+        if not points:
+            continue
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
+                              best_step=best_step, points=len(points)))
+    return out
+
+
+def _labellers(run: Run) -> tuple[dict[str, int], list[Labeller]]:
+    kinds: dict[str, int] = {}
+    people: dict[str, dict[str, int]] = {}
+    rows = (Feedback.objects.filter(run=run).values("kind", "author__username", "api_key__name")
+            .annotate(n=Count("id")).order_by())
+    for row in rows:
+        kind, n = str(row["kind"]), int(row["n"])
+        kinds[kind] = kinds.get(kind, 0) + n
+        who = row["author__username"] or (f"API key “{row['api_key__name']}”" if row["api_key__name"] else "someone")
+        by = people.setdefault(who, {})
+        by[kind] = by.get(kind, 0) + n
+    labellers = [Labeller(who=who, total=sum(k.values()), kinds=dict(sorted(k.items())))
+                 for who, k in people.items()]
+    labellers.sort(key=lambda lab: (-lab.total, lab.who))
+    return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))), labellers
+
+
+def _best_version(run: Run) -> BestVersion | None:
+    best = eval_best(run=run)
+    if best is not None and best["version"] > 0:
+        number = int(best["version"])
+        reason = f"highest held-out evaluation reward ({best['reward_mean']:.3f})"
+    else:
+        number = run.current_version
+        reason = "the last version published (no held-out evaluation ran)"
+    version = ModelVersion.objects.filter(run=run, number=number).first() if number > 0 else None
+    if version is None:
+        return None
+    return BestVersion(number=number, reason=reason, train_step=version.train_step,
+                       export=weights_export_state(run=run, version=number))
+
+
+def run_summary(*, run: Run) -> RunSummary | None:
+    """The summary of an ended run, None while it is a draft, running or paused."""
+    if run.status not in SUMMARY_STATUSES:
+        return None
+    audit = AuditEntry.objects.filter(run=run)
+    started = audit.filter(action="start").order_by("created_at").values_list("created_at", flat=True).first()
+    ended = (audit.filter(action__in=("finish", "fail", "stop")).aggregate(t=Max("created_at"))["t"]
+             or run.updated_at)
+    labels, labellers = _labellers(run)
+    return RunSummary(
+        status=run.status, error=run.error, started_at=started, ended_at=ended if started else None,
+        explore_step=run.explore_step, train_step=run.train_step, total_steps=run.cfg.total_steps,
+        versions=ModelVersion.objects.filter(run=run, number__gt=0).count(),
+        metrics=_metric_moves(run), labels=labels, labellers=labellers, best=_best_version(run),
+        reward_models=list(RewardModel.objects.filter(run=run).order_by("version").values_list("version", flat=True)),
+    )

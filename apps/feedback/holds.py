@@ -1,0 +1,92 @@
+"""Holds: a group a person has open waits for them rather than training under their hands.
+
+An annotator's leased item holds its group: the item's assignment carries `held_until`, renewed
+to `feedback.hold_seconds` from now on every sign of work (opening or polling the annotation
+page, which claims; a label), and never past `feedback.hold_cap_seconds` after the item was
+handed out. Every open member of the group carries the latest hold of any of its assignments
+(`Experience.held_until`, in the buffer, which the trainer's claim reads:
+apps.buffer.selectors.experiences_claimable skips a held group until the hold ends or its cap
+passes). A finished or skipped item holds nothing; an abandoned one lapses within hold_seconds.
+
+Under `auto` nothing is held (labels move no reward there), nor with hold_seconds 0. The wait
+window (feedback.wait_seconds) still ends as before: a held group may become ready, and is
+claimed once the hold is over, with what its people gave in the meantime folded in.
+
+Renewals run after the label's transaction commits (`transaction.on_commit`): they touch other
+groups' rows, which a fold of those groups may hold locked. A renewal that loses a race (a
+deadlock) is dropped: the next sign of work renews again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import DatabaseError, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Max, OuterRef, Subquery, Value
+from django.db.models.functions import Least
+from django.utils import timezone
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Assignment
+from apps.runs.models import Run
+
+log = logging.getLogger(__name__)
+
+_OPEN = (Experience.Status.PENDING, Experience.Status.READY)
+
+# Whoever a request is from (request.user), or a user row.
+Person = AbstractBaseUser | AnonymousUser
+
+
+def holds_apply(*, run: Run) -> bool:
+    policy = run.cfg.feedback
+    return policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+
+
+def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> int:
+    """Renew the holds of `annotator`'s leased items on `run` (a sign of work), and bring the
+    holds of their groups (and of `also_groups`: those of items they just finished or skipped)
+    up to date. Returns the number of groups held for them now."""
+    if not holds_apply(run=run) or not getattr(annotator, "is_authenticated", False):
+        return 0
+    policy = run.cfg.feedback
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            mine = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED,
+                                             experience__status__in=_OPEN)
+            cap = ExpressionWrapper(F("created_at") + timedelta(seconds=policy.hold_cap_seconds),
+                                    output_field=DateTimeField())
+            mine.update(held_until=Least(Value(now + timedelta(seconds=policy.hold_seconds)), cap))
+            groups = set(mine.values_list("experience__group_id", flat=True)) | set(also_groups)
+            held = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED,
+                                             held_until__gt=now).values_list("experience__group_id", flat=True)
+            held_groups = len(set(held))
+            holds_sync(run=run, group_ids=groups, now=now)
+    except DatabaseError:
+        log.info("hold renewal of run %s for %s lost a race; the next sign of work renews it", run.pk, annotator.pk)
+        return 0
+    return held_groups
+
+
+def holds_sync(*, run: Run, group_ids: Iterable[str], now: datetime | None = None) -> int:
+    """Every open member of these groups carries the latest live hold among the group's leased
+    items (none when no hold is live). Returns the rows updated."""
+    groups = sorted(set(group_ids))
+    if not groups:
+        return 0
+    now = now or timezone.now()
+    latest = (Assignment.objects.filter(run=run, status=Assignment.Status.LEASED, held_until__gt=now,
+                                        experience__group_id=OuterRef("group_id"))
+              .values("experience__group_id").annotate(latest=Max("held_until")).values("latest")[:1])
+    return Experience.objects.filter(run=run, group_id__in=groups, status__in=_OPEN).update(
+        held_until=Subquery(latest, output_field=DateTimeField()))
+
+
+def holds_renew_on_commit(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> None:
+    """holds_renew once the caller's transaction commits (see the module docstring)."""
+    groups = list(also_groups)
+    transaction.on_commit(lambda: holds_renew(run=run, annotator=annotator, also_groups=groups))

@@ -1,0 +1,177 @@
+"""Peak memory per rank and seconds per step of the learner sharded over N processes with
+FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on the ~100M
+Qwen2-shaped model of bench/trainer_memory (its builder), the same GRPO batch, in the same
+run. Target: peak per rank ≤ 0.65× the one-process peak.
+
+Each setting runs in its own processes. As in bench/trainer_memory, every process first
+builds and steps a 2-layer, 64-wide learner (sharded too, for the ranks), so what TRL,
+transformers and torch.distributed set up once is in its baseline; memory is the peak RSS
+of the training steps above the RSS before the model was built: the peak is reset
+(/proc/self/clear_refs) once the learner is built (and, for ranks, sharded), so it counts
+the weights, gradients and optimizer state a rank holds and a step's transients, not the
+whole model every rank builds before it takes its shard (a real group loads a model too;
+issue #34 leaves meta-device loading for later). On a CUDA host (--device cuda) memory is
+the allocator's peak instead.
+
+The ranks share the host's cores: each gets --threads / ranks threads, so the step times
+compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
+
+    python -m bench.sharding [--ranks 2] [--layers 12] [--hidden 768] [--batch 4] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import free_port
+from bench.trainer_memory import bench_rollouts, bench_tokenizer, model_arguments, qwen2_learner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_reset() -> None:
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # VmHWM := the current RSS
+
+
+def _peak_mb() -> float:
+    with open("/proc/self/status") as fh:
+        line = next(l for l in fh if l.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, float]:
+    import torch
+
+    from workers.algorithms import TrainBatch
+
+    threads = max(1, args.threads // world)
+    torch.set_num_threads(threads)
+    cuda = args.device == "cuda"
+    if args.mmap_threshold and not cuda:
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=args.mmap_threshold)
+    shard: Any = None
+    if world > 1:
+        import torch.distributed as dist
+
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                world_size=world, rank=rank)
+    from workers.algorithms.distributed import learner_shard
+
+    tokenizer = bench_tokenizer()
+    rollouts = bench_rollouts(args)
+
+    def build(layers: int, hidden: int, intermediate: int) -> tuple[Any, Any, int]:
+        learner, params = qwen2_learner(args, tokenizer, layers=layers, hidden=hidden, intermediate=intermediate)
+        part = learner_shard(learner, rank=rank, world=world, sharding=args.sharding) if world > 1 else None
+        return learner, part, params
+
+    warm, warm_shard, _ = build(2, 64, 128)
+    warm.step(TrainBatch(usual=rollouts[:4]), shard=warm_shard)
+    del warm, warm_shard
+    gc.collect()
+    base = _rss_mb()
+    learner, shard, params = build(args.layers, args.hidden, args.intermediate)
+    gc.collect()
+    held = _rss_mb() - base
+    _peak_reset()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        learner.step(TrainBatch(usual=rollouts), shard=shard)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    peak = _peak_mb() - base
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return {"params": params, "peak_mb": peak, "held_mb": held, "step_seconds": min(seconds[1:] or seconds),
+            "threads": threads}
+
+
+def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, float]]:
+    port = free_port()
+    argv = [a for a in sys.argv[1:]]
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.sharding", "--rank", str(r), "--world", str(world),
+                               "--port", str(port), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT) for r in range(world)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=args.timeout)
+        line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
+        if p.returncode or line is None:
+            for q in procs:
+                q.kill()
+            sys.exit(f"a {world}-process setting failed:\n{err[-3000:]}")
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--sharding", choices=["full", "grad_op", "none"], default="full")
+    model_arguments(parser)
+    parser.add_argument("--threads", type=int, default=2, help="threads of the one process; each rank gets threads / ranks")
+    parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
+                        help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        print("RESULT " + json.dumps(_one(args, rank=args.rank, world=args.world, port=args.port)), flush=True)
+        return
+
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": str(args.threads)}
+    load_one = os.getloadavg()[0]
+    one = _run(args, 1, env)[0]
+    print(f"  done: one process (load average {load_one:.2f})", flush=True)
+    load_group = os.getloadavg()[0]
+    ranks = _run(args, args.ranks, env)
+    print(f"  done: {args.ranks} ranks {args.sharding} (load average {load_group:.2f})", flush=True)
+
+    print(f"\nmodel: {one['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
+          f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step, full fine-tuning fp32 AdamW; "
+          f"device {args.device}")
+    print(f"{'setting':<22}{'held MB':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}{'× one':>7}{'threads':>8}{'load':>7}")
+    print(f"{'one process':<22}{one['held_mb']:>9.0f}{one['peak_mb']:>9.0f}{1:>7.2f}{one['step_seconds']:>8.2f}"
+          f"{1:>7.2f}{one['threads']:>8}{load_one:>7.2f}")
+    for r, res in enumerate(ranks):
+        print(f"{f'rank {r} of {args.ranks} ({args.sharding})':<22}{res['held_mb']:>9.0f}{res['peak_mb']:>9.0f}"
+              f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
+              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load_group:>7.2f}")
+    ratio = max(r["peak_mb"] for r in ranks) / one["peak_mb"]
+    print(f"\nsharding peak per rank / one process: {ratio:.2f} (target <= 0.65: {'met' if ratio <= 0.65 else 'NOT met'}); "
+          f"step {ranks[0]['step_seconds'] / one['step_seconds']:.2f}× one process; load average now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Degrade, don't fail: with Postgres or Redis unreachable a request is answered 503 with
+Retry-After and a short page naming the service (JSON under /api/), never a traceback or a
+500 (issue #33). Three doors lead here:
+
+- `DegradeMiddleware.process_exception`: a view (or the template it renders) raised;
+- `server_error` (the project's handler500): a middleware raised outside any view (a
+  session saved in process_response);
+- the environment API's own handlers (rftweb/api.py), which answer before Django does.
+
+`cached` is the one way pages read Django's cache: with Redis down the value is computed
+(the cache is an optimisation, not a dependency). The API key rate limiter fails closed
+instead (apps/envapi/services.py `rate_limit_hit`): no count, no request.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis.exceptions
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
+from django.utils.html import escape
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Seconds a client is told to wait before trying again.
+RETRY_AFTER_SECONDS = 10
+
+# Django wraps the driver's errors (psycopg's OperationalError, the pool's PoolTimeout) in
+# its own; a Redis server that is gone answers ConnectionError (or TimeoutError).
+POSTGRES_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def dependency_down(exc: BaseException | None) -> str | None:
+    """'Postgres' or 'Redis' when `exc` (or what caused it) says that service is unreachable."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, POSTGRES_ERRORS):
+            return "Postgres"
+        if isinstance(exc, REDIS_ERRORS):
+            return "Redis"
+        try:
+            import psycopg
+
+            if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                return "Postgres"
+        except ImportError:  # the embedded default may run without psycopg
+            pass
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def unavailable_message(dependency: str) -> str:
+    return f"{dependency} is unreachable right now; try again in {RETRY_AFTER_SECONDS} s"
+
+
+def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
+    """503 with Retry-After: JSON under /api/ (the API's error shape), else a short page."""
+    message = unavailable_message(dependency)
+    response: HttpResponse
+    if request.path.startswith("/api/"):
+        response = JsonResponse({"detail": message, "errors": {}}, status=503)
+    else:
+        page = (
+            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Unavailable · rftweb</title></head>"
+            f"<body><h1>Service unavailable</h1><p>{escape(message)}.</p>"
+            "<p>Nothing you sent was lost or saved; reload the page in a moment.</p></body></html>"
+        )
+        response = HttpResponse(page, status=503, content_type="text/html; charset=utf-8")
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class DegradeMiddleware(MiddlewareMixin):
+    """Turns an unreachable Postgres or Redis under any view into 503 + Retry-After."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        dependency = dependency_down(exception)
+        if dependency is None:
+            return None
+        log.warning("%s %s: %s unreachable (%s): answered 503", request.method, request.path, dependency, exception)
+        return unavailable_response(request, dependency)
+
+
+def server_error(request: HttpRequest) -> HttpResponseBase:
+    """handler500: 503 when the exception being handled is an unreachable service (one a
+    middleware raised, outside process_exception's reach); Django's 500 page otherwise."""
+    from django.views.defaults import server_error as django_server_error
+
+    dependency = dependency_down(sys.exc_info()[1])
+    if dependency is not None:
+        return unavailable_response(request, dependency)
+    return django_server_error(request)
+
+
+def cached(key: str, compute: Callable[[], T], timeout: float) -> T:
+    """The cached value of `key`, else `compute()` (stored for `timeout` seconds); with the
+    cache's Redis unreachable, `compute()` every time."""
+    from django.core.cache import cache
+
+    try:
+        found: T | None = cache.get(key)
+    except REDIS_ERRORS as exc:
+        log.warning("cache read of %s failed (%s): computed instead", key, exc)
+        return compute()
+    if found is not None:
+        return found
+    value = compute()
+    try:
+        cache.set(key, value, timeout)
+    except REDIS_ERRORS as exc:
+        log.warning("cache write of %s failed (%s)", key, exc)
+    return value
+
+
+def readiness_checks() -> dict[str, str]:
+    """Each dependency of a request: "ok", "unused" (Redis in the embedded default), or
+    "down: <why>"."""
+    from django.conf import settings
+    from django.db import connection
+
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # any failure is a database that cannot serve
+        checks["database"] = f"down: {type(exc).__name__}: {exc}"[:300]
+    if not settings.REDIS_URL:
+        checks["redis"] = "unused"
+    else:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.ping()
+            checks["redis"] = "ok"
+        except redis.exceptions.RedisError as exc:
+            checks["redis"] = f"down: {type(exc).__name__}: {exc}"[:300]
+        finally:
+            client.close()
+    return checks

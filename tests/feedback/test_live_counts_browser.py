@@ -1,0 +1,75 @@
+"""The annotation header's "N ratings · M late · W waiting for you" moves live, in a real
+browser against a real server (issue #31, item 1): another annotator's label, late or not,
+and new rollouts change it without a reload, to the numbers the other pages show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
+from apps.feedback.models import Assignment
+from apps.feedback.selectors import annotation_waiting
+from apps.feedback.services import assignment_claim
+from apps.runs.models import Run
+from tests.factories import add_member, experience_row, make_run, make_user
+from tests.feedback.conftest import login, worker_write
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _group(run: Run, name: str) -> list[Experience]:
+    rows = [experience_row(run, key=f"{name}-{i}", group=name, status="pending", reward=None, auto_reward=0.5,
+                           response_text=f"answer {name}.{i}") for i in range(4)]
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+def _text(page: Any, selector: str) -> str:
+    return str(page.inner_text(selector)).strip()
+
+
+def _waits_for(page: Any, selector: str, value: str) -> None:
+    page.wait_for_function(f"() => (document.querySelector('{selector}') || {{}}).textContent === '{value}'",
+                           timeout=20_000)
+
+
+def test_the_annotation_header_counts_move_live(page: Any, live_url: str, owner: User, annotator: User) -> None:
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1}, reward_model={"enabled": True})
+    add_member(run, annotator)
+    bob = make_user("bob")
+    add_member(run, bob)
+    _group(run, "first")
+    _group(run, "second")
+    bobs = assignment_claim(run=run, annotator=bob, size=4)  # the freshest group: bob's
+    path = f"/runs/{run.pk}/annotate/"
+    login(page, live_url, "annotator", next_path=path)
+    page.wait_for_url(f"**{path}")
+    page.wait_for_selector("#annotate[data-live=open]")
+    assert (_text(page, "#feedback-count"), _text(page, "#late-count"), _text(page, "#waiting-count")) == ("0", "0", "4")
+    assert "late labels teach the reward model" in _text(page, "#annotate-counts")
+
+    # Bob rates one of his items: the ratings count moves on the annotator's page.
+    web = Client()
+    web.force_login(bob)
+    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[0].pk}/rate/", {"score": "5"}).status_code == 302
+    _waits_for(page, "#feedback-count", "1")
+    assert _text(page, "#late-count") == "0"
+
+    # His group trains before he rates the next one: a late label, counted live as late.
+    Experience.objects.filter(group_id=bobs[0].experience.group_id).update(status="consumed")
+    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[1].pk}/rate/", {"score": "1"}).status_code == 302
+    _waits_for(page, "#feedback-count", "2")
+    _waits_for(page, "#late-count", "1")
+
+    # A rollout worker writes a new group: the waiting count follows, to the number the
+    # other pages (and the API) give her at that moment.
+    rows = [{"key": f"third-{i}", "group_id": "third", "status": "pending", "auto_reward": 0.5,
+             "prompt_text": "What is 3 + 3?", "response_text": f"answer third.{i}"} for i in range(4)]
+    worker_write(run.pk, rows)
+    _waits_for(page, "#waiting-count", "8")
+    assert annotation_waiting(run=run, annotator=annotator) == 8
+    assert Assignment.objects.filter(annotator=annotator, status="leased").count() == 8

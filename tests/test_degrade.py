@@ -1,0 +1,163 @@
+"""Degrade, don't fail (issue #33): a web process whose Redis or Postgres stops answering
+keeps answering: pages render without the cache, the API answers 503 with Retry-After (its
+rate limiter fails closed), /ready/ names the service that is down, and with Postgres gone
+every request that needs it is a short 503 page, never a traceback. Each service is a
+throwaway instance on a spare port (tests/test_faults.py's), stopped mid-test; the machine's
+shared ones are never touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.factories import add_member, make_experiences, make_run, make_taskset
+from tests.envapi.conftest import make_key
+from tests.servers import start_uvicorn, stop
+from tests.test_faults import Postgres, Redis, _as_postgres_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def session_cookie(user: User) -> str:
+    """A logged-in session of `user`, as the Cookie header a browser would send."""
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+@pytest.fixture
+def spare_redis() -> Iterator[Redis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    redis = Redis(Path(tempfile.mkdtemp(prefix="rft-degrade-redis-")))
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+def test_with_redis_stopped_pages_render_the_api_answers_503_and_ready_names_redis(
+        tmp_path: Path, spare_redis: Redis, owner: User, annotator: User) -> None:
+    # Raters weighted by agreement: the annotation queue reads each rater's cached standing.
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), feedback={"rater_weighting": "agreement"})
+    add_member(run, annotator)
+    make_experiences(run)
+    _, raw_key = make_key(run)
+    # The test's secret, so the server takes the sessions this process logs in.
+    proc, url = start_uvicorn(log=tmp_path / "web.log", REDIS_URL=spare_redis.url, DEBUG="1", SECRET_KEY=settings.SECRET_KEY)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            bearer = {"Authorization": f"Bearer {raw_key}"}
+            assert http.get("/ready/").json() == {"ok": True, "database": "ok", "redis": "ok"}
+            assert http.get(f"/api/v1/runs/{run.pk}", headers=bearer).status_code == 200
+
+            spare_redis.stop()
+
+            # Pages render: the cache is read around (the annotation queue reads rater standings).
+            assert http.get(f"/runs/{run.pk}/", headers={"Cookie": session_cookie(owner)}).status_code == 200
+            annotate = http.get(f"/runs/{run.pk}/annotate/", headers={"Cookie": session_cookie(annotator)})
+            assert annotate.status_code == 200, annotate.text[-2000:]
+            # The API's rate limiter cannot count: it refuses, 503 with Retry-After, in the API's shape.
+            refused = http.get(f"/api/v1/runs/{run.pk}", headers=bearer)
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["Retry-After"]) > 0
+            assert "Redis" in refused.json()["detail"]
+            # The OpenAI door too, in its own shape.
+            models = http.get(f"/api/v1/runs/{run.pk}/openai/v1/models", headers=bearer)
+            assert models.status_code == 503 and "Retry-After" in models.headers, models.text
+            # A load balancer stops sending traffic; liveness still holds.
+            ready = http.get("/ready/")
+            assert ready.status_code == 503
+            assert ready.json()["down"] == ["Redis"] and ready.json()["database"] == "ok"
+            assert http.get("/health/").status_code == 200
+    finally:
+        stop(proc)
+    assert "Traceback" not in (tmp_path / "web.log").read_text()
+
+
+@pytest.fixture
+def spare_postgres() -> Iterator[Postgres]:
+    base = Path(tempfile.mkdtemp(prefix="rft-degrade-pg-"))
+    os.chmod(base, 0o755)
+    pg = Postgres(base / "pg")
+    pg.start()
+    try:
+        subprocess.run([*_as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+                        "postgres", "faults"], check=True, capture_output=True)
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_with_postgres_stopped_every_request_that_needs_it_answers_a_short_503(
+        tmp_path: Path, spare_postgres: Postgres) -> None:
+    # No schema is needed: with the database gone, no query gets that far.
+    proc, url = start_uvicorn(log=tmp_path / "web.log", DATABASE_URL=spare_postgres.url, RFT_DB_POOL_TIMEOUT="2")
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get("/ready/").status_code == 200
+
+            spare_postgres.stop()
+
+            cookie = {"Cookie": f"{settings.SESSION_COOKIE_NAME}=abcdefghijklmnopqrstuvwxyz012345"}
+            for path in ("/runs/", "/runs/1/", "/admin/", "/accounts/"):
+                page = http.get(path, headers=cookie)
+                assert page.status_code == 503, (path, page.status_code, page.text[-500:])
+                assert page.headers["Retry-After"] == "10" and "Postgres is unreachable" in page.text
+                assert "Traceback" not in page.text and len(page.text) < 1000
+            for path in ("/api/v1/runs", "/api/v1/runs/1/openai/v1/models"):
+                answer = http.get(path, headers={"Authorization": "Bearer rft_abcdef_0123456789"})
+                assert answer.status_code == 503, (path, answer.text[-500:])
+                assert "Retry-After" in answer.headers and "Postgres" in answer.text
+            ready = http.get("/ready/")
+            assert ready.status_code == 503 and ready.json()["down"] == ["Postgres"]
+    finally:
+        stop(proc)
+
+
+def test_the_api_answers_503_when_a_database_error_is_a_lost_connection_only(rf: Any) -> None:
+    """Only an unreachable service is a 503: other errors still surface (they are bugs)."""
+    from django.db import IntegrityError, OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from rftweb.degrade import dependency_down
+
+    assert dependency_down(OperationalError("connection refused")) == "Postgres"
+    assert dependency_down(RedisConnectionError("Error 111 connecting")) == "Redis"
+    try:
+        try:
+            raise RedisConnectionError("gone")
+        except RedisConnectionError as exc:
+            raise RuntimeError("wrapped") from exc
+    except RuntimeError as wrapped:
+        assert dependency_down(wrapped) == "Redis"
+    assert dependency_down(IntegrityError("duplicate key")) is None
+    assert dependency_down(ValueError("x")) is None
+
+
+def test_cache_reads_fall_back_to_computing_when_the_caches_redis_is_unreachable(
+        settings: Any, owner: User, annotator: User) -> None:
+    from apps.feedback.reliability import rater_standing
+    from rftweb.degrade import cached
+    from tests.servers import free_port
+
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+                                   "OPTIONS": {"socket_timeout": 1, "socket_connect_timeout": 1}}}
+    # (Django drops its cache objects when CACHES changes: the next read connects to the dead port.)
+    assert cached("answer", lambda: 42, 30) == 42
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), feedback={"rater_weighting": "agreement"})
+    assert rater_standing(run=run, annotator_id=annotator.pk) == "unmeasured"

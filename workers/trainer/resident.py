@@ -1,0 +1,314 @@
+"""The resident learner: each trainer process keeps a run's policy (and the reference model
+when the algorithm needs one, and a learner group's followers when trainer.processes > 1)
+in memory between steps, at most `_MAX_RESIDENT_RUNS` runs, least recently used first out.
+A resident is rebuilt as of the step the database says is done (workers/trainer/journal.py:
+the newest snapshot, then the journaled steps replayed); an idle reaper drops the residents
+of runs that stopped training (RFT_TRAINER_IDLE_SECONDS) or ended."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from apps.runs.ports import RunView, connection_release, runs_ended, version_latest
+from workers.trainer.journal import _restore_point, _rng_restore, journal_decode, snapshot_save
+
+log = logging.getLogger(__name__)
+
+_MAX_RESIDENT_RUNS = 2
+
+
+@dataclass
+class Resident:
+    run_id: int
+    config_key: str
+    step: int
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    learner: Any
+    # A learner group's rank 0 side (workers.algorithms.distributed) when trainer.processes > 1.
+    group: Any = None
+    # time.monotonic() of the last task that used it (the idle reaper's clock).
+    used: float = field(default_factory=time.monotonic)
+
+
+_RESIDENTS: OrderedDict[int, Resident] = OrderedDict()
+# Guards _RESIDENTS, _BUSY and _reaper between train tasks (threads, in the embedded
+# default) and the idle reaper; held briefly, never across a step.
+_RESIDENTS_LOCK = threading.Lock()
+# Runs with a train task in progress in this process (count): the reaper leaves them be.
+_BUSY: dict[int, int] = {}
+_reaper: threading.Thread | None = None
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_model(path: str, dtype: Any = None, device: str | None = None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from workers.vision import is_vision_model
+
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=dtype or torch.float32).to(device or _device())
+
+
+def _policy_load(*, cfg: Any, spec: Any, source: str, device: str | None = None) -> tuple[Any, Any]:
+    """(policy, reference model or None) for a run config, its weights from `source` (the
+    config's model, a snapshot or a published version). With `trainer.lora` the policy is
+    the config's model (frozen; held in the training precision) plus an adapter, fresh or
+    loaded from `source`, and there is no reference model: the base is the reference."""
+    from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
+    from workers.precision import precision_dtype
+
+    if spec.lora is None:
+        if is_adapter_dir(source):
+            raise ValueError(f"{source} holds an adapter but the run's trainer.lora is not set")
+        model = _load_model(source, device=device)
+        return model, (_load_model(cfg.model, device=device) if spec.needs_ref_model else None)
+    base = _load_model(cfg.model, dtype=precision_dtype(spec.precision), device=device)
+    if is_adapter_dir(source):
+        return adapter_load(base_model=base, path=source, trainable=True), None
+    if source != cfg.model:
+        raise ValueError(f"{source} holds full weights but the run trains a LoRA adapter on {cfg.model}")
+    return adapter_wrap(model=base, lora=spec.lora), None
+
+
+def resident_for(run: RunView) -> Resident:
+    """The run's policy as of `run.train_step`: the resident one if it is that, else loaded
+    from the trainer state saved for that step (or the config's model at step 0)."""
+    import torch
+
+    from workers.algorithms import Learner, spec_from_config
+    from workers.engines.base import tokenizer_from_pretrained
+
+    key = json.dumps(run.config_data, sort_keys=True)
+    res = _RESIDENTS.get(run.pk)
+    if res is not None and res.config_key == key and res.step == run.train_step:
+        _RESIDENTS.move_to_end(run.pk)
+        res.used = time.monotonic()
+        return res
+    resident_drop(run.pk)
+    # Least recently used first, but never one a train task is using (another thread of the
+    # embedded pool, mid-step: its learner group would be closed under it); with every
+    # resident busy, the cap is exceeded until one of them is done.
+    with _RESIDENTS_LOCK:
+        idle = [run_id for run_id in _RESIDENTS if run_id not in _BUSY]
+    for run_id in idle[: max(0, len(_RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
+        resident_drop(run_id)
+
+    cfg = run.cfg
+    torch.manual_seed(cfg.seed)
+    optimizer_state = None
+    source = cfg.model
+    # A learner group's snapshot: sharded (torch.distributed.checkpoint), loaded after the
+    # learner is built from the config's model, on however many processes it runs.
+    sharded: Path | None = None
+    replay: list[Path] = []
+    fallback = False
+    if run.train_step > 0:
+        point = _restore_point(run.pk, run.train_step)
+        if point is not None:
+            snapshot, replay = point
+            if snapshot is not None and (snapshot / "dcp" / ".metadata").exists():
+                sharded = snapshot / "dcp"
+            elif snapshot is not None:
+                source = str(snapshot)
+                optimizer_state = torch.load(snapshot / "optimizer.pt", map_location=_device(), weights_only=False)
+        else:
+            # Storage lost the trainer state (not our own crash: every step is journaled
+            # before it commits). Carry on from the newest published version, with a fresh
+            # optimizer.
+            latest = version_latest(run_id=run.pk)
+            source = latest.checkpoint if latest is not None else cfg.model
+            fallback = True
+            log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, source)
+    spec = spec_from_config(cfg)
+    # Before loading gigabytes: a precision the device lacks fails the run with its reason.
+    from workers.precision import optimizer_check, precision_check
+
+    precision_check(spec.precision, device=_device())
+    optimizer_check(spec.optimizer, device=_device())
+    tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
+    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
+    from workers.vision import is_vision_model, processor_load
+
+    processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
+    if _device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
+    learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
+    if optimizer_state is not None:
+        learner.optimizer_state_load(optimizer_state)
+    group = _group_start(run=run, learner=learner, checkpoint=sharded)
+    if group is None and sharded is not None:
+        from workers.algorithms.distributed import sharded_load
+
+        sharded_load(learner, sharded)
+    if replay:
+        _replay(learner, replay, group=group)
+        log.info("run %s: replayed %s journaled step(s) up to step %s", run.pk, len(replay), run.train_step)
+    # With a learner group the resident's model is the group's unsharded copy (what versions
+    # are written from), brought up to date from the shards where one is written (`_whole`).
+    res = Resident(run.pk, key, run.train_step, group.whole if group is not None and group.whole is not None else model,
+                   tokenizer, ref_model, learner, group)
+    if run.train_step > 0 and not fallback:
+        # A crash may have left the newest version's background checkpoint unwritten.
+        from workers.handover import handover_repair
+
+        handover_repair(run=run, model=_whole(res), tokenizer=tokenizer, train_step=run.train_step)
+    if fallback:
+        # The journal from here on needs a base that a later restart can find.
+        snapshot_save(res=res, step=run.train_step)
+    with _RESIDENTS_LOCK:
+        _RESIDENTS[run.pk] = res
+    _reaper_ensure()
+    return res
+
+
+def _group_start(*, run: RunView, learner: Any, checkpoint: Path | None = None) -> Any:
+    """With trainer.processes > 1, the run's learner group (this process rank 0, followers
+    started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's
+    (None: one process)."""
+    t = run.cfg.trainer
+    if int(t.processes) <= 1:
+        return None
+    from workers.algorithms.distributed import GroupPlan, LearnerGroup
+    from workers.algorithms.learner import spec_from_config
+
+    # One learner group per process (it is the default process group): another run's idle
+    # one goes first.
+    with _RESIDENTS_LOCK:
+        others = [rid for rid, r in _RESIDENTS.items() if r.group is not None and rid != run.pk and rid not in _BUSY]
+    for rid in others:
+        resident_drop(rid)
+    # The unsharded copy versions are written from, on the CPU beside the shards (sharded
+    # `none`, rank 0's replica is whole already).
+    whole = None
+    if t.sharding != "none":
+        whole, _ = _policy_load(cfg=run.cfg, spec=spec_from_config(run.cfg), source=run.cfg.model, device="cpu")
+    return LearnerGroup(learner=learner, run_config=run.config_data,
+                        plan=GroupPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
+                        timeout_s=float(settings.RFT_TRAIN_TIME_LIMIT), whole=whole,
+                        addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint)
+
+
+def _whole(res: Resident) -> Any:
+    """The resident's whole policy: its model, or its learner group's shards gathered."""
+    return res.group.whole_model() if res.group is not None else res.model
+
+
+def _learner_step(learner: Any, batch: Any, *, group: Any, entry: bytes) -> dict[str, Any]:
+    if group is None:
+        result: dict[str, Any] = learner.step(batch)
+        return result
+    return dict(group.step(batch, entry=entry))
+
+
+def _replay(learner: Any, entries: list[Path], *, group: Any = None) -> None:
+    from workers.algorithms import NothingToTrain
+
+    for path in entries:
+        data = path.read_bytes()
+        batch, rng = journal_decode(data)
+        _rng_restore(rng)
+        try:
+            _learner_step(learner, batch, group=group, entry=data)
+        except NothingToTrain:
+            pass  # the original step made no update either
+
+
+def resident_drop(run_id: int) -> None:
+    """Forget the run's resident policy; a learner group's followers are told to end."""
+    with _RESIDENTS_LOCK:
+        res = _RESIDENTS.pop(run_id, None)
+    if res is not None and res.group is not None:
+        res.group.close()
+
+
+@contextmanager
+def _resident_busy(run_id: int) -> Iterator[None]:
+    """A train task of `run_id` is in progress: the idle reaper leaves its resident alone,
+    and its idle clock restarts when the task ends."""
+    with _RESIDENTS_LOCK:
+        _BUSY[run_id] = _BUSY.get(run_id, 0) + 1
+    try:
+        yield
+    finally:
+        with _RESIDENTS_LOCK:
+            _BUSY[run_id] -= 1
+            if not _BUSY[run_id]:
+                del _BUSY[run_id]
+            res = _RESIDENTS.get(run_id)
+            if res is not None:
+                res.used = time.monotonic()
+
+
+def residents_reap(*, idle_seconds: float, ended: Collection[int] = ()) -> list[int]:
+    """Drop every resident none is using now that no task has used for `idle_seconds` (a
+    paused run, or one whose train tasks stopped coming) or whose run is in `ended` (a run
+    that finished on a used-up buffer or was stopped gets no further train task to drop it);
+    returns their runs."""
+    now = time.monotonic()
+    with _RESIDENTS_LOCK:
+        idle = [run_id for run_id, res in _RESIDENTS.items()
+                if run_id not in _BUSY and (run_id in ended or now - res.used >= idle_seconds)]
+        dropped = [_RESIDENTS.pop(run_id) for run_id in idle]
+    for res in dropped:
+        log.info("run %s: %s; its resident policy (and learner group) ends", res.run_id,
+                 "the run has ended" if res.run_id in ended else f"trainer idle for {now - res.used:.0f} s")
+        if res.group is not None:
+            res.group.close()
+    return idle
+
+
+def _ended_residents() -> set[int]:
+    """Runs with a resident here that have ended (one query)."""
+    with _RESIDENTS_LOCK:
+        ids = list(_RESIDENTS)
+    return runs_ended(ids)
+
+
+def _reaper_ensure() -> None:
+    """A daemon thread in this worker process that reaps idle residents
+    (RFT_TRAINER_IDLE_SECONDS; 0: never) and ends when none is left."""
+    global _reaper
+    with _RESIDENTS_LOCK:
+        if float(settings.RFT_TRAINER_IDLE_SECONDS) <= 0 or (_reaper is not None and _reaper.is_alive()):
+            return
+        _reaper = threading.Thread(target=_reap_loop, name="trainer-idle-reaper", daemon=True)
+        _reaper.start()
+
+
+def _reap_loop() -> None:
+    global _reaper
+    while True:
+        idle = float(settings.RFT_TRAINER_IDLE_SECONDS)
+        time.sleep(min(30.0, max(0.2, idle / 4)) if idle > 0 else 30.0)
+        try:
+            if idle > 0:
+                residents_reap(idle_seconds=idle, ended=_ended_residents())
+        except Exception:
+            log.exception("trainer idle reaper: dropping a resident failed")
+        finally:
+            connection_release()  # this thread's own: not held open between passes
+        with _RESIDENTS_LOCK:
+            if not _RESIDENTS or idle <= 0:
+                _reaper = None
+                return

@@ -1,0 +1,69 @@
+"""The Celery task `workers.trainer.train_step(run_id, step)` on queue `train`: acked late,
+retried for transient database errors, any other error fails the run with its message;
+and the worker-start hook that imports the learner's libraries before the first step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task, signals
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from apps.runs.ports import task_failure_record
+from workers.trainer.step import StepConflict, trainer_step, worker_name
+
+log = logging.getLogger(__name__)
+
+
+def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+    """Record the failure for the run page and fail the run through run_transition."""
+    try:
+        task_failure_record(run_id=run_id, task="workers.trainer.train_step", step=step, worker=worker_name(),
+                            exception=exc, fail_now=True)
+    except Exception:
+        log.exception("could not record the failure of run %s", run_id)
+
+
+# Acked late (a worker that dies mid-step hands the message back); retried with backoff only
+# for transient database errors; any other error fails the run with its message, since
+# retrying a bad model path or a shape error would only repeat it. The soft limit releases
+# the batch (the step is re-dispatched by the conductor).
+@shared_task(
+    name="workers.trainer.train_step",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    time_limit=settings.RFT_TRAIN_TIME_LIMIT,
+    soft_time_limit=max(1, settings.RFT_TRAIN_TIME_LIMIT - 60),
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+    try:
+        return trainer_step(run_id=run_id, step=step, chain_seconds=settings.RFT_TRAIN_CHAIN_SECONDS,
+                            task_id=self.request.id, node=self.request.hostname or "")
+    except (OperationalError, InterfaceError, StepConflict, SoftTimeLimitExceeded) as exc:
+        if isinstance(exc, StepConflict):
+            return {"status": "conflict"}
+        if isinstance(exc, SoftTimeLimitExceeded):
+            return {"status": "timed out"}
+        raise
+    except Exception as exc:
+        log.exception("run %s train step %s failed", run_id, step)
+        _fail_run(run_id, step, exc)
+        return {"status": "failed", "error": str(exc)}
+
+
+@signals.worker_ready.connect
+def _import_the_learner_at_start(sender: Any = None, **_: Any) -> None:
+    """A worker that serves the train queue imports torch, transformers and TRL as it starts
+    (tens of seconds on a busy CPU host) rather than inside its first step, where the time
+    would count against the step and delay the run's first version."""
+    queues = {q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", [])}
+    if "train" in queues:
+        import workers.algorithms  # noqa: F401
