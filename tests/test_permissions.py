@@ -354,6 +354,17 @@ def test_every_websocket_route_has_an_access_rule() -> None:
     assert {str(p.pattern) for p in websocket_urlpatterns} == set(WEBSOCKET_ACCESS)
 
 
+def _secret_run_and_its_people() -> tuple[Run, dict[str, Any]]:
+    """A run with its owner, an annotator and a viewer, and an annotator of another run."""
+    owner = make_user("owner")
+    run = make_run(owner=owner, name="secret run")
+    annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+    add_member(run, annotator)
+    add_member(run, viewer, RunMember.Role.VIEWER)
+    add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
+    return run, {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
     from asgiref.sync import sync_to_async
@@ -363,18 +374,8 @@ async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
 
     from rftweb.routing import websocket_urlpatterns
 
-    @sync_to_async
-    def build() -> tuple[Run, dict[str, Any]]:
-        owner = make_user("owner")
-        run = make_run(owner=owner, name="secret run")
-        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
-        add_member(run, annotator)
-        add_member(run, viewer, RunMember.Role.VIEWER)
-        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
-        return run, {"anonymous": AnonymousUser(), "owner": owner, "annotator": annotator, "viewer": viewer,
-                     "other_annotator": other}
-
-    run, users = await build()
+    run, users = await sync_to_async(_secret_run_and_its_people)()
+    users["anonymous"] = AnonymousUser()
     allowed = {"owner", "annotator", "viewer"}
     for persona, user in users.items():
         comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
@@ -395,17 +396,7 @@ async def test_the_runs_list_socket_tells_each_persona_only_about_runs_they_may_
     from apps.runs.services import run_member_remove
     from rftweb.routing import websocket_urlpatterns
 
-    @sync_to_async
-    def build() -> tuple[Run, dict[str, Any]]:
-        owner = make_user("owner")
-        run = make_run(owner=owner, name="secret run")
-        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
-        add_member(run, annotator)
-        add_member(run, viewer, RunMember.Role.VIEWER)
-        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
-        return run, {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}
-
-    run, users = await build()
+    run, users = await sync_to_async(_secret_run_and_its_people)()
     refused = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
     refused.scope["user"] = AnonymousUser()
     assert (await refused.connect(timeout=10))[0] is False

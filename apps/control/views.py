@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -546,19 +547,22 @@ def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return redirect("runs:detail", run_id=run.pk)
 
 
-@login_required
-@require_GET
-def run_timeline(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_timeline.html", {"run": run, "timeline": weight_sync_timeline(run=run)},
-                    f"Weight sync · {run.name}")
+def _run_panel(template: str, title: str,
+               context: Callable[[Run], dict[str, object]]) -> Callable[[HtmxHttpRequest, int], HttpResponse]:
+    """A read-only panel of the run page for any member (GET): `template` given the run and
+    `context(run)`, a page of its own titled "<title> · <run>" when not asked for by htmx."""
+
+    @login_required
+    @require_GET
+    def panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+        run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+        return _partial(request, template, {"run": run, **context(run)}, f"{title} · {run.name}")
+
+    return panel
 
 
-@login_required
-@require_GET
-def run_audit_log(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
+run_timeline = _run_panel("runs/_timeline.html", "Weight sync", lambda run: {"timeline": weight_sync_timeline(run=run)})
+run_audit_log = _run_panel("runs/_audit.html", "Audit", lambda run: {"audit": run_audit(run=run, limit=200)})
 
 
 def _members_context(run: Run, role: str, **extra: Any) -> dict[str, Any]:
@@ -608,27 +612,10 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
     return redirect("runs:detail", run_id=run.pk)
 
 
-@login_required
-@require_GET
-def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
-
-
-@login_required
-@require_GET
-def run_taskset_import(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    """The run's taskset import progress (polled by the run page while it goes on)."""
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_taskset_import.html", {"run": run, "just_done": True}, f"Taskset import · {run.name}")
-
-
-@login_required
-@require_GET
-def run_failures(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
-                    f"Worker errors · {run.name}")
+run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+# The run's taskset import progress (polled by the run page while it goes on).
+run_taskset_import = _run_panel("runs/_taskset_import.html", "Taskset import", lambda run: {"just_done": True})
+run_failures = _run_panel("runs/_failures.html", "Worker errors", lambda run: {"failures": run_task_failures(run=run)})
 
 
 @login_required
