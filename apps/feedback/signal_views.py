@@ -5,7 +5,7 @@ role, call a selector or service, render."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
@@ -28,9 +28,18 @@ from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, NotFound
 from rftweb.http import HtmxHttpRequest
+from rftweb.jsontypes import Body
 
 
-def raters_data(*, run: Run) -> dict[str, Any]:
+class RatersData(TypedDict):
+    weighting: str
+    gold_rate: float
+    trust: Body
+    agreement: dict[str, float | None]
+    raters: list[Body]
+
+
+def raters_data(*, run: Run) -> RatersData:
     """The Raters page's figures as JSON-ready data (the page and the API show the same)."""
     figures = rater_figures(run=run)
     return {
@@ -77,7 +86,7 @@ def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(raters_data(run=run))
 
 
-def reward_model_panel_context(*, run: Run, role: str) -> dict[str, Any]:
+def reward_model_panel_context(*, run: Run, role: str) -> Body:
     """The reward-model panel's context (the run page includes the panel; the panel's own
     URL refreshes it): the summary, the hand-out rule and, for the owner, each version's
     download state."""
