@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator, Mapping
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Path, Query, Router
+from ninja import Router
+from ninja.params.functions import Path, Query
 from ninja.security import HttpBearer
 from pydantic import ValidationError as PydanticValidationError
 
@@ -79,7 +80,10 @@ READ, SUBMIT, FEEDBACK = KeyAuth("read"), KeyAuth("submit"), KeyAuth("feedback")
 
 
 def _principal(request: HttpRequest) -> KeyPrincipal:
-    return request.auth  # type: ignore[attr-defined,return-value]
+    principal = getattr(request, "auth", None)  # set by the routes' key auth (KeyAuth)
+    if not isinstance(principal, KeyPrincipal):
+        raise TypeError("the environment API's routes authenticate with a key")
+    return principal
 
 
 def _worker(request: HttpRequest, label: str) -> str:
