@@ -8,6 +8,7 @@ import json
 from typing import TypedDict
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -64,7 +65,8 @@ def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
                 gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
             else:
                 gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
-                               score=request.POST.get("score", ""), actor=request.user)
+                               score=request.POST.get("score", ""),
+                               actor=request.user if isinstance(request.user, User) else None)  # login_required: a User
         except InvalidInput as exc:
             error = str(exc)
         if not error and not request.htmx:
