@@ -15,7 +15,6 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 from pydantic import BaseModel
@@ -141,11 +140,14 @@ def feedback_field_specs() -> list[FieldSpec]:
     return _specs(FeedbackPolicy, "feedback.", "feedback")
 
 
-def _set(data: dict[str, Any], path: str, value: Any) -> None:
+def _set(data: dict[str, object], path: str, value: object) -> None:
     *parents, leaf = path.split(".")
     node = data
     for part in parents:
-        node = node.setdefault(part, {})
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TypeError(f"{path}: {part} is a value, not a block of the config")
+        node = child
     node[leaf] = value
 
 
@@ -158,10 +160,10 @@ def _get(data: object, path: str) -> object:
     return node
 
 
-def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tuple[dict[str, Any], dict[str, str]]:
+def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tuple[dict[str, object], dict[str, str]]:
     """The nested config mapping the posted fields describe, and errors for fields that
     could not even be read (bad YAML). Empty inputs are left out so defaults apply."""
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     errors: dict[str, str] = {}
     for spec in specs:
         raw = post.get(spec.path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -99,7 +100,7 @@ from apps.runs.services import (
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from rftweb.exceptions import ExportFailed, RftError
 from rftweb.http import HtmxHttpRequest
-from rftweb.jsontypes import JSONObject
+
 
 CONTROLS: dict[str, dict[str, str]] = {
     "start": {"label": "Start", "question": "Start run “{name}”? Explorers and trainers begin work."},
@@ -279,7 +280,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     name = request.POST.get("name", "").strip()
     upload = request.FILES.get(CONFIG_FILE)
     errors: dict[str, list[str]] = {}
-    data: JSONObject | None = None
+    data: Mapping[str, object] | None = None
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
         raw = upload.read(MAX_CONFIG_BYTES + 1)

@@ -181,7 +181,7 @@ def run_create(*, name: str, owner: User, config: Mapping[str, object] | RunConf
     return run
 
 
-def run_feedback_policy_update(*, run: Run, feedback: Mapping[str, object], actor: Actor = None) -> Run:
+def run_feedback_policy_update(*, run: Run, feedback: object, actor: Actor = None) -> Run:
     """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
     names `feedback.<field>`), audited with the policy before and after."""
     with transaction.atomic():
