@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -87,7 +87,7 @@ class SamplingConfig(_Strict):
 class RewardTerm(_Strict):
     name: str = Field(min_length=1)
     weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, object] = Field(default_factory=dict)
     # Apply only to tasks of these domains; empty means every domain.
     domains: list[str] = Field(default_factory=list)
 
@@ -360,7 +360,7 @@ def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str)
 class PipelineStep(_Strict):
     name: str = Field(min_length=1)
     # Validated even when left out: some operators have required params.
-    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    params: dict[str, object] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("name")
     @classmethod
@@ -369,7 +369,7 @@ class PipelineStep(_Strict):
 
     @field_validator("params")
     @classmethod
-    def _params_fit(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    def _params_fit(cls, params: dict[str, object], info: ValidationInfo) -> dict[str, object]:
         name = info.data.get("name")
         if name is not None:  # an unknown name was already reported
             vocabulary.operator_params_check(name, params)
