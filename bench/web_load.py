@@ -52,6 +52,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -388,6 +389,7 @@ def publisher_main(run_id: int, rate: float, stop_file: Path) -> None:
     django.setup()
     from apps.runs.events import event_publish
 
+    print("ready", flush=True)
     start, seq = time.perf_counter(), 0
     while not stop_file.exists():
         delay = start + seq / rate - time.perf_counter()
@@ -473,7 +475,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def _people(shared: Shared, cast: Cast, args: argparse.Namespace,
-                  start_producer: Any) -> tuple[list[Seen], asyncio.Event, list[asyncio.Task[None]]]:
+                  start_producer: Callable[[], Awaitable[None]]) -> tuple[list[Seen], asyncio.Event, list[asyncio.Task[None]]]:
     """Owners connect first (each before anyone causes an event), then everyone else ramps up."""
     t0 = time.perf_counter()
     seen = [Seen() for _ in cast.owners]
@@ -485,7 +487,7 @@ async def _people(shared: Shared, cast: Cast, args: argparse.Namespace,
     for c in connected:
         await c.wait()
     await asyncio.sleep(0.5)  # every subscription settled
-    start_producer()
+    await start_producer()
     t1 = time.perf_counter()
     shared.stop_at = t0 + args.seconds
     workers = [asyncio.create_task(annotator(shared, name, t1 + random.uniform(0, args.ramp), args.think, args.rank_every))
@@ -564,12 +566,15 @@ def main(argv: list[str] | None = None) -> int:
         proc, base = _server(db_url, args, logs / "web.log")
         shared = Shared(base=base, run_id=run_id, stop_at=float("inf"), tally=Tally())
 
-        def start_producer() -> None:
+        async def start_producer() -> None:
             nonlocal producer
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             producer = subprocess.Popen([sys.executable, "-m", "bench.web_load", "--publish", "--run-id", str(run_id),
                                          "--event-rate", str(args.event_rate), "--stop-file", str(stop_file)],
                                         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+            assert producer.stdout is not None
+            if (await asyncio.to_thread(producer.stdout.readline)).strip() != "ready":
+                raise SystemExit("bench: the event producer did not start (its error is above)")
 
         async def everything() -> tuple[list[Seen], float, float, int, str]:
             started = time.perf_counter()
@@ -596,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         # Watch until the last mark, and on until none is held (at most --after seconds).
         assert watch.ended is not None
         while time.monotonic() < watch.ended + args.after and (
-                time.monotonic() < watch.ended + 10.5 or watch.samples[-1][1] > 0):
+                time.monotonic() < watch.ended + min(args.after, 10.5) or watch.samples[-1][1] > 0):
             time.sleep(0.2)
         watch.stop()
         _stop(proc)
@@ -633,8 +638,9 @@ def main(argv: list[str] | None = None) -> int:
         peak, peak_load = watch.peak()
         marks, released = watch.after()
         share = peak / max_connections if max_connections else float("nan")
+        after_marks = ", ".join(f"{m:g} s: {n if n >= 0 else '-'}" for m, n in marks.items())
         print(f"Postgres: max_connections {max_connections}; peak {peak} during the load ({100 * share:.0f}%, "
-              f"{peak_load}); after the end {', '.join(f'{m:g} s: {n}' for m, n in marks.items())}; all released "
+              f"{peak_load}); after the end {after_marks}; all released "
               f"{'after %.1f s' % released if released is not None else 'not within %.0f s' % args.after}  ({load_average()})")
         met = {
             "0 5xx": five == 0 and failed == 0,
