@@ -160,7 +160,7 @@ class Shared:
     tally: Tally
     stored_experiences: set[int] = field(default_factory=set)
     labels_saved: int = 0
-    owners_ready: int = 0
+    last_event: float = 0.0  # perf_counter of the last event any watcher received
 
 
 @dataclass
@@ -173,6 +173,7 @@ class Seen:
     experiences: set[int] = field(default_factory=set)
     feedback: int = 0
     closed: str = ""
+    metric_lag: list[float] = field(default_factory=list)  # seconds from the producer's publish to arrival
 
 
 async def _call(client: Any, shared: Shared, name: str, method: str, url: str, **kwargs: Any) -> Any:
@@ -337,7 +338,8 @@ async def owner(shared: Shared, username: str, start: float, seen: Seen, connect
             cookie = f"sessionid={client.cookies['sessionid']}"
             try:
                 ws = await connect(ws_url, additional_headers={"Origin": shared.base, "Cookie": cookie},
-                                   open_timeout=60, max_queue=None, compression=None)
+                                   open_timeout=60, max_queue=None, compression=None,
+                                   ping_interval=None)  # a browser answers pings, sends none
             except Exception as exc:  # a refused handshake is a lost viewer, named in the report
                 seen.closed = f"handshake: {exc}"
                 return
@@ -352,12 +354,14 @@ async def owner(shared: Shared, username: str, start: float, seen: Seen, connect
         async def read() -> None:
             async for raw in ws:
                 seen.frames += 1
+                shared.last_event = time.perf_counter()
                 frame = json.loads(raw)
                 for event in frame["events"] if frame.get("type") == "batch" else [frame]:
                     kind, payload = event.get("type", ""), event.get("payload") or {}
                     seen.events[kind] += 1
                     if kind == "run.metric" and "seq" in payload:
                         seen.seqs.add(int(payload["seq"]))
+                        seen.metric_lag.append(time.time() - float(payload["t"]))
                     elif kind == "experience.created":
                         seen.experiences.add(int(payload["id"]))
                     elif kind == "feedback.saved":
@@ -396,7 +400,7 @@ def publisher_main(run_id: int, rate: float, stop_file: Path) -> None:
         if delay > 0:
             time.sleep(delay)
         event_publish(run_id=run_id, type="run.metric", payload={"step": seq, "values": {"bench/seq": float(seq)},
-                                                                "seq": seq})
+                                                                "seq": seq, "t": time.time()})
         seq += 1
     print(json.dumps({"sent": seq}), flush=True)
 
@@ -514,9 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ramp", type=float, default=30.0, help="annotators and environments start within this")
     parser.add_argument("--processes", type=int, default=4, help="uvicorn worker processes (compose's WEB_PROCESSES)")
     parser.add_argument("--pool", type=int, default=10, help="RFT_DB_POOL_SIZE per process (0: a connection per request)")
-    parser.add_argument("--think", type=float, default=5.0, help="an annotator's mean seconds per label")
+    parser.add_argument("--think", type=float, default=10.0, help="an annotator's mean seconds per label")
     parser.add_argument("--rank-every", type=int, default=5, help="every Nth label is a ranking of the group")
-    parser.add_argument("--env-interval", type=float, default=2.0, help="an environment's seconds per cycle")
+    parser.add_argument("--env-interval", type=float, default=10.0, help="an environment's seconds per cycle")
     parser.add_argument("--group", type=int, default=4, help="trajectories per post (a group)")
     parser.add_argument("--event-rate", type=float, default=5.0, help="producer's run.metric events per second")
     parser.add_argument("--tasks", type=int, default=5000)
@@ -547,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_file = logs / "producer.stop"
     try:
         import django
+        import psutil
 
         django.setup()
         from django.core.management import call_command
@@ -586,9 +591,9 @@ def main(argv: list[str] | None = None) -> int:
             assert producer is not None
             out, _ = await asyncio.to_thread(producer.communicate, timeout=60)
             sent = json.loads(out.strip().splitlines()[-1])["sent"]
-            # Drain: every owner has had time for the last events (or 15 s passed).
-            deadline = time.perf_counter() + 15.0
-            while time.perf_counter() < deadline and not all(
+            # Drain: until every watcher has every event, or none arrived anywhere for 10 s (at most 60 s).
+            deadline = time.perf_counter() + 60.0
+            while time.perf_counter() < min(deadline, max(shared.last_event, ended) + 10.0) and not all(
                     len(s.seqs) >= sent and s.experiences >= shared.stored_experiences and s.feedback >= shared.labels_saved
                     or s.closed for s in seen):
                 await asyncio.sleep(0.2)
@@ -596,8 +601,13 @@ def main(argv: list[str] | None = None) -> int:
             await asyncio.gather(*watchers, return_exceptions=True)
             return seen, started, ended, int(sent), load_at_end
 
+        tier = psutil.Process(proc.pid)
+        tier_cpu0 = sum(sum(p.cpu_times()[:2]) for p in [tier, *tier.children(recursive=True)])
+        bench_cpu0 = time.process_time()
         watch.start()
         seen, started, ended, sent, load_at_end = asyncio.run(everything())
+        tier_cpu = sum(sum(p.cpu_times()[:2]) for p in [tier, *tier.children(recursive=True)]) - tier_cpu0
+        bench_cpu = time.process_time() - bench_cpu0
         # Watch until the last mark, and on until none is held (at most --after seconds).
         assert watch.ended is not None
         while time.monotonic() < watch.ended + args.after and (
@@ -633,8 +643,14 @@ def main(argv: list[str] | None = None) -> int:
               f"experience.created {spread([len(s.experiences & shared.stored_experiences) for s in seen])} of {stored} "
               f"stored, feedback.saved {spread([s.feedback for s in seen])} of {labels} labels, frames "
               f"{spread([s.frames for s in seen])}; {len(whole)} of {len(seen)} received every event  ({load_average()})")
+        lags = [x for s in seen for x in s.metric_lag]
+        print(f"  run.metric publish -> watcher: p50 {1000 * median(lags):.0f} ms, p99 {1000 * percentile(lags, 0.99):.0f} ms, "
+              f"max {1000 * max(lags, default=float('nan')):.0f} ms")
         for reason, n in Counter(s.closed for s in seen if s.closed).items():
             print(f"  {n} owner(s): {reason}")
+        print(f"CPU: web tier {tier_cpu:.0f} s ({tier_cpu / seconds:.2f} cores), this process (the people) "
+              f"{bench_cpu:.0f} s ({bench_cpu / seconds:.2f} cores) of {os.cpu_count()} cores in {seconds:.0f} s  "
+              f"({load_at_end} at the end of the load)")
         peak, peak_load = watch.peak()
         marks, released = watch.after()
         share = peak / max_connections if max_connections else float("nan")
