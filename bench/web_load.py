@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, free_port, health_wait, median, percentile, scratch_database
+from bench.common import BENCH_DB, compose_web_command, free_port, health_wait, median, percentile, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "bench-web-load-password"
@@ -457,10 +457,8 @@ def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subproces
            "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
            "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TEST_DATABASE_NAME", None)
-    # As docker-compose.yml's web service runs it.
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "rftweb.asgi:application", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", str(args.processes), "--no-access-log"],
-                            cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    # As docker-compose.yml's web service runs it (its command, flags and all).
+    proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     if not health_wait(base, seconds=120, alive=lambda: proc.poll() is None):
         _stop(proc)
