@@ -165,7 +165,9 @@ def notification_runs(*, user: User) -> list[tuple[Run, bool]]:
 def _on_run_ended(sender: object, run_id: int, state: str, audit_id: int, **_: object) -> None:
     from apps.control.tasks import run_end_notify_task
 
-    transaction.on_commit(lambda: run_end_notify_task.delay(run_id, audit_id))
+    # robust: a broker that is down loses the notification (logged), never the end itself
+    # (the stop button's answer, the worker's failure record).
+    transaction.on_commit(lambda: run_end_notify_task.delay(run_id, audit_id), robust=True)
 
 
 def notifications_connect() -> None:
