@@ -121,6 +121,15 @@ ACCESS: dict[str, str] = {
     "envapi-v1:reward_model_export_zip": API,
     "envapi-v1:k12_graders_list": API,
     "envapi:run-keys": OWNER,
+    # A run's end told to its people (apps/control/notifications.py): each person's own list.
+    "notifications": LOGIN,
+    "notifications_read": LOGIN,
+    "notifications_badge": LOGIN,
+    "notifications_email": MEMBER,  # the person's email choice for a run they are on
+    # Bulk actions (apps/feedback/bulk.py): the service checks each action's role (exclude and
+    # include the owner's, flag an annotator's too), tests/dashboard/test_bulk_actions.py.
+    "runs:experiences_bulk": MEMBER,
+    "envapi-v1:experiences_bulk_api": API,
     "envapi:run-key-revoke": OWNER,
 }
 # The admin site guards all of its pages (staff only) by construction.

@@ -43,8 +43,10 @@ from apps.control.forms import (
     form_groups,
     values_from_config,
 )
+from apps.control.bulk_views import bulk_context, filter_fields
 from apps.control.presets import PRESETS, preset_get, run_copy_source
 from apps.control.selectors import (
+    experiences_matching_count,
     RunListQuery,
     experience_group_detail,
     experiences_browse,
@@ -652,7 +654,7 @@ def worker_health(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     filters = experience_filters_parse(request.GET)
     page_size = 50
     rows = [] if filters.errors else experiences_browse(run=run, filters=filters, limit=page_size + 1)
@@ -664,6 +666,10 @@ def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "choices": experience_filter_choices(run=run),
         "rows": rows,
         "next_query": filters.query(before=rows[-1].pk) if more and rows else "",
+        # The bulk bar: the actions this person's role allows, and what "all matching" means.
+        **bulk_context(run=run, role=role),
+        "matching": 0 if filters.errors else experiences_matching_count(run=run, filters=filters),
+        "filter_fields": [] if filters.errors else filter_fields(filters.query(before=None)),
     }
     if request.htmx and request.htmx.target == "experience-results":
         # The filters stay as typed; each one's error slot is refreshed beside it (out of band).

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from apps.control.notifications import run_end_notify
 from apps.feedback.services import feedback_rate
 from apps.runs.models import Run, RunMember
 from apps.runs.services import metric_record, run_transition
@@ -54,6 +55,13 @@ def a_team() -> tuple[dict[str, User], Run, Run]:
     metric_record(run=other, step=1, values={"explore/reward_mean": 0.2})
     add_member(other, people["annotator"])
     add_member(other, people["viewer"], role=RunMember.Role.VIEWER)
+    # A run that failed with a long reason: everyone's notifications page lists it.
+    failed = make_run(owner=owner, name="a run that failed with a rather long name for a phone")
+    add_member(failed, people["annotator"])
+    add_member(failed, people["viewer"], role=RunMember.Role.VIEWER)
+    Run.objects.filter(pk=failed.pk).update(status=Run.Status.RUNNING)
+    run_transition(run=failed, action="fail", reason="train step 3 RuntimeError: " + "y" * 300)
+    run_end_notify(run_id=failed.pk, audit_id=failed.audit.get(action="fail").pk)
     return people, run, other
 
 
@@ -69,6 +77,7 @@ def pages_of(run: Run, other: Run | None = None) -> dict[str, str]:
         "keys": f"/runs/{run.pk}/keys/", "raters": f"{r}/signal/raters/", "reward-model": f"{r}/signal/reward-model/",
         "annotate": f"{r}/annotate/", "new-run": "/runs/new/", "accounts": "/accounts/",
         "config-diff": f"{r}/diff/{(other or run).pk}/", "runs-sorted": "/runs/?sort=-reward&status=running",
+        "notifications": "/notifications/",
     }
 
 
@@ -76,9 +85,9 @@ def pages_of(run: Run, other: Run | None = None) -> dict[str, str]:
 MAY_OPEN = {
     "owner": None,  # everything
     "annotator": {"home", "runs", "run", "experiences", "group", "export", "audit", "timeline", "failures",
-                  "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted"},
+                  "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted", "notifications"},
     "viewer": {"home", "runs", "run", "experiences", "group", "export", "audit", "timeline", "failures",
-               "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted"},
+               "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted", "notifications"},
 }
 
 
