@@ -25,7 +25,7 @@ from apps.feedback.kinds import kind_get
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.review_selectors import conflicts_among, disagreements
 from apps.feedback.revise import group_refold
-from apps.feedback.services import feedback_compare, feedback_rate
+from apps.feedback.services import feedback_compare, feedback_rate, group_fold
 from apps.runs.models import AuditEntry, Run
 from rftweb.exceptions import Conflict, InvalidInput, NotFound
 
@@ -66,7 +66,7 @@ def _effect(*, fb: Feedback, rejected: bool, changed: bool, trained: bool, extra
 
 def _decide(*, run: Run, feedback_id: int, reviewer: Reviewer, state: str) -> ReviewOutcome:
     with transaction.atomic():
-        fb = (Feedback.objects.select_for_update().filter(run=run, pk=feedback_id)
+        fb = (Feedback.objects.select_for_update(of=("self",)).filter(run=run, pk=feedback_id)
               .select_related("author").first())
         if fb is None:
             raise NotFound(f"feedback {feedback_id} is not feedback of run {run.pk}", field="feedback_id")
@@ -85,7 +85,12 @@ def _decide(*, run: Run, feedback_id: int, reviewer: Reviewer, state: str) -> Re
         extra = ""
         if was_rejected != rejected:
             if kind.folds and not fb.late and members:
-                group_refold(run=run, members=members)  # touches only the open members
+                # Both touch only the open members: a rejection refolds what remains (a group no
+                # longer complete waits again), an acceptance folds it back in (and may complete it).
+                if rejected:
+                    group_refold(run=run, members=members)
+                else:
+                    group_fold(run=run, group_id=fb.group_id)
             extra = kind.reviewed(fb, rejected=rejected)
             if rejected and kind.folds and not trained and fb.author_id is not None and _slots_free(run=run, fb=fb):
                 extra = "; ".join(p for p in (extra, "its items go back to the queue for someone else") if p)
