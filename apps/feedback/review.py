@@ -126,9 +126,15 @@ class Resolution:
     rejected: list[ReviewOutcome]
 
 
+def _group_of_run(*, run: Run, group_id: str) -> None:
+    if not Experience.objects.filter(run=run, group_id=group_id).exists():
+        raise NotFound(f"group {group_id!r} is not a group of run {run.pk}", field="group_id")
+
+
 def disagreement_resolve(*, run: Run, group_id: str, keep: int, reviewer: Reviewer) -> Resolution:
     """Resolve a disagreement by accepting one side: label `keep` is accepted and every label of
     the disagreement that conflicts with it is rejected."""
+    _group_of_run(run=run, group_id=group_id)
     found = disagreements(run=run, group_id=group_id)
     if not found:
         raise Conflict(f"no open disagreement on group {group_id!r}: it may have been resolved already",
@@ -151,6 +157,7 @@ def disagreement_answer(
     """Resolve a disagreement with the owner's own label: a rating (`experience_id`, `score`) or
     a choice (`experience_id` as A, `other_id` as B, `winner`), stored through its kind's service
     as anyone's is, accepted; the disagreement's labels that conflict with it are rejected."""
+    _group_of_run(run=run, group_id=group_id)
     found = disagreements(run=run, group_id=group_id)
     if not found:
         raise Conflict(f"no open disagreement on group {group_id!r}: it may have been resolved already",

@@ -155,5 +155,7 @@ def disagreement_resolve_view(request: HtmxHttpRequest, run_id: int, group_id: s
                 score=_number(post.get("score")), other_id=_number(post.get("other_id")),
                 winner=str(post.get("winner") or "") or None)
     except RftError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
         return _after(request, run, error=exc.message)
     return _after(request, run, message=_resolution_said(resolution))
