@@ -5,7 +5,6 @@ disagreements with their resolution. Thin: check the role, call a selector or a 
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -52,7 +51,7 @@ def _page_url(run: Run, filters: ReviewFilters | None = None) -> str:
     return f"{base}?{urlencode(query)}" if query else base
 
 
-def _context(run: Run, filters: ReviewFilters, *, error: str = "", message: str = "") -> dict[str, Any]:
+def _context(run: Run, filters: ReviewFilters, *, error: str = "", message: str = "") -> dict[str, object]:
     found = disagreements(run=run)
     return {
         "run": run, "filters": filters, "error": error, "message": message,
