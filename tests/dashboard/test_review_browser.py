@@ -121,3 +121,23 @@ def test_an_owner_keeps_one_side_of_a_disagreement_and_an_annotator_is_refused(o
     annie = open_page(people["annie"], PHONE)
     response = annie.goto(f"/runs/{run.pk}/review/")
     assert response is not None and response.status == 403
+
+
+def test_on_a_phone_an_owner_resolves_a_disagreement_with_their_own_rating(open_page: Any) -> None:
+    run, people, item, annies, beas = a_disputed_item()
+    page = open_page(people["owner"], PHONE)
+    page.goto(f"/runs/{run.pk}/review/")
+    page.click("#disagreements details.own-label > summary")
+    form = page.locator("#disagreements form.own-rating").first
+    expect(form).to_be_visible()
+    no_sideways_scroll(page)
+    shot(page, "review-own-label")
+    form.locator("select[name=score]").select_option("4")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#review-message")).to_contain_text(f"rejected #{beas.pk}")
+    expect(page.locator("#no-disagreements")).to_be_visible()
+    mine = Feedback.objects.get(run=run, author=people["owner"])
+    assert mine.review == "accepted" and mine.value["score"] == 4
+    assert Feedback.objects.get(pk=beas.pk).review == "rejected"
+    assert Feedback.objects.get(pk=annies.pk).review == "pending"  # 5/5 agrees with 4/5
+    assert Experience.objects.get(pk=item.pk).human_reward == (1.0 + 0.75) / 2
