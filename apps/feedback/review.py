@@ -127,6 +127,8 @@ class Resolution:
 
 
 def _group_of_run(*, run: Run, group_id: str) -> None:
+    if "\x00" in group_id or len(group_id) > 100:
+        raise InvalidInput("a group id is at most 100 characters, none of them NUL", field="group_id")
     if not Experience.objects.filter(run=run, group_id=group_id).exists():
         raise NotFound(f"group {group_id!r} is not a group of run {run.pk}", field="group_id")
 

@@ -205,6 +205,8 @@ def review_filters_parse(params: Mapping[str, object]) -> ReviewFilters:
     if status and status not in REVIEW_STATES:
         raise InvalidInput(f"{status[:40]!r} is not a review state; one of {', '.join(REVIEW_STATES)}", field="status")
     person = str(params.get("person") or "").strip()[:150]
+    if "\x00" in person:
+        raise InvalidInput("a person's name holds no NUL character", field="person")
     flag = str(params.get("disagreements") or "").strip().lower()
     return ReviewFilters(kind=kind, person=person, status=status, disagreements=flag in ("1", "true", "on", "yes"))
 

@@ -84,3 +84,6 @@ def test_keys_that_are_not_the_owners_are_refused_and_bad_input_is_named(
     assert bad.status_code == 422 and "status" in bad.json()["errors"]
     not_a_side = api.post(f"/runs/{run.pk}/review/disagreements/{item.group_id}/resolve", {"keep": 999999})
     assert not_a_side.status_code == 422 and "keep" in not_a_side.json()["errors"]
+    nul = api.get(f"/runs/{run.pk}/review/labels", person="bea\x00")
+    assert nul.status_code == 422 and "person" in nul.json()["errors"]
+    assert api.post(f"/runs/{run.pk}/review/disagreements/no-such-group/resolve", {"keep": annies.pk}).status_code == 404
