@@ -137,3 +137,16 @@ def test_annotators_and_viewers_are_refused_and_outsiders_see_no_run(
         assert 'href="/runs/{}/review/"'.format(run.pk) not in client.get(f"/runs/{run.pk}/").content.decode()
     assert signed_in(make_user("outsider")).get(f"/runs/{run.pk}/review/").status_code == 404
     assert Feedback.objects.get(pk=label.pk).review == "pending"
+
+
+def test_the_annotator_sees_on_their_submissions_that_a_label_was_rejected(
+        owner: User, team: tuple[Run, User, User, User]) -> None:
+    from apps.feedback.review import feedback_reject
+
+    run, annie, _, _ = team
+    [item] = make_experiences(run, groups=1, group_size=1, status="pending", auto_reward=0.0)
+    label = feedback_rate(run=run, experience=item, score=2, author=annie)
+    mine = signed_in(annie)
+    assert "rejected on review" not in mine.get(f"/runs/{run.pk}/annotate/mine/").content.decode()
+    feedback_reject(run=run, feedback_id=label.pk, reviewer=owner)
+    assert "rejected on review" in mine.get(f"/runs/{run.pk}/annotate/mine/").content.decode()
