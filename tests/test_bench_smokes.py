@@ -125,7 +125,7 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
 ) -> None:
     """`make run`'s demo as a new user meets it, tiny: a person in Chromium labels a few items
     by the guidelines' preference, every label lands, and both runs' shares are printed."""
-    out = bench("demo_teach", "--steps", "2", "--labels", "4", "--feedback-wait", "30", "--minutes", "8", timeout=600)
+    out = bench("demo_teach", "--steps", "2", "--labels", "4", "--feedback-wait", "10", "--minutes", "8", timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     counts = re.search(r"labels given (\d+), stored (\d+)", out.stdout)
     assert counts is not None, out.stdout[-2000:]
