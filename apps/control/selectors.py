@@ -306,7 +306,8 @@ def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[E
     if filters.annotator:
         qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
     if filters.flagged:
-        flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+        # A flag the owner rejected on the review page flags nothing (apps.feedback.review).
+        flagged = Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
         qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
     return qs
 
@@ -318,7 +319,7 @@ def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50)
         qs = qs.filter(pk__lt=filters.before)
     qs = qs.annotate(
         n_feedback=Count("feedback", distinct=True),
-        is_flagged=Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
+        is_flagged=Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
     ).select_related("task")
     return list(qs.order_by("-id")[:limit])
 

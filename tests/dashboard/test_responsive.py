@@ -47,6 +47,7 @@ def a_team() -> tuple[dict[str, User], Run, Run]:
     exps = make_experiences(run, groups=2, group_size=4, status="pending",
                             response_text=f"<answer>2</answer> {long_line}")
     feedback_rate(run=run, experience=exps[0], score=4, author=people["annotator"])
+    feedback_rate(run=run, experience=exps[0], score=1, author=owner)  # a disagreement for the review page
     for step in range(1, 6):
         metric_record(run=run, step=step, values={
             "explore/reward_mean": 0.1 * step, "explore/reward_std": 0.05, "loss": 1.0 / step,
@@ -78,6 +79,7 @@ def pages_of(run: Run, other: Run | None = None) -> dict[str, str]:
         "annotate": f"{r}/annotate/", "new-run": "/runs/new/", "accounts": "/accounts/",
         "config-diff": f"{r}/diff/{(other or run).pk}/", "runs-sorted": "/runs/?sort=-reward&status=running",
         "notifications": "/notifications/",
+        "review": f"{r}/review/",  # the owner's review of labels (annotators and viewers: 403)
     }
 
 
