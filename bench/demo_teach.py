@@ -85,7 +85,9 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tup
     from workers.demo_model import demo_model_build
 
     model = demo_model_build(out=DEMO_DIR, progress=True).out
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "TEST_DATABASE_NAME"}}
+    # The embedded default, as `make run` serves it: no DATABASE_URL or REDIS_URL (with Redis,
+    # rft_serve leaves the workers to Celery processes of their own).
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
     env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(model), PYTHONUNBUFFERED="1")
     demo = Demo(var=var, env=env)
     demo.manage("migrate", "--noinput", "-v", "0")
