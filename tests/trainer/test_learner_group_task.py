@@ -344,3 +344,50 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
     resumed = _two_steps(owner, tiny_model_dir, settings, processes=(2, 1))
     for name in one:
         torch.testing.assert_close(resumed[name], one[name], atol=1e-4, rtol=1e-3)
+
+
+def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resumes_using_every_experience_once(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 2 of a two-process run: once the follower has the batch and is inside its update,
+    it is killed (SIGKILL, as a dead host). Rank 0's collective fails, the step raises and
+    records nothing (the run stays at step 1, its batch goes back to the buffer unused); the
+    step sent again starts a new group from the last committed step, and the run finishes
+    with every experience used exactly once."""
+    import signal
+
+    from apps.runs.models import Run
+    from tests.run_invariants import django_sql, experiences_used_once
+    from workers.algorithms.learner import Learner
+
+    run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3)
+    _fill(run, expert=False, tag="c", version=2)  # step 3's batch
+    assert len(followers) == 1 and followers[0].poll() is None
+    real_step = Learner.step
+    killed: list[int] = []
+
+    def step_after_killing_the_follower(self: Learner, batch: Any, *, shard: Any = None) -> dict[str, float]:
+        if shard is not None and not killed:
+            # Rank 0 is here once the follower holds the step's batch: it is mid-step.
+            followers[0].send_signal(signal.SIGKILL)
+            followers[0].wait(timeout=30)
+            killed.append(followers[0].pid)
+        return real_step(self, batch, shard=shard)
+
+    monkeypatch.setattr(Learner, "step", step_after_killing_the_follower)
+    with pytest.raises(Exception):
+        trainer_mod.trainer_step(run_id=run.pk, step=2)
+    assert killed, "the follower was not killed mid-step"
+    run.refresh_from_db()
+    assert run.train_step == 1, "the failed step was committed"
+    assert not Metric.objects.filter(run=run, step=2).exists()
+    assert run.pk not in trainer_mod._RESIDENTS, "the broken group's weights were kept"
+    assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
+
+    monkeypatch.setattr(Learner, "step", real_step)
+    for step in (2, 3):  # sent again by the loop: a new group (a new follower) resumes the run
+        assert trainer_mod.trainer_step(run_id=run.pk, step=step)["status"] == "trained"
+    run.refresh_from_db()
+    assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
+    assert Metric.objects.get(run=run, step=2, name="learner_processes").value == 2
+    experiences_used_once(django_sql, run.pk, steps=3, batch=12)
