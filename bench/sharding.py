@@ -53,7 +53,7 @@ def _peak_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
-def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, float]:
+def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, Any]:
     import torch
 
     from workers.algorithms import TrainBatch
@@ -147,7 +147,7 @@ def _phases_probe(learner: Any, base: float) -> _Phases:
     return phases
 
 
-def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, float]]:
+def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, Any]]:
     port = free_port()
     argv = [a for a in sys.argv[1:]]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.sharding", "--rank", str(r), "--world", str(world),
