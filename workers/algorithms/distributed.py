@@ -143,17 +143,11 @@ def _mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, precision: str) -> None:
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     policy = _mixed_precision(precision)
-    units = _units(model)
-    for unit in units:
+    for unit in _units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    embed = units[0] if units else None
-    if isinstance(embed, torch.nn.Embedding) and isinstance(embed, FSDPModule):
-        # A lookup's backward never reads the table: not gathered again for it (at the end
-        # of the backward its whole weight beside its whole gradient was the rank's peak).
-        embed.set_unshard_in_backward(False)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
 
 
