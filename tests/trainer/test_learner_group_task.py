@@ -346,6 +346,8 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
         torch.testing.assert_close(resumed[name], one[name], atol=1e-4, rtol=1e-3)
 
 
+# Three groups start (each a follower importing torch, transformers and Django): 16 min at load 40.
+@pytest.mark.timeout(1800)
 def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resumes_using_every_experience_once(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
