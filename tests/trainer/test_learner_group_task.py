@@ -349,7 +349,7 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
 # Three groups start (each a follower importing torch, transformers and Django): 16 min at load 40.
 @pytest.mark.timeout(1800)
 def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resumes_using_every_experience_once(
-    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     """Step 2 of a two-process run: once the follower has the batch and is inside its update,
     it is killed (SIGKILL, as a dead host). Rank 0's collective fails, the step raises and
@@ -362,6 +362,7 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     from tests.run_invariants import django_sql, experiences_used_once
     from workers.algorithms.learner import Learner
 
+    settings.RFT_TRAIN_CHAIN_SECONDS = 0  # one step a call: step 2 is the one the kill meets
     run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3)
     _fill(run, expert=False, tag="c", version=2)  # step 3's batch
     assert len(followers) == 1 and followers[0].poll() is None
