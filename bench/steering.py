@@ -222,12 +222,47 @@ correctness through people, `--rater bench.raters:correct`, rm10 (180 labels):
   chance), never usable.
 - `--rm-kind likelihood`: -0.013; 0.88 on 17 held-out pairs, never usable.
 One seed each and no reward model ever used: the differences are the trajectory's, not the
-kinds'. Style preferences (`concise`, `working`, `in_words`): the demo model's sampled
+kinds'. Style preferences (`concise`, `working`, `in_words`): that round's demo model's (RECIPE 4) sampled
 completions (max_tokens 12 or 32) are the bare `<answer>N</answer>` every time, so their
 preferred shares are 1.00, 0.00 and 0.00 before any run: nothing to amplify or learn (a pair
 needs two siblings rated apart) until the demo model's warm-up produces those behaviours some of
 the time. Over the demo model the `head` kind learns a style it sees: a word's presence, 1.00
 on pairs of unseen prompts from 45 labels (tests/rewards/test_learned_reward_model.py).
+
+Measured 2026-11-25 on the styled demo model (RECIPE 6: 55% bare answers, 15% each of working
+first / number in words / preamble; base sampled arithmetic 0.130-0.134, greedy 0.260), each style
+rater, 15 steps, 8 tasks x 8, lr 1e-4, reward model `head` over the run's own base (never the
+judge), `--arms all,rm10,random10,noisy,format`, seeds 0 / 1 / 2, one bench per rater and seed, up
+to six at once on the shared 2-core box, load 19-54 (other helpers' suites and benches beside).
+Preferred share (rated 4-5, 800 samples on the 200 held-out problems) gain per seed, median:
+| rater (base share)   | all                     | rm10 (90 labels)        | random10                | noisy                   | format (no people)      |
+| concise (0.48-0.52)  | +.330 +.336 +.315 +.330 | +.275 +.269 +.179 +.269 | +.164 -.028 +.105 +.105 | +.125 -.024 +.154 +.125 | +.089 -.004 +.057 +.057 |
+| working (0.16-0.17)  | +.522 +.608 +.642 +.608 | +.269 +.119 +.274 +.269 | -.026 +.085 +.009 +.009 | +.015 +.114 +.235 +.114 | -.078 +.014 +.016 +.014 |
+| in_words (0.06-0.07) | +.299 +.277 +.309 +.299 | +.006 +.054 +.003 +.006 | -.004 +.012 -.014 -.004 | +.035 +.031 -.019 +.031 | -.015 +.014 -.035 -.015 |
+- rm10 / all on the medians (labels 90 / 960 = 0.094x): concise 0.81 (met), working 0.44, in_words
+  0.02 (not met). `all` is the ceiling on every rater and seed: no lag or wait-window loss shows.
+  rm10 falls short where its reward model comes late: it is folded in only once its held-out
+  (by prompt) accuracy's lower bound reaches 0.75, ~10 perfect held-out pairs; at 6 labels a step,
+  a quarter held out, and a pair needing two siblings rated apart, it was usable from step 6 / 6 /
+  15 (concise), 6 / never / 12 (working), 15 / never / never (in_words) of 15. in_words is rare in
+  the base (6-7% of samples), so pairs rated apart are rare. Its held-out accuracy when measured:
+  1.00 on 11-13 pairs (concise), 1.00 / 1.00 / 0.93 on 9 / 8 / 42 (working), 1.00 / 1.00 / 0.80 on
+  24 / 1 / 10 (in_words): >= 0.8 everywhere, on few pairs. A longer run (30-60 steps, as the
+  correctness rounds) was not measured for lack of time on the box.
+- rm10 against random10 (medians): concise +0.164 (2.56x, met), working +0.260 (random10 +0.009:
+  met as the inequality), in_words +0.010 (random10 lost: met only as the inequality, both near 0).
+- noisy / rm10 on the medians: concise 0.47, working 0.42 (not met), in_words 5.0 (both near 0:
+  +0.031 against +0.006). Its reward model was usable on two runs of nine (working, from step 12
+  / 9): gold items and trust take the first steps' labels, and the careful rater's half of the
+  budget gives held-out pairs at half rm10's pace.
+- Sampled arithmetic accuracy against `format` (same seed; format 0.133 against the base 0.130, seed 0):
+  all -0.030 / -0.012 / +0.000 (concise), -0.070 / -0.076 / -0.046 (working), -0.062 / -0.039 /
+  -0.069 (in_words); rm10 -0.054 / -0.003 / -0.031, -0.044 / -0.016 / -0.018, -0.019 / -0.029 /
+  -0.024; random10 -0.001..-0.034; noisy +0.008..-0.040.
+  Not met (<= 0.02 asked) for `all`, and for rm10 on most runs: the styles the warm-up shows are
+  less accurate than the bare answer (base samples by form, seed 0: bare 0.159 right, working
+  0.124, words 0.057, others 0.117), so amplifying a style costs arithmetic, beyond which nothing
+  in a style rater holds the arithmetic up (it rates right and wrong alike).
 
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
