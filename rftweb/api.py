@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -22,6 +23,7 @@ from ninja.parser import Parser
 
 from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
+from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
 from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_down, unavailable_message
@@ -35,7 +37,7 @@ from rftweb.exceptions import RftError, TooLarge
 # an InvalidInput, a 422 naming the field.
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise InputRejected("body", f"{name} is not a JSON number")
 
 
@@ -130,7 +132,7 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return _problem(request, exc.status_code, str(exc))
 
 
-def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+def _loc(loc: Sequence[object]) -> str:
     parts = list(loc)
     if parts and parts[0] == "body":
         parts = parts[2:] if len(parts) > 1 else []
@@ -152,3 +154,5 @@ api.add_router("", envapi.router)
 api.add_router("/", sessions_router, auth=envapi.SUBMIT)
 # The human-signal figures, under the same keys and errors.
 api.add_router("", signal_router, auth=envapi.READ)
+# The owner's review of labels (a key with `feedback`, made by the run's owner).
+api.add_router("", review_router, auth=envapi.FEEDBACK)

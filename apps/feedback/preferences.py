@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get, kind_names, preference_pair
@@ -25,6 +24,7 @@ from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import signals_fold
 from apps.runs.models import Run
+from rftweb.jsontypes import Body
 
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
@@ -51,10 +51,11 @@ def preference_pairs(
     (`PreferencePair.trust`) and a pair trusted less than TRUSTED_WEIGHT is left out, whatever
     kind of feedback it came from: a rater who answers at random teaches the reward model
     nothing through ratings, choices, rankings or edits alike. Gold items are left out by passing
-    their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
+    their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice. A label
+    the run's owner rejected (apps.feedback.review) yields no pair.
     """
     skip = exclude_experience_ids or set()
-    qs = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
+    qs = Feedback.objects.effective().filter(run=run, kind__in=kind_names(labels=True))
     if not include_late:
         qs = qs.filter(late=False)
     rows = list(qs.order_by("created_at", "id").only("kind", "experience_id", "other_id", "group_id", "author_id",
@@ -111,7 +112,7 @@ def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> boo
     return prompt_is_heldout(pair.prompt, share=share, seed=seed)
 
 
-def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:
+def preference_rows_trl(pairs: list[PreferencePair]) -> list[Body]:
     """TRL's explicit-prompt preference format (DPOTrainer, RewardTrainer): prompt, chosen,
     rejected, plus `margin` (RewardTrainer reads it when present) and where the pair came from."""
     return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "margin": p.margin,

@@ -10,15 +10,17 @@ assignments on its targets open again so the items come back to their queue.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from apps.buffer.models import Experience
+from apps.feedback.holds import Person
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
+from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services import _lease_seconds
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
@@ -58,10 +60,10 @@ class Submission(TypedDict):
     revisable: bool
 
 
-def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[Submission]:
+def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised."""
-    rows = list(Feedback.objects.filter(run=run, author=author, kind__in=kind_names(revisable=True))
+    rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
                 .order_by("-created_at", "-id")[:limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
@@ -70,11 +72,11 @@ def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[Submission
             for f in rows]
 
 
-def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) -> Feedback:
+def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
     refold its group and reopen their items. NotRevisable says why not."""
     with transaction.atomic():
-        qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=kind_names(revisable=True))
+        qs = Feedback.objects.select_for_update().filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
         if feedback_id is not None:
             fb = qs.filter(pk=feedback_id).first()
             if fb is None:
@@ -89,8 +91,8 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
             raise NotRevisable("this group has been trained on: its feedback can no longer change")
         targets = feedback_targets(fb)
         fb.delete()
-        _refold(run=run, members=members)
-        Assignment.objects.filter(run=run, annotator=author, experience_id__in=targets,
+        group_refold(run=run, members=members)
+        Assignment.objects.filter(run=run, annotator_id=author.pk, experience_id__in=targets,
                                   status=Assignment.Status.DONE).update(
             status=Assignment.Status.LEASED, finished_at=None,
             lease_expires_at=timezone.now() + timedelta(seconds=_lease_seconds()))
@@ -100,9 +102,10 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
     return fb
 
 
-def _refold(*, run: Run, members: list[Experience]) -> None:
-    """Human and final rewards of the open members from the feedback that remains; a group
-    no longer complete waits for people again."""
+def group_refold(*, run: Run, members: list[Experience]) -> None:
+    """Human and final rewards of the open members from the feedback that remains (none the
+    owner rejected); a group no longer complete waits for people again. Call inside a
+    transaction with `members` locked (the withdrawal and the review do)."""
     policy = run.cfg.feedback
     ids = [m.pk for m in members]
     group_ids = {m.group_id for m in members}
@@ -110,8 +113,10 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
     for name in kind_names(folds=True):  # the kinds that fold, on a member or on its group
         on |= Q(kind=name, group_id__in=group_ids) if kind_get(name).target == "group" \
             else Q(kind=name, experience_id__in=ids)
-    remaining = list(Feedback.objects.filter(run=run, late=False).filter(on))
-    folds = signals_fold(member_ids=ids, feedback=remaining)
+    remaining = list(Feedback.objects.effective().filter(run=run, late=False).filter(on))
+    # Weighted and offset per rater as group_fold does (apps.feedback.services).
+    folds = signals_fold(member_ids=ids, feedback=remaining, weights=rater_weights_cached(run=run),
+                         offsets=rater_offsets_cached(run=run))
     complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
     for m in members:
         if m.status not in (Experience.Status.PENDING, Experience.Status.READY):

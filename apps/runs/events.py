@@ -32,6 +32,8 @@ EVENT_TYPES = (
     "worker.error",
     # A held-out evaluation finished (apps.runs.services.eval_result_record).
     "eval.result",
+    # The run ended and its people were notified (apps/control/notifications.py).
+    "notification.created",
 )
 
 
@@ -78,7 +80,7 @@ def _message(type: str, payload: Mapping[str, object]) -> LayerMessage:
     return {"type": type, "payload": payload}
 
 
-def layer_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+def layer_events(message: dict[str, Any]) -> list[LayerMessage]:
     """The events one layer message of a run's group carries, in order: itself, or an
     envelope's. Every reader of the group (the fanout, the API's event stream) goes through it."""
     if message.get("type") == ENVELOPE:
