@@ -131,5 +131,5 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     counts = re.search(r"labels given (\d+), stored (\d+)", out.stdout)
     assert counts is not None, out.stdout[-2000:]
     assert int(counts.group(1)) == int(counts.group(2)) == 4
-    assert re.search(rf"^demo_teach: in_words share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
+    assert re.search(rf"^demo_teach: working share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
                      r"\(difference [+-]\d+\.\d+\); load ", out.stdout, re.MULTILINE), out.stdout[-2000:]
