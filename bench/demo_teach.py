@@ -184,8 +184,11 @@ def main() -> None:
 
 
 def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> None:
-    statuses = {int(str(pk)): str(status)
-                for pk, status in demo.query("SELECT id, status FROM runs_run WHERE id IN (?, ?)", people, twin)}
+    rows = demo.query("SELECT id, status, error FROM runs_run WHERE id IN (?, ?)", people, twin)
+    statuses = {int(str(pk)): str(status) for pk, status, _ in rows}
+    for pk, status, error in rows:
+        if status == "failed":
+            print(f"run #{pk} failed: {error}\n--- serve log ---\n{(demo.var / 'serve.log').read_text()[-4000:]}")
 
     def series(run: int, name: str) -> dict[int, float]:
         rows = demo.query("SELECT step, value FROM runs_metric WHERE run_id = ? AND name = ? ORDER BY step", run, name)

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
+from apps.runs.preferences import number_words
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
 MANIFEST = "rft-demo.json"
@@ -99,25 +101,6 @@ def answer_of(a: int, op: str, b: int) -> int:
 
 def completion_text(value: int) -> str:
     return f"<answer>{value}</answer>"
-
-
-_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
-_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-
-
-def number_words(n: int) -> str:
-    """An integer below a thousand in English words ("minus" before a negative one)."""
-    if n < 0:
-        return "minus " + number_words(-n)
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        return _TENS[n // 10] + ("-" + _ONES[n % 10] if n % 10 else "")
-    if n < 1000:
-        rest = n % 100
-        return _ONES[n // 100] + " hundred" + (" and " + number_words(rest) if rest else "")
-    return str(n)
 
 
 def styled_completion(problem: tuple[int, str, int], style: str = "plain") -> str:
