@@ -22,9 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
@@ -97,7 +100,7 @@ def _tokenizer_corpus(settings: DemoSettings) -> list[str]:
     return texts
 
 
-def _encode(tokenizer: Any, problem: tuple[int, str, int]) -> tuple[list[int], list[int]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int]) -> tuple[list[int], list[int]]:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": problem_text(*problem)}], add_generation_prompt=True, tokenize=False
     )
@@ -106,7 +109,7 @@ def _encode(tokenizer: Any, problem: tuple[int, str, int]) -> tuple[list[int], l
     return prompt_ids, answer_ids + [tokenizer.eos_token_id]
 
 
-def _as_loaded(tokenizer: Any, model: Any) -> Any:
+def _as_loaded(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> PreTrainedTokenizerBase:
     """The tokenizer as everyone else will load it: AutoTokenizer with the model's config.
 
     For a Qwen2 config, AutoTokenizer gives Qwen2's tokenizer class, whose pre-tokenizer (one
@@ -125,7 +128,7 @@ def _as_loaded(tokenizer: Any, model: Any) -> Any:
     return loaded
 
 
-def greedy_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
+def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
     """Share of problems whose greedy completion's tagged answer is right."""
     import re
 
@@ -148,7 +151,7 @@ def greedy_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str
     return correct / max(1, len(problems))
 
 
-def expected_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
+def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
     """Mean probability that the model samples the right completion (`<answer>N</answer>` and
     eos) at temperature 1: the expected accuracy GRPO maximises, read off one teacher-forced
     forward pass. Unlike greedy accuracy it moves with every change of the answer's
