@@ -268,7 +268,8 @@ def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampli
 
     writer.push({"t": "start"})
     try:
-        return engine.generate(prompts, n=n, sampling=sampling, on_tokens=on_tokens)
+        outputs: list[list[Sample]] = engine.generate(prompts, n=n, sampling=sampling, on_tokens=on_tokens)
+        return outputs
     finally:
         writer.push({"t": "end"})
 

@@ -70,7 +70,8 @@ def reward_model_load(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
 def _rm_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> str:
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered: str = tokenizer.apply_chat_template(messages, tokenize=False)
+        return rendered
     return prompt + completion
 
 

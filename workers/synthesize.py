@@ -58,7 +58,8 @@ def _text_of(sample: Any, tokenizer: PreTrainedTokenizerBase) -> str:
     if isinstance(text, str):
         return text
     ids = get("token_ids") or get("completion_ids") or []
-    return tokenizer.decode(list(ids), skip_special_tokens=True)
+    decoded: str = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return decoded
 
 
 def tasks_paraphrase(

@@ -51,7 +51,8 @@ def trl_check() -> str:
             f"workers/algorithms/trl_bridge.py is written against trl=={TRL_VERSION}, found {trl.__version__}; "
             "run tests/trainer/test_trl_bridge.py and update the bridge before training"
         )
-    return trl.__version__
+    version: str = trl.__version__
+    return version
 
 
 @dataclass(frozen=True)
