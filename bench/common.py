@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
 # Where benches find (or build) the demo model; the smoke tests point it at the tests' build.
 DEMO_DIR = Path(os.environ.get("BENCH_DEMO_DIR", str(ROOT / ".cache" / "demo-model")))
+# Debian's chromium, as the browser tests and benches drive it (Playwright).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def free_port() -> int:

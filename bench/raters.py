@@ -3,7 +3,8 @@ the completion as a person reads it on the annotation page.
 
 `correct` is what a verifier knows (the `<answer>` is right). The others are preferences of
 style no reward term of the run knows: `concise` (nothing beside the answer), `working`
-(the working shown before the answer), `in_words` (the number written in words). Any other
+(the working shown before the answer), `in_words` (the number written in words); they live
+in apps/runs/preferences.py, where a run's evaluation measures the same preferences' shares. Any other
 rater is a function of the same shape in any file: `--rater path/to/file.py:function` or
 `--rater package.module:function` (`rater_load`).
 """
@@ -17,11 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-Rating = Callable[[str, str], int]
+from apps.runs.preferences import ANSWER, Rating, concise, in_words, number_words, working
 
 PROBLEM = re.compile(r"What is (-?\d+) ([+-]) (-?\d+)\?")
-ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
-ANSWER_SPAN = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
 
 def _solution(prompt: str) -> int | None:
@@ -38,58 +37,6 @@ def correct(prompt: str, completion: str) -> int:
     if solution is None or answer is None:
         return 1
     return 5 if int(answer.group(1)) == solution else 1
-
-
-def concise(prompt: str, completion: str) -> int:
-    """5 for the bare answer; one point less per few words beside it, down to 1."""
-    rest = ANSWER_SPAN.sub(" ", completion)
-    words = len(re.findall(r"\w+", rest))
-    return max(1, 5 - (words + 2) // 3)
-
-
-def working(prompt: str, completion: str) -> int:
-    """5 when a calculation (an operation or an equals sign between numbers) comes before the
-    answer, 3 when it comes after or words do, 1 for the answer alone."""
-    span = ANSWER_SPAN.search(completion)
-    before = completion[:span.start()] if span else completion
-    after = completion[span.end():] if span else ""
-    calculation = re.compile(r"-?\d+\s*[-+*/=]\s*-?\d+")
-    if calculation.search(before):
-        return 5
-    if calculation.search(after) or len(re.findall(r"[A-Za-z]{2,}", before)) >= 2:
-        return 3
-    return 1
-
-
-_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
-_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-
-
-def number_words(n: int) -> str:
-    """An integer in English words, below a thousand ("minus" before a negative one)."""
-    if n < 0:
-        return "minus " + number_words(-n)
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        return _TENS[n // 10] + ("-" + _ONES[n % 10] if n % 10 else "")
-    if n < 1000:
-        rest = n % 100
-        return _ONES[n // 100] + " hundred" + (" and " + number_words(rest) if rest else "")
-    return str(n)
-
-
-def in_words(prompt: str, completion: str) -> int:
-    """5 when the answer's number is written in words in the completion, 3 when some number
-    is written in words, 1 otherwise (right or wrong is not this rater's business)."""
-    text = completion.lower().replace("-", " ")
-    answer = ANSWER.search(completion)
-    if answer is not None and number_words(int(answer.group(1))).replace("-", " ") in text:
-        return 5
-    if re.search(r"\b(" + "|".join(_ONES[1:] + _TENS[2:]) + r")\b", text):
-        return 3
-    return 1
 
 
 def rater_load(spec: str) -> Rating:
@@ -135,3 +82,4 @@ def checked(rate: Callable[[str, str], object], *, name: str) -> Rating:
 
 
 STYLE_RATERS = {"concise": concise, "working": working, "in_words": in_words}
+__all__ = ["STYLE_RATERS", "Rating", "checked", "concise", "correct", "in_words", "number_words", "rater_load", "working"]

@@ -26,13 +26,10 @@ from typing import IO, Any
 import pytest
 
 # One definition for tests and benches (a bench runs without pytest, so it lives there).
-from bench.common import free_port, health_wait
+from bench.common import CHROMIUM, CHROMIUM_ARGS, free_port, health_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARD = ROOT / "tests" / "child_guard.py"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 # ---------------------------------------------------------------- the environment of children

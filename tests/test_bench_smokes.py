@@ -49,6 +49,8 @@ SMOKES = [
      rf"^label_timing ratio \(after / before share of labels in time\): {NUMBER} "),
     ("async_vs_sync", ("--steps", "2", "--tasks", "2", "--repeat", "2", "--max-tokens", "4", "--pairs", "1"),
      rf"^async_vs_sync speed-up \(sync seconds / async seconds, max_staleness 2\): {NUMBER} \(load "),
+    ("rm_latency", ("--rounds", "1", "--every", "4", "--open", "4"),
+     rf"^rm_latency: last label of a retraining batch to the new version's first score: median {NUMBER} s"),
     ("sharding", ("--layers", "2", "--hidden", "64", "--intermediate", "128", "--vocab", "512", "--batch", "4",
                   "--prompt", "8", "--completion", "8", "--steps", "2"),
      rf"^sharding peak per rank / one process: {NUMBER} \(target <= 0\.65"),
@@ -116,3 +118,17 @@ def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_
         out = subprocess.run([sys.executable, "-m", "bench.steering", "--rater", spec], cwd=_ROOT,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "--rater" in out.stderr and message in out.stderr, (spec, out.stderr[-500:])
+
+
+def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preference_share(
+    bench: Callable[..., Any],
+) -> None:
+    """`make run`'s demo as a new user meets it, tiny: a person in Chromium labels a few items
+    by the guidelines' preference, every label lands, and both runs' shares are printed."""
+    out = bench("demo_teach", "--steps", "2", "--labels", "4", "--feedback-wait", "10", "--minutes", "8", timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    counts = re.search(r"labels given (\d+), stored (\d+)", out.stdout)
+    assert counts is not None, out.stdout[-2000:]
+    assert int(counts.group(1)) == int(counts.group(2)) == 4
+    assert re.search(rf"^demo_teach: in_words share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
+                     r"\(difference [+-]\d+\.\d+\); load ", out.stdout, re.MULTILINE), out.stdout[-2000:]

@@ -31,12 +31,14 @@ if TYPE_CHECKING:
 
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
+HELDOUT_FILE = "demo-heldout.jsonl"
 # Bump when the recipe changes in a way that changes the files, so old caches rebuild.
 # 3: `<|endoftext|>` in the tokenizer's vocabulary (the reloaded tokenizer's length is the
 # model's vocab size); the build in a child process with pinned numerics; the chat template
 # renders tools Hermes-style and ends assistant turns with eos.
 # 4: both of 3's changes at once (they were made on two branches, each calling itself 3).
-RECIPE = 4
+# 5: the held-out problems written beside the taskset (demo-heldout.jsonl).
+RECIPE = 5
 
 VERSIONED = ("torch", "transformers", "tokenizers")
 
@@ -271,10 +273,13 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
         (out / MANIFEST).unlink(missing_ok=True)
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        with (out / TASKSET_FILE).open("w") as fh:
-            for a, op, b in taskset:
-                record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
-                fh.write(json.dumps(record, sort_keys=True) + "\n")
+        # The demo taskset, and the held-out problems (neither warmed up on nor in the taskset)
+        # the demo run evaluates on.
+        for name, problems in ((TASKSET_FILE, taskset), (HELDOUT_FILE, heldout)):
+            with (out / name).open("w") as fh:
+                for a, op, b in problems:
+                    record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
+                    fh.write(json.dumps(record, sort_keys=True) + "\n")
         files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps,
                                cpu_capability=torch.backends.cpu.get_cpu_capability())
     finally:

@@ -47,7 +47,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
     from apps.buffer.ports import taskset_tasks
     from apps.rewards.ports import rewards_inline
-    from apps.runs.ports import eval_result_record, metric_exists, run_view, version_train_step
+    from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
     from workers.engines import SamplingSpec
     from workers.explorer import _engine_at, task_prompt, worker_name
 
@@ -76,10 +76,14 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     groups = engine.generate(prompts, n=cfg.eval.n, sampling=SamplingSpec.from_config(cfg.eval.sampling))
     scores: list[float] = []
     lengths: list[int] = []
+    answers: list[tuple[str, str]] = []
     for task, samples in zip(tasks, groups):
         for sample in samples:
             scores.append(rewards_inline(terms=cfg.rewards, completion=sample.text, task=task).score)
             lengths.append(len(sample.token_ids))
+            answers.append((task.prompt, sample.text))
+    # What people teach, measured on the same answers; no reward term sees these shares.
+    shares = preference_shares(cfg.eval.preferences, answers)
     values = {
         f"{EVAL_PREFIX}reward_mean": statistics.fmean(scores),
         f"{EVAL_PREFIX}reward_std": statistics.pstdev(scores),
@@ -89,6 +93,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
         f"{EVAL_PREFIX}version": float(version),
         f"{EVAL_PREFIX}tasks": float(len(tasks)),
         f"{EVAL_PREFIX}seconds": time.monotonic() - started,
+        **{f"{EVAL_PREFIX}preference/{name}": share for name, share in shares.items()},
     }
     best = eval_result_record(run=run, version=version, step=step, values=values)
     return {"run": run_id, "version": version, "step": step, "reward_mean": values[f"{EVAL_PREFIX}reward_mean"],

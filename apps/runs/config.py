@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
+from apps.runs.preferences import preference_names
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from rftweb.exceptions import InvalidInput
 
@@ -408,6 +409,18 @@ class EvalConfig(_Strict):
     max_tasks: int = Field(256, ge=1, le=100_000)
     # Samples per task: the reward mean is over all of them (greedy: keep 1).
     n: int = Field(1, ge=1, le=64)
+    # Preferences of style (apps/runs/preferences.py) whose share of the evaluated answers is
+    # recorded as eval/preference/<name>: what people teach, measured and never rewarded.
+    preferences: list[str] = Field(default_factory=list, max_length=16)
+
+    @field_validator("preferences")
+    @classmethod
+    def _registered_preferences(cls, names: list[str]) -> list[str]:
+        known = preference_names()
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"unknown preference {unknown[0]!r}; known: {', '.join(known)}")
+        return list(dict.fromkeys(names))
 
 
 class RolloutEngineConfig(_Strict):

@@ -34,13 +34,14 @@ from apps.runs.policy import explore_version, publishes_at, staleness, version_f
 from apps.runs.reward_kinds import reward_kind_get
 from apps.runs import services as _services
 from apps.runs.model_dirs import model_dir_missing, model_missing_said
+from apps.runs.preferences import preference_shares
 
 __all__ = [
     "GROUP_PER_SEQUENCE", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
     "RewardModelConfig", "VersionView", "advisory_lock", "reward_kind_get", "row", "train_step_recorded",
     "algorithm_get", "algorithm_names", "config_validate", "connection_release", "dispatch_claim",
     "eval_result_record", "explore_version", "learner_group_refusal", "metric_exists", "metric_record", "model_dir_missing", "model_missing_said",
-    "model_version_publish", "publishes_at", "run_current_version", "run_ended", "run_explore_end",
+    "model_version_publish", "preference_shares", "publishes_at", "run_current_version", "run_ended", "run_explore_end",
     "run_explore_step_record", "run_explored", "run_status", "run_storage", "run_view", "run_view_of",
     "runs_ended", "staleness", "task_failure_record", "version_checkpoint", "version_for_train_step",
     "version_latest", "version_train_step", "weight_load_record",

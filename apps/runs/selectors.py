@@ -97,6 +97,10 @@ def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None =
 CHART_GROUPS: list[dict[str, str]] = [
     {"id": "reward", "title": "Reward mean / std", "section": "rewards", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
     {"id": "accuracy", "title": "Accuracy per domain", "section": "rewards", "pattern": r"^acc(uracy)?([/_.].*)?$"},
+    # The shares of held-out answers each measured preference of style likes (eval.preferences,
+    # apps/runs/preferences.py): what people teach, charted apart from the reward they are not.
+    {"id": "preference", "title": "Preferences people teach (share of held-out answers)", "section": "rewards",
+     "pattern": r"^eval[/_.]preference[/_.]"},
     # The evaluator's scores (workers/evaluation.py); its response length charts with the
     # training one, its version / task count / best version are constants, its seconds "other".
     {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval[/_.](.*[/_.])?(reward|acc|accuracy|score|pass|correct)([/_.@].*)?$"},

@@ -160,7 +160,7 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     from io import StringIO
 
     from apps.rewards.k12_taskset import k12_taskset_write
-    from apps.control.demo import DEMO_TASKSET_FILE
+    from apps.control.demo import DEMO_HELDOUT_FILE, DEMO_TASKSET_FILE
 
     # The demo model is rft_demo_model's business; a directory with its taskset stands in
     # for the cached build so this test stays fast (the slow tests use the real model).
@@ -168,7 +168,8 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
     model_dir.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json"):  # laid out as a saved model
         (model_dir / name).write_text("{}")
-    (model_dir / DEMO_TASKSET_FILE).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
+    for name in (DEMO_TASKSET_FILE, DEMO_HELDOUT_FILE):
+        (model_dir / name).write_text(json.dumps({"question": "1+1?", "answer": "2", "domain": "math"}) + "\n")
     settings.DEBUG, settings.RFT_DEMO_MODEL_DIR = True, model_dir  # type: ignore[attr-defined]
     import apps.cli.management.commands.rft_demo as demo
 

@@ -44,7 +44,7 @@ def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_hol
         sampling={"temperature": 1.0, "max_tokens": 6},
         trainer={"learning_rate": 5e-2, "loss_type": "grpo", "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}},
         rewards=[{"name": "length_penalty", "params": {"max_chars": 4}}],
-        eval_every=2, eval={"taskset": held_out.pk, "sampling": {"temperature": 0.0, "max_tokens": 6}},
+        eval_every=2, eval={"taskset": held_out.pk, "sampling": {"temperature": 0.0, "max_tokens": 6}, "preferences": ["concise"]},
         tracking=["tensorboard"],
     )
     run_transition(run=run, action="start", actor=owner)
@@ -72,6 +72,9 @@ def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_hol
     assert set(rows.filter(name="eval/reward_mean").values_list("step", flat=True)) == evaluated, "evaluated off-schedule"
     assert set(rows.filter(name="eval/version").values_list("value", flat=True)) == {float(n) for n in versions if n % 2 == 0}
     assert set(rows.filter(name="eval/tasks").values_list("value", flat=True)) == {5.0}
+    # The style preference it names is measured on the same answers, every evaluation.
+    shares = dict(rows.filter(name="eval/preference/concise").values_list("step", "value"))
+    assert set(shares) == evaluated and all(0.0 <= share <= 1.0 for share in shares.values())
     means = dict(rows.filter(name="eval/reward_mean").values_list("step", "value"))
     best = eval_best(run=run)
     assert best is not None and best["reward_mean"] == max(means.values())

@@ -22,8 +22,13 @@ DEMO_RUN = "demo: GRPO on arithmetic"
 K12_RUN = "demo: K-12 short answers"
 
 
-def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, object]:
-    return {
+def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_taskset: int | None = None) -> dict[str, object]:
+    """The demo run: GRPO on arithmetic, its automatic reward the answer's correctness, and
+    people teaching what that reward does not know (the guidelines' preference: the number
+    written in words). With `eval_taskset` (the demo's held-out problems), every second
+    version is evaluated and the run page charts the share of held-out answers each style
+    preference likes, beside the accuracy: measured, never rewarded."""
+    config: dict[str, object] = {
         "model": str(settings.RFT_DEMO_MODEL_DIR),
         "algorithm": "grpo",
         "mode": "async",
@@ -37,24 +42,37 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[s
         "sampling": {"temperature": 1.0, "max_tokens": 12},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
         "trainer": {"learning_rate": 5e-4, "loss_type": "dapo"},
-        # People's ratings change training: blend them with the automatic reward. A group
-        # waits a short while for a rating, then trains on the automatic reward alone, so
-        # the demo also runs with nobody rating.
-        "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
-                     "guidelines": DEMO_GUIDELINES},
-        # People's ratings teach a reward model on the reward queue (from the demo model itself);
-        # switch feedback.mode to learned on the run page to train on it.
+        # learned: people's ratings are folded where they rated (as blend), and the reward
+        # model they teach (over the demo model itself, on the reward queue) scores what nobody
+        # rated once its held-out accuracy is good enough. A group waits a short while for a
+        # rating, then trains on the automatic reward alone, so the demo also runs with nobody
+        # rating.
+        "feedback": {"mode": "learned", "w_auto": 0.5, "w_human": 0.5, "w_rm": 0.5, "wait_seconds": feedback_wait,
+                     "fallback": "auto", "guidelines": DEMO_GUIDELINES},
         "reward_model": {"enabled": True, "base": "policy", "retrain_every": 20, "max_length": 64},
     }
+    if eval_taskset is not None:
+        config["eval_every"] = 2
+        # Sampled as in training (a seeded draw, two answers a problem): a style the model writes
+        # some of the time shows as a share that moves, where greedy answers flip all at once.
+        config["eval"] = {"taskset": eval_taskset, "max_tasks": 64, "n": 2,
+                          "sampling": {"temperature": 1.0, "max_tokens": 12, "seed": 0},
+                          "preferences": [DEMO_PREFERENCE, "working", "concise"]}
+    return config
 
+
+# The style the demo's guidelines ask people for (apps/runs/preferences.py): the run page
+# charts its share of held-out answers.
+DEMO_PREFERENCE = "in_words"
 
 DEMO_GUIDELINES = """\
-**Rate the answer to the arithmetic question.**
+**Rate one thing the automatic reward does not know: does the answer also write its number in words?**
 
-- 5: the right number, in the `<answer>…</answer>` format
-- 3: the right number, wrong format
-- 1: a wrong number, or no answer
+- 5: the answer's number is written in words too (`<answer>46</answer> forty-six`)
+- 3: some number is written in words, but not the answer's
+- 1: digits only
 
+Whether the number is right is the automatic reward's business, not yours.
 Use *skip* when you cannot tell.
 """
 
@@ -67,11 +85,11 @@ def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> di
     a longer context to see real ones); the learned grader's part carries the signal."""
     return {
         **demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
+        "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
+                     "guidelines": K12_GUIDELINES},
         "sampling": {"temperature": 1.0, "max_tokens": 24},
         "rewards": [{"name": "k12_judge", "weight": 0.5, "domains": ["k12"], "params": {"max_tokens": 24}},
                     {"name": "k12_learned", "weight": 0.5, "domains": ["k12"], "params": {"max_length": 192}}],
-        "feedback": {"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "wait_seconds": feedback_wait, "fallback": "auto",
-                     "guidelines": K12_GUIDELINES},
     }
 
 
@@ -114,10 +132,11 @@ class Command(BaseCommand):
             if run is None:
                 try:
                     taskset = demo_taskset_import(owner=owner)
+                    heldout = demo_taskset_import(owner=owner, name="demo arithmetic (held out)", heldout=True)
                 except RftError as exc:
                     raise command_error(exc) from None
-                run = run_create(name=DEMO_RUN, owner=owner, config=demo_config(total_steps=total_steps, feedback_wait=feedback_wait),
-                                 taskset=taskset)
+                config = demo_config(total_steps=total_steps, feedback_wait=feedback_wait, eval_taskset=heldout.pk)
+                run = run_create(name=DEMO_RUN, owner=owner, config=config, taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
             if k12 and not Run.objects.filter(name=K12_RUN, owner=owner).exists():
 
@@ -128,8 +147,10 @@ class Command(BaseCommand):
                 RunMember.objects.get_or_create(run=k12_run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
             f"demo ready: log in as owner / {password}; run #{run.pk} '{run.name}' is {run.status} — start it from "
-            f"its page. Its feedback policy is blend: people's ratings change training. Open "
-            f"/runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window to rate live."
+            f"its page. Its feedback policy is learned: people's ratings, and the reward model they teach, change "
+            f"training. Open /runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window and "
+            f"rate by the guidelines' preference (the number written in words); the run page charts its share of "
+            f"held-out answers."
         ))
         if k12:
             k12_run = Run.objects.get(name=K12_RUN, owner__username="owner")

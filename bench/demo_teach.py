@@ -1,0 +1,213 @@
+"""The demo shows what people teach (issue #31 item 4): `make run`'s demo, a person in a real
+browser labelling by the guidelines' preference, and the same run beside it without people.
+
+What a new user does, scripted: a fresh var folder, `manage.py migrate`, `manage.py rft_demo`
+(the demo model, its taskset and held-out problems, an owner, an annotator, the demo run
+under the `learned` policy with guidelines asking for the number written in words), a second
+run with the same config and taskset that nobody rates ("without people"), `manage.py
+rft_serve` (the embedded default: web, conductor and workers in one process), both runs
+started with `manage.py rft start`. Then Chromium (Playwright) logs in as the annotator and
+labels up to `--labels` items on the people run's annotation page: for each item it reads the
+prompt and the completion off the page and gives the rating the preference gives
+(`apps.runs.preferences`, the same function as `bench.raters:in_words`), by clicking the
+rating and Submit as a person would. The runs train on; at the end the bench prints, per
+evaluated version, the share of held-out answers each run writes with the number in words
+(`eval/preference/in_words`, sampled answers to the demo's held-out problems), beside the
+evaluation accuracy, and the gain of the people run over the run without people.
+
+What each part may see: the runs' rewards are the demo's (`math_accuracy`, `math_format`):
+neither knows the preference. The evaluation's share is measured and never rewarded. The
+reward model learns the preference from the person's labels alone, over the demo model
+itself. Only the scripted person reads the preference, through the page.
+
+    python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0] [--headed]
+
+The last line: the people run's final share, the run without people's, and their
+difference, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import CHROMIUM, CHROMIUM_ARGS, DEMO_DIR, ROOT, free_port, health_wait
+
+PREFERENCE = "in_words"
+SHARE = f"eval/preference/{PREFERENCE}"
+
+
+def load_average() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+@dataclass
+class Demo:
+    var: Path
+    env: dict[str, str]
+
+    def manage(self, *args: str, timeout: float = 600) -> str:
+        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise SystemExit(f"manage.py {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return proc.stdout
+
+    def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:
+        with sqlite3.connect(self.var / "rftweb.sqlite3") as db:
+            return db.execute(sql, params).fetchall()
+
+
+# Runs inside `manage.py shell`: the run without people, the people run's config and taskset.
+_TWIN = """
+from apps.runs.models import Run
+from apps.runs.services import run_create
+from apps.cli.management.commands.rft_demo import DEMO_RUN
+people = Run.objects.get(name=DEMO_RUN)
+people.config = {**people.config, "seed": SEED}
+people.save(update_fields=["config"])
+twin = Run.objects.filter(name=DEMO_RUN + " (without people)").first() or run_create(
+    name=DEMO_RUN + " (without people)", owner=people.owner, config=people.config, taskset=people.taskset)
+print(people.pk, twin.pk)
+"""
+
+
+def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tuple[Demo, int, int]:
+    from workers.demo_model import demo_model_build
+
+    model = demo_model_build(out=DEMO_DIR, progress=True).out
+    # The embedded default, as `make run` serves it: no DATABASE_URL or REDIS_URL (with Redis,
+    # rft_serve leaves the workers to Celery processes of their own).
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
+    env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(model), PYTHONUNBUFFERED="1")
+    demo = Demo(var=var, env=env)
+    demo.manage("migrate", "--noinput", "-v", "0")
+    demo.manage("rft_demo", "--total-steps", str(steps), "--feedback-wait", str(feedback_wait), "--password", "pw")
+    people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed))).split()[-2:])
+    return demo, people, twin
+
+
+def person_labels(*, url: str, run: int, labels: int, until: float, headed: bool, done: Callable[[], bool]) -> int:
+    """The annotator in Chromium: rate items by the preference until `labels` are given, the
+    run has ended (`done()`), or the clock passes `until`. Returns the labels given."""
+    from playwright.sync_api import sync_playwright
+
+    from apps.runs.preferences import preference_get
+
+    prefer = preference_get(PREFERENCE)
+    given = 0
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(headless=not headed, executable_path=CHROMIUM, args=[a for a in CHROMIUM_ARGS if a != "--headless" or not headed])
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"{url}/login/?next=/runs/{run}/annotate/")
+        page.fill("#id_username", "annotator")
+        page.fill("#id_password", "pw")
+        page.click("button[type=submit]")
+        page.wait_for_selector("#annotate")
+        while given < labels and time.monotonic() < until and not done():
+            item = page.locator("#queue article.item:not(.done)").first
+            if item.count() == 0:
+                # Nothing waiting for people right now: the run is between steps. Look again.
+                time.sleep(2)
+                page.goto(f"{url}/runs/{run}/annotate/")
+                continue
+            prompt = item.locator(".prompt").inner_text()
+            completion = item.locator(".completion").inner_text()
+            score = prefer.rate(prompt, completion)
+            item.locator(f"input[name=score][value='{score}']").check()
+            item.locator("form.rate button[type=submit]").click()
+            assignment = item.get_attribute("data-assignment")
+            page.wait_for_selector(f"#item-{assignment}.done")
+            given += 1
+        browser.close()
+    return given
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--labels", type=int, default=100)
+    parser.add_argument("--feedback-wait", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, default=60.0, help="give up after this long")
+    parser.add_argument("--headed", action="store_true")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    deadline = started + args.minutes * 60
+    with tempfile.TemporaryDirectory(prefix="rft-demo-teach-") as tmp:
+        var = Path(tmp)
+        demo, people, twin = demo_setup(var=var, steps=args.steps, feedback_wait=args.feedback_wait, seed=args.seed)
+        print(f"demo runs: #{people} with a person labelling by {PREFERENCE}, #{twin} without people; {load_average()}",
+              flush=True)
+        port = free_port()
+        log_path = var / "serve.log"
+        with log_path.open("wb") as log:
+            server = subprocess.Popen([sys.executable, "manage.py", "rft_serve", "--port", str(port)], cwd=ROOT,
+                                      env=demo.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
+                    raise SystemExit("rft_serve did not come up:\n" + log_path.read_text()[-3000:])
+                for run in (people, twin):
+                    demo.manage("rft", "start", str(run))
+
+                def ended(run: int) -> bool:
+                    ((status,),) = demo.query("SELECT status FROM runs_run WHERE id = ?", run)
+                    return status != "running"
+
+                given = person_labels(url=url, run=people, labels=args.labels, until=deadline, headed=args.headed,
+                                      done=lambda: ended(people))
+                print(f"the person gave {given} labels in {time.monotonic() - started:.0f} s; {load_average()}", flush=True)
+                while time.monotonic() < deadline and not (ended(people) and ended(twin)):
+                    time.sleep(2)
+            finally:
+                os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+        report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+
+
+def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> None:
+    statuses = {int(str(pk)): str(status)
+                for pk, status in demo.query("SELECT id, status FROM runs_run WHERE id IN (?, ?)", people, twin)}
+
+    def series(run: int, name: str) -> dict[int, float]:
+        rows = demo.query("SELECT step, value FROM runs_metric WHERE run_id = ? AND name = ? ORDER BY step", run, name)
+        return {int(str(step)): float(str(value)) for step, value in rows}
+
+    shares = {run: series(run, SHARE) for run in (people, twin)}
+    accuracy = {run: series(run, "eval/accuracy") for run in (people, twin)}
+    labels = demo.query("SELECT count(*) FROM feedback_feedback f JOIN buffer_experience e ON e.id = f.experience_id "
+                        "WHERE e.run_id = ?", people)[0][0]
+    print(f"{'step':>5} {'share people':>13} {'share without':>14} {'acc people':>11} {'acc without':>12}")
+    for step in sorted(set(shares[people]) | set(shares[twin])):
+        def cell(table: dict[int, dict[int, float]], run: int) -> str:
+            value = table[run].get(step)
+            return "-" if value is None else f"{value:.3f}"
+        print(f"{step:>5} {cell(shares, people):>13} {cell(shares, twin):>14} {cell(accuracy, people):>11} "
+              f"{cell(accuracy, twin):>12}")
+    if not shares[people] or not shares[twin]:
+        raise SystemExit(f"no {SHARE} measured (runs ended {statuses}); see the serve log")
+    first = shares[people][min(shares[people])]
+    last_people, last_twin = shares[people][max(shares[people])], shares[twin][max(shares[twin])]
+    print(f"runs ended: people {statuses[people]}, without people {statuses[twin]}; labels given {given}, stored {labels}; "
+          f"{seconds:.0f} s")
+    print(f"demo_teach: {PREFERENCE} share {first:.3f} -> people {last_people:.3f} vs without people {last_twin:.3f} "
+          f"(difference {last_people - last_twin:+.3f}); {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
