@@ -25,7 +25,7 @@ import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -48,6 +48,7 @@ from apps.runs.ports import (
     weight_load_record,
 )
 from rftweb.exceptions import InvalidInput, Unavailable
+from rftweb.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from workers.chat import ChatAnswer
@@ -464,7 +465,7 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
     soft_time_limit=300,
     time_limit=330,
 )
-def generate(run_id: int, requests: list[dict[str, Any]]) -> list[Completion]:
+def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
     return generate_completions(run_id=run_id, requests=requests)
 
 
@@ -477,7 +478,7 @@ def generate(run_id: int, requests: list[dict[str, Any]]) -> list[Completion]:
     soft_time_limit=300,
     time_limit=330,
 )
-def chat(run_id: int, request: dict[str, Any]) -> ChatAnswer | None:
+def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
     from workers.chat import chat_serve
 
     answer = chat_serve(run_id=run_id, request=request)
