@@ -69,8 +69,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, median, processes_stop, run_wait_ended, setup_django
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
@@ -116,7 +120,7 @@ def _workers_wait(*, count: int, seconds: float = 120) -> None:
     raise SystemExit(f"the {count} Celery workers did not answer within {seconds:.0f} s (their logs are in the temp dir)")
 
 
-def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: object,
+def _timed_run(*, mode: str, args: argparse.Namespace, model_dir: Path, taskset: object, owner: User,
                steps: int | None = None) -> tuple[float, dict[str, float]]:
     from apps.runs.models import Metric, Run
     from apps.runs.services import run_create, run_transition

@@ -52,6 +52,8 @@ def main() -> None:
         env["RFT_STORAGE_DIR"] = str(logs / "storage")
         worker = bench_worker("reward", "reward", ["workers.reward_trainer"], env=env, logs=logs)
         try:
+            # People label a running system: the clock starts once the worker answers.
+            worker_wait(seconds=args.timeout, log=logs / "reward.log")
             seconds = rounds(args=args, model=str(model), worker_log=logs / "reward.log")
         finally:
             processes_stop([worker])
@@ -63,6 +65,16 @@ def main() -> None:
     print(f"rm_latency: last label of a retraining batch to the new version's first score: median "
           f"{statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s over {len(seconds)} rounds "
           f"(target <= 60 s); {load_average()}")
+
+
+def worker_wait(*, seconds: float, log: Path) -> None:
+    from rftweb.celery import app
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if app.control.ping(timeout=1.0):
+            return
+    raise SystemExit("the reward worker did not answer:\n" + log.read_text()[-3000:])
 
 
 def rounds(*, args: argparse.Namespace, model: str, worker_log: Path) -> list[float]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -35,7 +36,7 @@ from rftweb.exceptions import RftError, TooLarge
 # an InvalidInput, a 422 naming the field.
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise InputRejected("body", f"{name} is not a JSON number")
 
 
@@ -130,7 +131,7 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return _problem(request, exc.status_code, str(exc))
 
 
-def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+def _loc(loc: Sequence[object]) -> str:
     parts = list(loc)
     if parts and parts[0] == "body":
         parts = parts[2:] if len(parts) > 1 else []

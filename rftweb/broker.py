@@ -16,15 +16,18 @@ is kombu's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kombu.transport import redis as kombu_redis
 
+if TYPE_CHECKING:
+    from redis import Redis
+
 
 class RedisChannel(kombu_redis.Channel):
-    _kept_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
+    _kept_client: tuple[object, Redis] | None = None  # (the pool it uses, the client)
 
-    def _create_client(self, asynchronous: bool = False) -> Any:
+    def _create_client(self, asynchronous: bool = False) -> Redis:
         if asynchronous:
             # Built once per channel by kombu already (`client`, `subclient`).
             return super()._create_client(asynchronous=True)

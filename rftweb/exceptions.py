@@ -23,7 +23,10 @@ error, mapped to a response once per door.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.forms import BaseForm
 
 
 class RftError(Exception):
@@ -142,7 +145,7 @@ def command_error(exc: RftError, *, what: str = "") -> Exception:
     return CommandError(f"{head}{exc}")
 
 
-def form_errors_add(form: Any, exc: RftError) -> None:
+def form_errors_add(form: BaseForm, exc: RftError) -> None:
     """The forms' translation: each field's message on its form field (the form as a whole
     for a field the form does not have)."""
     for field, message in exc.errors.items():

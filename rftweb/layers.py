@@ -9,8 +9,6 @@ that loop, or a waiting consumer may never wake up.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 from channels.layers import InMemoryChannelLayer
 
 
@@ -23,18 +21,18 @@ class EmbeddedChannelLayer(InMemoryChannelLayer):
             return None
         return loop
 
-    async def receive(self, channel: str) -> Any:
+    async def receive(self, channel: str) -> dict[str, object]:
         # Consumers receive on the server's loop: remember it.
         self._server_loop = asyncio.get_running_loop()
         return await super().receive(channel)
 
-    async def send(self, channel: str, message: dict[str, Any]) -> None:
+    async def send(self, channel: str, message: dict[str, object]) -> None:
         loop = self._foreign()
         if loop is None:
             return await super().send(channel, message)
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(InMemoryChannelLayer.send(self, channel, message), loop))
 
-    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+    async def group_send(self, group: str, message: dict[str, object]) -> None:
         loop = self._foreign()
         if loop is None:
             return await super().group_send(group, message)

@@ -6,7 +6,7 @@ axes' tables (AccessAttempt, AccessFailureLog), shown in the admin."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from axes.backends import AxesStandaloneBackend
 from django.conf import settings
@@ -20,7 +20,7 @@ class LoginGuardBackend(AxesStandaloneBackend):
     to the next backend, as it was before axes."""
 
     def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None,
-                     **kwargs: Any) -> None:
+                     **kwargs: object) -> None:
         if request is None:
             return None
         return super().authenticate(request, username, password, **kwargs)  # type: ignore[no-any-return]
@@ -33,7 +33,7 @@ def lockout_message() -> str:
 
 
 def lockout_response(request: HttpRequest, original_response: HttpResponse | None = None,
-                     credentials: dict[str, Any] | None = None) -> HttpResponse:
+                     credentials: Mapping[str, object] | None = None) -> HttpResponse:
     """AXES_LOCKOUT_CALLABLE: the same page, 429 with Retry-After, wherever the login was."""
     response = render(request, "registration/locked_out.html", {"message": lockout_message()}, status=429)
     response["Retry-After"] = str(settings.RFT_LOGIN_LOCKOUT_SECONDS)

@@ -5,8 +5,6 @@ parses every form first, answers 413 naming the field, the file and the cap."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import HttpResponse
@@ -29,8 +27,9 @@ class CappedUploadHandler(FileUploadHandler):
 
     received = 0
 
-    def new_file(self, *args: Any, **kwargs: Any) -> None:
-        super().new_file(*args, **kwargs)
+    def new_file(self, field_name: str, file_name: str, content_type: str, content_length: int | None,
+                 charset: str | None = None, content_type_extra: dict[str, bytes] | None = None) -> None:
+        super().new_file(field_name, file_name, content_type, content_length, charset, content_type_extra)
         self.received = 0
 
     def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:

@@ -20,11 +20,14 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from rftweb.exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 # What browsers render as a picture and nothing else: no SVG (it runs script).
 CONTENT_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
@@ -115,7 +118,7 @@ def image_bytes(sha256: str) -> bytes:
     return image_path(sha256).read_bytes()
 
 
-def image_open(sha256: str) -> Any:
+def image_open(sha256: str) -> Image.Image:
     """The stored picture as an RGB PIL image (workers: the engines and the trainer)."""
     from PIL import Image
 

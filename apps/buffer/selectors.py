@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
@@ -83,7 +82,7 @@ class ExperienceFilters:
     # What was typed, so a refused value is shown back beside its error.
     raw: dict[str, str] = field(default_factory=dict)
 
-    def query(self, **changes: Any) -> str:
+    def query(self, **changes: str | float | None) -> str:
         """The filters as a query string (for links to the next page)."""
         from urllib.parse import urlencode
 
@@ -130,7 +129,7 @@ def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
     return filters
 
 
-def experience_filter_choices(*, run: Run) -> dict[str, list[Any]]:
+def experience_filter_choices(*, run: Run) -> dict[str, list[str] | list[int]]:
     """Values offered in the browser's filter menus."""
     from django.contrib.auth import get_user_model
 

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -34,6 +34,7 @@ from apps.runs.metrics import metric_announce, metric_record, metric_values_clea
 from apps.runs.models import Metric, Run
 from apps.runs.services import run_train_step_record
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import Body
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def experience_write(*, experiences: Sequence[ExperienceDraft], announce: bool =
 def _known_ids(*, run_ids: set[int], task_ids: set[int], parent_ids: set[int]) -> tuple[set[int], set[int], set[int]]:
     """Which of these runs, tasks and parent experiences exist, in one round trip (a UNION
     ALL of the three look-ups) instead of one each: the loop writes a batch every step."""
-    kinds: list[tuple[str, Any, set[int]]] = [("r", Run, run_ids), ("t", Task, task_ids), ("p", Experience, parent_ids)]
+    kinds: list[tuple[str, type[Run] | type[Task] | type[Experience], set[int]]] = [("r", Run, run_ids), ("t", Task, task_ids), ("p", Experience, parent_ids)]
     queries = [
         model.objects.filter(pk__in=ids).order_by().annotate(kind=models.Value(kind)).values_list("kind", "pk")
         for kind, model, ids in kinds
@@ -117,7 +118,7 @@ def _known_ids(*, run_ids: set[int], task_ids: set[int], parent_ids: set[int]) -
 
 
 def _announce_on_commit(*, drafts: Sequence[ExperienceDraft], ids: Sequence[int], is_new: Sequence[bool]) -> None:
-    by_run: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    by_run: dict[int, list[tuple[str, Body]]] = {}
     for d, pk, new in zip(drafts, ids, is_new, strict=True):
         if new:
             by_run.setdefault(d.run_id, []).append(("experience.created", d.event_payload(id=pk)))
@@ -170,8 +171,8 @@ _COPY_PLAN = [
 ]
 
 
-def _copy_values(draft: ExperienceDraft, now: datetime) -> list[Any]:
-    values = []
+def _copy_values(draft: ExperienceDraft, now: datetime) -> list[object]:
+    values: list[object] = []
     for name, is_json, carried, default in _COPY_PLAN:
         if name == "created_at":
             values.append(now)
@@ -188,7 +189,7 @@ def _copy_values(draft: ExperienceDraft, now: datetime) -> list[Any]:
 # The psycopg connections whose session holds the staging table `experience_in` (a temp
 # table lives as long as its session): created once per connection, not once per write.
 # Weak, so a connection Django closes is forgotten with it.
-_STAGING_READY: weakref.WeakSet[Any] = weakref.WeakSet()
+_STAGING_READY: weakref.WeakSet[object] = weakref.WeakSet()
 
 
 def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], int]:
@@ -226,7 +227,10 @@ def _insert_by_copy(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], 
     return created
 
 
-def _lock(qs: QuerySet[Any]) -> QuerySet[Any]:
+M = TypeVar("M", bound=models.Model)
+
+
+def _lock(qs: QuerySet[M]) -> QuerySet[M]:
     # SQLite has one writer at a time and no row locks; Postgres skips rows others hold.
     if connection.features.has_select_for_update_skip_locked:
         return qs.select_for_update(skip_locked=True, of=("self",))
@@ -327,13 +331,14 @@ def _returning_columns() -> str:
     return ", ".join(f"{table}.{connection.ops.quote_name(str(f.column))}" for f in _CONCRETE)
 
 
-def _experience_from_row(row: Sequence[Any]) -> Experience:
+def _experience_from_row(row: Sequence[object]) -> Experience:
     # What RawQuerySet does, without its per-row column mapping and converter lookups, which
     # cost a third of a 256-row claim. psycopg hands Django jsonb as text (as the ORM decodes it).
     values = list(row)
     for i in _JSON_AT:
-        if isinstance(values[i], str):
-            values[i] = json.loads(values[i])
+        raw = values[i]
+        if isinstance(raw, str):
+            values[i] = json.loads(raw)
     return Experience.from_db(connection.alias, _ATTNAMES, values)
 
 
@@ -395,7 +400,7 @@ def batch_ack(*, run: Run, worker: str, ids: Sequence[int]) -> int:
     return qs.update(**values)
 
 
-def _ack_update(*, run: Run, worker: str, ids: Sequence[int]) -> tuple[QuerySet[Experience], dict[str, Any]]:
+def _ack_update(*, run: Run, worker: str, ids: Sequence[int]) -> tuple[QuerySet[Experience], dict[str, object]]:
     """batch_ack's rows and new values, for batch_ack and for batch_commit_step's statement."""
     from django.db.models import Case, When
 

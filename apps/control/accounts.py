@@ -126,7 +126,7 @@ class PasswordSetView(auth_views.PasswordResetConfirmView):
     post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
     success_url = reverse_lazy("runs:list")
 
-    def form_valid(self, form: SetPasswordForm) -> HttpResponse:
+    def form_valid(self, form: SetPasswordForm[User]) -> HttpResponse:
         response = super().form_valid(form)
         messages.success(self.request, "Your password is set; you are logged in.")
         return response

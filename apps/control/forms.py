@@ -13,12 +13,13 @@ import enum
 import json
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic.json_schema import JsonDict
 
 from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
@@ -50,7 +51,7 @@ class FieldSpec:
     errors: list[str] = field(default_factory=list)
 
 
-def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+def _unwrap_optional(annotation: object) -> tuple[object, bool]:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -81,7 +82,7 @@ def _default_text(info: FieldInfo, kind: str, base: object = _NO_BASE) -> str:
     return str(value)
 
 
-def _extra(info: FieldInfo) -> dict[str, Any]:
+def _extra(info: FieldInfo) -> JsonDict:
     return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
@@ -139,15 +140,18 @@ def feedback_field_specs() -> list[FieldSpec]:
     return _specs(FeedbackPolicy, "feedback.", "feedback")
 
 
-def _set(data: dict[str, Any], path: str, value: Any) -> None:
+def _set(data: dict[str, object], path: str, value: object) -> None:
     *parents, leaf = path.split(".")
     node = data
     for part in parents:
-        node = node.setdefault(part, {})
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TypeError(f"{path}: {part} is a value, not a block of the config")
+        node = child
     node[leaf] = value
 
 
-def _get(data: Any, path: str) -> Any:
+def _get(data: object, path: str) -> object:
     node = data
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -156,10 +160,10 @@ def _get(data: Any, path: str) -> Any:
     return node
 
 
-def config_from_post(post: Any, specs: list[FieldSpec]) -> tuple[dict[str, Any], dict[str, str]]:
+def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tuple[dict[str, object], dict[str, str]]:
     """The nested config mapping the posted fields describe, and errors for fields that
     could not even be read (bad YAML). Empty inputs are left out so defaults apply."""
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     errors: dict[str, str] = {}
     for spec in specs:
         raw = post.get(spec.path)
@@ -179,7 +183,7 @@ def config_from_post(post: Any, specs: list[FieldSpec]) -> tuple[dict[str, Any],
     return data, errors
 
 
-def values_from_config(data: Any, specs: list[FieldSpec]) -> dict[str, str]:
+def values_from_config(data: object, specs: list[FieldSpec]) -> dict[str, str]:
     """Form values for a (possibly invalid) config mapping, to show an uploaded file's
     contents in the form beside its errors."""
     values: dict[str, str] = {}
@@ -334,7 +338,7 @@ def algorithm_defaults() -> dict[str, dict[str, str]]:
     return {a.name: dict(a.form_defaults) for a in algorithms()}
 
 
-def config_warnings(*, config: Any) -> list[str]:
+def config_warnings(*, config: object) -> list[str]:
     """Configs that are valid but cannot learn (or learn nothing from people)."""
     cfg = config_validate(data=config)
     out: list[str] = []

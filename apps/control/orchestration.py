@@ -31,7 +31,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -128,7 +127,7 @@ def train_readiness(*, run: Run) -> TrainReadiness:
 # ----------------------------------------------------------------------------- dispatch
 
 
-def _send(name: str, args: list[Any], queue: str, task_id: str) -> None:
+def _send(name: str, args: list[object], queue: str, task_id: str) -> None:
     from rftweb.celery import app
 
     app.send_task(name, args=args, queue=queue, task_id=task_id)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TypedDict
 from urllib.parse import urlencode
 
+from django.contrib.auth.models import User
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -19,6 +20,7 @@ from apps.buffer.selectors import ExperienceFilters
 from apps.control.orchestration import batch_plan, train_readiness
 from apps.feedback.models import Feedback
 from apps.feedback.kinds import kind_names
+from apps.feedback.holds import Person
 from apps.feedback.selectors import annotation_waiting
 from apps.runs import policy
 from apps.runs.heartbeat import workers_health
@@ -35,10 +37,15 @@ from apps.runs.selectors import (
 EVAL_ACCURACY = "eval/accuracy"  # the held-out evaluation's accuracy metric (workers' name for it)
 
 
-def run_last_event(*, run: Run) -> dict[str, Any] | None:
+class LastEvent(TypedDict):
+    at: datetime
+    text: str
+
+
+def run_last_event(*, run: Run) -> LastEvent | None:
     """The most recent thing that happened to the run: a control, a metric, a version, a
     weight load or an experience."""
-    candidates: list[dict[str, Any]] = []
+    candidates: list[LastEvent] = []
     audit = AuditEntry.objects.filter(run=run).order_by("-created_at").first()
     if audit:
         candidates.append({"at": audit.created_at, "text": audit_text(action=audit.action, actor=audit.actor)})
@@ -132,7 +139,23 @@ def _sort_value(query: RunListQuery, run: Run, *, reward: float | None, eval_acc
     return None if number is None else ("", number)
 
 
-def run_rows(*, user: Any, query: RunListQuery | None = None) -> list[dict[str, Any]]:
+class RunRow(TypedDict):
+    """One line of the runs list."""
+
+    run: Run
+    role: str | None
+    annotate: bool
+    waiting: int
+    counts: dict[str, int]
+    spark: list[float]
+    spark_points: str
+    reward: float | None
+    eval_accuracy: float | None
+    labels: int
+    last_event: LastEvent | None
+
+
+def run_rows(*, user: Person, query: RunListQuery | None = None) -> list[RunRow]:
     """The runs list: each visible run with its buffer counts, reward sparkline, latest
     evaluation accuracy, labels given and last event; sorted and filtered by `query`."""
     query = query or RunListQuery()
@@ -152,7 +175,7 @@ def run_rows(*, user: Any, query: RunListQuery | None = None) -> list[dict[str, 
         Experience.objects.filter(run__in=[r.pk for r in runs]).values("run_id", "status").annotate(n=Count("id"))
     ):
         counts[row["run_id"]][row["status"]] = row["n"]
-    rows = []
+    rows: list[RunRow] = []
     keys: dict[int, tuple[str, float]] = {}
     for run in runs:
         spark = reward_sparkline(run=run)
@@ -196,19 +219,27 @@ def feedback_per_minute(*, run: Run, minutes: int = 120) -> list[list[float]]:
     return [[row["minute"].timestamp(), row["n"]] for row in rows]
 
 
-def tasksets_for(*, user: Any) -> list[Any]:
+def tasksets_for(*, user: Person | None) -> list[Taskset]:
     """Tasksets a user may start a run on: their own, and those of runs they own (all for
     staff), newest first, with their task counts."""
 
 
-    if not getattr(user, "is_authenticated", False):
+    if not isinstance(user, User) or not user.is_authenticated:
         return []
     qs = Taskset.objects.all() if user.is_staff else Taskset.objects.filter(Q(owner=user) | Q(runs__owner=user)).distinct()
     qs = qs.exclude(import_status=Taskset.Import.FAILED)
     return list(qs.annotate(n_tasks=Count("tasks", distinct=True)).order_by("-created_at", "-id")[:200])
 
 
-def run_waiting(*, run: Run) -> list[dict[str, Any]]:
+class Waiting(TypedDict):
+    """What a running run waits for (`what`: people, version, batch, worker), since when."""
+
+    what: str
+    since: datetime
+    text: str
+
+
+def run_waiting(*, run: Run) -> list[Waiting]:
     """What a running run waits for, and since when: people's feedback, a model version
     from the trainer, a full batch, a worker for a queue. Empty when nothing holds it up."""
 
@@ -216,7 +247,7 @@ def run_waiting(*, run: Run) -> list[dict[str, Any]]:
     if run.status != Run.Status.RUNNING:
         return []
     cfg = run.cfg
-    out: list[dict[str, Any]] = []
+    out: list[Waiting] = []
     started = (AuditEntry.objects.filter(run=run, action__in=("start", "resume")).aggregate(t=Max("created_at"))["t"]
                or run.updated_at)
     latest_version = ModelVersion.objects.filter(run=run).aggregate(t=Max("created_at"))["t"] or started
@@ -287,7 +318,13 @@ def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50)
     return list(qs.order_by("-id")[:limit])
 
 
-def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
+class GroupMember(TypedDict):
+    exp: Experience
+    feedback: list[Feedback]
+    best: bool
+
+
+def experience_group_detail(*, run: Run, group_id: str) -> list[GroupMember]:
     """A group's members side by side: each with its rewards and its feedback."""
     members = list(Experience.objects.filter(run=run, group_id=group_id).select_related("task").order_by("id"))
     feedback: dict[int | None, list[Feedback]] = {}
@@ -298,6 +335,6 @@ def experience_group_detail(*, run: Run, group_id: str) -> list[dict[str, Any]]:
     return [{"exp": m, "feedback": feedback.get(m.pk, []), "best": best is not None and m.reward == best} for m in members]
 
 
-def group_feedback(*, run: Run, group_id: str) -> list[Any]:
+def group_feedback(*, run: Run, group_id: str) -> list[Feedback]:
     """Feedback on the group as a whole (rankings)."""
     return list(Feedback.objects.filter(run=run, group_id=group_id, experience__isnull=True).select_related("author"))

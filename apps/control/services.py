@@ -3,13 +3,13 @@ the import of its taskset file (apps.buffer's importers)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from apps.buffer.importers import taskset_import
+from apps.buffer.models import Taskset
 from apps.runs.config import ConfigInvalid, RunConfig, config_validate
 from apps.runs.models import Run
 from apps.runs.services import run_create, run_name_errors, run_spec_errors
@@ -18,9 +18,9 @@ from apps.runs.services import run_create, run_name_errors, run_spec_errors
 def run_create_with_taskset(
     *,
     name: str,
-    owner: Any,
-    config: dict[str, Any] | RunConfig,
-    taskset: Any = None,
+    owner: User,
+    config: Mapping[str, object] | RunConfig,
+    taskset: Taskset | None = None,
     taskset_path: str | Path | None = None,
     taskset_name: str | None = None,
     progress: Callable[[int, int | None], None] | None = None,

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from django.conf import settings
 from django.contrib import messages
 from django.db import transaction
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.http import (
     FileResponse,
     Http404,
@@ -99,6 +101,7 @@ from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from rftweb.exceptions import ExportFailed, RftError
 from rftweb.http import HtmxHttpRequest
 
+
 CONTROLS: dict[str, dict[str, str]] = {
     "start": {"label": "Start", "question": "Start run “{name}”? Explorers and trainers begin work."},
     "pause": {"label": "Pause", "question": "Pause run “{name}”? Workers finish their current step and wait."},
@@ -119,11 +122,18 @@ _ALLOWED: dict[str, list[str]] = {
 _RUNS = Run.objects.select_related("owner", "taskset")
 
 
-def _partial(request: HtmxHttpRequest, template: str, context: dict[str, Any], page_title: str) -> HttpResponse:
+def _partial(request: HtmxHttpRequest, template: str, context: dict[str, object], page_title: str) -> HttpResponse:
     """An HTMX request gets the fragment; a plain one the fragment inside a page."""
     if request.htmx:
         return render(request, template, context)
     return render(request, "runs/partial_page.html", {**context, "fragment": template, "page_title": page_title})
+
+
+def _signed_in(request: HtmxHttpRequest) -> User:
+    """The person behind a login_required view."""
+    if not isinstance(request.user, User):
+        raise PermissionDenied("sign in first")
+    return request.user
 
 
 # --- list and creation -------------------------------------------------------------------
@@ -142,8 +152,8 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "runs/list.html", context)
 
 
-def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: str = "", *, user: Any = None,
-                    taskset_id: int | None = None, notes: list[str] | None = None, chosen: str = "") -> dict[str, Any]:
+def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: str = "", *, user: User | AnonymousUser | None = None,
+                    taskset_id: int | None = None, notes: list[str] | None = None, chosen: str = "") -> dict[str, object]:
     specs = config_field_specs()
     for spec in specs:
         spec.value = values.get(spec.path, spec.default)
@@ -196,7 +206,7 @@ def _reward_names() -> list[str]:
     return sorted(reward_names())
 
 
-def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Any, list[str], list[str]]:
+def _taskset_from_request(request: HtmxHttpRequest) -> tuple[Taskset | None, list[str], list[str]]:
     """The taskset the form names: an upload (imported in the form's transaction, gone
     again if the form is refused) or one picked from the list. (taskset or None, errors,
     notes)."""
@@ -270,7 +280,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     name = request.POST.get("name", "").strip()
     upload = request.FILES.get(CONFIG_FILE)
     errors: dict[str, list[str]] = {}
-    data: dict[str, Any] | None = None
+    data: Mapping[str, object] | None = None
     if upload is not None:
         # The file is the config; its values fill the form so each error sits beside its field.
         raw = upload.read(MAX_CONFIG_BYTES + 1)
@@ -309,7 +319,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     run: Run | None = None
     if not errors and data is not None:
         try:
-            run = run_create(name=name, owner=request.user, config=data, taskset=taskset)
+            run = run_create(name=name, owner=_signed_in(request), config=data, taskset=taskset)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=fallback)
     if errors or run is None:
@@ -334,7 +344,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
 
 # --- the run page ------------------------------------------------------------------------
 
-def _controls_context(run: Run, role: str) -> dict[str, Any]:
+def _controls_context(run: Run, role: str) -> dict[str, object]:
     actions = _ALLOWED.get(run.status, []) if role == "owner" else []
     return {
         "run": run,
@@ -343,7 +353,7 @@ def _controls_context(run: Run, role: str) -> dict[str, Any]:
     }
 
 
-def _feedback_form_context(run: Run, values: dict[str, str] | None = None, errors: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def _feedback_form_context(run: Run, values: dict[str, str] | None = None, errors: dict[str, list[str]] | None = None) -> dict[str, object]:
     specs = feedback_field_specs()
     current = values_from_config(run.config, specs)
     for spec in specs:
@@ -561,7 +571,7 @@ def run_audit_log(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
 
 
-def _members_context(run: Run, role: str, **extra: Any) -> dict[str, Any]:
+def _members_context(run: Run, role: str, **extra: object) -> dict[str, object]:
     return {"run": run, "role": role, "members": list(run.members.select_related("user").order_by("role", "user__username")),
             **extra}
 

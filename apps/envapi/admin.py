@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -36,7 +34,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     actions = [revoke]
 
     def get_form(self, request: HttpRequest, obj: ApiKey | None = None, change: bool = False,
-                 **kwargs: Any) -> type[ModelForm[ApiKey]]:
+                 **kwargs: object) -> type[ModelForm[ApiKey]]:
         if obj is None:
             kwargs["form"] = ApiKeyAddForm
         return super().get_form(request, obj, change=change, **kwargs)

@@ -16,12 +16,12 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Path, Query, Router
+from ninja import Router
+from ninja.params.functions import Path, Query
 from ninja.security import HttpBearer
 from pydantic import ValidationError as PydanticValidationError
 
@@ -39,7 +39,7 @@ from apps.envapi.services import (
     trajectories_submit,
 )
 from apps.feedback.exports import export_jsonl_response, export_options_parse
-from apps.feedback.kinds import kind_get
+from apps.feedback.kinds import Who, kind_get
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
@@ -47,6 +47,7 @@ from apps.runs.events import layer_events, run_group
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
 from rftweb.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
+from rftweb.jsontypes import Body
 
 router = Router()
 
@@ -79,7 +80,10 @@ READ, SUBMIT, FEEDBACK = KeyAuth("read"), KeyAuth("submit"), KeyAuth("feedback")
 
 
 def _principal(request: HttpRequest) -> KeyPrincipal:
-    return request.auth  # type: ignore[attr-defined,return-value]
+    principal = getattr(request, "auth", None)  # set by the routes' key auth (KeyAuth)
+    if not isinstance(principal, KeyPrincipal):
+        raise TypeError("the environment API's routes authenticate with a key")
+    return principal
 
 
 def _worker(request: HttpRequest, label: str) -> str:
@@ -89,7 +93,7 @@ def _worker(request: HttpRequest, label: str) -> str:
 # ---- runs ----------------------------------------------------------------------------
 
 
-def _run_out(run: Run) -> dict[str, Any]:
+def _run_out(run: Run) -> Body:
     return {
         "id": run.pk, "name": run.name, "status": run.status, "config": run.cfg, "taskset_id": run.taskset_id,
         "current_version": run_current_version(run=run), "explore_step": run.explore_step,
@@ -98,14 +102,14 @@ def _run_out(run: Run) -> dict[str, Any]:
 
 
 @router.get("/runs", auth=READ, response=responses(list[s.RunOut]), tags=["runs"], summary="Runs this key may see")
-def runs_list(request: HttpRequest) -> list[dict[str, Any]]:
+def runs_list(request: HttpRequest) -> list[Body]:
     runs = Run.objects.filter(pk__in=_principal(request).run_ids).order_by("-created_at")
     return [_run_out(run) for run in runs]
 
 
 @router.get("/runs/{run_id}", auth=READ, response=responses(s.RunOut), tags=["runs"],
          summary="A run, with its current model version and checkpoint")
-def run_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
+def run_get(request: HttpRequest, run_id: int = RunId) -> Body:
     return _run_out(run_reachable(request, run_id))
 
 
@@ -123,7 +127,7 @@ def run_taskset_get(request: HttpRequest, run_id: int = RunId) -> TasksetImportO
 
 @router.post("/runs/{run_id}/tasks/claim", auth=SUBMIT, response=responses(s.TaskClaimOut), tags=["tasks"],
           summary="Lease a batch of the run's tasks")
-def tasks_claim(request: HttpRequest, payload: s.TaskClaimIn, run_id: int = RunId) -> dict[str, Any]:
+def tasks_claim(request: HttpRequest, payload: s.TaskClaimIn, run_id: int = RunId) -> Body:
     run = run_reachable(request, run_id)
     worker = _worker(request, payload.worker)
     attempts = task_claim(run=run, worker=worker, size=payload.size, lease_seconds=payload.lease_seconds)
@@ -158,7 +162,7 @@ def tasks_finish(request: HttpRequest, payload: s.TaskFinishIn, run_id: int = Ru
 
 @router.post("/runs/{run_id}/tasks", auth=SUBMIT, response=responses(s.TasksAddOut), tags=["tasks"],
           summary="Add tasks to the run's taskset")
-def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunId) -> dict[str, Any]:
+def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunId) -> Body:
     run = run_reachable(request, run_id)
     tasks = tasks_add(run=run, records=[t.model_dump() for t in payload.tasks])
     return {"taskset_id": tasks[0].taskset_id, "task_ids": [t.pk for t in tasks]}
@@ -169,7 +173,7 @@ def tasks_create(request: HttpRequest, payload: s.TasksAddIn, run_id: int = RunI
 
 @router.post("/runs/{run_id}/trajectories", auth=SUBMIT, response=responses(s.TrajectoriesOut), tags=["trajectories"],
           summary="Submit trajectories as experiences (idempotent on each key)")
-def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id: int = RunId) -> dict[str, Any]:
+def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id: int = RunId) -> Body:
     run = run_reachable(request, run_id)
     items = [t.model_dump(exclude_none=False) for t in payload.trajectories]
     for item, t in zip(items, payload.trajectories, strict=True):
@@ -188,14 +192,14 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
 
 @router.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
           summary="A reward, rating, ranking, preference or flag")
-def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> dict[str, Any]:
+def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> Body:
     run = run_reachable(request, run_id)
-    who: dict[str, Any] = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
+    who: Who = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
     feedback: Feedback
     # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
     experience = payload.experience_id or 0
     feedback = kind_get(payload.kind).api_store(payload, experience=experience, who=who)
-    target: Mapping[str, Any] = {}
+    target: Mapping[str, object] = {}
     if feedback.experience_id is not None:
         target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
     return {
@@ -222,7 +226,7 @@ def annotation_get(request: HttpRequest, run_id: int = RunId) -> dict[str, int |
 # ---- rollouts ------------------------------------------------------------------------
 
 
-def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
+def _sampling_request(req: s.RolloutRequestIn) -> Body:
     data = req.model_dump(exclude_none=True)
     if req.messages is not None:
         data["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
@@ -231,7 +235,7 @@ def _sampling_request(req: s.RolloutRequestIn) -> dict[str, Any]:
 
 @router.post("/runs/{run_id}/rollouts", auth=SUBMIT, response=responses(s.RolloutsOut, 502, 503), tags=["rollouts"],
           summary="Generate with the run's current model (token ids and logprobs included)")
-async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> dict[str, Any]:
+async def rollouts_create(request: HttpRequest, payload: s.RolloutsIn, run_id: int = RunId) -> Body:
     run = await sync_to_async(run_reachable)(request, run_id)
     timeout = min(payload.timeout_seconds, settings.RFT_ROLLOUT_TIMEOUT_SECONDS)
     requests = [_sampling_request(r) for r in payload.requests]

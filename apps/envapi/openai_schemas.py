@@ -8,7 +8,7 @@ frameworks send extras of their own.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -70,7 +70,7 @@ class MessageIn(_In):
 class FunctionDef(_In):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
     description: Annotated[str, Field(max_length=10_000)] | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, object] | None = None
     strict: bool | None = None
 
 
@@ -134,7 +134,7 @@ class ChatCompletionIn(_SamplingIn):
     tools: Annotated[list[ToolIn], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, object] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionIn:

@@ -7,10 +7,11 @@ value. Integer bounds follow the database columns so no value can overflow one.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from ninja import Path, Schema
 from pydantic import ConfigDict, Field, FiniteFloat, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from apps.feedback.kinds import kind_get, kind_names, kinds
 from apps.runs.api_kit import Error
@@ -74,10 +75,10 @@ class PlainMessage(In):
 class TaskIn(In):
     prompt: LongText | None = None
     messages: Annotated[list[PlainMessage], Field(min_length=1, max_length=500)] | None = None
-    reference: Any = Field(None, description="the reference answer (any JSON)")
-    tests: Any = None
+    reference: object = Field(None, description="the reference answer (any JSON)")
+    tests: object = None
     domain: Annotated[str, Field(min_length=1, max_length=50)] = "general"
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, object] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _has_prompt(self) -> TaskIn:
@@ -106,10 +107,10 @@ class TaskOut(Schema):
     task_id: int
     epoch: int
     prompt: str
-    messages: list[dict[str, Any]] | None
-    reference: Any = None
+    messages: list[dict[str, object]] | None
+    reference: object = None
     domain: str
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
 
 
 class TaskClaimOut(Schema):
@@ -183,7 +184,7 @@ class TrajectoryIn(In):
     reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(default_factory=dict)
     model_version: Int32 | None = Field(None, description="default: the run's current version")
     finish_reason: Annotated[str, Field(max_length=20)] = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, object] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrajectoryIn:
@@ -224,9 +225,9 @@ class TrajectoriesOut(Schema):
 # ---- feedback ------------------------------------------------------------------------
 
 
-def _kind_enum(schema: dict[str, Any]) -> None:
+def _kind_enum(schema: JsonDict) -> None:
     """The API's kinds in its description, as registered when it is asked for."""
-    schema["enum"] = kind_names(api=True)
+    schema["enum"] = [name for name in kind_names(api=True)]
 
 
 class FeedbackIn(In):
@@ -281,7 +282,7 @@ class FeedbackOut(Schema):
                                    "label still teaches the run's reward model (see effect)")
     effect: str = Field(description="what this feedback does, in words: e.g. \"moves its group's reward\", "
                                     "\"late: teaches the reward model\"")
-    value: dict[str, Any] = Field(description="as stored: the same shape whichever door it came through")
+    value: dict[str, object] = Field(description="as stored: the same shape whichever door it came through")
     experience_status: str | None = Field(description="the experience's status after this feedback")
     experience_reward: float | None
 

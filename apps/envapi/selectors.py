@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from datetime import datetime
+from typing import TypedDict
 
 from django.db.models import QuerySet
 
@@ -10,7 +11,16 @@ from apps.envapi.models import ApiKey
 from apps.runs.models import ModelVersion, Run
 
 
-def run_current_version(*, run: Run) -> dict[str, Any]:
+class CurrentVersion(TypedDict):
+    """The API's ModelVersionOut (apps/envapi/schemas.py)."""
+
+    number: int
+    checkpoint: str
+    train_step: int
+    created_at: datetime | None
+
+
+def run_current_version(*, run: Run) -> CurrentVersion:
     """The run's current model version; version 0 is the config's starting model."""
     version = ModelVersion.objects.filter(run=run, number=run.current_version).first()
     if version is not None:

@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.contrib.auth.models import User
+from django.core.cache.backends.base import BaseCache
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -25,9 +27,15 @@ from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.rewards.scoring import rewards_unrouted_domains
+from apps.runs.invitations import Actor
 from apps.runs.models import Run
 from rftweb.degrade import REDIS_ERRORS, unavailable_message
 from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
+from rftweb.jsontypes import Body
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+    from redis import Redis
 
 KEY_PREFIX = "rft_"
 ACTIONS: tuple[str, ...] = ApiKey.ACTIONS
@@ -52,7 +60,7 @@ def api_key_create(
     name: str,
     runs: Iterable[Run],
     actions: Sequence[str],
-    created_by: Any = None,
+    created_by: Actor = None,
     rate_limit_per_minute: int = 600,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the raw key, which is never stored or shown again."""
@@ -78,7 +86,7 @@ def api_key_create(
             hashed=_hash(raw),
             actions=[a for a in ACTIONS if a in actions],
             rate_limit_per_minute=rate_limit_per_minute,
-            created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
+            created_by=created_by if isinstance(created_by, User) and created_by.is_authenticated else None,
         )
         key.runs.set(runs)
     return key, raw
@@ -139,10 +147,10 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
 # EXISTS first). That was the largest part of the OpenAI endpoint's own CPU per request
 # (bench/openai_endpoint). On Redis the window is now one pipelined round trip.
 
-_counter: tuple[Any, Any, Any] | None = None  # (settings.CACHES["default"], cache, redis client or None)
+_counter: tuple[object, BaseCache, Redis | None] | None = None  # (settings.CACHES["default"], cache, redis client or None)
 
 
-def _counter_cache() -> tuple[Any, Any]:
+def _counter_cache() -> tuple[BaseCache, Redis | None]:
     """(the process's cache object for counters, its Redis client or None); remade when the
     CACHES setting changes (tests override it)."""
     global _counter
@@ -190,7 +198,7 @@ def rate_limit_hit(*, key: ApiKey, now: float | None = None) -> float | None:
 # Tasks
 
 
-def tasks_add(*, run: Run, records: Sequence[Mapping[str, Any]], owner: Any = None) -> list[Task]:
+def tasks_add(*, run: Run, records: Sequence[Mapping[str, object]], owner: User | None = None) -> list[Task]:
     """Append tasks to the run's taskset (one is made for a run without one), all or none.
 
     When the run has already queued an epoch, the new tasks join its latest epoch, so an
@@ -318,7 +326,7 @@ GENERATE_TASK = "workers.explorer.generate"
 _START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
-def rollout_task_send(*, task: str, args: list[Any], timeout: float, hint: str = "", ignore_result: bool = False) -> Any:
+def rollout_task_send(*, task: str, args: list[object], timeout: float, hint: str = "", ignore_result: bool = False) -> AsyncResult:
     """Send one task to the `rollout` queue (its AsyncResult); Unavailable when the broker is
     unreachable. `ignore_result`: the answer comes back another way (the OpenAI endpoint's
     reply list), so the worker stores nothing in the result backend."""
@@ -337,7 +345,7 @@ def rollout_task_send(*, task: str, args: list[Any], timeout: float, hint: str =
         raise Unavailable(f"the task broker is unreachable ({exc}){hint}") from None
 
 
-def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str = "") -> Any:
+def rollout_task_wait(*, task: str, args: list[object], timeout: float, hint: str = "") -> object:
     """Send one task to the `rollout` queue and wait for its answer: Unavailable when no broker
     or no worker answers in time (`hint` says what to do), UpstreamFailed when the worker
     raised. The environment API's rollouts and the OpenAI endpoint both call it."""
@@ -353,7 +361,16 @@ def rollout_task_wait(*, task: str, args: list[Any], timeout: float, hint: str =
         raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None
 
 
-def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+class RolloutAnswer(TypedDict):
+    """One request's answer: its prompt's tokens, the model version, and its completions
+    (text, token_ids, logprobs, finish_reason)."""
+
+    prompt_token_ids: list[int]
+    model_version: int
+    completions: list[Body]
+
+
+def rollouts_generate(*, run: Run, requests: list[Body], timeout: float) -> list[RolloutAnswer]:
     """Generate with the run's current model on a `rollout` worker and wait for the answer.
 
     Contract with the explorer: `workers.explorer.generate(run_id, requests)` returns one
@@ -365,12 +382,12 @@ def rollouts_generate(*, run: Run, requests: list[dict[str, Any]], timeout: floa
     return _rollouts_by_request(answer, count=len(requests))
 
 
-def _rollouts_by_request(answer: Any, *, count: int) -> list[dict[str, Any]]:
+def _rollouts_by_request(answer: object, *, count: int) -> list[RolloutAnswer]:
     """The explorer answers with one flat entry per completion, tagged with its request
     index; the API answers per request."""
     if not isinstance(answer, list) or not all(isinstance(c, dict) and isinstance(c.get("request"), int) for c in answer):
         raise UpstreamFailed("the rollout worker returned a malformed result")
-    grouped: list[dict[str, Any]] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
+    grouped: list[RolloutAnswer] = [{"prompt_token_ids": [], "model_version": 0, "completions": []} for _ in range(count)]
     for c in sorted(answer, key=lambda c: (c["request"], c.get("index", 0))):
         if not 0 <= c["request"] < count:
             raise UpstreamFailed("the rollout worker returned a completion for an unknown request")

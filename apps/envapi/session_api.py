@@ -4,13 +4,15 @@ with the `submit` keys in rftweb/api.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from django.http import HttpRequest
-from ninja import Field, Path, Router, Schema
+from ninja import Field, Router, Schema
+from ninja.params.functions import Path
 
 from apps.envapi import agent_sessions
 from apps.runs.api_kit import responses, run_reachable
+from rftweb.jsontypes import Body
 
 
 class SessionFinishIn(Schema):
@@ -40,7 +42,7 @@ router = Router(tags=["sessions"])
              summary="Finish an agent session: its calls become one multi-turn experience")
 def session_finish(request: HttpRequest, payload: SessionFinishIn,
                    run_id: int = Path(..., ge=1, le=2**63 - 1),
-                   name: str = Path(..., min_length=1, max_length=200)) -> dict[str, Any]:
+                   name: str = Path(..., min_length=1, max_length=200)) -> Body:
     run = run_reachable(request, run_id)
     # A missing session is NotFound, one that cannot finish SessionRejected (a Conflict): the
     # API's one translation of RftError answers them.

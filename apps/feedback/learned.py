@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Mapping
 from statistics import NormalDist
-from typing import Any
+from typing import TypedDict
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
@@ -192,7 +192,27 @@ def gold_experience_ids(*, run: Run) -> set[int]:
     return set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
 
 
-def reward_model_summary(*, run: Run) -> dict[str, Any]:
+class RewardModelSummary(TypedDict):
+    latest_bound: float | None
+    confidence: float
+    enabled: bool
+    versions: list[RewardModel]
+    latest: RewardModel | None
+    in_use: RewardModel | None
+    labels: int
+    mode: str
+    w_auto: float
+    w_rm: float
+    w_human: float
+    min_accuracy: float
+    min_heldout_pairs: int
+    retrain_every: int
+    kind: str
+    base: str
+    scored: int
+
+
+def reward_model_summary(*, run: Run) -> RewardModelSummary:
     """What the run page shows: versions with their held-out accuracy, the one in use, the
     labels so far and the weights of the learned policy."""
     versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:10])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get, kind_names, preference_pair
@@ -25,6 +24,7 @@ from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
 from apps.runs.feedback_policy import signals_fold
 from apps.runs.models import Run
+from rftweb.jsontypes import Body
 
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
@@ -111,7 +111,7 @@ def pair_is_heldout(pair: PreferencePair, *, share: float, seed: int = 0) -> boo
     return prompt_is_heldout(pair.prompt, share=share, seed=seed)
 
 
-def preference_rows_trl(pairs: list[PreferencePair]) -> list[dict[str, Any]]:
+def preference_rows_trl(pairs: list[PreferencePair]) -> list[Body]:
     """TRL's explicit-prompt preference format (DPOTrainer, RewardTrainer): prompt, chosen,
     rejected, plus `margin` (RewardTrainer reads it when present) and where the pair came from."""
     return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "margin": p.margin,

@@ -34,7 +34,6 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db.models import Count, Max, Sum
 
@@ -47,6 +46,7 @@ from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from rftweb.degrade import cached
+from rftweb.jsontypes import Body
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
 
@@ -69,7 +69,7 @@ class RaterFigures:
     # unmeasured / trusted / untrusted (module docstring); None without rater weighting.
     standing: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Body:
         return {
             "rater": self.username, "labels": self.labels, "kinds": self.kinds,
             "agreement": self.agreement, "agreement_items": self.agreement_items,
@@ -79,9 +79,9 @@ class RaterFigures:
         }
 
 
-def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, Any]]:
+def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, int | str | None]]:
     """(author, experience) -> (normalised value, score or thumb) of each rater's last rating."""
-    out: dict[tuple[int, int], tuple[float, Any]] = {}
+    out: dict[tuple[int, int], tuple[float, int | str | None]] = {}
     for author, exp, value in (Feedback.objects.filter(run=run, kind=Feedback.Kind.RATING, author__isnull=False)
                                .order_by("created_at", "id").values_list("author_id", "experience_id", "value")):
         rating = RatingValue.from_stored(value)
@@ -148,7 +148,7 @@ def _pair_agreement(verdicts: dict[tuple[int, int], dict[int, int]]) -> tuple[fl
     return (agree / total if total else None), total
 
 
-def run_agreement(*, run: Run) -> dict[str, Any]:
+def run_agreement(*, run: Run) -> dict[str, float | None]:
     """Agreement per question type: Krippendorff's alpha for ratings (1..5 scores ordinal and
     interval, thumbs nominal) and the agreement rate of rater pairs on comparisons/rankings."""
     ratings = _latest_ratings(run)

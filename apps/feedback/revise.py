@@ -10,13 +10,14 @@ assignments on its targets open again so the items come back to their queue.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from apps.buffer.models import Experience
+from apps.feedback.holds import Person
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.services import _lease_seconds
@@ -58,10 +59,10 @@ class Submission(TypedDict):
     revisable: bool
 
 
-def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[Submission]:
+def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised."""
-    rows = list(Feedback.objects.filter(run=run, author=author, kind__in=kind_names(revisable=True))
+    rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
                 .order_by("-created_at", "-id")[:limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
@@ -70,11 +71,11 @@ def my_submissions(*, run: Run, author: Any, limit: int = 30) -> list[Submission
             for f in rows]
 
 
-def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) -> Feedback:
+def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
     refold its group and reopen their items. NotRevisable says why not."""
     with transaction.atomic():
-        qs = Feedback.objects.select_for_update().filter(run=run, author=author, kind__in=kind_names(revisable=True))
+        qs = Feedback.objects.select_for_update().filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
         if feedback_id is not None:
             fb = qs.filter(pk=feedback_id).first()
             if fb is None:
@@ -90,7 +91,7 @@ def feedback_withdraw(*, run: Run, author: Any, feedback_id: int | None = None) 
         targets = feedback_targets(fb)
         fb.delete()
         _refold(run=run, members=members)
-        Assignment.objects.filter(run=run, annotator=author, experience_id__in=targets,
+        Assignment.objects.filter(run=run, annotator_id=author.pk, experience_id__in=targets,
                                   status=Assignment.Status.DONE).update(
             status=Assignment.Status.LEASED, finished_at=None,
             lease_expires_at=timezone.now() + timedelta(seconds=_lease_seconds()))

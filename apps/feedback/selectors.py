@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 
@@ -17,7 +17,7 @@ from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_role, run_takes_feedback
 
 
-def run_may_annotate(*, run: Run, user: Any) -> bool:
+def run_may_annotate(*, run: Run, user: Person) -> bool:
     """Owners, staff and the run's annotators give feedback; viewers only look."""
     return run_role(run=run, user=user) in ("owner", "annotator")
 
@@ -58,13 +58,13 @@ def queue_item_counts() -> Q:
     return Q(experience__status__in=_OPEN) | Q(source=Assignment.Source.GOLD)
 
 
-def annotation_queue(*, run: Run, annotator: Any) -> QuerySet[Assignment]:
+def annotation_queue(*, run: Run, annotator: Person) -> QuerySet[Assignment]:
     """The annotator's leased items in the order they were handed out, those whose group
     trained meanwhile (a label on them is late: it only teaches the reward model) after the
     rest: a page loaded late serves what a label can still change first."""
     stale = Case(When(queue_item_counts(), then=Value(0)), default=Value(1), output_field=IntegerField())
     return (
-        Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED)
+        Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED)
         .select_related("experience")
         .order_by(stale, "id")
     )
@@ -152,13 +152,13 @@ def labelling_progress(*, run: Run) -> LabellingProgress:
     }
 
 
-def annotator_progress(*, run: Run, annotator: Any) -> dict[str, int]:
+def annotator_progress(*, run: Run, annotator: Person) -> dict[str, int]:
     """The annotator's day on the run: judgements given today (local day), what waits for
     them (annotation_waiting), and the owner's daily target (0: none)."""
     from django.utils import timezone
 
     start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
-    done = Feedback.objects.filter(run=run, author=annotator, created_at__gte=start,
+    done = Feedback.objects.filter(run=run, author_id=annotator.pk, created_at__gte=start,
                                    kind__in=kind_names(labels=True)).count()
     return {"done_today": done, "waiting": annotation_waiting(run=run, annotator=annotator),
             "target": run.cfg.feedback.daily_target}
@@ -220,7 +220,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
     return pairs
 
 
-def batch_feedback_metrics(*, rows: Sequence[Any]) -> dict[str, float]:
+def batch_feedback_metrics(*, rows: Sequence[Experience]) -> dict[str, float]:
     """How much of a trained batch people's feedback reached, as step metrics (`feedback/…`):
     the share of the model's own experiences that carry a human reward, their mean human
     reward, and the expert (corrected) experiences trained on. They go where every metric

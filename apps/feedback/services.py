@@ -15,19 +15,25 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.contrib.auth.models import User
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.holds import holds_renew, holds_renew_on_commit
+from apps.feedback.holds import Person, holds_renew, holds_renew_on_commit
 from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
+from apps.feedback.kinds.edit import EditValue
+from apps.feedback.kinds.env_reward import EnvRewardValue
+from apps.feedback.kinds.flag import FlagValue
+from apps.feedback.kinds.pairwise import PairwiseValue
+from apps.feedback.kinds.ranking import RankingValue
+from apps.feedback.kinds.rating import RatingValue
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.selectors import annotation_candidates, queue_item_counts
 from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
@@ -53,8 +59,9 @@ _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
 
 # The environment API's key that sent the feedback (an envapi.ApiKey row, Feedback.api_key's
 # FK): the envapi app sits above this one (pyproject.toml's layers), so its model is not
-# imported here.
-ApiKeyRow = Any
+# imported here: a row is all this app needs of it.
+ApiKeyRow = Model
+V = TypeVar("V", bound=KindValue)
 
 
 def _lease_seconds() -> float:
@@ -74,7 +81,7 @@ def assignment_reap(*, run: Run | None = None, now: datetime | None = None) -> i
     return deleted
 
 
-def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: float | None = None) -> list[Assignment]:
+def assignment_claim(*, run: Run, annotator: Person, size: int = 5, lease_seconds: float | None = None) -> list[Assignment]:
     """Top the annotator's queue up to `size` leased items; returns the new assignments.
     A claim is a sign of work (the page opened or polled): it renews the holds of the groups
     the annotator has open (apps.feedback.holds).
@@ -87,8 +94,8 @@ def assignment_claim(*, run: Run, annotator: Any, size: int = 5, lease_seconds: 
     """
     if size < 1:
         raise ValueError("size must be at least 1")
-    if not run_takes_feedback(run=run):
-        return []  # a finished or failed run hands nothing out
+    if not run_takes_feedback(run=run) or not isinstance(annotator, User):
+        return []  # a finished or failed run hands nothing out; the views ask signed in
     created = _claim(run=run, annotator=annotator, size=size, lease_seconds=lease_seconds)
     holds_renew(run=run, annotator=annotator)
     return created
@@ -306,7 +313,7 @@ def assignment_skip(*, assignment: Assignment) -> bool:
     return skipped
 
 
-def _assignments_finish(*, run: Run, annotator: Any, experience_ids: Sequence[int]) -> int:
+def _assignments_finish(*, run: Run, annotator: User | None, experience_ids: Sequence[int]) -> int:
     if annotator is None or not getattr(annotator, "is_authenticated", False):
         return 0
     finished = Assignment.objects.filter(
@@ -367,7 +374,7 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
             continue
         fold = folds[m.pk]
         human = fold.human
-        changes: dict[str, Any] = {}
+        changes: dict[str, float] = {}
         if human is not None and m.human_reward != human:
             changes["human_reward"] = human
         if policy.mode != "auto":
@@ -399,11 +406,13 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
 # into the group when it bears on rewards, and announces `feedback.saved`.
 
 
-def _new(kind: str, **fields: Any) -> Any:
-    """A new value of `kind`: its typed model, checked in its constructor (typed Any here:
-    its fields are the kind's)."""
-    model: Any = kind_get(kind).Value
-    return model(**fields)
+def _new(kind: str, cls: type[V], **fields: object) -> V:
+    """A new value of `kind`: its typed model (`cls`, the one the caller reads), checked in
+    its constructor."""
+    value = kind_get(kind).Value(**fields)
+    if not isinstance(value, cls):
+        raise TypeError(f"{kind} feedback holds a {type(value).__name__}, not a {cls.__name__}")
+    return value
 
 
 def _clean_comment(comment: str | None) -> str:
@@ -423,13 +432,13 @@ def _experience_of(run: Run, experience: Experience | int | None, what: str) -> 
     return found
 
 
-def _person(author: Any) -> Any:
-    return author if getattr(author, "is_authenticated", False) else None
+def _person(author: Person | None) -> User | None:
+    return author if isinstance(author, User) and author.is_authenticated else None
 
 
 def _store(
     *, run: Run, kind: str, value: KindValue, targets: Sequence[Experience], group_id: str,
-    author: Any, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
+    author: User | None, api_key: ApiKeyRow | None, comment: str, other: Experience | None = None,
 ) -> Feedback:
     """The row itself, late or not by the one rule. Call inside a transaction, with the
     targets' group locked. A run that takes no more feedback (finished, failed) refuses it,
@@ -444,7 +453,7 @@ def _store(
         late = False
     return Feedback.objects.create(
         run=run, kind=kind, experience=targets[0] if kind_get(kind).target != "group" else None, other=other,
-        group_id=group_id, author=author, api_key=api_key, value=value.stored(), comment=comment, late=late,
+        group_id=group_id, author=author, api_key_id=api_key.pk if api_key is not None else None, value=value.stored(), comment=comment, late=late,
     )
 
 
@@ -485,7 +494,7 @@ def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience],
 
 
 def feedback_store(
-    *, run: Run, kind: str, value: KindValue, experience: Experience | int | None, author: Any = None,
+    *, run: Run, kind: str, value: KindValue, experience: Experience | int | None, author: Person | None = None,
     api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """The shared service of a kind that targets one experience (ratings; a kind of one's
@@ -510,23 +519,23 @@ def feedback_store(
 @kind_service(Feedback.Kind.RATING)
 def feedback_rate(
     *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
-    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
+    author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
     rewards (unless late) and closing the author's assignment of it."""
-    value = _new(Feedback.Kind.RATING, score=score, thumb=thumb)
+    value = _new(Feedback.Kind.RATING, RatingValue, score=score, thumb=thumb)
     return feedback_store(run=run, kind=Feedback.Kind.RATING, value=value, experience=experience, author=author,
                           api_key=api_key, comment=comment)
 
 
 @kind_service(Feedback.Kind.RANKING)
 def feedback_rank(
-    *, run: Run, order: Sequence[int], group_id: str | None = None, author: Any = None,
+    *, run: Run, order: Sequence[int], group_id: str | None = None, author: Person | None = None,
     api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A ranking of a whole group, best first. The group is the one the ranked
     experiences share (`group_id`, when given, must be it)."""
-    value = _new(Feedback.Kind.RANKING, order=order)
+    value = _new(Feedback.Kind.RANKING, RankingValue, order=order)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         first = _experience_of(run, value.order[0], "order")
@@ -544,11 +553,11 @@ def feedback_rank(
 @kind_service(Feedback.Kind.PAIRWISE)
 def feedback_compare(
     *, run: Run, experience: Experience | int | None, other: Experience | int | None, winner: str,
-    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
+    author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
     (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
-    value = _new(Feedback.Kind.PAIRWISE, winner=winner)
+    value = _new(Feedback.Kind.PAIRWISE, PairwiseValue, winner=winner)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         a = _experience_of(run, experience, "experience_id")
@@ -567,11 +576,11 @@ def feedback_compare(
 @kind_service(Feedback.Kind.FLAG)
 def feedback_flag(
     *, run: Run, experience: Experience | int | None, flags: Sequence[str] = (), reason: str = "",
-    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
+    author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
     flag is a judgement of the item too: it leaves the author's queue."""
-    value = _new(Feedback.Kind.FLAG, flags=flags, reason=reason)
+    value = _new(Feedback.Kind.FLAG, FlagValue, flags=flags, reason=reason)
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -585,13 +594,13 @@ def feedback_flag(
 @kind_service(Feedback.Kind.ENV_REWARD)
 def feedback_env_reward(
     *, run: Run, experience: Experience | int | None, reward: float, reward_parts: Mapping[str, float] | None = None,
-    author: Any = None, api_key: ApiKeyRow | None = None, comment: str = "",
+    author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """An environment's reward for one experience: it becomes the experience's automatic
     reward (its parts merged into reward_parts), and the policy recomputes the training
     reward (auto: the reward itself, making a pending experience ready; blend: combined
     with the human fold). Late: stored, reward unchanged under the trainer's feet."""
-    value = _new(Feedback.Kind.ENV_REWARD, reward=reward, reward_parts=reward_parts or {})
+    value = _new(Feedback.Kind.ENV_REWARD, EnvRewardValue, reward=reward, reward_parts=reward_parts or {})
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
         target = _experience_of(run, experience, "experience_id")
@@ -620,7 +629,7 @@ def feedback_env_reward(
 
 
 def feedback_rate_and_flag(
-    *, run: Run, author: Any, experience: Experience | int, score: int | None = None, thumb: str | None = None,
+    *, run: Run, author: Person | None, experience: Experience | int, score: int | None = None, thumb: str | None = None,
     flags: Sequence[str] = (), comment: str = "",
 ) -> list[Feedback]:
     """The annotation form's submit: a rating and/or flags on one completion, all or none."""
@@ -640,7 +649,7 @@ def feedback_rate_and_flag(
 
 
 @kind_service(Feedback.Kind.EDIT)
-def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: str, comment: str = "") -> tuple[Feedback, Experience]:
+def feedback_edit(*, run: Run, author: Person | None, experience: Experience | int, text: str, comment: str = "") -> tuple[Feedback, Experience]:
     """A corrected completion: written through experience_write as an expert experience
     (is_expert, parent = the original, source human) and recorded as edit feedback.
 
@@ -680,7 +689,7 @@ def feedback_edit(*, run: Run, author: Any, experience: Experience | int, text: 
             metadata={"edit_of": parent.pk, "author": author.get_username() if author else None},
         )], announce=True)
         expert = Experience.objects.get(pk=result.ids[0])
-        value = _new(Feedback.Kind.EDIT, expert_id=expert.pk)
+        value = _new(Feedback.Kind.EDIT, EditValue, expert_id=expert.pk)
         fb = Feedback.objects.filter(run=run, kind=Feedback.Kind.EDIT, experience=parent, value__expert_id=expert.pk).first()
         if fb is None:
             fb = _store(run=run, kind=Feedback.Kind.EDIT, value=value, targets=[parent], group_id=parent.group_id,

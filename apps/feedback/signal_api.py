@@ -4,13 +4,13 @@ download (the zip the run page offers: apps/rewards/export.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
 from django.http import FileResponse, HttpRequest
 from ninja import Router, Schema, Status
 from ninja.params.functions import Path
 
-from apps.feedback.signal_views import raters_data
+from apps.feedback.signal_views import RatersData, raters_data
 from apps.rewards.export import (
     ExportState,
     download_name,
@@ -77,11 +77,11 @@ class RewardModelOut(Schema):
     pairs_heldout: int
     labels: int
     path: str
-    created_at: Any
+    created_at: datetime
 
 
 @router.get("/runs/{run_id}/raters", response=responses(RatersOut), operation_id="apps_rewards_api_raters_get", summary="Rater agreement, reliability and weights")
-def raters_get(request: HttpRequest, run_id: int = RunId) -> dict[str, Any]:
+def raters_get(request: HttpRequest, run_id: int = RunId) -> RatersData:
     return raters_data(run=run_reachable(request, run_id))
 
 
@@ -145,7 +145,7 @@ class K12GraderOut(Schema):
     pairs_heldout: int
     grades: int
     path: str
-    created_at: Any
+    created_at: datetime
 
 
 @router.get("/runs/{run_id}/k12-graders", response=responses(list[K12GraderOut]),

@@ -5,9 +5,10 @@ role, call a selector or service, render."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -28,9 +29,18 @@ from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput, NotFound
 from rftweb.http import HtmxHttpRequest
+from rftweb.jsontypes import Body
 
 
-def raters_data(*, run: Run) -> dict[str, Any]:
+class RatersData(TypedDict):
+    weighting: str
+    gold_rate: float
+    trust: Body
+    agreement: dict[str, float | None]
+    raters: list[Body]
+
+
+def raters_data(*, run: Run) -> RatersData:
     """The Raters page's figures as JSON-ready data (the page and the API show the same)."""
     figures = rater_figures(run=run)
     return {
@@ -55,7 +65,8 @@ def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
                 gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
             else:
                 gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
-                               score=request.POST.get("score", ""), actor=request.user)
+                               score=request.POST.get("score", ""),
+                               actor=request.user if isinstance(request.user, User) else None)  # login_required: a User
         except InvalidInput as exc:
             error = str(exc)
         if not error and not request.htmx:
@@ -77,7 +88,7 @@ def raters_json(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse(raters_data(run=run))
 
 
-def reward_model_panel_context(*, run: Run, role: str) -> dict[str, Any]:
+def reward_model_panel_context(*, run: Run, role: str) -> Body:
     """The reward-model panel's context (the run page includes the panel; the panel's own
     URL refreshes it): the summary, the hand-out rule and, for the owner, each version's
     download state."""

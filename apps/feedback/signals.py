@@ -4,7 +4,6 @@ receiver, so the feedback services stay unaware of reward models."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from django.db import transaction
 from django.db.models.signals import post_save
@@ -15,7 +14,7 @@ from apps.feedback.models import Feedback
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
-def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: Any) -> None:
+def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: object) -> None:
     from apps.feedback.learned import reward_model_due
 
     if not created or instance.kind not in kind_names(labels=True):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -58,7 +57,7 @@ def _refusal_as_text(view: Callable[..., HttpResponse]) -> Callable[..., HttpRes
     feedback (run_for_page's PermissionDenied) answers 403 with its reason as plain text."""
 
     @functools.wraps(view)
-    def wrapped(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapped(request: HtmxHttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         try:
             return view(request, *args, **kwargs)
         except PermissionDenied as exc:
@@ -81,14 +80,14 @@ def _page_url(run: Run) -> str:
     return reverse("feedback:page", kwargs={"run_id": run.pk})
 
 
-def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[str, Any]) -> HttpResponse:
+def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[str, object]) -> HttpResponse:
     context = {"run": run, **context}
     if request.htmx:
         return render(request, template, context)
     return render(request, "feedback/standalone.html", {**context, "fragment": template})
 
 
-def _item_context(run: Run, assignment: Assignment) -> dict[str, Any]:
+def _item_context(run: Run, assignment: Assignment) -> dict[str, object]:
     return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "policy": run.cfg.feedback}
 
 

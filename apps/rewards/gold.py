@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.rewards.models import GoldItem
@@ -12,7 +12,7 @@ from rftweb.exceptions import InvalidInput
 
 
 def gold_item_mark(*, run: Run, experience_id: int | str, score: int | str,
-                   actor: Any) -> GoldItem:  # request.user: a signed-in User by the view's guard
+                   actor: User | None) -> GoldItem:
     """Mark an experience of the run as gold with its right 1..5 rating (again: a new answer)."""
     try:
         pk = int(experience_id)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from apps.buffer.models import Experience
 from apps.buffer.ports import ExperienceRecord
@@ -24,7 +23,7 @@ from apps.rewards.k12 import (
 )
 from apps.rewards import export as _export
 from apps.rewards import k12 as _k12
-from apps.rewards.models import RewardModel
+from apps.rewards.models import K12Grader, RewardModel
 from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import RewardResult, reference_text, task_field
 from apps.rewards.scoring import reward_term_score, rewards_awaiting, rewards_for_domain, rewards_inline, task_domain
@@ -69,7 +68,7 @@ def k12_graded_answers(*, run: RunView) -> list[GradedAnswer]:
     return _k12.k12_graded_answers(run=row(run))
 
 
-def k12_grader_latest(*, run: RunView) -> Any:
+def k12_grader_latest(*, run: RunView) -> K12Grader | None:
     return _k12.k12_grader_latest(run=row(run))
 
 
@@ -80,7 +79,7 @@ def k12_grader_due(*, run: RunView, params: K12LearnedParams, grades: int | None
 def k12_grader_publish(
     *, run: RunView, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int, grades: int,
     seconds: float, scale: float, offset: float,
-) -> Any:
+) -> K12Grader:
     return _k12.k12_grader_publish(run=row(run), path=path, base=base, accuracy=accuracy, pairs_train=pairs_train,
                                    pairs_heldout=pairs_heldout, grades=grades, seconds=seconds, scale=scale,
                                    offset=offset)

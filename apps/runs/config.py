@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
@@ -19,6 +19,7 @@ from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.preferences import preference_names
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import JSON, JSONObject
 
 
 class Mode(StrEnum):
@@ -52,7 +53,7 @@ class _Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info: Any) -> Any:
+    def _no_bool_for_numbers(cls, value: object, info: ValidationInfo) -> object:
         # Lax mode would take `true` for 1 in a number field.
         if isinstance(value, bool) and info.field_name in cls.model_fields:
             annotation = cls.model_fields[info.field_name].annotation
@@ -62,7 +63,7 @@ class _Strict(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _int64(cls, value: Any, info: Any) -> Any:
+    def _int64(cls, value: object, info: ValidationInfo) -> object:
         # Seeds, counts and steps end up in 64-bit columns and libraries.
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
             raise ValueError("number is too large (at most 2^63 - 1)")
@@ -86,7 +87,7 @@ class SamplingConfig(_Strict):
 class RewardTerm(_Strict):
     name: str = Field(min_length=1)
     weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, object] = Field(default_factory=dict)
     # Apply only to tasks of these domains; empty means every domain.
     domains: list[str] = Field(default_factory=list)
 
@@ -359,7 +360,7 @@ def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str)
 class PipelineStep(_Strict):
     name: str = Field(min_length=1)
     # Validated even when left out: some operators have required params.
-    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    params: dict[str, object] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("name")
     @classmethod
@@ -368,7 +369,7 @@ class PipelineStep(_Strict):
 
     @field_validator("params")
     @classmethod
-    def _params_fit(cls, params: dict[str, Any], info: Any) -> dict[str, Any]:
+    def _params_fit(cls, params: dict[str, object], info: ValidationInfo) -> dict[str, object]:
         name = info.data.get("name")
         if name is not None:  # an unknown name was already reported
             vocabulary.operator_params_check(name, params)
@@ -384,8 +385,8 @@ class PipelineConfig(_Strict):
 
     @field_validator("on_write", "on_import", "on_claim")
     @classmethod
-    def _runs_at_stage(cls, steps: list[PipelineStep], info: Any) -> list[PipelineStep]:
-        stage = info.field_name.removeprefix("on_")
+    def _runs_at_stage(cls, steps: list[PipelineStep], info: ValidationInfo) -> list[PipelineStep]:
+        stage = str(info.field_name).removeprefix("on_")
         for i, step in enumerate(steps):
             try:
                 vocabulary.operator_stage_check(step.name, stage)
@@ -489,7 +490,7 @@ class RunConfig(_Strict):
 
     @field_validator("trainer")
     @classmethod
-    def _group_splits(cls, t: AlgorithmConfig, info: Any) -> AlgorithmConfig:
+    def _group_splits(cls, t: AlgorithmConfig, info: ValidationInfo) -> AlgorithmConfig:
         # A field validator, so the error is reported under `trainer` (algorithm comes first).
         algorithm = info.data.get("algorithm")
         if t.processes > 1 and algorithm is not None:
@@ -504,7 +505,7 @@ class RunConfig(_Strict):
 
     @field_validator("eval")
     @classmethod
-    def _eval_has_tasks(cls, ev: EvalConfig, info: Any) -> EvalConfig:
+    def _eval_has_tasks(cls, ev: EvalConfig, info: ValidationInfo) -> EvalConfig:
         # A field validator (not the model's) so the error is reported under `eval`.
         if info.data.get("eval_every") and ev.taskset is None:
             raise ValueError("eval_every needs an evaluation taskset: set eval.taskset to a taskset id")
@@ -532,7 +533,7 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
     return errors
 
 
-def config_validate(*, data: Any) -> RunConfig:
+def config_validate(*, data: object) -> RunConfig:
     """Validate a config mapping; raise ConfigInvalid naming each bad field. Values
     Postgres cannot store (NUL, lone surrogates, NaN, too deep) are refused first
     (`apps.hygiene.tree_check`), so whatever validates can be written."""
@@ -550,7 +551,7 @@ def config_validate(*, data: Any) -> RunConfig:
         raise ConfigInvalid(_errors_by_field(exc)) from None
 
 
-def config_file_read(*, data: bytes | str, filename: str = "config") -> Any:
+def config_file_read(*, data: bytes | str, filename: str = "config") -> JSON:
     """A YAML or JSON config file's mapping, unvalidated (to show an invalid file in the
     form). Bytes are decoded strictly as UTF-8; ConfigInvalid names the line."""
     try:
@@ -564,5 +565,5 @@ def config_parse(*, text: bytes | str, filename: str = "config") -> RunConfig:
     return config_validate(data=config_file_read(data=text, filename=filename))
 
 
-def config_dump(config: RunConfig) -> dict[str, Any]:
+def config_dump(config: RunConfig) -> JSONObject:
     return config.model_dump(mode="json")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -62,10 +62,17 @@ class RunEventsConsumer(AsyncJsonWebsocketConsumer):
             await fanout_leave(member=self.member)
             self.member = None
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+    async def receive_json(self, content: object, **kwargs: object) -> None:
         # The stream is one-way; a ping gets a pong so clients can measure the link.
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "payload": content.get("payload")})
+
+
+class RunsChanged(TypedDict):
+    """The `runs` group's message: run N changed (apps.runs.events.runs_list_touch)."""
+
+    type: str
+    run: int
 
 
 class RunsListConsumer(AsyncJsonWebsocketConsumer):
@@ -91,7 +98,7 @@ class RunsListConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(RUNS_LIST_GROUP, self.channel_name)
 
-    async def runs_changed(self, event: dict[str, Any]) -> None:
+    async def runs_changed(self, event: RunsChanged) -> None:
         run_id = int(event["run"])
         # Asked each time: a run's people change while the list is open.
         if await _may_view(run_id, self.scope["user"]):

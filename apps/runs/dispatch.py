@@ -21,7 +21,6 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
@@ -87,7 +86,7 @@ def dispatch_claim(
     now = timezone.now()
     task_id = task_id or uuid.uuid4().hex
     expires_at = now + timedelta(seconds=lease_seconds) if lease_seconds is not None else None
-    fields: dict[str, Any] = {"state": state, "step": step, "task_id": task_id, "worker": worker, "holder": holder,
+    fields: dict[str, object] = {"state": state, "step": step, "task_id": task_id, "worker": worker, "holder": holder,
                               "expires_at": expires_at, "error": ""}
     sent = state == Dispatch.State.SENT
     if sent:

@@ -78,7 +78,7 @@ def _message(type: str, payload: Mapping[str, object]) -> LayerMessage:
     return {"type": type, "payload": payload}
 
 
-def layer_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+def layer_events(message: dict[str, Any]) -> list[LayerMessage]:
     """The events one layer message of a run's group carries, in order: itself, or an
     envelope's. Every reader of the group (the fanout, the API's event stream) goes through it."""
     if message.get("type") == ENVELOPE:

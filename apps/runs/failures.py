@@ -68,7 +68,7 @@ def task_failure_record(*, run_id: int, task: str, step: int | None, worker: str
 
 
 @signals.task_failure.connect
-def _on_task_failure(sender: Any = None, exception: BaseException | None = None, args: Any = None, **_: Any) -> None:
+def _on_task_failure(sender: object = None, exception: BaseException | None = None, args: Any = None, **_: object) -> None:
     name = getattr(sender, "name", "")
     if name not in RUN_TASKS or not args:
         return

@@ -31,12 +31,12 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Coroutine
-from typing import Any, Protocol
+from typing import Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.runs.events import layer_events, run_group
+from apps.runs.events import LayerMessage, layer_events, run_group
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class RunFanout:
         self.layer = get_channel_layer()
         self.members: dict[int, Member] = {}
         self.channel: str | None = None
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[LayerMessage] = []
         self.frames_sent = 0
         self._loop = asyncio.get_running_loop()
         self._last_flush = float("-inf")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from apps.runs.config import FeedbackPolicy, RunConfig
 
@@ -137,12 +137,25 @@ class MemberFold:
         return len(named) + sum(1 for a, _ in self.signals if a is None)
 
 
-def feedback_rater(feedback: Any) -> Rater:
+class FeedbackRow(Protocol):
+    """What the fold reads of a Feedback row (apps.feedback's model, above this kernel)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def author_id(self) -> int | None: ...
+    @property
+    def api_key_id(self) -> int | None: ...
+
+
+def feedback_rater(feedback: object) -> Rater:
     """Who gave a piece of feedback, for counting distinct raters."""
-    if getattr(feedback, "author_id", None) is not None:
-        return int(feedback.author_id)
-    if getattr(feedback, "api_key_id", None) is not None:
-        return f"key:{feedback.api_key_id}"
+    author = getattr(feedback, "author_id", None)
+    if author is not None:
+        return int(author)
+    key = getattr(feedback, "api_key_id", None)
+    if key is not None:
+        return f"key:{key}"
     return None
 
 
@@ -163,7 +176,7 @@ def signal_source_unregister(kind: str) -> None:
 
 
 def signals_fold(
-    *, member_ids: Iterable[int], feedback: Iterable[Any], weights: Mapping[int, float] | None = None,
+    *, member_ids: Iterable[int], feedback: Iterable[FeedbackRow], weights: Mapping[int, float] | None = None,
     offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
     """Collect the human signals of a group's members from Feedback rows (anything with
@@ -181,8 +194,9 @@ def signals_fold(
         for pk, score, scaled in source(fb):
             if pk not in folds:
                 continue
-            if scaled and offsets and fb.author_id in offsets:
-                score = min(1.0, max(0.0, score - offsets[fb.author_id]))
+            author = fb.author_id
+            if scaled and offsets and author is not None and author in offsets:
+                score = min(1.0, max(0.0, score - offsets[author]))
             folds[pk].signals.append((rater, score))
     return folds
 

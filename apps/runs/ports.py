@@ -19,7 +19,6 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -35,6 +34,7 @@ from apps.runs.reward_kinds import reward_kind_get
 from apps.runs import services as _services
 from apps.runs.model_dirs import model_dir_missing, model_missing_said
 from apps.runs.preferences import preference_shares
+from rftweb.jsontypes import JSONObject
 
 __all__ = [
     "GROUP_PER_SEQUENCE", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
@@ -78,8 +78,8 @@ class RunView:
         return self._row.cfg
 
     @property
-    def config_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = self._row.config
+    def config_data(self) -> JSONObject:
+        data: JSONObject = self._row.config
         return data
 
     @property

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from apps.hygiene import InputRejected, text_check
 from apps.runs import policy, vocabulary
 from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
+from apps.runs.invitations import Actor
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, WeightLoad
 from apps.runs.selectors import eval_best
 from apps.runs.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
 from rftweb.exceptions import Conflict, InvalidInput
+from rftweb.jsontypes import Body
 
 
 class TransitionNotAllowed(Conflict):
@@ -105,7 +109,7 @@ def _taskset_import_error(taskset: _Importing | None, *, starting: bool) -> str 
             "start the run when the import is done")
 
 
-def run_spec_errors(*, config: dict[str, Any] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
+def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
     """What stops a run from working, by field: the config (rewards and their params
     included), the model and tokenizer, and, when `starting`, tasks to explore."""
     try:
@@ -164,7 +168,7 @@ def _name_check(name: str) -> None:
         raise ConfigInvalid({"name": f"at most {limit} characters"})
 
 
-def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, taskset: Any = None) -> Run:
+def run_create(*, name: str, owner: User, config: Mapping[str, object] | RunConfig, taskset: Any = None) -> Run:
     """Create a draft run; ConfigInvalid names each bad field."""
     errors = run_name_errors(name=name)
     errors.update(run_spec_errors(config=config, taskset=taskset))
@@ -177,7 +181,7 @@ def run_create(*, name: str, owner: Any, config: dict[str, Any] | RunConfig, tas
     return run
 
 
-def run_feedback_policy_update(*, run: Run, feedback: dict[str, Any], actor: Any = None) -> Run:
+def run_feedback_policy_update(*, run: Run, feedback: object, actor: Actor = None) -> Run:
     """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
     names `feedback.<field>`), audited with the policy before and after."""
     with transaction.atomic():
@@ -189,7 +193,7 @@ def run_feedback_policy_update(*, run: Run, feedback: dict[str, Any], actor: Any
         locked.save(update_fields=["config", "updated_at"])
         AuditEntry.objects.create(
             run=locked,
-            actor=actor if getattr(actor, "is_authenticated", False) else None,
+            actor=_audit_actor(actor),
             action="feedback_policy",
             detail={"before": before, "after": after},
         )
@@ -215,7 +219,7 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
 }
 
 
-def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = "") -> Run:
+def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
     processes cannot both win; audited and announced on the run's group.
 
@@ -230,7 +234,7 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
         errors = run_spec_errors(config=run.config, taskset=run.taskset, starting=True)
         if errors:
             raise RunCannotStart(errors)
-    fields: dict[str, Any] = {"status": target}
+    fields: dict[str, str] = {"status": target}
     if action == "fail":
         fields["error"] = (reason or "failed")[:4000]
     elif action == "start":
@@ -240,10 +244,10 @@ def run_transition(*, run: Run, action: str, actor: Any = None, reason: str = ""
         if not changed:
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+        AuditEntry.objects.create(run=run, actor=_audit_actor(actor),
                                   action=action, detail={"reason": reason[:4000]} if reason else {})
     run.refresh_from_db()
-    payload: dict[str, Any] = {"status": run.status, "action": action}
+    payload: Body = {"status": run.status, "action": action}
     if run.error:
         payload["error"] = run.error[:500]
     # A running run's steps are sent by the loop's next beat (apps/control/orchestration.py),
@@ -294,7 +298,7 @@ def model_version_publish(
             )
             Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
         run.refresh_from_db(fields=["current_version"])
-    payload: dict[str, Any] = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
+    payload: Body = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
     if seconds is not None:
         payload["seconds"] = seconds
     if size is not None:
@@ -362,12 +366,17 @@ def weight_load_record(
     """An explorer loaded `version`: store it for the sync timeline and announce it (with
     the weight bytes it read or received and how: checkpoint, broadcast or memory)."""
     WeightLoad.objects.create(run=run, version=version, worker=worker, seconds=seconds)
-    payload: dict[str, Any] = {"version": version, "worker": worker, "seconds": seconds, "event": "loaded"}
+    payload: Body = {"version": version, "worker": worker, "seconds": seconds, "event": "loaded"}
     if size is not None:
         payload["bytes"] = size
     if via is not None:
         payload["via"] = via
     event_publish(run_id=run.pk, type="weights.synced", payload=payload)
+
+
+def _audit_actor(actor: Actor) -> User | None:
+    """The audit entry's actor: a signed-in person, else no one."""
+    return actor if isinstance(actor, User) and actor.is_authenticated else None
 
 
 class MemberInvalid(InvalidInput):
@@ -377,7 +386,7 @@ class MemberInvalid(InvalidInput):
         super().__init__(message, field=field)
 
 
-def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> Any:
+def run_member_add(*, run: Run, username: str, role: str, actor: Actor = None) -> RunMember:
     """Make `username` an annotator or viewer of the run (or change their role), audited."""
     from django.contrib.auth import get_user_model
 
@@ -393,7 +402,7 @@ def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> 
         raise MemberInvalid("username", f"{username} owns this run already")
     with transaction.atomic():
         member, created = RunMember.objects.update_or_create(run=run, user=user, defaults={"role": role})
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+        AuditEntry.objects.create(run=run, actor=_audit_actor(actor),
                                   action="member_add" if created else "member_role",
                                   detail={"user": username, "role": role})
     run_id = run.pk
@@ -401,14 +410,14 @@ def run_member_add(*, run: Run, username: str, role: str, actor: Any = None) -> 
     return member
 
 
-def run_member_remove(*, run: Run, member_id: int, actor: Any = None) -> None:
+def run_member_remove(*, run: Run, member_id: int, actor: Actor = None) -> None:
     """Take a member off the run, audited; their given feedback stays."""
     with transaction.atomic():
         member = RunMember.objects.select_related("user").filter(run=run, pk=member_id).first()
         if member is None:
             raise MemberInvalid("member", "no such member of this run")
         member.delete()
-        AuditEntry.objects.create(run=run, actor=actor if getattr(actor, "is_authenticated", False) else None,
+        AuditEntry.objects.create(run=run, actor=_audit_actor(actor),
                                   action="member_remove", detail={"user": member.user.get_username(), "role": member.role})
     run_id = run.pk
     transaction.on_commit(lambda: runs_list_touch(run_id=run_id))

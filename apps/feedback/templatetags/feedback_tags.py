@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import SupportsFloat
 
 from django import template
 from django.utils.html import format_html
@@ -117,7 +117,7 @@ def setting_changes(detail: object) -> str:
 
 
 @register.filter
-def readable_number(value: Any) -> str:
+def readable_number(value: SupportsFloat | str | None) -> str:
     """A number rounded for people (3 significant places after the point), "–" for none."""
     if value is None or value == "":
         return "–"

@@ -49,8 +49,14 @@ class Command(BaseCommand):
         if in_process and settings.REDIS_URL and workers == "auto":
             in_process = False
         endpoints = build_endpoint_description_strings(host=host, port=port)
-        self.stdout.write(f"rftweb on http://{host}:{port}/ ({'embedded: SQLite, in-process broker' if settings.EMBEDDED else 'Postgres'})")
+        database = "SQLite" if settings.EMBEDDED else "Postgres"
+        broker = "Redis broker" if settings.REDIS_URL else "in-process broker"
+        self.stdout.write(f"rftweb on http://{host}:{port}/ ({database}, {broker})")
         if not in_process:
+            # Said, since runs started here advance only where workers serve this broker.
+            self.stdout.write("workers: none in this process; runs advance once Celery workers serve "
+                              f"{'this Redis' if settings.REDIS_URL else 'the queues'} "
+                              "(`celery -A rftweb worker`, or --workers yes)")
             Server(application=application, endpoints=endpoints).run()
             return
         if threads < 2:
