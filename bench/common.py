@@ -28,6 +28,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def compose_web_command(*, port: int, workers: int, host: str = "127.0.0.1") -> list[str]:
+    """docker-compose.yml's web command (uvicorn and every flag it is given there) for this
+    machine: this Python's uvicorn, on `host`:`port`, with `workers` processes."""
+    import yaml
+
+    command = [str(x) for x in yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["web"]["command"]]
+    if command[0] != "uvicorn":
+        raise ValueError(f"docker-compose.yml's web service runs {command[0]!r}, not uvicorn")
+    for flag, value in (("--host", host), ("--port", str(port)), ("--workers", str(workers))):
+        command[command.index(flag) + 1] = value
+    return [sys.executable, "-m", *command]
+
+
 def health_wait(url: str, *, seconds: float, poll: float = 0.2, alive: Callable[[], bool] = lambda: True) -> bool:
     """Whether the server at `url` answered /health/ with 200 within `seconds`; False as soon
     as `alive()` says its process is gone."""

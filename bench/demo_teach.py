@@ -3,16 +3,16 @@ browser labelling by the guidelines' preference, and the same run beside it with
 
 What a new user does, scripted: a fresh var folder, `manage.py migrate`, `manage.py rft_demo`
 (the demo model, its taskset and held-out problems, an owner, an annotator, the demo run
-under the `learned` policy with guidelines asking for the number written in words), a second
+under the `learned` policy with guidelines asking for the working shown before the answer), a second
 run with the same config and taskset that nobody rates ("without people"), `manage.py
 rft_serve` (the embedded default: web, conductor and workers in one process), both runs
 started with `manage.py rft start`. Then Chromium (Playwright) logs in as the annotator and
 labels up to `--labels` items on the people run's annotation page: for each item it reads the
 prompt and the completion off the page and gives the rating the preference gives
-(`apps.runs.preferences`, the same function as `bench.raters:in_words`), by clicking the
+(`apps.runs.preferences`, the same function as `bench.raters:working`), by clicking the
 rating and Submit as a person would. The runs train on; at the end the bench prints, per
-evaluated version, the share of held-out answers each run writes with the number in words
-(`eval/preference/in_words`, sampled answers to the demo's held-out problems), beside the
+evaluated version, the share of held-out answers each run writes with the working first
+(`eval/preference/working`, sampled answers to the demo's held-out problems), beside the
 evaluation accuracy, and the gain of the people run over the run without people.
 
 What each part may see: the runs' rewards are the demo's (`math_accuracy`, `math_format`):
@@ -29,6 +29,7 @@ difference, with the load average.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sqlite3
@@ -42,9 +43,6 @@ from pathlib import Path
 
 from bench.common import CHROMIUM, CHROMIUM_ARGS, DEMO_DIR, ROOT, free_port, health_wait
 
-PREFERENCE = "in_words"
-SHARE = f"eval/preference/{PREFERENCE}"
-
 
 def load_average() -> str:
     return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -54,6 +52,8 @@ def load_average() -> str:
 class Demo:
     var: Path
     env: dict[str, str]
+    # The style the demo run's guidelines ask for: the first preference its evaluation measures.
+    preference: str = ""
 
     def manage(self, *args: str, timeout: float = 600) -> str:
         proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
@@ -93,17 +93,20 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tup
     demo.manage("migrate", "--noinput", "-v", "0")
     demo.manage("rft_demo", "--total-steps", str(steps), "--feedback-wait", str(feedback_wait), "--password", "pw")
     people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed))).split()[-2:])
+    ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", people)
+    demo.preference = json.loads(str(config))["eval"]["preferences"][0]
     return demo, people, twin
 
 
-def person_labels(*, url: str, run: int, labels: int, until: float, headed: bool, done: Callable[[], bool]) -> int:
+def person_labels(*, url: str, run: int, preference: str, labels: int, until: float, headed: bool,
+                  done: Callable[[], bool]) -> int:
     """The annotator in Chromium: rate items by the preference until `labels` are given, the
     run has ended (`done()`), or the clock passes `until`. Returns the labels given."""
     from playwright.sync_api import sync_playwright
 
     from apps.runs.preferences import preference_get
 
-    prefer = preference_get(PREFERENCE)
+    prefer = preference_get(preference)
     given = 0
     with sync_playwright() as pw:
         browser = pw.chromium.launch(headless=not headed, executable_path=CHROMIUM, args=[a for a in CHROMIUM_ARGS if a != "--headless" or not headed])
@@ -148,7 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rft-demo-teach-") as tmp:
         var = Path(tmp)
         demo, people, twin = demo_setup(var=var, steps=args.steps, feedback_wait=args.feedback_wait, seed=args.seed)
-        print(f"demo runs: #{people} with a person labelling by {PREFERENCE}, #{twin} without people; {load_average()}",
+        print(f"demo runs: #{people} with a person labelling by {demo.preference}, #{twin} without people; {load_average()}",
               flush=True)
         port = free_port()
         log_path = var / "serve.log"
@@ -166,8 +169,8 @@ def main() -> None:
                     ((status,),) = demo.query("SELECT status FROM runs_run WHERE id = ?", run)
                     return status != "running"
 
-                given = person_labels(url=url, run=people, labels=args.labels, until=deadline, headed=args.headed,
-                                      done=lambda: ended(people))
+                given = person_labels(url=url, run=people, preference=demo.preference, labels=args.labels,
+                                      until=deadline, headed=args.headed, done=lambda: ended(people))
                 print(f"the person gave {given} labels in {time.monotonic() - started:.0f} s; {load_average()}", flush=True)
                 while time.monotonic() < deadline and not (ended(people) and ended(twin)):
                     time.sleep(2)
@@ -188,7 +191,8 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
         rows = demo.query("SELECT step, value FROM runs_metric WHERE run_id = ? AND name = ? ORDER BY step", run, name)
         return {int(str(step)): float(str(value)) for step, value in rows}
 
-    shares = {run: series(run, SHARE) for run in (people, twin)}
+    share = f"eval/preference/{demo.preference}"
+    shares = {run: series(run, share) for run in (people, twin)}
     accuracy = {run: series(run, "eval/accuracy") for run in (people, twin)}
     labels = demo.query("SELECT count(*) FROM feedback_feedback f JOIN buffer_experience e ON e.id = f.experience_id "
                         "WHERE e.run_id = ?", people)[0][0]
@@ -200,12 +204,12 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
         print(f"{step:>5} {cell(shares, people):>13} {cell(shares, twin):>14} {cell(accuracy, people):>11} "
               f"{cell(accuracy, twin):>12}")
     if not shares[people] or not shares[twin]:
-        raise SystemExit(f"no {SHARE} measured (runs ended {statuses}); see the serve log")
+        raise SystemExit(f"no {share} measured (runs ended {statuses}); see the serve log")
     first = shares[people][min(shares[people])]
     last_people, last_twin = shares[people][max(shares[people])], shares[twin][max(shares[twin])]
     print(f"runs ended: people {statuses[people]}, without people {statuses[twin]}; labels given {given}, stored {labels}; "
           f"{seconds:.0f} s")
-    print(f"demo_teach: {PREFERENCE} share {first:.3f} -> people {last_people:.3f} vs without people {last_twin:.3f} "
+    print(f"demo_teach: {demo.preference} share {first:.3f} -> people {last_people:.3f} vs without people {last_twin:.3f} "
           f"(difference {last_people - last_twin:+.3f}); {load_average()}")
 
 

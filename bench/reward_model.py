@@ -61,7 +61,8 @@ ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 def judge_settings() -> Any:
     from workers.demo_model import DemoSettings
 
-    return DemoSettings(target_accuracy=0.9, steps=3000)
+    # A judge of arithmetic: bare answers only (styles would only lengthen its long warm-up).
+    return DemoSettings(target_accuracy=0.9, steps=3000, styled=0.0)
 
 
 def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:

@@ -53,7 +53,7 @@ def _peak_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
-def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, float]:
+def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, Any]:
     import torch
 
     from workers.algorithms import TrainBatch
@@ -95,14 +95,19 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    phases = _phases_probe(learner, base) if args.phases and not cuda else None
     seconds = []
+    overall = 0.0
     for _ in range(args.steps):
         started = time.perf_counter()
         learner.step(TrainBatch(usual=rollouts), shard=shard)
         if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
-    peak = _peak_mb() - base
+        if phases is not None:
+            phases.mark("optimizer step")
+            overall = max(overall, phases.overall)
+    peak = max(overall, _peak_mb() - base)
     if cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
     if world > 1:
@@ -110,10 +115,39 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
 
         dist.destroy_process_group()
     return {"params": params, "peak_mb": peak, "held_mb": held, "step_seconds": min(seconds[1:] or seconds),
-            "threads": threads}
+            "threads": threads, "phases": phases.rows if phases is not None else []}
 
 
-def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, float]]:
+class _Phases:
+    """Per phase of each step, the peak RSS within it and the RSS at its end (MB above the
+    baseline): the peak is read and reset (/proc/self/clear_refs) at each phase's end, so
+    `overall` keeps the step's peak across the resets."""
+
+    def __init__(self, base: float) -> None:
+        self.base = base
+        self.rows: list[list[Any]] = []
+        self.overall = 0.0
+        self.step = 1
+
+    def mark(self, phase: str) -> None:
+        peak, now = _peak_mb() - self.base, _rss_mb() - self.base
+        self.overall = max(self.overall, peak)
+        self.rows.append([self.step, phase, round(peak), round(now)])
+        if phase == "optimizer step":
+            self.step += 1
+        _peak_reset()
+
+
+def _phases_probe(learner: Any, base: float) -> _Phases:
+    """Phase ends: the policy's forward (its loss), the backward and gradient clipping
+    (the optimizer's pre-step hook), the optimizer's step (after `learner.step`)."""
+    phases = _Phases(base)
+    learner.model.register_forward_hook(lambda *_: phases.mark("forward"))
+    learner.optimizer.register_step_pre_hook(lambda *_: phases.mark("backward + clip"))
+    return phases
+
+
+def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, Any]]:
     port = free_port()
     argv = [a for a in sys.argv[1:]]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.sharding", "--rank", str(r), "--world", str(world),
@@ -140,6 +174,8 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--phases", action="store_true",
+                        help="also print each step's peak and end RSS per phase (forward, backward + clip, optimizer)")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -168,6 +204,11 @@ def main() -> None:
         print(f"{f'rank {r} of {args.ranks} ({args.sharding})':<22}{res['held_mb']:>9.0f}{res['peak_mb']:>9.0f}"
               f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
               f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load_group:>7.2f}")
+    if args.phases:
+        print(f"\n{'setting':<22}{'step':>5}  {'phase':<16}{'peak MB':>9}{'end MB':>8}")
+        for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:
+            for step, phase, peak, end in res["phases"]:
+                print(f"{name:<22}{step:>5}  {phase:<16}{peak:>9}{end:>8}")
     ratio = max(r["peak_mb"] for r in ranks) / one["peak_mb"]
     print(f"\nsharding peak per rank / one process: {ratio:.2f} (target <= 0.65: {'met' if ratio <= 0.65 else 'NOT met'}); "
           f"step {ranks[0]['step_seconds'] / one['step_seconds']:.2f}× one process; load average now {os.getloadavg()[0]:.2f}")

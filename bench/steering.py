@@ -16,8 +16,12 @@ from an importable module or a .py file anywhere: bench/raters.py ships the styl
 words), which no reward term of the run knows. `--noise P` replaces a careful rating by a random
 one with probability P; `--random-raters S` (with `--noisy-raters N`) is the share of `noisy`'s
 raters answering at random. Beside the arithmetic accuracy, each arm reports the share of
-completions (one sampled per held-out problem) the rater rates 4 or 5, before and after. Arms,
-same steps and seeds:
+completions (four sampled per held-out problem, seeded) the rater rates 4 or 5, before and
+after, and the share of those samples whose `<answer>` is right whatever the style (the sampled
+arithmetic accuracy: the expected accuracy below counts the bare `<answer>N</answer>` only, so
+an arm that learns to show its working would read there as losing arithmetic). The targets are
+read on the preferred share; the arithmetic against the `format` arm (no people) when it runs
+beside (`--arms all,rm10,random10,noisy,format`). Arms, same steps and seeds:
 
 - `all`: every rollout rated, `human` mode (the ceiling);
 - `rm10`: 10% of rollouts rated, chosen by the selection rule (reward-model uncertainty in
@@ -32,6 +36,18 @@ same steps and seeds:
   turns at the page (who comes first alternates by step), each rating what the server hands
   them until the step's budget is spent: how the budget divides is the server's hand-out, not
   the bench's (round 9 split it blind, in whole pairs, 4 / 2 alternating).
+
+What each arm sees of the preference: only the ratings people post. The run's reward terms are
+`math_format` alone (one `<answer>` tag, whatever the style around it); the rater function lives
+in the bench's `Rater` objects (a person at the page) and in the measurement off the clock, never
+in the server, the selection rule, the reward model or the trainer. `all` sees a rating of every
+rollout; `rm10` a rating of the 10% the selection rule hands out (ranked by the reward model's
+uncertainty, which knows only earlier ratings) and the reward model's scores of the rest, the
+reward model trained on those ratings over the run's own base model's hidden states; `random10`
+ratings of a uniformly random 10% and the format reward elsewhere; `noisy` as `rm10`, with half
+the raters answering at random and gold items the owner (who rates by the same function, a
+person with the preference) marked on the Raters page. The demo model's warm-up shows each
+style at a minority share (workers/demo_model.STYLES), drawn by a seed, not by any rater.
 
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
@@ -206,19 +222,56 @@ correctness through people, `--rater bench.raters:correct`, rm10 (180 labels):
   chance), never usable.
 - `--rm-kind likelihood`: -0.013; 0.88 on 17 held-out pairs, never usable.
 One seed each and no reward model ever used: the differences are the trajectory's, not the
-kinds'. Style preferences (`concise`, `working`, `in_words`): the demo model's sampled
+kinds'. Style preferences (`concise`, `working`, `in_words`): that round's demo model's (RECIPE 4) sampled
 completions (max_tokens 12 or 32) are the bare `<answer>N</answer>` every time, so their
 preferred shares are 1.00, 0.00 and 0.00 before any run: nothing to amplify or learn (a pair
 needs two siblings rated apart) until the demo model's warm-up produces those behaviours some of
 the time. Over the demo model the `head` kind learns a style it sees: a word's presence, 1.00
 on pairs of unseen prompts from 45 labels (tests/rewards/test_learned_reward_model.py).
 
+Measured 2026-11-25 on the styled demo model (RECIPE 6: 55% bare answers, 15% each of working
+first / number in words / preamble; base sampled arithmetic 0.130-0.134, greedy 0.260), each style
+rater, 15 steps, 8 tasks x 8, lr 1e-4, reward model `head` over the run's own base (never the
+judge), `--arms all,rm10,random10,noisy,format`, seeds 0 / 1 / 2, one bench per rater and seed, up
+to six at once on the shared 2-core box, load 19-54 (other helpers' suites and benches beside).
+Preferred share (rated 4-5, 800 samples on the 200 held-out problems) gain per seed, median:
+| rater (base share)   | all                     | rm10 (90 labels)        | random10                | noisy                   | format (no people)      |
+| concise (0.48-0.52)  | +.330 +.336 +.315 +.330 | +.275 +.269 +.179 +.269 | +.164 -.028 +.105 +.105 | +.125 -.024 +.154 +.125 | +.089 -.004 +.057 +.057 |
+| working (0.16-0.17)  | +.522 +.608 +.642 +.608 | +.269 +.119 +.274 +.269 | -.026 +.085 +.009 +.009 | +.015 +.114 +.235 +.114 | -.078 +.014 +.016 +.014 |
+| in_words (0.06-0.07) | +.299 +.277 +.309 +.299 | +.006 +.054 +.003 +.006 | -.004 +.012 -.014 -.004 | +.035 +.031 -.019 +.031 | -.015 +.014 -.035 -.015 |
+- rm10 / all on the medians (labels 90 / 960 = 0.094x): concise 0.81 (met), working 0.44, in_words
+  0.02 (not met). `all` is the ceiling on every rater and seed: no lag or wait-window loss shows.
+  rm10 falls short where its reward model comes late: it is folded in only once its held-out
+  (by prompt) accuracy's lower bound reaches 0.75, ~10 perfect held-out pairs; at 6 labels a step,
+  a quarter held out, and a pair needing two siblings rated apart, it was usable from step 6 / 6 /
+  15 (concise), 6 / never / 12 (working), 15 / never / never (in_words) of 15. in_words is rare in
+  the base (6-7% of samples), so pairs rated apart are rare. Its held-out accuracy when measured:
+  1.00 on 11-13 pairs (concise), 1.00 / 1.00 / 0.93 on 9 / 8 / 42 (working), 1.00 / 1.00 / 0.80 on
+  24 / 1 / 10 (in_words): >= 0.8 everywhere, on few pairs. A longer run (30-60 steps, as the
+  correctness rounds) was not measured for lack of time on the box.
+- rm10 against random10 (medians): concise +0.164 (2.56x, met), working +0.260 (random10 +0.009:
+  met as the inequality), in_words +0.010 (random10 lost: met only as the inequality, both near 0).
+- noisy / rm10 on the medians: concise 0.47, working 0.42 (not met), in_words 5.0 (both near 0:
+  +0.031 against +0.006). Its reward model was usable on two runs of nine (working, from step 12
+  / 9): gold items and trust take the first steps' labels, and the careful rater's half of the
+  budget gives held-out pairs at half rm10's pace.
+- Sampled arithmetic accuracy against `format` (same seed; format 0.133 against the base 0.130, seed 0):
+  all -0.030 / -0.012 / +0.000 (concise), -0.070 / -0.076 / -0.046 (working), -0.062 / -0.039 /
+  -0.069 (in_words); rm10 -0.054 / -0.003 / -0.031, -0.044 / -0.016 / -0.018, -0.019 / -0.029 /
+  -0.024; random10 -0.001..-0.034; noisy +0.008..-0.040.
+  Not met (<= 0.02 asked) for `all`, and for rm10 on most runs: the styles the warm-up shows are
+  less accurate than the bare answer (base samples by form, seed 0: bare 0.159 right, working
+  0.124, words 0.057, others 0.117), so amplifying a style costs arithmetic, beyond which nothing
+  in a style rater holds the arithmetic up (it rates right and wrong alike).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
 
-Targets: rm10 gain >= 0.8 x all's with <= 0.1 x its labels; rm10 >= 2 x random10; noisy >=
-0.8 x rm10; reward-model held-out accuracy >= 0.85. The last line prints the ratios.
+Targets (on the rater's preferred share): rm10 gain >= 0.8 x all's with <= 0.1 x its labels;
+rm10 >= 2 x random10; noisy >= 0.8 x rm10; reward-model held-out (by prompt) accuracy >= 0.8;
+sampled arithmetic accuracy no more than 0.02 below the `format` arm's. The last lines print
+the verdicts (with the differences) and the ratios.
 """
 
 from __future__ import annotations
@@ -254,7 +307,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 0,
-            pairs: bool = True, trust: bool = True, max_tokens: int = 12) -> dict[str, Any]:
+            pairs: bool = True, trust: bool = True, max_tokens: int = 32) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -421,21 +474,26 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
     return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
 
-def _preference_share(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int) -> float:
-    """Share of the completions sampled (temperature 1, one per held-out problem, seeded) that
-    `rating` rates 4 or 5: how often the model does what the rater prefers."""
+def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
+             samples: int = 4) -> tuple[float, float]:
+    """(preferred share, arithmetic accuracy) over `samples` completions sampled per held-out
+    problem (temperature 1, seeded): the share `rating` rates 4 or 5 (how often the model does
+    what the rater prefers) and the share whose `<answer>` is right, whatever the style around
+    it (the expected accuracy counts the bare `<answer>N</answer>` only, so a run that learns
+    to show its working would read as losing arithmetic there)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bench.raters import correct as right
     from workers.demo_model import DemoSettings, _encode, _problems
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    problems = _problems(DemoSettings())[1]
+    problems = [p for p in _problems(DemoSettings())[1] for _ in range(samples)]
     torch.manual_seed(seed)
-    liked = 0
-    for start in range(0, len(problems), 100):
-        chunk = problems[start:start + 100]
+    liked = rightly = 0
+    for start in range(0, len(problems), 200):
+        chunk = problems[start:start + 200]
         prompts = [_encode(tokenizer, p)[0] for p in chunk]
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
@@ -445,8 +503,10 @@ def _preference_share(model_dir: str, tokenizer_dir: Path, rating: Rating, *, ma
                                  temperature=1.0, top_k=0, top_p=1.0)
         for prompt_ids, row in zip(prompts, out[:, width:].tolist(), strict=True):
             prompt = tokenizer.decode(prompt_ids, skip_special_tokens=True)
-            liked += rating(prompt, tokenizer.decode(row, skip_special_tokens=True)) >= 4
-    return liked / max(1, len(problems))
+            completion = tokenizer.decode(row, skip_special_tokens=True)
+            liked += rating(prompt, completion) >= 4
+            rightly += right(prompt, completion) == 5
+    return liked / max(1, len(problems)), rightly / max(1, len(problems))
 
 
 def _gold_mark(owner: Rater, run: Any) -> int:
@@ -469,8 +529,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "head",
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 0, pairs: bool = True, trust: bool = True, rating: Rating = correct,
-            noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 12,
-            base_share: float | None = None) -> dict[str, Any]:
+            noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
+            base_share: tuple[float, float] | None = None) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -569,7 +629,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo)
-    share_after = _preference_share(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
+    share_after, arithmetic = _sampled(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -590,7 +650,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "rm_heldout": rm.pairs_heldout if rm else 0,
             "rm_pairs": 0 if rm is None else (
                 rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
-            "share": share_after, "share_gain": share_after - (base_share or 0.0),
+            "share": share_after, "share_gain": share_after - (base_share or (0.0, 0.0))[0],
+            "arithmetic": arithmetic, "arithmetic_gain": arithmetic - (base_share or (0.0, 0.0))[1],
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -627,7 +688,8 @@ def main() -> None:
     parser.add_argument("--random-raters", type=float, default=0.5,
                         help="noisy: share of its raters who answer at random (at least one stays careful)")
     parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
-    parser.add_argument("--max-tokens", type=int, default=12, help="sampling.max_tokens of the runs")
+    parser.add_argument("--max-tokens", type=int, default=32,
+                        help="sampling.max_tokens of the runs (the demo model's styled answers take up to ~25)")
     parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
     parser.add_argument("--rm-confidence", type=float, default=0.95,
                         help="the reward model is used once its held-out accuracy's lower bound at this "
@@ -680,10 +742,11 @@ def main() -> None:
     elif args.rm_base != "policy":
         rm_base = args.rm_base
     base_acc = _accuracy(str(demo), demo)
-    base_share = {seed: _preference_share(str(demo), demo, rating, max_tokens=args.max_tokens, seed=seed)
+    base_share = {seed: _sampled(str(demo), demo, rating, max_tokens=args.max_tokens, seed=seed)
                   for seed in [int(s) for s in args.seeds.split(",")]}
-    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, rater {args.rater}'s preferred "
-          f"share {_mean(list(base_share.values())):.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, sampled arithmetic "
+          f"{_mean([b[1] for b in base_share.values()]):.3f}, rater {args.rater}'s preferred "
+          f"share {_mean([b[0] for b in base_share.values()]):.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
     try:
@@ -709,7 +772,7 @@ def main() -> None:
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
           f"{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
-          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'seconds':>9}{'load':>6}")
+          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'arith':>7}{'gain':>7}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
@@ -717,40 +780,50 @@ def main() -> None:
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
               f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}"
-              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['seconds']:>9.0f}"
+              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['arithmetic']:>7.3f}{r['arithmetic_gain']:>+7.3f}"
+              f"{r['seconds']:>9.0f}"
               f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
     share_gain = {a: _mean([r["share_gain"] for r in rs]) for a, rs in by_arm.items()}
+    arithmetic = {a: _mean([r["arithmetic"] for r in rs]) for a, rs in by_arm.items()}
     print(f"rater {args.rater} (noise {args.noise:g}): preferred share gain per arm (base "
-          f"{_mean(list(base_share.values())):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
-          + "; arithmetic accuracy gain beside: " + ", ".join(f"{a} {g:+.4f}" for a, g in gain.items()))
+          f"{_mean([b[0] for b in base_share.values()]):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
+          + "; sampled arithmetic accuracy beside (base " + f"{_mean([b[1] for b in base_share.values()]):.3f}): "
+          + ", ".join(f"{a} {g:.3f}" for a, g in arithmetic.items())
+          + "; expected (plain-form) accuracy gain: " + ", ".join(f"{a} {g:+.4f}" for a, g in gain.items()))
     rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]
     rm_randoms = [r["rm_acc_random"] for r in results if r["arm"] == "rm10" and r["rm_acc_random"] is not None]
 
     def ratio(x: str, y: str, what: dict[str, float]) -> str:
         if x not in what or y not in what or what[y] == 0:
             return "n/a"
-        if what is gain and what[y] <= 0:
+        if what[y] <= 0:
             # A ratio of losses says nothing about steering: report it as not measured.
             return f"n/a ({y} gained {what[y]:+.3f})"
         return f"{what[x] / what[y]:.2f}"
 
     def verdict(x: str, y: str, k: float) -> str:
-        """The target as the issue words it, x's gain at least k times y's, read as the
-        inequality: where y lost, a ratio of a gain to a loss says nothing, while x gaining
-        meets it (random10 loses on every seed: the format reward alone drifts the model)."""
-        if x not in gain or y not in gain:
+        """The target as the issue words it, x's preference gain at least k times y's, read as
+        the inequality: where y lost, a ratio of a gain to a loss says nothing, while x gaining
+        meets it; the difference is printed beside (a gain near zero makes the ratio noise)."""
+        if x not in share_gain or y not in share_gain:
             return "n/a"
-        met = gain[x] > 0 and gain[x] >= k * gain[y]
-        return f"{'met' if met else 'NOT met'} ({x} {gain[x]:+.3f} against {k:g} x {y} {gain[y]:+.3f})"
+        met = share_gain[x] > 0 and share_gain[x] >= k * share_gain[y]
+        return (f"{'met' if met else 'NOT met'} ({x} {share_gain[x]:+.3f} against {k:g} x {y} {share_gain[y]:+.3f}; "
+                f"difference {share_gain[x] - share_gain[y]:+.3f})")
 
-    print(f"targets: rm10 >= 0.8 x all {verdict('rm10', 'all', 0.8)}; rm10 >= 2 x random10 "
-          f"{verdict('rm10', 'random10', 2)}; noisy >= 0.8 x rm10 {verdict('noisy', 'rm10', 0.8)}")
-    print(f"rm10/all gain {ratio('rm10', 'all', gain)} (target >= 0.8) with labels {ratio('rm10', 'all', labels)} "
-          f"(<= 0.1); rm10/random10 gain {ratio('rm10', 'random10', gain)} (>= 2); noisy/rm10 gain "
-          f"{ratio('noisy', 'rm10', gain)} (>= 0.8); rm held-out accuracy {_mean(rm_accs):.2f} (>= 0.85) on "
+    # An arm without people (`format`: the format reward alone) is the arithmetic's yardstick.
+    drops = ", ".join(f"{a} {arithmetic[a] - arithmetic['format']:+.3f}" for a in arithmetic if a != "format") \
+        if "format" in arithmetic else "n/a (run the `format` arm beside)"
+    print(f"targets (on the preferred share): rm10 >= 0.8 x all {verdict('rm10', 'all', 0.8)}; rm10 >= 2 x random10 "
+          f"{verdict('rm10', 'random10', 2)}; noisy >= 0.8 x rm10 {verdict('noisy', 'rm10', 0.8)}; arithmetic "
+          f"against `format` (>= -0.02): {drops}")
+    print(f"rm10/all share gain {ratio('rm10', 'all', share_gain)} (target >= 0.8) with labels "
+          f"{ratio('rm10', 'all', labels)} (<= 0.1); rm10/random10 {ratio('rm10', 'random10', share_gain)} (>= 2); "
+          f"noisy/rm10 {ratio('noisy', 'rm10', share_gain)} (>= 0.8); rm held-out (by prompt) accuracy "
+          f"{_mean(rm_accs):.2f} (>= 0.8) on "
           f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs, on the random share only "
           f"{_mean(rm_randoms):.2f} on {sum(r['rm_pairs_random'] for r in results if r['arm'] == 'rm10')}; "
           f"seeds {args.seeds}, {args.steps} steps, load {os.getloadavg()[0]:.1f}")

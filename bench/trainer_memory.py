@@ -29,6 +29,7 @@ import resource
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each setting's process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="settings run at once (1: each alone, so its step time is its own; a smoke test's "
+                             "tiny sizes take 2: peak memory is per process either way)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -178,16 +182,19 @@ def main() -> None:
 
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    results: dict[str, dict[str, float]] = {}
-    for name in SETTINGS:
+
+    def setting(name: str) -> dict[str, float]:
         load = os.getloadavg()[0]
         out = subprocess.run([sys.executable, "-m", "bench.trainer_memory", "--one", name, *sys.argv[1:]],
                              capture_output=True, text=True, env=env, cwd=ROOT)
         line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             sys.exit(f"{name} failed:\n{out.stderr[-3000:]}")
-        results[name] = {**json.loads(line.removeprefix("RESULT ")), "load": load}
         print(f"  done: {name} (load average {load:.2f})", flush=True)
+        return {**json.loads(line.removeprefix("RESULT ")), "load": load}
+
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        results = dict(zip(SETTINGS, pool.map(setting, SETTINGS), strict=True))
 
     base = results["full fp32"]
     print(f"\nmodel: {base['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "

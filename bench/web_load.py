@@ -1,40 +1,70 @@
-"""N concurrent API clients for S seconds against a real uvicorn web tier: status counts,
-p50/p99 per endpoint, and the Postgres connections the web processes hold during the load
-and after it (issue #33: 50 clients gave 39-45% 500s and 94 connections held on main).
+"""A team's worth of simulated people at once against the compose-like web tier (issue #33).
 
-Each configuration gets a fresh uvicorn server (`--processes` workers) on a scratch database
-(BENCH_DATABASE_URL's server) and this environment's Redis. The clients are environments:
-two in three read their run (`GET /api/v1/runs/<id>`), one in three posts a trajectory
-(`POST /api/v1/runs/<id>/trajectories`), each with the key's rate limit counted in Redis.
-Measured twice in the same run: with the web process's pool (RFT_DB_POOL_SIZE, `--pool`) and,
-as the baseline, with a connection per request (RFT_DB_POOL_SIZE=0).
+The stack on this machine, as docker-compose.yml runs it: Postgres and Redis (this machine's,
+a scratch database from BENCH_DATABASE_URL's server), N uvicorn worker processes behind one
+port (`--processes`, each with its psycopg pool of RFT_DB_POOL_SIZE, `--pool`), and a producer
+process standing in for the Celery workers: it publishes `run.metric` events (numbered, at
+`--event-rate` per second) through apps.runs.events.event_publish, the call the workers make,
+so they cross Redis and the web processes' fanout (apps/runs/fanout.py) as a trainer's do.
 
-    python -m bench web_load [--clients 50] [--seconds 60] [--processes 1] [--pool 10]
+The people, in proportion (`--mix annotators:environments:owners`, default 5:3:2 of `--people`),
+each starting at a random moment of the first `--ramp` seconds:
 
-The last line is the p99 ratio (pool / connection per request), with the load average.
+  annotators    log in through the login form (a session, CSRF), load the annotation page and
+                rate the items it lists through the page's HTMX endpoints (`rate`, and every
+                `--rank-every`th label a ranking of the item's group: the `rank` fragment,
+                then its form), pausing `--think` seconds (0.5x-1.5x) per label; the header's
+                counts after each label and every 10 s, the queue partial when it runs low.
+  environments  each with its own API key: claim a task, post a group of `--group`
+                trajectories, finish the task, read the run, every `--env-interval` seconds.
+  owners        log in, load the run page and its metrics, and watch the run's websocket
+                (one channel-layer group per run), counting frames and events; while events
+                arrive they fetch the counts as the page does (at most one request per 2 s).
+                Owners connect before anyone else starts, so each must receive every event:
+                every numbered metric, an `experience.created` for every stored trajectory,
+                a `feedback.saved` for every label.
+
+Printed: requests/s, p50/p99 and status counts per endpoint (5xx apart), Postgres connections
+on the bench database at peak (pg_stat_activity polled every 0.1 s) against max_connections,
+after the end and when all were released, websocket events per owner against events sent, the
+load average beside each. Targets (issue #33): 0 5xx, every owner receives every event, peak
+connections <= 60% of max_connections, all released within 10 s of the end.
+
+    python -m bench web_load [--people 200] [--seconds 300] [--processes 4] [--pool 10]
+
+The last line is the verdict, with the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import logging
 import os
+import random
+import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, free_port, health_wait, scratch_database
+from bench.common import BENCH_DB, compose_web_command, free_port, health_wait, median, percentile, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
+PASSWORD = "bench-web-load-password"
+TARGET_CONNECTIONS_SHARE = 0.6
+TARGET_RELEASE_SECONDS = 10.0
+COUNTS_EVERY = 10.0  # the annotation header's poll (feedback/_counts.html: every 10s)
+OWNER_COUNTS_DELAY = 2.0  # the run page's countsSoon (static/rftweb/dashboard.js)
 
 
 def load_average() -> str:
@@ -42,13 +72,15 @@ def load_average() -> str:
 
 
 class ConnectionWatch:
-    """Polls pg_stat_activity for the scratch database (its own session excluded)."""
+    """Polls pg_stat_activity for the scratch database (its own session excluded) every 0.1 s
+    from start() to stop(); end() marks the end of the load."""
 
     def __init__(self, url: str) -> None:
         import psycopg
 
         self.conn = psycopg.connect(url, autocommit=True)
-        self.peak = 0
+        self.samples: list[tuple[float, int, str]] = []  # (monotonic time, connections, load average)
+        self.ended: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -57,92 +89,376 @@ class ConnectionWatch:
                                 "AND pid <> pg_backend_pid()").fetchone()
         return int(row[0]) if row else 0
 
+    def max_connections(self) -> int:
+        row = self.conn.execute("SHOW max_connections").fetchone()
+        return int(row[0]) if row else 0
+
     def start(self) -> None:
-        self.peak = 0
         self._stop.clear()
 
         def poll() -> None:
             while not self._stop.is_set():
-                self.peak = max(self.peak, self.count())
+                self.samples.append((time.monotonic(), self.count(), load_average()))
                 time.sleep(0.1)
 
         self._thread = threading.Thread(target=poll, daemon=True)
         self._thread.start()
+
+    def end(self) -> None:
+        self.ended = time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
 
+    def peak(self) -> tuple[int, str]:
+        """The most connections held during the load, and the load average then."""
+        during = [(n, load) for t, n, load in self.samples if self.ended is None or t <= self.ended]
+        return max(during, key=lambda x: x[0], default=(0, load_average()))
+
+    def after(self, marks: tuple[float, ...] = (1.0, 5.0, 10.0)) -> tuple[dict[float, int], float | None]:
+        """Connections held `marks` seconds after the end, and how long after it they were all
+        released for good (none held in any later sample), or None."""
+        assert self.ended is not None
+        later = [(t - self.ended, n) for t, n, _ in self.samples if t >= self.ended]
+        at = {m: next((n for dt, n in later if dt >= m), -1) for m in marks}
+        released = None
+        for dt, n in reversed(later):
+            if n:
+                break
+            released = dt
+        return at, released
+
     def close(self) -> None:
         self.conn.close()
 
 
+# ---------------------------------------------------------------------------- what is counted
+
+
 @dataclass
-class Result:
-    statuses: Counter[str] = field(default_factory=Counter)
-    latencies: dict[str, list[float]] = field(default_factory=dict)
-    seconds: float = 0.0
+class Tally:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    statuses: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    samples: dict[str, str] = field(default_factory=dict)  # the first answer of each non-2xx/3xx kind
+
+    def record(self, name: str, status: str, seconds: float, body: str = "") -> None:
+        self.latencies[name].append(seconds)
+        self.statuses[name][status] += 1
+        if not status[:1] in "23" and f"{name} {status}" not in self.samples:
+            self.samples[f"{name} {status}"] = body[:300]
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+@dataclass
+class Shared:
+    """What the people report to each other: the main loop's clock and the events they caused."""
+
+    base: str
+    run_id: int
+    stop_at: float
+    tally: Tally
+    stored_experiences: set[int] = field(default_factory=set)
+    labels_saved: int = 0
+    last_event: float = 0.0  # perf_counter of the last event any watcher received
 
 
-def _trajectory() -> dict[str, Any]:
-    return {"trajectories": [{
-        "key": f"w-{uuid.uuid4().hex}", "group_id": f"g-{uuid.uuid4().hex[:6]}",
-        "messages": [{"role": "user", "content": "Guess the number."}, {"role": "assistant", "content": "<guess>50</guess>"}],
-        "token_ids": list(range(24)), "prompt_length": 8, "logprobs": [-0.25] * 16, "reward": 0.5,
-    }]}
+@dataclass
+class Seen:
+    """One owner's websocket: what arrived."""
+
+    frames: int = 0
+    events: Counter[str] = field(default_factory=Counter)
+    seqs: set[int] = field(default_factory=set)
+    experiences: set[int] = field(default_factory=set)
+    feedback: int = 0
+    closed: str = ""
+    metric_lag: list[float] = field(default_factory=list)  # seconds from the producer's publish to arrival
 
 
-async def _load(base: str, run_id: int, key: str, *, clients: int, seconds: float) -> Result:
-    import logging
-
+async def _call(client: Any, shared: Shared, name: str, method: str, url: str, **kwargs: Any) -> Any:
+    """One request, timed and counted under `name`; the answer, or None when none came."""
     import httpx
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = Result(latencies={"GET run": [], "POST trajectory": []})
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    stop_at = time.perf_counter() + seconds
-    started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, limits=limits,
-                                 timeout=120) as client:
-
-        async def one(worker: int) -> None:
-            i = worker
-            while time.perf_counter() < stop_at:
-                post = i % 3 == 2
-                name = "POST trajectory" if post else "GET run"
-                t0 = time.perf_counter()
-                try:
-                    if post:
-                        answer = await client.post(f"/api/v1/runs/{run_id}/trajectories", json=_trajectory())
-                    else:
-                        answer = await client.get(f"/api/v1/runs/{run_id}")
-                    status = str(answer.status_code)
-                except httpx.HTTPError as exc:
-                    status = type(exc).__name__
-                result.latencies[name].append(time.perf_counter() - t0)
-                result.statuses[status] += 1
-                i += 1
-
-        await asyncio.gather(*(one(w) for w in range(clients)))
-    result.seconds = time.perf_counter() - started
-    return result
+    t0 = time.perf_counter()
+    try:
+        answer = await client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        shared.tally.record(name, type(exc).__name__, time.perf_counter() - t0, str(exc))
+        return None
+    shared.tally.record(name, str(answer.status_code), time.perf_counter() - t0, answer.text)
+    return answer
 
 
-def _server(db_url: str, *, processes: int, pool: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _client(base: str, **kwargs: Any) -> Any:
+    import httpx
+
+    return httpx.AsyncClient(base_url=base, timeout=60, limits=httpx.Limits(max_connections=4), **kwargs)
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+CSRF_INPUT = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+
+
+async def _log_in(client: Any, shared: Shared, username: str, next_url: str) -> bool:
+    """Through the login form, as a browser: its page (CSRF cookie and field), then the POST."""
+    page = await _call(client, shared, "GET login", "GET", "/login/")
+    if page is None or page.status_code != 200:
+        return False
+    token = CSRF_INPUT.search(page.text)
+    answer = await _call(client, shared, "POST login", "POST", "/login/", data={
+        "username": username, "password": PASSWORD, "csrfmiddlewaretoken": token.group(1) if token else "",
+        "next": next_url})
+    return answer is not None and answer.status_code == 302 and "sessionid" in client.cookies
+
+
+# ---------------------------------------------------------------------------- the people
+
+ITEM = re.compile(r'data-assignment="(\d+)" data-experience="(\d+)"')
+RANK_FIELD = re.compile(r'name="rank_(\d+)"')
+HTMX = {"HX-Request": "true"}
+
+
+async def annotator(shared: Shared, username: str, start: float, think: float, rank_every: int) -> None:
+    await _sleep_until(start)
+    run = shared.run_id
+    page_url = f"/runs/{run}/annotate/"
+    async with _client(shared.base) as client:
+        if not await _log_in(client, shared, username, page_url):
+            return
+        page = await _call(client, shared, "GET annotate page", "GET", page_url)
+        if page is None or page.status_code != 200:
+            return
+        token = CSRF_INPUT.search(page.text)
+        csrf = token.group(1) if token else ""
+        items = [(int(a), int(e)) for a, e in ITEM.findall(page.text)]
+        done: set[int] = set()
+        last = max((a for a, _ in items), default=0)
+        next_counts = time.perf_counter() + COUNTS_EVERY
+        labels = 0
+
+        async def counts() -> None:
+            await _call(client, shared, "GET counts", "GET", f"{page_url}counts/", headers=HTMX)
+
+        async def top_up() -> None:
+            nonlocal last
+            answer = await _call(client, shared, "GET queue", "GET", f"{page_url}queue/?after={last}", headers=HTMX)
+            if answer is not None and answer.status_code == 200:
+                fresh = [(int(a), int(e)) for a, e in ITEM.findall(answer.text) if int(a) not in done]
+                items.extend(x for x in fresh if x not in items)
+                last = max([last] + [a for a, _ in fresh])
+
+        while time.perf_counter() < shared.stop_at:
+            pause = think * random.uniform(0.5, 1.5)
+            while pause > 0 and time.perf_counter() < shared.stop_at:  # the page polls its counts meanwhile
+                step = min(pause, max(0.0, next_counts - time.perf_counter()))
+                await asyncio.sleep(step)
+                pause -= step
+                if time.perf_counter() >= next_counts:
+                    await counts()
+                    next_counts = time.perf_counter() + COUNTS_EVERY
+            if time.perf_counter() >= shared.stop_at:
+                break
+            if not items:
+                await top_up()
+                continue
+            assignment, experience = items.pop(0)
+            done.add(assignment)
+            labels += 1
+            if rank_every and labels % rank_every == 0:
+                url = f"{page_url}experiences/{experience}/rank/"
+                fragment = await _call(client, shared, "GET rank", "GET", url, headers=HTMX)
+                members = [int(m) for m in RANK_FIELD.findall(fragment.text)] if fragment is not None else []
+                if len(members) > 1:
+                    order = random.sample(range(1, len(members) + 1), len(members))
+                    data = {"csrfmiddlewaretoken": csrf, **{f"rank_{m}": str(r) for m, r in zip(members, order)}}
+                    answer = await _call(client, shared, "POST rank", "POST", url, data=data, headers=HTMX)
+                    if answer is not None and answer.status_code == 200:
+                        shared.labels_saved += 1
+                    await counts()
+                    continue
+            answer = await _call(client, shared, "POST rate", "POST", f"{page_url}items/{assignment}/rate/",
+                                 data={"csrfmiddlewaretoken": csrf, "score": str(random.randint(1, 5))}, headers=HTMX)
+            if answer is not None and answer.status_code == 200:
+                shared.labels_saved += 1
+            await counts()
+            if len(items) < 3:
+                await top_up()
+
+
+def _trajectories(group: int, task_id: int | None) -> dict[str, Any]:
+    group_id = f"g-{uuid.uuid4().hex[:10]}"
+    return {"trajectories": [{
+        "key": f"w-{uuid.uuid4().hex}", "group_id": group_id, "task_id": task_id,
+        "messages": [{"role": "user", "content": "Guess the number."}, {"role": "assistant", "content": f"<guess>{g}</guess>"}],
+        "token_ids": list(range(24)), "prompt_length": 8, "logprobs": [-0.25] * 16, "reward": g / group,
+    } for g in range(group)]}
+
+
+async def environment(shared: Shared, key: str, name: str, start: float, interval: float, group: int) -> None:
+    await _sleep_until(start)
+    api = f"/api/v1/runs/{shared.run_id}"
+    async with _client(shared.base, headers={"Authorization": f"Bearer {key}"}) as client:
+        while time.perf_counter() < shared.stop_at:
+            cycle = time.perf_counter()
+            claim = await _call(client, shared, "POST tasks/claim", "POST", f"{api}/tasks/claim", json={"size": 1, "worker": name})
+            tasks = claim.json().get("tasks", []) if claim is not None and claim.status_code == 200 else []
+            posted = await _call(client, shared, "POST trajectories", "POST", f"{api}/trajectories",
+                                 json=_trajectories(group, tasks[0]["task_id"] if tasks else None))
+            if posted is not None and posted.status_code == 200:
+                shared.stored_experiences.update(r["id"] for r in posted.json()["results"] if not r["duplicate"])
+            if tasks:
+                await _call(client, shared, "POST tasks/finish", "POST", f"{api}/tasks/finish",
+                            json={"attempt_ids": [t["attempt_id"] for t in tasks], "worker": name})
+            await _call(client, shared, "GET run", "GET", api)
+            await asyncio.sleep(max(0.0, cycle + interval * random.uniform(0.8, 1.2) - time.perf_counter()))
+
+
+async def owner(shared: Shared, username: str, start: float, seen: Seen, connected: asyncio.Event,
+                finished: asyncio.Event) -> None:
+    """Logs in, loads the run page, watches the run's websocket until `finished` is set."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    await _sleep_until(start)
+    run = shared.run_id
+    async with _client(shared.base) as client:
+        try:
+            if not await _log_in(client, shared, username, f"/runs/{run}/"):
+                seen.closed = "login failed"
+                return
+            await _call(client, shared, "GET run page", "GET", f"/runs/{run}/")
+            await _call(client, shared, "GET metrics", "GET", f"/runs/{run}/metrics/")
+            ws_url = shared.base.replace("http://", "ws://") + f"/ws/runs/{run}/"
+            cookie = f"sessionid={client.cookies['sessionid']}"
+            try:
+                ws = await connect(ws_url, additional_headers={"Origin": shared.base, "Cookie": cookie},
+                                   open_timeout=60, max_queue=None, compression=None,
+                                   ping_interval=None)  # a browser answers pings, sends none
+            except Exception as exc:  # a refused handshake is a lost viewer, named in the report
+                seen.closed = f"handshake: {exc}"
+                return
+        finally:
+            connected.set()
+        counts_due: list[asyncio.Task[None]] = []
+
+        async def counts_soon() -> None:
+            await asyncio.sleep(OWNER_COUNTS_DELAY)
+            await _call(client, shared, "GET metrics?counts", "GET", f"/runs/{run}/metrics/?only=counts")
+
+        async def read() -> None:
+            async for raw in ws:
+                seen.frames += 1
+                shared.last_event = time.perf_counter()
+                frame = json.loads(raw)
+                for event in frame["events"] if frame.get("type") == "batch" else [frame]:
+                    kind, payload = event.get("type", ""), event.get("payload") or {}
+                    seen.events[kind] += 1
+                    if kind == "run.metric" and "seq" in payload:
+                        seen.seqs.add(int(payload["seq"]))
+                        seen.metric_lag.append(time.time() - float(payload["t"]))
+                    elif kind == "experience.created":
+                        seen.experiences.add(int(payload["id"]))
+                    elif kind == "feedback.saved":
+                        seen.feedback += 1
+                if time.perf_counter() < shared.stop_at and (not counts_due or counts_due[-1].done()):
+                    counts_due.append(asyncio.create_task(counts_soon()))
+
+        reader = asyncio.create_task(read())
+        stopped = asyncio.create_task(finished.wait())
+        await asyncio.wait([reader, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if reader.done():
+            error = reader.exception()
+            seen.closed = f"closed: {error}" if isinstance(error, ConnectionClosed) else f"reader failed: {error!r}"
+        else:
+            reader.cancel()
+        stopped.cancel()
+        await asyncio.gather(*counts_due, return_exceptions=True)
+        await ws.close()
+
+
+# ---------------------------------------------------------------------------- the producer
+
+
+def publisher_main(run_id: int, rate: float, stop_file: Path) -> None:
+    """Publish numbered run.metric events at `rate` until `stop_file` exists; print how many."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+    import django
+
+    django.setup()
+    from apps.runs.events import event_publish
+
+    print("ready", flush=True)
+    start, seq = time.perf_counter(), 0
+    while not stop_file.exists():
+        delay = start + seq / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        event_publish(run_id=run_id, type="run.metric", payload={"step": seq, "values": {"bench/seq": float(seq)},
+                                                                "seq": seq, "t": time.time()})
+        seq += 1
+    print(json.dumps({"sent": seq}), flush=True)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Cast:
+    annotators: list[str]
+    owners: list[str]
+    keys: list[str]
+
+
+def _setup(args: argparse.Namespace, counts: tuple[int, int, int]) -> tuple[int, Cast]:
+    from django.contrib.auth.hashers import make_password
+    from django.contrib.auth.models import User
+
+    from apps.buffer.drafts import ExperienceDraft
+    from apps.buffer.importers import taskset_create
+    from apps.buffer.services import experience_write
+    from apps.envapi.services import api_key_create
+    from apps.runs.models import RunMember
+    from apps.runs.services import run_create
+
+    annotators, environments, owners = counts
+    hashed = make_password(PASSWORD)  # once: every person has the same password (the server checks it each login)
+    boss = User.objects.create(username="bench-owner", password=hashed)
+    taskset = taskset_create(name="web load", records=[{"prompt": f"Guess the number {i}.", "answer": str(i)}
+                                                       for i in range(args.tasks)], owner=boss)
+    run = run_create(name="web load", owner=boss, taskset=taskset,
+                     config={"model": "local/demo", "algorithm": "grpo", "repeat_times": args.group, "rewards": []})
+    people = User.objects.bulk_create([User(username=f"annotator{i}", password=hashed) for i in range(annotators)]
+                                      + [User(username=f"owner{i}", password=hashed) for i in range(owners)])
+    RunMember.objects.bulk_create([RunMember(run=run, user=u, role=RunMember.Role.ANNOTATOR if u.username.startswith(
+        "annotator") else RunMember.Role.VIEWER) for u in people])
+    keys = [api_key_create(name=f"env{i}", runs=[run], actions=["read", "submit"], created_by=boss,
+                           rate_limit_per_minute=1_000_000)[1] for i in range(environments)]
+    drafts = [ExperienceDraft.from_row({
+        "run_id": run.pk, "key": f"seed-{g}-{i}", "group_id": f"seed-{g}", "prompt_text": f"Guess the number {g}.",
+        "response_text": f"<guess>{i}</guess>", "token_ids": list(range(24)), "prompt_length": 8,
+        "logprobs": [-0.25] * 16, "reward": i / args.group}) for g in range(args.seed_groups) for i in range(args.group)]
+    for chunk in range(0, len(drafts), 1000):
+        experience_write(experiences=drafts[chunk:chunk + 1000])
+    return run.pk, Cast(annotators=[u.username for u in people if u.username.startswith("annotator")],
+                        owners=[u.username for u in people if u.username.startswith("owner")], keys=keys)
+
+
+def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "rftweb.settings", "DEBUG": "0",
-           "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789", "SECURE_SSL_REDIRECT": "0",
-           "RFT_DB_POOL_SIZE": str(pool), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+           "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789",
+           # Plain HTTP on 127.0.0.1: no TLS redirect, and cookies a plain-HTTP client sends back.
+           "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
+           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TEST_DATABASE_NAME", None)
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "rftweb.asgi:application", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", str(processes), "--no-access-log"],
-                            cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    # As docker-compose.yml's web service runs it (its command, flags and all).
+    proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     if not health_wait(base, seconds=120, alive=lambda: proc.poll() is None):
         _stop(proc)
@@ -160,52 +476,67 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def _measure(label: str, db_url: str, run_id: int, key: str, args: argparse.Namespace, pool: int,
-             watch: ConnectionWatch, logs: Path) -> Result:
-    proc, base = _server(db_url, processes=args.processes, pool=pool, log=logs / f"{label.replace(' ', '-').replace('/', '-')}.log")
-    try:
-        asyncio.run(_load(base, run_id, key, clients=min(4, args.clients), seconds=1.0))  # warm-up
-        watch.start()
-        result = asyncio.run(_load(base, run_id, key, clients=args.clients, seconds=args.seconds))
-        watch.stop()
-        ended = time.monotonic()
-        after: list[str] = []
-        released = None
-        while time.monotonic() - ended < args.after:
-            held = watch.count()
-            if held == 0 and released is None:
-                released = time.monotonic() - ended
-            for mark in (1.0, 5.0, 10.0):
-                if not any(a.startswith(f"{mark:.0f} s:") for a in after) and time.monotonic() - ended >= mark:
-                    after.append(f"{mark:.0f} s: {held}")
-            time.sleep(0.2)
-    finally:
-        _stop(proc)
-    every = [x for values in result.latencies.values() for x in values]
-    total = sum(result.statuses.values())
-    errors = sum(n for status, n in result.statuses.items() if not status.startswith("2"))
-    five = sum(n for status, n in result.statuses.items() if status.startswith("5"))
-    print(f"{label:22s}: {total} requests, {total / result.seconds:6.1f}/s, statuses {dict(sorted(result.statuses.items()))}, "
-          f"5xx {five}, non-2xx {errors}; p50 {1000 * statistics.median(every):7.1f} ms, p99 {1000 * _p(every, 0.99):7.1f} ms")
-    for name, values in result.latencies.items():
-        if values:
-            print(f"{'':22s}  {name:15s}: {len(values):6d}  p50 {1000 * statistics.median(values):7.1f} ms  "
-                  f"p99 {1000 * _p(values, 0.99):7.1f} ms")
-    print(f"{'':22s}  Postgres connections: peak {watch.peak} during, after the end {', '.join(after)}; "
-          f"all released {'after %.1f s' % released if released is not None else 'not within %.0f s' % args.after}"
-          f"  ({load_average()})")
-    return result
+async def _people(shared: Shared, cast: Cast, args: argparse.Namespace,
+                  start_producer: Callable[[], Awaitable[None]]) -> tuple[list[Seen], asyncio.Event, list[asyncio.Task[None]]]:
+    """Owners connect first (each before anyone causes an event), then everyone else ramps up."""
+    t0 = time.perf_counter()
+    seen = [Seen() for _ in cast.owners]
+    connected = [asyncio.Event() for _ in cast.owners]
+    finished = asyncio.Event()
+    owner_ramp = min(args.ramp, 10.0)
+    watchers = [asyncio.create_task(owner(shared, name, t0 + random.uniform(0, owner_ramp), s, c, finished))
+                for name, s, c in zip(cast.owners, seen, connected)]
+    for c in connected:
+        await c.wait()
+    await asyncio.sleep(0.5)  # every subscription settled
+    await start_producer()
+    t1 = time.perf_counter()
+    shared.stop_at = t0 + args.seconds
+    workers = [asyncio.create_task(annotator(shared, name, t1 + random.uniform(0, args.ramp), args.think, args.rank_every))
+               for name in cast.annotators]
+    workers += [asyncio.create_task(environment(shared, key, f"env{i}", t1 + random.uniform(0, args.ramp),
+                                                args.env_interval, args.group))
+                for i, key in enumerate(cast.keys)]
+    await asyncio.gather(*workers)
+    return seen, finished, watchers
+
+
+def _line(name: str, values: list[float], statuses: Counter[str], seconds: float) -> str:
+    five = sum(n for s, n in statuses.items() if s.startswith("5"))
+    other = {s: n for s, n in sorted(statuses.items()) if not s.startswith("5")}
+    return (f"  {name:20s} {len(values):7d} req {len(values) / seconds:7.1f}/s  p50 {1000 * median(values):7.1f} ms  "
+            f"p99 {1000 * percentile(values, 0.99):8.1f} ms  5xx {five:4d}  statuses {other}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--processes", type=int, default=1, help="uvicorn worker processes")
-    parser.add_argument("--pool", type=int, default=10, help="RFT_DB_POOL_SIZE per process")
-    parser.add_argument("--after", type=float, default=12.0, help="seconds to watch connections after the load")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the connection-per-request run")
+    parser.add_argument("--people", type=int, default=200)
+    parser.add_argument("--mix", default="5:3:2", help="annotators:environments:owners")
+    parser.add_argument("--seconds", type=float, default=300.0, help="from the first owner's login to the end")
+    parser.add_argument("--ramp", type=float, default=30.0, help="annotators and environments start within this")
+    parser.add_argument("--processes", type=int, default=4, help="uvicorn worker processes (compose's WEB_PROCESSES)")
+    parser.add_argument("--pool", type=int, default=10, help="RFT_DB_POOL_SIZE per process (0: a connection per request)")
+    parser.add_argument("--think", type=float, default=10.0, help="an annotator's mean seconds per label")
+    parser.add_argument("--rank-every", type=int, default=5, help="every Nth label is a ranking of the group")
+    parser.add_argument("--env-interval", type=float, default=10.0, help="an environment's seconds per cycle")
+    parser.add_argument("--group", type=int, default=4, help="trajectories per post (a group)")
+    parser.add_argument("--event-rate", type=float, default=5.0, help="producer's run.metric events per second")
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--seed-groups", type=int, default=300, help="groups in the buffer before the start")
+    parser.add_argument("--after", type=float, default=15.0, help="seconds to watch connections after the end")
+    parser.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--stop-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.publish:
+        publisher_main(args.run_id, args.event_rate, Path(args.stop_file))
+        return 0
+    shares = [int(x) for x in args.mix.split(":")]
+    if len(shares) != 3 or min(shares) < 0 or sum(shares) == 0 or args.people < 1:
+        parser.error("--mix is annotators:environments:owners, three whole numbers; --people at least 1")
+    annotators = args.people * shares[0] // sum(shares)
+    owners = args.people * shares[2] // sum(shares)
+    counts = (annotators, args.people - annotators - owners, owners)
 
     db_url, drop = scratch_database(BENCH_DB, "web_load")
     os.environ["DATABASE_URL"] = db_url
@@ -213,42 +544,141 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
     logs = Path(tempfile.mkdtemp(prefix="web-load-"))
     watch: ConnectionWatch | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    producer: subprocess.Popen[str] | None = None
+    stop_file = logs / "producer.stop"
     try:
         import django
+        import psutil
 
         django.setup()
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        from django.contrib.auth.models import User
         from django.db import connections
 
-        from apps.envapi.services import api_key_create
-        from apps.runs.services import run_create
-
-        owner = User.objects.create_user("bench-owner")
-        run = run_create(name="web load", owner=owner, config={"model": "local/demo", "rewards": []})
-        _, key = api_key_create(name="bench", runs=[run], actions=["read", "submit"], rate_limit_per_minute=1_000_000)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        run_id, cast = _setup(args, counts)
         connections.close_all()
         watch = ConnectionWatch(db_url)
-        shown = watch.conn.execute("SHOW max_connections").fetchone()
-        print(f"web_load: {args.clients} clients x {args.seconds:g} s, {args.processes} uvicorn process(es), "
-              f"max_connections {shown[0] if shown else '?'}  ({load_average()})")
-        pooled = _measure(f"pool {args.pool}/process", db_url, run.pk, key, args, args.pool, watch, logs)
-        if not args.no_baseline:
-            baseline = _measure("connection per request", db_url, run.pk, key, args, 0, watch, logs)
-            ratio = _p([x for v in pooled.latencies.values() for x in v], 0.99) / _p(
-                [x for v in baseline.latencies.values() for x in v], 0.99)
-            print(f"web_load p99 ratio (pool / connection per request): {ratio:.2f} ({load_average()})")
-        print(f"server logs: {logs}")
+        max_connections = watch.max_connections()
+        print(f"web_load: {args.people} people ({counts[0]} annotators, {counts[1]} environments, {counts[2]} owners "
+              f"watching the websocket) for {args.seconds:g} s, {args.processes} uvicorn processes, pool "
+              f"{args.pool}/process, producer {args.event_rate:g} run.metric events/s, max_connections "
+              f"{max_connections}  ({load_average()})", flush=True)
+        proc, base = _server(db_url, args, logs / "web.log")
+        shared = Shared(base=base, run_id=run_id, stop_at=float("inf"), tally=Tally())
+
+        async def start_producer() -> None:
+            nonlocal producer
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            producer = subprocess.Popen([sys.executable, "-m", "bench.web_load", "--publish", "--run-id", str(run_id),
+                                         "--event-rate", str(args.event_rate), "--stop-file", str(stop_file)],
+                                        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+            assert producer.stdout is not None
+            if (await asyncio.to_thread(producer.stdout.readline)).strip() != "ready":
+                raise SystemExit("bench: the event producer did not start (its error is above)")
+
+        async def everything() -> tuple[list[Seen], float, float, int, str]:
+            started = time.perf_counter()
+            seen, finished, watchers = await _people(shared, cast, args, start_producer)
+            ended = time.perf_counter()
+            watch.end()
+            load_at_end = load_average()
+            stop_file.touch()
+            assert producer is not None
+            out, _ = await asyncio.to_thread(producer.communicate, timeout=60)
+            sent = json.loads(out.strip().splitlines()[-1])["sent"]
+            # Drain: until every watcher has every event, or none arrived anywhere for 10 s (at most 60 s).
+            deadline = time.perf_counter() + 60.0
+            while time.perf_counter() < min(deadline, max(shared.last_event, ended) + 10.0) and not all(
+                    len(s.seqs) >= sent and s.experiences >= shared.stored_experiences and s.feedback >= shared.labels_saved
+                    or s.closed for s in seen):
+                await asyncio.sleep(0.2)
+            finished.set()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            return seen, started, ended, int(sent), load_at_end
+
+        tier = psutil.Process(proc.pid)
+        tier_cpu0 = sum(sum(p.cpu_times()[:2]) for p in [tier, *tier.children(recursive=True)])
+        bench_cpu0 = time.process_time()
+        watch.start()
+        seen, started, ended, sent, load_at_end = asyncio.run(everything())
+        tier_cpu = sum(sum(p.cpu_times()[:2]) for p in [tier, *tier.children(recursive=True)]) - tier_cpu0
+        bench_cpu = time.process_time() - bench_cpu0
+        # Watch until the last mark, and on until none is held (at most --after seconds).
+        assert watch.ended is not None
+        while time.monotonic() < watch.ended + args.after and (
+                time.monotonic() < watch.ended + min(args.after, 10.5) or watch.samples[-1][1] > 0):
+            time.sleep(0.2)
+        watch.stop()
+        _stop(proc)
+        proc = None
+
+        tally = shared.tally
+        seconds = ended - started
+        every = [x for v in tally.latencies.values() for x in v]
+        statuses: Counter[str] = Counter()
+        for c in tally.statuses.values():
+            statuses.update(c)
+        five = sum(n for s, n in statuses.items() if s.startswith("5"))
+        failed = sum(n for s, n in statuses.items() if not s[:1].isdigit())
+        print(f"requests: {len(every)} in {seconds:.1f} s, {len(every) / seconds:.1f}/s; p50 {1000 * median(every):.1f} ms, "
+              f"p99 {1000 * percentile(every, 0.99):.1f} ms; 5xx {five}; no answer {failed}  (load at the end "
+              f"{load_at_end[5:]})")
+        for name in sorted(tally.latencies):
+            print(_line(name, tally.latencies[name], tally.statuses[name], seconds))
+        for what, body in sorted(tally.samples.items()):
+            print(f"  first {what}: {body!r}")
+        stored, labels = len(shared.stored_experiences), shared.labels_saved
+
+        def spread(values: list[int]) -> str:
+            return f"min {min(values)} / median {median([float(v) for v in values]):.0f} / max {max(values)}" if values else "none"
+
+        whole = [s for s in seen if not s.closed and len(s.seqs) >= sent and s.experiences >= shared.stored_experiences
+                 and s.feedback >= labels]
+        print(f"websocket: {len(seen)} owners; per owner: run.metric {spread([len(s.seqs) for s in seen])} of {sent} sent, "
+              f"experience.created {spread([len(s.experiences & shared.stored_experiences) for s in seen])} of {stored} "
+              f"stored, feedback.saved {spread([s.feedback for s in seen])} of {labels} labels, frames "
+              f"{spread([s.frames for s in seen])}; {len(whole)} of {len(seen)} received every event  ({load_average()})")
+        lags = [x for s in seen for x in s.metric_lag]
+        print(f"  run.metric publish -> watcher: p50 {1000 * median(lags):.0f} ms, p99 {1000 * percentile(lags, 0.99):.0f} ms, "
+              f"max {1000 * max(lags, default=float('nan')):.0f} ms")
+        for reason, n in Counter(s.closed for s in seen if s.closed).items():
+            print(f"  {n} owner(s): {reason}")
+        print(f"CPU: web tier {tier_cpu:.0f} s ({tier_cpu / seconds:.2f} cores), this process (the people) "
+              f"{bench_cpu:.0f} s ({bench_cpu / seconds:.2f} cores) of {os.cpu_count()} cores in {seconds:.0f} s  "
+              f"({load_at_end} at the end of the load)")
+        peak, peak_load = watch.peak()
+        marks, released = watch.after()
+        share = peak / max_connections if max_connections else float("nan")
+        after_marks = ", ".join(f"{m:g} s: {n if n >= 0 else '-'}" for m, n in marks.items())
+        print(f"Postgres: max_connections {max_connections}; peak {peak} during the load ({100 * share:.0f}%, "
+              f"{peak_load}); after the end {after_marks}; all released "
+              f"{'after %.1f s' % released if released is not None else 'not within %.0f s' % args.after}  ({load_average()})")
+        met = {
+            "0 5xx": five == 0 and failed == 0,
+            "every viewer every event": len(whole) == len(seen),
+            f"peak <= {TARGET_CONNECTIONS_SHARE:.0%} of max_connections": share <= TARGET_CONNECTIONS_SHARE,
+            f"released within {TARGET_RELEASE_SECONDS:g} s": released is not None and released <= TARGET_RELEASE_SECONDS,
+        }
+        verdict = "; ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in met.items())
+        print(f"web_load verdict ({args.people} people, {args.seconds:g} s, p99 {1000 * percentile(every, 0.99):.1f} ms, "
+              f"{len(every) / seconds:.1f} req/s): {verdict}  ({load_at_end} at the end of the load)")
+        print(f"server log: {logs / 'web.log'}")
+        return 0
     finally:
+        if producer is not None and producer.poll() is None:
+            stop_file.touch()
+            producer.kill()
+        if proc is not None:
+            _stop(proc)
         if watch is not None:
             watch.close()
         from django.db import connections as conns
 
         conns.close_all()
         drop()
-    return 0
 
 
 if __name__ == "__main__":

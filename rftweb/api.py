@@ -23,6 +23,7 @@ from ninja.parser import Parser
 
 from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
+from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
 from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_down, unavailable_message
@@ -153,3 +154,5 @@ api.add_router("", envapi.router)
 api.add_router("/", sessions_router, auth=envapi.SUBMIT)
 # The human-signal figures, under the same keys and errors.
 api.add_router("", signal_router, auth=envapi.READ)
+# The owner's review of labels (a key with `feedback`, made by the run's owner).
+api.add_router("", review_router, auth=envapi.FEEDBACK)

@@ -129,6 +129,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The header's unread-notifications badge (apps/control/notifications.py).
+                "apps.control.context.notifications_badge",
             ],
         },
     },
@@ -233,6 +235,9 @@ EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 # How long an invitation link (email or one-time link) may be used.
 RFT_INVITATION_DAYS = env_int("RFT_INVITATION_DAYS", 7)
+# The site's address as people reach it: the links in emails sent from background tasks (a
+# run's end notification links to its summary), where no request says the host.
+RFT_SITE_URL = env_str("RFT_SITE_URL", "http://localhost:8000")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from apps.control import accounts
+from apps.control import accounts, notification_views
 from apps.control import views as control_views
 from apps.envapi import openai_api
 from rftweb.api import api
@@ -21,9 +21,15 @@ urlpatterns = [
     path("password/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
     path("accounts/", accounts.account_list, name="accounts"),
     path("accounts/<int:user_id>/active/", accounts.account_active, name="account_active"),
+    # A run's end told in the header and by email (apps/control/notifications.py).
+    path("notifications/", notification_views.notification_list, name="notifications"),
+    path("notifications/read/", notification_views.notification_read, name="notifications_read"),
+    path("notifications/badge/", notification_views.notification_badge, name="notifications_badge"),
+    path("notifications/runs/<int:run_id>/email/", notification_views.notification_email, name="notifications_email"),
     path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("runs/<int:run_id>/signal/", include("apps.feedback.signal_urls")),
+    path("runs/<int:run_id>/review/", include("apps.feedback.review_urls")),
     path("health/", include("apps.control.health_urls")),
     # Readiness: 503 naming Postgres or Redis when either is unreachable (/health/ is liveness).
     path("ready/", control_views.ready, name="ready"),

@@ -16,19 +16,19 @@ from tests.factories import add_member, make_run, make_taskset, make_user
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def owner(db: None) -> User:
-    return make_user("owner")
+def _persona(name: str) -> object:
+    """A fixture `name`: the user of that name (the personas of the tests' sentences)."""
+
+    @pytest.fixture(name=name)
+    def person(db: None) -> User:
+        return make_user(name)
+
+    return person
 
 
-@pytest.fixture
-def annotator(db: None) -> User:
-    return make_user("annotator")
-
-
-@pytest.fixture
-def outsider(db: None) -> User:
-    return make_user("outsider")
+# Owner, annotator and outsider of the shared `run`; Olga (an owner) and Anna (an annotator)
+# in the tests that tell their story by name.
+owner, annotator, outsider, olga, anna = map(_persona, ("owner", "annotator", "outsider", "olga", "anna"))
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def make_experiences(run: Run, *, groups: int = 2, group_size: int = 4, **fields
     for g in range(groups):
         group = f"g{next(_seq)}"
         for i in range(group_size):
-            rows.append(experience_row(run, key=f"{group}-{i}", group=group, reward=float(i), **fields))
+            rows.append(experience_row(run, key=f"{group}-{i}", group=group, **{"reward": float(i), **fields}))
     result = experience_write(experiences=rows)
     return list(Experience.objects.filter(pk__in=result.ids).order_by("id"))
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 import pytest
 
 # One definition for tests and benches (a bench runs without pytest, so it lives there).
-from bench.common import CHROMIUM, CHROMIUM_ARGS, free_port, health_wait
+from bench.common import CHROMIUM, CHROMIUM_ARGS, compose_web_command, free_port, health_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARD = ROOT / "tests" / "child_guard.py"
@@ -138,8 +138,7 @@ def start_uvicorn(*, log: Path, workers: int = 1, **env: str) -> tuple[subproces
     static files, no migration check at start), on a free port; returns once /health/ answers."""
     port = free_port()
     log.unlink(missing_ok=True)
-    proc = spawn([sys.executable, "-m", "uvicorn", "rftweb.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                  "--workers", str(workers), "--no-access-log"],
+    proc = spawn(compose_web_command(port=port, workers=workers),
                  env=child_env(**{"DEBUG": "0", "SECRET_KEY": "test-secret-key-for-the-uvicorn-server-only",
                                   "SECURE_SSL_REDIRECT": "0", **env}), log=log)
     url = f"http://127.0.0.1:{port}"

@@ -43,8 +43,9 @@ SMOKES = [
      rf"^worker CPU ms per call \(engine stubbed\): {NUMBER}$"),
     ("openai_endpoint", ("--clients", "2", "--requests", "1", "--rounds", "1", "--tokens", "4"),
      rf"^endpoint p50 / engine p50 \(median of 1 rounds\): {NUMBER} "),
-    ("web_load", ("--clients", "3", "--seconds", "1", "--after", "2"),
-     rf"^web_load p99 ratio \(pool / connection per request\): {NUMBER} \(load "),
+    ("web_load", ("--people", "5", "--seconds", "8", "--ramp", "1", "--think", "0.5", "--env-interval", "0.5",
+                  "--processes", "2", "--tasks", "40", "--seed-groups", "10", "--after", "3"),
+     rf"^web_load verdict \(5 people, 8 s, p99 {NUMBER} ms, {NUMBER} req/s\): 0 5xx met; every viewer every event met"),
     ("label_timing", ("--steps", "6", "--seeds", "0", "--arms", "before", "after"),
      rf"^label_timing ratio \(after / before share of labels in time\): {NUMBER} "),
     ("async_vs_sync", ("--steps", "2", "--tasks", "2", "--repeat", "2", "--max-tokens", "4", "--pairs", "1"),
@@ -130,5 +131,5 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     counts = re.search(r"labels given (\d+), stored (\d+)", out.stdout)
     assert counts is not None, out.stdout[-2000:]
     assert int(counts.group(1)) == int(counts.group(2)) == 4
-    assert re.search(rf"^demo_teach: in_words share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
+    assert re.search(rf"^demo_teach: working share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
                      r"\(difference [+-]\d+\.\d+\); load ", out.stdout, re.MULTILINE), out.stdout[-2000:]

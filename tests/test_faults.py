@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.run_invariants import experiences_used_once
 from tests.servers import ROOT, Workers, free_port, spawn, stop
 
 pytestmark = pytest.mark.slow
@@ -285,21 +286,8 @@ def test_the_run_survives_killed_workers_and_restarted_services_and_trains_every
     status, explored, trained, error = demo.state()
     assert (status, trained, error) == ("finished", demo.total_steps, ""), demo.logs()
 
-    # Every experience: consumed exactly once, filtered with a reason, or still ready.
-    by_state = demo.pg.sql(
-        "SELECT status, use_count, filter_reason <> '' AS has_reason, count(*) FROM buffer_experience"
-        " WHERE run_id = %s GROUP BY 1, 2, 3", [demo.run_id])
-    for status, uses, has_reason, count in by_state:
-        assert (status, uses) == ("consumed", 1) or (status == "filtered" and has_reason) or (status, uses) == ("ready", 0), by_state
-    consumed = sum(c for s, _, _, c in by_state if s == "consumed")
-    assert consumed == demo.total_steps * 8
-    # Every train step recorded once, on one batch of 8.
-    claimed = demo.pg.sql("SELECT step, count(*), min(value) FROM runs_metric WHERE run_id = %s AND name = 'claimed'"
-                          " GROUP BY step ORDER BY step", [demo.run_id])
-    assert claimed == [(s, 1, 8.0) for s in range(1, demo.total_steps + 1)], claimed
-    # No task attempt was left leased or explored twice by the same step's copies.
-    assert demo.pg.sql("SELECT count(*) FROM buffer_taskattempt WHERE run_id = %s AND status = 'leased'", [demo.run_id]) == [(0,)]
-    keys = demo.pg.sql("SELECT count(*), count(DISTINCT key) FROM buffer_experience WHERE run_id = %s", [demo.run_id])
-    assert keys[0][0] == keys[0][1]
+    # Every experience consumed exactly once, filtered with a reason, or still ready; every
+    # train step recorded once on one batch of 8; nothing left leased or written twice.
+    experiences_used_once(demo.pg.sql, demo.run_id, steps=demo.total_steps, batch=8)
     print("seconds until the run went on:", {k: round(v, 1) for k, v in recovered.items()})
     assert max(recovered.values()) < RECOVER_SECONDS

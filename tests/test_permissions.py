@@ -17,6 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Assignment
+from apps.feedback.services import feedback_rate
 from apps.rewards.models import RewardModel
 from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
 from apps.runs.invitations import invitation_create
@@ -108,6 +109,15 @@ ACCESS: dict[str, str] = {
     "feedback:rank": ANNOTATE,
     "feedback:compare": ANNOTATE,
     "feedback:mine": ANNOTATE,
+    "review:page": OWNER,  # the review of labels (apps/feedback/review_views.py)
+    "review:accept": OWNER,
+    "review:reject": OWNER,
+    "review:resolve": OWNER,
+    "envapi-v1:review_labels_list": API,
+    "envapi-v1:review_label_accept": API,
+    "envapi-v1:review_label_reject": API,
+    "envapi-v1:review_disagreements_list": API,
+    "envapi-v1:review_disagreement_resolve": API,
     "rewards:raters": OWNER,
     "rewards:raters_json": OWNER,
     "rewards:reward_model": MEMBER,
@@ -121,6 +131,15 @@ ACCESS: dict[str, str] = {
     "envapi-v1:reward_model_export_zip": API,
     "envapi-v1:k12_graders_list": API,
     "envapi:run-keys": OWNER,
+    # A run's end told to its people (apps/control/notifications.py): each person's own list.
+    "notifications": LOGIN,
+    "notifications_read": LOGIN,
+    "notifications_badge": LOGIN,
+    "notifications_email": MEMBER,  # the person's email choice for a run they are on
+    # Bulk actions (apps/feedback/bulk.py): the service checks each action's role (exclude and
+    # include the owner's, flag an annotator's too), tests/dashboard/test_bulk_actions.py.
+    "runs:experiences_bulk": MEMBER,
+    "envapi-v1:experiences_bulk_api": API,
     "envapi:run-key-revoke": OWNER,
 }
 # The admin site guards all of its pages (staff only) by construction.
@@ -178,7 +197,9 @@ def world() -> dict[str, Any]:
     RewardModel.objects.create(run=run, version=1, path="/nowhere/v1", base="demo", accuracy=0.9)
     ModelVersion.objects.create(run=run, number=1, checkpoint="/nowhere/model-v1", train_step=1)
     invitation = invitation_create(run=run, role="annotator", actor=owner).invitation
+    label = feedback_rate(run=run, experience=experiences[0], score=2, author=annotator)
     return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
+            "label": label,
             "image": image, "invitation": invitation, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
 
 
@@ -206,7 +227,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
         "sha256": world["image"], "version": 1, "invitation_id": world["invitation"].pk, "token": "not-a-token",
         "uidb64": "MQ", "user_id": world["users"]["owner"].pk,
-        "other_id": world["run"].pk,
+        "other_id": world["run"].pk, "feedback_id": world["label"].pk,
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:
@@ -276,6 +297,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
         "experience_id": foreign.pk, "group_id": foreign.group_id, "key_id": foreign_key.pk,
         "member_id": RunMember.objects.create(run=elsewhere, user=make_user("elsewhere"), role=RunMember.Role.VIEWER).pk,
         "assignment_id": Assignment.objects.create(run=elsewhere, experience=foreign, annotator=owner, slot=0).pk,
+        "feedback_id": feedback_rate(run=elsewhere, experience=foreign, score=3, author=owner).pk,
     }
     client = Client()
     client.force_login(owner)
@@ -290,7 +312,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
         response = _visit(client, url)
         assert response.status_code == 404, f"{url}: {response.status_code}"
         checked += 1
-    assert checked >= 7
+    assert checked >= 10
 
 
 # --- the workers page (the leak the issue found) ----------------------------------------------
@@ -354,6 +376,17 @@ def test_every_websocket_route_has_an_access_rule() -> None:
     assert {str(p.pattern) for p in websocket_urlpatterns} == set(WEBSOCKET_ACCESS)
 
 
+def _secret_run_and_its_people() -> tuple[Run, dict[str, Any]]:
+    """A run with its owner, an annotator and a viewer, and an annotator of another run."""
+    owner = make_user("owner")
+    run = make_run(owner=owner, name="secret run")
+    annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
+    add_member(run, annotator)
+    add_member(run, viewer, RunMember.Role.VIEWER)
+    add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
+    return run, {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
     from asgiref.sync import sync_to_async
@@ -363,18 +396,8 @@ async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
 
     from rftweb.routing import websocket_urlpatterns
 
-    @sync_to_async
-    def build() -> tuple[Run, dict[str, Any]]:
-        owner = make_user("owner")
-        run = make_run(owner=owner, name="secret run")
-        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
-        add_member(run, annotator)
-        add_member(run, viewer, RunMember.Role.VIEWER)
-        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
-        return run, {"anonymous": AnonymousUser(), "owner": owner, "annotator": annotator, "viewer": viewer,
-                     "other_annotator": other}
-
-    run, users = await build()
+    run, users = await sync_to_async(_secret_run_and_its_people)()
+    users["anonymous"] = AnonymousUser()
     allowed = {"owner", "annotator", "viewer"}
     for persona, user in users.items():
         comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
@@ -395,17 +418,7 @@ async def test_the_runs_list_socket_tells_each_persona_only_about_runs_they_may_
     from apps.runs.services import run_member_remove
     from rftweb.routing import websocket_urlpatterns
 
-    @sync_to_async
-    def build() -> tuple[Run, dict[str, Any]]:
-        owner = make_user("owner")
-        run = make_run(owner=owner, name="secret run")
-        annotator, viewer, other = make_user("annotator"), make_user("viewer"), make_user("other")
-        add_member(run, annotator)
-        add_member(run, viewer, RunMember.Role.VIEWER)
-        add_member(make_run(owner=make_user("other-owner"), name="other run"), other)
-        return run, {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}
-
-    run, users = await build()
+    run, users = await sync_to_async(_secret_run_and_its_people)()
     refused = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
     refused.scope["user"] = AnonymousUser()
     assert (await refused.connect(timeout=10))[0] is False

@@ -90,3 +90,47 @@ def test_a_celery_worker_drops_the_web_pool_and_keeps_its_own_connection(setting
     finally:
         connection.close()
         database["OPTIONS"], database["CONN_MAX_AGE"] = saved
+
+
+def _workers(proc: Any) -> set[int]:
+    """The pids of the uvicorn supervisor's worker processes (multiprocessing's spawned children)."""
+    import psutil
+
+    return {c.pid for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())}
+
+
+def test_a_web_worker_stalled_longer_than_uvicorns_default_ping_keeps_its_requests(tmp_path: Path) -> None:
+    """On a starved host a worker can go seconds without running. uvicorn's supervisor kills a
+    worker that misses its 5 s ping by default, and every request and websocket it holds with
+    it (bench/web_load saw it 5 times in 5 minutes). As docker-compose.yml runs the web tier, a
+    worker stopped for 8 s and then let go answers the request that waited on it, and is the
+    same process."""
+    import contextlib
+    import os
+    import signal
+
+    proc, url = start_uvicorn(log=tmp_path / "server.log", workers=2)  # one worker runs unsupervised
+    try:
+        before = _workers(proc)
+        assert len(before) == 2
+        for worker in before:
+            os.kill(worker, signal.SIGSTOP)
+        answer: list[Any] = []
+
+        def ask() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # a reset: no answer, asserted below
+                answer.append(httpx.get(f"{url}/health/", timeout=60))
+
+        asker = threading.Thread(target=ask)
+        try:
+            asker.start()
+            time.sleep(8)
+        finally:
+            for worker in before:
+                with contextlib.suppress(ProcessLookupError):  # killed by the supervisor: asserted below
+                    os.kill(worker, signal.SIGCONT)
+        asker.join(timeout=60)
+        assert _workers(proc) == before
+        assert answer and answer[0].status_code == 200
+    finally:
+        stop(proc)

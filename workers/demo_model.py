@@ -6,6 +6,15 @@ is still wrong often, so reinforcement fine-tuning on the demo taskset has somet
 learn. Same seed and settings, same files: problems come from a seeded generator, the
 weights from a seeded init, and training runs on one thread in a fixed order.
 
+The answers come in a few styles (`STYLES`), so a person who prefers one has something to
+amplify: a seeded draw gives each training example the bare answer (`plain`, the majority)
+or, each at a minority share, the working shown first (`working`: "12 + 34 = 46, so
+<answer>46</answer>"), the number written in words too (`words`: "46 is forty-six, so
+<answer>46</answer>"), or a few words of preamble (`wordy`: "So the answer is
+<answer>46</answer>"). Every style carries the same `<answer>` value and ends with it, so the
+run's reward terms (math_accuracy on the tag, math_format, strict or not) score them all
+alike; the warm-up draws no style from any preference, it only shows them.
+
 Same files on another machine too, as far as the CPU allows: the build is a recipe of
 workers/model_build.py (as the tiny VLM's is), run in a fresh Python process with its
 numerics pinned. Different torch / transformers / tokenizers versions may give other files
@@ -27,6 +36,7 @@ from typing import TYPE_CHECKING
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MANIFEST = "rft-demo.json"
@@ -38,11 +48,19 @@ HELDOUT_FILE = "demo-heldout.jsonl"
 # renders tools Hermes-style and ends assistant turns with eos.
 # 4: both of 3's changes at once (they were made on two branches, each calling itself 3).
 # 5: the held-out problems written beside the taskset (demo-heldout.jsonl).
-RECIPE = 5
+# 6: answers in styles (`STYLES`, a seeded draw per training example; the tokenizer corpus
+# holds them); greedy accuracy reads up to 32 new tokens (a styled answer is longer); the
+# SFT step pads by length groups (`sft_step_loss`).
+RECIPE = 6
 
 VERSIONED = ("torch", "transformers", "tokenizers")
 
 OPS = ("+", "-")
+
+# The styles an answer is written in during the warm-up, with `DemoSettings.styled` split
+# evenly among the ones after `plain`: the bare answer; the working first; the number in
+# words too; a few words of preamble. Each ends with the `<answer>` tag.
+STYLES = ("plain", "working", "words", "wordy")
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,9 @@ class DemoSettings:
     max_second: int = 9
     heldout: int = 200
     taskset_size: int = 256
+    # Share of warm-up answers written in a style other than `plain` (split evenly): each
+    # style at a minority share the model then produces some of the time.
+    styled: float = 0.45
     recipe: int = RECIPE
 
 
@@ -84,6 +105,50 @@ def completion_text(value: int) -> str:
     return f"<answer>{value}</answer>"
 
 
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+
+
+def number_words(n: int) -> str:
+    """An integer below a thousand in English words ("minus" before a negative one)."""
+    if n < 0:
+        return "minus " + number_words(-n)
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("-" + _ONES[n % 10] if n % 10 else "")
+    if n < 1000:
+        rest = n % 100
+        return _ONES[n // 100] + " hundred" + (" and " + number_words(rest) if rest else "")
+    return str(n)
+
+
+def styled_completion(problem: tuple[int, str, int], style: str = "plain") -> str:
+    """The answer to `problem` written in `style` (one of `STYLES`), its `<answer>` the same in all."""
+    a, op, b = problem
+    value = answer_of(a, op, b)
+    tagged = completion_text(value)
+    if style == "plain":
+        return tagged
+    if style == "working":
+        return f"{a} {op} {b} = {value}, so {tagged}"
+    if style == "words":
+        return f"{value} is {number_words(value)}, so {tagged}"
+    if style == "wordy":
+        return f"So the answer is {tagged}"
+    raise ValueError(f"unknown style {style!r}; one of {', '.join(STYLES)}")
+
+
+def style_draw(rng: random.Random, settings: DemoSettings) -> str:
+    """One warm-up example's style: `plain` but for `settings.styled` of them, split evenly."""
+    x = rng.random()
+    others = STYLES[1:]
+    if x >= settings.styled:
+        return "plain"
+    return others[min(len(others) - 1, int(x / settings.styled * len(others)))]
+
+
 def _problems(settings: DemoSettings) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]], list[tuple[int, str, int]]]:
     """All problems split deterministically into train / held-out eval / demo taskset."""
     space = [(a, op, b) for op in OPS for a in range(settings.max_operand + 1) for b in range(settings.max_second + 1)]
@@ -99,15 +164,19 @@ def _tokenizer_corpus(settings: DemoSettings) -> list[str]:
     # Digits, operators and tags: what the demo talks about. Deterministic order.
     texts = [problem_text(a, op, b) + " " + completion_text(answer_of(a, op, b)) for a in range(0, 100, 7) for op in OPS for b in range(0, 100, 3)]
     texts += ["What is the answer? Think, then give <answer>N</answer>.", "Please answer with <answer></answer> tags."]
+    if settings.styled > 0:
+        texts += [styled_completion((a, op, b), style) for style in STYLES[1:] for a in range(0, 100, 3) for op in OPS
+                  for b in range(0, 10, 4)]
     return texts
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int]) -> tuple[list[int], list[int]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int], style: str = "plain"
+            ) -> tuple[list[int], list[int]]:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": problem_text(*problem)}], add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(completion_text(answer_of(*problem)), add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(styled_completion(problem, style), add_special_tokens=False)["input_ids"]
     return prompt_ids, answer_ids + [tokenizer.eos_token_id]
 
 
@@ -130,8 +199,9 @@ def _as_loaded(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> Pr
     return loaded
 
 
-def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
-    """Share of problems whose greedy completion's tagged answer is right."""
+def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]],
+                    batch_size: int = 100, max_new_tokens: int = 32) -> float:
+    """Share of problems whose greedy completion's tagged answer is right (in any style)."""
     import re
 
     import torch
@@ -145,7 +215,7 @@ def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
         for problem, row in zip(chunk, out[:, width:].tolist()):
             text = tokenizer.decode(row, skip_special_tokens=True)
             found = re.search(r"<answer>(-?\d+)</answer>", text)
@@ -153,9 +223,11 @@ def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     return correct / max(1, len(problems))
 
 
-def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
-    """Mean probability that the model samples the right completion (`<answer>N</answer>` and
-    eos) at temperature 1: the expected accuracy GRPO maximises, read off one teacher-forced
+def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]],
+                      batch_size: int = 100) -> float:
+    """Mean probability that the model samples the right plain completion (`<answer>N</answer>`
+    and eos; the other `STYLES` are not counted) at temperature 1: the expected accuracy GRPO
+    maximises when nothing rewards a style, read off one teacher-forced
     forward pass. Unlike greedy accuracy it moves with every change of the answer's
     probability, not only when the likeliest answer flips, so a small held-out set measures
     it with far less noise (and an unchanged model scores exactly the same)."""
@@ -190,6 +262,51 @@ def _batches(train: list[tuple[int, str, int]], settings: DemoSettings) -> Itera
             order += more
         yield order[: settings.batch_size]
         del order[: settings.batch_size]
+
+
+Row = tuple[list[int], list[int]]
+
+
+def length_groups(rows: list[Row], *, most: int = 3, per_group: int = 128) -> list[list[Row]]:
+    """`rows` sorted by length (stably) and cut into at most `most` groups where padding each
+    group to its longest row costs least (`per_group` tokens counted for each group's extra
+    forward pass): a batch of mostly short bare answers and a few long styled ones is not
+    padded to the longest. Deterministic: the same rows, the same groups."""
+    ordered = sorted(rows, key=lambda r: len(r[0]) + len(r[1]))
+    lengths = [len(p) + len(c) for p, c in ordered]
+    n = len(ordered)
+
+    def cost(i: int, j: int) -> int:  # rows i..j-1 padded to row j-1's length
+        return (j - i) * lengths[j - 1] + per_group
+
+    best = (cost(0, n), [n])
+    for a in range(1, n):
+        best = min(best, (cost(0, a) + cost(a, n), [a, n]))
+        if most >= 3:
+            for b in range(a + 1, n):
+                best = min(best, (cost(0, a) + cost(a, b) + cost(b, n), [a, b, n]))
+    groups, start = [], 0
+    for end in best[1]:
+        groups.append(ordered[start:end])
+        start = end
+    return groups
+
+
+def sft_step_loss(model: PreTrainedModel, rows: list[Row], *, pad_id: int) -> torch.Tensor:
+    """The batch's mean next-token loss over its completion tokens, backpropagated group by
+    group (`length_groups`): the same loss and gradient as one padded batch, less padding."""
+    import torch
+
+    total = sum(len(c) for _, c in rows)
+    loss_sum = torch.zeros(())
+    for group in length_groups(rows):
+        ids, mask, labels = sft_batch(group, pad_id=pad_id)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        part = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100, reduction="sum") / total
+        part.backward()
+        loss_sum = loss_sum + part.detach()
+    return loss_sum
 
 
 def demo_model_build(
@@ -238,16 +355,20 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
         sched = torch.optim.lr_scheduler.LambdaLR(
             optim, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / settings.steps)
         )
-        encoded: dict[tuple[int, str, int], tuple[list[int], list[int]]] = {}
+        encoded: dict[tuple[tuple[int, str, int], str], tuple[list[int], list[int]]] = {}
+        styles = random.Random(settings.seed + 2)
         model.train()
         bar = tqdm(total=settings.steps, desc="warm-up SFT", disable=not progress, mininterval=1.0)
         batches = _batches(train, settings)
         accuracy: float | None = None
         for step in range(settings.steps):
-            rows = [encoded.setdefault(p, _encode(tokenizer, p)) for p in next(batches)]
-            ids, mask, labels = sft_batch(rows, pad_id=tokenizer.pad_token_id)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            loss.backward()
+            rows = []
+            for p in next(batches):
+                style = style_draw(styles, settings)
+                if (p, style) not in encoded:
+                    encoded[p, style] = _encode(tokenizer, p, style)
+                rows.append(encoded[p, style])
+            loss = sft_step_loss(model, rows, pad_id=tokenizer.pad_token_id)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
             sched.step()

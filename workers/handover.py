@@ -28,9 +28,11 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from workers.background import background_writer
 
 if TYPE_CHECKING:
     import torch
@@ -46,15 +48,6 @@ _LOCK = threading.Lock()
 # path -> (state dict, model config)
 _STATES: OrderedDict[str, tuple[dict[str, torch.Tensor], PretrainedConfig]] = OrderedDict()
 _PENDING: dict[str, Future[Path]] = {}
-_WRITER: ThreadPoolExecutor | None = None
-
-
-def _writer() -> ThreadPoolExecutor:
-    # Made on first use, in the worker process (not before a prefork pool forks).
-    global _WRITER
-    if _WRITER is None:
-        _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handover-writer")
-    return _WRITER
 
 
 def memory_sync_applies(cfg: RunConfig) -> bool:
@@ -129,7 +122,7 @@ class MemorySync:
             while len(_STATES) > _KEEP:
                 _STATES.popitem(last=False)
             like = version_dir(run.pk, number - 1) if number > 1 else None
-            future = _writer().submit(_write, model=model, state=state, tokenizer=tokenizer, out=out, like=like)
+            future = background_writer("handover-writer").submit(_write, model=model, state=state, tokenizer=tokenizer, out=out, like=like)
             _PENDING[key] = future
         future.add_done_callback(functools.partial(_forget_pending, key))
         model_version_publish(run=run, number=number, checkpoint=key, train_step=train_step)

@@ -9,3 +9,10 @@ class ControlConfig(AppConfig):
     name = "apps.control"
     label = "control"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Every process that can end a run (web, workers, commands) loads the apps: each
+        # queues the run's notifications when run_transition sends run_ended.
+        from apps.control.notifications import notifications_connect
+
+        notifications_connect()

@@ -11,7 +11,7 @@ from typing import TypedDict
 from urllib.parse import urlencode
 
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -291,8 +291,7 @@ def run_waiting(*, run: Run) -> list[Waiting]:
     return out
 
 
-def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50) -> list[Experience]:
-    """One page of the run's experiences matching `filters`, newest first."""
+def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[Experience]:
     qs = Experience.objects.filter(run=run)
     if filters.status:
         qs = qs.filter(status=filters.status)
@@ -307,15 +306,33 @@ def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50)
     if filters.annotator:
         qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
     if filters.flagged:
-        flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+        # A flag the owner rejected on the review page flags nothing (apps.feedback.review).
+        flagged = Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
         qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
+    return qs
+
+
+def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50) -> list[Experience]:
+    """One page of the run's experiences matching `filters`, newest first."""
+    qs = _experiences_matching(run=run, filters=filters)
     if filters.before is not None:
         qs = qs.filter(pk__lt=filters.before)
     qs = qs.annotate(
         n_feedback=Count("feedback", distinct=True),
-        is_flagged=Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
+        is_flagged=Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
     ).select_related("task")
     return list(qs.order_by("-id")[:limit])
+
+
+def experiences_matching_ids(*, run: Run, filters: ExperienceFilters, limit: int) -> list[int]:
+    """Every experience matching `filters` on any page (the bulk actions' "all matching"), at
+    most `limit` + 1 ids, newest first (one more than the limit says it was passed)."""
+    qs = _experiences_matching(run=run, filters=filters)
+    return list(qs.order_by("-id").values_list("pk", flat=True)[: limit + 1])
+
+
+def experiences_matching_count(*, run: Run, filters: ExperienceFilters) -> int:
+    return _experiences_matching(run=run, filters=filters).count()
 
 
 class GroupMember(TypedDict):

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from apps.buffer import views as buffer_views
-from apps.control import accounts, views
+from apps.control import accounts, bulk_views, views
 
 app_name = "runs"
 
@@ -30,6 +30,7 @@ urlpatterns = [
     path("<int:run_id>/invitations/<int:invitation_id>/revoke/", accounts.run_invitation_revoke,
          name="invitation_revoke"),
     path("<int:run_id>/experiences/", views.experience_list, name="experiences"),
+    path("<int:run_id>/experiences/bulk/", bulk_views.experience_bulk, name="experiences_bulk"),
     path("<int:run_id>/groups/<str:group_id>/", views.experience_group, name="group"),
     path("<int:run_id>/export/", views.export_page, name="export"),
     path("<int:run_id>/export/<str:kind>.jsonl", views.export_download, name="export_download"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,8 +43,10 @@ from apps.control.forms import (
     form_groups,
     values_from_config,
 )
+from apps.control.bulk_views import bulk_context, filter_fields
 from apps.control.presets import PRESETS, preset_get, run_copy_source
 from apps.control.selectors import (
+    experiences_matching_count,
     RunListQuery,
     experience_group_detail,
     experiences_browse,
@@ -556,19 +558,22 @@ def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return redirect("runs:detail", run_id=run.pk)
 
 
-@login_required
-@require_GET
-def run_timeline(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_timeline.html", {"run": run, "timeline": weight_sync_timeline(run=run)},
-                    f"Weight sync · {run.name}")
+def _run_panel(template: str, title: str,
+               context: Callable[[Run], dict[str, object]]) -> Callable[[HtmxHttpRequest, int], HttpResponse]:
+    """A read-only panel of the run page for any member (GET): `template` given the run and
+    `context(run)`, a page of its own titled "<title> · <run>" when not asked for by htmx."""
+
+    @login_required
+    @require_GET
+    def panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+        run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+        return _partial(request, template, {"run": run, **context(run)}, f"{title} · {run.name}")
+
+    return panel
 
 
-@login_required
-@require_GET
-def run_audit_log(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_audit.html", {"run": run, "audit": run_audit(run=run, limit=200)}, f"Audit · {run.name}")
+run_timeline = _run_panel("runs/_timeline.html", "Weight sync", lambda run: {"timeline": weight_sync_timeline(run=run)})
+run_audit_log = _run_panel("runs/_audit.html", "Audit", lambda run: {"audit": run_audit(run=run, limit=200)})
 
 
 def _members_context(run: Run, role: str, **extra: object) -> dict[str, object]:
@@ -618,27 +623,10 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
     return redirect("runs:detail", run_id=run.pk)
 
 
-@login_required
-@require_GET
-def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run)}, f"Waiting · {run.name}")
-
-
-@login_required
-@require_GET
-def run_taskset_import(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    """The run's taskset import progress (polled by the run page while it goes on)."""
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_taskset_import.html", {"run": run, "just_done": True}, f"Taskset import · {run.name}")
-
-
-@login_required
-@require_GET
-def run_failures(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return _partial(request, "runs/_failures.html", {"run": run, "failures": run_task_failures(run=run)},
-                    f"Worker errors · {run.name}")
+run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+# The run's taskset import progress (polled by the run page while it goes on).
+run_taskset_import = _run_panel("runs/_taskset_import.html", "Taskset import", lambda run: {"just_done": True})
+run_failures = _run_panel("runs/_failures.html", "Worker errors", lambda run: {"failures": run_task_failures(run=run)})
 
 
 @login_required
@@ -652,7 +640,7 @@ def worker_health(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     filters = experience_filters_parse(request.GET)
     page_size = 50
     rows = [] if filters.errors else experiences_browse(run=run, filters=filters, limit=page_size + 1)
@@ -664,6 +652,10 @@ def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "choices": experience_filter_choices(run=run),
         "rows": rows,
         "next_query": filters.query(before=rows[-1].pk) if more and rows else "",
+        # The bulk bar: the actions this person's role allows, and what "all matching" means.
+        **bulk_context(run=run, role=role),
+        "matching": 0 if filters.errors else experiences_matching_count(run=run, filters=filters),
+        "filter_fields": [] if filters.errors else filter_fields(filters.query(before=None)),
     }
     if request.htmx and request.htmx.target == "experience-results":
         # The filters stay as typed; each one's error slot is refreshed beside it (out of band).

@@ -38,6 +38,7 @@ from apps.envapi.services import (
     tasks_add,
     trajectories_submit,
 )
+from apps.feedback.bulk import bulk_allowed, bulk_ids, experiences_bulk, experiences_export
 from apps.feedback.exports import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import Who, kind_get
 from apps.feedback.models import Feedback
@@ -208,6 +209,26 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
         "effect": feedback_effect(run=run, feedback=feedback),
         "experience_status": target.get("status"), "experience_reward": target.get("reward"),
     }
+
+
+@router.post("/runs/{run_id}/experiences/bulk", auth=FEEDBACK, response=responses(s.BulkOut), tags=["feedback"],
+             summary="A bulk action over experiences: exclude from training, include again, flag, or export (JSONL)")
+def experiences_bulk_api(request: HttpRequest, payload: s.BulkIn, run_id: int = RunId) -> dict[str, object] | StreamingHttpResponse:
+    """As the key's person, with their role on the run: exclude and include are the owner's,
+    flag an annotator's too, export anyone's on the run. Export answers JSONL, the rows."""
+    run = run_reachable(request, run_id)
+    person = _principal(request).key.created_by
+    if person is None:
+        raise NotAllowed("this key has no person to act as", field="action")
+    bulk_allowed(run=run, user=person, action=payload.action)
+    ids = bulk_ids(run=run, ids=payload.ids)
+    if payload.action == "export":
+        response = StreamingHttpResponse(experiences_export(run=run, user=person, ids=ids),
+                                         content_type="application/jsonl; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-experiences-{len(ids)}.jsonl"'
+        return response
+    result = experiences_bulk(run=run, user=person, action=payload.action, ids=ids, reason=payload.reason)
+    return {"action": result.action, "count": result.count, "skipped": result.skipped, "why_skipped": result.why_skipped}
 
 
 @router.get("/runs/{run_id}/annotation", auth=READ, response=responses(s.AnnotationOut), tags=["feedback"],

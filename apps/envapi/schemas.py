@@ -134,6 +134,22 @@ class CountOut(Schema):
     count: int
 
 
+class BulkIn(Schema):
+    """A bulk action over experiences of the run (apps/feedback/bulk.py): exclude, include,
+    flag or export, as the key's person (their role on the run decides)."""
+
+    action: str
+    ids: list[int] = Field(..., description="experience ids of this run, at least one")
+    reason: str = Field("", max_length=500, description="flag: why")
+
+
+class BulkOut(Schema):
+    action: str
+    count: int
+    skipped: int
+    why_skipped: str
+
+
 # ---- chat messages -------------------------------------------------------------------
 
 

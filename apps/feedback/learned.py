@@ -47,7 +47,7 @@ def reward_model_on(*, run: Run) -> bool:
 
 def run_label_count(*, run: Run) -> int:
     """Labels that teach the reward model: ratings, rankings, comparisons and edits."""
-    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).count()
+    return Feedback.objects.effective().filter(run=run, kind__in=kind_names(labels=True)).count()
 
 
 def reward_model_latest(*, run: Run) -> RewardModel | None:

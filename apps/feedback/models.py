@@ -5,6 +5,17 @@ from django.db import models
 
 from apps.feedback.kinds import KindValue, value_parse
 
+# The review states (Feedback.review). Only a rejected row is left out of what the loop reads.
+REVIEW_PENDING, REVIEW_ACCEPTED, REVIEW_REJECTED = "pending", "accepted", "rejected"
+
+
+class FeedbackQuerySet(models.QuerySet["Feedback"]):
+    def effective(self) -> FeedbackQuerySet:
+        """The rows that take effect: every one but those the run's owner rejected on the review
+        page (apps.feedback.review). What folds into rewards, the reward model's preference
+        pairs, DPO's choices and the exports read only these."""
+        return self.exclude(review=REVIEW_REJECTED)
+
 
 class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
@@ -51,9 +62,25 @@ class Feedback(models.Model):
     late = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
+    class Review(models.TextChoices):
+        """The owner's review (apps.feedback.review): pending until someone reviews it; a
+        rejected row takes no effect (FeedbackQuerySet.effective)."""
+
+        PENDING = REVIEW_PENDING
+        ACCEPTED = REVIEW_ACCEPTED
+        REJECTED = REVIEW_REJECTED
+
+    review = models.CharField(max_length=8, choices=Review.choices, default=Review.PENDING)
+    reviewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = FeedbackQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["run", "kind", "created_at"], name="feedback_run_kind_idx")]
+        indexes = [models.Index(fields=["run", "kind", "created_at"], name="feedback_run_kind_idx"),
+                   models.Index(fields=["run", "review"], name="feedback_run_review_idx")]
 
     def __str__(self) -> str:
         return f"{self.kind} on run {self.run_id}"

@@ -51,10 +51,11 @@ def preference_pairs(
     (`PreferencePair.trust`) and a pair trusted less than TRUSTED_WEIGHT is left out, whatever
     kind of feedback it came from: a rater who answers at random teaches the reward model
     nothing through ratings, choices, rankings or edits alike. Gold items are left out by passing
-    their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice.
+    their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing twice. A label
+    the run's owner rejected (apps.feedback.review) yields no pair.
     """
     skip = exclude_experience_ids or set()
-    qs = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
+    qs = Feedback.objects.effective().filter(run=run, kind__in=kind_names(labels=True))
     if not include_late:
         qs = qs.filter(late=False)
     rows = list(qs.order_by("created_at", "id").only("kind", "experience_id", "other_id", "group_id", "author_id",

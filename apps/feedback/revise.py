@@ -20,6 +20,7 @@ from apps.buffer.models import Experience
 from apps.feedback.holds import Person
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
+from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services import _lease_seconds
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
@@ -90,7 +91,7 @@ def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = Non
             raise NotRevisable("this group has been trained on: its feedback can no longer change")
         targets = feedback_targets(fb)
         fb.delete()
-        _refold(run=run, members=members)
+        group_refold(run=run, members=members)
         Assignment.objects.filter(run=run, annotator_id=author.pk, experience_id__in=targets,
                                   status=Assignment.Status.DONE).update(
             status=Assignment.Status.LEASED, finished_at=None,
@@ -101,9 +102,10 @@ def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = Non
     return fb
 
 
-def _refold(*, run: Run, members: list[Experience]) -> None:
-    """Human and final rewards of the open members from the feedback that remains; a group
-    no longer complete waits for people again."""
+def group_refold(*, run: Run, members: list[Experience]) -> None:
+    """Human and final rewards of the open members from the feedback that remains (none the
+    owner rejected); a group no longer complete waits for people again. Call inside a
+    transaction with `members` locked (the withdrawal and the review do)."""
     policy = run.cfg.feedback
     ids = [m.pk for m in members]
     group_ids = {m.group_id for m in members}
@@ -111,8 +113,10 @@ def _refold(*, run: Run, members: list[Experience]) -> None:
     for name in kind_names(folds=True):  # the kinds that fold, on a member or on its group
         on |= Q(kind=name, group_id__in=group_ids) if kind_get(name).target == "group" \
             else Q(kind=name, experience_id__in=ids)
-    remaining = list(Feedback.objects.filter(run=run, late=False).filter(on))
-    folds = signals_fold(member_ids=ids, feedback=remaining)
+    remaining = list(Feedback.objects.effective().filter(run=run, late=False).filter(on))
+    # Weighted and offset per rater as group_fold does (apps.feedback.services).
+    folds = signals_fold(member_ids=ids, feedback=remaining, weights=rater_weights_cached(run=run),
+                         offsets=rater_offsets_cached(run=run))
     complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
     for m in members:
         if m.status not in (Experience.Status.PENDING, Experience.Status.READY):

@@ -204,7 +204,7 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
     """Preference pairs from pairwise feedback (ties carry no preference and are left out),
     oldest first. Late comparisons are included by default: DPO learns from them even when
     the GRPO step that used their completions is long past."""
-    qs = Feedback.objects.filter(run=run, kind=Feedback.Kind.PAIRWISE, value__winner__in=["a", "b"])
+    qs = Feedback.objects.effective().filter(run=run, kind=Feedback.Kind.PAIRWISE, value__winner__in=["a", "b"])
     if not include_late:
         qs = qs.filter(late=False)
     pairs = []
@@ -242,7 +242,7 @@ def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
     Late choices count: the pair was stored, and DPO learns from it.
     """
     wanted = set(ids)
-    rows = Feedback.objects.filter(
+    rows = Feedback.objects.effective().filter(
         run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,
         value__winner__in=["a", "b"],
     ).order_by("created_at", "id").values_list("experience_id", "other_id", "value__winner")

@@ -346,13 +346,14 @@ def _locked_members(*, run: Run, group_id: str) -> list[Experience]:
 
 
 def _group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
-    """The group's feedback of the kinds that fold: on a member, or (a group's kinds) on the group."""
+    """The group's feedback of the kinds that fold: on a member, or (a group's kinds) on the group;
+    none the owner rejected (apps.feedback.review)."""
     on = Q(pk__in=[])
     for name in kind_names(folds=True):
         target = kind_get(name).target
         on |= Q(kind=name, group_id=group_id) if target == "group" else Q(kind=name, experience_id__in=list(member_ids))
     return list(
-        Feedback.objects.filter(run=run, late=False).filter(on)
+        Feedback.objects.effective().filter(run=run, late=False).filter(on)
         .only("kind", "experience_id", "author_id", "api_key_id", "value")
     )
 

@@ -151,9 +151,19 @@ def _counts_context(run: Run, user: Person, can_annotate: bool) -> dict[str, obj
             "waiting": annotation_waiting(run=run, annotator=user) if can_annotate else None}
 
 
-def _my_assignment(request: HtmxHttpRequest, run: Run, assignment_id: int) -> Assignment:
-    return get_object_or_404(Assignment.objects.select_related("experience"), pk=assignment_id, run=run,
-                             annotator=request.user)
+def _my_assignment(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> tuple[Run, Assignment]:
+    """The run (the user may annotate it) and the user's own assignment in it, else 404."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
+    return run, get_object_or_404(Assignment.objects.select_related("experience"), pk=assignment_id, run=run,
+                                  annotator=request.user)
+
+
+def _item_done(request: HtmxHttpRequest, run: Run, a: Assignment, **note: object) -> HttpResponse:
+    """After a rating or a skip: back to the page, or (htmx) the item as it now stands with `note`."""
+    if not request.htmx:
+        return redirect(_page_url(run))
+    a.refresh_from_db()
+    return render(request, "feedback/_item_done.html", {**_item_context(run, a), **note})
 
 
 def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
@@ -170,44 +180,36 @@ def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
 @require_POST
 @_refusal_as_text
 def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
-    a = _my_assignment(request, run, assignment_id)
+    run, a = _my_assignment(request, run_id, assignment_id)
     try:
         score, thumb = _score(request)
         saved = feedback_rate_and_flag(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
                               flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
     except RftError as exc:
         return _error(request, exc)
-    if not request.htmx:
-        return redirect(_page_url(run))
-    a.refresh_from_db()
-    saved_notes = [(f, feedback_effect(run=run, feedback=f)) for f in saved]
-    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "saved_notes": saved_notes})
+    return _item_done(request, run, a, saved_notes=[(f, feedback_effect(run=run, feedback=f)) for f in saved])
 
 
 @login_required
 @require_POST
 @_refusal_as_text
 def skip(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
-    a = _my_assignment(request, run, assignment_id)
+    run, a = _my_assignment(request, run_id, assignment_id)
     assignment_skip(assignment=a)
-    if not request.htmx:
-        return redirect(_page_url(run))
-    a.refresh_from_db()
-    return render(request, "feedback/_item_done.html", {**_item_context(run, a), "skipped": True})
+    return _item_done(request, run, a, skipped=True)
 
 
-def _experience(run: Run, experience_id: int) -> Experience:
-    return get_object_or_404(Experience, pk=experience_id, run=run)
+def _experience(request: HtmxHttpRequest, run_id: int, experience_id: int) -> tuple[Run, Experience]:
+    """The run (the user may annotate it) and one of its experiences, else 404."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
+    return run, get_object_or_404(Experience, pk=experience_id, run=run)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
 def edit(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
-    e = _experience(run, experience_id)
+    run, e = _experience(request, run_id, experience_id)
     if request.method == "GET":
         return _fragment(request, run, "feedback/_edit.html", {"e": e, "text": e.response_text})
     try:
@@ -229,8 +231,7 @@ def _group_members(run: Run, e: Experience) -> list[Experience]:
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
 def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
-    e = _experience(run, experience_id)
+    run, e = _experience(request, run_id, experience_id)
     members = _group_members(run, e)
     if request.method == "GET":
         return _fragment(request, run, "feedback/_rank.html", {"e": e, "members": members})
@@ -262,8 +263,7 @@ def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRespo
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
 def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
-    e = _experience(run, experience_id)
+    run, e = _experience(request, run_id, experience_id)
     siblings = [m for m in _group_members(run, e) if m.pk != e.pk]
     if request.method == "GET":
         other_id = request.GET.get("other", "")

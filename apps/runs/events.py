@@ -32,6 +32,8 @@ EVENT_TYPES = (
     "worker.error",
     # A held-out evaluation finished (apps.runs.services.eval_result_record).
     "eval.result",
+    # The run ended and its people were notified (apps/control/notifications.py).
+    "notification.created",
 )
 
 

@@ -266,3 +266,41 @@ class Dispatch(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} {self.kind}{':' + self.key if self.key else ''}:{self.step} {self.state}"
+
+
+class Notification(models.Model):
+    """A run ended (finished, failed or stopped): one row per person told, shown by the header's
+    unread badge and the notifications page, emailed to those who want it
+    (apps/control/notifications.py). `key` names the end (run, end state and the audit entry
+    of that transition): a task that runs twice, or an end reported twice, tells nobody twice."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notifications")
+    key = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=Run.Status.choices)
+    # The run's error for a failure, else empty.
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    # When its email went out; None: not wanted, or not sent yet (a retry sends it).
+    emailed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="notification_user_key_unique")]
+        indexes = [models.Index(fields=["user", "read_at"], name="notification_unread_idx")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.state} for {self.user_id}"
+
+
+class NotificationPreference(models.Model):
+    """Whether a person wants an email when a run ends. No row: the default, on for the run's
+    owner and off for its members."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notification_preferences")
+    email = models.BooleanField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "run"], name="notification_preference_unique")]

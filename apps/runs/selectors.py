@@ -198,6 +198,7 @@ _AUDIT_WORDS = {
     "fail": "failed", "feedback_policy": "feedback policy changed", "member_add": "member added",
     "member_role": "member's role changed", "member_remove": "member removed", "invite": "invitation made",
     "invite_used": "invitation accepted", "invite_revoke": "invitation revoked",
+    "label_accept": "label accepted", "label_reject": "label rejected",
 }
 
 

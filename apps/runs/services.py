@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.dispatch import Signal
 
 from apps.hygiene import InputRejected, text_check
 from apps.runs import policy, vocabulary
@@ -219,6 +220,14 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
 }
 
 
+# The statuses a run ends in. Every door that ends a run (the worker's failures through the
+# ports, the loop's finish, the stop button, `rft run stop`) goes through run_transition, which
+# sends `run_ended` (run_id, state, audit_id) inside the transition's transaction: the run's
+# notifications (apps/control/notifications.py) are connected to it and queue on commit.
+END_STATES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+run_ended = Signal()
+
+
 def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
     processes cannot both win; audited and announced on the run's group.
@@ -244,8 +253,10 @@ def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = 
         if not changed:
             run.refresh_from_db(fields=["status"])
             raise TransitionNotAllowed(f"cannot {action} a run that is {run.status}")
-        AuditEntry.objects.create(run=run, actor=_audit_actor(actor),
-                                  action=action, detail={"reason": reason[:4000]} if reason else {})
+        audit = AuditEntry.objects.create(run=run, actor=_audit_actor(actor),
+                                          action=action, detail={"reason": reason[:4000]} if reason else {})
+        if target in END_STATES:
+            run_ended.send(sender=Run, run_id=run.pk, state=target, audit_id=audit.pk)
     run.refresh_from_db()
     payload: Body = {"status": run.status, "action": action}
     if run.error:

@@ -575,6 +575,21 @@
       feedback.custom();
       say("feedback: " + (p.kind || "") + (p.author ? " by " + p.author : ""));
     },
+    // The run ended and its people were told (apps/control/notifications.py): the header's
+    // unread badge is fetched again (it counts this person's notifications only).
+    "notification.created": function (p) {
+      fetch("/notifications/badge/", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          var old = document.getElementById("notifications-badge");
+          if (!html || !old) return;
+          var box = document.createElement("div");
+          box.innerHTML = html.trim();
+          if (box.firstElementChild) old.replaceWith(box.firstElementChild);
+        })
+        .catch(function () {});
+      say("run " + (p.state || "ended") + ": its people were notified");
+    },
     "worker.error": function (p) {
       refresh("#failures a.refresh");
       say((p.task || "task") + " failed on " + (p.worker || "a worker") + ": " + (p.exception || ""));

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from apps.control.notifications import run_end_notify
 from apps.feedback.services import feedback_rate
 from apps.runs.models import Run, RunMember
 from apps.runs.services import metric_record, run_transition
@@ -46,6 +47,7 @@ def a_team() -> tuple[dict[str, User], Run, Run]:
     exps = make_experiences(run, groups=2, group_size=4, status="pending",
                             response_text=f"<answer>2</answer> {long_line}")
     feedback_rate(run=run, experience=exps[0], score=4, author=people["annotator"])
+    feedback_rate(run=run, experience=exps[0], score=1, author=owner)  # a disagreement for the review page
     for step in range(1, 6):
         metric_record(run=run, step=step, values={
             "explore/reward_mean": 0.1 * step, "explore/reward_std": 0.05, "loss": 1.0 / step,
@@ -54,6 +56,13 @@ def a_team() -> tuple[dict[str, User], Run, Run]:
     metric_record(run=other, step=1, values={"explore/reward_mean": 0.2})
     add_member(other, people["annotator"])
     add_member(other, people["viewer"], role=RunMember.Role.VIEWER)
+    # A run that failed with a long reason: everyone's notifications page lists it.
+    failed = make_run(owner=owner, name="a run that failed with a rather long name for a phone")
+    add_member(failed, people["annotator"])
+    add_member(failed, people["viewer"], role=RunMember.Role.VIEWER)
+    Run.objects.filter(pk=failed.pk).update(status=Run.Status.RUNNING)
+    run_transition(run=failed, action="fail", reason="train step 3 RuntimeError: " + "y" * 300)
+    run_end_notify(run_id=failed.pk, audit_id=failed.audit.get(action="fail").pk)
     return people, run, other
 
 
@@ -69,6 +78,8 @@ def pages_of(run: Run, other: Run | None = None) -> dict[str, str]:
         "keys": f"/runs/{run.pk}/keys/", "raters": f"{r}/signal/raters/", "reward-model": f"{r}/signal/reward-model/",
         "annotate": f"{r}/annotate/", "new-run": "/runs/new/", "accounts": "/accounts/",
         "config-diff": f"{r}/diff/{(other or run).pk}/", "runs-sorted": "/runs/?sort=-reward&status=running",
+        "notifications": "/notifications/",
+        "review": f"{r}/review/",  # the owner's review of labels (annotators and viewers: 403)
     }
 
 
@@ -76,9 +87,9 @@ def pages_of(run: Run, other: Run | None = None) -> dict[str, str]:
 MAY_OPEN = {
     "owner": None,  # everything
     "annotator": {"home", "runs", "run", "experiences", "group", "export", "audit", "timeline", "failures",
-                  "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted"},
+                  "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted", "notifications"},
     "viewer": {"home", "runs", "run", "experiences", "group", "export", "audit", "timeline", "failures",
-               "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted"},
+               "waiting", "members", "summary", "workers", "annotate", "config-diff", "runs-sorted", "notifications"},
 }
 
 

@@ -16,7 +16,7 @@ from apps.feedback.exports import EXPORT_KINDS
 from apps.envapi.services import api_key_create
 from apps.feedback.services import feedback_compare
 from apps.runs.models import Run
-from tests.factories import make_experiences, make_run, make_taskset, make_user
+from tests.factories import make_experiences, make_run, make_taskset
 
 pytestmark = pytest.mark.django_db
 
@@ -34,11 +34,6 @@ def _page(olga: User) -> Client:
 
 def _body(response: object) -> bytes:
     return b"".join(response.streaming_content)  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def olga() -> User:
-    return make_user("olga")
 
 
 @pytest.fixture

@@ -93,9 +93,11 @@ def test_the_served_schema_holds_no_5xx_and_every_response_matches_it(live_url: 
                 assert negative and "{run_id}" not in operation.path
     # The environment API, its exports, the agent sessions' finish, the human-signal figures,
     # the reward-model download (ask, state, zip), the K-12 grader versions, a person's waiting
-    # count (GET /runs/{id}/annotation) and the taskset's import progress (GET /runs/{id}/taskset):
-    # a new operation must be counted here, so it cannot go untested.
-    assert len(tried) == 19
+    # count (GET /runs/{id}/annotation), the taskset's import progress (GET /runs/{id}/taskset) and
+    # the owner's review of labels (list, accept, reject, disagreements, resolve) and the
+    # experience browser's bulk actions: a new operation must be counted here, so it cannot go
+    # untested.
+    assert len(tried) == 25
     assert Experience.objects.filter(run=run, source="env").exists(), "no valid trajectory got through"
 
 

@@ -21,16 +21,6 @@ from apps.runs.ports import run_view_of
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def olga(db: None) -> User:
-    return make_user("olga")
-
-
-@pytest.fixture
-def anna(db: None) -> User:
-    return make_user("anna")
-
-
 def _group(run: Run, name: str, *, version: int = 0, status: str = "pending",
            autos: tuple[float, ...] = (0.5, 0.5, 0.5, 0.5)) -> list[Experience]:
     """A group of completions of one prompt (one per automatic reward), written now by model `version`."""

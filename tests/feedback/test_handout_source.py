@@ -25,16 +25,6 @@ from tests.factories import add_member, experience_row, make_run, make_user
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def olga(db: None) -> User:
-    return make_user("olga")
-
-
-@pytest.fixture
-def anna(db: None) -> User:
-    return make_user("anna")
-
-
 def _run(olga: User, anna: User, *, seed: int = 0, **feedback: Any) -> Run:
     run = make_run(owner=olga, seed=seed, feedback={"mode": "blend", "overlap": 1, **feedback})
     add_member(run, anna)

@@ -80,11 +80,6 @@ class Annotator:
         return queue
 
 
-@pytest.fixture
-def olga(db: None) -> User:
-    return make_user("olga")
-
-
 def _people(run: Run) -> tuple[Annotator, Annotator]:
     carol, randy = make_user("carol"), make_user("randy")
     add_member(run, carol)

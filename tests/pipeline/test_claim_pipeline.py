@@ -91,6 +91,18 @@ def test_human_flagged_experiences_are_filtered_at_claim(make_pipeline_run, anno
     assert reasons(run) == {"flagged": "human_flagged: wrong maths"}
 
 
+def test_a_flag_the_owner_rejected_filters_nothing(make_pipeline_run, annotator, owner) -> None:
+    from apps.feedback.review import feedback_reject
+
+    run = make_pipeline_run(on_claim=[{"name": "human_flagged"}])
+    experience_write(experiences=[experience_row(run, key="flagged"), experience_row(run, key="fine")])
+    flag = feedback_flag(run=run, experience=Experience.objects.get(run=run, key="flagged"), author=annotator,
+                         reason="I misread it")
+    assert "no longer counted by the data pipeline" in feedback_reject(run=run, feedback_id=flag.pk, reviewer=owner).effect
+    assert sorted(e.key for e in batch_claim(run=run, worker="w", size=5)) == ["fine", "flagged"]
+    assert reasons(run) == {}
+
+
 def test_claim_time_cleaning_is_saved_on_the_rows_it_returns(make_pipeline_run) -> None:
     run = make_pipeline_run(on_claim=[{"name": "clean"}])
     experience_write(experiences=[experience_row(run, key="k", response_text="two  \n\n\n\nlines\x1b", finish_reason="length")])

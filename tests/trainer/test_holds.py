@@ -39,11 +39,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     yield Clock(monkeypatch)
 
 
-@pytest.fixture
-def anna(db: None) -> User:
-    return make_user("anna")
-
-
 def _run(anna: User) -> Run:
     run = make_run(owner=make_user("olga"), train_batch_size=8, repeat_times=4,
                    feedback={"mode": "blend", "overlap": 1, "wait_seconds": 10, "fallback": "auto",

@@ -96,6 +96,10 @@ def _whole(learner: Learner) -> dict[str, torch.Tensor]:
 
 
 def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: str) -> None:
+    """One rank of a group: each case's update (rank 0's whole weights and gradients, or
+    every rank's under DDP, saved in `out`); then two ranks write a checkpoint (out/ckpt) and
+    three resume the one two wrote (in `out`'s sibling two/) and save the next step's weights
+    (out/three.pt). One group per world size, so each rank imports torch and TRL once."""
     import torch.distributed as dist
 
     from workers.algorithms.distributed import learner_shard
@@ -111,6 +115,10 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[st
             if rank == 0 or sharding == "none":
                 torch.save({"params": params, "grads": grads, "loss": metrics["loss"], "term": shard.last_term},
                            os.path.join(out, f"case{i}-rank{rank}.pt"))
+        if world == 2:
+            _ckpt_write(rank, world, model_dir, Path(out) / "ckpt")
+        elif world == 3:
+            _ckpt_resume(rank, world, model_dir, Path(out).parent / "two" / "ckpt", Path(out) / "three.pt")
     finally:
         dist.destroy_process_group()
 
@@ -119,6 +127,32 @@ def _spawn(fn: Any, world: int, *args: Any) -> None:
     import torch.multiprocessing as mp
 
     mp.start_processes(fn, args=(world, f"tcp://127.0.0.1:{free_port()}", *args), nprocs=world, start_method="spawn")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The outputs of one group of two ranks: CASES_TWO, then a checkpoint (ckpt/)."""
+    out = tmp_path_factory.mktemp("learner-groups") / "two"
+    out.mkdir()
+    _spawn(_rank, 2, str(tiny_model_dir), CASES_TWO, str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tiny_model_dir: Path, two_ranks: Path) -> Path:
+    """The outputs of one group of three ranks: CASES, then the two ranks' checkpoint resumed
+    (three.pt), beside the two ranks' outputs."""
+    out = two_ranks.parent / "three"
+    out.mkdir()
+    _spawn(_rank, 3, str(tiny_model_dir), CASES, str(out))
+    return out
+
+
+@pytest.fixture
+def groups(request: pytest.FixtureRequest) -> dict[int, Path]:
+    """The groups' outputs by world size, each group started when a test first needs it
+    (one group a set-up: on a loaded host one took 5-6 minutes)."""
+    return {world: request.getfixturevalue(name) for world, name in ((2, "two_ranks"), (3, "three_ranks"))}
 
 
 _ONE: dict[tuple[str, str, float], dict[str, Any]] = {}
@@ -137,15 +171,15 @@ def _one_process(model_dir: Path, algorithm: str, loss_type: str, beta: float) -
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_loss_type(
-    tiny_model_dir: Path, tmp_path: Path, world: int
+    tiny_model_dir: Path, request: pytest.FixtureRequest, world: int
 ) -> None:
     cases = CASES_TWO if world == 2 else CASES
-    _spawn(_rank, world, str(tiny_model_dir), cases, str(tmp_path))
+    out = request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
     before = dict(_learner(str(tiny_model_dir), _spec("sft", "dapo", 0.0)).model.state_dict())
     for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
         case = f"{algorithm}/{loss_type}/beta={beta}/{sharding} on {world} ranks"
         one = _one_process(tiny_model_dir, algorithm, loss_type, beta)
-        got = torch.load(tmp_path / f"case{i}-rank0.pt")
+        got = torch.load(out / f"case{i}-rank0.pt")
         assert got["grads"].keys() == one["grads"].keys(), case
         for name, grad in one["grads"].items():
             # Partial sums per rank, then the reduction: float noise only.
@@ -157,7 +191,7 @@ def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_
         assert any(not torch.equal(before[n], one["params"][n]) for n in before), f"{case}: the step changed nothing"
         assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), f"{case}: the group's loss metric is not the batch's"
         if sharding == "none":  # DDP: every rank holds the same whole weights
-            other = torch.load(tmp_path / f"case{i}-rank1.pt")
+            other = torch.load(out / f"case{i}-rank1.pt")
             for name, value in got["params"].items():
                 torch.testing.assert_close(other["params"][name], value, atol=0, rtol=0)
 
@@ -165,49 +199,38 @@ def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_
 # ----------------------------------------------------------------------------- sharded checkpoints
 
 
-def _ckpt_write(rank: int, world: int, addr: str, model_dir: str, path: str) -> None:
-    import torch.distributed as dist
-
+def _ckpt_write(rank: int, world: int, model_dir: str, path: Path) -> None:
+    """In a group: one GRPO step on the whole model sharded, then the checkpoint, each rank its shard."""
     from workers.algorithms.distributed import learner_shard, sharded_save
 
-    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
-    try:
-        learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
-        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
-        learner.step(_batch("grpo"), shard=shard)
-        sharded_save(learner, Path(path))
-    finally:
-        dist.destroy_process_group()
+    learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
+    shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+    learner.step(_batch("grpo"), shard=shard)
+    sharded_save(learner, path)
 
 
-def _ckpt_resume(rank: int, world: int, addr: str, model_dir: str, path: str, out: str) -> None:
-    import torch.distributed as dist
-
+def _ckpt_resume(rank: int, world: int, model_dir: str, path: Path, out: Path) -> None:
+    """In a group: the checkpoint at `path` loaded into a fresh sharded learner, the next step
+    taken, the whole weights saved to `out` (rank 0)."""
     from workers.algorithms.distributed import learner_shard, sharded_load, whole_state
 
-    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
-    try:
-        learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
-        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
-        sharded_load(learner, Path(path))
-        learner.step(_batch("grpo", seed=4), shard=shard)
-        params = whole_state(learner)
-        if rank == 0:
-            torch.save(params, out)
-    finally:
-        dist.destroy_process_group()
+    learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
+    shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+    sharded_load(learner, path)
+    learner.step(_batch("grpo", seed=4), shard=shard)
+    params = whole_state(learner)
+    if rank == 0:
+        torch.save(params, out)
 
 
 def test_a_checkpoint_two_ranks_wrote_resumes_on_one_process_and_on_three_to_the_same_next_step(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, groups: dict[int, Path]
 ) -> None:
     from workers.algorithms.distributed import sharded_load
 
-    ckpt = tmp_path / "ckpt"
-    _spawn(_ckpt_write, 2, str(tiny_model_dir), str(ckpt))
+    ckpt = groups[2] / "ckpt"
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], "each rank its shard"
-    _spawn(_ckpt_resume, 3, str(tiny_model_dir), str(ckpt), str(tmp_path / "three.pt"))
-    three = torch.load(tmp_path / "three.pt")
+    three = torch.load(groups[3] / "three.pt")
 
     one = _learner(str(tiny_model_dir), _spec("grpo", "dapo", 0.0))
     sharded_load(one, ckpt)

@@ -7,6 +7,8 @@ in the run config, naming the field."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +50,12 @@ def _fill(run: Any, *, expert: bool, tag: str = "", version: int = 0) -> None:
     experience_write(experiences=rows)
 
 
-def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int) -> dict[str, torch.Tensor]:
+def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hosts: int = 1) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     run = running_run(owner, model_dir, algorithm=algorithm, train_batch_size=12, total_steps=5,
                       trainer={"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo",
-                               "processes": processes})
+                               "processes": processes, "hosts": hosts})
     _fill(run, expert=algorithm == "sft")
     # A batch for step 2, fresh enough for it: the run goes on (a finished one's group ends).
     _fill(run, expert=algorithm == "sft", tag="b", version=1)
@@ -61,7 +63,7 @@ def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int) -> 
     assert out["status"] == "trained", out
     if processes > 1:
         res = trainer_mod._RESIDENTS[run.pk]
-        assert res.group is not None and len(res.group.followers) == processes - 1
+        assert res.group is not None and len(res.group.followers) == processes // hosts - 1
         assert all(p.poll() is None for p in res.group.followers), "a follower process ended"
         assert Metric.objects.get(run=run, step=1, name="learner_processes").value == processes
     version = ModelVersion.objects.get(run=run, number=1)
@@ -89,6 +91,36 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
     for run_id in list(trainer_mod._RESIDENTS):
         trainer_mod.resident_drop(run_id)
     assert followers and all(p.poll() is not None for p in followers)
+
+
+def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_update(
+    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
+) -> None:
+    """trainer.hosts: 2 with one process each: the train task is rank 0 on its host, and a
+    second "host" (`python -m workers.algorithms.distributed join`, its own storage root)
+    joins the group over 127.0.0.1 at RFT_LEARNER_PORT; the version rank 0 publishes holds
+    the one-process weights, and the joined host ends cleanly with the run's group."""
+    from tests.servers import ROOT, free_port, spawn, stop
+
+    torch.set_num_threads(1)
+    one = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
+    settings.RFT_LEARNER_PORT = free_port()
+    env = {**os.environ, "RFT_STORAGE_DIR": str(tmp_path / "host1-storage"), "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1"}
+    # Started first: it waits for rank 0's store (as the compose file's learner-ranks service does).
+    host1 = spawn([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
+                   str(settings.RFT_LEARNER_PORT), "1"], env=env, log=tmp_path / "host1.log")
+    try:
+        two = _trained(owner, tiny_model_dir, algorithm="grpo", processes=2, hosts=2)
+        group = next(res.group for res in trainer_mod._RESIDENTS.values() if res.group is not None)
+        assert group.plan.hosts == 2 and group.followers_started == [], "rank 1 is the other host's, not a follower here"
+        for name in one:
+            torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
+        for run_id in list(trainer_mod._RESIDENTS):
+            trainer_mod.resident_drop(run_id)  # rank 0 closes the group: the other host's rank ends
+        assert host1.wait(timeout=60) == 0, (tmp_path / "host1.log").read_text()[-3000:]
+    finally:
+        stop(host1)
 
 
 def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
@@ -312,3 +344,53 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
     resumed = _two_steps(owner, tiny_model_dir, settings, processes=(2, 1))
     for name in one:
         torch.testing.assert_close(resumed[name], one[name], atol=1e-4, rtol=1e-3)
+
+
+# Three groups start (each a follower importing torch, transformers and Django): 16 min at load 40.
+@pytest.mark.timeout(1800)
+def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resumes_using_every_experience_once(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """Step 2 of a two-process run: once the follower has the batch and is inside its update,
+    it is killed (SIGKILL, as a dead host). Rank 0's collective fails, the step raises and
+    records nothing (the run stays at step 1, its batch goes back to the buffer unused); the
+    step sent again starts a new group from the last committed step, and the run finishes
+    with every experience used exactly once."""
+    import signal
+
+    from apps.runs.models import Run
+    from tests.run_invariants import django_sql, experiences_used_once
+    from workers.algorithms.learner import Learner
+
+    settings.RFT_TRAIN_CHAIN_SECONDS = 0  # one step a call: step 2 is the one the kill meets
+    run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3)
+    _fill(run, expert=False, tag="c", version=2)  # step 3's batch
+    assert len(followers) == 1 and followers[0].poll() is None
+    real_step = Learner.step
+    killed: list[int] = []
+
+    def step_after_killing_the_follower(self: Learner, batch: Any, *, shard: Any = None) -> dict[str, float]:
+        if shard is not None and not killed:
+            # Rank 0 is here once the follower holds the step's batch: it is mid-step.
+            followers[0].send_signal(signal.SIGKILL)
+            followers[0].wait(timeout=30)
+            killed.append(followers[0].pid)
+        return real_step(self, batch, shard=shard)
+
+    monkeypatch.setattr(Learner, "step", step_after_killing_the_follower)
+    with pytest.raises(Exception):
+        trainer_mod.trainer_step(run_id=run.pk, step=2)
+    assert killed, "the follower was not killed mid-step"
+    run.refresh_from_db()
+    assert run.train_step == 1, "the failed step was committed"
+    assert not Metric.objects.filter(run=run, step=2).exists()
+    assert run.pk not in trainer_mod._RESIDENTS, "the broken group's weights were kept"
+    assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
+
+    monkeypatch.setattr(Learner, "step", real_step)
+    for step in (2, 3):  # sent again by the loop: a new group (a new follower) resumes the run
+        assert trainer_mod.trainer_step(run_id=run.pk, step=step)["status"] == "trained"
+    run.refresh_from_db()
+    assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
+    assert Metric.objects.get(run=run, step=2, name="learner_processes").value == 2
+    experiences_used_once(django_sql, run.pk, steps=3, batch=12)

@@ -27,7 +27,7 @@ def _bench(name: str, *args: str) -> str:
 
 def test_trainer_memory_bench_runs_the_four_settings_and_prints_the_ratio() -> None:
     out = _bench("trainer_memory", *TINY, "--batch", "4", "--prompt", "8", "--completion", "8", "--steps", "1",
-                 "--threads", "1")
+                 "--threads", "1", "--parallel", "2")
     for setting in ("full fp32", "full + checkpointing", "LoRA ", "LoRA + checkpointing"):
         assert setting in out
     assert re.search(r"LoRA \+ checkpointing memory: [0-9.]+× full fp32 .*load average", out)

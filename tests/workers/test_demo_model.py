@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from workers.demo_model import MANIFEST, DemoResult, DemoSettings, _problems, demo_model_build, greedy_accuracy
+from workers.demo_model import (
+    MANIFEST,
+    STYLES,
+    DemoResult,
+    DemoSettings,
+    _problems,
+    completion_text,
+    demo_model_build,
+    greedy_accuracy,
+    problem_text,
+    styled_completion,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Test-sized: the recipe end to end in seconds.
@@ -161,3 +172,59 @@ def test_the_real_demo_model_answers_some_but_not_most_held_out_problems(demo_mo
     accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
     assert accuracy == pytest.approx(manifest["accuracy"], abs=0.011)
     assert 0.10 <= accuracy <= 0.60
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_the_demo_run_s_reward_scores_every_warm_up_style_as_the_bare_answer(style: str) -> None:
+    """The styles are for people to prefer, not for the reward: the demo run's terms, the math
+    domain's defaults and a strict format term grade the `<answer>` alone, the styled forms
+    exactly as the plain one (right or wrong)."""
+    from apps.rewards.scoring import rewards_inline
+    from apps.runs.config import config_validate
+
+    problem = (12, "+", 34)
+    task = {"domain": "math", "prompt": problem_text(*problem), "reference": "46"}
+    wrong = (12, "+", 35)
+    for rewards in ([], [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
+                    [{"name": "math_accuracy"}, {"name": "math_format", "params": {"strict": True}}]):
+        terms = list(config_validate(data={"model": "m", "rewards": rewards}).rewards)
+        styled = rewards_inline(terms=terms, completion=styled_completion(problem, style), task=task)
+        plain = rewards_inline(terms=terms, completion=styled_completion(problem, "plain"), task=task)
+        assert styled.parts == plain.parts and styled.score == plain.score
+        # A wrong sum in the style scores as a wrong bare answer, below the right one.
+        styled_wrong = rewards_inline(terms=terms, completion=styled_completion(wrong, style), task=task)
+        assert styled_wrong == rewards_inline(terms=terms, completion=completion_text(47), task=task)
+        assert styled_wrong.parts["math_accuracy"] == 0.0 and styled_wrong.score < plain.score
+
+
+@pytest.mark.slow
+def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir: Path) -> None:
+    """The warm-up shows each style at a minority share, so the model writes each some of the
+    time (what the style raters of bench/steering prefer has something to amplify), the bare
+    answer most often. 200 held-out problems, one completion each, seeded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench.raters import Rating, concise, correct, in_words, working
+    from workers.demo_model import _encode
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+    problems = _problems(DemoSettings())[1]
+    prompts = [_encode(tokenizer, p)[0] for p in problems]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=32, do_sample=True, top_k=0, top_p=1.0)
+    texts = [(problem_text(*p), tokenizer.decode(row, skip_special_tokens=True))
+             for p, row in zip(problems, out[:, width:].tolist(), strict=True)]
+
+    def share(rate: Rating, at_least: int) -> float:
+        return sum(rate(prompt, text) >= at_least for prompt, text in texts) / len(texts)
+
+    assert 0.3 <= share(concise, 5) <= 0.85, "the bare answer most often, not always"
+    assert 0.04 <= share(working, 5) <= 0.35, "the working shown first, some of the time"
+    assert 0.02 <= share(in_words, 5) <= 0.35, "the number in words, some of the time"
+    assert share(correct, 5) >= 0.08, "and the arithmetic still right some of the time"

@@ -102,9 +102,10 @@ def _comm_device() -> str:
 # ----------------------------------------------------------------------------- sharding a learner
 
 
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks (transformers' `_no_split_modules`: the decoder layers),
-    each one FSDP2 unit: its weights are gathered for its own forward and backward only."""
+def _units(model: torch.nn.Module) -> list[torch.nn.Module | list[torch.nn.Module]]:
+    """The model's FSDP2 units below the root, each gathered for its own forward and backward
+    only: the repeated blocks (transformers' `_no_split_modules`: the decoder layers), the
+    input embeddings unless tied, and the output head grouped with the last block."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
@@ -112,15 +113,24 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     # Outermost only (a vision tower's layers inside a listed module stay in it).
     inner = {id(c) for b in blocks for c in b.modules() if c is not b}
     blocks = [b for b in blocks if id(b) not in inner]
-    # The input embeddings too, unless tied to the head: otherwise they would stay gathered
-    # in the root unit from the forward to the backward (the head must: TRL's fused head
-    # reads its weight without calling it, inside the root's forward).
+    units: list[torch.nn.Module | list[torch.nn.Module]] = list(blocks)
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embed = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
-    if isinstance(embed, torch.nn.Module) and (head is None or head.weight is not embed.weight):
-        blocks.insert(0, embed)
-    return blocks
+    tied = head is not None and embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
+    if isinstance(embed, torch.nn.Module) and not tied:
+        # Otherwise it would stay gathered in the root unit from the forward to the backward.
+        units.insert(0, embed)
+    if isinstance(head, torch.nn.Module) and not tied and blocks and not any(head in b.modules() for b in blocks):
+        # TRL's fused head reads the head's weight without calling it, inside the root's
+        # forward, so it cannot be a unit of its own; in the root it would be gathered, with
+        # its whole gradient, from the forward's start to the backward's end (on the ~100M
+        # bench model a quarter of a rank's peak, bench/sharding --phases). Grouped with
+        # the last block it is gathered from that block's forward (the group is completed at
+        # the root's post-forward: FSDP2's chunked-loss case) and its gradient reduced and
+        # freed right after that block's backward.
+        units[-1] = [blocks[-1], head]
+    return units
 
 
 def _mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -137,8 +147,8 @@ def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, pre
     from torch.distributed.fsdp import fully_shard
 
     policy = _mixed_precision(precision)
-    for block in _blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    for unit in _units(model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
 
 

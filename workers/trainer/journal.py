@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
@@ -120,17 +119,6 @@ def journal_store(*, run_id: int, step: int, data: bytes) -> Path:
     os.replace(tmp, out)
     _fsync_path(out.parent)
     return out
-
-
-_JOURNAL_WRITER: ThreadPoolExecutor | None = None
-
-
-def _journal_writer() -> ThreadPoolExecutor:
-    # Made on first use, in the worker process (not before a prefork pool forks).
-    global _JOURNAL_WRITER
-    if _JOURNAL_WRITER is None:
-        _JOURNAL_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-journal")
-    return _JOURNAL_WRITER
 
 
 def journal_read(path: Path) -> tuple[TrainBatch, RngState]:

@@ -37,8 +37,8 @@ from apps.runs.ports import (
     version_for_train_step,
 )
 from rftweb.exceptions import Conflict
+from workers.background import background_writer
 from workers.trainer.journal import (
-    _journal_writer,
     _rng_state,
     _snapshot_and_prune,
     journal_encode,
@@ -238,7 +238,7 @@ def _train_once(
         # steps (file I/O leaves the GIL; encoding there would hold it against the
         # learner's Python), then waited for before the commit.
         data = journal_encode(step=step, batch=batch, batch_ids=ids, rng=_rng_state())
-        journal = _journal_writer().submit(journal_store, run_id=run_id, step=step, data=data)
+        journal = background_writer("trainer-journal").submit(journal_store, run_id=run_id, step=step, data=data)
         try:
             metrics = _learner_step(res.learner, batch, group=res.group, entry=data)
         except NothingToTrain as exc:

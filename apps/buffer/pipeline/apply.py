@@ -237,7 +237,9 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     # Through the reverse relation of feedback.Feedback.experience: the feedback app sits
     # above the buffer (pyproject.toml's layers), so its model is not imported here.
     flagged = set(
-        Experience.objects.filter(status=Experience.Status.READY, feedback__run=run, feedback__kind="flag")
+        # A flag the run's owner rejected (feedback.Feedback.review) flags nothing.
+        Experience.objects.filter(status=Experience.Status.READY, feedback__run=run, feedback__kind="flag",
+                                  feedback__review__in=("pending", "accepted"))
         .values_list("pk", flat=True)
     )
     changed = 0

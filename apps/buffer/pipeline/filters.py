@@ -344,7 +344,8 @@ def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     # on the same feedback row): the feedback app sits above the buffer, so its model is not
     # imported here.
     for pk, value in Experience.objects.filter(
-        pk__in=ids, feedback__run_id=ctx.run_id or 0, feedback__kind="flag"
+        pk__in=ids, feedback__run_id=ctx.run_id or 0, feedback__kind="flag",
+        feedback__review__in=("pending", "accepted"),  # a flag the run's owner rejected flags nothing
     ).values_list("pk", "feedback__value"):
         flags.setdefault(pk, value)
     for row in rows:

@@ -112,6 +112,8 @@ class FeedbackKind:
     pairs_by_fold: ClassVar[bool] = False
     # The author may change or withdraw it until its group is trained on (apps.feedback.revise).
     revisable: ClassVar[bool] = False
+    # The run's owner may accept or reject it on the review page (apps.feedback.review).
+    reviewable: ClassVar[bool] = True
     # Posted through the environment API (FeedbackIn.kind), and the FeedbackIn fields only it
     # may set (with what is said when another kind sets them).
     api: ClassVar[bool] = False
@@ -147,6 +149,12 @@ class FeedbackKind:
     def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         """The preference pairs one row yields (`exps`: the experiences it names, by id)."""
         return []
+
+    def reviewed(self, fb: Feedback, *, rejected: bool) -> str:
+        """What a review changes beyond the row itself, which a rejection leaves out of every
+        fold, the reward model's pairs and the exports (FeedbackQuerySet.effective); returns
+        what it did, in words ("" for nothing). Called inside the review's transaction."""
+        return ""
 
     def store(self, **fields: object) -> Feedback:
         """Store one through its service (for the kinds whose service returns the row)."""
@@ -233,9 +241,10 @@ def kind_get(name: object) -> FeedbackKind:
 
 
 def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisable: bool | None = None,
-               api: bool | None = None, cli: bool | None = None) -> list[str]:
+               api: bool | None = None, cli: bool | None = None, reviewable: bool | None = None) -> list[str]:
     """The registered kinds' names, those with the given attributes only."""
-    wanted = {"folds": folds, "labels": labels, "revisable": revisable, "api": api, "cli": cli}
+    wanted = {"folds": folds, "labels": labels, "revisable": revisable, "api": api, "cli": cli,
+              "reviewable": reviewable}
     return [k.name for k in kinds() if all(v is None or getattr(k, a) == v for a, v in wanted.items())]
 
 

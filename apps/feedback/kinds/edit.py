@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from apps.feedback.models import Feedback
 
 
+# Why a correction's expert experience is filtered when its edit is rejected on the review page.
+REJECTED_REASON = "review: the correction was rejected"
+
+
 @dataclass(frozen=True)
 class EditValue(KindValue):
     """{"expert_id": the expert experience holding the corrected completion}."""
@@ -42,6 +46,26 @@ class Edit(FeedbackKind):
         feedback: Feedback
         feedback, _ = self.service(experience=opts["experience"], text=opts["text"] or "", **who)
         return feedback
+
+    def reviewed(self, fb: Feedback, *, rejected: bool) -> str:
+        """A rejected correction leaves the buffer (filtered, so neither SFT, MIX nor the exports
+        take it) unless a trainer already took it; accepted again, it comes back."""
+        from apps.buffer.models import Experience
+
+        value = self.parse(fb.value)
+        assert isinstance(value, EditValue)
+        expert = Experience.objects.filter(pk=value.expert_id)
+        if rejected:
+            if expert.filter(status=Experience.Status.READY).update(status=Experience.Status.FILTERED,
+                                                                    filter_reason=REJECTED_REASON):
+                return "its corrected completion is filtered out of training"
+            if expert.filter(status__in=(Experience.Status.LEASED, Experience.Status.CONSUMED)).exists():
+                return "its corrected completion was already trained on"
+            return ""
+        if expert.filter(status=Experience.Status.FILTERED, filter_reason=REJECTED_REASON).update(
+                status=Experience.Status.READY, filter_reason=""):
+            return "its corrected completion is trainable again"
+        return ""
 
     def pair_ids(self, fb: Feedback) -> list[int]:
         value = self.parse(fb.value)

@@ -57,6 +57,8 @@ class EnvRewardValue(KindValue):
 @kind_register
 class EnvReward(FeedbackKind):
     name = "env_reward"
+    # An environment's reward is its automatic reward, not a person's label: not reviewed.
+    reviewable = False
     nouns = ("environment reward", "environment rewards")
     Value = EnvRewardValue
     target = "experience"

@@ -24,8 +24,8 @@ K12_RUN = "demo: K-12 short answers"
 
 def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_taskset: int | None = None) -> dict[str, object]:
     """The demo run: GRPO on arithmetic, its automatic reward the answer's correctness, and
-    people teaching what that reward does not know (the guidelines' preference: the number
-    written in words). With `eval_taskset` (the demo's held-out problems), every second
+    people teaching what that reward does not know (the guidelines' preference: the working
+    shown before the answer). With `eval_taskset` (the demo's held-out problems), every second
     version is evaluated and the run page charts the share of held-out answers each style
     preference likes, beside the accuracy: measured, never rewarded."""
     config: dict[str, object] = {
@@ -39,7 +39,9 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
         "train_batch_size": 64,
         "total_steps": total_steps,
         "epochs": 20,
-        "sampling": {"temperature": 1.0, "max_tokens": 12},
+        # Room for the demo model's longer styles ("12 + 34 = 46, so <answer>46</answer>" is
+        # about 25 tokens): a style cut off before its tag would score 0 and be trained away.
+        "sampling": {"temperature": 1.0, "max_tokens": 32},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
         "trainer": {"learning_rate": 5e-4, "loss_type": "dapo"},
         # learned: people's ratings are folded where they rated (as blend), and the reward
@@ -56,21 +58,24 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
         # Sampled as in training (a seeded draw, two answers a problem): a style the model writes
         # some of the time shows as a share that moves, where greedy answers flip all at once.
         config["eval"] = {"taskset": eval_taskset, "max_tasks": 64, "n": 2,
-                          "sampling": {"temperature": 1.0, "max_tokens": 12, "seed": 0},
-                          "preferences": [DEMO_PREFERENCE, "working", "concise"]}
+                          "sampling": {"temperature": 1.0, "max_tokens": 32, "seed": 0},
+                          "preferences": [DEMO_PREFERENCE, "in_words", "concise"]}
     return config
 
 
 # The style the demo's guidelines ask people for (apps/runs/preferences.py): the run page
-# charts its share of held-out answers.
-DEMO_PREFERENCE = "in_words"
+# charts its share of held-out answers. The demo model writes it in about one answer in six
+# (workers/demo_model.py), so there is something to amplify; bench/steering measured it the
+# most teachable of the three with few labels (`working`: +0.27 share from 90 labels chosen by
+# the reward model, 3 seeds, where the number in words, at 6% of answers, gained +0.01).
+DEMO_PREFERENCE = "working"
 
 DEMO_GUIDELINES = """\
-**Rate one thing the automatic reward does not know: does the answer also write its number in words?**
+**Rate one thing the automatic reward does not know: is the working shown before the answer?**
 
-- 5: the answer's number is written in words too (`<answer>46</answer> forty-six`)
-- 3: some number is written in words, but not the answer's
-- 1: digits only
+- 5: the calculation comes first, then the answer (`12 + 34 = 46, so <answer>46</answer>`)
+- 3: words before the answer, or the calculation after it
+- 1: the answer alone
 
 Whether the number is right is the automatic reward's business, not yours.
 Use *skip* when you cannot tell.
@@ -149,8 +154,8 @@ class Command(BaseCommand):
             f"demo ready: log in as owner / {password}; run #{run.pk} '{run.name}' is {run.status} — start it from "
             f"its page. Its feedback policy is learned: people's ratings, and the reward model they teach, change "
             f"training. Open /runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window and "
-            f"rate by the guidelines' preference (the number written in words); the run page charts its share of "
-            f"held-out answers."
+            f"rate by the guidelines' preference (the working shown before the answer); the run page charts its "
+            f"share of held-out answers."
         ))
         if k12:
             k12_run = Run.objects.get(name=K12_RUN, owner__username="owner")

@@ -1,0 +1,65 @@
+"""The notifications page (a person's run-end notifications, mark read, email choices per
+run) and the header badge's fragment."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from apps.control.notifications import (
+    notification_preference_set,
+    notification_runs,
+    notifications_for,
+    notifications_mark_read,
+)
+from apps.runs.models import Run
+
+
+def _me(request: HttpRequest) -> User:
+    """The signed-in person (every view here is behind login_required)."""
+    user = request.user
+    assert isinstance(user, User)
+    return user
+
+
+@login_required
+@require_http_methods(["GET"])
+def notification_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "accounts/notifications.html", {
+        "notifications": notifications_for(user=_me(request)), "runs": notification_runs(user=_me(request))})
+
+
+@login_required
+@require_POST
+def notification_read(request: HttpRequest) -> HttpResponse:
+    """Mark read the notification `id` of the person's own, or all of them without one."""
+    raw = request.POST.get("id", "").strip()
+    if raw and not raw.isdigit():
+        messages.error(request, "id: not a notification number")
+        return redirect("notifications")
+    notifications_mark_read(user=_me(request), ids=[int(raw)] if raw else None)
+    return redirect("notifications")
+
+
+@login_required
+@require_POST
+def notification_email(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Turn the email on run `run_id`'s end on (`email=on`) or off."""
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        notification_preference_set(run=run, user=_me(request), email=request.POST.get("email") == "on")
+    except PermissionError:
+        return HttpResponse("not your run", status=404)
+    messages.success(request, f"Email when “{run.name}” ends: {'on' if request.POST.get('email') == 'on' else 'off'}.")
+    return redirect("notifications")
+
+
+@login_required
+@require_GET
+def notification_badge(request: HttpRequest) -> HttpResponse:
+    """The header's badge alone, for pages that refresh it live (the run page on a run's end)."""
+    return render(request, "accounts/_badge.html")
