@@ -57,17 +57,16 @@ def qwen2_learner(args: argparse.Namespace, tokenizer: Any, *, layers: int, hidd
                   lora: bool = False, ckpt: bool = False) -> tuple[Any, int]:
     """(a GRPO learner on a Qwen2-shaped model of these sizes with random weights, its
     parameter count): the model every memory bench measures (bench/sharding too)."""
-    from types import SimpleNamespace
-
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from apps.runs.config import AdapterConfig
     from workers.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
 
-    adapter = SimpleNamespace(rank=16, alpha=32.0, dropout=0.0,
-                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    adapter = AdapterConfig(rank=16, alpha=32.0, dropout=0.0,
+                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     config = Qwen2Config(
         vocab_size=args.vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=hidden // 64,

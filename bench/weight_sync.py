@@ -26,7 +26,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 
 def main() -> None:
@@ -42,6 +41,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from apps.runs.config import AdapterConfig
     from workers.adapters import adapter_wrap
     from workers.engines import SamplingSpec, engine_version_ensure
     from workers.engines.hf_engine import HFEngine
@@ -96,7 +96,7 @@ def main() -> None:
             seconds, token_s, full_bytes = sync(model, version)
             full.append(seconds)
             full_token.append(token_s)
-        lora = adapter_wrap(model=model, lora=SimpleNamespace(
+        lora = adapter_wrap(model=model, lora=AdapterConfig(
             rank=16, alpha=32.0, dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
         adapter: list[float] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Issue #35 asks for at most 400; this is where the code stands (round 15, apps/ and rftweb/ retyped), not the goal.
-CEILING = 407
+CEILING = 90
 
 
 def any_count(root: Path = ROOT) -> int:

@@ -14,10 +14,15 @@ import json
 import os
 import shutil
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from rftweb.exceptions import ExportFailed, InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig, PeftModel
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -37,7 +42,21 @@ def adapter_base(path: str | Path) -> str:
     return str(base)
 
 
-def peft_config_for(lora: Any) -> Any:
+class LoraSettings(Protocol):
+    """What an adapter is made of: a run config's `trainer.lora` section
+    (apps.runs.config.AdapterConfig) has these fields."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def target_modules(self) -> Sequence[str]: ...
+
+
+def peft_config_for(lora: LoraSettings) -> LoraConfig:
     """A peft LoraConfig from a run config's `trainer.lora` section."""
     from peft import LoraConfig, TaskType
 
@@ -55,7 +74,7 @@ class AdapterTargetsMissing(InvalidInput, ValueError):
     """None of the adapter's target modules exist in the model."""
 
 
-def adapter_wrap(*, model: Any, lora: Any) -> Any:
+def adapter_wrap(*, model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
     """A fresh adapter (B = 0, so at first the policy is exactly its base) on `model`, whose
     own weights are frozen."""
     from peft import get_peft_model
@@ -68,7 +87,7 @@ def adapter_wrap(*, model: Any, lora: Any) -> Any:
         raise
 
 
-def adapter_load(*, base_model: Any, path: str | Path, trainable: bool) -> Any:
+def adapter_load(*, base_model: torch.nn.Module, path: str | Path, trainable: bool) -> PeftModel:
     """The adapter saved at `path` on `base_model` (which it modifies in place)."""
     from peft import PeftModel
 
@@ -76,10 +95,10 @@ def adapter_load(*, base_model: Any, path: str | Path, trainable: bool) -> Any:
 
 
 # model → {key as saved in adapter_model.safetensors: the live parameter}, made once per model.
-_ADAPTER_KEYS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_ADAPTER_KEYS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Parameter]] = weakref.WeakKeyDictionary()
 
 
-def adapter_tensors(model: Any) -> dict[str, Any] | None:
+def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.nn.Parameter] | None:
     """The default adapter's live parameters under the keys peft saves them by, or None if
     they cannot be told apart. peft's own `get_peft_model_state_dict` and
     `set_peft_model_state_dict` walk every module and remap every key on each call (about
@@ -101,7 +120,7 @@ def adapter_tensors(model: Any) -> dict[str, Any] | None:
     return keys
 
 
-def adapter_state(model: Any) -> dict[str, Any]:
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What adapter_model.safetensors holds for `model` (detached, contiguous)."""
     keys = adapter_tensors(model)
     if keys is None:
@@ -111,7 +130,7 @@ def adapter_state(model: Any) -> dict[str, Any]:
     return {k: p.detach().contiguous() for k, p in keys.items()}
 
 
-def adapter_weights_apply(*, model: Any, tensors: dict[str, Any]) -> bool:
+def adapter_weights_apply(*, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> bool:
     """Copy an adapter's saved tensors into the live adapter of `model` in place; False
     when their keys or shapes are not exactly the live adapter's (nothing is changed)."""
     import torch
@@ -125,7 +144,7 @@ def adapter_weights_apply(*, model: Any, tensors: dict[str, Any]) -> bool:
     return True
 
 
-def adapter_weights_load(*, model: Any, path: str | Path) -> None:
+def adapter_weights_load(*, model: torch.nn.Module, path: str | Path) -> None:
     """Replace the adapter weights of a peft `model` with those saved at `path` (same
     rank and targets): the cheap path for an explorer moving from one version to the next."""
     from peft import set_peft_model_state_dict
@@ -140,7 +159,7 @@ def adapter_weights_load(*, model: Any, path: str | Path) -> None:
         raise ValueError(f"{path}: adapter weights do not fit the loaded adapter ({unexpected[0]} …)")
 
 
-def adapter_save(*, model: Any, out: str | Path) -> Path:
+def adapter_save(*, model: torch.nn.Module, out: str | Path) -> Path:
     """The files `PeftModel.save_pretrained` writes for the default adapter (its weights as
     safetensors, its config in inference mode naming the base), without the model card:
     peft renders a README.md from a Jinja template on every save, which took longer than
@@ -162,7 +181,7 @@ def adapter_save(*, model: Any, out: str | Path) -> Path:
     return out
 
 
-def is_adapter_model(model: Any) -> bool:
+def is_adapter_model(model: object) -> bool:
     try:
         from peft import PeftModel
     except ImportError:
@@ -185,7 +204,8 @@ def _finish(tmp: Path, out: Path) -> Path:
     return out
 
 
-def merged_save(*, adapter_path: str | Path, out: str | Path, base: str | None = None, dtype: Any = None) -> Path:
+def merged_save(*, adapter_path: str | Path, out: str | Path, base: str | None = None,
+                dtype: torch.dtype | None = None) -> Path:
     """Full weights (base + adapter folded in) as a save_pretrained directory with the
     tokenizer; written atomically."""
     import torch

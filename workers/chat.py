@@ -20,13 +20,69 @@ import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from apps.runs.ports import RunView, run_current_version, run_view
 from rftweb.exceptions import InvalidInput
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from workers.engines.base import Sample, SamplingSpec
+
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "logprobs")
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+class ToolCallFunction(TypedDict):
+    name: str
+    # The arguments as a JSON string (OpenAI's form).
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """One OpenAI `tool_calls` entry."""
+
+    id: str
+    type: str
+    function: ToolCallFunction
+
+
+class ChatChoice(TypedDict):
+    """One sampled completion of a prompt, with everything an OpenAI answer is built from."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    # Each token's share of the text (streaming's pieces), and each token decoded alone.
+    pieces: list[str]
+    tokens: list[str]
+    # Per token, the likeliest alternatives as [token text, logprob].
+    top_logprobs: NotRequired[list[list[list[str | float]]]]
+    content: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCall]]
+
+
+class ChatPrompt(TypedDict):
+    prompt_token_ids: list[int]
+    choices: list[ChatChoice]
+
+
+class ChatError(TypedDict):
+    message: str
+    param: str | None
+    status: int
+    code: str | None
+
+
+class ChatAnswer(TypedDict, total=False):
+    """What the worker answers a request: the version and each prompt's choices, or the
+    error the endpoint answers with."""
+
+    model_version: int
+    prompts: list[ChatPrompt]
+    error: ChatError
 
 
 class ChatRequestInvalid(InvalidInput, ValueError):
@@ -72,7 +128,8 @@ def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[st
     return out
 
 
-def chat_prompt_ids(tokenizer: Any, *, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> list[int]:
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, *, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[object] | None) -> list[int]:
     """The prompt's token ids through the model's chat template, tools included, with the
     assistant turn opened."""
     if not getattr(tokenizer, "chat_template", None):
@@ -83,7 +140,7 @@ def chat_prompt_ids(tokenizer: Any, *, messages: Sequence[Mapping[str, Any]], to
     return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
 
-def tool_calls_parse(tokenizer: Any, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def tool_calls_parse(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[str | None, list[ToolCall]]:
     """(content before the first call, calls as OpenAI `tool_calls`) from a completion's text."""
     if "<tool_call>" not in text:
         return text, []
@@ -113,7 +170,7 @@ def tool_calls_parse(tokenizer: Any, text: str) -> tuple[str | None, list[dict[s
     ]
 
 
-def _decodes_plainly(tokenizer: Any) -> bool:
+def _decodes_plainly(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether the tokenizer's `decode` is only its tokenizers-library (Rust) decode: a fast
     tokenizer whose class changes neither `decode` nor `_decode` and cleans up no spaces."""
     try:
@@ -126,7 +183,7 @@ def _decodes_plainly(tokenizer: Any) -> bool:
             and kind._decode is TokenizersBackend._decode and not tokenizer.clean_up_tokenization_spaces)
 
 
-def decode_each(tokenizer: Any, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
+def decode_each(tokenizer: PreTrainedTokenizerBase, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
     """`tokenizer.decode(seq, skip_special_tokens=…)` of each sequence, in one call into the
     tokenizers library where that is all `decode` does. An answer decodes each token alone and
     each prefix of its completion (`token_pieces`): per call, `decode` spent more CPU in Python
@@ -140,7 +197,7 @@ def decode_each(tokenizer: Any, seqs: Sequence[Sequence[int]], *, skip_special_t
     return [tokenizer.decode([int(t) for t in s], skip_special_tokens=skip_special_tokens) for s in seqs]
 
 
-def token_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
+def token_pieces(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[str]:
     """Each token's share of the decoded text (incremental detokenisation, as streaming sends
     it): the pieces join to the whole decode, a multi-byte character lands on its last token."""
     ids = list(token_ids)
@@ -155,7 +212,7 @@ def token_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
+def token_texts(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[str]:
     """Each token decoded alone, special tokens included (logprobs' `token`s)."""
     return decode_each(tokenizer, [[t] for t in token_ids], skip_special_tokens=False)
 
@@ -165,7 +222,7 @@ class _Pieces:
     for a whole completion): a row's pieces join to its decoded text; a row that ended (end
     of sequence, or padding after a stop) adds nothing more."""
 
-    def __init__(self, tokenizer: Any, rows: int, eos: set[int]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, rows: int, eos: set[int]) -> None:
         self.tokenizer = tokenizer
         self.eos = eos
         self.ids: list[list[int]] = [[] for _ in range(rows)]
@@ -191,7 +248,8 @@ class _Pieces:
         return pieces
 
 
-def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampling: Any, key: str) -> Any:
+def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampling: SamplingSpec, key: str
+                        ) -> list[list[Sample]]:
     """`engine.generate` with each decoding step's text pushed to the web process
     (apps/envapi/token_stream.py) while the generation goes on."""
     from apps.envapi.ports import StreamWriter
@@ -210,12 +268,13 @@ def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampli
 
     writer.push({"t": "start"})
     try:
-        return engine.generate(prompts, n=n, sampling=sampling, on_tokens=on_tokens)
+        outputs: list[list[Sample]] = engine.generate(prompts, n=n, sampling=sampling, on_tokens=on_tokens)
+        return outputs
     finally:
         writer.push({"t": "end"})
 
 
-def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     """`chat_generate`, with the answer (or, when it raises, what failed) also pushed onto the
     request's `reply_key` where it names one (apps/envapi/token_stream.py): the web side waits
     there, not on Celery's result backend."""
@@ -234,7 +293,7 @@ def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     """Serve one request: {"kind": "chat"|"completion", "messages"|"prompts", "tools",
     "tool_choice", "n", "sampling": {...}, "version"}. Returns {"model_version", "prompts":
     [{"prompt_token_ids", "choices": [...]}]} or {"error": {...}} for a request it refuses."""
@@ -254,7 +313,7 @@ _RUNS: dict[int, tuple[str, RunView]] = {}
 _RUNS_MAX = 256
 
 
-def _run_for(*, run_id: int, digest: Any) -> RunView | None:
+def _run_for(*, run_id: int, digest: object) -> RunView | None:
     if isinstance(digest, str):
         kept = _RUNS.get(run_id)
         if kept is not None and kept[0] == digest:
@@ -286,7 +345,7 @@ def _version_current(*, run: RunView, floor: int) -> int:
     return floor
 
 
-def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
+def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     from workers.engines import SamplingSpec
     from workers.explorer import VersionNotReady, _engine_at, worker_name
 
@@ -341,11 +400,11 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> dict[str, Any]:
     else:
         outputs = engine.generate(prompts, n=n, sampling=sampling)
     parse = kind == "chat" and bool(tools) and tool_choice != "none"
-    answer_prompts = []
+    answer_prompts: list[ChatPrompt] = []
     for prompt, samples in zip(prompts, outputs, strict=True):
-        choices = []
+        choices: list[ChatChoice] = []
         for sample in samples:
-            choice: dict[str, Any] = {
+            choice: ChatChoice = {
                 "token_ids": list(sample.token_ids),
                 "logprobs": list(sample.logprobs),
                 "text": sample.text,

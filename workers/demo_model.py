@@ -31,11 +31,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 # The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
 from apps.runs.preferences import number_words
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MANIFEST = "rft-demo.json"
 TASKSET_FILE = "demo-taskset.jsonl"
@@ -149,7 +153,8 @@ def _tokenizer_corpus(settings: DemoSettings) -> list[str]:
     return texts
 
 
-def _encode(tokenizer: Any, problem: tuple[int, str, int], style: str = "plain") -> tuple[list[int], list[int]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int], style: str = "plain"
+            ) -> tuple[list[int], list[int]]:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": problem_text(*problem)}], add_generation_prompt=True, tokenize=False
     )
@@ -158,7 +163,7 @@ def _encode(tokenizer: Any, problem: tuple[int, str, int], style: str = "plain")
     return prompt_ids, answer_ids + [tokenizer.eos_token_id]
 
 
-def _as_loaded(tokenizer: Any, model: Any) -> Any:
+def _as_loaded(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> PreTrainedTokenizerBase:
     """The tokenizer as everyone else will load it: AutoTokenizer with the model's config.
 
     For a Qwen2 config, AutoTokenizer gives Qwen2's tokenizer class, whose pre-tokenizer (one
@@ -177,8 +182,8 @@ def _as_loaded(tokenizer: Any, model: Any) -> Any:
     return loaded
 
 
-def greedy_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str, int]], batch_size: int = 100,
-                    max_new_tokens: int = 32) -> float:
+def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]],
+                    batch_size: int = 100, max_new_tokens: int = 32) -> float:
     """Share of problems whose greedy completion's tagged answer is right (in any style)."""
     import re
 
@@ -201,7 +206,8 @@ def greedy_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str
     return correct / max(1, len(problems))
 
 
-def expected_accuracy(*, model: Any, tokenizer: Any, problems: list[tuple[int, str, int]], batch_size: int = 100) -> float:
+def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]],
+                      batch_size: int = 100) -> float:
     """Mean probability that the model samples the right plain completion (`<answer>N</answer>`
     and eos; the other `STYLES` are not counted) at temperature 1: the expected accuracy GRPO
     maximises when nothing rewards a style, read off one teacher-forced
@@ -269,7 +275,7 @@ def length_groups(rows: list[Row], *, most: int = 3, per_group: int = 128) -> li
     return groups
 
 
-def sft_step_loss(model: Any, rows: list[Row], *, pad_id: int) -> Any:
+def sft_step_loss(model: PreTrainedModel, rows: list[Row], *, pad_id: int) -> torch.Tensor:
     """The batch's mean next-token loss over its completion tokens, backpropagated group by
     group (`length_groups`): the same loss and gradient as one padded batch, less padding."""
     import torch

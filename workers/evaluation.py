@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any
+from typing import TypedDict
 
 from celery import shared_task
 from django.db import OperationalError
@@ -30,7 +30,20 @@ log = logging.getLogger(__name__)
 EVAL_PREFIX = "eval/"
 
 
-def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> dict[str, Any]:
+class EvalOutcome(TypedDict, total=False):
+    """What an evaluation returns: its figures, or why it skipped or failed."""
+
+    run: int
+    version: int
+    skipped: str
+    failed: str
+    step: int
+    reward_mean: float
+    # The run's best evaluated version so far.
+    best_version: int
+
+
+def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> EvalOutcome:
     """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
     from apps.buffer.ports import taskset_tasks
     from apps.rewards.ports import rewards_inline
@@ -99,7 +112,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     retry_backoff=True,
     max_retries=3,
 )
-def evaluate(run_id: int, version: int) -> dict[str, Any]:
+def evaluate(run_id: int, version: int) -> EvalOutcome:
     try:
         return evaluate_version(run_id=run_id, version=version)
     except OperationalError:

@@ -25,9 +25,9 @@ import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import OperationalError
 
@@ -48,8 +48,57 @@ from apps.runs.ports import (
     weight_load_record,
 )
 from rftweb.exceptions import InvalidInput, Unavailable
+from rftweb.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from workers.chat import ChatAnswer
+    from workers.engines.base import Prompt, RolloutEngine, Sample, SamplingSpec
+    from workers.vision import ImagePrompt
 
 log = logging.getLogger(__name__)
+
+
+class PromptTask(Protocol):
+    """What the explorer reads of a task to prompt the model (apps.buffer's tasks have it)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def prompt(self) -> str: ...
+    # Chat messages instead of a text prompt: [{"role": …, "content": …}].
+    @property
+    def messages(self) -> list[dict[str, str]] | None: ...
+    # The digests of the prompt's pictures (apps/buffer/images.py).
+    @property
+    def images(self) -> list[str]: ...
+
+
+class ExploreOutcome(TypedDict, total=False):
+    """What an explore step returns: what it did, or why it skipped."""
+
+    run: int
+    step: int
+    skipped: str
+    tasks: int
+    experiences: int
+    duplicates: int
+    model_version: int
+    # Every epoch of the taskset is explored.
+    exhausted: bool
+
+
+class Completion(TypedDict):
+    """One completion of a free-form generate request (the environment API's answer)."""
+
+    # The index of its request, and its own among the request's n.
+    request: int
+    index: int
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    model_version: int
 
 class VersionNotReady(Unavailable):
     """The version this step needs is not published yet; the task retries shortly."""
@@ -100,7 +149,7 @@ def model_version_path(*, run: RunView, version: int) -> str:
     return checkpoint
 
 
-def _engine_at(*, run: RunView, version: int, worker: str) -> Any:
+def _engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
     """The resident engine holding `version` of the run; records the load when one happens."""
     from workers.engines import engine_cached, engine_for, engine_last_load, engine_version_ensure
     from workers.handover import handover_apply
@@ -124,20 +173,20 @@ def explore_seed(*, seed: int, step: int) -> int:
     return (int(seed) * 1_000_003 + int(step)) % (2**31 - 1)
 
 
-def _prompt_of(task: Any) -> tuple[str | None, list[dict[str, str]] | None]:
+def _prompt_of(task: PromptTask) -> tuple[str | None, list[dict[str, str]] | None]:
     if task.messages:
         return None, list(task.messages)
     return task.prompt, None
 
 
-def _display_prompt(task: Any) -> str:
+def _display_prompt(task: PromptTask) -> str:
     if task.messages:
         users = [m["content"] for m in task.messages if m.get("role") == "user"]
         return users[-1] if users else task.messages[-1]["content"]
     return task.prompt
 
 
-def task_prompt(engine: Any, task: Any) -> Any:
+def task_prompt(engine: RolloutEngine, task: PromptTask) -> Prompt:
     """A task's prompt for `engine`: token ids, or with the task's pictures an ImagePrompt."""
     from workers.engines import prompt_ids
 
@@ -147,7 +196,8 @@ def task_prompt(engine: Any, task: Any) -> Any:
     return prompt_ids(engine.tokenizer, text=text, messages=messages)
 
 
-def _image_prompt(engine: Any, *, task: Any, text: str | None, messages: list[dict[str, str]] | None) -> Any:
+def _image_prompt(engine: RolloutEngine, *, task: PromptTask, text: str | None,
+                  messages: list[dict[str, str]] | None) -> ImagePrompt:
     """A task's prompt with its pictures (workers/vision.py): the engine's model must see images."""
     from workers.vision import images_open, vision_prompt
 
@@ -162,7 +212,7 @@ def _run_status(run_id: int) -> str | None:
     return run_status(run_id)
 
 
-def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, Any]:
+def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutcome:
     """One explore step of a run (the logic of the `explore_step` task)."""
     from workers.engines import SamplingSpec
     from workers.vision import stored_ids
@@ -196,7 +246,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
         return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
     claimed = [a.pk for a in attempts]
     try:
-        prompts: list[Any] = []
+        prompts: list[Prompt] = []
         for attempt in attempts:
             prompts.append(task_prompt(engine, attempt.task))
         sampling = SamplingSpec.from_config(cfg.sampling)
@@ -232,7 +282,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
                 result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
                 scores.append(result.score)
                 lengths.append(len(sample.token_ids))
-                metadata: dict[str, Any] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
+                metadata: dict[str, object] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
                 if task.images:
                     # The pictures the model saw, by digest (the trainer and the pages fetch them).
                     metadata["images"] = list(task.images)
@@ -307,12 +357,13 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> dict[str, A
     retry_backoff=True,
     max_retries=3,
 )
-def explore_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+def explore_step(self: Task, run_id: int, step: int) -> ExploreOutcome:
     holder = worker_name()
     hold = dispatch_begin(run_id=run_id, kind=DispatchKind.EXPLORE, step=step, task_id=self.request.id,
                           worker=self.request.hostname or holder, holder=holder)
     if hold is None:
         return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}
+    result: ExploreOutcome
     try:
         if run_explored(run_id, step):
             # A copy sent again for a worker that died after its step committed: done.
@@ -339,7 +390,8 @@ class GenerateRequestInvalid(InvalidInput):
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed")
 
 
-def _request_parts(index: int, request: Any, base: Any) -> tuple[str | None, list[dict[str, str]] | None, int, Any]:
+def _request_parts(index: int, request: object, base: SamplingSpec
+                   ) -> tuple[str | None, list[dict[str, str]] | None, int, SamplingSpec]:
     where = f"request {index}"
     if not isinstance(request, Mapping):
         raise GenerateRequestInvalid(f"{where}: expected an object")
@@ -366,7 +418,7 @@ def _request_parts(index: int, request: Any, base: Any) -> tuple[str | None, lis
     return text, messages, n, sampling
 
 
-def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[str, Any]]:
+def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Completion]:
     """Completions for free-form requests (the environment API) with the run's current
     version. One dict per completion, in request order; `request` is its request's index."""
     from workers.engines import SamplingSpec, prompt_ids
@@ -382,10 +434,10 @@ def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[s
     engine = _engine_at(run=run, version=version, worker=worker_name())
     ids = [prompt_ids(engine.tokenizer, text=text, messages=messages) for text, messages, _, _ in parsed]
     # One engine call per distinct (n, sampling): vLLM batches the prompts of each.
-    batches: dict[tuple[int, Any], list[int]] = {}
+    batches: dict[tuple[int, SamplingSpec], list[int]] = {}
     for i, (_, _, n, sampling) in enumerate(parsed):
         batches.setdefault((n, sampling), []).append(i)
-    results: dict[int, list[Any]] = {}
+    results: dict[int, list[Sample]] = {}
     for (n, sampling), members in batches.items():
         for i, samples in zip(members, engine.generate([ids[i] for i in members], n=n, sampling=sampling)):
             results[i] = samples
@@ -413,7 +465,7 @@ def generate_completions(*, run_id: int, requests: Sequence[Any]) -> list[dict[s
     soft_time_limit=300,
     time_limit=330,
 )
-def generate(run_id: int, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
     return generate_completions(run_id=run_id, requests=requests)
 
 
@@ -426,7 +478,7 @@ def generate(run_id: int, requests: list[dict[str, Any]]) -> list[dict[str, Any]
     soft_time_limit=300,
     time_limit=330,
 )
-def chat(run_id: int, request: dict[str, Any]) -> dict[str, Any] | None:
+def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
     from workers.chat import chat_serve
 
     answer = chat_serve(run_id=run_id, request=request)

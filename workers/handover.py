@@ -35,17 +35,22 @@ from typing import TYPE_CHECKING, Any
 from workers.background import background_writer
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from apps.runs.ports import RunConfig
     from apps.runs.ports import RunView
 
 log = logging.getLogger(__name__)
 
 _KEEP = 2  # versions kept in memory: the newest, and the one an explorer may still be loading
 _LOCK = threading.Lock()
-_STATES: OrderedDict[str, tuple[dict[str, Any], Any]] = OrderedDict()  # path -> (state dict, model config)
+# path -> (state dict, model config)
+_STATES: OrderedDict[str, tuple[dict[str, torch.Tensor], PretrainedConfig]] = OrderedDict()
 _PENDING: dict[str, Future[Path]] = {}
 
 
-def memory_sync_applies(cfg: Any) -> bool:
+def memory_sync_applies(cfg: RunConfig) -> bool:
     """Whether this process holds the rollout engine for the run's model: then an explorer
     shares the trainer's process and can take the weights from memory."""
     from django.conf import settings
@@ -57,7 +62,8 @@ def memory_sync_applies(cfg: Any) -> bool:
     return engine_cached(cfg)
 
 
-def _write(*, model: Any, state: dict[str, Any], tokenizer: Any, out: Path, like: Path | None = None) -> Path:
+def _write(*, model: torch.nn.Module, state: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase, out: Path,
+           like: Path | None = None) -> Path:
     """`save_pretrained_atomic` of the cloned tensors: the live model goes on training while
     this runs, so only its config is read from it (none at all when `like`, the previous
     version's directory, serves as the layout: workers.sync.weights_like)."""
@@ -97,7 +103,8 @@ class MemorySync:
 
     name = "memory"
 
-    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> float:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: torch.nn.Module,
+                tokenizer: PreTrainedTokenizerBase) -> float:
         import torch
 
         from apps.runs.ports import model_version_publish
@@ -159,7 +166,7 @@ def handover_apply(engine: Any, *, version: int, path: str) -> bool:
     return True
 
 
-def handover_repair(*, run: RunView, model: Any, tokenizer: Any, train_step: int) -> bool:
+def handover_repair(*, run: RunView, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, train_step: int) -> bool:
     """After a restart: rewrite the newest published version's directory when a crash left
     it unwritten and it is the version of `train_step` (the weights just restored). True if
     it wrote."""

@@ -24,11 +24,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -48,6 +47,9 @@ from apps.rewards.ports import (
     task_question,
 )
 from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
+
+if TYPE_CHECKING:
+    from workers.engines.base import RolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ _SCORE = re.compile(r"score\W{0,3}\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)(?:\s*(?:/|ou
 _REASON = re.compile(r"reason\W{0,3}\s*[:=]\s*(.+)", re.IGNORECASE | re.DOTALL)
 
 
-def k12_judge_prompt(*, task: Any, answer: str, params: K12JudgeParams) -> str:
+def k12_judge_prompt(*, task: object, answer: str, params: K12JudgeParams) -> str:
     """The judge's instruction: question, reference and rubric, then the answer fenced."""
     values = {
         "{question}": task_question(task)[:MAX_JUDGED_CHARS],
@@ -113,15 +115,15 @@ def k12_verdict_parse(text: str, *, scale: float) -> tuple[float | None, str]:
     return value / top, reason[:MAX_REASON_CHARS]
 
 
-def judge_engine_for(*, model: str, kind: str) -> Any:
+def judge_engine_for(*, model: str, kind: str) -> RolloutEngine:
     """The worker's resident rollout engine for the judge model (workers.engines)."""
-    from workers.engines import engine_for
+    from workers.engines import EngineWanted, engine_for
 
-    return engine_for(SimpleNamespace(engine=kind, model=model))
+    return engine_for(EngineWanted(engine=kind, model=model))
 
 
-def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: RunView | None = None,
-                       **raw: Any) -> list[Verdict]:
+def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView | None = None,
+                       **raw: object) -> list[Verdict]:
     from workers.engines import SamplingSpec, prompt_ids
 
     params = judge_params(raw)
@@ -221,7 +223,8 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
     return k12_grader_latest(run=run)
 
 
-def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, run: RunView, **raw: Any) -> list[Verdict]:
+def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView,
+                         **raw: object) -> list[Verdict]:
     from workers.reward_models import reward_model_load
     from workers.reward_trainer import rm_score_texts
 
@@ -238,5 +241,5 @@ def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[Any], *, ru
 
 
 # Scorers of workers/rewards.py that take the run and return verdicts.
-K12_SCORERS = {"k12_judge": k12_judge_verdicts, "k12_learned": k12_learned_verdicts}
+K12_SCORERS: dict[str, Callable[..., list[Verdict]]] = {"k12_judge": k12_judge_verdicts, "k12_learned": k12_learned_verdicts}
 

@@ -35,11 +35,15 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from rftweb.exceptions import ExportFailed
 from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 HEAD_FILE = "likelihood_reward.json"
 KIND = "likelihood"
@@ -53,7 +57,7 @@ def is_likelihood_dir(path: str | Path) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def causal_lm_load(base: str) -> tuple[Any, Any]:
+def causal_lm_load(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of a causal LM, resident for the worker's life."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -66,13 +70,13 @@ def causal_lm_load(base: str) -> tuple[Any, Any]:
         return model, tokenizer
 
 
-def _prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     from workers.engines.base import prompt_ids
 
     return list(prompt_ids(tokenizer, text=prompt, messages=None))
 
 
-def _completion_ids(tokenizer: Any, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
+def _completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
     """The completion's token ids (eos appended, as the trainer does) and the [start, end)
     token range of the answer span, None when there is none."""
     try:
@@ -88,7 +92,7 @@ def _completion_ids(tokenizer: Any, completion: str, pattern: re.Pattern[str] | 
 
 
 def likelihood_features(
-    model: Any, tokenizer: Any, prompts: Sequence[str], completions: Sequence[str], *, max_length: int,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], completions: Sequence[str], *, max_length: int,
     answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, batch_size: int = 32,
 ) -> list[list[float]]:
     """One feature vector (FEATURES) per (prompt, completion) under the model."""
@@ -151,7 +155,7 @@ def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequ
     w = torch.zeros(diff.shape[1], dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
 
-    def closure() -> Any:
+    def closure() -> torch.Tensor:
         optimizer.zero_grad()
         loss = -(weight * torch.nn.functional.logsigmoid(diff @ w)).sum() + l2 * (w * w).sum()
         loss.backward()
@@ -266,7 +270,7 @@ def likelihood_model_fit(
 class LikelihoodScorer:
     """A loaded likelihood reward model: `score(prompts, completions) -> raw scores`."""
 
-    def __init__(self, head: LikelihoodHead, model: Any, tokenizer: Any) -> None:
+    def __init__(self, head: LikelihoodHead, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
         self.head, self.model, self.tokenizer = head, model, tokenizer
         # Set by a cross-validated fit (not saved with the version): each fold's weights.
         self.folds = 0
@@ -307,7 +311,7 @@ def likelihood_model_load(path: str) -> LikelihoodScorer:
     return LikelihoodScorer(head, model, tokenizer)
 
 
-def _response_template(tokenizer: Any) -> list[int]:
+def _response_template(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The token ids the chat template opens the assistant turn with (what follows the
     prompt in every training sequence); [] for a tokenizer without a template."""
     if not getattr(tokenizer, "chat_template", None):

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FEATURES = ("sum", "mean", "min", "span_sum", "span_mean", "has_span", "tokens")
 
@@ -65,7 +68,7 @@ def features_of(lp: Sequence[float], span: tuple[int, int] | None) -> list[float
             float(len(lp))]
 
 
-def completion_logprobs(model: Any, rows: Sequence[tuple[list[int], int]], pad: int) -> list[list[float]]:
+def completion_logprobs(model: PreTrainedModel, rows: Sequence[tuple[list[int], int]], pad: int) -> list[list[float]]:
     """Per row (ids, prompt length): the log-probabilities of the tokens after the prompt."""
     width = max(len(ids) for ids, _ in rows)
     input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows], device=model.device)
@@ -80,11 +83,11 @@ def completion_logprobs(model: Any, rows: Sequence[tuple[list[int], int]], pad: 
 class LikelihoodRewardConfig(PretrainedConfig):
     model_type = "rftweb_likelihood_rm"
 
-    def __init__(self, lm_config: dict[str, Any] | None = None, mean: list[float] | None = None,
+    def __init__(self, lm_config: dict[str, object] | None = None, mean: list[float] | None = None,
                  std: list[float] | None = None, weights: list[float] | None = None,
                  answer_pattern: str | None = None, max_length: int = 512,
                  response_template: list[int] | None = None, calibration: dict[str, float] | None = None,
-                 **kwargs: Any) -> None:
+                 **kwargs: object) -> None:
         kwargs.setdefault("num_labels", 1)
         super().__init__(**kwargs)
         self.lm_config = lm_config or {}
@@ -106,10 +109,10 @@ class LikelihoodRewardModel(PreTrainedModel):
     def __init__(self, config: LikelihoodRewardConfig) -> None:
         super().__init__(config)
         self.lm = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config.lm_config))
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self.post_init()
 
-    def _tokenizer_get(self) -> Any:
+    def _tokenizer_get(self) -> PreTrainedTokenizerBase:
         # The tokenizer saved beside the weights: the answer span is found in the completion's text.
         if self._tokenizer is None:
             self._tokenizer = AutoTokenizer.from_pretrained(self.config._name_or_path, trust_remote_code=True)
@@ -145,7 +148,7 @@ class LikelihoodRewardModel(PreTrainedModel):
         return answer_span(text, offsets, re.compile(self.config.answer_pattern, re.DOTALL))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                completion_mask: torch.Tensor | None = None, **_: Any) -> SequenceClassifierOutput:
+                completion_mask: torch.Tensor | None = None, **_: object) -> SequenceClassifierOutput:
         cfg = self.config
         rows: list[tuple[list[int], int]] = []
         spans: list[tuple[int, int] | None] = []

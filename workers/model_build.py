@@ -26,9 +26,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from rftweb.exceptions import UpstreamFailed
+
+if TYPE_CHECKING:
+    import torch
 
 # Set before torch loads in the build's process. MKL_CBWR: MKL's conditional numerical
 # reproducibility (the same code path on every AVX2 CPU); ATEN_CPU_CAPABILITY and
@@ -169,7 +172,7 @@ def model_build(recipe: Recipe[S], *, out: str | Path, settings: S, force: bool 
 
 
 def manifest_write(recipe: Recipe[S], out: Path, *, settings: S, accuracy: float, parameters: int, steps: int,
-                   **extra: Any) -> dict[str, str]:
+                   **extra: object) -> dict[str, str]:
     """Record a finished build in `out` (last, so a manifest means the files are whole);
     returns the files' hashes."""
     files = file_hashes(out, manifest=recipe.manifest)
@@ -192,7 +195,7 @@ def build_main(recipe: Recipe[S], build_here: Callable[..., BuildResult[S]], arg
                log=lambda line: print(line, flush=True))
 
 
-def sft_batch(rows: Sequence[tuple[list[int], list[int]]], *, pad_id: int) -> tuple[Any, Any, Any]:
+def sft_batch(rows: Sequence[tuple[list[int], list[int]]], *, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input ids, attention mask, labels) of (prompt, completion) rows, right-padded, the
     loss on the completion only: the prompt is given, not learned."""
     import torch

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # Qwen2-shaped: a turn is `<|role|>content<|end|>`, except that an assistant turn ends with
 # the end-of-sequence token, as a sampled one does (so a multi-turn prompt extends the tokens
@@ -33,7 +36,7 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"]
 
 
-def tokenizer_build(*, texts: Iterable[str], vocab_size: int = 512) -> Any:
+def tokenizer_build(*, texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on `texts`, wrapped for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -57,7 +60,7 @@ def tokenizer_build(*, texts: Iterable[str], vocab_size: int = 512) -> Any:
 
 def causal_lm_build(
     *,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     hidden_size: int = 64,
     layers: int = 2,
     heads: int = 4,
@@ -65,7 +68,7 @@ def causal_lm_build(
     intermediate_size: int | None = None,
     max_positions: int = 512,
     seed: int = 0,
-) -> Any:
+) -> PreTrainedModel:
     """A randomly initialised Qwen2 causal LM sized for the CPU, float32."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -92,7 +95,7 @@ def causal_lm_build(
     return model
 
 
-def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, seed: int = 0, **sizes: Any) -> Path:
+def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, seed: int = 0, **sizes: int) -> Path:
     """Build and save a tiny random model with its tokenizer; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rftweb.exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -79,7 +82,7 @@ def precision_check(precision: str, *, device: str) -> None:
         raise PrecisionUnsupported(reason, field="trainer.precision")
 
 
-def precision_dtype(precision: str) -> Any:
+def precision_dtype(precision: str) -> torch.dtype:
     import torch
 
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -11,14 +11,17 @@ import functools
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from apps.rewards.ports import reference_text, task_field
 from rftweb.exceptions import ExportFailed
 from workers.engines.base import SamplingSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def prompt_text(task: Any) -> str:
+def prompt_text(task: object) -> str:
     """The task's prompt as text (chat messages joined by role) for scorers that read it."""
     prompt = task_field(task, "prompt") or ""
     messages = task_field(task, "messages")
@@ -45,7 +48,7 @@ def prompt_text(task: Any) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def reward_model_load(model: str) -> tuple[Any, Any]:
+def reward_model_load(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of a sequence-classification reward model: hub id or local path."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -64,22 +67,23 @@ def reward_model_load(model: str) -> tuple[Any, Any]:
         return net, tokenizer
 
 
-def _rm_text(tokenizer: Any, prompt: str, completion: str) -> str:
+def _rm_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> str:
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered: str = tokenizer.apply_chat_template(messages, tokenize=False)
+        return rendered
     return prompt + completion
 
 
 def reward_model_scores(
     completions: Sequence[str],
-    tasks: Sequence[Any],
+    tasks: Sequence[object],
     *,
     model: str,
     max_length: int = 1024,
     label: int | None = None,
     batch_size: int = 8,
-    **params: Any,
+    **params: object,
 ) -> list[float]:
     """One label's logit (single-label models) or probability (classifiers) per completion."""
     import torch
@@ -117,10 +121,21 @@ DEFAULT_TEMPLATE = (
 MAX_JUDGED_CHARS = 4000
 
 
+class JudgeSample(Protocol):
+    """What the judge reads of a sample: its text, or its tokens to decode."""
+
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
 class JudgeEngine(Protocol):
     """The slice of a rollout engine (workers/engines) the judge needs."""
 
-    def generate(self, prompts: list[list[int]], *, n: int, sampling: Any) -> list[list[Any]]: ...
+    def generate(self, prompts: list[list[int]], *, n: int, sampling: SamplingSpec) -> Sequence[Sequence[JudgeSample]]: ...
 
 
 @dataclass(frozen=True)
@@ -177,21 +192,19 @@ class TransformersJudgeEngine:
 
 
 @functools.lru_cache(maxsize=2)
-def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, Any]:
+def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for a judge model, resident for the worker's life.
 
     `vllm`: the worker's resident rollout engine for the model (workers.engines, shared
     with an explorer of the same model in this process; transformers where vLLM cannot be
     imported). `transformers`: a plain `generate` engine of its own."""
-    from types import SimpleNamespace
-
     from transformers import AutoTokenizer
 
     with _load_lock:
         if kind == "vllm":
-            from workers.engines import engine_for
+            from workers.engines import EngineWanted, engine_for
 
-            engine = engine_for(SimpleNamespace(engine="vllm", model=model))
+            engine = engine_for(EngineWanted(engine="vllm", model=model))
             return engine, engine.tokenizer
         return TransformersJudgeEngine(model), AutoTokenizer.from_pretrained(model)
 
@@ -218,7 +231,7 @@ def judge_score_parse(text: str, *, scale: float = 10) -> float | None:
     return None
 
 
-def judge_prompt(*, template: str, completion: str, task: Any, scale: float) -> str:
+def judge_prompt(*, template: str, completion: str, task: object, scale: float) -> str:
     # replace, not str.format: a user template may hold other braces, a completion anything.
     values = {
         "{scale}": f"{scale:g}",
@@ -231,7 +244,7 @@ def judge_prompt(*, template: str, completion: str, task: Any, scale: float) -> 
     return text.replace("{completion}", completion[:MAX_JUDGED_CHARS])
 
 
-def _judge_tokens(tokenizer: Any, prompt: str) -> list[int]:
+def _judge_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                add_generation_prompt=True)
@@ -240,7 +253,7 @@ def _judge_tokens(tokenizer: Any, prompt: str) -> list[int]:
 
 def llm_judge_scores(
     completions: Sequence[str],
-    tasks: Sequence[Any],
+    tasks: Sequence[object],
     *,
     model: str,
     engine: str = "transformers",
@@ -248,7 +261,7 @@ def llm_judge_scores(
     scale: float = 10,
     max_tokens: int = 16,
     max_prompt_tokens: int = 2048,
-    **params: Any,
+    **params: object,
 ) -> list[float]:
     """The judge's greedy verdict per completion, scaled to 0..1; an unreadable verdict scores 0."""
     runner, tokenizer = judge_engine(model, engine)
@@ -272,7 +285,8 @@ def llm_judge_scores(
     return scores
 
 
-BATCH_SCORERS = {"reward_model": reward_model_scores, "llm_judge": llm_judge_scores}
+# (completions, tasks, **the term's params) -> a score per completion.
+BATCH_SCORERS: dict[str, Callable[..., list[float]]] = {"reward_model": reward_model_scores, "llm_judge": llm_judge_scores}
 
 
 def reward_model_export(*, source: str, out: str, scale: float, offset: float) -> Path:

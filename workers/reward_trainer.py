@@ -27,9 +27,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from celery import shared_task, signals
+from celery import Task, shared_task, signals
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
@@ -53,6 +53,11 @@ from apps.runs.ports import DispatchKind, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
 from workers.reward_kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from workers.reward_kinds import OutOfFold
+
 log = logging.getLogger(__name__)
 
 # A training's lease: its task's hard time limit, past which its row is free for another.
@@ -72,7 +77,7 @@ def _base_of(run: Run) -> str:
     return run_current_model(run=run) if cfg.base == "policy" else cfg.base
 
 
-def rm_texts_tokenize(tokenizer: Any, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
+def rm_texts_tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
     """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
     from workers.reward_models import _rm_text
 
@@ -83,7 +88,7 @@ def rm_texts_tokenize(tokenizer: Any, prompts: list[str], completions: list[str]
     return out
 
 
-def rm_score_texts(net: Any, tokenizer: Any, prompts: list[str], completions: list[str], *, max_length: int,
+def rm_score_texts(net: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int,
                    batch_size: int = 64) -> list[float]:
     """One scalar score per (prompt, completion), right-padded batches on the model's device."""
     import torch
@@ -137,7 +142,7 @@ def _calibration(scores: list[float], humans: list[float]) -> tuple[float, float
 def reward_model_fit(
     *, base: str, train: list[PreferencePair], heldout: list[PreferencePair], out: Path, epochs: int,
     learning_rate: float, batch_size: int, max_length: int, seed: int = 0,
-) -> tuple[Any, Any, float | None]:
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, float | None]:
     """Train a scalar-head reward model on `train` with TRL's RewardTrainer from `base`, save
     it (and its tokenizer) to `out`; returns (model, tokenizer, held-out pairwise accuracy)."""
     import torch
@@ -195,7 +200,7 @@ def reward_model_pairs(*, run: Run, gold: set[int] | None = None) -> tuple[list[
 
 
 def _random_share_accuracy(heldout: list[PreferencePair], *, unbiased: set[int], score: Scorer,
-                           out_of_fold: Any = None) -> tuple[float | None, int]:
+                           out_of_fold: OutOfFold | None = None) -> tuple[float | None, int]:
     """(pairwise accuracy, pairs) on the held-out pairs both of whose completions only the
     random share or arrival order handed out (`unbiased`, apps.feedback.selectors): the
     estimate the selection rule's straddling pairs do not bias. Scored as the held-out accuracy
@@ -294,14 +299,14 @@ def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
 
 
 # The reward queue's task policy (the module docstring); each task adds its name and limits.
-_REWARD_TASK: dict[str, Any] = {
+_REWARD_TASK: dict[str, object] = {
     "acks_late": True, "reject_on_worker_lost": True, "autoretry_for": (OperationalError, InterfaceError),
     "retry_backoff": True, "max_retries": 5, "ignore_result": True,
 }
 
 
 @shared_task(name="workers.reward_trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
-def reward_model_train(run_id: int) -> dict[str, Any]:
+def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
     if run is None or not run.cfg.reward_model.enabled:
         return {"version": None}
@@ -330,7 +335,7 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 
 @shared_task(name="workers.reward_trainer.reward_model_export_zip", bind=True, soft_time_limit=1800, time_limit=1860,
              **_REWARD_TASK)
-def reward_model_export_zip(self: Any, rm_id: int) -> dict[str, Any]:
+def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | bool | None]:
     """Pack a version as the web download (apps/rewards/export.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
     complete: it is renamed into place); one packing at a time per version (its dispatch

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 
 from apps.rewards.ports import (
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 SCORER_RETRIES = 3
 
 
-def _task_of(exp: ExperienceRecord) -> Any:
+def _task_of(exp: ExperienceRecord) -> object:
     if exp.task is not None:
         return exp.task
     # Experiences from environments may have no task row: score against what they carry.
@@ -54,7 +54,7 @@ def rewards_remote_score(
     K-12 graders (workers/k12.py) also get the run and give a reason with each score, which
     lands in `reasons` (by experience id, then term key) when given.
     """
-    from workers.k12 import K12_SCORERS
+    from workers.k12 import K12_SCORERS, Verdict
     from workers.reward_models import BATCH_SCORERS
 
     terms = run.cfg.rewards
@@ -74,7 +74,7 @@ def rewards_remote_score(
     for key, (term, members) in groups.items():
         tasks = [_task_of(e) for e in members]
         completions = [e.response_text for e in members]
-        batch = BATCH_SCORERS.get(term.name) or K12_SCORERS.get(term.name)
+        batch: Callable[..., Sequence[float | Verdict]] | None = BATCH_SCORERS.get(term.name) or K12_SCORERS.get(term.name)
         if batch is None:
             for exp, task, completion in zip(members, tasks, completions, strict=True):
                 scored[exp.pk][key] = reward_term_score(term=term, completion=completion, task=task)
@@ -97,8 +97,7 @@ def rewards_remote_score(
             reason = getattr(value, "reason", None)
             if reason is not None and reasons is not None:
                 reasons.setdefault(exp.pk, {})[key] = reason
-            score: Any = getattr(value, "score", value)
-            scored[exp.pk][key] = float(score)
+            scored[exp.pk][key] = float(value.score if isinstance(value, Verdict) else value)
     return scored, dict(errors), raised
 
 
@@ -114,7 +113,7 @@ def rewards_remote_score(
     retry_backoff_max=120,
     max_retries=5,
 )
-def score_experiences(self: Any, run_id: int, experience_ids: list[int]) -> dict[str, int]:
+def score_experiences(self: Task, run_id: int, experience_ids: list[int]) -> dict[str, int]:
     run = run_view(run_id)
     if run is None:
         return {"applied": 0, "skipped": len(experience_ids)}

@@ -23,13 +23,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 
 from rftweb.exceptions import Unavailable
 
 if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from transformers import PreTrainedTokenizerBase
+
     from apps.runs.ports import RunView
 
 
@@ -46,7 +50,8 @@ def version_dir(run_id: int, number: int) -> Path:
 
 
 def save_pretrained_atomic(
-    *, model: Any, tokenizer: Any, out: Path, state: dict[str, Any] | None = None, like: Path | None = None
+    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None, out: Path,
+    state: dict[str, torch.Tensor] | None = None, like: Path | None = None
 ) -> Path:
     """Write a save_pretrained directory so that readers see all of it or none of it:
     into a temporary sibling first, then one rename.
@@ -80,7 +85,7 @@ def save_pretrained_atomic(
 WEIGHTS_FILE = "model.safetensors"
 
 
-def weights_like(*, state: dict[str, Any], like: Path, out: Path) -> bool:
+def weights_like(*, state: dict[str, torch.Tensor], like: Path, out: Path) -> bool:
     """Write `state` into `out` as a copy of directory `like` with new weights: the same
     tensor names, shapes, dtypes and file metadata in one `model.safetensors`, every other
     file copied. False (and `out` perhaps half written) where `like` is not one unsharded
@@ -141,7 +146,8 @@ def weight_bytes(path: Path) -> int:
 class WeightSync(Protocol):
     name: str
 
-    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: torch.nn.Module,
+                tokenizer: PreTrainedTokenizerBase) -> Published:
         """Make version `number` of `run` available to explorers."""
         ...
 
@@ -149,7 +155,8 @@ class WeightSync(Protocol):
 class CheckpointSync:
     name = "checkpoint"
 
-    def _save(self, *, run: RunView, number: int, model: Any, tokenizer: Any) -> tuple[Path, float, int]:
+    def _save(self, *, run: RunView, number: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
+              ) -> tuple[Path, float, int]:
         started = time.perf_counter()
         out = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=version_dir(run.pk, number),
                                      like=version_dir(run.pk, number - 1) if number > 1 else None)
@@ -162,7 +169,8 @@ class CheckpointSync:
                               seconds=seconds, size=size)
         return Published(seconds=seconds, bytes=size)
 
-    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: torch.nn.Module,
+                tokenizer: PreTrainedTokenizerBase) -> Published:
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 
@@ -174,7 +182,7 @@ class Received:
     run_id: int
     version: int
     path: str
-    tensors: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
     bytes: int
     seconds: float
 
@@ -208,9 +216,9 @@ class NcclSync(CheckpointSync):
         self.addr = addr or settings.RFT_NCCL_ADDR
         self.world_size = world_size or settings.RFT_NCCL_WORLD
         self.rank = settings.RFT_NCCL_RANK if rank is None else rank
-        self._group: Any = None
+        self._group: dist.ProcessGroup | None = None
 
-    def _group_get(self) -> Any:
+    def _group_get(self) -> dist.ProcessGroup:
         import torch.distributed as dist
 
         if self._group is None:
@@ -220,7 +228,7 @@ class NcclSync(CheckpointSync):
         return self._group
 
     @staticmethod
-    def sync_tensors(model: Any) -> dict[str, Any]:
+    def sync_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """What a version is: the adapter's tensors for a LoRA policy, else every tensor."""
         from workers.adapters import is_adapter_model
 
@@ -242,7 +250,7 @@ class NcclSync(CheckpointSync):
         dist.broadcast(buf, src=0, group=group)
         return bytes(buf.cpu().numpy().tobytes())
 
-    def broadcast(self, model: Any, *, run_id: int = 0, version: int = 0, path: str = "") -> int:
+    def broadcast(self, model: torch.nn.Module, *, run_id: int = 0, version: int = 0, path: str = "") -> int:
         """Rank 0: send the version's tensors; returns the bytes sent."""
         import json
 
@@ -268,7 +276,7 @@ class NcclSync(CheckpointSync):
 
         header = json.loads(self._bytes_broadcast(None))
         started = time.perf_counter()
-        tensors: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
         size = 0
         for name, shape, dtype in header["tensors"]:
             buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
@@ -278,7 +286,8 @@ class NcclSync(CheckpointSync):
         return Received(run_id=int(header["run"]), version=int(header["version"]), path=str(header["path"]),
                         tensors=tensors, bytes=size, seconds=time.perf_counter() - started)
 
-    def publish(self, *, run: RunView, number: int, train_step: int, model: Any, tokenizer: Any) -> Published:
+    def publish(self, *, run: RunView, number: int, train_step: int, model: torch.nn.Module,
+                tokenizer: PreTrainedTokenizerBase) -> Published:
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         if self.world_size > 1:
             started = time.perf_counter()

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import shared_task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from workers.engines.base import RolloutEngine, SamplingSpec
 
 log = logging.getLogger(__name__)
 
 
-def Sampling(**fields: Any) -> Any:
+def Sampling(**fields: Any) -> SamplingSpec:
     """Sampling for paraphrases: the engines' SamplingSpec with paraphrase defaults."""
     from workers.engines.base import SamplingSpec
 
@@ -31,13 +36,11 @@ def Sampling(**fields: Any) -> Any:
     return SamplingSpec(**fields)
 
 
-def _engine_for(model: str, *, kind: str = "transformers") -> tuple[Any, Any]:
+def _engine_for(model: str, *, kind: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
-    from types import SimpleNamespace
+    from workers.engines import EngineWanted, engine_for
 
-    from workers.engines import engine_for
-
-    engine = engine_for(SimpleNamespace(engine=kind, model=model))
+    engine = engine_for(EngineWanted(engine=kind, model=model))
     return engine, engine.tokenizer
 
 
@@ -49,17 +52,19 @@ def _samples(per_prompt: Any) -> list[Any]:
     return list(per_prompt)
 
 
-def _text_of(sample: Any, tokenizer: Any) -> str:
+def _text_of(sample: Any, tokenizer: PreTrainedTokenizerBase) -> str:
     get = sample.get if isinstance(sample, dict) else (lambda k, d=None: getattr(sample, k, d))
     text = get("text")
     if isinstance(text, str):
         return text
     ids = get("token_ids") or get("completion_ids") or []
-    return tokenizer.decode(list(ids), skip_special_tokens=True)
+    decoded: str = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return decoded
 
 
 def tasks_paraphrase(
-    *, taskset_id: int, engine: Any, tokenizer: Any, n: int = 1, sampling: Any = None,
+    *, taskset_id: int, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, n: int = 1,
+    sampling: SamplingSpec | None = None,
     instruction: str = "{prompt}", require_numbers: bool = True, max_tasks: int | None = None,
 ) -> dict[str, int]:
     """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
@@ -73,7 +78,7 @@ def tasks_paraphrase(
         return counts
     prompts = [tokenizer.encode(instruction.format(prompt=t.prompt), add_special_tokens=False) for t in sources]
     results = engine.generate(prompts, n=n, sampling=sampling)
-    new: list[tuple[Any, str]] = []
+    new = []
     for task, per_prompt in zip(sources, results):
         seen: set[str] = set()
         for sample in _samples(per_prompt):

@@ -12,27 +12,32 @@ pictures (`pixel_inputs`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+    from transformers import ProcessorMixin
 
 
 @dataclass(frozen=True)
 class ImagePrompt:
     token_ids: list[int]
     expanded_ids: list[int]
-    images: tuple[Any, ...]
+    images: tuple[Image, ...]
     digests: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.expanded_ids)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[int]:
         # Read as a sequence of ids it is the prompt the model sees (what is stored).
         return iter(self.expanded_ids)
 
 
-def stored_ids(prompt: Any) -> list[int]:
+def stored_ids(prompt: Sequence[int] | ImagePrompt) -> list[int]:
     """The prompt's token ids as the model saw them (expanded for an ImagePrompt)."""
     return list(prompt.expanded_ids) if isinstance(prompt, ImagePrompt) else list(prompt)
 
@@ -49,7 +54,7 @@ def is_vision_model(path: str) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
-def processor_load(path: str) -> Any:
+def processor_load(path: str) -> ProcessorMixin:
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
@@ -68,8 +73,8 @@ def _with_images(messages: Sequence[Mapping[str, Any]], count: int) -> list[dict
 
 
 def vision_prompt(
-    processor: Any, *, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
-    images: Sequence[Any], digests: Sequence[str] = (),
+    processor: ProcessorMixin, *, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+    images: Sequence[Image], digests: Sequence[str] = (),
 ) -> ImagePrompt:
     """The prompt of a task with pictures, rendered by the model's chat template."""
     if (text is None) == (messages is None):
@@ -82,14 +87,14 @@ def vision_prompt(
                        digests=tuple(digests))
 
 
-def pixel_inputs(processor: Any, images: Sequence[Sequence[Any]]) -> dict[str, Any]:
+def pixel_inputs(processor: ProcessorMixin, images: Sequence[Sequence[Image]]) -> dict[str, torch.Tensor]:
     """The pixel tensors of one row of pictures per prompt (what `model.generate` and the
     forward pass take beside the expanded ids)."""
     out = processor.image_processor(images=[list(row) for row in images], return_tensors="pt")
     return {k: v for k, v in out.items() if k in ("pixel_values", "pixel_attention_mask", "image_sizes", "image_grid_thw")}
 
 
-def images_open(digests: Sequence[str]) -> list[Any]:
+def images_open(digests: Sequence[str]) -> list[Image]:
     from apps.buffer.ports import image_open
 
     return [image_open(d) for d in digests]

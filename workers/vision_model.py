@@ -32,7 +32,12 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+    from transformers import ProcessorMixin
 
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
@@ -86,7 +91,7 @@ BUILD = Recipe(name="vision model", module="workers.vision_model", manifest=MANI
                versions=VERSIONED, settings_type=VisionSettings)
 
 
-def squares_image(*, count: int, rng: random.Random) -> Any:
+def squares_image(*, count: int, rng: random.Random) -> Image:
     """A white 32×32 picture with `count` coloured squares, each filling its own 8×8 cell."""
     from PIL import Image, ImageDraw
 
@@ -103,12 +108,12 @@ def answer_text(count: int) -> str:
     return f"<answer>{count}</answer>"
 
 
-def vision_messages(prompt: str, *, images: int = 1) -> list[dict[str, Any]]:
+def vision_messages(prompt: str, *, images: int = 1) -> list[dict[str, str | list[dict[str, str]]]]:
     """One user turn: the images, then the question (the chat template's content parts)."""
     return [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": prompt}]}]
 
 
-def _examples(settings: VisionSettings, seed_offset: int, size: int) -> list[tuple[Any, int]]:
+def _examples(settings: VisionSettings, seed_offset: int, size: int) -> list[tuple[Image, int]]:
     rng = random.Random(settings.seed * 1000 + seed_offset)
     out = []
     for _ in range(size):
@@ -117,7 +122,7 @@ def _examples(settings: VisionSettings, seed_offset: int, size: int) -> list[tup
     return out
 
 
-def png_bytes(image: Any) -> bytes:
+def png_bytes(image: Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG", optimize=False)
     return buf.getvalue()
@@ -131,7 +136,7 @@ def vision_model_build(
     return model_build(BUILD, out=out, settings=settings or VisionSettings(), force=force, progress=progress, log=log)
 
 
-def _model_build(settings: VisionSettings) -> tuple[Any, Any]:
+def _model_build(settings: VisionSettings) -> tuple[torch.nn.Module, ProcessorMixin]:
     """(model, processor) with a seeded random init."""
     import torch
     from transformers import (
@@ -178,11 +183,12 @@ def _model_build(settings: VisionSettings) -> tuple[Any, Any]:
     return model, processor
 
 
-def _prompt_text(processor: Any) -> str:
+def _prompt_text(processor: ProcessorMixin) -> str:
     return str(processor.apply_chat_template(vision_messages(QUESTION), add_generation_prompt=True, tokenize=False))
 
 
-def greedy_accuracy(*, model: Any, processor: Any, examples: Sequence[tuple[Any, int]], batch_size: int = 60) -> float:
+def greedy_accuracy(*, model: torch.nn.Module, processor: ProcessorMixin, examples: Sequence[tuple[Image, int]],
+                    batch_size: int = 60) -> float:
     """Share of pictures whose greedy answer names the right count."""
     import re
 
@@ -258,7 +264,7 @@ def _build_here(*, out: Path, settings: VisionSettings, progress: bool = False,
     return VisionResult(out=out, settings=settings, accuracy=accuracy, built=True, seconds=time.monotonic() - started, files=files)
 
 
-def _taskset_zip_write(path: Path, examples: Sequence[tuple[Any, int]]) -> None:
+def _taskset_zip_write(path: Path, examples: Sequence[tuple[Image, int]]) -> None:
     """`tasks.jsonl` plus `images/NNN.png`, with fixed timestamps so the zip's bytes are the same every build."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         lines = []

@@ -11,13 +11,13 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from apps.runs.config import AdapterConfig
 from apps.runs.models import Dispatch, ModelVersion, Run, TaskFailure
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_run, make_taskset, make_user
@@ -107,7 +107,7 @@ def test_a_lora_version_downloads_merged_into_its_base(owner: User, tmp_path: Pa
 
     base = tiny(tmp_path / "base", seed=4)
     model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
-                         lora=SimpleNamespace(rank=2, alpha=4.0, dropout=0.0, target_modules=["q_proj", "v_proj"]))
+                         lora=AdapterConfig(rank=2, alpha=4.0, dropout=0.0, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from apps.runs.config import AdapterConfig
 from tests.servers import free_port
 
 pytestmark = [
@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-LORA = SimpleNamespace(rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"])
+LORA = AdapterConfig(rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"])
 
 
 @pytest.fixture(scope="module")

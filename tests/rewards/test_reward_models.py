@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -155,10 +154,10 @@ def test_the_llm_judge_reads_the_score_the_judge_model_gives(judge_model: str) -
     engine, tokenizer = judge_engine(judge_model, "transformers")
     prompt = judge_prompt(template="Rate {completion} from 0 to {scale}.", completion="blah", task=TASKS[0], scale=10)
     head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    from apps.runs.config import SamplingConfig
+    from workers.engines.base import SamplingSpec
 
     [[sample]] = engine.generate([tokenizer(head, add_special_tokens=False)["input_ids"]], n=1,
-                                 sampling=SamplingConfig(temperature=0.0, max_tokens=8))
+                                 sampling=SamplingSpec(temperature=0.0, max_tokens=8))
     assert sample.text.strip() == "Score: 7" and sample.finish_reason == "stop"
 
 
@@ -183,7 +182,7 @@ def test_the_vllm_judge_without_vllm_judges_through_the_workers_rollout_engine(
     monkeypatch.setattr(engines, "vllm_available", lambda: False)
     scores, engine = _vllm_judge_scores(judge_model)
     assert scores == [pytest.approx(0.7)] * 3
-    assert engine is engines.engine_for(SimpleNamespace(engine="transformers", model=judge_model))
+    assert engine is engines.engine_for(engines.EngineWanted(engine="transformers", model=judge_model))
     engines.engine_cache_clear()
 
 

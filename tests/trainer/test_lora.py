@@ -4,19 +4,19 @@ and generate the trainer's own greedy text with."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from apps.runs.config import AdapterConfig
 from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 
 pytestmark = pytest.mark.slow
 
-LORA = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+LORA = AdapterConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
 
 
 def _rollouts(*, groups: int = 2, size: int = 4, seed: int = 0) -> list[Rollout]:
@@ -92,4 +92,4 @@ def test_adapter_targets_that_the_model_lacks_are_named(load_model: Any) -> None
     from workers.adapters import AdapterTargetsMissing
 
     with pytest.raises(AdapterTargetsMissing, match="target_modules"):
-        adapter_wrap(model=load_model(), lora=SimpleNamespace(**{**vars(LORA), "target_modules": ["wq", "wk"]}))
+        adapter_wrap(model=load_model(), lora=LORA.model_copy(update={"target_modules": ["wq", "wk"]}))

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from apps.runs.config import AdapterConfig
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def _trainer_model(model_dir: str, lora: bool):
     if lora:
         from workers.adapters import adapter_wrap
 
-        model = adapter_wrap(model=model, lora=SimpleNamespace(rank=4, alpha=16.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]))
+        model = adapter_wrap(model=model, lora=AdapterConfig(rank=4, alpha=16.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]))
     with torch.no_grad():  # a "trained" version: visibly different greedy text
         for name, p in model.named_parameters():
             if p.requires_grad and (not lora or "lora_" in name):

@@ -5,6 +5,7 @@ without a query; an edited config, an unknown run or version still come out righ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def _run(owner: User, model_dir: Path, **sampling: Any) -> Run:
                     sampling={"temperature": 1.0, "max_tokens": 6, "seed": 0, **sampling})
 
 
-def _tokens(answer: dict[str, Any]) -> list[int]:
+def _tokens(answer: Mapping[str, Any]) -> list[int]:
     assert "error" not in answer, answer
     return list(answer["prompts"][0]["choices"][0]["token_ids"])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -41,9 +40,9 @@ def _spy(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _judge_on(kind: str, judge_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.engines import engine_for
+    from workers.engines import EngineWanted, engine_for
 
-    engine = engine_for(SimpleNamespace(engine=kind, model=str(judge_model_dir)))
+    engine = engine_for(EngineWanted(engine=kind, model=str(judge_model_dir)))
     calls = _spy(engine, monkeypatch)
     verdicts = k12_judge_verdicts(["Mercury.", "Mars", "Venus"], [TASK] * 3, model=str(judge_model_dir),
                                   engine=kind, max_tokens=8)
@@ -61,13 +60,13 @@ def test_the_judge_runs_on_the_resident_transformers_engine(judge_model_dir: Pat
 @pytest.mark.django_db(transaction=True)
 def test_the_judge_runs_on_the_resident_vllm_engine(judge_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm")
-    from workers.engines import engine_for
+    from workers.engines import EngineWanted, engine_for
     from workers.engines.vllm_engine import VLLMEngine
 
     try:
         _judge_on("vllm", judge_model_dir, monkeypatch)
     finally:
-        engine = engine_for(SimpleNamespace(engine="vllm", model=str(judge_model_dir)))
+        engine = engine_for(EngineWanted(engine="vllm", model=str(judge_model_dir)))
         assert isinstance(engine, VLLMEngine)
         engine.close()
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ class Rollout:
         return sum(self.trained_mask)
 
 
-def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
+def rollout_from_experience(exp: Any, *, tokenizer: PreTrainedTokenizerBase | None = None) -> Rollout:
     """An `apps.buffer.models.Experience` (or anything with its fields) as a Rollout.
 
     Text-only experiences (human corrections: the web side has no tokenizer) are tokenised
@@ -80,7 +83,7 @@ def rollout_from_experience(exp: Any, *, tokenizer: Any = None) -> Rollout:
     )
 
 
-def _tokenise_text(exp: Any, tokenizer: Any) -> tuple[list[int], int]:
+def _tokenise_text(exp: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
     from workers.engines.base import prompt_ids
 
     task = getattr(exp, "task", None) if getattr(exp, "task_id", None) else None

@@ -45,11 +45,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import torch
 
 from rftweb.exceptions import InvalidInput
+from rftweb.jsontypes import JSONObject
 from workers.algorithms.batch import TrainBatch
 
 if TYPE_CHECKING:
@@ -201,11 +202,11 @@ def whole_state(learner: Learner) -> dict[str, torch.Tensor]:
     return dict(get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
-def _dcp_state(learner: Learner) -> dict[str, Any]:
+def _dcp_state(learner: Learner) -> dict[str, object]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    state: dict[str, object] = {"model": model_state, "optim": optim_state}
     if learner.scheduler is not None:
         state["scheduler"] = learner.scheduler.state_dict()
     return state
@@ -275,6 +276,15 @@ def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeou
                             timeout=timeout)
 
 
+class GroupMessage(TypedDict, total=False):
+    """What rank 0 tells the other ranks over the channel: an operation (with the path a
+    `save` writes to), or the names of the trainable weights when the group starts."""
+
+    op: Literal["step", "whole", "save", "stop"]
+    path: str
+    names: list[str]
+
+
 class _Channel:
     """Bytes and tensors from rank 0 to the other ranks (over the default group, on the CPU)."""
 
@@ -290,8 +300,8 @@ class _Channel:
         dist.broadcast(buf, src=0)
         return data if data is not None else bytes(buf.numpy().tobytes())
 
-    def message(self, msg: dict[str, Any] | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(self.bytes(json.dumps(msg).encode() if msg is not None else None))
+    def message(self, msg: GroupMessage | None = None) -> GroupMessage:
+        out: GroupMessage = json.loads(self.bytes(json.dumps(msg).encode() if msg is not None else None))
         return out
 
     def tensors(self, tensors: list[torch.Tensor]) -> None:
@@ -346,7 +356,7 @@ class LearnerGroup:
     channel to every rank, and an unsharded copy of the policy (`whole`) that versions are
     written from. `step` is one update of the whole group on a batch."""
 
-    def __init__(self, *, learner: Learner, run_config: dict[str, Any], plan: GroupPlan, timeout_s: float,
+    def __init__(self, *, learner: Learner, run_config: JSONObject, plan: GroupPlan, timeout_s: float,
                  whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None) -> None:
         import torch.distributed as dist
 
@@ -401,7 +411,7 @@ class LearnerGroup:
             self.broken = True
             raise RuntimeError(f"learner group: follower process(es) {dead} ended; the group is restarted")
 
-    def _op(self, msg: dict[str, Any]) -> None:
+    def _op(self, msg: GroupMessage) -> None:
         self._alive()
         assert self.channel is not None
         self.channel.message(msg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +27,12 @@ from workers.algorithms.batch import (
 from apps.runs.algorithms import algorithm_get, algorithm_names
 from rftweb.exceptions import Conflict
 from workers.algorithms.objectives import objective_get
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+    from apps.runs.config import AdapterConfig, RunConfig
+    from workers.algorithms.distributed import Shard
 
 # The registered algorithms (apps.runs.algorithms), each with its objective here.
 ALGORITHMS = tuple(algorithm_names())
@@ -51,7 +57,7 @@ class LearnerSpec:
     precision: str = "fp32"
     gradient_checkpointing: bool = False
     # The run's `trainer.lora` section, or None for full fine-tuning.
-    lora: Any = None
+    lora: AdapterConfig | None = None
     # adamw | adamw_8bit (bitsandbytes, CUDA; workers.precision.optimizer_check)
     optimizer: str = "adamw"
 
@@ -65,8 +71,8 @@ class LearnerSpec:
         return self.needs_ref and self.lora is None
 
 
-def spec_from_config(cfg: Any) -> LearnerSpec:
-    """From an `apps.runs.config.RunConfig` (duck-typed: workers take no Django types here)."""
+def spec_from_config(cfg: RunConfig) -> LearnerSpec:
+    """From an `apps.runs.config.RunConfig` (pydantic: workers take no Django types here)."""
     t = cfg.trainer
     params = bridge.LossParams(
         learning_rate=t.learning_rate,
@@ -88,7 +94,8 @@ def spec_from_config(cfg: Any) -> LearnerSpec:
 
 
 class Learner:
-    def __init__(self, *, spec: LearnerSpec, model: Any, tokenizer: Any, ref_model: Any = None, processor: Any = None) -> None:
+    def __init__(self, *, spec: LearnerSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                 ref_model: torch.nn.Module | None = None, processor: ProcessorMixin | None = None) -> None:
         self.objective = objective_get(spec.algorithm)  # ValueError naming the known ones
         from workers.adapters import is_adapter_model
         from workers.precision import optimizer_check, precision_check
@@ -107,7 +114,7 @@ class Learner:
         self.model = model
         # What the losses call: the model itself, or its DistributedDataParallel wrapper in a
         # learner group sharded `none` (FSDP2 shards the model in place).
-        self.forward_model: Any = model
+        self.forward_model: torch.nn.Module = model
         self.tokenizer = tokenizer
         # A vision-language model's processor: the pictures of image prompts become pixel inputs.
         self.processor = processor
@@ -192,7 +199,7 @@ class Learner:
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
         return loss, metrics
 
-    def pixel_inputs(self, rollouts: list[Rollout]) -> dict[str, Any]:
+    def pixel_inputs(self, rollouts: list[Rollout]) -> dict[str, torch.Tensor | list[int]]:
         """The pictures of image prompts as the model's pixel inputs, TRL's way (`pixel_values`
         and the processor's other tensors, `num_images` per row); nothing for text rollouts."""
         pictured = [bool(r.images) for r in rollouts]
@@ -206,7 +213,7 @@ class Learner:
 
         pixels = pixel_inputs(self.processor, [images_open(r.images or []) for r in rollouts])
         device = next(self.model.parameters()).device
-        out: dict[str, Any] = {k: v.to(device) for k, v in pixels.items()}
+        out: dict[str, torch.Tensor | list[int]] = {k: v.to(device) for k, v in pixels.items()}
         out["num_images"] = [len(r.images or []) for r in rollouts]
         return out
 
@@ -308,7 +315,7 @@ class Learner:
             metrics["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         return metrics
 
-    def step(self, batch: TrainBatch, *, shard: Any = None) -> dict[str, float]:
+    def step(self, batch: TrainBatch, *, shard: Shard | None = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
         shard: this process's place in a learner group (workers.algorithms.distributed.Shard):
@@ -363,13 +370,13 @@ class Learner:
 
     # -- state ------------------------------------------------------------------------
 
-    def optimizer_state(self) -> dict[str, Any]:
+    def optimizer_state(self) -> dict[str, object]:
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
         }
 
-    def optimizer_state_load(self, state: dict[str, Any]) -> None:
+    def optimizer_state_load(self, state: dict[str, object]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -14,12 +14,21 @@ from __future__ import annotations
 import logging
 import tempfile
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from rftweb.exceptions import UpstreamFailed
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+    from trl import DPOTrainer, GRPOTrainer, SFTTrainer
+
+# The TRL trainers the bridge builds and asks for losses.
+TrlTrainer: TypeAlias = "GRPOTrainer | DPOTrainer | SFTTrainer"
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +51,8 @@ def trl_check() -> str:
             f"workers/algorithms/trl_bridge.py is written against trl=={TRL_VERSION}, found {trl.__version__}; "
             "run tests/trainer/test_trl_bridge.py and update the bridge before training"
         )
-    return trl.__version__
+    version: str = trl.__version__
+    return version
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,7 @@ class LossParams:
     seed: int = 0
 
 
-def _common_args(params: LossParams) -> dict[str, Any]:
+def _common_args(params: LossParams) -> dict[str, object]:
     # CPU-safe, quiet, and nothing written unless we write it.
     return {
         "output_dir": tempfile.mkdtemp(prefix="rft-trl-"),
@@ -84,7 +94,7 @@ def _common_args(params: LossParams) -> dict[str, Any]:
     }
 
 
-def _dummy_prompt_dataset(n: int) -> Any:
+def _dummy_prompt_dataset(n: int) -> Dataset:
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": ["x"] * n})
@@ -94,9 +104,10 @@ def _dummy_prompt_dataset(n: int) -> Any:
 
 
 def grpo_trainer_build(
-    *, model: Any, tokenizer: Any, params: LossParams, num_generations: int = 2, batch_size: int = 2,
-    rollout_func: Any = None, reward_funcs: Any = None,
-) -> Any:
+    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: LossParams, num_generations: int = 2,
+    batch_size: int = 2, rollout_func: Callable[..., Mapping[str, object]] | None = None,
+    reward_funcs: Sequence[Callable[..., list[float]]] | None = None,
+) -> GRPOTrainer:
     """A GRPOTrainer around `model` that we only ask for losses. `num_generations` and
     `batch_size` matter only to TRL's own generation path (used by tests as the oracle)."""
     from trl import GRPOConfig, GRPOTrainer
@@ -139,7 +150,7 @@ def _pad(seqs: list[list[int]] | list[list[float]], *, value: float, side: str, 
     return pad([torch.tensor(s, dtype=dtype) for s in seqs], padding_value=value, padding_side=side)
 
 
-def _on_model(trainer: Any, inputs: Any) -> Any:
+def _on_model(trainer: TrlTrainer, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the trainer's model (built on the CPU; a model
     on a GPU — cuda:rank in a learner group — takes them there)."""
     device = next(trainer.model.parameters()).device
@@ -150,7 +161,7 @@ def _on_model(trainer: Any, inputs: Any) -> Any:
 
 
 def grpo_inputs(
-    *, trainer: Any, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+    *, trainer: GRPOTrainer, prompt_ids: list[list[int]], completion_ids: list[list[int]],
     old_logprobs: list[list[float]] | None, advantages: torch.Tensor,
     action_masks: list[list[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -189,7 +200,7 @@ def grpo_inputs(
     return _on_model(trainer, inputs)
 
 
-def _fused_head(model: Any, *, temperature: float = 1.0) -> None:
+def _fused_head(model: torch.nn.Module, *, temperature: float = 1.0) -> None:
     """TRL scores tokens through a patched forward (`fused_lm_head=True`); a model we bring
     (our reference, loaded from the run's v0) needs the same patch, once."""
     from trl.trainer.utils import add_fused_lm_head
@@ -223,7 +234,7 @@ def fused_head_tiles(*, tokens: int, vocab: int) -> tuple[int, int]:
     return before
 
 
-def fused_head_tiles_for(device: Any) -> None:
+def fused_head_tiles_for(device: torch.device | str) -> None:
     """Small tiles where the head runs TRL's torch fallback; TRL's on a Triton device."""
     from trl.kernels.chunked_logprob import _use_triton
 
@@ -231,7 +242,7 @@ def fused_head_tiles_for(device: Any) -> None:
         fused_head_tiles(tokens=CPU_HEAD_TOKENS, vocab=CPU_HEAD_VOCAB)
 
 
-def reference_adapter_drop(model: Any) -> None:
+def reference_adapter_drop(model: torch.nn.Module) -> None:
     """Remove the frozen "ref" adapter TRL adds beside a pre-existing one when beta > 0
     (its reference is then that copy; ours is the base with the adapter off)."""
     if "ref" in getattr(model, "peft_config", {}):
@@ -240,7 +251,7 @@ def reference_adapter_drop(model: Any) -> None:
 
 
 @torch.no_grad()
-def grpo_ref_logps(*, trainer: Any, ref_model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def grpo_ref_logps(*, trainer: GRPOTrainer, ref_model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token logprobs of the completions under the reference model, as TRL computes them.
     `ref_model` may be the trainer's own (peft) model under `disable_adapter()`: TRL has
     patched its base already."""
@@ -256,7 +267,7 @@ def grpo_ref_logps(*, trainer: Any, ref_model: Any, inputs: dict[str, torch.Tens
     return logps
 
 
-def _metrics_drain(trainer: Any) -> dict[str, float]:
+def _metrics_drain(trainer: TrlTrainer) -> dict[str, float]:
     """The last value of each metric TRL logged during the call, then forget them (TRL
     keeps appending until its own `log`, which we never call)."""
     out: dict[str, float] = {}
@@ -268,7 +279,8 @@ def _metrics_drain(trainer: Any) -> dict[str, float]:
     return out
 
 
-def grpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def grpo_loss(*, trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+              ) -> tuple[torch.Tensor, dict[str, float]]:
     loss = trainer.compute_loss(model, inputs)
     m = _metrics_drain(trainer)
     metrics = {"entropy": m.get("entropy"), "kl": m.get("kl")}
@@ -283,8 +295,9 @@ def grpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> t
 
 
 def dpo_trainer_build(
-    *, model: Any, ref_model: Any, tokenizer: Any, params: LossParams, train_dataset: Any = None, batch_size: int = 2
-) -> Any:
+    *, model: torch.nn.Module, ref_model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase, params: LossParams,
+    train_dataset: Dataset | None = None, batch_size: int = 2
+) -> DPOTrainer:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
@@ -306,7 +319,7 @@ def dpo_trainer_build(
 
 
 def dpo_inputs(
-    *, trainer: Any, pairs: list[tuple[list[int], list[int], list[int]]],
+    *, trainer: DPOTrainer, pairs: list[tuple[list[int], list[int], list[int]]],
     action_masks: list[tuple[list[int] | None, list[int] | None]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """(prompt_ids, chosen_ids, rejected_ids) triples through TRL's preference collator.
@@ -333,7 +346,8 @@ def dpo_inputs(
     return _on_model(trainer, inputs)
 
 
-def dpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def dpo_loss(*, trainer: DPOTrainer, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, float]]:
     loss = trainer.compute_loss(model, inputs)
     m = _metrics_drain(trainer)
     metrics = {
@@ -348,8 +362,9 @@ def dpo_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tu
 
 
 def sft_trainer_build(
-    *, model: Any, tokenizer: Any, params: LossParams, train_dataset: Any = None, batch_size: int = 2
-) -> Any:
+    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: LossParams,
+    train_dataset: Dataset | None = None, batch_size: int = 2
+) -> SFTTrainer:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -370,7 +385,7 @@ def sft_trainer_build(
 
 
 def sft_inputs(
-    *, trainer: Any, rows: list[tuple[list[int], list[int]]], action_masks: list[list[int] | None] | None = None
+    *, trainer: SFTTrainer, rows: list[tuple[list[int], list[int]]], action_masks: list[list[int] | None] | None = None
 ) -> dict[str, torch.Tensor]:
     """(prompt_ids, completion_ids) pairs through TRL's LM collator, loss on the completion only.
 
@@ -387,7 +402,8 @@ def sft_inputs(
     return _on_model(trainer, trainer.data_collator(examples))
 
 
-def sft_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def sft_loss(*, trainer: SFTTrainer, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, float]]:
     loss = trainer.compute_loss(model, dict(inputs), num_items_in_batch=None)
     m = _metrics_drain(trainer)
     metrics = {"entropy": m.get("entropy"), "token_accuracy": m.get("mean_token_accuracy")}
@@ -397,7 +413,8 @@ def sft_loss(*, trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tu
 # ----------------------------------------------------------------------------- optimizer
 
 
-def optimizer_build(*, trainer: Any, total_steps: int, optimizer: str = "adamw") -> tuple[torch.optim.Optimizer, Any]:
+def optimizer_build(*, trainer: TrlTrainer, total_steps: int, optimizer: str = "adamw"
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """The optimizer and scheduler the trainer would use (AdamW from TrainingArguments;
     optimizer adamw_8bit: transformers' `adamw_bnb_8bit`, bitsandbytes' AdamW8bit)."""
     if optimizer == "adamw_8bit":

@@ -15,13 +15,17 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
+
+if TYPE_CHECKING:
+    from apps.runs.ports import RunConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "EngineWanted",
     "LoadInfo",
     "RolloutEngine",
     "Sample",
@@ -39,6 +43,22 @@ __all__ = [
 
 _ENGINES: dict[tuple[str, str, str], RolloutEngine] = {}
 _LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class EngineWanted:
+    """An engine named by kind and base model alone (a judge's, a paraphraser's): it has the
+    engine's default options, as a run config without a `rollout` section would."""
+
+    engine: str
+    model: str
+
+
+# What an engine is looked up by: a run config (`engine`, `model`, `rollout`, `trainer.lora`)
+# or an engine named outright.
+EngineConfig: TypeAlias = "RunConfig | EngineWanted"
+# An engine's constructor options (engine_options): dtype, context length, memory share …
+EngineOptions: TypeAlias = "dict[str, str | int | float]"
 
 
 @functools.cache
@@ -62,12 +82,12 @@ def engine_create(*, kind: str, path: str, version: int = 0, **options: Any) -> 
     raise ValueError(f"unknown engine {kind!r}; known: vllm, transformers")
 
 
-def engine_options(cfg: Any, kind: str) -> dict[str, Any]:
+def engine_options(cfg: EngineConfig, kind: str) -> EngineOptions:
     """The engine's constructor options from a run config's `rollout` section (and, for
     vLLM, the adapter rank to enable LoRA serving at): only those that differ from the
     engine's defaults, so a default config shares the default engine."""
     rollout = getattr(cfg, "rollout", None)
-    options: dict[str, Any] = {}
+    options: EngineOptions = {}
     if rollout is not None and rollout.dtype != "auto":
         options["dtype"] = rollout.dtype
     if kind != "vllm":
@@ -88,11 +108,11 @@ def engine_options(cfg: Any, kind: str) -> dict[str, Any]:
 _Key = tuple[str, str, str]
 
 
-def _cache_key(kind: str, model: str, options: dict[str, Any]) -> _Key:
+def _cache_key(kind: str, model: str, options: EngineOptions) -> _Key:
     return kind, str(model), json.dumps(options, sort_keys=True)
 
 
-def _key(cfg: Any, kind: str | None) -> tuple[_Key, dict[str, Any]]:
+def _key(cfg: EngineConfig, kind: str | None) -> tuple[_Key, EngineOptions]:
     kind = kind or cfg.engine
     if kind == "vllm" and not vllm_available():
         log.warning("vLLM is not importable on this worker; using the transformers engine")
@@ -101,13 +121,13 @@ def _key(cfg: Any, kind: str | None) -> tuple[_Key, dict[str, Any]]:
     return _cache_key(kind, str(cfg.model), options), options
 
 
-def engine_cached(cfg: Any, *, kind: str | None = None) -> bool:
+def engine_cached(cfg: EngineConfig, *, kind: str | None = None) -> bool:
     """Whether this process already holds the engine `engine_for(cfg)` would return."""
     with _LOCK:
         return _key(cfg, kind)[0] in _ENGINES
 
 
-def engine_for(cfg: Any, *, kind: str | None = None) -> RolloutEngine:
+def engine_for(cfg: EngineConfig, *, kind: str | None = None) -> RolloutEngine:
     """The resident engine for a run config (`engine`, `model`, `rollout`), made on first use.
 
     Keyed by engine kind, base model and engine options, so runs of the same model and
@@ -125,7 +145,7 @@ def engine_for(cfg: Any, *, kind: str | None = None) -> RolloutEngine:
         return engine
 
 
-def engine_cache_put(*, kind: str, model: str, engine: RolloutEngine, options: dict[str, Any] | None = None) -> None:
+def engine_cache_put(*, kind: str, model: str, engine: RolloutEngine, options: EngineOptions | None = None) -> None:
     """Adopt an engine made elsewhere (tests share one vLLM engine per session)."""
     with _LOCK:
         _ENGINES[_cache_key(kind, str(model), options or {})] = engine
@@ -166,7 +186,7 @@ class LoadInfo:
     bytes: int
 
 
-_LAST_LOAD: weakref.WeakKeyDictionary[Any, LoadInfo] = weakref.WeakKeyDictionary()
+_LAST_LOAD: weakref.WeakKeyDictionary[RolloutEngine, LoadInfo] = weakref.WeakKeyDictionary()
 
 
 def engine_last_load(engine: RolloutEngine) -> LoadInfo | None:

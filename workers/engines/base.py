@@ -94,7 +94,7 @@ class SamplingSpec:
             raise ValueError(f"unknown sampling parameters: {', '.join(sorted(unknown))}")
         return replace(self, **dict(overrides))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["stop"] = list(self.stop)
         return data
@@ -106,7 +106,7 @@ class RolloutEngine(Protocol):
     `generate`: callers load a new version between batches, never during one."""
 
     kind: str
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
 
     @property
     def version(self) -> int | None: ...
@@ -116,7 +116,8 @@ class RolloutEngine(Protocol):
     def load(self, *, version: int, path: str) -> None: ...
 
 
-def prompt_ids(tokenizer: Any, *, text: str | None = None, messages: Sequence[Mapping[str, str]] | None = None) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, *, text: str | None = None,
+               messages: Sequence[Mapping[str, str]] | None = None) -> list[int]:
     """Token ids of a prompt: chat messages (or text as one user message) through the
     tokenizer's chat template with the assistant turn opened; plain text when the tokenizer
     has no template."""
@@ -152,7 +153,7 @@ def tokenizer_from_pretrained(path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path)
 
 
-def tokenizer_load(path: str) -> Any:
+def tokenizer_load(path: str) -> PreTrainedTokenizerBase:
     tokenizer = tokenizer_from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

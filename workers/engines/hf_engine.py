@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_load, trim_at_stop
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+    from transformers import ProcessorMixin
 
 
 class HFEngine:
@@ -37,7 +42,8 @@ class HFEngine:
         from workers.vision import is_vision_model, processor_load
 
         # A vision-language model's processor turns pictures into pixel tensors (workers/vision.py).
-        self.processor: Any = processor_load(path) if is_vision_model(path) else None
+        self.processor: ProcessorMixin | None = processor_load(path) if is_vision_model(path) else None
+        # None until the first `load` below; a torch.nn.Module from then on.
         self.model: Any = None
         self.load(version=version, path=path)
 
@@ -61,7 +67,7 @@ class HFEngine:
             self.max_model_len = int(getattr(config, "max_position_embeddings", 0)
                                      or getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
 
-    def load_tensors(self, *, version: int, path: str, tensors: dict[str, Any]) -> bool:
+    def load_tensors(self, *, version: int, path: str, tensors: dict[str, torch.Tensor]) -> bool:
         """Take a version's tensors as broadcast by the trainer (no checkpoint read): an
         adapter's onto the adapter held for the same base, full weights onto the model held.
         False when they do not fit what is held (the caller loads the checkpoint instead)."""
@@ -89,7 +95,7 @@ class HFEngine:
             self.path, self._version = path, version
             return True
 
-    def _full_load(self, path: str) -> Any:
+    def _full_load(self, path: str) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         from workers.vision import is_vision_model
@@ -166,7 +172,7 @@ class HFEngine:
         return [out[i] for i in range(len(prompts))]
 
     def _generate_chunk(
-        self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec, images: Sequence[Sequence[Any]] | None = None,
+        self, prompts: Sequence[Prompt], *, n: int, sampling: SamplingSpec, images: Sequence[Sequence[Image]] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> list[list[Sample]]:
         import torch
@@ -180,7 +186,7 @@ class HFEngine:
         width = max(len(p) for p in rows)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, object] = {
             "max_new_tokens": sampling.max_tokens,
             "num_return_sequences": n // copies,
             "return_dict_in_generate": True,
@@ -206,10 +212,10 @@ class HFEngine:
             from workers.vision import pixel_inputs
 
             # One per prompt row; generate expands them itself for num_return_sequences.
-            pixels = pixel_inputs(self.processor, list(images))
-            kwargs.update({k: v.to(self.device) for k, v in pixels.items()})
-            if "pixel_values" in kwargs:
-                kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
+            pixels = {k: v.to(self.device) for k, v in pixel_inputs(self.processor, list(images)).items()}
+            if "pixel_values" in pixels:
+                pixels["pixel_values"] = pixels["pixel_values"].to(self.dtype)
+            kwargs.update(pixels)
         if on_tokens is not None:
             each = on_tokens
             if copies > 1:
@@ -227,8 +233,9 @@ class HFEngine:
         rows_logps: list[list[float]] = (
             logps.gather(-1, generated[:, :steps].unsqueeze(-1)).squeeze(-1).tolist() if logps is not None else []
         )
-        top_values: list[Any] = []
-        top_indices: list[Any] = []
+        # Per row, per token: the k likeliest logprobs and their token ids.
+        top_values: list[list[list[float]]] = []
+        top_indices: list[list[list[int]]] = []
         if sampling.logprobs and logps is not None:
             values, indices = torch.topk(logps, sampling.logprobs, dim=-1)
             top_values, top_indices = values.tolist(), indices.tolist()
@@ -269,7 +276,7 @@ class _StepStreamer:
         self.on_tokens = on_tokens
         self.prompt_seen = False
 
-    def put(self, value: Any) -> None:
+    def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return

@@ -18,9 +18,14 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_folder_check, tokenizer_load
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+    from vllm import CompletionOutput, SamplingParams
+    from vllm.lora.request import LoRARequest
 
 
 def _context_length(path: str, cap: int = 4096) -> int:
@@ -66,9 +71,10 @@ class VLLMEngine:
         from vllm import LLM
 
         on_cpu = not torch.cuda.is_available()
-        kwargs: dict[str, Any] = {
+        context = max_model_len or _context_length(path)
+        kwargs: dict[str, object] = {
             "model": path,
-            "max_model_len": max_model_len or _context_length(path),
+            "max_model_len": context,
             "seed": seed,
             "tensor_parallel_size": tensor_parallel_size,
         }
@@ -84,16 +90,16 @@ class VLLMEngine:
         self._lock = threading.Lock()
         tokenizer_folder_check(path)  # before vLLM loads one of its own (or fails in its words)
         self.llm = LLM(**kwargs)
-        self.max_model_len = int(kwargs["max_model_len"])
+        self.max_model_len = int(context)
         self.tokenizer = tokenizer_load(path)
         from workers.vision import is_vision_model, processor_load
 
         # Renders prompts with pictures (workers/vision.py); vLLM does its own pixel work.
-        self.processor: Any = processor_load(path) if is_vision_model(path) else None
+        self.processor: ProcessorMixin | None = processor_load(path) if is_vision_model(path) else None
         self.path = path
         self.base_path = path
         self.lora_enabled = max_lora_rank is not None
-        self._lora: Any = None
+        self._lora: LoRARequest | None = None
         self._lora_ids = 0
         self._version: int | None = version
 
@@ -180,7 +186,7 @@ class VLLMEngine:
         )
         from workers.vision import ImagePrompt
 
-        def as_input(p: Prompt) -> dict[str, Any]:
+        def as_input(p: Prompt) -> dict[str, object]:
             if isinstance(p, ImagePrompt):
                 # One placeholder per picture: vLLM expands them itself (multimodal inputs).
                 images = list(p.images)
@@ -215,8 +221,8 @@ class VLLMEngine:
                 flat.append(Sample(token_ids=tokens, logprobs=logprobs, text=completion.text, finish_reason=finish, top_logprobs=top))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _generate_stepped(self, inputs: list[dict[str, Any]], params: Any,
-                          on_tokens: Callable[[list[int | None]], None]) -> list[list[Any]]:
+    def _generate_stepped(self, inputs: list[dict[str, object]], params: SamplingParams,
+                          on_tokens: Callable[[list[int | None]], None]) -> list[list[CompletionOutput]]:
         """What `LLM.generate` does (add the requests, step the engine until they end), with
         each step's new tokens handed to `on_tokens`. `LLM` asks its engine for final outputs
         only; here the engine reports each request's output so far (CUMULATIVE) every step.
@@ -230,7 +236,7 @@ class VLLMEngine:
         per = int(params.n)
         ids = [f"rft-stream-{uuid.uuid4().hex}" for _ in inputs]
         index = {rid: i for i, rid in enumerate(ids)}
-        latest: list[list[Any]] = [[None] * per for _ in inputs]
+        latest: list[list[CompletionOutput | None]] = [[None] * per for _ in inputs]
         sent = [0] * (len(inputs) * per)
         try:
             for rid, prompt in zip(ids, inputs):

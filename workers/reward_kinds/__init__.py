@@ -13,13 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from apps.rewards.ports import PreferencePair
 from rftweb.registry import Registry
 
 if TYPE_CHECKING:
     from apps.runs.ports import RewardModelConfig
+
+
+class OutOfFold(Protocol):
+    """A cross-validated fit: each item scored by the fold's fit that never saw its prompt
+    (workers.likelihood_rm.LikelihoodScorer, the head kinds' fold scorer)."""
+
+    def fold_fitted(self, prompt: str) -> bool: ...
+
+    def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str],
+                          keys: Sequence[str]) -> list[float]: ...
 
 
 class KindScorer:
@@ -49,7 +59,7 @@ class Fitted:
     heldout: list[PreferencePair]
     # (prompts, completions, prompt keys) -> scores out of fold; None: not cross-validated.
     calibration_score: Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]] | None = None
-    out_of_fold: object | None = None  # workers.likelihood_rm.LikelihoodScorer when cross-validated
+    out_of_fold: OutOfFold | None = None
 
 
 class RewardKindImpl:

@@ -14,11 +14,14 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from django.conf import settings
 
 if TYPE_CHECKING:
+    import torch
+
+    from workers.algorithms.batch import Rollout, TrainBatch
     from workers.trainer.resident import Resident
 
 log = logging.getLogger(__name__)
@@ -53,22 +56,30 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _rng_state() -> dict[str, Any]:
+class RngState(TypedDict):
+    """The RNG state a step starts from, each generator's bytes in base64."""
+
+    cpu: str
+    # One per CUDA device, where CUDA is in use.
+    cuda: NotRequired[list[str]]
+
+
+def _rng_state() -> RngState:
     import torch
 
-    def enc(t: Any) -> str:
+    def enc(t: torch.Tensor) -> str:
         return base64.b64encode(t.numpy().tobytes()).decode("ascii")
 
-    state: dict[str, Any] = {"cpu": enc(torch.get_rng_state())}
+    state: RngState = {"cpu": enc(torch.get_rng_state())}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [enc(t.cpu()) for t in torch.cuda.get_rng_state_all()]
     return state
 
 
-def _rng_restore(state: dict[str, Any]) -> None:
+def _rng_restore(state: RngState) -> None:
     import torch
 
-    def dec(text: str) -> Any:
+    def dec(text: str) -> torch.Tensor:
         return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
     torch.set_rng_state(dec(state["cpu"]))
@@ -76,12 +87,12 @@ def _rng_restore(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([dec(t) for t in state["cuda"]])
 
 
-def journal_encode(*, step: int, batch: Any, batch_ids: list[int], rng: dict[str, Any]) -> bytes:
+def journal_encode(*, step: int, batch: TrainBatch, batch_ids: list[int], rng: RngState) -> bytes:
     """What step `step` trains on: the batch as trained (not ids: the buffer's rewards and
     feedback may change later) and the RNG state the step starts from. Shallow field reads
     and one C-level json.dumps (dataclasses.asdict deep-copies: ms more per step)."""
 
-    def rollout(r: Any) -> dict[str, Any]:
+    def rollout(r: Rollout) -> dict[str, object]:
         return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
 
     entry = {
@@ -110,12 +121,12 @@ def journal_store(*, run_id: int, step: int, data: bytes) -> Path:
     return out
 
 
-def journal_read(path: Path) -> tuple[Any, dict[str, Any]]:
+def journal_read(path: Path) -> tuple[TrainBatch, RngState]:
     """A journal entry's batch and the RNG state its step started from."""
     return journal_decode(path.read_bytes())
 
 
-def journal_decode(data: bytes) -> tuple[Any, dict[str, Any]]:
+def journal_decode(data: bytes) -> tuple[TrainBatch, RngState]:
     """What journal_encode wrote: (the batch, the RNG state)."""
     from workers.algorithms import Rollout, TrainBatch
 

@@ -16,12 +16,21 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.runs.ports import RunView, connection_release, runs_ended, version_latest
 from workers.trainer.journal import _restore_point, _rng_restore, journal_decode, snapshot_save
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from apps.runs.ports import RunConfig
+    from workers.algorithms.batch import TrainBatch
+    from workers.algorithms.distributed import LearnerGroup
+    from workers.algorithms.learner import Learner, LearnerSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +42,12 @@ class Resident:
     run_id: int
     config_key: str
     step: int
-    model: Any
-    tokenizer: Any
-    ref_model: Any
-    learner: Any
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    ref_model: torch.nn.Module | None
+    learner: Learner
     # A learner group's rank 0 side (workers.algorithms.distributed) when trainer.processes > 1.
-    group: Any = None
+    group: LearnerGroup | None = None
     # time.monotonic() of the last task that used it (the idle reaper's clock).
     used: float = field(default_factory=time.monotonic)
 
@@ -58,7 +67,7 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_model(path: str, dtype: Any = None, device: str | None = None) -> Any:
+def _load_model(path: str, dtype: torch.dtype | None = None, device: str | None = None) -> torch.nn.Module:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -68,7 +77,8 @@ def _load_model(path: str, dtype: Any = None, device: str | None = None) -> Any:
     return auto.from_pretrained(path, dtype=dtype or torch.float32).to(device or _device())
 
 
-def _policy_load(*, cfg: Any, spec: Any, source: str, device: str | None = None) -> tuple[Any, Any]:
+def _policy_load(*, cfg: RunConfig, spec: LearnerSpec, source: str, device: str | None = None
+                 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """(policy, reference model or None) for a run config, its weights from `source` (the
     config's model, a snapshot or a published version). With `trainer.lora` the policy is
     the config's model (frozen; held in the training precision) plus an adapter, fresh or
@@ -182,7 +192,7 @@ def resident_for(run: RunView) -> Resident:
     return res
 
 
-def _group_start(*, run: RunView, learner: Any, checkpoint: Path | None = None) -> Any:
+def _group_start(*, run: RunView, learner: Learner, checkpoint: Path | None = None) -> LearnerGroup | None:
     """With trainer.processes > 1, the run's learner group (this process rank 0, followers
     started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's
     (None: one process)."""
@@ -209,19 +219,18 @@ def _group_start(*, run: RunView, learner: Any, checkpoint: Path | None = None) 
                         addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint)
 
 
-def _whole(res: Resident) -> Any:
+def _whole(res: Resident) -> torch.nn.Module:
     """The resident's whole policy: its model, or its learner group's shards gathered."""
     return res.group.whole_model() if res.group is not None else res.model
 
 
-def _learner_step(learner: Any, batch: Any, *, group: Any, entry: bytes) -> dict[str, Any]:
+def _learner_step(learner: Learner, batch: TrainBatch, *, group: LearnerGroup | None, entry: bytes) -> dict[str, float]:
     if group is None:
-        result: dict[str, Any] = learner.step(batch)
-        return result
+        return learner.step(batch)
     return dict(group.step(batch, entry=entry))
 
 
-def _replay(learner: Any, entries: list[Path], *, group: Any = None) -> None:
+def _replay(learner: Learner, entries: list[Path], *, group: LearnerGroup | None = None) -> None:
     from workers.algorithms import NothingToTrain
 
     for path in entries:

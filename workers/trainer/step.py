@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from apps.buffer.ports import TrainSource
 from apps.control.ports import (
@@ -47,7 +47,27 @@ from workers.trainer.journal import (
 )
 from workers.trainer.resident import Resident, _learner_step, _resident_busy, _whole, resident_drop, resident_for
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from apps.control.ports import TrainReadiness
+    from workers.algorithms.batch import TrainBatch
+
 log = logging.getLogger(__name__)
+
+
+class StepOutcome(TypedDict):
+    """What a train task returns: its status and, by status, the step's figures."""
+
+    status: str
+    step: NotRequired[int]
+    # The steps a chained call trained, in order.
+    steps: NotRequired[list[int]]
+    loss: NotRequired[float | None]
+    published: NotRequired[bool]
+    run_status: NotRequired[str]
+    train_step: NotRequired[int]
+    error: NotRequired[str]
 
 
 def worker_name() -> str:
@@ -62,7 +82,8 @@ def run_lock(run_id: int) -> Iterator[bool]:
         yield got
 
 
-def _claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: Any = None) -> tuple[Any, list[Any]]:
+def _claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: PreTrainedTokenizerBase | None = None
+           ) -> tuple[TrainBatch, list[Any]]:
     from workers.algorithms import TrainBatch, rollout_from_experience
 
     plan = batch_plan(cfg=run.cfg)
@@ -113,7 +134,7 @@ _ENDED = ENDED
 def trainer_step(
     *, run_id: int, step: int, worker: str | None = None, chain_seconds: float = 0.0, task_id: str | None = None,
     node: str = "",
-) -> dict[str, Any]:
+) -> StepOutcome:
     """Train step `step` of run `run_id` if it is due; see the module docstring.
 
     task_id: the Celery task's id, which the run's train dispatch must name (None: a call by
@@ -133,8 +154,8 @@ def trainer_step(
     started = time.perf_counter()
     trained: list[int] = []
     run: RunView | None = None
-    readiness: Any = None
-    result: dict[str, Any] = {"status": "busy"}
+    readiness: TrainReadiness | None = None
+    result: StepOutcome = {"status": "busy"}
     try:
         with _resident_busy(run_id), run_lock(run_id) as got:
             if not got:
@@ -177,8 +198,8 @@ def trainer_step(
 
 
 def _train_once(
-    *, run_id: int, step: int, worker: str, readiness: Any = None, run: RunView | None = None
-) -> tuple[RunView | None, dict[str, Any]]:
+    *, run_id: int, step: int, worker: str, readiness: TrainReadiness | None = None, run: RunView | None = None
+) -> tuple[RunView | None, StepOutcome]:
     """One step under the run's lock: (the run or None, the outcome). A chained step passes
     the run and readiness that train_step_continue has just read."""
     from workers.algorithms import NothingToTrain

@@ -5,15 +5,14 @@ and the worker-start hook that imports the learner's libraries before the first 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from celery import shared_task, signals
+from celery import Task, shared_task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from apps.runs.ports import task_failure_record
-from workers.trainer.step import StepConflict, trainer_step, worker_name
+from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
     retry_backoff_max=60,
     max_retries=5,
 )
-def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
+def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
     try:
         return trainer_step(run_id=run_id, step=step, chain_seconds=settings.RFT_TRAIN_CHAIN_SECONDS,
                             task_id=self.request.id, node=self.request.hostname or "")
@@ -60,7 +59,7 @@ def train_step(self: Any, run_id: int, step: int) -> dict[str, Any]:
 
 
 @signals.worker_ready.connect
-def _import_the_learner_at_start(sender: Any = None, **_: Any) -> None:
+def _import_the_learner_at_start(sender: object = None, **_: object) -> None:
     """A worker that serves the train queue imports torch, transformers and TRL as it starts
     (tens of seconds on a busy CPU host) rather than inside its first step, where the time
     would count against the step and delay the run's first version."""
