@@ -88,25 +88,26 @@ def main() -> None:
                         p.add_(1e-3)
 
         version = 0
-        full: list[float] = []
-        full_token: list[float] = []
-        for _ in range(args.repeats + 1):
-            version += 1
-            nudge(model, only_lora=False)
-            seconds, token_s, full_bytes = sync(model, version)
-            full.append(seconds)
-            full_token.append(token_s)
+
+        def repeats(model: torch.nn.Module, *, only_lora: bool) -> tuple[list[float], list[float], int]:
+            """Seconds and tokens/s of each sync after a nudge (the first one is a warm-up), and its bytes."""
+            nonlocal version
+            times: list[float] = []
+            tokens: list[float] = []
+            size = 0
+            for _ in range(args.repeats + 1):
+                version += 1
+                nudge(model, only_lora=only_lora)
+                seconds, token_s, size = sync(model, version)
+                times.append(seconds)
+                tokens.append(token_s)
+            return times, tokens, size
+
+        full, full_token, full_bytes = repeats(model, only_lora=False)
         lora = adapter_wrap(model=model, lora=AdapterConfig(
             rank=16, alpha=32.0, dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-        adapter: list[float] = []
-        adapter_token: list[float] = []
-        for _ in range(args.repeats + 1):
-            version += 1
-            nudge(lora, only_lora=True)
-            seconds, token_s, adapter_bytes = sync(lora, version)
-            adapter.append(seconds)
-            adapter_token.append(token_s)
+        adapter, adapter_token, adapter_bytes = repeats(lora, only_lora=True)
         full_s, adapter_s = statistics.median(full[1:]), statistics.median(adapter[1:])
         full_t, adapter_t = statistics.median(full_token[1:]), statistics.median(adapter_token[1:])
         load = os.getloadavg()[0]

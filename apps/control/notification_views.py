@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -17,20 +16,14 @@ from apps.control.notifications import (
     notifications_mark_read,
 )
 from apps.runs.models import Run
-
-
-def _me(request: HttpRequest) -> User:
-    """The signed-in person (every view here is behind login_required)."""
-    user = request.user
-    assert isinstance(user, User)
-    return user
+from rftweb.http import signed_in
 
 
 @login_required
 @require_http_methods(["GET"])
 def notification_list(request: HttpRequest) -> HttpResponse:
     return render(request, "accounts/notifications.html", {
-        "notifications": notifications_for(user=_me(request)), "runs": notification_runs(user=_me(request))})
+        "notifications": notifications_for(user=signed_in(request)), "runs": notification_runs(user=signed_in(request))})
 
 
 @login_required
@@ -41,7 +34,7 @@ def notification_read(request: HttpRequest) -> HttpResponse:
     if raw and not raw.isdigit():
         messages.error(request, "id: not a notification number")
         return redirect("notifications")
-    notifications_mark_read(user=_me(request), ids=[int(raw)] if raw else None)
+    notifications_mark_read(user=signed_in(request), ids=[int(raw)] if raw else None)
     return redirect("notifications")
 
 
@@ -51,7 +44,7 @@ def notification_email(request: HttpRequest, run_id: int) -> HttpResponse:
     """Turn the email on run `run_id`'s end on (`email=on`) or off."""
     run = get_object_or_404(Run, pk=run_id)
     try:
-        notification_preference_set(run=run, user=_me(request), email=request.POST.get("email") == "on")
+        notification_preference_set(run=run, user=signed_in(request), email=request.POST.get("email") == "on")
     except PermissionError:
         return HttpResponse("not your run", status=404)
     messages.success(request, f"Email when “{run.name}” ends: {'on' if request.POST.get('email') == 'on' else 'off'}.")

@@ -15,7 +15,6 @@ from django.contrib import messages
 from django.db import transaction
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AnonymousUser, User
-from django.core.exceptions import PermissionDenied
 from django.http import (
     FileResponse,
     Http404,
@@ -101,7 +100,7 @@ from apps.runs.services import (
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from rftweb.exceptions import ExportFailed, RftError
-from rftweb.http import HtmxHttpRequest
+from rftweb.http import HtmxHttpRequest, signed_in
 
 
 CONTROLS: dict[str, dict[str, str]] = {
@@ -129,13 +128,6 @@ def _partial(request: HtmxHttpRequest, template: str, context: dict[str, object]
     if request.htmx:
         return render(request, template, context)
     return render(request, "runs/partial_page.html", {**context, "fragment": template, "page_title": page_title})
-
-
-def _signed_in(request: HtmxHttpRequest) -> User:
-    """The person behind a login_required view."""
-    if not isinstance(request.user, User):
-        raise PermissionDenied("sign in first")
-    return request.user
 
 
 # --- list and creation -------------------------------------------------------------------
@@ -321,7 +313,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     run: Run | None = None
     if not errors and data is not None:
         try:
-            run = run_create(name=name, owner=_signed_in(request), config=data, taskset=taskset)
+            run = run_create(name=name, owner=signed_in(request), config=data, taskset=taskset)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=fallback)
     if errors or run is None:

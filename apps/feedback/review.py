@@ -23,7 +23,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.review_selectors import conflicts_among, disagreements
+from apps.feedback.review_selectors import Disagreement, conflicts_among, disagreements
 from apps.feedback.revise import group_refold
 from apps.feedback.services import feedback_compare, feedback_rate, group_fold
 from apps.runs.models import AuditEntry, Run
@@ -126,22 +126,23 @@ class Resolution:
     rejected: list[ReviewOutcome]
 
 
-def _group_of_run(*, run: Run, group_id: str) -> None:
+def _open_disagreement(*, run: Run, group_id: str) -> Disagreement:
+    """The open disagreement on group `group_id` of `run`; the error a door answers otherwise."""
     if "\x00" in group_id or len(group_id) > 100:
         raise InvalidInput("a group id is at most 100 characters, none of them NUL", field="group_id")
     if not Experience.objects.filter(run=run, group_id=group_id).exists():
         raise NotFound(f"group {group_id!r} is not a group of run {run.pk}", field="group_id")
+    found = disagreements(run=run, group_id=group_id)
+    if not found:
+        raise Conflict(f"no open disagreement on group {group_id!r}: it may have been resolved already",
+                       field="group_id")
+    return found[0]
 
 
 def disagreement_resolve(*, run: Run, group_id: str, keep: int, reviewer: Reviewer) -> Resolution:
     """Resolve a disagreement by accepting one side: label `keep` is accepted and every label of
     the disagreement that conflicts with it is rejected."""
-    _group_of_run(run=run, group_id=group_id)
-    found = disagreements(run=run, group_id=group_id)
-    if not found:
-        raise Conflict(f"no open disagreement on group {group_id!r}: it may have been resolved already",
-                       field="group_id")
-    disagreement = found[0]
+    disagreement = _open_disagreement(run=run, group_id=group_id)
     if keep not in {f.pk for f in disagreement.labels}:
         raise InvalidInput(f"feedback {keep} is not one of the labels in this disagreement", field="keep")
     against = sorted({c.second if c.first == keep else c.first for c in disagreement.conflicts
@@ -159,12 +160,7 @@ def disagreement_answer(
     """Resolve a disagreement with the owner's own label: a rating (`experience_id`, `score`) or
     a choice (`experience_id` as A, `other_id` as B, `winner`), stored through its kind's service
     as anyone's is, accepted; the disagreement's labels that conflict with it are rejected."""
-    _group_of_run(run=run, group_id=group_id)
-    found = disagreements(run=run, group_id=group_id)
-    if not found:
-        raise Conflict(f"no open disagreement on group {group_id!r}: it may have been resolved already",
-                       field="group_id")
-    disagreement = found[0]
+    disagreement = _open_disagreement(run=run, group_id=group_id)
     if experience_id is None:
         raise InvalidInput("name the completion your label is about", field="experience_id")
     if experience_id not in {e.pk for e in disagreement.experiences}:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -35,14 +34,7 @@ from apps.feedback.review_selectors import (
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import RftError
-from rftweb.http import HtmxHttpRequest
-
-
-def _reviewer(request: HtmxHttpRequest) -> User:
-    user = request.user
-    if not isinstance(user, User):  # login_required let no one else in
-        raise Http404("no such run")
-    return user
+from rftweb.http import HtmxHttpRequest, signed_in
 
 
 def _page_url(run: Run, filters: ReviewFilters | None = None) -> str:
@@ -103,7 +95,7 @@ def _decide(request: HtmxHttpRequest, run_id: int, feedback_id: int, *, reject: 
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     service = feedback_reject if reject else feedback_accept
     try:
-        outcome = service(run=run, feedback_id=feedback_id, reviewer=_reviewer(request))
+        outcome = service(run=run, feedback_id=feedback_id, reviewer=signed_in(request))
     except RftError as exc:
         if exc.status == 404:
             raise Http404(exc.message) from None
@@ -147,10 +139,10 @@ def disagreement_resolve_view(request: HtmxHttpRequest, run_id: int, group_id: s
             keep = _number(post.get("keep"))
             if keep is None:
                 return _after(request, run, error="keep: give the id of the label to keep")
-            resolution = disagreement_resolve(run=run, group_id=group_id, keep=keep, reviewer=_reviewer(request))
+            resolution = disagreement_resolve(run=run, group_id=group_id, keep=keep, reviewer=signed_in(request))
         else:
             resolution = disagreement_answer(
-                run=run, group_id=group_id, reviewer=_reviewer(request), experience_id=_number(post.get("experience_id")),
+                run=run, group_id=group_id, reviewer=signed_in(request), experience_id=_number(post.get("experience_id")),
                 score=_number(post.get("score")), other_id=_number(post.get("other_id")),
                 winner=str(post.get("winner") or "") or None)
     except RftError as exc:

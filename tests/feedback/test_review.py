@@ -51,12 +51,17 @@ def exported(run: Run, kind: str) -> list[dict[str, Any]]:
     return list(export_rows(run=run, kind=kind))
 
 
+def annie_rates_a_pair(run: Run, people: dict[str, User], *, bad_score: int = 1) -> tuple[Experience, Experience, Feedback]:
+    """A group of two fresh completions that annie rated 5 and `bad_score`: (good, bad, the bad one's label)."""
+    good, bad = make_experiences(run, groups=1, group_size=2, status="pending", reward=None)
+    feedback_rate(run=run, experience=good, score=5, author=people["annie"])
+    return good, bad, feedback_rate(run=run, experience=bad, score=bad_score, author=people["annie"])
+
+
 def test_a_rejected_rating_leaves_its_groups_reward_the_reward_models_pairs_and_the_export(
         people: dict[str, User]) -> None:
     run = a_run(people)
-    good, bad = make_experiences(run, groups=1, group_size=2, status="pending", reward=None)
-    feedback_rate(run=run, experience=good, score=5, author=people["annie"])
-    wrong = feedback_rate(run=run, experience=bad, score=1, author=people["annie"])
+    good, bad, wrong = annie_rates_a_pair(run, people)
     assert fresh(bad).reward == 0.0 and fresh(good).status == Experience.Status.READY
     assert rm_pairs(run) == {(good.pk, bad.pk)}
     assert len(exported(run, "preferences")) == 1
@@ -92,9 +97,7 @@ def test_a_rejected_label_frees_its_item_for_someone_else(people: dict[str, User
 
 def test_accepting_a_rejected_label_puts_it_back(people: dict[str, User]) -> None:
     run = a_run(people)
-    good, bad = make_experiences(run, groups=1, group_size=2, status="pending", reward=None)
-    feedback_rate(run=run, experience=good, score=5, author=people["annie"])
-    label = feedback_rate(run=run, experience=bad, score=2, author=people["annie"])
+    good, bad, label = annie_rates_a_pair(run, people, bad_score=2)
     feedback_reject(run=run, feedback_id=label.pk, reviewer=people["owner"])
 
     outcome = feedback_accept(run=run, feedback_id=label.pk, reviewer=people["owner"])
@@ -111,9 +114,7 @@ def test_accepting_a_rejected_label_puts_it_back(people: dict[str, User]) -> Non
 def test_a_rejection_after_the_group_trained_keeps_the_reward_it_taught_and_leaves_every_later_read(
         people: dict[str, User]) -> None:
     run = a_run(people)
-    good, bad = make_experiences(run, groups=1, group_size=2, status="pending", reward=None)
-    feedback_rate(run=run, experience=good, score=5, author=people["annie"])
-    label = feedback_rate(run=run, experience=bad, score=1, author=people["annie"])
+    good, bad, label = annie_rates_a_pair(run, people)
     Experience.objects.filter(pk__in=[good.pk, bad.pk]).update(status=Experience.Status.CONSUMED)  # trained on
 
     outcome = feedback_reject(run=run, feedback_id=label.pk, reviewer=people["owner"])
