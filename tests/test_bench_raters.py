@@ -28,6 +28,8 @@ def test_the_working_rater_wants_the_calculation_before_the_answer() -> None:
     assert working(PROMPT, "38 + 4 = 42 <answer>42</answer>") == 5
     assert working(PROMPT, "<answer>42</answer> because 38 + 4 = 42") == 3
     assert working(PROMPT, "<answer>42</answer>") == 1
+    # Working that never reaches an answer is not the working shown before one.
+    assert working(PROMPT, "38 + 4 = 42, so 42 + 0 = 42, so") == 1
 
 
 def test_the_words_rater_wants_the_number_spelt_out() -> None:

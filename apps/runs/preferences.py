@@ -82,10 +82,13 @@ def concise(prompt: str, completion: str) -> int:
 
 def working(prompt: str, completion: str) -> int:
     """5 when a calculation (an operation or an equals sign between numbers) comes before the
-    answer, 3 when it comes after or words do, 1 for the answer alone."""
+    answer, 3 when it comes after or words do, 1 for the answer alone, and 1 where there is no
+    answer at all: working that never reaches an answer is not what the preference asks for
+    (rated 5, it taught the demo run to calculate on and drop the tag: bench/demo_teach)."""
     span = ANSWER_SPAN.search(completion)
-    before = completion[:span.start()] if span else completion
-    after = completion[span.end():] if span else ""
+    if span is None:
+        return 1
+    before, after = completion[:span.start()], completion[span.end():]
     calculation = re.compile(r"-?\d+\s*[-+*/=]\s*-?\d+")
     if calculation.search(before):
         return 5
