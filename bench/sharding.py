@@ -16,6 +16,22 @@ the allocator's peak instead.
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
 compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
 
+Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
+process 1552 MB, ranks 958-961 MB: 0.62× in each of three runs (load 7-39; the step times,
+0.36-1.79× one process, are the load's, not the group's). Before the heap trim after each
+block's backward (workers/host_memory.py) 1585 MB against 1032-1037 MB, 0.65× (load
+0.3-0.6; 0.70× before the output head was grouped with the last block): a rank's half of
+the batch has activations under the 1 MB mmap threshold, which the backward freed into the
+heap, and they stayed resident (~120 MB) through the peak. What a rank's peak (step 2 on,
+in the backward after the last block's) is made of now, --phases: ~585 MB its shards
+of the weights (~200) and of AdamW's moments (~400), ~175 MB of
+activations, the gradients' shards as the backward reduces them, and the last block's unit
+(output head included, 75 MB) gathered with its whole gradients and reduce-scatter buffer;
+the forward peaks at ~920 MB (that unit gathered on top of the activations). The trim costs
+step time (the trimmed pages fault in again): 2 ranks, 3 steps, trim and no trim in turn
+(load 7.3-8.5), 10.6-11.3 s a step with it against 8.9-9.9 s without, peaks 958-960 MB
+against 1068-1080 MB.
+
     python -m bench.sharding [--ranks 2] [--layers 12] [--hidden 768] [--batch 4] [--steps 2]
 """
 

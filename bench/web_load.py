@@ -32,7 +32,30 @@ connections <= 60% of max_connections, all released within 10 s of the end.
 
     python -m bench web_load [--people 200] [--seconds 300] [--processes 4] [--pool 10]
 
-The last line is the verdict, with the load average.
+The last line is the verdict, with the load average. Where an owner missed events, the
+missing run.metric numbers are printed per owner (owners of one web process miss the same).
+
+Measured 2026-11-25 on the 2-core development host shared with other sessions, 200 people x
+300 s, 4 processes, pool 10 (people per endpoint, p50/p99 in the README's "Deployment"):
+
+  run                              req/s  p50 / p99       5xx  no answer  owners with every event   metric lag p50/p99/max  peak, released   web tier  load at the end
+  main (core layer, one message    58.9   0.49 / 4.5 s    0    8          0 of 40 (run.metric       2.0 / 30.5 / 31.5 s     40 %, 1.2 s      0.80 cores  27.5 16.7 7.3
+    per 4 round trips, expiry 30)                                         median 1,423 of 1,488)
+  pub/sub layer (RFT_CHANNEL_LAYER 59.8   0.42 / 4.7 s    0    0          40 of 40                  0.06 / 1.0 / 2.6 s      41 %, 1.3 s      0.74 cores  22.2 18.9 11.3
+    =pubsub), keep-alive 75 s
+  this branch, run 1               36.5   1.41 / 23.2 s   0    0          40 of 40                  0.41 / 3.5 / 6.9 s      40 %, 4.3 s      0.57 cores  31.8 24.4 15.7
+  this branch, run 2               38.9   1.50 / 23.3 s   0    0          40 of 40                  0.43 / 5.5 / 10.2 s     40 %, 3.8 s      0.59 cores  35.4 31.0 21.4
+  this branch, run 3, pool wait    52.2   0.67 / 9.4 s    0    0          40 of 40                  0.20 / 1.9 / 5.0 s      40 %, 2.3 s      0.73 cores  24.5 20.5 17.6
+    10 s (the old default)
+
+Every target met in all three runs of this branch (spread: 36.5-52.2 req/s, p99 9.4-23.3 s,
+peak 40/100 in each, release 2.3-4.3 s, load at the end 24.5-35.4). The missing events on main were the core channel layer's: a
+process's channel was read one message per four Redis round trips, fell up to 30 s behind,
+and group_send trimmed what had waited longer than `expiry` (30 s), so the owners of one
+process all missed the same seconds (rftweb/layers.py now reads it in batches). The slower
+requests of this branch's runs are the host's (the web tier got 0.57-0.59 of a core there
+against 0.74-0.80 in the first two: load 31-35 against 22-27), as far as two runs each
+can tell; a host of its own would settle it.
 """
 
 from __future__ import annotations
@@ -455,7 +478,7 @@ def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subproces
            "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789",
            # Plain HTTP on 127.0.0.1: no TLS redirect, and cookies a plain-HTTP client sends back.
            "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
-           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TEST_DATABASE_NAME", None)
     # As docker-compose.yml's web service runs it (its command, flags and all).
     proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -499,6 +522,17 @@ async def _people(shared: Shared, cast: Cast, args: argparse.Namespace,
                 for i, key in enumerate(cast.keys)]
     await asyncio.gather(*workers)
     return seen, finished, watchers
+
+
+def _ranges(values: set[int]) -> str:
+    """Sorted integers as compact ranges: '3-7, 12, 40-41'."""
+    out: list[str] = []
+    for v in sorted(values):
+        if out and int(out[-1].split("-")[-1]) == v - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ", ".join(out)
 
 
 def _line(name: str, values: list[float], statuses: Counter[str], seconds: float) -> str:
@@ -644,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
         lags = [x for s in seen for x in s.metric_lag]
         print(f"  run.metric publish -> watcher: p50 {1000 * median(lags):.0f} ms, p99 {1000 * percentile(lags, 0.99):.0f} ms, "
               f"max {1000 * max(lags, default=float('nan')):.0f} ms")
+        missing = [(i, _ranges(set(range(sent)) - s.seqs), len(shared.stored_experiences - s.experiences),
+                    labels - s.feedback) for i, s in enumerate(seen)]
+        for i, gaps, experiences_missed, feedback_missed in [m for m in missing if m[1] or m[2] or m[3]][:12]:
+            print(f"  owner{i} missed run.metric seqs {gaps or 'none'}; {experiences_missed} experience.created, "
+                  f"{feedback_missed} feedback.saved")
         for reason, n in Counter(s.closed for s in seen if s.closed).items():
             print(f"  {n} owner(s): {reason}")
         print(f"CPU: web tier {tier_cpu:.0f} s ({tier_cpu / seconds:.2f} cores), this process (the people) "

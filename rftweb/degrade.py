@@ -38,28 +38,76 @@ POSTGRES_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
+# Not a service that is down: this process's database pool had no free connection within
+# RFT_DB_POOL_TIMEOUT because every one of its connections was in use (more requests at once
+# than the pool serves). Postgres itself answers; the request may simply be sent again.
+BUSY = "busy"
+
+
+def _pool_full() -> bool:
+    """Whether this process's database pool holds as many connections as it may (every one
+    open, none free): a wait for one that ran out is the pool being busy. Fewer than that
+    means the pool tried to open another and could not (Postgres down or refusing)."""
+    from django.db import connection
+
+    pool = getattr(connection, "pool", None)
+    if pool is None:
+        return False
+    stats = pool.get_stats()
+    return bool(stats.get("pool_size", 0) >= stats.get("pool_max", 1) and not stats.get("pool_available", 0))
+
+
+def _causes(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and what caused it, outermost first (at most 8)."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 8:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 def dependency_down(exc: BaseException | None) -> str | None:
-    """'Postgres' or 'Redis' when `exc` (or what caused it) says that service is unreachable."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, POSTGRES_ERRORS):
+    """'Postgres' or 'Redis' when `exc` (or what caused it) says that service is unreachable;
+    BUSY when it is the database pool's wait for a free connection that ran out while every
+    connection of the pool was in use (Django wraps the pool's PoolTimeout, itself a psycopg
+    OperationalError, in its own OperationalError)."""
+    chain = _causes(exc)
+    if any(_is_pool_timeout(e) for e in chain):
+        return BUSY if _pool_full() else "Postgres"
+    for e in chain:
+        if isinstance(e, POSTGRES_ERRORS):
             return "Postgres"
-        if isinstance(exc, REDIS_ERRORS):
+        if isinstance(e, REDIS_ERRORS):
             return "Redis"
         try:
             import psycopg
 
-            if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            if isinstance(e, (psycopg.OperationalError, psycopg.InterfaceError)):
                 return "Postgres"
         except ImportError:  # the embedded default may run without psycopg
             pass
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
     return None
 
 
+def _is_pool_timeout(exc: BaseException | None) -> bool:
+    try:
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # the embedded default may run without psycopg
+        return False
+    return isinstance(exc, PoolTimeout)
+
+
 def unavailable_message(dependency: str) -> str:
+    if dependency == BUSY:
+        return (f"The server is busy: every database connection was in use for "
+                f"{_pool_timeout():g} s; try again in {RETRY_AFTER_SECONDS} s")
     return f"{dependency} is unreachable right now; try again in {RETRY_AFTER_SECONDS} s"
+
+
+def _pool_timeout() -> float:
+    from django.conf import settings
+
+    return float(settings.RFT_DB_POOL_TIMEOUT)
 
 
 def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
@@ -87,7 +135,11 @@ class DegradeMiddleware(MiddlewareMixin):
         dependency = dependency_down(exception)
         if dependency is None:
             return None
-        log.warning("%s %s: %s unreachable (%s): answered 503", request.method, request.path, dependency, exception)
+        if dependency == BUSY:
+            log.warning("%s %s: no free database connection within %g s (the pool is busy): answered 503",
+                        request.method, request.path, _pool_timeout())
+        else:
+            log.warning("%s %s: %s unreachable (%s): answered 503", request.method, request.path, dependency, exception)
         return unavailable_response(request, dependency)
 
 

@@ -79,3 +79,13 @@ def database_from_url(url: str) -> dict[str, object]:
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": True,
     }
+
+
+def redis_database_moved(url: str, by: int) -> str:
+    """`url` (redis://host:port/N) on database N + `by` of the same server (mod 16, Redis's
+    default count)."""
+    from urllib.parse import urlunsplit
+
+    parts = urlsplit(url)
+    number = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(number + by) % 16}"))

@@ -4,6 +4,7 @@ layer)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -16,10 +17,26 @@ from rftweb.env import (
     env_int,
     env_list,
     env_str,
+    redis_database_moved,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RFT_VAR_DIR", str(BASE_DIR / "var")))
+
+TESTING = "pytest" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "test")
+# `make test` runs the suite in two pytest-xdist workers (gw0, gw1), each on a test database
+# of its own (pytest-django's suffix). Each also keeps its files (VAR_DIR/xdist-gwN: two
+# databases hand out the same run ids) and its Redis database (REDIS_URL's number + 4 × N,
+# below: the tests' Celery workers take whatever is on their queues, and tests flush their
+# database) apart. Both are written back to the environment for the processes the tests
+# start, and the worker's name taken out of it, so a child (a nested pytest) never moves twice.
+_TEST_WORKER = env_str("PYTEST_XDIST_WORKER") if TESTING else ""
+if _TEST_WORKER:
+    if _TEST_WORKER not in {"gw0", "gw1"}:
+        raise ConfigError(f"PYTEST_XDIST_WORKER={_TEST_WORKER!r}: the suite runs in at most two workers (pytest -n 2)")
+    VAR_DIR = VAR_DIR / f"xdist-{_TEST_WORKER}"
+    os.environ["RFT_VAR_DIR"] = str(VAR_DIR)
+    del os.environ["PYTEST_XDIST_WORKER"]
 
 DEBUG = env_bool("DEBUG", True)
 _DEV_SECRET = "rftweb-insecure-development-key-do-not-use-in-production"
@@ -132,11 +149,12 @@ TEMPLATES = [
                 # The header's unread-notifications badge (apps/control/notifications.py).
                 "apps.control.context.notifications_badge",
             ],
+            # `ago` on every page (rftweb/templatetags.py).
+            "builtins": ["rftweb.templatetags"],
         },
     },
 ]
 
-TESTING = "pytest" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "test")
 # Tests talk to the real services at their standard local ports unless told otherwise;
 # RFT_TEST_EMBEDDED=1 runs them on the embedded default instead.
 _TEST_REAL_SERVICES = TESTING and not env_bool("RFT_TEST_EMBEDDED", False)
@@ -169,7 +187,11 @@ else:
 _COMMAND = len(sys.argv) > 1 and Path(sys.argv[0]).name == "manage.py" and sys.argv[1] != "runserver"
 RFT_DB_POOL_SIZE = 0 if EMBEDDED or _COMMAND else max(0, env_int("RFT_DB_POOL_SIZE", 0 if TESTING else 10))
 RFT_DB_POOL_MAX_IDLE = env_float("RFT_DB_POOL_MAX_IDLE", 1.0)
-RFT_DB_POOL_TIMEOUT = env_float("RFT_DB_POOL_TIMEOUT", 10.0)
+# A wait for a pooled connection is a queue, and people were going to wait anyway (a browser
+# or htmx waits minutes, a proxy 60 s): 10 s turned a busy minute on a loaded host into
+# hundreds of 503s (bench/web_load) that people then send again. Past it: 503, "busy" when
+# every connection was in use, "Postgres unreachable" when the pool could not open one.
+RFT_DB_POOL_TIMEOUT = env_float("RFT_DB_POOL_TIMEOUT", 30.0)
 if RFT_DB_POOL_SIZE > 0:
     DATABASES["default"]["OPTIONS"] = {"pool": {
         "min_size": 0, "max_size": RFT_DB_POOL_SIZE, "max_idle": RFT_DB_POOL_MAX_IDLE, "timeout": RFT_DB_POOL_TIMEOUT,
@@ -250,6 +272,9 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
 REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
+if _TEST_WORKER and REDIS_URL:
+    REDIS_URL = redis_database_moved(REDIS_URL, 4 * int(_TEST_WORKER[2:]))
+    os.environ["REDIS_URL"] = REDIS_URL
 # Names the channel layer's keys in Redis (several deployments or test runs may share one).
 CHANNELS_PREFIX = env_str("CHANNELS_PREFIX", "rftweb")
 RFT_CHANNEL_LAYER = env_str("RFT_CHANNEL_LAYER", "core")
@@ -270,15 +295,22 @@ if REDIS_URL and RFT_CHANNEL_LAYER == "pubsub":
 elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's core layer, reading a process's channel in batches
+            # (rftweb/layers.py: one message per four round trips fell 30 s behind under load).
+            "BACKEND": "rftweb.layers.RedisBatchChannelLayer",
             "CONFIG": {
                 # channels_redis blocks in BZPOPMIN for 5 s at a time and redis-py's default
                 # socket timeout is 5 s too: the two race, and an idle consumer dies with
                 # "Timeout reading from localhost:6379". Reads may take longer than the block.
                 "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
                 "prefix": CHANNELS_PREFIX,
-                "capacity": 1000,
-                "expiry": 30,
+                # group_send drops, silently, a message for a channel already holding
+                # `capacity` messages, and trims those older than `expiry` seconds. A process's
+                # channel carries every event of every run its sockets watch: a burst, or a
+                # process starved of CPU for a while (bench/web_load on a loaded host), must
+                # arrive late rather than not at all.
+                "capacity": 10_000,
+                "expiry": 120,
             },
         }
     }
@@ -360,7 +392,8 @@ RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
 # A CPU train worker's glibc mmap threshold in bytes (0: glibc's dynamic default). Fixed at
 # 1 MB a step's freed tensors leave the process (bench/trainer_memory: LoRA + checkpointing
-# 0.32x full fp32 with it), but every large tensor is then mapped afresh: the update step of
+# 0.33x full fp32 with it; smaller ones at a heap trim after each decoder block's backward,
+# in a learner group's ranks too), but every large tensor is then mapped afresh: the update step of
 # bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default.
 RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
 # A learner group's rendezvous (trainer.processes > 1): the TCP store rank 0 (the train

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,8 @@ def vision_model_dir() -> Any:
     from workers.vision_model import vision_model_build
 
     cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
-    return vision_model_build(out=cache / "test-vision-model", log=lambda _: None).out
+    with _cache_lock(cache / "test-vision-model"):
+        return vision_model_build(out=cache / "test-vision-model", log=lambda _: None).out
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +100,20 @@ def demo_model_dir() -> Path:
     from workers.demo_model import demo_model_build
 
     cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
-    return demo_model_build(out=cache / "test-demo-model", progress=False, log=lambda _: None).out
+    with _cache_lock(cache / "test-demo-model"):
+        return demo_model_build(out=cache / "test-demo-model", progress=False, log=lambda _: None).out
+
+
+@contextmanager
+def _cache_lock(out: Path) -> Iterator[None]:
+    """Hold `out`.lock: the other xdist worker (`make test` runs two) waits while one builds
+    into the shared cache, then finds the build done."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f"{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
@@ -129,9 +144,8 @@ def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedP
 
 
 def _redis_beside(url: str) -> str:
-    """The same Redis server, database number + 8 (mod 16)."""
-    from urllib.parse import urlsplit, urlunsplit
+    """The same Redis server, database number + 8 (mod 16; the second xdist worker's tests
+    are on + 4, its benches on + 12: rftweb/settings.py)."""
+    from rftweb.env import redis_database_moved
 
-    parts = urlsplit(url or "redis://localhost:6379/0")
-    number = int(parts.path.strip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{(number + 8) % 16}"))
+    return redis_database_moved(url or "redis://localhost:6379/0", 8)

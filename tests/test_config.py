@@ -11,6 +11,18 @@ def test_a_minimal_config_gets_defaults() -> None:
     assert cfg.feedback.mode == "auto" and cfg.replay.max_uses == 1
 
 
+def test_a_reward_model_cross_validates_by_default_where_its_kind_can() -> None:
+    def folds(**rm: object) -> int:
+        return config_validate(data={"model": "m", "reward_model": rm}).reward_model.crossval_folds
+
+    assert folds() == folds(kind="likelihood") == 4  # head is the default kind
+    assert folds(kind="classifier") == 0  # no folds: its split is by prompt
+    assert folds(kind="head", crossval_folds=0) == 0 and folds(crossval_folds=6) == 6
+    # The stored config says what it ran with, and reads back the same.
+    cfg = config_validate(data={"model": "m"})
+    assert config_validate(data=cfg.model_dump()).reward_model.crossval_folds == 4
+
+
 @pytest.mark.parametrize(
     ("data", "field", "message"),
     [

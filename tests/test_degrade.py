@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,7 @@ from django.test import Client
 
 from tests.factories import add_member, make_experiences, make_run, make_taskset
 from tests.envapi.conftest import make_key
-from tests.servers import start_uvicorn, stop
-from tests.test_faults import Postgres, Redis, _as_postgres_user
+from tests.servers import Postgres, Redis, as_postgres_user, start_uvicorn, stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -94,7 +94,7 @@ def spare_postgres() -> Iterator[Postgres]:
     pg = Postgres(base / "pg")
     pg.start()
     try:
-        subprocess.run([*_as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+        subprocess.run([*as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
                         "postgres", "faults"], check=True, capture_output=True)
         yield pg
     finally:
@@ -161,3 +161,54 @@ def test_cache_reads_fall_back_to_computing_when_the_caches_redis_is_unreachable
     assert cached("answer", lambda: 42, 30) == 42
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), feedback={"rater_weighting": "agreement"})
     assert rater_standing(run=run, annotator_id=annotator.pk) == "unmeasured"
+
+
+def test_a_pool_with_every_connection_in_use_answers_503_busy_not_postgres_unreachable(tmp_path: Path) -> None:
+    """A request that waits RFT_DB_POOL_TIMEOUT for a pooled connection while the pool's
+    every connection is in use is told the server is busy (503, Retry-After); Postgres answers,
+    so "Postgres is unreachable" would send an operator after the wrong thing."""
+    import threading
+
+    from django.db import connection, transaction
+
+    proc, url = start_uvicorn(log=tmp_path / "web.log", RFT_DB_POOL_SIZE="1", RFT_DB_POOL_TIMEOUT="1")
+    cookie = {"Cookie": f"{settings.SESSION_COOKIE_NAME}=abcdefghijklmnopqrstuvwxyz012345"}
+    first: list[httpx.Response] = []
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    # The first request takes the pool's one connection and waits on this lock
+                    # (its session lookup) until the block ends.
+                    cur.execute("LOCK TABLE django_session IN ACCESS EXCLUSIVE MODE")
+                holder = threading.Thread(target=lambda: first.append(http.get("/runs/", headers=cookie)))
+                holder.start()
+                time.sleep(1.0)
+                page = http.get("/runs/", headers=cookie)
+                answer = http.get("/api/v1/runs", headers={"Authorization": "Bearer rft_abcdef_0123456789"})
+            holder.join(timeout=30)
+        assert page.status_code == 503 and page.headers["Retry-After"] == "10", (page.status_code, page.text[-300:])
+        assert "The server is busy: every database connection was in use for 1 s" in page.text
+        assert "unreachable" not in page.text and "Traceback" not in page.text
+        assert answer.status_code == 503 and "busy" in answer.json()["detail"], answer.text[-300:]
+        # The request that held the connection was answered once the lock went: nothing was down.
+        assert first and first[0].status_code == 302, first
+    finally:
+        stop(proc)
+
+
+def test_a_pool_timeout_is_busy_only_when_the_pool_is_full(settings: Any) -> None:
+    """Without a full pool (none at all here) the pool's timeout means it could not open a
+    connection: Postgres is named."""
+    from django.db import OperationalError
+    from psycopg_pool import PoolTimeout
+
+    from rftweb.degrade import BUSY, dependency_down
+
+    try:
+        try:
+            raise PoolTimeout("couldn't get a connection after 1.00 sec")
+        except PoolTimeout as exc:
+            raise OperationalError(str(exc)) from exc
+    except OperationalError as wrapped:
+        assert dependency_down(wrapped) == "Postgres" != BUSY

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+import time
 from typing import Any
 
 import psycopg
@@ -159,8 +160,12 @@ def test_a_dead_trainers_step_is_sent_again_with_its_batch_back_while_a_live_one
                          user=db["USER"] or None, autocommit=True) as trainer_session:
         trainer_session.execute("SELECT pg_advisory_lock(%s, %s)", [orchestration.TRAINER_LOCK_NAMESPACE, run.pk])
         assert dispatch_recover(run=run) == []  # its session holds the run: it is training
-    # The session is gone (the process died): the lock with it.
-    assert dispatch_recover(run=run) == ["train:1 again"]
+    # The session is gone (the process died): the lock with it, once the server has ended the
+    # session's backend (a client's close does not wait for that; under load it can take a moment).
+    deadline = time.monotonic() + 10
+    while (recovered := dispatch_recover(run=run)) == [] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recovered == ["train:1 again"]
     assert set(Experience.objects.filter(run=run).values_list("status", flat=True)) == {"ready"}
     assert sent[-1] == ("workers.trainer.train_step", [run.pk, 1], task_id)
 

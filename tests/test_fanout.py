@@ -105,6 +105,37 @@ async def test_a_burst_reaches_every_socket_in_order_in_fewer_frames(run: Run, o
         await comm.disconnect()
 
 
+async def test_a_burst_beyond_the_old_capacity_waiting_in_redis_reaches_every_socket(
+        run: Run, owner: User, annotator: User) -> None:
+    """1,500 layer messages pile up in the process's channel while its event loop is busy
+    (blocked here): every one arrives, in order. channels_redis dropped those past its
+    capacity (1,000 before) or older than its expiry (30 s), silently, and read one message
+    per four round trips (bench/web_load: owners missed whole seconds of events)."""
+    import redis
+    from django.conf import settings
+
+    from apps.runs.events import event_publish
+
+    burst = 1500
+    assert burst > 1000
+    comms = [(await run_socket_connect(run, user))[0] for user in (owner, annotator)]
+    # Synchronous publishes from this loop's thread: the hub's reader cannot run meanwhile,
+    # so the whole burst waits in Redis, one layer message an event.
+    layer = get_channel_layer()
+    hub = fanout_hub(run_id=run.pk)
+    assert hub is not None and hub.channel is not None
+    for seq in range(burst):
+        event_publish(run_id=run.pk, type="run.metric", payload={"seq": seq})
+    # Still without yielding to the loop: what waits in the process's channel (the reader's
+    # pending BZPOPMIN may have taken the first).
+    waiting = redis.Redis.from_url(settings.REDIS_URL).zcard(layer.prefix + layer.non_local_name(hub.channel))
+    assert waiting >= burst - 1, waiting
+    for comm in comms:
+        events = await _events(comm, burst)
+        assert [e["payload"]["seq"] for e in events] == list(range(burst))
+        await comm.disconnect()
+
+
 class StalledSocket:
     """A socket whose client stopped reading: a send never completes (as under a server that
     applies backpressure)."""
@@ -192,7 +223,7 @@ def private_redis(settings: Any, tmp_path: Any) -> Any:
     """The channel layer on a Redis of this test's own, which it may restart."""
     from channels.layers import channel_layers
 
-    from tests.test_faults import Redis
+    from tests.servers import Redis
 
     redis = Redis(tmp_path / "redis")
     redis.start()

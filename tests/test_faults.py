@@ -14,118 +14,25 @@ step back (apps/control/orchestration.py), not an expiry.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from tests.run_invariants import experiences_used_once
-from tests.servers import ROOT, Workers, free_port, spawn, stop
+from tests.servers import ROOT, Postgres, Redis, Workers, as_postgres_user
 
 pytestmark = pytest.mark.slow
 
 RECOVER_SECONDS = 30.0
-
-
-def _as_postgres_user() -> list[str]:
-    # initdb and postgres refuse to run as root.
-    if os.geteuid() != 0:
-        return []
-    runuser = shutil.which("runuser")
-    if runuser is None:
-        pytest.skip("running as root without runuser: cannot start a Postgres server of our own")
-    return [runuser, "-u", "postgres", "--"]
-
-
-@dataclass
-class Postgres:
-    """A throwaway Postgres cluster on a spare port."""
-
-    root: Path
-    port: int = field(default_factory=free_port)
-
-    @property
-    def bin(self) -> Path:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not found:
-            pytest.skip("no Postgres server binaries installed (/usr/lib/postgresql/*/bin)")
-        return Path(found[-1]).parent
-
-    @property
-    def url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/faults"
-
-    def _ctl(self, *args: str) -> None:
-        subprocess.run([*_as_postgres_user(), str(self.bin / "pg_ctl"), "-D", str(self.root / "data"), "-w", "-t", "60",
-                        "-l", str(self.root / "server.log"), *args], check=True, capture_output=True)
-
-    def start(self) -> None:
-        if not (self.root / "data").exists():
-            self.root.mkdir(parents=True, exist_ok=True)
-            if os.geteuid() == 0:
-                shutil.chown(self.root, "postgres", "postgres")
-            subprocess.run([*_as_postgres_user(), str(self.bin / "initdb"), "-D", str(self.root / "data"), "-U", "postgres",
-                            "-A", "trust", "--no-sync"], check=True, capture_output=True)
-        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-
-    def restart(self) -> None:
-        self._ctl("-m", "fast", "stop")
-        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-
-    def stop(self) -> None:
-        try:
-            self._ctl("-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass
-
-    def sql(self, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="faults", autocommit=True) as conn:
-            return list(conn.execute(query, params).fetchall())
-
-
-@dataclass
-class Redis:
-    """A throwaway Redis without persistence (a restart loses every queued message)."""
-
-    root: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                           "no", "--dir", str(self.root)], env=dict(os.environ), log=self.root / "redis.log")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("redis-server did not come up")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 @dataclass
@@ -219,7 +126,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
     workers: Workers | None = None
     try:
         pg.start()
-        subprocess.run([*_as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+        subprocess.run([*as_postgres_user(), str(pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U",
                         "postgres", "faults"], check=True, capture_output=True)
         redis.start()
         model = tiny_model_save(tmp_path / "model", hidden_size=32, layers=2, heads=2, seed=0)

@@ -19,15 +19,12 @@ from bench.common import health_wait
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / ".cache"
 
 
 @pytest.mark.slow
-def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path) -> None:
-    from workers.demo_model import demo_model_build
-
+def test_the_embedded_default_runs_the_demo_loop_in_one_process(tmp_path: Path, demo_model_dir: Path) -> None:
     # The same cached build the worker tests use: rft_demo finds it up to date.
-    model_dir = demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+    model_dir = demo_model_dir
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
     # The wait windows end on a beat (10 s by default): at 1 s a step no longer waits up to 10 s
     # for the sweep after its 2 s window (about 20 of the test's seconds).

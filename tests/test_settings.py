@@ -23,9 +23,42 @@ def test_the_embedded_default_uses_sqlite_and_in_process_services() -> None:
     assert settings.CELERY_BROKER_URL == "memory://"
 
 
+_XDIST_PROBE = """
+import json, os, pytest  # pytest imported: the settings see a test process
+from django.conf import settings
+settings.REDIS_URL
+print(json.dumps({"redis": settings.REDIS_URL, "cache": settings.CACHES["default"]["LOCATION"],
+                  "broker": settings.CELERY_BROKER_URL, "var": str(settings.VAR_DIR),
+                  "storage": str(settings.RFT_STORAGE_DIR), "env_redis": os.environ["REDIS_URL"],
+                  "env_var": os.environ["RFT_VAR_DIR"], "worker": os.environ.get("PYTEST_XDIST_WORKER")}))
+"""
+
+
+def _xdist_settings(worker: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"RFT_VAR_DIR", "RFT_STORAGE_DIR"}}
+    env.update(PYTEST_XDIST_WORKER=worker, REDIS_URL="redis://localhost:6379/13", RFT_VAR_DIR=str(tmp_path),
+               DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", _XDIST_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_each_xdist_worker_tests_on_a_redis_database_and_var_dir_of_its_own(tmp_path: Path) -> None:
+    import json
+
+    gw0, gw1 = (json.loads(_xdist_settings(w, tmp_path).stdout.strip().splitlines()[-1]) for w in ("gw0", "gw1"))
+    assert gw0["redis"] == gw0["cache"] == gw0["broker"] == gw0["env_redis"] == "redis://localhost:6379/13"
+    # + 4 (mod 16): the two workers' benches (+ 8 of each) land on 5 and 9, apart from both.
+    assert gw1["redis"] == gw1["cache"] == gw1["broker"] == gw1["env_redis"] == "redis://localhost:6379/1"
+    assert gw0["var"] == gw0["env_var"] == str(tmp_path / "xdist-gw0") and gw0["storage"] == str(tmp_path / "xdist-gw0" / "storage")
+    assert gw1["var"] == gw1["env_var"] == str(tmp_path / "xdist-gw1")
+    # Taken out of the environment: a process the test starts (a nested pytest) moves no further.
+    assert gw0["worker"] is None and gw1["worker"] is None
+    refused = _xdist_settings("gw2", tmp_path)
+    assert refused.returncode != 0 and "at most two workers" in refused.stderr
+
+
 def test_the_test_run_uses_postgres_and_redis() -> None:
     assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "rftweb.layers.RedisBatchChannelLayer"
     assert settings.CELERY_BROKER_URL.startswith("redis://")
 
 

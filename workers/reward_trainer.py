@@ -160,7 +160,9 @@ def reward_model_fit(
     rejected = rm_texts_tokenize(tokenizer, [p.prompt for p in train], [p.rejected for p in train],
                                  max_length=max_length)
     dataset = Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
-    with tempfile.TemporaryDirectory(prefix="rm-train-") as scratch:
+    from workers.algorithms.trl_bridge import TRL_STATE_LOCK
+
+    with tempfile.TemporaryDirectory(prefix="rm-train-") as scratch, TRL_STATE_LOCK:
         args = RewardConfig(
             output_dir=scratch, num_train_epochs=epochs, learning_rate=learning_rate,
             per_device_train_batch_size=batch_size, max_length=max_length, seed=seed, data_seed=seed,

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from apps.buffer.drafts import ExperienceDraft
+from apps.buffer.drafts import ExperienceDraft, without_nul
 from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
 from apps.envapi.models import AgentCall, AgentSession, ApiKey
@@ -125,7 +125,10 @@ def call_record(*, run: Run, key: ApiKey, session: SessionRef, kind: str, answer
                 session=locked, index=start + i, kind=kind, model_version=version,
                 prompt_token_ids=list(p["prompt_token_ids"]),
                 choices=[{"token_ids": list(c["token_ids"]), "logprobs": list(c["logprobs"]),
-                          "finish_reason": c["finish_reason"], "text": c.get("text", "")} for c in p["choices"]],
+                          # Sampled text can decode to NUL, which Postgres's JSON refuses (a 500
+                          # in the learning test's agent): kept as U+FFFD, as experiences keep it.
+                          "finish_reason": c["finish_reason"], "text": without_nul(c.get("text", ""))}
+                         for c in p["choices"]],
             )
             for i, p in enumerate(answer["prompts"])
         ])

@@ -7,6 +7,7 @@ Django's locmem outbox holds the emails; the Celery task runs eagerly, through C
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from django.contrib.auth.models import User
 from django.core import mail
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from apps.control.notifications import notification_preference_set, run_end_notify
 from apps.control.orchestration import run_finish
@@ -154,6 +156,10 @@ def test_a_person_reads_their_notifications_marks_them_read_and_turns_the_email_
     page = client.get("/notifications/").content.decode()
     assert "graded" in page and "reward server &lt;b&gt;down&lt;/b&gt;" in page  # escaped
     assert f'href="/runs/{run.pk}/#summary"' in page
+    # A notice seconds old reads "just now", one older than a minute its age.
+    assert "just now" in page and "0 minutes" not in page
+    Notification.objects.filter(run=run, user=bo).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert "5\xa0minutes ago" in client.get("/notifications/").content.decode()  # timesince's nbsp
     # Bo cannot mark Ada's notification read, only his own.
     adas = Notification.objects.get(run=run, user=ada)
     client.post("/notifications/read/", {"id": str(adas.pk)})

@@ -45,6 +45,17 @@ def test_calls_that_extend_each_other_become_one_experience_masked_on_the_sample
     assert result.splits == [] and exp.reward == 0.5 and exp.status == "ready"
 
 
+def test_a_call_whose_sampled_text_decodes_to_nul_is_recorded(run: Run, key: Any) -> None:
+    from apps.envapi.models import AgentCall
+
+    k, _ = key
+    answer = _answer([1, 2], [0, 5])
+    answer["prompts"][0]["choices"][0]["text"] = "<answer>4\x00</answer>"
+    _record(run, k, "nul", answer)
+    [call] = AgentCall.objects.filter(session__name="nul")
+    assert call.choices[0]["text"] == "<answer>4\ufffd</answer>" and call.choices[0]["token_ids"] == [0, 5]
+
+
 def test_a_prompt_that_rewrites_the_history_splits_the_trajectory_and_says_where(run: Run, key: Any) -> None:
     k, _ = key
     _record(run, k, "s", _answer([1, 2], [10, 11]))

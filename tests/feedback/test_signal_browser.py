@@ -6,7 +6,6 @@ worker), and the Raters page counts the annotator's labels."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import zipfile
 from collections.abc import Iterator
@@ -28,14 +27,6 @@ pytest.importorskip("torch")
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
-
-
-@pytest.fixture(scope="module")
-def demo_model_dir() -> Path:
-    from workers.demo_model import demo_model_build
-
-    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
 
 
 @pytest.fixture
@@ -86,7 +77,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         for n in range(1, 9):
             ann_page.keyboard.press("5" if n % 2 else "1")
             ann_page.keyboard.press("Enter")
-            expect(ann_page.locator("#queue .item.done")).to_have_count(n)
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=15_000)  # as the pages
 
         # The eighth label makes a version due: the reward worker trains it, the panel polls.
         # (Locator waits, not page-side script: the CSP forbids evaluating strings.)
@@ -103,7 +94,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         for n in range(1, 9):
             ann_page.keyboard.press("5" if n % 2 else "1")
             ann_page.keyboard.press("Enter")
-            expect(ann_page.locator("#queue .item.done")).to_have_count(n)
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=15_000)  # as the pages
         expect(owner_page.locator("[data-figure=rm-version]")).to_have_text("v2", timeout=240_000)
         v2 = RewardModel.objects.get(run=run, version=2)
         assert v2.labels == 16 and v2.accuracy is not None

@@ -149,16 +149,6 @@ def test_a_malformed_verdict_never_fails_the_scoring_task(owner: User, monkeypat
 # ---- with real models -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def demo_model_dir() -> Path:
-    import os
-
-    from workers.demo_model import demo_model_build
-
-    cache = Path(os.environ.get("RFT_TEST_CACHE", Path(__file__).resolve().parents[2] / ".cache"))
-    return demo_model_build(out=cache / "test-demo-model", progress=False, log=lambda _: None).out
-
-
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> None:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"

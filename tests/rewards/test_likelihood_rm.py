@@ -3,7 +3,6 @@ Bradley-Terry fit that weighs them."""
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -13,8 +12,6 @@ torch = pytest.importorskip("torch")
 
 from workers.likelihood_rm import FEATURES, bradley_terry_fit, causal_lm_load, likelihood_features
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
 
 
 def test_bradley_terry_recovers_which_feature_people_follow() -> None:
@@ -32,10 +29,8 @@ def test_bradley_terry_recovers_which_feature_people_follow() -> None:
 
 
 @pytest.mark.slow
-def test_features_read_the_answer_span_and_the_completion_likelihood() -> None:
-    from workers.demo_model import demo_model_build
-
-    base = demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+def test_features_read_the_answer_span_and_the_completion_likelihood(demo_model_dir: Path) -> None:
+    base = demo_model_dir
     model, tokenizer = causal_lm_load(str(base))
     tagged, bare = likelihood_features(model, tokenizer, ["What is 2 + 3?"] * 2, ["<answer>5</answer>", "5 is it"],
                                        max_length=64)

@@ -5,7 +5,6 @@ it is. Doors: the `rft reward-model` command; its refusals are CLI errors."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,6 @@ from apps.rewards.models import RewardModel
 from tests.factories import make_run
 from workers.likelihood_rm import likelihood_model_fit
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RFT_TEST_CACHE", ROOT / ".cache"))
 
 PROBLEMS = [(a, b) for a in range(2, 9) for b in range(1, 6)]
 
@@ -33,10 +30,8 @@ def _pairs() -> list[PreferencePair]:
 
 
 @pytest.fixture(scope="module")
-def demo_base() -> Path:
-    from workers.demo_model import demo_model_build
-
-    return demo_model_build(out=CACHE / "test-demo-model", progress=False, log=lambda _: None).out
+def demo_base(demo_model_dir: Path) -> Path:
+    return demo_model_dir
 
 
 @pytest.fixture(scope="module")

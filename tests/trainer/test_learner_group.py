@@ -104,6 +104,12 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[st
 
     from workers.algorithms.distributed import learner_shard
 
+    if world == 2:
+        # As a CPU train worker with RFT_TRAINER_CPU_MMAP_THRESHOLD: the heap trimmed after
+        # each block's backward (workers/host_memory.py) changes no update.
+        from workers.host_memory import cpu_allocator_tune
+
+        assert cpu_allocator_tune()
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
     try:
         for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):

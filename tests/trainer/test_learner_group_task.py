@@ -98,15 +98,18 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_upd
 ) -> None:
     """trainer.hosts: 2 with one process each: the train task is rank 0 on its host, and a
     second "host" (`python -m workers.algorithms.distributed join`, its own storage root)
-    joins the group over 127.0.0.1 at RFT_LEARNER_PORT; the version rank 0 publishes holds
+    joins the group over 127.0.0.1 at RFT_LEARNER_PORT (with RFT_TRAINER_CPU_MMAP_THRESHOLD
+    set there only); the version rank 0 publishes holds
     the one-process weights, and the joined host ends cleanly with the run's group."""
     from tests.servers import ROOT, free_port, spawn, stop
 
     torch.set_num_threads(1)
     one = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
     settings.RFT_LEARNER_PORT = free_port()
+    # The other host's rank returns freed memory as a worker so set does (its allocator tuned,
+    # the heap trimmed after each block's backward): the same update.
     env = {**os.environ, "RFT_STORAGE_DIR": str(tmp_path / "host1-storage"), "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "RFT_TRAINER_CPU_MMAP_THRESHOLD": str(1 << 20)}
     # Started first: it waits for rank 0's store (as the compose file's learner-ranks service does).
     host1 = spawn([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
                    str(settings.RFT_LEARNER_PORT), "1"], env=env, log=tmp_path / "host1.log")

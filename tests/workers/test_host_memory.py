@@ -56,3 +56,71 @@ def test_a_learner_leaves_the_allocator_alone_unless_the_worker_asks() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "False"
+
+
+TRIM_CODE = """
+import os, sys
+import torch
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from workers import host_memory
+assert host_memory.cpu_allocator_tune()
+held, pins = [], []
+for _ in range(100):  # 100 x 0.5 MB (under the 1 MB threshold: from the heap), each pinned in place by a small block
+    held.append(torch.ones(2**17))
+    pins.append(torch.ones(1000))
+before = rss()
+del held
+freed = rss()
+if sys.argv[1] == "trim":
+    host_memory.heap_trim()
+print(round(before - rss()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_a_trim_hands_freed_blocks_under_the_threshold_back() -> None:
+    def returned(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", TRIM_CODE, mode], capture_output=True, text=True, cwd=ROOT,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return int(out.stdout.split()[-1])
+
+    assert returned("keep") <= 5, "freed heap blocks between pinned ones should stay resident untrimmed"
+    assert returned("trim") >= 40
+
+
+BACKWARD_TRIM_CODE = """
+import sys, torch
+from workers import host_memory
+from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+from workers.modelkit import causal_lm_build, tokenizer_build
+if sys.argv[1] == "tuned":
+    assert host_memory.cpu_allocator_tune()
+trims = []
+real = host_memory.heap_trim
+host_memory.heap_trim = lambda: (trims.append(1), real())[1]
+tok = tokenizer_build(texts=["1 + 1 = 2"], vocab_size=300)
+torch.manual_seed(0)
+learner = Learner(spec=LearnerSpec(algorithm="sft"), model=causal_lm_build(tokenizer=tok, hidden_size=32, layers=3,
+                  heads=2), tokenizer=tok)
+rows = [Rollout(id=i, group_id=f"g{i}", prompt_ids=[5, 6, 7], completion_ids=[8, 9, 10 + i], is_expert=True)
+        for i in range(2)]
+learner.step(TrainBatch(expert=rows))
+print(len(trims), float(sum(p.double().sum() for p in learner.model.parameters())))
+"""
+
+
+def test_a_tuned_learner_trims_the_heap_after_each_blocks_backward_and_makes_the_same_update() -> None:
+    def run(mode: str) -> tuple[int, float]:
+        out = subprocess.run([sys.executable, "-c", BACKWARD_TRIM_CODE, mode], capture_output=True, text=True,
+                             cwd=ROOT, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        trims, total = out.stdout.split()[-2:]
+        return int(trims), float(total)
+
+    plain, tuned = run("plain"), run("tuned")
+    assert plain[0] == 0
+    assert tuned[0] == 3, "one trim per decoder block's backward"
+    assert tuned[1] == plain[1]

@@ -102,17 +102,22 @@ def _comm_device() -> str:
 # ----------------------------------------------------------------------------- sharding a learner
 
 
-def _units(model: torch.nn.Module) -> list[torch.nn.Module | list[torch.nn.Module]]:
-    """The model's FSDP2 units below the root, each gathered for its own forward and backward
-    only: the repeated blocks (transformers' `_no_split_modules`: the decoder layers), the
-    input embeddings unless tied, and the output head grouped with the last block."""
+def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (transformers' `_no_split_modules`: the decoder layers),
+    outermost only (a vision tower's layers inside a listed module stay in it)."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names]
-    # Outermost only (a vision tower's layers inside a listed module stay in it).
     inner = {id(c) for b in blocks for c in b.modules() if c is not b}
-    blocks = [b for b in blocks if id(b) not in inner]
+    return [b for b in blocks if id(b) not in inner]
+
+
+def _units(model: torch.nn.Module) -> list[torch.nn.Module | list[torch.nn.Module]]:
+    """The model's FSDP2 units below the root, each gathered for its own forward and backward
+    only: the repeated blocks (transformers' `_no_split_modules`: the decoder layers), the
+    input embeddings unless tied, and the output head grouped with the last block."""
+    blocks = model_blocks(model)
     units: list[torch.nn.Module | list[torch.nn.Module]] = list(blocks)
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     embed = get_in() if callable(get_in) else None
@@ -529,6 +534,13 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     spec = spec_from_config(cfg)
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
     model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
+    from django.conf import settings
+
+    if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
+        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built.
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
     group_join(store=store, rank=rank, world=world, backend=backend, timeout=timeout)
     try:

@@ -109,6 +109,12 @@ class Learner:
         # changes on a GPU. Returning freed tensors to the system is the train worker's
         # choice (RFT_TRAINER_CPU_MMAP_THRESHOLD, workers/host_memory.py): it costs time.
         bridge.fused_head_tiles_for(next(model.parameters()).device)
+        if self.device == "cpu":
+            # In a tuned worker, the heap is also trimmed after each block's backward.
+            from workers.algorithms.distributed import model_blocks
+            from workers.host_memory import backward_trim
+
+            backward_trim(model_blocks(model))
         optimizer_check(spec.optimizer, device=self.device)
         self.spec = spec
         self.model = model
@@ -332,7 +338,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         from workers.precision import autocast
 
-        with autocast(self.spec.precision, device=self.device):
+        with bridge.TRL_STATE_LOCK, autocast(self.spec.precision, device=self.device):
             loss, metrics = self.loss(batch) if shard is None else shard.loss(self, batch)
         params = self.trainable_parameters
         if self.scaler is not None:

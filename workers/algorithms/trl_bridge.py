@@ -11,12 +11,14 @@ so an upgrade that moves them fails there, loudly, before a run trains on wrong 
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, ParamSpec, TypeAlias, TypeVar
 
 import torch
 
@@ -33,6 +35,28 @@ TrlTrainer: TypeAlias = "GRPOTrainer | DPOTrainer | SFTTrainer"
 log = logging.getLogger(__name__)
 
 TRL_VERSION = "1.16.0"
+
+# transformers' TrainingArguments (every TRL config) resets accelerate's process-wide
+# AcceleratorState when it is built, and TRL's losses read that state. Where two learners or
+# a learner and the reward worker share a process (the embedded default: `rft_serve` runs two
+# runs' trainers as threads), one building a trainer under the other's loss failed its step
+# ("`AcceleratorState` object has no attribute `_mixed_precision`"). Building a TRL trainer or
+# config and computing a loss with one hold this lock.
+TRL_STATE_LOCK = threading.RLock()
+
+_Built = TypeVar("_Built")
+_Args = ParamSpec("_Args")
+
+
+def _holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]:
+    """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it."""
+
+    @functools.wraps(build)
+    def held(*args: _Args.args, **kwargs: _Args.kwargs) -> _Built:
+        with TRL_STATE_LOCK:
+            return build(*args, **kwargs)
+
+    return held
 
 
 class TrlApiMoved(UpstreamFailed, RuntimeError):
@@ -103,6 +127,7 @@ def _dummy_prompt_dataset(n: int) -> Dataset:
 # ----------------------------------------------------------------------------- GRPO
 
 
+@_holding_trl_state
 def grpo_trainer_build(
     *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: LossParams, num_generations: int = 2,
     batch_size: int = 2, rollout_func: Callable[..., Mapping[str, object]] | None = None,
@@ -294,6 +319,7 @@ def grpo_loss(*, trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict[str,
 # ----------------------------------------------------------------------------- DPO
 
 
+@_holding_trl_state
 def dpo_trainer_build(
     *, model: torch.nn.Module, ref_model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase, params: LossParams,
     train_dataset: Dataset | None = None, batch_size: int = 2
@@ -361,6 +387,7 @@ def dpo_loss(*, trainer: DPOTrainer, model: torch.nn.Module, inputs: dict[str, t
 # ----------------------------------------------------------------------------- SFT
 
 
+@_holding_trl_state
 def sft_trainer_build(
     *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: LossParams,
     train_dataset: Dataset | None = None, batch_size: int = 2

@@ -1,0 +1,22 @@
+"""`make test`'s two xdist workers take the suite in groups (tests/xdist_schedule.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.xdist_schedule import FIRST, WHOLE_PACKAGES, group_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_group_is_a_module_or_a_whole_package_that_shares_workers() -> None:
+    assert group_of("tests/trainer/test_modes.py::test_x[a]") == "tests/trainer/test_modes.py"
+    assert group_of("tests/test_faults.py::test_y") == "tests/test_faults.py"
+    assert group_of("tests/learning/test_learning.py::test_z") == "tests/learning/"
+    assert group_of("tests/learning/test_calculator_agent.py::test_z") == "tests/learning/"
+
+
+def test_the_groups_handed_out_first_exist() -> None:
+    # A renamed module would silently go back to the end of the queue.
+    assert all((ROOT / group).exists() for group in FIRST + WHOLE_PACKAGES), [g for g in FIRST if not (ROOT / g).exists()]
+    assert len(set(FIRST)) == len(FIRST)
