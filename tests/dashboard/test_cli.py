@@ -126,7 +126,10 @@ def test_worker_health_tells_busy_idle_stale_and_stopped_apart(owner: User) -> N
     worker_heartbeat_record(hostname="reward@a", queues=["reward"], pool="prefork", concurrency=2, pid=2, active=[])
     worker_heartbeat_record(hostname="train@b", queues=["train"], pool="solo", concurrency=1, pid=3, active=[])
     WorkerHeartbeat.objects.filter(hostname="train@b").update(last_seen=now - timedelta(minutes=5))
-    states = {w["beat"].hostname: w["state"] for w in workers_health()}
+    # Only these three: a worker another test started on this database may have left its
+    # "stopped" beat after that test's flush (a module-scoped worker stops after it).
+    ours = {"rollout@a", "reward@a", "train@b"}
+    states = {w["beat"].hostname: w["state"] for w in workers_health() if w["beat"].hostname in ours}
     assert states == {"rollout@a": "busy", "reward@a": "idle", "train@b": "stale"}
     client = Client()
     client.force_login(owner)
@@ -156,7 +159,7 @@ def test_a_real_worker_started_by_the_cli_reports_its_queues_and_its_shutdown(tm
         beat.refresh_from_db()
         assert beat.last_seen > first  # it keeps beating
         # Alive: idle, or busy with a beat of the RFT core's loop (this worker runs Celery beat).
-        assert [w["state"] for w in workers_health()] in (["idle"], ["busy"])
+        assert [w["state"] for w in workers_health() if w["beat"].hostname == beat.hostname] in (["idle"], ["busy"])
     finally:
         proc.send_signal(signal.SIGTERM)  # the supervisor forwards it to its workers
         try:
@@ -168,4 +171,4 @@ def test_a_real_worker_started_by_the_cli_reports_its_queues_and_its_shutdown(tm
             log.close()
     beat.refresh_from_db()
     assert beat.stopped_at is not None
-    assert [w["state"] for w in workers_health()] == ["stopped"]
+    assert [w["state"] for w in workers_health() if w["beat"].hostname == beat.hostname] == ["stopped"]
