@@ -325,13 +325,16 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
             rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
-            pairs: bool = True, trust: bool = True, max_tokens: int = 32) -> dict[str, Any]:
+            pairs: bool = True, trust: bool = True, max_tokens: int = 32,
+            verifier: bool = False) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
         "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
-        # Only the format reward: correctness comes from people (or the model learned from them).
-        "rewards": [{"name": "math_format"}],
+        # Only the format reward: correctness comes from people (or the model learned from them);
+        # with `verifier`, the correctness check too (a team teaching a style keeps the verifier
+        # it has for what it knows; people teach what it does not).
+        "rewards": [{"name": "math_accuracy"}, {"name": "math_format"}] if verifier else [{"name": "math_format"}],
         # Advantages scaled by the batch's reward spread, not each group's: under per-group
         # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
         # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
@@ -343,6 +346,8 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
           "crossval_folds": crossval_folds if rm_kind != "classifier" else 0}
     wait = {"wait_seconds": 3600, "fallback": "auto"}
     if arm == "all":
+        if verifier:  # people's ratings beside the verifier, weighted as in the other arms
+            return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait}}
         return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
     if arm == "auto":
         return {**common, "rewards": [{"name": "math_accuracy"}], "feedback": {"mode": "auto"}}
@@ -550,7 +555,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            base_share: tuple[float, float] | None = None) -> dict[str, Any]:
+            base_share: tuple[float, float] | None = None, verifier: bool = False) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -575,7 +580,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
-                                    pairs=pairs, trust=trust, max_tokens=max_tokens))
+                                    pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -725,12 +730,19 @@ def main() -> None:
     parser.add_argument("--trust", default="on", choices=["on", "off"],
                         help="noisy: trust-aware hand-out (feedback.trust: 3 gold items first, untrusted raters "
                              "get gold items only); off: round 9's hand-out, both raters served alike")
+    parser.add_argument("--verifier", default="off", choices=["on", "off"],
+                        help="on: the run's reward terms check the arithmetic too (math_accuracy beside "
+                             "math_format, weighted by --w-auto beside people): people teach a style, the "
+                             "verifier keeps what it knows; `format` is then that verifier without people")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     args = parser.parse_args()
     try:
         rating = rater_load(args.rater)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.verifier == "on" and rating is correct:
+        parser.error("--verifier on with the correctness rater gives the run the rater's own answer key: "
+                     "nothing would be learned from people (use a style rater)")
     if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
         parser.error("--noise and --random-raters are shares between 0 and 1")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -782,7 +794,8 @@ def main() -> None:
                                        crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
                                        trust=args.trust == "on", rating=rating, noise=args.noise,
                                        noisy_raters=args.noisy_raters, random_share=args.random_raters,
-                                       max_tokens=args.max_tokens, base_share=base_share[seed]))
+                                       max_tokens=args.max_tokens, base_share=base_share[seed],
+                                       verifier=args.verifier == "on"))
                 print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()

@@ -478,7 +478,7 @@ def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subproces
            "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789",
            # Plain HTTP on 127.0.0.1: no TLS redirect, and cookies a plain-HTTP client sends back.
            "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
-           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": args.server_log_level, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TEST_DATABASE_NAME", None)
     # As docker-compose.yml's web service runs it (its command, flags and all).
     proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -558,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--seed-groups", type=int, default=300, help="groups in the buffer before the start")
     parser.add_argument("--after", type=float, default=15.0, help="seconds to watch connections after the end")
+    parser.add_argument("--server-log-level", default="WARNING", help="the web processes' LOG_LEVEL (INFO: every request)")
     parser.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--stop-file", help=argparse.SUPPRESS)

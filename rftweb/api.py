@@ -26,7 +26,7 @@ from apps.envapi.session_api import router as sessions_router
 from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
 from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
-from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_down, unavailable_message
+from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
 from rftweb.exceptions import RftError, TooLarge
 
 # ---- errors --------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
 def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
     """Postgres or Redis unreachable: 503 with Retry-After naming it (rftweb/degrade.py);
     any other database error goes on to Django (a 500)."""
-    dependency = dependency_down(exc)
+    dependency = dependency_failed(exc)
     if dependency is None:
         raise exc
     return _problem(request, 503, unavailable_message(dependency), headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -7,6 +7,11 @@ Retry-After and a short page naming the service (JSON under /api/), never a trac
   session saved in process_response);
 - the environment API's own handlers (rftweb/api.py), which answer before Django does.
 
+A process that has seen Postgres unreachable remembers it (`POSTGRES_OUTAGE`): until a short
+direct connection succeeds again (one request tries every PROBE_SECONDS), requests answer 503
+at once, rather than each waiting RFT_DB_POOL_TIMEOUT for a pool that cannot connect. Only the
+requests already waiting when the outage began wait that long.
+
 `cached` is the one way pages read Django's cache: with Redis down the value is computed
 (the cache is an optimisation, not a dependency). The API key rate limiter fails closed
 instead (apps/envapi/services.py `rate_limit_hit`): no count, no request.
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -89,6 +96,78 @@ def dependency_down(exc: BaseException | None) -> str | None:
     return None
 
 
+def dependency_failed(exc: BaseException | None) -> str | None:
+    """`dependency_down`, remembering an unreachable Postgres in POSTGRES_OUTAGE: what each
+    door calls on an error it is about to answer 503 for."""
+    from django.db import connection
+
+    dependency = dependency_down(exc)
+    # (SQLite's errors, in the embedded default, are a locked file, not a server gone.)
+    if dependency == "Postgres" and connection.vendor == "postgresql":
+        POSTGRES_OUTAGE.seen()
+    return dependency
+
+
+# While an outage is remembered, one request every this many seconds tries a direct connection.
+PROBE_SECONDS = 2.0
+PROBE_CONNECT_TIMEOUT = 2
+
+
+def _postgres_answers() -> bool:
+    """Whether a fresh connection (not the pool's) to the default database opens within
+    PROBE_CONNECT_TIMEOUT seconds."""
+    from django.db import connection
+
+    try:
+        import psycopg
+
+        params = connection.get_connection_params()
+        with psycopg.connect(**params, connect_timeout=PROBE_CONNECT_TIMEOUT):
+            return True
+    except Exception:  # any failure to connect is the outage going on
+        return False
+
+
+class Outage:
+    """This process's memory that a service was unreachable. `seen()` starts it; `holds()`
+    says whether a request should answer 503 without trying: True until a probe (one request
+    every `probe_seconds`, `probe()` run outside the lock) succeeds."""
+
+    def __init__(self, probe: Callable[[], bool], *, probe_seconds: float = PROBE_SECONDS) -> None:
+        self._probe, self._probe_seconds = probe, probe_seconds
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._next_probe = 0.0
+
+    def seen(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._since is None:
+                self._since = now
+            self._next_probe = max(self._next_probe, now + self._probe_seconds)
+
+    def holds(self) -> bool:
+        if self._since is None:  # the common case, without the lock
+            return False
+        with self._lock:
+            if self._since is None:
+                return False
+            now = time.monotonic()
+            if now < self._next_probe:
+                return True
+            self._next_probe = now + self._probe_seconds  # this request probes; the others wait for it
+        if not self._probe():
+            return True
+        with self._lock:
+            log.warning("a direct connection succeeded after %.0f s: requests go to the database again",
+                        time.monotonic() - (self._since or time.monotonic()))
+            self._since = None
+        return False
+
+
+POSTGRES_OUTAGE = Outage(_postgres_answers)
+
+
 def _is_pool_timeout(exc: BaseException | None) -> bool:
     try:
         from psycopg_pool import PoolTimeout
@@ -128,11 +207,21 @@ def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
     return response
 
 
+# /ready/ reports the outage itself, naming each dependency (readiness_checks).
+OUTAGE_EXEMPT = ("/ready/",)
+
+
 class DegradeMiddleware(MiddlewareMixin):
-    """Turns an unreachable Postgres or Redis under any view into 503 + Retry-After."""
+    """Turns an unreachable Postgres or Redis under any view into 503 + Retry-After, and
+    answers at once while this process remembers Postgres unreachable."""
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        if request.path in OUTAGE_EXEMPT or not POSTGRES_OUTAGE.holds():
+            return None
+        return unavailable_response(request, "Postgres")
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        dependency = dependency_down(exception)
+        dependency = dependency_failed(exception)
         if dependency is None:
             return None
         if dependency == BUSY:
@@ -148,7 +237,7 @@ def server_error(request: HttpRequest) -> HttpResponseBase:
     middleware raised, outside process_exception's reach); Django's 500 page otherwise."""
     from django.views.defaults import server_error as django_server_error
 
-    dependency = dependency_down(sys.exc_info()[1])
+    dependency = dependency_failed(sys.exc_info()[1])
     if dependency is not None:
         return unavailable_response(request, dependency)
     return django_server_error(request)
@@ -181,12 +270,16 @@ def readiness_checks() -> dict[str, str]:
     from django.db import connection
 
     checks: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:  # any failure is a database that cannot serve
-        checks["database"] = f"down: {type(exc).__name__}: {exc}"[:300]
+    if POSTGRES_OUTAGE.holds():
+        checks["database"] = "down: unreachable (no direct connection in the last probe)"
+    else:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            checks["database"] = "ok"
+        except Exception as exc:  # any failure is a database that cannot serve
+            dependency_failed(exc)
+            checks["database"] = f"down: {type(exc).__name__}: {exc}"[:300]
     if not settings.REDIS_URL:
         checks["redis"] = "unused"
     else:

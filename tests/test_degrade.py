@@ -128,6 +128,42 @@ def test_with_postgres_stopped_every_request_that_needs_it_answers_a_short_503(
         stop(proc)
 
 
+def test_once_a_process_has_seen_postgres_gone_it_answers_at_once_and_serves_again_when_it_is_back(
+        tmp_path: Path, spare_postgres: Postgres) -> None:
+    """The pool waits RFT_DB_POOL_TIMEOUT for a connection it cannot open; after the first
+    request found Postgres gone, the next ones do not wait it again, and pages come back within
+    a few seconds of Postgres without a restart of the web process."""
+    proc, url = start_uvicorn(log=tmp_path / "web.log", DATABASE_URL=spare_postgres.url, RFT_DB_POOL_TIMEOUT="20")
+    cookie = {"Cookie": f"{settings.SESSION_COOKIE_NAME}=abcdefghijklmnopqrstuvwxyz012345"}
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/login/").status_code == 200
+            spare_postgres.stop()
+            assert http.get("/runs/", headers=cookie).status_code == 503  # found out (up to the pool's 20 s)
+            for path in ("/runs/", "/runs/1/", "/login/", "/api/v1/runs"):
+                started = time.monotonic()
+                page = http.get(path, headers=cookie)
+                took = time.monotonic() - started
+                assert page.status_code == 503 and "Postgres" in page.text and page.headers["Retry-After"] == "10"
+                assert took < 5, f"{path} waited {took:.1f} s while the outage was known"
+            started = time.monotonic()
+            ready = http.get("/ready/")
+            assert ready.status_code == 503 and ready.json()["down"] == ["Postgres"]
+            assert time.monotonic() - started < 5
+
+            spare_postgres.start()
+            deadline, page = time.monotonic() + 30, None
+            while time.monotonic() < deadline:
+                page = http.get("/login/")
+                if page.status_code == 200:
+                    break
+                time.sleep(0.5)
+            assert page is not None and page.status_code == 200, "pages did not come back with Postgres"
+            assert http.get("/ready/").json()["database"] == "ok"
+    finally:
+        stop(proc)
+
+
 def test_the_api_answers_503_when_a_database_error_is_a_lost_connection_only(rf: Any) -> None:
     """Only an unreachable service is a 503: other errors still surface (they are bugs)."""
     from django.db import IntegrityError, OperationalError
