@@ -246,3 +246,27 @@ def test_a_pool_timeout_is_busy_only_when_the_pool_is_full(settings: Any) -> Non
             raise OperationalError(str(exc)) from exc
     except OperationalError as wrapped:
         assert dependency_down(wrapped) == "Postgres" != BUSY
+
+
+def test_an_outage_is_probed_by_one_request_per_interval_and_ends_when_a_probe_connects() -> None:
+    from rftweb.degrade import Outage
+
+    answers: list[bool] = []
+    probes: list[float] = []
+
+    def probe() -> bool:
+        probes.append(time.monotonic())
+        return answers.pop(0)
+
+    outage = Outage(probe, probe_seconds=0.2)
+    assert not outage.holds() and not probes  # nothing seen: no probe, no short-cut
+    outage.seen()
+    assert all(outage.holds() for _ in range(50)) and not probes  # within the interval: no probe
+    time.sleep(0.25)
+    answers[:] = [False]
+    assert outage.holds() and len(probes) == 1  # the probe failed: still out
+    assert outage.holds() and len(probes) == 1  # and the next interval has begun
+    time.sleep(0.25)
+    answers[:] = [True]
+    assert not outage.holds() and len(probes) == 2  # a probe connected: requests go through
+    assert not outage.holds() and len(probes) == 2
