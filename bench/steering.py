@@ -282,6 +282,34 @@ load 6-40 (helpers' benches beside), 2026-11-25:
 - Sampled arithmetic against `format` (same seed), rm10: concise -0.026 / -0.051 / +0.028,
   working +0.000 / +0.002 / -0.020, in_words -0.075 / -0.029 / -0.057: not met beyond working.
 
+Measured 2026-11-25 at the bench's default length, 30 steps (same settings otherwise: 8 tasks x 8,
+lr 1e-4, `head` over the run's own base, 4 folds; 180 labels in the 10% arms against 1920),
+seeds 0 / 1 / 2, one bench per rater and seed, three at once, load 2.0-4.7, ~6 minutes a bench:
+| rater    | all                     | rm10                    | random10                | noisy                   | format                  |
+| concise  | +.425 +.440 +.387 +.425 | +.384 +.426 +.381 +.384 | +.233 +.115 +.220 +.220 | +.378 +.402 +.350 +.378 | +.181 +.049 +.174 +.174 |
+| working  | +.706 +.705 +.726 +.706 | +.672 +.726 +.706 +.706 | -.063 +.078 -.053 -.053 | +.666 +.686 +.655 +.666 | -.123 -.020 -.070 -.070 |
+| in_words | +.473 +.411 +.427 +.427 | +.292 +.294 +.222 +.292 | -.035 +.025 -.025 -.025 | +.227 +.229 +.128 +.227 | -.038 -.003 -.056 -.038 |
+(preferred-share gain per seed, then the median.)
+- rm10 / all (medians; per seed): concise 0.90 (0.90 / 0.97 / 0.98), working 1.00 (0.95 / 1.03 /
+  0.97): met with 0.094x the labels; in_words 0.68 (0.62 / 0.71 / 0.52): not met. Over 15 steps
+  the reward model's late start weighed more (0.83 / 0.55 / 0.73): at 30 the ceiling `all` nears
+  saturation on concise and working while rm10 keeps climbing.
+- noisy / rm10: concise 0.98, working 0.94 (met on every seed), in_words 0.78 (0.78 / 0.78 /
+  0.57: not met); noisy's model usable from step 6-9, 6, 6-18.
+- rm10 against random10: working and in_words met as the inequality (random10 lost; rm10 ahead by
+  +0.76 / +0.32); concise 1.74x (+0.164), not met as a ratio: `format`, with no people at all,
+  gains +0.174 on concise (the format reward's single tag favours a bare answer), so random10's
+  gain is mostly the format reward's.
+- Reward model held-out (by prompt, out of fold) accuracy, rm10: concise 0.92 / 0.99 / 0.99,
+  working 0.95 / 0.93 / 0.91, in_words 0.78 / 0.91 / 0.86 on 114-161 pairs (>= 0.8 but for
+  in_words seed 0). in_words rates 5 only when the words name the tagged number (3 for other
+  number words): a match between two spellings, which a linear head on pooled features can only
+  approximate; likely why its model and its rm10 trail (not traced).
+- Sampled arithmetic against `format` (same seed): all -0.056..+0.016, rm10 -0.088..+0.001, noisy
+  -0.104..+0.026: not met (<= 0.02 asked). `format` itself loses 0.033 on seeds 0 / 1 (nothing in
+  the run holds the arithmetic up) and amplifying a style loses more: the styled forms are less
+  accurate in the base.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
