@@ -299,3 +299,80 @@ def test_a_reward_model_over_the_demo_model_learns_a_preference_for_a_word_on_pr
     score = reward_scorer_load(rm.path, max_length=64)
     accuracy = pairwise_accuracy(score(prompts, worded_answers), score(prompts, plain_answers))
     assert accuracy is not None and accuracy > 0.8, accuracy
+
+
+
+def _spelled(value: int, rng: random.Random, *, consistent: bool) -> str:
+    """The demo model's `words` style ("46 is forty-six, so <answer>46</answer>"); not
+    consistent: the words name another number, or the tag does."""
+    from apps.runs.preferences import number_words
+
+    if consistent:
+        return f"{value} is {number_words(value)}, so <answer>{value}</answer>"
+    other = value + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])
+    if rng.random() < 0.5:
+        return f"{value} is {number_words(other)}, so <answer>{value}</answer>"
+    return f"{other} is {number_words(other)}, so <answer>{value}</answer>"
+
+
+def test_a_reward_model_over_the_demo_model_prefers_number_words_that_name_the_tagged_number(
+    owner: User, annotator: User, demo_model_dir: Path,
+) -> None:
+    """Anna rates the `in_words` way: the number in words, and only where the words name the
+    number given. Both sides spell a number; what tells them apart is whether the spelling
+    matches, which no pooled state shows but the run's own model's surprise at a wrong one
+    does (the head pools the completion's token log-probabilities)."""
+    from workers.reward_trainer import pairwise_accuracy, reward_scorer_load
+
+    run = make_run(owner=owner, feedback={"mode": "blend"},
+                   reward_model={"enabled": True, "base": str(demo_model_dir), "retrain_every": 20,
+                                 "heldout_share": 0.25, "max_length": 64})
+    add_member(run, annotator)
+    rng = random.Random(7)
+    rows = []
+    for g in range(60):
+        a, b = rng.randint(10, 99), rng.randint(0, 9)
+        for i, consistent in enumerate((True, False)):
+            rows.append(experience_row(run, key=f"s{g}-{i}", group=f"s{g}", status="pending", reward=None,
+                                       auto_reward=0.0, prompt_text=f"What is {a} + {b}?",
+                                       response_text=_spelled(a + b, rng, consistent=consistent)))
+    exps = list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+    for named, misnamed in zip(exps[::2], exps[1::2], strict=True):
+        feedback_compare(run=run, author=annotator, experience=misnamed, other=named, winner="b")
+
+    rm = reward_model_train_run(run=run_view_of(run))
+    assert rm is not None and rm.accuracy is not None and rm.accuracy > 0.8, rm and rm.accuracy  # chance is 0.5
+
+    fresh = random.Random(8)
+    prompts, named_answers, misnamed_answers = [], [], []
+    for _ in range(40):
+        a, b = fresh.randint(10, 99), fresh.randint(0, 9)
+        prompts.append(f"What is {a} - {b}?")
+        named_answers.append(_spelled(a - b, fresh, consistent=True))
+        misnamed_answers.append(_spelled(a - b, fresh, consistent=False))
+    score = reward_scorer_load(rm.path, max_length=64)
+    accuracy = pairwise_accuracy(score(prompts, named_answers), score(prompts, misnamed_answers))
+    assert accuracy is not None and accuracy > 0.8, accuracy
+
+
+def test_a_head_version_saved_before_the_log_probabilities_were_pooled_still_scores(
+    demo_model_dir: Path, tmp_path: Path,
+) -> None:
+    """A deployment's published versions outlive an upgrade: the older pooling is read as made."""
+    from workers.likelihood_rm import causal_lm_load
+    from workers.reward_kinds.head import POOLING, POOLINGS, HeadEnsemble, hidden_features
+    from workers.reward_trainer import reward_scorer_load
+
+    older = POOLINGS[1]
+    model, tokenizer = causal_lm_load(str(demo_model_dir))
+    prompts, answers = ["What is 12 + 3?"] * 2, ["<answer>15</answer>", "15 is fifteen, so <answer>15</answer>"]
+    old = hidden_features(model, tokenizer, prompts, answers, max_length=64, pooling=older)
+    new = hidden_features(model, tokenizer, prompts, answers, max_length=64, pooling=POOLING)
+    assert len(new[0]) == len(old[0]) + 2 and new[0][:len(old[0])] == old[0]
+    weights = [0.0] * len(old[0])
+    weights[-1] = 1.0  # the log-length: the longer answer scores higher
+    HeadEnsemble(base=str(demo_model_dir), mean=[0.0] * len(old[0]), std=[1.0] * len(old[0]), heads=[weights],
+                 max_length=64, pooling=older).save(tmp_path / "v1")
+    tokenizer.save_pretrained(tmp_path / "v1")
+    scores = reward_scorer_load(str(tmp_path / "v1"), max_length=64)(prompts, answers)
+    assert len(scores) == 2 and scores[1] > scores[0]
