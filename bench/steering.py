@@ -310,6 +310,24 @@ seeds 0 / 1 / 2, one bench per rater and seed, three at once, load 2.0-4.7, ~6 m
   the run holds the arithmetic up) and amplifying a style loses more: the styled forms are less
   accurate in the base.
 
+`--verifier on` (same day, seed 0, 30 steps, the head before its log-probability features, load
+3.3-5.2): the run keeps the verifier it has for what it knows (math_accuracy beside math_format,
+at --w-auto beside people's weight 1; `all` then blends too), and `format` becomes that verifier
+without people. The arm without people gains arithmetic (sampled 0.130 -> 0.169); against it:
+| rater    | --w-auto | all share / arith | rm10 share / arith | noisy share / arith | random10 share / arith |
+| concise  | 0.5      | +.381 / -.003     | +.368 / -.015      | +.369 / -.008       | +.216 / +.010          |
+| working  | 0.5      | +.709 / -.081     | +.518 / -.066      | +.491 / -.094       | -.119 / +.003          |
+| in_words | 0.5      | +.406 / -.074     | +.287 / -.066      | +.193 / -.041       | -.034 / +.006          |
+| concise  | 0.2      | +.397 / +.001     | +.378 / -.031      | +.359 / -.023       | +.205 / +.017          |
+| working  | 0.2      | +.713 / -.098     | +.555 / -.083      | +.595 / -.090       | -.106 / -.001          |
+| in_words | 0.2      | +.403 / -.084     | +.263 / -.092      | +.208 / -.064       | -.039 / +.016          |
+With the verifier at half the weight of people, concise keeps its arithmetic within 0.02 in every
+arm (met on this seed); working and in_words do not, at either weight: people rate a style whose
+forms the base model gets wrong more often (bare 0.159, working 0.124, words 0.057 right), and a
+rating of 5 for any working outweighs the verifier's point for a right answer, so the runs trade
+arithmetic for the style. What would hold both: a warm-up whose styles are as accurate as the
+bare answer, or raters who rate the style only on right answers (a preference of its own).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
