@@ -5,11 +5,8 @@ Features of one (prompt, completion), tokenised as the trainer tokenises it (the
 through the chat template, the completion's tokens, then eos), pooled over the completion's
 tokens: the token embeddings' mean and maximum (which words it uses: a house word, a format's
 markers), the last hidden layer's mean and its state at the last token (what the model makes of
-the answer in context), the log of the token count (its length), and the mean and the least
-log-probability the model gives the completion's tokens (what it finds surprising: on the
-demo model, number words that do not name the tagged number, which no pooled state shows: the
-`in_words` preference's 5-against-3 pairs went from chance, 0.38-0.77, to what the model knows).
-They are standardised on the training completions. (On a crafted preference for completions containing one word, 45
+the answer in context), and the log of the token count (its length). They are standardised on
+the training completions. (On a crafted preference for completions containing one word, 45
 pairs over the demo model: 0.82-0.84 held-out pairwise accuracy with the last layer alone,
 1.00 with the embeddings' pools beside it.) Each of `ensemble` heads is fitted with the Bradley-Terry loss
 (P(chosen ≻ rejected) = σ(w · (z_chosen − z_rejected)), L2 `l2`, L-BFGS, each pair weighted by
@@ -38,32 +35,22 @@ from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from apps.runs.ports import RewardModelConfig
 
 HEAD_FILE = "head_reward.json"
 KIND = "head"
-POOLING = "embedding-mean+embedding-max+mean+last+log-length+logprob-mean+logprob-min"
-# Versions saved before the log-probabilities were pooled: still loaded and scored as made.
-POOLINGS = (POOLING, "embedding-mean+embedding-max+mean+last+log-length")
+POOLING = "embedding-mean+embedding-max+mean+last+log-length"
 
 
 def hidden_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-                    completions: Sequence[str], *, max_length: int, batch_size: int = 32,
-                    pooling: str = POOLING) -> list[list[float]]:
+                    completions: Sequence[str], *, max_length: int, batch_size: int = 32) -> list[list[float]]:
     """One pooled feature vector per (prompt, completion), over the completion's tokens: the
     token embeddings' mean and maximum (which words it uses), the last hidden layer's mean
-    and its state at the last token (what the model makes of it in context), the log of its
-    token count (its length), and (under the current POOLING) the mean and least
-    log-probability of its tokens given what comes before."""
+    and its state at the last token (what the model makes of it in context), and the log of
+    its token count (its length)."""
     import torch
-
-    likelihood = pooling.endswith("+logprob-mean+logprob-min")
-    head = model.get_output_embeddings() if likelihood else None
-    if likelihood and head is None:
-        raise ValueError(f"{type(model).__name__} has no output head: the head reward model pools its log-probabilities")
 
     from workers.likelihood_rm import _completion_ids, _prompt_ids
     from workers.likelihood_rm_hf import truncated
@@ -90,27 +77,11 @@ def hidden_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
             for row, (ids, cut) in enumerate(chunk):
                 cut = min(cut, len(ids) - 1)
                 words = embedded[row, cut:len(ids)]
-                parts = [words.mean(0), words.max(0).values, hidden[row, cut:len(ids)].mean(0), hidden[row, len(ids) - 1],
-                         torch.tensor([math.log1p(len(ids) - cut)], device=hidden.device)]
-                if head is not None:
-                    parts.append(_token_logprobs(head, hidden[row], ids, cut))
-                out.append(torch.cat(parts).cpu().tolist())
+                pooled = torch.cat([words.mean(0), words.max(0).values, hidden[row, cut:len(ids)].mean(0),
+                                    hidden[row, len(ids) - 1],
+                                    torch.tensor([math.log1p(len(ids) - cut)], device=hidden.device)])
+                out.append(pooled.cpu().tolist())
     return out
-
-
-def _token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, ids: list[int], cut: int) -> torch.Tensor:
-    """[mean, min] log-probability of the completion's tokens `ids[cut:]`, each given the
-    tokens before it (the output head on the states before them: only those rows, not the
-    whole vocabulary for the whole batch)."""
-    import torch
-
-    first = max(cut, 1)  # the first token has no state before it when there is no prompt
-    if first >= len(ids):
-        return torch.zeros(2, device=hidden.device)
-    logits = head(hidden[first - 1:len(ids) - 1]).float()
-    targets = torch.tensor(ids[first:], device=hidden.device)
-    logprobs = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
-    return torch.stack([logprobs.mean(), logprobs.min()])
 
 
 def bootstrap_weights(pairs: int, *, heads: int, seed: int) -> list[list[float]]:
@@ -135,7 +106,6 @@ class HeadEnsemble:
     std: list[float]
     heads: list[list[float]]
     max_length: int
-    pooling: str = POOLING
 
     def standardise(self, features: Sequence[Sequence[float]]) -> list[list[float]]:
         return [[(x - m) / s for x, m, s in zip(f, self.mean, self.std, strict=True)] for f in features]
@@ -153,18 +123,17 @@ class HeadEnsemble:
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / HEAD_FILE).write_text(json.dumps({
-            "kind": KIND, "base": self.base, "pooling": self.pooling, "mean": self.mean, "std": self.std,
+            "kind": KIND, "base": self.base, "pooling": POOLING, "mean": self.mean, "std": self.std,
             "heads": self.heads, "max_length": self.max_length,
         }))
 
     @classmethod
     def load(cls, path: Path) -> HeadEnsemble:
         data = json.loads((path / HEAD_FILE).read_text())
-        if data.get("kind") != KIND or data.get("pooling") not in POOLINGS:
-            raise ValueError(f"{path}: not a head reward model of this version ({data.get('kind')!r}, "
-                             f"pooling {data.get('pooling')!r})")
+        if data.get("kind") != KIND or data.get("pooling") != POOLING:
+            raise ValueError(f"{path}: not a head reward model of this version ({data.get('kind')!r})")
         return cls(base=data["base"], mean=data["mean"], std=data["std"], heads=data["heads"],
-                   max_length=int(data["max_length"]), pooling=data["pooling"])
+                   max_length=int(data["max_length"]))
 
 
 class HeadScorer(KindScorer):
@@ -174,7 +143,7 @@ class HeadScorer(KindScorer):
 
     def features(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         return hidden_features(self.model, self.tokenizer, prompts, completions, max_length=self.ensemble.max_length,
-                               batch_size=self.batch_size, pooling=self.ensemble.pooling)
+                               batch_size=self.batch_size)
 
     def score_spread(self, prompts: Sequence[str],
                      completions: Sequence[str]) -> tuple[list[float], list[float] | None]:
