@@ -328,6 +328,23 @@ rating of 5 for any working outweighs the verifier's point for a right answer, s
 arithmetic for the style. What would hold both: a warm-up whose styles are as accurate as the
 bare answer, or raters who rate the style only on right answers (a preference of its own).
 
+Why in_words trails (same day): over the rm10 run of seed 0, each version's scores of sibling
+pairs the rater rated apart, by rating: 5 v 1 0.87-1.00 and 3 v 1 0.72-1.00 right, but 5 v 3
+(words that name the tagged number against words that do not) 0.38-0.77, ~0.6 from version 5
+on, while most late pairs are 5 v 3: the head does not see whether two spellings of a number
+agree. The run's own base does: its mean token log-probability is -0.42 on completions rated 5
+and -1.04 on those rated 3. Tried and not kept: the head pooling the completion's mean and
+least token log-probability beside its states (a crafted 5-v-3 preference over the demo model,
+60 pairs: held-out 0.63 -> above 0.8). In the bench, 3 seeds x 3 raters, arms rm10 / noisy
+(the other arms use no reward model): in_words rm10 +0.320 / +0.290 / +0.219 (median +0.290
+against +0.292), its model 0.80 / 0.81 / 0.77, late 5 v 3 pairs 0.64-0.82; noisy +0.177 / +0.103
+/ +0.128 (against +0.227 / +0.229 / +0.128: usable from step 15 / 24 / 18 against 6 / 12 / 18);
+working rm10 median +0.714 (+0.706), noisy +0.679 (+0.666); concise rm10 +0.384 (+0.384), noisy
++0.394 (+0.378). No preference's rm10 moved beyond the seeds' spread and in_words' noisy arm
+got its model later: reverted. The few 5 v 3 pairs of the first steps do not weigh two
+features among 515 against the others; what might: features chosen per preference, or a head
+that sees the completion's token states rather than their pools.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
