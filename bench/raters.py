@@ -11,6 +11,7 @@ rater is a function of the same shape in any file: `--rater path/to/file.py:func
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -72,6 +73,7 @@ def checked(rate: Callable[[str, str], object], *, name: str) -> Rating:
     """`rate`, its every answer checked to be an integer rating 1..5 (a rater that answers
     something else stops the bench naming it, rather than posting a rating the page refuses)."""
 
+    @functools.wraps(rate)  # `__wrapped__`: the function itself, for a caller that asks which it is
     def rating(prompt: str, completion: str) -> int:
         value = rate(prompt, completion)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:

@@ -95,11 +95,13 @@ def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
     mine.parent.mkdir()
     mine.write_text(RATER_FILE)
     assert _ROOT not in mine.resolve().parents
-    out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all", "--tasks", "2", "--repeat", "2",
-                "--rater", f"{mine}:likes_tags", timeout=600)
+    # With the run's verifier kept beside people, and its arm without people to read against.
+    out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all,format", "--tasks", "2", "--repeat", "2",
+                "--rater", f"{mine}:likes_tags", "--verifier", "on", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"rater .*my_rater\.py:likes_tags \(noise 0\): preferred share gain per arm \(base "
-                     rf"{NUMBER}\): all [-+]\d\.\d+", out.stdout), out.stdout[-2000:]
+                     rf"{NUMBER}\): all [-+]\d\.\d+, format [-+]\d\.\d+", out.stdout), out.stdout[-2000:]
+    assert re.search(r"^beyond `format` \(what people taught\): all [-+]\d\.\d+", out.stdout, re.M), out.stdout[-2000:]
     calls = (mine.parent / "calls.log").read_text().splitlines()
     # The 200 held-out problems sampled before and after, and the 4 rollouts `all` rated.
     assert len(calls) >= 2 * 200 + 4
@@ -119,6 +121,18 @@ def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_
         out = subprocess.run([sys.executable, "-m", "bench.steering", "--rater", spec], cwd=_ROOT,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "--rater" in out.stderr and message in out.stderr, (spec, out.stderr[-500:])
+
+
+def test_the_steering_bench_refuses_a_verifier_beside_the_correctness_rater() -> None:
+    """The rater's own answer key in the run's rewards: nothing would be learned from people."""
+    import subprocess
+    import sys
+
+    from tests.conftest import _ROOT
+
+    out = subprocess.run([sys.executable, "-m", "bench.steering", "--rater", "bench.raters:correct", "--verifier", "on"],
+                         cwd=_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--verifier on with the correctness rater" in out.stderr, out.stderr[-500:]
 
 
 def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preference_share(
