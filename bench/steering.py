@@ -321,8 +321,13 @@ without people. The arm without people gains arithmetic (sampled 0.130 -> 0.169)
 | concise  | 0.2      | +.397 / +.001     | +.378 / -.031      | +.359 / -.023       | +.205 / +.017          |
 | working  | 0.2      | +.713 / -.098     | +.555 / -.083      | +.595 / -.090       | -.106 / -.001          |
 | in_words | 0.2      | +.403 / -.084     | +.263 / -.092      | +.208 / -.064       | -.039 / +.016          |
-With the verifier at half the weight of people, concise keeps its arithmetic within 0.02 in every
-arm (met on this seed); working and in_words do not, at either weight: people rate a style whose
+Concise at --w-auto 0.5 on seeds 1 / 2 too (load 2.6-4.8): shares all +.381 +.429 +.379, rm10 +.368
++.399 +.366 (0.96x all on the medians, 0.094x the labels), noisy +.369 +.392 +.330 (1.00x rm10),
+random10 +.216 +.246 +.219, the verifier alone +.219 +.214 +.216; arithmetic against it (seeds
+0 / 1 / 2) all -.003 +.020 -.001, rm10 -.015 +.024 -.036, noisy -.008 -.014 -.012, random10
++.010 +.009 +.003.
+With the verifier at half the weight of people, concise keeps its arithmetic within 0.02 on the
+medians (rm10's seed 2 loses 0.036); working and in_words do not, at either weight: people rate a style whose
 forms the base model gets wrong more often (bare 0.159, working 0.124, words 0.057 right), and a
 rating of 5 for any working outweighs the verifier's point for a right answer, so the runs trade
 arithmetic for the style. What would hold both: a warm-up whose styles are as accurate as the
