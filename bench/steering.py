@@ -334,8 +334,8 @@ arithmetic for the style. What would hold both: a warm-up whose styles are as ac
 bare answer, or raters who rate the style only on right answers (a preference of its own).
 
 Why in_words trails (same day): over the rm10 run of seed 0, each version's scores of sibling
-pairs the rater rated apart, by rating: 5 v 1 0.87-1.00 and 3 v 1 0.72-1.00 right, but 5 v 3
-(words that name the tagged number against words that do not) 0.38-0.77, ~0.6 from version 5
+pairs the rater rated apart, by rating: 5 v 1 0.88-1.00 and 3 v 1 0.87-1.00 right, but 5 v 3
+(words that name the tagged number against words that do not) 0.38-0.77, 0.55-0.64 from version 5
 on, while most late pairs are 5 v 3: the head does not see whether two spellings of a number
 agree. The run's own base does: its mean token log-probability is -0.42 on completions rated 5
 and -1.04 on those rated 3. Tried and not kept: the head pooling the completion's mean and
