@@ -186,6 +186,11 @@ def main() -> None:
                 print(f"the person gave {given} labels in {time.monotonic() - started:.0f} s; {load_average()}", flush=True)
                 while time.monotonic() < deadline and not (ended(people) and ended(twin)):
                     time.sleep(2)
+                # The last versions' evaluations are sent on publish and run beside the trainer:
+                # they may land after their run ended (the server must still be up for them).
+                evaluated_by = min(deadline, time.monotonic() + 180)
+                while time.monotonic() < evaluated_by and (evaluations_due(demo, people) or evaluations_due(demo, twin)):
+                    time.sleep(2)
             finally:
                 os.killpg(server.pid, signal.SIGTERM)
                 try:
@@ -193,6 +198,20 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     os.killpg(server.pid, signal.SIGKILL)
         report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+
+
+def evaluations_due(demo: Demo, run: int) -> set[int]:
+    """The train steps of the run's published versions its held-out evaluation is due on
+    (every `eval_every`-th version after the first) that have no `eval/accuracy` yet."""
+    ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", run)
+    every = int(json.loads(str(config)).get("eval_every") or 0)
+    if not every:
+        return set()
+    versions = demo.query("SELECT number, train_step FROM runs_modelversion WHERE run_id = ?", run)
+    due = {int(str(step)) for number, step in versions if int(str(number)) and int(str(number)) % every == 0}
+    done = {int(str(step)) for (step,) in demo.query(
+        "SELECT step FROM runs_metric WHERE run_id = ? AND name = 'eval/accuracy'", run)}
+    return due - done
 
 
 def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> None:

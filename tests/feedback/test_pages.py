@@ -76,7 +76,8 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.wait_for_selector("#panel form.edit textarea:focus")
     page.fill("#panel form.edit textarea", "Corrected: 2 + 2 = 4")
     page.keyboard.press("Control+Enter")
-    page.wait_for_selector("#panel .saved")
+    # (Under the whole suite's load on two cores this save once took over the default 15 s.)
+    page.wait_for_selector("#panel .saved", timeout=40_000)
     # The corrected item looks different in the queue, in words too.
     corrected = page.locator(f'#queue .item.has-edit[data-experience="{group_b[0]}"]')
     expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=15_000)
