@@ -189,7 +189,8 @@ def main() -> None:
                 # The last versions' evaluations are sent on publish and run beside the trainer:
                 # they may land after their run ended (the server must still be up for them).
                 evaluated_by = min(deadline, time.monotonic() + 180)
-                while time.monotonic() < evaluated_by and (evaluations_due(demo, people) or evaluations_due(demo, twin)):
+                every = {run: eval_every(demo, run) for run in (people, twin)}
+                while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
                     time.sleep(2)
             finally:
                 os.killpg(server.pid, signal.SIGTERM)
@@ -200,11 +201,14 @@ def main() -> None:
         report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
 
 
-def evaluations_due(demo: Demo, run: int) -> set[int]:
-    """The train steps of the run's published versions its held-out evaluation is due on
-    (every `eval_every`-th version after the first) that have no `eval/accuracy` yet."""
+def eval_every(demo: Demo, run: int) -> int:
     ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", run)
-    every = int(json.loads(str(config)).get("eval_every") or 0)
+    return int(json.loads(str(config)).get("eval_every") or 0)
+
+
+def evaluations_due(demo: Demo, run: int, every: int) -> set[int]:
+    """The train steps of the run's published versions its held-out evaluation is due on
+    (every `every`-th version after the first) that have no `eval/accuracy` yet."""
     if not every:
         return set()
     versions = demo.query("SELECT number, train_step FROM runs_modelversion WHERE run_id = ?", run)
