@@ -350,6 +350,18 @@ got its model later: reverted. The few 5 v 3 pairs of the first steps do not wei
 features among 515 against the others; what might: features chosen per preference, or a head
 that sees the completion's token states rather than their pools.
 
+Offline, 2026-11-25 (no bench run): 9,600 completions sampled from the styled demo model (600
+training prompts x 16), rated by `in_words`, pairs of one prompt rated apart, the held-out quarter
+of the prompts by `_fold_of` (3,000 pairs, 123-227 of them 5 v 3); a training set of 150 pairs
+half of them 5 v 3, as late rm10 labels are. Held-out 5 v 3 accuracy of the head (5 v 1 and 3 v 1
+are 0.97-1.00 throughout): 0.69-0.75 over three splits; with the last layer's maximum or a middle
+layer's mean beside its features 0.69-0.76; with the completion's token log-probability mean /
+least / sum 0.72-0.80; L2 1e-3..10 0.58-0.70 (1e-2, the default, 0.68 on that split). The whole
+model trained as a `classifier` (TRL's RewardTrainer, the issue's "full head") on the same 150
+pairs: 0.60-0.67 (4-8 epochs, lr 2e-4..1e-3), below the head. The head on 600 pairs, 300 of them
+5 v 3: 0.83. So the head is short of 5 v 3 pairs, not of features a full model would find: rm10's
+reward model has 114-161 pairs of every kind after 30 steps.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.

@@ -56,6 +56,11 @@ process all missed the same seconds (rftweb/layers.py now reads it in batches). 
 requests of this branch's runs are the host's (the web tier got 0.57-0.59 of a core there
 against 0.74-0.80 in the first two: load 31-35 against 22-27), as far as two runs each
 can tell; a host of its own would settle it.
+
+Measured 2026-11-25 again on a quiet host (load 4-7), 200 people x 150 s, the hand-out before and
+after it leased a queue in one INSERT a round (README, "Fewer statements a page"), two runs each,
+alternating: 59.4-60.5 req/s, p50 76-85 ms, p99 1.6-2.2 s, annotation page p50 0.61-1.48 s before
+and 0.67-0.72 s after; every target met in all four.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import uuid
 from typing import Any
 
@@ -135,3 +136,28 @@ def first_task(of: Run | Taskset) -> Task:
     task = (taskset_of(of) if isinstance(of, Run) else of).tasks.order_by("id").first()
     assert task is not None, f"{of} has no tasks"
     return task
+
+
+def claims_at_once(run: Run, users: list[User], *, size: int) -> dict[str, int]:
+    """Every user tops their annotation queue up to `size` at the same moment (one thread and
+    database connection each, released together by a barrier); the leases each got, by name."""
+    from django.db import connection
+
+    from apps.feedback.services import assignment_claim
+
+    barrier = threading.Barrier(len(users))
+    got: dict[str, int] = {}
+
+    def claim(user: User) -> None:
+        barrier.wait()
+        try:
+            got[user.username] = len(assignment_claim(run=run, annotator=user, size=size))
+        finally:
+            connection.close()  # this thread's own connection
+
+    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got

@@ -360,12 +360,13 @@ def _feedback_form_context(run: Run, values: dict[str, str] | None = None, error
 @require_GET
 def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    counts, timeline = buffer_counts(run=run), weight_sync_timeline(run=run)  # shown twice: read once
     context = {
         **_controls_context(run, role),
         **_feedback_form_context(run),
         "cfg": run.cfg,
-        "counts": buffer_counts(run=run),
-        "timeline": weight_sync_timeline(run=run),
+        "counts": counts,
+        "timeline": timeline,
         "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
         "failures": run_task_failures(run=run),
@@ -388,8 +389,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),
             "feedback": feedback_per_minute(run=run),
-            "counts": buffer_counts(run=run),
-            "sync": weight_sync_points(run=run),
+            "counts": counts,
+            "sync": weight_sync_points(run=run, timeline=timeline),
         },
         "export_kinds": EXPORT_KINDS,
         **reward_model_panel_context(run=run, role=role),

@@ -61,10 +61,17 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
             cap = ExpressionWrapper(F("created_at") + timedelta(seconds=policy.hold_cap_seconds),
                                     output_field=DateTimeField())
             mine.update(held_until=Least(Value(now + timedelta(seconds=policy.hold_seconds)), cap))
-            groups = set(mine.values_list("experience__group_id", flat=True)) | set(also_groups)
-            held = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED,
-                                             held_until__gt=now).values_list("experience__group_id", flat=True)
-            held_groups = len(set(held))
+            # One read of their leased items for both: the open ones' groups to bring up to date,
+            # and the groups a live hold keeps for them (the counts poll runs this every 10 s).
+            leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED
+                                               ).values_list("experience__group_id", "experience__status", "held_until")
+            groups, held = set(also_groups), set()
+            for group, status, until in leased:
+                if status in _OPEN:
+                    groups.add(group)
+                if until is not None and until > now:
+                    held.add(group)
+            held_groups = len(held)
             holds_sync(run=run, group_ids=groups, now=now)
     except DatabaseError:
         log.info("hold renewal of run %s for %s lost a race; the next sign of work renews it", run.pk, annotator.pk)

@@ -152,15 +152,17 @@ def labelling_progress(*, run: Run) -> LabellingProgress:
     }
 
 
-def annotator_progress(*, run: Run, annotator: Person) -> dict[str, int]:
+def annotator_progress(*, run: Run, annotator: Person, waiting: int | None = None) -> dict[str, int]:
     """The annotator's day on the run: judgements given today (local day), what waits for
-    them (annotation_waiting), and the owner's daily target (0: none)."""
+    them (annotation_waiting: `waiting`, where the caller has counted it), and the owner's
+    daily target (0: none)."""
     from django.utils import timezone
 
     start = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
     done = Feedback.objects.filter(run=run, author_id=annotator.pk, created_at__gte=start,
                                    kind__in=kind_names(labels=True)).count()
-    return {"done_today": done, "waiting": annotation_waiting(run=run, annotator=annotator),
+    return {"done_today": done,
+            "waiting": annotation_waiting(run=run, annotator=annotator) if waiting is None else waiting,
             "target": run.cfg.feedback.daily_target}
 
 

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.contrib.auth.models import User
 from django.db.models import Model, Q, QuerySet
 from django.utils import timezone
@@ -123,46 +123,57 @@ def _claim(*, run: Run, annotator: User, size: int, lease_seconds: float | None)
         if not window:
             break
         tried.update(window)
-        taken: dict[int, set[int]] = {}
-        for exp_id, slot in Assignment.objects.filter(experience_id__in=window, status__in=_LIVE).values_list(
-            "experience_id", "slot"
-        ):
-            taken.setdefault(exp_id, set()).add(slot)
-        for exp_id in window:
-            free = [s for s in range(overlap) if s not in taken.get(exp_id, set())]
-            for slot in free:
-                try:
-                    with transaction.atomic():
-                        created.append(
-                            Assignment.objects.create(
-                                run=run, experience_id=exp_id, annotator=annotator, slot=slot, lease_expires_at=expires,
-                                source=Assignment.Source.ARRIVAL,
-                            )
-                        )
-                    break
-                except IntegrityError:
-                    # Another claimer took this slot (or this annotator got the item in a
-                    # parallel request): try the next slot, then the next item.
-                    continue
-            if len(created) >= want:
-                return created
+        free = _slots_free(dict.fromkeys(window, range(overlap)))
+        created += _slots_take(run=run, annotator=annotator, want=want - len(created), expires=expires,
+                               offers=[(exp_id, free[exp_id], Assignment.Source.ARRIVAL) for exp_id in window])
+        if len(created) >= want:
+            return created
     return created
 
 
-def _slot_take(*, run: Run, annotator: User, exp_id: int, slots: Sequence[int], expires: datetime,
-               source: str) -> Assignment | None:
-    for slot in slots:
-        try:
-            with transaction.atomic():
-                return Assignment.objects.create(run=run, experience_id=exp_id, annotator=annotator, slot=slot,
-                                                 lease_expires_at=expires, source=source)
-        except IntegrityError:
-            continue  # taken by a parallel claimer (or this annotator has the item): next slot
-    return None
+def _slots_take(*, run: Run, annotator: User, offers: Sequence[tuple[int, Sequence[int], str]], want: int,
+                expires: datetime) -> list[Assignment]:
+    """Lease up to `want` of `offers` (an experience id, its free slots and the hand-out's
+    source, in the order offered) in one INSERT ... ON CONFLICT DO NOTHING a round, not a
+    savepoint and an insert per item (a page load handed out 8 items in 24 statements, 16
+    under a selection rule in 94). A slot a parallel claimer took in between is skipped by
+    the conflict; its item tries its next free slot in the next round, after the items not
+    yet offered have had theirs. Returns the leases in the order offered."""
+    created: dict[int, Assignment] = {}
+    pending = [(exp_id, list(slots), source) for exp_id, slots, source in offers if slots]
+    while pending and len(created) < want:
+        batch, pending = pending[:want - len(created)], pending[want - len(created):]
+        Assignment.objects.bulk_create(
+            [Assignment(run=run, experience_id=exp_id, annotator=annotator, slot=slots[0], lease_expires_at=expires,
+                        source=source) for exp_id, slots, source in batch],
+            ignore_conflicts=True)
+        # ON CONFLICT DO NOTHING returns no ids: this claim's rows are the ones with its lease.
+        created.update((a.experience_id, a) for a in Assignment.objects.filter(
+            run=run, annotator=annotator, experience_id__in=[exp_id for exp_id, _, _ in batch],
+            status=Assignment.Status.LEASED, lease_expires_at=expires))
+        lost = [exp_id for exp_id, slots, _ in batch if exp_id not in created and len(slots) > 1]
+        if lost:
+            # An item this annotator got meanwhile (a parallel request of theirs) conflicts on
+            # every slot: only the others try their next one.
+            theirs = set(Assignment.objects.filter(annotator=annotator, experience_id__in=lost)
+                         .values_list("experience_id", flat=True))
+            pending += [(exp_id, slots[1:], source) for exp_id, slots, source in batch
+                        if exp_id in lost and exp_id not in theirs]
+    return [created[exp_id] for exp_id, _, _ in offers if exp_id in created]
+
+
+def _slots_free(slots: dict[int, Sequence[int]]) -> dict[int, list[int]]:
+    """Per experience, the ones of its `slots` no live assignment holds: one read for them all."""
+    taken: dict[int, set[int]] = {}
+    for exp_id, slot in Assignment.objects.filter(experience_id__in=list(slots),
+                                                  status__in=_LIVE).values_list("experience_id", "slot"):
+        taken.setdefault(exp_id, set()).add(slot)
+    return {exp_id: [s for s in some if s not in taken.get(exp_id, set())] for exp_id, some in slots.items()}
 
 
 # Gold items take slots from here on: every annotator may get one, beside the overlap's slots.
 GOLD_SLOT_BASE = 1000
+GOLD_SLOTS = range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200)
 
 
 def _trust_handout(policy: FeedbackPolicy) -> bool:
@@ -230,10 +241,11 @@ def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experienc
 
     def gold_take() -> Assignment | None:
         while fresh_gold:
-            got = _slot_take(run=run, annotator=annotator, exp_id=fresh_gold.pop(), expires=expires,
-                             slots=range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200), source=Assignment.Source.GOLD)
-            if got is not None:
-                return got
+            pk = fresh_gold.pop()
+            got = _slots_take(run=run, annotator=annotator, want=1, expires=expires, offers=[
+                (pk, _slots_free({pk: GOLD_SLOTS})[pk], Assignment.Source.GOLD)])
+            if got:
+                return got[0]
         return None
 
     standing = None
@@ -270,32 +282,44 @@ def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experienc
     gold_turns = share_slots(start=mine, count=want + 1, share=policy.gold_rate)
     queue = iter(order)
 
-    def take(exp_id: int, source: str) -> Assignment | None:
-        taken = set(Assignment.objects.filter(experience_id=exp_id, status__in=_LIVE).values_list("slot", flat=True))
-        return _slot_take(run=run, annotator=annotator, exp_id=exp_id, expires=expires,
-                          slots=[s for s in range(policy.overlap) if s not in taken], source=source)
-
     gold_given = len(created)
-    while len(created) < want:
-        # Gold turns up to this hand-out not yet served (a pair may step over one: it comes next).
-        if sum(gold_turns[:len(created) + 1]) > gold_given and fresh_gold:
-            got = gold_take()
-            if got is not None:
+    exhausted = False
+    while len(created) < want and not exhausted:
+        # The hand-outs still wanted, in the order the rule and the gold turns give them, then
+        # leased in one round (_slots_take); a shortfall (a parallel claimer won) plans again.
+        plan: list[tuple[list[int], str]] = []  # units (a pair, or one item) and their source
+        planned = len(created)
+        while planned < want:
+            # Gold turns up to this hand-out not yet served (a pair may step over one: it comes next).
+            if sum(gold_turns[:planned + 1]) > gold_given and fresh_gold:
+                plan.append(([fresh_gold.pop()], Assignment.Source.GOLD))
                 gold_given += 1
-                created.append(got)
+                planned += 1
                 continue
-        while True:
             nxt = next(queue, None)
             if nxt is None:
-                return created
-            unit, source = nxt
-            source = source if source == "random" or ranks else Assignment.Source.ARRIVAL
-            # A pair whose first member a parallel claimer took is passed over whole.
-            first = take(unit[0], source)
-            if first is not None:
-                created.append(first)
-                created.extend(a for a in (take(pk, source) for pk in unit[1:]) if a is not None)
+                exhausted = True
                 break
+            unit, source = nxt
+            plan.append((list(unit), source if source == "random" or ranks else Assignment.Source.ARRIVAL))
+            planned += len(unit)
+        if not plan:
+            break
+        free = _slots_free({pk: GOLD_SLOTS if source == Assignment.Source.GOLD else range(policy.overlap)
+                            for members, source in plan for pk in members})
+        leased = {a.experience_id: a for a in _slots_take(
+            run=run, annotator=annotator, expires=expires, want=sum(len(members) for members, _ in plan),
+            offers=[(pk, free[pk], source) for members, source in plan for pk in members])}
+        for members, source in plan:
+            if members[0] not in leased:
+                # A pair whose first member a parallel claimer took is passed over whole.
+                if source == Assignment.Source.GOLD:
+                    gold_given -= 1  # its turn comes again, with the next gold item
+                stray = [leased.pop(pk).pk for pk in members[1:] if pk in leased]
+                if stray:
+                    Assignment.objects.filter(pk__in=stray).delete()
+                continue
+            created.extend(leased[pk] for pk in members if pk in leased)
     return created
 
 

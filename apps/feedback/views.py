@@ -103,13 +103,14 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
     recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
     policy = run.cfg.feedback
+    waiting = annotation_waiting(run=run, annotator=request.user) if can_annotate else None  # shown twice: counted once
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
-        "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate),
+        "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
         "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
-        "progress": annotator_progress(run=run, annotator=request.user) if can_annotate else None,
+        "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
     })
 
@@ -146,9 +147,11 @@ def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _fragment(request, run, "feedback/_counts.html", _counts_context(run, request.user, can_annotate))
 
 
-def _counts_context(run: Run, user: Person, can_annotate: bool) -> dict[str, object]:
+def _counts_context(run: Run, user: Person, can_annotate: bool, *, waiting: int | None = None) -> dict[str, object]:
+    if can_annotate and waiting is None:
+        waiting = annotation_waiting(run=run, annotator=user)
     return {"counts": feedback_counts(run=run), "teaches": run.cfg.reward_model.enabled,
-            "waiting": annotation_waiting(run=run, annotator=user) if can_annotate else None}
+            "waiting": waiting if can_annotate else None}
 
 
 def _my_assignment(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> tuple[Run, Assignment]:

@@ -249,11 +249,12 @@ def run_may_create(*, user: User | AnonymousUser) -> bool:
     return not RunMember.objects.filter(user=user).exists()
 
 
-def weight_sync_points(*, run: Run) -> dict[str, object]:
+def weight_sync_points(*, run: Run, timeline: list[VersionSync] | None = None) -> dict[str, object]:
     """The weight-sync timeline for a chart: when each version was published, when each
     explorer loaded which version (unix seconds), and the versions no explorer loaded
-    although a later one was (skipped)."""
-    timeline = weight_sync_timeline(run=run)
+    although a later one was (skipped). `timeline`: weight_sync_timeline's, where the
+    caller has read it already (the run page shows both)."""
+    timeline = weight_sync_timeline(run=run) if timeline is None else timeline
     published = [[v["published_at"].timestamp(), v["number"]] for v in timeline if v["published_at"]]
     loads: dict[str, list[list[float]]] = {}
     for v in timeline:

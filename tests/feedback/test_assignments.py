@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -12,7 +11,7 @@ from django.utils import timezone
 
 from apps.feedback.models import Assignment
 from apps.feedback.services import assignment_claim, assignment_reap, assignment_skip, feedback_rate
-from tests.factories import make_experiences, make_run, make_user
+from tests.factories import claims_at_once, make_experiences, make_run, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -39,23 +38,46 @@ def test_overlap_two_hands_each_item_to_two_annotators(owner: User) -> None:
 def test_concurrent_claimers_never_exceed_the_overlap(transactional_db: None, owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
     make_experiences(run, groups=5, group_size=4, status="pending")
-    users = [make_user(f"racer{i}") for i in range(4)]
-    barrier = threading.Barrier(len(users))
-
-    def claim(user: User) -> None:
-        barrier.wait()
-        try:
-            assignment_claim(run=run, annotator=user, size=6)
-        finally:
-            connection.close()  # this thread's own connection
-
-    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    claims_at_once(run, [make_user(f"racer{i}") for i in range(4)], size=6)
     ids = list(Assignment.objects.values_list("experience_id", flat=True))
     assert len(ids) == len(set(ids)) == 20
+
+
+def test_racing_claimers_under_overlap_two_take_the_second_slot_and_never_a_third(transactional_db: None,
+                                                                                   owner: User) -> None:
+    # A slot taken between a claimer's read and its insert is skipped by the conflict and the
+    # item tried again on its other slot (apps.feedback.services._slots_take).
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2})
+    make_experiences(run, groups=5, group_size=4, status="pending")
+    users = [make_user(f"racer{i}") for i in range(6)]
+    got = claims_at_once(run, users, size=8)
+    held: dict[int, list[int]] = {}
+    for exp_id, who in Assignment.objects.values_list("experience_id", "annotator_id"):
+        held.setdefault(exp_id, []).append(who)
+    assert all(len(w) <= 2 and len(set(w)) == len(w) for w in held.values()), held
+    for user in users:
+        assert got[user.username] == Assignment.objects.filter(annotator=user).count()
+        if got[user.username] < 8:  # short only where every item is full or already theirs
+            assert all(len(w) == 2 or user.pk in w for w in held.values())
+
+
+def test_an_item_the_annotator_got_meanwhile_is_not_tried_on_every_other_slot(owner: User) -> None:
+    # A parallel request of the same annotator leased it between this claim's read and its
+    # insert: every slot would conflict on "once per annotator", so the item is dropped after
+    # one round rather than tried on each of the 200 gold slots.
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.feedback.services import GOLD_SLOTS, _slots_take
+
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
+    [item] = make_experiences(run, groups=1, group_size=1, status="pending")
+    ann = make_user("ann-a")
+    [theirs] = assignment_claim(run=run, annotator=ann, size=1)
+    with CaptureQueriesContext(connection) as ctx:
+        got = _slots_take(run=run, annotator=ann, want=1, expires=timezone.now(),
+                          offers=[(item.pk, list(GOLD_SLOTS), Assignment.Source.GOLD)])
+    assert got == [] and len(ctx.captured_queries) <= 3, len(ctx.captured_queries)
+    assert list(Assignment.objects.filter(annotator=ann)) == [theirs]
 
 
 def test_a_skipped_item_goes_to_someone_else(owner: User) -> None:

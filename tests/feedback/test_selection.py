@@ -3,12 +3,10 @@ no item beyond its overlap, and gold items mixed in unannounced."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
 
 from apps.buffer.models import Experience
@@ -18,7 +16,7 @@ from apps.feedback.selection import candidate_priorities, share_slots
 from apps.feedback.services import assignment_claim
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.runs.models import Run
-from tests.factories import add_member, experience_row, make_run, make_user
+from tests.factories import add_member, claims_at_once, experience_row, make_run, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -117,21 +115,7 @@ def test_the_random_share_is_kept_and_the_rule_still_gets_its_top_items(owner: U
 def test_without_overlap_two_annotators_never_share_an_item(transactional_db: None, owner: User) -> None:
     run = _selected_run(owner, uncertainty=1.0, random_share=0.5)
     _scored_groups(run, [[0.0, float(g)] for g in range(12)])
-    users = [make_user(f"racer{i}") for i in range(4)]
-    barrier = threading.Barrier(len(users))
-
-    def claim(user: User) -> None:
-        barrier.wait()
-        try:
-            assignment_claim(run=run, annotator=user, size=8)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    claims_at_once(run, [make_user(f"racer{i}") for i in range(4)], size=8)
     live = list(Assignment.objects.filter(run=run).values_list("experience_id", flat=True))
     assert len(live) == len(set(live)) == 24  # every item handed out once, none twice
 
