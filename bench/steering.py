@@ -880,6 +880,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        # Kept for a look after the run (the demo model may live elsewhere: BENCH_DEMO_DIR).
+        (ROOT / ".cache").mkdir(exist_ok=True)
         shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
         shutil.rmtree(tmp, ignore_errors=True)
 
