@@ -97,5 +97,7 @@ def test_a_rating_is_saved_in_a_fixed_number_of_statements(olga: User, anna: Use
     assignments = re.findall(r'data-assignment="(\d+)"', html)
     first, _ = _statements(page, "post", f"/runs/{run.pk}/annotate/items/{assignments[0]}/rate/", score="4")
     later, _ = _statements(page, "post", f"/runs/{run.pk}/annotate/items/{assignments[5]}/rate/", score="2")
-    assert first == later and first <= 21, (first, later)
+    # 19 when the experience was read three times (to find its group, under the group's lock,
+    # and again for the answer): now once, under the lock, and the answer's read brings it along.
+    assert first == later and first <= 17, (first, later)
     assert Experience.objects.filter(run=run, human_reward__isnull=False).count() == 2

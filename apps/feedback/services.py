@@ -337,7 +337,8 @@ def assignment_skip(*, assignment: Assignment) -> bool:
     return skipped
 
 
-def _assignments_finish(*, run: Run, annotator: User | None, experience_ids: Sequence[int]) -> int:
+def _assignments_finish(*, run: Run, annotator: User | None, experience_ids: Sequence[int], group_id: str) -> int:
+    """Close the annotator's leases of `experience_ids` (all of one group, `group_id`)."""
     if annotator is None or not getattr(annotator, "is_authenticated", False):
         return 0
     finished = Assignment.objects.filter(
@@ -345,8 +346,7 @@ def _assignments_finish(*, run: Run, annotator: User | None, experience_ids: Seq
     ).update(status=Assignment.Status.DONE, finished_at=timezone.now(), lease_expires_at=None, held_until=None)
     # A label is a sign of work: the annotator's other open groups keep waiting for them; the
     # finished items' groups are held only by what else is leased in them.
-    groups = Experience.objects.filter(pk__in=list(experience_ids)).values_list("group_id", flat=True).distinct()
-    holds_renew_on_commit(run=run, annotator=annotator, also_groups=list(groups))
+    holds_renew_on_commit(run=run, annotator=annotator, also_groups=[group_id])
     return finished
 
 
@@ -513,7 +513,7 @@ def _fold_and_finish(*, run: Run, feedback: Feedback, members: list[Experience],
     fold = FoldResult(updated=0, became_ready=False)
     if not feedback.late:
         fold = group_fold(run=run, group_id=feedback.group_id, members=members)
-    _assignments_finish(run=run, annotator=feedback.author, experience_ids=targets)
+    _assignments_finish(run=run, annotator=feedback.author, experience_ids=targets, group_id=feedback.group_id)
     _announce(run=run, feedback=feedback, ready=fold.became_ready)
     return feedback
 
@@ -529,14 +529,18 @@ def feedback_store(
     folds = kind_get(kind).folds
     comment, author = _clean_comment(comment), _person(author)
     with transaction.atomic():
-        target = _experience_of(run, experience, "experience_id")
+        # A row the caller read from this run (the page's assignment) gives its group; the
+        # group's locked read below is then the one read of it (an expert experience, in no
+        # group's members, or one gone meanwhile is read, or refused, by _experience_of).
+        given = experience if isinstance(experience, Experience) and experience.run_id == run.pk else None
+        target = given or _experience_of(run, experience, "experience_id")
         members = _locked_members(run=run, group_id=target.group_id)
-        target = next((m for m in members if m.pk == target.pk), target)
+        target = next((m for m in members if m.pk == target.pk), None) or _experience_of(run, target.pk, "experience_id")
         fb = _store(run=run, kind=kind, value=value, targets=[target], group_id=target.group_id,
                     author=author, api_key=api_key, comment=comment)
         if folds:
             return _fold_and_finish(run=run, feedback=fb, members=members, targets=[target.pk])
-        _assignments_finish(run=run, annotator=fb.author, experience_ids=[target.pk])
+        _assignments_finish(run=run, annotator=fb.author, experience_ids=[target.pk], group_id=target.group_id)
         _announce(run=run, feedback=fb, ready=False)
         return fb
 
@@ -611,7 +615,7 @@ def feedback_flag(
         target = _experience_of(run, experience, "experience_id")
         fb = _store(run=run, kind=Feedback.Kind.FLAG, value=value, targets=[target], group_id=target.group_id,
                     author=author, api_key=api_key, comment=comment)
-        _assignments_finish(run=run, annotator=author, experience_ids=[target.pk])
+        _assignments_finish(run=run, annotator=author, experience_ids=[target.pk], group_id=target.group_id)
         _announce(run=run, feedback=fb, ready=False)
     return fb
 

@@ -165,7 +165,8 @@ def _item_done(request: HtmxHttpRequest, run: Run, a: Assignment, **note: object
     """After a rating or a skip: back to the page, or (htmx) the item as it now stands with `note`."""
     if not request.htmx:
         return redirect(_page_url(run))
-    a.refresh_from_db()
+    # The assignment and its experience as the label left them, in one read.
+    a.refresh_from_db(from_queryset=Assignment.objects.select_related("experience"))
     return render(request, "feedback/_item_done.html", {**_item_context(run, a), **note})
 
 

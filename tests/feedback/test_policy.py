@@ -191,6 +191,21 @@ def test_an_edit_becomes_an_expert_experience_written_once(owner: User) -> None:
     assert batch_claim(run=run, worker="sft", size=5, expert=True) == [expert]
 
 
+def test_a_rating_of_a_correction_or_of_a_row_gone_meanwhile_reads_the_row_itself(owner: User) -> None:
+    # A rating given the row itself takes its group from it and reads it once, under the
+    # group's lock: a correction is in no group's members, and a row deleted since the page
+    # read it must still be refused, not stored against nothing.
+    run = make_run(owner=owner)
+    member, sibling = _group(run, autos=[0.0, 1.0])
+    _, expert = feedback_edit(run=run, author=owner, experience=member, text="The answer is 4.")
+    rated = feedback_rate(run=run, author=owner, experience=expert, score=5)
+    assert rated.experience_id == expert.pk and rated.group_id == expert.group_id
+    Experience.objects.filter(pk=sibling.pk).delete()
+    with pytest.raises(NotFound, match="not an experience of run"):
+        feedback_rate(run=run, author=owner, experience=sibling, score=3)
+    assert Feedback.objects.filter(kind="rating").count() == 1
+
+
 def test_malformed_feedback_is_refused_with_a_message(owner: User) -> None:
     run = make_run(owner=owner)
     other_run = make_run(owner=owner, name="other")
