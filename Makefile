@@ -24,7 +24,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
 
-.PHONY: run test venv browser compose migrate demo worker clean bench
+.PHONY: run test venv browser compose migrate demo worker clean bench screenshots
 
 venv: $(STAMP)
 
@@ -70,6 +70,11 @@ test: venv browser compose
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
 	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The browser tests once more, keeping a full-page picture of every page they open under
+# var/screenshots/ (phone, laptop and wide widths) for a person to look through.
+screenshots: venv browser compose
+	RFT_TEST_SCREENSHOTS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench $(BENCH)

@@ -344,6 +344,24 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+SHOTS = ROOT / "var" / "screenshots"
+
+
+def screenshot(target: Any, name: str) -> None:
+    """A picture for a person to look at, var/screenshots/`name`.png: the whole page (a
+    Playwright page) or one element (a locator). Only with RFT_TEST_SCREENSHOTS=1 (`make
+    screenshots`): the pictures took a third of the browser tests' time and no assertion reads
+    them (the tests read the pages themselves), so `make test` skips them."""
+    if os.environ.get("RFT_TEST_SCREENSHOTS", "0").lower() not in ("1", "true", "yes"):
+        return
+    path = SHOTS / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if hasattr(target, "viewport_size"):  # a page, not a locator
+        target.screenshot(path=str(path), full_page=True)
+    else:
+        target.screenshot(path=str(path))
+
+
 @pytest.fixture
 def page(browser: Any, live_url: str) -> Iterator[Any]:
     context = browser.new_context(base_url=live_url)

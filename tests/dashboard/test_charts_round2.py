@@ -20,7 +20,7 @@ from apps.runs.services import metric_record, run_transition
 from tests.dashboard.test_charts import plot
 from tests.dashboard.test_pages_states import shot
 from tests.factories import make_experiences, make_run, make_taskset, make_user
-from tests.servers import login_to_runs
+from tests.servers import login_to_runs, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -161,8 +161,7 @@ def test_the_weight_sync_axes_leave_room_between_their_labels(browser: Any, live
         }""")
         assert crowded == [], crowded
         assert page.evaluate("() => window.rftSyncPlot.axes[0]._values.filter(String).length") >= 2
-        page.locator("#sync-chart").screenshot(path=str(__import__("tests.servers", fromlist=["ROOT"]).ROOT
-                                                        / "var" / "screenshots" / f"weight-sync-{size['width']}-{every}.png"))
+        screenshot(page.locator("#sync-chart"), f"weight-sync-{size['width']}-{every}")
     finally:
         page.context.close()
 

@@ -25,20 +25,18 @@ from apps.runs.services import metric_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread
 from tests.dashboard.test_run_form import model_dir
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.servers import ROOT, celery_worker
+from tests.servers import celery_worker, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "pw-for-tests-only"
-SHOTS = ROOT / "var" / "screenshots"
 PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1280, "height": 720}
 
 
 def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
     width = page.viewport_size["width"] if page.viewport_size else 0
-    page.screenshot(path=str(SHOTS / f"{name}-{width}.png"), full_page=True)
+    screenshot(page, f"{name}-{width}")
 
 
 def no_sideways_scroll(page: Any) -> None:
@@ -156,7 +154,7 @@ def test_a_one_time_link_makes_an_account_that_annotates_that_run_and_nothing_el
     link = page.locator("#id_invite_link").input_value()
     assert "/invite/" in link
     assert page.locator(".open-invitations li").count() == 1
-    page.locator("#invitations").screenshot(path=str(SHOTS / "run-invitations-1280.png"))
+    screenshot(page.locator("#invitations"), "run-invitations-1280")
 
     newcomer = open_page(None, PHONE)
     newcomer.goto(link)

@@ -18,16 +18,14 @@ from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import metric_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import add_member, make_run, make_taskset, make_user
-from tests.servers import ROOT, celery_worker
+from tests.servers import celery_worker, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-SHOTS = ROOT / "var" / "screenshots"
 
 
 def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    screenshot(page, name)
 
 
 @pytest.fixture

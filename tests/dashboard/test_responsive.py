@@ -19,11 +19,10 @@ from apps.feedback.services import feedback_rate
 from apps.runs.models import Run, RunMember
 from apps.runs.services import metric_record, run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.servers import ROOT
+from tests.servers import screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-SHOTS = ROOT / "var" / "screenshots" / "responsive"
 PASSWORD = "pw-for-tests-only"
 SIZES = {"390": {"width": 390, "height": 844}, "1280": {"width": 1280, "height": 720},
          "1920": {"width": 1920, "height": 1080}}
@@ -106,8 +105,7 @@ def widest(page: Any) -> str:
 
 
 def look(page: Any, name: str, persona: str, width: str, problems: list[str]) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}-{persona}-{width}.png"), full_page=True)
+    screenshot(page, f"responsive/{name}-{persona}-{width}")
     wide = overflow(page)
     if wide > 0:
         problems.append(f"{persona} {name} at {width}: {wide} px wider than the window: {widest(page)}")

@@ -5,7 +5,6 @@ A screenshot of the annotation page goes to var/screenshots/ (ignored)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +17,10 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import login
+from tests.servers import login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 GUIDELINES = "**Prefer** short answers.\n\n<script>window.__xss = 1</script>\n\n- one\n- two"
 
 
@@ -93,8 +91,7 @@ def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: 
     ranking = Feedback.objects.get(kind="ranking", author=annotator)
     assert ranking.value["order"] == [members[2].pk, members[1].pk, members[0].pk]
     page.wait_for_function("() => document.querySelectorAll('#queue .item.done').length === 3")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "annotate-after-ranking.png"), full_page=True)
+    screenshot(page, "annotate-after-ranking")
 
 
 def test_the_server_refuses_an_unordered_ranking(blend_run: Run, annotator: User) -> None:
@@ -190,8 +187,7 @@ def test_guidelines_are_shown_safely_and_the_automatic_reward_is_hidden_unless_t
     assert "0.750" not in page.inner_text("#queue")
     assert "of 10" in page.inner_text("#progress")
     assert "good" in page.inner_text("#queue .item >> nth=0")  # text beside the thumbs, not emoji alone
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "annotate.png"), full_page=True)
+    screenshot(page, "annotate")
 
     from apps.runs.services import run_feedback_policy_update
 

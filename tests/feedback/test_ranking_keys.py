@@ -15,7 +15,8 @@ from playwright.sync_api import expect
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, make_run
-from tests.feedback.test_pages_ergonomics import SHOTS, _group, _open
+from tests.feedback.test_pages_ergonomics import _group, _open
+from tests.servers import screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -62,8 +63,7 @@ def test_a_ranking_of_eight_by_keyboard_alone(page: Any, live_url: str, run_of_e
     expect(page.locator("#panel .rank-item[data-letter=B]")).to_be_focused()
     page.keyboard.press("1")
     expect(page.locator("#panel .rank-slot[data-place='3'] .rank-item")).to_have_attribute("data-letter", "C")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "ranking-by-keys-1280.png"), full_page=True)
+    screenshot(page, "ranking-by-keys-1280")
     page.keyboard.press("Enter")
     page.wait_for_selector("#panel .saved")
     ranking = Feedback.objects.get(kind="ranking", author=annotator)
@@ -88,7 +88,7 @@ def test_on_a_phone_taps_rank_best_first_and_the_last_one_places_itself(
         expect(page.locator("#panel form.rank")).to_have_attribute("data-complete", "1")
         assert letters(page) == list("DBAC")
         assert page.evaluate("() => document.scrollingElement.scrollWidth - innerWidth") <= 0
-        page.screenshot(path=str(SHOTS / "ranking-by-taps-390.png"), full_page=True)
+        screenshot(page, "ranking-by-taps-390")
         page.locator("#panel .rank-save").tap()
         page.wait_for_selector("#panel .saved")
         assert Feedback.objects.get(kind="ranking").value["order"] == [members[i].pk for i in (3, 1, 0, 2)]
