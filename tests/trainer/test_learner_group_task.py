@@ -126,6 +126,32 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_upd
         stop(host1)
 
 
+def test_a_host_on_other_code_is_refused_naming_what_differs_before_it_starts_a_rank(tmp_path: Path) -> None:
+    """A host whose checkout or libraries differ from rank 0's would fail inside a collective
+    with an error about tensor sizes: `join` compares the fingerprint rank 0 put in the
+    group's spec with its own and stops with a message (no traceback, exit status 1)."""
+    import json
+    import subprocess
+
+    import torch.distributed as dist
+
+    from tests.servers import ROOT
+    from workers.algorithms.distributed import code_fingerprint
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    other = {**code_fingerprint(), "sources": "0123456789abcdef", "torch": "2.99.0"}
+    store.set("rft/spec", json.dumps({"world": 2, "hosts": 2, "sharding": "full", "timeout_s": 30.0,
+                                      "config": {}, "checkpoint": None, "code": other}))
+    done = subprocess.run([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
+                           str(store.port), "1"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "host 1 runs other code than rank 0" in done.stderr
+    assert "0123456789abcdef at rank 0" in done.stderr and "torch" in done.stderr and "2.99.0 at rank 0" in done.stderr
+    assert "transformers" not in done.stderr  # what agrees is not named
+    assert "Traceback" not in done.stderr
+
+
 def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
     owner: Any, tiny_model_dir: Path, own_celery_workers: Any
 ) -> None:

@@ -36,6 +36,9 @@ errors) and nothing of it is committed.
 from __future__ import annotations
 
 import datetime
+import functools
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -268,6 +271,36 @@ def group_backend(local: int) -> tuple[str, str]:
     return "cpu:gloo,cuda:nccl", "cuda:0"
 
 
+@functools.cache
+def code_fingerprint() -> dict[str, str]:
+    """What every rank must share with rank 0: this checkout's Python sources (apps, workers,
+    rftweb) and the libraries that shape the model and the messages. Read once a process (at
+    its first group), so files changed under a running worker after that do not move it."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for path in sorted(p for part in ("apps", "workers", "rftweb") for p in (root / part).rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    out = {"sources": digest.hexdigest()[:16]}
+    for lib in ("torch", "transformers", "trl"):
+        out[lib] = importlib.metadata.version(lib)
+    return out
+
+
+def code_check(spec: dict[str, object], *, where: str) -> None:
+    """GroupUnsupported naming what differs when this process runs other code than rank 0
+    (whose fingerprint the group's spec carries): on other code a rank would fail inside a
+    collective, with an error about tensor sizes rather than the cause."""
+    theirs = spec.get("code")
+    mine = code_fingerprint()
+    if not isinstance(theirs, dict):
+        theirs = {}
+    differ = [f"{k} {mine[k]} here, {theirs.get(k, 'unknown')} at rank 0" for k in mine if theirs.get(k) != mine[k]]
+    if differ:
+        raise GroupUnsupported(f"{where} runs other code than rank 0 ({'; '.join(differ)}): install the same "
+                               "commit and libraries on every host of a learner group")
+
+
 def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
     """Make the learner group this process's default process group (FSDP2's DeviceMesh
     takes the default one)."""
@@ -384,7 +417,7 @@ class LearnerGroup:
         # host needs only the address (`python -m workers.algorithms.distributed join`).
         self._store.set("rft/spec", json.dumps({
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
-            "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None,
+            "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
         }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
@@ -521,6 +554,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
 
     store = dist_store(addr, port)
     spec_in = json.loads(store.get("rft/spec"))
+    code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
     world, hosts = int(spec_in["world"]), int(spec_in["hosts"])
     plan = GroupPlan(world=world, hosts=hosts, sharding=str(spec_in["sharding"]))
     backend, _ = group_backend(plan.local)
@@ -576,6 +610,7 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     cleanly)."""
     store = dist_store(addr, port)
     plan_in = json.loads(store.get("rft/spec"))
+    code_check(plan_in, where=f"host {host}")
     plan = GroupPlan(world=int(plan_in["world"]), hosts=int(plan_in["hosts"]), sharding=str(plan_in["sharding"]))
     if not 0 < host < plan.hosts:
         raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
@@ -594,6 +629,9 @@ def dist_store(addr: str, port: int) -> dist.TCPStore:
 if __name__ == "__main__":
     if sys.argv[1] == "join":
         # join ADDR PORT HOST: this host's ranks of the learner group rank 0 opened at ADDR:PORT.
-        sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
+        try:
+            sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
+        except GroupUnsupported as exc:
+            sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
     # rank ADDR PORT RANK PARENT: a follower rank 0 (or `join`) started on its host.
     follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]))
