@@ -362,6 +362,21 @@ pairs: 0.60-0.67 (4-8 epochs, lr 2e-4..1e-3), below the head. The head on 600 pa
 5 v 3: 0.83. So the head is short of 5 v 3 pairs, not of features a full model would find: rm10's
 reward model has 114-161 pairs of every kind after 30 steps.
 
+Tried 2026-11-25 and not kept, two ways to give it more of them:
+- The pair score as the chance the model orders the pair wrong, min(p_a (1 - p_b), p_b (1 - p_a))
+  x 4, in place of the chance the two ratings differ (which puts first the words-v-bare pairs
+  the model already separates). in_words, 30 steps, seeds 0 / 1 / 2 (the hand-out is seeded,
+  so the figures above repeat on the old rule), load 2.6-4.7: rm10 +0.226 / +0.299 / +0.241
+  (median +0.241 against +0.292), noisy +0.173 / +0.176 / +0.131 (against +0.227 / +0.229 /
+  +0.128). The rule hands out the hard pairs, so the held-out accuracy over what was rated
+  falls (seed 0's last version 0.56 on 154 pairs, against 0.78) and the gate, which reads it,
+  keeps the reward model out of more steps. Reverted, not run on the other raters.
+- Offline (same samples as above, 480 prompts x 8, 180 labelled items in 90 sibling pairs half
+  from groups with two number-word completions): the head on every pair of those items rated
+  apart across prompts (~10,500 pairs) against only the sibling pairs (28-30): held-out
+  5 v 3 0.57-0.62 against 0.35-0.55 at L2 1e-2 (40 held-out 5 v 3 pairs, three draws); above
+  the sibling pairs, far below 0.8. Not built.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
