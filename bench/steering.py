@@ -371,7 +371,7 @@ Tried 2026-11-25 and not kept, two ways to give it more of them:
   +0.128). The rule hands out the hard pairs, so the held-out accuracy over what was rated
   falls (seed 0's last version 0.56 on 154 pairs, against 0.78) and the gate, which reads it,
   keeps the reward model out of more steps. Reverted, not run on the other raters.
-- Offline (same samples as above, 480 prompts x 8, 180 labelled items in 90 sibling pairs half
+- Offline (a fresh sample, 480 training prompts x 8, 180 labelled items in 90 sibling pairs half
   from groups with two number-word completions): the head on every pair of those items rated
   apart across prompts (~10,500 pairs) against only the sibling pairs (28-30): held-out
   5 v 3 0.57-0.62 against 0.35-0.55 at L2 1e-2 (40 held-out 5 v 3 pairs, three draws); above
