@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from datetime import timedelta
 from statistics import NormalDist
 from typing import TypedDict
 
@@ -96,13 +97,27 @@ def reward_model_usable(*, run: Run) -> RewardModel | None:
     return latest
 
 
+# How long before a version's publication its data may have been read: its training time
+# (`seconds`) and, before that, the read of its pairs. A rejection within it counts as after.
+_READ_MARGIN = timedelta(seconds=60)
+
+
 def reward_model_due(*, run: Run) -> bool:
-    """A new version is due when `retrain_every` labels came in since the last one."""
+    """A new version is due when `retrain_every` labels came in since the last one, or when
+    the owner rejected a label after the last one read its data: that version still scores
+    by what the label taught (and, rejections taking labels away, the count alone would put
+    the next version further off, not nearer)."""
     if not reward_model_on(run=run):
         return False
     latest = reward_model_latest(run=run)
     seen = latest.labels if latest is not None else 0
-    return run_label_count(run=run) - seen >= run.cfg.reward_model.retrain_every
+    if run_label_count(run=run) - seen >= run.cfg.reward_model.retrain_every:
+        return True
+    if latest is None:
+        return False
+    read_at = latest.created_at - timedelta(seconds=latest.seconds) - _READ_MARGIN
+    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True), review=Feedback.Review.REJECTED,
+                                   reviewed_at__gte=read_at).exists()
 
 
 def reward_model_publish(

@@ -1,6 +1,7 @@
 """Feedback arrival starts reward-model training without waiting for the beat: a label that
-makes a new version due enqueues `reward_model_train` once its transaction commits. A
-receiver, so the feedback services stay unaware of reward models."""
+makes a new version due, or the owner's rejection of one the newest version learnt from,
+enqueues `reward_model_train` once its transaction commits. A receiver, so the feedback
+services stay unaware of reward models."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from apps.feedback.models import Feedback
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
-def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool, **_: object) -> None:
+def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool,
+                         update_fields: frozenset[str] | None = None, **_: object) -> None:
     from apps.feedback.learned import reward_model_due
 
-    if not created or instance.kind not in kind_names(labels=True):
+    rejected = (not created and update_fields is not None and "review" in update_fields
+                and instance.review == Feedback.Review.REJECTED)
+    if not (created or rejected) or instance.kind not in kind_names(labels=True):
         return
     run = instance.run
     if not run.cfg.reward_model.enabled or not reward_model_due(run=run):

@@ -4,6 +4,8 @@ on the reward queue."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -136,3 +138,40 @@ def test_calibration_on_held_out_ratings_shrinks_an_uninformative_model_to_the_m
     scores = [3.0 if h else -3.0 for h in humans]
     slope, offset = _calibration([s + n * 0.1 for s, n in zip(scores, noise, strict=True)], humans)
     assert slope > 0 and slope * 3.0 + offset > 0.9 and slope * -3.0 + offset < 0.1
+
+
+def test_the_owners_rejection_of_a_label_the_newest_version_learnt_from_makes_the_next_one_due_at_once(
+        owner: User, annotator: User, django_capture_on_commit_callbacks: Any) -> None:
+    import json
+    from datetime import timedelta
+
+    import redis
+    from django.conf import settings
+    from django.utils import timezone
+
+    from apps.feedback.learned import reward_model_due
+    from apps.feedback.models import Feedback
+    from apps.feedback.review import feedback_reject
+
+    run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model={"enabled": True, "retrain_every": 20})
+    add_member(run, annotator)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    r.delete("reward")
+    a, b = _items(run, 2, "g")
+    feedback_rate(run=run, author=annotator, experience=a, score=5)
+    wrong = feedback_rate(run=run, author=annotator, experience=b, score=5)
+    RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, labels=2, seconds=3.0)
+    assert not reward_model_due(run=run)  # 2 labels of the 20 a version waits for
+    # v1 learnt from Annie's second rating; the owner rejects it: a new version is due now,
+    # not 20 labels later (the label count went down), and its training is queued at once.
+    with django_capture_on_commit_callbacks(execute=True):
+        feedback_reject(run=run, feedback_id=wrong.pk, reviewer=owner)
+    assert reward_model_due(run=run)
+    names = [json.loads(m)["headers"]["task"] for m in r.lrange("reward", 0, -1)]
+    assert names == ["workers.reward_trainer.reward_model_train"], names
+    # Once a version read the labels after the rejection, nothing more is due.
+    Feedback.objects.filter(pk=wrong.pk).update(reviewed_at=timezone.now() - timedelta(minutes=10))
+    RewardModel.objects.create(run=run, version=2, path="/y", base="b", accuracy=0.9, labels=1, seconds=3.0)
+    assert not reward_model_due(run=run)
+    r.delete("reward")
