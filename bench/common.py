@@ -6,7 +6,8 @@ import os
 import socket
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -57,6 +58,19 @@ def health_wait(url: str, *, seconds: float, poll: float = 0.2, alive: Callable[
             pass
         time.sleep(poll)
     return False
+
+
+@contextmanager
+def own_conductor() -> Iterator[None]:
+    """This process is the run's conductor and both its workers (a bench's loop calls explore
+    and train itself): what a step would send to the Celery queues after it ends (the next
+    explore or train step) is what the loop does itself. Left in, those messages sat in a
+    broker nobody reads, and the loop's recovery sent them again every
+    RFT_DISPATCH_RESEND_SECONDS, with a warning each time ("explore step 2 sent again")."""
+    from unittest import mock
+
+    with mock.patch("apps.control.orchestration.run_advance_after_step", lambda **_: None):
+        yield
 
 
 def run_wait_ended(run: Any, *, seconds: float, poll: float = 0.5) -> None:

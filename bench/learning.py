@@ -48,12 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEMO_DIR, median, setup_django
+from bench.common import DEMO_DIR, median, own_conductor, setup_django
 
 TASKS_PER_STEP = 16
 REPEAT = 8
@@ -160,22 +158,10 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     base = _accuracy(str(demo), demo)
     base_expected = _expected_accuracy(str(demo), demo)
     points = [(0, 0.0, base)]
-    with _own_conductor():
+    with own_conductor():
         _steps(algorithm, run=run, steps=steps, eval_every=eval_every, demo=demo, seed=seed, points=points,
                base_expected=base_expected, step_times=step_times)
     return points
-
-
-@contextmanager
-def _own_conductor() -> Iterator[None]:
-    """This process is the run's conductor and both its workers: what a step would send to the
-    Celery queues after it ends (the next explore or train step) is what the loop below does
-    itself. Left in, those messages sat in a broker nobody reads, and the loop's recovery sent
-    them again every RFT_DISPATCH_RESEND_SECONDS, with a warning each time."""
-    from unittest import mock
-
-    with mock.patch("apps.control.orchestration.run_advance_after_step", lambda **_: None):
-        yield
 
 
 def _steps(algorithm: str, *, run: Any, steps: int, eval_every: int, demo: Path, seed: int,

@@ -404,7 +404,7 @@ from pathlib import Path
 from typing import Any
 
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, own_conductor, setup_django
 from bench.raters import Rating, correct, rater_load
 
 PASSWORD = "bench-steering-pw"
@@ -878,20 +878,22 @@ def main() -> None:
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
     try:
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            for arm in args.arms.split(","):
-                results.append(run_arm(arm, url=url, seed=seed, steps=args.steps, tasks=args.tasks,
-                                       repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
-                                       owner_user=owner, base_acc=base_acc, rm_base=rm_base,
-                                       min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
-                                       rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
-                                       rm_confidence=args.rm_confidence, w_auto=args.w_auto,
-                                       crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
-                                       trust=args.trust == "on", rating=rating, noise=args.noise,
-                                       noisy_raters=args.noisy_raters, random_share=args.random_raters,
-                                       max_tokens=args.max_tokens, base_share=base_share[seed],
-                                       verifier=args.verifier == "on"))
-                print(f"RESULT {results[-1]}", flush=True)
+        # The loop explores and trains itself (run_arm): nothing goes to a Celery queue.
+        with own_conductor():
+            for seed in [int(s) for s in args.seeds.split(",")]:
+                for arm in args.arms.split(","):
+                    results.append(run_arm(arm, url=url, seed=seed, steps=args.steps, tasks=args.tasks,
+                                           repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
+                                           owner_user=owner, base_acc=base_acc, rm_base=rm_base,
+                                           min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
+                                           rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
+                                           rm_confidence=args.rm_confidence, w_auto=args.w_auto,
+                                           crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
+                                           trust=args.trust == "on", rating=rating, noise=args.noise,
+                                           noisy_raters=args.noisy_raters, random_share=args.random_raters,
+                                           max_tokens=args.max_tokens, base_share=base_share[seed],
+                                           verifier=args.verifier == "on"))
+                    print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
