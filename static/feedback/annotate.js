@@ -276,7 +276,9 @@
       (t.tagName === "INPUT" && !["radio", "checkbox"].includes(t.type)));
     if (typing) {
       if (ev.key === "Escape") t.blur();
-      if (ev.key === "Enter" && ev.ctrlKey && t.form) { ev.preventDefault(); t.form.requestSubmit(); }
+      // ready(): a panel htmx has swapped in but not yet processed would otherwise submit as a
+      // plain form and reload the page (seen under load: the correction saved, its note lost).
+      if (ev.key === "Enter" && ev.ctrlKey && t.form) { ev.preventDefault(); ready(t.form).requestSubmit(); }
       return;
     }
     if (keys && keys.open && ev.key !== "?" && ev.key !== "Escape") return;

@@ -144,7 +144,9 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     _open(page, live_url, blend_run)
     page.keyboard.press("4")
     page.keyboard.press("Enter")
-    page.wait_for_selector("#mine li.submission")
+    # The list follows the label's live event (rating, event, socket, refresh): under the whole
+    # suite's load on two cores that chain once took over the default 15 s.
+    page.wait_for_selector("#mine li.submission", timeout=40_000)
     item = page.locator("#mine li.submission").first
     assert "4/5" in item.inner_text() and "{" not in item.inner_text()  # no Python reprs
     page.keyboard.press("2")
