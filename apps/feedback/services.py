@@ -535,7 +535,10 @@ def feedback_store(
         given = experience if isinstance(experience, Experience) and experience.run_id == run.pk else None
         target = given or _experience_of(run, experience, "experience_id")
         members = _locked_members(run=run, group_id=target.group_id)
-        target = next((m for m in members if m.pk == target.pk), None) or _experience_of(run, target.pk, "experience_id")
+        locked = next((m for m in members if m.pk == target.pk), None)
+        if locked is None and given is not None:  # not read yet: an expert experience, or gone
+            locked = _experience_of(run, target.pk, "experience_id")
+        target = locked or target
         fb = _store(run=run, kind=kind, value=value, targets=[target], group_id=target.group_id,
                     author=author, api_key=api_key, comment=comment)
         if folds:

@@ -14,8 +14,8 @@ from playwright.sync_api import expect
 from apps.runs.models import Metric, Run
 from apps.runs.services import eval_result_record, metric_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
-from tests.dashboard.test_pages_states import shot
 from tests.factories import make_run, make_taskset, make_user
+from tests.servers import screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -181,7 +181,7 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     # The evaluated version changed (1, then 2): no longer a constant; the task count still is.
     constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
     assert "eval/tasks" in constants and "eval/version" not in constants
-    shot(page, "dashboard-evaluation")
+    screenshot(page, "dashboard-evaluation")
 
 
 def test_another_run_is_drawn_on_the_same_chart_with_its_own_values(page: Any, owner: User) -> None:
@@ -214,7 +214,7 @@ def test_another_run_is_drawn_on_the_same_chart_with_its_own_values(page: Any, o
     # Each run has its own colour; the compared ones are dashed.
     strokes = plot(page, "reward", "u.series.slice(1).map(s => [s._stroke || s.stroke, !!s.dash])")
     assert len({str(s[0]) for s in strokes}) == 3 and [s[1] for s in strokes] == [False, True, True]
-    shot(page, "dashboard-compare-three")
+    screenshot(page, "dashboard-compare-three")
 
     # Comparing with nothing again leaves this run alone on the chart.
     for other in (b, c):

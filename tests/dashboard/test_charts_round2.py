@@ -18,7 +18,6 @@ from apps.feedback.services import feedback_rate
 from apps.runs.models import ModelVersion, Run, WeightLoad
 from apps.runs.services import metric_record, run_transition
 from tests.dashboard.test_charts import plot
-from tests.dashboard.test_pages_states import shot
 from tests.factories import make_experiences, make_run, make_taskset, make_user
 from tests.servers import login_to_runs, screenshot
 
@@ -76,7 +75,7 @@ def test_compare_with_offers_the_runs_with_data_and_a_runs_mean_and_std_are_two_
         # Four lines, four colours: each run's mean and std apart, the runs apart.
         assert len(set(strokes.values())) == 4, strokes
         assert strokes["demo: reward/mean"] != strokes["demo: reward/std"]
-        shot(page, "dashboard-compare-shades")
+        screenshot(page, "dashboard-compare-shades")
         page.click(f"#chart-compared .chip[data-run='{baseline.pk}']")
         page.wait_for_selector("#chart-reward[data-series='2']")
     finally:

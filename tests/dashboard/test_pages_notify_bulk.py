@@ -2,7 +2,7 @@
 live on the run page, the notifications page names the run, its end and the reason, and
 marks read; the owner's email goes out through the console backend of the worker that ran
 the task), and the experience browser's bulk actions (tick, confirm the count, the effect).
-Screenshots go to var/screenshots/ (ignored) for a reviewer."""
+Screenshots go to var/screenshots/ (ignored; with `make screenshots`) for a reviewer."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ error at once, a preset, a copy), a newcomer's invitation link, the annotator's 
 (summary, no invitation to rate, the weights download through a real train worker), staff
 deactivating an account, and the run page's fixes (a failure clears the waiting banner, one
 confirmation for the policy, a constants table of constants). Screenshots go to
-var/screenshots/ (ignored) for a reviewer."""
+var/screenshots/ (ignored; with `make screenshots`) for a reviewer."""
 
 from __future__ import annotations
 

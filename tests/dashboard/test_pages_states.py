@@ -1,6 +1,6 @@
 """The run's states and the dashboard's broken cases (issue 17), in a real browser against a
 real server (daphne, Postgres, Redis channel layer) and, for a failing run, a real Celery
-worker. Screenshots of the dashboard go to var/screenshots/ (ignored) for a reviewer."""
+worker. Screenshots of the dashboard go to var/screenshots/ (ignored; with `make screenshots`) for a reviewer."""
 
 from __future__ import annotations
 
@@ -22,10 +22,6 @@ from tests.servers import celery_worker, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-
-
-def shot(page: Any, name: str) -> None:
-    screenshot(page, name)
 
 
 @pytest.fixture
@@ -98,7 +94,7 @@ def test_a_run_whose_explore_steps_keep_failing_is_failed_with_the_reason_on_its
     assert "explore 1" in failure and "failing-" in failure
     # A failed run may be started again (after fixing it); nothing else.
     assert [a.get_attribute("class").split()[-1] for a in page.locator("#controls a.button").all()] == ["control-start"]
-    shot(page, "dashboard-failed-run")
+    screenshot(page, "dashboard-failed-run")
 
     page.goto("/runs/")
     row = page.locator(f"tr[data-run='{run.pk}']")
@@ -147,7 +143,7 @@ def test_negative_loss_tick_labels_fit_their_axis_after_a_reload(page: Any, owne
     # The time charts with one point (buffer) or none (feedback) span an hour, not years.
     spans = page.evaluate("() => ['buffer', 'feedback'].map(id => window.rftCharts[id].plot.scales.x.max - window.rftCharts[id].plot.scales.x.min)")
     assert all(0 < span <= 3600 for span in spans), spans
-    shot(page, "dashboard-negative-loss")
+    screenshot(page, "dashboard-negative-loss")
 
 
 def test_the_step_axis_has_whole_steps_only(page: Any, owner: User) -> None:
@@ -178,7 +174,7 @@ def test_the_dashboard_is_no_wider_than_the_window(page: Any, owner: User) -> No
         page.wait_for_selector("#workers tr.worker")
         overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"the page is {overflow}px wider than a {width}px window"
-    shot(page, "dashboard-narrow")
+    screenshot(page, "dashboard-narrow")
 
 
 # --- 7. a draft has no Stop; a finished run has no Start -----------------------------------
@@ -336,7 +332,7 @@ def test_two_runs_are_compared_on_one_chart(page: Any, owner: User) -> None:
     # Wall time instead of steps, and smoothing, redraw the same series.
     page.select_option("#chart-x", "time")
     page.wait_for_function("() => window.rftCharts.reward.plot.scales.x.time === true")
-    shot(page, "dashboard-compare")
+    screenshot(page, "dashboard-compare")
 
 
 # --- staffing -------------------------------------------------------------------------------

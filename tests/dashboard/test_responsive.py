@@ -4,7 +4,7 @@ page they may open, the annotation page's panels (edit, rank, compare) and the r
 comparison with another run, at 390x844, 1280x720 and 1920x1080; none of them may scroll the
 page sideways (a wide table scrolls inside its own box). One browser context per width, the
 personas signing in and out in it, keeps it fast. Screenshots of every page at every size go
-to var/screenshots/responsive/ (ignored) for a reviewer."""
+to var/screenshots/responsive/ (ignored; with `make screenshots`) for a reviewer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The review page in a real browser (issue 32 item 5): an owner on a phone and on a laptop rejects
 a person's rating, sees the page say what it did, and the reward it moved moves back; resolves a
 disagreement by keeping one side; an annotator is refused. Screenshots go to var/screenshots/
-(ignored) for a reviewer."""
+(ignored; with `make screenshots`) for a reviewer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Annotation ergonomics (issue 17) in a real browser against a real server: A/B by keys,
 ranking that cannot be saved unordered (keyboard and drag), undo and revision while a group
 is untrained, guidelines and the hidden automatic reward, progress, and values people read.
-A screenshot of the annotation page goes to var/screenshots/ (ignored)."""
+A screenshot of the annotation page goes to var/screenshots/ (ignored; with `make screenshots`)."""
 
 from __future__ import annotations
 
