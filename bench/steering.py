@@ -62,7 +62,7 @@ is mostly trajectory luck).
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
-                             [--noisy-raters 2] [--max-tokens 12]
+                             [--noisy-raters 2] [--max-tokens 32]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of

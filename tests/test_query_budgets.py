@@ -101,3 +101,20 @@ def test_a_rating_is_saved_in_a_fixed_number_of_statements(olga: User, anna: Use
     # and again for the answer): now once, under the lock, and the answer's read brings it along.
     assert first == later and first <= 17, (first, later)
     assert Experience.objects.filter(run=run, human_reward__isnull=False).count() == 2
+
+
+@pytest.mark.parametrize("size", [4, 16])
+def test_a_ranking_is_saved_in_the_same_statements_whatever_the_groups_size(olga: User, anna: User, size: int) -> None:
+    run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1})
+    add_member(run, anna)
+    make_experiences(run, groups=1, group_size=size, status="pending")
+    group = list(Experience.objects.filter(run=run).order_by("pk"))
+    page = _signed_in(anna)
+    # Best first: the last-made completion ranked first.
+    ranks = {f"rank_{e.pk}": str(size - i) for i, e in enumerate(group)}
+    statements, _ = _statements(page, "post", f"/runs/{run.pk}/annotate/experiences/{group[0].pk}/rank/", **ranks)
+    # 20 for 4 and 24 for 8 when each member's reward was its own UPDATE.
+    assert statements <= 17, statements
+    rewards = list(Experience.objects.filter(run=run).order_by("pk").values_list("human_reward", flat=True))
+    assert rewards == sorted(rewards) and rewards[0] == 0.0 and rewards[-1] == 1.0, rewards
+    assert set(Experience.objects.filter(run=run).values_list("status", flat=True)) == {"ready"}

@@ -152,6 +152,72 @@ def test_a_host_on_other_code_is_refused_naming_what_differs_before_it_starts_a_
     assert "Traceback" not in done.stderr
 
 
+def _step_that_fails(owner: Any, model_dir: Path, *, processes: int, hosts: int) -> tuple[Any, dict[str, Any], float]:
+    """A train step of a two-process run whose other rank will not join: (the run after it,
+    the task's answer, its seconds)."""
+    import time
+
+    from apps.runs.models import Run
+
+    run = running_run(owner, model_dir, train_batch_size=12, total_steps=5,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes, "hosts": hosts})
+    _fill(run, expert=False)
+    started = time.monotonic()
+    out = trainer_mod.train_step.apply(args=(run.pk, 1)).get()
+    return Run.objects.get(pk=run.pk), out, time.monotonic() - started
+
+
+def test_a_host_on_other_code_fails_the_runs_step_at_once_naming_what_differs(
+    owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
+) -> None:
+    """The other host's `join` refuses a group on other code (above); rank 0, waiting for
+    it, fails the step with that reason as soon as it refuses, not when the group's timeout
+    (the train task's time limit) has passed, and the run says why."""
+    import shutil
+
+    from apps.runs.models import Run
+    from tests.servers import ROOT, free_port, spawn, stop
+
+    settings.RFT_LEARNER_PORT = free_port()
+    settings.RFT_TRAIN_TIME_LIMIT = 600  # the group's timeout: what rank 0 waited out before
+    # The other host's checkout: this one with a file changed.
+    other = tmp_path / "other-checkout"
+    for part in ("apps", "workers", "rftweb"):
+        shutil.copytree(ROOT / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
+    with (other / "workers" / "algorithms" / "batch.py").open("a") as f:
+        f.write("\n# A line rank 0's checkout does not have.\n")
+    host1 = spawn([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
+                   str(settings.RFT_LEARNER_PORT), "1"], cwd=other,
+                  env={**os.environ, "PYTHONPATH": str(other)}, log=tmp_path / "host1.log")
+    try:
+        run, out, seconds = _step_that_fails(owner, tiny_model_dir, processes=2, hosts=2)
+        assert host1.wait(timeout=60) == 1, (tmp_path / "host1.log").read_text()[-3000:]
+    finally:
+        stop(host1)
+    assert out["status"] == "failed", out
+    assert "host 1 runs other code than rank 0" in out["error"] and "sources" in out["error"], out
+    assert seconds < 120, f"rank 0 waited {seconds:.0f} s for a host that had refused"
+    assert run.status == Run.Status.FAILED and "host 1 runs other code than rank 0" in run.error
+
+
+def test_a_follower_that_cannot_start_fails_the_runs_step_at_once_with_its_reason(
+    owner: Any, tiny_model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower rank 0 starts on its own host stops before it joins (here a setting it
+    cannot read): the step fails with the follower's reason at once, not at the group's
+    timeout with a rendezvous error."""
+    from apps.runs.models import Run
+
+    settings.RFT_TRAIN_TIME_LIMIT = 600
+    # Read by the follower's Django settings only: this process's are loaded already.
+    monkeypatch.setenv("RFT_TRAINER_CPU_MMAP_THRESHOLD", "plenty")
+    run, out, seconds = _step_that_fails(owner, tiny_model_dir, processes=2, hosts=1)
+    assert out["status"] == "failed", out
+    assert "rank 1 could not start" in out["error"] and "RFT_TRAINER_CPU_MMAP_THRESHOLD" in out["error"], out
+    assert seconds < 120, f"rank 0 waited {seconds:.0f} s for a follower that had stopped"
+    assert run.status == Run.Status.FAILED
+
+
 def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
     owner: Any, tiny_model_dir: Path, own_celery_workers: Any
 ) -> None:

@@ -29,8 +29,9 @@ shard; they load on any number of ranks, or in one process).
 The group is the process's default process group (DeviceMesh needs one), so a train
 worker runs one learner group at a time and cannot also hold the NCCL weight sync's
 group (RFT_WEIGHT_SYNC=nccl). A follower ends when rank 0 closes the group or its parent
-process goes away; a rank that dies mid-step fails the step (its collective times out or
-errors) and nothing of it is committed.
+process goes away; a rank that stops before joining tells rank 0 why through the store, and
+the group's start fails at once with that reason (`ranks_await`); a rank that dies mid-step
+fails the step (its collective times out or errors) and nothing of it is committed.
 """
 
 from __future__ import annotations
@@ -301,6 +302,48 @@ def code_check(spec: dict[str, object], *, where: str) -> None:
                                "commit and libraries on every host of a learner group")
 
 
+# A group's start in rank 0's store: each other rank adds one to READY just before it joins
+# the process group; a rank, or another host's `join`, that cannot join sets REFUSED to why.
+# Rank 0 waits on these before it joins itself (`ranks_await`): a refusal, or a follower that
+# ended, fails the group start at once with its reason, where waiting inside the process
+# group's rendezvous would last its whole timeout (the train task's time limit) and then say
+# only that it timed out.
+READY, REFUSED = "rft/ready", "rft/refused"
+
+
+def refusal_set(store: dist.Store, exc: BaseException, *, where: str) -> None:
+    """Tell rank 0 why `where` will not join: GroupUnsupported stays one there (the run's
+    error names what to change), anything else comes back as a RuntimeError."""
+    why = str(exc) if isinstance(exc, GroupUnsupported) else f"{where} could not start: {type(exc).__name__}: {exc}"
+    try:
+        store.set(REFUSED, json.dumps({"unsupported": isinstance(exc, GroupUnsupported), "why": why}))
+    except Exception:  # rank 0 gone too: nobody to tell
+        log.warning("learner group: could not tell rank 0 why %s stopped", where, exc_info=True)
+
+
+def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
+                followers: list[subprocess.Popen[bytes]], poll_s: float = 0.2) -> None:
+    """Return once the other `world - 1` ranks are joining; raise with a rank's refusal
+    (`refusal_set`), when a follower started here ended first, or past `timeout` naming how
+    many came."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        ended = [(p.pid, p.returncode) for p in followers if p.poll() is not None]
+        if store.check([REFUSED]):  # read after `ended`: a follower sets it before it exits
+            refusal = json.loads(store.get(REFUSED))
+            raise (GroupUnsupported if refusal["unsupported"] else RuntimeError)(f"learner group: {refusal['why']}")
+        if ended:
+            raise RuntimeError(f"learner group: follower process(es) ended before joining (pid, exit status): {ended}")
+        ready = store.add(READY, 0)
+        if ready >= world - 1:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"learner group: {ready} of the {world - 1} other ranks came in "
+                               f"{timeout.total_seconds():.0f} s; is `python -m workers.algorithms.distributed join "
+                               "ADDR PORT HOST` running on every other host?")
+        time.sleep(poll_s)
+
+
 def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
     """Make the learner group this process's default process group (FSDP2's DeviceMesh
     takes the default one)."""
@@ -430,6 +473,7 @@ class LearnerGroup:
         self.followers_started = list(self.followers)
         self.channel: _Channel | None = None
         try:
+            ranks_await(self._store, world=plan.world, timeout=timeout, followers=self.followers)
             group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = _Channel()
             state_share(self.channel, learner, rank=0)
@@ -539,50 +583,30 @@ def _orphan_watch(parent: int) -> None:
 
 def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     """A follower: build the run's learner as rank 0 did, take rank 0's state, shard it,
-    then train on every batch it sends until told to stop."""
-    import django
-
+    then train on every batch it sends until told to stop. What stops it before it joins
+    goes to rank 0 as its refusal (`refusal_set`)."""
     if parent:
         _orphan_watch(parent)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
-    django.setup()
+    store = dist_store(addr, port)
+    try:
+        learner, plan, timeout_s, checkpoint = _follower_learner(store, rank=rank)
+    except BaseException as exc:
+        refusal_set(store, exc, where=f"rank {rank}")
+        raise
     import torch.distributed as dist
 
-    from apps.runs.config import config_validate
-    from workers.algorithms import Learner, NothingToTrain, spec_from_config
-    from workers.trainer import _policy_load, _rng_restore, journal_decode
+    from workers.algorithms import NothingToTrain
+    from workers.trainer import _rng_restore, journal_decode
 
-    store = dist_store(addr, port)
-    spec_in = json.loads(store.get("rft/spec"))
-    code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
-    world, hosts = int(spec_in["world"]), int(spec_in["hosts"])
-    plan = GroupPlan(world=world, hosts=hosts, sharding=str(spec_in["sharding"]))
     backend, _ = group_backend(plan.local)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % plan.local)
-    timeout = datetime.timedelta(seconds=float(spec_in["timeout_s"]))
-    cfg = config_validate(data=spec_in["config"])
-    torch.manual_seed(cfg.seed)
-    from workers.engines.base import tokenizer_from_pretrained
-
-    spec = spec_from_config(cfg)
-    tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
-    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
-    from django.conf import settings
-
-    if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built.
-        from workers.host_memory import cpu_allocator_tune
-
-        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
-    learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
-    group_join(store=store, rank=rank, world=world, backend=backend, timeout=timeout)
+    store.add(READY, 1)
+    group_join(store=store, rank=rank, world=plan.world, backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         channel = _Channel()
         state_share(channel, learner, rank=rank)
-        shard = learner_shard(learner, rank=rank, world=world, sharding=plan.sharding)
-        if spec_in.get("checkpoint"):
-            sharded_load(learner, Path(spec_in["checkpoint"]))
+        shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding)
+        if checkpoint:
+            sharded_load(learner, Path(checkpoint))
         while True:
             msg = channel.message()
             op = msg.get("op")
@@ -603,6 +627,42 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
         dist.destroy_process_group()
 
 
+def _follower_learner(store: dist.Store, *, rank: int) -> tuple[Learner, GroupPlan, float, str | None]:
+    """The run's learner built from the group's spec in rank 0's store as rank 0 built its
+    own; the group's plan, timeout (seconds) and sharded snapshot to start from (if any)."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+    django.setup()
+    from apps.runs.config import config_validate
+    from workers.algorithms import Learner, spec_from_config
+
+    spec_in = json.loads(store.get("rft/spec"))
+    code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
+    plan = GroupPlan(world=int(spec_in["world"]), hosts=int(spec_in["hosts"]), sharding=str(spec_in["sharding"]))
+    backend, _ = group_backend(plan.local)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % plan.local)
+    cfg = config_validate(data=spec_in["config"])
+    torch.manual_seed(cfg.seed)
+    from workers.engines.base import tokenizer_from_pretrained
+    from workers.trainer import _policy_load
+
+    spec = spec_from_config(cfg)
+    tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
+    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
+    from django.conf import settings
+
+    if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
+        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built.
+        from workers.host_memory import cpu_allocator_tune
+
+        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
+    checkpoint = spec_in.get("checkpoint")
+    return (Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model), plan,
+            float(spec_in["timeout_s"]), str(checkpoint) if checkpoint else None)
+
+
 def host_join(*, addr: str, port: int, host: int) -> int:
     """Another host's part of a learner group (trainer.hosts > 1): read the group's plan from
     rank 0's store at addr:port, run this host's ranks (host × local … + local − 1), one
@@ -610,8 +670,13 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     cleanly)."""
     store = dist_store(addr, port)
     plan_in = json.loads(store.get("rft/spec"))
-    code_check(plan_in, where=f"host {host}")
+    try:
+        code_check(plan_in, where=f"host {host}")
+    except GroupUnsupported as exc:
+        refusal_set(store, exc, where=f"host {host}")
+        raise
     plan = GroupPlan(world=int(plan_in["world"]), hosts=int(plan_in["hosts"]), sharding=str(plan_in["sharding"]))
+    # Not a refusal: a host numbered outside the group is not one rank 0 waits for.
     if not 0 < host < plan.hosts:
         raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
     ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid())
