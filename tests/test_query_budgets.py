@@ -115,6 +115,7 @@ def test_a_ranking_is_saved_in_the_same_statements_whatever_the_groups_size(olga
     statements, _ = _statements(page, "post", f"/runs/{run.pk}/annotate/experiences/{group[0].pk}/rank/", **ranks)
     # 20 for 4 and 24 for 8 when each member's reward was its own UPDATE.
     assert statements <= 17, statements
-    rewards = list(Experience.objects.filter(run=run).order_by("pk").values_list("human_reward", flat=True))
-    assert rewards == sorted(rewards) and rewards[0] == 0.0 and rewards[-1] == 1.0, rewards
+    rewards = [r for r in Experience.objects.filter(run=run).order_by("pk").values_list("human_reward", flat=True)
+               if r is not None]
+    assert len(rewards) == size and rewards == sorted(rewards) and rewards[0] == 0.0 and rewards[-1] == 1.0, rewards
     assert set(Experience.objects.filter(run=run).values_list("status", flat=True)) == {"ready"}
