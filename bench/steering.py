@@ -62,7 +62,7 @@ is mostly trajectory luck).
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
-                             [--noisy-raters 2] [--max-tokens 32]
+                             [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled 0.75]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -376,6 +376,46 @@ Tried 2026-11-25 and not kept, two ways to give it more of them:
   apart across prompts (~10,500 pairs) against only the sibling pairs (28-30): held-out
   5 v 3 0.57-0.62 against 0.35-0.55 at L2 1e-2 (40 held-out 5 v 3 pairs, three draws); above
   the sibling pairs, far below 0.8. Not built.
+
+Measured 2026-11-25 on a balanced warm-up (`--demo-styled 0.75`: the demo model built with every
+style at a quarter of the warm-up answers, the bare one too; drawn by a seed, no rater in it),
+same settings otherwise (30 steps, 8 tasks x 8, lr 1e-4, `head` over the run's own base, 4 folds),
+seeds 0 / 1 / 2, one bench per rater, three at once beside the full suite, load 4.9-15.0. The
+styled demo model (RECIPE 6, 55% bare) answers in the styles it saw least less accurately (200
+held-out problems x 8 samples: bare 0.176 right, working 0.084, words 0.120, preamble 0.107),
+so amplifying a style cost arithmetic; the balanced one: bare 0.194, working 0.183, words 0.154,
+preamble 0.216 (sampled arithmetic 0.174 against 0.135; base preferred shares concise 0.30,
+working 0.20, in_words 0.18; greedy 0.31). Preferred-share gain per seed, then the median:
+| rater    | all                     | rm10                    | random10                | noisy                   | format                  |
+| concise  | +.571 +.529 +.489 +.529 | +.534 +.526 +.493 +.526 | +.185 +.218 +.124 +.185 | +.447 +.458 +.440 +.447 | +.095 +.096 +.124 +.096 |
+| working  | +.734 +.701 +.715 +.715 | +.688 +.691 +.691 +.691 | +.084 +.010 +.085 +.084 | +.660 +.635 +.619 +.635 | -.049 -.075 -.107 -.075 |
+| in_words | +.504 +.501 +.540 +.504 | +.400 +.456 +.341 +.400 | -.018 -.055 +.016 -.018 | +.300 +.268 +.365 +.300 | -.066 -.051 -.055 -.055 |
+- rm10 / all (medians, 0.094x the labels): concise 0.99, working 0.97 (met), in_words 0.79 (per
+  seed 0.79 / 0.91 / 0.63; on the styled model 0.68): not met, by 0.01 on the medians.
+- rm10 against random10: concise 2.84x (met; 1.74x on the styled model, where `format` alone
+  gained +0.174 on concise, here +0.096: a bare answer is no longer the best-formed), working
+  8.2x, in_words met as the inequality (random10 lost; rm10 ahead by +0.418).
+- noisy / rm10: concise 0.85, working 0.92 (met), in_words 0.75 (0.78 on the styled model): not
+  met; noisy's in_words model usable from step 12 / 15 / 7 against rm10's 6 / 3 / 12.
+- Reward model held-out (by prompt, out of fold), rm10: concise 1.00 / 1.00 / 0.99, working 0.93 /
+  0.96 / 0.94, in_words 0.86 / 0.82 / 0.74 on 128-173 pairs.
+- Sampled arithmetic against `format` (same seed; `format` 0.105 / 0.119 / 0.133), rm10: working
+  -0.007 / +0.001 / -0.028, in_words -0.003 / +0.003 / -0.025 (met on the medians; 2 of 3 seeds),
+  concise -0.039 / -0.075 / -0.038 (not met); `all` concise -0.016..-0.064, working -0.023..+0.025,
+  in_words -0.041..-0.012. The styles now cost no arithmetic by their form; what is left is
+  drift: a style rater rates right and wrong answers alike, so nothing holds the arithmetic up,
+  and on concise the runs drift further down than `format` (not traced).
+The same balanced warm-up with `--verifier on --w-auto 0.5` (the run's correctness check kept
+beside people at half their weight; `format` is then the verifier alone), seed 0 only, load
+4.2-7.3; share gain / sampled arithmetic (against the verifier alone, 0.161):
+| rater    | all                  | rm10                 | noisy                | random10             |
+| concise  | +.525 / .152 (-.009) | +.474 / .204 (+.042) | +.347 / .214 (+.052) | +.056 / .180 (+.019) |
+| working  | +.704 / .150 (-.011) | +.539 / .134 (-.027) | +.626 / .151 (-.010) | +.076 / .164 (+.003) |
+| in_words | +.504 / .125 (-.036) | +.404 / .140 (-.021) | +.336 / .135 (-.026) | +.009 / .177 (+.016) |
+rm10 / all 0.90, 0.77, 0.80; noisy / rm10 0.73, 1.16, 0.83; rm10 / random10 8.4x, 7.1x, 46x. The
+verifier lifts concise's arithmetic (the bare answer, now as accurate as any, gets the verifier's
+point beside people's 5) but not the other two beyond `format`'s reach: one seed, within the
+spread of the runs above; not a finding.
 
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
@@ -830,6 +870,10 @@ def main() -> None:
                              "math_format, weighted by --w-auto beside people): people teach a style, the "
                              "verifier keeps what it knows; `format` is then that verifier without people")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
+    parser.add_argument("--demo-styled", type=float, default=None,
+                        help="build the demo model with this share of styled warm-up answers, split evenly "
+                             "among its styles (DemoSettings.styled; 0.75: every style a quarter, the bare "
+                             "answer too), in a directory of its own beside BENCH_DEMO_DIR")
     args = parser.parse_args()
     try:
         rating = rater_load(args.rater)
@@ -840,6 +884,8 @@ def main() -> None:
                      "nothing would be learned from people (use a style rater)")
     if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
         parser.error("--noise and --random-raters are shares between 0 and 1")
+    if args.demo_styled is not None and not 0.0 <= args.demo_styled < 1.0:
+        parser.error("--demo-styled is a share from 0 to below 1 (some bare answers stay)")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     os.environ["REDIS_URL"] = ""
@@ -854,11 +900,16 @@ def main() -> None:
     import torch
     from django.contrib.auth.models import User
 
-    from workers.demo_model import demo_model_build
+    from workers.demo_model import DemoSettings, demo_model_build
 
     logging.disable(logging.INFO)
     torch.set_num_threads(1)
-    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
+    demo_settings, demo_dir = DemoSettings(), DEMO_DIR
+    if args.demo_styled is not None and args.demo_styled != demo_settings.styled:
+        # A directory of its own: the default one is the suite's and the other benches'.
+        demo_settings = DemoSettings(styled=args.demo_styled)
+        demo_dir = DEMO_DIR.with_name(f"{DEMO_DIR.name}-styled-{args.demo_styled:g}")
+    demo = demo_model_build(out=demo_dir, settings=demo_settings, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-steering-owner")
     owner.set_password(PASSWORD)
     owner.save()
@@ -874,7 +925,8 @@ def main() -> None:
                   for seed in [int(s) for s in args.seeds.split(",")]}
     print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, sampled arithmetic "
           f"{_mean([b[1] for b in base_share.values()]):.3f}, rater {args.rater}'s preferred "
-          f"share {_mean([b[0] for b in base_share.values()]):.3f}  load {os.getloadavg()[0]:.1f}", flush=True)
+          f"share {_mean([b[0] for b in base_share.values()]):.3f} (demo model {demo}, styled warm-up share "
+          f"{demo_settings.styled:g})  load {os.getloadavg()[0]:.1f}", flush=True)
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
     try:

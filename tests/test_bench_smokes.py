@@ -135,6 +135,20 @@ def test_the_steering_bench_refuses_a_verifier_beside_the_correctness_rater() ->
     assert out.returncode == 2 and "--verifier on with the correctness rater" in out.stderr, out.stderr[-500:]
 
 
+def test_the_steering_bench_refuses_a_demo_model_with_no_bare_answers() -> None:
+    """`--demo-styled` is the share of styled warm-up answers: all of them would leave `concise`
+    nothing to amplify, and a share is not above 1."""
+    import subprocess
+    import sys
+
+    from tests.conftest import _ROOT
+
+    for share in ("1", "-0.5"):
+        out = subprocess.run([sys.executable, "-m", "bench.steering", "--demo-styled", share],
+                             cwd=_ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "--demo-styled is a share" in out.stderr, (share, out.stderr[-500:])
+
+
 def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preference_share(
     bench: Callable[..., Any],
 ) -> None:

@@ -185,8 +185,9 @@
       }
     }
     // A withdrawal's own answer already redrew the list (with its message).
-    const mine = document.querySelector("#mine a.refresh");
-    if (mine && window.htmx && !p.withdrawn) window.htmx.trigger(mine, "click");
+    // rftRefresh (static/rftweb/refresh.js): a label saved while the list is on its way is
+    // not lost when that answer replaces the list's refresh link.
+    if (!p.withdrawn) window.rftRefresh("#mine a.refresh");
     updateWaiting();
   }
   function updateWaiting() { refreshCounts(); }

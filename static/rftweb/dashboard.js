@@ -518,10 +518,8 @@
     while (log.children.length > 30) log.removeChild(log.lastChild);
   }
 
-  function refresh(selector) {
-    var link = document.querySelector(selector);
-    if (link && window.htmx) window.htmx.trigger(link, "click");
-  }
+  // static/rftweb/refresh.js: a refresh asked for while one is in flight is not lost.
+  function refresh(selector) { window.rftRefresh(selector); }
 
   // Counts and the header follow new experiences, steps and feedback even when nobody
   // publishes them: one small request at most every 2 s.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -241,3 +242,38 @@ def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, run
     in_a_thread(skip)
     page.wait_for_selector("#sync-chart[data-versions='3'][data-loads='2']")
     assert page.inner_text("#sync-skipped") == "Skipped (no explorer loaded them): v2"
+
+
+def test_a_load_that_comes_while_the_timeline_is_on_its_way_still_shows(page: Any, running_run: tuple[User, Run]) -> None:
+    """The version's event refreshes the timeline; the load's event comes before that answer
+    has arrived. The answer (read before the load) replaces the refresh link, and the load's
+    refresh still runs after it: the timeline shows the load, not "not loaded yet"."""
+    from apps.runs.services import model_version_publish, weight_load_record
+
+    owner, run = running_run
+    log_in(page, owner)
+    page.goto(f"/runs/{run.pk}/")
+    page.wait_for_selector("#live[data-state=live]")
+    held: list[tuple[Any, Any]] = []
+
+    def hold_the_first(route: Any) -> None:
+        # The first answer is read from the server now and handed to the page later.
+        if held:
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route(re.compile(rf"/runs/{run.pk}/timeline/"), hold_the_first)
+    in_a_thread(lambda: model_version_publish(run=run, number=1, checkpoint="/ckpt/v1", train_step=1))
+    expect(page.locator("#run-version")).to_have_text("v1", timeout=15_000)
+    for _ in range(150):
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the version's event did not refresh the timeline"
+    in_a_thread(lambda: weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05))
+    # The load's event was handled (the chart follows it by its own fetch).
+    page.wait_for_selector("#sync-chart[data-loads='1']", timeout=15_000)
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    expect(page.locator("#timeline tr[data-version='1'] .load")).to_contain_text("explorer-a", timeout=15_000)
