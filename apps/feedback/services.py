@@ -400,9 +400,12 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
         fold = folds[m.pk]
         human = fold.human
         reward = reward_combine(policy=policy, auto=m.auto_reward, human=human) if policy.mode != "auto" else None
-        if (human is not None and m.human_reward != human) or (reward is not None and m.reward != reward):
-            m.human_reward = human if human is not None else m.human_reward
-            m.reward = reward if reward is not None else m.reward
+        before = (m.human_reward, m.reward)
+        if human is not None:
+            m.human_reward = human
+        if reward is not None:
+            m.reward = reward
+        if (m.human_reward, m.reward) != before:
             changed.append(m)
     # One statement for the group, whatever its size (a ranking of 64 changes 64 rows): both
     # fields written on each changed row, the unchanged one as it was read under the lock.

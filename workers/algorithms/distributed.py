@@ -589,7 +589,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
         _orphan_watch(parent)
     store = dist_store(addr, port)
     try:
-        learner, plan, timeout_s, checkpoint = _follower_learner(store, rank=rank)
+        start = _follower_ready(store, rank=rank)
     except BaseException as exc:
         refusal_set(store, exc, where=f"rank {rank}")
         raise
@@ -598,15 +598,15 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     from workers.algorithms import NothingToTrain
     from workers.trainer import _rng_restore, journal_decode
 
-    backend, _ = group_backend(plan.local)
+    learner, plan = start.learner, start.plan
     store.add(READY, 1)
-    group_join(store=store, rank=rank, world=plan.world, backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
     try:
         channel = _Channel()
         state_share(channel, learner, rank=rank)
         shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding)
-        if checkpoint:
-            sharded_load(learner, Path(checkpoint))
+        if start.checkpoint:
+            sharded_load(learner, Path(start.checkpoint))
         while True:
             msg = channel.message()
             op = msg.get("op")
@@ -627,9 +627,20 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
         dist.destroy_process_group()
 
 
-def _follower_learner(store: dist.Store, *, rank: int) -> tuple[Learner, GroupPlan, float, str | None]:
+@dataclass(frozen=True)
+class _FollowerReady:
+    """What a follower needs to join: the run's learner, the group's plan, its backend and
+    timeout, and the sharded snapshot to start from (if any)."""
+    learner: Learner
+    plan: GroupPlan
+    backend: str
+    timeout: datetime.timedelta
+    checkpoint: str | None
+
+
+def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
     """The run's learner built from the group's spec in rank 0's store as rank 0 built its
-    own; the group's plan, timeout (seconds) and sharded snapshot to start from (if any)."""
+    own, with the rest of what joining takes (`_FollowerReady`)."""
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
@@ -659,8 +670,9 @@ def _follower_learner(store: dist.Store, *, rank: int) -> tuple[Learner, GroupPl
 
         cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     checkpoint = spec_in.get("checkpoint")
-    return (Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model), plan,
-            float(spec_in["timeout_s"]), str(checkpoint) if checkpoint else None)
+    return _FollowerReady(learner=Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model), plan=plan,
+                          backend=backend, timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
+                          checkpoint=str(checkpoint) if checkpoint else None)
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:
