@@ -159,9 +159,14 @@
     return el ? Number(el.textContent) : 0;
   }
   // The header's counts come from the server (feedback/_counts.html polls); events move them
-  // at once and ask it again, so the waiting count stays the one the other pages show.
+  // at once and ask it again, so the waiting count stays the one the other pages show. One
+  // refresh for a burst (a swap mutates the queue several times), 300 ms after its last event;
+  // rftRefresh (static/rftweb/refresh.js): an event that comes while the counts are on their
+  // way is not lost when that answer replaces the refresh link.
+  let countsTimer = 0;
   function refreshCounts() {
-    if (window.htmx) window.htmx.trigger(document.body, "rft-counts");
+    clearTimeout(countsTimer);
+    countsTimer = setTimeout(() => window.rftRefresh("#counts-refresh"), 300);
   }
   function counted(p) {
     const by = p.withdrawn ? -1 : 1;
@@ -188,7 +193,6 @@
     // rftRefresh (static/rftweb/refresh.js): a label saved while the list is on its way is
     // not lost when that answer replaces the list's refresh link.
     if (!p.withdrawn) window.rftRefresh("#mine a.refresh");
-    updateWaiting();
   }
   function updateWaiting() { refreshCounts(); }
 

@@ -4,6 +4,7 @@ and new rollouts change it without a reload, to the numbers the other pages show
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from django.test import Client
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Feedback
 from apps.feedback.selectors import annotation_waiting
 from apps.feedback.services import assignment_claim
 from apps.runs.models import Run
@@ -73,3 +74,55 @@ def test_the_annotation_header_counts_move_live(page: Any, live_url: str, owner:
     _waits_for(page, "#waiting-count", "8")
     assert annotation_waiting(run=run, annotator=annotator) == 8
     assert Assignment.objects.filter(annotator=annotator, status="leased").count() == 8
+
+
+def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
+        page: Any, live_url: str, owner: User, annotator: User) -> None:
+    """Bob's first label refreshes the annotator's header; his second comes before that answer
+    has arrived. The answer (read after the first) replaces the refresh link, and the refresh
+    the second asked for still runs after it: the header says 2, not the held answer's 1
+    until the 10 s poll."""
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1}, reward_model={"enabled": True})
+    add_member(run, annotator)
+    bob = make_user("bob")
+    add_member(run, bob)
+    _group(run, "first")
+    bobs = assignment_claim(run=run, annotator=bob, size=4)
+    path = f"/runs/{run.pk}/annotate/"
+    login(page, live_url, "annotator", next_path=path)
+    page.wait_for_url(f"**{path}")
+    page.wait_for_selector("#annotate[data-live=open]")
+    asked: list[Any] = []
+    held: list[tuple[Any, Any]] = []
+
+    def hold_the_first(route: Any) -> None:
+        # The first answer is read from the server now and handed to the page later.
+        asked.append(route)
+        if held:
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
+    web = Client()
+    web.force_login(bob)
+    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[0].pk}/rate/", {"score": "5"}).status_code == 302
+    for _ in range(150):
+        if asked:
+            break
+        page.wait_for_timeout(100)
+    assert asked, "bob's label did not refresh the counts"
+    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[1].pk}/rate/", {"score": "1"}).status_code == 302
+    _waits_for(page, "#feedback-count", "2")  # the event moved it at once and asked for a refresh
+    page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
+    assert len(asked) == 1
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    # Within 5 s: the poll (every 10 s from the swap) is not what brings it.
+    for _ in range(50):
+        if len(asked) > 1:
+            break
+        page.wait_for_timeout(100)
+    assert len(asked) > 1, "the refresh asked for while the counts were on their way never ran"
+    _waits_for(page, "#feedback-count", "2")
+    assert Feedback.objects.filter(run=run, kind="rating").count() == 2
