@@ -62,7 +62,7 @@ is mostly trajectory luck).
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
-                             [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled 0.75]
+                             [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled 0.75] [--beta 0]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -439,10 +439,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from apps.runs.preferences import ANSWER
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, own_conductor, setup_django
 from bench.raters import Rating, correct, rater_load
@@ -461,7 +463,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
             pairs: bool = True, trust: bool = True, max_tokens: int = 32,
-            verifier: bool = False) -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -473,7 +475,8 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         # Advantages scaled by the batch's reward spread, not each group's: under per-group
         # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
         # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
-        "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards},
+        # beta > 0: a KL penalty toward the base model (what it knows that no reward term checks).
+        "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta},
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
           "learning_rate": 3e-4, "batch_size": 16, "max_length": 64,
@@ -634,13 +637,24 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
     return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """What a model's sampled completions on the held-out problems show."""
+
+    # The share the rater rates 4 or 5: how often the model does what the rater prefers.
+    share: float
+    # The share whose `<answer>` is right, whatever the style around it.
+    arithmetic: float
+    # The share with no `<answer>` at all: where arithmetic falls because answers stop coming.
+    untagged: float
+
+
 def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
-             samples: int = 4) -> tuple[float, float]:
-    """(preferred share, arithmetic accuracy) over `samples` completions sampled per held-out
-    problem (temperature 1, seeded): the share `rating` rates 4 or 5 (how often the model does
-    what the rater prefers) and the share whose `<answer>` is right, whatever the style around
-    it (the expected accuracy counts the bare `<answer>N</answer>` only, so a run that learns
-    to show its working would read as losing arithmetic there)."""
+             samples: int = 4) -> Sampled:
+    """The preferred share, arithmetic accuracy and untagged share over `samples` completions
+    sampled per held-out problem (temperature 1, seeded). The expected accuracy counts the bare
+    `<answer>N</answer>` only, so a run that learns to show its working would read as losing
+    arithmetic there; this reads the answer in any style."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -651,7 +665,7 @@ def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     problems = [p for p in _problems(DemoSettings())[1] for _ in range(samples)]
     torch.manual_seed(seed)
-    liked = rightly = 0
+    liked = rightly = untagged = 0
     for start in range(0, len(problems), 200):
         chunk = problems[start:start + 200]
         prompts = [_encode(tokenizer, p)[0] for p in chunk]
@@ -666,7 +680,9 @@ def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens:
             completion = tokenizer.decode(row, skip_special_tokens=True)
             liked += rating(prompt, completion) >= 4
             rightly += right(prompt, completion) == 5
-    return liked / max(1, len(problems)), rightly / max(1, len(problems))
+            untagged += ANSWER.search(completion) is None
+    n = max(1, len(problems))
+    return Sampled(share=liked / n, arithmetic=rightly / n, untagged=untagged / n)
 
 
 def _gold_mark(owner: Rater, run: Any) -> int:
@@ -690,7 +706,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            base_share: tuple[float, float] | None = None, verifier: bool = False) -> dict[str, Any]:
+            base_share: Sampled, verifier: bool = False, beta: float = 0.0) -> dict[str, Any]:
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -715,7 +731,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
-                                    pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier))
+                                    pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier,
+                                    beta=beta))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -789,7 +806,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo)
-    share_after, arithmetic = _sampled(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
+    after = _sampled(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -810,8 +827,9 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "rm_heldout": rm.pairs_heldout if rm else 0,
             "rm_pairs": 0 if rm is None else (
                 rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
-            "share": share_after, "share_gain": share_after - (base_share or (0.0, 0.0))[0],
-            "arithmetic": arithmetic, "arithmetic_gain": arithmetic - (base_share or (0.0, 0.0))[1],
+            "share": after.share, "share_gain": after.share - base_share.share,
+            "arithmetic": after.arithmetic, "arithmetic_gain": after.arithmetic - base_share.arithmetic,
+            "untagged": after.untagged,
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -869,6 +887,9 @@ def main() -> None:
                         help="on: the run's reward terms check the arithmetic too (math_accuracy beside "
                              "math_format, weighted by --w-auto beside people): people teach a style, the "
                              "verifier keeps what it knows; `format` is then that verifier without people")
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="trainer.beta: a KL penalty toward the base model in every arm (0: none, the "
+                             "run's default)")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     parser.add_argument("--demo-styled", type=float, default=None,
                         help="build the demo model with this share of styled warm-up answers, split evenly "
@@ -884,6 +905,8 @@ def main() -> None:
                      "nothing would be learned from people (use a style rater)")
     if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
         parser.error("--noise and --random-raters are shares between 0 and 1")
+    if args.beta < 0:
+        parser.error("--beta is a KL weight, 0 or more")
     if args.demo_styled is not None and not 0.0 <= args.demo_styled < 1.0:
         parser.error("--demo-styled is a share from 0 to below 1 (some bare answers stay)")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
@@ -924,8 +947,9 @@ def main() -> None:
     base_share = {seed: _sampled(str(demo), demo, rating, max_tokens=args.max_tokens, seed=seed)
                   for seed in [int(s) for s in args.seeds.split(",")]}
     print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, sampled arithmetic "
-          f"{_mean([b[1] for b in base_share.values()]):.3f}, rater {args.rater}'s preferred "
-          f"share {_mean([b[0] for b in base_share.values()]):.3f} (demo model {demo}, styled warm-up share "
+          f"{_mean([b.arithmetic for b in base_share.values()]):.3f}, rater {args.rater}'s preferred "
+          f"share {_mean([b.share for b in base_share.values()]):.3f}, untagged "
+          f"{_mean([b.untagged for b in base_share.values()]):.3f} (demo model {demo}, styled warm-up share "
           f"{demo_settings.styled:g})  load {os.getloadavg()[0]:.1f}", flush=True)
     proc, url = server_start(tmp)
     results: list[dict[str, Any]] = []
@@ -944,7 +968,7 @@ def main() -> None:
                                            trust=args.trust == "on", rating=rating, noise=args.noise,
                                            noisy_raters=args.noisy_raters, random_share=args.random_raters,
                                            max_tokens=args.max_tokens, base_share=base_share[seed],
-                                           verifier=args.verifier == "on"))
+                                           verifier=args.verifier == "on", beta=args.beta))
                     print(f"RESULT {results[-1]}", flush=True)
     finally:
         proc.terminate()
@@ -957,7 +981,7 @@ def main() -> None:
     print()
     print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
           f"{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
-          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'arith':>7}{'gain':>7}{'seconds':>9}{'load':>6}")
+          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'arith':>7}{'gain':>7}{'untag':>7}{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
@@ -965,7 +989,7 @@ def main() -> None:
         print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
               f"{r['labels']:>8}{per100:>+17.4f}"
               f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}"
-              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['arithmetic']:>7.3f}{r['arithmetic_gain']:>+7.3f}"
+              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['arithmetic']:>7.3f}{r['arithmetic_gain']:>+7.3f}{r['untagged']:>7.3f}"
               f"{r['seconds']:>9.0f}"
               f"{r['load']:>6.1f}")
     by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
@@ -974,8 +998,8 @@ def main() -> None:
     share_gain = {a: _mean([r["share_gain"] for r in rs]) for a, rs in by_arm.items()}
     arithmetic = {a: _mean([r["arithmetic"] for r in rs]) for a, rs in by_arm.items()}
     print(f"rater {args.rater} (noise {args.noise:g}): preferred share gain per arm (base "
-          f"{_mean([b[0] for b in base_share.values()]):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
-          + "; sampled arithmetic accuracy beside (base " + f"{_mean([b[1] for b in base_share.values()]):.3f}): "
+          f"{_mean([b.share for b in base_share.values()]):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
+          + "; sampled arithmetic accuracy beside (base " + f"{_mean([b.arithmetic for b in base_share.values()]):.3f}): "
           + ", ".join(f"{a} {g:.3f}" for a, g in arithmetic.items())
           + "; expected (plain-form) accuracy gain: " + ", ".join(f"{a} {g:+.4f}" for a, g in gain.items()))
     rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]

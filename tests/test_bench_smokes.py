@@ -95,10 +95,14 @@ def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
     mine.parent.mkdir()
     mine.write_text(RATER_FILE)
     assert _ROOT not in mine.resolve().parents
-    # With the run's verifier kept beside people, and its arm without people to read against.
+    # With the run's verifier kept beside people, its arm without people to read against, and
+    # a KL penalty toward the base model in both.
     out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all,format", "--tasks", "2", "--repeat", "2",
-                "--rater", f"{mine}:likes_tags", "--verifier", "on", timeout=600)
+                "--rater", f"{mine}:likes_tags", "--verifier", "on", "--beta", "0.1", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    # Each arm's row ends with the share of sampled answers without an `<answer>`, its seconds and load.
+    assert re.search(rf"^all +0 .* {NUMBER} +\d+ +{NUMBER}$", out.stdout, re.M) and " untag " in out.stdout, \
+        out.stdout[-2000:]
     assert re.search(r"rater .*my_rater\.py:likes_tags \(noise 0\): preferred share gain per arm \(base "
                      rf"{NUMBER}\): all [-+]\d\.\d+, format [-+]\d\.\d+", out.stdout), out.stdout[-2000:]
     assert re.search(r"^beyond `format` \(what people taught\): all [-+]\d\.\d+", out.stdout, re.M), out.stdout[-2000:]
@@ -147,6 +151,17 @@ def test_the_steering_bench_refuses_a_demo_model_with_no_bare_answers() -> None:
         out = subprocess.run([sys.executable, "-m", "bench.steering", "--demo-styled", share],
                              cwd=_ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "--demo-styled is a share" in out.stderr, (share, out.stderr[-500:])
+
+
+def test_the_steering_bench_refuses_a_negative_kl_weight() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import _ROOT
+
+    out = subprocess.run([sys.executable, "-m", "bench.steering", "--beta", "-0.1"],
+                         cwd=_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--beta is a KL weight" in out.stderr, out.stderr[-500:]
 
 
 def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preference_share(
