@@ -417,6 +417,49 @@ verifier lifts concise's arithmetic (the bare answer, now as accurate as any, ge
 point beside people's 5) but not the other two beyond `format`'s reach: one seed, within the
 spread of the runs above; not a finding.
 
+Why the arithmetic drifts, and what holds it (2026-11-25, balanced warm-up, 30 steps, same
+settings; the untagged share is the new column: answers with no `<answer>` at all). On concise,
+seed 0, rm10 takes the preferred share from 0.29 to 0.82 while the bare answer's expected
+accuracy (the probability of sampling the right `<answer>N</answer>`) stays at 0.054: the bare
+form's mass grows threefold and all of the growth goes to wrong numbers; greedy accuracy falls
+0.31 -> 0.065, and the untagged share does not move (0.055 -> 0.045: the form is not lost, the
+numbers are). `format`, with no people, drifts too (sampled 0.146 -> 0.105): nothing in the run
+rewards a right number, and every update on the style reinforces the sampled numbers with it. A
+KL penalty toward the base model (`--beta`, the run's `trainer.beta`) keeps what the base knows
+and no reward term checks; seed 0, concise, share gain / sampled arithmetic against `format`:
+beta 0: rm10 +.534 / -.039, all +.571 / -.016; 0.04: rm10 +.532 / -.035, all +.566 / -.009; 0.3:
+rm10 +.489 / +.002; 1.0: rm10 +.305 / +.025 (`format` itself 0.105, 0.113, 0.163, 0.161). At 0.3,
+the three style raters, seeds 0 / 1 / 2, one bench per rater, three at once, load 2.9-4.6, ~35
+minutes a bench (base: sampled arithmetic 0.157; preferred shares concise 0.30, working 0.20,
+in_words 0.18):
+| rater    | all                     | rm10                    | random10                | noisy                   | format                  |
+| concise  | +.505 +.505 +.456 +.505 | +.489 +.493 +.471 +.489 | +.075 +.048 -.004 +.048 | +.394 +.402 +.436 +.402 | +.056 +.075 +.014 +.056 |
+| working  | +.672 +.659 +.660 +.660 | +.596 +.590 +.642 +.596 | +.033 +.005 +.010 +.010 | +.426 +.524 +.621 +.524 | -.023 -.020 -.061 -.023 |
+| in_words | +.498 +.506 +.496 +.498 | +.416 +.459 +.424 +.424 | -.006 +.015 -.001 -.001 | +.385 +.065 +.349 +.349 | -.066 -.042 -.005 -.042 |
+- rm10 / all (medians, 0.094x the labels): concise 0.97, working 0.90, in_words 0.85 (per seed
+  0.84 / 0.91 / 0.85; at beta 0 0.79, 0.63 on seed 2): met for all three.
+- rm10 against random10: concise 10x (+0.441), working 60x (+0.586), in_words met as the
+  inequality (random10 -0.001, rm10 ahead by +0.425): met.
+- noisy / rm10 (medians): concise 0.82, working 0.88, in_words 0.82: met on the medians; per seed
+  concise 0.81 / 0.82 / 0.93, working 0.71 / 0.89 / 0.97, in_words 0.92 / 0.14 / 0.82 (in_words'
+  seed 1: noisy's reward model usable from step 27 of 30, against 9 and 7 on the other seeds).
+- Reward model held-out (by prompt, out of fold), rm10: concise 0.98 / 0.99 / 1.00, working 0.96 /
+  0.91 / 0.95, in_words 0.90 / 0.86 / 0.93 on 136-183 pairs: >= 0.8 on every seed (at beta 0
+  in_words 0.86 / 0.82 / 0.74).
+- Sampled arithmetic against `format` (same seed; `format` 0.163 / 0.186 / 0.169, above the base's
+  0.157: at 0.3 the arm without people no longer drifts down):
+  concise: rm10 +.003 / +.009 / +.019, noisy +.010 / -.038 / +.000, all -.019 / -.006 / -.020;
+  working: rm10 -.018 / -.021 / -.004, noisy -.009 / -.020 / -.006, all -.006 / -.027 / -.011;
+  in_words: rm10 -.013 / -.034 / -.045, noisy -.016 / -.020 / -.024, all -.033 / -.031 / -.053.
+  Met on the medians for concise (rm10 +0.009, noisy +0.000, all -0.019) and working (-0.018,
+  -0.009, -0.011); not for in_words (rm10 -0.034, all -0.033; noisy -0.020). The number written in
+  words is a second copy of the answer the model must get right twice; the share gains cost no
+  labels for this (rm10 +0.424 at 0.3 against +0.400 at 0), but a beta that held in_words'
+  arithmetic too (1.0 on concise kept +0.025 and 0.62x of the share gain) was not run on it.
+So a team teaching a style with no verifier for what the base already does well sets
+`trainer.beta` (README, *Human signal that scales*); the run's default stays 0 (TRL's, and the
+correctness runs' tests and benches are measured there).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
