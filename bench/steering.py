@@ -453,9 +453,9 @@ in_words 0.18):
   in_words: rm10 -.013 / -.034 / -.045, noisy -.016 / -.020 / -.024, all -.033 / -.031 / -.053.
   Met on the medians for concise (rm10 +0.009, noisy +0.000, all -0.019) and working (-0.018,
   -0.009, -0.011); not for in_words (rm10 -0.034, all -0.033; noisy -0.020). The number written in
-  words is a second copy of the answer the model must get right twice; the share gains cost no
-  labels for this (rm10 +0.424 at 0.3 against +0.400 at 0), but a beta that held in_words'
-  arithmetic too (1.0 on concise kept +0.025 and 0.62x of the share gain) was not run on it.
+  words is a second copy of the answer, one more place for the number to go wrong. The penalty
+  cost in_words no share gain (rm10 +0.424 at 0.3, +0.400 at 0); a larger beta, which might hold
+  its arithmetic too (1.0 on concise: +0.025, with 0.62x of 0.3's share gain), was not run on it.
 So a team teaching a style with no verifier for what the base already does well sets
 `trainer.beta` (README, *Human signal that scales*); the run's default stays 0 (TRL's, and the
 correctness runs' tests and benches are measured there).
