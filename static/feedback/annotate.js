@@ -194,7 +194,6 @@
     // not lost when that answer replaces the list's refresh link.
     if (!p.withdrawn) window.rftRefresh("#mine a.refresh");
   }
-  function updateWaiting() { refreshCounts(); }
 
   // ------------------------------------------------------------------ htmx glue
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
@@ -222,7 +221,7 @@
     updateEmpty();
     ensureCurrent();
   });
-  document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); updateWaiting(); });
+  document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); refreshCounts(); });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
   // before the undo was answered would show the withdrawn one again: drop its answer.
   let withdrawnAt = 0;
@@ -237,13 +236,13 @@
     const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw");
     if (!form) return;
     withdrawnAt = Date.now();
-    if (ev.detail.successful) loadMore().then(updateWaiting);
+    if (ev.detail.successful) loadMore().then(refreshCounts);
   });
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.
   if (queue) {
     // The waiting count too: a feedback.saved event can arrive before its card is swapped.
-    new MutationObserver(() => { updateEmpty(); ensureCurrent(); updateWaiting(); })
+    new MutationObserver(() => { updateEmpty(); ensureCurrent(); refreshCounts(); })
       .observe(queue, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
   }
 
