@@ -17,6 +17,14 @@ The last line: the median and the worst seconds over the rounds, with the load a
 Measured 2026-11-25 (head over the demo model, 20 labels a version, 64 open experiences):
 19.7 / 26.8 / 33.0 s (median 26.8, worst 33.0) at load 29-37. Before the reward worker imported
 torch and transformers at start, the first round took 147.8 s (then 34.7 and 34.4) at load 45.
+
+Re-measured 2026-11-26 on a fresh machine, same code:
+- quiet (load 0.3-0.6), defaults, twice: median 1.0 s, worst 1.8 s both times (rounds 0.8-1.8 s);
+- quiet (load 0.6-0.8), `--every 40 --open 256` (up to 200 labels in a version, four times the
+  experiences to score): median 1.6 s, worst 1.9 s;
+- beside three bench/steering runs (load 3.3-4.3), defaults: median 5.6 s, worst 6.7 s.
+The time is the worker's: taking the task, the features of the labelled completions, the head's
+fit and the scoring; what the 2026-11-25 figures add is the box's load (ten times this).
 """
 
 from __future__ import annotations
