@@ -23,8 +23,7 @@ Re-measured 2026-11-26 on a fresh machine, same code:
 - quiet (load 0.6-0.8), `--every 40 --open 256` (up to 200 labels in a version, four times the
   experiences to score): median 1.6 s, worst 1.9 s;
 - beside three bench/steering runs (load 3.3-4.3), defaults: median 5.6 s, worst 6.7 s.
-The time is the worker's: taking the task, the features of the labelled completions, the head's
-fit and the scoring; what the 2026-11-25 figures add is the box's load (ten times this).
+The 2026-11-25 figures were taken at about ten times the load of the last line.
 """
 
 from __future__ import annotations
