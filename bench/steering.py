@@ -482,6 +482,35 @@ So a team teaching a style with no verifier for what the base already does well 
 `trainer.beta` (README, *Human signal that scales*); the run's default stays 0 (TRL's, and the
 correctness runs' tests and benches are measured there).
 
+The same at beta 0.6 on the styled demo model (RECIPE 6: 55% bare, 15% a style; its styles
+less accurate than its bare answer), 2026-11-26 on a fresh machine (this build: greedy 0.305,
+sampled arithmetic 0.137), seeds 0 / 1 / 2, every arm, one bench per rater, three at once, load
+1.8-6.3, ~35 minutes a bench:
+| rater    | all                     | rm10                    | random10                | noisy                   | format                  |
+| concise  | +.354 +.370 +.316 +.354 | +.329 +.350 +.290 +.329 | +.062 +.090 +.055 +.062 | +.304 +.296 +.299 +.299 | +.027 +.083 +.051 +.051 |
+| working  | +.520 +.516 +.559 +.520 | +.420 +.479 +.511 +.479 | +.003 -.030 -.006 -.006 | +.407 +.365 +.450 +.407 | -.014 -.059 -.012 -.014 |
+| in_words | +.264 +.272 +.261 +.264 | +.244 +.229 +.171 +.229 | -.003 -.005 +.000 -.003 | +.146 +.180 +.149 +.149 | -.006 -.016 -.016 -.016 |
+- concise: every target on every seed: rm10 / all 0.93 / 0.95 / 0.92, noisy / rm10 0.92 / 0.85 /
+  1.03, rm10 3.9-5.3x random10, reward model 0.95-0.98, arithmetic against `format` rm10 +.000 /
+  +.035 / +.038, noisy +.015..+.028, all +.010..+.021.
+- working: rm10 / all 0.81 / 0.93 / 0.91 (met), noisy / rm10 0.97 / 0.76 / 0.88 (0.88 on the
+  median), random10 lost (met as the inequality), reward model 0.90-0.96; arithmetic not met:
+  rm10 -.042 / -.023 / -.031, all -.049 / -.034 / -.035, noisy -.028..-.062.
+- in_words: rm10 / all 0.92 / 0.84 / 0.66 (0.84 on the median), noisy / rm10 0.60 / 0.79 / 0.87
+  (0.79: not met), reward model 0.83-0.86; arithmetic not met: rm10 -.045 / -.010 / -.046.
+On this warm-up the penalty cannot hold what the form itself costs: a working or words answer
+is right less often than a bare one in the base (0.084 and 0.120 against 0.176, above), so
+amplifying it lowers the arithmetic by construction; the penalty only stops the drift beyond
+that. Concise amplifies the bare answer, the most accurate form, and gains arithmetic.
+The run's verifier kept (`--verifier on --w-auto 1.0`, people and the verifier at the same
+weight, as the demo run), `working`, arms rm10 and `format` (the verifier alone), seeds 0 / 1 /
+2, load 4.9-6.3: at beta 0 rm10's share +.349 / +.542 / +.598 with arithmetic 0.128 / 0.124 /
+0.114 against the verifier alone's 0.212 / 0.159 / 0.171; at beta 0.6 +.268 / +.316 / +.302 with
+0.117 / 0.128 / 0.130 against 0.164 / 0.154 / 0.184 (base 0.137). With a verifier the penalty
+halves the style's gain and keeps no arithmetic that the verifier did not (rm10 -0.057 against
+the verifier alone on the median at beta 0, -0.046 at 0.6): `make run`'s demo run, which keeps
+its verifier, stays at beta 0.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
