@@ -12,7 +12,9 @@ latency). Expert corrections are written as the annotation UI writes a human cor
 Accuracy is greedy `<answer>` accuracy on the demo model's 200 held-out problems (never in
 the taskset), of each published version, measured off the clock; each evaluation also prints
 the expected accuracy at temperature 1 (`workers.demo_model.expected_accuracy`), which moves
-with every step where greedy accuracy on 200 problems moves by luck.
+with every step where greedy accuracy on 200 problems moves by luck. It counts a right answer
+in any of the warm-up's four forms since the demo model's RECIPE 7 (2026-11-26; the figures
+below, of RECIPE 4-6, count the bare form only, most of what those models wrote).
 
     python -m bench.learning [--steps 500] [--eval-every 50] [--algorithms grpo,mix,sft] [--seeds 0,1,2]
                              [--jobs 1]

@@ -18,8 +18,8 @@ one with probability P; `--random-raters S` (with `--noisy-raters N`) is the sha
 raters answering at random. Beside the arithmetic accuracy, each arm reports the share of
 completions (four sampled per held-out problem, seeded) the rater rates 4 or 5, before and
 after, and the share of those samples whose `<answer>` is right whatever the style (the sampled
-arithmetic accuracy: the expected accuracy below counts the bare `<answer>N</answer>` only, so
-an arm that learns to show its working would read there as losing arithmetic). The targets are
+arithmetic accuracy: the expected accuracy below counts the warm-up's four forms only, word for
+word, so an arm that learns a form of its own would read there as losing arithmetic). The targets are
 read on the preferred share; the arithmetic against the `format` arm (no people) when it runs
 beside (`--arms all,rm10,random10,noisy,format`). Arms, same steps and seeds:
 
@@ -746,9 +746,9 @@ class Sampled:
 def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
              samples: int = 4) -> Sampled:
     """The preferred share, arithmetic accuracy and untagged share over `samples` completions
-    sampled per held-out problem (temperature 1, seeded). The expected accuracy counts the bare
-    `<answer>N</answer>` only, so a run that learns to show its working would read as losing
-    arithmetic there; this reads the answer in any style."""
+    sampled per held-out problem (temperature 1, seeded). The expected accuracy counts the
+    warm-up's four forms word for word, so a run that learns a form of its own would read as
+    losing arithmetic there; this reads the answer in any style."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

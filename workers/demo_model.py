@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,7 +53,11 @@ HELDOUT_FILE = "demo-heldout.jsonl"
 # 6: answers in styles (`STYLES`, a seeded draw per training example; the tokenizer corpus
 # holds them); greedy accuracy reads up to 32 new tokens (a styled answer is longer); the
 # SFT step pads by length groups (`sft_step_loss`).
-RECIPE = 6
+# 7: the warm-up balanced (`DemoSettings.styled` 0.75: the bare answer and each style a
+# quarter) and trained on to a greedy accuracy of 0.3 (`target_accuracy`). At 6 (45% styled,
+# 15% a style, target 0.2) the styles the model saw least came out less accurate than the bare
+# answer, so a person teaching a style taught wrong numbers with it (bench/steering).
+RECIPE = 7
 
 VERSIONED = ("torch", "transformers", "tokenizers")
 
@@ -71,7 +75,9 @@ class DemoSettings:
     # Warm-up stops at the first check where held-out accuracy reaches target_accuracy, or
     # after `steps`: deterministic either way, since the checks draw no random numbers.
     steps: int = 600
-    target_accuracy: float = 0.2
+    # 0.3: the balanced warm-up stopped at 0.2 (step 225) wrote a right answer in one of its
+    # forms with probability 0.078 (`expected_accuracy`), at 0.3 (step 300) 0.185.
+    target_accuracy: float = 0.3
     eval_every: int = 25
     batch_size: int = 64
     learning_rate: float = 1e-3
@@ -84,9 +90,13 @@ class DemoSettings:
     max_second: int = 9
     heldout: int = 200
     taskset_size: int = 256
-    # Share of warm-up answers written in a style other than `plain` (split evenly): each
-    # style at a minority share the model then produces some of the time.
-    styled: float = 0.45
+    # Share of warm-up answers written in a style other than `plain` (split evenly): 0.75
+    # gives the bare answer and each style a quarter, so the model writes every style some
+    # of the time (something for people to amplify), most as accurately as the bare answer
+    # (held-out samples, 200 x 8, of the build at target 0.3: 0.225 right, by form bare 0.240,
+    # working 0.250, words 0.174, preamble 0.272; at 0.45 styled and target 0.2, 0.144 right,
+    # bare 0.178, working 0.084, words 0.106, preamble 0.136).
+    styled: float = 0.75
     recipe: int = RECIPE
 
 
@@ -207,19 +217,22 @@ def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
 
 
 def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]],
-                      batch_size: int = 100) -> float:
-    """Mean probability that the model samples the right plain completion (`<answer>N</answer>`
-    and eos; the other `STYLES` are not counted) at temperature 1: the expected accuracy GRPO
-    maximises when nothing rewards a style, read off one teacher-forced
-    forward pass. Unlike greedy accuracy it moves with every change of the answer's
-    probability, not only when the likeliest answer flips, so a small held-out set measures
-    it with far less noise (and an unchanged model scores exactly the same)."""
+                      batch_size: int = 100, styles: Sequence[str] = STYLES) -> float:
+    """Mean probability that the model samples a right completion at temperature 1, in one of
+    `styles` (each as the warm-up writes it, `styled_completion`, and eos; the forms are
+    distinct, so their probabilities add): the expected accuracy GRPO maximises when nothing
+    rewards a style, read off teacher-forced forward passes. A right answer written otherwise
+    (other words around the same tag) is not counted, so this is a lower bound of the sampled
+    accuracy. Unlike greedy accuracy it moves with every change of the answer's probability,
+    not only when the likeliest answer flips, so a small held-out set measures it with far
+    less noise (and an unchanged model scores exactly the same)."""
     import torch
 
     total = 0.0
     model.eval()
-    for start in range(0, len(problems), batch_size):
-        rows = [_encode(tokenizer, p) for p in problems[start : start + batch_size]]
+    work = [(p, style) for p in problems for style in styles]
+    for start in range(0, len(work), batch_size):
+        rows = [_encode(tokenizer, p, style) for p, style in work[start : start + batch_size]]
         width = max(len(p) + len(c) for p, c in rows)
         ids = torch.full((len(rows), width), tokenizer.pad_token_id)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

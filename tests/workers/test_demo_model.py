@@ -199,9 +199,9 @@ def test_the_demo_run_s_reward_scores_every_warm_up_style_as_the_bare_answer(sty
 
 @pytest.mark.slow
 def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir: Path) -> None:
-    """The warm-up shows each style at a minority share, so the model writes each some of the
-    time (what the style raters of bench/steering prefer has something to amplify), the bare
-    answer most often. 200 held-out problems, one completion each, seeded."""
+    """The warm-up shows the bare answer and each style a quarter of the time, so the model
+    writes each some of the time (what the style raters of bench/steering prefer has something
+    to amplify) and none most of the time. 200 held-out problems, one completion each, seeded."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -224,7 +224,7 @@ def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir:
     def share(rate: Rating, at_least: int) -> float:
         return sum(rate(prompt, text) >= at_least for prompt, text in texts) / len(texts)
 
-    assert 0.3 <= share(concise, 5) <= 0.85, "the bare answer most often, not always"
-    assert 0.04 <= share(working, 5) <= 0.35, "the working shown first, some of the time"
-    assert 0.02 <= share(in_words, 5) <= 0.35, "the number in words, some of the time"
-    assert share(correct, 5) >= 0.08, "and the arithmetic still right some of the time"
+    assert 0.1 <= share(concise, 5) <= 0.5, "the bare answer some of the time, not most"
+    assert 0.1 <= share(working, 5) <= 0.5, "the working shown first, some of the time"
+    assert 0.05 <= share(in_words, 5) <= 0.5, "the number in words, some of the time"
+    assert share(correct, 5) >= 0.12, "and the arithmetic still right some of the time"

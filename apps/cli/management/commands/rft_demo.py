@@ -64,10 +64,10 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
 
 
 # The style the demo's guidelines ask people for (apps/runs/preferences.py): the run page
-# charts its share of held-out answers. The demo model writes it in about one answer in six
-# (workers/demo_model.py), so there is something to amplify; bench/steering measured it the
-# most teachable of the three with few labels (`working`: +0.27 share from 90 labels chosen by
-# the reward model, 3 seeds, where the number in words, at 6% of answers, gained +0.01).
+# charts its share of held-out answers. The demo model writes it in about one answer in five
+# (workers/demo_model.py: a quarter of its warm-up), so there is something to amplify;
+# bench/steering measured it the most teachable of the three with few labels (`working`: rm10
+# 0.97x of `all`'s gain with 0.094x its labels on this warm-up, 3 seeds).
 DEMO_PREFERENCE = "working"
 
 DEMO_GUIDELINES = """\
