@@ -62,7 +62,7 @@ is mostly trajectory luck).
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
-                             [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled 0.75] [--beta 0]
+                             [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -987,8 +987,9 @@ def main() -> None:
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     parser.add_argument("--demo-styled", type=float, default=None,
                         help="build the demo model with this share of styled warm-up answers, split evenly "
-                             "among its styles (DemoSettings.styled; 0.75: every style a quarter, the bare "
-                             "answer too), in a directory of its own beside BENCH_DEMO_DIR")
+                             "among its styles (DemoSettings.styled, 0.75 by default: every style a quarter, "
+                             "the bare answer too; 0.45: RECIPE 6's share), in a directory of its own beside "
+                             "BENCH_DEMO_DIR")
     args = parser.parse_args()
     try:
         rating = rater_load(args.rater)
