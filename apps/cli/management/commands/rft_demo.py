@@ -67,7 +67,8 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
 # charts its share of held-out answers. The demo model writes it in about one answer in five
 # (workers/demo_model.py: a quarter of its warm-up), so there is something to amplify;
 # bench/steering measured it the most teachable of the three with few labels (`working`: rm10
-# 0.97x of `all`'s gain with 0.094x its labels on this warm-up, 3 seeds).
+# 0.92-1.05x of `all`'s gain with 0.094x its labels on this model, 3 seeds, its form as
+# accurate as the bare answer).
 DEMO_PREFERENCE = "working"
 
 DEMO_GUIDELINES = """\
