@@ -23,6 +23,7 @@ from workers.demo_model import (
     _problems,
     completion_text,
     demo_model_build,
+    expected_accuracy,
     greedy_accuracy,
     problem_text,
     styled_completion,
@@ -228,3 +229,42 @@ def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir:
     assert 0.1 <= share(working, 5) <= 0.5, "the working shown first, some of the time"
     assert 0.05 <= share(in_words, 5) <= 0.5, "the number in words, some of the time"
     assert share(correct, 5) >= 0.12, "and the arithmetic still right some of the time"
+
+
+@pytest.mark.slow
+def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_writes(demo_model_dir: Path) -> None:
+    """The demo model writes each form a quarter of the time, so the bare form's probability
+    alone misses most right answers: the expected accuracy adds the four forms' (distinct
+    sequences), and stays a lower bound of the share of sampled answers that are right,
+    close to it (what the model writes beyond the four forms is little)."""
+    import re
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.demo_model import _encode, answer_of
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+    problems = _problems(DemoSettings())[1]
+    each = {style: expected_accuracy(model=model, tokenizer=tokenizer, problems=problems, styles=(style,))
+            for style in STYLES}
+    every = expected_accuracy(model=model, tokenizer=tokenizer, problems=problems)
+    assert every == pytest.approx(sum(each.values()), abs=1e-6)
+    assert every >= 2 * each["plain"], each
+
+    prompts = [_encode(tokenizer, p)[0] for p in problems]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.repeat_interleave(4, 0), attention_mask=mask.repeat_interleave(4, 0),
+                             max_new_tokens=32, do_sample=True, top_k=0, top_p=1.0)
+    right = 0
+    for i, row in enumerate(out[:, width:].tolist()):
+        found = re.search(r"<answer>(-?\d+)</answer>", tokenizer.decode(row, skip_special_tokens=True))
+        right += bool(found and int(found.group(1)) == answer_of(*problems[i // 4]))
+    sampled = right / (4 * len(problems))
+    # 800 samples: a standard error of ~0.015 on the sampled share.
+    assert sampled - 0.1 <= every <= sampled + 0.03, (every, sampled)
