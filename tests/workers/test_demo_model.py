@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -28,6 +29,9 @@ from workers.demo_model import (
     problem_text,
     styled_completion,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 ROOT = Path(__file__).resolve().parents[2]
 # Test-sized: the recipe end to end in seconds.
@@ -207,20 +211,11 @@ def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bench.raters import Rating, concise, correct, in_words, working
-    from workers.demo_model import _encode
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
     problems = _problems(DemoSettings())[1]
-    prompts = [_encode(tokenizer, p)[0] for p in problems]
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    torch.manual_seed(0)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=32, do_sample=True, top_k=0, top_p=1.0)
-    texts = [(problem_text(*p), tokenizer.decode(row, skip_special_tokens=True))
-             for p, row in zip(problems, out[:, width:].tolist(), strict=True)]
+    texts = [(problem_text(*p), text) for p, text in _sampled(model, tokenizer, problems, n=1)]
 
     def share(rate: Rating, at_least: int) -> float:
         return sum(rate(prompt, text) >= at_least for prompt, text in texts) / len(texts)
@@ -242,7 +237,7 @@ def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_w
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import _encode, answer_of
+    from workers.demo_model import answer_of
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
@@ -253,18 +248,29 @@ def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_w
     assert every == pytest.approx(sum(each.values()), abs=1e-6)
     assert every >= 2 * each["plain"], each
 
+    right = 0
+    for problem, text in _sampled(model, tokenizer, problems, n=4):
+        found = re.search(r"<answer>(-?\d+)</answer>", text)
+        right += bool(found and int(found.group(1)) == answer_of(*problem))
+    sampled = right / (4 * len(problems))
+    # 800 samples: a standard error of ~0.015 on the sampled share.
+    assert sampled - 0.1 <= every <= sampled + 0.03, (every, sampled)
+
+
+def _sampled(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problems: list[tuple[int, str, int]], *,
+             n: int) -> list[tuple[tuple[int, str, int], str]]:
+    """`n` completions of each problem (temperature 1, up to 32 tokens, seeded), with their problem."""
+    import torch
+
+    from workers.demo_model import _encode
+
     prompts = [_encode(tokenizer, p)[0] for p in problems]
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     torch.manual_seed(0)
     with torch.no_grad():
-        out = model.generate(input_ids=ids.repeat_interleave(4, 0), attention_mask=mask.repeat_interleave(4, 0),
+        out = model.generate(input_ids=ids.repeat_interleave(n, 0), attention_mask=mask.repeat_interleave(n, 0),
                              max_new_tokens=32, do_sample=True, top_k=0, top_p=1.0)
-    right = 0
-    for i, row in enumerate(out[:, width:].tolist()):
-        found = re.search(r"<answer>(-?\d+)</answer>", tokenizer.decode(row, skip_special_tokens=True))
-        right += bool(found and int(found.group(1)) == answer_of(*problems[i // 4]))
-    sampled = right / (4 * len(problems))
-    # 800 samples: a standard error of ~0.015 on the sampled share.
-    assert sampled - 0.1 <= every <= sampled + 0.03, (every, sampled)
+    return [(problems[i // n], tokenizer.decode(row, skip_special_tokens=True))
+            for i, row in enumerate(out[:, width:].tolist())]
