@@ -214,6 +214,9 @@
   if (guidelines && narrow.matches) guidelines.open = false;
   document.body.addEventListener("htmx:afterSwap", (ev) => {
     if (ev.detail.target === panel) {
+      // Wire the new form now, not when the swap settles: a save clicked in between (a
+      // ranking's, under load) went out as a plain POST and reloaded the page.
+      if (window.htmx) window.htmx.process(panel);
       const area = panel.querySelector("textarea, input[type=number]");
       if (area) area.focus({ preventScroll: narrow.matches });
       if (narrow.matches) panel.scrollIntoView({ block: "start" });

@@ -72,8 +72,12 @@ def test_a_ranking_starts_unranked_and_is_saved_only_when_ordered_by_drag(page: 
                                                                          annotator: User) -> None:
     members = _group(blend_run, "g", [0.0, 0.0, 0.0])
     _open(page, live_url, blend_run)
+    # A panel htmx wires up only when its swap settles saved the ranking as a plain POST and
+    # reloaded the page (seen in CI under load): a settle that never comes keeps that window open.
+    page.evaluate("() => { htmx.config.defaultSettleDelay = 60000; }")
     page.keyboard.press("r")
     page.wait_for_selector("#panel form.rank[data-complete='0']")
+    page.evaluate("() => { htmx.config.defaultSettleDelay = 20; }")  # the saved answer's swap settles
     assert page.locator("#panel ul.unranked .rank-item").count() == 3
     assert page.is_disabled("#panel .rank-save")
     # Drag the last completion onto the first place, then the first by click (it takes the
