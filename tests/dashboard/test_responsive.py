@@ -192,7 +192,9 @@ def test_on_a_phone_the_annotation_page_is_one_column_with_the_guidelines_folded
         # The thumbs are drawn, not left to an emoji font the phone may lack.
         assert page.locator("form.rate label.thumb-up svg").count() >= 1
         assert "👍" not in page.inner_text("#queue")
-        # A panel opened from an item comes into view under the queue.
+        # A panel opened from an item comes into view under the queue (once the page's scripts
+        # run: a tap before htmx has wired the link follows its plain href).
+        page.wait_for_selector("#annotate[data-live=open]")
         page.locator("#queue .item .act-rank").first.tap()
         page.wait_for_selector("#panel form.rank")
         expect(page.locator("#panel form.rank")).to_be_in_viewport()
