@@ -99,7 +99,8 @@ def test_a_rating_is_saved_in_a_fixed_number_of_statements(olga: User, anna: Use
     later, _ = _statements(page, "post", f"/runs/{run.pk}/annotate/items/{assignments[5]}/rate/", score="2")
     # 19 when the experience was read three times (to find its group, under the group's lock,
     # and again for the answer): now once, under the lock, and the answer's read brings it along.
-    assert first == later and first <= 17, (first, later)
+    # 16 when the rating's transaction sat inside the form's: a savepoint and its release more.
+    assert first == later and first <= 15, (first, later)
     assert Experience.objects.filter(run=run, human_reward__isnull=False).count() == 2
 
 
