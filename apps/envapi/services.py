@@ -356,6 +356,9 @@ def rollout_task_wait(*, task: str, args: list[object], timeout: float, hint: st
         return result.get(timeout=timeout, propagate=True, disable_sync_subtasks=False)
     except CeleryTimeout:
         result.revoke()
+        # Stop waiting on it: the backend kept it pending, and its Redis subscription, for the
+        # life of the web process (one more for every request no worker answered).
+        result.backend.remove_pending_result(result)
         raise Unavailable(f"no rollout worker answered within {timeout:g} s{hint}") from None
     except Exception as exc:  # the worker's exception, re-raised by Celery
         raise UpstreamFailed(f"the rollout worker failed: {type(exc).__name__}: {exc}") from None

@@ -352,6 +352,22 @@ def test_rollouts_answer_503_when_no_rollout_worker_answers(api: Api, run: Run, 
     assert response["Retry-After"]
 
 
+def test_the_web_process_stops_waiting_on_a_rollout_no_worker_answered(run: Run) -> None:
+    """Celery's result backend keeps a result it waits on pending, with a Redis subscription,
+    until the answer comes: one per request no worker answered, for the life of the process."""
+    from apps.envapi.services import GENERATE_TASK, rollout_task_wait
+    from rftweb.celery import app
+    from rftweb.exceptions import Unavailable
+
+    def pending() -> int:  # this thread's backend (the API calls it from its executor's threads)
+        return sum(len(waiting) for waiting in app.backend._pending_results)
+
+    before = pending()
+    with pytest.raises(Unavailable, match="no rollout worker answered within 0.3 s"):
+        rollout_task_wait(task=GENERATE_TASK, args=[run.pk, [{"prompt": "1 + 1 ="}]], timeout=0.3)
+    assert pending() == before
+
+
 def test_a_rollout_request_needs_exactly_one_of_prompt_and_messages(api: Api, run: Run) -> None:
     response = api.post(f"/runs/{run.pk}/rollouts", {"requests": [{"prompt": "x", "messages": [{"role": "user", "content": "y"}]}]})
     assert response.status_code == 422 and "requests.0" in response.json()["errors"]
