@@ -315,6 +315,11 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutc
         # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
         TaskSource.release(run=run, worker=worker, ids=claimed)
         raise
+    if written is None:
+        # Its tasks were handed back while it generated: nothing written, the step goes again.
+        TaskSource.release(run=run, worker=worker, ids=claimed)
+        log.warning("run %s: explore step %s lost its tasks while generating; nothing written", run_id, step)
+        return {"run": run_id, "step": step, "skipped": "its tasks were handed back while it generated"}
 
     tokens = sum(lengths)
     metric_record(

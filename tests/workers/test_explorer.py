@@ -225,6 +225,39 @@ def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, 
 
 
 @pytest.mark.django_db
+def test_a_step_whose_tasks_were_handed_back_while_it_generated_writes_nothing_and_goes_again(
+        owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop hands a worker's leased tasks back when it judges the worker dead (its
+    heartbeat late under load, as tests/test_faults.py once saw). A step still generating must
+    not then record itself: it did, the next step claimed the same tasks, found every
+    experience a duplicate, and the run stalled, its trainer waiting for a batch."""
+    import workers.explorer as explorer_mod
+    from apps.buffer.services import task_release
+
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    prompt_of = explorer_mod.task_prompt
+
+    def handed_back_meanwhile(engine: Any, task: Any) -> Any:
+        task_release(run=run, worker="explorer-a")  # the loop's call for a worker it judged dead
+        return prompt_of(engine, task)
+
+    monkeypatch.setattr(explorer_mod, "task_prompt", handed_back_meanwhile)
+    lost = explore(run_id=run.pk, step=1, worker="explorer-a")
+    assert lost["skipped"] == "its tasks were handed back while it generated", lost
+    assert not Experience.objects.filter(run=run).exists()
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", flat=True)) == {"queued"}
+    run.refresh_from_db()
+    assert run.explore_step == 0
+
+    monkeypatch.undo()
+    again = explore(run_id=run.pk, step=1, worker="explorer-b")
+    assert (again["experiences"], again["duplicates"]) == (6, 0), again
+    assert_explored(run, tasks=2, n=3, version=0)
+    run.refresh_from_db()
+    assert run.explore_step == 1
+
+
+@pytest.mark.django_db
 def test_generate_answers_free_form_requests_with_tokens_and_logprobs(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
     run = demo_run(owner, demo_model_dir, tasks=1)
     out = generate_completions(
