@@ -48,10 +48,6 @@ def run_advance_after_step(*, run: RunView, train: bool = True) -> None:
     _orchestration.run_advance_after_step(run=row(run), train=train)
 
 
-class _LeaseLost(Exception):
-    pass
-
-
 def explore_step_write(
     *, run: RunView, step: int, worker: str, drafts: Sequence[ExperienceDraft], attempt_ids: Sequence[int],
     model_version: int,
@@ -63,19 +59,17 @@ def explore_step_write(
     (the loop judged its worker dead and handed them back to the queue). Recorded anyway, the
     step was done while its attempts stayed open: the next step claimed them again, found
     every experience a duplicate, and the trainer waited for a batch that never came."""
-    try:
-        with transaction.atomic():
-            written = ExperienceSink.write(experiences=drafts, announce=True)
-            finished = TaskSource.finish(run=run, worker=worker, ids=attempt_ids, model_version=model_version)
-            if finished != len(set(attempt_ids)):
-                raise _LeaseLost
-            run_explore_step_record(run=run, step=step)
-            rewards_remote_enqueue(run_id=run.id, experience_ids=[
-                pk for pk, draft, new in zip(written.ids, drafts, written.is_new)
-                if new and draft.metadata.get("awaiting_rewards")
-            ])
-    except _LeaseLost:
-        return None
+    with transaction.atomic():
+        written = ExperienceSink.write(experiences=drafts, announce=True)
+        finished = TaskSource.finish(run=run, worker=worker, ids=attempt_ids, model_version=model_version)
+        if finished != len(set(attempt_ids)):
+            transaction.set_rollback(True)
+            return None
+        run_explore_step_record(run=run, step=step)
+        rewards_remote_enqueue(run_id=run.id, experience_ids=[
+            pk for pk, draft, new in zip(written.ids, drafts, written.is_new)
+            if new and draft.metadata.get("awaiting_rewards")
+        ])
     return written
 
 
