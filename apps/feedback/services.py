@@ -670,6 +670,7 @@ def feedback_rate_and_flag(
         raise InvalidInput("give a rating (1-5 or a thumb) or at least one flag", field="score")
     if score is not None and thumb is not None:
         raise InvalidInput("give a score or a thumb, not both", field="score")
+
     def rate(note: str) -> Feedback:
         return feedback_rate(run=run, author=author, experience=experience, score=score, thumb=thumb, comment=note)
 
