@@ -60,11 +60,12 @@ def explore_step_write(
     step was done while its attempts stayed open: the next step claimed them again, found
     every experience a duplicate, and the trainer waited for a batch that never came."""
     with transaction.atomic():
-        written = ExperienceSink.write(experiences=drafts, announce=True)
+        # The attempts first: a step that lost them writes nothing.
         finished = TaskSource.finish(run=run, worker=worker, ids=attempt_ids, model_version=model_version)
         if finished != len(set(attempt_ids)):
             transaction.set_rollback(True)
             return None
+        written = ExperienceSink.write(experiences=drafts, announce=True)
         run_explore_step_record(run=run, step=step)
         rewards_remote_enqueue(run_id=run.id, experience_ids=[
             pk for pk, draft, new in zip(written.ids, drafts, written.is_new)

@@ -232,12 +232,10 @@ def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_w
     alone misses most right answers: the expected accuracy adds the four forms' (distinct
     sequences), and stays a lower bound of the share of sampled answers that are right,
     close to it (what the model writes beyond the four forms is little)."""
-    import re
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import answer_of
+    from bench.raters import correct
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
@@ -248,10 +246,7 @@ def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_w
     assert every == pytest.approx(sum(each.values()), abs=1e-6)
     assert every >= 2 * each["plain"], each
 
-    right = 0
-    for problem, text in _sampled(model, tokenizer, problems, n=4):
-        found = re.search(r"<answer>(-?\d+)</answer>", text)
-        right += bool(found and int(found.group(1)) == answer_of(*problem))
+    right = sum(correct(problem_text(*problem), text) == 5 for problem, text in _sampled(model, tokenizer, problems, n=4))
     sampled = right / (4 * len(problems))
     # 800 samples: a standard error of ~0.015 on the sampled share.
     assert sampled - 0.1 <= every <= sampled + 0.03, (every, sampled)
