@@ -23,8 +23,9 @@ export VLLM_NO_USAGE_STATS ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
+export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: run test venv browser compose migrate demo worker clean bench screenshots
+.PHONY: run test venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -69,7 +70,14 @@ test: venv browser compose
 	@# the apps' layers (pyproject.toml [tool.importlinter]): no import against them, none in a cycle
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
+	@# the docs site: a broken link, or a page missing from mkdocs.yml's nav, fails (tests/test_docs.py too)
+	$(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml) into var/site: its reference pages are written from the code first
+# (scripts/docs_reference.py, run by the mkdocs hook). `$(PY) -m mkdocs serve` serves it live.
+docs: venv
+	$(PY) -m mkdocs build --strict
 
 # The browser tests once more, keeping a full-page picture of every page they open under
 # var/screenshots/ (phone, laptop and wide widths) for a person to look through.
