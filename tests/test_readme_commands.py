@@ -1,4 +1,4 @@
-"""Every command the README shows runs as written, from the checkout's root as a person who
+"""Every command the README and the docs site (docs/, bench/README.md) show runs as written, from the checkout's root as a person who
 just cloned it would type it (`python` being the venv's). A command that would start a
 server, train or build a model is asked for its `--help`; a make target is dry-run (`make -n`);
 the rest run whole. New commands in the README are picked up by the reader below, so a
@@ -18,6 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The pages people read commands from: the README, the docs site's pages (not the generated
+# reference, whose usage lines are argparse's own) and the benches' page.
+PAGES = [README, ROOT / "bench" / "README.md",
+         *sorted(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.relative_to(ROOT / "docs").parts)]
 # A command starts with one of these, perhaps after VAR='…' assignments.
 _COMMAND = re.compile(r"^(?:[A-Z_]+=(?:'[^']*'|\S+)\s+)*(?:make|python|manage\.py|rft(?:_[a-z_]+)?)(?:\s|$)")
 _FENCE = re.compile(r"^```(\w*)\s*$")
@@ -26,18 +30,19 @@ _RUN_WHOLE = ("-m pytest", "-m apps.rewards.k12_taskset", "manage.py check")
 
 
 def documented_commands() -> list[str]:
-    """The README's commands: inline code spans and lines of plain (no-language) code blocks."""
+    """The pages' commands: inline code spans and lines of plain (no-language) code blocks."""
     found: list[str] = []
-    block: str | None = None  # the info string of the fenced block we are in
-    for line in README.read_text().splitlines():
-        fence = _FENCE.match(line)
-        if fence:
-            block = None if block is not None else fence.group(1)
-            continue
-        if block == "":
-            found.append(line.strip())
-        elif block is None:
-            found += re.findall(r"`([^`\n]+)`", line)
+    for page in PAGES:
+        block: str | None = None  # the info string of the fenced block we are in
+        for line in page.read_text().splitlines():
+            fence = _FENCE.match(line)
+            if fence:
+                block = None if block is not None else fence.group(1)
+                continue
+            if block == "":
+                found.append(line.strip())
+            elif block is None:
+                found += re.findall(r"`([^`\n]+)`", line)
     return sorted({c for c in found if _COMMAND.match(c)})
 
 
@@ -71,8 +76,8 @@ def invocation(command: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
 
 def test_the_reader_finds_the_commands_people_are_told_to_run() -> None:
     commands = documented_commands()
-    # The reader must see the kinds of command the README is known to show; if it finds
-    # none of a kind, it is the reader that broke, not the README.
+    # The reader must see the kinds of command the pages are known to show; if it finds
+    # none of a kind, it is the reader that broke, not the pages.
     assert any(c.startswith("make ") for c in commands), commands
     assert any("manage.py rft " in c for c in commands), commands
     assert any(c.startswith("python examples/") for c in commands), commands
