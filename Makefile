@@ -84,6 +84,20 @@ docs: venv
 screenshots: venv browser compose
 	RFT_TEST_SCREENSHOTS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
 
+# The prepared GPU check (docs/how-to/gpu-check.md): on a lent GPU machine, with .whl carried,
+# `make gpu-check` (or `bash scripts/gpu_check.sh`); here, `make gpu-wheels` first. It uses the
+# machine's own python3 and PyTorch, never .venv.
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_CHECK_ARGS)
+
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+	  -d .whl $$(sed 's/#.*//' scripts/gpu_wheels.txt)
+	@du -b .whl/*.whl | awk '{printf "%6.1f MiB  %s\n", $$1/1048576, $$2; s += $$1} END {printf "%6.1f MiB  in all (the device tool carries 64 MiB with the working tree)\n", s/1048576}'
+
 bench: venv
 	$(PY) -m bench $(BENCH)
 

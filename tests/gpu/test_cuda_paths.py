@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from apps.runs.config import AdapterConfig
-from tests.servers import free_port
+# bench.common, not tests.servers: that one imports psycopg, which a GPU machine lacks.
+from bench.common import free_port
 
 pytestmark = [
     pytest.mark.gpu,
