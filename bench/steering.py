@@ -479,7 +479,7 @@ At beta 0.6 (same day, same settings, seeds 0 / 1 / 2, every arm; up to six benc
   in_words +0.41 against +0.50). So 0.6 meets every target on all three preferences, on every
   seed; 0.3 keeps more of the style and holds concise and working on the medians only.
 So a team teaching a style with no verifier for what the base already does well sets
-`trainer.beta` (README, *Human signal that scales*); the run's default stays 0 (TRL's, and the
+`trainer.beta` (docs/guide/human-signal.md, *Teaching a style*); the run's default stays 0 (TRL's, and the
 correctness runs' tests and benches are measured there).
 
 The same at beta 0.6 on the styled demo model (RECIPE 6: 55% bare, 15% a style; its styles

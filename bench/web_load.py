@@ -36,7 +36,7 @@ The last line is the verdict, with the load average. Where an owner missed event
 missing run.metric numbers are printed per owner (owners of one web process miss the same).
 
 Measured 2026-11-25 on the 2-core development host shared with other sessions, 200 people x
-300 s, 4 processes, pool 10 (people per endpoint, p50/p99 in the README's "Deployment"):
+300 s, 4 processes, pool 10 (people per endpoint, p50/p99 in bench/README.md, "The web tier"):
 
   run                              req/s  p50 / p99       5xx  no answer  owners with every event   metric lag p50/p99/max  peak, released   web tier  load at the end
   main (core layer, one message    58.9   0.49 / 4.5 s    0    8          0 of 40 (run.metric       2.0 / 30.5 / 31.5 s     40 %, 1.2 s      0.80 cores  27.5 16.7 7.3
@@ -58,7 +58,7 @@ against 0.74-0.80 in the first two: load 31-35 against 22-27), as far as two run
 can tell; a host of its own would settle it.
 
 Measured 2026-11-25 again on a quiet host (load 4-7), 200 people x 150 s, the hand-out before and
-after it leased a queue in one INSERT a round (README, "Fewer statements a page"), two runs each,
+after it leased a queue in one INSERT a round (bench/README.md, "Fewer statements a page"), two runs each,
 alternating: 59.4-60.5 req/s, p50 76-85 ms, p99 1.6-2.2 s, annotation page p50 0.61-1.48 s before
 and 0.67-0.72 s after; every target met in all four.
 """

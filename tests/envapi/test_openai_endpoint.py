@@ -200,7 +200,7 @@ def test_a_stream_sends_the_text_while_the_model_is_still_generating(
     else:
         measured = "\n".join(tries)
         if engine == "vllm" and os.getloadavg()[0] > 2 * (os.cpu_count() or 1):
-            # A known limit, in the README: on a CPU host whose cores are saturated the vLLM
+            # A known limit, in docs/how-to/openai-agents.md: on a CPU host whose cores are saturated the vLLM
             # engine's stream comes in a burst near the end (the transformers engine's, over
             # the same web relay, does not). What it carries was checked on every try above.
             pytest.skip(f"the host is saturated; the vLLM stream's timing is not judged:\n{measured}")
