@@ -101,6 +101,8 @@ def test_make_runs_commands_serve_the_runs_list_and_the_demo_loop(embedded_var: 
     finally:
         stop_server(server)
         log.close()
-    # The private server went with it.
-    assert localpg.running_pid(localpg.Cluster(data=var / "postgres")) is None
-    assert "stopped the private PostgreSQL" in log_path.read_text()
+    # The private server went with it, and no query of a thread still at work on the way out
+    # started it again.
+    served = log_path.read_text()
+    assert localpg.running_pid(localpg.Cluster(data=var / "postgres")) is None, served[-3000:]
+    assert "stopped the private PostgreSQL" in served, served[-3000:]

@@ -5,6 +5,8 @@ connection refused later (the server stopped under a long-lived process) starts 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,24 @@ def embedded_cluster() -> localpg.Cluster:
 
 def _ensure() -> bool:
     """The server up with the configured database in it (not the database a connection
-    names: pytest-django's test database is Django's to make); True when this started it."""
+    names: pytest-django's test database is Django's to make); True when this started it.
+    Never once this process stopped it: a worker thread's query during rft_serve's exit
+    would start it again, to outlive the server."""
+    if _stopped.is_set():
+        return False
     return localpg.ensure_running(embedded_cluster(), database=str(settings.DATABASES["default"]["NAME"]))
+
+
+def embedded_stop() -> bool:
+    """Stop the private server for good in this process (rft_serve's exit); True when it was
+    running. Safe from several threads at once."""
+    with _stop_lock:
+        _stopped.set()
+        return localpg.stop(embedded_cluster())
+
+
+_stopped = threading.Event()
+_stop_lock = threading.Lock()
 
 
 class DatabaseClient(client.DatabaseClient):
@@ -29,11 +47,11 @@ class DatabaseClient(client.DatabaseClient):
     executable_name = "psql"
 
     @classmethod
-    def settings_to_cmd_args_env(cls, settings_dict: dict[str, Any], parameters: list[str]) -> tuple[list[str], Any]:
+    def settings_to_cmd_args_env(cls, settings_dict: dict[str, Any], parameters: Iterable[str]) -> tuple[list[str], Any]:
         args, env = super().settings_to_cmd_args_env(settings_dict, parameters)
         return [str(localpg.bin_dir() / "psql"), *args[1:]], env
 
-    def runshell(self, parameters: list[str]) -> None:
+    def runshell(self, parameters: Iterable[str]) -> None:
         _ensure()
         super().runshell(parameters)
 

@@ -134,13 +134,8 @@ def _embedded_postgres_stop() -> None:
     and the normal return may both get here)."""
     if not settings.EMBEDDED:
         return
-    from rftweb import localpg
-    from rftweb.localpg.base import embedded_cluster
+    from rftweb.localpg.base import embedded_stop
 
-    with _STOP_LOCK:
-        if localpg.stop(embedded_cluster()):
-            sys.stdout.write("rft_serve: stopped the private PostgreSQL\n")
-            sys.stdout.flush()
-
-
-_STOP_LOCK = threading.Lock()
+    if embedded_stop():
+        sys.stdout.write("rft_serve: stopped the private PostgreSQL\n")
+        sys.stdout.flush()
