@@ -137,5 +137,4 @@ def _embedded_postgres_stop() -> None:
     from rftweb.localpg.base import embedded_stop
 
     if embedded_stop():
-        sys.stdout.write("rft_serve: stopped the private PostgreSQL\n")
-        sys.stdout.flush()
+        logging.getLogger(__name__).info("rft_serve: stopped the private PostgreSQL")
