@@ -1,7 +1,8 @@
 """Django's PostgreSQL backend for the embedded default's private server (rftweb.localpg):
 the first connection a process opens starts the server when it is not running, so every
 command (migrate, rft_demo, rft_serve, rft …, shell, dbshell) finds its database; a
-connection refused later (the server stopped under a long-lived process) starts it again."""
+connection refused later (the server stopped under a long-lived process) starts it again,
+except in a process that stopped it itself (rft_serve on its way out)."""
 
 from __future__ import annotations
 
@@ -32,19 +33,17 @@ def _ensure() -> bool:
 
 def embedded_stop() -> bool:
     """Stop the private server for good in this process (rft_serve's exit); True when it was
-    running. Safe from several threads at once."""
-    with _stop_lock:
-        _stopped.set()
-        return localpg.stop(embedded_cluster())
+    running. Safe from several threads at once (localpg.stop takes the cluster's lock)."""
+    _stopped.set()
+    return localpg.stop(embedded_cluster())
 
 
 _stopped = threading.Event()
-_stop_lock = threading.Lock()
 
 
 class DatabaseClient(client.DatabaseClient):
-    # `manage.py dbshell`: the wheel's psql, which a machine without PostgreSQL lacks on PATH.
-    executable_name = "psql"
+    """`manage.py dbshell`: the wheel's psql (a machine without PostgreSQL has none on PATH),
+    the server started first."""
 
     @classmethod
     def settings_to_cmd_args_env(cls, settings_dict: dict[str, Any], parameters: Iterable[str]) -> tuple[list[str], Any]:
