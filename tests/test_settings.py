@@ -14,15 +14,6 @@ from rftweb.env import ConfigError, database_from_url, env_bool, env_int
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.portable
-def test_the_embedded_default_uses_sqlite_and_in_process_services() -> None:
-    if os.environ.get("RFT_TEST_EMBEDDED") != "1":
-        pytest.skip("checked in the embedded child run (tests/test_embedded.py)")
-    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
-    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "rftweb.layers.EmbeddedChannelLayer"
-    assert settings.CELERY_BROKER_URL == "memory://"
-
-
 _XDIST_PROBE = """
 import json, os, pytest  # pytest imported: the settings see a test process
 from django.conf import settings

@@ -2,8 +2,7 @@
 
 Claims use `SELECT … FOR UPDATE SKIP LOCKED` and a lease that expires: concurrent claimers
 never get the same row, and a claimer that dies loses nothing (`lease_reap` hands its rows
-back). On SQLite (the embedded default, one writer at a time) the same code runs without
-the row locks.
+back).
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ from apps.buffer.pipeline import (
 )
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.runs.events import event_publish_many
-from apps.runs.metrics import metric_announce, metric_record, metric_values_clean
+from apps.runs.metrics import metric_announce, metric_values_clean
 from apps.runs.models import Metric, Run
-from apps.runs.services import run_train_step_record
 from rftweb.exceptions import InvalidInput
 from rftweb.jsontypes import Body
 
@@ -89,10 +87,7 @@ def experience_write(*, experiences: Sequence[ExperienceDraft], announce: bool =
             raise InvalidInput(f"unknown parent experience {d.parent_id}", field=f"{i}.parent_id")
 
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            fresh = _insert_by_copy(drafts)
-        else:
-            fresh = _insert_by_orm(drafts)
+        fresh = _insert_by_copy(drafts)
         ids = _ids_in_order(drafts, fresh)
         is_new = [(d.run_id, d.key) in fresh for d in drafts]
         if announce:
@@ -141,25 +136,6 @@ def _ids_in_order(drafts: Sequence[ExperienceDraft], fresh: dict[tuple[int, str]
         for pk, key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("id", "key"):
             found[(run_id, key)] = pk
     return [found[(d.run_id, d.key)] for d in drafts]
-
-
-def _insert_by_orm(drafts: Sequence[ExperienceDraft]) -> dict[tuple[int, str], int]:
-    """The new rows' (run, key) -> id, on databases without COPY (SQLite)."""
-    existing: set[tuple[int, str]] = set()
-    for run_id in {d.run_id for d in drafts}:
-        keys = [d.key for d in drafts if d.run_id == run_id]
-        existing.update(
-            (run_id, key) for key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("key", flat=True)
-        )
-    fresh = [d for d in drafts if (d.run_id, d.key) not in existing]
-    # ignore_conflicts covers a concurrent writer of the same keys between our read and insert.
-    Experience.objects.bulk_create([Experience(**d.columns()) for d in fresh], batch_size=1000, ignore_conflicts=True)
-    created: dict[tuple[int, str], int] = {}
-    for run_id in {d.run_id for d in fresh}:
-        keys = [d.key for d in fresh if d.run_id == run_id]
-        for pk, key in Experience.objects.filter(run_id=run_id, key__in=keys).values_list("id", "key"):
-            created[(run_id, key)] = pk
-    return created
 
 
 _COPY_FIELDS = [f for f in Experience._meta.concrete_fields if f.attname != "id"]
@@ -231,10 +207,8 @@ M = TypeVar("M", bound=models.Model)
 
 
 def _lock(qs: QuerySet[M]) -> QuerySet[M]:
-    # SQLite has one writer at a time and no row locks; Postgres skips rows others hold.
-    if connection.features.has_select_for_update_skip_locked:
-        return qs.select_for_update(skip_locked=True, of=("self",))
-    return qs
+    # Rows another claimer holds are skipped, not waited for.
+    return qs.select_for_update(skip_locked=True, of=("self",))
 
 
 def batch_claim(
@@ -259,7 +233,7 @@ def batch_claim(
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds if lease_seconds is not None else settings.RFT_LEASE_SECONDS)
     qs = experiences_claimable(run=run, now=now, min_version=min_version, expert=expert)
-    if not group_complete and not run.cfg.pipeline.on_claim and connection.vendor == "postgresql":
+    if not group_complete and not run.cfg.pipeline.on_claim:
         return _claim_in_one_statement(qs=qs, worker=worker, size=size, expires=expires)
     with transaction.atomic():
         if run.cfg.pipeline.on_claim:
@@ -270,13 +244,7 @@ def batch_claim(
             ids = _claim_whole_groups(run=run, qs=qs, size=size)
         if not ids:
             return []
-        if connection.vendor == "postgresql":
-            claimed = _lease_returning(ids=ids, worker=worker, expires=expires)
-        else:
-            Experience.objects.filter(pk__in=ids).update(
-                status=Experience.Status.LEASED, lease_owner=worker, lease_expires_at=expires
-            )
-            claimed = list(Experience.objects.filter(pk__in=ids))
+        claimed = _lease_returning(ids=ids, worker=worker, expires=expires)
     # Groups by the id of their first member, not by group_id's text: ids keep the order the
     # experiences were written in, which a rerun of the same seed repeats, while the text
     # order of "attempt-<id>" keys moves with the ids a database hands out (and a batch in
@@ -423,18 +391,11 @@ def batch_commit_step(*, run: Run, step: int, worker: str, ids: Sequence[int], m
     Returns None when done, else why not ("recorded by another trainer", "lease lost"):
     the caller then rolls back its transaction, which this must run inside.
 
-    On Postgres it is one statement (data-modifying CTEs) instead of three: the in-process
-    loop commits a step every ~1 s and each round trip costs 1-5 ms on a loaded host."""
+    It is one statement (data-modifying CTEs) instead of three: the in-process loop commits
+    a step every ~1 s and each round trip costs 1-5 ms on a loaded host."""
 
     if not connection.in_atomic_block:
         raise RuntimeError("batch_commit_step runs inside the caller's transaction (a conflict rolls it back)")
-    if connection.vendor != "postgresql":
-        if not run_train_step_record(run_id=run.pk, step=step):
-            return "recorded by another trainer"
-        if batch_ack(run=run, worker=worker, ids=ids) != len(ids):
-            return "lease lost"
-        metric_record(run=run, step=step, values=metrics)
-        return None
     from django.db.models.sql.subqueries import UpdateQuery
 
     qs, values = _ack_update(run=run, worker=worker, ids=ids)

@@ -192,7 +192,7 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
     if dispatch.state != Dispatch.State.RUNNING:
         return None
     started = dispatch.started_at or now
-    if dispatch.kind == Dispatch.Kind.TRAIN and connection.vendor == "postgresql":
+    if dispatch.kind == Dispatch.Kind.TRAIN:
         # The lock is taken right after the task begins and held until just before it ends.
         if now - started < timedelta(seconds=settings.RFT_HEARTBEAT_SECONDS * 2):
             return None
@@ -228,9 +228,8 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
         return out
     # Only a running explore-side step is judged by its worker's heartbeat (a sent one by its
     # age, a train step by the trainer's lock): the beat reads no heartbeats otherwise.
-    by_lock = connection.vendor == "postgresql"
     hosts = [d.worker for d in rows if d.worker and d.state == Dispatch.State.RUNNING
-             and not (by_lock and d.kind == Dispatch.Kind.TRAIN)]
+             and d.kind != Dispatch.Kind.TRAIN]
     beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=hosts)} if hosts else {}
     for d in rows:
         lost = dispatch_lost(dispatch=d, now=now, beat=beats.get(d.worker))

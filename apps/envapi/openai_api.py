@@ -157,19 +157,8 @@ def _connection_check() -> None:
 
 
 def _in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """`fn` run off the event loop with a database connection: on the endpoint's pool of
-    threads, or, on the embedded default (SQLite, one process), on the request's own thread
-    with its connection closed after."""
-    if settings.EMBEDDED:
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                # Not inside a transaction someone else holds (a test's, on the caller's thread).
-                if not connection.in_atomic_block:
-                    connection.close()
-
-        return sync_to_async(run)
+    """`fn` run off the event loop with a database connection, on the endpoint's pool of
+    threads."""
 
     def pooled(*args: P.args, **kwargs: P.kwargs) -> R:
         _connection_check()

@@ -231,10 +231,7 @@ def connection_release() -> None:
 @contextmanager
 def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
     """A session-level Postgres advisory lock the database drops if the process dies; yields
-    whether it was got (always True on another database, which has none)."""
-    if connection.vendor != "postgresql":
-        yield True
-        return
+    whether it was got."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [namespace, key])
         got = bool(cur.fetchone()[0])

@@ -294,21 +294,8 @@ def model_version_publish(
     """Record a new model version (idempotent on (run, number)), make it the run's current
     one if newer, and announce `weights.synced` once the transaction commits (with the
     seconds the publish took and the bytes it moved, when the weight sync says)."""
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        version, run.current_version = _version_insert(run=run, number=number, checkpoint=checkpoint,
-                                                       train_step=train_step)
-    else:
-        from django.db.models import F, Value
-        from django.db.models.functions import Greatest
-
-        with transaction.atomic():
-            version, _ = ModelVersion.objects.get_or_create(
-                run=run, number=number, defaults={"checkpoint": checkpoint, "train_step": train_step}
-            )
-            Run.objects.filter(pk=run.pk).update(current_version=Greatest(F("current_version"), Value(number)))
-        run.refresh_from_db(fields=["current_version"])
+    version, run.current_version = _version_insert(run=run, number=number, checkpoint=checkpoint,
+                                                   train_step=train_step)
     payload: Body = {"version": number, "checkpoint": checkpoint, "train_step": train_step, "event": "published"}
     if seconds is not None:
         payload["seconds"] = seconds

@@ -1,4 +1,4 @@
-"""Claims, acks, releases, leases and replay. Portable: also runs on the embedded SQLite."""
+"""Claims, acks, releases, leases and replay."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from apps.buffer.services import (
 from apps.runs.models import Run
 from tests.factories import experience_row, make_experiences, make_run, make_taskset
 
-pytestmark = [pytest.mark.django_db, pytest.mark.portable]
+pytestmark = pytest.mark.django_db
 
 
 def test_it_claims_in_priority_order_and_leases_to_the_worker(run: Run) -> None:

@@ -1,7 +1,6 @@
 """batch_commit_step: a trainer's step record, its batch's ack and its metrics, in one
 statement on Postgres (issue 22: each round trip costs 1-5 ms on a loaded host), with the
-effects of run_train_step_record + batch_ack + metric_record. Portable: on SQLite it makes
-those three calls."""
+effects of run_train_step_record + batch_ack + metric_record."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from apps.buffer.services import batch_claim, batch_commit_step, batch_release, 
 from apps.runs.models import Metric, Run
 from tests.factories import experience_row
 
-pytestmark = [pytest.mark.django_db, pytest.mark.portable]
+pytestmark = pytest.mark.django_db
 
 
 def _leased(run: Run, n: int = 4) -> list[int]:
@@ -42,8 +41,7 @@ def test_it_records_the_step_acks_the_batch_and_stores_the_metrics_in_one_statem
     with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
         assert batch_commit_step(run=run, step=1, worker="t", ids=ids,
                                  metrics={"loss": 0.5, "claimed": 4.0, "nan": math.nan, "none": None}) is None  # type: ignore[dict-item]
-    if connection.vendor == "postgresql":
-        assert len([q for q in ctx.captured_queries if "SAVEPOINT" not in q["sql"]]) == 1
+    assert len([q for q in ctx.captured_queries if "SAVEPOINT" not in q["sql"]]) == 1
     run.refresh_from_db()
     assert run.train_step == 1
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "use_count", "lease_owner")) == {("consumed", 1, "")}

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write, lease_reap
@@ -39,8 +38,6 @@ def _claimed(proc: subprocess.Popen[str]) -> list[int]:
 
 @pytest.fixture
 def filled_run(run: Run) -> Run:
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks need Postgres")
     rows = [experience_row(run, key=f"k{i}", group=f"g{i // 4}", priority=float(i % 7)) for i in range(2000)]
     experience_write(experiences=rows)
     return run

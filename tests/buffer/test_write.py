@@ -1,4 +1,4 @@
-"""experience_write: idempotent, all-or-nothing. Portable: also runs on the embedded SQLite."""
+"""experience_write: idempotent, all-or-nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from apps.runs.models import Run
 from rftweb.exceptions import InvalidInput
 from tests.factories import experience_row
 
-pytestmark = [pytest.mark.django_db, pytest.mark.portable]
+pytestmark = pytest.mark.django_db
 
 
 def test_it_writes_a_batch_and_reports_what_it_created(run: Run) -> None:

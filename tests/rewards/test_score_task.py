@@ -9,7 +9,6 @@ from typing import Any
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Experience, Task
@@ -33,8 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 @pytest.fixture(scope="module")
 def reward_worker(django_db_setup: None, django_db_blocker: Any) -> Iterator[subprocess.Popen[bytes]]:
     """`celery worker -Q reward` against this session's test database and Redis database."""
-    if settings.EMBEDDED or "postgres" not in str(settings.DATABASES["default"]["ENGINE"]):
-        pytest.skip("needs DATABASE_URL (Postgres) and REDIS_URL")
     with celery_worker("reward", name="rewards-test") as proc:
         yield proc
 

@@ -1,7 +1,6 @@
 """An index for the pipeline's exact dedup: (run, metadata->>'content_hash').
 
-An expression index, created with SQL so the Experience model stays as it is; on SQLite
-(the embedded default) the same expression via json_extract.
+An expression index, created with SQL so the Experience model stays as it is.
 """
 
 from django.db import migrations
@@ -10,19 +9,13 @@ NAME = "experience_content_hash_idx"
 
 
 def create(apps, schema_editor):  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(
-            f"CREATE INDEX IF NOT EXISTS {NAME} ON buffer_experience (run_id, ((metadata ->> 'content_hash')))"
-        )
-    elif schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(
-            f"CREATE INDEX IF NOT EXISTS {NAME} ON buffer_experience (run_id, json_extract(metadata, '$.content_hash'))"
-        )
+    schema_editor.execute(
+        f"CREATE INDEX IF NOT EXISTS {NAME} ON buffer_experience (run_id, ((metadata ->> 'content_hash')))"
+    )
 
 
 def drop(apps, schema_editor):  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor in ("postgresql", "sqlite"):
-        schema_editor.execute(f"DROP INDEX IF EXISTS {NAME}")
+    schema_editor.execute(f"DROP INDEX IF EXISTS {NAME}")
 
 
 class Migration(migrations.Migration):

@@ -4,6 +4,8 @@ With Redis configured, this is the web process alone (start workers with `manage
 worker`). In the embedded default (no REDIS_URL) the broker and the channel layer live in
 this process, so the Celery workers run here too, as threads beside the ASGI server; that
 is the one place where the web process hosts torch (DESIGN.md: the embedded default).
+Without DATABASE_URL it runs on the private PostgreSQL under VAR_DIR (rftweb/localpg),
+starting it if no command before did, and stops it when it exits.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, host: str, port: int, workers: str, threads: int, **options: object) -> None:
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
 
         from rftweb.asgi import application
 
@@ -49,9 +50,30 @@ class Command(BaseCommand):
         if in_process and settings.REDIS_URL and workers == "auto":
             in_process = False
         endpoints = build_endpoint_description_strings(host=host, port=port)
-        database = "SQLite" if settings.EMBEDDED else "Postgres"
+        database = self._database()
         broker = "Redis broker" if settings.REDIS_URL else "in-process broker"
         self.stdout.write(f"rftweb on http://{host}:{port}/ ({database}, {broker})")
+        try:
+            self._serve(application, endpoints, in_process=in_process, threads=threads)
+        finally:
+            _embedded_postgres_stop()
+
+    def _database(self) -> str:
+        """Which database this server runs on, said on its first line; the embedded default's
+        private PostgreSQL is started here (if a command before did not) so the line is true."""
+        if not settings.EMBEDDED:
+            db = settings.DATABASES["default"]
+            return f"PostgreSQL at {db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+        from rftweb import localpg
+        from rftweb.localpg.base import embedded_cluster
+
+        cluster = embedded_cluster()
+        localpg.ensure_running(cluster, database=str(settings.DATABASES["default"]["NAME"]))
+        return f"private {localpg.version()} in {cluster.data}, stopped with this server"
+
+    def _serve(self, application: object, endpoints: list[str], *, in_process: bool, threads: int) -> None:
+        from daphne.server import Server
+
         if not in_process:
             # Said, since runs started here advance only where workers serve this broker.
             self.stdout.write("workers: none in this process; runs advance once Celery workers serve "
@@ -95,6 +117,8 @@ def _stop_promptly(beat: Service) -> Callable[..., None]:
         def leave() -> None:
             time.sleep(grace)
             logging.getLogger(__name__).warning("rft_serve: stopped after %.1f s of shutdown", grace)
+            # os._exit skips the `finally` that stops the embedded default's PostgreSQL.
+            _embedded_postgres_stop()
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -103,3 +127,14 @@ def _stop_promptly(beat: Service) -> Callable[..., None]:
         threading.Thread(target=leave, name="rft-serve-exit", daemon=True).start()
 
     return on_shutdown
+
+
+def _embedded_postgres_stop() -> None:
+    """The embedded default's private PostgreSQL stops with the server (once: the prompt exit
+    and the normal return may both get here)."""
+    if not settings.EMBEDDED:
+        return
+    from rftweb.localpg.base import embedded_stop
+
+    if embedded_stop():
+        logging.getLogger(__name__).info("rft_serve: stopped the private PostgreSQL")
