@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
+from apps.feedback.review_selectors import REVIEW_PAGE_SIZE
 from apps.feedback.services import feedback_rate
 from bench.common import CHROMIUM, CHROMIUM_ARGS
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
+from tests.feedback.test_review_paging_search import NEEDLE, labelled_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -145,3 +148,29 @@ def test_key_hints_need_a_fine_pointer_that_hovers(browser: Any, live_url: str) 
         assert not page.locator("#key-hint").is_visible()
     finally:
         hovering_phone.close()
+
+
+def test_the_review_page_on_a_phone_is_a_page_of_labels_and_its_links_keep_the_search(browser: Any, live_url: str) -> None:
+    """Issue 45 item 4: 114 labels were one page 9,248 px tall at 390 px."""
+    owner = make_user("olga", staff=True)
+    run, rows = labelled_run(owner)
+    phone = browser.new_context(base_url=live_url, viewport=PHONE, has_touch=True, is_mobile=True)
+    try:
+        page = phone.new_page()
+        page.set_default_timeout(15_000)
+        sign_in(page, owner)
+        page.goto(f"/runs/{run.pk}/review/")
+        expect(page.locator("#labels .review-row")).to_have_count(REVIEW_PAGE_SIZE)
+        height = page.evaluate("() => document.scrollingElement.scrollHeight")
+        assert height < 9248 * 0.6, height  # a page of labels, not all of them
+        page.fill("input[name=q]", NEEDLE)
+        page.click(".review-filters button[type=submit]")
+        page.wait_for_url(f"**/review/?*q={NEEDLE}*")
+        first = page.locator("#labels .review-row").first.get_attribute("id")
+        page.locator("#review-pager a.older").tap()
+        page.wait_for_url("**/review/?*page=2*")
+        expect(page.locator("#labels .review-row").first).not_to_have_id(str(first))
+        assert f"q={NEEDLE}" in page.url
+        expect(page.locator("#labels-shown")).to_contain_text(f"matching “{NEEDLE}” · page 2 of")
+    finally:
+        phone.close()
