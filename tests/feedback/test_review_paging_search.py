@@ -85,9 +85,8 @@ def test_the_review_page_searches_comments_prompts_and_completions_and_keeps_the
     client = Client()
     client.force_login(owner)
     needle = NEEDLE.lower()
-    matching = [f for f in rows if needle in f.comment.lower()
-                or needle in Experience.objects.get(pk=f.experience_id).prompt_text.lower()
-                or needle in Experience.objects.get(pk=f.experience_id).response_text.lower()]
+    texts = {e.pk: f"{e.prompt_text} {e.response_text}".lower() for e in Experience.objects.filter(run=run)}
+    matching = [f for f in rows if needle in f.comment.lower() or needle in texts[f.experience_id or 0]]
     assert 30 < len(matching) < len(rows)  # the three sources together, more than a page
     html = client.get(f"/runs/{run.pk}/review/?q={NEEDLE}").content.decode()
     assert f"{len(matching)} labels matching “{NEEDLE}”" in html
