@@ -31,7 +31,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.urls import Resolver404, get_resolver
 
-from rftweb.degrade import dependency_down
+from rftweb.degrade import dependency_down, dependency_failed, unavailable_response
 
 log = logging.getLogger("django.request")
 
@@ -50,7 +50,13 @@ class SiteErrorPagesMiddleware:
         try:
             resolver.resolve(request.path_info)
         except Resolver404 as exc:
-            return get_exception_response(request, resolver, 404, exc)
+            try:
+                return get_exception_response(request, resolver, 404, exc)
+            except Exception as failed:  # the page's header reads the session and the badge
+                dependency = dependency_failed(failed)
+                if dependency is None:
+                    raise
+                return unavailable_response(request, dependency)
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
