@@ -109,3 +109,15 @@ def test_a_person_changes_their_password_from_the_account_page(client: Client) -
     assert "Password changed" in done.content.decode()
     client.logout()
     assert client.login(username="olga", password="a new long passphrase")
+
+
+@pytest.mark.django_db
+def test_an_email_that_cannot_be_sent_is_logged_not_dropped_silently(caplog: pytest.LogCaptureFixture) -> None:
+    olga = make_user("olga")
+    run = make_run(owner=olga, name="math tutor")
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    run_transition(run=run, action="fail", reason="train step 3 RuntimeError")
+    with caplog.at_level("WARNING", logger="apps.control.notifications"):
+        assert run_end_notify(run_id=run.pk, audit_id=run.audit.get(action="fail").pk) == 0
+    assert "no email to olga, who has no email address set" in caplog.text
+    assert mail.outbox == []
