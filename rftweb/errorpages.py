@@ -7,7 +7,8 @@ all hang on it. Django's DEBUG also answers a missing page or an exception with 
 technical pages (the URL patterns, a traceback, the settings), which a person walking the
 demo should never see. This middleware answers them with the site's own pages
 (templates/404.html, 500.html, Django's handlers as with DEBUG off) instead; the traceback
-goes to the log as ever. A developer who wants Django's pages sets RFT_TECHNICAL_ERROR_PAGES=1.
+goes to the log as ever. A developer who wants Django's pages sets RFT_TECHNICAL_ERROR_PAGES = True
+in a settings module of their own.
 With DEBUG off Django renders the site's pages itself and this middleware is not loaded.
 
 Two doors: a path no URL pattern matches (found before the view runs, so CommonMiddleware,

@@ -40,8 +40,9 @@ if _TEST_WORKER:
 
 DEBUG = env_bool("DEBUG", True)
 # With DEBUG on (`make run`) a missing page or a server error still shows the site's own
-# 404/500 pages (rftweb/errorpages.py); 1 shows Django's technical pages instead.
-RFT_TECHNICAL_ERROR_PAGES = env_bool("RFT_TECHNICAL_ERROR_PAGES", False)
+# 404/500 pages (rftweb/errorpages.py); a developer's settings module that extends this one
+# may set this to True for Django's technical pages (the traceback is in the log either way).
+RFT_TECHNICAL_ERROR_PAGES = False
 _DEV_SECRET = "rftweb-insecure-development-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:
