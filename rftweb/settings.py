@@ -40,6 +40,10 @@ if _TEST_WORKER:
     del os.environ["PYTEST_XDIST_WORKER"]
 
 DEBUG = env_bool("DEBUG", True)
+# With DEBUG on (`make run`) a missing page or a server error still shows the site's own
+# 404/500 pages (rftweb/errorpages.py); a developer's settings module that extends this one
+# may set this to True for Django's technical pages (the traceback is in the log either way).
+RFT_TECHNICAL_ERROR_PAGES = False
 _DEV_SECRET = "rftweb-insecure-development-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:
@@ -103,6 +107,9 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Answers a locked-out login with rftweb/login_guard.py's page (django-axes).
     "axes.middleware.AxesMiddleware",
+    # DEBUG's technical 404/500 pages answered with the site's own (rftweb/errorpages.py); sync
+    # like the one under it. Not loaded with DEBUG off, where Django renders the site's pages.
+    "rftweb.errorpages.SiteErrorPagesMiddleware",
     # Refuses form and query fields Postgres cannot store, naming the field (apps/hygiene.py).
     # Sync-only, so innermost: under ASGI Django then runs the whole chain in one thread,
     # entered once per request; in the middle, each middleware inside it crossed between the

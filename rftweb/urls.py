@@ -6,6 +6,7 @@ from django.views.generic import RedirectView
 from apps.control import accounts, notification_views
 from apps.control import views as control_views
 from apps.envapi import openai_api
+from rftweb import account
 from rftweb.api import api
 
 urlpatterns = [
@@ -19,6 +20,10 @@ urlpatterns = [
     path("password/reset/sent/", auth_views.PasswordResetDoneView.as_view(), name="password_reset_done"),
     path("password/reset/<uidb64>/<token>/", accounts.PasswordSetView.as_view(), name="password_reset_confirm"),
     path("password/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    # A person's own account: email address, password, API keys (rftweb/account.py).
+    path("account/", account.account_page, name="account"),
+    path("account/password/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path("account/password/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("accounts/", accounts.account_list, name="accounts"),
     path("accounts/<int:user_id>/active/", accounts.account_active, name="account_active"),
     # A run's end told in the header and by email (apps/control/notifications.py).

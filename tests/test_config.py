@@ -26,9 +26,9 @@ def test_a_reward_model_cross_validates_by_default_where_its_kind_can() -> None:
 @pytest.mark.parametrize(
     ("data", "field", "message"),
     [
-        ({}, "model", "Field required"),
-        ({"model": "m", "algorithm": "ppo"}, "algorithm", "Input should be"),
-        ({"model": "m", "sampling": {"temperature": -1}}, "sampling.temperature", "greater than or equal to 0"),
+        ({}, "model", "Model is required"),
+        ({"model": "m", "algorithm": "ppo"}, "algorithm", "Algorithm must be one of the registered algorithms"),
+        ({"model": "m", "sampling": {"temperature": -1}}, "sampling.temperature", "Temperature must be at least 0"),
         ({"model": "m", "sampling": {"temprature": 1}}, "sampling.temprature", "unknown key 'temprature'"),
         ({"model": "m", "colour": "red"}, "colour", "unknown key 'colour'"),
         ({"model": "m", "rewards": [{"name": "nope"}]}, "rewards.0.name", "unknown reward 'nope'"),

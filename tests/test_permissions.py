@@ -136,6 +136,10 @@ ACCESS: dict[str, str] = {
     "notifications_read": LOGIN,
     "notifications_badge": LOGIN,
     "notifications_email": MEMBER,  # the person's email choice for a run they are on
+    # A person's own account (rftweb/account.py): their email, password, keys.
+    "account": LOGIN,
+    "password_change": LOGIN,
+    "password_change_done": LOGIN,
     # Bulk actions (apps/feedback/bulk.py): the service checks each action's role (exclude and
     # include the owner's, flag an annotator's too), tests/dashboard/test_bulk_actions.py.
     "runs:experiences_bulk": MEMBER,

@@ -68,6 +68,10 @@ def experience_group(*, run: Run, group_id: str) -> list[Experience]:
 
 # --- the experience browser ------------------------------------------------------------
 
+# The longest text search kept (a longer one is cut: a search box, not a document).
+SEARCH_MAX = 200
+
+
 @dataclass
 class ExperienceFilters:
     status: str = ""
@@ -77,6 +81,8 @@ class ExperienceFilters:
     domain: str = ""
     annotator: str = ""
     flagged: str = ""  # "", "yes", "no"
+    # Text search: the prompt, the completion or a label's comment holds it (any case).
+    q: str = ""
     before: int | None = None  # keyset pagination: ids below this one
     errors: dict[str, str] = field(default_factory=dict)
     # What was typed, so a refused value is shown back beside its error.
@@ -89,7 +95,7 @@ class ExperienceFilters:
         values = {
             "status": self.status, "reward_min": self.reward_min, "reward_max": self.reward_max,
             "version": self.version, "domain": self.domain, "annotator": self.annotator, "flagged": self.flagged,
-            "before": self.before,
+            "q": self.q, "before": self.before,
         }
         values.update(changes)
         return urlencode({k: v for k, v in values.items() if v not in (None, "")})
@@ -125,6 +131,7 @@ def experience_filters_parse(params: Mapping[str, str]) -> ExperienceFilters:
         filters.flagged = flagged
     filters.domain = (params.get("domain") or "").strip()[:50]
     filters.annotator = (params.get("annotator") or "").strip()[:150]
+    filters.q = (params.get("q") or "").strip()[:SEARCH_MAX]
     filters.errors = errors
     return filters
 

@@ -22,8 +22,10 @@ from rftweb.http import signed_in
 @login_required
 @require_http_methods(["GET"])
 def notification_list(request: HttpRequest) -> HttpResponse:
+    runs = notification_runs(user=signed_in(request))
     return render(request, "accounts/notifications.html", {
-        "notifications": notifications_for(user=signed_in(request)), "runs": notification_runs(user=signed_in(request))})
+        "notifications": notifications_for(user=signed_in(request)), "runs": runs,
+        "emailed_runs": sum(1 for _, wanted in runs if wanted)})
 
 
 @login_required
@@ -47,7 +49,12 @@ def notification_email(request: HttpRequest, run_id: int) -> HttpResponse:
         notification_preference_set(run=run, user=signed_in(request), email=request.POST.get("email") == "on")
     except PermissionError:
         return HttpResponse("not your run", status=404)
-    messages.success(request, f"Email when “{run.name}” ends: {'on' if request.POST.get('email') == 'on' else 'off'}.")
+    on = request.POST.get("email") == "on"
+    messages.success(request, f"Email when “{run.name}” ends: {'on' if on else 'off'}.")
+    if on and not signed_in(request).email:
+        # Nothing would be sent: say so where it was turned on (issue 45 item 1).
+        messages.warning(request, "No email address set — add one on your account page (your name at the top of the page): "
+                                  "until then this email is not sent.")
     return redirect("notifications")
 
 

@@ -16,6 +16,7 @@ figures of the run's summary (apps/control/summary.py) and links to the summary.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -30,6 +31,8 @@ from apps.control.summary import RunSummary, run_summary
 from apps.runs.events import event_publish
 from apps.runs.models import Notification, NotificationPreference, Run, RunMember
 from apps.runs.services import END_STATES
+
+log = logging.getLogger(__name__)
 
 END_WORDS: dict[str, str] = {Run.Status.FINISHED: "finished", Run.Status.FAILED: "failed", Run.Status.STOPPED: "was stopped"}
 
@@ -124,7 +127,12 @@ def run_end_notify(*, run_id: int, audit_id: int) -> int:
     message: EndMessage | None = None
     pending = Notification.objects.filter(key=key, emailed_at__isnull=True).select_related("user")
     for note in pending:
-        if not note.user.email or not notification_email_wanted(run=run, user=note.user):
+        if not notification_email_wanted(run=run, user=note.user):
+            continue
+        if not note.user.email:
+            # Told to the person on /notifications/ and their account page (issue 45 item 1).
+            log.warning("run %s %s: no email to %s, who has no email address set", run.pk, state,
+                        note.user.get_username())
             continue
         with transaction.atomic():
             # One sender per row: a second task running at once skips what the first holds.

@@ -293,6 +293,10 @@ def run_waiting(*, run: Run) -> list[Waiting]:
 
 def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[Experience]:
     qs = Experience.objects.filter(run=run)
+    if filters.q:
+        # Postgres ILIKE over the run's rows (the run filter goes first); a label's comment too.
+        commented = Exists(Feedback.objects.filter(experience=OuterRef("pk"), comment__icontains=filters.q))
+        qs = qs.filter(Q(prompt_text__icontains=filters.q) | Q(response_text__icontains=filters.q) | commented)
     if filters.status:
         qs = qs.filter(status=filters.status)
     if filters.reward_min is not None:

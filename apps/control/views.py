@@ -645,6 +645,8 @@ def experience_list(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "choices": experience_filter_choices(run=run),
         "rows": rows,
         "next_query": filters.query(before=rows[-1].pk) if more and rows else "",
+        # Back to the first page, the filters and the search kept (None on the first page).
+        "first_query": filters.query(before=None) if filters.before is not None else None,
         # The bulk bar: the actions this person's role allows, and what "all matching" means.
         **bulk_context(run=run, role=role),
         "matching": 0 if filters.errors else experiences_matching_count(run=run, filters=filters),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypedDict
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.envapi.models import ApiKey
@@ -31,6 +32,11 @@ def run_current_version(*, run: Run) -> CurrentVersion:
 
 def api_keys_of_run(*, run: Run) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(runs=run).select_related("created_by").order_by("revoked_at", "-created_at")
+
+
+def api_keys_created_by(*, user: User) -> QuerySet[ApiKey]:
+    """The keys `user` made (on their runs' key pages), active first, each with its runs."""
+    return ApiKey.objects.filter(created_by=user).prefetch_related("runs").order_by("revoked_at", "-created_at")
 
 
 class TasksetImportOut(TypedDict):

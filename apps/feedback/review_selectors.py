@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get, kind_names
@@ -33,6 +33,10 @@ RATING_GAP = 0.5
 REVIEW_STATES = tuple(Feedback.Review.values)
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
 _PAGE = 100
+# The review page's labels a page (114 labels on one page were 9,248 px tall on a phone).
+REVIEW_PAGE_SIZE = 20
+# The longest text search kept.
+SEARCH_MAX = 200
 
 
 @dataclass(frozen=True)
@@ -188,11 +192,20 @@ class ReviewFilters:
     person: str = ""
     status: str = ""
     disagreements: bool = False
+    # Text search: the label's comment, or the prompt or completion it is about (any case).
+    q: str = ""
+    # The page of the list (REVIEW_PAGE_SIZE labels a page), from 1.
+    page: int = 1
 
-    def query(self) -> dict[str, str]:
-        out = {"kind": self.kind, "person": self.person, "status": self.status,
-               "disagreements": "1" if self.disagreements else ""}
-        return {k: v for k, v in out.items() if v}
+    def query(self, **changes: object) -> dict[str, str]:
+        """The filters as query parameters (a page's links, a form's hidden fields); `changes`
+        replace some (page=2)."""
+        values = {"kind": self.kind, "person": self.person, "status": self.status,
+                  "disagreements": self.disagreements, "q": self.q, "page": self.page, **changes}
+        out = {k: ("1" if v is True else str(v)) for k, v in values.items() if v not in ("", False, None)}
+        if out.get("page") == "1":
+            del out["page"]
+        return out
 
 
 def review_filters_parse(params: Mapping[str, object]) -> ReviewFilters:
@@ -208,13 +221,15 @@ def review_filters_parse(params: Mapping[str, object]) -> ReviewFilters:
     if "\x00" in person:
         raise InvalidInput("a person's name holds no NUL character", field="person")
     flag = str(params.get("disagreements") or "").strip().lower()
-    return ReviewFilters(kind=kind, person=person, status=status, disagreements=flag in ("1", "true", "on", "yes"))
+    q = str(params.get("q") or "").strip()[:SEARCH_MAX]
+    raw_page = str(params.get("page") or "").strip()
+    if raw_page and not (raw_page.isdigit() and len(raw_page) < 7 and int(raw_page) >= 1):
+        raise InvalidInput(f"{raw_page[:20]!r} is not a page number (1, 2, …)", field="page")
+    return ReviewFilters(kind=kind, person=person, status=status, disagreements=flag in ("1", "true", "on", "yes"),
+                         q=q, page=int(raw_page or 1))
 
 
-def review_rows(*, run: Run, filters: ReviewFilters, limit: int = _PAGE,
-                open_disagreements: Sequence[Disagreement] | None = None) -> list[ReviewRow]:
-    """The run's reviewable feedback, newest first, as filtered, each with whether its group
-    was trained on and whether it is part of an open disagreement."""
+def _reviewable(run: Run, filters: ReviewFilters, disputed: set[int]) -> QuerySet[Feedback]:
     qs = Feedback.objects.filter(run=run, kind__in=kind_names(reviewable=True))
     if filters.kind:
         qs = qs.filter(kind=filters.kind)
@@ -222,12 +237,29 @@ def review_rows(*, run: Run, filters: ReviewFilters, limit: int = _PAGE,
         qs = qs.filter(Q(author__username=filters.person) | Q(api_key__name=filters.person.removeprefix("key ")))
     if filters.status:
         qs = qs.filter(review=filters.status)
-    found = disagreements(run=run) if open_disagreements is None else open_disagreements
-    disputed = {f.pk for d in found for f in d.labels}
     if filters.disagreements:
         qs = qs.filter(pk__in=disputed)
+    if filters.q:
+        qs = qs.filter(Q(comment__icontains=filters.q) | Q(experience__prompt_text__icontains=filters.q)
+                       | Q(experience__response_text__icontains=filters.q))
+    return qs
+
+
+def review_rows_count(*, run: Run, filters: ReviewFilters, open_disagreements: Sequence[Disagreement]) -> int:
+    """How many labels match `filters` on every page."""
+    return _reviewable(run, filters, {f.pk for d in open_disagreements for f in d.labels}).count()
+
+
+def review_rows(*, run: Run, filters: ReviewFilters, limit: int = _PAGE, offset: int = 0,
+                open_disagreements: Sequence[Disagreement] | None = None) -> list[ReviewRow]:
+    """The run's reviewable feedback, newest first, as filtered (`limit` of them from
+    `offset`), each with whether its group was trained on and whether it is part of an open
+    disagreement."""
+    found = disagreements(run=run) if open_disagreements is None else open_disagreements
+    disputed = {f.pk for d in found for f in d.labels}
+    qs = _reviewable(run, filters, disputed)
     rows = list(qs.select_related("author", "api_key", "reviewed_by", "experience", "other")
-                .order_by("-created_at", "-id")[:limit])
+                .order_by("-created_at", "-id")[offset:offset + limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
     return [ReviewRow(feedback=f, trained=f.late or f.group_id in trained, disagreement=f.pk in disputed)

@@ -5,6 +5,7 @@ disagreements with their resolution. Thin: check the role, call a selector or a 
 
 from __future__ import annotations
 
+from math import ceil
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -23,6 +24,7 @@ from apps.feedback.review import (
     feedback_reject,
 )
 from apps.feedback.review_selectors import (
+    REVIEW_PAGE_SIZE,
     REVIEW_STATES,
     ReviewFilters,
     disagreements,
@@ -30,11 +32,16 @@ from apps.feedback.review_selectors import (
     review_filters_parse,
     review_people,
     review_rows,
+    review_rows_count,
 )
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from rftweb.exceptions import RftError
 from rftweb.http import HtmxHttpRequest, signed_in
+
+
+# Open disagreements shown above the labels (each with its forms); the others are a link away.
+DISAGREEMENTS_SHOWN = 10
 
 
 def _page_url(run: Run, filters: ReviewFilters | None = None) -> str:
@@ -45,12 +52,23 @@ def _page_url(run: Run, filters: ReviewFilters | None = None) -> str:
 
 def _context(run: Run, filters: ReviewFilters, *, error: str = "", message: str = "") -> dict[str, object]:
     found = disagreements(run=run)
+    total = review_rows_count(run=run, filters=filters, open_disagreements=found)
+    pages = max(1, ceil(total / REVIEW_PAGE_SIZE))
+    page = min(filters.page, pages)  # a page past the end (after rejections) shows the last one
     return {
         "run": run, "filters": filters, "error": error, "message": message,
-        "rows": review_rows(run=run, filters=filters, open_disagreements=found),
-        "disagreements": found, "counts": review_counts(run=run), "people": review_people(run=run),
+        "rows": review_rows(run=run, filters=filters, open_disagreements=found, limit=REVIEW_PAGE_SIZE,
+                            offset=(page - 1) * REVIEW_PAGE_SIZE),
+        # The disagreements shown above the labels; the rest through "disagreements only".
+        "disagreements": found[:DISAGREEMENTS_SHOWN], "disagreements_open": len(found),
+        "disagreements_more": max(0, len(found) - DISAGREEMENTS_SHOWN),
+        "counts": review_counts(run=run), "people": review_people(run=run),
         "kinds": [(name, kind_get(name).noun(2)) for name in kind_names(reviewable=True)],
-        "states": REVIEW_STATES, "query": urlencode(filters.query()),
+        "states": REVIEW_STATES, "query": urlencode(filters.query(page=None)),
+        "page": page, "pages": pages, "total": total,
+        "newer_query": urlencode(filters.query(page=page - 1)) if page > 1 else None,
+        "older_query": urlencode(filters.query(page=page + 1)) if page < pages else None,
+        "disputed_query": urlencode(ReviewFilters(disagreements=True).query()),
     }
 
 
@@ -63,6 +81,8 @@ def review_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     except RftError as exc:
         return render(request, "feedback/review.html", _context(run, ReviewFilters(), error=exc.message), status=400)
     message = str(request.session.pop("review_message", ""))  # a plain form's outcome, once
+    if request.htmx and request.htmx.target == "review-body":  # a page link: the list alone
+        return render(request, "feedback/_review_body.html", _context(run, filters, message=message))
     return render(request, "feedback/review.html", _context(run, filters, message=message))
 
 

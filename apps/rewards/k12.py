@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError
 from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import ParamsCheck, RewardFn, RewardResult, domain_register, register
 from apps.runs.config import StrictModel
+from apps.runs.plain_errors import error_plain
 
 if TYPE_CHECKING:
     from apps.rewards.models import K12Grader
@@ -74,8 +75,8 @@ def _params_check(name: str, model: type[StrictModel]) -> ParamsCheck:
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            msg = f"unknown param {where!r}" if err["type"] == "extra_forbidden" else err["msg"]
-            raise ValueError(f"{name}: params.{where}: {msg.removeprefix('Value error, ')}") from None
+            msg = f"unknown param {where!r}" if err["type"] == "extra_forbidden" else error_plain(err)
+            raise ValueError(f"{name}: params.{where}: {msg}") from None
 
     return check
 

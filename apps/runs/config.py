@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
+from apps.runs.plain_errors import error_plain
 from apps.runs.preferences import preference_names
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from rftweb.exceptions import InvalidInput
@@ -275,7 +276,7 @@ class RewardModelConfig(_Strict):
     @classmethod
     def _registered_kind(cls, name: str) -> str:
         if name not in reward_kind_names():
-            raise ValueError(f"Input should be one of the registered reward-model kinds: {', '.join(reward_kind_names())}")
+            raise ValueError(f"must be one of the registered reward-model kinds: {', '.join(reward_kind_names())}")
         return name
 
     @model_validator(mode="after")
@@ -501,7 +502,7 @@ class RunConfig(_Strict):
     @classmethod
     def _registered_algorithm(cls, name: str) -> str:
         if name not in algorithm_names():
-            raise ValueError(f"Input should be one of the registered algorithms: {', '.join(algorithm_names())}")
+            raise ValueError(f"must be one of the registered algorithms: {', '.join(algorithm_names())}")
         return name
 
     @field_validator("trainer")
@@ -542,7 +543,7 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, FieldConflict):
             field = ".".join(p for p in (field, cause.field) if p)
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = error_plain(err)
         if err["type"] == "extra_forbidden":
             msg = f"unknown key {str(err['loc'][-1])!r}"
         errors.setdefault(field, msg)

@@ -189,3 +189,19 @@ def account_active_set(*, user_id: int, active: bool, actor: Actor) -> User:
         user.is_active = active
         user.save(update_fields=["is_active"])
     return user
+
+
+def account_email_set(*, user: User, email: str) -> User:
+    """The address `user` gets email at (a run's end, a password reset); blank clears it. An
+    address that is not one is refused naming the field."""
+    address = (email or "").strip()
+    if address:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise InvalidInput(f"{address!r} is not an email address", field="email") from None
+        address = User.objects.normalize_email(address)
+    if user.email != address:
+        user.email = address
+        user.save(update_fields=["email"])
+    return user

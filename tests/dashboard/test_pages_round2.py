@@ -84,7 +84,7 @@ def test_the_owner_sees_every_error_at_once_beside_its_field_then_creates_from_a
     page.wait_for_selector("#error-count")
     assert "3 problems to fix" in page.inner_text("#error-count")
     for path, said in (("model", "no such file or directory"), ("rewards", "line"),
-                       ("trainer.learning_rate", "greater than 0")):
+                       ("trainer.learning_rate", "Learning rate must be more than 0")):
         error = page.locator(f".field[data-field='{path}'] .field-error")
         expect(error).to_be_visible()
         assert said in error.inner_text(), (path, error.inner_text())

@@ -220,7 +220,7 @@ def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and
     page.set_input_files("#id_taskset", str(tasks))
     page.click("#run-form button[type=submit]")
     assert "a run needs a name" in page.inner_text("[data-field=name] .field-error")
-    assert "greater than or equal to 0" in page.inner_text("[data-field='sampling.temperature'] .field-error")
+    assert "Temperature must be at least 0" in page.inner_text("[data-field='sampling.temperature'] .field-error")
     # A refused form leaves nothing behind (issue #33): the page says the file must come again.
     assert "“arith.jsonl” (5 tasks) was read but not kept" in page.inner_text("body")
     assert not Taskset.objects.exists()

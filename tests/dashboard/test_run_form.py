@@ -56,7 +56,7 @@ def test_garbage_yaml_a_negative_learning_rate_and_a_missing_model_are_all_repor
     html = response.content.decode()
     assert "no such file or directory: /no/such/model" in field_block(html, "model")
     assert "YAML" in field_block(html, "rewards") or "line" in field_block(html, "rewards")
-    assert "greater than 0" in field_block(html, "trainer.learning_rate")
+    assert "Learning rate must be more than 0" in field_block(html, "trainer.learning_rate")
     assert "3 problems to fix" in html
     # The sections holding an error are open; a clean advanced section stays folded.
     assert " open>" in group(html, "trainer")

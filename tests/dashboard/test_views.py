@@ -49,8 +49,8 @@ def test_a_config_error_shows_beside_its_field(client_of, owner: User) -> None:
     response = client_of(owner).post("/runs/new/", form_data(**{"sampling.temperature": "-1", "trainer.learning_rate": "fast"}))
     assert response.status_code == 400
     html = response.content.decode()
-    assert "greater than or equal to 0" in field_block(html, "sampling.temperature")
-    assert "valid number" in field_block(html, "trainer.learning_rate")
+    assert "Temperature must be at least 0" in field_block(html, "sampling.temperature")
+    assert "Learning rate must be a number" in field_block(html, "trainer.learning_rate")
     # Other fields keep what was typed and carry no error.
     assert "field-error" not in field_block(html, "sampling.top_p")
     assert 'value="-1"' in field_block(html, "sampling.temperature")
@@ -69,7 +69,7 @@ def test_a_config_file_with_an_unknown_key_fails_naming_the_key(client_of, owner
     html = response.content.decode()
     assert "unknown key &#x27;max_stalness&#x27;" in field_block(html, "config_file")
     # The file's other errors land beside their fields, with the file's values shown.
-    assert "less than or equal to 5" in field_block(html, "sampling.temperature")
+    assert "Temperature must be at most 5" in field_block(html, "sampling.temperature")
     assert 'value="9"' in field_block(html, "sampling.temperature")
     assert not Run.objects.exists()
 
@@ -160,7 +160,7 @@ def test_editing_the_feedback_policy_is_confirmed_validated_and_audited(client_o
     unconfirmed = c.post(url, policy, HTTP_HX_REQUEST="true")
     assert "tick the box" in unconfirmed.content.decode()
     bad = c.post(url, {**policy, "feedback.overlap": "99", "confirm": "yes"}, HTTP_HX_REQUEST="true")
-    assert "less than or equal to 10" in field_block(bad.content.decode(), "feedback.overlap")
+    assert "Overlap must be at most 10" in field_block(bad.content.decode(), "feedback.overlap")
     run.refresh_from_db()
     assert run.cfg.feedback.mode == "auto"
     ok = c.post(url, {**policy, "confirm": "yes"})
@@ -203,3 +203,19 @@ def test_an_export_downloads_as_streamed_jsonl(client_of, owner: User, run: Run)
     assert len(rows) == 3 and all(set(r) == {"prompt", "chosen", "rejected"} for r in rows)
     assert client_of(owner).get(f"/runs/{run.pk}/export/ppo.jsonl").status_code == 400
     assert client_of(owner).get(f"/runs/{run.pk}/export/sft.jsonl?min_reward=high").status_code == 400
+
+
+def test_form_errors_are_plain_words_naming_the_field(client_of, owner: User) -> None:
+    """Issue 45 item 5: pydantic's wording ("Input should be greater than or equal to 1",
+    "Field required") never reaches the form; each error names its field by its label."""
+    response = client_of(owner).post("/runs/new/", form_data(**{
+        "model": "", "total_steps": "0", "repeat_times": "many", "mode": "sideways", "sampling.top_p": "2"}))
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "Model is required" in field_block(html, "model")
+    assert "Total steps must be at least 1" in field_block(html, "total_steps")
+    assert "Repeat times must be a whole number" in field_block(html, "repeat_times")
+    assert "Mode must be one of" in field_block(html, "mode")
+    assert "Top p must be at most 1" in field_block(html, "sampling.top_p")
+    for pydantic_words in ("Input should", "Field required", "valid integer", "greater than or equal", "less than or equal"):
+        assert pydantic_words not in html

@@ -168,7 +168,7 @@ def test_the_run_page_shows_the_trust_settings(olga: User) -> None:
     ({"feedback.rater_weighting": "agreement", "feedback.trust.gold_first": "3"}, "feedback.trust.gold_first",
      "needs rater_weighting gold"),
     ({"feedback.rater_weighting": "gold", "feedback.trust.untrusted_share": "1.5"}, "feedback.trust.untrusted_share",
-     "less than or equal to 1"),
+     "Untrusted share must be at most 1"),
 ])
 def test_a_trust_setting_that_cannot_work_is_refused_naming_its_field(olga: User, fields: dict[str, str], field: str,
                                                                      message: str) -> None:

@@ -62,10 +62,10 @@ def test_an_unknown_domain_is_a_config_error_naming_it() -> None:
 @pytest.mark.parametrize(
     ("term", "field", "message"),
     [
-        ({"name": "k12_judge", "params": {"engine": "magic"}}, "params.engine", "should match"),
+        ({"name": "k12_judge", "params": {"engine": "magic"}}, "params.engine", "Engine must match the pattern"),
         ({"name": "k12_judge", "params": {"rubric": ""}}, "params.rubric", "at least 1 character"),
         ({"name": "k12_judge", "params": {"rubrik": "x"}}, "params.rubrik", "unknown param"),
-        ({"name": "k12_learned", "params": {"epochs": 0}}, "params.epochs", "greater than or equal to 1"),
+        ({"name": "k12_learned", "params": {"epochs": 0}}, "params.epochs", "Epochs must be at least 1"),
         ({"name": "k12_learned", "params": {"heldout_share": 1.5}}, "params.heldout_share", "less than 1"),
     ],
 )

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from apps.runs.plain_errors import error_plain
+
 if TYPE_CHECKING:
     from apps.buffer.pipeline.core import Row
 
@@ -92,10 +94,12 @@ def _pydantic_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = error_plain(err)
         if err["type"] == "extra_forbidden":
             msg = "unknown parameter"
-        parts.append(f"{where}: {msg}" if where else msg)
+        # A param's own name is in its message ("Threshold must be less than 1"); a nested
+        # one's path goes first.
+        parts.append(f"{where}: {msg}" if len(err["loc"]) > 1 or err["type"] == "extra_forbidden" else msg)
     return "; ".join(parts)
 
 
