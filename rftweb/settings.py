@@ -460,3 +460,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }
+
+# --- access that ends, login throttling, request caps, outages (issue 49) ----------------
+# Open sockets re-check their person's access when a notice says it changed
+# (apps/runs/socket_access.py), and all of them every this many seconds besides (a change
+# made without a notice: a bulk update, an expired session, a notice lost with Redis).
+RFT_SOCKET_ACCESS_SECONDS = max(1.0, env_float("RFT_SOCKET_ACCESS_SECONDS", 30.0))
