@@ -9,6 +9,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from rftweb.env import (
     ConfigError,
@@ -484,3 +485,15 @@ for _proxy in FORWARDED_ALLOW_IPS:
 # The largest request body outside /api/ (a form and all its files together), refused with 413
 # before (declared) or while (chunked) it is read; /api/ bodies are capped at RFT_MAX_BODY_BYTES.
 RFT_MAX_REQUEST_BYTES = env_int("RFT_MAX_REQUEST_BYTES", RFT_UPLOAD_MAX_BYTES + 1024 * 1024)
+# A database outage is found by the first request that needs a new connection, not after the
+# pool's wait: a failed connect is told to rftweb/degrade.py (which fails the requests waiting
+# for it and answers the next ones 503 at once, probing every 0.5 s), the pool retries no
+# failed connect in the background (a retry scheduled with back-off held requests 12-18 s
+# after Postgres was back), and a host that does not answer is given up after 2 s.
+_DB_OPTIONS: dict[str, Any] = DATABASES["default"].setdefault("OPTIONS", {})  # type: ignore[assignment]
+if RFT_DB_POOL_SIZE > 0:
+    from rftweb.degrade import outage_aware_connection_class
+
+    _DB_OPTIONS["pool"].update(connection_class=outage_aware_connection_class(), reconnect_timeout=0.0)
+if DATABASE_URL:
+    _DB_OPTIONS.setdefault("connect_timeout", 2)

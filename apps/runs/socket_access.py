@@ -120,9 +120,10 @@ class AccessWatch:
                         self._spawn(self.recheck(message.get("user")), "recheck")
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # Redis gone: the sweep goes on meanwhile; subscribe again when it is back.
-                log.warning("access watch: the subscription to %s failed; retrying", ACCESS_GROUP, exc_info=True)
+                log.warning("access watch: the subscription to %s failed (%s: %s); retrying in %g s",
+                            ACCESS_GROUP, type(exc).__name__, exc, RESUBSCRIBE_SECONDS)
                 self._subscribed.clear()
                 await asyncio.sleep(RESUBSCRIBE_SECONDS)
 
