@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -195,3 +196,31 @@ def test_a_deleted_accounts_keys_are_revoked_not_left_to_no_one(owner: User) -> 
     key = ApiKey.objects.get(pk=key.pk)
     assert key.created_by_id is None and key.revoked_at is not None
     assert api_key_authenticate(raw=raw) is None
+
+
+async def test_a_change_made_without_a_notice_is_caught_by_the_sweep(settings: Any) -> None:
+    """A bulk UPDATE sends no signal: the periodic re-check closes the socket all the same."""
+    from asgiref.sync import sync_to_async
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+
+    from rftweb.routing import websocket_urlpatterns
+
+    settings.RFT_SOCKET_ACCESS_SECONDS = 0.5
+
+    def people() -> tuple[Run, User]:
+        viewer = make_user("quiet")
+        run = make_run(owner=make_user("boss2"))
+        add_member(run, viewer, RunMember.Role.VIEWER)
+        return run, viewer
+
+    run, viewer = await sync_to_async(people)()
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
+    comm.scope["user"] = viewer
+    assert (await comm.connect(timeout=10))[0]
+    try:
+        await sync_to_async(lambda: User.objects.filter(pk=viewer.pk).update(is_active=False))()
+        closed = await comm.receive_output(timeout=15)
+        assert closed == {"type": "websocket.close", "code": 4403}
+    finally:
+        await comm.disconnect()
