@@ -11,11 +11,15 @@ from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 
+from rftweb.request_guard import RequestGuard, daphne_guard_install
 from rftweb.routing import websocket_urlpatterns
 
-application = ProtocolTypeRouter(
+daphne_guard_install()
+# The guard first (rftweb/request_guard.py): the client's address from named proxies only,
+# body caps checked before and while the body is read, API bodies refused to the anonymous.
+application = RequestGuard(ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
-)
+))

@@ -102,8 +102,9 @@ def dependency_failed(exc: BaseException | None) -> str | None:
     return dependency
 
 
-# While an outage is remembered, one request every this many seconds tries a direct connection.
-PROBE_SECONDS = 2.0
+# While an outage is remembered, one request every this many seconds tries a direct
+# connection: service is back within about this long of Postgres.
+PROBE_SECONDS = 0.5
 PROBE_CONNECT_TIMEOUT = 2
 
 
@@ -115,8 +116,8 @@ def _postgres_answers() -> bool:
     try:
         import psycopg
 
-        params = connection.get_connection_params()
-        with psycopg.connect(**params, connect_timeout=PROBE_CONNECT_TIMEOUT):
+        params = {**connection.get_connection_params(), "connect_timeout": PROBE_CONNECT_TIMEOUT}
+        with psycopg.connect(**params):
             return True
     except Exception:  # any failure to connect is the outage going on
         return False
@@ -162,6 +163,43 @@ class Outage:
 POSTGRES_OUTAGE = Outage(_postgres_answers)
 
 
+def pool_connect_failed(error: BaseException) -> None:
+    """A new connection of the web pool could not be opened: Postgres is unreachable now.
+    The outage is remembered (later requests answer 503 at once), and the requests already
+    waiting for that connection are told so now, not after RFT_DB_POOL_TIMEOUT (the pool
+    would retry in the background, with a growing delay, while they wait). A full pool's
+    wait ("busy") is another thing, and is left to run."""
+    from django.db import connections
+
+    POSTGRES_OUTAGE.seen()
+    pool = getattr(connections["default"], "pool", None)
+    # psycopg_pool keeps its waiting clients in `_waiting`; each takes `fail(error)`.
+    waiting = getattr(pool, "_waiting", None)
+    lock = getattr(pool, "_lock", None)
+    if waiting is None or lock is None:
+        return
+    with lock:
+        while waiting:
+            waiting.popleft().fail(error)  # type: ignore[union-attr]
+
+
+def outage_aware_connection_class() -> type:
+    """The web pool's connection class (OPTIONS["pool"]["connection_class"]): psycopg's
+    Connection, whose failure to connect is told to pool_connect_failed first."""
+    import psycopg
+
+    class OutageAwareConnection(psycopg.Connection):  # type: ignore[type-arg]
+        @classmethod
+        def connect(cls, *args: object, **kwargs: object) -> OutageAwareConnection:  # type: ignore[override]
+            try:
+                return super().connect(*args, **kwargs)  # type: ignore[arg-type,return-value]
+            except psycopg.OperationalError as exc:
+                pool_connect_failed(exc)
+                raise
+
+    return OutageAwareConnection
+
+
 def _is_pool_timeout(exc: BaseException | None) -> bool:
     from psycopg_pool import PoolTimeout
 
@@ -199,8 +237,18 @@ def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
     return response
 
 
-# /ready/ reports the outage itself, naming each dependency (readiness_checks).
-OUTAGE_EXEMPT = ("/ready/",)
+# /ready/ reports the outage itself, naming each dependency (readiness_checks); /health/ is
+# liveness (no database); the login form and static files need no database (a request of
+# them that does, with a session cookie, fails fast and answers 503 all the same).
+OUTAGE_EXEMPT = ("/ready/", "/health/", "/login/")
+
+
+def _outage_exempt(request: HttpRequest) -> bool:
+    from django.conf import settings
+
+    static = "/" + settings.STATIC_URL.lstrip("/")
+    return (request.path in OUTAGE_EXEMPT and request.method in ("GET", "HEAD")) or request.path.startswith(static) \
+        or request.path == "/ready/"
 
 
 class DegradeMiddleware(MiddlewareMixin):
@@ -208,7 +256,7 @@ class DegradeMiddleware(MiddlewareMixin):
     answers at once while this process remembers Postgres unreachable."""
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
-        if request.path in OUTAGE_EXEMPT or not POSTGRES_OUTAGE.holds():
+        if _outage_exempt(request) or not POSTGRES_OUTAGE.holds():
             return None
         return unavailable_response(request, "Postgres")
 

@@ -4,10 +4,12 @@ in-process broker and channel layer)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from rftweb.env import (
     ConfigError,
@@ -235,16 +237,20 @@ if TESTING or env_bool("RFT_FAST_PASSWORD_HASHER", False):
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-# Login protection (django-axes, rftweb/login_guard.py): this many failed logins in a row for
-# one account, or from one address, lock that account and that address for this many
-# seconds, on the login page and the admin login; every attempt is recorded (the admin's
-# "Access attempts" and "Access failures"). A successful login resets the account's count.
+# Login protection (django-axes, rftweb/login_guard.py): this many wrong passwords for one
+# username from one address pause that username's logins from that address, and
+# RFT_LOGIN_ADDRESS_FAILURE_LIMIT failures from one address (any usernames) pause that
+# address, each for RFT_LOGIN_LOCKOUT_SECONDS; never the account for everyone. Every attempt
+# and every lock is recorded (the admin's "Access attempts" and "Access failures").
 RFT_LOGIN_FAILURE_LIMIT = env_int("RFT_LOGIN_FAILURE_LIMIT", 10)
+RFT_LOGIN_ADDRESS_FAILURE_LIMIT = env_int("RFT_LOGIN_ADDRESS_FAILURE_LIMIT", 50)
 RFT_LOGIN_LOCKOUT_SECONDS = env_int("RFT_LOGIN_LOCKOUT_SECONDS", 900)
 AUTHENTICATION_BACKENDS = ["rftweb.login_guard.LoginGuardBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "rftweb.login_guard.LoginGuardHandler"
 AXES_FAILURE_LIMIT = RFT_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(seconds=RFT_LOGIN_LOCKOUT_SECONDS)
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# The order matters: rftweb/login_guard.py reads the pair's count first, the address's second.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "rftweb.login_guard.lockout_response"
 AXES_ENABLE_ACCESS_FAILURE_LOG = True
@@ -468,3 +474,34 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }
+
+# --- access that ends, login throttling, request caps, outages (issue 49) ----------------
+# Open sockets re-check their person's access when a notice says it changed
+# (apps/runs/socket_access.py), and all of them every this many seconds besides (a change
+# made without a notice: a bulk update, an expired session, a notice lost with Redis).
+RFT_SOCKET_ACCESS_SECONDS = max(1.0, env_float("RFT_SOCKET_ACCESS_SECONDS", 30.0))
+# The proxies whose X-Forwarded-For names the client (rftweb/request_guard.py): addresses or
+# networks, comma-separated; `*` trusts any peer (only where nothing but the proxy can reach
+# the app). Empty: the connecting peer is the client, whatever headers it sends.
+FORWARDED_ALLOW_IPS = env_list("FORWARDED_ALLOW_IPS", [])
+for _proxy in FORWARDED_ALLOW_IPS:
+    try:
+        if _proxy != "*":
+            ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ConfigError(f"FORWARDED_ALLOW_IPS: {_proxy!r} is not an address or network (or *)") from None
+# The largest request body outside /api/ (a form and all its files together), refused with 413
+# before (declared) or while (chunked) it is read; /api/ bodies are capped at RFT_MAX_BODY_BYTES.
+RFT_MAX_REQUEST_BYTES = env_int("RFT_MAX_REQUEST_BYTES", RFT_UPLOAD_MAX_BYTES + 1024 * 1024)
+# A database outage is found by the first request that needs a new connection, not after the
+# pool's wait: a failed connect is told to rftweb/degrade.py (which fails the requests waiting
+# for it and answers the next ones 503 at once, probing every 0.5 s), the pool retries no
+# failed connect in the background (a retry scheduled with back-off held requests 12-18 s
+# after Postgres was back), and a host that does not answer is given up after 2 s.
+_DB_OPTIONS: dict[str, Any] = DATABASES["default"].setdefault("OPTIONS", {})  # type: ignore[assignment]
+if RFT_DB_POOL_SIZE > 0:
+    from rftweb.degrade import outage_aware_connection_class
+
+    _DB_OPTIONS["pool"].update(connection_class=outage_aware_connection_class(), reconnect_timeout=0.0)
+if DATABASE_URL:
+    _DB_OPTIONS.setdefault("connect_timeout", 2)

@@ -33,6 +33,7 @@ from apps.runs.invitations import (
 from apps.runs.models import Run
 from rftweb.exceptions import RftError
 from rftweb.http import HtmxHttpRequest
+from rftweb.login_guard import login_failures_forget
 
 _RUNS = Run.objects.select_related("owner", "taskset")
 
@@ -128,6 +129,8 @@ class PasswordSetView(auth_views.PasswordResetConfirmView):
 
     def form_valid(self, form: SetPasswordForm[User]) -> HttpResponse:
         response = super().form_valid(form)
+        # The owner of the mailbox: wrong passwords counted for this username no longer pause it.
+        login_failures_forget(username=form.user.get_username())
         messages.success(self.request, "Your password is set; you are logged in.")
         return response
 

@@ -5,10 +5,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.forms import BaseFormSet, ModelForm
 from django.http import HttpRequest
-from django.utils import timezone
 
 from apps.envapi.models import ApiKey
-from apps.envapi.services import ACTIONS, KeyInvalid, api_key_create
+from apps.envapi.services import ACTIONS, KeyInvalid, api_key_create, api_key_revoke
 
 
 class ApiKeyAddForm(forms.ModelForm):
@@ -21,8 +20,10 @@ class ApiKeyAddForm(forms.ModelForm):
 
 @admin.action(description="Revoke the selected keys now")
 def revoke(modeladmin: admin.ModelAdmin[ApiKey], request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-    n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-    modeladmin.message_user(request, f"Revoked {n} keys.")
+    keys = list(queryset.filter(revoked_at__isnull=True))
+    for key in keys:  # each one's open event streams end too
+        api_key_revoke(key=key)
+    modeladmin.message_user(request, f"Revoked {len(keys)} keys.")
 
 
 @admin.register(ApiKey)

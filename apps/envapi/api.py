@@ -28,11 +28,11 @@ from pydantic import ValidationError as PydanticValidationError
 from apps.buffer.models import Experience
 from apps.buffer.services import task_claim, task_finish, task_release
 from apps.envapi import schemas as s
-from apps.envapi.models import ApiKey
 from apps.envapi.selectors import TasksetImportOut, run_current_version, run_taskset_import
 from apps.envapi.services import (
     KeyPrincipal,
     api_key_authenticate,
+    api_keys_live,
     rate_limit_hit,
     rollouts_generate,
     tasks_add,
@@ -44,7 +44,7 @@ from apps.feedback.kinds import Who, kind_get
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
-from apps.runs.events import layer_events, run_group
+from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
 from rftweb.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
@@ -283,16 +283,25 @@ _SSE_DOC = {
 
 
 async def _key_live(key_id: int) -> bool:
-    return await ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).aexists()
+    return await api_keys_live().filter(pk=key_id).aexists()
 
 
-async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events: int | None) -> AsyncIterator[str]:
+def _access_notice_concerns(message: Mapping[str, object], key_id: int, creator_id: int | None) -> bool:
+    """Whether an access notice (apps.runs.events.access_changed_publish) may be about this key."""
+    return (message.get("key") == key_id or (creator_id is not None and message.get("user") == creator_id)
+            or (message.get("key") is None and message.get("user") is None))
+
+
+async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_seconds: float,
+                        max_events: int | None) -> AsyncIterator[str]:
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
     group = run_group(run_id)
     await layer.group_add(group, channel)
+    # The access notices too: a revoked key, or its maker deactivated, ends the stream at once.
+    await layer.group_add(ACCESS_GROUP, channel)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds
     checked = time.monotonic()
@@ -305,13 +314,19 @@ async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events
                 message = await asyncio.wait_for(layer.receive(channel), timeout=min(15.0, remaining))
             except TimeoutError:
                 message = None
-            # A revoked key stops its open streams too, within one keep-alive period.
-            if (message is None or time.monotonic() - checked > 5) and not await _key_live(key_id):
-                yield "event: error\ndata: {\"detail\": \"the API key was revoked\"}\n\n"
+            notice = message is not None and message.get("type") == ACCESS_NOTICE
+            # Also re-read at each keep-alive and every 5 s of events: a notice lost with Redis.
+            recheck = (message is None or time.monotonic() - checked > 5
+                       or (notice and _access_notice_concerns(message, key_id, creator_id)))
+            if recheck and not await _key_live(key_id):
+                yield "event: error\ndata: {\"detail\": \"the API key was revoked, or its maker's account deactivated\"}\n\n"
                 return
-            if message is None:
+            if recheck:
                 checked = time.monotonic()
+            if message is None:
                 yield ": keep-alive\n\n"
+                continue
+            if notice:
                 continue
             for event in layer_events(message):
                 sent += 1
@@ -321,6 +336,7 @@ async def _event_stream(run_id: int, key_id: int, max_seconds: float, max_events
                     return
     finally:
         await layer.group_discard(group, channel)
+        await layer.group_discard(ACCESS_GROUP, channel)
 
 
 @router.get("/runs/{run_id}/events", auth=READ, response={k: v for k, v in ERRORS.items() if k not in (413,)},
@@ -332,7 +348,8 @@ async def run_events(
     max_events: int | None = Query(None, ge=1, le=1_000_000, description="end the stream after this many events"),
 ) -> StreamingHttpResponse:
     run = await sync_to_async(run_reachable)(request, run_id)
-    stream = _event_stream(run.pk, _principal(request).key.pk, max_seconds, max_events)
+    key = _principal(request).key
+    stream = _event_stream(run.pk, key.pk, key.created_by_id, max_seconds, max_events)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

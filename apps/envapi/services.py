@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from django.contrib.auth.models import User
 from django.core.cache.backends.base import BaseCache
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from apps.buffer.drafts import GROUP_MAX, KEY_MAX, ExperienceDraft
@@ -27,6 +27,7 @@ from apps.buffer.models import Experience, Task, TaskAttempt, Taskset
 from apps.buffer.services import experience_write, task_attempts_create
 from apps.envapi.models import ApiKey
 from apps.rewards.scoring import rewards_unrouted_domains
+from apps.runs.events import access_changed_publish
 from apps.runs.invitations import Actor
 from apps.runs.models import Run
 from rftweb.degrade import REDIS_ERRORS, unavailable_message
@@ -93,10 +94,30 @@ def api_key_create(
 
 
 def api_key_revoke(*, key: ApiKey) -> ApiKey:
-    """Revoke at once (idempotent): the next request with it is refused."""
+    """Revoke at once (idempotent): the next request with it is refused, and its open event
+    streams end (told through the access notice, apps.runs.events.access_changed_publish)."""
     ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     key.refresh_from_db(fields=["revoked_at"])
+    access_changed_publish(key_id=key.pk)
     return key
+
+
+def api_keys_live() -> QuerySet[ApiKey]:
+    """The keys that work: not revoked, and made by no one (a command) or by a person whose
+    account is active. A deactivated person's keys stop with their account, and work again
+    if it is reactivated; the one rule every door that takes a key reads."""
+    return ApiKey.objects.filter(revoked_at__isnull=True).filter(
+        Q(created_by__isnull=True) | Q(created_by__is_active=True))
+
+
+def api_keys_revoke_of(*, user_id: int) -> int:
+    """Revoke every key `user_id` made (their account is being deleted: the key would
+    otherwise outlive them as a key made by no one)."""
+    ids = list(ApiKey.objects.filter(created_by_id=user_id, revoked_at__isnull=True).values_list("pk", flat=True))
+    ApiKey.objects.filter(pk__in=ids).update(revoked_at=timezone.now())
+    for key_id in ids:
+        access_changed_publish(key_id=key_id)
+    return len(ids)
 
 
 @dataclass(frozen=True)
@@ -122,12 +143,12 @@ def api_key_authenticate(*, raw: str | None) -> KeyPrincipal | None:
     # and the environment API authenticates, and a query costs the web process about a
     # millisecond of CPU, most of it Django building the SQL (bench/openai_endpoint).
     # `prefix` is unique: no ordering needed.
-    scopes = list(ApiKey.runs.through.objects.filter(apikey__prefix=prefix, apikey__revoked_at__isnull=True)
+    scopes = list(ApiKey.runs.through.objects.filter(apikey__in=api_keys_live().filter(prefix=prefix))
                   .select_related("apikey"))
     if scopes:
         key: ApiKey | None = scopes[0].apikey
     else:  # no such key, or one whose runs were all deleted
-        key = ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True).first()
+        key = api_keys_live().filter(prefix=prefix).first()
     if key is None or not hmac.compare_digest(key.hashed, _hash(raw)):
         return None
     now = timezone.now()

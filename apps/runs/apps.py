@@ -5,3 +5,9 @@ class RunsConfig(AppConfig):
     name = "apps.runs"
     label = "runs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Access that narrows is told to the open sockets (apps/runs/access_signals.py).
+        from apps.runs.access_signals import access_signals_connect
+
+        access_signals_connect()

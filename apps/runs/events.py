@@ -152,6 +152,45 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         return _publisher[0]
 
 
+# Access that narrows (a member removed, an account deactivated, a logout, a password
+# changed, a key revoked) is told to every web process on one group: each re-checks its open
+# sockets of that person (apps/runs/socket_access.py) and the API's event streams of that key,
+# and closes those that lost access. `user` None: anyone's access may have changed.
+ACCESS_GROUP = "access"
+ACCESS_NOTICE = "access.changed"
+
+
+class AccessNotice(TypedDict):
+    """The access group's message (access_changed_publish)."""
+
+    type: str
+    user: int | None
+    key: int | None
+
+
+def access_changed_publish(*, user_id: int | None = None, key_id: int | None = None) -> None:
+    """Tell every web process that `user_id`'s access (or API key `key_id`) may have narrowed,
+    once the current transaction commits (at once outside one). Never blocks long or raises:
+    each process also re-checks its sockets every RFT_SOCKET_ACCESS_SECONDS, so a notice lost
+    with Redis is late, not missed."""
+    from django.db import transaction
+
+    notice: AccessNotice = {"type": ACCESS_NOTICE, "user": user_id, "key": key_id}
+
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(ACCESS_GROUP, dict(notice)), _publisher_loop())
+        try:
+            future.result(timeout=5)
+        except Exception:  # the sweep catches up; a broken layer must not fail the change itself
+            future.cancel()
+            log.exception("access_changed_publish: could not tell the web processes about %s", notice)
+
+    transaction.on_commit(send)
+
+
 def runs_list_touch(*, run_id: int) -> None:
     """Tell the open runs lists that run `run_id` changed (its status, steps, buffer, people):
     at once if it has not told them within RUNS_LIST_NOTICE_SECONDS, else once at the end of
