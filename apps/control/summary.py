@@ -12,21 +12,24 @@ from django.db.models import Count, Max
 from apps.control.weights import WeightsExport, weights_export_state
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
+from apps.runs.eval_series import is_eval_measure, metric_label
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
 from apps.runs.selectors import eval_best
 
 # The statuses a summary is shown for: nothing runs any more.
 SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
-# The run's main metrics, in the order people read them: what the explorer was rewarded, how
-# the held-out evaluation scored, what people rated (the human reward of trained batches).
+# The run's main metrics, in the order people read them: what the explorer was rewarded, what
+# people rated (the human reward of trained batches), the reward model's accuracy; then every
+# series the held-out evaluation measured (accuracy by the domain's verifier, format share,
+# reward, each preference share: apps/runs/eval_series.py), each under what it measures.
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("explore/reward_mean", "reward (explored)"),
     ("reward_mean", "reward (trained batches)"),
-    ("eval/accuracy", "evaluation accuracy"),
-    ("eval/reward_mean", "evaluation reward"),
     ("feedback/human_reward_mean", "people's ratings (human reward)"),
     ("reward_model/accuracy", "reward model accuracy"),
 )
+# The evaluation's series first in this order, the rest (preference shares) by name.
+_EVAL_ORDER = ("eval/accuracy", "eval/format_share", "eval/reward_mean", "eval/reward_std", "eval/positive_share")
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,12 @@ class Labeller:
 @dataclass(frozen=True)
 class BestVersion:
     number: int
-    # Why this one: the held-out evaluation's best, or the last one published.
+    # Why this one: the held-out evaluation's best by the metric that chose it (`metric`,
+    # the run's eval.best_by), or the last one published (metric "").
     reason: str
     train_step: int
     export: WeightsExport
+    metric: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,23 @@ class RunSummary:
         return sum(self.labels.values())
 
 
+def _summary_metrics(run: Run) -> list[tuple[str, str]]:
+    """(name, words) of the metrics the summary shows: the main ones, then every measuring
+    evaluation series the run recorded."""
+    recorded = set(Metric.objects.filter(run=run, name__startswith="eval/").values_list("name", flat=True).distinct())
+    evals = sorted((n for n in recorded if is_eval_measure(n)),
+                   key=lambda n: (_EVAL_ORDER.index(n) if n in _EVAL_ORDER else len(_EVAL_ORDER), n))
+    return [*MAIN_METRICS, *((n, metric_label(n)) for n in evals)]
+
+
 def _metric_moves(run: Run) -> list[MetricMove]:
-    names = [name for name, _ in MAIN_METRICS]
+    shown = _summary_metrics(run)
     series: dict[str, list[tuple[int, float]]] = {}
-    for name, step, value in (Metric.objects.filter(run=run, name__in=names).order_by("name", "step", "id")
+    for name, step, value in (Metric.objects.filter(run=run, name__in=[n for n, _ in shown]).order_by("name", "step", "id")
                               .values_list("name", "step", "value")):
         series.setdefault(name, []).append((step, value))
     out = []
-    for name, label in MAIN_METRICS:
+    for name, label in shown:
         points = series.get(name)
         if not points:
             continue
@@ -127,14 +141,17 @@ def _best_version(run: Run) -> BestVersion | None:
     best = eval_best(run=run)
     if best is not None and best["version"] > 0:
         number = int(best["version"])
-        reason = f"highest held-out evaluation reward ({best['reward_mean']:.3f})"
+        how = "eval.best_by" if best["configured"] else "the default: accuracy where the domain has a verifier, else reward"
+        reason = f"highest held-out {best['label']} ({best['value']:.3f}); chosen by {best['metric']} ({how})"
+        metric = best["metric"]
     else:
         number = run.current_version
-        reason = "the last version published (no held-out evaluation ran)"
+        reason = "the last version published (no held-out evaluation chose one)"
+        metric = ""
     version = ModelVersion.objects.filter(run=run, number=number).first() if number > 0 else None
     if version is None:
         return None
-    return BestVersion(number=number, reason=reason, train_step=version.train_step,
+    return BestVersion(number=number, reason=reason, train_step=version.train_step, metric=metric,
                        export=weights_export_state(run=run, version=number))
 
 

@@ -66,6 +66,7 @@ from apps.rewards.registry import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
 from apps.runs.config import ConfigInvalid, config_file_read
+from apps.runs.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
 from apps.runs.selectors import (
@@ -385,6 +386,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "groups": CHART_GROUPS,
             "sections": CHART_SECTIONS,
             "constant_pattern": CONSTANT_PATTERN,
+            # Legends name a series by what it measures (apps/runs/eval_series.py).
+            "labels": EVAL_LABELS,
             "compare": runs_to_compare(user=request.user, run=run),
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),
