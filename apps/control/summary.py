@@ -10,11 +10,11 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max
 
 from apps.control.weights import WeightsExport, weights_export_state
+from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
-from apps.runs.eval_series import is_eval_measure, metric_label
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
-from apps.runs.selectors import eval_best
+from apps.runs.models import AuditEntry, ModelVersion, Run
+from apps.runs.selectors import MetricMove, eval_best, eval_measures, metric_moves
 
 # The statuses a summary is shown for: nothing runs any more.
 SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
@@ -28,25 +28,6 @@ MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("feedback/human_reward_mean", "people's ratings (human reward)"),
     ("reward_model/accuracy", "reward model accuracy"),
 )
-# The evaluation's series first in this order, the rest (preference shares) by name.
-_EVAL_ORDER = ("eval/accuracy", "eval/format_share", "eval/reward_mean", "eval/reward_std", "eval/positive_share")
-
-
-@dataclass(frozen=True)
-class MetricMove:
-    """A metric from the run's first value to its last, and its best (highest) value."""
-
-    name: str
-    label: str
-    start: float
-    end: float
-    best: float
-    best_step: int
-    points: int
-
-    @property
-    def change(self) -> float:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -82,6 +63,8 @@ class RunSummary:
     labellers: list[Labeller]
     best: BestVersion | None
     reward_models: list[int] = field(default_factory=list)
+    # Where each label went (apps/feedback/ledger.py), in all and per person.
+    ledger: RunLedger | None = None
 
     @property
     def duration(self) -> timedelta | None:
@@ -94,30 +77,9 @@ class RunSummary:
         return sum(self.labels.values())
 
 
-def _summary_metrics(run: Run) -> list[tuple[str, str]]:
-    """(name, words) of the metrics the summary shows: the main ones, then every measuring
-    evaluation series the run recorded."""
-    recorded = set(Metric.objects.filter(run=run, name__startswith="eval/").values_list("name", flat=True).distinct())
-    evals = sorted((n for n in recorded if is_eval_measure(n)),
-                   key=lambda n: (_EVAL_ORDER.index(n) if n in _EVAL_ORDER else len(_EVAL_ORDER), n))
-    return [*MAIN_METRICS, *((n, metric_label(n)) for n in evals)]
-
-
 def _metric_moves(run: Run) -> list[MetricMove]:
-    shown = _summary_metrics(run)
-    series: dict[str, list[tuple[int, float]]] = {}
-    for name, step, value in (Metric.objects.filter(run=run, name__in=[n for n, _ in shown]).order_by("name", "step", "id")
-                              .values_list("name", "step", "value")):
-        series.setdefault(name, []).append((step, value))
-    out = []
-    for name, label in shown:
-        points = series.get(name)
-        if not points:
-            continue
-        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
-        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
-                              best_step=best_step, points=len(points)))
-    return out
+    """The main metrics, then every measuring evaluation series the run recorded."""
+    return metric_moves(run=run, metrics=[*MAIN_METRICS, *eval_measures(run=run)])
 
 
 def _labellers(run: Run) -> tuple[dict[str, int], list[Labeller]]:
@@ -170,4 +132,5 @@ def run_summary(*, run: Run) -> RunSummary | None:
         versions=ModelVersion.objects.filter(run=run, number__gt=0).count(),
         metrics=_metric_moves(run), labels=labels, labellers=labellers, best=_best_version(run),
         reward_models=list(RewardModel.objects.filter(run=run).order_by("version").values_list("version", flat=True)),
+        ledger=run_ledger(run=run),
     )

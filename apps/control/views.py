@@ -56,8 +56,9 @@ from apps.control.selectors import (
     run_waiting,
     tasksets_for,
 )
-from apps.control.summary import run_summary
+from apps.control.summary import SUMMARY_STATUSES, run_summary
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
+from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.signal_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
@@ -378,6 +379,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "annotation_waiting": annotation_waiting(run=run, annotator=request.user) if role in ("owner", "annotator") else 0,
         "takes_feedback": run_takes_feedback(run=run),
         "summary": run_summary(run=run),
+        # Where the labels went while the run goes on (once it ends, its summary shows it).
+        "run_ledger": run_ledger(run=run) if run.status not in SUMMARY_STATUSES else None,
         **_members_context(run, role),
         "invitations": invitations_open(run=run) if role == "owner" else [],
         "labelling": labelling_progress(run=run) if role == "owner" else None,

@@ -97,3 +97,11 @@ def holds_renew_on_commit(*, run: Run, annotator: Person, also_groups: Iterable[
     """holds_renew once the caller's transaction commits (see the module docstring)."""
     groups = list(also_groups)
     transaction.on_commit(lambda: holds_renew(run=run, annotator=annotator, also_groups=groups))
+
+
+def holds_release(*, run_id: int) -> int:
+    """Release every hold of the run (it ended: nothing trains any more, so no group waits for
+    anyone). Labels given on those groups read "unused: the run ended" in the ledger
+    (apps.feedback.ledger); no last step trains them. Returns the experiences released."""
+    Assignment.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)
+    return Experience.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)

@@ -434,7 +434,9 @@ class EvalConfig(_Strict):
     # download's): accuracy, reward_mean, format_share or preference/<name> (one of
     # `preferences`, e.g. the share the guidelines teach). None: accuracy where the evaluated
     # domain has a verifier, else reward_mean (apps/runs/eval_series.py).
-    best_by: str | None = Field(None, max_length=80)
+    best_by: str | None = Field(None, max_length=80, json_schema_extra={"registry": "eval_series"},
+                                description="the evaluation series that chooses the best version; blank: accuracy "
+                                            "where the domain has a verifier, else reward_mean")
 
     @model_validator(mode="after")
     def _best_by_known(self) -> EvalConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
@@ -10,7 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db.models import Q, QuerySet
 
 from apps.runs.algorithms import algorithm_get
-from apps.runs.eval_series import best_by_metric, metric_label
+from apps.runs.eval_series import best_by_metric, is_eval_measure, metric_label
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
 from rftweb.jsontypes import JSON
@@ -210,6 +211,53 @@ def audit_text(*, action: str, actor: object = None) -> str:
 
 def run_audit(*, run: Run, limit: int = 50) -> list[AuditEntry]:
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
+
+@dataclass(frozen=True)
+class MetricMove:
+    """A metric from the run's first value to its last, and its best (highest) value."""
+
+    name: str
+    label: str
+    start: float
+    end: float
+    best: float
+    best_step: int
+    points: int
+
+    @property
+    def change(self) -> float:
+        return self.end - self.start
+
+
+# The evaluation's series first in this order, the rest (preference shares) by name.
+_EVAL_ORDER = ("eval/accuracy", "eval/format_share", "eval/reward_mean", "eval/reward_std", "eval/positive_share")
+
+
+def eval_measures(*, run: Run) -> list[tuple[str, str]]:
+    """(name, words) of every evaluation series the run recorded that measures the answers:
+    accuracy by the domain's verifier, format share, reward, each preference share."""
+    recorded = set(Metric.objects.filter(run=run, name__startswith="eval/").values_list("name", flat=True).distinct())
+    names = sorted((n for n in recorded if is_eval_measure(n)),
+                   key=lambda n: (_EVAL_ORDER.index(n) if n in _EVAL_ORDER else len(_EVAL_ORDER), n))
+    return [(n, metric_label(n)) for n in names]
+
+
+def metric_moves(*, run: Run, metrics: list[tuple[str, str]]) -> list[MetricMove]:
+    """Each of `metrics` (name, words) the run recorded: first, last and best value."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in (Metric.objects.filter(run=run, name__in=[n for n, _ in metrics])
+                              .order_by("name", "step", "id").values_list("name", "step", "value")):
+        series.setdefault(name, []).append((step, value))
+    out = []
+    for name, label in metrics:
+        points = series.get(name)
+        if not points:
+            continue
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
+                              best_step=best_step, points=len(points)))
+    return out
+
 
 class EvalBest(TypedDict):
     """The run's best evaluated version and what chose it."""
