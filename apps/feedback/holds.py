@@ -41,9 +41,14 @@ _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 Person = AbstractBaseUser | AnonymousUser
 
 
+# A run in one of these trains no more: nothing is held for anyone (holds_release on its end).
+_ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+
+
 def holds_apply(*, run: Run) -> bool:
     policy = run.cfg.feedback
-    return policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+    return (policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+            and run.status not in _ENDED)
 
 
 def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> int:

@@ -41,8 +41,9 @@ def _group(run: Run, size: int = 2, status: str = "pending") -> list[Experience]
 
 
 def _train(run: Run, step: int, group: list[Experience]) -> None:
-    """As the trainer does: claim the (ready) group, commit step `step`, publish a version."""
-    Experience.objects.filter(pk__in=[e.pk for e in group]).update(status="ready", reward=0.5)
+    """As the trainer does: claim the group (ready, its hold over), commit step `step`, publish
+    a version."""
+    Experience.objects.filter(pk__in=[e.pk for e in group]).update(status="ready", reward=0.5, held_until=None)
     claimed = batch_claim(run=run, worker="trainer", size=len(group), group_complete=True)
     assert sorted(e.pk for e in claimed) == sorted(e.pk for e in group)
     with transaction.atomic():
@@ -213,6 +214,11 @@ def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
     pending = [pk for pk, (s, _) in labelled["expect"].items() if s == "pending"]
     Experience.objects.filter(run=run, status__in=["pending", "ready"]).update(held_until="2099-01-01T00:00:00Z")
     run_transition(run=run, action="stop", actor=owner)
+    assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
+    # An annotation page still open renews nothing on an ended run.
+    from apps.feedback.holds import holds_renew
+
+    assert holds_renew(run=Run.objects.get(pk=run.pk), annotator=annotator) == 0
     assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
     derived = rows_ledger(run)
     assert all(derived[pk] == ("unused", "run_ended") for pk in pending)
