@@ -187,6 +187,15 @@ class _Ledger:
     def __init__(self, run: Run, rows: Sequence[Feedback]) -> None:
         self.run = run
         self.ended = run.status in ENDED
+        self.refusals: dict[str, str | None] = {}
+        self.versions: list[tuple[int, int]] = []
+        self.rm_reads: list[tuple[int, datetime]] = []
+        self.targets: dict[int, _Target] = {}
+        if rows:  # no labels, nothing more to read (the pages' query budgets)
+            self._read(rows)
+
+    def _read(self, rows: Sequence[Feedback]) -> None:
+        run = self.run
         self.versions = list(ModelVersion.objects.filter(run=run, number__gt=0).order_by("train_step", "number")
                              .values_list("number", "train_step"))
         self.rm_reads = [(v, created - timedelta(seconds=seconds)) for v, created, seconds in
@@ -198,7 +207,6 @@ class _Ledger:
             for pk, status, step, used, why in Experience.objects.filter(pk__in=ids).values_list(
                 "pk", "status", "trained_step", "use_count", "filter_reason")
         }
-        self.refusals: dict[str, str | None] = {}
 
     def refusal(self, kind: FeedbackKind) -> str | None:
         if kind.name not in self.refusals:
@@ -291,14 +299,3 @@ def run_ledger(*, run: Run) -> RunLedger:
         people.setdefault(who_gave(fb), LedgerCounts()).add(state)
     ordered = dict(sorted(people.items(), key=lambda kv: (-kv[1].total, kv[0])))
     return RunLedger(run=total, people=ordered)
-
-
-def person_ledger(*, run: Run, author_id: int) -> LedgerCounts:
-    """One person's labels on the run by state (the annotation page's)."""
-    rows = _labels(run, author_id)
-    ledger = _Ledger(run, rows)
-    counts = LedgerCounts()
-    for fb in rows:
-        counts.add(ledger.state(fb))
-    return counts
-
