@@ -181,7 +181,9 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
     page = owner_client.get(f"/runs/{run.pk}/").content.decode()
     assert _page_counts(page, "ledger-run") == {"total": len(derived), **{k: everyone[k] for k in
                                                 ("trained", "reward_model", "pending", "unused")}}
-    row = re.search(r'<tr data-person="bob">(.*?)</tr>', page, re.S)
+    section = re.search(r'<section class="card run-ledger" id="run-ledger">.*?</section>', page, re.S)
+    assert section
+    row = re.search(r'<tr data-person="bob">(.*?)</tr>', section.group(0), re.S)
     assert row
     bobs = counts(derived, by_author["bob"])
     assert re.findall(r'data-ledger="(\w+)">(\d+)<', row.group(1)) == [
@@ -231,6 +233,12 @@ def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
     assert f'data-unused="run_ended"><span data-n>{len(pending)}</span> unused: the run ended before its group trained' in html
     api = _api(run, owner)
     assert api.get(f"/api/v1/runs/{run.pk}/labels").json()["run"]["unused_by"]["run_ended"] == len(pending)
+    # The end-of-run notification says the same.
+    from apps.control.notifications import end_message
+
+    body = end_message(run=run, state="stopped", reason="").body
+    assert (f"Where the labels went: {everyone['trained']} trained, {everyone['reward_model']} taught the reward "
+            f"model only, 0 pending, {everyone['unused']} unused") in body
 
 
 def test_a_correction_says_where_it_counts(owner: User, annotator: User) -> None:
