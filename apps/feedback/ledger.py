@@ -46,7 +46,7 @@ STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", 
                "unused": "unused"}
 REASON_WORDS = {
     "rejected": "rejected in review",
-    "algorithm": "this run does not train on its kind",
+    "algorithm": "this run does not train on that kind of label",
     "late": "came after its group was trained",
     "filtered": "a filter dropped its group",
     "run_ended": "the run ended before its group trained",

@@ -189,8 +189,10 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
     assert re.findall(r'data-ledger="(\w+)">(\d+)<', row.group(1)) == [
         ("total", str(sum(bobs.values()))), ("trained", str(bobs["trained"])),
         ("reward_model", str(bobs["reward_model"])), ("pending", str(bobs["pending"])), ("unused", str(bobs["unused"]))]
-    assert 'data-unused="late">1 came after its group was trained' in row.group(1)
-    assert 'data-unused="rejected">1 rejected in review' in row.group(1)
+    reasons_of_bob = re.search(r'<p class="muted" data-person-unused="bob">(.*?)</p>', section.group(0), re.S)
+    assert reasons_of_bob
+    assert 'data-unused="late">1 came after its group was trained' in reasons_of_bob.group(1)
+    assert 'data-unused="rejected">1 rejected in review' in reasons_of_bob.group(1)
     # The API: the run's ledger and each label's state.
     api = _api(run, owner)
     body = api.get(f"/api/v1/runs/{run.pk}/labels").json()

@@ -120,6 +120,7 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
 
     # The annotation page: annie's own labels and the run's.
     page.reload()
+    page.click("#annotate-ledger summary")  # folded away by default: the queue comes first
     mine = set(Feedback.objects.filter(run=run, author=annie).values_list("pk", flat=True))
     assert _shown(page, "ledger-mine") == _expected(derived, mine)
     assert _shown(page, "ledger-run") == _expected(derived)
