@@ -5,6 +5,7 @@ reward its format term's 0.1) and rightly (accuracy 1). Old code reported the wr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,3 +176,28 @@ def test_old_accuracy_rows_read_as_the_share_scoring_above_0() -> None:
     from apps.runs.eval_series import metric_label
 
     assert metric_label("eval/positive_share") == "share scoring above 0 (older evaluations)"
+
+
+def test_the_new_run_form_offers_the_evaluation_series_to_choose_the_best_version(tmp_path: Any) -> None:
+    """A select of the series (each registered preference's share among them); a choice that
+    names a preference the run does not measure is a field error, one it measures is kept."""
+    from apps.runs.preferences import preference_names
+    from workers.modelkit import tiny_model_save
+
+    owner = make_user("owner")
+    client = Client()
+    client.force_login(owner)
+    html = client.get("/runs/new/").content.decode()
+    select = html.split('name="eval.best_by"', 1)[1].split("</select>", 1)[0]
+    offered = re.findall(r'<option value="([^"]*)"', select)
+    assert offered == ["", "accuracy", "reward_mean", "format_share", *(f"preference/{n}" for n in preference_names())]
+    folder = tiny_model_save(tmp_path / "tiny", hidden_size=16, layers=1, heads=2)
+    evalset = make_taskset(owner=owner, name="held-out")
+    form = {"name": "best", "model": str(folder), "taskset_id": str(make_taskset(owner=owner).pk),
+            "rewards": "- name: exact_match", "eval_every": "1", "eval.taskset": str(evalset.pk),
+            "eval.best_by": "preference/concise"}
+    response = client.post("/runs/new/", form)
+    assert response.status_code == 400 and "a preference must be one of eval.preferences" in response.content.decode()
+    response = client.post("/runs/new/", {**form, "eval.preferences": "[concise]"})
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert Run.objects.get(name="best").cfg.eval.best_by == "preference/concise"
