@@ -60,6 +60,11 @@ def _math_run(**config: Any) -> Run:
                     eval={"taskset": evalset.pk, **config})
 
 
+def _evalset(run: Run) -> int:
+    assert run.cfg.eval.taskset is not None
+    return run.cfg.eval.taskset
+
+
 def _reference(ref: object) -> str:
     return str(ref["answer"] if isinstance(ref, dict) else ref)
 
@@ -68,7 +73,7 @@ def test_perfectly_formed_wrong_answers_score_accuracy_0(monkeypatch: pytest.Mon
     run = _math_run()
     values = _evaluate(monkeypatch, run, lambda ref: int(_reference(ref)) + 1)
     # Recomputed from the rows: the math checker finds no answer equal to its reference.
-    tasks = list(Task.objects.filter(taskset_id=run.cfg.eval.taskset).order_by("index"))
+    tasks = list(Task.objects.filter(taskset_id=_evalset(run)).order_by("index"))
     expected = sum(answers_equivalent(gold=_reference(t.reference), answer=str(int(_reference(t.reference)) + 1))[0]
                    for t in tasks) / len(tasks)
     assert expected == 0.0
@@ -88,7 +93,7 @@ def test_right_answers_score_accuracy_1(monkeypatch: pytest.MonkeyPatch) -> None
 def test_half_right_is_half(monkeypatch: pytest.MonkeyPatch) -> None:
     run = _math_run()
     values = _evaluate(monkeypatch, run, lambda ref: _reference(ref) if int(_reference(ref)) % 4 == 0 else "x")
-    tasks = Task.objects.filter(taskset_id=run.cfg.eval.taskset)
+    tasks = Task.objects.filter(taskset_id=_evalset(run))
     right = [answer_verdict(completion=f"<answer>{_reference(t.reference)}</answer>", task=t).correct for t in tasks]
     assert all(right)
     expected = sum(1 for t in tasks if int(_reference(t.reference)) % 4 == 0) / tasks.count()

@@ -249,8 +249,9 @@ def test_a_correction_says_where_it_counts(owner: User, annotator: User) -> None
     for algorithm, words in (("grpo", "not trained by this run: grpo does not train on corrections: they count in "
                                       "an SFT or MIX run, or an export (sft.jsonl)"),
                              ("sft", "this run&#x27;s sft batches train on it")):
-        run = make_run(owner=owner, taskset=make_taskset(owner=owner), algorithm=algorithm,
-                       **({"repeat_times": 1} if algorithm == "sft" else {}), feedback={"mode": "blend"})
+        extra: dict[str, Any] = {"repeat_times": 1} if algorithm == "sft" else {}
+        run = make_run(owner=owner, taskset=make_taskset(owner=owner), algorithm=algorithm, feedback={"mode": "blend"},
+                       **extra)
         add_member(run, annotator)
         run_transition(run=run, action="start", actor=owner)
         e = _group(run)[0]
