@@ -5,8 +5,18 @@ When a version whose number is a multiple of the run's `eval_every` is published
 (`apps.runs.services.model_version_publish`), this task is sent. It samples the run's
 evaluation taskset (`eval.taskset`, the first `eval.max_tasks` tasks) with that version
 (greedy unless `eval.sampling` says otherwise), scores each completion with the run's inline
-reward terms, and records `eval/…` metrics at the version's train step, so they chart beside
-the training curves. Nothing is written to the buffer: evaluation never trains.
+reward terms and the task domain's verifier, and records `eval/…` metrics at the version's
+train step, so they chart beside the training curves:
+
+- `eval/accuracy`: the share of answers the domain's verifier finds right (math equivalence
+  with the reference, every code test passing, …; apps/rewards/verify.py), over the answers
+  it can verify; not recorded where none can be (a K-12 taskset, tasks without references);
+- `eval/format_share`: the share of well-formed answers, where the domain checks form;
+- `eval/reward_mean` / `eval/reward_std`: the run's reward, format terms and all;
+- `eval/preference/<name>`: the share each of `eval.preferences` likes.
+
+(Before these, `eval/accuracy` was the share of answers scoring above 0, which a format term
+alone reaches; migration runs/0009 renamed those stored rows `eval/positive_share`.) Nothing is written to the buffer: evaluation never trains.
 
 The trainer never waits for it (it is a separate task on another queue); explorers share
 the rollout workers with it, and the resident engine goes back to the version the next
@@ -20,10 +30,14 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from celery import shared_task
 from django.db import OperationalError
+
+if TYPE_CHECKING:
+    from apps.rewards.ports import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +57,23 @@ class EvalOutcome(TypedDict, total=False):
     best_version: int
 
 
+def verdict_shares(verdicts: Sequence[Verdict]) -> dict[str, float]:
+    """`accuracy` (right answers over the verified ones) and `format_share` (well-formed over
+    the form-checked ones), each only where some answer had that check."""
+    out: dict[str, float] = {}
+    verified = [v.correct for v in verdicts if v.correct is not None]
+    if verified:
+        out["accuracy"] = sum(verified) / len(verified)
+    formed = [v.well_formed for v in verdicts if v.well_formed is not None]
+    if formed:
+        out["format_share"] = sum(formed) / len(formed)
+    return out
+
+
 def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> EvalOutcome:
     """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
     from apps.buffer.ports import taskset_tasks
-    from apps.rewards.ports import rewards_inline
+    from apps.rewards.ports import answer_verdict, rewards_inline
     from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
     from workers.engines import SamplingSpec
     from workers.explorer import _engine_at, task_prompt, worker_name
@@ -82,13 +109,14 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
             scores.append(rewards_inline(terms=cfg.rewards, completion=sample.text, task=task).score)
             lengths.append(len(sample.token_ids))
             answers.append((task.prompt, sample.text))
+    checks = verdict_shares([answer_verdict(completion=text, task=task)
+                             for task, samples in zip(tasks, groups) for text in (s.text for s in samples)])
     # What people teach, measured on the same answers; no reward term sees these shares.
     shares = preference_shares(cfg.eval.preferences, answers)
     values = {
         f"{EVAL_PREFIX}reward_mean": statistics.fmean(scores),
         f"{EVAL_PREFIX}reward_std": statistics.pstdev(scores),
-        # Share of samples with a positive score: accuracy for 0/1 rule rewards.
-        f"{EVAL_PREFIX}accuracy": sum(1 for s in scores if s > 0) / len(scores),
+        **{f"{EVAL_PREFIX}{name}": share for name, share in checks.items()},
         f"{EVAL_PREFIX}response_length": statistics.fmean(lengths),
         f"{EVAL_PREFIX}version": float(version),
         f"{EVAL_PREFIX}tasks": float(len(tasks)),

@@ -155,6 +155,9 @@ class Experience(models.Model):
     filter_reason = models.CharField(max_length=200, blank=True)
     priority = models.FloatField(default=0.0)
     use_count = models.PositiveIntegerField(default=0)
+    # The train step that first trained on it (batch_commit_step); None: never, or trained
+    # before this was recorded (use_count says so then).
+    trained_step = models.PositiveIntegerField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)

@@ -361,16 +361,21 @@ def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int, overfl
     return ids
 
 
-def batch_ack(*, run: Run, worker: str, ids: Sequence[int]) -> int:
+def batch_ack(*, run: Run, worker: str, ids: Sequence[int], step: int | None = None) -> int:
     """Mark leased experiences as trained on: use count + 1, priority decays; with replay
-    (max_uses > 1) they go back to ready until used up, else they are consumed."""
-    qs, values = _ack_update(run=run, worker=worker, ids=ids)
+    (max_uses > 1) they go back to ready until used up, else they are consumed. `step`, the
+    train step that trained them, is kept as each row's `trained_step` the first time (what
+    the label ledger, apps/feedback/ledger.py, says a label reached)."""
+    qs, values = _ack_update(run=run, worker=worker, ids=ids, step=step)
     return qs.update(**values)
 
 
-def _ack_update(*, run: Run, worker: str, ids: Sequence[int]) -> tuple[QuerySet[Experience], dict[str, object]]:
+def _ack_update(
+    *, run: Run, worker: str, ids: Sequence[int], step: int | None = None
+) -> tuple[QuerySet[Experience], dict[str, object]]:
     """batch_ack's rows and new values, for batch_ack and for batch_commit_step's statement."""
     from django.db.models import Case, When
+    from django.db.models.functions import Coalesce
 
     replay = run.cfg.replay
     again = Q(use_count__lt=replay.max_uses - 1)
@@ -379,6 +384,7 @@ def _ack_update(*, run: Run, worker: str, ids: Sequence[int]) -> tuple[QuerySet[
         "status": Case(When(again, then=models.Value(Experience.Status.READY)), default=models.Value(Experience.Status.CONSUMED)),
         "priority": Case(When(again, then=F("priority") * replay.priority_decay), default=F("priority")),
         "use_count": F("use_count") + 1,
+        **({"trained_step": Coalesce(F("trained_step"), models.Value(step))} if step is not None else {}),
         "last_used_at": timezone.now(),
         "lease_owner": "",
         "lease_expires_at": None,
@@ -398,7 +404,7 @@ def batch_commit_step(*, run: Run, step: int, worker: str, ids: Sequence[int], m
         raise RuntimeError("batch_commit_step runs inside the caller's transaction (a conflict rolls it back)")
     from django.db.models.sql.subqueries import UpdateQuery
 
-    qs, values = _ack_update(run=run, worker=worker, ids=ids)
+    qs, values = _ack_update(run=run, worker=worker, ids=ids, step=step)
     # The ack happens only once the step is recorded, as with the separate statements.
     query = qs.extra(where=["EXISTS (SELECT 1 FROM step)"]).query.chain(UpdateQuery)
     assert isinstance(query, UpdateQuery)

@@ -24,6 +24,8 @@ from pydantic.json_schema import JsonDict
 from apps.hygiene import InputRejected, yaml_parse
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
 from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
+from apps.runs.eval_series import best_by_choices
+from apps.runs.preferences import preference_names
 from apps.runs.reward_kinds import reward_kind_names
 from apps.runs.vocabulary import domains
 
@@ -113,6 +115,10 @@ def _specs(model: type[BaseModel], prefix: str, section: str, optional_block: bo
             kind, choices = "select", algorithm_names()
         elif annotation is str and _extra(info).get("registry") == "reward_kinds":
             kind, choices = "select", reward_kind_names()
+        elif annotation is str and _extra(info).get("registry") == "eval_series":
+            # The evaluation's series, each registered preference's share among them; blank:
+            # the default (accuracy where the domain has a verifier, else reward_mean).
+            kind, choices = "select", ["", *best_by_choices(preference_names())]
         elif annotation is str:
             kind = "markdown" if _extra(info).get("widget") == "markdown" else "text"
         else:

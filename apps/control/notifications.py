@@ -77,6 +77,10 @@ def _figures(summary: RunSummary | None) -> list[str]:
     if summary.labels_total:
         lines.append(f"Labels: {summary.labels_total} from {len(summary.labellers)} "
                      f"{'person' if len(summary.labellers) == 1 else 'people'}")
+    if summary.ledger is not None and summary.ledger.run.total:
+        c = summary.ledger.run
+        lines.append(f"Where the labels went: {c.trained} trained, {c.reward_model} taught the reward model only, "
+                     f"{c.pending} pending, {c.unused} unused")
     if summary.best is not None:
         lines.append(f"Best version: v{summary.best.number} ({summary.best.reason})")
     return lines

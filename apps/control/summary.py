@@ -10,40 +10,24 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max
 
 from apps.control.weights import WeightsExport, weights_export_state
+from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run
-from apps.runs.selectors import eval_best
+from apps.runs.models import AuditEntry, ModelVersion, Run
+from apps.runs.selectors import MetricMove, eval_best, eval_measures, metric_moves
 
 # The statuses a summary is shown for: nothing runs any more.
 SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
-# The run's main metrics, in the order people read them: what the explorer was rewarded, how
-# the held-out evaluation scored, what people rated (the human reward of trained batches).
+# The run's main metrics, in the order people read them: what the explorer was rewarded, what
+# people rated (the human reward of trained batches), the reward model's accuracy; then every
+# series the held-out evaluation measured (accuracy by the domain's verifier, format share,
+# reward, each preference share: apps/runs/eval_series.py), each under what it measures.
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("explore/reward_mean", "reward (explored)"),
     ("reward_mean", "reward (trained batches)"),
-    ("eval/accuracy", "evaluation accuracy"),
-    ("eval/reward_mean", "evaluation reward"),
     ("feedback/human_reward_mean", "people's ratings (human reward)"),
     ("reward_model/accuracy", "reward model accuracy"),
 )
-
-
-@dataclass(frozen=True)
-class MetricMove:
-    """A metric from the run's first value to its last, and its best (highest) value."""
-
-    name: str
-    label: str
-    start: float
-    end: float
-    best: float
-    best_step: int
-    points: int
-
-    @property
-    def change(self) -> float:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -56,10 +40,12 @@ class Labeller:
 @dataclass(frozen=True)
 class BestVersion:
     number: int
-    # Why this one: the held-out evaluation's best, or the last one published.
+    # Why this one: the held-out evaluation's best by the metric that chose it (`metric`,
+    # the run's eval.best_by), or the last one published (metric "").
     reason: str
     train_step: int
     export: WeightsExport
+    metric: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +63,8 @@ class RunSummary:
     labellers: list[Labeller]
     best: BestVersion | None
     reward_models: list[int] = field(default_factory=list)
+    # Where each label went (apps/feedback/ledger.py), in all and per person.
+    ledger: RunLedger | None = None
 
     @property
     def duration(self) -> timedelta | None:
@@ -90,20 +78,8 @@ class RunSummary:
 
 
 def _metric_moves(run: Run) -> list[MetricMove]:
-    names = [name for name, _ in MAIN_METRICS]
-    series: dict[str, list[tuple[int, float]]] = {}
-    for name, step, value in (Metric.objects.filter(run=run, name__in=names).order_by("name", "step", "id")
-                              .values_list("name", "step", "value")):
-        series.setdefault(name, []).append((step, value))
-    out = []
-    for name, label in MAIN_METRICS:
-        points = series.get(name)
-        if not points:
-            continue
-        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
-        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
-                              best_step=best_step, points=len(points)))
-    return out
+    """The main metrics, then every measuring evaluation series the run recorded."""
+    return metric_moves(run=run, metrics=[*MAIN_METRICS, *eval_measures(run=run)])
 
 
 def _labellers(run: Run) -> tuple[dict[str, int], list[Labeller]]:
@@ -127,14 +103,17 @@ def _best_version(run: Run) -> BestVersion | None:
     best = eval_best(run=run)
     if best is not None and best["version"] > 0:
         number = int(best["version"])
-        reason = f"highest held-out evaluation reward ({best['reward_mean']:.3f})"
+        how = "eval.best_by" if best["configured"] else "the default: accuracy where the domain has a verifier, else reward"
+        reason = f"highest held-out {best['label']} ({best['value']:.3f}); chosen by {best['metric']} ({how})"
+        metric = best["metric"]
     else:
         number = run.current_version
-        reason = "the last version published (no held-out evaluation ran)"
+        reason = "the last version published (no held-out evaluation chose one)"
+        metric = ""
     version = ModelVersion.objects.filter(run=run, number=number).first() if number > 0 else None
     if version is None:
         return None
-    return BestVersion(number=number, reason=reason, train_step=version.train_step,
+    return BestVersion(number=number, reason=reason, train_step=version.train_step, metric=metric,
                        export=weights_export_state(run=run, version=number))
 
 
@@ -153,4 +132,5 @@ def run_summary(*, run: Run) -> RunSummary | None:
         versions=ModelVersion.objects.filter(run=run, number__gt=0).count(),
         metrics=_metric_moves(run), labels=labels, labellers=labellers, best=_best_version(run),
         reward_models=list(RewardModel.objects.filter(run=run).order_by("version").values_list("version", flat=True)),
+        ledger=run_ledger(run=run),
     )

@@ -56,8 +56,9 @@ from apps.control.selectors import (
     run_waiting,
     tasksets_for,
 )
-from apps.control.summary import run_summary
+from apps.control.summary import SUMMARY_STATUSES, run_summary
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
+from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.signal_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
@@ -66,6 +67,7 @@ from apps.rewards.registry import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
 from apps.runs.config import ConfigInvalid, config_file_read
+from apps.runs.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
 from apps.runs.selectors import (
@@ -377,6 +379,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "annotation_waiting": annotation_waiting(run=run, annotator=request.user) if role in ("owner", "annotator") else 0,
         "takes_feedback": run_takes_feedback(run=run),
         "summary": run_summary(run=run),
+        # Where the labels went while the run goes on (once it ends, its summary shows it).
+        "run_ledger": run_ledger(run=run) if run.status not in SUMMARY_STATUSES else None,
         **_members_context(run, role),
         "invitations": invitations_open(run=run) if role == "owner" else [],
         "labelling": labelling_progress(run=run) if role == "owner" else None,
@@ -385,6 +389,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "groups": CHART_GROUPS,
             "sections": CHART_SECTIONS,
             "constant_pattern": CONSTANT_PATTERN,
+            # Legends name a series by what it measures (apps/runs/eval_series.py).
+            "labels": EVAL_LABELS,
             "compare": runs_to_compare(user=request.user, run=run),
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),

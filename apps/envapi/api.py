@@ -41,16 +41,18 @@ from apps.envapi.services import (
 from apps.feedback.bulk import bulk_allowed, bulk_ids, experiences_bulk, experiences_export
 from apps.feedback.exports import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import Who, kind_get
+from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run
-from apps.runs.selectors import run_takes_feedback
+from apps.runs.selectors import eval_best, eval_measures, metric_moves, run_takes_feedback
 from rftweb.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
 from rftweb.jsontypes import Body
 
 router = Router()
+FeedbackId: int = Path(..., ge=1, le=2**63 - 1, description="the feedback row's id")
 
 
 # ---- auth ----------------------------------------------------------------------------
@@ -200,14 +202,50 @@ def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = R
     # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
     experience = payload.experience_id or 0
     feedback = kind_get(payload.kind).api_store(payload, experience=experience, who=who)
+    return _feedback_out(run, feedback)
+
+
+def _feedback_out(run: Run, feedback: Feedback) -> Body:
     target: Mapping[str, object] = {}
     if feedback.experience_id is not None:
         target = Experience.objects.filter(pk=feedback.experience_id).values("status", "reward").first() or {}
+    state = label_state(feedback=feedback)
     return {
         "id": feedback.pk, "kind": feedback.kind, "experience_id": feedback.experience_id,
         "group_id": feedback.group_id, "late": feedback.late, "value": feedback.value,
         "effect": feedback_effect(run=run, feedback=feedback),
         "experience_status": target.get("status"), "experience_reward": target.get("reward"),
+        "state": state.as_dict() if state is not None else None,
+    }
+
+
+@router.get("/runs/{run_id}/feedback/{feedback_id}", auth=READ, response=responses(s.FeedbackOut),
+         tags=["feedback"], summary="One piece of feedback, and where the label stands now (trained, …)")
+def feedback_get(request: HttpRequest, run_id: int = RunId, feedback_id: int = FeedbackId) -> Body:
+    run = run_reachable(request, run_id)
+    feedback = Feedback.objects.filter(run=run, pk=feedback_id).first()
+    if feedback is None:
+        raise NotFound(f"run {run.pk} has no feedback {feedback_id}", field="feedback_id")
+    return _feedback_out(run, feedback)
+
+
+@router.get("/runs/{run_id}/labels", auth=READ, response=responses(s.RunLedgerOut), tags=["feedback"],
+         summary="Where the run's labels went: trained, taught the reward model, pending, unused (why); per person")
+def run_labels_ledger(request: HttpRequest, run_id: int = RunId) -> dict[str, object]:
+    return run_ledger(run=run_reachable(request, run_id)).as_dict()
+
+
+@router.get("/runs/{run_id}/evaluation", auth=READ, response=responses(s.EvaluationOut), tags=["runs"],
+         summary="The held-out evaluation's series (start, end, best) and the best version with what chose it")
+def run_evaluation(request: HttpRequest, run_id: int = RunId) -> dict[str, object]:
+    run = run_reachable(request, run_id)
+    moves = metric_moves(run=run, metrics=eval_measures(run=run))
+    best = eval_best(run=run)
+    return {
+        "series": [{"name": m.name, "label": m.label, "start": m.start, "end": m.end, "best": m.best,
+                    "best_step": m.best_step, "points": m.points} for m in moves],
+        "best_version": best["version"] if best else None, "best_by": best["metric"] if best else None,
+        "best_by_label": best["label"] if best else None, "best_value": best["value"] if best else None,
     }
 
 

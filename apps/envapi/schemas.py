@@ -289,6 +289,57 @@ class FeedbackIn(In):
         return self
 
 
+class LabelStateOut(Schema):
+    """Where one label stands (apps/feedback/ledger.py): exactly one state."""
+
+    state: Literal["trained", "reward_model", "pending", "unused"]
+    reason: str = Field(description="why unused (rejected, algorithm, late, filtered, run_ended) or pending "
+                                     "(waiting, queued, training); empty otherwise")
+    step: int | None = Field(description="the train step that trained it (trained)")
+    version: int | None = Field(description="the policy version it is in (trained), or the reward-model version "
+                                            "it taught (reward_model)")
+    text: str = Field(description="the state in words, as the pages say it")
+
+
+class LedgerCountsOut(Schema):
+    total: int
+    trained: int
+    reward_model: int = Field(description="taught the reward model, not trained by the policy")
+    pending: int
+    unused: int
+    unused_by: dict[str, int] = Field(description="unused labels by why: rejected, algorithm, late, filtered, "
+                                                  "run_ended")
+    pending_by: dict[str, int] = Field(description="pending labels by where: waiting, queued, training")
+
+
+class RunLedgerOut(Schema):
+    """The run's labels by state: in all, and per person (the per-person counts add up to it)."""
+
+    run: LedgerCountsOut
+    people: dict[str, LedgerCountsOut]
+
+
+class EvalSeriesOut(Schema):
+    name: str
+    label: str = Field(description="what it measures, in words")
+    start: float
+    end: float
+    best: float
+    best_step: int
+    points: int
+
+
+class EvaluationOut(Schema):
+    """The run's held-out evaluation: each series it recorded (start, end, best) and the best
+    version with the metric that chose it (eval.best_by)."""
+
+    series: list[EvalSeriesOut]
+    best_version: int | None
+    best_by: str | None = Field(description="the metric that chose the best version, e.g. eval/accuracy")
+    best_by_label: str | None
+    best_value: float | None
+
+
 class FeedbackOut(Schema):
     id: int
     kind: str
@@ -301,6 +352,8 @@ class FeedbackOut(Schema):
     value: dict[str, object] = Field(description="as stored: the same shape whichever door it came through")
     experience_status: str | None = Field(description="the experience's status after this feedback")
     experience_reward: float | None
+    state: LabelStateOut | None = Field(None, description="where the label stands now (null for feedback that "
+                                                          "is not a label: a flag, an environment reward)")
 
 
 class AnnotationOut(Schema):

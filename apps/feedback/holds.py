@@ -41,9 +41,14 @@ _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
 Person = AbstractBaseUser | AnonymousUser
 
 
+# A run in one of these trains no more: nothing is held for anyone (holds_release on its end).
+_ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+
+
 def holds_apply(*, run: Run) -> bool:
     policy = run.cfg.feedback
-    return policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+    return (policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+            and run.status not in _ENDED)
 
 
 def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> int:
@@ -97,3 +102,11 @@ def holds_renew_on_commit(*, run: Run, annotator: Person, also_groups: Iterable[
     """holds_renew once the caller's transaction commits (see the module docstring)."""
     groups = list(also_groups)
     transaction.on_commit(lambda: holds_renew(run=run, annotator=annotator, also_groups=groups))
+
+
+def holds_release(*, run_id: int) -> int:
+    """Release every hold of the run (it ended: nothing trains any more, so no group waits for
+    anyone). Labels given on those groups read "unused: the run ended" in the ledger
+    (apps.feedback.ledger); no last step trains them. Returns the experiences released."""
+    Assignment.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)
+    return Experience.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)

@@ -12,6 +12,7 @@ from apps.buffer.models import Experience
 from apps.feedback.holds import Person
 from apps.feedback.kinds import kind_get, kind_names, value_of
 from apps.feedback.kinds.pairwise import PairwiseValue
+from apps.feedback.ledger import kind_refusal
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_role, run_takes_feedback
@@ -172,14 +173,19 @@ def feedback_effect(*, run: Run, feedback: Feedback) -> str:
     (apps.feedback.preferences takes late labels: the next version trains on them)."""
     kind = kind_get(feedback.kind)
     teaches = kind.labels and run.cfg.reward_model.enabled
-    if feedback.late:
-        return "late: teaches the reward model" if teaches else "late: kept for DPO, SFT and export"
+    # Where the run never trains on the kind, the label says so and where it would count.
+    refusal = kind_refusal(run=run, kind_name=feedback.kind)
+    untrained = f"; not trained by this run: {refusal}" if refusal else ""
+    if feedback.late and kind.reaches_training() != "expert":
+        return ("late: teaches the reward model" if teaches else "late: kept for DPO, SFT and export") + untrained
     parts = []
     if kind.folds and run.cfg.feedback.mode != "auto":
         parts.append("moves its group's reward")
+    if kind.reaches_training() == "expert" and refusal is None:
+        parts.append("trains as an expert experience")
     if teaches:
         parts.append("teaches the reward model")
-    return " and ".join(parts) or "stored"
+    return (" and ".join(parts) or "stored") + untrained
 
 
 def feedback_counts(*, run: Run) -> dict[str, int]:

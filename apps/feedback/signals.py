@@ -1,7 +1,8 @@
 """Feedback arrival starts reward-model training without waiting for the beat: a label that
 makes a new version due, or the owner's rejection of one the newest version learnt from,
 enqueues `reward_model_train` once its transaction commits. A receiver, so the feedback
-services stay unaware of reward models."""
+services stay unaware of reward models. And a run that ends releases the groups its people
+hold (`run_ended`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.dispatch import receiver
 
 from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
+from apps.runs.services import run_ended
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
@@ -31,3 +33,12 @@ def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bo
 
     run_id = run.pk
     transaction.on_commit(lambda: app.send_task(TRAIN_TASK, args=[run_id], queue="reward"))
+
+
+@receiver(run_ended, dispatch_uid="apps.feedback.holds_release")
+def run_ended_release_holds(sender: object, run_id: int, **_: object) -> None:
+    """A run that ends (finish, fail, stop) holds no group for anyone any more: its people's
+    groups are released inside the transition (apps.feedback.holds.holds_release)."""
+    from apps.feedback.holds import holds_release
+
+    holds_release(run_id=run_id)

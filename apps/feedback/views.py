@@ -22,6 +22,7 @@ from apps.buffer.models import Experience
 from apps.feedback.kinds import value_of
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.kinds.pairwise import PairwiseValue
+from apps.feedback.ledger import correction_saved_words, run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
@@ -112,7 +113,14 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
+        # Where the person's labels and the run's went (apps/feedback/ledger.py): read once.
+        **_ledger_context(run, request.user),
     })
+
+
+def _ledger_context(run: Run, person: Person) -> dict[str, object]:
+    ledger = run_ledger(run=run)
+    return {"run_ledger": ledger, "my_ledger": ledger.people.get(person.get_username())}
 
 
 @login_required
@@ -223,7 +231,7 @@ def edit(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpRespo
         return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
-    return render(request, "feedback/_saved.html", {"run": run, "message": f"Saved as expert experience #{expert.pk}",
+    return render(request, "feedback/_saved.html", {"run": run, "message": correction_saved_words(run=run, expert=expert),
                                                     "expert": expert, "feedback": fb})
 
 

@@ -47,4 +47,5 @@ def code_exec(
 
 
 # Tasks of this domain are scored by these terms when a run names none of its own.
-domain_register("code", terms={"code_exec": 1.0})
+# Its verifier: every test passes (code_exec's full score).
+domain_register("code", terms={"code_exec": 1.0}, verifier="code_exec")

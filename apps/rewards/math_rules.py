@@ -125,4 +125,7 @@ def math_format(completion: str, task: object, *, strict: bool = False, **params
 
 
 # Tasks of this domain are scored by these terms when a run names none of its own.
-domain_register("math", terms={"math_accuracy": 1.0, "math_format": 0.1})
+# Its verifier is the answer's equivalence with the reference, whatever the form: accuracy
+# counts right answers, and the format share counts well-formed ones, apart.
+domain_register("math", terms={"math_accuracy": 1.0, "math_format": 0.1}, verifier="math_accuracy",
+                format="math_format")

@@ -28,13 +28,14 @@ from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import RewardResult, reference_text, task_field
 from apps.rewards.scoring import reward_term_score, rewards_awaiting, rewards_for_domain, rewards_inline, task_domain
 from apps.rewards.selectors import experiences_awaiting_rewards as _awaiting
+from apps.rewards.verify import Verdict, answer_verdict
 from apps.rewards.selectors import run_current_model as _current_model
 from apps.rewards.services import experience_rewards_apply as _apply
 from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.ports import DispatchHold, RunView, row
 
 __all__ = [
-    "ExperienceRecord", "GradedAnswer", "K12JudgeParams", "K12LearnedParams", "PreferencePair", "RewardResult", "experience_rewards_apply",
+    "Verdict", "answer_verdict", "ExperienceRecord", "GradedAnswer", "K12JudgeParams", "K12LearnedParams", "PreferencePair", "RewardResult", "experience_rewards_apply",
     "experiences_awaiting_rewards", "grader_prompt", "judge_params", "k12_grade_pairs", "k12_graded_answers",
     "k12_grader_due", "k12_grader_latest", "k12_grader_publish", "learned_params", "reference_text",
     "reward_term_score", "rewards_awaiting", "rewards_for_domain", "rewards_inline", "rewards_remote_enqueue", "RewardModelRow", "reward_model_export_begin", "reward_model_get",

@@ -73,16 +73,25 @@ class DomainRoute:
 
     name: str
     terms: tuple[tuple[str, float], ...]
+    # The reward whose full score (1.0) says an answer is right: what the held-out evaluation
+    # reports as accuracy (workers/evaluation.py). None: the domain has no verifier (a judge
+    # or a learned grader scores it), so no accuracy is reported for it.
+    verifier: str | None = None
+    # The reward that checks the answer's form alone (1.0: well formed): the format share.
+    format: str | None = None
 
 
 _DOMAINS: dict[str, DomainRoute] = {}
 
 
-def domain_register(name: str, *, terms: Mapping[str, float]) -> None:
+def domain_register(
+    name: str, *, terms: Mapping[str, float], verifier: str | None = None, format: str | None = None
+) -> None:
     """Register a reward domain and its default terms, next to the rewards that score it
-    (math_rules.py registers `math`). The run config learns the name through the kernel's
-    vocabulary (apps.runs.vocabulary.domains)."""
-    route = DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()))
+    (math_rules.py registers `math`), with its verifier and format check when it has them.
+    The run config learns the name through the kernel's vocabulary (apps.runs.vocabulary.domains)."""
+    route = DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()),
+                        verifier=verifier, format=format)
     if name in _DOMAINS and _DOMAINS[name] != route:
         raise ValueError(f"reward domain {name!r} is registered twice")
     _DOMAINS[name] = route

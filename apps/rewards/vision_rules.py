@@ -30,4 +30,4 @@ def vision_answer(completion: str, task: object, **params: object) -> RewardResu
 
 
 # Tasks of this domain are scored by these terms when a run names none of its own.
-domain_register("vision", terms={"vision_answer": 1.0})
+domain_register("vision", terms={"vision_answer": 1.0}, verifier="vision_answer", format="math_format")

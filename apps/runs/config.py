@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
 from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
+from apps.runs.eval_series import best_by_check
 from apps.runs.plain_errors import error_plain
 from apps.runs.preferences import preference_names
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
@@ -430,6 +431,21 @@ class EvalConfig(_Strict):
     # Preferences of style (apps/runs/preferences.py) whose share of the evaluated answers is
     # recorded as eval/preference/<name>: what people teach, measured and never rewarded.
     preferences: list[str] = Field(default_factory=list, max_length=16)
+    # The evaluation series that chooses the run's best version (the summary's, its weights
+    # download's): accuracy, reward_mean, format_share or preference/<name> (one of
+    # `preferences`, e.g. the share the guidelines teach). None: accuracy where the evaluated
+    # domain has a verifier, else reward_mean (apps/runs/eval_series.py).
+    best_by: str | None = Field(None, max_length=80, json_schema_extra={"registry": "eval_series"},
+                                description="the evaluation series that chooses the best version; blank: accuracy "
+                                            "where the domain has a verifier, else reward_mean")
+
+    @model_validator(mode="after")
+    def _best_by_known(self) -> EvalConfig:
+        try:
+            best_by_check(self.best_by, self.preferences)
+        except ValueError as exc:
+            raise FieldConflict("best_by", str(exc)) from None
+        return self
 
     @field_validator("preferences")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
@@ -10,6 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db.models import Q, QuerySet
 
 from apps.runs.algorithms import algorithm_get
+from apps.runs.eval_series import best_by_metric, is_eval_measure, metric_label
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
 from rftweb.jsontypes import JSON
@@ -103,7 +105,7 @@ CHART_GROUPS: list[dict[str, str]] = [
      "pattern": r"^eval[/_.]preference[/_.]"},
     # The evaluator's scores (workers/evaluation.py); its response length charts with the
     # training one, its version / task count / best version are constants, its seconds "other".
-    {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval[/_.](.*[/_.])?(reward|acc|accuracy|score|pass|correct)([/_.@].*)?$"},
+    {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval[/_.](.*[/_.])?(reward|acc|accuracy|score|pass|correct|format|positive)([/_.@].*)?$"},
     {"id": "loss", "title": "Loss", "section": "loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},
     {"id": "kl", "title": "KL", "section": "loss", "pattern": r"(^|[/_.])kl([/_.].*)?$"},
     {"id": "entropy", "title": "Entropy", "section": "loss", "pattern": r"entropy"},
@@ -210,15 +212,79 @@ def audit_text(*, action: str, actor: object = None) -> str:
 def run_audit(*, run: Run, limit: int = 50) -> list[AuditEntry]:
     return list(AuditEntry.objects.filter(run=run).select_related("actor").order_by("-created_at")[:limit])
 
-def eval_best(*, run: Run) -> dict[str, float] | None:
-    """The evaluated version with the highest `eval/reward_mean` (the earliest on ties):
-    {"version", "reward_mean", "step"}, or None before any evaluation."""
-    means = dict(Metric.objects.filter(run=run, name="eval/reward_mean").values_list("step", "value"))
-    if not means:
+@dataclass(frozen=True)
+class MetricMove:
+    """A metric from the run's first value to its last, and its best (highest) value."""
+
+    name: str
+    label: str
+    start: float
+    end: float
+    best: float
+    best_step: int
+    points: int
+
+    @property
+    def change(self) -> float:
+        return self.end - self.start
+
+
+# The evaluation's series first in this order, the rest (preference shares) by name.
+_EVAL_ORDER = ("eval/accuracy", "eval/format_share", "eval/reward_mean", "eval/reward_std", "eval/positive_share")
+
+
+def eval_measures(*, run: Run) -> list[tuple[str, str]]:
+    """(name, words) of every evaluation series the run recorded that measures the answers:
+    accuracy by the domain's verifier, format share, reward, each preference share."""
+    recorded = set(Metric.objects.filter(run=run, name__startswith="eval/").values_list("name", flat=True).distinct())
+    names = sorted((n for n in recorded if is_eval_measure(n)),
+                   key=lambda n: (_EVAL_ORDER.index(n) if n in _EVAL_ORDER else len(_EVAL_ORDER), n))
+    return [(n, metric_label(n)) for n in names]
+
+
+def metric_moves(*, run: Run, metrics: list[tuple[str, str]]) -> list[MetricMove]:
+    """Each of `metrics` (name, words) the run recorded: first, last and best value."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in (Metric.objects.filter(run=run, name__in=[n for n, _ in metrics])
+                              .order_by("name", "step", "id").values_list("name", "step", "value")):
+        series.setdefault(name, []).append((step, value))
+    out = []
+    for name, label in metrics:
+        points = series.get(name)
+        if not points:
+            continue
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
+                              best_step=best_step, points=len(points)))
+    return out
+
+
+class EvalBest(TypedDict):
+    """The run's best evaluated version and what chose it."""
+
+    version: int
+    step: int
+    # The metric that chose it (eval.best_by, apps/runs/eval_series.py), its words, its value.
+    metric: str
+    label: str
+    value: float
+    # Whether the config named the metric (else the default: accuracy where verified, else reward).
+    configured: bool
+
+
+def eval_best(*, run: Run) -> EvalBest | None:
+    """The evaluated version with the highest value of the run's `eval.best_by` metric (the
+    earliest on ties), or None before any evaluation (or while the metric has no value)."""
+    best_by = run.cfg.eval.best_by
+    has_accuracy = best_by is None and Metric.objects.filter(run=run, name="eval/accuracy").exists()
+    name = best_by_metric(best_by, has_accuracy=has_accuracy)
+    values = dict(Metric.objects.filter(run=run, name=name).values_list("step", "value"))
+    if not values:
         return None
     versions = dict(Metric.objects.filter(run=run, name="eval/version").values_list("step", "value"))
-    step = max(sorted(means), key=lambda s: means[s])
-    return {"version": int(versions.get(step, 0)), "reward_mean": means[step], "step": step}
+    step = max(sorted(values), key=lambda s: values[s])
+    return {"version": int(versions.get(step, 0)), "step": step, "metric": name, "label": metric_label(name),
+            "value": values[step], "configured": best_by is not None}
 def run_task_failures(*, run: Run, limit: int = 10) -> list[TaskFailure]:
     """The run's last failed explore and train tasks, newest first."""
     return list(TaskFailure.objects.filter(run=run).order_by("-created_at", "-id")[:limit])

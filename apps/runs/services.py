@@ -345,17 +345,19 @@ def eval_dispatch(*, run_id: int, version: int) -> None:
 
 def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, float]) -> int:
     """Store an evaluation's `eval/…` metrics at the version's train step and announce the
-    result; returns the run's best version so far (by `eval/reward_mean`, earliest on ties),
-    which is also recorded as `eval/best_version`."""
+    result; returns the run's best version so far (by the run's `eval.best_by` metric,
+    earliest on ties; apps.runs.selectors.eval_best), which is also recorded as
+    `eval/best_version`, or `version` while the metric has no value yet."""
     with transaction.atomic():
         metric_record(run=run, step=step, values=values)
         best = eval_best(run=run)
-        assert best is not None
-        metric_record(run=run, step=step, values={"eval/best_version": float(best["version"])})
-    payload = {"version": version, "step": step, "values": values, "best_version": best["version"],
-               "best_reward_mean": best["reward_mean"]}
+        number = best["version"] if best is not None else version
+        metric_record(run=run, step=step, values={"eval/best_version": float(number)})
+    payload: dict[str, object] = {"version": version, "step": step, "values": values, "best_version": number}
+    if best is not None:
+        payload.update(best_metric=best["metric"], best_label=best["label"], best_value=best["value"])
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="eval.result", payload=payload))
-    return int(best["version"])
+    return int(number)
 
 
 def weight_load_record(

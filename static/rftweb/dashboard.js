@@ -73,6 +73,13 @@
       if (plot && Math.abs(w - last) > 4) { last = w; plot.setSize({ width: w, height: height }); }
     }).observe(el);
   }
+  // A metric under what it measures ("accuracy (the domain's verifier)"), else its name.
+  var labels = initial.labels || {};
+  function seriesLabel(name) {
+    if (labels[name]) return labels[name];
+    if (/^eval\/preference\//.test(name)) return "preference share: " + name.slice("eval/preference/".length);
+    return name;
+  }
   function groupOf(name) {
     for (var i = 0; i < groups.length; i++) if (groups[i].re.test(name)) return groups[i];
     return { id: "m-" + name.replace(/[^a-zA-Z0-9_-]/g, "_"), title: name, section: "other" };
@@ -281,7 +288,7 @@
     list.forEach(function (s, i) {
       var k = nth[s.run.id] = (nth[s.run.id] === undefined ? 0 : nth[s.run.id] + 1);
       series.push({
-        label: multi ? s.run.name + ": " + s.name : s.name,
+        label: multi ? s.run.name + ": " + seriesLabel(s.name) : seriesLabel(s.name),
         stroke: multi ? shade(COLORS[s.ri % COLORS.length], k) : COLORS[i % COLORS.length],
         dash: multi && s.ri > 0 ? [6, 3] : undefined,
         width: 1.5, spanGaps: true, points: { show: xs.length < 40 },
@@ -599,7 +606,9 @@
       if (best && p.best_version !== undefined) {
         best.hidden = false;
         text("run-best-version", "v" + p.best_version);
-        if (p.best_reward_mean !== undefined) text("run-best-reward", Number(p.best_reward_mean).toFixed(3));
+        // The metric that chose it (the run's eval.best_by) and its value there.
+        if (p.best_label !== undefined) text("run-best-metric", p.best_label);
+        if (p.best_value !== undefined) text("run-best-value", Number(p.best_value).toFixed(3));
       }
       say("held-out evaluation of v" + p.version + " (best v" + p.best_version + ")");
     },

@@ -144,8 +144,8 @@ def test_wall_time_replaces_steps_on_the_x_axis_and_back(page: Any, owner: User)
 
 def _eval(version: int, mean: float) -> dict[str, float]:
     # What workers/evaluation.py records for a version.
-    return {"eval/reward_mean": mean, "eval/reward_std": 0.1, "eval/accuracy": mean, "eval/response_length": 40.0,
-            "eval/version": float(version), "eval/tasks": 5.0, "eval/seconds": 1.5}
+    return {"eval/reward_mean": mean, "eval/reward_std": 0.1, "eval/accuracy": mean, "eval/format_share": 1.0,
+            "eval/response_length": 40.0, "eval/version": float(version), "eval/tasks": 5.0, "eval/seconds": 1.5}
 
 
 def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(page: Any, owner: User) -> None:
@@ -161,22 +161,27 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     page.wait_for_selector("#section-rewards #chart-eval canvas")
     page.wait_for_selector("#run-eval-best:not([hidden])")
     assert page.inner_text("#run-best-version") == "v1"
-    # Scores on the evaluation chart; length beside the training length; the rest a table.
-    assert plot(page, "eval", "u.series.slice(1).map(s => s.label)") == ["eval/accuracy", "eval/reward_mean",
-                                                                         "eval/reward_std"]
-    assert "eval/response_length" in plot(page, "length", "u.series.map(s => s.label)")
+    # Scores on the evaluation chart, each under what it measures (accuracy is the domain's
+    # verifier, the format share apart from it); length beside the training length; the rest a table.
+    assert sorted(plot(page, "eval", "u.series.slice(1).map(s => s.label)")) == [
+        "accuracy (the domain's verifier)", "evaluation reward mean", "evaluation reward std",
+        "format share (well-formed answers)"]
+    assert "evaluation response length" in plot(page, "length", "u.series.map(s => s.label)")
+    # The header names the metric that chose the best version (the default: accuracy).
+    assert page.inner_text("#run-best-metric") == "accuracy (the domain's verifier)"
     constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
     assert {"eval/version", "eval/tasks", "eval/best_version"} <= set(constants)
 
     in_a_thread(lambda: eval_result_record(run=run, version=2, step=4, values=_eval(2, 0.5)))
     expect(page.locator("#run-best-version")).to_have_text("v2", timeout=15_000)
     expect(page.locator("#chart-eval")).to_have_attribute("data-points", "2", timeout=15_000)
-    assert page.inner_text("#run-best-reward") == "0.500"
+    assert page.inner_text("#run-best-value") == "0.500"
     # After a reload, the same chart from the server's series.
     page.reload()
     page.wait_for_selector("#chart-eval canvas")
     assert plot(page, "eval", "u.data[0]") == [2, 4]
-    assert plot(page, "eval", "u.data[2]") == [0.25, 0.5]  # eval/reward_mean
+    labels = plot(page, "eval", "u.series.map(s => s.label)")
+    assert plot(page, "eval", f"u.data[{labels.index('evaluation reward mean')}]") == [0.25, 0.5]
     assert page.inner_text("#run-best-version") == "v2"
     # The evaluated version changed (1, then 2): no longer a constant; the task count still is.
     constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")

@@ -72,8 +72,10 @@ def test_a_finished_run_shows_its_summary(finished: Run, owner: User) -> None:
     assert "4: 2 ratings, 1 flag, 1 A/B choice" in html
     assert re.search(r"<strong>annotator</strong>: 3 \(1 flag, 2 ratings\)", html)
     assert re.search(r"<strong>owner</strong>: 1 \(1 A/B choice\)", html)
-    # The best version is the held-out evaluation's best, offered for download once packed.
-    assert 'data-version="2"' in html and "highest held-out evaluation reward (0.700)" in html
+    # The best version is the held-out evaluation's best by its accuracy (the default where
+    # the domain has a verifier), the metric named, offered for download once packed.
+    assert 'data-version="2"' in html and 'data-chosen-by="eval/accuracy"' in html
+    assert "highest held-out accuracy (the domain&#x27;s verifier) (0.750); chosen by eval/accuracy" in html
     assert "Prepare v2 weights for download" in html
     for kind in ("sft", "dpo", "grpo", "preferences"):
         assert f"/runs/{finished.pk}/export/{kind}.jsonl" in html
@@ -84,7 +86,7 @@ def test_without_an_evaluation_the_last_version_is_offered(owner: User) -> None:
     Run.objects.filter(pk=run.pk).update(status=Run.Status.STOPPED, current_version=2)
     ModelVersion.objects.create(run=run, number=2, checkpoint="/x/v2", train_step=4)
     html = summary_of(logged_in(owner).get(f"/runs/{run.pk}/").content.decode())
-    assert 'data-version="2"' in html and "the last version published (no held-out evaluation ran)" in html
+    assert 'data-version="2"' in html and "the last version published (no held-out evaluation chose one)" in html
     assert "never started" in html  # no start in its audit log
 
 

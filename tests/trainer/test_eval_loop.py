@@ -75,16 +75,19 @@ def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_hol
     # The style preference it names is measured on the same answers, every evaluation.
     shares = dict(rows.filter(name="eval/preference/concise").values_list("step", "value"))
     assert set(shares) == evaluated and all(0.0 <= share <= 1.0 for share in shares.values())
-    means = dict(rows.filter(name="eval/reward_mean").values_list("step", "value"))
+    # The held-out tasks are math with references: accuracy is the math verifier's, and it
+    # chooses the best version (eval.best_by's default where the domain has a verifier).
+    accuracy = dict(rows.filter(name="eval/accuracy").values_list("step", "value"))
+    assert set(accuracy) == evaluated
     best = eval_best(run=run)
-    assert best is not None and best["reward_mean"] == max(means.values())
+    assert best is not None and best["metric"] == "eval/accuracy" and best["value"] == max(accuracy.values())
     assert rows.filter(name="eval/best_version").exists()
     # Evaluation wrote nothing to the buffer: every experience came from an explore step.
     assert not run.experiences.exclude(metadata__has_key="step").exists()
 
     client.force_login(owner)
     page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
-    assert f'id="run-best-version" title="highest held-out eval/reward_mean">v{best["version"]}</strong>' in page
+    assert f'id="run-best-version" title="chosen by the highest held-out eval/accuracy">v{best["version"]}</strong>' in page
 
     storage = Path(celery_workers.env["RFT_STORAGE_DIR"])
     _wait(lambda: "eval/reward_mean" in tensorboard_scalars(storage / "tracking" / "tensorboard" / f"run-{run.pk}"),

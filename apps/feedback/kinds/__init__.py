@@ -107,6 +107,13 @@ class FeedbackKind:
     # A label for the reward model: it yields preference pairs, counts toward the learned
     # policy's retraining, and toward an annotator's day.
     labels: ClassVar[bool] = False
+    # How a label of this kind reaches the policy's training (apps.feedback.ledger): folded
+    # into its targets' rewards ("reward": any algorithm that trains on the model's own
+    # rollouts, unless the feedback mode is auto), as a preference pair of its targets
+    # ("preference": an algorithm that trains on pairs, DPO), as the expert experience it
+    # wrote ("expert": an algorithm whose batches take expert experiences, SFT and MIX), or
+    # not at all (None). Derived from `folds` when not set.
+    reaches: ClassVar[Literal["reward", "preference", "expert"] | None] = None
     # Its preference pairs come from the group's folded human rewards (ratings), not from
     # each row alone (`pairs`).
     pairs_by_fold: ClassVar[bool] = False
@@ -139,6 +146,14 @@ class FeedbackKind:
 
     def pair_ids(self, fb: Feedback) -> list[int]:
         """The experience ids its preference pairs need read (default: its targets)."""
+        return self.targets(fb)
+
+    def reaches_training(self) -> Literal["reward", "preference", "expert"] | None:
+        """How its labels reach the policy's training (`reaches`; folding kinds: "reward")."""
+        return self.reaches or ("reward" if self.folds else None)
+
+    def trained_ids(self, fb: Feedback) -> list[int]:
+        """The experience ids whose training carries the label (default: its targets)."""
         return self.targets(fb)
 
     def signals(self, fb: Feedback) -> Iterable[Signal]:

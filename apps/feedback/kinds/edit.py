@@ -41,6 +41,7 @@ class Edit(FeedbackKind):
     target = "experience"
     labels = True
     cli = True
+    reaches = "expert"
 
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         feedback: Feedback
@@ -66,6 +67,12 @@ class Edit(FeedbackKind):
                 status=Experience.Status.READY, filter_reason=""):
             return "its corrected completion is trainable again"
         return ""
+
+    def trained_ids(self, fb: Feedback) -> list[int]:
+        # What trains is the corrected completion, never the original.
+        value = self.parse(fb.value)
+        assert isinstance(value, EditValue)
+        return [value.expert_id]
 
     def pair_ids(self, fb: Feedback) -> list[int]:
         value = self.parse(fb.value)

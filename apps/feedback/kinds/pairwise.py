@@ -42,6 +42,8 @@ class Pairwise(FeedbackKind):
     nouns = ("A/B choice", "A/B choices")
     Value = PairwiseValue
     target = "pair"
+    # DPO trains on the pair (apps.feedback.selectors.preferences_among); it folds into no reward.
+    reaches = "preference"
     labels = True
     revisable = True
     api = True

@@ -126,6 +126,9 @@ class Command(BaseCommand):
 
         sub.add_parser("list", help="list the runs")
 
+        figures = sub.add_parser("figures", help="a run's evaluation series, best version and where its labels went")
+        figures.add_argument("run", type=int)
+
         fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
         fb.add_argument("run", type=int)
         fb.add_argument("kind", choices=kind_names(cli=True))
@@ -233,6 +236,30 @@ class Command(BaseCommand):
                 f"{run.pk}\t{run.status}\t{cfg.get('algorithm')}\t{cfg.get('mode')}\tv{run.current_version}\t"
                 f"step {run.train_step}\t{run.name}"
             )
+
+    def _figures(self, opts: dict[str, Any]) -> None:
+        """What the run page and its summary show, as text: each evaluation series under what it
+        measures (start -> end, best), the best version and the metric that chose it, and the
+        label ledger in all and per person."""
+        from apps.feedback.ledger import REASON_WORDS, run_ledger
+        from apps.runs.selectors import eval_best, eval_measures, metric_moves
+
+        run = Run.objects.filter(pk=opts["run"]).first()
+        if run is None:
+            raise CommandError(f"no run {opts['run']}")
+        write = self.stdout.write
+        moves = metric_moves(run=run, metrics=eval_measures(run=run))
+        write(f"run {run.pk} ({run.status}): held-out evaluation" + ("" if moves else ": none recorded"))
+        for m in moves:
+            write(f"  {m.label} [{m.name}]: {m.start:.3f} -> {m.end:.3f}, best {m.best:.3f} at step {m.best_step}")
+        best = eval_best(run=run)
+        if best is not None:
+            write(f"best version: v{best['version']}, chosen by {best['metric']} ({best['value']:.3f})")
+        ledger = run_ledger(run=run)
+        for who, c in [("all labels", ledger.run), *ledger.people.items()]:
+            reasons = "; ".join(f"{n} {REASON_WORDS[r]}" for r, n in c.unused_by.items() if n)
+            write(f"{who}: {c.total} labels: {c.trained} trained, {c.reward_model} taught the reward model only, "
+                  f"{c.pending} pending, {c.unused} unused" + (f" ({reasons})" if reasons else ""))
 
     # --- feedback -------------------------------------------------------------------------
 

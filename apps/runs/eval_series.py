@@ -1,0 +1,63 @@
+"""The held-out evaluation's series by what they measure (workers/evaluation.py records them):
+their names as people read them, which of them may choose a run's best version
+(`eval.best_by`), and which are bookkeeping rather than measurements.
+
+No Django: the config (pydantic) reads `best_by_check`, the pages and the API the labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PREFIX = "eval/"
+PREFERENCE = "preference/"
+
+# Series a best version can be chosen by, beside each preference's share.
+ACCURACY, REWARD_MEAN, FORMAT_SHARE = "accuracy", "reward_mean", "format_share"
+BEST_BY_FIXED = (ACCURACY, REWARD_MEAN, FORMAT_SHARE)
+
+# Names people read, by metric name. `eval/positive_share` holds what `eval/accuracy` meant
+# before the domain's verifier did (migration runs/0009 renamed the stored rows).
+LABELS: dict[str, str] = {
+    f"{PREFIX}{ACCURACY}": "accuracy (the domain's verifier)",
+    f"{PREFIX}{FORMAT_SHARE}": "format share (well-formed answers)",
+    f"{PREFIX}{REWARD_MEAN}": "evaluation reward mean",
+    f"{PREFIX}reward_std": "evaluation reward std",
+    f"{PREFIX}positive_share": "share scoring above 0 (older evaluations)",
+    f"{PREFIX}response_length": "evaluation response length",
+}
+# Bookkeeping of each evaluation: not a measurement of the answers.
+BOOKKEEPING = frozenset({f"{PREFIX}version", f"{PREFIX}tasks", f"{PREFIX}seconds", f"{PREFIX}best_version"})
+
+
+def metric_label(name: str) -> str:
+    """What a metric measures, in words (its name where it has no words of its own)."""
+    if name.startswith(PREFIX + PREFERENCE):
+        return f"preference share: {name.removeprefix(PREFIX + PREFERENCE)}"
+    return LABELS.get(name, name)
+
+
+def is_eval_measure(name: str) -> bool:
+    """An evaluation series that measures the answers (the summary shows each)."""
+    return name.startswith(PREFIX) and name not in BOOKKEEPING and name != f"{PREFIX}response_length"
+
+
+def best_by_choices(preferences: Sequence[str]) -> list[str]:
+    """What `eval.best_by` may name for a run measuring `preferences`."""
+    return [*BEST_BY_FIXED, *(f"{PREFERENCE}{name}" for name in preferences)]
+
+
+def best_by_check(best_by: str | None, preferences: Sequence[str]) -> None:
+    """ValueError naming the choices when `best_by` is none of them."""
+    choices = best_by_choices(preferences)
+    if best_by is not None and best_by not in choices:
+        hint = "" if not best_by.startswith(PREFERENCE) else " (a preference must be one of eval.preferences)"
+        raise ValueError(f"best_by must be one of {', '.join(choices)}{hint}")
+
+
+def best_by_metric(best_by: str | None, *, has_accuracy: bool) -> str:
+    """The metric that chooses the best version: the config's, else accuracy where the
+    evaluation has a verifier (an accuracy series), else the reward mean."""
+    if best_by is not None:
+        return f"{PREFIX}{best_by}"
+    return f"{PREFIX}{ACCURACY}" if has_accuracy else f"{PREFIX}{REWARD_MEAN}"

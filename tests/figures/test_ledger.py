@@ -1,0 +1,262 @@
+"""Issue 46, item 3: a ledger of every label. Labels given through the services every door
+calls, groups trained through the trainer's own commit (batch_commit_step), a label rejected
+on review, a group dropped, the run ended: each label lands in exactly one state, and the
+pages (annotation page, run page, summary), the API (run and label endpoints) and the CLI
+show the counts that are computed here again, independently, from the database rows.
+
+Old code had no ledger (every page said "0 late"); these fail there on the missing module."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import transaction
+from django.test import Client
+
+from apps.buffer.models import Experience
+from apps.buffer.services import batch_claim, batch_commit_step
+from apps.envapi.services import api_key_create
+from apps.feedback.bulk import experiences_bulk
+from apps.feedback.models import Feedback
+from apps.feedback.review import feedback_reject
+from apps.feedback.services import feedback_compare, feedback_edit, feedback_rate
+from apps.rewards.models import RewardModel
+from apps.runs.models import ModelVersion, Run
+from apps.runs.services import run_transition
+from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
+
+pytestmark = pytest.mark.django_db
+
+LATE_STATUSES = ("leased", "consumed", "filtered")
+
+
+def _group(run: Run, size: int = 2, status: str = "pending") -> list[Experience]:
+    return make_experiences(run, groups=1, group_size=size, status=status)
+
+
+def _train(run: Run, step: int, group: list[Experience]) -> None:
+    """As the trainer does: claim the group (ready, its hold over), commit step `step`, publish
+    a version."""
+    Experience.objects.filter(pk__in=[e.pk for e in group]).update(status="ready", reward=0.5, held_until=None)
+    claimed = batch_claim(run=run, worker="trainer", size=len(group), group_complete=True)
+    assert sorted(e.pk for e in claimed) == sorted(e.pk for e in group)
+    with transaction.atomic():
+        assert batch_commit_step(run=run, step=step, worker="trainer", ids=[e.pk for e in claimed], metrics={}) is None
+    ModelVersion.objects.create(run=run, number=step, checkpoint=f"/x/v{step}", train_step=step)
+
+
+@pytest.fixture
+def labelled(owner: User, annotator: User) -> dict[str, Any]:
+    """A GRPO run (blend) with a label in every state; returns the run and the ids by state."""
+    bob = make_user("bob")
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="ledger", total_steps=5,
+                   feedback={"mode": "blend"}, reward_model={"enabled": True})
+    add_member(run, annotator)
+    add_member(run, bob)
+    run_transition(run=run, action="start", actor=owner)
+    expect: dict[int, tuple[str, str]] = {}
+    # An A/B choice (GRPO trains on no pairs), then a reward-model version that read it.
+    g_pair = _group(run)
+    fb = feedback_compare(run=run, experience=g_pair[0], other=g_pair[1].pk, winner="a", author=bob)
+    expect[fb.pk] = ("reward_model", "")
+    RewardModel.objects.create(run=run, version=1, path="/x/rm1", base="b", seconds=0.0)
+    # Trained: rated, then its group trained in step 1 (v1).
+    g_trained = _group(run)
+    fb = feedback_rate(run=run, experience=g_trained[0], score=5, author=annotator)
+    expect[fb.pk] = ("trained", "")
+    _train(run, 1, g_trained)
+    # Late: rated after its group was trained.
+    fb = feedback_rate(run=run, experience=g_trained[1], score=2, author=bob)
+    assert fb.late
+    expect[fb.pk] = ("unused", "late")
+    # A correction in GRPO: saved as an expert experience that this run never trains.
+    fb, _expert = feedback_edit(run=run, author=annotator, experience=_group(run)[0], text="<answer>4</answer>")
+    expect[fb.pk] = ("unused", "algorithm")
+    # Rejected on review.
+    fb = feedback_rate(run=run, experience=_group(run)[0], score=1, author=bob)
+    feedback_reject(run=run, feedback_id=fb.pk, reviewer=owner)
+    expect[fb.pk] = ("unused", "rejected")
+    # Its group dropped by the owner (a filter).
+    g_dropped = _group(run)
+    fb = feedback_rate(run=run, experience=g_dropped[0], score=4, author=annotator)
+    experiences_bulk(run=run, user=owner, action="exclude", ids=[e.pk for e in g_dropped])
+    expect[fb.pk] = ("unused", "filtered")
+    # Pending: its group waits for labels; another's is in the queue for training.
+    fb = feedback_rate(run=run, experience=_group(run)[0], score=3, author=annotator)
+    expect[fb.pk] = ("pending", "waiting")
+    g_queued = _group(run)
+    fb = feedback_rate(run=run, experience=g_queued[0], score=3, author=bob)
+    Experience.objects.filter(pk__in=[e.pk for e in g_queued]).update(status="ready")
+    expect[fb.pk] = ("pending", "queued")
+    return {"run": run, "expect": expect, "bob": bob}
+
+
+def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
+    """Each label's state, derived here from the rows alone (what the ledger promises)."""
+    states: dict[int, tuple[str, str]] = {}
+    rm_reads = list(RewardModel.objects.filter(run=run).values_list("created_at", flat=True))
+    for fb in Feedback.objects.filter(run=run, kind__in=["rating", "ranking", "pairwise", "edit"]):
+        targets = [fb.value["expert_id"]] if fb.kind == "edit" else [i for i in (fb.experience_id, fb.other_id) if i]
+        exps = list(Experience.objects.filter(pk__in=targets))
+        trains_kind = fb.kind == "rating"  # GRPO in blend mode folds ratings only
+        if fb.review == "rejected":
+            states[fb.pk] = ("unused", "rejected")
+        elif trains_kind and not fb.late and any(e.trained_step is not None for e in exps):
+            states[fb.pk] = ("trained", "")
+        elif any(read >= fb.created_at for read in rm_reads):
+            states[fb.pk] = ("reward_model", "")
+        elif not trains_kind:
+            states[fb.pk] = ("unused", "algorithm")
+        elif fb.late:
+            states[fb.pk] = ("unused", "late")
+        elif any(e.status == "filtered" for e in exps):
+            states[fb.pk] = ("unused", "filtered")
+        elif run.status in ("finished", "failed", "stopped"):
+            states[fb.pk] = ("unused", "run_ended")
+        else:
+            status = {e.status for e in exps}
+            states[fb.pk] = ("pending", "training" if "leased" in status else "waiting" if "pending" in status
+                             else "queued")
+    return states
+
+
+def counts(states: dict[int, tuple[str, str]], ids: set[int] | None = None) -> Counter[str]:
+    return Counter(s for pk, (s, _) in states.items() if ids is None or pk in ids)
+
+
+def _api(run: Run, owner: User) -> Client:
+    _, raw = api_key_create(name="reader", runs=[run], actions=["read"], created_by=owner)
+    client = Client()
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {raw}"
+    return client
+
+
+def _page_counts(html: str, element_id: str) -> dict[str, int]:
+    block = re.search(rf'id="{element_id}".*?</div>', html, re.S)
+    assert block, f"no #{element_id} on the page"
+    return {k: int(v) for k, v in re.findall(r'data-ledger="(\w+)">(\d+)<', block.group(0))}
+
+
+def test_every_label_is_in_exactly_one_state(labelled: dict[str, Any], owner: User) -> None:
+    from apps.feedback.ledger import label_states, run_ledger
+
+    run, expect = labelled["run"], labelled["expect"]
+    derived = rows_ledger(run)
+    got = {pk: (s.state, s.reason) for pk, s in label_states(run=run).items()}
+    assert got == expect == derived
+    # Trained: step 1, in v1.
+    trained = next(s for s in label_states(run=run).values() if s.state == "trained")
+    assert (trained.step, trained.version, trained.text) == (1, 1, "trained in step 1, in v1")
+    # Per run and per person: each label counted once, the people adding up to the run.
+    ledger = run_ledger(run=run)
+    assert ledger.run.total == len(expect) == sum(c.total for c in ledger.people.values())
+    assert dict(counts(derived)) == {k: v for k, v in ledger.run.as_dict().items()
+                                     if k in ("trained", "reward_model", "pending", "unused") and v}
+
+
+def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], owner: User, annotator: User) -> None:
+    run, bob = labelled["run"], labelled["bob"]
+    derived = rows_ledger(run)
+    by_author = {u.get_username(): set(Feedback.objects.filter(run=run, author=u).values_list("pk", flat=True))
+                 for u in (annotator, bob)}
+    # The annotation page: the person's own labels and the run's.
+    client = Client()
+    client.force_login(annotator)
+    html = client.get(f"/runs/{run.pk}/annotate/").content.decode()
+    mine = counts(derived, by_author["annotator"])
+    assert _page_counts(html, "ledger-mine") == {"total": sum(mine.values()), "trained": mine["trained"],
+                                                 "reward_model": mine["reward_model"], "pending": mine["pending"],
+                                                 "unused": mine["unused"]}
+    everyone = counts(derived)
+    assert _page_counts(html, "ledger-run")["unused"] == everyone["unused"]
+    # The run page: the run's and each person's row, with why unused.
+    owner_client = Client()
+    owner_client.force_login(owner)
+    page = owner_client.get(f"/runs/{run.pk}/").content.decode()
+    assert _page_counts(page, "ledger-run") == {"total": len(derived), **{k: everyone[k] for k in
+                                                ("trained", "reward_model", "pending", "unused")}}
+    section = re.search(r'<section class="card run-ledger" id="run-ledger">.*?</section>', page, re.S)
+    assert section
+    row = re.search(r'<tr data-person="bob">(.*?)</tr>', section.group(0), re.S)
+    assert row
+    bobs = counts(derived, by_author["bob"])
+    assert re.findall(r'data-ledger="(\w+)">(\d+)<', row.group(1)) == [
+        ("total", str(sum(bobs.values()))), ("trained", str(bobs["trained"])),
+        ("reward_model", str(bobs["reward_model"])), ("pending", str(bobs["pending"])), ("unused", str(bobs["unused"]))]
+    reasons_of_bob = re.search(r'<p class="muted" data-person-unused="bob">(.*?)</p>', section.group(0), re.S)
+    assert reasons_of_bob
+    assert 'data-unused="late">1 came after its group was trained' in reasons_of_bob.group(1)
+    assert 'data-unused="rejected">1 rejected in review' in reasons_of_bob.group(1)
+    # The API: the run's ledger and each label's state.
+    api = _api(run, owner)
+    body = api.get(f"/api/v1/runs/{run.pk}/labels").json()
+    assert {k: body["run"][k] for k in ("trained", "reward_model", "pending", "unused")} == {
+        k: everyone[k] for k in ("trained", "reward_model", "pending", "unused")}
+    reasons = Counter(r for s, r in derived.values() if s == "unused")
+    assert body["run"]["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered", "run_ended")}
+    assert body["people"]["bob"]["total"] == len(by_author["bob"])
+    for pk, (state, reason) in derived.items():
+        got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
+        assert (got["state"], got["reason"]) == (state, reason), pk
+    assert api.get(f"/api/v1/runs/{run.pk}/feedback/999999999").status_code == 404
+    # The CLI.
+    out = StringIO()
+    call_command("rft", "figures", str(run.pk), stdout=out)
+    assert (f"all labels: {len(derived)} labels: {everyone['trained']} trained, {everyone['reward_model']} taught the "
+            f"reward model only, {everyone['pending']} pending, {everyone['unused']} unused") in out.getvalue()
+
+
+def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
+        labelled: dict[str, Any], owner: User, annotator: User) -> None:
+    run = labelled["run"]
+    pending = [pk for pk, (s, _) in labelled["expect"].items() if s == "pending"]
+    Experience.objects.filter(run=run, status__in=["pending", "ready"]).update(held_until="2099-01-01T00:00:00Z")
+    run_transition(run=run, action="stop", actor=owner)
+    assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
+    # An annotation page still open renews nothing on an ended run.
+    from apps.feedback.holds import holds_renew
+
+    assert holds_renew(run=Run.objects.get(pk=run.pk), annotator=annotator) == 0
+    assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
+    derived = rows_ledger(run)
+    assert all(derived[pk] == ("unused", "run_ended") for pk in pending)
+    # The summary says so, per run and per person, as the rows do.
+    client = Client()
+    client.force_login(owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    everyone = counts(derived)
+    assert _page_counts(html, "ledger-summary")["unused"] == everyone["unused"]
+    assert f'data-unused="run_ended"><span data-n>{len(pending)}</span> unused: the run ended before its group trained' in html
+    api = _api(run, owner)
+    assert api.get(f"/api/v1/runs/{run.pk}/labels").json()["run"]["unused_by"]["run_ended"] == len(pending)
+    # The end-of-run notification says the same.
+    from apps.control.notifications import end_message
+
+    body = end_message(run=run, state="stopped", reason="").body
+    assert (f"Where the labels went: {everyone['trained']} trained, {everyone['reward_model']} taught the reward "
+            f"model only, 0 pending, {everyone['unused']} unused") in body
+
+
+def test_a_correction_says_where_it_counts(owner: User, annotator: User) -> None:
+    """GRPO does not train on expert experiences: the saved panel says so, never "saved as
+    expert experience" alone; SFT does, and says so."""
+    for algorithm, words in (("grpo", "not trained by this run: grpo does not train on corrections: they count in "
+                                      "an SFT or MIX run, or an export (sft.jsonl)"),
+                             ("sft", "this run&#x27;s sft batches train on it")):
+        extra: dict[str, Any] = {"repeat_times": 1} if algorithm == "sft" else {}
+        run = make_run(owner=owner, taskset=make_taskset(owner=owner), algorithm=algorithm, feedback={"mode": "blend"},
+                       **extra)
+        add_member(run, annotator)
+        run_transition(run=run, action="start", actor=owner)
+        e = _group(run)[0]
+        client = Client()
+        client.force_login(annotator)
+        html = client.post(f"/runs/{run.pk}/annotate/experiences/{e.pk}/edit/", {"text": "<answer>4</answer>"},
+                           HTTP_HX_REQUEST="true").content.decode()
+        assert "Saved as expert experience #" in html and words in html, html
