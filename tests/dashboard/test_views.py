@@ -203,3 +203,12 @@ def test_an_export_downloads_as_streamed_jsonl(client_of, owner: User, run: Run)
     assert len(rows) == 3 and all(set(r) == {"prompt", "chosen", "rejected"} for r in rows)
     assert client_of(owner).get(f"/runs/{run.pk}/export/ppo.jsonl").status_code == 400
     assert client_of(owner).get(f"/runs/{run.pk}/export/sft.jsonl?min_reward=high").status_code == 400
+
+
+def test_the_browsers_favicon_request_finds_the_icon(client: Client) -> None:
+    # Every browser asks for /favicon.ico; the newcomer crawl found it a 404 in the console.
+    from django.contrib.staticfiles import finders
+
+    answer = client.get("/favicon.ico")
+    assert answer.status_code == 301 and answer["Location"] == "/static/rftweb/favicon.svg"
+    assert finders.find("rftweb/favicon.svg")  # served as every static file is
