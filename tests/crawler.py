@@ -91,17 +91,21 @@ HARVEST = """
 # htmx controls whose target is not on the page (htmx:targetError when used): checked on every
 # page, so a control needs clicking once only, not on every page it appears on.
 MISSING_TARGETS = """
-() => Array.from(document.querySelectorAll('[hx-get], [hx-post], [hx-put], [hx-patch], [hx-delete]')).flatMap((el) => {
-  const holder = el.closest('[hx-target]');
-  const target = holder ? holder.getAttribute('hx-target').trim() : '';
-  if (!target || target === 'this' || /^(closest|find|next|previous|body|window|document)\\b/.test(target)) return [];
-  let found = null;
-  try { found = document.querySelector(target); } catch (e) { return ['bad selector ' + target]; }
-  if (found) return [];
-  const url = el.getAttribute('hx-get') || el.getAttribute('hx-post') || el.getAttribute('hx-put') || el.getAttribute('hx-patch') || el.getAttribute('hx-delete');
-  const label = (el.innerText || el.id || el.className || '').trim().replace(/\\s+/g, ' ').slice(0, 30);
-  return ['htmx control \\'' + label + '\\' (' + url + ') targets ' + target + ', which is not on the page'];
-})
+() => {
+  const missing = {};
+  for (const el of document.querySelectorAll('[hx-get], [hx-post], [hx-put], [hx-patch], [hx-delete]')) {
+    const holder = el.closest('[hx-target]');
+    const target = holder ? holder.getAttribute('hx-target').trim() : '';
+    if (!target || target === 'this' || /^(closest|find|next|previous|body|window|document)\\b/.test(target)) continue;
+    let found = null;
+    try { found = document.querySelector(target); } catch (e) { found = null; }
+    if (found) continue;
+    const what = el.tagName === 'FORM' ? 'form.' + el.className : (el.innerText || el.className || '').trim().replace(/\\s+/g, ' ').slice(0, 30);
+    (missing[target] = missing[target] || []).push(what);
+  }
+  return Object.entries(missing).map(([target, els]) =>
+    'htmx target ' + target + ' is not on the page (for \\'' + els[0] + '\\'' + (els.length > 1 ? ' and others' : '') + ')');
+}
 """
 
 # How far the document sticks out sideways, and the elements that stick out the most.
@@ -209,7 +213,8 @@ class Crawl:
                 if "destroyed" not in str(exc) and "navigat" not in str(exc):
                     raise
 
-    def check(self, where: str, *, status: int | None = None, link: bool = False, sent_to: str = "") -> None:
+    def check(self, where: str, *, status: int | None = None, link: bool = False, sent_to: str = "",
+              targets: bool = False) -> None:
         """Everything that can be wrong with the page now shown. `sent_to`: the path a form
         was just sent to, whose 4xx (the form with its errors) the browser logs as a console
         error that is no fault (an htmx form's 4xx is: htmx shows nothing, htmx:responseError)."""
@@ -228,8 +233,9 @@ class Crawl:
         wide = self.page.evaluate(OVERFLOW)
         if wide:
             self._fail(where, f"scrolls sideways: {wide}")
-        for missing in dict.fromkeys(self.page.evaluate(MISSING_TARGETS)):
-            self._fail(where, missing)
+        if targets:
+            for missing in self.page.evaluate(MISSING_TARGETS):
+                self._fail(where, missing)
 
     def run(self, start: str = "/") -> None:
         pages: deque[tuple[str, str]] = deque([(self.base + start, "start")])
@@ -268,7 +274,7 @@ class Crawl:
             return
         self.settle()
         self.visited.append(f"{path}  <- {via}")
-        self.check(path, status=response.status if response else None, link=True)
+        self.check(path, status=response.status if response else None, link=True, targets=True)
         self._harvest(url, pages, actions, seen, done_actions)
 
     def _download(self, url: str, via: str) -> None:
@@ -367,7 +373,7 @@ def failure_report(crawls: list[Crawl]) -> list[str]:
 
 def _ids(text: str) -> str:
     """Ids in paths, element ids and labels (/runs/1/, #item-7, 'compare with #12') as {n}."""
-    return re.sub(r"(?<=[/#-])\d+(?=[/\s'),.?]|$)", "{n}", text)
+    return re.sub(r"(?<=[/#=-])\d+(?=[/\s'),.?&:]|$)", "{n}", text)
 
 
 def visit_report(crawls: list[Crawl]) -> str:
