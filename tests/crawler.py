@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urldefrag, urlsplit
@@ -184,7 +185,8 @@ class Crawl:
         source = (msg.location or {}).get("url", "")
         # htmx logs each error event to the console too: the event itself is reported, with more.
         if msg.type == "error" and not source.endswith("/htmx.min.js"):
-            self.events.append(f"console error: {msg.text[:300]}" + (f" ({source.removeprefix(self.base)})" if source else ""))
+            at = f" ({source.removeprefix(self.base)})" if source else ""
+            self.events.append(f"console error: {msg.text[:300]}{at}")
 
     def _response(self, response: Any) -> None:
         if response.url.startswith(self.base) and response.status >= 500:
@@ -218,7 +220,8 @@ class Crawl:
         """Everything that can be wrong with the page now shown. `sent_to`: the path a form
         was just sent to, whose 4xx (the form with its errors) the browser logs as a console
         error that is no fault (an htmx form's 4xx is: htmx shows nothing, htmx:responseError)."""
-        answered = re.compile(rf"^console error: Failed to load resource: .* status of 4\d\d .*\({re.escape(sent_to)}\)$")
+        answered = re.compile(rf"^console error: Failed to load resource: .* status of 4\d\d .*"
+                              rf"\({re.escape(sent_to)}\)$")
         for event in self._drain():
             if not (sent_to and answered.match(event)):
                 self._fail(where, event)
@@ -249,14 +252,23 @@ class Crawl:
                 if len(self.visited) >= PAGE_CAP:
                     self._fail(url, f"the crawl's page cap ({PAGE_CAP}) is reached: raise it")
                     break
-                self._open(url, via, pages, actions, seen, done_actions)
+                self._guarded(url, lambda: self._open(url, via, pages, actions, seen, done_actions))
             else:
                 action = actions.popleft()
                 if acted >= ACTION_CAP:
                     self._fail(action.url, f"the crawl's action cap ({ACTION_CAP}) is reached: raise it")
                     break
                 acted += 1
-                self._act(action, pages, seen)
+                self._guarded(action.describe(), lambda: self._act(action, pages, seen))
+
+    def _guarded(self, where: str, step: Callable[[], None]) -> None:
+        """One page or action; a browser error (a timeout, a page that never settles) is a
+        failure of that step, and the crawl goes on with the next."""
+        try:
+            step()
+        except Exception as exc:
+            first_line = str(exc).splitlines()[0][:200]
+            self._fail(where.removeprefix(self.base), f"the crawl could not finish it: {first_line}")
 
     def _open(self, url: str, via: str, pages: deque[tuple[str, str]], actions: deque[Action], seen: set[str],
               done_actions: set[tuple[str, ...]]) -> None:
@@ -344,7 +356,8 @@ class Crawl:
                 """(i) => { const el = document.querySelectorAll('[hx-get], [hx-post]')[i]; if (!el) return 'gone';
                    el.click(); return 'htmx'; }""", action.index)
         if outcome in ("gone", "blocked"):
-            self.visited.append(f"{where}: not sent ({'a required field is empty' if outcome == 'blocked' else 'not on the page again'})")
+            why = "a required field is empty" if outcome == "blocked" else "not on the page again"
+            self.visited.append(f"{where}: not sent ({why})")
             self.check(where)
             return
         self.settle()

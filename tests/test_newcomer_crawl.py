@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
@@ -59,10 +59,16 @@ def newcomer_database(env: dict[str, str]) -> Iterator[None]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class Served(NamedTuple):
+    url: str
+    run_path: str  # the demo run's page
+    log: Path  # rft_serve's output
+
+
 @pytest.fixture(scope="module")
-def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[tuple[str, str]]:
+def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[Served]:
     """`make run`'s commands on a fresh var directory (the tests' cached demo model, which
-    rft_demo finds up to date); yields the server's URL and the demo run's page."""
+    rft_demo finds up to date)."""
     var = tmp_path_factory.mktemp("newcomer-var")
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
     env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(demo_model_dir), OMP_NUM_THREADS="1",
@@ -81,7 +87,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> 
         try:
             if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
                 pytest.fail(f"rft_serve did not answer: {log.read_text()[-3000:]}")
-            yield url, f"/runs/{demo.group(1)}/"
+            yield Served(url, f"/runs/{demo.group(1)}/", log)
         finally:
             stop(server, timeout=30)
 
@@ -176,11 +182,14 @@ def crawl_everyone(browser: Any, base: str, run_path: str) -> list[Crawl]:
 
 
 @pytest.mark.timeout(900)
-def test_a_newcomer_crawl_of_every_page_as_everyone(browser: Any, make_run: tuple[str, str]) -> None:
+def test_a_newcomer_crawl_of_every_page_as_everyone(browser: Any, make_run: Served) -> None:
     started = time.monotonic()
-    crawls = crawl_everyone(browser, *make_run)
+    crawls = crawl_everyone(browser, make_run.url, make_run.run_path)
     print(visit_report(crawls))
     print(f"{time.monotonic() - started:.0f} s from the first login to the end of the crawl; "
           f"{sum(len(c.visited) for c in crawls)} pages and actions")
     failures = failure_report(crawls)
-    assert not failures, f"{len(failures)} problems a newcomer meets:\n" + "\n".join(failures)
+    answered_5xx = any(re.search(r"\b5\d\d\b", f) for f in failures)
+    server_errors = make_run.log.read_text(errors="replace")[-4000:] if answered_5xx else ""
+    assert not failures, (f"{len(failures)} problems a newcomer meets:\n" + "\n".join(failures)
+                          + (f"\n\nrft_serve's log ends:\n{server_errors}" if server_errors else ""))
