@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -38,6 +39,8 @@ urlpatterns = [
     path("health/", include("apps.control.health_urls")),
     # Readiness: 503 naming Postgres or Redis when either is unreachable (/health/ is liveness).
     path("ready/", control_views.ready, name="ready"),
+    # Browsers ask for /favicon.ico on every site (a 404 in each page's console otherwise).
+    path("favicon.ico", RedirectView.as_view(url="/" + settings.STATIC_URL.strip("/") + "/rftweb/favicon.svg", permanent=True)),
     # Before the environment API's own routes: OpenAI clients take this as their base URL.
     path("api/v1/runs/<int:run_id>/openai/v1/", include(openai_api.urlpatterns)),
     path("api/v1/", api.urls),

@@ -19,6 +19,7 @@ WHOLE_PACKAGES = ("tests/learning/",)
 # running one of them alone at the end (the rest, in collection order, take 70 s or less).
 # Seconds summed from --durations=0 of a -n 2 run (2026-11-25, load 4-39; 4159 s in all).
 FIRST: tuple[str, ...] = (
+    "tests/test_newcomer_crawl.py",  # 453 (2026-11-26, alone, load 15-17: set-up 58, crawl 383)
     "tests/trainer/test_learner_group_task.py",  # 418
     "tests/test_bench_smokes.py",  # 339 (builds the demo model first, if no cache has it)
     "tests/learning/",  # 285

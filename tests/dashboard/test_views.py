@@ -219,3 +219,12 @@ def test_form_errors_are_plain_words_naming_the_field(client_of, owner: User) ->
     assert "Top p must be at most 1" in field_block(html, "sampling.top_p")
     for pydantic_words in ("Input should", "Field required", "valid integer", "greater than or equal", "less than or equal"):
         assert pydantic_words not in html
+
+
+def test_the_browsers_favicon_request_finds_the_icon(client: Client) -> None:
+    # Every browser asks for /favicon.ico; the newcomer crawl found it a 404 in the console.
+    from django.contrib.staticfiles import finders
+
+    answer = client.get("/favicon.ico")
+    assert answer.status_code == 301 and answer["Location"] == "/static/rftweb/favicon.svg"
+    assert finders.find("rftweb/favicon.svg")  # served as every static file is

@@ -54,6 +54,15 @@ def test_the_owner_sees_agreement_and_each_rater_on_the_raters_page(rated_run: R
     assert labels and labels.group(1) == "7"
 
 
+def test_the_raters_link_shows_only_where_the_page_opens(rated_run: Run, owner: User, annotator: User) -> None:
+    # The newcomer crawl (tests/test_newcomer_crawl.py) found the reward-model panel linking
+    # annotators and viewers to the owner's raters page: a link to a 403.
+    link = f'href="/runs/{rated_run.pk}/signal/raters/"'
+    for path in (f"/runs/{rated_run.pk}/", f"/runs/{rated_run.pk}/signal/reward-model/"):
+        assert link in _client(owner).get(path).content.decode()
+        assert link not in _client(annotator).get(path).content.decode()
+
+
 def test_only_the_owner_sees_raters(rated_run: Run, annotator: User, outsider: User) -> None:
     assert _client(annotator).get(f"/runs/{rated_run.pk}/signal/raters/").status_code == 403
     assert _client(outsider).get(f"/runs/{rated_run.pk}/signal/raters/").status_code == 404

@@ -1,0 +1,399 @@
+"""A breadth-first crawl of the site as one person at one width, in a real Chromium: every
+same-origin link reachable from where it starts, every form (with the values it shows) and
+every htmx control on those pages, except the ones `destructive` names. What it looks for on
+each page and after each action: a 5xx anywhere (the page, a partial, a download), a linked
+page that answers 4xx, Django's debug page, a console error, an uncaught exception, an htmx
+error event, and a page wider than the window.
+
+A page is covered because a link leads to it: nothing here lists the site's pages. Numeric
+ids (and long tokens) in a path collapse, so /runs/1/experiences/57/ and /58/ count once, and
+a query counts by its keys; each person and width stops at `PAGE_CAP` pages and `ACTION_CAP`
+actions, and reaching a cap is itself a failure (the cap is raised, nothing is skipped
+silently)."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urldefrag, urlsplit
+
+PAGE_CAP = 150
+ACTION_CAP = 120
+
+# What a crawl never does: log out (the crawl would lose its person), change a run's
+# lifecycle (/control/: start, pause, stop, cancel; the run's own tests do that), or take
+# something away (delete, remove, revoke, reject, withdraw/undo a label, unmark gold,
+# deactivate an account). Everything else is sent as the page shows it: a filter with its
+# defaults, an empty "add person" (a form error), "Invite" (a one-time link), a copy of a run
+# ("Create run" makes a draft), "Revise" (the label goes back to the queue).
+# Matched against a form's action URL and its button's words, or an htmx control's URL and words.
+DESTRUCTIVE = re.compile(
+    r"log ?out|/logout/|/control/|\b(delete|remove|revoke|reject|withdraw|undo|unmark|deactivate)", re.IGNORECASE)
+# Paths the crawl does not follow: static assets (the pages' own loads check them), Django's
+# stock admin past its index (its add/change/delete forms are Django's, not this project's).
+SKIP_PATH = re.compile(r"^/static/|^/admin/.+")
+DOWNLOAD = re.compile(r"\.(jsonl|json|zip|csv|txt|yaml|yml|tar|gz)$|/download/$")
+# Django's technical 404 and 500 pages (DEBUG on): what a person must never be shown.
+DEBUG_MARKERS = ("You’re seeing this error because you have", "You're seeing this error because you have",
+                 "Using the URLconf defined in", 'id="traceback"', "Django Version:")
+
+# Loaded before every document: htmx's error events and requests in flight reported to the
+# test (window.__crawlReport is a binding, so a report survives the navigation that follows).
+INIT_SCRIPT = """
+(() => {
+  const state = {inflight: 0};
+  window.__crawl = state;
+  const report = (text) => { try { window.__crawlReport(text); } catch (e) {} };
+  const describe = (e) => {
+    const d = e.detail || {};
+    const path = (d.pathInfo && d.pathInfo.requestPath) || (d.requestConfig && d.requestConfig.path) || '';
+    const status = d.xhr ? ' ' + d.xhr.status : '';
+    const target = typeof d.target === 'string' ? ' target ' + d.target : '';
+    return e.type + status + (path ? ' ' + path : '') + target;
+  };
+  for (const name of ['htmx:responseError', 'htmx:targetError', 'htmx:swapError', 'htmx:sendError',
+                      'htmx:onLoadError', 'htmx:oobErrorNoTarget', 'htmx:historyCacheMissLoadError',
+                      'htmx:timeout']) {
+    document.addEventListener(name, (e) => report(describe(e)), true);
+  }
+  document.addEventListener('htmx:beforeRequest', () => { state.inflight++; }, true);
+  document.addEventListener('htmx:afterRequest', () => { state.inflight = Math.max(0, state.inflight - 1); }, true);
+  // A native submit (one htmx did not take over) leaves the page: the test waits for the next one.
+  window.addEventListener('submit', (e) => { if (!e.defaultPrevented) state.navigating = true; });
+})();
+"""
+
+# The page's links, forms and htmx controls, as plain data (each form and control by its index
+# among its kind, found again by that index after a reload of the same page).
+HARVEST = """
+() => {
+  const text = (el) => (el.innerText || el.value || el.getAttribute('aria-label') || el.title || '').trim().replace(/\\s+/g, ' ').slice(0, 40);
+  const links = Array.from(document.querySelectorAll('a[href]')).map((a) => ({href: a.href, text: text(a)}));
+  const forms = Array.from(document.forms).map((f, i) => {
+    const button = f.querySelector('button:not([type=button]):not([type=reset]), input[type=submit]');
+    return {index: i, method: (f.getAttribute('method') || 'get').toLowerCase(), action: f.action,
+            hx: !!(f.getAttribute('hx-post') || f.getAttribute('hx-get') || f.getAttribute('hx-put') || f.getAttribute('hx-delete')),
+            // A person sends a form with its button, or with Enter in its one text field.
+            button: !!button || f.querySelectorAll('input:not([type=hidden]):not([type=checkbox]):not([type=radio]):not([type=file])').length === 1,
+            label: button ? text(button) : '', id: f.id || f.className || ''};
+  });
+  const controls = Array.from(document.querySelectorAll('[hx-get], [hx-post]')).map((el, i) => ({
+    index: i, url: new URL(el.getAttribute('hx-get') || el.getAttribute('hx-post'), location.href).href,
+    post: el.hasAttribute('hx-post'), form: el.tagName === 'FORM',
+    clickable: !el.getAttribute('hx-trigger') || /(^|[ ,])click/.test(el.getAttribute('hx-trigger')),
+    label: text(el), tag: el.tagName.toLowerCase()}));
+  return {links, forms, controls};
+}
+"""
+
+# htmx controls whose target is not on the page (htmx:targetError when used): checked on every
+# page, so a control needs clicking once only, not on every page it appears on.
+MISSING_TARGETS = """
+() => {
+  const missing = {};
+  for (const el of document.querySelectorAll('[hx-get], [hx-post], [hx-put], [hx-patch], [hx-delete]')) {
+    const holder = el.closest('[hx-target]');
+    const target = holder ? holder.getAttribute('hx-target').trim() : '';
+    if (!target || target === 'this' || /^(closest|find|next|previous|body|window|document)\\b/.test(target)) continue;
+    let found = null;
+    try { found = document.querySelector(target); } catch (e) { found = null; }
+    if (found) continue;
+    const what = el.tagName === 'FORM' ? 'form.' + el.className : (el.innerText || el.className || '').trim().replace(/\\s+/g, ' ').slice(0, 30);
+    (missing[target] = missing[target] || []).push(what);
+  }
+  return Object.entries(missing).map(([target, els]) =>
+    'htmx target ' + target + ' is not on the page (for \\'' + els[0] + '\\'' + (els.length > 1 ? ' and others' : '') + ')');
+}
+"""
+
+# How far the document sticks out sideways, and the elements that stick out the most.
+OVERFLOW = """
+() => {
+  const root = document.documentElement;
+  const over = root.scrollWidth - root.clientWidth;
+  if (over <= 1) return null;
+  const wide = Array.from(document.querySelectorAll('body *'))
+    .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 1)
+    .sort((a, b) => b.getBoundingClientRect().right - a.getBoundingClientRect().right)
+    .slice(0, 3)
+    .map((e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className && typeof e.className === 'string' ? '.' + e.className.trim().split(/\\s+/).join('.') : '') + ' ' + Math.round(e.getBoundingClientRect().right) + 'px');
+  return over + ' px wider than the window (' + wide.join(', ') + ')';
+}
+"""
+
+
+def pattern(url: str) -> str:
+    """The URL with its ids collapsed (every run of digits, and any long token with a digit in
+    it) and its query reduced to its keys: one page of its kind."""
+    parts = urlsplit(url)
+    segments = ["{id}" if len(s) >= 16 and re.search(r"\d", s) else re.sub(r"\d+", "{n}", s)
+                for s in parts.path.split("/")]
+    keys = sorted({key for key, _ in parse_qsl(parts.query, keep_blank_values=True)})
+    return "/".join(segments) + ("?" + "&".join(keys) if keys else "")
+
+
+def destructive(*words: str) -> bool:
+    return any(DESTRUCTIVE.search(w) for w in words if w)
+
+
+@dataclass
+class Action:
+    """A form to submit or an htmx control to click, on the page `url`."""
+
+    kind: str  # "form" or "control"
+    url: str
+    index: int
+    target: str
+    label: str
+    hx: bool = False
+    method: str = "get"
+
+    def describe(self) -> str:
+        what = f"{self.method.upper()} form" if self.kind == "form" else "htmx control"
+        return f"{what} '{self.label}' -> {urlsplit(self.target).path} on {urlsplit(self.url).path}"
+
+
+@dataclass
+class Crawl:
+    """One person's crawl at one width: what it opened and what went wrong."""
+
+    context: Any  # the person's own Playwright browser context (logged in or not)
+    base: str
+    person: str
+    width: int
+    visited: list[str] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (where, what)
+    skipped: dict[str, None] = field(default_factory=dict)  # the actions not taken, once each
+    events: list[str] = field(default_factory=list)
+    reports: list[str] = field(default_factory=list)
+    page: Any = None
+
+    def __post_init__(self) -> None:
+        self.context.expose_binding("__crawlReport", lambda source, text: self.reports.append(str(text)))
+        self.context.add_init_script(INIT_SCRIPT)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(30_000)
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda exc: self.events.append(f"uncaught exception: {str(exc)[:300]}"))
+        self.page.on("response", self._response)
+        self.page.on("dialog", lambda dialog: dialog.accept())
+
+    def _console(self, msg: Any) -> None:
+        source = (msg.location or {}).get("url", "")
+        # htmx logs each error event to the console too: the event itself is reported, with more.
+        if msg.type == "error" and not source.endswith("/htmx.min.js"):
+            at = f" ({source.removeprefix(self.base)})" if source else ""
+            self.events.append(f"console error: {msg.text[:300]}{at}")
+
+    def _response(self, response: Any) -> None:
+        if response.url.startswith(self.base) and response.status >= 500:
+            self.events.append(f"{response.status} from {response.request.method} {urlsplit(response.url).path}")
+
+    def _drain(self) -> list[str]:
+        found = [*self.events, *self.reports]
+        self.events.clear()
+        self.reports.clear()
+        # One line per distinct problem (htmx logs its error events to the console as well).
+        return list(dict.fromkeys(found))
+
+    def _fail(self, where: str, what: str) -> None:
+        self.failures.append((where, what))
+
+    def settle(self) -> None:
+        """Until the document has loaded and no htmx request is in flight."""
+        for _ in range(5):
+            try:
+                self.page.wait_for_load_state("load")
+                self.page.wait_for_function(
+                    "() => window.__crawl && window.__crawl.inflight === 0 && document.readyState === 'complete'",
+                    polling=100, timeout=30_000)
+                return
+            except Exception as exc:  # a navigation replaced the document while we waited
+                if "destroyed" not in str(exc) and "navigat" not in str(exc):
+                    raise
+
+    def check(self, where: str, *, status: int | None = None, link: bool = False, sent_to: str = "",
+              targets: bool = False) -> None:
+        """Everything that can be wrong with the page now shown. `sent_to`: the path a form
+        was just sent to, whose 4xx (the form with its errors) the browser logs as a console
+        error that is no fault (an htmx form's 4xx is: htmx shows nothing, htmx:responseError)."""
+        answered = re.compile(rf"^console error: Failed to load resource: .* status of 4\d\d .*"
+                              rf"\({re.escape(sent_to)}\)$")
+        for event in self._drain():
+            if not (sent_to and answered.match(event)):
+                self._fail(where, event)
+        if status is not None and status >= 500:
+            self._fail(where, f"answers {status}")
+        elif status is not None and link and status >= 400:
+            self._fail(where, f"a link leads to a {status}")
+        html = self.page.content()
+        marker = next((m for m in DEBUG_MARKERS if m in html), None)
+        if marker:
+            self._fail(where, f"Django's debug page ({marker!r})")
+        wide = self.page.evaluate(OVERFLOW)
+        if wide:
+            self._fail(where, f"scrolls sideways: {wide}")
+        if targets:
+            for missing in self.page.evaluate(MISSING_TARGETS):
+                self._fail(where, missing)
+
+    def run(self, start: str = "/") -> None:
+        pages: deque[tuple[str, str]] = deque([(self.base + start, "start")])
+        actions: deque[Action] = deque()
+        seen: set[str] = {pattern(self.base + start)}
+        done_actions: set[tuple[str, ...]] = set()
+        acted = 0
+        while pages or actions:
+            if pages:
+                url, via = pages.popleft()
+                if len(self.visited) >= PAGE_CAP:
+                    self._fail(url, f"the crawl's page cap ({PAGE_CAP}) is reached: raise it")
+                    break
+                self._guarded(url, lambda: self._open(url, via, pages, actions, seen, done_actions))
+            else:
+                action = actions.popleft()
+                if acted >= ACTION_CAP:
+                    self._fail(action.url, f"the crawl's action cap ({ACTION_CAP}) is reached: raise it")
+                    break
+                acted += 1
+                self._guarded(action.describe(), lambda: self._act(action, pages, seen))
+
+    def _guarded(self, where: str, step: Callable[[], None]) -> None:
+        """One page or action; a browser error (a timeout, a page that never settles) is a
+        failure of that step, and the crawl goes on with the next."""
+        try:
+            step()
+        except Exception as exc:
+            first_line = str(exc).splitlines()[0][:200]
+            self._fail(where.removeprefix(self.base), f"the crawl could not finish it: {first_line}")
+
+    def _open(self, url: str, via: str, pages: deque[tuple[str, str]], actions: deque[Action], seen: set[str],
+              done_actions: set[tuple[str, ...]]) -> None:
+        path = url[len(self.base):] or "/"
+        if DOWNLOAD.search(urlsplit(url).path):
+            self._download(url, via)
+            return
+        try:
+            response = self.page.goto(url, wait_until="load")
+        except Exception as exc:
+            if "Download is starting" in str(exc):
+                self._download(url, via)
+                return
+            self._fail(path, f"could not be opened ({str(exc).splitlines()[0][:200]})")
+            return
+        self.settle()
+        self.visited.append(f"{path}  <- {via}")
+        self.check(path, status=response.status if response else None, link=True, targets=True)
+        self._harvest(url, pages, actions, seen, done_actions)
+
+    def _download(self, url: str, via: str) -> None:
+        path = url[len(self.base):]
+        response = self.page.request.get(url)
+        self.visited.append(f"{path}  <- {via} (download, {response.status})")
+        if response.status >= 400:
+            self._fail(path, f"a download link answers {response.status}")
+
+    def _harvest(self, url: str, pages: deque[tuple[str, str]], actions: deque[Action], seen: set[str],
+                 done_actions: set[tuple[str, ...]]) -> None:
+        found = self.page.evaluate(HARVEST)
+        here = urlsplit(self.page.url).path
+        for link in found["links"]:
+            href = urldefrag(link["href"]).url
+            if not href.startswith(self.base) or urlsplit(href).scheme not in ("http", "https"):
+                continue
+            target = urlsplit(href).path
+            if SKIP_PATH.search(target) or destructive(target):
+                continue
+            key = pattern(href)
+            if key not in seen:
+                seen.add(key)
+                pages.append((href, f"link '{link['text']}' on {here}"))
+        for form in found["forms"]:
+            if not form["button"]:
+                continue  # nothing a person can send it with (a read-only view of a form, for a viewer)
+            self._plan(Action("form", self.page.url, form["index"], form["action"], form["label"] or form["id"],
+                              form["hx"], form["method"]), actions, done_actions)
+        for control in found["controls"]:
+            if control["clickable"] and not control["form"]:
+                self._plan(Action("control", self.page.url, control["index"], control["url"], control["label"],
+                                  True, "post" if control["post"] else "get"), actions, done_actions)
+
+    def _plan(self, action: Action, actions: deque[Action], done_actions: set[tuple[str, ...]]) -> None:
+        if action.method == "dialog" or not action.target.startswith(self.base):
+            return
+        # A GET (a filter, a sort, a refresh) counts once per kind of page it asks for; a POST
+        # once per button too (accept and reject post to one URL).
+        # Once wherever it shows (check() finds a control whose target is missing on any page).
+        key = (action.kind, pattern(action.target), action.label if action.method == "post" else "")
+        if key in done_actions:
+            return
+        done_actions.add(key)
+        if destructive(urlsplit(action.target).path, action.label):
+            self.skipped[action.describe()] = None
+            return
+        actions.append(action)
+
+    def _act(self, action: Action, pages: deque[tuple[str, str]], seen: set[str]) -> None:
+        """Open the action's page afresh, then submit the form with the values it shows, or
+        click the control, as a person would; then check what it led to."""
+        where = action.describe()
+        self.page.goto(action.url, wait_until="load")
+        self.settle()
+        self._drain()  # the page itself was checked when it was opened
+        if action.kind == "form":
+            outcome = self.page.evaluate(
+                """(i) => { const f = document.forms[i]; if (!f) return 'gone';
+                   if (!f.checkValidity()) return 'blocked';
+                   window.__crawl.navigating = false;
+                   const b = f.querySelector('button:not([type=button]):not([type=reset]), input[type=submit]');
+                   f.requestSubmit(b || undefined); return window.__crawl.navigating ? 'navigating' : 'htmx'; }""",
+                action.index)
+        else:
+            outcome = self.page.evaluate(
+                """(i) => { const el = document.querySelectorAll('[hx-get], [hx-post]')[i]; if (!el) return 'gone';
+                   el.click(); return 'htmx'; }""", action.index)
+        if outcome in ("gone", "blocked"):
+            why = "a required field is empty" if outcome == "blocked" else "not on the page again"
+            self.visited.append(f"{where}: not sent ({why})")
+            self.check(where)
+            return
+        self.settle()
+        self.visited.append(f"{where}: sent, now on {urlsplit(self.page.url).path}")
+        self.check(where, sent_to=urlsplit(action.target).path if action.kind == "form" else "")
+        landed = self.page.url
+        if action.method == "post" and urlsplit(landed).path == urlsplit(action.target).path:
+            return  # the POST's own answer (a form with its errors): not a page to GET
+        if landed.startswith(self.base) and pattern(landed) not in seen and not SKIP_PATH.search(urlsplit(landed).path):
+            seen.add(pattern(landed))
+            pages.append((landed, f"after {where}"))
+
+
+def failure_report(crawls: list[Crawl]) -> list[str]:
+    """Every failure of every crawl, one line per problem and kind of page (numbers collapsed),
+    naming the people and widths that met it."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for crawl in crawls:
+        for where, what in crawl.failures:
+            key = (_ids(where), _ids(what))
+            who = f"{crawl.person}@{crawl.width}"
+            if who not in grouped.setdefault(key, []):
+                grouped[key].append(who)
+    return [f"{where}: {what}  [{', '.join(who)}]" for (where, what), who in grouped.items()]
+
+
+def _ids(text: str) -> str:
+    """Ids in paths, element ids and labels (/runs/1/, #item-7, 'compare with #12') as {n}."""
+    return re.sub(r"(?<=[/#=-])\d+(?=[/\s'),.?&:]|$)", "{n}", text)
+
+
+def visit_report(crawls: list[Crawl]) -> str:
+    lines = []
+    for crawl in crawls:
+        lines.append(f"== {crawl.person} at {crawl.width} px: {len(crawl.visited)} pages and actions, "
+                     f"{len(crawl.skipped)} actions not taken")
+        lines += [f"   {v}" for v in crawl.visited]
+        lines += [f"   (not taken: {s})" for s in crawl.skipped]
+    return "\n".join(lines)

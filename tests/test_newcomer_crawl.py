@@ -1,0 +1,193 @@
+"""A newcomer's `make run`, crawled (issue 45 item 3): the README's commands as they are
+(`manage.py migrate`, `rft_demo`, `rft_serve`) on a fresh var directory, the demo as a newcomer
+gets it and starts it, then Chromium opens every link and every form reachable from the
+landing page (tests/crawler.py) as five people at 390 and 1280 px: the demo's owner and
+annotator, a viewer and a new annotator who each join through an invitation link the owner
+makes on the run page, and someone not logged in. It fails on any 5xx, any Django debug
+page, any console or htmx error and any page that scrolls sideways, all of them listed in
+one failure, and prints the pages it visited per person."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psycopg
+import pytest
+
+from tests.crawler import Crawl, failure_report, visit_report
+from tests.servers import ROOT, free_port, health_wait, spawn, stop
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PASSWORD = "rftweb-demo"  # rft_demo's, as the README tells a newcomer
+NEW_PASSWORD = "a-newcomers-password-42"
+WIDTHS = (390, 1280)
+
+
+@contextmanager
+def newcomer_database(env: dict[str, str]) -> Iterator[None]:
+    """Where `make run` keeps its rows. Until the embedded PostgreSQL lands this is a fresh
+    database of the test's own on the shared server (DATABASE_URL, no REDIS_URL: the in-process
+    broker and channel layer, as `make run`); after it, nothing: `make run` with no
+    DATABASE_URL starts its own under RFT_VAR_DIR, and this becomes `yield` alone."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    user = f"{db['USER']}@" if db.get("USER") else ""
+    server = f"postgres://{user}{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}"
+    name = f"crawl_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    env["DATABASE_URL"] = f"{server}/{name}"
+    # As the embedded default: workers that share the web's process keep no connection of their
+    # own (rftweb/settings.py). With DATABASE_URL set they would keep one for 300 s, and that
+    # setting is the process's: every request thread's connection stayed open too (82 on the
+    # shared server after one crawl, until it refused everyone: "too many clients").
+    env["RFT_WORKER_CONN_MAX_AGE"] = "0"
+    try:
+        yield
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Served(NamedTuple):
+    url: str
+    run_path: str  # the demo run's page
+    log: Path  # rft_serve's output
+
+
+@pytest.fixture(scope="module")
+def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[Served]:
+    """`make run`'s commands on a fresh var directory (the tests' cached demo model, which
+    rft_demo finds up to date)."""
+    var = tmp_path_factory.mktemp("newcomer-var")
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
+    env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(demo_model_dir), OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    with newcomer_database(env):
+        for command in (["migrate", "--noinput"], ["rft_demo"]):
+            done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, f"manage.py {' '.join(command)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        demo = re.search(r"run #(\d+) ", done.stdout)
+        assert demo, done.stdout
+        port = free_port()
+        log = var / "serve.log"
+        server = spawn([sys.executable, "manage.py", "rft_serve", "--port", str(port)], env=env, log=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
+                pytest.fail(f"rft_serve did not answer: {log.read_text()[-3000:]}")
+            yield Served(url, f"/runs/{demo.group(1)}/", log)
+        finally:
+            stop(server, timeout=30)
+
+
+def log_in(context: Any, base: str, username: str, password: str) -> None:
+    page = context.new_page()
+    page.goto(f"{base}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/runs/")
+    page.close()
+
+
+def invitation_link(owner: Any, base: str, run_path: str, role: str) -> str:
+    """The owner makes a one-time link on the run page's invitation box (email left blank)."""
+    page = owner.new_page()
+    page.goto(base + run_path)
+    page.select_option("#id_invite_role", role)
+    page.click("#invitations button[type=submit]")
+    link = page.locator("#id_invite_link")
+    link.wait_for()
+    url = str(link.input_value())
+    page.close()
+    return url
+
+
+def join(context: Any, link: str, username: str) -> None:
+    """Someone without an account opens the link, picks a username, then a password."""
+    page = context.new_page()
+    page.goto(link)
+    page.fill("#id_username", username)
+    page.click("#invitation button[type=submit]")
+    page.fill("#id_new_password1", NEW_PASSWORD)
+    page.fill("#id_new_password2", NEW_PASSWORD)
+    page.click("#set-password button[type=submit]")
+    page.wait_for_url("**/runs/")
+    page.close()
+
+
+def demo_started(owner: Any, annotator: Any, base: str, run_path: str) -> None:
+    """What a newcomer does first: the owner starts the demo run from its page, the annotator
+    rates the first answer that reaches their queue."""
+    page = owner.new_page()
+    page.goto(base + run_path)  # rft_demo's message names it (the crawl checks the runs list's link)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("#controls a.control-start")
+    page.wait_for_selector("#run-status:has-text('running')")
+    page.close()
+    rater = annotator.new_page()
+    rater.goto(f"{base}{run_path}annotate/")
+    # The explorer loads the demo model and writes its first group: the stream brings the cards.
+    card = rater.locator("article.item:not(.done)").first
+    card.wait_for(timeout=300_000)
+    card.locator("input[name=score][value='5']").check()
+    card.locator("form.rate button[type=submit]").click()
+    rater.wait_for_selector("#mine-box .submission")
+    rater.close()
+    # Then the owner pauses it to look around: the crawl sees a run with answers, labels and
+    # versions that holds still (a running loop would change pages between two widths).
+    page = owner.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(base + run_path)
+    page.click("#controls a.control-pause")
+    page.wait_for_selector("#run-status:has-text('paused')")
+    page.close()
+
+
+def crawl_everyone(browser: Any, base: str, run_path: str) -> list[Crawl]:
+    """The people set up as a newcomer would, then each one's crawl at each width."""
+    contexts = {(person, width): browser.new_context(viewport={"width": width, "height": 844 if width < 600 else 800})
+                for person in ("owner", "annotator", "viewer", "invited", "anonymous") for width in WIDTHS}
+    try:
+        for width in WIDTHS:
+            log_in(contexts[("owner", width)], base, "owner", PASSWORD)
+            log_in(contexts[("annotator", width)], base, "annotator", PASSWORD)
+        demo_started(contexts[("owner", 1280)], contexts[("annotator", 1280)], base, run_path)
+        for person, role in (("viewer", "viewer"), ("invited", "annotator")):
+            join(contexts[(person, 390)], invitation_link(contexts[("owner", 1280)], base, run_path, role), person)
+            log_in(contexts[(person, 1280)], base, person, NEW_PASSWORD)
+        crawls = []
+        for (person, width), context in contexts.items():
+            crawl = Crawl(context, base, person, width)
+            crawl.run("/")
+            crawls.append(crawl)
+        return crawls
+    finally:
+        for context in contexts.values():
+            context.close()
+
+
+@pytest.mark.timeout(1200)  # 453 s alone at load 15-17; room for a busier host
+def test_a_newcomer_crawl_of_every_page_as_everyone(browser: Any, make_run: Served) -> None:
+    started = time.monotonic()
+    crawls = crawl_everyone(browser, make_run.url, make_run.run_path)
+    print(visit_report(crawls))
+    print(f"{time.monotonic() - started:.0f} s from the first login to the end of the crawl; "
+          f"{sum(len(c.visited) for c in crawls)} pages and actions")
+    failures = failure_report(crawls)
+    answered_5xx = any(re.search(r"\b5\d\d\b", f) for f in failures)
+    server_errors = make_run.log.read_text(errors="replace")[-4000:] if answered_5xx else ""
+    assert not failures, (f"{len(failures)} problems a newcomer meets:\n" + "\n".join(failures)
+                          + (f"\n\nrft_serve's log ends:\n{server_errors}" if server_errors else ""))
