@@ -252,6 +252,11 @@ def probes() -> list[tuple[str, str]]:
     return out
 
 
+def _written(examples: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Of the probes, the four tagged forms the demo model's warm-up writes (STYLES), right or wrong."""
+    return [(p, c) for p, c in examples if form_of(c) in FORMS[:4] and c.count("<answer>") == 1 and c.count(" so ") <= 1]
+
+
 @dataclass(frozen=True)
 class GeneratedRater:
     """A drawn preference: a rating (prompt, completion) -> 1..5, noiseless (the bench's page
@@ -364,12 +369,18 @@ def _draw_once(rng: random.Random, seed: int) -> GeneratedRater:
 def preference_draw(seed: int) -> GeneratedRater:
     """The preference seed `seed` draws. A draw that does not give every rating 1..5 to some
     completion the demo model writes (`probes`: a person who uses the whole scale on what the
-    model writes) is drawn again from the same stream, so the result is a function of the seed."""
+    model writes), or that likes none of the model's own four forms or dislikes none, is drawn
+    again from the same stream, so the result is a function of the seed."""
     rng = random.Random(f"rftweb-preference-{seed}")
     examples = probes()
-    for _ in range(200):
+    written = _written(examples)
+    for _ in range(400):
         rater = _draw_once(rng, seed)
-        if {rater(p, c) for p, c in examples} == {1, 2, 3, 4, 5}:
+        on_written = {rater(p, c) for p, c in written}
+        # ... and tells the model's own forms apart: one of them liked (4-5), one not (1-2), so
+        # there is something in what the model writes to amplify (a preference only an answer
+        # the model never writes could meet teaches nothing a bench can read).
+        if {rater(p, c) for p, c in examples} == {1, 2, 3, 4, 5} and max(on_written) >= 4 and min(on_written) <= 2:
             return rater
     raise RuntimeError(f"preference seed {seed}: no draw covers the scale")  # not seen over 0..9999
 
