@@ -49,6 +49,38 @@ the raters answering at random and gold items the owner (who rates by the same f
 person with the preference) marked on the Raters page. The demo model's warm-up shows each
 style at a minority share (workers/demo_model.STYLES), drawn by a seed, not by any rater.
 
+A generated family (`--raters generated:N`, issue 47): N preferences drawn by
+bench.raters.preference_draw (seeds `--raters-start`..), each a person nobody here wrote:
+likes or dislikes of a form the demo model writes, of a phrase, of a length band, their
+combinations, combinations with the right answer (the mixed preferences), on a person's own
+partial-credit scale, with a noise level the page applies (the preferred share is read on the
+preference without its noise). Each preference runs every arm but `format` over the seeds;
+`format` has no people, so it runs once per seed and every preference reads its samples (the
+base's samples, too, are drawn once per seed). A drawn preference sees what a `--rater` does:
+it lives in the bench's `Rater` objects and the measurement, nowhere in the run. The last lines
+give, per target, the distribution over (preference, seed) pairs: median, 25th percentile, the
+worst pair with its preference written out, and how many pairs meet it; pairs where `all` itself
+gained no more than 0.02 have no ceiling to read rm10 against and are listed apart; the mixed
+preferences' pairs are listed with their reward model's held-out accuracy. Targets (issue 47,
+read on at least 8 preferences x 2 seeds x 30 steps; a figure on the three named raters alone
+does not count): rm10/all >= 0.8 on the median and >= 0.6 on the 25th percentile with <= 0.1x
+the labels; rm10 >= 2x random10 on the median; sampled arithmetic within 0.02 of `format` on the
+median.
+
+What a `learned` arm's reward model did, per step (printed under each step's line, and summed
+in the table after the results): the gate (the newest version, its held-out accuracy and pairs,
+the lower bound the gate reads, open or shut, and the weight its scores carry under
+`--rm-gate evidence`), how many of the step's groups had a member rewarded by the reward model
+and in how many those rewards differed by at least 0.125 (half a rating step: its signal
+reaches the advantages), the within-group sd of its part of the reward against the format
+reward's part and the batch's sd (the advantages' divisor), the calibration slope, the labels by
+hand-out source (rule, random share, gold) and the sibling pairs rated apart (what teaches the
+reward model) or alike. `--rm-gate evidence` (feedback.rm_gate) folds the reward model in from
+when its bound is above chance, its calibrated scores drawn toward mid-scale by
+(bound - 0.5) / (min_rm_accuracy - 0.5); `bound` (the default) folds it in all at once when the
+bound reaches --min-rm-accuracy. The arms see the same either way; only when and how much of the
+reward model's score enters the rewards differs.
+
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
 scores, wait windows end, train); the wait window is ended by the
@@ -61,7 +93,8 @@ is mostly trajectory luck).
                              [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
-                             [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
+                             [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
+                              [--raters-start 0]] [--rm-gate bound|evidence] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
@@ -1313,7 +1346,7 @@ def _family_summary(raters: list[RaterSpec], results: list[dict[str, Any]], *, s
     described = {r.name: r.description for r in raters}
     mixed = {r.name for r in raters if r.mixed}
     pairs = family_pairs(results)
-    loads = [p["load"] for p in pairs]
+    loads = [r["load"] for r in results]  # each run's load average at its end
     load = f"load {min(loads):.1f}-{max(loads):.1f}" if loads else "load -"
     print()
     print(f"family: {len(raters)} drawn preferences x {len(seeds)} seeds = {len(pairs)} pairs, {args.steps} steps "

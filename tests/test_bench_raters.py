@@ -119,3 +119,46 @@ def test_a_drawn_preference_rates_by_what_its_description_says() -> None:
     assert rater_load("generated:3") == preference_draw(3)
     with pytest.raises(ValueError, match="generated:SEED"):
         rater_load("generated:x")
+
+
+def _row(rater: str, seed: int, arm: str, share_gain: float, arithmetic: float, *, labels: int, load: float,
+         rm_acc: float | None = None) -> dict[str, object]:
+    return {"rater": rater, "seed": seed, "arm": arm, "share_gain": share_gain, "arithmetic": arithmetic,
+            "labels": labels, "load": load, "rm_acc": rm_acc}
+
+
+def test_the_family_summary_reads_each_target_off_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/steering's family lines, recomputed here from the rows: rm10/all per pair (pairs
+    where `all` gained <= 0.02 counted apart), its median and 25th percentile (linear between
+    order statistics), the worst pair with its preference written out, the share met."""
+    import argparse
+    import statistics
+
+    from bench.steering import RaterSpec, _family_summary, family_pairs
+
+    rows = []
+    gains = {("generated:0", 0): (0.40, 0.36), ("generated:0", 1): (0.30, 0.15), ("generated:1", 0): (0.20, 0.19),
+             ("generated:1", 1): (0.01, 0.05)}  # the last: no ceiling
+    for (rater, seed), (every, rm10) in gains.items():
+        rows += [_row(rater, seed, "all", every, 0.20, labels=960, load=3.0),
+                 _row(rater, seed, "rm10", rm10, 0.19 if seed else 0.15, labels=90, load=4.5, rm_acc=0.9),
+                 _row(rater, seed, "random10", 0.02, 0.2, labels=90, load=2.0),
+                 _row(rater, seed, "format", -0.01, 0.2, labels=0, load=2.5)]
+    pairs = family_pairs(rows)
+    ratios = sorted(p["ratio"] for p in pairs if p.get("ratio") is not None)
+    assert ratios == pytest.approx(sorted([0.36 / 0.40, 0.15 / 0.30, 0.19 / 0.20]))
+    q1 = ratios[0] + (ratios[1] - ratios[0]) * 0.5  # (n - 1) * 0.25 = 0.5
+    raters = [RaterSpec(name=f"generated:{i}", rating=lambda p, c: 3, noise=0.0, description=f"preference {i}",
+                        mixed=i == 1) for i in (0, 1)]
+    _family_summary(raters, rows, seeds=[0, 1], args=argparse.Namespace(steps=30, seeds="0,1"))
+    out = capsys.readouterr().out
+    assert f"rm10/all share gain: median {statistics.median(ratios):+.3f}, 25th percentile {q1:+.3f}, worst " \
+           f"{0.5:+.3f} (generated:0 seed 1: preference 0); met 2/3 pairs" in out
+    assert "1 pairs where `all` gained <= 0.02" in out and "generated:1 s1 all +0.010 rm10 +0.050" in out
+    assert f"rm10/all labels: at most {90 / 960:.3f}" in out
+    assert "rm10 - random10 share gain: median +0.150" in out and "met 4/4 pairs" in out  # 0.34 0.13 0.17 0.03
+    # arithmetic against format: -0.05 on seed 0's pairs, -0.01 on seed 1's: median -0.03, 2 of 4 met
+    assert "rm10 - format sampled arithmetic: median -0.030, 25th percentile -0.050" in out and "met 2/4 pairs" in out
+    assert "generated:1 s0 rm10 +0.190 all +0.200 ratio 0.95 rm held-out accuracy 0.90" in out
+    assert f"family verdict: rm10/all median {statistics.median(ratios):.2f} (>= 0.8), 25th percentile {q1:.2f}" \
+           " (>= 0.6) on 3 pairs" in out and "load 2.0-4.5" in out

@@ -122,7 +122,8 @@ def rm_reward_score(*, rm: RewardModel, score: float, weight: float) -> float:
     toward the scale's middle by what the gate has not yet seen shown (`weight` 1: as calibrated).
     Within a group only differences train (GRPO), so a weight w scales the reward model's part
     of every advantage by w."""
-    return 0.5 + weight * (rm.calibrated(score) - 0.5)
+    calibrated = rm.calibrated(score)
+    return calibrated if weight >= 1.0 else 0.5 + weight * (calibrated - 0.5)
 
 
 # How long before a version's publication its data may have been read: its training time
