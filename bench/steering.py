@@ -921,7 +921,7 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
     from apps.feedback.learned import (reward_model_latest, reward_model_lower_bound, reward_model_usable,
                                        reward_model_weight, rm_reward_score)
     from apps.feedback.models import Assignment
-    from apps.rewards.models import RewardModelScore
+    from apps.rewards.models import RewardModel, RewardModelScore
     from apps.runs.feedback_policy import reward_learned
 
     policy = run.cfg.feedback
@@ -929,10 +929,15 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
     usable = reward_model_usable(run=run)
     rows = list(Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.READY)
                 .values("pk", "group_id", "reward", "auto_reward", "human_reward"))
-    scores = {} if usable is None else dict(
-        RewardModelScore.objects.filter(reward_model=usable, experience_id__in=[r["pk"] for r in rows])
-        .values_list("experience_id", "score"))
     weight = reward_model_weight(run=run, rm=usable) if usable is not None else 0.0
+    # A group folds when a usable version first scores it (before people rate, by the version
+    # then newest), so a member's reward may come from any version: each is checked.
+    versions = {rm.pk: rm for rm in RewardModel.objects.filter(run=run)}
+    weights = {pk: reward_model_weight(run=run, rm=rm) for pk, rm in versions.items()}
+    scored: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for exp_id, rm_id, score in RewardModelScore.objects.filter(
+            experience_id__in=[r["pk"] for r in rows]).values_list("experience_id", "reward_model_id", "score"):
+        scored[exp_id].append((rm_id, score))
     groups: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         groups[row["group_id"]].append(row)
@@ -942,13 +947,14 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
     for members in groups.values():
         rm_parts = []
         for m in members:
-            if usable is None or m["human_reward"] is not None or m["pk"] not in scores:
+            if m["human_reward"] is not None or m["reward"] is None:
                 continue
-            calibrated = rm_reward_score(rm=usable, score=scores[m["pk"]], weight=weight)
-            # Rewarded by the reward model: its reward is the learned fold of this score.
-            if m["reward"] is not None and abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"],
-                                                                           rm=calibrated)) < 1e-6:
-                rm_parts.append(policy.w_rm * calibrated)
+            for rm_id, score in scored.get(m["pk"], []):
+                part = rm_reward_score(rm=versions[rm_id], score=score, weight=weights[rm_id])
+                # Rewarded by the reward model: its reward is the learned fold of this score.
+                if abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"], rm=part)) < 1e-6:
+                    rm_parts.append(policy.w_rm * part)
+                    break
         if rm_parts:
             rm_groups += 1
             rm_sds.append(_sd(rm_parts))

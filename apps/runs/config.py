@@ -171,7 +171,9 @@ class FeedbackPolicy(_Strict):
     # weight (bound - 0.5) / (min_rm_accuracy - 0.5), full from min_rm_accuracy on, where `bound`
     # would open (apps.feedback.learned.reward_model_weight). A model that ranks pairs well on
     # few pairs steers a little from the first steps instead of not at all for half the run.
-    rm_gate: Literal["bound", "evidence"] = "bound"
+    rm_gate: Literal["bound", "evidence"] = Field(
+        "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown) or "
+                             "evidence (from better than chance, weighted by how far its accuracy is shown)")
     # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"
