@@ -98,7 +98,7 @@ def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
     # With the run's verifier kept beside people, its arm without people to read against, and
     # a KL penalty toward the base model in both.
     out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all,format", "--tasks", "2", "--repeat", "2",
-                "--rater", f"{mine}:likes_tags", "--verifier", "on", "--beta", "0.1", timeout=600)
+                "--rater", f"{mine}:likes_tags", "--verifier", "on", "--beta", "0.1", timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     # Each arm's row ends with the share of sampled answers without an `<answer>`, its seconds and load.
     assert re.search(rf"^all +0 .* {NUMBER} +\d+ +{NUMBER}$", out.stdout, re.M) and " untag " in out.stdout, \
@@ -119,7 +119,7 @@ def test_steering_runs_a_generated_family_of_preferences(bench: Callable[..., An
     from bench.raters import preference_draw
 
     out = bench("steering", "--raters", "generated:2", "--steps", "1", "--seeds", "0", "--arms", "all,rm10,format",
-                "--tasks", "2", "--repeat", "2", timeout=900)
+                "--tasks", "2", "--repeat", "2", timeout=1200)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     for seed in (0, 1):
         assert f"preference {preference_draw(seed).describe()}" in out.stdout, out.stdout[-2000:]
