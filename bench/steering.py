@@ -1397,8 +1397,8 @@ def _family_summary(raters: list[RaterSpec], results: list[dict[str, Any]], *, s
         for p in mixed_pairs:
             ratio = "-" if p.get("ratio") is None else f"{p['ratio']:.2f}"
             acc = "-" if p["rm_acc"] is None else f"{p['rm_acc']:.2f}"
-            shown.append(f"{p['rater']} s{p['seed']} rm10 {p['rm10']:+.3f} all {p.get('all', float('nan')):+.3f} "
-                         f"ratio {ratio} rm held-out accuracy {acc}")
+            every = f" all {p['all']:+.3f} ratio {ratio}" if "all" in p else ""
+            shown.append(f"{p['rater']} s{p['seed']} rm10 {p['rm10']:+.3f}{every} rm held-out accuracy {acc}")
         print("  mixed (style + correctness): " + "; ".join(shown))
     mid = median([v for v, _ in ratios]) if ratios else float("nan")
     p25 = percentile([v for v, _ in ratios], 0.25) if ratios else float("nan")
