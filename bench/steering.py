@@ -579,6 +579,41 @@ working, and for in_words but its arithmetic; against RECIPE 6 (above), working 
 arithmetic (-0.031 there on the median) and `make run`'s demo style is one whose form is as
 accurate as the bare answer.
 
+Measured 2026-11-26 (issue 47, reduced: the machine allowed no more), the generated family's first
+four draws (generated:0-3; three of them mix correctness in), seed 0 only, 15 steps, 8 tasks x 8,
+lr 1e-4, `--beta 0.6`, `head` over the run's own base, 4 folds, arms all, rm10, random10 and
+`format` (once for the seed: its arithmetic, 0.158, is every preference's yardstick), rm10 both
+with `--rm-gate bound` (the default) and `--rm-gate evidence`; up to three benches at once beside
+other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain:
+| preference (base share)         | all   | rm10 bound | rm10 evidence | random10 | rm in use, bound / evidence |
+| generated:0 style (0.018)       | +.010 | +.000      | +.000         | -.003    | 3 / 13 of 15 steps          |
+| generated:1 mixed (0.220)       | +.105 | +.005      | +.016         | -.004    | 0 / 7                       |
+| generated:2 mixed (0.347)       | +.191 | +.100      | +.184         | +.044    | 3 / 13                      |
+| generated:3 mixed (0.237)       | +.052 | +.030      | +.045         | +.004    | 6 / 13                      |
+- generated:0 (a strict scale: 1.8% of the base's answers rated 4-5) has no ceiling: `all` itself
+  gained +0.010 in 15 steps. On the other three, rm10/all: bound 0.05 / 0.52 / 0.57 (median 0.52,
+  25th percentile 0.29), evidence 0.15 / 0.96 / 0.86 (median 0.86, 25th percentile 0.51), with
+  0.094x the labels; rm10 >= 2x random10 on 3 of 4 pairs either way; rm10's sampled arithmetic
+  against `format`: median +0.005 (bound), +0.004 (evidence), every pair within 0.02. Reward model
+  held-out accuracy on the mixed ones 0.56-0.81: the correctness half is what a head on the
+  policy's hidden states does not learn (generated:1: 0.71-0.73, rm10 0.05-0.15 of `all`).
+- Why the reward model did not move the policy (the per-step probe): under `bound` the gate
+  opened and shut again. "rm from" (the first step it was usable) read 3 / - / 9 / 3, yet it was
+  in use on 3, 0, 3 and 6 steps of 15: the first version, fitted on ~20 pairs, is right on all of
+  its few held-out pairs (bound 0.86-0.89); the next, on 40-60 pairs, is honestly at 0.82-0.84 and
+  its bound sits at 0.70-0.74, just under 0.75, where it stays for the rest of the run. While shut,
+  90% of the groups train on the format reward alone. When it was in use its scores were not
+  too small: the within-group sd of its part of the reward was 0.03-0.23 against the format
+  reward's 0.00-0.03 (the demo model's answers are nearly all tagged), the batch sd 0.13-0.25, and
+  in most groups its rewards differed by at least half a rating step. The label budget went as
+  asked (72 by the rule, 18 by the random share; 90-105 sibling pairs rated apart per run). So the
+  evidence points at the gate, not at the scale of the scores or the hand-out: `--rm-gate
+  evidence` kept the model in from its first version on (weight 0.08-1.0 by its bound), and
+  rm10/all went from 0.52 to 0.86 on the median. One seed and three pairs with a ceiling: the
+  issue's 8 preferences x 2 seeds x 30 steps were not run (~3 h of the 2-core box at this load
+  for the four arms; `--raters generated:8 --seeds 0,1 --beta 0.6 --arms all,rm10,random10,format`
+  and again with `--arms rm10 --rm-gate evidence`). The default stays `bound` until then.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
