@@ -599,13 +599,16 @@ other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain
   policy's hidden states does not learn (generated:1: 0.71-0.73, rm10 0.05-0.15 of `all`).
 - Why the reward model did not move the policy (the per-step probe): under `bound` the gate
   opened and shut again. "rm from" (the first step it was usable) read 3 / - / 9 / 3, yet it was
-  in use on 3, 0, 3 and 6 steps of 15: the first version, fitted on ~20 pairs, is right on all of
-  its few held-out pairs (bound 0.86-0.89); the next, on 40-60 pairs, is honestly at 0.82-0.84 and
-  its bound sits at 0.70-0.74, just under 0.75, where it stays for the rest of the run. While shut,
-  90% of the groups train on the format reward alone. When it was in use its scores were not
-  too small: the within-group sd of its part of the reward was 0.03-0.23 against the format
-  reward's 0.00-0.03 (the demo model's answers are nearly all tagged), the batch sd 0.13-0.25, and
-  in most groups its rewards differed by at least half a rating step. The label budget went as
+  in use on 3, 0, 3 and 6 steps of 15. On generated:0 and :3 the first version, fitted on ~20
+  pairs, was right on all of its few held-out pairs (bound 0.86-0.89); the next, on ~40 pairs, was
+  honestly at 0.82-0.84 and its bound at 0.70-0.73, just under 0.75: shut from step 6 (generated:3
+  reopened for steps 9-11 at 0.75, then shut at 0.68 and 0.48); generated:2 opened at step 9 (bound
+  0.77) and shut at 12 (0.73). While shut, 90% of the groups train on the format reward alone. When
+  it was in use its scores were not too small: the within-group sd of its part of the reward was
+  0.03-0.23 against the format reward's 0.00-0.03 (the demo model's answers are nearly all
+  tagged), the batch sd 0.13-0.19 (medians), and its rewards differed by at least half a rating
+  step in 24 of 24 groups (generated:2, bound) and 38-67% of them under `evidence` (weights below
+  1 on most steps; those runs' probe missed the steps where a new version came in, fixed since). The label budget went as
   asked (72 by the rule, 18 by the random share; 90-105 sibling pairs rated apart per run). So the
   evidence points at the gate, not at the scale of the scores or the hand-out: `--rm-gate
   evidence` kept the model in from its first version on (weight 0.08-1.0 by its bound), and
