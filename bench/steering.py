@@ -49,6 +49,38 @@ the raters answering at random and gold items the owner (who rates by the same f
 person with the preference) marked on the Raters page. The demo model's warm-up shows each
 style at a minority share (workers/demo_model.STYLES), drawn by a seed, not by any rater.
 
+A generated family (`--raters generated:N`, issue 47): N preferences drawn by
+bench.raters.preference_draw (seeds `--raters-start`..), each a person nobody here wrote:
+likes or dislikes of a form the demo model writes, of a phrase, of a length band, their
+combinations, combinations with the right answer (the mixed preferences), on a person's own
+partial-credit scale, with a noise level the page applies (the preferred share is read on the
+preference without its noise). Each preference runs every arm but `format` over the seeds;
+`format` has no people, so it runs once per seed and every preference reads its samples (the
+base's samples, too, are drawn once per seed). A drawn preference sees what a `--rater` does:
+it lives in the bench's `Rater` objects and the measurement, nowhere in the run. The last lines
+give, per target, the distribution over (preference, seed) pairs: median, 25th percentile, the
+worst pair with its preference written out, and how many pairs meet it; pairs where `all` itself
+gained no more than 0.02 have no ceiling to read rm10 against and are listed apart; the mixed
+preferences' pairs are listed with their reward model's held-out accuracy. Targets (issue 47,
+read on at least 8 preferences x 2 seeds x 30 steps; a figure on the three named raters alone
+does not count): rm10/all >= 0.8 on the median and >= 0.6 on the 25th percentile with <= 0.1x
+the labels; rm10 >= 2x random10 on the median; sampled arithmetic within 0.02 of `format` on the
+median.
+
+What a `learned` arm's reward model did, per step (printed under each step's line, and summed
+in the table after the results): the gate (the newest version, its held-out accuracy and pairs,
+the lower bound the gate reads, open or shut, and the weight its scores carry under
+`--rm-gate evidence`), how many of the step's groups had a member rewarded by the reward model
+and in how many those rewards differed by at least 0.125 (half a rating step: its signal
+reaches the advantages), the within-group sd of its part of the reward against the format
+reward's part and the batch's sd (the advantages' divisor), the calibration slope, the labels by
+hand-out source (rule, random share, gold) and the sibling pairs rated apart (what teaches the
+reward model) or alike. `--rm-gate evidence` (feedback.rm_gate) folds the reward model in from
+when its bound is above chance, its calibrated scores drawn toward mid-scale by
+(bound - 0.5) / (min_rm_accuracy - 0.5); `bound` (the default) folds it in all at once when the
+bound reaches --min-rm-accuracy. The arms see the same either way; only when and how much of the
+reward model's score enters the rewards differs.
+
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
 scores, wait windows end, train); the wait window is ended by the
@@ -61,7 +93,8 @@ is mostly trajectory luck).
                              [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
-                             [--rater bench.raters:correct|PATH.py:FUNCTION] [--noise 0] [--random-raters 0.5]
+                             [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
+                              [--raters-start 0]] [--rm-gate bound|evidence] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
@@ -546,6 +579,44 @@ working, and for in_words but its arithmetic; against RECIPE 6 (above), working 
 arithmetic (-0.031 there on the median) and `make run`'s demo style is one whose form is as
 accurate as the bare answer.
 
+Measured 2026-11-26 (issue 47, reduced: the machine allowed no more), the generated family's first
+four draws (generated:0-3; three of them mix correctness in), seed 0 only, 15 steps, 8 tasks x 8,
+lr 1e-4, `--beta 0.6`, `head` over the run's own base, 4 folds, arms all, rm10, random10 and
+`format` (once for the seed: its arithmetic, 0.158, is every preference's yardstick), rm10 both
+with `--rm-gate bound` (the default) and `--rm-gate evidence`; up to three benches at once beside
+other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain:
+| preference (base share)         | all   | rm10 bound | rm10 evidence | random10 | rm in use, bound / evidence |
+| generated:0 style (0.018)       | +.010 | +.000      | +.000         | -.003    | 3 / 13 of 15 steps          |
+| generated:1 mixed (0.220)       | +.105 | +.005      | +.016         | -.004    | 0 / 7                       |
+| generated:2 mixed (0.347)       | +.191 | +.100      | +.184         | +.044    | 3 / 13                      |
+| generated:3 mixed (0.237)       | +.052 | +.030      | +.045         | +.004    | 6 / 13                      |
+- generated:0 (a strict scale: 1.8% of the base's answers rated 4-5) has no ceiling: `all` itself
+  gained +0.010 in 15 steps. On the other three, rm10/all: bound 0.05 / 0.52 / 0.57 (median 0.52,
+  25th percentile 0.29), evidence 0.15 / 0.96 / 0.86 (median 0.86, 25th percentile 0.51), with
+  0.094x the labels; rm10 >= 2x random10 on 3 of 4 pairs either way; rm10's sampled arithmetic
+  against `format`: median +0.005 (bound), +0.004 (evidence), every pair within 0.02. Reward model
+  held-out accuracy on the mixed ones 0.56-0.81: the correctness half is what a head on the
+  policy's hidden states does not learn (generated:1: 0.71-0.73, rm10 0.05-0.15 of `all`).
+- Why the reward model did not move the policy (the per-step probe): under `bound` the gate
+  opened and shut again. "rm from" (the first step it was usable) read 3 / - / 9 / 3, yet it was
+  in use on 3, 0, 3 and 6 steps of 15. On generated:0 and :3 the first version, fitted on ~20
+  pairs, was right on all of its few held-out pairs (bound 0.86-0.89); the next, on ~40 pairs, was
+  honestly at 0.82-0.84 and its bound at 0.70-0.73, just under 0.75: shut from step 6 (generated:3
+  reopened for steps 9-11 at 0.75, then shut at 0.68 and 0.48); generated:2 opened at step 9 (bound
+  0.77) and shut at 12 (0.73). While shut, 90% of the groups train on the format reward alone. When
+  it was in use its scores were not too small: the within-group sd of its part of the reward was
+  0.03-0.23 against the format reward's 0.00-0.03 (the demo model's answers are nearly all
+  tagged), the batch sd 0.13-0.19 (medians), and its rewards differed by at least half a rating
+  step in 24 of 24 groups (generated:2, bound) and 38-67% of them under `evidence` (weights below
+  1 on most steps; those runs' probe missed the steps where a new version came in, fixed since). The label budget went as
+  asked (72 by the rule, 18 by the random share; 90-105 sibling pairs rated apart per run). So the
+  evidence points at the gate, not at the scale of the scores or the hand-out: `--rm-gate
+  evidence` kept the model in from its first version on (weight 0.08-1.0 by its bound), and
+  rm10/all went from 0.52 to 0.86 on the median. One seed and three pairs with a ceiling: the
+  issue's 8 preferences x 2 seeds x 30 steps were not run (~3 h of the 2-core box at this load
+  for the four arms; `--raters generated:8 --seeds 0,1 --beta 0.6 --arms all,rm10,random10,format`
+  and again with `--arms rm10 --rm-gate evidence`). The default stays `bound` until then.
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
@@ -575,7 +646,7 @@ from typing import Any
 
 from apps.runs.preferences import ANSWER
 from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, own_conductor, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, setup_django
 from bench.raters import Rating, correct, rater_load
 
 PASSWORD = "bench-steering-pw"
@@ -592,7 +663,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
             pairs: bool = True, trust: bool = True, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0) -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound") -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -627,6 +698,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
     # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
     learned = {"mode": "learned", "w_auto": w_auto, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
                "min_rm_heldout_pairs": min_rm_heldout_pairs, "rm_accuracy_confidence": rm_confidence,
+               "rm_gate": rm_gate,
                "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2, "pairs": pairs}}
     if arm == "rm10":
         return {**common, "feedback": learned, "reward_model": rm}
@@ -778,23 +850,20 @@ class Sampled:
     untagged: float
 
 
-def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
-             samples: int = 4) -> Sampled:
-    """The preferred share, arithmetic accuracy and untagged share over `samples` completions
-    sampled per held-out problem (temperature 1, seeded). The expected accuracy counts the
-    warm-up's four forms word for word, so a run that learns a form of its own would read as
-    losing arithmetic there; this reads the answer in any style."""
+def _samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
+             samples: int = 4) -> list[tuple[str, str]]:
+    """(prompt, completion) for `samples` completions sampled per held-out problem
+    (temperature 1, seeded): drawn once per model and read by every rater (`_rated`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench.raters import correct as right
     from workers.demo_model import DemoSettings, _encode, _problems
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     problems = [p for p in _problems(DemoSettings())[1] for _ in range(samples)]
     torch.manual_seed(seed)
-    liked = rightly = untagged = 0
+    out: list[tuple[str, str]] = []
     for start in range(0, len(problems), 200):
         chunk = problems[start:start + 200]
         prompts = [_encode(tokenizer, p)[0] for p in chunk]
@@ -802,16 +871,31 @@ def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens:
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True,
-                                 temperature=1.0, top_k=0, top_p=1.0)
-        for prompt_ids, row in zip(prompts, out[:, width:].tolist(), strict=True):
-            prompt = tokenizer.decode(prompt_ids, skip_special_tokens=True)
-            completion = tokenizer.decode(row, skip_special_tokens=True)
-            liked += rating(prompt, completion) >= 4
-            rightly += right(prompt, completion) == 5
-            untagged += ANSWER.search(completion) is None
-    n = max(1, len(problems))
+            generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=True,
+                                       temperature=1.0, top_k=0, top_p=1.0)
+        for prompt_ids, row in zip(prompts, generated[:, width:].tolist(), strict=True):
+            out.append((tokenizer.decode(prompt_ids, skip_special_tokens=True),
+                        tokenizer.decode(row, skip_special_tokens=True)))
+    return out
+
+
+def _rated(samples: list[tuple[str, str]], rating: Rating) -> Sampled:
+    """The preferred share (rated 4 or 5), arithmetic accuracy and untagged share of `samples`.
+    The expected accuracy counts the warm-up's four forms word for word, so a run that learns a
+    form of its own would read as losing arithmetic there; this reads the answer in any style."""
+    from bench.raters import correct as right
+
+    liked = sum(1 for prompt, completion in samples if rating(prompt, completion) >= 4)
+    rightly = sum(1 for prompt, completion in samples if right(prompt, completion) == 5)
+    untagged = sum(1 for _, completion in samples if ANSWER.search(completion) is None)
+    n = max(1, len(samples))
     return Sampled(share=liked / n, arithmetic=rightly / n, untagged=untagged / n)
+
+
+def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
+             samples: int = 4) -> Sampled:
+    """`_rated` over `_samples` of one model."""
+    return _rated(_samples(model_dir, tokenizer_dir, max_tokens=max_tokens, seed=seed, samples=samples), rating)
 
 
 def _gold_mark(owner: Rater, run: Any) -> int:
@@ -829,13 +913,135 @@ def _gold_mark(owner: Rater, run: Any) -> int:
     return marked
 
 
+@dataclass(frozen=True)
+class StepProbe:
+    """What one step of a `learned` arm did with its reward model, read from the rows the
+    trainer is about to take (after the wait window's end): whether the gate let the reward
+    model in and why, how many groups' advantages carry its scores, how large those are beside
+    the format reward inside a group, and where the step's labels went."""
+
+    version: int | None  # the newest reward-model version (None: none trained yet)
+    accuracy: float | None  # its held-out (out-of-fold) pairwise accuracy
+    heldout: int  # on how many held-out pairs
+    bound: float | None  # the gate's lower bound of that accuracy
+    open: bool  # the gate let a version score rewards this step
+    weight: float  # the share of its calibrated score a reward carries (feedback.rm_gate evidence; 1 under bound)
+    slope: float | None  # the calibration's slope (raw score -> the human scale) of the version in use
+    groups: int
+    rm_groups: int  # groups with at least one member rewarded by the reward model
+    signal_groups: int  # groups whose reward-model rewards differ by >= SIGNAL (its signal reaches the advantages)
+    rm_sd: float | None  # median over rm groups of the within-group sd of w_rm x calibrated score
+    format_sd: float  # median over groups of the within-group sd of w_auto x format reward (all members)
+    batch_sd: float  # the sd of every reward in the batch (the advantages' divisor under batch scaling)
+    labels: dict[str, int]  # this step's ratings by hand-out source (rule, random, gold, arrival...)
+    pairs_apart: int  # sibling pairs rated this step with different ratings (what teaches the reward model)
+    pairs_alike: int  # sibling pairs rated alike
+
+
+# A group's reward-model rewards differing by less than this (an eighth of the human scale,
+# half a rating step) do not move its advantages beyond the format reward's and the noise.
+SIGNAL = 0.125
+
+
+def _sd(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
+    """The probe of the step about to train, and the newest assignment id (the next step's
+    labels are the assignments after it)."""
+    from collections import defaultdict
+
+    from apps.buffer.models import Experience
+    from apps.feedback.learned import (reward_model_latest, reward_model_lower_bound, reward_model_usable,
+                                       reward_model_weight, rm_reward_score)
+    from apps.feedback.models import Assignment
+    from apps.rewards.models import RewardModel, RewardModelScore
+    from apps.runs.feedback_policy import reward_learned
+
+    policy = run.cfg.feedback
+    latest = reward_model_latest(run=run)
+    usable = reward_model_usable(run=run)
+    rows = list(Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.READY)
+                .values("pk", "group_id", "reward", "auto_reward", "human_reward"))
+    weight = reward_model_weight(run=run, rm=usable) if usable is not None else 0.0
+    # A group folds when a usable version first scores it (before people rate, by the version
+    # then newest), so a member's reward may come from any version: each is checked.
+    versions = {rm.pk: rm for rm in RewardModel.objects.filter(run=run)}
+    weights = {pk: reward_model_weight(run=run, rm=rm) for pk, rm in versions.items()}
+    scored: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for exp_id, rm_id, score in RewardModelScore.objects.filter(
+            experience_id__in=[r["pk"] for r in rows]).values_list("experience_id", "reward_model_id", "score"):
+        scored[exp_id].append((rm_id, score))
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        groups[row["group_id"]].append(row)
+    rm_groups = signal_groups = pairs_apart = pairs_alike = 0
+    rm_sds: list[float] = []
+    format_sds: list[float] = []
+    for members in groups.values():
+        rm_parts = []
+        for m in members:
+            if m["human_reward"] is not None or m["reward"] is None:
+                continue
+            for rm_id, score in scored.get(m["pk"], []):
+                part = rm_reward_score(rm=versions[rm_id], score=score, weight=weights[rm_id])
+                # Rewarded by the reward model: its reward is the learned fold of this score.
+                if abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"], rm=part)) < 1e-6:
+                    rm_parts.append(policy.w_rm * part)
+                    break
+        if rm_parts:
+            rm_groups += 1
+            rm_sds.append(_sd(rm_parts))
+            signal_groups += max(rm_parts) - min(rm_parts) >= SIGNAL
+        format_sds.append(_sd([policy.w_auto * (m["auto_reward"] or 0.0) for m in members]))
+        rated = [m["human_reward"] for m in members if m["human_reward"] is not None]
+        for i, a in enumerate(rated):
+            for b in rated[i + 1:]:
+                if abs(a - b) > 1e-9:
+                    pairs_apart += 1
+                else:
+                    pairs_alike += 1
+    done = list(Assignment.objects.filter(run=run, pk__gt=after_assignment).values_list("pk", "source", "status"))
+    labels: dict[str, int] = defaultdict(int)
+    for _, source, status in done:
+        if status == Assignment.Status.DONE:
+            labels[source] += 1
+    probe = StepProbe(
+        version=latest.version if latest else None, accuracy=latest.accuracy if latest else None,
+        heldout=latest.pairs_heldout if latest else 0,
+        bound=reward_model_lower_bound(run=run, rm=latest) if latest else None, open=usable is not None, weight=weight,
+        slope=usable.scale if usable else None, groups=len(groups), rm_groups=rm_groups, signal_groups=signal_groups,
+        rm_sd=median(rm_sds) if rm_sds else None, format_sd=median(format_sds),
+        batch_sd=_sd([r["reward"] for r in rows if r["reward"] is not None]), labels=dict(labels),
+        pairs_apart=pairs_apart, pairs_alike=pairs_alike)
+    return probe, max([after_assignment] + [pk for pk, _, _ in done])
+
+
+def _probe_line(p: StepProbe) -> str:
+    gate = "-" if p.version is None else (
+        f"v{p.version} {p.accuracy or 0:.2f}/{p.heldout} lb {p.bound or 0:.2f} "
+        + (f"OPEN x{p.weight:.2f}" if p.open else "shut"))
+    rm_sd = "-" if p.rm_sd is None else f"{p.rm_sd:.3f}"
+    slope = "-" if p.slope is None else f"{p.slope:.2f}"
+    budget = " ".join(f"{k} {v}" for k, v in sorted(p.labels.items())) or "none"
+    return (f"gate {gate}  slope {slope}  groups rm {p.rm_groups}/{p.groups} signal {p.signal_groups}  "
+            f"sd rm {rm_sd} format {p.format_sd:.3f} batch {p.batch_sd:.3f}  labels {budget}  "
+            f"pairs apart {p.pairs_apart} alike {p.pairs_alike}")
+
+
 def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: int, lr: float, share: float,
             demo: Path, owner_user: Any, base_acc: tuple[float, float], rm_base: str | None = None,
             min_rm_accuracy: float = 0.75, scale_rewards: str = "batch", rm_kind: str = "head",
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            base_share: Sampled, verifier: bool = False, beta: float = 0.0) -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound") -> dict[str, Any]:
+    """One arm on one seed: the run's figures and its final model's held-out samples
+    (`samples`, rated by each rater afterwards: `_measured`); a `learned` arm's step probes."""
     from django.contrib.auth.models import User
     from django.utils import timezone
 
@@ -861,7 +1067,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
                                     pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier,
-                                    beta=beta))
+                                    beta=beta, rm_gate=rm_gate))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -878,6 +1084,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     owner = Rater(url, owner_user.username, careful=True, seed=seed, rating=rating)
     rm_seconds = 0.0
     usable_from: int | None = None
+    probes: list[StepProbe] = []
+    last_assignment = 0
     started = time.perf_counter()
     for step in range(1, steps + 1):
         summary = explore(run_id=run.pk, step=step, worker="bench-explorer")
@@ -924,6 +1132,9 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                 usable_from = step
         # The wait window ends after the raters' turn (the fallback: the format reward).
         feedback_wait_expire(now=timezone.now() + timedelta(days=1))
+        if run.cfg.feedback.mode == "learned":
+            probe, last_assignment = _step_probe(run, after_assignment=last_assignment)
+            probes.append(probe)
         result = trainer_step(run_id=run.pk, step=step, worker="bench-trainer")
         if result.get("status") != "trained":
             raise SystemExit(f"{arm}: train step {step}: {result}")
@@ -932,10 +1143,11 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  rm {('v%d %.2f/%d' % (rm.version, rm.accuracy or 0, rm.pairs_heldout)) if rm else '-':>12}"
               f" random {_rm_random(rm):>9}"
               f"{'*' if usable_from else ' '}"
-              f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}", flush=True)
+              f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}"
+              + (f"\n      {_probe_line(probes[-1])}" if probes and len(probes) == step else ""), flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo)
-    after = _sampled(checkpoint, demo, rating, max_tokens=max_tokens, seed=seed)
+    samples = _samples(checkpoint, demo, max_tokens=max_tokens, seed=seed)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -956,9 +1168,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             "rm_heldout": rm.pairs_heldout if rm else 0,
             "rm_pairs": 0 if rm is None else (
                 rm.pairs_heldout if crossval_folds >= 2 else rm.pairs_train + rm.pairs_heldout),
-            "share": after.share, "share_gain": after.share - base_share.share,
-            "arithmetic": after.arithmetic, "arithmetic_gain": after.arithmetic - base_share.arithmetic,
-            "untagged": after.untagged,
+            "samples": samples, "probes": probes,
             "seconds": time.perf_counter() - started, "rm_seconds": rm_seconds, "load": os.getloadavg()[0]}
 
 
@@ -973,163 +1183,128 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto,format")
-    parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--share", type=float, default=0.1, help="share of rollouts rated in the 10%% arms")
-    parser.add_argument("--rm-base", default="policy",
-                        help="the reward model's base: policy (the demo model), judge (bench/reward_model's), or a path")
-    parser.add_argument("--min-rm-accuracy", type=float, default=0.75)
-    parser.add_argument("--rm-kind", default=DEFAULT_REWARD_KIND, choices=reward_kind_names())
-    parser.add_argument("--rater", default="bench.raters:correct",
-                        help="MODULE:FUNCTION, a function (prompt, completion) -> 1..5 that the careful raters rate "
-                             "by; MODULE an importable module or a .py file anywhere (bench/raters.py: correct, "
-                             "concise, working, in_words)")
-    parser.add_argument("--noise", type=float, default=0.0,
-                        help="probability that a careful rater's rating is replaced by a random one")
-    parser.add_argument("--random-raters", type=float, default=0.5,
-                        help="noisy: share of its raters who answer at random (at least one stays careful)")
-    parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
-    parser.add_argument("--max-tokens", type=int, default=32,
-                        help="sampling.max_tokens of the runs (the demo model's styled answers take up to ~25)")
-    parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
-    parser.add_argument("--rm-confidence", type=float, default=0.95,
-                        help="the reward model is used once its held-out accuracy's lower bound at this "
-                             "confidence reaches --min-rm-accuracy (0.5: the point estimate)")
-    parser.add_argument("--w-auto", type=float, default=0.2,
-                        help="weight of the automatic (format) reward beside people's and the reward model's "
-                             "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
-    parser.add_argument("--crossval-folds", type=int, default=4,
-                        help="the reward model's held-out accuracy by k-fold cross-validation over prompts "
-                             "(0: the held-out split; the head and likelihood kinds' default 4)")
-    parser.add_argument("--pairs", default="on", choices=["on", "off"],
-                        help="rm10 / noisy: the selection rule hands out sibling pairs (feedback.selection.pairs)")
-    parser.add_argument("--trust", default="on", choices=["on", "off"],
-                        help="noisy: trust-aware hand-out (feedback.trust: 3 gold items first, untrusted raters "
-                             "get gold items only); off: round 9's hand-out, both raters served alike")
-    parser.add_argument("--verifier", default="off", choices=["on", "off"],
-                        help="on: the run's reward terms check the arithmetic too (math_accuracy beside "
-                             "math_format, weighted by --w-auto beside people): people teach a style, the "
-                             "verifier keeps what it knows; `format` is then that verifier without people")
-    parser.add_argument("--beta", type=float, default=0.0,
-                        help="trainer.beta: a KL penalty toward the base model in every arm (0: none, the "
-                             "run's default)")
-    parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
-    parser.add_argument("--demo-styled", type=float, default=None,
-                        help="build the demo model with this share of styled warm-up answers, split evenly "
-                             "among its styles (DemoSettings.styled, 0.75 by default: every style a quarter, "
-                             "the bare answer too; 0.45: RECIPE 6's share), in a directory of its own beside "
-                             "BENCH_DEMO_DIR")
-    args = parser.parse_args()
-    try:
-        rating = rater_load(args.rater)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.verifier == "on" and getattr(rating, "__wrapped__", rating) is correct:
-        parser.error("--verifier on with the correctness rater gives the run the rater's own answer key: "
-                     "nothing would be learned from people (use a style rater)")
-    if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
-        parser.error("--noise and --random-raters are shares between 0 and 1")
-    if args.beta < 0:
-        parser.error("--beta is a KL weight, 0 or more")
-    if args.demo_styled is not None and not 0.0 <= args.demo_styled < 1.0:
-        parser.error("--demo-styled is a share from 0 to below 1 (some bare answers stay)")
-    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
-    os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
-    os.environ["REDIS_URL"] = ""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("RFT_FAST_PASSWORD_HASHER", "1")
-    setup_django()
-    import logging
+@dataclass(frozen=True)
+class RaterSpec:
+    """A preference the careful raters rate by: its name in the bench's lines, the rating, the
+    page's noise (a drawn preference's own level, with --noise beside it) and what it is."""
 
-    import torch
-    from django.contrib.auth.models import User
+    name: str
+    rating: Rating
+    noise: float
+    description: str
+    mixed: bool  # the preference mixes correctness in (the issue's mixed style + correctness)
 
-    from workers.demo_model import DemoSettings, demo_model_build
 
-    logging.disable(logging.INFO)
-    torch.set_num_threads(1)
-    demo_settings, demo_dir = DemoSettings(), DEMO_DIR
-    if args.demo_styled is not None and args.demo_styled != demo_settings.styled:
-        # A directory of its own: the default one is the suite's and the other benches'.
-        demo_settings = DemoSettings(styled=args.demo_styled)
-        demo_dir = DEMO_DIR.with_name(f"{DEMO_DIR.name}-styled-{args.demo_styled:g}")
-    demo = demo_model_build(out=demo_dir, settings=demo_settings, progress=False, log=lambda _: None).out
-    owner, _ = User.objects.get_or_create(username="bench-steering-owner")
-    owner.set_password(PASSWORD)
-    owner.save()
-    rm_base: str | None = None
-    if args.rm_base == "judge":
-        from bench.reward_model import JUDGE_DIR, judge_settings
+def _raters_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[RaterSpec]:
+    """--rater's one function, or --raters generated:N's drawn preferences."""
+    from bench.raters import GeneratedRater, preference_family
 
-        rm_base = str(demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=lambda _: None).out)
-    elif args.rm_base != "policy":
-        rm_base = args.rm_base
-    base_acc = _accuracy(str(demo), demo)
-    base_share = {seed: _sampled(str(demo), demo, rating, max_tokens=args.max_tokens, seed=seed)
-                  for seed in [int(s) for s in args.seeds.split(",")]}
-    print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, sampled arithmetic "
-          f"{_mean([b.arithmetic for b in base_share.values()]):.3f}, rater {args.rater}'s preferred "
-          f"share {_mean([b.share for b in base_share.values()]):.3f}, untagged "
-          f"{_mean([b.untagged for b in base_share.values()]):.3f} (demo model {demo}, styled warm-up share "
-          f"{demo_settings.styled:g})  load {os.getloadavg()[0]:.1f}", flush=True)
-    proc, url = server_start(tmp)
-    results: list[dict[str, Any]] = []
-    try:
-        # The loop explores and trains itself (run_arm): nothing goes to a Celery queue.
-        with own_conductor():
-            for seed in [int(s) for s in args.seeds.split(",")]:
-                for arm in args.arms.split(","):
-                    results.append(run_arm(arm, url=url, seed=seed, steps=args.steps, tasks=args.tasks,
-                                           repeat=args.repeat, lr=args.lr, share=args.share, demo=demo,
-                                           owner_user=owner, base_acc=base_acc, rm_base=rm_base,
-                                           min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
-                                           rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
-                                           rm_confidence=args.rm_confidence, w_auto=args.w_auto,
-                                           crossval_folds=args.crossval_folds, pairs=args.pairs == "on",
-                                           trust=args.trust == "on", rating=rating, noise=args.noise,
-                                           noisy_raters=args.noisy_raters, random_share=args.random_raters,
-                                           max_tokens=args.max_tokens, base_share=base_share[seed],
-                                           verifier=args.verifier == "on", beta=args.beta))
-                    print(f"RESULT {results[-1]}", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        # Kept for a look after the run (the demo model may live elsewhere: BENCH_DEMO_DIR).
-        (ROOT / ".cache").mkdir(exist_ok=True)
-        shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
-        shutil.rmtree(tmp, ignore_errors=True)
+    if args.raters is None:
+        try:
+            rating = rater_load(args.rater)
+        except ValueError as exc:
+            parser.error(str(exc))
+        drawn = rating if isinstance(rating, GeneratedRater) else None
+        return [RaterSpec(name=args.rater, rating=rating, noise=_noise(args.noise, drawn),
+                          description=drawn.describe() if drawn else args.rater, mixed=bool(drawn and drawn.mixed))]
+    count = args.raters.removeprefix("generated:")
+    if not args.raters.startswith("generated:") or not count.isdigit() or int(count) < 1:
+        parser.error(f"--raters {args.raters!r}: expected generated:N, N a whole number of preferences to draw")
+    if args.rater != parser.get_default("rater"):
+        parser.error("--raters and --rater: one or the other")
+    return [RaterSpec(name=f"generated:{p.seed}", rating=p, noise=_noise(args.noise, p), description=p.describe(),
+                      mixed=p.mixed) for p in preference_family(int(count), start=args.raters_start)]
 
+
+def _noise(page: float, drawn: Any) -> float:
+    """A drawn preference's noise level and --noise's, each replacing a rating independently."""
+    own = drawn.noise if drawn is not None else 0.0
+    return 1.0 - (1.0 - page) * (1.0 - own)
+
+
+def _measured(raw: dict[str, Any], rater: RaterSpec, base: Sampled) -> dict[str, Any]:
+    """An arm's result read by one rater: its preferred share, arithmetic and untagged share
+    over the arm's final samples, against the base's for the same rater and seed."""
+    after = _rated(raw["samples"], rater.rating)
+    return {**raw, "rater": rater.name, "share": after.share, "share_gain": after.share - base.share,
+            "arithmetic": after.arithmetic, "arithmetic_gain": after.arithmetic - base.arithmetic,
+            "untagged": after.untagged}
+
+
+def _printable(result: dict[str, Any]) -> dict[str, Any]:
+    """A result without its samples (800 completions) and step probes, for the RESULT line."""
+    return {k: v for k, v in result.items() if k not in ("samples", "probes")}
+
+
+def _table(results: list[dict[str, Any]], *, family: bool) -> None:
     print()
-    print(f"{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}{'gain/100 labels':>17}"
-          f"{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
-          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'arith':>7}{'gain':>7}{'untag':>7}{'seconds':>9}{'load':>6}")
+    head = f"{'rater':<14}" if family else ""
+    print(f"{head}{'arm':<9}{'seed':>5}{'exp acc':>8}{'gain':>8}{'greedy':>8}{'gain':>7}{'labels':>8}"
+          f"{'gain/100 labels':>17}{'rm acc':>8}{'pairs':>6}{'random':>8}{'pairs':>6}"
+          f"{'held-out':>9}{'rm from':>8}{'skipped':>8}{'share':>7}{'gain':>7}{'arith':>7}{'gain':>7}{'untag':>7}"
+          f"{'seconds':>9}{'load':>6}")
     for r in results:
         per100 = 100 * r["gain"] / r["labels"] if r["labels"] else float("nan")
         rm = f"{r['rm_acc']:.2f}" if r["rm_acc"] is not None else "-"
         rm_random = f"{r['rm_acc_random']:.2f}" if r["rm_acc_random"] is not None else "-"
-        print(f"{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}{r['greedy_gain']:>+7.3f}"
-              f"{r['labels']:>8}{per100:>+17.4f}"
-              f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}{r['usable_from'] or '-':>8}{r['skipped']:>8}"
-              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['arithmetic']:>7.3f}{r['arithmetic_gain']:>+7.3f}{r['untagged']:>7.3f}"
-              f"{r['seconds']:>9.0f}"
-              f"{r['load']:>6.1f}")
-    by_arm = {a: [r for r in results if r["arm"] == a] for a in args.arms.split(",")}
+        lead = f"{r['rater']:<14}" if family else ""
+        print(f"{lead}{r['arm']:<9}{r['seed']:>5}{r['acc']:>8.4f}{r['gain']:>+8.4f}{r['greedy']:>8.3f}"
+              f"{r['greedy_gain']:>+7.3f}{r['labels']:>8}{per100:>+17.4f}"
+              f"{rm:>8}{r['rm_pairs']:>6}{rm_random:>8}{r['rm_pairs_random']:>6}{r['rm_heldout']:>9}"
+              f"{r['usable_from'] or '-':>8}{r['skipped']:>8}"
+              f"{r['share']:>7.3f}{r['share_gain']:>+7.3f}{r['arithmetic']:>7.3f}{r['arithmetic_gain']:>+7.3f}"
+              f"{r['untagged']:>7.3f}{r['seconds']:>9.0f}{r['load']:>6.1f}")
+
+
+def _probe_table(results: list[dict[str, Any]]) -> None:
+    """Per `learned` arm run, what its reward model did over the steps (StepProbe, summed):
+    the gate (first step open, steps open, steps it shut again after opening), the groups whose
+    advantages carried the reward model's signal over the steps it was open, its within-group
+    spread against the format reward's and the batch's, and where the labels went."""
+    runs = [r for r in results if r.get("probes")]
+    if not runs:
+        return
+    print()
+    print(f"{'rater':<14}{'arm':<7}{'seed':>5}{'open from':>10}{'open':>6}{'reshut':>7}{'lb at open':>11}"
+          f"{'weight':>7}{'signal/groups':>14}{'sd rm':>7}{'sd fmt':>7}{'sd batch':>9}{'slope':>7}{'apart':>6}{'alike':>6}"
+          f"{'apart by open':>14}  labels by hand-out source")
+    for r in runs:
+        probes: list[StepProbe] = r["probes"]
+        opened = [i for i, p in enumerate(probes) if p.open]
+        first = opened[0] if opened else None
+        reshut = sum(1 for i, p in enumerate(probes) if first is not None and i > first and not p.open)
+        after = probes[first:] if first is not None else []
+        signal = sum(p.signal_groups for p in after if p.open)
+        groups = sum(p.groups for p in after if p.open)
+        sd_rm = [p.rm_sd for p in after if p.rm_sd is not None]
+        slopes = [p.slope for p in after if p.slope is not None]
+        weights = [p.weight for p in after if p.open]
+        sources: dict[str, int] = {}
+        for p in probes:
+            for k, v in p.labels.items():
+                sources[k] = sources.get(k, 0) + v
+        apart_by_open = sum(p.pairs_apart for p in probes[:first + 1]) if first is not None else None
+        bound = probes[first].bound if first is not None else None
+        print(f"{r['rater'][:13]:<14}{r['arm']:<7}{r['seed']:>5}{'-' if first is None else first + 1:>10}"
+              f"{len(opened):>6}{reshut:>7}{'-' if bound is None else f'{bound:.2f}':>11}"
+              f"{(f'{median(weights):.2f}' if weights else '-'):>7}{(f'{signal}/{groups}' if groups else '-'):>14}"
+              f"{(f'{median(sd_rm):.3f}' if sd_rm else '-'):>7}{median([p.format_sd for p in probes]):>7.3f}"
+              f"{median([p.batch_sd for p in probes]):>9.3f}{(f'{median(slopes):.2f}' if slopes else '-'):>7}"
+              f"{sum(p.pairs_apart for p in probes):>6}{sum(p.pairs_alike for p in probes):>6}"
+              f"{'-' if apart_by_open is None else apart_by_open:>14}  "
+              + (" ".join(f"{k} {v}" for k, v in sorted(sources.items())) or "none"))
+
+
+def _rater_summary(rater: RaterSpec, results: list[dict[str, Any]], *, arms: list[str], seeds: list[int],
+                   base: list[Sampled], args: argparse.Namespace) -> None:
+    by_arm = {a: [r for r in results if r["arm"] == a] for a in arms}
     gain = {a: _mean([r["gain"] for r in rs]) for a, rs in by_arm.items()}
     labels = {a: _mean([r["labels"] for r in rs]) for a, rs in by_arm.items()}
     share_gain = {a: _mean([r["share_gain"] for r in rs]) for a, rs in by_arm.items()}
     arithmetic = {a: _mean([r["arithmetic"] for r in rs]) for a, rs in by_arm.items()}
-    print(f"rater {args.rater} (noise {args.noise:g}): preferred share gain per arm (base "
-          f"{_mean([b.share for b in base_share.values()]):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
-          + "; sampled arithmetic accuracy beside (base " + f"{_mean([b.arithmetic for b in base_share.values()]):.3f}): "
+    print(f"rater {rater.name} (noise {rater.noise:g}): preferred share gain per arm (base "
+          f"{_mean([b.share for b in base]):.3f}): " + ", ".join(f"{a} {g:+.3f}" for a, g in share_gain.items())
+          + "; sampled arithmetic accuracy beside (base " + f"{_mean([b.arithmetic for b in base]):.3f}): "
           + ", ".join(f"{a} {g:.3f}" for a, g in arithmetic.items())
           + "; expected (plain-form) accuracy gain: " + ", ".join(f"{a} {g:+.4f}" for a, g in gain.items()))
     rm_accs = [r["rm_acc"] for r in results if r["arm"] == "rm10" and r["rm_acc"] is not None]
@@ -1173,6 +1348,262 @@ def main() -> None:
           f"{sum(r['rm_heldout'] for r in results if r['arm'] == 'rm10')} held-out pairs, on the random share only "
           f"{_mean(rm_randoms):.2f} on {sum(r['rm_pairs_random'] for r in results if r['arm'] == 'rm10')}; "
           f"seeds {args.seeds}, {args.steps} steps, load {os.getloadavg()[0]:.1f}")
+
+
+# `all` gaining less than this on a (preference, seed) pair has no ceiling to read rm10 against:
+# the pair is counted apart (with every label the run did not move the preference beyond noise,
+# ~0.02 on 800 samples).
+CEILING = 0.02
+
+
+def family_pairs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (preference, seed): rm10's share gain against all's (the ratio, where all gained
+    beyond CEILING), against random10's (met as rm10 > 0 and >= 2x random10's), rm10's sampled
+    arithmetic against `format`'s on the same seed, rm10's labels against all's, and its reward
+    model's held-out accuracy. Every figure a plain function of the rows: tests recompute it."""
+    index = {(r["rater"], r["seed"], r["arm"]): r for r in results}
+    out = []
+    for rater, seed in dict.fromkeys((r["rater"], r["seed"]) for r in results):
+        arm = {a: index.get((rater, seed, a)) for a in ("all", "rm10", "random10", "format")}
+        rm10, every, rand, fmt = arm["rm10"], arm["all"], arm["random10"], arm["format"]
+        if rm10 is None:
+            continue
+        pair: dict[str, Any] = {"rater": rater, "seed": seed, "rm10": rm10["share_gain"], "rm_acc": rm10["rm_acc"],
+                                "load": max(r["load"] for r in (rm10, every, rand, fmt) if r is not None)}
+        if every is not None:
+            pair["all"] = every["share_gain"]
+            pair["ratio"] = rm10["share_gain"] / every["share_gain"] if every["share_gain"] > CEILING else None
+            pair["labels"] = rm10["labels"] / every["labels"] if every["labels"] else None
+        if rand is not None:
+            pair["random10"] = rand["share_gain"]
+            pair["vs_random"] = rm10["share_gain"] > 0 and rm10["share_gain"] >= 2 * rand["share_gain"]
+        if fmt is not None:
+            pair["arithmetic"] = rm10["arithmetic"] - fmt["arithmetic"]
+        out.append(pair)
+    return out
+
+
+def _family_summary(raters: list[RaterSpec], results: list[dict[str, Any]], *, seeds: list[int],
+                    args: argparse.Namespace) -> None:
+    """The distribution over (preference, seed) pairs per target: median, 25th percentile,
+    worst case (its preference written out) and the share of pairs meeting the target."""
+    described = {r.name: r.description for r in raters}
+    mixed = {r.name for r in raters if r.mixed}
+    pairs = family_pairs(results)
+    loads = [r["load"] for r in results]  # each run's load average at its end
+    load = f"load {min(loads):.1f}-{max(loads):.1f}" if loads else "load -"
+    print()
+    print(f"family: {len(raters)} drawn preferences x {len(seeds)} seeds = {len(pairs)} pairs, {args.steps} steps "
+          f"({len(mixed)} preferences mix correctness in), {load}")
+
+    def spread(name: str, values: list[tuple[float, dict[str, Any]]], *, target: str, met: int, of: int) -> None:
+        if not values:
+            print(f"  {name}: n/a")
+            return
+        figures = [v for v, _ in values]
+        worst_value, worst = min(values, key=lambda x: x[0])
+        print(f"  {name}: median {median(figures):+.3f}, 25th percentile {percentile(figures, 0.25):+.3f}, worst "
+              f"{worst_value:+.3f} ({worst['rater']} seed {worst['seed']}: {described[worst['rater']]}); "
+              f"met {met}/{of} pairs ({target})")
+
+    ratios = [(p["ratio"], p) for p in pairs if p.get("ratio") is not None]
+    no_ceiling = [p for p in pairs if "all" in p and p.get("ratio") is None]
+    spread("rm10/all share gain", ratios, target=">= 0.8; the family's target: median >= 0.8, 25th percentile >= 0.6",
+           met=sum(1 for v, _ in ratios if v >= 0.8), of=len(ratios))
+    if no_ceiling:
+        print(f"  ... and {len(no_ceiling)} pairs where `all` gained <= {CEILING} (no ceiling to read against): "
+              + ", ".join(f"{p['rater']} s{p['seed']} all {p['all']:+.3f} rm10 {p['rm10']:+.3f}" for p in no_ceiling))
+    labels = [p["labels"] for p in pairs if p.get("labels") is not None]
+    if labels:
+        print(f"  rm10/all labels: at most {max(labels):.3f} (target <= 0.1)")
+    vs = [p for p in pairs if "vs_random" in p]
+    spread("rm10 - random10 share gain", [(p["rm10"] - p["random10"], p) for p in vs],
+           target="rm10 > 0 and >= 2 x random10; the family's target: the median", met=sum(p["vs_random"] for p in vs),
+           of=len(vs))
+    if vs:
+        gained = [(p["rm10"] / p["random10"], p) for p in vs if p["random10"] > CEILING]
+        print(f"  rm10/random10 where random10 gained > {CEILING}: "
+              + (f"median {median([v for v, _ in gained]):.2f} on {len(gained)} pairs" if gained else "no such pair")
+              + f"; median rm10 {median([p['rm10'] for p in vs]):+.3f} against 2 x random10 "
+              f"{2 * median([p['random10'] for p in vs]):+.3f}")
+    arith = [(p["arithmetic"], p) for p in pairs if "arithmetic" in p]
+    spread("rm10 - format sampled arithmetic", arith, target=">= -0.02; the family's target: the median",
+           met=sum(1 for v, _ in arith if v >= -0.02), of=len(arith))
+    mixed_pairs = [p for p in pairs if p["rater"] in mixed]
+    if mixed_pairs:
+        shown = []
+        for p in mixed_pairs:
+            ratio = "-" if p.get("ratio") is None else f"{p['ratio']:.2f}"
+            acc = "-" if p["rm_acc"] is None else f"{p['rm_acc']:.2f}"
+            every = f" all {p['all']:+.3f} ratio {ratio}" if "all" in p else ""
+            shown.append(f"{p['rater']} s{p['seed']} rm10 {p['rm10']:+.3f}{every} rm held-out accuracy {acc}")
+        print("  mixed (style + correctness): " + "; ".join(shown))
+    mid = median([v for v, _ in ratios]) if ratios else float("nan")
+    p25 = percentile([v for v, _ in ratios], 0.25) if ratios else float("nan")
+    print(f"family verdict: rm10/all median {mid:.2f} (>= 0.8), 25th percentile {p25:.2f} (>= 0.6) on "
+          f"{len(ratios)} pairs; seeds {args.seeds}, {args.steps} steps, {load}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--arms", default=",".join(ARMS), help="of " + ",".join(ARMS) + ",auto,format")
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--share", type=float, default=0.1, help="share of rollouts rated in the 10%% arms")
+    parser.add_argument("--rm-base", default="policy",
+                        help="the reward model's base: policy (the demo model), judge (bench/reward_model's), or a path")
+    parser.add_argument("--min-rm-accuracy", type=float, default=0.75)
+    parser.add_argument("--rm-kind", default=DEFAULT_REWARD_KIND, choices=reward_kind_names())
+    parser.add_argument("--rater", default="bench.raters:correct",
+                        help="MODULE:FUNCTION, a function (prompt, completion) -> 1..5 that the careful raters rate "
+                             "by; MODULE an importable module or a .py file anywhere (bench/raters.py: correct, "
+                             "concise, working, in_words)")
+    parser.add_argument("--raters", default=None, metavar="generated:N",
+                        help="in place of --rater: N preferences drawn from bench.raters' generated family "
+                             "(preference_draw, seeds --raters-start..+N-1), each run over --seeds; prints the "
+                             "distribution per target (median, 25th percentile, worst with its preference, share met)")
+    parser.add_argument("--raters-start", type=int, default=0, help="the first drawn preference's seed (--raters)")
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="probability that a careful rater's rating is replaced by a random one")
+    parser.add_argument("--random-raters", type=float, default=0.5,
+                        help="noisy: share of its raters who answer at random (at least one stays careful)")
+    parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
+    parser.add_argument("--max-tokens", type=int, default=32,
+                        help="sampling.max_tokens of the runs (the demo model's styled answers take up to ~25)")
+    parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
+    parser.add_argument("--rm-confidence", type=float, default=0.95,
+                        help="the reward model is used once its held-out accuracy's lower bound at this "
+                             "confidence reaches --min-rm-accuracy (0.5: the point estimate)")
+    parser.add_argument("--w-auto", type=float, default=0.2,
+                        help="weight of the automatic (format) reward beside people's and the reward model's "
+                             "in random10 / rm10 / noisy (the format reward alone loses accuracy: arm `format`)")
+    parser.add_argument("--crossval-folds", type=int, default=4,
+                        help="the reward model's held-out accuracy by k-fold cross-validation over prompts "
+                             "(0: the held-out split; the head and likelihood kinds' default 4)")
+    parser.add_argument("--pairs", default="on", choices=["on", "off"],
+                        help="rm10 / noisy: the selection rule hands out sibling pairs (feedback.selection.pairs)")
+    parser.add_argument("--trust", default="on", choices=["on", "off"],
+                        help="noisy: trust-aware hand-out (feedback.trust: 3 gold items first, untrusted raters "
+                             "get gold items only); off: round 9's hand-out, both raters served alike")
+    parser.add_argument("--verifier", default="off", choices=["on", "off"],
+                        help="on: the run's reward terms check the arithmetic too (math_accuracy beside "
+                             "math_format, weighted by --w-auto beside people): people teach a style, the "
+                             "verifier keeps what it knows; `format` is then that verifier without people")
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="trainer.beta: a KL penalty toward the base model in every arm (0: none, the "
+                             "run's default)")
+    parser.add_argument("--rm-gate", default="bound", choices=["bound", "evidence"],
+                        help="feedback.rm_gate: bound, the reward model in all at once when its held-out accuracy's "
+                             "lower bound reaches --min-rm-accuracy; evidence, from when the bound is above chance, "
+                             "weighted by how far it has come (apps.feedback.learned.reward_model_weight)")
+    parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
+    parser.add_argument("--demo-styled", type=float, default=None,
+                        help="build the demo model with this share of styled warm-up answers, split evenly "
+                             "among its styles (DemoSettings.styled, 0.75 by default: every style a quarter, "
+                             "the bare answer too; 0.45: RECIPE 6's share), in a directory of its own beside "
+                             "BENCH_DEMO_DIR")
+    args = parser.parse_args()
+    raters = _raters_of(parser, args)
+    if args.verifier == "on" and any(getattr(r.rating, "__wrapped__", r.rating) is correct for r in raters):
+        parser.error("--verifier on with the correctness rater gives the run the rater's own answer key: "
+                     "nothing would be learned from people (use a style rater)")
+    if not 0.0 <= args.noise <= 1.0 or not 0.0 <= args.random_raters <= 1.0:
+        parser.error("--noise and --random-raters are shares between 0 and 1")
+    if args.beta < 0:
+        parser.error("--beta is a KL weight, 0 or more")
+    if args.demo_styled is not None and not 0.0 <= args.demo_styled < 1.0:
+        parser.error("--demo-styled is a share from 0 to below 1 (some bare answers stay)")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = args.arms.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
+    os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
+    os.environ["REDIS_URL"] = ""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("RFT_FAST_PASSWORD_HASHER", "1")
+    setup_django()
+    import logging
+
+    import torch
+    from django.contrib.auth.models import User
+
+    from workers.demo_model import DemoSettings, demo_model_build
+
+    logging.disable(logging.INFO)
+    torch.set_num_threads(1)
+    demo_settings, demo_dir = DemoSettings(), DEMO_DIR
+    if args.demo_styled is not None and args.demo_styled != demo_settings.styled:
+        # A directory of its own: the default one is the suite's and the other benches'.
+        demo_settings = DemoSettings(styled=args.demo_styled)
+        demo_dir = DEMO_DIR.with_name(f"{DEMO_DIR.name}-styled-{args.demo_styled:g}")
+    demo = demo_model_build(out=demo_dir, settings=demo_settings, progress=False, log=lambda _: None).out
+    owner, _ = User.objects.get_or_create(username="bench-steering-owner")
+    owner.set_password(PASSWORD)
+    owner.save()
+    rm_base: str | None = None
+    if args.rm_base == "judge":
+        from bench.reward_model import JUDGE_DIR, judge_settings
+
+        rm_base = str(demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=lambda _: None).out)
+    elif args.rm_base != "policy":
+        rm_base = args.rm_base
+    base_acc = _accuracy(str(demo), demo)
+    # The base's samples, drawn once per seed and read by every rater.
+    base_samples = {seed: _samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed) for seed in seeds}
+    base = {(r.name, seed): _rated(base_samples[seed], r.rating) for r in raters for seed in seeds}
+    for r in raters:
+        if len(raters) > 1:
+            print(f"preference {r.description}", flush=True)
+        print(f"base expected accuracy {base_acc[0]:.4f}, greedy {base_acc[1]:.3f}, sampled arithmetic "
+              f"{_mean([base[r.name, s].arithmetic for s in seeds]):.3f}, rater {r.name}'s preferred "
+              f"share {_mean([base[r.name, s].share for s in seeds]):.3f}, untagged "
+              f"{_mean([base[r.name, s].untagged for s in seeds]):.3f} (demo model {demo}, styled warm-up share "
+              f"{demo_settings.styled:g})  load {os.getloadavg()[0]:.1f}", flush=True)
+    proc, url = server_start(tmp)
+    results: list[dict[str, Any]] = []
+    try:
+        # The loop explores and trains itself (run_arm): nothing goes to a Celery queue.
+        with own_conductor():
+            for seed in seeds:
+                common = dict(url=url, seed=seed, steps=args.steps, tasks=args.tasks, repeat=args.repeat, lr=args.lr,
+                              share=args.share, demo=demo, owner_user=owner, base_acc=base_acc, rm_base=rm_base,
+                              min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
+                              rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
+                              rm_confidence=args.rm_confidence, w_auto=args.w_auto,
+                              crossval_folds=args.crossval_folds, pairs=args.pairs == "on", trust=args.trust == "on",
+                              noisy_raters=args.noisy_raters, random_share=args.random_raters,
+                              max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta,
+                              rm_gate=args.rm_gate)
+                # `format` has no people: its run does not depend on the rater, so it runs once
+                # per seed and each rater reads its samples.
+                unrated = {arm: run_arm(arm, rating=raters[0].rating, noise=0.0, **common)  # type: ignore[arg-type]
+                           for arm in arms if arm in ("format", "auto")}
+                for r in raters:
+                    for arm in arms:
+                        raw = unrated[arm] if arm in unrated else run_arm(
+                            arm, rating=r.rating, noise=r.noise, **common)  # type: ignore[arg-type]
+                        results.append(_measured(raw, r, base[r.name, seed]))
+                        print(f"RESULT {_printable(results[-1])}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        # Kept for a look after the run (the demo model may live elsewhere: BENCH_DEMO_DIR).
+        (ROOT / ".cache").mkdir(exist_ok=True)
+        shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    _table(results, family=len(raters) > 1)
+    _probe_table(results)
+    for r in raters:
+        _rater_summary(r, [x for x in results if x["rater"] == r.name], arms=arms, seeds=seeds,
+                       base=[base[r.name, s] for s in seeds], args=args)
+    if len(raters) > 1:
+        _family_summary(raters, results, seeds=seeds, args=args)
 
 
 if __name__ == "__main__":

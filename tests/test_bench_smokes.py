@@ -98,7 +98,7 @@ def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
     # With the run's verifier kept beside people, its arm without people to read against, and
     # a KL penalty toward the base model in both.
     out = bench("steering", "--steps", "1", "--seeds", "0", "--arms", "all,format", "--tasks", "2", "--repeat", "2",
-                "--rater", f"{mine}:likes_tags", "--verifier", "on", "--beta", "0.1", timeout=600)
+                "--rater", f"{mine}:likes_tags", "--verifier", "on", "--beta", "0.1", timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     # Each arm's row ends with the share of sampled answers without an `<answer>`, its seconds and load.
     assert re.search(rf"^all +0 .* {NUMBER} +\d+ +{NUMBER}$", out.stdout, re.M) and " untag " in out.stdout, \
@@ -110,6 +110,32 @@ def test_steering_rates_by_a_rater_from_a_file_outside_the_repository(
     # The 200 held-out problems sampled before and after, and the 4 rollouts `all` rated.
     assert len(calls) >= 2 * 200 + 4
     assert any("What is" in line for line in calls)
+
+
+def test_steering_runs_a_generated_family_of_preferences(bench: Callable[..., Any]) -> None:
+    """`--raters generated:2`: two drawn preferences, each written out, `format` run once for the
+    seed (it has no people) and read by both, each learned arm's reward model per step, and the
+    family's distribution per target."""
+    from bench.raters import preference_draw
+
+    out = bench("steering", "--raters", "generated:2", "--steps", "1", "--seeds", "0", "--arms", "all,rm10,format",
+                "--tasks", "2", "--repeat", "2", timeout=1200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    for seed in (0, 1):
+        assert f"preference {preference_draw(seed).describe()}" in out.stdout, out.stdout[-2000:]
+    assert len(re.findall(r"^  format s0 step +1 ", out.stdout, re.M)) == 1, out.stdout[-3000:]
+    assert len(re.findall(r"^  rm10 s0 step +1 ", out.stdout, re.M)) == 2
+    assert re.search(r"^      gate .* groups rm \d+/\d+ signal \d+ .* labels .* pairs apart \d+ alike \d+$", out.stdout,
+                     re.M), out.stdout[-3000:]
+    for rater in ("generated:0", "generated:1"):
+        assert re.search(rf"^{rater} +format +0 ", out.stdout, re.M) and re.search(rf"^{rater} +rm10 +0 ", out.stdout,
+                                                                                  re.M), out.stdout[-3000:]
+        assert re.search(rf"^rater {rater} \(noise [\d.]+\): preferred share gain per arm", out.stdout, re.M)
+    assert re.search(r"^family: 2 drawn preferences x 1 seeds = 2 pairs, 1 steps .*load", out.stdout, re.M)
+    assert re.search(r"^  rm10 - format sampled arithmetic: median [-+]\d\.\d+, 25th percentile [-+]\d\.\d+, worst "
+                     r"[-+]\d\.\d+ \(generated:\d seed 0: generated:\d: .*\); met \d/2 pairs", out.stdout, re.M), \
+        out.stdout[-3000:]
+    assert re.search(r"^family verdict: rm10/all median .* on \d+ pairs; seeds 0, 1 steps, load", out.stdout, re.M)
 
 
 def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_path: Any) -> None:

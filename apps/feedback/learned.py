@@ -9,7 +9,9 @@ a member people rated gets the `blend` fold of their reward; a group is trainabl
 member has a reward, so groups never wait for people. Until a version's held-out accuracy
 is at least `feedback.min_rm_accuracy` with `feedback.rm_accuracy_confidence` confidence,
 nothing is scored into rewards and the run behaves as `blend` (groups wait for people, then
-the wait window's fallback).
+the wait window's fallback); under `feedback.rm_gate: evidence` the version scores from when
+that bound is above chance, its scores weighted by how far the bound has come
+(`reward_model_weight`).
 """
 
 from __future__ import annotations
@@ -82,19 +84,46 @@ def reward_model_lower_bound(*, run: Run, rm: RewardModel) -> float | None:
                                 confidence=run.cfg.feedback.rm_accuracy_confidence)
 
 
+# A pairwise accuracy no better than this is a coin's: the `evidence` gate's floor.
+CHANCE = 0.5
+
+
 def reward_model_usable(*, run: Run) -> RewardModel | None:
     """The newest version good enough to score rewards, or None: `learned` then falls back
     as `blend`. Good enough: the lower confidence bound of its held-out accuracy
-    (`accuracy_lower_bound` at `rm_accuracy_confidence`) reaches `min_rm_accuracy`, on at
+    (`accuracy_lower_bound` at `rm_accuracy_confidence`) reaches `min_rm_accuracy` (gate
+    `bound`) or is above chance (gate `evidence`, weighted by `reward_model_weight`), on at
     least `min_rm_heldout_pairs` pairs."""
     latest = reward_model_latest(run=run)
     policy = run.cfg.feedback
     if latest is None or latest.pairs_heldout < policy.min_rm_heldout_pairs:
         return None
     bound = reward_model_lower_bound(run=run, rm=latest)
-    if bound is None or bound < policy.min_rm_accuracy:
+    if bound is None:
         return None
-    return latest
+    if policy.rm_gate == "evidence" and policy.min_rm_accuracy > CHANCE:
+        return latest if bound > CHANCE else None
+    return latest if bound >= policy.min_rm_accuracy else None
+
+
+def reward_model_weight(*, run: Run, rm: RewardModel) -> float:
+    """How much of a usable version's calibrated score a reward carries: 1 under the `bound`
+    gate; under `evidence` the share of the way from chance to `min_rm_accuracy` its lower
+    bound has come (full from there on)."""
+    policy = run.cfg.feedback
+    if policy.rm_gate != "evidence" or policy.min_rm_accuracy <= CHANCE:
+        return 1.0
+    bound = reward_model_lower_bound(run=run, rm=rm) or 0.0
+    return min(1.0, max(0.0, (bound - CHANCE) / (policy.min_rm_accuracy - CHANCE)))
+
+
+def rm_reward_score(*, rm: RewardModel, score: float, weight: float) -> float:
+    """A raw score as the reward fold takes it: calibrated to the human scale [0, 1], then drawn
+    toward the scale's middle by what the gate has not yet seen shown (`weight` 1: as calibrated).
+    Within a group only differences train (GRPO), so a weight w scales the reward model's part
+    of every advantage by w."""
+    calibrated = rm.calibrated(score)
+    return calibrated if weight >= 1.0 else 0.5 + weight * (calibrated - 0.5)
 
 
 # How long before a version's publication its data may have been read: its training time
@@ -190,11 +219,13 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
         pending = [m for m in members if m.status == Experience.Status.PENDING]
         if not pending:
             return False
+        weight = reward_model_weight(run=run, rm=rm)
         for m in pending:
             # Rated only by raters the run does not trust: the reward model decides instead.
             untrusted = weights is not None and folds[m.pk].weight_total < TRUSTED_WEIGHT
             if (m.human_reward is None or untrusted) and m.pk in scores:
-                reward = reward_learned(policy=policy, auto=m.auto_reward, rm=rm.calibrated(scores[m.pk]))
+                reward = reward_learned(policy=policy, auto=m.auto_reward,
+                                        rm=rm_reward_score(rm=rm, score=scores[m.pk], weight=weight))
                 Experience.objects.filter(pk=m.pk).update(reward=reward)
                 m.reward = reward
         if any(m.reward is None or (m.metadata or {}).get("awaiting_rewards") for m in pending):

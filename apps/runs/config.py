@@ -167,6 +167,15 @@ class FeedbackPolicy(_Strict):
     rm_accuracy_confidence: float = Field(0.95, ge=0.5, lt=1.0)
     # ... and on at least this many held-out pairs (a floor beside the bound; 0: the bound alone).
     min_rm_heldout_pairs: int = Field(0, ge=0)
+    # How the reward model enters. `bound`: all at once, when the bound reaches min_rm_accuracy
+    # (until then not at all). `evidence`: as soon as the bound is above chance (0.5), its
+    # calibrated score drawn toward the scale's middle by what the bound has not yet shown:
+    # weight (bound - 0.5) / (min_rm_accuracy - 0.5), full from min_rm_accuracy on, where `bound`
+    # would open (apps.feedback.learned.reward_model_weight). A model that ranks pairs well on
+    # few pairs steers a little from the first steps instead of not at all for half the run.
+    rm_gate: Literal["bound", "evidence"] = Field(
+        "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown) or "
+                             "evidence (from better than chance, weighted by how far its accuracy is shown)")
     # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"

@@ -87,6 +87,51 @@ def test_the_reward_model_gate_is_a_lower_confidence_bound_on_held_out_accuracy(
     assert (reward_model_usable(run=run) == rm) is usable
 
 
+@pytest.mark.parametrize("accuracy,pairs,weight", [
+    (1.0, 9, 1.0),      # the bound gate's model: bound 0.75 reached, full weight as before
+    (1.0, 4, 0.39),     # 4 of 4: bound 0.60, above chance; the bound gate would keep it out
+    (0.9, 20, 0.95),    # bound 0.74
+    (0.55, 40, None),   # bound 0.42: no better than chance with 95% confidence, not used at all
+])
+def test_the_evidence_gate_lets_a_better_than_chance_model_in_at_the_weight_its_bound_earned(
+    owner: User, accuracy: float, pairs: int, weight: float | None,
+) -> None:
+    """`rm_gate: evidence`: a version is folded in once its held-out accuracy's lower bound is
+    above chance, its calibrated scores drawn toward the scale's middle by (bound - 0.5) /
+    (min_rm_accuracy - 0.5); the rewards a group trains on carry that share of its differences."""
+    from apps.feedback.learned import accuracy_lower_bound, reward_model_weight
+
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "evidence",
+                                          "w_auto": 0.0, "w_rm": 1.0},
+                   reward_model={"enabled": True})
+    a, b = _items(run, 2, "g")
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs,
+                                    scale=0.25, offset=0.5)
+    if weight is None:
+        assert reward_model_usable(run=run) is None
+        assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 0
+        return
+    assert reward_model_usable(run=run) == rm
+    bound = accuracy_lower_bound(accuracy=accuracy, pairs=pairs, confidence=0.95)
+    assert reward_model_weight(run=run, rm=rm) == pytest.approx(min(1.0, (bound - 0.5) / 0.25)) \
+        == pytest.approx(weight, abs=0.01)
+    assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 1
+    a, b = (Experience.objects.get(pk=e.pk) for e in (a, b))
+    # Calibrated 1.0 and 0.0; drawn toward 0.5 by the weight: a difference of `weight`.
+    assert a.reward == pytest.approx(0.5 + weight * 0.5, abs=0.01) and b.reward == pytest.approx(0.5 - weight * 0.5,
+                                                                                                  abs=0.01)
+    assert a.status == b.status == "ready"
+
+
+def test_the_bound_gate_is_the_default_and_keeps_the_reward_model_out_until_the_bound_is_reached(
+    owner: User,
+) -> None:
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
+    assert run.cfg.feedback.rm_gate == "bound"
+    RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=4)
+    assert reward_model_usable(run=run) is None
+
+
 def test_the_lower_bound_is_wilsons_and_confidence_one_half_is_the_point_estimate() -> None:
     from scipy.stats import binomtest
 
