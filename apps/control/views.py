@@ -617,6 +617,16 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
 
 
 run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+
+
+@login_required
+@require_GET
+def run_labelling(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The owner's "Labelling progress" panel, which the run page asks for again after each
+    label (feedback.saved) and as rollouts arrive: the figures as the rows give them now."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+    return _partial(request, "runs/_labelling.html", {"run": run, "labelling": labelling_progress(run=run)},
+                    f"Labelling progress · {run.name}")
 # The run's taskset import progress (polled by the run page while it goes on).
 run_taskset_import = _run_panel("runs/_taskset_import.html", "Taskset import", lambda run: {"just_done": True})
 run_failures = _run_panel("runs/_failures.html", "Worker errors", lambda run: {"failures": run_task_failures(run=run)})
