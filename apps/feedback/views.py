@@ -315,6 +315,8 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
                                                   experience_id__in=feedback_targets(fb)).select_related("experience"))
     else:
         reopened = []
-    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message,
+    # The annotation page's box shows the latest few (its height stays bounded); this page, more.
+    limit = 10 if request.htmx and request.htmx.target == "mine-box" else 30
+    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=limit), "message": message,
                "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback}
     return _fragment(request, run, "feedback/_mine.html", context)
