@@ -429,7 +429,9 @@ def run_config_diff(request: HtmxHttpRequest, run_id: int, other_id: int | None 
     other = run_for_page(user=request.user, run_id=other_id, runs=_RUNS)[0] if other_id is not None else None
     context = {
         "run": run, "other": other, "error": error,
-        "differences": config_differences(run.config, other.config) if other is not None else [],
+        # Each key with its dotted parts: a narrow column breaks it between parts, never inside one.
+        "differences": [(d, [f"{part}." for part in d["path"].split(".")[:-1]] + [d["path"].split(".")[-1]])
+                        for d in config_differences(run.config, other.config)] if other is not None else [],
         "choices": runs_visible_to(user=request.user).exclude(pk=run.pk).order_by("-created_at")
                    .values("pk", "name", "status")[:100],
     }
