@@ -71,7 +71,8 @@ def oldest_first() -> Iterator[None]:
 
     from apps.feedback import selectors, services
 
-    real: Callable[..., Any] = services.annotation_candidates
+    # The claim reads its candidates through selectors.annotation_handout (the waiting count's too).
+    real: Callable[..., Any] = selectors.annotation_candidates
     real_queue: Callable[..., Any] = selectors.annotation_queue
     real_counts: Callable[..., Any] = services.queue_item_counts
 
@@ -82,15 +83,15 @@ def oldest_first() -> Iterator[None]:
         from django.db.models import Case, IntegerField, Value, When
 
         waiting = Case(When(status="pending", then=Value(0)), default=Value(1), output_field=IntegerField())
-        return selectors.annotation_candidates(run=run, annotator=annotator).order_by(waiting, "id")
+        return real(run=run, annotator=annotator).order_by(waiting, "id")
 
-    services.annotation_candidates = before
+    selectors.annotation_candidates = before
     selectors.annotation_queue = queue_before
     services.queue_item_counts = Q  # every leased item fills the queue
     try:
         yield
     finally:
-        services.annotation_candidates = real
+        selectors.annotation_candidates = real
         selectors.annotation_queue = real_queue
         services.queue_item_counts = real_counts
 

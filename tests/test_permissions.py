@@ -95,6 +95,7 @@ ACCESS: dict[str, str] = {
     "runs:image": MEMBER,  # a picture of the run's taskset (apps/buffer/views.py)
     "runs:failures": MEMBER,
     "runs:waiting": MEMBER,
+    "runs:labelling": OWNER,  # the owner's labelling progress panel, refreshed live on the run page
     "runs:taskset_import": MEMBER,
     "runs:members": MEMBER,  # GET lists the people; adding one is the owner's (POST)
     "runs:member_remove": OWNER,

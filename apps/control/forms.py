@@ -185,7 +185,9 @@ def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tupl
                 errors[spec.path] = exc.message if exc.field == spec.path else f"{exc.field}: {exc.message}"
             continue
         # Numbers stay strings: the schema parses them and names the field when it can't.
-        _set(data, spec.path, str(raw).strip())
+        # Markdown is kept as written (its line endings made \n by the schema): a trailing
+        # newline stripped here made a copied run's guidelines differ from its original's.
+        _set(data, spec.path, str(raw) if spec.kind == "markdown" else str(raw).strip())
     return data, errors
 
 

@@ -435,7 +435,9 @@ def run_config_diff(request: HtmxHttpRequest, run_id: int, other_id: int | None 
     other = run_for_page(user=request.user, run_id=other_id, runs=_RUNS)[0] if other_id is not None else None
     context = {
         "run": run, "other": other, "error": error,
-        "differences": config_differences(run.config, other.config) if other is not None else [],
+        # Each key with its dotted parts: a narrow column breaks it between parts, never inside one.
+        "differences": [(d, [f"{part}." for part in d["path"].split(".")[:-1]] + [d["path"].split(".")[-1]])
+                        for d in config_differences(run.config, other.config)] if other is not None else [],
         "choices": runs_visible_to(user=request.user).exclude(pk=run.pk).order_by("-created_at")
                    .values("pk", "name", "status")[:100],
     }
@@ -623,6 +625,16 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
 
 
 run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+
+
+@login_required
+@require_GET
+def run_labelling(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The owner's "Labelling progress" panel, which the run page asks for again after each
+    label (feedback.saved) and as rollouts arrive: the figures as the rows give them now."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+    return _partial(request, "runs/_labelling.html", {"run": run, "labelling": labelling_progress(run=run)},
+                    f"Labelling progress · {run.name}")
 # The run's taskset import progress (polled by the run page while it goes on).
 run_taskset_import = _run_panel("runs/_taskset_import.html", "Taskset import", lambda run: {"just_done": True})
 run_failures = _run_panel("runs/_failures.html", "Worker errors", lambda run: {"failures": run_task_failures(run=run)})

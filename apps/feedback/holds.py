@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DatabaseError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Max, OuterRef, Subquery, Value
+from django.db.models import DateTimeField, ExpressionWrapper, F, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
@@ -61,6 +61,7 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
     now = timezone.now()
     try:
         with transaction.atomic():
+            _lock_or_yield(run=run, annotator=annotator, also_groups=also_groups)
             mine = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED,
                                              experience__status__in=_OPEN)
             cap = ExpressionWrapper(F("created_at") + timedelta(seconds=policy.hold_cap_seconds),
@@ -82,6 +83,19 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
         log.info("hold renewal of run %s for %s lost a race; the next sign of work renews it", run.pk, annotator.pk)
         return 0
     return held_groups
+
+
+def _lock_or_yield(*, run: Run, annotator: Person, also_groups: Iterable[str]) -> None:
+    """Lock the rows a renewal writes, in a label's order (its group's experiences, then the
+    assignments), without waiting: a label being folded holds them, and a renewal that waited
+    for them while holding the assignments deadlocked with it, and Postgres could end the
+    label's transaction (a 503 while someone labelled quickly). Raises DatabaseError when a row
+    is taken; the renewal gives way (the next sign of work renews)."""
+    leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED)
+    groups = Q(group_id__in=leased.values("experience__group_id")) | Q(group_id__in=list(also_groups))
+    list(Experience.objects.select_for_update(nowait=True).filter(groups, run=run, status__in=_OPEN)
+         .order_by("id").values_list("pk", flat=True))
+    list(leased.select_for_update(nowait=True).order_by("id").values_list("pk", flat=True))
 
 
 def holds_sync(*, run: Run, group_ids: Iterable[str], now: datetime | None = None) -> int:

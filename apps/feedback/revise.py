@@ -55,26 +55,44 @@ def _on_gold(fb: Feedback, gold: set[int]) -> bool:
     return bool(targets) and all(t in gold for t in targets)
 
 
+# A run in one of these has settled what its labels did: nothing is revised there (a stopped or
+# failed run may be started again, and takes new labels then; a revision before that would
+# change what people saw in its summary).
+_SETTLED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+
+
+def run_takes_revisions(*, run: Run) -> bool:
+    return run.status not in _SETTLED
+
+
 class Submission(TypedDict):
     feedback: Feedback
     revisable: bool
+    final: str  # why it can no longer change ("" while revisable)
 
 
 def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
-    be revised."""
+    be revised (and if not, why)."""
     rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
                 .order_by("-created_at", "-id")[:limit])
+    if not run_takes_revisions(run=run):
+        return [{"feedback": f, "revisable": False, "final": f"run {run.status}"} for f in rows]
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
     gold = _gold_ids(run.pk)
-    return [{"feedback": f, "revisable": not f.late and (f.group_id not in trained or _on_gold(f, gold))}
-            for f in rows]
+    out: list[Submission] = []
+    for f in rows:
+        revisable = not f.late and (f.group_id not in trained or _on_gold(f, gold))
+        out.append({"feedback": f, "revisable": revisable, "final": "" if revisable else "trained on"})
+    return out
 
 
 def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
     refold its group and reopen their items. NotRevisable says why not."""
+    if not run_takes_revisions(run=run):
+        raise NotRevisable(f"this run is {run.status}: its labels can no longer change")
     with transaction.atomic():
         qs = Feedback.objects.select_for_update().filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
         if feedback_id is not None:

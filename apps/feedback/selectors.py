@@ -14,6 +14,10 @@ from apps.feedback.kinds import kind_get, kind_names, value_of
 from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.ledger import kind_refusal
 from apps.feedback.models import Assignment, Feedback
+from apps.feedback.reliability import rater_standing
+from apps.feedback.selection import selection_active
+from apps.rewards.models import GoldItem
+from apps.runs.config import FeedbackPolicy
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_role, run_takes_feedback
 
@@ -85,17 +89,71 @@ def experiences_handed_out_unbiased(*, run: Run) -> set[int]:
                .values_list("experience_id", flat=True).distinct())
 
 
+def trust_handout(policy: FeedbackPolicy) -> bool:
+    """Whether the hand-out follows each annotator's standing (`feedback.trust` set, and
+    trust measured: a rater weighting on)."""
+    return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
+
+
+def handout_selects(policy: FeedbackPolicy) -> bool:
+    """Whether the hand-out goes by a rule (apps.feedback.services._claim_selected: selection,
+    gold items, trust) rather than arrival order alone."""
+    return policy.gold_rate > 0 or selection_active(policy.selection) or trust_handout(policy)
+
+
+@dataclass(frozen=True)
+class Handout:
+    """What the annotation queue may hand `annotator` now, as the claim decides it: the one
+    definition behind both the claim (apps.feedback.services.assignment_claim) and the count
+    of what waits for them (annotation_waiting), so a count above the queue's items always
+    means a claim brings more ("117 waiting for you" beside an empty queue that "Load new
+    items" could not fill: the count read the candidates, the claim its gold-only rule)."""
+
+    fresh: QuerySet[Experience]  # the items it hands out, in its order (under a rule: no gold items)
+    fresh_now: bool  # False: none of `fresh` for now (a new rater's first gold items; an untrusted one at share 0)
+    gold: list[int]  # gold items never handed to them, when the rule hands them out (sorted)
+    gold_ids: frozenset[int]  # every gold item of the run, under a rule
+    gold_only: int  # under trust, gold items before any fresh one (a new rater: up to gold_first; untrusted: all)
+    standing: str | None  # apps.feedback.reliability.rater_standing, where the hand-out follows it
+
+    def count(self) -> int:
+        """The items a claim would hand out, one claim after another, as things stand."""
+        return self.gold_only + (self.fresh.order_by().count() if self.fresh_now else 0)
+
+
+def annotation_handout(*, run: Run, annotator: Person) -> Handout:
+    policy = run.cfg.feedback
+    candidates = annotation_candidates(run=run, annotator=annotator)
+    if not handout_selects(policy):
+        return Handout(fresh=candidates, fresh_now=True, gold=[], gold_ids=frozenset(), gold_only=0, standing=None)
+    gold_ids = frozenset(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
+    mine = Assignment.objects.filter(run=run, annotator_id=annotator.pk)
+    gold = sorted(gold_ids - set(mine.values_list("experience_id", flat=True)))
+    fresh = candidates.exclude(pk__in=gold_ids)
+    standing = rater_standing(run=run, annotator_id=annotator.pk or 0) if trust_handout(policy) else None
+    trust = policy.trust
+    if standing == "unmeasured" and trust.gold_first and gold:
+        # Gold only until measured; gold already handed out counts (skipped ones do not).
+        given = mine.filter(experience_id__in=gold_ids).exclude(status=Assignment.Status.SKIPPED).count()
+        return Handout(fresh=fresh, fresh_now=False, gold=gold, gold_ids=gold_ids, gold_only=min(len(gold), max(0, trust.gold_first - given)),
+                       standing=standing)
+    if standing == "untrusted":
+        return Handout(fresh=fresh, fresh_now=trust.untrusted_share > 0, gold=gold, gold_ids=gold_ids, gold_only=len(gold),
+                       standing=standing)
+    return Handout(fresh=fresh, fresh_now=True, gold=gold, gold_ids=gold_ids, gold_only=0, standing=standing)
+
+
 def annotation_waiting(*, run: Run, annotator: Person) -> int:
     """The one count of what waits for `annotator` on the run, shown on every page (the runs
     list, the run page, the annotation page) and by the API: the items in their queue (leased
-    to them) plus what the queue may still hand them (annotation_candidates). A claim moves
-    items from the second part to the first, so opening the annotation page does not change
-    it; a label, a skip, or an item that trained or went to someone else does. 0 on a run
-    that takes no more feedback."""
+    to them) plus what the queue's claim would still hand them (annotation_handout: the claim's
+    own definition). A claim moves items from the second part to the first, so opening the
+    annotation page does not change it; a label, a skip, or an item that trained or went to
+    someone else does. 0 on a run that takes no more feedback."""
     if not run_takes_feedback(run=run):
         return 0
     leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED).count()
-    return leased + annotation_candidates(run=run, annotator=annotator).order_by().count()
+    return leased + annotation_handout(run=run, annotator=annotator).count()
 
 
 class PersonLabelling(TypedDict):

@@ -35,11 +35,10 @@ from apps.feedback.kinds.pairwise import PairwiseValue
 from apps.feedback.kinds.ranking import RankingValue
 from apps.feedback.kinds.rating import RatingValue
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.selectors import annotation_candidates, queue_item_counts
-from apps.feedback.reliability import rater_offsets_cached, rater_standing, rater_weights_cached
-from apps.feedback.selection import WINDOW, selection_active, selection_order, selection_ranks, share_slots
+from apps.feedback.selectors import Handout, annotation_handout, handout_selects, queue_item_counts, trust_handout
+from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+from apps.feedback.selection import WINDOW, selection_order, selection_ranks, share_slots
 from apps.rewards.models import GoldItem
-from apps.runs.config import FeedbackPolicy
 from apps.runs.events import event_publish
 from apps.runs.feedback_policy import (
     DROP_REASON,
@@ -111,12 +110,13 @@ def _claim(*, run: Run, annotator: User, size: int, lease_seconds: float | None)
         return []
     overlap = run.cfg.feedback.overlap
     expires = timezone.now() + timedelta(seconds=lease_seconds if lease_seconds is not None else _lease_seconds())
-    candidates = annotation_candidates(run=run, annotator=annotator)
+    # What it may hand out: the definition annotation_waiting counts too.
+    handout = annotation_handout(run=run, annotator=annotator)
+    candidates = handout.fresh
     created: list[Assignment] = []
 
-    policy = run.cfg.feedback
-    if policy.gold_rate > 0 or selection_active(policy.selection) or _trust_handout(policy):
-        return _claim_selected(run=run, annotator=annotator, candidates=candidates, want=want, expires=expires)
+    if handout_selects(run.cfg.feedback):
+        return _claim_selected(run=run, annotator=annotator, handout=handout, want=want, expires=expires)
     tried: set[int] = set()
     for _ in range(8):  # windows; each one either yields items or shows the pool is empty
         window = [pk for pk in candidates.exclude(pk__in=tried).values_list("pk", flat=True)[: want * 3 + 8]]
@@ -176,12 +176,6 @@ GOLD_SLOT_BASE = 1000
 GOLD_SLOTS = range(GOLD_SLOT_BASE, GOLD_SLOT_BASE + 200)
 
 
-def _trust_handout(policy: FeedbackPolicy) -> bool:
-    """Whether the hand-out follows each annotator's standing (`feedback.trust` set, and
-    trust measured: a rater weighting on)."""
-    return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
-
-
 def _claimer(*, run: Run, annotator: User) -> str:
     """Who claims, as the hand-out's seed sees them: the owner, a member by their place among
     the run's members (the order they joined), anyone else (staff) by name. Not the account's
@@ -214,28 +208,27 @@ def handout_rngs(*, run: Run, annotator: User, streams: Sequence[str]) -> list[r
             for stream in streams]
 
 
-def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experience], want: int, expires: datetime) -> list[Assignment]:
+def _claim_selected(*, run: Run, annotator: User, handout: Handout, want: int, expires: datetime) -> list[Assignment]:
     """assignment_claim under a selection rule (apps.feedback.selection), gold items and
     trust-aware hand-out (`feedback.trust`): the same slots and leases, the order and the mix
     decided by the rule. A sibling pair (`selection.pairs`) goes to one annotator whole, so the
     queue may end one over `want`; gold items come between pairs.
 
-    By the annotator's standing (apps.feedback.reliability.rater_standing): an unmeasured one
-    gets gold items only until `trust.gold_first` are handed out (their fresh labels would
-    teach the reward model nothing until trust is known, and half the budget went to a random
-    rater before); an untrusted one gets their unrated gold items first, then only
-    `trust.untrusted_share` of the fresh items, the rest staying for trusted annotators.
-    The gold items look like any other item either way."""
+    By the annotator's standing (apps.feedback.selectors.annotation_handout, which
+    annotation_waiting counts from too): an unmeasured one gets gold items only until
+    `trust.gold_first` are handed out (their fresh labels would teach the reward model nothing
+    until trust is known, and half the budget went to a random rater before); an untrusted one
+    gets their unrated gold items first, then only `trust.untrusted_share` of the fresh items,
+    the rest staying for trusted annotators. The gold items look like any other item either way."""
     policy = run.cfg.feedback
     trust = policy.trust
-    gold_ids = set(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
+    gold_ids = handout.gold_ids
     mine_qs = Assignment.objects.filter(run=run, annotator=annotator)
     mine = mine_qs.count()
-    fresh_gold = [pk for pk in gold_ids - set(mine_qs.values_list("experience_id", flat=True))]
     # Both drawn before anything is handed out, from the count the claim starts at. Sorted
-    # first: the shuffle repeats under a seed whatever order the set iterates in.
+    # (handout.gold is): the shuffle repeats under a seed whatever order a set iterates in.
     gold_rng, order_rng = handout_rngs(run=run, annotator=annotator, streams=("gold", "order"))
-    fresh_gold.sort()
+    fresh_gold = list(handout.gold)
     gold_rng.shuffle(fresh_gold)
     created: list[Assignment] = []
 
@@ -248,20 +241,15 @@ def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experienc
                 return got[0]
         return None
 
-    standing = None
-    if _trust_handout(policy):
-        standing = rater_standing(run=run, annotator_id=annotator.pk)
-    fresh_cap = want
-    if standing == "unmeasured" and trust.gold_first and fresh_gold:
-        # Gold only until measured; gold already in the queue counts (skipped ones do not).
-        given = mine_qs.filter(experience_id__in=gold_ids).exclude(status=Assignment.Status.SKIPPED).count()
-        for _ in range(min(want, trust.gold_first - given)):
+    if handout.standing == "unmeasured" and not handout.fresh_now:
+        # Gold only until measured (handout.gold_only: what gold_first leaves of it).
+        for _ in range(min(want, handout.gold_only)):
             got = gold_take()
             if got is None:
                 break
             created.append(got)
         return created
-    if standing == "untrusted":
+    if handout.standing == "untrusted":
         while len(created) < want:
             got = gold_take()
             if got is None:
@@ -273,7 +261,7 @@ def _claim_selected(*, run: Run, annotator: User, candidates: QuerySet[Experienc
             return created
         want = len(created) + fresh_cap
 
-    window = list(candidates.exclude(pk__in=gold_ids)[:WINDOW])
+    window = list(handout.fresh[:WINDOW])
     handed_out = Assignment.objects.filter(run=run).exclude(experience_id__in=gold_ids).count()
     order = selection_order(run=run, candidates=window, want=want - len(created), handed_out=handed_out,
                             rng=order_rng)

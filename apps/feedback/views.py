@@ -307,6 +307,8 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     queue to be judged again."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
     message = ""
+    reopened: list[Assignment] = []
+    on_queue_page = _asked_from(request, _page_url(run))
     if request.method == "POST":
         raw = request.POST.get("feedback", "").strip()
         if raw and not raw.isdigit():
@@ -318,11 +320,19 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:
             return redirect(_page_url(run))
-        # The reopened items replace their "done" cards in the queue (out of band).
-        reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk, status=Assignment.Status.LEASED,
-                                                  experience_id__in=feedback_targets(fb)).select_related("experience"))
-    else:
-        reopened = []
-    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=30), "message": message,
-               "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback}
+        # The reopened items replace their "done" cards in the annotation page's queue (out
+        # of band); this list's own page has no queue, and links to it instead.
+        if on_queue_page:
+            reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk,
+                                                      status=Assignment.Status.LEASED, experience_id__in=feedback_targets(fb))
+                            .select_related("experience"))
+    # The annotation page's box shows the latest few (its height stays bounded); this page, more.
+    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
+               "message": message, "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback,
+               "queue_link": bool(message) and not on_queue_page, "box": "mine-box"}
     return _fragment(request, run, "feedback/_mine.html", context)
+
+
+def _asked_from(request: HtmxHttpRequest, url: str) -> bool:
+    """Whether htmx sent the request from the page at `url` (its HX-Current-URL)."""
+    return bool(request.htmx) and (request.htmx.current_url_abs_path or "").split("?")[0] == url

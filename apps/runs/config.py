@@ -72,6 +72,11 @@ class _Strict(BaseModel):
         return value
 
 
+def line_ends_normalise(text: str) -> str:
+    """`text` with its line endings as \n (\r\n and lone \r, as browsers and old editors send)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 # The base of every config shape, public for the apps above that validate params the same
 # way (apps.rewards.k12's params).
 StrictModel = _Strict
@@ -207,6 +212,13 @@ class FeedbackPolicy(_Strict):
                             description="Markdown shown to raters beside the items")
     show_auto_reward: bool = Field(False, description="show raters the automatic reward (it biases them)")
     daily_target: int = Field(0, ge=0, description="items per rater per day shown as a target; 0: none")
+
+    @field_validator("guidelines")
+    @classmethod
+    def _unix_line_ends(cls, value: str) -> str:
+        # A browser posts a textarea's lines ending \r\n: a run copied through the form
+        # stored them so, and its config diff listed the guidelines as changed.
+        return line_ends_normalise(value)
 
     @model_validator(mode="after")
     def _weights(self) -> FeedbackPolicy:

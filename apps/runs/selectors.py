@@ -11,6 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db.models import Q, QuerySet
 
 from apps.runs.algorithms import algorithm_get
+from apps.runs.config import line_ends_normalise
 from apps.runs.eval_series import best_by_metric, is_eval_measure, metric_label
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
@@ -353,9 +354,19 @@ def config_flat(config: JSON, prefix: str = "") -> dict[str, JSON]:
     return flat
 
 
+def _as_compared(value: JSON) -> JSON:
+    """A text leaf as the diff compares it: \n line endings, and no trailing newline on a
+    text of several lines (Markdown reads the same). Runs copied through the form before its
+    line endings were normalised hold the guidelines with \r\n and the last newline cut."""
+    if not isinstance(value, str):
+        return value
+    text = line_ends_normalise(value)
+    return text.rstrip("\n") if "\n" in text else text
+
+
 def config_differences(left: JSON, right: JSON) -> list[ConfigDifference]:
     """The keys whose values differ between two run configs, sorted by path."""
-    a, b = config_flat(left), config_flat(right)
+    a, b = ({path: _as_compared(v) for path, v in config_flat(side).items()} for side in (left, right))
     rows: list[ConfigDifference] = []
     for path in sorted(a.keys() | b.keys()):
         shown = [json.dumps(side[path], sort_keys=True) if path in side else "" for side in (a, b)]

@@ -24,6 +24,28 @@
     const empty = document.getElementById("queue-empty");
     if (empty) empty.hidden = openCards().length > 0;
   }
+  // Finished cards: the last few stay (what was just done, and undo's context); older ones are
+  // put away and counted, so the page's height does not grow with the time spent labelling.
+  // When few open items are left, the queue tops itself up (the waiting count says more wait).
+  const KEEP_DONE = 8; // a queue's worth (RFT_ANNOTATION_QUEUE_SIZE), each one line tall
+  const TOP_UP_BELOW = 3;
+  const finished = new Set();
+  function tidyDone() {
+    const done = cards().filter((c) => c.classList.contains("done"));
+    let fresh = false;
+    for (const c of done) {
+      if (!finished.has(c.dataset.assignment)) { finished.add(c.dataset.assignment); fresh = true; }
+    }
+    for (const c of openCards()) finished.delete(c.dataset.assignment); // reopened by a withdrawal
+    const away = done.slice(0, Math.max(0, done.length - KEEP_DONE));
+    if (away.length) {
+      away.forEach((c) => c.remove());
+      const count = bump("done-away", away.length);
+      const note = document.getElementById("done-note");
+      if (note) note.hidden = count === 0;
+    }
+    if (fresh && openCards().length < TOP_UP_BELOW) loadMore();
+  }
   function select(card) {
     if (current) current.classList.remove("current");
     current = card || null;
@@ -225,6 +247,16 @@
     ensureCurrent();
   });
   document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); refreshCounts(); });
+  // A withdrawn item whose finished card was put away (tidyDone) has nothing to replace: it
+  // comes back at the end of the queue, open.
+  document.body.addEventListener("htmx:oobErrorNoTarget", (ev) => {
+    const card = ev.detail.content;
+    if (!queue || !card || !card.classList || !card.classList.contains("item")) return;
+    card.removeAttribute("hx-swap-oob");
+    finished.delete(card.dataset.assignment);
+    queue.appendChild(card);
+    if (window.htmx) window.htmx.process(card);
+  });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
   // before the undo was answered would show the withdrawn one again: drop its answer.
   let withdrawnAt = 0;
@@ -245,7 +277,7 @@
   // after the events we listen to: watching the queue itself keeps one item current.
   if (queue) {
     // The waiting count too: a feedback.saved event can arrive before its card is swapped.
-    new MutationObserver(() => { updateEmpty(); ensureCurrent(); refreshCounts(); })
+    new MutationObserver(() => { tidyDone(); updateEmpty(); ensureCurrent(); refreshCounts(); })
       .observe(queue, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
   }
 

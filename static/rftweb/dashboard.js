@@ -538,7 +538,7 @@
       fetch("/runs/" + runId + "/metrics/?only=counts", { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (d) { if (d) { loadCounts(d.counts); buffer.custom(); showRun(d.run); } })
-        .then(function () { refresh("#waiting a.refresh"); })
+        .then(function () { refresh("#waiting a.refresh"); refresh("#labelling a.refresh"); })
         .catch(function () {});
     }, 2000);
   }

@@ -23,7 +23,8 @@ def signed_in(client: Client, user: User) -> Client:
 
 
 def differing_paths(html: str) -> dict[str, tuple[str, str]]:
-    rows = re.findall(r'<tr data-path="([^"]+)"><td>.*?</td>\s*<td class="left">(.*?)</td>\s*<td class="right">(.*?)</td>',
+    rows = re.findall(r'<tr data-path="([^"]+)"><th scope="row" class="key">.*?</th>\s*<td class="left"[^>]*>(.*?)</td>\s*'
+                      r'<td class="right"[^>]*>(.*?)</td>',
                       html, re.S)
     return {path: (re.sub(r"<[^>]+>", "", left), re.sub(r"<[^>]+>", "", right)) for path, left, right in rows}
 
