@@ -9,54 +9,27 @@ one failure, and prints the pages it visited per person."""
 
 from __future__ import annotations
 
-import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import psycopg
 import pytest
 
+from rftweb import localpg
 from tests.crawler import Crawl, failure_report, visit_report
-from tests.servers import ROOT, free_port, health_wait, spawn, stop
+from tests.servers import ROOT, embedded_env, free_port, health_wait, spawn, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PASSWORD = "rftweb-demo"  # rft_demo's, as the README tells a newcomer
 NEW_PASSWORD = "a-newcomers-password-42"
 WIDTHS = (390, 1280)
-
-
-@contextmanager
-def newcomer_database(env: dict[str, str]) -> Iterator[None]:
-    """Where `make run` keeps its rows. Until the embedded PostgreSQL lands this is a fresh
-    database of the test's own on the shared server (DATABASE_URL, no REDIS_URL: the in-process
-    broker and channel layer, as `make run`); after it, nothing: `make run` with no
-    DATABASE_URL starts its own under RFT_VAR_DIR, and this becomes `yield` alone."""
-    from django.conf import settings
-
-    db = settings.DATABASES["default"]
-    user = f"{db['USER']}@" if db.get("USER") else ""
-    server = f"postgres://{user}{db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}"
-    name = f"crawl_{os.getpid()}_{int(time.time())}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    env["DATABASE_URL"] = f"{server}/{name}"
-    # As the embedded default: workers that share the web's process keep no connection of their
-    # own (rftweb/settings.py). With DATABASE_URL set they would keep one for 300 s, and that
-    # setting is the process's: every request thread's connection stayed open too (82 on the
-    # shared server after one crawl, until it refused everyone: "too many clients").
-    env["RFT_WORKER_CONN_MAX_AGE"] = "0"
-    try:
-        yield
-    finally:
-        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class Served(NamedTuple):
@@ -66,14 +39,14 @@ class Served(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[Served]:
+def make_run(demo_model_dir: Path) -> Iterator[Served]:
     """`make run`'s commands on a fresh var directory (the tests' cached demo model, which
     rft_demo finds up to date)."""
-    var = tmp_path_factory.mktemp("newcomer-var")
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
-    env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(demo_model_dir), OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    with newcomer_database(env):
+    # Not under pytest's tmp_path: as root the private PostgreSQL runs as another user, who
+    # must pass through the folders above its data (tests/servers.py, embedded_var).
+    var = Path(tempfile.mkdtemp(prefix="rftweb-newcomer-"))
+    env = embedded_env(var, RFT_DEMO_MODEL_DIR=str(demo_model_dir), PYTHONPATH=str(ROOT))
+    with localpg.stopped_after(localpg.Cluster(data=var / "postgres")):
         for command in (["migrate", "--noinput"], ["rft_demo"]):
             done = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
                                   text=True, timeout=300)
@@ -90,6 +63,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> 
             yield Served(url, f"/runs/{demo.group(1)}/", log)
         finally:
             stop(server, timeout=30)
+    shutil.rmtree(var, ignore_errors=True)
 
 
 def log_in(context: Any, base: str, username: str, password: str) -> None:

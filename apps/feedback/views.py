@@ -85,7 +85,9 @@ def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[s
     context = {"run": run, **context}
     if request.htmx:
         return render(request, template, context)
-    return render(request, "feedback/standalone.html", {**context, "fragment": template})
+    # Without htmx the fragment is a page of its own: its forms and links swap into #panel,
+    # the annotation page's box, so the page's one box takes that id unless it names another.
+    return render(request, "feedback/standalone.html", {"box": "panel", **context, "fragment": template})
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, object]:
