@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from axes.handlers.database import AxesDatabaseHandler
 from axes.backends import AxesStandaloneBackend
 from axes.helpers import get_client_username
 from axes.models import AccessAttempt
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -47,7 +46,7 @@ class LoginGuardBackend(AxesStandaloneBackend):
         return super().authenticate(request, username, password, **kwargs)  # type: ignore[no-any-return]
 
 
-def _failures(attempts: Any) -> int:
+def _failures(attempts: QuerySet[AccessAttempt]) -> int:
     return int(attempts.aggregate(total=Sum("failures_since_start"))["total"] or 0)
 
 
@@ -57,21 +56,21 @@ class LoginGuardHandler(AxesDatabaseHandler):  # type: ignore[misc]  # axes is u
     against RFT_LOGIN_ADDRESS_FAILURE_LIMIT. Axes compares one number with one limit: this
     reports the pair's count, or the pair's limit once the address is over its own."""
 
-    def get_failures(self, request: HttpRequest, credentials: Mapping[str, Any] | None = None) -> int:
+    def get_failures(self, request: HttpRequest, credentials: Mapping[str, object] | None = None) -> int:
         pair, address = (_failures(attempts) for attempts in self.get_user_attempts(request, credentials))
         if address >= settings.RFT_LOGIN_ADDRESS_FAILURE_LIMIT:
             return max(pair, settings.RFT_LOGIN_FAILURE_LIMIT)
         return pair
 
-    def user_login_failed(self, sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None,
-                          **kwargs: Any) -> None:
+    def user_login_failed(self, sender: object, credentials: dict[str, object], request: HttpRequest | None = None,
+                          **kwargs: object) -> None:
         super().user_login_failed(sender, credentials, request, **kwargs)
         if request is not None and getattr(request, "axes_locked_out", False):
             log.warning("login paused for %s minutes: username %r from %s (%s failures)",
                         lockout_minutes(), get_client_username(request, credentials), request.axes_ip_address,  # type: ignore[attr-defined]
                         getattr(request, "axes_failures_since_start", "?"))
 
-    def reset_user_attempts(self, request: HttpRequest, credentials: Mapping[str, Any] | None = None) -> int:
+    def reset_user_attempts(self, request: HttpRequest, credentials: Mapping[str, object] | None = None) -> int:
         """After a success: this username's count from this address only."""
         count, _ = AccessAttempt.objects.filter(username=get_client_username(request, credentials),
                                                 ip_address=request.axes_ip_address).delete()  # type: ignore[attr-defined]

@@ -11,7 +11,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Issue #35 asks for at most 400; this is where the code stands (round 15, apps/ and rftweb/ retyped), not the goal.
-CEILING = 90
+# Round 46 raised it from 90 to 107, and says so: overrides of untyped or Any-typed bases (Django's
+# PostgreSQL backend for rftweb/localpg, daphne's request class and ASGI scopes and messages in
+# rftweb/request_guard.py, a coroutine type in apps/runs/socket_access.py). Lower it when those go.
+CEILING = 107
 
 
 def any_count(root: Path = ROOT) -> int:

@@ -4,7 +4,6 @@ EnvapiConfig.ready()."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models.signals import pre_delete
@@ -12,7 +11,7 @@ from django.db.models.signals import pre_delete
 from apps.envapi.services import api_keys_revoke_of
 
 
-def _account_deleting(sender: type[User], instance: User, **kwargs: Any) -> None:
+def _account_deleting(sender: type[User], instance: User, **kwargs: object) -> None:
     api_keys_revoke_of(user_id=instance.pk)
 
 

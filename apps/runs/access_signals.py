@@ -13,7 +13,6 @@ Connected in RunsConfig.ready().
 
 from __future__ import annotations
 
-from typing import Any
 
 from django.contrib.auth.models import User
 from django.contrib.auth.signals import user_logged_out
@@ -27,12 +26,12 @@ from apps.runs.models import RunMember
 WATCHED_FIELDS = ("is_active", "is_staff", "is_superuser", "password")
 
 
-def _member_changed(sender: type[RunMember], instance: RunMember, **kwargs: Any) -> None:
+def _member_changed(sender: type[RunMember], instance: RunMember, **kwargs: object) -> None:
     access_changed_publish(user_id=instance.user_id)
 
 
 def _account_before_save(sender: type[User], instance: User, update_fields: frozenset[str] | None = None,
-                         **kwargs: Any) -> None:
+                         **kwargs: object) -> None:
     """Remember whether this save changes a watched field (one read, only for saves that may)."""
     instance._rft_access_changed = False  # type: ignore[attr-defined]
     if instance.pk is None or (update_fields is not None and not set(update_fields) & set(WATCHED_FIELDS)):
@@ -43,16 +42,16 @@ def _account_before_save(sender: type[User], instance: User, update_fields: froz
     instance._rft_access_changed = any(before[f] != getattr(instance, f) for f in WATCHED_FIELDS)  # type: ignore[attr-defined]
 
 
-def _account_saved(sender: type[User], instance: User, created: bool = False, **kwargs: Any) -> None:
+def _account_saved(sender: type[User], instance: User, created: bool = False, **kwargs: object) -> None:
     if getattr(instance, "_rft_access_changed", False):
         access_changed_publish(user_id=instance.pk)
 
 
-def _account_deleted(sender: type[User], instance: User, **kwargs: Any) -> None:
+def _account_deleted(sender: type[User], instance: User, **kwargs: object) -> None:
     access_changed_publish(user_id=instance.pk)
 
 
-def _logged_out(sender: object, request: HttpRequest, user: User | None, **kwargs: Any) -> None:
+def _logged_out(sender: object, request: HttpRequest, user: User | None, **kwargs: object) -> None:
     # Django's logout() sends this before it ends the session: end it now (its own flush
     # after this finds nothing left to do), so the sockets' re-check finds it gone.
     if user is None:

@@ -218,17 +218,7 @@
   }
 
   // ------------------------------------------------------------------ htmx glue
-  document.body.addEventListener("htmx:beforeSwap", (ev) => {
-    const xhr = ev.detail.xhr;
-    if (xhr.status === 400 || xhr.status === 403) {
-      // A refused form: keep what the annotator typed, show the message beside it.
-      ev.detail.shouldSwap = false;
-      ev.detail.isError = false;
-      const form = ev.detail.elt.closest("form") || ev.detail.elt;
-      const box = form.querySelector(".errors");
-      if (box) box.textContent = xhr.responseText;
-    }
-  });
+  // A refused form (400 / 403) shows its message beside it: static/feedback/refused.js.
   // On a phone the page is one column and the panel sits under the queue: bring it into view
   // when it opens, and start with the guidelines folded (a tap opens them).
   const narrow = window.matchMedia("(max-width: 700px)");
@@ -247,15 +237,21 @@
     ensureCurrent();
   });
   document.body.addEventListener("htmx:oobAfterSwap", () => { updateEmpty(); ensureCurrent(); refreshCounts(); });
-  // A withdrawn item whose finished card was put away (tidyDone) has nothing to replace: it
-  // comes back at the end of the queue, open.
-  document.body.addEventListener("htmx:oobErrorNoTarget", (ev) => {
-    const card = ev.detail.content;
-    if (!queue || !card || !card.classList || !card.classList.contains("item")) return;
-    card.removeAttribute("hx-swap-oob");
-    finished.delete(card.dataset.assignment);
-    queue.appendChild(card);
-    if (window.htmx) window.htmx.process(card);
+  // A withdrawn item whose finished card was put away (tidyDone) has nothing for its
+  // out-of-band card to replace: before the answer is swapped, a placeholder for it goes at
+  // the end of the queue, so it comes back there, open (and htmx finds its target, rather
+  // than reporting an error).
+  document.body.addEventListener("htmx:beforeSwap", (ev) => {
+    const html = ev.detail.serverResponse;
+    if (!queue || typeof html !== "string" || html.indexOf("hx-swap-oob") < 0) return;
+    for (const m of html.matchAll(/<article[^>]*\bid="(item-\d+)"[^>]*\bhx-swap-oob=/g)) {
+      if (document.getElementById(m[1])) continue;
+      const holder = document.createElement("article");
+      holder.id = m[1];
+      holder.hidden = true;
+      finished.delete(m[1].slice("item-".length));
+      queue.appendChild(holder);
+    }
   });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
   // before the undo was answered would show the withdrawn one again: drop its answer.
