@@ -36,6 +36,7 @@ fails the step (its collective times out or errors) and nothing of it is committ
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -161,6 +162,131 @@ def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, pre
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+class _SafetensorsRows:
+    """Rows of the tensors in one safetensors file, read with plain reads of just their
+    bytes (a tensor is stored row-major, so rows are one contiguous range). safetensors'
+    own reader maps the whole file: its pages would count in this process's memory (RSS as
+    they are touched, the whole file against RLIMIT_AS)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = open(path, "rb")  # noqa: SIM115 (closed by close())
+        size = int.from_bytes(self.fh.read(8), "little")
+        self.header: dict[str, dict[str, object]] = json.loads(self.fh.read(size))
+        self.header.pop("__metadata__", None)
+        self.base = 8 + size
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def rows(self, key: str, start: int | None = None, end: int | None = None) -> torch.Tensor:
+        entry = self.header[key]
+        dtype = _SAFETENSORS_DTYPES[str(entry["dtype"])]
+        shape = [int(d) for d in entry["shape"]]  # type: ignore[attr-defined]
+        begin, stop = (int(o) for o in entry["data_offsets"])  # type: ignore[attr-defined]
+        if not shape:
+            start, end = 0, 1
+        rows = shape[0] if shape else 1
+        start, end = start or 0, rows if end is None else end
+        row_bytes = (stop - begin) // max(1, rows)
+        buf = bytearray((end - start) * row_bytes)
+        self.fh.seek(self.base + begin + start * row_bytes)
+        if self.fh.readinto(buf) != len(buf):
+            raise ValueError(f"{self.path}: {key} is cut short")
+        out = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        return out.reshape([end - start, *shape[1:]] if shape else [])
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _safetensors_files(path: Path) -> dict[str, Path]:
+    """Which of a saved model's safetensors files holds each weight (one file, or the
+    index of a model saved in several)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    single = _SafetensorsRows(path / "model.safetensors")
+    single.close()
+    return {k: single.path for k in single.keys()}
+
+
+def _row_range(rows: int, rank: int, world: int) -> tuple[int, int]:
+    """The rows of a weight FSDP2 gives `rank` (its dim-0 `Shard`: `torch.chunk`'s split)."""
+    size = -(-rows // world)
+    start = min(rank * size, rows)
+    return start, min(start + size, rows)
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Each parameter's name (the first it is registered under) with its other names (tied
+    weights: a head that is the input embeddings)."""
+    first: dict[int, str] = {}
+    names: dict[str, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = first.setdefault(id(p), name)
+        names.setdefault(key, [])
+        if key != name:
+            names[key].append(name)
+    return names
+
+
+def model_sharded_load(path: str | Path, *, mesh: DeviceMesh, reshard: bool, precision: str,
+                       dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The causal LM saved at `path` (transformers' directory of safetensors files), sharded
+    as `learner_shard` shards one, without this process ever holding the whole of it: built
+    on the meta device, sharded (FSDP2), then given storage for this rank's rows only, read
+    from the files (safetensors slices). Buffers the files lack (rotary `inv_freq`) are
+    computed on the CPU as a whole build computes them; tied weights stay one parameter."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # as loading does (from_config leaves a tied head its own weight)
+    aliases = _aliases(model)
+    _fully_shard(model, mesh=mesh, reshard=reshard, precision=precision)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.to_empty(device=mesh.device_type)
+    files = _safetensors_files(path)
+    rank, world = mesh.get_local_rank(), mesh.size()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        opened = {f: _SafetensorsRows(f) for f in sorted(set(files.values()))}
+        for reader in opened.values():
+            stack.callback(reader.close)
+        for name, b in model.named_buffers():
+            # A persistent buffer as saved; the others (inv_freq) as the CPU build made them.
+            b.copy_(opened[files[name]].rows(name) if name in files else buffers[name])
+        for name, others in aliases.items():
+            key = next((n for n in (name, *others) if n in files), None)
+            if key is None:
+                raise ValueError(f"{path}: no weight {name} in its safetensors files")
+            param = params[name]
+            local = param.to_local() if hasattr(param, "to_local") else param
+            start, end = _row_range(param.shape[0], rank, world) if hasattr(param, "to_local") else (0, param.shape[0])
+            if end - start != local.shape[0]:
+                raise RuntimeError(f"{name}: rank {rank} holds {local.shape[0]} rows of {param.shape[0]}, "
+                                   f"expected rows {start}-{end}")
+            if end > start:
+                local.copy_(opened[files[key]].rows(key, start, end))
+    model.train()
+    return model
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str) -> Shard:
     """Shard a learner that is the same on every rank of the (default) process group, in
     place: its optimizer is rebuilt over the shards and keeps the state it had."""
@@ -191,8 +317,9 @@ def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str) -> 
     scheduler_state = learner.scheduler.state_dict() if learner.scheduler is not None else None
     device = next(model.parameters()).device.type
     mesh = init_device_mesh(device, (world,))
-    _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
-    if learner.ref_model is not None:
+    if not _is_sharded(model):  # else built sharded already (model_sharded_load)
+        _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
+    if learner.ref_model is not None and not _is_sharded(learner.ref_model):
         # Frozen, forward only: gathered block by block like the policy.
         _fully_shard(learner.ref_model, mesh=mesh, reshard=True, precision=learner.spec.precision)
     learner.optimizer_rebuild()
