@@ -6,6 +6,8 @@ whose head is its input embeddings (tied), with the reference model loaded the s
 
 from __future__ import annotations
 
+import datetime
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -134,3 +136,96 @@ def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_lo
                 # Its rows only (FSDP2's dim-0 split): never a whole weight of more than one row.
                 rows = one["whole"][name].shape[0]
                 assert local <= -(-rows // 2) * (total // rows), f"{what}: rank {rank} holds all of {name}"
+
+
+# ----------------------------------------------------------------------------- a model larger than a rank's memory
+
+# The address space a rank may grow by once warmed up, as a share of the model's whole
+# weights: a whole load does not fit (its weights, and transformers maps the file besides),
+# a rank's half of the frozen base, an adapter, a gathered block and a LoRA step's
+# activations do (~0.65 of the weights on this model).
+LIMIT_SHARE = 0.85
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        return int(next(line for line in fh if line.startswith("VmSize:")).split()[1]) * 1024
+
+
+def _lora_learner(model_dir: str, *, rank: int, world: int, sharded: bool) -> tuple[Learner, Any]:
+    """A GRPO learner with a fresh adapter on the model at `model_dir`, sharded over the
+    group: loaded sharded, or (`sharded` False) whole first, as a rank did before."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from apps.runs.config import AdapterConfig
+    from workers.adapters import adapter_wrap
+    from workers.algorithms.distributed import learner_shard, model_sharded_load
+
+    lora = AdapterConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2), lora=lora)
+    torch.manual_seed(0)
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = model_sharded_load(model_dir, mesh=init_device_mesh("cpu", (world,)), reshard=True, precision="fp32",
+                                   lora=lora)
+    else:
+        model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
+    learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    return learner, learner_shard(learner, rank=rank, world=world, sharding="full")
+
+
+def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: str, weight_bytes: int, sharded: bool,
+                  out: str) -> None:
+    """Warmed up on a tiny model (what torch, TRL and gloo set up once), then held to
+    LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): one LoRA step on
+    that model; writes what happened (the step's loss, or the error) to out/rank{rank}.txt."""
+    import ctypes
+    import resource
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # One malloc arena: a thread's own arena reserves 64 MB of address space at once.
+    ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+    # A rank left alone in a collective (its peer ran out of memory) ends in bounded time.
+    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank, timeout=datetime.timedelta(seconds=300))
+    warm, shard = _lora_learner(warm_dir, rank=rank, world=world, sharded=sharded)
+    warm.step(_batch(), shard=shard)
+    del warm, shard
+    limit = _vm_bytes() + int(LIMIT_SHARE * weight_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+        learner, shard = _lora_learner(model_dir, rank=rank, world=world, sharded=sharded)
+        result = f"loss {learner.step(_batch(), shard=shard)['loss']}"
+    except (MemoryError, RuntimeError, OSError) as exc:
+        Path(out, f"rank{rank}.txt").write_text(f"failed: {type(exc).__name__}: {exc}"[:2000])
+        os._exit(0)  # the other rank may be inside a collective; the outcome is written
+    Path(out, f"rank{rank}.txt").write_text(result)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~100M parameters (400 MB of fp32 weights) in 24 blocks of 4M: a block gathered is
+    small beside a rank's half of the weights."""
+    from workers.modelkit import tiny_model_save
+
+    return tiny_model_save(tmp_path_factory.mktemp("large-model"), hidden_size=512, layers=24, heads=8,
+                           intermediate_size=2048, seed=2)
+
+
+def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_only_their_shards(
+    tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path
+) -> None:
+    weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
+    outcome = {}
+    for sharded in (False, True):
+        out = tmp_path / ("sharded" if sharded else "whole")
+        out.mkdir()
+        _spawn_bounded(_limited_rank, 2, str(tiny_model_dir), str(large_model_dir), weight_bytes, sharded, str(out))
+        outcome[sharded] = [(out / f"rank{r}.txt").read_text() for r in (0, 1)]
+    # The limit bites: a rank that loads the whole model first runs out of address space.
+    assert all(o.startswith("failed") for o in outcome[False]), outcome[False]
+    assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome[False]), outcome[False]
+    assert all(o.startswith("loss") for o in outcome[True]), outcome[True]
