@@ -17,7 +17,13 @@ On a CUDA host (--device cuda) memory is the allocator's peak instead.
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
 compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
 
-Measured with the load (2026-11-26): see the closing lines of this docstring.
+Measured (defaults, --steps 2, two-core host shared with other jobs, load 15-23,
+2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
+warm-up; its load peak 840 MB, transformers maps the file and faults weights in as used),
+ranks 1853-1855 MB (baseline 811-812; load peak 1029: its ~200 MB shard): 0.78x whole
+process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps the
+whole-process ratio from 0.65 on a ~100M model: it is the same in every process and shrinks
+beside the model as the model grows (on a 7B model it is ~1%).
 
 Before (the peak reset once the learner was built, so not counting the load; every rank
 built the whole model first): Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one

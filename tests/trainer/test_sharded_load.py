@@ -185,7 +185,12 @@ def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: st
 
     import torch.distributed as dist
 
+    from workers.host_memory import cpu_allocator_tune
+
     torch.set_num_threads(1)
+    # As a CPU train worker (RFT_TRAINER_CPU_MMAP_THRESHOLD): big blocks mapped and returned
+    # when freed, so the address space follows what is held, not the heap's high-water mark.
+    assert cpu_allocator_tune()
     # One malloc arena: a thread's own arena reserves 64 MB of address space at once.
     ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
     # A rank left alone in a collective (its peer ran out of memory) ends in bounded time.
