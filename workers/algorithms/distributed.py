@@ -281,8 +281,11 @@ def model_sharded_load(path: str | Path, *, mesh: DeviceMesh, reshard: bool, pre
     adapter = _adapter_start(config, lora, dtype) if lora is not None else {}
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        model.tie_weights()  # as loading does (from_config leaves a tied head its own weight)
-        if lora is not None:
+    # As loading does (from_config leaves a tied head its own weight); outside the context,
+    # whose register_parameter would give the head a new meta weight again.
+    model.tie_weights()
+    if lora is not None:
+        with init_empty_weights(include_buffers=False):
             model = adapter_wrap(model=model, lora=lora)
     aliases = _aliases(model)
     _fully_shard(model, mesh=mesh, reshard=reshard, precision=precision)
