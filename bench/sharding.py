@@ -1,22 +1,32 @@
 """Peak memory per rank and seconds per step of the learner sharded over N processes with
 FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on the ~100M
-Qwen2-shaped model of bench/trainer_memory (its builder), the same GRPO batch, in the same
-run. Target: peak per rank ≤ 0.65× the one-process peak.
+Qwen2-shaped model of bench/trainer_memory (its builder, saved as safetensors once), the
+same GRPO batch, in the same run. Target: peak per rank ≤ 0.65× the one-process peak.
 
 Each setting runs in its own processes. As in bench/trainer_memory, every process first
 builds and steps a 2-layer, 64-wide learner (sharded too, for the ranks), so what TRL,
-transformers and torch.distributed set up once is in its baseline; memory is the peak RSS
-of the training steps above the RSS before the model was built: the peak is reset
-(/proc/self/clear_refs) once the learner is built (and, for ranks, sharded), so it counts
-the weights, gradients and optimizer state a rank holds and a step's transients, not the
-whole model every rank builds before it takes its shard (a real group loads a model too;
-issue #34 leaves meta-device loading for later). On a CUDA host (--device cuda) memory is
-the allocator's peak instead.
+transformers and torch.distributed set up once is in its baseline. Then it loads the
+model as a run does: one process whole (transformers' from_pretrained), each rank only its
+shard (workers.algorithms.distributed.model_sharded_load: built on the meta device, sharded,
+its rows read from the file). Memory is the whole process's RSS high-water mark (VmHWM),
+the imports, the warm-up and the load included ("peak MB"), against the one process's;
+"load pk" is that mark once the model is loaded, "held" what the built learner holds
+above the baseline, and the line under the table gives the ratio above the baseline too.
+On a CUDA host (--device cuda) memory is the allocator's peak instead.
 
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
 compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
 
-Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
+Measured (defaults, --steps 2, two-core host shared with other jobs, load 15-23,
+2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
+warm-up; its load peak 840 MB, transformers maps the file and faults weights in as used),
+ranks 1853-1855 MB (baseline 811-812; load peak 1029: its ~200 MB shard): 0.78x whole
+process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps the
+whole-process ratio from 0.65 on a ~100M model: it is the same in every process and shrinks
+beside the model as the model grows (on a 7B model it is ~1%).
+
+Before (the peak reset once the learner was built, so not counting the load; every rank
+built the whole model first): Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
 process 1552 MB, ranks 958-961 MB: 0.62× in each of three runs (load 7-39; the step times,
 0.36-1.79× one process, are the load's, not the group's). Before the heap trim after each
 block's backward (workers/host_memory.py) 1585 MB against 1032-1037 MB, 0.65× (load
@@ -43,6 +53,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -104,13 +115,14 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     del warm, warm_shard
     gc.collect()
     base = _rss_mb()
-    learner, shard, params = build(args.layers, args.hidden, args.intermediate)
-    gc.collect()
-    held = _rss_mb() - base
-    _peak_reset()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    learner, shard = _load(args, rank=rank, world=world, tokenizer=tokenizer)
+    params = sum(p.numel() for p in learner.model.parameters()) if world == 1 else 0
+    gc.collect()
+    held = _rss_mb() - base
+    load_peak = _peak_mb()
     phases = _phases_probe(learner, base) if args.phases and not cuda else None
     seconds = []
     overall = 0.0
@@ -123,15 +135,54 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
         if phases is not None:
             phases.mark("optimizer step")
             overall = max(overall, phases.overall)
-    peak = max(overall, _peak_mb() - base)
+    # The whole process's high-water mark, the load included (--phases resets the kernel's
+    # mark at each phase's end; the phases keep what each reset would lose).
+    peak = max(load_peak, base + overall, _peak_mb())
     if cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return {"params": params, "peak_mb": peak, "held_mb": held, "step_seconds": min(seconds[1:] or seconds),
-            "threads": threads, "phases": phases.rows if phases is not None else []}
+    return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
+            "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
+            "phases": phases.rows if phases is not None else []}
+
+
+def _load(args: argparse.Namespace, *, rank: int, world: int, tokenizer: Any) -> tuple[Any, Any]:
+    """(the learner on the saved model, its shard or None): one process loads it whole
+    (transformers' from_pretrained), a rank only its shard (model_sharded_load)."""
+    import torch
+
+    from workers.algorithms import Learner, LearnerSpec
+    from workers.algorithms import trl_bridge as bridge
+    from workers.algorithms.distributed import learner_shard, model_sharded_load
+
+    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
+                                                                  max_completion_length=args.completion))
+    torch.manual_seed(0)
+    if world == 1:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).to(args.device)
+        return Learner(spec=spec, model=model, tokenizer=tokenizer), None
+    if args.sharding == "none":
+        sys.exit("--sharding none replicates the whole model on every rank: nothing to load sharded")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(args.device, (world,))
+    model = model_sharded_load(args.model_dir, mesh=mesh, reshard=args.sharding == "full", precision="fp32")
+    learner = Learner(spec=spec, model=model, tokenizer=tokenizer)
+    return learner, learner_shard(learner, rank=rank, world=world, sharding=args.sharding)
+
+
+def _model_save(args: argparse.Namespace, path: Path) -> int:
+    """The bench's model (bench/trainer_memory's, random weights) saved at `path` as
+    safetensors, as a run's model is; returns its parameter count."""
+    learner, params = qwen2_learner(argparse.Namespace(**{**vars(args), "device": "cpu"}), bench_tokenizer(),
+                                    layers=args.layers, hidden=args.hidden, intermediate=args.intermediate)
+    learner.model.save_pretrained(path, safe_serialization=True)
+    return params
 
 
 class _Phases:
@@ -163,9 +214,9 @@ def _phases_probe(learner: Any, base: float) -> _Phases:
     return phases
 
 
-def _run(args: argparse.Namespace, world: int, env: dict[str, str]) -> list[dict[str, Any]]:
+def _run(args: argparse.Namespace, world: int, env: dict[str, str], model_dir: str) -> list[dict[str, Any]]:
     port = free_port()
-    argv = [a for a in sys.argv[1:]]
+    argv = [*sys.argv[1:], "--model-dir", model_dir]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.sharding", "--rank", str(r), "--world", str(world),
                                "--port", str(port), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, cwd=ROOT) for r in range(world)]
@@ -195,6 +246,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
         print("RESULT " + json.dumps(_one(args, rank=args.rank, world=args.world, port=args.port)), flush=True)
@@ -203,23 +255,41 @@ def main() -> None:
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": str(args.threads)}
+    with tempfile.TemporaryDirectory(prefix="bench-sharding-") as tmp:
+        params = _model_save(args, Path(tmp))
+        load_one, one, load_group, ranks = _settings(args, env, tmp)
+    one["params"] = params
+    _report(args, load_one, one, load_group, ranks)
+
+
+def _settings(args: argparse.Namespace, env: dict[str, str], model_dir: str
+              ) -> tuple[float, dict[str, Any], float, list[dict[str, Any]]]:
     load_one = os.getloadavg()[0]
-    one = _run(args, 1, env)[0]
+    one = _run(args, 1, env, model_dir)[0]
     print(f"  done: one process (load average {load_one:.2f})", flush=True)
     load_group = os.getloadavg()[0]
-    ranks = _run(args, args.ranks, env)
+    ranks = _run(args, args.ranks, env, model_dir)
     print(f"  done: {args.ranks} ranks {args.sharding} (load average {load_group:.2f})", flush=True)
+    return load_one, one, load_group, ranks
+
+
+def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load_group: float,
+            ranks: list[dict[str, Any]]) -> None:
 
     print(f"\nmodel: {one['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
           f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step, full fine-tuning fp32 AdamW; "
           f"device {args.device}")
-    print(f"{'setting':<22}{'held MB':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}{'× one':>7}{'threads':>8}{'load':>7}")
-    print(f"{'one process':<22}{one['held_mb']:>9.0f}{one['peak_mb']:>9.0f}{1:>7.2f}{one['step_seconds']:>8.2f}"
-          f"{1:>7.2f}{one['threads']:>8}{load_one:>7.2f}")
-    for r, res in enumerate(ranks):
-        print(f"{f'rank {r} of {args.ranks} ({args.sharding})':<22}{res['held_mb']:>9.0f}{res['peak_mb']:>9.0f}"
+    print(f"{'setting':<22}{'base MB':>9}{'held MB':>9}{'load pk':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}"
+          f"{'× one':>7}{'threads':>8}{'load':>7}")
+    for name, res, load in [("one process", one, load_one),
+                            *((f"rank {r} of {args.ranks} ({args.sharding})", res, load_group) for r, res in enumerate(ranks))]:
+        print(f"{name:<22}{res['base_mb']:>9.0f}{res['held_mb']:>9.0f}{res['load_peak_mb']:>9.0f}{res['peak_mb']:>9.0f}"
               f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
-              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load_group:>7.2f}")
+              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load:>7.2f}")
+    above = max(r["peak_mb"] - r["base_mb"] for r in ranks) / (one["peak_mb"] - one["base_mb"])
+    print(f"(base: the process before the model, imports and warm-up included; held: the learner built, above "
+          f"base; load pk and peak: the whole process's RSS high-water mark after the load and after the steps. "
+          f"Above base, peak per rank / one process: {above:.2f})")
     if args.phases:
         print(f"\n{'setting':<22}{'step':>5}  {'phase':<16}{'peak MB':>9}{'end MB':>8}")
         for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:

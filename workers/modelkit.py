@@ -68,8 +68,10 @@ def causal_lm_build(
     intermediate_size: int | None = None,
     max_positions: int = 512,
     seed: int = 0,
+    tied: bool = False,
 ) -> PreTrainedModel:
-    """A randomly initialised Qwen2 causal LM sized for the CPU, float32."""
+    """A randomly initialised Qwen2 causal LM sized for the CPU, float32 (`tied`: its output
+    head is its input embeddings)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -81,7 +83,7 @@ def causal_lm_build(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -95,7 +97,8 @@ def causal_lm_build(
     return model
 
 
-def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, seed: int = 0, **sizes: int) -> Path:
+def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, seed: int = 0, tied: bool = False,
+                    **sizes: int) -> Path:
     """Build and save a tiny random model with its tokenizer; returns the directory."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,7 @@ def tiny_model_save(out_dir: str | Path, *, texts: Iterable[str] | None = None, 
         f"What is {a} + {b}? <answer>{a + b}</answer>" for a in range(20) for b in range(20)
     ]
     tokenizer = tokenizer_build(texts=corpus, vocab_size=sizes.pop("vocab_size", 300))
-    model = causal_lm_build(tokenizer=tokenizer, seed=seed, **sizes)
+    model = causal_lm_build(tokenizer=tokenizer, seed=seed, tied=tied, **sizes)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -36,6 +36,7 @@ fails the step (its collective times out or errors) and nothing of it is committ
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -62,7 +63,10 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from workers.algorithms.learner import Learner
+    from transformers import PreTrainedTokenizerBase
+
+    from apps.runs.config import AdapterConfig, RunConfig
+    from workers.algorithms.learner import Learner, LearnerSpec
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +165,176 @@ def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, pre
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
 
 
-def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str) -> Shard:
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+class _SafetensorsRows:
+    """Rows of the tensors in one safetensors file, read with plain reads of just their
+    bytes (a tensor is stored row-major, so rows are one contiguous range). safetensors'
+    own reader maps the whole file: its pages would count in this process's memory (RSS as
+    they are touched, the whole file against RLIMIT_AS)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = open(path, "rb")  # noqa: SIM115 (closed by close())
+        size = int.from_bytes(self.fh.read(8), "little")
+        self.header: dict[str, dict[str, object]] = json.loads(self.fh.read(size))
+        self.header.pop("__metadata__", None)
+        self.base = 8 + size
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def rows(self, key: str, start: int | None = None, end: int | None = None) -> torch.Tensor:
+        entry = self.header[key]
+        dtype = _SAFETENSORS_DTYPES[str(entry["dtype"])]
+        shape = [int(d) for d in entry["shape"]]  # type: ignore[attr-defined]
+        begin, stop = (int(o) for o in entry["data_offsets"])  # type: ignore[attr-defined]
+        if not shape:
+            start, end = 0, 1
+        rows = shape[0] if shape else 1
+        start, end = start or 0, rows if end is None else end
+        row_bytes = (stop - begin) // max(1, rows)
+        buf = bytearray((end - start) * row_bytes)
+        self.fh.seek(self.base + begin + start * row_bytes)
+        if self.fh.readinto(buf) != len(buf):
+            raise ValueError(f"{self.path}: {key} is cut short")
+        out = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        return out.reshape([end - start, *shape[1:]] if shape else [])
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _safetensors_files(path: Path) -> dict[str, Path]:
+    """Which of a saved model's safetensors files holds each weight (one file, or the
+    index of a model saved in several)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    single = _SafetensorsRows(path / "model.safetensors")
+    single.close()
+    return {k: single.path for k in single.keys()}
+
+
+def _row_range(rows: int, rank: int, world: int) -> tuple[int, int]:
+    """The rows of a weight FSDP2 gives `rank` (its dim-0 `Shard`: `torch.chunk`'s split)."""
+    size = -(-rows // world)
+    start = min(rank * size, rows)
+    return start, min(start + size, rows)
+
+
+def _aliases(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Each parameter's name (the first it is registered under) with its other names (tied
+    weights: a head that is the input embeddings)."""
+    first: dict[int, str] = {}
+    names: dict[str, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = first.setdefault(id(p), name)
+        names.setdefault(key, [])
+        if key != name:
+            names[key].append(name)
+    return names
+
+
+def _adapter_start(config: object, lora: AdapterConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A fresh adapter's weights (small: the whole of them) as `adapter_wrap` makes them on
+    the loaded model, drawing the same random numbers: peft sizes an adapter by its layers'
+    features, so it is made here on a skeleton whose weights are empty."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from workers.adapters import adapter_wrap
+
+    with init_empty_weights(include_buffers=False):
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    for module in skeleton.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+    wrapped = adapter_wrap(model=skeleton, lora=lora)
+    return {n: p.detach() for n, p in wrapped.named_parameters() if p.requires_grad}
+
+
+def _base_key(name: str) -> str:
+    """A weight's name in the base model's files (an adapter model's base weights are
+    renamed by peft: base_model.model.… and ….base_layer.…)."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def model_sharded_load(path: str | Path, *, mesh: DeviceMesh, reshard: bool, precision: str,
+                       dtype: torch.dtype = torch.float32, lora: AdapterConfig | None = None) -> torch.nn.Module:
+    """The causal LM saved at `path` (transformers' directory of safetensors files), sharded
+    as `learner_shard` shards one, without this process ever holding the whole of it: built
+    on the meta device, sharded (FSDP2), then given storage for this rank's rows only, read
+    from the files. Buffers the files lack (rotary `inv_freq`) are computed on the CPU as a
+    whole build computes them; tied weights stay one parameter. `lora`: with a fresh adapter
+    (`adapter_wrap`'s, the same weights) on the frozen base."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workers.adapters import adapter_wrap
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path)
+    adapter = _adapter_start(config, lora, dtype) if lora is not None else {}
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # As loading does (from_config leaves a tied head its own weight); outside the context,
+    # whose register_parameter would give the head a new meta weight again.
+    model.tie_weights()
+    if lora is not None:
+        with init_empty_weights(include_buffers=False):
+            model = adapter_wrap(model=model, lora=lora)
+    aliases = _aliases(model)
+    _fully_shard(model, mesh=mesh, reshard=reshard, precision=precision)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.to_empty(device=mesh.device_type)
+    files = _safetensors_files(path)
+    rank, world = mesh.get_local_rank(), mesh.size()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        opened = {f: _SafetensorsRows(f) for f in sorted(set(files.values()))}
+        for reader in opened.values():
+            stack.callback(reader.close)
+        for name, b in model.named_buffers():
+            # A persistent buffer as saved; the others (inv_freq) as the CPU build made them.
+            key = _base_key(name)
+            b.copy_(opened[files[key]].rows(key) if key in files else buffers[name])
+        for name, others in aliases.items():
+            param = params[name]
+            local = param.to_local() if hasattr(param, "to_local") else param
+            start, end = _row_range(param.shape[0], rank, world) if hasattr(param, "to_local") else (0, param.shape[0])
+            if end - start != local.shape[0]:
+                raise RuntimeError(f"{name}: rank {rank} holds {local.shape[0]} rows of {param.shape[0]}, "
+                                   f"expected rows {start}-{end}")
+            if name in adapter:
+                local.copy_(adapter[name][start:end])
+                continue
+            found = next((k for k in map(_base_key, (name, *others)) if k in files), None)
+            if found is None:
+                raise ValueError(f"{path}: no weight {_base_key(name)} in its safetensors files")
+            if end > start:
+                local.copy_(opened[files[found]].rows(found, start, end))
+    model.train()
+    return model
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str, from_rank0: bool = False) -> Shard:
     """Shard a learner that is the same on every rank of the (default) process group, in
-    place: its optimizer is rebuilt over the shards and keeps the state it had."""
+    place: its optimizer is rebuilt over the shards and keeps the state it had.
+
+    from_rank0 (sharding full or grad_op): the other ranks built theirs sharded already
+    (`model_sharded_load`: the run's model, frozen weights included) and take rank 0's
+    trainable weights, optimizer and scheduler state here, each rank its shards (rank 0's
+    whole tensors are broadcast one at a time)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -185,17 +356,34 @@ def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str) -> 
         return Shard(rank=rank, world=world, sharding=sharding)
     from torch.distributed.device_mesh import init_device_mesh
 
-    full = StateDictOptions(full_state_dict=True)
+    full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
     # A fresh optimizer has no state; asking for its state dict would make one (a zero step).
     optim_state = get_optimizer_state_dict(model, learner.optimizer, options=full) if learner.optimizer.state else None
     scheduler_state = learner.scheduler.state_dict() if learner.scheduler is not None else None
+    weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad} if from_rank0 and rank == 0 else {}
+    if from_rank0:
+        import torch.distributed as dist
+
+        # What rank 0 has, every rank: whether there is optimizer state, and the scheduler's.
+        told: list[tuple[bool, dict[str, object] | None]] = [(optim_state is not None, scheduler_state)]
+        dist.broadcast_object_list(told, src=0)  # type: ignore[arg-type]
+        has_optim, scheduler_state = told[0]
+        if has_optim and optim_state is None:
+            optim_state = {}
     device = next(model.parameters()).device.type
     mesh = init_device_mesh(device, (world,))
-    _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
-    if learner.ref_model is not None:
+    if not _is_sharded(model):  # else built sharded already (model_sharded_load)
+        _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
+    if learner.ref_model is not None and not _is_sharded(learner.ref_model):
         # Frozen, forward only: gathered block by block like the policy.
         _fully_shard(learner.ref_model, mesh=mesh, reshard=True, precision=learner.spec.precision)
     learner.optimizer_rebuild()
+    if from_rank0:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        # Only the trainable weights (a frozen base is the run's model on every rank).
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                      strict=False))
     if optim_state is not None:
         set_optimizer_state_dict(model, learner.optimizer, optim_state, options=full)
     if scheduler_state is not None and learner.scheduler is not None:
@@ -450,6 +638,9 @@ class LearnerGroup:
         self.backend, _ = group_backend(plan.local)
         self.learner = learner
         self.whole = whole
+        # The followers load only their shards of the model and take rank 0's trainable state
+        # into them (`learner_shard` from_rank0); sharded `none`, each holds a whole replica.
+        self.followers_shard_load = sharded_load_fits(plan.sharding, model=str(run_config.get("model", "")))
         timeout = datetime.timedelta(seconds=timeout_s)
         # Port 0: the system picks a free one (no race with another group starting); ranks
         # on other hosts need a fixed one (RFT_LEARNER_PORT).
@@ -461,6 +652,7 @@ class LearnerGroup:
         self._store.set("rft/spec", json.dumps({
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
+            "sharded_load": self.followers_shard_load,
         }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
@@ -476,8 +668,10 @@ class LearnerGroup:
             ranks_await(self._store, world=plan.world, timeout=timeout, followers=self.followers)
             group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = _Channel()
-            state_share(self.channel, learner, rank=0)
-            self.shard = learner_shard(learner, rank=0, world=plan.world, sharding=plan.sharding)
+            if not self.followers_shard_load:
+                state_share(self.channel, learner, rank=0)
+            self.shard = learner_shard(learner, rank=0, world=plan.world, sharding=plan.sharding,
+                                       from_rank0=self.followers_shard_load)
             if checkpoint is not None:
                 sharded_load(learner, checkpoint)
         except BaseException:
@@ -598,13 +792,18 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     from workers.algorithms import NothingToTrain
     from workers.trainer import _rng_restore, journal_decode
 
-    learner, plan = start.learner, start.plan
+    plan = start.plan
     store.add(READY, 1)
     group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
     try:
         channel = _Channel()
-        state_share(channel, learner, rank=rank)
-        shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding)
+        if start.learner is None:  # sharded_load: its shards only, rank 0's trainable state into them
+            learner = follower_learner_sharded(start, rank=rank)
+        else:
+            learner = start.learner
+            state_share(channel, learner, rank=rank)
+        shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding,
+                              from_rank0=start.learner is None)
         if start.checkpoint:
             sharded_load(learner, Path(start.checkpoint))
         while True:
@@ -629,13 +828,50 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
 
 @dataclass(frozen=True)
 class _FollowerReady:
-    """What a follower needs to join: the run's learner, the group's plan, its backend and
+    """What a follower needs to join: the run's learner (None where it loads only its
+    shards, once joined: `follower_learner_sharded`), the group's plan, its backend and
     timeout, and the sharded snapshot to start from (if any)."""
-    learner: Learner
+    learner: Learner | None
     plan: GroupPlan
     backend: str
     timeout: datetime.timedelta
     checkpoint: str | None
+    cfg: RunConfig
+    spec: LearnerSpec
+    tokenizer: PreTrainedTokenizerBase
+
+
+def sharded_load_fits(sharding: str, *, model: str) -> bool:
+    """Whether a learner group's followers load only their shards of the run's model
+    (`model_sharded_load`): sharded full or grad_op, a causal LM (a vision-language model is
+    loaded whole, then sharded)."""
+    path = Path(model)
+    if sharding == "none" or not ((path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()):
+        return False  # a model name the hub resolves is loaded whole (from_pretrained finds its files)
+    from workers.vision import is_vision_model
+
+    return not is_vision_model(model)
+
+
+def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
+    """A follower's learner on its shards only of the run's model (and of the reference
+    model, or the frozen base under an adapter), built once the group is joined (the shards
+    are the mesh's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workers.algorithms import Learner
+    from workers.precision import precision_dtype
+
+    cfg, spec = start.cfg, start.spec
+    mesh = init_device_mesh(_comm_device().split(":")[0], (start.plan.world,))
+    reshard = start.plan.sharding == "full"
+    torch.manual_seed(cfg.seed)
+    dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
+    model = model_sharded_load(cfg.model, mesh=mesh, reshard=reshard, precision=spec.precision, dtype=dtype,
+                               lora=spec.lora)
+    ref = (model_sharded_load(cfg.model, mesh=mesh, reshard=True, precision=spec.precision)
+           if spec.needs_ref_model else None)
+    return Learner(spec=spec, model=model, tokenizer=start.tokenizer, ref_model=ref)
 
 
 def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
@@ -661,7 +897,6 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
     spec = spec_from_config(cfg)
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
-    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
     from django.conf import settings
 
     if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
@@ -670,9 +905,13 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
         cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     checkpoint = spec_in.get("checkpoint")
-    return _FollowerReady(learner=Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model), plan=plan,
-                          backend=backend, timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
-                          checkpoint=str(checkpoint) if checkpoint else None)
+    learner = None
+    if not spec_in.get("sharded_load"):
+        model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
+        learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
+    return _FollowerReady(learner=learner, plan=plan, backend=backend,
+                          timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
+                          checkpoint=str(checkpoint) if checkpoint else None, cfg=cfg, spec=spec, tokenizer=tokenizer)
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:

@@ -1,0 +1,236 @@
+"""A rank of a learner group loads only its shard of the model (workers.algorithms.distributed
+.model_sharded_load): built on the meta device, sharded, then its rows read from the
+safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
+loss and next weights on the same batch, for a model with its own output head and one
+whose head is its input embeddings (tied), with the reference model loaded the same way."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
+from workers.algorithms import trl_bridge as bridge
+
+from tests.servers import free_port
+
+pytestmark = pytest.mark.slow
+
+# Bounded, generous: two ranks import torch and TRL on a loaded 2-core host.
+GROUP_TIMEOUT_S = 900.0
+
+
+def _batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for gi in range(2):
+        prompt = torch.randint(10, 200, (4,), generator=g).tolist()
+        for j in range(3):
+            completion = torch.randint(10, 200, (3 + j,), generator=g).tolist()
+            rows.append(Rollout(id=gi * 3 + j, group_id=f"g{gi}", prompt_ids=prompt, completion_ids=completion,
+                                logprobs=[-0.7] * len(completion), reward=float((j + gi) % 3)))
+    return TrainBatch(usual=rows)
+
+
+def _spec() -> LearnerSpec:
+    # beta > 0: a reference model, loaded sharded too.
+    return LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2, beta=0.04))
+
+
+def _ids() -> torch.Tensor:
+    return torch.arange(10, 26).reshape(2, 8)
+
+
+def _rank(rank: int, world: int, addr: str, model_dirs: list[str], out: str) -> None:
+    """Each model loaded sharded: its logits on `_ids`, one GRPO step; rank 0 saves what
+    the one process is compared with, every rank the rows it holds of each weight."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoTokenizer
+
+    from workers.algorithms.distributed import learner_shard, model_sharded_load, whole_state
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        for i, model_dir in enumerate(model_dirs):
+            torch.manual_seed(0)
+            model = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
+            ref = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
+            held = {n: (p.to_local().numel(), p.numel()) for n, p in model.named_parameters()}
+            with torch.no_grad():
+                logits = model(_ids()).logits
+            learner = Learner(spec=_spec(), model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), ref_model=ref)
+            shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+            metrics = learner.step(_batch(), shard=shard)
+            whole = whole_state(learner)
+            torch.save({"logits": logits, "loss": metrics["loss"], "whole": whole, "held": held},
+                       Path(out) / f"model{i}-rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn_bounded(fn: Any, world: int, *args: Any) -> None:
+    """The ranks, waited on until they end (a rank that fails ends the others), at most
+    GROUP_TIMEOUT_S."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=(world, f"tcp://127.0.0.1:{free_port()}", *args), nprocs=world,
+                             start_method="spawn", join=False)
+    deadline = time.monotonic() + GROUP_TIMEOUT_S
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the {world} ranks did not end within {GROUP_TIMEOUT_S:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workers.modelkit import tiny_model_save
+
+    return tiny_model_save(tmp_path_factory.mktemp("tied-model"), hidden_size=32, layers=2, heads=2, seed=1, tied=True)
+
+
+def _one_process(model_dir: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(_ids()).logits
+    learner = Learner(spec=_spec(), model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), ref_model=ref)
+    metrics = learner.step(_batch())
+    return {"logits": logits, "loss": metrics["loss"], "whole": dict(model.state_dict())}
+
+
+def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_loss_and_update(
+    tiny_model_dir: Path, tied_model_dir: Path, tmp_path: Path
+) -> None:
+    dirs = [tiny_model_dir, tied_model_dir]
+    _spawn_bounded(_rank, 2, [str(d) for d in dirs], str(tmp_path))
+    for i, model_dir in enumerate(dirs):
+        what = "tied" if i else "untied"
+        one = _one_process(model_dir)
+        got = torch.load(tmp_path / f"model{i}-rank0.pt", weights_only=False)
+        # The forward gathers the very weights one process holds: the same logits.
+        torch.testing.assert_close(got["logits"], one["logits"], atol=1e-6, rtol=1e-5, msg=lambda m: f"{what}: {m}")
+        assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), what
+        assert got["whole"].keys() == one["whole"].keys(), what
+        for name, value in one["whole"].items():
+            torch.testing.assert_close(got["whole"][name], value, atol=1e-4, rtol=1e-3, msg=lambda m: f"{what}: {name}: {m}")
+        if i:
+            assert torch.equal(got["whole"]["lm_head.weight"], got["whole"]["model.embed_tokens.weight"]), "still tied"
+        for rank in (0, 1):
+            held = torch.load(tmp_path / f"model{i}-rank{rank}.pt", weights_only=False)["held"]
+            for name, (local, total) in held.items():
+                # Its rows only (FSDP2's dim-0 split): never a whole weight of more than one row.
+                rows = one["whole"][name].shape[0]
+                assert local <= -(-rows // 2) * (total // rows), f"{what}: rank {rank} holds all of {name}"
+
+
+# ----------------------------------------------------------------------------- a model larger than a rank's memory
+
+# The address space a rank may grow by once warmed up, as a share of the model's whole
+# weights: a whole load does not fit (its weights, and transformers maps the file besides),
+# a rank's half of the frozen base, an adapter, a gathered block and a LoRA step's
+# activations do (~0.65 of the weights on this model).
+LIMIT_SHARE = 0.85
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        return int(next(line for line in fh if line.startswith("VmSize:")).split()[1]) * 1024
+
+
+def _lora_learner(model_dir: str, *, rank: int, world: int, sharded: bool) -> tuple[Learner, Any]:
+    """A GRPO learner with a fresh adapter on the model at `model_dir`, sharded over the
+    group: loaded sharded, or (`sharded` False) whole first, as a rank did before."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from apps.runs.config import AdapterConfig
+    from workers.adapters import adapter_wrap
+    from workers.algorithms.distributed import learner_shard, model_sharded_load
+
+    lora = AdapterConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2), lora=lora)
+    torch.manual_seed(0)
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = model_sharded_load(model_dir, mesh=init_device_mesh("cpu", (world,)), reshard=True, precision="fp32",
+                                   lora=lora)
+    else:
+        model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
+    learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    return learner, learner_shard(learner, rank=rank, world=world, sharding="full")
+
+
+def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: str, weight_bytes: int, sharded: bool,
+                  out: str) -> None:
+    """Warmed up on a tiny model (what torch, TRL and gloo set up once), then held to
+    LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): one LoRA step on
+    that model; writes what happened (the step's loss, or the error) to out/rank{rank}.txt."""
+    import ctypes
+    import resource
+
+    import torch.distributed as dist
+
+    from workers.host_memory import cpu_allocator_tune
+
+    torch.set_num_threads(1)
+    # As a CPU train worker (RFT_TRAINER_CPU_MMAP_THRESHOLD): big blocks mapped and returned
+    # when freed, so the address space follows what is held, not the heap's high-water mark.
+    assert cpu_allocator_tune()
+    # One malloc arena: a thread's own arena reserves 64 MB of address space at once.
+    ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+    # A rank left alone in a collective (its peer ran out of memory) ends in bounded time.
+    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank, timeout=datetime.timedelta(seconds=300))
+    warm, shard = _lora_learner(warm_dir, rank=rank, world=world, sharded=sharded)
+    warm.step(_batch(), shard=shard)
+    del warm, shard
+    limit = _vm_bytes() + int(LIMIT_SHARE * weight_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+        learner, shard = _lora_learner(model_dir, rank=rank, world=world, sharded=sharded)
+        result = f"loss {learner.step(_batch(), shard=shard)['loss']}"
+    except (MemoryError, RuntimeError, OSError) as exc:
+        Path(out, f"rank{rank}.txt").write_text(f"failed: {type(exc).__name__}: {exc}"[:2000])
+        os._exit(0)  # the other rank may be inside a collective; the outcome is written
+    Path(out, f"rank{rank}.txt").write_text(result)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~100M parameters (400 MB of fp32 weights) in 24 blocks of 4M: a block gathered is
+    small beside a rank's half of the weights."""
+    from workers.modelkit import tiny_model_save
+
+    return tiny_model_save(tmp_path_factory.mktemp("large-model"), hidden_size=512, layers=24, heads=8,
+                           intermediate_size=2048, seed=2)
+
+
+def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_only_their_shards(
+    tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path
+) -> None:
+    weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
+    outcome = {}
+    for sharded in (False, True):
+        out = tmp_path / ("sharded" if sharded else "whole")
+        out.mkdir()
+        _spawn_bounded(_limited_rank, 2, str(tiny_model_dir), str(large_model_dir), weight_bytes, sharded, str(out))
+        outcome[sharded] = [(out / f"rank{r}.txt").read_text() for r in (0, 1)]
+    # The limit bites: a rank that loads the whole model first runs out of address space.
+    assert all(o.startswith("failed") for o in outcome[False]), outcome[False]
+    assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome[False]), outcome[False]
+    assert all(o.startswith("loss") for o in outcome[True]), outcome[True]
