@@ -218,11 +218,29 @@ def test_a_follower_that_cannot_start_fails_the_runs_step_at_once_with_its_reaso
     assert run.status == Run.Status.FAILED
 
 
+@pytest.fixture
+def one_process_grpo_weights(owner: Any, tiny_model_dir: Path) -> dict[str, torch.Tensor]:
+    """The one-process GRPO weights after step 1, trained before any conductor is up: a
+    conductor advances every running run, so with one alive it could send this run's step 1
+    first, between the batch's rows and the task run here, and the task run here would then
+    be refused as superseded (what CI saw under load). The run is stopped after, so the
+    conductor started next leaves it alone."""
+    from apps.runs.models import Run
+
+    torch.set_num_threads(1)
+    weights = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
+    Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
+    for run_id in list(trainer_mod._RESIDENTS):
+        trainer_mod.resident_drop(run_id)
+    return weights
+
+
 def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights(
-    owner: Any, tiny_model_dir: Path, own_celery_workers: Any
+    owner: Any, tiny_model_dir: Path, one_process_grpo_weights: dict[str, torch.Tensor], own_celery_workers: Any
 ) -> None:
     """The same through a real train worker (a prefork child starts the follower) and the
-    conductor, from `start` to a finished run."""
+    conductor, from `start` to a finished run. (one_process_grpo_weights comes before
+    own_celery_workers: pytest sets fixtures up in the order they are asked for.)"""
     from safetensors.torch import load_file
 
     from apps.runs.models import Run
@@ -231,7 +249,7 @@ def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights
     from tests.trainer.test_modes import drive
 
     torch.set_num_threads(1)
-    one = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
+    one = one_process_grpo_weights
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), model=str(tiny_model_dir), mode="train",
                    train_batch_size=12, repeat_times=4, explore_batch_size=2, total_steps=1,
                    trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
