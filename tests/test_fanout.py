@@ -106,12 +106,17 @@ async def test_a_burst_reaches_every_socket_in_order_in_fewer_frames(run: Run, o
 
 
 async def test_a_burst_beyond_the_old_capacity_waiting_in_redis_reaches_every_socket(
-        run: Run, owner: User, annotator: User) -> None:
-    """1,500 layer messages pile up in the process's channel while its event loop is busy
-    (blocked here): every one arrives, in order. channels_redis dropped those past its
-    capacity (1,000 before) or older than its expiry (30 s), silently, and read one message
-    per four round trips (bench/web_load: owners missed whole seconds of events)."""
+        run: Run, owner: User, annotator: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 layer messages pile up in the process's channel while its reader is held (as
+    when its event loop is busy): every one arrives, in order. channels_redis dropped those
+    past its capacity (1,000 before) or older than its expiry (30 s), silently, and read one
+    message per four round trips (bench/web_load: owners missed whole seconds of events).
+
+    The reader is held at its next read, not by blocking this loop for the burst: a loop
+    blocked past the layer's socket timeout (30 s, reached beside busy loops under load)
+    fails the reader's read already under way, and the hub then closes its sockets, rightly."""
     import redis
+    from asgiref.sync import sync_to_async
     from django.conf import settings
 
     from apps.runs.events import event_publish
@@ -119,17 +124,27 @@ async def test_a_burst_beyond_the_old_capacity_waiting_in_redis_reaches_every_so
     burst = 1500
     assert burst > 1000
     comms = [(await run_socket_connect(run, user))[0] for user in (owner, annotator)]
-    # Synchronous publishes from this loop's thread: the hub's reader cannot run meanwhile,
-    # so the whole burst waits in Redis, one layer message an event.
     layer = get_channel_layer()
     hub = fanout_hub(run_id=run.pk)
     assert hub is not None and hub.channel is not None
-    for seq in range(burst):
-        event_publish(run_id=run.pk, type="run.metric", payload={"seq": seq})
-    # Still without yielding to the loop: what waits in the process's channel (the reader's
-    # pending BZPOPMIN may have taken the first).
+    held = asyncio.Event()
+    real_receive = type(layer).receive
+
+    async def receive_when_let(self: Any, channel: str) -> Any:
+        await held.wait()
+        return await real_receive(self, channel)
+
+    monkeypatch.setattr(type(layer), "receive", receive_when_let)
+
+    def publish() -> None:
+        for seq in range(burst):
+            event_publish(run_id=run.pk, type="run.metric", payload={"seq": seq})
+
+    await sync_to_async(publish, thread_sensitive=False)()
+    # What waits in the process's channel (the read under way before the hold may have taken the first).
     waiting = redis.Redis.from_url(settings.REDIS_URL).zcard(layer.prefix + layer.non_local_name(hub.channel))
     assert waiting >= burst - 1, waiting
+    held.set()
     for comm in comms:
         events = await _events(comm, burst)
         assert [e["payload"]["seq"] for e in events] == list(range(burst))
