@@ -305,6 +305,8 @@ def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def _followers_end(processes: list[Any], *, within: float) -> bool:
+    """Whether every process has ended within `within` seconds: a bound that returns as soon as
+    they have, sized for a loaded host (a follower's exit tears torch down), not a quiet one."""
     import time
 
     deadline = time.monotonic() + within
@@ -336,7 +338,7 @@ def test_a_learner_groups_followers_exit_when_its_run_has_no_step_left(
 ) -> None:
     run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=1)
     assert len(followers) == 1
-    assert _followers_end(followers, within=15), "a follower outlived its finished run"
+    assert _followers_end(followers, within=60), "a follower outlived its finished run"
     assert run.pk not in trainer_mod._RESIDENTS
 
 
@@ -351,7 +353,7 @@ def test_a_stopped_runs_learner_group_ends_with_a_train_task_sent_before_the_sto
     # A task sent before the stop (a stopped run gets no new one: the idle reaper's case).
     # Refused before its step whether or not the stop took its dispatch back.
     assert trainer_mod.train_step.apply(args=(run.pk, 2)).get()["status"] in ("superseded", "not running")
-    assert _followers_end(followers, within=15)
+    assert _followers_end(followers, within=60)
     assert run.pk not in trainer_mod._RESIDENTS
 
 
@@ -364,7 +366,7 @@ def test_an_idle_learner_group_ends_after_the_idle_timeout(
     settings.RFT_TRAINER_IDLE_SECONDS = 1.0
     run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=5)
     assert followers
-    assert _followers_end(followers, within=30), "the idle reaper did not end the followers"
+    assert _followers_end(followers, within=90), "the idle reaper did not end the followers"
     assert run.pk not in trainer_mod._RESIDENTS
 
 
