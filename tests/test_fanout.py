@@ -141,9 +141,10 @@ async def test_a_burst_beyond_the_old_capacity_waiting_in_redis_reaches_every_so
             event_publish(run_id=run.pk, type="run.metric", payload={"seq": seq})
 
     await sync_to_async(publish, thread_sensitive=False)()
-    # What waits in the process's channel (the read under way before the hold may have taken the first).
+    # What waits in the process's channel, past the old capacity: the read under way before
+    # the hold may have taken the first few (its batch takes what is there when it wakes).
     waiting = redis.Redis.from_url(settings.REDIS_URL).zcard(layer.prefix + layer.non_local_name(hub.channel))
-    assert waiting >= burst - 1, waiting
+    assert waiting > 1000, waiting
     held.set()
     for comm in comms:
         events = await _events(comm, burst)
