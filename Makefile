@@ -29,7 +29,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: run test venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
+.PHONY: run test test-stress venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -77,6 +77,11 @@ test: venv browser compose
 	@# the docs site: a broken link, or a page missing from mkdocs.yml's nav, fails (tests/test_docs.py too)
 	$(PY) -m mkdocs build --strict --quiet
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The slowest and most timing-sensitive modules (listed in scripts/stress.py) beside two busy
+# loops, twice: both rounds must pass. STRESS_ARGS: e.g. `--rounds 1 tests/test_degrade.py`.
+test-stress: venv browser
+	TEST_WORKERS=$(TEST_WORKERS) $(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) scripts/stress.py $(STRESS_ARGS)
 
 # The docs site (mkdocs.yml) into var/site: its reference pages are written from the code first
 # (scripts/docs_reference.py, run by the mkdocs hook). `$(PY) -m mkdocs serve` serves it live.

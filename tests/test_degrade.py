@@ -217,7 +217,9 @@ def test_a_pool_with_every_connection_in_use_answers_503_busy_not_postgres_unrea
                     cur.execute("LOCK TABLE django_session IN ACCESS EXCLUSIVE MODE")
                 holder = threading.Thread(target=lambda: first.append(http.get("/runs/", headers=cookie)))
                 holder.start()
-                time.sleep(1.0)
+                # Until the first request holds the pool's connection, waiting on the lock (not
+                # a guessed second: under load the request reached the server later).
+                _lock_waited_on("django_session")
                 page = http.get("/runs/", headers=cookie)
                 answer = http.get("/api/v1/runs", headers={"Authorization": "Bearer rft_abcdef_0123456789"})
             holder.join(timeout=30)
@@ -229,6 +231,21 @@ def test_a_pool_with_every_connection_in_use_answers_503_busy_not_postgres_unrea
         assert first and first[0].status_code == 302, first
     finally:
         stop(proc)
+
+
+def _lock_waited_on(table: str, *, timeout: float = 60.0) -> None:
+    """Until another session waits for a lock on `table` (this test's session holds it)."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())", [table])
+            if cur.fetchone()[0]:
+                return
+        assert time.monotonic() < deadline, f"no request waited on {table}'s lock within {timeout:.0f} s"
+        time.sleep(0.05)
 
 
 def test_a_pool_timeout_is_busy_only_when_the_pool_is_full(settings: Any) -> None:
@@ -258,15 +275,17 @@ def test_an_outage_is_probed_by_one_request_per_interval_and_ends_when_a_probe_c
         probes.append(time.monotonic())
         return answers.pop(0)
 
-    outage = Outage(probe, probe_seconds=0.2)
+    # An interval of 1 s: two calls in a row never straddle it, even on a loaded host (at
+    # 0.2 s a stall between them would probe again and find no answer queued).
+    outage = Outage(probe, probe_seconds=1.0)
     assert not outage.holds() and not probes  # nothing seen: no probe, no short-cut
     outage.seen()
     assert all(outage.holds() for _ in range(50)) and not probes  # within the interval: no probe
-    time.sleep(0.25)
+    time.sleep(1.05)
     answers[:] = [False]
     assert outage.holds() and len(probes) == 1  # the probe failed: still out
     assert outage.holds() and len(probes) == 1  # and the next interval has begun
-    time.sleep(0.25)
+    time.sleep(1.05)
     answers[:] = [True]
     assert not outage.holds() and len(probes) == 2  # a probe connected: requests go through
     assert not outage.holds() and len(probes) == 2

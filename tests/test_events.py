@@ -41,7 +41,7 @@ async def test_members_receive_events_and_outsiders_cannot_subscribe(run: Run, a
     anonymous, anonymous_ok = await run_socket_connect(run, AnonymousUser())
     assert not anonymous_ok
     await sync_to_async(event_publish)(run_id=run.pk, type="weights.synced", payload={"version": 3})
-    assert await member.receive_json_from(timeout=5) == {"type": "weights.synced", "payload": {"version": 3}}
+    assert await member.receive_json_from(timeout=30) == {"type": "weights.synced", "payload": {"version": 3}}
     await member.disconnect()
 
 
@@ -70,7 +70,7 @@ async def test_a_forked_worker_process_publishes_through_a_loop_of_its_own(run: 
         return os.waitpid(pid, 0)[1]
 
     assert await asyncio.to_thread(fork_and_publish) == 0
-    assert await comm.receive_json_from(timeout=5) == {"type": "run.status", "payload": {"status": "from the child"}}
+    assert await comm.receive_json_from(timeout=30) == {"type": "run.status", "payload": {"status": "from the child"}}
     await comm.disconnect()
 
 
@@ -123,8 +123,8 @@ async def test_a_burst_of_events_tells_the_runs_lists_twice_and_heartbeats_not_a
     # 50 events: one notice at once, one for the rest when the interval ends (and one more
     # per further interval the burst itself lasted, on a loaded machine), then silence.
     notice = {"type": "runs.changed", "payload": {"run": run.pk}}
-    assert await comm.receive_json_from(timeout=5) == notice
-    assert await comm.receive_json_from(timeout=5) == notice
+    assert await comm.receive_json_from(timeout=30) == notice
+    assert await comm.receive_json_from(timeout=30) == notice
     extra = 0
     while not await comm.receive_nothing(timeout=RUNS_LIST_NOTICE_SECONDS + 0.5):
         assert await comm.receive_json_from(timeout=1) == notice

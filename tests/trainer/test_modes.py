@@ -18,7 +18,7 @@ from django.conf import settings
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.runs import policy
-from apps.runs.models import Metric, ModelVersion, Run
+from apps.runs.models import Dispatch, Metric, ModelVersion, Run
 from apps.runs.services import run_transition
 from tests.factories import experience_row, make_run, make_taskset
 
@@ -73,6 +73,14 @@ def drive(run: Run, until: Callable[[Run], bool], *, explorer: Explorer | None, 
     raise AssertionError(f"timed out: status={run.status} explore={run.explore_step} train={run.train_step} v={run.current_version}")
 
 
+def _train_dispatch_idle(run: Run, *, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    out = Dispatch.objects.filter(run=run, kind=Dispatch.Kind.TRAIN).exclude(state=Dispatch.State.IDLE)
+    while out.exists():
+        assert time.monotonic() < deadline, f"a train task still out {timeout:.0f} s after the pause: {list(out.values())}"
+        time.sleep(0.2)
+
+
 def _run(owner: Any, model_dir: Path, **config: Any) -> Run:
     base: dict[str, Any] = {"model": str(model_dir), "train_batch_size": 8, "explore_batch_size": 2, "repeat_times": 4,
             "total_steps": 3, "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
@@ -120,7 +128,10 @@ def test_pause_stops_the_explorer_and_the_trainer_and_resume_goes_on(
     run_transition(run=run, action="start", actor=owner)
     run = drive(run, lambda r: r.train_step >= 1, explorer=explorer)
     run_transition(run=run, action="pause", actor=owner)
-    time.sleep(1.5)  # an in-flight step may finish
+    # A train step in flight at the pause may still finish (and one sent may still be taken
+    # and refused): wait for the run's train dispatch to be idle, not for a guessed 1.5 s,
+    # which a loaded host overran (the step then landed inside the still window below).
+    _train_dispatch_idle(run)
     broker = redis.Redis.from_url(settings.REDIS_URL)
     run.refresh_from_db()
     steps, explored, dispatched = run.train_step, run.explore_step, broker.llen("rollout")
