@@ -91,6 +91,11 @@ def test_a_crashed_servers_leftovers_do_not_stop_the_next_start(embedded_var: Pa
         assert localpg.ensure_running(cluster, database="kept") is True
         assert localpg.ensure_running(cluster, database="kept") is False  # running: nothing to do
         os.kill(localpg.running_pid(cluster) or 0, signal.SIGKILL)
+        # The kill is delivered, not yet done: a crashed server is one whose process is gone.
+        deadline = time.monotonic() + 60
+        while localpg.running_pid(cluster) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert localpg.running_pid(cluster) is None, "the killed postmaster did not go"
         assert localpg.ensure_running(cluster, database="kept") is True
         localpg.stop(cluster)
         # A pid file naming this test's own (live, not postgres) process.

@@ -46,6 +46,7 @@ ACCESS: dict[str, str] = {
     "password_reset_complete": PUBLIC,
     "accounts": STAFF,
     "account_active": STAFF,
+    "favicon.ico": PUBLIC,  # a redirect to the static icon
     "health": PUBLIC,
     "ready": PUBLIC,  # readiness: which dependency is down, nothing of any run
     "^static/(?P<path>.*)$": PUBLIC,  # only while DEBUG is on
@@ -64,6 +65,9 @@ ACCESS: dict[str, str] = {
     "envapi-v1:tasks_create": API,
     "envapi-v1:trajectories_create": API,
     "envapi-v1:feedback_create": API,
+    "envapi-v1:feedback_get": API,  # a label and its ledger state
+    "envapi-v1:run_labels_ledger": API,
+    "envapi-v1:run_evaluation": API,
     "envapi-v1:rollouts_create": API,
     "envapi-v1:run_events": API,
     "envapi-v1:run_export": API,

@@ -97,7 +97,7 @@ def test_the_served_schema_holds_no_5xx_and_every_response_matches_it(live_url: 
     # the owner's review of labels (list, accept, reject, disagreements, resolve) and the
     # experience browser's bulk actions: a new operation must be counted here, so it cannot go
     # untested.
-    assert len(tried) == 25
+    assert len(tried) == 28
     assert Experience.objects.filter(run=run, source="env").exists(), "no valid trajectory got through"
 
 
