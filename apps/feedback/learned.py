@@ -31,7 +31,10 @@ from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from apps.feedback.services import _group_feedback, _locked_members, group_fold
+# The fold's public names, under the local names this module's code calls them by.
+from apps.feedback.services.fold import group_feedback as _group_feedback
+from apps.feedback.services.fold import group_fold
+from apps.feedback.services.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
 from apps.runs.feedback_policy import reward_learned, signals_fold
