@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         cwd=ROOT, env=env, stdout=(logs / "daphne.log").open("wb"), stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     try:
-        if not health_wait(url, seconds=120):
+        if not health_wait(url, seconds=600, alive=lambda: procs[-1].poll() is None):
             print(f"daphne did not answer: {(logs / 'daphne.log').read_text()[-2000:]}", file=sys.stderr)
             return 1
         _train(args, url)
