@@ -36,7 +36,7 @@ from typing import Any
 from bench.common import BENCH_DB, median, scratch_database
 
 PASSWORD = "bench-door-costs-password"
-HTMX = {"HTTP_HX_REQUEST": "true"}
+HTMX = {"HX-Request": "true"}
 CSRF_INPUT = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 ITEM = re.compile(r'data-assignment="(\d+)" data-experience="(\d+)"')
 RANK_FIELD = re.compile(r'name="rank_(\d+)"')
@@ -136,13 +136,13 @@ def walk(username: str, run_id: int, costs: Costs, *, password: str = PASSWORD,
                                                       "csrfmiddlewaretoken": token.group(1) if token else ""}), 302)
     items = [(int(a), int(e)) for a, e in ITEM.findall(door("GET annotate page", lambda: client.get(page_url)))]
     assert len(items) >= 3, f"{username}'s queue holds {len(items)} items"
-    door("GET counts", lambda: client.get(f"{page_url}counts/", **HTMX))
-    door("POST rate", lambda: client.post(f"{page_url}items/{items[0][0]}/rate/", {"score": "4"}, **HTMX))
-    door("GET counts", lambda: client.get(f"{page_url}counts/", **HTMX))
-    door("GET queue", lambda: client.get(f"{page_url}queue/?after={items[-1][0]}", **HTMX))
+    door("GET counts", lambda: client.get(f"{page_url}counts/", headers=HTMX))
+    door("POST rate", lambda: client.post(f"{page_url}items/{items[0][0]}/rate/", {"score": "4"}, headers=HTMX))
+    door("GET counts", lambda: client.get(f"{page_url}counts/", headers=HTMX))
+    door("GET queue", lambda: client.get(f"{page_url}queue/?after={items[-1][0]}", headers=HTMX))
     rank_url = f"{page_url}experiences/{items[1][1]}/rank/"
-    members = RANK_FIELD.findall(door("GET rank", lambda: client.get(rank_url, **HTMX)))
-    door("POST rank", lambda: client.post(rank_url, {f"rank_{m}": str(i + 1) for i, m in enumerate(members)}, **HTMX))
+    members = RANK_FIELD.findall(door("GET rank", lambda: client.get(rank_url, headers=HTMX)))
+    door("POST rank", lambda: client.post(rank_url, {f"rank_{m}": str(i + 1) for i, m in enumerate(members)}, headers=HTMX))
 
 
 def costs_measure(team: Team, walkers: int, *, password: str = PASSWORD,
