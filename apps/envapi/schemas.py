@@ -24,7 +24,7 @@ from pydantic_core import CoreSchema, core_schema
 
 from apps.feedback.kinds import KindApiIn, kind_get, kind_names, kinds
 from apps.runs.api_kit import Error
-from apps.runs.config import RunConfig
+from kernel.config import RunConfig
 
 Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]

@@ -37,7 +37,7 @@ from apps.feedback.services.fold import group_fold
 from apps.feedback.services.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
-from apps.runs.feedback_policy import reward_learned, signals_fold
+from kernel.feedback_policy import reward_learned, signals_fold
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)

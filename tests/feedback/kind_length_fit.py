@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
-from apps.runs.feedback_policy import Signal
-from rftweb.exceptions import InvalidInput
+from kernel.feedback_policy import Signal
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

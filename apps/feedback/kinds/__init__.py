@@ -17,7 +17,7 @@ Adding one is one module (see `rating.py`, and docs/how-to/add-a-feedback-kind.m
 registered name without a migration. tests/feedback/test_kind_registry.py adds one from a single
 test module and gives it through the page, the API and the CLI.
 
-The folding math stays in the kernel (`apps.runs.feedback_policy`, which cannot import this
+The folding math stays in the kernel (`kernel.feedback_policy`, which cannot import this
 app): registering a kind that folds hands the kernel its signal source.
 """
 
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apps.rewards.pairs import PreferencePair
-from apps.runs.feedback_policy import Signal, signal_source_register, signal_source_unregister
-from rftweb.jsontypes import Body
-from rftweb.registry import Registry
+from kernel.feedback_policy import Signal, signal_source_register, signal_source_unregister
+from kernel.jsontypes import Body
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
@@ -78,7 +78,7 @@ Who = Mapping[str, object]
 @dataclass(frozen=True)
 class KindValue:
     """A kind's typed value. Subclasses are frozen dataclasses that validate in
-    `__post_init__` (raising rftweb.exceptions.InvalidInput naming the field)."""
+    `__post_init__` (raising kernel.exceptions.InvalidInput naming the field)."""
 
     def stored(self) -> Body:
         """The JSON stored in Feedback.value (the one shape of the kind; see the model)."""

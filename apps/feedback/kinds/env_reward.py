@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 from pydantic import Field, FiniteFloat, model_validator
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

@@ -24,7 +24,7 @@ from apps.feedback.kinds import (
     preference_pair,
 )
 from apps.rewards.pairs import PreferencePair
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

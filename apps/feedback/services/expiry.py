@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.services.fold import OPEN_STATUSES, group_fold, group_members_locked
-from apps.runs.feedback_policy import DROP_REASON, reward_combine
+from kernel.feedback_policy import DROP_REASON, reward_combine
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)

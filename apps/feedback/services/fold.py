@@ -1,5 +1,5 @@
 """The fold: a group's feedback folded into its open members' human and final rewards under
-the run's policy (the arithmetic is the kernel's, apps.runs.feedback_policy), making the group
+the run's policy (the arithmetic is the kernel's, kernel.feedback_policy), making the group
 trainable when every member's reward is final. The feedback services and the wait windows
 call it with the group locked."""
 
@@ -14,7 +14,7 @@ from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from apps.runs.feedback_policy import member_is_final, reward_combine, signals_fold
+from kernel.feedback_policy import member_is_final, reward_combine, signals_fold
 from apps.runs.models import Run
 
 # The statuses whose rewards may still change.

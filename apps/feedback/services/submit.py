@@ -26,10 +26,10 @@ from apps.feedback.services.fold import FoldResult, group_fold, group_members_lo
 from apps.feedback.services.handout import assignments_finish
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
-from apps.runs.feedback_policy import feedback_is_late
+from kernel.feedback_policy import feedback_is_late
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
-from rftweb.exceptions import Conflict, InvalidInput, NotFound
+from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 # The environment API's key that sent the feedback (an envapi.ApiKey row, Feedback.api_key's
 # FK): the envapi app sits above this one (pyproject.toml's layers), so its model is not
