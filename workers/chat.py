@@ -347,7 +347,7 @@ def _version_current(*, run: RunView, floor: int) -> int:
 
 def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     from workers.engines import SamplingSpec
-    from workers.explorer import VersionNotReady, _engine_at, worker_name
+    from workers.explorer import VersionNotReady, engine_at, worker_name
 
     run = _run_for(run_id=run_id, digest=request.get("config_digest"))
     if run is None:
@@ -361,7 +361,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     else:  # a kept run's current_version is stale
         version = run_current_version(run_id)
     try:
-        engine = _engine_at(run=run, version=version, worker=worker_name())
+        engine = engine_at(run=run, version=version, worker=worker_name())
     except VersionNotReady:
         raise ChatRequestInvalid(f"run {run_id} has no model version {version}", status=404, code="model_not_found",
                                  param="model") from None
