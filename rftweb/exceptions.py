@@ -3,7 +3,8 @@
 Services, selectors and workers raise these; each door translates them in one place:
 
 - the environment API: `rftweb/api.py` `_on_rft_error` answers `status` with
-  `{"detail", "errors": {field: message}}` (and Retry-After where one applies);
+  `{"detail", "errors": {field: message}, "field", "code"}` (and Retry-After where one
+  applies); `code` is the error's stable code, one of CODES, for a client to branch on;
 - the browser views: `apps/feedback/views.py` `_error` (400, the message as text) and the
   forms (`form_errors_add`: each field's message on its form field);
 - the CLI: `command_error`, a CommandError with the message and each field (exit status 1).
@@ -23,10 +24,29 @@ error, mapped to a response once per door.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
     from django.forms import BaseForm
+
+# Every error code an API error body can carry: one per kind below, one for the requests the
+# API turns away before they reach a kind (bad JSON), in the OpenAPI schema as the `code`
+# enum (apps/runs/api_kit.py). Stable: a client branches on these, so one is never renamed
+# or reused; a new kind adds its own. tests/test_error_codes.py shows each one raised.
+ErrorCode = Literal[
+    "bad_request",
+    "malformed_json",
+    "unauthenticated",
+    "not_allowed",
+    "not_found",
+    "conflict",
+    "too_large",
+    "invalid_input",
+    "rate_limited",
+    "upstream_failed",
+    "unavailable",
+]
+CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 
 
 class RftError(Exception):
@@ -35,11 +55,17 @@ class RftError(Exception):
     `message` is for people; `field` names the input it concerns ("" for the request as a
     whole); `errors` maps every field concerned to its message (one entry unless the
     error names several, as a config with three bad keys does); `status` is the HTTP
-    status a door answers with.
+    status a door answers with; `code` the stable code of its kind (one of CODES).
     """
 
     # A kind's status; an error that knows a finer one (the OpenAI door's) sets its own.
     status: int = 400
+    code: ErrorCode = "bad_request"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.code not in CODES:  # a typo would reach clients as a code the schema does not list
+            raise TypeError(f"{cls.__name__}.code {cls.code!r} is not one of rftweb.exceptions.CODES")
 
     def __init__(self, message: str = "", *, field: str = "", errors: Mapping[str, str] | None = None) -> None:
         if errors:
@@ -77,24 +103,28 @@ class InvalidInput(RftError):
     """Malformed input, or input that does not fit what it targets (a 422)."""
 
     status = 422
+    code: ErrorCode = "invalid_input"
 
 
 class TooLarge(InvalidInput):
     """Input past a size limit (a 413)."""
 
     status = 413
+    code: ErrorCode = "too_large"
 
 
 class NotFound(RftError):
     """A named thing does not exist, or is not visible to the caller (a 404)."""
 
     status = 404
+    code: ErrorCode = "not_found"
 
 
 class NotAllowed(RftError):
     """The caller may not do this (a 403)."""
 
     status = 403
+    code: ErrorCode = "not_allowed"
 
 
 class Conflict(RftError):
@@ -102,12 +132,14 @@ class Conflict(RftError):
     that is already taken (a 409)."""
 
     status = 409
+    code: ErrorCode = "conflict"
 
 
 class RateLimited(RftError):
     """Over a rate limit; `retry_after` seconds until the window ends (a 429)."""
 
     status = 429
+    code: ErrorCode = "rate_limited"
 
     def __init__(self, message: str, *, retry_after: float, field: str = "") -> None:
         super().__init__(message, field=field)
@@ -119,6 +151,7 @@ class Unavailable(RftError):
     channel, a model version not yet published); trying again later can work (a 503)."""
 
     status = 503
+    code: ErrorCode = "unavailable"
     retry_after: float | None = 5.0
 
 
@@ -126,6 +159,20 @@ class UpstreamFailed(RftError):
     """A part the request relied on answered, but with an error or a malformed result (a 502)."""
 
     status = 502
+    code: ErrorCode = "upstream_failed"
+
+
+class Unauthenticated(RftError):
+    """No API key, or one that is unknown or revoked (a 401)."""
+
+    status = 401
+    code: ErrorCode = "unauthenticated"
+
+
+class MalformedJSON(RftError):
+    """A request body that is not JSON at all (a 400; JSON that does not fit is InvalidInput)."""
+
+    code: ErrorCode = "malformed_json"
 
 
 class ExportFailed(InvalidInput, ValueError):

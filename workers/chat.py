@@ -92,7 +92,7 @@ class ChatRequestInvalid(InvalidInput, ValueError):
         super().__init__(message)
         self.param = param
         self.status = status
-        self.code = code
+        self.openai_code = code  # OpenAI's vocabulary (apps/envapi/openai_services.py)
 
 
 def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -300,7 +300,7 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     try:
         return _generate(run_id=run_id, request=request)
     except ChatRequestInvalid as exc:
-        return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.code}}
+        return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.openai_code}}
 
 
 # run id -> (config digest, the run as read then). The web side sends the digest of the
