@@ -1,4 +1,4 @@
-"""The trainer: Celery task `workers.trainer.train_step(run_id, step)` on queue `train`.
+"""The trainer: Celery task `workers.trainer.task.train_step(run_id, step)` on queue `train`.
 
 Each worker process keeps the policy (and the reference model when the algorithm needs
 one) resident between steps. One step:
