@@ -127,7 +127,7 @@ def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_au
     assert entry.actor is None and "logits and labels differ" in entry.detail["reason"]
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"ready"}
     # A second failure report (another worker) leaves the run and its audit as they are.
-    trainer_mod._fail_run(run.pk, 1, RuntimeError("later error"))
+    trainer_mod.run_fail(run.pk, 1, RuntimeError("later error"))
     run.refresh_from_db()
     assert "later error" not in run.error and AuditEntry.objects.filter(run=run, action="fail").count() == 1
 

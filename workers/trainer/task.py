@@ -17,7 +17,7 @@ from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker
 log = logging.getLogger(__name__)
 
 
-def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+def run_fail(run_id: int, step: int, exc: BaseException) -> None:
     """Record the failure for the run page and fail the run through run_transition."""
     try:
         task_failure_record(run_id=run_id, task="workers.trainer.task.train_step", step=step, worker=worker_name(),
@@ -54,7 +54,7 @@ def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
         raise
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
-        _fail_run(run_id, step, exc)
+        run_fail(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}
 
 
