@@ -1,5 +1,5 @@
 """The one REST API, `/api/v1/`: one NinjaAPI, the routers each app contributes mounted on it,
-and the API's one translation of errors (rftweb.exceptions' RftError, ninja's own).
+and the API's one translation of errors (kernel.exceptions' RftError, ninja's own).
 
 The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
 rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the human-signal
@@ -25,28 +25,16 @@ from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
-from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
+from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
+from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
-from rftweb.exceptions import (
-    Conflict,
-    ErrorCode,
-    InvalidInput,
-    MalformedJSON,
-    NotAllowed,
-    NotFound,
-    RateLimited,
-    RftError,
-    TooLarge,
-    Unauthenticated,
-    Unavailable,
-    UpstreamFailed,
-)
+from rftweb.exceptions import ErrorCode, MalformedJSON, Unauthenticated, error_code, status_code
 
 # ---- errors --------------------------------------------------------------------------
 
 
 # Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
-# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
+# are refused by the one input hygiene of every door (kernel/hygiene.py): InputRejected is
 # an InvalidInput, a 422 naming the field.
 
 
@@ -98,7 +86,7 @@ def _problem(request: HttpRequest, status: int, detail: str, *, code: ErrorCode,
 
 @api.exception_handler(RftError)
 def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
-    """The API's one translation of the error base (rftweb.exceptions): its status and code,
+    """The API's one translation of the error base (kernel.exceptions): its status and code,
     the fields it names (422: field path -> message), Retry-After where waiting helps."""
     headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after", None)
@@ -106,7 +94,7 @@ def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     named = exc.status == 422 or bool(exc.field)
     errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
-    return _problem(request, exc.status, str(exc), code=exc.code, field=exc.field, errors=errors, headers=headers)
+    return _problem(request, exc.status, str(exc), code=error_code(exc), field=exc.field, errors=errors, headers=headers)
 
 
 def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
@@ -147,17 +135,7 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
         return _on_rft_error(request, cause)
     if isinstance(cause, json.JSONDecodeError):
         return _on_rft_error(request, MalformedJSON(f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}"))
-    return _problem(request, exc.status_code, str(exc), code=_code_of_status(exc.status_code))
-
-
-def _code_of_status(status: int) -> ErrorCode:
-    """The code of an error ninja raised by its status (no RftError behind it): the kind's
-    with that status, else the generic code of its class of status."""
-    for kind in (Unauthenticated, NotAllowed, NotFound, Conflict, TooLarge, InvalidInput, RateLimited,
-                 UpstreamFailed, Unavailable):
-        if kind.status == status:
-            return kind.code
-    return "unavailable" if status >= 500 else "bad_request"
+    return _problem(request, exc.status_code, str(exc), code=status_code(exc.status_code))
 
 
 def _loc(loc: Sequence[object]) -> str:

@@ -1,183 +1,32 @@
-"""The one error base of rftweb, and its few kinds.
+"""The doors' translations of the kernel's errors (kernel/exceptions.py): the CLI's
+CommandError, a form's field errors, and the API's stable error codes. They live here, not
+in the kernel, because they name Django's classes or belong to the API's contract; the kernel
+imports no Django.
 
-Services, selectors and workers raise these; each door translates them in one place:
-
-- the environment API: `rftweb/api.py` `_on_rft_error` answers `status` with
-  `{"detail", "errors": {field: message}, "field", "code"}` (and Retry-After where one
-  applies); `code` is the error's stable code, one of CODES, for a client to branch on;
-- the browser views: `apps/feedback/views.py` `_error` (400, the message as text) and the
-  forms (`form_errors_add`: each field's message on its form field);
-- the CLI: `command_error`, a CommandError with the message and each field (exit status 1).
-
-A new failure picks the kind that says what the caller can do about it, and names the
-field it concerns when there is one (a dotted path such as `trajectories.3.logprobs`).
-Domain errors that callers catch by name (ConfigInvalid, ImportFailed, ExportFailed,
-TransitionNotAllowed, …) are subclasses of these kinds, so every door handles them too;
-one that code also catches as a builtin (a ValueError inside a pydantic validator, a
-RuntimeError at startup) keeps that base beside its kind. The few exceptions outside
-RftError are not domain errors, each for a reason tests/test_exceptions.py lists.
-
-The pattern is HackSoftware's Django-Styleguide `core/exceptions.py`: one application
-error, mapped to a response once per door.
+Codes: every refusal of the REST API carries `code`, one of CODES (the OpenAPI Error schema's
+enum, apps/runs/api_kit.py), for a client to branch on instead of the words. An error's code
+is its nearest kind's (`error_code`: TooLarge before InvalidInput); a code is never renamed
+or reused, and a new kind adds one here. tests/test_error_codes.py shows each one raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+from kernel.exceptions import (
+    Conflict,
+    InvalidInput,
+    NotAllowed,
+    NotFound,
+    RateLimited,
+    RftError,
+    TooLarge,
+    Unavailable,
+    UpstreamFailed,
+)
 
 if TYPE_CHECKING:
     from django.forms import BaseForm
-
-# Every error code an API error body can carry: one per kind below, one for the requests the
-# API turns away before they reach a kind (bad JSON), in the OpenAPI schema as the `code`
-# enum (apps/runs/api_kit.py). Stable: a client branches on these, so one is never renamed
-# or reused; a new kind adds its own. tests/test_error_codes.py shows each one raised.
-ErrorCode = Literal[
-    "bad_request",
-    "malformed_json",
-    "unauthenticated",
-    "not_allowed",
-    "not_found",
-    "conflict",
-    "too_large",
-    "invalid_input",
-    "rate_limited",
-    "upstream_failed",
-    "unavailable",
-]
-CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
-
-
-class RftError(Exception):
-    """Something a caller asked for could not be done; nothing was written.
-
-    `message` is for people; `field` names the input it concerns ("" for the request as a
-    whole); `errors` maps every field concerned to its message (one entry unless the
-    error names several, as a config with three bad keys does); `status` is the HTTP
-    status a door answers with; `code` the stable code of its kind (one of CODES).
-    """
-
-    # A kind's status; an error that knows a finer one (the OpenAI door's) sets its own.
-    status: int = 400
-    code: ErrorCode = "bad_request"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.code not in CODES:  # a typo would reach clients as a code the schema does not list
-            raise TypeError(f"{cls.__name__}.code {cls.code!r} is not one of rftweb.exceptions.CODES")
-
-    def __init__(self, message: str = "", *, field: str = "", errors: Mapping[str, str] | None = None) -> None:
-        if errors:
-            self._errors = dict(errors)
-            field = field or next(iter(self._errors))
-            message = message or "; ".join(f"{k}: {v}" if k else v for k, v in self._errors.items())
-        else:
-            self._errors = {field: message}
-        self.message = message
-        self.field = field
-        super().__init__(f"{field}: {message}" if field and not errors else message)
-
-    def within(self, prefix: str) -> RftError:
-        """The same error, its fields placed under `prefix` (a batch's row, a request's
-        list): `InvalidInput("…", field="logprobs").within("trajectories.3")` names
-        `trajectories.3.logprobs`."""
-
-        def under(name: str) -> str:
-            return ".".join(p for p in (prefix, name) if p)
-
-        clone = Exception.__new__(type(self))
-        clone.__dict__.update(self.__dict__)
-        clone._errors = {under(k): v for k, v in self._errors.items()}
-        clone.field = under(self.field)
-        clone.args = (f"{clone.field}: {self.message}" if len(self._errors) == 1 else self.message,)
-        return clone
-
-    @property
-    def errors(self) -> dict[str, str]:
-        """field -> message ("" for the request as a whole)."""
-        return dict(self._errors)
-
-
-class InvalidInput(RftError):
-    """Malformed input, or input that does not fit what it targets (a 422)."""
-
-    status = 422
-    code: ErrorCode = "invalid_input"
-
-
-class TooLarge(InvalidInput):
-    """Input past a size limit (a 413)."""
-
-    status = 413
-    code: ErrorCode = "too_large"
-
-
-class NotFound(RftError):
-    """A named thing does not exist, or is not visible to the caller (a 404)."""
-
-    status = 404
-    code: ErrorCode = "not_found"
-
-
-class NotAllowed(RftError):
-    """The caller may not do this (a 403)."""
-
-    status = 403
-    code: ErrorCode = "not_allowed"
-
-
-class Conflict(RftError):
-    """Well-formed, but not possible in the current state: a run transition, a step
-    that is already taken (a 409)."""
-
-    status = 409
-    code: ErrorCode = "conflict"
-
-
-class RateLimited(RftError):
-    """Over a rate limit; `retry_after` seconds until the window ends (a 429)."""
-
-    status = 429
-    code: ErrorCode = "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: float, field: str = "") -> None:
-        super().__init__(message, field=field)
-        self.retry_after = retry_after
-
-
-class Unavailable(RftError):
-    """A part the request needs is not reachable now (a worker, the broker, a sync
-    channel, a model version not yet published); trying again later can work (a 503)."""
-
-    status = 503
-    code: ErrorCode = "unavailable"
-    retry_after: float | None = 5.0
-
-
-class UpstreamFailed(RftError):
-    """A part the request relied on answered, but with an error or a malformed result (a 502)."""
-
-    status = 502
-    code: ErrorCode = "upstream_failed"
-
-
-class Unauthenticated(RftError):
-    """No API key, or one that is unknown or revoked (a 401)."""
-
-    status = 401
-    code: ErrorCode = "unauthenticated"
-
-
-class MalformedJSON(RftError):
-    """A request body that is not JSON at all (a 400; JSON that does not fit is InvalidInput)."""
-
-    code: ErrorCode = "malformed_json"
-
-
-class ExportFailed(InvalidInput, ValueError):
-    """Something cannot be exported as asked: feedback exports (apps/feedback/exports.py),
-    weights and reward models (workers/adapters.py, workers/reward_models.py)."""
 
 
 def command_error(exc: RftError, *, what: str = "") -> Exception:
@@ -197,3 +46,61 @@ def form_errors_add(form: BaseForm, exc: RftError) -> None:
     for a field the form does not have)."""
     for field, message in exc.errors.items():
         form.add_error(field if field in form.fields else None, message)
+
+
+class Unauthenticated(RftError):
+    """No API key, or one that is unknown or revoked (a 401): the REST API's own refusal."""
+
+    status = 401
+
+
+class MalformedJSON(RftError):
+    """A request body that is not JSON at all (a 400; JSON that does not fit is InvalidInput)."""
+
+
+ErrorCode = Literal[
+    "bad_request",
+    "malformed_json",
+    "unauthenticated",
+    "not_allowed",
+    "not_found",
+    "conflict",
+    "too_large",
+    "invalid_input",
+    "rate_limited",
+    "upstream_failed",
+    "unavailable",
+]
+CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
+
+# Each kind's code (RftError's own for an error of no finer kind).
+KIND_CODES: dict[type[RftError], ErrorCode] = {
+    RftError: "bad_request",
+    MalformedJSON: "malformed_json",
+    Unauthenticated: "unauthenticated",
+    NotAllowed: "not_allowed",
+    NotFound: "not_found",
+    Conflict: "conflict",
+    TooLarge: "too_large",
+    InvalidInput: "invalid_input",
+    RateLimited: "rate_limited",
+    UpstreamFailed: "upstream_failed",
+    Unavailable: "unavailable",
+}
+
+
+def error_code(exc: RftError) -> ErrorCode:
+    """The stable code of `exc`: its nearest kind's, along its class's method resolution order."""
+    for cls in type(exc).__mro__:
+        if cls in KIND_CODES:
+            return KIND_CODES[cls]
+    return "bad_request"
+
+
+def status_code(status: int) -> ErrorCode:
+    """The code of a refusal with no RftError behind it (one ninja raised), by its status: the
+    kind's with that status, else bad_request (4xx) or unavailable (5xx)."""
+    for kind, code in KIND_CODES.items():
+        if kind is not RftError and kind.status == status:
+            return code
+    return "unavailable" if status >= 500 else "bad_request"

@@ -1,16 +1,15 @@
 """Every code of the REST API's error enum (rftweb/exceptions.py CODES) is one that product
-code can produce: some error class carrying it is raised or built somewhere in apps, rftweb
-or workers. A code nothing raises is a promise the schema makes and the server never keeps."""
+code can produce: some error class of that code is raised or built somewhere in apps, kernel,
+rftweb or workers. A code nothing raises is a promise the schema makes and the server never keeps."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
 
-from rftweb import exceptions
-from rftweb.exceptions import CODES, RftError
+from kernel import exceptions as kinds
+from rftweb.exceptions import CODES, KIND_CODES, MalformedJSON, Unauthenticated, error_code, status_code
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("apps", "kernel", "rftweb", "workers")
@@ -22,10 +21,9 @@ def product_trees() -> list[ast.Module]:
 
 
 def class_codes(trees: list[ast.Module]) -> dict[str, str]:
-    """Error class name -> its code, for every subclass of the kinds defined in the product
-    (a class without its own `code` inherits its first base's that has one)."""
-    codes = {name: cls.code for name, cls in vars(exceptions).items()
-             if isinstance(cls, type) and issubclass(cls, RftError)}
+    """Error class name -> its code, for the kinds and every subclass of them defined in the
+    product (a subclass has its first base's code that has one, as error_code finds it)."""
+    codes: dict[str, str] = {kind.__name__: code for kind, code in KIND_CODES.items()}
     classes = [node for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     changed = True
     while changed:  # bases may be defined after their subclasses' modules are read
@@ -33,18 +31,11 @@ def class_codes(trees: list[ast.Module]) -> dict[str, str]:
         for node in classes:
             if node.name in codes:
                 continue
-            own = [s.value.value for s in node.body if isinstance(s, ast.AnnAssign | ast.Assign)
-                   and isinstance(s.value, ast.Constant) and _assigns_code(s)]
             inherited = [codes[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in codes]
-            if own or inherited:
-                codes[node.name] = (own or inherited)[0]
+            if inherited:
+                codes[node.name] = inherited[0]
                 changed = True
     return codes
-
-
-def _assigns_code(statement: ast.AnnAssign | ast.Assign) -> bool:
-    targets = [statement.target] if isinstance(statement, ast.AnnAssign) else statement.targets
-    return any(isinstance(t, ast.Name) and t.id == "code" for t in targets)
 
 
 def called_names(trees: list[ast.Module]) -> set[str]:
@@ -65,13 +56,18 @@ def test_every_code_is_raised_somewhere() -> None:
     assert set(CODES) - raised == set()
 
 
-def test_a_class_with_a_code_outside_the_enum_fails_at_once() -> None:
-    with pytest.raises(TypeError, match="not one of"):
-        type("Typo", (exceptions.NotFound,), {"code": "not_fonud"})
+def test_each_code_belongs_to_one_kind() -> None:
+    assert sorted(KIND_CODES.values()) == sorted(CODES)
 
 
-def test_each_kind_has_its_own_code() -> None:
-    kinds = [exceptions.RftError, exceptions.InvalidInput, exceptions.TooLarge, exceptions.NotFound,
-             exceptions.NotAllowed, exceptions.Conflict, exceptions.RateLimited, exceptions.Unavailable,
-             exceptions.UpstreamFailed, exceptions.Unauthenticated, exceptions.MalformedJSON]
-    assert sorted(k.code for k in kinds) == sorted(CODES)
+def test_an_error_has_its_nearest_kinds_code() -> None:
+    assert error_code(kinds.TooLarge("big")) == "too_large"  # before InvalidInput, its base
+    assert error_code(kinds.ExportFailed("no")) == "invalid_input"
+    assert error_code(Unauthenticated("who")) == "unauthenticated"
+    assert error_code(MalformedJSON("{")) == "malformed_json"
+    assert error_code(kinds.RftError("plain")) == "bad_request"
+
+
+def test_a_status_with_no_error_behind_it_gets_its_kinds_code() -> None:
+    assert (status_code(404), status_code(429), status_code(405), status_code(504)) == (
+        "not_found", "rate_limited", "bad_request", "unavailable")

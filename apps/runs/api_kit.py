@@ -17,7 +17,8 @@ from ninja.params.functions import Path
 from pydantic import Field
 
 from apps.runs.models import Run
-from rftweb.exceptions import ErrorCode, NotFound
+from kernel.exceptions import NotFound
+from rftweb.exceptions import ErrorCode
 
 
 class Error(Schema):
