@@ -336,8 +336,8 @@ def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
     # Bound tasks (self first) too: the run, not the step.
     assert task_run_id(name="workers.explorer.explore_step", args=[3, 9], kwargs={}) == 3
-    assert task_run_id(name="workers.trainer.train_step", args=[4, 9], kwargs={}) == 4
-    assert task_run_id(name="apps.runs.tasks.run_announce", args=[5], kwargs={}) == 5
+    assert task_run_id(name="workers.trainer.task.train_step", args=[4, 9], kwargs={}) == 4
+    assert task_run_id(name="apps.control.tasks.run_announce", args=[5], kwargs={}) == 5
     assert task_run_id(name="workers.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
     assert task_run_id(name="apps.buffer.tasks.lease_reap_task", args=[], kwargs={}) is None
 
