@@ -201,11 +201,20 @@ def demo_once(args: argparse.Namespace, *, seed: int) -> float:
                                         rm_gate=args.rm_gate)
         print(f"demo runs (seed {seed}): #{people} with a person labelling by {demo.preference}, #{twin} without "
               f"people; {load_average()}", flush=True)
+        start_evaluate(demo, people=people, twin=twin)
         given = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started)
         print(demo.manage("shell", "-c", f"from bench.demo_teach import rm_probe_print, style_print; "
                                          f"rm_probe_print({people}); style_print({people}, {demo.preference!r}); "
                                          f"style_print({twin}, {demo.preference!r})"), end="", flush=True)
         return report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+
+
+def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
+    """Evaluate both runs' version 0, the model they both start from, before they start: each
+    run's gain is then counted from the same point (the demo evaluates every second version,
+    and by the people run's first, step 2, people's labels have already moved it)."""
+    demo.manage("shell", "-c", "from workers.evaluation import evaluate_version; "
+                               f"evaluate_version(run_id={people}, version=0); evaluate_version(run_id={twin}, version=0)")
 
 
 def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, deadline: float,
