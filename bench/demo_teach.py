@@ -362,7 +362,7 @@ def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, f
     """w_rm x the reward-model part of each member whose reward is the learned fold of one of
     its scores (a member people rated, or one the fallback rewarded, has none)."""
     from apps.feedback.learned import reward_model_weight, rm_reward_score
-    from apps.runs.feedback_policy import reward_learned
+    from kernel.feedback_policy import reward_learned
 
     parts = []
     for m in members:
@@ -436,7 +436,7 @@ def style_print(run_id: int, preference: str, *, every: int = 5) -> None:
     from collections import defaultdict
 
     from apps.buffer.models import Experience
-    from apps.runs.preferences import preference_get
+    from kernel.preferences import preference_get
 
     liked = preference_get(preference).liked
     tally: dict[int, list[list[float]]] = defaultdict(lambda: [[], []])

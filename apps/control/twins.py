@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
-from apps.runs.eval_series import PREFERENCE, PREFIX, metric_label
 from apps.runs.models import AuditEntry, Metric, Run
 from apps.runs.selectors import runs_visible_to
 from apps.runs.services import run_create
+from kernel.eval_series import PREFERENCE, PREFIX, metric_label
 
 TWIN_ACTION = "copied_as_twin"
 SHARE_PREFIX = PREFIX + PREFERENCE
