@@ -20,10 +20,21 @@ neither knows the preference. The evaluation's share is measured and never rewar
 reward model learns the preference from the person's labels alone, over the demo model
 itself. Only the scripted person reads the preference, through the page.
 
-    python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0] [--headed]
+    python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0 | --seeds 0 1 2]
+                               [--rm-gate bound|evidence] [--headed]
 
-The last line: the people run's final share, the run without people's, and their
-difference, with the load average.
+The twin is made as a person would copy the run with people's feedback off
+(`apps.control.twins.run_twin_create`: linked, so both run pages show the comparison). Both
+runs' version 0, the model they start from, is evaluated before they start, so each run's gain
+(its last evaluation less its first) counts from the same point. After each seed the bench
+prints what the reward model did at every train step of the people run (the newest version,
+its held-out accuracy and the gate's lower bound, open or shut and its weight, how many groups'
+rewards carry its scores and how many differ by half a rating step or more, the within-group
+spread of its part beside the automatic reward's), then each run's rollouts by model version:
+the preference's share and the accuracy in and out of that style (what the automatic reward
+alone would amplify). Each seed's last line: the people run's final share, the run without
+people's, their difference, each run's gain and the gain difference, with the load average;
+with `--seeds`, a last line with the gain difference's median and spread.
 
 Not re-measured on the balanced demo model (RECIPE 7, 2026-11-26), whose warm-up writes the
 working first a quarter of the time: its smoke (tests/test_bench_smokes.py) runs on it.
