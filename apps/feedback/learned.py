@@ -98,15 +98,21 @@ def reward_model_usable(*, run: Run) -> RewardModel | None:
     `bound`) or is above chance (gate `evidence`, weighted by `reward_model_weight`), on at
     least `min_rm_heldout_pairs` pairs."""
     latest = reward_model_latest(run=run)
+    return latest if latest is not None and reward_model_gate_open(run=run, rm=latest) else None
+
+
+def reward_model_gate_open(*, run: Run, rm: RewardModel) -> bool:
+    """Whether the run's gate lets version `rm` score rewards while it is the newest (what
+    `reward_model_usable` asks of the newest; a probe asks it of earlier ones)."""
     policy = run.cfg.feedback
-    if latest is None or latest.pairs_heldout < policy.min_rm_heldout_pairs:
-        return None
-    bound = reward_model_lower_bound(run=run, rm=latest)
+    if rm.pairs_heldout < policy.min_rm_heldout_pairs:
+        return False
+    bound = reward_model_lower_bound(run=run, rm=rm)
     if bound is None:
-        return None
+        return False
     if policy.rm_gate == "evidence" and policy.min_rm_accuracy > CHANCE:
-        return latest if bound > CHANCE else None
-    return latest if bound >= policy.min_rm_accuracy else None
+        return bound > CHANCE
+    return bound >= policy.min_rm_accuracy
 
 
 def reward_model_weight(*, run: Run, rm: RewardModel) -> float:
