@@ -24,13 +24,14 @@ if TYPE_CHECKING:
     from redis import Redis
 
 
-class RedisChannel(kombu_redis.Channel):
+class RedisChannel(kombu_redis.Channel):  # type: ignore[misc]  # kombu is skipped (pyproject.toml)
     _kept_client: tuple[object, Redis] | None = None  # (the pool it uses, the client)
 
     def _create_client(self, asynchronous: bool = False) -> Redis:
         if asynchronous:
             # Built once per channel by kombu already (`client`, `subclient`).
-            return super()._create_client(asynchronous=True)
+            client: Redis = super()._create_client(asynchronous=True)
+            return client
         pool = self.pool
         kept = self._kept_client
         if kept is None or kept[0] is not pool:
@@ -38,5 +39,5 @@ class RedisChannel(kombu_redis.Channel):
         return kept[1]
 
 
-class RedisTransport(kombu_redis.Transport):
+class RedisTransport(kombu_redis.Transport):  # type: ignore[misc]  # kombu is skipped (pyproject.toml)
     Channel = RedisChannel

@@ -180,7 +180,7 @@ def pool_connect_failed(error: BaseException) -> None:
         return
     with lock:
         while waiting:
-            waiting.popleft().fail(error)  # type: ignore[union-attr]
+            waiting.popleft().fail(error)
 
 
 def outage_aware_connection_class() -> type:
@@ -188,11 +188,11 @@ def outage_aware_connection_class() -> type:
     Connection, whose failure to connect is told to pool_connect_failed first."""
     import psycopg
 
-    class OutageAwareConnection(psycopg.Connection):  # type: ignore[type-arg]
+    class OutageAwareConnection(psycopg.Connection):
         @classmethod
-        def connect(cls, *args: object, **kwargs: object) -> OutageAwareConnection:  # type: ignore[override]
+        def connect(cls, *args: object, **kwargs: object) -> OutageAwareConnection:
             try:
-                return super().connect(*args, **kwargs)  # type: ignore[arg-type,return-value]
+                return super().connect(*args, **kwargs)  # type: ignore[arg-type]
             except psycopg.OperationalError as exc:
                 pool_connect_failed(exc)
                 raise

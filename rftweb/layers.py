@@ -29,7 +29,7 @@ return popped
 """
 
 
-class EmbeddedChannelLayer(InMemoryChannelLayer):
+class EmbeddedChannelLayer(InMemoryChannelLayer):  # type: ignore[misc]  # channels ships no types
     _server_loop: asyncio.AbstractEventLoop | None = None
 
     def _foreign(self) -> asyncio.AbstractEventLoop | None:
@@ -41,24 +41,27 @@ class EmbeddedChannelLayer(InMemoryChannelLayer):
     async def receive(self, channel: str) -> dict[str, object]:
         # Consumers receive on the server's loop: remember it.
         self._server_loop = asyncio.get_running_loop()
-        return await super().receive(channel)
+        message: dict[str, object] = await super().receive(channel)
+        return message
 
     async def send(self, channel: str, message: dict[str, object]) -> None:
         loop = self._foreign()
         if loop is None:
-            return await super().send(channel, message)
+            await super().send(channel, message)
+            return
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(InMemoryChannelLayer.send(self, channel, message), loop))
 
     async def group_send(self, group: str, message: dict[str, object]) -> None:
         loop = self._foreign()
         if loop is None:
-            return await super().group_send(group, message)
+            await super().group_send(group, message)
+            return
         await asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(InMemoryChannelLayer.group_send(self, group, message), loop)
         )
 
 
-class RedisBatchChannelLayer(RedisChannelLayer):
+class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis ships no types
     """channels_redis's core layer, reading a process's own channel in batches.
 
     Every channel of a process (its `new_channel()` names, `specific.<prefix>!...`: the live
@@ -77,7 +80,8 @@ class RedisBatchChannelLayer(RedisChannelLayer):
 
     async def receive_single(self, channel: str) -> tuple[str | list[str], dict[str, object]]:
         if "!" not in channel:
-            return await super().receive_single(channel)
+            single: tuple[str | list[str], dict[str, object]] = await super().receive_single(channel)
+            return single
         index = self.consistent_hash(channel)
         channel_key = self.prefix + channel
         backup_key = self._backup_channel_name(channel_key)

@@ -34,7 +34,7 @@ from django.shortcuts import render
 log = logging.getLogger(__name__)
 
 
-class LoginGuardBackend(AxesStandaloneBackend):
+class LoginGuardBackend(AxesStandaloneBackend):  # type: ignore[misc]  # axes ships no types
     """Axes' check before Django's ModelBackend. A call without a request (Django's test
     client `login`, code that checks a password) has no address to count: it is let through
     to the next backend, as it was before axes."""

@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError
 
 from apps.control.ports import EXPORT_FAILURE, EXPORT_TASK, dispatch_begin, weights_export_of
 from apps.runs.ports import DispatchKind, task_failure_record
+from workers.adapters import model_export
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 def weights_zip_write(*, source: str, target: Path) -> Path:
     """Export the version at `source` (workers.adapters.model_export, merged) into a
     temporary directory beside `target` and zip it into place."""
-    from workers.adapters import model_export
-
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="weights-export-", dir=target.parent) as tmp:
         out = model_export(source=source, out=Path(tmp) / "model", merged=True)

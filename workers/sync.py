@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from django.conf import settings
 
 from kernel.exceptions import Unavailable
+from workers.adapters import adapter_save, is_adapter_model
 
 if TYPE_CHECKING:
     import torch
@@ -64,8 +65,6 @@ def save_pretrained_atomic(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    from workers.adapters import adapter_save, is_adapter_model
-
     if is_adapter_model(model):
         adapter_save(model=model, out=tmp)
     elif like is None or not weights_like(state=state if state is not None else model.state_dict(), like=like, out=tmp):
@@ -230,8 +229,6 @@ class NcclSync(CheckpointSync):
     @staticmethod
     def sync_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """What a version is: the adapter's tensors for a LoRA policy, else every tensor."""
-        from workers.adapters import is_adapter_model
-
         if is_adapter_model(model):
             from peft import get_peft_model_state_dict
 

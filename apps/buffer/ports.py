@@ -29,7 +29,8 @@ from apps.buffer.services import (
 )
 from apps.runs.ports import RunView, row, train_step_recorded
 
-__all__ = ["EXPLORER", "ExperienceDraft", "ExperienceRecord", "ExperienceSink", "TaskRecord", "TaskSource",
+# TaskAttempt: the rows TaskSource.claim hands out, named by the explorer's annotations only.
+__all__ = ["EXPLORER", "ExperienceDraft", "ExperienceRecord", "ExperienceSink", "TaskAttempt", "TaskRecord", "TaskSource",
            "TrainSource", "WriteResult", "image_open", "paraphrase_accept", "paraphrases_add", "paraphrase_sources", "taskset_tasks",
            "tasks_exhausted"]
 

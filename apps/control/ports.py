@@ -15,7 +15,7 @@ from django.db import transaction
 
 from apps.buffer.ports import ExperienceDraft, ExperienceSink, TaskSource, WriteResult
 from apps.control import orchestration as _orchestration
-from apps.control.orchestration import EXPORT_TASK, BatchPlan, TrainReadiness, batch_plan, dispatch_begin
+from apps.control.orchestration import EXPORT_TASK, TrainReadiness, batch_plan, dispatch_begin
 from apps.control.weights import EXPORT_FAILURE
 from apps.control.weights import weights_zip_path as _weights_zip_path
 from apps.rewards.ports import rewards_remote_enqueue

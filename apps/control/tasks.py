@@ -15,7 +15,7 @@ from apps.runs.models import Run
 
 
 # Read-only and idempotent; a lost announcement is replaced by the next one, so no retries.
-@shared_task(name="apps.control.tasks.run_announce", ignore_result=True, time_limit=30, soft_time_limit=25)
+@shared_task(name="apps.control.tasks.run_announce", ignore_result=True, time_limit=30, soft_time_limit=25)  # type: ignore[untyped-decorator]  # celery ships no types
 def run_announce(run_id: int) -> dict[str, int] | None:
     """Publish the run's buffer counts to its group (dashboards refresh from it)."""
     run = Run.objects.filter(pk=run_id).first()
@@ -29,7 +29,7 @@ def run_announce(run_id: int) -> dict[str, int] | None:
 # Idempotent on the end's key (apps/control/notifications.py): a retry or a second delivery
 # makes no second notification and emails no one twice. An email backend that is down
 # (SMTP or socket errors) is retried with backoff, 5 times over about a quarter of an hour.
-@shared_task(name="apps.control.tasks.run_end_notify_task", ignore_result=True, time_limit=120, soft_time_limit=100,
+@shared_task(name="apps.control.tasks.run_end_notify_task", ignore_result=True, time_limit=120, soft_time_limit=100,  # type: ignore[untyped-decorator]  # celery ships no types
              autoretry_for=(OSError, SMTPException), retry_backoff=30, retry_backoff_max=600, max_retries=5)
 def run_end_notify_task(run_id: int, audit_id: int) -> int:
     """Tell the run's people it ended (in-app, and by email to those who want it)."""

@@ -37,7 +37,8 @@ from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
 from apps.envapi.models import AgentCall, AgentSession, ApiKey
 from apps.envapi.openai_services import OpenAIError
-from apps.envapi.services import GROUP_MAX, KEY_MAX, env_scoped
+from apps.buffer.drafts import GROUP_MAX, KEY_MAX
+from apps.envapi.services import env_scoped
 from apps.runs.models import Run
 from kernel.exceptions import Conflict, NotFound
 

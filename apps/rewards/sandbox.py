@@ -229,16 +229,7 @@ def code_run(
     # Verdicts go to a file in a directory of ours that the child never gets the path of.
     private = Path(tempfile.mkdtemp(prefix="rft-sbx-out-"))
     try:
-        (work / "solution.py").write_text(code, encoding="utf-8")
-        (work / "tests.json").write_text(json.dumps({"tests": cases, "test_timeout": test_timeout}), encoding="utf-8")
-        runner = RUNNER.read_text(encoding="utf-8")
-        if not audit:
-            runner = runner.replace("    sys.addaudithook(_hook_for(root))\n", "")
-        (work / "runner.py").write_text(runner, encoding="utf-8")
-        os.chmod(work, 0o700)
-        if conf.drop_user:
-            for path in [work, *work.iterdir()]:
-                os.chown(path, NOBODY_UID, NOBODY_GID)
+        _work_fill(work, code=code, cases=cases, test_timeout=test_timeout, audit=audit, drop_user=bool(conf.drop_user))
         verdicts_path, output_path = private / "verdicts", private / "output"
         verdicts_fd = os.open(verdicts_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         output = output_path.open("wb")
@@ -264,18 +255,7 @@ def code_run(
         finally:
             os.close(verdicts_fd)
             output.close()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # Also on a normal exit: anything it left running in its group goes too.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+        timed_out = _child_wait(proc, timeout=timeout)
         return _verdicts(
             verdicts_path,
             total=len(cases),
@@ -287,6 +267,39 @@ def code_run(
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _work_fill(work: Path, *, code: str, cases: list[TestCase], test_timeout: float, audit: bool,
+               drop_user: bool) -> None:
+    """The child's directory: the solution, its tests and the runner (without the audit hook
+    for audit=False), private to it (owned by nobody where it runs as nobody)."""
+    (work / "solution.py").write_text(code, encoding="utf-8")
+    (work / "tests.json").write_text(json.dumps({"tests": cases, "test_timeout": test_timeout}), encoding="utf-8")
+    runner = RUNNER.read_text(encoding="utf-8")
+    if not audit:
+        runner = runner.replace("    sys.addaudithook(_hook_for(root))\n", "")
+    (work / "runner.py").write_text(runner, encoding="utf-8")
+    os.chmod(work, 0o700)
+    if drop_user:
+        for path in [work, *work.iterdir()]:
+            os.chown(path, NOBODY_UID, NOBODY_GID)
+
+
+def _child_wait(proc: subprocess.Popen[bytes], *, timeout: float) -> bool:
+    """Wait for the child up to `timeout`; True when it ran out. Its process group is killed
+    either way: also on a normal exit, anything it left running in its group goes too."""
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    return timed_out
 
 
 def _verdicts(path: Path, *, total: int, timed_out: bool, returncode: int | None, seconds: float,

@@ -7,11 +7,15 @@ processes, sockets, ctypes and writes outside that directory. The hook is one la
 several (see apps/rewards/sandbox.py); on its own it is not a security boundary.
 """
 
+from __future__ import annotations  # annotations stay strings: the child may be Python 3.8
+
 import io
 import json
 import os
 import signal
 import sys
+from types import FrameType
+from typing import Any, Callable
 
 BLOCKED_EVENTS = {
     "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
@@ -27,19 +31,19 @@ PATH_EVENTS = {
 }
 
 
-def _inside(root, path):
+def _inside(root: str, path: object) -> bool:
     if isinstance(path, int):
         return True
     try:
-        path = os.fsdecode(os.fspath(path))
+        name = os.fsdecode(os.fspath(path))  # type: ignore[call-overload]  # any path-like the audit event carries
     except TypeError:
         return True
-    full = os.path.realpath(os.path.join(os.getcwd(), path))
+    full = os.path.realpath(os.path.join(os.getcwd(), name))
     return full == root or full.startswith(root + os.sep) or full == os.devnull
 
 
-def _hook_for(root):
-    def hook(event, args):
+def _hook_for(root: str) -> Callable[[str, tuple[Any, ...]], None]:
+    def hook(event: str, args: tuple[Any, ...]) -> None:
         if event in BLOCKED_EVENTS or event.startswith(BLOCKED_PREFIXES):
             raise PermissionError("sandbox: %s is not allowed" % event)
         if event == "import" and args and args[0] in BLOCKED_IMPORTS:
@@ -64,16 +68,18 @@ class _TestTimeout(BaseException):
     pass
 
 
-def _on_alarm(signum, frame):
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
     raise _TestTimeout()
 
 
-def _same_output(got, want):
-    lines = lambda s: [line.rstrip() for line in s.strip().splitlines()]
+def _same_output(got: str, want: str) -> bool:
+    def lines(s: str) -> list[str]:
+        return [line.rstrip() for line in s.strip().splitlines()]
+
     return lines(got) == lines(want)
 
 
-def main():
+def main() -> None:
     out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     with open("tests.json") as f:
         spec = json.load(f)
@@ -82,7 +88,7 @@ def main():
     tests, test_timeout = spec["tests"], float(spec["test_timeout"])
     root = os.path.realpath(os.getcwd())
 
-    def emit(record):
+    def emit(record: dict[str, object]) -> None:
         out.write(json.dumps(record) + "\n")
         out.flush()
 

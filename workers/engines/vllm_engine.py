@@ -20,7 +20,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from workers.adapters import adapter_base, is_adapter_dir, merged_save
 from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_folder_check, tokenizer_load
+from workers.vision import ImagePrompt, is_vision_model, processor_load
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
@@ -92,8 +94,6 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         self.max_model_len = int(context)
         self.tokenizer = tokenizer_load(path)
-        from workers.vision import is_vision_model, processor_load
-
         # Renders prompts with pictures (workers/vision.py); vLLM does its own pixel work.
         self.processor: ProcessorMixin | None = processor_load(path) if is_vision_model(path) else None
         self.path = path
@@ -114,8 +114,6 @@ class VLLMEngine:
             core.shutdown()
 
     def load(self, *, version: int, path: str) -> None:
-        from workers.adapters import adapter_base, is_adapter_dir
-
         with self._lock:
             if is_adapter_dir(path):
                 base = adapter_base(path)
@@ -152,8 +150,6 @@ class VLLMEngine:
     def _merged(self, path: str) -> str:
         import tempfile
 
-        from workers.adapters import merged_save
-
         out = os.path.join(tempfile.gettempdir(), f"rft-merged-{os.getpid()}")
         return str(merged_save(adapter_path=path, out=out, base=self.base_path))
 
@@ -184,8 +180,6 @@ class VLLMEngine:
             seed=sampling.seed,
             logprobs=sampling.logprobs,
         )
-        from workers.vision import ImagePrompt
-
         def as_input(p: Prompt) -> dict[str, object]:
             if isinstance(p, ImagePrompt):
                 # One placeholder per picture: vLLM expands them itself (multimodal inputs).
