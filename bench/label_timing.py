@@ -69,12 +69,13 @@ def oldest_first() -> Iterator[None]:
     person's leased items in hand-out order, every one of them filling the queue's size."""
     from django.db.models import Q
 
-    from apps.feedback import selectors, services
+    from apps.feedback import selectors
+    from apps.feedback.services import handout
 
     # The claim reads its candidates through selectors.annotation_handout (the waiting count's too).
     real: Callable[..., Any] = selectors.annotation_candidates
     real_queue: Callable[..., Any] = selectors.annotation_queue
-    real_counts: Callable[..., Any] = services.queue_item_counts
+    real_counts: Callable[..., Any] = handout.queue_item_counts
 
     def queue_before(*, run: Any, annotator: Any) -> Any:
         return real_queue(run=run, annotator=annotator).order_by("id")
@@ -87,13 +88,13 @@ def oldest_first() -> Iterator[None]:
 
     selectors.annotation_candidates = before
     selectors.annotation_queue = queue_before
-    services.queue_item_counts = Q  # every leased item fills the queue
+    handout.queue_item_counts = Q  # every leased item fills the queue
     try:
         yield
     finally:
         selectors.annotation_candidates = real
         selectors.annotation_queue = real_queue
-        services.queue_item_counts = real_counts
+        handout.queue_item_counts = real_counts
 
 
 def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seconds: float, rate_seconds: float,
