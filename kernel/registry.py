@@ -1,12 +1,14 @@
 """One shape for the registries that make rftweb extensible (algorithms and their objectives,
-feedback kinds): declarations registered by name, the built-in ones loaded from their
-modules on first use, listed built-ins first in their declared order, then in registration
-order. No Django, no torch: the web side and the workers both use it."""
+feedback kinds, reward functions and domains, pipeline operators, preferences): declarations
+registered by name, the built-in ones loaded from their modules on first use, listed
+built-ins first in their declared order, then in registration order. No Django, no torch:
+the web side and the workers both use it."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from dataclasses import is_dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,12 +20,15 @@ class Registry(Generic[T]):
         self.package = package  # the built-ins are its modules `<package>.<name>`
         self.builtin = tuple(builtin)
         self._entries: dict[str, T] = {}
+        self._loaded = False
 
     def add(self, name: str, entry: T) -> None:
         """Register `entry` as `name`; the same declaration again is a no-op (a module
-        imported twice), another one under a taken name an error."""
+        imported twice), another one under a taken name an error. A declaration is the same
+        when it is of the same class and, for a dataclass record (a reward, a domain route),
+        equal to the one registered."""
         known = self._entries.get(name)
-        if known is not None and type(known) is not type(entry):
+        if known is not None and (type(known) is not type(entry) or (is_dataclass(entry) and known != entry)):
             raise ValueError(f"{self.what} {name!r} is registered twice")
         self._entries[name] = entry
 
@@ -32,8 +37,12 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
 
     def load(self) -> None:
+        # Once per process: the lookups of a hot path (a reward per completion) skip it.
+        if self._loaded:
+            return
         for module in self.builtin:
             importlib.import_module(f"{self.package}.{module}")
+        self._loaded = True
 
     def entries(self) -> list[T]:
         self.load()

@@ -27,7 +27,7 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.holds import Person, holds_renew, holds_renew_on_commit
-from apps.feedback.kinds import KindValue, kind_get, kind_names, kind_service
+from apps.feedback.kinds import KindValue, feedback_signals, kind_get, kind_names, kind_service
 from apps.feedback.kinds.edit import EditValue
 from apps.feedback.kinds.env_reward import EnvRewardValue
 from apps.feedback.kinds.flag import FlagValue
@@ -378,9 +378,10 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     if members is None:
         members = _locked_members(run=run, group_id=group_id)
 
-    folds = signals_fold(member_ids=[m.pk for m in members], feedback=_group_feedback(
-        run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run),
-        offsets=rater_offsets_cached(run=run))
+    ids = [m.pk for m in members]
+    rows = _group_feedback(run=run, group_id=group_id, member_ids=ids)
+    folds = signals_fold(member_ids=ids, signals=feedback_signals(rows), weights=rater_weights_cached(run=run),
+                         offsets=rater_offsets_cached(run=run))
     changed: list[Experience] = []
     for m in members:
         if m.status not in _OPEN:

@@ -19,7 +19,7 @@ from apps.buffer.pipeline.core import (
     row_get,
     task_text,
 )
-from apps.buffer.pipeline.registry import Params, register
+from kernel.operators import Params, register
 
 _SPACES = re.compile(r"\s+")
 
