@@ -7,6 +7,7 @@ the web side and the workers both use it."""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Sequence
 from dataclasses import is_dataclass
 from typing import Generic, TypeVar
@@ -15,10 +16,13 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, *, what: str, package: str, builtin: Sequence[str]) -> None:
+    def __init__(self, *, what: str, package: str, builtin: Sequence[str] = (), suffix: str = "") -> None:
         self.what = what  # "algorithm", "feedback kind": how errors name an entry
         self.package = package  # the built-ins are its modules `<package>.<name>`
         self.builtin = tuple(builtin)
+        # Discovery instead of a list: every module of `package` whose name ends with `suffix`
+        # (`_rules`: apps/rewards/math_rules.py), imported in name order; none when empty.
+        self.suffix = suffix
         self._entries: dict[str, T] = {}
         self._loaded = False
 
@@ -40,9 +44,16 @@ class Registry(Generic[T]):
         # Once per process: the lookups of a hot path (a reward per completion) skip it.
         if self._loaded:
             return
-        for module in self.builtin:
+        for module in (*self.builtin, *self.discovered()):
             importlib.import_module(f"{self.package}.{module}")
         self._loaded = True
+
+    def discovered(self) -> list[str]:
+        """The modules of `package` named `*<suffix>` (none without a suffix)."""
+        if not self.suffix:
+            return []
+        path = importlib.import_module(self.package).__path__
+        return sorted(m.name for m in pkgutil.iter_modules(path) if m.name.endswith(self.suffix))
 
     def entries(self) -> list[T]:
         self.load()

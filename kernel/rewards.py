@@ -1,5 +1,5 @@
 """Reward functions and reward domains by name: the kernel's registries, which the rewards
-app's modules fill when they are imported (apps/rewards/builtin.py, math_rules.py, …). Pure
+app's modules fill when they are imported (apps/rewards/builtin_rules.py, math_rules.py, …). Pure
 Python: scorers that need a model run in `workers/`. The run config (kernel/config.py)
 validates reward names, params and domains here, so it needs no Django.
 
@@ -51,10 +51,11 @@ class RewardSpec:
     check: ParamsCheck | None = None
 
 
-# The modules of apps/rewards that register rewards and domains when imported: loaded on first
-# use, by name (the kernel imports no app), so a process without Django knows them too.
-PLUGINS = ("builtin", "math_rules", "code_rules", "k12", "remote", "vision_rules")
-REWARDS: Registry[RewardSpec] = Registry(what="reward", package="apps.rewards", builtin=PLUGINS)
+# The modules of apps/rewards that register rewards and domains when imported, found by their
+# name (`*_rules.py`) and loaded on first use (the kernel imports no app), so a process without
+# Django knows them too. Adding one is adding its module.
+PLUGINS = "apps.rewards"
+REWARDS: Registry[RewardSpec] = Registry(what="reward", package=PLUGINS, suffix="_rules")
 
 
 def register(
@@ -87,7 +88,7 @@ class DomainRoute:
     format: str | None = None
 
 
-DOMAINS: Registry[DomainRoute] = Registry(what="reward domain", package="apps.rewards", builtin=PLUGINS)
+DOMAINS: Registry[DomainRoute] = Registry(what="reward domain", package=PLUGINS, suffix="_rules")
 
 
 def domain_register(

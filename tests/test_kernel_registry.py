@@ -63,3 +63,12 @@ def test_a_reward_or_domain_registered_twice_differently_is_refused() -> None:
         DOMAINS.remove("kernel_test")
     with pytest.raises(KeyError, match="unknown reward 'kernel_test_one'"):
         reward_get("kernel_test_one")
+
+
+def test_the_reward_plugins_are_discovered_by_their_module_names() -> None:
+    """No list names the reward modules: every apps/rewards/*_rules.py is imported, and each
+    built-in domain's rewards are registered."""
+    assert REWARDS.discovered() == ["builtin_rules", "code_rules", "k12_rules", "math_rules", "remote_rules",
+                                    "vision_rules"]
+    assert {"math", "code", "k12"} <= {route.name for route in DOMAINS.entries()}
+    assert {"exact_match", "math_accuracy", "k12_judge"} <= set(REWARDS.names())

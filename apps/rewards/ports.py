@@ -11,7 +11,7 @@ from pathlib import Path
 
 from apps.buffer.models import Experience
 from apps.buffer.ports import ExperienceRecord
-from apps.rewards.k12 import (
+from apps.rewards.k12_rules import (
     GradedAnswer,
     K12JudgeParams,
     K12LearnedParams,
@@ -22,7 +22,7 @@ from apps.rewards.k12 import (
     task_question,
 )
 from apps.rewards import export as _export
-from apps.rewards import k12 as _k12
+from apps.rewards import k12_rules as _k12
 from apps.rewards.models import K12Grader, RewardModel
 from apps.rewards.pairs import PreferencePair
 from kernel.rewards import RewardResult, reference_text, task_field

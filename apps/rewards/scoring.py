@@ -4,7 +4,7 @@ worker call.
 A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a task when
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
-(apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
+(apps/rewards/k12_rules.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
 else → exact_match. A term's `domains` must name registered domains (kernel.vocabulary.domains): a misspelt one is a
 config error naming it, not a term that silently scores nothing; a task's domain that
 misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
