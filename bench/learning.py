@@ -94,7 +94,7 @@ def _corrections_write(*, run: Any, taskset: Any, count: int) -> None:
     from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.models import Experience
     from apps.buffer.services import experience_write
-    from apps.rewards.registry import reference_text
+    from kernel.rewards import reference_text
 
     tasks = list(taskset.tasks.order_by("id"))
     rows = []

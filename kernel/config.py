@@ -78,7 +78,7 @@ def line_ends_normalise(text: str) -> str:
 
 
 # The base of every config shape, public for the apps above that validate params the same
-# way (apps.rewards.k12's params).
+# way (apps.rewards.k12_rules's params).
 StrictModel = _Strict
 
 

@@ -33,9 +33,9 @@ automatic reward, `drop` filters the whole group with a stated reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import NamedTuple, TypedDict
 
 from kernel.config import FeedbackPolicy, RunConfig
 
@@ -137,17 +137,6 @@ class MemberFold:
         return len(named) + sum(1 for a, _ in self.signals if a is None)
 
 
-class FeedbackRow(Protocol):
-    """What the fold reads of a Feedback row (apps.feedback's model, above this kernel)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def author_id(self) -> int | None: ...
-    @property
-    def api_key_id(self) -> int | None: ...
-
-
 def feedback_rater(feedback: object) -> Rater:
     """Who gave a piece of feedback, for counting distinct raters."""
     author = getattr(feedback, "author_id", None)
@@ -159,45 +148,43 @@ def feedback_rater(feedback: object) -> Rater:
     return None
 
 
-# What a kind of feedback contributes to its members' human rewards: (experience id, score on
-# [0, 1], whether the rater's scale offset applies: it does to a rater's own scale, as a rating
-# is, not to a position in an order). Each kind that folds registers its source here
-# (apps.feedback.kinds, which this kernel cannot import); the math below is the same for all.
+# What one row of a kind of feedback contributes to its members' human rewards: (experience
+# id, score on [0, 1], whether the rater's scale offset applies: it does to a rater's own
+# scale, as a rating is, not to a position in an order).
 Signal = tuple[int, float, bool]
-_SIGNAL_SOURCES: dict[str, Callable[[Any], Iterable[Signal]]] = {}
 
 
-def signal_source_register(kind: str, source: Callable[[Any], Iterable[Signal]]) -> None:
-    _SIGNAL_SOURCES[kind] = source
+class RaterSignal(NamedTuple):
+    """One human signal on one member, with its rater, as plain data: what the fold reads
+    (apps.feedback.kinds turns each row of a folding kind into these; the math below is the
+    same for all kinds)."""
 
-
-def signal_source_unregister(kind: str) -> None:
-    _SIGNAL_SOURCES.pop(kind, None)
+    experience_id: int
+    score: float  # on [0, 1]
+    # Whether the rater's scale offset applies: it does to a rater's own scale, as a rating
+    # is, not to a position in an order.
+    scaled: bool
+    rater: Rater  # who gave it, for counting distinct raters (feedback_rater)
+    author: int | None  # the person, whose scale offset applies
 
 
 def signals_fold(
-    *, member_ids: Iterable[int], feedback: Iterable[FeedbackRow], weights: Mapping[int, float] | None = None,
+    *, member_ids: Iterable[int], signals: Iterable[RaterSignal], weights: Mapping[int, float] | None = None,
     offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
-    """Collect the human signals of a group's members from Feedback rows (anything with
-    kind, experience_id, author_id, api_key_id and value) through their kinds' registered
-    sources; rows of a kind that does not fold are passed over. `weights` are the raters'
-    reliability weights (apps.feedback.reliability), None for equal weights; `offsets` their
-    scale offsets, subtracted from their scaled signals (ratings; clamped to [0, 1]) before
-    folding."""
+    """Fold the human signals of a group's members; signals on other experiences are passed
+    over. `weights` are the raters' reliability weights (apps.feedback.reliability), None
+    for equal weights; `offsets` their scale offsets, subtracted from their scaled signals
+    (ratings; clamped to [0, 1]) before folding."""
     folds = {pk: MemberFold(weights=weights) for pk in member_ids}
-    for fb in feedback:
-        source = _SIGNAL_SOURCES.get(fb.kind)
-        if source is None:
+    for signal in signals:
+        fold = folds.get(signal.experience_id)
+        if fold is None:
             continue
-        rater = feedback_rater(fb)
-        for pk, score, scaled in source(fb):
-            if pk not in folds:
-                continue
-            author = fb.author_id
-            if scaled and offsets and author is not None and author in offsets:
-                score = min(1.0, max(0.0, score - offsets[author]))
-            folds[pk].signals.append((rater, score))
+        score, author = signal.score, signal.author
+        if signal.scaled and offsets and author is not None and author in offsets:
+            score = min(1.0, max(0.0, score - offsets[author]))
+        fold.signals.append((signal.rater, score))
     return folds
 
 

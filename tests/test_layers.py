@@ -37,20 +37,36 @@ def test_a_kernel_module_importing_an_upper_app_breaks_the_contract(tmp_path: Pa
     assert "apps.runs.metrics -> apps.control.views" in result.stdout
 
 
-def test_the_apps_above_fill_the_kernels_config_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel validates reward and operator names it cannot import: the rewards and buffer
-    apps register them when Django loads them (AppConfig.ready); without them a config is
-    refused loudly, never accepted with any name."""
-    from kernel import vocabulary
-    from kernel.config import config_validate
+def test_a_config_is_validated_without_django() -> None:
+    """The kernel validates reward, domain and pipeline-operator names it cannot import: its
+    registries load the plugin modules by name, so a process where Django is not set up (no
+    DJANGO_SETTINGS_MODULE, no AppConfig.ready) knows every built-in name and refuses a wrong
+    one, and Django's app registry is never populated."""
+    import os
 
-    assert {"exact_match", "math_accuracy", "k12_judge"} <= set(vocabulary.reward_names())
-    assert {"human_flagged", "priority_replay"} <= set(vocabulary.operator_names())
-    with pytest.raises(Exception, match="unknown reward 'exact_match_typo'"):
-        config_validate(data={"model": "x", "rewards": [{"name": "exact_match_typo"}]})
-    monkeypatch.setattr(vocabulary, "_VOCABULARY", vocabulary._Vocabulary())
-    with pytest.raises(vocabulary.VocabularyMissing, match="no reward functions are registered"):
-        config_validate(data={"model": "x", "rewards": [{"name": "exact_match"}]})
+    code = (
+        "import sys\n"
+        "from kernel.config import config_validate\n"
+        "cfg = config_validate(data={'model': 'x', 'rewards': [{'name': 'math_accuracy', 'domains': ['math']}],\n"
+        "    'pipeline': {'on_write': [{'name': 'dedup_exact'}]}})\n"
+        "print(cfg.rewards[0].name, cfg.pipeline.on_write[0].name)\n"
+        "for bad in ({'name': 'exact_match_typo'}, {'name': 'exact_match', 'domains': ['Math']}):\n"
+        "    try:\n"
+        "        config_validate(data={'model': 'x', 'rewards': [bad]})\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, str(exc).splitlines()[0])\n"
+        "django = sys.modules.get('django.apps')\n"
+        "print('apps ready:', bool(django and django.apps.ready))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "math_accuracy dedup_exact"
+    assert lines[1].startswith("ConfigInvalid") and "unknown reward 'exact_match_typo'" in lines[1]
+    assert lines[2].startswith("ConfigInvalid") and "unknown domain 'Math'" in lines[2]
+    assert lines[3] == "apps ready: False"
 
 
 def test_a_worker_importing_an_apps_model_breaks_the_ports_contract(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_no_reward_term_reads_a_preference() -> None:
     reward is named like a preference, and no reward module imports them."""
     from pathlib import Path
 
-    from apps.rewards.registry import reward_names
+    from kernel.rewards import reward_names
 
     assert not set(preference_names()) & set(reward_names())
     root = Path(__file__).resolve().parent.parent

@@ -149,7 +149,7 @@ def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_liv
     """Both publishers once wrote the metric row alone and sent their live event under
     `metrics`, a key the run page's chart does not read: the page showed the accuracy only
     after a reload and no tracker ever got it."""
-    from apps.rewards.k12 import k12_grader_publish
+    from apps.rewards.k12_rules import k12_grader_publish
     from apps.feedback.learned import reward_model_publish
     from apps.runs import metrics
 

@@ -1,4 +1,4 @@
-"""K-12 graders on the `reward` queue (apps/rewards/k12.py says what they are).
+"""K-12 graders on the `reward` queue (apps/rewards/k12_rules.py says what they are).
 
 Both scorers take `(completions, tasks, *, run, **params)` and return one Verdict (a score
 on [0, 1] and its reason) per completion; workers/rewards.py stores the score as the term's

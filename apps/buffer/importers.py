@@ -22,7 +22,7 @@ from django.db import transaction
 
 from apps.buffer.models import Task, Taskset, TasksetImage
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
-from apps.buffer.pipeline.core import Row
+from kernel.operators import Row
 from kernel.hygiene import InputRejected, jsonl_records, tree_check
 from kernel.vocabulary import domain_misspelt, domain_misspelt_message
 from kernel.exceptions import InvalidInput

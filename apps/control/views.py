@@ -64,7 +64,7 @@ from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_res
 from apps.feedback.signal_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
 from kernel.hygiene import MAX_CONFIG_BYTES
-from apps.rewards.registry import reward_names
+from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
 from kernel.config import ConfigInvalid, config_file_read

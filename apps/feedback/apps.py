@@ -11,5 +11,5 @@ class FeedbackConfig(AppConfig):
         from apps.feedback import services, signals  # noqa: F401
         from apps.feedback.kinds import kinds_load
 
-        # Every kind registered at start: the kernel's fold reads their signal sources.
+        # Every kind registered at start.
         kinds_load()

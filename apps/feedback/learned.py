@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import kind_names
+from apps.feedback.kinds import feedback_signals, kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
@@ -221,8 +221,9 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
         group_fold(run=run, group_id=group_id, members=members)
         ids = [m.pk for m in members]
         weights = rater_weights_cached(run=run)
-        folds = signals_fold(member_ids=ids, feedback=_group_feedback(run=run, group_id=group_id, member_ids=ids),
-                             weights=weights, offsets=rater_offsets_cached(run=run))
+        rows = _group_feedback(run=run, group_id=group_id, member_ids=ids)
+        folds = signals_fold(member_ids=ids, signals=feedback_signals(rows), weights=weights,
+                             offsets=rater_offsets_cached(run=run))
         scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
                       .values_list("experience_id", "score"))
         pending = [m for m in members if m.status == Experience.Status.PENDING]

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import kind_get, kind_names, preference_pair
+from apps.feedback.kinds import feedback_signals, kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
 from kernel.feedback_policy import signals_fold
@@ -82,7 +82,8 @@ def preference_pairs(
 
     for (kind_name, group_id), ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings if fb.experience_id is not None})
-        folds = signals_fold(member_ids=member_ids, feedback=ratings, weights=rater_weights, offsets=rater_offsets)
+        folds = signals_fold(member_ids=member_ids, signals=feedback_signals(ratings), weights=rater_weights,
+                             offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
         humans: list[tuple[int, float, float]] = []
         for pk in member_ids:

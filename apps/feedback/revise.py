@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.holds import Person
-from apps.feedback.kinds import kind_get, kind_names
+from apps.feedback.kinds import feedback_signals, kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services.handout import lease_seconds_default
@@ -133,7 +133,7 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
             else Q(kind=name, experience_id__in=ids)
     remaining = list(Feedback.objects.effective().filter(run=run, late=False).filter(on))
     # Weighted and offset per rater as group_fold does (apps.feedback.services).
-    folds = signals_fold(member_ids=ids, feedback=remaining, weights=rater_weights_cached(run=run),
+    folds = signals_fold(member_ids=ids, signals=feedback_signals(remaining), weights=rater_weights_cached(run=run),
                          offsets=rater_offsets_cached(run=run))
     complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
     for m in members:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from apps.rewards.registry import RewardResult, domain_register, register, task_field
+from kernel.rewards import RewardResult, domain_register, register, task_field
 from apps.rewards.sandbox import code_extract, code_run, code_tests_normalise
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import re
 import threading
 
 from apps.rewards.answers import CLOSE, MAX_ANSWER_CHARS, OPEN, answer_extract, answer_tags
-from apps.rewards.registry import RewardResult, booleans_check, domain_register, reference_text, register
+from kernel.rewards import RewardResult, booleans_check, domain_register, reference_text, register
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from apps.buffer.models import Experience
 from apps.buffer.ports import ExperienceRecord
-from apps.rewards.k12 import (
+from apps.rewards.k12_rules import (
     GradedAnswer,
     K12JudgeParams,
     K12LearnedParams,
@@ -22,10 +22,10 @@ from apps.rewards.k12 import (
     task_question,
 )
 from apps.rewards import export as _export
-from apps.rewards import k12 as _k12
+from apps.rewards import k12_rules as _k12
 from apps.rewards.models import K12Grader, RewardModel
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.registry import RewardResult, reference_text, task_field
+from kernel.rewards import RewardResult, reference_text, task_field
 from apps.rewards.scoring import reward_term_score, rewards_awaiting, rewards_for_domain, rewards_inline, task_domain
 from apps.rewards.selectors import experiences_awaiting_rewards as _awaiting
 from apps.rewards.verify import Verdict, answer_verdict

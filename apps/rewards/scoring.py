@@ -4,7 +4,7 @@ worker call.
 A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a task when
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
-(apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
+(apps/rewards/k12_rules.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
 else → exact_match. A term's `domains` must name registered domains (kernel.vocabulary.domains): a misspelt one is a
 config error naming it, not a term that silently scores nothing; a task's domain that
 misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
@@ -24,9 +24,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from apps.rewards.registry import RewardResult, domain_routes, reward_get, task_field
+from kernel.rewards import RewardResult, domain_routes, reward_get, task_field
 from kernel.config import RewardTerm, RunConfig
-from kernel.vocabulary import DEFAULT_DOMAIN, domain_misspelt, domain_misspelt_message
+from kernel.vocabulary import DEFAULT_DOMAIN, TASKSET_CHECKS, domain_misspelt, domain_misspelt_message
 
 if TYPE_CHECKING:
     from apps.buffer.models import Taskset
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 def default_routes() -> dict[str, tuple[RewardTerm, ...]]:
-    """Each registered domain's default terms (apps.rewards.registry.domain_register)."""
+    """Each registered domain's default terms (kernel.rewards.domain_register)."""
     return {
         name: tuple(RewardTerm(name=reward, weight=weight, domains=[name]) for reward, weight in route.terms)
         for name, route in domain_routes().items()
@@ -137,3 +137,8 @@ def taskset_routing_errors(cfg: RunConfig, taskset: Taskset) -> dict[str, str]:
         if known is not None:
             return {"taskset": f"tasks of taskset {taskset.name!r}: {domain_misspelt_message(domain, known)}"}
     return {}
+
+
+# The kernel runs it at a run's start (kernel.vocabulary.taskset_errors), loading this module
+# by name.
+TASKSET_CHECKS.add("rewards", taskset_routing_errors)

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from apps.buffer.models import Experience
-from apps.rewards.k12 import DOMAIN as K12
+from apps.rewards.k12_rules import DOMAIN as K12
 from apps.rewards.models import K12Grader
 from apps.rewards.scoring import rewards_for_domain
 from apps.runs.models import ModelVersion, Run

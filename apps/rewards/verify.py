@@ -3,7 +3,7 @@ apart from the reward (which mixes them: math's format term lifts a wrong but ti
 above 0). The held-out evaluation reports their shares as `eval/accuracy` and
 `eval/format_share` (workers/evaluation.py).
 
-A domain's verifier is the reward it registered as such (apps.rewards.registry.domain_register):
+A domain's verifier is the reward it registered as such (kernel.rewards.domain_register):
 math → math_accuracy (equivalence with the reference through math-verify), code → code_exec
 (every test passes in the sandbox), vision → vision_answer. A task of a domain with no
 registered route is checked by exact_match against its reference. K-12 registers none: its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apps.rewards.registry import domain_routes, reference_text, reward_get, task_field
+from kernel.rewards import domain_routes, reference_text, reward_get, task_field
 from apps.rewards.scoring import task_domain
 
 # The check of tasks whose domain registered no route (what scores them, too).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 from apps.rewards.answers import answer_extract
-from apps.rewards.registry import RewardResult, domain_register, reference_text, register
+from kernel.rewards import RewardResult, domain_register, reference_text, register
 
 
 def _same(answer: str, reference: str) -> bool:

@@ -12,7 +12,7 @@ from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_edit
-from apps.rewards.registry import reference_text
+from kernel.rewards import reference_text
 from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run
 from tests.factories import first_task, make_run

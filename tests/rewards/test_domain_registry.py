@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from apps.buffer.importers import ImportFailed, taskset_create
-from apps.rewards import registry
-from apps.rewards.registry import RewardResult, domain_register, register
+from kernel import rewards as registry
+from kernel.rewards import RewardResult, domain_register, register
 from apps.rewards.scoring import rewards_inline
 from kernel.config import config_validate
 from kernel.vocabulary import domain_misspelt, domains
@@ -28,8 +28,8 @@ def units_domain() -> Iterator[None]:
     register("has_unit")(_has_unit)
     domain_register("units", terms={"has_unit": 1.0})
     yield
-    registry._REGISTRY.pop("has_unit")
-    registry._DOMAINS.pop("units")
+    registry.REWARDS.remove("has_unit")
+    registry.DOMAINS.remove("units")
 
 
 TASK = {"domain": "units", "prompt": "How far is 3 km in metres?", "reference": "3000 m"}

@@ -17,7 +17,7 @@ from apps.buffer.importers import taskset_create
 from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
 from apps.feedback.services import feedback_rate
-from apps.rewards.k12 import DEFAULT_RUBRIC, judge_params, k12_graded_answers, k12_grade_pairs
+from apps.rewards.k12_rules import DEFAULT_RUBRIC, judge_params, k12_graded_answers, k12_grade_pairs
 from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Metric, Run
 from tests.factories import add_member, experience_row, make_run
@@ -162,7 +162,7 @@ LEARNED: dict[str, Any] = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192
 @pytest.mark.django_db
 def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: User, demo_model_dir: Path) -> None:
     from workers.k12 import k12_grader_train_run
-    from apps.rewards.k12 import learned_params
+    from apps.rewards.k12_rules import learned_params
     from apps.rewards.models import K12Grader
 
     run = _k12_run(owner, model=str(demo_model_dir), n=len(k12_records()),
@@ -199,7 +199,7 @@ def test_grades_given_in_the_annotation_page_teach_the_learned_grader(owner: Use
 @pytest.mark.django_db
 def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(owner: User, demo_model_dir: Path) -> None:
     from apps.buffer.services import task_attempts_create
-    from apps.rewards.k12 import grader_prompt, k12_grader_latest
+    from apps.rewards.k12_rules import grader_prompt, k12_grader_latest
     from apps.runs.services import run_transition
     from workers.explorer import explore
     from workers.reward_models import reward_model_load
@@ -239,7 +239,7 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
 
 @pytest.mark.django_db
 def test_a_scorer_uses_the_newest_grader_while_another_worker_trains_the_next(owner: User) -> None:
-    from apps.rewards.k12 import learned_params
+    from apps.rewards.k12_rules import learned_params
     from apps.rewards.models import K12Grader
     from apps.runs.dispatch import dispatch_claim
     from workers.k12 import TRAIN_LEASE_SECONDS, k12_grader_ensure

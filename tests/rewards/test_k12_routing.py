@@ -190,7 +190,7 @@ def test_the_demo_command_makes_a_k12_run_on_the_shipped_taskset(settings: objec
 
 @pytest.mark.django_db
 def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: User) -> None:
-    from apps.rewards.k12 import k12_grader_publish
+    from apps.rewards.k12_rules import k12_grader_publish
     from apps.runs.models import Metric
     from tests.envapi.conftest import Api, make_key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.rewards.answers import answer_extract
-from apps.rewards.builtin import exact_match, length_penalty, regex
+from apps.rewards.builtin_rules import exact_match, length_penalty, regex
 from apps.rewards.math_rules import answers_equivalent, math_accuracy, math_format
 
 MATH = {"domain": "math", "prompt": "What is 12 + 7?", "reference": "19"}

@@ -164,7 +164,7 @@ def test_it_explores_with_a_newly_published_version_and_records_the_load(
 def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
     owner: User, demo_model_dir: Path, hf_engine: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from apps.rewards.registry import RewardResult, register
+    from kernel.rewards import RewardResult, register
 
     @register("test_slow_judge", where="reward")
     def slow_judge(completion: str, task: Any, **params: Any) -> RewardResult:
@@ -196,7 +196,7 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
 @pytest.mark.django_db
 def test_a_reward_that_crashes_scores_zero_and_the_step_completes(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
     # One broken scorer on untrusted text must not lose the step (apps/rewards/scoring.py).
-    from apps.rewards.registry import RewardResult, register
+    from kernel.rewards import RewardResult, register
 
     @register("test_crashing_rule")
     def crashing(completion: str, task: Any, **params: Any) -> RewardResult:

@@ -16,7 +16,7 @@ from apps.buffer.pipeline.apply import (
     pipeline_metrics_flush,
     task_priorities_refresh,
 )
-from apps.buffer.pipeline.registry import (
+from kernel.operators import (
     STAGES,
     operator_get,
     operator_names,

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.utils import timezone
 
-from apps.buffer.pipeline.core import Ctx, ModelRow, Row, row_pk, steps_apply
+from apps.buffer.pipeline.core import Ctx, ModelRow, row_pk, steps_apply
+from kernel.operators import Row
 from kernel.config import PipelineStep, RunConfig, config_validate
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[
 def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, object]] | None, run: Run | None = None,
                             taskset_id: int | None = None) -> PipelineSession:
     """A session for a taskset import: the given steps, else the run's `on_import`."""
-    from apps.buffer.pipeline.registry import stage_check
+    from kernel.operators import stage_check
 
     if steps is None:
         steps = run.cfg.pipeline.on_import if run is not None else []
@@ -227,7 +228,7 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     flags change over time) with its `priority_replay` step from `on_write`."""
     from apps.buffer.models import Experience
     from apps.buffer.pipeline.prioritize import ReplayPriorityParams, experience_priority_compute
-    from apps.buffer.pipeline.registry import params_parse
+    from kernel.operators import params_parse
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "priority_replay"), None)
     if step is None:
         return 0
@@ -268,7 +269,7 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
 def task_priorities_refresh(*, run: Run) -> int:
     """Curriculum: set the priority of all the run's queued attempts from pass rates."""
     from apps.buffer.pipeline.prioritize import CurriculumParams, task_priorities_update
-    from apps.buffer.pipeline.registry import params_parse
+    from kernel.operators import params_parse
 
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "curriculum"), None)
     if step is None:

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from apps.buffer.pipeline.core import Ctx, Row, metadata_set, response_tokens
-from apps.buffer.pipeline.registry import Params, register
+from apps.buffer.pipeline.core import Ctx, metadata_set, response_tokens
+from kernel.operators import Row
+from kernel.operators import Params, register
 
 # C0/C1 control characters except tab and newline (carriage returns are newlines first),
 # and U+FFFD: what a NUL in model output becomes when it is written (ExperienceDraft), and

@@ -22,16 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeGuard, TypeVar
 
-from apps.buffer.pipeline.registry import operator_get, params_parse
+from kernel.operators import Row, operator_get, params_parse
 
 if TYPE_CHECKING:
     from django.db import models
 
     from kernel.config import PipelineStep, RunConfig
 
-# A row's values are whatever the stage carries (unvalidated input on write): operators
-# check what they read.
-Row = MutableMapping[str, Any]
 M = TypeVar("M", bound="models.Model")
 
 FILTER_REASON_MAX = 200

@@ -12,14 +12,13 @@ from pydantic import Field, field_validator, model_validator
 
 from apps.buffer.pipeline.core import (
     Ctx,
-    Row,
     is_number,
     metadata_set,
     response_tokens,
     row_get,
     task_text,
 )
-from apps.buffer.pipeline.registry import Params, register
+from kernel.operators import Params, Row, register
 
 _SPACES = re.compile(r"\s+")
 

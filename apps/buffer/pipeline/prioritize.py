@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from apps.buffer.pipeline.core import Ctx, Row, is_number, metadata_set, row_get
-from apps.buffer.pipeline.registry import Params, register
+from apps.buffer.pipeline.core import Ctx, is_number, metadata_set, row_get
+from kernel.operators import Row
+from kernel.operators import Params, register
 
 
 class RewardVariancePriorityParams(Params):

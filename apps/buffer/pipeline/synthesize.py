@@ -19,8 +19,9 @@ from fractions import Fraction
 
 from pydantic import Field
 
-from apps.buffer.pipeline.core import Ctx, Row, task_text
-from apps.buffer.pipeline.registry import Params, register
+from apps.buffer.pipeline.core import Ctx, task_text
+from kernel.operators import Row
+from kernel.operators import Params, register
 
 # Integers joined by + - * / (with optional parentheses), at least one operator.
 _EXPR = re.compile(r"\(?\s*-?\d+(?:\s*\)?\s*[-+*/×÷]\s*\(?\s*-?\d+\s*\)?)+")

@@ -18,20 +18,20 @@ registered name without a migration. tests/feedback/test_kind_registry.py adds o
 test module and gives it through the page, the API and the CLI.
 
 The folding math stays in the kernel (`kernel.feedback_policy`, which cannot import this
-app): registering a kind that folds hands the kernel its signal source.
+app): `feedback_signals` hands it each folding kind's signals as plain data.
 """
 
 from __future__ import annotations
 
 from argparse import ArgumentParser
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apps.rewards.pairs import PreferencePair
-from kernel.feedback_policy import Signal, signal_source_register, signal_source_unregister
+from kernel.feedback_policy import RaterSignal, Signal, feedback_rater
 from kernel.jsontypes import Body
 from kernel.registry import Registry
 
@@ -195,8 +195,8 @@ class FeedbackKind:
     def service(self) -> Callable[..., Any]:
         """Its service (`kind_service`): what every door calls to store one."""
         try:
-            return _SERVICES[self.name]
-        except KeyError:
+            return _SERVICES.get(self.name)
+        except ValueError:
             raise LookupError(f"no service is registered for {self.name} feedback") from None
 
     @property
@@ -265,14 +265,14 @@ _REGISTRY: Registry[FeedbackKind] = Registry(
 # Each kind's service by kind name: registered where it is defined (apps.feedback.services for
 # the built-in kinds, which import this package; a kind's own module otherwise), so the kind
 # modules need not import the services.
-_SERVICES: dict[str, Callable[..., Any]] = {}
+_SERVICES: Registry[Callable[..., Any]] = Registry(what="feedback service", package=__name__, builtin=())
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def kind_service(name: str) -> Callable[[F], F]:
     """Decorator: `fn` is the service of the kind `name`."""
     def register(fn: F) -> F:
-        _SERVICES[str(getattr(name, "value", name))] = fn
+        _SERVICES.add(str(getattr(name, "value", name)), fn)
         return fn
     return register
 def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
@@ -281,16 +281,13 @@ def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
         raise ValueError(f"a feedback kind's name is 1 to {NAME_MAX} characters (Feedback.kind), got {cls.name!r}")
     kind = cls()
     _REGISTRY.add(cls.name, kind)
-    if kind.folds:
-        signal_source_register(cls.name, kind.signals)
     return cls
 
 
 def kind_unregister(name: str) -> None:
     """Take a kind out again (tests that register one of their own)."""
     _REGISTRY.remove(name)
-    _SERVICES.pop(name, None)
-    signal_source_unregister(name)
+    _SERVICES.remove(name)
 
 
 def kinds_load() -> None:
@@ -299,6 +296,19 @@ def kinds_load() -> None:
 
 def kinds() -> list[FeedbackKind]:
     return _REGISTRY.entries()
+
+
+def feedback_signals(feedback: Iterable[Feedback]) -> Iterator[RaterSignal]:
+    """The human signals of feedback rows for the kernel's fold (signals_fold): each row of a
+    kind that folds, through its kind; rows of other kinds are passed over."""
+    folding = {kind.name: kind for kind in kinds() if kind.folds}
+    for fb in feedback:
+        kind = folding.get(fb.kind)
+        if kind is None:
+            continue
+        rater = feedback_rater(fb)
+        for pk, score, scaled in kind.signals(fb):
+            yield RaterSignal(pk, score, scaled, rater, fb.author_id)
 
 
 def kind_get(name: object) -> FeedbackKind:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.db.models import Q
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import kind_get, kind_names
+from apps.feedback.kinds import feedback_signals, kind_get, kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from kernel.feedback_policy import member_is_final, reward_combine, signals_fold
@@ -58,9 +58,10 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     if members is None:
         members = group_members_locked(run=run, group_id=group_id)
 
-    folds = signals_fold(member_ids=[m.pk for m in members], feedback=group_feedback(
-        run=run, group_id=group_id, member_ids=[m.pk for m in members]), weights=rater_weights_cached(run=run),
-        offsets=rater_offsets_cached(run=run))
+    ids = [m.pk for m in members]
+    rows = group_feedback(run=run, group_id=group_id, member_ids=ids)
+    folds = signals_fold(member_ids=ids, signals=feedback_signals(rows), weights=rater_weights_cached(run=run),
+                         offsets=rater_offsets_cached(run=run))
     changed: list[Experience] = []
     for m in members:
         if m.status not in OPEN_STATUSES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from apps.rewards.registry import RewardFn, RewardResult, register
+from kernel.rewards import RewardFn, RewardResult, register
 
 JUDGE_ENGINES = ("transformers", "vllm")
 

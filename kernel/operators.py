@@ -1,23 +1,21 @@
-"""The operator registry: names, the stages each operator can run at, and its params schema.
-
-Pure Python (no Django models imported at module level), so the run-config schema can
-validate pipeline steps anywhere the config is validated.
+"""The pipeline operator registry: names, the stages each operator can run at, and its params
+schema. The kernel's, filled by the buffer's pipeline modules when they are imported
+(apps/buffer/pipeline/clean.py, filters.py, …), so the run-config schema validates pipeline
+steps wherever the config is validated, without Django.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kernel.plain_errors import error_plain
-
-if TYPE_CHECKING:
-    from apps.buffer.pipeline.core import Row
+from kernel.registry import Registry
 
 # Where a pipeline runs: experiences being written, a taskset being imported, a batch
 # claimed for training. The config's lists are named after them (on_write, ...).
@@ -32,6 +30,9 @@ class Params(BaseModel):
 
 # An operator: `fn(rows, ctx, params) -> added rows | None` (apps/buffer/pipeline/core.py);
 # each takes its own Params subclass, hence the open argument list.
+# A row's values are whatever the stage carries (unvalidated input on write): operators
+# check what they read (apps/buffer/pipeline/core.py says what each stage's rows hold).
+Row = MutableMapping[str, Any]
 Operator = Callable[..., "list[Row] | None"]
 Op = TypeVar("Op", bound=Operator)
 
@@ -49,7 +50,10 @@ class OperatorSpec:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-_REGISTRY: dict[str, OperatorSpec] = {}
+# The modules of apps/buffer/pipeline that register operators when imported: loaded on first
+# use, by name (the kernel imports no app).
+OPERATORS: Registry[OperatorSpec] = Registry(what="pipeline operator", package="apps.buffer.pipeline",
+                                             builtin=("clean", "filters", "prioritize", "synthesize"))
 
 
 def register(
@@ -61,33 +65,25 @@ def register(
         raise ValueError(f"operator {name!r}: unknown stages {sorted(unknown)}")
 
     def decorate(fn: Op) -> Op:
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"pipeline operator {name!r} is registered twice")
-        _REGISTRY[name] = OperatorSpec(
+        OPERATORS.add(name, OperatorSpec(
             name=name, fn=fn, stages=stage_set, params=params, where=where,
             description=description or (fn.__doc__ or "").strip().split("\n")[0],
-        )
+        ))
         return fn
 
     return decorate
 
 
-def _load_builtins() -> None:
-    # Importing the modules registers the built-in operators.
-    from apps.buffer.pipeline import clean, filters, prioritize, synthesize  # noqa: F401
-
-
 def operator_names() -> set[str]:
-    _load_builtins()
-    return set(_REGISTRY)
+    return set(OPERATORS.names())
 
 
 def operator_get(name: str) -> OperatorSpec:
-    _load_builtins()
     try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown pipeline operator {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        return OPERATORS.get(name)
+    except ValueError:
+        known = ", ".join(sorted(OPERATORS.names()))
+        raise KeyError(f"unknown pipeline operator {name!r}; known: {known}") from None
 
 
 def _pydantic_message(exc: ValidationError) -> str:

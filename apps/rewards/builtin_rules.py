@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 
 from apps.rewards.answers import answer_extract
-from apps.rewards.registry import RewardResult, booleans_check, reference_text, register
+from kernel.rewards import RewardResult, booleans_check, reference_text, register
 
 
 def _normalise(text: str, *, case: bool) -> str:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.registry import ParamsCheck, RewardFn, RewardResult, domain_register, register
+from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register, register
 from kernel.config import StrictModel
 from kernel.plain_errors import error_plain
 
@@ -140,7 +140,7 @@ def graded_answers_of_record(value: object) -> list[tuple[str, float]]:
 
 def task_question(task: object) -> str:
     """A task's question as text: its prompt, or its chat messages' contents joined."""
-    from apps.rewards.registry import task_field
+    from kernel.rewards import task_field
 
     prompt = task_field(task, "prompt") or ""
     messages = task_field(task, "messages")
@@ -153,7 +153,7 @@ def k12_graded_answers(*, run: Run) -> list[GradedAnswer]:
     """Every graded answer of the run's K-12 tasks: the taskset's `graded_answers` column,
     then people's ratings (the human reward on [0, 1]) of K-12 experiences."""
     from apps.buffer.models import Experience, Task
-    from apps.rewards.registry import reference_text
+    from kernel.rewards import reference_text
 
     out: list[GradedAnswer] = []
     if run.taskset_id is not None:

@@ -1,4 +1,7 @@
-"""Reward functions by name. Pure Python: scorers that need a model run in `workers/`.
+"""Reward functions and reward domains by name: the kernel's registries, which the rewards
+app's modules fill when they are imported (apps/rewards/builtin_rules.py, math_rules.py, …). Pure
+Python: scorers that need a model run in `workers/`. The run config (kernel/config.py)
+validates reward names, params and domains here, so it needs no Django.
 
 A reward function takes the completion text and the task (its reference answer, tests,
 metadata) plus the term's params, and returns a RewardResult: a float and named parts.
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from kernel.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,11 @@ class RewardSpec:
     check: ParamsCheck | None = None
 
 
-_REGISTRY: dict[str, RewardSpec] = {}
+# The modules of apps/rewards that register rewards and domains when imported, found by their
+# name (`*_rules.py`) and loaded on first use (the kernel imports no app), so a process without
+# Django knows them too. Adding one is adding its module.
+PLUGINS = "apps.rewards"
+REWARDS: Registry[RewardSpec] = Registry(what="reward", package=PLUGINS, suffix="_rules")
 
 
 def register(
@@ -56,11 +65,9 @@ def register(
         raise ValueError(f"reward {name!r}: where must be one of {WHERE}, got {where!r}")
 
     def decorate(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ValueError(f"reward {name!r} is registered twice")
-        _REGISTRY[name] = RewardSpec(
+        REWARDS.add(name, RewardSpec(
             name=name, fn=fn, where=where, description=description or (fn.__doc__ or "").strip(), check=check
-        )
+        ))
         return fn
 
     return decorate
@@ -81,7 +88,7 @@ class DomainRoute:
     format: str | None = None
 
 
-_DOMAINS: dict[str, DomainRoute] = {}
+DOMAINS: Registry[DomainRoute] = Registry(what="reward domain", package=PLUGINS, suffix="_rules")
 
 
 def domain_register(
@@ -90,35 +97,25 @@ def domain_register(
     """Register a reward domain and its default terms, next to the rewards that score it
     (math_rules.py registers `math`), with its verifier and format check when it has them.
     The run config learns the name through the kernel's vocabulary (kernel.vocabulary.domains)."""
-    route = DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()),
-                        verifier=verifier, format=format)
-    if name in _DOMAINS and _DOMAINS[name] != route:
-        raise ValueError(f"reward domain {name!r} is registered twice")
-    _DOMAINS[name] = route
+    DOMAINS.add(name, DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()),
+                                  verifier=verifier, format=format))
 
 
 def domain_routes() -> dict[str, DomainRoute]:
     """By name: the order modules registered in depends on who imported them first."""
-    _load_builtins()
-    return {name: _DOMAINS[name] for name in sorted(_DOMAINS)}
-
-
-def _load_builtins() -> None:
-    # Importing the modules registers the built-in rewards.
-    from apps.rewards import builtin, code_rules, k12, math_rules, remote, vision_rules  # noqa: F401
+    routes = {route.name: route for route in DOMAINS.entries()}
+    return {name: routes[name] for name in sorted(routes)}
 
 
 def reward_names() -> set[str]:
-    _load_builtins()
-    return set(_REGISTRY)
+    return set(REWARDS.names())
 
 
 def reward_get(name: str) -> RewardSpec:
-    _load_builtins()
     try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown reward {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        return REWARDS.get(name)
+    except ValueError:
+        raise KeyError(f"unknown reward {name!r}; known: {', '.join(sorted(REWARDS.names()))}") from None
 
 
 def reward_params_check(*, name: str, params: Mapping[str, object]) -> None:
