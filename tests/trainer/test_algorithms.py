@@ -23,6 +23,7 @@ from workers.algorithms import (
 )
 from tests.trainer.gradients import TOL, assert_same_grads, true_logprobs
 from workers.algorithms import trl_bridge as bridge
+from workers.algorithms.objectives import dpo, grpo, sft
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.LossParams, r
     def reward(completions: list[Any], stored_reward: list[float], **_: Any) -> list[float]:
         return list(stored_reward)
 
-    trainer = bridge.grpo_trainer_build(
+    trainer = grpo.trainer_build(
         model=model, tokenizer=tokenizer, params=params, num_generations=size, batch_size=len(rollouts),
         rollout_func=rollout_func, reward_funcs=[reward],
     )
@@ -140,7 +141,7 @@ def test_dpo_loss_and_gradients_equal_trls_dpo_trainer(load_model: Any, tokenize
         for m in (theirs_model, ours_model):
             m.lm_head.weight.mul_(1.3)
     dataset = Dataset.from_list(_texts())
-    trl_trainer = bridge.dpo_trainer_build(
+    trl_trainer = dpo.trainer_build(
         model=theirs_model, ref_model=load_model(), tokenizer=tokenizer, params=params, train_dataset=dataset,
         batch_size=len(dataset),
     )
@@ -183,7 +184,7 @@ def test_sft_loss_and_gradients_equal_trls_sft_trainer(load_model: Any, tokenize
     params = bridge.LossParams()
     theirs_model, ours_model = load_model(), load_model()
     dataset = Dataset.from_list([{"prompt": t["prompt"], "completion": t["chosen"]} for t in _texts()])
-    trl_trainer = bridge.sft_trainer_build(
+    trl_trainer = sft.trainer_build(
         model=theirs_model, tokenizer=tokenizer, params=params, train_dataset=dataset, batch_size=len(dataset)
     )
     batch = next(iter(trl_trainer.get_train_dataloader()))

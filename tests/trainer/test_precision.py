@@ -120,7 +120,7 @@ def _loss_grads_memory(load_model: Any, tokenizer: Any, *, checkpointing: bool, 
     learner.model.train()
     rollouts = _rollouts(groups=2, size=4) + _rollouts(groups=2, size=4, seed=5)
     with _activation_bytes(learner.model) as saved:
-        loss, _ = learner.grpo_loss(rollouts)
+        loss, _ = learner.loss(TrainBatch(usual=rollouts))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
     return float(loss), grads, saved[0]

@@ -62,6 +62,10 @@ class AlgorithmType:
     learner_group: ClassVar[bool] = False
     # Values the new-run form fills in when this algorithm is picked (static/rftweb/newrun.js).
     form_defaults: ClassVar[dict[str, str]] = {}
+    # Its objective on the worker side (workers.algorithms.objectives.Objective): the class
+    # itself where the declaration's file holds it (an algorithm added from a file of its
+    # own), or its "module:Class" path (the built-ins: the web side never imports workers).
+    objective: ClassVar[str | type] = ""
 
     def needs_reference(self, *, beta: float) -> bool:
         return self.reference_always or (self.reference_for_kl and beta > 0)

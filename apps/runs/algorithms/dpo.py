@@ -8,6 +8,7 @@ from apps.runs.algorithms import AlgorithmType, algorithm_register
 @algorithm_register
 class DPO(AlgorithmType):
     name = "dpo"
+    objective = "workers.algorithms.objectives.dpo:DPO"
     summary = "direct preference optimisation on pairs ranked within a group"
     learner_group = True
     preference_pairs = True

@@ -8,6 +8,7 @@ from apps.runs.algorithms import AlgorithmType, algorithm_register
 @algorithm_register
 class GRPO(AlgorithmType):
     name = "grpo"
+    objective = "workers.algorithms.objectives.grpo:GRPO"
     summary = "policy gradient on rewards relative to the other completions of the same task"
     group_relative = True
     reference_for_kl = True

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 @algorithm_register
 class MIX(AlgorithmType):
     name = "mix"
+    objective = "workers.algorithms.objectives.mix:MIX"
     summary = "GRPO on the model's own rollouts plus SFT on expert ones (trainer.mu)"
     learner_group = True
     group_relative = True

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 @algorithm_register
 class SFT(AlgorithmType):
     name = "sft"
+    objective = "workers.algorithms.objectives.sft:SFT"
     summary = "supervised fine-tuning on expert experiences"
     learner_group = True
     form_defaults = {"repeat_times": "1", "trainer.learning_rate": "2e-05", "mode": "train"}
