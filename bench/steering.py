@@ -676,7 +676,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
         # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
         # beta > 0: a KL penalty toward the base model (what it knows that no reward term checks).
-        "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta},
+        "trainer": {"learning_rate": lr, "params": {"loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta}},
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
           "learning_rate": 3e-4, "batch_size": 16, "max_length": 64,

@@ -139,11 +139,14 @@ def main() -> None:
         return rows
 
     batches = [batch_rollouts(s) for s in range(args.steps + 2)]
-    params = bridge.LossParams(loss_type="dapo", learning_rate=1e-5, max_completion_length=args.response)
+    params = bridge.TrainParams(learning_rate=1e-5, max_completion_length=args.response)
+    from apps.runs.algorithms.grpo import GRPOParams
+
+    settings = GRPOParams(loss_type="dapo")
 
     # -- baseline: bare TRL ------------------------------------------------------------
     base_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    base_trainer = grpo.trainer_build(model=base_model, tokenizer=tokenizer, params=params)
+    base_trainer = grpo.trainer_build(model=base_model, tokenizer=tokenizer, params=params, settings=settings)
     base_opt, _ = bridge.optimizer_build(trainer=base_trainer, total_steps=args.steps + 2)
     from workers.algorithms.batch import group_advantages
 
@@ -164,7 +167,8 @@ def main() -> None:
 
     # -- ours: the learner -------------------------------------------------------------
     our_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=our_model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params=settings), model=our_model,
+                      tokenizer=tokenizer)
 
     # -- ours: the whole task body against Postgres ------------------------------------
     owner, _ = User.objects.get_or_create(username="bench-trainer")

@@ -11,11 +11,28 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
 from apps.runs import vocabulary
-from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
+from apps.runs.algorithms import (
+    LEGACY_TRAINER_KEYS,
+    AlgorithmParams,
+    algorithm_get,
+    algorithm_names,
+    algorithm_params_parse,
+    algorithms,
+    trainer_legacy_upgrade,
+)
 from apps.runs.eval_series import best_by_check
 from apps.runs.plain_errors import error_plain
 from apps.runs.preferences import preference_names
@@ -356,18 +373,16 @@ class AdapterConfig(_Strict):
 
 
 class AlgorithmConfig(_Strict):
+    """The trainer's settings: those every algorithm shares, and `params`, the run's
+    algorithm's own (its declaration's params model: apps/runs/algorithms/<name>.py)."""
+
     learning_rate: float = Field(1e-5, gt=0.0)
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
-    beta: float = Field(0.0, ge=0.0)
-    epsilon: float = Field(0.2, gt=0.0)
-    epsilon_high: float | None = None
     max_grad_norm: float = Field(1.0, gt=0.0)
-    # MIX: (1 - mu) * GRPO(usual) + mu * SFT(expert); expert_share of each batch is expert.
-    mu: float = Field(0.1, ge=0.0, le=1.0)
-    expert_share: float = Field(0.25, ge=0.0, le=1.0)
-    # DPO
-    dpo_beta: float = Field(0.1, gt=0.0)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    # The run's algorithm's settings (GRPO's loss_type, beta, epsilon, …; DPO's beta; MIX's
+    # mu, expert_share and GRPO's), validated by `RunConfig` against its `algorithm`.
+    params: SerializeAsAny[AlgorithmParams] = Field(
+        default_factory=AlgorithmParams, json_schema_extra={"per_algorithm": True},
+        description="the algorithm's own settings (YAML), e.g. loss_type: dapo for GRPO; blank: its defaults")
     # Train a LoRA adapter instead of every weight (None: full fine-tuning).
     lora: AdapterConfig | None = None
     # Mixed precision of the forward and backward passes (weights and optimizer state stay
@@ -390,10 +405,30 @@ class AlgorithmConfig(_Strict):
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 
 
-def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str) -> str | None:
+def learner_group_refusal(*, algorithm: str, params: AlgorithmParams) -> str | None:
     """Why a learner of these settings cannot run as a group of processes (None: it can):
     the algorithm's own declaration says (apps.runs.algorithms)."""
-    return algorithm_get(algorithm).group_refusal(loss_type=loss_type, scale_rewards=scale_rewards)
+    return algorithm_get(algorithm).group_refusal(params)
+
+
+def _trainer_params(raw: dict[str, object], algorithm: str) -> dict[str, object]:
+    """`raw` (a trainer block) with its `params` validated as `algorithm`'s settings, an old
+    flat block upgraded first (apps.runs.algorithms.trainer_legacy_upgrade). A bad setting
+    is a FieldConflict naming `params.<its path>`."""
+    raw = trainer_legacy_upgrade(algorithm, raw)
+    params = raw.get("params")
+    if isinstance(params, AlgorithmParams) and type(params) is not algorithm_get(algorithm).params:
+        params = params.model_dump()  # another algorithm's instance: validated as a mapping
+    if params is not None and not isinstance(params, (dict, AlgorithmParams)):
+        raise FieldConflict("params", f"expected a mapping of {algorithm}'s settings")
+    try:
+        raw["params"] = algorithm_params_parse(algorithm, params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = ".".join(["params", *(str(p) for p in err["loc"])])
+        msg = f"unknown key {str(err['loc'][-1])!r}" if err["type"] == "extra_forbidden" else error_plain(err)
+        raise FieldConflict(path, msg) from None
+    return raw
 
 
 class PipelineStep(_Strict):
@@ -517,7 +552,8 @@ class RunConfig(_Strict):
     rewards: list[RewardTerm] = Field(default_factory=list)
     feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
-    trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    # validate_default: the default block's params become the algorithm's (its defaults).
+    trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig, validate_default=True)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     # Experiment trackers this run logs every metric to (one tracker run per rftweb run),
@@ -542,13 +578,27 @@ class RunConfig(_Strict):
             raise ValueError(f"must be one of the registered algorithms: {', '.join(algorithm_names())}")
         return name
 
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _algorithm_params(cls, raw: object, info: ValidationInfo) -> object:
+        # Per algorithm: `params` is the settings model the run's algorithm declares (before
+        # the block's own validation, which takes any subclass of AlgorithmParams as it is).
+        algorithm = info.data.get("algorithm")
+        if isinstance(raw, AlgorithmConfig):
+            raw = dict(raw)
+        if not isinstance(raw, dict):
+            return raw
+        if algorithm is None:  # an unknown algorithm, reported already: nothing to check against
+            return {k: v for k, v in raw.items() if k != "params" and k not in LEGACY_TRAINER_KEYS}
+        return _trainer_params(raw, str(algorithm))
+
     @field_validator("trainer")
     @classmethod
     def _group_splits(cls, t: AlgorithmConfig, info: ValidationInfo) -> AlgorithmConfig:
         # A field validator, so the error is reported under `trainer` (algorithm comes first).
         algorithm = info.data.get("algorithm")
         if t.processes > 1 and algorithm is not None:
-            reason = learner_group_refusal(algorithm=str(algorithm), loss_type=t.loss_type, scale_rewards=t.scale_rewards)
+            reason = learner_group_refusal(algorithm=str(algorithm), params=t.params)
             if reason:
                 raise ValueError(f"processes: {reason}")
         if t.processes > 1 and t.precision == "fp16":

@@ -35,8 +35,10 @@ def _rollouts(*, groups: int = 2, size: int = 4, seed: int = 0) -> list[Rollout]
 def _lora_learner(load_model: Any, tokenizer: Any, *, algorithm: str = "grpo", beta: float = 0.0, **spec: Any) -> Learner:
     torch.manual_seed(0)
     model = adapter_wrap(model=load_model(), lora=LORA)
-    params = bridge.LossParams(learning_rate=1e-2, loss_type="grpo", beta=beta)
-    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, lora=LORA, **spec), model=model, tokenizer=tokenizer)
+    params = bridge.TrainParams(learning_rate=1e-2)
+    settings = {"loss_type": "grpo", "beta": beta} if algorithm in ("grpo", "mix") else None
+    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, algorithm_params=settings, lora=LORA, **spec),
+                   model=model, tokenizer=tokenizer)
 
 
 def test_a_grpo_step_with_an_adapter_changes_the_adapter_and_nothing_else(load_model: Any, tokenizer: Any) -> None:

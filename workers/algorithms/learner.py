@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,7 +21,7 @@ import torch
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch
 
-from apps.runs.algorithms import algorithm_get, algorithm_names
+from apps.runs.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
 from rftweb.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
 
@@ -47,9 +47,10 @@ SKIPPED_NO_SIGNAL = "train/skipped_no_signal"
 @dataclass
 class LearnerSpec:
     algorithm: str
-    params: bridge.LossParams = field(default_factory=bridge.LossParams)
-    # MIX: (1 − mu)·GRPO(usual) + mu·SFT(expert)
-    mu: float = 0.1
+    params: bridge.TrainParams = field(default_factory=bridge.TrainParams)
+    # The algorithm's own settings (the config's `trainer.params`): an instance of its
+    # declaration's params model, or a mapping validated into one; None: its defaults.
+    algorithm_params: AlgorithmParams | Mapping[str, object] | None = None
     # fp32 | bf16 | fp16 (autocast; workers.precision) and activation recomputation.
     precision: str = "fp32"
     gradient_checkpointing: bool = False
@@ -58,9 +59,18 @@ class LearnerSpec:
     # adamw | adamw_8bit (bitsandbytes, CUDA; workers.precision.optimizer_check)
     optimizer: str = "adamw"
 
+    def __post_init__(self) -> None:
+        self.algorithm_params = algorithm_params_parse(self.algorithm, self.algorithm_params)
+
+    @property
+    def settings(self) -> AlgorithmParams:
+        """The algorithm's own settings, validated (`algorithm_params`)."""
+        assert isinstance(self.algorithm_params, AlgorithmParams)
+        return self.algorithm_params
+
     @property
     def needs_ref(self) -> bool:
-        return algorithm_get(self.algorithm).needs_reference(beta=self.params.beta)
+        return algorithm_get(self.algorithm).needs_reference(self.settings)
 
     @property
     def needs_ref_model(self) -> bool:
@@ -71,21 +81,15 @@ class LearnerSpec:
 def spec_from_config(cfg: RunConfig) -> LearnerSpec:
     """From an `apps.runs.config.RunConfig` (pydantic: workers take no Django types here)."""
     t = cfg.trainer
-    params = bridge.LossParams(
+    params = bridge.TrainParams(
         learning_rate=t.learning_rate,
-        loss_type=t.loss_type,
-        beta=t.beta,
-        epsilon=t.epsilon,
-        epsilon_high=t.epsilon_high,
         max_grad_norm=t.max_grad_norm,
-        scale_rewards=t.scale_rewards,
         max_completion_length=cfg.sampling.max_tokens,
-        dpo_beta=t.dpo_beta,
         total_steps=cfg.total_steps,
         seed=cfg.seed,
     )
     return LearnerSpec(
-        algorithm=str(cfg.algorithm), params=params, mu=t.mu, precision=t.precision,
+        algorithm=str(cfg.algorithm), params=params, algorithm_params=t.params, precision=t.precision,
         gradient_checkpointing=t.gradient_checkpointing, lora=t.lora, optimizer=t.optimizer,
     )
 

@@ -28,10 +28,11 @@ from rftweb.exceptions import UpstreamFailed
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import Trainer
     from trl import DPOTrainer, GRPOTrainer, SFTTrainer
 
 # The TRL trainers the built-in objectives build and ask for losses.
-TrlTrainer: TypeAlias = "GRPOTrainer | DPOTrainer | SFTTrainer"
+TrlTrainer: TypeAlias = "GRPOTrainer | DPOTrainer | SFTTrainer | Trainer"
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +82,18 @@ def trl_check() -> str:
 
 
 @dataclass(frozen=True)
-class LossParams:
-    """The run config's trainer section, as the bridge needs it (no Django types here)."""
+class TrainParams:
+    """What every TRL trainer is built with, whatever the algorithm (the run config's shared
+    trainer settings; each algorithm's own are its `trainer.params`; no Django types here)."""
 
     learning_rate: float = 1e-5
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
     max_grad_norm: float = 1.0
-    scale_rewards: str = "group"
     max_completion_length: int = 64
-    dpo_beta: float = 0.1
     total_steps: int = 100
     seed: int = 0
 
 
-def common_args(params: LossParams) -> dict[str, object]:
+def common_args(params: TrainParams) -> dict[str, object]:
     # CPU-safe, quiet, and nothing written unless we write it.
     return {
         "output_dir": tempfile.mkdtemp(prefix="rft-trl-"),
@@ -214,3 +210,13 @@ def optimizer_build(*, trainer: TrlTrainer, total_steps: int, optimizer: str = "
         trainer.args.optim = "adamw_bnb_8bit"
     trainer.create_optimizer_and_scheduler(num_training_steps=max(1, total_steps))
     return trainer.optimizer, trainer.lr_scheduler
+
+
+@holding_trl_state
+def plain_trainer_build(*, model: torch.nn.Module, params: TrainParams) -> Trainer:
+    """A transformers Trainer around `model`, for its optimizer and scheduler only: an
+    objective whose loss is its own (no TRL trainer) gets the AdamW every TRL trainer makes."""
+    from transformers import Trainer, TrainingArguments
+
+    trl_check()
+    return Trainer(model=model, args=TrainingArguments(**common_args(params)))  # type: ignore[arg-type]

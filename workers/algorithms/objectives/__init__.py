@@ -32,12 +32,19 @@ class Objective:
     def __init__(self, learner: Learner) -> None:
         """Build what the loss needs around `learner`'s model (its TRL trainers)."""
         self.learner = learner
+        self._plain: TrlTrainer | None = None
 
     @property
     def trainer(self) -> TrlTrainer:
-        """The TRL trainer whose optimizer and scheduler the learner uses (its arguments:
-        AdamW, the learning rate, the schedule; workers.algorithms.trl_bridge.optimizer_build)."""
-        raise NotImplementedError
+        """The trainer whose optimizer and scheduler the learner uses (its arguments: AdamW,
+        the learning rate, the schedule; workers.algorithms.trl_bridge.optimizer_build): the
+        TRL trainer an objective borrows its loss from; by default (a loss of its own) a
+        plain transformers Trainer, which makes the same AdamW."""
+        if self._plain is None:
+            from workers.algorithms import trl_bridge
+
+            self._plain = trl_bridge.plain_trainer_build(model=self.learner.model, params=self.learner.spec.params)
+        return self._plain
 
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError

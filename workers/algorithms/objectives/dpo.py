@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from apps.runs.algorithms.dpo import DPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, preference_pairs
 from workers.algorithms.learner import NothingToTrain
@@ -24,8 +25,8 @@ Pair = tuple[Rollout, Rollout]
 
 @bridge.holding_trl_state
 def trainer_build(
-    *, model: torch.nn.Module, ref_model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase, params: bridge.LossParams,
-    train_dataset: Dataset | None = None, batch_size: int = 2
+    *, model: torch.nn.Module, ref_model: torch.nn.Module | None, tokenizer: PreTrainedTokenizerBase,
+    params: bridge.TrainParams, settings: DPOParams, train_dataset: Dataset | None = None, batch_size: int = 2
 ) -> DPOTrainer:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
@@ -34,7 +35,7 @@ def trainer_build(
     args = DPOConfig(
         **bridge.common_args(params),
         per_device_train_batch_size=batch_size,
-        beta=params.dpo_beta,
+        beta=settings.beta,
         loss_type=["sigmoid"],
         max_length=None,
         precompute_ref_log_probs=False,
@@ -92,8 +93,10 @@ class DPO(Objective):
 
     def __init__(self, learner: Learner) -> None:
         super().__init__(learner)
+        settings = learner.spec.settings
+        assert isinstance(settings, DPOParams)
         self.dpo = trainer_build(model=learner.model, ref_model=learner.ref_model, tokenizer=learner.tokenizer,
-                                 params=learner.spec.params)
+                                 params=learner.spec.params, settings=settings)
 
     @property
     def trainer(self) -> DPOTrainer:

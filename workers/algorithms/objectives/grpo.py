@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from apps.runs.algorithms import GROUP_PER_SEQUENCE
+from apps.runs.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, scored, trainable
 from workers.algorithms.learner import NothingToTrain
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 @bridge.holding_trl_state
 def trainer_build(
-    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: bridge.LossParams, num_generations: int = 2,
+    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: bridge.TrainParams, settings: GRPOParams,
+    num_generations: int = 2,
     batch_size: int = 2, rollout_func: Callable[..., Mapping[str, object]] | None = None,
     reward_funcs: Sequence[Callable[..., list[float]]] | None = None,
 ) -> GRPOTrainer:
@@ -42,12 +44,12 @@ def trainer_build(
         per_device_train_batch_size=batch_size,
         num_generations=num_generations,
         max_completion_length=params.max_completion_length,
-        loss_type=params.loss_type,
-        beta=params.beta,
-        epsilon=params.epsilon,
-        epsilon_high=params.epsilon_high,
-        scale_rewards=params.scale_rewards,
-        importance_sampling_level="sequence" if params.loss_type == "luspo" else "token",
+        loss_type=settings.loss_type,
+        beta=settings.beta,
+        epsilon=settings.epsilon,
+        epsilon_high=settings.epsilon_high,
+        scale_rewards=settings.scale_rewards,
+        importance_sampling_level="sequence" if settings.loss_type == "luspo" else "token",
         log_completions=False,
         # Stored rollout logprobs are the raw model distribution's (STACK-NOTES: they match a
         # plain forward pass), so the trainer scores at temperature 1 to compare like with like.
@@ -143,7 +145,12 @@ class GRPO(Objective):
 
     def __init__(self, learner: Learner) -> None:
         super().__init__(learner)
-        self.grpo = trainer_build(model=learner.model, tokenizer=learner.tokenizer, params=learner.spec.params)
+        # GRPO's settings, or MIX's (its GRPO side's and its own).
+        settings = learner.spec.settings
+        assert isinstance(settings, GRPOParams)
+        self.settings = settings
+        self.grpo = trainer_build(model=learner.model, tokenizer=learner.tokenizer, params=learner.spec.params,
+                                  settings=settings)
 
     @property
     def trainer(self) -> GRPOTrainer:
@@ -157,7 +164,7 @@ class GRPO(Objective):
         rows = scored(rollouts)
         if not rows:
             raise NothingToTrain("no rollout with a response")
-        all_advantages = group_advantages(rows, scale=self.learner.spec.params.scale_rewards)
+        all_advantages = group_advantages(rows, scale=self.settings.scale_rewards)
         keep = [i for i, r in enumerate(rows) if r.action_count > 0]
         if not keep:
             raise NothingToTrain("no rollout with a token the model sampled (every action mask is zero)")
@@ -185,7 +192,7 @@ class GRPO(Objective):
             action_masks=[r.trained_mask for r in rollouts] if masked else None,
         )
         inputs.update(learner.pixel_inputs(rollouts))
-        if learner.spec.params.beta > 0:
+        if self.settings.beta > 0:
             inputs["ref_per_token_logps"] = self.reference_logps(inputs)
         loss, metrics = trl_loss(trainer=self.grpo, model=learner.forward_model, inputs=inputs)
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
@@ -204,14 +211,13 @@ class GRPO(Objective):
         fallback) the only term left is the KL penalty, which exists only with beta > 0.
         Undecidable cases (no scored row, no action token) answer True: the loss then
         raises NothingToTrain with its own reason."""
-        params = self.learner.spec.params
-        if params.beta > 0:
+        if self.settings.beta > 0:
             return True
         rows = scored(rollouts)
         keep = [i for i, r in enumerate(rows) if r.action_count > 0]
         if not keep:
             return True
-        advantages = group_advantages(rows, scale=params.scale_rewards)[keep]
+        advantages = group_advantages(rows, scale=self.settings.scale_rewards)[keep]
         return bool((advantages != 0).any())
 
     def no_signal(self, batch: TrainBatch) -> str | None:
@@ -222,7 +228,7 @@ class GRPO(Objective):
     def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
         rows, advantages = self.plan(batch.usual)  # the whole batch's advantages
         index = {id(r): i for i, r in enumerate(rows)}
-        per_sequence = self.learner.spec.params.loss_type in GROUP_PER_SEQUENCE
+        per_sequence = self.settings.loss_type in GROUP_PER_SEQUENCE
 
         def loss_on(part: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
             return self.loss_on(part, advantages[[index[id(r)] for r in part]])

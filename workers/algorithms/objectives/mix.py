@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from apps.runs.algorithms.mix import MIXParams
 from workers.algorithms.batch import TrainBatch, trainable
 from workers.algorithms.learner import Learner, NothingToTrain
 from workers.algorithms.objectives import Objective
@@ -26,6 +27,9 @@ class MIX(Objective):
 
     def __init__(self, learner: Learner) -> None:
         super().__init__(learner)
+        settings = learner.spec.settings
+        assert isinstance(settings, MIXParams)
+        self.mu = settings.mu
         self.grpo = GRPO(learner)
         self.sft = SFT(learner)
 
@@ -43,7 +47,7 @@ class MIX(Objective):
                            sft=lambda b: self.sft.shard_loss(b, rank=rank, world=world))
 
     def _mixed(self, batch: TrainBatch, *, grpo: Term, sft: Term) -> tuple[torch.Tensor, dict[str, float]]:
-        mu = self.learner.spec.mu
+        mu = self.mu
         parts: list[torch.Tensor] = []
         metrics: dict[str, float] = {}
         # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
@@ -67,7 +71,7 @@ class MIX(Objective):
         return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
 
     def no_signal(self, batch: TrainBatch) -> str | None:
-        mu = self.learner.spec.mu
+        mu = self.mu
         grpo_part = mu < 1 and bool(trainable(batch.usual))
         sft_part = mu > 0 and bool(trainable(batch.expert))
         if grpo_part and not sft_part and not self.grpo.has_signal(batch.usual):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 @bridge.holding_trl_state
 def trainer_build(
-    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: bridge.LossParams,
+    *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, params: bridge.TrainParams,
     train_dataset: Dataset | None = None, batch_size: int = 2
 ) -> SFTTrainer:
     from datasets import Dataset
