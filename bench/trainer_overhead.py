@@ -140,7 +140,7 @@ def main() -> None:
 
     batches = [batch_rollouts(s) for s in range(args.steps + 2)]
     params = bridge.TrainParams(learning_rate=1e-5, max_completion_length=args.response)
-    from apps.runs.algorithms.grpo import GRPOParams
+    from kernel.algorithms.grpo import GRPOParams
 
     settings = GRPOParams(loss_type="dapo")
 

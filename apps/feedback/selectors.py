@@ -17,7 +17,7 @@ from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_standing
 from apps.feedback.selection import selection_active
 from apps.rewards.models import GoldItem
-from apps.runs.config import FeedbackPolicy
+from kernel.config import FeedbackPolicy
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_role, run_takes_feedback
 

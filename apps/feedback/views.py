@@ -45,7 +45,7 @@ from apps.feedback.services import (
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
-from rftweb.exceptions import InvalidInput, RftError
+from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
-from apps.runs.algorithms.dpo import DPOParams
-from apps.runs.algorithms.grpo import GRPOParams
-from apps.runs.algorithms.mix import MIXParams
-from apps.runs.config import config_dump, config_validate
+from kernel.algorithms import algorithm_get, algorithm_names, algorithms
+from kernel.algorithms.dpo import DPOParams
+from kernel.algorithms.grpo import GRPOParams
+from kernel.algorithms.mix import MIXParams
+from kernel.config import config_dump, config_validate
 
 MIGRATION = importlib.import_module("apps.runs.migrations.0010_trainer_params")
 

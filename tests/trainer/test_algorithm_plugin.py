@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pydantic import Field
 
-from apps.runs.algorithms import AlgorithmParams, AlgorithmType, algorithm_register, algorithm_unregister
+from kernel.algorithms import AlgorithmParams, AlgorithmType, algorithm_register, algorithm_unregister
 from workers.algorithms import NothingToTrain, Rollout, TrainBatch
 from workers.algorithms.batch import trainable
 from workers.algorithms.objectives import Objective, weighted_part
@@ -117,7 +117,7 @@ def rwl() -> Iterator[None]:
 
 
 def test_an_unregistered_algorithm_is_refused_by_name() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
 
     with pytest.raises(ConfigInvalid, match="registered algorithms: grpo, dpo, sft, mix"):
         config_validate(data={"model": "m", "algorithm": "rwl"})
@@ -126,7 +126,7 @@ def test_an_unregistered_algorithm_is_refused_by_name() -> None:
 def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: None) -> None:
     from apps.control.forms import algorithm_defaults, config_field_specs
     from apps.control.orchestration import batch_plan
-    from apps.runs.config import ConfigInvalid, config_dump, config_validate
+    from kernel.config import ConfigInvalid, config_dump, config_validate
 
     cfg = config_validate(data={"model": "m", "algorithm": "rwl", "repeat_times": 1, "train_batch_size": 6,
                                 "trainer": {"params": {"baseline": 0.25}}})

@@ -25,8 +25,8 @@ from tests.trainer.gradients import TOL, assert_same_grads, true_logprobs
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.objectives import dpo, grpo, sft
 
-from apps.runs.algorithms.dpo import DPOParams
-from apps.runs.algorithms.grpo import GRPOParams
+from kernel.algorithms.dpo import DPOParams
+from kernel.algorithms.grpo import GRPOParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.runs.algorithms.grpo import GRPOParams
+from kernel.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 
 

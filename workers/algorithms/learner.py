@@ -21,17 +21,17 @@ import torch
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch
 
-from apps.runs.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
-from rftweb.exceptions import Conflict
+from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
+from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-    from apps.runs.config import AdapterConfig, RunConfig
+    from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.distributed import Shard
 
-# The registered algorithms (apps.runs.algorithms), each with its objective here.
+# The registered algorithms (kernel.algorithms), each with its objective here.
 ALGORITHMS = tuple(algorithm_names())
 
 
@@ -79,7 +79,7 @@ class LearnerSpec:
 
 
 def spec_from_config(cfg: RunConfig) -> LearnerSpec:
-    """From an `apps.runs.config.RunConfig` (pydantic: workers take no Django types here)."""
+    """From a `kernel.config.RunConfig` (pydantic: workers take no Django types here)."""
     t = cfg.trainer
     params = bridge.TrainParams(
         learning_rate=t.learning_rate,

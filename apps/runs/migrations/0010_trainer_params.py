@@ -1,4 +1,4 @@
-"""Each algorithm has its own settings now, `trainer.params` (apps/runs/algorithms/<name>.py):
+"""Each algorithm has its own settings now, `trainer.params` (kernel/algorithms/<name>.py):
 a stored run's flat `trainer.loss_type`, `beta`, `epsilon`, `epsilon_high`, `scale_rewards`,
 `mu`, `expert_share` and `dpo_beta` move into `trainer.params` where they are its algorithm's
 (DPO's `dpo_beta` becomes its `beta`), and are dropped where they are not (every stored
@@ -6,7 +6,7 @@ config held all of them, defaults included; the algorithm never read the others)
 
 The mapping is written out here, as it was when the shape changed (a migration must not
 follow later code); the config validator does the same for old config files
-(apps.runs.algorithms.trainer_legacy_upgrade)."""
+(kernel.algorithms.trainer_legacy_upgrade)."""
 
 from django.db import migrations
 

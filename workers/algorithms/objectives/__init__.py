@@ -5,7 +5,7 @@ weights at all, and its term of the loss on one rank of a learner group.
 An objective is built once per `Learner` (`Objective(learner)`) and keeps what it built
 (its TRL trainers); the learner keeps what every algorithm shares (the models, the
 reference, the optimizer, the precision, the step) and never names an algorithm. Which
-objective an algorithm has, its declaration says (`objective` in `apps.runs.algorithms`,
+objective an algorithm has, its declaration says (`objective` in `kernel.algorithms`,
 a class or a "module:Class" path): one registry, the declarations', so an algorithm added
 from a file of its own is one `algorithm_register` line.
 """
@@ -90,7 +90,7 @@ def weighted_part(
 def objective_class(name: object) -> type[Objective]:
     """The objective the algorithm registered as `name` declares (ValueError naming the
     known algorithms for an unknown name; TypeError for a declaration naming no objective)."""
-    from apps.runs.algorithms import algorithm_get
+    from kernel.algorithms import algorithm_get
 
     declared = algorithm_get(name).objective
     if isinstance(declared, str):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from apps.runs.algorithms.dpo import DPOParams
+from kernel.algorithms.dpo import DPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, preference_pairs
 from workers.algorithms.learner import NothingToTrain

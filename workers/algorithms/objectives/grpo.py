@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from apps.runs.algorithms import GROUP_PER_SEQUENCE
-from apps.runs.algorithms.grpo import GRPOParams
+from kernel.algorithms import GROUP_PER_SEQUENCE
+from kernel.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, scored, trainable
 from workers.algorithms.learner import NothingToTrain

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from apps.runs.algorithms.mix import MIXParams
+from kernel.algorithms.mix import MIXParams
 from workers.algorithms.batch import TrainBatch, trainable
 from workers.algorithms.learner import Learner, NothingToTrain
 from workers.algorithms.objectives import Objective

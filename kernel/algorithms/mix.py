@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from apps.runs.algorithms import BatchPlan, algorithm_register
-from apps.runs.algorithms.grpo import GRPO, GRPO_LEGACY_KEYS, GRPOParams
+from kernel.algorithms import BatchPlan, algorithm_register
+from kernel.algorithms.grpo import GRPO, GRPO_LEGACY_KEYS, GRPOParams
 
 if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
 
 class MIXParams(GRPOParams):

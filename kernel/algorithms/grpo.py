@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from apps.runs.algorithms import AlgorithmParams, AlgorithmType, algorithm_register
+from kernel.algorithms import AlgorithmParams, AlgorithmType, algorithm_register
 
 # The old flat `trainer.<key>` settings that were GRPO's (and are MIX's GRPO side).
 GRPO_LEGACY_KEYS = {key: key for key in ("loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from apps.runs.algorithms import AlgorithmParams, AlgorithmType, algorithm_register
+from kernel.algorithms import AlgorithmParams, AlgorithmType, algorithm_register
 
 
 class DPOParams(AlgorithmParams):

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
 # How TRL normalises each GRPO loss type, hence how a learner group weights each rank's
 # part of a batch: a mean over sequences (each part by its share of the sequences) or over
@@ -69,7 +69,7 @@ class AlgorithmType:
     # Its settings (the config's `trainer.params`), validated when the run is configured.
     params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
     # The old config's flat `trainer.<key>` settings that are this algorithm's, by the name
-    # of its params field: configs written before `trainer.params` load (apps/runs/config.py)
+    # of its params field: configs written before `trainer.params` load (kernel/config.py)
     # and were migrated (apps/runs/migrations/0010) with these.
     legacy_keys: ClassVar[dict[str, str]] = {}
     # Its objective has a `shard_loss` (workers.algorithms.objectives): it trains as a
