@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from kernel.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from kernel.hygiene import InputRejected, config_text_parse, tree_check
 from kernel import vocabulary
 from kernel.algorithms import (
     LEGACY_TRAINER_KEYS,
@@ -38,6 +38,7 @@ from kernel.plain_errors import error_plain
 from kernel.preferences import preference_names
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from kernel.exceptions import InvalidInput
+from kernel.strict import StrictModel
 from kernel.jsontypes import JSON, JSONObject
 
 
@@ -66,40 +67,12 @@ class FieldConflict(InvalidInput, ValueError):
         self.args = (message,)
 
 
-class _Strict(BaseModel):
-    # No NaN or infinity (jsonb cannot hold them; `1e400` parses as infinity).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: object, info: ValidationInfo) -> object:
-        # Lax mode would take `true` for 1 in a number field.
-        if isinstance(value, bool) and info.field_name in cls.model_fields:
-            annotation = cls.model_fields[info.field_name].annotation
-            if annotation in (int, float, int | None, float | None):
-                raise ValueError("expected a number, not true/false")
-        return value
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _int64(cls, value: object, info: ValidationInfo) -> object:
-        # Seeds, counts and steps end up in 64-bit columns and libraries.
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise ValueError("number is too large (at most 2^63 - 1)")
-        return value
-
-
 def line_ends_normalise(text: str) -> str:
     """`text` with its line endings as \n (\r\n and lone \r, as browsers and old editors send)."""
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-# The base of every config shape, public for the apps above that validate params the same
-# way (apps.rewards.k12's params).
-StrictModel = _Strict
-
-
-class SamplingConfig(_Strict):
+class SamplingConfig(StrictModel):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
@@ -108,7 +81,7 @@ class SamplingConfig(_Strict):
     seed: int | None = None
 
 
-class RewardTerm(_Strict):
+class RewardTerm(StrictModel):
     name: str = Field(min_length=1)
     weight: float = 1.0
     params: dict[str, object] = Field(default_factory=dict)
@@ -136,7 +109,7 @@ class RewardTerm(_Strict):
         return self
 
 
-class SelectionRule(_Strict):
+class SelectionRule(StrictModel):
     """How the annotation queue is ordered (apps/feedback/selection.py). Each weight scales
     one source of a candidate's priority, each on [0, 1]; all zero keeps arrival order.
     `random_share` of the items handed out are drawn uniformly at random instead, so some
@@ -153,7 +126,7 @@ class SelectionRule(_Strict):
     pairs: bool = Field(True, description="hand out labels as pairs of siblings (one group, one annotator)")
 
 
-class TrustHandout(_Strict):
+class TrustHandout(StrictModel):
     """How the annotation queue hands items out by each annotator's measured trust (the
     reward-model trust of apps/feedback/reliability.py, earned on gold items or agreement):
     a rater answering at random should cost the run little of its label budget, and a new
@@ -170,7 +143,7 @@ class TrustHandout(_Strict):
                                    description="share of fresh items an untrusted annotator still gets (0: gold only)")
 
 
-class FeedbackPolicy(_Strict):
+class FeedbackPolicy(StrictModel):
     # learned: automatic reward + the run's reward model where no person rated (see
     # kernel/feedback_policy.py); needs reward_model.enabled.
     mode: Literal["auto", "blend", "human", "learned"] = "auto"
@@ -256,7 +229,7 @@ class FeedbackPolicy(_Strict):
 DEFAULT_CROSSVAL_FOLDS = 4
 
 
-class RewardModelConfig(_Strict):
+class RewardModelConfig(StrictModel):
     """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
 
     enabled: bool = False
@@ -337,14 +310,14 @@ class RewardModelConfig(_Strict):
         return value
 
 
-class ReplayConfig(_Strict):
+class ReplayConfig(StrictModel):
     # 1 means every experience is trained on once.
     max_uses: int = Field(1, ge=1)
     cooldown_seconds: float = Field(0.0, ge=0.0)
     priority_decay: float = Field(1.0, gt=0.0, le=1.0)
 
 
-class AdapterConfig(_Strict):
+class AdapterConfig(StrictModel):
     """A LoRA adapter (peft): only these weights train; the base stays frozen and is the
     KL reference with the adapter switched off."""
 
@@ -372,7 +345,7 @@ class AdapterConfig(_Strict):
         return names
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(StrictModel):
     """The trainer's settings: those every algorithm shares, and `params`, the run's
     algorithm's own (its declaration's params model: kernel/algorithms/<name>.py)."""
 
@@ -431,7 +404,7 @@ def _trainer_params(raw: dict[str, object], algorithm: str) -> dict[str, object]
     return raw
 
 
-class PipelineStep(_Strict):
+class PipelineStep(StrictModel):
     name: str = Field(min_length=1)
     # Validated even when left out: some operators have required params.
     params: dict[str, object] = Field(default_factory=dict, validate_default=True)
@@ -450,7 +423,7 @@ class PipelineStep(_Strict):
         return params
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     """Data-pipeline operators per stage, applied in the order listed."""
 
     on_write: list[PipelineStep] = Field(default_factory=list)
@@ -473,7 +446,7 @@ def _greedy() -> SamplingConfig:
     return SamplingConfig(temperature=0.0)
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     """Held-out evaluation every `eval_every` versions, on the `rollout` queue, scored by
     the run's inline reward terms; greedy unless `sampling` says otherwise."""
 
@@ -513,7 +486,7 @@ class EvalConfig(_Strict):
         return list(dict.fromkeys(names))
 
 
-class RolloutEngineConfig(_Strict):
+class RolloutEngineConfig(StrictModel):
     """The rollout engine's resources (vLLM; the transformers engine reads `dtype` only)."""
 
     # auto: float32 on CPU (logprobs comparable with the trainer's), bfloat16 on GPUs.
@@ -525,7 +498,7 @@ class RolloutEngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
     # A registered algorithm's name (kernel.algorithms): grpo, dpo, sft, mix, …

@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict
-
 from kernel.registry import Registry
+from kernel.strict import StrictModel
 
 if TYPE_CHECKING:
     from kernel.config import RunConfig
@@ -46,13 +45,11 @@ class BatchPlan:
         return self.usual + self.expert
 
 
-class AlgorithmParams(BaseModel):
+class AlgorithmParams(StrictModel):
     """An algorithm's own settings: the run config's `trainer.params` when it is the run's
     algorithm (each algorithm's subclass, declared beside it; the learner's objective reads
-    the same instance). This base has none: an algorithm without settings of its own."""
-
-    # As every config block (no unknown keys, no NaN or infinity; jsonb cannot hold them).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    the same instance), validated as every config block. This base has none: an algorithm
+    without settings of its own."""
 
 
 class AlgorithmType:

@@ -8,6 +8,8 @@ from kernel.algorithms import AlgorithmParams, AlgorithmType, algorithm_register
 
 
 class DPOParams(AlgorithmParams):
+    """DPO's settings (before `trainer.params`, `beta` was `trainer.dpo_beta`)."""
+
     # The temperature of DPO's log-ratio (TRL's DPOConfig.beta): how far from the reference
     # the policy may move to fit the preferences.
     beta: float = Field(0.1, gt=0.0)

@@ -13,6 +13,8 @@ GRPO_LEGACY_KEYS = {key: key for key in ("loss_type", "beta", "epsilon", "epsilo
 
 
 class GRPOParams(AlgorithmParams):
+    """GRPO's settings: TRL's GRPOConfig fields of the same names."""
+
     # TRL's GRPO loss types (its GRPOConfig.loss_type).
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
     # The KL penalty's weight against the reference model (0: none, and no reference model).

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 
 class MIXParams(GRPOParams):
+    """MIX's settings: its GRPO side's, and how it mixes in SFT."""
+
     # (1 - mu) * GRPO(usual) + mu * SFT(expert); expert_share of each batch is expert.
     mu: float = Field(0.1, ge=0.0, le=1.0)
     expert_share: float = Field(0.25, ge=0.0, le=1.0)
