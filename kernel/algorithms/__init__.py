@@ -1,13 +1,14 @@
 """Training algorithms as the web side knows them: what each needs, declared once.
 
 An algorithm is registered here by name with what the rest of the loop must know of it —
-whether it compares the completions of a group, whether it needs a frozen reference model,
-what a train step claims from the buffer, when that batch is ready, whether its loss splits
-over a learner group — and its loss lives beside the other losses on the worker side
-(`workers/algorithms/objectives/`, registered under the same name). The config, the run
-form, the conductor and the learner read these declarations; nothing compares algorithm
-names. Adding one: a module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins, and its
-objective.
+its settings (`params`: the config's `trainer.params`), whether it compares the completions
+of a group, whether it needs a frozen reference model, what a train step claims from the
+buffer, when that batch is ready, whether its loss splits over a learner group — and which
+objective is its own on the worker side (`objective`: the class, or for the built-ins its
+path in `workers/algorithms/objectives/`). The config, the run form, the conductor and the
+learner read these declarations; nothing compares algorithm names. Adding one: one module
+with its settings, objective and declaration, and `algorithm_register` (docs/how-to/
+add-an-algorithm.md); a built-in is listed in `_REGISTRY`'s built-ins.
 
 No Django, no torch: imported by the config (pydantic), the conductor and the workers.
 """

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.distributed import Shard
 
-# The registered algorithms (kernel.algorithms), each with its objective here.
+# The registered algorithms (kernel.algorithms), each naming its objective (objectives/).
 ALGORITHMS = tuple(algorithm_names())
 
 
