@@ -20,10 +20,21 @@ neither knows the preference. The evaluation's share is measured and never rewar
 reward model learns the preference from the person's labels alone, over the demo model
 itself. Only the scripted person reads the preference, through the page.
 
-    python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0] [--headed]
+    python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0 | --seeds 0 1 2]
+                               [--rm-gate bound|evidence] [--headed]
 
-The last line: the people run's final share, the run without people's, and their
-difference, with the load average.
+The twin is made as a person would copy the run with people's feedback off
+(`apps.control.twins.run_twin_create`: linked, so both run pages show the comparison). Both
+runs' version 0, the model they start from, is evaluated before they start, so each run's gain
+(its last evaluation less its first) counts from the same point. After each seed the bench
+prints what the reward model did at every train step of the people run (the newest version,
+its held-out accuracy and the gate's lower bound, open or shut and its weight, how many groups'
+rewards carry its scores and how many differ by half a rating step or more, the within-group
+spread of its part beside the automatic reward's), then each run's rollouts by model version:
+the preference's share and the accuracy in and out of that style (what the automatic reward
+alone would amplify). Each seed's last line: the people run's final share, the run without
+people's, their difference, each run's gain and the gain difference, with the load average;
+with `--seeds`, a last line with the gain difference's median and spread.
 
 Not re-measured on the balanced demo model (RECIPE 7, 2026-11-26), whose warm-up writes the
 working first a quarter of the time: its smoke (tests/test_bench_smokes.py) runs on it.
@@ -91,16 +102,18 @@ class Demo:
             return list(db.execute(sql.replace("?", "%s"), params).fetchall())
 
 
-# Runs inside `manage.py shell`: the run without people, the people run's config and taskset.
+# Runs inside `manage.py shell`: the run without people, the people run's twin (its config and
+# taskset, linked so that both run pages compare them: apps/control/twins.py).
 _TWIN = """
 from apps.runs.models import Run
-from apps.runs.services import run_create
+from apps.control.twins import run_twin_create
 from apps.cli.management.commands.rft_demo import DEMO_RUN
 people = Run.objects.get(name=DEMO_RUN)
 people.config = {**people.config, "seed": SEED}
+if GATE:
+    people.config["feedback"] = {**people.config["feedback"], "rm_gate": GATE}
 people.save(update_fields=["config"])
-twin = Run.objects.filter(name=DEMO_RUN + " (without people)").first() or run_create(
-    name=DEMO_RUN + " (without people)", owner=people.owner, config=people.config, taskset=people.taskset)
+twin = Run.objects.filter(name=DEMO_RUN + " (without people)").first() or run_twin_create(run=people)
 print(people.pk, twin.pk)
 """
 
@@ -110,7 +123,8 @@ def _json(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else json.loads(str(value))
 
 
-def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tuple[Demo, int, int]:
+def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int,
+               rm_gate: str | None = None) -> tuple[Demo, int, int]:
     from workers.demo_model import demo_model_build
 
     model = demo_model_build(out=DEMO_DIR, progress=True).out
@@ -121,7 +135,7 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int) -> tup
     demo = Demo(var=var, env=env)
     demo.manage("migrate", "--noinput", "-v", "0")
     demo.manage("rft_demo", "--total-steps", str(steps), "--feedback-wait", str(feedback_wait), "--password", "pw")
-    people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed))).split()[-2:])
+    people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed)).replace("GATE", repr(rm_gate or ""))).split()[-2:])
     ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", people)
     demo.preference = _json(config)["eval"]["preferences"][0]
     return demo, people, twin
@@ -171,53 +185,87 @@ def main() -> None:
     parser.add_argument("--labels", type=int, default=100)
     parser.add_argument("--feedback-wait", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--minutes", type=float, default=60.0, help="give up after this long")
+    parser.add_argument("--seeds", type=int, nargs="+", help="several seeds, one after another (the median and spread)")
+    parser.add_argument("--rm-gate", choices=["bound", "evidence"],
+                        help="feedback.rm_gate of both runs (default: the config's own)")
+    parser.add_argument("--minutes", type=float, default=60.0, help="give up on a seed after this long")
     parser.add_argument("--headed", action="store_true")
     args = parser.parse_args()
+    gains = [demo_once(args, seed=seed) for seed in (args.seeds or [args.seed])]
+    if len(gains) > 1:
+        ordered = sorted(gains)
+        print(f"demo_teach over seeds {args.seeds}: gain difference median {_median(gains):+.3f}, "
+              f"spread {ordered[0]:+.3f}..{ordered[-1]:+.3f}, positive on {sum(g > 0 for g in gains)} of {len(gains)}; "
+              f"{load_average()}")
 
+
+def demo_once(args: argparse.Namespace, *, seed: int) -> float:
+    """One seed of the demo with a person and its twin; returns the people run's gain in the
+    preference share minus the twin's."""
     started = time.monotonic()
     deadline = started + args.minutes * 60
     # The private PostgreSQL stops before its data folder goes.
     with tempfile.TemporaryDirectory(prefix="rft-demo-teach-") as tmp, \
             localpg.stopped_after(localpg.Cluster(data=Path(tmp) / "postgres")):
         var = Path(tmp)
-        demo, people, twin = demo_setup(var=var, steps=args.steps, feedback_wait=args.feedback_wait, seed=args.seed)
-        print(f"demo runs: #{people} with a person labelling by {demo.preference}, #{twin} without people; {load_average()}",
-              flush=True)
-        port = free_port()
-        log_path = var / "serve.log"
-        with log_path.open("wb") as log:
-            server = subprocess.Popen([sys.executable, "manage.py", "rft_serve", "--port", str(port)], cwd=ROOT,
-                                      env=demo.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        demo, people, twin = demo_setup(var=var, steps=args.steps, feedback_wait=args.feedback_wait, seed=seed,
+                                        rm_gate=args.rm_gate)
+        print(f"demo runs (seed {seed}): #{people} with a person labelling by {demo.preference}, #{twin} without "
+              f"people; {load_average()}", flush=True)
+        start_evaluate(demo, people=people, twin=twin)
+        given = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started)
+        print(demo.manage("shell", "-c", f"from bench.demo_teach import rm_probe_print, style_print; "
+                                         f"rm_probe_print({people}); style_print({people}, {demo.preference!r}); "
+                                         f"style_print({twin}, {demo.preference!r})"), end="", flush=True)
+        return report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+
+
+def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
+    """Evaluate both runs' version 0, the model they both start from, before they start: each
+    run's gain is then counted from the same point (the demo evaluates every second version,
+    and by the people run's first, step 2, people's labels have already moved it)."""
+    demo.manage("shell", "-c", "from workers.evaluation import evaluate_version; "
+                               f"evaluate_version(run_id={people}, version=0); evaluate_version(run_id={twin}, version=0)")
+
+
+def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, deadline: float,
+               started: float) -> int:
+    """Serve the demo, start both runs, label as the person until done, wait for both runs and
+    their last evaluations; returns the labels given."""
+    port = free_port()
+    log_path = demo.var / "serve.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen([sys.executable, "manage.py", "rft_serve", "--port", str(port)], cwd=ROOT,
+                                  env=demo.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
+                raise SystemExit("rft_serve did not come up:\n" + log_path.read_text()[-3000:])
+            for run in (people, twin):
+                demo.manage("rft", "start", str(run))
+
+            def ended(run: int) -> bool:
+                ((status,),) = demo.query("SELECT status FROM runs_run WHERE id = ?", run)
+                return status != "running"
+
+            given = person_labels(url=url, run=people, preference=demo.preference, labels=args.labels,
+                                  until=deadline, headed=args.headed, done=lambda: ended(people))
+            print(f"the person gave {given} labels in {time.monotonic() - started:.0f} s; {load_average()}", flush=True)
+            while time.monotonic() < deadline and not (ended(people) and ended(twin)):
+                time.sleep(2)
+            # The last versions' evaluations are sent on publish and run beside the trainer:
+            # they may land after their run ended (the server must still be up for them).
+            evaluated_by = min(deadline, time.monotonic() + 180)
+            every = {run: eval_every(demo, run) for run in (people, twin)}
+            while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
+                time.sleep(2)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
             try:
-                url = f"http://127.0.0.1:{port}"
-                if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
-                    raise SystemExit("rft_serve did not come up:\n" + log_path.read_text()[-3000:])
-                for run in (people, twin):
-                    demo.manage("rft", "start", str(run))
-
-                def ended(run: int) -> bool:
-                    ((status,),) = demo.query("SELECT status FROM runs_run WHERE id = ?", run)
-                    return status != "running"
-
-                given = person_labels(url=url, run=people, preference=demo.preference, labels=args.labels,
-                                      until=deadline, headed=args.headed, done=lambda: ended(people))
-                print(f"the person gave {given} labels in {time.monotonic() - started:.0f} s; {load_average()}", flush=True)
-                while time.monotonic() < deadline and not (ended(people) and ended(twin)):
-                    time.sleep(2)
-                # The last versions' evaluations are sent on publish and run beside the trainer:
-                # they may land after their run ended (the server must still be up for them).
-                evaluated_by = min(deadline, time.monotonic() + 180)
-                every = {run: eval_every(demo, run) for run in (people, twin)}
-                while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
-                    time.sleep(2)
-            finally:
-                os.killpg(server.pid, signal.SIGTERM)
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(server.pid, signal.SIGKILL)
-        report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+    return given
 
 
 def eval_every(demo: Demo, run: int) -> int:
@@ -237,7 +285,7 @@ def evaluations_due(demo: Demo, run: int, every: int) -> set[int]:
     return due - done
 
 
-def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> None:
+def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> float:
     rows = demo.query("SELECT id, status, error FROM runs_run WHERE id IN (?, ?)", people, twin)
     statuses = {int(str(pk)): str(status) for pk, status, _ in rows}
     for pk, status, error in rows:
@@ -262,12 +310,160 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
               f"{cell(accuracy, twin):>12}")
     if not shares[people] or not shares[twin]:
         raise SystemExit(f"no {share} measured (runs ended {statuses}); see the serve log")
+    gain = {run: share_gain(shares[run]) for run in (people, twin)}
     first = shares[people][min(shares[people])]
     last_people, last_twin = shares[people][max(shares[people])], shares[twin][max(shares[twin])]
     print(f"runs ended: people {statuses[people]}, without people {statuses[twin]}; labels given {given}, stored {labels}; "
           f"{seconds:.0f} s")
     print(f"demo_teach: {demo.preference} share {first:.3f} -> people {last_people:.3f} vs without people {last_twin:.3f} "
-          f"(difference {last_people - last_twin:+.3f}); {load_average()}")
+          f"(difference {last_people - last_twin:+.3f}); gain people {gain[people]:+.3f}, without people "
+          f"{gain[twin]:+.3f}, gain difference {gain[people] - gain[twin]:+.3f}; {load_average()}", flush=True)
+    return gain[people] - gain[twin]
+
+
+def share_gain(series: dict[int, float]) -> float:
+    """A run's gain in a share: its last evaluation's less its first's."""
+    return series[max(series)] - series[min(series)]
+
+
+
+# --- What the reward model did at each train step (issue #46 item 4's question) ---------------
+
+# A group's reward-model parts differing by less than this (half a rating step on the human
+# scale) do not move its advantages beyond the automatic reward's (bench/steering's SIGNAL).
+SIGNAL = 0.125
+
+
+@dataclass(frozen=True)
+class StepProbe:
+    """One train step of a `learned` run, read back from its rows after the run: the newest
+    reward-model version when the step published, whether the gate let it score and with what
+    weight, and how many of the step's groups had advantages carrying its signal beside the
+    spread of the automatic reward inside a group."""
+
+    step: int
+    labels: int  # labels stored by the time the step published
+    version: int | None
+    accuracy: float | None
+    heldout: int
+    bound: float | None
+    open: bool
+    weight: float
+    groups: int
+    rm_groups: int  # groups with a member rewarded by the reward model
+    signal_groups: int  # ... whose reward-model parts differ by >= SIGNAL
+    rm_sd: float | None  # median over rm groups of the within-group sd of w_rm x its part
+    auto_sd: float  # median over groups of the within-group sd of w_auto x automatic reward
+
+
+def _sd(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, float]]], policy: Any) -> list[float]:
+    """w_rm x the reward-model part of each member whose reward is the learned fold of one of
+    its scores (a member people rated, or one the fallback rewarded, has none)."""
+    from apps.feedback.learned import reward_model_weight, rm_reward_score
+    from kernel.feedback_policy import reward_learned
+
+    parts = []
+    for m in members:
+        if m["human_reward"] is not None or m["reward"] is None:
+            continue
+        for rm, score in scored.get(m["pk"], []):
+            part = rm_reward_score(rm=rm, score=score, weight=reward_model_weight(run=rm.run, rm=rm))
+            if abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"], rm=part)) < 1e-6:
+                parts.append(policy.w_rm * part)
+                break
+    return parts
+
+
+def step_probe(*, run: Any, step: int, at: Any) -> StepProbe:
+    """The probe of train step `step` of `run`, which published at `at` (inside Django)."""
+    from collections import defaultdict
+
+    from apps.buffer.models import Experience
+    from apps.feedback.learned import reward_model_gate_open, reward_model_lower_bound, reward_model_weight
+    from apps.feedback.models import Feedback
+    from apps.rewards.models import RewardModel, RewardModelScore
+
+    policy = run.cfg.feedback
+    rm = RewardModel.objects.filter(run=run, created_at__lte=at).order_by("-version").first()
+    opened = rm is not None and reward_model_gate_open(run=run, rm=rm)
+    rows = list(Experience.objects.filter(run=run, trained_step=step, is_expert=False)
+                .values("pk", "group_id", "reward", "auto_reward", "human_reward"))
+    scored: dict[int, list[tuple[Any, float]]] = defaultdict(list)
+    for score in RewardModelScore.objects.filter(experience_id__in=[r["pk"] for r in rows]).select_related(
+            "reward_model__run"):
+        scored[score.experience_id].append((score.reward_model, score.score))
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        groups[row["group_id"]].append(row)
+    parts = [p for p in (_rm_parts(members, scored, policy) for members in groups.values()) if p]
+    return StepProbe(
+        step=step, labels=Feedback.objects.filter(run=run, created_at__lte=at).count(),
+        version=rm.version if rm else None, accuracy=rm.accuracy if rm else None, heldout=rm.pairs_heldout if rm else 0,
+        bound=reward_model_lower_bound(run=run, rm=rm) if rm else None, open=opened,
+        weight=reward_model_weight(run=run, rm=rm) if rm is not None and opened else 0.0,
+        groups=len(groups), rm_groups=len(parts), signal_groups=sum(max(p) - min(p) >= SIGNAL for p in parts),
+        rm_sd=_median([_sd(p) for p in parts]) if parts else None,
+        auto_sd=_median([_sd([policy.w_auto * (m["auto_reward"] or 0.0) for m in ms]) for ms in groups.values()])
+        if groups else 0.0)
+
+
+def probe_line(p: StepProbe) -> str:
+    gate = "-" if p.version is None else (
+        f"v{p.version} {p.accuracy or 0:.2f}/{p.heldout} lb {p.bound or 0:.2f} "
+        + (f"OPEN x{p.weight:.2f}" if p.open else "shut"))
+    rm_sd = "-" if p.rm_sd is None else f"{p.rm_sd:.3f}"
+    return (f"  step {p.step:>3} labels {p.labels:>3}  rm {gate}  groups rm {p.rm_groups}/{p.groups} "
+            f"signal {p.signal_groups}  sd rm {rm_sd} auto {p.auto_sd:.3f}")
+
+
+def rm_probe_print(run_id: int) -> None:
+    """Print the probe of every train step of run `run_id` (called in `manage.py shell`)."""
+    from apps.runs.models import ModelVersion, Run
+
+    run = Run.objects.get(pk=run_id)
+    print(f"reward model per train step, run #{run_id} (gate {run.cfg.feedback.rm_gate}, "
+          f"min accuracy {run.cfg.feedback.min_rm_accuracy}):")
+    for version in ModelVersion.objects.filter(run=run, train_step__gt=0).order_by("train_step"):
+        print(probe_line(step_probe(run=run, step=version.train_step, at=version.created_at)))
+
+
+def style_print(run_id: int, preference: str, *, every: int = 5) -> None:
+    """Print, per `every` model versions of run `run_id`'s rollouts, the share the preference
+    likes and the answers' accuracy in and out of that style: a style that is more often right
+    rises on the automatic reward alone (called in `manage.py shell`)."""
+    from collections import defaultdict
+
+    from apps.buffer.models import Experience
+    from kernel.preferences import preference_get
+
+    liked = preference_get(preference).liked
+    tally: dict[int, list[list[float]]] = defaultdict(lambda: [[], []])
+    for prompt, completion, version, parts in Experience.objects.filter(run_id=run_id, is_expert=False).values_list(
+            "prompt_text", "response_text", "model_version", "reward_parts"):
+        right = float((parts or {}).get("math_accuracy", 0.0))
+        tally[version // every][0 if liked(prompt, completion) else 1].append(right)
+    print(f"run #{run_id} rollouts by model version: {preference} share, accuracy in / out of that style")
+    for window in sorted(tally):
+        styled, other = tally[window]
+        n = len(styled) + len(other)
+
+        def mean(xs: list[float]) -> str:
+            return f"{sum(xs) / len(xs):.2f}" if xs else "-"
+        print(f"  v{window * every:>3}-{window * every + every - 1:<3} n {n:>4}  share {len(styled) / n:.2f}  "
+              f"accuracy {mean(styled)} / {mean(other)}")
 
 
 if __name__ == "__main__":

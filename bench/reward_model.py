@@ -124,7 +124,7 @@ def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.reward_models import _rm_text
+    from workers.reward_models import rm_text
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
@@ -132,7 +132,7 @@ def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]
     for i, r in enumerate(rows):
         if r["group"] not in groups:
             continue
-        ids = tokenizer(_rm_text(tokenizer, r["prompt"], r["completion"]), add_special_tokens=False,
+        ids = tokenizer(rm_text(tokenizer, r["prompt"], r["completion"]), add_special_tokens=False,
                         return_tensors="pt")["input_ids"]
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
                                                add_generation_prompt=True)

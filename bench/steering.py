@@ -385,7 +385,7 @@ that sees the completion's token states rather than their pools.
 
 Offline, 2026-11-25 (no bench run): 9,600 completions sampled from the styled demo model (600
 training prompts x 16), rated by `in_words`, pairs of one prompt rated apart, the held-out quarter
-of the prompts by `_fold_of` (3,000 pairs, 123-227 of them 5 v 3); a training set of 150 pairs
+of the prompts by `prompt_fold` (3,000 pairs, 123-227 of them 5 v 3); a training set of 150 pairs
 half of them 5 v 3, as late rm10 labels are. Held-out 5 v 3 accuracy of the head (5 v 1 and 3 v 1
 are 0.97-1.00 throughout): 0.69-0.75 over three splits; with the last layer's maximum or a middle
 layer's mean beside its features 0.69-0.76; with the completion's token log-probability mean /

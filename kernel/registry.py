@@ -18,6 +18,7 @@ class Registry(Generic[T]):
         self.package = package  # the built-ins are its modules `<package>.<name>`
         self.builtin = tuple(builtin)
         self._entries: dict[str, T] = {}
+        self._loaded = False
 
     def add(self, name: str, entry: T) -> None:
         """Register `entry` as `name`; the same declaration again is a no-op (a module
@@ -32,8 +33,13 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
 
     def load(self) -> None:
+        # Once: every get() asks (the annotation page a hundred times), and importing a module
+        # already imported runs nothing again anyway.
+        if self._loaded:
+            return
         for module in self.builtin:
             importlib.import_module(f"{self.package}.{module}")
+        self._loaded = True
 
     def entries(self) -> list[T]:
         self.load()

@@ -25,9 +25,10 @@ from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
+from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
 from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
-from kernel.exceptions import RftError, TooLarge
+from rftweb.exceptions import ErrorCode, MalformedJSON, Unauthenticated, error_code, status_code
 
 # ---- errors --------------------------------------------------------------------------
 
@@ -58,7 +59,8 @@ DESCRIPTION = """The environment REST API, `/api/v1/`.
 
 Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events, the human-signal
 figures), `submit` (tasks, rollouts, trajectories, sessions), `feedback` (feedback). Errors are
-`{"detail", "errors"}` with 401 (no or bad key), 403 (an action outside the key's scopes), 404
+`{"detail", "errors", "field", "code"}`: `code` is stable, one of the Error schema's enum (branch on
+it, not on the words), `field` the input concerned ("" for the request as a whole), with 401 (no or bad key), 403 (an action outside the key's scopes), 404
 (unknown ids, and runs outside the key's runs: the same answer, so run ids cannot be probed),
 413 (body past RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate, with
 Retry-After), 503 (no rollout worker answered). None of them writes anything.
@@ -73,9 +75,10 @@ api = NinjaAPI(
 )
 
 
-def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, str] | None = None,
-             headers: dict[str, str] | None = None) -> HttpResponse:
-    response = api.create_response(request, {"detail": detail, "errors": errors or {}}, status=status)
+def _problem(request: HttpRequest, status: int, detail: str, *, code: ErrorCode, field: str = "",
+             errors: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> HttpResponse:
+    body = {"detail": detail, "errors": errors or {}, "field": field, "code": code}
+    response = api.create_response(request, body, status=status)
     for name, value in (headers or {}).items():
         response[name] = value
     return response
@@ -83,15 +86,15 @@ def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, s
 
 @api.exception_handler(RftError)
 def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
-    """The API's one translation of the error base (kernel.exceptions): its status, the
-    fields it names (422: field path -> message), Retry-After where waiting helps."""
+    """The API's one translation of the error base (kernel.exceptions): its status and code,
+    the fields it names (422: field path -> message), Retry-After where waiting helps."""
     headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     named = exc.status == 422 or bool(exc.field)
     errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
-    return _problem(request, exc.status, str(exc), errors, headers)
+    return _problem(request, exc.status, str(exc), code=error_code(exc), field=exc.field, errors=errors, headers=headers)
 
 
 def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
@@ -100,7 +103,9 @@ def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
     dependency = dependency_failed(exc)
     if dependency is None:
         raise exc
-    return _problem(request, 503, unavailable_message(dependency), headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    down = Unavailable(unavailable_message(dependency))
+    down.retry_after = RETRY_AFTER_SECONDS
+    return _on_rft_error(request, down)
 
 
 for _error in (*POSTGRES_ERRORS, *REDIS_ERRORS):
@@ -109,8 +114,9 @@ for _error in (*POSTGRES_ERRORS, *REDIS_ERRORS):
 
 @api.exception_handler(AuthenticationError)
 def _on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    return _problem(request, 401, "missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'",
-                    headers={"WWW-Authenticate": "Bearer"})
+    response = _on_rft_error(request, Unauthenticated("missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'"))
+    response["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 def _too_large() -> str:
@@ -119,7 +125,7 @@ def _too_large() -> str:
 
 @api.exception_handler(RequestDataTooBig)
 def _on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
-    return _problem(request, 413, _too_large())
+    return _on_rft_error(request, TooLarge(_too_large()))
 
 
 @api.exception_handler(HttpError)
@@ -128,8 +134,8 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(cause, RftError):  # the body parser's refusals, wrapped by ninja
         return _on_rft_error(request, cause)
     if isinstance(cause, json.JSONDecodeError):
-        return _problem(request, 400, f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}")
-    return _problem(request, exc.status_code, str(exc))
+        return _on_rft_error(request, MalformedJSON(f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}"))
+    return _problem(request, exc.status_code, str(exc), code=status_code(exc.status_code))
 
 
 def _loc(loc: Sequence[object]) -> str:
@@ -147,7 +153,7 @@ def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     for err in exc.errors:
         errors.setdefault(_loc(err.get("loc", ())), str(err.get("msg", "invalid")).removeprefix("Value error, "))
     detail = "; ".join(f"{k}: {v}" for k, v in list(errors.items())[:5])
-    return _problem(request, 422, f"invalid request: {detail}", errors)
+    return _on_rft_error(request, InvalidInput(f"invalid request: {detail}", field=next(iter(errors), ""), errors=errors))
 
 
 api.add_router("", envapi.router)

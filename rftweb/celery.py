@@ -80,7 +80,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
             # The RFT core's loop (apps/control/orchestration.py): every running run advanced. A
             # beat that waited in the queue longer than a few beats is dropped, not piled up.
             "runs-conduct": {
-                "task": "apps.runs.conduct.runs_conduct_task",
+                "task": "apps.control.conduct.runs_conduct_task",
                 "schedule": settings.RFT_CONDUCT_SECONDS,
                 "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
             },

@@ -8,7 +8,7 @@ import logging
 # default): at INFO, Celery writes a line when beat sends it and two more when the worker
 # receives it and when it succeeds, about six lines a second that say nothing. What the beat
 # does (a step dispatched or sent again) is logged by apps.control.orchestration itself.
-QUIET_TASKS = frozenset({"apps.runs.conduct.runs_conduct_task"})
+QUIET_TASKS = frozenset({"apps.control.conduct.runs_conduct_task"})
 
 
 class LoopBeatQuiet(logging.Filter):

@@ -317,6 +317,10 @@ def cli_page() -> str:
             lines += ["```text", sub.format_usage().strip().replace("usage: ", "usage: manage.py ", 1)
                       if not sub.prog.startswith("manage.py") else sub.format_usage().strip(), "```", ""]
             lines += options_table(sub)
+            # A subcommand's own subcommands (`rft feedback RUN KIND`: each feedback kind's options).
+            for kind_name, kind_sub, kind_help in subcommands(sub):
+                lines += [f"#### `{name} {sub_name} … {kind_name}`", "", cell(kind_help), ""]
+                lines += options_table(kind_sub)
     return "\n".join(lines)
 
 
@@ -327,6 +331,8 @@ def schema_type(schema: dict[str, typing.Any]) -> str:
         return str(schema["$ref"]).rsplit("/", 1)[-1]
     if "anyOf" in schema:
         return " or ".join(schema_type(s) for s in schema["anyOf"])
+    if "oneOf" in schema:  # a union by a discriminator (the feedback body: one per kind)
+        return " or ".join(str(s.get("title") or schema_type(s)) for s in schema["oneOf"])
     if schema.get("type") == "array":
         return f"array of {schema_type(schema.get('items', {}))}"
     if "enum" in schema:

@@ -201,4 +201,8 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     assert counts is not None, out.stdout[-2000:]
     assert int(counts.group(1)) == int(counts.group(2)) == 4
     assert re.search(rf"^demo_teach: working share {NUMBER} -> people {NUMBER} vs without people {NUMBER} "
-                     r"\(difference [+-]\d+\.\d+\); load ", out.stdout, re.MULTILINE), out.stdout[-2000:]
+                     r"\(difference [+-]\d+\.\d+\); gain people [+-]\d+\.\d+, without people [+-]\d+\.\d+, "
+                     r"gain difference [+-]\d+\.\d+; load ", out.stdout, re.MULTILINE), out.stdout[-2000:]
+    # The reward model's probe, per train step of the people run, and both runs' style shares.
+    assert re.search(r"^reward model per train step, run #\d+ \(gate \w+", out.stdout, re.MULTILINE), out.stdout[-2000:]
+    assert len(re.findall(r"^run #\d+ rollouts by model version: working share", out.stdout, re.MULTILINE)) == 2

@@ -50,7 +50,7 @@ def test_tasks_route_to_their_queues() -> None:
     router = app.amqp.router
     assert router.route({}, "workers.explorer.explore_step")["queue"].name == "rollout"
     assert router.route({}, "workers.evaluation.evaluate")["queue"].name == "rollout"
-    assert router.route({}, "workers.trainer.train_step")["queue"].name == "train"
+    assert router.route({}, "workers.trainer.task.train_step")["queue"].name == "train"
     assert router.route({}, "workers.rewards.score_experiences")["queue"].name == "reward"
     assert router.route({}, "apps.buffer.tasks.lease_reap_task")["queue"].name == "default"
     for name in ("workers.reward_trainer.reward_model_train", "workers.reward_trainer.reward_model_score"):

@@ -167,7 +167,7 @@ def test_a_dead_trainers_step_is_sent_again_with_its_batch_back_while_a_live_one
         time.sleep(0.05)
     assert recovered == ["train:1 again"]
     assert set(Experience.objects.filter(run=run).values_list("status", flat=True)) == {"ready"}
-    assert sent[-1] == ("workers.trainer.train_step", [run.pk, 1], task_id)
+    assert sent[-1] == ("workers.trainer.task.train_step", [run.pk, 1], task_id)
 
 
 def test_the_loop_sends_every_running_runs_next_step_and_only_theirs(owner: Any, sent: list[Any]) -> None:

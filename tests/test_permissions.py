@@ -113,6 +113,7 @@ ACCESS: dict[str, str] = {
     "feedback:edit": ANNOTATE,
     "feedback:rank": ANNOTATE,
     "feedback:compare": ANNOTATE,
+    "feedback:panel": ANNOTATE,  # a feedback kind's panel, at its slug (apps/feedback/kinds)
     "feedback:mine": ANNOTATE,
     "review:page": OWNER,  # the review of labels (apps/feedback/review_views.py)
     "review:accept": OWNER,
@@ -233,6 +234,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "run_id": world["run"].pk, "experience_id": world["experience"].pk, "group_id": world["experience"].group_id,
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
         "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
+        "slug": "rank",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
         "sha256": world["image"], "version": 1, "invitation_id": world["invitation"].pk, "token": "not-a-token",
         "uidb64": "MQ", "user_id": world["users"]["owner"].pk,
@@ -315,7 +317,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
         names = {a or b for a, b in re.findall(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>", route)}
         if not pattern.name or "run_id" not in names or not names & set(foreign_ids) or rule_of(key) == API:
             continue
-        values = {"run_id": world["run"].pk, "action": "pause", "kind": "sft", **foreign_ids}
+        values = {"run_id": world["run"].pk, "action": "pause", "kind": "sft", "slug": "rank", **foreign_ids}
         kwargs = {n: values[n] for n in names}
         url = reverse(key, kwargs=kwargs)
         response = _visit(client, url)
@@ -334,8 +336,8 @@ def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
     # Bound tasks (self first) too: the run, not the step.
     assert task_run_id(name="workers.explorer.explore_step", args=[3, 9], kwargs={}) == 3
-    assert task_run_id(name="workers.trainer.train_step", args=[4, 9], kwargs={}) == 4
-    assert task_run_id(name="apps.runs.tasks.run_announce", args=[5], kwargs={}) == 5
+    assert task_run_id(name="workers.trainer.task.train_step", args=[4, 9], kwargs={}) == 4
+    assert task_run_id(name="apps.control.tasks.run_announce", args=[5], kwargs={}) == 5
     assert task_run_id(name="workers.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
     assert task_run_id(name="apps.buffer.tasks.lease_reap_task", args=[], kwargs={}) is None
 

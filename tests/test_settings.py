@@ -177,15 +177,15 @@ def test_the_console_drops_celerys_info_lines_about_the_loop_beat_and_keeps_the_
     logging.config.dictConfig(config)
     try:
         beat, received, trace = (logging.getLogger(n) for n in ("celery.beat", "celery.worker.strategy", "celery.app.trace"))
-        for task in ("apps.runs.conduct.runs_conduct_task", "workers.trainer.train_step"):
+        for task in ("apps.control.conduct.runs_conduct_task", "workers.trainer.task.train_step"):
             context = {"id": "x1", "name": task}
             beat.info("Scheduler: Sending due task %s (%s)", "entry", task)
             received.info(LOG_RECEIVED, context, extra={"data": context})
             trace.info(LOG_SUCCESS, {**context, "return_value": "[]", "runtime": 0.01, "args": "()", "kwargs": "{}"})
-        trace.warning("Task %(name)s[%(id)s] raised", {"id": "x2", "name": "apps.runs.conduct.runs_conduct_task"})
+        trace.warning("Task %(name)s[%(id)s] raised", {"id": "x2", "name": "apps.control.conduct.runs_conduct_task"})
     finally:
         logging.config.dictConfig(settings.LOGGING)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 4, lines
-    assert sum("workers.trainer.train_step" in line for line in lines) == 3
+    assert sum("workers.trainer.task.train_step" in line for line in lines) == 3
     assert "raised" in lines[-1]

@@ -189,7 +189,7 @@ def is_adapter_model(model: object) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _atomic_dir(out: Path) -> Path:
+def atomic_dir(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
@@ -197,7 +197,7 @@ def _atomic_dir(out: Path) -> Path:
     return tmp
 
 
-def _finish(tmp: Path, out: Path) -> Path:
+def atomic_dir_commit(tmp: Path, out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -215,11 +215,11 @@ def merged_save(*, adapter_path: str | Path, out: str | Path, base: str | None =
     base = base or adapter_base(adapter_path)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype or torch.float32)
     merged = adapter_load(base_model=model, path=adapter_path, trainable=False).merge_and_unload()
-    tmp = _atomic_dir(out)
+    tmp = atomic_dir(out)
     merged.save_pretrained(tmp, safe_serialization=True)
     tokenizer_source = adapter_path if (Path(adapter_path) / "tokenizer_config.json").exists() else base
     AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(tmp)
-    return _finish(tmp, out)
+    return atomic_dir_commit(tmp, out)
 
 
 def model_export(*, source: str | Path, out: str | Path, merged: bool) -> Path:
@@ -230,6 +230,6 @@ def model_export(*, source: str | Path, out: str | Path, merged: bool) -> Path:
         raise ExportFailed(f"{source} is not a saved model directory (is the run's storage mounted here?)")
     if merged and is_adapter_dir(source):
         return merged_save(adapter_path=source, out=out)
-    tmp = _atomic_dir(out)
+    tmp = atomic_dir(out)
     shutil.copytree(source, tmp)
-    return _finish(tmp, out)
+    return atomic_dir_commit(tmp, out)

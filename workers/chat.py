@@ -92,7 +92,7 @@ class ChatRequestInvalid(InvalidInput, ValueError):
         super().__init__(message)
         self.param = param
         self.status = status
-        self.code = code
+        self.openai_code = code  # OpenAI's vocabulary (apps/envapi/openai_services.py)
 
 
 def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -300,7 +300,7 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     try:
         return _generate(run_id=run_id, request=request)
     except ChatRequestInvalid as exc:
-        return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.code}}
+        return {"error": {"message": str(exc), "param": exc.param, "status": exc.status, "code": exc.openai_code}}
 
 
 # run id -> (config digest, the run as read then). The web side sends the digest of the
@@ -347,7 +347,7 @@ def _version_current(*, run: RunView, floor: int) -> int:
 
 def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     from workers.engines import SamplingSpec
-    from workers.explorer import VersionNotReady, _engine_at, worker_name
+    from workers.explorer import VersionNotReady, engine_at, worker_name
 
     run = _run_for(run_id=run_id, digest=request.get("config_digest"))
     if run is None:
@@ -361,7 +361,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     else:  # a kept run's current_version is stale
         version = run_current_version(run_id)
     try:
-        engine = _engine_at(run=run, version=version, worker=worker_name())
+        engine = engine_at(run=run, version=version, worker=worker_name())
     except VersionNotReady:
         raise ChatRequestInvalid(f"run {run_id} has no model version {version}", status=404, code="model_not_found",
                                  param="model") from None

@@ -76,7 +76,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     from apps.rewards.ports import answer_verdict, rewards_inline
     from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
     from workers.engines import SamplingSpec
-    from workers.explorer import _engine_at, task_prompt, worker_name
+    from workers.explorer import engine_at, task_prompt, worker_name
 
     run = run_view(run_id)
     if run is None:
@@ -97,7 +97,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
         return {"run": run_id, "version": version, "skipped": f"evaluation taskset {cfg.eval.taskset} has no tasks"}
 
     started = time.monotonic()
-    engine = _engine_at(run=run, version=version, worker=worker or worker_name())
+    engine = engine_at(run=run, version=version, worker=worker or worker_name())
     # Tasks with pictures go in with them (an ImagePrompt), as the explorer sends them.
     prompts = [task_prompt(engine, task) for task in tasks]
     groups = engine.generate(prompts, n=cfg.eval.n, sampling=SamplingSpec.from_config(cfg.eval.sampling))

@@ -12,8 +12,9 @@ each (attempt, sample) once. Nothing is written for a run that is not running.
 Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
 the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
 Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there).
-Importing this module is cheap (no torch): engines are imported when first used, so the
-web side can send these tasks by name without loading any model code.
+Importing this module is cheap (no torch: the engines package, the handover and vision
+modules load torch only inside their functions), so the web side can send these tasks by
+name without loading any model code.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from celery import Task, shared_task
@@ -49,10 +52,21 @@ from apps.runs.ports import (
 )
 from kernel.exceptions import InvalidInput, Unavailable
 from kernel.jsontypes import JSONObject
+from workers.engines import (
+    SamplingSpec,
+    engine_cached,
+    engine_for,
+    engine_last_load,
+    engine_version_ensure,
+    prompt_ids,
+)
+from workers.handover import handover_apply, handover_has
+from workers.vision import images_open, stored_ids, vision_prompt
 
 if TYPE_CHECKING:
+    from apps.buffer.ports import TaskAttempt
     from workers.chat import ChatAnswer
-    from workers.engines.base import Prompt, RolloutEngine, Sample, SamplingSpec
+    from workers.engines.base import Prompt, RolloutEngine, Sample
     from workers.vision import ImagePrompt
 
 log = logging.getLogger(__name__)
@@ -133,8 +147,6 @@ def model_version_path(*, run: RunView, version: int) -> str:
     """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
     if version == 0:
         return str(run.cfg.model)
-    from workers.handover import handover_has
-
     checkpoint = _CHECKPOINTS.get((run.pk, version))
     if checkpoint is None:
         checkpoint = version_checkpoint(run_id=run.pk, number=version)
@@ -149,10 +161,8 @@ def model_version_path(*, run: RunView, version: int) -> str:
     return checkpoint
 
 
-def _engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
+def engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
     """The resident engine holding `version` of the run; records the load when one happens."""
-    from workers.engines import engine_cached, engine_for, engine_last_load, engine_version_ensure
-    from workers.handover import handover_apply
 
     path = model_version_path(run=run, version=version)
     started = time.monotonic()
@@ -188,8 +198,6 @@ def _display_prompt(task: PromptTask) -> str:
 
 def task_prompt(engine: RolloutEngine, task: PromptTask) -> Prompt:
     """A task's prompt for `engine`: token ids, or with the task's pictures an ImagePrompt."""
-    from workers.engines import prompt_ids
-
     text, messages = _prompt_of(task)
     if task.images:
         return _image_prompt(engine, task=task, text=text, messages=messages)
@@ -199,8 +207,6 @@ def task_prompt(engine: RolloutEngine, task: PromptTask) -> Prompt:
 def _image_prompt(engine: RolloutEngine, *, task: PromptTask, text: str | None,
                   messages: list[dict[str, str]] | None) -> ImagePrompt:
     """A task's prompt with its pictures (workers/vision.py): the engine's model must see images."""
-    from workers.vision import images_open, vision_prompt
-
     processor = getattr(engine, "processor", None)
     if processor is None:
         raise InvalidInput(f"task {task.pk} has images but the run's model {getattr(engine, 'path', '')} "
@@ -208,141 +214,186 @@ def _image_prompt(engine: RolloutEngine, *, task: PromptTask, text: str | None,
     return vision_prompt(processor, text=text, messages=messages, images=images_open(task.images), digests=task.images)
 
 
-def _run_status(run_id: int) -> str | None:
-    return run_status(run_id)
+def _skipped(run_id: int, step: int, why: str) -> ExploreOutcome:
+    return {"run": run_id, "step": step, "skipped": why}
 
 
-def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutcome:
-    """One explore step of a run (the logic of the `explore_step` task)."""
-    from workers.engines import SamplingSpec
-    from workers.vision import stored_ids
+@dataclass
+class HeldTasks:
+    """The task attempts an explore step holds under lease; `written` once its write took them."""
 
-    step_started = time.monotonic()
-    worker = worker or worker_name()
-    run = run_view(run_id)
-    if run is None:
-        return {"run": run_id, "step": step, "skipped": "no such run"}
-    if not run.running:
-        return {"run": run_id, "step": step, "skipped": f"run is {run.status}"}
-    cfg = run.cfg
-    version = explorer_version_for(run=run, step=step)
-    engine = _engine_at(run=run, version=version, worker=worker)
+    attempts: list[TaskAttempt]
+    written: bool = False
 
-    attempts = TaskSource.claim(run=run, worker=worker, size=cfg.explore_batch_size)
+    @property
+    def ids(self) -> list[int]:
+        return [a.pk for a in self.attempts]
+
+
+def _claim(*, run: RunView, worker: str) -> list[TaskAttempt]:
+    attempts = TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
     if not attempts and TaskSource.release(run=run, worker=worker):
         # Leases this worker still held on the run's tasks were an earlier try's that could not
         # hand them back (the database went away mid-step, so the release failed too): it holds
         # the run's one explore dispatch now, so they are nobody else's. Taken back here rather
         # than when the lease runs out (RFT_LEASE_SECONDS), which held a run's last step that long.
-        attempts = TaskSource.claim(run=run, worker=worker, size=cfg.explore_batch_size)
-    if not attempts:
-        if tasks_exhausted(run=run):
-            # Every epoch is explored: exploring ends here rather than stalling the run, and
-            # the trainer gets to train on what the buffer holds and finish.
-            if run_explore_end(run=run):
-                log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, cfg.epochs, step)
-            return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version,
-                    "exhausted": True}
-        return {"run": run_id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
-    claimed = [a.pk for a in attempts]
+        attempts = TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
+    return attempts
+
+
+@contextmanager
+def tasks_held(*, run: RunView, worker: str) -> Iterator[HeldTasks]:
+    """Claim a batch of the run's task attempts and hand back on the way out whatever the step
+    did not write, on every path (an exception at any stage, a skip, tasks lost meanwhile):
+    at once, rather than when the lease runs out."""
+    held = HeldTasks(_claim(run=run, worker=worker))
     try:
-        prompts: list[Prompt] = []
-        for attempt in attempts:
-            prompts.append(task_prompt(engine, attempt.task))
-        sampling = SamplingSpec.from_config(cfg.sampling)
-        if sampling.seed is None and engine.kind == "transformers":
-            # The transformers engine draws from the process's global RNG, whose state depends
-            # on what the process did before (other runs, the trainer beside it in one process,
-            # step 1 coming before the trainer seeds anything): seeded per step from the run's
-            # seed, a rerun samples the same completions. vLLM seeds its own engine.
-            sampling = sampling.with_overrides({"seed": explore_seed(seed=cfg.seed, step=step)})
-        started = time.monotonic()
-        samples = engine.generate(prompts, n=cfg.repeat_times, sampling=sampling)
-        gen_seconds = time.monotonic() - started
-    except BaseException:
-        # Hand the tasks back at once rather than when the lease runs out.
-        TaskSource.release(run=run, worker=worker, ids=claimed)
-        raise
+        yield held
+    finally:
+        if held.attempts and not held.written:
+            TaskSource.release(run=run, worker=worker, ids=held.ids)
 
-    if _run_status(run_id) != RUNNING:
-        # Paused or stopped while generating: the run gets nothing more from this step.
-        TaskSource.release(run=run, worker=worker, ids=claimed)
-        return {"run": run_id, "step": step, "skipped": "run left running during the step"}
 
-    try:
-        drafts: list[ExperienceDraft] = []
-        scores: list[float] = []
-        lengths: list[int] = []
-        for attempt, prompt, group in zip(attempts, prompts, samples):
-            task = attempt.task
-            # Keys, not names: a term repeated in the spec is awaited as "name#2", the key the
-            # reward worker scores it under.
-            awaiting = rewards_awaiting(terms=cfg.rewards, task=task)
-            for i, sample in enumerate(group):
-                result = rewards_inline(terms=cfg.rewards, completion=sample.text, task=task)
-                scores.append(result.score)
-                lengths.append(len(sample.token_ids))
-                metadata: dict[str, object] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": i}
-                if task.images:
-                    # The pictures the model saw, by digest (the trainer and the pages fetch them).
-                    metadata["images"] = list(task.images)
-                if awaiting:
-                    # The total waits for the queued scorers; they fill it in and flip the status.
-                    metadata["awaiting_rewards"] = awaiting
-                drafts.append(ExperienceDraft.scored(
-                    cfg=cfg,
-                    auto_reward=None if awaiting else result.score,
-                    run_id=run.pk,
-                    task_id=task.pk,
-                    group_id=f"attempt-{attempt.pk}",
-                    key=f"explore:{attempt.pk}:{i}",
-                    source=EXPLORER,
-                    prompt_text=_display_prompt(task),
-                    messages=task.messages,
-                    response_text=sample.text,
-                    token_ids=stored_ids(prompt) + list(sample.token_ids),
-                    prompt_length=len(stored_ids(prompt)),
-                    logprobs=list(sample.logprobs),
-                    finish_reason=sample.finish_reason,
-                    reward_parts=result.parts,
-                    model_version=version,
-                    metadata=metadata,
-                ))
+@dataclass(frozen=True)
+class Generated:
+    """An explore step's completions: `samples[i]` are the n of `prompts[i]`."""
 
-        written = explore_step_write(run=run, step=step, worker=worker, drafts=drafts, attempt_ids=claimed,
-                           model_version=version)
-    except BaseException:
-        # Scoring or writing failed: nothing was written (one transaction), hand the tasks back.
-        TaskSource.release(run=run, worker=worker, ids=claimed)
-        raise
-    if written is None:
-        # Its tasks were handed back while it generated: nothing written, the step goes again.
-        TaskSource.release(run=run, worker=worker, ids=claimed)
-        log.warning("run %s: explore step %s lost its tasks while generating; nothing written", run_id, step)
-        return {"run": run_id, "step": step, "skipped": "its tasks were handed back while it generated"}
+    prompts: list[Prompt]
+    samples: list[list[Sample]]
+    seconds: float
 
-    tokens = sum(lengths)
+
+@dataclass
+class Scored:
+    """An explore step's experiences, ready to write, and the figures its metrics need."""
+
+    drafts: list[ExperienceDraft] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+def _sampling(run: RunView, engine: RolloutEngine, step: int) -> SamplingSpec:
+    sampling = SamplingSpec.from_config(run.cfg.sampling)
+    if sampling.seed is None and engine.kind == "transformers":
+        # The transformers engine draws from the process's global RNG, whose state depends
+        # on what the process did before (other runs, the trainer beside it in one process,
+        # step 1 coming before the trainer seeds anything): seeded per step from the run's
+        # seed, a rerun samples the same completions. vLLM seeds its own engine.
+        sampling = sampling.with_overrides({"seed": explore_seed(seed=run.cfg.seed, step=step)})
+    return sampling
+
+
+def _generate(*, run: RunView, engine: RolloutEngine, step: int, attempts: Sequence[TaskAttempt]) -> Generated:
+    prompts = [task_prompt(engine, attempt.task) for attempt in attempts]
+    sampling = _sampling(run, engine, step)
+    started = time.monotonic()
+    samples = engine.generate(prompts, n=run.cfg.repeat_times, sampling=sampling)
+    return Generated(prompts=prompts, samples=samples, seconds=time.monotonic() - started)
+
+
+def _draft(*, run: RunView, step: int, version: int, attempt: TaskAttempt, prompt: Prompt, index: int,
+           sample: Sample, scored: Scored, awaiting: list[str]) -> ExperienceDraft:
+    task = attempt.task
+    result = rewards_inline(terms=run.cfg.rewards, completion=sample.text, task=task)
+    scored.scores.append(result.score)
+    scored.lengths.append(len(sample.token_ids))
+    metadata: dict[str, object] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": index}
+    if task.images:
+        # The pictures the model saw, by digest (the trainer and the pages fetch them).
+        metadata["images"] = list(task.images)
+    if awaiting:
+        # The total waits for the queued scorers; they fill it in and flip the status.
+        metadata["awaiting_rewards"] = awaiting
+    return ExperienceDraft.scored(
+        cfg=run.cfg,
+        auto_reward=None if awaiting else result.score,
+        run_id=run.pk,
+        task_id=task.pk,
+        group_id=f"attempt-{attempt.pk}",
+        key=f"explore:{attempt.pk}:{index}",
+        source=EXPLORER,
+        prompt_text=_display_prompt(task),
+        messages=task.messages,
+        response_text=sample.text,
+        token_ids=stored_ids(prompt) + list(sample.token_ids),
+        prompt_length=len(stored_ids(prompt)),
+        logprobs=list(sample.logprobs),
+        finish_reason=sample.finish_reason,
+        reward_parts=result.parts,
+        model_version=version,
+        metadata=metadata,
+    )
+
+
+def _score(*, run: RunView, step: int, version: int, attempts: Sequence[TaskAttempt], generated: Generated) -> Scored:
+    scored = Scored()
+    for attempt, prompt, group in zip(attempts, generated.prompts, generated.samples):
+        # Keys, not names: a term repeated in the spec is awaited as "name#2", the key the
+        # reward worker scores it under.
+        awaiting = rewards_awaiting(terms=run.cfg.rewards, task=attempt.task)
+        for i, sample in enumerate(group):
+            scored.drafts.append(_draft(run=run, step=step, version=version, attempt=attempt, prompt=prompt,
+                                        index=i, sample=sample, scored=scored, awaiting=awaiting))
+    return scored
+
+
+def _record(*, run: RunView, step: int, version: int, scored: Scored, generated: Generated, started: float) -> None:
+    seconds = generated.seconds
     metric_record(
         run=run,
         step=step,
         values={
-            "explore/reward_mean": statistics.fmean(scores),
-            "explore/reward_std": statistics.pstdev(scores),
-            "explore/response_length": statistics.fmean(lengths),
-            "explore/tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else math.nan,
+            "explore/reward_mean": statistics.fmean(scored.scores),
+            "explore/reward_std": statistics.pstdev(scored.scores),
+            "explore/response_length": statistics.fmean(scored.lengths),
+            "explore/tokens_per_second": sum(scored.lengths) / seconds if seconds > 0 else math.nan,
             "explore/model_version": float(version),
-            "explore/generate_seconds": gen_seconds,
-            "explore/step_seconds": time.monotonic() - step_started,
+            "explore/generate_seconds": seconds,
+            "explore/step_seconds": time.monotonic() - started,
         },
     )
-    return {
-        "run": run_id,
-        "step": step,
-        "tasks": len(attempts),
-        "experiences": written.created,
-        "duplicates": written.duplicates,
-        "model_version": version,
-    }
+
+
+def _nothing_to_explore(*, run: RunView, step: int, version: int) -> ExploreOutcome:
+    outcome: ExploreOutcome = {"run": run.pk, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
+    if tasks_exhausted(run=run):
+        # Every epoch is explored: exploring ends here rather than stalling the run, and
+        # the trainer gets to train on what the buffer holds and finish.
+        if run_explore_end(run=run):
+            log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, run.cfg.epochs, step)
+        outcome["exhausted"] = True
+    return outcome
+
+
+def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutcome:
+    """One explore step of a run (the logic of the `explore_step` task): claim -> generate ->
+    score -> write -> record; `tasks_held` hands the claimed tasks back on every path that
+    does not write them."""
+    started = time.monotonic()
+    worker = worker or worker_name()
+    run = run_view(run_id)
+    if run is None or not run.running:
+        return _skipped(run_id, step, "no such run" if run is None else f"run is {run.status}")
+    version = explorer_version_for(run=run, step=step)
+    engine = engine_at(run=run, version=version, worker=worker)
+    with tasks_held(run=run, worker=worker) as held:
+        if not held.attempts:
+            return _nothing_to_explore(run=run, step=step, version=version)
+        generated = _generate(run=run, engine=engine, step=step, attempts=held.attempts)
+        if run_status(run_id) != RUNNING:
+            # Paused or stopped while generating: the run gets nothing more from this step.
+            return _skipped(run_id, step, "run left running during the step")
+        scored = _score(run=run, step=step, version=version, attempts=held.attempts, generated=generated)
+        written = explore_step_write(run=run, step=step, worker=worker, drafts=scored.drafts, attempt_ids=held.ids,
+                                     model_version=version)
+        if written is None:
+            # Its tasks were handed back while it generated: nothing written, the step goes again.
+            log.warning("run %s: explore step %s lost its tasks while generating; nothing written", run_id, step)
+            return _skipped(run_id, step, "its tasks were handed back while it generated")
+        held.written = True
+    _record(run=run, step=step, version=version, scored=scored, generated=generated, started=started)
+    return {"run": run_id, "step": step, "tasks": len(held.attempts), "experiences": written.created,
+            "duplicates": written.duplicates, "model_version": version}
 
 
 # A step is idempotent (same attempt, same keys), so a redelivery or a retry after a lost
@@ -426,8 +477,6 @@ def _request_parts(index: int, request: object, base: SamplingSpec
 def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Completion]:
     """Completions for free-form requests (the environment API) with the run's current
     version. One dict per completion, in request order; `request` is its request's index."""
-    from workers.engines import SamplingSpec, prompt_ids
-
     run = run_view(run_id)
     if run is None:
         raise GenerateRequestInvalid(f"no run {run_id}")
@@ -436,7 +485,7 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
     base = SamplingSpec.from_config(run.cfg.sampling)
     parsed = [_request_parts(i, r, base) for i, r in enumerate(requests)]
     version = run.current_version
-    engine = _engine_at(run=run, version=version, worker=worker_name())
+    engine = engine_at(run=run, version=version, worker=worker_name())
     ids = [prompt_ids(engine.tokenizer, text=text, messages=messages) for text, messages, _, _ in parsed]
     # One engine call per distinct (n, sampling): vLLM batches the prompts of each.
     batches: dict[tuple[int, SamplingSpec], list[int]] = {}
@@ -484,7 +533,7 @@ def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
     time_limit=330,
 )
 def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
-    from workers.chat import chat_serve
+    from workers.chat import chat_serve  # a cycle: workers.chat imports this module
 
     answer = chat_serve(run_id=run_id, request=request)
     # With a reply list the answer went there, and the sender ignores the result: returning

@@ -164,7 +164,7 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
 def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> Any:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
-    from workers.reward_trainer import _calibration, reward_model_fit, rm_score_texts
+    from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
 
     from apps.feedback.ports import pair_is_heldout
 
@@ -189,7 +189,7 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
     # Raw scores onto the grade scale, fitted on every graded answer.
     prompts = [grader_prompt(question=a.question, reference=a.reference) for a in answers]
     scores = rm_score_texts(net, tokenizer, prompts, [a.answer for a in answers], max_length=params.max_length)
-    scale, offset = _calibration(scores, [a.grade for a in answers])
+    scale, offset = calibration_fit(scores, [a.grade for a in answers])
     grader = k12_grader_publish(
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
         grades=len(answers), seconds=time.monotonic() - started, scale=scale, offset=offset,

@@ -15,7 +15,7 @@ the answer span (the last match of `answer_pattern`'s first group, e.g. the text
 `<answer>…</answer>`), whether a span was found, and the token count. They are standardised
 on the training completions; the model is P(chosen ≻ rejected) = σ(w · (z_chosen − z_rejected)),
 L2-regularised, fitted by L-BFGS, each pair weighted by its margin. A completion's raw score is
-w · z, calibrated to the human scale like any version (reward_trainer._calibration).
+w · z, calibrated to the human scale like any version (reward_trainer.calibration_fit).
 
 A version's directory holds `likelihood_reward.json` (the kind, the base checkpoint it read —
 pinned, so a later policy checkpoint does not change what a version means —, the feature
@@ -70,13 +70,13 @@ def causal_lm_load(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
         return model, tokenizer
 
 
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+def rm_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     from workers.engines.base import prompt_ids
 
     return list(prompt_ids(tokenizer, text=prompt, messages=None))
 
 
-def _completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
+def rm_completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
     """The completion's token ids (eos appended, as the trainer does) and the [start, end)
     token range of the answer span, None when there is none."""
     try:
@@ -100,8 +100,8 @@ def likelihood_features(
     rows: list[tuple[list[int], int]] = []
     spans: list[tuple[int, int] | None] = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        c, span = _completion_ids(tokenizer, completion, pattern)
-        p, c, span = truncated(_prompt_ids(tokenizer, prompt), c, span, max_length)
+        c, span = rm_completion_ids(tokenizer, completion, pattern)
+        p, c, span = truncated(rm_prompt_ids(tokenizer, prompt), c, span, max_length)
         rows.append((p + c, len(p)))
         spans.append(span)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -165,7 +165,7 @@ def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequ
     return [float(x) for x in w.detach()]
 
 
-def _fold_of(prompt: str, folds: int) -> int:
+def prompt_fold(prompt: str, folds: int) -> int:
     """A prompt's fold: all its pairs (every group of it) share one."""
     digest = hashlib.sha256(f"fold:{prompt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % folds
@@ -178,10 +178,10 @@ def _dot(w: Sequence[float], x: Sequence[float]) -> float:
 def fold_weights(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int], pairs: list[PreferencePair],
                  *, folds: int, l2: float) -> dict[int, list[float]]:
     """For each fold holding pairs, the weights fitted on the other folds' pairs (a prompt's
-    pairs share a fold: `_fold_of` its prompt); none for a fold that holds every pair."""
+    pairs share a fold: `prompt_fold` its prompt); none for a fold that holds every pair."""
     by_fold: dict[int, list[PreferencePair]] = {}
     for p in pairs:
-        by_fold.setdefault(_fold_of(p.prompt, folds), []).append(p)
+        by_fold.setdefault(prompt_fold(p.prompt, folds), []).append(p)
     out: dict[int, list[float]] = {}
     for k in by_fold:
         rest = [p for f, ps in by_fold.items() if f != k for p in ps]
@@ -203,7 +203,7 @@ def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str],
     rejected: list[float] = []
     trust: list[float] = []
     for p in pairs:
-        w = weights.get(_fold_of(p.prompt, folds))
+        w = weights.get(prompt_fold(p.prompt, folds))
         if w is None:
             continue  # one fold holds every prompt: nothing was fitted without them
         chosen.append(_dot(w, z[texts[(p.prompt, p.chosen)]]))
@@ -218,7 +218,7 @@ def out_of_fold_scores(z: Sequence[Sequence[float]], prompts: Sequence[str], *, 
     would score it had it never seen its prompt's pairs. A prompt whose fold has no fit gets
     `fallback`, the weights fitted on every pair: its fold held no pair (so neither did the
     prompt), or, with too few prompts, every pair (nothing was fitted without them)."""
-    return [_dot(weights.get(_fold_of(g, folds), fallback), x) for x, g in zip(z, prompts, strict=True)]
+    return [_dot(weights.get(prompt_fold(g, folds), fallback), x) for x, g in zip(z, prompts, strict=True)]
 
 
 def likelihood_model_fit(
@@ -284,7 +284,7 @@ class LikelihoodScorer:
     def fold_fitted(self, prompt: str) -> bool:
         """Whether a fit that never saw this prompt's pairs exists (crossval_accuracy ranks a
         pair only then)."""
-        return _fold_of(prompt, self.folds) in self.fold_weights if self.folds else False
+        return prompt_fold(prompt, self.folds) in self.fold_weights if self.folds else False
 
     def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], keys: Sequence[str],
                           *, batch_size: int = 32) -> list[float]:
@@ -317,7 +317,7 @@ def _response_template(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         return []
     chat = [{"role": "user", "content": "x"}]
-    opened = _prompt_ids(tokenizer, "x")
+    opened = rm_prompt_ids(tokenizer, "x")
     closed = list(tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False),
                             add_special_tokens=False)["input_ids"])
     return opened[len(closed):] if opened[:len(closed)] == closed else []
@@ -331,7 +331,7 @@ def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.adapters import _atomic_dir, _finish
+    from workers.adapters import atomic_dir, atomic_dir_commit
     from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
 
     source, out = Path(source), Path(out)
@@ -352,7 +352,7 @@ def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float
     LikelihoodRewardModel.register_for_auto_class("AutoModelForSequenceClassification")
     model = LikelihoodRewardModel(config)
     model.lm.load_state_dict(lm.state_dict())
-    tmp = _atomic_dir(out)
+    tmp = atomic_dir(out)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    return _finish(tmp, out)
+    return atomic_dir_commit(tmp, out)

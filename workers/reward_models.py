@@ -67,7 +67,7 @@ def reward_model_load(model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         return net, tokenizer
 
 
-def _rm_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> str:
+def rm_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) -> str:
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
         rendered: str = tokenizer.apply_chat_template(messages, tokenize=False)
@@ -89,7 +89,7 @@ def reward_model_scores(
     import torch
 
     net, tokenizer = reward_model_load(model)
-    texts = [_rm_text(tokenizer, prompt_text(t), c) for c, t in zip(completions, tasks, strict=True)]
+    texts = [rm_text(tokenizer, prompt_text(t), c) for c, t in zip(completions, tasks, strict=True)]
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):
         batch = tokenizer(

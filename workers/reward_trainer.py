@@ -79,11 +79,11 @@ def _base_of(run: Run) -> str:
 
 def rm_texts_tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
     """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
-    from workers.reward_models import _rm_text
+    from workers.reward_models import rm_text
 
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        ids = tokenizer(_rm_text(tokenizer, prompt, completion), add_special_tokens=False)["input_ids"]
+        ids = tokenizer(rm_text(tokenizer, prompt, completion), add_special_tokens=False)["input_ids"]
         out.append(list(ids)[-max_length:])
     return out
 
@@ -122,7 +122,7 @@ def pairwise_accuracy(chosen: list[float], rejected: list[float], weights: Seque
 MIN_CALIBRATION_POINTS = 8
 
 
-def _calibration(scores: list[float], humans: list[float]) -> tuple[float, float]:
+def calibration_fit(scores: list[float], humans: list[float]) -> tuple[float, float]:
     """Least-squares line from raw scores to people's rewards. Fitted on experiences the
     model did not train on, it shrinks an uninformative model toward the people's mean reward
     (slope 0 when its scores do not follow people at all), so its noise adds no spread to the
@@ -261,7 +261,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         if len(rated) < MIN_CALIBRATION_POINTS:
             rated = rated_all[:512]
         scores = score([r[0] for r in rated], [r[1] for r in rated])
-    scale, offset = _calibration(scores, [float(r[2] or 0.0) for r in rated])
+    scale, offset = calibration_fit(scores, [float(r[2] or 0.0) for r in rated])
     accuracy_random, pairs_random = _random_share_accuracy(
         heldout, unbiased=unbiased, score=score, out_of_fold=out_of_fold)
     rm = reward_model_publish(

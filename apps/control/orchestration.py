@@ -50,7 +50,7 @@ from apps.runs.services import TransitionNotAllowed, run_transition
 log = logging.getLogger(__name__)
 
 EXPLORE_TASK = "workers.explorer.explore_step"
-TRAIN_TASK = "workers.trainer.train_step"
+TRAIN_TASK = "workers.trainer.task.train_step"
 # A version's weights zipped for download (apps/control/weights.py): on a train worker, which
 # has torch and peft (a LoRA version is merged into its base).
 EXPORT_TASK = "workers.exports.weights_export_zip"

@@ -15,7 +15,7 @@ from apps.runs.models import Run
 
 
 # Read-only and idempotent; a lost announcement is replaced by the next one, so no retries.
-@shared_task(name="apps.runs.tasks.run_announce", ignore_result=True, time_limit=30, soft_time_limit=25)
+@shared_task(name="apps.control.tasks.run_announce", ignore_result=True, time_limit=30, soft_time_limit=25)
 def run_announce(run_id: int) -> dict[str, int] | None:
     """Publish the run's buffer counts to its group (dashboards refresh from it)."""
     run = Run.objects.filter(pk=run_id).first()

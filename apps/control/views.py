@@ -57,6 +57,7 @@ from apps.control.selectors import (
     tasksets_for,
 )
 from apps.control.summary import SUMMARY_STATUSES, run_summary
+from apps.control.twins import twin_comparison
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
@@ -402,12 +403,15 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         **reward_model_panel_context(run=run, role=role),
         "rewards": rewards_summary(run=run),
         "eval_best": eval_best(run=run),
+        # Beside its twin (the run copied with people's feedback off): what people taught.
+        "twin": twin_comparison(run=run, user=request.user),
     }
     return render(request, "runs/detail.html", context)
 
 
 def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str = "", status: int = 200) -> HttpResponse:
-    context = {"run": run, "summary": run_summary(run=run), "export_kinds": EXPORT_KINDS, "weights_error": weights_error}
+    context = {"run": run, "summary": run_summary(run=run), "export_kinds": EXPORT_KINDS, "weights_error": weights_error,
+               "twin": twin_comparison(run=run, user=request.user)}
     if context["summary"] is None:
         # Not ended (yet): the run page says where it stands.
         if request.htmx:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Annotated
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -40,7 +41,7 @@ from apps.envapi.services import (
 )
 from apps.feedback.bulk import bulk_allowed, bulk_ids, experiences_bulk, experiences_export
 from apps.feedback.exports import export_jsonl_response, export_options_parse
-from apps.feedback.kinds import Who, kind_get
+from apps.feedback.kinds import KindApiIn, Who, kind_get
 from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
@@ -195,11 +196,11 @@ def trajectories_create(request: HttpRequest, payload: s.TrajectoriesIn, run_id:
 
 @router.post("/runs/{run_id}/feedback", auth=FEEDBACK, response=responses(s.FeedbackOut), tags=["feedback"],
           summary="A reward, rating, ranking, preference or flag")
-def feedback_create(request: HttpRequest, payload: s.FeedbackIn, run_id: int = RunId) -> Body:
+def feedback_create(request: HttpRequest, payload: Annotated[KindApiIn, s.FeedbackIn], run_id: int = RunId) -> Body:
     run = run_reachable(request, run_id)
     who: Who = {"run": run, "api_key": _principal(request).key, "comment": payload.comment}
     feedback: Feedback
-    # The schema requires experience_id for every kind but ranking (FeedbackIn's validator).
+    # Each kind's body requires experience_id but a group's (KindApiIn's validator).
     experience = payload.experience_id or 0
     feedback = kind_get(payload.kind).api_store(payload, experience=experience, who=who)
     return _feedback_out(run, feedback)

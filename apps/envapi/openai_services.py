@@ -63,12 +63,14 @@ class OpenAIError(RftError):
         super().__init__(message)
         self.status = status
         self.param = param
-        self.code = code
+        # OpenAI's own error codes (invalid_api_key, model_not_found, …), what its clients
+        # branch on; not the REST API's CODES (rftweb/exceptions.py).
+        self.openai_code = code
         self.headers = headers or {}
 
     def body(self) -> Body:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+                          "param": self.param, "code": self.openai_code}}
 
 
 def model_name(*, run: Run, version: int | None = None) -> str:

@@ -7,13 +7,22 @@ value. Integer bounds follow the database columns so no value can overflow one.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Path, Schema
-from pydantic import ConfigDict, Field, FiniteFloat, field_validator, model_validator
-from pydantic.json_schema import JsonDict
+from pydantic import (
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
-from apps.feedback.kinds import kind_get, kind_names, kinds
+from apps.feedback.kinds import KindApiIn, kind_get, kind_names, kinds
 from apps.runs.api_kit import Error
 from kernel.config import RunConfig
 
@@ -241,31 +250,31 @@ class TrajectoriesOut(Schema):
 # ---- feedback ------------------------------------------------------------------------
 
 
-def _kind_enum(schema: JsonDict) -> None:
-    """The API's kinds in its description, as registered when it is asked for."""
-    schema["enum"] = [name for name in kind_names(api=True)]
+class FeedbackIn:
+    """The feedback route's body: one of the registered kinds' bodies (apps.feedback.kinds:
+    each kind's `ApiIn`), chosen by `kind`, as the registry stands when a body comes in or
+    the schema is asked for (a kind registered later is taken and described). Validated, it is
+    the kind's model.
+
+    The API took one flat body for every kind before; for its clients a field of another kind
+    sent empty (null, "", [], {}) is still passed over, and one sent with a value is refused
+    naming the kinds it is for."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(_feedback_body)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        bodies = [(k.name, k.ApiIn) for k in kinds() if k.ApiIn is not None]
+        return {"title": "FeedbackIn", "description": "One piece of feedback, by `kind`; each kind stores the same "
+                                                      "value as the annotation page's.",
+                "oneOf": [handler(model.__pydantic_core_schema__) for _, model in bodies],
+                "discriminator": {"propertyName": "kind"}}
 
 
-class FeedbackIn(In):
-    """One piece of feedback; each kind stores the same value as the annotation page's."""
-
-    kind: str = Field(description="the kind of feedback", json_schema_extra=_kind_enum)
-    experience_id: Id | None = Field(None, description="the experience (A for pairwise); every kind but ranking")
-    value: FiniteFloat | None = Field(
-        None, description="env_reward: the reward; rating: the score 1-5 (the same as `score`)")
-    reward_parts: Annotated[dict[Name, FiniteFloat], Field(max_length=64)] = Field(
-        default_factory=dict, description="env_reward: named parts, merged into the experience's")
-    score: Annotated[int, Field(ge=1, le=5)] | None = Field(None, description="rating: 1 (worst) to 5 (best)")
-    thumb: Literal["up", "down"] | None = Field(None, description="rating: instead of a score")
-    other_experience_id: Id | None = Field(None, description="pairwise: the second experience (B)")
-    winner: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: which one is better")
-    preferred: Literal["a", "b", "tie"] | None = Field(None, description="pairwise: the same as `winner` (older name)")
-    order: Annotated[list[Id], Field(min_length=1, max_length=256)] | None = Field(
-        None, description="ranking: every experience id of one group, best first")
-    flags: Annotated[list[Literal["unsafe", "broken", "off_task"]], Field(max_length=3)] = Field(
-        default_factory=list, description="flag: what is wrong")
-    reason: Annotated[str, Field(max_length=5000)] = Field("", description="flag: what is wrong, in words")
-    comment: Annotated[str, Field(max_length=5000)] = ""
+class _KindOf(In):
+    kind: str = Field(description="the kind of feedback")
 
     @field_validator("kind")
     @classmethod
@@ -275,18 +284,27 @@ class FeedbackIn(In):
             raise ValueError(f"kind is one of {', '.join(names)}")
         return kind
 
-    @model_validator(mode="after")
-    def _by_kind(self) -> FeedbackIn:
-        # Each kind checks its own fields (apps.feedback.kinds); the fields only one kind may
-        # set are refused on every other.
-        kind = kind_get(self.kind)
-        if kind.target != "group" and self.experience_id is None:
-            raise ValueError(f"{self.kind} needs experience_id")
-        kind.api_check(self)
-        for other in kinds():
-            if other.api and other is not kind and any(getattr(self, f) for f in other.api_exclusive):
-                raise ValueError(other.api_exclusive_message)
-        return self
+
+def _empty(value: object) -> bool:
+    return value is None or value in ("", [], {})
+
+
+def _feedback_body(data: object) -> KindApiIn:
+    if not isinstance(data, dict):
+        raise ValueError("feedback is a JSON object")
+    kind = kind_get(_KindOf.model_validate({"kind": data.get("kind")}).kind)
+    assert kind.ApiIn is not None  # _KindOf takes only the kinds posted through the API
+    own = kind.ApiIn.model_fields
+    others: dict[str, list[str]] = {}
+    for other in kinds():
+        if other.ApiIn is not None and other is not kind:
+            for name in other.ApiIn.model_fields:
+                if name not in own:
+                    others.setdefault(name, []).append(other.name)
+    for name in [n for n in data if n not in own and n in others]:
+        if not _empty(data[name]):
+            raise ValueError(f"{name} is for {' and '.join(others[name])} feedback only")
+    return kind.ApiIn.model_validate({k: v for k, v in data.items() if k in own or k not in others})
 
 
 class LabelStateOut(Schema):

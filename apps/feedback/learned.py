@@ -31,7 +31,10 @@ from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from apps.feedback.services import _group_feedback, _locked_members, group_fold
+# The fold's public names, under the local names this module's code calls them by.
+from apps.feedback.services.fold import group_feedback as _group_feedback
+from apps.feedback.services.fold import group_fold
+from apps.feedback.services.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
 from kernel.feedback_policy import reward_learned, signals_fold
@@ -95,15 +98,21 @@ def reward_model_usable(*, run: Run) -> RewardModel | None:
     `bound`) or is above chance (gate `evidence`, weighted by `reward_model_weight`), on at
     least `min_rm_heldout_pairs` pairs."""
     latest = reward_model_latest(run=run)
+    return latest if latest is not None and reward_model_gate_open(run=run, rm=latest) else None
+
+
+def reward_model_gate_open(*, run: Run, rm: RewardModel) -> bool:
+    """Whether the run's gate lets version `rm` score rewards while it is the newest (what
+    `reward_model_usable` asks of the newest; a probe asks it of earlier ones)."""
     policy = run.cfg.feedback
-    if latest is None or latest.pairs_heldout < policy.min_rm_heldout_pairs:
-        return None
-    bound = reward_model_lower_bound(run=run, rm=latest)
+    if rm.pairs_heldout < policy.min_rm_heldout_pairs:
+        return False
+    bound = reward_model_lower_bound(run=run, rm=rm)
     if bound is None:
-        return None
+        return False
     if policy.rm_gate == "evidence" and policy.min_rm_accuracy > CHANCE:
-        return latest if bound > CHANCE else None
-    return latest if bound >= policy.min_rm_accuracy else None
+        return bound > CHANCE
+    return bound >= policy.min_rm_accuracy
 
 
 def reward_model_weight(*, run: Run, rm: RewardModel) -> float:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from apps.feedback.kinds import KindValue, value_parse
+from apps.feedback.kinds import NAME_MAX, KindValue, kind_validate, value_parse
 
 # The review states (Feedback.review). Only a rejected row is left out of what the loop reads.
 REVIEW_PENDING, REVIEW_ACCEPTED, REVIEW_REJECTED = "pending", "accepted", "rejected"
@@ -37,8 +37,9 @@ class Feedback(models.Model):
     """
 
     class Kind(models.TextChoices):
-        # The names the kinds registered in apps.feedback.kinds are stored under; what each
-        # kind does (target, fold, pairs, doors) is its declaration there, not a check here.
+        # The built-in kinds' names, for the queries that read one kind's rows. The column
+        # takes any kind registered in apps.feedback.kinds (no choices: a new kind needs no
+        # migration); what each kind does (target, fold, pairs, doors) is its declaration there.
         RATING = "rating"
         RANKING = "ranking"
         PAIRWISE = "pairwise"
@@ -47,7 +48,7 @@ class Feedback(models.Model):
         ENV_REWARD = "env_reward"
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="feedback")
-    kind = models.CharField(max_length=12, choices=Kind.choices)
+    kind = models.CharField(max_length=NAME_MAX, validators=[kind_validate])
     # Target (the kind's `target`): one experience (rating, flag, edit, env_reward), a pair
     # (pairwise: experience is A, other is B), or a group (ranking: group_id, value holds the
     # ordered experience ids).

@@ -21,7 +21,7 @@ from apps.feedback.holds import Person
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from apps.feedback.services import _lease_seconds
+from apps.feedback.services.handout import lease_seconds_default
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.feedback_policy import (
@@ -113,7 +113,7 @@ def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = Non
         Assignment.objects.filter(run=run, annotator_id=author.pk, experience_id__in=targets,
                                   status=Assignment.Status.DONE).update(
             status=Assignment.Status.LEASED, finished_at=None,
-            lease_expires_at=timezone.now() + timedelta(seconds=_lease_seconds()))
+            lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds_default()))
         payload = {"id": feedback_id or fb.pk, "kind": fb.kind, "group_id": fb.group_id, "withdrawn": True,
                    "author": author.get_username(), "experience_id": fb.experience_id}
         transaction.on_commit(lambda: event_publish(run_id=run.pk, type="feedback.saved", payload=payload))

@@ -12,7 +12,10 @@ urlpatterns = [
     path("mine/", views.submissions, name="mine"),
     path("items/<int:assignment_id>/rate/", views.rate, name="rate"),
     path("items/<int:assignment_id>/skip/", views.skip, name="skip"),
-    path("experiences/<int:experience_id>/edit/", views.edit, name="edit"),
-    path("experiences/<int:experience_id>/rank/", views.rank, name="rank"),
-    path("experiences/<int:experience_id>/compare/", views.compare, name="compare"),
+    # A kind's panel (apps.feedback.kinds: its panel_template) at its slug; the built-in ones
+    # by the names they had before the kinds owned their panels.
+    path("experiences/<int:experience_id>/edit/", views.panel, {"slug": "edit"}, name="edit"),
+    path("experiences/<int:experience_id>/rank/", views.panel, {"slug": "rank"}, name="rank"),
+    path("experiences/<int:experience_id>/compare/", views.panel, {"slug": "compare"}, name="compare"),
+    path("experiences/<int:experience_id>/<slug:slug>/", views.panel, name="panel"),
 ]

@@ -12,21 +12,20 @@ from collections.abc import Callable
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import value_of
+from apps.feedback.kinds import kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
-from apps.feedback.kinds.pairwise import PairwiseValue
-from apps.feedback.ledger import correction_saved_words, run_ledger
+from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
-from apps.feedback.holds import Person, holds_renew
+from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
     annotation_waiting,
@@ -34,14 +33,7 @@ from apps.feedback.selectors import (
     feedback_counts,
     feedback_effect,
 )
-from apps.feedback.services import (
-    assignment_claim,
-    assignment_skip,
-    feedback_compare,
-    feedback_edit,
-    feedback_rank,
-    feedback_rate_and_flag,
-)
+from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
@@ -106,7 +98,8 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
     recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
     policy = run.cfg.feedback
-    waiting = annotation_waiting(run=run, annotator=request.user) if can_annotate else None  # shown twice: counted once
+    # Shown twice, counted once; the queue just read is the leased part of it.
+    waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
         "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
@@ -149,11 +142,12 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The annotation header's counts, live: the page polls it and asks again after each label
     (ratings, late labels, what waits for you: the one annotation_waiting). A poll is a sign of
-    work: it renews the holds of the groups the annotator has open (apps.feedback.holds)."""
+    work: it renews the holds of the groups the annotator has open (apps.feedback.holds), unless
+    a renewal seconds ago (a label's) left nothing to renew."""
     run, role = run_for_page(user=request.user, run_id=run_id)
     can_annotate = role in ("owner", "annotator") and run_takes_feedback(run=run)
     if can_annotate:
-        holds_renew(run=run, annotator=request.user)
+        holds_renew_when_due(run=run, annotator=request.user)
     return _fragment(request, run, "feedback/_counts.html", _counts_context(run, request.user, can_annotate))
 
 
@@ -222,82 +216,26 @@ def _experience(request: HtmxHttpRequest, run_id: int, experience_id: int) -> tu
 @login_required
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
-def edit(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
+def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) -> HttpResponse:
+    """A kind's panel for one item (its `panel_template`, apps.feedback.kinds): GET shows it,
+    POST stores what its form gives through the kind's `page_store`."""
+    try:
+        door = kind_of_panel(slug)
+    except LookupError:
+        raise Http404(f"no feedback kind has a panel at {slug!r}") from None
     run, e = _experience(request, run_id, experience_id)
     if request.method == "GET":
-        return _fragment(request, run, "feedback/_edit.html", {"e": e, "text": e.response_text})
+        return _fragment(request, run, door.panel_template,
+                         {"e": e, **door.panel_context(run=run, experience=e, query=request.GET)})
     try:
-        fb, expert = feedback_edit(run=run, author=request.user, experience=e, text=request.POST.get("text", ""),
-                                   comment=request.POST.get("comment", ""))
+        fb = door.page_store(request.POST, experience=e,
+                             who={"run": run, "author": request.user, "comment": request.POST.get("comment", "")})
     except RftError as exc:
         return _error(request, exc)
     if not request.htmx:
         return redirect(_page_url(run))
-    return render(request, "feedback/_saved.html", {"run": run, "message": correction_saved_words(run=run, expert=expert),
-                                                    "expert": expert, "feedback": fb})
-
-
-def _group_members(run: Run, e: Experience) -> list[Experience]:
-    return list(Experience.objects.filter(run=run, group_id=e.group_id, is_expert=False).order_by("id"))
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-@_refusal_as_text
-def rank(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    run, e = _experience(request, run_id, experience_id)
-    members = _group_members(run, e)
-    if request.method == "GET":
-        return _fragment(request, run, "feedback/_rank.html", {"e": e, "members": members})
-    try:
-        ranks: dict[int, int] = {}
-        for m in members:
-            raw = request.POST.get(f"rank_{m.pk}", "")
-            if not raw.strip().isdigit():
-                raise InvalidInput(f"give completion #{m.pk} a rank from 1 to {len(members)}", field=f"rank_{m.pk}")
-            ranks[m.pk] = int(raw)
-        if sorted(ranks.values()) != list(range(1, len(members) + 1)):
-            raise InvalidInput(f"ranks must be 1 to {len(members)}, each used once", field="rank")
-        order = sorted(ranks, key=ranks.__getitem__)
-        fb = feedback_rank(run=run, author=request.user, group_id=e.group_id, order=order,
-                           comment=request.POST.get("comment", ""))
-    except RftError as exc:
-        return _error(request, exc)
-    if not request.htmx:
-        return redirect(_page_url(run))
-    # The ranked items that were in this annotator's queue are done: update their cards too.
-    closed = Assignment.objects.filter(run=run, annotator_id=request.user.pk, experience_id__in=order).select_related("experience")
-    return render(request, "feedback/_saved.html", {
-        "run": run, "feedback": fb, "closed": closed, "flags": FLAGS,
-        "message": f"Ranked {len(order)} completions" + (f" ({feedback_effect(run=run, feedback=fb)})" if fb.late else ""),
-    })
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-@_refusal_as_text
-def compare(request: HtmxHttpRequest, run_id: int, experience_id: int) -> HttpResponse:
-    run, e = _experience(request, run_id, experience_id)
-    siblings = [m for m in _group_members(run, e) if m.pk != e.pk]
-    if request.method == "GET":
-        other_id = request.GET.get("other", "")
-        other = next((m for m in siblings if str(m.pk) == other_id), siblings[0] if siblings else None)
-        return _fragment(request, run, "feedback/_compare.html", {"e": e, "other": other, "siblings": siblings})
-    try:
-        other_raw = request.POST.get("other", "")
-        if not other_raw.isdigit():
-            raise InvalidInput("choose the completion to compare with", field="other")
-        fb = feedback_compare(run=run, author=request.user, experience=e, other=int(other_raw),
-                              winner=request.POST.get("winner", ""), comment=request.POST.get("comment", ""))
-    except RftError as exc:
-        return _error(request, exc)
-    if not request.htmx:
-        return redirect(_page_url(run))
-    winner = value_of(fb, PairwiseValue).winner
-    said = {"a": "A is better", "b": "B is better"}.get(str(winner).lower(), "a tie")
-    late = f" ({feedback_effect(run=run, feedback=fb)})" if fb.late else ""
-    return render(request, "feedback/_saved.html", {"run": run, "feedback": fb,
-                                                    "message": f"Preference saved: {said}{late}"})
+    saved = door.page_saved(run=run, feedback=fb)
+    return render(request, "feedback/_saved.html", {"run": run, "feedback": fb, **saved})
 
 
 @login_required

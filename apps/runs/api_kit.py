@@ -18,11 +18,15 @@ from pydantic import Field
 
 from apps.runs.models import Run
 from kernel.exceptions import NotFound
+from rftweb.exceptions import ErrorCode
 
 
 class Error(Schema):
     detail: str = Field(description="what went wrong, in words")
     errors: dict[str, str] = Field(default_factory=dict, description="field path -> message, for 422")
+    field: str = Field("", description="the input it concerns, a dotted path; empty for the request as a whole")
+    code: ErrorCode = Field(description="the error's stable code: branch on this, not on the words "
+                                        "(rftweb/exceptions.py CODES; new codes may be added, none renamed)")
 
 
 # Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a

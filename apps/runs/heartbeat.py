@@ -206,7 +206,7 @@ def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
 QUICK_TASKS = frozenset({
     "workers.explorer.chat",
     "workers.explorer.generate",
-    "apps.runs.conduct.runs_conduct_task",
+    "apps.control.conduct.runs_conduct_task",
     "apps.buffer.tasks.lease_reap_task",
     "apps.feedback.tasks.feedback_wait_expire_task",
     "apps.feedback.tasks.assignment_reap_task",

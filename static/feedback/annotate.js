@@ -7,6 +7,9 @@
   if (!root) return;
   const queue = document.getElementById("queue");
   const panel = document.getElementById("panel");
+  // The kinds as the page was rendered with them (apps.feedback.templatetags: kinds_for_script).
+  const kindsData = document.getElementById("feedback-kinds");
+  const kinds = kindsData ? JSON.parse(kindsData.textContent) : { labels: [], marks: {} };
   const feed = document.getElementById("live-feed");
   const statusEl = document.getElementById("live-status");
   const countEl = document.getElementById("live-count");
@@ -196,18 +199,18 @@
     if (p.late) bump("late-count", by);
     refreshCounts();
     if (!me || p.author !== me) return;
-    if (["rating", "ranking", "pairwise", "edit"].includes(p.kind)) {
+    if (kinds.labels.includes(p.kind)) {
       const done = bump("done-today", by);
       const bar = document.getElementById("target-bar");
       if (bar) bar.value = done;
     }
     // What I did to an item shows on its card: ranked, compared, corrected.
-    if (!p.withdrawn && p.experience_id && ["pairwise", "edit", "flag"].includes(p.kind)) {
+    if (!p.withdrawn && p.experience_id && kinds.marks[p.kind]) {
       const card = queue && queue.querySelector('.item[data-experience="' + p.experience_id + '"]');
       if (card) {
         card.classList.add("has-" + p.kind);
         const marks = card.querySelector(".marks");
-        const label = { pairwise: "compared", edit: "corrected", flag: "flagged" }[p.kind];
+        const label = kinds.marks[p.kind];
         if (marks && !marks.textContent.includes(label)) marks.textContent += " · " + label;
       }
     }
@@ -331,6 +334,9 @@
       return;
     }
     ensureCurrent();
+    // A kind's panel opens on its key (its link on the card names it: feedback/_item.html).
+    const panelLink = /^[a-z]$/.test(ev.key) && current && current.querySelector('a[data-key="' + ev.key + '"]');
+    if (panelLink) { click('a[data-key="' + ev.key + '"]'); ev.preventDefault(); return; }
     switch (ev.key) {
       case "1": case "2": case "3": case "4": case "5":
         check('input[name=score][value="' + ev.key + '"]'); break;
@@ -341,9 +347,6 @@
       case "o": check('input[name=flags][value="off_task"]'); break;
       case "j": move(1); break;
       case "k": move(-1); break;
-      case "e": click("a.act-edit"); break;
-      case "r": click("a.act-rank"); break;
-      case "c": click("a.act-compare"); break;
       case "s": { const f = ready(current && current.querySelector("form.skip")); if (f) f.requestSubmit(); break; }
       case "Enter": {
         if (t && t.tagName === "BUTTON") return; // the browser presses the focused button

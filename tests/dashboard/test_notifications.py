@@ -66,7 +66,7 @@ def test_a_run_whose_worker_fails_emails_its_owner_the_reason_and_a_link_and_sho
     metric_record(run=run, step=1, values={"explore/reward_mean": 0.1})
     metric_record(run=run, step=2, values={"explore/reward_mean": 0.5})
 
-    task_failure_record(run_id=run.pk, task="workers.trainer.train_step", step=3, worker="gpu-1",
+    task_failure_record(run_id=run.pk, task="workers.trainer.task.train_step", step=3, worker="gpu-1",
                         exception=RuntimeError("CUDA out of memory"), fail_now=True)
 
     run.refresh_from_db()

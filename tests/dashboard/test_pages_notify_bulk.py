@@ -49,7 +49,7 @@ def test_an_annotator_watching_a_run_sees_the_badge_when_it_fails_reads_why_and_
         page.goto(f"/runs/{run.pk}/")
         page.wait_for_selector("#live[data-state=live]")
         with celery_worker("default", name=f"notify{width}", log=log):
-            task_failure_record(run_id=run.pk, task="workers.trainer.train_step", step=2, worker="gpu-7",
+            task_failure_record(run_id=run.pk, task="workers.trainer.task.train_step", step=2, worker="gpu-7",
                                 exception=RuntimeError("CUDA out of memory"), fail_now=True)
             # The badge moves on the page Bo has open, without a reload.
             expect(page.locator("#notifications-badge .badge")).to_have_text("1")

@@ -127,7 +127,7 @@ def test_a_failure_of_a_stopped_run_is_recorded_but_changes_nothing(owner: User)
     run = make_run(owner=owner, taskset=make_taskset(owner=owner))
     run_transition(run=run, action="start", actor=owner)
     run_transition(run=run, action="stop", actor=owner)
-    task_failure_record(run_id=run.pk, task="workers.trainer.train_step", step=1, worker="w", exception=ValueError("x"),
+    task_failure_record(run_id=run.pk, task="workers.trainer.task.train_step", step=1, worker="w", exception=ValueError("x"),
                         fail_now=True)
     run.refresh_from_db()
     assert run.status == Run.Status.STOPPED

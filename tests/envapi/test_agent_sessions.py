@@ -98,7 +98,7 @@ def test_a_session_nobody_finishes_is_abandoned_and_trains_nothing(run: Run, key
         sessions.session_finish(run=run, name="late", reward=1.0)
     with pytest.raises(OpenAIError) as closed:
         _record(run, k, "late", _answer([1], [2]))
-    assert closed.value.status == 400 and closed.value.code == "session_closed"
+    assert closed.value.status == 400 and closed.value.openai_code == "session_closed"
     assert not Experience.objects.filter(run=run).exists()
 
 

@@ -46,7 +46,7 @@ def test_concurrent_claimers_never_exceed_the_overlap(transactional_db: None, ow
 def test_racing_claimers_under_overlap_two_take_the_second_slot_and_never_a_third(transactional_db: None,
                                                                                    owner: User) -> None:
     # A slot taken between a claimer's read and its insert is skipped by the conflict and the
-    # item tried again on its other slot (apps.feedback.services._slots_take).
+    # item tried again on its other slot (apps.feedback.services.handout.slots_take).
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2})
     make_experiences(run, groups=5, group_size=4, status="pending")
     users = [make_user(f"racer{i}") for i in range(6)]
@@ -67,14 +67,14 @@ def test_an_item_the_annotator_got_meanwhile_is_not_tried_on_every_other_slot(ow
     # one round rather than tried on each of the 200 gold slots.
     from django.test.utils import CaptureQueriesContext
 
-    from apps.feedback.services import GOLD_SLOTS, _slots_take
+    from apps.feedback.services import GOLD_SLOTS, slots_take
 
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
     [item] = make_experiences(run, groups=1, group_size=1, status="pending")
     ann = make_user("ann-a")
     [theirs] = assignment_claim(run=run, annotator=ann, size=1)
     with CaptureQueriesContext(connection) as ctx:
-        got = _slots_take(run=run, annotator=ann, want=1, expires=timezone.now(),
+        got = slots_take(run=run, annotator=ann, want=1, expires=timezone.now(),
                           offers=[(item.pk, list(GOLD_SLOTS), Assignment.Source.GOLD)])
     assert got == [] and len(ctx.captured_queries) <= 3, len(ctx.captured_queries)
     assert list(Assignment.objects.filter(annotator=ann)) == [theirs]

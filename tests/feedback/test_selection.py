@@ -158,7 +158,7 @@ def test_a_trained_on_gold_item_reads_as_any_fresh_item(owner: User, annotator: 
                                                        django_capture_on_commit_callbacks: Any) -> None:
     """Gold items are usually old, consumed completions: nothing on the card, the answer to
     a rating, the live event or "your submissions" may say so."""
-    import apps.feedback.services as services
+    from apps.feedback.services import submit
     from apps.feedback.revise import my_submissions
 
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "gold_rate": 0.5})
@@ -174,7 +174,7 @@ def test_a_trained_on_gold_item_reads_as_any_fresh_item(owner: User, annotator: 
     client = Client()
     client.force_login(annotator)
     events: list[dict[str, Any]] = []
-    monkeypatch.setattr(services, "event_publish", lambda **kw: events.append(kw))
+    monkeypatch.setattr(submit, "event_publish", lambda **kw: events.append(kw))
 
     page = client.get(f"/runs/{run.pk}/annotate/").content.decode()
     mine = {a.experience_id: a for a in Assignment.objects.filter(run=run, annotator=annotator)}

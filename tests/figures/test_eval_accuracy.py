@@ -44,7 +44,7 @@ def _evaluate(monkeypatch: pytest.MonkeyPatch, run: Run, answer: Any, version: i
     import workers.explorer as explorer
     from workers.evaluation import evaluate_version
 
-    monkeypatch.setattr(explorer, "_engine_at", lambda **_: _Model(answer))
+    monkeypatch.setattr(explorer, "engine_at", lambda **_: _Model(answer))
     monkeypatch.setattr(explorer, "task_prompt", lambda engine, task: task)
     outcome = evaluate_version(run_id=run.pk, version=version, worker="test")
     assert "skipped" not in outcome and "failed" not in outcome, outcome

@@ -174,14 +174,14 @@ def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User,
 def test_calibration_on_held_out_ratings_shrinks_an_uninformative_model_to_the_mean() -> None:
     """A model whose scores do not follow people adds no spread to a group's rewards (GRPO
     would otherwise train on its noise); one that does keeps its order on the human scale."""
-    from workers.reward_trainer import _calibration
+    from workers.reward_trainer import calibration_fit
 
     humans = [1.0, 0.0, 0.0, 0.0] * 4
     noise = [0.3, 2.0, -1.0, 0.7, -0.2, 1.1, 0.4, -2.0, 1.5, 0.9, -0.7, 0.1, 0.8, -1.4, 2.2, 0.0]
-    slope, offset = _calibration(noise[::-1], humans)  # anti-correlated or unrelated: slope 0
+    slope, offset = calibration_fit(noise[::-1], humans)  # anti-correlated or unrelated: slope 0
     assert slope == 0.0 and offset == pytest.approx(sum(humans) / len(humans))
     scores = [3.0 if h else -3.0 for h in humans]
-    slope, offset = _calibration([s + n * 0.1 for s, n in zip(scores, noise, strict=True)], humans)
+    slope, offset = calibration_fit([s + n * 0.1 for s, n in zip(scores, noise, strict=True)], humans)
     assert slope > 0 and slope * 3.0 + offset > 0.9 and slope * -3.0 + offset < 0.1
 
 

@@ -155,7 +155,7 @@ def test_a_cross_validated_version_is_calibrated_by_fits_that_never_saw_the_rate
     steeper, and most must be much flatter."""
     from statistics import median, pstdev
 
-    from workers.reward_trainer import _calibration, reward_scorer_load
+    from workers.reward_trainer import calibration_fit, reward_scorer_load
 
     ratios = []
     draws = [(6, 11), (12, 11), (22, 21)] + [(100 + k, 200 + k) for k in range(6)]
@@ -171,7 +171,7 @@ def test_a_cross_validated_version_is_calibrated_by_fits_that_never_saw_the_rate
         rated = list(Experience.objects.filter(run=run, human_reward__isnull=False)
                      .values_list("prompt_text", "response_text", "human_reward"))
         scores = reward_scorer_load(rm.path, max_length=64)([r[0] for r in rated], [r[1] for r in rated])
-        in_sample = _calibration(scores, [float(r[2] or 0.0) for r in rated])[0]
+        in_sample = calibration_fit(scores, [float(r[2] or 0.0) for r in rated])[0]
         # The spread each calibration gives the version's scores, on people's 0..1 scale.
         spread_in_sample = in_sample * pstdev(scores)
         assert spread_in_sample > 0, "in-sample scores follow their own random labels"

@@ -49,7 +49,7 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
     carry noise into every learned reward; scored by the fold that never saw its prompt, each
     item's score follows people no better than chance, and the calibration is flat."""
     from workers.likelihood_rm import bradley_terry_fit, fold_weights, out_of_fold_scores
-    from workers.reward_trainer import _calibration
+    from workers.reward_trainer import calibration_fit
 
     rng = random.Random(3)
     z: list[list[float]] = []
@@ -77,8 +77,8 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
     folds = fold_weights(z, texts, pairs, folds=4, l2=1e-2)
     out_of_fold = out_of_fold_scores(z, groups, weights=folds, folds=4, fallback=everything)
     # How far the calibrated rewards spread (people's scale is 0..1): the noise they would add.
-    steep = _calibration(in_sample, ratings)[0] * statistics.pstdev(in_sample)
-    flat = _calibration(out_of_fold, ratings)[0] * statistics.pstdev(out_of_fold)
+    steep = calibration_fit(in_sample, ratings)[0] * statistics.pstdev(in_sample)
+    flat = calibration_fit(out_of_fold, ratings)[0] * statistics.pstdev(out_of_fold)
     assert steep > 0.05 and flat < steep / 3, (steep, flat)
 
 

@@ -127,7 +127,7 @@ def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_au
     assert entry.actor is None and "logits and labels differ" in entry.detail["reason"]
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"ready"}
     # A second failure report (another worker) leaves the run and its audit as they are.
-    trainer_mod._fail_run(run.pk, 1, RuntimeError("later error"))
+    trainer_mod.run_fail(run.pk, 1, RuntimeError("later error"))
     run.refresh_from_db()
     assert "later error" not in run.error and AuditEntry.objects.filter(run=run, action="fail").count() == 1
 
@@ -256,7 +256,7 @@ def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sen
     monkeypatch.setattr(orchestration, "train_step_continue", continue_then_beat)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1, 2, 3]
-    assert not [args for name, args in sent if name == "workers.trainer.train_step"]
+    assert not [args for name, args in sent if name == "workers.trainer.task.train_step"]
     assert seen == [("running", 1), ("running", 2), ("running", 3)]  # held by the chain, step by step
     run.refresh_from_db()
     assert run.train_step == 3 and run.current_version == 3
@@ -295,7 +295,7 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
     run.refresh_from_db()
     assert run.train_step == 1
     # Handed back: the dispatch after the chain could queue step 2.
-    assert ("workers.trainer.train_step", [run.pk, 2]) in sent
+    assert ("workers.trainer.task.train_step", [run.pk, 2]) in sent
 
 
 def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_conductor(

@@ -224,6 +224,53 @@ def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, 
     assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
 
 
+class StageFailed(Exception):
+    pass
+
+
+# Each stage of a step, by the name it reaches through: claim -> generate (prompts, then the
+# engine) -> score -> write -> record.
+STAGES = {
+    "prompt": "workers.explorer.task_prompt",
+    "generate": "engine",
+    "score": "workers.explorer.rewards_inline",
+    "write": "workers.explorer.explore_step_write",
+    "record": "workers.explorer.metric_record",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_an_exception_in_any_stage_leaves_no_task_held(
+        owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
+    """One context manager (tasks_held) hands the claimed attempts back on every path: before
+    the write they are queued again at once, not when their lease runs out; after it they are done."""
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise StageFailed(stage)
+
+    if STAGES[stage] == "engine":
+        monkeypatch.setattr(hf_engine, "generate", fail)
+    else:
+        monkeypatch.setattr(STAGES[stage], fail)
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    with pytest.raises(StageFailed):
+        explore(run_id=run.pk, step=1, worker="explorer-a")
+    status = "done" if stage == "record" else "queued"
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {(status, "")}
+    assert Experience.objects.filter(run=run).count() == (6 if stage == "record" else 0)
+
+
+@pytest.mark.django_db
+def test_a_run_paused_while_it_generated_gets_its_tasks_back(
+        owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = demo_run(owner, demo_model_dir, tasks=2)
+    monkeypatch.setattr("workers.explorer.run_status", lambda run_id: "paused")
+    assert explore(run_id=run.pk, step=1)["skipped"] == "run left running during the step"
+    assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
+    assert not Experience.objects.filter(run=run).exists()
+
+
 @pytest.mark.django_db
 def test_a_step_whose_tasks_were_handed_back_while_it_generated_writes_nothing_and_goes_again(
         owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:

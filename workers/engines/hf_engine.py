@@ -5,9 +5,20 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
+from workers.adapters import (
+    ADAPTER_CONFIG,
+    adapter_base,
+    adapter_load,
+    adapter_weights_apply,
+    adapter_weights_load,
+    is_adapter_dir,
+    is_adapter_model,
+)
 from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_load, trim_at_stop
+from workers.vision import ImagePrompt, is_vision_model, pixel_inputs, processor_load
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +50,6 @@ class HFEngine:
         # The full-weight directory the held model (or an adapter's base) came from.
         self.base_path = ""
         self.tokenizer = tokenizer_load(path)
-        from workers.vision import is_vision_model, processor_load
-
         # A vision-language model's processor turns pictures into pixel tensors (workers/vision.py).
         self.processor: ProcessorMixin | None = processor_load(path) if is_vision_model(path) else None
         # None until the first `load` below; a torch.nn.Module from then on.
@@ -52,8 +61,6 @@ class HFEngine:
         return self._version
 
     def load(self, *, version: int, path: str) -> None:
-        from workers.adapters import is_adapter_dir
-
         with self._lock:
             if is_adapter_dir(path):
                 self._adapter_load(path)
@@ -72,8 +79,6 @@ class HFEngine:
         adapter's onto the adapter held for the same base, full weights onto the model held.
         False when they do not fit what is held (the caller loads the checkpoint instead)."""
         from peft import set_peft_model_state_dict
-
-        from workers.adapters import adapter_base, adapter_weights_apply, is_adapter_dir, is_adapter_model
 
         with self._lock:
             if is_adapter_dir(path):
@@ -98,22 +103,12 @@ class HFEngine:
     def _full_load(self, path: str) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        from workers.vision import is_vision_model
-
         auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
         return auto.from_pretrained(path, dtype=self.dtype).to(self.device)
 
     def _adapter_load(self, path: str) -> None:
         import json
         from pathlib import Path
-
-        from workers.adapters import (
-            ADAPTER_CONFIG,
-            adapter_base,
-            adapter_load,
-            adapter_weights_load,
-            is_adapter_model,
-        )
 
         base = adapter_base(path)
         same_base = os.path.realpath(base) == os.path.realpath(self.base_path) if self.base_path else False
@@ -142,8 +137,6 @@ class HFEngine:
         `on_tokens`: called after every decoding step with one token id per row (row
         i·n + j is choice j of prompt i; a row that has finished gets the pad token), while
         the generation goes on: what streaming sends token by token."""
-        from workers.vision import ImagePrompt
-
         if n < 1:
             raise ValueError("n must be at least 1")
         out: dict[int, list[Sample]] = {}
@@ -182,10 +175,28 @@ class HFEngine:
         # answer out n times (repeated rows of one batch gave logprobs that differed in the 7th
         # digit, and cost a row each for one answer).
         copies = n if sampling.greedy else 1
-        rows = list(prompts)
-        width = max(len(p) for p in rows)
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        kwargs = self._generate_kwargs(n=n, copies=copies, sampling=sampling)
+        if images is not None:
+            kwargs.update(self._pixels(images))
+        if on_tokens is not None:
+            kwargs["streamer"] = _StepStreamer(_copied(on_tokens, copies))
+        with torch.inference_mode():
+            result = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        rows = _GeneratedRows.of(result, width=width, top_k=sampling.logprobs)
+        samples: list[Sample] = []
+        for row in range(len(rows.tokens)):
+            sample = self._row_sample(rows, row, sampling=sampling)
+            samples += [replace(sample, token_ids=list(sample.token_ids), logprobs=list(sample.logprobs),
+                                top_logprobs=None if sample.top_logprobs is None else list(sample.top_logprobs))
+                        for _ in range(copies)]
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_kwargs(self, *, n: int, copies: int, sampling: SamplingSpec) -> dict[str, object]:
+        """generate's arguments for `sampling`, pictures and streaming aside."""
+        pad = self.tokenizer.pad_token_id
         kwargs: dict[str, object] = {
             "max_new_tokens": sampling.max_tokens,
             "num_return_sequences": n // copies,
@@ -208,64 +219,82 @@ class HFEngine:
             )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        if images is not None:
-            from workers.vision import pixel_inputs
+        return kwargs
 
-            # One per prompt row; generate expands them itself for num_return_sequences.
-            pixels = {k: v.to(self.device) for k, v in pixel_inputs(self.processor, list(images)).items()}
-            if "pixel_values" in pixels:
-                pixels["pixel_values"] = pixels["pixel_values"].to(self.dtype)
-            kwargs.update(pixels)
-        if on_tokens is not None:
-            each = on_tokens
-            if copies > 1:
-                def each(tokens: list[int]) -> None:
-                    on_tokens([t for t in tokens for _ in range(copies)])
-            kwargs["streamer"] = _StepStreamer(each)
-        with torch.inference_mode():
-            result = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    def _pixels(self, images: Sequence[Sequence[Image]]) -> dict[str, torch.Tensor]:
+        """The pictures' tensors on the engine's device, one per prompt row: generate expands
+        them itself for num_return_sequences."""
+        pixels = {k: v.to(self.device) for k, v in pixel_inputs(self.processor, list(images)).items()}
+        if "pixel_values" in pixels:
+            pixels["pixel_values"] = pixels["pixel_values"].to(self.dtype)
+        return pixels
+
+    def _row_sample(self, rows: _GeneratedRows, row: int, *, sampling: SamplingSpec) -> Sample:
+        """One generated row as a Sample: cut at its end (an EOS, or the pad generate puts
+        after a stop string), decoded, trimmed at a stop string."""
+        pad = self.tokenizer.pad_token_id
+        eos = self._eos_ids()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] | None = [] if sampling.logprobs else None
+        finish: FinishReason = "length"
+        for t, token in enumerate(rows.tokens[row]):
+            if token == pad and token not in eos:
+                # generate pads a row that a stop string ended while others go on.
+                finish = "stop"
+                break
+            tokens.append(token)
+            logprobs.append(rows.logprobs[row][t])
+            if top is not None:
+                top.append(list(zip(rows.top_indices[row][t], rows.top_values[row][t])))
+            if token in eos:
+                finish = "stop"
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text, stopped = trim_at_stop(text, sampling.stop)
+        return Sample(token_ids=tokens, logprobs=logprobs, text=text, finish_reason="stop" if stopped else finish,
+                      top_logprobs=top)
+
+
+def _copied(on_tokens: Callable[[list[int]], None], copies: int) -> Callable[[list[int]], None]:
+    """A streaming callback for a greedy batch generated once and handed out `copies` times."""
+    if copies == 1:
+        return on_tokens
+
+    def each(tokens: list[int]) -> None:
+        on_tokens([t for t in tokens for _ in range(copies)])
+
+    return each
+
+
+@dataclass(frozen=True)
+class _GeneratedRows:
+    """generate's result as plain lists, per row: its new tokens, their logprobs, and per
+    token the k likeliest logprobs and their token ids (empty unless asked for)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    top_values: list[list[list[float]]]
+    top_indices: list[list[list[int]]]
+
+    @classmethod
+    def of(cls, result: Any, *, width: int, top_k: int | None) -> _GeneratedRows:
+        import torch
+
         generated = result.sequences[:, width:]
         steps = len(result.logits)
         logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in result.logits], dim=1) if steps else None
         # Whole-batch tensor ops, then plain lists: element-wise tensor indexing per token
         # cost as much Python time as a tenth of the generation on a small model.
-        rows_tokens: list[list[int]] = generated.tolist()
         rows_logps: list[list[float]] = (
             logps.gather(-1, generated[:, :steps].unsqueeze(-1)).squeeze(-1).tolist() if logps is not None else []
         )
-        # Per row, per token: the k likeliest logprobs and their token ids.
         top_values: list[list[list[float]]] = []
         top_indices: list[list[list[int]]] = []
-        if sampling.logprobs and logps is not None:
-            values, indices = torch.topk(logps, sampling.logprobs, dim=-1)
+        if top_k and logps is not None:
+            values, indices = torch.topk(logps, top_k, dim=-1)
             top_values, top_indices = values.tolist(), indices.tolist()
-        eos = self._eos_ids()
-        samples: list[Sample] = []
-        for row, row_tokens in enumerate(rows_tokens):
-            tokens: list[int] = []
-            logprobs: list[float] = []
-            top: list[list[tuple[int, float]]] | None = [] if sampling.logprobs else None
-            finish: FinishReason = "length"
-            for t, token in enumerate(row_tokens):
-                if token == pad and token not in eos:
-                    # generate pads a row that a stop string ended while others go on.
-                    finish = "stop"
-                    break
-                tokens.append(token)
-                logprobs.append(rows_logps[row][t])
-                if top is not None:
-                    top.append(list(zip(top_indices[row][t], top_values[row][t])))
-                if token in eos:
-                    finish = "stop"
-                    break
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            text, stopped = trim_at_stop(text, sampling.stop)
-            if stopped:
-                finish = "stop"
-            for _ in range(copies):
-                samples.append(Sample(token_ids=list(tokens), logprobs=list(logprobs), text=text, finish_reason=finish,
-                                      top_logprobs=None if top is None else list(top)))
-        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return cls(tokens=generated.tolist(), logprobs=rows_logps, top_values=top_values, top_indices=top_indices)
 
 
 class _StepStreamer:

@@ -52,13 +52,13 @@ def hidden_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     its token count (its length)."""
     import torch
 
-    from workers.likelihood_rm import _completion_ids, _prompt_ids
+    from workers.likelihood_rm import rm_completion_ids, rm_prompt_ids
     from workers.likelihood_rm_hf import truncated
 
     rows: list[tuple[list[int], int]] = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        c, _ = _completion_ids(tokenizer, completion, None)
-        p, c, _ = truncated(_prompt_ids(tokenizer, prompt), c, None, max_length)
+        c, _ = rm_completion_ids(tokenizer, completion, None)
+        p, c, _ = truncated(rm_prompt_ids(tokenizer, prompt), c, None, max_length)
         rows.append((p + c, len(p)))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     backbone = getattr(model, "base_model", model)
@@ -169,7 +169,7 @@ def _heads_fit(chosen: list[list[float]], rejected: list[list[float]], weight: l
 
 
 class HeadFolds:
-    """A cross-validated fit's folds: for each fold of prompts (workers.likelihood_rm._fold_of),
+    """A cross-validated fit's folds: for each fold of prompts (workers.likelihood_rm.prompt_fold),
     the heads fitted on the other folds' pairs. Ranks an item as a version that never saw its
     prompt would (what reward_trainer's calibration and random-share accuracy read)."""
 
@@ -177,14 +177,14 @@ class HeadFolds:
         self.scorer, self.folds, self.fold_heads = scorer, folds, fold_heads
 
     def fold_fitted(self, prompt: str) -> bool:
-        from workers.likelihood_rm import _fold_of
+        from workers.likelihood_rm import prompt_fold
 
-        return _fold_of(prompt, self.folds) in self.fold_heads
+        return prompt_fold(prompt, self.folds) in self.fold_heads
 
     def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], keys: Sequence[str]) -> list[float]:
         """Each item scored by the heads of its prompt's fold (`keys`: the items' prompts); by
         the published heads where that fold has none (its prompts were in no pair)."""
-        from workers.likelihood_rm import _fold_of
+        from workers.likelihood_rm import prompt_fold
 
         if not prompts:
             return []
@@ -192,7 +192,7 @@ class HeadFolds:
         z = ensemble.standardise(self.scorer.features(prompts, completions))
         out = []
         for row, key in zip(z, keys, strict=True):
-            heads = self.fold_heads.get(_fold_of(key, self.folds), ensemble.heads)
+            heads = self.fold_heads.get(prompt_fold(key, self.folds), ensemble.heads)
             out.append(sum(sum(w * x for w, x in zip(h, row, strict=True)) for h in heads) / len(heads))
         return out
 
@@ -203,7 +203,7 @@ def head_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int
     """Fit the ensemble on `train` (features computed once, each head on its bootstrap sample).
     With `folds` >= 2 also each fold's heads, fitted without its prompts' pairs, and the
     out-of-fold pairwise accuracy: (ensemble, fold heads, accuracy); ({}, None) without."""
-    from workers.likelihood_rm import _fold_of
+    from workers.likelihood_rm import prompt_fold
     from workers.reward_trainer import pairwise_accuracy
 
     texts: dict[tuple[str, str], int] = {}
@@ -225,7 +225,7 @@ def head_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int
     ensemble.heads = _heads_fit(chosen, rejected, weight, heads=heads, l2=l2, seed=seed)
     if folds < 2:
         return ensemble, {}, None
-    fold_of = [_fold_of(p.prompt, folds) for p in train]
+    fold_of = [prompt_fold(p.prompt, folds) for p in train]
     fold_heads: dict[int, list[list[float]]] = {}
     for k in sorted(set(fold_of)):
         rest = [i for i, f in enumerate(fold_of) if f != k]

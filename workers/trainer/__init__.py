@@ -1,4 +1,4 @@
-"""The trainer: Celery task `workers.trainer.train_step(run_id, step)` on queue `train`.
+"""The trainer: Celery task `workers.trainer.task.train_step(run_id, step)` on queue `train`.
 
 Each worker process keeps the policy (and the reference model when the algorithm needs
 one) resident between steps. One step:
@@ -50,14 +50,14 @@ Tests that replace a function replace it in the module that calls it (e.g.
 from __future__ import annotations
 
 from workers.trainer.journal import (
-    _restore_point,
-    _rng_restore,
-    _rng_state,
     journal_decode,
     journal_encode,
     journal_path,
     journal_read,
     journal_store,
+    restore_point,
+    rng_restore,
+    rng_state,
     snapshot_due,
     snapshot_save,
     state_dir,
@@ -76,12 +76,17 @@ from workers.trainer.resident import (
     residents_reap,
 )
 from workers.trainer.step import StepConflict, _claim, _publish_due, _train_once, run_lock, trainer_step, worker_name
-from workers.trainer.task import _fail_run, train_step
+from workers.trainer.task import run_fail, train_step
+
+# The learner group (workers/algorithms/distributed.py) imports the journal's RNG restore under
+# its old name; it goes when that module switches to rng_restore.
+_rng_restore = rng_restore
 
 __all__ = [
-    "_RESIDENTS", "Resident", "StepConflict", "_claim", "_ended_residents", "_fail_run", "_group_start", "_policy_load",
-    "_publish_due", "_resident_busy", "_restore_point", "_rng_restore", "_rng_state", "_train_once", "journal_decode",
-    "journal_encode", "journal_path", "journal_read", "journal_store", "resident_drop", "resident_for",
+    "_RESIDENTS", "Resident", "StepConflict", "_claim", "_ended_residents", "run_fail", "_group_start", "_policy_load",
+    "_publish_due", "_resident_busy", "_rng_restore", "_train_once", "journal_decode",
+    "journal_encode", "journal_path", "journal_read", "journal_store", "resident_drop", "resident_for", "restore_point",
+    "rng_restore", "rng_state",
     "residents_reap", "run_lock", "snapshot_due", "snapshot_save", "state_dir", "state_prune", "train_step",
     "trainer_dir", "trainer_step", "worker_name",
 ]

@@ -64,7 +64,7 @@ class RngState(TypedDict):
     cuda: NotRequired[list[str]]
 
 
-def _rng_state() -> RngState:
+def rng_state() -> RngState:
     import torch
 
     def enc(t: torch.Tensor) -> str:
@@ -76,7 +76,7 @@ def _rng_state() -> RngState:
     return state
 
 
-def _rng_restore(state: RngState) -> None:
+def rng_restore(state: RngState) -> None:
     import torch
 
     def dec(text: str) -> torch.Tensor:
@@ -196,7 +196,7 @@ def state_prune(*, run_id: int, snapshot_step: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def _restore_point(run_id: int, train_step: int) -> tuple[Path | None, list[Path]] | None:
+def restore_point(run_id: int, train_step: int) -> tuple[Path | None, list[Path]] | None:
     """The newest snapshot at or before `train_step` (None: the config's model at step 0)
     whose later steps are all in the journal, with those journal entries in order."""
     snapshots = _snapshots(run_id)
@@ -207,7 +207,7 @@ def _restore_point(run_id: int, train_step: int) -> tuple[Path | None, list[Path
     return None
 
 
-def _snapshot_and_prune(*, res: Resident, step: int) -> None:
+def snapshot_and_prune(*, res: Resident, step: int) -> None:
     """After the step committed; a failure here loses nothing (the journal still holds the
     step), so it is logged, not raised."""
     try:
@@ -215,3 +215,8 @@ def _snapshot_and_prune(*, res: Resident, step: int) -> None:
         state_prune(run_id=res.run_id, snapshot_step=step)
     except Exception:
         log.exception("run %s: could not write the trainer snapshot of step %s; the journal covers it", res.run_id, step)
+
+
+# The old names, for the modules beside this one that still import them (resident.py and
+# step.py, whose changes are under way elsewhere): they switch to the public names, then these go.
+_rng_state, _rng_restore, _restore_point, _snapshot_and_prune = rng_state, rng_restore, restore_point, snapshot_and_prune

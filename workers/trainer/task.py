@@ -1,4 +1,4 @@
-"""The Celery task `workers.trainer.train_step(run_id, step)` on queue `train`: acked late,
+"""The Celery task `workers.trainer.task.train_step(run_id, step)` on queue `train`: acked late,
 retried for transient database errors, any other error fails the run with its message;
 and the worker-start hook that imports the learner's libraries before the first step."""
 
@@ -17,10 +17,10 @@ from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker
 log = logging.getLogger(__name__)
 
 
-def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
+def run_fail(run_id: int, step: int, exc: BaseException) -> None:
     """Record the failure for the run page and fail the run through run_transition."""
     try:
-        task_failure_record(run_id=run_id, task="workers.trainer.train_step", step=step, worker=worker_name(),
+        task_failure_record(run_id=run_id, task="workers.trainer.task.train_step", step=step, worker=worker_name(),
                             exception=exc, fail_now=True)
     except Exception:
         log.exception("could not record the failure of run %s", run_id)
@@ -31,7 +31,7 @@ def _fail_run(run_id: int, step: int, exc: BaseException) -> None:
 # retrying a bad model path or a shape error would only repeat it. The soft limit releases
 # the batch (the step is re-dispatched by the conductor).
 @shared_task(
-    name="workers.trainer.train_step",
+    name="workers.trainer.task.train_step",
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
@@ -54,7 +54,7 @@ def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
         raise
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
-        _fail_run(run_id, step, exc)
+        run_fail(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}
 
 

@@ -4,16 +4,18 @@ A kind is registered here by name with everything the rest of the loop must know
 its value as a typed model (validated in its constructor; `stored()` is the JSON row's
 `value`, `Feedback.parsed` reads it back), what it targets (one experience, a pair of one
 group, a whole group), whether and how it folds into a member's human reward, which
-preference pairs it yields for the reward model, whether it may be revised, and how the
-environment API (`apps.envapi.schemas.FeedbackIn`, `api.feedback_create`) and `rft feedback`
-take it. Its service (`kind_service`) lives in `apps.feedback.services` for the built-in
-kinds, or in the kind's own module, storing through the shared `services.feedback_store`.
-Nothing else compares kind names to decide behaviour (queries for one kind's rows, such as
-the DPO export's comparisons or the pipeline's flag filter, name the kind they read).
+preference pairs it yields for the reward model, whether it may be revised — and its doors:
+its service (`kind_service`, storing through apps.feedback.services.submit), its body on the
+environment API (`ApiIn`: the API's feedback body is the union of the kinds' bodies,
+apps.envapi.schemas.FeedbackIn), its `rft feedback` options (`cli_arguments`) and its panel
+on the annotation page (`panel_template`, `panel_context`, `page_store`). Nothing else
+compares kind names to decide behaviour (queries for one kind's rows, such as the DPO
+export's comparisons or the pipeline's flag filter, name the kind they read).
 
-Adding one: a module here (see `rating.py`) listed in `_REGISTRY`'s built-ins, and a `Feedback.Kind`
-choice (with its choices-only migration) so the admin and the counts list it;
-tests/feedback/test_kind_registry.py registers one from a single test module.
+Adding one is one module (see `rating.py`, and docs/how-to/add-a-feedback-kind.md), listed in
+`_REGISTRY`'s built-ins, plus its panel's template when it has one; `Feedback.kind` takes any
+registered name without a migration. tests/feedback/test_kind_registry.py adds one from a single
+test module and gives it through the page, the API and the CLI.
 
 The folding math stays in the kernel (`kernel.feedback_policy`, which cannot import this
 app): registering a kind that folds hands the kernel its signal source.
@@ -21,9 +23,12 @@ app): registering a kind that folds hands the kernel its signal source.
 
 from __future__ import annotations
 
+from argparse import ArgumentParser
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apps.rewards.pairs import PreferencePair
 from kernel.feedback_policy import Signal, signal_source_register, signal_source_unregister
@@ -33,36 +38,36 @@ from kernel.registry import Registry
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
     from apps.feedback.models import Feedback
+    from apps.runs.models import Run
 
 Target = Literal["experience", "pair", "group"]
 V = TypeVar("V", bound="KindValue")
 Winner = Literal["a", "b", "tie"]
+ExperienceId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+# A form as the page posts it (a QueryDict): `get` and `getlist`.
+PageForm = Any
+# Kind names fit Feedback.kind's column.
+NAME_MAX = 32
 
 
-class FeedbackPayload(Protocol):
-    """What the kinds read of the environment API's FeedbackIn (apps.envapi.schemas, above
-    this app): `api_check` may normalise `value`, `score` and `winner`."""
+class KindApiIn(BaseModel):
+    """A kind's body on the environment API (its `ApiIn`), one model of the union the API's
+    feedback route takes (apps.envapi.schemas.FeedbackIn). Unknown keys are refused, so a typo
+    is a 422 naming the field; JSON's true/false are never taken for numbers. A kind adds its
+    fields (`kind: Literal[<its name>]` names it in the API's description) and checks them in
+    a model validator (a ValueError is the 422's message)."""
 
-    value: float | None
-    score: int | None
-    winner: Winner | None
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    @property
-    def experience_id(self) -> int | None: ...
-    @property
-    def reward_parts(self) -> Mapping[str, float]: ...
-    @property
-    def thumb(self) -> Literal["up", "down"] | None: ...
-    @property
-    def other_experience_id(self) -> int | None: ...
-    @property
-    def preferred(self) -> Winner | None: ...
-    @property
-    def order(self) -> Sequence[int] | None: ...
-    @property
-    def flags(self) -> Sequence[str]: ...
-    @property
-    def reason(self) -> str: ...
+    kind: str = Field(description="the kind of feedback")
+    experience_id: ExperienceId | None = Field(None, description="the experience it is about")
+    comment: Annotated[str, Field(max_length=5000)] = ""
+
+    @model_validator(mode="after")
+    def _needs_its_target(self) -> KindApiIn:
+        if kind_get(self.kind).target != "group" and self.experience_id is None:
+            raise ValueError(f"{self.kind} needs experience_id")
+        return self
 
 
 # Who gives a piece of feedback, passed on to the kind's service: run, author or api_key,
@@ -121,13 +126,23 @@ class FeedbackKind:
     revisable: ClassVar[bool] = False
     # The run's owner may accept or reject it on the review page (apps.feedback.review).
     reviewable: ClassVar[bool] = True
-    # Posted through the environment API (FeedbackIn.kind), and the FeedbackIn fields only it
-    # may set (with what is said when another kind sets them).
-    api: ClassVar[bool] = False
-    api_exclusive: ClassVar[tuple[str, ...]] = ()
-    api_exclusive_message: ClassVar[str] = ""
-    # Given through `rft feedback` (apps.cli: its options are the command's, see `cli_store`).
+    # Its body on the environment API (None: not posted there); `api_store` stores one.
+    ApiIn: ClassVar[type[KindApiIn] | None] = None
+    # Given through `rft feedback <run> <name>` (apps.cli): its options are `cli_arguments`,
+    # `cli_store` stores one from them.
     cli: ClassVar[bool] = False
+    cli_help: ClassVar[str] = ""
+    # Its panel on the annotation page (a template name; "" for none), at the item's address
+    # + `panel_slug` (default: the name): reached from each item's card by a link with these
+    # words, class `act-<slug>` and this key (apps.feedback.views.panel renders it with
+    # `panel_context`; posting its form stores one through `page_store`).
+    panel_template: ClassVar[str] = ""
+    panel_slug: ClassVar[str] = ""
+    panel_link: ClassVar[str] = ""
+    panel_key: ClassVar[str] = ""
+    panel_order: ClassVar[int] = 100  # where its link stands among the card's (lower: first)
+    # What an item's card says once its annotator gave one ("compared"; "": nothing).
+    page_mark: ClassVar[str] = ""
     # What people call one and several of them on the pages ("rating", "ratings"); empty:
     # the name, and the name + "s".
     nouns: ClassVar[tuple[str, str]] = ("", "")
@@ -184,17 +199,52 @@ class FeedbackKind:
         except KeyError:
             raise LookupError(f"no service is registered for {self.name} feedback") from None
 
-    def api_check(self, payload: FeedbackPayload) -> None:
-        """Check (and normalise) a FeedbackIn of this kind; ValueError says what is wrong."""
+    @property
+    def api(self) -> bool:
+        """Posted through the environment API."""
+        return self.ApiIn is not None
+
+    def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
+        """Store a checked body (its `ApiIn`) through the kind's service (`who`: run, api_key,
+        comment)."""
+        raise NotImplementedError(f"{self.name} feedback is not posted through the environment API")
+
+    def cli_arguments(self, parser: ArgumentParser) -> None:
+        """Add its options to `rft feedback <run> <name>` (`--as` and `--comment` are there)."""
 
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         """Store one from `rft feedback`'s options (`who`: run, author, comment); InvalidInput
         names the option that is wrong."""
         raise NotImplementedError(f"{self.name} feedback is not given through the command line")
 
-    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
-        """Store a checked FeedbackIn through the kind's service (`who`: run, api_key, comment)."""
-        raise NotImplementedError(f"{self.name} feedback is not posted through the environment API")
+    def panel_context(self, *, run: Run, experience: Experience, query: Mapping[str, str]) -> dict[str, object]:
+        """What its panel's template needs beyond the run and the item (`e`); `query`: the
+        panel's GET parameters."""
+        return {}
+
+    def page_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
+        """Store one from its panel's posted form (`who`: run, author, comment); InvalidInput
+        names the field that is wrong."""
+        raise NotImplementedError(f"{self.name} feedback has no panel on the annotation page")
+
+    def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
+        """What the page shows once its panel's form is saved (feedback/_saved.html's context:
+        at least `message`)."""
+        return {"message": f"Saved: your {self.noun(1)}{late_words(run=run, feedback=feedback)}"}
+
+    @property
+    def slug(self) -> str:
+        """Its panel's part of the page's addresses."""
+        return self.panel_slug or self.name
+
+
+def late_words(*, run: Run, feedback: Feedback) -> str:
+    """" (what it does)" for a late row, as the saved notes say it; "" otherwise."""
+    if not feedback.late:
+        return ""
+    from apps.feedback.selectors import feedback_effect  # the selectors read the kinds
+
+    return f" ({feedback_effect(run=run, feedback=feedback)})"
 
 
 def preference_pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str,
@@ -227,6 +277,8 @@ def kind_service(name: str) -> Callable[[F], F]:
     return register
 def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
     """Class decorator: register one instance of `cls` under `cls.name` (once)."""
+    if not cls.name or len(cls.name) > NAME_MAX:
+        raise ValueError(f"a feedback kind's name is 1 to {NAME_MAX} characters (Feedback.kind), got {cls.name!r}")
     kind = cls()
     _REGISTRY.add(cls.name, kind)
     if kind.folds:
@@ -263,6 +315,25 @@ def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisab
     return [k.name for k in kinds() if all(v is None or getattr(k, a) == v for a, v in wanted.items())]
 
 
+def kind_of_panel(slug: str) -> FeedbackKind:
+    """The kind whose panel is at `slug` (LookupError when none is)."""
+    for kind in kinds():
+        if kind.panel_template and kind.slug == slug:
+            return kind
+    raise LookupError(f"no feedback kind has a panel at {slug!r}")
+
+
+def kind_validate(name: object) -> None:
+    """Feedback.kind's validator (forms, the admin, full_clean): a registered kind's name. The
+    column has no choices, so a new kind needs no migration; InvalidInput names the known ones."""
+    from django.core.exceptions import ValidationError
+
+    try:
+        kind_get(name)
+    except ValueError as exc:
+        raise ValidationError(str(exc), code="unknown_kind") from None
+
+
 def value_parse(*, kind: str, raw: Mapping[str, object]) -> KindValue:
     """The typed value of a stored row of `kind` (Feedback.parsed is this for a row)."""
     return kind_get(kind).parse(raw)
@@ -278,6 +349,7 @@ def value_of(fb: Feedback, cls: type[V]) -> V:
 
 
 __all__: Sequence[str] = (
-    "FeedbackKind", "KindValue", "Target", "kind_get", "kind_names", "kind_register", "kind_service",
-    "kind_unregister", "kinds", "kinds_load", "preference_pair", "value_of", "value_parse",
+    "NAME_MAX", "ExperienceId", "FeedbackKind", "KindApiIn", "KindValue", "PageForm", "Target", "Who", "kind_get",
+    "kind_names", "kind_of_panel", "kind_register", "kind_service", "kind_unregister", "kind_validate", "kinds",
+    "kinds_load", "late_words", "preference_pair", "value_of", "value_parse",
 )

@@ -3,11 +3,25 @@ and every ordered pair of the ranking is a preference."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from argparse import ArgumentParser
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 
-from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register, preference_pair
+from pydantic import Field, model_validator
+
+from apps.feedback.kinds import (
+    ExperienceId,
+    FeedbackKind,
+    KindApiIn,
+    KindValue,
+    PageForm,
+    Who,
+    kind_register,
+    late_words,
+    kind_service,
+    preference_pair,
+)
 from apps.rewards.pairs import PreferencePair
 from kernel.feedback_policy import Signal, borda_scores
 from kernel.exceptions import InvalidInput
@@ -15,7 +29,10 @@ from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
+    from apps.feedback.holds import Person
     from apps.feedback.models import Feedback
+    from apps.feedback.services.submit import ApiKeyRow
+    from apps.runs.models import Run
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -44,6 +61,50 @@ class RankingValue(KindValue):
         return cls(order=tuple(int(x) for x in raw["order"]))
 
 
+class RankingIn(KindApiIn):
+    """A ranking of a whole group, best first (no experience_id: the order names them)."""
+
+    kind: Literal["ranking"]
+    order: Annotated[list[ExperienceId], Field(min_length=1, max_length=256)] | None = Field(
+        None, description="every experience id of one group, best first")
+
+    @model_validator(mode="after")
+    def _an_order(self) -> RankingIn:
+        if not self.order:
+            raise ValueError("ranking needs order")
+        if self.experience_id is not None:
+            raise ValueError("a ranking names its experiences in order, not experience_id")
+        return self
+
+
+@kind_service("ranking")
+def feedback_rank(
+    *, run: Run, order: Sequence[int], group_id: str | None = None, author: Person | None = None,
+    api_key: ApiKeyRow | None = None, comment: str = "",
+) -> Feedback:
+    """A ranking of a whole group, best first. The group is the one the ranked
+    experiences share (`group_id`, when given, must be it)."""
+    from django.db import transaction
+
+    # Imported when called: the services read the kinds' values, so a kind's module comes first.
+    from apps.feedback.services import submit
+    from apps.feedback.services.fold import group_members_locked
+
+    value = RankingValue(order=order)  # type: ignore[arg-type]  # any sequence: checked in __post_init__
+    comment, who = submit.comment_clean(comment), submit.person_of(author)
+    with transaction.atomic():
+        first = submit.experience_of_run(run=run, experience=value.order[0], what="order")
+        if group_id is not None and str(group_id) != first.group_id:
+            raise InvalidInput(f"experience {first.pk} is not in group {group_id!r}", field="order")
+        members = group_members_locked(run=run, group_id=first.group_id)
+        if sorted(value.order) != sorted(m.pk for m in members):
+            raise InvalidInput(
+                f"a ranking orders every completion of the group exactly once ({len(members)} in group)", field="order")
+        fb = submit.feedback_row_create(run=run, kind="ranking", value=value, targets=members, group_id=first.group_id,
+                                        author=who, api_key=api_key, comment=comment)
+        return submit.feedback_fold_and_finish(run=run, feedback=fb, members=members, targets=value.order)
+
+
 @kind_register
 class Ranking(FeedbackKind):
     name = "ranking"
@@ -52,10 +113,14 @@ class Ranking(FeedbackKind):
     folds = True
     labels = True
     revisable = True
-    api = True
+    ApiIn = RankingIn
     cli = True
-    api_exclusive = ("order",)
-    api_exclusive_message = "order is for ranking feedback only"
+    cli_help = "a whole group ordered best first"
+    panel_template = "feedback/_rank.html"
+    panel_slug = "rank"
+    panel_link = "Rank group"
+    panel_order = 2
+    panel_key = "r"
 
     def _order(self, fb: Feedback) -> tuple[int, ...]:
         value = self.parse(fb.value)
@@ -84,11 +149,42 @@ class Ranking(FeedbackKind):
             raise InvalidInput("--order is experience ids separated by commas, best first") from None
         return self.store(order=order, **who)
 
-    def api_check(self, payload: FeedbackPayload) -> None:
-        if not payload.order:
-            raise ValueError("ranking needs order")
-        if payload.experience_id is not None:
-            raise ValueError("a ranking names its experiences in order, not experience_id")
+    def cli_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--order", help="every experience id of one group, best first, comma-separated")
 
-    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+    def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
+        assert isinstance(payload, RankingIn)
         return self.store(order=payload.order or [], **who)
+
+    def panel_context(self, *, run: Run, experience: Experience, query: Mapping[str, str]) -> dict[str, object]:
+        return {"members": group_members(experience)}
+
+    def page_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
+        """The panel's form gives each member a place, `rank_<id>`: 1 (best) to the group's size."""
+        members = group_members(experience)
+        ranks: dict[int, int] = {}
+        for m in members:
+            raw = form.get(f"rank_{m.pk}", "")
+            if not raw.strip().isdigit():
+                raise InvalidInput(f"give completion #{m.pk} a rank from 1 to {len(members)}", field=f"rank_{m.pk}")
+            ranks[m.pk] = int(raw)
+        if sorted(ranks.values()) != list(range(1, len(members) + 1)):
+            raise InvalidInput(f"ranks must be 1 to {len(members)}, each used once", field="rank")
+        return self.store(group_id=experience.group_id, order=sorted(ranks, key=ranks.__getitem__), **who)
+
+    def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
+        from apps.feedback.models import Assignment
+
+        order = self._order(feedback)
+        # The ranked items that were in this annotator's queue are done: their cards update too.
+        closed = Assignment.objects.filter(run=run, annotator_id=feedback.author_id,
+                                           experience_id__in=order).select_related("experience")
+        return {"closed": closed,
+                "message": f"Ranked {len(order)} completions" + late_words(run=run, feedback=feedback)}
+
+
+def group_members(e: Experience) -> list[Experience]:
+    """The members of `e`'s group (no corrections), in id order: what a ranking orders."""
+    from apps.buffer.models import Experience
+
+    return list(Experience.objects.filter(run_id=e.run_id, group_id=e.group_id, is_expert=False).order_by("id"))

@@ -3,17 +3,24 @@ the group's rated members yield pairs by their folded human rewards."""
 
 from __future__ import annotations
 
+from argparse import ArgumentParser
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
+from pydantic import Field, FiniteFloat, model_validator
+
+from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
 from kernel.feedback_policy import Signal, rating_normalise
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
+    from apps.buffer.models import Experience
+    from apps.feedback.holds import Person
     from apps.feedback.models import Feedback
+    from apps.feedback.services.submit import ApiKeyRow
+    from apps.runs.models import Run
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,40 @@ class RatingValue(KindValue):
         return value
 
 
+class RatingIn(KindApiIn):
+    """A rating of one completion: a score from 1 to 5, or a thumb."""
+
+    kind: Literal["rating"]
+    value: FiniteFloat | None = Field(None, description="the score 1-5 (the same as `score`)")
+    score: Annotated[int, Field(ge=1, le=5)] | None = Field(None, description="1 (worst) to 5 (best)")
+    thumb: Literal["up", "down"] | None = Field(None, description="instead of a score")
+
+    @model_validator(mode="after")
+    def _score_or_thumb(self) -> RatingIn:
+        if self.value is not None:
+            if self.score is not None or not float(self.value).is_integer() or not 1 <= self.value <= 5:
+                raise ValueError("a rating's value is its score, a whole number from 1 to 5")
+            self.score, self.value = int(self.value), None
+        if (self.score is None) == (self.thumb is None):
+            raise ValueError("rating needs a score (1-5) or a thumb (up/down)")
+        return self
+
+
+@kind_service("rating")
+def feedback_rate(
+    *, run: Run, experience: Experience | int | None, score: int | None = None, thumb: str | None = None,
+    author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
+) -> Feedback:
+    """A rating of one completion: a score 1..5 or a thumb; folded into its group's
+    rewards (unless late) and closing the author's assignment of it."""
+    # The services are imported when called: they read the kinds' values (the fold's rater
+    # reliability), so a kind's module comes first.
+    from apps.feedback.services.submit import feedback_store
+
+    return feedback_store(run=run, kind="rating", value=RatingValue(score=score, thumb=thumb), experience=experience,
+                          author=author, api_key=api_key, comment=comment)
+
+
 @kind_register
 class Rating(FeedbackKind):
     name = "rating"
@@ -58,8 +99,15 @@ class Rating(FeedbackKind):
     labels = True
     pairs_by_fold = True
     revisable = True
-    api = True
+    ApiIn = RatingIn
     cli = True
+    cli_help = "a score from 1 to 5, or a thumb"
+    # Given on the item's card itself (feedback/_item.html), not in a panel.
+
+    def cli_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--experience", type=int, help="the experience")
+        parser.add_argument("--score", type=int, help="1 (worst) to 5 (best)")
+        parser.add_argument("--thumb", choices=("up", "down"), help="instead of a score")
 
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         return self.store(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
@@ -70,13 +118,6 @@ class Rating(FeedbackKind):
         if value.normalised is not None and fb.experience_id is not None:
             yield (fb.experience_id, float(value.normalised), True)
 
-    def api_check(self, payload: FeedbackPayload) -> None:
-        if payload.value is not None:
-            if payload.score is not None or not float(payload.value).is_integer() or not 1 <= payload.value <= 5:
-                raise ValueError("a rating's value is its score, a whole number from 1 to 5")
-            payload.score, payload.value = int(payload.value), None
-        if (payload.score is None) == (payload.thumb is None):
-            raise ValueError("rating needs a score (1-5) or a thumb (up/down)")
-
-    def api_store(self, payload: FeedbackPayload, *, experience: int, who: Who) -> Feedback:
+    def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
+        assert isinstance(payload, RatingIn)
         return self.store(experience=experience, score=payload.score, thumb=payload.thumb, **who)

@@ -8,12 +8,27 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from apps.feedback.kinds import kind_get
+from apps.feedback.kinds import FeedbackKind, kind_get, kinds
 from apps.feedback.rendering import is_long, markdown_safe
 from apps.runs.models import AuditEntry
 from apps.runs.selectors import audit_text
 
 register = template.Library()
+
+
+@register.simple_tag
+def kind_panels() -> list[FeedbackKind]:
+    """The kinds with a panel on the annotation page, in the registry's order: each item's card
+    links to them (feedback/_item.html), by their `panel_order`."""
+    return sorted((k for k in kinds() if k.panel_template), key=lambda k: k.panel_order)
+
+
+@register.simple_tag
+def kinds_for_script() -> dict[str, object]:
+    """What the annotation page's script knows of the kinds (static/feedback/annotate.js): the
+    ones that count toward a person's day, and what an item's card says once given one."""
+    return {"labels": [k.name for k in kinds() if k.labels],
+            "marks": {k.name: k.page_mark for k in kinds() if k.page_mark}}
 
 
 @register.filter

@@ -30,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from apps.buffer.importers import ImportFailed
 from apps.control.services import run_create_with_taskset
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
-from apps.feedback.kinds import kind_get, kind_names
+from apps.feedback.kinds import kind_get, kinds
 from apps.feedback.selectors import feedback_effect, run_may_annotate
 from kernel.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
@@ -132,18 +132,15 @@ class Command(BaseCommand):
 
         fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
         fb.add_argument("run", type=int)
-        fb.add_argument("kind", choices=kind_names(cli=True))
-        fb.add_argument("--as", dest="actor", required=True, help="username of the person giving it")
-        fb.add_argument("--experience", type=int, help="the experience (A of a pairwise choice)")
-        fb.add_argument("--score", type=int, help="rating: 1 (worst) to 5 (best)")
-        fb.add_argument("--thumb", choices=("up", "down"), help="rating: instead of a score")
-        fb.add_argument("--other", type=int, help="pairwise: the second experience (B)")
-        fb.add_argument("--winner", choices=("a", "b", "tie"), help="pairwise: which one is better")
-        fb.add_argument("--order", help="ranking: every experience id of one group, best first, comma-separated")
-        fb.add_argument("--flags", default="", help="flag: comma-separated unsafe, broken, off_task")
-        fb.add_argument("--reason", default="", help="flag: what is wrong, in words")
-        fb.add_argument("--text", help="edit: the corrected completion")
-        fb.add_argument("--comment", default="")
+        # Each kind brings its options (apps.feedback.kinds: cli_arguments).
+        by_kind = fb.add_subparsers(dest="kind", required=True, metavar="KIND")
+        for kind in kinds():
+            if not kind.cli:
+                continue
+            one = by_kind.add_parser(kind.name, help=kind.cli_help or f"{kind.noun(1)} feedback")
+            one.add_argument("--as", dest="actor", required=True, help="username of the person giving it")
+            kind.cli_arguments(one)
+            one.add_argument("--comment", default="")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:

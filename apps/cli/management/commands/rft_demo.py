@@ -44,7 +44,12 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
         # about 25 tokens): a style cut off before its tag would score 0 and be trained away.
         "sampling": {"temperature": 1.0, "max_tokens": 32},
         "rewards": [{"name": "math_accuracy"}, {"name": "math_format", "weight": 0.1}],
-        "trainer": {"learning_rate": 5e-4, "params": {"loss_type": "dapo"}},
+        # A KL penalty toward the demo model: once people stop labelling, the reward model they
+        # taught is frozen, and a policy free to wander finds answers unlike any it was taught
+        # on that it scores top (bench/demo_teach, 2026-11-26: answers the guidelines rate 1 scored
+        # above the liked ones by step 15, and the taught share fell back); the penalty keeps the
+        # run near what was labelled.
+        "trainer": {"learning_rate": 5e-4, "params": {"loss_type": "dapo", "beta": 0.6}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
         # rated once its held-out accuracy is good enough. A group waits a short while for a
