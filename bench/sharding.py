@@ -158,8 +158,9 @@ def _load(args: argparse.Namespace, *, rank: int, world: int, tokenizer: Any) ->
     from workers.algorithms import trl_bridge as bridge
     from workers.algorithms.distributed import learner_shard, model_sharded_load
 
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
-                                                                  max_completion_length=args.completion))
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-5,
+                                                                   max_completion_length=args.completion),
+                       algorithm_params={"loss_type": "grpo"})
     torch.manual_seed(0)
     if world == 1:
         from transformers import AutoModelForCausalLM

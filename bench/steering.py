@@ -458,7 +458,7 @@ form's mass grows threefold and all of the growth goes to wrong numbers; greedy 
 0.31 -> 0.065, and the untagged share does not move (0.055 -> 0.045: the form is not lost, the
 numbers are). `format`, with no people, drifts too (sampled 0.146 -> 0.105): nothing in the run
 rewards a right number, and every update on the style reinforces the sampled numbers with it. A
-KL penalty toward the base model (`--beta`, the run's `trainer.beta`) keeps what the base knows
+KL penalty toward the base model (`--beta`, the run's `trainer.params.beta`) keeps what the base knows
 and no reward term checks; seed 0, concise, share gain / sampled arithmetic against `format`:
 beta 0: rm10 +.534 / -.039, all +.571 / -.016; 0.04: rm10 +.532 / -.035, all +.566 / -.009; 0.3:
 rm10 +.489 / +.002; 1.0: rm10 +.305 / +.025 (`format` itself 0.105, 0.113, 0.163, 0.161). At 0.3,
@@ -512,7 +512,7 @@ At beta 0.6 (same day, same settings, seeds 0 / 1 / 2, every arm; up to six benc
   in_words +0.41 against +0.50). So 0.6 meets every target on all three preferences, on every
   seed; 0.3 keeps more of the style and holds concise and working on the medians only.
 So a team teaching a style with no verifier for what the base already does well sets
-`trainer.beta` (docs/guide/human-signal.md, *Teaching a style*); the run's default stays 0 (TRL's, and the
+`trainer.params.beta` (docs/guide/human-signal.md, *Teaching a style*); the run's default stays 0 (TRL's, and the
 correctness runs' tests and benches are measured there).
 
 The same at beta 0.6 on the styled demo model (RECIPE 6: 55% bare, 15% a style; its styles
@@ -676,7 +676,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
         # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
         # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
         # beta > 0: a KL penalty toward the base model (what it knows that no reward term checks).
-        "trainer": {"learning_rate": lr, "loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta},
+        "trainer": {"learning_rate": lr, "params": {"loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta}},
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
           "learning_rate": 3e-4, "batch_size": 16, "max_length": 64,
@@ -1493,7 +1493,7 @@ def main() -> None:
                              "math_format, weighted by --w-auto beside people): people teach a style, the "
                              "verifier keeps what it knows; `format` is then that verifier without people")
     parser.add_argument("--beta", type=float, default=0.0,
-                        help="trainer.beta: a KL penalty toward the base model in every arm (0: none, the "
+                        help="trainer.params.beta: a KL penalty toward the base model in every arm (0: none, the "
                              "run's default)")
     parser.add_argument("--rm-gate", default="bound", choices=["bound", "evidence"],
                         help="feedback.rm_gate: bound, the reward model in all at once when its held-out accuracy's "

@@ -79,9 +79,10 @@ def qwen2_learner(args: argparse.Namespace, tokenizer: Any, *, layers: int, hidd
     params = sum(p.numel() for p in model.parameters())
     if lora:
         model = adapter_wrap(model=model, lora=adapter)
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
-                                                                  max_completion_length=args.completion),
-                       gradient_checkpointing=ckpt, lora=adapter if lora else None)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-5,
+                                                                   max_completion_length=args.completion),
+                       gradient_checkpointing=ckpt, lora=adapter if lora else None,
+                       algorithm_params={"loss_type": "grpo"})
     return Learner(spec=spec, model=model, tokenizer=tokenizer), params
 
 

@@ -115,6 +115,7 @@ def main() -> None:
     from workers import trainer as trainer_mod
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
     from workers.algorithms import trl_bridge as bridge
+    from workers.algorithms.objectives import grpo
     from workers.modelkit import tiny_model_save
 
     model_dir = tiny_model_save(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=4)
@@ -138,16 +139,19 @@ def main() -> None:
         return rows
 
     batches = [batch_rollouts(s) for s in range(args.steps + 2)]
-    params = bridge.LossParams(loss_type="dapo", learning_rate=1e-5, max_completion_length=args.response)
+    params = bridge.TrainParams(learning_rate=1e-5, max_completion_length=args.response)
+    from kernel.algorithms.grpo import GRPOParams
+
+    settings = GRPOParams(loss_type="dapo")
 
     # -- baseline: bare TRL ------------------------------------------------------------
     base_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    base_trainer = bridge.grpo_trainer_build(model=base_model, tokenizer=tokenizer, params=params)
+    base_trainer = grpo.trainer_build(model=base_model, tokenizer=tokenizer, params=params, settings=settings)
     base_opt, _ = bridge.optimizer_build(trainer=base_trainer, total_steps=args.steps + 2)
     from workers.algorithms.batch import group_advantages
 
     ready_inputs = [
-        bridge.grpo_inputs(
+        grpo.inputs_build(
             trainer=base_trainer, prompt_ids=[r.prompt_ids for r in b], completion_ids=[r.completion_ids for r in b],
             old_logprobs=[r.logprobs or [] for r in b], advantages=group_advantages(b),  # the bench's rows all carry them
         )
@@ -163,7 +167,8 @@ def main() -> None:
 
     # -- ours: the learner -------------------------------------------------------------
     our_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=our_model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params=settings), model=our_model,
+                      tokenizer=tokenizer)
 
     # -- ours: the whole task body against Postgres ------------------------------------
     owner, _ = User.objects.get_or_create(username="bench-trainer")

@@ -11,16 +11,34 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from kernel.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from kernel.hygiene import InputRejected, config_text_parse, tree_check
 from kernel import vocabulary
-from kernel.algorithms import algorithm_get, algorithm_names, algorithms
+from kernel.algorithms import (
+    LEGACY_TRAINER_KEYS,
+    AlgorithmParams,
+    algorithm_get,
+    algorithm_names,
+    algorithm_params_parse,
+    algorithms,
+    trainer_legacy_upgrade,
+)
 from kernel.eval_series import best_by_check
 from kernel.plain_errors import error_plain
 from kernel.preferences import preference_names
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from kernel.exceptions import InvalidInput
+from kernel.strict import StrictModel
 from kernel.jsontypes import JSON, JSONObject
 
 
@@ -49,40 +67,12 @@ class FieldConflict(InvalidInput, ValueError):
         self.args = (message,)
 
 
-class _Strict(BaseModel):
-    # No NaN or infinity (jsonb cannot hold them; `1e400` parses as infinity).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: object, info: ValidationInfo) -> object:
-        # Lax mode would take `true` for 1 in a number field.
-        if isinstance(value, bool) and info.field_name in cls.model_fields:
-            annotation = cls.model_fields[info.field_name].annotation
-            if annotation in (int, float, int | None, float | None):
-                raise ValueError("expected a number, not true/false")
-        return value
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _int64(cls, value: object, info: ValidationInfo) -> object:
-        # Seeds, counts and steps end up in 64-bit columns and libraries.
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise ValueError("number is too large (at most 2^63 - 1)")
-        return value
-
-
 def line_ends_normalise(text: str) -> str:
     """`text` with its line endings as \n (\r\n and lone \r, as browsers and old editors send)."""
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-# The base of every config shape, public for the apps above that validate params the same
-# way (apps.rewards.k12_rules's params).
-StrictModel = _Strict
-
-
-class SamplingConfig(_Strict):
+class SamplingConfig(StrictModel):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
@@ -91,7 +81,7 @@ class SamplingConfig(_Strict):
     seed: int | None = None
 
 
-class RewardTerm(_Strict):
+class RewardTerm(StrictModel):
     name: str = Field(min_length=1)
     weight: float = 1.0
     params: dict[str, object] = Field(default_factory=dict)
@@ -119,7 +109,7 @@ class RewardTerm(_Strict):
         return self
 
 
-class SelectionRule(_Strict):
+class SelectionRule(StrictModel):
     """How the annotation queue is ordered (apps/feedback/selection.py). Each weight scales
     one source of a candidate's priority, each on [0, 1]; all zero keeps arrival order.
     `random_share` of the items handed out are drawn uniformly at random instead, so some
@@ -136,7 +126,7 @@ class SelectionRule(_Strict):
     pairs: bool = Field(True, description="hand out labels as pairs of siblings (one group, one annotator)")
 
 
-class TrustHandout(_Strict):
+class TrustHandout(StrictModel):
     """How the annotation queue hands items out by each annotator's measured trust (the
     reward-model trust of apps/feedback/reliability.py, earned on gold items or agreement):
     a rater answering at random should cost the run little of its label budget, and a new
@@ -153,7 +143,7 @@ class TrustHandout(_Strict):
                                    description="share of fresh items an untrusted annotator still gets (0: gold only)")
 
 
-class FeedbackPolicy(_Strict):
+class FeedbackPolicy(StrictModel):
     # learned: automatic reward + the run's reward model where no person rated (see
     # kernel/feedback_policy.py); needs reward_model.enabled.
     mode: Literal["auto", "blend", "human", "learned"] = "auto"
@@ -239,7 +229,7 @@ class FeedbackPolicy(_Strict):
 DEFAULT_CROSSVAL_FOLDS = 4
 
 
-class RewardModelConfig(_Strict):
+class RewardModelConfig(StrictModel):
     """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
 
     enabled: bool = False
@@ -320,14 +310,14 @@ class RewardModelConfig(_Strict):
         return value
 
 
-class ReplayConfig(_Strict):
+class ReplayConfig(StrictModel):
     # 1 means every experience is trained on once.
     max_uses: int = Field(1, ge=1)
     cooldown_seconds: float = Field(0.0, ge=0.0)
     priority_decay: float = Field(1.0, gt=0.0, le=1.0)
 
 
-class AdapterConfig(_Strict):
+class AdapterConfig(StrictModel):
     """A LoRA adapter (peft): only these weights train; the base stays frozen and is the
     KL reference with the adapter switched off."""
 
@@ -355,19 +345,17 @@ class AdapterConfig(_Strict):
         return names
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(StrictModel):
+    """The trainer's settings: those every algorithm shares, and `params`, the run's
+    algorithm's own (its declaration's params model: kernel/algorithms/<name>.py)."""
+
     learning_rate: float = Field(1e-5, gt=0.0)
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
-    beta: float = Field(0.0, ge=0.0)
-    epsilon: float = Field(0.2, gt=0.0)
-    epsilon_high: float | None = None
     max_grad_norm: float = Field(1.0, gt=0.0)
-    # MIX: (1 - mu) * GRPO(usual) + mu * SFT(expert); expert_share of each batch is expert.
-    mu: float = Field(0.1, ge=0.0, le=1.0)
-    expert_share: float = Field(0.25, ge=0.0, le=1.0)
-    # DPO
-    dpo_beta: float = Field(0.1, gt=0.0)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    # The run's algorithm's settings (GRPO's loss_type, beta, epsilon, …; DPO's beta; MIX's
+    # mu, expert_share and GRPO's), validated by `RunConfig` against its `algorithm`.
+    params: SerializeAsAny[AlgorithmParams] = Field(
+        default_factory=AlgorithmParams, json_schema_extra={"per_algorithm": True},
+        description="the algorithm's own settings (YAML), e.g. loss_type: dapo for GRPO; blank: its defaults")
     # Train a LoRA adapter instead of every weight (None: full fine-tuning).
     lora: AdapterConfig | None = None
     # Mixed precision of the forward and backward passes (weights and optimizer state stay
@@ -390,13 +378,33 @@ class AlgorithmConfig(_Strict):
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 
 
-def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str) -> str | None:
+def learner_group_refusal(*, algorithm: str, params: AlgorithmParams) -> str | None:
     """Why a learner of these settings cannot run as a group of processes (None: it can):
     the algorithm's own declaration says (kernel.algorithms)."""
-    return algorithm_get(algorithm).group_refusal(loss_type=loss_type, scale_rewards=scale_rewards)
+    return algorithm_get(algorithm).group_refusal(params)
 
 
-class PipelineStep(_Strict):
+def _trainer_params(raw: dict[str, object], algorithm: str) -> dict[str, object]:
+    """`raw` (a trainer block) with its `params` validated as `algorithm`'s settings, an old
+    flat block upgraded first (kernel.algorithms.trainer_legacy_upgrade). A bad setting
+    is a FieldConflict naming `params.<its path>`."""
+    raw = trainer_legacy_upgrade(algorithm, raw)
+    params = raw.get("params")
+    if isinstance(params, AlgorithmParams) and type(params) is not algorithm_get(algorithm).params:
+        params = params.model_dump()  # another algorithm's instance: validated as a mapping
+    if params is not None and not isinstance(params, (dict, AlgorithmParams)):
+        raise FieldConflict("params", f"expected a mapping of {algorithm}'s settings")
+    try:
+        raw["params"] = algorithm_params_parse(algorithm, params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = ".".join(["params", *(str(p) for p in err["loc"])])
+        msg = f"unknown key {str(err['loc'][-1])!r}" if err["type"] == "extra_forbidden" else error_plain(err)
+        raise FieldConflict(path, msg) from None
+    return raw
+
+
+class PipelineStep(StrictModel):
     name: str = Field(min_length=1)
     # Validated even when left out: some operators have required params.
     params: dict[str, object] = Field(default_factory=dict, validate_default=True)
@@ -415,7 +423,7 @@ class PipelineStep(_Strict):
         return params
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     """Data-pipeline operators per stage, applied in the order listed."""
 
     on_write: list[PipelineStep] = Field(default_factory=list)
@@ -438,7 +446,7 @@ def _greedy() -> SamplingConfig:
     return SamplingConfig(temperature=0.0)
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     """Held-out evaluation every `eval_every` versions, on the `rollout` queue, scored by
     the run's inline reward terms; greedy unless `sampling` says otherwise."""
 
@@ -478,7 +486,7 @@ class EvalConfig(_Strict):
         return list(dict.fromkeys(names))
 
 
-class RolloutEngineConfig(_Strict):
+class RolloutEngineConfig(StrictModel):
     """The rollout engine's resources (vLLM; the transformers engine reads `dtype` only)."""
 
     # auto: float32 on CPU (logprobs comparable with the trainer's), bfloat16 on GPUs.
@@ -490,7 +498,7 @@ class RolloutEngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
     # A registered algorithm's name (kernel.algorithms): grpo, dpo, sft, mix, …
@@ -517,7 +525,8 @@ class RunConfig(_Strict):
     rewards: list[RewardTerm] = Field(default_factory=list)
     feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
-    trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    # validate_default: the default block's params become the algorithm's (its defaults).
+    trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig, validate_default=True)
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     # Experiment trackers this run logs every metric to (one tracker run per rftweb run),
@@ -542,13 +551,27 @@ class RunConfig(_Strict):
             raise ValueError(f"must be one of the registered algorithms: {', '.join(algorithm_names())}")
         return name
 
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _algorithm_params(cls, raw: object, info: ValidationInfo) -> object:
+        # Per algorithm: `params` is the settings model the run's algorithm declares (before
+        # the block's own validation, which takes any subclass of AlgorithmParams as it is).
+        algorithm = info.data.get("algorithm")
+        if isinstance(raw, AlgorithmConfig):
+            raw = dict(raw)
+        if not isinstance(raw, dict):
+            return raw
+        if algorithm is None:  # an unknown algorithm, reported already: nothing to check against
+            return {k: v for k, v in raw.items() if k != "params" and k not in LEGACY_TRAINER_KEYS}
+        return _trainer_params(raw, str(algorithm))
+
     @field_validator("trainer")
     @classmethod
     def _group_splits(cls, t: AlgorithmConfig, info: ValidationInfo) -> AlgorithmConfig:
         # A field validator, so the error is reported under `trainer` (algorithm comes first).
         algorithm = info.data.get("algorithm")
         if t.processes > 1 and algorithm is not None:
-            reason = learner_group_refusal(algorithm=str(algorithm), loss_type=t.loss_type, scale_rewards=t.scale_rewards)
+            reason = learner_group_refusal(algorithm=str(algorithm), params=t.params)
             if reason:
                 raise ValueError(f"processes: {reason}")
         if t.processes > 1 and t.precision == "fp16":

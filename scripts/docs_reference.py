@@ -170,23 +170,34 @@ def bounds(field: object) -> str:
     return ", ".join(parts)
 
 
-def models_of(root: type) -> Iterator[tuple[str, type]]:
-    """The pydantic models reachable from `root`, each with its dotted key, depth first."""
+def models_of(root: type) -> Iterator[tuple[str, type, str]]:
+    """The pydantic models reachable from `root`, each with its dotted key and its section's
+    title, depth first. A per-algorithm block (`trainer.params`) is each registered
+    algorithm's settings model in turn, titled with the algorithm's name."""
     from pydantic import BaseModel
+
+    from kernel.algorithms import algorithms
 
     seen: set[type] = set()
 
-    def walk(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, type]]:
+    def walk(prefix: str, model: type[BaseModel], title: str) -> Iterator[tuple[str, type, str]]:
         if model in seen:
             return
         seen.add(model)
-        yield prefix, model
+        yield prefix, model, title
         for name, field in model.model_fields.items():
+            key = f"{prefix}.{name}" if prefix else name
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("per_algorithm"):
+                for algorithm in algorithms():
+                    if algorithm.params.model_fields:
+                        yield from walk(key, algorithm.params, f"`{key}` ({algorithm.name})")
+                continue
             for candidate in (field.annotation, *typing.get_args(field.annotation)):
                 if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                    yield from walk(f"{prefix}.{name}" if prefix else name, candidate)
+                    yield from walk(key, candidate, f"`{key}`")
 
-    yield from walk("", root)
+    yield from walk("", root, "Top level")
 
 
 def default_text(field: typing.Any) -> str:
@@ -225,8 +236,7 @@ def run_config_page() -> str:
         "Each section below is a key of the config; *meaning* is the description or comment the code",
         "gives the field.", "",
     ]
-    for prefix, model in models_of(RunConfig):
-        title = f"`{prefix}`" if prefix else "Top level"
+    for prefix, model, title in models_of(RunConfig):
         lines += [f"## {title}", ""]
         doc = inspect.getdoc(model)
         if doc and prefix and model.__doc__:

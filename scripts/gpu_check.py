@@ -126,9 +126,9 @@ def learner_build(*, model: Any, precision: str, adapter: Any, completion: int) 
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
 
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-5,
-                                                                   max_completion_length=completion),
-                       precision=precision, lora=adapter)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-5,
+                                                                    max_completion_length=completion),
+                       precision=precision, lora=adapter, algorithm_params={"loss_type": "grpo"})
     return Learner(spec=spec, model=model, tokenizer=tokenizer_build())
 
 

@@ -94,7 +94,8 @@ def _specs(model: type[BaseModel], prefix: str, section: str, optional_block: bo
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
         annotation, optional = _unwrap_optional(info.annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        # A block whose fields depend on another field (trainer.params: the algorithm's) is one YAML box.
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and not _extra(info).get("per_algorithm"):
             # A block that may be left out entirely (None: off) keeps its fields blank.
             block = getattr(base, name) if base is not None else (
                 None if info.is_required() else info.get_default(call_default_factory=True))

@@ -33,14 +33,14 @@ PRESETS: tuple[Preset, ...] = (
          "total_steps": 200, "sampling": {"temperature": 1.0, "max_tokens": 256},
          "rewards": [{"name": "math_accuracy", "weight": 1.0, "domains": ["math"]},
                      {"name": "math_format", "weight": 0.1, "domains": ["math"]}],
-         "trainer": {"learning_rate": 1e-6, "loss_type": "dapo"}, "feedback": {"mode": "auto"}},
+         "trainer": {"learning_rate": 1e-6, "params": {"loss_type": "dapo"}}, "feedback": {"mode": "auto"}},
     ),
     Preset(
         "dpo-preferences", "DPO from preferences",
         "Two completions a task; people choose the better one (A/B, ratings), DPO trains on their choices.",
         {"algorithm": "dpo", "mode": "sync", "repeat_times": 2, "explore_batch_size": 8, "train_batch_size": 16,
          "total_steps": 100, "sampling": {"temperature": 0.9, "max_tokens": 256},
-         "trainer": {"learning_rate": 5e-7, "dpo_beta": 0.1},
+         "trainer": {"learning_rate": 5e-7, "params": {"beta": 0.1}},
          "feedback": {"mode": "human", "wait_seconds": 1800, "fallback": "drop", "selection": {"pairs": True}}},
     ),
     Preset(
@@ -56,7 +56,7 @@ PRESETS: tuple[Preset, ...] = (
         "a reward; GRPO trains on the sessions of a task as a group.",
         {"algorithm": "grpo", "mode": "train", "engine": "transformers", "repeat_times": 4, "train_batch_size": 16,
          "total_steps": 100, "sync_interval": 1, "sampling": {"temperature": 1.0, "max_tokens": 256},
-         "trainer": {"learning_rate": 1e-5, "loss_type": "grpo"}},
+         "trainer": {"learning_rate": 1e-5, "params": {"loss_type": "grpo"}}},
     ),
     Preset(
         "human-preference", "The human-preference setup",

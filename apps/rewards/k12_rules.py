@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
 from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register, register
-from kernel.config import StrictModel
+from kernel.strict import StrictModel
 from kernel.plain_errors import error_plain
 
 if TYPE_CHECKING:

@@ -1,23 +1,26 @@
 """Training algorithms as the web side knows them: what each needs, declared once.
 
 An algorithm is registered here by name with what the rest of the loop must know of it —
-whether it compares the completions of a group, whether it needs a frozen reference model,
-what a train step claims from the buffer, when that batch is ready, whether its loss splits
-over a learner group — and its loss lives beside the other losses on the worker side
-(`workers/algorithms/objectives/`, registered under the same name). The config, the run
-form, the conductor and the learner read these declarations; nothing compares algorithm
-names. Adding one: a module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins, and its
-objective.
+its settings (`params`: the config's `trainer.params`), whether it compares the completions
+of a group, whether it needs a frozen reference model, what a train step claims from the
+buffer, when that batch is ready, whether its loss splits over a learner group — and which
+objective is its own on the worker side (`objective`: the class, or for the built-ins its
+path in `workers/algorithms/objectives/`). The config, the run form, the conductor and the
+learner read these declarations; nothing compares algorithm names. Adding one: one module
+with its settings, objective and declaration, and `algorithm_register` (docs/how-to/
+add-an-algorithm.md); a built-in is listed in `_REGISTRY`'s built-ins.
 
 No Django, no torch: imported by the config (pydantic), the conductor and the workers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kernel.registry import Registry
+from kernel.strict import StrictModel
 
 if TYPE_CHECKING:
     from kernel.config import RunConfig
@@ -43,6 +46,13 @@ class BatchPlan:
         return self.usual + self.expert
 
 
+class AlgorithmParams(StrictModel):
+    """An algorithm's own settings: the run config's `trainer.params` when it is the run's
+    algorithm (each algorithm's subclass, declared beside it; the learner's objective reads
+    the same instance), validated as every config block. This base has none: an algorithm
+    without settings of its own."""
+
+
 class AlgorithmType:
     """One training algorithm's declaration. Subclasses set the class attributes and
     override what differs; `algorithm_register` makes one instance of each."""
@@ -54,17 +64,25 @@ class AlgorithmType:
     group_relative: ClassVar[bool] = False
     # Trains on preference pairs drawn within a group (people's comparisons and rankings).
     preference_pairs: ClassVar[bool] = False
-    # A frozen reference model: always (DPO's log-ratio), or only for a KL term (beta > 0).
-    reference_always: ClassVar[bool] = False
-    reference_for_kl: ClassVar[bool] = False
+    # Its settings (the config's `trainer.params`), validated when the run is configured.
+    params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+    # The old config's flat `trainer.<key>` settings that are this algorithm's, by the name
+    # of its params field: configs written before `trainer.params` load (kernel/config.py)
+    # and were migrated (apps/runs/migrations/0010) with these.
+    legacy_keys: ClassVar[dict[str, str]] = {}
     # Its objective has a `shard_loss` (workers.algorithms.objectives): it trains as a
     # sharded learner group (workers.algorithms.distributed). Every built-in one does.
     learner_group: ClassVar[bool] = False
     # Values the new-run form fills in when this algorithm is picked (static/rftweb/newrun.js).
     form_defaults: ClassVar[dict[str, str]] = {}
+    # Its objective on the worker side (workers.algorithms.objectives.Objective): the class
+    # itself where the declaration's file holds it (an algorithm added from a file of its
+    # own), or its "module:Class" path (the built-ins: the web side never imports workers).
+    objective: ClassVar[str | type] = ""
 
-    def needs_reference(self, *, beta: float) -> bool:
-        return self.reference_always or (self.reference_for_kl and beta > 0)
+    def needs_reference(self, params: AlgorithmParams) -> bool:
+        """Whether it needs a frozen reference model (for a KL term, a log-ratio); not by default."""
+        return False
 
     def batch_plan(self, cfg: RunConfig) -> BatchPlan:
         """What one train step claims. Default: the model's own rollouts, whole groups."""
@@ -76,7 +94,7 @@ class AlgorithmType:
             return expert >= plan.expert, expert > 0
         return usual >= plan.usual, usual > 0
 
-    def group_refusal(self, *, loss_type: str, scale_rewards: str) -> str | None:
+    def group_refusal(self, params: AlgorithmParams) -> str | None:
         """Why a learner of these settings cannot run as a group of processes (None: it can)."""
         if not self.learner_group:
             return f"{self.name} has no sharded objective (its objective's shard_loss); set processes: 1"
@@ -110,3 +128,38 @@ def algorithm_get(name: object) -> AlgorithmType:
     """The declaration registered as `name` (a str or a str enum); ValueError naming the
     known ones otherwise."""
     return _REGISTRY.get(name)
+
+
+def algorithm_params_parse(name: object, value: AlgorithmParams | Mapping[str, object] | None) -> AlgorithmParams:
+    """`value` as the settings of the algorithm registered as `name`: its params model's
+    defaults for None, a mapping validated into it (pydantic's ValidationError names the
+    field), an instance of that very model as it is (another model's: ValueError)."""
+    model = algorithm_get(name).params
+    if value is None:
+        return model()
+    if isinstance(value, AlgorithmParams):
+        if type(value) is not model:
+            raise ValueError(f"{name} takes {model.__name__} settings, not {type(value).__name__}")
+        return value
+    return model.model_validate(dict(value))
+
+
+# The flat `trainer.<key>` settings of the config before each algorithm had its own
+# `trainer.params` (round 48): every stored config holds all of them, defaults included.
+LEGACY_TRAINER_KEYS = ("loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "mu", "expert_share", "dpo_beta")
+
+
+def trainer_legacy_upgrade(name: object, trainer: Mapping[str, object]) -> dict[str, object]:
+    """An old-shaped `trainer` block in the shape of today: the flat settings that are the
+    algorithm's (its `legacy_keys`) moved into `params`, the others dropped (each was some
+    other algorithm's, ignored by this one). A block that has `params` already, or none of
+    the old keys, is returned as it is (a copy)."""
+    out = dict(trainer)
+    if "params" in out or not any(key in out for key in LEGACY_TRAINER_KEYS):
+        return out
+    renames = algorithm_get(name).legacy_keys
+    params = {renames[key]: out[key] for key in LEGACY_TRAINER_KEYS if key in out and key in renames}
+    for key in LEGACY_TRAINER_KEYS:
+        out.pop(key, None)
+    out["params"] = params
+    return out

@@ -13,12 +13,11 @@ if TYPE_CHECKING:
 @algorithm_register
 class SFT(AlgorithmType):
     name = "sft"
+    objective = "workers.algorithms.objectives.sft:SFT"
     summary = "supervised fine-tuning on expert experiences"
     learner_group = True
-    form_defaults = {"repeat_times": "1", "trainer.learning_rate": "2e-05", "mode": "train"}
+    form_defaults = {"repeat_times": "1", "trainer.learning_rate": "2e-05", "trainer.params": "",
+                     "mode": "train"}
 
     def batch_plan(self, cfg: RunConfig) -> BatchPlan:
         return BatchPlan(usual=0, expert=cfg.train_batch_size, whole_groups=False)
-
-    def group_refusal(self, *, loss_type: str, scale_rewards: str) -> str | None:
-        return None  # rows split by their completion tokens, whatever the GRPO settings say

@@ -67,9 +67,9 @@ def _learner(model_dir: Path, *, precision: str = "fp32", lora: bool = False, ch
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda")
     if lora:
         model = adapter_wrap(model=model, lora=LORA)
-    spec = LearnerSpec(algorithm=algorithm, params=bridge.LossParams(loss_type="grpo", learning_rate=1e-3),
-                       precision=precision, gradient_checkpointing=checkpointing, lora=LORA if lora else None,
-                       optimizer=optimizer)
+    spec = LearnerSpec(algorithm=algorithm, params=bridge.TrainParams(learning_rate=1e-3), precision=precision,
+                       gradient_checkpointing=checkpointing, lora=LORA if lora else None, optimizer=optimizer,
+                       algorithm_params={"loss_type": "grpo"} if algorithm in ("grpo", "mix") else None)
     return Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
 
 

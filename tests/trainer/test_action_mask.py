@@ -79,7 +79,8 @@ def _compare(load_model: Any, tokenizer: Any, *, spec: LearnerSpec, batches: Any
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_grpo_with_environment_tokens_masked_equals_grpo_without_them(load_model: Any, tokenizer: Any, loss_type: str) -> None:
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type=loss_type, max_completion_length=16))
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(max_completion_length=16),
+                       algorithm_params={"loss_type": loss_type})
 
     def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
         masked, removed = _pair(model)
@@ -90,7 +91,8 @@ def test_grpo_with_environment_tokens_masked_equals_grpo_without_them(load_model
 
 
 def test_grpo_with_kl_to_the_reference_counts_only_action_tokens(load_model: Any, tokenizer: Any) -> None:
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="dapo", beta=0.1, max_completion_length=16))
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(max_completion_length=16),
+                       algorithm_params={"loss_type": "dapo", "beta": 0.1})
 
     def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
         masked, removed = _pair(model, seed=3)
@@ -100,7 +102,7 @@ def test_grpo_with_kl_to_the_reference_counts_only_action_tokens(load_model: Any
 
 
 def test_sft_with_environment_tokens_masked_equals_sft_without_them(load_model: Any, tokenizer: Any) -> None:
-    spec = LearnerSpec(algorithm="sft", params=bridge.LossParams())
+    spec = LearnerSpec(algorithm="sft", params=bridge.TrainParams())
 
     def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
         masked, removed = _pair(model, expert=True, seed=1)
@@ -111,7 +113,8 @@ def test_sft_with_environment_tokens_masked_equals_sft_without_them(load_model: 
 
 
 def test_mix_with_environment_tokens_masked_equals_mix_without_them(load_model: Any, tokenizer: Any) -> None:
-    spec = LearnerSpec(algorithm="mix", params=bridge.LossParams(loss_type="grpo", max_completion_length=16), mu=0.4)
+    spec = LearnerSpec(algorithm="mix", params=bridge.TrainParams(max_completion_length=16),
+                       algorithm_params={"loss_type": "grpo", "mu": 0.4})
 
     def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
         usual_m, usual_r = _pair(model, seed=2)
@@ -145,7 +148,7 @@ def _dpo_pairs(model: Any, *, seed: int = 5) -> tuple[list[Rollout], list[Rollou
 
 
 def test_dpo_with_environment_tokens_masked_equals_dpo_without_them(load_model: Any, tokenizer: Any) -> None:
-    spec = LearnerSpec(algorithm="dpo", params=bridge.LossParams(dpo_beta=0.5))
+    spec = LearnerSpec(algorithm="dpo", params=bridge.TrainParams(), algorithm_params={"beta": 0.5})
 
     def batches(model: Any) -> tuple[TrainBatch, TrainBatch]:
         masked, removed = _dpo_pairs(model)
@@ -159,7 +162,8 @@ def test_dpo_without_the_mask_would_train_on_the_environments_tokens(load_model:
     """The check above could pass with a mask that did nothing only if the environment's
     tokens did not move the loss; they do."""
     model = load_model()
-    learner = Learner(spec=LearnerSpec(algorithm="dpo", params=bridge.LossParams(dpo_beta=0.5)), model=model,
+    learner = Learner(spec=LearnerSpec(algorithm="dpo", params=bridge.TrainParams(),
+                                       algorithm_params={"beta": 0.5}), model=model,
                       tokenizer=tokenizer, ref_model=load_model())
     masked, _ = _dpo_pairs(model)
     # A reference a step away from the policy: with policy == reference every log ratio is 0.
@@ -176,7 +180,8 @@ def test_a_mask_in_the_middle_of_a_turn_changes_the_loss_and_ignores_the_masked_
     """Multi-turn: sampled, environment, sampled. The mask matters (the loss differs from the
     unmasked one) and what the environment wrote as logprobs for its tokens does not."""
     model = load_model()
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="bnpo")), model=model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.TrainParams(),
+                                       algorithm_params={"loss_type": "bnpo"}), model=model, tokenizer=tokenizer)
     masked, _ = _pair(model, seed=6)
     middle = [
         Rollout(id=r.id, group_id=r.group_id, prompt_ids=r.prompt_ids, completion_ids=[5, 6] + r.completion_ids + [7],
@@ -207,7 +212,8 @@ def test_an_all_zero_mask_trains_nothing(load_model: Any, tokenizer: Any, algori
         usual=silent, expert=[Rollout(**{**r.__dict__, "is_expert": True}) for r in silent[:2]] if algorithm == "mix" else []
     )
     learner = Learner(
-        spec=LearnerSpec(algorithm=algorithm, params=bridge.LossParams(learning_rate=1e-2), mu=0.5),
+        spec=LearnerSpec(algorithm=algorithm, params=bridge.TrainParams(learning_rate=1e-2),
+                         algorithm_params={"mu": 0.5} if algorithm == "mix" else None),
         model=model, tokenizer=tokenizer, ref_model=load_model() if algorithm == "dpo" else None,
     )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -220,7 +226,8 @@ def test_a_fully_masked_row_keeps_its_reward_in_the_group_baseline(load_model: A
     """A truncated response the pipeline masked trains no token, but its group's advantages
     are those of the whole group: its tokens do not matter, its reward does."""
     model = load_model()
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo")), model=model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.TrainParams(),
+                                       algorithm_params={"loss_type": "grpo"}), model=model, tokenizer=tokenizer)
     _, rows = _pair(model, seed=8)
     cut = Rollout(**{**rows[0].__dict__, "action_mask": [0] * len(rows[0].completion_ids)})
     other_tokens = Rollout(**{**cut.__dict__, "completion_ids": [11] * 9, "logprobs": [0.0] * 9, "action_mask": [0] * 9})
@@ -238,7 +245,7 @@ def test_a_fully_masked_row_keeps_its_reward_in_the_group_baseline(load_model: A
 def test_step_metrics_count_only_the_models_tokens(load_model: Any, tokenizer: Any) -> None:
     model = load_model()
     masked, removed = _pair(model, seed=9)
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.LossParams()), model=model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.TrainParams()), model=model, tokenizer=tokenizer)
     metrics = learner.step(TrainBatch(usual=masked))
     assert metrics["action_tokens"] == sum(len(r.completion_ids) for r in removed)
     assert metrics["response_length"] == pytest.approx(sum(len(r.completion_ids) for r in removed) / len(removed))
@@ -284,7 +291,8 @@ def test_the_pipelines_mask_on_truncated_responses_takes_them_out_of_the_loss(
     assert (rollouts[0].action_mask == [0, 0, 0, 0]) is clean
 
     # cispo scores the tokens' own logprobs (a clipped ratio alone would not show the tokens).
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="cispo")), model=load_model(), tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=bridge.TrainParams(),
+                                       algorithm_params={"loss_type": "cispo"}), model=load_model(), tokenizer=tokenizer)
     other = [replace(rollouts[0], completion_ids=[50, 51, 52, 53]), *rollouts[1:]]
     with torch.no_grad():
         loss, _ = learner.loss(TrainBatch(usual=rollouts))

@@ -23,6 +23,10 @@ from workers.algorithms import (
 )
 from tests.trainer.gradients import TOL, assert_same_grads, true_logprobs
 from workers.algorithms import trl_bridge as bridge
+from workers.algorithms.objectives import dpo, grpo, sft
+
+from kernel.algorithms.dpo import DPOParams
+from kernel.algorithms.grpo import GRPOParams
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +52,8 @@ def _grpo_rollouts(model: Any, *, groups: int = 2, size: int = 4, seed: int = 0)
     return rows
 
 
-def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.LossParams, rollouts: list[Rollout], size: int) -> torch.Tensor:
+def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.TrainParams, settings: GRPOParams, rollouts: list[Rollout],
+                     size: int) -> torch.Tensor:
     """TRL's GRPOTrainer from prompts to loss: its rollout hook returns our completions and
     logprobs, its reward function our rewards; it computes advantages itself."""
 
@@ -63,8 +68,8 @@ def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.LossParams, r
     def reward(completions: list[Any], stored_reward: list[float], **_: Any) -> list[float]:
         return list(stored_reward)
 
-    trainer = bridge.grpo_trainer_build(
-        model=model, tokenizer=tokenizer, params=params, num_generations=size, batch_size=len(rollouts),
+    trainer = grpo.trainer_build(
+        model=model, tokenizer=tokenizer, params=params, settings=settings, num_generations=size, batch_size=len(rollouts),
         rollout_func=rollout_func, reward_funcs=[reward],
     )
     # TRL's own pipeline from prompts to the loss inputs (its rollout_func and reward
@@ -78,13 +83,16 @@ def _trl_grpo_oracle(*, model: Any, tokenizer: Any, params: bridge.LossParams, r
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"])
 def test_grpo_loss_and_gradients_equal_trls_own_grpo_trainer(load_model: Any, tokenizer: Any, loss_type: str) -> None:
-    params = bridge.LossParams(loss_type=loss_type, max_completion_length=8, epsilon_high=0.28 if loss_type == "dapo" else None)
+    params = bridge.TrainParams(max_completion_length=8)
+    settings = GRPOParams(loss_type=loss_type, epsilon_high=0.28 if loss_type == "dapo" else None)
     theirs_model, ours_model = load_model(), load_model()
     rollouts = _grpo_rollouts(ours_model)
-    theirs = _trl_grpo_oracle(model=theirs_model, tokenizer=tokenizer, params=params, rollouts=rollouts, size=4)
+    theirs = _trl_grpo_oracle(model=theirs_model, tokenizer=tokenizer, params=params, settings=settings, rollouts=rollouts,
+                              size=4)
     theirs.backward()
 
-    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=ours_model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params=settings), model=ours_model,
+                      tokenizer=tokenizer)
     ours, metrics = learner.loss(TrainBatch(usual=rollouts))
     ours.backward()
 
@@ -94,7 +102,8 @@ def test_grpo_loss_and_gradients_equal_trls_own_grpo_trainer(load_model: Any, to
 
 
 def test_grpo_with_kl_to_the_reference_equals_trl(load_model: Any, tokenizer: Any) -> None:
-    params = bridge.LossParams(loss_type="grpo", beta=0.04, max_completion_length=8)
+    params = bridge.TrainParams(max_completion_length=8)
+    settings = GRPOParams(loss_type="grpo", beta=0.04)
     theirs_model, ours_model = load_model(), load_model()
     rollouts = _grpo_rollouts(ours_model, seed=3)
     # Move the policy away from the reference so that the KL term is not zero.
@@ -102,10 +111,11 @@ def test_grpo_with_kl_to_the_reference_equals_trl(load_model: Any, tokenizer: An
     with torch.no_grad():
         for m in (theirs_model, ours_model):
             m.lm_head.weight.add_(noise)
-    theirs = _trl_grpo_oracle(model=theirs_model, tokenizer=tokenizer, params=params, rollouts=rollouts, size=4)
+    theirs = _trl_grpo_oracle(model=theirs_model, tokenizer=tokenizer, params=params, settings=settings, rollouts=rollouts,
+                              size=4)
     theirs.backward()
     learner = Learner(
-        spec=LearnerSpec(algorithm="grpo", params=params), model=ours_model, tokenizer=tokenizer, ref_model=load_model()
+        spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params=settings), model=ours_model, tokenizer=tokenizer, ref_model=load_model()
     )
     ours, metrics = learner.loss(TrainBatch(usual=rollouts))
     ours.backward()
@@ -133,15 +143,15 @@ def _texts() -> list[dict[str, str]]:
 def test_dpo_loss_and_gradients_equal_trls_dpo_trainer(load_model: Any, tokenizer: Any) -> None:
     from datasets import Dataset
 
-    params = bridge.LossParams(dpo_beta=0.1)
+    params, settings = bridge.TrainParams(), DPOParams(beta=0.1)
     theirs_model, ours_model = load_model(), load_model()
     # Both sides' policy moved off the reference, else every log-ratio is zero.
     with torch.no_grad():
         for m in (theirs_model, ours_model):
             m.lm_head.weight.mul_(1.3)
     dataset = Dataset.from_list(_texts())
-    trl_trainer = bridge.dpo_trainer_build(
-        model=theirs_model, ref_model=load_model(), tokenizer=tokenizer, params=params, train_dataset=dataset,
+    trl_trainer = dpo.trainer_build(
+        model=theirs_model, ref_model=load_model(), tokenizer=tokenizer, params=params, settings=settings, train_dataset=dataset,
         batch_size=len(dataset),
     )
     batch = next(iter(trl_trainer.get_train_dataloader()))
@@ -154,7 +164,8 @@ def test_dpo_loss_and_gradients_equal_trls_dpo_trainer(load_model: Any, tokenize
     for i, row in enumerate(trl_trainer.train_dataset):
         rollouts.append(Rollout(id=2 * i, group_id=f"g{i}", prompt_ids=row["prompt_ids"], completion_ids=row["chosen_ids"], reward=1.0))
         rollouts.append(Rollout(id=2 * i + 1, group_id=f"g{i}", prompt_ids=row["prompt_ids"], completion_ids=row["rejected_ids"], reward=0.0))
-    learner = Learner(spec=LearnerSpec(algorithm="dpo", params=params), model=ours_model, tokenizer=tokenizer, ref_model=load_model())
+    learner = Learner(spec=LearnerSpec(algorithm="dpo", params=params, algorithm_params=settings), model=ours_model,
+                      tokenizer=tokenizer, ref_model=load_model())
     ours, metrics = learner.loss(TrainBatch(usual=rollouts))
     ours.backward()
     torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
@@ -180,10 +191,10 @@ def test_preference_pairs_come_from_feedback_first_then_best_against_worst() -> 
 def test_sft_loss_and_gradients_equal_trls_sft_trainer(load_model: Any, tokenizer: Any) -> None:
     from datasets import Dataset
 
-    params = bridge.LossParams()
+    params = bridge.TrainParams()
     theirs_model, ours_model = load_model(), load_model()
     dataset = Dataset.from_list([{"prompt": t["prompt"], "completion": t["chosen"]} for t in _texts()])
-    trl_trainer = bridge.sft_trainer_build(
+    trl_trainer = sft.trainer_build(
         model=theirs_model, tokenizer=tokenizer, params=params, train_dataset=dataset, batch_size=len(dataset)
     )
     batch = next(iter(trl_trainer.get_train_dataloader()))
@@ -212,11 +223,14 @@ def _mix_batch(model: Any) -> TrainBatch:
 
 @pytest.mark.parametrize("mu,alone", [(0.0, "grpo"), (1.0, "sft")])
 def test_mix_at_the_ends_of_mu_equals_grpo_or_sft(load_model: Any, tokenizer: Any, mu: float, alone: str) -> None:
-    params = bridge.LossParams(loss_type="grpo", max_completion_length=8)
+    params = bridge.TrainParams(max_completion_length=8)
     mix_model, alone_model = load_model(), load_model()
     batch = _mix_batch(mix_model)
-    mix = Learner(spec=LearnerSpec(algorithm="mix", params=params, mu=mu), model=mix_model, tokenizer=tokenizer)
-    single = Learner(spec=LearnerSpec(algorithm=alone, params=params), model=alone_model, tokenizer=tokenizer)
+    mix = Learner(spec=LearnerSpec(algorithm="mix", params=params, algorithm_params={"loss_type": "grpo", "mu": mu}),
+                  model=mix_model, tokenizer=tokenizer)
+    single = Learner(spec=LearnerSpec(algorithm=alone, params=params,
+                                      algorithm_params={"loss_type": "grpo"} if alone == "grpo" else None),
+                     model=alone_model, tokenizer=tokenizer)
     mix_loss, _ = mix.loss(batch)
     single_loss, _ = single.loss(TrainBatch(usual=batch.usual) if alone == "grpo" else TrainBatch(expert=batch.expert))
     mix_loss.backward()
@@ -226,10 +240,11 @@ def test_mix_at_the_ends_of_mu_equals_grpo_or_sft(load_model: Any, tokenizer: An
 
 
 def test_mix_in_between_weighs_both_losses(load_model: Any, tokenizer: Any) -> None:
-    params = bridge.LossParams(loss_type="grpo", max_completion_length=8)
+    params = bridge.TrainParams(max_completion_length=8)
     model = load_model()
     batch = _mix_batch(model)
-    learner = Learner(spec=LearnerSpec(algorithm="mix", params=params, mu=0.3), model=model, tokenizer=tokenizer)
+    learner = Learner(spec=LearnerSpec(algorithm="mix", params=params, algorithm_params={"loss_type": "grpo", "mu": 0.3}),
+                      model=model, tokenizer=tokenizer)
     loss, metrics = learner.loss(batch)
     assert float(loss) == pytest.approx(0.7 * metrics["grpo_loss"] + 0.3 * metrics["sft_loss"], abs=1e-5)
 
@@ -241,7 +256,8 @@ def test_one_step_of_each_algorithm_changes_the_weights(load_model: Any, tokeniz
     if algorithm == "sft":
         batch = TrainBatch(expert=batch.expert)
     learner = Learner(
-        spec=LearnerSpec(algorithm=algorithm, params=bridge.LossParams(learning_rate=1e-3, max_completion_length=8), mu=0.5),
+        spec=LearnerSpec(algorithm=algorithm, params=bridge.TrainParams(learning_rate=1e-3, max_completion_length=8),
+                         algorithm_params={"mu": 0.5} if algorithm == "mix" else None),
         model=model, tokenizer=tokenizer, ref_model=load_model() if algorithm == "dpo" else None,
     )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -266,15 +282,15 @@ def test_small_logprob_tiles_leave_the_grpo_loss_kl_and_gradients_as_one_tile_gi
     """The CPU learner scores tokens in small tiles (trl_bridge.CPU_HEAD_*) to keep its peak
     memory down; tiles of 4 tokens × 32 vocabulary columns, which split every row and the
     300-token vocabulary, give the loss, KL and gradients of one whole tile."""
-    params = bridge.LossParams(loss_type="grpo", beta=0.04, max_completion_length=8)
+    params = bridge.TrainParams(max_completion_length=8)
     results = []
     for tokens, vocab in ((4096, 32768), (4, 32)):
         model = load_model()
         with torch.no_grad():
             model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape,
                                                   generator=torch.Generator().manual_seed(1)) * 0.5)
-        learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=model, tokenizer=tokenizer,
-                          ref_model=load_model())
+        learner = Learner(spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params={"loss_type": "grpo", "beta": 0.04}),
+                          model=model, tokenizer=tokenizer, ref_model=load_model())
         # After the learner, which sets the CPU tiles.
         bridge.fused_head_tiles(tokens=tokens, vocab=vocab)
         loss, metrics = learner.loss(TrainBatch(usual=_grpo_rollouts(model, seed=3)))

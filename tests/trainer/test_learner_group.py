@@ -57,8 +57,9 @@ def _batch(algorithm: str, *, seed: int = 3) -> TrainBatch:
 
 
 def _spec(algorithm: str, loss_type: str, beta: float) -> LearnerSpec:
-    return LearnerSpec(algorithm=algorithm, mu=0.3,
-                       params=bridge.LossParams(loss_type=loss_type, learning_rate=1e-2, beta=beta, epsilon_high=0.28))
+    grpo = {"loss_type": loss_type, "beta": beta, "epsilon_high": 0.28}
+    settings = {"grpo": grpo, "mix": {**grpo, "mu": 0.3}}.get(algorithm)
+    return LearnerSpec(algorithm=algorithm, algorithm_params=settings, params=bridge.TrainParams(learning_rate=1e-2))
 
 
 def _learner(model_dir: str, spec: LearnerSpec) -> Learner:

@@ -13,6 +13,7 @@ from kernel.config import AdapterConfig
 from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
+from workers.algorithms.objectives import grpo
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +35,10 @@ def _rollouts(*, groups: int = 2, size: int = 4, seed: int = 0) -> list[Rollout]
 def _lora_learner(load_model: Any, tokenizer: Any, *, algorithm: str = "grpo", beta: float = 0.0, **spec: Any) -> Learner:
     torch.manual_seed(0)
     model = adapter_wrap(model=load_model(), lora=LORA)
-    params = bridge.LossParams(learning_rate=1e-2, loss_type="grpo", beta=beta)
-    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, lora=LORA, **spec), model=model, tokenizer=tokenizer)
+    params = bridge.TrainParams(learning_rate=1e-2)
+    settings = {"loss_type": "grpo", "beta": beta} if algorithm in ("grpo", "mix") else None
+    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, algorithm_params=settings, lora=LORA, **spec),
+                   model=model, tokenizer=tokenizer)
 
 
 def test_a_grpo_step_with_an_adapter_changes_the_adapter_and_nothing_else(load_model: Any, tokenizer: Any) -> None:
@@ -64,20 +67,22 @@ def test_the_kl_reference_is_the_base_model_and_no_second_copy_is_held(load_mode
     learner.step(TrainBatch(usual=_rollouts(seed=1)))
 
     rollouts = _rollouts(seed=2)
-    inputs = bridge.grpo_inputs(
-        trainer=learner.grpo, prompt_ids=[r.prompt_ids for r in rollouts],
+    objective = learner.objective
+    assert isinstance(objective, grpo.GRPO)
+    inputs = grpo.inputs_build(
+        trainer=objective.trainer, prompt_ids=[r.prompt_ids for r in rollouts],
         completion_ids=[r.completion_ids for r in rollouts], old_logprobs=None, advantages=torch.zeros(len(rollouts)),
     )
-    ref = learner.reference_logps(inputs)
-    policy = bridge.grpo_ref_logps(trainer=learner.grpo, ref_model=learner.model, inputs=inputs)
+    ref = objective.reference_logps(inputs)
+    policy = grpo.ref_logps(trainer=objective.trainer, ref_model=learner.model, inputs=inputs)
     base = load_model()  # the untouched base, loaded apart only to compare with
     base.eval()
-    expected = bridge.grpo_ref_logps(trainer=learner.grpo, ref_model=base, inputs=inputs)
+    expected = grpo.ref_logps(trainer=objective.trainer, ref_model=base, inputs=inputs)
     mask = inputs["completion_mask"].bool()
     torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(policy[mask], expected[mask], atol=1e-4), "the adapter changed nothing the reference could miss"
     # The KL term is live: the loss reports it, and it is no longer zero after training.
-    _, metrics = learner.grpo_loss(rollouts)
+    _, metrics = learner.loss(TrainBatch(usual=rollouts))
     assert metrics["kl"] > 0
 
 

@@ -39,8 +39,11 @@ def _expert(start: int) -> list[Rollout]:
 
 
 def _learner(load_model: Any, tokenizer: Any, *, algorithm: str = "grpo", beta: float = 0.0) -> Learner:
-    params = bridge.LossParams(learning_rate=1e-2, loss_type="grpo", beta=beta, max_completion_length=8)
-    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, mu=0.5), model=load_model(),
+    params = bridge.TrainParams(learning_rate=1e-2, max_completion_length=8)
+    settings: dict[str, object] | None = {"loss_type": "grpo", "beta": beta} if algorithm in ("grpo", "mix") else None
+    if algorithm == "mix":
+        settings = {**(settings or {}), "mu": 0.5}
+    return Learner(spec=LearnerSpec(algorithm=algorithm, params=params, algorithm_params=settings), model=load_model(),
                    tokenizer=tokenizer, ref_model=load_model() if beta > 0 else None)
 
 

@@ -114,13 +114,13 @@ def _loss_grads_memory(load_model: Any, tokenizer: Any, *, checkpointing: bool, 
     model = load_model()
     if lora:
         model = adapter_wrap(model=model, lora=LORA)
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo"), gradient_checkpointing=checkpointing,
-                       lora=LORA if lora else None)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(), gradient_checkpointing=checkpointing,
+                       lora=LORA if lora else None, algorithm_params={"loss_type": "grpo"})
     learner = Learner(spec=spec, model=model, tokenizer=tokenizer)
     learner.model.train()
     rollouts = _rollouts(groups=2, size=4) + _rollouts(groups=2, size=4, seed=5)
     with _activation_bytes(learner.model) as saved:
-        loss, _ = learner.grpo_loss(rollouts)
+        loss, _ = learner.loss(TrainBatch(usual=rollouts))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
     return float(loss), grads, saved[0]
@@ -140,7 +140,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_with_fewer_sav
 
 
 def test_a_checkpointed_learner_steps(load_model: Any, tokenizer: Any) -> None:
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2), gradient_checkpointing=True)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-2), gradient_checkpointing=True,
+                       algorithm_params={"loss_type": "grpo"})
     learner = Learner(spec=spec, model=load_model(), tokenizer=tokenizer)
     before = learner.model.lm_head.weight.detach().clone()
     metrics = learner.step(TrainBatch(usual=_rollouts()))

@@ -40,7 +40,8 @@ def _batch() -> TrainBatch:
 
 def _spec() -> LearnerSpec:
     # beta > 0: a reference model, loaded sharded too.
-    return LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2, beta=0.04))
+    return LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-2),
+                       algorithm_params={"loss_type": "grpo", "beta": 0.04})
 
 
 def _ids() -> torch.Tensor:
@@ -162,7 +163,8 @@ def _lora_learner(model_dir: str, *, rank: int, world: int, sharded: bool) -> tu
     from workers.algorithms.distributed import learner_shard, model_sharded_load
 
     lora = AdapterConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
-    spec = LearnerSpec(algorithm="grpo", params=bridge.LossParams(loss_type="grpo", learning_rate=1e-2), lora=lora)
+    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-2), lora=lora,
+                       algorithm_params={"loss_type": "grpo"})
     torch.manual_seed(0)
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh

@@ -15,8 +15,9 @@ from workers.algorithms import trl_bridge as bridge
 
 
 def _learner(load_model: Any, tokenizer: Any) -> Learner:
-    params = bridge.LossParams(learning_rate=1e-2, loss_type="grpo", beta=0.0, max_completion_length=8)
-    return Learner(spec=LearnerSpec(algorithm="grpo", params=params), model=load_model(), tokenizer=tokenizer)
+    params = bridge.TrainParams(learning_rate=1e-2, max_completion_length=8)
+    return Learner(spec=LearnerSpec(algorithm="grpo", params=params, algorithm_params={"loss_type": "grpo", "beta": 0.0}),
+                   model=load_model(), tokenizer=tokenizer)
 
 
 def _batch(start: int = 0) -> TrainBatch:

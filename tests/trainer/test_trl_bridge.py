@@ -1,4 +1,4 @@
-"""The TRL internals `workers/algorithms/trl_bridge.py` leans on. When TRL moves any of
+"""The TRL internals `workers/algorithms/trl_bridge.py` and the objectives (`workers/algorithms/objectives/`) lean on. When TRL moves any of
 them, these fail first and name what moved (the numerics tests would fail too, less clearly)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernel.config import AlgorithmConfig
+from kernel.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 
 
@@ -51,7 +51,7 @@ def test_grpo_trainer_still_has_the_internals_we_call() -> None:
 def test_every_loss_type_our_config_offers_is_one_trl_knows() -> None:
     from trl import GRPOConfig
 
-    ours = set(typing.get_args(AlgorithmConfig.model_fields["loss_type"].annotation))
+    ours = set(typing.get_args(GRPOParams.model_fields["loss_type"].annotation))
     source = inspect.getsource(__import__("trl.trainer.grpo_trainer", fromlist=["x"]).GRPOTrainer._compute_loss)
     for loss_type in ours:
         assert f'"{loss_type}"' in source, f"TRL's GRPO loss no longer has {loss_type!r}"

@@ -80,6 +80,7 @@ def test_an_explore_step_on_the_tiny_vlm_records_its_pictures_and_a_grpo_step_tr
 
     from workers.algorithms import Learner, TrainBatch, rollout_from_experience, spec_from_config
     from workers.algorithms import trl_bridge as bridge
+    from workers.algorithms.objectives import grpo
     from workers.vision import processor_load
 
     rollouts = [rollout_from_experience(e) for e in experiences]
@@ -89,19 +90,19 @@ def test_an_explore_step_on_the_tiny_vlm_records_its_pictures_and_a_grpo_step_tr
                       processor=processor_load(str(vision_model_dir)))
 
     # TRL's own per-token logprobs of the stored completions, with and without the pixels.
-    inputs = bridge.grpo_inputs(trainer=learner.grpo, prompt_ids=[r.prompt_ids for r in rollouts],
+    inputs = grpo.inputs_build(trainer=learner.objective.trainer, prompt_ids=[r.prompt_ids for r in rollouts],
                                 completion_ids=[r.completion_ids for r in rollouts], old_logprobs=None,
                                 advantages=torch.zeros(len(rollouts)))
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
     width = inputs["completion_ids"].size(1)
     model.eval()
-    assert learner.grpo is not None
+    trl_trainer = learner.objective.trainer
     with torch.no_grad():
-        seen, _, _ = learner.grpo._get_per_token_logps_and_entropies(model, ids, mask, width, **learner.pixel_inputs(rollouts))
+        seen, _, _ = trl_trainer._get_per_token_logps_and_entropies(model, ids, mask, width, **learner.pixel_inputs(rollouts))
         pixels = learner.pixel_inputs(rollouts)
         pixels["pixel_values"] = torch.zeros_like(pixels["pixel_values"]) + 1.0
-        blind, _, _ = learner.grpo._get_per_token_logps_and_entropies(model, ids, mask, width, **pixels)
+        blind, _, _ = trl_trainer._get_per_token_logps_and_entropies(model, ids, mask, width, **pixels)
     stored = torch.zeros_like(seen)
     for i, r in enumerate(rollouts):
         stored[i, : len(r.logprobs or [])] = torch.tensor(r.logprobs or [])

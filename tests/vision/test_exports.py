@@ -68,7 +68,7 @@ def test_a_datasets_export_holds_the_pictures_and_trl_trains_on_it(owner: User, 
     processor = processor_load(str(vision_model_dir))
     model = AutoModelForImageTextToText.from_pretrained(vision_model_dir, dtype=torch.float32)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "vision_model" in n}
-    args = SFTConfig(**{**bridge._common_args(bridge.LossParams(learning_rate=1e-2)), "max_steps": 1},
+    args = SFTConfig(**{**bridge.common_args(bridge.TrainParams(learning_rate=1e-2)), "max_steps": 1},
                      per_device_train_batch_size=2, max_length=None)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=processor)
     out = trainer.train()

@@ -1,8 +1,9 @@
 """Training algorithms on TRL (worker-only: imports torch and TRL).
 
 - `batch`: experiences → rollouts, group advantages, preference pairs (no TRL);
-- `trl_bridge`: the one module that touches TRL internals (pinned to trl==1.16.0);
-- `learner`: GRPO, DPO, SFT and MIX on a resident policy.
+- `trl_bridge`: what every TRL trainer shares (pinned to trl==1.16.0);
+- `objectives/`: each algorithm's objective (its TRL trainer and inputs, its loss);
+- `learner`: a resident policy trained by any registered algorithm.
 """
 
 from workers.algorithms.batch import (

@@ -84,7 +84,7 @@ class Shard:
     last_term: float = field(default=0.0, init=False)
 
     def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, metrics = learner.objective.shard_loss(learner, batch, rank=self.rank, world=self.world)
+        loss, metrics = learner.objective.shard_loss(batch, rank=self.rank, world=self.world)
         self.last_term = float(loss.detach())
         # FSDP2 and DDP average the gradients over the ranks; the terms are to be summed.
         return loss * self.world, metrics
@@ -629,9 +629,7 @@ class LearnerGroup:
                  whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None) -> None:
         import torch.distributed as dist
 
-        from workers.algorithms.objectives import Objective
-
-        if type(learner.objective).shard_loss is Objective.shard_loss:
+        if not learner.objective.shards():
             raise GroupUnsupported(f"trainer.processes: {learner.spec.algorithm} has no sharded objective; set processes: 1")
         self.plan = plan
         self.world = plan.world

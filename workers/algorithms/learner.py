@@ -1,32 +1,29 @@
-"""GRPO, DPO, SFT and MIX on one resident policy, with TRL computing every loss.
+"""One resident policy trained by any registered algorithm, with TRL computing every loss.
 
-A `Learner` owns the policy, the reference model when the algorithm needs one, the TRL
-trainers it borrows `compute_loss` from, and one optimizer over the policy's parameters.
-`loss(batch)` is the algorithm's objective on one batch; `step(batch)` is one update.
+A `Learner` owns what every algorithm shares: the policy, the reference model when the
+algorithm needs one, the precision, one optimizer over the policy's parameters and the
+update step. The algorithm's objective (workers/algorithms/objectives/<name>.py, built
+once per learner) owns the TRL trainers it borrows `compute_loss` from, its inputs and its
+loss. `loss(batch)` is the objective on one batch; `step(batch)` is one update.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from workers.algorithms import trl_bridge as bridge
-from workers.algorithms.batch import (
-    Rollout,
-    TrainBatch,
-    group_advantages,
-    preference_pairs,
-    scored,
-    trainable,
-)
+from workers.algorithms.batch import Rollout, TrainBatch
 
-from kernel.algorithms import algorithm_get, algorithm_names
+from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
 from kernel.exceptions import Conflict
-from workers.algorithms.objectives import objective_get
+from workers.algorithms.objectives import objective_class
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
@@ -34,7 +31,7 @@ if TYPE_CHECKING:
     from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.distributed import Shard
 
-# The registered algorithms (kernel.algorithms), each with its objective here.
+# The registered algorithms (kernel.algorithms), each naming its objective (objectives/).
 ALGORITHMS = tuple(algorithm_names())
 
 
@@ -50,9 +47,10 @@ SKIPPED_NO_SIGNAL = "train/skipped_no_signal"
 @dataclass
 class LearnerSpec:
     algorithm: str
-    params: bridge.LossParams = field(default_factory=bridge.LossParams)
-    # MIX: (1 − mu)·GRPO(usual) + mu·SFT(expert)
-    mu: float = 0.1
+    params: bridge.TrainParams = field(default_factory=bridge.TrainParams)
+    # The algorithm's own settings (the config's `trainer.params`): an instance of its
+    # declaration's params model, or a mapping validated into one; None: its defaults.
+    algorithm_params: AlgorithmParams | Mapping[str, object] | None = None
     # fp32 | bf16 | fp16 (autocast; workers.precision) and activation recomputation.
     precision: str = "fp32"
     gradient_checkpointing: bool = False
@@ -61,9 +59,18 @@ class LearnerSpec:
     # adamw | adamw_8bit (bitsandbytes, CUDA; workers.precision.optimizer_check)
     optimizer: str = "adamw"
 
+    def __post_init__(self) -> None:
+        self.algorithm_params = algorithm_params_parse(self.algorithm, self.algorithm_params)
+
+    @property
+    def settings(self) -> AlgorithmParams:
+        """The algorithm's own settings, validated (`algorithm_params`)."""
+        assert isinstance(self.algorithm_params, AlgorithmParams)
+        return self.algorithm_params
+
     @property
     def needs_ref(self) -> bool:
-        return algorithm_get(self.algorithm).needs_reference(beta=self.params.beta)
+        return algorithm_get(self.algorithm).needs_reference(self.settings)
 
     @property
     def needs_ref_model(self) -> bool:
@@ -72,23 +79,17 @@ class LearnerSpec:
 
 
 def spec_from_config(cfg: RunConfig) -> LearnerSpec:
-    """From an `kernel.config.RunConfig` (pydantic: workers take no Django types here)."""
+    """From a `kernel.config.RunConfig` (pydantic: workers take no Django types here)."""
     t = cfg.trainer
-    params = bridge.LossParams(
+    params = bridge.TrainParams(
         learning_rate=t.learning_rate,
-        loss_type=t.loss_type,
-        beta=t.beta,
-        epsilon=t.epsilon,
-        epsilon_high=t.epsilon_high,
         max_grad_norm=t.max_grad_norm,
-        scale_rewards=t.scale_rewards,
         max_completion_length=cfg.sampling.max_tokens,
-        dpo_beta=t.dpo_beta,
         total_steps=cfg.total_steps,
         seed=cfg.seed,
     )
     return LearnerSpec(
-        algorithm=str(cfg.algorithm), params=params, mu=t.mu, precision=t.precision,
+        algorithm=str(cfg.algorithm), params=params, algorithm_params=t.params, precision=t.precision,
         gradient_checkpointing=t.gradient_checkpointing, lora=t.lora, optimizer=t.optimizer,
     )
 
@@ -96,7 +97,7 @@ def spec_from_config(cfg: RunConfig) -> LearnerSpec:
 class Learner:
     def __init__(self, *, spec: LearnerSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  ref_model: torch.nn.Module | None = None, processor: ProcessorMixin | None = None) -> None:
-        self.objective = objective_get(spec.algorithm)  # ValueError naming the known ones
+        objective = objective_class(spec.algorithm)  # ValueError naming the known ones
         from workers.adapters import is_adapter_model
         from workers.precision import optimizer_check, precision_check
 
@@ -133,15 +134,8 @@ class Learner:
             # Non-reentrant: works with frozen inputs (a LoRA base) without input grads.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        p = spec.params
-        self.grpo = self.dpo = self.sft = None
-        # The TRL trainers whose losses the objective borrows.
-        if "grpo" in self.objective.trainers:
-            self.grpo = bridge.grpo_trainer_build(model=model, tokenizer=tokenizer, params=p)
-        if "dpo" in self.objective.trainers:
-            self.dpo = bridge.dpo_trainer_build(model=model, ref_model=self.ref_model, tokenizer=tokenizer, params=p)
-        if "sft" in self.objective.trainers:
-            self.sft = bridge.sft_trainer_build(model=model, tokenizer=tokenizer, params=p)
+        # The objective builds the TRL trainers it borrows its loss from.
+        self.objective = objective(self)
         if self.adapter:
             # TRL keeps a frozen copy of a pre-existing adapter as the reference; ours is
             # the base (a resumed adapter's copy would be the trained one, not the start).
@@ -153,8 +147,7 @@ class Learner:
     def optimizer_rebuild(self) -> None:
         """A fresh optimizer and scheduler over the model's parameters as they are now (FSDP2
         replaces them with their shards: workers.algorithms.distributed.learner_shard)."""
-        primary = self.grpo or self.dpo or self.sft
-        assert primary is not None
+        primary = self.objective.trainer
         primary.optimizer = None
         primary.lr_scheduler = None
         self.optimizer, self.scheduler = bridge.optimizer_build(trainer=primary, total_steps=self.spec.params.total_steps,
@@ -164,46 +157,7 @@ class Learner:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    # -- objectives -----------------------------------------------------------------
-
-    def grpo_plan(self, rollouts: list[Rollout]) -> tuple[list[Rollout], torch.Tensor]:
-        """(the rows the GRPO loss trains on, their advantages): advantages over every scored
-        row of the whole batch (a masked one's reward still sets its group's baseline); the
-        loss sees only rows with at least one action token. A learner group takes the plan of
-        the whole batch on every rank and deals its rows, so the advantages never change."""
-        rows = scored(rollouts)
-        if not rows:
-            raise NothingToTrain("no rollout with a response")
-        all_advantages = group_advantages(rows, scale=self.spec.params.scale_rewards)
-        keep = [i for i, r in enumerate(rows) if r.action_count > 0]
-        if not keep:
-            raise NothingToTrain("no rollout with a token the model sampled (every action mask is zero)")
-        return [rows[i] for i in keep], all_advantages[keep]
-
-    def grpo_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.grpo is not None
-        return self.grpo_loss_on(*self.grpo_plan(rollouts))
-
-    def grpo_loss_on(self, rollouts: list[Rollout], advantages: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """TRL's GRPO loss on `rollouts` (each with an action token) with these advantages."""
-        assert self.grpo is not None
-        have_logprobs = all(r.logprobs is not None and len(r.logprobs) == len(r.completion_ids) for r in rollouts)
-        masked = any(r.action_mask is not None for r in rollouts)
-        inputs = bridge.grpo_inputs(
-            trainer=self.grpo,
-            prompt_ids=[r.prompt_ids for r in rollouts],
-            completion_ids=[r.completion_ids for r in rollouts],
-            # Without stored logprobs, TRL's ratio is against the current policy (on-policy).
-            old_logprobs=[list(r.logprobs or []) for r in rollouts] if have_logprobs else None,
-            advantages=advantages,
-            action_masks=[r.trained_mask for r in rollouts] if masked else None,
-        )
-        inputs.update(self.pixel_inputs(rollouts))
-        if self.spec.params.beta > 0:
-            inputs["ref_per_token_logps"] = self.reference_logps(inputs)
-        loss, metrics = bridge.grpo_loss(trainer=self.grpo, model=self.forward_model, inputs=inputs)
-        metrics["advantage_abs_mean"] = float(advantages.abs().mean())
-        return loss, metrics
+    # -- what the objectives share -------------------------------------------------
 
     def pixel_inputs(self, rollouts: list[Rollout]) -> dict[str, torch.Tensor | list[int]]:
         """The pictures of image prompts as the model's pixel inputs, TRL's way (`pixel_values`
@@ -223,75 +177,22 @@ class Learner:
         out["num_images"] = [len(r.images or []) for r in rollouts]
         return out
 
-    def reference_logps(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token logprobs of the completions under the KL reference: the reference
-        model, or with an adapter the same model with the adapter switched off."""
-        assert self.grpo is not None
+    @contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The KL reference to score with: the reference model, or with an adapter the same
+        model with the adapter switched off (for as long as the block lasts)."""
         if self.adapter:
             with self.model.disable_adapter():
-                return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.model, inputs=inputs)
-        return bridge.grpo_ref_logps(trainer=self.grpo, ref_model=self.ref_model, inputs=inputs)
-
-    def sft_rows(self, rollouts: list[Rollout]) -> list[Rollout]:
-        rows = trainable(rollouts)
-        if not rows:
-            raise NothingToTrain("no expert rollout with a token to learn (empty, or every action mask zero)")
-        return rows
-
-    def sft_loss(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.sft_loss_on(self.sft_rows(rollouts))
-
-    def sft_loss_on(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.sft is not None
-        inputs = bridge.sft_inputs(
-            trainer=self.sft,
-            rows=[(r.prompt_ids, r.completion_ids) for r in rollouts],
-            action_masks=[r.action_mask for r in rollouts],
-        )
-        return bridge.sft_loss(trainer=self.sft, model=self.forward_model, inputs=inputs)
-
-    def dpo_pairs(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> list[tuple[Rollout, Rollout]]:
-        pairs = preference_pairs(rollouts, preferences=preferences)
-        # A pair neither of whose completions has a token the model sampled scores nothing.
-        pairs = [(c, r) for c, r in pairs if c.action_count or r.action_count]
-        if not pairs:
-            raise NothingToTrain("no preference pair (every group tied, no pairwise feedback, or every action mask zero)")
-        return pairs
-
-    def dpo_loss(self, rollouts: list[Rollout], preferences: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.dpo_loss_on(self.dpo_pairs(rollouts, preferences))
-
-    def dpo_loss_on(self, pairs: list[tuple[Rollout, Rollout]]) -> tuple[torch.Tensor, dict[str, float]]:
-        assert self.dpo is not None
-        inputs = bridge.dpo_inputs(
-            trainer=self.dpo, pairs=[(c.prompt_ids, c.completion_ids, r.completion_ids) for c, r in pairs],
-            action_masks=[(c.action_mask, r.action_mask) for c, r in pairs],
-        )
-        loss, metrics = bridge.dpo_loss(trainer=self.dpo, model=self.forward_model, inputs=inputs)
-        metrics["pairs"] = float(len(pairs))
-        return loss, metrics
+                yield self.model
+            return
+        assert self.ref_model is not None, f"{self.spec.algorithm} with these settings has no reference model"
+        yield self.ref_model
 
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The algorithm's objective on `batch`, with the metrics TRL logged computing it."""
-        return self.objective.loss(self, batch)
+        return self.objective.loss(batch)
 
     # -- one update -------------------------------------------------------------------
-
-    def grpo_has_signal(self, rollouts: list[Rollout]) -> bool:
-        """Whether the GRPO loss on `rollouts` has a gradient at all. Every TRL loss type
-        multiplies each token's term by its advantage, so when every advantage is exactly 0
-        (each group's members rewarded alike: all wrong, all right, or all given the same
-        fallback) the only term left is the KL penalty, which exists only with beta > 0.
-        Undecidable cases (no scored row, no action token) answer True: `grpo_loss` then
-        raises NothingToTrain with its own reason."""
-        if self.spec.params.beta > 0:
-            return True
-        rows = scored(rollouts)
-        keep = [i for i, r in enumerate(rows) if r.action_count > 0]
-        if not keep:
-            return True
-        advantages = group_advantages(rows, scale=self.spec.params.scale_rewards)[keep]
-        return bool((advantages != 0).any())
 
     def no_signal(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell).
@@ -302,7 +203,7 @@ class Learner:
         leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
         Decided on the whole batch, before any learner-group shard, so every rank agrees.
         TRL's own trainers do not skip (they step on whatever the batch gives)."""
-        return self.objective.no_signal(self, batch)
+        return self.objective.no_signal(batch)
 
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
         rows = batch.usual + batch.expert

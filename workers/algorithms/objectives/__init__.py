@@ -1,43 +1,61 @@
-"""Each algorithm's objective on the learner: its loss on a batch, whether a batch can move
-the weights at all, and how its rows split over a learner group.
+"""Each algorithm's objective on the learner, one module each: the TRL trainer it borrows a
+loss from and the inputs it builds for it, its loss on a batch, whether a batch can move the
+weights at all, and its term of the loss on one rank of a learner group.
 
-Registered under the same name as the algorithm's declaration (`kernel.algorithms`),
-which says what the rest of the loop must know of it; `Learner` builds the TRL trainers an
-objective names in `trainers` and calls it, never comparing algorithm names. Adding one: a
-module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins.
+An objective is built once per `Learner` (`Objective(learner)`) and keeps what it built
+(its TRL trainers); the learner keeps what every algorithm shares (the models, the
+reference, the optimizer, the precision, the step) and never names an algorithm. Which
+objective an algorithm has, its declaration says (`objective` in `kernel.algorithms`,
+a class or a "module:Class" path): one registry, the declarations', so an algorithm added
+from a file of its own is one `algorithm_register` line.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
-
-from kernel.registry import Registry
 
 if TYPE_CHECKING:
     import torch
 
-    from workers.algorithms.batch import Rollout, TrainBatch
+    from workers.algorithms.batch import TrainBatch
     from workers.algorithms.learner import Learner
+    from workers.algorithms.trl_bridge import TrlTrainer
 
 R = TypeVar("R")
 
 
 class Objective:
     name: ClassVar[str]
-    # The TRL trainers whose `compute_loss` this objective borrows (workers.algorithms.trl_bridge).
-    trainers: ClassVar[tuple[str, ...]]
 
-    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __init__(self, learner: Learner) -> None:
+        """Build what the loss needs around `learner`'s model (its TRL trainers)."""
+        self.learner = learner
+        self._plain: TrlTrainer | None = None
+
+    @property
+    def trainer(self) -> TrlTrainer:
+        """The trainer whose optimizer and scheduler the learner uses (its arguments: AdamW,
+        the learning rate, the schedule; workers.algorithms.trl_bridge.optimizer_build): the
+        TRL trainer an objective borrows its loss from; by default (a loss of its own) a
+        plain transformers Trainer, which makes the same AdamW."""
+        if self._plain is None:
+            from workers.algorithms import trl_bridge
+
+            self._plain = trl_bridge.plain_trainer_build(model=self.learner.model, params=self.learner.spec.params)
+        return self._plain
+
+    def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def no_signal(self, learner: Learner, batch: TrainBatch) -> str | None:
+    def no_signal(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell)."""
         return None
 
     # -- a learner group ---------------------------------------------------------------
 
-    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
         """Rank `rank`'s term of the objective on the whole `batch`: summed over the `world`
         ranks the terms are `loss(batch)`, so the group's update is the one-process update.
         Every rank gets the whole batch and must call the model the same number of times (the
@@ -45,6 +63,11 @@ class Objective:
         computes the loss on a borrowed row and weights it by zero. Whatever makes the
         whole batch untrainable raises NothingToTrain on every rank alike."""
         raise NotImplementedError(f"{self.name} does not run as a learner group")
+
+    @classmethod
+    def shards(cls) -> bool:
+        """Whether it has a `shard_loss`, hence trains as a learner group."""
+        return cls.shard_loss is not Objective.shard_loss
 
 
 def weighted_part(
@@ -64,18 +87,15 @@ def weighted_part(
     return loss * (weight(mine) / weight(rows)), metrics
 
 
-_REGISTRY: Registry[Objective] = Registry(what="algorithm", package=__name__,
-                                          builtin=("grpo", "dpo", "sft", "mix"))
+def objective_class(name: object) -> type[Objective]:
+    """The objective the algorithm registered as `name` declares (ValueError naming the
+    known algorithms for an unknown name; TypeError for a declaration naming no objective)."""
+    from kernel.algorithms import algorithm_get
 
-
-def objective_register(cls: type[Objective]) -> type[Objective]:
-    _REGISTRY.add(cls.name, cls())
-    return cls
-
-
-def objective_unregister(name: str) -> None:
-    _REGISTRY.remove(name)
-
-
-def objective_get(name: str) -> Objective:
-    return _REGISTRY.get(name)
+    declared = algorithm_get(name).objective
+    if isinstance(declared, str):
+        module, _, attr = declared.partition(":")
+        declared = getattr(importlib.import_module(module), attr)
+    if not (isinstance(declared, type) and issubclass(declared, Objective)):
+        raise TypeError(f"algorithm {name!r} declares {declared!r} as its objective, not an Objective class")
+    return declared

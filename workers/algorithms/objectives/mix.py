@@ -1,36 +1,53 @@
-"""MIX: (1 − mu)·GRPO on the usual rollouts + mu·SFT on the expert ones."""
+"""MIX: (1 − mu)·GRPO on the usual rollouts + mu·SFT on the expert ones (each side the
+GRPO and SFT objectives themselves, built on the same learner)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from kernel.algorithms.mix import MIXParams
 from workers.algorithms.batch import TrainBatch, trainable
 from workers.algorithms.learner import Learner, NothingToTrain
-from workers.algorithms.objectives import Objective, objective_get, objective_register
+from workers.algorithms.objectives import Objective
+from workers.algorithms.objectives.grpo import GRPO
+from workers.algorithms.objectives.sft import SFT
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
 
 Term = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
-@objective_register
 class MIX(Objective):
     name = "mix"
-    trainers = ("grpo", "sft")
 
-    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return self._mixed(learner, batch, grpo=lambda b: learner.grpo_loss(b.usual),
-                           sft=lambda b: learner.sft_loss(b.expert))
+    def __init__(self, learner: Learner) -> None:
+        super().__init__(learner)
+        settings = learner.spec.settings
+        assert isinstance(settings, MIXParams)
+        self.mu = settings.mu
+        self.grpo = GRPO(learner)
+        self.sft = SFT(learner)
 
-    def shard_loss(self, learner: Learner, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
+    @property
+    def trainer(self) -> GRPOTrainer:
+        return self.grpo.trainer
+
+    def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        return self._mixed(batch, grpo=self.grpo.loss, sft=lambda b: self.sft.rollouts_loss(b.expert))
+
+    def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
         # Each side is its own objective's term on this rank; the sides are decided on the
         # whole batch, so every rank runs the same ones.
-        grpo, sft = objective_get("grpo"), objective_get("sft")
-        return self._mixed(learner, batch, grpo=lambda b: grpo.shard_loss(learner, b, rank=rank, world=world),
-                           sft=lambda b: sft.shard_loss(learner, b, rank=rank, world=world))
+        return self._mixed(batch, grpo=lambda b: self.grpo.shard_loss(b, rank=rank, world=world),
+                           sft=lambda b: self.sft.shard_loss(b, rank=rank, world=world))
 
-    def _mixed(self, learner: Learner, batch: TrainBatch, *, grpo: Term, sft: Term) -> tuple[torch.Tensor, dict[str, float]]:
-        mu = learner.spec.mu
+    def _mixed(self, batch: TrainBatch, *, grpo: Term, sft: Term) -> tuple[torch.Tensor, dict[str, float]]:
+        mu = self.mu
         parts: list[torch.Tensor] = []
         metrics: dict[str, float] = {}
         # A term with zero weight is skipped, not multiplied by zero: mu = 0 is GRPO and mu = 1
@@ -53,10 +70,10 @@ class MIX(Objective):
             metrics["kl"] = metrics["grpo_kl"]
         return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
 
-    def no_signal(self, learner: Learner, batch: TrainBatch) -> str | None:
-        mu = learner.spec.mu
+    def no_signal(self, batch: TrainBatch) -> str | None:
+        mu = self.mu
         grpo_part = mu < 1 and bool(trainable(batch.usual))
         sft_part = mu > 0 and bool(trainable(batch.expert))
-        if grpo_part and not sft_part and not learner.grpo_has_signal(batch.usual):
+        if grpo_part and not sft_part and not self.grpo.has_signal(batch.usual):
             return "no expert rollout, and every advantage of the usual ones is zero with beta 0"
         return None

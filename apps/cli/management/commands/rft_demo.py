@@ -49,7 +49,7 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
         # on that it scores top (bench/demo_teach, 2026-11-26: answers the guidelines rate 1 scored
         # above the liked ones by step 15, and the taught share fell back); the penalty keeps the
         # run near what was labelled.
-        "trainer": {"learning_rate": 5e-4, "loss_type": "dapo", "beta": 0.6},
+        "trainer": {"learning_rate": 5e-4, "params": {"loss_type": "dapo", "beta": 0.6}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
         # rated once its held-out accuracy is good enough. A group waits a short while for a
