@@ -21,9 +21,10 @@ on the whole batch. Every algorithm and loss type runs so.
 commits, checkpoints, versions); it starts the other ranks (`python -m
 workers.algorithms.distributed`) and they join one process group through a TCP store on
 rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
-(the journal entry, with the RNG state it starts from). A published version is a whole
-model: rank 0 gathers the shards into an unsharded copy of the policy (`whole`) before it
-writes one. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
+(the journal entry, with the RNG state it starts from). Rank 0 too builds its learner on its
+shards only where it starts from the run's model (workers/algorithms/shard_load.py). A
+published version is a whole model: the ranks gather it one tensor at a time into rank 0's
+skeleton of the policy (`whole`, on the meta device), which lets go of it at the next step. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
 shard; they load on any number of ranks, or in one process).
 
 The group is the process's default process group (DeviceMesh needs one), so a train
