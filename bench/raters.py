@@ -4,7 +4,7 @@ the completion as a person reads it on the annotation page.
 `correct` is what a verifier knows (the `<answer>` is right). The others are preferences of
 style no reward term of the run knows: `concise` (nothing beside the answer), `working`
 (the working shown before the answer), `in_words` (the number written in words); they live
-in apps/runs/preferences.py, where a run's evaluation measures the same preferences' shares. Any other
+in kernel/preferences.py, where a run's evaluation measures the same preferences' shares. Any other
 rater is a function of the same shape in any file: `--rater path/to/file.py:function` or
 `--rater package.module:function` (`rater_load`).
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from apps.runs.preferences import ANSWER, Rating, concise, in_words, number_words, working
+from kernel.preferences import ANSWER, Rating, concise, in_words, number_words, working
 
 PROBLEM = re.compile(r"What is (-?\d+) ([+-]) (-?\d+)\?")
 

@@ -644,8 +644,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from apps.runs.preferences import ANSWER
-from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
+from kernel.preferences import ANSWER
+from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, setup_django
 from bench.raters import Rating, correct, rater_load
 
@@ -960,7 +960,7 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
                                        reward_model_weight, rm_reward_score)
     from apps.feedback.models import Assignment
     from apps.rewards.models import RewardModel, RewardModelScore
-    from apps.runs.feedback_policy import reward_learned
+    from kernel.feedback_policy import reward_learned
 
     policy = run.cfg.feedback
     latest = reward_model_latest(run=run)

@@ -60,7 +60,7 @@ def qwen2_learner(args: argparse.Namespace, tokenizer: Any, *, layers: int, hidd
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from apps.runs.config import AdapterConfig
+    from kernel.config import AdapterConfig
     from workers.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge

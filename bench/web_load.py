@@ -27,8 +27,13 @@ each starting at a random moment of the first `--ramp` seconds:
 Printed: requests/s, p50/p99 and status counts per endpoint (5xx apart), Postgres connections
 on the bench database at peak (pg_stat_activity polled every 0.1 s) against max_connections,
 after the end and when all were released, websocket events per owner against events sent, the
-load average beside each. Targets (issue #33): 0 5xx, every owner receives every event, peak
-connections <= 60% of max_connections, all released within 10 s of the end.
+load average beside each. Then the annotator's doors (issue #49 item 5): each door's p50/p99
+under the load beside the SQL statements and the CPU milliseconds of one request, measured
+after the load in this process by `--walkers` annotators kept out of it, each walking the doors
+once (bench/door_costs.walk) on the state the load left. Targets (issue #33): 0 5xx, every
+owner receives every event, peak connections <= 60% of max_connections, all released within
+10 s of the end; (issue #49) the annotation doors' p99 (the page, the next items, a label's
+POST) <= 2 s.
 
     python -m bench web_load [--people 200] [--seconds 300] [--processes 4] [--pool 10]
 
@@ -441,6 +446,7 @@ class Cast:
     annotators: list[str]
     owners: list[str]
     keys: list[str]
+    walkers: list[str] = field(default_factory=list)  # annotators kept out of the load: they walk the doors after it
 
 
 def _setup(args: argparse.Namespace, counts: tuple[int, int, int]) -> tuple[int, Cast]:
@@ -462,9 +468,10 @@ def _setup(args: argparse.Namespace, counts: tuple[int, int, int]) -> tuple[int,
     run = run_create(name="web load", owner=boss, taskset=taskset,
                      config={"model": "local/demo", "algorithm": "grpo", "repeat_times": args.group, "rewards": []})
     people = User.objects.bulk_create([User(username=f"annotator{i}", password=hashed) for i in range(annotators)]
+                                      + [User(username=f"walker{i}", password=hashed) for i in range(args.walkers)]
                                       + [User(username=f"owner{i}", password=hashed) for i in range(owners)])
-    RunMember.objects.bulk_create([RunMember(run=run, user=u, role=RunMember.Role.ANNOTATOR if u.username.startswith(
-        "annotator") else RunMember.Role.VIEWER) for u in people])
+    RunMember.objects.bulk_create([RunMember(run=run, user=u, role=RunMember.Role.VIEWER if u.username.startswith(
+        "owner") else RunMember.Role.ANNOTATOR) for u in people])
     keys = [api_key_create(name=f"env{i}", runs=[run], actions=["read", "submit"], created_by=boss,
                            rate_limit_per_minute=1_000_000)[1] for i in range(environments)]
     drafts = [ExperienceDraft.from_row({
@@ -474,16 +481,23 @@ def _setup(args: argparse.Namespace, counts: tuple[int, int, int]) -> tuple[int,
     for chunk in range(0, len(drafts), 1000):
         experience_write(experiences=drafts[chunk:chunk + 1000])
     return run.pk, Cast(annotators=[u.username for u in people if u.username.startswith("annotator")],
-                        owners=[u.username for u in people if u.username.startswith("owner")], keys=keys)
+                        owners=[u.username for u in people if u.username.startswith("owner")], keys=keys,
+                        walkers=[u.username for u in people if u.username.startswith("walker")])
+
+
+# The web tier's settings, the server's and this process's own (the doors walked after the load):
+# DEBUG off, plain HTTP on 127.0.0.1 (no TLS redirect, cookies a plain-HTTP client sends back).
+SERVED_AS = {"DJANGO_SETTINGS_MODULE": "rftweb.settings", "DEBUG": "0",
+             "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789",
+             "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0"}
+# The annotation doors of issue #49's target (p99 <= 2 s): the page, the next items, a label.
+ANNOTATION_DOORS = ("GET annotate page", "GET queue", "POST rate")
+TARGET_DOOR_P99 = 2.0
 
 
 def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "rftweb.settings", "DEBUG": "0",
-           "SECRET_KEY": "bench-web-load-secret-key-not-for-production-0123456789",
-           # Plain HTTP on 127.0.0.1: no TLS redirect, and cookies a plain-HTTP client sends back.
-           "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
-           "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": args.server_log_level, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "DATABASE_URL": db_url, **SERVED_AS, "RFT_DB_POOL_SIZE": str(args.pool), "LOG_LEVEL": args.server_log_level, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("TEST_DATABASE_NAME", None)
     # As docker-compose.yml's web service runs it (its command, flags and all).
     proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -540,6 +554,39 @@ def _ranges(values: set[int]) -> str:
     return ", ".join(out)
 
 
+def _doors_walked(cast: Cast, run_id: int) -> tuple[dict[str, Any], list[str]]:
+    """The walkers (kept out of the load) through the annotator's doors, one after another, in
+    this process (bench/door_costs.walk): statements and CPU per door on the state the load left,
+    and why any walk stopped short."""
+    from collections import defaultdict
+
+    from bench.door_costs import Cost, walk
+
+    costs: dict[str, Any] = defaultdict(Cost)
+    stopped = []
+    for name in cast.walkers:
+        mine: dict[str, Any] = defaultdict(Cost)
+        try:
+            walk(name, run_id, mine, password=PASSWORD)
+        except AssertionError as exc:
+            stopped.append(f"{name}: {exc}")
+            continue
+        for door, cost in mine.items():  # whole walks only: a short one's doors saw another state
+            costs[door].statements += cost.statements
+            costs[door].cpu_ms += cost.cpu_ms
+    return costs, stopped
+
+
+def _doors_print(tally: Tally, costs: dict[str, Any], walks: int) -> None:
+    print(f"annotator doors: the load's p50/p99 per door; statements and CPU of one request (median of {walks} "
+          f"walks after the load, in this process, bench/door_costs)  ({load_average()})")
+    for name in sorted(set(tally.latencies) & set(costs), key=lambda n: (n not in ANNOTATION_DOORS, n)):
+        values, cost = tally.latencies[name], costs[name]
+        spread = f"{min(cost.statements)}-{max(cost.statements)}" if min(cost.statements) != max(cost.statements) else str(cost.statements[0])
+        print(f"  {name:20s} p50 {1000 * median(values):8.1f} ms  p99 {1000 * percentile(values, 0.99):8.1f} ms  "
+              f"statements {spread:>5s}  CPU {median(cost.cpu_ms):6.1f} ms  ({load_average()})")
+
+
 def _line(name: str, values: list[float], statuses: Counter[str], seconds: float) -> str:
     five = sum(n for s, n in statuses.items() if s.startswith("5"))
     other = {s: n for s, n in sorted(statuses.items()) if not s.startswith("5")}
@@ -563,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--seed-groups", type=int, default=300, help="groups in the buffer before the start")
     parser.add_argument("--after", type=float, default=15.0, help="seconds to watch connections after the end")
+    parser.add_argument("--walkers", type=int, default=5,
+                        help="annotators kept out of the load who walk the doors after it, for statements and CPU per door")
     parser.add_argument("--server-log-level", default="WARNING", help="the web processes' LOG_LEVEL (INFO: every request)")
     parser.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run-id", type=int, help=argparse.SUPPRESS)
@@ -581,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     db_url, drop = scratch_database(BENCH_DB, "web_load")
     os.environ["DATABASE_URL"] = db_url
     os.environ.pop("TEST_DATABASE_NAME", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+    os.environ.update(SERVED_AS)
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
     logs = Path(tempfile.mkdtemp(prefix="web-load-"))
     watch: ConnectionWatch | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -670,6 +720,10 @@ def main(argv: list[str] | None = None) -> int:
             print(_line(name, tally.latencies[name], tally.statuses[name], seconds))
         for what, body in sorted(tally.samples.items()):
             print(f"  first {what}: {body!r}")
+        costs, stopped = _doors_walked(cast, run_id)
+        _doors_print(tally, costs, len(cast.walkers) - len(stopped))
+        for why in stopped:
+            print(f"  a walk stopped short: {why}")
         stored, labels = len(shared.stored_experiences), shared.labels_saved
 
         def spread(values: list[int]) -> str:
@@ -706,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
             "every viewer every event": len(whole) == len(seen),
             f"peak <= {TARGET_CONNECTIONS_SHARE:.0%} of max_connections": share <= TARGET_CONNECTIONS_SHARE,
             f"released within {TARGET_RELEASE_SECONDS:g} s": released is not None and released <= TARGET_RELEASE_SECONDS,
+            f"annotation doors p99 <= {TARGET_DOOR_P99:g} s": all(
+                percentile(tally.latencies[d], 0.99) <= TARGET_DOOR_P99 for d in ANNOTATION_DOORS if tally.latencies[d]),
         }
         verdict = "; ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in met.items())
         print(f"web_load verdict ({args.people} people, {args.seconds:g} s, p99 {1000 * percentile(every, 0.99):.1f} ms, "

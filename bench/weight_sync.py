@@ -41,7 +41,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from apps.runs.config import AdapterConfig
+    from kernel.config import AdapterConfig
     from workers.adapters import adapter_wrap
     from workers.engines import SamplingSpec, engine_version_ensure
     from workers.engines.hf_engine import HFEngine

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 from apps.control.notifications import notification_runs
 from apps.envapi.selectors import api_keys_created_by
 from apps.runs.invitations import account_email_set
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from rftweb.http import signed_in
 
 

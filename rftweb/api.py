@@ -1,5 +1,5 @@
 """The one REST API, `/api/v1/`: one NinjaAPI, the routers each app contributes mounted on it,
-and the API's one translation of errors (rftweb.exceptions' RftError, ninja's own).
+and the API's one translation of errors (kernel.exceptions' RftError, ninja's own).
 
 The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
 rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the human-signal
@@ -25,15 +25,15 @@ from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.feedback.review_api import router as review_router
 from apps.feedback.signal_api import router as signal_router
-from apps.hygiene import MAX_DEPTH, InputRejected, tree_check
+from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
-from rftweb.exceptions import RftError, TooLarge
+from kernel.exceptions import RftError, TooLarge
 
 # ---- errors --------------------------------------------------------------------------
 
 
 # Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
-# are refused by the one input hygiene of every door (apps/hygiene.py): InputRejected is
+# are refused by the one input hygiene of every door (kernel/hygiene.py): InputRejected is
 # an InvalidInput, a 422 naming the field.
 
 
@@ -83,7 +83,7 @@ def _problem(request: HttpRequest, status: int, detail: str, errors: dict[str, s
 
 @api.exception_handler(RftError)
 def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
-    """The API's one translation of the error base (rftweb.exceptions): its status, the
+    """The API's one translation of the error base (kernel.exceptions): its status, the
     fields it names (422: field path -> message), Retry-After where waiting helps."""
     headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after", None)

@@ -29,7 +29,7 @@ __all__ = ["ApiError", "RftClient", "environment_args", "environment_parser"]
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
-# A JSON value as the API sends it (as rftweb.jsontypes has it: this module needs only httpx).
+# A JSON value as the API sends it (as kernel.jsontypes has it: this module needs only httpx).
 JSON: TypeAlias = "None | bool | int | float | str | list[JSON] | dict[str, JSON]"
 JSONObject: TypeAlias = "dict[str, JSON]"
 QueryParams = Mapping[str, "str | int | float"]

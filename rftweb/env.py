@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 
 N = TypeVar("N", int, float)

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import HttpResponse
 
-from rftweb.exceptions import TooLarge
+from kernel.exceptions import TooLarge
 
 
 class UploadTooLarge(TooLarge):

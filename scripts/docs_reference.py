@@ -2,7 +2,7 @@
 
     python scripts/docs_reference.py [--out docs/reference]
 
-- run-config.md: the run config, from its pydantic models (apps/runs/config.py): every key
+- run-config.md: the run config, from its pydantic models (kernel/config.py): every key
   with its type, default, bounds and the description or comment the code gives it;
 - cli.md: every management command of apps/cli, from its argparse parser;
 - settings.md: every environment variable rftweb/settings.py reads through the rftweb/env.py
@@ -207,19 +207,19 @@ def default_text(field: typing.Any) -> str:
 
 
 def registry_names(registry: str) -> list[str]:
-    from apps.runs.algorithms import algorithm_names
-    from apps.runs.reward_kinds import reward_kind_names
+    from kernel.algorithms import algorithm_names
+    from kernel.reward_kinds import reward_kind_names
 
     readers = {"algorithms": algorithm_names, "reward_kinds": reward_kind_names}
     return sorted(readers[registry]()) if registry in readers else []
 
 
 def run_config_page() -> str:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
     lines = [
         "# Run config", "", GENERATED.strip(), "",
-        "A run's config is one pydantic schema (`apps/runs/config.py`, `RunConfig`) that validates it",
+        "A run's config is one pydantic schema (`kernel/config.py`, `RunConfig`) that validates it",
         "at every door: the new-run form, `rft create CONFIG` (a YAML or JSON file), and the API. Unknown",
         "keys are refused, and an error names the key by its dotted path (`sampling.temperature`).",
         "Each section below is a key of the config; *meaning* is the description or comment the code",

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 # this process and the ones it starts (the FSDP2 ranks, the tests/gpu run), so an import the
 # lent machine could not satisfy fails here first.
 IMAGE_ONLY = "RFT_GPU_CHECK_IMAGE_ONLY"
-PROJECT = {"apps", "workers", "rftweb", "bench", "tests", "scripts", "conftest", "manage"}
+PROJECT = {"kernel", "apps", "workers", "rftweb", "bench", "tests", "scripts", "conftest", "manage"}
 
 # Qwen2-0.5B's shape (config.json of Qwen/Qwen2-0.5B): 494M parameters with tied embeddings.
 QWEN2_05B = {"hidden_size": 896, "intermediate_size": 4864, "layers": 24, "heads": 14, "kv_heads": 2,
@@ -185,7 +185,7 @@ def gpu_tests(*, timeout: float) -> Figure:
 def lora_step(*, device: str, shape: dict[str, int], batch: dict[str, int], steps: int) -> Figure:
     import torch
 
-    from apps.runs.config import AdapterConfig
+    from kernel.config import AdapterConfig
     from workers.adapters import adapter_wrap
 
     precision = "bf16" if device == "cuda" else "fp32"

@@ -9,7 +9,12 @@ A page is covered because a link leads to it: nothing here lists the site's page
 ids (and long tokens) in a path collapse, so /runs/1/experiences/57/ and /58/ count once, and
 a query counts by its keys; each person and width stops at `PAGE_CAP` pages and `ACTION_CAP`
 actions, and reaching a cap is itself a failure (the cap is raised, nothing is skipped
-silently)."""
+silently).
+
+One person's crawls at two widths can share their actions (`Crawl.taken`): a form or control
+the person already used at one width (the same kind of target, the same button) is not sent
+again at the next, since what it does on the server does not depend on the window; the page
+it led to is still opened at the next width, and every page is opened at both."""
 
 from __future__ import annotations
 
@@ -150,6 +155,7 @@ class Action:
     label: str
     hx: bool = False
     method: str = "get"
+    key: tuple[str, ...] = ()  # what counts as the same action (Crawl._plan)
 
     def describe(self) -> str:
         what = f"{self.method.upper()} form" if self.kind == "form" else "htmx control"
@@ -167,6 +173,10 @@ class Crawl:
     visited: list[str] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (where, what)
     skipped: dict[str, None] = field(default_factory=dict)  # the actions not taken, once each
+    # Actions this person took at another width, each with the page it led to ("" if none):
+    # one dict passed to each of the person's crawls (see the module's note).
+    taken: dict[tuple[str, ...], str] = field(default_factory=dict)
+    elsewhere: list[str] = field(default_factory=list)  # the actions not sent again here
     events: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     page: Any = None
@@ -315,13 +325,14 @@ class Crawl:
             if not form["button"]:
                 continue  # nothing a person can send it with (a read-only view of a form, for a viewer)
             self._plan(Action("form", self.page.url, form["index"], form["action"], form["label"] or form["id"],
-                              form["hx"], form["method"]), actions, done_actions)
+                              form["hx"], form["method"]), actions, done_actions, pages, seen)
         for control in found["controls"]:
             if control["clickable"] and not control["form"]:
                 self._plan(Action("control", self.page.url, control["index"], control["url"], control["label"],
-                                  True, "post" if control["post"] else "get"), actions, done_actions)
+                                  True, "post" if control["post"] else "get"), actions, done_actions, pages, seen)
 
-    def _plan(self, action: Action, actions: deque[Action], done_actions: set[tuple[str, ...]]) -> None:
+    def _plan(self, action: Action, actions: deque[Action], done_actions: set[tuple[str, ...]],
+              pages: deque[tuple[str, str]], seen: set[str]) -> None:
         if action.method == "dialog" or not action.target.startswith(self.base):
             return
         # A GET (a filter, a sort, a refresh) counts once per kind of page it asks for; a POST
@@ -334,7 +345,18 @@ class Crawl:
         if destructive(urlsplit(action.target).path, action.label):
             self.skipped[action.describe()] = None
             return
+        action.key = key
+        if key in self.taken:
+            self.elsewhere.append(action.describe())
+            self._enqueue(self.taken[key], f"after {action.describe()} (sent at another width)", pages, seen)
+            return
         actions.append(action)
+
+    def _enqueue(self, url: str, via: str, pages: deque[tuple[str, str]], seen: set[str]) -> None:
+        """Open `url` later, unless a page of its kind is already seen (or it is no page to open)."""
+        if url.startswith(self.base) and pattern(url) not in seen and not SKIP_PATH.search(urlsplit(url).path):
+            seen.add(pattern(url))
+            pages.append((url, via))
 
     def _act(self, action: Action, pages: deque[tuple[str, str]], seen: set[str]) -> None:
         """Open the action's page afresh, then submit the form with the values it shows, or
@@ -356,6 +378,7 @@ class Crawl:
                 """(i) => { const el = document.querySelectorAll('[hx-get], [hx-post]')[i]; if (!el) return 'gone';
                    el.click(); return 'htmx'; }""", action.index)
         if outcome in ("gone", "blocked"):
+            # Not taken: the person's next width tries it again.
             why = "a required field is empty" if outcome == "blocked" else "not on the page again"
             self.visited.append(f"{where}: not sent ({why})")
             self.check(where)
@@ -365,10 +388,10 @@ class Crawl:
         self.check(where, sent_to=urlsplit(action.target).path if action.kind == "form" else "")
         landed = self.page.url
         if action.method == "post" and urlsplit(landed).path == urlsplit(action.target).path:
+            self.taken[action.key] = ""
             return  # the POST's own answer (a form with its errors): not a page to GET
-        if landed.startswith(self.base) and pattern(landed) not in seen and not SKIP_PATH.search(urlsplit(landed).path):
-            seen.add(pattern(landed))
-            pages.append((landed, f"after {where}"))
+        self.taken[action.key] = landed
+        self._enqueue(landed, f"after {where}", pages, seen)
 
 
 def failure_report(crawls: list[Crawl]) -> list[str]:
@@ -393,7 +416,7 @@ def visit_report(crawls: list[Crawl]) -> str:
     lines = []
     for crawl in crawls:
         lines.append(f"== {crawl.person} at {crawl.width} px: {len(crawl.visited)} pages and actions, "
-                     f"{len(crawl.skipped)} actions not taken")
+                     f"{len(crawl.skipped)} actions not taken, {len(crawl.elsewhere)} sent at another width")
         lines += [f"   {v}" for v in crawl.visited]
         lines += [f"   (not taken: {s})" for s in crawl.skipped]
     return "\n".join(lines)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.runs.config import ConfigInvalid, config_parse, config_validate
+from kernel.config import ConfigInvalid, config_parse, config_validate
 
 
 def test_a_minimal_config_gets_defaults() -> None:

@@ -98,7 +98,7 @@ def _yaml_configs() -> Iterator[tuple[str, str]]:
 
 @pytest.mark.parametrize("page,block", list(_yaml_configs()))
 def test_a_run_config_the_docs_show_validates(page: str, block: str) -> None:
-    from apps.runs.config import config_validate
+    from kernel.config import config_validate
 
     config_validate(data=yaml.safe_load(block))
 
@@ -108,7 +108,7 @@ def test_the_docs_show_at_least_one_run_config() -> None:
 
 
 def test_the_generated_reference_covers_every_command_config_section_path_and_setting() -> None:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
     from rftweb.api import api
 
     reference = _reference()

@@ -12,9 +12,10 @@ from django.core.management.base import CommandError
 
 from apps.buffer.importers import ImportFailed
 from apps.envapi.services import KeyInvalid
-from apps.runs.config import ConfigInvalid
+from kernel.config import ConfigInvalid
 from apps.runs.services import TransitionNotAllowed
-from rftweb.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable, command_error
+from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable
+from rftweb.exceptions import command_error
 from workers.explorer import GenerateRequestInvalid, VersionNotReady
 from workers.sync import SyncUnavailable
 from workers.trainer import StepConflict
@@ -63,16 +64,16 @@ NOT_DOMAIN_ERRORS = {
     # submitted code's own `except Exception`.
     "_TestTimeout": "apps/rewards/sandbox_runner.py",
     # A programming error: the Django apps were not loaded before the vocabulary was read.
-    "VocabularyMissing": "apps/runs/vocabulary.py",
+    "VocabularyMissing": "kernel/vocabulary.py",
 }
 
 
 def _exception_classes() -> dict[str, list[tuple[str, list[str]]]]:
-    """Every class defined in the application (apps/, workers/, rftweb/; no migrations):
+    """Every class defined in the application (kernel/, apps/, workers/, rftweb/; no migrations):
     name -> [(file, base names)]."""
     root = Path(__file__).resolve().parent.parent
     classes: dict[str, list[tuple[str, list[str]]]] = {}
-    for package in ("apps", "workers", "rftweb"):
+    for package in ("kernel", "apps", "workers", "rftweb"):
         for path in sorted((root / package).rglob("*.py")):
             if "migrations" in path.parts:
                 continue

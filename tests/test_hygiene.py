@@ -20,8 +20,8 @@ from django.test import Client
 
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.models import Experience, Task, Taskset
-from apps.hygiene import InputRejected, json_parse, yaml_parse
-from apps.runs.config import ConfigInvalid, config_parse
+from kernel.hygiene import InputRejected, json_parse, yaml_parse
+from kernel.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
 from tests.envapi.conftest import Api, make_key
 from tests.factories import make_run
@@ -103,7 +103,7 @@ def test_integer_fields_hold_64_bits_while_free_form_params_keep_any_integer() -
 def test_a_float_field_read_back_from_jsonb_as_a_large_integer_still_validates(owner: User) -> None:
     run = make_run(owner=owner, feedback={"w_auto": 9.223372036854776e18})
     run.refresh_from_db()
-    from apps.runs.config import config_validate
+    from kernel.config import config_validate
 
     assert config_validate(data=run.config).feedback.w_auto == 9.223372036854776e18
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.models import Task
-from apps.runs.config import ConfigInvalid, config_parse
+from kernel.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
 from apps.runs.services import run_create
 from tests.factories import make_user
@@ -192,7 +192,7 @@ form_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max
 def test_arbitrary_text_in_the_run_forms_is_never_a_500_and_what_is_stored_validates(data: Any) -> None:
     from django.test import Client
 
-    from apps.runs.config import config_validate
+    from kernel.config import config_validate
     from apps.control.forms import config_field_specs, feedback_field_specs
     from tests.factories import make_run
 

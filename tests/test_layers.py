@@ -25,7 +25,7 @@ def test_a_kernel_module_importing_an_upper_app_breaks_the_contract(tmp_path: Pa
     refused, naming the import."""
     import shutil
 
-    for name in ("apps", "workers", "rftweb"):
+    for name in ("kernel", "apps", "workers", "rftweb"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "migrations"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "apps" / "runs" / "metrics.py").open("a") as f:
@@ -41,8 +41,8 @@ def test_the_apps_above_fill_the_kernels_config_vocabulary(monkeypatch: pytest.M
     """The kernel validates reward and operator names it cannot import: the rewards and buffer
     apps register them when Django loads them (AppConfig.ready); without them a config is
     refused loudly, never accepted with any name."""
-    from apps.runs import vocabulary
-    from apps.runs.config import config_validate
+    from kernel import vocabulary
+    from kernel.config import config_validate
 
     assert {"exact_match", "math_accuracy", "k12_judge"} <= set(vocabulary.reward_names())
     assert {"human_flagged", "priority_replay"} <= set(vocabulary.operator_names())
@@ -58,7 +58,7 @@ def test_a_worker_importing_an_apps_model_breaks_the_ports_contract(tmp_path: Pa
     imports the Run model is refused, naming the import; the ports themselves are allowed."""
     import shutil
 
-    for name in ("apps", "workers", "rftweb"):
+    for name in ("kernel", "apps", "workers", "rftweb"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "migrations"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "workers" / "explorer.py").open("a") as f:
@@ -95,3 +95,26 @@ def test_a_learner_groups_follower_module_imports_before_django_is_set_up() -> N
     result = subprocess.run([sys.executable, "-c", "import workers.algorithms.distributed, workers.demo_model"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_kernel_imports_without_django() -> None:
+    """The kernel needs no Django: in a process where Django is neither set up nor named
+    (no DJANGO_SETTINGS_MODULE), every kernel module imports and validates a plain value,
+    and Django is still not loaded afterwards."""
+    import os
+
+    code = (
+        "import pkgutil, importlib, sys, kernel\n"
+        "names = [m.name for m in pkgutil.walk_packages(kernel.__path__, 'kernel.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "from kernel.feedback_policy import borda_scores\n"
+        "assert borda_scores([2, 0, 1]) == {2: 1.0, 0: 0.5, 1: 0.0}\n"
+        "loaded = sorted(m for m in sys.modules if m == 'django' or m.startswith(('django.', 'apps', 'rftweb')))\n"
+        "print(len(names), loaded)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    count, loaded = result.stdout.split(" ", 1)
+    assert int(count) >= 10 and loaded.strip() == "[]", result.stdout

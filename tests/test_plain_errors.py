@@ -1,4 +1,4 @@
-"""pydantic's errors in plain words naming the field (apps/runs/plain_errors.py, issue 45 item 5),
+"""pydantic's errors in plain words naming the field (kernel/plain_errors.py, issue 45 item 5),
 one per error type a config can raise."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from apps.runs.plain_errors import errors_plain, field_label
+from kernel.plain_errors import errors_plain, field_label
 
 
 class _Block(BaseModel):

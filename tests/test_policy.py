@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.runs import policy
-from apps.runs.config import config_validate
+from kernel.config import config_validate
 
 
 def cfg(**kw: object):

@@ -1,4 +1,4 @@
-"""Preferences of style a run measures but never rewards (apps/runs/preferences.py): the
+"""Preferences of style a run measures but never rewards (kernel/preferences.py): the
 config names them under `eval.preferences`, the evaluator records the share of answers each
 likes, the run page charts them apart from the reward; the demo run asks people for one."""
 
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from apps.runs.config import ConfigInvalid, config_validate
-from apps.runs.preferences import preference_get, preference_names, preference_register, preference_shares
+from kernel.config import ConfigInvalid, config_validate
+from kernel.preferences import preference_get, preference_names, preference_register, preference_shares
 from apps.runs.selectors import CHART_GROUPS
 
 BASE = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "eval": {"taskset": 1}}
@@ -48,7 +48,7 @@ def test_a_preference_of_ones_own_is_one_function_and_one_line() -> None:
         assert config_validate(data={**BASE, "eval": {"taskset": 1, "preferences": ["polite"]}}).eval.preferences == ["polite"]
         assert preference_get("polite").liked("q", "Please: <answer>1</answer>")
     finally:
-        from apps.runs import preferences
+        from kernel import preferences
 
         preferences._REGISTRY.remove("polite")
 

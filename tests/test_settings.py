@@ -127,7 +127,7 @@ def test_settings_are_read_from_the_environment_only_in_the_settings_module() ->
     allowed = {ROOT / "rftweb" / "settings.py", ROOT / "rftweb" / "env.py", ROOT / "rftweb" / "client.py"}
     reads = [
         read
-        for folder in ("apps", "workers", "rftweb")
+        for folder in ("kernel", "apps", "workers", "rftweb")
         for path in sorted((ROOT / folder).rglob("*.py"))
         if path not in allowed
         for read in _environment_reads(path)

@@ -136,7 +136,7 @@ def test_a_tracker_that_cannot_start_is_skipped_and_the_metrics_still_land(
 
 
 def test_a_run_config_names_only_known_trackers() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
 
     with pytest.raises(ConfigInvalid) as exc:
         config_validate(data={"model": "m", "tracking": ["tensorboard", "neptune"]})

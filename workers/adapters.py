@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rftweb.exceptions import ExportFailed, InvalidInput
+from kernel.exceptions import ExportFailed, InvalidInput
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,7 @@ def adapter_base(path: str | Path) -> str:
 
 class LoraSettings(Protocol):
     """What an adapter is made of: a run config's `trainer.lora` section
-    (apps.runs.config.AdapterConfig) has these fields."""
+    (kernel.config.AdapterConfig) has these fields."""
 
     @property
     def rank(self) -> int: ...

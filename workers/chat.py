@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from apps.runs.ports import RunView, run_current_version, run_view
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
-from apps.runs.preferences import number_words
+from kernel.preferences import number_words
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
 
 if TYPE_CHECKING:

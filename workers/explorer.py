@@ -47,8 +47,8 @@ from apps.runs.ports import (
     version_checkpoint,
     weight_load_record,
 )
-from rftweb.exceptions import InvalidInput, Unavailable
-from rftweb.jsontypes import JSONObject
+from kernel.exceptions import InvalidInput, Unavailable
+from kernel.jsontypes import JSONObject
 
 if TYPE_CHECKING:
     from workers.chat import ChatAnswer

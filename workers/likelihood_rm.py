@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
-from rftweb.exceptions import ExportFailed
+from kernel.exceptions import ExportFailed
 from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
 
 if TYPE_CHECKING:

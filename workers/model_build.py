@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from rftweb.exceptions import UpstreamFailed
+from kernel.exceptions import UpstreamFailed
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     import torch

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from apps.rewards.ports import reference_text, task_field
-from rftweb.exceptions import ExportFailed
+from kernel.exceptions import ExportFailed
 from workers.engines.base import SamplingSpec
 
 if TYPE_CHECKING:

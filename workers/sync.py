@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 
-from rftweb.exceptions import Unavailable
+from kernel.exceptions import Unavailable
 
 if TYPE_CHECKING:
     import torch

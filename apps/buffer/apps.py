@@ -10,6 +10,6 @@ class BufferConfig(AppConfig):
         # The run config (apps.runs, below this app) validates its pipeline steps through the
         # kernel's vocabulary registry.
         from apps.buffer.pipeline.registry import operator_names, params_check, stage_check
-        from apps.runs.vocabulary import operators_register
+        from kernel.vocabulary import operators_register
 
         operators_register(names=operator_names, params_check=params_check, stage_check=stage_check)

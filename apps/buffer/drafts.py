@@ -26,10 +26,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard, TypeVar, cast
 
-from apps.runs.config import RunConfig
-from apps.runs.feedback_policy import InitialFields, experience_initial_fields
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.config import RunConfig
+from kernel.feedback_policy import InitialFields, experience_initial_fields
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from PIL import Image

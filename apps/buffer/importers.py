@@ -23,14 +23,14 @@ from django.db import transaction
 from apps.buffer.models import Task, Taskset, TasksetImage
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
 from apps.buffer.pipeline.core import Row
-from apps.hygiene import InputRejected, jsonl_records, tree_check
-from apps.runs.vocabulary import domain_misspelt, domain_misspelt_message
-from rftweb.exceptions import InvalidInput
+from kernel.hygiene import InputRejected, jsonl_records, tree_check
+from kernel.vocabulary import domain_misspelt, domain_misspelt_message
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-    from apps.runs.config import PipelineStep
+    from kernel.config import PipelineStep
     from apps.runs.models import Run
 
 # Operator steps as `{name, params}` mappings or config PipelineStep objects.

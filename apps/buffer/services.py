@@ -31,8 +31,8 @@ from apps.buffer.selectors import experiences_claimable, experiences_in_whole_gr
 from apps.runs.events import event_publish_many
 from apps.runs.metrics import metric_announce, metric_values_clean
 from apps.runs.models import Metric, Run
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 
 @dataclass(frozen=True)

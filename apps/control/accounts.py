@@ -31,7 +31,7 @@ from apps.runs.invitations import (
     invitations_open,
 )
 from apps.runs.models import Run
-from rftweb.exceptions import RftError
+from kernel.exceptions import RftError
 from rftweb.http import HtmxHttpRequest
 from rftweb.login_guard import login_failures_forget
 

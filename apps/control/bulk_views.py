@@ -16,7 +16,7 @@ from apps.control.selectors import experiences_matching_ids
 from apps.feedback.bulk import BULK_ACTIONS, BULK_MAX, bulk_allowed, bulk_ids, experiences_bulk, experiences_export
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput, RftError
+from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
 _RUNS = Run.objects.select_related("owner", "taskset")

@@ -1,4 +1,4 @@
-"""The run-creation form, generated from the one config schema (`apps.runs.config.RunConfig`).
+"""The run-creation form, generated from the one config schema (`kernel.config.RunConfig`).
 
 Each scalar field of the schema becomes an input named by its dotted path
 (`sampling.temperature`); lists and mappings (rewards, stop strings, pipeline steps) are YAML
@@ -21,13 +21,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonDict
 
-from apps.hygiene import InputRejected, yaml_parse
-from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
-from apps.runs.config import FeedbackPolicy, RunConfig, config_validate
-from apps.runs.eval_series import best_by_choices
-from apps.runs.preferences import preference_names
-from apps.runs.reward_kinds import reward_kind_names
-from apps.runs.vocabulary import domains
+from kernel.hygiene import InputRejected, yaml_parse
+from kernel.algorithms import algorithm_get, algorithm_names, algorithms
+from kernel.config import FeedbackPolicy, RunConfig, config_validate
+from kernel.eval_series import best_by_choices
+from kernel.preferences import preference_names
+from kernel.reward_kinds import reward_kind_names
+from kernel.vocabulary import domains
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
 FORM = "__all__"

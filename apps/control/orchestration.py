@@ -41,8 +41,8 @@ from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.buffer.services import batch_release, lease_reap, task_release
 from apps.runs import policy
-from apps.runs.algorithms import BatchPlan, algorithm_get
-from apps.runs.config import RunConfig
+from kernel.algorithms import BatchPlan, algorithm_get
+from kernel.config import RunConfig
 from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
 from apps.runs.services import TransitionNotAllowed, run_transition

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from apps.buffer.importers import taskset_import
 from apps.buffer.models import Taskset
-from apps.runs.config import ConfigInvalid, RunConfig, config_validate
+from kernel.config import ConfigInvalid, RunConfig, config_validate
 from apps.runs.models import Run
 from apps.runs.services import run_create, run_name_errors, run_spec_errors
 

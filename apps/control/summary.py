@@ -21,7 +21,7 @@ SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
 # The run's main metrics, in the order people read them: what the explorer was rewarded, what
 # people rated (the human reward of trained batches), the reward model's accuracy; then every
 # series the held-out evaluation measured (accuracy by the domain's verifier, format share,
-# reward, each preference share: apps/runs/eval_series.py), each under what it measures.
+# reward, each preference share: kernel/eval_series.py), each under what it measures.
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("explore/reward_mean", "reward (explored)"),
     ("reward_mean", "reward (trained batches)"),

@@ -62,12 +62,12 @@ from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.signal_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
-from apps.hygiene import MAX_CONFIG_BYTES
+from kernel.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.registry import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
-from apps.runs.config import ConfigInvalid, config_file_read
-from apps.runs.eval_series import LABELS as EVAL_LABELS
+from kernel.config import ConfigInvalid, config_file_read
+from kernel.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
 from apps.runs.selectors import (
@@ -101,7 +101,7 @@ from apps.runs.services import (
     run_transition,
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
-from rftweb.exceptions import ExportFailed, RftError
+from kernel.exceptions import ExportFailed, RftError
 from rftweb.http import HtmxHttpRequest, signed_in
 
 
@@ -389,7 +389,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "groups": CHART_GROUPS,
             "sections": CHART_SECTIONS,
             "constant_pattern": CONSTANT_PATTERN,
-            # Legends name a series by what it measures (apps/runs/eval_series.py).
+            # Legends name a series by what it measures (kernel/eval_series.py).
             "labels": EVAL_LABELS,
             "compare": runs_to_compare(user=request.user, run=run),
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},

@@ -23,7 +23,7 @@ from django.conf import settings
 
 from apps.control.orchestration import dispatch_recover, dispatch_send
 from apps.runs.models import Dispatch, ModelVersion, Run, TaskFailure
-from rftweb.exceptions import Conflict, NotFound, Unavailable
+from kernel.exceptions import Conflict, NotFound, Unavailable
 
 # TaskFailure.task of a failed pack (apps.runs.failures records it; it never fails the run).
 EXPORT_FAILURE = "export"

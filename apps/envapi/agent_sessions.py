@@ -39,7 +39,7 @@ from apps.envapi.models import AgentCall, AgentSession, ApiKey
 from apps.envapi.openai_services import OpenAIError
 from apps.envapi.services import GROUP_MAX, KEY_MAX, env_scoped
 from apps.runs.models import Run
-from rftweb.exceptions import Conflict, NotFound
+from kernel.exceptions import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run
 from apps.runs.selectors import eval_best, eval_measures, metric_moves, run_takes_feedback
-from rftweb.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
-from rftweb.jsontypes import Body
+from kernel.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
+from kernel.jsontypes import Body
 
 router = Router()
 FeedbackId: int = Path(..., ge=1, le=2**63 - 1, description="the feedback row's id")

@@ -52,11 +52,11 @@ from apps.envapi import openai_services as oa
 from apps.envapi import token_stream
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
-from apps.hygiene import InputRejected, tree_check
+from kernel.hygiene import InputRejected, tree_check
 from apps.runs.models import Run
 from rftweb.degrade import RETRY_AFTER_SECONDS
-from rftweb.exceptions import Unavailable, UpstreamFailed
-from rftweb.jsontypes import Body
+from kernel.exceptions import Unavailable, UpstreamFailed
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.envapi.agent_sessions import SessionRef

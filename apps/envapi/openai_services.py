@@ -18,8 +18,8 @@ from typing import NotRequired, TypedDict, cast
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import rollout_task_send, rollout_task_wait
 from apps.runs.models import ModelVersion, Run
-from rftweb.exceptions import RftError, Unavailable, UpstreamFailed
-from rftweb.jsontypes import Body
+from kernel.exceptions import RftError, Unavailable, UpstreamFailed
+from kernel.jsontypes import Body
 
 # What a rollout worker answers (workers/chat.py `chat_generate`), once `_answer_checked`
 # has seen its shape.

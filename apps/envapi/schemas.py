@@ -15,7 +15,7 @@ from pydantic.json_schema import JsonDict
 
 from apps.feedback.kinds import kind_get, kind_names, kinds
 from apps.runs.api_kit import Error
-from apps.runs.config import RunConfig
+from kernel.config import RunConfig
 
 Id = Annotated[int, Field(ge=1, le=2**63 - 1)]
 Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]

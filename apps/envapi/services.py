@@ -31,8 +31,8 @@ from apps.runs.events import access_changed_publish
 from apps.runs.invitations import Actor
 from apps.runs.models import Run
 from rftweb.degrade import REDIS_ERRORS, unavailable_message
-from rftweb.exceptions import InvalidInput, Unavailable, UpstreamFailed
-from rftweb.jsontypes import Body
+from kernel.exceptions import InvalidInput, Unavailable, UpstreamFailed
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult

@@ -12,7 +12,7 @@ from ninja.params.functions import Path
 
 from apps.envapi import agent_sessions
 from apps.runs.api_kit import responses, run_reachable
-from rftweb.jsontypes import Body
+from kernel.jsontypes import Body
 
 
 class SessionFinishIn(Schema):

@@ -15,7 +15,8 @@ from apps.envapi.selectors import api_keys_of_run
 from apps.envapi.services import api_key_create, api_key_revoke
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
-from rftweb.exceptions import RftError, form_errors_add
+from kernel.exceptions import RftError
+from rftweb.exceptions import form_errors_add
 
 
 def _owned_run(request: HttpRequest, run_id: int) -> Run:

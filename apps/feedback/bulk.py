@@ -29,7 +29,7 @@ from apps.feedback.models import Feedback
 from apps.feedback.services import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.selectors import run_role
-from rftweb.exceptions import InvalidInput, NotAllowed
+from kernel.exceptions import InvalidInput, NotAllowed
 
 Person = AbstractBaseUser | AnonymousUser
 

@@ -43,7 +43,7 @@ from apps.feedback.learned import gold_experience_ids
 from apps.feedback.preferences import preference_pairs
 from apps.feedback.selectors import dpo_pairs
 from apps.runs.models import Run
-from rftweb.exceptions import ExportFailed
+from kernel.exceptions import ExportFailed
 
 if TYPE_CHECKING:
     from datasets import Features

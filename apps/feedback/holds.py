@@ -12,6 +12,11 @@ Under `auto` nothing is held (labels move no reward there), nor with hold_second
 window (feedback.wait_seconds) still ends as before: a held group may become ready, and is
 claimed once the hold is over, with what its people gave in the meantime folded in.
 
+The annotation header's counts renew through holds_renew_when_due: one that would move no hold
+by more than RENEW_SLACK_SECONDS (the last sign of work was that recent: a label and the counts
+the page asks for right after it, or the counts every page asks for after anyone's label)
+reads the person's items once and writes nothing.
+
 Renewals run after the label's transaction commits (`transaction.on_commit`): they touch other
 groups' rows, which a fold of those groups may hold locked. A renewal that loses a race (a
 deadlock) is dropped: the next sign of work renews again.
@@ -51,6 +56,10 @@ def holds_apply(*, run: Run) -> bool:
             and run.status not in _ENDED)
 
 
+# At most this much (and a tenth of hold_seconds) of a hold is given up to skip a renewal.
+RENEW_SLACK_SECONDS = 5.0
+
+
 def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> int:
     """Renew the holds of `annotator`'s leased items on `run` (a sign of work), and bring the
     holds of their groups (and of `also_groups`: those of items they just finished or skipped)
@@ -83,6 +92,36 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
         log.info("hold renewal of run %s for %s lost a race; the next sign of work renews it", run.pk, annotator.pk)
         return 0
     return held_groups
+
+
+def holds_renew_when_due(*, run: Run, annotator: Person) -> int:
+    """holds_renew for a sign of work that may come seconds after the last (the annotation
+    header's counts: every 10 s, after each of the person's labels, and after anyone's label
+    on the run): when no hold would move by more than RENEW_SLACK_SECONDS, one read of the
+    person's items and no write, no lock. Returns the number of groups held for them now."""
+    if not holds_apply(run=run) or not getattr(annotator, "is_authenticated", False):
+        return 0
+    fresh = _held_when_fresh(run=run, annotator=annotator, now=timezone.now())
+    return holds_renew(run=run, annotator=annotator) if fresh is None else fresh
+
+
+def _held_when_fresh(*, run: Run, annotator: Person, now: datetime) -> int | None:
+    """The groups held for `annotator` when none of their open leased items needs a renewal
+    (each hold ends within RENEW_SLACK_SECONDS of where a renewal now would set it, its cap
+    counted); None when one does. One read, no lock."""
+    policy = run.cfg.feedback
+    slack = min(RENEW_SLACK_SECONDS, policy.hold_seconds / 10)
+    soonest = now + timedelta(seconds=policy.hold_seconds - slack)
+    cap = timedelta(seconds=policy.hold_cap_seconds)
+    held: set[str] = set()
+    for group, status, until, handed in Assignment.objects.filter(
+            run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED).values_list(
+            "experience__group_id", "experience__status", "held_until", "created_at"):
+        if status in _OPEN and (until is None or until < min(soonest, handed + cap)):
+            return None
+        if until is not None and until > now:
+            held.add(group)
+    return len(held)
 
 
 def _lock_or_yield(*, run: Run, annotator: Person, also_groups: Iterable[str]) -> None:

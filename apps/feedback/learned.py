@@ -34,7 +34,7 @@ from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services import _group_feedback, _locked_members, group_fold
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
-from apps.runs.feedback_policy import reward_learned, signals_fold
+from kernel.feedback_policy import reward_learned, signals_fold
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from apps.buffer.models import Experience
 from apps.feedback.kinds import FeedbackKind, kind_get, kind_names
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
-from apps.runs.algorithms import algorithm_get
+from kernel.algorithms import algorithm_get
 from apps.runs.models import ModelVersion, Run
 
 State = Literal["trained", "reward_model", "pending", "unused"]

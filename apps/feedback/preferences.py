@@ -22,9 +22,9 @@ from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
-from apps.runs.feedback_policy import signals_fold
+from kernel.feedback_policy import signals_fold
 from apps.runs.models import Run
-from rftweb.jsontypes import Body
+from kernel.jsontypes import Body
 
 # Signals whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).

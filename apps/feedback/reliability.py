@@ -23,7 +23,7 @@
   untrusted. An unmeasured annotator gets gold items first, an untrusted one gold items and
   only `trust.untrusted_share` of the fresh items.
 
-Everything is on the normalised human scale [0, 1] (apps.runs.feedback_policy).
+Everything is on the normalised human scale [0, 1] (kernel.feedback_policy).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from rftweb.degrade import cached
-from rftweb.jsontypes import Body
+from kernel.jsontypes import Body
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
 

@@ -27,7 +27,7 @@ from apps.feedback.review_selectors import Disagreement, conflicts_among, disagr
 from apps.feedback.revise import group_refold
 from apps.feedback.services import feedback_compare, feedback_rate, group_fold
 from apps.runs.models import AuditEntry, Run
-from rftweb.exceptions import Conflict, InvalidInput, NotFound
+from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
 

@@ -25,8 +25,8 @@ from apps.feedback.review_selectors import (
 from apps.runs.api_kit import RunId, responses, run_reachable
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
-from rftweb.exceptions import NotAllowed
-from rftweb.jsontypes import Body
+from kernel.exceptions import NotAllowed
+from kernel.jsontypes import Body
 
 router = Router(tags=["review"])
 

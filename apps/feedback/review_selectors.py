@@ -4,7 +4,7 @@ conflict.
 
 Two labels of different people conflict when
 - they score one completion far apart: their signals (a rating's normalised score, a
-  ranking's Borda score; see apps.runs.feedback_policy) differ by RATING_GAP or more, e.g.
+  ranking's Borda score; see kernel.feedback_policy) differ by RATING_GAP or more, e.g.
   1/5 against 3/5, a thumb up against a thumb down, or a ranking's first place against 1/5;
 - or one of them is a choice (an A/B comparison, a correction) and the other prefers the
   opposite of it: A over B against B over A, from a comparison or a ranking.
@@ -26,7 +26,7 @@ from apps.feedback.kinds.ranking import RankingValue
 from apps.feedback.kinds.rating import RatingValue
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 # Signals on [0, 1] this far apart disagree: two points on the 1..5 scale, thumbs up and down.
 RATING_GAP = 0.5

@@ -36,7 +36,7 @@ from apps.feedback.review_selectors import (
 )
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from rftweb.exceptions import RftError
+from kernel.exceptions import RftError
 from rftweb.http import HtmxHttpRequest, signed_in
 
 

@@ -24,14 +24,14 @@ from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services import _lease_seconds
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
-from apps.runs.feedback_policy import (
+from kernel.feedback_policy import (
     experience_initial_fields,
     member_is_final,
     reward_combine,
     signals_fold,
 )
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from apps.buffer.models import Experience
 from apps.rewards.models import RewardModel, RewardModelScore
-from apps.runs.config import SelectionRule
+from kernel.config import SelectionRule
 from apps.runs.models import Run
 
 WINDOW = 500  # candidates weighed per claim: the freshest waiting groups (annotation_candidates' order)

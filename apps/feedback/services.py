@@ -1,5 +1,5 @@
 """Feedback services: the annotation queue (assignments under a lease), storing feedback,
-and folding it into experience rewards under the run's policy (see apps.runs.feedback_policy).
+and folding it into experience rewards under the run's policy (see kernel.feedback_policy).
 
 Every piece of feedback is stored as its own row, whatever happens to its target. Feedback
 whose target was already taken by the trainer (leased or consumed) or dropped is stored
@@ -40,7 +40,7 @@ from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.selection import WINDOW, selection_order, selection_ranks, share_slots
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
-from apps.runs.feedback_policy import (
+from kernel.feedback_policy import (
     DROP_REASON,
     feedback_is_late,
     member_is_final,
@@ -49,7 +49,7 @@ from apps.runs.feedback_policy import (
 )
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_takes_feedback
-from rftweb.exceptions import Conflict, InvalidInput, NotFound
+from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from apps.rewards.export import (
 )
 from apps.rewards.models import K12Grader, RewardModel
 from apps.runs.api_kit import ERRORS, Error, RunId, responses, run_reachable
-from rftweb.exceptions import Conflict
-from rftweb.jsontypes import Body
+from kernel.exceptions import Conflict
+from kernel.jsontypes import Body
 
 # The operation ids are the ones this router had as apps/rewards/api.py (generated clients
 # name their methods by them).

@@ -27,9 +27,9 @@ from apps.rewards.gold import gold_item_mark, gold_item_unmark
 from apps.rewards.models import GoldItem
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput, NotFound
+from kernel.exceptions import InvalidInput, NotFound
 from rftweb.http import HtmxHttpRequest
-from rftweb.jsontypes import Body
+from kernel.jsontypes import Body
 
 
 class RatersData(TypedDict):

@@ -26,7 +26,7 @@ from apps.feedback.ledger import correction_saved_words, run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
-from apps.feedback.holds import Person, holds_renew
+from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
     annotation_waiting,
@@ -45,7 +45,7 @@ from apps.feedback.services import (
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
-from rftweb.exceptions import InvalidInput, RftError
+from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
 
@@ -106,7 +106,8 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
     recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
     policy = run.cfg.feedback
-    waiting = annotation_waiting(run=run, annotator=request.user) if can_annotate else None  # shown twice: counted once
+    # Shown twice, counted once; the queue just read is the leased part of it.
+    waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
         "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
@@ -149,11 +150,12 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The annotation header's counts, live: the page polls it and asks again after each label
     (ratings, late labels, what waits for you: the one annotation_waiting). A poll is a sign of
-    work: it renews the holds of the groups the annotator has open (apps.feedback.holds)."""
+    work: it renews the holds of the groups the annotator has open (apps.feedback.holds), unless
+    a renewal seconds ago (a label's) left nothing to renew."""
     run, role = run_for_page(user=request.user, run_id=run_id)
     can_annotate = role in ("owner", "annotator") and run_takes_feedback(run=run)
     if can_annotate:
-        holds_renew(run=run, annotator=request.user)
+        holds_renew_when_due(run=run, annotator=request.user)
     return _fragment(request, run, "feedback/_counts.html", _counts_context(run, request.user, can_annotate))
 
 

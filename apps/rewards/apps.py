@@ -11,7 +11,7 @@ class RewardsConfig(AppConfig):
         # run's start checks its taskset's domains, through the kernel's vocabulary registry.
         from apps.rewards.registry import domain_routes, reward_names, reward_params_check
         from apps.rewards.scoring import taskset_routing_errors
-        from apps.runs.vocabulary import rewards_register
+        from kernel.vocabulary import rewards_register
 
         rewards_register(names=reward_names,
                          params_check=lambda name, params: reward_params_check(name=name, params=params),

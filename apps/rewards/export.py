@@ -32,7 +32,7 @@ from django.utils import timezone
 from apps.rewards.models import RewardModel
 from apps.runs.dispatch import DispatchHold, dispatch_claim, dispatch_free
 from apps.runs.models import Dispatch, Run
-from rftweb.exceptions import NotFound
+from kernel.exceptions import NotFound
 
 EXPORT_TASK = "workers.reward_trainer.reward_model_export_zip"
 # As long as the worker task may run (its time limit): past it, "preparing" is stale.

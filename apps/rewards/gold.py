@@ -6,9 +6,9 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.rewards.models import GoldItem
-from apps.runs.feedback_policy import rating_normalise
+from kernel.feedback_policy import rating_normalise
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 
 def gold_item_mark(*, run: Run, experience_id: int | str, score: int | str,

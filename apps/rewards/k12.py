@@ -29,8 +29,8 @@ from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
 from apps.rewards.registry import ParamsCheck, RewardFn, RewardResult, domain_register, register
-from apps.runs.config import StrictModel
-from apps.runs.plain_errors import error_plain
+from kernel.config import StrictModel
+from kernel.plain_errors import error_plain
 
 if TYPE_CHECKING:
     from apps.rewards.models import K12Grader

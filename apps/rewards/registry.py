@@ -89,7 +89,7 @@ def domain_register(
 ) -> None:
     """Register a reward domain and its default terms, next to the rewards that score it
     (math_rules.py registers `math`), with its verifier and format check when it has them.
-    The run config learns the name through the kernel's vocabulary (apps.runs.vocabulary.domains)."""
+    The run config learns the name through the kernel's vocabulary (kernel.vocabulary.domains)."""
     route = DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()),
                         verifier=verifier, format=format)
     if name in _DOMAINS and _DOMAINS[name] != route:

@@ -5,7 +5,7 @@ A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a 
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
 (apps/rewards/k12.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
-else → exact_match. A term's `domains` must name registered domains (apps.runs.vocabulary.domains): a misspelt one is a
+else → exact_match. A term's `domains` must name registered domains (kernel.vocabulary.domains): a misspelt one is a
 config error naming it, not a term that silently scores nothing; a task's domain that
 misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
 fallback. Each term's score is
@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from apps.rewards.registry import RewardResult, domain_routes, reward_get, task_field
-from apps.runs.config import RewardTerm, RunConfig
-from apps.runs.vocabulary import DEFAULT_DOMAIN, domain_misspelt, domain_misspelt_message
+from kernel.config import RewardTerm, RunConfig
+from kernel.vocabulary import DEFAULT_DOMAIN, domain_misspelt, domain_misspelt_message
 
 if TYPE_CHECKING:
     from apps.buffer.models import Taskset
@@ -121,7 +121,7 @@ def reward_combine(*, terms: Sequence[RewardTerm], parts: Mapping[str, float]) -
 
 
 def taskset_routing_errors(cfg: RunConfig, taskset: Taskset) -> dict[str, str]:
-    """The rewards' check of a run's taskset (registered with apps.runs.vocabulary): every
+    """The rewards' check of a run's taskset (registered with kernel.vocabulary): every
     domain of its tasks is scored by a term of `cfg.rewards`; with the default routes, no
     task's domain misspells a routed one (imported before the importers refused it, it would
     be scored by exact_match instead)."""

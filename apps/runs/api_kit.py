@@ -17,7 +17,7 @@ from ninja.params.functions import Path
 from pydantic import Field
 
 from apps.runs.models import Run
-from rftweb.exceptions import NotFound
+from kernel.exceptions import NotFound
 
 
 class Error(Schema):

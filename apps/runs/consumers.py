@@ -20,7 +20,7 @@ from apps.runs.models import Run
 from apps.runs.selectors import run_can_view, runs_visible_to
 from apps.runs.socket_access import ACCESS_LOST_CLOSE_CODE, access_guard, access_unguard, session_user
 from rftweb.degrade import REDIS_ERRORS
-from rftweb.exceptions import Unavailable
+from kernel.exceptions import Unavailable
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser

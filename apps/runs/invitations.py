@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from apps.runs.events import runs_list_touch
 from apps.runs.models import AuditEntry, Invitation, Run, RunMember
-from rftweb.exceptions import Conflict, InvalidInput, NotFound
+from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 
 class InvitationInvalid(InvalidInput):

@@ -6,7 +6,7 @@ import json
 from django.conf import settings
 from django.db import models
 
-from apps.runs.config import RunConfig, config_validate
+from kernel.config import RunConfig, config_validate
 
 
 class Run(models.Model):

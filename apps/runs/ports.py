@@ -23,18 +23,18 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from apps.runs.algorithms import GROUP_PER_SEQUENCE, algorithm_get, algorithm_names
-from apps.runs.config import RewardModelConfig, RunConfig, config_validate, learner_group_refusal
+from kernel.algorithms import GROUP_PER_SEQUENCE, algorithm_get, algorithm_names
+from kernel.config import RewardModelConfig, RunConfig, config_validate, learner_group_refusal
 from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.failures import task_failure_record
 from apps.runs.metrics import metric_record as _metric_record
 from apps.runs.models import Dispatch, Metric, ModelVersion, Run
 from apps.runs.policy import explore_version, publishes_at, staleness, version_for_train_step
-from apps.runs.reward_kinds import reward_kind_get
+from kernel.reward_kinds import reward_kind_get
 from apps.runs import services as _services
-from apps.runs.model_dirs import model_dir_missing, model_missing_said
-from apps.runs.preferences import preference_shares
-from rftweb.jsontypes import JSONObject
+from kernel.model_dirs import model_dir_missing, model_missing_said
+from kernel.preferences import preference_shares
+from kernel.jsontypes import JSONObject
 
 __all__ = [
     "GROUP_PER_SEQUENCE", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",

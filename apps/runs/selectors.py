@@ -10,12 +10,12 @@ from typing import TypedDict
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db.models import Q, QuerySet
 
-from apps.runs.algorithms import algorithm_get
-from apps.runs.config import line_ends_normalise
-from apps.runs.eval_series import best_by_metric, is_eval_measure, metric_label
+from kernel.algorithms import algorithm_get
+from kernel.config import line_ends_normalise
+from kernel.eval_series import best_by_metric, is_eval_measure, metric_label
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
-from rftweb.jsontypes import JSON
+from kernel.jsontypes import JSON
 
 
 def _is_staff(user: AbstractBaseUser | AnonymousUser) -> bool:
@@ -101,7 +101,7 @@ CHART_GROUPS: list[dict[str, str]] = [
     {"id": "reward", "title": "Reward mean / std", "section": "rewards", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
     {"id": "accuracy", "title": "Accuracy per domain", "section": "rewards", "pattern": r"^acc(uracy)?([/_.].*)?$"},
     # The shares of held-out answers each measured preference of style likes (eval.preferences,
-    # apps/runs/preferences.py): what people teach, charted apart from the reward they are not.
+    # kernel/preferences.py): what people teach, charted apart from the reward they are not.
     {"id": "preference", "title": "Preferences people teach (share of held-out answers)", "section": "rewards",
      "pattern": r"^eval[/_.]preference[/_.]"},
     # The evaluator's scores (workers/evaluation.py); its response length charts with the
@@ -265,7 +265,7 @@ class EvalBest(TypedDict):
 
     version: int
     step: int
-    # The metric that chose it (eval.best_by, apps/runs/eval_series.py), its words, its value.
+    # The metric that chose it (eval.best_by, kernel/eval_series.py), its words, its value.
     metric: str
     label: str
     value: float

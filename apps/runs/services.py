@@ -11,17 +11,18 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.dispatch import Signal
 
-from apps.hygiene import InputRejected, text_check
-from apps.runs import policy, vocabulary
-from apps.runs.config import ConfigInvalid, RunConfig, config_dump, config_validate
+from kernel.hygiene import InputRejected, text_check
+from apps.runs import policy
+from kernel import vocabulary
+from kernel.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.invitations import Actor
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, WeightLoad
 from apps.runs.selectors import eval_best
-from apps.runs.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
-from rftweb.exceptions import Conflict, InvalidInput
-from rftweb.jsontypes import Body
+from kernel.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
+from kernel.exceptions import Conflict, InvalidInput
+from kernel.jsontypes import Body
 
 
 class TransitionNotAllowed(Conflict):
@@ -140,7 +141,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
     elif taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
     elif taskset is not None:
-        # The rewards app's checks (apps.runs.vocabulary): every task domain routed to a term.
+        # The rewards app's checks (kernel.vocabulary): every task domain routed to a term.
         errors.update(vocabulary.taskset_errors(config=cfg, taskset=taskset))
     elif starting and taskset is None and policy.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "

@@ -30,7 +30,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE
-from rftweb.exceptions import Unavailable
+from kernel.exceptions import Unavailable
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser

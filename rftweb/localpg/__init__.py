@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rftweb.exceptions import Unavailable
+from kernel.exceptions import Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import pytest
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from tests.factories import experience_row
 
 pytestmark = pytest.mark.django_db

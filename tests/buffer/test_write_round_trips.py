@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.buffer.models import Experience
 from apps.buffer.services import WriteResult, experience_write
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from tests.factories import experience_row, first_task
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -20,7 +20,7 @@ from apps.feedback.bulk import bulk_ids, experiences_exclude, experiences_export
 from apps.feedback.models import Feedback
 from apps.runs.models import AuditEntry, Run, RunMember
 from apps.runs.ports import run_view_of
-from rftweb.exceptions import InvalidInput, NotAllowed
+from kernel.exceptions import InvalidInput, NotAllowed
 from tests.envapi.conftest import Api
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 

@@ -11,7 +11,7 @@ from django.test import Client
 
 from apps.runs.models import Run
 from apps.runs.selectors import config_differences
-from rftweb.jsontypes import JSON
+from kernel.jsontypes import JSON
 from tests.factories import add_member, make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db

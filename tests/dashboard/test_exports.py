@@ -20,7 +20,7 @@ from apps.feedback.exports import (
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
 from tests.factories import experience_row, make_experiences, make_run, make_user
-from rftweb.exceptions import ExportFailed
+from kernel.exceptions import ExportFailed
 from tests.servers import ROOT, child_env
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from apps.control.presets import PRESETS
-from apps.runs.config import config_validate
+from kernel.config import config_validate
 from apps.runs.models import Run
 from apps.runs.services import model_name_errors
 from tests.dashboard.test_views import field_block

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from apps.runs.config import ConfigInvalid
+from kernel.config import ConfigInvalid
 from apps.runs.failures import task_failure_record
 from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import (

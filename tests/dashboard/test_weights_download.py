@@ -17,7 +17,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.runs.config import AdapterConfig
+from kernel.config import AdapterConfig
 from apps.runs.models import Dispatch, ModelVersion, Run, TaskFailure
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_run, make_taskset, make_user

@@ -357,7 +357,7 @@ def test_the_web_process_stops_waiting_on_a_rollout_no_worker_answered(run: Run)
     until the answer comes: one per request no worker answered, for the life of the process."""
     from apps.envapi.services import GENERATE_TASK, rollout_task_wait
     from rftweb.celery import app
-    from rftweb.exceptions import Unavailable
+    from kernel.exceptions import Unavailable
 
     def pending() -> int:  # this thread's backend (the API calls it from its executor's threads)
         return sum(len(waiting) for waiting in app.backend._pending_results)
@@ -469,7 +469,7 @@ def test_a_rollout_task_message_does_not_repr_the_request(run: Run) -> None:
     from celery.signals import before_task_publish
 
     from apps.envapi.services import rollout_task_wait
-    from rftweb.exceptions import Unavailable
+    from kernel.exceptions import Unavailable
 
     sent: list[dict[str, Any]] = []
 

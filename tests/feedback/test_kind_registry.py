@@ -26,9 +26,9 @@ from apps.feedback.learned import run_label_count
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import preference_pairs
 from apps.feedback.services import feedback_store
-from apps.runs.feedback_policy import Signal
+from kernel.feedback_policy import Signal
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from tests.factories import add_member, experience_row, make_run
 
 pytestmark = pytest.mark.django_db

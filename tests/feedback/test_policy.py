@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.models import Feedback
-from apps.runs.feedback_policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
+from kernel.feedback_policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
 from apps.feedback.services import (
     feedback_compare,
@@ -21,9 +21,9 @@ from apps.feedback.services import (
     feedback_rate_and_flag,
     feedback_wait_expire,
 )
-from apps.runs.config import FeedbackPolicy
+from kernel.config import FeedbackPolicy
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput, NotFound
+from kernel.exceptions import InvalidInput, NotFound
 from tests.factories import add_member, experience_row, make_run, make_user
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ from apps.feedback.review_selectors import disagreements
 from apps.feedback.services import assignment_claim, feedback_compare, feedback_edit, feedback_rank, feedback_rate
 from apps.runs.models import AuditEntry, Run
 from apps.runs.ports import run_view_of
-from rftweb.exceptions import Conflict, InvalidInput, NotFound
+from kernel.exceptions import Conflict, InvalidInput, NotFound
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db

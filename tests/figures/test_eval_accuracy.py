@@ -157,7 +157,7 @@ def test_best_by_names_the_metric_in_the_summary_and_the_api(monkeypatch: pytest
 
 
 def test_best_by_must_be_an_evaluated_series() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
     from tests.factories import base_config
 
     with pytest.raises(ConfigInvalid) as exc:
@@ -178,7 +178,7 @@ def test_old_accuracy_rows_read_as_the_share_scoring_above_0() -> None:
     metric_record(run=run, step=1, values={"eval/accuracy": 0.96})
     import_module("apps.runs.migrations.0009_eval_positive_share").rename(django_apps, None)
     assert dict(Metric.objects.filter(run=run).values_list("name", "value")) == {"eval/positive_share": 0.96}
-    from apps.runs.eval_series import metric_label
+    from kernel.eval_series import metric_label
 
     assert metric_label("eval/positive_share") == "share scoring above 0 (older evaluations)"
 
@@ -186,7 +186,7 @@ def test_old_accuracy_rows_read_as_the_share_scoring_above_0() -> None:
 def test_the_new_run_form_offers_the_evaluation_series_to_choose_the_best_version(tmp_path: Any) -> None:
     """A select of the series (each registered preference's share among them); a choice that
     names a preference the run does not measure is a field error, one it measures is kept."""
-    from apps.runs.preferences import preference_names
+    from kernel.preferences import preference_names
     from workers.modelkit import tiny_model_save
 
     owner = make_user("owner")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from apps.runs.config import AdapterConfig
+from kernel.config import AdapterConfig
 # bench.common, not tests.servers: that one imports psycopg, which a GPU machine lacks.
 from bench.common import free_port
 

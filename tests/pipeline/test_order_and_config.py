@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.buffer.services import experience_write
-from apps.runs.config import ConfigInvalid, config_validate
+from kernel.config import ConfigInvalid, config_validate
 from tests.factories import experience_row
 from tests.pipeline.conftest import reasons
 

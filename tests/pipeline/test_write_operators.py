@@ -10,7 +10,7 @@ import pytest
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from tests.factories import experience_row
 from tests.pipeline.conftest import metrics, reasons
 

@@ -13,8 +13,8 @@ from apps.buffer.importers import ImportFailed, taskset_create
 from apps.rewards import registry
 from apps.rewards.registry import RewardResult, domain_register, register
 from apps.rewards.scoring import rewards_inline
-from apps.runs.config import config_validate
-from apps.runs.vocabulary import domain_misspelt, domains
+from kernel.config import config_validate
+from kernel.vocabulary import domain_misspelt, domains
 
 
 def _has_unit(completion: str, task: object, **_: object) -> RewardResult:

@@ -149,7 +149,7 @@ def test_a_version_whose_base_is_gone_is_refused_naming_the_base(likelihood_vers
 def test_a_head_version_is_refused_naming_its_kind(tmp_path: Path) -> None:
     """The default kind has no transformers form yet: its export says so instead of failing
     somewhere inside transformers."""
-    from rftweb.exceptions import ExportFailed
+    from kernel.exceptions import ExportFailed
     from workers.reward_models import reward_model_export
 
     version = tmp_path / "v1"

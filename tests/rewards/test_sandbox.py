@@ -35,19 +35,22 @@ def marker() -> Iterator[Path]:
 
 
 @pytest.fixture
-def listener() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A TCP server on the host's loopback that records every connection it gets."""
+def listener() -> Iterator[tuple[int, list[int]]]:
+    """A TCP server on the host's loopback that records every connection it gets (its peer's port)."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
     server.settimeout(0.2)
-    accepted: list[socket.socket] = []
+    accepted: list[int] = []
+    held: list[socket.socket] = []
     stop = threading.Event()
 
     def serve() -> None:
         while not stop.is_set():
             try:
-                accepted.append(server.accept()[0])
+                conn, peer = server.accept()
+                held.append(conn)
+                accepted.append(peer[1])
             except OSError:
                 continue
 
@@ -56,7 +59,22 @@ def listener() -> Iterator[tuple[int, list[socket.socket]]]:
     yield server.getsockname()[1], accepted
     stop.set()
     thread.join()
+    for conn in held:
+        conn.close()
     server.close()
+
+
+def nothing_connected_before_us(port: int, accepted: list[int]) -> list[int]:
+    """The ports that reached the listener before a connection of our own, made now: the
+    backlog hands connections out in the order they came, so one the sandboxed code made is
+    accepted first. Waits for our own (the event), never for a guessed while."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as ours:
+        mine = ours.getsockname()[1]
+        deadline = time.monotonic() + 30
+        while mine not in accepted:
+            assert time.monotonic() < deadline, "the listener never accepted our own connection"
+            time.sleep(0.01)
+    return [peer for peer in accepted if peer != mine]
 
 
 def test_code_exec_rewards_the_fraction_of_tests_passed() -> None:
@@ -157,27 +175,25 @@ def test_writing_files_outside_the_sandbox_directory_is_refused(marker: Path) ->
     assert not marker.exists()
 
 
-def test_sockets_are_refused(listener: tuple[int, list[socket.socket]]) -> None:
+def test_sockets_are_refused(listener: tuple[int, list[int]]) -> None:
     port, accepted = listener
     code = f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')\n"
     result = code_run(code=code, tests=["f()"])
     assert result.passed == 0
     assert "not allowed" in result.errors[0]
-    time.sleep(0.3)
-    assert accepted == []
+    assert nothing_connected_before_us(port, accepted) == []
 
 
 @needs_netns
 def test_without_the_audit_hook_the_network_namespace_still_blocks_sockets(
-    listener: tuple[int, list[socket.socket]],
+    listener: tuple[int, list[int]],
 ) -> None:
     port, accepted = listener
     code = f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')\n"
     result = code_run(code=code, tests=["f()"], audit=False)
     assert result.passed == 0
     assert "unreachable" in result.errors[0].lower() or "refused" in result.errors[0].lower()
-    time.sleep(0.3)
-    assert accepted == []
+    assert nothing_connected_before_us(port, accepted) == []
 
 
 def test_subprocess_fork_and_ctypes_are_refused() -> None:

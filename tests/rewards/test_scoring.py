@@ -11,7 +11,7 @@ from apps.rewards.scoring import (
     rewards_remote_terms,
     term_keys,
 )
-from apps.runs.config import ConfigInvalid, RewardTerm, config_validate
+from kernel.config import ConfigInvalid, RewardTerm, config_validate
 
 MATH = {"domain": "math", "prompt": "What is 12 + 7?", "reference": "19"}
 CODE = {"domain": "code", "prompt": "Write add.", "tests": ["assert add(1, 2) == 3"]}

@@ -15,9 +15,9 @@ import torch
 
 from apps.control.forms import algorithm_defaults, config_field_specs
 from apps.control.orchestration import batch_plan
-from apps.runs import algorithms as declarations
-from apps.runs.algorithms import AlgorithmType, algorithm_register
-from apps.runs.config import config_validate
+from kernel import algorithms as declarations
+from kernel.algorithms import AlgorithmType, algorithm_register
+from kernel.config import config_validate
 from workers.algorithms import Learner, LearnerSpec, NothingToTrain, Rollout, TrainBatch
 from workers.algorithms import objectives
 from workers.algorithms import trl_bridge as bridge

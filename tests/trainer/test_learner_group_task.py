@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from apps.buffer.services import experience_write
-from apps.runs.config import ConfigInvalid, config_validate
+from kernel.config import ConfigInvalid, config_validate
 from apps.runs.models import Metric, ModelVersion
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
@@ -212,7 +212,7 @@ def test_a_host_on_other_code_fails_the_runs_step_at_once_naming_what_differs(
     settings.RFT_TRAIN_TIME_LIMIT = 600  # the group's timeout: what rank 0 waited out before
     # The other host's checkout: this one with a file changed.
     other = tmp_path / "other-checkout"
-    for part in ("apps", "workers", "rftweb"):
+    for part in ("kernel", "apps", "workers", "rftweb"):
         shutil.copytree(ROOT / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
     with (other / "workers" / "algorithms" / "batch.py").open("a") as f:
         f.write("\n# A line rank 0's checkout does not have.\n")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from apps.runs.config import AdapterConfig
+from kernel.config import AdapterConfig
 from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge

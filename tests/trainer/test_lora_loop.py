@@ -166,7 +166,7 @@ def test_the_cli_exports_a_versions_adapter_and_its_merged_weights(
 
 
 def test_a_run_config_validates_its_adapter_settings() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
 
     cfg = config_validate(data={"model": "m", "trainer": {"lora": {"rank": 16}}})
     assert cfg.trainer.lora is not None and cfg.trainer.lora.rank == 16 and "q_proj" in cfg.trainer.lora.target_modules

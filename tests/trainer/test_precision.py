@@ -36,7 +36,7 @@ def test_bf16_is_refused_on_a_cpu_without_native_bfloat16_with_the_reason() -> N
 
 
 def test_adamw_8bit_is_refused_on_a_cpu_with_the_reason_and_the_config_offers_it() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
     from workers.precision import optimizer_check
 
     with pytest.raises(PrecisionUnsupported) as refused:
@@ -81,7 +81,7 @@ def test_fp16_training_is_refused_on_a_cpu_and_fp32_always_runs() -> None:
 
 
 def test_the_run_config_offers_precision_and_checkpointing_and_names_bad_values() -> None:
-    from apps.runs.config import ConfigInvalid, config_validate
+    from kernel.config import ConfigInvalid, config_validate
 
     cfg = config_validate(data={"model": "m", "trainer": {"precision": "bf16", "gradient_checkpointing": True}})
     assert cfg.trainer.precision == "bf16" and cfg.trainer.gradient_checkpointing

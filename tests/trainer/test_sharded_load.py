@@ -158,7 +158,7 @@ def _lora_learner(model_dir: str, *, rank: int, world: int, sharded: bool) -> tu
     group: loaded sharded, or (`sharded` False) whole first, as a rank did before."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from apps.runs.config import AdapterConfig
+    from kernel.config import AdapterConfig
     from workers.adapters import adapter_wrap
     from workers.algorithms.distributed import learner_shard, model_sharded_load
 

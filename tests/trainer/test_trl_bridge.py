@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.runs.config import AlgorithmConfig
+from kernel.config import AlgorithmConfig
 from workers.algorithms import trl_bridge as bridge
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from apps.runs.config import AdapterConfig
+from kernel.config import AdapterConfig
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow

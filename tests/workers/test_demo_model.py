@@ -185,7 +185,7 @@ def test_the_demo_run_s_reward_scores_every_warm_up_style_as_the_bare_answer(sty
     domain's defaults and a strict format term grade the `<answer>` alone, the styled forms
     exactly as the plain one (right or wrong)."""
     from apps.rewards.scoring import rewards_inline
-    from apps.runs.config import config_validate
+    from kernel.config import config_validate
 
     problem = (12, "+", 34)
     task = {"domain": "math", "prompt": problem_text(*problem), "reference": "46"}

@@ -210,7 +210,7 @@ def test_a_reward_that_crashes_scores_zero_and_the_step_completes(owner: User, d
 
 
 def test_a_failed_write_hands_the_tasks_back(owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rftweb.exceptions import InvalidInput
+    from kernel.exceptions import InvalidInput
 
     def reject(**kwargs: Any) -> Any:
         raise InvalidInput("simulated", field="0.key")

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 
 from apps.runs.failures import task_failure_record
 from apps.runs.models import Run
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 from tests.factories import make_run, make_taskset
 from workers.modelkit import tiny_model_save
 

@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 import torch
 
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import JSONObject
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import JSONObject
 from workers.algorithms.batch import TrainBatch
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     from transformers import PreTrainedTokenizerBase
 
-    from apps.runs.config import AdapterConfig, RunConfig
+    from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.learner import Learner, LearnerSpec
     from workers.algorithms.shard_load import LearnerBuild
 
@@ -897,7 +897,7 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
     django.setup()
-    from apps.runs.config import config_validate
+    from kernel.config import config_validate
     from workers.algorithms import Learner, spec_from_config
 
     spec_in = json.loads(store.get("rft/spec"))

@@ -24,17 +24,17 @@ from workers.algorithms.batch import (
     trainable,
 )
 
-from apps.runs.algorithms import algorithm_get, algorithm_names
-from rftweb.exceptions import Conflict
+from kernel.algorithms import algorithm_get, algorithm_names
+from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_get
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-    from apps.runs.config import AdapterConfig, RunConfig
+    from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.distributed import Shard
 
-# The registered algorithms (apps.runs.algorithms), each with its objective here.
+# The registered algorithms (kernel.algorithms), each with its objective here.
 ALGORITHMS = tuple(algorithm_names())
 
 
@@ -72,7 +72,7 @@ class LearnerSpec:
 
 
 def spec_from_config(cfg: RunConfig) -> LearnerSpec:
-    """From an `apps.runs.config.RunConfig` (pydantic: workers take no Django types here)."""
+    """From an `kernel.config.RunConfig` (pydantic: workers take no Django types here)."""
     t = cfg.trainer
     params = bridge.LossParams(
         learning_rate=t.learning_rate,

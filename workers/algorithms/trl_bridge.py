@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeAlias, TypeVar
 
 import torch
 
-from rftweb.exceptions import UpstreamFailed
+from kernel.exceptions import UpstreamFailed
 
 if TYPE_CHECKING:
     from datasets import Dataset

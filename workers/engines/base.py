@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -138,7 +138,7 @@ def tokenizer_folder_check(path: str) -> None:
     tokenizer of one token without a word. InvalidInput names what is missing instead."""
     # The pure folder check, not the port: engines run where Django is not set up (a
     # learner group's ranks, the weight-sync protocol's spawned processes).
-    from apps.runs.model_dirs import model_dir_missing, model_missing_said
+    from kernel.model_dirs import model_dir_missing, model_missing_said
 
     folder = Path(path).expanduser()
     if folder.is_dir() and not (folder / "adapter_config.json").is_file() and "tokenizer" in model_dir_missing(path=folder):

@@ -1,7 +1,7 @@
 """Each reward-model kind on the reward worker: how a version is fitted on the run's
 preference pairs, how a saved version is recognised and loaded, how it scores.
 
-Registered under the same name as the kind's declaration (`apps.runs.reward_kinds`), which
+Registered under the same name as the kind's declaration (`kernel.reward_kinds`), which
 says what the config must know of it; workers/reward_trainer.py fits, publishes and scores
 through these entries, never comparing kind names. Adding one: a module here (see `head.py`)
 listed in `_REGISTRY`'s built-ins, and its declaration. torch / transformers are imported
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from apps.rewards.ports import PreferencePair
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
     from apps.runs.ports import RewardModelConfig
@@ -80,7 +80,7 @@ class RewardKindImpl:
         """The version at `source` as a directory `AutoModelForSequenceClassification`
         loads (workers.reward_models.reward_model_export); ExportFailed where the kind has
         no such form."""
-        from rftweb.exceptions import ExportFailed
+        from kernel.exceptions import ExportFailed
 
         raise ExportFailed(f"a {self.name!r} reward-model version cannot be exported as a transformers directory yet")
 

@@ -36,7 +36,7 @@ from apps.runs.ports import (
     staleness,
     version_for_train_step,
 )
-from rftweb.exceptions import Conflict
+from kernel.exceptions import Conflict
 from workers.background import background_writer
 from workers.trainer.journal import (
     _rng_state,

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.buffer.pipeline.core import Ctx, ModelRow, Row, row_pk, steps_apply
-from apps.runs.config import PipelineStep, RunConfig, config_validate
+from kernel.config import PipelineStep, RunConfig, config_validate
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

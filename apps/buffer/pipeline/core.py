@@ -27,7 +27,7 @@ from apps.buffer.pipeline.registry import operator_get, params_parse
 if TYPE_CHECKING:
     from django.db import models
 
-    from apps.runs.config import PipelineStep, RunConfig
+    from kernel.config import PipelineStep, RunConfig
 
 # A row's values are whatever the stage carries (unvalidated input on write): operators
 # check what they read.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from apps.runs.plain_errors import error_plain
+from kernel.plain_errors import error_plain
 
 if TYPE_CHECKING:
     from apps.buffer.pipeline.core import Row

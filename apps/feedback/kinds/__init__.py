@@ -15,7 +15,7 @@ Adding one: a module here (see `rating.py`) listed in `_REGISTRY`'s built-ins, a
 choice (with its choices-only migration) so the admin and the counts list it;
 tests/feedback/test_kind_registry.py registers one from a single test module.
 
-The folding math stays in the kernel (`apps.runs.feedback_policy`, which cannot import this
+The folding math stays in the kernel (`kernel.feedback_policy`, which cannot import this
 app): registering a kind that folds hands the kernel its signal source.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from apps.rewards.pairs import PreferencePair
-from apps.runs.feedback_policy import Signal, signal_source_register, signal_source_unregister
-from rftweb.jsontypes import Body
-from rftweb.registry import Registry
+from kernel.feedback_policy import Signal, signal_source_register, signal_source_unregister
+from kernel.jsontypes import Body
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
@@ -73,7 +73,7 @@ Who = Mapping[str, object]
 @dataclass(frozen=True)
 class KindValue:
     """A kind's typed value. Subclasses are frozen dataclasses that validate in
-    `__post_init__` (raising rftweb.exceptions.InvalidInput naming the field)."""
+    `__post_init__` (raising kernel.exceptions.InvalidInput naming the field)."""
 
     def stored(self) -> Body:
         """The JSON stored in Feedback.value (the one shape of the kind; see the model)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from apps.feedback.kinds import FeedbackKind, KindValue, Who, kind_register, preference_pair
 from apps.rewards.pairs import PreferencePair
-from rftweb.exceptions import InvalidInput
+from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

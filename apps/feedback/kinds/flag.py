@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.feedback.models import Feedback

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register, preference_pair
 from apps.rewards.pairs import PreferencePair
-from apps.runs.feedback_policy import Signal, borda_scores
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.feedback_policy import Signal, borda_scores
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience

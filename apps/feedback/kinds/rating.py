@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from apps.feedback.kinds import FeedbackKind, FeedbackPayload, KindValue, Who, kind_register
-from apps.runs.feedback_policy import Signal, rating_normalise
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import Body
+from kernel.feedback_policy import Signal, rating_normalise
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.feedback.models import Feedback

@@ -1,7 +1,7 @@
 """Each algorithm's objective on the learner: its loss on a batch, whether a batch can move
 the weights at all, and how its rows split over a learner group.
 
-Registered under the same name as the algorithm's declaration (`apps.runs.algorithms`),
+Registered under the same name as the algorithm's declaration (`kernel.algorithms`),
 which says what the rest of the loop must know of it; `Learner` builds the TRL trainers an
 objective names in `trainers` and calls it, never comparing algorithm names. Adding one: a
 module here (see `grpo.py`) listed in `_REGISTRY`'s built-ins.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from apps.runs.algorithms import GROUP_PER_SEQUENCE
+from kernel.algorithms import GROUP_PER_SEQUENCE
 from workers.algorithms.batch import Rollout, TrainBatch, trainable
 from workers.algorithms.objectives import Objective, objective_register, weighted_part
 

@@ -32,12 +32,13 @@ from apps.control.services import run_create_with_taskset
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.selectors import feedback_effect, run_may_annotate
-from apps.hygiene import MAX_CONFIG_BYTES
+from kernel.hygiene import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
-from apps.runs.config import config_parse
+from kernel.config import config_parse
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
-from rftweb.exceptions import ExportFailed, RftError, command_error
+from kernel.exceptions import ExportFailed, RftError
+from rftweb.exceptions import command_error
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

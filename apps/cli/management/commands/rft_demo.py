@@ -16,7 +16,8 @@ from apps.control.demo import demo_taskset_import
 from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
-from rftweb.exceptions import RftError, command_error
+from kernel.exceptions import RftError
+from rftweb.exceptions import command_error
 
 DEMO_RUN = "demo: GRPO on arithmetic"
 K12_RUN = "demo: K-12 short answers"
@@ -63,7 +64,7 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
     return config
 
 
-# The style the demo's guidelines ask people for (apps/runs/preferences.py): the run page
+# The style the demo's guidelines ask people for (kernel/preferences.py): the run page
 # charts its share of held-out answers. The demo model writes it in about one answer in four
 # (workers/demo_model.py: a quarter of its warm-up; 0.24 of held-out samples), so there is something to amplify;
 # bench/steering measured it the most teachable of the three with few labels (`working`: rm10

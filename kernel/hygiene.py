@@ -21,8 +21,8 @@ from typing import Annotated, NoReturn, TypeVar
 
 from pydantic import BeforeValidator, Field
 
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import JSON
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import JSON
 
 T = TypeVar("T")
 

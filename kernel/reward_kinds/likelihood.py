@@ -4,7 +4,7 @@ learns how likely the base finds an answer, not a style."""
 
 from __future__ import annotations
 
-from apps.runs.reward_kinds import RewardKind, reward_kind_register
+from kernel.reward_kinds import RewardKind, reward_kind_register
 
 
 @reward_kind_register

@@ -13,15 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from apps.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
-from apps.runs import vocabulary
-from apps.runs.algorithms import algorithm_get, algorithm_names, algorithms
-from apps.runs.eval_series import best_by_check
-from apps.runs.plain_errors import error_plain
-from apps.runs.preferences import preference_names
-from apps.runs.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
-from rftweb.exceptions import InvalidInput
-from rftweb.jsontypes import JSON, JSONObject
+from kernel.hygiene import MAX_INT, InputRejected, config_text_parse, tree_check
+from kernel import vocabulary
+from kernel.algorithms import algorithm_get, algorithm_names, algorithms
+from kernel.eval_series import best_by_check
+from kernel.plain_errors import error_plain
+from kernel.preferences import preference_names
+from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
+from kernel.exceptions import InvalidInput
+from kernel.jsontypes import JSON, JSONObject
 
 
 class Mode(StrEnum):
@@ -155,7 +155,7 @@ class TrustHandout(_Strict):
 
 class FeedbackPolicy(_Strict):
     # learned: automatic reward + the run's reward model where no person rated (see
-    # apps/runs/feedback_policy.py); needs reward_model.enabled.
+    # kernel/feedback_policy.py); needs reward_model.enabled.
     mode: Literal["auto", "blend", "human", "learned"] = "auto"
     w_auto: float = Field(0.5, ge=0.0)
     w_human: float = Field(0.5, ge=0.0)
@@ -243,7 +243,7 @@ class RewardModelConfig(_Strict):
     """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
 
     enabled: bool = False
-    # A registered reward-model kind (apps.runs.reward_kinds): head (the default: an ensemble
+    # A registered reward-model kind (kernel.reward_kinds): head (the default: an ensemble
     # of scalar heads on the base's pooled hidden states), likelihood (the base's token
     # log-likelihoods weighed by a Bradley-Terry model), classifier (TRL's RewardTrainer), …
     kind: str = Field(DEFAULT_REWARD_KIND, json_schema_extra={"registry": "reward_kinds"})
@@ -392,7 +392,7 @@ class AlgorithmConfig(_Strict):
 
 def learner_group_refusal(*, algorithm: str, loss_type: str, scale_rewards: str) -> str | None:
     """Why a learner of these settings cannot run as a group of processes (None: it can):
-    the algorithm's own declaration says (apps.runs.algorithms)."""
+    the algorithm's own declaration says (kernel.algorithms)."""
     return algorithm_get(algorithm).group_refusal(loss_type=loss_type, scale_rewards=scale_rewards)
 
 
@@ -449,13 +449,13 @@ class EvalConfig(_Strict):
     max_tasks: int = Field(256, ge=1, le=100_000)
     # Samples per task: the reward mean is over all of them (greedy: keep 1).
     n: int = Field(1, ge=1, le=64)
-    # Preferences of style (apps/runs/preferences.py) whose share of the evaluated answers is
+    # Preferences of style (kernel/preferences.py) whose share of the evaluated answers is
     # recorded as eval/preference/<name>: what people teach, measured and never rewarded.
     preferences: list[str] = Field(default_factory=list, max_length=16)
     # The evaluation series that chooses the run's best version (the summary's, its weights
     # download's): accuracy, reward_mean, format_share or preference/<name> (one of
     # `preferences`, e.g. the share the guidelines teach). None: accuracy where the evaluated
-    # domain has a verifier, else reward_mean (apps/runs/eval_series.py).
+    # domain has a verifier, else reward_mean (kernel/eval_series.py).
     best_by: str | None = Field(None, max_length=80, json_schema_extra={"registry": "eval_series"},
                                 description="the evaluation series that chooses the best version; blank: accuracy "
                                             "where the domain has a verifier, else reward_mean")
@@ -493,7 +493,7 @@ class RolloutEngineConfig(_Strict):
 class RunConfig(_Strict):
     model: str = Field(min_length=1, description="hub id or local path of the starting model")
     tokenizer: str | None = None
-    # A registered algorithm's name (apps.runs.algorithms): grpo, dpo, sft, mix, …
+    # A registered algorithm's name (kernel.algorithms): grpo, dpo, sft, mix, …
     algorithm: str = Field("grpo", json_schema_extra={"registry": "algorithms"})
     mode: Mode = Mode.SYNC
     engine: Literal["vllm", "transformers"] = "transformers"
@@ -590,7 +590,7 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
 def config_validate(*, data: object) -> RunConfig:
     """Validate a config mapping; raise ConfigInvalid naming each bad field. Values
     Postgres cannot store (NUL, lone surrogates, NaN, too deep) are refused first
-    (`apps.hygiene.tree_check`), so whatever validates can be written."""
+    (`kernel.hygiene.tree_check`), so whatever validates can be written."""
     if isinstance(data, RunConfig):
         return data
     if not isinstance(data, dict):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ prompts gets its own ensemble fitted without it, and the held-out accuracy is ou
 
 from __future__ import annotations
 
-from apps.runs.reward_kinds import RewardKind, reward_kind_register
+from kernel.reward_kinds import RewardKind, reward_kind_register
 
 
 @reward_kind_register

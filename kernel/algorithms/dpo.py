@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.runs.algorithms import AlgorithmType, algorithm_register
+from kernel.algorithms import AlgorithmType, algorithm_register
 
 
 @algorithm_register

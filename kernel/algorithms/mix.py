@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from apps.runs.algorithms import AlgorithmType, BatchPlan, algorithm_register
+from kernel.algorithms import AlgorithmType, BatchPlan, algorithm_register
 
 if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
 
 @algorithm_register

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 if TYPE_CHECKING:
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
 
 # How TRL normalises each GRPO loss type, hence how a learner group weights each rank's
 # part of a batch: a mean over sequences (each part by its share of the sequences) or over

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 # The kind a run gets when its config names none.
 DEFAULT_REWARD_KIND = "head"

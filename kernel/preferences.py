@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rftweb.registry import Registry
+from kernel.registry import Registry
 
 Rating = Callable[[str, str], int]
 

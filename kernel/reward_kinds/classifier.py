@@ -4,7 +4,7 @@ many labels, or over a separately trained judge (`reward_model.base`)."""
 
 from __future__ import annotations
 
-from apps.runs.reward_kinds import RewardKind, reward_kind_register
+from kernel.reward_kinds import RewardKind, reward_kind_register
 
 
 @reward_kind_register

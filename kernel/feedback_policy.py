@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
-from apps.runs.config import FeedbackPolicy, RunConfig
+from kernel.config import FeedbackPolicy, RunConfig
 
 RATING_MIN, RATING_MAX = 1, 5
 DROP_REASON = "feedback: wait window ended without human rewards (fallback drop)"

@@ -1,0 +1,89 @@
+"""The annotator's doors read and write the database a fixed number of times a request, as
+many for a team's run as for a small one (issue #49 item 5): under bench/web_load's 200
+people every statement is a round trip each request waits for, and Postgres shares the
+host's cores with the web processes. Each door of bench/web_load's annotator is walked as a
+person walks it (bench/door_costs.walk: through the whole middleware chain, the templates
+and the context processors), with real commits, so what runs after a commit (a label's hold
+renewal) is counted too.
+
+The ceilings are today's counts, exactly: a statement more is a regression to explain (and
+this file to update, with the reason); bench/door_costs prints them with the CPU of each."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.door_costs import DOORS, Costs, costs_measure, team_build
+
+# 2026-11-26, before -> after (issue #49 item 5): the header's badge is counted only where the
+# header is shown (every fragment: -1); the annotation page takes what waits for the person
+# from the queue it has just read (-1); a hold renewal that would move no hold by more than
+# apps.feedback.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
+# after a label: -6).
+CEILINGS = {
+    "GET login": 0,
+    "POST login": 18,  # django-axes' checks and log, the session's row, last_login
+    "GET annotate page": 33,  # 34: the hand-out, the hold renewal, the counts, the ledger
+    "GET counts": 8,  # 15: a renewal's 7 (right after a label: within the slack, one read) and the counts
+    "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
+    "GET queue": 22,  # 23: the top-up's hand-out and hold renewal
+    "GET rank": 6,  # 7
+    "POST rank": 23,  # 24; the second ranking of a group with overlap 2 also marks it ready
+}
+
+pytestmark = pytest.mark.django_db(transaction=True)  # commits: what runs after one is counted
+
+
+def _walked(*, people: int, runs: int, groups: int, walkers: int) -> Costs:
+    team = team_build(people=people, runs=runs, groups=groups, prefix=f"t{people}")
+    return costs_measure(team, walkers)
+
+
+def test_every_annotator_door_stays_within_its_statements_on_a_teams_run() -> None:
+    # A team: three runs of 240 completions, 24 annotators on each, a label from each.
+    costs = _walked(people=24, runs=3, groups=60, walkers=3)
+    counted = {door: max(costs[door].statements) for door in DOORS}
+    over = {door: (n, CEILINGS[door]) for door, n in counted.items() if n > CEILINGS[door]}
+    assert not over, f"doors over their ceilings (statements, ceiling): {over}; all: {counted}"
+
+
+def test_a_teams_run_costs_each_door_what_a_small_run_costs() -> None:
+    small = _walked(people=2, runs=1, groups=6, walkers=2)
+    team = _walked(people=24, runs=3, groups=60, walkers=2)
+    for door in DOORS:
+        assert max(small[door].statements) == max(team[door].statements), (door, small[door].statements,
+                                                                            team[door].statements)
+
+
+def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import datetime, timedelta
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.utils import timezone
+
+    from apps.feedback.holds import RENEW_SLACK_SECONDS
+    from apps.feedback.models import Assignment
+    from apps.feedback.services import assignment_claim
+    from apps.runs.models import Run
+
+    team = team_build(people=1, runs=1, groups=4, prefix="holds")
+    run, anna = Run.objects.get(pk=team.run_id), User.objects.get(username=team.people[0])
+    at = [timezone.now()]
+    monkeypatch.setattr(timezone, "now", lambda: at[0])
+    assignment_claim(run=run, annotator=anna, size=4)  # a sign of work: the holds renewed
+
+    def holds() -> set[datetime | None]:
+        return set(Assignment.objects.filter(run=run, annotator=anna, status="leased").values_list("held_until", flat=True))
+
+    client = Client()
+    client.force_login(anna)
+    renewed = holds()
+    assert len(renewed) == 1 and None not in renewed
+    at[0] += timedelta(seconds=RENEW_SLACK_SECONDS / 2)
+    assert client.get(f"/runs/{run.pk}/annotate/counts/", HTTP_HX_REQUEST="true").status_code == 200
+    assert holds() == renewed  # seconds later: nothing to renew
+    at[0] += timedelta(seconds=RENEW_SLACK_SECONDS)
+    assert client.get(f"/runs/{run.pk}/annotate/counts/", HTTP_HX_REQUEST="true").status_code == 200
+    (before,), (after,) = renewed, holds()
+    assert before is not None and after is not None and after - before == timedelta(seconds=1.5 * RENEW_SLACK_SECONDS)
