@@ -34,7 +34,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from apps.runs.config import RunConfig
+    from kernel.config import RunConfig
     from workers.algorithms.learner import Learner, LearnerSpec
 
 
