@@ -267,13 +267,19 @@ def _lora_group_run(owner: Any, model_dir: Path) -> Any:
     return run
 
 
+# Rank 0 as a train worker grows by more than a bare rank (measured at load 30, the limit
+# off: ~400 MB of address space on its shards only, ~620 MB loading the whole model first, on
+# this 400 MB model): the share between the two.
+RANK0_LIMIT_SHARE = 1.25
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(1800)
 def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_on_its_shards_only(
     owner: Any, tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path, settings: Any
 ) -> None:
     """Rank 0 as a train worker runs it (`trainer_step`: the resident learner, the group, the
-    version), held to LIMIT_SHARE of the model's weights more address space after a warm-up:
+    version), held to RANK0_LIMIT_SHARE of the model's weights more address space after a warm-up:
     loading the whole model first fails, building on its shards only trains the step."""
     from tests.servers import ROOT, child_env, spawn
 
@@ -287,7 +293,7 @@ def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_o
         env = child_env(RFT_STORAGE_DIR=str(tmp_path / mode / "storage"), RFT_TRAINER_CPU_MMAP_THRESHOLD=str(1 << 20),
                         MALLOC_ARENA_MAX="1")
         proc = spawn([sys.executable, str(ROOT / "tests" / "trainer" / "limited_rank0.py"), str(out), str(warm.pk),
-                      str(run.pk), str(weight_bytes), str(LIMIT_SHARE), mode], env=env, log=log)
+                      str(run.pk), str(weight_bytes), str(RANK0_LIMIT_SHARE), mode], env=env, log=log)
         assert proc.wait(timeout=GROUP_TIMEOUT_S) == 0, log.read_text()[-3000:]
         outcome[mode] = out.read_text() + "\n" + log.read_text()[-3000:]
     # The limit bites: a rank 0 that loads the whole model first runs out of address space.
