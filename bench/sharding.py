@@ -25,6 +25,11 @@ process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps 
 whole-process ratio from 0.65 on a ~100M model: it is the same in every process and shrinks
 beside the model as the model grows (on a 7B model it is ~1%).
 
+Again with --phases --repeat 3 (2026-11-26, load 11-42): 0.78x in all three (0.67x above the
+baseline); a rank's weights, gradients and AdamW state are exactly half of one process's (768 MB
+against 1536), and its peak adds ~275 MB of activations and the gathered last unit that one
+process's peak, after its activations are freed, does not (bench/README.md, Sharding).
+
 Before (the peak reset once the learner was built, so not counting the load; every rank
 built the whole model first): Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
 process 1552 MB, ranks 958-961 MB: 0.62× in each of three runs (load 7-39; the step times,

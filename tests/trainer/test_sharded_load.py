@@ -2,7 +2,9 @@
 .model_sharded_load): built on the meta device, sharded, then its rows read from the
 safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
 loss and next weights on the same batch, for a model with its own output head and one
-whose head is its input embeddings (tied), with the reference model loaded the same way."""
+whose head is its input embeddings (tied), with the reference model loaded the same way.
+Under an address-space limit that a whole load fails, the ranks train, and so does a train
+worker's rank 0 (tests/trainer/limited_rank0.py: the resident learner built on its shards)."""
 
 from __future__ import annotations
 
