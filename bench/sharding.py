@@ -25,6 +25,11 @@ process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps 
 whole-process ratio from 0.65 on a ~100M model: it is the same in every process and shrinks
 beside the model as the model grows (on a 7B model it is ~1%).
 
+Again with --phases --repeat 3 (2026-11-26, load 11-42): 0.78x in all three (0.67x above the
+baseline); a rank's weights, gradients and AdamW state are exactly half of one process's (768 MB
+against 1536), and its peak adds ~275 MB of activations and the gathered last unit that one
+process's peak, after its activations are freed, does not (bench/README.md, Sharding).
+
 Before (the peak reset once the learner was built, so not counting the load; every rank
 built the whole model first): Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
 process 1552 MB, ranks 958-961 MB: 0.62× in each of three runs (load 7-39; the step times,
@@ -104,6 +109,7 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
 
     tokenizer = bench_tokenizer()
     rollouts = bench_rollouts(args)
+    imports, imports_load = _rss_mb(), os.getloadavg()[0]
 
     def build(layers: int, hidden: int, intermediate: int) -> tuple[Any, Any, int]:
         learner, params = qwen2_learner(args, tokenizer, layers=layers, hidden=hidden, intermediate=intermediate)
@@ -123,6 +129,7 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     gc.collect()
     held = _rss_mb() - base
     load_peak = _peak_mb()
+    loaded = {"tensors": _tensors_mb(learner), "load avg": os.getloadavg()[0]}
     phases = _phases_probe(learner, base) if args.phases and not cuda else None
     seconds = []
     overall = 0.0
@@ -146,7 +153,25 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
         dist.destroy_process_group()
     return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
             "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
+            "imports_mb": imports, "imports_load": imports_load, "loaded": loaded,
             "phases": phases.rows if phases is not None else []}
+
+
+def _tensors_mb(learner: Any) -> dict[str, float]:
+    """This process's part of the learner's tensors, counted exactly (MB): its weights (its
+    shards in a group), their gradients and the optimizer's state (AdamW's moments)."""
+    import torch
+
+    def mb(tensors: Any) -> float:
+        total = 0
+        for t in tensors:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            total += local.numel() * local.element_size()
+        return round(total / 2**20, 1)
+
+    params = list(learner.model.parameters())
+    state = [v for s in learner.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"weights": mb(params), "grads": mb(p.grad for p in params if p.grad is not None), "optimizer": mb(state)}
 
 
 def _load(args: argparse.Namespace, *, rank: int, world: int, tokenizer: Any) -> tuple[Any, Any]:
@@ -191,8 +216,9 @@ class _Phases:
     baseline): the peak is read and reset (/proc/self/clear_refs) at each phase's end, so
     `overall` keeps the step's peak across the resets."""
 
-    def __init__(self, base: float) -> None:
+    def __init__(self, base: float, learner: Any) -> None:
         self.base = base
+        self.learner = learner
         self.rows: list[list[Any]] = []
         self.overall = 0.0
         self.step = 1
@@ -200,7 +226,9 @@ class _Phases:
     def mark(self, phase: str) -> None:
         peak, now = _peak_mb() - self.base, _rss_mb() - self.base
         self.overall = max(self.overall, peak)
-        self.rows.append([self.step, phase, round(peak), round(now)])
+        tensors = _tensors_mb(self.learner)
+        self.rows.append([self.step, phase, round(peak), round(now), tensors["weights"], tensors["grads"],
+                          tensors["optimizer"], round(os.getloadavg()[0], 2)])
         if phase == "optimizer step":
             self.step += 1
         _peak_reset()
@@ -209,7 +237,7 @@ class _Phases:
 def _phases_probe(learner: Any, base: float) -> _Phases:
     """Phase ends: the policy's forward (its loss), the backward and gradient clipping
     (the optimizer's pre-step hook), the optimizer's step (after `learner.step`)."""
-    phases = _Phases(base)
+    phases = _Phases(base, learner)
     learner.model.register_forward_hook(lambda *_: phases.mark("forward"))
     learner.optimizer.register_step_pre_hook(lambda *_: phases.mark("backward + clip"))
     return phases
@@ -242,6 +270,7 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--repeat", type=int, default=1, help="run the comparison this many times (the spread is printed)")
     parser.add_argument("--phases", action="store_true",
                         help="also print each step's peak and end RSS per phase (forward, backward + clip, optimizer)")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -256,11 +285,19 @@ def main() -> None:
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": str(args.threads)}
+    ratios: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-sharding-") as tmp:
         params = _model_save(args, Path(tmp))
-        load_one, one, load_group, ranks = _settings(args, env, tmp)
-    one["params"] = params
-    _report(args, load_one, one, load_group, ranks)
+        for i in range(args.repeat):
+            if args.repeat > 1:
+                print(f"\n=== repeat {i + 1} of {args.repeat} ===", flush=True)
+            load_one, one, load_group, ranks = _settings(args, env, tmp)
+            one["params"] = params
+            ratios.append((*_report(args, load_one, one, load_group, ranks), load_group))
+    if args.repeat > 1:
+        whole, above, loads = zip(*ratios)
+        print(f"\nover {args.repeat} repeats: peak per rank / one process {min(whole):.2f}-{max(whole):.2f} "
+              f"(above base {min(above):.2f}-{max(above):.2f}), load average {min(loads):.2f}-{max(loads):.2f}")
 
 
 def _settings(args: argparse.Namespace, env: dict[str, str], model_dir: str
@@ -275,7 +312,8 @@ def _settings(args: argparse.Namespace, env: dict[str, str], model_dir: str
 
 
 def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load_group: float,
-            ranks: list[dict[str, Any]]) -> None:
+            ranks: list[dict[str, Any]]) -> tuple[float, float]:
+    """Print one comparison; returns (peak per rank / one process, the same above the baseline)."""
 
     print(f"\nmodel: {one['params'] / 1e6:.1f}M parameters (Qwen2, {args.layers} layers, hidden {args.hidden}); "
           f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step, full fine-tuning fp32 AdamW; "
@@ -292,13 +330,40 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
           f"base; load pk and peak: the whole process's RSS high-water mark after the load and after the steps. "
           f"Above base, peak per rank / one process: {above:.2f})")
     if args.phases:
-        print(f"\n{'setting':<22}{'step':>5}  {'phase':<16}{'peak MB':>9}{'end MB':>8}")
-        for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:
-            for step, phase, peak, end in res["phases"]:
-                print(f"{name:<22}{step:>5}  {phase:<16}{peak:>9}{end:>8}")
+        _phases_report(args, one, ranks)
+    _where_report(args, one, ranks, load_one, load_group)
     ratio = max(r["peak_mb"] for r in ranks) / one["peak_mb"]
     print(f"\nsharding peak per rank / one process: {ratio:.2f} (target <= 0.65: {'met' if ratio <= 0.65 else 'NOT met'}); "
           f"step {ranks[0]['step_seconds'] / one['step_seconds']:.2f}× one process; load average now {os.getloadavg()[0]:.2f}")
+    return ratio, above
+
+
+def _phases_report(args: argparse.Namespace, one: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+    """Per phase of each step: the peak within it and the RSS at its end (MB above base), with
+    the weights, gradients and optimizer state held at its end (exact), and the load."""
+    print(f"\n{'setting':<22}{'step':>5}  {'phase':<16}{'peak MB':>9}{'end MB':>8}{'weights':>9}{'grads':>8}"
+          f"{'optim':>8}{'load':>7}")
+    for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:
+        for step, phase, peak, end, weights, grads, optim, load in res["phases"]:
+            print(f"{name:<22}{step:>5}  {phase:<16}{peak:>9}{end:>8}{weights:>9.0f}{grads:>8.0f}{optim:>8.0f}{load:>7.2f}")
+
+
+def _where_report(args: argparse.Namespace, one: dict[str, Any], ranks: list[dict[str, Any]], load_one: float,
+                  load_group: float) -> None:
+    """Where each process's memory goes (MB of RSS): the imports, the warm-up above them, the
+    model's load above the baseline (its weights counted exactly), the steps' peak above the
+    load; the load average beside each setting."""
+    print(f"\n{'setting':<22}{'imports':>9}{'warm-up':>9}{'load':>7}{'weights':>9}{'steps':>7}{'peak':>7}"
+          f"{'load@imp':>9}{'load@ld':>8}{'load':>7}")
+    for name, res, load in [("one process", one, load_one),
+                            *((f"rank {r} of {args.ranks}", res, load_group) for r, res in enumerate(ranks))]:
+        print(f"{name:<22}{res['imports_mb']:>9.0f}{res['base_mb'] - res['imports_mb']:>9.0f}"
+              f"{res['load_peak_mb'] - res['base_mb']:>7.0f}{res['loaded']['tensors']['weights']:>9.0f}"
+              f"{res['peak_mb'] - res['load_peak_mb']:>7.0f}{res['peak_mb']:>7.0f}{res['imports_load']:>9.2f}"
+              f"{res['loaded']['load avg']:>8.2f}{load:>7.2f}")
+    print("(imports: RSS once torch, TRL and the group are set up; warm-up: the small learner's build and step "
+          "above that; load: the load's high-water mark above the baseline, weights: the weights it holds, exactly; "
+          "steps: the steps' high-water mark above the load's; load@…: the load average then)")
 
 
 if __name__ == "__main__":

@@ -50,12 +50,15 @@ def _fill(run: Any, *, expert: bool, tag: str = "", version: int = 0) -> None:
     experience_write(experiences=rows)
 
 
-def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hosts: int = 1) -> dict[str, torch.Tensor]:
+def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hosts: int = 1,
+             lora: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    run = running_run(owner, model_dir, algorithm=algorithm, train_batch_size=12, total_steps=5,
-                      trainer={"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo",
-                               "processes": processes, "hosts": hosts})
+    from workers.adapters import ADAPTER_WEIGHTS
+
+    trainer = {"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo", "processes": processes,
+               "hosts": hosts, **({"lora": lora} if lora else {})}
+    run = running_run(owner, model_dir, algorithm=algorithm, train_batch_size=12, total_steps=5, trainer=trainer)
     _fill(run, expert=algorithm == "sft")
     # A batch for step 2, fresh enough for it: the run goes on (a finished one's group ends).
     _fill(run, expert=algorithm == "sft", tag="b", version=1)
@@ -66,8 +69,23 @@ def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hos
         assert res.group is not None and len(res.group.followers) == processes // hosts - 1
         assert all(p.poll() is None for p in res.group.followers), "a follower process ended"
         assert Metric.objects.get(run=run, step=1, name="learner_processes").value == processes
+        _rank0_holds_its_rows_only(res.group)
     version = ModelVersion.objects.get(run=run, number=1)
-    return load_file(str(Path(version.checkpoint) / "model.safetensors"))
+    return load_file(str(Path(version.checkpoint) / (ADAPTER_WEIGHTS if lora else "model.safetensors")))
+
+
+def _rank0_holds_its_rows_only(group: Any) -> None:
+    """Rank 0 built its learner on its shards (the run's model) and holds its rows only of
+    every weight of the policy and the reference model; the version's whole weights it
+    gathered went when the next step began, or go now (the skeleton stays on the meta device)."""
+    assert group.rank0_sharded, "rank 0 loaded the whole model"
+    models = [group.learner.model, *([group.learner.ref_model] if group.learner.ref_model is not None else [])]
+    for model in models:
+        for name, p in model.named_parameters():
+            rows = p.shape[0]
+            assert p.to_local().shape[0] <= -(-rows // group.world), f"rank 0 holds all of {name}"
+    group.whole_release()
+    assert all(p.device.type == "meta" for p in group.whole.parameters())
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "sft"])
@@ -91,6 +109,18 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
     for run_id in list(trainer_mod._RESIDENTS):
         trainer_mod.resident_drop(run_id)
     assert followers and all(p.poll() is not None for p in followers)
+
+
+def test_a_lora_run_on_two_learner_processes_publishes_the_one_process_adapter(owner: Any, tiny_model_dir: Path) -> None:
+    """Every rank, rank 0 included, builds the frozen base on its shards and a fresh adapter
+    from the run's seed: the adapter after a step is the one-process adapter."""
+    torch.set_num_threads(1)
+    lora = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
+    one = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1, lora=lora)
+    two = _trained(owner, tiny_model_dir, algorithm="grpo", processes=2, lora=lora)
+    assert one.keys() == two.keys() and one
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
 
 
 def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_update(

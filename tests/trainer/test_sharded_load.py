@@ -2,12 +2,15 @@
 .model_sharded_load): built on the meta device, sharded, then its rows read from the
 safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
 loss and next weights on the same batch, for a model with its own output head and one
-whose head is its input embeddings (tied), with the reference model loaded the same way."""
+whose head is its input embeddings (tied), with the reference model loaded the same way.
+Under an address-space limit that a whole load fails, the ranks train, and so does a train
+worker's rank 0 (tests/trainer/limited_rank0.py: the resident learner built on its shards)."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -236,3 +239,68 @@ def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_o
     assert all(o.startswith("failed") for o in outcome[False]), outcome[False]
     assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome[False]), outcome[False]
     assert all(o.startswith("loss") for o in outcome[True]), outcome[True]
+
+
+# ----------------------------------------------------------------------------- rank 0 of a train worker
+
+
+def _fill(run: Any, *, tag: str = "") -> None:
+    """A batch of three groups of four, one prompt length, varied completions and rewards."""
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for gi in range(3):
+        prompt = torch.randint(10, 200, (4,), generator=g).tolist()
+        for j in range(4):
+            completion = torch.randint(10, 200, (2 + (j * 5 + gi) % 6,), generator=g).tolist()
+            rows.append(experience_row(run, key=f"{tag}g{gi}-{j}", group=f"{tag}g{gi}", token_ids=prompt + completion,
+                                       prompt_length=4, logprobs=[-0.7] * len(completion),
+                                       reward=float((j * 7 + gi) % 3)))
+    experience_write(experiences=rows)
+
+
+def _lora_group_run(owner: Any, model_dir: Path) -> Any:
+    from tests.trainer.conftest import running_run
+
+    run = running_run(owner, model_dir, train_batch_size=12, total_steps=1,
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2,
+                               "lora": {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}})
+    _fill(run)
+    return run
+
+
+# Rank 0 as a train worker grows by more than a bare rank (measured at load 30, the limit
+# off: ~400 MB of address space on its shards only, ~620 MB loading the whole model first, on
+# this 400 MB model): the share between the two.
+RANK0_LIMIT_SHARE = 1.25
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(1800)
+def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_on_its_shards_only(
+    owner: Any, tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path, settings: Any
+) -> None:
+    """Rank 0 as a train worker runs it (`trainer_step`: the resident learner, the group, the
+    version), held to RANK0_LIMIT_SHARE of the model's weights more address space after a warm-up:
+    loading the whole model first fails, building on its shards only trains the step."""
+    from tests.servers import ROOT, child_env, spawn
+
+    weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
+    outcome = {}
+    for mode in ("whole", "sharded"):
+        warm, run = _lora_group_run(owner, tiny_model_dir), _lora_group_run(owner, large_model_dir)
+        out, log = tmp_path / f"{mode}.txt", tmp_path / f"{mode}.log"
+        # Its followers inherit the limit (with more room than they need, as they start lighter
+        # than a warmed-up rank 0), and one malloc arena (a thread's own reserves 64 MB at once).
+        env = child_env(RFT_STORAGE_DIR=str(tmp_path / mode / "storage"), RFT_TRAINER_CPU_MMAP_THRESHOLD=str(1 << 20),
+                        MALLOC_ARENA_MAX="1")
+        proc = spawn([sys.executable, str(ROOT / "tests" / "trainer" / "limited_rank0.py"), str(out), str(warm.pk),
+                      str(run.pk), str(weight_bytes), str(RANK0_LIMIT_SHARE), mode], env=env, log=log)
+        assert proc.wait(timeout=GROUP_TIMEOUT_S) == 0, log.read_text()[-3000:]
+        outcome[mode] = out.read_text() + "\n" + log.read_text()[-3000:]
+    # The limit bites: a rank 0 that loads the whole model first runs out of address space.
+    assert outcome["whole"].startswith("failed"), outcome["whole"]
+    assert any(w in outcome["whole"].lower() for w in ("alloc", "memory")), outcome["whole"]
+    assert outcome["sharded"].startswith("trained"), outcome["sharded"]

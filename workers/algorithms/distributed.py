@@ -21,9 +21,10 @@ on the whole batch. Every algorithm and loss type runs so.
 commits, checkpoints, versions); it starts the other ranks (`python -m
 workers.algorithms.distributed`) and they join one process group through a TCP store on
 rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
-(the journal entry, with the RNG state it starts from). A published version is a whole
-model: rank 0 gathers the shards into an unsharded copy of the policy (`whole`) before it
-writes one. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
+(the journal entry, with the RNG state it starts from). Rank 0 too builds its learner on its
+shards only where it starts from the run's model (workers/algorithms/shard_load.py). A
+published version is a whole model: the ranks gather it one tensor at a time into rank 0's
+skeleton of the policy (`whole`, on the meta device), which lets go of it at the next step. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
 shard; they load on any number of ranks, or in one process).
 
 The group is the process's default process group (DeviceMesh needs one), so a train
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 
     from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.learner import Learner, LearnerSpec
+    from workers.algorithms.shard_load import LearnerBuild
 
 log = logging.getLogger(__name__)
 
@@ -625,20 +627,28 @@ class LearnerGroup:
     channel to every rank, and an unsharded copy of the policy (`whole`) that versions are
     written from. `step` is one update of the whole group on a batch."""
 
-    def __init__(self, *, learner: Learner, run_config: JSONObject, plan: GroupPlan, timeout_s: float,
-                 whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None) -> None:
+    def __init__(self, *, learner: Learner | None, run_config: JSONObject, plan: GroupPlan, timeout_s: float,
+                 whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None,
+                 build: LearnerBuild | None = None) -> None:
+        """`learner`: rank 0's, whole, sharded here; None: built here on its shards only once
+        the group is joined, from `build` (workers.algorithms.shard_load)."""
         import torch.distributed as dist
 
-        if not learner.objective.shards():
-            raise GroupUnsupported(f"trainer.processes: {learner.spec.algorithm} has no sharded objective; set processes: 1")
+        from workers.algorithms.objectives import objective_class
+
+        spec = learner.spec if learner is not None else build.spec if build is not None else None
+        assert spec is not None, "a learner group needs rank 0's learner or what to build it from"
+        if not objective_class(spec.algorithm).shards():
+            raise GroupUnsupported(f"trainer.processes: {spec.algorithm} has no sharded objective; set processes: 1")
         self.plan = plan
         self.world = plan.world
         self.backend, _ = group_backend(plan.local)
-        self.learner = learner
         self.whole = whole
         # The followers load only their shards of the model and take rank 0's trainable state
-        # into them (`learner_shard` from_rank0); sharded `none`, each holds a whole replica.
+        # into them (`learner_shard` from_rank0), or, rank 0 built on its shards too, agree
+        # with it already; sharded `none`, each holds a whole replica.
         self.followers_shard_load = sharded_load_fits(plan.sharding, model=str(run_config.get("model", "")))
+        self.rank0_sharded = learner is None
         timeout = datetime.timedelta(seconds=timeout_s)
         # Port 0: the system picks a free one (no race with another group starting); ranks
         # on other hosts need a fixed one (RFT_LEARNER_PORT).
@@ -650,7 +660,7 @@ class LearnerGroup:
         self._store.set("rft/spec", json.dumps({
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
-            "sharded_load": self.followers_shard_load,
+            "sharded_load": self.followers_shard_load, "rank0_sharded": self.rank0_sharded,
         }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
@@ -666,10 +676,16 @@ class LearnerGroup:
             ranks_await(self._store, world=plan.world, timeout=timeout, followers=self.followers)
             group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = _Channel()
+            if learner is None:
+                from workers.algorithms.shard_load import learner_sharded_build
+
+                assert build is not None
+                learner = learner_sharded_build(build, world=plan.world, sharding=plan.sharding)
+            self.learner: Learner = learner
             if not self.followers_shard_load:
                 state_share(self.channel, learner, rank=0)
             self.shard = learner_shard(learner, rank=0, world=plan.world, sharding=plan.sharding,
-                                       from_rank0=self.followers_shard_load)
+                                       from_rank0=self.followers_shard_load and not self.rank0_sharded)
             if checkpoint is not None:
                 sharded_load(learner, checkpoint)
         except BaseException:
@@ -696,6 +712,7 @@ class LearnerGroup:
         from workers.algorithms.learner import NothingToTrain
 
         try:
+            self.whole_release()
             self._op({"op": "step"})
             assert self.channel is not None
             self.channel.bytes(entry)
@@ -710,21 +727,30 @@ class LearnerGroup:
 
     def whole_model(self) -> torch.nn.Module:
         """The unsharded policy as of the last step (gathered from every rank's shard)."""
+        from workers.algorithms.shard_load import whole_assign, whole_gather
+
         if self.plan.sharding == "none":
             return self.learner.model  # a whole replica already
         try:
             self._op({"op": "whole"})
-            state = whole_state(self.learner)
+            state = whole_gather(self.learner)
         except BaseException:
             self.broken = True
             raise
-        assert self.whole is not None, "a sharded learner group needs its unsharded copy (whole)"
-        self.whole.load_state_dict(state, strict=False)
-        return self.whole
+        assert self.whole is not None, "a sharded learner group needs its policy's skeleton (whole)"
+        return whole_assign(self.whole, state)
+
+    def whole_release(self) -> None:
+        """Let go of the whole weights `whole_model` gathered (the policy's skeleton stays)."""
+        from workers.algorithms.shard_load import whole_release
+
+        if self.whole is not None and self.plan.sharding != "none":
+            whole_release(self.whole)
 
     def save(self, path: Path) -> None:
         """A sharded checkpoint at `path` (each rank writes its shard)."""
         try:
+            self.whole_release()
             self._op({"op": "save", "path": str(path)})
             sharded_save(self.learner, path)
         except BaseException:
@@ -788,6 +814,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     import torch.distributed as dist
 
     from workers.algorithms import NothingToTrain
+    from workers.algorithms.shard_load import whole_gather
     from workers.trainer import _rng_restore, journal_decode
 
     plan = start.plan
@@ -801,7 +828,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
             learner = start.learner
             state_share(channel, learner, rank=rank)
         shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding,
-                              from_rank0=start.learner is None)
+                              from_rank0=start.learner is None and not start.rank0_sharded)
         if start.checkpoint:
             sharded_load(learner, Path(start.checkpoint))
         while True:
@@ -810,7 +837,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
             if op == "stop":
                 return
             if op == "whole":
-                whole_state(learner)
+                whole_gather(learner)
             elif op == "save":
                 sharded_save(learner, Path(msg["path"]))
             elif op == "step":
@@ -828,7 +855,8 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
 class _FollowerReady:
     """What a follower needs to join: the run's learner (None where it loads only its
     shards, once joined: `follower_learner_sharded`), the group's plan, its backend and
-    timeout, and the sharded snapshot to start from (if any)."""
+    timeout, the sharded snapshot to start from (if any), and whether rank 0 loaded only its
+    shards too (then no rank takes rank 0's trainable state: they agree already)."""
     learner: Learner | None
     plan: GroupPlan
     backend: str
@@ -837,6 +865,7 @@ class _FollowerReady:
     cfg: RunConfig
     spec: LearnerSpec
     tokenizer: PreTrainedTokenizerBase
+    rank0_sharded: bool = False
 
 
 def sharded_load_fits(sharding: str, *, model: str) -> bool:
@@ -855,21 +884,10 @@ def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
     """A follower's learner on its shards only of the run's model (and of the reference
     model, or the frozen base under an adapter), built once the group is joined (the shards
     are the mesh's)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    from workers.algorithms.shard_load import LearnerBuild, learner_sharded_build
 
-    from workers.algorithms import Learner
-    from workers.precision import precision_dtype
-
-    cfg, spec = start.cfg, start.spec
-    mesh = init_device_mesh(_comm_device().split(":")[0], (start.plan.world,))
-    reshard = start.plan.sharding == "full"
-    torch.manual_seed(cfg.seed)
-    dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
-    model = model_sharded_load(cfg.model, mesh=mesh, reshard=reshard, precision=spec.precision, dtype=dtype,
-                               lora=spec.lora)
-    ref = (model_sharded_load(cfg.model, mesh=mesh, reshard=True, precision=spec.precision)
-           if spec.needs_ref_model else None)
-    return Learner(spec=spec, model=model, tokenizer=start.tokenizer, ref_model=ref)
+    return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer),
+                                 world=start.plan.world, sharding=start.plan.sharding)
 
 
 def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
@@ -909,7 +927,8 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
     return _FollowerReady(learner=learner, plan=plan, backend=backend,
                           timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
-                          checkpoint=str(checkpoint) if checkpoint else None, cfg=cfg, spec=spec, tokenizer=tokenizer)
+                          checkpoint=str(checkpoint) if checkpoint else None, cfg=cfg, spec=spec, tokenizer=tokenizer,
+                          rank0_sharded=bool(spec_in.get("rank0_sharded")))
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:

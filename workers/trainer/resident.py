@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workers.algorithms.batch import TrainBatch
     from workers.algorithms.distributed import LearnerGroup
     from workers.algorithms.learner import Learner, LearnerSpec
+    from workers.algorithms.shard_load import LearnerBuild
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,12 @@ def resident_for(run: RunView) -> Resident:
     precision_check(spec.precision, device=_device())
     optimizer_check(spec.optimizer, device=_device())
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
-    model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
+    # Rank 0 of a learner group that starts from the run's model builds on its shards only,
+    # once the group is joined (workers/algorithms/shard_load.py); else the learner is whole.
+    build = _rank0_build(run=run, spec=spec, tokenizer=tokenizer, source=source)
+    learner: Learner | None = None
+    if build is None:
+        model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
     from workers.vision import is_vision_model, processor_load
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
@@ -163,10 +169,14 @@ def resident_for(run: RunView) -> Resident:
         from workers.host_memory import cpu_allocator_tune
 
         cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
-    learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
-    if optimizer_state is not None:
-        learner.optimizer_state_load(optimizer_state)
-    group = _group_start(run=run, learner=learner, checkpoint=sharded)
+    if build is None:
+        learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
+        if optimizer_state is not None:
+            learner.optimizer_state_load(optimizer_state)
+    group = _group_start(run=run, learner=learner, checkpoint=sharded, build=build)
+    if group is not None:
+        learner, model, ref_model = group.learner, group.learner.model, group.learner.ref_model
+    assert learner is not None
     if group is None and sharded is not None:
         from workers.algorithms.distributed import sharded_load
 
@@ -192,10 +202,25 @@ def resident_for(run: RunView) -> Resident:
     return res
 
 
-def _group_start(*, run: RunView, learner: Learner, checkpoint: Path | None = None) -> LearnerGroup | None:
+def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokenizerBase, source: str
+                 ) -> LearnerBuild | None:
+    """What rank 0 of the run's learner group builds its learner from on its shards only
+    (None: one process, or a learner loaded whole first: see workers/algorithms/shard_load.py)."""
+    t = run.cfg.trainer
+    if int(t.processes) <= 1:
+        return None
+    from workers.algorithms.shard_load import LearnerBuild, rank0_sharded_fits
+
+    if not rank0_sharded_fits(sharding=str(t.sharding), model=str(run.cfg.model), source=str(source)):
+        return None
+    return LearnerBuild(cfg=run.cfg, spec=spec, tokenizer=tokenizer)
+
+
+def _group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
+                 build: LearnerBuild | None = None) -> LearnerGroup | None:
     """With trainer.processes > 1, the run's learner group (this process rank 0, followers
-    started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's
-    (None: one process)."""
+    started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's;
+    `learner` None: rank 0's is built on its shards from `build` (None: one process)."""
     t = run.cfg.trainer
     if int(t.processes) <= 1:
         return None
@@ -208,15 +233,18 @@ def _group_start(*, run: RunView, learner: Learner, checkpoint: Path | None = No
         others = [rid for rid, r in _RESIDENTS.items() if r.group is not None and rid != run.pk and rid not in _BUSY]
     for rid in others:
         resident_drop(rid)
-    # The unsharded copy versions are written from, on the CPU beside the shards (sharded
-    # `none`, rank 0's replica is whole already).
+    # The policy's skeleton versions are written from, its weights on the meta device until
+    # a version gathers them from the shards (sharded `none`, rank 0's replica is whole already).
     whole = None
     if t.sharding != "none":
-        whole, _ = _policy_load(cfg=run.cfg, spec=spec_from_config(run.cfg), source=run.cfg.model, device="cpu")
+        from workers.algorithms.shard_load import model_skeleton
+
+        whole = model_skeleton(cfg=run.cfg, spec=spec_from_config(run.cfg))
     return LearnerGroup(learner=learner, run_config=run.config_data,
                         plan=GroupPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
                         timeout_s=float(settings.RFT_TRAIN_TIME_LIMIT), whole=whole,
-                        addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint)
+                        addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint,
+                        build=build)
 
 
 def _whole(res: Resident) -> torch.nn.Module:

@@ -1,0 +1,155 @@
+"""Every rank of a learner group on its shards only, rank 0 of the train worker included.
+
+A rank builds its learner once the group is joined (the shards are the mesh's), the same way
+on every rank (`learner_sharded_build`): the policy, the reference model and a fresh adapter
+are built on the meta device, sharded (FSDP2), and given storage for this rank's rows only,
+read from the run's safetensors files (`workers.algorithms.distributed.model_sharded_load`).
+No rank holds the whole model during the load or a step. The ranks' trainable state agrees
+without a broadcast: the weights are the same files, and a fresh adapter draws the same
+numbers on every rank from the run's seed, set just before it is made (as one process does:
+nothing between its seed and its adapter draws a number).
+
+Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model: a new
+run, or a learner group's own sharded snapshot (loaded into the shards after). A learner that
+starts from whole weights (a one-process snapshot with its optimizer, a published version
+after lost trainer state, an adapter directory) is still loaded whole on rank 0 and sharded
+from there (`learner_shard(from_rank0=True)`).
+
+A published version is a whole model. Rank 0 keeps a skeleton of the policy on the meta
+device (`model_skeleton`); at a version every rank gathers the weights it holds one tensor at
+a time (`whole_gather`: all of them, or only the adapter's under LoRA, whose base is the
+run's model), rank 0 assigns them into the skeleton (`whole_assign`) for the version's
+writer, and lets go of them when the group's next step starts (`whole_release`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from kernel.config import RunConfig
+    from workers.algorithms.learner import Learner, LearnerSpec
+
+
+@dataclass(frozen=True)
+class LearnerBuild:
+    """What a rank builds its learner from once the group is joined."""
+
+    cfg: RunConfig
+    spec: LearnerSpec
+    tokenizer: PreTrainedTokenizerBase
+
+
+def rank0_sharded_fits(*, sharding: str, model: str, source: str) -> bool:
+    """Whether rank 0 loads only its shards too: its followers do (`sharded_load_fits`) and
+    its learner starts from the run's model (`source`: what it would load whole)."""
+    from workers.algorithms.distributed import sharded_load_fits
+
+    return source == model and sharded_load_fits(sharding, model=model)
+
+
+def group_device() -> str:
+    """The device type of this rank's shards: a GPU per rank where there are GPUs (each
+    rank's current device), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def learner_sharded_build(build: LearnerBuild, *, world: int, sharding: str) -> Learner:
+    """This rank's learner on its shards only of the run's model (and of the reference
+    model; with an adapter, of the frozen base), in the process group just joined."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workers.algorithms import Learner
+    from workers.algorithms.distributed import model_sharded_load
+    from workers.precision import precision_dtype
+
+    cfg, spec = build.cfg, build.spec
+    mesh = init_device_mesh(group_device(), (world,))
+    # An adapter's base in the training precision, full weights in fp32: as a whole load.
+    dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
+    torch.manual_seed(cfg.seed)  # every rank's fresh adapter the same, and one process's
+    model = model_sharded_load(cfg.model, mesh=mesh, reshard=sharding == "full", precision=spec.precision, dtype=dtype,
+                               lora=spec.lora)
+    ref = (model_sharded_load(cfg.model, mesh=mesh, reshard=True, precision=spec.precision)
+           if spec.needs_ref_model else None)
+    return Learner(spec=spec, model=model, tokenizer=build.tokenizer, ref_model=ref)
+
+
+def model_skeleton(*, cfg: RunConfig, spec: LearnerSpec) -> torch.nn.Module:
+    """The run's policy as a version holds it (the model, with the run's adapter under
+    LoRA), every weight on the meta device: no storage until `whole_assign`. Buffers that
+    are computed, not saved (rotary `inv_freq`), are real: as a whole load makes them."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from workers.adapters import adapter_wrap
+    from workers.precision import precision_dtype
+
+    path = Path(cfg.model)
+    dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    model.tie_weights()  # outside the context (see model_sharded_load)
+    with contextlib.suppress(OSError):
+        # A version carries the model's own generation settings, as from_pretrained reads them.
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    if spec.lora is not None:
+        with init_empty_weights(include_buffers=False):
+            model = adapter_wrap(model=model, lora=spec.lora)
+    model.eval()
+    return model
+
+
+def whole_gather(learner: Learner) -> dict[str, torch.Tensor]:
+    """The weights a version holds, whole, on rank 0's CPU (the other ranks get an empty
+    dict): every rank calls it, in the same order of tensors. Under LoRA the adapter's
+    only (the base is the run's model); else the whole state dict. A tied weight is
+    gathered once and appears under each of its names, as one tensor."""
+    from torch.distributed.tensor import DTensor
+
+    model = learner.model
+    rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    out: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if learner.adapter and id(value) not in trainable:
+            continue
+        if id(value) in seen:
+            if rank0:
+                out[name] = seen[id(value)]
+            continue
+        whole = value.full_tensor() if isinstance(value, DTensor) else value
+        if rank0:
+            seen[id(value)] = out[name] = whole.detach().to("cpu", copy=True)
+        del whole  # a follower's gathered copy goes at once
+    return out
+
+
+def whole_assign(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """`model` (a `model_skeleton`) holding `state`'s tensors, without a copy; the weights
+    `state` lacks (an adapter's base) stay on the meta device."""
+    missing_or_unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing_or_unexpected.unexpected_keys:
+        raise RuntimeError(f"the gathered version has weights its model lacks: {missing_or_unexpected.unexpected_keys[:5]}")
+    return model
+
+
+def whole_release(model: torch.nn.Module) -> None:
+    """Give back what `whole_assign` put into `model`: each weight back on the meta device
+    (a tied weight stays one parameter)."""
+    replaced: dict[int, torch.nn.Parameter] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        if param.device.type == "meta":
+            continue
+        owner, _, leaf = name.rpartition(".")
+        meta = replaced.setdefault(id(param), torch.nn.Parameter(torch.empty_like(param, device="meta"),
+                                                                 requires_grad=param.requires_grad))
+        setattr(model.get_submodule(owner) if owner else model, leaf, meta)
