@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--groups", type=int, default=75, help="groups of 4 completions per run")
     parser.add_argument("--walkers", type=int, default=12, help="people who walk the doors (one walk each)")
-    parser.add_argument("--profile", action="append", default=[], help="a door to profile (cProfile, top 25)")
+    parser.add_argument("--profile", action="append", default=[],
+                        help="a door to profile (cProfile on process time, top 40; PROFILE_FILTER: a regex of the rows)")
     parser.add_argument("--show", action="append", default=[], help="a door whose statements to print")
     args = parser.parse_args(argv)
     db_url, drop = scratch_database(BENCH_DB, "door_costs")
@@ -206,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, prof in profiles.items():
             print(f"--- profile of {name} ({len(costs[name].cpu_ms)} requests)")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(os.environ.get("PROFILE_FILTER", ""), 40)
+        doors = ("GET annotate page", "GET queue", "POST rate", "GET counts")
+        print("door_costs: the annotation doors' CPU ms p50 (page / next items / label / counts): "
+              + " / ".join(f"{median(costs[d].cpu_ms):.1f}" for d in doors) + "; statements "
+              + " / ".join(str(max(costs[d].statements)) for d in doors) + f"  ({load_average()})")
         return 0
     finally:
         from django.db import connections

@@ -466,7 +466,8 @@ def _setup(args: argparse.Namespace, counts: tuple[int, int, int]) -> tuple[int,
     taskset = taskset_create(name="web load", records=[{"prompt": f"Guess the number {i}.", "answer": str(i)}
                                                        for i in range(args.tasks)], owner=boss)
     run = run_create(name="web load", owner=boss, taskset=taskset,
-                     config={"model": "local/demo", "algorithm": "grpo", "repeat_times": args.group, "rewards": []})
+                     config={"model": "local/demo", "algorithm": "grpo", "repeat_times": args.group, "rewards": [],
+                             "feedback": {"mode": args.feedback_mode}})
     people = User.objects.bulk_create([User(username=f"annotator{i}", password=hashed) for i in range(annotators)]
                                       + [User(username=f"walker{i}", password=hashed) for i in range(args.walkers)]
                                       + [User(username=f"owner{i}", password=hashed) for i in range(owners)])
@@ -610,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--seed-groups", type=int, default=300, help="groups in the buffer before the start")
     parser.add_argument("--after", type=float, default=15.0, help="seconds to watch connections after the end")
+    parser.add_argument("--feedback-mode", default="auto", choices=["auto", "blend", "human", "learned"],
+                        help="the run's feedback.mode (blend: labels move rewards, open items are held for their people)")
     parser.add_argument("--walkers", type=int, default=5,
                         help="annotators kept out of the load who walk the doors after it, for statements and CPU per door")
     parser.add_argument("--server-log-level", default="WARNING", help="the web processes' LOG_LEVEL (INFO: every request)")

@@ -43,6 +43,9 @@ SMOKES = [
      rf"^worker CPU ms per call \(engine stubbed\): {NUMBER}$"),
     ("openai_endpoint", ("--clients", "2", "--requests", "1", "--rounds", "1", "--tokens", "4"),
      rf"^endpoint p50 / engine p50 \(median of 1 rounds\): {NUMBER} "),
+    ("door_costs", ("--people", "3", "--runs", "1", "--groups", "6", "--walkers", "2"),
+     rf"^door_costs: the annotation doors' CPU ms p50 \(page / next items / label / counts\): {NUMBER} / {NUMBER} / "
+     rf"{NUMBER} / {NUMBER}; statements \d+"),
     ("web_load", ("--people", "5", "--seconds", "8", "--ramp", "1", "--think", "0.5", "--env-interval", "0.5",
                   "--processes", "2", "--tasks", "40", "--seed-groups", "10", "--after", "3"),
      rf"^web_load verdict \(5 people, 8 s, p99 {NUMBER} ms, {NUMBER} req/s\): 0 5xx met; every viewer every event met"),

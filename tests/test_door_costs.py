@@ -19,12 +19,13 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 # header is shown (every fragment: -1); the annotation page takes what waits for the person
 # from the queue it has just read (-1); a hold renewal that would move no hold by more than
 # apps.feedback.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
-# after a label: -6).
+# after a label: -6), and that read is the queue's count (-1).
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
     "GET annotate page": 33,  # 34: the hand-out, the hold renewal, the counts, the ledger
-    "GET counts": 8,  # 15: a renewal's 7 (right after a label: within the slack, one read) and the counts
+    "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
+    # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
     "GET queue": 22,  # 23: the top-up's hand-out and hold renewal
     "GET rank": 6,  # 7

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -94,34 +95,32 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
     return held_groups
 
 
-def holds_renew_when_due(*, run: Run, annotator: Person) -> int:
+@dataclass(frozen=True)
+class Renewal:
+    """What holds_renew_when_due found: the person's leased items on the run (their queue, as
+    read: the caller's count of them), and the groups held for them now."""
+
+    leased: int
+    held: int
+
+
+def holds_renew_when_due(*, run: Run, annotator: Person) -> Renewal | None:
     """holds_renew for a sign of work that may come seconds after the last (the annotation
     header's counts: every 10 s, after each of the person's labels, and after anyone's label
     on the run): when no hold would move by more than RENEW_SLACK_SECONDS, one read of the
-    person's items and no write, no lock. Returns the number of groups held for them now."""
+    person's items and no write, no lock. None where nothing is held (nothing read)."""
     if not holds_apply(run=run) or not getattr(annotator, "is_authenticated", False):
-        return 0
-    fresh = _held_when_fresh(run=run, annotator=annotator, now=timezone.now())
-    return holds_renew(run=run, annotator=annotator) if fresh is None else fresh
-
-
-def _held_when_fresh(*, run: Run, annotator: Person, now: datetime) -> int | None:
-    """The groups held for `annotator` when none of their open leased items needs a renewal
-    (each hold ends within RENEW_SLACK_SECONDS of where a renewal now would set it, its cap
-    counted); None when one does. One read, no lock."""
+        return None
+    now = timezone.now()
     policy = run.cfg.feedback
     slack = min(RENEW_SLACK_SECONDS, policy.hold_seconds / 10)
     soonest = now + timedelta(seconds=policy.hold_seconds - slack)
     cap = timedelta(seconds=policy.hold_cap_seconds)
-    held: set[str] = set()
-    for group, status, until, handed in Assignment.objects.filter(
-            run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED).values_list(
-            "experience__group_id", "experience__status", "held_until", "created_at"):
-        if status in _OPEN and (until is None or until < min(soonest, handed + cap)):
-            return None
-        if until is not None and until > now:
-            held.add(group)
-    return len(held)
+    rows = list(Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED)
+                .values_list("experience__group_id", "experience__status", "held_until", "created_at"))
+    if any(status in _OPEN and (until is None or until < min(soonest, handed + cap)) for _, status, until, handed in rows):
+        return Renewal(leased=len(rows), held=holds_renew(run=run, annotator=annotator))
+    return Renewal(leased=len(rows), held=len({group for group, _, until, _ in rows if until is not None and until > now}))
 
 
 def _lock_or_yield(*, run: Run, annotator: Person, also_groups: Iterable[str]) -> None:

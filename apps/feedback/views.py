@@ -146,14 +146,16 @@ def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     a renewal seconds ago (a label's) left nothing to renew."""
     run, role = run_for_page(user=request.user, run_id=run_id)
     can_annotate = role in ("owner", "annotator") and run_takes_feedback(run=run)
-    if can_annotate:
-        holds_renew_when_due(run=run, annotator=request.user)
-    return _fragment(request, run, "feedback/_counts.html", _counts_context(run, request.user, can_annotate))
+    # The renewal's read of the person's queue is the leased part of what waits for them.
+    renewal = holds_renew_when_due(run=run, annotator=request.user) if can_annotate else None
+    return _fragment(request, run, "feedback/_counts.html",
+                     _counts_context(run, request.user, can_annotate, leased=renewal.leased if renewal else None))
 
 
-def _counts_context(run: Run, user: Person, can_annotate: bool, *, waiting: int | None = None) -> dict[str, object]:
+def _counts_context(run: Run, user: Person, can_annotate: bool, *, waiting: int | None = None,
+                    leased: int | None = None) -> dict[str, object]:
     if can_annotate and waiting is None:
-        waiting = annotation_waiting(run=run, annotator=user)
+        waiting = annotation_waiting(run=run, annotator=user, leased=leased)
     return {"counts": feedback_counts(run=run), "teaches": run.cfg.reward_model.enabled,
             "waiting": waiting if can_annotate else None}
 
