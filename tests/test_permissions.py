@@ -89,6 +89,7 @@ ACCESS: dict[str, str] = {
     "runs:weights_download": MEMBER,
     "runs:controls": MEMBER,
     "runs:control": OWNER,
+    "runs:twin": OWNER,
     "runs:feedback_policy": OWNER,
     "runs:timeline": MEMBER,
     "runs:audit": MEMBER,

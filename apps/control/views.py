@@ -57,7 +57,7 @@ from apps.control.selectors import (
     tasksets_for,
 )
 from apps.control.summary import SUMMARY_STATUSES, run_summary
-from apps.control.twins import twin_comparison
+from apps.control.twins import run_twin_create, twin_comparison
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
@@ -533,6 +533,21 @@ def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpRespo
     else:
         messages.success(request, f"{CONTROLS[action]['label']}: run is now {run.status}.")
     return redirect("runs:detail", run_id=run.pk)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_twin(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """GET: what a twin is, and a button. POST: make the run's twin (its config and taskset,
+    nobody rating it, apps/control/twins.py) and go to it; both run pages then show the
+    comparison once both have evaluated."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+    if request.method == "GET":
+        return render(request, "runs/twin.html", {"run": run})
+    twin = run_twin_create(run=run, actor=request.user if isinstance(request.user, User) else None)
+    messages.success(request, f"{twin.name} is {run.name} copied without people: start it beside it, "
+                              "and nobody rates it.")
+    return redirect("runs:detail", run_id=twin.pk)
 
 
 @login_required

@@ -99,3 +99,28 @@ def test_a_twin_the_viewer_may_not_see_is_not_named(pair: tuple[Run, Run], annot
     client.force_login(annotator)
     html = client.get(f"/runs/{people.pk}/").content.decode()
     assert 'id="twin"' not in html and twin.name not in html
+
+
+def test_the_owner_makes_a_twin_from_the_run_page_and_lands_on_it(owner: User, annotator: User) -> None:
+    people = make_run(owner=owner, taskset=make_taskset(owner=owner), name="taught", feedback={"mode": "blend"})
+    add_member(people, annotator)
+    client = Client()
+    client.force_login(owner)
+    page = client.get(f"/runs/{people.pk}/").content.decode()
+    assert f'href="/runs/{people.pk}/twin/"' in page  # the door, on the owner's run page
+    assert 'action="/runs/%d/twin/"' % people.pk in client.get(f"/runs/{people.pk}/twin/").content.decode()
+    response = client.post(f"/runs/{people.pk}/twin/")
+    twin = Run.objects.exclude(pk=people.pk).get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{twin.pk}/"
+    assert run_twin_pair(run=people) == (people, twin) and twin.config == people.config
+    assert not twin.members.exists()  # nobody but the owner: nobody rates it
+    twin_page = client.get(f"/runs/{twin.pk}/").content.decode()
+    assert "copied without people" in twin_page and f'href="/runs/{twin.pk}/twin/"' not in twin_page
+    # Not a door for an annotator of the run, nor for a run that takes no people's feedback.
+    other = Client()
+    other.force_login(annotator)
+    assert f'/runs/{people.pk}/twin/' not in other.get(f"/runs/{people.pk}/").content.decode()
+    assert other.post(f"/runs/{people.pk}/twin/").status_code in (403, 404)
+    assert Run.objects.count() == 2
+    auto = make_run(owner=owner, name="automatic", feedback={"mode": "auto"})
+    assert f'/runs/{auto.pk}/twin/' not in client.get(f"/runs/{auto.pk}/").content.decode()
