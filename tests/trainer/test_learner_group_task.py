@@ -404,7 +404,7 @@ def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_mode
     run = running_run(owner, tiny_model_dir, total_steps=5)
     res = trainer_mod.resident_for(run_view_of(run))
     res.used -= 100
-    with trainer_mod._resident_busy(run.pk):
+    with trainer_mod.resident_busy(run.pk):
         assert trainer_mod.residents_reap(idle_seconds=10) == []
     # The task's end restarts the idle clock.
     assert trainer_mod.residents_reap(idle_seconds=10) == []
@@ -444,7 +444,7 @@ def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
     recently used idle one, not one that another thread is stepping."""
     monkeypatch.setattr("workers.trainer.resident._MAX_RESIDENT_RUNS", 1)
     busy, idle, new = (running_run(owner, tiny_model_dir, total_steps=5) for _ in range(3))
-    with trainer_mod._resident_busy(busy.pk):
+    with trainer_mod.resident_busy(busy.pk):
         using = trainer_mod.resident_for(run_view_of(busy))
         trainer_mod.resident_for(run_view_of(idle))
         assert set(trainer_mod._RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays

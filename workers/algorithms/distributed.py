@@ -815,7 +815,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
 
     from workers.algorithms import NothingToTrain
     from workers.algorithms.shard_load import whole_gather
-    from workers.trainer import _rng_restore, journal_decode
+    from workers.trainer import rng_restore, journal_decode
 
     plan = start.plan
     store.add(READY, 1)
@@ -842,7 +842,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
                 sharded_save(learner, Path(msg["path"]))
             elif op == "step":
                 batch, rng = journal_decode(channel.bytes(None))
-                _rng_restore(rng)
+                rng_restore(rng)
                 try:
                     learner.step(batch, shard=shard)
                 except NothingToTrain:
@@ -909,7 +909,7 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
     cfg = config_validate(data=spec_in["config"])
     torch.manual_seed(cfg.seed)
     from workers.engines.base import tokenizer_from_pretrained
-    from workers.trainer import _policy_load
+    from workers.trainer import policy_load
 
     spec = spec_from_config(cfg)
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
@@ -923,7 +923,7 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
     checkpoint = spec_in.get("checkpoint")
     learner = None
     if not spec_in.get("sharded_load"):
-        model, ref_model = _policy_load(cfg=cfg, spec=spec, source=cfg.model)
+        model, ref_model = policy_load(cfg=cfg, spec=spec, source=cfg.model)
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
     return _FollowerReady(learner=learner, plan=plan, backend=backend,
                           timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),

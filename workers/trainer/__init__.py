@@ -69,8 +69,8 @@ from workers.trainer.resident import (
     Resident,
     _ended_residents,
     _group_start,
-    _policy_load,
-    _resident_busy,
+    policy_load,
+    resident_busy,
     resident_drop,
     resident_for,
     residents_reap,
@@ -78,13 +78,10 @@ from workers.trainer.resident import (
 from workers.trainer.step import StepConflict, _claim, _publish_due, _train_once, run_lock, trainer_step, worker_name
 from workers.trainer.task import run_fail, train_step
 
-# The learner group (workers/algorithms/distributed.py) imports the journal's RNG restore under
-# its old name; it goes when that module switches to rng_restore.
-_rng_restore = rng_restore
 
 __all__ = [
-    "_RESIDENTS", "Resident", "StepConflict", "_claim", "_ended_residents", "run_fail", "_group_start", "_policy_load",
-    "_publish_due", "_resident_busy", "_rng_restore", "_train_once", "journal_decode",
+    "_RESIDENTS", "Resident", "StepConflict", "_claim", "_ended_residents", "run_fail", "_group_start", "policy_load",
+    "_publish_due", "resident_busy", "_train_once", "journal_decode",
     "journal_encode", "journal_path", "journal_read", "journal_store", "resident_drop", "resident_for", "restore_point",
     "rng_restore", "rng_state",
     "residents_reap", "run_lock", "snapshot_due", "snapshot_save", "state_dir", "state_prune", "train_step",

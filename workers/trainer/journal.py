@@ -219,4 +219,3 @@ def snapshot_and_prune(*, res: Resident, step: int) -> None:
 
 # The old names, for the modules beside this one that still import them (resident.py and
 # step.py, whose changes are under way elsewhere): they switch to the public names, then these go.
-_rng_state, _rng_restore, _restore_point, _snapshot_and_prune = rng_state, rng_restore, restore_point, snapshot_and_prune

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from apps.runs.ports import RunView, connection_release, runs_ended, version_latest
-from workers.trainer.journal import _restore_point, _rng_restore, journal_decode, snapshot_save
+from workers.trainer.journal import restore_point, rng_restore, journal_decode, snapshot_save
 
 if TYPE_CHECKING:
     import torch
@@ -78,7 +78,7 @@ def _load_model(path: str, dtype: torch.dtype | None = None, device: str | None 
     return auto.from_pretrained(path, dtype=dtype or torch.float32).to(device or _device())
 
 
-def _policy_load(*, cfg: RunConfig, spec: LearnerSpec, source: str, device: str | None = None
+def policy_load(*, cfg: RunConfig, spec: LearnerSpec, source: str, device: str | None = None
                  ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """(policy, reference model or None) for a run config, its weights from `source` (the
     config's model, a snapshot or a published version). With `trainer.lora` the policy is
@@ -109,46 +109,14 @@ def resident_for(run: RunView) -> Resident:
     from workers.engines.base import tokenizer_from_pretrained
 
     key = json.dumps(run.config_data, sort_keys=True)
-    res = _RESIDENTS.get(run.pk)
-    if res is not None and res.config_key == key and res.step == run.train_step:
-        _RESIDENTS.move_to_end(run.pk)
-        res.used = time.monotonic()
+    res = _resident_kept(run, key)
+    if res is not None:
         return res
-    resident_drop(run.pk)
-    # Least recently used first, but never one a train task is using (another thread of the
-    # embedded pool, mid-step: its learner group would be closed under it); with every
-    # resident busy, the cap is exceeded until one of them is done.
-    with _RESIDENTS_LOCK:
-        idle = [run_id for run_id in _RESIDENTS if run_id not in _BUSY]
-    for run_id in idle[: max(0, len(_RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
-        resident_drop(run_id)
-
     cfg = run.cfg
     torch.manual_seed(cfg.seed)
-    optimizer_state = None
-    source = cfg.model
-    # A learner group's snapshot: sharded (torch.distributed.checkpoint), loaded after the
-    # learner is built from the config's model, on however many processes it runs.
-    sharded: Path | None = None
-    replay: list[Path] = []
-    fallback = False
-    if run.train_step > 0:
-        point = _restore_point(run.pk, run.train_step)
-        if point is not None:
-            snapshot, replay = point
-            if snapshot is not None and (snapshot / "dcp" / ".metadata").exists():
-                sharded = snapshot / "dcp"
-            elif snapshot is not None:
-                source = str(snapshot)
-                optimizer_state = torch.load(snapshot / "optimizer.pt", map_location=_device(), weights_only=False)
-        else:
-            # Storage lost the trainer state (not our own crash: every step is journaled
-            # before it commits). Carry on from the newest published version, with a fresh
-            # optimizer.
-            latest = version_latest(run_id=run.pk)
-            source = latest.checkpoint if latest is not None else cfg.model
-            fallback = True
-            log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, source)
+    start = _start_point(run)
+    source, optimizer_state, sharded, replay, fallback = (start.source, start.optimizer_state, start.sharded,
+                                                          start.replay, start.fallback)
     spec = spec_from_config(cfg)
     # Before loading gigabytes: a precision the device lacks fails the run with its reason.
     from workers.precision import optimizer_check, precision_check
@@ -161,7 +129,7 @@ def resident_for(run: RunView) -> Resident:
     build = _rank0_build(run=run, spec=spec, tokenizer=tokenizer, source=source)
     learner: Learner | None = None
     if build is None:
-        model, ref_model = _policy_load(cfg=cfg, spec=spec, source=source)
+        model, ref_model = policy_load(cfg=cfg, spec=spec, source=source)
     from workers.vision import is_vision_model, processor_load
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
@@ -185,14 +153,14 @@ def resident_for(run: RunView) -> Resident:
         _replay(learner, replay, group=group)
         log.info("run %s: replayed %s journaled step(s) up to step %s", run.pk, len(replay), run.train_step)
     # With a learner group the resident's model is the group's unsharded copy (what versions
-    # are written from), brought up to date from the shards where one is written (`_whole`).
+    # are written from), brought up to date from the shards where one is written (`resident_whole`).
     res = Resident(run.pk, key, run.train_step, group.whole if group is not None and group.whole is not None else model,
                    tokenizer, ref_model, learner, group)
     if run.train_step > 0 and not fallback:
         # A crash may have left the newest version's background checkpoint unwritten.
         from workers.handover import handover_repair
 
-        handover_repair(run=run, model=_whole(res), tokenizer=tokenizer, train_step=run.train_step)
+        handover_repair(run=run, model=resident_whole(res), tokenizer=tokenizer, train_step=run.train_step)
     if fallback:
         # The journal from here on needs a base that a later restart can find.
         snapshot_save(res=res, step=run.train_step)
@@ -200,6 +168,64 @@ def resident_for(run: RunView) -> Resident:
         _RESIDENTS[run.pk] = res
     _reaper_ensure()
     return res
+
+
+def _resident_kept(run: RunView, key: str) -> Resident | None:
+    """The resident policy where it is the run's as of `run.train_step` (None: dropped, and
+    room made for the one about to be loaded)."""
+    res = _RESIDENTS.get(run.pk)
+    if res is not None and res.config_key == key and res.step == run.train_step:
+        _RESIDENTS.move_to_end(run.pk)
+        res.used = time.monotonic()
+        return res
+    resident_drop(run.pk)
+    # Least recently used first, but never one a train task is using (another thread of the
+    # embedded pool, mid-step: its learner group would be closed under it); with every
+    # resident busy, the cap is exceeded until one of them is done.
+    with _RESIDENTS_LOCK:
+        idle = [run_id for run_id in _RESIDENTS if run_id not in _BUSY]
+    for run_id in idle[: max(0, len(_RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
+        resident_drop(run_id)
+    return None
+
+
+@dataclass
+class _StartPoint:
+    """Where a resident policy starts from: whole weights (`source`, with the optimizer's
+    state where saved) or a learner group's sharded snapshot (`sharded`, loaded after the
+    learner is built from the config's model), then the journaled steps to replay."""
+
+    source: str
+    optimizer_state: dict[str, object] | None = None
+    sharded: Path | None = None
+    replay: list[Path] = field(default_factory=list)
+    fallback: bool = False  # the trainer state was lost: from the newest published version
+
+
+def _start_point(run: RunView) -> _StartPoint:
+    import torch
+
+    cfg = run.cfg
+    start = _StartPoint(source=cfg.model)
+    if run.train_step <= 0:
+        return start
+    point = restore_point(run.pk, run.train_step)
+    if point is None:
+        # Storage lost the trainer state (not our own crash: every step is journaled
+        # before it commits). Carry on from the newest published version, with a fresh
+        # optimizer.
+        latest = version_latest(run_id=run.pk)
+        start.source = latest.checkpoint if latest is not None else cfg.model
+        start.fallback = True
+        log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, start.source)
+        return start
+    snapshot, start.replay = point
+    if snapshot is not None and (snapshot / "dcp" / ".metadata").exists():
+        start.sharded = snapshot / "dcp"
+    elif snapshot is not None:
+        start.source = str(snapshot)
+        start.optimizer_state = torch.load(snapshot / "optimizer.pt", map_location=_device(), weights_only=False)
+    return start
 
 
 def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokenizerBase, source: str
@@ -247,12 +273,12 @@ def _group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | No
                         build=build)
 
 
-def _whole(res: Resident) -> torch.nn.Module:
+def resident_whole(res: Resident) -> torch.nn.Module:
     """The resident's whole policy: its model, or its learner group's shards gathered."""
     return res.group.whole_model() if res.group is not None else res.model
 
 
-def _learner_step(learner: Learner, batch: TrainBatch, *, group: LearnerGroup | None, entry: bytes) -> dict[str, float]:
+def learner_step(learner: Learner, batch: TrainBatch, *, group: LearnerGroup | None, entry: bytes) -> dict[str, float]:
     if group is None:
         return learner.step(batch)
     return dict(group.step(batch, entry=entry))
@@ -264,9 +290,9 @@ def _replay(learner: Learner, entries: list[Path], *, group: LearnerGroup | None
     for path in entries:
         data = path.read_bytes()
         batch, rng = journal_decode(data)
-        _rng_restore(rng)
+        rng_restore(rng)
         try:
-            _learner_step(learner, batch, group=group, entry=data)
+            learner_step(learner, batch, group=group, entry=data)
         except NothingToTrain:
             pass  # the original step made no update either
 
@@ -280,7 +306,7 @@ def resident_drop(run_id: int) -> None:
 
 
 @contextmanager
-def _resident_busy(run_id: int) -> Iterator[None]:
+def resident_busy(run_id: int) -> Iterator[None]:
     """A train task of `run_id` is in progress: the idle reaper leaves its resident alone,
     and its idle clock restarts when the task ends."""
     with _RESIDENTS_LOCK:

@@ -39,13 +39,13 @@ from apps.runs.ports import (
 from kernel.exceptions import Conflict
 from workers.background import background_writer
 from workers.trainer.journal import (
-    _rng_state,
-    _snapshot_and_prune,
+    rng_state,
+    snapshot_and_prune,
     journal_encode,
     journal_store,
     snapshot_due,
 )
-from workers.trainer.resident import Resident, _learner_step, _resident_busy, _whole, resident_drop, resident_for
+from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -116,8 +116,8 @@ def _publish_due(*, run: RunView, res: Resident) -> float | None:
     # An explorer in this very process takes full weights from memory (workers/handover.py);
     # an adapter (LoRA) is small and goes the usual way.
     if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
-        return MemorySync().publish(run=run, number=number, train_step=res.step, model=_whole(res), tokenizer=res.tokenizer)
-    published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=_whole(res),
+        return MemorySync().publish(run=run, number=number, train_step=res.step, model=resident_whole(res), tokenizer=res.tokenizer)
+    published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
                                           tokenizer=res.tokenizer)
     metric_record(run=run, step=res.step, values={"sync_bytes": float(published.bytes)})
     return published.seconds
@@ -157,7 +157,7 @@ def trainer_step(
     readiness: TrainReadiness | None = None
     result: StepOutcome = {"status": "busy"}
     try:
-        with _resident_busy(run_id), run_lock(run_id) as got:
+        with resident_busy(run_id), run_lock(run_id) as got:
             if not got:
                 # Another task trains this run (by hand: dispatched ones hold the row); the
                 # loop sends the step again at a later beat.
@@ -197,13 +197,57 @@ def trainer_step(
     return {**result, "steps": trained} if trained else result
 
 
+def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: TrainBatch, rows: list[Any],
+                 trainer_version: int, started: float) -> dict[str, float]:
+    """The learner's step on the claimed batch, journaled, then recorded with its metrics (a
+    StepConflict where the batch or the step is no longer this trainer's)."""
+    from workers.algorithms import NothingToTrain
+
+    run_id, ids = run.pk, [e.pk for e in rows]
+    # The journal entry is encoded here and written and fsynced while the learner
+    # steps (file I/O leaves the GIL; encoding there would hold it against the
+    # learner's Python), then waited for before the commit.
+    data = journal_encode(step=step, batch=batch, batch_ids=ids, rng=rng_state())
+    journal = background_writer("trainer-journal").submit(journal_store, run_id=run_id, step=step, data=data)
+    try:
+        metrics = learner_step(res.learner, batch, group=res.group, entry=data)
+    except NothingToTrain as exc:
+        log.info("run %s step %s: %s; the batch is used up without an update", run_id, step, exc)
+        metrics = {"skipped": 1.0}
+    except BaseException:
+        futures_wait([journal])  # an entry for a step that never commits: its outcome is moot
+        raise
+    journal.result()  # durable before the commit
+    res.step = step
+    metrics.update(
+        {
+            "staleness": float(staleness(current_version=trainer_version, experience_versions=[e.model_version for e in rows])),
+            "step_seconds": time.perf_counter() - started,
+            "claimed": float(len(ids)),
+            **batch_feedback_metrics(rows=rows),
+        }
+    )
+    # The step record, the batch's ack and the step's metrics, together (one transaction,
+    # one statement on Postgres; the view's train_step is then `step`). The metrics go
+    # with the step, so that a worker killed right after the commit loses none (a
+    # re-dispatch of a done step only publishes); their live event may go out just
+    # before the COMMIT, the one statement left to fail.
+    conflict = TrainSource.commit(run=run, step=step, worker=worker, ids=ids, metrics=metrics)
+    if conflict == "recorded by another trainer":
+        raise StepConflict(f"run {run_id} step {step} was recorded by another trainer")
+    if conflict is not None:
+        # Part of the batch is no longer ours (the loop took a step of a trainer it
+        # thought dead back and released its leases): trained on, it could be
+        # trained on twice. The step is not recorded; the loop sends it again.
+        raise StepConflict(f"run {run_id} step {step}: the batch's lease was lost")
+    return metrics
+
+
 def _train_once(
     *, run_id: int, step: int, worker: str, readiness: TrainReadiness | None = None, run: RunView | None = None
 ) -> tuple[RunView | None, StepOutcome]:
     """One step under the run's lock: (the run or None, the outcome). A chained step passes
     the run and readiness that train_step_continue has just read."""
-    from workers.algorithms import NothingToTrain
-
     started = time.perf_counter()
     run = run or run_view(run_id)
     if run is None:
@@ -234,42 +278,8 @@ def _train_once(
     if not ids:
         return run, {"status": "waiting"}
     try:
-        # The journal entry is encoded here and written and fsynced while the learner
-        # steps (file I/O leaves the GIL; encoding there would hold it against the
-        # learner's Python), then waited for before the commit.
-        data = journal_encode(step=step, batch=batch, batch_ids=ids, rng=_rng_state())
-        journal = background_writer("trainer-journal").submit(journal_store, run_id=run_id, step=step, data=data)
-        try:
-            metrics = _learner_step(res.learner, batch, group=res.group, entry=data)
-        except NothingToTrain as exc:
-            log.info("run %s step %s: %s; the batch is used up without an update", run_id, step, exc)
-            metrics = {"skipped": 1.0}
-        except BaseException:
-            futures_wait([journal])  # an entry for a step that never commits: its outcome is moot
-            raise
-        journal.result()  # durable before the commit
-        res.step = step
-        metrics.update(
-            {
-                "staleness": float(staleness(current_version=trainer_version, experience_versions=[e.model_version for e in rows])),
-                "step_seconds": time.perf_counter() - started,
-                "claimed": float(len(ids)),
-                **batch_feedback_metrics(rows=rows),
-            }
-        )
-        # The step record, the batch's ack and the step's metrics, together (one transaction,
-        # one statement on Postgres; the view's train_step is then `step`). The metrics go
-        # with the step, so that a worker killed right after the commit loses none (a
-        # re-dispatch of a done step only publishes); their live event may go out just
-        # before the COMMIT, the one statement left to fail.
-        conflict = TrainSource.commit(run=run, step=step, worker=worker, ids=ids, metrics=metrics)
-        if conflict == "recorded by another trainer":
-            raise StepConflict(f"run {run_id} step {step} was recorded by another trainer")
-        if conflict is not None:
-            # Part of the batch is no longer ours (the loop took a step of a trainer it
-            # thought dead back and released its leases): trained on, it could be
-            # trained on twice. The step is not recorded; the loop sends it again.
-            raise StepConflict(f"run {run_id} step {step}: the batch's lease was lost")
+        metrics = _step_commit(run=run, res=res, step=step, worker=worker, batch=batch, rows=rows,
+                               trainer_version=trainer_version, started=started)
     except BaseException:
         # The in-memory weights may hold a step the database never got: reload next time.
         resident_drop(run_id)
@@ -281,5 +291,5 @@ def _train_once(
         metric_record(run=run, step=step, values={"sync_seconds": sync_seconds})
     # After the publish (explorers may be waiting for it); the journal already holds the step.
     if snapshot_due(step=step, total_steps=cfg.total_steps):
-        _snapshot_and_prune(res=res, step=step)
+        snapshot_and_prune(res=res, step=step)
     return run, {"status": "trained", "step": step, "loss": metrics.get("loss"), "published": sync_seconds is not None}
