@@ -29,8 +29,9 @@ from apps.buffer.services import (
 )
 from apps.runs.ports import RunView, row, train_step_recorded
 
-# TaskAttempt: the rows TaskSource.claim hands out, named by the explorer's annotations only.
-__all__ = ["EXPLORER", "ExperienceDraft", "ExperienceRecord", "ExperienceSink", "TaskAttempt", "TaskRecord", "TaskSource",
+# TaskAttempt and Experience: the rows TaskSource.claim and TrainSource.claim hand out, named by
+# the explorer's and the trainer's annotations only.
+__all__ = ["EXPLORER", "Experience", "ExperienceDraft", "ExperienceRecord", "ExperienceSink", "TaskAttempt", "TaskRecord", "TaskSource",
            "TrainSource", "WriteResult", "image_open", "paraphrase_accept", "paraphrases_add", "paraphrase_sources", "taskset_tasks",
            "tasks_exhausted"]
 

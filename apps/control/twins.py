@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
+from django.db.models import Q
 
 from apps.runs.models import AuditEntry, Metric, Run
 from apps.runs.selectors import runs_visible_to
@@ -34,15 +35,17 @@ def run_twin_create(*, run: Run, actor: User | None = None, name: str = "") -> R
 
 
 def run_twin_pair(*, run: Run) -> tuple[Run, Run] | None:
-    """(people run, twin) where `run` is either; its newest twin where it has several."""
-    entry = AuditEntry.objects.filter(run=run, action=TWIN_ACTION).order_by("-created_at").first()
-    if entry is not None:
-        of = (entry.detail or {}).get("of")
+    """(people run, twin) where `run` is either; its newest twin where it has several. One
+    query: the run page asks on every load, twin or not."""
+    entries = AuditEntry.objects.filter(Q(run=run) | Q(detail__of=run.pk), action=TWIN_ACTION) \
+        .select_related("run").order_by("-created_at")
+    own = next((e for e in entries if e.run_id == run.pk), None)
+    if own is not None:
+        of = (own.detail or {}).get("of")
         people = Run.objects.filter(pk=of).first() if isinstance(of, int) else None
         return (people, run) if people is not None else None
-    entry = AuditEntry.objects.filter(action=TWIN_ACTION, detail__of=run.pk).select_related("run") \
-        .order_by("-created_at").first()
-    return (run, entry.run) if entry is not None else None
+    newest = next(iter(entries), None)
+    return (run, newest.run) if newest is not None else None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import Any, Callable
+from typing import Callable
 
 BLOCKED_EVENTS = {
     "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
@@ -42,8 +42,8 @@ def _inside(root: str, path: object) -> bool:
     return full == root or full.startswith(root + os.sep) or full == os.devnull
 
 
-def _hook_for(root: str) -> Callable[[str, tuple[Any, ...]], None]:
-    def hook(event: str, args: tuple[Any, ...]) -> None:
+def _hook_for(root: str) -> Callable[[str, tuple[object, ...]], None]:
+    def hook(event: str, args: tuple[object, ...]) -> None:
         if event in BLOCKED_EVENTS or event.startswith(BLOCKED_PREFIXES):
             raise PermissionError("sandbox: %s is not allowed" % event)
         if event == "import" and args and args[0] in BLOCKED_IMPORTS:

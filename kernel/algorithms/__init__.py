@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from pydantic import ConfigDict
+from pydantic.config import JsonDict
+
 from kernel.registry import Registry
 from kernel.strict import StrictModel
 
@@ -46,11 +49,21 @@ class BatchPlan:
         return self.usual + self.expert
 
 
+def _params_schema(schema: JsonDict, cls: type[object]) -> None:
+    # The config's `trainer.params` is typed by this base, but holds the run's algorithm's
+    # subclass (SerializeAsAny): the schema (OpenAPI's RunConfig among them) must take any
+    # algorithm's keys, which the config's own validation checks against its `algorithm`.
+    if cls is AlgorithmParams:
+        schema["additionalProperties"] = True
+
+
 class AlgorithmParams(StrictModel):
     """An algorithm's own settings: the run config's `trainer.params` when it is the run's
     algorithm (each algorithm's subclass, declared beside it; the learner's objective reads
     the same instance), validated as every config block. This base has none: an algorithm
     without settings of its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, json_schema_extra=_params_schema)
 
 
 class AlgorithmType:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from apps.buffer.ports import TrainSource
 from apps.control.ports import (
@@ -50,6 +50,7 @@ from workers.trainer.resident import Resident, learner_step, resident_busy, resi
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from apps.buffer.ports import Experience
     from apps.control.ports import TrainReadiness
     from workers.algorithms.batch import TrainBatch
 
@@ -83,7 +84,7 @@ def run_lock(run_id: int) -> Iterator[bool]:
 
 
 def _claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: PreTrainedTokenizerBase | None = None
-           ) -> tuple[TrainBatch, list[Any]]:
+           ) -> tuple[TrainBatch, list[Experience]]:
     from workers.algorithms import TrainBatch, rollout_from_experience
 
     plan = batch_plan(cfg=run.cfg)
@@ -197,7 +198,7 @@ def trainer_step(
     return {**result, "steps": trained} if trained else result
 
 
-def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: TrainBatch, rows: list[Any],
+def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: TrainBatch, rows: list[Experience],
                  trainer_version: int, started: float) -> dict[str, float]:
     """The learner's step on the claimed batch, journaled, then recorded with its metrics (a
     StepConflict where the batch or the step is no longer this trainer's)."""
