@@ -76,10 +76,11 @@ def test_an_anonymous_api_body_is_refused_401_and_a_declared_length_over_the_cap
         server: str) -> None:
     status, raw = _answered_before_body(server, "/api/v1/runs/1/feedback", {"Content-Type": "application/json"})
     assert status == 401 and b"Authorization: Bearer" in raw and b"www-authenticate: bearer" in raw.lower()
+    assert b'"code": "unauthenticated"' in raw  # the API's stable code, as every /api/v1 refusal carries
     status, raw = _answered_before_body(server, "/api/v1/runs/1/openai/v1/chat/completions", {})
     assert status == 401 and b"invalid_api_key" in raw
     status, raw = _answered_before_body(server, "/api/v1/runs/1/feedback", {"Authorization": "Bearer rft_x_y"})
-    assert status == 413 and b"larger than 1048576 bytes" in raw
+    assert status == 413 and b"larger than 1048576 bytes" in raw and b'"code": "too_large"' in raw
     status, raw = _answered_before_body(server, "/runs/new/", {"Content-Type": "multipart/form-data; boundary=x"})
     assert status == 413 and b"RFT_MAX_REQUEST_BYTES" in raw
 
