@@ -32,6 +32,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.utils.deprecation import MiddlewareMixin
 from django.utils.html import escape
 
+from rftweb.exceptions import status_code
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -224,7 +226,7 @@ def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
     message = unavailable_message(dependency)
     response: HttpResponse
     if request.path.startswith("/api/"):
-        response = JsonResponse({"detail": message, "errors": {}}, status=503)
+        response = JsonResponse({"detail": message, "errors": {}, "code": status_code(503)}, status=503)
     else:
         page = (
             "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Unavailable · rftweb</title></head>"

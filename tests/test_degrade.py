@@ -74,6 +74,7 @@ def test_with_redis_stopped_pages_render_the_api_answers_503_and_ready_names_red
             assert refused.status_code == 503, refused.text
             assert int(refused.headers["Retry-After"]) > 0
             assert "Redis" in refused.json()["detail"]
+            assert refused.json()["code"] == "unavailable"  # the API's stable code, in an outage too
             # The OpenAI door too, in its own shape.
             models = http.get(f"/api/v1/runs/{run.pk}/openai/v1/models", headers=bearer)
             assert models.status_code == 503 and "Retry-After" in models.headers, models.text
