@@ -32,13 +32,13 @@ from bench.common import median, setup_django
 PARTS = [
     ("apps.control.orchestration", "train_readiness", "readiness check"),
     ("workers.trainer.step", "resident_for", "resident lookup"),
-    ("workers.trainer.step", "_claim", "claim (lease + decode)"),
+    ("workers.trainer.step", "train_batch_claim", "claim (lease + decode)"),
     ("workers.algorithms.learner", "Learner.step", "learner step"),
     ("workers.trainer.step", "journal_encode", "journal encode"),
     ("workers.trainer.step", "journal_store", "journal write + fsync (background)"),
     ("apps.buffer.services", "batch_ack", "ack (in the commit)"),
     ("workers.trainer.step", "snapshot_and_prune", "snapshot + prune (every N steps)"),
-    ("workers.trainer.step", "_publish_due", "publish check"),
+    ("workers.trainer.step", "publish_due", "publish check"),
     ("apps.runs.services", "metric_record", "metric record"),
     ("apps.control.orchestration", "run_advance", "run_advance (dispatch)"),
 ]

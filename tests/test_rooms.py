@@ -1,6 +1,5 @@
-"""The rooms stay readable (issue #48 item 4), as scripts/rooms.py measures them: no function
-over 80 lines where this round cut them, and private names imported across modules only where
-the modules' owners have yet to switch (listed, so that the list can only shrink)."""
+"""The rooms stay readable (issue #48 item 4), as scripts/rooms.py measures them: no product
+function over 80 lines, and no private name imported from another module."""
 
 from __future__ import annotations
 
@@ -21,18 +20,13 @@ def rooms() -> ModuleType:
     return module
 
 
-# The one file whose private cross-module imports wait on another change: the trainer package
-# re-exports resident.py's and step.py's private names that the tests reach in for.
-WAITING = ("workers/trainer/__init__.py",)
-# The one product function over 80 lines left (the demo model's build, 85).
-LONG_LEFT = ("workers/demo_model.py",)
 
 
 def test_no_product_function_is_over_80_lines() -> None:
     long = [f for f in rooms().findings() if f.kind == "long"]
-    assert [f for f in long if not f.path.startswith(LONG_LEFT)] == []
+    assert long == []
 
 
-def test_private_names_cross_modules_only_where_a_change_is_waited_for() -> None:
+def test_no_private_name_is_imported_from_another_module() -> None:
     private = [f for f in rooms().findings() if f.kind == "private-import"]
-    assert [f for f in private if not f.path.startswith(WAITING)] == []
+    assert private == []

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -319,6 +319,16 @@ def demo_model_build(
     return model_build(BUILD, out=out, settings=settings or DemoSettings(), force=force, progress=progress, log=log)
 
 
+def _problems_write(out: Path, *, taskset: Iterable[tuple[int, str, int]], heldout: Iterable[tuple[int, str, int]]) -> None:
+    """The demo taskset, and the held-out problems (neither warmed up on nor in the taskset)
+    the demo run evaluates on, as JSON lines beside the weights."""
+    for name, problems in ((TASKSET_FILE, taskset), (HELDOUT_FILE, heldout)):
+        with (out / name).open("w") as fh:
+            for a, op, b in problems:
+                record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
+                fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+
 def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Callable[[str], None] = print) -> DemoResult:
     """The build proper, in this process (`demo_model_build` runs it in a pinned child)."""
     import torch
@@ -390,13 +400,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
         (out / MANIFEST).unlink(missing_ok=True)
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        # The demo taskset, and the held-out problems (neither warmed up on nor in the taskset)
-        # the demo run evaluates on.
-        for name, problems in ((TASKSET_FILE, taskset), (HELDOUT_FILE, heldout)):
-            with (out / name).open("w") as fh:
-                for a, op, b in problems:
-                    record = {"prompt": problem_text(a, op, b), "answer": str(answer_of(a, op, b)), "domain": "math"}
-                    fh.write(json.dumps(record, sort_keys=True) + "\n")
+        _problems_write(out, taskset=taskset, heldout=heldout)
         files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps,
                                cpu_capability=torch.backends.cpu.get_cpu_capability())
     finally:

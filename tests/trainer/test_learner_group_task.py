@@ -29,9 +29,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Any:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod._RESIDENTS.clear()
+    trainer_mod.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    for run_id in list(trainer_mod._RESIDENTS):
+    for run_id in list(trainer_mod.RESIDENTS):
         trainer_mod.resident_drop(run_id)
 
 
@@ -65,7 +65,7 @@ def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hos
     out = trainer_mod.train_step.apply(args=(run.pk, 1)).get()
     assert out["status"] == "trained", out
     if processes > 1:
-        res = trainer_mod._RESIDENTS[run.pk]
+        res = trainer_mod.RESIDENTS[run.pk]
         assert res.group is not None and len(res.group.followers) == processes // hosts - 1
         assert all(p.poll() is None for p in res.group.followers), "a follower process ended"
         assert Metric.objects.get(run=run, step=1, name="learner_processes").value == processes
@@ -105,8 +105,8 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
         # step moves a weight by up to lr on a near-zero gradient, hence this bound).
         torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
     # The followers end with their resident (and with this process, were it killed).
-    followers = [p for res in trainer_mod._RESIDENTS.values() if res.group for p in res.group.followers]
-    for run_id in list(trainer_mod._RESIDENTS):
+    followers = [p for res in trainer_mod.RESIDENTS.values() if res.group for p in res.group.followers]
+    for run_id in list(trainer_mod.RESIDENTS):
         trainer_mod.resident_drop(run_id)
     assert followers and all(p.poll() is not None for p in followers)
 
@@ -145,11 +145,11 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_upd
                    str(settings.RFT_LEARNER_PORT), "1"], env=env, log=tmp_path / "host1.log")
     try:
         two = _trained(owner, tiny_model_dir, algorithm="grpo", processes=2, hosts=2)
-        group = next(res.group for res in trainer_mod._RESIDENTS.values() if res.group is not None)
+        group = next(res.group for res in trainer_mod.RESIDENTS.values() if res.group is not None)
         assert group.plan.hosts == 2 and group.followers_started == [], "rank 1 is the other host's, not a follower here"
         for name in one:
             torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
-        for run_id in list(trainer_mod._RESIDENTS):
+        for run_id in list(trainer_mod.RESIDENTS):
             trainer_mod.resident_drop(run_id)  # rank 0 closes the group: the other host's rank ends
         assert host1.wait(timeout=60) == 0, (tmp_path / "host1.log").read_text()[-3000:]
     finally:
@@ -260,7 +260,7 @@ def one_process_grpo_weights(owner: Any, tiny_model_dir: Path) -> dict[str, torc
     torch.set_num_threads(1)
     weights = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
     Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
-    for run_id in list(trainer_mod._RESIDENTS):
+    for run_id in list(trainer_mod.RESIDENTS):
         trainer_mod.resident_drop(run_id)
     return weights
 
@@ -323,14 +323,14 @@ def test_a_sharding_that_does_not_exist_is_refused_naming_the_field() -> None:
 def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every learner group the train task starts (the resident may be gone by the time it returns)."""
     started: list[Any] = []
-    real = trainer_mod._group_start
+    real = trainer_mod.group_start
 
     def spy(**kwargs: Any) -> Any:
         group = real(**kwargs)
         started.append(group)
         return group
 
-    monkeypatch.setattr("workers.trainer.resident._group_start", spy)
+    monkeypatch.setattr("workers.trainer.resident.group_start", spy)
     return started
 
 
@@ -369,7 +369,7 @@ def test_a_learner_groups_followers_exit_when_its_run_has_no_step_left(
     run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=1)
     assert len(followers) == 1
     assert _followers_end(followers, within=60), "a follower outlived its finished run"
-    assert run.pk not in trainer_mod._RESIDENTS
+    assert run.pk not in trainer_mod.RESIDENTS
 
 
 def test_a_stopped_runs_learner_group_ends_with_a_train_task_sent_before_the_stop(
@@ -384,7 +384,7 @@ def test_a_stopped_runs_learner_group_ends_with_a_train_task_sent_before_the_sto
     # Refused before its step whether or not the stop took its dispatch back.
     assert trainer_mod.train_step.apply(args=(run.pk, 2)).get()["status"] in ("superseded", "not running")
     assert _followers_end(followers, within=60)
-    assert run.pk not in trainer_mod._RESIDENTS
+    assert run.pk not in trainer_mod.RESIDENTS
 
 
 def test_an_idle_learner_group_ends_after_the_idle_timeout(
@@ -397,7 +397,7 @@ def test_an_idle_learner_group_ends_after_the_idle_timeout(
     run, followers = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=5)
     assert followers
     assert _followers_end(followers, within=90), "the idle reaper did not end the followers"
-    assert run.pk not in trainer_mod._RESIDENTS
+    assert run.pk not in trainer_mod.RESIDENTS
 
 
 def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_model_dir: Path) -> None:
@@ -410,7 +410,7 @@ def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_mode
     assert trainer_mod.residents_reap(idle_seconds=10) == []
     res.used -= 100
     assert trainer_mod.residents_reap(idle_seconds=10) == [run.pk]
-    assert run.pk not in trainer_mod._RESIDENTS
+    assert run.pk not in trainer_mod.RESIDENTS
 
 
 def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pass(
@@ -421,7 +421,7 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
     at once, not after RFT_TRAINER_IDLE_SECONDS; a running run's resident stays."""
     from apps.runs.models import Run
 
-    for pk in list(trainer_mod._RESIDENTS):  # this test counts residents exactly: none left by others
+    for pk in list(trainer_mod.RESIDENTS):  # this test counts residents exactly: none left by others
         trainer_mod.resident_drop(pk)
     ended = running_run(owner, tiny_model_dir, total_steps=5)
     going = running_run(owner, tiny_model_dir, total_steps=5)
@@ -429,11 +429,11 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
     trainer_mod.resident_for(run_view_of(going))
     # No conductor may run here: it finishes a train-mode run with no batch (CI once saw both
     # finished by the module-wide one an earlier test had left running).
-    assert trainer_mod._ended_residents() == set(), list(Run.objects.values_list("pk", "status", "error"))
+    assert trainer_mod.residents_ended() == set(), list(Run.objects.values_list("pk", "status", "error"))
     Run.objects.filter(pk=ended.pk).update(status=Run.Status.FINISHED)
-    assert trainer_mod._ended_residents() == {ended.pk}
-    assert trainer_mod.residents_reap(idle_seconds=600, ended=trainer_mod._ended_residents()) == [ended.pk]
-    assert ended.pk not in trainer_mod._RESIDENTS and going.pk in trainer_mod._RESIDENTS
+    assert trainer_mod.residents_ended() == {ended.pk}
+    assert trainer_mod.residents_reap(idle_seconds=600, ended=trainer_mod.residents_ended()) == [ended.pk]
+    assert ended.pk not in trainer_mod.RESIDENTS and going.pk in trainer_mod.RESIDENTS
     trainer_mod.resident_drop(going.pk)
 
 
@@ -447,12 +447,12 @@ def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
     with trainer_mod.resident_busy(busy.pk):
         using = trainer_mod.resident_for(run_view_of(busy))
         trainer_mod.resident_for(run_view_of(idle))
-        assert set(trainer_mod._RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
-        assert trainer_mod._RESIDENTS[busy.pk] is using
+        assert set(trainer_mod.RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
+        assert trainer_mod.RESIDENTS[busy.pk] is using
         trainer_mod.resident_for(run_view_of(new))
-        assert set(trainer_mod._RESIDENTS) == {busy.pk, new.pk}
+        assert set(trainer_mod.RESIDENTS) == {busy.pk, new.pk}
     trainer_mod.resident_for(run_view_of(idle))  # none busy now: back to the cap, least recently used first
-    assert set(trainer_mod._RESIDENTS) == {idle.pk}
+    assert set(trainer_mod.RESIDENTS) == {idle.pk}
     trainer_mod.resident_drop(idle.pk)
 
 
@@ -529,7 +529,7 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     run.refresh_from_db()
     assert run.train_step == 1, "the failed step was committed"
     assert not Metric.objects.filter(run=run, step=2).exists()
-    assert run.pk not in trainer_mod._RESIDENTS, "the broken group's weights were kept"
+    assert run.pk not in trainer_mod.RESIDENTS, "the broken group's weights were kept"
     assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
 
     monkeypatch.setattr(Learner, "step", real_step)

@@ -63,7 +63,7 @@ def test_a_run_this_trainer_cannot_train_fails_with_the_message_and_keeps_its_ba
     from workers.trainer import train_step
 
     settings.RFT_STORAGE_DIR = tmp_path
-    trainer_mod._RESIDENTS.clear()
+    trainer_mod.RESIDENTS.clear()
     run = running_run(owner, tiny_model_dir, trainer={**trainer, "loss_type": "grpo"})
     make_experiences(run, groups=2, group_size=4)
     out = train_step.apply(args=(run.pk, 1)).get()

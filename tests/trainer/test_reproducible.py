@@ -30,7 +30,7 @@ def _fresh() -> None:
     pending_wait()
     handover_clear()
     engine_cache_clear()
-    trainer_mod._RESIDENTS.clear()
+    trainer_mod.RESIDENTS.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod._RESIDENTS.clear()
+    trainer_mod.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    trainer_mod._RESIDENTS.clear()
+    trainer_mod.RESIDENTS.clear()
 
 
 def _groups(run: Run, *, groups: int = 2, size: int = 4, version: int = 0, tag: str = "", **fields: Any) -> list[int]:
@@ -151,7 +151,7 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(owner: Any, tiny
         _groups(run, version=0, tag="b")
         assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
         if restart:
-            trainer_mod._RESIDENTS.clear()
+            trainer_mod.RESIDENTS.clear()
         assert trainer_step(run_id=run.pk, step=2)["status"] == "trained"
         runs.append(run)
     a, b = (_weights(Path(ModelVersion.objects.get(run=r, number=2).checkpoint)) for r in runs)
@@ -280,7 +280,7 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
     run = running_run(owner, tiny_model_dir)
     _groups(run, tag="a")
     _groups(run, tag="b")
-    real_claim = trainer_mod._claim
+    real_claim = trainer_mod.train_batch_claim
     calls = 0
 
     def claim_then_nothing(**kwargs: Any) -> Any:
@@ -288,7 +288,7 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
         calls += 1
         return real_claim(**kwargs) if calls == 1 else (None, [])  # another claimer was first
 
-    monkeypatch.setattr("workers.trainer.step._claim", claim_then_nothing)
+    monkeypatch.setattr("workers.trainer.step.train_batch_claim", claim_then_nothing)
     sent = _sends(monkeypatch)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1]

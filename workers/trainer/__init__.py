@@ -44,7 +44,7 @@ step and the chain of steps), `resident` (the resident learner, its loading, res
 reaper), `journal` (the journal, snapshots and their pruning). `workers.trainer` re-exports
 what tests, benches and the learner group (workers/algorithms/distributed.py) use of them.
 Tests that replace a function replace it in the module that calls it (e.g.
-`workers.trainer.step._claim`).
+`workers.trainer.step.train_batch_claim`).
 """
 
 from __future__ import annotations
@@ -65,23 +65,23 @@ from workers.trainer.journal import (
     trainer_dir,
 )
 from workers.trainer.resident import (
-    _RESIDENTS,
+    RESIDENTS,
     Resident,
-    _ended_residents,
-    _group_start,
+    residents_ended,
+    group_start,
     policy_load,
     resident_busy,
     resident_drop,
     resident_for,
     residents_reap,
 )
-from workers.trainer.step import StepConflict, _claim, _publish_due, _train_once, run_lock, trainer_step, worker_name
+from workers.trainer.step import StepConflict, train_batch_claim, publish_due, train_once, run_lock, trainer_step, worker_name
 from workers.trainer.task import run_fail, train_step
 
 
 __all__ = [
-    "_RESIDENTS", "Resident", "StepConflict", "_claim", "_ended_residents", "run_fail", "_group_start", "policy_load",
-    "_publish_due", "resident_busy", "_train_once", "journal_decode",
+    "RESIDENTS", "Resident", "StepConflict", "train_batch_claim", "residents_ended", "run_fail", "group_start", "policy_load",
+    "publish_due", "resident_busy", "train_once", "journal_decode",
     "journal_encode", "journal_path", "journal_read", "journal_store", "resident_drop", "resident_for", "restore_point",
     "rng_restore", "rng_state",
     "residents_reap", "run_lock", "snapshot_due", "snapshot_save", "state_dir", "state_prune", "train_step",

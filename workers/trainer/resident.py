@@ -53,10 +53,10 @@ class Resident:
     used: float = field(default_factory=time.monotonic)
 
 
-_RESIDENTS: OrderedDict[int, Resident] = OrderedDict()
-# Guards _RESIDENTS, _BUSY and _reaper between train tasks (threads, in the embedded
+RESIDENTS: OrderedDict[int, Resident] = OrderedDict()
+# Guards RESIDENTS, _BUSY and _reaper between train tasks (threads, in the embedded
 # default) and the idle reaper; held briefly, never across a step.
-_RESIDENTS_LOCK = threading.Lock()
+RESIDENTS_LOCK = threading.Lock()
 # Runs with a train task in progress in this process (count): the reaper leaves them be.
 _BUSY: dict[int, int] = {}
 _reaper: threading.Thread | None = None
@@ -141,7 +141,7 @@ def resident_for(run: RunView) -> Resident:
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
         if optimizer_state is not None:
             learner.optimizer_state_load(optimizer_state)
-    group = _group_start(run=run, learner=learner, checkpoint=sharded, build=build)
+    group = group_start(run=run, learner=learner, checkpoint=sharded, build=build)
     if group is not None:
         learner, model, ref_model = group.learner, group.learner.model, group.learner.ref_model
     assert learner is not None
@@ -164,8 +164,8 @@ def resident_for(run: RunView) -> Resident:
     if fallback:
         # The journal from here on needs a base that a later restart can find.
         snapshot_save(res=res, step=run.train_step)
-    with _RESIDENTS_LOCK:
-        _RESIDENTS[run.pk] = res
+    with RESIDENTS_LOCK:
+        RESIDENTS[run.pk] = res
     _reaper_ensure()
     return res
 
@@ -173,18 +173,18 @@ def resident_for(run: RunView) -> Resident:
 def _resident_kept(run: RunView, key: str) -> Resident | None:
     """The resident policy where it is the run's as of `run.train_step` (None: dropped, and
     room made for the one about to be loaded)."""
-    res = _RESIDENTS.get(run.pk)
+    res = RESIDENTS.get(run.pk)
     if res is not None and res.config_key == key and res.step == run.train_step:
-        _RESIDENTS.move_to_end(run.pk)
+        RESIDENTS.move_to_end(run.pk)
         res.used = time.monotonic()
         return res
     resident_drop(run.pk)
     # Least recently used first, but never one a train task is using (another thread of the
     # embedded pool, mid-step: its learner group would be closed under it); with every
     # resident busy, the cap is exceeded until one of them is done.
-    with _RESIDENTS_LOCK:
-        idle = [run_id for run_id in _RESIDENTS if run_id not in _BUSY]
-    for run_id in idle[: max(0, len(_RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
+    with RESIDENTS_LOCK:
+        idle = [run_id for run_id in RESIDENTS if run_id not in _BUSY]
+    for run_id in idle[: max(0, len(RESIDENTS) - _MAX_RESIDENT_RUNS + 1)]:
         resident_drop(run_id)
     return None
 
@@ -242,7 +242,7 @@ def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokeni
     return LearnerBuild(cfg=run.cfg, spec=spec, tokenizer=tokenizer)
 
 
-def _group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
+def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
                  build: LearnerBuild | None = None) -> LearnerGroup | None:
     """With trainer.processes > 1, the run's learner group (this process rank 0, followers
     started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's;
@@ -255,8 +255,8 @@ def _group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | No
 
     # One learner group per process (it is the default process group): another run's idle
     # one goes first.
-    with _RESIDENTS_LOCK:
-        others = [rid for rid, r in _RESIDENTS.items() if r.group is not None and rid != run.pk and rid not in _BUSY]
+    with RESIDENTS_LOCK:
+        others = [rid for rid, r in RESIDENTS.items() if r.group is not None and rid != run.pk and rid not in _BUSY]
     for rid in others:
         resident_drop(rid)
     # The policy's skeleton versions are written from, its weights on the meta device until
@@ -299,8 +299,8 @@ def _replay(learner: Learner, entries: list[Path], *, group: LearnerGroup | None
 
 def resident_drop(run_id: int) -> None:
     """Forget the run's resident policy; a learner group's followers are told to end."""
-    with _RESIDENTS_LOCK:
-        res = _RESIDENTS.pop(run_id, None)
+    with RESIDENTS_LOCK:
+        res = RESIDENTS.pop(run_id, None)
     if res is not None and res.group is not None:
         res.group.close()
 
@@ -309,16 +309,16 @@ def resident_drop(run_id: int) -> None:
 def resident_busy(run_id: int) -> Iterator[None]:
     """A train task of `run_id` is in progress: the idle reaper leaves its resident alone,
     and its idle clock restarts when the task ends."""
-    with _RESIDENTS_LOCK:
+    with RESIDENTS_LOCK:
         _BUSY[run_id] = _BUSY.get(run_id, 0) + 1
     try:
         yield
     finally:
-        with _RESIDENTS_LOCK:
+        with RESIDENTS_LOCK:
             _BUSY[run_id] -= 1
             if not _BUSY[run_id]:
                 del _BUSY[run_id]
-            res = _RESIDENTS.get(run_id)
+            res = RESIDENTS.get(run_id)
             if res is not None:
                 res.used = time.monotonic()
 
@@ -329,10 +329,10 @@ def residents_reap(*, idle_seconds: float, ended: Collection[int] = ()) -> list[
     that finished on a used-up buffer or was stopped gets no further train task to drop it);
     returns their runs."""
     now = time.monotonic()
-    with _RESIDENTS_LOCK:
-        idle = [run_id for run_id, res in _RESIDENTS.items()
+    with RESIDENTS_LOCK:
+        idle = [run_id for run_id, res in RESIDENTS.items()
                 if run_id not in _BUSY and (run_id in ended or now - res.used >= idle_seconds)]
-        dropped = [_RESIDENTS.pop(run_id) for run_id in idle]
+        dropped = [RESIDENTS.pop(run_id) for run_id in idle]
     for res in dropped:
         log.info("run %s: %s; its resident policy (and learner group) ends", res.run_id,
                  "the run has ended" if res.run_id in ended else f"trainer idle for {now - res.used:.0f} s")
@@ -341,10 +341,10 @@ def residents_reap(*, idle_seconds: float, ended: Collection[int] = ()) -> list[
     return idle
 
 
-def _ended_residents() -> set[int]:
+def residents_ended() -> set[int]:
     """Runs with a resident here that have ended (one query)."""
-    with _RESIDENTS_LOCK:
-        ids = list(_RESIDENTS)
+    with RESIDENTS_LOCK:
+        ids = list(RESIDENTS)
     return runs_ended(ids)
 
 
@@ -352,7 +352,7 @@ def _reaper_ensure() -> None:
     """A daemon thread in this worker process that reaps idle residents
     (RFT_TRAINER_IDLE_SECONDS; 0: never) and ends when none is left."""
     global _reaper
-    with _RESIDENTS_LOCK:
+    with RESIDENTS_LOCK:
         if float(settings.RFT_TRAINER_IDLE_SECONDS) <= 0 or (_reaper is not None and _reaper.is_alive()):
             return
         _reaper = threading.Thread(target=_reap_loop, name="trainer-idle-reaper", daemon=True)
@@ -366,12 +366,12 @@ def _reap_loop() -> None:
         time.sleep(min(30.0, max(0.2, idle / 4)) if idle > 0 else 30.0)
         try:
             if idle > 0:
-                residents_reap(idle_seconds=idle, ended=_ended_residents())
+                residents_reap(idle_seconds=idle, ended=residents_ended())
         except Exception:
             log.exception("trainer idle reaper: dropping a resident failed")
         finally:
             connection_release()  # this thread's own: not held open between passes
-        with _RESIDENTS_LOCK:
-            if not _RESIDENTS or idle <= 0:
+        with RESIDENTS_LOCK:
+            if not RESIDENTS or idle <= 0:
                 _reaper = None
                 return

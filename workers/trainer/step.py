@@ -83,7 +83,7 @@ def run_lock(run_id: int) -> Iterator[bool]:
         yield got
 
 
-def _claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: PreTrainedTokenizerBase | None = None
+def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: PreTrainedTokenizerBase | None = None
            ) -> tuple[TrainBatch, list[Experience]]:
     from workers.algorithms import TrainBatch, rollout_from_experience
 
@@ -104,7 +104,7 @@ def _claim(*, run: RunView, worker: str, min_version: int | None, tokenizer: Pre
     return batch, rows
 
 
-def _publish_due(*, run: RunView, res: Resident) -> float | None:
+def publish_due(*, run: RunView, res: Resident) -> float | None:
     from workers.handover import MemorySync, memory_sync_applies
     from workers.sync import weight_sync_for
 
@@ -166,7 +166,7 @@ def trainer_step(
             chained = False
             while True:
                 step_started = time.perf_counter()
-                found, result = _train_once(run_id=run_id, step=step, worker=worker, readiness=readiness,
+                found, result = train_once(run_id=run_id, step=step, worker=worker, readiness=readiness,
                                             run=run if chained else None)
                 run = found or run
                 if result["status"] != "trained":
@@ -244,7 +244,7 @@ def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: 
     return metrics
 
 
-def _train_once(
+def train_once(
     *, run_id: int, step: int, worker: str, readiness: TrainReadiness | None = None, run: RunView | None = None
 ) -> tuple[RunView | None, StepOutcome]:
     """One step under the run's lock: (the run or None, the outcome). A chained step passes
@@ -258,7 +258,7 @@ def _train_once(
     cfg = run.cfg
     if step == run.train_step and step > 0:
         # Re-dispatched after a crash between the step and its publish.
-        seconds = _publish_due(run=run, res=resident_for(run))
+        seconds = publish_due(run=run, res=resident_for(run))
         if seconds is not None:
             metric_record(run=run, step=step, values={"sync_seconds": seconds})
         return run, {"status": "published" if seconds is not None else "done"}
@@ -274,7 +274,7 @@ def _train_once(
         return run, {"status": "waiting"}
     res = resident_for(run)
     trainer_version = run.current_version
-    batch, rows = _claim(run=run, worker=worker, min_version=readiness.min_version, tokenizer=res.tokenizer)
+    batch, rows = train_batch_claim(run=run, worker=worker, min_version=readiness.min_version, tokenizer=res.tokenizer)
     ids = [e.pk for e in rows]
     if not ids:
         return run, {"status": "waiting"}
@@ -286,7 +286,7 @@ def _train_once(
         resident_drop(run_id)
         TrainSource.release(run=run, worker=worker, ids=ids)
         raise
-    sync_seconds = _publish_due(run=run, res=res)
+    sync_seconds = publish_due(run=run, res=res)
     if sync_seconds is not None:
         metrics["sync_seconds"] = sync_seconds
         metric_record(run=run, step=step, values={"sync_seconds": sync_seconds})
