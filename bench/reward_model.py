@@ -42,9 +42,11 @@ collects (about 200). The last line prints it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import re
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -65,9 +67,9 @@ def judge_settings() -> Any:
     return DemoSettings(target_accuracy=0.9, steps=3000, styled=0.0)
 
 
-def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:
+def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12) -> list[dict[str, Any]]:
     """GROUP completions per taskset problem, sampled at temperature 1, labelled as the
-    scripted rater labels them (5 right, 1 wrong)."""
+    scripted rater labels them (5 right, 1 wrong; `rated` relabels them by another rater)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -87,7 +89,7 @@ def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
             gen = model.generate(input_ids=ids.repeat_interleave(GROUP, 0), attention_mask=mask.repeat_interleave(GROUP, 0),
-                                 max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+                                 max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         for i, row in enumerate(gen[:, width:].tolist()):
             problem = chunk[i // GROUP]
             text = tokenizer.decode(row, skip_special_tokens=True)
@@ -96,6 +98,31 @@ def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:
             out.append({"group": f"g{start + i // GROUP}", "prompt": problem_text(*problem), "completion": text,
                         "score": 5 if right else 1})
     return out
+
+
+def rated(rows: list[dict[str, Any]], rating: Any, *, noise: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """The rows rated by `rating` (prompt, completion) -> 1..5, each rating replaced by a random
+    one with probability `noise` (a drawn preference's own noise: the training labels)."""
+    rng = random.Random(seed)
+    out = []
+    for r in rows:
+        score = rating(r["prompt"], r["completion"])
+        if noise and rng.random() < noise:
+            score = rng.randint(1, 5)
+        out.append({**r, "score": score})
+    return out
+
+
+def kind_fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int) -> float | None:
+    """A registered kind's fit as the reward worker makes it (workers/reward_kinds), held-out
+    accuracy on `heldout` (no folds: the bench's held-out groups are the split)."""
+    from kernel.config import RewardModelConfig
+    from workers.reward_kinds import reward_kind_impl
+
+    cfg = RewardModelConfig(enabled=True, kind=kind, base=base, max_length=64, crossval_folds=0)
+    with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
+        return reward_kind_impl(kind).fit(cfg=cfg, base=base, train=train, heldout=heldout, out=Path(tmp),
+                                          seed=seed).accuracy
 
 
 def rating_pairs(rows: list[dict[str, Any]]) -> list[Any]:
@@ -151,6 +178,42 @@ def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]
     return hits / total if total else float("nan")
 
 
+def _fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int, args: argparse.Namespace) -> float:
+    from workers.likelihood_rm import likelihood_model_fit
+    from workers.reward_trainer import reward_model_fit
+
+    with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
+        if kind == "likelihood":
+            _, acc = likelihood_model_fit(base=base, train=train, heldout=heldout, out=Path(tmp), max_length=64)
+        elif kind == "classifier":
+            _, _, acc = reward_model_fit(base=base, train=train, heldout=heldout, out=Path(tmp), epochs=args.epochs,
+                                         learning_rate=args.lr, batch_size=16, max_length=64, seed=seed)
+        else:
+            acc = kind_fit(kind, base=base, train=train, heldout=heldout, seed=seed)
+    return acc if acc is not None else float("nan")
+
+
+def _preferences(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, Any, float, bool]]:
+    """(name, rating, noise, mixes correctness in) per preference the labels come from: the
+    correctness rater by default, --rater's, or --raters generated:N's drawn ones."""
+    from bench.raters import GeneratedRater, correct, preference_family, rater_load
+
+    if args.raters:
+        count = args.raters.removeprefix("generated:")
+        if not args.raters.startswith("generated:") or not count.isdigit():
+            parser.error(f"--raters {args.raters!r}: expected generated:N")
+        return [(f"generated:{p.seed}", p, p.noise, p.mixed)
+                for p in preference_family(int(count), start=args.raters_start)]
+    if args.rater is None:
+        return [("correct", correct, 0.0, True)]
+    try:
+        rating = rater_load(args.rater)
+    except ValueError as exc:
+        parser.error(str(exc))
+    drawn = rating if isinstance(rating, GeneratedRater) else None
+    return [(args.rater, rating, drawn.noise if drawn else 0.0, bool(drawn and drawn.mixed))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--labels", default="100,200,400")
@@ -159,8 +222,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--kinds", default="likelihood,classifier",
-                        help="reward-model kinds (reward_model.kind): likelihood, classifier")
+                        help="reward-model kinds (reward_model.kind): likelihood, classifier, head, mlp, ...")
+    parser.add_argument("--rater", default=None,
+                        help="label by this rater (bench/steering's --rater: MODULE:FUNCTION or generated:SEED) in "
+                             "place of the correctness rater")
+    parser.add_argument("--raters", default=None, metavar="generated:N",
+                        help="label by each of N drawn preferences (bench.raters.preference_family) in turn")
+    parser.add_argument("--raters-start", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=12,
+                        help="sampled completion length (the styled answers a drawn preference reads take up to ~25)")
     args = parser.parse_args()
+    preferences = _preferences(parser, args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -170,8 +242,6 @@ def main() -> None:
     import torch
 
     from workers.demo_model import demo_model_build
-    from workers.likelihood_rm import likelihood_model_fit
-    from workers.reward_trainer import reward_model_fit
 
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
@@ -182,54 +252,77 @@ def main() -> None:
         print(f"judge base: greedy accuracy {built.accuracy:.3f}", flush=True)
         bases["judge"] = built.out
     kinds = args.kinds.split(",")
-    results: list[tuple[str, int, int, float, int]] = []
+    # (kind/base, preference, labels, seed, accuracy, train pairs)
+    results: list[tuple[str, str, int, int, float, int]] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        rows = rollouts(policy, seed=seed)
-        groups = sorted({r["group"] for r in rows})
+        sampled = rollouts(policy, seed=seed, max_tokens=args.max_tokens)
+        groups = sorted({r["group"] for r in sampled})
         random.Random(seed).shuffle(groups)
         heldout_groups = set(groups[:HELDOUT_GROUPS])
-        heldout = rating_pairs([r for r in rows if r["group"] in heldout_groups])
-        right = sum(r["score"] == 5 for r in rows) / len(rows)
-        print(f"seed {seed}: {len(rows)} completions, {right:.3f} right, {len(heldout)} held-out pairs", flush=True)
-        for name in args.bases.split(","):
-            print(f"  base {name:<7} ranking by its own completion log-likelihood (diagnostic): held-out accuracy "
-                  f"{likelihood_accuracy(bases[name], rows, heldout_groups):.3f}", flush=True)
-        for labels in [int(x) for x in args.labels.split(",")]:
-            train_groups = set(groups[HELDOUT_GROUPS:HELDOUT_GROUPS + labels // GROUP])
-            train = rating_pairs([r for r in rows if r["group"] in train_groups])
-            random.Random(seed).shuffle(train)
-            for name in args.bases.split(","):
-                for kind in kinds:
-                    started = time.perf_counter()
-                    with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
-                        if kind == "likelihood":
-                            _, acc = likelihood_model_fit(base=str(bases[name]), train=train, heldout=heldout,
-                                                          out=Path(tmp), max_length=64)
-                        else:
-                            _, _, acc = reward_model_fit(base=str(bases[name]), train=train, heldout=heldout,
-                                                         out=Path(tmp), epochs=args.epochs, learning_rate=args.lr,
-                                                         batch_size=16, max_length=64, seed=seed)
-                    results.append((f"{kind}/{name}", labels, seed, acc or 0.0, len(train)))
-                    print(f"  {kind:<10} base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out "
-                          f"accuracy {acc:.3f}  {time.perf_counter() - started:5.0f} s  load {os.getloadavg()[0]:.1f}",
-                          flush=True)
-    print()
-    names = [f"{kind}/{name}" for kind in kinds for name in args.bases.split(",")]
-    for name in names:
-        for labels in [int(x) for x in args.labels.split(",")]:
-            accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
-            print(f"{name:<18} labels {labels:4d}: held-out accuracy mean {sum(accs) / len(accs):.3f} "
-                  f"(min {min(accs):.3f}, max {max(accs):.3f}, {len(accs)} seeds)")
-    def mean_at(name: str, labels: int) -> float:
-        accs = [a for n, lab, _, a, _ in results if n == name and lab == labels]
-        return sum(accs) / len(accs) if accs else float("nan")
+        for pref, rating, noise, mixed in preferences:
+            # Held out: the preference itself; trained on: its labels as a person gives them (its noise).
+            rows = rated(sampled, rating)
+            labelled = rated(sampled, rating, noise=noise, seed=seed)
+            heldout = rating_pairs([r for r in rows if r["group"] in heldout_groups])
+            liked = sum(r["score"] >= 4 for r in rows) / len(rows)
+            print(f"seed {seed} {pref}{' (mixed)' if mixed else ''}: {len(rows)} completions, {liked:.3f} rated 4-5, "
+                  f"{len(heldout)} held-out pairs, noise {noise:g}", flush=True)
+            if len(preferences) == 1 and "likelihood" in kinds:
+                for name in args.bases.split(","):
+                    print(f"  base {name:<7} ranking by its own completion log-likelihood (diagnostic): held-out "
+                          f"accuracy {likelihood_accuracy(bases[name], rows, heldout_groups):.3f}", flush=True)
+            for labels in [int(x) for x in args.labels.split(",")]:
+                train_groups = set(groups[HELDOUT_GROUPS:HELDOUT_GROUPS + labels // GROUP])
+                train = rating_pairs([r for r in labelled if r["group"] in train_groups])
+                random.Random(seed).shuffle(train)
+                for name in args.bases.split(","):
+                    for kind in kinds:
+                        started = time.perf_counter()
+                        acc = _fit(kind, base=str(bases[name]), train=train, heldout=heldout, seed=seed, args=args) \
+                            if train and heldout else float("nan")
+                        results.append((f"{kind}/{name}", pref, labels, seed, acc, len(train)))
+                        print(f"  {kind:<10} base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out "
+                              f"accuracy {acc:.3f}  {time.perf_counter() - started:5.0f} s  "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+    _summary(results, kinds=kinds, bases=args.bases.split(","), labels=[int(x) for x in args.labels.split(",")],
+             mixed={p for p, _, _, m in preferences if m}, family=len(preferences) > 1)
 
-    first = min(int(x) for x in args.labels.split(",") if int(x) >= 200) if any(
-        int(x) >= 200 for x in args.labels.split(",")) else max(int(x) for x in args.labels.split(","))
+
+def _summary(results: list[tuple[str, str, int, int, float, int]], *, kinds: list[str], bases: list[str],
+             labels: list[int], mixed: set[str], family: bool) -> None:
+    """Per kind/base and label count: the held-out accuracy's mean over seeds (and, over a
+    family, its median over preferences, the mixed ones' and the others' apart); the verdict
+    line at the first count of at least 200 labels (a rm10 arm's, about 180)."""
+    print()
+    names = [f"{kind}/{name}" for kind in kinds for name in bases]
+
+    def accs(name: str, lab: int, prefs: set[str] | None = None) -> list[float]:
+        return [a for n, p, la, _, a, _ in results if n == name and la == lab and (prefs is None or p in prefs)
+                and not math.isnan(a)]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else float("nan")
+
+    prefs = sorted({p for _, p, _, _, _, _ in results})
     for name in names:
-        print(f"reward model {name}: held-out pairwise accuracy at {first} labels {mean_at(name, first):.3f}")
-    best = max(names, key=lambda n: mean_at(n, first))
-    print(f"reward model held-out pairwise accuracy at {first} labels: {mean_at(best, first):.3f} with {best} "
+        for lab in labels:
+            every = accs(name, lab)
+            line = (f"{name:<18} labels {lab:4d}: held-out accuracy mean {mean(every):.3f} (min {min(every, default=0):.3f}, "
+                    f"max {max(every, default=0):.3f}, {len(every)} fits)")
+            if family:
+                per = {p: mean(accs(name, lab, {p})) for p in prefs}
+                mix = [v for p, v in per.items() if p in mixed]
+                style = [v for p, v in per.items() if p not in mixed]
+                line += (f"; median over preferences {statistics.median(per.values()):.3f}, mixed {mean(mix):.3f} "
+                         f"({len(mix)}), style only {mean(style):.3f} ({len(style)}): "
+                         + " ".join(f"{p.removeprefix('generated:')}={v:.2f}" for p, v in per.items()))
+            print(line)
+    first = min((x for x in labels if x >= 200), default=max(labels))
+    for name in names:
+        print(f"reward model {name}: held-out pairwise accuracy at {first} labels {mean(accs(name, first)):.3f}"
+              + (f", on the mixed preferences {mean(accs(name, first, mixed)):.3f}" if family else ""))
+    best = max(names, key=lambda n: mean(accs(n, first)))
+    print(f"reward model held-out pairwise accuracy at {first} labels: {mean(accs(best, first)):.3f} with {best} "
           f"(kind/base; target >= 0.85); load {os.getloadavg()[0]:.1f}")
 
 

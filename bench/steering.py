@@ -96,6 +96,14 @@ is mostly trajectory luck).
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
                               [--raters-start 0]] [--rm-gate bound|evidence] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
+                             [--out PATH [--resume | --report]]
+
+`--out PATH` appends each (preference, seed, arm) result to a JSON-lines file the moment that
+arm is done (its figures, its final samples, its step probes, the base's figures, the settings),
+so a run stopped at any time keeps what finished; `--resume` reads the file back and runs only
+what it does not hold (rows of other settings are refused), `--report` runs nothing and prints
+the tables and the distribution per target over what the file holds. The order puts complete
+pairs first: per seed, `format` (no people) once, then each preference's arms in turn.
 
 Earlier rounds (60 steps, 8 tasks x 8, lr 1e-4, likelihood reward model over the *judge* base,
 `--rm-base judge`: bench/reward_model's stronger demo model, which brings its own knowledge of
@@ -1233,7 +1241,7 @@ def _measured(raw: dict[str, Any], rater: RaterSpec, base: Sampled) -> dict[str,
 
 def _printable(result: dict[str, Any]) -> dict[str, Any]:
     """A result without its samples (800 completions) and step probes, for the RESULT line."""
-    return {k: v for k, v in result.items() if k not in ("samples", "probes")}
+    return {k: v for k, v in result.items() if k not in ("samples", "probes", "settings")}
 
 
 def _table(results: list[dict[str, Any]], *, family: bool) -> None:
@@ -1444,6 +1452,132 @@ def _family_summary(raters: list[RaterSpec], results: list[dict[str, Any]], *, s
           f"{len(ratios)} pairs; seeds {args.seeds}, {args.steps} steps, {load}")
 
 
+# ---------------------------------------------------------------- the results file (--out)
+
+# What a result depends on beyond its (preference, seed, arm): a file's rows are resumed only
+# under the same settings (a row run otherwise would mix into the distribution unseen).
+SETTINGS = ("steps", "tasks", "repeat", "lr", "share", "rm_base", "min_rm_accuracy", "rm_kind", "noise",
+            "random_raters", "noisy_raters", "max_tokens", "min_rm_heldout_pairs", "rm_confidence", "w_auto",
+            "crossval_folds", "pairs", "trust", "verifier", "beta", "rm_gate", "scale_rewards", "demo_styled")
+UNRATED = ("format", "auto")  # arms without people: run once per seed, read by every preference
+
+
+class Journal:
+    """The results file: one JSON line per (preference, seed, arm) result, appended (and flushed
+    to disk) as soon as that arm is done, so a run stopped at any time keeps what finished;
+    `--resume` reads it back and the loop skips what it holds. Each line carries the arm's final
+    samples (a later preference reads an unrated arm's), its step probes, the base's figures for
+    its preference and seed, the preference written out and the run's settings."""
+
+    def __init__(self, path: Path | None, settings: dict[str, Any]) -> None:
+        self.path, self.settings = path, settings
+        self.done: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+    def read(self, raters: list[RaterSpec]) -> None:
+        """Load the file's rows; a row under other settings, or a preference of the same name
+        written out otherwise, is refused (ValueError); a line cut short is dropped."""
+        if self.path is None or not self.path.exists():
+            return
+        import json
+        from dataclasses import fields
+
+        described = {r.name: r.description for r in raters}
+        lines = self.path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                # Cut short where a run was killed while writing it: that arm did not finish.
+                print(f"{self.path}: line {number} is cut short (a run stopped while writing it): skipped")
+                continue
+            if row.get("settings") != self.settings:
+                other = {k: v for k, v in (row.get("settings") or {}).items() if self.settings.get(k) != v}
+                raise ValueError(f"{self.path}: line {number} was run with other settings ({other})")
+            if row["rater"] in described and row["description"] != described[row["rater"]]:
+                raise ValueError(f"{self.path}: line {number}'s {row['rater']} is another preference "
+                                 f"({row['description']})")
+            names = {f.name for f in fields(StepProbe)}
+            row["probes"] = [StepProbe(**{k: v for k, v in p.items() if k in names}) for p in row["probes"]]
+            row["samples"] = [tuple(x) for x in row["samples"]]
+            self.done[row["rater"], row["seed"], row["arm"]] = row
+
+    def unrated(self, seed: int, arm: str) -> dict[str, Any] | None:
+        """A finished arm without people on `seed`, whichever preference it was read by."""
+        return next((row for (_, s, a), row in self.done.items() if s == seed and a == arm), None)
+
+    def add(self, result: dict[str, Any], rater: RaterSpec, base: Sampled) -> None:
+        import json
+        from dataclasses import asdict
+
+        row = {**result, "settings": self.settings, "description": rater.description, "base": asdict(base)}
+        self.done[result["rater"], result["seed"], result["arm"]] = row
+        if self.path is None:
+            return
+        line = json.dumps({**row, "probes": [asdict(p) for p in row.get("probes") or []]})
+        with self.path.open("ab+") as f:  # appends go to the end whatever was read
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")  # after a line cut short by a kill, a line of its own
+            f.write((line + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _seed_run(seed: int, *, raters: list[RaterSpec], arms: list[str], base: dict[tuple[str, int], Sampled],
+              journal: Journal, run: Any) -> list[dict[str, Any]]:
+    """Every arm of every preference on one seed, what the journal holds skipped: the arms
+    without people first (once for the seed, kept at once), then each preference's arms in
+    turn, so that each (preference, seed) pair is complete before the next starts. `run(arm,
+    rating, noise)` runs one arm (run_arm)."""
+    resumed = set(journal.done)
+    for arm in arms:
+        if arm in UNRATED and journal.unrated(seed, arm) is None:
+            first = raters[0]
+            journal.add(_measured(run(arm, first.rating, 0.0), first, base[first.name, seed]), first,
+                        base[first.name, seed])
+            print(f"RESULT {_printable(journal.done[first.name, seed, arm])}", flush=True)
+    results = []
+    for r in raters:
+        for arm in arms:
+            row = journal.done.get((r.name, seed, arm))
+            if row is None:
+                raw = (journal.unrated(seed, arm) if arm in UNRATED else None) or run(arm, r.rating, r.noise)
+                journal.add(_measured(raw, r, base[r.name, seed]), r, base[r.name, seed])
+                row = journal.done[r.name, seed, arm]
+                print(f"RESULT {_printable(row)}", flush=True)
+            elif (r.name, seed, arm) in resumed:
+                print(f"RESUMED {r.name} s{seed} {arm} (from {journal.path})", flush=True)
+            results.append(row)
+    return results
+
+
+def report_from(journal: Journal, *, raters: list[RaterSpec], arms: list[str],
+                seeds: list[int]) -> tuple[list[dict[str, Any]], dict[tuple[str, int], Sampled]]:
+    """The results a journal holds for these preferences, seeds and arms, in the bench's order,
+    and the base's figures per (preference, seed) as the rows recorded them."""
+    results = [journal.done[r.name, s, a] for s in seeds for r in raters for a in arms if (r.name, s, a) in journal.done]
+    base = {(row["rater"], row["seed"]): Sampled(**row["base"]) for row in results}
+    return results, base
+
+
+def _journal_of(parser: argparse.ArgumentParser, args: argparse.Namespace, raters: list[RaterSpec]) -> Journal:
+    """--out / --resume / --report: the results file, read back where asked."""
+    if (args.resume or args.report) and args.out is None:
+        parser.error("--resume and --report read the --out file: name it")
+    journal = Journal(args.out, {k: getattr(args, k) for k in SETTINGS})
+    if args.out is not None and not (args.resume or args.report) and args.out.exists() and args.out.stat().st_size:
+        parser.error(f"--out {args.out} holds results already: --resume to go on with them, or name another file")
+    try:
+        journal.read(raters)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return journal
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -1505,8 +1639,17 @@ def main() -> None:
                              "among its styles (DemoSettings.styled, 0.75 by default: every style a quarter, "
                              "the bare answer too; 0.45: RECIPE 6's share), in a directory of its own beside "
                              "BENCH_DEMO_DIR")
+    parser.add_argument("--out", type=Path, default=None, metavar="PATH",
+                        help="append each (preference, seed, arm) result to this JSON-lines file as soon as it is "
+                             "done (a run stopped at any time keeps what finished)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --out: read the file first and skip what it holds (same settings only)")
+    parser.add_argument("--report", action="store_true",
+                        help="with --out: run nothing, print the tables and the distribution per target over what "
+                             "the file holds for these preferences, seeds and arms")
     args = parser.parse_args()
     raters = _raters_of(parser, args)
+    journal = _journal_of(parser, args, raters)
     if args.verifier == "on" and any(getattr(r.rating, "__wrapped__", r.rating) is correct for r in raters):
         parser.error("--verifier on with the correctness rater gives the run the rater's own answer key: "
                      "nothing would be learned from people (use a style rater)")
@@ -1518,6 +1661,11 @@ def main() -> None:
         parser.error("--demo-styled is a share from 0 to below 1 (some bare answers stay)")
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = args.arms.split(",")
+    if args.report:
+        held, held_base = report_from(journal, raters=raters, arms=arms, seeds=seeds)
+        print(f"{len(held)} results from {args.out}")
+        _report(held, raters=raters, arms=arms, seeds=seeds, base=held_base, args=args)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-steering-"))
     os.environ["RFT_STORAGE_DIR"] = str(tmp / "storage")
     os.environ["REDIS_URL"] = ""
@@ -1579,16 +1727,9 @@ def main() -> None:
                               noisy_raters=args.noisy_raters, random_share=args.random_raters,
                               max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta,
                               rm_gate=args.rm_gate)
-                # `format` has no people: its run does not depend on the rater, so it runs once
-                # per seed and each rater reads its samples.
-                unrated = {arm: run_arm(arm, rating=raters[0].rating, noise=0.0, **common)  # type: ignore[arg-type]
-                           for arm in arms if arm in ("format", "auto")}
-                for r in raters:
-                    for arm in arms:
-                        raw = unrated[arm] if arm in unrated else run_arm(
-                            arm, rating=r.rating, noise=r.noise, **common)  # type: ignore[arg-type]
-                        results.append(_measured(raw, r, base[r.name, seed]))
-                        print(f"RESULT {_printable(results[-1])}", flush=True)
+                results += _seed_run(seed, raters=raters, arms=arms, base=base, journal=journal,
+                                     run=lambda arm, rating, noise: run_arm(  # type: ignore[arg-type]
+                                         arm, rating=rating, noise=noise, **common))
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -1596,12 +1737,19 @@ def main() -> None:
         (ROOT / ".cache").mkdir(exist_ok=True)
         shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")
         shutil.rmtree(tmp, ignore_errors=True)
+    _report(results, raters=raters, arms=arms, seeds=seeds, base=base, args=args)
 
+
+def _report(results: list[dict[str, Any]], *, raters: list[RaterSpec], arms: list[str], seeds: list[int],
+            base: dict[tuple[str, int], Sampled], args: argparse.Namespace) -> None:
+    """The tables and summaries after the runs (or over a results file: --report)."""
     _table(results, family=len(raters) > 1)
     _probe_table(results)
     for r in raters:
-        _rater_summary(r, [x for x in results if x["rater"] == r.name], arms=arms, seeds=seeds,
-                       base=[base[r.name, s] for s in seeds], args=args)
+        mine = [x for x in results if x["rater"] == r.name]
+        if mine:
+            _rater_summary(r, mine, arms=arms, seeds=seeds, base=[base[r.name, s] for s in seeds if (r.name, s) in base],
+                           args=args)
     if len(raters) > 1:
         _family_summary(raters, results, seeds=seeds, args=args)
 
