@@ -33,7 +33,15 @@ demo model itself knows: its own log-likelihood ranking is 0.688 / 0.658); base 
 judge base only; over the policy base no kind gets past what the policy knows.
 
     python -m bench reward_model [--labels 100,200,400] [--bases policy,judge] [--seeds 0,1]
-                                 [--kinds likelihood,classifier]
+                                 [--kinds likelihood,classifier,head,mlp]
+                                 [--rater SPEC | --raters generated:N [--raters-start 0]] [--max-tokens 12]
+
+Any registered kind is fitted as the reward worker fits it (`workers/reward_kinds`, no folds: the
+held-out groups are the split). `--rater` / `--raters generated:N` label the same completions by
+another preference (bench/steering's, or the drawn family of bench.raters, issue 47) in place of
+the correctness rater: the training labels carry the preference's own noise, the held-out pairs
+are the preference itself; over a family the summary gives each kind's median over the
+preferences and the mixed ones' (style with correctness) mean apart.
 
 Target (issue 16): held-out pairwise accuracy >= 0.85 at the labels a `rm10` steering arm
 collects (about 200). The last line prints it.

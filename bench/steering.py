@@ -46,7 +46,11 @@ uncertainty, which knows only earlier ratings) and the reward model's scores of 
 reward model trained on those ratings over the run's own base model's hidden states; `random10`
 ratings of a uniformly random 10% and the format reward elsewhere; `noisy` as `rm10`, with half
 the raters answering at random and gold items the owner (who rates by the same function, a
-person with the preference) marked on the Raters page. The demo model's warm-up shows each
+person with the preference) marked on the Raters page; `format` no rating at all (the format
+reward alone). What no arm sees: the rater function or a drawn preference's description, its
+noise level, the held-out problems (the measurement's 200, never in the taskset) or another
+arm's ratings; under `--rm-gate evidence` or `bound` alike the reward model sees only its own
+arm's ratings. The demo model's warm-up shows each
 style at a minority share (workers/demo_model.STYLES), drawn by a seed, not by any rater.
 
 A generated family (`--raters generated:N`, issue 47): N preferences drawn by

@@ -39,6 +39,10 @@ SMOKES = [
      r"^live_stream: 4 clients at 20 events/s: .* 0 lost"),
     ("reward_model", ("--labels", "20", "--bases", "policy", "--seeds", "0", "--epochs", "1", "--kinds", "likelihood"),
      rf"^reward model held-out pairwise accuracy at 20 labels: {NUMBER} with likelihood/policy"),
+    # The drawn family's labels, the default kind beside the mlp one (issue 47 item 3).
+    ("reward_model", ("--labels", "24", "--bases", "policy", "--seeds", "0", "--kinds", "head,mlp", "--raters",
+                      "generated:2", "--max-tokens", "32"),
+     rf"^reward model held-out pairwise accuracy at 24 labels: {NUMBER} with (?:head|mlp)/policy"),
     ("openai_worker_cpu", ("--calls", "4", "--warm", "1", "--tokens", "4"),
      rf"^worker CPU ms per call \(engine stubbed\): {NUMBER}$"),
     ("openai_endpoint", ("--clients", "2", "--requests", "1", "--rounds", "1", "--tokens", "4"),
@@ -61,7 +65,8 @@ SMOKES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "args", "pattern"), SMOKES, ids=[s[0] for s in SMOKES])
+@pytest.mark.parametrize(("name", "args", "pattern"), SMOKES,
+                         ids=[s[0] + ("-family" if "--raters" in s[1] else "") for s in SMOKES])
 def test_the_bench_runs_on_tiny_sizes_and_prints_its_ratio(
     bench: Callable[..., Any], name: str, args: tuple[str, ...], pattern: str,
 ) -> None:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.reward_kinds.head import bootstrap_weights
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +55,7 @@ def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     of the token count."""
     import torch
 
+    # Inside: these import torch and transformers (the kinds load them on first use only).
     from workers.likelihood_rm import rm_completion_ids, rm_prompt_ids
     from workers.likelihood_rm_hf import truncated
 
@@ -140,8 +142,6 @@ def net_fit(chosen: list[list[float]], rejected: list[list[float]], weight: list
 def nets_fit(chosen: list[list[float]], rejected: list[list[float]], weight: list[float], *, nets: int, l2: float,
              seed: int) -> list[Net]:
     """`nets` networks, each on its bootstrap sample of the pairs given."""
-    from workers.reward_kinds.head import bootstrap_weights
-
     out = []
     for i, counts in enumerate(bootstrap_weights(len(chosen), heads=nets, seed=seed)):
         keep = [k for k, n in enumerate(counts) if n > 0]
@@ -173,8 +173,6 @@ class MlpEnsemble:
         return per_net.mean(1).tolist(), spread.tolist()
 
     def save(self, out: Path) -> None:
-        from dataclasses import asdict
-
         out.mkdir(parents=True, exist_ok=True)
         (out / MLP_FILE).write_text(json.dumps({
             "kind": KIND, "base": self.base, "pooling": POOLING, "mean": self.mean, "std": self.std,
@@ -217,12 +215,12 @@ class MlpFolds:
         self.scorer, self.folds, self.fold_nets = scorer, folds, fold_nets
 
     def fold_fitted(self, prompt: str) -> bool:
-        from workers.likelihood_rm import prompt_fold
+        from workers.likelihood_rm import prompt_fold  # inside: torch at its import
 
         return prompt_fold(prompt, self.folds) in self.fold_nets
 
     def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], keys: Sequence[str]) -> list[float]:
-        from workers.likelihood_rm import prompt_fold
+        from workers.likelihood_rm import prompt_fold  # inside: torch at its import
 
         if not prompts:
             return []
@@ -238,6 +236,9 @@ def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int,
     """Fit the ensemble on `train` (features once, each network on its bootstrap sample); with
     `folds` >= 2 each fold's networks too, fitted without its prompts' pairs, and the
     out-of-fold pairwise accuracy: (ensemble, fold networks, accuracy); ({}, None) without."""
+    import torch
+
+    # Inside: torch (likelihood_rm) and Celery / Django (reward_trainer) at their import.
     from workers.likelihood_rm import prompt_fold
     from workers.reward_trainer import pairwise_accuracy
 
@@ -266,7 +267,6 @@ def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int,
             fold_nets[k] = nets_fit([chosen[i] for i in rest], [rejected[i] for i in rest], [weight[i] for i in rest],
                                     nets=nets, l2=l2, seed=seed + 1 + k)
     ranked = [i for i, k in enumerate(fold_of) if k in fold_nets]
-    import torch
 
     def oof(rows: list[list[float]]) -> list[float]:
         return [float(nets_scores(fold_nets[fold_of[i]], torch.tensor([rows[i]])).mean()) for i in ranked]
@@ -281,6 +281,7 @@ class Mlp(RewardKindImpl):
 
     def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
             out: Path, seed: int) -> Fitted:
+        # Inside: torch (likelihood_rm) and Celery / Django (reward_trainer) at their import.
         from workers.likelihood_rm import causal_lm_load
         from workers.reward_trainer import pairwise_accuracy
 
@@ -308,7 +309,7 @@ class Mlp(RewardKindImpl):
         return (path / MLP_FILE).is_file()
 
     def load(self, path: str, *, max_length: int, batch_size: int) -> KindScorer:
-        from workers.likelihood_rm import causal_lm_load
+        from workers.likelihood_rm import causal_lm_load  # inside: torch at its import
 
         ensemble = MlpEnsemble.load(Path(path))
         model, tokenizer = causal_lm_load(ensemble.base)
