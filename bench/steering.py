@@ -1751,9 +1751,9 @@ def _report(results: list[dict[str, Any]], *, raters: list[RaterSpec], arms: lis
     _probe_table(results)
     for r in raters:
         mine = [x for x in results if x["rater"] == r.name]
-        if mine:
-            _rater_summary(r, mine, arms=arms, seeds=seeds, base=[base[r.name, s] for s in seeds if (r.name, s) in base],
-                           args=args)
+        if mine:  # a stopped run's file: the arms that finished
+            _rater_summary(r, mine, arms=[a for a in arms if any(x["arm"] == a for x in mine)], seeds=seeds,
+                           base=[base[r.name, s] for s in seeds if (r.name, s) in base], args=args)
     if len(raters) > 1:
         _family_summary(raters, results, seeds=seeds, args=args)
 
