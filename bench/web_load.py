@@ -623,6 +623,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish:
         publisher_main(args.run_id, args.event_rate, Path(args.stop_file))
         return 0
+    if not os.environ.get("REDIS_URL"):
+        # Without it each web process keeps its own in-process channel layer (rftweb/settings.py):
+        # the owners would see only their own process's events and none of the producer's.
+        parser.error("REDIS_URL is not set: the web tier's processes share events through Redis as compose runs "
+                     "them (REDIS_URL=redis://localhost:6379/N)")
     shares = [int(x) for x in args.mix.split(":")]
     if len(shares) != 3 or min(shares) < 0 or sum(shares) == 0 or args.people < 1:
         parser.error("--mix is annotators:environments:owners, three whole numbers; --people at least 1")
