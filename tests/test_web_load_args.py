@@ -16,3 +16,14 @@ def test_web_load_without_redis_url_names_it_and_exits_2(monkeypatch: pytest.Mon
         web_load.main(["--people", "1", "--seconds", "1"])
     assert ended.value.code == 2
     assert "REDIS_URL is not set" in capsys.readouterr().err
+
+
+def test_the_after_the_ramp_figures_hold_only_requests_sent_after_it() -> None:
+    tally = web_load.Tally()
+    tally.record("GET queue", "200", 5.0, sent=1.0)  # during the ramp: the whole run's figures only
+    tally.settled_from = 10.0
+    tally.record("GET queue", "200", 4.0, sent=9.9)
+    tally.record("GET queue", "200", 0.2, sent=10.0)
+    tally.record("GET queue", "200", 0.3, sent=12.0)
+    assert tally.latencies["GET queue"] == [5.0, 4.0, 0.2, 0.3]
+    assert tally.settled["GET queue"] == [0.2, 0.3]
