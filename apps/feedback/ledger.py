@@ -258,10 +258,10 @@ def _unused(reason: str, words: str = "") -> LabelState:
 
 
 def _labels(run: Run, author_id: int | None = None) -> list[Feedback]:
-    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).order_by("id")
-    if author_id is not None:  # one person's: who gave them is known (who_gave is not asked)
-        return list(rows.filter(author_id=author_id))
-    return list(rows.select_related("author", "api_key"))
+    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
+    if author_id is not None:
+        rows = rows.filter(author_id=author_id)
+    return list(rows.select_related("author", "api_key").order_by("id"))
 
 
 def who_gave(fb: Feedback) -> str:
