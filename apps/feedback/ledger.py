@@ -287,15 +287,13 @@ def label_state(*, feedback: Feedback) -> LabelState | None:
     return label_states(run=feedback.run, feedback=[feedback]).get(feedback.pk)
 
 
-def person_ledger(*, run: Run, person_id: int | None) -> LedgerCounts:
+def person_ledger(*, run: Run, person_id: int) -> LedgerCounts:
     """One person's labels on the run by state: what the annotation page shows on every load,
     read from that person's labels alone (the run's ledger grows with the run; theirs with
     their own work)."""
-    counts = LedgerCounts()
-    if person_id is None:  # nobody logged in: no labels of theirs
-        return counts
     rows = _labels(run, author_id=person_id)
     ledger = _Ledger(run, rows)
+    counts = LedgerCounts()
     for fb in rows:
         counts.add(ledger.state(fb))
     return counts

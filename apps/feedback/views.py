@@ -116,7 +116,7 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
     # The person's own labels on every load; the run's (all of its labels, which grow with the
     # run: 0.6 s of CPU at 2,400) only when the box is opened (ledger_partial).
-    mine = person_ledger(run=run, person_id=person.pk)
+    mine = person_ledger(run=run, person_id=int(person.pk))
     return {"my_ledger": mine, "ledger_box": bool(mine.total) or run_has_labels(run=run)}
 
 
