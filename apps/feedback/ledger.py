@@ -287,22 +287,6 @@ def label_state(*, feedback: Feedback) -> LabelState | None:
     return label_states(run=feedback.run, feedback=[feedback]).get(feedback.pk)
 
 
-def person_ledger(*, run: Run, person_id: int) -> LedgerCounts:
-    """One person's labels on the run by state: what the annotation page shows on every load,
-    read from that person's labels alone (the run's ledger grows with the run; theirs with
-    their own work)."""
-    rows = _labels(run, author_id=person_id)
-    ledger = _Ledger(run, rows)
-    counts = LedgerCounts()
-    for fb in rows:
-        counts.add(ledger.state(fb))
-    return counts
-
-
-def run_has_labels(*, run: Run) -> bool:
-    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).exists()
-
-
 def run_ledger(*, run: Run) -> RunLedger:
     """The run's labels by state, in all and per person (the most labels first)."""
     rows = _labels(run)
