@@ -4,8 +4,10 @@ of the run's own model (its base, or the policy's checkpoint), the base frozen.
 Features of one (prompt, completion), tokenised as `head` tokenises it, pooled over the
 completion's tokens: each hidden layer's mean (the embeddings, every block's output, the
 final state after the model's norm), the embeddings' maximum (which words it uses), the final
-state at the last token, and the log of the token count; standardised on the training
-completions. A network's score is v · z + w₂ · tanh(W₁ z + b₁): the linear part is `head`'s
+state at the last token, the log of the token count, and the base's log-likelihood statistics
+of the completion (the `likelihood` kind's: sum, mean, least, and over the answer span,
+`reward_model.answer_pattern`: what the base knows of a right answer); standardised on the
+training completions. A network's score is v · z + w₂ · tanh(W₁ z + b₁): the linear part is `head`'s
 (on more layers), the hidden units learn what no weighted sum of the features can, such as
 a preference for one of two forms but not both, or a form only on a right answer. Each of
 `ensemble` networks is fitted with the Bradley-Terry loss (each pair weighted by its margin
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,47 +45,52 @@ if TYPE_CHECKING:
 
 MLP_FILE = "mlp_reward.json"
 KIND = "mlp"
-POOLING = "layer-means+embedding-max+last+log-length"
+POOLING = "layer-means+embedding-max+last+log-length+likelihood"
 # Hidden units per network, and the optimiser's full-batch steps.
 HIDDEN = 32
 STEPS = 300
 
 
 def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-                   completions: Sequence[str], *, max_length: int, batch_size: int = 32) -> list[list[float]]:
+                   completions: Sequence[str], *, max_length: int, answer_pattern: str | None = None,
+                   batch_size: int = 32) -> list[list[float]]:
     """One pooled feature vector per (prompt, completion), over the completion's tokens: every
     hidden layer's mean, the embeddings' maximum, the final state at the last token, the log
-    of the token count."""
+    of the token count, and the base's log-likelihood statistics of the completion (the
+    `likelihood` kind's: sum, mean, least, over the answer span; what the base knows of a
+    right answer)."""
     import torch
 
     # Inside: these import torch and transformers (the kinds load them on first use only).
     from workers.likelihood_rm import rm_completion_ids, rm_prompt_ids
-    from workers.likelihood_rm_hf import truncated
+    from workers.likelihood_rm_hf import features_of, truncated
 
-    rows: list[tuple[list[int], int]] = []
+    pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
+    rows: list[tuple[list[int], int, tuple[int, int] | None]] = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        c, _ = rm_completion_ids(tokenizer, completion, None)
-        p, c, _ = truncated(rm_prompt_ids(tokenizer, prompt), c, None, max_length)
-        rows.append((p + c, len(p)))
+        c, span = rm_completion_ids(tokenizer, completion, pattern)
+        p, c, span = truncated(rm_prompt_ids(tokenizer, prompt), c, span, max_length)
+        rows.append((p + c, len(p), span))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    backbone = getattr(model, "base_model", model)
     out: list[list[float]] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        width = max(len(ids) for ids, _ in chunk)
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in chunk], device=model.device)
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk], device=model.device)
+        width = max(len(ids) for ids, _, _ in chunk)
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
         with torch.inference_mode():
-            result = backbone(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
-            last = getattr(result, "last_hidden_state", None)
-            layers = [h.float() for h in result.hidden_states[:-1]]
-            layers.append((last if last is not None else result.hidden_states[-1]).float())
-            for row, (ids, cut) in enumerate(chunk):
+            result = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
+            layers = [h.float() for h in result.hidden_states]  # the last one after the model's final norm
+            token_lp = torch.log_softmax(result.logits.float()[:, :-1], -1).gather(2, input_ids[:, 1:, None])[..., 0]
+            for row, (ids, cut, span) in enumerate(chunk):
                 cut = min(cut, len(ids) - 1)
-                span = slice(cut, len(ids))
-                pooled = [h[row, span].mean(0) for h in layers]
-                pooled += [layers[0][row, span].max(0).values, layers[-1][row, len(ids) - 1],
+                where = slice(cut, len(ids))
+                pooled = [h[row, where].mean(0) for h in layers]
+                pooled += [layers[0][row, where].max(0).values, layers[-1][row, len(ids) - 1],
                            torch.tensor([math.log1p(len(ids) - cut)], device=layers[0].device)]
+                # Position t of token_lp is the log-probability of token t + 1.
+                lp = token_lp[row, max(cut, 1) - 1:len(ids) - 1].tolist()
+                pooled.append(torch.tensor(features_of(lp, span), device=layers[0].device))
                 out.append(torch.cat(pooled).cpu().tolist())
     return out
 
@@ -157,6 +165,7 @@ class MlpEnsemble:
     std: list[float]
     nets: list[Net]
     max_length: int
+    answer_pattern: str | None = None
 
     def standardise(self, features: Sequence[Sequence[float]]) -> torch.Tensor:
         import torch
@@ -177,6 +186,7 @@ class MlpEnsemble:
         (out / MLP_FILE).write_text(json.dumps({
             "kind": KIND, "base": self.base, "pooling": POOLING, "mean": self.mean, "std": self.std,
             "nets": [asdict(n) for n in self.nets], "max_length": self.max_length,
+            "answer_pattern": self.answer_pattern,
         }))
 
     @classmethod
@@ -185,7 +195,7 @@ class MlpEnsemble:
         if data.get("kind") != KIND or data.get("pooling") != POOLING:
             raise ValueError(f"{path}: not an mlp reward model of this version ({data.get('kind')!r})")
         return cls(base=data["base"], mean=data["mean"], std=data["std"], nets=[Net(**n) for n in data["nets"]],
-                   max_length=int(data["max_length"]))
+                   max_length=int(data["max_length"]), answer_pattern=data.get("answer_pattern"))
 
 
 class MlpScorer(KindScorer):
@@ -195,7 +205,7 @@ class MlpScorer(KindScorer):
 
     def features(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         return layer_features(self.model, self.tokenizer, prompts, completions, max_length=self.ensemble.max_length,
-                              batch_size=self.batch_size)
+                              answer_pattern=self.ensemble.answer_pattern, batch_size=self.batch_size)
 
     def score_spread(self, prompts: Sequence[str],
                      completions: Sequence[str]) -> tuple[list[float], list[float] | None]:
@@ -231,8 +241,8 @@ class MlpFolds:
 
 
 def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int, nets: int, l2: float, seed: int,
-                     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                     folds: int = 0) -> tuple[MlpEnsemble, dict[int, list[Net]], float | None]:
+                     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folds: int = 0,
+                     answer_pattern: str | None = None) -> tuple[MlpEnsemble, dict[int, list[Net]], float | None]:
     """Fit the ensemble on `train` (features once, each network on its bootstrap sample); with
     `folds` >= 2 each fold's networks too, fitted without its prompts' pairs, and the
     out-of-fold pairwise accuracy: (ensemble, fold networks, accuracy); ({}, None) without."""
@@ -247,11 +257,12 @@ def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int,
         texts.setdefault((p.prompt, p.chosen), len(texts))
         texts.setdefault((p.prompt, p.rejected), len(texts))
     keys = list(texts)
-    feats = layer_features(model, tokenizer, [k[0] for k in keys], [k[1] for k in keys], max_length=max_length)
+    feats = layer_features(model, tokenizer, [k[0] for k in keys], [k[1] for k in keys], max_length=max_length,
+                           answer_pattern=answer_pattern)
     n = len(feats[0])
     mean = [sum(f[i] for f in feats) / len(feats) for i in range(n)]
     std = [math.sqrt(sum((f[i] - mean[i]) ** 2 for f in feats) / len(feats)) or 1.0 for i in range(n)]
-    ensemble = MlpEnsemble(base=base, mean=mean, std=std, nets=[], max_length=max_length)
+    ensemble = MlpEnsemble(base=base, mean=mean, std=std, nets=[], max_length=max_length, answer_pattern=answer_pattern)
     z = ensemble.standardise(feats).tolist()
     chosen = [z[texts[(p.prompt, p.chosen)]] for p in train]
     rejected = [z[texts[(p.prompt, p.rejected)]] for p in train]
@@ -291,7 +302,7 @@ class Mlp(RewardKindImpl):
             train = train + heldout  # every pair trains the version and is held out once in the folds
         ensemble, fold_nets, accuracy = mlp_ensemble_fit(
             base=base, train=train, max_length=cfg.max_length, nets=cfg.ensemble, l2=cfg.l2, seed=seed, model=model,
-            tokenizer=tokenizer, folds=folds)
+            tokenizer=tokenizer, folds=folds, answer_pattern=cfg.answer_pattern or None)
         ensemble.save(out)
         tokenizer.save_pretrained(out)
         scorer = MlpScorer(ensemble, model, tokenizer)
