@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task
 from django.db import InterfaceError, OperationalError
 
 from apps.rewards.ports import (
@@ -30,6 +30,7 @@ from apps.rewards.ports import (
     task_domain,
 )
 from apps.runs.ports import RunView, run_view
+from rftweb.taskkit import celery_bound_task
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ def rewards_remote_score(
     return scored, dict(errors), raised
 
 
-@shared_task(
-    bind=True,
+@celery_bound_task(
     name="workers.rewards.score_experiences",
     acks_late=True,
     reject_on_worker_lost=True,

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery import shared_task
+from rftweb.taskkit import celery_task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -109,7 +109,7 @@ def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
 
 # Idempotent (tasks already paraphrased are skipped); retried a few times when the engine
 # fails to start; a time limit because a stuck generation must not hold the GPU forever.
-@shared_task(
+@celery_task(
     name="workers.synthesize.taskset_paraphrase", acks_late=True, autoretry_for=(OSError,),
     max_retries=3, retry_backoff=True, time_limit=1800, soft_time_limit=1700,
 )
