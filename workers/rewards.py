@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from celery import Task
 from django.db import InterfaceError, OperationalError
@@ -30,6 +29,7 @@ from apps.rewards.ports import (
     task_domain,
 )
 from apps.runs.ports import RunView, run_view
+from kernel.config import RewardTerm
 from rftweb.taskkit import celery_bound_task
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def rewards_remote_score(
     scored: dict[int, dict[str, float]] = {e.pk: {} for e in experiences}
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     # key -> (term, [experiences awaiting it])
-    groups: dict[str, tuple[Any, list[ExperienceRecord]]] = {}
+    groups: dict[str, tuple[RewardTerm, list[ExperienceRecord]]] = {}
     raised = False
     for exp in experiences:
         applicable = dict(rewards_for_domain(terms=terms, domain=task_domain(_task_of(exp))))
