@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.rewards.ports import (
+    K12GraderRow,
     K12JudgeParams,
     K12LearnedParams,
     grader_prompt,
@@ -161,7 +162,7 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
 # The learned grader
 
 
-def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> Any:
+def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> K12GraderRow | None:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
     from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
@@ -199,7 +200,7 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
     return grader
 
 
-def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
+def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow | None:
     """The newest version, trained first when one is due; None when there is nothing to learn.
 
     While another worker trains: the newest version if there is one (the next scoring picks
