@@ -17,6 +17,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery import shared_task
+from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
+from apps.runs.ports import metric_record, run_view
+from workers.engines import engine_for, EngineWanted
+from workers.engines.base import SamplingSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -28,7 +32,6 @@ log = logging.getLogger(__name__)
 
 def Sampling(**fields: Any) -> SamplingSpec:
     """Sampling for paraphrases: the engines' SamplingSpec with paraphrase defaults."""
-    from workers.engines.base import SamplingSpec
 
     fields.setdefault("temperature", 0.8)
     fields.setdefault("max_tokens", 128)
@@ -38,7 +41,6 @@ def Sampling(**fields: Any) -> SamplingSpec:
 
 def _engine_for(model: str, *, kind: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
-    from workers.engines import EngineWanted, engine_for
 
     engine = engine_for(EngineWanted(engine=kind, model=model))
     return engine, engine.tokenizer
@@ -69,7 +71,6 @@ def tasks_paraphrase(
 ) -> dict[str, int]:
     """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
     ones as synthetic tasks. Idempotent: tasks already paraphrased are skipped."""
-    from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
 
     sampling = sampling or Sampling()
     sources = paraphrase_sources(taskset_id=taskset_id, limit=max_tasks)
@@ -99,7 +100,6 @@ def tasks_paraphrase(
 def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
     if run_id is None:
         return
-    from apps.runs.ports import metric_record, run_view
 
     run = run_view(run_id)
     if run is not None:

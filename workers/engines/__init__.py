@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
+from workers.engines.hf_engine import HFEngine
+from workers.engines.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
@@ -72,12 +74,8 @@ def vllm_available() -> bool:
 
 def engine_create(*, kind: str, path: str, version: int = 0, **options: Any) -> RolloutEngine:
     if kind == "vllm":
-        from workers.engines.vllm_engine import VLLMEngine
-
         return VLLMEngine(path=path, version=version, **options)
     if kind == "transformers":
-        from workers.engines.hf_engine import HFEngine
-
         return HFEngine(path=path, version=version, **options)
     raise ValueError(f"unknown engine {kind!r}; known: vllm, transformers")
 
