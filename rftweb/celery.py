@@ -17,6 +17,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
 from django.conf import settings
 
+from rftweb.taskkit import on_signal
+
 QUEUES = ("rollout", "train", "reward", "default")
 
 app = Celery("rftweb")
@@ -47,7 +49,7 @@ app.conf.update(
 )
 
 
-@app.on_after_configure.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(app.on_after_configure)
 def _settings_config(sender: Celery, **_: object) -> None:
     """What comes from Django's settings, read when Celery first reads its configuration, not
     when this module is imported: a deployment's settings module that extends rftweb.settings
@@ -102,8 +104,7 @@ for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "r
 app.autodiscover_tasks(["apps.control"], related_name="conductor_beat")
 
 
-@signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery ships no types
-@signals.worker_process_init.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.worker_init, signals.worker_process_init)
 def _keep_database_connections(**_: object) -> None:
     """Worker processes reuse their database connection across tasks for
     RFT_WORKER_CONN_MAX_AGE seconds, checked before each reuse (see the settings)."""
@@ -151,11 +152,11 @@ def _close_old_connections(sender: object = None, *, ending: bool) -> None:
                 conn.health_check_done = True  # type: ignore[attr-defined]  # Django sets it; the stubs lag
 
 
-@signals.task_prerun.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.task_prerun)
 def _connections_before_task(sender: object = None, **_: object) -> None:
     _close_old_connections(sender, ending=False)
 
 
-@signals.task_postrun.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.task_postrun)
 def _connections_after_task(sender: object = None, **_: object) -> None:
     _close_old_connections(sender, ending=True)

@@ -312,7 +312,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
     (two a step: a restarted Postgres once ran out of connection slots in tests/test_faults)."""
     import threading
 
-    from django.db import connections
+    from django.db import close_old_connections, connections
 
     from apps.runs import heartbeat
     from workers.trainer import train_step
@@ -330,7 +330,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
 
             WorkerHeartbeat.objects.count()  # the beat's query, on this thread's own connection
             used.append(connections["default"])
-            heartbeat.close_old_connections()  # as _Beater.beat ends
+            close_old_connections()  # as _Beater.beat ends
 
     monkeypatch.setattr(heartbeat, "_beater", Beater())
     before = set(threading.enumerate())

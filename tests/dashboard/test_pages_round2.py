@@ -20,8 +20,9 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.feedback.models import Feedback
+from apps.runs.metrics import metric_record
 from apps.runs.models import ModelVersion, Run, RunMember
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread
 from tests.dashboard.test_run_form import model_dir
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

@@ -14,8 +14,9 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.buffer.models import Taskset
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run, TaskFailure
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import add_member, make_run, make_taskset, make_user
 from tests.servers import celery_worker, screenshot

@@ -15,8 +15,9 @@ from django.test import Client
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
 from apps.feedback.services import FeedbackClosed, assignment_claim, feedback_compare, feedback_flag, feedback_rate
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db

@@ -15,8 +15,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from apps.buffer.models import Taskset
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import found, make_experiences, taskset_of
 
 pytestmark = pytest.mark.django_db

@@ -110,21 +110,21 @@ def inputs_build(
     return bridge.on_model(trainer, inputs)
 
 
-@torch.no_grad()
 def ref_logps(*, trainer: GRPOTrainer, ref_model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token logprobs of the completions under the reference model, as TRL computes them.
     `ref_model` may be the trainer's own (peft) model under `disable_adapter()`: TRL has
     patched its base already."""
-    if ref_model is not trainer.model:
-        bridge.fused_head(ref_model, temperature=trainer.temperature)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    pixels = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes", "num_images")
-              if k in inputs}
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(
-        ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1), **pixels
-    )
-    return logps
+    with torch.no_grad():  # a reference forward: no graph
+        if ref_model is not trainer.model:
+            bridge.fused_head(ref_model, temperature=trainer.temperature)
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        pixels = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes", "num_images")
+                  if k in inputs}
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1), **pixels
+        )
+        return logps
 
 
 def trl_loss(*, trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
