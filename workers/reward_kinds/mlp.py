@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
 from workers.reward_kinds.head import bootstrap_weights
+from workers.reward_trainer import pairwise_accuracy
 
 if TYPE_CHECKING:
     import torch
@@ -248,9 +249,7 @@ def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int,
     out-of-fold pairwise accuracy: (ensemble, fold networks, accuracy); ({}, None) without."""
     import torch
 
-    # Inside: torch (likelihood_rm) and Celery / Django (reward_trainer) at their import.
-    from workers.likelihood_rm import prompt_fold
-    from workers.reward_trainer import pairwise_accuracy
+    from workers.likelihood_rm import prompt_fold  # inside: torch at its import
 
     texts: dict[tuple[str, str], int] = {}
     for p in train:
@@ -292,9 +291,7 @@ class Mlp(RewardKindImpl):
 
     def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
             out: Path, seed: int) -> Fitted:
-        # Inside: torch (likelihood_rm) and Celery / Django (reward_trainer) at their import.
-        from workers.likelihood_rm import causal_lm_load
-        from workers.reward_trainer import pairwise_accuracy
+        from workers.likelihood_rm import causal_lm_load  # inside: torch at its import
 
         model, tokenizer = causal_lm_load(base)
         folds = cfg.crossval_folds
