@@ -629,6 +629,17 @@ other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain
   for the four arms; `--raters generated:8 --seeds 0,1 --beta 0.6 --arms all,rm10,random10,format`
   and again with `--arms rm10 --rm-gate evidence`). The default stays `bound` until then.
 
+The target run, started 2026-11-26 (`--raters generated:8 --seeds 0,1 --steps 30 --beta 0.6 --arms
+all,rm10,random10,format --rm-gate evidence --out FILE`, rm10 under `evidence` only: a `bound`
+arm beside is one more 30-step run per pair, ~11 minutes at load 8-16, where `all` takes ~22),
+load 8-16: one pair had finished by the session's end. generated:0 seed 0 (a strict length
+preference, base share 0.022): all +0.010, rm10 +0.006, random10 -0.009, format +0.005; no
+ceiling (`all` <= 0.02), so no rm10/all; rm10's sampled arithmetic -0.030 against `format`; its
+reward model 0.75 on 209 held-out pairs, in from step 3 at a median weight of 0.66. No target is
+read on one pair without a ceiling; `--report` on the file gives whatever finished after. The
+reward model over the family (bench/reward_model --raters generated:8, seed 0, 200 labels):
+`head` 0.813 on the mean (the mixed four 0.747), `mlp` 0.831 (0.774).
+
 A reward model is folded into rewards only once the lower bound of its held-out accuracy at
 --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
 ~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
