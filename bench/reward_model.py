@@ -318,7 +318,7 @@ def _summary(results: list[tuple[str, str, int, int, float, int]], *, kinds: lis
             line = (f"{name:<18} labels {lab:4d}: held-out accuracy mean {mean(every):.3f} (min {min(every, default=0):.3f}, "
                     f"max {max(every, default=0):.3f}, {len(every)} fits)")
             if family:
-                per = {p: mean(accs(name, lab, {p})) for p in prefs}
+                per = {p: mean(accs(name, lab, {p})) for p in prefs if accs(name, lab, {p})}
                 mix = [v for p, v in per.items() if p in mixed]
                 style = [v for p, v in per.items() if p not in mixed]
                 line += (f"; median over preferences {statistics.median(per.values()):.3f}, mixed {mean(mix):.3f} "
