@@ -632,11 +632,14 @@ other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain
 The target run, started 2026-11-26 (`--raters generated:8 --seeds 0,1 --steps 30 --beta 0.6 --arms
 all,rm10,random10,format --rm-gate evidence --out FILE`, rm10 under `evidence` only: a `bound`
 arm beside is one more 30-step run per pair, ~11 minutes at load 8-16, where `all` takes ~22),
-load 8-16: one pair had finished by the session's end. generated:0 seed 0 (a strict length
-preference, base share 0.022): all +0.010, rm10 +0.006, random10 -0.009, format +0.005; no
-ceiling (`all` <= 0.02), so no rm10/all; rm10's sampled arithmetic -0.030 against `format`; its
-reward model 0.75 on 209 held-out pairs, in from step 3 at a median weight of 0.66. No target is
-read on one pair without a ceiling; `--report` on the file gives whatever finished after. The
+load 4-16: two pairs had finished by 18:09 UTC. generated:0 seed 0 (a strict length preference,
+base share 0.022): all +0.010 (no ceiling), rm10 +0.006, random10 -0.009, format +0.005, rm10's
+arithmetic -0.030 against `format`. generated:1 seed 0 (mixed: a preamble and the right answer):
+all +0.163, rm10 +0.053 (0.32x, not met), random10 +0.005 (rm10 10.5x: met), arithmetic +0.005
+(met); its reward model 0.68 held out, in on 19 steps at weight 0.34 with a calibration slope of
+0.01: its rewards differed by half a rating step in 0 of 152 groups, so the run learned from the
+10% of labels alone; a better reward model, not the gate, is what that pair needs. No target is
+read on one pair with a ceiling; `--report` on the file gives whatever finished after. The
 reward model over the family (bench/reward_model --raters generated:8, seed 0, 200 labels):
 `head` 0.813 on the mean (the mixed four 0.747), `mlp` 0.831 (0.774).
 
