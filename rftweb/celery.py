@@ -79,16 +79,16 @@ def _settings_config(sender: Celery, **_: object) -> None:
                 "task": "apps.envapi.tasks.agent_sessions_expire_task",
                 "schedule": 60.0,
             },
-            # The RFT core's loop (apps/control/orchestration.py): every running run advanced. A
+            # The RFT core's loop (apps/control/conductor.py): every running run advanced. A
             # beat that waited in the queue longer than a few beats is dropped, not piled up.
-            "runs-conduct": {
-                "task": "apps.control.conduct.runs_conduct_task",
+            "conductor-beat": {
+                "task": "apps.control.conductor_beat.conductor_beat_task",
                 "schedule": settings.RFT_CONDUCT_SECONDS,
                 "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
             },
             # The learned reward model: retrain where labels came in, score what is unscored.
             "reward-model-beat": {
-                "task": "apps.rewards.tasks.reward_model_beat_task",
+                "task": "apps.feedback.tasks.reward_model_beat_task",
                 "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
             },
         },
@@ -100,8 +100,8 @@ app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedba
 # inside the tasks), so every process knows every task by name.
 for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
     app.autodiscover_tasks(["workers"], related_name=_module)
-# The RFT core's loop (apps/control/conduct.py).
-app.autodiscover_tasks(["apps.control"], related_name="conduct")
+# The RFT core's loop (apps/control/conductor_beat.py).
+app.autodiscover_tasks(["apps.control"], related_name="conductor_beat")
 
 
 @on_signal(signals.worker_init, signals.worker_process_init)

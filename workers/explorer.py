@@ -124,7 +124,7 @@ def worker_name() -> str:
 
 
 def explorer_version_for(*, run: RunView, step: int) -> int:
-    """The model version explore step `step` must use, from the run's mode (apps/runs/policy.py);
+    """The model version explore step `step` must use, from the run's mode (apps/runs/schedule.py);
     VersionNotReady makes the step wait for the trainer."""
     version = explore_version(cfg=run.cfg, explore_step=step, current_version=run.current_version)
     if version is None:
@@ -275,7 +275,7 @@ class Scored:
 
 def _sampling(run: RunView, engine: RolloutEngine, step: int) -> SamplingSpec:
     sampling = SamplingSpec.from_config(run.cfg.sampling)
-    if sampling.seed is None and engine.kind == "transformers":
+    if sampling.seed is None and engine.backend == "transformers":
         # The transformers engine draws from the process's global RNG, whose state depends
         # on what the process did before (other runs, the trainer beside it in one process,
         # step 1 coming before the trainer seeds anything): seeded per step from the run's

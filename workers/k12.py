@@ -116,11 +116,11 @@ def k12_verdict_parse(text: str, *, scale: float) -> tuple[float | None, str]:
     return value / top, reason[:MAX_REASON_CHARS]
 
 
-def judge_engine_for(*, model: str, kind: str) -> RolloutEngine:
+def judge_engine_for(*, model: str, backend: str) -> RolloutEngine:
     """The worker's resident rollout engine for the judge model (workers.engines)."""
     from workers.engines import EngineWanted, engine_for
 
-    return engine_for(EngineWanted(engine=kind, model=model))
+    return engine_for(EngineWanted(engine=backend, model=model))
 
 
 def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView | None = None,
@@ -131,7 +131,7 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
     model = params.model or (run_current_model(run=run) if run is not None else None)
     if not model:
         raise ValueError("k12_judge needs params.model or a run whose model judges")
-    engine = judge_engine_for(model=model, kind=params.engine)
+    engine = judge_engine_for(model=model, backend=params.engine)
     # A prompt the judge model cannot read whole is not judged: cut, it would lose the
     # question or the answer, and vLLM refuses it outright.
     context = int(getattr(engine, "max_model_len", 0) or 0)

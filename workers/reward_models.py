@@ -192,7 +192,7 @@ class TransformersJudgeEngine:
 
 
 @functools.lru_cache(maxsize=2)
-def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
+def judge_engine(model: str, backend: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for a judge model, resident for the worker's life.
 
     `vllm`: the worker's resident rollout engine for the model (workers.engines, shared
@@ -201,7 +201,7 @@ def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, P
     from transformers import AutoTokenizer
 
     with _load_lock:
-        if kind == "vllm":
+        if backend == "vllm":
             from workers.engines import EngineWanted, engine_for
 
             engine = engine_for(EngineWanted(engine="vllm", model=model))

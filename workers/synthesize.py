@@ -48,11 +48,11 @@ def Sampling(*, temperature: float = 0.8, max_tokens: int = 128, seed: int | Non
     return SamplingSpec(temperature=temperature, max_tokens=max_tokens, seed=seed)
 
 
-def _engine_for(model: str, *, kind: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
+def _engine_for(model: str, *, backend: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
     from workers.engines import EngineWanted, engine_for
 
-    engine = engine_for(EngineWanted(engine=kind, model=model))
+    engine = engine_for(EngineWanted(engine=backend, model=model))
     return engine, engine.tokenizer
 
 
@@ -111,7 +111,7 @@ def taskset_paraphrase(*, taskset_id: int, params: ParaphraseParams, run_id: int
     from django.conf import settings
 
     model = params.get("model") or str(settings.RFT_DEMO_MODEL_DIR)
-    engine, tokenizer = _engine_for(model, kind=params.get("engine", "transformers"))
+    engine, tokenizer = _engine_for(model, backend=params.get("engine", "transformers"))
     sampling = Sampling(temperature=params.get("temperature", 0.8), max_tokens=params.get("max_tokens", 128),
                         seed=params.get("seed", 0))
     counts = tasks_paraphrase(

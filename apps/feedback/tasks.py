@@ -32,7 +32,7 @@ TRAIN_TASK = "workers.reward_trainer.reward_model_train"
 SCORE_TASK = "workers.reward_trainer.reward_model_score"
 
 
-@celery_task(name="apps.rewards.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
+@celery_task(name="apps.feedback.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
              soft_time_limit=50, acks_late=False)
 def reward_model_beat_task() -> dict[str, int]:
     from rftweb.celery import app

@@ -70,7 +70,7 @@ def worker_heartbeat_record(
 ) -> WorkerHeartbeat:
     """Upsert the worker's row: its last sign of life and what it is doing. `started_at`
     (the worker's start) replaces the stored one: a worker restarted under the same name is
-    a new worker, and what the old one was running is lost (apps/control/orchestration.py)."""
+    a new worker, and what the old one was running is lost (apps/control/conductor.py)."""
     now = timezone.now()
     defaults: dict[str, object] = {
         "queues": sorted(queues),
@@ -207,7 +207,7 @@ def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
 QUICK_TASKS = frozenset({
     "workers.explorer.chat",
     "workers.explorer.generate",
-    "apps.control.conduct.runs_conduct_task",
+    "apps.control.conductor_beat.conductor_beat_task",
     "apps.buffer.tasks.lease_reap_task",
     "apps.feedback.tasks.feedback_wait_expire_task",
     "apps.feedback.tasks.assignment_reap_task",

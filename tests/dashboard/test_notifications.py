@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.control.notifications import notification_preference_set, run_end_notify
-from apps.control.orchestration import run_finish
+from apps.control.conductor import run_finish
 from apps.runs.failures import task_failure_record
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Notification, Run

@@ -325,9 +325,9 @@ def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(ope
 
     # The policy: one confirmation (the box), no dialog on top of it; the change is saved.
     page.select_option("[id='id_feedback.mode']", "human")
-    page.check("#feedback-policy input[name=confirm]")
-    page.click("#feedback-policy button[type=submit]")
-    page.wait_for_selector("#feedback-policy .saved")
+    page.check("#feedback-settings input[name=confirm]")
+    page.click("#feedback-settings button[type=submit]")
+    page.wait_for_selector("#feedback-settings .saved")
     assert dialogs == []
     run.refresh_from_db()
     assert run.cfg.feedback.mode == "human"

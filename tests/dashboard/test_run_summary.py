@@ -201,5 +201,5 @@ def test_a_preference_saved_says_which_answer_won(owner: User, annotator: User) 
 def test_saving_the_policy_asks_once(owner: User) -> None:
     run = make_run(owner=owner)
     html = logged_in(owner).get(f"/runs/{run.pk}/").content.decode()
-    form = re.search(r'<form id="feedback-policy".*?</form>', html, re.S)
+    form = re.search(r'<form id="feedback-settings".*?</form>', html, re.S)
     assert form and "hx-confirm" not in form.group(0) and 'name="confirm"' in form.group(0)

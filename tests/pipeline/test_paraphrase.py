@@ -53,7 +53,7 @@ def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_referenc
     from workers.synthesize import Sampling, tasks_paraphrase
 
     taskset = taskset_create(name="t", records=RECORDS, owner=owner)
-    engine = engine_create(kind="transformers", path=str(tiny_model))
+    engine = engine_create(backend="transformers", path=str(tiny_model))
     counts = tasks_paraphrase(taskset_id=taskset.pk, engine=engine, tokenizer=engine.tokenizer, n=2,
                               sampling=Sampling(max_tokens=8, seed=0), require_numbers=False)
     made = list(Task.objects.filter(taskset=taskset, is_synthetic=True).order_by("index"))

@@ -105,7 +105,7 @@ class RolloutEngine(Protocol):
     """A resident model that samples completions. Not thread-safe across `load` and
     `generate`: callers load a new version between batches, never during one."""
 
-    kind: str
+    backend: str
     tokenizer: PreTrainedTokenizerBase
 
     @property

@@ -1,7 +1,7 @@
 """GRPO: TRL's GRPO loss (every loss type) on group-relative advantages of the usual rollouts.
 
 Its TRL trainer, the inputs dict TRL's own pipeline would have built from our stored
-rollouts, the KL reference's logprobs, the loss with its metrics, the no-signal check and
+rollouts, the KL reference's logprobs, the loss with its metrics, the no-gradient check and
 a learner group's term of the loss: all here (TRL's internals each leans on are pinned by
 tests/trainer/test_trl_bridge.py)."""
 
@@ -204,7 +204,7 @@ class GRPO(Objective):
         with self.learner.reference() as ref_model:
             return ref_logps(trainer=self.grpo, ref_model=ref_model, inputs=inputs)
 
-    def has_signal(self, rollouts: list[Rollout]) -> bool:
+    def has_gradient(self, rollouts: list[Rollout]) -> bool:
         """Whether the loss on `rollouts` has a gradient at all. Every TRL loss type
         multiplies each token's term by its advantage, so when every advantage is exactly 0
         (each group's members rewarded alike: all wrong, all right, or all given the same
@@ -220,8 +220,8 @@ class GRPO(Objective):
         advantages = group_advantages(rows, scale=self.settings.scale_rewards)[keep]
         return bool((advantages != 0).any())
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
-        if trainable(batch.usual) and not self.has_signal(batch.usual):
+    def no_gradient(self, batch: TrainBatch) -> str | None:
+        if trainable(batch.usual) and not self.has_gradient(batch.usual):
             return "every advantage is zero (each group's rewards are equal) and beta is 0"
         return None
 
