@@ -9,8 +9,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    import subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
@@ -89,7 +92,7 @@ def run_wait_ended(run: Any, *, seconds: float, poll: float = 0.5) -> None:
 
 
 def bench_worker(name: str, queues: str, include: list[str], *, env: dict[str, str], logs: Path,
-                 beat: bool = False) -> Any:
+                 beat: bool = False) -> subprocess.Popen[bytes]:
     """A solo-pool Celery worker for `queues` (with Celery beat in it when `beat`), its output
     in `logs`/<name>.log."""
     import subprocess
