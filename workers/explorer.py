@@ -533,7 +533,7 @@ def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
     time_limit=330,
 )
 def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
-    from workers.chat import chat_serve  # a cycle: workers.chat imports this module
+    from workers.chat import chat_serve  # cycle: workers.chat imports this module
 
     answer = chat_serve(run_id=run_id, request=request)
     # With a reply list the answer went there, and the sender ignores the result: returning

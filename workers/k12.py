@@ -48,6 +48,10 @@ from apps.rewards.ports import (
     task_question,
 )
 from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
+from apps.feedback.ports import pair_is_heldout
+from workers.engines import engine_for, EngineWanted, prompt_ids, SamplingSpec
+from workers.reward_models import reward_model_load
+from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
 
 if TYPE_CHECKING:
     from workers.engines.base import RolloutEngine
@@ -118,15 +122,12 @@ def k12_verdict_parse(text: str, *, scale: float) -> tuple[float | None, str]:
 
 def judge_engine_for(*, model: str, backend: str) -> RolloutEngine:
     """The worker's resident rollout engine for the judge model (workers.engines)."""
-    from workers.engines import EngineWanted, engine_for
 
     return engine_for(EngineWanted(engine=backend, model=model))
 
 
 def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView | None = None,
                        **raw: object) -> list[Verdict]:
-    from workers.engines import SamplingSpec, prompt_ids
-
     params = judge_params(raw)
     model = params.model or (run_current_model(run=run) if run is not None else None)
     if not model:
@@ -165,9 +166,6 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
 def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> K12GraderRow | None:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
-    from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
-
-    from apps.feedback.ports import pair_is_heldout
 
     answers = k12_graded_answers(run=run)
     if not force and not k12_grader_due(run=run, params=params, grades=len(answers)):
@@ -226,9 +224,6 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow
 
 def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView,
                          **raw: object) -> list[Verdict]:
-    from workers.reward_models import reward_model_load
-    from workers.reward_trainer import rm_score_texts
-
     params = learned_params(raw)
     grader = k12_grader_ensure(run=run, params=params)
     if grader is None:

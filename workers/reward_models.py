@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 from apps.rewards.ports import reference_text, task_field
 from kernel.exceptions import ExportFailed
 from workers.engines.base import SamplingSpec
+from workers.engines import engine_for, EngineWanted
+from workers.reward_kinds import reward_kind_of_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -202,8 +204,6 @@ def judge_engine(model: str, backend: str = "transformers") -> tuple[JudgeEngine
 
     with _load_lock:
         if backend == "vllm":
-            from workers.engines import EngineWanted, engine_for
-
             engine = engine_for(EngineWanted(engine="vllm", model=model))
             return engine, engine.tokenizer
         return TransformersJudgeEngine(model), AutoTokenizer.from_pretrained(model)
@@ -294,7 +294,6 @@ def reward_model_export(*, source: str, out: str, scale: float, offset: float) -
     loads, as its kind writes one (workers/reward_kinds/): a `classifier` version is one
     already (copied); a `likelihood` version is built as one (trust_remote_code=True;
     workers/likelihood_rm_hf.py)."""
-    from workers.reward_kinds import reward_kind_of_dir
 
     if not Path(source).is_dir():
         raise ExportFailed(f"{source} is not a saved reward model directory (is the run's storage mounted here?)")

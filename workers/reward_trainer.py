@@ -53,6 +53,8 @@ from apps.runs.ports import DispatchKind, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
 from rftweb.taskkit import celery_bound_task, celery_task, on_signal
 from workers.reward_kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
+from kernel.exceptions import ExportFailed
+from workers.reward_models import reward_model_export, rm_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -80,7 +82,6 @@ def _base_of(run: Run) -> str:
 
 def rm_texts_tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
     """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
-    from workers.reward_models import rm_text
 
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -367,9 +368,6 @@ def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:
     and zip it, stored (weights do not compress), under a temporary name renamed into place."""
     import os
     import zipfile
-
-    from kernel.exceptions import ExportFailed
-    from workers.reward_models import reward_model_export
 
     if not Path(rm.path).is_dir():  # before writing anything beside it
         raise ExportFailed(f"{rm.path} is not a saved reward model directory (is the run's storage mounted here?)")

@@ -31,6 +31,8 @@ from apps.rewards.ports import (
 from apps.runs.ports import RunView, run_view
 from kernel.config import RewardTerm
 from rftweb.taskkit import celery_bound_task
+from workers.k12 import K12_SCORERS, Verdict
+from workers.reward_models import BATCH_SCORERS
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,6 @@ def rewards_remote_score(
     K-12 graders (workers/k12.py) also get the run and give a reason with each score, which
     lands in `reasons` (by experience id, then term key) when given.
     """
-    from workers.k12 import K12_SCORERS, Verdict
-    from workers.reward_models import BATCH_SCORERS
 
     terms = run.cfg.rewards
     scored: dict[int, dict[str, float]] = {e.pk: {} for e in experiences}

@@ -16,7 +16,11 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
+from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
+from apps.runs.ports import metric_record, run_view
 from rftweb.taskkit import celery_task
+from workers.engines import engine_for, EngineWanted
+from workers.engines.base import SamplingSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,14 +47,12 @@ class ParaphraseParams(TypedDict, total=False):
 
 def Sampling(*, temperature: float = 0.8, max_tokens: int = 128, seed: int | None = 0) -> SamplingSpec:
     """Sampling for paraphrases: the engines' SamplingSpec with paraphrase defaults."""
-    from workers.engines.base import SamplingSpec
 
     return SamplingSpec(temperature=temperature, max_tokens=max_tokens, seed=seed)
 
 
 def _engine_for(model: str, *, backend: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
-    from workers.engines import EngineWanted, engine_for
 
     engine = engine_for(EngineWanted(engine=backend, model=model))
     return engine, engine.tokenizer
@@ -63,7 +65,6 @@ def tasks_paraphrase(
 ) -> dict[str, int]:
     """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
     ones as synthetic tasks. Idempotent: tasks already paraphrased are skipped."""
-    from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
 
     sampling = sampling or Sampling()
     sources = paraphrase_sources(taskset_id=taskset_id, limit=max_tasks)
@@ -93,7 +94,6 @@ def tasks_paraphrase(
 def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
     if run_id is None:
         return
-    from apps.runs.ports import metric_record, run_view
 
     run = run_view(run_id)
     if run is not None:

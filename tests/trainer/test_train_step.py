@@ -387,7 +387,7 @@ def test_a_step_records_how_much_of_its_batch_people_rated(owner: Any, tiny_mode
 def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
     owner: Any, tiny_model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import host_memory
+    from workers.trainer import resident
 
     tuned: list[int] = []
 
@@ -395,7 +395,7 @@ def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
         tuned.append(threshold)
         return True
 
-    monkeypatch.setattr(host_memory, "cpu_allocator_tune", tune)
+    monkeypatch.setattr(resident, "cpu_allocator_tune", tune)
     plain = running_run(owner, tiny_model_dir)
     _groups(plain)
     assert trainer_step(run_id=plain.pk, step=1)["status"] == "trained" and tuned == []

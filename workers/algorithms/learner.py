@@ -24,6 +24,10 @@ from workers.algorithms.batch import Rollout, TrainBatch
 from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
 from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
+from workers.adapters import is_adapter_model
+from workers.host_memory import backward_trim
+from workers.precision import autocast, optimizer_check, precision_check
+from workers.vision import images_open, pixel_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
@@ -99,8 +103,6 @@ class Learner:
     def __init__(self, *, spec: LearnerSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  ref_model: torch.nn.Module | None = None, processor: ProcessorMixin | None = None) -> None:
         objective = objective_class(spec.algorithm)  # ValueError naming the known ones
-        from workers.adapters import is_adapter_model
-        from workers.precision import optimizer_check, precision_check
 
         self.adapter = is_adapter_model(model)
         if spec.needs_ref and ref_model is None and not self.adapter:
@@ -113,8 +115,7 @@ class Learner:
         bridge.fused_head_tiles_for(next(model.parameters()).device)
         if self.device == "cpu":
             # In a tuned worker, the heap is also trimmed after each block's backward.
-            from workers.algorithms.distributed import model_blocks
-            from workers.host_memory import backward_trim
+            from workers.algorithms.distributed import model_blocks  # cycle: workers.algorithms.distributed imports this module
 
             backward_trim(model_blocks(model))
         optimizer_check(spec.optimizer, device=self.device)
@@ -170,7 +171,6 @@ class Learner:
             raise ValueError("a batch mixes prompts with and without images; the trainer takes one kind per batch")
         if self.processor is None:
             raise ValueError("rollouts with images need a vision-language model (its processor)")
-        from workers.vision import images_open, pixel_inputs
 
         pixels = pixel_inputs(self.processor, [images_open(r.images or []) for r in rollouts])
         device = next(self.model.parameters()).device
@@ -238,7 +238,6 @@ class Learner:
             return {**self._batch_metrics(batch), SKIPPED_NO_GRADIENT: 1.0, "update_seconds": time.perf_counter() - started}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        from workers.precision import autocast
 
         with bridge.TRL_STATE_LOCK, autocast(self.spec.precision, device=self.device):
             loss, metrics = self.loss(batch) if shard is None else shard.loss(self, batch)

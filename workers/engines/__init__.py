@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
+from workers.engines.hf_engine import HFEngine
+from workers.engines.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
@@ -72,12 +74,8 @@ def vllm_available() -> bool:
 
 def engine_create(*, backend: str, path: str, version: int = 0, **options: Any) -> RolloutEngine:
     if backend == "vllm":
-        from workers.engines.vllm_engine import VLLMEngine
-
         return VLLMEngine(path=path, version=version, **options)
     if backend == "transformers":
-        from workers.engines.hf_engine import HFEngine
-
         return HFEngine(path=path, version=version, **options)
     raise ValueError(f"unknown engine {backend!r}; known: vllm, transformers")
 

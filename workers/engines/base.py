@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from kernel.exceptions import InvalidInput
+# The pure folder check, not the port: engines run where Django is not set up (a learner
+# group's ranks, the weight-sync protocol's spawned processes).
+from kernel.model_dirs import model_dir_missing, model_missing_said
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -136,10 +139,6 @@ def tokenizer_folder_check(path: str) -> None:
     """A local folder to load a tokenizer from must hold one: without its files transformers
     either asks to install sentencepiece or tiktoken or, for some configs, builds an empty
     tokenizer of one token without a word. InvalidInput names what is missing instead."""
-    # The pure folder check, not the port: engines run where Django is not set up (a
-    # learner group's ranks, the weight-sync protocol's spawned processes).
-    from kernel.model_dirs import model_dir_missing, model_missing_said
-
     folder = Path(path).expanduser()
     if folder.is_dir() and not (folder / "adapter_config.json").is_file() and "tokenizer" in model_dir_missing(path=folder):
         raise InvalidInput(model_missing_said(name=path, missing=["tokenizer"]), field="model")

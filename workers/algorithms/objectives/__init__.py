@@ -15,6 +15,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
+from kernel.algorithms import algorithm_get
+from workers.algorithms import trl_bridge
+from workers.algorithms.batch import deal
 
 if TYPE_CHECKING:
     import torch
@@ -48,8 +51,6 @@ class Objective:
         TRL trainer an objective borrows its loss from; by default (a loss of its own) a
         plain transformers Trainer, which makes the same AdamW."""
         if self._plain is None:
-            from workers.algorithms import trl_bridge
-
             self._plain = trl_bridge.plain_trainer_build(model=self.learner.model, params=self.learner.spec.params)
         return self._plain
 
@@ -84,7 +85,6 @@ def weighted_part(
     """`loss_on` this rank's dealt part of `rows`, times the part's share of `weight(rows)`
     (rows: sequences for a per-sequence mean, completion tokens for a per-token mean, pairs
     for DPO). An empty part runs the loss on the first row and weights it by zero."""
-    from workers.algorithms.batch import deal
 
     mine = deal(rows, world)[rank]
     if not mine:
@@ -97,7 +97,6 @@ def weighted_part(
 def objective_class(name: object) -> type[Objective]:
     """The objective the algorithm registered as `name` declares (ValueError naming the
     known algorithms for an unknown name; TypeError for a declaration naming no objective)."""
-    from kernel.algorithms import algorithm_get
 
     declared = algorithm_get(name).objective
     if isinstance(declared, str):
