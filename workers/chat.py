@@ -153,7 +153,7 @@ def tool_calls_parse(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[str
     try:
         from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
-        info = Hermes2ProToolParser(tokenizer).extract_tool_calls(text, request=None)  # type: ignore[arg-type]
+        info = Hermes2ProToolParser(tokenizer).extract_tool_calls(text, request=None)
         if info.tools_called:
             calls = [(c.function.name, c.function.arguments) for c in info.tool_calls]
             content = info.content

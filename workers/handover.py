@@ -144,7 +144,7 @@ def handover_apply(engine: Any, *, version: int, path: str) -> bool:
         return False
     model = getattr(engine, "model", None)
     lock = getattr(engine, "_lock", None)
-    if getattr(engine, "kind", None) != "transformers" or model is None or lock is None:
+    if getattr(engine, "backend", None) != "transformers" or model is None or lock is None:
         if future is not None:
             future.result()
         return False

@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.rewards.ports import (
+    K12GraderRow,
     K12JudgeParams,
     K12LearnedParams,
     grader_prompt,
@@ -119,10 +120,10 @@ def k12_verdict_parse(text: str, *, scale: float) -> tuple[float | None, str]:
     return value / top, reason[:MAX_REASON_CHARS]
 
 
-def judge_engine_for(*, model: str, kind: str) -> RolloutEngine:
+def judge_engine_for(*, model: str, backend: str) -> RolloutEngine:
     """The worker's resident rollout engine for the judge model (workers.engines)."""
 
-    return engine_for(EngineWanted(engine=kind, model=model))
+    return engine_for(EngineWanted(engine=backend, model=model))
 
 
 def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView | None = None,
@@ -131,7 +132,7 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
     model = params.model or (run_current_model(run=run) if run is not None else None)
     if not model:
         raise ValueError("k12_judge needs params.model or a run whose model judges")
-    engine = judge_engine_for(model=model, kind=params.engine)
+    engine = judge_engine_for(model=model, backend=params.engine)
     # A prompt the judge model cannot read whole is not judged: cut, it would lose the
     # question or the answer, and vLLM refuses it outright.
     context = int(getattr(engine, "max_model_len", 0) or 0)
@@ -162,7 +163,7 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
 # The learned grader
 
 
-def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> Any:
+def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> K12GraderRow | None:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
 
@@ -197,7 +198,7 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
     return grader
 
 
-def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
+def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow | None:
     """The newest version, trained first when one is due; None when there is nothing to learn.
 
     While another worker trains: the newest version if there is one (the next scoring picks

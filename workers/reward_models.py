@@ -194,7 +194,7 @@ class TransformersJudgeEngine:
 
 
 @functools.lru_cache(maxsize=2)
-def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
+def judge_engine(model: str, backend: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for a judge model, resident for the worker's life.
 
     `vllm`: the worker's resident rollout engine for the model (workers.engines, shared
@@ -203,7 +203,7 @@ def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, P
     from transformers import AutoTokenizer
 
     with _load_lock:
-        if kind == "vllm":
+        if backend == "vllm":
             engine = engine_for(EngineWanted(engine="vllm", model=model))
             return engine, engine.tokenizer
         return TransformersJudgeEngine(model), AutoTokenizer.from_pretrained(model)

@@ -16,8 +16,8 @@ from apps.buffer.models import Task
 from apps.envapi.services import api_key_create
 from apps.rewards.math_rules import answers_equivalent
 from apps.rewards.verify import answer_verdict
+from apps.runs.metrics import metric_record
 from apps.runs.models import Metric, ModelVersion, Run
-from apps.runs.services import metric_record
 from tests.factories import make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db

@@ -371,7 +371,7 @@ def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str, fro
 
         # What rank 0 has, every rank: whether there is optimizer state, and the scheduler's.
         told: list[tuple[bool, dict[str, object] | None]] = [(optim_state is not None, scheduler_state)]
-        dist.broadcast_object_list(told, src=0)  # type: ignore[arg-type]
+        dist.broadcast_object_list(told, src=0)
         has_optim, scheduler_state = told[0]
         if has_optim and optim_state is None:
             optim_state = {}

@@ -43,9 +43,10 @@ class NothingToTrain(Conflict, ValueError):
     """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
 
 
-# Step metric: 1.0 when the batch carried no learning signal and the optimizer did not step
-# (Learner.no_signal), 0.0 when it stepped. Recorded on every step so the run page charts it.
-SKIPPED_NO_SIGNAL = "train/skipped_no_signal"
+# Step metric: 1.0 when the batch had no gradient and the optimizer did not step
+# (Learner.no_gradient), 0.0 when it stepped. Recorded on every step so the run page charts it.
+# The stored metric keeps its old name (runs' charts and the benches read it).
+SKIPPED_NO_GRADIENT = "train/skipped_no_signal"
 
 
 @dataclass
@@ -194,16 +195,16 @@ class Learner:
 
     # -- one update -------------------------------------------------------------------
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell).
 
         AdamW would still move them on such a batch: its momentum replays earlier
         gradients and its weight decay shrinks every weight, so a run fed batches without
-        signal (a reward model's fallback scoring every member alike, a rater budget that
+        gradient (a reward model's fallback scoring every member alike, a rater budget that
         leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
         Decided on the whole batch, before any learner-group shard, so every rank agrees.
         TRL's own trainers do not skip (they step on whatever the batch gives)."""
-        return self.objective.no_signal(batch)
+        return self.objective.no_gradient(batch)
 
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
         rows = batch.usual + batch.expert
@@ -230,11 +231,11 @@ class Learner:
         weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
         over the group in the backward pass, before the same clipping and update.
 
-        A batch without learning signal (`no_signal`) leaves the weights, the optimizer's
-        state and the scheduler exactly as they were, and says so in SKIPPED_NO_SIGNAL."""
+        A batch without gradient (`no_gradient`) leaves the weights, the optimizer's
+        state and the scheduler exactly as they were, and says so in SKIPPED_NO_GRADIENT."""
         started = time.perf_counter()
-        if self.no_signal(batch) is not None:
-            return {**self._batch_metrics(batch), SKIPPED_NO_SIGNAL: 1.0, "update_seconds": time.perf_counter() - started}
+        if self.no_gradient(batch) is not None:
+            return {**self._batch_metrics(batch), SKIPPED_NO_GRADIENT: 1.0, "update_seconds": time.perf_counter() - started}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -269,7 +270,7 @@ class Learner:
                 "grad_norm": float(grad_norm),
                 "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
                 "update_seconds": seconds,
-                SKIPPED_NO_SIGNAL: 0.0,
+                SKIPPED_NO_GRADIENT: 0.0,
             }
         )
         return metrics

@@ -22,6 +22,7 @@ from kernel.model_dirs import model_dir_missing, model_missing_said
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from kernel.config import SamplingConfig
     from workers.vision import ImagePrompt
 
 # What an engine samples from: a prompt's token ids, or an image-text prompt (its ids with
@@ -83,10 +84,9 @@ class SamplingSpec:
         return self.temperature == 0
 
     @classmethod
-    def from_config(cls, sampling: Any) -> SamplingSpec:
-        """From a run config's `sampling` section (a pydantic model or a mapping)."""
-        data = sampling.model_dump() if hasattr(sampling, "model_dump") else dict(sampling)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+    def from_config(cls, sampling: SamplingConfig) -> SamplingSpec:
+        """From a run config's `sampling` section (its `eval.sampling` too)."""
+        return cls(**{k: v for k, v in sampling.model_dump().items() if k in cls.__dataclass_fields__})
 
     def with_overrides(self, overrides: Mapping[str, Any] | None) -> SamplingSpec:
         """A copy with the given fields changed; unknown names raise ValueError naming them."""
@@ -108,7 +108,7 @@ class RolloutEngine(Protocol):
     """A resident model that samples completions. Not thread-safe across `load` and
     `generate`: callers load a new version between batches, never during one."""
 
-    kind: str
+    backend: str
     tokenizer: PreTrainedTokenizerBase
 
     @property

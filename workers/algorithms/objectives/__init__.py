@@ -32,6 +32,13 @@ R = TypeVar("R")
 class Objective:
     name: ClassVar[str]
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Round 49 renamed `no_signal` to `no_gradient`: an objective written on the old name
+        # would have its check silently ignored, so it is refused where it is declared.
+        super().__init_subclass__()
+        if "no_signal" in vars(cls):
+            raise TypeError(f"{cls.__name__}.no_signal is now no_gradient (docs/concepts.md#names)")
+
     def __init__(self, learner: Learner) -> None:
         """Build what the loss needs around `learner`'s model (its TRL trainers)."""
         self.learner = learner
@@ -50,7 +57,7 @@ class Objective:
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell)."""
         return None
 
