@@ -86,7 +86,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
             },
             # The learned reward model: retrain where labels came in, score what is unscored.
             "reward-model-beat": {
-                "task": "apps.rewards.tasks.reward_model_beat_task",
+                "task": "apps.feedback.tasks.reward_model_beat_task",
                 "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
             },
         },

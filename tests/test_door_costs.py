@@ -11,6 +11,8 @@ this file to update, with the reason); bench/door_costs prints them with the CPU
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.door_costs import DOORS, Costs, costs_measure, team_build
@@ -88,3 +90,67 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     assert client.get(f"/runs/{run.pk}/annotate/counts/", HTTP_HX_REQUEST="true").status_code == 200
     (before,), (after,) = renewed, holds()
     assert before is not None and after is not None and after - before == timedelta(seconds=1.5 * RENEW_SLACK_SECONDS)
+
+
+def _page_read(client: Any, url: str) -> tuple[int, int, str]:
+    """(statements, rows the database sent back, the page) of one load of `url`."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rows = [0]
+
+    def counted(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        rows[0] += max(context["cursor"].rowcount, 0)
+        return result
+
+    with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(counted):
+        page = client.get(url)
+    assert page.status_code == 200
+    return len(queries.captured_queries), rows[0], page.content.decode()
+
+
+def test_the_annotation_pages_ledger_reads_the_same_however_many_labels_the_run_has() -> None:
+    """Issue #49 item 5: the ledger on the annotation page is counted in the database; the
+    page's statements and the rows it reads stay as they are when the run's labels grow
+    fourfold (the counts it shows grow with them, derived from the rows)."""
+    import re
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from apps.buffer.models import Experience
+    from apps.feedback.kinds.ranking import feedback_rank
+    from apps.feedback.kinds.rating import feedback_rate
+    from apps.feedback.models import Feedback
+    from apps.runs.models import Run
+
+    team = team_build(people=4, runs=1, groups=30, prefix="ledger")
+    run = Run.objects.get(pk=team.run_id)
+    viewer, *others = [User.objects.get(username=name) for name in team.people]
+    client = Client()
+    client.force_login(viewer)
+    url = f"/runs/{run.pk}/annotate/"
+    client.get(url)  # the first load hands the queue out
+    # Labels by the others, on groups outside the viewer's queue: ratings and rankings (a
+    # ranking's trained-on experiences are the ids its value holds).
+    queued = set(run.assignments.filter(annotator=viewer).values_list("experience__group_id", flat=True))
+    groups = list(dict.fromkeys(Experience.objects.filter(run=run).exclude(group_id__in=queued)
+                                .order_by("id").values_list("group_id", flat=True)))
+
+    def label(some: list[str]) -> int:
+        for group in some:
+            members = list(Experience.objects.filter(run=run, group_id=group).order_by("id"))
+            feedback_rate(run=run, experience=members[-1], score=2, author=others[0])
+            feedback_rank(run=run, order=[m.pk for m in members], author=others[1])
+        return Feedback.objects.filter(run=run).count()
+
+    fewer = label(groups[:5])
+    before = _page_read(client, url)
+    more = label(groups[5:20])
+    assert more >= 3 * fewer
+    after = _page_read(client, url)
+    assert after[:2] == before[:2], (before[:2], after[:2])
+    for count, (_, _, page) in ((fewer, before), (more, after)):
+        shown = re.search(r'id="ledger-run" data-total="(\d+)"', page)
+        assert shown and int(shown.group(1)) == count

@@ -32,6 +32,7 @@ from apps.feedback.selectors import (
     annotator_progress,
     feedback_counts,
     feedback_effect,
+    late_words,
 )
 from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
 from apps.runs.access import run_for_page
@@ -237,6 +238,8 @@ def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) 
     if not request.htmx:
         return redirect(_page_url(run))
     saved = door.page_saved(run=run, feedback=fb)
+    if door.late_note:
+        saved["message"] = f"{saved['message']}{late_words(run=run, feedback=fb)}"
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb, **saved})
 
 

@@ -31,6 +31,11 @@ from apps.rewards.pairs import PreferencePair
 from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register, register
 from kernel.strict import StrictModel
 from kernel.plain_errors import error_plain
+from kernel.rewards import task_field
+from apps.buffer.models import Experience, Task
+from kernel.rewards import reference_text
+from apps.rewards.models import K12Grader
+from apps.rewards.services import scorer_publish
 
 if TYPE_CHECKING:
     from apps.rewards.models import K12Grader
@@ -140,8 +145,6 @@ def graded_answers_of_record(value: object) -> list[tuple[str, float]]:
 
 def task_question(task: object) -> str:
     """A task's question as text: its prompt, or its chat messages' contents joined."""
-    from kernel.rewards import task_field
-
     prompt = task_field(task, "prompt") or ""
     messages = task_field(task, "messages")
     if not prompt and isinstance(messages, list):
@@ -152,9 +155,6 @@ def task_question(task: object) -> str:
 def k12_graded_answers(*, run: Run) -> list[GradedAnswer]:
     """Every graded answer of the run's K-12 tasks: the taskset's `graded_answers` column,
     then people's ratings (the human reward on [0, 1]) of K-12 experiences."""
-    from apps.buffer.models import Experience, Task
-    from kernel.rewards import reference_text
-
     out: list[GradedAnswer] = []
     if run.taskset_id is not None:
         for task in Task.objects.filter(taskset_id=run.taskset_id, domain=DOMAIN).order_by("index"):
@@ -179,8 +179,6 @@ def k12_grade_count(*, run: Run) -> int:
 
 
 def k12_grader_latest(*, run: Run) -> K12Grader | None:
-    from apps.rewards.models import K12Grader
-
     return K12Grader.objects.filter(run=run).order_by("-version").first()
 
 
@@ -198,9 +196,6 @@ def k12_grader_publish(
     seconds: float, scale: float, offset: float,
 ) -> K12Grader:
     """Record a trained K-12 grader as the run's next version, its accuracy as a metric."""
-    from apps.rewards.models import K12Grader
-    from apps.rewards.services import scorer_publish
-
     return scorer_publish(
         model=K12Grader, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, grades=grades, seconds=seconds, scale=scale, offset=offset,

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.control.notifications import run_end_notify
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run, RunMember
 from apps.runs.services import metric_record, run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

@@ -19,6 +19,7 @@ from apps.buffer.pipeline.core import (
     task_text,
 )
 from kernel.operators import Params, Row, register
+from apps.buffer.models import Experience
 
 _SPACES = re.compile(r"\s+")
 
@@ -86,7 +87,6 @@ def dedup_exact(rows: list[Row], ctx: Ctx, params: DedupExactParams) -> None:
 def _seen_in_run(rows: list[Row], hashes: list[str], ctx: Ctx, seen: dict[str, set[str]]) -> None:
     from django.db.models.fields.json import KeyTextTransform
 
-    from apps.buffer.models import Experience
 
     own_keys = {str(row.get("key")) for row in rows}
     own_ids = {row.get("id") for row in rows if row.get("id") is not None}
@@ -276,7 +276,6 @@ def reward_variance(rows: list[Row], ctx: Ctx, params: RewardVarianceParams) -> 
 def _stored_members(rows: list[Row], groups: list[str], ctx: Ctx) -> dict[str, list[tuple[float | None, str]]]:
     from django.db.models import Q
 
-    from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]
     qs = (
@@ -335,8 +334,6 @@ class FlaggedParams(Params):
 @register("human_flagged", stages=("claim",), params=FlaggedParams)
 def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     """Drop experiences a person flagged (Feedback of kind "flag")."""
-    from apps.buffer.models import Experience
-
     ids = [row["id"] for row in rows]
     flags: dict[int, Any] = {}
     # Through the reverse relation of feedback.Feedback.experience (one join, both conditions

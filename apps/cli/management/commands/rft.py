@@ -39,6 +39,9 @@ from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
 from kernel.exceptions import ExportFailed, RftError
 from rftweb.exceptions import command_error
+from rftweb.celery import QUEUES
+from apps.feedback.ledger import REASON_WORDS, run_ledger
+from apps.runs.selectors import eval_best, eval_measures, metric_moves
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -53,8 +56,6 @@ CPU_QUEUES = ("reward", "default")
 def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, python: str = sys.executable) -> list[list[str]]:
     """The Celery worker command lines that serve `queues`: one solo worker per GPU queue
     and one prefork worker for the CPU queues together."""
-    from rftweb.celery import QUEUES
-
     unknown = [q for q in queues if q not in QUEUES]
     if unknown:
         raise CommandError(f"unknown queue {', '.join(map(repr, unknown))}; known queues: {', '.join(QUEUES)}")
@@ -239,9 +240,6 @@ class Command(BaseCommand):
         """What the run page and its summary show, as text: each evaluation series under what it
         measures (start -> end, best), the best version and the metric that chose it, and the
         label ledger in all and per person."""
-        from apps.feedback.ledger import REASON_WORDS, run_ledger
-        from apps.runs.selectors import eval_best, eval_measures, metric_moves
-
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
@@ -312,6 +310,7 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"run {run.pk} has no version {number}")
         try:
+            # heavy: workers.adapters loads torch and peft (the train extra, absent on a web-only install).
             from workers.adapters import model_export
         except ImportError as exc:  # a web-only install: no torch / peft
             raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
@@ -334,6 +333,7 @@ class Command(BaseCommand):
             raise CommandError(f"run {run.pk} has no reward model yet (feedback.reward_model: it trains as labels come in)"
                                if opts["version"] is None else f"run {run.pk} has no reward model version {opts['version']}")
         try:
+            # heavy: workers.reward_models loads torch and transformers (the train extra).
             from workers.reward_models import reward_model_export
         except ImportError as exc:  # a web-only install: no torch / transformers
             raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None

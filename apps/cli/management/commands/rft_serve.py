@@ -24,6 +24,11 @@ from celery import signals
 from celery.beat import Service
 
 from rftweb.celery import QUEUES
+from rftweb.asgi import application
+from rftweb import localpg
+from rftweb.localpg.base import embedded_cluster
+from rftweb.celery import app
+from rftweb.localpg.base import embedded_stop
 
 WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize", "workers.reward_trainer",
                   "workers.exports"]
@@ -44,7 +49,6 @@ class Command(BaseCommand):
     def handle(self, *args: object, host: str, port: int, workers: str, threads: int, **options: object) -> None:
         from daphne.endpoints import build_endpoint_description_strings
 
-        from rftweb.asgi import application
 
         in_process = workers == "yes" or (workers == "auto" and not settings.REDIS_URL)
         if in_process and settings.REDIS_URL and workers == "auto":
@@ -64,8 +68,6 @@ class Command(BaseCommand):
         if not settings.EMBEDDED:
             db = settings.DATABASES["default"]
             return f"PostgreSQL at {db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
-        from rftweb import localpg
-        from rftweb.localpg.base import embedded_cluster
 
         cluster = embedded_cluster()
         localpg.ensure_running(cluster, database=str(settings.DATABASES["default"]["NAME"]))
@@ -89,7 +91,6 @@ class Command(BaseCommand):
         # broker the workers here would never see.
         from celery.beat import EmbeddedService
 
-        from rftweb.celery import app
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         beat = EmbeddedService(app, thread=True, schedule_filename=str(settings.VAR_DIR / "celerybeat-schedule"))
@@ -134,7 +135,6 @@ def _embedded_postgres_stop() -> None:
     and the normal return may both get here)."""
     if not settings.EMBEDDED:
         return
-    from rftweb.localpg.base import embedded_stop
 
     if embedded_stop():
         logging.getLogger(__name__).info("rft_serve: stopped the private PostgreSQL")
