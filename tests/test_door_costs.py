@@ -26,8 +26,8 @@ CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
     "GET annotate page": 30,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
-    # (round 49: the ledger's counts are one statement, not the labels, versions, reward models
-    # and experiences read one after another)
+    # (round 49: the person's ledger is one statement counted in the database, not their labels,
+    # the versions, reward models and experiences read one after another)
     "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
@@ -112,10 +112,11 @@ def _page_read(client: Any, url: str) -> tuple[int, int, str]:
     return len(queries.captured_queries), rows[0], page.content.decode()
 
 
-def test_the_annotation_pages_ledger_reads_the_same_however_many_labels_the_run_has() -> None:
-    """Issue #49 item 5: the ledger on the annotation page is counted in the database; the
-    page's statements and the rows it reads stay as they are when the run's labels grow
-    fourfold (the counts it shows grow with them, derived from the rows)."""
+def test_the_ledgers_read_the_same_however_many_labels_the_run_has() -> None:
+    """Issue #49 item 5: the label ledger is counted in the database. The annotation page (the
+    person's own ledger) and its box of the run's ledger (feedback:ledger) run as many
+    statements and read as many rows when the run's labels, the person's own among them, grow
+    fourfold; the counts they show grow with them, derived from the rows."""
     import re
 
     from django.contrib.auth.models import User
@@ -127,32 +128,35 @@ def test_the_annotation_pages_ledger_reads_the_same_however_many_labels_the_run_
     from apps.feedback.models import Feedback
     from apps.runs.models import Run
 
-    team = team_build(people=4, runs=1, groups=30, prefix="ledger")
+    team = team_build(people=3, runs=1, groups=70, prefix="ledger")
     run = Run.objects.get(pk=team.run_id)
     viewer, *others = [User.objects.get(username=name) for name in team.people]
     client = Client()
     client.force_login(viewer)
-    url = f"/runs/{run.pk}/annotate/"
-    client.get(url)  # the first load hands the queue out
-    # Labels by the others, on groups outside the viewer's queue: ratings and rankings (a
-    # ranking's trained-on experiences are the ids its value holds).
+    page_url, box_url = f"/runs/{run.pk}/annotate/", f"/runs/{run.pk}/annotate/ledger/"
+    client.get(page_url)  # the first load hands the queue out
+    # Labels on groups outside the viewer's queue: the viewer's ratings, the others' ratings
+    # and rankings (a ranking's trained-on experiences are the ids its value holds).
     queued = set(run.assignments.filter(annotator=viewer).values_list("experience__group_id", flat=True))
     groups = list(dict.fromkeys(Experience.objects.filter(run=run).exclude(group_id__in=queued)
                                 .order_by("id").values_list("group_id", flat=True)))
 
-    def label(some: list[str]) -> int:
+    def label(some: list[str]) -> tuple[int, int]:
         for group in some:
             members = list(Experience.objects.filter(run=run, group_id=group).order_by("id"))
+            feedback_rate(run=run, experience=members[0], score=4, author=viewer)
             feedback_rate(run=run, experience=members[-1], score=2, author=others[0])
             feedback_rank(run=run, order=[m.pk for m in members], author=others[1])
-        return Feedback.objects.filter(run=run).count()
+        return Feedback.objects.filter(run=run).count(), Feedback.objects.filter(run=run, author=viewer).count()
 
-    fewer = label(groups[:5])
-    before = _page_read(client, url)
-    more = label(groups[5:20])
-    assert more >= 3 * fewer
-    after = _page_read(client, url)
-    assert after[:2] == before[:2], (before[:2], after[:2])
-    for count, (_, _, page) in ((fewer, before), (more, after)):
-        shown = re.search(r'id="ledger-run" data-total="(\d+)"', page)
-        assert shown and int(shown.group(1)) == count
+    fewer = label(groups[:12])  # more than the page's latest submissions (10) already
+    before = _page_read(client, page_url), _page_read(client, box_url)
+    more = label(groups[12:48])
+    assert more[0] >= 3 * fewer[0] and more[1] >= 3 * fewer[1]
+    after = _page_read(client, page_url), _page_read(client, box_url)
+    assert [read[:2] for read in after] == [read[:2] for read in before], (before, after)
+    for (everyone, mine), ((_, _, page), (_, _, box)) in ((fewer, before), (more, after)):
+        shown_mine = re.search(r'id="ledger-mine" data-total="(\d+)"', page)
+        shown_run = re.search(r'id="ledger-run" data-total="(\d+)"', box)
+        assert shown_mine and int(shown_mine.group(1)) == mine
+        assert shown_run and int(shown_run.group(1)) == everyone

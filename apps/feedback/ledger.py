@@ -93,11 +93,12 @@ class LedgerCounts:
     def total(self) -> int:
         return self.trained + self.reward_model + self.pending + self.unused
 
-    def add(self, state: LabelState) -> None:
-        setattr(self, state.state, getattr(self, state.state) + 1)
+    def add(self, state: LabelState, n: int = 1) -> None:
+        """Count `n` labels in `state`."""
+        setattr(self, state.state, getattr(self, state.state) + n)
         by = self.unused_by if state.state == "unused" else self.pending_by if state.state == "pending" else None
         if by is not None:
-            by[state.reason] = by.get(state.reason, 0) + 1
+            by[state.reason] = by.get(state.reason, 0) + n
 
     def unused_reasons(self) -> list[tuple[str, str, int]]:
         """(reason, words, count) of the unused labels, in the pages' order."""
@@ -301,10 +302,10 @@ def _unused(reason: str, words: str = "") -> LabelState:
 
 
 def _labels(run: Run, author_id: int | None = None) -> list[Feedback]:
-    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
-    if author_id is not None:
-        rows = rows.filter(author_id=author_id)
-    return list(rows.select_related("author", "api_key").order_by("id"))
+    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).order_by("id")
+    if author_id is not None:  # one person's: who gave them is known (who_gave is not asked)
+        return list(rows.filter(author_id=author_id))
+    return list(rows.select_related("author", "api_key"))
 
 
 def who_gave(fb: Feedback) -> str:
@@ -330,24 +331,41 @@ def label_state(*, feedback: Feedback) -> LabelState | None:
     return label_states(run=feedback.run, feedback=[feedback]).get(feedback.pk)
 
 
+def person_ledger(*, run: Run, person_id: int | None) -> LedgerCounts:
+    """One person's labels on the run by state: what the annotation page shows on every load,
+    counted in the database from that person's labels alone (`_shapes`: one statement, whose
+    rows are their labels' shapes, however many labels they gave)."""
+    if person_id is None:  # nobody logged in: no labels of theirs
+        return LedgerCounts()
+    return _counted(run, _shapes(run, author_id=person_id)).run
+
+
+def run_has_labels(*, run: Run) -> bool:
+    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).exists()
+
+
 def run_ledger(*, run: Run) -> RunLedger:
     """The run's labels by state, in all and per person (the most labels first). Counted in
     the database (`_shapes`): one statement, whose rows are the distinct shapes of the run's
     labels per person, however many labels the run has (tests/test_door_costs.py)."""
+    return _counted(run, _shapes(run))
+
+
+def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:
+    """The labels of `shapes` by state, in all and per person."""
     refusals: dict[str, str | None] = {}
     ended = run.status in ENDED
     total = LedgerCounts()
     people: dict[str, LedgerCounts] = {}
-    for who, shape, n in _shapes(run):
+    for who, shape, n in shapes:
         kind = shape.kind
         if kind.name not in refusals:
             refusals[kind.name] = _algorithm_refusal(run, kind)
         state, reason = _verdict(shape, refusal=refusals[kind.name], ended=ended)
         counted = LabelState(state, reason=reason)
         mine = people.setdefault(who, LedgerCounts())
-        for _ in range(n):
-            total.add(counted)
-            mine.add(counted)
+        total.add(counted, n)
+        mine.add(counted, n)
     ordered = dict(sorted(people.items(), key=lambda kv: (-kv[1].total, kv[0])))
     return RunLedger(run=total, people=ordered)
 
@@ -359,7 +377,7 @@ _SHAPES_SQL = """
 WITH label AS (
     SELECT f.id, f.kind, f.review, f.late, f.created_at, f.author_id, f.api_key_id, f.experience_id, f.other_id,
            f.value
-    FROM {feedback} f WHERE f.run_id = %(run)s AND f.kind = ANY(%(kinds)s)
+    FROM {feedback} f WHERE f.run_id = %(run)s AND f.kind = ANY(%(kinds)s){author}
 ), target AS (
     SELECT id, experience_id AS eid FROM label WHERE kind = ANY(%(row_kinds)s) AND experience_id IS NOT NULL
     UNION ALL
@@ -389,8 +407,9 @@ GROUP BY p.kind, p.rejected, p.late, p.taught, p.n, p.n_trained, p.filtered, p.l
 """
 
 
-def _shapes(run: Run) -> list[tuple[str, Shape, int]]:
-    """(who gave them, their shape, how many) for the run's labels: one statement."""
+def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, int]]:
+    """(who gave them, their shape, how many) for the run's labels (one person's, given
+    `author_id`): one statement."""
     kinds = [kind_get(name) for name in kind_names(labels=True)]
     user = get_user_model()
     username = user._meta.get_field(user.USERNAME_FIELD)
@@ -398,13 +417,16 @@ def _shapes(run: Run) -> list[tuple[str, Shape, int]]:
     assert isinstance(username, Field) and api_key is not None and not isinstance(api_key, str)
     sql = _SHAPES_SQL.format(
         feedback=Feedback._meta.db_table, rm=RewardModel._meta.db_table, experience=Experience._meta.db_table,
-        user=user._meta.db_table, username=username.column, api_key=api_key._meta.db_table)
+        user=user._meta.db_table, username=username.column, api_key=api_key._meta.db_table,
+        author="" if author_id is None else " AND f.author_id = %(author)s")
     params: dict[str, int | str | list[str]] = {
         "run": run.pk, "kinds": [k.name for k in kinds], "row_kinds": [k.name for k in kinds if not k.trained_key],
         "key_kinds": [k.name for k in kinds if k.trained_key], "keys": [k.trained_key for k in kinds if k.trained_key],
         "rejected": Feedback.Review.REJECTED, "filtered": Experience.Status.FILTERED,
         "leased": Experience.Status.LEASED, "pending": Experience.Status.PENDING,
     }
+    if author_id is not None:
+        params["author"] = author_id
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()

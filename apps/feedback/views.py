@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
-from apps.feedback.ledger import run_ledger
+from apps.feedback.ledger import person_ledger, run_has_labels, run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
@@ -115,8 +115,20 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
-    ledger = run_ledger(run=run)
-    return {"run_ledger": ledger, "my_ledger": ledger.people.get(person.get_username())}
+    # The person's own labels on every load; the run's only when the box is opened
+    # (ledger_partial). Both are counted in the database (apps.feedback.ledger._shapes).
+    mine = person_ledger(run=run, person_id=person.pk)
+    return {"my_ledger": mine, "ledger_box": bool(mine.total) or run_has_labels(run=run)}
+
+
+@login_required
+@require_GET
+def ledger_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """Where all the run's labels went: the annotation page's folded box loads it when opened."""
+    run, _ = run_for_page(user=request.user, run_id=run_id)
+    return _fragment(request, run, "feedback/_ledger.html",
+                     {"ledger": run_ledger(run=run).run, "ledger_id": "ledger-run",
+                      "ledger_who": "All labels on this run"})
 
 
 @login_required
