@@ -24,7 +24,6 @@ from celery import signals
 from celery.beat import Service
 
 from rftweb.celery import QUEUES
-from rftweb.asgi import application
 from rftweb import localpg
 from rftweb.localpg.base import embedded_cluster
 from rftweb.celery import app
@@ -49,6 +48,9 @@ class Command(BaseCommand):
     def handle(self, *args: object, host: str, port: int, workers: str, threads: int, **options: object) -> None:
         from daphne.endpoints import build_endpoint_description_strings
 
+        # Loading this command (its --help, the docs' reference) must not build the application.
+        # heavy: importing rftweb.asgi builds the ASGI application and installs daphne's guard.
+        from rftweb.asgi import application
 
         in_process = workers == "yes" or (workers == "auto" and not settings.REDIS_URL)
         if in_process and settings.REDIS_URL and workers == "auto":
