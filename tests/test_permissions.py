@@ -90,7 +90,7 @@ ACCESS: dict[str, str] = {
     "runs:controls": MEMBER,
     "runs:control": OWNER,
     "runs:twin": OWNER,
-    "runs:feedback_policy": OWNER,
+    "runs:feedback_settings": OWNER,
     "runs:timeline": MEMBER,
     "runs:audit": MEMBER,
     "runs:experiences": MEMBER,
@@ -116,7 +116,6 @@ ACCESS: dict[str, str] = {
     "feedback:compare": ANNOTATE,
     "feedback:panel": ANNOTATE,  # a feedback kind's panel, at its slug (apps/feedback/kinds)
     "feedback:mine": ANNOTATE,
-    "feedback:ledger": MEMBER,  # where the run's labels went: the annotation page's folded box
     "review:page": OWNER,  # the review of labels (apps/feedback/review_views.py)
     "review:accept": OWNER,
     "review:reject": OWNER,

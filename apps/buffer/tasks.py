@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from celery import shared_task
 from django.db import transaction
 
 from apps.buffer.importers import taskset_import_background, taskset_import_claim
@@ -15,6 +14,7 @@ from apps.buffer.models import Taskset
 from apps.buffer.pipeline import experience_priorities_refresh
 from apps.buffer.services import lease_reap
 from apps.runs.models import Run
+from rftweb.taskkit import celery_task
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 # Idempotent by nature (only expired leases move); cheap; never retried, the next beat runs it again.
-@shared_task(name="apps.buffer.tasks.lease_reap_task", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=False)  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(name="apps.buffer.tasks.lease_reap_task", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=False)
 def lease_reap_task() -> dict[str, int]:
     result = lease_reap()
     if result.experiences or result.task_attempts:
@@ -33,7 +33,7 @@ def lease_reap_task() -> dict[str, int]:
 
 # Idempotent (recomputes priorities from stored fields); cheap enough to run every few
 # minutes per active run; not retried: the next schedule runs it again.
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(
     name="apps.buffer.tasks.experience_priorities_refresh_task", ignore_result=True, time_limit=300,
     soft_time_limit=280, acks_late=False,
 )
@@ -54,7 +54,7 @@ def experience_priorities_refresh_task(run_id: int) -> int:
 TASKSET_IMPORT_TIME_LIMIT = 3600
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(
     name="apps.buffer.tasks.taskset_import_task", ignore_result=True, time_limit=TASKSET_IMPORT_TIME_LIMIT,
     soft_time_limit=TASKSET_IMPORT_TIME_LIMIT - 60,
 )

@@ -302,10 +302,10 @@ def _unused(reason: str, words: str = "") -> LabelState:
 
 
 def _labels(run: Run, author_id: int | None = None) -> list[Feedback]:
-    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).order_by("id")
-    if author_id is not None:  # one person's: who gave them is known (who_gave is not asked)
-        return list(rows.filter(author_id=author_id))
-    return list(rows.select_related("author", "api_key"))
+    rows = Feedback.objects.filter(run=run, kind__in=kind_names(labels=True))
+    if author_id is not None:
+        rows = rows.filter(author_id=author_id)
+    return list(rows.select_related("author", "api_key").order_by("id"))
 
 
 def who_gave(fb: Feedback) -> str:
@@ -329,19 +329,6 @@ def label_states(*, run: Run, feedback: Iterable[Feedback] | None = None) -> dic
 def label_state(*, feedback: Feedback) -> LabelState | None:
     """One label's state; None for feedback that is not a label (a flag, an env reward)."""
     return label_states(run=feedback.run, feedback=[feedback]).get(feedback.pk)
-
-
-def person_ledger(*, run: Run, person_id: int | None) -> LedgerCounts:
-    """One person's labels on the run by state: what the annotation page shows on every load,
-    counted in the database from that person's labels alone (`_shapes`: one statement, whose
-    rows are their labels' shapes, however many labels they gave)."""
-    if person_id is None:  # nobody logged in: no labels of theirs
-        return LedgerCounts()
-    return _counted(run, _shapes(run, author_id=person_id)).run
-
-
-def run_has_labels(*, run: Run) -> bool:
-    return Feedback.objects.filter(run=run, kind__in=kind_names(labels=True)).exists()
 
 
 def run_ledger(*, run: Run) -> RunLedger:

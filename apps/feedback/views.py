@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
-from apps.feedback.ledger import person_ledger, run_has_labels, run_ledger
+from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
@@ -84,7 +84,7 @@ def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[s
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, object]:
-    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "policy": run.cfg.feedback}
+    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "feedback_cfg": run.cfg.feedback}
 
 
 @login_required
@@ -98,37 +98,26 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         assignment_claim(run=run, annotator=request.user, size=_queue_size())
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
     recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     # Shown twice, counted once; the queue just read is the leased part of it.
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
-        "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
+        "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
-        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
+        "guidelines": mark_safe(markdown_safe(feedback_cfg.guidelines)) if feedback_cfg.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
-        # Where the person's labels and the run's went (apps/feedback/ledger.py): read once.
+        # Where the person's labels and the run's went (apps/feedback/ledger.py): one statement,
+        # counted in the database, however many labels the run has.
         **_ledger_context(run, request.user),
     })
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
-    # The person's own labels on every load; the run's only when the box is opened
-    # (ledger_partial). Both are counted in the database (apps.feedback.ledger._shapes).
-    mine = person_ledger(run=run, person_id=person.pk)
-    return {"my_ledger": mine, "ledger_box": bool(mine.total) or run_has_labels(run=run)}
-
-
-@login_required
-@require_GET
-def ledger_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    """Where all the run's labels went: the annotation page's folded box loads it when opened."""
-    run, _ = run_for_page(user=request.user, run_id=run_id)
-    return _fragment(request, run, "feedback/_ledger.html",
-                     {"ledger": run_ledger(run=run).run, "ledger_id": "ledger-run",
-                      "ledger_who": "All labels on this run"})
+    ledger = run_ledger(run=run)
+    return {"run_ledger": ledger, "my_ledger": ledger.people.get(person.get_username())}
 
 
 @login_required
@@ -146,7 +135,7 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after] if run_takes_feedback(run=run) else []
-    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "feedback_cfg": run.cfg.feedback})
 
 
 @login_required
@@ -285,7 +274,7 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
                             .select_related("experience"))
     # The annotation page's box shows the latest few (its height stays bounded); this page, more.
     context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
-               "message": message, "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback,
+               "message": message, "reopened": reopened, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
                "queue_link": bool(message) and not on_queue_page, "box": "mine-box"}
     return _fragment(request, run, "feedback/_mine.html", context)
 

@@ -7,7 +7,7 @@ from, and its versions.
   rollout engine of workers/engines, and answers "Score: N" and "Reason: ...". Output without
   a readable score scores 0 with the reason logged and stored (workers/k12.py).
 - `k12_learned`: a learned grader, a scalar-head reward model trained with the machinery of
-  the human-signal reward model (workers/reward_trainer.py: TRL's RewardTrainer, held-out
+  the human-feedback reward model (workers/reward_trainer.py: TRL's RewardTrainer, held-out
   pairwise accuracy, calibration onto the grade scale) on graded answers: the taskset's
   `graded_answers` column and people's ratings of K-12 experiences. Each trained grader is a
   numbered version of the run (K12Grader), retrained when `retrain_every` new grades came in.
@@ -32,10 +32,7 @@ from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register,
 from kernel.strict import StrictModel
 from kernel.plain_errors import error_plain
 from kernel.rewards import task_field
-from apps.buffer.models import Experience, Task
 from kernel.rewards import reference_text
-from apps.rewards.models import K12Grader
-from apps.rewards.services import scorer_publish
 
 if TYPE_CHECKING:
     from apps.rewards.models import K12Grader
@@ -145,6 +142,7 @@ def graded_answers_of_record(value: object) -> list[tuple[str, float]]:
 
 def task_question(task: object) -> str:
     """A task's question as text: its prompt, or its chat messages' contents joined."""
+
     prompt = task_field(task, "prompt") or ""
     messages = task_field(task, "messages")
     if not prompt and isinstance(messages, list):
@@ -155,6 +153,9 @@ def task_question(task: object) -> str:
 def k12_graded_answers(*, run: Run) -> list[GradedAnswer]:
     """Every graded answer of the run's K-12 tasks: the taskset's `graded_answers` column,
     then people's ratings (the human reward on [0, 1]) of K-12 experiences."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.buffer.models import Experience, Task
+
     out: list[GradedAnswer] = []
     if run.taskset_id is not None:
         for task in Task.objects.filter(taskset_id=run.taskset_id, domain=DOMAIN).order_by("index"):
@@ -179,6 +180,9 @@ def k12_grade_count(*, run: Run) -> int:
 
 
 def k12_grader_latest(*, run: Run) -> K12Grader | None:
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.rewards.models import K12Grader
+
     return K12Grader.objects.filter(run=run).order_by("-version").first()
 
 
@@ -196,6 +200,10 @@ def k12_grader_publish(
     seconds: float, scale: float, offset: float,
 ) -> K12Grader:
     """Record a trained K-12 grader as the run's next version, its accuracy as a metric."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.rewards.models import K12Grader
+    from apps.rewards.services import scorer_publish
+
     return scorer_publish(
         model=K12Grader, run=run, metric=ACCURACY_METRIC, accuracy=accuracy, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, grades=grades, seconds=seconds, scale=scale, offset=offset,

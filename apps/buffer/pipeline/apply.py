@@ -18,13 +18,8 @@ from django.utils import timezone
 from apps.buffer.pipeline.core import Ctx, ModelRow, row_pk, steps_apply
 from kernel.operators import Row
 from kernel.config import PipelineStep, RunConfig, config_validate
-from apps.runs.metrics import metric_record
-from apps.runs.models import Run
-from apps.buffer.models import Experience
 from kernel.operators import stage_check
-from apps.buffer.pipeline.prioritize import ReplayPriorityParams, experience_priority_compute
 from kernel.operators import params_parse
-from apps.buffer.pipeline.prioritize import CurriculumParams, task_priorities_update
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
@@ -77,6 +72,9 @@ class PipelineSession:
             if buffered:
                 _write_metrics.add(self.run, self.step, self.ctx.metric_values())
             else:
+                # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+                from apps.runs.metrics import metric_record
+
                 metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
 
 
@@ -116,6 +114,9 @@ class _MetricBuffer:
 
     @staticmethod
     def _record(run: Run, step: int, counts: Counter[str]) -> None:
+        # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+        from apps.runs.metrics import metric_record
+
         try:
             metric_record(run=run, step=step, values=dict(counts))
         except Exception:  # metrics must never fail a write (nor the exit of a process)
@@ -141,6 +142,9 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, object]]) -> t
     status "filtered" and their filter_reason) and a callable to call once they are
     stored. Rows keep their positions, so a validation error still names the caller's row.
     """
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.runs.models import Run
+
     run_ids: set[int] = set()
     for row in experiences:
         pk = row_pk(row.get("run_id", row.get("run")))
@@ -192,6 +196,8 @@ def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[
     steps = run.cfg.pipeline.on_claim
     if not steps or not experiences:
         return experiences
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.buffer.models import Experience
 
     session = PipelineSession(stage="claim", steps=steps, run=run, step=run.train_step)
     rows = [ModelRow(e) for e in experiences]
@@ -212,6 +218,7 @@ def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[
 def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, object]] | None, run: Run | None = None,
                             taskset_id: int | None = None) -> PipelineSession:
     """A session for a taskset import: the given steps, else the run's `on_import`."""
+
     if steps is None:
         steps = run.cfg.pipeline.on_import if run is not None else []
     parsed = [s if isinstance(s, PipelineStep) else PipelineStep.model_validate(s) for s in steps]
@@ -224,6 +231,9 @@ def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, objec
 def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     """Recompute the replay priority of the run's ready experiences (age, uses and human
     flags change over time) with its `priority_replay` step from `on_write`."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.buffer.models import Experience
+    from apps.buffer.pipeline.prioritize import ReplayPriorityParams, experience_priority_compute
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "priority_replay"), None)
     if step is None:
         return 0
@@ -263,6 +273,9 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
 
 def task_priorities_refresh(*, run: Run) -> int:
     """Curriculum: set the priority of all the run's queued attempts from pass rates."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.buffer.pipeline.prioritize import CurriculumParams, task_priorities_update
+
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "curriculum"), None)
     if step is None:
         return 0

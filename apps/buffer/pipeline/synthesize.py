@@ -22,7 +22,6 @@ from pydantic import Field
 from apps.buffer.pipeline.core import Ctx, task_text
 from kernel.operators import Row
 from kernel.operators import Params, register
-from rftweb.celery import app
 
 # Integers joined by + - * / (with optional parentheses), at least one operator.
 _EXPR = re.compile(r"\(?\s*-?\d+(?:\s*\)?\s*[-+*/×÷]\s*\(?\s*-?\d+\s*\)?)+")
@@ -200,6 +199,9 @@ def synth_paraphrase(rows: list[Row], ctx: Ctx, params: ParaphraseParams) -> Non
     op = ctx.op
 
     def enqueue() -> None:
+        # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+        from rftweb.celery import app
+
         # By name: the web side never imports workers/ (torch lives there).
         app.send_task("workers.synthesize.taskset_paraphrase", kwargs=kwargs, queue="rollout")
         ctx.counts[f"{op}/enqueued"] += 1

@@ -42,6 +42,8 @@ from rftweb.exceptions import command_error
 from rftweb.celery import QUEUES
 from apps.feedback.ledger import REASON_WORDS, run_ledger
 from apps.runs.selectors import eval_best, eval_measures, metric_moves
+from workers.adapters import model_export
+from workers.reward_models import reward_model_export
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -310,12 +312,9 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"run {run.pk} has no version {number}")
         try:
-            # heavy: workers.adapters loads torch and peft (the train extra, absent on a web-only install).
-            from workers.adapters import model_export
-        except ImportError as exc:  # a web-only install: no torch / peft
-            raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
-        try:
             out = model_export(source=version.checkpoint, out=opts["out"], merged=opts["merged"])
+        except ImportError as exc:  # a web-only install: no torch / peft (loaded by the export)
+            raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
         except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
@@ -333,12 +332,9 @@ class Command(BaseCommand):
             raise CommandError(f"run {run.pk} has no reward model yet (feedback.reward_model: it trains as labels come in)"
                                if opts["version"] is None else f"run {run.pk} has no reward model version {opts['version']}")
         try:
-            # heavy: workers.reward_models loads torch and transformers (the train extra).
-            from workers.reward_models import reward_model_export
-        except ImportError as exc:  # a web-only install: no torch / transformers
-            raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
-        try:
             out = reward_model_export(source=rm.path, out=opts["out"], scale=rm.scale, offset=rm.offset)
+        except ImportError as exc:  # a web-only install: no torch / transformers (loaded by the export)
+            raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
         except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
