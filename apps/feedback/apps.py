@@ -8,9 +8,9 @@ class FeedbackConfig(AppConfig):
 
     def ready(self) -> None:
         # signals connects the receivers.
-        # cycle: app loading: apps.py loads before the models, ready() after them.
+        # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback import signals  # noqa: F401
-        # cycle: app loading: apps.py loads before the models, ready() after them.
+        # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback.kinds import kinds_load
 
         # Every kind registered at start, with its service (each kind's module).
