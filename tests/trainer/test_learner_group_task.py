@@ -50,8 +50,24 @@ def _fill(run: Any, *, expert: bool, tag: str = "", version: int = 0) -> None:
     experience_write(experiences=rows)
 
 
+# The one-process weights after step 1 by (algorithm, LoRA settings): the same batch and seed
+# give the same weights, so each is trained once a module and read by every test that compares.
+_ONE_PROCESS: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+
+
 def _trained(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hosts: int = 1,
              lora: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    key = (algorithm, repr(lora))
+    if processes == 1 and key in _ONE_PROCESS:
+        return _ONE_PROCESS[key]
+    weights = _trained_now(owner, model_dir, algorithm=algorithm, processes=processes, hosts=hosts, lora=lora)
+    if processes == 1:
+        _ONE_PROCESS[key] = weights
+    return weights
+
+
+def _trained_now(owner: Any, model_dir: Path, *, algorithm: str, processes: int, hosts: int,
+                 lora: dict[str, Any] | None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     from workers.adapters import ADAPTER_WEIGHTS
