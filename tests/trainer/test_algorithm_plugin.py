@@ -3,7 +3,7 @@
 The persona is a researcher adding reward-weighted likelihood (RWL: each completion token's
 log-likelihood weighted by its reward minus a baseline, a loss no TRL trainer has) to
 rftweb. This file is all of it: its settings (a parameter model, torch-free), its objective
-(its loss, its no-signal check and its term on one rank of a learner group, torch imported
+(its loss, its no-gradient check and its term on one rank of a learner group, torch imported
 when a learner builds it) and its declaration; `algorithm_register(RWL)` is the one line
 that adds it. With it the config validates its settings as `trainer.params`, the run form
 offers it, the conductor claims what it declares, a learner trains a step with its loss,
@@ -81,7 +81,7 @@ class RWLObjective(Objective):
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss_on(self.rows(batch))
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         rows = [r for r in trainable(batch.usual) if r.reward is not None]
         if rows and all(r.reward == self.baseline for r in rows):
             return "every reward equals the baseline"
@@ -125,7 +125,7 @@ def test_an_unregistered_algorithm_is_refused_by_name() -> None:
 
 def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: None) -> None:
     from apps.control.forms import algorithm_defaults, config_field_specs
-    from apps.control.orchestration import batch_plan
+    from apps.control.conductor import batch_plan
     from kernel.config import ConfigInvalid, config_dump, config_validate
 
     cfg = config_validate(data={"model": "m", "algorithm": "rwl", "repeat_times": 1, "train_batch_size": 6,
@@ -191,7 +191,7 @@ def test_a_learner_trains_a_step_with_its_loss(rwl: None, tiny_model_dir: Path) 
     metrics = learner.step(TrainBatch(usual=rows))
     assert metrics["train/skipped_no_signal"] == 0.0 and metrics["grad_norm"] > 0
     assert any(not torch.equal(p.detach(), before[n]) for n, p in learner.model.named_parameters())
-    # Its no-signal check: every reward at the baseline leaves the weights as they were.
+    # Its no-gradient check: every reward at the baseline leaves the weights as they were.
     flat = [Rollout(**{**r.__dict__, "reward": 0.5}) for r in rows]
     after = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     assert learner.step(TrainBatch(usual=flat))["train/skipped_no_signal"] == 1.0
