@@ -151,7 +151,9 @@ def _ensure_database(url: str) -> None:
 
 
 def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
-    """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it."""
+    """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it.
+    Where BENCH_DATABASE_TEMPLATE names a migrated database (the smoke tests' template,
+    tests/databases.py), it is a copy of that one: migrating it is then a no-op."""
     import psycopg
 
     parts = urlsplit(url)
@@ -164,7 +166,8 @@ def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
 
     drop()
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        template = os.environ.get("BENCH_DATABASE_TEMPLATE")
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return urlunsplit(parts._replace(path=f"/{name}")), drop
 
 
