@@ -110,7 +110,7 @@ async def run_socket_connect(run: Run, user: object) -> tuple[Any, bool]:
     comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
     comm.scope["user"] = user
     comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=30)  # a refusal answers at once; a busy host is no refusal
     return comm, connected
 
 
