@@ -973,7 +973,7 @@ def _sd(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)  # float ** float is Any in typeshed
 
 
 def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
@@ -1746,8 +1746,7 @@ def main() -> None:
                               max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta,
                               rm_gate=args.rm_gate)
                 results += _seed_run(seed, raters=raters, arms=arms, base=base, journal=journal,
-                                     run=lambda arm, rating, noise: run_arm(  # type: ignore[arg-type]
-                                         arm, rating=rating, noise=noise, **common))
+                                     run=lambda arm, rating, noise: run_arm(arm, rating=rating, noise=noise, **common))
     finally:
         proc.terminate()
         proc.wait(timeout=20)
