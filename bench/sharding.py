@@ -47,7 +47,8 @@ step time (the trimmed pages fault in again): 2 ranks, 3 steps, trim and no trim
 (load 7.3-8.5), 10.6-11.3 s a step with it against 8.9-9.9 s without, peaks 958-960 MB
 against 1068-1080 MB.
 
-    python -m bench.sharding [--ranks 2] [--layers 12] [--hidden 768] [--batch 4] [--steps 2]
+    python -m bench.sharding [--ranks 2] [--size 350m|100m] [--layers N] [--hidden N] [--batch 4] [--steps 2]
+                             [--repeat 3] [--phases]
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ from bench.common import free_port
 from bench.trainer_memory import bench_rollouts, bench_tokenizer, model_arguments, qwen2_learner
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# --size: (layers, hidden, intermediate) of a Qwen2-shaped model (vocabulary --vocab, 4 KV
+# heads, untied head). 350m is the default: beside it the ~0.8 GB every process has before
+# the model (imports, the warm-up) weighs ~12% of one process's peak, against ~35% beside
+# 100m, so the ratio measures the sharding. One process of 350m peaks at ~6.5 GB.
+SIZES = {"100m": (12, 768, 2048), "350m": (28, 1024, 2816)}
 
 
 def _rss_mb() -> float:
@@ -147,6 +154,7 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     peak = max(load_peak, base + overall, _peak_mb())
     if cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
+    version = _version_probe(learner, world=world) if args.version and not cuda else {}
     if world > 1:
         import torch.distributed as dist
 
@@ -154,7 +162,35 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
             "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
             "imports_mb": imports, "imports_load": imports_load, "loaded": loaded,
-            "phases": phases.rows if phases is not None else []}
+            "phases": phases.rows if phases is not None else [], "version": version}
+
+
+def _version_probe(learner: Any, *, world: int) -> dict[str, float]:
+    """What writing a full-weight version adds to the process's RSS (MB above the RSS
+    before it, its own high-water mark): one process saves its model (save_pretrained, as
+    CheckpointSync); a group writes it from the shards one tensor at a time (`whole_write`,
+    as a train worker's group does now) and, before, gathered it whole on rank 0
+    (`whole_gather`, kept until the next step)."""
+    from workers.algorithms.shard_load import whole_gather, whole_write
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-sharding-version-") as tmp:
+        gc.collect()
+        _peak_reset()
+        start = _rss_mb()
+        if world == 1:
+            learner.model.save_pretrained(tmp, safe_serialization=True)
+            out["saved"] = _peak_mb() - start
+            return out
+        whole_write(learner, Path(tmp) / "model.safetensors")
+        out["streamed"] = _peak_mb() - start
+        gc.collect()
+        _peak_reset()
+        start = _rss_mb()
+        state = whole_gather(learner)
+        out["gathered"] = _peak_mb() - start
+        del state
+    return out
 
 
 def _tensors_mb(learner: Any) -> dict[str, float]:
@@ -266,11 +302,17 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--sharding", choices=["full", "grad_op", "none"], default="full")
     model_arguments(parser)
+    parser.add_argument("--size", choices=sorted(SIZES), default="350m",
+                        help="the model's shape (layers, hidden, intermediate); --layers, --hidden and "
+                             "--intermediate override its parts")
+    parser.set_defaults(layers=None, hidden=None, intermediate=None)
     parser.add_argument("--threads", type=int, default=2, help="threads of the one process; each rank gets threads / ranks")
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=1, help="run the comparison this many times (the spread is printed)")
+    parser.add_argument("--version", action="store_true",
+                        help="after the steps, also measure what writing a full-weight version adds (each process)")
     parser.add_argument("--phases", action="store_true",
                         help="also print each step's peak and end RSS per phase (forward, backward + clip, optimizer)")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -278,6 +320,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for key, value in zip(("layers", "hidden", "intermediate"), SIZES[args.size]):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.rank is not None:
         print("RESULT " + json.dumps(_one(args, rank=args.rank, world=args.world, port=args.port)), flush=True)
         return
@@ -332,6 +377,11 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
     if args.phases:
         _phases_report(args, one, ranks)
     _where_report(args, one, ranks, load_one, load_group)
+    if args.version:
+        print("\nversion written after the steps (MB of RSS above the RSS before it): one process saves its model; "
+              "a rank streams it from the shards (whole_write), or gathers it whole (whole_gather, before)")
+        for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:
+            print(f"  {name:<20}" + "  ".join(f"{k} {v:.0f}" for k, v in res["version"].items()))
     ratio = max(r["peak_mb"] for r in ranks) / one["peak_mb"]
     print(f"\nsharding peak per rank / one process: {ratio:.2f} (target <= 0.65: {'met' if ratio <= 0.65 else 'NOT met'}); "
           f"step {ranks[0]['step_seconds'] / one['step_seconds']:.2f}× one process; load average now {os.getloadavg()[0]:.2f}")

@@ -106,7 +106,7 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
 
 def publish_due(*, run: RunView, res: Resident) -> float | None:
     from workers.handover import MemorySync, memory_sync_applies
-    from workers.sync import weight_sync_for
+    from workers.sync import CheckpointSync, weight_sync_for
 
     cfg = run.cfg
     if not publishes_at(cfg=cfg, train_step=res.step):
@@ -118,8 +118,14 @@ def publish_due(*, run: RunView, res: Resident) -> float | None:
     # an adapter (LoRA) is small and goes the usual way.
     if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
         return MemorySync().publish(run=run, number=number, train_step=res.step, model=resident_whole(res), tokenizer=res.tokenizer)
-    published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
-                                          tokenizer=res.tokenizer)
+    sync = weight_sync_for()
+    if res.group is not None and res.group.streams_versions and type(sync) is CheckpointSync:
+        # From the shards to the files one tensor at a time: rank 0 never holds the whole model.
+        published = sync.publish_written(run=run, number=number, train_step=res.step, tokenizer=res.tokenizer,
+                                         write=res.group.version_write)
+    else:
+        published = sync.publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
+                                 tokenizer=res.tokenizer)
     metric_record(run=run, step=res.step, values={"sync_bytes": float(published.bytes)})
     return published.seconds
 
