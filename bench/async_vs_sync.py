@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 
 def _worker(name: str, queues: str, include: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen[bytes]:
-    # The default queue's worker runs the loop's beat (apps/control/orchestration.py).
+    # The default queue's worker runs the loop's beat (apps/control/conductor.py).
     return bench_worker(name, queues, include, env=env, logs=logs, beat="default" in queues.split(","))
 
 
@@ -91,11 +91,11 @@ def _cpu_seconds(pid: int) -> float:
 def _beats() -> int:
     """Conductor beats the conductor worker has run so far (Celery's per-task counters; the
     name comes from the task itself: a hand-written one that did not match counted 0)."""
-    from apps.control.conduct import runs_conduct_task
+    from apps.control.conductor_beat import conductor_beat_task
     from rftweb.celery import app
 
     stats = app.control.inspect(timeout=5.0).stats() or {}
-    return sum(int((s.get("total") or {}).get(runs_conduct_task.name, 0)) for s in stats.values())
+    return sum(int((s.get("total") or {}).get(conductor_beat_task.name, 0)) for s in stats.values())
 
 
 @dataclass(frozen=True)

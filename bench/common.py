@@ -69,7 +69,7 @@ def own_conductor() -> Iterator[None]:
     RFT_DISPATCH_RESEND_SECONDS, with a warning each time ("explore step 2 sent again")."""
     from unittest import mock
 
-    with mock.patch("apps.control.orchestration.run_advance_after_step", lambda **_: None):
+    with mock.patch("apps.control.conductor.run_advance_after_step", lambda **_: None):
         yield
 
 

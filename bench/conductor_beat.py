@@ -1,5 +1,5 @@
 """The conductor's own cost per beat, in process: statements and CPU milliseconds of one
-`runs_conduct_task` (the loop's beat, apps/control/orchestration.py) for a run in an async
+`conductor_beat_task` (the loop's beat, apps/control/conductor.py) for a run in an async
 run's steady state, where the beat comes every RFT_CONDUCT_SECONDS for every running run:
 
 - `async`: an explore step running on a live worker (its heartbeat fresh, the step in its
@@ -86,24 +86,24 @@ def main() -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from apps.control.conduct import runs_conduct_task
+    from apps.control.conductor_beat import conductor_beat_task
     from apps.runs.models import Run
-    from apps.control.orchestration import TRAINER_LOCK_NAMESPACE, runs_conduct
+    from apps.control.conductor import TRAINER_LOCK_NAMESPACE, conductor_beat
 
     Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)  # this bench's runs only
     for name, make in (("async", _async_run), ("idle", _idle_run)):
         run_id = make()
         with psycopg.connect(BENCH_DB, autocommit=True) as trainer:
             trainer.execute("SELECT pg_advisory_lock(%s, %s)", (TRAINER_LOCK_NAMESPACE, run_id))
-            runs_conduct()
+            conductor_beat()
             with CaptureQueriesContext(connection) as queries:
-                advanced = runs_conduct()
+                advanced = conductor_beat()
             assert not advanced[run_id].dispatched, f"the {name} state sent a step: {advanced}"
             cpu = []
             for _ in range(args.repeat):
                 start = time.process_time()
                 for _ in range(args.beats):
-                    runs_conduct_task.apply()
+                    conductor_beat_task.apply()
                 cpu.append((time.process_time() - start) / args.beats * 1000)
                 print(f"{name:5s} {len(queries.captured_queries)} statements a beat, "
                       f"{cpu[-1]:.2f} ms CPU a beat  (load {os.getloadavg()[0]:.2f})", flush=True)

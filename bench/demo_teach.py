@@ -369,11 +369,11 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, float]]], policy: Any) -> list[float]:
+def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, float]]], feedback_cfg: Any) -> list[float]:
     """w_rm x the reward-model part of each member whose reward is the learned fold of one of
     its scores (a member people rated, or one the fallback rewarded, has none)."""
     from apps.feedback.learned import reward_model_weight, rm_reward_score
-    from kernel.feedback_policy import reward_learned
+    from kernel.fold import reward_learned
 
     parts = []
     for m in members:
@@ -381,8 +381,8 @@ def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, f
             continue
         for rm, score in scored.get(m["pk"], []):
             part = rm_reward_score(rm=rm, score=score, weight=reward_model_weight(run=rm.run, rm=rm))
-            if abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"], rm=part)) < 1e-6:
-                parts.append(policy.w_rm * part)
+            if abs(m["reward"] - reward_learned(feedback_cfg=feedback_cfg, auto=m["auto_reward"], rm=part)) < 1e-6:
+                parts.append(feedback_cfg.w_rm * part)
                 break
     return parts
 
@@ -396,7 +396,7 @@ def step_probe(*, run: Any, step: int, at: Any) -> StepProbe:
     from apps.feedback.models import Feedback
     from apps.rewards.models import RewardModel, RewardModelScore
 
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     rm = RewardModel.objects.filter(run=run, created_at__lte=at).order_by("-version").first()
     opened = rm is not None and reward_model_gate_open(run=run, rm=rm)
     rows = list(Experience.objects.filter(run=run, trained_step=step, is_expert=False)
@@ -408,7 +408,7 @@ def step_probe(*, run: Any, step: int, at: Any) -> StepProbe:
     groups: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         groups[row["group_id"]].append(row)
-    parts = [p for p in (_rm_parts(members, scored, policy) for members in groups.values()) if p]
+    parts = [p for p in (_rm_parts(members, scored, feedback_cfg) for members in groups.values()) if p]
     return StepProbe(
         step=step, labels=Feedback.objects.filter(run=run, created_at__lte=at).count(),
         version=rm.version if rm else None, accuracy=rm.accuracy if rm else None, heldout=rm.pairs_heldout if rm else 0,
@@ -416,7 +416,7 @@ def step_probe(*, run: Any, step: int, at: Any) -> StepProbe:
         weight=reward_model_weight(run=run, rm=rm) if rm is not None and opened else 0.0,
         groups=len(groups), rm_groups=len(parts), signal_groups=sum(max(p) - min(p) >= SIGNAL for p in parts),
         rm_sd=_median([_sd(p) for p in parts]) if parts else None,
-        auto_sd=_median([_sd([policy.w_auto * (m["auto_reward"] or 0.0) for m in ms]) for ms in groups.values()])
+        auto_sd=_median([_sd([feedback_cfg.w_auto * (m["auto_reward"] or 0.0) for m in ms]) for ms in groups.values()])
         if groups else 0.0)
 
 

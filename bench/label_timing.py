@@ -75,7 +75,7 @@ def oldest_first() -> Iterator[None]:
     # The claim reads its candidates through selectors.annotation_handout (the waiting count's too).
     real: Callable[..., Any] = selectors.annotation_candidates
     real_queue: Callable[..., Any] = selectors.annotation_queue
-    real_counts: Callable[..., Any] = handout.queue_item_counts
+    real_counts: Callable[..., Any] = selectors.queue_item_counts  # what handout imported
 
     def queue_before(*, run: Any, annotator: Any) -> Any:
         return real_queue(run=run, annotator=annotator).order_by("id")
@@ -88,13 +88,13 @@ def oldest_first() -> Iterator[None]:
 
     selectors.annotation_candidates = before
     selectors.annotation_queue = queue_before
-    handout.queue_item_counts = Q  # every leased item fills the queue
+    setattr(handout, "queue_item_counts", Q)  # every leased item fills the queue (handout's own name)
     try:
         yield
     finally:
         selectors.annotation_candidates = real
         selectors.annotation_queue = real_queue
-        handout.queue_item_counts = real_counts
+        setattr(handout, "queue_item_counts", real_counts)
 
 
 def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seconds: float, rate_seconds: float,

@@ -198,7 +198,7 @@ def main() -> None:
     print(f"{args.clients} clients x {args.requests} requests a way a round, {args.rounds} rounds, {args.tokens} tokens each, "
           f"engine {args.engine}; {_load()}", flush=True)
 
-    engine = engine_create(kind=args.engine, path=str(model))
+    engine = engine_create(backend=args.engine, path=str(model))
     sampling = SamplingSpec(temperature=1.0, max_tokens=args.tokens)
     prompts = [chat_prompt_ids(engine.tokenizer, messages=m, tools=None) for m in messages]
     engine.generate(prompts[:2], n=1, sampling=sampling)

@@ -101,7 +101,7 @@ def rollouts(model_dir: Path, *, seed: int) -> list[dict[str, Any]]:
 def rating_pairs(rows: list[dict[str, Any]]) -> list[Any]:
     """Within each group, every higher-rated member over every lower-rated one (as
     apps.feedback.preferences pairs ratings)."""
-    from apps.feedback.preferences import PreferencePair
+    from apps.rewards.pairs import PreferencePair
 
     pairs = []
     by_group: dict[str, list[tuple[int, dict[str, Any]]]] = {}

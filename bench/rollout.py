@@ -79,13 +79,13 @@ def main() -> None:
 
     model_dir = _model(Path(args.model_dir) if args.model_dir else cache / "rollout-20m")
     # The concrete engines' own attributes (model, close) are read: not the RolloutEngine protocol.
-    hf: Any = engine_create(kind="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
+    hf: Any = engine_create(backend="transformers", path=str(model_dir), batch_size=args.prompts * args.n)
     params = sum(p.numel() for p in hf.model.parameters())
     prompts = [prompt_ids(hf.tokenizer, text=f"What is {i} + {i % 7}?") for i in range(args.prompts)]
     hf_tps, hf_tokens, hf_s = _measure(hf, prompts, n=args.n, tokens=args.tokens)
     del hf
 
-    vllm: Any = engine_create(kind="vllm", path=str(model_dir))
+    vllm: Any = engine_create(backend="vllm", path=str(model_dir))
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, prompts, n=args.n, tokens=args.tokens)
     vllm.close()  # its shutdown logs come before the results, so the ratio stays the last line
 
@@ -118,14 +118,14 @@ def _vision_row(cache: Path, *, prompts: int, n: int, tokens: int) -> dict[str, 
     from workers.vision_model import QUESTION, squares_image, vision_model_build
 
     model_dir = vision_model_build(out=cache / "vision-model", log=lambda _: None).out
-    hf: Any = engine_create(kind="transformers", path=str(model_dir), batch_size=prompts * n)
+    hf: Any = engine_create(backend="transformers", path=str(model_dir), batch_size=prompts * n)
     rng = random.Random(0)
     pictured = [vision_prompt(hf.processor, text=QUESTION, images=[squares_image(count=rng.randint(1, 4), rng=rng)])
                 for _ in range(prompts)]
     parameters = sum(p.numel() for p in hf.model.parameters())
     hf_tps, hf_tokens, hf_s = _measure(hf, pictured, n=n, tokens=tokens)
     del hf
-    vllm: Any = engine_create(kind="vllm", path=str(model_dir))
+    vllm: Any = engine_create(backend="vllm", path=str(model_dir))
     vllm_tps, vllm_tokens, vllm_s = _measure(vllm, pictured, n=n, tokens=tokens)
     vllm.close()
     return {"parameters": parameters, "hf_tps": hf_tps, "hf_tokens": hf_tokens, "hf_s": hf_s,

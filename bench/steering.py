@@ -960,9 +960,9 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
                                        reward_model_weight, rm_reward_score)
     from apps.feedback.models import Assignment
     from apps.rewards.models import RewardModel, RewardModelScore
-    from kernel.feedback_policy import reward_learned
+    from kernel.fold import reward_learned
 
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     latest = reward_model_latest(run=run)
     usable = reward_model_usable(run=run)
     rows = list(Experience.objects.filter(run=run, is_expert=False, status=Experience.Status.READY)
@@ -990,14 +990,14 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
             for rm_id, score in scored.get(m["pk"], []):
                 part = rm_reward_score(rm=versions[rm_id], score=score, weight=weights[rm_id])
                 # Rewarded by the reward model: its reward is the learned fold of this score.
-                if abs(m["reward"] - reward_learned(policy=policy, auto=m["auto_reward"], rm=part)) < 1e-6:
-                    rm_parts.append(policy.w_rm * part)
+                if abs(m["reward"] - reward_learned(feedback_cfg=feedback_cfg, auto=m["auto_reward"], rm=part)) < 1e-6:
+                    rm_parts.append(feedback_cfg.w_rm * part)
                     break
         if rm_parts:
             rm_groups += 1
             rm_sds.append(_sd(rm_parts))
             signal_groups += max(rm_parts) - min(rm_parts) >= SIGNAL
-        format_sds.append(_sd([policy.w_auto * (m["auto_reward"] or 0.0) for m in members]))
+        format_sds.append(_sd([feedback_cfg.w_auto * (m["auto_reward"] or 0.0) for m in members]))
         rated = [m["human_reward"] for m in members if m["human_reward"] is not None]
         for i, a in enumerate(rated):
             for b in rated[i + 1:]:

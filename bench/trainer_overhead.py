@@ -30,7 +30,7 @@ from bench.common import median, setup_django
 
 # The parts of `trainer_step` that --breakdown times: (module, [class.]attribute, label).
 PARTS = [
-    ("apps.control.orchestration", "train_readiness", "readiness check"),
+    ("apps.control.conductor", "train_readiness", "readiness check"),
     ("workers.trainer.step", "resident_for", "resident lookup"),
     ("workers.trainer.step", "train_batch_claim", "claim (lease + decode)"),
     ("workers.algorithms.learner", "Learner.step", "learner step"),
@@ -40,7 +40,7 @@ PARTS = [
     ("workers.trainer.step", "snapshot_and_prune", "snapshot + prune (every N steps)"),
     ("workers.trainer.step", "publish_due", "publish check"),
     ("apps.runs.services", "metric_record", "metric record"),
-    ("apps.control.orchestration", "run_advance", "run_advance (dispatch)"),
+    ("apps.control.conductor", "run_advance", "run_advance (dispatch)"),
 ]
 
 

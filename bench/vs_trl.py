@@ -315,7 +315,7 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
     side = str(max(1, threads // 2))
     base_env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
                     RFT_STORAGE_DIR=str(tmp / "storage"))
-    # The loop's beat (runs-conduct, every RFT_CONDUCT_SECONDS) drives the run: without it
+    # The loop's beat (conductor-beat, every RFT_CONDUCT_SECONDS) drives the run: without it
     # nothing sends the first explore step. As docker-compose runs it: its own process.
     beat = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "rftweb", "beat", "-s", str(tmp / "celerybeat-schedule"), "-l", "WARNING"],

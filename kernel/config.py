@@ -143,9 +143,9 @@ class TrustHandout(StrictModel):
                                    description="share of fresh items an untrusted annotator still gets (0: gold only)")
 
 
-class FeedbackPolicy(StrictModel):
+class FeedbackSettings(StrictModel):
     # learned: automatic reward + the run's reward model where no person rated (see
-    # kernel/feedback_policy.py); needs reward_model.enabled.
+    # kernel/fold.py); needs reward_model.enabled.
     mode: Literal["auto", "blend", "human", "learned"] = "auto"
     w_auto: float = Field(0.5, ge=0.0)
     w_human: float = Field(0.5, ge=0.0)
@@ -171,7 +171,7 @@ class FeedbackPolicy(StrictModel):
     rm_gate: Literal["bound", "evidence"] = Field(
         "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown) or "
                              "evidence (from better than chance, weighted by how far its accuracy is shown)")
-    # How each rater's signal counts in the fold: equal (off), by accuracy on gold items, or by
+    # How each rater's votes count in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"
     # Subtract each rater's scale offset (how far their ratings sit above the others' on
@@ -211,7 +211,7 @@ class FeedbackPolicy(StrictModel):
         return line_ends_normalise(value)
 
     @model_validator(mode="after")
-    def _weights(self) -> FeedbackPolicy:
+    def _weights(self) -> FeedbackSettings:
         if self.mode in ("blend", "learned") and self.w_auto + self.w_human <= 0:
             raise ValueError(f"{self.mode} needs w_auto + w_human > 0")
         # Trust is only measured under a weighting: without one every rater would stay
@@ -523,7 +523,7 @@ class RunConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rewards: list[RewardTerm] = Field(default_factory=list)
-    feedback: FeedbackPolicy = Field(default_factory=FeedbackPolicy)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     # validate_default: the default block's params become the algorithm's (its defaults).
     trainer: AlgorithmConfig = Field(default_factory=AlgorithmConfig, validate_default=True)

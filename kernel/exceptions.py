@@ -1,4 +1,4 @@
-"""The one error base of rftweb, and its few kinds.
+"""The one error base of rftweb, and its few classes.
 
 Services, selectors and workers raise these; each door translates them in one place:
 
@@ -9,12 +9,12 @@ Services, selectors and workers raise these; each door translates them in one pl
 - the CLI: `command_error` (rftweb/exceptions.py), a CommandError with the message and each
   field (exit status 1).
 
-A new failure picks the kind that says what the caller can do about it, and names the
+A new failure picks the class that says what the caller can do about it, and names the
 field it concerns when there is one (a dotted path such as `trajectories.3.logprobs`).
 Domain errors that callers catch by name (ConfigInvalid, ImportFailed, ExportFailed,
-TransitionNotAllowed, …) are subclasses of these kinds, so every door handles them too;
+TransitionNotAllowed, …) are subclasses of these classes, so every door handles them too;
 one that code also catches as a builtin (a ValueError inside a pydantic validator, a
-RuntimeError at startup) keeps that base beside its kind. The few exceptions outside
+RuntimeError at startup) keeps that base beside its class. The few exceptions outside
 RftError are not domain errors, each for a reason tests/test_exceptions.py lists.
 
 The pattern is HackSoftware's Django-Styleguide `core/exceptions.py`: one application
@@ -35,7 +35,7 @@ class RftError(Exception):
     status a door answers with.
     """
 
-    # A kind's status; an error that knows a finer one (the OpenAI door's) sets its own.
+    # A class's status; an error that knows a finer one (the OpenAI door's) sets its own.
     status: int = 400
 
     def __init__(self, message: str = "", *, field: str = "", errors: Mapping[str, str] | None = None) -> None:

@@ -147,15 +147,18 @@ def _safe_loader() -> type:
 
         _depth = 0
 
+        def _where(self) -> str:
+            """The line the next event starts on, as a refusal names it."""
+            event: yaml.events.Event = self.peek_event()  # type: ignore[no-untyped-call]  # types-PyYAML leaves Parser.peek_event unannotated
+            mark = event.start_mark
+            return f"line {mark.line + 1}" if mark is not None else "the document"
+
         def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
             if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise InputRejected(f"line {event.start_mark.line + 1}",
-                                    "YAML aliases (*name) are not accepted; write the value out")
+                raise InputRejected(self._where(), "YAML aliases (*name) are not accepted; write the value out")
             self._depth += 1
             if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
-                raise InputRejected(f"line {mark.line + 1}", f"nested more than {MAX_DEPTH} levels deep")
+                raise InputRejected(self._where(), f"nested more than {MAX_DEPTH} levels deep")
             try:
                 return super().compose_node(parent, index)
             finally:

@@ -2,8 +2,8 @@
 and the API's one translation of errors (kernel.exceptions' RftError, ninja's own).
 
 The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
-rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the human-signal
-figures (apps/feedback/signal_api.py). They share apps/runs/api_kit.py (errors, RunId, run
+rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the raters
+figures (apps/feedback/raters_api.py). They share apps/runs/api_kit.py (errors, RunId, run
 access); authentication is the environment API's keys (apps.envapi.api.KeyAuth).
 """
 
@@ -24,7 +24,7 @@ from ninja.parser import Parser
 from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.feedback.review_api import router as review_router
-from apps.feedback.signal_api import router as signal_router
+from apps.feedback.raters_api import router as raters_router
 from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
 from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
@@ -57,7 +57,7 @@ class SafeJSONParser(Parser):
 # The API's own description (its docs page and OpenAPI document).
 DESCRIPTION = """The environment REST API, `/api/v1/`.
 
-Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events, the human-signal
+Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events, the raters
 figures), `submit` (tasks, rollouts, trajectories, sessions), `feedback` (feedback). Errors are
 `{"detail", "errors", "field", "code"}`: `code` is stable, one of the Error schema's enum (branch on
 it, not on the words), `field` the input concerned ("" for the request as a whole), with 401 (no or bad key), 403 (an action outside the key's scopes), 404
@@ -158,7 +158,7 @@ def _on_invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
 
 api.add_router("", envapi.router)
 api.add_router("/", sessions_router, auth=envapi.SUBMIT)
-# The human-signal figures, under the same keys and errors.
-api.add_router("", signal_router, auth=envapi.READ)
+# The raters figures, under the same keys and errors.
+api.add_router("", raters_router, auth=envapi.READ)
 # The owner's review of labels (a key with `feedback`, made by the run's owner).
 api.add_router("", review_router, auth=envapi.FEEDBACK)

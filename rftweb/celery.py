@@ -17,6 +17,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
 from django.conf import settings
 
+from rftweb.taskkit import on_signal
+
 QUEUES = ("rollout", "train", "reward", "default")
 
 app = Celery("rftweb")
@@ -47,7 +49,7 @@ app.conf.update(
 )
 
 
-@app.on_after_configure.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(app.on_after_configure)
 def _settings_config(sender: Celery, **_: object) -> None:
     """What comes from Django's settings, read when Celery first reads its configuration, not
     when this module is imported: a deployment's settings module that extends rftweb.settings
@@ -77,16 +79,16 @@ def _settings_config(sender: Celery, **_: object) -> None:
                 "task": "apps.envapi.tasks.agent_sessions_expire_task",
                 "schedule": 60.0,
             },
-            # The RFT core's loop (apps/control/orchestration.py): every running run advanced. A
+            # The RFT core's loop (apps/control/conductor.py): every running run advanced. A
             # beat that waited in the queue longer than a few beats is dropped, not piled up.
-            "runs-conduct": {
-                "task": "apps.control.conduct.runs_conduct_task",
+            "conductor-beat": {
+                "task": "apps.control.conductor_beat.conductor_beat_task",
                 "schedule": settings.RFT_CONDUCT_SECONDS,
                 "options": {"expires": max(5.0, 10 * settings.RFT_CONDUCT_SECONDS)},
             },
             # The learned reward model: retrain where labels came in, score what is unscored.
             "reward-model-beat": {
-                "task": "apps.rewards.tasks.reward_model_beat_task",
+                "task": "apps.feedback.tasks.reward_model_beat_task",
                 "schedule": settings.RFT_REWARD_MODEL_BEAT_SECONDS,
             },
         },
@@ -98,12 +100,11 @@ app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedba
 # inside the tasks), so every process knows every task by name.
 for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
     app.autodiscover_tasks(["workers"], related_name=_module)
-# The RFT core's loop (apps/control/conduct.py).
-app.autodiscover_tasks(["apps.control"], related_name="conduct")
+# The RFT core's loop (apps/control/conductor_beat.py).
+app.autodiscover_tasks(["apps.control"], related_name="conductor_beat")
 
 
-@signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery ships no types
-@signals.worker_process_init.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.worker_init, signals.worker_process_init)
 def _keep_database_connections(**_: object) -> None:
     """Worker processes reuse their database connection across tasks for
     RFT_WORKER_CONN_MAX_AGE seconds, checked before each reuse (see the settings)."""
@@ -151,11 +152,11 @@ def _close_old_connections(sender: object = None, *, ending: bool) -> None:
                 conn.health_check_done = True  # type: ignore[attr-defined]  # Django sets it; the stubs lag
 
 
-@signals.task_prerun.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.task_prerun)
 def _connections_before_task(sender: object = None, **_: object) -> None:
     _close_old_connections(sender, ending=False)
 
 
-@signals.task_postrun.connect  # type: ignore[untyped-decorator]  # celery ships no types
+@on_signal(signals.task_postrun)
 def _connections_after_task(sender: object = None, **_: object) -> None:
     _close_old_connections(sender, ending=True)

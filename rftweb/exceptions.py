@@ -5,8 +5,8 @@ imports no Django.
 
 Codes: every refusal of the REST API carries `code`, one of CODES (the OpenAPI Error schema's
 enum, apps/runs/api_kit.py), for a client to branch on instead of the words. An error's code
-is its nearest kind's (`error_code`: TooLarge before InvalidInput); a code is never renamed
-or reused, and a new kind adds one here. tests/test_error_codes.py shows each one raised.
+is its nearest class's (`error_code`: TooLarge before InvalidInput); a code is never renamed
+or reused, and a new class adds one here. tests/test_error_codes.py shows each one raised.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ ErrorCode = Literal[
 ]
 CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 
-# Each kind's code (RftError's own for an error of no finer kind).
-KIND_CODES: dict[type[RftError], ErrorCode] = {
+# Each class's code (RftError's own for an error of no finer class).
+CLASS_CODES: dict[type[RftError], ErrorCode] = {
     RftError: "bad_request",
     MalformedJSON: "malformed_json",
     Unauthenticated: "unauthenticated",
@@ -90,17 +90,17 @@ KIND_CODES: dict[type[RftError], ErrorCode] = {
 
 
 def error_code(exc: RftError) -> ErrorCode:
-    """The stable code of `exc`: its nearest kind's, along its class's method resolution order."""
+    """The stable code of `exc`: its nearest class's, along its class's method resolution order."""
     for cls in type(exc).__mro__:
-        if cls in KIND_CODES:
-            return KIND_CODES[cls]
+        if cls in CLASS_CODES:
+            return CLASS_CODES[cls]
     return "bad_request"
 
 
 def status_code(status: int) -> ErrorCode:
     """The code of a refusal with no RftError behind it (one ninja raised), by its status: the
-    kind's with that status, else bad_request (4xx) or unavailable (5xx)."""
-    for kind, code in KIND_CODES.items():
-        if kind is not RftError and kind.status == status:
+    class's with that status, else bad_request (4xx) or unavailable (5xx)."""
+    for error_class, code in CLASS_CODES.items():
+        if error_class is not RftError and error_class.status == status:
             return code
     return "unavailable" if status >= 500 else "bad_request"

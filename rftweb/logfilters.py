@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-# The RFT core's loop beat (apps/control/conduct.py) runs every RFT_CONDUCT_SECONDS (0.5 s by
+# The RFT core's loop beat (apps/control/conductor_beat.py) runs every RFT_CONDUCT_SECONDS (0.5 s by
 # default): at INFO, Celery writes a line when beat sends it and two more when the worker
 # receives it and when it succeeds, about six lines a second that say nothing. What the beat
-# does (a step dispatched or sent again) is logged by apps.control.orchestration itself.
-QUIET_TASKS = frozenset({"apps.control.conduct.runs_conduct_task"})
+# does (a step dispatched or sent again) is logged by apps.control.conductor itself.
+QUIET_TASKS = frozenset({"apps.control.conductor_beat.conductor_beat_task"})
 
 
 class LoopBeatQuiet(logging.Filter):

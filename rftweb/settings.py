@@ -382,7 +382,7 @@ RFT_PIPELINE_METRICS_SECONDS = env_float("RFT_PIPELINE_METRICS_SECONDS", 2.0)
 # loop sends its step again, its leases handed back.
 RFT_HEARTBEAT_SECONDS = max(0.5, env_float("RFT_HEARTBEAT_SECONDS", 2.0))
 RFT_WORKER_DEAD_SECONDS = max(2 * RFT_HEARTBEAT_SECONDS, env_float("RFT_WORKER_DEAD_SECONDS", 5 * RFT_HEARTBEAT_SECONDS))
-# The RFT core's loop (apps/control/orchestration.py): its beat; how long a sent step may wait
+# The RFT core's loop (apps/control/conductor.py): its beat; how long a sent step may wait
 # for a worker to pick it up before it is sent again (a broker that lost it); how long a
 # running step is trusted to a worker that writes no heartbeat (a task run by hand).
 RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)

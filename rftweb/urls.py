@@ -34,7 +34,7 @@ urlpatterns = [
     path("notifications/runs/<int:run_id>/email/", notification_views.notification_email, name="notifications_email"),
     path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
-    path("runs/<int:run_id>/signal/", include("apps.feedback.signal_urls")),
+    path("runs/<int:run_id>/signal/", include("apps.feedback.raters_urls")),
     path("runs/<int:run_id>/review/", include("apps.feedback.review_urls")),
     path("health/", include("apps.control.health_urls")),
     # Readiness: 503 naming Postgres or Redis when either is unreachable (/health/ is liveness).

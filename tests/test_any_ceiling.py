@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Round 46 raised it from 90 to 107, and says so: overrides of untyped or Any-typed bases (Django's
 # PostgreSQL backend for rftweb/localpg, daphne's request class and ASGI scopes and messages in
 # rftweb/request_guard.py, a coroutine type in apps/runs/socket_access.py). Lower it when those go.
-CEILING = 107
+# Round 49 lowered it to 96: the coroutine type, the paraphrase worker's params (a TypedDict) and
+# samples (the engines' Sample), SamplingSpec.from_config's section (SamplingConfig), the reward
+# worker's terms (RewardTerm), the K-12 grader's versions (the port's K12GraderRow).
+CEILING = 96
 
 
 def any_count(root: Path = ROOT) -> int:

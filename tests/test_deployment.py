@@ -71,7 +71,7 @@ def test_no_task_names_its_queue_celery_6_would_ignore_it() -> None:
         "from rftweb.celery import app; import importlib;"
         "[importlib.import_module(m) for m in ('workers.explorer', 'workers.evaluation', 'workers.trainer',"
         " 'workers.rewards', 'workers.reward_trainer', 'workers.synthesize', 'apps.buffer.tasks', 'apps.control.tasks',"
-        " 'apps.control.conduct', 'apps.feedback.tasks', 'apps.feedback.tasks', 'apps.envapi.tasks')];"
+        " 'apps.control.conductor_beat', 'apps.feedback.tasks', 'apps.feedback.tasks', 'apps.envapi.tasks')];"
         "app.finalize(); [t.name for t in app.tasks.values()]; print('bound', len(app.tasks))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=child_env(),

@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.services import batch_claim, experience_write, task_attempts_create, task_claim
-from apps.control import orchestration
+from apps.control import conductor
 from apps.runs.heartbeat import worker_heartbeat_record
 from apps.runs.dispatch import dispatch_claim
 from apps.runs.models import Dispatch, Run
-from apps.control.orchestration import dispatch_begin, dispatch_recover, dispatch_send, runs_conduct
+from apps.control.conductor import dispatch_begin, dispatch_recover, dispatch_send, conductor_beat
 from tests.factories import experience_row, make_run, make_taskset
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any], str]]:
     """What the loop queues (task name, args, task id), captured instead of sent."""
     out: list[tuple[str, list[Any], str]] = []
-    monkeypatch.setattr(orchestration, "_send", lambda name, args, queue, task_id: out.append((name, args, task_id)))
+    monkeypatch.setattr(conductor, "_send", lambda name, args, queue, task_id: out.append((name, args, task_id)))
     return out
 
 
@@ -158,7 +158,7 @@ def test_a_dead_trainers_step_is_sent_again_with_its_batch_back_while_a_live_one
     db = connection.settings_dict
     with psycopg.connect(host=db["HOST"] or "localhost", port=db["PORT"] or 5432, dbname=db["NAME"],
                          user=db["USER"] or None, autocommit=True) as trainer_session:
-        trainer_session.execute("SELECT pg_advisory_lock(%s, %s)", [orchestration.TRAINER_LOCK_NAMESPACE, run.pk])
+        trainer_session.execute("SELECT pg_advisory_lock(%s, %s)", [conductor.TRAINER_LOCK_NAMESPACE, run.pk])
         assert dispatch_recover(run=run) == []  # its session holds the run: it is training
     # The session is gone (the process died): the lock with it, once the server has ended the
     # session's backend (a client's close does not wait for that; under load it can take a moment).
@@ -174,10 +174,10 @@ def test_the_loop_sends_every_running_runs_next_step_and_only_theirs(owner: Any,
     a, b = _running(owner, mode="explore", name="a"), _running(owner, mode="explore", name="b")
     paused = make_run(owner=owner, taskset=make_taskset(owner=owner), mode="explore", name="paused")
     Run.objects.filter(pk=paused.pk).update(status=Run.Status.PAUSED)
-    advanced = runs_conduct()
+    advanced = conductor_beat()
     assert set(advanced) == {a.pk, b.pk}
     assert sorted(args for _, args, _ in sent) == sorted([[a.pk, 1], [b.pk, 1]])
-    runs_conduct()  # the next beat: both steps are still out, nothing is sent twice
+    conductor_beat()  # the next beat: both steps are still out, nothing is sent twice
     assert len(sent) == 2
 
 
@@ -187,16 +187,16 @@ def test_a_train_mode_run_waits_while_an_environment_works_on_its_tasks(owner: A
     or leased, an empty buffer ends it as before."""
     run = _running(owner, mode="train", total_steps=5)
     [attempt] = task_claim(run=run, worker="agent", size=1)
-    orchestration.run_advance(run=run)
+    conductor.run_advance(run=run)
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING
     # The rest of the epoch is still queued after the leased one is done.
     TaskAttempt.objects.filter(pk=attempt.pk).update(status=TaskAttempt.Status.DONE)
-    orchestration.run_advance(run=run)
+    conductor.run_advance(run=run)
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING
     TaskAttempt.objects.filter(run=run).update(status=TaskAttempt.Status.DONE)
-    orchestration.run_advance(run=run)
+    conductor.run_advance(run=run)
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED and not sent
 
@@ -211,11 +211,11 @@ def test_an_idle_beat_writes_nothing_and_reads_the_run_once(owner: Any, sent: li
 
     settings.RFT_LEASE_SECONDS = 300
     run = _running(owner, mode="explore")
-    runs_conduct()
+    conductor_beat()
     assert [args for _, args, _ in sent] == [[run.pk, 1]]
     with CaptureQueriesContext(connection) as queries:
-        runs_conduct()
-        runs_conduct()
+        conductor_beat()
+        conductor_beat()
     statements = [q["sql"].lstrip().split()[0].upper() for q in queries.captured_queries]
     assert not {"UPDATE", "INSERT", "DELETE"} & set(statements), statements
     assert statements.count("SELECT") <= 2 * 3, [q["sql"][:80] for q in queries.captured_queries]
@@ -231,11 +231,11 @@ def test_a_beat_under_a_train_step_that_is_out_does_not_count_the_buffer(owner: 
     from django.test.utils import CaptureQueriesContext
 
     run = _running(owner, mode="async", max_staleness=2)
-    runs_conduct()
+    conductor_beat()
     assert dispatch_send(run=run, kind="train", step=1)
     assert dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
     with CaptureQueriesContext(connection) as queries:
-        runs_conduct()
+        conductor_beat()
     tables = " ".join(q["sql"] for q in queries.captured_queries)
     assert "buffer_experience" not in tables and "runs_workerheartbeat" not in tables, tables
     assert len(queries.captured_queries) <= 3
@@ -251,11 +251,11 @@ def test_a_run_with_nothing_left_to_train_finishes_only_after_the_train_step_tha
     assert dispatch_send(run=run, kind="train", step=1)
     hold = dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
     assert hold is not None
-    runs_conduct()
+    conductor_beat()
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING
     hold.end()
-    runs_conduct()
+    conductor_beat()
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED
 
@@ -266,8 +266,8 @@ def test_the_beat_still_hands_back_an_expired_lease_once_reaping_is_due(owner: A
     task_attempts_create(run=run, epoch=0)
     [attempt] = task_claim(run=run, worker="gone", size=1, lease_seconds=30)
     TaskAttempt.objects.filter(pk=attempt.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    monkeypatch.setattr(orchestration, "_last_reap", float("-inf"))
-    runs_conduct()
+    monkeypatch.setattr(conductor, "_last_reap", float("-inf"))
+    conductor_beat()
     assert TaskAttempt.objects.get(pk=attempt.pk).status == TaskAttempt.Status.QUEUED
 
 
@@ -280,7 +280,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
     import types
 
     from apps.runs import heartbeat
-    from apps.control.conduct import runs_conduct_task
+    from apps.control.conductor_beat import conductor_beat_task
     from workers.trainer import train_step
 
     beats: list[str] = []
@@ -298,7 +298,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
     )
     monkeypatch.setattr(heartbeat, "_beater", Beater())
     monkeypatch.setattr(heartbeat, "threading", fake_threading)
-    heartbeat._on_task_edge(sender=runs_conduct_task)
+    heartbeat._on_task_edge(sender=conductor_beat_task)
     assert beats == []
     heartbeat._on_task_edge(sender=train_step)
     assert beats == ["beat"]
@@ -312,7 +312,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
     (two a step: a restarted Postgres once ran out of connection slots in tests/test_faults)."""
     import threading
 
-    from django.db import connections
+    from django.db import close_old_connections, connections
 
     from apps.runs import heartbeat
     from workers.trainer import train_step
@@ -330,7 +330,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
 
             WorkerHeartbeat.objects.count()  # the beat's query, on this thread's own connection
             used.append(connections["default"])
-            heartbeat.close_old_connections()  # as _Beater.beat ends
+            close_old_connections()  # as _Beater.beat ends
 
     monkeypatch.setattr(heartbeat, "_beater", Beater())
     before = set(threading.enumerate())
@@ -410,7 +410,7 @@ def test_the_loop_leaves_jobs_of_other_kinds_to_their_leases(owner: Any, sent: l
     dispatch_claim(run_id=run.pk, kind="rm_export", key="v1", state="sent", lease_seconds=1800)
     Dispatch.objects.exclude(kind="explore").update(started_at=timezone.now() - timedelta(hours=1),
                                                     sent_at=timezone.now() - timedelta(hours=1))
-    runs_conduct()
+    conductor_beat()
     assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
     assert dict(Dispatch.objects.filter(run=run).values_list("kind", "state")) == {
         "explore": "sent", "rm_train": "running", "rm_export": "sent"}

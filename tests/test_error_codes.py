@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from kernel import exceptions as kinds
-from rftweb.exceptions import CODES, KIND_CODES, MalformedJSON, Unauthenticated, error_code, status_code
+from rftweb.exceptions import CODES, CLASS_CODES, MalformedJSON, Unauthenticated, error_code, status_code
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("apps", "kernel", "rftweb", "workers")
@@ -23,7 +23,7 @@ def product_trees() -> list[ast.Module]:
 def class_codes(trees: list[ast.Module]) -> dict[str, str]:
     """Error class name -> its code, for the kinds and every subclass of them defined in the
     product (a subclass has its first base's code that has one, as error_code finds it)."""
-    codes: dict[str, str] = {kind.__name__: code for kind, code in KIND_CODES.items()}
+    codes: dict[str, str] = {cls.__name__: code for cls, code in CLASS_CODES.items()}
     classes = [node for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     changed = True
     while changed:  # bases may be defined after their subclasses' modules are read
@@ -56,8 +56,8 @@ def test_every_code_is_raised_somewhere() -> None:
     assert set(CODES) - raised == set()
 
 
-def test_each_code_belongs_to_one_kind() -> None:
-    assert sorted(KIND_CODES.values()) == sorted(CODES)
+def test_each_code_belongs_to_one_error_class() -> None:
+    assert sorted(CLASS_CODES.values()) == sorted(CODES)
 
 
 def test_an_error_has_its_nearest_kinds_code() -> None:

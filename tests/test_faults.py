@@ -9,7 +9,7 @@ recorded once.
 
 Leases are left at their production length (300 s) and the broker's visibility timeout at
 hours: that the run moves on within seconds shows the loop itself takes a dead worker's
-step back (apps/control/orchestration.py), not an expiry.
+step back (apps/control/conductor.py), not an expiry.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def test_rft_create_refuses_a_bad_taskset_with_the_line(owner: User, tmp_path: P
     assert not Run.objects.exists() and not Taskset.objects.exists()
 
 
-# --- the web: /runs/new/ and the feedback-policy form ----------------------------------------
+# --- the web: /runs/new/ and the feedback settings form ----------------------------------------
 
 @pytest.fixture
 def web(owner: User) -> Client:
@@ -256,7 +256,7 @@ def test_the_new_run_form_refuses_what_postgres_cannot_hold(web: Client, field: 
     ("field", "value"),
     [("feedback.w_auto", "inf"), ("feedback.wait_seconds", "1e400"), ("feedback.w_human", "NaN"), ("feedback.wait_seconds", "-Infinity")],
 )
-def test_the_feedback_policy_form_refuses_non_finite_numbers(web: Client, owner: User, field: str, value: str) -> None:
+def test_the_feedback_settings_form_refuses_non_finite_numbers(web: Client, owner: User, field: str, value: str) -> None:
     run = make_run(owner=owner)
     before = dict(run.config["feedback"])
     response = web.post(f"/runs/{run.pk}/feedback-policy/", {"confirm": "yes", "feedback.mode": "blend", field: value})

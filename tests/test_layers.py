@@ -123,7 +123,7 @@ def test_the_kernel_imports_without_django() -> None:
         "import pkgutil, importlib, sys, kernel\n"
         "names = [m.name for m in pkgutil.walk_packages(kernel.__path__, 'kernel.')]\n"
         "for name in names: importlib.import_module(name)\n"
-        "from kernel.feedback_policy import borda_scores\n"
+        "from kernel.fold import borda_scores\n"
         "assert borda_scores([2, 0, 1]) == {2: 1.0, 0: 0.5, 1: 0.0}\n"
         "loaded = sorted(m for m in sys.modules if m == 'django' or m.startswith(('django.', 'apps', 'rftweb')))\n"
         "print(len(names), loaded)\n"

@@ -90,7 +90,7 @@ ACCESS: dict[str, str] = {
     "runs:controls": MEMBER,
     "runs:control": OWNER,
     "runs:twin": OWNER,
-    "runs:feedback_policy": OWNER,
+    "runs:feedback_settings": OWNER,
     "runs:timeline": MEMBER,
     "runs:audit": MEMBER,
     "runs:experiences": MEMBER,

@@ -92,7 +92,7 @@ def test_a_deployments_settings_module_that_extends_ours_loads_and_its_values_re
     (tmp_path / "site_settings.py").write_text("from rftweb.settings import *\n\nRFT_CONDUCT_SECONDS = 2.5\n")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "site_settings", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     code = ("import django; django.setup(); from rftweb.celery import app; "
-            "print(app.conf.beat_schedule['runs-conduct']['schedule'], app.conf.timezone)")
+            "print(app.conf.beat_schedule['conductor-beat']['schedule'], app.conf.timezone)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["2.5", settings.TIME_ZONE]
@@ -177,12 +177,12 @@ def test_the_console_drops_celerys_info_lines_about_the_loop_beat_and_keeps_the_
     logging.config.dictConfig(config)
     try:
         beat, received, trace = (logging.getLogger(n) for n in ("celery.beat", "celery.worker.strategy", "celery.app.trace"))
-        for task in ("apps.control.conduct.runs_conduct_task", "workers.trainer.task.train_step"):
+        for task in ("apps.control.conductor_beat.conductor_beat_task", "workers.trainer.task.train_step"):
             context = {"id": "x1", "name": task}
             beat.info("Scheduler: Sending due task %s (%s)", "entry", task)
             received.info(LOG_RECEIVED, context, extra={"data": context})
             trace.info(LOG_SUCCESS, {**context, "return_value": "[]", "runtime": 0.01, "args": "()", "kwargs": "{}"})
-        trace.warning("Task %(name)s[%(id)s] raised", {"id": "x2", "name": "apps.control.conduct.runs_conduct_task"})
+        trace.warning("Task %(name)s[%(id)s] raised", {"id": "x2", "name": "apps.control.conductor_beat.conductor_beat_task"})
     finally:
         logging.config.dictConfig(settings.LOGGING)
     lines = stream.getvalue().splitlines()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apps.runs.services import metric_record
+from apps.runs.metrics import metric_record
 from apps.runs.trackers import mlflow_uri, tensorboard_dir, trackers_close, trackers_for
 from tests.factories import make_run
 
@@ -152,9 +152,9 @@ def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_liv
     from apps.rewards.k12_rules import k12_grader_publish
     from apps.feedback.learned import reward_model_publish
     from apps.runs import metrics
+    from apps.runs.events import event_publish as real
 
     sent: list[dict[str, Any]] = []
-    real = metrics.event_publish
     def publish(**kw: Any) -> Any:
         sent.append(kw)
         return real(**kw)

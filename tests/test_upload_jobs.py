@@ -112,6 +112,7 @@ def test_a_bad_line_fails_the_import_naming_it_and_keeps_no_task(owner: User, ba
     client.force_login(owner)
     assert upload_run(client, jsonl(50, bad_line=37)).status_code == 302
     run = Run.objects.get()
+    assert run.taskset_id is not None
     assert taskset_import_task(run.taskset_id) == "failed"
 
     taskset = Taskset.objects.get()

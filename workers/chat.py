@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from apps.runs.ports import RunView, run_current_version, run_view
 from kernel.exceptions import InvalidInput
+from apps.envapi.ports import reply_push, StreamWriter
+from workers.engines import engine_cached, engine_for, SamplingSpec
+from workers.explorer import checkpoint_known, engine_at, VersionNotReady, worker_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -150,7 +153,7 @@ def tool_calls_parse(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[str
     try:
         from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
-        info = Hermes2ProToolParser(tokenizer).extract_tool_calls(text, request=None)  # type: ignore[arg-type]
+        info = Hermes2ProToolParser(tokenizer).extract_tool_calls(text, request=None)
         if info.tools_called:
             calls = [(c.function.name, c.function.arguments) for c in info.tool_calls]
             content = info.content
@@ -252,7 +255,6 @@ def _generate_streaming(engine: Any, prompts: list[list[int]], *, n: int, sampli
                         ) -> list[list[Sample]]:
     """`engine.generate` with each decoding step's text pushed to the web process
     (apps/envapi/token_stream.py) while the generation goes on."""
-    from apps.envapi.ports import StreamWriter
 
     writer = StreamWriter(key)
     tokenizer = engine.tokenizer
@@ -281,7 +283,6 @@ def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     reply = request.get("reply_key")
     if not reply:
         return chat_generate(run_id=run_id, request=request)
-    from apps.envapi.ports import reply_push
 
     try:
         answer = chat_generate(run_id=run_id, request=request)
@@ -333,8 +334,6 @@ def _version_current(*, run: RunView, floor: int) -> int:
     read (`floor`), or a later one of this run the resident engine already holds (the
     explorer loaded it after a publish), so a call queued across a publish neither reads
     the run again nor swaps the engine back to older weights."""
-    from workers.engines import engine_cached, engine_for
-    from workers.explorer import checkpoint_known
 
     if not engine_cached(run.cfg):
         return floor
@@ -346,9 +345,6 @@ def _version_current(*, run: RunView, floor: int) -> int:
 
 
 def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
-    from workers.engines import SamplingSpec
-    from workers.explorer import VersionNotReady, engine_at, worker_name
-
     run = _run_for(run_id=run_id, digest=request.get("config_digest"))
     if run is None:
         raise ChatRequestInvalid(f"run {run_id} not found", status=404, code="model_not_found", param="model")

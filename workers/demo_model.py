@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 # The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
 from kernel.preferences import number_words
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.modelkit import causal_lm_build, tokenizer_build
 
 if TYPE_CHECKING:
     import torch
@@ -333,8 +334,6 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
     """The build proper, in this process (`demo_model_build` runs it in a pinned child)."""
     import torch
     from tqdm import tqdm
-
-    from workers.modelkit import causal_lm_build, tokenizer_build
 
     started = time.monotonic()
     # One thread: summation order, hence the weights' bits, do not depend on the machine's cores.

@@ -33,8 +33,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
-from celery import shared_task
 from django.db import OperationalError
+from apps.buffer.ports import taskset_tasks
+from apps.rewards.ports import answer_verdict, rewards_inline
+from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
+from workers.engines import SamplingSpec
+from workers.explorer import engine_at, task_prompt, worker_name
+
+from rftweb.taskkit import celery_task
 
 if TYPE_CHECKING:
     from apps.rewards.ports import Verdict
@@ -72,11 +78,6 @@ def verdict_shares(verdicts: Sequence[Verdict]) -> dict[str, float]:
 
 def evaluate_version(*, run_id: int, version: int, worker: str | None = None) -> EvalOutcome:
     """Evaluate `version` of run `run_id` on its evaluation taskset (the task's body)."""
-    from apps.buffer.ports import taskset_tasks
-    from apps.rewards.ports import answer_verdict, rewards_inline
-    from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
-    from workers.engines import SamplingSpec
-    from workers.explorer import engine_at, task_prompt, worker_name
 
     run = run_view(run_id)
     if run is None:
@@ -131,7 +132,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
 # Reads the buffer's tasks and writes metrics only, so a redelivery is harmless (and skipped
 # once the metrics are there). Database hiccups retry; anything else is logged and dropped:
 # a failed evaluation must never stop the run.
-@shared_task(
+@celery_task(
     name="workers.evaluation.evaluate",
     acks_late=True,
     soft_time_limit=1500,

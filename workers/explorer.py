@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from celery import Task, shared_task
+from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import OperationalError
 
@@ -52,6 +52,7 @@ from apps.runs.ports import (
 )
 from kernel.exceptions import InvalidInput, Unavailable
 from kernel.jsontypes import JSONObject
+from rftweb.taskkit import celery_bound_task, celery_task
 from workers.engines import (
     SamplingSpec,
     engine_cached,
@@ -123,7 +124,7 @@ def worker_name() -> str:
 
 
 def explorer_version_for(*, run: RunView, step: int) -> int:
-    """The model version explore step `step` must use, from the run's mode (apps/runs/policy.py);
+    """The model version explore step `step` must use, from the run's mode (apps/runs/schedule.py);
     VersionNotReady makes the step wait for the trainer."""
     version = explore_version(cfg=run.cfg, explore_step=step, current_version=run.current_version)
     if version is None:
@@ -274,7 +275,7 @@ class Scored:
 
 def _sampling(run: RunView, engine: RolloutEngine, step: int) -> SamplingSpec:
     sampling = SamplingSpec.from_config(run.cfg.sampling)
-    if sampling.seed is None and engine.kind == "transformers":
+    if sampling.seed is None and engine.backend == "transformers":
         # The transformers engine draws from the process's global RNG, whose state depends
         # on what the process did before (other runs, the trainer beside it in one process,
         # step 1 coming before the trainer seeds anything): seeded per step from the run's
@@ -402,9 +403,8 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutc
 # database hiccups 3 times with backoff. A version not yet published ends the task: the
 # loop sends the step again once the policy lets it go. Time limits leave the soft one room
 # to hand the claimed tasks back.
-@shared_task(
+@celery_bound_task(
     name="workers.explorer.explore_step",
-    bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=1500,
@@ -513,7 +513,7 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
 
 # Reads only, so safe to run twice; the caller (an API request) waits for it and decides
 # about retrying, hence no automatic retry. Bad requests raise GenerateRequestInvalid.
-@shared_task(
+@celery_task(
     name="workers.explorer.generate",
     acks_late=True,
     soft_time_limit=300,
@@ -526,14 +526,14 @@ def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
 # OpenAI-compatible generation (apps/envapi/openai_api.py; the logic is workers/chat.py).
 # Reads only; the waiting API request decides about retrying. Refusals come back as
 # {"error": {...}}, not exceptions, so the web side can answer them as OpenAI 4xx errors.
-@shared_task(
+@celery_task(
     name="workers.explorer.chat",
     acks_late=True,
     soft_time_limit=300,
     time_limit=330,
 )
 def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
-    from workers.chat import chat_serve  # a cycle: workers.chat imports this module
+    from workers.chat import chat_serve  # cycle: workers.chat imports this module
 
     answer = chat_serve(run_id=run_id, request=request)
     # With a reply list the answer went there, and the sender ignores the result: returning

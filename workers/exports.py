@@ -20,11 +20,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from celery import Task, shared_task
+from celery import Task
 from django.db import InterfaceError, OperationalError
 
 from apps.control.ports import EXPORT_FAILURE, EXPORT_TASK, dispatch_begin, weights_export_of
 from apps.runs.ports import DispatchKind, task_failure_record
+from rftweb.taskkit import celery_bound_task
 from workers.adapters import model_export
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,8 @@ def weights_zip_write(*, source: str, target: Path) -> Path:
     return target
 
 
-@shared_task(
-    name=EXPORT_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, soft_time_limit=1800, time_limit=1860,
+@celery_bound_task(
+    name=EXPORT_TASK, acks_late=True, reject_on_worker_lost=True, soft_time_limit=1800, time_limit=1860,
     autoretry_for=(OperationalError, InterfaceError), retry_backoff=True, max_retries=5, ignore_result=True,
 )
 def weights_export_zip(self: Task, run_id: int, version: int) -> dict[str, object]:

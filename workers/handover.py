@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.background import background_writer
+from apps.runs.ports import model_version_publish, version_latest
+from workers.engines import engine_cached
+from workers.sync import save_pretrained_atomic, version_dir
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +60,6 @@ def memory_sync_applies(cfg: RunConfig) -> bool:
 
     if settings.RFT_WEIGHT_SYNC != "checkpoint":
         return False
-    from workers.engines import engine_cached
 
     return engine_cached(cfg)
 
@@ -67,7 +69,6 @@ def _write(*, model: torch.nn.Module, state: dict[str, torch.Tensor], tokenizer:
     """`save_pretrained_atomic` of the cloned tensors: the live model goes on training while
     this runs, so only its config is read from it (none at all when `like`, the previous
     version's directory, serves as the layout: workers.sync.weights_like)."""
-    from workers.sync import save_pretrained_atomic
 
     return save_pretrained_atomic(model=model, tokenizer=tokenizer, out=out, state=state, like=like)
 
@@ -107,9 +108,6 @@ class MemorySync:
                 tokenizer: PreTrainedTokenizerBase) -> float:
         import torch
 
-        from apps.runs.ports import model_version_publish
-        from workers.sync import version_dir
-
         started = time.perf_counter()
         pending_wait()  # one write in flight at most (see the module docstring)
         with torch.no_grad():
@@ -146,7 +144,7 @@ def handover_apply(engine: Any, *, version: int, path: str) -> bool:
         return False
     model = getattr(engine, "model", None)
     lock = getattr(engine, "_lock", None)
-    if getattr(engine, "kind", None) != "transformers" or model is None or lock is None:
+    if getattr(engine, "backend", None) != "transformers" or model is None or lock is None:
         if future is not None:
             future.result()
         return False
@@ -170,8 +168,6 @@ def handover_repair(*, run: RunView, model: torch.nn.Module, tokenizer: PreTrain
     """After a restart: rewrite the newest published version's directory when a crash left
     it unwritten and it is the version of `train_step` (the weights just restored). True if
     it wrote."""
-    from apps.runs.ports import version_latest
-    from workers.sync import save_pretrained_atomic
 
     latest = version_latest(run_id=run.pk)
     if latest is None or not latest.checkpoint or Path(latest.checkpoint).exists() or checkpoint_pending(latest.checkpoint):

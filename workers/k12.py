@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.rewards.ports import (
+    K12GraderRow,
     K12JudgeParams,
     K12LearnedParams,
     grader_prompt,
@@ -47,6 +48,10 @@ from apps.rewards.ports import (
     task_question,
 )
 from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
+from apps.feedback.ports import pair_is_heldout
+from workers.engines import engine_for, EngineWanted, prompt_ids, SamplingSpec
+from workers.reward_models import reward_model_load
+from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
 
 if TYPE_CHECKING:
     from workers.engines.base import RolloutEngine
@@ -115,22 +120,19 @@ def k12_verdict_parse(text: str, *, scale: float) -> tuple[float | None, str]:
     return value / top, reason[:MAX_REASON_CHARS]
 
 
-def judge_engine_for(*, model: str, kind: str) -> RolloutEngine:
+def judge_engine_for(*, model: str, backend: str) -> RolloutEngine:
     """The worker's resident rollout engine for the judge model (workers.engines)."""
-    from workers.engines import EngineWanted, engine_for
 
-    return engine_for(EngineWanted(engine=kind, model=model))
+    return engine_for(EngineWanted(engine=backend, model=model))
 
 
 def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView | None = None,
                        **raw: object) -> list[Verdict]:
-    from workers.engines import SamplingSpec, prompt_ids
-
     params = judge_params(raw)
     model = params.model or (run_current_model(run=run) if run is not None else None)
     if not model:
         raise ValueError("k12_judge needs params.model or a run whose model judges")
-    engine = judge_engine_for(model=model, kind=params.engine)
+    engine = judge_engine_for(model=model, backend=params.engine)
     # A prompt the judge model cannot read whole is not judged: cut, it would lose the
     # question or the answer, and vLLM refuses it outright.
     context = int(getattr(engine, "max_model_len", 0) or 0)
@@ -161,12 +163,9 @@ def k12_judge_verdicts(completions: Sequence[str], tasks: Sequence[object], *, r
 # The learned grader
 
 
-def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> Any:
+def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool = False) -> K12GraderRow | None:
     """Train and publish the run's next K-12 grader version if one is due (or `force`);
     None when nothing was due or no pair can be learned from."""
-    from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
-
-    from apps.feedback.ports import pair_is_heldout
 
     answers = k12_graded_answers(run=run)
     if not force and not k12_grader_due(run=run, params=params, grades=len(answers)):
@@ -199,7 +198,7 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
     return grader
 
 
-def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
+def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow | None:
     """The newest version, trained first when one is due; None when there is nothing to learn.
 
     While another worker trains: the newest version if there is one (the next scoring picks
@@ -225,9 +224,6 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> Any:
 
 def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[object], *, run: RunView,
                          **raw: object) -> list[Verdict]:
-    from workers.reward_models import reward_model_load
-    from workers.reward_trainer import rm_score_texts
-
     params = learned_params(raw)
     grader = k12_grader_ensure(run=run, params=params)
     if grader is None:

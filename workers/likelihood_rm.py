@@ -40,6 +40,10 @@ from typing import TYPE_CHECKING
 from apps.rewards.ports import PreferencePair
 from kernel.exceptions import ExportFailed
 from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
+from workers.adapters import atomic_dir, atomic_dir_commit
+from workers.engines.base import prompt_ids
+from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
+from workers.reward_trainer import pairwise_accuracy
 
 if TYPE_CHECKING:
     import torch
@@ -71,8 +75,6 @@ def causal_lm_load(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
 
 def rm_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    from workers.engines.base import prompt_ids
-
     return list(prompt_ids(tokenizer, text=prompt, messages=None))
 
 
@@ -196,7 +198,6 @@ def crossval_accuracy(z: Sequence[Sequence[float]], texts: dict[tuple[str, str],
                       *, folds: int, l2: float, weights: dict[int, list[float]] | None = None) -> float | None:
     """k-fold cross-validated pairwise accuracy over prompts: each pair ranked by weights fitted
     on the other folds' pairs (`fold_weights`, or `weights` when given), weighted by its trust."""
-    from workers.reward_trainer import pairwise_accuracy
 
     weights = fold_weights(z, texts, pairs, folds=folds, l2=l2) if weights is None else weights
     chosen: list[float] = []
@@ -228,7 +229,6 @@ def likelihood_model_fit(
     """Fit a likelihood reward model on `train` over `base`, save it to `out`; returns (the
     scorer, held-out pairwise accuracy). With `crossval_folds` >= 2 the model fits `train` +
     `heldout` and the accuracy is `crossval_accuracy` over all of them."""
-    from workers.reward_trainer import pairwise_accuracy
 
     if crossval_folds >= 2:
         train = train + heldout
@@ -330,9 +330,6 @@ def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float
     tokenizer. Written atomically."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from workers.adapters import atomic_dir, atomic_dir_commit
-    from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
 
     source, out = Path(source), Path(out)
     head = LikelihoodHead.load(source)

@@ -80,7 +80,7 @@ def completion_logprobs(model: PreTrainedModel, rows: Sequence[tuple[list[int], 
     return [token_lp[row, max(cut, 1) - 1:len(ids) - 1].tolist() for row, (ids, cut) in enumerate(rows)]
 
 
-class LikelihoodRewardConfig(PretrainedConfig):
+class LikelihoodRewardConfig(PretrainedConfig):  # type: ignore[misc]  # transformers is skipped by mypy (pyproject): Any
     model_type = "rftweb_likelihood_rm"
 
     def __init__(self, lm_config: dict[str, object] | None = None, mean: list[float] | None = None,
@@ -100,7 +100,7 @@ class LikelihoodRewardConfig(PretrainedConfig):
         self.calibration = calibration or {"scale": 1.0, "offset": 0.5}
 
 
-class LikelihoodRewardModel(PreTrainedModel):
+class LikelihoodRewardModel(PreTrainedModel):  # type: ignore[misc]  # transformers is skipped by mypy (pyproject): Any
     """The base causal LM (`lm`) and the fitted head in the config; `logits` is (batch, 1)."""
 
     config_class = LikelihoodRewardConfig

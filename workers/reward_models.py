@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 from apps.rewards.ports import reference_text, task_field
 from kernel.exceptions import ExportFailed
 from workers.engines.base import SamplingSpec
+from workers.engines import engine_for, EngineWanted
+from workers.reward_kinds import reward_kind_of_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -192,7 +194,7 @@ class TransformersJudgeEngine:
 
 
 @functools.lru_cache(maxsize=2)
-def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
+def judge_engine(model: str, backend: str = "transformers") -> tuple[JudgeEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for a judge model, resident for the worker's life.
 
     `vllm`: the worker's resident rollout engine for the model (workers.engines, shared
@@ -201,9 +203,7 @@ def judge_engine(model: str, kind: str = "transformers") -> tuple[JudgeEngine, P
     from transformers import AutoTokenizer
 
     with _load_lock:
-        if kind == "vllm":
-            from workers.engines import EngineWanted, engine_for
-
+        if backend == "vllm":
             engine = engine_for(EngineWanted(engine="vllm", model=model))
             return engine, engine.tokenizer
         return TransformersJudgeEngine(model), AutoTokenizer.from_pretrained(model)
@@ -294,7 +294,6 @@ def reward_model_export(*, source: str, out: str, scale: float, offset: float) -
     loads, as its kind writes one (workers/reward_kinds/): a `classifier` version is one
     already (copied); a `likelihood` version is built as one (trust_remote_code=True;
     workers/likelihood_rm_hf.py)."""
-    from workers.reward_kinds import reward_kind_of_dir
 
     if not Path(source).is_dir():
         raise ExportFailed(f"{source} is not a saved reward model directory (is the run's storage mounted here?)")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from celery import Task, shared_task, signals
+from celery import Task, signals
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
@@ -51,7 +51,10 @@ from apps.runs.ports import dispatch_claim
 from apps.runs.ports import reward_kind_get
 from apps.runs.ports import DispatchKind, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
+from rftweb.taskkit import celery_bound_task, celery_task, on_signal
 from workers.reward_kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
+from kernel.exceptions import ExportFailed
+from workers.reward_models import reward_model_export, rm_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -79,7 +82,6 @@ def _base_of(run: Run) -> str:
 
 def rm_texts_tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
     """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
-    from workers.reward_models import rm_text
 
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -307,7 +309,7 @@ _REWARD_TASK: dict[str, object] = {
 }
 
 
-@shared_task(name="workers.reward_trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
+@celery_task(name="workers.reward_trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
 def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
     if run is None or not run.cfg.reward_model.enabled:
@@ -325,7 +327,7 @@ def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     return {"version": rm.version if rm else None, "accuracy": rm.accuracy if rm else None}
 
 
-@shared_task(name="workers.reward_trainer.reward_model_score", soft_time_limit=600, time_limit=660, **_REWARD_TASK)
+@celery_task(name="workers.reward_trainer.reward_model_score", soft_time_limit=600, time_limit=660, **_REWARD_TASK)
 def reward_model_score(run_id: int) -> dict[str, int]:
     run = run_view(run_id)
     if run is None:
@@ -335,8 +337,8 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 
 
 
-@shared_task(name="workers.reward_trainer.reward_model_export_zip", bind=True, soft_time_limit=1800, time_limit=1860,
-             **_REWARD_TASK)
+@celery_bound_task(name="workers.reward_trainer.reward_model_export_zip", soft_time_limit=1800, time_limit=1860,
+                   **_REWARD_TASK)
 def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | bool | None]:
     """Pack a version as the web download (apps/rewards/export.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
@@ -367,9 +369,6 @@ def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:
     import os
     import zipfile
 
-    from workers.adapters import ExportFailed
-    from workers.reward_models import reward_model_export
-
     if not Path(rm.path).is_dir():  # before writing anything beside it
         raise ExportFailed(f"{rm.path} is not a saved reward model directory (is the run's storage mounted here?)")
     with tempfile.TemporaryDirectory(prefix="rm-export-", dir=target.parent) as tmp:
@@ -382,7 +381,7 @@ def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:
     return target
 
 
-@signals.worker_ready.connect
+@on_signal(signals.worker_ready)
 def _import_the_reward_models_at_start(sender: object = None, **_: object) -> None:
     """As a train worker does (workers/trainer/task.py): a worker serving the reward queue
     imports torch and transformers as it starts rather than inside its first training, where

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from celery import Task, shared_task
+from celery import Task
 from django.db import InterfaceError, OperationalError
 
 from apps.rewards.ports import (
@@ -30,6 +29,10 @@ from apps.rewards.ports import (
     task_domain,
 )
 from apps.runs.ports import RunView, run_view
+from kernel.config import RewardTerm
+from rftweb.taskkit import celery_bound_task
+from workers.k12 import K12_SCORERS, Verdict
+from workers.reward_models import BATCH_SCORERS
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +57,12 @@ def rewards_remote_score(
     K-12 graders (workers/k12.py) also get the run and give a reason with each score, which
     lands in `reasons` (by experience id, then term key) when given.
     """
-    from workers.k12 import K12_SCORERS, Verdict
-    from workers.reward_models import BATCH_SCORERS
 
     terms = run.cfg.rewards
     scored: dict[int, dict[str, float]] = {e.pk: {} for e in experiences}
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     # key -> (term, [experiences awaiting it])
-    groups: dict[str, tuple[Any, list[ExperienceRecord]]] = {}
+    groups: dict[str, tuple[RewardTerm, list[ExperienceRecord]]] = {}
     raised = False
     for exp in experiences:
         applicable = dict(rewards_for_domain(terms=terms, domain=task_domain(_task_of(exp))))
@@ -101,8 +102,7 @@ def rewards_remote_score(
     return scored, dict(errors), raised
 
 
-@shared_task(
-    bind=True,
+@celery_bound_task(
     name="workers.rewards.score_experiences",
     acks_late=True,
     reject_on_worker_lost=True,

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
-from celery import shared_task
+from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
+from apps.runs.ports import metric_record, run_view
+from rftweb.taskkit import celery_task
+from workers.engines import engine_for, EngineWanted
+from workers.engines.base import SamplingSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -26,40 +30,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def Sampling(**fields: Any) -> SamplingSpec:
+class ParaphraseParams(TypedDict, total=False):
+    """`taskset_paraphrase`'s params: apps/buffer/pipeline/synthesize.py's ParaphraseParams
+    as the pipeline sends them (dumped, the model filled in), and the engine to use."""
+
+    model: str | None
+    engine: str
+    n: int
+    max_tasks: int | None
+    instruction: str
+    max_tokens: int
+    temperature: float
+    require_numbers: bool
+    seed: int
+
+
+def Sampling(*, temperature: float = 0.8, max_tokens: int = 128, seed: int | None = 0) -> SamplingSpec:
     """Sampling for paraphrases: the engines' SamplingSpec with paraphrase defaults."""
-    from workers.engines.base import SamplingSpec
 
-    fields.setdefault("temperature", 0.8)
-    fields.setdefault("max_tokens", 128)
-    fields.setdefault("seed", 0)
-    return SamplingSpec(**fields)
+    return SamplingSpec(temperature=temperature, max_tokens=max_tokens, seed=seed)
 
 
-def _engine_for(model: str, *, kind: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
+def _engine_for(model: str, *, backend: str = "transformers") -> tuple[RolloutEngine, PreTrainedTokenizerBase]:
     """(engine, tokenizer) for `model`: the worker's resident rollout engine (workers.engines)."""
-    from workers.engines import EngineWanted, engine_for
 
-    engine = engine_for(EngineWanted(engine=kind, model=model))
+    engine = engine_for(EngineWanted(engine=backend, model=model))
     return engine, engine.tokenizer
-
-
-def _samples(per_prompt: Any) -> list[Any]:
-    for name in ("samples", "outputs", "completions"):
-        inner = getattr(per_prompt, name, None) if not isinstance(per_prompt, dict) else per_prompt.get(name)
-        if inner is not None:
-            return list(inner)
-    return list(per_prompt)
-
-
-def _text_of(sample: Any, tokenizer: PreTrainedTokenizerBase) -> str:
-    get = sample.get if isinstance(sample, dict) else (lambda k, d=None: getattr(sample, k, d))
-    text = get("text")
-    if isinstance(text, str):
-        return text
-    ids = get("token_ids") or get("completion_ids") or []
-    decoded: str = tokenizer.decode(list(ids), skip_special_tokens=True)
-    return decoded
 
 
 def tasks_paraphrase(
@@ -69,7 +65,6 @@ def tasks_paraphrase(
 ) -> dict[str, int]:
     """Paraphrase the taskset's unfiltered, non-synthetic text tasks; store the accepted
     ones as synthetic tasks. Idempotent: tasks already paraphrased are skipped."""
-    from apps.buffer.ports import paraphrase_accept, paraphrase_sources, paraphrases_add
 
     sampling = sampling or Sampling()
     sources = paraphrase_sources(taskset_id=taskset_id, limit=max_tasks)
@@ -81,9 +76,9 @@ def tasks_paraphrase(
     new = []
     for task, per_prompt in zip(sources, results):
         seen: set[str] = set()
-        for sample in _samples(per_prompt):
+        for sample in per_prompt:  # the engine's Samples, their text decoded
             counts["asked"] += 1
-            text = _text_of(sample, tokenizer).strip()
+            text = sample.text.strip()
             why = paraphrase_accept(task.prompt, text, require_numbers=require_numbers)
             if why is None and text in seen:
                 why = "repeated"
@@ -99,7 +94,6 @@ def tasks_paraphrase(
 def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
     if run_id is None:
         return
-    from apps.runs.ports import metric_record, run_view
 
     run = run_view(run_id)
     if run is not None:
@@ -109,15 +103,15 @@ def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
 
 # Idempotent (tasks already paraphrased are skipped); retried a few times when the engine
 # fails to start; a time limit because a stuck generation must not hold the GPU forever.
-@shared_task(
+@celery_task(
     name="workers.synthesize.taskset_paraphrase", acks_late=True, autoretry_for=(OSError,),
     max_retries=3, retry_backoff=True, time_limit=1800, soft_time_limit=1700,
 )
-def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int | None = None) -> dict[str, int]:
+def taskset_paraphrase(*, taskset_id: int, params: ParaphraseParams, run_id: int | None = None) -> dict[str, int]:
     from django.conf import settings
 
     model = params.get("model") or str(settings.RFT_DEMO_MODEL_DIR)
-    engine, tokenizer = _engine_for(model, kind=params.get("engine", "transformers"))
+    engine, tokenizer = _engine_for(model, backend=params.get("engine", "transformers"))
     sampling = Sampling(temperature=params.get("temperature", 0.8), max_tokens=params.get("max_tokens", 128),
                         seed=params.get("seed", 0))
     counts = tasks_paraphrase(
@@ -130,4 +124,4 @@ def taskset_paraphrase(*, taskset_id: int, params: dict[str, Any], run_id: int |
     return counts
 
 
-__all__: Sequence[str] = ("Sampling", "tasks_paraphrase", "taskset_paraphrase")
+__all__: Sequence[str] = ("ParaphraseParams", "Sampling", "tasks_paraphrase", "taskset_paraphrase")

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from transformers import ProcessorMixin
 
 from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.modelkit import tokenizer_build
 
 MANIFEST = "rft-vision.json"
 TASKSET_ZIP = "vision-taskset.zip"
@@ -147,8 +148,6 @@ def _model_build(settings: VisionSettings) -> tuple[torch.nn.Module, ProcessorMi
         LlamaConfig,
     )
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-    from workers.modelkit import tokenizer_build
 
     corpus = [f"{QUESTION} {answer_text(n)}" for n in range(10)] + ["Count the squares. <answer></answer>"]
     tokenizer = tokenizer_build(texts=corpus, vocab_size=settings.vocab_size)

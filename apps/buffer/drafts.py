@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard, TypeVar, cast
 
 from kernel.config import RunConfig
-from kernel.feedback_policy import InitialFields, experience_initial_fields
+from kernel.fold import InitialFields, experience_initial_fields
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
-
 from apps.buffer.services import lease_reap
 from apps.runs.models import Run
+from rftweb.taskkit import celery_task
 
 log = logging.getLogger(__name__)
 
 
 # Idempotent by nature (only expired leases move); cheap; never retried, the next beat runs it again.
-@shared_task(name="apps.buffer.tasks.lease_reap_task", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=False)  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(name="apps.buffer.tasks.lease_reap_task", ignore_result=True, time_limit=60, soft_time_limit=50, acks_late=False)
 def lease_reap_task() -> dict[str, int]:
     result = lease_reap()
     if result.experiences or result.task_attempts:
@@ -23,7 +22,7 @@ def lease_reap_task() -> dict[str, int]:
 
 # Idempotent (recomputes priorities from stored fields); cheap enough to run every few
 # minutes per active run; not retried: the next schedule runs it again.
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(
     name="apps.buffer.tasks.experience_priorities_refresh_task", ignore_result=True, time_limit=300,
     soft_time_limit=280, acks_late=False,
 )
@@ -46,7 +45,7 @@ def experience_priorities_refresh_task(run_id: int) -> int:
 TASKSET_IMPORT_TIME_LIMIT = 3600
 
 
-@shared_task(  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(
     name="apps.buffer.tasks.taskset_import_task", ignore_result=True, time_limit=TASKSET_IMPORT_TIME_LIMIT,
     soft_time_limit=TASKSET_IMPORT_TIME_LIMIT - 60,
 )

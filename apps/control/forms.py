@@ -23,7 +23,7 @@ from pydantic.json_schema import JsonDict
 
 from kernel.hygiene import InputRejected, yaml_parse
 from kernel.algorithms import algorithm_get, algorithm_names, algorithms
-from kernel.config import FeedbackPolicy, RunConfig, config_validate
+from kernel.config import FeedbackSettings, RunConfig, config_validate
 from kernel.eval_series import best_by_choices
 from kernel.preferences import preference_names
 from kernel.reward_kinds import reward_kind_names
@@ -144,7 +144,7 @@ def config_field_specs() -> list[FieldSpec]:
 
 
 def feedback_field_specs() -> list[FieldSpec]:
-    return _specs(FeedbackPolicy, "feedback.", "feedback")
+    return _specs(FeedbackSettings, "feedback.", "feedback")
 
 
 def _set(data: dict[str, object], path: str, value: object) -> None:
@@ -245,7 +245,7 @@ ESSENTIAL = ("model", "tokenizer", "algorithm", "mode", "engine", "repeat_times"
 GROUP_ORDER = ("run", "sampling", "feedback", "trainer", "reward_model", "feedback.selection", "feedback.trust",
                "run.more", "eval", "eval.sampling", "replay", "trainer.lora", "pipeline", "rollout")
 SECTION_TITLES: dict[str, str] = {
-    "run": "Run", "run.more": "More run settings", "sampling": "Sampling", "feedback": "Feedback policy",
+    "run": "Run", "run.more": "More run settings", "sampling": "Sampling", "feedback": "Feedback settings",
     "feedback.selection": "Annotation queue order", "feedback.trust": "Hand-out by rater trust",
     "replay": "Replay", "trainer": "Trainer", "trainer.lora": "LoRA adapter", "reward_model": "Learned reward model",
     "pipeline": "Data pipeline", "rollout": "Rollout engine", "eval": "Held-out evaluation",

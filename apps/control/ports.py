@@ -14,8 +14,8 @@ from pathlib import Path
 from django.db import transaction
 
 from apps.buffer.ports import ExperienceDraft, ExperienceSink, TaskSource, WriteResult
-from apps.control import orchestration as _orchestration
-from apps.control.orchestration import EXPORT_TASK, TrainReadiness, batch_plan, dispatch_begin
+from apps.control import conductor as _conductor
+from apps.control.conductor import EXPORT_TASK, TrainReadiness, batch_plan, dispatch_begin
 from apps.control.weights import EXPORT_FAILURE
 from apps.control.weights import weights_zip_path as _weights_zip_path
 from apps.rewards.ports import rewards_remote_enqueue
@@ -31,21 +31,21 @@ __all__ = ["EXPORT_FAILURE", "EXPORT_TASK", "BatchPlan", "TrainReadiness", "Weig
 def trainer_lock(run_id: int) -> Iterator[bool]:
     """One trainer per run: a session-level advisory lock the database drops if the trainer
     dies (the loop reads it to tell a live trainer from a dead one); yields whether got."""
-    with advisory_lock(_orchestration.TRAINER_LOCK_NAMESPACE, run_id) as got:
+    with advisory_lock(_conductor.TRAINER_LOCK_NAMESPACE, run_id) as got:
         yield got
 
 
 def train_readiness(*, run: RunView) -> TrainReadiness:
-    return _orchestration.train_readiness(run=row(run))
+    return _conductor.train_readiness(run=row(run))
 
 
 def train_step_continue(*, run: RunView, step: int) -> TrainReadiness | None:
     """Whether a trainer goes on with `step` itself (the run is read again first)."""
-    return _orchestration.train_step_continue(run=row(run), step=step)
+    return _conductor.train_step_continue(run=row(run), step=step)
 
 
 def run_advance_after_step(*, run: RunView, train: bool = True) -> None:
-    _orchestration.run_advance_after_step(run=row(run), train=train)
+    _conductor.run_advance_after_step(run=row(run), train=train)
 
 
 def explore_step_write(

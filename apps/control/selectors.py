@@ -17,12 +17,12 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience, Taskset
 from apps.buffer.selectors import ExperienceFilters
-from apps.control.orchestration import batch_plan, train_readiness
+from apps.control.conductor import batch_plan, train_readiness
 from apps.feedback.models import Feedback
 from apps.feedback.kinds import kind_names
 from apps.feedback.holds import Person
 from apps.feedback.selectors import annotation_waiting
-from apps.runs import policy
+from apps.runs import schedule
 from apps.runs.heartbeat import workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, WeightLoad
 from apps.runs.selectors import (
@@ -262,14 +262,14 @@ def run_waiting(*, run: Run) -> list[Waiting]:
             out.append({"what": "people", "since": agg["since"],
                         "text": f"{groups} group{'s' if groups != 1 else ''} wait for people's feedback; the oldest "
                                 f"{then} at {timezone.localtime(fallback_at):%H:%M:%S} ({cfg.feedback.wait_seconds:g} s wait)"})
-    if policy.explores(cfg) and run.explore_step < cfg.total_steps:
+    if schedule.explores(cfg) and run.explore_step < cfg.total_steps:
         k = run.explore_step + 1
-        if policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is None:
-            need = policy.version_required(cfg=cfg, explore_step=k)
+        if schedule.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is None:
+            need = schedule.version_required(cfg=cfg, explore_step=k)
             out.append({"what": "version", "since": latest_version,
                         "text": f"the explorer waits for model v{need} from the trainer before explore step {k} "
                                 f"(now v{run.current_version}; {cfg.mode}, max staleness {cfg.max_staleness})"})
-    if policy.trains(cfg) and run.train_step < cfg.total_steps:
+    if schedule.trains(cfg) and run.train_step < cfg.total_steps:
         readiness = train_readiness(run=run)
         if not readiness.ready and not readiness.final:
             plan = batch_plan(cfg=cfg)
@@ -278,8 +278,8 @@ def run_waiting(*, run: Run) -> list[Waiting]:
                                 f"{readiness.usual} of {plan.usual} trainable experiences"
                                 + (f", {readiness.expert} of {plan.expert} expert" if plan.expert else "")})
     health = workers_health()
-    for queue, needed in (("rollout", policy.explores(cfg) and run.explore_step < cfg.total_steps),
-                          ("train", policy.trains(cfg) and run.train_step < cfg.total_steps)):
+    for queue, needed in (("rollout", schedule.explores(cfg) and run.explore_step < cfg.total_steps),
+                          ("train", schedule.trains(cfg) and run.train_step < cfg.total_steps)):
         if not needed:
             continue
         serving = [w for w in health if queue in (w["beat"].queues or [])]

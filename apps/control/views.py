@@ -61,7 +61,7 @@ from apps.control.twins import run_twin_create, twin_comparison
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
-from apps.feedback.signal_views import reward_model_panel_context
+from apps.feedback.raters_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
 from kernel.hygiene import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
@@ -94,7 +94,7 @@ from apps.runs.services import (
     MemberInvalid,
     TransitionNotAllowed,
     run_create,
-    run_feedback_policy_update,
+    run_feedback_settings_update,
     run_member_add,
     run_member_remove,
     run_name_errors,
@@ -552,7 +552,7 @@ def run_twin(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
     specs = feedback_field_specs()
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
@@ -565,16 +565,16 @@ def run_feedback_policy(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             errors = errors_by_field(read_errors, specs)
         else:
             try:
-                run = run_feedback_policy_update(run=run, feedback=data.get("feedback", {}), actor=request.user)
+                run = run_feedback_settings_update(run=run, feedback=data.get("feedback", {}), actor=request.user)
             except ConfigInvalid as exc:
                 errors = errors_by_field(exc.errors, specs)
     context = {"run": run, "role": role, **_feedback_form_context(run, values if errors else None, errors),
                "saved": not errors}
     if request.htmx:
-        return render(request, "runs/_feedback_policy.html", context)
+        return render(request, "runs/_feedback_settings.html", context)
     if errors:
-        return _partial(request, "runs/_feedback_policy.html", context, f"Feedback policy · {run.name}")
-    messages.success(request, "Feedback policy updated.")
+        return _partial(request, "runs/_feedback_settings.html", context, f"Feedback settings · {run.name}")
+    messages.success(request, "Feedback settings updated.")
     return redirect("runs:detail", run_id=run.pk)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from apps.control.orchestration import dispatch_recover, dispatch_send
+from apps.control.conductor import dispatch_recover, dispatch_send
 from apps.runs.models import Dispatch, ModelVersion, Run, TaskFailure
 from kernel.exceptions import Conflict, NotFound, Unavailable
 

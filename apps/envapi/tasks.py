@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from rftweb.taskkit import celery_task
 
 
-@shared_task(name="apps.envapi.tasks.agent_sessions_expire_task", ignore_result=True, soft_time_limit=60, time_limit=90)  # type: ignore[untyped-decorator]  # celery ships no types
+@celery_task(name="apps.envapi.tasks.agent_sessions_expire_task", ignore_result=True, soft_time_limit=60, time_limit=90)
 def agent_sessions_expire_task() -> int:
     """Agent sessions nobody finished become abandoned (idempotent; beat runs it)."""
     from apps.envapi.agent_sessions import sessions_expire

@@ -52,8 +52,8 @@ _ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
 
 
 def holds_apply(*, run: Run) -> bool:
-    policy = run.cfg.feedback
-    return (policy.mode != "auto" and policy.hold_seconds > 0 and policy.hold_cap_seconds > 0
+    feedback_cfg = run.cfg.feedback
+    return (feedback_cfg.mode != "auto" and feedback_cfg.hold_seconds > 0 and feedback_cfg.hold_cap_seconds > 0
             and run.status not in _ENDED)
 
 
@@ -67,16 +67,16 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
     up to date. Returns the number of groups held for them now."""
     if not holds_apply(run=run) or not getattr(annotator, "is_authenticated", False):
         return 0
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     now = timezone.now()
     try:
         with transaction.atomic():
             _lock_or_yield(run=run, annotator=annotator, also_groups=also_groups)
             mine = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED,
                                              experience__status__in=_OPEN)
-            cap = ExpressionWrapper(F("created_at") + timedelta(seconds=policy.hold_cap_seconds),
+            cap = ExpressionWrapper(F("created_at") + timedelta(seconds=feedback_cfg.hold_cap_seconds),
                                     output_field=DateTimeField())
-            mine.update(held_until=Least(Value(now + timedelta(seconds=policy.hold_seconds)), cap))
+            mine.update(held_until=Least(Value(now + timedelta(seconds=feedback_cfg.hold_seconds)), cap))
             # One read of their leased items for both: the open ones' groups to bring up to date,
             # and the groups a live hold keeps for them (the counts poll runs this every 10 s).
             leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED
@@ -112,10 +112,10 @@ def holds_renew_when_due(*, run: Run, annotator: Person) -> Renewal | None:
     if not holds_apply(run=run) or not getattr(annotator, "is_authenticated", False):
         return None
     now = timezone.now()
-    policy = run.cfg.feedback
-    slack = min(RENEW_SLACK_SECONDS, policy.hold_seconds / 10)
-    soonest = now + timedelta(seconds=policy.hold_seconds - slack)
-    cap = timedelta(seconds=policy.hold_cap_seconds)
+    feedback_cfg = run.cfg.feedback
+    slack = min(RENEW_SLACK_SECONDS, feedback_cfg.hold_seconds / 10)
+    soonest = now + timedelta(seconds=feedback_cfg.hold_seconds - slack)
+    cap = timedelta(seconds=feedback_cfg.hold_cap_seconds)
     rows = list(Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED)
                 .values_list("experience__group_id", "experience__status", "held_until", "created_at"))
     if any(status in _OPEN and (until is None or until < min(soonest, handed + cap)) for _, status, until, handed in rows):

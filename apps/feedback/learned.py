@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import feedback_signals, kind_names
+from apps.feedback.kinds import feedback_votes, kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
@@ -37,7 +37,7 @@ from apps.feedback.services.fold import group_fold
 from apps.feedback.services.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
-from kernel.feedback_policy import reward_learned, signals_fold
+from kernel.fold import reward_learned, votes_fold
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -104,26 +104,26 @@ def reward_model_usable(*, run: Run) -> RewardModel | None:
 def reward_model_gate_open(*, run: Run, rm: RewardModel) -> bool:
     """Whether the run's gate lets version `rm` score rewards while it is the newest (what
     `reward_model_usable` asks of the newest; a probe asks it of earlier ones)."""
-    policy = run.cfg.feedback
-    if rm.pairs_heldout < policy.min_rm_heldout_pairs:
+    feedback_cfg = run.cfg.feedback
+    if rm.pairs_heldout < feedback_cfg.min_rm_heldout_pairs:
         return False
     bound = reward_model_lower_bound(run=run, rm=rm)
     if bound is None:
         return False
-    if policy.rm_gate == "evidence" and policy.min_rm_accuracy > CHANCE:
+    if feedback_cfg.rm_gate == "evidence" and feedback_cfg.min_rm_accuracy > CHANCE:
         return bound > CHANCE
-    return bound >= policy.min_rm_accuracy
+    return bound >= feedback_cfg.min_rm_accuracy
 
 
 def reward_model_weight(*, run: Run, rm: RewardModel) -> float:
     """How much of a usable version's calibrated score a reward carries: 1 under the `bound`
     gate; under `evidence` the share of the way from chance to `min_rm_accuracy` its lower
     bound has come (full from there on)."""
-    policy = run.cfg.feedback
-    if policy.rm_gate != "evidence" or policy.min_rm_accuracy <= CHANCE:
+    feedback_cfg = run.cfg.feedback
+    if feedback_cfg.rm_gate != "evidence" or feedback_cfg.min_rm_accuracy <= CHANCE:
         return 1.0
     bound = reward_model_lower_bound(run=run, rm=rm) or 0.0
-    return min(1.0, max(0.0, (bound - CHANCE) / (policy.min_rm_accuracy - CHANCE)))
+    return min(1.0, max(0.0, (bound - CHANCE) / (feedback_cfg.min_rm_accuracy - CHANCE)))
 
 
 def rm_reward_score(*, rm: RewardModel, score: float, weight: float) -> float:
@@ -215,14 +215,14 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
     no one did; the group becomes trainable when every open member has a reward. Returns
     whether it did."""
 
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     with transaction.atomic():
         members = _locked_members(run=run, group_id=group_id)
         group_fold(run=run, group_id=group_id, members=members)
         ids = [m.pk for m in members]
         weights = rater_weights_cached(run=run)
         rows = _group_feedback(run=run, group_id=group_id, member_ids=ids)
-        folds = signals_fold(member_ids=ids, signals=feedback_signals(rows), weights=weights,
+        folds = votes_fold(member_ids=ids, votes=feedback_votes(rows), weights=weights,
                              offsets=rater_offsets_cached(run=run))
         scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
                       .values_list("experience_id", "score"))
@@ -234,7 +234,7 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
             # Rated only by raters the run does not trust: the reward model decides instead.
             untrusted = weights is not None and folds[m.pk].weight_total < TRUSTED_WEIGHT
             if (m.human_reward is None or untrusted) and m.pk in scores:
-                reward = reward_learned(policy=policy, auto=m.auto_reward,
+                reward = reward_learned(feedback_cfg=feedback_cfg, auto=m.auto_reward,
                                         rm=rm_reward_score(rm=rm, score=scores[m.pk], weight=weight))
                 Experience.objects.filter(pk=m.pk).update(reward=reward)
                 m.reward = reward
@@ -273,14 +273,14 @@ def reward_model_summary(*, run: Run) -> RewardModelSummary:
     labels so far and the weights of the learned policy."""
     versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:10])
     usable = reward_model_usable(run=run)
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     return {
         "latest_bound": reward_model_lower_bound(run=run, rm=versions[0]) if versions else None,
-        "confidence": policy.rm_accuracy_confidence,
+        "confidence": feedback_cfg.rm_accuracy_confidence,
         "enabled": reward_model_on(run=run), "versions": versions, "latest": versions[0] if versions else None,
-        "in_use": usable, "labels": run_label_count(run=run), "mode": policy.mode,
-        "w_auto": policy.w_auto, "w_rm": policy.w_rm, "w_human": policy.w_human,
-        "min_accuracy": policy.min_rm_accuracy, "min_heldout_pairs": policy.min_rm_heldout_pairs,
+        "in_use": usable, "labels": run_label_count(run=run), "mode": feedback_cfg.mode,
+        "w_auto": feedback_cfg.w_auto, "w_rm": feedback_cfg.w_rm, "w_human": feedback_cfg.w_human,
+        "min_accuracy": feedback_cfg.min_rm_accuracy, "min_heldout_pairs": feedback_cfg.min_rm_heldout_pairs,
         "retrain_every": run.cfg.reward_model.retrain_every, "kind": run.cfg.reward_model.kind,
         "base": run.cfg.reward_model.base,
         "scored": RewardModelScore.objects.filter(reward_model__run=run).count(),

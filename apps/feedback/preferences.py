@@ -19,14 +19,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import feedback_signals, kind_get, kind_names, preference_pair
+from apps.feedback.kinds import feedback_votes, kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
 from apps.rewards.pairs import PreferencePair
-from kernel.feedback_policy import signals_fold
+from kernel.fold import votes_fold
 from apps.runs.models import Run
 from kernel.jsontypes import Body
 
-# Signals whose raters' weights add up to less than this count as no one's rating (the
+# Votes whose raters' weights add up to less than this count as no one's rating (the
 # learned policy then uses the reward model for the member, and no rating pair is made).
 TRUSTED_WEIGHT = 0.5
 
@@ -82,7 +82,7 @@ def preference_pairs(
 
     for (kind_name, group_id), ratings in ratings_by_group.items():
         member_ids = sorted({fb.experience_id for fb in ratings if fb.experience_id is not None})
-        folds = signals_fold(member_ids=member_ids, signals=feedback_signals(ratings), weights=rater_weights,
+        folds = votes_fold(member_ids=member_ids, votes=feedback_votes(ratings), weights=rater_weights,
                              offsets=rater_offsets)
         # A member only untrusted raters rated teaches nothing: its rating is not evidence.
         humans: list[tuple[int, float, float]] = []

@@ -23,7 +23,7 @@
   untrusted. An unmeasured annotator gets gold items first, an untrusted one gold items and
   only `trust.untrusted_share` of the fresh items.
 
-Everything is on the normalised human scale [0, 1] (kernel.feedback_policy).
+Everything is on the normalised human scale [0, 1] (kernel.fold).
 """
 
 from __future__ import annotations
@@ -253,11 +253,11 @@ def rater_figures(*, run: Run, gold: dict[int, float] | None = None) -> list[Rat
 
 
 def _standing(run: Run, f: RaterFigures) -> str | None:
-    policy = run.cfg.feedback
-    if policy.rater_weighting == "off":
+    feedback_cfg = run.cfg.feedback
+    if feedback_cfg.rater_weighting == "off":
         return None
-    if policy.rater_weighting == "gold":
-        measured = f.gold_items >= max(1, policy.trust.gold_first)
+    if feedback_cfg.rater_weighting == "gold":
+        measured = f.gold_items >= max(1, feedback_cfg.trust.gold_first)
     else:
         measured = f.agreement_items >= 1
     if not measured:
@@ -275,13 +275,13 @@ def rater_standing(*, run: Run, annotator_id: int) -> str | None:
     Every claim asks, and the figures read all of the run's feedback: the standings are
     cached under what they are computed from (the run's feedback and gold items as of now,
     and its feedback policy), so a new label or gold item is a new key and never a stale one."""
-    policy = run.cfg.feedback
-    if policy.rater_weighting == "off":
+    feedback_cfg = run.cfg.feedback
+    if feedback_cfg.rater_weighting == "off":
         return None
     labels = Feedback.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
     gold = GoldItem.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"), answers=Sum("answer"))
     # The run's creation time too: a database rebuilt from scratch hands out the same ids again.
-    basis = json.dumps([run.created_at, labels, gold, policy.model_dump(mode="json")], sort_keys=True, default=str)
+    basis = json.dumps([run.created_at, labels, gold, feedback_cfg.model_dump(mode="json")], sort_keys=True, default=str)
     key = f"rater-standings:{run.pk}:{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
     # With Redis down the standings are computed afresh (rftweb/degrade.py).
     standings: dict[int, str | None] = cached(

@@ -3,8 +3,8 @@ newest first with their review state, and its disagreements, the items where peo
 conflict.
 
 Two labels of different people conflict when
-- they score one completion far apart: their signals (a rating's normalised score, a
-  ranking's Borda score; see kernel.feedback_policy) differ by RATING_GAP or more, e.g.
+- they score one completion far apart: their votes (a rating's normalised score, a
+  ranking's Borda score; see kernel.fold) differ by RATING_GAP or more, e.g.
   1/5 against 3/5, a thumb up against a thumb down, or a ranking's first place against 1/5;
 - or one of them is a choice (an A/B comparison, a correction) and the other prefers the
   opposite of it: A over B against B over A, from a comparison or a ranking.
@@ -28,7 +28,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 
-# Signals on [0, 1] this far apart disagree: two points on the 1..5 scale, thumbs up and down.
+# Votes on [0, 1] this far apart disagree: two points on the 1..5 scale, thumbs up and down.
 RATING_GAP = 0.5
 REVIEW_STATES = tuple(Feedback.Review.values)
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
@@ -92,9 +92,9 @@ def _said(fb: Feedback, exp_id: int, score: float) -> str:
     return f"{score:.2f}"
 
 
-def _signals(fb: Feedback) -> dict[int, float]:
+def _votes(fb: Feedback) -> dict[int, float]:
     kind = kind_get(fb.kind)
-    return {exp: score for exp, score, _ in kind.signals(fb)} if kind.folds else {}
+    return {exp: score for exp, score, _ in kind.votes(fb)} if kind.folds else {}
 
 
 def _claims(fb: Feedback, exps: Mapping[int, Experience]) -> set[tuple[int, int]]:
@@ -106,7 +106,7 @@ def _claims(fb: Feedback, exps: Mapping[int, Experience]) -> set[tuple[int, int]
 
 def conflicts_among(rows: Sequence[Feedback], exps: Mapping[int, Experience]) -> list[LabelConflict]:
     """Every conflicting pair of `rows` (labels of one group, by different people)."""
-    signals = {fb.pk: _signals(fb) for fb in rows}
+    votes = {fb.pk: _votes(fb) for fb in rows}
     claims = {fb.pk: _claims(fb, exps) for fb in rows}
     chooses = {fb.pk: not kind_get(fb.kind).folds for fb in rows}
     out: list[LabelConflict] = []
@@ -116,8 +116,8 @@ def conflicts_among(rows: Sequence[Feedback], exps: Mapping[int, Experience]) ->
             if _who_key(a) == _who_key(b):
                 continue
             reasons = []
-            for exp in sorted(signals[a.pk].keys() & signals[b.pk].keys()):
-                sa, sb = signals[a.pk][exp], signals[b.pk][exp]
+            for exp in sorted(votes[a.pk].keys() & votes[b.pk].keys()):
+                sa, sb = votes[a.pk][exp], votes[b.pk][exp]
                 if abs(sa - sb) >= RATING_GAP:
                     reasons.append(f"#{exp}: {who(a)} {_said(a, exp, sa)}, {who(b)} {_said(b, exp, sb)}")
             if chooses[a.pk] or chooses[b.pk]:

@@ -18,17 +18,17 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.holds import Person
-from apps.feedback.kinds import feedback_signals, kind_get, kind_names
+from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services.handout import lease_seconds_default
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
-from kernel.feedback_policy import (
+from kernel.fold import (
     experience_initial_fields,
     member_is_final,
     reward_combine,
-    signals_fold,
+    votes_fold,
 )
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
@@ -124,7 +124,7 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
     """Human and final rewards of the open members from the feedback that remains (none the
     owner rejected); a group no longer complete waits for people again. Call inside a
     transaction with `members` locked (the withdrawal and the review do)."""
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     ids = [m.pk for m in members]
     group_ids = {m.group_id for m in members}
     on = Q(pk__in=[])
@@ -133,9 +133,9 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
             else Q(kind=name, experience_id__in=ids)
     remaining = list(Feedback.objects.effective().filter(run=run, late=False).filter(on))
     # Weighted and offset per rater as group_fold does (apps.feedback.services).
-    folds = signals_fold(member_ids=ids, signals=feedback_signals(remaining), weights=rater_weights_cached(run=run),
+    folds = votes_fold(member_ids=ids, votes=feedback_votes(remaining), weights=rater_weights_cached(run=run),
                          offsets=rater_offsets_cached(run=run))
-    complete = all(member_is_final(policy=policy, fold=folds[m.pk]) for m in members)
+    complete = all(member_is_final(feedback_cfg=feedback_cfg, fold=folds[m.pk]) for m in members)
     for m in members:
         if m.status not in (Experience.Status.PENDING, Experience.Status.READY):
             continue
@@ -145,8 +145,8 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
                                        "reward": experience_initial_fields(cfg=run.cfg, auto_reward=m.auto_reward).get("reward")}
         else:
             changes = {"human_reward": human}
-            if policy.mode != "auto":
-                changes["reward"] = reward_combine(policy=policy, auto=m.auto_reward, human=human)
-        if policy.mode != "auto" and m.status == Experience.Status.READY and not complete:
+            if feedback_cfg.mode != "auto":
+                changes["reward"] = reward_combine(feedback_cfg=feedback_cfg, auto=m.auto_reward, human=human)
+        if feedback_cfg.mode != "auto" and m.status == Experience.Status.READY and not complete:
             changes["status"] = Experience.Status.PENDING
         Experience.objects.filter(pk=m.pk).update(**changes)

@@ -17,7 +17,7 @@ from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_standing
 from apps.feedback.selection import selection_active
 from apps.rewards.models import GoldItem
-from kernel.config import FeedbackPolicy
+from kernel.config import FeedbackSettings
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_role, run_takes_feedback
 
@@ -98,16 +98,16 @@ def experiences_handed_out_unbiased(*, run: Run) -> set[int]:
                .values_list("experience_id", flat=True).distinct())
 
 
-def trust_handout(policy: FeedbackPolicy) -> bool:
+def trust_handout(feedback_cfg: FeedbackSettings) -> bool:
     """Whether the hand-out follows each annotator's standing (`feedback.trust` set, and
     trust measured: a rater weighting on)."""
-    return policy.rater_weighting != "off" and bool(policy.trust.gold_first or policy.trust.untrusted_share < 1)
+    return feedback_cfg.rater_weighting != "off" and bool(feedback_cfg.trust.gold_first or feedback_cfg.trust.untrusted_share < 1)
 
 
-def handout_selects(policy: FeedbackPolicy) -> bool:
+def handout_selects(feedback_cfg: FeedbackSettings) -> bool:
     """Whether the hand-out goes by a rule (apps.feedback.services._claim_selected: selection,
     gold items, trust) rather than arrival order alone."""
-    return policy.gold_rate > 0 or selection_active(policy.selection) or trust_handout(policy)
+    return feedback_cfg.gold_rate > 0 or selection_active(feedback_cfg.selection) or trust_handout(feedback_cfg)
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,10 @@ class Handout:
 
 
 def annotation_handout(*, run: Run, annotator: Person) -> Handout:
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     candidates = annotation_candidates(run=run, annotator=annotator)
     unordered = _open_candidates(run=run, annotator=annotator)
-    if not handout_selects(policy):
+    if not handout_selects(feedback_cfg):
         return Handout(fresh=candidates, fresh_now=True, gold=[], gold_ids=frozenset(), gold_only=0, standing=None,
                        countable=unordered)
     gold_ids = frozenset(GoldItem.objects.filter(run=run).values_list("experience_id", flat=True))
@@ -144,8 +144,8 @@ def annotation_handout(*, run: Run, annotator: Person) -> Handout:
     gold = sorted(gold_ids - set(mine.values_list("experience_id", flat=True)))
     fresh = candidates.exclude(pk__in=gold_ids)
     unordered = unordered.exclude(pk__in=gold_ids)
-    standing = rater_standing(run=run, annotator_id=annotator.pk or 0) if trust_handout(policy) else None
-    trust = policy.trust
+    standing = rater_standing(run=run, annotator_id=annotator.pk or 0) if trust_handout(feedback_cfg) else None
+    trust = feedback_cfg.trust
     if standing == "unmeasured" and trust.gold_first and gold:
         # Gold only until measured; gold already handed out counts (skipped ones do not).
         given = mine.filter(experience_id__in=gold_ids).exclude(status=Assignment.Status.SKIPPED).count()

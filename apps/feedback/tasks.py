@@ -8,22 +8,21 @@ runs. Idempotent: the worker tasks check what is due themselves. Its task keeps 
 
 from __future__ import annotations
 
-from celery import shared_task
-
 from apps.feedback.learned import experiences_to_score, reward_model_due, reward_model_latest
 from apps.feedback.services import assignment_reap, feedback_wait_expire
 from apps.runs.models import Run
+from rftweb.taskkit import celery_task
 
 
 # Idempotent (conditional updates on status pending); the next beat retries, so no retry here.
-@shared_task(name="apps.feedback.tasks.feedback_wait_expire_task", ignore_result=True, time_limit=120,
+@celery_task(name="apps.feedback.tasks.feedback_wait_expire_task", ignore_result=True, time_limit=120,
              soft_time_limit=100, acks_late=False)
 def feedback_wait_expire_task() -> dict[str, int]:
     result = feedback_wait_expire()
     return {"groups_ready": result.groups_ready, "groups_dropped": result.groups_dropped}
 
 
-@shared_task(name="apps.feedback.tasks.assignment_reap_task", ignore_result=True, time_limit=60,
+@celery_task(name="apps.feedback.tasks.assignment_reap_task", ignore_result=True, time_limit=60,
              soft_time_limit=50, acks_late=False)
 def assignment_reap_task() -> int:
     return assignment_reap()
@@ -33,7 +32,7 @@ TRAIN_TASK = "workers.reward_trainer.reward_model_train"
 SCORE_TASK = "workers.reward_trainer.reward_model_score"
 
 
-@shared_task(name="apps.rewards.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
+@celery_task(name="apps.feedback.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
              soft_time_limit=50, acks_late=False)
 def reward_model_beat_task() -> dict[str, int]:
     from rftweb.celery import app

@@ -83,7 +83,7 @@ def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[s
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, object]:
-    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "policy": run.cfg.feedback}
+    return {"run": run, "a": assignment, "e": assignment.experience, "flags": FLAGS, "feedback_cfg": run.cfg.feedback}
 
 
 @login_required
@@ -97,15 +97,15 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         assignment_claim(run=run, annotator=request.user, size=_queue_size())
     queue = list(annotation_queue(run=run, annotator=request.user)) if can_annotate else []
     recent = [] if can_annotate or closed else list(Experience.objects.filter(run=run, is_expert=False).order_by("-id")[:20])
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     # Shown twice, counted once; the queue just read is the leased part of it.
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
-        "policy": policy, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
+        "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
-        "guidelines": mark_safe(markdown_safe(policy.guidelines)) if policy.guidelines.strip() else "",
+        "guidelines": mark_safe(markdown_safe(feedback_cfg.guidelines)) if feedback_cfg.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
         # Where the person's labels and the run's went (apps/feedback/ledger.py): read once.
@@ -133,7 +133,7 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after] if run_takes_feedback(run=run) else []
-    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "policy": run.cfg.feedback})
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "feedback_cfg": run.cfg.feedback})
 
 
 @login_required
@@ -270,7 +270,7 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
                             .select_related("experience"))
     # The annotation page's box shows the latest few (its height stays bounded); this page, more.
     context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
-               "message": message, "reopened": reopened, "flags": FLAGS, "policy": run.cfg.feedback,
+               "message": message, "reopened": reopened, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
                "queue_link": bool(message) and not on_queue_page, "box": "mine-box"}
     return _fragment(request, run, "feedback/_mine.html", context)
 

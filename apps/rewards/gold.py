@@ -6,7 +6,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.rewards.models import GoldItem
-from kernel.feedback_policy import rating_normalise
+from kernel.fold import rating_normalise
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 

@@ -7,7 +7,7 @@ from, and its versions.
   rollout engine of workers/engines, and answers "Score: N" and "Reason: ...". Output without
   a readable score scores 0 with the reason logged and stored (workers/k12.py).
 - `k12_learned`: a learned grader, a scalar-head reward model trained with the machinery of
-  the human-signal reward model (workers/reward_trainer.py: TRL's RewardTrainer, held-out
+  the human-feedback reward model (workers/reward_trainer.py: TRL's RewardTrainer, held-out
   pairwise accuracy, calibration onto the grade scale) on graded answers: the taskset's
   `graded_answers` column and people's ratings of K-12 experiences. Each trained grader is a
   numbered version of the run (K12Grader), retrained when `retrain_every` new grades came in.

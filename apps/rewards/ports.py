@@ -35,7 +35,7 @@ from apps.rewards.services import rewards_remote_enqueue
 from apps.runs.ports import DispatchHold, RunView, row
 
 __all__ = [
-    "Verdict", "answer_verdict", "ExperienceRecord", "GradedAnswer", "K12JudgeParams", "K12LearnedParams", "PreferencePair", "RewardResult", "experience_rewards_apply",
+    "Verdict", "answer_verdict", "ExperienceRecord", "GradedAnswer", "K12GraderRow", "K12JudgeParams", "K12LearnedParams", "PreferencePair", "RewardResult", "experience_rewards_apply",
     "experiences_awaiting_rewards", "grader_prompt", "judge_params", "k12_grade_pairs", "k12_graded_answers",
     "k12_grader_due", "k12_grader_latest", "k12_grader_publish", "learned_params", "reference_text",
     "reward_term_score", "rewards_awaiting", "rewards_for_domain", "rewards_inline", "rewards_remote_enqueue", "RewardModelRow", "reward_model_export_begin", "reward_model_get",
@@ -47,6 +47,8 @@ __all__ = [
 # them back to the ports, never save or query through them (tests/test_layers.py checks
 # that no module in workers/ uses a model manager).
 RewardModelRow = RewardModel
+# The same for the K-12 grader's versions.
+K12GraderRow = K12Grader
 
 
 def run_current_model(*, run: RunView) -> str:

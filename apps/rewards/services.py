@@ -10,7 +10,7 @@ from django.db import transaction
 
 from apps.buffer.models import Experience
 from apps.rewards.scoring import reward_combine
-from kernel.feedback_policy import experience_initial_fields
+from kernel.fold import experience_initial_fields
 from apps.runs.metrics import metric_record
 from apps.rewards.models import VersionedScorer
 from apps.runs.models import Run

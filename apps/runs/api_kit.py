@@ -31,7 +31,7 @@ class Error(Schema):
 
 # Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a
 # path is one positive 64-bit integer: shared by the API's routers (apps/envapi/api.py, the
-# session and human-signal routers).
+# session and raters routers).
 ERRORS: dict[int, type] = {400: Error, 401: Error, 403: Error, 404: Error, 413: Error, 422: Error, 429: Error}
 
 

@@ -9,7 +9,8 @@ closed at once with 1013 (try again later), which the pages answer by reconnecti
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, TypedDict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, ParamSpec, TypedDict, TypeVar
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -34,13 +35,23 @@ TRY_AGAIN_CLOSE_CODE = 1013
 # errors, the sockets' own (ConnectionRefusedError, from channels_redis's pool), our timeout.
 LAYER_DOWN: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError, Unavailable)
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_db_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """channels' database_sync_to_async, typed (channels ships no types): `fn` runs in the
+    sync thread with Django's connection handling, and is awaited."""
+    wrapped: Callable[P, Awaitable[R]] = database_sync_to_async(fn)
+    return wrapped
+
 
 def _session_key(socket: AsyncJsonWebsocketConsumer) -> str | None:
     session = socket.scope.get("session")
     return getattr(session, "session_key", None) if session is not None else None
 
 
-@database_sync_to_async
+@_in_db_thread
 def _still_may_view(session_key: str | None, user_id: int | None, run_id: int | None) -> bool:
     """Whether a request with this session would still be `user_id`'s and (with `run_id`)
     still see the run: the socket's re-check."""
@@ -65,7 +76,7 @@ def _still_may_view(session_key: str | None, user_id: int | None, run_id: int | 
     return run is not None and run_can_view(run=run, user=user)
 
 
-class _Guarded(AsyncJsonWebsocketConsumer):
+class _Guarded(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels ships no types: its consumer is Any to mypy
     """A consumer whose access is re-checked while it is open (socket_access.GuardedSocket)."""
 
     guarded_run_id: int | None = None
@@ -105,7 +116,7 @@ class _Guarded(AsyncJsonWebsocketConsumer):
         await self.close(code=TRY_AGAIN_CLOSE_CODE)
 
 
-@database_sync_to_async
+@_in_db_thread
 def _may_view(run_id: int, user: AbstractBaseUser | AnonymousUser) -> bool:
     run = Run.objects.filter(pk=run_id).first()
     return run is not None and run_can_view(run=run, user=user)
@@ -122,7 +133,7 @@ async def run_socket_admit(socket: AsyncJsonWebsocketConsumer) -> int | None:
     return run_id
 
 
-@database_sync_to_async
+@_in_db_thread
 def _visible_ids(user: AbstractBaseUser | AnonymousUser) -> set[int]:
     return set(runs_visible_to(user=user).values_list("pk", flat=True))
 

@@ -3,7 +3,7 @@ between idle, sent and running only by conditional UPDATEs, so that of any numbe
 processes asking at once exactly one wins (the row's previous state is part of the WHERE).
 
 Every background job that must not run twice at once claims its row here:
-- the RFT loop's explore and train steps (apps/control/orchestration.py sends them and takes
+- the RFT loop's explore and train steps (apps/control/conductor.py sends them and takes
   back those whose worker died, by heartbeat and trainer lock);
 - reward-model training (workers/reward_trainer.py) and K-12 grader training
   (workers/k12.py): one per run; a crashed one's row is free again when its lease runs out;

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Run, TaskFailure
+from rftweb.taskkit import on_signal
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def task_failure_record(*, run_id: int, task: str, step: int | None, worker: str
     return failure
 
 
-@signals.task_failure.connect
+@on_signal(signals.task_failure)
 def _on_task_failure(sender: object = None, exception: BaseException | None = None, args: Any = None, **_: object) -> None:
     name = getattr(sender, "name", "")
     if name not in RUN_TASKS or not args:

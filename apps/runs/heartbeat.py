@@ -29,6 +29,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from apps.runs.models import WorkerHeartbeat
+from rftweb.taskkit import on_signal
 
 if TYPE_CHECKING:
     from celery.worker.consumer import Consumer
@@ -69,7 +70,7 @@ def worker_heartbeat_record(
 ) -> WorkerHeartbeat:
     """Upsert the worker's row: its last sign of life and what it is doing. `started_at`
     (the worker's start) replaces the stored one: a worker restarted under the same name is
-    a new worker, and what the old one was running is lost (apps/control/orchestration.py)."""
+    a new worker, and what the old one was running is lost (apps/control/conductor.py)."""
     now = timezone.now()
     defaults: dict[str, object] = {
         "queues": sorted(queues),
@@ -185,7 +186,7 @@ def _describe(consumer: Consumer) -> tuple[str, list[str], str, int]:
     return consumer.hostname, queues, pool, concurrency
 
 
-@signals.worker_ready.connect
+@on_signal(signals.worker_ready)
 def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
     global _beater
     try:
@@ -206,15 +207,14 @@ def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
 QUICK_TASKS = frozenset({
     "workers.explorer.chat",
     "workers.explorer.generate",
-    "apps.control.conduct.runs_conduct_task",
+    "apps.control.conductor_beat.conductor_beat_task",
     "apps.buffer.tasks.lease_reap_task",
     "apps.feedback.tasks.feedback_wait_expire_task",
     "apps.feedback.tasks.assignment_reap_task",
 })
 
 
-@signals.task_prerun.connect
-@signals.task_postrun.connect
+@on_signal(signals.task_prerun, signals.task_postrun)
 def _on_task_edge(sender: object = None, **_: object) -> None:
     # Beat at once when a task starts or ends in a solo worker (same process), so the page
     # shows the current task without waiting for the next interval.
@@ -235,7 +235,7 @@ def _edge_beat(beater: _Beater) -> None:
         connection.close()
 
 
-@signals.worker_shutdown.connect
+@on_signal(signals.worker_shutdown)
 def _on_worker_shutdown(**_: object) -> None:
     if _beater is None:
         return

@@ -219,13 +219,13 @@ class Dispatch(models.Model):
 
     idle → sent (a message `task_id` is queued for it) → running (the worker that got it,
     with the lease owner it claims under) → idle (the task ended, whatever its outcome).
-    The loop's explore and train steps (apps/control/orchestration.py) are taken back by the
+    The loop's explore and train steps (apps/control/conductor.py) are taken back by the
     conductor when their worker dies; the other kinds carry a lease (`expires_at`) after
     which a new claim takes them over.
     """
 
     class Kind(models.TextChoices):
-        # The RFT loop's steps (apps/control/orchestration.py): one row per run, no key.
+        # The RFT loop's steps (apps/control/conductor.py): one row per run, no key.
         EXPLORE = "explore"
         TRAIN = "train"
         # A version's weights packed as a download (the run summary's button); `step` is the

@@ -29,7 +29,7 @@ from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.failures import task_failure_record
 from apps.runs.metrics import metric_record as _metric_record
 from apps.runs.models import Dispatch, Metric, ModelVersion, Run
-from apps.runs.policy import explore_version, publishes_at, staleness, version_for_train_step
+from apps.runs.schedule import explore_version, publishes_at, staleness, version_for_train_step
 from kernel.reward_kinds import reward_kind_get
 from apps.runs import services as _services
 from kernel.model_dirs import model_dir_missing, model_missing_said

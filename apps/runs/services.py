@@ -12,7 +12,7 @@ from django.db import transaction
 from django.dispatch import Signal
 
 from kernel.hygiene import InputRejected, text_check
-from apps.runs import policy
+from apps.runs import schedule
 from kernel import vocabulary
 from kernel.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
@@ -143,7 +143,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
     elif taskset is not None:
         # The rewards app's checks (kernel.vocabulary): every task domain routed to a term.
         errors.update(vocabulary.taskset_errors(config=cfg, taskset=taskset))
-    elif starting and taskset is None and policy.explores(cfg):
+    elif starting and taskset is None and schedule.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
     return errors
@@ -183,9 +183,9 @@ def run_create(*, name: str, owner: User, config: Mapping[str, object] | RunConf
     return run
 
 
-def run_feedback_policy_update(*, run: Run, feedback: object, actor: Actor = None) -> Run:
-    """Replace the run's feedback policy (validated with the whole config; ConfigInvalid
-    names `feedback.<field>`), audited with the policy before and after."""
+def run_feedback_settings_update(*, run: Run, feedback: object, actor: Actor = None) -> Run:
+    """Replace the run's feedback settings (validated with the whole config; ConfigInvalid
+    names `feedback.<field>`), audited with the settings before and after."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         before = dict(locked.config.get("feedback") or {})
@@ -196,7 +196,7 @@ def run_feedback_policy_update(*, run: Run, feedback: object, actor: Actor = Non
         AuditEntry.objects.create(
             run=locked,
             actor=_audit_actor(actor),
-            action="feedback_policy",
+            action="feedback_policy",  # the stored audit action keeps its old word (rows and clients read it)
             detail={"before": before, "after": after},
         )
     run.refresh_from_db()
@@ -214,7 +214,7 @@ _TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "resume": ({Run.Status.PAUSED}, Run.Status.RUNNING),
     # A draft has nothing to stop; a finished run has nothing left to do.
     "stop": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.STOPPED),
-    # The system's: every step done (apps.control.orchestration.run_finish) ...
+    # The system's: every step done (apps.control.conductor.run_finish) ...
     "finish": ({Run.Status.RUNNING}, Run.Status.FINISHED),
     # ... or its workers failed repeatedly (apps.runs.failures), with the reason.
     "fail": ({Run.Status.RUNNING, Run.Status.PAUSED}, Run.Status.FAILED),
@@ -262,7 +262,7 @@ def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = 
     payload: Body = {"status": run.status, "action": action}
     if run.error:
         payload["error"] = run.error[:500]
-    # A running run's steps are sent by the loop's next beat (apps/control/orchestration.py),
+    # A running run's steps are sent by the loop's next beat (apps/control/conductor.py),
     # which reads the status: start, pause and stop need nothing more.
     transaction.on_commit(lambda: event_publish(run_id=run.pk, type="run.status", payload=payload))
     return run

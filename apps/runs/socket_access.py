@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Coroutine
 from importlib import import_module
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -83,7 +83,7 @@ class AccessWatch:
         self._spawn(self._read(), "read")
         self._spawn(self._sweep(), "sweep")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None], what: str) -> None:
         task = asyncio.create_task(coro, name=f"access-watch-{what}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -11,8 +11,9 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from apps.runs.metrics import metric_record
 from apps.runs.models import Metric, Run
-from apps.runs.services import eval_result_record, metric_record, run_transition
+from apps.runs.services import eval_result_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import make_run, make_taskset, make_user
 from tests.servers import screenshot

@@ -15,8 +15,9 @@ from django.utils import timezone
 
 from apps.feedback.models import Feedback
 from apps.feedback.services import feedback_rate
+from apps.runs.metrics import metric_record
 from apps.runs.models import ModelVersion, Run, WeightLoad
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.dashboard.test_charts import plot
 from tests.factories import make_experiences, make_run, make_taskset, make_user
 from tests.servers import login_to_runs, screenshot

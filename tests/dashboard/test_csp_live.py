@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from apps.runs.metrics import metric_record
 from apps.runs.models import Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 from tests.servers import login_to_runs
 

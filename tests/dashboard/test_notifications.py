@@ -18,10 +18,11 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.control.notifications import notification_preference_set, run_end_notify
-from apps.control.orchestration import run_finish
+from apps.control.conductor import run_finish
 from apps.runs.failures import task_failure_record
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Notification, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from rftweb.celery import app
 from tests.factories import add_member, make_run, make_taskset, make_user
 

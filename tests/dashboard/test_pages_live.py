@@ -15,8 +15,9 @@ from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.feedback.services import feedback_flag
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import experience_row, make_run, make_taskset, make_user
 from tests.servers import ROOT, child_env, login_to_runs
 

@@ -20,8 +20,9 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.feedback.models import Feedback
+from apps.runs.metrics import metric_record
 from apps.runs.models import ModelVersion, Run, RunMember
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread
 from tests.dashboard.test_run_form import model_dir
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
@@ -324,9 +325,9 @@ def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(ope
 
     # The policy: one confirmation (the box), no dialog on top of it; the change is saved.
     page.select_option("[id='id_feedback.mode']", "human")
-    page.check("#feedback-policy input[name=confirm]")
-    page.click("#feedback-policy button[type=submit]")
-    page.wait_for_selector("#feedback-policy .saved")
+    page.check("#feedback-settings input[name=confirm]")
+    page.click("#feedback-settings button[type=submit]")
+    page.wait_for_selector("#feedback-settings .saved")
     assert dialogs == []
     run.refresh_from_db()
     assert run.cfg.feedback.mode == "human"

@@ -14,8 +14,9 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.buffer.models import Taskset
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run, TaskFailure
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import add_member, make_run, make_taskset, make_user
 from tests.servers import celery_worker, screenshot
@@ -197,7 +198,7 @@ def test_a_run_that_ends_while_watched_turns_finished(page: Any, owner: User) ->
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")
-    from apps.control.orchestration import run_finish
+    from apps.control.conductor import run_finish
 
     in_a_thread(lambda: run_finish(run=run))  # what the conductor does after the last step
     page.wait_for_selector("#controls[data-status=finished]")
@@ -466,17 +467,17 @@ def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: A
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
     page.fill("#id_feedback\\.guidelines", "# Be kind\n\nRate **correctness** first.")
-    page.check("#feedback-policy input[name=confirm]")
-    page.click("#feedback-policy button[type=submit]")
-    page.wait_for_selector("#feedback-policy .saved")
+    page.check("#feedback-settings input[name=confirm]")
+    page.click("#feedback-settings button[type=submit]")
+    page.wait_for_selector("#feedback-settings .saved")
     # The audit says what changed, as people read it: not the whole policy as a Python dict.
-    page.wait_for_selector("#audit li:has-text('feedback policy changed') .changes")
-    change = page.inner_text("#audit li:has-text('feedback policy changed') .changes")
+    page.wait_for_selector("#audit li:has-text('feedback settings changed') .changes")
+    change = page.inner_text("#audit li:has-text('feedback settings changed') .changes")
     assert change == "guidelines set", change
     page.fill("#id_feedback\\.w_human", "0.8")
     page.fill("#id_feedback\\.selection\\.uncertainty", "0.5")
-    page.check("#feedback-policy input[name=confirm]")
-    page.click("#feedback-policy button[type=submit]")
+    page.check("#feedback-settings input[name=confirm]")
+    page.click("#feedback-settings button[type=submit]")
     page.wait_for_selector("#audit li:has-text('w_human') .changes")
     change = page.inner_text("#audit li:has-text('w_human') .changes")
     assert change == "selection.uncertainty 0 → 0.5 · w_human 0.5 → 0.8", change

@@ -16,8 +16,9 @@ from playwright.sync_api import expect
 
 from apps.control.notifications import run_end_notify
 from apps.feedback.services import feedback_rate
+from apps.runs.metrics import metric_record
 from apps.runs.models import Run, RunMember
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 from tests.servers import screenshot
 

@@ -15,8 +15,9 @@ from django.test import Client
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
 from apps.feedback.services import FeedbackClosed, assignment_claim, feedback_compare, feedback_flag, feedback_rate
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db
@@ -200,5 +201,5 @@ def test_a_preference_saved_says_which_answer_won(owner: User, annotator: User) 
 def test_saving_the_policy_asks_once(owner: User) -> None:
     run = make_run(owner=owner)
     html = logged_in(owner).get(f"/runs/{run.pk}/").content.decode()
-    form = re.search(r'<form id="feedback-policy".*?</form>', html, re.S)
+    form = re.search(r'<form id="feedback-settings".*?</form>', html, re.S)
     assert form and "hx-confirm" not in form.group(0) and 'name="confirm"' in form.group(0)

@@ -15,8 +15,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from apps.buffer.models import Taskset
+from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
-from apps.runs.services import metric_record, run_transition
+from apps.runs.services import run_transition
 from tests.factories import found, make_experiences, taskset_of
 
 pytestmark = pytest.mark.django_db
@@ -152,7 +153,7 @@ def test_a_control_that_does_not_apply_says_why(client_of, owner: User, run: Run
     assert "cannot pause a run that is draft" in response.content.decode()
 
 
-def test_editing_the_feedback_policy_is_confirmed_validated_and_audited(client_of, owner: User, run: Run) -> None:
+def test_editing_the_feedback_settings_is_confirmed_validated_and_audited(client_of, owner: User, run: Run) -> None:
     c = client_of(owner)
     url = f"/runs/{run.pk}/feedback-policy/"
     policy = {"feedback.mode": "blend", "feedback.w_auto": "0.3", "feedback.w_human": "0.7",

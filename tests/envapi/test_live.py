@@ -91,7 +91,7 @@ def test_the_served_schema_holds_no_5xx_and_every_response_matches_it(live_url: 
             except Unsatisfiable:
                 # GET /runs takes no input at all: nothing can be made invalid.
                 assert negative and "{run_id}" not in operation.path
-    # The environment API, its exports, the agent sessions' finish, the human-signal figures,
+    # The environment API, its exports, the agent sessions' finish, the raters figures,
     # the reward-model download (ask, state, zip), the K-12 grader versions, a person's waiting
     # count (GET /runs/{id}/annotation), the taskset's import progress (GET /runs/{id}/taskset) and
     # the owner's review of labels (list, accept, reject, disagreements, resolve) and the

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
-from kernel.feedback_policy import Signal
+from kernel.fold import Vote
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class LengthFit(FeedbackKind):
     panel_key = "l"
     page_mark = "length judged"
 
-    def signals(self, fb: Feedback) -> Iterable[Signal]:
+    def votes(self, fb: Feedback) -> Iterable[Vote]:
         value = self.parse(fb.value)
         assert isinstance(value, LengthFitValue) and fb.experience_id is not None
         return [(fb.experience_id, 1.0 if value.verdict == "right" else 0.0, False)]

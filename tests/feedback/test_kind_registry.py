@@ -109,7 +109,7 @@ def test_a_registered_kind_is_stored_typed_and_folded_into_rewards(length_fit: M
     assert fb.value == {"verdict": "too_short"}
     assert Feedback.objects.get(pk=fb.pk).parsed == length_fit.LengthFitValue(verdict="too_short")
     Feedback.objects.get(pk=fb.pk).full_clean()
-    # Folded by the kernel's policy through the kind's signals: one of two members judged.
+    # Folded by the kernel's policy through the kind's votes: one of two members judged.
     assert _rewards([short, right]) == [(0.0, "pending"), (None, "pending")]
     length_fit.feedback_length_fit(run=run, author=annotator, experience=right, verdict="right")
     after = list(Experience.objects.filter(pk__in=[short.pk, right.pk]).order_by("id"))

@@ -195,9 +195,9 @@ def test_guidelines_are_shown_safely_and_the_automatic_reward_is_hidden_unless_t
     assert "good" in page.inner_text("#queue .item >> nth=0")  # text beside the thumbs, not emoji alone
     screenshot(page, "annotate")
 
-    from apps.runs.services import run_feedback_policy_update
+    from apps.runs.services import run_feedback_settings_update
 
-    run_feedback_policy_update(run=blend_run, feedback={**blend_run.config["feedback"], "show_auto_reward": True},
+    run_feedback_settings_update(run=blend_run, feedback={**blend_run.config["feedback"], "show_auto_reward": True},
                                actor=owner)
     page.reload()
     page.wait_for_selector("#queue .auto-reward")

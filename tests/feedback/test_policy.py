@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.models import Feedback
-from kernel.feedback_policy import DROP_REASON, borda_scores, rating_normalise, reward_combine
+from kernel.fold import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
 from apps.feedback.services import (
     feedback_compare,
@@ -21,7 +21,7 @@ from apps.feedback.services import (
     feedback_rate_and_flag,
     feedback_wait_expire,
 )
-from kernel.config import FeedbackPolicy
+from kernel.config import FeedbackSettings
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput, NotFound
 from tests.factories import add_member, experience_row, make_run, make_user
@@ -57,12 +57,12 @@ def test_borda_gives_best_one_and_worst_zero_evenly_spaced() -> None:
 
 
 def test_blend_weights_auto_and_human_rewards() -> None:
-    policy = FeedbackPolicy(mode="blend", w_auto=0.3, w_human=0.7)
-    assert reward_combine(policy=policy, auto=1.0, human=0.25) == pytest.approx(0.3 * 1.0 + 0.7 * 0.25)
-    assert reward_combine(policy=policy, auto=0.0, human=None) is None
-    assert reward_combine(policy=policy, auto=None, human=0.5) == 0.5
-    assert reward_combine(policy=FeedbackPolicy(mode="human"), auto=1.0, human=0.25) == 0.25
-    assert reward_combine(policy=FeedbackPolicy(mode="auto"), auto=1.0, human=0.25) == 1.0
+    feedback_cfg = FeedbackSettings(mode="blend", w_auto=0.3, w_human=0.7)
+    assert reward_combine(feedback_cfg=feedback_cfg, auto=1.0, human=0.25) == pytest.approx(0.3 * 1.0 + 0.7 * 0.25)
+    assert reward_combine(feedback_cfg=feedback_cfg, auto=0.0, human=None) is None
+    assert reward_combine(feedback_cfg=feedback_cfg, auto=None, human=0.5) == 0.5
+    assert reward_combine(feedback_cfg=FeedbackSettings(mode="human"), auto=1.0, human=0.25) == 0.25
+    assert reward_combine(feedback_cfg=FeedbackSettings(mode="auto"), auto=1.0, human=0.25) == 1.0
 
 
 def test_a_blend_group_becomes_trainable_when_every_member_is_rated(owner: User) -> None:

@@ -16,8 +16,8 @@ from apps.buffer.models import Task
 from apps.envapi.services import api_key_create
 from apps.rewards.math_rules import answers_equivalent
 from apps.rewards.verify import answer_verdict
+from apps.runs.metrics import metric_record
 from apps.runs.models import Metric, ModelVersion, Run
-from apps.runs.services import metric_record
 from tests.factories import make_run, make_taskset, make_user
 
 pytestmark = pytest.mark.django_db
@@ -41,11 +41,11 @@ class _Model:
 
 
 def _evaluate(monkeypatch: pytest.MonkeyPatch, run: Run, answer: Any, version: int = 0) -> dict[str, float]:
-    import workers.explorer as explorer
+    import workers.evaluation as evaluation
     from workers.evaluation import evaluate_version
 
-    monkeypatch.setattr(explorer, "engine_at", lambda **_: _Model(answer))
-    monkeypatch.setattr(explorer, "task_prompt", lambda engine, task: task)
+    monkeypatch.setattr(evaluation, "engine_at", lambda **_: _Model(answer))
+    monkeypatch.setattr(evaluation, "task_prompt", lambda engine, task: task)
     outcome = evaluate_version(run_id=run.pk, version=version, worker="test")
     assert "skipped" not in outcome and "failed" not in outcome, outcome
     step = outcome["step"]

@@ -23,7 +23,7 @@ class NulSpeakingEngine:
     """The demo model's tokenizer with a completion that holds the NUL byte's token: what a
     small sampled model produced in the learning test, made deterministic here."""
 
-    kind = "transformers"
+    backend = "transformers"
 
     def __init__(self, path: str) -> None:
         from workers.engines.base import tokenizer_load
@@ -51,7 +51,7 @@ def test_an_explore_step_stores_completions_that_decode_to_nul(owner: Any, demo_
                    explore_batch_size=2, rewards=[{"name": "math_format"}])
     run_transition(run=run, action="start")
     task_attempts_create(run=run, epoch=0)
-    engine_cache_put(kind="transformers", model=str(demo_model_dir), engine=NulSpeakingEngine(str(demo_model_dir)))
+    engine_cache_put(backend="transformers", model=str(demo_model_dir), engine=NulSpeakingEngine(str(demo_model_dir)))
     try:
         summary = explore(run_id=run.pk, step=1)
     finally:

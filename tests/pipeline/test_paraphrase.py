@@ -36,6 +36,16 @@ def test_a_paraphrase_must_keep_the_numbers_and_change_the_words(candidate: str,
     assert paraphrase_accept("What is 3 + 4?", candidate, require_numbers=True) == why
 
 
+def test_the_workers_params_type_names_every_field_the_pipeline_sends() -> None:
+    """The pipeline sends ParaphraseParams dumped, with the model filled in; the worker reads
+    them through its TypedDict, which names each of those fields."""
+    from apps.buffer.pipeline.synthesize import ParaphraseParams
+    from workers.synthesize import ParaphraseParams as WorkerParams
+
+    sent = set(ParaphraseParams().model_dump()) | {"model"}
+    assert sent <= set(WorkerParams.__annotations__)
+
+
 @pytest.mark.django_db
 @pytest.mark.slow
 def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_reference(owner, tiny_model: Path) -> None:
@@ -43,7 +53,7 @@ def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_referenc
     from workers.synthesize import Sampling, tasks_paraphrase
 
     taskset = taskset_create(name="t", records=RECORDS, owner=owner)
-    engine = engine_create(kind="transformers", path=str(tiny_model))
+    engine = engine_create(backend="transformers", path=str(tiny_model))
     counts = tasks_paraphrase(taskset_id=taskset.pk, engine=engine, tokenizer=engine.tokenizer, n=2,
                               sampling=Sampling(max_tokens=8, seed=0), require_numbers=False)
     made = list(Task.objects.filter(taskset=taskset, is_synthetic=True).order_by("index"))

@@ -54,7 +54,7 @@ def tokenizer() -> Any:
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, tokenizer: Any, replies: list[str]) -> ScriptedEngine:
     engine = ScriptedEngine(tokenizer, replies)
-    monkeypatch.setattr("workers.k12.judge_engine_for", lambda *, model, kind: engine)
+    monkeypatch.setattr("workers.k12.judge_engine_for", lambda *, model, backend: engine)
     return engine
 
 

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.likelihood_rm import FEATURES, bradley_terry_fit, causal_lm_load, likelihood_features
+from workers.likelihood_rm import bradley_terry_fit, causal_lm_load, likelihood_features
+from workers.likelihood_rm_hf import FEATURES
 
 
 

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from apps.feedback.preferences import PreferencePair
+from apps.rewards.pairs import PreferencePair
 from workers.likelihood_rm import crossval_accuracy
 
 

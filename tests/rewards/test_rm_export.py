@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from django.core.management import CommandError, call_command
 
-from apps.feedback.preferences import PreferencePair
+from apps.rewards.pairs import PreferencePair
 from apps.rewards.models import RewardModel
 from tests.factories import make_run
 from workers.likelihood_rm import likelihood_model_fit

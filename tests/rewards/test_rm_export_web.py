@@ -20,7 +20,7 @@ from django.test import Client
 torch = pytest.importorskip("torch")
 
 from apps.envapi.services import api_key_create
-from apps.feedback.preferences import PreferencePair
+from apps.rewards.pairs import PreferencePair
 from apps.rewards.export import export_zip_path
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run

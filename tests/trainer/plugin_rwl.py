@@ -2,7 +2,7 @@
 
 Reward-weighted likelihood (RWL): each completion token's log-likelihood weighted by its
 reward minus a baseline, a loss no TRL trainer has. This file is all of it: its settings (a
-parameter model, torch-free), its objective (its loss, its no-signal check and its term on one
+parameter model, torch-free), its objective (its loss, its no-gradient check and its term on one
 rank of a learner group) and its declaration; the last line registers it when the module is
 imported. A deployment names the module in RFT_PLUGINS (every process imports it at start;
 a learner group's followers import what rank 0 loaded); tests/trainer/test_algorithm_plugin.py
@@ -72,7 +72,7 @@ class RWLObjective(Objective):
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss_on(self.rows(batch))
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         rows = [r for r in trainable(batch.usual) if r.reward is not None]
         if rows and all(r.reward == self.baseline for r in rows):
             return "every reward equals the baseline"

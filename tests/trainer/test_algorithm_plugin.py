@@ -82,7 +82,7 @@ def test_a_process_loads_the_plugin_modules_rft_plugins_names_at_start(
 
 def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: ModuleType) -> None:
     from apps.control.forms import algorithm_defaults, config_field_specs
-    from apps.control.orchestration import batch_plan
+    from apps.control.conductor import batch_plan
     from kernel.config import ConfigInvalid, config_dump, config_validate
 
     cfg = config_validate(data={"model": "m", "algorithm": "rwl", "repeat_times": 1, "train_batch_size": 6,
@@ -157,7 +157,7 @@ def test_a_learner_trains_a_step_with_its_loss(rwl: ModuleType, tiny_model_dir: 
     metrics = learner.step(TrainBatch(usual=rows))
     assert metrics["train/skipped_no_signal"] == 0.0 and metrics["grad_norm"] > 0
     assert any(not torch.equal(p.detach(), before[n]) for n, p in learner.model.named_parameters())
-    # Its no-signal check: every reward at the baseline leaves the weights as they were.
+    # Its no-gradient check: every reward at the baseline leaves the weights as they were.
     flat = [Rollout(**{**r.__dict__, "reward": 0.5}) for r in rows]
     after = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     assert learner.step(TrainBatch(usual=flat))["train/skipped_no_signal"] == 1.0

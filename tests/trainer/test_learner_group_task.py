@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -22,6 +22,9 @@ from tests.factories import experience_row
 from tests.trainer.conftest import running_run
 from workers import trainer as trainer_mod
 from apps.runs.ports import run_view_of
+
+if TYPE_CHECKING:
+    from workers.trainer.step import StepOutcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -182,7 +185,7 @@ def test_a_host_on_other_code_is_refused_naming_what_differs_before_it_starts_a_
     assert "Traceback" not in done.stderr
 
 
-def _step_that_fails(owner: Any, model_dir: Path, *, processes: int, hosts: int) -> tuple[Any, dict[str, Any], float]:
+def _step_that_fails(owner: Any, model_dir: Path, *, processes: int, hosts: int) -> tuple[Any, StepOutcome, float]:
     """A train step of a two-process run whose other rank will not join: (the run after it,
     the task's answer, its seconds)."""
     import time

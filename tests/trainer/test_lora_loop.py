@@ -110,7 +110,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
 
     engine_cache_clear()
     try:
-        engine = engine_for(run.cfg, kind="transformers")
+        engine = engine_for(run.cfg, backend="transformers")
         assert isinstance(engine, HFEngine)
         assert _engine_greedy(engine, prompts) == base_text  # version 0 is the base
         engine_version_ensure(engine, version=2, path=str(checkpoint))

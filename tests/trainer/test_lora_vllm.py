@@ -69,7 +69,7 @@ def test_vllm_serves_a_published_adapter_with_the_trainers_greedy_text(owner: An
     engine = engine_for(run.cfg)
     assert isinstance(engine, VLLMEngine)
     try:
-        assert engine.kind == "vllm" and engine.lora_enabled
+        assert engine.backend == "vllm" and engine.lora_enabled
         assert engine.llm.llm_engine.model_config.max_model_len == 256  # rollout.max_model_len reached vLLM
         assert _engine_greedy(engine, prompts) == base
         engine_version_ensure(engine, version=2, path=checkpoint)

@@ -1,6 +1,6 @@
 """The run modes through the real loop: the conductor and the trainer as Celery workers,
 Postgres, Redis. The explorer's side is played by `Explorer` below, which explores a step
-exactly when `apps.runs.policy` lets it (what `workers.explorer.explore_step` does) and
+exactly when `apps.runs.schedule` lets it (what `workers.explorer.explore_step` does) and
 writes through `experience_write`; the explorer issue's own tests cover the real one.
 """
 
@@ -17,7 +17,7 @@ from django.conf import settings
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.runs import policy
+from apps.runs import schedule
 from apps.runs.models import Dispatch, Metric, ModelVersion, Run
 from apps.runs.services import run_transition
 from tests.factories import experience_row, make_run, make_taskset
@@ -43,7 +43,7 @@ class Explorer:
         if run.status != Run.Status.RUNNING or run.explore_step >= run.cfg.total_steps:
             return False
         k = run.explore_step + 1
-        version = policy.explore_version(cfg=run.cfg, explore_step=k, current_version=run.current_version)
+        version = schedule.explore_version(cfg=run.cfg, explore_step=k, current_version=run.current_version)
         if version is None:
             return False
         rows = [

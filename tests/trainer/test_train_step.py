@@ -222,7 +222,7 @@ def test_dpo_learns_from_pairwise_feedback(owner: Any, tiny_model_dir: Path) -> 
 def _sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any]]]:
     """What the loop queues, captured instead of sent (no workers here)."""
     sent: list[tuple[str, list[Any]]] = []
-    monkeypatch.setattr("apps.control.orchestration._send", lambda name, args, queue, task_id: sent.append((name, args)))
+    monkeypatch.setattr("apps.control.conductor._send", lambda name, args, queue, task_id: sent.append((name, args)))
     return sent
 
 
@@ -235,7 +235,7 @@ def _train_dispatch(run: Run) -> Any:
 def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sending_them(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from apps.control import orchestration
+    from apps.control import conductor
 
     run = running_run(owner, tiny_model_dir, total_steps=3)
     for tag in ("a", "b", "c", "d"):
@@ -244,16 +244,16 @@ def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sen
     # A conductor beat between the chained steps (as the loop's beat would come) finds the
     # run's train dispatch held by the chain and sends nothing.
     seen: list[tuple[str, int]] = []
-    real_continue = orchestration.train_step_continue
+    real_continue = conductor.train_step_continue
 
     def continue_then_beat(*, run: Run, step: int) -> Any:
         readiness = real_continue(run=run, step=step)
-        orchestration.run_advance(run=Run.objects.get(pk=run.pk))
+        conductor.run_advance(run=Run.objects.get(pk=run.pk))
         row = _train_dispatch(run)
         seen.append((row.state, row.step))
         return readiness
 
-    monkeypatch.setattr(orchestration, "train_step_continue", continue_then_beat)
+    monkeypatch.setattr(conductor, "train_step_continue", continue_then_beat)
     out = trainer_step(run_id=run.pk, step=1, chain_seconds=60)
     assert out["status"] == "trained" and out["steps"] == [1, 2, 3]
     assert not [args for name, args in sent if name == "workers.trainer.task.train_step"]
@@ -304,7 +304,7 @@ def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_
     import psycopg
     from django.db import connection
 
-    from apps.control.orchestration import TRAINER_LOCK_NAMESPACE
+    from apps.control.conductor import TRAINER_LOCK_NAMESPACE
 
     run = running_run(owner, tiny_model_dir)
     _groups(run)
@@ -320,7 +320,7 @@ def test_a_task_that_finds_the_run_trained_elsewhere_hands_its_step_back_to_the_
 
 def test_a_message_that_is_not_the_dispatched_one_does_nothing(owner: Any, tiny_model_dir: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.control.orchestration import dispatch_send
+    from apps.control.conductor import dispatch_send
 
     run = running_run(owner, tiny_model_dir)
     _groups(run)
@@ -387,7 +387,7 @@ def test_a_step_records_how_much_of_its_batch_people_rated(owner: Any, tiny_mode
 def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
     owner: Any, tiny_model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import host_memory
+    from workers.trainer import resident
 
     tuned: list[int] = []
 
@@ -395,7 +395,7 @@ def test_a_cpu_train_worker_returns_freed_tensors_only_when_its_setting_asks(
         tuned.append(threshold)
         return True
 
-    monkeypatch.setattr(host_memory, "cpu_allocator_tune", tune)
+    monkeypatch.setattr(resident, "cpu_allocator_tune", tune)
     plain = running_run(owner, tiny_model_dir)
     _groups(plain)
     assert trainer_step(run_id=plain.pk, step=1)["status"] == "trained" and tuned == []

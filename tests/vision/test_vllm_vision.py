@@ -27,7 +27,7 @@ def vllm_vision(vision_model_dir: Path) -> Iterator[Any]:
     from workers.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(path=str(vision_model_dir), max_model_len=256)
-    engine_cache_put(kind="vllm", model=str(vision_model_dir), engine=engine)
+    engine_cache_put(backend="vllm", model=str(vision_model_dir), engine=engine)
     yield engine
     engine.close()
 

@@ -30,7 +30,7 @@ def hf_engine(demo_model_dir: Path) -> Any:
     from workers.engines.hf_engine import HFEngine
 
     engine = HFEngine(path=str(demo_model_dir))
-    engine_cache_put(kind="transformers", model=str(demo_model_dir), engine=engine)
+    engine_cache_put(backend="transformers", model=str(demo_model_dir), engine=engine)
     return engine
 
 
@@ -42,7 +42,7 @@ def vllm_engine(demo_model_dir: Path) -> Iterator[Any]:
     from workers.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(path=str(demo_model_dir))
-    engine_cache_put(kind="vllm", model=str(demo_model_dir), engine=engine)
+    engine_cache_put(backend="vllm", model=str(demo_model_dir), engine=engine)
     yield engine
     engine.close()
 

@@ -134,10 +134,10 @@ def test_it_explores_with_a_newly_published_version_and_records_the_load(
     owner: User, demo_model_dir: Path, hf_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from apps.runs import services
+    from apps.runs.events import event_publish as publish
     from tests.workers.test_engines import perturbed_copy
 
     sent: list[tuple[str, dict[str, Any]]] = []
-    publish = services.event_publish
     def recorded(*, run_id: int, type: str, payload: dict[str, Any]) -> Any:
         sent.append((type, payload))
         return publish(run_id=run_id, type=type, payload=payload)

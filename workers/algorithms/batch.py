@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from workers.engines.base import prompt_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -84,8 +85,6 @@ def rollout_from_experience(exp: Any, *, tokenizer: PreTrainedTokenizerBase | No
 
 
 def _tokenise_text(exp: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
-    from workers.engines.base import prompt_ids
-
     task = getattr(exp, "task", None) if getattr(exp, "task_id", None) else None
     messages = getattr(exp, "messages", None) or (task.messages if task is not None else None)
     text = (task.prompt if task is not None and task.prompt else None) or exp.prompt_text

@@ -62,6 +62,13 @@ from kernel.exceptions import InvalidInput
 from kernel.jsontypes import JSONObject
 from kernel.plugins import PluginMissing, plugins_load, plugins_loaded
 from workers.algorithms.batch import TrainBatch
+from kernel.config import config_validate
+from workers.adapters import adapter_wrap
+from workers.algorithms import Learner, NothingToTrain, spec_from_config
+from workers.algorithms.objectives import objective_class
+from workers.engines.base import tokenizer_from_pretrained
+from workers.host_memory import cpu_allocator_tune
+from workers.vision import is_vision_model
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -252,8 +259,6 @@ def _adapter_start(config: object, lora: AdapterConfig, dtype: torch.dtype) -> d
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    from workers.adapters import adapter_wrap
-
     with init_empty_weights(include_buffers=False):
         skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     for module in skeleton.modules():
@@ -279,8 +284,6 @@ def model_sharded_load(path: str | Path, *, mesh: DeviceMesh, reshard: bool, pre
     (`adapter_wrap`'s, the same weights) on the frozen base."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from workers.adapters import adapter_wrap
 
     path = Path(path)
     config = AutoConfig.from_pretrained(path)
@@ -372,7 +375,7 @@ def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str, fro
 
         # What rank 0 has, every rank: whether there is optimizer state, and the scheduler's.
         told: list[tuple[bool, dict[str, object] | None]] = [(optim_state is not None, scheduler_state)]
-        dist.broadcast_object_list(told, src=0)  # type: ignore[arg-type]
+        dist.broadcast_object_list(told, src=0)
         has_optim, scheduler_state = told[0]
         if has_optim and optim_state is None:
             optim_state = {}
@@ -638,8 +641,6 @@ class LearnerGroup:
         the group is joined, from `build` (workers.algorithms.shard_load)."""
         import torch.distributed as dist
 
-        from workers.algorithms.objectives import objective_class
-
         spec = learner.spec if learner is not None else build.spec if build is not None else None
         assert spec is not None, "a learner group needs rank 0's learner or what to build it from"
         if not objective_class(spec.algorithm).shards():
@@ -682,7 +683,7 @@ class LearnerGroup:
             group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = _Channel()
             if learner is None:
-                from workers.algorithms.shard_load import learner_sharded_build
+                from workers.algorithms.shard_load import learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
 
                 assert build is not None
                 learner = learner_sharded_build(build, world=plan.world, sharding=plan.sharding)
@@ -714,7 +715,6 @@ class LearnerGroup:
     def step(self, batch: TrainBatch, *, entry: bytes) -> dict[str, float]:
         """One update on `batch` by every rank. `entry`: the batch as the journal encodes it
         (workers.trainer.journal_encode), RNG state included, which is what followers decode."""
-        from workers.algorithms.learner import NothingToTrain
 
         try:
             self.whole_release()
@@ -732,7 +732,7 @@ class LearnerGroup:
 
     def whole_model(self) -> torch.nn.Module:
         """The unsharded policy as of the last step (gathered from every rank's shard)."""
-        from workers.algorithms.shard_load import whole_assign, whole_gather
+        from workers.algorithms.shard_load import whole_assign, whole_gather  # cycle: workers.algorithms.shard_load imports this module
 
         if self.plan.sharding == "none":
             return self.learner.model  # a whole replica already
@@ -758,7 +758,7 @@ class LearnerGroup:
         settings from the policy's skeleton. Returns the weight bytes written."""
         from transformers import PreTrainedModel
 
-        from workers.algorithms.shard_load import whole_write
+        from workers.algorithms.shard_load import whole_write  # cycle: workers.algorithms.shard_load imports this module
 
         skeleton = self.whole
         assert isinstance(skeleton, PreTrainedModel) and self.streams_versions, "versions stream from full weights, sharded"
@@ -778,7 +778,7 @@ class LearnerGroup:
 
     def whole_release(self) -> None:
         """Let go of the whole weights `whole_model` gathered (the policy's skeleton stays)."""
-        from workers.algorithms.shard_load import whole_release
+        from workers.algorithms.shard_load import whole_release  # cycle: workers.algorithms.shard_load imports this module
 
         if self.whole is not None and self.plan.sharding != "none":
             whole_release(self.whole)
@@ -849,8 +849,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
         raise
     import torch.distributed as dist
 
-    from workers.algorithms import NothingToTrain
-    from workers.algorithms.shard_load import whole_gather
+    from workers.algorithms.shard_load import whole_gather  # cycle: workers.algorithms.shard_load imports this module
     from workers.trainer import rng_restore, journal_decode
 
     plan = start.plan
@@ -911,7 +910,6 @@ def sharded_load_fits(sharding: str, *, model: str) -> bool:
     path = Path(model)
     if sharding == "none" or not ((path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()):
         return False  # a model name the hub resolves is loaded whole (from_pretrained finds its files)
-    from workers.vision import is_vision_model
 
     return not is_vision_model(model)
 
@@ -920,7 +918,7 @@ def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
     """A follower's learner on its shards only of the run's model (and of the reference
     model, or the frozen base under an adapter), built once the group is joined (the shards
     are the mesh's)."""
-    from workers.algorithms.shard_load import LearnerBuild, learner_sharded_build
+    from workers.algorithms.shard_load import LearnerBuild, learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
 
     return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer),
                                  world=start.plan.world, sharding=start.plan.sharding)
@@ -933,8 +931,6 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
     django.setup()
-    from kernel.config import config_validate
-    from workers.algorithms import Learner, spec_from_config
 
     spec_in = json.loads(store.get("rft/spec"))
     code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
@@ -950,7 +946,6 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
         torch.cuda.set_device(rank % plan.local)
     cfg = config_validate(data=spec_in["config"])
     torch.manual_seed(cfg.seed)
-    from workers.engines.base import tokenizer_from_pretrained
     from workers.trainer import policy_load
 
     spec = spec_from_config(cfg)
@@ -959,8 +954,6 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
     if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
         # As rank 0's worker does (workers/trainer/resident.py), before the learner is built.
-        from workers.host_memory import cpu_allocator_tune
-
         cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     checkpoint = spec_in.get("checkpoint")
     learner = None

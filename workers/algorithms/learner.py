@@ -24,6 +24,10 @@ from workers.algorithms.batch import Rollout, TrainBatch
 from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
 from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
+from workers.adapters import is_adapter_model
+from workers.host_memory import backward_trim
+from workers.precision import autocast, optimizer_check, precision_check
+from workers.vision import images_open, pixel_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
@@ -39,9 +43,10 @@ class NothingToTrain(Conflict, ValueError):
     """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
 
 
-# Step metric: 1.0 when the batch carried no learning signal and the optimizer did not step
-# (Learner.no_signal), 0.0 when it stepped. Recorded on every step so the run page charts it.
-SKIPPED_NO_SIGNAL = "train/skipped_no_signal"
+# Step metric: 1.0 when the batch had no gradient and the optimizer did not step
+# (Learner.no_gradient), 0.0 when it stepped. Recorded on every step so the run page charts it.
+# The stored metric keeps its old name (runs' charts and the benches read it).
+SKIPPED_NO_GRADIENT = "train/skipped_no_signal"
 
 
 @dataclass
@@ -98,8 +103,6 @@ class Learner:
     def __init__(self, *, spec: LearnerSpec, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  ref_model: torch.nn.Module | None = None, processor: ProcessorMixin | None = None) -> None:
         objective = objective_class(spec.algorithm)  # ValueError naming the known ones
-        from workers.adapters import is_adapter_model
-        from workers.precision import optimizer_check, precision_check
 
         self.adapter = is_adapter_model(model)
         if spec.needs_ref and ref_model is None and not self.adapter:
@@ -112,8 +115,7 @@ class Learner:
         bridge.fused_head_tiles_for(next(model.parameters()).device)
         if self.device == "cpu":
             # In a tuned worker, the heap is also trimmed after each block's backward.
-            from workers.algorithms.distributed import model_blocks
-            from workers.host_memory import backward_trim
+            from workers.algorithms.distributed import model_blocks  # cycle: workers.algorithms.distributed imports this module
 
             backward_trim(model_blocks(model))
         optimizer_check(spec.optimizer, device=self.device)
@@ -169,7 +171,6 @@ class Learner:
             raise ValueError("a batch mixes prompts with and without images; the trainer takes one kind per batch")
         if self.processor is None:
             raise ValueError("rollouts with images need a vision-language model (its processor)")
-        from workers.vision import images_open, pixel_inputs
 
         pixels = pixel_inputs(self.processor, [images_open(r.images or []) for r in rollouts])
         device = next(self.model.parameters()).device
@@ -194,16 +195,16 @@ class Learner:
 
     # -- one update -------------------------------------------------------------------
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell).
 
         AdamW would still move them on such a batch: its momentum replays earlier
         gradients and its weight decay shrinks every weight, so a run fed batches without
-        signal (a reward model's fallback scoring every member alike, a rater budget that
+        gradient (a reward model's fallback scoring every member alike, a rater budget that
         leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
         Decided on the whole batch, before any learner-group shard, so every rank agrees.
         TRL's own trainers do not skip (they step on whatever the batch gives)."""
-        return self.objective.no_signal(batch)
+        return self.objective.no_gradient(batch)
 
     def _batch_metrics(self, batch: TrainBatch) -> dict[str, float]:
         rows = batch.usual + batch.expert
@@ -230,14 +231,13 @@ class Learner:
         weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
         over the group in the backward pass, before the same clipping and update.
 
-        A batch without learning signal (`no_signal`) leaves the weights, the optimizer's
-        state and the scheduler exactly as they were, and says so in SKIPPED_NO_SIGNAL."""
+        A batch without gradient (`no_gradient`) leaves the weights, the optimizer's
+        state and the scheduler exactly as they were, and says so in SKIPPED_NO_GRADIENT."""
         started = time.perf_counter()
-        if self.no_signal(batch) is not None:
-            return {**self._batch_metrics(batch), SKIPPED_NO_SIGNAL: 1.0, "update_seconds": time.perf_counter() - started}
+        if self.no_gradient(batch) is not None:
+            return {**self._batch_metrics(batch), SKIPPED_NO_GRADIENT: 1.0, "update_seconds": time.perf_counter() - started}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        from workers.precision import autocast
 
         with bridge.TRL_STATE_LOCK, autocast(self.spec.precision, device=self.device):
             loss, metrics = self.loss(batch) if shard is None else shard.loss(self, batch)
@@ -270,7 +270,7 @@ class Learner:
                 "grad_norm": float(grad_norm),
                 "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
                 "update_seconds": seconds,
-                SKIPPED_NO_SIGNAL: 0.0,
+                SKIPPED_NO_GRADIENT: 0.0,
             }
         )
         return metrics

@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from workers.adapters import adapter_wrap
+from workers.algorithms import Learner
+from workers.algorithms.distributed import model_sharded_load, sharded_load_fits
+from workers.precision import precision_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,7 +60,6 @@ class LearnerBuild:
 def rank0_sharded_fits(*, sharding: str, model: str, source: str) -> bool:
     """Whether rank 0 loads only its shards too: its followers do (`sharded_load_fits`) and
     its learner starts from the run's model (`source`: what it would load whole)."""
-    from workers.algorithms.distributed import sharded_load_fits
 
     return source == model and sharded_load_fits(sharding, model=model)
 
@@ -71,10 +74,6 @@ def learner_sharded_build(build: LearnerBuild, *, world: int, sharding: str) -> 
     """This rank's learner on its shards only of the run's model (and of the reference
     model; with an adapter, of the frozen base), in the process group just joined."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from workers.algorithms import Learner
-    from workers.algorithms.distributed import model_sharded_load
-    from workers.precision import precision_dtype
 
     cfg, spec = build.cfg, build.spec
     mesh = init_device_mesh(group_device(), (world,))
@@ -94,9 +93,6 @@ def model_skeleton(*, cfg: RunConfig, spec: LearnerSpec) -> torch.nn.Module:
     are computed, not saved (rotary `inv_freq`), are real: as a whole load makes them."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from workers.adapters import adapter_wrap
-    from workers.precision import precision_dtype
 
     path = Path(cfg.model)
     dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32

@@ -219,4 +219,4 @@ def plain_trainer_build(*, model: torch.nn.Module, params: TrainParams) -> Train
     from transformers import Trainer, TrainingArguments
 
     trl_check()
-    return Trainer(model=model, args=TrainingArguments(**common_args(params)))  # type: ignore[arg-type]
+    return Trainer(model=model, args=TrainingArguments(**common_args(params)))

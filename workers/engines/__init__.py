@@ -1,6 +1,6 @@
 """Rollout engines, resident per worker process.
 
-`engine_for(cfg)` returns the process's engine for a run config's engine kind and base
+`engine_for(cfg)` returns the process's engine for a run config's engine backend and base
 model, creating it on first use; later tasks reuse it and only load other weights
 (`engine_version_ensure`) between batches.
 """
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
+from workers.engines.hf_engine import HFEngine
+from workers.engines.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
@@ -47,7 +49,7 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class EngineWanted:
-    """An engine named by kind and base model alone (a judge's, a paraphraser's): it has the
+    """An engine named by backend and base model alone (a judge's, a paraphraser's): it has the
     engine's default options, as a run config without a `rollout` section would."""
 
     engine: str
@@ -70,19 +72,15 @@ def vllm_available() -> bool:
     return True
 
 
-def engine_create(*, kind: str, path: str, version: int = 0, **options: Any) -> RolloutEngine:
-    if kind == "vllm":
-        from workers.engines.vllm_engine import VLLMEngine
-
+def engine_create(*, backend: str, path: str, version: int = 0, **options: Any) -> RolloutEngine:
+    if backend == "vllm":
         return VLLMEngine(path=path, version=version, **options)
-    if kind == "transformers":
-        from workers.engines.hf_engine import HFEngine
-
+    if backend == "transformers":
         return HFEngine(path=path, version=version, **options)
-    raise ValueError(f"unknown engine {kind!r}; known: vllm, transformers")
+    raise ValueError(f"unknown engine {backend!r}; known: vllm, transformers")
 
 
-def engine_options(cfg: EngineConfig, kind: str) -> EngineOptions:
+def engine_options(cfg: EngineConfig, backend: str) -> EngineOptions:
     """The engine's constructor options from a run config's `rollout` section (and, for
     vLLM, the adapter rank to enable LoRA serving at): only those that differ from the
     engine's defaults, so a default config shares the default engine."""
@@ -90,7 +88,7 @@ def engine_options(cfg: EngineConfig, kind: str) -> EngineOptions:
     options: EngineOptions = {}
     if rollout is not None and rollout.dtype != "auto":
         options["dtype"] = rollout.dtype
-    if kind != "vllm":
+    if backend != "vllm":
         return options
     if rollout is not None:
         if rollout.max_model_len is not None:
@@ -108,47 +106,47 @@ def engine_options(cfg: EngineConfig, kind: str) -> EngineOptions:
 _Key = tuple[str, str, str]
 
 
-def _cache_key(kind: str, model: str, options: EngineOptions) -> _Key:
-    return kind, str(model), json.dumps(options, sort_keys=True)
+def _cache_key(backend: str, model: str, options: EngineOptions) -> _Key:
+    return backend, str(model), json.dumps(options, sort_keys=True)
 
 
-def _key(cfg: EngineConfig, kind: str | None) -> tuple[_Key, EngineOptions]:
-    kind = kind or cfg.engine
-    if kind == "vllm" and not vllm_available():
+def _key(cfg: EngineConfig, backend: str | None) -> tuple[_Key, EngineOptions]:
+    backend = backend or cfg.engine
+    if backend == "vllm" and not vllm_available():
         log.warning("vLLM is not importable on this worker; using the transformers engine")
-        kind = "transformers"
-    options = engine_options(cfg, kind)
-    return _cache_key(kind, str(cfg.model), options), options
+        backend = "transformers"
+    options = engine_options(cfg, backend)
+    return _cache_key(backend, str(cfg.model), options), options
 
 
-def engine_cached(cfg: EngineConfig, *, kind: str | None = None) -> bool:
+def engine_cached(cfg: EngineConfig, *, backend: str | None = None) -> bool:
     """Whether this process already holds the engine `engine_for(cfg)` would return."""
     with _LOCK:
-        return _key(cfg, kind)[0] in _ENGINES
+        return _key(cfg, backend)[0] in _ENGINES
 
 
-def engine_for(cfg: EngineConfig, *, kind: str | None = None) -> RolloutEngine:
+def engine_for(cfg: EngineConfig, *, backend: str | None = None) -> RolloutEngine:
     """The resident engine for a run config (`engine`, `model`, `rollout`), made on first use.
 
-    Keyed by engine kind, base model and engine options, so runs of the same model and
+    Keyed by engine backend, base model and engine options, so runs of the same model and
     settings share one engine; a run's own versions are loaded into it by path. A config
     asking for vLLM where vLLM cannot be imported falls back to transformers, with a warning.
     """
-    key, options = _key(cfg, kind)
+    key, options = _key(cfg, backend)
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = _ENGINES[key] = engine_create(kind=key[0], path=key[1], version=0, **options)
+            engine = _ENGINES[key] = engine_create(backend=key[0], path=key[1], version=0, **options)
             from workers.sync import receiver_ensure
 
             receiver_ensure()  # NcclSync deployments: take the trainer's broadcasts from now on
         return engine
 
 
-def engine_cache_put(*, kind: str, model: str, engine: RolloutEngine, options: EngineOptions | None = None) -> None:
+def engine_cache_put(*, backend: str, model: str, engine: RolloutEngine, options: EngineOptions | None = None) -> None:
     """Adopt an engine made elsewhere (tests share one vLLM engine per session)."""
     with _LOCK:
-        _ENGINES[_cache_key(kind, str(model), options or {})] = engine
+        _ENGINES[_cache_key(backend, str(model), options or {})] = engine
 
 
 def engine_cache_clear() -> None:

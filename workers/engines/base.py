@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from kernel.exceptions import InvalidInput
+# The pure folder check, not the port: engines run where Django is not set up (a learner
+# group's ranks, the weight-sync protocol's spawned processes).
+from kernel.model_dirs import model_dir_missing, model_missing_said
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from kernel.config import SamplingConfig
     from workers.vision import ImagePrompt
 
 # What an engine samples from: a prompt's token ids, or an image-text prompt (its ids with
@@ -80,10 +84,9 @@ class SamplingSpec:
         return self.temperature == 0
 
     @classmethod
-    def from_config(cls, sampling: Any) -> SamplingSpec:
-        """From a run config's `sampling` section (a pydantic model or a mapping)."""
-        data = sampling.model_dump() if hasattr(sampling, "model_dump") else dict(sampling)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+    def from_config(cls, sampling: SamplingConfig) -> SamplingSpec:
+        """From a run config's `sampling` section (its `eval.sampling` too)."""
+        return cls(**{k: v for k, v in sampling.model_dump().items() if k in cls.__dataclass_fields__})
 
     def with_overrides(self, overrides: Mapping[str, Any] | None) -> SamplingSpec:
         """A copy with the given fields changed; unknown names raise ValueError naming them."""
@@ -105,7 +108,7 @@ class RolloutEngine(Protocol):
     """A resident model that samples completions. Not thread-safe across `load` and
     `generate`: callers load a new version between batches, never during one."""
 
-    kind: str
+    backend: str
     tokenizer: PreTrainedTokenizerBase
 
     @property
@@ -136,10 +139,6 @@ def tokenizer_folder_check(path: str) -> None:
     """A local folder to load a tokenizer from must hold one: without its files transformers
     either asks to install sentencepiece or tiktoken or, for some configs, builds an empty
     tokenizer of one token without a word. InvalidInput names what is missing instead."""
-    # The pure folder check, not the port: engines run where Django is not set up (a
-    # learner group's ranks, the weight-sync protocol's spawned processes).
-    from kernel.model_dirs import model_dir_missing, model_missing_said
-
     folder = Path(path).expanduser()
     if folder.is_dir() and not (folder / "adapter_config.json").is_file() and "tokenizer" in model_dir_missing(path=folder):
         raise InvalidInput(model_missing_said(name=path, missing=["tokenizer"]), field="model")

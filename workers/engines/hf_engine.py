@@ -31,7 +31,7 @@ class HFEngine:
     directory) goes onto the base already held: the first one wraps it, later ones only
     replace the adapter's tensors."""
 
-    kind = "transformers"
+    backend = "transformers"
 
     def __init__(
         self, *, path: str, version: int = 0, device: str | None = None, batch_size: int = 128, dtype: str = "auto"

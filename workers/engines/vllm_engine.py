@@ -51,7 +51,7 @@ def _lora_rank_slot(rank: int) -> int:
 
 
 class VLLMEngine:
-    kind = "vllm"
+    backend = "vllm"
 
     def __init__(
         self,

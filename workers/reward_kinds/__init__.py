@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from apps.rewards.ports import PreferencePair
 from kernel.registry import Registry
+from kernel.exceptions import ExportFailed
 
 if TYPE_CHECKING:
     from apps.runs.ports import RewardModelConfig
@@ -80,7 +81,6 @@ class RewardKindImpl:
         """The version at `source` as a directory `AutoModelForSequenceClassification`
         loads (workers.reward_models.reward_model_export); ExportFailed where the kind has
         no such form."""
-        from kernel.exceptions import ExportFailed
 
         raise ExportFailed(f"a {self.name!r} reward-model version cannot be exported as a transformers directory yet")
 

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.adapters import model_export
+from workers.reward_models import reward_model_load
+from workers.reward_trainer import reward_model_fit, rm_score_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,8 +25,6 @@ class _Scorer(KindScorer):
         self.net, self.tokenizer, self.max_length, self.batch_size = net, tokenizer, max_length, batch_size
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
-        from workers.reward_trainer import rm_score_texts
-
         return rm_score_texts(self.net, self.tokenizer, list(prompts), list(completions), max_length=self.max_length,
                               batch_size=self.batch_size)
 
@@ -34,8 +35,6 @@ class Classifier(RewardKindImpl):
 
     def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
             out: Path, seed: int) -> Fitted:
-        from workers.reward_trainer import reward_model_fit
-
         net, tokenizer, accuracy = reward_model_fit(
             base=base, train=train, heldout=heldout, out=out, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
             batch_size=cfg.batch_size, max_length=cfg.max_length, seed=seed,
@@ -46,12 +45,8 @@ class Classifier(RewardKindImpl):
         return (path / "config.json").is_file()
 
     def load(self, path: str, *, max_length: int, batch_size: int) -> KindScorer:
-        from workers.reward_models import reward_model_load
-
         net, tokenizer = reward_model_load(path)
         return _Scorer(net, tokenizer, max_length=max_length, batch_size=batch_size)
 
     def export(self, *, source: str, out: str, scale: float, offset: float) -> Path:
-        from workers.adapters import model_export
-
         return model_export(source=source, out=out, merged=False)

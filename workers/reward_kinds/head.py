@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.reward_trainer import pairwise_accuracy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -204,7 +205,6 @@ def head_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int
     With `folds` >= 2 also each fold's heads, fitted without its prompts' pairs, and the
     out-of-fold pairwise accuracy: (ensemble, fold heads, accuracy); ({}, None) without."""
     from workers.likelihood_rm import prompt_fold
-    from workers.reward_trainer import pairwise_accuracy
 
     texts: dict[tuple[str, str], int] = {}
     for p in train:
@@ -255,8 +255,6 @@ class Head(RewardKindImpl):
 
     def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
             out: Path, seed: int) -> Fitted:
-        from workers.reward_trainer import pairwise_accuracy
-
         model, tokenizer = _base_model(base)
         folds = cfg.crossval_folds
         if folds >= 2:

@@ -10,8 +10,8 @@ one) resident between steps. One step:
    SFT and MIX;
 3. journal the step: the exact batch (tokens, logprobs, rewards, preferences) and the RNG
    state it starts from, written and fsynced;
-4. one optimizer step with TRL's losses (`workers.algorithms`), none on a batch without learning
-   signal (`train/skipped_no_signal`: the step is still recorded and its batch used up);
+4. one optimizer step with TRL's losses (`workers.algorithms`), none on a batch without a
+   gradient (`train/skipped_no_signal`: the step is still recorded and its batch used up);
 5. `TrainSource.commit`, in one transaction: `run.train_step` step-1 → step (conditional
    UPDATE: the idempotency guard), the batch's ack and the step's metrics; on any failure
    before this, `TrainSource.release`;
@@ -19,7 +19,7 @@ one) resident between steps. One step:
 7. every `RFT_TRAINER_SNAPSHOT_STEPS` steps and at the last step, a full snapshot (weights,
    optimizer, scheduler), after which the journal entries and older snapshots it covers go.
 
-A task runs only while its run's train dispatch names it (apps/control/orchestration.py) and
+A task runs only while its run's train dispatch names it (apps/control/conductor.py) and
 sets it idle when it ends. It goes on with the next step itself when that step's batch is
 already there (async and offline runs, where the trainer sets the pace), for up to
 `RFT_TRAIN_CHAIN_SECONDS`, moving its dispatch row on to that step so the loop does not

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from django.conf import settings
+from workers.sync import run_storage
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +29,6 @@ log = logging.getLogger(__name__)
 
 
 def trainer_dir(run_id: int) -> Path:
-    from workers.sync import run_storage
-
     return run_storage(run_id) / "trainer"
 
 

@@ -22,6 +22,12 @@ from django.conf import settings
 
 from apps.runs.ports import RunView, connection_release, runs_ended, version_latest
 from workers.trainer.journal import restore_point, rng_restore, journal_decode, snapshot_save
+from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
+from workers.engines.base import tokenizer_from_pretrained
+from workers.handover import handover_repair
+from workers.host_memory import cpu_allocator_tune
+from workers.precision import optimizer_check, precision_check, precision_dtype
+from workers.vision import is_vision_model, processor_load
 
 if TYPE_CHECKING:
     import torch
@@ -72,8 +78,6 @@ def _load_model(path: str, dtype: torch.dtype | None = None, device: str | None 
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from workers.vision import is_vision_model
-
     auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=dtype or torch.float32).to(device or _device())
 
@@ -84,8 +88,6 @@ def policy_load(*, cfg: RunConfig, spec: LearnerSpec, source: str, device: str |
     config's model, a snapshot or a published version). With `trainer.lora` the policy is
     the config's model (frozen; held in the training precision) plus an adapter, fresh or
     loaded from `source`, and there is no reference model: the base is the reference."""
-    from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
-    from workers.precision import precision_dtype
 
     if spec.lora is None:
         if is_adapter_dir(source):
@@ -106,7 +108,6 @@ def resident_for(run: RunView) -> Resident:
     import torch
 
     from workers.algorithms import Learner, spec_from_config
-    from workers.engines.base import tokenizer_from_pretrained
 
     key = json.dumps(run.config_data, sort_keys=True)
     res = _resident_kept(run, key)
@@ -119,8 +120,6 @@ def resident_for(run: RunView) -> Resident:
                                                           start.replay, start.fallback)
     spec = spec_from_config(cfg)
     # Before loading gigabytes: a precision the device lacks fails the run with its reason.
-    from workers.precision import optimizer_check, precision_check
-
     precision_check(spec.precision, device=_device())
     optimizer_check(spec.optimizer, device=_device())
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
@@ -130,12 +129,9 @@ def resident_for(run: RunView) -> Resident:
     learner: Learner | None = None
     if build is None:
         model, ref_model = policy_load(cfg=cfg, spec=spec, source=source)
-    from workers.vision import is_vision_model, processor_load
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
     if _device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        from workers.host_memory import cpu_allocator_tune
-
         cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
     if build is None:
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
@@ -158,8 +154,6 @@ def resident_for(run: RunView) -> Resident:
                    tokenizer, ref_model, learner, group)
     if run.train_step > 0 and not fallback:
         # A crash may have left the newest version's background checkpoint unwritten.
-        from workers.handover import handover_repair
-
         handover_repair(run=run, model=resident_whole(res), tokenizer=tokenizer, train_step=run.train_step)
     if fallback:
         # The journal from here on needs a base that a later restart can find.

@@ -46,6 +46,8 @@ from workers.trainer.journal import (
     snapshot_due,
 )
 from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
+from workers.handover import memory_sync_applies, MemorySync
+from workers.sync import CheckpointSync, weight_sync_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -105,9 +107,6 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
 
 
 def publish_due(*, run: RunView, res: Resident) -> float | None:
-    from workers.handover import MemorySync, memory_sync_applies
-    from workers.sync import CheckpointSync, weight_sync_for
-
     cfg = run.cfg
     if not publishes_at(cfg=cfg, train_step=res.step):
         return None

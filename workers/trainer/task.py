@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 
-from celery import Task, shared_task, signals
+from celery import Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from apps.runs.ports import task_failure_record
+from rftweb.taskkit import celery_bound_task, on_signal
 from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker_name
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,8 @@ def run_fail(run_id: int, step: int, exc: BaseException) -> None:
 # for transient database errors; any other error fails the run with its message, since
 # retrying a bad model path or a shape error would only repeat it. The soft limit releases
 # the batch (the step is re-dispatched by the conductor).
-@shared_task(
+@celery_bound_task(
     name="workers.trainer.task.train_step",
-    bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
     time_limit=settings.RFT_TRAIN_TIME_LIMIT,
@@ -58,7 +58,7 @@ def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
         return {"status": "failed", "error": str(exc)}
 
 
-@signals.worker_ready.connect
+@on_signal(signals.worker_ready)
 def _import_the_learner_at_start(sender: object = None, **_: object) -> None:
     """A worker that serves the train queue imports torch, transformers and TRL as it starts
     (tens of seconds on a busy CPU host) rather than inside its first step, where the time

@@ -17,8 +17,8 @@ Adding one is one module (see `rating.py`, and docs/how-to/add-a-feedback-kind.m
 registered name without a migration. tests/feedback/test_kind_registry.py adds one from a single
 test module and gives it through the page, the API and the CLI.
 
-The folding math stays in the kernel (`kernel.feedback_policy`, which cannot import this
-app): `feedback_signals` hands it each folding kind's signals as plain data.
+The folding math stays in the kernel (`kernel.fold`, which cannot import this
+app): `feedback_votes` hands it each folding kind's votes as plain data.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apps.rewards.pairs import PreferencePair
-from kernel.feedback_policy import RaterSignal, Signal, feedback_rater
+from kernel.fold import RaterVote, Vote, feedback_rater
 from kernel.jsontypes import Body
 from kernel.registry import Registry
 
@@ -104,10 +104,17 @@ class FeedbackKind:
     """One kind of feedback's declaration. Subclasses set the class attributes and override
     what differs; `kind_register` makes one instance of each."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Round 49 renamed `signals` to `votes`: a kind written on the old name would fold
+        # nothing, silently, so it is refused where it is declared.
+        super().__init_subclass__()
+        if "signals" in vars(cls):
+            raise TypeError(f"{cls.__name__}.signals is now votes (docs/concepts.md#names)")
+
     name: ClassVar[str]
     Value: ClassVar[type[KindValue]]
     target: ClassVar[Target] = "experience"
-    # Its signals are part of a member's human reward (`signals`).
+    # Its votes are part of a member's human reward (`votes`).
     folds: ClassVar[bool] = False
     # A label for the reward model: it yields preference pairs, counts toward the learned
     # policy's retraining, and toward an annotator's day.
@@ -171,7 +178,7 @@ class FeedbackKind:
         """The experience ids whose training carries the label (default: its targets)."""
         return self.targets(fb)
 
-    def signals(self, fb: Feedback) -> Iterable[Signal]:
+    def votes(self, fb: Feedback) -> Iterable[Vote]:
         """Its part of the members' human rewards: (experience id, score on [0, 1], whether
         the rater's scale offset applies). Only for `folds` kinds."""
         return ()
@@ -298,8 +305,8 @@ def kinds() -> list[FeedbackKind]:
     return _REGISTRY.entries()
 
 
-def feedback_signals(feedback: Iterable[Feedback]) -> Iterator[RaterSignal]:
-    """The human signals of feedback rows for the kernel's fold (signals_fold): each row of a
+def feedback_votes(feedback: Iterable[Feedback]) -> Iterator[RaterVote]:
+    """The human votes of feedback rows for the kernel's fold (votes_fold): each row of a
     kind that folds, through its kind; rows of other kinds are passed over."""
     folding = {kind.name: kind for kind in kinds() if kind.folds}
     for fb in feedback:
@@ -307,8 +314,8 @@ def feedback_signals(feedback: Iterable[Feedback]) -> Iterator[RaterSignal]:
         if kind is None:
             continue
         rater = feedback_rater(fb)
-        for pk, score, scaled in kind.signals(fb):
-            yield RaterSignal(pk, score, scaled, rater, fb.author_id)
+        for pk, score, scaled in kind.votes(fb):
+            yield RaterVote(pk, score, scaled, rater, fb.author_id)
 
 
 def kind_get(name: object) -> FeedbackKind:

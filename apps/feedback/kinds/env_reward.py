@@ -1,5 +1,5 @@
 """An environment's reward for one experience: it becomes the experience's automatic reward
-(`feedback_env_reward`). Not a human signal: it folds into no human
+(`feedback_env_reward`). Not a human vote: it folds into no human
 reward and yields no pair."""
 
 from __future__ import annotations

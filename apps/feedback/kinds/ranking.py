@@ -23,7 +23,7 @@ from apps.feedback.kinds import (
     preference_pair,
 )
 from apps.rewards.pairs import PreferencePair
-from kernel.feedback_policy import Signal, borda_scores
+from kernel.fold import Vote, borda_scores
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
@@ -130,7 +130,7 @@ class Ranking(FeedbackKind):
     def targets(self, fb: Feedback) -> list[int]:
         return list(self._order(fb))
 
-    def signals(self, fb: Feedback) -> Iterable[Signal]:
+    def votes(self, fb: Feedback) -> Iterable[Vote]:
         for pk, score in borda_scores(list(self._order(fb))).items():
             yield (pk, score, False)
 

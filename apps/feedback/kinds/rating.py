@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, FiniteFloat, model_validator
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
-from kernel.feedback_policy import Signal, rating_normalise
+from kernel.fold import Vote, rating_normalise
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
@@ -112,7 +112,7 @@ class Rating(FeedbackKind):
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         return self.store(experience=opts["experience"], score=opts["score"], thumb=opts["thumb"], **who)
 
-    def signals(self, fb: Feedback) -> Iterable[Signal]:
+    def votes(self, fb: Feedback) -> Iterable[Vote]:
         value = self.parse(fb.value)
         assert isinstance(value, RatingValue)
         if value.normalised is not None and fb.experience_id is not None:

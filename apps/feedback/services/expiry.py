@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.feedback.services.fold import OPEN_STATUSES, group_fold, group_members_locked
-from kernel.feedback_policy import DROP_REASON, reward_combine
+from kernel.fold import DROP_REASON, reward_combine
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ def feedback_wait_expire(*, now: datetime | None = None) -> ExpireResult:
     now = now or timezone.now()
     ready = dropped = 0
     for run in Run.objects.filter(experiences__status=Experience.Status.PENDING).distinct():
-        policy = run.cfg.feedback
-        cutoff = now - timedelta(seconds=policy.wait_seconds)
+        feedback_cfg = run.cfg.feedback
+        cutoff = now - timedelta(seconds=feedback_cfg.wait_seconds)
         groups = list(
             Experience.objects.filter(run=run, status=Experience.Status.PENDING, created_at__lte=cutoff)
             .values_list("group_id", flat=True).distinct()
@@ -59,7 +59,7 @@ def _fallback_human(members: Sequence[Experience]) -> float | None:
 
 
 def _group_expire(*, run: Run, group_id: str) -> str | None:
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     with transaction.atomic():
         members = group_members_locked(run=run, group_id=group_id)
         pending = [m for m in members if m.status == Experience.Status.PENDING]
@@ -67,18 +67,18 @@ def _group_expire(*, run: Run, group_id: str) -> str | None:
             return None
         group_fold(run=run, group_id=group_id, members=members)
         without = [m for m in pending if m.reward is None]
-        if without and (policy.fallback == "drop" or any(m.auto_reward is None for m in without)):
+        if without and (feedback_cfg.fallback == "drop" or any(m.auto_reward is None for m in without)):
             # No usable reward for some member: a group with a hole cannot be trained on.
             Experience.objects.filter(pk__in=[m.pk for m in members], status__in=OPEN_STATUSES).update(
                 status=Experience.Status.FILTERED,
-                filter_reason=DROP_REASON if policy.fallback == "drop"
+                filter_reason=DROP_REASON if feedback_cfg.fallback == "drop"
                 else "feedback: wait window ended and a member has neither human nor automatic reward",
             )
             outcome = "dropped"
         else:
             fill = _fallback_human(members)
             for m in without:
-                reward = m.auto_reward if fill is None else reward_combine(policy=policy, auto=m.auto_reward, human=fill)
+                reward = m.auto_reward if fill is None else reward_combine(feedback_cfg=feedback_cfg, auto=m.auto_reward, human=fill)
                 Experience.objects.filter(pk=m.pk, status=Experience.Status.PENDING).update(reward=reward)
             Experience.objects.filter(pk__in=[m.pk for m in pending], status=Experience.Status.PENDING).update(
                 status=Experience.Status.READY

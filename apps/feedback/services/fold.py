@@ -1,5 +1,5 @@
 """The fold: a group's feedback folded into its open members' human and final rewards under
-the run's policy (the arithmetic is the kernel's, kernel.feedback_policy), making the group
+the run's policy (the arithmetic is the kernel's, kernel.fold), making the group
 trainable when every member's reward is final. The feedback services and the wait windows
 call it with the group locked."""
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from django.db.models import Q
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import feedback_signals, kind_get, kind_names
+from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.models import Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from kernel.feedback_policy import member_is_final, reward_combine, signals_fold
+from kernel.fold import member_is_final, reward_combine, votes_fold
 from apps.runs.models import Run
 
 # The statuses whose rewards may still change.
@@ -54,13 +54,13 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
     """Recompute the human and final rewards of a group's open members from their feedback,
     and make the group trainable when every member's reward is final. Call inside a
     transaction (the feedback services do); idempotent."""
-    policy = run.cfg.feedback
+    feedback_cfg = run.cfg.feedback
     if members is None:
         members = group_members_locked(run=run, group_id=group_id)
 
     ids = [m.pk for m in members]
     rows = group_feedback(run=run, group_id=group_id, member_ids=ids)
-    folds = signals_fold(member_ids=ids, signals=feedback_signals(rows), weights=rater_weights_cached(run=run),
+    folds = votes_fold(member_ids=ids, votes=feedback_votes(rows), weights=rater_weights_cached(run=run),
                          offsets=rater_offsets_cached(run=run))
     changed: list[Experience] = []
     for m in members:
@@ -68,7 +68,7 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
             continue
         fold = folds[m.pk]
         human = fold.human
-        reward = reward_combine(policy=policy, auto=m.auto_reward, human=human) if policy.mode != "auto" else None
+        reward = reward_combine(feedback_cfg=feedback_cfg, auto=m.auto_reward, human=human) if feedback_cfg.mode != "auto" else None
         before = (m.human_reward, m.reward)
         if human is not None:
             m.human_reward = human
@@ -82,8 +82,8 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
         Experience.objects.bulk_update(changed, ["human_reward", "reward"])
     updated = len(changed)
     became_ready = False
-    if policy.mode != "auto" and any(m.status == Experience.Status.PENDING for m in members):
-        if all(m.status != Experience.Status.PENDING or member_is_final(policy=policy, fold=folds[m.pk]) for m in members):
+    if feedback_cfg.mode != "auto" and any(m.status == Experience.Status.PENDING for m in members):
+        if all(m.status != Experience.Status.PENDING or member_is_final(feedback_cfg=feedback_cfg, fold=folds[m.pk]) for m in members):
             became_ready = bool(
                 Experience.objects.filter(pk__in=[m.pk for m in members], status=Experience.Status.PENDING).update(
                     status=Experience.Status.READY

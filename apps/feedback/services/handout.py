@@ -258,22 +258,22 @@ def _claim_by_rule(lease: _Lease, *, handout: Handout, fresh_gold: list[int], or
                    want: int, created: list[Assignment]) -> list[Assignment]:
     """The rule's share of a claim after `created` (gold items already leased): the rule's
     units and the gold turns between them, planned and leased round after round."""
-    policy = lease.run.cfg.feedback
+    feedback_cfg = lease.run.cfg.feedback
     window = list(handout.fresh[:WINDOW])
     handed_out = Assignment.objects.filter(run=lease.run).exclude(experience_id__in=handout.gold_ids).count()
     order = selection_order(run=lease.run, candidates=window, want=want - len(created), handed_out=handed_out,
                             rng=order_rng)
     # A rule that weighs nothing (gold items or trust alone) hands out in arrival order.
     turns = _RuleTurns(queue=iter(order), fresh_gold=fresh_gold, gold_given=len(created),
-                       gold_turns=share_slots(start=mine, count=want + 1, share=policy.gold_rate),
-                       ranks=selection_ranks(policy.selection))
+                       gold_turns=share_slots(start=mine, count=want + 1, share=feedback_cfg.gold_rate),
+                       ranks=selection_ranks(feedback_cfg.selection))
     while len(created) < want and not turns.exhausted:
         # The hand-outs still wanted, in the order the rule and the gold turns give them, then
         # leased in one round (slots_take); a shortfall (a parallel claimer won) plans again.
         plan = _rule_plan(turns, planned=len(created), want=want)
         if not plan:
             break
-        created.extend(_plan_lease(lease, turns, plan, overlap=policy.overlap))
+        created.extend(_plan_lease(lease, turns, plan, overlap=feedback_cfg.overlap))
     return created
 
 

@@ -1,7 +1,7 @@
 """Submitting feedback: what every kind's service shares. Each kind's service lives in the
 kind's own module (apps.feedback.kinds); the annotation page, the environment API and the CLI
 all call those. A service builds its value in the kind's one shape (its typed model), decides
-lateness by the one rule (policy.feedback_is_late), stores the row (`feedback_row_create`),
+lateness by the one rule (kernel.fold.feedback_is_late), stores the row (`feedback_row_create`),
 folds it into the group when it bears on rewards, and announces `feedback.saved`.
 
 Every piece of feedback is stored as its own row, whatever happens to its target. Feedback
@@ -26,7 +26,7 @@ from apps.feedback.services.fold import FoldResult, group_fold, group_members_lo
 from apps.feedback.services.handout import assignments_finish
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
-from kernel.feedback_policy import feedback_is_late
+from kernel.fold import feedback_is_late
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import Conflict, InvalidInput, NotFound

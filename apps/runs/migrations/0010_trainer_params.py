@@ -8,6 +8,9 @@ The mapping is written out here, as it was when the shape changed (a migration m
 follow later code); the config validator does the same for old config files
 (kernel.algorithms.trainer_legacy_upgrade)."""
 
+from collections.abc import Callable
+
+from django.apps.registry import Apps
 from django.db import migrations
 
 OLD_KEYS = ("loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards", "mu", "expert_share", "dpo_beta")
@@ -42,7 +45,7 @@ def trainer_backward(config: dict) -> dict:  # type: ignore[type-arg]
     return {**config, "trainer": {**trainer, **flat}}
 
 
-def _each_run(apps, change):  # type: ignore[no-untyped-def]
+def _each_run(apps: Apps, change: Callable[[dict[str, object]], dict[str, object]]) -> None:
     Run = apps.get_model("runs", "Run")
     for run in Run.objects.only("id", "config").iterator():
         if isinstance(run.config, dict):

@@ -15,6 +15,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
+from kernel.algorithms import algorithm_get
+from workers.algorithms import trl_bridge
+from workers.algorithms.batch import deal
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +32,13 @@ R = TypeVar("R")
 class Objective:
     name: ClassVar[str]
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Round 49 renamed `no_signal` to `no_gradient`: an objective written on the old name
+        # would have its check silently ignored, so it is refused where it is declared.
+        super().__init_subclass__()
+        if "no_signal" in vars(cls):
+            raise TypeError(f"{cls.__name__}.no_signal is now no_gradient (docs/concepts.md#names)")
+
     def __init__(self, learner: Learner) -> None:
         """Build what the loss needs around `learner`'s model (its TRL trainers)."""
         self.learner = learner
@@ -41,15 +51,13 @@ class Objective:
         TRL trainer an objective borrows its loss from; by default (a loss of its own) a
         plain transformers Trainer, which makes the same AdamW."""
         if self._plain is None:
-            from workers.algorithms import trl_bridge
-
             self._plain = trl_bridge.plain_trainer_build(model=self.learner.model, params=self.learner.spec.params)
         return self._plain
 
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell)."""
         return None
 
@@ -77,7 +85,6 @@ def weighted_part(
     """`loss_on` this rank's dealt part of `rows`, times the part's share of `weight(rows)`
     (rows: sequences for a per-sequence mean, completion tokens for a per-token mean, pairs
     for DPO). An empty part runs the loss on the first row and weights it by zero."""
-    from workers.algorithms.batch import deal
 
     mine = deal(rows, world)[rank]
     if not mine:
@@ -90,7 +97,6 @@ def weighted_part(
 def objective_class(name: object) -> type[Objective]:
     """The objective the algorithm registered as `name` declares (ValueError naming the
     known algorithms for an unknown name; TypeError for a declaration naming no objective)."""
-    from kernel.algorithms import algorithm_get
 
     declared = algorithm_get(name).objective
     if isinstance(declared, str):

@@ -120,7 +120,7 @@ class DPO(Objective):
         return loss, metrics
 
     def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        # A pair to learn always carries a gradient: no `no_signal` check.
+        # A pair to learn always carries a gradient: no `no_gradient` check.
         return self.loss_on(self.pairs(batch.usual + batch.expert, batch.preferences))
 
     def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:

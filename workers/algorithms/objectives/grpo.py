@@ -1,7 +1,7 @@
 """GRPO: TRL's GRPO loss (every loss type) on group-relative advantages of the usual rollouts.
 
 Its TRL trainer, the inputs dict TRL's own pipeline would have built from our stored
-rollouts, the KL reference's logprobs, the loss with its metrics, the no-signal check and
+rollouts, the KL reference's logprobs, the loss with its metrics, the no-gradient check and
 a learner group's term of the loss: all here (TRL's internals each leans on are pinned by
 tests/trainer/test_trl_bridge.py)."""
 
@@ -110,21 +110,21 @@ def inputs_build(
     return bridge.on_model(trainer, inputs)
 
 
-@torch.no_grad()
 def ref_logps(*, trainer: GRPOTrainer, ref_model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token logprobs of the completions under the reference model, as TRL computes them.
     `ref_model` may be the trainer's own (peft) model under `disable_adapter()`: TRL has
     patched its base already."""
-    if ref_model is not trainer.model:
-        bridge.fused_head(ref_model, temperature=trainer.temperature)
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    pixels = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes", "num_images")
-              if k in inputs}
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(
-        ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1), **pixels
-    )
-    return logps
+    with torch.no_grad():  # a reference forward: no graph
+        if ref_model is not trainer.model:
+            bridge.fused_head(ref_model, temperature=trainer.temperature)
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        pixels = {k: inputs[k] for k in ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes", "num_images")
+                  if k in inputs}
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1), **pixels
+        )
+        return logps
 
 
 def trl_loss(*, trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
@@ -204,7 +204,7 @@ class GRPO(Objective):
         with self.learner.reference() as ref_model:
             return ref_logps(trainer=self.grpo, ref_model=ref_model, inputs=inputs)
 
-    def has_signal(self, rollouts: list[Rollout]) -> bool:
+    def has_gradient(self, rollouts: list[Rollout]) -> bool:
         """Whether the loss on `rollouts` has a gradient at all. Every TRL loss type
         multiplies each token's term by its advantage, so when every advantage is exactly 0
         (each group's members rewarded alike: all wrong, all right, or all given the same
@@ -220,8 +220,8 @@ class GRPO(Objective):
         advantages = group_advantages(rows, scale=self.settings.scale_rewards)[keep]
         return bool((advantages != 0).any())
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
-        if trainable(batch.usual) and not self.has_signal(batch.usual):
+    def no_gradient(self, batch: TrainBatch) -> str | None:
+        if trainable(batch.usual) and not self.has_gradient(batch.usual):
             return "every advantage is zero (each group's rewards are equal) and beta is 0"
         return None
 

@@ -70,10 +70,10 @@ class MIX(Objective):
             metrics["kl"] = metrics["grpo_kl"]
         return torch.stack(parts).sum() if len(parts) > 1 else parts[0], metrics
 
-    def no_signal(self, batch: TrainBatch) -> str | None:
+    def no_gradient(self, batch: TrainBatch) -> str | None:
         mu = self.mu
         grpo_part = mu < 1 and bool(trainable(batch.usual))
         sft_part = mu > 0 and bool(trainable(batch.expert))
-        if grpo_part and not sft_part and not self.grpo.has_signal(batch.usual):
+        if grpo_part and not sft_part and not self.grpo.has_gradient(batch.usual):
             return "no expert rollout, and every advantage of the usual ones is zero with beta 0"
         return None

@@ -1,4 +1,4 @@
-"""The human-signal figures over the REST API (keys with `read`): the same rater figures
+"""The raters figures over the REST API (keys with `read`): the same rater figures
 and agreement as the Raters page, the run's reward-model versions, and a version as a
 download (the zip the run page offers: apps/rewards/export.py)."""
 
@@ -10,7 +10,7 @@ from django.http import FileResponse, HttpRequest
 from ninja import Router, Schema, Status
 from ninja.params.functions import Path
 
-from apps.feedback.signal_views import RatersData, raters_data
+from apps.feedback.raters_views import RatersData, raters_data
 from apps.rewards.export import (
     ExportState,
     download_name,
@@ -26,7 +26,7 @@ from kernel.jsontypes import Body
 
 # The operation ids are the ones this router had as apps/rewards/api.py (generated clients
 # name their methods by them).
-router = Router(tags=["human signal"])
+router = Router(tags=["raters"])
 
 
 class AgreementOut(Schema):

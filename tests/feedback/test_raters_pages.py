@@ -1,4 +1,4 @@
-"""The owner's doors to the human signal: the Raters page (figures, gold items), the same
+"""The owner's doors to the raters figures: the Raters page (figures, gold items), the same
 figures in the API, the reward-model panel of the run page, and the preference export."""
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ policy folds in; a wait window in wall time ends with the policy's fallback.
 gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
 scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
 trains without waiting for people (apps/feedback/learned.py); until then it waits as `blend`.
-Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's signals
+Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's votes
 in a member's mean.
 
-The scale. Human signals are normalised to [0, 1]:
+The scale. Human votes are normalised to [0, 1]:
 - a rating r on 1..5 counts (r - 1) / 4 (1 -> 0.0, 3 -> 0.5, 5 -> 1.0); thumbs up 1.0, down 0.0;
 - a ranking of a group of n completions gives the member at 0-based position i (best first)
   the normalised Borda score (n - 1 - i) / (n - 1) (best 1.0, worst 0.0; a group of one: 1.0).
-An experience's human reward is the mean of all its signals (every rating and every ranking
+An experience's human reward is the mean of all its votes (every rating and every ranking
 position it received, from every annotator). Reward functions are taken on their own scale
 (the built-in ones return [0, 1]), and
 
@@ -24,10 +24,10 @@ position it received, from every annotator). Reward functions are taken on their
             (a member without an automatic reward gets the human reward alone)
     human:  reward = human_reward
 
-A member's human reward is final once `overlap` distinct annotators have given it a signal;
+A member's human reward is final once `overlap` distinct annotators have given it a vote;
 a group is trainable (pending -> ready) when every member's reward is final. When the wait
 window (`wait_seconds` since a member was written) ends first, members that have some human
-signal keep the fold of what they have, and the rest follow `fallback`: `auto` uses the
+vote keep the fold of what they have, and the rest follow `fallback`: `auto` uses the
 automatic reward, `drop` filters the whole group with a stated reason.
 """
 
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
-from kernel.config import FeedbackPolicy, RunConfig
+from kernel.config import FeedbackSettings, RunConfig
 
 RATING_MIN, RATING_MAX = 1, 5
 DROP_REASON = "feedback: wait window ended without human rewards (fallback drop)"
@@ -85,17 +85,17 @@ def borda_scores(order: Sequence[int]) -> dict[int, float]:
     return {member: (n - 1 - i) / (n - 1) for i, member in enumerate(order)}
 
 
-def reward_combine(*, policy: FeedbackPolicy, auto: float | None, human: float | None) -> float | None:
+def reward_combine(*, feedback_cfg: FeedbackSettings, auto: float | None, human: float | None) -> float | None:
     """The training reward from the two sources under the policy (None: not known yet).
     `learned` folds people's reward as `blend` does; members no one rated get
     `reward_learned` once a reward model scores them."""
-    if policy.mode == "auto":
+    if feedback_cfg.mode == "auto":
         return auto
     if human is None:
         return None
-    if policy.mode == "human" or auto is None:
+    if feedback_cfg.mode == "human" or auto is None:
         return human
-    return policy.w_auto * auto + policy.w_human * human
+    return feedback_cfg.w_auto * auto + feedback_cfg.w_human * human
 
 
 Rater = int | str | None  # a user id, "key:<id>" for an API key, None for neither
@@ -103,9 +103,9 @@ Rater = int | str | None  # a user id, "key:<id>" for an API key, None for neith
 
 @dataclass
 class MemberFold:
-    """What the policy makes of one experience's human signals."""
+    """What the policy makes of one experience's human votes."""
 
-    signals: list[tuple[Rater, float]] = field(default_factory=list)  # (rater, score)
+    votes: list[tuple[Rater, float]] = field(default_factory=list)  # (rater, score)
     # Rater reliability weights (author id -> weight); a rater not named (an API key) weighs 1.
     weights: Mapping[int, float] | None = None
 
@@ -116,25 +116,25 @@ class MemberFold:
 
     @property
     def human(self) -> float | None:
-        if not self.signals:
+        if not self.votes:
             return None
-        total = sum(self._weight(a) for a, _ in self.signals)
+        total = sum(self._weight(a) for a, _ in self.votes)
         if total <= 0:
             # Every rater of this member weighs nothing: their plain mean, not no reward at all.
-            return sum(score for _, score in self.signals) / len(self.signals)
-        return sum(self._weight(a) * score for a, score in self.signals) / total
+            return sum(score for _, score in self.votes) / len(self.votes)
+        return sum(self._weight(a) * score for a, score in self.votes) / total
 
     @property
     def weight_total(self) -> float:
-        """How much trust the signals carry together (each signal counts its rater's weight)."""
-        return sum(self._weight(a) for a, _ in self.signals)
+        """How much trust the votes carry together (each vote counts its rater's weight)."""
+        return sum(self._weight(a) for a, _ in self.votes)
 
     @property
     def authors(self) -> int:
         # A person counts once, an API key counts once (one environment is one rater,
-        # whichever door its signals came through); a signal with neither counts one.
-        named = {a for a, _ in self.signals if a is not None}
-        return len(named) + sum(1 for a, _ in self.signals if a is None)
+        # whichever door its votes came through); a vote with neither counts one.
+        named = {a for a, _ in self.votes if a is not None}
+        return len(named) + sum(1 for a, _ in self.votes if a is None)
 
 
 def feedback_rater(feedback: object) -> Rater:
@@ -151,11 +151,11 @@ def feedback_rater(feedback: object) -> Rater:
 # What one row of a kind of feedback contributes to its members' human rewards: (experience
 # id, score on [0, 1], whether the rater's scale offset applies: it does to a rater's own
 # scale, as a rating is, not to a position in an order).
-Signal = tuple[int, float, bool]
+Vote = tuple[int, float, bool]
 
 
-class RaterSignal(NamedTuple):
-    """One human signal on one member, with its rater, as plain data: what the fold reads
+class RaterVote(NamedTuple):
+    """One human vote on one member, with its rater, as plain data: what the fold reads
     (apps.feedback.kinds turns each row of a folding kind into these; the math below is the
     same for all kinds)."""
 
@@ -168,33 +168,33 @@ class RaterSignal(NamedTuple):
     author: int | None  # the person, whose scale offset applies
 
 
-def signals_fold(
-    *, member_ids: Iterable[int], signals: Iterable[RaterSignal], weights: Mapping[int, float] | None = None,
+def votes_fold(
+    *, member_ids: Iterable[int], votes: Iterable[RaterVote], weights: Mapping[int, float] | None = None,
     offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
-    """Fold the human signals of a group's members; signals on other experiences are passed
+    """Fold the human votes of a group's members; votes on other experiences are passed
     over. `weights` are the raters' reliability weights (apps.feedback.reliability), None
-    for equal weights; `offsets` their scale offsets, subtracted from their scaled signals
+    for equal weights; `offsets` their scale offsets, subtracted from their scaled votes
     (ratings; clamped to [0, 1]) before folding."""
     folds = {pk: MemberFold(weights=weights) for pk in member_ids}
-    for signal in signals:
-        fold = folds.get(signal.experience_id)
+    for vote in votes:
+        fold = folds.get(vote.experience_id)
         if fold is None:
             continue
-        score, author = signal.score, signal.author
-        if signal.scaled and offsets and author is not None and author in offsets:
+        score, author = vote.score, vote.author
+        if vote.scaled and offsets and author is not None and author in offsets:
             score = min(1.0, max(0.0, score - offsets[author]))
-        fold.signals.append((signal.rater, score))
+        fold.votes.append((vote.rater, score))
     return folds
 
 
-def reward_learned(*, policy: FeedbackPolicy, auto: float | None, rm: float) -> float:
+def reward_learned(*, feedback_cfg: FeedbackSettings, auto: float | None, rm: float) -> float:
     """`learned`, a member no person rated: w_auto * automatic reward + w_rm * the reward
     model's score (a member without an automatic reward gets the score's part alone)."""
-    return (policy.w_auto * auto if auto is not None else 0.0) + policy.w_rm * rm
+    return (feedback_cfg.w_auto * auto if auto is not None else 0.0) + feedback_cfg.w_rm * rm
 
 
-def member_is_final(*, policy: FeedbackPolicy, fold: MemberFold) -> bool:
-    if policy.mode == "auto":
+def member_is_final(*, feedback_cfg: FeedbackSettings, fold: MemberFold) -> bool:
+    if feedback_cfg.mode == "auto":
         return True
-    return fold.authors >= policy.overlap
+    return fold.authors >= feedback_cfg.overlap

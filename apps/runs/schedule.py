@@ -15,7 +15,7 @@ explore step's experiences (train_batch_size = explore_batch_size × repeat_time
 - explore: rollouts and evaluation with whatever version is current; no trainer.
 - train: no explorer; the trainer trains on what the buffer holds, and on what environments
   (the REST API, agents through the OpenAI-compatible endpoint) send while tasks they
-  claimed are queued or leased (`orchestration.explore_finished`).
+  claimed are queued or leased (`conductor.explore_finished`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Owner pages of the run's human signal: the Raters page (agreement, per-rater figures, gold
+"""Owner pages of the run's human feedback: the Raters page (agreement, per-rater figures, gold
 items), the reward-model panel of the run page, and the preference export. Thin: check the
 role, call a selector or service, render."""
 

@@ -1,4 +1,4 @@
-"""A batch that carries no learning signal leaves the policy exactly as it was.
+"""A batch without gradient leaves the policy exactly as it was.
 
 GRPO's loss is each token's term times its advantage; when every group's members got the
 same reward every advantage is 0 and so is the gradient. AdamW would still move the weights
@@ -15,7 +15,7 @@ import torch
 
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch, group_advantages
 from workers.algorithms import trl_bridge as bridge
-from workers.algorithms.learner import SKIPPED_NO_SIGNAL
+from workers.algorithms.learner import SKIPPED_NO_GRADIENT
 
 
 def _rollouts(*, tied: bool, groups: int = 2, size: int = 6, start: int = 0) -> list[Rollout]:
@@ -69,14 +69,14 @@ def test_a_grpo_batch_whose_groups_are_all_tied_leaves_weights_and_optimizer_bit
 ) -> None:
     learner = _learner(load_model, tokenizer)
     first = learner.step(TrainBatch(usual=_rollouts(tied=False)))
-    assert first[SKIPPED_NO_SIGNAL] == 0.0
+    assert first[SKIPPED_NO_GRADIENT] == 0.0
     weights, opt = _state(learner)
     steps_before = [s["step"].clone() for s in opt["state"].values()]
 
     metrics = learner.step(TrainBatch(usual=_rollouts(tied=True, start=100)))
 
     assert _moved(learner, weights) == []
-    assert metrics[SKIPPED_NO_SIGNAL] == 1.0
+    assert metrics[SKIPPED_NO_GRADIENT] == 1.0
     # The optimizer's moments and step counts are untouched too: the next real step is the
     # step it would have been had the tied batch never come.
     after = learner.optimizer.state_dict()
@@ -96,7 +96,7 @@ def test_a_grpo_batch_with_one_untied_group_still_updates(load_model: Any, token
 
     metrics = learner.step(TrainBatch(usual=rows))
 
-    assert metrics[SKIPPED_NO_SIGNAL] == 0.0
+    assert metrics[SKIPPED_NO_GRADIENT] == 0.0
     assert _moved(learner, weights)
 
 
@@ -108,7 +108,7 @@ def test_with_a_kl_penalty_a_tied_batch_still_updates(load_model: Any, tokenizer
 
     metrics = learner.step(TrainBatch(usual=_rollouts(tied=True, start=100)))
 
-    assert metrics[SKIPPED_NO_SIGNAL] == 0.0
+    assert metrics[SKIPPED_NO_GRADIENT] == 0.0
     assert _moved(learner, weights)
 
 
@@ -119,9 +119,9 @@ def test_mix_skips_a_tied_batch_without_experts_and_trains_one_with_them(load_mo
 
     skipped = learner.step(TrainBatch(usual=_rollouts(tied=True, start=100)))
     assert _moved(learner, weights) == []
-    assert skipped[SKIPPED_NO_SIGNAL] == 1.0
+    assert skipped[SKIPPED_NO_GRADIENT] == 1.0
 
     # The SFT part of a MIX batch is signal of its own, tied usual rows or not.
     trained = learner.step(TrainBatch(usual=_rollouts(tied=True, start=200), expert=_expert(300)))
-    assert trained[SKIPPED_NO_SIGNAL] == 0.0
+    assert trained[SKIPPED_NO_GRADIENT] == 0.0
     assert _moved(learner, weights)

@@ -1,14 +1,14 @@
-"""The RFT core: one loop that decides, from Postgres alone, which explore and train steps of
-the running runs may go now, and sends them to their queues.
+"""The conductor, the RFT core's one loop: it decides, from Postgres alone, which explore and
+train steps of the running runs may go now, and sends them to their queues.
 
 Its whole state is the `Dispatch` row of each run and kind (explore, train): idle, sent (with
 the Celery task id of the message), running (on which worker, under which lease owner),
 claimed through the project's one mechanism (apps/runs/dispatch.py); the other kinds of row
 there (reward-model training and export) are not the loop's and it leaves them alone.
 
-- `runs_conduct` is the loop: a beat every RFT_CONDUCT_SECONDS (apps/control/conduct.py) runs
-  `run_advance` for every running run. An explorer or trainer that has just ended a step
-  runs it for its own run at once (`run_advance_after_step`): in async mode that hop is
+- `conductor_beat` is one pass of the loop: a beat every RFT_CONDUCT_SECONDS
+  (apps/control/conductor_beat.py) runs `run_advance` for every running run. An explorer or
+  trainer that has just ended a step runs it for its own run at once (`run_advance_after_step`): in async mode that hop is
   what lets the two sides overlap. Both send a step only through `dispatch_send`, a
   conditional UPDATE idle → sent, so however many of them look, a step is sent once.
 - A worker runs a task only if `dispatch_begin` lets it (the message the row names, or any
@@ -40,7 +40,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience, TaskAttempt
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
 from apps.buffer.services import batch_release, lease_reap, task_release
-from apps.runs import policy
+from apps.runs import schedule
 from kernel.algorithms import BatchPlan, algorithm_get
 from kernel.config import RunConfig
 from apps.runs.dispatch import DispatchHold, dispatch_claim
@@ -82,7 +82,7 @@ def batch_plan(*, cfg: RunConfig) -> BatchPlan:
 def explore_finished(*, run: Run) -> bool:
     """No more experiences will come from the explorer for this run."""
     cfg = run.cfg
-    if not policy.explores(cfg):
+    if not schedule.explores(cfg):
         # No explorer of its own, but an environment (the REST API, an agent through the
         # OpenAI-compatible endpoint) that claimed the run's tasks sends more while any of
         # them is queued or leased. A run nobody claims tasks of trains on what the buffer holds.
@@ -107,7 +107,7 @@ def train_readiness(*, run: Run) -> TrainReadiness:
     """Whether train step run.train_step + 1 has its batch in the buffer."""
     cfg = run.cfg
     plan = batch_plan(cfg=cfg)
-    min_version = policy.min_version_for_claim(cfg=cfg, current_version=run.current_version)
+    min_version = schedule.min_version_for_claim(cfg=cfg, current_version=run.current_version)
     usual = (
         experiences_claimable_count(
             run=run, min_version=min_version, expert=False, whole_groups=plan.whole_groups, limit=plan.usual
@@ -298,12 +298,12 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
     out = Advance(keep_going=True, dispatched=dispatch_recover(run=run, busy=busy))
 
     explore_done = True
-    if policy.explores(cfg) and run.explore_step < cfg.total_steps:
+    if schedule.explores(cfg) and run.explore_step < cfg.total_steps:
         explore_done = False
         k = run.explore_step + 1
         # A step already out (sent or running, seen just now): sending would find the row taken.
         if Dispatch.Kind.EXPLORE not in busy and (
-            policy.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None
+            schedule.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None
         ):
             if dispatch_send(run=run, kind=Dispatch.Kind.EXPLORE, step=k):
                 out.dispatched.append(f"explore:{k}")
@@ -311,9 +311,9 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
     if not train:
         return out
     train_done = True
-    if policy.trains(cfg):
-        expected = policy.version_for_train_step(cfg=cfg, train_step=run.train_step)
-        if run.train_step > 0 and policy.publishes_at(cfg=cfg, train_step=run.train_step) and run.current_version < expected:
+    if schedule.trains(cfg):
+        expected = schedule.version_for_train_step(cfg=cfg, train_step=run.train_step)
+        if run.train_step > 0 and schedule.publishes_at(cfg=cfg, train_step=run.train_step) and run.current_version < expected:
             # A trainer died between its step and publishing: the same step again publishes.
             train_done = False
             if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
@@ -357,7 +357,7 @@ def train_step_continue(*, run: Run, step: int) -> TrainReadiness | None:
     cfg = run.cfg
     if run.status != Run.Status.RUNNING or step != run.train_step + 1 or step > cfg.total_steps:
         return None
-    if run.current_version < policy.version_for_train_step(cfg=cfg, train_step=run.train_step):
+    if run.current_version < schedule.version_for_train_step(cfg=cfg, train_step=run.train_step):
         return None  # the last step's version is not out yet; the re-dispatch publishes it
     readiness = train_readiness(run=run)
     return readiness if readiness.ready else None
@@ -381,7 +381,7 @@ def run_finish(*, run: Run) -> None:
 # ----------------------------------------------------------------------------- the loop
 
 
-def runs_conduct() -> dict[int, Advance]:
+def conductor_beat() -> dict[int, Advance]:
     """One beat of the RFT core's loop: every running run advanced (and its lost dispatches
     taken back). A run that fails its beat is logged; the others go on."""
     out: dict[int, Advance] = {}

@@ -1,10 +1,10 @@
 from django.urls import path
 
-from apps.feedback import signal_views as views
+from apps.feedback import raters_views as views
 
 app_name = "rewards"
 
-# Mounted at runs/<int:run_id>/signal/ (rftweb/urls.py).
+# Mounted at runs/<int:run_id>/signal/ (rftweb/urls.py; the path keeps its old word: bookmarks).
 urlpatterns = [
     path("raters/", views.raters_page, name="raters"),
     path("raters.json", views.raters_json, name="raters_json"),
