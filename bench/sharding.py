@@ -1,7 +1,22 @@
 """Peak memory per rank and seconds per step of the learner sharded over N processes with
-FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on the ~100M
-Qwen2-shaped model of bench/trainer_memory (its builder, saved as safetensors once), the
-same GRPO batch, in the same run. Target: peak per rank ≤ 0.65× the one-process peak.
+FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on a Qwen2-shaped
+model built as bench/trainer_memory builds its own (--size 350m by default: 28 layers, hidden
+1024, 349M parameters; 100m: the ~100M model of the earlier rounds; saved as safetensors
+once), the same GRPO batch, in the same run. Target: peak per rank ≤ 0.65× the one-process peak.
+
+Measured at 350m (defaults, --repeat 3 --phases --version, two-core host shared with other
+jobs, 2026-11-26 16:59-17:40 UTC, load 8-16): one process 6268-6269 MB whole-process peak
+(914-916 MB of it the baseline), ranks 4108-4130 MB (baseline 906-907): 0.66x in all three
+repeats (0.60x above the baseline); not met by 0.01 (4075 MB would be). A rank's tensors at its
+peak (step 2's backward) are exactly half of one process's (666 + 666 + 1332 = 2664 MB against
+5329); above them it holds ~350 MB at the backward's end that stay through the optimizer step
+(one process ~25): after step 1 it is ~40, so it is the second step's, most likely heap
+fragments of the half batch's sub-1 MB activations and of the sharded gradients under the 1 MB
+mmap threshold (see workers/host_memory.py); the peak adds ~190 MB more inside the backward.
+--version: writing a version adds 64 MB on each rank when streamed from the shards
+(`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
+whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
+0.70x); one process's save_pretrained added nothing above its RSS.
 
 Each setting runs in its own processes. As in bench/trainer_memory, every process first
 builds and steps a 2-layer, 64-wide learner (sharded too, for the ranks), so what TRL,
@@ -17,8 +32,8 @@ On a CUDA host (--device cuda) memory is the allocator's peak instead.
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
 compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
 
-Measured (defaults, --steps 2, two-core host shared with other jobs, load 15-23,
-2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
+At 100m (--size 100m; the default until round 49), measured (--steps 2, two-core host
+shared with other jobs, load 15-23, 2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
 warm-up; its load peak 840 MB, transformers maps the file and faults weights in as used),
 ranks 1853-1855 MB (baseline 811-812; load peak 1029: its ~200 MB shard): 0.78x whole
 process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps the
@@ -71,8 +86,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # --size: (layers, hidden, intermediate) of a Qwen2-shaped model (vocabulary --vocab, 4 KV
 # heads, untied head). 350m is the default: beside it the ~0.8 GB every process has before
-# the model (imports, the warm-up) weighs ~12% of one process's peak, against ~35% beside
-# 100m, so the ratio measures the sharding. One process of 350m peaks at ~6.5 GB.
+# the model (imports, the warm-up) weighs ~15% of one process's peak, against ~35% beside
+# 100m, so the ratio measures the sharding. One process of 350m peaks at ~6.3 GB.
 SIZES = {"100m": (12, 768, 2048), "350m": (28, 1024, 2816)}
 
 
