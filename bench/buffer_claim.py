@@ -165,7 +165,7 @@ def _solo_costs(run: Any, size: int, pairs: int, database_url: str) -> tuple[lis
 
 def _measure(run_id: int, claimers: int, size: int, claims: int) -> tuple[list[float], list[int]]:
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
+    out: mp.Queue[tuple[str, list[float], list[int]]] = ctx.Queue()
     procs = [ctx.Process(target=_claimer, args=(run_id, f"w{i}", size, claims, out)) for i in range(claimers)]
     for p in procs:
         p.start()

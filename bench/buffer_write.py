@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from bench.common import setup_django
 
@@ -32,7 +33,7 @@ def main() -> None:
     run = run_create(name="bench-write", owner=owner, config={"model": "bench-org/no-such-model", "rewards": [{"name": "exact_match"}]})
     prompt, response = 48, args.response_tokens
 
-    def values(prefix: str, i: int) -> dict:
+    def values(prefix: str, i: int) -> dict[str, Any]:
         return {
             "run_id": run.pk, "key": f"{prefix}-{i}", "group_id": f"{prefix}-g{i // 8}",
             "prompt_text": "What is 12 + 7? Answer inside tags.", "response_text": "<answer>19</answer>" * 4,

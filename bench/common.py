@@ -9,8 +9,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    import subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
@@ -89,7 +92,7 @@ def run_wait_ended(run: Any, *, seconds: float, poll: float = 0.5) -> None:
 
 
 def bench_worker(name: str, queues: str, include: list[str], *, env: dict[str, str], logs: Path,
-                 beat: bool = False) -> Any:
+                 beat: bool = False) -> subprocess.Popen[bytes]:
     """A solo-pool Celery worker for `queues` (with Celery beat in it when `beat`), its output
     in `logs`/<name>.log."""
     import subprocess
@@ -148,7 +151,9 @@ def _ensure_database(url: str) -> None:
 
 
 def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
-    """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it."""
+    """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it.
+    Where BENCH_DATABASE_TEMPLATE names a migrated database (the smoke tests' template,
+    tests/databases.py), it is a copy of that one: migrating it is then a no-op."""
     import psycopg
 
     parts = urlsplit(url)
@@ -161,7 +166,8 @@ def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
 
     drop()
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        template = os.environ.get("BENCH_DATABASE_TEMPLATE")
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return urlunsplit(parts._replace(path=f"/{name}")), drop
 
 

@@ -360,7 +360,7 @@ def _sd(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)  # float ** float is Any in typeshed
 
 
 def _median(values: list[float]) -> float:

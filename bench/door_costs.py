@@ -67,7 +67,7 @@ def team_build(*, people: int = 30, runs: int = 3, groups: int = 75, group_size:
     from django.contrib.auth.models import User
 
     from apps.buffer.models import Experience
-    from apps.feedback.services import feedback_rate
+    from apps.feedback.kinds.rating import feedback_rate
     from apps.runs.models import RunMember
     from tests.factories import make_experiences, make_run
 

@@ -108,7 +108,8 @@ def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seco
     from apps.feedback.holds import holds_renew
     from apps.feedback.models import Feedback
     from apps.feedback import selectors
-    from apps.feedback.services import assignment_claim, feedback_rate, feedback_wait_expire
+    from apps.feedback.services import assignment_claim, feedback_wait_expire
+    from apps.feedback.kinds.rating import feedback_rate
     from apps.runs.models import RunMember
     from apps.runs.services import run_create
 

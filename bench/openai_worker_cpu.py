@@ -43,6 +43,7 @@ def serve(args: argparse.Namespace) -> None:
     from celery import signals
 
     from rftweb.celery import app
+    from rftweb.taskkit import on_signal
     from workers.engines import hf_engine
 
     generate = hf_engine.HFEngine.generate
@@ -57,7 +58,7 @@ def serve(args: argparse.Namespace) -> None:
     profile = cProfile.Profile(time.process_time) if args.profile else None
     done, started = [0], [0.0]
 
-    @signals.task_postrun.connect(weak=False)
+    @on_signal(signals.task_postrun, weak=False)
     def counted(**_: Any) -> None:
         done[0] += 1
         if done[0] == args.warm:

@@ -22,7 +22,7 @@ from apps.runs.consumers import run_socket_admit
 from apps.runs.events import run_group
 
 
-class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):
+class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels ships no types: its consumer is Any to mypy
     group: str | None = None
 
     async def connect(self) -> None:

@@ -94,7 +94,7 @@ def rounds(*, args: argparse.Namespace, model: str, worker_log: Path) -> list[fl
 
     from apps.buffer.drafts import ExperienceDraft
     from apps.buffer.services import experience_write
-    from apps.feedback.services import feedback_rate
+    from apps.feedback.kinds.rating import feedback_rate
     from apps.rewards.models import RewardModel, RewardModelScore
     from apps.runs.models import RunMember
     from apps.runs.services import run_create

@@ -947,7 +947,7 @@ def _sd(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)  # float ** float is Any in typeshed
 
 
 def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
@@ -1581,12 +1581,12 @@ def main() -> None:
                               rm_gate=args.rm_gate)
                 # `format` has no people: its run does not depend on the rater, so it runs once
                 # per seed and each rater reads its samples.
-                unrated = {arm: run_arm(arm, rating=raters[0].rating, noise=0.0, **common)  # type: ignore[arg-type]
+                unrated = {arm: run_arm(arm, rating=raters[0].rating, noise=0.0, **common)
                            for arm in arms if arm in ("format", "auto")}
                 for r in raters:
                     for arm in arms:
                         raw = unrated[arm] if arm in unrated else run_arm(
-                            arm, rating=r.rating, noise=r.noise, **common)  # type: ignore[arg-type]
+                            arm, rating=r.rating, noise=r.noise, **common)
                         results.append(_measured(raw, r, base[r.name, seed]))
                         print(f"RESULT {_printable(results[-1])}", flush=True)
     finally:

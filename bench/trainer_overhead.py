@@ -158,7 +158,7 @@ def main() -> None:
         for b in batches
     ]
 
-    def bare(inputs: dict) -> None:
+    def bare(inputs: dict[str, torch.Tensor]) -> None:
         base_opt.zero_grad(set_to_none=True)
         loss = base_trainer.compute_loss(base_model, inputs)
         loss.backward()

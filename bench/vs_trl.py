@@ -170,7 +170,7 @@ def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int,
     curve: Curve = []
     step_times: list[float] = []
 
-    class Clock(TrainerCallback):
+    class Clock(TrainerCallback):  # type: ignore[misc]  # transformers is skipped by mypy (pyproject): Any
         """Training time only: evaluation runs with the clock stopped."""
 
         def __init__(self) -> None:

@@ -74,12 +74,13 @@ def celery_bound_task(**options: object) -> Callable[[Callable[Concatenate[Task,
     return decorate
 
 
-def on_signal(*signals: Signal) -> Callable[[F], F]:
-    """`@signal.connect` for each of `signals`, typed: the receiver is returned as it is."""
+def on_signal(*signals: Signal, **options: object) -> Callable[[F], F]:
+    """`@signal.connect(**options)` for each of `signals`, typed: the receiver is returned as
+    it is. `options` are Celery's (`weak=False` keeps a receiver nothing else refers to)."""
 
     def connect(receiver: F) -> F:
         for signal in signals:
-            signal.connect(receiver)
+            signal.connect(receiver, **options)
         return receiver
 
     return connect

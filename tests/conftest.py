@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_taskset, make_user
+from tests.databases import database_from_template, flush_by_delete_install, migrate_into, template_wanted
 
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +39,39 @@ def run(owner: User, annotator: User) -> Run:
     run = make_run(owner=owner, taskset=taskset)
     add_member(run, annotator)
     return run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Transactional tests' flush by DELETE (tests/databases.py); RFT_TEST_FLUSH_DELETE=0: TRUNCATE.
+    if os.environ.get("RFT_TEST_FLUSH_DELETE", "1") != "0":
+        flush_by_delete_install()
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(request: pytest.FixtureRequest) -> bool:
+    """Kept (pytest-django's --reuse-db path) where the test database is a fresh copy of the
+    migrated template (tests/databases.py): Django then only checks that nothing is left
+    to migrate; the copy is made again at the next session's start."""
+    return template_wanted() or bool(request.config.getvalue("reuse_db"))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings: None, django_db_blocker: Any,
+                                 request: pytest.FixtureRequest) -> None:
+    """The test database (xdist's suffix applied by now) and the benches' one beside it, each
+    a copy of the template migrated once for the migrations as they are (tests/databases.py)."""
+    from django.db import connection
+
+    if not template_wanted() or connection.vendor != "postgresql":
+        return
+    name = connection.settings_dict["TEST"].get("NAME") or f"test_{connection.settings_dict['NAME']}"
+    worker = getattr(request.config, "workerinput", {}).get("workerid")
+    base = name.removesuffix(f"_{worker}") if worker else name
+    with django_db_blocker.unblock():
+        template = database_from_template(settings_dict=connection.settings_dict, base=base,
+                                          names=[name, f"{name}_bench"], migrate=migrate_into)
+    # The benches' scratch databases (bench/common.py) are copies of it too.
+    os.environ["BENCH_DATABASE_TEMPLATE"] = template
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +110,7 @@ async def run_socket_connect(run: Run, user: object) -> tuple[Any, bool]:
     comm = WebsocketCommunicator(RunEventsConsumer.as_asgi(), f"/ws/runs/{run.pk}/")
     comm.scope["user"] = user
     comm.scope["url_route"] = {"args": (), "kwargs": {"run_id": run.pk}}
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=30)  # a refusal answers at once; a busy host is no refusal
     return comm, connected
 
 

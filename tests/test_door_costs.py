@@ -11,6 +11,8 @@ this file to update, with the reason); bench/door_costs prints them with the CPU
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.door_costs import DOORS, Costs, costs_measure, team_build
@@ -23,7 +25,9 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 33,  # 34: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 30,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    # (round 49: the person's ledger is one statement counted in the database, not their labels,
+    # the versions, reward models and experiences read one after another)
     "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
@@ -88,3 +92,71 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     assert client.get(f"/runs/{run.pk}/annotate/counts/", HTTP_HX_REQUEST="true").status_code == 200
     (before,), (after,) = renewed, holds()
     assert before is not None and after is not None and after - before == timedelta(seconds=1.5 * RENEW_SLACK_SECONDS)
+
+
+def _page_read(client: Any, url: str) -> tuple[int, int, str]:
+    """(statements, rows the database sent back, the page) of one load of `url`."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rows = [0]
+
+    def counted(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        rows[0] += max(context["cursor"].rowcount, 0)
+        return result
+
+    with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(counted):
+        page = client.get(url)
+    assert page.status_code == 200
+    return len(queries.captured_queries), rows[0], page.content.decode()
+
+
+def test_the_annotation_pages_ledger_reads_the_same_however_many_labels_the_run_has() -> None:
+    """Issue #49 item 5: the annotation page's ledger (the person's labels and the run's) is
+    counted in the database. The page runs as many statements and reads as many rows when the
+    run's labels, the person's own among them, grow fourfold; the counts it shows grow with
+    them, derived from the rows."""
+    import re
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from apps.buffer.models import Experience
+    from apps.feedback.kinds.ranking import feedback_rank
+    from apps.feedback.kinds.rating import feedback_rate
+    from apps.feedback.models import Feedback
+    from apps.runs.models import Run
+
+    team = team_build(people=3, runs=1, groups=70, prefix="ledger")
+    run = Run.objects.get(pk=team.run_id)
+    viewer, *others = [User.objects.get(username=name) for name in team.people]
+    client = Client()
+    client.force_login(viewer)
+    url = f"/runs/{run.pk}/annotate/"
+    client.get(url)  # the first load hands the queue out
+    # Labels on groups outside the viewer's queue: the viewer's ratings, the others' ratings
+    # and rankings (a ranking's trained-on experiences are the ids its value holds).
+    queued = set(run.assignments.filter(annotator=viewer).values_list("experience__group_id", flat=True))
+    groups = list(dict.fromkeys(Experience.objects.filter(run=run).exclude(group_id__in=queued)
+                                .order_by("id").values_list("group_id", flat=True)))
+
+    def label(some: list[str]) -> tuple[int, int]:
+        for group in some:
+            members = list(Experience.objects.filter(run=run, group_id=group).order_by("id"))
+            feedback_rate(run=run, experience=members[0], score=4, author=viewer)
+            feedback_rate(run=run, experience=members[-1], score=2, author=others[0])
+            feedback_rank(run=run, order=[m.pk for m in members], author=others[1])
+        return Feedback.objects.filter(run=run).count(), Feedback.objects.filter(run=run, author=viewer).count()
+
+    fewer = label(groups[:12])  # more than the page's latest submissions (10) already
+    before = _page_read(client, url)
+    more = label(groups[12:48])
+    assert more[0] >= 3 * fewer[0] and more[1] >= 3 * fewer[1]
+    after = _page_read(client, url)
+    assert after[:2] == before[:2], (before[:2], after[:2])
+    for (everyone, mine), (_, _, page) in ((fewer, before), (more, after)):
+        shown_mine = re.search(r'id="ledger-mine" data-total="(\d+)"', page)
+        shown_run = re.search(r'id="ledger-run" data-total="(\d+)"', page)
+        assert shown_mine and int(shown_mine.group(1)) == mine
+        assert shown_run and int(shown_run.group(1)) == everyone

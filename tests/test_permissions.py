@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Assignment
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import RewardModel
 from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
 from apps.runs.invitations import invitation_create

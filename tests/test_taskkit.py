@@ -44,3 +44,20 @@ def test_a_receiver_is_connected_to_every_signal_named_and_returned_as_it_is() -
     first.send(sender="a")
     second.send(sender="b")
     assert heard == [("first", "a"), ("second", "b")]
+
+
+def test_options_reach_the_signal_a_strong_receiver_outlives_its_name() -> None:
+    import gc
+
+    signal = Signal(name="third")
+    heard: list[object] = []
+
+    def make() -> None:
+        @on_signal(signal, weak=False)
+        def receiver(sender: object = None, **_: object) -> None:
+            heard.append(sender)
+
+    make()
+    gc.collect()
+    signal.send(sender="c")
+    assert heard == ["c"]

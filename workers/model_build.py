@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
 
 from kernel.exceptions import UpstreamFailed
 
@@ -90,12 +90,25 @@ class Recipe(Generic[S]):
     settings_type: type[S]
 
 
-def manifest_read(out: Path, *, name: str) -> dict[str, Any] | None:
+class Manifest(TypedDict):
+    """What `manifest_write` records beside a build (a recipe may add keys of its own)."""
+
+    settings: dict[str, object]
+    accuracy: float
+    parameters: int
+    steps: int
+    files: dict[str, str]
+    versions: dict[str, str]
+
+
+def manifest_read(out: Path, *, name: str) -> Manifest | None:
+    """The manifest `manifest_write` left in `out`; None when there is none or it is not a
+    JSON object."""
     try:
         found = json.loads((out / name).read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) else None
+    return cast(Manifest, found) if isinstance(found, dict) else None
 
 
 def file_hashes(out: Path, *, manifest: str) -> dict[str, str]:
@@ -120,7 +133,7 @@ def library_versions(names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def manifest_current(recipe: Recipe[S], out: Path, settings: S) -> dict[str, Any] | None:
+def manifest_current(recipe: Recipe[S], out: Path, settings: S) -> Manifest | None:
     """The manifest when `out` holds an intact build with exactly these settings and the
     installed versions of the recipe's libraries."""
     recorded_manifest = manifest_read(out, name=recipe.manifest)

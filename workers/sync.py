@@ -30,7 +30,6 @@ from django.conf import settings
 
 from kernel.exceptions import Unavailable
 from workers.adapters import adapter_save, is_adapter_model
-from apps.runs.ports import model_version_publish
 
 if TYPE_CHECKING:
     import torch
@@ -164,6 +163,8 @@ class CheckpointSync:
         return out, time.perf_counter() - started, weight_bytes(out)
 
     def _record(self, *, run: RunView, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
+        from apps.runs.ports import model_version_publish
+
         model_version_publish(run=run, number=number, checkpoint=str(out), train_step=train_step,
                               seconds=seconds, size=size)
         return Published(seconds=seconds, bytes=size)

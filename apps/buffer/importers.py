@@ -26,6 +26,7 @@ from kernel.operators import Row
 from kernel.hygiene import InputRejected, jsonl_records, tree_check
 from kernel.vocabulary import domain_misspelt, domain_misspelt_message
 from kernel.exceptions import InvalidInput
+from apps.buffer.images import ImageRejected, image_store
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -265,8 +266,6 @@ class _TaskWriter:
 
     def pictures(self, pictures: _Pictures, values: list[object], *, where: str) -> list[str]:
         """Store a record's pictures (once each) and return their digests in order."""
-        from apps.buffer.images import ImageRejected, image_store
-
         digests = []
         for value in values:
             data, name = pictures.read(value, where=where)
@@ -383,16 +382,6 @@ def _records_total(path: Path, total: int | None) -> int | None:
         return total
     with path.open("rb") as fh:
         return sum(1 for line in fh if line.strip())
-
-
-def taskset_import_queued(*, name: str, stored: Path, owner: User | None = None) -> Taskset:
-    """A taskset whose file (already stored under RFT_STORAGE_DIR/uploads) a Celery task
-    imports once the caller's transaction commits (apps/buffer/tasks.py)."""
-    from apps.buffer.tasks import taskset_import_task
-
-    taskset = Taskset.objects.create(name=name, owner=owner, source=str(stored), import_status=Taskset.Import.QUEUED)
-    transaction.on_commit(lambda: taskset_import_task.delay(taskset.pk))
-    return taskset
 
 
 def taskset_import_claim(*, taskset_id: int, stale_seconds: float) -> bool:

@@ -11,6 +11,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from apps.buffer.models import Experience, TaskAttempt
 from apps.runs.models import Run
+from apps.buffer.models import Task
 
 
 def buffer_counts(*, run: Run) -> dict[str, int]:
@@ -140,7 +141,6 @@ def experience_filter_choices(*, run: Run) -> dict[str, list[str] | list[int]]:
     """Values offered in the browser's filter menus."""
     from django.contrib.auth import get_user_model
 
-    from apps.buffer.models import Task
 
     versions = list(Experience.objects.filter(run=run).values_list("model_version", flat=True).distinct().order_by("model_version"))
     domains = list(

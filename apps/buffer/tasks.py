@@ -1,12 +1,23 @@
-"""Periodic housekeeping of the buffer."""
+"""Periodic housekeeping of the buffer, and a large upload's import off the request
+(`taskset_import_queued` queues `taskset_import_task`)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from django.db import transaction
+
+from apps.buffer.importers import taskset_import_background, taskset_import_claim
+from apps.buffer.models import Taskset
+from apps.buffer.pipeline import experience_priorities_refresh
 from apps.buffer.services import lease_reap
 from apps.runs.models import Run
 from rftweb.taskkit import celery_task
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +38,6 @@ def lease_reap_task() -> dict[str, int]:
     soft_time_limit=280, acks_late=False,
 )
 def experience_priorities_refresh_task(run_id: int) -> int:
-    from apps.buffer.pipeline import experience_priorities_refresh
-
     run = Run.objects.filter(pk=run_id).first()
     if run is None or run.status not in (Run.Status.RUNNING, Run.Status.PAUSED):
         return 0
@@ -50,11 +59,17 @@ TASKSET_IMPORT_TIME_LIMIT = 3600
     soft_time_limit=TASKSET_IMPORT_TIME_LIMIT - 60,
 )
 def taskset_import_task(taskset_id: int) -> str:
-    from apps.buffer.importers import taskset_import_background, taskset_import_claim
-
     if not taskset_import_claim(taskset_id=taskset_id, stale_seconds=TASKSET_IMPORT_TIME_LIMIT):
         return "taken"
     taskset = taskset_import_background(taskset_id=taskset_id)
     log.info("taskset %s import %s: %d rows %s", taskset_id, taskset.import_status, taskset.import_rows,
              taskset.import_error)
     return str(taskset.import_status)
+
+
+def taskset_import_queued(*, name: str, stored: Path, owner: User | None = None) -> Taskset:
+    """A taskset whose file (already stored under RFT_STORAGE_DIR/uploads) a Celery task
+    imports once the caller's transaction commits (`taskset_import_task`, below)."""
+    taskset = Taskset.objects.create(name=name, owner=owner, source=str(stored), import_status=Taskset.Import.QUEUED)
+    transaction.on_commit(lambda: taskset_import_task.delay(taskset.pk))
+    return taskset

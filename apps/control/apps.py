@@ -13,6 +13,7 @@ class ControlConfig(AppConfig):
     def ready(self) -> None:
         # Every process that can end a run (web, workers, commands) loads the apps: each
         # queues the run's notifications when run_transition sends run_ended.
+        # app loading: apps.py loads before the models, ready() after them.
         from apps.control.notifications import notifications_connect
 
         notifications_connect()

@@ -46,6 +46,7 @@ from kernel.config import RunConfig
 from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
 from apps.runs.services import TransitionNotAllowed, run_transition
+from rftweb.celery import app
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ def train_readiness(*, run: Run) -> TrainReadiness:
 
 
 def _send(name: str, args: list[object], queue: str, task_id: str) -> None:
-    from rftweb.celery import app
-
     app.send_task(name, args=args, queue=queue, task_id=task_id)
 
 

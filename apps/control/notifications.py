@@ -31,6 +31,7 @@ from apps.control.summary import RunSummary, run_summary
 from apps.runs.events import event_publish
 from apps.runs.models import Notification, NotificationPreference, Run, RunMember
 from apps.runs.services import END_STATES
+from apps.runs.services import run_ended
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,8 @@ def notification_runs(*, user: User) -> list[tuple[Run, bool]]:
 
 
 def _on_run_ended(sender: object, run_id: int, state: str, audit_id: int, **_: object) -> None:
+    # The tasks module also connects the workers' signal handlers, which only a worker loads.
+    # cycle: apps.control.tasks imports this module (its task calls run_end_notify).
     from apps.control.tasks import run_end_notify_task
 
     # robust: a broker that is down loses the notification (logged), never the end itself
@@ -183,6 +186,4 @@ def _on_run_ended(sender: object, run_id: int, state: str, audit_id: int, **_: o
 
 
 def notifications_connect() -> None:
-    from apps.runs.services import run_ended
-
     run_ended.connect(_on_run_ended, dispatch_uid="apps.control.notifications")

@@ -27,7 +27,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Taskset
-from apps.buffer.importers import ImportFailed, taskset_import, taskset_import_queued
+from apps.buffer.importers import ImportFailed, taskset_import
+from apps.buffer.tasks import taskset_import_queued
 from apps.buffer.selectors import buffer_counts, experience_filter_choices, experience_filters_parse
 from apps.control.forms import (
     CONFIG_FILE,

@@ -57,6 +57,7 @@ from apps.runs.models import Run
 from rftweb.degrade import RETRY_AFTER_SECONDS
 from kernel.exceptions import Unavailable, UpstreamFailed
 from kernel.jsontypes import Body
+from apps.envapi import agent_sessions
 
 if TYPE_CHECKING:
     from apps.envapi.agent_sessions import SessionRef
@@ -170,8 +171,6 @@ def _in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
 def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[
         Run, KeyPrincipal, ChatCompletionIn | CompletionIn, int | None, SessionRef | None]:
     """Everything before generation, in one trip to the database: key, body, model, session."""
-    from apps.envapi import agent_sessions
-
     run, principal = _authorise(request, run_id, "submit")
     req: ChatCompletionIn | CompletionIn = (
         _parse(request, ChatCompletionIn) if kind == "chat" else _parse(request, CompletionIn))
@@ -213,8 +212,6 @@ def _sse(chunks: Iterator[Body]) -> StreamingHttpResponse:
 
 
 async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBase:
-    from apps.envapi import agent_sessions
-
     try:
         if request.method != "POST":
             raise oa.OpenAIError(405, "use POST", code="method_not_allowed")

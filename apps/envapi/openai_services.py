@@ -20,6 +20,7 @@ from apps.envapi.services import rollout_task_send, rollout_task_wait
 from apps.runs.models import ModelVersion, Run
 from kernel.exceptions import RftError, Unavailable, UpstreamFailed
 from kernel.jsontypes import Body
+from apps.envapi import token_stream
 
 # What a rollout worker answers (workers/chat.py `chat_generate`), once `_answer_checked`
 # has seen its shape.
@@ -159,7 +160,6 @@ async def openai_generate_replied(*, run: Run, request: Body, timeout: float) ->
     the event loop waits on, not through Celery's result backend; needs Redis."""
     from asgiref.sync import sync_to_async
 
-    from apps.envapi import token_stream
 
     key = token_stream.reply_key_new()
     if key is None:

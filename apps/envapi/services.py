@@ -33,6 +33,7 @@ from apps.runs.models import Run
 from rftweb.degrade import REDIS_ERRORS, unavailable_message
 from kernel.exceptions import InvalidInput, Unavailable, UpstreamFailed
 from kernel.jsontypes import Body
+from rftweb.celery import app
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -353,7 +354,6 @@ def rollout_task_send(*, task: str, args: list[object], timeout: float, hint: st
     reply list), so the worker stores nothing in the result backend."""
     from kombu.exceptions import OperationalError
 
-    from rftweb.celery import app
 
     try:
         # expires: a request nobody picked up in time is dropped, not generated for nobody.

@@ -7,9 +7,11 @@ class FeedbackConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # signals connects the receivers; services registers the built-in kinds' services.
-        from apps.feedback import services, signals  # noqa: F401
+        # signals connects the receivers.
+        # app loading: apps.py loads before the models, ready() after them.
+        from apps.feedback import signals  # noqa: F401
+        # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback.kinds import kinds_load
 
-        # Every kind registered at start.
+        # Every kind registered at start, with its service (each kind's module).
         kinds_load()

@@ -26,7 +26,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_flag
+from apps.feedback.kinds.flag import feedback_flag
 from apps.runs.models import AuditEntry, Run
 from apps.runs.selectors import run_role
 from kernel.exceptions import InvalidInput, NotAllowed

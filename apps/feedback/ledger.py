@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Field
+
 from apps.buffer.models import Experience
 from apps.feedback.kinds import FeedbackKind, kind_get, kind_names
 from apps.feedback.models import Feedback
@@ -89,11 +93,12 @@ class LedgerCounts:
     def total(self) -> int:
         return self.trained + self.reward_model + self.pending + self.unused
 
-    def add(self, state: LabelState) -> None:
-        setattr(self, state.state, getattr(self, state.state) + 1)
+    def add(self, state: LabelState, n: int = 1) -> None:
+        """Count `n` labels in `state`."""
+        setattr(self, state.state, getattr(self, state.state) + n)
         by = self.unused_by if state.state == "unused" else self.pending_by if state.state == "pending" else None
         if by is not None:
-            by[state.reason] = by.get(state.reason, 0) + 1
+            by[state.reason] = by.get(state.reason, 0) + n
 
     def unused_reasons(self) -> list[tuple[str, str, int]]:
         """(reason, words, count) of the unused labels, in the pages' order."""
@@ -218,13 +223,17 @@ class _Ledger:
             return _unused("rejected")
         kind = kind_get(fb.kind)
         targets = [t for pk in kind.trained_ids(fb) if (t := self.targets.get(pk)) is not None]
-        refusal = self.refusal(kind)
         trained = [t for t in targets if t.trained]
-        # A pair trains only with both of its experiences in the batch; the rest with any.
-        whole = kind.reaches_training() == "preference"
-        # A correction writes a new expert experience: however late the original, it is not.
-        late = fb.late and kind.reaches_training() != "expert"
-        if refusal is None and not late and trained and (len(trained) == len(targets) or not whole):
+        filtered = [t for t in targets if t.status == Experience.Status.FILTERED]
+        statuses = {t.status for t in targets}
+        taught = _rm_taught(self.rm_reads, fb.created_at) if kind.labels else None
+        refusal = self.refusal(kind)
+        state, reason = _verdict(Shape(
+            kind=kind, rejected=False, late=fb.late, taught=taught is not None, targets=len(targets),
+            trained=len(trained), filtered=bool(filtered), leased=Experience.Status.LEASED in statuses,
+            pending=Experience.Status.PENDING in statuses), refusal=refusal, ended=self.ended)
+        if state == "trained":
+            whole = kind.reaches_training() == "preference"
             steps = [t.trained_step for t in trained if t.trained_step is not None]
             if not steps:
                 return LabelState("trained", text="trained (its step was not recorded)")
@@ -232,25 +241,60 @@ class _Ledger:
             version = _version_after(self.versions, step)
             where = f"in v{version}" if version is not None else "in no published version yet"
             return LabelState("trained", step=step, version=version, text=f"trained in step {step}, {where}")
-        taught = _rm_taught(self.rm_reads, fb.created_at) if kind.labels else None
-        if taught is not None:
+        if state == "reward_model":
             return LabelState("reward_model", version=taught, text=f"taught the reward model v{taught}")
-        if refusal is not None:
-            return _unused("algorithm", refusal)
-        if late or trained:
-            return _unused("late")
-        if not targets:
-            return _unused("filtered", "its experiences were removed")
-        filtered = [t for t in targets if t.status == Experience.Status.FILTERED]
-        if filtered:
+        if state == "pending":
+            return LabelState("pending", reason=reason, text=f"pending: {REASON_WORDS[reason]}")
+        if reason == "algorithm":
+            return _unused(reason, refusal or "")
+        if reason == "filtered" and not targets:
+            return _unused(reason, "its experiences were removed")
+        if reason == "filtered":
             why = filtered[0].filter_reason
-            return _unused("filtered", f"a filter dropped its group ({why})" if why else "")
-        if self.ended:
-            return _unused("run_ended")
-        statuses = {t.status for t in targets}
-        reason = ("training" if Experience.Status.LEASED in statuses
-                  else "waiting" if Experience.Status.PENDING in statuses else "queued")
-        return LabelState("pending", reason=reason, text=f"pending: {REASON_WORDS[reason]}")
+            return _unused(reason, f"a filter dropped its group ({why})" if why else "")
+        return _unused(reason)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What decides a label's state: its kind, whether it was rejected, came late, was read by
+    a reward-model version, and its trained-on experiences (`trained_ids`: how many exist, how
+    many were trained, whether any is filtered, leased or pending). The per-label reader
+    (`_Ledger`) and the counts in SQL (`_shapes`) both derive it and hand it to `_verdict`."""
+
+    kind: FeedbackKind
+    rejected: bool
+    late: bool
+    taught: bool
+    targets: int
+    trained: int
+    filtered: bool
+    leased: bool
+    pending: bool
+
+
+def _verdict(shape: Shape, *, refusal: str | None, ended: bool) -> tuple[State, str]:
+    """The label's state and reason, the first of the module's list that holds."""
+    if shape.rejected:
+        return "unused", "rejected"
+    kind = shape.kind
+    # A pair trains only with both of its experiences in the batch; the rest with any.
+    whole = kind.reaches_training() == "preference"
+    # A correction writes a new expert experience: however late the original, it is not.
+    late = shape.late and kind.reaches_training() != "expert"
+    if refusal is None and not late and shape.trained and (shape.trained == shape.targets or not whole):
+        return "trained", ""
+    if shape.taught and kind.labels:
+        return "reward_model", ""
+    if refusal is not None:
+        return "unused", "algorithm"
+    if late or shape.trained:
+        return "unused", "late"
+    if not shape.targets or shape.filtered:
+        return "unused", "filtered"
+    if ended:
+        return "unused", "run_ended"
+    return "pending", ("training" if shape.leased else "waiting" if shape.pending else "queued")
 
 
 def _unused(reason: str, words: str = "") -> LabelState:
@@ -288,14 +332,103 @@ def label_state(*, feedback: Feedback) -> LabelState | None:
 
 
 def run_ledger(*, run: Run) -> RunLedger:
-    """The run's labels by state, in all and per person (the most labels first)."""
-    rows = _labels(run)
-    ledger = _Ledger(run, rows)
+    """The run's labels by state, in all and per person (the most labels first). Counted in
+    the database (`_shapes`): one statement, whose rows are the distinct shapes of the run's
+    labels per person, however many labels the run has (tests/test_door_costs.py)."""
+    return _counted(run, _shapes(run))
+
+
+def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:
+    """The labels of `shapes` by state, in all and per person."""
+    refusals: dict[str, str | None] = {}
+    ended = run.status in ENDED
     total = LedgerCounts()
     people: dict[str, LedgerCounts] = {}
-    for fb in rows:
-        state = ledger.state(fb)
-        total.add(state)
-        people.setdefault(who_gave(fb), LedgerCounts()).add(state)
+    for who, shape, n in shapes:
+        kind = shape.kind
+        if kind.name not in refusals:
+            refusals[kind.name] = _algorithm_refusal(run, kind)
+        state, reason = _verdict(shape, refusal=refusals[kind.name], ended=ended)
+        counted = LabelState(state, reason=reason)
+        mine = people.setdefault(who, LedgerCounts())
+        total.add(counted, n)
+        mine.add(counted, n)
     ordered = dict(sorted(people.items(), key=lambda kv: (-kv[1].total, kv[0])))
     return RunLedger(run=total, people=ordered)
+
+
+# The run's labels grouped by who gave them and by what decides their state (`Shape`), with
+# how many share each: the row's trained-on experiences are its experience and other, or the
+# ids its value holds under the kind's `trained_key` (one id or a list).
+_SHAPES_SQL = """
+WITH label AS (
+    SELECT f.id, f.kind, f.review, f.late, f.created_at, f.author_id, f.api_key_id, f.experience_id, f.other_id,
+           f.value
+    FROM {feedback} f WHERE f.run_id = %(run)s AND f.kind = ANY(%(kinds)s){author}
+), target AS (
+    SELECT id, experience_id AS eid FROM label WHERE kind = ANY(%(row_kinds)s) AND experience_id IS NOT NULL
+    UNION ALL
+    SELECT id, other_id FROM label WHERE kind = ANY(%(row_kinds)s) AND other_id IS NOT NULL
+    UNION ALL
+    SELECT l.id, x.v::bigint FROM label l
+    JOIN unnest(%(key_kinds)s::text[], %(keys)s::text[]) AS k(kind, key) ON k.kind = l.kind
+    CROSS JOIN LATERAL jsonb_array_elements_text(CASE jsonb_typeof(l.value -> k.key)
+        WHEN 'array' THEN l.value -> k.key WHEN 'number' THEN jsonb_build_array(l.value -> k.key)
+        ELSE '[]'::jsonb END) AS x(v)
+), per_label AS (
+    SELECT l.id, l.kind, l.review = %(rejected)s AS rejected, l.late,
+           COALESCE(l.created_at <= (SELECT max(r.created_at - r.seconds * interval '1 second') FROM {rm} r
+                                     WHERE r.run_id = %(run)s), false) AS taught,
+           l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
+               WHERE e.trained_step IS NOT NULL OR e.use_count > 0) AS n_trained,
+           COALESCE(bool_or(e.status = %(filtered)s), false) AS filtered,
+           COALESCE(bool_or(e.status = %(leased)s), false) AS leased,
+           COALESCE(bool_or(e.status = %(pending)s), false) AS pending
+    FROM label l LEFT JOIN target t ON t.id = l.id LEFT JOIN {experience} e ON e.id = t.eid
+    GROUP BY l.id, l.kind, l.review, l.late, l.created_at, l.author_id, l.api_key_id
+)
+SELECT p.kind, p.rejected, p.late, p.taught, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+       u.{username}, k.name, count(*)
+FROM per_label p LEFT JOIN {user} u ON u.id = p.author_id LEFT JOIN {api_key} k ON k.id = p.api_key_id
+GROUP BY p.kind, p.rejected, p.late, p.taught, p.n, p.n_trained, p.filtered, p.leased, p.pending, u.{username}, k.name
+"""
+
+
+def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, int]]:
+    """(who gave them, their shape, how many) for the run's labels (one person's, given
+    `author_id`): one statement."""
+    kinds = [kind_get(name) for name in kind_names(labels=True)]
+    user = get_user_model()
+    username = user._meta.get_field(user.USERNAME_FIELD)
+    api_key = Feedback._meta.get_field("api_key").related_model
+    assert isinstance(username, Field) and api_key is not None and not isinstance(api_key, str)
+    sql = _SHAPES_SQL.format(
+        feedback=Feedback._meta.db_table, rm=RewardModel._meta.db_table, experience=Experience._meta.db_table,
+        user=user._meta.db_table, username=username.column, api_key=api_key._meta.db_table,
+        author="" if author_id is None else " AND f.author_id = %(author)s")
+    params: dict[str, int | str | list[str]] = {
+        "run": run.pk, "kinds": [k.name for k in kinds], "row_kinds": [k.name for k in kinds if not k.trained_key],
+        "key_kinds": [k.name for k in kinds if k.trained_key], "keys": [k.trained_key for k in kinds if k.trained_key],
+        "rejected": Feedback.Review.REJECTED, "filtered": Experience.Status.FILTERED,
+        "leased": Experience.Status.LEASED, "pending": Experience.Status.PENDING,
+    }
+    if author_id is not None:
+        params["author"] = author_id
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    by_name = {k.name: k for k in kinds}
+    return [(_who(username, key_name), Shape(kind=by_name[kind], rejected=rejected, late=late, taught=taught,
+                                               targets=n, trained=n_trained, filtered=filtered, leased=leased,
+                                               pending=pending), count)
+            for kind, rejected, late, taught, n, n_trained, filtered, leased, pending, username, key_name, count
+            in rows]
+
+
+def _who(username: str | None, key_name: str | None) -> str:
+    """`who_gave`'s words from the giver's username and API key name."""
+    if username is not None:
+        return username
+    if key_name is not None:
+        return f"API key “{key_name}”"
+    return "someone"

@@ -34,13 +34,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from django.db.models import Count, Max, Sum
 
-from apps.feedback.kinds import value_parse
-from apps.feedback.kinds.pairwise import PairwiseValue
-from apps.feedback.kinds.ranking import RankingValue
-from apps.feedback.kinds.rating import RatingValue
+from apps.feedback.kinds import kind_get, value_parse
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
@@ -79,12 +77,23 @@ class RaterFigures:
         }
 
 
+@runtime_checkable
+class Rated(Protocol):
+    """What the agreement reads of a rating's value (apps.feedback.kinds.rating's, read
+    through the registry: the kinds' modules stand above this one)."""
+
+    normalised: float | None
+    score: int | None
+    thumb: str | None
+
+
 def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, int | str | None]]:
     """(author, experience) -> (normalised value, score or thumb) of each rater's last rating."""
     out: dict[tuple[int, int], tuple[float, int | str | None]] = {}
     for author, exp, value in (Feedback.objects.filter(run=run, kind=Feedback.Kind.RATING, author__isnull=False)
                                .order_by("created_at", "id").values_list("author_id", "experience_id", "value")):
-        rating = RatingValue.from_stored(value)
+        rating = value_parse(kind=Feedback.Kind.RATING, raw=value)
+        assert isinstance(rating, Rated)
         if rating.normalised is None:
             continue  # migration 0003's unreadable number: never folded, no rating to agree with
         out[(author, exp)] = (float(rating.normalised), rating.score if rating.score is not None else rating.thumb)
@@ -122,18 +131,12 @@ def _pair_verdicts(run: Run) -> dict[tuple[int, int], dict[int, int]]:
     verdicts: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
     rows = (Feedback.objects.filter(run=run, kind__in=[Feedback.Kind.PAIRWISE, Feedback.Kind.RANKING],
                                     author__isnull=False)
-            .order_by("created_at", "id").values_list("kind", "author_id", "experience_id", "other_id", "value"))
-    for kind, author, a, b, value in rows:
-        parsed = value_parse(kind=kind, raw=value)
-        if isinstance(parsed, PairwiseValue):
-            if not parsed.decided or a is None or b is None:
-                continue
-            verdicts[(min(a, b), max(a, b))][author] = a if parsed.winner == "a" else b
-        elif isinstance(parsed, RankingValue):
-            order = list(parsed.order)
-            for i, better in enumerate(order):
-                for worse in order[i + 1:]:
-                    verdicts[(min(better, worse), max(better, worse))][author] = better
+            .order_by("created_at", "id").only("kind", "author_id", "experience_id", "other_id", "value"))
+    for fb in rows:
+        author = fb.author_id
+        assert author is not None
+        for better, worse in kind_get(fb.kind).preferred(fb):
+            verdicts[(min(better, worse), max(better, worse))][author] = better
     return verdicts
 
 

@@ -25,7 +25,9 @@ from apps.feedback.kinds import kind_get
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.review_selectors import Disagreement, conflicts_among, disagreements
 from apps.feedback.revise import group_refold
-from apps.feedback.services import feedback_compare, feedback_rate, group_fold
+from apps.feedback.services import group_fold
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import AuditEntry, Run
 from kernel.exceptions import Conflict, InvalidInput, NotFound
 

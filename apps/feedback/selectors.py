@@ -10,8 +10,7 @@ from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Que
 
 from apps.buffer.models import Experience
 from apps.feedback.holds import Person
-from apps.feedback.kinds import kind_get, kind_names, value_of
-from apps.feedback.kinds.pairwise import PairwiseValue
+from apps.feedback.kinds import kind_get, kind_names
 from apps.feedback.ledger import kind_refusal
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_standing
@@ -263,9 +262,17 @@ def feedback_effect(*, run: Run, feedback: Feedback) -> str:
     return (" and ".join(parts) or "stored") + untrained
 
 
+def late_words(*, run: Run, feedback: Feedback) -> str:
+    """" (what it does)" for a late row, as the saved notes say it; "" otherwise."""
+    if not feedback.late:
+        return ""
+    return f" ({feedback_effect(run=run, feedback=feedback)})"
+
+
 def feedback_counts(*, run: Run) -> dict[str, int]:
-    """Feedback of the run by kind, plus `late` (stored after its target was trained on)."""
-    counts = dict.fromkeys(Feedback.Kind.values, 0)
+    """Feedback of the run by kind (every registered kind, none given: 0), plus `late` (stored
+    after its target was trained on)."""
+    counts = dict.fromkeys(kind_names(), 0)
     counts["late"] = 0
     # One query (the annotation header asks after every label and every 10 s).
     for row in Feedback.objects.filter(run=run).values("kind").annotate(n=Count("id"), late=Count("id", filter=Q(late=True))):
@@ -297,7 +304,8 @@ def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
         a, b = fb.experience, fb.other
         if a is None or b is None:
             continue
-        chosen, rejected = (a, b) if value_of(fb, PairwiseValue).winner == "a" else (b, a)
+        [(better, _)] = kind_get(fb.kind).preferred(fb)
+        chosen, rejected = (a, b) if better == a.pk else (b, a)
         pairs.append(DpoPair(
             feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,

@@ -14,13 +14,15 @@ from django.dispatch import receiver
 from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 from apps.runs.services import run_ended
+from apps.feedback.learned import reward_model_due
+from apps.feedback.tasks import TRAIN_TASK
+from rftweb.celery import app
+from apps.feedback.holds import holds_release
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
 def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bool,
                          update_fields: frozenset[str] | None = None, **_: object) -> None:
-    from apps.feedback.learned import reward_model_due
-
     rejected = (not created and update_fields is not None and "review" in update_fields
                 and instance.review == Feedback.Review.REJECTED)
     if not (created or rejected) or instance.kind not in kind_names(labels=True):
@@ -28,8 +30,6 @@ def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bo
     run = instance.run
     if not run.cfg.reward_model.enabled or not reward_model_due(run=run):
         return
-    from apps.feedback.tasks import TRAIN_TASK
-    from rftweb.celery import app
 
     run_id = run.pk
     transaction.on_commit(lambda: app.send_task(TRAIN_TASK, args=[run_id], queue="reward"))
@@ -39,6 +39,4 @@ def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bo
 def run_ended_release_holds(sender: object, run_id: int, **_: object) -> None:
     """A run that ends (finish, fail, stop) holds no group for anyone any more: its people's
     groups are released inside the transition (apps.feedback.holds.holds_release)."""
-    from apps.feedback.holds import holds_release
-
     holds_release(run_id=run_id)

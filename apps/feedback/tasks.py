@@ -3,14 +3,15 @@ of the learned reward model (retrain where labels came in, score what is unscore
 
 Feedback arrival also enqueues training at once (apps.feedback.signals); the reward-model beat
 is the safety net for a lost message and the trigger for scoring new experiences of `learned`
-runs. Idempotent: the worker tasks check what is due themselves. Its task keeps its name
-(apps.feedback.tasks.…) from before it moved here with the learned reward model."""
+runs. Idempotent: the worker tasks check what is due themselves. Every task is named after its
+module and function (the beat was `apps.rewards.tasks.reward_model_beat_task` until round 49)."""
 
 from __future__ import annotations
 
 from apps.feedback.learned import experiences_to_score, reward_model_due, reward_model_latest
 from apps.feedback.services import assignment_reap, feedback_wait_expire
 from apps.runs.models import Run
+from rftweb.celery import app
 from rftweb.taskkit import celery_task
 
 
@@ -35,8 +36,6 @@ SCORE_TASK = "workers.reward_trainer.reward_model_score"
 @celery_task(name="apps.feedback.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,
              soft_time_limit=50, acks_late=False)
 def reward_model_beat_task() -> dict[str, int]:
-    from rftweb.celery import app
-
     trained = scored = 0
     for run in Run.objects.filter(status=Run.Status.RUNNING):
         if not run.cfg.reward_model.enabled:

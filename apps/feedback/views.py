@@ -32,6 +32,7 @@ from apps.feedback.selectors import (
     annotator_progress,
     feedback_counts,
     feedback_effect,
+    late_words,
 )
 from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
 from apps.runs.access import run_for_page
@@ -108,7 +109,8 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "guidelines": mark_safe(markdown_safe(feedback_cfg.guidelines)) if feedback_cfg.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
         "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
-        # Where the person's labels and the run's went (apps/feedback/ledger.py): read once.
+        # Where the person's labels and the run's went (apps/feedback/ledger.py): one statement,
+        # counted in the database, however many labels the run has.
         **_ledger_context(run, request.user),
     })
 
@@ -237,6 +239,8 @@ def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) 
     if not request.htmx:
         return redirect(_page_url(run))
     saved = door.page_saved(run=run, feedback=fb)
+    if door.late_note:
+        saved["message"] = f"{saved['message']}{late_words(run=run, feedback=fb)}"
     return render(request, "feedback/_saved.html", {"run": run, "feedback": fb, **saved})
 
 

@@ -33,6 +33,7 @@ from apps.rewards.models import RewardModel
 from apps.runs.dispatch import DispatchHold, dispatch_claim, dispatch_free
 from apps.runs.models import Dispatch, Run
 from kernel.exceptions import NotFound
+from rftweb.celery import app
 
 EXPORT_TASK = "workers.reward_trainer.reward_model_export_zip"
 # As long as the worker task may run (its time limit): past it, "preparing" is stale.
@@ -129,8 +130,6 @@ def reward_model_export_request(*, run: Run, version: int) -> ExportState:
     """Ask a `reward` worker to pack `version` as a download, unless it is packed or being
     packed already (one task per version however often people click), or queued so long that
     no worker may be there to take it (`ExportState.stalled`): then it is sent again."""
-    from rftweb.celery import app
-
     rm = reward_model_version_get(run=run, version=version)
     state = export_states([rm])[rm.version]
     if state.ready or (state.preparing and not state.stalled):

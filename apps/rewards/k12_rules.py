@@ -31,6 +31,8 @@ from apps.rewards.pairs import PreferencePair
 from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register, register
 from kernel.strict import StrictModel
 from kernel.plain_errors import error_plain
+from kernel.rewards import task_field
+from kernel.rewards import reference_text
 
 if TYPE_CHECKING:
     from apps.rewards.models import K12Grader
@@ -140,7 +142,6 @@ def graded_answers_of_record(value: object) -> list[tuple[str, float]]:
 
 def task_question(task: object) -> str:
     """A task's question as text: its prompt, or its chat messages' contents joined."""
-    from kernel.rewards import task_field
 
     prompt = task_field(task, "prompt") or ""
     messages = task_field(task, "messages")
@@ -152,8 +153,8 @@ def task_question(task: object) -> str:
 def k12_graded_answers(*, run: Run) -> list[GradedAnswer]:
     """Every graded answer of the run's K-12 tasks: the taskset's `graded_answers` column,
     then people's ratings (the human reward on [0, 1]) of K-12 experiences."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience, Task
-    from kernel.rewards import reference_text
 
     out: list[GradedAnswer] = []
     if run.taskset_id is not None:
@@ -179,6 +180,7 @@ def k12_grade_count(*, run: Run) -> int:
 
 
 def k12_grader_latest(*, run: Run) -> K12Grader | None:
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.rewards.models import K12Grader
 
     return K12Grader.objects.filter(run=run).order_by("-version").first()
@@ -198,6 +200,7 @@ def k12_grader_publish(
     seconds: float, scale: float, offset: float,
 ) -> K12Grader:
     """Record a trained K-12 grader as the run's next version, its accuracy as a metric."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.rewards.models import K12Grader
     from apps.rewards.services import scorer_publish
 

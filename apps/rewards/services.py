@@ -14,6 +14,7 @@ from kernel.fold import experience_initial_fields
 from apps.runs.metrics import metric_record
 from apps.rewards.models import VersionedScorer
 from apps.runs.models import Run
+from rftweb.celery import app
 
 Scorer = TypeVar("Scorer", bound=VersionedScorer)
 
@@ -24,7 +25,6 @@ def rewards_remote_enqueue(*, run_id: int, experience_ids: Sequence[int]) -> Non
     """Queue remote scoring of experiences once the transaction that wrote them commits."""
     if not experience_ids:
         return
-    from rftweb.celery import app
 
     ids = [int(i) for i in experience_ids]
     transaction.on_commit(lambda: app.send_task(SCORE_TASK, args=[run_id, ids], queue="reward"))

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from apps.runs.events import event_publish
 from apps.runs.models import AuditEntry, Run, TaskFailure
+from apps.runs.services import TransitionNotAllowed, run_transition
 from rftweb.taskkit import on_signal
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,6 @@ def task_failure_record(*, run_id: int, task: str, step: int | None, worker: str
                         fail_now: bool = False) -> TaskFailure | None:
     """Store one failure of a run's task, announce it, and fail the run when its steps keep
     failing (or at once with `fail_now`, for errors a retry would only repeat)."""
-    from apps.runs.services import TransitionNotAllowed, run_transition
-
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return None

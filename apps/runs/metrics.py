@@ -7,6 +7,7 @@ import math
 
 from apps.runs.events import event_publish
 from apps.runs.models import Metric, Run
+from apps.runs.trackers import trackers_log_on_commit
 
 
 def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
@@ -27,6 +28,5 @@ def metric_announce(*, run: Run, step: int, values: dict[str, float]) -> None:
     which stores a step's metrics in its own statement): publish them now and log them to
     the run's trackers once the transaction commits."""
     event_publish(run_id=run.pk, type="run.metric", payload={"step": step, "values": values})
-    from apps.runs.trackers import trackers_log_on_commit
 
     trackers_log_on_commit(run=run, step=step, values=values)

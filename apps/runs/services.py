@@ -23,6 +23,7 @@ from apps.runs.selectors import eval_best
 from kernel.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
 from kernel.exceptions import Conflict, InvalidInput
 from kernel.jsontypes import Body
+from rftweb.celery import app
 
 
 class TransitionNotAllowed(Conflict):
@@ -339,8 +340,6 @@ def _version_insert(*, run: Run, number: int, checkpoint: str, train_step: int) 
 
 
 def eval_dispatch(*, run_id: int, version: int) -> None:
-    from rftweb.celery import app
-
     app.send_task("workers.evaluation.evaluate", args=[run_id, version])
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 from django.db import transaction
+from apps.runs.models import Run
 
 if TYPE_CHECKING:
     from apps.runs.models import Run
@@ -85,7 +86,6 @@ class MlflowTracker:
 
         from mlflow.tracking import MlflowClient
 
-        from apps.runs.models import Run
 
         uri = mlflow_uri()
         if uri.startswith("file:"):

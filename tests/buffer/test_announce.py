@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from apps.buffer.models import Experience
-from apps.feedback.services import feedback_edit
+from apps.feedback.kinds.edit import feedback_edit
 from apps.runs.models import Run
 from tests.conftest import run_socket_connect
 from tests.envapi.conftest import Api, make_key

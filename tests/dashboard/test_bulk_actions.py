@@ -58,7 +58,7 @@ def test_what_the_owner_excludes_the_trainer_never_claims_and_what_she_includes_
 
 def test_an_experience_waiting_for_people_stays_out_when_their_rating_arrives_and_returns_to_waiting(
         owner: User, annotator: User, run: Run) -> None:
-    from apps.feedback.services import feedback_rate
+    from apps.feedback.kinds.rating import feedback_rate
 
     run.config = {**run.config, "feedback": {"mode": "human"}}
     run.save(update_fields=["config"])

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.metrics import metric_record
 from apps.runs.models import ModelVersion, Run, WeightLoad
 from apps.runs.services import run_transition

@@ -66,7 +66,7 @@ def test_dpo_pairs_the_best_and_worst_of_each_group(run: Run) -> None:
 
 
 def test_dpo_also_exports_what_people_chose_in_ab_comparisons(run: Run) -> None:
-    from apps.feedback.services import feedback_compare
+    from apps.feedback.kinds.pairwise import feedback_compare
 
     a, b, c = make_experiences(run, groups=1, group_size=3)  # rewards 0, 1, 2: best c, worst a
     pending = make_experiences(run, groups=1, group_size=2, status="pending")

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
-from apps.feedback.services import feedback_flag
+from apps.feedback.kinds.flag import feedback_flag
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import run_transition

@@ -365,7 +365,8 @@ def test_the_owner_watching_a_run_sees_its_summary_appear_when_it_finishes(open_
 
 @pytest.mark.parametrize("size", [PHONE, LAPTOP], ids=["390", "1280"])
 def test_the_pages_read_as_people_say_things(open_page: Any, owner: User, annotator: User, size: dict[str, int]) -> None:
-    from apps.feedback.services import feedback_flag, feedback_rate
+    from apps.feedback.kinds.flag import feedback_flag
+    from apps.feedback.kinds.rating import feedback_rate
     from apps.rewards.gold import gold_item_mark
 
     anonymous = open_page(None, size)

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.feedback.review_selectors import REVIEW_PAGE_SIZE
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from bench.common import CHROMIUM, CHROMIUM_ARGS
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_transition

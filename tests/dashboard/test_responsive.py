@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
 from apps.control.notifications import run_end_notify
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.metrics import metric_record
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_transition

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 # The page helpers and the signed-in page opener of the other page tests.

@@ -14,7 +14,10 @@ from django.test import Client
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
-from apps.feedback.services import FeedbackClosed, assignment_claim, feedback_compare, feedback_flag, feedback_rate
+from apps.feedback.services import FeedbackClosed, assignment_claim
+from apps.feedback.kinds.flag import feedback_flag
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, ModelVersion, Run
 from apps.runs.services import run_transition

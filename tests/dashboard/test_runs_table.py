@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.metrics import metric_record
 from apps.runs.models import Run
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

@@ -14,7 +14,7 @@ from django.test import Client
 
 from apps.feedback.exports import EXPORT_KINDS
 from apps.envapi.services import api_key_create
-from apps.feedback.services import feedback_compare
+from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Run
 from tests.factories import make_experiences, make_run, make_taskset
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import AuditEntry, Run
 from tests.envapi.conftest import Api
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
+from apps.feedback.services.submit import feedback_store
 from kernel.fold import Vote
 from kernel.exceptions import InvalidInput
 
@@ -50,8 +51,6 @@ class LengthFitIn(KindApiIn):
 @kind_service(NAME)
 def feedback_length_fit(*, run: Run, experience: Experience | int | None, verdict: str, author: Any = None,
                         api_key: Any = None, comment: str = "") -> Feedback:
-    from apps.feedback.services import feedback_store
-
     return feedback_store(run=run, kind=NAME, value=LengthFitValue(verdict=verdict), experience=experience,
                           author=author, api_key=api_key, comment=comment)
 

@@ -10,7 +10,8 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.feedback.models import Assignment
-from apps.feedback.services import assignment_claim, assignment_reap, assignment_skip, feedback_rate
+from apps.feedback.services import assignment_claim, assignment_reap, assignment_skip
+from apps.feedback.kinds.rating import feedback_rate
 from tests.factories import claims_at_once, make_experiences, make_run, make_user
 
 pytestmark = pytest.mark.django_db

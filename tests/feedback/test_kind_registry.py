@@ -32,6 +32,7 @@ from apps.feedback.kinds import kind_get
 from apps.feedback.learned import run_label_count
 from apps.feedback.models import Feedback
 from apps.feedback.preferences import preference_pairs
+from apps.feedback.selectors import feedback_counts
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 from tests.factories import add_member, experience_row, make_run
@@ -124,6 +125,8 @@ def test_a_registered_kind_yields_preference_pairs_and_counts_as_a_label(length_
                                                                          owner: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
     short, right, long_ = _group(run, 3)
+    # The run's counts list every registered kind, none given yet too.
+    assert feedback_counts(run=run)["length_fit"] == 0
     for exp, verdict in ((short, "too_short"), (right, "right"), (long_, "too_long")):
         length_fit.feedback_length_fit(run=run, author=owner, experience=exp, verdict=verdict)
     pairs = preference_pairs(run=run)
@@ -131,6 +134,7 @@ def test_a_registered_kind_yields_preference_pairs_and_counts_as_a_label(length_
     assert sorted((p.kind, p.chosen_id, p.rejected_id, p.margin) for p in pairs) == [
         ("length_fit", right.pk, short.pk, 1.0), ("length_fit", right.pk, long_.pk, 1.0)]
     assert run_label_count(run=run) == 3
+    assert feedback_counts(run=run)["length_fit"] == 3
 
 
 def test_a_kind_from_one_module_is_given_through_the_page_the_api_and_the_cli_to_the_fold(

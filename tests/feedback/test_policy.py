@@ -13,14 +13,11 @@ from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.models import Feedback
 from kernel.fold import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
-from apps.feedback.services import (
-    feedback_compare,
-    feedback_edit,
-    feedback_rank,
-    feedback_rate,
-    feedback_rate_and_flag,
-    feedback_wait_expire,
-)
+from apps.feedback.services import feedback_rate_and_flag, feedback_wait_expire
+from apps.feedback.kinds.edit import feedback_edit
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from kernel.config import FeedbackSettings
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput, NotFound

@@ -11,7 +11,10 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.preferences import pair_is_heldout, preference_pairs, preference_rows_trl
-from apps.feedback.services import feedback_compare, feedback_edit, feedback_rank, feedback_rate
+from apps.feedback.kinds.edit import feedback_edit
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 

@@ -14,7 +14,8 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
-from apps.feedback.services import feedback_compare, feedback_rate
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run

@@ -12,7 +12,9 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.reliability import rater_figures, rater_weights, run_agreement
-from apps.feedback.services import feedback_compare, feedback_rank, feedback_rate
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user

@@ -16,7 +16,11 @@ from apps.feedback.exports import export_rows
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.review import disagreement_answer, disagreement_resolve, feedback_accept, feedback_reject
 from apps.feedback.review_selectors import disagreements
-from apps.feedback.services import assignment_claim, feedback_compare, feedback_edit, feedback_rank, feedback_rate
+from apps.feedback.services import assignment_claim
+from apps.feedback.kinds.edit import feedback_edit
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import AuditEntry, Run
 from apps.runs.ports import run_view_of
 from kernel.exceptions import Conflict, InvalidInput, NotFound

@@ -13,7 +13,8 @@ from django.test import Client
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_compare, feedback_rate
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run, RunMember
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.feedback.tasks import feedback_wait_expire_task
 from rftweb.celery import app
 from tests.factories import experience_row, make_run

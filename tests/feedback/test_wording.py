@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from apps.feedback.services import feedback_flag
+from apps.feedback.kinds.flag import feedback_flag
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset

@@ -25,7 +25,10 @@ from apps.envapi.services import api_key_create
 from apps.feedback.bulk import experiences_bulk
 from apps.feedback.models import Feedback
 from apps.feedback.review import feedback_reject
-from apps.feedback.services import feedback_compare, feedback_edit, feedback_rate
+from apps.feedback.kinds.edit import feedback_edit
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import RewardModel
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
@@ -70,6 +73,9 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     g_trained = _group(run)
     fb = feedback_rate(run=run, experience=g_trained[0], score=5, author=annotator)
     expect[fb.pk] = ("trained", "")
+    # Trained too: a ranking of the same group (its trained-on experiences are its value's order).
+    fb = feedback_rank(run=run, order=[e.pk for e in g_trained], author=bob)
+    expect[fb.pk] = ("trained", "")
     _train(run, 1, g_trained)
     # Late: rated after its group was trained.
     fb = feedback_rate(run=run, experience=g_trained[1], score=2, author=bob)
@@ -102,9 +108,10 @@ def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
     states: dict[int, tuple[str, str]] = {}
     rm_reads = list(RewardModel.objects.filter(run=run).values_list("created_at", flat=True))
     for fb in Feedback.objects.filter(run=run, kind__in=["rating", "ranking", "pairwise", "edit"]):
-        targets = [fb.value["expert_id"]] if fb.kind == "edit" else [i for i in (fb.experience_id, fb.other_id) if i]
+        targets = ([fb.value["expert_id"]] if fb.kind == "edit" else fb.value["order"] if fb.kind == "ranking"
+                   else [i for i in (fb.experience_id, fb.other_id) if i])
         exps = list(Experience.objects.filter(pk__in=targets))
-        trains_kind = fb.kind == "rating"  # GRPO in blend mode folds ratings only
+        trains_kind = fb.kind in ("rating", "ranking")  # GRPO in blend mode folds ratings and rankings only
         if fb.review == "rejected":
             states[fb.pk] = ("unused", "rejected")
         elif trains_kind and not fb.late and any(e.trained_step is not None for e in exps):
@@ -158,6 +165,16 @@ def test_every_label_is_in_exactly_one_state(labelled: dict[str, Any], owner: Us
     assert ledger.run.total == len(expect) == sum(c.total for c in ledger.people.values())
     assert dict(counts(derived)) == {k: v for k, v in ledger.run.as_dict().items()
                                      if k in ("trained", "reward_model", "pending", "unused") and v}
+    # The counts (in the database) are the labels' states (read label by label), per person too.
+    states = label_states(run=run)
+    for who, got_counts in ledger.people.items():
+        theirs = Feedback.objects.filter(run=run, author__username=who).values_list("pk", flat=True)
+        assert Counter(states[pk].state for pk in theirs) == Counter(
+            {k: v for k, v in got_counts.as_dict().items() if k in ("trained", "reward_model", "pending", "unused")
+             and isinstance(v, int) and v}), who
+    reasons = Counter(s.reason for s in states.values() if s.state == "unused")
+    assert ledger.run.as_dict()["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered",
+                                                                          "run_ended")}
 
 
 def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], owner: User, annotator: User) -> None:
@@ -174,7 +191,8 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
                                                  "reward_model": mine["reward_model"], "pending": mine["pending"],
                                                  "unused": mine["unused"]}
     everyone = counts(derived)
-    assert _page_counts(html, "ledger-run")["unused"] == everyone["unused"]
+    assert _page_counts(html, "ledger-run") == {"total": len(derived), **{k: everyone[k] for k in
+                                                 ("trained", "reward_model", "pending", "unused")}}
     # The run page: the run's and each person's row, with why unused.
     owner_client = Client()
     owner_client.force_login(owner)

@@ -11,7 +11,7 @@ import pytest
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_edit
+from apps.feedback.kinds.edit import feedback_edit
 from kernel.rewards import reference_text
 from apps.control.demo import demo_taskset_import
 from apps.runs.models import Run

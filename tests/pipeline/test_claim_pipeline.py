@@ -7,7 +7,7 @@ import pytest
 from apps.buffer.drafts import ExperienceDraft
 from apps.buffer.models import Experience
 from apps.buffer.services import batch_ack, batch_claim, experience_write
-from apps.feedback.services import feedback_flag
+from apps.feedback.kinds.flag import feedback_flag
 from tests.factories import experience_row
 from tests.pipeline.conftest import metrics, reasons
 

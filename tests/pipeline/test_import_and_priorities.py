@@ -15,7 +15,7 @@ from apps.buffer.models import Experience, Task, TaskAttempt
 from apps.buffer.pipeline import experience_priorities_refresh
 from apps.buffer.pipeline.synthesize import arithmetic_eval
 from apps.buffer.services import experience_write, task_attempts_create, task_claim
-from apps.feedback.services import feedback_flag
+from apps.feedback.kinds.flag import feedback_flag
 from tests.factories import experience_row, make_run
 from tests.pipeline.conftest import metrics
 

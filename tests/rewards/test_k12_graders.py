@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from apps.buffer.importers import taskset_create
 from apps.buffer.models import Experience, Task
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.k12_rules import DEFAULT_RUBRIC, judge_params, k12_graded_answers, k12_grade_pairs
 from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Metric, Run

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_rate
+from apps.feedback.kinds.rating import feedback_rate
 from apps.feedback.learned import reward_model_usable, rm_scores_apply
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run

@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch")
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_compare, feedback_rank, feedback_rate
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.feedback.learned import reward_model_due, reward_model_usable
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run

@@ -13,7 +13,9 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.preferences import TRUSTED_WEIGHT, preference_pairs
 from apps.feedback.reliability import rater_figures
-from apps.feedback.services import feedback_compare, feedback_rank, feedback_rate
+from apps.feedback.kinds.pairwise import feedback_compare
+from apps.feedback.kinds.ranking import feedback_rank
+from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user

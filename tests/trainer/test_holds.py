@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import assignment_claim, feedback_rate, feedback_wait_expire
+from apps.feedback.services import assignment_claim, feedback_wait_expire
+from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 

@@ -81,6 +81,18 @@ def _train_dispatch_idle(run: Run, *, timeout: float = 300.0) -> None:
         time.sleep(0.2)
 
 
+def _beats_seen(owner: Any, model_dir: Path, *, beats: int) -> None:
+    """Wait for `beats` whole beats of the conductor's loop, each seen through its effect: a
+    train-mode run with no batch, made running after the last one ended, is finished by the
+    first beat that reads it (it touches no queue and no other run). What a paused run's
+    stillness is checked against, instead of a guessed 4 s that a loaded host may not fill."""
+    from tests.trainer.conftest import running_run
+
+    for _ in range(beats):
+        beat = running_run(owner, model_dir, total_steps=1)
+        drive(beat, lambda r: r.status == Run.Status.FINISHED, explorer=None, timeout=120)
+
+
 def _run(owner: Any, model_dir: Path, **config: Any) -> Run:
     base: dict[str, Any] = {"model": str(model_dir), "train_batch_size": 8, "explore_batch_size": 2, "repeat_times": 4,
             "total_steps": 3, "trainer": {"learning_rate": 1e-3, "loss_type": "grpo"}}
@@ -137,7 +149,7 @@ def test_pause_stops_the_explorer_and_the_trainer_and_resume_goes_on(
     steps, explored, dispatched = run.train_step, run.explore_step, broker.llen("rollout")
     # Ready experiences are waiting, yet nothing moves while paused.
     experience_write(experiences=[experience_row(run, key=f"late{i}", group="late", reward=float(i % 2)) for i in range(4)])
-    time.sleep(4)
+    _beats_seen(owner, tiny_model_dir, beats=3)
     run.refresh_from_db()
     assert (run.train_step, run.explore_step) == (steps, explored)
     assert broker.llen("rollout") == dispatched, "the conductor dispatched explore steps of a paused run"

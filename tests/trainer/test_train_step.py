@@ -12,7 +12,7 @@ import torch
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import feedback_compare
+from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run

@@ -15,7 +15,7 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
-from apps.feedback.services import feedback_compare
+from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from apps.feedback.selectors import preferences_among
 from tests.factories import experience_row

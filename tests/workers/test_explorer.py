@@ -368,7 +368,7 @@ async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experie
         f"/ws/runs/{run.pk}/",
         headers=[(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://localhost")],
     )
-    connected, _ = await communicator.connect()
+    connected, _ = await communicator.connect(timeout=30)
     assert connected
     try:
         result = explore_step.delay(run.pk, 1)

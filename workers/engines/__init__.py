@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
 from workers.engines.hf_engine import HFEngine
 from workers.engines.vllm_engine import VLLMEngine
+from workers.sync import received_take, receiver_ensure, weight_bytes
 
 if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
@@ -137,8 +138,6 @@ def engine_for(cfg: EngineConfig, *, backend: str | None = None) -> RolloutEngin
         engine = _ENGINES.get(key)
         if engine is None:
             engine = _ENGINES[key] = engine_create(backend=key[0], path=key[1], version=0, **options)
-            from workers.sync import receiver_ensure
-
             receiver_ensure()  # NcclSync deployments: take the trainer's broadcasts from now on
         return engine
 
@@ -163,7 +162,6 @@ def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> 
     """
     if engine.version == version and getattr(engine, "path", None) == path:
         return False
-    from workers.sync import received_take, weight_bytes
 
     received = received_take(path)
     apply = getattr(engine, "load_tensors", None)

@@ -18,6 +18,8 @@ from django.utils import timezone
 from apps.buffer.pipeline.core import Ctx, ModelRow, row_pk, steps_apply
 from kernel.operators import Row
 from kernel.config import PipelineStep, RunConfig, config_validate
+from kernel.operators import stage_check
+from kernel.operators import params_parse
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
@@ -70,6 +72,7 @@ class PipelineSession:
             if buffered:
                 _write_metrics.add(self.run, self.step, self.ctx.metric_values())
             else:
+                # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
                 from apps.runs.metrics import metric_record
 
                 metric_record(run=self.run, step=self.step, values=self.ctx.metric_values())
@@ -111,6 +114,7 @@ class _MetricBuffer:
 
     @staticmethod
     def _record(run: Run, step: int, counts: Counter[str]) -> None:
+        # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
         from apps.runs.metrics import metric_record
 
         try:
@@ -138,6 +142,7 @@ def pipeline_apply_on_write(*, experiences: Sequence[Mapping[str, object]]) -> t
     status "filtered" and their filter_reason) and a callable to call once they are
     stored. Rows keep their positions, so a validation error still names the caller's row.
     """
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.runs.models import Run
 
     run_ids: set[int] = set()
@@ -191,6 +196,7 @@ def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[
     steps = run.cfg.pipeline.on_claim
     if not steps or not experiences:
         return experiences
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
 
     session = PipelineSession(stage="claim", steps=steps, run=run, step=run.train_step)
@@ -212,7 +218,6 @@ def pipeline_apply_on_claim(*, run: Run, experiences: list[Experience]) -> list[
 def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, object]] | None, run: Run | None = None,
                             taskset_id: int | None = None) -> PipelineSession:
     """A session for a taskset import: the given steps, else the run's `on_import`."""
-    from kernel.operators import stage_check
 
     if steps is None:
         steps = run.cfg.pipeline.on_import if run is not None else []
@@ -226,9 +231,9 @@ def pipeline_import_session(*, steps: Sequence[PipelineStep | Mapping[str, objec
 def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     """Recompute the replay priority of the run's ready experiences (age, uses and human
     flags change over time) with its `priority_replay` step from `on_write`."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
     from apps.buffer.pipeline.prioritize import ReplayPriorityParams, experience_priority_compute
-    from kernel.operators import params_parse
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "priority_replay"), None)
     if step is None:
         return 0
@@ -268,8 +273,8 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
 
 def task_priorities_refresh(*, run: Run) -> int:
     """Curriculum: set the priority of all the run's queued attempts from pass rates."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.pipeline.prioritize import CurriculumParams, task_priorities_update
-    from kernel.operators import params_parse
 
     step = next((s for s in run.cfg.pipeline.on_write if s.name == "curriculum"), None)
     if step is None:

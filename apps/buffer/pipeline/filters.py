@@ -86,6 +86,7 @@ def dedup_exact(rows: list[Row], ctx: Ctx, params: DedupExactParams) -> None:
 def _seen_in_run(rows: list[Row], hashes: list[str], ctx: Ctx, seen: dict[str, set[str]]) -> None:
     from django.db.models.fields.json import KeyTextTransform
 
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
 
     own_keys = {str(row.get("key")) for row in rows}
@@ -276,6 +277,7 @@ def reward_variance(rows: list[Row], ctx: Ctx, params: RewardVarianceParams) -> 
 def _stored_members(rows: list[Row], groups: list[str], ctx: Ctx) -> dict[str, list[tuple[float | None, str]]]:
     from django.db.models import Q
 
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]
@@ -335,6 +337,7 @@ class FlaggedParams(Params):
 @register("human_flagged", stages=("claim",), params=FlaggedParams)
 def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     """Drop experiences a person flagged (Feedback of kind "flag")."""
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]

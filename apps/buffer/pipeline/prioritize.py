@@ -156,6 +156,7 @@ def curriculum(rows: list[Row], ctx: Ctx, params: CurriculumParams) -> None:
 def task_pass_rates(*, run_id: int, task_ids: Iterable[object] | None, pass_reward: float) -> dict[int, float]:
     from django.db.models import Count, Q
 
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import Experience
 
     qs = Experience.objects.filter(run_id=run_id, reward__isnull=False, is_expert=False, task_id__isnull=False)
@@ -169,6 +170,7 @@ def task_priorities_update(*, run_id: int, task_ids: Iterable[object] | None, pa
     """Set the priority of the run's queued attempts of these tasks (all when None)."""
     from django.db.models import Case, FloatField, Value, When
 
+    # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
     from apps.buffer.models import TaskAttempt
 
     rates = task_pass_rates(run_id=run_id, task_ids=task_ids, pass_reward=params.pass_reward)

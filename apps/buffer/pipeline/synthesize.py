@@ -199,6 +199,7 @@ def synth_paraphrase(rows: list[Row], ctx: Ctx, params: ParaphraseParams) -> Non
     op = ctx.op
 
     def enqueue() -> None:
+        # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
         from rftweb.celery import app
 
         # By name: the web side never imports workers/ (torch lives there).

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
+from django.core.exceptions import ValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from apps.rewards.pairs import PreferencePair
@@ -129,6 +130,10 @@ class FeedbackKind:
     # Its preference pairs come from the group's folded human rewards (ratings), not from
     # each row alone (`pairs`).
     pairs_by_fold: ClassVar[bool] = False
+    # Where a row names the experiences whose training carries it (`trained_ids`): "" for the
+    # row's experience and other; else the key of its value that holds one id or a list of ids.
+    # The ledger's counts read it in SQL (apps.feedback.ledger), so it is a declaration, not code.
+    trained_key: ClassVar[str] = ""
     # The author may change or withdraw it until its group is trained on (apps.feedback.revise).
     revisable: ClassVar[bool] = False
     # The run's owner may accept or reject it on the review page (apps.feedback.review).
@@ -148,6 +153,9 @@ class FeedbackKind:
     panel_link: ClassVar[str] = ""
     panel_key: ClassVar[str] = ""
     panel_order: ClassVar[int] = 100  # where its link stands among the card's (lower: first)
+    # Its saved note (`page_saved`) ends with what a late one does, which the page adds
+    # (apps.feedback.views; the effect is apps.feedback.selectors.feedback_effect).
+    late_note: ClassVar[bool] = True
     # What an item's card says once its annotator gave one ("compared"; "": nothing).
     page_mark: ClassVar[str] = ""
     # What people call one and several of them on the pages ("rating", "ratings"); empty:
@@ -175,8 +183,12 @@ class FeedbackKind:
         return self.reaches or ("reward" if self.folds else None)
 
     def trained_ids(self, fb: Feedback) -> list[int]:
-        """The experience ids whose training carries the label (default: its targets)."""
-        return self.targets(fb)
+        """The experience ids whose training carries the label, where `trained_key` says."""
+        if not self.trained_key:
+            return [i for i in (fb.experience_id, fb.other_id) if i]
+        held = fb.value.get(self.trained_key) if isinstance(fb.value, dict) else None
+        ids = held if isinstance(held, list) else [] if held is None else [held]
+        return [int(i) for i in ids]
 
     def votes(self, fb: Feedback) -> Iterable[Vote]:
         """Its part of the members' human rewards: (experience id, score on [0, 1], whether
@@ -185,6 +197,11 @@ class FeedbackKind:
 
     def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         """The preference pairs one row yields (`exps`: the experiences it names, by id)."""
+        return []
+
+    def preferred(self, fb: Feedback) -> list[tuple[int, int]]:
+        """The (better, worse) experience ids the row itself states, for the raters' pair
+        agreement (apps.feedback.reliability) and DPO's choices (default: none)."""
         return []
 
     def reviewed(self, fb: Feedback, *, rejected: bool) -> str:
@@ -236,22 +253,13 @@ class FeedbackKind:
 
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
         """What the page shows once its panel's form is saved (feedback/_saved.html's context:
-        at least `message`)."""
-        return {"message": f"Saved: your {self.noun(1)}{late_words(run=run, feedback=feedback)}"}
+        at least `message`; a late one's effect follows it where `late_note`)."""
+        return {"message": f"Saved: your {self.noun(1)}"}
 
     @property
     def slug(self) -> str:
         """Its panel's part of the page's addresses."""
         return self.panel_slug or self.name
-
-
-def late_words(*, run: Run, feedback: Feedback) -> str:
-    """" (what it does)" for a late row, as the saved notes say it; "" otherwise."""
-    if not feedback.late:
-        return ""
-    from apps.feedback.selectors import feedback_effect  # the selectors read the kinds
-
-    return f" ({feedback_effect(run=run, feedback=feedback)})"
 
 
 def preference_pair(chosen: Experience, rejected: Experience, *, kind: str, margin: float, group_id: str,
@@ -343,8 +351,6 @@ def kind_of_panel(slug: str) -> FeedbackKind:
 def kind_validate(name: object) -> None:
     """Feedback.kind's validator (forms, the admin, full_clean): a registered kind's name. The
     column has no choices, so a new kind needs no migration; InvalidInput names the known ones."""
-    from django.core.exceptions import ValidationError
-
     try:
         kind_get(name)
     except ValueError as exc:
@@ -368,5 +374,5 @@ def value_of(fb: Feedback, cls: type[V]) -> V:
 __all__: Sequence[str] = (
     "NAME_MAX", "ExperienceId", "FeedbackKind", "KindApiIn", "KindValue", "PageForm", "Target", "Who", "kind_get",
     "kind_names", "kind_of_panel", "kind_register", "kind_service", "kind_unregister", "kind_validate", "kinds",
-    "kinds_load", "late_words", "preference_pair", "value_of", "value_parse",
+    "kinds_load", "preference_pair", "value_of", "value_parse",
 )

@@ -9,14 +9,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
+
+from apps.buffer.drafts import ExperienceDraft
+from apps.buffer.models import Experience
+from apps.buffer.services import experience_write
 from apps.feedback.kinds import FeedbackKind, KindValue, PageForm, Who, kind_register, kind_service, preference_pair
+from apps.feedback.ledger import correction_saved_words
+from apps.feedback.models import Feedback
+from apps.feedback.services import submit
 from apps.rewards.pairs import PreferencePair
+from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
-    from apps.buffer.models import Experience
     from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
     from apps.runs.models import Run
 
 
@@ -46,17 +53,6 @@ def feedback_edit(*, run: Run, author: Person | None, experience: Experience | i
     twice while a revised correction is a new expert experience. Token ids are left empty:
     the web side has no tokenizer; the trainer tokenises prompt_text + response_text.
     """
-    from django.db import transaction
-
-    from apps.buffer.drafts import ExperienceDraft
-    from apps.buffer.models import Experience
-    from apps.buffer.services import experience_write
-    from apps.feedback.models import Feedback
-
-    # Imported when called: the services read the kinds' values, so a kind's module comes first.
-    from apps.feedback.services import submit
-    from apps.runs.selectors import run_takes_feedback
-
     if not run_takes_feedback(run=run):
         raise submit.FeedbackClosed(run)  # before the expert row is written
     text = (text or "").replace("\r\n", "\n")
@@ -108,6 +104,9 @@ class Edit(FeedbackKind):
     cli = True
     cli_help = "a corrected completion, written as an expert experience"
     reaches = "expert"
+    late_note = False  # a correction is never late: it writes a new expert experience
+    # What trains is the corrected completion (its value's expert_id), never the original.
+    trained_key = "expert_id"
     panel_template = "feedback/_edit.html"
     panel_link = "Edit"
     panel_order = 1
@@ -132,9 +131,6 @@ class Edit(FeedbackKind):
         return feedback
 
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
-        from apps.buffer.models import Experience
-        from apps.feedback.ledger import correction_saved_words
-
         value = self.parse(feedback.value)
         assert isinstance(value, EditValue)
         expert = Experience.objects.get(pk=value.expert_id)
@@ -143,8 +139,6 @@ class Edit(FeedbackKind):
     def reviewed(self, fb: Feedback, *, rejected: bool) -> str:
         """A rejected correction leaves the buffer (filtered, so neither SFT, MIX nor the exports
         take it) unless a trainer already took it; accepted again, it comes back."""
-        from apps.buffer.models import Experience
-
         value = self.parse(fb.value)
         assert isinstance(value, EditValue)
         expert = Experience.objects.filter(pk=value.expert_id)
@@ -159,12 +153,6 @@ class Edit(FeedbackKind):
                 status=Experience.Status.READY, filter_reason=""):
             return "its corrected completion is trainable again"
         return ""
-
-    def trained_ids(self, fb: Feedback) -> list[int]:
-        # What trains is the corrected completion, never the original.
-        value = self.parse(fb.value)
-        assert isinstance(value, EditValue)
-        return [value.expert_id]
 
     def pair_ids(self, fb: Feedback) -> list[int]:
         value = self.parse(fb.value)

@@ -9,17 +9,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 
+from django.db import transaction
 from pydantic import Field, FiniteFloat, model_validator
 
+from apps.buffer.models import Experience
+
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
+from apps.feedback.services import submit
+from apps.feedback.services.fold import group_fold, group_members_locked
+from apps.feedback.services.submit import ApiKeyRow
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.buffer.models import Experience
     from apps.feedback.holds import Person
     from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
     from apps.runs.models import Run
 
 PartName = Annotated[str, Field(min_length=1, max_length=100)]
@@ -86,14 +90,6 @@ def feedback_env_reward(
     reward (its parts merged into reward_parts), and the policy recomputes the training
     reward (auto: the reward itself, making a pending experience ready; blend: combined
     with the human fold). Late: stored, reward unchanged under the trainer's feet."""
-    from django.db import transaction
-
-    from apps.buffer.models import Experience
-
-    # Imported when called: the services read the kinds' values, so a kind's module comes first.
-    from apps.feedback.services import submit
-    from apps.feedback.services.fold import group_fold, group_members_locked
-
     value = EnvRewardValue(reward=reward, reward_parts=reward_parts or {})
     comment, who = submit.comment_clean(comment), submit.person_of(author)
     with transaction.atomic():

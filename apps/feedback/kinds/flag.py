@@ -8,9 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from django.db import transaction
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
+from apps.feedback.services import submit
+from apps.feedback.services.handout import assignments_finish
+from apps.feedback.services.submit import ApiKeyRow
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
@@ -18,7 +22,6 @@ if TYPE_CHECKING:
     from apps.buffer.models import Experience
     from apps.feedback.holds import Person
     from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
     from apps.runs.models import Run
 
 FLAGS: tuple[str, ...] = ("unsafe", "broken", "off_task")
@@ -70,12 +73,6 @@ def feedback_flag(
 ) -> Feedback:
     """A flag on one completion (unsafe, broken, off_task, and/or a reason in words). A
     flag is a judgement of the item too: it leaves the author's queue."""
-    from django.db import transaction
-
-    # Imported when called: the services read the kinds' values, so a kind's module comes first.
-    from apps.feedback.services import submit
-    from apps.feedback.services.handout import assignments_finish
-
     value = FlagValue(flags=flags, reason=reason)  # type: ignore[arg-type]  # any sequence: checked in __post_init__
     comment, who = submit.comment_clean(comment), submit.person_of(author)
     with transaction.atomic():

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from django.db import transaction
 from pydantic import Field, model_validator
 
 from apps.feedback.kinds import (
@@ -19,18 +20,19 @@ from apps.feedback.kinds import (
     Who,
     Winner,
     kind_register,
-    late_words,
     kind_service,
     preference_pair,
 )
+from apps.feedback.kinds.ranking import group_members
+from apps.feedback.models import Feedback
+from apps.feedback.services import submit
+from apps.feedback.services.submit import ApiKeyRow
 from apps.rewards.pairs import PreferencePair
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
     from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
     from apps.runs.models import Run
 
 WINNERS: tuple[str, ...] = ("a", "b", "tie")
@@ -80,11 +82,6 @@ def feedback_compare(
 ) -> Feedback:
     """A choice between two completions of one group: winner "a" (`experience`), "b"
     (`other`) or "tie". Stored for DPO (trainer and export); it moves no reward."""
-    from django.db import transaction
-
-    # Imported when called: the services read the kinds' values, so a kind's module comes first.
-    from apps.feedback.services import submit
-
     value = PairwiseValue(winner=winner)
     comment, who = submit.comment_clean(comment), submit.person_of(author)
     with transaction.atomic():
@@ -131,6 +128,14 @@ class Pairwise(FeedbackKind):
         chosen, rejected = (a, b) if value.winner == "a" else (b, a)
         return [preference_pair(chosen, rejected, kind=self.name, margin=1.0, group_id=a.group_id, trust=trust)]
 
+    def preferred(self, fb: Feedback) -> list[tuple[int, int]]:
+        value = self.parse(fb.value)
+        assert isinstance(value, PairwiseValue)
+        a, b = fb.experience_id, fb.other_id
+        if a is None or b is None or not value.decided:
+            return []
+        return [(a, b) if value.winner == "a" else (b, a)]
+
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         return self.store(experience=opts["experience"], other=opts["other"], winner=opts["winner"] or "", **who)
 
@@ -145,8 +150,6 @@ class Pairwise(FeedbackKind):
 
     def panel_context(self, *, run: Run, experience: Experience, query: Mapping[str, str]) -> dict[str, object]:
         """A against the sibling the query names (`other`), else the first."""
-        from apps.feedback.kinds.ranking import group_members
-
         siblings = [m for m in group_members(experience) if m.pk != experience.pk]
         other_id = query.get("other", "")
         other = next((m for m in siblings if str(m.pk) == other_id), siblings[0] if siblings else None)
@@ -162,4 +165,4 @@ class Pairwise(FeedbackKind):
         value = self.parse(feedback.value)
         assert isinstance(value, PairwiseValue)
         said = {"a": "A is better", "b": "B is better"}.get(str(value.winner).lower(), "a tie")
-        return {"message": f"Preference saved: {said}" + late_words(run=run, feedback=feedback)}
+        return {"message": f"Preference saved: {said}"}

@@ -8,7 +8,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeGuard
 
+from django.db import transaction
 from pydantic import Field, model_validator
+
+from apps.buffer.models import Experience
 
 from apps.feedback.kinds import (
     ExperienceId,
@@ -18,20 +21,20 @@ from apps.feedback.kinds import (
     PageForm,
     Who,
     kind_register,
-    late_words,
     kind_service,
     preference_pair,
 )
+from apps.feedback.models import Assignment, Feedback
+from apps.feedback.services import submit
+from apps.feedback.services.fold import group_members_locked
+from apps.feedback.services.submit import ApiKeyRow
 from apps.rewards.pairs import PreferencePair
 from kernel.fold import Vote, borda_scores
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.buffer.models import Experience
     from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
     from apps.runs.models import Run
 
 
@@ -84,12 +87,6 @@ def feedback_rank(
 ) -> Feedback:
     """A ranking of a whole group, best first. The group is the one the ranked
     experiences share (`group_id`, when given, must be it)."""
-    from django.db import transaction
-
-    # Imported when called: the services read the kinds' values, so a kind's module comes first.
-    from apps.feedback.services import submit
-    from apps.feedback.services.fold import group_members_locked
-
     value = RankingValue(order=order)  # type: ignore[arg-type]  # any sequence: checked in __post_init__
     comment, who = submit.comment_clean(comment), submit.person_of(author)
     with transaction.atomic():
@@ -110,6 +107,7 @@ class Ranking(FeedbackKind):
     name = "ranking"
     Value = RankingValue
     target = "group"
+    trained_key = "order"  # every member of the group it ranked
     folds = True
     labels = True
     revisable = True
@@ -133,6 +131,10 @@ class Ranking(FeedbackKind):
     def votes(self, fb: Feedback) -> Iterable[Vote]:
         for pk, score in borda_scores(list(self._order(fb))).items():
             yield (pk, score, False)
+
+    def preferred(self, fb: Feedback) -> list[tuple[int, int]]:
+        order = self._order(fb)
+        return [(better, worse) for i, better in enumerate(order) for worse in order[i + 1:]]
 
     def pairs(self, fb: Feedback, exps: Mapping[int, Experience], *, trust: float) -> list[PreferencePair]:
         order = [exps.get(x) for x in self._order(fb)]
@@ -173,18 +175,14 @@ class Ranking(FeedbackKind):
         return self.store(group_id=experience.group_id, order=sorted(ranks, key=ranks.__getitem__), **who)
 
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
-        from apps.feedback.models import Assignment
-
         order = self._order(feedback)
         # The ranked items that were in this annotator's queue are done: their cards update too.
         closed = Assignment.objects.filter(run=run, annotator_id=feedback.author_id,
                                            experience_id__in=order).select_related("experience")
         return {"closed": closed,
-                "message": f"Ranked {len(order)} completions" + late_words(run=run, feedback=feedback)}
+                "message": f"Ranked {len(order)} completions"}
 
 
 def group_members(e: Experience) -> list[Experience]:
     """The members of `e`'s group (no corrections), in id order: what a ranking orders."""
-    from apps.buffer.models import Experience
-
     return list(Experience.objects.filter(run_id=e.run_id, group_id=e.group_id, is_expert=False).order_by("id"))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, FiniteFloat, model_validator
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
+from apps.feedback.services.submit import ApiKeyRow, feedback_store
 from kernel.fold import Vote, rating_normalise
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from apps.buffer.models import Experience
     from apps.feedback.holds import Person
     from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
     from apps.runs.models import Run
 
 
@@ -82,10 +82,6 @@ def feedback_rate(
 ) -> Feedback:
     """A rating of one completion: a score 1..5 or a thumb; folded into its group's
     rewards (unless late) and closing the author's assignment of it."""
-    # The services are imported when called: they read the kinds' values (the fold's rater
-    # reliability), so a kind's module comes first.
-    from apps.feedback.services.submit import feedback_store
-
     return feedback_store(run=run, kind="rating", value=RatingValue(score=score, thumb=thumb), experience=experience,
                           author=author, api_key=api_key, comment=comment)
 

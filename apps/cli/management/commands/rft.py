@@ -39,6 +39,11 @@ from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
 from kernel.exceptions import ExportFailed, RftError
 from rftweb.exceptions import command_error
+from rftweb.celery import QUEUES
+from apps.feedback.ledger import REASON_WORDS, run_ledger
+from apps.runs.selectors import eval_best, eval_measures, metric_moves
+from workers.adapters import model_export
+from workers.reward_models import reward_model_export
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -53,8 +58,6 @@ CPU_QUEUES = ("reward", "default")
 def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, python: str = sys.executable) -> list[list[str]]:
     """The Celery worker command lines that serve `queues`: one solo worker per GPU queue
     and one prefork worker for the CPU queues together."""
-    from rftweb.celery import QUEUES
-
     unknown = [q for q in queues if q not in QUEUES]
     if unknown:
         raise CommandError(f"unknown queue {', '.join(map(repr, unknown))}; known queues: {', '.join(QUEUES)}")
@@ -239,9 +242,6 @@ class Command(BaseCommand):
         """What the run page and its summary show, as text: each evaluation series under what it
         measures (start -> end, best), the best version and the metric that chose it, and the
         label ledger in all and per person."""
-        from apps.feedback.ledger import REASON_WORDS, run_ledger
-        from apps.runs.selectors import eval_best, eval_measures, metric_moves
-
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
@@ -312,11 +312,9 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"run {run.pk} has no version {number}")
         try:
-            from workers.adapters import model_export
-        except ImportError as exc:  # a web-only install: no torch / peft
-            raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
-        try:
             out = model_export(source=version.checkpoint, out=opts["out"], merged=opts["merged"])
+        except ImportError as exc:  # a web-only install: no torch / peft (loaded by the export)
+            raise CommandError(f"exporting weights needs the train extra installed ({exc})") from None
         except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:
@@ -334,11 +332,9 @@ class Command(BaseCommand):
             raise CommandError(f"run {run.pk} has no reward model yet (feedback.reward_model: it trains as labels come in)"
                                if opts["version"] is None else f"run {run.pk} has no reward model version {opts['version']}")
         try:
-            from workers.reward_models import reward_model_export
-        except ImportError as exc:  # a web-only install: no torch / transformers
-            raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
-        try:
             out = reward_model_export(source=rm.path, out=opts["out"], scale=rm.scale, offset=rm.offset)
+        except ImportError as exc:  # a web-only install: no torch / transformers (loaded by the export)
+            raise CommandError(f"exporting a reward model needs the train extra installed ({exc})") from None
         except ExportFailed as exc:
             raise CommandError(str(exc)) from None
         except OSError as exc:

@@ -24,6 +24,10 @@ from celery import signals
 from celery.beat import Service
 
 from rftweb.celery import QUEUES
+from rftweb import localpg
+from rftweb.localpg.base import embedded_cluster
+from rftweb.celery import app
+from rftweb.localpg.base import embedded_stop
 
 WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize", "workers.reward_trainer",
                   "workers.exports"]
@@ -44,6 +48,8 @@ class Command(BaseCommand):
     def handle(self, *args: object, host: str, port: int, workers: str, threads: int, **options: object) -> None:
         from daphne.endpoints import build_endpoint_description_strings
 
+        # Loading this command (its --help, the docs' reference) must not build the application.
+        # heavy: importing rftweb.asgi builds the ASGI application and installs daphne's guard.
         from rftweb.asgi import application
 
         in_process = workers == "yes" or (workers == "auto" and not settings.REDIS_URL)
@@ -64,8 +70,6 @@ class Command(BaseCommand):
         if not settings.EMBEDDED:
             db = settings.DATABASES["default"]
             return f"PostgreSQL at {db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
-        from rftweb import localpg
-        from rftweb.localpg.base import embedded_cluster
 
         cluster = embedded_cluster()
         localpg.ensure_running(cluster, database=str(settings.DATABASES["default"]["NAME"]))
@@ -89,7 +93,6 @@ class Command(BaseCommand):
         # broker the workers here would never see.
         from celery.beat import EmbeddedService
 
-        from rftweb.celery import app
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         beat = EmbeddedService(app, thread=True, schedule_filename=str(settings.VAR_DIR / "celerybeat-schedule"))
@@ -134,7 +137,6 @@ def _embedded_postgres_stop() -> None:
     and the normal return may both get here)."""
     if not settings.EMBEDDED:
         return
-    from rftweb.localpg.base import embedded_stop
 
     if embedded_stop():
         logging.getLogger(__name__).info("rft_serve: stopped the private PostgreSQL")
