@@ -13,6 +13,9 @@ peak (step 2's backward) are exactly half of one process's (666 + 666 + 1332 = 2
 (one process ~25): after step 1 it is ~40, so it is the second step's, most likely heap
 fragments of the half batch's sub-1 MB activations and of the sharded gradients under the 1 MB
 mmap threshold (see workers/host_memory.py); the peak adds ~190 MB more inside the backward.
+With --mmap-threshold 262144 (one repeat, load 3.4-4.4): ranks 3815-3818 MB against 6266, 0.61x
+(0.54x above the baseline), a rank's second backward ending 53 MB above its tensors; its step
+1.6x one process's (bench/README.md, Sharding).
 --version: writing a version adds 64 MB on each rank when streamed from the shards
 (`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
 whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
