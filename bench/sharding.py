@@ -1,7 +1,25 @@
 """Peak memory per rank and seconds per step of the learner sharded over N processes with
-FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on the ~100M
-Qwen2-shaped model of bench/trainer_memory (its builder, saved as safetensors once), the
-same GRPO batch, in the same run. Target: peak per rank ≤ 0.65× the one-process peak.
+FSDP2 (`trainer.sharding: full`, gloo on the CPU) against one process, on a Qwen2-shaped
+model built as bench/trainer_memory builds its own (--size 350m by default: 28 layers, hidden
+1024, 349M parameters; 100m: the ~100M model of the earlier rounds; saved as safetensors
+once), the same GRPO batch, in the same run. Target: peak per rank ≤ 0.65× the one-process peak.
+
+Measured at 350m (defaults, --repeat 3 --phases --version, two-core host shared with other
+jobs, 2026-11-26 16:59-17:40 UTC, load 8-16): one process 6268-6269 MB whole-process peak
+(914-916 MB of it the baseline), ranks 4108-4130 MB (baseline 906-907): 0.66x in all three
+repeats (0.60x above the baseline); not met by 0.01 (4075 MB would be). A rank's tensors at its
+peak (step 2's backward) are exactly half of one process's (666 + 666 + 1332 = 2664 MB against
+5329); above them it holds ~350 MB at the backward's end that stay through the optimizer step
+(one process ~25): after step 1 it is ~40, so it is the second step's, most likely heap
+fragments of the half batch's sub-1 MB activations and of the sharded gradients under the 1 MB
+mmap threshold (see workers/host_memory.py); the peak adds ~190 MB more inside the backward.
+With --mmap-threshold 262144 (one repeat, load 3.4-4.4): ranks 3815-3818 MB against 6266, 0.61x
+(0.54x above the baseline), a rank's second backward ending 53 MB above its tensors; its step
+1.6x one process's (bench/README.md, Sharding).
+--version: writing a version adds 64 MB on each rank when streamed from the shards
+(`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
+whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
+0.70x); one process's save_pretrained added nothing above its RSS.
 
 Each setting runs in its own processes. As in bench/trainer_memory, every process first
 builds and steps a 2-layer, 64-wide learner (sharded too, for the ranks), so what TRL,
@@ -17,8 +35,8 @@ On a CUDA host (--device cuda) memory is the allocator's peak instead.
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
 compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
 
-Measured (defaults, --steps 2, two-core host shared with other jobs, load 15-23,
-2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
+At 100m (--size 100m; the default until round 49), measured (--steps 2, two-core host
+shared with other jobs, load 15-23, 2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
 warm-up; its load peak 840 MB, transformers maps the file and faults weights in as used),
 ranks 1853-1855 MB (baseline 811-812; load peak 1029: its ~200 MB shard): 0.78x whole
 process, 0.67x above the baseline. The baseline (~0.8 GB) is most of what keeps the
@@ -47,7 +65,8 @@ step time (the trimmed pages fault in again): 2 ranks, 3 steps, trim and no trim
 (load 7.3-8.5), 10.6-11.3 s a step with it against 8.9-9.9 s without, peaks 958-960 MB
 against 1068-1080 MB.
 
-    python -m bench.sharding [--ranks 2] [--layers 12] [--hidden 768] [--batch 4] [--steps 2]
+    python -m bench.sharding [--ranks 2] [--size 350m|100m] [--layers N] [--hidden N] [--batch 4] [--steps 2]
+                             [--repeat 3] [--phases]
 """
 
 from __future__ import annotations
@@ -67,6 +86,12 @@ from bench.common import free_port
 from bench.trainer_memory import bench_rollouts, bench_tokenizer, model_arguments, qwen2_learner
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# --size: (layers, hidden, intermediate) of a Qwen2-shaped model (vocabulary --vocab, 4 KV
+# heads, untied head). 350m is the default: beside it the ~0.8 GB every process has before
+# the model (imports, the warm-up) weighs ~15% of one process's peak, against ~35% beside
+# 100m, so the ratio measures the sharding. One process of 350m peaks at ~6.3 GB.
+SIZES = {"100m": (12, 768, 2048), "350m": (28, 1024, 2816)}
 
 
 def _rss_mb() -> float:
@@ -147,6 +172,7 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     peak = max(load_peak, base + overall, _peak_mb())
     if cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
+    version = _version_probe(learner, world=world) if args.version and not cuda else {}
     if world > 1:
         import torch.distributed as dist
 
@@ -154,7 +180,35 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
             "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
             "imports_mb": imports, "imports_load": imports_load, "loaded": loaded,
-            "phases": phases.rows if phases is not None else []}
+            "phases": phases.rows if phases is not None else [], "version": version}
+
+
+def _version_probe(learner: Any, *, world: int) -> dict[str, float]:
+    """What writing a full-weight version adds to the process's RSS (MB above the RSS
+    before it, its own high-water mark): one process saves its model (save_pretrained, as
+    CheckpointSync); a group writes it from the shards one tensor at a time (`whole_write`,
+    as a train worker's group does now) and, before, gathered it whole on rank 0
+    (`whole_gather`, kept until the next step)."""
+    from workers.algorithms.shard_load import whole_gather, whole_write
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-sharding-version-") as tmp:
+        gc.collect()
+        _peak_reset()
+        start = _rss_mb()
+        if world == 1:
+            learner.model.save_pretrained(tmp, safe_serialization=True)
+            out["saved"] = _peak_mb() - start
+            return out
+        whole_write(learner, Path(tmp) / "model.safetensors")
+        out["streamed"] = _peak_mb() - start
+        gc.collect()
+        _peak_reset()
+        start = _rss_mb()
+        state = whole_gather(learner)
+        out["gathered"] = _peak_mb() - start
+        del state
+    return out
 
 
 def _tensors_mb(learner: Any) -> dict[str, float]:
@@ -266,11 +320,17 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--sharding", choices=["full", "grad_op", "none"], default="full")
     model_arguments(parser)
+    parser.add_argument("--size", choices=sorted(SIZES), default="350m",
+                        help="the model's shape (layers, hidden, intermediate); --layers, --hidden and "
+                             "--intermediate override its parts")
+    parser.set_defaults(layers=None, hidden=None, intermediate=None)
     parser.add_argument("--threads", type=int, default=2, help="threads of the one process; each rank gets threads / ranks")
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
                         help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=1, help="run the comparison this many times (the spread is printed)")
+    parser.add_argument("--version", action="store_true",
+                        help="after the steps, also measure what writing a full-weight version adds (each process)")
     parser.add_argument("--phases", action="store_true",
                         help="also print each step's peak and end RSS per phase (forward, backward + clip, optimizer)")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -278,6 +338,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for key, value in zip(("layers", "hidden", "intermediate"), SIZES[args.size]):
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.rank is not None:
         print("RESULT " + json.dumps(_one(args, rank=args.rank, world=args.world, port=args.port)), flush=True)
         return
@@ -332,6 +395,11 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
     if args.phases:
         _phases_report(args, one, ranks)
     _where_report(args, one, ranks, load_one, load_group)
+    if args.version:
+        print("\nversion written after the steps (MB of RSS above the RSS before it): one process saves its model; "
+              "a rank streams it from the shards (whole_write), or gathers it whole (whole_gather, before)")
+        for name, res in [("one process", one), *((f"rank {r} of {args.ranks}", res) for r, res in enumerate(ranks))]:
+            print(f"  {name:<20}" + "  ".join(f"{k} {v:.0f}" for k, v in res["version"].items()))
     ratio = max(r["peak_mb"] for r in ranks) / one["peak_mb"]
     print(f"\nsharding peak per rank / one process: {ratio:.2f} (target <= 0.65: {'met' if ratio <= 0.65 else 'NOT met'}); "
           f"step {ranks[0]['step_seconds'] / one['step_seconds']:.2f}× one process; load average now {os.getloadavg()[0]:.2f}")

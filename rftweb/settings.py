@@ -416,6 +416,10 @@ RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
 # a free one, which only ranks started on rank 0's own host can learn.
 RFT_LEARNER_ADDR = env_str("RFT_LEARNER_ADDR", "127.0.0.1")
 RFT_LEARNER_PORT = env_int("RFT_LEARNER_PORT", 0)
+# Plugin modules (dotted names, comma-separated) every process imports at start: an algorithm
+# or another registry's entry from a file of its own (kernel/plugins.py). A learner group's
+# followers import rank 0's too.
+RFT_PLUGINS = env_list("RFT_PLUGINS", [])
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).
 RFT_WEIGHT_SYNC = env_str("RFT_WEIGHT_SYNC", "checkpoint")
 # The nccl sync's process group: rendezvous address, size (the trainer plus the explorers

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -172,6 +173,26 @@ class CheckpointSync:
                 tokenizer: PreTrainedTokenizerBase) -> Published:
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
+
+    def publish_written(self, *, run: RunView, number: int, train_step: int, write: Callable[[Path], object],
+                        tokenizer: PreTrainedTokenizerBase) -> Published:
+        """As `publish`, the version's model files made by `write` in a fresh directory
+        instead of from a whole model in memory (a learner group streams its weights there
+        from the shards: LearnerGroup.version_write); atomic as `save_pretrained_atomic`."""
+        started = time.perf_counter()
+        out = version_dir(run.pk, number)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return self._record(run=run, number=number, train_step=train_step, out=out,
+                            seconds=time.perf_counter() - started, size=weight_bytes(out))
 
 
 @dataclass

@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.conf import settings
+
+from kernel.plugins import plugins_load
 
 
 class RunsConfig(AppConfig):
@@ -12,3 +15,6 @@ class RunsConfig(AppConfig):
         from apps.runs.access_signals import access_signals_connect
 
         access_signals_connect()
+        # Plugin modules named by RFT_PLUGINS register their algorithms (and any other
+        # registry's entries) in every process before a config is read (kernel/plugins.py).
+        plugins_load(settings.RFT_PLUGINS)

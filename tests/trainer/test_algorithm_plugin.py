@@ -2,118 +2,51 @@
 
 The persona is a researcher adding reward-weighted likelihood (RWL: each completion token's
 log-likelihood weighted by its reward minus a baseline, a loss no TRL trainer has) to
-rftweb. This file is all of it: its settings (a parameter model, torch-free), its objective
-(its loss, its no-gradient check and its term on one rank of a learner group, torch imported
-when a learner builds it) and its declaration; `algorithm_register(RWL)` is the one line
-that adds it. With it the config validates its settings as `trainer.params`, the run form
-offers it, the conductor claims what it declares, a learner trains a step with its loss,
-and a learner group of two ranks makes the same step."""
+rftweb. tests/trainer/plugin_rwl.py is all of it: its settings, its objective and its
+declaration, registered by its last line when imported. Loaded as RFT_PLUGINS loads it at a
+process's start, the config validates its settings as `trainer.params`, the run form offers
+it, the conductor claims what it declares, a learner trains a step with its loss, and a real
+learner group of two ranks (its follower a process of its own that imports the plugin because
+rank 0 loaded it) makes the same step."""
 
 from __future__ import annotations
 
-import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
-from pydantic import Field
 
-from kernel.algorithms import AlgorithmParams, AlgorithmType, algorithm_register, algorithm_unregister
+from kernel import plugins
+from kernel.algorithms import algorithm_unregister
+from kernel.plugins import plugins_load
 from workers.algorithms import NothingToTrain, Rollout, TrainBatch
-from workers.algorithms.batch import trainable
-from workers.algorithms.objectives import Objective, weighted_part
-
-from tests.servers import free_port
 
 if TYPE_CHECKING:
-    import torch
-
+    from tests.trainer.plugin_rwl import RWLObjective
     from workers.algorithms import Learner
 
-# ----------------------------------------------------------------------------- the plugin
-
-
-class RWLParams(AlgorithmParams):
-    # Rewards above it pull a completion's tokens up, rewards below push them down.
-    baseline: float = Field(0.5, ge=-1e6, le=1e6)
-
-
-class RWLObjective(Objective):
-    """−Σ (reward − baseline)·log π(token) over the action tokens of the scored usual
-    rollouts, divided by their number: a per-token mean, so a rank's part weighs its share
-    of the tokens."""
-
-    name = "rwl"
-
-    def __init__(self, learner: Learner) -> None:
-        super().__init__(learner)
-        settings = learner.spec.settings
-        assert isinstance(settings, RWLParams)
-        self.baseline = settings.baseline
-
-    def rows(self, batch: TrainBatch) -> list[Rollout]:
-        rows = [r for r in trainable(batch.usual) if r.reward is not None]
-        if not rows:
-            raise NothingToTrain("no scored rollout with a token the model wrote")
-        return rows
-
-    def loss_on(self, rows: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
-        import torch
-
-        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        attention = torch.zeros(len(rows), width, dtype=torch.long)
-        weights = torch.zeros(len(rows), width)
-        actions = torch.zeros(len(rows), width)
-        for i, r in enumerate(rows):
-            start, end = len(r.prompt_ids), len(r.prompt_ids) + len(r.completion_ids)
-            ids[i, :end] = torch.tensor(r.prompt_ids + r.completion_ids)
-            attention[i, :end] = 1
-            actions[i, start:end] = torch.tensor(r.trained_mask, dtype=torch.float32)
-            weights[i, start:end] = actions[i, start:end] * (float(r.reward or 0.0) - self.baseline)
-        device = next(self.learner.model.parameters()).device
-        logits = self.learner.forward_model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits
-        logps = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None].to(device)).squeeze(-1)
-        loss = -(logps * weights[:, 1:].to(device)).sum() / actions.sum()
-        return loss, {"weighted_tokens": float(actions.sum())}
-
-    def loss(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.loss_on(self.rows(batch))
-
-    def no_gradient(self, batch: TrainBatch) -> str | None:
-        rows = [r for r in trainable(batch.usual) if r.reward is not None]
-        if rows and all(r.reward == self.baseline for r in rows):
-            return "every reward equals the baseline"
-        return None
-
-    def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return weighted_part(self.loss_on, self.rows(batch), rank=rank, world=world,
-                             weight=lambda part: float(sum(r.action_count for r in part)))
-
-
-class RWL(AlgorithmType):
-    name = "rwl"
-    summary = "each completion token's log-likelihood weighted by its reward minus a baseline"
-    objective = RWLObjective
-    params = RWLParams
-    learner_group = True
-    form_defaults = {"repeat_times": "4", "trainer.learning_rate": "1e-05", "trainer.params": "baseline: 0.5",
-                     "mode": "sync"}
-
-
-def rwl_registered() -> None:
-    algorithm_register(RWL)  # the one registration line
-
-
-# ----------------------------------------------------------------------------- the tests
+PLUGIN = "tests.trainer.plugin_rwl"
 
 
 @pytest.fixture
-def rwl() -> Iterator[None]:
-    rwl_registered()
-    yield
+def rwl(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The plugin module loaded as a process loads RFT_PLUGINS=tests.trainer.plugin_rwl at
+    its start; unloaded after (another test sees the built-in algorithms only)."""
+    monkeypatch.setattr(plugins, "LOADED", [])
+    plugins_load([PLUGIN])
+    yield sys.modules[PLUGIN]
+    _unload()
+
+
+def _unload() -> None:
     algorithm_unregister("rwl")
+    sys.modules.pop(PLUGIN, None)
+
+
+# ----------------------------------------------------------------------------- the tests
 
 
 def test_an_unregistered_algorithm_is_refused_by_name() -> None:
@@ -123,14 +56,38 @@ def test_an_unregistered_algorithm_is_refused_by_name() -> None:
         config_validate(data={"model": "m", "algorithm": "rwl"})
 
 
-def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: None) -> None:
+def test_a_process_loads_the_plugin_modules_rft_plugins_names_at_start(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What every Django process runs at start (the runs app's ready): the modules named by
+    RFT_PLUGINS are imported, so their algorithms validate; one that cannot be imported
+    stops the start naming it."""
+    from django.apps import apps
+
+    from kernel.config import config_validate
+    from kernel.plugins import PluginMissing
+
+    monkeypatch.setattr(plugins, "LOADED", [])
+    settings.RFT_PLUGINS = [PLUGIN]
+    try:
+        apps.get_app_config("runs").ready()
+        assert config_validate(data={"model": "m", "algorithm": "rwl"}).algorithm == "rwl"
+        assert plugins.plugins_loaded() == [PLUGIN]
+    finally:
+        _unload()
+    settings.RFT_PLUGINS = ["tests.trainer.no_such_plugin"]
+    with pytest.raises(PluginMissing, match="RFT_PLUGINS: the plugin module 'tests.trainer.no_such_plugin'"):
+        apps.get_app_config("runs").ready()
+
+
+def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: ModuleType) -> None:
     from apps.control.forms import algorithm_defaults, config_field_specs
     from apps.control.conductor import batch_plan
     from kernel.config import ConfigInvalid, config_dump, config_validate
 
     cfg = config_validate(data={"model": "m", "algorithm": "rwl", "repeat_times": 1, "train_batch_size": 6,
                                 "trainer": {"params": {"baseline": 0.25}}})
-    assert isinstance(cfg.trainer.params, RWLParams) and cfg.trainer.params.baseline == 0.25
+    assert isinstance(cfg.trainer.params, rwl.RWLParams) and cfg.trainer.params.baseline == 0.25
     dumped: Any = config_dump(cfg)
     assert dumped["trainer"]["params"] == {"baseline": 0.25}
     assert config_validate(data=config_dump(cfg)) == cfg
@@ -161,29 +118,38 @@ def _rows(seed: int = 0) -> list[Rollout]:
     return rows
 
 
-def _learner(model_dir: str) -> Learner:
+def _config(model_dir: Path, *, processes: int = 1) -> Any:
+    from kernel.config import config_validate
+
+    return config_validate(data={"model": str(model_dir), "algorithm": "rwl", "seed": 0,
+                                 "trainer": {"learning_rate": 1e-2, "processes": processes,
+                                             "params": {"baseline": 0.5}}})
+
+
+def _learner(model_dir: Path) -> Learner:
+    """One process's learner on the run's model, loaded whole."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.algorithms import Learner, LearnerSpec
-    from workers.algorithms import trl_bridge as bridge
+    from workers.algorithms import Learner, spec_from_config
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    spec = LearnerSpec(algorithm="rwl", params=bridge.TrainParams(learning_rate=1e-2), algorithm_params={"baseline": 0.5})
-    return Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    return Learner(spec=spec_from_config(_config(model_dir)), model=model,
+                   tokenizer=AutoTokenizer.from_pretrained(model_dir))
 
 
-def test_a_learner_trains_a_step_with_its_loss(rwl: None, tiny_model_dir: Path) -> None:
+def test_a_learner_trains_a_step_with_its_loss(rwl: ModuleType, tiny_model_dir: Path) -> None:
     import torch
 
-    learner = _learner(str(tiny_model_dir))
-    assert isinstance(learner.objective, RWLObjective)
+    learner = _learner(tiny_model_dir)
+    assert isinstance(learner.objective, rwl.RWLObjective)
+    objective = cast("RWLObjective", learner.objective)
     rows = _rows()
     # Rows rewarded at the baseline weigh nothing: the loss is the other rows' alone.
     loss, metrics = learner.loss(TrainBatch(usual=rows))
-    off_baseline, _ = learner.objective.loss_on([r for r in rows if r.reward != 0.5])
+    off_baseline, _ = objective.loss_on([r for r in rows if r.reward != 0.5])
     tokens = sum(r.action_count for r in rows)
     assert metrics["weighted_tokens"] == tokens
     torch.testing.assert_close(loss, off_baseline * sum(r.action_count for r in rows if r.reward != 0.5) / tokens)
@@ -200,38 +166,56 @@ def test_a_learner_trains_a_step_with_its_loss(rwl: None, tiny_model_dir: Path) 
         learner.loss(TrainBatch(usual=[Rollout(**{**r.__dict__, "reward": None}) for r in rows]))
 
 
-def _rank(rank: int, world: int, addr: str, model_dir: str, out: str) -> None:
-    """One rank of a learner group of `world` (a spawned process: it registers the
-    algorithm as any process that imports this file and calls the registration would)."""
+# Bounded, generous: the follower imports Django, torch and TRL on a loaded 2-core host.
+GROUP_TIMEOUT_S = 600.0
+
+
+def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_step(
+    rwl: ModuleType, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A real learner group, as a train worker starts one: this process is rank 0, its
+    follower a process of its own (`python -m workers.algorithms.distributed rank …`) that
+    was told nothing of the plugin but what rank 0's group spec says (its environment has no
+    RFT_PLUGINS); both build on their shards only, train one step with the plugin's sharded
+    loss and write a version from their shards one tensor at a time (the train worker's way)
+    and gathered whole: both are the one process's weights after the same step."""
     import torch
-    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.algorithms.distributed import learner_shard, whole_state
+    from kernel.config import config_dump
+    from workers.algorithms import spec_from_config
+    from workers.algorithms.distributed import GroupPlan, LearnerGroup
+    from workers.algorithms.shard_load import LearnerBuild, model_skeleton
+    from workers.trainer import journal_encode, rng_state
 
-    rwl_registered()
-    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
+    cfg = _config(tiny_model_dir, processes=2)
+    spec = spec_from_config(cfg)
+    torch.set_num_threads(1)
+    batch = TrainBatch(usual=_rows())
+    group = LearnerGroup(learner=None, run_config=config_dump(cfg), plan=GroupPlan(world=2, sharding="full"),
+                         timeout_s=GROUP_TIMEOUT_S, whole=model_skeleton(cfg=cfg, spec=spec),
+                         build=LearnerBuild(cfg=cfg, spec=spec, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir)))
     try:
-        learner = _learner(model_dir)
-        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
-        metrics = learner.step(TrainBatch(usual=_rows()), shard=shard)
-        params = whole_state(learner)
-        if rank == 0:
-            torch.save({"params": params, "loss": metrics["loss"]}, os.path.join(out, "rank0.pt"))
+        assert isinstance(group.learner.objective, rwl.RWLObjective)
+        metrics = group.step(batch, entry=journal_encode(step=1, batch=batch, batch_ids=[r.id for r in batch.usual],
+                                                         rng=rng_state()))
+        # A version two ways: streamed from the shards to a file, and gathered whole.
+        version = tmp_path / "v1"
+        version.mkdir()
+        written = group.version_write(version)
+        whole = {n: p.detach().clone() for n, p in group.whole_model().named_parameters()}
     finally:
-        dist.destroy_process_group()
-
-
-def test_a_learner_group_of_two_ranks_makes_the_one_process_step(rwl: None, tiny_model_dir: Path, tmp_path: Path) -> None:
-    import torch
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", str(tiny_model_dir), str(tmp_path)),
-                       nprocs=2, start_method="spawn")
-    group: dict[str, Any] = torch.load(tmp_path / "rank0.pt")
-    learner = _learner(str(tiny_model_dir))
-    before = {n: p.detach().clone() for n, p in learner.model.state_dict().items()}
+        group.close()
+    assert written == (version / "model.safetensors").stat().st_size
+    streamed = dict(AutoModelForCausalLM.from_pretrained(version, dtype=torch.float32).named_parameters())
+    assert metrics["learner_processes"] == 2.0
+    assert all(p.returncode == 0 for p in group.followers_started), "the follower did not end cleanly"
+    learner = _learner(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     one = learner.step(TrainBatch(usual=_rows()))
-    assert group["loss"] == pytest.approx(one["loss"], abs=1e-5)
-    for name, value in learner.model.state_dict().items():
-        torch.testing.assert_close(group["params"][name], value, atol=1e-4, rtol=1e-3, msg=lambda m: f"{name}: {m}")
-    assert any(not torch.equal(before[n], v) for n, v in learner.model.state_dict().items()), "the step changed nothing"
+    assert metrics["loss"] == pytest.approx(one["loss"], abs=1e-5)
+    for name, value in learner.model.named_parameters():
+        torch.testing.assert_close(whole[name], value.detach(), atol=1e-4, rtol=1e-3, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(streamed[name].detach(), whole[name], atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+    assert any(not torch.equal(before[n], p.detach()) for n, p in learner.model.named_parameters()), \
+        "the step changed nothing"

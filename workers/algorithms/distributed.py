@@ -21,7 +21,10 @@ on the whole batch. Every algorithm and loss type runs so.
 commits, checkpoints, versions); it starts the other ranks (`python -m
 workers.algorithms.distributed`) and they join one process group through a TCP store on
 rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
-(the journal entry, with the RNG state it starts from). Rank 0 too builds its learner on its
+(the journal entry, with the RNG state it starts from). The plugin modules rank 0 loaded
+(RFT_PLUGINS, kernel/plugins.py) are in the group's spec, and every other rank imports them
+before it reads the run's config: an algorithm added from a file of its own trains sharded
+too. Rank 0 too builds its learner on its
 shards only where it starts from the run's model (workers/algorithms/shard_load.py). A
 published version is a whole model: the ranks gather it one tensor at a time into rank 0's
 skeleton of the policy (`whole`, on the meta device), which lets go of it at the next step. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
@@ -57,6 +60,7 @@ import torch
 
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import JSONObject
+from kernel.plugins import PluginMissing, plugins_load, plugins_loaded
 from workers.algorithms.batch import TrainBatch
 from kernel.config import config_validate
 from workers.adapters import adapter_wrap
@@ -662,6 +666,7 @@ class LearnerGroup:
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
             "sharded_load": self.followers_shard_load, "rank0_sharded": self.rank0_sharded,
+            "plugins": plugins_loaded(),
         }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
         # are ended rather than sent a message they would mismatch.
@@ -739,6 +744,37 @@ class LearnerGroup:
             raise
         assert self.whole is not None, "a sharded learner group needs its policy's skeleton (whole)"
         return whole_assign(self.whole, state)
+
+    @property
+    def streams_versions(self) -> bool:
+        """Whether a version can be written from the shards without the whole model in
+        rank 0's memory (`version_write`): full weights, sharded."""
+        return self.whole is not None and self.plan.sharding != "none" and not self.learner.adapter
+
+    def version_write(self, out: Path) -> int:
+        """A full-weight version's model files in the directory `out`: the weights gathered
+        one tensor at a time and written at once (rank 0 holds one whole tensor at most,
+        where `whole_model` holds them all until the next step), the config and generation
+        settings from the policy's skeleton. Returns the weight bytes written."""
+        from transformers import PreTrainedModel
+
+        from workers.algorithms.shard_load import whole_write  # cycle: workers.algorithms.shard_load imports this module
+
+        skeleton = self.whole
+        assert isinstance(skeleton, PreTrainedModel) and self.streams_versions, "versions stream from full weights, sharded"
+        try:
+            self._op({"op": "whole"})
+            size = whole_write(self.learner, out / "model.safetensors")
+        except BaseException:
+            self.broken = True
+            raise
+        # As save_pretrained writes them: the weights' dtype and the class in the config.
+        skeleton.config.dtype = str(skeleton.dtype).split(".")[1]
+        skeleton.config.architectures = [type(skeleton).__name__]
+        skeleton.config.save_pretrained(out)
+        if skeleton.can_generate() and skeleton.generation_config is not None:
+            skeleton.generation_config.save_pretrained(out)
+        return size
 
     def whole_release(self) -> None:
         """Let go of the whole weights `whole_model` gathered (the policy's skeleton stays)."""
@@ -898,6 +934,12 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
     spec_in = json.loads(store.get("rft/spec"))
     code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
+    try:
+        # Rank 0's plugin modules (its RFT_PLUGINS), whatever this rank's environment names:
+        # the run's algorithm may be one of theirs.
+        plugins_load(spec_in.get("plugins") or [], where=f"rank {rank}, as rank 0's RFT_PLUGINS")
+    except PluginMissing as exc:
+        raise GroupUnsupported(f"{exc}; install it on every host of a learner group") from exc
     plan = GroupPlan(world=int(spec_in["world"]), hosts=int(spec_in["hosts"]), sharding=str(spec_in["sharding"]))
     backend, _ = group_backend(plan.local)
     if torch.cuda.is_available():

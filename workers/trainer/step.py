@@ -47,7 +47,7 @@ from workers.trainer.journal import (
 )
 from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
 from workers.handover import memory_sync_applies, MemorySync
-from workers.sync import weight_sync_for
+from workers.sync import CheckpointSync, weight_sync_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -117,8 +117,14 @@ def publish_due(*, run: RunView, res: Resident) -> float | None:
     # an adapter (LoRA) is small and goes the usual way.
     if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
         return MemorySync().publish(run=run, number=number, train_step=res.step, model=resident_whole(res), tokenizer=res.tokenizer)
-    published = weight_sync_for().publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
-                                          tokenizer=res.tokenizer)
+    sync = weight_sync_for()
+    if res.group is not None and res.group.streams_versions and type(sync) is CheckpointSync:
+        # From the shards to the files one tensor at a time: rank 0 never holds the whole model.
+        published = sync.publish_written(run=run, number=number, train_step=res.step, tokenizer=res.tokenizer,
+                                         write=res.group.version_write)
+    else:
+        published = sync.publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
+                                 tokenizer=res.tokenizer)
     metric_record(run=run, step=res.step, values={"sync_bytes": float(published.bytes)})
     return published.seconds
 
