@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from django.conf import settings
-
 from kernel.exceptions import Unavailable
 from workers.adapters import adapter_save, is_adapter_model
 
 if TYPE_CHECKING:
+    from django.conf import LazySettings
     import torch
     import torch.distributed as dist
     from transformers import PreTrainedTokenizerBase
@@ -43,8 +42,16 @@ class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
 
+
+def _settings() -> LazySettings:
+    """Django's settings, imported where a setting is read: workers.engines imports this module,
+    and the GPU check runs the engines and learners on an image without Django (scripts/gpu_check.py)."""
+    from django.conf import settings
+
+    return settings
+
 def run_storage(run_id: int) -> Path:
-    return Path(settings.RFT_STORAGE_DIR) / "runs" / str(run_id)
+    return Path(_settings().RFT_STORAGE_DIR) / "runs" / str(run_id)
 
 
 def version_dir(run_id: int, number: int) -> Path:
@@ -233,9 +240,9 @@ class NcclSync(CheckpointSync):
             raise SyncUnavailable("NCCL weight sync needs CUDA on this host; use RFT_WEIGHT_SYNC=checkpoint")
         self.backend = backend
         self.device = "cuda" if backend == "nccl" else "cpu"
-        self.addr = addr or settings.RFT_NCCL_ADDR
-        self.world_size = world_size or settings.RFT_NCCL_WORLD
-        self.rank = settings.RFT_NCCL_RANK if rank is None else rank
+        self.addr = addr or _settings().RFT_NCCL_ADDR
+        self.world_size = world_size or _settings().RFT_NCCL_WORLD
+        self.rank = _settings().RFT_NCCL_RANK if rank is None else rank
         self._group: dist.ProcessGroup | None = None
 
     def _group_get(self) -> dist.ProcessGroup:
@@ -371,7 +378,7 @@ def receiver_ensure() -> SyncReceiver | None:
     """On an explorer rank of an `nccl` deployment (RFT_NCCL_RANK ≥ 1), start receiving
     broadcasts (once per process); elsewhere nothing."""
     global _RECEIVER
-    if settings.RFT_WEIGHT_SYNC != "nccl" or settings.RFT_NCCL_RANK < 1:
+    if _settings().RFT_WEIGHT_SYNC != "nccl" or _settings().RFT_NCCL_RANK < 1:
         return None
     if _RECEIVER is None:
         _RECEIVER = SyncReceiver(NcclSync()).start()
@@ -384,7 +391,7 @@ def received_take(path: str) -> Received | None:
 
 
 def weight_sync_for(name: str | None = None) -> WeightSync:
-    name = name or settings.RFT_WEIGHT_SYNC
+    name = name or _settings().RFT_WEIGHT_SYNC
     if name == "checkpoint":
         return CheckpointSync()
     if name == "nccl":
