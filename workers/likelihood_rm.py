@@ -43,7 +43,7 @@ from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs,
 from workers.adapters import atomic_dir, atomic_dir_commit
 from workers.engines.base import prompt_ids
 from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
-from workers.reward_trainer import pairwise_accuracy
+from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
 
 if TYPE_CHECKING:
     import torch
@@ -260,10 +260,7 @@ def likelihood_model_fit(
         scorer.fold_weights = fold_weights(z, texts, train, folds=crossval_folds, l2=l2)
         accuracy = crossval_accuracy(z, texts, train, folds=crossval_folds, l2=l2, weights=scorer.fold_weights)
     elif heldout:
-        prompts = [p.prompt for p in heldout]
-        accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
-                                     scorer.score(prompts, [p.rejected for p in heldout]),
-                                     [p.trust for p in heldout])
+        accuracy = scorer_accuracy(scorer.score, heldout)
     return scorer, accuracy
 
 

@@ -121,6 +121,14 @@ def pairwise_accuracy(chosen: list[float], rejected: list[float], weights: Seque
     return hits / total if total > 0 else None
 
 
+def scorer_accuracy(score: Scorer,
+                    pairs: Sequence[PreferencePair]) -> float | None:
+    """pairwise_accuracy of a scorer's `score(prompts, completions)` on held-out pairs."""
+    prompts = [p.prompt for p in pairs]
+    return pairwise_accuracy(score(prompts, [p.chosen for p in pairs]), score(prompts, [p.rejected for p in pairs]),
+                             [p.trust for p in pairs])
+
+
 MIN_CALIBRATION_POINTS = 8
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
-from workers.reward_trainer import pairwise_accuracy
+from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -269,10 +269,7 @@ class Head(RewardKindImpl):
             oof = HeadFolds(scorer, folds=folds, fold_heads=fold_heads)
             return Fitted(scorer, accuracy, train, train, calibration_score=oof.score_out_of_fold, out_of_fold=oof)
         if heldout:
-            prompts = [p.prompt for p in heldout]
-            accuracy = pairwise_accuracy(scorer.score(prompts, [p.chosen for p in heldout]),
-                                         scorer.score(prompts, [p.rejected for p in heldout]),
-                                         [p.trust for p in heldout])
+            accuracy = scorer_accuracy(scorer.score, heldout)
         return Fitted(scorer, accuracy, train, heldout)
 
     def owns(self, path: Path) -> bool:
