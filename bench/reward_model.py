@@ -121,13 +121,14 @@ def rated(rows: list[dict[str, Any]], rating: Any, *, noise: float = 0.0, seed: 
     return out
 
 
-def kind_fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int) -> float | None:
+def kind_fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int, epochs: int = 6) -> float | None:
     """A registered kind's fit as the reward worker makes it (workers/reward_kinds), held-out
-    accuracy on `heldout` (no folds: the bench's held-out groups are the split)."""
+    accuracy on `heldout` (no folds: the bench's held-out groups are the split). `epochs`: the
+    passes of the kinds that train the base (`lora`), bench/steering's 6 by default."""
     from kernel.config import RewardModelConfig
     from workers.reward_kinds import reward_kind_impl
 
-    cfg = RewardModelConfig(enabled=True, kind=kind, base=base, max_length=64, crossval_folds=0)
+    cfg = RewardModelConfig(enabled=True, kind=kind, base=base, max_length=64, crossval_folds=0, epochs=epochs)
     with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
         return reward_kind_impl(kind).fit(cfg=cfg, base=base, train=train, heldout=heldout, out=Path(tmp),
                                           seed=seed).accuracy
@@ -197,7 +198,7 @@ def _fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: in
             _, _, acc = reward_model_fit(base=base, train=train, heldout=heldout, out=Path(tmp), epochs=args.epochs,
                                          learning_rate=args.lr, batch_size=16, max_length=64, seed=seed)
         else:
-            acc = kind_fit(kind, base=base, train=train, heldout=heldout, seed=seed)
+            acc = kind_fit(kind, base=base, train=train, heldout=heldout, seed=seed, epochs=args.epochs)
     return acc if acc is not None else float("nan")
 
 
@@ -285,12 +286,12 @@ def main() -> None:
                 random.Random(seed).shuffle(train)
                 for name in args.bases.split(","):
                     for kind in kinds:
-                        started = time.perf_counter()
+                        started, cpu = time.perf_counter(), time.process_time()
                         acc = _fit(kind, base=str(bases[name]), train=train, heldout=heldout, seed=seed, args=args) \
                             if train and heldout else float("nan")
                         results.append((f"{kind}/{name}", pref, labels, seed, acc, len(train)))
                         print(f"  {kind:<10} base {name:<7} labels {labels:4d}  train pairs {len(train):4d}  held-out "
-                              f"accuracy {acc:.3f}  {time.perf_counter() - started:5.0f} s  "
+                              f"accuracy {acc:.3f}  {time.perf_counter() - started:5.0f} s ({time.process_time() - cpu:4.0f} cpu s)  "
                               f"load {os.getloadavg()[0]:.1f}", flush=True)
     _summary(results, kinds=kinds, bases=args.bases.split(","), labels=[int(x) for x in args.labels.split(",")],
              mixed={p for p, _, _, m in preferences if m}, family=len(preferences) > 1)
