@@ -94,7 +94,7 @@ held-out problems, off the clock; greedy accuracy is printed beside it (over a f
 is mostly trajectory luck).
 
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
-                             [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
+                             [--rm-base policy|judge|PATH] [--rm-kind head|likelihood|mlp|lora|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
