@@ -39,9 +39,10 @@ judge base only; over the policy base no kind gets past what the policy knows.
 Any registered kind is fitted as the reward worker fits it (`workers/reward_kinds`, no folds: the
 held-out groups are the split; `--epochs`: the passes of the kinds that train the base, `lora`).
 Each fit's line gives its wall and CPU seconds. Measured 2026-11-26 on the drawn family
-(`--raters generated:8 --labels 200 --bases policy --max-tokens 32`, seed 0, load 4-19), held-out
-accuracy median / mixed-preference mean / CPU s per fit: `head` 0.797 / 0.755 / 4-6, `mlp`
-0.825 / 0.792 / 7-11, `lora` 0.813 / 0.792 / 28-35 (bench/README.md). `--rater` / `--raters generated:N` label the same completions by
+(`--raters generated:8 --labels 200 --bases policy --max-tokens 32`, seeds 0 / 1, load 0.3-19),
+held-out accuracy median and mixed-preference mean, CPU s per fit: `head` 0.797 / 0.807 and
+0.755 / 0.752, 4-7 s; `mlp` 0.825 / 0.834 and 0.792 / 0.783, 6-11 s; `lora` 0.813 / 0.833 and
+0.792 / 0.784, 24-35 s (bench/README.md). `--rater` / `--raters generated:N` label the same completions by
 another preference (bench/steering's, or the drawn family of bench.raters, issue 47) in place of
 the correctness rater: the training labels carry the preference's own noise, the held-out pairs
 are the preference itself; over a family the summary gives each kind's median over the
