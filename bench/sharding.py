@@ -16,6 +16,12 @@ mmap threshold (see workers/host_memory.py); the peak adds ~190 MB more inside t
 With --mmap-threshold 262144 (one repeat, load 3.4-4.4): ranks 3815-3818 MB against 6266, 0.61x
 (0.54x above the baseline), a rank's second backward ending 53 MB above its tensors; its step
 1.6x one process's (bench/README.md, Sharding).
+At the product's rule (a rank's threshold the setting / ranks: 512 KB on 2; --repeat 1
+--phases three times, in turn with the commit before, 2026-11-26 20:20-21:10 UTC, load 2-25):
+ranks 3662-3665 MB against 6112, 0.60x in all three (0.54x above the baseline), against
+3959-3969 (0.65x, 0.60x) at 1 MB; a rank's second backward ends 51-53 MB above its tensors
+(346-358 at 1 MB). A rank's step at load 2-3: 13.0 s, 11.7 CPU-s, against 12.6 s, 11.3 CPU-s
+at 1 MB (+3-4%).
 --version: writing a version adds 64 MB on each rank when streamed from the shards
 (`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
 whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
