@@ -20,6 +20,7 @@ loaded and rendered each page twice for the one check that does, and took half t
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -272,12 +273,16 @@ class Crawl:
 
     def _guarded(self, where: str, step: Callable[[], None]) -> None:
         """One page or action; a browser error (a timeout, a page that never settles) is a
-        failure of that step, and the crawl goes on with the next."""
+        failure of that step, and the crawl goes on with the next. The step's seconds end its
+        line of the visit report (where the next cut of the crawl's time starts)."""
+        started, visited = time.monotonic(), len(self.visited)
         try:
             step()
         except Exception as exc:
             first_line = str(exc).splitlines()[0][:200]
             self._fail(where.removeprefix(self.base), f"the crawl could not finish it: {first_line}")
+        if len(self.visited) > visited:
+            self.visited[-1] += f"  [{time.monotonic() - started:.1f} s]"
 
     def _open(self, url: str, via: str, pages: deque[tuple[str, str]], actions: deque[Action], seen: set[str],
               done_actions: set[tuple[str, ...]]) -> None:
