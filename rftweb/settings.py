@@ -226,12 +226,25 @@ if env_str("TEST_DATABASE_NAME"):
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# A login's PBKDF2 derivation runs on threads the OS schedules after the requests of people
+# already working (rftweb/hashers.py): Django's PBKDF2, same hashes, under its own class (one
+# class per algorithm name: Django checks a stored hash with the last class of its name listed).
+# Django's other hashers stay listed to check what they stored.
+PASSWORD_HASHERS = [
+    "rftweb.hashers.NicePBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
+]
+# How far those threads' nice value is raised (0: the caller's priority).
+RFT_PASSWORD_HASH_NICE = env_int("RFT_PASSWORD_HASH_NICE", 10)
 # Tests (and the servers they start) hash passwords cheaply; never set this in production.
 # Both hashers stay listed so either side can check what the other one stored.
 if TESTING or env_bool("RFT_FAST_PASSWORD_HASHER", False):
     PASSWORD_HASHERS = [
         "django.contrib.auth.hashers.MD5PasswordHasher",
-        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+        "rftweb.hashers.NicePBKDF2PasswordHasher",
     ]
 
 AUTH_PASSWORD_VALIDATORS = [
