@@ -30,6 +30,10 @@ its rows read from the file). Memory is the whole process's RSS high-water mark 
 the imports, the warm-up and the load included ("peak MB"), against the one process's;
 "load pk" is that mark once the model is loaded, "held" what the built learner holds
 above the baseline, and the line under the table gives the ratio above the baseline too.
+"mmap KB": each process's glibc mmap threshold, --mmap-threshold (1 MB) in the one process
+and the product's rule in a rank (workers.host_memory.rank_mmap_threshold: scaled by its
+share, 512 KB on 2 ranks), as a CPU train worker and its followers set it from
+RFT_TRAINER_CPU_MMAP_THRESHOLD.
 On a CUDA host (--device cuda) memory is the allocator's peak instead.
 
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
@@ -118,10 +122,14 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     threads = max(1, args.threads // world)
     torch.set_num_threads(threads)
     cuda = args.device == "cuda"
+    threshold = 0
     if args.mmap_threshold and not cuda:
-        from workers.host_memory import cpu_allocator_tune
+        from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 
-        cpu_allocator_tune(threshold=args.mmap_threshold)
+        # What a train worker and its followers do with RFT_TRAINER_CPU_MMAP_THRESHOLD set:
+        # one process uses it, a rank the product's rule (its share of the batch and gradients).
+        threshold = rank_mmap_threshold(args.mmap_threshold, world=world)
+        cpu_allocator_tune(threshold=threshold)
     shard: Any = None
     if world > 1:
         import torch.distributed as dist
@@ -157,13 +165,17 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     loaded = {"tensors": _tensors_mb(learner), "load avg": os.getloadavg()[0]}
     phases = _phases_probe(learner, base) if args.phases and not cuda else None
     seconds = []
+    cpu_seconds = []
     overall = 0.0
     for _ in range(args.steps):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         learner.step(TrainBatch(usual=rollouts), shard=shard)
         if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
+        # The process's CPU time (all its threads, the kernel's share included): on a shared
+        # host the wall time is mostly the other jobs', this is the step's own cost.
+        cpu_seconds.append(time.process_time() - cpu_started)
         if phases is not None:
             phases.mark("optimizer step")
             overall = max(overall, phases.overall)
@@ -178,7 +190,8 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
 
         dist.destroy_process_group()
     return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
-            "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
+            "base_mb": base, "step_seconds": min(seconds[1:] or seconds),
+            "step_cpu_seconds": min(cpu_seconds[1:] or cpu_seconds), "threads": threads, "mmap_kb": threshold // 1024,
             "imports_mb": imports, "imports_load": imports_load, "loaded": loaded,
             "phases": phases.rows if phases is not None else [], "version": version}
 
@@ -326,7 +339,8 @@ def main() -> None:
     parser.set_defaults(layers=None, hidden=None, intermediate=None)
     parser.add_argument("--threads", type=int, default=2, help="threads of the one process; each rank gets threads / ranks")
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
-                        help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
+                        help="RFT_TRAINER_CPU_MMAP_THRESHOLD: the one process's glibc mmap threshold, a rank's "
+                             "scaled by the product's rule (workers.host_memory.rank_mmap_threshold; 0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=1, help="run the comparison this many times (the spread is printed)")
     parser.add_argument("--version", action="store_true",
@@ -382,12 +396,12 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
           f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step, full fine-tuning fp32 AdamW; "
           f"device {args.device}")
     print(f"{'setting':<22}{'base MB':>9}{'held MB':>9}{'load pk':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}"
-          f"{'× one':>7}{'threads':>8}{'load':>7}")
+          f"{'× one':>7}{'cpu s':>8}{'threads':>8}{'mmap KB':>8}{'load':>7}")
     for name, res, load in [("one process", one, load_one),
                             *((f"rank {r} of {args.ranks} ({args.sharding})", res, load_group) for r, res in enumerate(ranks))]:
         print(f"{name:<22}{res['base_mb']:>9.0f}{res['held_mb']:>9.0f}{res['load_peak_mb']:>9.0f}{res['peak_mb']:>9.0f}"
               f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
-              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load:>7.2f}")
+              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res.get('step_cpu_seconds', 0.0):>8.2f}{res['threads']:>8}{res['mmap_kb']:>8}{load:>7.2f}")
     above = max(r["peak_mb"] - r["base_mb"] for r in ranks) / (one["peak_mb"] - one["base_mb"])
     print(f"(base: the process before the model, imports and warm-up included; held: the learner built, above "
           f"base; load pk and peak: the whole process's RSS high-water mark after the load and after the steps. "
