@@ -94,7 +94,7 @@ held-out problems, off the clock; greedy accuracy is printed beside it (over a f
 is mostly trajectory luck).
 
     python -m bench.steering [--steps 30] [--seeds 0,1] [--arms all,rm10,random10,noisy]
-                             [--rm-base policy|judge|PATH] [--rm-kind likelihood|classifier]
+                             [--rm-base policy|judge|PATH] [--rm-kind head|likelihood|mlp|lora|classifier]
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
@@ -672,7 +672,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.preferences import ANSWER
-from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_names
+from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, setup_django
 from bench.raters import Rating, correct, rater_load
 
@@ -707,8 +707,8 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
     }
     rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
           "learning_rate": 3e-4, "batch_size": 16, "max_length": 64,
-          # classifier has no folds (its held-out split is the prompt split)
-          "crossval_folds": crossval_folds if rm_kind != "classifier" else 0}
+          # a kind without folds (classifier, lora) measures on the held-out prompt split
+          "crossval_folds": crossval_folds if reward_kind_get(rm_kind).crossval else 0}
     wait = {"wait_seconds": 3600, "fallback": "auto"}
     if arm == "all":
         if verifier:  # people's ratings beside the verifier, weighted as in the other arms
