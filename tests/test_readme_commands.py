@@ -7,7 +7,6 @@ documented command that breaks fails here."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import shlex
@@ -86,73 +85,22 @@ def test_the_reader_finds_the_commands_people_are_told_to_run() -> None:
 
 
 _ALL = [c for doc in documented_commands() for c in _expand(doc)]
-_Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]  # an invocation's argv and extra environment
 # What each distinct invocation did: the pages show many commands that this test turns into
-# the same one (`rft create …` with other options is `rft create --help` each time; 54
+# the same one (`rft create …` with other options is `rft create --help` each time; 52
 # commands, 39 invocations), run once and judged for each.
-_DONE: dict[_Key, subprocess.CompletedProcess[str]] = {}
-
-# The `manage.py …` invocations (20 of the 39) run in one interpreter, one after another, each
-# with its own argv and its own output: each in a process of its own started Django again
-# (~2 s of CPU apiece, a third of the module's time). What a person's shell gives them is the
-# same: the checkout as the working directory, the environment below, `manage.py` as argv[0]
-# (rftweb/settings.py reads it) when settings are first read.
-_MANAGE_BATCH = """
-import contextlib, io, json, os, sys, traceback
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
-from django.core.management import execute_from_command_line
-done, results = [], sys.argv[1]
-for argv in json.loads(sys.stdin.read()):
-    sys.argv = list(argv)
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            execute_from_command_line(sys.argv)
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    done.append([code, out.getvalue(), err.getvalue()])
-with open(results, "w") as file:
-    json.dump(done, file)
-"""
-
-
-def _fresh_shell(extra: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    # A fresh shell: nothing put on the path by pytest, so an example that cannot find the
-    # project fails here as it would for a person.
-    env.pop("PYTHONPATH", None)
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # pytest-django's, which `check --deploy` rightly refuses
-    return env
-
-
-def _manage_batch(tmp: Path) -> None:
-    """Every documented `manage.py` invocation without extra environment, run in one
-    interpreter; each one's exit status and output kept in _DONE."""
-    keys: dict[_Key, None] = {}
-    for command in _ALL:
-        argv, extra = invocation(command, tmp)
-        if not extra and argv[1:2] == ["manage.py"]:
-            keys[(tuple(argv), ())] = None
-    results = tmp / "manage-batch.json"
-    batch = subprocess.run([sys.executable, "-c", _MANAGE_BATCH, str(results)],
-                           input=json.dumps([list(k[0][1:]) for k in keys]), cwd=ROOT, env=_fresh_shell({}),
-                           capture_output=True, text=True, timeout=600)
-    assert batch.returncode == 0, f"the manage.py batch stopped: {batch.stderr[-3000:]}"
-    for key, (code, out, err) in zip(keys, json.loads(results.read_text()), strict=True):
-        _DONE[key] = subprocess.CompletedProcess(list(key[0]), code, out, err)
+_DONE: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], subprocess.CompletedProcess[str]] = {}
 
 
 @pytest.mark.parametrize("command", _ALL, ids=[c.replace("…", "...") for c in _ALL])
 def test_a_documented_command_runs_as_written(command: str, tmp_path: Path) -> None:
     argv, extra = invocation(command, tmp_path)
+    env = {**os.environ, **extra}
+    # A fresh shell: nothing put on the path by pytest, so an example that cannot find the
+    # project fails here as it would for a person.
+    env.pop("PYTHONPATH", None)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # pytest-django's, which `check --deploy` rightly refuses
     key = (tuple(argv), tuple(sorted(extra.items())))
-    if key not in _DONE and not extra and argv[1:2] == ["manage.py"]:
-        _manage_batch(tmp_path)
-    done = _DONE.get(key) or subprocess.run(argv, cwd=ROOT, env=_fresh_shell(extra), capture_output=True, text=True,
-                                            timeout=120)
+    done = _DONE.get(key) or subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     _DONE[key] = done
     assert done.returncode == 0, f"{command!r} ran as {argv}: exit {done.returncode}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
