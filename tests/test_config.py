@@ -36,7 +36,7 @@ def test_a_reward_model_cross_validates_by_default_where_its_kind_can() -> None:
         ({"model": "m", "feedback": {"mode": "learned"}}, "feedback.mode", "needs reward_model.enabled"),
         ({"model": "m", "feedback": {"mode": "blend", "w_auto": 0, "w_human": 0}}, "feedback", "w_auto + w_human > 0"),
         ({"model": "m", "reward_model": {"kind": "value_head"}}, "reward_model.kind",
-         "registered reward-model kinds: head, likelihood, mlp, classifier"),
+         "registered reward-model kinds: head, likelihood, mlp, lora, classifier"),
         ({"model": "m", "reward_model": {"answer_pattern": "<answer>(.*"}}, "reward_model.answer_pattern",
          "not a regular expression"),
         ({"model": "m", "reward_model": {"crossval_folds": 1}}, "reward_model.crossval_folds", "at least 2 folds"),

@@ -37,7 +37,7 @@ class RewardKind:
 
 # The kinds that ship with rftweb, one module each, registered on first use.
 _REGISTRY: Registry[RewardKind] = Registry(what="reward-model kind", package=__name__,
-                                           builtin=("head", "likelihood", "mlp", "classifier"))
+                                           builtin=("head", "likelihood", "mlp", "lora", "classifier"))
 
 
 def reward_kind_register(cls: type[RewardKind]) -> type[RewardKind]:

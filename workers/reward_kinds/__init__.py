@@ -87,7 +87,7 @@ class RewardKindImpl:
 
 # `classifier` last: any transformers directory is one, so it is the fallback of `of_dir`.
 _REGISTRY: Registry[RewardKindImpl] = Registry(what="reward-model kind", package=__name__,
-                                               builtin=("head", "likelihood", "mlp", "classifier"))
+                                               builtin=("head", "likelihood", "mlp", "lora", "classifier"))
 
 
 def reward_kind_impl_register(cls: type[RewardKindImpl]) -> type[RewardKindImpl]:
