@@ -16,6 +16,12 @@ mmap threshold (see workers/host_memory.py); the peak adds ~190 MB more inside t
 With --mmap-threshold 262144 (one repeat, load 3.4-4.4): ranks 3815-3818 MB against 6266, 0.61x
 (0.54x above the baseline), a rank's second backward ending 53 MB above its tensors; its step
 1.6x one process's (bench/README.md, Sharding).
+At the product's rule (a rank's threshold the setting / ranks: 512 KB on 2; --repeat 1
+--phases three times, in turn with the commit before, 2026-11-26 20:20-21:10 UTC, load 2-25):
+ranks 3662-3665 MB against 6112, 0.60x in all three (0.54x above the baseline), against
+3959-3969 (0.65x, 0.60x) at 1 MB; a rank's second backward ends 51-53 MB above its tensors
+(346-358 at 1 MB). A rank's step at load 2-3: 13.0 s, 11.7 CPU-s, against 12.6 s, 11.3 CPU-s
+at 1 MB (+3-4%).
 --version: writing a version adds 64 MB on each rank when streamed from the shards
 (`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
 whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
@@ -30,6 +36,10 @@ its rows read from the file). Memory is the whole process's RSS high-water mark 
 the imports, the warm-up and the load included ("peak MB"), against the one process's;
 "load pk" is that mark once the model is loaded, "held" what the built learner holds
 above the baseline, and the line under the table gives the ratio above the baseline too.
+"mmap KB": each process's glibc mmap threshold, --mmap-threshold (1 MB) in the one process
+and the product's rule in a rank (workers.host_memory.rank_mmap_threshold: scaled by its
+share, 512 KB on 2 ranks), as a CPU train worker and its followers set it from
+RFT_TRAINER_CPU_MMAP_THRESHOLD.
 On a CUDA host (--device cuda) memory is the allocator's peak instead.
 
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
@@ -118,10 +128,14 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     threads = max(1, args.threads // world)
     torch.set_num_threads(threads)
     cuda = args.device == "cuda"
+    threshold = 0
     if args.mmap_threshold and not cuda:
-        from workers.host_memory import cpu_allocator_tune
+        from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 
-        cpu_allocator_tune(threshold=args.mmap_threshold)
+        # What a train worker and its followers do with RFT_TRAINER_CPU_MMAP_THRESHOLD set:
+        # one process uses it, a rank the product's rule (its share of the batch and gradients).
+        threshold = rank_mmap_threshold(args.mmap_threshold, world=world)
+        cpu_allocator_tune(threshold=threshold)
     shard: Any = None
     if world > 1:
         import torch.distributed as dist
@@ -157,13 +171,17 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
     loaded = {"tensors": _tensors_mb(learner), "load avg": os.getloadavg()[0]}
     phases = _phases_probe(learner, base) if args.phases and not cuda else None
     seconds = []
+    cpu_seconds = []
     overall = 0.0
     for _ in range(args.steps):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         learner.step(TrainBatch(usual=rollouts), shard=shard)
         if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
+        # The process's CPU time (all its threads, the kernel's share included): on a shared
+        # host the wall time is mostly the other jobs', this is the step's own cost.
+        cpu_seconds.append(time.process_time() - cpu_started)
         if phases is not None:
             phases.mark("optimizer step")
             overall = max(overall, phases.overall)
@@ -178,7 +196,8 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
 
         dist.destroy_process_group()
     return {"params": params, "peak_mb": peak, "load_peak_mb": load_peak if not cuda else 0.0, "held_mb": held,
-            "base_mb": base, "step_seconds": min(seconds[1:] or seconds), "threads": threads,
+            "base_mb": base, "step_seconds": min(seconds[1:] or seconds),
+            "step_cpu_seconds": min(cpu_seconds[1:] or cpu_seconds), "threads": threads, "mmap_kb": threshold // 1024,
             "imports_mb": imports, "imports_load": imports_load, "loaded": loaded,
             "phases": phases.rows if phases is not None else [], "version": version}
 
@@ -326,7 +345,8 @@ def main() -> None:
     parser.set_defaults(layers=None, hidden=None, intermediate=None)
     parser.add_argument("--threads", type=int, default=2, help="threads of the one process; each rank gets threads / ranks")
     parser.add_argument("--mmap-threshold", type=int, default=1 << 20,
-                        help="glibc mmap threshold of each process, as RFT_TRAINER_CPU_MMAP_THRESHOLD (0: glibc's default)")
+                        help="RFT_TRAINER_CPU_MMAP_THRESHOLD: the one process's glibc mmap threshold, a rank's "
+                             "scaled by the product's rule (workers.host_memory.rank_mmap_threshold; 0: glibc's default)")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--repeat", type=int, default=1, help="run the comparison this many times (the spread is printed)")
     parser.add_argument("--version", action="store_true",
@@ -382,12 +402,12 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
           f"batch {args.batch} × ({args.prompt} + {args.completion}) tokens; GRPO step, full fine-tuning fp32 AdamW; "
           f"device {args.device}")
     print(f"{'setting':<22}{'base MB':>9}{'held MB':>9}{'load pk':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}"
-          f"{'× one':>7}{'threads':>8}{'load':>7}")
+          f"{'× one':>7}{'cpu s':>8}{'threads':>8}{'mmap KB':>8}{'load':>7}")
     for name, res, load in [("one process", one, load_one),
                             *((f"rank {r} of {args.ranks} ({args.sharding})", res, load_group) for r, res in enumerate(ranks))]:
         print(f"{name:<22}{res['base_mb']:>9.0f}{res['held_mb']:>9.0f}{res['load_peak_mb']:>9.0f}{res['peak_mb']:>9.0f}"
               f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
-              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res['threads']:>8}{load:>7.2f}")
+              f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res.get('step_cpu_seconds', 0.0):>8.2f}{res['threads']:>8}{res['mmap_kb']:>8}{load:>7.2f}")
     above = max(r["peak_mb"] - r["base_mb"] for r in ranks) / (one["peak_mb"] - one["base_mb"])
     print(f"(base: the process before the model, imports and warm-up included; held: the learner built, above "
           f"base; load pk and peak: the whole process's RSS high-water mark after the load and after the steps. "

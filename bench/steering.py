@@ -100,6 +100,7 @@ is mostly trajectory luck).
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
                               [--raters-start 0]] [--rm-gate bound|evidence] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
+                             [--heldout 200]
                              [--out PATH [--resume | --report]]
 
 `--out PATH` appends each (preference, seed, arm) result to a JSON-lines file the moment that
@@ -846,7 +847,11 @@ class Rater:
 # ---------------------------------------------------------------- one arm
 
 
-def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
+# The demo model's held-out problems the measurements read (the first `--heldout` of them).
+HELDOUT = 200
+
+
+def _accuracy(model_dir: str, tokenizer_dir: Path, heldout: int = HELDOUT) -> tuple[float, float]:
     """(expected, greedy) accuracy on the held-out problems. Gains are measured on the
     expected accuracy (the probability of sampling the right answer, what GRPO maximises):
     greedy accuracy over a few dozen steps is mostly trajectory luck (the learn helper's
@@ -859,7 +864,7 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> tuple[float, float]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    problems = _problems(DemoSettings())[1]
+    problems = _problems(DemoSettings())[1][:heldout]
     expected = expected_accuracy(model=model, tokenizer=tokenizer, problems=problems)
     return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
@@ -877,7 +882,7 @@ class Sampled:
 
 
 def _samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
-             samples: int = 4) -> list[tuple[str, str]]:
+             samples: int = 4, heldout: int = HELDOUT) -> list[tuple[str, str]]:
     """(prompt, completion) for `samples` completions sampled per held-out problem
     (temperature 1, seeded): drawn once per model and read by every rater (`_rated`)."""
     import torch
@@ -887,7 +892,7 @@ def _samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    problems = [p for p in _problems(DemoSettings())[1] for _ in range(samples)]
+    problems = [p for p in _problems(DemoSettings())[1][:heldout] for _ in range(samples)]
     torch.manual_seed(seed)
     out: list[tuple[str, str]] = []
     for start in range(0, len(problems), 200):
@@ -1065,7 +1070,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound") -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound", heldout: int = HELDOUT) -> dict[str, Any]:
     """One arm on one seed: the run's figures and its final model's held-out samples
     (`samples`, rated by each rater afterwards: `_measured`); a `learned` arm's step probes."""
     from django.contrib.auth.models import User
@@ -1172,8 +1177,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               f"  {time.perf_counter() - started:6.0f} s  load {os.getloadavg()[0]:.1f}"
               + (f"\n      {_probe_line(probes[-1])}" if probes and len(probes) == step else ""), flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
-    acc, greedy = _accuracy(checkpoint, demo)
-    samples = _samples(checkpoint, demo, max_tokens=max_tokens, seed=seed)
+    acc, greedy = _accuracy(checkpoint, demo, heldout)
+    samples = _samples(checkpoint, demo, max_tokens=max_tokens, seed=seed, heldout=heldout)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -1586,7 +1591,11 @@ def _journal_of(parser: argparse.ArgumentParser, args: argparse.Namespace, rater
     """--out / --resume / --report: the results file, read back where asked."""
     if (args.resume or args.report) and args.out is None:
         parser.error("--resume and --report read the --out file: name it")
-    journal = Journal(args.out, {k: getattr(args, k) for k in SETTINGS})
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    if args.heldout != HELDOUT:
+        # Named only where it is not the default: the files written before the flag stay readable.
+        settings["heldout"] = args.heldout
+    journal = Journal(args.out, settings)
     if args.out is not None and not (args.resume or args.report) and args.out.exists() and args.out.stat().st_size:
         parser.error(f"--out {args.out} holds results already: --resume to go on with them, or name another file")
     try:
@@ -1623,6 +1632,9 @@ def main() -> None:
     parser.add_argument("--random-raters", type=float, default=0.5,
                         help="noisy: share of its raters who answer at random (at least one stays careful)")
     parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
+    parser.add_argument("--heldout", type=int, default=HELDOUT,
+                        help="measure on the first this many of the demo model's held-out problems (each sampled 4 "
+                             "times); fewer only to check that the bench runs (the suite's smokes): 200 is the measurement")
     parser.add_argument("--max-tokens", type=int, default=32,
                         help="sampling.max_tokens of the runs (the demo model's styled answers take up to ~25)")
     parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)
@@ -1718,9 +1730,10 @@ def main() -> None:
         rm_base = str(demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=lambda _: None).out)
     elif args.rm_base != "policy":
         rm_base = args.rm_base
-    base_acc = _accuracy(str(demo), demo)
+    base_acc = _accuracy(str(demo), demo, args.heldout)
     # The base's samples, drawn once per seed and read by every rater.
-    base_samples = {seed: _samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed) for seed in seeds}
+    base_samples = {seed: _samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed, heldout=args.heldout)
+                    for seed in seeds}
     base = {(r.name, seed): _rated(base_samples[seed], r.rating) for r in raters for seed in seeds}
     for r in raters:
         if len(raters) > 1:
@@ -1744,7 +1757,7 @@ def main() -> None:
                               crossval_folds=args.crossval_folds, pairs=args.pairs == "on", trust=args.trust == "on",
                               noisy_raters=args.noisy_raters, random_share=args.random_raters,
                               max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta,
-                              rm_gate=args.rm_gate)
+                              rm_gate=args.rm_gate, heldout=args.heldout)
                 results += _seed_run(seed, raters=raters, arms=arms, base=base, journal=journal,
                                      run=lambda arm, rating, noise: run_arm(arm, rating=rating, noise=noise, **common))
     finally:

@@ -421,7 +421,9 @@ RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
 # 1 MB a step's freed tensors leave the process (bench/trainer_memory: LoRA + checkpointing
 # 0.33x full fp32 with it; smaller ones at a heap trim after each decoder block's backward,
 # in a learner group's ranks too), but every large tensor is then mapped afresh: the update step of
-# bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default.
+# bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default. A
+# learner group's rank (rank 0 too) uses it divided by trainer.processes, not under 128 KB: it
+# holds that share of the batch and of each gradient (workers/host_memory.rank_mmap_threshold).
 RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
 # A learner group's rendezvous (trainer.processes > 1): the TCP store rank 0 (the train
 # worker that runs the step) opens on its host, which the other ranks join. The address is

@@ -1,24 +1,26 @@
-"""A breadth-first crawl of the site as one person at one width, in a real Chromium: every
+"""A breadth-first crawl of the site as one person, in a real Chromium: every
 same-origin link reachable from where it starts, every form (with the values it shows) and
 every htmx control on those pages, except the ones `destructive` names. What it looks for on
 each page and after each action: a 5xx anywhere (the page, a partial, a download), a linked
 page that answers 4xx, Django's debug page, a console error, an uncaught exception, an htmx
-error event, and a page wider than the window.
+error event, and a page wider than the window, at each width it is given.
 
 A page is covered because a link leads to it: nothing here lists the site's pages. Numeric
 ids (and long tokens) in a path collapse, so /runs/1/experiences/57/ and /58/ count once, and
-a query counts by its keys; each person and width stops at `PAGE_CAP` pages and `ACTION_CAP`
-actions, and reaching a cap is itself a failure (the cap is raised, nothing is skipped
-silently).
+a query counts by its keys; each person stops at `PAGE_CAP` pages and `ACTION_CAP` actions,
+and reaching a cap is itself a failure (the cap is raised, nothing is skipped silently).
 
-One person's crawls at two widths can share their actions (`Crawl.taken`): a form or control
-the person already used at one width (the same kind of target, the same button) is not sent
-again at the next, since what it does on the server does not depend on the window; the page
-it led to is still opened at the next width, and every page is opened at both."""
+Widths: a page is opened, and forms and controls are sent, at the first width; then the same
+document is laid out at each further width (the window resized, two frames let the page's own
+resize handlers run) and looked at again for a sideways scroll and any error the resize
+raised. What a page's server answers, its links, forms and htmx targets do not depend on the
+window: opening every page again in a window of each width (as this did until issue 50)
+loaded and rendered each page twice for the one check that does, and took half the crawl."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,7 +157,6 @@ class Action:
     label: str
     hx: bool = False
     method: str = "get"
-    key: tuple[str, ...] = ()  # what counts as the same action (Crawl._plan)
 
     def describe(self) -> str:
         what = f"{self.method.upper()} form" if self.kind == "form" else "htmx control"
@@ -164,19 +165,17 @@ class Action:
 
 @dataclass
 class Crawl:
-    """One person's crawl at one width: what it opened and what went wrong."""
+    """One person's crawl (pages opened at `width`, laid out at `also` too): what it opened and
+    what went wrong."""
 
     context: Any  # the person's own Playwright browser context (logged in or not)
     base: str
     person: str
     width: int
+    also: tuple[int, ...] = ()  # the further widths each page is laid out at
     visited: list[str] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (where, what)
     skipped: dict[str, None] = field(default_factory=dict)  # the actions not taken, once each
-    # Actions this person took at another width, each with the page it led to ("" if none):
-    # one dict passed to each of the person's crawls (see the module's note).
-    taken: dict[tuple[str, ...], str] = field(default_factory=dict)
-    elsewhere: list[str] = field(default_factory=list)  # the actions not sent again here
     events: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     page: Any = None
@@ -185,6 +184,7 @@ class Crawl:
         self.context.expose_binding("__crawlReport", lambda source, text: self.reports.append(str(text)))
         self.context.add_init_script(INIT_SCRIPT)
         self.page = self.context.new_page()
+        self.page.set_viewport_size(_window(self.width))
         self.page.set_default_timeout(30_000)
         self.page.on("console", self._console)
         self.page.on("pageerror", lambda exc: self.events.append(f"uncaught exception: {str(exc)[:300]}"))
@@ -219,7 +219,7 @@ class Crawl:
                 self.page.wait_for_load_state("load")
                 self.page.wait_for_function(
                     "() => window.__crawl && window.__crawl.inflight === 0 && document.readyState === 'complete'",
-                    polling=100, timeout=30_000)
+                    polling="raf", timeout=30_000)
                 return
             except Exception as exc:  # a navigation replaced the document while we waited
                 if "destroyed" not in str(exc) and "navigat" not in str(exc):
@@ -273,12 +273,16 @@ class Crawl:
 
     def _guarded(self, where: str, step: Callable[[], None]) -> None:
         """One page or action; a browser error (a timeout, a page that never settles) is a
-        failure of that step, and the crawl goes on with the next."""
+        failure of that step, and the crawl goes on with the next. The step's seconds end its
+        line of the visit report (where the next cut of the crawl's time starts)."""
+        started, visited = time.monotonic(), len(self.visited)
         try:
             step()
         except Exception as exc:
             first_line = str(exc).splitlines()[0][:200]
             self._fail(where.removeprefix(self.base), f"the crawl could not finish it: {first_line}")
+        if len(self.visited) > visited:
+            self.visited[-1] += f"  [{time.monotonic() - started:.1f} s]"
 
     def _open(self, url: str, via: str, pages: deque[tuple[str, str]], actions: deque[Action], seen: set[str],
               done_actions: set[tuple[str, ...]]) -> None:
@@ -298,6 +302,24 @@ class Crawl:
         self.visited.append(f"{path}  <- {via}")
         self.check(path, status=response.status if response else None, link=True, targets=True)
         self._harvest(url, pages, actions, seen, done_actions)
+        self._laid_out_wider(path)
+
+    def _laid_out_wider(self, path: str) -> None:
+        """The page just opened, laid out at each further width in turn, then back at the
+        first (where the next page opens and every action is sent)."""
+        for width in self.also:
+            self.page.set_viewport_size(_window(width))
+            # Two frames: the resize event's handlers (htmx, the charts) have run and the
+            # layout they change is the one measured.
+            self.page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+            where = f"{path} at {width} px"
+            for event in self._drain():
+                self._fail(where, event)
+            wide = self.page.evaluate(OVERFLOW)
+            if wide:
+                self._fail(where, f"scrolls sideways: {wide}")
+        if self.also:
+            self.page.set_viewport_size(_window(self.width))
 
     def _download(self, url: str, via: str) -> None:
         path = url[len(self.base):]
@@ -325,14 +347,13 @@ class Crawl:
             if not form["button"]:
                 continue  # nothing a person can send it with (a read-only view of a form, for a viewer)
             self._plan(Action("form", self.page.url, form["index"], form["action"], form["label"] or form["id"],
-                              form["hx"], form["method"]), actions, done_actions, pages, seen)
+                              form["hx"], form["method"]), actions, done_actions)
         for control in found["controls"]:
             if control["clickable"] and not control["form"]:
                 self._plan(Action("control", self.page.url, control["index"], control["url"], control["label"],
-                                  True, "post" if control["post"] else "get"), actions, done_actions, pages, seen)
+                                  True, "post" if control["post"] else "get"), actions, done_actions)
 
-    def _plan(self, action: Action, actions: deque[Action], done_actions: set[tuple[str, ...]],
-              pages: deque[tuple[str, str]], seen: set[str]) -> None:
+    def _plan(self, action: Action, actions: deque[Action], done_actions: set[tuple[str, ...]]) -> None:
         if action.method == "dialog" or not action.target.startswith(self.base):
             return
         # A GET (a filter, a sort, a refresh) counts once per kind of page it asks for; a POST
@@ -344,11 +365,6 @@ class Crawl:
         done_actions.add(key)
         if destructive(urlsplit(action.target).path, action.label):
             self.skipped[action.describe()] = None
-            return
-        action.key = key
-        if key in self.taken:
-            self.elsewhere.append(action.describe())
-            self._enqueue(self.taken[key], f"after {action.describe()} (sent at another width)", pages, seen)
             return
         actions.append(action)
 
@@ -378,7 +394,6 @@ class Crawl:
                 """(i) => { const el = document.querySelectorAll('[hx-get], [hx-post]')[i]; if (!el) return 'gone';
                    el.click(); return 'htmx'; }""", action.index)
         if outcome in ("gone", "blocked"):
-            # Not taken: the person's next width tries it again.
             why = "a required field is empty" if outcome == "blocked" else "not on the page again"
             self.visited.append(f"{where}: not sent ({why})")
             self.check(where)
@@ -388,20 +403,23 @@ class Crawl:
         self.check(where, sent_to=urlsplit(action.target).path if action.kind == "form" else "")
         landed = self.page.url
         if action.method == "post" and urlsplit(landed).path == urlsplit(action.target).path:
-            self.taken[action.key] = ""
             return  # the POST's own answer (a form with its errors): not a page to GET
-        self.taken[action.key] = landed
         self._enqueue(landed, f"after {where}", pages, seen)
+
+
+def _window(width: int) -> dict[str, int]:
+    """A phone's window below 600 px, a laptop's above."""
+    return {"width": width, "height": 844 if width < 600 else 800}
 
 
 def failure_report(crawls: list[Crawl]) -> list[str]:
     """Every failure of every crawl, one line per problem and kind of page (numbers collapsed),
-    naming the people and widths that met it."""
+    naming the people that met it (a width other than the first is named where it was met)."""
     grouped: dict[tuple[str, str], list[str]] = {}
     for crawl in crawls:
         for where, what in crawl.failures:
             key = (_ids(where), _ids(what))
-            who = f"{crawl.person}@{crawl.width}"
+            who = crawl.person
             if who not in grouped.setdefault(key, []):
                 grouped[key].append(who)
     return [f"{where}: {what}  [{', '.join(who)}]" for (where, what), who in grouped.items()]
@@ -415,8 +433,9 @@ def _ids(text: str) -> str:
 def visit_report(crawls: list[Crawl]) -> str:
     lines = []
     for crawl in crawls:
-        lines.append(f"== {crawl.person} at {crawl.width} px: {len(crawl.visited)} pages and actions, "
-                     f"{len(crawl.skipped)} actions not taken, {len(crawl.elsewhere)} sent at another width")
+        widths = " and ".join(f"{w} px" for w in (crawl.width, *crawl.also))
+        lines.append(f"== {crawl.person} at {widths}: {len(crawl.visited)} pages and actions, "
+                     f"{len(crawl.skipped)} actions not taken")
         lines += [f"   {v}" for v in crawl.visited]
         lines += [f"   (not taken: {s})" for s in crawl.skipped]
     return "\n".join(lines)

@@ -19,6 +19,15 @@ the heap back too) after each decoder block's backward (`backward_trim`): a rank
 958-960 MB against 1068-1080 MB untrimmed, its step 10.6-11.3 s against 8.9-9.9 s (the
 trimmed pages fault in again; trim and no trim in turn at load 7-8).
 
+A learner group's rank holds 1/world of each of the step's tensors that set its peak: its
+rows of the batch (activations) and its shard of each gradient. At the one process's
+threshold, the rank's counterparts of blocks one process maps fall under it: at 350M on 2
+ranks and 1 MB, a half batch's hidden states (0.79 MB) and the K/V gradient shards (0.5 MB)
+come from the heap (one process maps both), and ~345 MB of heap stayed resident from the
+second step's backward through its optimizer step (bench/sharding --phases, 0.66x one
+process's peak; every process at 256 KB: 0.61x). So a rank's threshold is the worker's scaled by its share
+(`rank_mmap_threshold`): it maps what corresponds to what one process maps.
+
 Only glibc has `mallopt`; elsewhere (musl, macOS) this does nothing and says so.
 """
 
@@ -43,16 +52,36 @@ _M_MMAP_THRESHOLD = -3
 # that fill it.
 MMAP_THRESHOLD = 1 << 20
 
+# glibc's own starting threshold (DEFAULT_MMAP_THRESHOLD_MIN, 128 KB): a rank's scaled
+# threshold stops there, so a many-rank group never maps a block that an untuned process
+# would serve from its heap, where a mapping's page faults would cost more than it keeps.
+RANK_MMAP_THRESHOLD_MIN = 128 << 10
+
 _tuned = False
+# The threshold set (the lowest asked for, `cpu_allocator_tune`).
+_threshold = 0
 # The C library, once `cpu_allocator_tune` has tuned it: `heap_trim` trims only then.
 _libc: ctypes.CDLL | None = None
 
 
+def rank_mmap_threshold(threshold: int, *, world: int) -> int:
+    """The mmap threshold of one of `world` ranks of a learner group in a worker whose
+    threshold is `threshold` (RFT_TRAINER_CPU_MMAP_THRESHOLD; 0: off, stays off): scaled
+    by the rank's share of the batch and of each gradient, not under
+    RANK_MMAP_THRESHOLD_MIN (nor above `threshold`)."""
+    if threshold <= 0 or world <= 1:
+        return threshold
+    return min(threshold, max(RANK_MMAP_THRESHOLD_MIN, threshold // world))
+
+
 def cpu_allocator_tune(*, threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at `threshold` bytes for this process (once); True when
-    set, False where the C library has no `mallopt` or refuses."""
-    global _tuned, _libc
-    if _tuned:
+    """Fix glibc's mmap threshold at `threshold` bytes for this process; True when set,
+    False where the C library has no `mallopt` or refuses. Process-wide: once tuned, a
+    higher threshold changes nothing and a lower one is set (a train worker that holds a
+    learner group's rank 0 and a one-process run keeps the rank's, which maps the other
+    run's blocks in that range too: page faults, never memory kept)."""
+    global _tuned, _libc, _threshold
+    if _tuned and threshold >= _threshold:
         return True
     name = ctypes.util.find_library("c")
     try:
@@ -68,6 +97,7 @@ def cpu_allocator_tune(*, threshold: int = MMAP_THRESHOLD) -> bool:
         return False
     _tuned = True
     _libc = libc
+    _threshold = threshold
     return True
 
 

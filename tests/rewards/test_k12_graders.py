@@ -205,8 +205,10 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
     from workers.reward_models import reward_model_load
     from workers.reward_trainer import rm_score_texts
 
+    # One epoch: what is checked is that the parts are the grader's scores, not how well it grades
+    # (the test above): the grader trained here is the run's own, a second fit of the same answers.
     spec = [{"name": "k12_judge", "weight": 0.25, "domains": ["k12"], "params": {"max_tokens": 12}},
-            {"name": "k12_learned", "weight": 0.75, "domains": ["k12"], "params": LEARNED}]
+            {"name": "k12_learned", "weight": 0.75, "domains": ["k12"], "params": {**LEARNED, "epochs": 1}}]
     run = _k12_run(owner, model=str(demo_model_dir), n=len(k12_records()), rewards=spec, repeat_times=2,
                    explore_batch_size=3, sampling={"temperature": 1.0, "max_tokens": 12, "seed": 0})
     run_transition(run=run, action="start")

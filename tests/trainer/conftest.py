@@ -47,11 +47,13 @@ def load_model(tiny_model_dir: Path) -> Any:
 # ----------------------------------------------------------------------------- real Celery workers
 
 @contextmanager
-def _conductor_and_trainer(tmp_path: Path) -> Iterator[Workers]:
+def _conductor_and_trainer(tmp_path: Path, *more: tuple[str, str, tuple[str, ...], bool]) -> Iterator[Workers]:
+    """The conductor and the trainer, and `more` workers (Workers.start_together's specs)
+    started with them, so that their imports overlap."""
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_CONDUCT_SECONDS="0.3",
                       RFT_DISPATCH_TTL="30", RFT_LEASE_SECONDS="8")
-    workers.start_together(("conductor", "default", (), True), ("trainer", "train", ("workers.trainer",), False))
+    workers.start_together(("conductor", "default", (), True), ("trainer", "train", ("workers.trainer",), False), *more)
     try:
         yield workers
     finally:
@@ -66,6 +68,17 @@ def celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactor
     While they live, the conductor advances every running run in the database, so a module
     whose other tests make running runs without a conductor uses `own_celery_workers`."""
     with _conductor_and_trainer(tmp_path_factory.mktemp("workers")) as workers:
+        yield workers
+
+
+@pytest.fixture(scope="module")
+def loop_celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """`celery_workers` with an explorer (queue rollout, evaluation included) started with
+    them: the whole loop, once for a module's tests (tests/trainer/test_loop.py). A run
+    leaves nothing another reads: the engines hold versions by path, the trainer its
+    residents by run id."""
+    explorer = ("explorer", "rollout", ("workers.explorer", "workers.evaluation"), False)
+    with _conductor_and_trainer(tmp_path_factory.mktemp("loop-workers"), explorer) as workers:
         yield workers
 
 

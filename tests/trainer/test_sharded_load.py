@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -22,6 +22,9 @@ from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 
 from tests.servers import free_port
+
+if TYPE_CHECKING:
+    from kernel.config import AdapterConfig
 
 pytestmark = pytest.mark.slow
 
@@ -156,62 +159,85 @@ def _vm_bytes() -> int:
         return int(next(line for line in fh if line.startswith("VmSize:")).split()[1]) * 1024
 
 
-def _lora_learner(model_dir: str, *, rank: int, world: int, sharded: bool) -> tuple[Learner, Any]:
-    """A GRPO learner with a fresh adapter on the model at `model_dir`, sharded over the
-    group: loaded sharded, or (`sharded` False) whole first, as a rank did before."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _lora_spec() -> tuple[LearnerSpec, AdapterConfig]:
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
-    from workers.algorithms.distributed import learner_shard, model_sharded_load
 
     lora = AdapterConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
-    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-2), lora=lora,
-                       algorithm_params={"loss_type": "grpo"})
-    torch.manual_seed(0)
-    if sharded:
-        from torch.distributed.device_mesh import init_device_mesh
+    return LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-2), lora=lora,
+                       algorithm_params={"loss_type": "grpo"}), lora
 
-        model = model_sharded_load(model_dir, mesh=init_device_mesh("cpu", (world,)), reshard=True, precision="fp32",
-                                   lora=lora)
-    else:
-        model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
+
+def _lora_sharded(model_dir: str, *, rank: int, world: int) -> tuple[Learner, Any]:
+    """A GRPO learner with a fresh adapter on the model at `model_dir`, loaded sharded over
+    the group (`model_sharded_load`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoTokenizer
+
+    from workers.algorithms.distributed import learner_shard, model_sharded_load
+
+    spec, lora = _lora_spec()
+    torch.manual_seed(0)
+    model = model_sharded_load(model_dir, mesh=init_device_mesh("cpu", (world,)), reshard=True, precision="fp32", lora=lora)
     learner = Learner(spec=spec, model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir))
     return learner, learner_shard(learner, rank=rank, world=world, sharding="full")
 
 
-def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: str, weight_bytes: int, sharded: bool,
-                  out: str) -> None:
-    """Warmed up on a tiny model (what torch, TRL and gloo set up once), then held to
-    LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): one LoRA step on
-    that model; writes what happened (the step's loss, or the error) to out/rank{rank}.txt."""
+def _lora_whole(model_dir: str) -> torch.nn.Module:
+    """The model at `model_dir` loaded whole with a fresh adapter, as a rank did before it
+    loaded only its shard (this process's part of it: no collective)."""
+    from transformers import AutoModelForCausalLM
+
+    from workers.adapters import adapter_wrap
+
+    _, lora = _lora_spec()
+    return adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
+
+
+def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: str, weight_bytes: int, out: str) -> None:
+    """Warmed up on a tiny model (what torch, TRL, gloo and both loads set up once), then
+    held to LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): loads that
+    model whole (the old way), then under the same limit takes a LoRA step on it loaded
+    sharded; writes what happened to each (the step's loss, or the error) to
+    out/rank{rank}-{whole,sharded}.txt. One group for both: a second would start and warm
+    up two more interpreters."""
     import ctypes
+    import gc
     import resource
 
     import torch.distributed as dist
 
-    from workers.host_memory import cpu_allocator_tune
+    from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 
     torch.set_num_threads(1)
-    # As a CPU train worker (RFT_TRAINER_CPU_MMAP_THRESHOLD): big blocks mapped and returned
-    # when freed, so the address space follows what is held, not the heap's high-water mark.
-    assert cpu_allocator_tune()
+    # As a CPU train worker's rank (RFT_TRAINER_CPU_MMAP_THRESHOLD): big blocks mapped and
+    # returned when freed, so the address space follows what is held, not the heap's
+    # high-water mark (and the failed whole load's blocks leave before the sharded one).
+    assert cpu_allocator_tune(threshold=rank_mmap_threshold(1 << 20, world=world))
     # One malloc arena: a thread's own arena reserves 64 MB of address space at once.
     ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
     # A rank left alone in a collective (its peer ran out of memory) ends in bounded time.
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank, timeout=datetime.timedelta(seconds=300))
-    warm, shard = _lora_learner(warm_dir, rank=rank, world=world, sharded=sharded)
+    _lora_whole(warm_dir)  # its load path warmed up too; dropped at once
+    warm, shard = _lora_sharded(warm_dir, rank=rank, world=world)
     warm.step(_batch(), shard=shard)
     del warm, shard
+    gc.collect()
     limit = _vm_bytes() + int(LIMIT_SHARE * weight_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     try:
-        learner, shard = _lora_learner(model_dir, rank=rank, world=world, sharded=sharded)
+        _lora_whole(model_dir)
+        result = "loaded whole"
+    except (MemoryError, RuntimeError, OSError) as exc:
+        result = f"failed: {type(exc).__name__}: {exc}"[:2000]
+    gc.collect()
+    Path(out, f"rank{rank}-whole.txt").write_text(result)
+    try:
+        learner, shard = _lora_sharded(model_dir, rank=rank, world=world)
         result = f"loss {learner.step(_batch(), shard=shard)['loss']}"
     except (MemoryError, RuntimeError, OSError) as exc:
-        Path(out, f"rank{rank}.txt").write_text(f"failed: {type(exc).__name__}: {exc}"[:2000])
+        Path(out, f"rank{rank}-sharded.txt").write_text(f"failed: {type(exc).__name__}: {exc}"[:2000])
         os._exit(0)  # the other rank may be inside a collective; the outcome is written
-    Path(out, f"rank{rank}.txt").write_text(result)
+    Path(out, f"rank{rank}-sharded.txt").write_text(result)
     dist.destroy_process_group()
 
 
@@ -229,16 +255,13 @@ def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_o
     tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path
 ) -> None:
     weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
-    outcome = {}
-    for sharded in (False, True):
-        out = tmp_path / ("sharded" if sharded else "whole")
-        out.mkdir()
-        _spawn_bounded(_limited_rank, 2, str(tiny_model_dir), str(large_model_dir), weight_bytes, sharded, str(out))
-        outcome[sharded] = [(out / f"rank{r}.txt").read_text() for r in (0, 1)]
+    _spawn_bounded(_limited_rank, 2, str(tiny_model_dir), str(large_model_dir), weight_bytes, str(tmp_path))
+    outcome = {mode: [(tmp_path / f"rank{r}-{mode}.txt").read_text() for r in (0, 1)] for mode in ("whole", "sharded")}
     # The limit bites: a rank that loads the whole model first runs out of address space.
-    assert all(o.startswith("failed") for o in outcome[False]), outcome[False]
-    assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome[False]), outcome[False]
-    assert all(o.startswith("loss") for o in outcome[True]), outcome[True]
+    assert all(o.startswith("failed") for o in outcome["whole"]), outcome["whole"]
+    assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome["whole"]), outcome["whole"]
+    # Under the same limit, after that failure, the ranks that load only their shards train.
+    assert all(o.startswith("loss") for o in outcome["sharded"]), outcome["sharded"]
 
 
 # ----------------------------------------------------------------------------- rank 0 of a train worker
@@ -284,23 +307,26 @@ def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_o
 ) -> None:
     """Rank 0 as a train worker runs it (`trainer_step`: the resident learner, the group, the
     version), held to RANK0_LIMIT_SHARE of the model's weights more address space after a warm-up:
-    loading the whole model first fails, building on its shards only trains the step."""
+    loading the whole model first fails, then building on its shards only, under the same
+    limit in the same process, trains the step."""
+    import json
+
     from tests.servers import ROOT, child_env, spawn
 
     weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
-    outcome = {}
-    for mode in ("whole", "sharded"):
-        warm, run = _lora_group_run(owner, tiny_model_dir), _lora_group_run(owner, large_model_dir)
-        out, log = tmp_path / f"{mode}.txt", tmp_path / f"{mode}.log"
-        # Its followers inherit the limit (with more room than they need, as they start lighter
-        # than a warmed-up rank 0), and one malloc arena (a thread's own reserves 64 MB at once).
-        env = child_env(RFT_STORAGE_DIR=str(tmp_path / mode / "storage"), RFT_TRAINER_CPU_MMAP_THRESHOLD=str(1 << 20),
-                        MALLOC_ARENA_MAX="1")
-        proc = spawn([sys.executable, str(ROOT / "tests" / "trainer" / "limited_rank0.py"), str(out), str(warm.pk),
-                      str(run.pk), str(weight_bytes), str(RANK0_LIMIT_SHARE), mode], env=env, log=log)
-        assert proc.wait(timeout=GROUP_TIMEOUT_S) == 0, log.read_text()[-3000:]
-        outcome[mode] = out.read_text() + "\n" + log.read_text()[-3000:]
+    warm, whole, sharded = (_lora_group_run(owner, tiny_model_dir), _lora_group_run(owner, large_model_dir),
+                            _lora_group_run(owner, large_model_dir))
+    out, log = tmp_path / "outcome.json", tmp_path / "rank0.log"
+    # Its followers inherit the limit (with more room than they need, as they start lighter
+    # than a warmed-up rank 0), and one malloc arena (a thread's own reserves 64 MB at once).
+    env = child_env(RFT_STORAGE_DIR=str(tmp_path / "storage"), RFT_TRAINER_CPU_MMAP_THRESHOLD=str(1 << 20),
+                    MALLOC_ARENA_MAX="1")
+    proc = spawn([sys.executable, str(ROOT / "tests" / "trainer" / "limited_rank0.py"), str(out), str(warm.pk),
+                  str(whole.pk), str(sharded.pk), str(weight_bytes), str(RANK0_LIMIT_SHARE)], env=env, log=log)
+    assert proc.wait(timeout=GROUP_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    outcome = json.loads(out.read_text())
+    tail = log.read_text()[-3000:]
     # The limit bites: a rank 0 that loads the whole model first runs out of address space.
-    assert outcome["whole"].startswith("failed"), outcome["whole"]
-    assert any(w in outcome["whole"].lower() for w in ("alloc", "memory")), outcome["whole"]
-    assert outcome["sharded"].startswith("trained"), outcome["sharded"]
+    assert outcome["whole"].startswith("failed"), (outcome, tail)
+    assert any(w in outcome["whole"].lower() for w in ("alloc", "memory")), (outcome, tail)
+    assert outcome["sharded"].startswith("trained"), (outcome, tail)

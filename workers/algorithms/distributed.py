@@ -67,7 +67,7 @@ from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, NothingToTrain, spec_from_config
 from workers.algorithms.objectives import objective_class
 from workers.engines.base import tokenizer_from_pretrained
-from workers.host_memory import cpu_allocator_tune
+from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 from workers.vision import is_vision_model
 
 if TYPE_CHECKING:
@@ -953,8 +953,9 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
     from django.conf import settings
 
     if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built.
-        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
+        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built:
+        # scaled to this rank's share of the batch and of each gradient (workers/host_memory.py).
+        cpu_allocator_tune(threshold=rank_mmap_threshold(settings.RFT_TRAINER_CPU_MMAP_THRESHOLD, world=plan.world))
     checkpoint = spec_in.get("checkpoint")
     learner = None
     if not spec_in.get("sharded_load"):

@@ -25,7 +25,7 @@ from workers.trainer.journal import restore_point, rng_restore, journal_decode, 
 from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
 from workers.engines.base import tokenizer_from_pretrained
 from workers.handover import handover_repair
-from workers.host_memory import cpu_allocator_tune
+from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 from workers.precision import optimizer_check, precision_check, precision_dtype
 from workers.vision import is_vision_model, processor_load
 
@@ -132,7 +132,10 @@ def resident_for(run: RunView) -> Resident:
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
     if _device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        cpu_allocator_tune(threshold=settings.RFT_TRAINER_CPU_MMAP_THRESHOLD)
+        # Rank 0 of a learner group holds its share of the batch and of each gradient: its
+        # threshold is scaled to that share (workers/host_memory.py says why).
+        cpu_allocator_tune(threshold=rank_mmap_threshold(settings.RFT_TRAINER_CPU_MMAP_THRESHOLD,
+                                                         world=max(1, int(cfg.trainer.processes))))
     if build is None:
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
         if optimizer_state is not None:
