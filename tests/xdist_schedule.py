@@ -17,25 +17,24 @@ import pytest
 WHOLE_PACKAGES = ("tests/learning/",)
 # The longest groups, longest first: handed out before the rest, so neither worker is left
 # running one of them alone at the end (the rest, in collection order, take 70 s or less).
-# Seconds summed from --durations=0 of a -n 2 run (2026-11-25, load 4-39; 4159 s in all); the
-# two cut on 2026-11-26 (issue 50) are estimates from their cuts measured at load 30-40.
+# Seconds from --durations=0 of a -n 2 run (2026-11-25, load 4-39; 4159 s in all), scaled by
+# the cuts of 2026-11-26 (issue 50: each module measured before and after at -n 0, in the
+# same conditions; bench/README.md and the commits say how).
 FIRST: tuple[str, ...] = (
-    "tests/trainer/test_learner_group_task.py",  # 418
-    "tests/test_bench_smokes.py",  # 339 (builds the demo model first, if no cache has it)
-    # ~320, was 453 (alone, load 15-17: set-up 58, crawl 383): 352 pages and actions, was 480
-    "tests/test_newcomer_crawl.py",
-    "tests/test_faults.py",  # 196
+    "tests/test_bench_smokes.py",  # ~290, was 339 (the steering smokes sample 20 held-out problems)
+    "tests/test_newcomer_crawl.py",  # ~220, was ~320: one crawl per person, 1280 px by resizing
+    "tests/trainer/test_learner_group_task.py",  # ~220, was 418: 16 tests -> 12, five groups fewer
     "tests/trainer/test_learner_group.py",  # 194
-    # ~190, was 285: the loop's and the agent's tests at 3 steps (1147 s -> 226 s at load 35)
-    "tests/learning/",
-    "tests/trainer/test_model_benches.py",  # 179
+    "tests/learning/",  # ~190: the loop's and the agent's tests at 3 steps
     "tests/trainer/test_modes.py",  # 171
-    "tests/envapi/test_openai_endpoint.py",  # 137
+    "tests/envapi/test_openai_endpoint.py",  # 137 (most of it the vLLM engine's start)
+    "tests/test_faults.py",  # ~125, was 196: the run ends two steps after the last recovery
     "tests/dashboard/test_pages_states.py",  # 115
-    "tests/dashboard/test_responsive.py",  # 103
-    "tests/rewards/test_k12_graders.py",  # 98
+    "tests/trainer/test_sharded_load.py",  # ~100, was ~190: one group per RLIMIT test
     "tests/dashboard/test_pages_notify_bulk.py",  # 90
     "tests/test_readme_commands.py",  # 85
+    "tests/trainer/test_model_benches.py",  # ~75, was 179: two settings, not four
+    "tests/rewards/test_k12_graders.py",  # ~70, was 98
 )
 
 
