@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
+from kernel.config import AdapterConfig
+from workers.adapters import adapter_load, adapter_wrap
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
 from workers.reward_trainer import scorer_accuracy
 
@@ -174,8 +176,6 @@ def lora_reward_fit(*, base: str, train: list[PreferencePair], max_length: int, 
     and the head to `out`. Returns (head, the base with the adapter merged in, in eval mode)."""
     import torch
 
-    from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
     from workers.likelihood_rm import bradley_terry_fit
 
     torch.manual_seed(seed)
@@ -267,8 +267,6 @@ class Lora(RewardKindImpl):
         return (path / LORA_FILE).is_file()
 
     def load(self, path: str, *, max_length: int, batch_size: int) -> KindScorer:
-        from workers.adapters import adapter_load
-
         head = LoraHead.load(Path(path))
         model, tokenizer = base_copy(head.base)
         merged: PreTrainedModel = adapter_load(base_model=model, path=Path(path) / ADAPTER_DIR,
