@@ -11,42 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.rewards.pairs import PreferencePair
-
-WORDS = ("apple", "stone")
-FILLER = ("the", "sum", "we", "get", "so", "it", "is", "then")
-
-
-def _completion(rng: random.Random, a: int, b: int, *, apple: bool, stone: bool) -> str:
-    # Always six words around the answer: the words differ, the length does not.
-    words = [w for w, on in zip(WORDS, (apple, stone), strict=True) if on]
-    words += rng.sample(FILLER, 6 - len(words))
-    rng.shuffle(words)
-    return " ".join(words) + f" <answer>{a + b}</answer>"
-
-
-def _pairs(rng: random.Random, n: int) -> list[PreferencePair]:
-    """One of the two words (either) over both or neither, on prompts of their own."""
-    out = []
-    for i in range(n):
-        a, b = rng.randint(0, 99), rng.randint(0, 9)
-        one = rng.random() < 0.5
-        chosen = _completion(rng, a, b, apple=one, stone=not one)
-        both = rng.random() < 0.5
-        rejected = _completion(rng, a, b, apple=both, stone=both)
-        out.append(PreferencePair(prompt=f"What is {a} + {b}? ({i})", chosen=chosen, rejected=rejected, chosen_id=2 * i,
-                                  rejected_id=2 * i + 1, group_id=f"g{i}", kind="rating", margin=1.0))
-    return out
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
-
-    texts = [f"What is {a} + {b}? " + " ".join(WORDS + FILLER) + f" <answer>{a + b}</answer>"
-             for a in range(40) for b in range(10)]
-    return tiny_model_save(tmp_path_factory.mktemp("base") / "m", texts=texts, hidden_size=32, layers=2, heads=2)
-
+from tests.rewards.one_of_two_words import base, one_of_two_pairs  # noqa: F401 (base: a fixture)
 
 def test_the_lora_kind_learns_one_of_two_words_that_a_linear_head_does_not(base: Path, tmp_path: Path) -> None:
     import torch
@@ -59,7 +24,7 @@ def test_the_lora_kind_learns_one_of_two_words_that_a_linear_head_does_not(base:
     resident = causal_lm_load(str(base))[0]
     before = {k: v.clone() for k, v in resident.state_dict().items()}
     rng = random.Random(0)
-    train, heldout = _pairs(rng, 160), _pairs(rng, 80)
+    train, heldout = one_of_two_pairs(rng, 160), one_of_two_pairs(rng, 80)
     accuracy = {}
     for kind in ("head", "lora"):
         # 16 passes: this tiny random base needs more than the config's default 4.
@@ -84,7 +49,6 @@ def test_the_lora_kind_learns_one_of_two_words_that_a_linear_head_does_not(base:
     chosen, spread = scorer.score_spread(prompts, [p.chosen for p in heldout])
     assert spread is None  # one fit, no ensemble
     assert pairwise_accuracy(chosen, scorer.score(prompts, [p.rejected for p in heldout])) == accuracy["lora"]
-
 
 def test_lora_declares_no_folds() -> None:
     """Folds would be one fine-tuning each: unset they are 0 for lora, asked for they are refused."""

@@ -10,42 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.rewards.pairs import PreferencePair
-
-WORDS = ("apple", "stone")
-FILLER = ("the", "sum", "we", "get", "so", "it", "is", "then")
-
-
-def _completion(rng: random.Random, a: int, b: int, *, apple: bool, stone: bool) -> str:
-    # Always six words around the answer: the words differ, the length does not.
-    words = [w for w, on in zip(WORDS, (apple, stone), strict=True) if on]
-    words += rng.sample(FILLER, 6 - len(words))
-    rng.shuffle(words)
-    return " ".join(words) + f" <answer>{a + b}</answer>"
-
-
-def _pairs(rng: random.Random, n: int) -> list[PreferencePair]:
-    """One of the two words (either) over both or neither, on prompts of their own."""
-    out = []
-    for i in range(n):
-        a, b = rng.randint(0, 99), rng.randint(0, 9)
-        one = rng.random() < 0.5
-        chosen = _completion(rng, a, b, apple=one, stone=not one)
-        both = rng.random() < 0.5
-        rejected = _completion(rng, a, b, apple=both, stone=both)
-        out.append(PreferencePair(prompt=f"What is {a} + {b}? ({i})", chosen=chosen, rejected=rejected, chosen_id=2 * i,
-                                  rejected_id=2 * i + 1, group_id=f"g{i}", kind="rating", margin=1.0))
-    return out
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
-
-    texts = [f"What is {a} + {b}? " + " ".join(WORDS + FILLER) + f" <answer>{a + b}</answer>"
-             for a in range(40) for b in range(10)]
-    return tiny_model_save(tmp_path_factory.mktemp("base") / "m", texts=texts, hidden_size=32, layers=2, heads=2)
-
+from tests.rewards.one_of_two_words import base, one_of_two_pairs  # noqa: F401 (base: a fixture)
 
 def test_the_mlp_kind_learns_one_of_two_words_that_a_linear_head_does_not(base: Path, tmp_path: Path) -> None:
     from kernel.config import RewardModelConfig
@@ -53,7 +18,7 @@ def test_the_mlp_kind_learns_one_of_two_words_that_a_linear_head_does_not(base: 
     from workers.reward_trainer import pairwise_accuracy
 
     rng = random.Random(0)
-    train, heldout = _pairs(rng, 160), _pairs(rng, 80)
+    train, heldout = one_of_two_pairs(rng, 160), one_of_two_pairs(rng, 80)
     accuracy = {}
     for kind in ("head", "mlp"):
         cfg = RewardModelConfig(enabled=True, kind=kind, base=str(base), max_length=64, crossval_folds=0)
@@ -72,14 +37,13 @@ def test_the_mlp_kind_learns_one_of_two_words_that_a_linear_head_does_not(base: 
     assert spread is not None and len(spread) == len(heldout) and max(spread) > 0
     assert pairwise_accuracy(chosen, scorer.score(prompts, [p.rejected for p in heldout])) == accuracy["mlp"]
 
-
 def test_a_cross_validated_mlp_version_holds_every_pair_out_once(base: Path, tmp_path: Path) -> None:
     """With folds, the accuracy is out of fold over every pair, and each item is ranked by the
     networks that never saw its prompt."""
     from kernel.config import RewardModelConfig
     from workers.reward_kinds import reward_kind_impl
 
-    pairs = _pairs(random.Random(1), 120)
+    pairs = one_of_two_pairs(random.Random(1), 120)
     cfg = RewardModelConfig(enabled=True, kind="mlp", base=str(base), max_length=64)
     assert cfg.crossval_folds == 4  # the default of a kind that declares crossval
     fitted = reward_kind_impl("mlp").fit(cfg=cfg, base=str(base), train=pairs[:90], heldout=pairs[90:],
