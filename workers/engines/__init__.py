@@ -176,8 +176,10 @@ def _engines_end_with_the_worker(**_: object) -> None:
     # teardown outlasted the stop's grace (VLLMEngine.close says why).
     engine_cache_close()
     # The process is on its way out: its last garbage collection would walk the heap that
-    # torch, transformers and vLLM built (11 s of a rollout worker's 12 s exit on a loaded
-    # 2-core host) to free what the process's end frees anyway. Frozen objects are skipped.
+    # torch, transformers and vLLM built, to free what the process's end frees anyway (frozen
+    # objects are skipped). Every worker of this project gets here (its task discovery imports
+    # this module): SIGTERM to exit 7.3 and 6.8 s -> 1.5 and 1.3 s for one that had loaded a
+    # transformers engine (load 5-7); 11 s of a vLLM rollout worker's 12 s exit.
     gc.freeze()
 
 
