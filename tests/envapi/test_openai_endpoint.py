@@ -448,6 +448,7 @@ def test_a_rollout_worker_holding_a_vllm_engine_ends_on_sigterm_with_its_engine(
     ends by itself, exit 0, and its engine's processes with it, within the grace `stop` gives
     before its SIGKILL. vLLM's own teardown, left to the interpreter's exit, outlasted that grace
     every time (the worker ended by SIGKILL: exit -9). Last in the module: it stops the worker."""
+    pytest.importorskip("vllm")  # without it the worker would serve the run with transformers
     run = make_run(owner=owner, model=str(rambling_vllm_dir), engine="vllm", name="stopped")
     _, raw = make_key(run)
     _client(stack, run.pk, raw).completions.create(model=f"run-{run.pk}", prompt="hi", max_tokens=2)
