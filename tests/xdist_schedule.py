@@ -27,7 +27,7 @@ FIRST: tuple[str, ...] = (
     "tests/trainer/test_learner_group.py",  # 194
     "tests/learning/",  # ~190: the loop's and the agent's tests at 3 steps
     "tests/trainer/test_modes.py",  # 171
-    "tests/envapi/test_openai_endpoint.py",  # 137 (most of it the vLLM engine's start)
+    "tests/envapi/test_openai_endpoint.py",  # ~105 (estimated), was 137: no 20 s stop, 1-token warm-ups
     "tests/test_faults.py",  # ~125, was 196: the run ends two steps after the last recovery
     "tests/dashboard/test_pages_states.py",  # 115
     "tests/trainer/test_sharded_load.py",  # ~100, was ~190: one group per RLIMIT test
