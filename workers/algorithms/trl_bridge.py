@@ -14,11 +14,13 @@ moves them fails there, loudly, before a run trains on wrong numbers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ParamSpec, TypeAlias, TypeVar
 
@@ -51,14 +53,36 @@ _Args = ParamSpec("_Args")
 
 
 def holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]:
-    """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it."""
+    """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it, with
+    vLLM hidden from TRL's imports (`_vllm_hidden_from_trl`)."""
 
     @functools.wraps(build)
     def held(*args: _Args.args, **kwargs: _Args.kwargs) -> _Built:
-        with TRL_STATE_LOCK:
+        with TRL_STATE_LOCK, _vllm_hidden_from_trl():
             return build(*args, **kwargs)
 
     return held
+
+
+@contextlib.contextmanager
+def _vllm_hidden_from_trl() -> Iterator[None]:
+    """While TRL's trainer modules are first imported, TRL sees vLLM as not installed (its
+    `is_vllm_available`, which trl.generation binds at import), unless this process imported
+    vLLM itself. TRL's GRPO trainer imports its vLLM client, and with it vLLM: ~400 modules
+    and ~4 CPU s in every learner process (each rank, follower and train worker), for
+    generation we never let TRL do (no `use_vllm`); an engine that imports vLLM later is not
+    affected. Callers hold TRL_STATE_LOCK (no other thread reads the attribute meanwhile)."""
+    if "vllm" in sys.modules:
+        yield
+        return
+    from trl import import_utils
+
+    real = import_utils.is_vllm_available
+    import_utils.is_vllm_available = lambda min_version=None: False
+    try:
+        yield
+    finally:
+        import_utils.is_vllm_available = real
 
 
 class TrlApiMoved(UpstreamFailed, RuntimeError):
