@@ -32,9 +32,9 @@ FIRST: tuple[str, ...] = (
     "tests/dashboard/test_pages_states.py",  # 115
     "tests/dashboard/test_pages_notify_bulk.py",  # 90
     "tests/test_readme_commands.py",  # 85
-    "tests/trainer/test_sharded_load.py",  # ~75, was ~100: one group for the comparison and the RLIMIT test
     "tests/trainer/test_model_benches.py",  # ~75, was 179: two settings, not four
     "tests/rewards/test_k12_graders.py",  # ~70, was 98
+    "tests/trainer/test_sharded_load.py",  # ~65, was ~100: one group for the comparison and the RLIMIT test, no vLLM
 )
 
 
