@@ -111,9 +111,9 @@ def _rank(rank: int, world: int, addr: str, addr_two: str, model_dir: str, out: 
         assert cpu_allocator_tune()
         _group(rank, 2, addr_two, model_dir, CASES_TWO, Path(out) / "two")
     _group(rank, world, addr, model_dir, CASES, Path(out) / "three")
-    # Every algorithm's TRL trainer was built here without importing vLLM, which TRL's GRPO
-    # trainer otherwise imports (~4 CPU s a process; workers/algorithms/trl_bridge.py).
-    assert "vllm" not in sys.modules, "a learner process imported vLLM"
+    # Every algorithm's TRL trainer was built here without importing vLLM or MLflow, which
+    # TRL's GRPO trainer otherwise imports (~5 CPU s a process; workers/algorithms/trl_bridge.py).
+    assert not {"vllm", "mlflow"} & set(sys.modules), "a learner process imported vLLM or MLflow"
 
 
 def _group(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: Path) -> None:

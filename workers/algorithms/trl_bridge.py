@@ -54,7 +54,7 @@ _Args = ParamSpec("_Args")
 
 def holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]:
     """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it, with
-    vLLM hidden from TRL's imports (`_vllm_hidden_from_trl`)."""
+    vLLM and MLflow hidden from TRL's imports (`_vllm_hidden_from_trl`)."""
 
     @functools.wraps(build)
     def held(*args: _Args.args, **kwargs: _Args.kwargs) -> _Built:
@@ -66,23 +66,28 @@ def holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]
 
 @contextlib.contextmanager
 def _vllm_hidden_from_trl() -> Iterator[None]:
-    """While TRL's trainer modules are first imported, TRL sees vLLM as not installed (its
-    `is_vllm_available`, which trl.generation binds at import), unless this process imported
-    vLLM itself. TRL's GRPO trainer imports its vLLM client, and with it vLLM: ~400 modules
-    and ~4 CPU s in every learner process (each rank, follower and train worker), for
-    generation we never let TRL do (no `use_vllm`); an engine that imports vLLM later is not
-    affected. Callers hold TRL_STATE_LOCK (no other thread reads the attribute meanwhile)."""
-    if "vllm" in sys.modules:
-        yield
-        return
+    """While TRL's trainer modules are first imported, TRL sees vLLM and MLflow as not
+    installed (the availability checks trl.generation and trl.extras.profiling bind at
+    import), unless this process imported them itself. TRL's GRPO trainer imports its vLLM
+    client, and with it vLLM (~400 modules, ~4 CPU s), and its profiling imports MLflow
+    (~1.3 CPU s), in every learner process (each rank, follower and train worker): for
+    generation and metrics reporting we never let TRL do (no `use_vllm`, `report_to` empty).
+    An engine or tracker that imports either later is not affected. Callers hold
+    TRL_STATE_LOCK (no other TRL build reads the attributes meanwhile)."""
+    from transformers import integrations
     from trl import import_utils
 
-    real = import_utils.is_vllm_available
-    import_utils.is_vllm_available = lambda min_version=None: False
+    hidden = [(module, name) for module, name, package in ((import_utils, "is_vllm_available", "vllm"),
+                                                           (integrations, "is_mlflow_available", "mlflow"))
+              if package not in sys.modules]
+    real = [getattr(module, name) for module, name in hidden]
+    for module, name in hidden:
+        setattr(module, name, lambda *_, **__: False)
     try:
         yield
     finally:
-        import_utils.is_vllm_available = real
+        for (module, name), function in zip(hidden, real):
+            setattr(module, name, function)
 
 
 class TrlApiMoved(UpstreamFailed, RuntimeError):
