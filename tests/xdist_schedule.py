@@ -26,7 +26,7 @@ FIRST: tuple[str, ...] = (
     "tests/trainer/test_learner_group_task.py",  # ~220, was 418: 16 tests -> 12, five groups fewer
     "tests/learning/",  # ~190: the loop's and the agent's tests at 3 steps
     "tests/trainer/test_modes.py",  # 171
-    "tests/envapi/test_openai_endpoint.py",  # 137 (most of it the vLLM engine's start)
+    "tests/envapi/test_openai_endpoint.py",  # ~105 (estimated), was 137: no 20 s stop, 1-token warm-ups
     "tests/trainer/test_learner_group.py",  # ~100, was 194: three processes for both groups, no vLLM import
     "tests/test_faults.py",  # ~125, was 196: the run ends two steps after the last recovery
     "tests/dashboard/test_pages_states.py",  # 115

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 from django.contrib.auth.models import User
 
@@ -26,7 +28,7 @@ from apps.envapi.services import api_key_revoke
 from tests.agent_model import CALC_TOOL, call_text, conversation, question, tool_model_save
 from tests.envapi.conftest import make_key
 from tests.factories import make_run, make_taskset
-from tests.servers import rollout_stack
+from tests.servers import celery_worker, start_server, stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -40,9 +42,26 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with django_db_blocker.unblock(), rollout_stack(logs=tmp_path_factory.mktemp("openai-stack"), name="openai-rollout") as url:
+def rollout_worker(django_db_setup: None, django_db_blocker: Any,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
+    """The rollout worker behind the endpoint (tests/servers.py's rollout_stack, whose worker
+    the last test stops)."""
+    logs = tmp_path_factory.mktemp("openai-stack")
+    with django_db_blocker.unblock(), celery_worker("rollout", name="openai-rollout", log=logs / "worker.log",
+                                                    includes=("workers.explorer",)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def stack(rollout_worker: subprocess.Popen[bytes], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # A long rollout wait (300 s): a test that means a failure to come back at once must not
+    # pass by timing out.
+    server, url = start_server(log=tmp_path_factory.mktemp("openai-server") / "server.log",
+                               RFT_ROLLOUT_TIMEOUT_SECONDS="300")
+    try:
         yield url
+    finally:
+        stop(server)
 
 
 def _client(url: str, run_id: int, key: str, **kw: Any) -> Any:
@@ -150,15 +169,15 @@ def test_a_stream_sends_the_text_while_the_model_is_still_generating(
     client = _client(stack, run.pk, raw)
     model = f"run-{run.pk}"
 
-    def create(**kw: Any) -> Any:
+    def create(tokens: int = max_tokens, **kw: Any) -> Any:
         if kind == "chat":
             return client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 1 + 2?"}],
-                                                  max_tokens=max_tokens, temperature=0, **kw)
+                                                  max_tokens=tokens, temperature=0, **kw)
         # The chat prompt as text: the same greedy ramble.
-        return client.completions.create(model=model, prompt="<|user|>What is 1 + 2?<|end|><|assistant|>", max_tokens=max_tokens,
+        return client.completions.create(model=model, prompt="<|user|>What is 1 + 2?<|end|><|assistant|>", max_tokens=tokens,
                                          temperature=0, **kw)
 
-    create()  # the worker loads the model
+    create(tokens=1)  # the worker loads the model (a whole ramble here only cost its tokens' time)
     # The timing bounds are judged on the best of five tries, a few seconds apart: on a shared
     # 2-core host one slow moment (another process's engine, a checkpoint) pushes one request's
     # first text back by seconds (CI, twice: first text at 1.13 s of a 1.33 s answer, at 1.88 s
@@ -412,3 +431,30 @@ def test_the_example_agent_plays_through_the_endpoint_and_its_sessions_become_ex
     # Episodes of one task form one group.
     assert len({e.group_id for e in exps}) == len(QUESTIONS)
     assert sum(e.parts["format"] > 0 for e in episodes) >= len(episodes) // 2
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, its parent gone before reaping
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.vllm
+def test_a_rollout_worker_holding_a_vllm_engine_ends_on_sigterm_with_its_engine(
+    stack: str, rollout_worker: subprocess.Popen[bytes], owner: User, rambling_vllm_dir: Path
+) -> None:
+    """A person's Ctrl-C or a deploy's stop (SIGTERM to the worker's process group): the worker
+    ends by itself, exit 0, and its engine's processes with it, within the grace `stop` gives
+    before its SIGKILL. vLLM's own teardown, left to the interpreter's exit, outlasted that grace
+    every time (the worker ended by SIGKILL: exit -9). Last in the module: it stops the worker."""
+    pytest.importorskip("vllm")  # without it the worker would serve the run with transformers
+    run = make_run(owner=owner, model=str(rambling_vllm_dir), engine="vllm", name="stopped")
+    _, raw = make_key(run)
+    _client(stack, run.pk, raw).completions.create(model=f"run-{run.pk}", prompt="hi", max_tokens=2)
+    engine = [p.pid for p in psutil.Process(rollout_worker.pid).children(recursive=True)
+              if "VLLM::" in " ".join(p.cmdline())]  # vLLM retitles its processes
+    assert engine, "the vLLM engine runs in processes of its own"
+    stop(rollout_worker)
+    assert rollout_worker.returncode == 0
+    assert all(_gone(pid) for pid in engine)
