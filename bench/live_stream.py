@@ -12,7 +12,9 @@ missed. Phases, in the same run and on the same channel layer:
               every socket is a group member, so one layer message and one encode per
               socket per event. The baseline, at N clients.
   hub         the project's consumer: one subscription per process per run, one encode per
-              flush, frames batched under load. At 1 client and at N.
+              flush, frames batched under load. At 1 client and at N, on one server
+              process (the first phase's sockets gone, and the run's subscription with them,
+              before the second's connect).
 
 The clients run in --client-procs reader processes (no Django in them), so that parsing
 10,000 events/s is not one process's work on a small machine; each phase prints the CPU
@@ -201,6 +203,19 @@ def _server_command(server: str, app: str, port: int) -> list[str]:
     return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
 
 
+def _health_wait(server: subprocess.Popen[bytes], origin: str, *, seconds: float = 60) -> bool:
+    """Until the server answers /health/ (True), or it exited or `seconds` passed (False)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(origin + "/health/", timeout=2)
+            return True
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
@@ -262,30 +277,31 @@ def main(argv: list[str] | None = None) -> int:
         results: list[tuple[str, str, dict[str, Any]]] = []
         log_path = Path(os.environ.get("BENCH_LOG", "/dev/null"))
         log = open(log_path, "a")
+        running: tuple[str, str] | None = None  # (server, app) of `server`
+        port = 0
         for path, server_name, app, clients in phases:
-            port = free_port()
-            server = subprocess.Popen(_server_command(server_name, app, port), cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL, stderr=log)
-            origin = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(origin + "/health/", timeout=2)
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        print("bench.live_stream: the server did not start", file=sys.stderr)
-                        return 1
-                    time.sleep(0.2)
+            # The hub phases (1 client, then N) share one server: a server start is Django's
+            # set-up again (seconds of CPU), and the hub's subscription ends with its last socket.
+            if running != (server_name, app):
+                if server is not None:
+                    server.terminate()
+                    server.wait(timeout=10)
+                    server = None
+                port = free_port()
+                server = subprocess.Popen(_server_command(server_name, app, port), cwd=ROOT, env=env,
+                                          stdout=subprocess.DEVNULL, stderr=log)
+                running = (server_name, app)
+                if not _health_wait(server, f"http://127.0.0.1:{port}"):
+                    print("bench.live_stream: the server did not start", file=sys.stderr)
+                    return 1
+            assert server is not None
             result = _phase(
-                url=f"ws://127.0.0.1:{port}/ws/runs/{run.pk}/", origin=origin, cookie=f"sessionid={session.session_key}",
-                run_id=run.pk, clients=clients, procs=min(args.client_procs, clients), rate=args.rate,
-                seconds=args.seconds, env=env, server_pid=server.pid,
+                url=f"ws://127.0.0.1:{port}/ws/runs/{run.pk}/", origin=f"http://127.0.0.1:{port}",
+                cookie=f"sessionid={session.session_key}", run_id=run.pk, clients=clients,
+                procs=min(args.client_procs, clients), rate=args.rate, seconds=args.seconds, env=env,
+                server_pid=server.pid,
             )
             results.append((path, server_name, result))
-            server.terminate()
-            server.wait(timeout=10)
-            server = None
     finally:
         if server is not None:
             server.terminate()

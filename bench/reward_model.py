@@ -35,6 +35,7 @@ judge base only; over the policy base no kind gets past what the policy knows.
     python -m bench reward_model [--labels 100,200,400] [--bases policy,judge] [--seeds 0,1]
                                  [--kinds likelihood,classifier,head,mlp]
                                  [--rater SPEC | --raters generated:N [--raters-start 0]] [--max-tokens 12]
+                                 [--problems N] [--heldout-groups 96]
 
 Any registered kind is fitted as the reward worker fits it (`workers/reward_kinds`, no folds: the
 held-out groups are the split; `--epochs`: the passes of the kinds that train the base, `lora`).
@@ -80,9 +81,10 @@ def judge_settings() -> Any:
     return DemoSettings(target_accuracy=0.9, steps=3000, styled=0.0)
 
 
-def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12) -> list[dict[str, Any]]:
-    """GROUP completions per taskset problem, sampled at temperature 1, labelled as the
-    scripted rater labels them (5 right, 1 wrong; `rated` relabels them by another rater)."""
+def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12, problems: int | None = None) -> list[dict[str, Any]]:
+    """GROUP completions per taskset problem (the first `problems` of them; all by default),
+    sampled at temperature 1, labelled as the scripted rater labels them (5 right, 1 wrong;
+    `rated` relabels them by another rater)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,7 +94,7 @@ def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12) -> list[dict[s
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    taskset = _problems(DemoSettings())[2]
+    taskset = _problems(DemoSettings())[2][:problems]
     out: list[dict[str, Any]] = []
     for start in range(0, len(taskset), 32):
         chunk = taskset[start:start + 32]
@@ -245,7 +247,17 @@ def main() -> None:
     parser.add_argument("--raters-start", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=12,
                         help="sampled completion length (the styled answers a drawn preference reads take up to ~25)")
+    # The measurement samples every taskset problem and holds 96 groups out; a smoke test
+    # samples and holds out a few (each fit's held-out features were most of its time).
+    parser.add_argument("--problems", type=int, default=None,
+                        help="sample only the taskset's first N problems (default: all 256)")
+    parser.add_argument("--heldout-groups", type=int, default=HELDOUT_GROUPS,
+                        help=f"held-out groups (prompts) the accuracy is read on (default {HELDOUT_GROUPS})")
     args = parser.parse_args()
+    most = max(int(x) for x in args.labels.split(","))
+    if args.problems is not None and args.heldout_groups + -(-most // GROUP) > args.problems:
+        parser.error(f"--problems {args.problems}: fewer than the {args.heldout_groups} held-out groups and the "
+                     f"{-(-most // GROUP)} groups {most} labels take")
     preferences = _preferences(parser, args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -269,10 +281,10 @@ def main() -> None:
     # (kind/base, preference, labels, seed, accuracy, train pairs)
     results: list[tuple[str, str, int, int, float, int]] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        sampled = rollouts(policy, seed=seed, max_tokens=args.max_tokens)
+        sampled = rollouts(policy, seed=seed, max_tokens=args.max_tokens, problems=args.problems)
         groups = sorted({r["group"] for r in sampled})
         random.Random(seed).shuffle(groups)
-        heldout_groups = set(groups[:HELDOUT_GROUPS])
+        heldout_groups = set(groups[:args.heldout_groups])
         for pref, rating, noise, mixed in preferences:
             # Held out: the preference itself; trained on: its labels as a person gives them (its noise).
             rows = rated(sampled, rating)
@@ -286,7 +298,7 @@ def main() -> None:
                     print(f"  base {name:<7} ranking by its own completion log-likelihood (diagnostic): held-out "
                           f"accuracy {likelihood_accuracy(bases[name], rows, heldout_groups):.3f}", flush=True)
             for labels in [int(x) for x in args.labels.split(",")]:
-                train_groups = set(groups[HELDOUT_GROUPS:HELDOUT_GROUPS + labels // GROUP])
+                train_groups = set(groups[args.heldout_groups:args.heldout_groups + labels // GROUP])
                 train = rating_pairs([r for r in labelled if r["group"] in train_groups])
                 random.Random(seed).shuffle(train)
                 for name in args.bases.split(","):

@@ -21,20 +21,20 @@ WHOLE_PACKAGES = ("tests/learning/",)
 # the cuts of 2026-11-26 (issue 50: each module measured before and after at -n 0, in the
 # same conditions; bench/README.md and the commits say how).
 FIRST: tuple[str, ...] = (
-    "tests/test_bench_smokes.py",  # ~290, was 339 (the steering smokes sample 20 held-out problems)
+    "tests/test_bench_smokes.py",  # ~240, was ~290: reward_model's smokes hold 16 groups out, no vLLM in learners
     "tests/test_newcomer_crawl.py",  # ~220, was ~320: one crawl per person, 1280 px by resizing
     "tests/trainer/test_learner_group_task.py",  # ~220, was 418: 16 tests -> 12, five groups fewer
-    "tests/trainer/test_learner_group.py",  # 194
     "tests/learning/",  # ~190: the loop's and the agent's tests at 3 steps
     "tests/trainer/test_modes.py",  # 171
     "tests/envapi/test_openai_endpoint.py",  # ~105 (estimated), was 137: no 20 s stop, 1-token warm-ups
+    "tests/trainer/test_learner_group.py",  # ~100, was 194: three processes for both groups, no vLLM import
     "tests/test_faults.py",  # ~125, was 196: the run ends two steps after the last recovery
     "tests/dashboard/test_pages_states.py",  # 115
-    "tests/trainer/test_sharded_load.py",  # ~100, was ~190: one group per RLIMIT test
     "tests/dashboard/test_pages_notify_bulk.py",  # 90
     "tests/test_readme_commands.py",  # 85
     "tests/trainer/test_model_benches.py",  # ~75, was 179: two settings, not four
     "tests/rewards/test_k12_graders.py",  # ~70, was 98
+    "tests/trainer/test_sharded_load.py",  # ~65, was ~100: one group for the comparison and the RLIMIT test, no vLLM
 )
 
 

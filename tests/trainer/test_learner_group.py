@@ -6,7 +6,7 @@ resumes on one process and on three with the same next-step weights."""
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,21 +96,33 @@ def _whole(learner: Learner) -> dict[str, torch.Tensor]:
     return whole_state(learner)
 
 
-def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: str) -> None:
-    """One rank of a group: each case's update (rank 0's whole weights and gradients, or
-    every rank's under DDP, saved in `out`); then two ranks write a checkpoint (out/ckpt) and
-    three resume the one two wrote (in `out`'s sibling two/) and save the next step's weights
-    (out/three.pt). One group per world size, so each rank imports torch and TRL once."""
-    import torch.distributed as dist
-
-    from workers.algorithms.distributed import learner_shard
-
-    if world == 2:
+def _rank(rank: int, world: int, addr: str, addr_two: str, model_dir: str, out: str) -> None:
+    """One of three processes: ranks 0 and 1 first form a group of two (`addr_two`; rank 2
+    waits) for CASES_TWO and write a checkpoint (out/two/ckpt), then all three form a group of
+    three (`addr`) for CASES and resume the two ranks' checkpoint (out/three/three.pt). Each
+    case's update is saved (rank 0's whole weights and gradients, or every rank's under DDP).
+    One set of processes for both groups, so each imports torch and TRL once (five starts
+    were most of the module's time)."""
+    if rank < 2:
         # As a CPU train worker with RFT_TRAINER_CPU_MMAP_THRESHOLD: the heap trimmed after
         # each block's backward (workers/host_memory.py) changes no update.
         from workers.host_memory import cpu_allocator_tune
 
         assert cpu_allocator_tune()
+        _group(rank, 2, addr_two, model_dir, CASES_TWO, Path(out) / "two")
+    _group(rank, world, addr, model_dir, CASES, Path(out) / "three")
+    # Every algorithm's TRL trainer was built here without importing vLLM or MLflow, which
+    # TRL's GRPO trainer otherwise imports (~5 CPU s a process; workers/algorithms/trl_bridge.py).
+    assert not {"vllm", "mlflow"} & set(sys.modules), "a learner process imported vLLM or MLflow"
+
+
+def _group(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: Path) -> None:
+    """In a group of `world` (the default process group, ended at the end): each case's
+    update, then two ranks write a checkpoint and three resume the one two wrote."""
+    import torch.distributed as dist
+
+    from workers.algorithms.distributed import learner_shard
+
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
     try:
         for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
@@ -121,45 +133,27 @@ def _rank(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[st
             params = _whole(learner) if sharding != "none" else {n: p.detach() for n, p in learner.model.named_parameters()}
             if rank == 0 or sharding == "none":
                 torch.save({"params": params, "grads": grads, "loss": metrics["loss"], "term": shard.last_term},
-                           os.path.join(out, f"case{i}-rank{rank}.pt"))
+                           out / f"case{i}-rank{rank}.pt")
         if world == 2:
-            _ckpt_write(rank, world, model_dir, Path(out) / "ckpt")
-        elif world == 3:
-            _ckpt_resume(rank, world, model_dir, Path(out).parent / "two" / "ckpt", Path(out) / "three.pt")
+            _ckpt_write(rank, world, model_dir, out / "ckpt")
+        else:
+            _ckpt_resume(rank, world, model_dir, out.parent / "two" / "ckpt", out / "three.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(fn: Any, world: int, *args: Any) -> None:
+@pytest.fixture(scope="module")
+def groups(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The groups' outputs by world size (two/: CASES_TWO, then a checkpoint, ckpt/; three/:
+    CASES, then that checkpoint resumed, three.pt), from three processes started once."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(fn, args=(world, f"tcp://127.0.0.1:{free_port()}", *args), nprocs=world, start_method="spawn")
-
-
-@pytest.fixture(scope="module")
-def two_ranks(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The outputs of one group of two ranks: CASES_TWO, then a checkpoint (ckpt/)."""
-    out = tmp_path_factory.mktemp("learner-groups") / "two"
-    out.mkdir()
-    _spawn(_rank, 2, str(tiny_model_dir), CASES_TWO, str(out))
-    return out
-
-
-@pytest.fixture(scope="module")
-def three_ranks(tiny_model_dir: Path, two_ranks: Path) -> Path:
-    """The outputs of one group of three ranks: CASES, then the two ranks' checkpoint resumed
-    (three.pt), beside the two ranks' outputs."""
-    out = two_ranks.parent / "three"
-    out.mkdir()
-    _spawn(_rank, 3, str(tiny_model_dir), CASES, str(out))
-    return out
-
-
-@pytest.fixture
-def groups(request: pytest.FixtureRequest) -> dict[int, Path]:
-    """The groups' outputs by world size, each group started when a test first needs it
-    (one group a set-up: on a loaded host one took 5-6 minutes)."""
-    return {world: request.getfixturevalue(name) for world, name in ((2, "two_ranks"), (3, "three_ranks"))}
+    out = tmp_path_factory.mktemp("learner-groups")
+    for world in (2, 3):
+        (out / ("two", "three")[world - 2]).mkdir()
+    mp.start_processes(_rank, args=(3, f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}",
+                                    str(tiny_model_dir), str(out)), nprocs=3, start_method="spawn")
+    return {2: out / "two", 3: out / "three"}
 
 
 _ONE: dict[tuple[str, str, float], dict[str, Any]] = {}
@@ -178,10 +172,10 @@ def _one_process(model_dir: Path, algorithm: str, loss_type: str, beta: float) -
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_loss_type(
-    tiny_model_dir: Path, request: pytest.FixtureRequest, world: int
+    tiny_model_dir: Path, groups: dict[int, Path], world: int
 ) -> None:
     cases = CASES_TWO if world == 2 else CASES
-    out = request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
+    out = groups[world]
     before = dict(_learner(str(tiny_model_dir), _spec("sft", "dapo", 0.0)).model.state_dict())
     for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
         case = f"{algorithm}/{loss_type}/beta={beta}/{sharding} on {world} ranks"

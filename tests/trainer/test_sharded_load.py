@@ -54,34 +54,28 @@ def _ids() -> torch.Tensor:
     return torch.arange(10, 26).reshape(2, 8)
 
 
-def _rank(rank: int, world: int, addr: str, model_dirs: list[str], out: str) -> None:
-    """Each model loaded sharded: its logits on `_ids`, one GRPO step; rank 0 saves what
-    the one process is compared with, every rank the rows it holds of each weight."""
-    import torch.distributed as dist
+def _compared(rank: int, world: int, model_dirs: list[str], out: str) -> None:
+    """In the group: each model loaded sharded, its logits on `_ids`, one GRPO step; rank 0
+    saves what the one process is compared with, every rank the rows it holds of each weight."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
     from workers.algorithms.distributed import learner_shard, model_sharded_load, whole_state
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        for i, model_dir in enumerate(model_dirs):
-            torch.manual_seed(0)
-            model = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
-            ref = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
-            held = {n: (p.to_local().numel(), p.numel()) for n, p in model.named_parameters()}
-            with torch.no_grad():
-                logits = model(_ids()).logits
-            learner = Learner(spec=_spec(), model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), ref_model=ref)
-            shard = learner_shard(learner, rank=rank, world=world, sharding="full")
-            metrics = learner.step(_batch(), shard=shard)
-            whole = whole_state(learner)
-            torch.save({"logits": logits, "loss": metrics["loss"], "whole": whole, "held": held},
-                       Path(out) / f"model{i}-rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,))
+    for i, model_dir in enumerate(model_dirs):
+        torch.manual_seed(0)
+        model = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
+        ref = model_sharded_load(model_dir, mesh=mesh, reshard=True, precision="fp32")
+        held = {n: (p.to_local().numel(), p.numel()) for n, p in model.named_parameters()}
+        with torch.no_grad():
+            logits = model(_ids()).logits
+        learner = Learner(spec=_spec(), model=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), ref_model=ref)
+        shard = learner_shard(learner, rank=rank, world=world, sharding="full")
+        metrics = learner.step(_batch(), shard=shard)
+        whole = whole_state(learner)
+        torch.save({"logits": logits, "loss": metrics["loss"], "whole": whole, "held": held},
+                   Path(out) / f"model{i}-rank{rank}.pt")
 
 
 def _spawn_bounded(fn: Any, world: int, *args: Any) -> None:
@@ -120,15 +114,26 @@ def _one_process(model_dir: Path) -> dict[str, Any]:
     return {"logits": logits, "loss": metrics["loss"], "whole": dict(model.state_dict())}
 
 
+@pytest.fixture(scope="module")
+def group_out(tiny_model_dir: Path, tied_model_dir: Path, large_model_dir: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the module's one group of two ranks wrote (`_rank`): the untied and the tied
+    model compared, then the large model under the limit."""
+    out = tmp_path_factory.mktemp("group")
+    weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
+    _spawn_bounded(_rank, 2, [str(tiny_model_dir), str(tied_model_dir)], str(tiny_model_dir), str(large_model_dir),
+                   weight_bytes, str(out))
+    return out
+
+
 def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_loss_and_update(
-    tiny_model_dir: Path, tied_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tied_model_dir: Path, group_out: Path
 ) -> None:
     dirs = [tiny_model_dir, tied_model_dir]
-    _spawn_bounded(_rank, 2, [str(d) for d in dirs], str(tmp_path))
     for i, model_dir in enumerate(dirs):
         what = "tied" if i else "untied"
         one = _one_process(model_dir)
-        got = torch.load(tmp_path / f"model{i}-rank0.pt", weights_only=False)
+        got = torch.load(group_out / f"model{i}-rank0.pt", weights_only=False)
         # The forward gathers the very weights one process holds: the same logits.
         torch.testing.assert_close(got["logits"], one["logits"], atol=1e-6, rtol=1e-5, msg=lambda m: f"{what}: {m}")
         assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), what
@@ -138,7 +143,7 @@ def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_lo
         if i:
             assert torch.equal(got["whole"]["lm_head.weight"], got["whole"]["model.embed_tokens.weight"]), "still tied"
         for rank in (0, 1):
-            held = torch.load(tmp_path / f"model{i}-rank{rank}.pt", weights_only=False)["held"]
+            held = torch.load(group_out / f"model{i}-rank{rank}.pt", weights_only=False)["held"]
             for name, (local, total) in held.items():
                 # Its rows only (FSDP2's dim-0 split): never a whole weight of more than one row.
                 rows = one["whole"][name].shape[0]
@@ -193,16 +198,13 @@ def _lora_whole(model_dir: str) -> torch.nn.Module:
     return adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
 
 
-def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: str, weight_bytes: int, out: str) -> None:
-    """Warmed up on a tiny model (what torch, TRL, gloo and both loads set up once), then
-    held to LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): loads that
-    model whole (the old way), then under the same limit takes a LoRA step on it loaded
-    sharded; writes what happened to each (the step's loss, or the error) to
-    out/rank{rank}-{whole,sharded}.txt. One group for both: a second would start and warm
-    up two more interpreters."""
+def _rank(rank: int, world: int, addr: str, model_dirs: list[str], warm_dir: str, model_dir: str, weight_bytes: int,
+          out: str) -> None:
+    """One rank of the module's one group of two: the comparison with one process on
+    `model_dirs` (`_compared`), then the model at `model_dir` under an address-space limit
+    (`_limited`). One group for both tests: each more would start and warm up two more
+    interpreters (torch, TRL and gloo set up in each)."""
     import ctypes
-    import gc
-    import resource
 
     import torch.distributed as dist
 
@@ -217,6 +219,20 @@ def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: st
     ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
     # A rank left alone in a collective (its peer ran out of memory) ends in bounded time.
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank, timeout=datetime.timedelta(seconds=300))
+    _compared(rank, world, model_dirs, out)
+    _limited(rank, world, warm_dir, model_dir, weight_bytes, out)
+    dist.destroy_process_group()
+
+
+def _limited(rank: int, world: int, warm_dir: str, model_dir: str, weight_bytes: int, out: str) -> None:
+    """In the group: warmed up on a tiny model (what the LoRA loads and step set up once),
+    then held to LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): loads
+    that model whole (the old way), then under the same limit takes a LoRA step on it loaded
+    sharded; writes what happened to each (the step's loss, or the error) to
+    out/rank{rank}-{whole,sharded}.txt."""
+    import gc
+    import resource
+
     _lora_whole(warm_dir)  # its load path warmed up too; dropped at once
     warm, shard = _lora_sharded(warm_dir, rank=rank, world=world)
     warm.step(_batch(), shard=shard)
@@ -238,7 +254,6 @@ def _limited_rank(rank: int, world: int, addr: str, warm_dir: str, model_dir: st
         Path(out, f"rank{rank}-sharded.txt").write_text(f"failed: {type(exc).__name__}: {exc}"[:2000])
         os._exit(0)  # the other rank may be inside a collective; the outcome is written
     Path(out, f"rank{rank}-sharded.txt").write_text(result)
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -252,11 +267,9 @@ def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_only_their_shards(
-    tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path
+    group_out: Path,
 ) -> None:
-    weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
-    _spawn_bounded(_limited_rank, 2, str(tiny_model_dir), str(large_model_dir), weight_bytes, str(tmp_path))
-    outcome = {mode: [(tmp_path / f"rank{r}-{mode}.txt").read_text() for r in (0, 1)] for mode in ("whole", "sharded")}
+    outcome = {mode: [(group_out / f"rank{r}-{mode}.txt").read_text() for r in (0, 1)] for mode in ("whole", "sharded")}
     # The limit bites: a rank that loads the whole model first runs out of address space.
     assert all(o.startswith("failed") for o in outcome["whole"]), outcome["whole"]
     assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome["whole"]), outcome["whole"]

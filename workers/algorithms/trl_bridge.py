@@ -14,11 +14,13 @@ moves them fails there, loudly, before a run trains on wrong numbers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ParamSpec, TypeAlias, TypeVar
 
@@ -51,14 +53,41 @@ _Args = ParamSpec("_Args")
 
 
 def holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]:
-    """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it."""
+    """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it, with
+    vLLM and MLflow hidden from TRL's imports (`_vllm_hidden_from_trl`)."""
 
     @functools.wraps(build)
     def held(*args: _Args.args, **kwargs: _Args.kwargs) -> _Built:
-        with TRL_STATE_LOCK:
+        with TRL_STATE_LOCK, _vllm_hidden_from_trl():
             return build(*args, **kwargs)
 
     return held
+
+
+@contextlib.contextmanager
+def _vllm_hidden_from_trl() -> Iterator[None]:
+    """While TRL's trainer modules are first imported, TRL sees vLLM and MLflow as not
+    installed (the availability checks trl.generation and trl.extras.profiling bind at
+    import), unless this process imported them itself. TRL's GRPO trainer imports its vLLM
+    client, and with it vLLM (~400 modules, ~4 CPU s), and its profiling imports MLflow
+    (~1.3 CPU s), in every learner process (each rank, follower and train worker): for
+    generation and metrics reporting we never let TRL do (no `use_vllm`, `report_to` empty).
+    An engine or tracker that imports either later is not affected. Callers hold
+    TRL_STATE_LOCK (no other TRL build reads the attributes meanwhile)."""
+    from transformers import integrations
+    from trl import import_utils
+
+    hidden = [(module, name) for module, name, package in ((import_utils, "is_vllm_available", "vllm"),
+                                                           (integrations, "is_mlflow_available", "mlflow"))
+              if package not in sys.modules]
+    real = [getattr(module, name) for module, name in hidden]
+    for module, name in hidden:
+        setattr(module, name, lambda *_, **__: False)
+    try:
+        yield
+    finally:
+        for (module, name), function in zip(hidden, real):
+            setattr(module, name, function)
 
 
 class TrlApiMoved(UpstreamFailed, RuntimeError):
