@@ -19,7 +19,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tests.envapi.conftest import make_key
-from tests.envapi.test_openai_endpoint import agent_run, model_dir, stack  # noqa: F401  (fixtures)
+from tests.envapi.test_openai_endpoint import agent_run, model_dir, rollout_worker, stack  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -8,7 +8,6 @@ model, creating it on first use; later tasks reuse it and only load other weight
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import logging
 import os
@@ -18,9 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery import signals
-
-from rftweb.taskkit import on_signal
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
 from workers.engines.hf_engine import HFEngine
 from workers.engines.vllm_engine import VLLMEngine
@@ -168,19 +164,6 @@ def engine_cache_close() -> None:
         close = getattr(engine, "close", None)
         if close is not None:
             close()
-
-
-@on_signal(signals.worker_shutdown)
-def _engines_end_with_the_worker(**_: object) -> None:
-    # After a warm shutdown's last task: left to the interpreter's exit, a vLLM engine's
-    # teardown outlasted the stop's grace (VLLMEngine.close says why).
-    engine_cache_close()
-    # The process is on its way out: its last garbage collection would walk the heap that
-    # torch, transformers and vLLM built, to free what the process's end frees anyway (frozen
-    # objects are skipped). Every worker of this project gets here (its task discovery imports
-    # this module): SIGTERM to exit 7.3 and 6.8 s -> 1.5 and 1.3 s for one that had loaded a
-    # transformers engine (load 5-7); 11 s of a vLLM rollout worker's 12 s exit.
-    gc.freeze()
 
 
 def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> bool:
