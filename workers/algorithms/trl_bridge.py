@@ -54,18 +54,18 @@ _Args = ParamSpec("_Args")
 
 def holding_trl_state(build: Callable[_Args, _Built]) -> Callable[_Args, _Built]:
     """`build` (a TRL config and trainer) runs holding TRL_STATE_LOCK, whoever calls it, with
-    vLLM and MLflow hidden from TRL's imports (`_vllm_hidden_from_trl`)."""
+    vLLM and MLflow hidden from TRL's imports (`_unused_backends_hidden_from_trl`)."""
 
     @functools.wraps(build)
     def held(*args: _Args.args, **kwargs: _Args.kwargs) -> _Built:
-        with TRL_STATE_LOCK, _vllm_hidden_from_trl():
+        with TRL_STATE_LOCK, _unused_backends_hidden_from_trl():
             return build(*args, **kwargs)
 
     return held
 
 
 @contextlib.contextmanager
-def _vllm_hidden_from_trl() -> Iterator[None]:
+def _unused_backends_hidden_from_trl() -> Iterator[None]:
     """While TRL's trainer modules are first imported, TRL sees vLLM and MLflow as not
     installed (the availability checks trl.generation and trl.extras.profiling bind at
     import), unless this process imported them itself. TRL's GRPO trainer imports its vLLM
