@@ -18,4 +18,4 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 # Live servers, Celery workers and the browser: one module for every test (tests/servers.py);
 # how `make test`'s two xdist workers share the tests out (tests/xdist_schedule.py).
-pytest_plugins = ["tests.servers", "tests.xdist_schedule"]
+pytest_plugins = ["tests.servers", "tests.xdist_schedule", "tests.cost_log"]

@@ -82,7 +82,8 @@ hand-out source (rule, random share, gold) and the sibling pairs rated apart (wh
 reward model) or alike. `--rm-gate evidence` (feedback.rm_gate) folds the reward model in from
 when its bound is above chance, its calibrated scores drawn toward mid-scale by
 (bound - 0.5) / (min_rm_accuracy - 0.5); `bound` (the default) folds it in all at once when the
-bound reaches --min-rm-accuracy. The arms see the same either way; only when and how much of the
+bound reaches --min-rm-accuracy; `--rm-gate calibrated` folds it in from when its bound is above
+chance at full weight (its out-of-fold calibration the only discount). The arms see the same either way; only when and how much of the
 reward model's score enters the rewards differs.
 
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
@@ -1659,10 +1660,11 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.0,
                         help="trainer.params.beta: a KL penalty toward the base model in every arm (0: none, the "
                              "run's default)")
-    parser.add_argument("--rm-gate", default="bound", choices=["bound", "evidence"],
+    parser.add_argument("--rm-gate", default="bound", choices=["bound", "evidence", "calibrated"],
                         help="feedback.rm_gate: bound, the reward model in all at once when its held-out accuracy's "
                              "lower bound reaches --min-rm-accuracy; evidence, from when the bound is above chance, "
-                             "weighted by how far it has come (apps.feedback.learned.reward_model_weight)")
+                             "weighted by how far it has come (apps.feedback.learned.reward_model_weight); "
+                             "calibrated, from when the bound is above chance, at its calibration's scale")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     parser.add_argument("--demo-styled", type=float, default=None,
                         help="build the demo model with this share of styled warm-up answers, split evenly "

@@ -168,9 +168,14 @@ class FeedbackSettings(StrictModel):
     # weight (bound - 0.5) / (min_rm_accuracy - 0.5), full from min_rm_accuracy on, where `bound`
     # would open (apps.feedback.learned.reward_model_weight). A model that ranks pairs well on
     # few pairs steers a little from the first steps instead of not at all for half the run.
-    rm_gate: Literal["bound", "evidence"] = Field(
-        "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown) or "
-                             "evidence (from better than chance, weighted by how far its accuracy is shown)")
+    # `calibrated`: as soon as the bound is above chance, at full weight: the calibration
+    # (fitted on out-of-fold scores) already draws a weak or noisy model's scores toward
+    # people's mean, and the raters' own noise caps the accuracy a bound reads, so a second
+    # discount by that accuracy holds back a model that people's ratings cannot show better.
+    rm_gate: Literal["bound", "evidence", "calibrated"] = Field(
+        "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown), "
+                             "evidence (from better than chance, weighted by how far its accuracy is shown) or "
+                             "calibrated (from better than chance, as its calibration scales it)")
     # How each rater's votes count in the fold: equal (off), by accuracy on gold items, or by
     # agreement with the other raters' consensus (apps/feedback/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"

@@ -11,7 +11,7 @@ is at least `feedback.min_rm_accuracy` with `feedback.rm_accuracy_confidence` co
 nothing is scored into rewards and the run behaves as `blend` (groups wait for people, then
 the wait window's fallback); under `feedback.rm_gate: evidence` the version scores from when
 that bound is above chance, its scores weighted by how far the bound has come
-(`reward_model_weight`).
+(`reward_model_weight`); under `calibrated` from then on at the calibration's own scale.
 """
 
 from __future__ import annotations
@@ -110,15 +110,16 @@ def reward_model_gate_open(*, run: Run, rm: RewardModel) -> bool:
     bound = reward_model_lower_bound(run=run, rm=rm)
     if bound is None:
         return False
-    if feedback_cfg.rm_gate == "evidence" and feedback_cfg.min_rm_accuracy > CHANCE:
+    if feedback_cfg.rm_gate == "calibrated" or (feedback_cfg.rm_gate == "evidence"
+                                                 and feedback_cfg.min_rm_accuracy > CHANCE):
         return bound > CHANCE
     return bound >= feedback_cfg.min_rm_accuracy
 
 
 def reward_model_weight(*, run: Run, rm: RewardModel) -> float:
     """How much of a usable version's calibrated score a reward carries: 1 under the `bound`
-    gate; under `evidence` the share of the way from chance to `min_rm_accuracy` its lower
-    bound has come (full from there on)."""
+    and `calibrated` gates; under `evidence` the share of the way from chance to
+    `min_rm_accuracy` its lower bound has come (full from there on)."""
     feedback_cfg = run.cfg.feedback
     if feedback_cfg.rm_gate != "evidence" or feedback_cfg.min_rm_accuracy <= CHANCE:
         return 1.0

@@ -123,6 +123,35 @@ def test_the_evidence_gate_lets_a_better_than_chance_model_in_at_the_weight_its_
     assert a.status == b.status == "ready"
 
 
+@pytest.mark.parametrize("accuracy,pairs,usable", [
+    (1.0, 4, True),     # bound 0.60: in, at full weight (evidence would give it 0.39)
+    (0.7, 60, True),    # bound 0.59
+    (0.55, 40, False),  # bound 0.42: no better than chance with 95% confidence, not used at all
+])
+def test_the_calibrated_gate_lets_a_better_than_chance_model_in_at_its_calibrations_scale(
+    owner: User, accuracy: float, pairs: int, usable: bool,
+) -> None:
+    """`rm_gate: calibrated`: in once the bound is above chance, with no discount beside the
+    calibration's own: the rewards carry the calibrated scores as they are."""
+    from apps.feedback.learned import reward_model_weight
+
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "calibrated",
+                                          "w_auto": 0.0, "w_rm": 1.0},
+                   reward_model={"enabled": True})
+    a, b = _items(run, 2, "g")
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs,
+                                    scale=0.1, offset=0.5)
+    if not usable:
+        assert reward_model_usable(run=run) is None
+        assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 0
+        return
+    assert reward_model_usable(run=run) == rm
+    assert reward_model_weight(run=run, rm=rm) == 1.0
+    assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 1
+    a, b = (Experience.objects.get(pk=e.pk) for e in (a, b))
+    assert (a.reward, b.reward) == (pytest.approx(0.7), pytest.approx(0.3))  # 0.1 * (+-2) + 0.5
+
+
 def test_the_bound_gate_is_the_default_and_keeps_the_reward_model_out_until_the_bound_is_reached(
     owner: User,
 ) -> None:
