@@ -36,7 +36,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     wall, (own, children) = time.monotonic(), _cpu()
     yield
     own_after, children_after = _cpu()
-    line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    line = {"test": item.nodeid, "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
             "end": time.time(), "wall": time.monotonic() - wall, "cpu": own_after - own,
             "cpu_children": children_after - children}
     with open(path, "a", encoding="utf-8") as log:

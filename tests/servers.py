@@ -330,14 +330,21 @@ def redis_flush() -> None:
 
 # ------------------------------------------------------------------------------ the browser
 
+# How long a browser test waits for what it waits on (a page, a selector, an `expect`) before
+# it fails: a ceiling, not a pause (each wait ends at its event). Sized for a loaded host: a
+# login's redirect took over 15 s in a full run at load 7-9 (2026-11-27).
+BROWSER_WAIT_MS = 60_000
+
+
 # Module scope: Playwright's sync API keeps an event loop running on the test thread while
 # it is open, which would stop later async tests and async_to_sync from working.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("Debian's chromium is not installed (make browser)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=BROWSER_WAIT_MS)
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
@@ -366,7 +373,7 @@ def screenshot(target: Any, name: str) -> None:
 def page(browser: Any, live_url: str) -> Iterator[Any]:
     context = browser.new_context(base_url=live_url)
     pg = context.new_page()
-    pg.set_default_timeout(15_000)
+    pg.set_default_timeout(BROWSER_WAIT_MS)
     yield pg
     context.close()
 

@@ -37,7 +37,7 @@ def test_a_person_sets_their_email_on_the_account_page_and_the_run_end_email_rea
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     try:
         page = context.new_page()
-        page.set_default_timeout(15_000)
+        page.set_default_timeout(60_000)
         page.goto("/login/")
         page.fill("#id_username", "olga")
         page.fill("#id_password", PASSWORD)

@@ -42,7 +42,7 @@ def running(owner: User, name: str = "demo", **config: Any) -> Run:
 def opened(browser: Any, live_url: str, owner: User, run: Run, size: dict[str, int] = LAPTOP) -> Any:
     context = browser.new_context(base_url=live_url, viewport=size)
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)
     login_to_runs(page, owner.username)
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")

@@ -80,7 +80,7 @@ def test_the_diff_reads_at_both_widths(browser: Any, live_url: str, owner: User,
     right = make_run(owner=owner, name="its sibling", feedback={"mode": "blend", "guidelines": "Short."})
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)
     try:
         login_to_runs(page, owner.username)
         page.goto(f"/runs/{left.pk}/diff/{right.pk}/")

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(trans
 def csp_page(browser: Any, live_url: str) -> Iterator[tuple[Any, list[str]]]:
     context = browser.new_context(base_url=live_url)
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)
     violations: list[str] = []
     page.on("console", lambda msg: violations.append(f"{page.url}: {msg.text}")
             if "Content Security Policy" in msg.text or "Content-Security-Policy" in msg.text else None)

@@ -47,5 +47,5 @@ def test_the_run_page_follows_a_background_import_until_it_is_done(page: Any, ow
     # No worker serves this live server's queue: the test is the worker.
     assert run.taskset_id is not None
     assert taskset_import_task(run.taskset_id) == "ready"
-    expect(page.locator("#taskset-import")).to_contain_text(f"Taskset “big” imported: {rows} rows.", timeout=15_000)
+    expect(page.locator("#taskset-import")).to_contain_text(f"Taskset “big” imported: {rows} rows.", timeout=60_000)
     assert Taskset.objects.get().import_status == "ready" and Task.objects.count() == rows

@@ -135,7 +135,7 @@ def test_no_page_scrolls_sideways_for_anyone_on_a_phone_a_laptop_or_a_wide_scree
     people, run, other = a_team()
     context = browser.new_context(base_url=live_url, viewport=SIZES["390"])
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)
     problems: list[str] = []
     try:
         for name, path in (("login", "/login/"), ("password-reset", "/password/reset/")):
@@ -182,7 +182,7 @@ def test_on_a_phone_the_annotation_page_is_one_column_with_the_guidelines_folded
     laptop = browser.new_context(base_url=live_url, viewport=SIZES["1280"])
     try:
         page = phone.new_page()
-        page.set_default_timeout(15_000)
+        page.set_default_timeout(60_000)
         assert page.evaluate("() => matchMedia('(hover: none)').matches")
         sign_in(page, people["annotator"])
         # Their runs list shows "Annotate" without scrolling sideways for it.
@@ -210,7 +210,7 @@ def test_on_a_phone_the_annotation_page_is_one_column_with_the_guidelines_folded
         assert overflow(page) <= 0
 
         wide = laptop.new_page()
-        wide.set_default_timeout(15_000)
+        wide.set_default_timeout(60_000)
         sign_in(wide, people["annotator"])
         wide.goto(f"/runs/{run.pk}/annotate/")
         wide.wait_for_selector("#queue .item")

@@ -155,7 +155,7 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     assert "4/5" in item.inner_text() and "{" not in item.inner_text()  # no Python reprs
     page.keyboard.press("2")
     page.keyboard.press("Enter")
-    expect(page.locator("#mine li.submission")).to_have_count(2, timeout=15_000)
+    expect(page.locator("#mine li.submission")).to_have_count(2, timeout=60_000)
     # Revise the older one (undo is for the last): its item comes back, open, and is rated again.
     first = Feedback.objects.get(experience=members[0])
     page.click(f'#mine li.submission[data-feedback="{first.pk}"] button')

@@ -78,7 +78,7 @@ def test_on_a_phone_taps_rank_best_first_and_the_last_one_places_itself(
                                   is_mobile=True)
     try:
         page = context.new_page()
-        page.set_default_timeout(15_000)
+        page.set_default_timeout(60_000)
         _open(page, live_url, run_of_eight)
         page.locator("#queue .item .act-rank").first.tap()
         page.wait_for_selector("#panel form.rank[data-complete='0']")

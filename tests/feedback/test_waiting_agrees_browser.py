@@ -59,7 +59,7 @@ def _page_agrees(browser: Any, live_url: str, run: Run, user: User, width: int) 
     count, the open items in the queue)."""
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     page = context.new_page()
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(60_000)
     try:
         path = f"/runs/{run.pk}/annotate/"
         login(page, live_url, user.username, next_path=path)

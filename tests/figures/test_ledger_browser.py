@@ -54,7 +54,7 @@ def _rate(page: Any, pk: int, key: str, done: int) -> None:
     _go(page, pk)
     page.keyboard.press(key)
     page.keyboard.press("Enter")
-    expect(page.locator("#queue .item.done")).to_have_count(done, timeout=15_000)
+    expect(page.locator("#queue .item.done")).to_have_count(done, timeout=60_000)
 
 
 def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> None:
