@@ -16,25 +16,29 @@ import pytest
 # package-wide Celery workers (tests/learning/conftest.py).
 WHOLE_PACKAGES = ("tests/learning/",)
 # The longest groups, longest first: handed out before the rest, so neither worker is left
-# running one of them alone at the end (the rest, in collection order, take 70 s or less).
-# Seconds from --durations=0 of a -n 2 run (2026-11-25, load 4-39; 4159 s in all), scaled by
-# the cuts of 2026-11-26 (issue 50: each module measured before and after at -n 0, in the
-# same conditions; bench/README.md and the commits say how).
+# running one of them alone at the end (the rest, in collection order, take 60 s or less).
+# Seconds: each group's wall in a -n 2 run from a fresh cache (RFT_TEST_COST_LOG,
+# tests/cost_log.py; 2026-11-27, 2546 s in all beside a bench at nice 19, load 2-10). The
+# second is one that does not need the demo model: the first group's worker builds it (~110 s
+# on a fresh clone, as in CI) while the other would otherwise wait on its lock.
 FIRST: tuple[str, ...] = (
-    "tests/test_bench_smokes.py",  # ~240, was ~290: reward_model's smokes hold 16 groups out, no vLLM in learners
-    "tests/test_newcomer_crawl.py",  # ~220, was ~320: one crawl per person, 1280 px by resizing
-    "tests/trainer/test_learner_group_task.py",  # ~220, was 418: 16 tests -> 12, five groups fewer
-    "tests/learning/",  # ~190: the loop's and the agent's tests at 3 steps
-    "tests/trainer/test_modes.py",  # 171
-    "tests/envapi/test_openai_endpoint.py",  # ~105 (estimated), was 137: no 20 s stop, 1-token warm-ups
-    "tests/trainer/test_learner_group.py",  # ~100, was 194: three processes for both groups, no vLLM import
-    "tests/test_faults.py",  # ~125, was 196: the run ends two steps after the last recovery
-    "tests/dashboard/test_pages_states.py",  # 115
-    "tests/dashboard/test_pages_notify_bulk.py",  # 90
-    "tests/test_readme_commands.py",  # 85
-    "tests/trainer/test_model_benches.py",  # ~75, was 179: two settings, not four
-    "tests/rewards/test_k12_graders.py",  # ~70, was 98
-    "tests/trainer/test_sharded_load.py",  # ~65, was ~100: one group for the comparison and the RLIMIT test, no vLLM
+    "tests/test_bench_smokes.py",  # 718, 114 of them waiting for the demo model
+    "tests/envapi/test_openai_endpoint.py",  # 202
+    "tests/test_newcomer_crawl.py",  # 301
+    "tests/learning/",  # 183: the loop's and the agent's tests at 3 steps
+    "tests/test_faults.py",  # 159
+    "tests/trainer/test_learner_group_task.py",  # 157
+    "tests/dashboard/test_pages_states.py",  # 142
+    "tests/trainer/test_sharded_load.py",  # 131
+    "tests/dashboard/test_pages_round2.py",  # 125
+    "tests/test_readme_commands.py",  # 93
+    "tests/workers/test_explorer.py",  # 84
+    "tests/dashboard/test_responsive.py",  # 83
+    "tests/workers/test_demo_model.py",  # 82
+    "tests/trainer/test_learner_group.py",  # 67
+    "tests/dashboard/test_pages_live.py",  # 65
+    "tests/envapi/test_live.py",  # 62
+    "tests/vision/test_vllm_vision.py",  # 61
 )
 
 
