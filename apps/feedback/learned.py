@@ -251,6 +251,9 @@ def gold_experience_ids(*, run: Run) -> set[int]:
 
 class RewardModelSummary(TypedDict):
     latest_bound: float | None
+    gate: str  # feedback.rm_gate
+    opens_at: float  # the bound at which the gate opens: min_rm_accuracy (`bound`) or chance, above which it opens
+    weight: float | None  # the share of its calibrated score the version in use carries (None: none in use)
     confidence: float
     enabled: bool
     versions: list[RewardModel]
@@ -277,6 +280,9 @@ def reward_model_summary(*, run: Run) -> RewardModelSummary:
     feedback_cfg = run.cfg.feedback
     return {
         "latest_bound": reward_model_lower_bound(run=run, rm=versions[0]) if versions else None,
+        "gate": feedback_cfg.rm_gate,
+        "opens_at": feedback_cfg.min_rm_accuracy if feedback_cfg.rm_gate == "bound" else CHANCE,
+        "weight": reward_model_weight(run=run, rm=usable) if usable is not None else None,
         "confidence": feedback_cfg.rm_accuracy_confidence,
         "enabled": reward_model_on(run=run), "versions": versions, "latest": versions[0] if versions else None,
         "in_use": usable, "labels": run_label_count(run=run), "mode": feedback_cfg.mode,

@@ -121,6 +121,33 @@ def test_the_run_page_says_how_sure_the_gate_is_of_the_newest_reward_model(owner
     assert "at least 0.75 with 95% confidence" in html and 'data-figure="rm-bound">0.649<' in html
 
 
+@pytest.mark.parametrize("gate,waiting,in_use", [
+    ("bound", "at least 0.75 with 95% confidence", "Using v2."),
+    ("evidence", "above 0.5 (better than chance) with 95% confidence", "its calibrated scores at weight"),
+    ("calibrated", "above 0.5 (better than chance) with 95% confidence", "Using v2."),
+])
+def test_the_reward_model_panel_says_when_the_runs_gate_opens_and_what_weight_it_gives(
+    owner: User, gate: str, waiting: str, in_use: str,
+) -> None:
+    from apps.feedback.learned import accuracy_lower_bound
+
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": gate},
+                   reward_model={"enabled": True})
+    RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.55, pairs_heldout=20)
+    url = f"/runs/{run.pk}/signal/reward-model/"
+    html = _client(owner).get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert "Waiting as blend" in html and waiting in html, html
+    # 18 of 20: bound 0.699 > 0.5 opens evidence and calibrated; bound 0.75 waits for 0.75.
+    RewardModel.objects.create(run=run, version=2, path="/y", base="b", accuracy=0.9, pairs_heldout=20)
+    html = _client(owner).get(url, HTTP_HX_REQUEST="true").content.decode()
+    if gate == "bound":
+        assert "Waiting as blend" in html
+        return
+    weight = (accuracy_lower_bound(accuracy=0.9, pairs=20, confidence=0.95) - 0.5) / 0.25
+    assert in_use in html and (gate == "calibrated") == ("rm-weight" not in html), html
+    assert gate == "calibrated" or f'data-figure="rm-weight">{weight:.2f}<' in html
+
+
 def test_preference_pairs_download_in_trl_format(rated_run: Run, owner: User) -> None:
     response = _client(owner).get(f"/runs/{rated_run.pk}/signal/preferences.jsonl")
     rows = [json.loads(line) for line in response.content.decode().splitlines()]
