@@ -34,6 +34,9 @@ class NulSpeakingEngine:
     def load(self, *, version: int, path: str) -> None:
         self.path, self.version = path, version
 
+    def close(self) -> None:
+        pass
+
     def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: Any) -> list[list[Any]]:
         from workers.engines.base import Sample
 

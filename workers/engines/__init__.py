@@ -155,15 +155,13 @@ def engine_cache_clear() -> None:
 
 
 def engine_cache_close() -> None:
-    """Stop every resident engine that has processes of its own (vLLM's) and forget them all:
+    """Stop every resident engine (those with processes of their own: vLLM's) and forget them all:
     a worker's shutdown, which would otherwise leave them to the interpreter's exit."""
     with _LOCK:
         engines = list(_ENGINES.values())
         _ENGINES.clear()
     for engine in engines:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        engine.close()
 
 
 def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> bool:

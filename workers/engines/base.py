@@ -118,6 +118,11 @@ class RolloutEngine(Protocol):
 
     def load(self, *, version: int, path: str) -> None: ...
 
+    def close(self) -> None:
+        """Stop what the engine runs beside this process (vLLM's engine core and workers) now:
+        a worker's shutdown calls it (engine_cache_close). An in-process engine has nothing to stop."""
+        ...
+
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, *, text: str | None = None,
                messages: Sequence[Mapping[str, str]] | None = None) -> list[int]:

@@ -56,6 +56,9 @@ class HFEngine:
         self.model: Any = None
         self.load(version=version, path=path)
 
+    def close(self) -> None:
+        """Nothing runs beside this process: the model goes with it."""
+
     @property
     def version(self) -> int | None:
         return self._version
