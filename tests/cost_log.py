@@ -14,12 +14,24 @@ import time
 from collections import defaultdict
 from collections.abc import Generator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
 from tests.xdist_schedule import group_of
 
 LOG_ENV = "RFT_TEST_COST_LOG"
+
+
+class Cost(TypedDict):
+    """One test's line."""
+
+    test: str
+    worker: str
+    end: float  # time.time() at its end
+    wall: float
+    cpu: float
+    cpu_children: float
 
 
 def _cpu() -> tuple[float, float]:
@@ -36,22 +48,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     wall, (own, children) = time.monotonic(), _cpu()
     yield
     own_after, children_after = _cpu()
-    line = {"test": item.nodeid, "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
-            "end": time.time(), "wall": time.monotonic() - wall, "cpu": own_after - own,
-            "cpu_children": children_after - children}
+    line: Cost = {"test": item.nodeid, "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
+                  "end": time.time(), "wall": time.monotonic() - wall, "cpu": own_after - own,
+                  "cpu_children": children_after - children}
     with open(path, "a", encoding="utf-8") as log:
         log.write(json.dumps(line) + "\n")
 
 
-def summary(lines: list[dict[str, object]]) -> list[tuple[str, float, float, int]]:
+def summary(lines: list[Cost]) -> list[tuple[str, float, float, int]]:
     """(group, wall s, CPU s with reaped children, tests) per xdist group, the most wall first."""
     wall: dict[str, float] = defaultdict(float)
     cpu: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for line in lines:
-        group = group_of(str(line["test"]))
-        wall[group] += float(str(line["wall"]))
-        cpu[group] += float(str(line["cpu"])) + float(str(line["cpu_children"]))
+        group = group_of(line["test"])
+        wall[group] += line["wall"]
+        cpu[group] += line["cpu"] + line["cpu_children"]
         count[group] += 1
     return sorted(((g, wall[g], cpu[g], count[g]) for g in wall), key=lambda row: -row[1])
 
@@ -60,7 +72,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tests.cost_log FILE", file=sys.stderr)
         return 2
-    lines = [json.loads(text) for text in Path(argv[0]).read_text(encoding="utf-8").splitlines() if text]
+    lines: list[Cost] = [json.loads(text) for text in Path(argv[0]).read_text(encoding="utf-8").splitlines() if text]
     rows = summary(lines)
     print(f"{'wall s':>8} {'CPU s':>8} {'tests':>5}  group")
     for group, wall, cpu, count in rows:

@@ -18,6 +18,7 @@ from apps.envapi.services import api_key_create
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_run, make_user
+from tests.servers import BROWSER_WAIT_MS
 
 PASSWORD = "pw-for-tests-only"
 WARNING = "No email address set — add one on"
@@ -37,7 +38,7 @@ def test_a_person_sets_their_email_on_the_account_page_and_the_run_end_email_rea
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     try:
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         page.goto("/login/")
         page.fill("#id_username", "olga")
         page.fill("#id_password", PASSWORD)

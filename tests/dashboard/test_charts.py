@@ -16,7 +16,7 @@ from apps.runs.models import Metric, Run
 from apps.runs.services import eval_result_record, run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import make_run, make_taskset, make_user
-from tests.servers import screenshot
+from tests.servers import BROWSER_WAIT_MS, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -105,7 +105,7 @@ def test_a_drag_zooms_the_chart_the_zoom_survives_live_points_and_a_double_click
     # A point arrives from a trainer: drawn, and the zoomed range stays where the owner put it.
     in_another_process("from apps.runs.models import Run; from apps.runs.services import metric_record; "
                        f"metric_record(run=Run.objects.get(pk={run.pk}), step=11, values={{'reward/mean': 0.05}})")
-    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "11", timeout=60_000)
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "11", timeout=BROWSER_WAIT_MS)
     assert plot(page, "reward", "u.data[0].length") == 11
     # One compact line says what just happened; the raw events stay folded away.
     assert "metrics at step 11" in page.inner_text("#live-line")
@@ -174,8 +174,8 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     assert {"eval/version", "eval/tasks", "eval/best_version"} <= set(constants)
 
     in_a_thread(lambda: eval_result_record(run=run, version=2, step=4, values=_eval(2, 0.5)))
-    expect(page.locator("#run-best-version")).to_have_text("v2", timeout=60_000)
-    expect(page.locator("#chart-eval")).to_have_attribute("data-points", "2", timeout=60_000)
+    expect(page.locator("#run-best-version")).to_have_text("v2", timeout=BROWSER_WAIT_MS)
+    expect(page.locator("#chart-eval")).to_have_attribute("data-points", "2", timeout=BROWSER_WAIT_MS)
     assert page.inner_text("#run-best-value") == "0.500"
     # After a reload, the same chart from the server's series.
     page.reload()

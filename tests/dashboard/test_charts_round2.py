@@ -20,7 +20,7 @@ from apps.runs.models import ModelVersion, Run, WeightLoad
 from apps.runs.services import run_transition
 from tests.dashboard.test_charts import plot
 from tests.factories import make_experiences, make_run, make_taskset, make_user
-from tests.servers import login_to_runs, screenshot
+from tests.servers import BROWSER_WAIT_MS, login_to_runs, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -42,7 +42,7 @@ def running(owner: User, name: str = "demo", **config: Any) -> Run:
 def opened(browser: Any, live_url: str, owner: User, run: Run, size: dict[str, int] = LAPTOP) -> Any:
     context = browser.new_context(base_url=live_url, viewport=size)
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(BROWSER_WAIT_MS)
     login_to_runs(page, owner.username)
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")

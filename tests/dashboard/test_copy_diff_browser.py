@@ -15,7 +15,7 @@ from apps.cli.management.commands.rft_demo import DEMO_GUIDELINES
 from apps.runs.models import Run
 from apps.runs.selectors import config_differences
 from tests.factories import make_run, make_taskset
-from tests.servers import login_to_runs
+from tests.servers import BROWSER_WAIT_MS, login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -80,7 +80,7 @@ def test_the_diff_reads_at_both_widths(browser: Any, live_url: str, owner: User,
     right = make_run(owner=owner, name="its sibling", feedback={"mode": "blend", "guidelines": "Short."})
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(BROWSER_WAIT_MS)
     try:
         login_to_runs(page, owner.username)
         page.goto(f"/runs/{left.pk}/diff/{right.pk}/")

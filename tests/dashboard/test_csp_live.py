@@ -14,7 +14,7 @@ from apps.runs.metrics import metric_record
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.servers import login_to_runs
+from tests.servers import BROWSER_WAIT_MS, login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(trans
 def csp_page(browser: Any, live_url: str) -> Iterator[tuple[Any, list[str]]]:
     context = browser.new_context(base_url=live_url)
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(BROWSER_WAIT_MS)
     violations: list[str] = []
     page.on("console", lambda msg: violations.append(f"{page.url}: {msg.text}")
             if "Content Security Policy" in msg.text or "Content-Security-Policy" in msg.text else None)

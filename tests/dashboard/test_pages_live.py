@@ -19,7 +19,7 @@ from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import run_transition
 from tests.factories import experience_row, make_run, make_taskset, make_user
-from tests.servers import ROOT, child_env, login_to_runs
+from tests.servers import BROWSER_WAIT_MS, ROOT, child_env, login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -77,9 +77,9 @@ def test_the_reward_chart_grows_as_metrics_arrive(page: Any, running_run: tuple[
     # Published by another process, as a trainer would: the event travels through Redis.
     record = "from apps.runs.models import Run; from apps.runs.services import metric_record; "
     in_another_process(record + f"metric_record(run=Run.objects.get(pk={run.pk}), step=4, values={{'reward/mean': 0.9, 'loss': 0.2}})")
-    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "4", timeout=60_000)
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "4", timeout=BROWSER_WAIT_MS)
     in_another_process(record + f"metric_record(run=Run.objects.get(pk={run.pk}), step=5, values={{'reward/mean': 0.95, 'kl': 0.01}})")
-    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "5", timeout=60_000)
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "5", timeout=BROWSER_WAIT_MS)
     assert points(page, "loss") == 4  # step 5 had no loss
     # A metric no chart claims gets a chart of its own.
     page.wait_for_selector("#chart-kl")
@@ -102,7 +102,7 @@ def test_a_burst_of_metrics_arrives_in_batch_frames_and_every_point_is_drawn(pag
         "payload={'step': step, 'values': {'reward/mean': step / 100}})\n"
         "asyncio.run(burst())"
     )
-    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "43", timeout=60_000)
+    expect(page.locator("#chart-reward")).to_have_attribute("data-points", "43", timeout=BROWSER_WAIT_MS)
     assert any('"type": "batch"' in f for f in frames)
 
 
@@ -170,7 +170,7 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
     assert page.locator("tr.experience").count() == 11
 
     page.select_option("select[name=status]", "pending")
-    expect(page.locator("tr.experience")).to_have_count(3, timeout=60_000)
+    expect(page.locator("tr.experience")).to_have_count(3, timeout=BROWSER_WAIT_MS)
     assert set(page.locator("tr.experience").evaluate_all("rs => rs.map(r => r.dataset.status)")) == {"pending"}
     # Model output is shown as text, never run as markup.
     assert page.locator("tr.experience td.output b").count() == 0
@@ -182,17 +182,17 @@ def test_the_experience_browser_filters(page: Any, running_run: tuple[User, Run]
     page.fill("input[name=reward_min]", "3")
     page.fill("input[name=reward_max]", "6")
     page.click("#experience-filters button[type=submit]")
-    expect(page.locator("tr.experience")).to_have_count(4, timeout=60_000)
+    expect(page.locator("tr.experience")).to_have_count(4, timeout=BROWSER_WAIT_MS)
     rewards = page.locator("tr.experience").evaluate_all("rs => rs.map(r => parseFloat(r.dataset.reward))")
     assert sorted(rewards) == [3.0, 4.0, 5.0, 6.0]
 
     page.select_option("select[name=flagged]", "yes")
-    expect(page.locator("tr.experience")).to_have_count(1, timeout=60_000)
+    expect(page.locator("tr.experience")).to_have_count(1, timeout=BROWSER_WAIT_MS)
     assert page.locator("tr.experience").get_attribute("data-id") == str(flagged.pk)
 
     page.select_option("select[name=flagged]", "")
     page.select_option("select[name=annotator]", "annotator")
-    expect(page.locator("tr.experience")).to_have_count(1, timeout=60_000)
+    expect(page.locator("tr.experience")).to_have_count(1, timeout=BROWSER_WAIT_MS)
 
     # A group side by side, with its rewards and feedback.
     page.click(f"tr.experience[data-id='{flagged.pk}'] a")
@@ -216,7 +216,7 @@ def test_buffer_counts_and_the_weight_sync_timeline_follow_events(page: Any, run
         event_publish(run_id=run.pk, type="experience.created", payload={"ids": result.ids})
 
     in_a_thread(explore)
-    expect(page.locator("#buffer-counts [data-status=ready] b")).to_have_text("3", timeout=60_000)
+    expect(page.locator("#buffer-counts [data-status=ready] b")).to_have_text("3", timeout=BROWSER_WAIT_MS)
 
     def sync() -> None:
         from apps.runs.services import model_version_publish, weight_load_record
@@ -266,7 +266,7 @@ def test_a_load_that_comes_while_the_timeline_is_on_its_way_still_shows(page: An
 
     page.route(re.compile(rf"/runs/{run.pk}/timeline/"), hold_the_first)
     in_a_thread(lambda: model_version_publish(run=run, number=1, checkpoint="/ckpt/v1", train_step=1))
-    expect(page.locator("#run-version")).to_have_text("v1", timeout=60_000)
+    expect(page.locator("#run-version")).to_have_text("v1", timeout=BROWSER_WAIT_MS)
     for _ in range(150):
         if held:
             break
@@ -274,7 +274,7 @@ def test_a_load_that_comes_while_the_timeline_is_on_its_way_still_shows(page: An
     assert held, "the version's event did not refresh the timeline"
     in_a_thread(lambda: weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05))
     # The load's event was handled (the chart follows it by its own fetch).
-    page.wait_for_selector("#sync-chart[data-loads='1']", timeout=60_000)
+    page.wait_for_selector("#sync-chart[data-loads='1']", timeout=BROWSER_WAIT_MS)
     route, answer = held[0]
     route.fulfill(response=answer)
-    expect(page.locator("#timeline tr[data-version='1'] .load")).to_contain_text("explorer-a", timeout=60_000)
+    expect(page.locator("#timeline tr[data-version='1'] .load")).to_contain_text("explorer-a", timeout=BROWSER_WAIT_MS)

@@ -26,7 +26,7 @@ from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread
 from tests.dashboard.test_run_form import model_dir
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.servers import celery_worker, screenshot
+from tests.servers import BROWSER_WAIT_MS, celery_worker, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +54,7 @@ def open_page(browser: Any, live_url: str) -> Iterator[Any]:
         context = browser.new_context(base_url=live_url, viewport=size)
         contexts.append(context)
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         if user is not None:
             page.goto("/login/")
             page.fill("#id_username", user.username)
@@ -259,7 +259,7 @@ def test_a_run_that_finishes_stops_inviting_annotation_and_its_summary_downloads
     annotating.wait_for_selector("#annotate[data-live=open]")
     # It finishes while they look: the page says so and puts the queue away.
     in_a_thread(lambda: run_transition(run=run, action="finish"))
-    expect(annotating.locator("#annotate-closed")).to_be_visible(timeout=60_000)
+    expect(annotating.locator("#annotate-closed")).to_be_visible(timeout=BROWSER_WAIT_MS)
     assert "finished: it takes no more feedback" in annotating.inner_text("#annotate-closed")
     assert annotating.locator(".queue-col").is_hidden()
     annotating.reload()
@@ -316,7 +316,7 @@ def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(ope
     page.wait_for_selector("#live[data-state=live]")
     assert page.locator("#waiting .wait").count() >= 1
     in_a_thread(lambda: run_transition(run=run, action="fail", reason="explore step 1 failed 3 times in a row"))
-    page.wait_for_selector("#run-status.status-failed", timeout=60_000)
+    page.wait_for_selector("#run-status.status-failed", timeout=BROWSER_WAIT_MS)
     # Gone with the status itself, not only once a later refresh of the box comes back (a
     # refresh that never comes, after a failed request, left it under the failure).
     expect(page.locator("#waiting .wait")).to_have_count(0, timeout=500)
@@ -357,7 +357,7 @@ def test_the_owner_watching_a_run_sees_its_summary_appear_when_it_finishes(open_
     page.wait_for_selector("#live[data-state=live]")
     assert page.locator("a.button.annotate-link").count() == 1 and page.is_hidden("#summary")
     in_a_thread(lambda: run_transition(run=run, action="finish"))
-    page.wait_for_selector("#summary[data-status=finished]", timeout=60_000)
+    page.wait_for_selector("#summary[data-status=finished]", timeout=BROWSER_WAIT_MS)
     assert page.locator("a.annotate-link").count() == 0 and page.locator("#human-loop-hint").count() == 0
     assert "0.250" in page.inner_text("#summary tr[data-metric='explore/reward_mean']")
     no_sideways_scroll(page)

@@ -19,7 +19,7 @@ from apps.runs.models import AuditEntry, Run, TaskFailure
 from apps.runs.services import run_transition
 from tests.dashboard.test_pages_live import in_a_thread, in_another_process, log_in
 from tests.factories import add_member, make_run, make_taskset, make_user
-from tests.servers import celery_worker, screenshot
+from tests.servers import BROWSER_WAIT_MS, celery_worker, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -274,7 +274,7 @@ def test_the_runs_list_follows_the_runs_live_over_its_websocket(page: Any, owner
     page.on("request", lambda r: requests.append(r.url) if r.url.endswith("/runs/") else None)
     assert page.locator(f"tr[data-run='{run.pk}']").get_attribute("data-status") == "running"
     in_a_thread(lambda: run_transition(run=run, action="pause"))
-    page.wait_for_selector(f"tr[data-run='{run.pk}'][data-status=paused]", timeout=60_000)
+    page.wait_for_selector(f"tr[data-run='{run.pk}'][data-status=paused]", timeout=BROWSER_WAIT_MS)
     deadline = time.monotonic() + 30  # returns at the frame; 5 s was a quiet host's guess
     while not notices and time.monotonic() < deadline:
         page.wait_for_timeout(100)  # Playwright may hand the frame over after the page acted on it
@@ -294,7 +294,7 @@ def test_the_runs_list_follows_the_runs_live_over_its_websocket(page: Any, owner
     assert len(notices) - before <= 2 + (time.monotonic() - started), notices
     # A run created elsewhere appears; no polling happened while the socket was up.
     other = make_run(owner=owner, taskset=make_taskset(owner=owner), name="made elsewhere")
-    page.wait_for_selector(f"tr[data-run='{other.pk}']", timeout=60_000)
+    page.wait_for_selector(f"tr[data-run='{other.pk}']", timeout=BROWSER_WAIT_MS)
     page.wait_for_timeout(1_500)  # the last coalesced refresh, if any
     before = len(requests)
     page.wait_for_timeout(5_500)
@@ -377,7 +377,7 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     assert "3 waiting" in row.locator("a.annotate-link").inner_text()
     ann_page.wait_for_selector("#runs-live[data-state=live]")
     in_a_thread(lambda: _pending(run, "g2", 2))
-    expect(row.locator("a.annotate-link")).to_contain_text("5 waiting", timeout=60_000)
+    expect(row.locator("a.annotate-link")).to_contain_text("5 waiting", timeout=BROWSER_WAIT_MS)
     ann_page.goto(f"/runs/{run.pk}/")
     assert ann_page.locator(".member-add").count() == 0  # only the owner staffs
 
@@ -387,12 +387,12 @@ def test_an_owner_staffs_a_run_and_the_annotator_sees_it_with_what_waits(page: A
     page.on("dialog", lambda d: d.accept())
     page.click("li[data-member=ann] button")
     page.wait_for_selector("li[data-member=ann]", state="detached")
-    ann_page.wait_for_selector(f"tr[data-run='{run.pk}']", state="detached", timeout=60_000)
+    ann_page.wait_for_selector(f"tr[data-run='{run.pk}']", state="detached", timeout=BROWSER_WAIT_MS)
     # ... and comes back the same way when they are added again.
     page.fill("#id_member_username", "ann")
     page.select_option("#id_member_role", "annotator")
     page.click(".member-add button[type=submit]")
-    ann_page.wait_for_selector(f"tr[data-run='{run.pk}'] a.annotate-link", timeout=60_000)
+    ann_page.wait_for_selector(f"tr[data-run='{run.pk}'] a.annotate-link", timeout=BROWSER_WAIT_MS)
     other.close()
 
 
@@ -427,7 +427,7 @@ def test_the_page_says_what_a_run_waits_for_and_since_when(page: Any, owner: Use
     )
     version = page.locator("#waiting [data-what=version]")
     expect(version).to_contain_text("the explorer waits for model v1 from the trainer before explore step 2",
-                                    timeout=60_000)
+                                    timeout=BROWSER_WAIT_MS)
     assert "since" in version.inner_text()
 
 

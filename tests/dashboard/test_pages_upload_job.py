@@ -16,6 +16,7 @@ from apps.buffer.tasks import taskset_import_task
 from apps.runs.models import Run
 from tests.dashboard.test_pages_live import log_in
 from tests.factories import make_user
+from tests.servers import BROWSER_WAIT_MS
 from tests.test_upload_jobs import jsonl
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -47,5 +48,6 @@ def test_the_run_page_follows_a_background_import_until_it_is_done(page: Any, ow
     # No worker serves this live server's queue: the test is the worker.
     assert run.taskset_id is not None
     assert taskset_import_task(run.taskset_id) == "ready"
-    expect(page.locator("#taskset-import")).to_contain_text(f"Taskset “big” imported: {rows} rows.", timeout=60_000)
+    expect(page.locator("#taskset-import")).to_contain_text(f"Taskset “big” imported: {rows} rows.",
+                                                            timeout=BROWSER_WAIT_MS)
     assert Taskset.objects.get().import_status == "ready" and Task.objects.count() == rows

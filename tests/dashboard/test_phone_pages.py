@@ -17,6 +17,7 @@ from apps.runs.models import Run, RunMember
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 from tests.feedback.test_review_paging_search import NEEDLE, labelled_run
+from tests.servers import BROWSER_WAIT_MS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -84,7 +85,7 @@ def test_table_headers_and_short_cells_wrap_between_words_only(browser: Any, liv
         context = browser.new_context(base_url=live_url, viewport=size, has_touch=size is PHONE, is_mobile=size is PHONE)
         try:
             page = context.new_page()
-            page.set_default_timeout(60_000)
+            page.set_default_timeout(BROWSER_WAIT_MS)
             sign_in(page, owner)
             r = f"/runs/{run.pk}"
             for path in (f"{r}/experiences/", "/runs/", f"{r}/", f"{r}/summary/", f"{r}/signal/raters/",
@@ -103,7 +104,7 @@ def test_on_a_phone_every_annotation_control_is_a_44px_target_and_no_key_hint_sh
     phone = browser.new_context(base_url=live_url, viewport=PHONE, has_touch=True, is_mobile=True)
     try:
         page = phone.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         sign_in(page, annotator)
         page.goto(f"/runs/{run.pk}/annotate/")
         page.wait_for_selector("#annotate[data-live=open]")
@@ -128,7 +129,7 @@ def test_key_hints_need_a_fine_pointer_that_hovers(browser: Any, live_url: str) 
     context = browser.new_context(base_url=live_url, viewport=PHONE)
     try:
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         sign_in(page, annotator)
         page.goto(f"/runs/{run.pk}/annotate/")
         page.wait_for_selector("#queue .item form.rate")
@@ -140,7 +141,7 @@ def test_key_hints_need_a_fine_pointer_that_hovers(browser: Any, live_url: str) 
         executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, "--blink-settings=primaryPointerType=2,primaryHoverType=2"])
     try:
         page = hovering_phone.new_context(base_url=live_url, viewport=PHONE).new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         sign_in(page, annotator)
         page.goto(f"/runs/{run.pk}/annotate/")
         page.wait_for_selector("#queue .item form.rate")
@@ -157,7 +158,7 @@ def test_the_review_page_on_a_phone_is_a_page_of_labels_and_its_links_keep_the_s
     phone = browser.new_context(base_url=live_url, viewport=PHONE, has_touch=True, is_mobile=True)
     try:
         page = phone.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         sign_in(page, owner)
         page.goto(f"/runs/{run.pk}/review/")
         expect(page.locator("#labels .review-row")).to_have_count(REVIEW_PAGE_SIZE)

@@ -23,7 +23,7 @@ from apps.runs.metrics import metric_record
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.servers import screenshot
+from tests.servers import BROWSER_WAIT_MS, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -135,7 +135,7 @@ def test_no_page_scrolls_sideways_for_anyone_on_a_phone_a_laptop_or_a_wide_scree
     people, run, other = a_team()
     context = browser.new_context(base_url=live_url, viewport=SIZES["390"])
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(BROWSER_WAIT_MS)
     problems: list[str] = []
     try:
         for name, path in (("login", "/login/"), ("password-reset", "/password/reset/")):
@@ -182,7 +182,7 @@ def test_on_a_phone_the_annotation_page_is_one_column_with_the_guidelines_folded
     laptop = browser.new_context(base_url=live_url, viewport=SIZES["1280"])
     try:
         page = phone.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         assert page.evaluate("() => matchMedia('(hover: none)').matches")
         sign_in(page, people["annotator"])
         # Their runs list shows "Annotate" without scrolling sideways for it.
@@ -210,7 +210,7 @@ def test_on_a_phone_the_annotation_page_is_one_column_with_the_guidelines_folded
         assert overflow(page) <= 0
 
         wide = laptop.new_page()
-        wide.set_default_timeout(60_000)
+        wide.set_default_timeout(BROWSER_WAIT_MS)
         sign_in(wide, people["annotator"])
         wide.goto(f"/runs/{run.pk}/annotate/")
         wide.wait_for_selector("#queue .item")

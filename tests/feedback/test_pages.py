@@ -18,6 +18,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 from tests.feedback.conftest import login, worker_write
+from tests.servers import BROWSER_WAIT_MS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -59,7 +60,7 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     for n, score in enumerate(("4", "2", "5"), start=1):
         page.keyboard.press(score)
         page.keyboard.press("Enter")
-        expect(page.locator("#queue .item.done")).to_have_count(n, timeout=60_000)
+        expect(page.locator("#queue .item.done")).to_have_count(n, timeout=BROWSER_WAIT_MS)
     assert page.locator("#queue .item.current").get_attribute("data-experience") == str(group_b[0])
     # feedback.saved, live: the compact line says it, and the counter of ratings moves.
     page.wait_for_selector("#live-line:has-text('feedback: rating by annotator')")
@@ -80,7 +81,7 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.wait_for_selector("#panel .saved", timeout=40_000)
     # The corrected item looks different in the queue, in words too.
     corrected = page.locator(f'#queue .item.has-edit[data-experience="{group_b[0]}"]')
-    expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=60_000)
+    expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=BROWSER_WAIT_MS)
 
     # r ranks the current item's group: it starts unranked and cannot be saved until ordered;
     # a number puts the focused completion (A, then the next unranked) at that place.
@@ -94,7 +95,7 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.wait_for_selector("#panel form.rank[data-complete='1']")
     page.click("#panel form.rank button[type=submit]")
     page.wait_for_selector("#panel .saved")
-    expect(page.locator("#queue .item.done")).to_have_count(6, timeout=60_000)
+    expect(page.locator("#queue .item.done")).to_have_count(6, timeout=BROWSER_WAIT_MS)
 
     a = {e.pk: e for e in Experience.objects.filter(pk__in=[e.pk for e in group_a])}
     ratings = {f.experience_id: f.value["score"] for f in Feedback.objects.filter(kind="rating", author=annotator)}

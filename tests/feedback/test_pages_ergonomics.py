@@ -17,7 +17,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import login, screenshot
+from tests.servers import BROWSER_WAIT_MS, login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -155,7 +155,7 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     assert "4/5" in item.inner_text() and "{" not in item.inner_text()  # no Python reprs
     page.keyboard.press("2")
     page.keyboard.press("Enter")
-    expect(page.locator("#mine li.submission")).to_have_count(2, timeout=60_000)
+    expect(page.locator("#mine li.submission")).to_have_count(2, timeout=BROWSER_WAIT_MS)
     # Revise the older one (undo is for the last): its item comes back, open, and is rated again.
     first = Feedback.objects.get(experience=members[0])
     page.click(f'#mine li.submission[data-feedback="{first.pk}"] button')

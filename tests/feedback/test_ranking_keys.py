@@ -16,7 +16,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, make_run
 from tests.feedback.test_pages_ergonomics import _group, _open
-from tests.servers import screenshot
+from tests.servers import BROWSER_WAIT_MS, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -78,7 +78,7 @@ def test_on_a_phone_taps_rank_best_first_and_the_last_one_places_itself(
                                   is_mobile=True)
     try:
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         _open(page, live_url, run_of_eight)
         page.locator("#queue .item .act-rank").first.tap()
         page.wait_for_selector("#panel form.rank[data-complete='0']")

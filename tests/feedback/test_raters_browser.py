@@ -21,7 +21,7 @@ from apps.buffer.services import experience_write
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import login
+from tests.servers import BROWSER_WAIT_MS, login
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -65,7 +65,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
     try:
         owner_page, ann_page = owner_ctx.new_page(), annotator_ctx.new_page()
         for p in (owner_page, ann_page):
-            p.set_default_timeout(60_000)
+            p.set_default_timeout(BROWSER_WAIT_MS)
         login(owner_page, live_url, "owner", next_path=f"/runs/{run.pk}/")
         owner_page.wait_for_selector("#reward-model")
         assert "no reward model yet" in owner_page.locator("#reward-model").inner_text()
@@ -77,7 +77,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         for n in range(1, 9):
             ann_page.keyboard.press("5" if n % 2 else "1")
             ann_page.keyboard.press("Enter")
-            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=60_000)  # as the pages
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=BROWSER_WAIT_MS)  # as the pages
 
         # The eighth label makes a version due: the reward worker trains it, the panel polls.
         # (Locator waits, not page-side script: the CSP forbids evaluating strings.)
@@ -94,7 +94,7 @@ def test_owner_watches_reward_model_accuracy_and_raters_update_as_an_annotator_r
         for n in range(1, 9):
             ann_page.keyboard.press("5" if n % 2 else "1")
             ann_page.keyboard.press("Enter")
-            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=60_000)  # as the pages
+            expect(ann_page.locator("#queue .item.done")).to_have_count(n, timeout=BROWSER_WAIT_MS)  # as the pages
         expect(owner_page.locator("[data-figure=rm-version]")).to_have_text("v2", timeout=240_000)
         v2 = RewardModel.objects.get(run=run, version=2)
         assert v2.labels == 16 and v2.accuracy is not None

@@ -23,7 +23,7 @@ from apps.feedback.selectors import annotation_waiting
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
-from tests.servers import login
+from tests.servers import BROWSER_WAIT_MS, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -59,7 +59,7 @@ def _page_agrees(browser: Any, live_url: str, run: Run, user: User, width: int) 
     count, the open items in the queue)."""
     context = browser.new_context(base_url=live_url, viewport={"width": width, "height": 800})
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(BROWSER_WAIT_MS)
     try:
         path = f"/runs/{run.pk}/annotate/"
         login(page, live_url, user.username, next_path=path)

@@ -24,6 +24,7 @@ from apps.runs.services import run_transition
 from tests.dashboard.test_pages_round2 import LAPTOP, PHONE, no_sideways_scroll, open_page, shot  # noqa: F401
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
 from tests.figures.test_ledger import _train, counts, rows_ledger
+from tests.servers import BROWSER_WAIT_MS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +55,7 @@ def _rate(page: Any, pk: int, key: str, done: int) -> None:
     _go(page, pk)
     page.keyboard.press(key)
     page.keyboard.press("Enter")
-    expect(page.locator("#queue .item.done")).to_have_count(done, timeout=60_000)
+    expect(page.locator("#queue .item.done")).to_have_count(done, timeout=BROWSER_WAIT_MS)
 
 
 def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> None:

@@ -87,6 +87,19 @@ def test_the_reward_model_gate_is_a_lower_confidence_bound_on_held_out_accuracy(
     assert (reward_model_usable(run=run) == rm) is usable
 
 
+def _gated_run(owner: User, gate: str, *, accuracy: float, pairs: int,
+               scale: float) -> tuple[Run, RewardModel, Experience, Experience]:
+    """A `learned` run under `gate` (full weight at 0.75, the reward model alone where no one
+    rated), two unrated members of a group and a version measured at `accuracy` on `pairs`."""
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": gate,
+                                          "w_auto": 0.0, "w_rm": 1.0},
+                   reward_model={"enabled": True})
+    a, b = _items(run, 2, "g")
+    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs,
+                                    scale=scale, offset=0.5)
+    return run, rm, a, b
+
+
 @pytest.mark.parametrize("accuracy,pairs,weight", [
     (1.0, 9, 1.0),      # the bound gate's model: bound 0.75 reached, full weight as before
     (1.0, 4, 0.39),     # 4 of 4: bound 0.60, above chance; the bound gate would keep it out
@@ -101,12 +114,7 @@ def test_the_evidence_gate_lets_a_better_than_chance_model_in_at_the_weight_its_
     (min_rm_accuracy - 0.5); the rewards a group trains on carry that share of its differences."""
     from apps.feedback.learned import accuracy_lower_bound, reward_model_weight
 
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "evidence",
-                                          "w_auto": 0.0, "w_rm": 1.0},
-                   reward_model={"enabled": True})
-    a, b = _items(run, 2, "g")
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs,
-                                    scale=0.25, offset=0.5)
+    run, rm, a, b = _gated_run(owner, "evidence", accuracy=accuracy, pairs=pairs, scale=0.25)
     if weight is None:
         assert reward_model_usable(run=run) is None
         assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 0
@@ -135,12 +143,7 @@ def test_the_calibrated_gate_lets_a_better_than_chance_model_in_at_its_calibrati
     calibration's own: the rewards carry the calibrated scores as they are."""
     from apps.feedback.learned import reward_model_weight
 
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "calibrated",
-                                          "w_auto": 0.0, "w_rm": 1.0},
-                   reward_model={"enabled": True})
-    a, b = _items(run, 2, "g")
-    rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs,
-                                    scale=0.1, offset=0.5)
+    run, rm, a, b = _gated_run(owner, "calibrated", accuracy=accuracy, pairs=pairs, scale=0.1)
     if not usable:
         assert reward_model_usable(run=run) is None
         assert rm_scores_apply(run=run, rm=rm, scores={a.pk: 2.0, b.pk: -2.0}) == 0
