@@ -248,14 +248,14 @@ class HeldTasks:
 
 
 def _claim(*, run: RunView, worker: str) -> list[TaskAttempt]:
-    attempts = TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
-    if not attempts and TaskSource.release(run=run, worker=worker):
-        # Leases this worker still held on the run's tasks were an earlier try's that could not
-        # hand them back (the database went away mid-step, so the release failed too): it holds
-        # the run's one explore dispatch now, so they are nobody else's. Taken back here rather
-        # than when the lease runs out (RFT_LEASE_SECONDS), which held a run's last step that long.
-        attempts = TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
-    return attempts
+    # Leases this worker still holds on the run's tasks are an earlier try's that could not
+    # hand them back (the database went away mid-step, so the release failed too): it holds
+    # the run's one explore dispatch now, so they are nobody else's. Handed back before the
+    # claim, not only when the claim finds nothing: with other tasks queued the claim took
+    # those, and the stale leases held the run's end until they ran out (RFT_LEASE_SECONDS,
+    # 300 s; tests/test_faults.py timed out on it once in CI).
+    TaskSource.release(run=run, worker=worker)
+    return TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
 
 
 @contextmanager

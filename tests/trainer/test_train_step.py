@@ -104,6 +104,23 @@ def test_a_trainer_whose_earlier_try_could_not_hand_its_batch_back_trains_on_it_
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", "lease_owner")) == {("consumed", "")}
 
 
+def test_a_trainer_hands_an_earlier_try_s_leases_back_even_when_another_batch_is_ready(
+    owner: Any, tiny_model_dir: Path,
+) -> None:
+    """The same with two batches in the buffer: the step's claim could take the other one, and
+    the dead try's leases stayed out until they expired (a run cannot end while any is leased)."""
+    from apps.buffer.services import batch_claim
+
+    run = running_run(owner, tiny_model_dir)
+    ids = _groups(run) + _groups(run, tag="b")
+    assert len(batch_claim(run=run, worker="trainer-1", size=8)) == 8  # the try that died
+    assert trainer_step(run_id=run.pk, step=1, worker="trainer-1")["status"] == "trained"
+    assert not Experience.objects.filter(pk__in=ids, status="leased").exists()
+    # One batch trained on, the other back in the buffer (the claim need not take the stale one).
+    assert Experience.objects.filter(pk__in=ids, status="consumed").count() == 8
+    assert Experience.objects.filter(pk__in=ids, status="ready").count() == 8
+
+
 def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_audit_entry(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

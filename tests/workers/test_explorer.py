@@ -119,6 +119,23 @@ def test_a_worker_whose_earlier_try_could_not_hand_its_tasks_back_explores_them_
 
 
 @pytest.mark.django_db
+def test_an_earlier_try_s_leases_are_handed_back_even_when_other_tasks_are_queued(
+    owner: User, demo_model_dir: Path, hf_engine: Any,
+) -> None:
+    """The same, with more tasks than a batch: the retry's claim finds other queued tasks, and
+    the dead try's leases must not stay out until they expire (the run cannot end while a task
+    is leased; CI's fault test waited 300 s for it)."""
+    from apps.buffer.services import task_claim
+
+    run = demo_run(owner, demo_model_dir, tasks=4, explore_batch_size=2, total_steps=5, epochs=1, mode="explore")
+    stale = {a.pk for a in task_claim(run=run, worker="explorer-1", size=2)}  # the try that died
+    assert explore(run_id=run.pk, step=1, worker="explorer-1")["tasks"] == 2
+    assert not TaskAttempt.objects.filter(run=run, status="leased").exists()
+    # The explored batch is the first two in queue order again: the stale ones, handed back.
+    assert set(TaskAttempt.objects.filter(run=run, status="done").values_list("pk", flat=True)) == stale
+
+
+@pytest.mark.django_db
 def test_a_paused_or_stopped_run_gets_nothing_explored(owner: User, demo_model_dir: Path) -> None:
     run = demo_run(owner, demo_model_dir)
     run_transition(run=run, action="pause")

@@ -269,11 +269,11 @@ def train_once(
         return run, {"status": "published" if seconds is not None else "done"}
     if step != run.train_step + 1 or step > cfg.total_steps:
         return run, {"status": "not due", "train_step": run.train_step}
-    readiness = readiness or train_readiness(run=run)
-    if not readiness.ready and TrainSource.release(run=run, worker=worker):
-        # Leases this trainer still held were an earlier try's that could not hand them back
-        # (the database went away mid-step, so the release failed too): it holds the run's lock
-        # now, so they are nobody else's. Back to the buffer at once, not when the lease runs out.
+    # Leases this trainer still holds are an earlier try's that could not hand them back (the
+    # database went away mid-step, so the release failed too): it holds the run's lock now, so
+    # they are nobody else's. Back to the buffer at once, whether or not a batch is ready
+    # without them: left out, they held the run's end until the lease ran out (300 s).
+    if TrainSource.release(run=run, worker=worker) or readiness is None:
         readiness = train_readiness(run=run)
     if not readiness.ready:
         return run, {"status": "waiting"}
