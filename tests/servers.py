@@ -334,6 +334,10 @@ def redis_flush() -> None:
 # it fails: a ceiling, not a pause (each wait ends at its event). Sized for a loaded host: a
 # login's redirect took over 15 s in a full run at load 7-9 (2026-11-27).
 BROWSER_WAIT_MS = 60_000
+# The same ceiling for a wait on an event outside a browser (a socket's frame, a broker's
+# message): it only matters when the event never comes, so it is sized for the most loaded
+# host, not a quiet one.
+EVENT_WAIT_S = BROWSER_WAIT_MS / 1000
 
 
 # Module scope: Playwright's sync API keeps an event loop running on the test thread while

@@ -12,6 +12,7 @@ from django.conf import settings
 from kombu import Connection
 
 from rftweb.broker import RedisTransport
+from tests.servers import EVENT_WAIT_S
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def _send_and_take(conn: Connection, count: int) -> list[int]:
             queue.put({"i": i})
         taken = []
         for _ in range(count):
-            message = queue.get(timeout=5)
+            message = queue.get(timeout=EVENT_WAIT_S)
             taken.append(message.payload["i"])
             message.ack()
         with pytest.raises(queue.Empty):

@@ -18,6 +18,7 @@ from apps.runs.events import event_publish_async, run_group
 from apps.runs.fanout import SLOW_CLIENT_CLOSE_CODE, fanout_hub, fanout_join, fanout_leave
 from apps.runs.models import Run
 from tests.conftest import run_socket_connect
+from tests.servers import EVENT_WAIT_S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +34,7 @@ async def _events(comm: WebsocketCommunicator, count: int, frames: list[dict[str
     """Read frames until `count` events came; batch frames are unpacked in order."""
     events: list[dict[str, Any]] = []
     while len(events) < count:
-        frame = await comm.receive_json_from(timeout=10)
+        frame = await comm.receive_json_from(timeout=EVENT_WAIT_S)
         if frames is not None:
             frames.append(frame)
         events.extend(frame["events"] if frame["type"] == "batch" else [frame])
@@ -46,7 +47,7 @@ async def _group_members(run: Run) -> list[bytes]:
     return await connection.zrange(layer._group_key(run_group(run.pk)), 0, -1)
 
 
-async def _until(predicate: Any, timeout: float = 5.0) -> None:
+async def _until(predicate: Any, timeout: float = EVENT_WAIT_S) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not await predicate():
@@ -59,7 +60,7 @@ async def test_sockets_of_a_run_in_one_process_share_one_group_membership(run: R
     assert len(await _group_members(run)) == 1
     await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2})
     for comm in comms:
-        assert await comm.receive_json_from(timeout=5) == {"type": "weights.synced", "payload": {"version": 2}}
+        assert await comm.receive_json_from(timeout=EVENT_WAIT_S) == {"type": "weights.synced", "payload": {"version": 2}}
     for comm in comms:
         await comm.disconnect()
 
@@ -79,7 +80,7 @@ async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner
     # A socket that comes back subscribes afresh and receives again.
     again, _ = await run_socket_connect(run, owner)
     await event_publish_async(run_id=run.pk, type="run.status", payload={"status": "running"})
-    assert await again.receive_json_from(timeout=5) == {"type": "run.status", "payload": {"status": "running"}}
+    assert await again.receive_json_from(timeout=EVENT_WAIT_S) == {"type": "run.status", "payload": {"status": "running"}}
     await again.disconnect()
 
 
@@ -167,7 +168,7 @@ async def test_a_socket_that_does_not_keep_up_is_closed_and_the_others_miss_noth
     for seq in range(100):
         await event_publish_async(run_id=run.pk, type="experience.created", payload={"seq": seq, "text": "x" * 100})
         peak = max(peak, member.queued_bytes)
-    await asyncio.wait_for(stalled.closed.wait(), timeout=10)
+    await asyncio.wait_for(stalled.closed.wait(), timeout=EVENT_WAIT_S)
     assert stalled.closed_with == SLOW_CLIENT_CLOSE_CODE
     assert peak <= 4000 and member.queued_bytes == 0 and not member.outbox
     hub = fanout_hub(run_id=run.pk)
@@ -184,8 +185,8 @@ async def test_frames_are_encoded_once_for_all_sockets(run: Run, owner: User) ->
     second, _ = await run_socket_connect(run, owner)
     hub = fanout_hub(run_id=run.pk)
     await event_publish_async(run_id=run.pk, type="run.metric", payload={"loss": 0.5})
-    one = await first.receive_from(timeout=5)
-    two = await second.receive_from(timeout=5)
+    one = await first.receive_from(timeout=EVENT_WAIT_S)
+    two = await second.receive_from(timeout=EVENT_WAIT_S)
     assert one == two and json.loads(one) == {"type": "run.metric", "payload": {"loss": 0.5}}
     assert hub is not None and hub.frames_sent == 1
     await first.disconnect()
@@ -214,7 +215,7 @@ async def test_a_large_event_reaches_a_socket_that_is_keeping_up(run: Run, owner
     monkeypatch.setattr(fanout, "CLIENT_BUFFER_BYTES", 1000)
     comm, _ = await run_socket_connect(run, owner)
     await event_publish_async(run_id=run.pk, type="experience.created", payload={"text": "z" * 5000})
-    assert (await comm.receive_json_from(timeout=5))["payload"]["text"] == "z" * 5000
+    assert (await comm.receive_json_from(timeout=EVENT_WAIT_S))["payload"]["text"] == "z" * 5000
     await comm.disconnect()
 
 
@@ -251,7 +252,7 @@ async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_g
     assert [e["payload"] for e in await _events(comm, 1)] == [{"version": 1}]
 
     await asyncio.to_thread(private_redis.restart)
-    closed = await comm.receive_output(timeout=15)
+    closed = await comm.receive_output(timeout=EVENT_WAIT_S)
     assert closed == {"type": "websocket.close", "code": fanout.RESUBSCRIBE_CLOSE_CODE}
     await comm.wait()
 
@@ -263,7 +264,7 @@ async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_g
         again, connected = await run_socket_connect(run, owner)
         assert connected
         await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2 + attempt})
-        first = await again.receive_output(timeout=10)
+        first = await again.receive_output(timeout=EVENT_WAIT_S)
         if first["type"] == "websocket.close":
             assert first["code"] == fanout.RESUBSCRIBE_CLOSE_CODE, first
             await again.wait()

@@ -23,6 +23,7 @@ from apps.runs.heartbeat import task_run_id, worker_heartbeat_record
 from apps.runs.invitations import invitation_create
 from apps.runs.models import ModelVersion, Run, RunMember
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
+from tests.servers import EVENT_WAIT_S
 
 pytestmark = pytest.mark.django_db
 
@@ -414,7 +415,7 @@ async def test_the_live_stream_keeps_to_its_rule_for_each_persona() -> None:
     for persona, user in users.items():
         comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
         comm.scope["user"] = user
-        connected, _ = await comm.connect(timeout=10)  # a loaded host can take over a second
+        connected, _ = await comm.connect(timeout=EVENT_WAIT_S)  # a loaded host can take over a second
         assert connected == (persona in allowed), persona
         await comm.disconnect()
 
@@ -433,25 +434,25 @@ async def test_the_runs_list_socket_tells_each_persona_only_about_runs_they_may_
     run, users = await sync_to_async(_secret_run_and_its_people)()
     refused = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
     refused.scope["user"] = AnonymousUser()
-    assert (await refused.connect(timeout=10))[0] is False
+    assert (await refused.connect(timeout=EVENT_WAIT_S))[0] is False
     sockets = {}
     for persona, user in users.items():
         comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
         comm.scope["user"] = user
-        assert (await comm.connect(timeout=10))[0], persona
+        assert (await comm.connect(timeout=EVENT_WAIT_S))[0], persona
         sockets[persona] = comm
     try:
         runs_list_touch(run_id=run.pk)  # as any change to the run does, through the channel layer
         for persona in ("owner", "annotator", "viewer"):
-            assert await sockets[persona].receive_json_from(timeout=10) == {"type": "runs.changed",
+            assert await sockets[persona].receive_json_from(timeout=EVENT_WAIT_S) == {"type": "runs.changed",
                                                                             "payload": {"run": run.pk}}, persona
         assert await sockets["other_annotator"].receive_nothing(timeout=1)
         # Taken off the run: told once more (their page drops the row), then never again.
         member = await sync_to_async(lambda: run.members.get(user=users["annotator"]))()
         await sync_to_async(run_member_remove)(run=run, member_id=member.pk)
-        assert (await sockets["annotator"].receive_json_from(timeout=10))["payload"] == {"run": run.pk}
+        assert (await sockets["annotator"].receive_json_from(timeout=EVENT_WAIT_S))["payload"] == {"run": run.pk}
         await sync_to_async(runs_list_touch)(run_id=run.pk)
-        assert (await sockets["owner"].receive_json_from(timeout=10))["payload"] == {"run": run.pk}
+        assert (await sockets["owner"].receive_json_from(timeout=EVENT_WAIT_S))["payload"] == {"run": run.pk}
         assert await sockets["annotator"].receive_nothing(timeout=2)
     finally:
         for comm in sockets.values():

@@ -18,7 +18,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
 from tests.feedback.conftest import login, worker_write
-from tests.servers import BROWSER_WAIT_MS
+from tests.servers import BROWSER_WAIT_MS, EVENT_WAIT_S
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -78,7 +78,7 @@ def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: s
     page.fill("#panel form.edit textarea", "Corrected: 2 + 2 = 4")
     page.keyboard.press("Control+Enter")
     # (Under the whole suite's load on two cores this save once took over the default 15 s.)
-    page.wait_for_selector("#panel .saved", timeout=40_000)
+    page.wait_for_selector("#panel .saved", timeout=BROWSER_WAIT_MS)
     # The corrected item looks different in the queue, in words too.
     corrected = page.locator(f'#queue .item.has-edit[data-experience="{group_b[0]}"]')
     expect(corrected.locator(".marks")).to_contain_text("corrected", timeout=BROWSER_WAIT_MS)
@@ -167,7 +167,7 @@ def _ws(live_url: str, run: Run, user: User | None) -> Any:
         c = Client()
         c.force_login(user)
         headers["Cookie"] = f"sessionid={c.cookies['sessionid'].value}"
-    return connect(live_url.replace("http", "ws") + f"/ws/runs/{run.pk}/", additional_headers=headers, open_timeout=10)
+    return connect(live_url.replace("http", "ws") + f"/ws/runs/{run.pk}/", additional_headers=headers, open_timeout=EVENT_WAIT_S)
 
 
 def test_an_annotator_cannot_subscribe_to_a_run_they_are_not_assigned_to(live_url: str, owner: User, annotator: User,
@@ -181,6 +181,6 @@ def test_an_annotator_cannot_subscribe_to_a_run_they_are_not_assigned_to(live_ur
         assert refused.value.response.status_code == 403
     with _ws(live_url, mine, annotator) as ws:
         ws.send(json.dumps({"type": "ping", "payload": 1}))
-        assert json.loads(ws.recv(timeout=10)) == {"type": "pong", "payload": 1}
+        assert json.loads(ws.recv(timeout=EVENT_WAIT_S)) == {"type": "pong", "payload": 1}
         worker_write(mine.pk, event={"type": "feedback.saved", "payload": {"id": 1}})
-        assert json.loads(ws.recv(timeout=10)) == {"type": "feedback.saved", "payload": {"id": 1}}
+        assert json.loads(ws.recv(timeout=EVENT_WAIT_S)) == {"type": "feedback.saved", "payload": {"id": 1}}
