@@ -81,10 +81,11 @@ reward's part and the batch's sd (the advantages' divisor), the calibration slop
 hand-out source (rule, random share, gold) and the sibling pairs rated apart (what teaches the
 reward model) or alike. `--rm-gate evidence` (feedback.rm_gate) folds the reward model in from
 when its bound is above chance, its calibrated scores drawn toward mid-scale by
-(bound - 0.5) / (min_rm_accuracy - 0.5); `bound` (the default) folds it in all at once when the
-bound reaches --min-rm-accuracy; `--rm-gate calibrated` folds it in from when its bound is above
-chance at full weight (its out-of-fold calibration the only discount). The arms see the same either way; only when and how much of the
-reward model's score enters the rewards differs.
+(bound - 0.5) / (min_rm_accuracy - 0.5); `bound` folds it in all at once when the bound reaches
+--min-rm-accuracy; `calibrated` (the default: the run config's own, kernel.config) folds it in
+from when its bound is above chance at full weight (its out-of-fold calibration the only
+discount). The arms see the same either way; only when and how much of the reward model's score
+enters the rewards differs.
 
 The loop runs in this process step by step, as bench/learning does (explore, the newest reward
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
@@ -672,10 +673,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from kernel.config import FeedbackSettings
 from kernel.preferences import ANSWER
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, setup_django
 from bench.raters import Rating, correct, rater_load
+
+# The gate of the rm10 / random10 / noisy arms unless --rm-gate says otherwise: the run config's
+# own default, so that the bench measures what a run that names no gate does.
+RM_GATE_DEFAULT: str = FeedbackSettings.model_fields["rm_gate"].default
 
 PASSWORD = "bench-steering-pw"
 ARMS = ("all", "rm10", "random10", "noisy")
@@ -691,7 +697,7 @@ def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: 
             rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
             rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
             pairs: bool = True, trust: bool = True, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound") -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT) -> dict[str, Any]:
     common: dict[str, Any] = {
         "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
         "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
@@ -1071,7 +1077,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = "bound", heldout: int = HELDOUT) -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT, heldout: int = HELDOUT) -> dict[str, Any]:
     """One arm on one seed: the run's figures and its final model's held-out samples
     (`samples`, rated by each rater afterwards: `_measured`); a `learned` arm's step probes."""
     from django.contrib.auth.models import User
@@ -1660,9 +1666,9 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.0,
                         help="trainer.params.beta: a KL penalty toward the base model in every arm (0: none, the "
                              "run's default)")
-    parser.add_argument("--rm-gate", default="bound", choices=["bound", "evidence", "calibrated"],
-                        help="feedback.rm_gate: bound, the reward model in all at once when its held-out accuracy's "
-                             "lower bound reaches --min-rm-accuracy; evidence, from when the bound is above chance, "
+    parser.add_argument("--rm-gate", default=RM_GATE_DEFAULT, choices=["bound", "evidence", "calibrated"],
+                        help=f"feedback.rm_gate (default: the run config's, {RM_GATE_DEFAULT}): bound, the "
+                             "reward model in all at once when its held-out accuracy's lower bound reaches --min-rm-accuracy; evidence, from when the bound is above chance, "
                              "weighted by how far it has come (apps.feedback.learned.reward_model_weight); "
                              "calibrated, from when the bound is above chance, at its calibration's scale")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])

@@ -172,8 +172,12 @@ class FeedbackSettings(StrictModel):
     # (fitted on out-of-fold scores) already draws a weak or noisy model's scores toward
     # people's mean, and the raters' own noise caps the accuracy a bound reads, so a second
     # discount by that accuracy holds back a model that people's ratings cannot show better.
+    # The default since 2026-11-27: on bench/steering's generated family (8 preferences x 4
+    # seeds, 29 pairs with a ceiling) rm10/all read median 0.88 / 25th percentile 0.60 under
+    # `calibrated`, 0.73 / 0.47 under `evidence` (`bound`: 0.52 / 0.29 on an earlier reading of 3
+    # pairs at 15 steps; bench/README.md).
     rm_gate: Literal["bound", "evidence", "calibrated"] = Field(
-        "bound", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown), "
+        "calibrated", description="how the reward model enters: bound (all at once when min_rm_accuracy is shown), "
                              "evidence (from better than chance, weighted by how far its accuracy is shown) or "
                              "calibrated (from better than chance, as its calibration scales it)")
     # How each rater's votes count in the fold: equal (off), by accuracy on gold items, or by

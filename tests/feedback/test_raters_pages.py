@@ -114,7 +114,8 @@ def test_the_run_page_shows_the_reward_model_its_accuracy_and_the_rule(rated_run
 
 
 def test_the_run_page_says_how_sure_the_gate_is_of_the_newest_reward_model(owner: User) -> None:
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "bound"},
+                   reward_model={"enabled": True})
     RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=5)
     html = _client(owner).get(f"/runs/{run.pk}/signal/reward-model/", HTTP_HX_REQUEST="true").content.decode()
     # 5 of 5 right: at least 0.649 with 95% confidence, short of 0.75: still waiting.

@@ -57,7 +57,8 @@ def test_a_member_only_an_untrusted_rater_rated_takes_the_reward_models_reward(o
 
 
 def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owner: User) -> None:
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.8}, reward_model={"enabled": True})
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.8, "rm_gate": "bound"},
+                   reward_model={"enabled": True})
     a, b = _items(run, 2, "g")
     rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.75, pairs_heldout=100)
     assert reward_model_usable(run=run) is None
@@ -82,7 +83,8 @@ def test_learned_waits_like_blend_while_the_reward_model_is_not_good_enough(owne
 def test_the_reward_model_gate_is_a_lower_confidence_bound_on_held_out_accuracy(
     owner: User, accuracy: float, pairs: int, usable: bool,
 ) -> None:
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
+    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "bound"},
+                   reward_model={"enabled": True})
     rm = RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=accuracy, pairs_heldout=pairs)
     assert (reward_model_usable(run=run) == rm) is usable
 
@@ -155,13 +157,19 @@ def test_the_calibrated_gate_lets_a_better_than_chance_model_in_at_its_calibrati
     assert (a.reward, b.reward) == (pytest.approx(0.7), pytest.approx(0.3))  # 0.1 * (+-2) + 0.5
 
 
-def test_the_bound_gate_is_the_default_and_keeps_the_reward_model_out_until_the_bound_is_reached(
+def test_the_calibrated_gate_is_the_default_and_the_bound_gate_keeps_the_reward_model_out_until_reached(
     owner: User,
 ) -> None:
-    run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
-    assert run.cfg.feedback.rm_gate == "bound"
-    RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=4)
-    assert reward_model_usable(run=run) is None
+    """4 of 4 held-out pairs: a bound of 0.60, above chance, short of 0.75. A run that names
+    no gate uses the model (`calibrated`); one that asks for `bound` waits."""
+    default = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
+    assert default.cfg.feedback.rm_gate == "calibrated"
+    rm = RewardModel.objects.create(run=default, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=4)
+    assert reward_model_usable(run=default) == rm
+    bound = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "bound"},
+                     reward_model={"enabled": True})
+    RewardModel.objects.create(run=bound, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=4)
+    assert reward_model_usable(run=bound) is None
 
 
 def test_the_lower_bound_is_wilsons_and_confidence_one_half_is_the_point_estimate() -> None:
