@@ -1077,7 +1077,8 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT, heldout: int = HELDOUT) -> dict[str, Any]:
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT,
+            heldout: int = HELDOUT) -> dict[str, Any]:
     """One arm on one seed: the run's figures and its final model's held-out samples
     (`samples`, rated by each rater afterwards: `_measured`); a `learned` arm's step probes."""
     from django.contrib.auth.models import User
@@ -1668,7 +1669,8 @@ def main() -> None:
                              "run's default)")
     parser.add_argument("--rm-gate", default=RM_GATE_DEFAULT, choices=["bound", "evidence", "calibrated"],
                         help=f"feedback.rm_gate (default: the run config's, {RM_GATE_DEFAULT}): bound, the "
-                             "reward model in all at once when its held-out accuracy's lower bound reaches --min-rm-accuracy; evidence, from when the bound is above chance, "
+                             "reward model in all at once when its held-out accuracy's lower bound reaches "
+                             "--min-rm-accuracy; evidence, from when the bound is above chance, "
                              "weighted by how far it has come (apps.feedback.learned.reward_model_weight); "
                              "calibrated, from when the bound is above chance, at its calibration's scale")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
