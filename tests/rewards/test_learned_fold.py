@@ -164,6 +164,8 @@ def test_the_calibrated_gate_is_the_default_and_the_bound_gate_keeps_the_reward_
     no gate uses the model (`calibrated`); one that asks for `bound` waits."""
     default = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75}, reward_model={"enabled": True})
     assert default.cfg.feedback.rm_gate == "calibrated"
+    # Stored with the run: a later change of the default does not move a run's gate.
+    assert default.config["feedback"]["rm_gate"] == "calibrated"
     rm = RewardModel.objects.create(run=default, version=1, path="/x", base="b", accuracy=1.0, pairs_heldout=4)
     assert reward_model_usable(run=default) == rm
     bound = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": "bound"},
