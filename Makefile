@@ -31,7 +31,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
 export NO_MKDOCS_2_WARNING ?= 1
 
-.PHONY: run test test-stress venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
+.PHONY: run test test-bench test-stress venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -78,7 +78,14 @@ test: venv browser compose
 	$(PY) -m mypy
 	@# the docs site: a broken link, or a page missing from mkdocs.yml's nav, fails (tests/test_docs.py too)
 	$(PY) -m mkdocs build --strict --quiet
-	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
+	  $(PY) -m pytest -n $(TEST_WORKERS) --ignore=tests/bench_smokes $(PYTEST_ARGS)
+
+# The benches' smoke tests (tests/bench_smokes/): each bench run at tiny sizes, to show it still
+# runs. They test bench/, not the product; CI runs them after `make test` (.ci/run).
+test-bench: venv browser
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
+	  $(PY) -m pytest -n $(TEST_WORKERS) tests/bench_smokes $(PYTEST_ARGS)
 
 # The slowest and most timing-sensitive modules (listed in scripts/stress.py) beside two busy
 # loops, twice: both rounds must pass. STRESS_ARGS: e.g. `--rounds 1 tests/test_degrade.py`.

@@ -37,7 +37,7 @@ people's, their difference, each run's gain and the gain difference, with the lo
 with `--seeds`, a last line with the gain difference's median and spread.
 
 Not re-measured on the balanced demo model (RECIPE 7, 2026-11-26), whose warm-up writes the
-working first a quarter of the time: its smoke (tests/test_bench_smokes.py) runs on it.
+working first a quarter of the time: its smoke (tests/bench_smokes/test_benches.py) runs on it.
 Measured 2026-11-25 (styled demo model, recipe 6; guidelines: the working shown first; the
 scripted person at about one label a second; load 0.4-3.4; one run each):
 - 8 steps, 60 labels: working share 0.219 -> 0.711 with people, 0.055 without (+0.656).

@@ -1642,7 +1642,7 @@ def main() -> None:
     parser.add_argument("--noisy-raters", type=int, default=2, help="noisy: how many raters")
     parser.add_argument("--heldout", type=int, default=HELDOUT,
                         help="measure on the first this many of the demo model's held-out problems (each sampled 4 "
-                             "times); fewer only to check that the bench runs (the suite's smokes): 200 is the measurement")
+                             "times); fewer only to check that the bench runs (its smoke tests): 200 is the measurement")
     parser.add_argument("--max-tokens", type=int, default=32,
                         help="sampling.max_tokens of the runs (the demo model's styled answers take up to ~25)")
     parser.add_argument("--min-rm-heldout-pairs", type=int, default=0)

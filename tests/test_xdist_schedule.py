@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.xdist_schedule import FIRST, WHOLE_PACKAGES, group_of
+from tests.xdist_schedule import EACH_TEST, FIRST, WHOLE_PACKAGES, group_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,9 +14,13 @@ def test_a_group_is_a_module_or_a_whole_package_that_shares_workers() -> None:
     assert group_of("tests/test_faults.py::test_y") == "tests/test_faults.py"
     assert group_of("tests/learning/test_learning.py::test_z") == "tests/learning/"
     assert group_of("tests/learning/test_calculator_agent.py::test_z") == "tests/learning/"
+    # The benches' smokes share nothing wider than the session: both workers take them.
+    smoke = "tests/bench_smokes/test_benches.py::test_the_bench_runs_on_tiny_sizes_and_prints_its_ratio[pipeline]"
+    assert group_of(smoke) == smoke
 
 
 def test_the_groups_handed_out_first_exist() -> None:
     # A renamed module would silently go back to the end of the queue.
-    assert all((ROOT / group).exists() for group in FIRST + WHOLE_PACKAGES), [g for g in FIRST if not (ROOT / g).exists()]
+    groups = FIRST + WHOLE_PACKAGES + EACH_TEST
+    assert all((ROOT / group).exists() for group in groups), [g for g in groups if not (ROOT / g).exists()]
     assert len(set(FIRST)) == len(FIRST)

@@ -1,5 +1,6 @@
-"""How `make test`'s two pytest-xdist workers (`pytest -n 2`) share the suite out: by module,
-a package whole where its tests share a fixture wider than a module, the longest first.
+"""How `make test`'s (and `make test-bench`'s) two pytest-xdist workers (`pytest -n 2`) share
+the suite out: by module, a package whole where its tests share a fixture wider than a module,
+a bench smoke alone, the longest first.
 
 Each worker tests on services of its own (rftweb/settings.py: its test database, Redis
 database and VAR_DIR), so two tests that start Celery workers at once never take each
@@ -15,37 +16,41 @@ import pytest
 # Tests that share a fixture wider than their module run on one worker: the learning loop's
 # package-wide Celery workers (tests/learning/conftest.py).
 WHOLE_PACKAGES = ("tests/learning/",)
+# The benches' smokes (`make test-bench`): each runs its bench in a process of its own on the
+# worker's bench database and shares no fixture wider than the session's demo model, so each
+# test is a group of its own and both workers take them.
+EACH_TEST = ("tests/bench_smokes/",)
 # The longest groups, longest first: handed out before the rest, so neither worker is left
-# running one of them alone at the end (the rest, in collection order, take 60 s or less).
+# running one of them alone at the end (the rest, in collection order, take 40 s or less).
 # Seconds: each group's wall in a -n 2 run from a fresh cache (RFT_TEST_COST_LOG,
-# tests/cost_log.py; 2026-11-27, 2546 s in all beside a bench at nice 19, load 2-10). The
-# second is one that does not need the demo model: the first group's worker builds it (~110 s
-# on a fresh clone, as in CI) while the other would otherwise wait on its lock.
+# tests/cost_log.py; 2026-11-27 09:09 UTC, 1635 s in all with the benches' smokes, quiet).
+# The first does not need the demo model: the second group's worker builds it (~110 s on a
+# fresh clone, as in CI) while the first's runs.
 FIRST: tuple[str, ...] = (
-    "tests/test_bench_smokes.py",  # 718, 114 of them waiting for the demo model
-    "tests/envapi/test_openai_endpoint.py",  # 202
-    "tests/test_newcomer_crawl.py",  # 301
-    "tests/learning/",  # 183: the loop's and the agent's tests at 3 steps
-    "tests/test_faults.py",  # 159
-    "tests/trainer/test_learner_group_task.py",  # 157
-    "tests/dashboard/test_pages_states.py",  # 142
-    "tests/trainer/test_sharded_load.py",  # 131
-    "tests/dashboard/test_pages_round2.py",  # 125
-    "tests/test_readme_commands.py",  # 93
-    "tests/workers/test_explorer.py",  # 84
-    "tests/dashboard/test_responsive.py",  # 83
-    "tests/workers/test_demo_model.py",  # 82
-    "tests/trainer/test_learner_group.py",  # 67
-    "tests/dashboard/test_pages_live.py",  # 65
-    "tests/envapi/test_live.py",  # 62
-    "tests/vision/test_vllm_vision.py",  # 61
+    "tests/envapi/test_openai_endpoint.py",  # 171
+    "tests/test_newcomer_crawl.py",  # 118
+    "tests/trainer/test_learner_group_task.py",  # 104
+    "tests/dashboard/test_pages_states.py",  # 85
+    "tests/trainer/test_sharded_load.py",  # 75
+    "tests/vision/test_vllm_vision.py",  # 65
+    "tests/workers/test_explorer.py",  # 64
+    "tests/test_faults.py",  # 64
+    "tests/workers/test_demo_model.py",  # 62
+    "tests/dashboard/test_pages_round2.py",  # 61
+    "tests/test_readme_commands.py",  # 55
+    "tests/feedback/test_raters_browser.py",  # 40
+    "tests/learning/",  # 40: the loop's and the agent's tests at 3 steps
+    "tests/trainer/test_modes.py",  # 40
 )
 
 
 def group_of(nodeid: str) -> str:
-    """The unit of work an xdist worker takes whole: its package for WHOLE_PACKAGES, else its
-    module (whose module-scoped workers, servers and models then start once)."""
+    """The unit of work an xdist worker takes whole: its package for WHOLE_PACKAGES, the test
+    itself for EACH_TEST, else its module (whose module-scoped workers, servers and models
+    then start once)."""
     path = nodeid.split("::", 1)[0]
+    if path.startswith(EACH_TEST):
+        return nodeid
     return next((package for package in WHOLE_PACKAGES if path.startswith(package)), path)
 
 

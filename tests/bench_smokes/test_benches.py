@@ -4,8 +4,8 @@ The figures are the benches' business (bench/, never timed here); what a smoke c
 bench that no longer runs: bench/env_api had stopped at import for rounds (its settings module
 extends rftweb.settings, which then read Celery's schedule half-loaded) without anyone seeing.
 
-The benches with smokes elsewhere: learning, vs_trl, conductor_beat (tests/learning),
-trainer_memory, weight_sync (tests/trainer). Without one: rollout (vLLM's start alone is a
+The benches with smokes beside this module: learning, vs_trl, conductor_beat, trainer_memory,
+weight_sync. Without one: rollout (vLLM's start alone is a
 minute; its engine paths are tested in tests/workers). Steering's scripted rater is tested in
 tests/feedback/test_steering_rater.py, and one step of it below, with a rater from a file
 outside the repository (`--rater`)."""
