@@ -114,6 +114,20 @@ class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channe
         cleaner.add_done_callback(cleaned)
         return decoded[-1]
 
+    async def close_pools(self) -> None:
+        """Close the running event loop's connections, and only those. channels_redis closes
+        every loop's: another loop's connection cannot be closed from this one, and awaiting
+        it left the caller waiting for ever on a future of that loop (the live stream's
+        reader, resetting its connections after a failure: a test's teardown hung 15 min).
+        Another loop's connections close with that loop (channels_redis wraps `loop.close`)."""
+        loop = asyncio.get_running_loop()
+        cleaners = [cleaner for cleaner in self.receive_cleaners if cleaner.get_loop() is loop]
+        if cleaners:
+            await asyncio.wait(cleaners)
+        layer = self._layers.get(loop)
+        if layer is not None:
+            await layer.flush()
+
     def _unpack(self, content: bytes, channel: str) -> tuple[str | list[str], dict[str, object]]:
         message: dict[str, object] = self.deserialize(content)
         target = message.pop("__asgi_channel__", channel)

@@ -276,3 +276,87 @@ async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_g
         break
     else:
         raise AssertionError("three reconnects after the restart and no events")
+
+
+def test_closing_the_layer_s_pools_touches_only_the_running_loop_s_connections(settings: Any) -> None:
+    """A thread's loop (a sync caller's `async_to_sync`) has its own connection on the same layer;
+    the hub's reset after a failure closes this loop's and returns, and the other loop's still
+    works. channels_redis closed every loop's from here: an await that never returned (a
+    teardown hung 15 min), so the check runs in a thread of its own that must end."""
+    import threading
+
+    from rftweb.layers import RedisBatchChannelLayer
+
+    layer = RedisBatchChannelLayer(hosts=[settings.REDIS_URL], prefix="rftweb-test-pools")
+    other = asyncio.new_event_loop()
+    looping = threading.Thread(target=other.run_forever, daemon=True)
+    looping.start()
+
+    async def ping() -> bool:
+        return bool(await layer.connection(0).ping())
+
+    def in_other(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, other).result(timeout=EVENT_WAIT_S)
+
+    async def check() -> None:
+        assert in_other(ping()) and await ping()
+        await layer.close_pools()
+        # The thread's connection was left alone and still answers; this loop opens a fresh one.
+        assert in_other(ping()) and await ping()
+        await layer.close_pools()
+
+    outcome: list[BaseException | None] = []
+
+    def checking() -> None:
+        try:
+            asyncio.run(check())
+            outcome.append(None)
+        except BaseException as error:  # reported below, in the test's thread
+            outcome.append(error)
+
+    checker = threading.Thread(target=checking, daemon=True)
+    checker.start()
+    checker.join(timeout=EVENT_WAIT_S)
+    assert outcome, "closing this loop's pools never returned"
+    if outcome[0] is not None:
+        raise outcome[0]
+    in_other(layer.close_pools())
+    other.call_soon_threadsafe(other.stop)
+    looping.join(timeout=EVENT_WAIT_S)
+    other.close()
+
+
+async def test_a_reader_whose_receive_fails_while_it_is_stopped_ends_without_the_reset(
+    run: Run, owner: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's reader is cancelled (its last socket left, or the loop is ending) and the
+    layer's receive raises on the way out: the reader ends at once, cancelled, and does not
+    start the reset meant for a live failure (which awaits the layer and closes sockets)."""
+    layer = get_channel_layer()
+    resets: list[str] = []
+
+    async def receive_failing_when_cancelled(channel: str) -> dict[str, Any]:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("the receive's clean-up failed") from None
+        raise AssertionError("unreachable")
+
+    async def reset() -> None:
+        resets.append("close_pools")
+
+    monkeypatch.setattr(layer, "receive", receive_failing_when_cancelled)
+    monkeypatch.setattr(layer, "close_pools", reset)
+    comm, _ = await run_socket_connect(run, owner)
+    hub = fanout_hub(run_id=run.pk)
+    assert hub is not None
+    await _until(lambda: _async_true(any(t.get_name().startswith("fanout-read-") for t in hub._tasks)))
+    [reader] = [t for t in hub._tasks if t.get_name().startswith("fanout-read-")]
+    reader.cancel()
+    done, _ = await asyncio.wait([reader], timeout=EVENT_WAIT_S)
+    assert done == {reader} and reader.cancelled() and resets == []
+    await comm.disconnect()
+
+
+async def _async_true(value: bool) -> bool:
+    return value

@@ -164,6 +164,12 @@ class RunFanout:
         except asyncio.CancelledError:
             raise
         except Exception:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Stopped (the hub closing, the loop ending) and the layer's receive failed on
+                # the way out: there is nothing left to recover, and awaiting more here would
+                # hold up whoever is waiting for this task to end.
+                raise asyncio.CancelledError from None
             # Events are lost from here on: close every socket so that browsers reconnect
             # (resubscribing) and catch up from the buffer, rather than sit on a dead stream.
             log.exception("fanout: the subscription of run %s failed; closing its sockets", self.run_id)
