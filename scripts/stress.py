@@ -46,6 +46,8 @@ MODULES: tuple[str, ...] = (
     "tests/feedback/test_pages_ergonomics.py",
     # A held counts refresh: waits measured in Playwright ticks.
     "tests/feedback/test_live_counts_browser.py",
+    # A full run failed its height bound (round 54): how many items are open depends on timing.
+    "tests/feedback/test_long_session_browser.py",
     # The demo-model threshold tests that failed a full run on another CPU's build.
     "tests/rewards/test_learned_reward_model.py",
     "tests/rewards/test_rm_random_share.py",
