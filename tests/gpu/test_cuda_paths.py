@@ -115,7 +115,7 @@ def test_gradient_checkpointing_on_cuda_gives_the_same_loss_with_a_lower_allocat
         loss.backward()
         torch.cuda.synchronize()
         peaks[ckpt] = torch.cuda.max_memory_allocated() - floor
-        losses[ckpt] = float(loss)
+        losses[ckpt] = float(loss.detach())
         del learner, loss
         torch.cuda.empty_cache()
     assert losses[True] == pytest.approx(losses[False], abs=1e-5)
