@@ -348,10 +348,10 @@ async def test_a_reader_whose_receive_fails_while_it_is_stopped_ends_without_the
     monkeypatch.setattr(layer, "receive", receive_failing_when_cancelled)
     monkeypatch.setattr(layer, "close_pools", reset)
     comm, _ = await run_socket_connect(run, owner)
-    hub = fanout_hub(run_id=run.pk)
-    assert hub is not None
-    # A join returns once the hub has subscribed, and subscribing starts the reader.
-    [reader] = [t for t in hub._tasks if t.get_name().startswith("fanout-read-")]
+    assert fanout_hub(run_id=run.pk) is not None
+    # A join returns once the hub has subscribed, and subscribing starts the reader (a task of
+    # this test's loop, found by its name rather than through the hub's private set).
+    [reader] = [t for t in asyncio.all_tasks() if t.get_name() == f"fanout-read-{run.pk}"]
     reader.cancel()
     done, _ = await asyncio.wait([reader], timeout=EVENT_WAIT_S)
     assert done == {reader} and reader.cancelled() and resets == []
