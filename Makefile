@@ -31,7 +31,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD ?= 1
 export NO_MKDOCS_2_WARNING ?= 1
 # Python's bytecode cache on, whatever the shell says: an environment that sets
-# PYTHONDONTWRITEBYTECODE (these development machines and CI do) has every process compile
+# PYTHONDONTWRITEBYTECODE (these development machines do) has every process compile
 # the project's own 75,000 lines again, and pytest rewrite every test module again, on each
 # start: 6 s of each test worker's collection and a few tenths of a second of each of the
 # suite's ~200 Django processes (Celery workers, servers, CLI runs).
