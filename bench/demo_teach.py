@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import CHROMIUM, CHROMIUM_ARGS, DEMO_DIR, ROOT, free_port, health_wait
+from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait
 from rftweb import localpg
 
 
@@ -152,7 +152,8 @@ def person_labels(*, url: str, run: int, preference: str, labels: int, until: fl
     prefer = preference_get(preference)
     given = 0
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(headless=not headed, executable_path=CHROMIUM, args=[a for a in CHROMIUM_ARGS if a != "--headless" or not headed])
+        browser = pw.chromium.launch(headless=not headed, executable_path=CHROMIUM_BROWSER if headed else CHROMIUM,
+                                     args=[a for a in CHROMIUM_ARGS if a != "--headless" or not headed])
         page = browser.new_page()
         page.set_default_timeout(30_000)
         page.goto(f"{url}/login/?next=/runs/{run}/annotate/")
