@@ -150,7 +150,14 @@ def test_a_hostile_completion_renders_inert_in_the_browser(page: Any, live_url: 
     page.wait_for_selector(f'#queue .item[data-experience="{live_id}"]')
     page.keyboard.press("r")  # the ranking panel renders the completions once more
     page.wait_for_selector("#panel form.rank")
-    page.wait_for_timeout(300)
+    # A control of our own after the completions: a broken image whose error handler (added by
+    # the test, not by a completion) has run shows that a hostile one's would have run by now.
+    page.evaluate("""() => new Promise((done) => {
+        const img = document.createElement('img');
+        img.addEventListener('error', () => { img.remove(); done(); });
+        img.src = 'x-control';
+        document.body.append(img);
+    })""")
 
     assert page.evaluate("window.__xss") is None
     assert page.evaluate("document.querySelectorAll('#annotate img, #annotate script, #annotate [onerror]').length") == 0
