@@ -82,12 +82,13 @@ class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channe
 
     async def receive(self, channel: str) -> dict[str, object]:
         """core's receive, made to end when it is cancelled. channels_redis 4.3 over redis-py
-        8.1 swallows a cancel that lands at a BZPOPMIN's turn (1-2 of 100 cancels with a 50 ms
-        block), then waits for a reply that never comes: a consumer whose socket closed never
-        ended, and a test's event loop waited for it for ever at its close (pytest-timeout's
-        900 s, 2026-11-27). So the receive runs as a task of its own, and a cancel of ours is
-        passed on to it until it has ended. What it received after the cancel is dropped, as a
-        cancelled receive of core's drops it."""
+        8.1 swallows a cancel that lands in a receive's first milliseconds (52 of 200 at 0.5-2
+        ms) or at one of its BZPOPMINs' turns (1-2 of 100 at random moments), then waits for a
+        reply that never comes: a consumer whose socket closed never ended, and a test's event
+        loop waited for it at its close until pytest-timeout's 900 s (2026-11-27). So the
+        receive runs as a task of its own, and a cancel of ours is passed on to it at once and
+        again until it has ended. A message it gets after the cancel is dropped: the consumer
+        that asked for it is going."""
         inner: asyncio.Task[dict[str, object]] = asyncio.ensure_future(super().receive(channel))
         try:
             return await asyncio.shield(inner)
