@@ -93,7 +93,7 @@ class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channe
         try:
             return await asyncio.shield(inner)
         except asyncio.CancelledError:
-            await _cancelled_until_done(inner, every=self.RECANCEL_SECONDS)
+            await cancelled_until_done(inner, every=self.RECANCEL_SECONDS)
             raise
 
     async def receive_single(self, channel: str) -> tuple[str | list[str], dict[str, object]]:
@@ -153,7 +153,7 @@ class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channe
         return target, message
 
 
-async def _cancelled_until_done(task: asyncio.Task[dict[str, object]], *, every: float) -> None:
+async def cancelled_until_done(task: asyncio.Task[dict[str, object]], *, every: float) -> None:
     """Cancel `task` every `every` seconds until it has ended, whatever cancels this caller
     meanwhile (a second cancel of the caller must not leave the task running)."""
     while not task.done():

@@ -332,7 +332,7 @@ async def test_a_receive_cancelled_at_any_moment_ends(settings: Any) -> None:
     began in a quarter of tries (52 of 200) and then waited for ever; a test's event loop hung at
     its close for pytest-timeout's 900 s (2026-11-27). rftweb.layers passes the cancel on until
     the receive has ended: none of 500 hung."""
-    from rftweb.layers import RedisBatchChannelLayer
+    from rftweb.layers import RedisBatchChannelLayer, cancelled_until_done
 
     layer = RedisBatchChannelLayer(hosts=[settings.REDIS_URL], prefix="rftweb-test-cancel")
     layer.brpop_timeout = 0.02  # a BZPOPMIN's turn every 20 ms: more of the moments a cancel can land on
@@ -343,9 +343,7 @@ async def test_a_receive_cancelled_at_any_moment_ends(settings: Any) -> None:
             receive.cancel()
             done, _ = await asyncio.wait([receive], timeout=EVENT_WAIT_S)
             if not done:  # end it for the loop's close, then fail
-                while not receive.done():
-                    receive.cancel()
-                    await asyncio.wait([receive], timeout=1)
+                await cancelled_until_done(receive, every=1)
             assert done and receive.cancelled(), f"cancel {attempt} did not end the receive"
     finally:
         await layer.close_pools()
