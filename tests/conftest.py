@@ -178,8 +178,8 @@ def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedP
 
 
 def _redis_beside(url: str) -> str:
-    """The same Redis server, database number + 8 (mod 16; the second xdist worker's tests
-    are on + 4, its benches on + 12: rftweb/settings.py)."""
+    """The same Redis server, database number + 2 (mod 16): xdist worker N's tests are on
+    + 4 × N (rftweb/settings.py), its benches between them."""
     from rftweb.env import redis_database_moved
 
-    return redis_database_moved(url or "redis://localhost:6379/0", 8)
+    return redis_database_moved(url or "redis://localhost:6379/0", 2)

@@ -11,8 +11,8 @@ The key is a hash of every migration file Django's loader finds (the project's a
 installed apps' own) and Django's version: a changed, added or removed migration makes a new
 template; the old ones of that test database are dropped then. A template is migrated under
 another name and renamed when done, so one half-built by a killed run is never copied, and
-two xdist workers wait for each other on a PostgreSQL advisory lock (one builds, the other
-copies). RFT_TEST_TEMPLATE_DB=0 turns it off (pytest-django then migrates each test database).
+xdist workers wait for each other on a PostgreSQL advisory lock (one builds, the others
+copy). RFT_TEST_TEMPLATE_DB=0 turns it off (pytest-django then migrates each test database).
 
 Flush: after each transactional test (a live server's, a Celery worker's: ~290 of the suite)
 Django empties every table with one TRUNCATE, which gives each of the ~40 tables and their

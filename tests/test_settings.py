@@ -37,14 +37,15 @@ def test_each_xdist_worker_tests_on_a_redis_database_and_var_dir_of_its_own(tmp_
 
     gw0, gw1 = (json.loads(_xdist_settings(w, tmp_path).stdout.strip().splitlines()[-1]) for w in ("gw0", "gw1"))
     assert gw0["redis"] == gw0["cache"] == gw0["broker"] == gw0["env_redis"] == "redis://localhost:6379/13"
-    # + 4 (mod 16): the two workers' benches (+ 8 of each) land on 5 and 9, apart from both.
+    # + 4 × N (mod 16): the workers' benches (+ 2 of each: 15, 3, 7, 11) apart from all four.
     assert gw1["redis"] == gw1["cache"] == gw1["broker"] == gw1["env_redis"] == "redis://localhost:6379/1"
     assert gw0["var"] == gw0["env_var"] == str(tmp_path / "xdist-gw0") and gw0["storage"] == str(tmp_path / "xdist-gw0" / "storage")
     assert gw1["var"] == gw1["env_var"] == str(tmp_path / "xdist-gw1")
     # Taken out of the environment: a process the test starts (a nested pytest) moves no further.
     assert gw0["worker"] is None and gw1["worker"] is None
-    refused = _xdist_settings("gw2", tmp_path)
-    assert refused.returncode != 0 and "at most two workers" in refused.stderr
+    assert json.loads(_xdist_settings("gw3", tmp_path).stdout.strip().splitlines()[-1])["redis"] == "redis://localhost:6379/9"
+    refused = _xdist_settings("gw4", tmp_path)
+    assert refused.returncode != 0 and "at most 4 workers" in refused.stderr
 
 
 def test_the_test_run_uses_postgres_and_redis() -> None:

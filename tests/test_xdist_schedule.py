@@ -1,4 +1,4 @@
-"""`make test`'s two xdist workers take the suite in groups (tests/xdist_schedule.py)."""
+"""`make test`'s xdist workers take the suite in groups (tests/xdist_schedule.py)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,16 @@ def test_the_groups_handed_out_first_exist() -> None:
     groups = FIRST + WHOLE_PACKAGES + EACH_TEST
     assert all((ROOT / group).exists() for group in groups), [g for g in groups if not (ROOT / g).exists()]
     assert len(set(FIRST)) == len(FIRST)
+
+
+def test_every_bench_smoke_is_marked_bench() -> None:
+    """`make test` skips tests/bench_smokes/ and `make test-bench` takes only what is marked
+    `bench`: an unmarked smoke module would run in neither."""
+    import importlib
+
+    def marks(path: Path) -> set[str]:
+        found = getattr(importlib.import_module(f"tests.bench_smokes.{path.stem}"), "pytestmark", [])
+        return {mark.name for mark in (found if isinstance(found, list) else [found])}
+
+    modules = sorted((ROOT / "tests" / "bench_smokes").glob("test_*.py"))
+    assert modules and [path.name for path in modules if "bench" not in marks(path)] == []

@@ -1,4 +1,4 @@
-"""How `make test`'s (and `make test-bench`'s) two pytest-xdist workers (`pytest -n 2`) share
+"""How `make test`'s three pytest-xdist workers (`pytest -n 3`; `make test-bench`'s two) share
 the suite out: by module, a package whole where its tests share a fixture wider than a module,
 a bench smoke alone, the longest first.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.bench, pytest.mark.slow, pytest.mark.django_db]
 
 NUMBER = r"(\d+\.\d+)"
 # The steering bench's held-out problems in its smokes (`--heldout`; 200 measure): sampling the

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 
 def test_the_conductor_beat_bench_prints_each_states_statements_and_cpu(bench: Callable[..., Any]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.bench, pytest.mark.slow, pytest.mark.django_db]
 
 
 def test_the_learning_bench_runs_two_algorithms_side_by_side_and_reports_both(bench: Callable[..., Any]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--vocab", "512"]

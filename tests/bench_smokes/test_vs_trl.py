@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.bench, pytest.mark.slow, pytest.mark.django_db]
 
 
 def test_the_vs_trl_bench_runs_both_one_process_arms_and_prints_the_ratio(bench: Callable[..., Any]) -> None:

@@ -160,6 +160,8 @@ def _measure(run: Run, out: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# A memory bound measured at size (32 s of a quiet run): with the benches, `make test-bench`.
+@pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_200k_row_export_stays_within_a_fixed_memory_bound(tmp_path: Path) -> None:

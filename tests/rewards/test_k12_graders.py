@@ -158,6 +158,10 @@ def _storage(settings: Any, tmp_path: Path) -> None:
 LEARNED: dict[str, Any] = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192, "heldout_share": 0.3}
 
 
+# How well the grader learns (25 s of a quiet run): with the benches, `make test-bench`. That it
+# trains, is stored, reports its accuracy, is not due again and scores a run's answers: the test
+# below, in `make test`.
+@pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: User, demo_model_dir: Path) -> None:
@@ -199,9 +203,10 @@ def test_grades_given_in_the_annotation_page_teach_the_learned_grader(owner: Use
 @pytest.mark.django_db
 def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(owner: User, demo_model_dir: Path) -> None:
     from apps.buffer.services import task_attempts_create
-    from apps.rewards.k12_rules import grader_prompt, k12_grader_latest
+    from apps.rewards.k12_rules import grader_prompt, k12_grader_latest, learned_params
     from apps.runs.services import run_transition
     from workers.explorer import explore
+    from workers.k12 import k12_grader_train_run
     from workers.reward_models import reward_model_load
     from workers.reward_trainer import rm_score_texts
 
@@ -222,6 +227,10 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
     assert outcome == {"applied": 6, "skipped": 0}
     grader = k12_grader_latest(run=run)
     assert grader is not None and grader.version == 1  # trained on the taskset's grades when first needed
+    # Its held-out accuracy is the run's figure, and it is not due again until new grades come in.
+    assert grader.accuracy is not None
+    assert Metric.objects.get(run=run, name="k12_grader/accuracy").value == grader.accuracy
+    assert k12_grader_train_run(run=run_view_of(run), params=learned_params({**LEARNED, "epochs": 1})) is None
     net, tok = reward_model_load(grader.path)
     for exp in Experience.objects.filter(run=run).select_related("task").order_by("id"):
         assert set(exp.reward_parts) == {"k12_judge", "k12_learned"}
