@@ -16,7 +16,7 @@ STAMP := $(VENV)/.deps-$(shell $(PYTHON) scripts/deps.py $(EXTRAS) 2>/dev/null |
 CACHE := $(CURDIR)/.cache
 # `make test`'s pytest-xdist workers, each on its own test database, Redis database and var/
 # (rftweb/settings.py, tests/xdist_schedule.py): 4 at most; 0 runs the suite in one process.
-# Three on a 2-core host: two left it a fifth idle, waiting on workers, servers and browsers.
+# Three on a 2-core host: two left it 11% idle, waiting on workers, servers and browsers.
 TEST_WORKERS ?= 3
 # `make test-bench`'s: each bench smoke is a whole bench in a process of its own, and two at
 # once already keep two cores busy.
