@@ -18,8 +18,8 @@ CACHE := $(CURDIR)/.cache
 # (rftweb/settings.py, tests/xdist_schedule.py): 4 at most; 0 runs the suite in one process.
 # Three on a 2-core host: two left it 11% idle, waiting on workers, servers and browsers.
 TEST_WORKERS ?= 3
-# `make test-bench`'s: each bench smoke is a whole bench in a process of its own, and two at
-# once already keep two cores busy.
+# `make test-bench`'s: each bench smoke is a whole bench in a process of its own; kept at the
+# two it passed CI with (three not measured).
 BENCH_WORKERS ?= 2
 
 # vLLM and torch write caches under $HOME and /tmp by default: keep them in the project.

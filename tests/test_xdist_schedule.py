@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from tests.xdist_schedule import EACH_TEST, FIRST, WHOLE_PACKAGES, group_of
@@ -29,8 +30,6 @@ def test_the_groups_handed_out_first_exist() -> None:
 def test_every_bench_smoke_is_marked_bench() -> None:
     """`make test` skips tests/bench_smokes/ and `make test-bench` takes only what is marked
     `bench`: an unmarked smoke module would run in neither."""
-    import importlib
-
     def marks(path: Path) -> set[str]:
         found = getattr(importlib.import_module(f"tests.bench_smokes.{path.stem}"), "pytestmark", [])
         return {mark.name for mark in (found if isinstance(found, list) else [found])}
