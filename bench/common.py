@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,8 +58,6 @@ def compose_web_command(*, port: int, workers: int, host: str = "127.0.0.1") -> 
 def health_wait(url: str, *, seconds: float, poll: float = 0.2, alive: Callable[[], bool] = lambda: True) -> bool:
     """Whether the server at `url` answered /health/ with 200 within `seconds`; False as soon
     as `alive()` says its process is gone."""
-    import time
-
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -114,19 +114,50 @@ def bench_worker(name: str, queues: str, include: list[str], *, env: dict[str, s
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=(logs / f"{name}.log").open("ab"), stderr=subprocess.STDOUT)
 
 
-def processes_stop(procs: list[Any], *, timeout: float = 30) -> None:
-    """SIGTERM to every process (they shut down side by side), then SIGKILL to any that has
-    not exited within `timeout`."""
+def processes_stop(procs: list[Any], *, timeout: float = 30, group: bool = False) -> None:
+    """SIGTERM to every process (they shut down side by side), then, to any that has not
+    exited within `timeout`, SIGABRT and SIGKILL, with a line on stderr naming it. `group`:
+    each process leads a process group of its own, and the whole group gets the signals.
+
+    A slow stop is reported, not raised: how long a server takes to shut down is not what a
+    bench measures, and on a loaded host (CI runs two benches side by side beside the suite)
+    10 s was once too short for daphne (2026-11-27). A Python process started with
+    PYTHONFAULTHANDLER=1 (`server_env`) writes every thread's stack to its stderr on the
+    SIGABRT, so its log says where it was."""
     import signal
     import subprocess
 
+    def send(proc: subprocess.Popen[Any], sig: signal.Signals) -> None:
+        # A group's members may outlive its leader: the group is signalled whatever the leader is doing.
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+
     for proc in procs:
-        proc.send_signal(signal.SIGTERM)
+        send(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
     for proc in procs:
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            print(f"bench: {' '.join(map(str, proc.args))[:200]} had not exited {timeout:g} s after SIGTERM: "
+                  "stopping it with SIGABRT (SIGKILL if that fails)", file=sys.stderr)
+            send(proc, signal.SIGABRT)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                send(proc, signal.SIGKILL)
+                proc.wait()
+        if group:
+            send(proc, signal.SIGKILL)  # what of the group outlived its leader (it had its SIGTERM)
+
+
+def server_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a server a bench starts: faulthandler on, so that the SIGABRT of
+    `processes_stop` leaves the stacks of a server that would not stop in its log."""
+    return {**env, "PYTHONFAULTHANDLER": "1"}
 
 
 def setup_django(*, database_url: str = BENCH_DB, migrate: bool = True) -> None:

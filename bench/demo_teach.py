@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -66,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait
+from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait, processes_stop
 from rftweb import localpg
 
 
@@ -261,11 +260,7 @@ def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, 
             while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
                 time.sleep(2)
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            processes_stop([server], group=True)
     return given
 
 

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, health_wait, scratch_database
+from bench.common import free_port, health_wait, processes_stop, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratio (API/baseline submissions/s, target >= 0.5): {results['api']['rate'] / results['baseline']['rate']:.2f}")
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
+            processes_stop([server])
         from django.db import connections
 
         connections.close_all()

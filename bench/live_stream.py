@@ -36,11 +36,10 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port
+from bench.common import free_port, health_wait, processes_stop, server_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_P99_MS = 100.0
@@ -203,19 +202,6 @@ def _server_command(server: str, app: str, port: int) -> list[str]:
     return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
 
 
-def _health_wait(server: subprocess.Popen[bytes], origin: str, *, seconds: float = 60) -> bool:
-    """Until the server answers /health/ (True), or it exited or `seconds` passed (False)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            urllib.request.urlopen(origin + "/health/", timeout=2)
-            return True
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
@@ -284,14 +270,13 @@ def main(argv: list[str] | None = None) -> int:
             # set-up again (seconds of CPU), and the hub's subscription ends with its last socket.
             if running != (server_name, app):
                 if server is not None:
-                    server.terminate()
-                    server.wait(timeout=10)
+                    processes_stop([server])
                     server = None
                 port = free_port()
-                server = subprocess.Popen(_server_command(server_name, app, port), cwd=ROOT, env=env,
-                                          stdout=subprocess.DEVNULL, stderr=log)
+                server = started = subprocess.Popen(_server_command(server_name, app, port), cwd=ROOT,
+                                                    env=server_env(env), stdout=subprocess.DEVNULL, stderr=log)
                 running = (server_name, app)
-                if not _health_wait(server, f"http://127.0.0.1:{port}"):
+                if not health_wait(f"http://127.0.0.1:{port}", seconds=60, alive=lambda: started.poll() is None):
                     print("bench.live_stream: the server did not start", file=sys.stderr)
                     return 1
             assert server is not None
@@ -304,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append((path, server_name, result))
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
+            processes_stop([server])
         connection.close()
         connection.creation.destroy_test_db(old_name, verbosity=0)
 

@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import BENCH_DB, ROOT, free_port, percentile, setup_django
+from bench.common import BENCH_DB, ROOT, free_port, percentile, processes_stop, setup_django
 
 
 def _model(out: Path) -> Path:
@@ -272,12 +272,7 @@ def main() -> None:
             print(f"          round {r + 1}: endpoint p50 / engine p50 {ratios[-1]:.2f}, "
                   f"throughput endpoint/engine {rows['endpoint']['rps'] / rows['engine']['rps']:.2f}", flush=True)
     finally:
-        for proc in (server, worker):
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        processes_stop([server, worker])
         if hasattr(engine, "close"):
             engine.close()
         run.delete()

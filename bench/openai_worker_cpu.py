@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, ROOT, setup_django
+from bench.common import BENCH_DB, ROOT, processes_stop, setup_django
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -136,9 +136,7 @@ def drive(args: argparse.Namespace) -> None:
         print("".join(line[line.index("worker CPU"):] + "\n" for line in out.splitlines() if "worker CPU" in line), end="")
         print(_load())
     finally:
-        if worker.poll() is None:
-            worker.terminate()
-            worker.wait(timeout=10)
+        processes_stop([worker])
         run.delete()
 
 

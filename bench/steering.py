@@ -676,7 +676,8 @@ from typing import Any
 from kernel.config import FeedbackSettings
 from kernel.preferences import ANSWER
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, processes_stop, \
+    setup_django
 from bench.raters import Rating, correct, rater_load
 
 # The gate of the rm10 / random10 / noisy arms unless --rm-gate says otherwise: the run config's
@@ -1771,8 +1772,7 @@ def main() -> None:
                 results += _seed_run(seed, raters=raters, arms=arms, base=base, journal=journal,
                                      run=lambda arm, rating, noise: run_arm(arm, rating=rating, noise=noise, **common))
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        processes_stop([proc])
         # Kept for a look after the run (the demo model may live elsewhere: BENCH_DEMO_DIR).
         (ROOT / ".cache").mkdir(exist_ok=True)
         shutil.copy(tmp / "server.log", ROOT / ".cache" / "bench-steering-server.log")

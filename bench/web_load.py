@@ -79,7 +79,6 @@ import logging
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -92,7 +91,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DB, compose_web_command, free_port, health_wait, median, percentile, scratch_database
+from bench.common import BENCH_DB, compose_web_command, free_port, health_wait, median, percentile, processes_stop, \
+    scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "bench-web-load-password"
@@ -512,19 +512,9 @@ def _server(db_url: str, args: argparse.Namespace, log: Path) -> tuple[subproces
     proc = subprocess.Popen(compose_web_command(port=port, workers=args.processes), cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     if not health_wait(base, seconds=120, alive=lambda: proc.poll() is None):
-        _stop(proc)
+        processes_stop([proc], group=True)
         raise SystemExit(f"bench: the web server did not start: {log.read_text()[-2000:]}")
     return proc, base
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 async def _people(shared: Shared, cast: Cast, args: argparse.Namespace,
@@ -721,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.monotonic() < watch.ended + min(args.after, 10.5) or watch.samples[-1][1] > 0):
             time.sleep(0.2)
         watch.stop()
-        _stop(proc)
+        processes_stop([proc], group=True)
         proc = None
 
         tally = shared.tally
@@ -792,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_file.touch()
             producer.kill()
         if proc is not None:
-            _stop(proc)
+            processes_stop([proc], group=True)
         if watch is not None:
             watch.close()
         from django.db import connections as conns
