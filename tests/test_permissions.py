@@ -435,6 +435,7 @@ async def test_the_runs_list_socket_tells_each_persona_only_about_runs_they_may_
     refused = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
     refused.scope["user"] = AnonymousUser()
     assert (await refused.connect(timeout=EVENT_WAIT_S))[0] is False
+    await refused.disconnect()  # its consumer ends here, not at the event loop's close
     sockets = {}
     for persona, user in users.items():
         comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/ws/runs/")
