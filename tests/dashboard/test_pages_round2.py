@@ -9,7 +9,6 @@ var/screenshots/ (ignored; with `make screenshots`) for a reviewer."""
 from __future__ import annotations
 
 import re
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,12 +174,14 @@ def test_a_one_time_link_makes_an_account_that_annotates_that_run_and_nothing_el
     rows = newcomer.locator("tr[data-run]")
     assert rows.count() == 1 and rows.first.get_attribute("data-run") == str(run.pk)
     newcomer.click(f"tr[data-run='{run.pk}'] a.annotate-link")
-    newcomer.wait_for_selector("#queue .item")
-    newcomer.locator("#queue .item").first.locator("input[name=score][value='4']").check(force=True)
-    newcomer.locator("#queue .item").first.locator("form.rate button[type=submit]").click()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not Feedback.objects.filter(author__username="nia").exists():
-        time.sleep(0.2)
+    # The page settles first: once its live stream is open it selects and scrolls to the first
+    # card (a click forced through mid-scroll once landed beside the radio, under load).
+    newcomer.wait_for_selector("#annotate[data-live=open]")
+    card = newcomer.locator("#queue .item:not(.done)").first
+    assignment = card.get_attribute("data-assignment")
+    card.locator("input[name=score][value='4']").check()
+    card.locator("form.rate button[type=submit]").click()
+    expect(newcomer.locator(f'#queue .item.done[data-assignment="{assignment}"]')).to_contain_text("4/5")
     assert Feedback.objects.get(author__username="nia").run_id == run.pk
     assert RunMember.objects.get(user__username="nia").role == "annotator"
     # Nothing else: another run is not there for them, nor the owner's pages of this one.
