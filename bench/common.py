@@ -120,8 +120,8 @@ def processes_stop(procs: list[Any], *, timeout: float = 30, group: bool = False
     each process leads a process group of its own, and the whole group gets the signals.
 
     A slow stop is reported, not raised: how long a server takes to shut down is not what a
-    bench measures, and on a loaded host (CI runs two benches side by side beside the suite)
-    10 s was once too short for daphne (2026-11-27). A Python process started with
+    bench measures, and on a loaded host (`make test-bench` runs two benches side by side) 10 s
+    was once too short for daphne (CI, 2026-11-27). A Python process started with
     PYTHONFAULTHANDLER=1 (`server_env`) writes every thread's stack to its stderr on the
     SIGABRT, so its log says where it was."""
     import signal
