@@ -17,7 +17,7 @@ from bench.common import processes_stop, server_env
 # Ignores SIGTERM (as a server stuck in its shutdown does), says so, then waits in a function
 # whose name the stack dump must show.
 STUBBORN = """
-import signal, sys, time
+import signal, time
 def stuck_in_shutdown():
     print("ready", flush=True)
     while True:
@@ -28,8 +28,9 @@ stuck_in_shutdown()
 
 
 def _start(code: str, *, log: Path, group: bool = False) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", code], env=server_env(dict(os.environ)), stdout=subprocess.PIPE,
-                            stderr=log.open("w"), text=True, start_new_session=group)
+    with log.open("w") as stderr:  # the child holds its own copy
+        proc = subprocess.Popen([sys.executable, "-c", code], env=server_env(dict(os.environ)), stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, start_new_session=group)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     return proc
