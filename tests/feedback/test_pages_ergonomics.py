@@ -5,6 +5,7 @@ A screenshot of the annotation page goes to var/screenshots/ (ignored; with `mak
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -179,6 +180,40 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     assert response.status_code == 400 and "trained on" in response.content.decode()
     assert Feedback.objects.filter(pk=fb.pk).exists()
     assert other  # the other group's item is still in the queue
+
+
+def test_a_click_on_refresh_while_the_lists_live_refresh_is_on_its_way_still_shows_what_changed(
+        page: Any, live_url: str, blend_run: Run) -> None:
+    """The label's live event refreshes "my submissions"; that answer is read before the trainer
+    claims the group and arrives after the person clicked "refresh". htmx queued the click on the
+    link the answer then swapped out, and dropped it: the list stayed revisable (CI, stop 60).
+    The click now runs once more after the answer in flight."""
+    members = _group(blend_run, "g", [1.0, 0.0])
+    _open(page, live_url, blend_run)
+    held: list[tuple[Any, Any]] = []
+
+    def hold_the_first(route: Any) -> None:
+        # The first answer is read from the server now and handed to the page later.
+        if held or route.request.method != "GET":
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route(re.compile(rf"/runs/{blend_run.pk}/annotate/mine/"), hold_the_first)
+    page.keyboard.press("4")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'#queue .item.done[data-experience="{members[0].pk}"]')
+    for _ in range(400):  # the label's event, then its refresh (under load, seconds)
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the label's event did not refresh my submissions"
+    Experience.objects.filter(group_id="g").update(status="consumed")
+    page.click("#mine a.refresh")
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    page.wait_for_selector("#mine li.submission.trained", timeout=BROWSER_WAIT_MS)
+    assert page.locator("#mine li.submission button").count() == 0
 
 
 def test_guidelines_are_shown_safely_and_the_automatic_reward_is_hidden_unless_the_owner_shows_it(
