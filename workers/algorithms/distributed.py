@@ -84,6 +84,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHARDINGS = ("full", "grad_op", "none")
+# How long rank 0 waits for a follower it told to stop (or terminated) before it kills it: a
+# backstop, not a pace. A follower ends at once (`os._exit` below), but a host's load can hold
+# any process off the CPU for seconds.
+FOLLOWER_EXIT_S = 60.0
 
 
 @dataclass
@@ -807,8 +811,10 @@ class LearnerGroup:
             if self.broken:
                 p.terminate()
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=FOLLOWER_EXIT_S)
             except subprocess.TimeoutExpired:
+                log.warning("learner group: follower %s had not ended %.0f s after it was told to; killing it", p.pid,
+                            FOLLOWER_EXIT_S)
                 p.kill()
                 p.wait()
         self.followers = []
@@ -1004,3 +1010,11 @@ if __name__ == "__main__":
             sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
     # rank ADDR PORT RANK PARENT: a follower rank 0 (or `join`) started on its host.
     follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]))
+    # Told to stop, it has left the group and written what it was asked to: end now, as
+    # multiprocessing's children do. The interpreter's own teardown with torch loaded took
+    # 3.9 s here and 11.6 s beside five busy loops (most of it collecting torch's objects),
+    # longer than rank 0 waits before it kills a follower.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
