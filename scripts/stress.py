@@ -51,6 +51,8 @@ MODULES: tuple[str, ...] = (
     # The demo-model threshold tests that failed a full run on another CPU's build.
     "tests/rewards/test_learned_reward_model.py",
     "tests/rewards/test_rm_random_share.py",
+    # A full run failed it on a slower host (round 58): a follower's exit outran rank 0's wait.
+    "tests/trainer/test_algorithm_plugin.py",
 )
 
 BUSY = "while True: pass"
