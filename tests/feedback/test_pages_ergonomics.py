@@ -203,7 +203,9 @@ def test_a_click_on_refresh_while_the_lists_live_refresh_is_on_its_way_still_sho
     page.keyboard.press("4")
     page.keyboard.press("Enter")
     page.wait_for_selector(f'#queue .item.done[data-experience="{members[0].pk}"]')
-    for _ in range(400):  # the label's event, then its refresh (under load, seconds)
+    # The label's event, then its refresh (seconds under load). Polled through Playwright's own
+    # wait, during which the route handler runs and reads the answer before the rows change.
+    for _ in range(BROWSER_WAIT_MS // 100):
         if held:
             break
         page.wait_for_timeout(100)
