@@ -33,6 +33,8 @@
     window.htmx.ajax("GET", address(link), { source: link }).then(done, done);
   }
 
+  function selectorOf(link) { return 'a.refresh[hx-get="' + CSS.escape(link.getAttribute("hx-get")) + '"]'; }
+
   window.rftRefresh = refresh;
   // A click on a refresh link goes the same way (captured before htmx's own listener on the
   // link sees it), found again by its address when it runs once more. A click with a modifier
@@ -42,6 +44,28 @@
     if (!link || !window.htmx || ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey) return;
     ev.preventDefault();
     ev.stopPropagation();
-    refresh('a.refresh[hx-get="' + CSS.escape(link.getAttribute("hx-get")) + '"]');
+    refresh(selectorOf(link));
   }, true);
+
+  // A refresh link with data-every="S" refreshes its fragment every S seconds, the same way (an
+  // htmx "every Ss" trigger on the link was a request of the link's own, outside this
+  // bookkeeping: a live event's refresh that came while the poll was in flight was dropped).
+  // Each link polls until it leaves the page; its replacement polls on from its own arrival.
+  function poll(link) {
+    if (link.dataset.polling) return;
+    link.dataset.polling = "1";
+    var ms = Number(link.dataset.every) * 1000;
+    function tick() {
+      if (!link.isConnected) return;
+      refresh(selectorOf(link));
+      setTimeout(tick, ms);
+    }
+    setTimeout(tick, ms);
+  }
+  document.addEventListener("htmx:load", function (ev) {
+    var root = ev.detail && ev.detail.elt;
+    if (!root || !root.querySelectorAll) return;
+    if (root.matches("a.refresh[hx-get][data-every]")) poll(root);
+    root.querySelectorAll("a.refresh[hx-get][data-every]").forEach(poll);
+  });
 })();

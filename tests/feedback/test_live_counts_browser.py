@@ -126,3 +126,61 @@ def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
     assert len(asked) > 1, "the refresh asked for while the counts were on their way never ran"
     _waits_for(page, "#feedback-count", "2")
     assert Feedback.objects.filter(run=run, kind="rating").count() == 2
+
+
+def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts(
+        page: Any, live_url: str, owner: User, annotator: User) -> None:
+    """The header also refreshes itself every 10 s. Bob's label comes while that poll's answer
+    (read before the label) is on its way: the refresh the label asks for runs after it (an
+    htmx "every 10s" on the link was a request of its own, which dropped the label's refresh and
+    left the header at the poll's older count until the next poll). The page's clock is
+    Playwright's, so the poll is due at once, not in 10 s."""
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
+    add_member(run, annotator)
+    bob = make_user("bob")
+    add_member(run, bob)
+    _group(run, "first")
+    bobs = assignment_claim(run=run, annotator=bob, size=4)
+    page.clock.install()
+    path = f"/runs/{run.pk}/annotate/"
+    login(page, live_url, "annotator", next_path=path)
+    page.wait_for_url(f"**{path}")
+    page.wait_for_selector("#annotate[data-live=open]")
+    asked: list[Any] = []
+    held: list[tuple[Any, Any]] = []
+
+    def hold_the_first(route: Any) -> None:
+        asked.append(route)
+        if held:
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
+    page.clock.fast_forward(10_000)
+    for _ in range(150):
+        if asked:
+            break
+        page.wait_for_timeout(100)
+    assert asked, "the counts did not poll"
+    web = Client()
+    web.force_login(bob)
+    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[0].pk}/rate/", {"score": "5"}).status_code == 302
+    _waits_for(page, "#feedback-count", "1")  # the event moved it at once and asked for a refresh
+    page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
+    assert len(asked) == 1
+    route, answer = held[0]
+    route.fulfill(response=answer)
+    for _ in range(50):
+        if len(asked) > 1:
+            break
+        page.wait_for_timeout(100)
+    assert len(asked) > 1, "the label's refresh, asked for while the poll was on its way, never ran"
+    _waits_for(page, "#feedback-count", "1")
+    # The link the answer brought polls on.
+    page.clock.fast_forward(10_000)
+    for _ in range(150):
+        if len(asked) > 2:
+            break
+        page.wait_for_timeout(100)
+    assert len(asked) > 2, "the counts stopped polling after their refresh"
