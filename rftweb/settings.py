@@ -75,7 +75,10 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
 INSTALLED_APPS = [
-    "daphne",
+    # First, before django.contrib.staticfiles: its `runserver` is daphne's (HTTP and
+    # websockets). daphne itself is not an app here: its app config would import daphne.server
+    # (Twisted's reactor) into every process at start (apps/cli/management/commands/runserver.py).
+    "apps.cli",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -94,7 +97,6 @@ INSTALLED_APPS = [
     "apps.envapi",
     "apps.rewards",
     "apps.control",
-    "apps.cli",
 ]
 
 MIDDLEWARE = [
