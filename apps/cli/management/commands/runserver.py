@@ -6,8 +6,4 @@ reactor, in every Django process at start (0.2 of django.setup()'s 1.1 CPU-s her
 Celery worker, every `rft` command); only a serving process needs it. This app is listed before
 django.contrib.staticfiles so that this command, not staticfiles' WSGI one, is `runserver`."""
 
-from daphne.management.commands.runserver import Command as DaphneRunserver
-
-
-class Command(DaphneRunserver):
-    pass
+from daphne.management.commands.runserver import Command as Command
