@@ -70,7 +70,7 @@ def test_a_large_upload_creates_the_run_at_once_and_its_page_and_the_api_follow_
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Importing taskset “big” (queued)" in page
     poll = f'href="/runs/{run.pk}/taskset-import/" hx-get="/runs/{run.pk}/taskset-import/"'
-    assert poll in page and 'hx-trigger="every 2s"' in page
+    assert poll in page and 'data-every="2"' in page  # polled through static/rftweb/refresh.js
     with pytest.raises(RunCannotStart, match="still being imported"):
         run_transition(run=run, action="start", actor=owner)
     api = Api(make_key(run)[1])
