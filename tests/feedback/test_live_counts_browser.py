@@ -128,6 +128,10 @@ def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
     assert Feedback.objects.filter(run=run, kind="rating").count() == 2
 
 
+# The counts' refresh link once static/rftweb/refresh.js has set its poll's timer.
+POLLING = "#counts-refresh[data-polling]"
+
+
 def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts(
         page: Any, live_url: str, owner: User, annotator: User) -> None:
     """The header also refreshes itself every 10 s. Bob's label comes while that poll's answer
@@ -157,6 +161,7 @@ def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts
             held.append((route, route.fetch()))
 
     page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
+    page.wait_for_selector(POLLING, state="attached")  # its timer is set
     page.clock.fast_forward(10_000)
     for _ in range(150):
         if asked:
@@ -177,7 +182,8 @@ def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts
         page.wait_for_timeout(100)
     assert len(asked) > 1, "the label's refresh, asked for while the poll was on its way, never ran"
     _waits_for(page, "#feedback-count", "1")
-    # The link the answer brought polls on.
+    # The link the answer brought polls on (once htmx has settled it in: its timer is set).
+    page.wait_for_selector(POLLING, state="attached")
     page.clock.fast_forward(10_000)
     for _ in range(150):
         if len(asked) > 2:
