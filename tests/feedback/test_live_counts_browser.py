@@ -76,27 +76,34 @@ def test_the_annotation_header_counts_move_live(page: Any, live_url: str, owner:
     assert Assignment.objects.filter(annotator=annotator, status="leased").count() == 8
 
 
-def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
-        page: Any, live_url: str, owner: User, annotator: User) -> None:
-    """Bob's first label refreshes the annotator's header; his second comes before that answer
-    has arrived. The answer (read after the first) replaces the refresh link, and the refresh
-    the second asked for still runs after it: the header says 2, not the held answer's 1
-    until the 10 s poll."""
-    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1}, reward_model={"enabled": True})
+def _bob_beside_the_annotator(owner: User, annotator: User, **options: Any) -> tuple[Run, Client, list[Assignment]]:
+    """A run with one group, the annotator and bob on it; bob holds the group's items and is
+    logged in to the web (his Client)."""
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1}, **options)
     add_member(run, annotator)
     bob = make_user("bob")
     add_member(run, bob)
     _group(run, "first")
     bobs = assignment_claim(run=run, annotator=bob, size=4)
+    web = Client()
+    web.force_login(bob)
+    return run, web, bobs
+
+
+def _open_annotation(page: Any, live_url: str, run: Run) -> None:
     path = f"/runs/{run.pk}/annotate/"
     login(page, live_url, "annotator", next_path=path)
     page.wait_for_url(f"**{path}")
     page.wait_for_selector("#annotate[data-live=open]")
+
+
+def _hold_the_first_counts(page: Any, run: Run) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Every request for the header's counts, from now on, in `asked`; the first one's answer
+    is read from the server at once and handed to the page only when the test fulfils it."""
     asked: list[Any] = []
     held: list[tuple[Any, Any]] = []
 
     def hold_the_first(route: Any) -> None:
-        # The first answer is read from the server now and handed to the page later.
         asked.append(route)
         if held:
             route.continue_()
@@ -104,26 +111,41 @@ def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
             held.append((route, route.fetch()))
 
     page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
-    web = Client()
-    web.force_login(bob)
-    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[0].pk}/rate/", {"score": "5"}).status_code == 302
-    for _ in range(150):
-        if asked:
-            break
+    return asked, held
+
+
+def _asked_more_than(page: Any, asked: list[Any], count: int, *, seconds: float) -> bool:
+    for _ in range(int(seconds * 10)):
+        if len(asked) > count:
+            return True
         page.wait_for_timeout(100)
-    assert asked, "bob's label did not refresh the counts"
-    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[1].pk}/rate/", {"score": "1"}).status_code == 302
+    return len(asked) > count
+
+
+def _rate(web: Client, run: Run, item: Assignment, score: str) -> None:
+    assert web.post(f"/runs/{run.pk}/annotate/items/{item.pk}/rate/", {"score": score}).status_code == 302
+
+
+def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
+        page: Any, live_url: str, owner: User, annotator: User) -> None:
+    """Bob's first label refreshes the annotator's header; his second comes before that answer
+    has arrived. The answer (read after the first) replaces the refresh link, and the refresh
+    the second asked for still runs after it: the header says 2, not the held answer's 1
+    until the 10 s poll."""
+    run, web, bobs = _bob_beside_the_annotator(owner, annotator, reward_model={"enabled": True})
+    _open_annotation(page, live_url, run)
+    asked, held = _hold_the_first_counts(page, run)
+    _rate(web, run, bobs[0], "5")
+    assert _asked_more_than(page, asked, 0, seconds=15), "bob's label did not refresh the counts"
+    _rate(web, run, bobs[1], "1")
     _waits_for(page, "#feedback-count", "2")  # the event moved it at once and asked for a refresh
     page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
     assert len(asked) == 1
     route, answer = held[0]
     route.fulfill(response=answer)
     # Within 5 s: the poll (every 10 s from the swap) is not what brings it.
-    for _ in range(50):
-        if len(asked) > 1:
-            break
-        page.wait_for_timeout(100)
-    assert len(asked) > 1, "the refresh asked for while the counts were on their way never ran"
+    assert _asked_more_than(page, asked, 1, seconds=5), \
+        "the refresh asked for while the counts were on their way never ran"
     _waits_for(page, "#feedback-count", "2")
     assert Feedback.objects.filter(run=run, kind="rating").count() == 2
 
@@ -139,54 +161,23 @@ def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts
     htmx "every 10s" on the link was a request of its own, which dropped the label's refresh and
     left the header at the poll's older count until the next poll). The page's clock is
     Playwright's, so the poll is due at once, not in 10 s."""
-    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
-    add_member(run, annotator)
-    bob = make_user("bob")
-    add_member(run, bob)
-    _group(run, "first")
-    bobs = assignment_claim(run=run, annotator=bob, size=4)
+    run, web, bobs = _bob_beside_the_annotator(owner, annotator)
     page.clock.install()
-    path = f"/runs/{run.pk}/annotate/"
-    login(page, live_url, "annotator", next_path=path)
-    page.wait_for_url(f"**{path}")
-    page.wait_for_selector("#annotate[data-live=open]")
-    asked: list[Any] = []
-    held: list[tuple[Any, Any]] = []
-
-    def hold_the_first(route: Any) -> None:
-        asked.append(route)
-        if held:
-            route.continue_()
-        else:
-            held.append((route, route.fetch()))
-
-    page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
+    _open_annotation(page, live_url, run)
+    asked, held = _hold_the_first_counts(page, run)
     page.wait_for_selector(POLLING, state="attached")  # its timer is set
     page.clock.fast_forward(10_000)
-    for _ in range(150):
-        if asked:
-            break
-        page.wait_for_timeout(100)
-    assert asked, "the counts did not poll"
-    web = Client()
-    web.force_login(bob)
-    assert web.post(f"/runs/{run.pk}/annotate/items/{bobs[0].pk}/rate/", {"score": "5"}).status_code == 302
+    assert _asked_more_than(page, asked, 0, seconds=15), "the counts did not poll"
+    _rate(web, run, bobs[0], "5")
     _waits_for(page, "#feedback-count", "1")  # the event moved it at once and asked for a refresh
     page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
     assert len(asked) == 1
     route, answer = held[0]
     route.fulfill(response=answer)
-    for _ in range(50):
-        if len(asked) > 1:
-            break
-        page.wait_for_timeout(100)
-    assert len(asked) > 1, "the label's refresh, asked for while the poll was on its way, never ran"
+    assert _asked_more_than(page, asked, 1, seconds=5), \
+        "the label's refresh, asked for while the poll was on its way, never ran"
     _waits_for(page, "#feedback-count", "1")
     # The link the answer brought polls on (once htmx has settled it in: its timer is set).
     page.wait_for_selector(POLLING, state="attached")
     page.clock.fast_forward(10_000)
-    for _ in range(150):
-        if len(asked) > 2:
-            break
-        page.wait_for_timeout(100)
-    assert len(asked) > 2, "the counts stopped polling after their refresh"
+    assert _asked_more_than(page, asked, 2, seconds=15), "the counts stopped polling after their refresh"
