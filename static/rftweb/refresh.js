@@ -5,8 +5,9 @@
 // timeline missed a load that came right after its version; "my submissions" missed a label,
 // and a person's click on "refresh" while a live event's refresh was on its way did nothing,
 // leaving the list as the earlier answer had read it).
-// Here a refresh asked for while the same one is in flight, by a live event (rftRefresh) or by
-// a click on the link, runs once more after it, on the link then in the page.
+// Here a refresh asked for while the same one is in flight, by a live event (rftRefresh), by
+// a click on the link or by the link's own poll (data-every), runs once more after it, on the
+// link then in the page.
 (function () {
   "use strict";
   // One entry per fragment in flight, keyed by the link's address and target, so a live event's
