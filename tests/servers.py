@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -395,6 +396,43 @@ def login_to_runs(page: Any, username: str) -> None:
     runs list (where a login lands) is there."""
     login(page, "", username, next_path="/runs/")
     page.wait_for_url("**/runs/")
+
+
+class HeldAnswer:
+    """The page's GETs of addresses matching `pattern`, from now on: each is counted in `asked`;
+    the first one's answer is read from the server at once (so before the test changes the
+    rows) and reaches the page only at `release()`; the others go through. For tests of a
+    refresh asked for while another is on its way (static/rftweb/refresh.js)."""
+
+    def __init__(self, page: Any, pattern: str) -> None:
+        self.page = page
+        self.asked: list[Any] = []
+        self.held: list[tuple[Any, Any]] = []
+        page.route(re.compile(pattern), self._route)
+
+    def _route(self, route: Any) -> None:
+        if route.request.method != "GET":
+            route.continue_()
+            return
+        self.asked.append(route)
+        if self.held:
+            route.continue_()
+        else:
+            self.held.append((route, route.fetch()))
+
+    def wait_asked(self, more_than: int = 0, *, ms: int = BROWSER_WAIT_MS) -> bool:
+        """Whether more than `more_than` GETs came within `ms`. Polled through Playwright's own
+        wait: it runs the route handler only inside its calls (an `expect_request` would return
+        before the handler had read the held answer)."""
+        for _ in range(ms // 100):
+            if len(self.asked) > more_than:
+                return True
+            self.page.wait_for_timeout(100)
+        return len(self.asked) > more_than
+
+    def release(self) -> None:
+        route, answer = self.held[0]
+        route.fulfill(response=answer)
 
 
 # Services of a test's own: a throwaway Postgres cluster and Redis on spare ports, started from

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
 from apps.runs.services import run_transition
 from tests.factories import experience_row, make_run, make_taskset, make_user
-from tests.servers import BROWSER_WAIT_MS, ROOT, child_env, login_to_runs
+from tests.servers import BROWSER_WAIT_MS, ROOT, HeldAnswer, child_env, login_to_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -255,26 +254,12 @@ def test_a_load_that_comes_while_the_timeline_is_on_its_way_still_shows(page: An
     log_in(page, owner)
     page.goto(f"/runs/{run.pk}/")
     page.wait_for_selector("#live[data-state=live]")
-    held: list[tuple[Any, Any]] = []
-
-    def hold_the_first(route: Any) -> None:
-        # The first answer is read from the server now and handed to the page later.
-        if held:
-            route.continue_()
-        else:
-            held.append((route, route.fetch()))
-
-    page.route(re.compile(rf"/runs/{run.pk}/timeline/"), hold_the_first)
+    timeline = HeldAnswer(page, rf"/runs/{run.pk}/timeline/")
     in_a_thread(lambda: model_version_publish(run=run, number=1, checkpoint="/ckpt/v1", train_step=1))
     expect(page.locator("#run-version")).to_have_text("v1", timeout=BROWSER_WAIT_MS)
-    for _ in range(150):
-        if held:
-            break
-        page.wait_for_timeout(100)
-    assert held, "the version's event did not refresh the timeline"
+    assert timeline.wait_asked(ms=15_000), "the version's event did not refresh the timeline"
     in_a_thread(lambda: weight_load_record(run=run, version=1, worker="explorer-a", seconds=0.05))
     # The load's event was handled (the chart follows it by its own fetch).
     page.wait_for_selector("#sync-chart[data-loads='1']", timeout=BROWSER_WAIT_MS)
-    route, answer = held[0]
-    route.fulfill(response=answer)
+    timeline.release()
     expect(page.locator("#timeline tr[data-version='1'] .load")).to_contain_text("explorer-a", timeout=BROWSER_WAIT_MS)

@@ -4,7 +4,7 @@ and new rollouts change it without a reload, to the numbers the other pages show
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from apps.feedback.services import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from tests.feedback.conftest import login, worker_write
+from tests.servers import HeldAnswer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -97,33 +98,21 @@ def _open_annotation(page: Any, live_url: str, run: Run) -> None:
     page.wait_for_selector("#annotate[data-live=open]")
 
 
-def _hold_the_first_counts(page: Any, run: Run) -> tuple[list[Any], list[tuple[Any, Any]]]:
-    """Every request for the header's counts, from now on, in `asked`; the first one's answer
-    is read from the server at once and handed to the page only when the test fulfils it."""
-    asked: list[Any] = []
-    held: list[tuple[Any, Any]] = []
-
-    def hold_the_first(route: Any) -> None:
-        asked.append(route)
-        if held:
-            route.continue_()
-        else:
-            held.append((route, route.fetch()))
-
-    page.route(re.compile(rf"/runs/{run.pk}/annotate/counts/"), hold_the_first)
-    return asked, held
-
-
-def _asked_more_than(page: Any, asked: list[Any], count: int, *, seconds: float) -> bool:
-    for _ in range(int(seconds * 10)):
-        if len(asked) > count:
-            return True
-        page.wait_for_timeout(100)
-    return len(asked) > count
-
-
 def _rate(web: Client, run: Run, item: Assignment, score: str) -> None:
     assert web.post(f"/runs/{run.pk}/annotate/items/{item.pk}/rate/", {"score": score}).status_code == 302
+
+
+def _label_while_held(page: Any, counts: HeldAnswer, rate: Callable[[], None], *, shown: str) -> None:
+    """A label (`rate`) while the counts' first answer is held: its event moves the header to
+    `shown` at once and asks for a refresh, which must wait for the held answer and then run,
+    within 5 s (the poll, every 10 s from the swap, is not what brings it)."""
+    rate()
+    _waits_for(page, "#feedback-count", shown)
+    page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
+    assert len(counts.asked) == 1
+    counts.release()
+    assert counts.wait_asked(1, ms=5_000), "the label's refresh, asked for while the counts were on their way, never ran"
+    _waits_for(page, "#feedback-count", shown)
 
 
 def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
@@ -134,19 +123,10 @@ def test_a_label_that_comes_while_the_counts_are_on_their_way_still_counts(
     until the 10 s poll."""
     run, web, bobs = _bob_beside_the_annotator(owner, annotator, reward_model={"enabled": True})
     _open_annotation(page, live_url, run)
-    asked, held = _hold_the_first_counts(page, run)
+    counts = HeldAnswer(page, rf"/runs/{run.pk}/annotate/counts/")
     _rate(web, run, bobs[0], "5")
-    assert _asked_more_than(page, asked, 0, seconds=15), "bob's label did not refresh the counts"
-    _rate(web, run, bobs[1], "1")
-    _waits_for(page, "#feedback-count", "2")  # the event moved it at once and asked for a refresh
-    page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
-    assert len(asked) == 1
-    route, answer = held[0]
-    route.fulfill(response=answer)
-    # Within 5 s: the poll (every 10 s from the swap) is not what brings it.
-    assert _asked_more_than(page, asked, 1, seconds=5), \
-        "the refresh asked for while the counts were on their way never ran"
-    _waits_for(page, "#feedback-count", "2")
+    assert counts.wait_asked(ms=15_000), "bob's label did not refresh the counts"
+    _label_while_held(page, counts, lambda: _rate(web, run, bobs[1], "1"), shown="2")
     assert Feedback.objects.filter(run=run, kind="rating").count() == 2
 
 
@@ -164,20 +144,12 @@ def test_a_label_that_comes_while_the_counts_own_poll_is_on_its_way_still_counts
     run, web, bobs = _bob_beside_the_annotator(owner, annotator)
     page.clock.install()
     _open_annotation(page, live_url, run)
-    asked, held = _hold_the_first_counts(page, run)
+    counts = HeldAnswer(page, rf"/runs/{run.pk}/annotate/counts/")
     page.wait_for_selector(POLLING, state="attached")  # its timer is set
     page.clock.fast_forward(10_000)
-    assert _asked_more_than(page, asked, 0, seconds=15), "the counts did not poll"
-    _rate(web, run, bobs[0], "5")
-    _waits_for(page, "#feedback-count", "1")  # the event moved it at once and asked for a refresh
-    page.wait_for_timeout(600)  # the refresh is asked for 300 ms after the last event
-    assert len(asked) == 1
-    route, answer = held[0]
-    route.fulfill(response=answer)
-    assert _asked_more_than(page, asked, 1, seconds=5), \
-        "the label's refresh, asked for while the poll was on its way, never ran"
-    _waits_for(page, "#feedback-count", "1")
+    assert counts.wait_asked(ms=15_000), "the counts did not poll"
+    _label_while_held(page, counts, lambda: _rate(web, run, bobs[0], "5"), shown="1")
     # The link the answer brought polls on (once htmx has settled it in: its timer is set).
     page.wait_for_selector(POLLING, state="attached")
     page.clock.fast_forward(10_000)
-    assert _asked_more_than(page, asked, 2, seconds=15), "the counts stopped polling after their refresh"
+    assert counts.wait_asked(2, ms=15_000), "the counts stopped polling after their refresh"

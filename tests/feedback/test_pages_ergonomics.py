@@ -5,7 +5,6 @@ A screenshot of the annotation page goes to var/screenshots/ (ignored; with `mak
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import BROWSER_WAIT_MS, login, screenshot
+from tests.servers import BROWSER_WAIT_MS, HeldAnswer, login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -190,30 +189,15 @@ def test_a_click_on_refresh_while_the_lists_live_refresh_is_on_its_way_still_sho
     The click now runs once more after the answer in flight."""
     members = _group(blend_run, "g", [1.0, 0.0])
     _open(page, live_url, blend_run)
-    held: list[tuple[Any, Any]] = []
-
-    def hold_the_first(route: Any) -> None:
-        # The first answer is read from the server now and handed to the page later.
-        if held or route.request.method != "GET":
-            route.continue_()
-        else:
-            held.append((route, route.fetch()))
-
-    page.route(re.compile(rf"/runs/{blend_run.pk}/annotate/mine/"), hold_the_first)
+    mine = HeldAnswer(page, rf"/runs/{blend_run.pk}/annotate/mine/")
     page.keyboard.press("4")
     page.keyboard.press("Enter")
     page.wait_for_selector(f'#queue .item.done[data-experience="{members[0].pk}"]')
-    # The label's event, then its refresh (seconds under load). Polled through Playwright's own
-    # wait, during which the route handler runs and reads the answer before the rows change.
-    for _ in range(BROWSER_WAIT_MS // 100):
-        if held:
-            break
-        page.wait_for_timeout(100)
-    assert held, "the label's event did not refresh my submissions"
+    # The label's event, then its refresh (seconds under load), read before the rows change.
+    assert mine.wait_asked(), "the label's event did not refresh my submissions"
     Experience.objects.filter(group_id="g").update(status="consumed")
     page.click("#mine a.refresh")
-    route, answer = held[0]
-    route.fulfill(response=answer)
+    mine.release()
     page.wait_for_selector("#mine li.submission.trained", timeout=BROWSER_WAIT_MS)
     assert page.locator("#mine li.submission button").count() == 0
 
