@@ -93,11 +93,11 @@ test: venv browser compose
 	@# Strict types beside the suite: from a cold cache (a fresh clone, CI) mypy takes ~35 s of
 	@# one core, which the suite's start (collection, the databases, the demo model's one-thread
 	@# build) leaves idle. Its report prints when it ends; a type error fails the target after the suite.
-	@mkdir -p $(CACHE); rm -f $(CACHE)/mypy.status; \
-	( $(PY) -m mypy > $(CACHE)/mypy.out 2>&1; echo $$? > $(CACHE)/mypy.status; sed 's/^/mypy: /' $(CACHE)/mypy.out ) & \
+	@mkdir -p $(CACHE); \
+	( $(PY) -m mypy > $(CACHE)/mypy.out 2>&1; types=$$?; sed 's/^/mypy: /' $(CACHE)/mypy.out; exit $$types ) & mypy=$$!; \
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
 	  $(PY) -m pytest -n $(TEST_WORKERS) -m "not bench" --ignore=tests/bench_smokes $(PYTEST_ARGS); suite=$$?; \
-	wait; types=$$(cat $(CACHE)/mypy.status 2>/dev/null || echo 1); \
+	wait $$mypy; types=$$?; \
 	[ "$$types" = 0 ] || echo "make test: mypy failed (its report is above, lines starting 'mypy: ')" >&2; \
 	[ $$suite -ne 0 ] && exit $$suite; exit $$types
 
