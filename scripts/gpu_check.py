@@ -10,9 +10,15 @@ pytest; the rest travels as wheels under .whl/, scripts/gpu_wheels.txt), in this
    fp32 master weights) over NCCL on every GPU of the host,
    both on a randomly initialised Qwen2-shaped model of ~0.5B parameters built on the spot
    (Qwen2-0.5B's shape: hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151,936),
-   each printing its peak GPU memory and tokens per second;
-4. the vLLM engine, where vLLM is importable (its CUDA wheel does not fit the 64 MiB carry
+   each printing its peak GPU memory and tokens per second, and each beside stock TRL's
+   `GRPOTrainer` on the same model, batch and loss (scripts/gpu_side_by_side.py);
+4. rftweb's transformers engine's rollout throughput beside TRL's own generation;
+5. rftweb's learner on a fixed batch (the loss must fall, the weights move) and the version it
+   wrote loaded back through the meta-device path, every tensor equal;
+6. the vLLM engine, where vLLM is importable (its CUDA wheel does not fit the 64 MiB carry
    limit, so on the lent machine it says so and moves on).
+
+Last, one line per pair: rftweb/TRL tokens per second and peak memory (target: 1.0x or better).
 
 It prints one line per figure and, where $OUT is set (the device machine), writes them to
 $OUT/gpu-check.json. Sized to finish within 8 minutes on one H100.
@@ -24,6 +30,7 @@ runs here (tests/test_gpu_check.py), so a session with a GPU only has to run the
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.abc
 import json
 import os
@@ -32,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -60,105 +67,11 @@ VLLM_WHEEL_NOTE = ("vLLM: not run: vllm is not installed on this machine and its
                    f"does not fit the device tool's {CARRY_LIMIT_MB} MiB carry limit")
 
 
-@dataclass
-class Figure:
-    name: str
-    ok: bool
-    detail: str = ""
-    values: dict[str, float] = field(default_factory=dict)
-
-    def line(self) -> str:
-        shown = ", ".join(f"{k} {v:,.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.values.items())
-        return f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {shown}{' — ' if shown and self.detail else ''}{self.detail}"
-
-
-# --- the model and the batch -----------------------------------------------------------------
-
-def model_build(*, shape: dict[str, int], dtype: Any, device: str, seed: int = 0) -> Any:
-    """A randomly initialised Qwen2 causal LM of `shape`, built directly on `device`."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    config = Qwen2Config(
-        vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
-        intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
-
-
-def tokenizer_build() -> Any:
-    """A small tokenizer for the learner (it reads pad and eos); the rollouts are token ids."""
-    from workers.modelkit import tokenizer_build as build
-
-    return build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
-
-
-def rollouts(batch: dict[str, int], *, vocab: int, seed: int = 3) -> list[Any]:
-    """A GRPO batch of random tokens whose stored logprobs are a uniform model's, -log(vocab)
-    (near a random model's own, so the ratio and the loss depend on the weights)."""
-    import math
-
-    import torch
-
-    from workers.algorithms import Rollout
-
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for gi in range(batch["groups"]):
-        prompt = torch.randint(10, vocab, (batch["prompt"],), generator=g).tolist()
-        for j in range(batch["size"]):
-            completion = torch.randint(10, vocab, (batch["completion"],), generator=g).tolist()
-            rows.append(Rollout(id=gi * batch["size"] + j, group_id=f"g{gi}", prompt_ids=prompt,
-                                completion_ids=completion, logprobs=[-math.log(vocab)] * len(completion),
-                                reward=float((j * 7 + gi) % 3)))
-    return rows
-
-
-def batch_tokens(batch: dict[str, int]) -> int:
-    return batch["groups"] * batch["size"] * (batch["prompt"] + batch["completion"])
-
-
-def learner_build(*, model: Any, precision: str, adapter: Any, completion: int) -> Any:
-    from workers.algorithms import Learner, LearnerSpec
-    from workers.algorithms import trl_bridge as bridge
-
-    spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-5,
-                                                                    max_completion_length=completion),
-                       precision=precision, lora=adapter, algorithm_params={"loss_type": "grpo"})
-    return Learner(spec=spec, model=model, tokenizer=tokenizer_build())
-
-
-def timed_steps(learner: Any, rows: list[Any], *, steps: int, device: str, shard: Any = None) -> tuple[float, float]:
-    """One warm-up step, then `steps` timed ones: (seconds a step, the last loss)."""
-    import torch
-
-    from workers.algorithms import TrainBatch
-
-    learner.step(TrainBatch(usual=rows), shard=shard)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    loss = 0.0
-    for _ in range(steps):
-        loss = float(learner.step(TrainBatch(usual=rows), shard=shard)["loss"])
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) / steps, loss
-
-
-def peak_mb(device: str) -> float:
-    import torch
-
-    if device == "cuda":
-        return float(torch.cuda.max_memory_allocated()) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
+# After the path set-up above: the script runs from anywhere.
+from scripts import gpu_side_by_side as side  # noqa: E402
+from scripts.gpu_kit import (  # noqa: E402
+    Figure, batch_tokens, learner_build, model_build, peak_mb, rollouts, timed_steps, tokenizer_build,
+)
 
 # --- the checks --------------------------------------------------------------------------------
 
@@ -437,7 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     checks: list[tuple[str, Callable[[], Figure]]] = [("tests/gpu", lambda: gpu_tests(timeout=args.tests_timeout))] if not args.skip_tests else []
     checks += [
         ("LoRA step", lambda: lora_step(device=device, shape=shape, batch=batch, steps=args.steps)),
+        ("stock TRL LoRA step", lambda: side.trl_step(device=device, shape=shape, batch=batch, steps=args.steps,
+                                                      lora=True)),
         ("FSDP2 step", lambda: fsdp_step(device=device, shape=shape, batch=batch, steps=args.steps)),
+        ("stock TRL full-weight step", lambda: side.trl_step(device=device, shape=shape, batch=batch,
+                                                             steps=args.steps, lora=False)),
+        ("rollout throughput", lambda: side.generation(device=device, shape=shape, batch=batch)),
+        ("learns, version round trip", lambda: side.learns(device=device, shape=shape, batch=batch)),
         ("vLLM", lambda: vllm_engine(device=device, shape=shape)),
     ]
     for name, check in checks:
@@ -448,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         print(figure.line(), flush=True)
         figures.append(figure)
         if device == "cuda":
+            gc.collect()  # a check's trainer and model go before the next one's peak is read
             torch.cuda.empty_cache()
 
+    for line in side.ratios(figures):
+        print(line, flush=True)
     if os.environ.get(IMAGE_ONLY) == "1":
         print(f"(dry run: {HIDDEN} installed distributions the GPU image lacks were hidden from every import)", flush=True)
     out = os.environ.get("OUT")

@@ -60,7 +60,17 @@ def test_the_cpu_dry_run_runs_every_check_behind_the_gpu_images_imports() -> Non
         assert tokens > 0 and peak > 0, line
     assert "LoRA" in lines[1] and re.search(r"[\d,]+ parameters, [\d,]+ trained", lines[1])
     assert re.search(r"\(dry run: \d+ installed distributions the GPU image lacks were hidden", done.stdout)
-    assert "gpu-check: 4 of 4 ok" in done.stdout
+    for check in ("stock TRL GRPOTrainer step, LoRA on a fp32 base", "stock TRL GRPOTrainer step, full weights (fp32)"):
+        line = next(line for line in lines if check in line)
+        assert line.startswith("[ok]") and re.search(r"tokens/s [\d,.]+, .*— 2 steps ran", line), line
+    rollout = next(line for line in lines if line.startswith("[ok] rollout: rftweb's transformers engine"))
+    assert re.search(r"rftweb tokens/s [\d,.]+, TRL tokens/s [\d,.]+, ratio [\d.]+", rollout), rollout
+    learns = next(line for line in lines if "learns on a fixed batch" in line)
+    losses = [float(x) for x in re.findall(r"(-?[\d.]+)(?: ->| at lr)", learns)]
+    assert learns.startswith("[ok]") and losses[-1] < losses[0] and " 0 differ after the round trip" in learns, learns
+    for pair in ("LoRA", "full weights"):
+        assert re.search(rf"^rftweb/TRL {pair}: tokens/s [\d.]+x .*peak memory [\d.]+x", done.stdout, re.MULTILINE), pair
+    assert "gpu-check: 8 of 8 ok" in done.stdout
 
 
 def test_without_a_gpu_the_check_says_so_and_exits_non_zero() -> None:
