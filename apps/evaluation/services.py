@@ -235,18 +235,20 @@ def evaluation_close(*, evaluation: Evaluation, by: AbstractBaseUser | Anonymous
     return evaluation
 
 
-def voter_check(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousUser) -> None:
-    """NotFound for a person who cannot see the run (as for a missing evaluation); NotAllowed
-    for one who can but is not among its voters."""
+def voter_check(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousUser) -> int:
+    """The voter's id; NotFound for a person who cannot see the run (as for a missing
+    evaluation), NotAllowed for one who can but is not among its voters."""
     role = run_role(run=evaluation.run, user=user)
-    if role is None:
+    if role is None or not isinstance(user.pk, int):
         raise NotFound("no such evaluation")
+    voter_id: int = user.pk
     named = evaluation.voters.all()
     if named.exists():
-        if not named.filter(pk=user.pk).exists():
+        if not named.filter(pk=voter_id).exists():
             raise NotAllowed("you are not among this evaluation's voters")
     elif role not in ("owner", "annotator"):
         raise NotAllowed("viewers of a run do not vote on its evaluations")
+    return voter_id
 
 
 def items_open_to(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Item]:
@@ -260,7 +262,7 @@ def items_open_to(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousU
 
 def vote_cast(*, evaluation: Evaluation, token: str, voter: AbstractBaseUser | AnonymousUser, choice: str,
               comment: str = "") -> Vote:
-    voter_check(evaluation=evaluation, user=voter)
+    voter_id = voter_check(evaluation=evaluation, user=voter)
     if choice not in Vote.Choice.values:
         raise InvalidInput(f"choice must be one of {', '.join(Vote.Choice.values)}", field="choice")
     comment = text_check(comment, field="comment").strip()
@@ -274,13 +276,13 @@ def vote_cast(*, evaluation: Evaluation, token: str, voter: AbstractBaseUser | A
         item = Item.objects.filter(evaluation=current, token=token).first()
         if item is None:
             raise NotFound("no such pair in this evaluation", field="token")
-        if item.votes.filter(voter_id=voter.pk).exists():
+        if item.votes.filter(voter_id=voter_id).exists():
             raise Conflict("you have already voted on this pair")
         if not item.is_check and item.votes.count() >= current.votes_per_pair:
             raise Conflict("this pair has all its votes")
         try:
             with transaction.atomic():
-                return Vote.objects.create(item=item, voter_id=voter.pk, choice=choice, comment=comment)
+                return Vote.objects.create(item=item, voter_id=voter_id, choice=choice, comment=comment)
         except IntegrityError:
             raise Conflict("you have already voted on this pair") from None
 
