@@ -1,0 +1,38 @@
+"""The blind evaluations' parts of other apps' pages, each one line in their templates:
+
+  {% load evaluation_tags %}{% blind_evaluations run %}   the run page and its summary: the
+      evaluations with their figures, a link to vote, and the owner's form to ask for one
+  {% load evaluation_tags %}{% blind_votes_waiting run %}  the annotation page: the pairs
+      waiting for the signed-in person's vote
+"""
+
+from __future__ import annotations
+
+from django import template
+from django.template.context import Context
+
+from apps.evaluation.api import figures_body
+from apps.evaluation.selectors import evaluation_figures, evaluations_to_vote, labels, run_evaluations
+from apps.runs.models import Run
+from apps.runs.selectors import run_role
+
+register = template.Library()
+
+SHOWN = 5
+
+
+@register.inclusion_tag("evaluation/_section.html", takes_context=True)
+def blind_evaluations(context: Context, run: Run) -> dict[str, object]:
+    user = context.get("user")
+    role = run_role(run=run, user=user) if user is not None else None
+    waiting = {e.pk for e in evaluations_to_vote(user=user, run=run)} if user is not None else set()
+    rows = [{"evaluation": e, "versions": labels(e), "figures": figures_body(e, evaluation_figures(e)),
+             "may_vote": e.pk in waiting} for e in run_evaluations(run=run)[:SHOWN]]
+    return {"run": run, "rows": rows, "is_owner": role == "owner", "csrf_token": context.get("csrf_token"),
+            "newest": run.current_version}
+
+
+@register.inclusion_tag("evaluation/_waiting.html", takes_context=True)
+def blind_votes_waiting(context: Context, run: Run) -> dict[str, object]:
+    user = context.get("user")
+    return {"waiting": evaluations_to_vote(user=user, run=run) if user is not None else []}
