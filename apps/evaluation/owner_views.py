@@ -87,7 +87,7 @@ def _lines(evaluation: Evaluation) -> Iterator[str]:
 
 @login_required
 @require_GET
-def evaluation_export_view(request: HtmxHttpRequest, run_id: int, evaluation_id: int) -> HttpResponse:
+def evaluation_export_view(request: HtmxHttpRequest, run_id: int, evaluation_id: int) -> StreamingHttpResponse:
     evaluation = _evaluation(request, run_id, evaluation_id)
     response = StreamingHttpResponse(_lines(evaluation), content_type="application/jsonl; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="evaluation-{evaluation.pk}-votes.jsonl"'

@@ -91,14 +91,19 @@ def evaluations_to_vote(*, user: AbstractBaseUser | AnonymousUser, run: Run | No
     candidates = Evaluation.objects.filter(status=Evaluation.Status.OPEN).select_related("run")
     if run is not None:
         candidates = candidates.filter(run=run)
-    out = []
-    for evaluation in candidates[:50]:
-        role = run_role(run=evaluation.run, user=user)
-        named = list(evaluation.voters.values_list("pk", flat=True))
-        may = role is not None and (user.pk in named if named else role in ("owner", "annotator"))
-        if may and items_open_to(evaluation=evaluation, user=user).exists():
-            out.append(evaluation)
-    return out
+    return [e for e in candidates[:50] if votes_waiting(evaluation=e, user=user)]
+
+
+def votes_waiting(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousUser,
+                  role: str | None | bool = False) -> bool:
+    """Whether `user` may vote on `evaluation` (open) and has pairs left in it; `role`: their
+    role on its run when the caller knows it already."""
+    if evaluation.status != Evaluation.Status.OPEN or not user.is_authenticated:
+        return False
+    role = run_role(run=evaluation.run, user=user) if role is False else role
+    named = list(evaluation.voters.values_list("pk", flat=True))
+    may = role is not None and (user.pk in named if named else role in ("owner", "annotator"))
+    return may and items_open_to(evaluation=evaluation, user=user).exists()
 
 
 def evaluation_by_token(token: str) -> Evaluation | None:

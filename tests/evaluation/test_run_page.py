@@ -61,7 +61,7 @@ def test_the_owner_asks_closes_and_downloads_from_the_run_page(run: Run, owner: 
     item = evaluation.items.first()
     assert item is not None
     Vote.objects.create(item=item, voter=annotator, choice="right", comment="ok")
-    lines = b"".join(c.get(f"/runs/{run.pk}/evaluations/{evaluation.pk}/votes.jsonl").streaming_content)
+    lines = b"".join(c.get(f"/runs/{run.pk}/evaluations/{evaluation.pk}/votes.jsonl").streaming_content)  # type: ignore[attr-defined]
     [record] = [json.loads(line) for line in lines.decode().splitlines()]
     assert record["voter"] == "annotator" and record["choice"] == "right" and record["comment"] == "ok"
     assert client_of(annotator).get(f"/runs/{run.pk}/evaluations/{evaluation.pk}/votes.jsonl").status_code == 403
