@@ -4,9 +4,9 @@ figures`: the same services and figures as the API and the run page (apps/evalua
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.core.management.base import CommandError
 
@@ -81,35 +81,49 @@ def evaluation_figures_lines(*, run: Run) -> list[str]:
     return [line for e in run_evaluations(run=run)[:5] for line in figures_lines(e, evaluation_figures(e))]
 
 
-def evaluation_command(opts: dict[str, Any], *, write: Callable[[str], None], actor: Callable[[], User]) -> None:
-    action = opts["evaluation_action"]
+def _text(opts: Mapping[str, object], name: str) -> str:
+    value = opts.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def _number(opts: Mapping[str, object], name: str) -> int | None:
+    value = opts.get(name)
+    return value if isinstance(value, int) else None
+
+
+def evaluation_command(opts: Mapping[str, object], *, write: Callable[[str], None], actor: Callable[[], User]) -> None:
+    """`rft evaluation …` (argparse's options, apps/cli/management/commands/rft.py)."""
+    action = _text(opts, "evaluation_action")
     if action == "create":
-        run = Run.objects.filter(pk=opts["run"]).first()
+        run = Run.objects.filter(pk=_number(opts, "run") or 0).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
-        voters = [v.strip() for v in opts["voters"].split(",") if v.strip()] or None
-        evaluation = evaluation_create(run=run, by=actor(), versions=versions_parse(opts["versions"]),
-                                       prompts=_prompts_file(opts["prompts_file"]), prompt_count=opts["prompts"],
-                                       votes_per_pair=opts["votes_per_pair"], voters=voters, seed=opts["seed"])
+        voters = [v.strip() for v in _text(opts, "voters").split(",") if v.strip()] or None
+        evaluation = evaluation_create(run=run, by=actor(), versions=versions_parse(_text(opts, "versions")),
+                                       prompts=_prompts_file(_text(opts, "prompts_file") or None),
+                                       prompt_count=_number(opts, "prompts") or 20,
+                                       votes_per_pair=_number(opts, "votes_per_pair") or 1, voters=voters,
+                                       seed=_number(opts, "seed"))
         write(f"evaluation {evaluation.pk} ({evaluation.status}): {' vs '.join(labels(evaluation))}, "
               f"{evaluation.prompts.count()} prompts, seed {evaluation.seed}, vote page /vote/{evaluation.token}/")
     elif action == "figures":
-        evaluation = _evaluation(opts["evaluation"])
+        evaluation = _evaluation(_number(opts, "evaluation") or 0)
         for line in figures_lines(evaluation, evaluation_figures(evaluation)):
             write(line)
     elif action == "export":
-        evaluation = _evaluation(opts["evaluation"])
-        if opts["out"] == "-":
+        evaluation = _evaluation(_number(opts, "evaluation") or 0)
+        out = _text(opts, "out")
+        if out == "-":
             for record in votes_export(evaluation):
                 write(json.dumps(record, ensure_ascii=False))
             return
         lines = (json.dumps(r, ensure_ascii=False) + "\n" for r in votes_export(evaluation))
         try:
-            with open(opts["out"], "w", encoding="utf-8") as fh:
+            with open(out, "w", encoding="utf-8") as fh:
                 fh.writelines(lines)
         except OSError as exc:
-            raise CommandError(f"{opts['out']}: cannot write it ({exc.strerror or exc})") from None
-        write(f"wrote the votes of evaluation {evaluation.pk} to {opts['out']}")
+            raise CommandError(f"{out}: cannot write it ({exc.strerror or exc})") from None
+        write(f"wrote the votes of evaluation {evaluation.pk} to {out}")
     else:
-        evaluation = evaluation_close(evaluation=_evaluation(opts["evaluation"]), by=actor())
+        evaluation = evaluation_close(evaluation=_evaluation(_number(opts, "evaluation") or 0), by=actor())
         write(f"evaluation {evaluation.pk} is closed")

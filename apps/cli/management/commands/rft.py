@@ -180,9 +180,9 @@ class Command(BaseCommand):
 
     # --- blind evaluations (apps/evaluation; apps/cli/evaluation.py) ---------------------------
 
-    def _evaluation(self, opts: dict[str, Any]) -> None:
+    def _evaluation(self, opts: dict[str, object]) -> None:
         evaluation_command(opts, write=self.stdout.write,
-                           actor=lambda: self._user(opts.get("actor"), required=True))
+                           actor=lambda: self._user(str(opts.get("actor") or ""), required=True))
 
     # --- create / control -----------------------------------------------------------------
 
