@@ -242,7 +242,10 @@ def check_flags(votes: Sequence[PairVote]) -> list[CheckFlag]:
 
 
 def figures(votes: Sequence[PairVote], versions: Sequence[str], *, seed: int) -> Figures:
-    """Every figure of an evaluation; `versions[0]` is the baseline."""
+    """Every figure of an evaluation; `versions[0]` is the baseline (none: no figures)."""
+    if not versions:
+        return Figures(votes=0, checks=0, win_rates=[], scores=[], both_bad_share=None, left_share=None,
+                       left_interval=None, decisive=0, agreement=[], check_flags=[])
     baseline = versions[0]
     judged = counted(votes)
     decisive = [v for v in judged if v.choice in (LEFT, RIGHT)]

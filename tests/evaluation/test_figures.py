@@ -133,6 +133,7 @@ def test_agreement_with_the_majority_and_check_flags_by_brute_force(make_evaluat
 
 def test_pure_figures_edge_cases() -> None:
     assert wilson(0, 0).low == 0.0 and wilson(0, 0).high == 1.0
+    assert figures([], [], seed=0).win_rates == []
     assert votes_for_margin(0.5) == 97  # 1.96² · ¼ / 0.01 = 96.04
     votes = [PairVote(item=i, left="v0", right="v1", choice="right", voter=f"p{i}") for i in range(30)]
     fig = figures(votes, ["v0", "v1"], seed=0)
