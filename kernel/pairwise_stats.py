@@ -166,12 +166,9 @@ def _wins_table(votes: Sequence[PairVote]) -> dict[tuple[str, str], float]:
     return table
 
 
-def bradley_terry(votes: Sequence[PairVote], versions: Sequence[str], *, baseline: str) -> dict[str, float]:
-    """Each version's log-strength over the baseline's (0 for the baseline), by Hunter's MM
-    iteration on the wins table with BT_PRIOR pseudo-wins each way on every compared pair."""
-    table = _wins_table(votes)
-    for a, b in list(table):
-        table[(a, b)] += BT_PRIOR
+def _fit(table: dict[tuple[str, str], float], versions: Sequence[str], *, baseline: str) -> dict[str, float]:
+    """Hunter's MM iteration on a wins table (the prior added here, on every compared pair)."""
+    table = {pair: won + BT_PRIOR for pair, won in table.items()}
     strength = {v: 1.0 for v in versions}
     for _ in range(BT_ITERATIONS):
         updated: dict[str, float] = {}
@@ -189,17 +186,28 @@ def bradley_terry(votes: Sequence[PairVote], versions: Sequence[str], *, baselin
     return {v: math.log(strength[v] / strength[baseline]) for v in versions}
 
 
+def bradley_terry(votes: Sequence[PairVote], versions: Sequence[str], *, baseline: str) -> dict[str, float]:
+    """Each version's log-strength over the baseline's (0 for the baseline), by Hunter's MM
+    iteration on the wins table with BT_PRIOR pseudo-wins each way on every compared pair."""
+    return _fit(_wins_table(votes), versions, baseline=baseline)
+
+
 def scores(votes: Sequence[PairVote], versions: Sequence[str], *, baseline: str, seed: int,
            rounds: int = BOOTSTRAP_ROUNDS) -> list[Score]:
     """Bradley–Terry scores with a 95% percentile bootstrap (votes resampled with replacement,
     by a Random seeded `seed`)."""
     judged = counted(votes)
     point = bradley_terry(judged, versions, baseline=baseline)
+    # Each vote as the two entries it adds to the wins table, so a resample only adds numbers.
+    entries = [((v.left, v.right), points(v, v.left), (v.right, v.left), points(v, v.right)) for v in judged]
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {v: [] for v in versions}
     for _ in range(rounds if judged else 0):
-        sample = [judged[rng.randrange(len(judged))] for _ in judged]
-        for v, s in bradley_terry(sample, versions, baseline=baseline).items():
+        table: dict[tuple[str, str], float] = defaultdict(float)
+        for forward, won, backward, lost in rng.choices(entries, k=len(entries)):
+            table[forward] += won
+            table[backward] += lost
+        for v, s in _fit(table, versions, baseline=baseline).items():
             draws[v].append(s)
     out = []
     for v in versions:
