@@ -68,3 +68,17 @@ def test_the_owner_asks_closes_and_downloads_from_the_run_page(run: Run, owner: 
     c.post(f"/runs/{run.pk}/evaluations/{evaluation.pk}/close/")
     evaluation.refresh_from_db()
     assert evaluation.status == "closed"
+
+
+def test_an_ended_run_offers_judging_it_against_its_start_and_its_twins_newest(owner: User) -> None:
+    from apps.control.twins import run_twin_create
+    from apps.runs.services import run_transition
+    from tests.factories import make_run, make_taskset
+
+    run = publish(make_run(owner=owner, taskset=make_taskset(owner=owner)), 1, 4)
+    twin = publish(run_twin_create(run=run, actor=owner), 3)
+    run_transition(run=run, action="start")
+    run_transition(run=run, action="stop")
+    html = client_of(owner).get(f"/runs/{run.pk}/").content.decode()
+    assert "Judge it yourself: the starting model against the newest and the newest of its twin" in html
+    assert f'name="versions" value="0,4,{twin.pk}:3"' in html
