@@ -29,6 +29,7 @@ from apps.evaluation.services import (
 )
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
 from apps.runs.models import Run
+from apps.runs.selectors import run_role
 from kernel.exceptions import NotAllowed, NotFound
 from kernel.jsontypes import Body
 from kernel.pairwise_stats import Figures, Interval
@@ -259,12 +260,16 @@ def _lines(evaluation: Evaluation) -> Iterator[str]:
 
 
 @router.get("/runs/{run_id}/evaluations/{evaluation_id}/votes.jsonl", response=ERRORS,
-           summary="The evaluation's votes, one JSON object a line (versions named)",
+           summary="The evaluation's votes, one JSON object a line (versions named; the owner's key)",
            openapi_extra={"responses": {"200": {"description": "JSON lines",
                                                 "content": {"application/jsonl": {"schema": {"type": "string"}}}}}})
 def evaluation_export_api(request: HttpRequest, run_id: int = RunId,
                           evaluation_id: int = EvaluationId) -> StreamingHttpResponse:
     evaluation = _evaluation(request, run_id, evaluation_id)
+    # Every person's choices, the versions named: the owner's, as on the run page.
+    person = getattr(getattr(getattr(request, "auth", None), "key", None), "created_by", None)
+    if not isinstance(person, User) or run_role(run=evaluation.run, user=person) != "owner":
+        raise NotAllowed("the votes' export takes a key made by the run's owner (or staff)")
     response = StreamingHttpResponse(_lines(evaluation), content_type="application/jsonl; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="evaluation-{evaluation.pk}-votes.jsonl"'
     return response

@@ -61,6 +61,7 @@ def test_create_vote_figures_export_and_close_through_the_api(run: Run, owner: U
     assert len(records) == 3 and {r["voter"] for r in records} == {"annotator"}
     assert {r["choice"] for r in records} == {"left", "right", "tie"}
     assert all(r["comment"] == "ok" for r in records)
+    assert annotators.get(f"{base}/votes.jsonl").status_code == 403  # everyone's choices: the owner's
 
     closed = owners.post(f"{base}/close")
     assert closed.status_code == 200 and closed.json()["status"] == "closed"
