@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
 from apps.evaluation.models import Evaluation, Item, Vote
-from apps.evaluation.services import items_open_to, vote_record
+from apps.evaluation.services import items_open_to
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
 from kernel.jsontypes import JSONObject
@@ -71,6 +71,17 @@ def pair_votes(evaluation: Evaluation) -> list[PairVote]:
 
 def evaluation_figures(evaluation: Evaluation) -> Figures:
     return figures(pair_votes(evaluation), labels(evaluation), seed=evaluation.seed)
+
+
+def vote_record(vote: Vote) -> JSONObject:
+    """A vote as one line of the JSON-lines export (the owner's: it names the versions)."""
+    item = vote.item
+    run_id = item.evaluation.run_id
+    winner = {"left": item.left.label(run_id), "right": item.right.label(run_id)}.get(vote.choice)
+    return {"evaluation": item.evaluation_id, "item": item.pk, "check": item.is_check, "prompt": item.prompt.text,
+            "left": item.left.label(run_id), "right": item.right.label(run_id), "choice": vote.choice,
+            "winner": winner, "voter": vote.voter.get_username(), "comment": vote.comment,
+            "created_at": vote.created_at.isoformat()}
 
 
 def votes_export(evaluation: Evaluation) -> Iterator[JSONObject]:

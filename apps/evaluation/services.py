@@ -28,7 +28,6 @@ from apps.runs.models import ModelVersion, Run
 from apps.runs.selectors import run_role
 from kernel.exceptions import Conflict, InvalidInput, NotAllowed, NotFound
 from kernel.hygiene import text_check
-from kernel.jsontypes import JSONObject
 from rftweb.celery import app
 
 ANSWERS_TASK = "workers.blind.answers_generate"
@@ -285,14 +284,3 @@ def vote_cast(*, evaluation: Evaluation, token: str, voter: AbstractBaseUser | A
                 return Vote.objects.create(item=item, voter_id=voter_id, choice=choice, comment=comment)
         except IntegrityError:
             raise Conflict("you have already voted on this pair") from None
-
-
-def vote_record(vote: Vote) -> JSONObject:
-    """A vote as one line of the JSON-lines export (the owner's: it names the versions)."""
-    item = vote.item
-    run_id = item.evaluation.run_id
-    winner = {"left": item.left.label(run_id), "right": item.right.label(run_id)}.get(vote.choice)
-    return {"evaluation": item.evaluation_id, "item": item.pk, "check": item.is_check, "prompt": item.prompt.text,
-            "left": item.left.label(run_id), "right": item.right.label(run_id), "choice": vote.choice,
-            "winner": winner, "voter": vote.voter.get_username(), "comment": vote.comment,
-            "created_at": vote.created_at.isoformat()}
