@@ -40,6 +40,7 @@ def test_the_run_page_shows_the_figures_from_the_votes(make_evaluation: MakeEval
     assert row.group(2) == "too few votes to tell"
     assert 'data-figure="left-share">{:.3f}'.format(2 / 3) in section
     assert f"/vote/{evaluation.token}/" in section  # the owner has the check (and a pair) left
+    assert "Evaluation votes: not trained" in section
 
     mine = client_of(annotator).get(f"/runs/{evaluation.run_id}/annotate/").content.decode()
     assert f'href="/vote/{evaluation.token}/"' in mine  # the check waits for the annotator
