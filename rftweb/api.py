@@ -3,7 +3,8 @@ and the API's one translation of errors (kernel.exceptions' RftError, ninja's ow
 
 The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
 rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the raters
-figures (apps/feedback/raters_api.py). They share apps/runs/api_kit.py (errors, RunId, run
+figures (apps/feedback/raters_api.py), the review of labels (apps/feedback/review_api.py) and
+blind evaluations (apps/evaluation/api.py). They share apps/runs/api_kit.py (errors, RunId, run
 access); authentication is the environment API's keys (apps.envapi.api.KeyAuth).
 """
 
@@ -23,6 +24,7 @@ from ninja.parser import Parser
 
 from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
+from apps.evaluation import api as evaluation_api
 from apps.feedback.review_api import router as review_router
 from apps.feedback.raters_api import router as raters_router
 from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
@@ -162,3 +164,5 @@ api.add_router("/", sessions_router, auth=envapi.SUBMIT)
 api.add_router("", raters_router, auth=envapi.READ)
 # The owner's review of labels (a key with `feedback`, made by the run's owner).
 api.add_router("", review_router, auth=envapi.FEEDBACK)
+# Blind evaluations under `read` keys; asking, voting and closing also need `feedback`.
+api.add_router("", evaluation_api.router, auth=envapi.READ)

@@ -34,6 +34,7 @@ app.conf.update(
     task_routes={
         "workers.explorer.*": {"queue": "rollout"},
         "workers.evaluation.*": {"queue": "rollout"},
+        "workers.blind.*": {"queue": "rollout"},
         "workers.trainer.*": {"queue": "train"},
         "workers.rewards.*": {"queue": "reward"},
         "workers.reward_trainer.*": {"queue": "reward"},
@@ -103,7 +104,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
 app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedback", "apps.control", "apps.envapi"])
 # Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "evaluation", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
+for _module in ("explorer", "evaluation", "blind", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
     app.autodiscover_tasks(["workers"], related_name=_module)
 # The RFT core's loop (apps/control/conductor_beat.py).
 app.autodiscover_tasks(["apps.control"], related_name="conductor_beat")

@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "apps.feedback",
     "apps.envapi",
     "apps.rewards",
+    "apps.evaluation",
     "apps.control",
 ]
 

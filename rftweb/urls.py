@@ -36,6 +36,9 @@ urlpatterns = [
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
     path("runs/<int:run_id>/signal/", include("apps.feedback.raters_urls")),
     path("runs/<int:run_id>/review/", include("apps.feedback.review_urls")),
+    # The blind vote page: opaque tokens only, no run id in its URLs (apps/evaluation/views.py).
+    path("vote/", include("apps.evaluation.urls")),
+    path("runs/<int:run_id>/evaluations/", include("apps.evaluation.owner_urls")),
     path("health/", include("apps.control.health_urls")),
     # Readiness: 503 naming Postgres or Redis when either is unreachable (/health/ is liveness).
     path("ready/", control_views.ready, name="ready"),

@@ -16,6 +16,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.envapi.services import api_key_create
+from apps.evaluation.models import Evaluation
 from apps.feedback.models import Assignment
 from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import RewardModel
@@ -35,6 +36,7 @@ ANNOTATE = "annotate"  # the run's owner and annotators; 403 to its viewers, 404
 OWNER = "owner"  # the run's owner (or staff); 403 to its other people, 404 to others
 STAFF = "staff"  # the admin site, and the accounts page
 TOKEN = "token"  # anyone who holds the link's token (an invitation, a password reset): no login asked
+VOTE = "vote"  # the blind vote page: signed in, and its evaluation's voters; 404 for a token that is none
 
 ACCESS: dict[str, str] = {
     "": PUBLIC,  # redirects to the runs list
@@ -153,6 +155,18 @@ ACCESS: dict[str, str] = {
     "runs:experiences_bulk": MEMBER,
     "envapi-v1:experiences_bulk_api": API,
     "envapi:run-key-revoke": OWNER,
+    "evaluation:vote": VOTE,  # blind evaluations (apps/evaluation): the vote page names no run
+    "evaluation:vote_submit": VOTE,
+    "evaluation_owner:create": OWNER,
+    "evaluation_owner:close": OWNER,
+    "evaluation_owner:export": OWNER,
+    "envapi-v1:evaluation_create_api": API,
+    "envapi-v1:evaluations_list_api": API,
+    "envapi-v1:evaluation_next_api": API,
+    "envapi-v1:evaluation_vote_api": API,
+    "envapi-v1:evaluation_close_api": API,
+    "envapi-v1:evaluation_figures_api": API,
+    "envapi-v1:evaluation_export_api": API,
 }
 # The admin site guards all of its pages (staff only) by construction.
 STAFF_PREFIXES = ("admin:", "admin/")
@@ -210,7 +224,8 @@ def world() -> dict[str, Any]:
     ModelVersion.objects.create(run=run, number=1, checkpoint="/nowhere/model-v1", train_step=1)
     invitation = invitation_create(run=run, role="annotator", actor=owner).invitation
     label = feedback_rate(run=run, experience=experiences[0], score=2, author=annotator)
-    return {"run": run, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
+    evaluation = Evaluation.objects.create(run=run, token="an-evaluation", seed=1, votes_per_pair=1)
+    return {"run": run, "evaluation": evaluation, "experience": experiences[0], "assignments": assignments, "key": key, "member": member,
             "label": label,
             "image": image, "invitation": invitation, "users": {"owner": owner, "annotator": annotator, "viewer": viewer, "other_annotator": other}}
 
@@ -241,6 +256,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
         "sha256": world["image"], "version": 1, "invitation_id": world["invitation"].pk, "token": "not-a-token",
         "uidb64": "MQ", "user_id": world["users"]["owner"].pk,
         "other_id": world["run"].pk, "feedback_id": world["label"].pk,
+        "evaluation_id": world["evaluation"].pk, "item": "not-an-item",
     }
     kwargs = {name: values[name] for name in params}
     if pattern.name:
@@ -264,6 +280,8 @@ def _expect(rule: str, persona: str, response: Any, url: str) -> None:
     where = f"{persona} at {url}: {status}"
     if rule == PUBLIC:
         assert status < 400 or status == 405, where
+    elif rule == VOTE:
+        assert _to_login(response) if persona == "anonymous" else status == 404, where
     elif rule == TOKEN:
         assert status < 500 and status != 403 and not _to_login(response), where
     elif rule == API:

@@ -8,6 +8,9 @@
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
   rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person
+  rft evaluation create RUN --as OWNER [--versions 0,5] [--prompts N] [--prompts-file F] …
+  rft evaluation figures EVALUATION | export EVALUATION --out PATH | close EVALUATION --as OWNER
+                                                                    blind side-by-side evaluations
 
 Every failure prints a message and exits non-zero (CommandError).
 """
@@ -28,6 +31,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.buffer.importers import ImportFailed
+from apps.cli.evaluation import evaluation_command, evaluation_figures_lines
 from apps.control.services import run_create_with_taskset
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kinds
@@ -133,6 +137,28 @@ class Command(BaseCommand):
         figures = sub.add_parser("figures", help="a run's evaluation series, best version and where its labels went")
         figures.add_argument("run", type=int)
 
+        ev = sub.add_parser("evaluation", help="blind side-by-side evaluations of a run's versions")
+        ev_sub = ev.add_subparsers(dest="evaluation_action", required=True, parser_class=ArgumentParser)
+        ev_create = ev_sub.add_parser("create", help="ask for a blind evaluation (the workers write the answers)")
+        ev_create.add_argument("run", type=int)
+        ev_create.add_argument("--as", dest="actor", required=True, help="username of the run's owner (or staff)")
+        ev_create.add_argument("--versions", default="", help="comma-separated version numbers, the baseline first; "
+                               "RUN:N for another run's (default: 0 and the newest)")
+        ev_create.add_argument("--prompts", type=int, default=20, help="how many prompts (default 20)")
+        ev_create.add_argument("--prompts-file", default=None, help="a text file, one prompt a line "
+                               "(default: the run's evaluation taskset)")
+        ev_create.add_argument("--votes-per-pair", type=int, default=1)
+        ev_create.add_argument("--voters", default="", help="comma-separated usernames (default: owner and annotators)")
+        ev_create.add_argument("--seed", type=int, default=None)
+        ev_fig = ev_sub.add_parser("figures", help="an evaluation's win rates, scores and vote quality")
+        ev_fig.add_argument("evaluation", type=int)
+        ev_exp = ev_sub.add_parser("export", help="an evaluation's votes as JSON lines")
+        ev_exp.add_argument("evaluation", type=int)
+        ev_exp.add_argument("--out", required=True, help="the file to write ('-': standard output)")
+        ev_close = ev_sub.add_parser("close", help="close an evaluation to votes")
+        ev_close.add_argument("evaluation", type=int)
+        ev_close.add_argument("--as", dest="actor", required=True)
+
         fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
         fb.add_argument("run", type=int)
         # Each kind brings its options (apps.feedback.kinds: cli_arguments).
@@ -151,6 +177,12 @@ class Command(BaseCommand):
         except RftError as exc:
             # The CLI's one translation of the error base: a message and exit status 1.
             raise command_error(exc) from None
+
+    # --- blind evaluations (apps/evaluation; apps/cli/evaluation.py) ---------------------------
+
+    def _evaluation(self, opts: dict[str, object]) -> None:
+        evaluation_command(opts, write=self.stdout.write,
+                           actor=lambda: self._user(str(opts.get("actor") or ""), required=True))
 
     # --- create / control -----------------------------------------------------------------
 
@@ -258,6 +290,8 @@ class Command(BaseCommand):
             reasons = "; ".join(f"{n} {REASON_WORDS[r]}" for r, n in c.unused_by.items() if n)
             write(f"{who}: {c.total} labels: {c.trained} trained, {c.reward_model} taught the reward model only, "
                   f"{c.pending} pending, {c.unused} unused" + (f" ({reasons})" if reasons else ""))
+        for line in evaluation_figures_lines(run=run):
+            write(line)
 
     # --- feedback -------------------------------------------------------------------------
 
