@@ -29,7 +29,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_names
 from apps.feedback.models import Feedback
-from apps.feedback.preferences import TRUSTED_WEIGHT
+from apps.feedback.preferences import TRUSTED_WEIGHT, PairLabels
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 # The fold's public names, under the local names this module's code calls them by.
 from apps.feedback.services.fold import group_feedback as _group_feedback
@@ -162,15 +162,19 @@ def reward_model_due(*, run: Run) -> bool:
 def reward_model_publish(
     *, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
     labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5, accuracy_random: float | None = None,
-    pairs_random: int | None = None,
+    pairs_random: int | None = None, pair_labels: PairLabels | None = None,
 ) -> RewardModel:
     """Record a trained reward model as the run's next version and announce it (with its
-    unbiased accuracy on the random / arrival share, RewardModel.accuracy_random)."""
+    unbiased accuracy on the random / arrival share, RewardModel.accuracy_random), and which
+    labels its training and held-out pairs came from (`pair_labels`, written with the row:
+    what the ledger says each label taught)."""
+    recorded = pair_labels or PairLabels(trained_on=[], held_out=[], unpaired={})
     rm: RewardModel = scorer_publish(
         model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy,
         more_metrics={ACCURACY_RANDOM_METRIC: accuracy_random}, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
-        accuracy_random=accuracy_random, pairs_random=pairs_random,
+        accuracy_random=accuracy_random, pairs_random=pairs_random, trained_on=recorded.trained_on,
+        held_out=recorded.held_out, unpaired=recorded.unpaired,
     )
     return rm
 

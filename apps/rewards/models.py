@@ -50,6 +50,14 @@ class RewardModel(VersionedScorer):
     # None: no such pair (pairs_random 0), or a version from before this was measured (both None).
     accuracy_random = models.FloatField(null=True, blank=True)
     pairs_random = models.PositiveIntegerField(null=True, blank=True)
+    # The labels (feedback ids) this version's training pairs came from (PreferencePair.feedback_ids),
+    # those whose every pair it held out for its evaluation (not trained on), and why each other
+    # label it read made no pair ({reason: [ids]}, apps.feedback.preferences.UNPAIRED_REASONS):
+    # what the ledger (apps.feedback.ledger) reads to say a label taught the reward model. Written
+    # once, with the version; empty for a version from before they were recorded.
+    trained_on = models.JSONField(default=list, blank=True)
+    held_out = models.JSONField(default=list, blank=True)
+    unpaired = models.JSONField(default=dict, blank=True)
 
     class Meta(VersionedScorer.Meta):
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="reward_model_version_unique")]

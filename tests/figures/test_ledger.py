@@ -4,7 +4,14 @@ on review, a group dropped, the run ended: each label lands in exactly one state
 pages (annotation page, run page, summary), the API (run and label endpoints) and the CLI
 show the counts that are computed here again, independently, from the database rows.
 
-Old code had no ledger (every page said "0 late"); these fail there on the missing module."""
+Old code had no ledger (every page said "0 late"); these fail there on the missing module.
+
+Issue 62, item 3: "taught the reward model" is a fact, not a timestamp. Reward-model versions
+are published through the trainer's own recording path (`rm_publish`: the pairs it reads,
+their labels, `reward_model_publish`), and the states here are derived from the recorded pair
+rows (RewardModel.trained_on, held_out, unpaired), never from when a version read its data:
+a lone rating, a gold item's, an untrusted rater's and a held-out label are not taught, even
+with a version trained after them."""
 
 from __future__ import annotations
 
@@ -29,7 +36,10 @@ from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate
-from apps.rewards.models import RewardModel
+from apps.feedback.learned import reward_model_publish
+from apps.feedback.preferences import pair_labels, prompt_is_heldout
+from apps.rewards.models import GoldItem, RewardModel
+from apps.runs.ports import run_view_of
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
@@ -37,6 +47,20 @@ from tests.factories import add_member, make_experiences, make_run, make_taskset
 pytestmark = pytest.mark.django_db
 
 LATE_STATUSES = ("leased", "consumed", "filtered")
+HELDOUT_SHARE = 0.05
+UNUSED = ("rejected", "heldout", "lone", "gold", "untrusted", "no_pair", "algorithm", "late", "filtered", "run_ended")
+
+
+def rm_publish(run: Run) -> RewardModel:
+    """A reward-model version as the trainer publishes one (workers.reward_trainer): the pairs
+    it reads now, split by prompt, and the labels they came from recorded with it (the fit
+    itself, which changes none of that, left out)."""
+    from workers.reward_trainer import reward_model_pairs_read
+
+    train, heldout, unpaired = reward_model_pairs_read(run=run_view_of(run))
+    return reward_model_publish(run=run, path="/x/rm", base="b", accuracy=None, pairs_train=len(train),
+                                pairs_heldout=len(heldout), labels=0, seconds=0.0,
+                                pair_labels=pair_labels(train=train, heldout=heldout, unpaired=unpaired))
 
 
 def _group(run: Run, size: int = 2, status: str = "pending") -> list[Experience]:
@@ -59,16 +83,18 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     """A GRPO run (blend) with a label in every state; returns the run and the ids by state."""
     bob = make_user("bob")
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="ledger", total_steps=5,
-                   feedback={"mode": "blend"}, reward_model={"enabled": True})
+                   feedback={"mode": "blend"}, reward_model={"enabled": True, "heldout_share": HELDOUT_SHARE})
     add_member(run, annotator)
     add_member(run, bob)
     run_transition(run=run, action="start", actor=owner)
     expect: dict[int, tuple[str, str]] = {}
-    # An A/B choice (GRPO trains on no pairs), then a reward-model version that read it.
+    # An A/B choice (GRPO trains on no pairs), then a reward-model version that trained on it
+    # (its prompt is not in the held-out share).
     g_pair = _group(run)
+    assert not prompt_is_heldout(g_pair[0].prompt_text, share=HELDOUT_SHARE, seed=run.cfg.seed)
     fb = feedback_compare(run=run, experience=g_pair[0], other=g_pair[1].pk, winner="a", author=bob)
     expect[fb.pk] = ("reward_model", "")
-    RewardModel.objects.create(run=run, version=1, path="/x/rm1", base="b", seconds=0.0)
+    assert rm_publish(run).trained_on == [fb.pk]
     # Trained: rated, then its group trained in step 1 (v1).
     g_trained = _group(run)
     fb = feedback_rate(run=run, experience=g_trained[0], score=5, author=annotator)
@@ -103,10 +129,27 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     return {"run": run, "expect": expect, "bob": bob}
 
 
+def rm_records(run: Run) -> tuple[dict[int, int], dict[int, str]]:
+    """From the reward-model versions' recorded pair rows: label id -> the first version that
+    trained on it, and label id -> why the newest version that read it made no pair of it."""
+    taught: dict[int, int] = {}
+    why: dict[int, str] = {}
+    for rm in RewardModel.objects.filter(run=run).order_by("version"):
+        for pk in rm.trained_on:
+            taught.setdefault(pk, rm.version)
+        for pk in rm.held_out:
+            why[pk] = "heldout"
+        for reason, ids in rm.unpaired.items():
+            for pk in ids:
+                why[pk] = reason
+    return taught, why
+
+
 def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
-    """Each label's state, derived here from the rows alone (what the ledger promises)."""
+    """Each label's state, derived here from the rows alone (what the ledger promises): the
+    policy's from the experiences, the reward model's from its versions' recorded pairs."""
     states: dict[int, tuple[str, str]] = {}
-    rm_reads = list(RewardModel.objects.filter(run=run).values_list("created_at", flat=True))
+    taught, why = rm_records(run)
     for fb in Feedback.objects.filter(run=run, kind__in=["rating", "ranking", "pairwise", "edit"]):
         targets = ([fb.value["expert_id"]] if fb.kind == "edit" else fb.value["order"] if fb.kind == "ranking"
                    else [i for i in (fb.experience_id, fb.other_id) if i])
@@ -116,20 +159,19 @@ def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
             states[fb.pk] = ("unused", "rejected")
         elif trains_kind and not fb.late and any(e.trained_step is not None for e in exps):
             states[fb.pk] = ("trained", "")
-        elif any(read >= fb.created_at for read in rm_reads):
+        elif fb.pk in taught:
             states[fb.pk] = ("reward_model", "")
-        elif not trains_kind:
-            states[fb.pk] = ("unused", "algorithm")
-        elif fb.late:
-            states[fb.pk] = ("unused", "late")
-        elif any(e.status == "filtered" for e in exps):
-            states[fb.pk] = ("unused", "filtered")
-        elif run.status in ("finished", "failed", "stopped"):
-            states[fb.pk] = ("unused", "run_ended")
         else:
-            status = {e.status for e in exps}
-            states[fb.pk] = ("pending", "training" if "leased" in status else "waiting" if "pending" in status
-                             else "queued")
+            closed = ("algorithm" if not trains_kind else "late" if fb.late or any(
+                e.trained_step is not None for e in exps) else "filtered" if not exps or any(
+                e.status == "filtered" for e in exps) else "run_ended" if run.status in (
+                "finished", "failed", "stopped") else "")
+            if closed:
+                states[fb.pk] = ("unused", why.get(fb.pk, closed))
+            else:
+                status = {e.status for e in exps}
+                states[fb.pk] = ("pending", "training" if "leased" in status else "waiting" if "pending" in status
+                                 else "queued")
     return states
 
 
@@ -173,8 +215,7 @@ def test_every_label_is_in_exactly_one_state(labelled: dict[str, Any], owner: Us
             {k: v for k, v in got_counts.as_dict().items() if k in ("trained", "reward_model", "pending", "unused")
              and isinstance(v, int) and v}), who
     reasons = Counter(s.reason for s in states.values() if s.state == "unused")
-    assert ledger.run.as_dict()["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered",
-                                                                          "run_ended")}
+    assert ledger.run.as_dict()["unused_by"] == {r: reasons[r] for r in UNUSED}
 
 
 def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], owner: User, annotator: User) -> None:
@@ -217,7 +258,7 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
     assert {k: body["run"][k] for k in ("trained", "reward_model", "pending", "unused")} == {
         k: everyone[k] for k in ("trained", "reward_model", "pending", "unused")}
     reasons = Counter(r for s, r in derived.values() if s == "unused")
-    assert body["run"]["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered", "run_ended")}
+    assert body["run"]["unused_by"] == {r: reasons[r] for r in UNUSED}
     assert body["people"]["bob"]["total"] == len(by_author["bob"])
     for pk, (state, reason) in derived.items():
         got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
