@@ -319,3 +319,122 @@ def test_a_correction_says_where_it_counts(owner: User, annotator: User) -> None
         html = client.post(f"/runs/{run.pk}/annotate/experiences/{e.pk}/edit/", {"text": "<answer>4</answer>"},
                            HTTP_HX_REQUEST="true").content.decode()
         assert "Saved as expert experience #" in html and words in html, html
+
+
+def _prompt(run: Run, *, heldout: bool, share: float) -> str:
+    """A prompt the reward model's split holds out (or trains on), found by trying names."""
+    return next(p for p in (f"prompt {i}" for i in range(200))
+                if prompt_is_heldout(p, share=share, seed=run.cfg.seed) == heldout)
+
+
+def _members(run: Run, group: str, prompt: str, n: int) -> list[Experience]:
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    rows = [experience_row(run, key=f"{group}-{i}", group=group, status="pending", reward=None, auto_reward=0.5,
+                           prompt_text=prompt, response_text=f"{group} answer {i}") for i in range(n)]
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+@pytest.fixture
+def unpaired(owner: User) -> dict[str, Any]:
+    """A GRPO run (blend, raters weighted by gold items) with a label of each kind that makes
+    no preference pair, one that does, and a reward-model version trained after all of them."""
+    import random
+
+    from apps.feedback.preferences import TRUSTED_WEIGHT
+    from apps.feedback.reliability import rater_weights
+
+    share = 0.5
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="unpaired", total_steps=5,
+                   feedback={"mode": "blend", "rater_weighting": "gold"},
+                   reward_model={"enabled": True, "heldout_share": share})
+    careful, careless = make_user("careful"), make_user("careless")
+    for u in (careful, careless):
+        add_member(run, u)
+    run_transition(run=run, action="start", actor=owner)
+    rng = random.Random(3)
+    ids: dict[str, list[int]] = {"gold": [], "taught": [], "heldout": [], "lone": [], "untrusted": []}
+    # Gold items, which measure the raters: careful answers right, careless at random.
+    for i, e in enumerate(_members(run, "gold", _prompt(run, heldout=False, share=share), 8)):
+        GoldItem.objects.create(run=run, experience=e, answer=1.0 if i % 2 == 0 else 0.0)
+        ids["gold"].append(feedback_rate(run=run, author=careful, experience=e, score=5 if i % 2 == 0 else 1).pk)
+        ids["gold"].append(feedback_rate(run=run, author=careless, experience=e, score=rng.randint(1, 5)).pk)
+    weights = rater_weights(run=run, earned=True)
+    assert weights is not None and weights[careless.pk] < TRUSTED_WEIGHT <= weights[careful.pk]
+    # A pair trained on: careful rates two members of a trained prompt; careless rates the third.
+    a, b, c = _members(run, "taught", _prompt(run, heldout=False, share=share), 3)
+    ids["taught"] += [feedback_rate(run=run, author=careful, experience=a, score=5).pk,
+                      feedback_rate(run=run, author=careful, experience=b, score=1).pk]
+    ids["untrusted"].append(feedback_rate(run=run, author=careless, experience=c, score=3).pk)
+    # An untrusted A/B choice too (GRPO would not train on it either: the reward model's reason shows).
+    ids["untrusted"].append(feedback_compare(run=run, author=careless, experience=a, other=b.pk, winner="b").pk)
+    # A pair whose prompt is held out for the version's evaluation.
+    a, b = _members(run, "heldout", _prompt(run, heldout=True, share=share), 2)
+    ids["heldout"] += [feedback_rate(run=run, author=careful, experience=a, score=5).pk,
+                       feedback_rate(run=run, author=careful, experience=b, score=2).pk]
+    # A lone rating: no other member of its group rated.
+    (a, _b) = _members(run, "lone", _prompt(run, heldout=False, share=share), 2)
+    ids["lone"].append(feedback_rate(run=run, author=careful, experience=a, score=4).pk)
+    rm = rm_publish(run)  # trained after every label above
+    assert rm.version == 1
+    return {"run": run, "ids": ids, "rm": rm}
+
+
+def test_a_label_that_made_no_pair_is_not_taught_and_says_why(unpaired: dict[str, Any], owner: User) -> None:
+    from apps.feedback.ledger import REASON_WORDS, label_states, run_ledger
+
+    run, ids, rm = unpaired["run"], unpaired["ids"], unpaired["rm"]
+    # The version read every label after it was saved: the old timestamp rule called them all taught.
+    assert all(fb.created_at <= rm.created_at for fb in Feedback.objects.filter(run=run))
+    assert rm.trained_on == sorted(ids["taught"]) and rm.held_out == sorted(ids["heldout"])
+    # While their groups are open, the policy may still train on them: pending, not taught.
+    states = label_states(run=run)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == rows_ledger(run)
+    for reason in ("gold", "heldout", "lone", "untrusted"):
+        for pk in ids[reason]:
+            kind = Feedback.objects.get(pk=pk).kind
+            assert states[pk].state == ("unused" if kind == "pairwise" else "pending"), (reason, pk, states[pk])
+    assert {states[pk].state for pk in ids["taught"]} == {"reward_model"}
+    assert {states[pk].text for pk in ids["taught"]} == {"taught the reward model v1"}
+    # Once the run ended, each is unused with its own reason, everywhere the ledger shows.
+    run_transition(run=run, action="stop", actor=owner)
+    run = Run.objects.get(pk=run.pk)
+    derived = rows_ledger(run)
+    states = label_states(run=run)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == derived
+    for reason in ("gold", "heldout", "lone", "untrusted"):
+        for pk in ids[reason]:
+            assert (states[pk].state, states[pk].reason) == ("unused", reason), (reason, pk)
+            assert states[pk].text == f"unused: {REASON_WORDS[reason]}"
+    ledger = run_ledger(run=run)
+    assert ledger.run.reward_model == len(ids["taught"]) == counts(derived)["reward_model"]
+    assert {r: n for r, n in ledger.run.unused_by.items() if r in ("gold", "heldout", "lone", "untrusted")} == {
+        r: len(ids[r]) for r in ("gold", "heldout", "lone", "untrusted")}
+    # The API's label endpoint and the run's summary page say the same.
+    api = _api(run, owner)
+    for pk, (state, reason) in derived.items():
+        got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
+        assert (got["state"], got["reason"]) == (state, reason), pk
+    assert api.get(f"/api/v1/runs/{run.pk}/labels").json()["run"]["unused_by"]["lone"] == 1
+    client = Client()
+    client.force_login(owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert _page_counts(html, "ledger-summary")["reward_model"] == len(ids["taught"])
+    assert f'data-unused="lone"><span data-n>1</span> unused: {REASON_WORDS["lone"]}' in html
+
+
+def test_a_label_its_group_trained_is_trained_whatever_pair_it_made(unpaired: dict[str, Any]) -> None:
+    """The lone rating's group trained by the policy: trained, not unused (the policy's use
+    goes first)."""
+    run, ids = unpaired["run"], unpaired["ids"]
+    (lone,) = ids["lone"]
+    group = list(Experience.objects.filter(run=run, group_id="lone").order_by("id"))
+    # Only the lone rating's group in the batch (the groups people rated fully are ready too).
+    Experience.objects.filter(run=run, status="ready").update(status="pending")
+    _train(run, 1, group)
+    from apps.feedback.ledger import label_state
+
+    state = label_state(feedback=Feedback.objects.get(pk=lone))
+    assert state is not None and (state.state, state.step) == ("trained", 1)
+    assert rows_ledger(run)[lone] == ("trained", "")
