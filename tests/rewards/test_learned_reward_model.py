@@ -340,9 +340,9 @@ def test_a_version_records_the_labels_of_the_pairs_it_trained_on(
     assert rm.held_out == sorted({pk for p in fitted.heldout for pk in p.feedback_ids})
     assert rm.unpaired == {"lone": [lone.pk]}
     share, seed = run.cfg.reward_model.heldout_share, run.cfg.seed
-    choices = Feedback.objects.filter(run=run, kind="pairwise").select_related("experience")
-    assert rm.trained_on == sorted(f.pk for f in choices if not prompt_is_heldout(f.experience.prompt_text,
-                                                                                 share=share, seed=seed))
-    assert rm.held_out == sorted(f.pk for f in choices if prompt_is_heldout(f.experience.prompt_text,
-                                                                           share=share, seed=seed))
+    prompts = dict(Experience.objects.filter(run=run).values_list("pk", "prompt_text"))
+    held = {f.pk: prompt_is_heldout(prompts[f.experience_id or 0], share=share, seed=seed)
+            for f in Feedback.objects.filter(run=run, kind="pairwise")}
+    assert rm.trained_on == sorted(pk for pk, out in held.items() if not out)
+    assert rm.held_out == sorted(pk for pk, out in held.items() if out)
     assert rm.trained_on and rm.held_out and len(rm.trained_on) == rm.pairs_train
