@@ -10,13 +10,14 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
    version V, the first published at or after step N;
 3. reward model: the policy did not train on it, but the run's reward model learned from it:
    version V, the first whose training pairs came from it (RewardModel.trained_on, recorded
-   when the version was trained from PreferencePair.feedback_ids; not a timestamp);
+   when the version was published from PreferencePair.feedback_ids, and kept per label in
+   LabelTaught; not a timestamp);
 4. pending: the policy may still train on it: its group waits for labels, is in the queue
    for training, or is being trained (and the run has not ended). A label that made no
    pair is pending here too: its group is open, and a rating made later may pair it;
 5. unused, because it made no preference pair: the policy will not train on it (4 does not
    hold) and the newest reward-model version that read it recorded why it taught nothing
-   (RewardModel.held_out, unpaired): heldout (its pairs were held out to measure the
+   (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out to measure the
    version), lone (a rating whose member no other rated member of its group could be
    compared with), gold (a gold item: it measures raters), untrusted (its rater's weight was
    below the trust threshold, apps.feedback.preferences.TRUSTED_WEIGHT), no pair (it states
@@ -50,8 +51,7 @@ from django.db.models import Field
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import FeedbackKind, kind_get, kind_names
-from apps.feedback.models import Feedback
-from apps.rewards.models import RewardModel
+from apps.feedback.models import Feedback, LabelTaught
 from kernel.algorithms import algorithm_get
 from apps.runs.models import ModelVersion, Run
 
@@ -200,39 +200,12 @@ def _version_after(versions: Sequence[tuple[int, int]], step: int) -> int | None
     return None
 
 
-# What the run's reward-model versions recorded of each label (RewardModel.trained_on,
-# held_out, unpaired): one row per (version, label, verdict), the verdict "taught" or a reason
-# of PAIR_REASONS. Read by both the counts (`_SHAPES_SQL`) and the per-label states
-# (`_RM_LABELS_SQL`), so they follow one rule.
-_RM_RECORD_CTE = """
-rm_record AS (
-    SELECT r.version, x.v::bigint AS fid, 'taught' AS verdict FROM {rm} r
-    CROSS JOIN LATERAL jsonb_array_elements_text(r.trained_on) AS x(v) WHERE r.run_id = %(run)s
-    UNION ALL
-    SELECT r.version, x.v::bigint, 'heldout' FROM {rm} r
-    CROSS JOIN LATERAL jsonb_array_elements_text(r.held_out) AS x(v) WHERE r.run_id = %(run)s
-    UNION ALL
-    SELECT r.version, x.v::bigint, u.reason FROM {rm} r
-    CROSS JOIN LATERAL jsonb_each(r.unpaired) AS u(reason, ids)
-    CROSS JOIN LATERAL jsonb_array_elements_text(u.ids) AS x(v) WHERE r.run_id = %(run)s
-), rm_label AS (
-    -- The first version that trained on the label; else the newest version's reason it made no pair.
-    SELECT fid, min(version) FILTER (WHERE verdict = 'taught') AS taught,
-           (array_agg(verdict ORDER BY version DESC) FILTER (WHERE verdict <> 'taught'))[1] AS reason
-    FROM rm_record GROUP BY fid
-)"""
-
-_RM_LABELS_SQL = "WITH" + _RM_RECORD_CTE + """
-SELECT fid, taught, reason FROM rm_label WHERE fid = ANY(%(ids)s)
-"""
-
-
-def _rm_labels(run: Run, ids: list[int]) -> dict[int, tuple[int | None, str]]:
-    """Label id -> (the first reward-model version that trained on it, else None; the
-    newest version's reason it made no pair, else ""): one statement."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RM_LABELS_SQL.format(rm=RewardModel._meta.db_table), {"run": run.pk, "ids": ids})
-        return {int(fid): (taught, reason or "") for fid, taught, reason in cursor.fetchall()}
+def _rm_labels(ids: list[int]) -> dict[int, tuple[int | None, str]]:
+    """Label id -> (the first reward-model version that trained on it, else None; the newest
+    version's reason it made no pair, else ""), as the versions recorded it (LabelTaught):
+    one statement. The counts read the same rows (`_SHAPES_SQL`)."""
+    return {pk: (taught, reason) for pk, taught, reason in
+            LabelTaught.objects.filter(feedback_id__in=ids).values_list("feedback_id", "taught", "reason")}
 
 
 class _Ledger:
@@ -252,7 +225,7 @@ class _Ledger:
         run = self.run
         self.versions = list(ModelVersion.objects.filter(run=run, number__gt=0).order_by("train_step", "number")
                              .values_list("number", "train_step"))
-        self.rm_labels = _rm_labels(run, [fb.pk for fb in rows])
+        self.rm_labels = _rm_labels([fb.pk for fb in rows])
         ids = {pk for fb in rows for pk in kind_get(fb.kind).trained_ids(fb)}
         self.targets = {
             pk: _Target(status=status, trained_step=step, trained=step is not None or used > 0, filter_reason=why)
@@ -408,8 +381,7 @@ def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:
 # how many share each: the row's trained-on experiences are its experience and other, or the
 # ids its value holds under the kind's `trained_key` (one id or a list).
 _SHAPES_SQL = """
-WITH{rm_record},
-label AS (
+WITH label AS (
     SELECT f.id, f.kind, f.review, f.late, f.created_at, f.author_id, f.api_key_id, f.experience_id, f.other_id,
            f.value
     FROM {feedback} f WHERE f.run_id = %(run)s AND f.kind = ANY(%(kinds)s){author}
@@ -431,7 +403,7 @@ label AS (
            COALESCE(bool_or(e.status = %(leased)s), false) AS leased,
            COALESCE(bool_or(e.status = %(pending)s), false) AS pending
     FROM label l LEFT JOIN target t ON t.id = l.id LEFT JOIN {experience} e ON e.id = t.eid
-    LEFT JOIN rm_label m ON m.fid = l.id
+    LEFT JOIN {taught} m ON m.feedback_id = l.id
     GROUP BY l.id, l.kind, l.review, l.late, m.taught, m.reason, l.author_id, l.api_key_id
 )
 SELECT p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
@@ -450,7 +422,7 @@ def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, in
     api_key = Feedback._meta.get_field("api_key").related_model
     assert isinstance(username, Field) and api_key is not None and not isinstance(api_key, str)
     sql = _SHAPES_SQL.format(
-        rm_record=_RM_RECORD_CTE.format(rm=RewardModel._meta.db_table), feedback=Feedback._meta.db_table, rm=RewardModel._meta.db_table, experience=Experience._meta.db_table,
+        taught=LabelTaught._meta.db_table, feedback=Feedback._meta.db_table, experience=Experience._meta.db_table,
         user=user._meta.db_table, username=username.column, api_key=api_key._meta.db_table,
         author="" if author_id is None else " AND f.author_id = %(author)s")
     params: dict[str, int | str | list[str]] = {

@@ -438,3 +438,24 @@ def test_a_label_its_group_trained_is_trained_whatever_pair_it_made(unpaired: di
     state = label_state(feedback=Feedback.objects.get(pk=lone))
     assert state is not None and (state.state, state.step) == ("trained", 1)
     assert rows_ledger(run)[lone] == ("trained", "")
+
+
+def test_a_label_taught_the_first_version_that_trained_on_it(labelled: dict[str, Any]) -> None:
+    """Version 2 no longer trusts the A/B choice's rater and pairs the late rating: the choice
+    still taught v1 (a fact about v1), the late rating taught v2; rows and ledger agree."""
+    from apps.feedback.ledger import label_states, run_ledger
+    from apps.feedback.preferences import PairLabels
+
+    run, expect = labelled["run"], labelled["expect"]
+    (choice,) = [pk for pk, (s, _) in expect.items() if s == "reward_model"]
+    (late,) = [pk for pk, (_, r) in expect.items() if r == "late"]
+    rm = reward_model_publish(run=run, path="/x/rm2", base="b", accuracy=None, pairs_train=1, pairs_heldout=0,
+                              labels=0, seconds=0.0,
+                              pair_labels=PairLabels(trained_on=[late], held_out=[], unpaired={"untrusted": [choice]}))
+    assert rm.version == 2
+    states = label_states(run=run)
+    assert (states[choice].state, states[choice].version, states[choice].text) == (
+        "reward_model", 1, "taught the reward model v1")
+    assert (states[late].state, states[late].version) == ("reward_model", 2)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == rows_ledger(run)
+    assert run_ledger(run=run).run.reward_model == 2 == counts(rows_ledger(run))["reward_model"]
