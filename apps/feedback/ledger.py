@@ -17,8 +17,8 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
    pair is pending here too: its group is open, and a rating made later may pair it;
 5. unused, because it made no preference pair: the policy will not train on it (4 does not
    hold) and the newest reward-model version that read it recorded why it taught nothing
-   (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out to measure the
-   version), lone (a rating whose member no other rated member of its group could be
+   (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out
+   to measure the version), lone (a rating whose member no other rated member of its group could be
    compared with), gold (a gold item: it measures raters), untrusted (its rater's weight was
    below the trust threshold, apps.feedback.preferences.TRUSTED_WEIGHT), no pair (it states
    no preference: a tie, a correction that changed nothing). The reward model's reason goes
@@ -57,10 +57,10 @@ from apps.runs.models import ModelVersion, Run
 
 State = Literal["trained", "reward_model", "pending", "unused"]
 STATES: tuple[State, ...] = ("trained", "reward_model", "pending", "unused")
-# Why a label is unused, and why one is pending, in the order pages list them.
 # Why a label made no preference pair, as a reward-model version records it (RewardModel.held_out:
 # "heldout"; RewardModel.unpaired: apps.feedback.preferences.UNPAIRED_REASONS).
 PAIR_REASONS = ("heldout", "lone", "gold", "untrusted", "no_pair")
+# Why a label is unused, and why one is pending, in the order pages list them.
 UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "run_ended")
 PENDING_REASONS = ("waiting", "queued", "training")
 STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", "pending": "pending",
@@ -280,8 +280,8 @@ class _Ledger:
 class Shape:
     """What decides a label's state: its kind, whether it was rejected, came late, taught a
     reward-model version (one trained on a pair from it), the newest version's reason it made
-    no pair ("" for none recorded), and its trained-on experiences (`trained_ids`: how many exist, how
-    many were trained, whether any is filtered, leased or pending). The per-label reader
+    no pair ("" for none recorded), and its trained-on experiences (`trained_ids`: how many
+    exist, how many were trained, whether any is filtered, leased or pending). The per-label reader
     (`_Ledger`) and the counts in SQL (`_shapes`) both derive it and hand it to `_verdict`."""
 
     kind: FeedbackKind
@@ -409,7 +409,8 @@ WITH label AS (
 SELECT p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
        u.{username}, k.name, count(*)
 FROM per_label p LEFT JOIN {user} u ON u.id = p.author_id LEFT JOIN {api_key} k ON k.id = p.api_key_id
-GROUP BY p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending, u.{username}, k.name
+GROUP BY p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+         u.{username}, k.name
 """
 
 
@@ -438,10 +439,10 @@ def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, in
         rows = cursor.fetchall()
     by_name = {k.name: k for k in kinds}
     return [(_who(username, key_name), Shape(kind=by_name[kind], rejected=rejected, late=late, taught=taught,
-                                               rm_reason=rm_reason, targets=n, trained=n_trained, filtered=filtered, leased=leased,
-                                               pending=pending), count)
-            for kind, rejected, late, taught, rm_reason, n, n_trained, filtered, leased, pending, username, key_name, count
-            in rows]
+                                               rm_reason=rm_reason, targets=n, trained=n_trained,
+                                               filtered=filtered, leased=leased, pending=pending), count)
+            for (kind, rejected, late, taught, rm_reason, n, n_trained, filtered, leased, pending, username,
+                 key_name, count) in rows]
 
 
 def _who(username: str | None, key_name: str | None) -> str:

@@ -170,4 +170,4 @@ class LabelTaught(models.Model):
     version = models.PositiveIntegerField()
 
     def __str__(self) -> str:
-        return f"label {self.feedback_id}: taught v{self.taught}" if self.taught else f"label {self.feedback_id}: {self.reason}"
+        return f"label {self.feedback_id}: " + (f"taught v{self.taught}" if self.taught else self.reason)
