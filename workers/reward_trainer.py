@@ -33,7 +33,7 @@ from celery import Task, signals
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from apps.feedback.ports import PreferencePair, pair_is_heldout, preference_pairs, prompt_is_heldout
+from apps.feedback.ports import PreferencePair, pair_is_heldout, pair_labels, preference_pairs_read, prompt_is_heldout
 from apps.feedback.ports import rater_figures, rater_offsets, rater_weights
 from apps.feedback.ports import experiences_handed_out_unbiased, rated_experiences
 from apps.feedback.ports import (
@@ -196,19 +196,27 @@ def reward_model_fit(
 
 
 def reward_model_pairs(*, run: Run, gold: set[int] | None = None) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(training, held-out) pairs of the run's next reward model (`reward_model_pairs_read`)."""
+    train, heldout, _ = reward_model_pairs_read(run=run, gold=gold)
+    return train, heldout
+
+
+def reward_model_pairs_read(
+    *, run: Run, gold: set[int] | None = None,
+) -> tuple[list[PreferencePair], list[PreferencePair], dict[int, str]]:
     """(training, held-out) pairs of the run's next reward model: every kind of feedback, each
     rater weighted by the reliability they earned when the run weights raters (an untrusted or
     unmeasured rater's pairs left out of both, a half-trusted one's counting by its trust),
-    gold items left out, split by prompt."""
+    gold items left out, split by prompt; and why each label that made no pair made none."""
     cfg = run.cfg.reward_model
     gold = gold_experience_ids(run=run) if gold is None else gold
     figures = rater_figures(run=run)
     # Earned trust, not the fold's: a rater not yet measured teaches the reward model nothing.
-    pairs = preference_pairs(run=run, rater_weights=rater_weights(run=run, figures=figures, earned=True),
-                             rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
-    heldout = [p for p in pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
-    train = [p for p in pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
-    return train, heldout
+    read = preference_pairs_read(run=run, rater_weights=rater_weights(run=run, figures=figures, earned=True),
+                                 rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
+    heldout = [p for p in read.pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    train = [p for p in read.pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    return train, heldout, read.unpaired
 
 
 def _random_share_accuracy(heldout: list[PreferencePair], *, unbiased: set[int], score: Scorer,
@@ -241,7 +249,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     cfg = run.cfg.reward_model
     labels = run_label_count(run=run)
     gold = gold_experience_ids(run=run)
-    train, heldout = reward_model_pairs(run=run, gold=gold)
+    train, heldout, unpaired = reward_model_pairs_read(run=run, gold=gold)
     unbiased = experiences_handed_out_unbiased(run=run)  # read with the pairs
     if not train:
         log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
@@ -278,6 +286,8 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
         labels=labels, seconds=time.monotonic() - started, scale=scale, offset=offset,
         accuracy_random=accuracy_random, pairs_random=pairs_random,
+        # What the fit trained on and held out (a cross-validated one: every pair, both).
+        pair_labels=pair_labels(train=train, heldout=heldout, unpaired=unpaired),
     )
     log.info("run %s reward model v%d: %d train / %d held-out pairs, accuracy %s (random share %s on %d), %.1fs",
              run.pk, rm.version, len(train), len(heldout), accuracy, accuracy_random, pairs_random, rm.seconds)

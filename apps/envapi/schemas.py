@@ -311,22 +311,24 @@ class LabelStateOut(Schema):
     """Where one label stands (apps/feedback/ledger.py): exactly one state."""
 
     state: Literal["trained", "reward_model", "pending", "unused"]
-    reason: str = Field(description="why unused (rejected, algorithm, late, filtered, run_ended) or pending "
+    reason: str = Field(description="why unused (rejected; heldout, lone, gold, untrusted, no_pair: why it made no "
+                                     "preference pair; algorithm, late, filtered, run_ended) or pending "
                                      "(waiting, queued, training); empty otherwise")
     step: int | None = Field(description="the train step that trained it (trained)")
-    version: int | None = Field(description="the policy version it is in (trained), or the reward-model version "
-                                            "it taught (reward_model)")
+    version: int | None = Field(description="the policy version it is in (trained), or the first reward-model "
+                                            "version whose training pairs came from it (reward_model)")
     text: str = Field(description="the state in words, as the pages say it")
 
 
 class LedgerCountsOut(Schema):
     total: int
     trained: int
-    reward_model: int = Field(description="taught the reward model, not trained by the policy")
+    reward_model: int = Field(description="taught the reward model (a version trained on a pair made from it), "
+                                          "not trained by the policy")
     pending: int
     unused: int
-    unused_by: dict[str, int] = Field(description="unused labels by why: rejected, algorithm, late, filtered, "
-                                                  "run_ended")
+    unused_by: dict[str, int] = Field(description="unused labels by why: rejected, heldout, lone, gold, untrusted, "
+                                                  "no_pair, algorithm, late, filtered, run_ended")
     pending_by: dict[str, int] = Field(description="pending labels by where: waiting, queued, training")
 
 

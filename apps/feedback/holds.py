@@ -159,6 +159,7 @@ def holds_renew_on_commit(*, run: Run, annotator: Person, also_groups: Iterable[
 def holds_release(*, run_id: int) -> int:
     """Release every hold of the run (it ended: nothing trains any more, so no group waits for
     anyone). Labels given on those groups read "unused: the run ended" in the ledger
-    (apps.feedback.ledger); no last step trains them. Returns the experiences released."""
+    (apps.feedback.ledger), or why the reward model made no pair of them where a version
+    recorded one; no last step trains them. Returns the experiences released."""
     Assignment.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)
     return Experience.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)

@@ -23,13 +23,13 @@ from datetime import timedelta
 from statistics import NormalDist
 from typing import TypedDict
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_names
-from apps.feedback.models import Feedback
-from apps.feedback.preferences import TRUSTED_WEIGHT
+from apps.feedback.models import Feedback, LabelTaught
+from apps.feedback.preferences import TRUSTED_WEIGHT, PairLabels
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 # The fold's public names, under the local names this module's code calls them by.
 from apps.feedback.services.fold import group_feedback as _group_feedback
@@ -162,17 +162,60 @@ def reward_model_due(*, run: Run) -> bool:
 def reward_model_publish(
     *, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
     labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5, accuracy_random: float | None = None,
-    pairs_random: int | None = None,
+    pairs_random: int | None = None, pair_labels: PairLabels | None = None,
 ) -> RewardModel:
     """Record a trained reward model as the run's next version and announce it (with its
-    unbiased accuracy on the random / arrival share, RewardModel.accuracy_random)."""
+    unbiased accuracy on the random / arrival share, RewardModel.accuracy_random), and which
+    labels its training and held-out pairs came from (`pair_labels`, written with the row:
+    what the ledger says each label taught)."""
+    recorded = pair_labels or PairLabels(trained_on=[], held_out=[], unpaired={})
+    with transaction.atomic():
+        rm = _publish(run=run, path=path, base=base, accuracy=accuracy, pairs_train=pairs_train,
+                      pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
+                      accuracy_random=accuracy_random, pairs_random=pairs_random, recorded=recorded)
+        label_taught_record(run=run, rm=rm)
+    return rm
+
+
+def _publish(*, run: Run, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
+             labels: int, seconds: float, scale: float, offset: float, accuracy_random: float | None,
+             pairs_random: int | None, recorded: PairLabels) -> RewardModel:
     rm: RewardModel = scorer_publish(
         model=RewardModel, run=run, metric=ACCURACY_METRIC, accuracy=accuracy,
         more_metrics={ACCURACY_RANDOM_METRIC: accuracy_random}, path=path, base=base,
         pairs_train=pairs_train, pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
-        accuracy_random=accuracy_random, pairs_random=pairs_random,
+        accuracy_random=accuracy_random, pairs_random=pairs_random, trained_on=recorded.trained_on,
+        held_out=recorded.held_out, unpaired=recorded.unpaired,
     )
     return rm
+
+
+# One statement per version: each label it read gets its first teaching version (kept once
+# set) and this version's reason it made no pair ("" where it trained on it). Labels deleted
+# since the version read them are passed over (the join).
+_LABEL_TAUGHT_SQL = """
+INSERT INTO {table} AS t (feedback_id, run_id, taught, reason, version)
+SELECT u.fid, %(run)s, CASE WHEN u.reason = '' THEN %(version)s END, u.reason, %(version)s
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS u(fid, reason) JOIN {feedback} f ON f.id = u.fid
+ON CONFLICT (feedback_id) DO UPDATE SET
+    taught = COALESCE(t.taught, EXCLUDED.taught), reason = EXCLUDED.reason, version = EXCLUDED.version
+    WHERE t.version <= EXCLUDED.version
+"""
+
+
+def label_taught_record(*, run: Run, rm: RewardModel) -> int:
+    """Keep, per label, what version `rm` recorded of it (LabelTaught: what the ledger reads).
+    Returns how many labels it wrote."""
+    why = {pk: "" for pk in rm.trained_on}
+    why.update({pk: "heldout" for pk in rm.held_out})
+    why.update({pk: reason for reason, ids in rm.unpaired.items() for pk in ids})
+    if not why:
+        return 0
+    ids = sorted(why)
+    sql = _LABEL_TAUGHT_SQL.format(table=LabelTaught._meta.db_table, feedback=Feedback._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run": run.pk, "version": rm.version, "ids": ids, "reasons": [why[pk] for pk in ids]})
+        return int(cursor.rowcount)
 
 
 def experiences_to_score(*, run: Run, rm: RewardModel, limit: int) -> QuerySet[Experience]:

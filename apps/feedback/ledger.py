@@ -9,15 +9,31 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
    after it was saved (not late), and the run's algorithm takes it (see 4); it is in
    version V, the first published at or after step N;
 3. reward model: the policy did not train on it, but the run's reward model learned from it:
-   version V, the first whose data was read (its publication less its training time) after
-   the label was saved;
-4. unused, algorithm: the run never trains on this kind of label: the feedback mode is auto
+   version V, the first whose training pairs came from it (RewardModel.trained_on, recorded
+   when the version was published from PreferencePair.feedback_ids, and kept per label in
+   LabelTaught; not a timestamp);
+4. pending: the policy may still train on it: its group waits for labels, is in the queue
+   for training, or is being trained (and the run has not ended). A label that made no
+   pair is pending here too: its group is open, and a rating made later may pair it;
+5. unused, because it made no preference pair: the policy will not train on it (4 does not
+   hold) and the newest reward-model version that read it recorded why it taught nothing
+   (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out
+   to measure the version), lone (a rating whose member no other rated member of its group could be
+   compared with), gold (a gold item: it measures raters), untrusted (its rater's weight was
+   below the trust threshold, apps.feedback.preferences.TRUSTED_WEIGHT), no pair (it states
+   no preference: a tie, a correction that changed nothing). The reward model's reason goes
+   before the policy's (6-9): it says what the label would have needed to teach anything;
+6. unused, algorithm: the run never trains on this kind of label: the feedback mode is auto
    (no label moves a reward), the algorithm trains no rollouts (SFT), trains on no pairs (an
    A/B choice outside DPO) or on no expert experiences (a correction outside SFT and MIX);
-5. unused, late: it came after its group was trained;
-6. unused, filtered: a filter dropped its group (the reason is the row's filter_reason);
-7. unused, run ended: the run ended before its group trained;
-8. pending: its group waits for labels, is in the queue for training, or is being trained.
+7. unused, late: it came after its group was trained;
+8. unused, filtered: a filter dropped its group (the reason is the row's filter_reason);
+9. unused, run ended: the run ended before its group trained.
+
+A label no reward-model version read yet (given after the newest one, or in a run without a
+reward model) has no reason of 5; versions published before they recorded their labels
+(RewardModel.trained_on empty) taught nothing the ledger can show, and the next version
+records every label again (each version trains on all the run's pairs).
 
 Counted per run and per person from the same states, so no label is counted twice. A read:
 no writes. Its own module so that whatever restructures the feedback app keeps one ledger.
@@ -27,7 +43,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Literal
 
 from django.contrib.auth import get_user_model
@@ -36,20 +51,27 @@ from django.db.models import Field
 
 from apps.buffer.models import Experience
 from apps.feedback.kinds import FeedbackKind, kind_get, kind_names
-from apps.feedback.models import Feedback
-from apps.rewards.models import RewardModel
+from apps.feedback.models import Feedback, LabelTaught
 from kernel.algorithms import algorithm_get
 from apps.runs.models import ModelVersion, Run
 
 State = Literal["trained", "reward_model", "pending", "unused"]
 STATES: tuple[State, ...] = ("trained", "reward_model", "pending", "unused")
+# Why a label made no preference pair, as a reward-model version records it (RewardModel.held_out:
+# "heldout"; RewardModel.unpaired: apps.feedback.preferences.UNPAIRED_REASONS).
+PAIR_REASONS = ("heldout", "lone", "gold", "untrusted", "no_pair")
 # Why a label is unused, and why one is pending, in the order pages list them.
-UNUSED_REASONS = ("rejected", "algorithm", "late", "filtered", "run_ended")
+UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "run_ended")
 PENDING_REASONS = ("waiting", "queued", "training")
 STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", "pending": "pending",
                "unused": "unused"}
 REASON_WORDS = {
     "rejected": "rejected in review",
+    "heldout": "held out to measure the reward model, which did not train on it",
+    "lone": "no other rated answer in its group to compare it with, so it made no preference pair",
+    "gold": "a gold item: it measures raters and teaches the reward model nothing",
+    "untrusted": "its rater's weight was below the trust threshold, so the reward model left it out",
+    "no_pair": "it states no preference (a tie, or a correction that changed nothing)",
     "algorithm": "this run does not train on that kind of label",
     "late": "came after its group was trained",
     "filtered": "a filter dropped its group",
@@ -178,12 +200,12 @@ def _version_after(versions: Sequence[tuple[int, int]], step: int) -> int | None
     return None
 
 
-def _rm_taught(reads: Sequence[tuple[int, datetime]], saved: datetime) -> int | None:
-    """The first reward-model version whose data was read after `saved`."""
-    for version, read_at in reads:
-        if read_at >= saved:
-            return version
-    return None
+def _rm_labels(ids: list[int]) -> dict[int, tuple[int | None, str]]:
+    """Label id -> (the first reward-model version that trained on it, else None; the newest
+    version's reason it made no pair, else ""), as the versions recorded it (LabelTaught):
+    one statement. The counts read the same rows (`_SHAPES_SQL`)."""
+    return {pk: (taught, reason) for pk, taught, reason in
+            LabelTaught.objects.filter(feedback_id__in=ids).values_list("feedback_id", "taught", "reason")}
 
 
 class _Ledger:
@@ -194,7 +216,7 @@ class _Ledger:
         self.ended = run.status in ENDED
         self.refusals: dict[str, str | None] = {}
         self.versions: list[tuple[int, int]] = []
-        self.rm_reads: list[tuple[int, datetime]] = []
+        self.rm_labels: dict[int, tuple[int | None, str]] = {}
         self.targets: dict[int, _Target] = {}
         if rows:  # no labels, nothing more to read (the pages' query budgets)
             self._read(rows)
@@ -203,9 +225,7 @@ class _Ledger:
         run = self.run
         self.versions = list(ModelVersion.objects.filter(run=run, number__gt=0).order_by("train_step", "number")
                              .values_list("number", "train_step"))
-        self.rm_reads = [(v, created - timedelta(seconds=seconds)) for v, created, seconds in
-                         RewardModel.objects.filter(run=run).order_by("version")
-                         .values_list("version", "created_at", "seconds")]
+        self.rm_labels = _rm_labels([fb.pk for fb in rows])
         ids = {pk for fb in rows for pk in kind_get(fb.kind).trained_ids(fb)}
         self.targets = {
             pk: _Target(status=status, trained_step=step, trained=step is not None or used > 0, filter_reason=why)
@@ -226,10 +246,11 @@ class _Ledger:
         trained = [t for t in targets if t.trained]
         filtered = [t for t in targets if t.status == Experience.Status.FILTERED]
         statuses = {t.status for t in targets}
-        taught = _rm_taught(self.rm_reads, fb.created_at) if kind.labels else None
+        taught, rm_reason = self.rm_labels.get(fb.pk, (None, ""))
         refusal = self.refusal(kind)
         state, reason = _verdict(Shape(
-            kind=kind, rejected=False, late=fb.late, taught=taught is not None, targets=len(targets),
+            kind=kind, rejected=False, late=fb.late, taught=taught is not None, rm_reason=rm_reason,
+            targets=len(targets),
             trained=len(trained), filtered=bool(filtered), leased=Experience.Status.LEASED in statuses,
             pending=Experience.Status.PENDING in statuses), refusal=refusal, ended=self.ended)
         if state == "trained":
@@ -257,15 +278,17 @@ class _Ledger:
 
 @dataclass(frozen=True)
 class Shape:
-    """What decides a label's state: its kind, whether it was rejected, came late, was read by
-    a reward-model version, and its trained-on experiences (`trained_ids`: how many exist, how
-    many were trained, whether any is filtered, leased or pending). The per-label reader
+    """What decides a label's state: its kind, whether it was rejected, came late, taught a
+    reward-model version (one trained on a pair from it), the newest version's reason it made
+    no pair ("" for none recorded), and its trained-on experiences (`trained_ids`: how many
+    exist, how many were trained, whether any is filtered, leased or pending). The per-label reader
     (`_Ledger`) and the counts in SQL (`_shapes`) both derive it and hand it to `_verdict`."""
 
     kind: FeedbackKind
     rejected: bool
     late: bool
     taught: bool
+    rm_reason: str
     targets: int
     trained: int
     filtered: bool
@@ -284,17 +307,14 @@ def _verdict(shape: Shape, *, refusal: str | None, ended: bool) -> tuple[State, 
     late = shape.late and kind.reaches_training() != "expert"
     if refusal is None and not late and shape.trained and (shape.trained == shape.targets or not whole):
         return "trained", ""
-    if shape.taught and kind.labels:
+    if shape.taught:
         return "reward_model", ""
-    if refusal is not None:
-        return "unused", "algorithm"
-    if late or shape.trained:
-        return "unused", "late"
-    if not shape.targets or shape.filtered:
-        return "unused", "filtered"
-    if ended:
-        return "unused", "run_ended"
-    return "pending", ("training" if shape.leased else "waiting" if shape.pending else "queued")
+    # Why the policy will not train on it (None: it still may, the label is pending).
+    closed = ("algorithm" if refusal is not None else "late" if late or shape.trained
+              else "filtered" if not shape.targets or shape.filtered else "run_ended" if ended else None)
+    if closed is None:
+        return "pending", ("training" if shape.leased else "waiting" if shape.pending else "queued")
+    return "unused", shape.rm_reason if shape.rm_reason in PAIR_REASONS else closed
 
 
 def _unused(reason: str, words: str = "") -> LabelState:
@@ -376,21 +396,21 @@ WITH label AS (
         WHEN 'array' THEN l.value -> k.key WHEN 'number' THEN jsonb_build_array(l.value -> k.key)
         ELSE '[]'::jsonb END) AS x(v)
 ), per_label AS (
-    SELECT l.id, l.kind, l.review = %(rejected)s AS rejected, l.late,
-           COALESCE(l.created_at <= (SELECT max(r.created_at - r.seconds * interval '1 second') FROM {rm} r
-                                     WHERE r.run_id = %(run)s), false) AS taught,
-           l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
+    SELECT l.id, l.kind, l.review = %(rejected)s AS rejected, l.late, m.taught IS NOT NULL AS taught,
+           COALESCE(m.reason, '') AS rm_reason, l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
                WHERE e.trained_step IS NOT NULL OR e.use_count > 0) AS n_trained,
            COALESCE(bool_or(e.status = %(filtered)s), false) AS filtered,
            COALESCE(bool_or(e.status = %(leased)s), false) AS leased,
            COALESCE(bool_or(e.status = %(pending)s), false) AS pending
     FROM label l LEFT JOIN target t ON t.id = l.id LEFT JOIN {experience} e ON e.id = t.eid
-    GROUP BY l.id, l.kind, l.review, l.late, l.created_at, l.author_id, l.api_key_id
+    LEFT JOIN {taught} m ON m.feedback_id = l.id
+    GROUP BY l.id, l.kind, l.review, l.late, m.taught, m.reason, l.author_id, l.api_key_id
 )
-SELECT p.kind, p.rejected, p.late, p.taught, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+SELECT p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
        u.{username}, k.name, count(*)
 FROM per_label p LEFT JOIN {user} u ON u.id = p.author_id LEFT JOIN {api_key} k ON k.id = p.api_key_id
-GROUP BY p.kind, p.rejected, p.late, p.taught, p.n, p.n_trained, p.filtered, p.leased, p.pending, u.{username}, k.name
+GROUP BY p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+         u.{username}, k.name
 """
 
 
@@ -403,7 +423,7 @@ def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, in
     api_key = Feedback._meta.get_field("api_key").related_model
     assert isinstance(username, Field) and api_key is not None and not isinstance(api_key, str)
     sql = _SHAPES_SQL.format(
-        feedback=Feedback._meta.db_table, rm=RewardModel._meta.db_table, experience=Experience._meta.db_table,
+        taught=LabelTaught._meta.db_table, feedback=Feedback._meta.db_table, experience=Experience._meta.db_table,
         user=user._meta.db_table, username=username.column, api_key=api_key._meta.db_table,
         author="" if author_id is None else " AND f.author_id = %(author)s")
     params: dict[str, int | str | list[str]] = {
@@ -419,10 +439,10 @@ def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, in
         rows = cursor.fetchall()
     by_name = {k.name: k for k in kinds}
     return [(_who(username, key_name), Shape(kind=by_name[kind], rejected=rejected, late=late, taught=taught,
-                                               targets=n, trained=n_trained, filtered=filtered, leased=leased,
-                                               pending=pending), count)
-            for kind, rejected, late, taught, n, n_trained, filtered, leased, pending, username, key_name, count
-            in rows]
+                                               rm_reason=rm_reason, targets=n, trained=n_trained,
+                                               filtered=filtered, leased=leased, pending=pending), count)
+            for (kind, rejected, late, taught, rm_reason, n, n_trained, filtered, leased, pending, username,
+                 key_name, count) in rows]
 
 
 def _who(username: str | None, key_name: str | None) -> str:

@@ -151,3 +151,23 @@ class Assignment(models.Model):
 
     def __str__(self) -> str:
         return f"assignment {self.pk}: experience {self.experience_id} to {self.annotator_id} ({self.status})"
+
+
+class LabelTaught(models.Model):
+    """What the run's reward-model versions recorded of one label, kept per label so the ledger
+    (apps.feedback.ledger) reads it in one join however many versions the run has: the first
+    version whose training pairs came from it (`taught`; None: none yet) and the newest
+    version's reason it made no pair (`reason`: heldout or apps.feedback.preferences'
+    UNPAIRED_REASONS; "" when that version trained on it). Written with each version, one
+    statement (apps.feedback.learned.label_taught_record); the versions' own rows keep the
+    whole sets (RewardModel.trained_on, held_out, unpaired)."""
+
+    feedback = models.OneToOneField(Feedback, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
+    taught = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=16, blank=True, default="")
+    # The newest version that read it (what `reason` is from).
+    version = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"label {self.feedback_id}: " + (f"taught v{self.taught}" if self.taught else self.reason)

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from apps.buffer.models import Experience
 from apps.feedback import learned as _learned
 from apps.feedback import reliability as _reliability
-from apps.feedback.preferences import pair_is_heldout, prompt_is_heldout
+from apps.feedback.preferences import PairLabels, PairsRead, pair_is_heldout, pair_labels, prompt_is_heldout
 from apps.feedback.preferences import preference_pairs as _preference_pairs
+from apps.feedback.preferences import preference_pairs_read as _preference_pairs_read
 from apps.feedback.reliability import RaterFigures
 from apps.feedback.selectors import batch_feedback_metrics
 from apps.feedback.selectors import experiences_handed_out_unbiased as _unbiased
@@ -22,8 +23,9 @@ from apps.rewards.pairs import PreferencePair
 from apps.runs.ports import RunView, row
 
 __all__ = [
-    "PreferencePair", "RaterFigures", "batch_feedback_metrics", "experiences_handed_out_unbiased",
-    "experiences_to_score", "gold_experience_ids", "pair_is_heldout", "preference_pairs",
+    "PairLabels", "PairsRead", "PreferencePair", "RaterFigures", "batch_feedback_metrics", "experiences_handed_out_unbiased",
+    "experiences_to_score", "gold_experience_ids", "pair_is_heldout", "pair_labels", "preference_pairs",
+    "preference_pairs_read",
     "preferences_among", "prompt_is_heldout", "rated_experiences", "rater_figures", "rater_offsets", "rater_weights",
     "reward_model_due", "reward_model_latest",
     "reward_model_publish", "rm_scores_apply", "run_label_count",
@@ -40,6 +42,14 @@ def preference_pairs(
 ) -> list[PreferencePair]:
     return _preference_pairs(run=row(run), include_late=include_late, rater_weights=rater_weights,
                              rater_offsets=rater_offsets, exclude_experience_ids=exclude_experience_ids)
+
+
+def preference_pairs_read(
+    *, run: RunView, rater_weights: Mapping[int, float] | None = None,
+    rater_offsets: Mapping[int, float] | None = None, exclude_experience_ids: set[int] | None = None,
+) -> PairsRead:
+    return _preference_pairs_read(run=row(run), rater_weights=rater_weights, rater_offsets=rater_offsets,
+                                  exclude_experience_ids=exclude_experience_ids)
 
 
 def rater_figures(*, run: RunView, gold: dict[int, float] | None = None) -> list[RaterFigures]:
@@ -78,12 +88,12 @@ def reward_model_latest(*, run: RunView) -> RewardModel | None:
 def reward_model_publish(
     *, run: RunView, path: str, base: str, accuracy: float | None, pairs_train: int, pairs_heldout: int,
     labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5, accuracy_random: float | None = None,
-    pairs_random: int | None = None,
+    pairs_random: int | None = None, pair_labels: PairLabels | None = None,
 ) -> RewardModel:
     return _learned.reward_model_publish(
         run=row(run), path=path, base=base, accuracy=accuracy, pairs_train=pairs_train, pairs_heldout=pairs_heldout,
         labels=labels, seconds=seconds, scale=scale, offset=offset, accuracy_random=accuracy_random,
-        pairs_random=pairs_random)
+        pairs_random=pairs_random, pair_labels=pair_labels)
 
 
 def experiences_to_score(*, run: RunView, rm: RewardModel, limit: int) -> list[Experience]:

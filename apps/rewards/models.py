@@ -37,8 +37,19 @@ class VersionedScorer(models.Model):
         return min(1.0, max(0.0, self.scale * score + self.offset))
 
 
+class RewardModelManager(models.Manager["RewardModel"]):
+    """Reads versions without the label sets they recorded (`RewardModel.LABEL_SETS`): they
+    grow with the run's labels, and only the ledger's record (written from the version as it is
+    published) and an audit read them; a deferred field still loads when it is read."""
+
+    def get_queryset(self) -> models.QuerySet[RewardModel]:
+        return super().get_queryset().defer(*RewardModel.LABEL_SETS)
+
+
 class RewardModel(VersionedScorer):
     """One published version of a run's learned reward model (workers/reward_trainer.py)."""
+
+    LABEL_SETS = ("trained_on", "held_out", "unpaired")
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reward_models")
     # How many labels (feedback rows) the run had when this version's data was read.
@@ -50,6 +61,16 @@ class RewardModel(VersionedScorer):
     # None: no such pair (pairs_random 0), or a version from before this was measured (both None).
     accuracy_random = models.FloatField(null=True, blank=True)
     pairs_random = models.PositiveIntegerField(null=True, blank=True)
+    # The labels (feedback ids) this version's training pairs came from (PreferencePair.feedback_ids),
+    # those whose every pair it held out for its evaluation (not trained on), and why each other
+    # label it read made no pair ({reason: [ids]}, apps.feedback.preferences.UNPAIRED_REASONS):
+    # what the ledger (apps.feedback.ledger) reads to say a label taught the reward model. Written
+    # once, with the version; empty for a version from before they were recorded.
+    trained_on = models.JSONField(default=list, blank=True)
+    held_out = models.JSONField(default=list, blank=True)
+    unpaired = models.JSONField(default=dict, blank=True)
+
+    objects = RewardModelManager()
 
     class Meta(VersionedScorer.Meta):
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="reward_model_version_unique")]

@@ -23,3 +23,8 @@ class PreferencePair:
     # its two sides' (each side the summed weight of the raters who rated it, capped at 1).
     # The reward model weighs its training pairs and its held-out accuracy by it.
     trust: float = 1.0
+    # The labels (feedback row ids) it came from: a rating pair the ratings of both of its
+    # members that entered their human rewards; a ranking, A/B choice or edit pair its one row.
+    # What a reward-model version records it trained on (RewardModel.trained_on); empty for a
+    # pair made from no label (a graded answer's).
+    feedback_ids: tuple[int, ...] = ()

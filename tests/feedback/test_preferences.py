@@ -128,3 +128,31 @@ def test_trl_rows_have_prompt_chosen_rejected(blend_run: Run, annotator: User) -
     assert {"prompt", "chosen", "rejected"} <= set(row)
     assert (row["prompt"], row["chosen"], row["rejected"]) == (a.prompt_text, a.response_text, b.response_text)
     json.dumps(row)
+
+
+def test_each_pair_names_the_labels_it_came_from_and_the_rest_say_why_not(
+        blend_run: Run, owner: User, annotator: User) -> None:
+    """Issue 62: what a reward-model version records. A rating pair comes from the ratings of
+    both its members (pooled raters included); a ranking, A/B choice or edit pair from its one
+    row; a lone rating, a tie and a gold item's label make none, and say so."""
+    from apps.feedback.preferences import preference_pairs_read
+
+    a, b, c = _group(blend_run, 3, group="g1")
+    ra = feedback_rate(run=blend_run, author=annotator, experience=a, score=2)
+    rb1 = feedback_rate(run=blend_run, author=annotator, experience=b, score=5)
+    rb2 = feedback_rate(run=blend_run, author=owner, experience=b, score=4)
+    (x, y) = _group(blend_run, 2, group="g2")
+    lone = feedback_rate(run=blend_run, author=owner, experience=x, score=5)
+    tie = feedback_compare(run=blend_run, author=owner, experience=x, other=y.pk, winner="tie")
+    choice = feedback_compare(run=blend_run, author=annotator, experience=x, other=y.pk, winner="b")
+    rank = feedback_rank(run=blend_run, author=owner, order=[c.pk, a.pk, b.pk])
+    gold = feedback_compare(run=blend_run, author=owner, experience=a, other=c.pk, winner="a")
+    read = preference_pairs_read(run=blend_run, exclude_experience_ids=set())
+    by_ids = {(p.kind, p.chosen_id, p.rejected_id): p.feedback_ids for p in read.pairs}
+    assert by_ids[("rating", b.pk, a.pk)] == tuple(sorted((ra.pk, rb1.pk, rb2.pk)))
+    assert by_ids[("pairwise", y.pk, x.pk)] == (choice.pk,)
+    assert {by_ids[("ranking", c.pk, a.pk)], by_ids[("ranking", a.pk, b.pk)]} == {(rank.pk,)}
+    assert read.unpaired == {lone.pk: "lone", tie.pk: "no_pair"}
+    # With c a gold item: the ranking and the choice that name it make no pair, as gold.
+    read = preference_pairs_read(run=blend_run, exclude_experience_ids={c.pk})
+    assert read.unpaired == {lone.pk: "lone", tie.pk: "no_pair", rank.pk: "gold", gold.pk: "gold"}

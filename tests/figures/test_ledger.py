@@ -4,7 +4,14 @@ on review, a group dropped, the run ended: each label lands in exactly one state
 pages (annotation page, run page, summary), the API (run and label endpoints) and the CLI
 show the counts that are computed here again, independently, from the database rows.
 
-Old code had no ledger (every page said "0 late"); these fail there on the missing module."""
+Old code had no ledger (every page said "0 late"); these fail there on the missing module.
+
+Issue 62, item 3: "taught the reward model" is a fact, not a timestamp. Reward-model versions
+are published through the trainer's own recording path (`rm_publish`: the pairs it reads,
+their labels, `reward_model_publish`), and the states here are derived from the recorded pair
+rows (RewardModel.trained_on, held_out, unpaired), never from when a version read its data:
+a lone rating, a gold item's, an untrusted rater's and a held-out label are not taught, even
+with a version trained after them."""
 
 from __future__ import annotations
 
@@ -29,7 +36,10 @@ from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate
-from apps.rewards.models import RewardModel
+from apps.feedback.learned import reward_model_publish
+from apps.feedback.preferences import pair_labels, prompt_is_heldout
+from apps.rewards.models import GoldItem, RewardModel
+from apps.runs.ports import run_view_of
 from apps.runs.models import ModelVersion, Run
 from apps.runs.services import run_transition
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
@@ -37,6 +47,20 @@ from tests.factories import add_member, make_experiences, make_run, make_taskset
 pytestmark = pytest.mark.django_db
 
 LATE_STATUSES = ("leased", "consumed", "filtered")
+HELDOUT_SHARE = 0.05
+UNUSED = ("rejected", "heldout", "lone", "gold", "untrusted", "no_pair", "algorithm", "late", "filtered", "run_ended")
+
+
+def rm_publish(run: Run) -> RewardModel:
+    """A reward-model version as the trainer publishes one (workers.reward_trainer): the pairs
+    it reads now, split by prompt, and the labels they came from recorded with it (the fit
+    itself, which changes none of that, left out)."""
+    from workers.reward_trainer import reward_model_pairs_read
+
+    train, heldout, unpaired = reward_model_pairs_read(run=run_view_of(run))
+    return reward_model_publish(run=run, path="/x/rm", base="b", accuracy=None, pairs_train=len(train),
+                                pairs_heldout=len(heldout), labels=0, seconds=0.0,
+                                pair_labels=pair_labels(train=train, heldout=heldout, unpaired=unpaired))
 
 
 def _group(run: Run, size: int = 2, status: str = "pending") -> list[Experience]:
@@ -59,16 +83,18 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     """A GRPO run (blend) with a label in every state; returns the run and the ids by state."""
     bob = make_user("bob")
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="ledger", total_steps=5,
-                   feedback={"mode": "blend"}, reward_model={"enabled": True})
+                   feedback={"mode": "blend"}, reward_model={"enabled": True, "heldout_share": HELDOUT_SHARE})
     add_member(run, annotator)
     add_member(run, bob)
     run_transition(run=run, action="start", actor=owner)
     expect: dict[int, tuple[str, str]] = {}
-    # An A/B choice (GRPO trains on no pairs), then a reward-model version that read it.
+    # An A/B choice (GRPO trains on no pairs), then a reward-model version that trained on it
+    # (its prompt is not in the held-out share).
     g_pair = _group(run)
+    assert not prompt_is_heldout(g_pair[0].prompt_text, share=HELDOUT_SHARE, seed=run.cfg.seed)
     fb = feedback_compare(run=run, experience=g_pair[0], other=g_pair[1].pk, winner="a", author=bob)
     expect[fb.pk] = ("reward_model", "")
-    RewardModel.objects.create(run=run, version=1, path="/x/rm1", base="b", seconds=0.0)
+    assert rm_publish(run).trained_on == [fb.pk]
     # Trained: rated, then its group trained in step 1 (v1).
     g_trained = _group(run)
     fb = feedback_rate(run=run, experience=g_trained[0], score=5, author=annotator)
@@ -103,10 +129,27 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     return {"run": run, "expect": expect, "bob": bob}
 
 
+def rm_records(run: Run) -> tuple[dict[int, int], dict[int, str]]:
+    """From the reward-model versions' recorded pair rows: label id -> the first version that
+    trained on it, and label id -> why the newest version that read it made no pair of it."""
+    taught: dict[int, int] = {}
+    why: dict[int, str] = {}
+    for rm in RewardModel.objects.filter(run=run).order_by("version"):
+        for pk in rm.trained_on:
+            taught.setdefault(pk, rm.version)
+        for pk in rm.held_out:
+            why[pk] = "heldout"
+        for reason, ids in rm.unpaired.items():
+            for pk in ids:
+                why[pk] = reason
+    return taught, why
+
+
 def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
-    """Each label's state, derived here from the rows alone (what the ledger promises)."""
+    """Each label's state, derived here from the rows alone (what the ledger promises): the
+    policy's from the experiences, the reward model's from its versions' recorded pairs."""
     states: dict[int, tuple[str, str]] = {}
-    rm_reads = list(RewardModel.objects.filter(run=run).values_list("created_at", flat=True))
+    taught, why = rm_records(run)
     for fb in Feedback.objects.filter(run=run, kind__in=["rating", "ranking", "pairwise", "edit"]):
         targets = ([fb.value["expert_id"]] if fb.kind == "edit" else fb.value["order"] if fb.kind == "ranking"
                    else [i for i in (fb.experience_id, fb.other_id) if i])
@@ -116,20 +159,19 @@ def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
             states[fb.pk] = ("unused", "rejected")
         elif trains_kind and not fb.late and any(e.trained_step is not None for e in exps):
             states[fb.pk] = ("trained", "")
-        elif any(read >= fb.created_at for read in rm_reads):
+        elif fb.pk in taught:
             states[fb.pk] = ("reward_model", "")
-        elif not trains_kind:
-            states[fb.pk] = ("unused", "algorithm")
-        elif fb.late:
-            states[fb.pk] = ("unused", "late")
-        elif any(e.status == "filtered" for e in exps):
-            states[fb.pk] = ("unused", "filtered")
-        elif run.status in ("finished", "failed", "stopped"):
-            states[fb.pk] = ("unused", "run_ended")
         else:
-            status = {e.status for e in exps}
-            states[fb.pk] = ("pending", "training" if "leased" in status else "waiting" if "pending" in status
-                             else "queued")
+            closed = ("algorithm" if not trains_kind else "late" if fb.late or any(
+                e.trained_step is not None for e in exps) else "filtered" if not exps or any(
+                e.status == "filtered" for e in exps) else "run_ended" if run.status in (
+                "finished", "failed", "stopped") else "")
+            if closed:
+                states[fb.pk] = ("unused", why.get(fb.pk, closed))
+            else:
+                status = {e.status for e in exps}
+                states[fb.pk] = ("pending", "training" if "leased" in status else "waiting" if "pending" in status
+                                 else "queued")
     return states
 
 
@@ -173,8 +215,7 @@ def test_every_label_is_in_exactly_one_state(labelled: dict[str, Any], owner: Us
             {k: v for k, v in got_counts.as_dict().items() if k in ("trained", "reward_model", "pending", "unused")
              and isinstance(v, int) and v}), who
     reasons = Counter(s.reason for s in states.values() if s.state == "unused")
-    assert ledger.run.as_dict()["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered",
-                                                                          "run_ended")}
+    assert ledger.run.as_dict()["unused_by"] == {r: reasons[r] for r in UNUSED}
 
 
 def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], owner: User, annotator: User) -> None:
@@ -217,7 +258,7 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
     assert {k: body["run"][k] for k in ("trained", "reward_model", "pending", "unused")} == {
         k: everyone[k] for k in ("trained", "reward_model", "pending", "unused")}
     reasons = Counter(r for s, r in derived.values() if s == "unused")
-    assert body["run"]["unused_by"] == {r: reasons[r] for r in ("rejected", "algorithm", "late", "filtered", "run_ended")}
+    assert body["run"]["unused_by"] == {r: reasons[r] for r in UNUSED}
     assert body["people"]["bob"]["total"] == len(by_author["bob"])
     for pk, (state, reason) in derived.items():
         got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
@@ -278,3 +319,143 @@ def test_a_correction_says_where_it_counts(owner: User, annotator: User) -> None
         html = client.post(f"/runs/{run.pk}/annotate/experiences/{e.pk}/edit/", {"text": "<answer>4</answer>"},
                            HTTP_HX_REQUEST="true").content.decode()
         assert "Saved as expert experience #" in html and words in html, html
+
+
+def _prompt(run: Run, *, heldout: bool, share: float) -> str:
+    """A prompt the reward model's split holds out (or trains on), found by trying names."""
+    return next(p for p in (f"prompt {i}" for i in range(200))
+                if prompt_is_heldout(p, share=share, seed=run.cfg.seed) == heldout)
+
+
+def _members(run: Run, group: str, prompt: str, n: int) -> list[Experience]:
+    from apps.buffer.services import experience_write
+    from tests.factories import experience_row
+
+    rows = [experience_row(run, key=f"{group}-{i}", group=group, status="pending", reward=None, auto_reward=0.5,
+                           prompt_text=prompt, response_text=f"{group} answer {i}") for i in range(n)]
+    return list(Experience.objects.filter(pk__in=experience_write(experiences=rows).ids).order_by("id"))
+
+
+@pytest.fixture
+def unpaired(owner: User) -> dict[str, Any]:
+    """A GRPO run (blend, raters weighted by gold items) with a label of each kind that makes
+    no preference pair, one that does, and a reward-model version trained after all of them."""
+    import random
+
+    from apps.feedback.preferences import TRUSTED_WEIGHT
+    from apps.feedback.reliability import rater_weights
+
+    share = 0.5
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="unpaired", total_steps=5,
+                   feedback={"mode": "blend", "rater_weighting": "gold"},
+                   reward_model={"enabled": True, "heldout_share": share})
+    careful, careless = make_user("careful"), make_user("careless")
+    for u in (careful, careless):
+        add_member(run, u)
+    run_transition(run=run, action="start", actor=owner)
+    rng = random.Random(3)
+    ids: dict[str, list[int]] = {"gold": [], "taught": [], "heldout": [], "lone": [], "untrusted": []}
+    # Gold items, which measure the raters: careful answers right, careless at random.
+    for i, e in enumerate(_members(run, "gold", _prompt(run, heldout=False, share=share), 8)):
+        GoldItem.objects.create(run=run, experience=e, answer=1.0 if i % 2 == 0 else 0.0)
+        ids["gold"].append(feedback_rate(run=run, author=careful, experience=e, score=5 if i % 2 == 0 else 1).pk)
+        ids["gold"].append(feedback_rate(run=run, author=careless, experience=e, score=rng.randint(1, 5)).pk)
+    weights = rater_weights(run=run, earned=True)
+    assert weights is not None and weights[careless.pk] < TRUSTED_WEIGHT <= weights[careful.pk]
+    # A pair trained on: careful rates two members of a trained prompt; careless rates the third.
+    a, b, c = _members(run, "taught", _prompt(run, heldout=False, share=share), 3)
+    ids["taught"] += [feedback_rate(run=run, author=careful, experience=a, score=5).pk,
+                      feedback_rate(run=run, author=careful, experience=b, score=1).pk]
+    ids["untrusted"].append(feedback_rate(run=run, author=careless, experience=c, score=3).pk)
+    # An untrusted A/B choice too (GRPO would not train on it either: the reward model's reason shows).
+    ids["untrusted"].append(feedback_compare(run=run, author=careless, experience=a, other=b.pk, winner="b").pk)
+    # A pair whose prompt is held out for the version's evaluation.
+    a, b = _members(run, "heldout", _prompt(run, heldout=True, share=share), 2)
+    ids["heldout"] += [feedback_rate(run=run, author=careful, experience=a, score=5).pk,
+                       feedback_rate(run=run, author=careful, experience=b, score=2).pk]
+    # A lone rating: no other member of its group rated.
+    (a, _b) = _members(run, "lone", _prompt(run, heldout=False, share=share), 2)
+    ids["lone"].append(feedback_rate(run=run, author=careful, experience=a, score=4).pk)
+    rm = rm_publish(run)  # trained after every label above
+    assert rm.version == 1
+    return {"run": run, "ids": ids, "rm": rm}
+
+
+def test_a_label_that_made_no_pair_is_not_taught_and_says_why(unpaired: dict[str, Any], owner: User) -> None:
+    from apps.feedback.ledger import REASON_WORDS, label_states, run_ledger
+
+    run, ids, rm = unpaired["run"], unpaired["ids"], unpaired["rm"]
+    # The version read every label after it was saved: the old timestamp rule called them all taught.
+    assert all(fb.created_at <= rm.created_at for fb in Feedback.objects.filter(run=run))
+    assert rm.trained_on == sorted(ids["taught"]) and rm.held_out == sorted(ids["heldout"])
+    # While their groups are open, the policy may still train on them: pending, not taught.
+    states = label_states(run=run)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == rows_ledger(run)
+    for reason in ("gold", "heldout", "lone", "untrusted"):
+        for pk in ids[reason]:
+            kind = Feedback.objects.get(pk=pk).kind
+            assert states[pk].state == ("unused" if kind == "pairwise" else "pending"), (reason, pk, states[pk])
+    assert {states[pk].state for pk in ids["taught"]} == {"reward_model"}
+    assert {states[pk].text for pk in ids["taught"]} == {"taught the reward model v1"}
+    # Once the run ended, each is unused with its own reason, everywhere the ledger shows.
+    run_transition(run=run, action="stop", actor=owner)
+    run = Run.objects.get(pk=run.pk)
+    derived = rows_ledger(run)
+    states = label_states(run=run)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == derived
+    for reason in ("gold", "heldout", "lone", "untrusted"):
+        for pk in ids[reason]:
+            assert (states[pk].state, states[pk].reason) == ("unused", reason), (reason, pk)
+            assert states[pk].text == f"unused: {REASON_WORDS[reason]}"
+    ledger = run_ledger(run=run)
+    assert ledger.run.reward_model == len(ids["taught"]) == counts(derived)["reward_model"]
+    assert {r: n for r, n in ledger.run.unused_by.items() if r in ("gold", "heldout", "lone", "untrusted")} == {
+        r: len(ids[r]) for r in ("gold", "heldout", "lone", "untrusted")}
+    # The API's label endpoint and the run's summary page say the same.
+    api = _api(run, owner)
+    for pk, (state, reason) in derived.items():
+        got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
+        assert (got["state"], got["reason"]) == (state, reason), pk
+    assert api.get(f"/api/v1/runs/{run.pk}/labels").json()["run"]["unused_by"]["lone"] == 1
+    client = Client()
+    client.force_login(owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert _page_counts(html, "ledger-summary")["reward_model"] == len(ids["taught"])
+    assert f'data-unused="lone"><span data-n>1</span> unused: {REASON_WORDS["lone"]}' in html
+
+
+def test_a_label_its_group_trained_is_trained_whatever_pair_it_made(unpaired: dict[str, Any]) -> None:
+    """The lone rating's group trained by the policy: trained, not unused (the policy's use
+    goes first)."""
+    run, ids = unpaired["run"], unpaired["ids"]
+    (lone,) = ids["lone"]
+    group = list(Experience.objects.filter(run=run, group_id="lone").order_by("id"))
+    # Only the lone rating's group in the batch (the groups people rated fully are ready too).
+    Experience.objects.filter(run=run, status="ready").update(status="pending")
+    _train(run, 1, group)
+    from apps.feedback.ledger import label_state
+
+    state = label_state(feedback=Feedback.objects.get(pk=lone))
+    assert state is not None and (state.state, state.step) == ("trained", 1)
+    assert rows_ledger(run)[lone] == ("trained", "")
+
+
+def test_a_label_taught_the_first_version_that_trained_on_it(labelled: dict[str, Any]) -> None:
+    """Version 2 no longer trusts the A/B choice's rater and pairs the late rating: the choice
+    still taught v1 (a fact about v1), the late rating taught v2; rows and ledger agree."""
+    from apps.feedback.ledger import label_states, run_ledger
+    from apps.feedback.preferences import PairLabels
+
+    run, expect = labelled["run"], labelled["expect"]
+    (choice,) = [pk for pk, (s, _) in expect.items() if s == "reward_model"]
+    (late,) = [pk for pk, (_, r) in expect.items() if r == "late"]
+    rm = reward_model_publish(run=run, path="/x/rm2", base="b", accuracy=None, pairs_train=1, pairs_heldout=0,
+                              labels=0, seconds=0.0,
+                              pair_labels=PairLabels(trained_on=[late], held_out=[], unpaired={"untrusted": [choice]}))
+    assert rm.version == 2
+    states = label_states(run=run)
+    assert (states[choice].state, states[choice].version, states[choice].text) == (
+        "reward_model", 1, "taught the reward model v1")
+    assert (states[late].state, states[late].version) == ("reward_model", 2)
+    assert {pk: (s.state, s.reason) for pk, s in states.items()} == rows_ledger(run)
+    assert run_ledger(run=run).run.reward_model == 2 == counts(rows_ledger(run))["reward_model"]

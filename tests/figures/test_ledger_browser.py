@@ -18,12 +18,11 @@ from playwright.sync_api import expect
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
-from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.dashboard.test_pages_round2 import LAPTOP, PHONE, no_sideways_scroll, open_page, shot  # noqa: F401
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user
-from tests.figures.test_ledger import _train, counts, rows_ledger
+from tests.figures.test_ledger import HELDOUT_SHARE, _train, counts, rm_publish, rows_ledger
 from tests.servers import BROWSER_WAIT_MS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -63,7 +62,8 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="ledger in a browser",
                    # No holds: the test's trainer takes group a while annie's page is open
                    # (test_ledger.py covers the release of holds when a run ends).
-                   feedback={"mode": "blend", "overlap": 1, "hold_seconds": 0}, reward_model={"enabled": True})
+                   feedback={"mode": "blend", "overlap": 1, "hold_seconds": 0},
+                   reward_model={"enabled": True, "heldout_share": HELDOUT_SHARE})
     add_member(run, annie)
     run_transition(run=run, action="start", actor=owner)
     a, b, c, d = (make_experiences(run, groups=1, group_size=2, status="pending") for _ in range(4))
@@ -76,13 +76,13 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
     expect(page.locator("#queue .item")).to_have_count(8)
     e = make_experiences(run, groups=1, group_size=2, status="pending")
     # Once annie's queue is handed out: an environment's A/B choice through the API, then a
-    # reward-model version that read it.
+    # reward-model version that trained on it (recorded as the trainer records it).
     r = api.post(f"/api/v1/runs/{run.pk}/feedback", {"kind": "pairwise", "experience_id": e[0].pk,
                                                      "other_experience_id": e[1].pk, "preferred": "a"},
                  content_type="application/json")
     assert r.status_code == 200, r.content
     assert r.json()["state"]["state"] == "unused"  # nothing trains on it yet, and GRPO never will
-    RewardModel.objects.create(run=run, version=1, path="/x/rm1", base="b", seconds=0.0)
+    assert rm_publish(run).trained_on == [Feedback.objects.get(run=run, kind="pairwise").pk]
 
     _rate(page, a[0].pk, "4", 1)   # trained once group a trains
     _train(run, 1, a)              # the trainer's commit of step 1

@@ -306,3 +306,43 @@ def test_a_reward_model_over_the_demo_model_learns_a_preference_for_a_word_on_pr
     score = reward_scorer_load(rm.path, max_length=64)
     accuracy = pairwise_accuracy(score(prompts, worded_answers), score(prompts, plain_answers))
     assert accuracy is not None and accuracy > 0.8, accuracy
+
+
+def test_a_version_records_the_labels_of_the_pairs_it_trained_on(
+    owner: User, annotator: User, demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 62, item 3: what the ledger reads. Through the real training path, the version
+    records as trained on exactly the labels of the pairs its fit was handed (captured around
+    the kind's own fit), as held out the labels of its held-out prompts, and a lone rating as
+    lone; and the split agrees with the labels' prompts, computed here on their own."""
+    from apps.feedback.models import Feedback
+    from apps.feedback.preferences import prompt_is_heldout
+    from workers.reward_kinds import Fitted, reward_kind_impl
+
+    run = _blend_run(owner, annotator, demo_model_dir, kind="head", crossval_folds=0)
+    groups = _groups(run, 24, seed=1)
+    _compare_all(run, groups, annotator)
+    lone = feedback_rate(run=run, author=annotator, experience=_groups(run, 1, seed=9)[0][0], score=4)
+    impl = reward_kind_impl("head")
+    fit = impl.fit
+    handed: list[Fitted] = []
+
+    def capture(**kwargs: object) -> Fitted:
+        fitted = fit(**kwargs)  # type: ignore[arg-type]
+        handed.append(fitted)
+        return fitted
+
+    monkeypatch.setattr(impl, "fit", capture)
+    rm = reward_model_train_run(run=run_view_of(run), force=True)
+    assert rm is not None and len(handed) == 1
+    (fitted,) = handed
+    assert rm.trained_on == sorted({pk for p in fitted.train for pk in p.feedback_ids})
+    assert rm.held_out == sorted({pk for p in fitted.heldout for pk in p.feedback_ids})
+    assert rm.unpaired == {"lone": [lone.pk]}
+    share, seed = run.cfg.reward_model.heldout_share, run.cfg.seed
+    prompts = dict(Experience.objects.filter(run=run).values_list("pk", "prompt_text"))
+    held = {f.pk: prompt_is_heldout(prompts[f.experience_id or 0], share=share, seed=seed)
+            for f in Feedback.objects.filter(run=run, kind="pairwise")}
+    assert rm.trained_on == sorted(pk for pk, out in held.items() if not out)
+    assert rm.held_out == sorted(pk for pk, out in held.items() if out)
+    assert rm.trained_on and rm.held_out and len(rm.trained_on) == rm.pairs_train
