@@ -10,7 +10,9 @@ import json
 import math
 import re
 from io import StringIO
+from pathlib import Path
 from statistics import NormalDist
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -18,6 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from apps.cli.management.commands.rft_demo import DEMO_RUN
 from apps.control.twins import run_twin_create, run_twin_pair, share_gains, twin_config
 from apps.envapi.services import api_key_create
 from apps.feedback.kinds.rating import feedback_rate
@@ -250,3 +253,18 @@ def test_a_twin_made_before_its_run_started_starts_with_it(owner: User) -> None:
     call_command("rft", "start", str(other.pk), stdout=out, stderr=StringIO())
     assert Run.objects.get(pk=other_twin.pk).status == Run.Status.RUNNING
     assert f"run {other_twin.pk} (its twin, without people) is running" in out.getvalue()
+
+
+def test_rft_demo_makes_the_demo_runs_twin_once(demo_model_dir: Path, settings: Any) -> None:
+    """`make run` shows people's effect without a click: the demo's twin is made with it (and
+    starts with it: test_a_twin_made_before_its_run_started_starts_with_it)."""
+    settings.RFT_DEMO_MODEL_DIR, settings.DEBUG = str(demo_model_dir), True
+    out = StringIO()
+    call_command("rft_demo", "--password", "pw", stdout=out, stderr=StringIO())
+    call_command("rft_demo", "--password", "pw", stdout=StringIO(), stderr=StringIO())  # idempotent: one twin
+    people = Run.objects.get(name=DEMO_RUN)
+    twin = Run.objects.get(twin_of=people)
+    assert twin.status == Run.Status.DRAFT and twin.name == f"{DEMO_RUN} (without people)"
+    assert twin.cfg.feedback.mode == "auto" and not twin.cfg.reward_model.enabled
+    assert twin.cfg.eval == people.cfg.eval and twin.cfg.seed == people.cfg.seed
+    assert f"Its twin, run #{twin.pk}" in out.getvalue() and "starts with the demo run" in out.getvalue()
