@@ -174,13 +174,11 @@ def share_gains(*, people: Rows, twin: Rows, people_tasks: Mapping[int, float] |
         a, b = ours[name], theirs[name]
         if not all(step in side for step in (0, end) for side in (a, b)):
             continue
-        shares = (a[0], a[end], b[0], b[end])
-        counts = tuple((people_tasks or {}).get(s) if i < 2 else (twin_tasks or {}).get(s)
-                       for i, s in enumerate((0, end, 0, end)))
+        ours_n, theirs_n = people_tasks or {}, twin_tasks or {}
+        counts = (ours_n.get(0, 0.0), ours_n.get(end, 0.0), theirs_n.get(0, 0.0), theirs_n.get(end, 0.0))
         low = high = None
-        if all(c for c in counts):
-            low, high = difference_interval(shares=shares, tasks=(float(counts[0] or 0), float(counts[1] or 0),
-                                                                  float(counts[2] or 0), float(counts[3] or 0)))
+        if all(counts):  # an evaluation without its task count gets no interval made up
+            low, high = difference_interval(shares=(a[0], a[end], b[0], b[end]), tasks=counts)
         gains.append(ShareGain(name=name, label=metric_label(name), people_start=a[0], people_end=a[end],
                                twin_start=b[0], twin_end=b[end], low=low, high=high))
     return gains
