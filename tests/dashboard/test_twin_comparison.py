@@ -193,6 +193,8 @@ def test_the_owner_makes_a_twin_from_the_run_page_and_lands_on_a_page_that_invit
     assert 'id="run-ledger"' not in twin_page and 'id="feedback-settings"' not in twin_page
     assert 'id="twin-no-feedback"' in twin_page and "human-loop-hint" not in twin_page
     assert "Learned reward =" not in twin_page and "wait for people" not in twin_page
+    assert 'id="twin-no-reward-model"' in twin_page and "reward_model.enabled</code> in the run config" not in twin_page
+    assert f'href="/runs/{twin.pk}/review/"' not in twin_page
     assert f'href="/runs/{twin.pk}/twin/"' not in twin_page
     assert client.get(f"/runs/{twin.pk}/waiting/").content.decode().count("Waiting:") == 0
     # Not a door for an annotator of the run, nor for a run that takes no people's feedback.
