@@ -550,7 +550,7 @@ def run_twin(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     if request.method == "GET":
         return render(request, "runs/twin.html", {"run": run})
     twin = run_twin_create(run=run, actor=request.user if isinstance(request.user, User) else None)
-    when = ("it starts when you start " + run.name if run.status == Run.Status.DRAFT
+    when = (f"it starts when you start {run.name}" if run.status == Run.Status.DRAFT
             else "start it now, so that both runs train over the same time")
     messages.success(request, f"{twin.name} is {run.name} with people's feedback off: it takes no labels; {when}.")
     return redirect("runs:detail", run_id=twin.pk)

@@ -111,7 +111,8 @@ def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_hol
           seconds=120, what="evaluations of v2 and v4", logs=logs)
     rows = Metric.objects.filter(run=run, name__startswith="eval/")
     assert set(rows.filter(name="eval/reward_mean").values_list("step", flat=True)) == evaluated, "evaluated off-schedule"
-    assert set(rows.filter(name="eval/version").values_list("value", flat=True)) == {0.0} | {float(n) for n in versions if n % 2 == 0}
+    numbers = {0.0} | {float(n) for n in versions if n % 2 == 0}
+    assert set(rows.filter(name="eval/version").values_list("value", flat=True)) == numbers
     assert set(rows.filter(name="eval/tasks").values_list("value", flat=True)) == {5.0}
     # The style preference it names is measured on the same answers, every evaluation.
     shares = dict(rows.filter(name="eval/preference/concise").values_list("step", "value"))

@@ -23,7 +23,7 @@ from apps.feedback.services.submit import (
 )
 
 __all__ = [
-    "GOLD_SLOTS", "GOLD_SLOT_BASE", "ApiKeyRow", "ExpireResult", "FeedbackClosed", "FoldResult", "feedback_refusal", "assignment_claim",
-    "assignment_reap", "assignment_skip", "feedback_rate_and_flag", "feedback_store", "feedback_wait_expire", "group_fold",
-    "handout_rng", "handout_rngs", "slots_take",
+    "GOLD_SLOTS", "GOLD_SLOT_BASE", "ApiKeyRow", "ExpireResult", "FeedbackClosed", "FoldResult", "assignment_claim",
+    "assignment_reap", "assignment_skip", "feedback_rate_and_flag", "feedback_refusal", "feedback_store",
+    "feedback_wait_expire", "group_fold", "handout_rng", "handout_rngs", "slots_take",
 ]
