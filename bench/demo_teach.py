@@ -23,8 +23,9 @@ itself. Only the scripted person reads the preference, through the page.
     python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0 | --seeds 0 1 2]
                                [--rm-gate bound|evidence] [--headed]
 
-The twin is made as a person would copy the run with people's feedback off
-(`apps.control.twins.run_twin_create`: linked, so both run pages show the comparison). Both
+The twin is the one `rft_demo` makes, the run with people's feedback off
+(`apps.control.twins.run_twin_create`: linked, so both run pages show the comparison); it
+starts when the people run is started. Both
 runs' version 0, the model they start from, is evaluated before they start, so each run's gain
 (its last evaluation less its first) counts from the same point. After each seed the bench
 prints what the reward model did at every train step of the people run (the newest version,
@@ -101,8 +102,9 @@ class Demo:
             return list(db.execute(sql.replace("?", "%s"), params).fetchall())
 
 
-# Runs inside `manage.py shell`: the run without people, the people run's twin (its config and
-# taskset, linked so that both run pages compare them: apps/control/twins.py).
+# Runs inside `manage.py shell`: the run without people, the people run's twin (rft_demo made it:
+# its config with people's feedback off, linked so that both run pages compare them:
+# apps/control/twins.py).
 _TWIN = """
 from apps.runs.models import Run
 from apps.control.twins import run_twin_create
@@ -112,7 +114,10 @@ people.config = {**people.config, "seed": SEED}
 if GATE:
     people.config["feedback"] = {**people.config["feedback"], "rm_gate": GATE}
 people.save(update_fields=["config"])
-twin = Run.objects.filter(name=DEMO_RUN + " (without people)").first() or run_twin_create(run=people)
+twin = Run.objects.filter(twin_of=people).first() or run_twin_create(run=people)
+# rft_demo made the twin: it follows the people run's seed (its feedback stays off).
+twin.config = {**twin.config, "seed": SEED}
+twin.save(update_fields=["config"])
 print(people.pk, twin.pk)
 """
 
@@ -241,8 +246,7 @@ def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, 
             url = f"http://127.0.0.1:{port}"
             if not health_wait(url, seconds=120, poll=0.5, alive=lambda: server.poll() is None):
                 raise SystemExit("rft_serve did not come up:\n" + log_path.read_text()[-3000:])
-            for run in (people, twin):
-                demo.manage("rft", "start", str(run))
+            demo.manage("rft", "start", str(people))  # its twin, a draft, starts with it
 
             def ended(run: int) -> bool:
                 ((status,),) = demo.query("SELECT status FROM runs_run WHERE id = ?", run)

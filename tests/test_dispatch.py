@@ -414,3 +414,20 @@ def test_the_loop_leaves_jobs_of_other_kinds_to_their_leases(owner: Any, sent: l
     assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
     assert dict(Dispatch.objects.filter(run=run).values_list("kind", "state")) == {
         "explore": "sent", "rm_train": "running", "rm_export": "sent"}
+
+
+def test_version_0_is_evaluated_once_when_the_run_starts(owner: Any, sent: list[Any], monkeypatch: pytest.MonkeyPatch,
+                                                         django_capture_on_commit_callbacks: Any) -> None:
+    """A run's gains (and its twin's, apps/control/twins.py) count from the model it started
+    from: the advance that records version 0 sends its evaluation, once; a run without an
+    evaluation taskset sends none."""
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(conductor, "eval_dispatch", lambda *, run_id, version: asked.append((run_id, version)))
+    heldout = make_taskset(4, owner=owner)
+    run = _running(owner, mode="explore", eval_every=2, eval={"taskset": heldout.pk})
+    plain = _running(owner, mode="explore")
+    with django_capture_on_commit_callbacks(execute=True):
+        conductor.run_advance(run=run)
+        conductor.run_advance(run=run)
+        conductor.run_advance(run=plain)
+    assert asked == [(run.pk, 0)]

@@ -84,7 +84,9 @@ def test_make_runs_commands_serve_the_runs_list_and_the_demo_loop(embedded_var: 
         assert DEMO_RUN in runs.text and f"/runs/{run_id}/" in runs.text
         # The CLI is another process: its start reaches the server's conductor through the
         # database (the resume beat), as a start after a restart would.
-        assert "is running" in manage("rft", "start", str(run_id)).stdout
+        started = manage("rft", "start", str(run_id)).stdout
+        # Its twin (rft_demo made it, with people's feedback off) starts with it.
+        assert "is running" in started and "(its twin, without people) is running" in started, started
         deadline = time.monotonic() + 240
         status = None
         while time.monotonic() < deadline:

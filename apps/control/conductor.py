@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -45,7 +45,7 @@ from kernel.algorithms import BatchPlan, algorithm_get
 from kernel.config import RunConfig
 from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.models import Dispatch, ModelVersion, Run, WorkerHeartbeat
-from apps.runs.services import TransitionNotAllowed, run_transition
+from apps.runs.services import TransitionNotAllowed, eval_dispatch, run_transition
 from rftweb.celery import app
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,13 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
     cfg = run.cfg
     if run.current_version == 0:
         # Once a version is out, version 0 was recorded by an earlier advance.
-        ModelVersion.objects.get_or_create(run=run, number=0, defaults={"checkpoint": cfg.model, "train_step": 0})
+        _, created = ModelVersion.objects.get_or_create(run=run, number=0,
+                                                        defaults={"checkpoint": cfg.model, "train_step": 0})
+        if created and cfg.eval_every and cfg.eval.taskset is not None:
+            # Version 0 is evaluated too (at step 0): a run's gains, and its twin's, start from
+            # the model it started from, and that model may stay the best version.
+            run_id = run.pk
+            transaction.on_commit(lambda: eval_dispatch(run_id=run_id, version=0))
     # Dead explorers' and trainers' leases come back here too, not only on the beat.
     if _lease_reap_due():
         lease_reap()

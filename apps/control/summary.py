@@ -44,7 +44,8 @@ class BestVersion:
     # the run's eval.best_by), or the last one published (metric "").
     reason: str
     train_step: int
-    export: WeightsExport
+    # None for version 0: the starting model, which `cfg.model` names, has no weights to pack.
+    export: WeightsExport | None
     metric: str = ""
 
 
@@ -100,17 +101,25 @@ def _labellers(run: Run) -> tuple[dict[str, int], list[Labeller]]:
 
 
 def _best_version(run: Run) -> BestVersion | None:
+    """The run page's best version (apps.runs.selectors.eval_best, the one rule: highest held-out
+    value of the run's metric, earliest on ties), version 0 included; the last version
+    published where no evaluation chose one."""
     best = eval_best(run=run)
-    if best is not None and best["version"] > 0:
+    if best is not None:
         number = int(best["version"])
         how = "eval.best_by" if best["configured"] else "the default: accuracy where the domain has a verifier, else reward"
         reason = f"highest held-out {best['label']} ({best['value']:.3f}); chosen by {best['metric']} ({how})"
+        if number == 0:
+            reason += "; no trained version did better than the starting model"
         metric = best["metric"]
     else:
         number = run.current_version
         reason = "the last version published (no held-out evaluation chose one)"
         metric = ""
-    version = ModelVersion.objects.filter(run=run, number=number).first() if number > 0 else None
+    if number == 0:
+        # The starting model: chosen by an evaluation, else no version was published at all.
+        return BestVersion(number=0, reason=reason, train_step=0, metric=metric, export=None) if best else None
+    version = ModelVersion.objects.filter(run=run, number=number).first()
     if version is None:
         return None
     return BestVersion(number=number, reason=reason, train_step=version.train_step, metric=metric,

@@ -58,12 +58,13 @@ from apps.control.selectors import (
     tasksets_for,
 )
 from apps.control.summary import SUMMARY_STATUSES, run_summary
-from apps.control.twins import run_twin_create, twin_comparison
+from apps.control.twins import run_twin_create, run_twins_start, twin_comparison
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
+from apps.feedback.services import feedback_refusal
 from kernel.hygiene import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
@@ -378,11 +379,12 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "warnings": config_warnings(config=run.cfg),
         # "Annotate" only where people's labels still count; an ended run shows its summary.
         "invites_annotation": run_invites_annotation(run=run),
-        "annotation_waiting": annotation_waiting(run=run, annotator=request.user) if role in ("owner", "annotator") else 0,
+        "annotation_waiting": annotation_waiting(run=run, annotator=request.user)
+                              if role in ("owner", "annotator") and run_takes_feedback(run=run) else 0,
         "takes_feedback": run_takes_feedback(run=run),
         "summary": run_summary(run=run),
         # Where the labels went while the run goes on (once it ends, its summary shows it).
-        "run_ledger": run_ledger(run=run) if run.status not in SUMMARY_STATUSES else None,
+        "run_ledger": run_ledger(run=run) if run.status not in SUMMARY_STATUSES and run.twin_of_id is None else None,
         **_members_context(run, role),
         "invitations": invitations_open(run=run) if role == "owner" else [],
         "labelling": labelling_progress(run=run) if role == "owner" else None,
@@ -522,6 +524,8 @@ def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpRespo
     error = ""
     try:
         run = run_transition(run=run, action=action, actor=request.user)
+        if action == "start":  # a twin made before its run started starts with it
+            run_twins_start(run=run, actor=request.user if isinstance(request.user, User) else None)
     except TransitionNotAllowed as exc:
         error = exc.message
     if request.htmx:
@@ -546,8 +550,9 @@ def run_twin(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     if request.method == "GET":
         return render(request, "runs/twin.html", {"run": run})
     twin = run_twin_create(run=run, actor=request.user if isinstance(request.user, User) else None)
-    messages.success(request, f"{twin.name} is {run.name} copied without people: start it beside it, "
-                              "and nobody rates it.")
+    when = (f"it starts when you start {run.name}" if run.status == Run.Status.DRAFT
+            else "start it now, so that both runs train over the same time")
+    messages.success(request, f"{twin.name} is {run.name} with people's feedback off: it takes no labels; {when}.")
     return redirect("runs:detail", run_id=twin.pk)
 
 
@@ -558,7 +563,9 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
     specs = feedback_field_specs()
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
-    if request.POST.get("confirm") != "yes":
+    if run.twin_of_id is not None:
+        errors = {FORM: [f"{feedback_refusal(run)}: its feedback policy stays off"]}
+    elif request.POST.get("confirm") != "yes":
         errors = {FORM: ["tick the box to confirm the change of policy"]}
     else:
         data, read_errors = config_from_post(request.POST, specs)

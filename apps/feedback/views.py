@@ -34,7 +34,7 @@ from apps.feedback.selectors import (
     feedback_effect,
     late_words,
 )
-from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
+from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag, feedback_refusal
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
@@ -103,6 +103,7 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
+        "closed_why": feedback_refusal(run) if closed else "",
         "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.

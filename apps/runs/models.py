@@ -30,6 +30,10 @@ class Run(models.Model):
     explore_step = models.PositiveIntegerField(default=0)
     train_step = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    # The run this one is the twin of (apps/control/twins.py): a copy with people's feedback
+    # off. A column, not only the copy's audit entry, so that every door's one check whether
+    # a run takes labels (apps.runs.selectors.run_takes_feedback) reads it with the run.
+    twin_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="twins")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -58,8 +58,10 @@ ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED)
 
 
 def run_takes_feedback(*, run: Run) -> bool:
-    """Whether feedback on the run can still change anything (every door refuses it otherwise)."""
-    return run.status not in ENDED_STATUSES
+    """Whether the run takes feedback: it can still change something (the run has not ended)
+    and people are meant to give it (a twin is its run without people by construction). Every
+    door refuses it otherwise (apps.feedback.services.submit.FeedbackClosed says which)."""
+    return run.status not in ENDED_STATUSES and run.twin_of_id is None
 
 
 def run_invites_annotation(*, run: Run) -> bool:

@@ -38,11 +38,21 @@ ApiKeyRow = Model
 
 
 class FeedbackClosed(Conflict):
-    """Feedback on a finished or failed run: nothing it could change is left (a 409)."""
+    """Feedback on a run that takes none (a 409): a twin, which is its run without people by
+    construction, or a finished or failed run, where nothing it could change is left."""
 
     def __init__(self, run: Run) -> None:
-        why = "its training is done" if run.status == Run.Status.FINISHED else "it trains nothing until it is started again"
-        super().__init__(f"run {run.pk} is {run.status}: it takes no more feedback ({why})", field="run")
+        super().__init__(feedback_refusal(run), field="run")
+
+
+def feedback_refusal(run: Run) -> str:
+    """Why `run` takes no feedback, in the words every door shows (the API's 409, the
+    annotation page, the CLI's error)."""
+    if run.twin_of_id is not None:
+        return (f"run {run.pk} is the twin of run {run.twin_of_id}: it takes no labels, so that the difference "
+                "between the two runs is what people taught")
+    why = "its training is done" if run.status == Run.Status.FINISHED else "it trains nothing until it is started again"
+    return f"run {run.pk} is {run.status}: it takes no more feedback ({why})"
 
 
 def comment_clean(comment: str | None) -> str:

@@ -33,6 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from apps.buffer.importers import ImportFailed
 from apps.cli.evaluation import evaluation_command, evaluation_figures_lines
 from apps.control.services import run_create_with_taskset
+from apps.control.twins import run_twins_start
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kinds
 from apps.feedback.selectors import feedback_effect, run_may_annotate
@@ -249,6 +250,9 @@ class Command(BaseCommand):
             raise CommandError(f"no run {run_id}")
         run = run_transition(run=run, action=action, actor=actor)
         self.stdout.write(f"run {run.pk} is {run.status}")
+        if action == "start":  # a twin made before its run started starts with it
+            for twin in run_twins_start(run=run, actor=actor):
+                self.stdout.write(f"run {twin.pk} (its twin, without people) is {twin.status}")
 
     def _start(self, opts: dict[str, Any]) -> None:
         self._transition(opts["run"], "start", self._user(opts["actor"], required=False))

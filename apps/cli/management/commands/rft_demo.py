@@ -13,6 +13,7 @@ from django.db import transaction
 
 from apps.buffer.importers import taskset_create
 from apps.control.demo import demo_taskset_import
+from apps.control.twins import run_twin_create
 from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
@@ -154,6 +155,10 @@ class Command(BaseCommand):
                 config = demo_config(total_steps=total_steps, feedback_wait=feedback_wait, eval_taskset=heldout.pk)
                 run = run_create(name=DEMO_RUN, owner=owner, config=config, taskset=taskset)
                 RunMember.objects.get_or_create(run=run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
+            if run.status == Run.Status.DRAFT and not Run.objects.filter(twin_of=run).exists():
+                # Its twin, without people: it starts when the demo run starts, so both run pages
+                # show what people taught beside what the automatic reward alone did.
+                run_twin_create(run=run, actor=owner)
             if k12 and not Run.objects.filter(name=K12_RUN, owner=owner).exists():
 
                 records: list[Mapping[str, object]] = list(k12_records())
@@ -166,7 +171,7 @@ class Command(BaseCommand):
             f"its page. Its feedback policy is learned: people's ratings, and the reward model they teach, change "
             f"training. Open /runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window and "
             f"rate by the guidelines' preference (the working shown before the answer); the run page charts its "
-            f"share of held-out answers."
+            f"share of held-out answers. {self._twin_line(run)}"
         ))
         if k12:
             k12_run = Run.objects.get(name=K12_RUN, owner__username="owner")
@@ -174,6 +179,14 @@ class Command(BaseCommand):
                 f"K-12 demo: run #{k12_run.pk} '{k12_run.name}' ({k12_run.status}) on the shipped K-12 taskset, "
                 "scored by the K-12 judge and the learned K-12 grader."
             ))
+
+    @staticmethod
+    def _twin_line(run: Run) -> str:
+        twin = Run.objects.filter(twin_of=run).order_by("-created_at").first()
+        if twin is None:
+            return ""
+        return (f"Its twin, run #{twin.pk} '{twin.name}' ({twin.status}), is the same run with people's feedback off; "
+                "it starts with the demo run, and both run pages show people's effect beside it.")
 
     def _user(self, username: str, password: str, *, staff: bool) -> User:
         user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff, "is_superuser": staff})
