@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import atexit
 import os
+import re
 import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -18,7 +21,29 @@ if TYPE_CHECKING:
     import subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
+# The server and the name each bench's database starts from (the tests point it beside theirs).
+BENCH_DB_BASE = os.environ.get("BENCH_DATABASE_URL", "postgres://localhost:5432/rftweb_bench")
+
+
+def bench_database_url(base: str, *, bench: str, pid: int) -> str:
+    """The database of one bench process: `base`'s name suffixed by the bench's name and the
+    process id, at most Postgres's 63 bytes. Two benches at once each get their own, so
+    neither races the other's CREATE DATABASE or migrate, and neither sees (or stops, or
+    expires the windows of) the other's runs."""
+    parts = urlsplit(base)
+    tail = f"_{re.sub(r'[^a-z0-9_]', '_', bench.lower())[:30] or 'bench'}_{pid}"
+    name = (parts.path.lstrip("/") or "rftweb_bench")[:63 - len(tail)] + tail
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+# Set by the process that made its database (`database_own`), for the processes it starts
+# (spawned claimers, a migrating child, arms run as subprocesses): they work in the same one.
+OWN_DATABASE_ENV = "BENCH_OWN_DATABASE_URL"
+# This process's database (made by `database_own`, dropped when the process ends unless
+# BENCH_KEEP_DATABASE=1): the bench's module name and the pid, as `python -m bench.NAME` and
+# `python -m bench NAME` both set argv[0] to the module's file; its parent bench's, if any.
+BENCH_DB = os.environ.get(OWN_DATABASE_ENV) or bench_database_url(
+    BENCH_DB_BASE, bench=Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "bench", pid=os.getpid())
 # Where benches find (or build) the demo model; the smoke tests point it at the tests' build.
 DEMO_DIR = Path(os.environ.get("BENCH_DEMO_DIR", str(ROOT / ".cache" / "demo-model")))
 # Debian's chromium, as the browser tests and benches drive it (Playwright): its headless shell
@@ -82,6 +107,24 @@ def own_conductor() -> Iterator[None]:
 
     with mock.patch("apps.control.conductor.run_advance_after_step", lambda **_: None):
         yield
+
+
+def wait_windows_end(*, run_ids: Collection[int], now: datetime) -> tuple[int, int]:
+    """End the wait windows of the runs `run_ids` (the ones this bench made) that have run out
+    at `now`, as the product's beat (`feedback_wait_expire`) does: (groups made trainable,
+    groups dropped). Other runs' windows are left alone, whatever `now` says: the beat's
+    search for runs with pending members is narrowed to `run_ids` for the call (the service
+    takes no run filter; apps.feedback is another round's to change)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from apps.feedback.services import feedback_wait_expire
+    from apps.runs.models import Run
+
+    these = SimpleNamespace(objects=Run.objects.filter(pk__in=list(run_ids)))
+    with mock.patch("apps.feedback.services.expiry.Run", these):
+        result = feedback_wait_expire(now=now)
+    return result.groups_ready, result.groups_dropped
 
 
 def run_wait_ended(run: Any, *, seconds: float, poll: float = 0.5) -> None:
@@ -160,30 +203,68 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONFAULTHANDLER": "1"}
 
 
-def setup_django(*, database_url: str = BENCH_DB, migrate: bool = True) -> None:
-    """Point Django at the bench database (created when missing) and migrate it."""
+def setup_django(*, database_url: str | None = None, migrate: bool = True) -> None:
+    """Point Django at the bench database and migrate it. By default that is this process's
+    own (`BENCH_DB`): made fresh (a copy of BENCH_DATABASE_TEMPLATE where the tests name one)
+    and dropped when the process ends, unless BENCH_KEEP_DATABASE=1 keeps it to look at. A
+    `database_url` given is used as it is (created when missing, never dropped)."""
     sys.path.insert(0, str(ROOT))
+    own = database_url is None
+    database_url = database_own() if database_url is None else database_url
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("REDIS_URL", "redis://localhost:6379/15")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
-    _ensure_database(database_url)
-    import django
+    # A database named by the caller, or this bench's own shared with the processes it
+    # started, may be set up by two processes at once: its creation and migration take turns
+    # (an advisory lock on the server), so neither meets "relation already exists".
+    with database_setup_lock(database_url):
+        if not own:
+            _ensure_database(database_url)
+        import django
 
-    django.setup()
-    if migrate:
-        from django.core.management import call_command
+        django.setup()
+        if migrate:
+            from django.core.management import call_command
 
-        call_command("migrate", verbosity=0, interactive=False)
+            call_command("migrate", verbosity=0, interactive=False)
+
+
+def database_own() -> str:
+    """This bench's own database (`BENCH_DB`), made fresh at the first call in the process
+    that owns it and dropped when that process ends (unless BENCH_KEEP_DATABASE=1); the
+    processes it starts find it in their environment and use it as it is."""
+    if os.environ.get(OWN_DATABASE_ENV) == BENCH_DB:
+        return BENCH_DB
+    drop = database_fresh(BENCH_DB)
+    if os.environ.get("BENCH_KEEP_DATABASE") == "1":
+        print(f"bench: database {urlsplit(BENCH_DB).path.lstrip('/')} kept (BENCH_KEEP_DATABASE=1)", file=sys.stderr)
+    else:
+        atexit.register(drop)
+    os.environ[OWN_DATABASE_ENV] = BENCH_DB
+    return BENCH_DB
+
+
+@contextmanager
+def database_setup_lock(url: str) -> Iterator[None]:
+    """Hold a Postgres advisory lock named by `url`'s database (on the server's `postgres`
+    database) while the block runs: two processes setting one database up take turns."""
+    import psycopg
+
+    parts = urlsplit(url)
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"bench-setup:{parts.path}",))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (f"bench-setup:{parts.path}",))
 
 
 def _ensure_database(url: str) -> None:
-    from urllib.parse import urlsplit
-
     import psycopg
 
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
-    admin = parts._replace(path="/postgres").geturl()
+    admin = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
@@ -193,10 +274,18 @@ def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
     """A fresh database `<name>_<suffix>` on `url`'s server: its URL, and a callable that drops it.
     Where BENCH_DATABASE_TEMPLATE names a migrated database (the smoke tests' template,
     tests/databases.py), it is a copy of that one: migrating it is then a no-op."""
+    parts = urlsplit(url)
+    scratch = urlunsplit(parts._replace(path=f"/{(parts.path.lstrip('/') or 'rftweb')}_{suffix}"))
+    return scratch, database_fresh(scratch)
+
+
+def database_fresh(url: str) -> Callable[[], None]:
+    """Make `url`'s database afresh (dropped first if a crashed process left it; a copy of
+    BENCH_DATABASE_TEMPLATE where that is set); returns the callable that drops it."""
     import psycopg
 
     parts = urlsplit(url)
-    name = f"{(parts.path.lstrip('/') or 'rftweb')}_{suffix}"
+    name = parts.path.lstrip("/")
     admin = urlunsplit(parts._replace(path="/postgres"))
 
     def drop() -> None:
@@ -207,7 +296,7 @@ def scratch_database(url: str, suffix: str) -> tuple[str, Callable[[], None]]:
     with psycopg.connect(admin, autocommit=True) as conn:
         template = os.environ.get("BENCH_DATABASE_TEMPLATE")
         conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-    return urlunsplit(parts._replace(path=f"/{name}")), drop
+    return drop
 
 
 def percentile(values: list[float], q: float) -> float:

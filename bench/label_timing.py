@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from bench.common import setup_django
+from bench.common import setup_django, wait_windows_end
 
 ARMS = ("before", "fresh", "holds", "after")
 
@@ -108,7 +108,7 @@ def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seco
     from apps.feedback.holds import holds_renew
     from apps.feedback.models import Feedback
     from apps.feedback import selectors
-    from apps.feedback.services import assignment_claim, feedback_wait_expire
+    from apps.feedback.services import assignment_claim
     from apps.feedback.kinds.rating import feedback_rate
     from apps.runs.models import RunMember
     from apps.runs.services import run_create
@@ -144,7 +144,7 @@ def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seco
                 explored += 1
                 next_step += step_seconds
                 assignment_claim(run=run, annotator=person, size=8)  # the page tops up on new rollouts
-            feedback_wait_expire(now=clock.at)
+            wait_windows_end(run_ids=[run.pk], now=clock.at)  # this bench's run's alone
             if training is not None and t >= training[0]:
                 batch_ack(run=run, worker="trainer", ids=training[1])
                 trained += 1

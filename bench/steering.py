@@ -100,7 +100,7 @@ is mostly trajectory luck).
                              [--min-rm-accuracy 0.75] [--rm-confidence 0.95] [--min-rm-heldout-pairs 0]
                              [--crossval-folds 4] [--pairs on|off] [--w-auto 0.2] [--trust on|off]
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
-                              [--raters-start 0]] [--rm-gate bound|evidence] [--noise 0] [--random-raters 0.5]
+                              [--raters-start 0]] [--rm-gate calibrated|evidence|bound] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
                              [--heldout 200]
                              [--out PATH [--resume | --report]]
@@ -598,7 +598,7 @@ Measured 2026-11-26 (issue 47, reduced: the machine allowed no more), the genera
 four draws (generated:0-3; three of them mix correctness in), seed 0 only, 15 steps, 8 tasks x 8,
 lr 1e-4, `--beta 0.6`, `head` over the run's own base, 4 folds, arms all, rm10, random10 and
 `format` (once for the seed: its arithmetic, 0.158, is every preference's yardstick), rm10 both
-with `--rm-gate bound` (the default) and `--rm-gate evidence`; up to three benches at once beside
+with `--rm-gate bound` (the default then) and `--rm-gate evidence`; up to three benches at once beside
 other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain:
 | preference (base share)         | all   | rm10 bound | rm10 evidence | random10 | rm in use, bound / evidence |
 | generated:0 style (0.018)       | +.010 | +.000      | +.000         | -.003    | 3 / 13 of 15 steps          |
@@ -630,7 +630,8 @@ other helpers' suites, load 12-24 on the shared 2-core box. Preferred-share gain
   rm10/all went from 0.52 to 0.86 on the median. One seed and three pairs with a ceiling: the
   issue's 8 preferences x 2 seeds x 30 steps were not run (~3 h of the 2-core box at this load
   for the four arms; `--raters generated:8 --seeds 0,1 --beta 0.6 --arms all,rm10,random10,format`
-  and again with `--arms rm10 --rm-gate evidence`). The default stays `bound` until then.
+  and again with `--arms rm10 --rm-gate evidence`). The default stayed `bound` until then (it is
+`calibrated` now: the run config's own, kernel.config).
 
 The target run, started 2026-11-26 (`--raters generated:8 --seeds 0,1 --steps 30 --beta 0.6 --arms
 all,rm10,random10,format --rm-gate evidence --out FILE`, rm10 under `evidence` only: a `bound`
@@ -646,9 +647,10 @@ read on one pair with a ceiling; `--report` on the file gives whatever finished 
 reward model over the family (bench/reward_model --raters generated:8, seed 0, 200 labels):
 `head` 0.813 on the mean (the mixed four 0.747), `mlp` 0.831 (0.774).
 
-A reward model is folded into rewards only once the lower bound of its held-out accuracy at
---rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at 0.75, 95%; a 0.9 one on
-~30; one at 0.69 never); bench/reward_model measures how far the reward model gets on these labels with each base.
+Under `--rm-gate bound` a reward model is folded into rewards only once the lower bound of its
+held-out accuracy at --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at
+0.75, 95%; a 0.9 one on ~30; one at 0.69 never); under the default `calibrated` from when that
+bound is above chance. bench/reward_model measures how far the reward model gets on these labels with each base.
 
 Targets (on the rater's preferred share): rm10 gain >= 0.8 x all's with <= 0.1 x its labels;
 rm10 >= 2 x random10; noisy >= 0.8 x rm10; reward-model held-out (by prompt) accuracy >= 0.8;
@@ -677,7 +679,7 @@ from kernel.config import FeedbackSettings
 from kernel.preferences import ANSWER
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, free_port, median, own_conductor, percentile, processes_stop, \
-    setup_django
+    setup_django, wait_windows_end
 from bench.raters import Rating, correct, rater_load
 
 # The gate of the rm10 / random10 / noisy arms unless --rm-gate says otherwise: the run config's
@@ -693,57 +695,140 @@ ARMS = ("all", "rm10", "random10", "noisy")
 # wherever no one rated (its wait window's fallback).
 
 
-def _config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
-            rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
-            rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
-            rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
-            pairs: bool = True, trust: bool = True, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT) -> dict[str, Any]:
-    common: dict[str, Any] = {
-        "model": model, "engine": "transformers", "algorithm": "grpo", "mode": "sync", "sync_interval": 1,
-        "explore_batch_size": tasks, "repeat_times": repeat, "train_batch_size": tasks * repeat,
-        "total_steps": steps, "epochs": 4, "seed": seed, "sampling": {"temperature": 1.0, "max_tokens": max_tokens},
+@dataclass(frozen=True)
+class Override:
+    """One setting an arm's run takes other than the product's default (kernel.config's
+    `config_validate` of a config naming only the model): its dotted path, value and why."""
+
+    path: str
+    value: object
+    reason: str
+
+
+def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
+               rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
+               rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
+               rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
+               pairs: bool = True, trust: bool = True, max_tokens: int = 32,
+               verifier: bool = False, beta: float = 0.0,
+               rm_gate: str = RM_GATE_DEFAULT) -> tuple[dict[str, object], list[Override]]:
+    """The run config of `arm` and the overrides it is made of: the product's defaults
+    (kernel.config) with these settings, and nothing else, set (`overrides_print` shows them at
+    the bench's start; tests/test_bench_steering_config.py checks that no other setting differs)."""
+    if arm not in (*ARMS, "auto", "format"):
+        raise SystemExit(f"unknown arm {arm!r}")
+    loop = "the bench's loop explores, rates and trains in turn in this process"
+    o = [
+        Override("model", model, "the demo model (workers/demo_model), its styles at a minority share"),
+        Override("engine", "transformers", "rollouts sampled in this process (no vLLM server)"),
+        Override("algorithm", "grpo", "the figures are GRPO's"),
+        Override("mode", "sync", loop),
+        Override("sync_interval", 1, loop),
+        Override("explore_batch_size", tasks, "--tasks"),
+        Override("repeat_times", repeat, "--repeat"),
+        Override("train_batch_size", tasks * repeat, "one explore step's rollouts per train step"),
+        Override("total_steps", steps, "--steps"),
+        Override("epochs", 4, "enough passes over the demo taskset for --steps at --tasks a step"),
+        Override("seed", seed, "--seeds"),
+        Override("sampling.temperature", 1.0, "sampled as the measurement samples"),
+        Override("sampling.max_tokens", max_tokens, "--max-tokens"),
         # Only the format reward: correctness comes from people (or the model learned from them);
         # with `verifier`, the correctness check too (a team teaching a style keeps the verifier
         # it has for what it knows; people teach what it does not).
-        "rewards": [{"name": "math_accuracy"}, {"name": "math_format"}] if verifier else [{"name": "math_format"}],
+        Override("rewards", [{"name": "math_accuracy"}, {"name": "math_format"}] if verifier else [{"name": "math_format"}],
+                 "the verifier beside people (--verifier on)" if verifier else
+                 "the format reward alone: whatever the run learns of correctness it learns from people"),
+        Override("trainer.learning_rate", lr, "--lr"),
+        Override("trainer.params.loss_type", "grpo", "GRPO's own loss, as the earlier rounds measured"),
         # Advantages scaled by the batch's reward spread, not each group's: under per-group
         # scaling a group whose members a reward model scores nearly alike (all wrong, say) gets
         # its small differences blown up to unit-size advantages, i.e. trains on the model's noise.
-        # beta > 0: a KL penalty toward the base model (what it knows that no reward term checks).
-        "trainer": {"learning_rate": lr, "params": {"loss_type": "grpo", "scale_rewards": scale_rewards, "beta": beta}},
-    }
-    rm = {"enabled": True, "kind": rm_kind, "base": rm_base or model, "retrain_every": 16, "heldout_share": 0.25, "epochs": 6,
-          "learning_rate": 3e-4, "batch_size": 16, "max_length": 64,
-          # a kind without folds (classifier, lora) measures on the held-out prompt split
-          "crossval_folds": crossval_folds if reward_kind_get(rm_kind).crossval else 0}
-    wait = {"wait_seconds": 3600, "fallback": "auto"}
+        Override("trainer.params.scale_rewards", scale_rewards,
+                 "--scale-rewards: per-group scaling blows a reward model's small differences up to unit advantages"),
+        Override("trainer.params.beta", beta, "--beta: a KL penalty toward the base model (what no reward term checks)"),
+    ]
+    if arm == "auto":
+        return _nested(o + [Override("rewards", [{"name": "math_accuracy"}], "the automatic correctness reward in place of people"),
+                            Override("feedback.mode", "auto", "no people (a control)")])
+    if arm == "format":
+        return _nested(o + [Override("feedback.mode", "auto", "no people: the format reward alone (a control)")])
+    wait = [Override("feedback.wait_seconds", 3600, "the bench ends each wait window itself after the raters' turn"),
+            Override("feedback.fallback", "auto", "an unrated member keeps its automatic reward")]
+    overlap = Override("feedback.overlap", 1, "one rating an item")
+    weights = [Override("feedback.w_auto", w_auto, "--w-auto"), Override("feedback.w_human", 1.0, "a rating at full weight")]
     if arm == "all":
         if verifier:  # people's ratings beside the verifier, weighted as in the other arms
-            return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait}}
-        return {**common, "feedback": {"mode": "human", "overlap": 1, **wait}}
-    if arm == "auto":
-        return {**common, "rewards": [{"name": "math_accuracy"}], "feedback": {"mode": "auto"}}
-    if arm == "format":
-        return {**common, "feedback": {"mode": "auto"}}
+            return _nested(o + [Override("feedback.mode", "blend", "people's ratings beside the verifier"),
+                                *weights, overlap, *wait])
+        return _nested(o + [Override("feedback.mode", "human", "every rollout rated (the ceiling)"), overlap, *wait])
     if arm == "random10":
-        return {**common, "feedback": {"mode": "blend", "w_auto": w_auto, "w_human": 1.0, "overlap": 1, **wait,
-                                       "selection": {"random_share": 1.0, "pairs": False}}}
+        return _nested(o + [Override("feedback.mode", "blend", "ratings where given, the format reward elsewhere"),
+                            *weights, overlap, *wait,
+                            Override("feedback.selection.random_share", 1.0, "items chosen uniformly at random"),
+                            Override("feedback.selection.pairs", False, "single items")])
     # A reward model steers only once it ranks held-out pairs well on enough of them: one at
     # chance folded into rewards trains the policy on noise (the round-5 arms lost accuracy).
-    learned = {"mode": "learned", "w_auto": w_auto, "w_human": 1.0, "w_rm": 1.0, "min_rm_accuracy": min_rm_accuracy,
-               "min_rm_heldout_pairs": min_rm_heldout_pairs, "rm_accuracy_confidence": rm_confidence,
-               "rm_gate": rm_gate,
-               "overlap": 1, **wait, "selection": {"uncertainty": 1.0, "random_share": 0.2, "pairs": pairs}}
+    learned = [
+        Override("feedback.mode", "learned", "the reward model, trained on the labels, scores the rest"),
+        *weights, Override("feedback.w_rm", 1.0, "the reward model's score at full weight"),
+        Override("feedback.min_rm_accuracy", min_rm_accuracy, "--min-rm-accuracy"),
+        Override("feedback.min_rm_heldout_pairs", min_rm_heldout_pairs, "--min-rm-heldout-pairs"),
+        Override("feedback.rm_accuracy_confidence", rm_confidence, "--rm-confidence"),
+        Override("feedback.rm_gate", rm_gate, "--rm-gate"),
+        overlap, *wait,
+        Override("feedback.selection.uncertainty", 1.0, "active selection: the reward model's least sure sibling pairs"),
+        Override("feedback.selection.random_share", 0.2, "a random share of pairs: the reward model's unbiased held-out pairs"),
+        Override("feedback.selection.pairs", pairs, "--pairs"),
+        Override("reward_model.enabled", True, "the learned arms' reward model"),
+        Override("reward_model.kind", rm_kind, "--rm-kind"),
+        Override("reward_model.base", rm_base or model, "--rm-base"),
+        Override("reward_model.retrain_every", 16, "a new version every 16 new labels (every 2-3 steps at rm10's 6 labels a step)"),
+        Override("reward_model.heldout_share", 0.25, "the held-out split of a kind without folds"),
+        Override("reward_model.epochs", 6, "the reward model's training as the steering rounds measured it"),
+        Override("reward_model.learning_rate", 3e-4, "the reward model's training as the steering rounds measured it"),
+        Override("reward_model.batch_size", 16, "the reward model's training as the steering rounds measured it"),
+        Override("reward_model.max_length", 64, "the demo's prompts and --max-tokens completions fit"),
+        # a kind without folds (classifier, lora) measures on the held-out prompt split
+        Override("reward_model.crossval_folds", crossval_folds if reward_kind_get(rm_kind).crossval else 0,
+                 "--crossval-folds (0 for a kind without folds)"),
+    ]
     if arm == "rm10":
-        return {**common, "feedback": learned, "reward_model": rm}
-    if arm == "noisy":
-        # Trust-aware hand-out (`--trust on`): a new rater rates 3 gold items before anything
-        # else, an untrusted one gets gold items only (apps.feedback.services._claim_selected).
-        hand_out = {"trust": {"gold_first": 3, "untrusted_share": 0.0}} if trust else {}
-        return {**common, "feedback": {**learned, "rater_weighting": "gold", "gold_rate": 0.2, **hand_out},
-                "reward_model": rm}
-    raise SystemExit(f"unknown arm {arm!r}")
+        return _nested(o + learned)
+    # noisy: trust-aware hand-out (`--trust on`): a new rater rates 3 gold items before anything
+    # else, an untrusted one gets gold items only (apps.feedback.services._claim_selected).
+    hand_out = [Override("feedback.trust.gold_first", 3, "--trust on: a new rater rates 3 gold items first"),
+                Override("feedback.trust.untrusted_share", 0.0, "--trust on: an untrusted rater gets gold items only")]
+    return _nested(o + learned + [
+        Override("feedback.rater_weighting", "gold", "reliability weights from the owner's gold items"),
+        Override("feedback.gold_rate", 0.2, "gold items mixed in at 20%"), *(hand_out if trust else [])])
+
+
+def _nested(overrides: list[Override]) -> tuple[dict[str, object], list[Override]]:
+    """The config the overrides make (a later one of a path replaces an earlier one), and the
+    overrides as they stand, one a path."""
+    last = {o.path: o for o in overrides}
+    config: dict[str, object] = {}
+    for o in last.values():
+        *parents, leaf = o.path.split(".")
+        node = config
+        for key in parents:
+            child = node.setdefault(key, {})
+            assert isinstance(child, dict)
+            node = child
+        node[leaf] = o.value
+    return config, list(last.values())
+
+
+def overrides_print(arms: list[str], **settings: Any) -> None:
+    """What the arms change of the product's defaults (kernel.config), each with its reason:
+    those every arm shares once, then each arm's own."""
+    made = {arm: arm_config(arm, **settings)[1] for arm in arms}
+    shared = [o for o in made[arms[0]] if all(o in made[arm] for arm in arms[1:])]
+    print("the arms' run configs: the product's defaults (kernel.config) but for these overrides", flush=True)
+    for title, overrides in [("every arm", shared), *((arm, [o for o in made[arm] if o not in shared]) for arm in arms)]:
+        print(f"  {title}:", flush=True)
+        for o in overrides:
+            print(f"    {o.path} = {o.value!r}  ({o.reason})", flush=True)
 
 
 # ---------------------------------------------------------------- the server and raters
@@ -1089,7 +1174,6 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.buffer.models import Experience
     from apps.buffer.services import task_attempts_create
     from apps.feedback.models import Feedback
-    from apps.feedback.services import feedback_wait_expire
     from apps.feedback.learned import reward_model_usable
     from apps.rewards.models import RewardModel
     from apps.runs.models import Metric, ModelVersion, Run, RunMember
@@ -1102,12 +1186,12 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
 
     taskset = taskset_import(name=f"steering {arm} {seed}", path=demo / TASKSET_FILE, owner=owner_user)
     run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,
-                     config=_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
+                     config=arm_config(arm, model=str(demo), steps=steps, tasks=tasks, repeat=repeat, seed=seed, lr=lr,
                                     rm_base=rm_base, min_rm_accuracy=min_rm_accuracy, scale_rewards=scale_rewards,
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
                                     pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier,
-                                    beta=beta, rm_gate=rm_gate))
+                                    beta=beta, rm_gate=rm_gate)[0])
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -1170,8 +1254,9 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             rm_seconds += time.perf_counter() - t
             if usable_from is None and reward_model_usable(run=run) is not None:
                 usable_from = step
-        # The wait window ends after the raters' turn (the fallback: the format reward).
-        feedback_wait_expire(now=timezone.now() + timedelta(days=1))
+        # The wait window ends after the raters' turn (the fallback: the format reward); this
+        # arm's run's windows only, whatever else the database holds.
+        wait_windows_end(run_ids=[run.pk], now=timezone.now() + timedelta(days=1))
         if run.cfg.feedback.mode == "learned":
             probe, last_assignment = _step_probe(run, after_assignment=last_assignment)
             probes.append(probe)
@@ -1741,6 +1826,14 @@ def main() -> None:
         rm_base = str(demo_model_build(out=JUDGE_DIR, settings=judge_settings(), progress=False, log=lambda _: None).out)
     elif args.rm_base != "policy":
         rm_base = args.rm_base
+    # What every arm's run sets: the product's defaults but for these (printed first).
+    settings: dict[str, Any] = dict(
+        steps=args.steps, tasks=args.tasks, repeat=args.repeat, lr=args.lr, rm_base=rm_base,
+        min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards, rm_kind=args.rm_kind,
+        min_rm_heldout_pairs=args.min_rm_heldout_pairs, rm_confidence=args.rm_confidence, w_auto=args.w_auto,
+        crossval_folds=args.crossval_folds, pairs=args.pairs == "on", trust=args.trust == "on",
+        max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta, rm_gate=args.rm_gate)
+    overrides_print(arms, model=str(demo), seed=seeds[0], **settings)
     base_acc = _accuracy(str(demo), demo, args.heldout)
     # The base's samples, drawn once per seed and read by every rater.
     base_samples = {seed: _samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed, heldout=args.heldout)
@@ -1760,15 +1853,9 @@ def main() -> None:
         # The loop explores and trains itself (run_arm): nothing goes to a Celery queue.
         with own_conductor():
             for seed in seeds:
-                common = dict(url=url, seed=seed, steps=args.steps, tasks=args.tasks, repeat=args.repeat, lr=args.lr,
-                              share=args.share, demo=demo, owner_user=owner, base_acc=base_acc, rm_base=rm_base,
-                              min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards,
-                              rm_kind=args.rm_kind, min_rm_heldout_pairs=args.min_rm_heldout_pairs,
-                              rm_confidence=args.rm_confidence, w_auto=args.w_auto,
-                              crossval_folds=args.crossval_folds, pairs=args.pairs == "on", trust=args.trust == "on",
-                              noisy_raters=args.noisy_raters, random_share=args.random_raters,
-                              max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta,
-                              rm_gate=args.rm_gate, heldout=args.heldout)
+                common = dict(url=url, seed=seed, share=args.share, demo=demo, owner_user=owner, base_acc=base_acc,
+                              noisy_raters=args.noisy_raters, random_share=args.random_raters, heldout=args.heldout,
+                              **settings)
                 results += _seed_run(seed, raters=raters, arms=arms, base=base, journal=journal,
                                      run=lambda arm, rating, noise: run_arm(arm, rating=rating, noise=noise, **common))
     finally:

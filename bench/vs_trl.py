@@ -38,8 +38,8 @@ step per side-by-side repeat with their spread (target ≤ 1.10) and (a)/(c) tim
 
     python -m bench.vs_trl [--steps 100] [--eval-every 10] [--gain 5] [--cores 2] [--threads N] [--repeat 2]
 
-Give it a database of its own (BENCH_DATABASE_URL): arm (c)'s conductor resumes every running
-run of its database.
+It works in a database of its own (bench/common.py: made per bench process, its arms' processes
+share it), as arm (c)'s conductor resumes every running run of its database.
 
 Measured 2026-11-23 (round 9), two runs of 100 steps, load 1.0-4.0 (two helper sessions
 coding on the same 2 cores):
@@ -471,10 +471,11 @@ def main() -> None:
     from workers.demo_model import demo_model_build
 
     demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
-    # Create and migrate the bench database once, before arms start side by side.
-    from bench.common import _ensure_database
+    # Make and migrate this bench's database once, before arms start side by side (the arms,
+    # its child processes, find it in their environment: bench.common.database_own).
+    from bench.common import database_own
 
-    _ensure_database(BENCH_DB)
+    database_own()
     subprocess.run([sys.executable, "-c", "from bench.common import setup_django; setup_django()"], cwd=ROOT, check=True)
     arms = args.arms.split(",")
     # (a) and (b) run at the same time, each pinned to its own half of the cores (both on the

@@ -58,8 +58,8 @@ def django_db_keepdb(request: pytest.FixtureRequest) -> bool:
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings: None, django_db_blocker: Any,
                                  request: pytest.FixtureRequest) -> None:
-    """The test database (xdist's suffix applied by now) and the benches' one beside it, each
-    a copy of the template migrated once for the migrations as they are (tests/databases.py)."""
+    """The test database (xdist's suffix applied by now), a copy of the template migrated once
+    for the migrations as they are (tests/databases.py); each bench's own database is a copy too."""
     from django.db import connection
 
     if not template_wanted() or connection.vendor != "postgresql":
@@ -69,8 +69,8 @@ def django_db_modify_db_settings(django_db_modify_db_settings: None, django_db_b
     base = name.removesuffix(f"_{worker}") if worker else name
     with django_db_blocker.unblock():
         template = database_from_template(settings_dict=connection.settings_dict, base=base,
-                                          names=[name, f"{name}_bench"], migrate=migrate_into)
-    # The benches' scratch databases (bench/common.py) are copies of it too.
+                                          names=[name], migrate=migrate_into)
+    # The benches' own and scratch databases (bench/common.py) are copies of it too.
     os.environ["BENCH_DATABASE_TEMPLATE"] = template
 
 
@@ -151,17 +151,18 @@ def _cache_lock(out: Path) -> Iterator[None]:
 
 
 @pytest.fixture
-def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedProcess[str]]:
+def bench(demo_model_dir: Path, db: None) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """`bench(NAME, *ARGS)` runs `python -m bench.NAME ARGS` (a smoke test of a bench) on a
-    database beside the test database, with the tests' demo model; returns the finished process."""
+    database of its own beside the test database (bench/common.py: `<test db>_bench_<name>_<pid>`,
+    dropped when the bench ends), with the tests' demo model; returns the finished process."""
     from django.conf import settings as django_settings
     from django.db import connection
 
     settings = connection.settings_dict
+    server = f"postgres://{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 5432}"
     env = {
         **os.environ,
-        "BENCH_DATABASE_URL": (f"postgres://{settings.get('HOST') or 'localhost'}:{settings.get('PORT') or 5432}/"
-                               f"{settings['NAME']}_bench"),
+        "BENCH_DATABASE_URL": f"{server}/{settings['NAME']}_bench",
         "PYTHONPATH": str(_ROOT),
         "BENCH_DEMO_DIR": str(demo_model_dir),
         # A Redis database of its own: a bench flushes its broker and starts workers that would
@@ -169,12 +170,21 @@ def bench(demo_model_dir: Path, db: None) -> Callable[..., subprocess.CompletedP
         "REDIS_URL": _redis_beside(django_settings.REDIS_URL),
     }
     env.pop("TEST_DATABASE_NAME", None)
+    env.pop("BENCH_OWN_DATABASE_URL", None)
 
     def run(name: str, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=_ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    return run
+    yield run
+    # A bench killed by its timeout could not drop its database: whatever of this test
+    # database's benches is left goes now (the name is this xdist worker's alone).
+    import psycopg
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        for (left,) in admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                     (settings["NAME"].replace("_", "\\_") + "\\_bench\\_%",)).fetchall():
+            admin.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
 
 
 def _redis_beside(url: str) -> str:

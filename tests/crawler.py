@@ -10,12 +10,25 @@ ids (and long tokens) in a path collapse, so /runs/1/experiences/57/ and /58/ co
 a query counts by its keys; each person stops at `PAGE_CAP` pages and `ACTION_CAP` actions,
 and reaching a cap is itself a failure (the cap is raised, nothing is skipped silently).
 
+Forms are sent filled: a field the browser would refuse (a required one left empty, a value
+of the wrong type) gets a valid value first, from the person's table of known-good values
+(`values`, by the field's name: a password, the username to log in with) or by its type and
+constraints (text, email, number, select, textarea, checkbox, ...), the rest as the page
+shows them; a form with a field it cannot fill is a failure, not a skip. A POST form is then
+sent once more with one field made invalid (a required field emptied, or a value of the wrong
+type or choice, the browser's own checks turned off as a non-browser client would send it):
+the answer must show a plain error beside the form (no 5xx, no debug page or traceback, an
+error element with its text). The person not logged in stays so: a login the crawl sent
+with good values is undone (its cookies cleared) before the next step.
+
 Widths: a page is opened, and forms and controls are sent, at the first width; then the same
 document is laid out at each further width (the window resized, two frames let the page's own
 resize handlers run) and looked at again for a sideways scroll and any error the resize
 raised. What a page's server answers, its links, forms and htmx targets do not depend on the
 window: opening every page again in a window of each width (as this did until issue 50)
-loaded and rendered each page twice for the one check that does, and took half the crawl."""
+loaded and rendered each page twice for the one check that does, and took half the crawl. What
+a form's send leads to (the next page, or the form with its errors) is laid out at each further
+width too, so a form is sent at one width and its answer checked at every width."""
 
 from __future__ import annotations
 
@@ -45,13 +58,14 @@ SKIP_PATH = re.compile(r"^/static/|^/admin/.+")
 DOWNLOAD = re.compile(r"\.(jsonl|json|zip|csv|txt|yaml|yml|tar|gz)$|/download/$")
 # Django's technical 404 and 500 pages (DEBUG on): what a person must never be shown.
 DEBUG_MARKERS = ("You’re seeing this error because you have", "You're seeing this error because you have",
-                 "Using the URLconf defined in", 'id="traceback"', "Django Version:")
+                 "Using the URLconf defined in", 'id="traceback"', "Django Version:",
+                 "Traceback (most recent call last)")
 
 # Loaded before every document: htmx's error events and requests in flight reported to the
 # test (window.__crawlReport is a binding, so a report survives the navigation that follows).
 INIT_SCRIPT = """
 (() => {
-  const state = {inflight: 0};
+  const state = {inflight: 0, requests: 0};
   window.__crawl = state;
   const report = (text) => { try { window.__crawlReport(text); } catch (e) {} };
   const describe = (e) => {
@@ -66,7 +80,7 @@ INIT_SCRIPT = """
                       'htmx:timeout']) {
     document.addEventListener(name, (e) => report(describe(e)), true);
   }
-  document.addEventListener('htmx:beforeRequest', () => { state.inflight++; }, true);
+  document.addEventListener('htmx:beforeRequest', () => { state.inflight++; state.requests++; }, true);
   document.addEventListener('htmx:afterRequest', () => { state.inflight = Math.max(0, state.inflight - 1); }, true);
   // A native submit (one htmx did not take over) leaves the page: the test waits for the next one.
   window.addEventListener('submit', (e) => { if (!e.defaultPrevented) state.navigating = true; });
@@ -81,7 +95,7 @@ HARVEST = """
   const links = Array.from(document.querySelectorAll('a[href]')).map((a) => ({href: a.href, text: text(a)}));
   const forms = Array.from(document.forms).map((f, i) => {
     const button = f.querySelector('button:not([type=button]):not([type=reset]), input[type=submit]');
-    return {index: i, method: (f.getAttribute('method') || 'get').toLowerCase(), action: f.action,
+    return {index: i, method: (f.getAttribute('hx-post') ? 'post' : (f.getAttribute('method') || 'get')).toLowerCase(), action: f.action,
             hx: !!(f.getAttribute('hx-post') || f.getAttribute('hx-get') || f.getAttribute('hx-put') || f.getAttribute('hx-delete')),
             // A person sends a form with its button, or with Enter in its one text field.
             button: !!button || f.querySelectorAll('input:not([type=hidden]):not([type=checkbox]):not([type=radio]):not([type=file])').length === 1,
@@ -94,6 +108,68 @@ HARVEST = """
     label: text(el), tag: el.tagName.toLowerCase()}));
   return {links, forms, controls};
 }
+"""
+
+# The fields of form `i` a person fills (not hidden, not disabled, no button), each by its
+# index among them: whether the browser would accept its value now, and its constraints.
+FIELDS = """
+(i) => {
+  const f = document.forms[i];
+  if (!f) return null;
+  const fields = Array.from(f.elements).filter((el) => ['INPUT', 'SELECT', 'TEXTAREA'].includes(el.tagName)
+    && !['hidden', 'submit', 'button', 'reset', 'image'].includes((el.type || '').toLowerCase()) && !el.disabled);
+  return fields.map((el, k) => ({
+    k, name: el.name || el.id || '', value: el.value || '',
+    type: el.tagName === 'INPUT' ? (el.getAttribute('type') || 'text').toLowerCase() : el.tagName.toLowerCase(),
+    required: el.required, valid: el.checkValidity(), min: el.min || '', max: el.max || '', step: el.step || '',
+    minlength: el.minLength > 0 ? el.minLength : 0, maxlength: el.maxLength > 0 ? el.maxLength : 0,
+    pattern: el.pattern || '',
+    options: el.tagName === 'SELECT' ? Array.from(el.options).filter((o) => !o.disabled).map((o) => o.value) : [],
+  }));
+}
+"""
+
+# Set fields of form `i` (each {k, value, how}: `value` as a person types or picks it, `check`
+# for a box or radio, `choice` a select option the page does not offer, `mistype` a text in a
+# typed field) and send it with its button; `novalidate`: the browser's checks off, as a
+# client other than a browser sends it.
+FILL_AND_SEND = """
+([i, fills, novalidate]) => {
+  const f = document.forms[i];
+  if (!f) return 'gone';
+  // A ranking (static/feedback/rank.js) is filled as a person does it, tapping the completions
+  // best first: its script sends nothing until every completion has a place.
+  if (f.classList.contains('rank-js')) {
+    f.querySelectorAll('.rank-item .completion').forEach((c) => c.click());
+  }
+  const fields = Array.from(f.elements).filter((el) => ['INPUT', 'SELECT', 'TEXTAREA'].includes(el.tagName)
+    && !['hidden', 'submit', 'button', 'reset', 'image'].includes((el.type || '').toLowerCase()) && !el.disabled);
+  for (const {k, value, how} of fills) {
+    const el = fields[k];
+    if (how === 'check') { el.checked = true; }
+    else if (how === 'choice') { el.add(new Option(value, value)); el.value = value; }
+    else if (how === 'mistype') { el.type = 'text'; el.value = value; }
+    else if (how !== 'file') { el.value = value; }
+    el.dispatchEvent(new Event('input', {bubbles: true}));
+    el.dispatchEvent(new Event('change', {bubbles: true}));
+  }
+  f.noValidate = !!novalidate;
+  if (!novalidate && !f.checkValidity()) {
+    return 'blocked: ' + fields.filter((el) => !el.checkValidity())
+      .map((el) => (el.name || el.id) + ' (' + el.validationMessage + ')').join(', ');
+  }
+  window.__crawl.navigating = false;
+  const b = f.querySelector('button:not([type=button]):not([type=reset]), input[type=submit]');
+  f.requestSubmit(b || undefined);
+  return window.__crawl.navigating ? 'navigating' : 'htmx';
+}
+"""
+
+# The error a form shows beside itself after a refused send: an element of the project's
+# error styles (templates: .field-error, Django's .errorlist, role=alert) with text, visible.
+ERROR_SHOWN = """
+() => Array.from(document.querySelectorAll('.field-error, .errorlist, [role=alert], .errors, .error'))
+  .filter((e) => e.offsetParent !== null && e.innerText.trim()).map((e) => e.innerText.trim().slice(0, 80))
 """
 
 # htmx controls whose target is not on the page (htmx:targetError when used): checked on every
@@ -146,6 +222,56 @@ def destructive(*words: str) -> bool:
     return any(DESTRUCTIVE.search(w) for w in words if w)
 
 
+# Valid values by a field's type, where the person's table (`Crawl.values`) names none.
+BY_TYPE = {"email": "crawler@example.com", "url": "https://example.com/", "tel": "5550100", "date": "2026-01-15",
+           "datetime-local": "2026-01-15T12:00", "time": "12:00", "month": "2026-01", "week": "2026-W03",
+           "color": "#336699", "text": "crawl", "search": "crawl", "textarea": "A crawl's text."}
+
+
+def field_value(field: dict[str, Any], values: dict[str, str]) -> tuple[str, str] | None:
+    """A valid value for `field` (one of FIELDS' entries) and how to set it: the person's
+    known-good value by the field's name, else one by its type within its constraints; None
+    where neither fits (a password nobody gave, a pattern, a file): the crawl cannot fill it."""
+    kind, name = field["type"], field["name"]
+    if kind in ("checkbox", "radio"):
+        return values.get(name, field["value"]), "check"
+    if name in values:
+        return values[name], "file" if kind == "file" else "value"
+    if kind == "select":
+        options = [o for o in field["options"] if o]
+        return (options[0], "value") if options else None
+    if kind in ("number", "range"):
+        low = float(field["min"]) if field["min"] else None
+        high = float(field["max"]) if field["max"] else None
+        number = low if low is not None else (min(1.0, high) if high is not None else 1.0)
+        return (f"{number:g}", "value")
+    if kind not in BY_TYPE or field["pattern"]:
+        return None  # a password, a file, a pattern: only the person's table knows a good one
+    text = BY_TYPE[kind]
+    if field["minlength"] > len(text):
+        text = (text + " ") * (field["minlength"] // len(text) + 1)
+    return (text[:field["maxlength"]] if field["maxlength"] else text), "value"
+
+
+def field_spoiled(field: dict[str, Any]) -> tuple[str, str, str] | None:
+    """One invalid value for `field` the server must refuse, how to set it and what it is: a
+    required field emptied, else a value of the wrong type or a choice the page does not offer;
+    None where a field takes anything."""
+    kind = field["type"]
+    if field["required"] and kind not in ("checkbox", "radio", "file"):
+        if kind != "select":
+            return "", "value", f"{field['name']} left empty"
+        if "" in field["options"]:
+            return "", "value", f"{field['name']} left unchosen"
+    if kind == "select":
+        return "no-such-choice", "choice", f"{field['name']} not one of its choices"
+    if kind in ("number", "range"):
+        return "not-a-number", "mistype", f"{field['name']} not a number"
+    if kind == "email":
+        return "not-an-email", "mistype", f"{field['name']} not an email address"
+    return None
+
+
 @dataclass
 class Action:
     """A form to submit or an htmx control to click, on the page `url`."""
@@ -173,7 +299,13 @@ class Crawl:
     person: str
     width: int
     also: tuple[int, ...] = ()  # the further widths each page is laid out at
+    # Known-good values by field name (the person's password, a username to log in with).
+    values: dict[str, str] = field(default_factory=dict)
+    anonymous: bool = False  # a login the crawl sends is undone: the person stays logged out
     visited: list[str] = field(default_factory=list)
+    opened: int = 0  # pages opened
+    sent: int = 0  # forms sent filled, and controls clicked
+    refused: int = 0  # forms sent once more with an invalid value (the plain error shown)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (where, what)
     skipped: dict[str, None] = field(default_factory=dict)  # the actions not taken, once each
     events: list[str] = field(default_factory=list)
@@ -231,7 +363,7 @@ class Crawl:
         was just sent to, whose 4xx (the form with its errors) the browser logs as a console
         error that is no fault (an htmx form's 4xx is: htmx shows nothing, htmx:responseError)."""
         answered = re.compile(rf"^console error: Failed to load resource: .* status of 4\d\d .*"
-                              rf"\({re.escape(sent_to)}\)$")
+                              rf"\({re.escape(sent_to)}(\?[^)]*)?\)$")  # the form's action may carry a query
         for event in self._drain():
             if not (sent_to and answered.match(event)):
                 self._fail(where, event)
@@ -299,6 +431,7 @@ class Crawl:
             self._fail(path, f"could not be opened ({str(exc).splitlines()[0][:200]})")
             return
         self.settle()
+        self.opened += 1
         self.visited.append(f"{path}  <- {via}")
         self.check(path, status=response.status if response else None, link=True, targets=True)
         self._harvest(url, pages, actions, seen, done_actions)
@@ -324,6 +457,7 @@ class Crawl:
     def _download(self, url: str, via: str) -> None:
         path = url[len(self.base):]
         response = self.page.request.get(url)
+        self.opened += 1
         self.visited.append(f"{path}  <- {via} (download, {response.status})")
         if response.status >= 400:
             self._fail(path, f"a download link answers {response.status}")
@@ -375,36 +509,125 @@ class Crawl:
             pages.append((url, via))
 
     def _act(self, action: Action, pages: deque[tuple[str, str]], seen: set[str]) -> None:
-        """Open the action's page afresh, then submit the form with the values it shows, or
-        click the control, as a person would; then check what it led to."""
+        """Open the action's page afresh, then send the form filled (`_fill`) or click the
+        control, as a person would; then check what it led to, at every width. A POST form is
+        then sent once more with an invalid value (`_refused`)."""
         where = action.describe()
-        self.page.goto(action.url, wait_until="load")
-        self.settle()
-        self._drain()  # the page itself was checked when it was opened
+        self._reopen(action.url)
+        requests = 0
         if action.kind == "form":
-            outcome = self.page.evaluate(
-                """(i) => { const f = document.forms[i]; if (!f) return 'gone';
-                   if (!f.checkValidity()) return 'blocked';
-                   window.__crawl.navigating = false;
-                   const b = f.querySelector('button:not([type=button]):not([type=reset]), input[type=submit]');
-                   f.requestSubmit(b || undefined); return window.__crawl.navigating ? 'navigating' : 'htmx'; }""",
-                action.index)
+            fields = self.page.evaluate(FIELDS, action.index)
+            fills = None if fields is None else self._fills(where, fields)
+            if fills is None:
+                self.visited.append(f"{where}: not sent ({'not on the page again' if fields is None else 'a field it cannot fill'})")
+                if fields is None:
+                    self._fail(where, "the form is not on its page when opened again")
+                return
+            self._file_inputs(action.index, fills)
+            requests = self.page.evaluate("() => window.__crawl.requests")
+            outcome = self.page.evaluate(FILL_AND_SEND, [action.index, fills, False])
         else:
             outcome = self.page.evaluate(
                 """(i) => { const el = document.querySelectorAll('[hx-get], [hx-post]')[i]; if (!el) return 'gone';
                    el.click(); return 'htmx'; }""", action.index)
-        if outcome in ("gone", "blocked"):
-            why = "a required field is empty" if outcome == "blocked" else "not on the page again"
-            self.visited.append(f"{where}: not sent ({why})")
-            self.check(where)
+        if outcome == "gone" or outcome.startswith("blocked"):
+            self.visited.append(f"{where}: not sent ({outcome})")
+            self._fail(where, f"not sent: {'not on the page again' if outcome == 'gone' else outcome}")
             return
         self.settle()
-        self.visited.append(f"{where}: sent, now on {urlsplit(self.page.url).path}")
+        if action.kind == "form" and action.hx and outcome == "htmx" and urlsplit(self.page.url).path == urlsplit(
+                action.url).path and self.page.evaluate("() => window.__crawl.requests") == requests:
+            # The page's own script held the form back although every field was valid.
+            self.visited.append(f"{where}: not sent (the page's script sent nothing)")
+            self._fail(where, "filled, it was not sent: the page's script held it back (fill it as a person would)")
+            return
+        self.sent += 1
+        filled = f" ({len(fills)} fields filled)" if action.kind == "form" and fills else ""
+        self.visited.append(f"{where}: sent{filled}, now on {urlsplit(self.page.url).path}")
         self.check(where, sent_to=urlsplit(action.target).path if action.kind == "form" else "")
+        self._laid_out_wider(where)
         landed = self.page.url
+        self._logged_out_again()
+        if action.kind == "form" and action.method == "post":
+            self._refused(action, where)
         if action.method == "post" and urlsplit(landed).path == urlsplit(action.target).path:
             return  # the POST's own answer (a form with its errors): not a page to GET
         self._enqueue(landed, f"after {where}", pages, seen)
+
+    def _reopen(self, url: str) -> None:
+        self.page.goto(url, wait_until="load")
+        self.settle()
+        self._drain()  # the page itself was checked when it was opened
+
+    def _fills(self, where: str, fields: list[dict[str, Any]], *, but: int | None = None) -> list[dict[str, Any]] | None:
+        """What to set so that the browser accepts the form: a valid value for each field it
+        would refuse now (but field `but`); None, with a failure naming them, where some field
+        cannot be filled."""
+        fills: list[dict[str, Any]] = []
+        unfillable: list[str] = []
+        for f in fields:
+            if f["valid"] or f["k"] == but:
+                continue
+            if f["type"] == "radio" and any(x["k"] in {y["k"] for y in fills} for x in fields if x["name"] == f["name"]):
+                continue  # one radio of a group checked is the group filled
+            value = field_value(f, self.values)
+            if value is None:
+                unfillable.append(f"{f['name'] or '(no name)'} ({f['type']})")
+            else:
+                fills.append({"k": f["k"], "value": value[0], "how": value[1], "name": f["name"]})
+        if unfillable:
+            self._fail(where, f"the crawl cannot fill {', '.join(unfillable)}: give a known-good value (Crawl.values)")
+            return None
+        return fills
+
+    def _file_inputs(self, index: int, fills: list[dict[str, Any]]) -> None:
+        """A file field's known-good value is a path: set as a person picks a file."""
+        for fill in fills:
+            if fill["how"] == "file":
+                self.page.locator("form").nth(index).locator(f"[name='{fill['name']}']").set_input_files(fill["value"])
+
+    def _refused(self, action: Action, sent: str) -> None:
+        """The POST form again, its fields filled but one made invalid, sent past the browser's
+        checks: the answer must be the form with a plain error (the 4xx is no fault; a 5xx, a
+        debug page or no error shown is)."""
+        self._reopen(action.url)
+        fields = self.page.evaluate(FIELDS, action.index) or []
+        # A required field emptied first: what a person most often sends by mistake.
+        spoil = next(((f, bad) for f in sorted(fields, key=lambda f: not f["required"])
+                      if (bad := field_spoiled(f)) is not None), None)
+        if spoil is None:
+            self.visited.append(f"{sent}: no field takes an invalid value")
+            return
+        field_, (value, how, what) = spoil
+        fills = self._fills(sent, fields, but=field_["k"])
+        if fills is None:
+            return
+        where = f"{sent} with {what}"
+        self._file_inputs(action.index, fills)
+        outcome = self.page.evaluate(FILL_AND_SEND, [action.index, [*fills, {"k": field_["k"], "value": value, "how": how}],
+                                                     True])
+        if outcome == "gone":
+            self._fail(where, "the form is not on its page when opened again")
+            return
+        self.settle()
+        self.refused += 1
+        try:  # a refused htmx form's message is put in by the page's script as the answer lands
+            self.page.wait_for_function(f"() => ({ERROR_SHOWN.strip()})().length > 0", polling="raf", timeout=10_000)
+        except Exception as exc:
+            if "Timeout" not in str(exc) and "destroyed" not in str(exc):
+                raise
+        shown = self.page.evaluate(ERROR_SHOWN)
+        self.visited.append(f"{where}: {'shows ' + repr(shown[0]) if shown else 'shows no error'}")
+        self.check(where, sent_to=urlsplit(action.target).path)
+        if not shown:
+            self._fail(where, "the answer shows no error beside the form (.field-error, .errorlist or role=alert)")
+        self._laid_out_wider(where)
+        self._logged_out_again()
+
+    def _logged_out_again(self) -> None:
+        """The person not logged in stays so (a login the crawl sent with good values is undone)."""
+        if self.anonymous and any(c["name"] == "sessionid" for c in self.context.cookies()):
+            self.context.clear_cookies()
 
 
 def _window(width: int) -> dict[str, int]:
@@ -428,6 +651,13 @@ def failure_report(crawls: list[Crawl]) -> list[str]:
 def _ids(text: str) -> str:
     """Ids in paths, element ids and labels (/runs/1/, #item-7, 'compare with #12') as {n}."""
     return re.sub(r"(?<=[/#=-])\d+(?=[/\s'),.?&:]|$)", "{n}", text)
+
+
+def summary_lines(crawls: list[Crawl]) -> list[str]:
+    """One line a person: pages opened, actions taken, forms refused with an invalid value."""
+    return [f"{c.person} at {' and '.join(f'{w} px' for w in (c.width, *c.also))}: {c.opened} pages, "
+            f"{c.sent} actions sent, {c.refused} forms sent invalid (plain error shown), "
+            f"{len(c.skipped)} actions not taken, {len(c.failures)} problems" for c in crawls]
 
 
 def visit_report(crawls: list[Crawl]) -> str:
