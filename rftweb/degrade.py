@@ -7,6 +7,9 @@ Retry-After and a short page naming the service (JSON under /api/), never a trac
   session saved in process_response);
 - the environment API's own handlers (rftweb/api.py), which answer before Django does.
 
+A websocket handshake that finds Postgres unreachable (Channels' session lookup) is closed
+with 1013, try again later (`SocketDegrade`, around Channels' auth in rftweb/asgi.py).
+
 A process that has seen Postgres unreachable remembers it (`POSTGRES_OUTAGE`): until a short
 direct connection succeeds again (one request tries every PROBE_SECONDS), requests answer 503
 at once, rather than each waiting RFT_DB_POOL_TIMEOUT for a pool that cannot connect. Only the
@@ -33,6 +36,7 @@ from django.utils.deprecation import MiddlewareMixin
 from django.utils.html import escape
 
 from rftweb.exceptions import status_code
+from rftweb.request_guard import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -334,3 +338,49 @@ def readiness_checks() -> dict[str, str]:
         finally:
             client.close()
     return checks
+
+
+# A websocket refused because a service it needs is unreachable: "try again later" (RFC 6455's
+# 1013), which the pages reconnect on (apps/runs/consumers.py closes with it for Redis).
+TRY_AGAIN_CLOSE_CODE = 1013
+
+
+class SocketDegrade:
+    """ASGI middleware for websockets, outside Channels' session and auth middleware: a
+    handshake that finds Postgres unreachable (the session and user lookup, the consumer's
+    own checks) is accepted and closed at once with 1013, instead of the server's HTTP 500
+    for an application that raised before answering. While this process remembers Postgres
+    down (POSTGRES_OUTAGE) the handshake is refused without trying. Once the socket has been
+    answered, what it raises is the server's to report, as before."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        if POSTGRES_OUTAGE.holds():
+            await self._refuse(scope, send, "Postgres", "a known outage")
+            return
+        answered = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:
+            dependency = None if answered else dependency_failed(exc)
+            if dependency is None:
+                raise
+            await self._refuse(scope, send, dependency, f"{type(exc).__name__}: {exc}".strip())
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, dependency: str, why: str) -> None:
+        log.warning("websocket %s refused for now: %s unreachable (%s)", scope.get("path"), dependency,
+                    why.splitlines()[0] if why else "")
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": TRY_AGAIN_CLOSE_CODE})

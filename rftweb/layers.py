@@ -12,9 +12,20 @@ that loop, or a waiting consumer may never wake up.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 
+import redis.exceptions
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
+
+log = logging.getLogger(__name__)
+
+# What a pooled connection that went stale answers (Redis restarted, or the network dropped
+# it): the server closed it, or the socket is reset. A timeout is not one of them (the
+# command may have run), nor is a refused connect (Redis is down: a retry would fail too).
+STALE_CONNECTION: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, ConnectionResetError,
+                                                 BrokenPipeError)
 
 # Moves up to ARGV[1] of the oldest messages of KEYS[1] (a channel's sorted set) into KEYS[2]
 # (its in-flight backup) and returns them with their scores, oldest first: atomic, so a
@@ -79,6 +90,30 @@ class RedisBatchChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channe
     RECEIVE_BATCH = 200
     # How long a cancelled receive may go on before it is cancelled again (see `receive`).
     RECANCEL_SECONDS = 0.1
+
+    async def group_send(self, group: str, message: dict[str, object]) -> None:
+        """core's group_send, sent once more on fresh connections when the first try met a
+        stale one. After a Redis restart a publisher's pooled connection is closed by the
+        server, and the first event it sent was dropped (redis-py tells the caller, and only
+        the next command reconnects): the live page missed, say, the first `weights.synced`
+        after the restart (issue 66)."""
+        await self._fresh_once(group, lambda: super(RedisBatchChannelLayer, self).group_send(group, message))
+
+    async def group_add(self, group: str, channel: str) -> None:
+        """core's group_add, once more on fresh connections like group_send (adding twice is
+        adding once)."""
+        await self._fresh_once(group, lambda: super(RedisBatchChannelLayer, self).group_add(group, channel))
+
+    async def _fresh_once(self, group: str, call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+        except STALE_CONNECTION as exc:
+            # The pool's idle connections are as old as the one that failed: drop them all,
+            # so the second try connects anew (the ones in use by receives are left alone).
+            pool = self.connection(self.consistent_hash(group)).connection_pool
+            await pool.disconnect(inuse_connections=False)
+            log.info("channel layer: a stale Redis connection failed a send to %s (%s); sending again", group, exc)
+            await call()
 
     async def receive(self, channel: str) -> dict[str, object]:
         """core's receive, made to end when it is cancelled. channels_redis 4.3 over redis-py

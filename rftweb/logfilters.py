@@ -25,3 +25,17 @@ class LoopBeatQuiet(logging.Filter):
             return args.get("name") not in QUIET_TASKS
         # beat's "Sending due task <entry> (<task name>)"
         return not (isinstance(args, tuple) and any(isinstance(a, str) and a in QUIET_TASKS for a in args))
+
+
+class RefusalOneLine(logging.Filter):
+    """Django logs each refused request (a PermissionDenied: 403) at WARNING with the
+    exception's whole traceback: a page someone may not see is no fault of the code, and a
+    crawler's walk of forbidden pages buried the log in tracebacks. The line stays (what was
+    refused, where), the traceback goes; 5xx keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 500 and record.exc_info:
+            record.exc_info = None
+            record.exc_text = None
+        return True

@@ -493,10 +493,13 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     # Celery's INFO lines about the loop's beat task (six a second) are dropped: rftweb/logfilters.py.
-    "filters": {"loop_beat_quiet": {"()": "rftweb.logfilters.LoopBeatQuiet"}},
+    # A refused request (403) is one line, not a traceback: RefusalOneLine.
+    "filters": {"loop_beat_quiet": {"()": "rftweb.logfilters.LoopBeatQuiet"},
+                "refusal_one_line": {"()": "rftweb.logfilters.RefusalOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["loop_beat_quiet"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"},
+                "django.request": {"filters": ["refusal_one_line"]}},
 }
 
 # --- access that ends, login throttling, request caps, outages (issue 49) ----------------

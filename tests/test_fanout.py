@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -276,6 +277,51 @@ async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_g
         break
     else:
         raise AssertionError("three reconnects after the restart and no events")
+
+
+async def test_the_first_event_published_after_a_redis_restart_is_not_dropped(run: Run, private_redis: Any) -> None:
+    """A publisher's pooled connection dies with Redis; the first event it sent after the
+    restart failed on it and was dropped (issue 66). It is sent again on a fresh connection."""
+    from apps.runs.events import event_publish
+
+    layer = get_channel_layer()
+    # The process's publisher opens its connection before the restart (heartbeats: no runs-list notice).
+    await asyncio.to_thread(event_publish, run_id=run.pk, type="worker.heartbeat", payload={"n": 0})
+    await asyncio.to_thread(private_redis.restart)
+    channel = await layer.new_channel()
+    await layer.group_add(run_group(run.pk), channel)  # the restart forgot every membership
+    for n in (1, 2):
+        await asyncio.to_thread(event_publish, run_id=run.pk, type="worker.heartbeat", payload={"n": n})
+    first = await asyncio.wait_for(layer.receive(channel), EVENT_WAIT_S)
+    assert first["payload"] == {"n": 1}, first
+
+
+async def test_sockets_open_when_redis_stops_are_told_to_try_again_in_one_line_each(
+    run: Run, owner: User, private_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live page and a runs list open when Redis goes away: each is closed with 1013 (try
+    again later, which the pages reconnect on), logged as one line without a traceback; not
+    the server's 1011 with the layer's traceback (issue 66)."""
+    from apps.runs.consumers import RunsListConsumer
+
+    live, connected = await run_socket_connect(run, owner)
+    assert connected
+    listing = WebsocketCommunicator(RunsListConsumer.as_asgi(), "/ws/runs/")
+    listing.scope["user"] = owner
+    connected, _ = await listing.connect(timeout=30)
+    assert connected
+    caplog.set_level(logging.WARNING)
+
+    await asyncio.to_thread(private_redis.stop)
+    for comm in (live, listing):
+        closed = await comm.receive_output(timeout=EVENT_WAIT_S)
+        assert closed == {"type": "websocket.close", "code": 1013}, closed
+        await comm.wait()
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # One line per socket (the process's access watch says once that it retries), no traceback.
+    per_socket = [r.getMessage() for r in warned if r.name in ("apps.runs.fanout", "apps.runs.consumers")]
+    assert len(per_socket) == 2 and all("unreachable" in m for m in per_socket), [r.getMessage() for r in warned]
+    assert all(r.exc_info is None for r in warned) and "Traceback" not in caplog.text
 
 
 def test_closing_the_layer_s_pools_touches_only_the_running_loop_s_connections(settings: Any) -> None:

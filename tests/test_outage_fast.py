@@ -83,3 +83,27 @@ def test_a_websocket_opened_while_redis_is_down_is_told_to_try_again(
         stop(proc)
     log = (tmp_path / "web.log").read_text()
     assert "Traceback" not in log and " 500" not in log, log[-3000:]
+
+
+def test_a_websocket_opened_while_postgres_is_down_is_told_to_try_again(
+        tmp_path: Path, spare_postgres: Postgres) -> None:  # noqa: F811
+    """Channels' auth middleware looks the session up before any consumer runs: with Postgres
+    gone that raised out of the application, and the server answered the handshake 500."""
+    proc, url = start_uvicorn(log=tmp_path / "web.log", DATABASE_URL=spare_postgres.url)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get("/ready/").json()["database"] == "ok"
+        spare_postgres.stop()
+        ws_url = url.replace("http", "ws") + "/ws/runs/1/"
+        for attempt in range(2):  # the first finds the outage out, the second is refused at once
+            started = time.monotonic()
+            with connect(ws_url, additional_headers={"Origin": url, **COOKIE}, open_timeout=30) as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013, (attempt, closed.value)
+            assert time.monotonic() - started < 4, f"attempt {attempt} took {time.monotonic() - started:.1f} s"
+    finally:
+        stop(proc)
+    log = (tmp_path / "web.log").read_text()
+    assert "Traceback" not in log and " 500" not in log, log[-3000:]
+    assert log.count("refused for now: Postgres unreachable") == 2, log[-3000:]

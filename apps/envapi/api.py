@@ -45,7 +45,7 @@ from apps.feedback.kinds import KindApiIn, Who, kind_get
 from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
-from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable
+from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable, run_scope_check
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run
 from apps.runs.selectors import eval_best, eval_measures, metric_moves, run_takes_feedback
@@ -70,6 +70,7 @@ class KeyAuth(HttpBearer):
         principal = api_key_authenticate(raw=token)
         if principal is None:
             return None
+        run_scope_check(request, principal)
         if not principal.can(self.action):
             raise NotAllowed(f"this key may not {self.action} (it may: {', '.join(principal.key.actions) or 'nothing'})")
         wait = rate_limit_hit(key=principal.key)

@@ -4,7 +4,9 @@ endpoint documents, the run id in a path, and run access.
 
 Run access is `run_reachable`: the one place a router turns a path's run id into a run. A
 run the request's key is not scoped to answers 404 exactly like a run that does not exist,
-so run ids cannot be enumerated by probing (issue #33).
+so run ids cannot be enumerated by probing (issue #33). The key's scope is checked first,
+with the key itself (`run_scope_check`, from the routes' key auth): a foreign run is 404
+before anything of the request is read, never a 422 for its body or query (issue 66).
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ def responses(ok: object, *extra: int) -> dict[int, object]:
     return out
 
 
-RunId: int = Path(..., ge=1, le=2**63 - 1, description="the run's id")
+RUN_ID_MAX = 2**63 - 1
+RunId: int = Path(..., ge=1, le=RUN_ID_MAX, description="the run's id")
 
 
 class RunScoped(Protocol):
     """What a request authenticated as, as far as run access goes: the runs it may reach
     (apps.envapi.services.KeyPrincipal)."""
 
-    run_ids: frozenset[int]
+    @property
+    def run_ids(self) -> frozenset[int]: ...
 
 
 def run_reachable(request: HttpRequest, run_id: int) -> Run:
@@ -62,3 +66,18 @@ def run_reachable(request: HttpRequest, run_id: int) -> Run:
     if run is None:
         raise NotFound(f"run {run_id} not found")
     return run
+
+
+def run_scope_check(request: HttpRequest, principal: RunScoped) -> None:
+    """NotFound when the request's path names a run (`run_id`) outside `principal`'s runs.
+    Run by the key auth, before the route's body and query are validated: a request about a
+    foreign run learns nothing from how its input was judged. A run id that is no run id at
+    all (not a number, or outside RunId's range) is left to the route's validation, 422."""
+    match = getattr(request, "resolver_match", None)
+    raw = match.kwargs.get("run_id") if match is not None else None
+    try:
+        run_id = int(str(raw)) if raw is not None else None
+    except ValueError:
+        return
+    if run_id is not None and 1 <= run_id <= RUN_ID_MAX and run_id not in principal.run_ids:
+        raise NotFound(f"run {run_id} not found")

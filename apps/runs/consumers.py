@@ -20,7 +20,8 @@ from apps.runs.fanout import Member, fanout_join, fanout_leave
 from apps.runs.models import Run
 from apps.runs.selectors import run_can_view, runs_visible_to
 from apps.runs.socket_access import ACCESS_LOST_CLOSE_CODE, access_guard, access_unguard, session_user
-from rftweb.degrade import REDIS_ERRORS
+from rftweb.degrade import REDIS_ERRORS, TRY_AGAIN_CLOSE_CODE
+from rftweb.request_guard import Receive, Scope, Send
 from kernel.exceptions import Unavailable
 
 if TYPE_CHECKING:
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Close code for a handshake refused because a service it needs is unreachable: "try again
-# later" (RFC 6455's 1013); the pages reconnect on any code but 4403.
-TRY_AGAIN_CLOSE_CODE = 1013
+# TRY_AGAIN_CLOSE_CODE (rftweb/degrade.py), for a handshake refused because a service it
+# needs is unreachable: "try again later" (RFC 6455's 1013); the pages reconnect on any code
+# but 4403.
 # What a socket's handshake may meet when the channel layer's Redis is gone: redis-py's
 # errors, the sockets' own (ConnectionRefusedError, from channels_redis's pool), our timeout.
 LAYER_DOWN: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError, Unavailable)
@@ -81,6 +82,35 @@ class _Guarded(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels sh
 
     guarded_run_id: int | None = None
     guarded = False
+    # "new" until the handshake is answered, then "open", and "closed" once closed by us.
+    state = "new"
+
+    async def accept(self, subprotocol: str | None = None, headers: object = None) -> None:
+        self.state = "open"
+        await super().accept(subprotocol, headers)
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        self.state = "closed"
+        await super().close(code, reason)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except LAYER_DOWN as exc:
+            await self.layer_lost(exc)
+
+    async def layer_lost(self, exc: BaseException) -> None:
+        """The socket's own layer channel failed (Redis went away while it was open, or before
+        its handshake was answered): closed with 1013 and one log line, which the page answers
+        by reconnecting, instead of the server's 1011 and a traceback."""
+        if self.state == "new":
+            await self.refuse_for_now(exc)
+            return
+        await self.unguard()
+        if self.state == "open":
+            log.warning("websocket %s closed with %s: the channel layer is unreachable (%s: %s)",
+                        self.scope.get("path"), TRY_AGAIN_CLOSE_CODE, type(exc).__name__, exc)
+            await self.close(code=TRY_AGAIN_CLOSE_CODE)
 
     @property
     def access_user_id(self) -> int | None:

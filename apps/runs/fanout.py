@@ -37,6 +37,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from apps.runs.events import LayerMessage, layer_events, run_group
+from rftweb.degrade import REDIS_ERRORS, TRY_AGAIN_CLOSE_CODE
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,14 @@ MAX_FRAME_BYTES = 256 * 1024
 CLIENT_BUFFER_BYTES = 1 << 20
 # Application close code (4000-4999) for "closed because it did not keep up"; clients reconnect.
 SLOW_CLIENT_CLOSE_CODE = 4008
-# Close code when the process lost its subscription (the channel layer failed): reconnect.
-RESUBSCRIBE_CLOSE_CODE = 1011
+# Close code when the process lost its subscription because Redis went away (stopped,
+# restarted, the network dropped): RFC 6455's 1013, try again later, as a handshake refused
+# for the same reason (apps/runs/consumers.py); the pages reconnect and resubscribe.
+RESUBSCRIBE_CLOSE_CODE = TRY_AGAIN_CLOSE_CODE
+# Close code when the subscription failed for another reason (a bug): the server's error.
+FAILED_CLOSE_CODE = 1011
+# What the layer's receive raises when Redis is unreachable: redis-py's errors, the sockets' own.
+LAYER_DOWN: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 # channels_redis forgets a group member after group_expiry (a day by default); a hub lives
 # as long as its run has viewers, so it renews its membership well before that.
 GROUP_RENEW_SECONDS = 3600.0
@@ -163,7 +170,7 @@ class RunFanout:
                 self._schedule_flush()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # Stopped (the hub closing, the loop ending) and the layer's receive failed on
@@ -172,7 +179,14 @@ class RunFanout:
                 raise asyncio.CancelledError from None
             # Events are lost from here on: close every socket so that browsers reconnect
             # (resubscribing) and catch up from the buffer, rather than sit on a dead stream.
-            log.exception("fanout: the subscription of run %s failed; closing its sockets", self.run_id)
+            # Redis going away is an outage, not a bug: one line, and "try again later".
+            code = RESUBSCRIBE_CLOSE_CODE if isinstance(exc, LAYER_DOWN) else FAILED_CLOSE_CODE
+            if code == RESUBSCRIBE_CLOSE_CODE:
+                log.warning("fanout: run %s lost its subscription, Redis is unreachable (%s: %s); "
+                            "closing its %s socket(s) with %s", self.run_id, type(exc).__name__, exc,
+                            len(self.members), code)
+            else:
+                log.exception("fanout: the subscription of run %s failed; closing its sockets", self.run_id)
             # The layer's pooled connections are as dead as this one was (Redis restarted, or
             # the network dropped): a socket that reconnects must get a subscription on fresh
             # ones. Kept, each of them failed the next subscription once, closing the page again.
@@ -181,7 +195,7 @@ class RunFanout:
             except Exception:
                 log.debug("fanout: could not reset the channel layer's connections", exc_info=True)
             for member in list(self.members.values()):
-                self.evict(member, code=RESUBSCRIBE_CLOSE_CODE)
+                self.evict(member, code=code)
 
     async def _renew(self) -> None:
         assert self.layer is not None and self.channel is not None
@@ -277,6 +291,10 @@ class RunFanout:
         if self.layer is not None and self.channel is not None:
             try:
                 await self.layer.group_discard(self.group, self.channel)
+            except LAYER_DOWN as exc:
+                # Redis is gone (and with it the membership, if it restarted); the member
+                # expires on its own otherwise (group_expiry).
+                log.info("fanout: could not unsubscribe run %s, Redis is unreachable (%s)", self.run_id, exc)
             except Exception:
                 log.exception("fanout: could not unsubscribe run %s", self.run_id)
 
