@@ -112,18 +112,10 @@ def own_conductor() -> Iterator[None]:
 def wait_windows_end(*, run_ids: Collection[int], now: datetime) -> tuple[int, int]:
     """End the wait windows of the runs `run_ids` (the ones this bench made) that have run out
     at `now`, as the product's beat (`feedback_wait_expire`) does: (groups made trainable,
-    groups dropped). Other runs' windows are left alone, whatever `now` says: the beat's
-    search for runs with pending members is narrowed to `run_ids` for the call (the service
-    takes no run filter; apps.feedback is another round's to change)."""
-    from types import SimpleNamespace
-    from unittest import mock
-
+    groups dropped). Other runs' windows are left alone, whatever `now` says."""
     from apps.feedback.services import feedback_wait_expire
-    from apps.runs.models import Run
 
-    these = SimpleNamespace(objects=Run.objects.filter(pk__in=list(run_ids)))
-    with mock.patch("apps.feedback.services.expiry.Run", these):
-        result = feedback_wait_expire(now=now)
+    result = feedback_wait_expire(now=now, run_ids=run_ids)
     return result.groups_ready, result.groups_dropped
 
 

@@ -4,7 +4,7 @@ for people follows the policy's fallback (the automatic reward, or dropped)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,13 +25,18 @@ class ExpireResult:
     groups_dropped: int
 
 
-def feedback_wait_expire(*, now: datetime | None = None) -> ExpireResult:
+def feedback_wait_expire(*, now: datetime | None = None, run_ids: Collection[int] | None = None) -> ExpireResult:
     """End the wait windows that have run out: for each group with a member pending longer
     than its run's `wait_seconds`, apply the run's fallback. Idempotent (conditional
-    updates on status pending), so overlapping beats do no harm."""
+    updates on status pending), so overlapping beats do no harm. `run_ids`: only these runs'
+    windows (a bench ends its own runs' windows early and must leave every other run's alone);
+    None, the beat's: every run's."""
     now = now or timezone.now()
     ready = dropped = 0
-    for run in Run.objects.filter(experiences__status=Experience.Status.PENDING).distinct():
+    runs = Run.objects.filter(experiences__status=Experience.Status.PENDING)
+    if run_ids is not None:
+        runs = runs.filter(pk__in=list(run_ids))
+    for run in runs.distinct():
         feedback_cfg = run.cfg.feedback
         cutoff = now - timedelta(seconds=feedback_cfg.wait_seconds)
         groups = list(
