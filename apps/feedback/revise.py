@@ -22,6 +22,7 @@ from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services.handout import lease_seconds_default
+from apps.feedback.services.submit import FeedbackClosed
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import (
@@ -31,6 +32,7 @@ from kernel.fold import (
     votes_fold,
 )
 from apps.runs.models import Run
+from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import InvalidInput
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
@@ -55,14 +57,11 @@ def _on_gold(fb: Feedback, gold: set[int]) -> bool:
     return bool(targets) and all(t in gold for t in targets)
 
 
-# A run in one of these has settled what its labels did: nothing is revised there (a stopped or
-# failed run may be started again, and takes new labels then; a revision before that would
-# change what people saw in its summary).
-_SETTLED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
-
-
 def run_takes_revisions(*, run: Run) -> bool:
-    return run.status not in _SETTLED
+    """A label is revised where a label may be given (apps.runs.selectors.run_takes_feedback,
+    the one rule for stopped runs): a stopped, finished or failed run has settled what its
+    labels did (a stopped or failed one may be started again, and takes new labels then)."""
+    return run_takes_feedback(run=run)
 
 
 class Submission(TypedDict):
@@ -90,9 +89,10 @@ def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submiss
 
 def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
-    refold its group and reopen their items. NotRevisable says why not."""
+    refold its group and reopen their items. NotRevisable says why not; FeedbackClosed, on a
+    run that takes no feedback, in the words a rating there gets."""
     if not run_takes_revisions(run=run):
-        raise NotRevisable(f"this run is {run.status}: its labels can no longer change")
+        raise FeedbackClosed(run)  # the words a rating there is refused with
     with transaction.atomic():
         qs = Feedback.objects.select_for_update().filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
         if feedback_id is not None:

@@ -24,7 +24,7 @@ from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Assignment
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.revise import feedback_targets, feedback_withdraw, my_submissions
 from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
@@ -37,7 +37,7 @@ from apps.feedback.selectors import (
 from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from apps.runs.selectors import run_takes_feedback
+from apps.runs.selectors import run_feedback_closed_reason, run_takes_feedback
 from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
@@ -103,6 +103,7 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
+        "closed_reason": run_feedback_closed_reason(run=run),
         "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
@@ -261,7 +262,7 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
         try:
             fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
-        except NotRevisable as exc:
+        except RftError as exc:  # NotRevisable, or FeedbackClosed on a run that takes no labels
             return _error(request, exc)
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:

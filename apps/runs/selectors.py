@@ -52,14 +52,37 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
     return run_role(run=run, user=user) is not None
 
 
-# A finished run has nothing left to train and a failed one trains nothing until someone
-# starts it again: neither takes people's feedback, so no page, list or API invites it.
-ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED)
+# A finished run has nothing left to train, and a stopped or failed one trains nothing until
+# someone starts it again (its held groups were released, its labels read "unused: the run
+# ended"): none takes people's feedback, so no page, list or API invites it, and no label on
+# it is withdrawn or revised either (issue 64 item 7: one rule for rating, Undo, Revise and
+# the queue). Started again, it takes labels again.
+ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+
+_CLOSED_WHY = {
+    Run.Status.FINISHED: "its training is done",
+    Run.Status.FAILED: "it trains nothing until its owner starts it again",
+    Run.Status.STOPPED: "it trains nothing until its owner starts it again",
+}
 
 
 def run_takes_feedback(*, run: Run) -> bool:
     """Whether feedback on the run can still change anything (every door refuses it otherwise)."""
     return run.status not in ENDED_STATUSES
+
+
+def run_feedback_closed_reason(*, run: Run) -> str:
+    """Why a run in its status takes no feedback ("" while it takes feedback)."""
+    if run_takes_feedback(run=run):
+        return ""
+    return _CLOSED_WHY.get(Run.Status(run.status), "it has ended")
+
+
+def run_feedback_closed_why(*, run: Run) -> str:
+    """The refusal of a label on the run, as every door says it ("" while it takes feedback):
+    the rating, Undo and Revise, the API and the closed queue give the same reason."""
+    reason = run_feedback_closed_reason(run=run)
+    return f"run {run.pk} is {run.status}: it takes no more feedback ({reason})" if reason else ""
 
 
 def run_invites_annotation(*, run: Run) -> bool:

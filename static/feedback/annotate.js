@@ -147,7 +147,7 @@
         note("model v" + p.version + " " + (p.event || "synced"));
       } else if (ev.type === "run.status") {
         note("run " + p.status);
-        if (p.status === "finished" || p.status === "failed") closeQueue(p.status);
+        if (CLOSED_WHY[p.status]) closeQueue(p.status);
       }
     }
     ws.onclose = (ev) => {
@@ -161,13 +161,17 @@
   }
   connect();
 
-  // A run that ends while the page is open takes no more feedback: say so, put the queue away.
+  // A run that ends while the page is open takes no more feedback: say so and why, put the
+  // queue away. A stopped run is closed as a finished one is (apps.runs.selectors.ENDED_STATUSES:
+  // one rule for rating, Undo, Revise and the queue); the reasons are those of its _CLOSED_WHY.
+  const CLOSED_WHY = {finished: "its training is done", failed: "it trains nothing until its owner starts it again",
+                      stopped: "it trains nothing until its owner starts it again"};
   function closeQueue(status) {
     const closed = document.getElementById("annotate-closed");
-    if (closed) {
+    if (closed && closed.hidden) {
       closed.hidden = false;
-      closed.insertBefore(document.createTextNode("This run is " + status + ": it takes no more feedback, so nothing waits here. "),
-                          closed.firstChild);
+      closed.insertBefore(document.createTextNode("This run is " + status + ": it takes no more feedback (" + CLOSED_WHY[status] +
+                                                  "), so nothing waits here. "), closed.firstChild);
     }
     canAnnotate = false;
     root.dataset.canAnnotate = "0";

@@ -91,7 +91,7 @@ def test_no_revise_where_nothing_can_change(page: Any, live_url: str, owner: Use
     web.force_login(annotator)
     fb = Feedback.objects.get(experience=members[0])
     response = web.post(mine, {"feedback": fb.pk}, HTTP_HX_REQUEST="true")
-    assert response.status_code == 400 and "can no longer change" in response.content.decode()
+    assert response.status_code == 400 and "takes no more feedback" in response.content.decode()
     assert Feedback.objects.filter(pk=fb.pk).exists()
 
 

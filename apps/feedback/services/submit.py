@@ -28,7 +28,7 @@ from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import feedback_is_late
 from apps.runs.models import Run
-from apps.runs.selectors import run_takes_feedback
+from apps.runs.selectors import run_feedback_closed_why, run_takes_feedback
 from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 # The environment API's key that sent the feedback (an envapi.ApiKey row, Feedback.api_key's
@@ -38,11 +38,11 @@ ApiKeyRow = Model
 
 
 class FeedbackClosed(Conflict):
-    """Feedback on a finished or failed run: nothing it could change is left (a 409)."""
+    """Feedback on a run that takes none (finished, failed, stopped): nothing it could change
+    is left (a 409). A withdrawal there is refused with the same words (apps.feedback.revise)."""
 
     def __init__(self, run: Run) -> None:
-        why = "its training is done" if run.status == Run.Status.FINISHED else "it trains nothing until it is started again"
-        super().__init__(f"run {run.pk} is {run.status}: it takes no more feedback ({why})", field="run")
+        super().__init__(run_feedback_closed_why(run=run), field="run")
 
 
 def comment_clean(comment: str | None) -> str:
