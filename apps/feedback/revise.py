@@ -9,6 +9,7 @@ assignments on its targets open again so the items come back to their queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypedDict
 
@@ -75,6 +76,10 @@ def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submiss
     be revised (and if not, why)."""
     rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
                 .order_by("-created_at", "-id")[:limit])
+    return _revisable(rows, run)
+
+
+def _revisable(rows: list[Feedback], run: Run) -> list[Submission]:
     if not run_takes_revisions(run=run):
         return [{"feedback": f, "revisable": False, "final": f"run {run.status}"} for f in rows]
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
@@ -150,3 +155,41 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
         if feedback_cfg.mode != "auto" and m.status == Experience.Status.READY and not complete:
             changes["status"] = Experience.Status.PENDING
         Experience.objects.filter(pk=m.pk).update(**changes)
+
+
+class Revision(TypedDict):
+    """What the revision form of one label shows, its current value pre-filled (feedback/_revise.html)."""
+    feedback: Feedback
+    score: int | None  # a rating's
+    thumb: str | None
+    flags: list[str]  # a flag's, or none
+    winner: str  # a comparison's: "a", "b", "tie"
+    other: int | None
+    ranks: list[tuple[int, int]]  # a ranking's: (experience id, its place, 1 = best), in id order
+
+
+def revision_of(*, run: Run, author: Person, feedback_id: int) -> Revision:
+    """The author's label `feedback_id` as its revision form shows it; NotRevisable (or
+    FeedbackClosed) when it can no longer change, so the form never opens on one."""
+    if not run_takes_revisions(run=run):
+        raise FeedbackClosed(run)
+    fb = Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True), pk=feedback_id).first()
+    if fb is None:
+        raise NotRevisable("no such submission of yours on this run")
+    if not next(s for s in _revisable([fb], run) if s["feedback"] is fb)["revisable"]:
+        raise NotRevisable("this group has been trained on: its feedback can no longer change")
+    raw = fb.value if isinstance(fb.value, dict) else {}
+    order = [int(x) for x in raw.get("order") or []]
+    return {"feedback": fb, "score": raw.get("score"), "thumb": raw.get("thumb"), "flags": list(raw.get("flags") or []),
+            "winner": str(raw.get("winner") or ""), "other": fb.other_id,
+            "ranks": sorted((pk, place) for place, pk in enumerate(order, start=1))}
+
+
+def feedback_revise(*, run: Run, author: Person, feedback_id: int,
+                    store: Callable[[], Feedback]) -> tuple[Feedback, Feedback]:
+    """Replace the author's label `feedback_id` by what `store` saves (the kind's own service,
+    given the revised form): one transaction, so a refused new value (InvalidInput) leaves the
+    old label as it was. Returns the label replaced and the one that replaced it."""
+    with transaction.atomic():
+        old = feedback_withdraw(run=run, author=author, feedback_id=feedback_id)
+        return old, store()

@@ -19,12 +19,12 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import kind_of_panel
+from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import run_ledger
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Feedback
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.revise import feedback_revise, feedback_targets, feedback_withdraw, my_submissions, revision_of
 from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
@@ -273,11 +273,67 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk,
                                                       status=Assignment.Status.LEASED, experience_id__in=feedback_targets(fb))
                             .select_related("experience"))
+    return _fragment(request, run, "feedback/_mine.html",
+                     _mine_context(request, run, on_queue_page, message=message, reopened=reopened))
+
+
+def _mine_context(request: HtmxHttpRequest, run: Run, on_queue_page: bool, **shown: object) -> dict[str, object]:
     # The annotation page's box shows the latest few (its height stays bounded); this page, more.
-    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
-               "message": message, "reopened": reopened, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
-               "queue_link": bool(message) and not on_queue_page, "box": "mine-box"}
-    return _fragment(request, run, "feedback/_mine.html", context)
+    return {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
+            "message": "", "reopened": [], "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
+            "queue_link": bool(shown.get("message")) and not on_queue_page, "box": "mine-box", **shown}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@_refusal_as_text
+def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpResponse:
+    """Revise one of my labels in place (issue 64 item 8). GET: its revision form, in place of
+    its line in "your submissions", the current value pre-filled. POST: save it, replacing the
+    label in one transaction (a refused value leaves the old one); the item's finished card on
+    the annotation page shows the new value, where the page still has it."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
+    try:
+        revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
+    except RftError as exc:
+        return _error(request, exc)
+    if request.method == "GET":
+        return _fragment(request, run, "feedback/_revise.html",
+                         {"r": revision, "flags": FLAGS, "box": "mine-box", "standalone": not request.htmx})
+    old = revision["feedback"]
+    try:
+        _, new = feedback_revise(run=run, author=request.user, feedback_id=old.pk,
+                                 store=lambda: _revised_store(request, run, old))
+    except RftError as exc:
+        return _error(request, exc)
+    if not request.htmx:
+        return redirect(reverse("feedback:mine", kwargs={"run_id": run.pk}))
+    on_queue_page = _asked_from(request, _page_url(run))
+    cards = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk, status=Assignment.Status.DONE,
+                                           experience_id__in=feedback_targets(new)).select_related("experience")
+                 ) if on_queue_page else []
+    return _fragment(request, run, "feedback/_mine.html", _mine_context(
+        request, run, on_queue_page, revised=new, revised_cards=cards,
+        saved_notes=[(new, feedback_effect(run=run, feedback=new))]))
+
+
+def _revised_store(request: HtmxHttpRequest, run: Run, old: Feedback) -> Feedback:
+    """The revised label, stored by its kind's service from the revision form (the fields of
+    the card's rating form, or of the kind's panel)."""
+    comment = request.POST.get("comment", "")
+    if old.kind == "rating":
+        score, thumb = _score(request)
+        return kind_get("rating").store(run=run, author=request.user, experience=old.experience_id, score=score,
+                                        thumb=thumb, comment=comment)
+    if old.kind == "flag":
+        return kind_get("flag").store(run=run, author=request.user, experience=old.experience_id,
+                                      flags=request.POST.getlist("flags"), comment=comment)
+    door = kind_get(old.kind)
+    # A group's label (a ranking) names no experience: its panel reads the group from a member.
+    experience = old.experience or Experience.objects.filter(run=run, group_id=old.group_id, is_expert=False).order_by("id").first()
+    if experience is None:
+        raise InvalidInput("the group of this label is gone", field="feedback")
+    return door.page_store(request.POST, experience=experience, who={"run": run, "author": request.user, "comment": comment})
 
 
 def _asked_from(request: HtmxHttpRequest, url: str) -> bool:

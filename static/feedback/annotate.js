@@ -218,10 +218,11 @@
         if (marks && !marks.textContent.includes(label)) marks.textContent += " · " + label;
       }
     }
-    // A withdrawal's own answer already redrew the list (with its message).
+    // A withdrawal's own answer already redrew the list (with its message), and so did a
+    // revision's (the list already shows the new label).
     // rftRefresh (static/rftweb/refresh.js): a label saved while the list is on its way is
     // not lost when that answer replaces the list's refresh link.
-    if (!p.withdrawn) window.rftRefresh("#mine a.refresh");
+    if (!p.withdrawn && !document.querySelector('#mine li[data-feedback="' + p.id + '"]')) window.rftRefresh("#mine a.refresh");
   }
 
   // ------------------------------------------------------------------ htmx glue
@@ -248,9 +249,17 @@
   // out-of-band card to replace: before the answer is swapped, a placeholder for it goes at
   // the end of the queue, so it comes back there, open (and htmx finds its target, rather
   // than reporting an error).
+  // A revised label's finished card (data-oob-if-present) only updates a card still shown:
+  // one put away is dropped from the answer, rather than coming back at the end of the queue.
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
-    const html = ev.detail.serverResponse;
+    let html = ev.detail.serverResponse;
     if (!queue || typeof html !== "string" || html.indexOf("hx-swap-oob") < 0) return;
+    if (html.indexOf("data-oob-if-present") >= 0) {
+      const t = document.createElement("template");
+      t.innerHTML = html;
+      t.content.querySelectorAll("[data-oob-if-present]").forEach((el) => { if (!document.getElementById(el.id)) el.remove(); });
+      html = ev.detail.serverResponse = t.innerHTML;
+    }
     for (const m of html.matchAll(/<article[^>]*\bid="(item-\d+)"[^>]*\bhx-swap-oob=/g)) {
       if (document.getElementById(m[1])) continue;
       const holder = document.createElement("article");
@@ -261,7 +270,7 @@
     }
   });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
-  // before the undo was answered would show the withdrawn one again: drop its answer.
+  // before the undo (or a revision) was answered would show the withdrawn one again: drop its answer.
   let withdrawnAt = 0;
   document.body.addEventListener("htmx:beforeRequest", (ev) => {
     if (ev.detail.elt && ev.detail.elt.matches && ev.detail.elt.matches("#mine a.refresh")) ev.detail.xhr.rftSentAt = Date.now();
@@ -269,12 +278,17 @@
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
     const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
     if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
+    // Stamped when the answer swaps in (its form is still in the page then; once swapped out,
+    // htmx reports the request's end on the target instead).
+    const elt = ev.detail.elt;
+    if (ev.detail.shouldSwap && elt && elt.closest && elt.closest("#undo, form.withdraw, form.revise")) withdrawnAt = Date.now();
   });
   document.body.addEventListener("htmx:afterRequest", (ev) => {
-    const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw");
+    const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw, form.revise");
     if (!form) return;
     withdrawnAt = Date.now();
-    if (ev.detail.successful) loadMore().then(refreshCounts);
+    // A revision leaves its item done: nothing comes back to the queue.
+    if (ev.detail.successful && !form.matches("form.revise")) loadMore().then(refreshCounts);
   });
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.
