@@ -74,9 +74,30 @@ class Submission(TypedDict):
 def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised (and if not, why)."""
-    rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
-                .order_by("-created_at", "-id")[:limit])
-    return _revisable(rows, run)
+    return my_submissions_page(run=run, author=author, page=1, per_page=limit)["items"]
+
+
+class SubmissionsPage(TypedDict):
+    items: list[Submission]
+    total: int  # the author's submissions on the run, all pages
+    first: int  # the place of the first shown, 1 = the newest (0 when none)
+    last: int  # the place of the last shown
+    page: int  # 1 = the newest
+    pages: int
+
+
+def my_submissions_page(*, run: Run, author: Person, page: int, per_page: int) -> SubmissionsPage:
+    """One page of the author's feedback on the run, newest first (issue 64 item 2: the list
+    showed the latest 30 of 48, with nothing to reach the rest). A page past the last is the
+    last."""
+    rows = Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
+    total = rows.count()
+    pages = max(1, -(-total // per_page))
+    page = min(max(1, page), pages)
+    start = (page - 1) * per_page
+    items = _revisable(list(rows.order_by("-created_at", "-id")[start:start + per_page]), run)
+    return {"items": items, "total": total, "first": start + 1 if items else 0, "last": start + len(items),
+            "page": page, "pages": pages}
 
 
 def _revisable(rows: list[Feedback], run: Run) -> list[Submission]:

@@ -24,7 +24,13 @@ from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import feedback_revise, feedback_targets, feedback_withdraw, my_submissions, revision_of
+from apps.feedback.revise import (
+    feedback_revise,
+    feedback_targets,
+    feedback_withdraw,
+    my_submissions_page,
+    revision_of,
+)
 from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
@@ -109,11 +115,18 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
         "guidelines": mark_safe(markdown_safe(feedback_cfg.guidelines)) if feedback_cfg.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
-        "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
+        **_mine_in_box(run, request.user, can_annotate),
         # Where the person's labels and the run's went (apps/feedback/ledger.py): one statement,
         # counted in the database, however many labels the run has.
         **_ledger_context(run, request.user),
     })
+
+
+def _mine_in_box(run: Run, person: Person, can_annotate: bool) -> dict[str, object]:
+    if not can_annotate:
+        return {"mine": []}
+    listed = my_submissions_page(run=run, author=person, page=1, per_page=MINE_IN_BOX)
+    return {"mine": listed["items"], "listed": listed}
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
@@ -249,7 +262,8 @@ def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) 
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
 def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
+    """GET: my submissions, newest first, a page at a time (`page`), each revisable while its
+    group is untrained. POST: withdraw
     one (`feedback`), or the last one when none is named (undo); its items come back to the
     queue to be judged again."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
@@ -273,15 +287,35 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk,
                                                       status=Assignment.Status.LEASED, experience_id__in=feedback_targets(fb))
                             .select_related("experience"))
+    try:
+        page = _page_asked(request)
+    except InvalidInput as exc:
+        return _error(request, exc)
     return _fragment(request, run, "feedback/_mine.html",
-                     _mine_context(request, run, on_queue_page, message=message, reopened=reopened))
+                     _mine_context(request, run, on_queue_page, page, message=message, reopened=reopened))
 
 
-def _mine_context(request: HtmxHttpRequest, run: Run, on_queue_page: bool, **shown: object) -> dict[str, object]:
-    # The annotation page's box shows the latest few (its height stays bounded); this page, more.
-    return {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
+# The annotation page's box shows the latest few (its height stays bounded); the list's own
+# page, more, a page at a time.
+MINE_IN_BOX, MINE_PER_PAGE = 10, 30
+
+
+def _mine_context(request: HtmxHttpRequest, run: Run, on_queue_page: bool, page: int = 1,
+                  **shown: object) -> dict[str, object]:
+    listed = my_submissions_page(run=run, author=request.user, page=1 if on_queue_page else page,
+                                 per_page=MINE_IN_BOX if on_queue_page else MINE_PER_PAGE)
+    # The list's own page refreshes the page it shows.
+    here = f"{reverse('feedback:mine', kwargs={'run_id': run.pk})}?page={listed['page']}" if not on_queue_page else ""
+    return {"run": run, "mine": listed["items"], "listed": listed, "own_page": not on_queue_page, "mine_here": here,
             "message": "", "reopened": [], "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
             "queue_link": bool(shown.get("message")) and not on_queue_page, "box": "mine-box", **shown}
+
+
+def _page_asked(request: HtmxHttpRequest) -> int:
+    raw = request.GET.get("page", "1").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInput(f"page is a page number from 1, got {raw!r}", field="page")
+    return int(raw)
 
 
 @login_required

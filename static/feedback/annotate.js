@@ -278,9 +278,9 @@
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
     const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
     if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
-    // Stamped when the answer swaps in (its form is still in the page then; once swapped out,
-    // htmx reports the request's end on the target instead).
-    const elt = ev.detail.elt;
+    // Stamped when the answer swaps in (the event's own element is the target, #mine-box;
+    // the form that asked is the request's).
+    const elt = ev.detail.requestConfig && ev.detail.requestConfig.elt;
     if (ev.detail.shouldSwap && elt && elt.closest && elt.closest("#undo, form.withdraw, form.revise")) withdrawnAt = Date.now();
   });
   document.body.addEventListener("htmx:afterRequest", (ev) => {

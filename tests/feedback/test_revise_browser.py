@@ -5,6 +5,7 @@ that finished, failed or was stopped; a label whose group trained)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -18,9 +19,16 @@ from apps.feedback.models import Feedback
 from apps.feedback.services import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import login
+from tests.servers import HeldAnswer, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _wired(page: Any, selector: str) -> None:
+    """Wait until htmx has processed the form at `selector` (it wires a swapped-in form only
+    once the swap settles; a click before that would send the plain form and leave the page)."""
+    page.wait_for_function("s => { const f = document.querySelector(s); "
+                           "return !!(f && f['htmx-internal-data'] && f['htmx-internal-data'].initHash); }", arg=selector)
 
 
 def _rated_run(owner: User, annotator: User) -> tuple[Run, list[Experience]]:
@@ -56,6 +64,7 @@ def test_revise_on_my_submissions_page_opens_the_label_and_saving_replaces_it(
         # item 8: it withdrew the label and sent the person to the bottom of their queue).
         item.get_by_role("link", name="Revise").click()
         form = page.locator(f'#mine li.revising[data-feedback="{first.pk}"] form.revise')
+        _wired(page, f'#mine li.revising[data-feedback="{first.pk}"] form.revise')
         expect(form.locator("input[name=score][value='2']")).to_be_checked()
         assert Feedback.objects.filter(pk=first.pk).exists()  # nothing withdrawn by opening it
         form.locator("input[name=score][value='5']").check()
@@ -125,11 +134,28 @@ def test_revise_on_the_annotation_page_edits_in_place_and_the_card_shows_the_new
     opened = page.locator("#mine li").nth(index)
     expect(opened).to_have_class("submission revising")  # in its own place in the list
     expect(opened.locator("input[name=score][value='2']")).to_be_checked()
+    _wired(page, "#mine li.revising form.revise")
     expect(page.locator("#queue .item:not(.done)")).to_have_count(0)  # no item reopened below
     opened.locator("input[name=score][value='4']").check()
     opened.locator("input[name=comment]").fill("on reflection <b>fine</b>")
+    # The race that lost the message: the label's live event asks for the list again before the
+    # revision's own answer arrives, and that older list arrives after it. Both are held here so
+    # that they come in that order every time.
+    posted: list[tuple[Any, Any]] = []
+    page.route(re.compile(r"/annotate/mine/\d+/revise/$"),
+               lambda route: posted.append((route, route.fetch())) if route.request.method == "POST" else route.continue_())
+    listed = HeldAnswer(page, rf"/runs/{run.pk}/annotate/mine/$")
+    page.evaluate("""() => document.body.addEventListener("htmx:beforeSwap", (ev) => {
+        if (/\\/annotate\\/mine\\/$/.test(ev.detail.requestConfig.path)) window.__listAnswered = true; })""")
     opened.get_by_role("button", name="Save").click()
+    assert listed.wait_asked(), "the label's live event asked for no list"
+    route, answer = posted[0]
+    route.fulfill(response=answer)
     expect(page.locator("#mine .saved")).to_have_text(f"Revised: your rating on #{members[0].pk} is now 4/5.")
+    listed.release()
+    page.wait_for_function("() => window.__listAnswered === true")
+    expect(page.locator("#mine .saved")).to_have_text(f"Revised: your rating on #{members[0].pk} is now 4/5.")
+    page.unroute_all()
     revised = Feedback.objects.get(experience=members[0])
     assert (revised.value["score"], revised.comment) == (4, "on reflection <b>fine</b>")
     assert not Feedback.objects.filter(pk=first.pk).exists()
@@ -149,6 +175,7 @@ def test_revise_on_the_annotation_page_edits_in_place_and_the_card_shows_the_new
     rated = Feedback.objects.get(experience_id=fresh_id)
     page.locator(f'#mine li[data-feedback="{rated.pk}"]').get_by_role("link", name="Revise").click()
     page.locator(f'#mine li.revising[data-feedback="{rated.pk}"] input[name=score][value="3"]').check()
+    _wired(page, "#mine li.revising form.revise")
     page.locator(f'#mine li.revising[data-feedback="{rated.pk}"]').get_by_role("button", name="Save").click()
     expect(done).to_contain_text("3/5")
     expect(page.locator("#queue .item")).to_have_count(1)
