@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import TypedDict
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q, QuerySet, Window
 from django.utils import timezone
 
 from apps.buffer.models import Experience
@@ -91,13 +91,27 @@ def my_submissions_page(*, run: Run, author: Person, page: int, per_page: int) -
     showed the latest 30 of 48, with nothing to reach the rest). A page past the last is the
     last."""
     rows = Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
-    total = rows.count()
+    page = max(1, page)
+    # The page and the total in one statement (a window count): the annotation page reads it on
+    # every load (tests/test_door_costs.py).
+    read, total = _page_rows(rows, page, per_page)
+    total = total if read else (rows.count() if page > 1 else 0)
     pages = max(1, -(-total // per_page))
-    page = min(max(1, page), pages)
+    if page > pages:  # past the last: the last
+        page = pages
+        read, _ = _page_rows(rows, page, per_page)
     start = (page - 1) * per_page
-    items = _revisable(list(rows.order_by("-created_at", "-id")[start:start + per_page]), run)
+    items = _revisable(read, run)
     return {"items": items, "total": total, "first": start + 1 if items else 0, "last": start + len(items),
             "page": page, "pages": pages}
+
+
+def _page_rows(rows: QuerySet[Feedback], page: int, per_page: int) -> tuple[list[Feedback], int]:
+    """One page of `rows`, newest first, and how many there are on every page (0 when the page is empty)."""
+    start = (page - 1) * per_page
+    found = list(rows.annotate(total=Window(Count("id"))).order_by("-created_at", "-id")[start:start + per_page])
+    read: list[Feedback] = [*found]
+    return read, int(found[0].total) if found else 0
 
 
 def _revisable(rows: list[Feedback], run: Run) -> list[Submission]:
