@@ -644,7 +644,16 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
     return redirect("runs:detail", run_id=run.pk)
 
 
-run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+@login_required
+@require_GET
+def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """What the run waits for (the run page polls it and asks again on its events) and, out of
+    band for a person who may annotate it, the Annotate button's "N waiting", so both move."""
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    badge = (annotation_waiting(run=run, annotator=request.user)
+             if request.htmx and role in ("owner", "annotator") and run_invites_annotation(run=run) else None)
+    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run), "badge": badge},
+                    f"Waiting · {run.name}")
 
 
 @login_required

@@ -327,6 +327,9 @@ def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpRespo
     label in one transaction (a refused value leaves the old one); the item's finished card on
     the annotation page shows the new value, where the page still has it."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
+    # Another run's label is out of reach: 404, as any object of a run not this one (another
+    # person's label on this run: revision_of's 400, "no such submission of yours").
+    get_object_or_404(Feedback, pk=feedback_id, run=run)
     try:
         revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
     except RftError as exc:

@@ -103,7 +103,10 @@
   const liveLine = document.getElementById("live-line");
   function note(text) {
     // One compact line for people; the raw feed stays folded away below.
-    if (liveLine) liveLine.textContent = new Date().toLocaleTimeString() + " · " + text;
+    if (liveLine) {
+      liveLine.removeAttribute("data-initial");
+      liveLine.textContent = new Date().toLocaleTimeString() + " · " + text;
+    }
     if (!feed) return;
     const li = document.createElement("li");
     li.textContent = text;
@@ -128,6 +131,11 @@
       // Under load the server sends several events, in order, as one "batch" frame.
       const events = frame.type === "batch" && Array.isArray(frame.events) ? frame.events : [frame];
       events.forEach(handle);
+      // An event the page does not word (metrics, a heartbeat) still ends "Waiting for the
+      // first event." (issue 64 item 10: it stayed while events came).
+      if (liveLine && liveLine.hasAttribute("data-initial") && events.length) {
+        note(String(events[events.length - 1].type || "event").replace(".", " "));
+      }
     };
     function handle(ev) {
       const p = ev.payload || {};
