@@ -279,15 +279,17 @@
     chart.zoomed = false;
     // Each metric keeps its own colour whether or not other runs are compared (shades of one
     // hue per run made every line of this run blue: issue 64 item 10); a compared run draws
-    // the same metric in the same colour, dashed, and its legend entry names the run.
+    // the same metric in the same colour, dashed, and its legend entry names the run. A chart
+    // of one metric colours the runs apart instead (its lines are then one per run).
     var metricNames = [];
     list.forEach(function (s) { if (metricNames.indexOf(s.name) < 0) metricNames.push(s.name); });
+    var byRun = metricNames.length === 1;
     var series = [{ label: view.x === "time" ? "time" : "step", value: function (u, v) { return v === null ? "–" : (view.x === "time" ? new Date(v * 1000).toLocaleTimeString() : String(v)); } }];
     list.forEach(function (s) {
       var k = metricNames.indexOf(s.name);
       series.push({
         label: s.run === self ? seriesLabel(s.name) : seriesLabel(s.name) + " (" + s.run.name + ")",
-        stroke: COLORS[k % COLORS.length],
+        stroke: COLORS[(byRun ? s.ri : k) % COLORS.length],
         dash: s.run === self ? undefined : DASHES[(s.ri - 1) % DASHES.length],
         width: 1.5, spanGaps: true, points: { show: xs.length < 40 },
         value: function (u, v) { return fmt(v); },
