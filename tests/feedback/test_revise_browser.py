@@ -19,7 +19,7 @@ from apps.feedback.models import Feedback
 from apps.feedback.services import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from tests.servers import HeldAnswer, login
+from tests.servers import BROWSER_WAIT_MS, HeldAnswer, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -149,6 +149,10 @@ def test_revise_on_the_annotation_page_edits_in_place_and_the_card_shows_the_new
         if (/\\/annotate\\/mine\\/$/.test(ev.detail.requestConfig.path)) window.__listAnswered = true; })""")
     opened.get_by_role("button", name="Save").click()
     assert listed.wait_asked(), "the label's live event asked for no list"
+    for _ in range(BROWSER_WAIT_MS // 100):  # the revision's answer, read from the server by its route
+        if posted:
+            break
+        page.wait_for_timeout(100)  # Playwright runs route handlers only inside its own calls
     route, answer = posted[0]
     route.fulfill(response=answer)
     expect(page.locator("#mine .saved")).to_have_text(f"Revised: your rating on #{members[0].pk} is now 4/5.")
