@@ -193,7 +193,8 @@ class FeedbackSettings(StrictModel):
     # How long a group waits for human rewards before the fallback applies.
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
-    # A group a person has open (an item of it in their queue) waits for them rather than
+    # A group a person has open (an item of it on top of their queue: the first two open ones,
+    # apps.feedback.holds.HOLDS_PER_PERSON) waits for them rather than
     # training under their hands: the trainer's claim skips it for `hold_seconds` after their
     # last sign of work (opening or polling the page, a label), and never longer than
     # `hold_cap_seconds` after the item was handed to them. 0: no holds. Not under `auto`

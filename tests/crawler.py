@@ -48,7 +48,7 @@ ACTION_CAP = 120
 # something away (delete, remove, revoke, reject, withdraw/undo a label, unmark gold,
 # deactivate an account). Everything else is sent as the page shows it: a filter with its
 # defaults, an empty "add person" (a form error), "Invite" (a one-time link), a copy of a run
-# ("Create run" makes a draft), "Revise" (the label goes back to the queue).
+# ("Create run" makes a draft), "Revise" (opens the label's form).
 # Matched against a form's action URL and its button's words, or an htmx control's URL and words.
 DESTRUCTIVE = re.compile(
     r"log ?out|/logout/|/control/|\b(delete|remove|revoke|reject|withdraw|undo|unmark|deactivate)", re.IGNORECASE)

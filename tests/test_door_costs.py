@@ -67,7 +67,7 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     from django.test import Client
     from django.utils import timezone
 
-    from apps.feedback.holds import RENEW_SLACK_SECONDS
+    from apps.feedback.holds import HOLDS_PER_PERSON, RENEW_SLACK_SECONDS
     from apps.feedback.models import Assignment
     from apps.feedback.services import assignment_claim
     from apps.runs.models import Run
@@ -79,7 +79,11 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     assignment_claim(run=run, annotator=anna, size=4)  # a sign of work: the holds renewed
 
     def holds() -> set[datetime | None]:
-        return set(Assignment.objects.filter(run=run, annotator=anna, status="leased").values_list("held_until", flat=True))
+        """The holds of the items on top of her queue (apps.feedback.holds.HOLDS_PER_PERSON);
+        the items below them hold nothing."""
+        leased = Assignment.objects.filter(run=run, annotator=anna, status="leased").order_by("id")
+        assert set(leased[HOLDS_PER_PERSON:].values_list("held_until", flat=True)) <= {None}
+        return set(leased[:HOLDS_PER_PERSON].values_list("held_until", flat=True))
 
     client = Client()
     client.force_login(anna)

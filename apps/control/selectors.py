@@ -20,7 +20,7 @@ from apps.buffer.selectors import ExperienceFilters
 from apps.control.conductor import batch_plan, train_readiness
 from apps.feedback.models import Feedback
 from apps.feedback.kinds import kind_names
-from apps.feedback.holds import Person
+from apps.feedback.holds import HeldForPeople, Person, held_for_people
 from apps.feedback.selectors import annotation_waiting
 from apps.runs import schedule
 from apps.runs.heartbeat import workers_health
@@ -232,7 +232,7 @@ def tasksets_for(*, user: Person | None) -> list[Taskset]:
 
 
 class Waiting(TypedDict):
-    """What a running run waits for (`what`: people, version, batch, worker), since when."""
+    """What a running run waits for (`what`: people, version, batch, held, worker), since when."""
 
     what: str
     since: datetime
@@ -277,6 +277,9 @@ def run_waiting(*, run: Run) -> list[Waiting]:
                         "text": f"the trainer waits for a full batch for step {run.train_step + 1}: "
                                 f"{readiness.usual} of {plan.usual} trainable experiences"
                                 + (f", {readiness.expert} of {plan.expert} expert" if plan.expert else "")})
+            held = held_for_people(run=run)
+            if held is not None:
+                out.append(_held_wait(held))
     health = workers_health()
     for queue, needed in (("rollout", schedule.explores(cfg) and run.explore_step < cfg.total_steps),
                           ("train", schedule.trains(cfg) and run.train_step < cfg.total_steps)):
@@ -289,6 +292,18 @@ def run_waiting(*, run: Run) -> list[Waiting]:
                         "text": f"no live worker serves the {queue} queue"
                                 + (" (the last one was seen then)" if last else " (none has reported)")})
     return out
+
+
+def _held_wait(held: HeldForPeople) -> Waiting:
+    """Training waits on groups held for the people who have them open (issue 64 item 9: the
+    loop stalled 90 s and no page said why): which people, how many, and until when."""
+    who = ", ".join(f"{name} {n}" for name, n in held.people.items()) or "nobody now"
+    return {"what": "held", "since": held.since,
+            "text": f"{held.groups} group{'s' if held.groups != 1 else ''} ready to train "
+                    f"({held.experiences} experiences) {'are' if held.groups != 1 else 'is'} held for people who "
+                    f"have {'them' if held.groups != 1 else 'it'} open ({who}); the holds end by "
+                    f"{timezone.localtime(held.ends):%H:%M:%S} unless they keep working, by "
+                    f"{timezone.localtime(held.latest):%H:%M:%S} at the latest"}
 
 
 def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[Experience]:

@@ -64,7 +64,6 @@ from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
-from apps.feedback.services import feedback_refusal
 from kernel.hygiene import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
@@ -564,7 +563,7 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
     if run.twin_of_id is not None:
-        errors = {FORM: [f"{feedback_refusal(run)}: its feedback policy stays off"]}
+        errors = {FORM: [f"{run_feedback_closed_why(run=run)}: its feedback policy stays off"]}
     elif request.POST.get("confirm") != "yes":
         errors = {FORM: ["tick the box to confirm the change of policy"]}
     else:
@@ -651,7 +650,16 @@ def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> 
     return redirect("runs:detail", run_id=run.pk)
 
 
-run_waiting_view = _run_panel("runs/_waiting.html", "Waiting", lambda run: {"waiting": run_waiting(run=run)})
+@login_required
+@require_GET
+def run_waiting_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """What the run waits for (the run page polls it and asks again on its events) and, out of
+    band for a person who may annotate it, the Annotate button's "N waiting", so both move."""
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    badge = (annotation_waiting(run=run, annotator=request.user)
+             if request.htmx and role in ("owner", "annotator") and run_invites_annotation(run=run) else None)
+    return _partial(request, "runs/_waiting.html", {"run": run, "waiting": run_waiting(run=run), "badge": badge},
+                    f"Waiting · {run.name}")
 
 
 @login_required

@@ -1,6 +1,7 @@
 """Holds: a group a person has open waits for them rather than training under their hands.
 
-An annotator's leased item holds its group: the item's assignment carries `held_until`, renewed
+An annotator's leased item on top of their queue (the first HOLDS_PER_PERSON open ones, in the
+order they were handed out) holds its group: the item's assignment carries `held_until`, renewed
 to `feedback.hold_seconds` from now on every sign of work (opening or polling the annotation
 page, which claims; a label), and never past `feedback.hold_cap_seconds` after the item was
 handed out. Every open member of the group carries the latest hold of any of its assignments
@@ -31,7 +32,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DatabaseError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Max, OuterRef, Q, Subquery, Value
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
 
@@ -60,6 +61,20 @@ def holds_apply(*, run: Run) -> bool:
 # At most this much (and a tenth of hold_seconds) of a hold is given up to skip a renewal.
 RENEW_SLACK_SECONDS = 5.0
 
+# How many of a person's open items hold their groups: the first of their queue (the item they
+# are on and the next). The page hands out a queue of RFT_ANNOTATION_QUEUE_SIZE items (8), and
+# every one of them held its group while the page was open (the counts poll renews): one
+# person held 8 groups of 8, a whole batch of 64, and two people held the demo's trainer for up
+# to the cap ("waits for a full batch: 48 of 64" with 121 ready; issue 64 item 9). The rest of
+# the queue holds nothing: a label on an item whose group trained meanwhile is late (it still
+# teaches the reward model).
+HOLDS_PER_PERSON = 2
+
+
+def _on_top(rows: Iterable[tuple[int, str]]) -> set[int]:
+    """The ids of the open items that hold, of a person's (assignment id, experience status)."""
+    return set(sorted(pk for pk, status in rows if status in _OPEN)[:HOLDS_PER_PERSON])
+
 
 def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ()) -> int:
     """Renew the holds of `annotator`'s leased items on `run` (a sign of work), and bring the
@@ -76,7 +91,11 @@ def holds_renew(*, run: Run, annotator: Person, also_groups: Iterable[str] = ())
                                              experience__status__in=_OPEN)
             cap = ExpressionWrapper(F("created_at") + timedelta(seconds=feedback_cfg.hold_cap_seconds),
                                     output_field=DateTimeField())
-            mine.update(held_until=Least(Value(now + timedelta(seconds=feedback_cfg.hold_seconds)), cap))
+            # One statement: the items on top (_on_top's rule, as a subquery) hold, the rest not.
+            on_top = mine.order_by("id").values("pk")[:HOLDS_PER_PERSON]
+            mine.update(held_until=Case(
+                When(pk__in=Subquery(on_top), then=Least(Value(now + timedelta(seconds=feedback_cfg.hold_seconds)), cap)),
+                default=Value(None), output_field=DateTimeField()))
             # One read of their leased items for both: the open ones' groups to bring up to date,
             # and the groups a live hold keeps for them (the counts poll runs this every 10 s).
             leased = Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED
@@ -117,10 +136,13 @@ def holds_renew_when_due(*, run: Run, annotator: Person) -> Renewal | None:
     soonest = now + timedelta(seconds=feedback_cfg.hold_seconds - slack)
     cap = timedelta(seconds=feedback_cfg.hold_cap_seconds)
     rows = list(Assignment.objects.filter(run=run, annotator_id=annotator.pk, status=Assignment.Status.LEASED)
-                .values_list("experience__group_id", "experience__status", "held_until", "created_at"))
-    if any(status in _OPEN and (until is None or until < min(soonest, handed + cap)) for _, status, until, handed in rows):
+                .values_list("pk", "experience__group_id", "experience__status", "held_until", "created_at"))
+    on_top = _on_top((pk, status) for pk, _, status, _, _ in rows)
+    # Due: an item on top whose hold would lapse soon, or one below it still holding (the top moved).
+    if any((pk in on_top and (until is None or until < min(soonest, handed + cap)))
+           or (pk not in on_top and status in _OPEN and until is not None) for pk, _, status, until, handed in rows):
         return Renewal(leased=len(rows), held=holds_renew(run=run, annotator=annotator))
-    return Renewal(leased=len(rows), held=len({group for group, _, until, _ in rows if until is not None and until > now}))
+    return Renewal(leased=len(rows), held=len({group for _, group, _, until, _ in rows if until is not None and until > now}))
 
 
 def _lock_or_yield(*, run: Run, annotator: Person, also_groups: Iterable[str]) -> None:
@@ -163,3 +185,39 @@ def holds_release(*, run_id: int) -> int:
     recorded one; no last step trains them. Returns the experiences released."""
     Assignment.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)
     return Experience.objects.filter(run_id=run_id, held_until__isnull=False).update(held_until=None)
+
+
+@dataclass(frozen=True)
+class HeldForPeople:
+    """Groups ready to train that wait for people who have them open (what the run page says
+    when training waits on them)."""
+
+    groups: int
+    experiences: int
+    people: dict[str, int]  # username -> groups held for them
+    since: datetime  # the first hand-out of an item that holds one
+    ends: datetime  # when the last hold ends if nobody works on them
+    latest: datetime  # when the last ends however they work (the holds' caps)
+
+
+def held_for_people(*, run: Run, now: datetime | None = None) -> HeldForPeople | None:
+    """The run's ready groups held for people now, who holds them and until when; None when none."""
+    now = now or timezone.now()
+    groups = set(Experience.objects.filter(run=run, status=Experience.Status.READY, is_expert=False,
+                                           held_until__gt=now).values_list("group_id", flat=True))
+    if not groups:
+        return None
+    experiences = Experience.objects.filter(run=run, status=Experience.Status.READY, is_expert=False,
+                                            group_id__in=groups).count()
+    rows = list(Assignment.objects.filter(run=run, status=Assignment.Status.LEASED, held_until__gt=now,
+                                          experience__group_id__in=groups)
+                .values_list("annotator__username", "experience__group_id", "held_until", "created_at"))
+    cap = timedelta(seconds=run.cfg.feedback.hold_cap_seconds)
+    people: dict[str, set[str]] = {}
+    for who, group, _, _ in rows:
+        people.setdefault(who, set()).add(group)
+    return HeldForPeople(
+        groups=len(groups), experiences=experiences, people={who: len(g) for who, g in sorted(people.items())},
+        since=min((handed for _, _, _, handed in rows), default=now),
+        ends=max((until for _, _, until, _ in rows if until is not None), default=now),
+        latest=max((handed + cap for _, _, _, handed in rows), default=now))

@@ -49,6 +49,7 @@ class LabelOut(Schema):
     trained: bool = Field(description="its group was trained on (or it came late): a rejection leaves the reward it "
                                       "taught in the versions trained")
     disagreement: bool = Field(description="part of an open disagreement")
+    correction: str | None = Field(None, description="a correction's text (its expert experience); null for other kinds")
 
 
 class ReviewOut(Schema):
@@ -93,7 +94,7 @@ def _label(row: ReviewRow) -> Body:
     return {"id": f.pk, "kind": f.kind, "author": who(f), "experience_id": f.experience_id, "other_id": f.other_id,
             "group_id": f.group_id, "value": f.value, "late": f.late, "created_at": f.created_at, "review": f.review,
             "reviewed_by": f.reviewed_by.get_username() if f.reviewed_by else None, "reviewed_at": f.reviewed_at,
-            "trained": row.trained, "disagreement": row.disagreement}
+            "trained": row.trained, "disagreement": row.disagreement, "correction": row.correction}
 
 
 def _outcome(outcome: ReviewOutcome, *, disputed: bool = False) -> Body:

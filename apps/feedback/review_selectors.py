@@ -67,6 +67,9 @@ class ReviewRow:
     # Its group was trained on (or it came late): a rejection leaves the reward already taught.
     trained: bool
     disagreement: bool
+    # A correction's own text (its expert experience; issue 64 item 3: the reviewer saw only the
+    # original answer), None for a label that writes none.
+    correction: str | None = None
 
 
 def who(fb: Feedback) -> str:
@@ -262,8 +265,19 @@ def review_rows(*, run: Run, filters: ReviewFilters, limit: int = _PAGE, offset:
                 .order_by("-created_at", "-id")[offset:offset + limit])
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
-    return [ReviewRow(feedback=f, trained=f.late or f.group_id in trained, disagreement=f.pk in disputed)
-            for f in rows]
+    corrections = corrections_of(run=run, rows=rows)
+    return [ReviewRow(feedback=f, trained=f.late or f.group_id in trained, disagreement=f.pk in disputed,
+                      correction=corrections.get(f.pk)) for f in rows]
+
+
+def corrections_of(*, run: Run, rows: Sequence[Feedback]) -> dict[int, str]:
+    """The corrected text of each row that wrote an expert experience (a kind whose labels reach
+    training as one: an edit), by feedback id, in one read."""
+    experts = {f.pk: ids[0] for f in rows
+               if kind_get(f.kind).reaches_training() == "expert" and (ids := kind_get(f.kind).trained_ids(f))}
+    texts = dict(Experience.objects.filter(run=run, is_expert=True, pk__in=set(experts.values()))
+                 .values_list("pk", "response_text"))
+    return {pk: texts[expert] for pk, expert in experts.items() if expert in texts}
 
 
 def review_people(*, run: Run) -> list[str]:

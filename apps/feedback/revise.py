@@ -9,11 +9,12 @@ assignments on its targets open again so the items come back to their queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypedDict
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q, QuerySet, Window
 from django.utils import timezone
 
 from apps.buffer.models import Experience
@@ -22,6 +23,7 @@ from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services.handout import lease_seconds_default
+from apps.feedback.services.submit import FeedbackClosed
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import (
@@ -31,6 +33,7 @@ from kernel.fold import (
     votes_fold,
 )
 from apps.runs.models import Run
+from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import InvalidInput
 
 _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
@@ -55,14 +58,11 @@ def _on_gold(fb: Feedback, gold: set[int]) -> bool:
     return bool(targets) and all(t in gold for t in targets)
 
 
-# A run in one of these has settled what its labels did: nothing is revised there (a stopped or
-# failed run may be started again, and takes new labels then; a revision before that would
-# change what people saw in its summary).
-_SETTLED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
-
-
 def run_takes_revisions(*, run: Run) -> bool:
-    return run.status not in _SETTLED
+    """A label is revised where a label may be given (apps.runs.selectors.run_takes_feedback,
+    the one rule for stopped runs): a stopped, finished or failed run has settled what its
+    labels did (a stopped or failed one may be started again, and takes new labels then)."""
+    return run_takes_feedback(run=run)
 
 
 class Submission(TypedDict):
@@ -74,8 +74,47 @@ class Submission(TypedDict):
 def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
     """The author's latest feedback on the run, newest first, each with whether it may still
     be revised (and if not, why)."""
-    rows = list(Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
-                .order_by("-created_at", "-id")[:limit])
+    return my_submissions_page(run=run, author=author, page=1, per_page=limit)["items"]
+
+
+class SubmissionsPage(TypedDict):
+    items: list[Submission]
+    total: int  # the author's submissions on the run, all pages
+    first: int  # the place of the first shown, 1 = the newest (0 when none)
+    last: int  # the place of the last shown
+    page: int  # 1 = the newest
+    pages: int
+
+
+def my_submissions_page(*, run: Run, author: Person, page: int, per_page: int) -> SubmissionsPage:
+    """One page of the author's feedback on the run, newest first (issue 64 item 2: the list
+    showed the latest 30 of 48, with nothing to reach the rest). A page past the last is the
+    last."""
+    rows = Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
+    page = max(1, page)
+    # The page and the total in one statement (a window count): the annotation page reads it on
+    # every load (tests/test_door_costs.py).
+    read, total = _page_rows(rows, page, per_page)
+    total = total if read else (rows.count() if page > 1 else 0)
+    pages = max(1, -(-total // per_page))
+    if page > pages:  # past the last: the last
+        page = pages
+        read, _ = _page_rows(rows, page, per_page)
+    start = (page - 1) * per_page
+    items = _revisable(read, run)
+    return {"items": items, "total": total, "first": start + 1 if items else 0, "last": start + len(items),
+            "page": page, "pages": pages}
+
+
+def _page_rows(rows: QuerySet[Feedback], page: int, per_page: int) -> tuple[list[Feedback], int]:
+    """One page of `rows`, newest first, and how many there are on every page (0 when the page is empty)."""
+    start = (page - 1) * per_page
+    found = list(rows.annotate(total=Window(Count("id"))).order_by("-created_at", "-id")[start:start + per_page])
+    read: list[Feedback] = [*found]
+    return read, int(found[0].total) if found else 0
+
+
+def _revisable(rows: list[Feedback], run: Run) -> list[Submission]:
     if not run_takes_revisions(run=run):
         return [{"feedback": f, "revisable": False, "final": f"run {run.status}"} for f in rows]
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
@@ -90,9 +129,10 @@ def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submiss
 
 def feedback_withdraw(*, run: Run, author: Person, feedback_id: int | None = None) -> Feedback:
     """Withdraw the author's feedback `feedback_id` (or their last revisable submission),
-    refold its group and reopen their items. NotRevisable says why not."""
+    refold its group and reopen their items. NotRevisable says why not; FeedbackClosed, on a
+    run that takes no feedback, in the words a rating there gets."""
     if not run_takes_revisions(run=run):
-        raise NotRevisable(f"this run is {run.status}: its labels can no longer change")
+        raise FeedbackClosed(run)  # the words a rating there is refused with
     with transaction.atomic():
         qs = Feedback.objects.select_for_update().filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True))
         if feedback_id is not None:
@@ -150,3 +190,41 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
         if feedback_cfg.mode != "auto" and m.status == Experience.Status.READY and not complete:
             changes["status"] = Experience.Status.PENDING
         Experience.objects.filter(pk=m.pk).update(**changes)
+
+
+class Revision(TypedDict):
+    """What the revision form of one label shows, its current value pre-filled (feedback/_revise.html)."""
+    feedback: Feedback
+    score: int | None  # a rating's
+    thumb: str | None
+    flags: list[str]  # a flag's, or none
+    winner: str  # a comparison's: "a", "b", "tie"
+    other: int | None
+    ranks: list[tuple[int, int]]  # a ranking's: (experience id, its place, 1 = best), in id order
+
+
+def revision_of(*, run: Run, author: Person, feedback_id: int) -> Revision:
+    """The author's label `feedback_id` as its revision form shows it; NotRevisable (or
+    FeedbackClosed) when it can no longer change, so the form never opens on one."""
+    if not run_takes_revisions(run=run):
+        raise FeedbackClosed(run)
+    fb = Feedback.objects.filter(run=run, author_id=author.pk, kind__in=kind_names(revisable=True), pk=feedback_id).first()
+    if fb is None:
+        raise NotRevisable("no such submission of yours on this run")
+    if not next(s for s in _revisable([fb], run) if s["feedback"] is fb)["revisable"]:
+        raise NotRevisable("this group has been trained on: its feedback can no longer change")
+    raw = fb.value if isinstance(fb.value, dict) else {}
+    order = [int(x) for x in raw.get("order") or []]
+    return {"feedback": fb, "score": raw.get("score"), "thumb": raw.get("thumb"), "flags": list(raw.get("flags") or []),
+            "winner": str(raw.get("winner") or ""), "other": fb.other_id,
+            "ranks": sorted((pk, place) for place, pk in enumerate(order, start=1))}
+
+
+def feedback_revise(*, run: Run, author: Person, feedback_id: int,
+                    store: Callable[[], Feedback]) -> tuple[Feedback, Feedback]:
+    """Replace the author's label `feedback_id` by what `store` saves (the kind's own service,
+    given the revised form): one transaction, so a refused new value (InvalidInput) leaves the
+    old label as it was. Returns the label replaced and the one that replaced it."""
+    with transaction.atomic():
+        old = feedback_withdraw(run=run, author=author, feedback_id=feedback_id)
+        return old, store()

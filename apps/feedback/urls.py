@@ -10,6 +10,7 @@ urlpatterns = [
     path("queue/", views.queue_partial, name="queue"),
     path("counts/", views.counts_partial, name="counts"),
     path("mine/", views.submissions, name="mine"),
+    path("mine/<int:feedback_id>/revise/", views.revise, name="revise"),
     path("items/<int:assignment_id>/rate/", views.rate, name="rate"),
     path("items/<int:assignment_id>/skip/", views.skip, name="skip"),
     # A kind's panel (apps.feedback.kinds: its panel_template) at its slug; the built-in ones

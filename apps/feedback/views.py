@@ -19,12 +19,18 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
-from apps.feedback.kinds import kind_of_panel
+from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import run_ledger
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Feedback
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import NotRevisable, feedback_targets, feedback_withdraw, my_submissions
+from apps.feedback.revise import (
+    feedback_revise,
+    feedback_targets,
+    feedback_withdraw,
+    my_submissions_page,
+    revision_of,
+)
 from apps.feedback.holds import Person, holds_renew_when_due
 from apps.feedback.selectors import (
     annotation_queue,
@@ -34,10 +40,10 @@ from apps.feedback.selectors import (
     feedback_effect,
     late_words,
 )
-from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag, feedback_refusal
+from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from apps.runs.selectors import run_takes_feedback
+from apps.runs.selectors import run_feedback_closed_reason, run_feedback_closed_why, run_takes_feedback
 from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest
 
@@ -103,17 +109,24 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
-        "closed_why": feedback_refusal(run) if closed else "",
+        "closed_why": run_feedback_closed_why(run=run), "closed_reason": run_feedback_closed_reason(run=run),
         "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
         # nh3-cleaned Markdown (apps.feedback.rendering), so safe to insert as HTML.
         "guidelines": mark_safe(markdown_safe(feedback_cfg.guidelines)) if feedback_cfg.guidelines.strip() else "",
         "progress": annotator_progress(run=run, annotator=request.user, waiting=waiting) if can_annotate else None,
-        "mine": my_submissions(run=run, author=request.user, limit=10) if can_annotate else [],
+        **_mine_in_box(run, request.user, can_annotate),
         # Where the person's labels and the run's went (apps/feedback/ledger.py): one statement,
         # counted in the database, however many labels the run has.
         **_ledger_context(run, request.user),
     })
+
+
+def _mine_in_box(run: Run, person: Person, can_annotate: bool) -> dict[str, object]:
+    if not can_annotate:
+        return {"mine": []}
+    listed = my_submissions_page(run=run, author=person, page=1, per_page=MINE_IN_BOX)
+    return {"mine": listed["items"], "listed": listed}
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
@@ -249,7 +262,8 @@ def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) 
 @require_http_methods(["GET", "POST"])
 @_refusal_as_text
 def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
-    """GET: my latest submissions, each revisable while its group is untrained. POST: withdraw
+    """GET: my submissions, newest first, a page at a time (`page`), each revisable while its
+    group is untrained. POST: withdraw
     one (`feedback`), or the last one when none is named (undo); its items come back to the
     queue to be judged again."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
@@ -262,7 +276,7 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
         try:
             fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
-        except NotRevisable as exc:
+        except RftError as exc:  # NotRevisable, or FeedbackClosed on a run that takes no labels
             return _error(request, exc)
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:
@@ -273,11 +287,90 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk,
                                                       status=Assignment.Status.LEASED, experience_id__in=feedback_targets(fb))
                             .select_related("experience"))
-    # The annotation page's box shows the latest few (its height stays bounded); this page, more.
-    context = {"run": run, "mine": my_submissions(run=run, author=request.user, limit=10 if on_queue_page else 30),
-               "message": message, "reopened": reopened, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
-               "queue_link": bool(message) and not on_queue_page, "box": "mine-box"}
-    return _fragment(request, run, "feedback/_mine.html", context)
+    try:
+        page = _page_asked(request)
+    except InvalidInput as exc:
+        return _error(request, exc)
+    return _fragment(request, run, "feedback/_mine.html",
+                     _mine_context(request, run, on_queue_page, page, message=message, reopened=reopened))
+
+
+# The annotation page's box shows the latest few (its height stays bounded); the list's own
+# page, more, a page at a time.
+MINE_IN_BOX, MINE_PER_PAGE = 10, 30
+
+
+def _mine_context(request: HtmxHttpRequest, run: Run, on_queue_page: bool, page: int = 1,
+                  **shown: object) -> dict[str, object]:
+    listed = my_submissions_page(run=run, author=request.user, page=1 if on_queue_page else page,
+                                 per_page=MINE_IN_BOX if on_queue_page else MINE_PER_PAGE)
+    # The list's own page refreshes the page it shows.
+    here = f"{reverse('feedback:mine', kwargs={'run_id': run.pk})}?page={listed['page']}" if not on_queue_page else ""
+    return {"run": run, "mine": listed["items"], "listed": listed, "own_page": not on_queue_page, "mine_here": here,
+            "message": "", "reopened": [], "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
+            "queue_link": bool(shown.get("message")) and not on_queue_page, "box": "mine-box", **shown}
+
+
+def _page_asked(request: HtmxHttpRequest) -> int:
+    raw = request.GET.get("page", "1").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidInput(f"page is a page number from 1, got {raw!r}", field="page")
+    return int(raw)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@_refusal_as_text
+def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpResponse:
+    """Revise one of my labels in place (issue 64 item 8). GET: its revision form, in place of
+    its line in "your submissions", the current value pre-filled. POST: save it, replacing the
+    label in one transaction (a refused value leaves the old one); the item's finished card on
+    the annotation page shows the new value, where the page still has it."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="annotate")
+    # Another run's label is out of reach: 404, as any object of a run not this one (another
+    # person's label on this run: revision_of's 400, "no such submission of yours").
+    get_object_or_404(Feedback, pk=feedback_id, run=run)
+    try:
+        revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
+    except RftError as exc:
+        return _error(request, exc)
+    if request.method == "GET":
+        return _fragment(request, run, "feedback/_revise.html",
+                         {"r": revision, "flags": FLAGS, "box": "mine-box", "standalone": not request.htmx})
+    old = revision["feedback"]
+    try:
+        _, new = feedback_revise(run=run, author=request.user, feedback_id=old.pk,
+                                 store=lambda: _revised_store(request, run, old))
+    except RftError as exc:
+        return _error(request, exc)
+    if not request.htmx:
+        return redirect(reverse("feedback:mine", kwargs={"run_id": run.pk}))
+    on_queue_page = _asked_from(request, _page_url(run))
+    cards = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk, status=Assignment.Status.DONE,
+                                           experience_id__in=feedback_targets(new)).select_related("experience")
+                 ) if on_queue_page else []
+    return _fragment(request, run, "feedback/_mine.html", _mine_context(
+        request, run, on_queue_page, revised=new, revised_cards=cards,
+        saved_notes=[(new, feedback_effect(run=run, feedback=new))]))
+
+
+def _revised_store(request: HtmxHttpRequest, run: Run, old: Feedback) -> Feedback:
+    """The revised label, stored by its kind's service from the revision form (the fields of
+    the card's rating form, or of the kind's panel)."""
+    comment = request.POST.get("comment", "")
+    if old.kind == "rating":
+        score, thumb = _score(request)
+        return kind_get("rating").store(run=run, author=request.user, experience=old.experience_id, score=score,
+                                        thumb=thumb, comment=comment)
+    if old.kind == "flag":
+        return kind_get("flag").store(run=run, author=request.user, experience=old.experience_id,
+                                      flags=request.POST.getlist("flags"), comment=comment)
+    door = kind_get(old.kind)
+    # A group's label (a ranking) names no experience: its panel reads the group from a member.
+    experience = old.experience or Experience.objects.filter(run=run, group_id=old.group_id, is_expert=False).order_by("id").first()
+    if experience is None:
+        raise InvalidInput("the group of this label is gone", field="feedback")
+    return door.page_store(request.POST, experience=experience, who={"run": run, "author": request.user, "comment": comment})
 
 
 def _asked_from(request: HtmxHttpRequest, url: str) -> bool:

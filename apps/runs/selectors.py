@@ -52,9 +52,18 @@ def run_can_view(*, run: Run, user: AbstractBaseUser | AnonymousUser) -> bool:
     return run_role(run=run, user=user) is not None
 
 
-# A finished run has nothing left to train and a failed one trains nothing until someone
-# starts it again: neither takes people's feedback, so no page, list or API invites it.
-ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED)
+# A finished run has nothing left to train, and a stopped or failed one trains nothing until
+# someone starts it again (its held groups were released, its labels read "unused: the run
+# ended"): none takes people's feedback, so no page, list or API invites it, and no label on
+# it is withdrawn or revised either (issue 64 item 7: one rule for rating, Undo, Revise and
+# the queue). Started again, it takes labels again.
+ENDED_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
+
+_CLOSED_WHY = {
+    Run.Status.FINISHED: "its training is done",
+    Run.Status.FAILED: "it trains nothing until its owner starts it again",
+    Run.Status.STOPPED: "it trains nothing until its owner starts it again",
+}
 
 
 def run_takes_feedback(*, run: Run) -> bool:
@@ -62,6 +71,25 @@ def run_takes_feedback(*, run: Run) -> bool:
     and people are meant to give it (a twin is its run without people by construction). Every
     door refuses it otherwise (apps.feedback.services.submit.FeedbackClosed says which)."""
     return run.status not in ENDED_STATUSES and run.twin_of_id is None
+
+
+def run_feedback_closed_reason(*, run: Run) -> str:
+    """Why a run takes no feedback, in a few words ("" while it takes feedback)."""
+    if run_takes_feedback(run=run):
+        return ""
+    if run.twin_of_id is not None:
+        return f"it is the twin of run {run.twin_of_id}, without people"
+    return _CLOSED_WHY.get(Run.Status(run.status), "it has ended")
+
+
+def run_feedback_closed_why(*, run: Run) -> str:
+    """The refusal of a label on the run, as every door says it ("" while it takes feedback):
+    the rating, Undo and Revise, the API, the CLI and the closed queue give the same reason."""
+    if run.twin_of_id is not None:
+        return (f"run {run.pk} is the twin of run {run.twin_of_id}: it takes no labels, so that the difference "
+                "between the two runs is what people taught")
+    reason = run_feedback_closed_reason(run=run)
+    return f"run {run.pk} is {run.status}: it takes no more feedback ({reason})" if reason else ""
 
 
 def run_invites_annotation(*, run: Run) -> bool:

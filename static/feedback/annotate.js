@@ -103,7 +103,10 @@
   const liveLine = document.getElementById("live-line");
   function note(text) {
     // One compact line for people; the raw feed stays folded away below.
-    if (liveLine) liveLine.textContent = new Date().toLocaleTimeString() + " · " + text;
+    if (liveLine) {
+      liveLine.removeAttribute("data-initial");
+      liveLine.textContent = new Date().toLocaleTimeString() + " · " + text;
+    }
     if (!feed) return;
     const li = document.createElement("li");
     li.textContent = text;
@@ -128,6 +131,11 @@
       // Under load the server sends several events, in order, as one "batch" frame.
       const events = frame.type === "batch" && Array.isArray(frame.events) ? frame.events : [frame];
       events.forEach(handle);
+      // An event the page does not word (metrics, a heartbeat) still ends "Waiting for the
+      // first event." (issue 64 item 10: it stayed while events came).
+      if (liveLine && liveLine.hasAttribute("data-initial") && events.length) {
+        note(String(events[events.length - 1].type || "event").replace(".", " "));
+      }
     };
     function handle(ev) {
       const p = ev.payload || {};
@@ -147,7 +155,7 @@
         note("model v" + p.version + " " + (p.event || "synced"));
       } else if (ev.type === "run.status") {
         note("run " + p.status);
-        if (p.status === "finished" || p.status === "failed") closeQueue(p.status);
+        if (CLOSED_WHY[p.status]) closeQueue(p.status);
       }
     }
     ws.onclose = (ev) => {
@@ -161,13 +169,17 @@
   }
   connect();
 
-  // A run that ends while the page is open takes no more feedback: say so, put the queue away.
+  // A run that ends while the page is open takes no more feedback: say so and why, put the
+  // queue away. A stopped run is closed as a finished one is (apps.runs.selectors.ENDED_STATUSES:
+  // one rule for rating, Undo, Revise and the queue); the reasons are those of its _CLOSED_WHY.
+  const CLOSED_WHY = {finished: "its training is done", failed: "it trains nothing until its owner starts it again",
+                      stopped: "it trains nothing until its owner starts it again"};
   function closeQueue(status) {
     const closed = document.getElementById("annotate-closed");
-    if (closed) {
+    if (closed && closed.hidden) {
       closed.hidden = false;
-      closed.insertBefore(document.createTextNode("This run is " + status + ": it takes no more feedback, so nothing waits here. "),
-                          closed.firstChild);
+      closed.insertBefore(document.createTextNode("This run is " + status + ": it takes no more feedback (" + CLOSED_WHY[status] +
+                                                  "), so nothing waits here. "), closed.firstChild);
     }
     canAnnotate = false;
     root.dataset.canAnnotate = "0";
@@ -214,10 +226,11 @@
         if (marks && !marks.textContent.includes(label)) marks.textContent += " · " + label;
       }
     }
-    // A withdrawal's own answer already redrew the list (with its message).
+    // A withdrawal's own answer already redrew the list (with its message), and so did a
+    // revision's (the list already shows the new label).
     // rftRefresh (static/rftweb/refresh.js): a label saved while the list is on its way is
     // not lost when that answer replaces the list's refresh link.
-    if (!p.withdrawn) window.rftRefresh("#mine a.refresh");
+    if (!p.withdrawn && !document.querySelector('#mine li[data-feedback="' + p.id + '"]')) window.rftRefresh("#mine a.refresh");
   }
 
   // ------------------------------------------------------------------ htmx glue
@@ -244,9 +257,17 @@
   // out-of-band card to replace: before the answer is swapped, a placeholder for it goes at
   // the end of the queue, so it comes back there, open (and htmx finds its target, rather
   // than reporting an error).
+  // A revised label's finished card (data-oob-if-present) only updates a card still shown:
+  // one put away is dropped from the answer, rather than coming back at the end of the queue.
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
-    const html = ev.detail.serverResponse;
+    let html = ev.detail.serverResponse;
     if (!queue || typeof html !== "string" || html.indexOf("hx-swap-oob") < 0) return;
+    if (html.indexOf("data-oob-if-present") >= 0) {
+      const t = document.createElement("template");
+      t.innerHTML = html;
+      t.content.querySelectorAll("[data-oob-if-present]").forEach((el) => { if (!document.getElementById(el.id)) el.remove(); });
+      html = ev.detail.serverResponse = t.innerHTML;
+    }
     for (const m of html.matchAll(/<article[^>]*\bid="(item-\d+)"[^>]*\bhx-swap-oob=/g)) {
       if (document.getElementById(m[1])) continue;
       const holder = document.createElement("article");
@@ -257,7 +278,7 @@
     }
   });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
-  // before the undo was answered would show the withdrawn one again: drop its answer.
+  // before the undo (or a revision) was answered would show the withdrawn one again: drop its answer.
   let withdrawnAt = 0;
   document.body.addEventListener("htmx:beforeRequest", (ev) => {
     if (ev.detail.elt && ev.detail.elt.matches && ev.detail.elt.matches("#mine a.refresh")) ev.detail.xhr.rftSentAt = Date.now();
@@ -265,12 +286,17 @@
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
     const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
     if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
+    // Stamped when the answer swaps in (the event's own element is the target, #mine-box;
+    // the form that asked is the request's).
+    const elt = ev.detail.requestConfig && ev.detail.requestConfig.elt;
+    if (ev.detail.shouldSwap && elt && elt.closest && elt.closest("#undo, form.withdraw, form.revise")) withdrawnAt = Date.now();
   });
   document.body.addEventListener("htmx:afterRequest", (ev) => {
-    const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw");
+    const form = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("#undo, form.withdraw, form.revise");
     if (!form) return;
     withdrawnAt = Date.now();
-    if (ev.detail.successful) loadMore().then(refreshCounts);
+    // A revision leaves its item done: nothing comes back to the queue.
+    if (ev.detail.successful && !form.matches("form.revise")) loadMore().then(refreshCounts);
   });
   // An outerHTML swap detaches the element the swap events fire on, and a swap can finish
   // after the events we listen to: watching the queue itself keeps one item current.

@@ -13,6 +13,8 @@
   });
   var sections = initial.sections || [];
   var constantRe = new RegExp(initial.constant_pattern || "$^", "i");
+  // The evaluation's bookkeeping among them: its own table (renderConstants), never a chart.
+  var bookkeepingRe = /^eval[\/_.](version|tasks|best_version)$/i;
   var COLORS = ["#3558d4", "#d4553f", "#2a9d5b", "#b07d12", "#7a44c2", "#1e8fa8", "#c2447a", "#555"];
 
   // ------------------------------------------------------------------ state
@@ -176,6 +178,7 @@
   // constant only while this run's values never changed: one that moved (a last, smaller
   // batch; the next evaluated version) is charted like any measurement instead.
   function isConstant(name) {
+    if (bookkeepingRe.test(name)) return true;  // always in its table, never a chart
     if (!constantRe.test(name)) return false;
     var m = self.metrics[name];
     if (!m) return true;
@@ -232,16 +235,8 @@
     return out;
   }
 
-  // A colour mixed with white: the second, third… metric of one run on one chart (a mean and
-  // its std) in lighter shades of that run's colour, so they stay apart and the run stays one hue.
-  function shade(hex, k) {
-    if (!k) return hex;
-    var f = Math.min(0.7, 0.38 * k);
-    var n = parseInt(hex.slice(1), 16);
-    var mix = function (c) { return Math.round(c + (255 - c) * f); };
-    var rgb = [mix((n >> 16) & 255), mix((n >> 8) & 255), mix(n & 255)];
-    return "#" + rgb.map(function (c) { return (c < 16 ? "0" : "") + c.toString(16); }).join("");
-  }
+  // A compared run's lines: dashed, each compared run its own dash.
+  var DASHES = [[6, 3], [2, 3], [10, 3, 2, 3]];
 
   function seriesOf(chartId) {
     // Every (run, metric) pair that belongs on this chart.
@@ -282,15 +277,20 @@
     if (chart.plot) chart.plot.destroy();
     chart.key = key;
     chart.zoomed = false;
-    var multi = runOrder.length > 1;
+    // Each metric keeps its own colour whether or not other runs are compared (shades of one
+    // hue per run made every line of this run blue: issue 64 item 10); a compared run draws
+    // the same metric in the same colour, dashed, and its legend entry names the run. A chart
+    // of one metric colours the runs apart instead (its lines are then one per run).
+    var metricNames = [];
+    list.forEach(function (s) { if (metricNames.indexOf(s.name) < 0) metricNames.push(s.name); });
+    var byRun = metricNames.length === 1;
     var series = [{ label: view.x === "time" ? "time" : "step", value: function (u, v) { return v === null ? "–" : (view.x === "time" ? new Date(v * 1000).toLocaleTimeString() : String(v)); } }];
-    var nth = {};
-    list.forEach(function (s, i) {
-      var k = nth[s.run.id] = (nth[s.run.id] === undefined ? 0 : nth[s.run.id] + 1);
+    list.forEach(function (s) {
+      var k = metricNames.indexOf(s.name);
       series.push({
-        label: multi ? s.run.name + ": " + seriesLabel(s.name) : seriesLabel(s.name),
-        stroke: multi ? shade(COLORS[s.ri % COLORS.length], k) : COLORS[i % COLORS.length],
-        dash: multi && s.ri > 0 ? [6, 3] : undefined,
+        label: s.run === self ? seriesLabel(s.name) : seriesLabel(s.name) + " (" + s.run.name + ")",
+        stroke: COLORS[(byRun ? s.ri : k) % COLORS.length],
+        dash: s.run === self ? undefined : DASHES[(s.ri - 1) % DASHES.length],
         width: 1.5, spanGaps: true, points: { show: xs.length < 40 },
         value: function (u, v) { return fmt(v); },
       });
@@ -302,36 +302,45 @@
       scales: { x: view.x === "time" ? { time: true, range: timeRange } : { time: false } },
       axes: [xAxis, { size: axisSize, values: function (u, ticks) { return ticks.map(fmt); } }],
       cursor: { drag: { x: true, y: false } },
-      legend: { live: true },
+      // A compared run's entries are dashed like its lines.
+      legend: { live: true, markers: { dash: function (u, i) { return u.series[i].dash ? "dashed" : "solid"; } } },
       hooks: { setSelect: [function (u) { if (u.select.width > 0) chart.zoomed = true; }] },
     }, data, chart.area);
     chart.plot.over.addEventListener("dblclick", function () { chart.zoomed = false; });
   }
 
+  // The table under the charts: the run's settings logged as metrics ("Constants"), and apart
+  // from them the evaluation's bookkeeping (the version evaluated last, its task count, the best
+  // version so far), which moves as the run goes: a best version is no constant (issue 64 item 10).
   function renderConstants() {
-    var rows = [];
+    var settings = [], evaluation = [];
     Object.keys(self.metrics).sort().forEach(function (name) {
       if (!isConstant(name)) return;
       var m = self.metrics[name];
       var steps = Array.from(m.keys()).sort(function (a, b) { return a - b; });
-      rows.push([name, m.get(steps[steps.length - 1]).v, steps[steps.length - 1]]);
+      (bookkeepingRe.test(name) ? evaluation : settings).push([name, m.get(steps[steps.length - 1]).v, steps[steps.length - 1]]);
     });
     constants.textContent = "";
+    table("Constants", "constants-settings", ["Setting", "Value", "At step"], settings);
+    table("Latest evaluation", "constants-eval", ["Measure", "Value", "At step"], evaluation);
+  }
+  function table(title, id, heads, rows) {
     if (!rows.length) return;
-    var table = document.createElement("table");
-    table.className = "table compact";
-    var head = table.createTHead().insertRow();
-    ["Setting", "Value", "At step"].forEach(function (t) { var th = document.createElement("th"); th.textContent = t; head.appendChild(th); });
-    var body = table.createTBody();
+    var t = document.createElement("table");
+    t.className = "table compact";
+    t.id = id;
+    var head = t.createTHead().insertRow();
+    heads.forEach(function (x) { var th = document.createElement("th"); th.textContent = x; head.appendChild(th); });
+    var body = t.createTBody();
     rows.forEach(function (r) {
       var tr = body.insertRow();
       tr.dataset.metric = r[0];
-      [r[0], fmt(r[1]), String(r[2])].forEach(function (t) { tr.insertCell().textContent = t; });
+      [r[0], fmt(r[1]), String(r[2])].forEach(function (x) { tr.insertCell().textContent = x; });
     });
     var h = document.createElement("h3");
-    h.textContent = "Constants";
+    h.textContent = title;
     constants.appendChild(h);
-    constants.appendChild(table);
+    constants.appendChild(t);
   }
 
   function ensureCharts() {
@@ -494,9 +503,8 @@
   // A run that ends while the page is open: its summary appears, and a finished or failed
   // run no longer invites anyone to annotate it (the server renders the same on a reload).
   function showSummary(status) {
-    if (status !== "stopped") {
-      document.querySelectorAll("a.annotate-link, #human-loop-hint").forEach(function (el) { el.remove(); });
-    }
+    // A finished, failed or stopped run takes no labels (apps.runs.selectors.ENDED_STATUSES).
+    document.querySelectorAll("a.annotate-link, #human-loop-hint").forEach(function (el) { el.remove(); });
     var box = document.getElementById("summary");
     if (!box || !window.htmx || box.dataset.status === status) return;
     window.htmx.ajax("GET", "/runs/" + runId + "/summary/", { target: "#summary", swap: "outerHTML" });
@@ -512,6 +520,7 @@
   var tally = { experiences: 0, feedback: 0 };
   function say(msg) {
     if (!line) return;
+    line.removeAttribute("data-initial");
     line.textContent = new Date().toLocaleTimeString() + " · " + msg +
       " · since this page opened: " + tally.experiences + " experiences, " + tally.feedback + " feedback";
   }
@@ -649,6 +658,9 @@
         logEvent(msg.type, msg.payload);
         var h = handlers[msg.type];
         if (h) h(msg.payload || {});
+        // An event no handler words (a heartbeat, the buffer's counts) still ends "Waiting for
+        // the first event." (issue 64 item 10: it stayed while events came).
+        if (line && line.hasAttribute("data-initial")) say(String(msg.type || "event").replace(".", " "));
       });
     };
     ws.onclose = function (e) {

@@ -170,8 +170,10 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     assert "evaluation response length" in plot(page, "length", "u.series.map(s => s.label)")
     # The header names the metric that chose the best version (the default: accuracy).
     assert page.inner_text("#run-best-metric") == "accuracy (the domain's verifier)"
-    constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
-    assert {"eval/version", "eval/tasks", "eval/best_version"} <= set(constants)
+    # The evaluation's bookkeeping has its own table, not "Constants" (issue 64 item 10).
+    evaluation = page.locator("#constants-eval tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
+    assert {"eval/version", "eval/tasks", "eval/best_version"} <= set(evaluation)
+    assert page.locator("#constants-settings tr[data-metric^='eval/']").count() == 0
 
     in_a_thread(lambda: eval_result_record(run=run, version=2, step=4, values=_eval(2, 0.5)))
     expect(page.locator("#run-best-version")).to_have_text("v2", timeout=BROWSER_WAIT_MS)
@@ -184,9 +186,10 @@ def test_held_out_evaluation_has_its_chart_and_the_best_version_follows_live(pag
     labels = plot(page, "eval", "u.series.map(s => s.label)")
     assert plot(page, "eval", f"u.data[{labels.index('evaluation reward mean')}]") == [0.25, 0.5]
     assert page.inner_text("#run-best-version") == "v2"
-    # The evaluated version changed (1, then 2): no longer a constant; the task count still is.
-    constants = page.locator("#constants tr[data-metric]").evaluate_all("rs => rs.map(r => r.dataset.metric)")
-    assert "eval/tasks" in constants and "eval/version" not in constants
+    # The evaluated version changed (1, then 2): its table shows the latest, and no chart draws it.
+    expect(page.locator("#constants-eval tr[data-metric='eval/version'] td").nth(1)).to_have_text("2")
+    expect(page.locator("#constants-eval tr[data-metric='eval/best_version'] td").nth(1)).to_have_text("2")
+    assert page.locator("#chart-m-eval_version").count() == 0
     screenshot(page, "dashboard-evaluation")
 
 
@@ -213,10 +216,10 @@ def test_another_run_is_drawn_on_the_same_chart_with_its_own_values(page: Any, o
     labels = plot(page, "reward", "u.series.slice(1).map(s => s.label)")
     values = plot(page, "reward", "u.data.slice(1).map(vs => vs.map(v => v === null ? null : +v.toFixed(6)))")
     drawn = dict(zip(labels, values, strict=True))
-    assert labels[0] == "demo: reward/mean"  # this run first
-    assert drawn == {"demo: reward/mean": [0.2, 0.4, 0.6, None, None],
-                     f"baseline #{b.pk}: reward/mean": [0.1, 0.2, 0.3, None, None],
-                     f"longer #{c.pk}: reward/mean": [0.05, 0.1, 0.15, 0.2, 0.25]}
+    assert labels[0] == "reward/mean"  # this run first, by the metric's name alone
+    assert drawn == {"reward/mean": [0.2, 0.4, 0.6, None, None],
+                     f"reward/mean (baseline #{b.pk})": [0.1, 0.2, 0.3, None, None],
+                     f"reward/mean (longer #{c.pk})": [0.05, 0.1, 0.15, 0.2, 0.25]}
     # Each run has its own colour; the compared ones are dashed.
     strokes = plot(page, "reward", "u.series.slice(1).map(s => [s._stroke || s.stroke, !!s.dash])")
     assert len({str(s[0]) for s in strokes}) == 3 and [s[1] for s in strokes] == [False, True, True]

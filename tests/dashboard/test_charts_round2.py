@@ -73,9 +73,14 @@ def test_compare_with_offers_the_runs_with_data_and_a_runs_mean_and_std_are_two_
         labels = plot(page, "reward", "u.series.slice(1).map(s => s.label)")
         strokes = dict(zip(labels, plot(page, "reward", "u.series.slice(1).map(s => String(s._stroke || s.stroke))"),
                            strict=True))
-        # Four lines, four colours: each run's mean and std apart, the runs apart.
-        assert len(set(strokes.values())) == 4, strokes
-        assert strokes["demo: reward/mean"] != strokes["demo: reward/std"]
+        # Each metric keeps its colour (every line of this run turned one blue: issue 64 item 10);
+        # the compared run's lines are the same colours, dashed.
+        assert strokes["reward/mean"] != strokes["reward/std"], strokes
+        assert [strokes["reward/mean"], strokes["reward/std"]] == [str(c) for c in alone]
+        assert strokes[f"reward/mean (baseline #{baseline.pk})"] == strokes["reward/mean"]
+        assert strokes[f"reward/std (baseline #{baseline.pk})"] == strokes["reward/std"]
+        dashed = plot(page, "reward", "u.series.slice(1).map(s => !!s.dash)")
+        assert dashed == [False, False, True, True]
         screenshot(page, "dashboard-compare-shades")
         page.click(f"#chart-compared .chip[data-run='{baseline.pk}']")
         page.wait_for_selector("#chart-reward[data-series='2']")

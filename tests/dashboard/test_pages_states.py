@@ -289,7 +289,7 @@ def test_the_runs_list_follows_the_runs_live_over_its_websocket(page: Any, owner
         f"    Run.objects.filter(pk={run.pk}).update(train_step=step)\n"
         "    metric_record(run=run, step=step, values={'reward/mean': step / 30})"
     )
-    page.wait_for_function(f"() => document.querySelector(\"tr[data-run='{run.pk}'] td[title^=explore]\").textContent.includes('0 / 30')")
+    page.wait_for_function(f"() => document.querySelector(\"tr[data-run='{run.pk}'] td.steps\").textContent.includes('trained 30 of 40')")
     # At most one per second the process lived (and its last one at exit), not one per step.
     assert len(notices) - before <= 2 + (time.monotonic() - started), notices
     # A run created elsewhere appears; no polling happened while the socket was up.
@@ -331,7 +331,7 @@ def test_two_runs_are_compared_on_one_chart(page: Any, owner: User) -> None:
     page.select_option("#chart-compare", str(b.pk))
     page.wait_for_selector("#chart-reward[data-series='2']")
     labels = page.evaluate("() => window.rftCharts.reward.plot.series.slice(1).map(s => s.label)")
-    assert labels == ["demo: reward/mean", f"baseline #{b.pk}: reward/mean"]
+    assert labels == ["reward/mean", f"reward/mean (baseline #{b.pk})"]
     # Wall time instead of steps, and smoothing, redraw the same series.
     page.select_option("#chart-x", "time")
     page.wait_for_function("() => window.rftCharts.reward.plot.scales.x.time === true")

@@ -125,13 +125,13 @@ def test_the_page_stays_bounded_however_many_items_are_labelled(browser: Any, li
         low = [r for r in ratios if r["ratio"] < 4.5]
         assert not low, f"finished cards' headers under AA contrast: {low}"
 
-        # A label whose card was put away, revised from the submissions box: its item comes
+        # A label whose card was put away, withdrawn from the submissions box: its item comes
         # back to the queue, open (there was no card for the reopened one to replace).
         expect(page.locator("#mine li.submission")).to_have_count(10)
         away = [f for f in Feedback.objects.filter(run=run, author=annotator).order_by("-id")[:10]
                 if page.locator(f'#queue .item[data-experience="{f.experience_id}"]').count() == 0]
         assert away, "every label in the box still has its card"
-        page.locator(f'#mine li.submission[data-feedback="{away[0].pk}"]').get_by_role("button", name="Revise").click()
+        page.locator(f'#mine li.submission[data-feedback="{away[0].pk}"]').get_by_role("button", name="Withdraw").click()
         expect(page.locator(f'#queue .item:not(.done)[data-experience="{away[0].experience_id}"]')).to_have_count(1)
         assert not Feedback.objects.filter(pk=away[0].pk).exists()
     finally:

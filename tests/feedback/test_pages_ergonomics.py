@@ -156,7 +156,7 @@ def test_a_submission_is_revisable_from_my_history_until_its_group_is_trained(pa
     page.keyboard.press("2")
     page.keyboard.press("Enter")
     expect(page.locator("#mine li.submission")).to_have_count(2, timeout=BROWSER_WAIT_MS)
-    # Revise the older one (undo is for the last): its item comes back, open, and is rated again.
+    # Withdraw the older one (undo is for the last): its item comes back, open, and is rated again.
     first = Feedback.objects.get(experience=members[0])
     page.click(f'#mine li.submission[data-feedback="{first.pk}"] button')
     page.wait_for_selector(f'#queue .item:not(.done)[data-experience="{members[0].pk}"]')

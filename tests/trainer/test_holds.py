@@ -119,3 +119,58 @@ def test_nothing_is_held_when_the_run_says_so(clock: Clock, anna: User) -> None:
     clock.wait(11)
     feedback_wait_expire()
     assert _trainer_takes(run) == set(opened)
+
+
+def test_a_held_group_beside_a_full_batch_leaves_the_trainer_its_batch(clock: Clock, anna: User) -> None:
+    """Issue 64 item 9: the demo's loop stalled ~90 s twice ("the trainer waits for a full
+    batch: 48 of 64" while 121 were ready) because every item of a person's queue (8 on the
+    annotation page, renewed by its counts poll) held its group: one person held a whole batch.
+    Now only the items on top of their queue hold; the rest of the buffer trains."""
+    from apps.control.conductor import train_readiness
+
+    run = _run(anna)
+    groups = {name: _group(run, name) for name in ("a", "b", "c")}
+    queue = assignment_claim(run=run, annotator=anna, size=8)  # the page's queue: two whole groups
+    assert len({Experience.objects.get(pk=a.experience_id).group_id for a in queue}) == 2
+    clock.wait(11)
+    assert feedback_wait_expire().groups_ready == 3
+    on_top = Experience.objects.get(pk=min(queue, key=lambda a: a.pk).experience_id).group_id
+    held = set(groups[on_top])
+    assert set(Experience.objects.filter(held_until__gt=clock.at).values_list("pk", flat=True)) == held
+    assert train_readiness(run=Run.objects.get(pk=run.pk)).ready
+    taken = _trainer_takes(run)
+    assert len(taken) == 8 and taken.isdisjoint(held)
+    # Her poll (the counts, every 10 s) renews only the groups on top: it writes no hold below them.
+    from apps.feedback.holds import holds_renew_when_due
+
+    clock.wait(10)
+    holds_renew_when_due(run=Run.objects.get(pk=run.pk), annotator=anna)
+    assert set(Experience.objects.filter(held_until__gt=clock.at).values_list("pk", flat=True)) == held
+
+
+def test_the_run_page_says_which_groups_training_waits_on_and_until_when(clock: Clock, anna: User) -> None:
+    from django.test import Client
+
+    from apps.control.selectors import run_waiting
+
+    run = _run(anna)
+    free, opened = _group(run, "free"), _group(run, "opened")
+    mine = assignment_claim(run=run, annotator=anna, size=2)
+    assert {a.experience_id for a in mine} <= set(opened)
+    clock.wait(11)
+    feedback_wait_expire()
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    run = Run.objects.get(pk=run.pk)
+    ends = max(t for t in Experience.objects.filter(pk__in=opened).values_list("held_until", flat=True) if t is not None)
+    latest = min(a.created_at for a in mine) + timedelta(seconds=CAP)
+    waits = {w["what"]: w for w in run_waiting(run=run)}
+    assert "4 of 8 trainable" in waits["batch"]["text"]
+    text = waits["held"]["text"]
+    assert text.startswith("1 group ready to train (4 experiences) is held for people who have it open (anna 1)")
+    assert f"end by {timezone.localtime(ends):%H:%M:%S} unless they keep working" in text
+    assert f"by {timezone.localtime(latest):%H:%M:%S} at the latest" in text
+    client = Client()
+    client.force_login(run.owner)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'data-what="held"' in page and "held for people who have it open (anna 1)" in page
+    assert free  # the other group is the one the trainer has

@@ -19,11 +19,11 @@ from apps.feedback.services.handout import (
     slots_take,
 )
 from apps.feedback.services.submit import (
-    ApiKeyRow, FeedbackClosed, feedback_rate_and_flag, feedback_refusal, feedback_store,
+    ApiKeyRow, FeedbackClosed, feedback_rate_and_flag, feedback_store,
 )
 
 __all__ = [
     "GOLD_SLOTS", "GOLD_SLOT_BASE", "ApiKeyRow", "ExpireResult", "FeedbackClosed", "FoldResult", "assignment_claim",
-    "assignment_reap", "assignment_skip", "feedback_rate_and_flag", "feedback_refusal", "feedback_store",
+    "assignment_reap", "assignment_skip", "feedback_rate_and_flag", "feedback_store",
     "feedback_wait_expire", "group_fold", "handout_rng", "handout_rngs", "slots_take",
 ]

@@ -28,7 +28,7 @@ from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import feedback_is_late
 from apps.runs.models import Run
-from apps.runs.selectors import run_takes_feedback
+from apps.runs.selectors import run_feedback_closed_why, run_takes_feedback
 from kernel.exceptions import Conflict, InvalidInput, NotFound
 
 # The environment API's key that sent the feedback (an envapi.ApiKey row, Feedback.api_key's
@@ -38,21 +38,12 @@ ApiKeyRow = Model
 
 
 class FeedbackClosed(Conflict):
-    """Feedback on a run that takes none (a 409): a twin, which is its run without people by
-    construction, or a finished or failed run, where nothing it could change is left."""
+    """Feedback on a run that takes none (a 409): a twin, its run without people by
+    construction, or a finished, failed or stopped run, where nothing it could change is left.
+    A withdrawal there is refused with the same words (apps.feedback.revise)."""
 
     def __init__(self, run: Run) -> None:
-        super().__init__(feedback_refusal(run), field="run")
-
-
-def feedback_refusal(run: Run) -> str:
-    """Why `run` takes no feedback, in the words every door shows (the API's 409, the
-    annotation page, the CLI's error)."""
-    if run.twin_of_id is not None:
-        return (f"run {run.pk} is the twin of run {run.twin_of_id}: it takes no labels, so that the difference "
-                "between the two runs is what people taught")
-    why = "its training is done" if run.status == Run.Status.FINISHED else "it trains nothing until it is started again"
-    return f"run {run.pk} is {run.status}: it takes no more feedback ({why})"
+        super().__init__(run_feedback_closed_why(run=run), field="run")
 
 
 def comment_clean(comment: str | None) -> str:
