@@ -82,6 +82,7 @@ from apps.runs.selectors import (
     run_audit,
     run_invites_annotation,
     run_may_create,
+    run_feedback_closed_why,
     run_state,
     run_takes_feedback,
     run_task_failures,
