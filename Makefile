@@ -115,10 +115,11 @@ test-stress: venv browser
 
 # The loop on three hosts made of network namespaces (tests/hosts/, marked `hosts`): a run
 # across them, a worker host killed, a link cut for 30 s, the head's Redis restarted. Needs
-# root and iproute2 (skipped otherwise); its own PostgreSQL and Redis, so no services here.
+# root and iproute2 (skipped otherwise); the loop runs on a PostgreSQL and a Redis of its
+# own on the head host (the suite's, from scripts/services.py, serve pytest's session only).
 # `make test-stress` runs it too; `make test` leaves tests/hosts out.
 test-hosts: venv
-	$(PY) -m pytest -n 0 -s -m hosts tests/hosts $(PYTEST_ARGS)
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n 0 -s -m hosts tests/hosts $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml) into var/site: its reference pages are written from the code first
 # (scripts/docs_reference.py, run by the mkdocs hook). `$(PY) -m mkdocs serve` serves it live.

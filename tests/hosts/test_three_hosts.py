@@ -31,6 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
 from tests.hosts.netns import SUBNET, Host, Network, network, unavailable
 from tests.run_invariants import experiences_used_once
@@ -45,12 +46,10 @@ CUT_S = 30.0  # how long a link stays cut
 READY_S = 240.0  # a worker's start (torch and TRL imported) on a loaded 2-core host
 BATCH = 8  # explore_batch_size 2 × repeat_times 4: one train step's experiences
 EQUAL_STEPS = 8  # the comparison's run length
-# The head's PostgreSQL drops the session of a host it no longer hears from within ~11 s
-# (5 s idle, then 3 probes 2 s apart; 10 s for data it sent unacknowledged), as
-# docker-compose.yml's does: a cut host's trainer holds the run's lock in its session, and
-# the loop hands the step to another host only once the lock is gone. Without these, the
-# machine's TCP keepalive (2 h idle) kept it for the whole cut.
-PG_KEEPALIVES = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 -c tcp_user_timeout=10000"
+# The head's PostgreSQL runs with docker-compose.yml's settings (its TCP keepalives: a
+# silent host's session, and so a cut trainer's lock on its run, goes within ~11 s; with the
+# kernel's 2 h default the loop could not hand a cut host's train step to the other one).
+PG_SETTINGS = " ".join(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["postgres"]["command"][1:])
 PG_BIN = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1]).parent if list(
     Path("/usr/lib/postgresql").glob("*/bin/pg_ctl")) else None
 
@@ -313,7 +312,7 @@ def _head_services(cluster: Cluster) -> None:
     # The worker hosts connect over the bridge (initdb trusts only local connections).
     with (pg / "data" / "pg_hba.conf").open("a") as hba:
         hba.write(f"host all all {SUBNET}.0/24 trust\n")
-    cluster.pg_ctl("-o", f"-p {PG_PORT} -k {pg} -c listen_addresses={HEAD} -c fsync=off {PG_KEEPALIVES}", "start")
+    cluster.pg_ctl("-o", f"-p {PG_PORT} -k {pg} -c listen_addresses={HEAD} -c fsync=off {PG_SETTINGS}", "start")
     subprocess.run([*head.wrap(), *as_postgres_user(), str(_pg_bin() / "createdb"), "-h", HEAD, "-p", str(PG_PORT),
                     "-U", "postgres", "rftweb"], check=True, capture_output=True, timeout=60)
     cluster.redis_start()
