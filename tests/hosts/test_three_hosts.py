@@ -395,7 +395,9 @@ def test_faults_on_three_hosts_each_recover_within_the_bound_and_lose_nothing(cl
     cluster.start(("w1", "explorer", "rollout"), ("w1", "trainer", "train"), ("w2", "explorer", "rollout"),
                   ("w2", "trainer", "train"))
     recovered: dict[str, float] = {}
-    steps = 80  # long enough to be running at the last fault; shortened after it (end_soon)
+    # Long enough to be running at the last fault on a quiet host (80 ended during the 30-s cut,
+    # w1 alone doing a step in 0.4 s); shortened to two steps past the last fault after it.
+    steps = 600
     run_id = cluster.run_make(steps=steps, name="faults")
     cluster.wait("the first trained step", lambda: cluster.state(run_id)[2] >= 1, 240, run_id)
 
@@ -422,7 +424,16 @@ def test_faults_on_three_hosts_each_recover_within_the_bound_and_lose_nothing(cl
     # (a) Every process of w1 killed while it runs a step: the step goes back and w2 (the
     # host that was cut) takes it and the rest.
     cluster.wait("a step running on w1", lambda: cluster.running_on(run_id, "w1"), 120, run_id)
+    running = cluster.sql("SELECT kind, step FROM runs_dispatch WHERE run_id = %s AND state = 'running' AND worker LIKE %s"
+                          " AND kind IN ('explore', 'train')", [run_id, "%@w1"])
+    killed_at = cluster.db_now()
     killed = cluster.kill_host("w1")
+    for kind, step in running:  # (it may have ended between the wait and the kill)
+        recovered[f"w1 killed: its {kind} step taken by w2"] = cluster.wait(
+            f"w1's {kind} step {step} taken again", lambda: bool(cluster.sql(
+                "SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND (step > %s OR (state = 'running'"
+                " AND worker LIKE %s AND started_at > to_timestamp(%s)))", [run_id, kind, step, "%@w2", killed_at])),
+            RECOVER_S, run_id)
     assert killed >= 2 and cluster.net["w1"].pids() == []
     recovered["w1 killed: run moves on via w2"] = cluster.moves_on(run_id, "killing w1")
 
