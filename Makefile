@@ -41,7 +41,7 @@ export NO_MKDOCS_2_WARNING ?= 1
 # suite's ~200 Django processes (Celery workers, servers, CLI runs).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-bench test-stress venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
+.PHONY: run test test-bench test-stress test-hosts venv browser compose migrate demo worker clean bench screenshots docs gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -96,7 +96,7 @@ test: venv browser compose
 	@mkdir -p $(CACHE); \
 	( $(PY) -m mypy > $(CACHE)/mypy.out 2>&1; types=$$?; sed 's/^/mypy: /' $(CACHE)/mypy.out; exit $$types ) & mypy=$$!; \
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- \
-	  $(PY) -m pytest -n $(TEST_WORKERS) -m "not bench" --ignore=tests/bench_smokes $(PYTEST_ARGS); suite=$$?; \
+	  $(PY) -m pytest -n $(TEST_WORKERS) -m "not bench" --ignore=tests/bench_smokes --ignore=tests/hosts $(PYTEST_ARGS); suite=$$?; \
 	wait $$mypy; types=$$?; \
 	[ "$$types" = 0 ] || echo "make test: mypy failed (its report is above, lines starting 'mypy: ')" >&2; \
 	[ $$suite -ne 0 ] && exit $$suite; exit $$types
@@ -112,6 +112,14 @@ test-bench: venv browser
 # loops, twice: both rounds must pass. STRESS_ARGS: e.g. `--rounds 1 tests/test_degrade.py`.
 test-stress: venv browser
 	TEST_WORKERS=$(TEST_WORKERS) $(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) scripts/stress.py $(STRESS_ARGS)
+
+# The loop on three hosts made of network namespaces (tests/hosts/, marked `hosts`): a run
+# across them, a worker host killed, a link cut for 30 s, the head's Redis restarted. Needs
+# root and iproute2 (skipped otherwise); the loop runs on a PostgreSQL and a Redis of its
+# own on the head host (the suite's, from scripts/services.py, serve pytest's session only).
+# `make test-stress` runs it too; `make test` leaves tests/hosts out.
+test-hosts: venv
+	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n 0 -s -m hosts tests/hosts $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml) into var/site: its reference pages are written from the code first
 # (scripts/docs_reference.py, run by the mkdocs hook). `$(PY) -m mkdocs serve` serves it live.

@@ -25,7 +25,8 @@ def test_every_service_command_is_a_real_program() -> None:
         if command is None:
             continue
         program = command[0]
-        assert program in {"redis-server"} or (BIN / program).exists() or shutil.which(program), f"{name}: {program}"
+        # redis-server and postgres: the official images' own programs.
+        assert program in {"redis-server", "postgres"} or (BIN / program).exists() or shutil.which(program), f"{name}: {program}"
         if command[:2] == ["python", "manage.py"]:
             from django.core.management import get_commands
 
@@ -220,3 +221,15 @@ def test_the_web_service_runs_several_uvicorn_processes_within_postgres_connecti
             worker_processes += int(command[command.index("-c") + 1]) if "-c" in command else 1
     pool, beat = 10, 1  # RFT_DB_POOL_SIZE's default; beat's one connection
     assert 4 * pool + worker_processes + beat <= 60, (pool, worker_processes)
+
+
+def test_the_head_postgres_drops_a_silent_hosts_session_within_seconds() -> None:
+    """A cut worker host's trainer holds its run's lock in its Postgres session; the loop hands
+    the step to another host only once the session is gone (tests/hosts/test_three_hosts.py
+    cuts a link under these settings): well within the 30 s a fault may take, not the
+    kernel's 2 h keepalive."""
+    command = _compose()["services"]["postgres"]["command"]
+    settings = dict(arg.split("=", 1) for arg in command[1:] if arg != "-c")
+    assert command[0] == "postgres"
+    silent = int(settings["tcp_keepalives_idle"]) + int(settings["tcp_keepalives_interval"]) * int(settings["tcp_keepalives_count"])
+    assert silent <= 15 and int(settings["tcp_user_timeout"]) <= 15_000, settings
