@@ -25,9 +25,10 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 30,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 31,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
     # (round 49: the person's ledger is one statement counted in the database, not their labels,
-    # the versions, reward models and experiences read one after another)
+    # the versions, reward models and experiences read one after another); 31 (round 61): the
+    # blind evaluations waiting for the person's vote (apps.evaluation), one statement
     "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
