@@ -350,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     checks: list[tuple[str, Callable[[], Figure]]] = [("tests/gpu", lambda: gpu_tests(timeout=args.tests_timeout))] if not args.skip_tests else []
     checks += [
         ("LoRA step", lambda: lora_step(device=device, shape=shape, batch=batch, steps=args.steps)),
+        # rftweb's spawned FSDP2 ranks before any stock TRL trainer: accelerate's state in this
+        # process (a process group of its own) must not be what the ranks start beside.
+        ("FSDP2 step", lambda: fsdp_step(device=device, shape=shape, batch=batch, steps=args.steps)),
         ("stock TRL LoRA step", lambda: side.trl_step(device=device, shape=shape, batch=batch, steps=args.steps,
                                                       lora=True)),
-        ("FSDP2 step", lambda: fsdp_step(device=device, shape=shape, batch=batch, steps=args.steps)),
         ("stock TRL full-weight step", lambda: side.trl_step(device=device, shape=shape, batch=batch,
                                                              steps=args.steps, lora=False)),
         ("rollout throughput", lambda: side.generation(device=device, shape=shape, batch=batch)),

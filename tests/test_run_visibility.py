@@ -20,7 +20,8 @@ from tests.test_permissions import API, all_urls, rule_of
 pytestmark = pytest.mark.django_db
 
 OTHER_IDS = {"experience_id": 1, "group_id": "g", "key_id": 1, "member_id": 1, "assignment_id": 1, "kind": "sft",
-             "name": "a-session", "version": 1, "sha256": "0" * 64, "action": "pause", "feedback_id": 1}
+             "name": "a-session", "version": 1, "sha256": "0" * 64, "action": "pause", "feedback_id": 1,
+             "evaluation_id": 1}
 
 
 def _ask(client: Client, url: str, **headers: str) -> Any:

@@ -59,7 +59,7 @@ class EvaluationIn(Schema):
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="recorded; blank: drawn")
 
 
-class EvaluationOut(Schema):
+class BlindEvaluationOut(Schema):
     id: int
     status: str = Field(description="generating (the workers write the answers), open or closed")
     versions: list[str]
@@ -121,7 +121,7 @@ class ScoreOut(Schema):
     interval: IntervalOut = Field(description="95% bootstrap interval (seeded by the evaluation's seed)")
 
 
-class AgreementOut(Schema):
+class BlindAgreementOut(Schema):
     voter: str
     compared: int
     agreed: int
@@ -146,7 +146,7 @@ class FiguresOut(Schema):
     left_share: float | None = Field(description="position bias: the share of decisive votes the left side won")
     left_interval: IntervalOut | None
     decisive: int
-    agreement: list[AgreementOut]
+    agreement: list[BlindAgreementOut]
     check_flags: list[CheckFlagOut]
 
 
@@ -200,7 +200,7 @@ def figures_body(evaluation: Evaluation, fig: Figures) -> Body:
 CHOICES_IN = {"a": "left", "b": "right", "left": "left", "right": "right", "tie": "tie", "both_bad": "both_bad"}
 
 
-@router.post("/runs/{run_id}/evaluations", response=responses(EvaluationOut, 409),
+@router.post("/runs/{run_id}/evaluations", response=responses(BlindEvaluationOut, 409),
            summary="Ask for a blind evaluation (the run owner's key)")
 def evaluation_create_api(request: HttpRequest, payload: EvaluationIn, run_id: int = RunId) -> Body:
     run: Run = run_reachable(request, run_id)
@@ -211,7 +211,7 @@ def evaluation_create_api(request: HttpRequest, payload: EvaluationIn, run_id: i
     return _out(evaluation)
 
 
-@router.get("/runs/{run_id}/evaluations", response=responses(list[EvaluationOut]),
+@router.get("/runs/{run_id}/evaluations", response=responses(list[BlindEvaluationOut]),
            summary="The run's blind evaluations, newest first")
 def evaluations_list_api(request: HttpRequest, run_id: int = RunId) -> list[Body]:
     return [_out(e) for e in run_evaluations(run=run_reachable(request, run_id))[:100]]
@@ -241,7 +241,7 @@ def evaluation_vote_api(request: HttpRequest, payload: VoteIn, run_id: int = Run
     return {"ok": True}
 
 
-@router.post("/runs/{run_id}/evaluations/{evaluation_id}/close", response=responses(EvaluationOut, 409),
+@router.post("/runs/{run_id}/evaluations/{evaluation_id}/close", response=responses(BlindEvaluationOut, 409),
            summary="Close an evaluation to votes (the run owner's key)")
 def evaluation_close_api(request: HttpRequest, run_id: int = RunId, evaluation_id: int = EvaluationId) -> Body:
     return _out(evaluation_close(evaluation=_evaluation(request, run_id, evaluation_id), by=_person(request)))

@@ -125,3 +125,24 @@ def test_over_the_rate_the_openai_door_answers_rate_limit_exceeded(run: Run) -> 
     Client().get(f"/api/v1/runs/{run.pk}/openai/v1/models", headers={"Authorization": f"Bearer {raw}"})
     limited = Client().get(f"/api/v1/runs/{run.pk}/openai/v1/models", headers={"Authorization": f"Bearer {raw}"})
     assert openai_refusal(limited, 429)["code"] == "rate_limit_exceeded"
+
+
+def test_no_two_response_schemas_of_the_api_share_a_name() -> None:
+    """The OpenAPI document keys a schema by its class name: two classes of one name (the run's
+    `EvaluationOut` and the blind evaluation's, round 61) left one route documented with the
+    other's shape, and the live schema check failed on a correct answer. Each name one class."""
+    from collections import defaultdict
+
+    from ninja import Schema
+
+    def subclasses(cls: type) -> list[type]:
+        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+
+    ninja_api.get_openapi_schema()  # every router imported
+    by_name: dict[str, set[str]] = defaultdict(set)
+    for cls in subclasses(Schema):
+        module = cls.__module__
+        if module.startswith(("apps.", "rftweb.")):
+            by_name[cls.__name__].add(f"{module}.{cls.__qualname__}")
+    shared = {name: sorted(where) for name, where in by_name.items() if len(where) > 1}
+    assert not shared, f"schema classes sharing a name (the OpenAPI document keeps one): {shared}"

@@ -86,6 +86,30 @@ def worker_plan(*, queues: list[str], concurrency: int | None, loglevel: str, py
     return plan
 
 
+def evaluation_arguments(parser: ArgumentParser) -> None:
+    """`rft evaluation create|figures|export|close`: blind side-by-side evaluations (apps.evaluation)."""
+    ev_sub = parser.add_subparsers(dest="evaluation_action", required=True, parser_class=ArgumentParser)
+    ev_create = ev_sub.add_parser("create", help="ask for a blind evaluation (the workers write the answers)")
+    ev_create.add_argument("run", type=int)
+    ev_create.add_argument("--as", dest="actor", required=True, help="username of the run's owner (or staff)")
+    ev_create.add_argument("--versions", default="", help="comma-separated version numbers, the baseline first; "
+                           "RUN:N for another run's (default: 0 and the newest)")
+    ev_create.add_argument("--prompts", type=int, default=20, help="how many prompts (default 20)")
+    ev_create.add_argument("--prompts-file", default=None, help="a text file, one prompt a line "
+                           "(default: the run's evaluation taskset)")
+    ev_create.add_argument("--votes-per-pair", type=int, default=1)
+    ev_create.add_argument("--voters", default="", help="comma-separated usernames (default: owner and annotators)")
+    ev_create.add_argument("--seed", type=int, default=None)
+    ev_fig = ev_sub.add_parser("figures", help="an evaluation's win rates, scores and vote quality")
+    ev_fig.add_argument("evaluation", type=int)
+    ev_exp = ev_sub.add_parser("export", help="an evaluation's votes as JSON lines")
+    ev_exp.add_argument("evaluation", type=int)
+    ev_exp.add_argument("--out", required=True, help="the file to write ('-': standard output)")
+    ev_close = ev_sub.add_parser("close", help="close an evaluation to votes")
+    ev_close.add_argument("evaluation", type=int)
+    ev_close.add_argument("--as", dest="actor", required=True)
+
+
 class Command(BaseCommand):
     help = "Create, control and export runs; start workers."
 
@@ -138,27 +162,7 @@ class Command(BaseCommand):
         figures = sub.add_parser("figures", help="a run's evaluation series, best version and where its labels went")
         figures.add_argument("run", type=int)
 
-        ev = sub.add_parser("evaluation", help="blind side-by-side evaluations of a run's versions")
-        ev_sub = ev.add_subparsers(dest="evaluation_action", required=True, parser_class=ArgumentParser)
-        ev_create = ev_sub.add_parser("create", help="ask for a blind evaluation (the workers write the answers)")
-        ev_create.add_argument("run", type=int)
-        ev_create.add_argument("--as", dest="actor", required=True, help="username of the run's owner (or staff)")
-        ev_create.add_argument("--versions", default="", help="comma-separated version numbers, the baseline first; "
-                               "RUN:N for another run's (default: 0 and the newest)")
-        ev_create.add_argument("--prompts", type=int, default=20, help="how many prompts (default 20)")
-        ev_create.add_argument("--prompts-file", default=None, help="a text file, one prompt a line "
-                               "(default: the run's evaluation taskset)")
-        ev_create.add_argument("--votes-per-pair", type=int, default=1)
-        ev_create.add_argument("--voters", default="", help="comma-separated usernames (default: owner and annotators)")
-        ev_create.add_argument("--seed", type=int, default=None)
-        ev_fig = ev_sub.add_parser("figures", help="an evaluation's win rates, scores and vote quality")
-        ev_fig.add_argument("evaluation", type=int)
-        ev_exp = ev_sub.add_parser("export", help="an evaluation's votes as JSON lines")
-        ev_exp.add_argument("evaluation", type=int)
-        ev_exp.add_argument("--out", required=True, help="the file to write ('-': standard output)")
-        ev_close = ev_sub.add_parser("close", help="close an evaluation to votes")
-        ev_close.add_argument("evaluation", type=int)
-        ev_close.add_argument("--as", dest="actor", required=True)
+        evaluation_arguments(sub.add_parser("evaluation", help="blind side-by-side evaluations of a run's versions"))
 
         fb = sub.add_parser("feedback", help="give feedback as a person (the annotation page's services)")
         fb.add_argument("run", type=int)
