@@ -45,7 +45,10 @@ def plot(page: Any, chart: str, expression: str) -> Any:
 
 
 def point_on(page: Any, chart: str, step: float) -> dict[str, float]:
-    """Page coordinates of `step` on the chart's x axis, half way up the plotting area."""
+    """Page coordinates of `step` on the chart's x axis, half way up the plotting area, the chart
+    scrolled into view first (the mouse reaches only the viewport; the run page's sections above
+    the charts grew in round 61)."""
+    page.locator(f"#chart-{chart}").scroll_into_view_if_needed()
     return plot(page, chart, f"(() => {{ const r = u.over.getBoundingClientRect(); "
                              f"return {{x: r.left + u.valToPos({step}, 'x'), y: r.top + r.height / 2}}; }})()")
 
