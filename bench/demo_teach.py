@@ -490,9 +490,6 @@ def style_print(run_id: int, preference: str, *, every: int = 5) -> None:
               f"accuracy {mean(styled)} / {mean(other)}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 # --- Blind votes on the versions (issue #63 item 6) ----------------------------------------------
 
@@ -577,7 +574,8 @@ def blind_print(figures: dict[str, Any], *, people: int, twin: int, moves: dict[
     """Per version against version 0: the win rate with its interval and votes, the verdict,
     the direction check against the run's measured share move, the votes a ±0.1 interval needs."""
     print(f"blind votes: evaluation {figures['evaluation']}, {figures['cast']} votes cast by 3 voters "
-          f"({figures['checks']} planted checks), both bad {figures['both_bad_share']}")
+          f"({figures['checks']} planted checks), both-bad share "
+          f"{'-' if figures['both_bad_share'] is None else format(figures['both_bad_share'], '.3f')}")
     names = {f"v{figures['newest'][people]}": (people, "people"),
              f"run {twin} v{figures['newest'][twin]}": (twin, "without people")}
     for rate in figures["win_rates"]:
@@ -585,10 +583,16 @@ def blind_print(figures: dict[str, Any], *, people: int, twin: int, moves: dict[
         move = moves[run]
         if abs(move) <= SHARE_MOVED:
             check = f"share moved {move:+.3f} (<= {SHARE_MOVED}): no check"
-        elif rate["verdict"].startswith("too few"):
-            check = f"share moved {move:+.3f}: too few votes to tell"
+        elif rate["rate"] == 0.5:
+            check = f"share moved {move:+.3f}: DISAGREE (win rate even)"
         else:
+            # The point estimate's direction; the verdict beside it says whether the interval
+            # can tell it from even.
             check = f"share moved {move:+.3f}: " + ("agree" if (rate["rate"] > 0.5) == (move > 0) else "DISAGREE")
         print(f"blind {arm} {rate['version']} vs v0: win rate {rate['rate']:.3f} [{rate['interval']['low']:.3f}, "
               f"{rate['interval']['high']:.3f}] over {rate['votes']} votes ({rate['verdict']}); {check}; "
               f"±0.1 needs {rate['votes_for_margin']} votes", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -228,8 +228,8 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     # line per run with its win rate, interval, votes, direction check and the votes ±0.1 needs.
     assert re.search(r"^blind votes: evaluation \d+, 10 votes cast by 3 voters", out.stdout, re.MULTILINE), \
         out.stdout[-2000:]
-    FLOAT = r"\d+\.\d+"
-    rows = re.findall(rf"^blind (people|without people) (?:run \d+ )?v\d+ vs v0: win rate {FLOAT} "
-                      rf"\[{FLOAT}, {FLOAT}\] over 3 votes \((?:better|worse|too few)[^)]*\); share moved "
+    decimal = r"\d+\.\d+"
+    rows = re.findall(rf"^blind (people|without people) (?:run \d+ )?v\d+ vs v0: win rate {decimal} "
+                      rf"\[{decimal}, {decimal}\] over 3 votes \((?:better|worse|too few)[^)]*\); share moved "
                       r"[+-]\d+\.\d+.*; ±0\.1 needs \d+ votes$", out.stdout, re.MULTILINE)
     assert sorted(rows) == ["people", "without people"], out.stdout[-2000:]
