@@ -224,10 +224,11 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     # The reward model's probe, per train step of the people run, and both runs' style shares.
     assert re.search(r"^reward model per train step, run #\d+ \(gate \w+", out.stdout, re.MULTILINE), out.stdout[-2000:]
     assert len(re.findall(r"^run #\d+ rollouts by model version: working share", out.stdout, re.MULTILINE)) == 2
-    # The blind votes: every pair voted (3 prompts x 3 pairs, and a planted check), and a
+    # The blind votes: every pair voted (3 prompts x 3 pairs, and the planted checks), and a
     # line per run with its win rate, interval, votes, direction check and the votes ±0.1 needs.
-    assert re.search(r"^blind votes: evaluation \d+, 10 votes cast by 3 voters", out.stdout, re.MULTILINE), \
-        out.stdout[-2000:]
+    cast = re.search(r"^blind votes: evaluation \d+, (\d+) votes cast by 3 voters \((\d+) planted checks\)",
+                     out.stdout, re.MULTILINE)
+    assert cast is not None and int(cast.group(1)) == 9 + int(cast.group(2)), out.stdout[-2000:]
     decimal = r"\d+\.\d+"
     rows = re.findall(rf"^blind (people|without people) (?:run \d+ )?v\d+ vs v0: win rate {decimal} "
                       rf"\[{decimal}, {decimal}\] over 3 votes \((?:better|worse|too few)[^)]*\); share moved "
