@@ -21,7 +21,22 @@ reward model learns the preference from the person's labels alone, over the demo
 itself. Only the scripted person reads the preference, through the page.
 
     python -m bench demo_teach [--steps 40] [--labels 100] [--feedback-wait 20] [--seed 0 | --seeds 0 1 2]
-                               [--rm-gate bound|evidence] [--headed]
+                               [--rm-gate bound|evidence] [--blind-votes 20] [--headed]
+
+Blind votes (issue #63 item 6, `--blind-votes N`, 0 for none): after both runs end, while the
+server is still up, the owner's API key asks the REST API for one blind evaluation of version 0
+against the people run's newest version and the twin's newest on N held-out prompts (the run's
+evaluation taskset), and the bench polls its state (bounded) until the workers have written the
+answers. Three simulated voters (the owner, the demo's annotator and a `voter` the bench adds as
+an annotator), each with a key of their own, take the pairs from `/next` and vote through the
+API by the same preference the scripted person labels by (`kernel.preferences`): the
+higher-rated answer wins, equal ratings tie, both rated lowest "both bad". A voter sees only the
+prompt and the two answer texts, sides drawn by the server: never which version or run wrote
+which. The figures are read back through the API: per run, the newest version's win rate over
+version 0 with its 95% interval, the votes it took and its verdict ("too few votes to tell"
+when the interval holds 0.5), checked in direction against the run's measured share move
+(last evaluation less first) where that moved by more than 0.1, and the votes a ±0.1 interval
+needs at the observed rate.
 
 The twin is the one `rft_demo` makes, the run with people's feedback off
 (`apps.control.twins.run_twin_create`: linked, so both run pages show the comparison); it
@@ -195,6 +210,9 @@ def main() -> None:
                         help="feedback.rm_gate of both runs (default: the config's own)")
     parser.add_argument("--minutes", type=float, default=60.0, help="give up on a seed after this long")
     parser.add_argument("--headed", action="store_true")
+    parser.add_argument("--blind-votes", type=int, default=20,
+                        help="after both runs, a blind evaluation of version 0 against each run's newest on this "
+                             "many held-out prompts, voted by three simulated people (0: none)")
     args = parser.parse_args()
     gains = [demo_once(args, seed=seed) for seed in (args.seeds or [args.seed])]
     if len(gains) > 1:
@@ -218,11 +236,14 @@ def demo_once(args: argparse.Namespace, *, seed: int) -> float:
         print(f"demo runs (seed {seed}): #{people} with a person labelling by {demo.preference}, #{twin} without "
               f"people; {load_average()}", flush=True)
         start_evaluate(demo, people=people, twin=twin)
-        given = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started)
+        given, figures = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started)
         print(demo.manage("shell", "-c", f"from bench.demo_teach import rm_probe_print, style_print; "
                                          f"rm_probe_print({people}); style_print({people}, {demo.preference!r}); "
                                          f"style_print({twin}, {demo.preference!r})"), end="", flush=True)
-        return report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+        gain, moves = report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+        if figures is not None:
+            blind_print(figures, people=people, twin=twin, moves=moves)
+        return gain
 
 
 def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
@@ -234,9 +255,10 @@ def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
 
 
 def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, deadline: float,
-               started: float) -> int:
+               started: float) -> tuple[int, dict[str, Any] | None]:
     """Serve the demo, start both runs, label as the person until done, wait for both runs and
-    their last evaluations; returns the labels given."""
+    their last evaluations, then (with `--blind-votes`) the blind votes on the newest versions;
+    returns the labels given and the blind evaluation's figures."""
     port = free_port()
     log_path = demo.var / "serve.log"
     with log_path.open("wb") as log:
@@ -263,9 +285,13 @@ def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, 
             every = {run: eval_every(demo, run) for run in (people, twin)}
             while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
                 time.sleep(2)
+            figures = None
+            if args.blind_votes > 0:
+                figures = blind_votes(demo, url=url, people=people, twin=twin, prompts=args.blind_votes,
+                                      seconds=max(60.0, min(600.0, deadline - time.monotonic())))
         finally:
             processes_stop([server], group=True)
-    return given
+    return given, figures
 
 
 def eval_every(demo: Demo, run: int) -> int:
@@ -285,7 +311,9 @@ def evaluations_due(demo: Demo, run: int, every: int) -> set[int]:
     return due - done
 
 
-def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> float:
+def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) -> tuple[float, dict[int, float]]:
+    """Print both runs' shares and accuracy by step; returns the gain difference and each run's
+    share move (its last evaluation's less its first's)."""
     rows = demo.query("SELECT id, status, error FROM runs_run WHERE id IN (?, ?)", people, twin)
     statuses = {int(str(pk)): str(status) for pk, status, _ in rows}
     for pk, status, error in rows:
@@ -318,7 +346,7 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
     print(f"demo_teach: {demo.preference} share {first:.3f} -> people {last_people:.3f} vs without people {last_twin:.3f} "
           f"(difference {last_people - last_twin:+.3f}); gain people {gain[people]:+.3f}, without people "
           f"{gain[twin]:+.3f}, gain difference {gain[people] - gain[twin]:+.3f}; {load_average()}", flush=True)
-    return gain[people] - gain[twin]
+    return gain[people] - gain[twin], gain
 
 
 def share_gain(series: dict[int, float]) -> float:
@@ -464,6 +492,110 @@ def style_print(run_id: int, preference: str, *, every: int = 5) -> None:
             return f"{sum(xs) / len(xs):.2f}" if xs else "-"
         print(f"  v{window * every:>3}-{window * every + every - 1:<3} n {n:>4}  share {len(styled) / n:.2f}  "
               f"accuracy {mean(styled)} / {mean(other)}")
+
+
+
+# --- Blind votes on the versions (issue #63 item 6) ----------------------------------------------
+
+# Runs inside `manage.py shell`: the voters' API keys, as each would make one on the keys page
+# (the owner, the demo's annotator and a second annotator the bench adds to the people run).
+_KEYS = """
+from django.contrib.auth.models import User
+from apps.envapi.services import api_key_create
+from apps.runs.models import Run
+from apps.runs.services import run_member_add
+people = Run.objects.get(pk=PEOPLE)
+if not User.objects.filter(username="voter").exists():
+    User.objects.create_user("voter", password="pw")
+    run_member_add(run=people, username="voter", role="annotator")
+for name in ("owner", "annotator", "voter"):
+    print(name, api_key_create(name="blind votes", runs=[people], actions=["read", "feedback"],
+                               created_by=User.objects.get(username=name))[1])
+"""
+
+# A share move at or below this is within the evaluation's own noise: no direction to check.
+SHARE_MOVED = 0.1
+
+
+def api_call(url: str, key: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One request to the REST API with a voter's key; the JSON answer."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url}/api/v1{path}", data=None if body is None else json.dumps(body).encode(), method="GET" if body is None else "POST",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def blind_choice(prefer: Callable[[str, str], int], prompt: str, a: str, b: str) -> str:
+    """A voter's choice by the preference: the higher-rated answer, equal ratings a tie, both
+    rated lowest both bad. The voter sees only the prompt and the two texts."""
+    left, right = prefer(prompt, a), prefer(prompt, b)
+    if left == right:
+        return "both_bad" if left == 1 else "tie"
+    return "a" if left > right else "b"
+
+
+def blind_votes(demo: Demo, *, url: str, people: int, twin: int, prompts: int, seconds: float) -> dict[str, Any] | None:
+    """Ask, through the REST API with the owner's key, for one blind evaluation of version 0
+    against the people run's and the twin's newest versions; wait (bounded) for its answers;
+    let the three voters vote until nothing is left for them; return its figures (None when the
+    answers were not ready in time)."""
+    from kernel.preferences import preference_get
+
+    lines = [line.split() for line in demo.manage("shell", "-c", _KEYS.replace("PEOPLE", str(people))).splitlines()]
+    keys = {words[0]: words[1] for words in lines if len(words) == 2 and words[0] in {"owner", "annotator", "voter"}}
+    newest = {run: int(str(demo.query("SELECT max(number) FROM runs_modelversion WHERE run_id = ?", run)[0][0]))
+              for run in (people, twin)}
+    evaluation = api_call(url, keys["owner"], f"/runs/{people}/evaluations", {
+        "versions": [{"version": 0}, {"version": newest[people]}, {"version": newest[twin], "run": twin}],
+        "prompt_count": prompts, "votes_per_pair": 1, "voters": sorted(keys), "seed": 0})
+    path = f"/runs/{people}/evaluations/{evaluation['id']}"
+    until = time.monotonic() + seconds
+    while evaluation["status"] == "generating" and time.monotonic() < until:
+        time.sleep(2)
+        evaluation = next(e for e in api_call(url, keys["owner"], f"/runs/{people}/evaluations")
+                          if e["id"] == evaluation["id"])
+    if evaluation["status"] != "open":
+        print(f"blind votes: evaluation {evaluation['id']} still {evaluation['status']} after {seconds:.0f} s "
+              f"{evaluation['error']}".rstrip(), flush=True)
+        return None
+    prefer = preference_get(demo.preference).rate
+    cast = 0
+    for key in keys.values():
+        while (item := api_call(url, key, f"{path}/next")["item"]) is not None:
+            api_call(url, key, f"{path}/votes", {"token": item["token"],
+                                                 "choice": blind_choice(prefer, item["prompt"], item["a"], item["b"])})
+            cast += 1
+    figures: dict[str, Any] = api_call(url, keys["owner"], f"{path}/figures")
+    figures["cast"] = cast
+    figures["newest"] = newest
+    return figures
+
+
+def blind_print(figures: dict[str, Any], *, people: int, twin: int, moves: dict[int, float]) -> None:
+    """Per version against version 0: the win rate with its interval and votes, the verdict,
+    the direction check against the run's measured share move, the votes a ±0.1 interval needs."""
+    print(f"blind votes: evaluation {figures['evaluation']}, {figures['cast']} votes cast by 3 voters "
+          f"({figures['checks']} planted checks), both-bad share "
+          f"{'-' if figures['both_bad_share'] is None else format(figures['both_bad_share'], '.3f')}")
+    names = {f"v{figures['newest'][people]}": (people, "people"),
+             f"run {twin} v{figures['newest'][twin]}": (twin, "without people")}
+    for rate in figures["win_rates"]:
+        run, arm = names[rate["version"]]
+        move = moves[run]
+        if abs(move) <= SHARE_MOVED:
+            check = f"share moved {move:+.3f} (<= {SHARE_MOVED}): no check"
+        elif rate["rate"] == 0.5:
+            check = f"share moved {move:+.3f}: DISAGREE (win rate even)"
+        else:
+            # The point estimate's direction; the verdict beside it says whether the interval
+            # can tell it from even.
+            check = f"share moved {move:+.3f}: " + ("agree" if (rate["rate"] > 0.5) == (move > 0) else "DISAGREE")
+        print(f"blind {arm} {rate['version']} vs v0: win rate {rate['rate']:.3f} [{rate['interval']['low']:.3f}, "
+              f"{rate['interval']['high']:.3f}] over {rate['votes']} votes ({rate['verdict']}); {check}; "
+              f"±0.1 needs {rate['votes_for_margin']} votes", flush=True)
 
 
 if __name__ == "__main__":

@@ -210,8 +210,10 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     bench: Callable[..., Any],
 ) -> None:
     """`make run`'s demo as a new user meets it, tiny: a person in Chromium labels a few items
-    by the guidelines' preference, every label lands, and both runs' shares are printed."""
-    out = bench("demo_teach", "--steps", "2", "--labels", "4", "--feedback-wait", "10", "--minutes", "8", timeout=600)
+    by the guidelines' preference, every label lands, and both runs' shares are printed; then
+    three simulated voters vote blind through the API on version 0 against each run's newest."""
+    out = bench("demo_teach", "--steps", "2", "--labels", "4", "--feedback-wait", "10", "--minutes", "8",
+                "--blind-votes", "3", timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     counts = re.search(r"labels given (\d+), stored (\d+)", out.stdout)
     assert counts is not None, out.stdout[-2000:]
@@ -222,3 +224,13 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
     # The reward model's probe, per train step of the people run, and both runs' style shares.
     assert re.search(r"^reward model per train step, run #\d+ \(gate \w+", out.stdout, re.MULTILINE), out.stdout[-2000:]
     assert len(re.findall(r"^run #\d+ rollouts by model version: working share", out.stdout, re.MULTILINE)) == 2
+    # The blind votes: every pair voted (3 prompts x 3 pairs, and the planted checks), and a
+    # line per run with its win rate, interval, votes, direction check and the votes ±0.1 needs.
+    cast = re.search(r"^blind votes: evaluation \d+, (\d+) votes cast by 3 voters \((\d+) planted checks\)",
+                     out.stdout, re.MULTILINE)
+    assert cast is not None and int(cast.group(1)) == 9 + int(cast.group(2)), out.stdout[-2000:]
+    decimal = r"\d+\.\d+"
+    rows = re.findall(rf"^blind (people|without people) (?:run \d+ )?v\d+ vs v0: win rate {decimal} "
+                      rf"\[{decimal}, {decimal}\] over 3 votes \((?:better|worse|too few)[^)]*\); share moved "
+                      r"[+-]\d+\.\d+.*; ±0\.1 needs \d+ votes$", out.stdout, re.MULTILINE)
+    assert sorted(rows) == ["people", "without people"], out.stdout[-2000:]
