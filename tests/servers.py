@@ -431,6 +431,12 @@ class HeldAnswer:
         return len(self.asked) > more_than
 
     def release(self) -> None:
+        """The held answer to the page, once the route handler has read it from the server: a GET
+        counts in `asked` as it comes, and its answer is read after (a busy server takes a while)."""
+        for _ in range(BROWSER_WAIT_MS // 100):
+            if self.held:
+                break
+            self.page.wait_for_timeout(100)  # route handlers run only inside Playwright's calls
         route, answer = self.held[0]
         route.fulfill(response=answer)
 

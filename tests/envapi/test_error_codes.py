@@ -136,7 +136,11 @@ def test_no_two_response_schemas_of_the_api_share_a_name() -> None:
     from ninja import Schema
 
     def subclasses(cls: type) -> list[type]:
-        return [cls] + [s for sub in cls.__subclasses__() for s in subclasses(sub)]
+        found: list[type] = [cls]
+        direct: list[type] = type.__subclasses__(cls)
+        for sub in direct:
+            found += subclasses(sub)
+        return found
 
     ninja_api.get_openapi_schema()  # every router imported
     by_name: dict[str, set[str]] = defaultdict(set)
