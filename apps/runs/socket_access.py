@@ -189,10 +189,3 @@ async def access_unguard(*, socket: GuardedSocket) -> None:
         del _watches[loop]
         await watch.close()
 
-
-def access_watch() -> AccessWatch | None:
-    """This loop's watch, if any socket is guarded (for tests and diagnostics)."""
-    try:
-        return _watches.get(asyncio.get_running_loop())
-    except RuntimeError:
-        return None

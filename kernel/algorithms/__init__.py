@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from kernel.config import RunConfig
 
 # How TRL normalises each GRPO loss type, hence how a learner group weights each rank's
-# part of a batch: a mean over sequences (each part by its share of the sequences) or over
-# completion tokens (its share of the action tokens).
+# part of a batch: these take a mean over sequences (each part by its share of the
+# sequences); the others (dapo, bnpo, cispo, vespo) over completion tokens (its share of the
+# action tokens).
 GROUP_PER_SEQUENCE = ("grpo", "dr_grpo", "sapo", "luspo")
-GROUP_PER_TOKEN = ("dapo", "bnpo", "cispo", "vespo")
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,6 @@ def reward_kind_register(cls: type[RewardKind]) -> type[RewardKind]:
     return cls
 
 
-def reward_kind_unregister(name: str) -> None:
-    _REGISTRY.remove(name)
-
-
 def reward_kinds() -> list[RewardKind]:
     return _REGISTRY.entries()
 

@@ -14,7 +14,6 @@ from workers.algorithms.batch import (
     rollout_from_experience,
 )
 from workers.algorithms.learner import (
-    ALGORITHMS,
     Learner,
     LearnerSpec,
     NothingToTrain,
@@ -22,7 +21,6 @@ from workers.algorithms.learner import (
 )
 
 __all__ = [
-    "ALGORITHMS",
     "Learner",
     "LearnerSpec",
     "NothingToTrain",

@@ -21,7 +21,7 @@ import torch
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch
 
-from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_names, algorithm_params_parse
+from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_params_parse
 from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
 from workers.adapters import is_adapter_model
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 
     from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.distributed import Shard
-
-# The registered algorithms (kernel.algorithms), each naming its objective (objectives/).
-ALGORITHMS = tuple(algorithm_names())
 
 
 class NothingToTrain(Conflict, ValueError):

@@ -95,10 +95,6 @@ def reward_kind_impl_register(cls: type[RewardKindImpl]) -> type[RewardKindImpl]
     return cls
 
 
-def reward_kind_impl_unregister(name: str) -> None:
-    _REGISTRY.remove(name)
-
-
 def reward_kind_impl(name: str) -> RewardKindImpl:
     return _REGISTRY.get(name)
 
