@@ -153,6 +153,41 @@ def environment_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
     return args
 
 
+def _feedback_kinds(schema: JSON) -> list[str]:
+    """The `kind` each body of the feedback route's request names, in an OpenAPI document."""
+    if not isinstance(schema, dict):
+        raise ApiError(200, "the API schema is not a JSON object")
+    paths = schema.get("paths")
+    route = next((v for k, v in paths.items() if k.endswith("/runs/{run_id}/feedback")), None) \
+        if isinstance(paths, dict) else None
+    body = _json_at(route, "post", "requestBody", "content", "application/json", "schema")
+    components = _json_at(schema, "components", "schemas")
+    kinds: list[str] = []
+    for option in _json_list(_json_at(body, "oneOf")):
+        ref = _json_at(option, "$ref")
+        if isinstance(ref, str) and isinstance(components, dict):  # "#/components/schemas/<Name>"
+            option = components.get(ref.rsplit("/", 1)[-1])
+        kind = _json_at(option, "properties", "kind", "const")
+        if isinstance(kind, str):
+            kinds.append(kind)
+    if not kinds:
+        raise ApiError(200, "the API schema lists no feedback kinds (POST /runs/{run_id}/feedback)")
+    return kinds
+
+
+def _json_at(value: JSON, *keys: str) -> JSON:
+    """value[k1][k2]...; None where a step is missing or not an object."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _json_list(value: JSON) -> list[JSON]:
+    return value if isinstance(value, list) else []
+
+
 class RftClient:
     def __init__(
         self,
@@ -295,7 +330,7 @@ class RftClient:
         self,
         run_id: int,
         *,
-        kind: Literal["env_reward", "rating", "pairwise", "ranking", "flag"],
+        kind: str,
         experience_id: int | None = None,
         value: float | None = None,
         reward_parts: Mapping[str, float] | None = None,
@@ -308,11 +343,15 @@ class RftClient:
         flags: Sequence[Literal["unsafe", "broken", "off_task"]] | None = None,
         reason: str | None = None,
         comment: str = "",
+        fields: Mapping[str, JSON] | None = None,
     ) -> FeedbackResult:
-        """One piece of feedback. env_reward: value (+ reward_parts); rating: score 1-5 or
-        thumb; pairwise: other_experience_id + winner; ranking: order (a whole group, best
-        first); flag: flags and/or reason. The stored value is the annotation page's."""
-        body: dict[str, object] = {"kind": kind, "comment": comment}
+        """One piece of feedback of any kind the server takes (`feedback_kinds()` reads them
+        from its API schema; another is refused with a 422 naming them). env_reward: value
+        (+ reward_parts); rating: score 1-5 or thumb; pairwise: other_experience_id + winner;
+        ranking: order (a whole group, best first); flag: flags and/or reason; a kind of the
+        deployment's own (a plugin): its fields in `fields`, as its body in the schema names
+        them. The stored value is the annotation page's."""
+        body: dict[str, object] = {"kind": kind, "comment": comment, **(fields or {})}
         for name, v in (("experience_id", experience_id), ("value", value),
                         ("reward_parts", dict(reward_parts) if reward_parts else None), ("score", score),
                         ("thumb", thumb), ("other_experience_id", other_experience_id), ("winner", winner),
@@ -321,6 +360,11 @@ class RftClient:
             if v is not None:
                 body[name] = v
         return cast(FeedbackResult, self._request("POST", f"/runs/{run_id}/feedback", json_body=body))
+
+    def feedback_kinds(self) -> list[str]:
+        """The kinds of feedback the server takes, as its API schema lists them (the feedback
+        route's body is one model per kind, each naming its `kind`), in the schema's order."""
+        return _feedback_kinds(self._request("GET", "/openapi.json"))
 
     # ---- events --------------------------------------------------------------------
 

@@ -5,8 +5,9 @@
 - `dpo`:  {"prompt": [...], "chosen": [{"role": "assistant", ...}], "rejected": [...]}
           (DPOTrainer's conversational preference format, with an explicit prompt): per group,
           the best and the worst completion by final reward, when they differ by more than
-          `min_margin`; then every human pairwise choice (A/B feedback) whose two completions
-          pass the filters, whatever their rewards: a person's preference is the signal.
+          `min_margin`; then every pair people stated with a label whose kind reaches training
+          as preferences (A/B choices; apps.feedback.selectors.dpo_pairs) whose two
+          completions pass the filters, whatever their rewards: a person's preference is the signal.
 - `grpo`: {"prompt": [...], "answer": ..., "domain": ..., "task_id": ...} per task of the
           run's taskset (GRPOTrainer's prompt-only format; extra columns reach reward functions).
 
@@ -213,8 +214,9 @@ def _dpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) ->
 
 
 def _pairwise_rows(*, run: Run, options: ExportOptions, skip: set[tuple[int, int]]) -> Iterator[ExportRow]:
-    """Pairs people chose in A/B comparisons (late ones included), oldest first. Choices are
-    human-made, so all of them and their completions fit in memory at once."""
+    """Pairs people stated (A/B choices, and any kind whose labels reach training as
+    preferences; late ones included), oldest first. Choices are human-made, so all of them
+    and their completions fit in memory at once."""
     choices = [c for c in dpo_pairs(run=run) if (c.chosen_id, c.rejected_id) not in skip]
     ids = {pk for c in choices for pk in (c.chosen_id, c.rejected_id)}
     fields = ("id", "prompt_text", "response_text", "messages", "task__messages", "task__prompt", "task__images")

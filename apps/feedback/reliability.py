@@ -3,6 +3,8 @@
 - Agreement per run and question type: Krippendorff's alpha (the `krippendorff` package) over
   the rating matrix (raters x experiences, 1..5 scores, ordinal and interval; thumbs nominal);
   for comparisons and rankings, the rate at which two raters who judged the same pair agree.
+  Which kinds count where is each kind's declaration (`FeedbackKind.agreement`: "rating" or
+  "preference"), never its name.
 - Per rater: how many labels, agreement with the consensus of the others (1 - 2 x mean
   absolute distance to the median of the others' ratings of the same item, so a rater answering at
   random scores about 0 and a perfect one 1), accuracy on gold items (1 - 2 x mean absolute
@@ -38,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from django.db.models import Count, Max, Sum
 
-from apps.feedback.kinds import kind_get, value_parse
+from apps.feedback.kinds import kind_get, kind_names, value_parse
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
@@ -79,8 +81,9 @@ class RaterFigures:
 
 @runtime_checkable
 class Rated(Protocol):
-    """What the agreement reads of a rating's value (apps.feedback.kinds.rating's, read
-    through the registry: the kinds' modules stand above this one)."""
+    """What the agreement reads of the value of a kind whose `agreement` is "rating"
+    (apps.feedback.kinds.rating's, read through the registry: the kinds' modules stand above
+    this one)."""
 
     normalised: float | None
     score: int | None
@@ -88,11 +91,13 @@ class Rated(Protocol):
 
 
 def _latest_ratings(run: Run) -> dict[tuple[int, int], tuple[float, int | str | None]]:
-    """(author, experience) -> (normalised value, score or thumb) of each rater's last rating."""
+    """(author, experience) -> (normalised value, score or thumb) of each rater's last rating
+    (of the kinds whose `agreement` is "rating")."""
     out: dict[tuple[int, int], tuple[float, int | str | None]] = {}
-    for author, exp, value in (Feedback.objects.filter(run=run, kind=Feedback.Kind.RATING, author__isnull=False)
-                               .order_by("created_at", "id").values_list("author_id", "experience_id", "value")):
-        rating = value_parse(kind=Feedback.Kind.RATING, raw=value)
+    rows = (Feedback.objects.filter(run=run, kind__in=kind_names(agreement="rating"), author__isnull=False)
+            .order_by("created_at", "id").values_list("author_id", "experience_id", "kind", "value"))
+    for author, exp, kind, value in rows:
+        rating = value_parse(kind=kind, raw=value)
         assert isinstance(rating, Rated)
         if rating.normalised is None:
             continue  # migration 0003's unreadable number: never folded, no rating to agree with
@@ -127,10 +132,10 @@ def _matrix(cells: dict[tuple[int, int], float]) -> list[list[float]]:
 
 
 def _pair_verdicts(run: Run) -> dict[tuple[int, int], dict[int, int]]:
-    """(lower id, higher id) -> {author: preferred id}, from comparisons and rankings."""
+    """(lower id, higher id) -> {author: preferred id}, from the kinds whose `agreement` is
+    "preference" (comparisons and rankings), each row's pairs as its kind states them."""
     verdicts: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
-    rows = (Feedback.objects.filter(run=run, kind__in=[Feedback.Kind.PAIRWISE, Feedback.Kind.RANKING],
-                                    author__isnull=False)
+    rows = (Feedback.objects.filter(run=run, kind__in=kind_names(agreement="preference"), author__isnull=False)
             .order_by("created_at", "id").only("kind", "author_id", "experience_id", "other_id", "value"))
     for fb in rows:
         author = fb.author_id

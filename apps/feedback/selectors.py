@@ -10,7 +10,7 @@ from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Que
 
 from apps.buffer.models import Experience
 from apps.feedback.holds import Person
-from apps.feedback.kinds import kind_get, kind_names
+from apps.feedback.kinds import kind_get, kind_names, preference_kind_names
 from apps.feedback.ledger import kind_refusal
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_standing
@@ -292,20 +292,29 @@ class DpoPair:
     late: bool
 
 
+def _stated_preferences(rows: QuerySet[Feedback]) -> list[tuple[Feedback, int, int]]:
+    """(row, better id, worse id) for each pair the rows state, through each row's kind
+    (`preferred`: a pairwise tie states none), oldest row first."""
+    ordered = rows.order_by("created_at", "id").only("kind", "experience_id", "other_id", "value", "late")
+    return [(fb, better, worse) for fb in ordered for better, worse in kind_get(fb.kind).preferred(fb)]
+
+
 def dpo_pairs(*, run: Run, include_late: bool = True) -> list[DpoPair]:
-    """Preference pairs from pairwise feedback (ties carry no preference and are left out),
-    oldest first. Late comparisons are included by default: DPO learns from them even when
-    the GRPO step that used their completions is long past."""
-    qs = Feedback.objects.effective().filter(run=run, kind=Feedback.Kind.PAIRWISE, value__winner__in=["a", "b"])
+    """Preference pairs people stated, oldest first: every pair of each label whose kind
+    reaches training as preferences (`preference_kind_names`: the A/B choices; a tie carries
+    no preference). Late ones are included by default: DPO learns from them even when the
+    GRPO step that used their completions is long past."""
+    qs = Feedback.objects.effective().filter(run=run, kind__in=preference_kind_names())
     if not include_late:
         qs = qs.filter(late=False)
+    stated = _stated_preferences(qs)
+    ids = {pk for _, better, worse in stated for pk in (better, worse)}
+    exps = Experience.objects.filter(pk__in=ids).only("pk", "prompt_text", "response_text").in_bulk() if ids else {}
     pairs = []
-    for fb in qs.select_related("experience", "other").order_by("created_at", "id"):
-        a, b = fb.experience, fb.other
-        if a is None or b is None:
+    for fb, better, worse in stated:
+        chosen, rejected = exps.get(better), exps.get(worse)
+        if chosen is None or rejected is None:
             continue
-        [(better, _)] = kind_get(fb.kind).preferred(fb)
-        chosen, rejected = (a, b) if better == a.pk else (b, a)
         pairs.append(DpoPair(
             feedback_id=fb.pk, prompt=chosen.prompt_text, chosen=chosen.response_text, rejected=rejected.response_text,
             chosen_id=chosen.pk, rejected_id=rejected.pk, late=fb.late,
@@ -329,14 +338,15 @@ def batch_feedback_metrics(*, rows: Sequence[Experience]) -> dict[str, float]:
 
 
 def preferences_among(*, run: Run, ids: list[int]) -> list[tuple[int, int]]:
-    """(winner id, loser id) from pairwise feedback whose two experiences are both in `ids`,
-    oldest first. A pairwise feedback's `experience` is A and `other` is B, and its value is
-    {"winner": "a" | "b" | "tie"} (the one shape, see Feedback); ties carry no preference.
-    Late choices count: the pair was stored, and DPO learns from it.
+    """(better id, worse id) of every pair people stated whose two experiences are both in
+    `ids` (a preference algorithm's batch), oldest label first: the labels of the kinds that
+    reach training as preferences (`preference_kind_names`), each pair as its kind's
+    `preferred` states it (a pairwise tie carries none). Late labels count: the pair was
+    stored, and the algorithm learns from it. One statement: the labels about the batch's
+    experiences or of its groups (a label of a whole group names none of them itself).
     """
     wanted = set(ids)
-    rows = Feedback.objects.effective().filter(
-        run=run, kind=Feedback.Kind.PAIRWISE, experience_id__in=wanted, other_id__in=wanted,
-        value__winner__in=["a", "b"],
-    ).order_by("created_at", "id").values_list("experience_id", "other_id", "value__winner")
-    return [(a, b) if winner == "a" else (b, a) for a, b, winner in rows]
+    groups = Experience.objects.filter(run=run, pk__in=wanted).values("group_id")
+    rows = Feedback.objects.effective().filter(Q(experience_id__in=wanted) | Q(group_id__in=groups), run=run,
+                                               kind__in=preference_kind_names())
+    return [(better, worse) for _, better, worse in _stated_preferences(rows) if better in wanted and worse in wanted]

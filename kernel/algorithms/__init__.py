@@ -75,7 +75,10 @@ class AlgorithmType:
     # Advantages are relative to the other completions of the task's group: a group needs
     # at least two (repeat_times >= 2), and a rule that scores them alike teaches nothing.
     group_relative: ClassVar[bool] = False
-    # Trains on preference pairs drawn within a group (people's comparisons and rankings).
+    # Trains on preference pairs drawn within a group: its batches carry the pairs people
+    # stated among their rollouts (workers.trainer.step; the feedback kinds whose labels reach
+    # training as preferences), and those labels count as reaching its training
+    # (apps.feedback.ledger).
     preference_pairs: ClassVar[bool] = False
     # Its settings (the config's `trainer.params`), validated when the run is configured.
     params: ClassVar[type[AlgorithmParams]] = AlgorithmParams

@@ -36,6 +36,7 @@ from apps.runs.ports import (
     staleness,
     version_for_train_step,
 )
+from kernel.algorithms import algorithm_get
 from kernel.exceptions import Conflict
 from workers.background import background_writer
 from workers.trainer.journal import (
@@ -101,7 +102,9 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
         usual=[rollout_from_experience(e, tokenizer=tokenizer) for e in usual],
         expert=[rollout_from_experience(e, tokenizer=tokenizer) for e in expert],
     )
-    if str(run.cfg.algorithm) == "dpo" and usual:
+    # An algorithm that trains on preference pairs (its declaration says so) gets the pairs people
+    # stated among the batch's rollouts.
+    if algorithm_get(run.cfg.algorithm).preference_pairs and usual:
         batch.preferences = preferences_among(run=run, ids=[e.pk for e in usual])
     return batch, rows
 

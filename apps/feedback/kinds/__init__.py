@@ -9,8 +9,10 @@ its service (`kind_service`, storing through apps.feedback.services.submit), its
 environment API (`ApiIn`: the API's feedback body is the union of the kinds' bodies,
 apps.envapi.schemas.FeedbackIn), its `rft feedback` options (`cli_arguments`) and its panel
 on the annotation page (`panel_template`, `panel_context`, `page_store`). Nothing else
-compares kind names to decide behaviour (queries for one kind's rows, such as the DPO
-export's comparisons or the pipeline's flag filter, name the kind they read).
+compares kind names to decide behaviour: the raters' agreement reads the kinds that declare
+what counts for it (`agreement`), a preference algorithm's batches and the DPO export's
+human choices the kinds whose labels reach training as preferences (`reaches`), each row
+through its kind's `preferred` (the pipeline's flag filter still names the kind it reads).
 
 Adding one is one module (see `rating.py`, and docs/how-to/add-a-feedback-kind.md), listed in
 `_REGISTRY`'s built-ins, plus its panel's template when it has one; `Feedback.kind` takes any
@@ -127,6 +129,12 @@ class FeedbackKind:
     # wrote ("expert": an algorithm whose batches take expert experiences, SFT and MIX), or
     # not at all (None). Derived from `folds` when not set.
     reaches: ClassVar[Literal["reward", "preference", "expert"] | None] = None
+    # What its rows count toward in the raters' agreement (apps.feedback.reliability):
+    # "rating", one score per item (its value has `normalised` on [0, 1] and a raw `score` or
+    # `thumb`: the Rated protocol there), compared between the raters of the same item;
+    # "preference", the (better, worse) pairs its rows state (`preferred`), compared between
+    # the raters of the same pair; None, nothing.
+    agreement: ClassVar[Literal["rating", "preference"] | None] = None
     # Its preference pairs come from the group's folded human rewards (ratings), not from
     # each row alone (`pairs`).
     pairs_by_fold: ClassVar[bool] = False
@@ -200,8 +208,10 @@ class FeedbackKind:
         return []
 
     def preferred(self, fb: Feedback) -> list[tuple[int, int]]:
-        """The (better, worse) experience ids the row itself states, for the raters' pair
-        agreement (apps.feedback.reliability) and DPO's choices (default: none)."""
+        """The (better, worse) experience ids the row itself states: for the raters' pair
+        agreement where `agreement` is "preference" (apps.feedback.reliability), and where its
+        labels reach training as preferences (`reaches`), for a preference algorithm's batches
+        and the DPO export's human choices (apps.feedback.selectors). Default: none."""
         return []
 
     def reviewed(self, fb: Feedback, *, rejected: bool) -> str:
@@ -333,11 +343,19 @@ def kind_get(name: object) -> FeedbackKind:
 
 
 def kind_names(*, folds: bool | None = None, labels: bool | None = None, revisable: bool | None = None,
-               api: bool | None = None, cli: bool | None = None, reviewable: bool | None = None) -> list[str]:
+               api: bool | None = None, cli: bool | None = None, reviewable: bool | None = None,
+               agreement: str | None = None) -> list[str]:
     """The registered kinds' names, those with the given attributes only."""
     wanted = {"folds": folds, "labels": labels, "revisable": revisable, "api": api, "cli": cli,
-              "reviewable": reviewable}
+              "reviewable": reviewable, "agreement": agreement}
     return [k.name for k in kinds() if all(v is None or getattr(k, a) == v for a, v in wanted.items())]
+
+
+def preference_kind_names() -> list[str]:
+    """The kinds whose labels reach the policy's training as preference pairs (`reaches`
+    "preference"): the rows a preference algorithm's batches and the DPO export's human
+    choices read, each through its kind's `preferred`."""
+    return [k.name for k in kinds() if k.reaches_training() == "preference"]
 
 
 def kind_of_panel(slug: str) -> FeedbackKind:
@@ -374,5 +392,5 @@ def value_of(fb: Feedback, cls: type[V]) -> V:
 __all__: Sequence[str] = (
     "NAME_MAX", "ExperienceId", "FeedbackKind", "KindApiIn", "KindValue", "PageForm", "Target", "Who", "kind_get",
     "kind_names", "kind_of_panel", "kind_register", "kind_service", "kind_unregister", "kind_validate", "kinds",
-    "kinds_load", "preference_pair", "value_of", "value_parse",
+    "kinds_load", "preference_kind_names", "preference_pair", "value_of", "value_parse",
 )

@@ -106,6 +106,7 @@ class Pairwise(FeedbackKind):
     target = "pair"
     # DPO trains on the pair (apps.feedback.selectors.preferences_among); it folds into no reward.
     reaches = "preference"
+    agreement = "preference"
     labels = True
     revisable = True
     ApiIn = PairwiseIn

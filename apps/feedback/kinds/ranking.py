@@ -110,6 +110,7 @@ class Ranking(FeedbackKind):
     trained_key = "order"  # every member of the group it ranked
     folds = True
     labels = True
+    agreement = "preference"  # every ordered pair of its ranking
     revisable = True
     ApiIn = RankingIn
     cli = True

@@ -94,6 +94,7 @@ class Rating(FeedbackKind):
     folds = True
     labels = True
     pairs_by_fold = True
+    agreement = "rating"  # its score or thumb, between the raters of one item
     revisable = True
     ApiIn = RatingIn
     cli = True
