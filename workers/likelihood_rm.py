@@ -26,12 +26,7 @@ so that `AutoModelForSequenceClassification` loads it. Worker-only (torch, trans
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import math
-import re
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +34,11 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from kernel.exceptions import ExportFailed
-from workers.likelihood_rm_hf import FEATURES, answer_span, completion_logprobs, features_of, truncated
+from workers.likelihood_rm_hf import FEATURES, completion_logprobs, features_of
 from workers.adapters import atomic_dir, atomic_dir_commit
-from workers.engines.base import prompt_ids
 from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
+from workers.reward_kinds.base_model import causal_lm_load, pad_of, rm_prompt_ids, rm_rows
+from workers.reward_kinds.pair_fit import bradley_terry_fit, pair_features, pair_weights, prompt_fold
 from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
 
 if TYPE_CHECKING:
@@ -53,44 +49,8 @@ HEAD_FILE = "likelihood_reward.json"
 KIND = "likelihood"
 DEFAULT_ANSWER_PATTERN = r"<answer>(.*?)</answer>"
 
-_load_lock = threading.Lock()
-
-
 def is_likelihood_dir(path: str | Path) -> bool:
     return (Path(path) / HEAD_FILE).is_file()
-
-
-@functools.lru_cache(maxsize=4)
-def causal_lm_load(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) of a causal LM, resident for the worker's life."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _load_lock:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        dtype = torch.float32 if device == "cpu" else "auto"
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
-        return model, tokenizer
-
-
-def rm_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    return list(prompt_ids(tokenizer, text=prompt, messages=None))
-
-
-def rm_completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
-    """The completion's token ids (eos appended, as the trainer does) and the [start, end)
-    token range of the answer span, None when there is none."""
-    try:
-        enc = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
-    except (NotImplementedError, ValueError, KeyError):
-        enc, offsets = tokenizer(completion, add_special_tokens=False), None
-    ids = list(enc["input_ids"])
-    span = answer_span(completion, offsets, pattern)
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    return ids, span
 
 
 def likelihood_features(
@@ -98,15 +58,10 @@ def likelihood_features(
     answer_pattern: str | None = DEFAULT_ANSWER_PATTERN, batch_size: int = 32,
 ) -> list[list[float]]:
     """One feature vector (FEATURES) per (prompt, completion) under the model."""
-    pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
-    rows: list[tuple[list[int], int]] = []
-    spans: list[tuple[int, int] | None] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        c, span = rm_completion_ids(tokenizer, completion, pattern)
-        p, c, span = truncated(rm_prompt_ids(tokenizer, prompt), c, span, max_length)
-        rows.append((p + c, len(p)))
-        spans.append(span)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    tokenised = rm_rows(tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern)
+    rows = [(ids, cut) for ids, cut, _ in tokenised]
+    spans = [span for _, _, span in tokenised]
+    pad = pad_of(tokenizer)
     out: list[list[float]] = []
     for start in range(0, len(rows), batch_size):
         chunk = completion_logprobs(model, rows[start:start + batch_size], pad)
@@ -145,34 +100,6 @@ class LikelihoodHead:
                    answer_pattern=data["answer_pattern"], max_length=int(data["max_length"]))
 
 
-def bradley_terry_fit(chosen: Sequence[Sequence[float]], rejected: Sequence[Sequence[float]],
-                      weights: Sequence[float], *, l2: float = 1e-2) -> list[float]:
-    """Weights w maximising Σ weight · log σ(w · (chosen − rejected)) − l2 · |w|² (no bias:
-    the model of a preference is antisymmetric)."""
-    import torch
-
-    diff = torch.tensor(chosen, dtype=torch.float64) - torch.tensor(rejected, dtype=torch.float64)
-    weight = torch.tensor(weights, dtype=torch.float64)
-    weight = weight / weight.sum().clamp_min(1e-12)
-    w = torch.zeros(diff.shape[1], dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = -(weight * torch.nn.functional.logsigmoid(diff @ w)).sum() + l2 * (w * w).sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return [float(x) for x in w.detach()]
-
-
-def prompt_fold(prompt: str, folds: int) -> int:
-    """A prompt's fold: all its pairs (every group of it) share one."""
-    digest = hashlib.sha256(f"fold:{prompt}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % folds
-
-
 def _dot(w: Sequence[float], x: Sequence[float]) -> float:
     return sum(a * b for a, b in zip(w, x, strict=True))
 
@@ -190,7 +117,7 @@ def fold_weights(z: Sequence[Sequence[float]], texts: dict[tuple[str, str], int]
         if rest:
             out[k] = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in rest],
                                        [z[texts[(p.prompt, p.rejected)]] for p in rest],
-                                       [max(p.margin, 1e-3) * p.trust for p in rest], l2=l2)
+                                       pair_weights(rest), l2=l2)
     return out
 
 
@@ -233,22 +160,11 @@ def likelihood_model_fit(
     if crossval_folds >= 2:
         train = train + heldout
     model, tokenizer = causal_lm_load(base)
-    texts: dict[tuple[str, str], int] = {}
-    for p in train:
-        texts.setdefault((p.prompt, p.chosen), len(texts))
-        texts.setdefault((p.prompt, p.rejected), len(texts))
-    keys = list(texts)
-    feats = likelihood_features(model, tokenizer, [k[0] for k in keys], [k[1] for k in keys], max_length=max_length,
-                                answer_pattern=answer_pattern)
-    n = len(FEATURES)
-    mean = [sum(f[i] for f in feats) / len(feats) for i in range(n)]
-    std = [math.sqrt(sum((f[i] - mean[i]) ** 2 for f in feats) / len(feats)) or 1.0 for i in range(n)]
-    z = [[(f[i] - mean[i]) / std[i] for i in range(n)] for f in feats]
-    weights = bradley_terry_fit([z[texts[(p.prompt, p.chosen)]] for p in train],
-                                [z[texts[(p.prompt, p.rejected)]] for p in train],
-                                # A pair counts by how much more the chosen was preferred and
-                                # how far its raters are trusted (apps.feedback.preferences).
-                                [max(p.margin, 1e-3) * p.trust for p in train], l2=l2)
+    got = pair_features(train, lambda prompts, completions: likelihood_features(
+        model, tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern))
+    texts, mean, std, n = got.texts, got.mean, got.std, len(FEATURES)
+    z = [[(f[i] - mean[i]) / std[i] for i in range(n)] for f in got.rows]
+    weights = bradley_terry_fit(*got.sides(z, train), pair_weights(train), l2=l2)
     head = LikelihoodHead(base=base, mean=mean, std=std, weights=weights, answer_pattern=answer_pattern,
                           max_length=max_length)
     head.save(out)

@@ -10,7 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.likelihood_rm import bradley_terry_fit, causal_lm_load, likelihood_features
+from workers.likelihood_rm import likelihood_features
+from workers.reward_kinds.base_model import causal_lm_load
+from workers.reward_kinds.pair_fit import bradley_terry_fit
 from workers.likelihood_rm_hf import FEATURES
 
 

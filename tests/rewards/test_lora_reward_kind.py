@@ -17,7 +17,7 @@ def test_the_lora_kind_learns_one_of_two_words_that_a_linear_head_does_not(base:
     import torch
 
     from kernel.config import RewardModelConfig
-    from workers.likelihood_rm import causal_lm_load
+    from workers.reward_kinds.base_model import causal_lm_load
     from workers.reward_kinds import reward_kind_impl, reward_kind_of_dir
     from workers.reward_trainer import pairwise_accuracy
 

@@ -48,7 +48,8 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
     with the very ratings it trained on, so a calibration from those scores is steep and would
     carry noise into every learned reward; scored by the fold that never saw its prompt, each
     item's score follows people no better than chance, and the calibration is flat."""
-    from workers.likelihood_rm import bradley_terry_fit, fold_weights, out_of_fold_scores
+    from workers.likelihood_rm import fold_weights, out_of_fold_scores
+    from workers.reward_kinds.pair_fit import bradley_terry_fit
     from workers.reward_trainer import calibration_fit
 
     rng = random.Random(3)

@@ -4,8 +4,11 @@ preference pairs, how a saved version is recognised and loaded, how it scores.
 Registered under the same name as the kind's declaration (`kernel.reward_kinds`), which
 says what the config must know of it; workers/reward_trainer.py fits, publishes and scores
 through these entries, never comparing kind names. Adding one: a module here (see `head.py`)
-listed in `_REGISTRY`'s built-ins, and its declaration. torch / transformers are imported
-inside the kinds' functions only.
+listed in `_REGISTRY`'s built-ins, and its declaration. What the kinds share lives in
+modules of no kind: the base as they read it (`base_model.py`), the fitting on pairs
+(`pair_fit.py`) and the ensemble on frozen features that `head` and `mlp` specialise by their
+feature function and member (`ensemble.py`). torch / transformers are imported inside the
+kinds' functions only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
 class OutOfFold(Protocol):
     """A cross-validated fit: each item scored by the fold's fit that never saw its prompt
-    (workers.likelihood_rm.LikelihoodScorer, the head kinds' fold scorer)."""
+    (workers.likelihood_rm.LikelihoodScorer, workers.reward_kinds.ensemble.EnsembleFolds)."""
 
     def fold_fitted(self, prompt: str) -> bool: ...
 

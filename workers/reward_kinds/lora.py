@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +39,8 @@ from apps.rewards.ports import PreferencePair
 from kernel.config import AdapterConfig
 from workers.adapters import adapter_load, adapter_wrap
 from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.reward_kinds.base_model import Row, causal_lm_load, pad_of, rm_batch, rm_rows
+from workers.reward_kinds.pair_fit import bradley_terry_fit, pair_texts, pair_weights
 from workers.reward_trainer import scorer_accuracy
 
 if TYPE_CHECKING:
@@ -62,24 +63,6 @@ HEAD_LR = 1e-2
 # stays bounded on a CPU (about a forward and backward pass of 2 × batch_size texts each).
 MAX_STEPS = 400
 
-Row = tuple[list[int], int, "tuple[int, int] | None"]
-
-
-def lora_rows(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], completions: Sequence[str], *,
-              max_length: int, answer_pattern: str | None) -> list[Row]:
-    """(token ids, prompt length, answer span within the completion) per item, as `head` and
-    `likelihood` tokenise it (the prompt through the chat template, the completion, eos)."""
-    from workers.likelihood_rm import rm_completion_ids, rm_prompt_ids
-    from workers.likelihood_rm_hf import truncated
-
-    pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
-    rows: list[Row] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        c, span = rm_completion_ids(tokenizer, completion, pattern)
-        p, c, span = truncated(rm_prompt_ids(tokenizer, prompt), c, span, max_length)
-        rows.append((p + c, len(p), span))
-    return rows
-
 
 def lora_features(model: PreTrainedModel, rows: Sequence[Row], *, pad: int) -> torch.Tensor:
     """(items, features): the pooled features of each row under `model` (with an adapter or
@@ -87,9 +70,7 @@ def lora_features(model: PreTrainedModel, rows: Sequence[Row], *, pad: int) -> t
     import torch
 
     backbone = model.base_model  # the decoder without its output head: its last state is after the final norm
-    width = max(len(ids) for ids, _, _ in rows)
-    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in rows], device=model.device)
-    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in rows], device=model.device)
+    input_ids, mask = rm_batch(rows, pad=pad, device=model.device)
     result = backbone(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
     embedded = result.hidden_states[0].float()
     hidden = result.last_hidden_state.float()
@@ -120,10 +101,6 @@ def features_batched(model: PreTrainedModel, rows: Sequence[Row], *, pad: int, b
     with torch.inference_mode():
         return torch.cat([lora_features(model, rows[i:i + batch_size], pad=pad)
                           for i in range(0, len(rows), batch_size)]).cpu()
-
-
-def pad_of(tokenizer: PreTrainedTokenizerBase) -> int:
-    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0))
 
 
 @dataclass
@@ -161,8 +138,8 @@ class LoraScorer(KindScorer):
 
         if not prompts:
             return []
-        rows = lora_rows(self.tokenizer, prompts, completions, max_length=self.head.max_length,
-                         answer_pattern=self.head.answer_pattern)
+        rows = rm_rows(self.tokenizer, prompts, completions, max_length=self.head.max_length,
+                       answer_pattern=self.head.answer_pattern)
         feats = features_batched(self.model, rows, pad=pad_of(self.tokenizer), batch_size=self.batch_size).double()
         z = (feats - torch.tensor(self.head.mean, dtype=torch.float64)) / torch.tensor(self.head.std,
                                                                                       dtype=torch.float64)
@@ -176,15 +153,10 @@ def lora_reward_fit(*, base: str, train: list[PreferencePair], max_length: int, 
     and the head to `out`. Returns (head, the base with the adapter merged in, in eval mode)."""
     import torch
 
-    from workers.likelihood_rm import bradley_terry_fit
-
     torch.manual_seed(seed)
-    texts: dict[tuple[str, str], int] = {}
-    for p in train:
-        texts.setdefault((p.prompt, p.chosen), len(texts))
-        texts.setdefault((p.prompt, p.rejected), len(texts))
-    rows = lora_rows(tokenizer, [k[0] for k in texts], [k[1] for k in texts], max_length=max_length,
-                     answer_pattern=answer_pattern)
+    texts = pair_texts(train)
+    rows = rm_rows(tokenizer, [k[0] for k in texts], [k[1] for k in texts], max_length=max_length,
+                   answer_pattern=answer_pattern)
     pad = pad_of(tokenizer)
     frozen = features_batched(model, rows, pad=pad).double()
     mean, std = frozen.mean(0), frozen.std(0, unbiased=False)
@@ -192,7 +164,7 @@ def lora_reward_fit(*, base: str, train: list[PreferencePair], max_length: int, 
     z = ((frozen - mean) / std).tolist()
     ci = [texts[(p.prompt, p.chosen)] for p in train]
     ri = [texts[(p.prompt, p.rejected)] for p in train]
-    weight = [max(p.margin, 1e-3) * p.trust for p in train]
+    weight = pair_weights(train)
     w0 = bradley_terry_fit([z[i] for i in ci], [z[i] for i in ri], weight, l2=l2)
 
     # Fresh adapter: B = 0, so the first step scores exactly as the head on the frozen base.
@@ -236,12 +208,10 @@ def lora_reward_fit(*, base: str, train: list[PreferencePair], max_length: int, 
 
 
 def base_copy(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A copy of the resident base (workers.likelihood_rm.causal_lm_load, shared with the
-    other kinds) of this version's own: peft writes the adapter's layers into the model it
+    """A copy of the resident base (workers.reward_kinds.base_model.causal_lm_load, shared with
+    the other kinds) of this version's own: peft writes the adapter's layers into the model it
     wraps, and merging writes into its weights."""
     import copy
-
-    from workers.likelihood_rm import causal_lm_load  # inside: torch at its import
 
     model, tokenizer = causal_lm_load(base)
     return copy.deepcopy(model), tokenizer

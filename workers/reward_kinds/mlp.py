@@ -25,18 +25,15 @@ or two on a CPU.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from apps.rewards.ports import PreferencePair
-from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
-from workers.reward_kinds.head import bootstrap_weights
-from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
+from workers.reward_kinds import reward_kind_impl_register
+from workers.reward_kinds.base_model import pad_of, rm_batch, rm_rows
+from workers.reward_kinds.ensemble import Ensemble, EnsembleKind, Rows
+from workers.reward_kinds.pair_fit import bootstrap_weights
 
 if TYPE_CHECKING:
     import torch
@@ -62,23 +59,16 @@ def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     right answer)."""
     import torch
 
-    # Inside: these import torch and transformers (the kinds load them on first use only).
-    from workers.likelihood_rm import rm_completion_ids, rm_prompt_ids
-    from workers.likelihood_rm_hf import features_of, truncated
+    # The likelihood kind's statistics, from the file an exported likelihood version carries
+    # (heavy: torch and transformers at its import).
+    from workers.likelihood_rm_hf import features_of
 
-    pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
-    rows: list[tuple[list[int], int, tuple[int, int] | None]] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        c, span = rm_completion_ids(tokenizer, completion, pattern)
-        p, c, span = truncated(rm_prompt_ids(tokenizer, prompt), c, span, max_length)
-        rows.append((p + c, len(p), span))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    rows = rm_rows(tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern)
+    pad = pad_of(tokenizer)
     out: list[list[float]] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        width = max(len(ids) for ids, _, _ in chunk)
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in chunk], device=model.device)
+        input_ids, mask = rm_batch(chunk, pad=pad, device=model.device)
         with torch.inference_mode():
             result = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             layers = [h.float() for h in result.hidden_states]  # the last one after the model's final norm
@@ -105,6 +95,11 @@ class Net:
     w2: list[float]
     v: list[float]
 
+    @classmethod
+    def from_stored(cls, raw: object) -> Net:
+        stored = cast("dict[str, list[float]]", raw)
+        return cls(w1=cast("list[list[float]]", stored["w1"]), b1=stored["b1"], w2=stored["w2"], v=stored["v"])
+
 
 def nets_scores(nets: Sequence[Net], z: torch.Tensor) -> torch.Tensor:
     """(items, nets): each network's score of each standardised feature row."""
@@ -118,7 +113,7 @@ def nets_scores(nets: Sequence[Net], z: torch.Tensor) -> torch.Tensor:
     return torch.stack(cols, 1)
 
 
-def net_fit(chosen: list[list[float]], rejected: list[list[float]], weight: list[float], *, l2: float,
+def net_fit(chosen: Rows, rejected: Rows, weight: list[float], *, l2: float,
             seed: int, hidden: int = HIDDEN, steps: int = STEPS) -> Net:
     """One network maximising Σ weight · log σ(s(chosen) − s(rejected)) − l2 · |weights|²
     (the weights normalised to sum 1, as `head`'s Bradley-Terry fit)."""
@@ -148,174 +143,57 @@ def net_fit(chosen: list[list[float]], rejected: list[list[float]], weight: list
     return Net(w1=w1.detach().tolist(), b1=b1.detach().tolist(), w2=w2.detach().tolist(), v=v.detach().tolist())
 
 
-def nets_fit(chosen: list[list[float]], rejected: list[list[float]], weight: list[float], *, nets: int, l2: float,
-             seed: int) -> list[Net]:
-    """`nets` networks, each on its bootstrap sample of the pairs given."""
-    out = []
-    for i, counts in enumerate(bootstrap_weights(len(chosen), heads=nets, seed=seed)):
-        keep = [k for k, n in enumerate(counts) if n > 0]
-        out.append(net_fit([chosen[k] for k in keep], [rejected[k] for k in keep],
-                           [weight[k] * counts[k] for k in keep], l2=l2, seed=seed * 1000 + i))
-    return out
+class MlpEnsemble(Ensemble[Net]):
+    """The networks; features are standardised in float32, as the networks were fitted."""
 
+    FILE = MLP_FILE
+    KIND = KIND
+    NOUN = "an mlp"
+    POOLING = POOLING
+    MEMBERS_KEY = "nets"
+    READS_ANSWER = True
 
-@dataclass
-class MlpEnsemble:
-    base: str
-    mean: list[float]
-    std: list[float]
-    nets: list[Net]
-    max_length: int
-    answer_pattern: str | None = None
-
-    def standardise(self, features: Sequence[Sequence[float]]) -> torch.Tensor:
+    def standardise(self, features: Rows) -> list[list[float]]:
         import torch
 
         x = torch.tensor(features, dtype=torch.float32)
-        return (x - torch.tensor(self.mean)) / torch.tensor(self.std)
+        standardised: list[list[float]] = ((x - torch.tensor(self.mean)) / torch.tensor(self.std)).tolist()
+        return standardised
 
-    def score_spread(self, features: Sequence[Sequence[float]],
-                     nets: Sequence[Net] | None = None) -> tuple[list[float], list[float]]:
-        if not features:
-            return [], []
-        per_net = nets_scores(nets or self.nets, self.standardise(features)).double()
-        spread = per_net.std(1, unbiased=False) if per_net.shape[1] > 1 else per_net[:, 0] * 0
-        return per_net.mean(1).tolist(), spread.tolist()
+    def member_scores(self, z: Rows, members: Sequence[Net]) -> torch.Tensor:
+        import torch
 
-    def save(self, out: Path) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MLP_FILE).write_text(json.dumps({
-            "kind": KIND, "base": self.base, "pooling": POOLING, "mean": self.mean, "std": self.std,
-            "nets": [asdict(n) for n in self.nets], "max_length": self.max_length,
-            "answer_pattern": self.answer_pattern,
-        }))
+        return nets_scores(members, torch.tensor(z, dtype=torch.float32)).double()
+
+    def member_dump(self, member: Net) -> object:
+        return asdict(member)
 
     @classmethod
-    def load(cls, path: Path) -> MlpEnsemble:
-        data = json.loads((path / MLP_FILE).read_text())
-        if data.get("kind") != KIND or data.get("pooling") != POOLING:
-            raise ValueError(f"{path}: not an mlp reward model of this version ({data.get('kind')!r})")
-        return cls(base=data["base"], mean=data["mean"], std=data["std"], nets=[Net(**n) for n in data["nets"]],
-                   max_length=int(data["max_length"]), answer_pattern=data.get("answer_pattern"))
-
-
-class MlpScorer(KindScorer):
-    def __init__(self, ensemble: MlpEnsemble, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
-                 batch_size: int = 32) -> None:
-        self.ensemble, self.model, self.tokenizer, self.batch_size = ensemble, model, tokenizer, batch_size
-
-    def features(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
-        return layer_features(self.model, self.tokenizer, prompts, completions, max_length=self.ensemble.max_length,
-                              answer_pattern=self.ensemble.answer_pattern, batch_size=self.batch_size)
-
-    def score_spread(self, prompts: Sequence[str],
-                     completions: Sequence[str]) -> tuple[list[float], list[float] | None]:
-        if not prompts:
-            return [], []
-        return self.ensemble.score_spread(self.features(prompts, completions))
-
-    def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
-        return self.score_spread(prompts, completions)[0]
-
-
-class MlpFolds:
-    """A cross-validated fit's folds (as `head`'s HeadFolds): each item ranked by the networks
-    fitted without its prompt's fold; by the published ones where that fold has none."""
-
-    def __init__(self, scorer: MlpScorer, *, folds: int, fold_nets: dict[int, list[Net]]) -> None:
-        self.scorer, self.folds, self.fold_nets = scorer, folds, fold_nets
-
-    def fold_fitted(self, prompt: str) -> bool:
-        from workers.likelihood_rm import prompt_fold  # inside: torch at its import
-
-        return prompt_fold(prompt, self.folds) in self.fold_nets
-
-    def score_out_of_fold(self, prompts: Sequence[str], completions: Sequence[str], keys: Sequence[str]) -> list[float]:
-        from workers.likelihood_rm import prompt_fold  # inside: torch at its import
-
-        if not prompts:
-            return []
-        feats = self.scorer.features(prompts, completions)
-        ensemble = self.scorer.ensemble
-        return [ensemble.score_spread([f], self.fold_nets.get(prompt_fold(key, self.folds), ensemble.nets))[0][0]
-                for f, key in zip(feats, keys, strict=True)]
-
-
-def mlp_ensemble_fit(*, base: str, train: list[PreferencePair], max_length: int, nets: int, l2: float, seed: int,
-                     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folds: int = 0,
-                     answer_pattern: str | None = None) -> tuple[MlpEnsemble, dict[int, list[Net]], float | None]:
-    """Fit the ensemble on `train` (features once, each network on its bootstrap sample); with
-    `folds` >= 2 each fold's networks too, fitted without its prompts' pairs, and the
-    out-of-fold pairwise accuracy: (ensemble, fold networks, accuracy); ({}, None) without."""
-    import torch
-
-    from workers.likelihood_rm import prompt_fold  # inside: torch at its import
-
-    texts: dict[tuple[str, str], int] = {}
-    for p in train:
-        texts.setdefault((p.prompt, p.chosen), len(texts))
-        texts.setdefault((p.prompt, p.rejected), len(texts))
-    keys = list(texts)
-    feats = layer_features(model, tokenizer, [k[0] for k in keys], [k[1] for k in keys], max_length=max_length,
-                           answer_pattern=answer_pattern)
-    n = len(feats[0])
-    mean = [sum(f[i] for f in feats) / len(feats) for i in range(n)]
-    std = [math.sqrt(sum((f[i] - mean[i]) ** 2 for f in feats) / len(feats)) or 1.0 for i in range(n)]
-    ensemble = MlpEnsemble(base=base, mean=mean, std=std, nets=[], max_length=max_length, answer_pattern=answer_pattern)
-    z = ensemble.standardise(feats).tolist()
-    chosen = [z[texts[(p.prompt, p.chosen)]] for p in train]
-    rejected = [z[texts[(p.prompt, p.rejected)]] for p in train]
-    weight = [max(p.margin, 1e-3) * p.trust for p in train]
-    ensemble.nets = nets_fit(chosen, rejected, weight, nets=nets, l2=l2, seed=seed)
-    if folds < 2:
-        return ensemble, {}, None
-    fold_of = [prompt_fold(p.prompt, folds) for p in train]
-    fold_nets: dict[int, list[Net]] = {}
-    for k in sorted(set(fold_of)):
-        rest = [i for i, f in enumerate(fold_of) if f != k]
-        if rest:
-            fold_nets[k] = nets_fit([chosen[i] for i in rest], [rejected[i] for i in rest], [weight[i] for i in rest],
-                                    nets=nets, l2=l2, seed=seed + 1 + k)
-    ranked = [i for i, k in enumerate(fold_of) if k in fold_nets]
-
-    def oof(rows: list[list[float]]) -> list[float]:
-        return [float(nets_scores(fold_nets[fold_of[i]], torch.tensor([rows[i]])).mean()) for i in ranked]
-
-    accuracy = pairwise_accuracy(oof(chosen), oof(rejected), [train[i].trust for i in ranked])
-    return ensemble, fold_nets, accuracy
+    def member_load(cls, raw: object) -> Net:
+        return Net.from_stored(raw)
 
 
 @reward_kind_impl_register
-class Mlp(RewardKindImpl):
+class Mlp(EnsembleKind[Net]):
     name = "mlp"
 
-    def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
-            out: Path, seed: int) -> Fitted:
-        from workers.likelihood_rm import causal_lm_load  # inside: torch at its import
+    def ensemble_type(self) -> type[MlpEnsemble]:
+        return MlpEnsemble
 
-        model, tokenizer = causal_lm_load(base)
-        folds = cfg.crossval_folds
-        if folds >= 2:
-            train = train + heldout  # every pair trains the version and is held out once in the folds
-        ensemble, fold_nets, accuracy = mlp_ensemble_fit(
-            base=base, train=train, max_length=cfg.max_length, nets=cfg.ensemble, l2=cfg.l2, seed=seed, model=model,
-            tokenizer=tokenizer, folds=folds, answer_pattern=cfg.answer_pattern or None)
-        ensemble.save(out)
-        tokenizer.save_pretrained(out)
-        scorer = MlpScorer(ensemble, model, tokenizer)
-        if folds >= 2:
-            oof = MlpFolds(scorer, folds=folds, fold_nets=fold_nets)
-            return Fitted(scorer, accuracy, train, train, calibration_score=oof.score_out_of_fold, out_of_fold=oof)
-        if heldout:
-            accuracy = scorer_accuracy(scorer.score, heldout)
-        return Fitted(scorer, accuracy, train, heldout)
+    def features(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+                 completions: Sequence[str], *, ensemble: Ensemble[Net], batch_size: int = 32) -> list[list[float]]:
+        return layer_features(model, tokenizer, prompts, completions, max_length=ensemble.max_length,
+                              answer_pattern=ensemble.answer_pattern, batch_size=batch_size)
 
-    def owns(self, path: Path) -> bool:
-        return (path / MLP_FILE).is_file()
+    def members_fit(self, chosen: Rows, rejected: Rows, weight: list[float], *, count: int, l2: float,
+                    seed: int) -> list[Net]:
+        """`count` networks, each on its bootstrap sample of the pairs given."""
+        out = []
+        for i, counts in enumerate(bootstrap_weights(len(chosen), heads=count, seed=seed)):
+            keep = [k for k, n in enumerate(counts) if n > 0]
+            out.append(net_fit([chosen[k] for k in keep], [rejected[k] for k in keep],
+                               [weight[k] * counts[k] for k in keep], l2=l2, seed=seed * 1000 + i))
+        return out
 
-    def load(self, path: str, *, max_length: int, batch_size: int) -> KindScorer:
-        from workers.likelihood_rm import causal_lm_load  # inside: torch at its import
-
-        ensemble = MlpEnsemble.load(Path(path))
-        model, tokenizer = causal_lm_load(ensemble.base)
-        return MlpScorer(ensemble, model, tokenizer, batch_size=batch_size)
+    def answer_pattern(self, cfg: RewardModelConfig) -> str | None:
+        return cfg.answer_pattern or None
