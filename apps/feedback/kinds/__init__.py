@@ -125,7 +125,7 @@ class FeedbackKind:
     # How a label of this kind reaches the policy's training (apps.feedback.ledger): folded
     # into its targets' rewards ("reward": any algorithm that trains on the model's own
     # rollouts, unless the feedback mode is auto), as a preference pair of its targets
-    # ("preference": an algorithm that trains on pairs, DPO), as the expert experience it
+    # ("preference": an algorithm declaring preference_pairs, DPO), as the expert experience it
     # wrote ("expert": an algorithm whose batches take expert experiences, SFT and MIX), or
     # not at all (None). Derived from `folds` when not set.
     reaches: ClassVar[Literal["reward", "preference", "expert"] | None] = None
