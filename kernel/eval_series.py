@@ -94,10 +94,16 @@ def share_interval(share: float, n: float, z: float = Z95) -> tuple[float, float
     return max(0.0, share - half), min(1.0, share + half)
 
 
+def sampling_words(*, samples: int, temperature: float) -> str:
+    """How an evaluation answered each task, in words: "2 samples a task, sampled at
+    temperature 1" or "one answer a task, greedy"."""
+    how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}"
+    return f"{'one answer' if samples == 1 else f'{samples} samples'} a task, {how}"
+
+
 def basis_words(*, tasks: int, samples: int, temperature: float) -> str:
     """What an evaluation's figures count, in words: "64 tasks × 2 samples, sampled at
-    temperature 1.0" or "200 tasks, greedy"."""
-    greedy = temperature == 0
+    temperature 1" or "200 tasks, greedy"."""
     per = "" if samples == 1 else f" × {samples} samples"
-    how = "greedy" if greedy else f"sampled at temperature {temperature:g}"
+    how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}"
     return f"{tasks} task{'s' if tasks != 1 else ''}{per}, {how}"

@@ -42,6 +42,8 @@ class Point:
 class Headline:
     metric: str
     label: str
+    # The taught preference's name ("working"), else "".
+    preference: str
     # Whether the metric is the share the guidelines teach (else the run's best-by default).
     taught: bool
     start: Point | None
@@ -87,5 +89,6 @@ def run_headline(*, run: Run, twin: TwinComparison | None) -> Headline:
         now = _point(run=run, metric=metric, step=last, value=values[last], versions=versions, tasks=tasks)
     gain = next((g for g in twin.shares if g.name == metric), None) if twin is not None else None
     return Headline(metric=metric, label=metric_label(metric) if metric else "", taught=taught, start=start, now=now,
+                    preference=metric.removeprefix(PREFIX + PREFERENCE) if taught else "",
                     basis=eval_basis(run=run, tasks=now.tasks) if now is not None else None, twin_gain=gain, twin=twin, blind=blind_verdict(run=run),
                     answers=answers_side_by_side(run=run))

@@ -13,7 +13,7 @@ from django.db.models import Q, QuerySet
 from kernel.algorithms import algorithm_get
 from kernel.config import line_ends_normalise
 from kernel.eval_series import (ACCURACY, BEST_BY_FIXED, PREFERENCE, PREFIX, basis_words, best_by_metric, is_eval_measure,
-                                is_share, metric_label, share_interval)
+                                is_share, metric_label, sampling_words, share_interval)
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
 from kernel.jsontypes import JSON
@@ -323,6 +323,8 @@ class EvalBasis(TypedDict):
     greedy: bool
     temperature: float
     words: str
+    # How each task was answered, without the task count ("2 samples a task, sampled at temperature 1").
+    sampling: str
 
 
 def eval_basis(*, run: Run, tasks: int | None = None) -> EvalBasis | None:
@@ -337,7 +339,8 @@ def eval_basis(*, run: Run, tasks: int | None = None) -> EvalBasis | None:
     ev = run.cfg.eval
     temperature = ev.sampling.temperature
     return {"tasks": tasks, "samples": ev.n, "greedy": temperature == 0, "temperature": temperature,
-            "words": basis_words(tasks=tasks, samples=ev.n, temperature=temperature)}
+            "words": basis_words(tasks=tasks, samples=ev.n, temperature=temperature),
+            "sampling": sampling_words(samples=ev.n, temperature=temperature)}
 
 
 class EvalBest(TypedDict):
