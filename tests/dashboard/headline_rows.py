@@ -27,12 +27,9 @@ TWIN_WORKING = (0.25, 0.27, 0.30, 0.28)
 # Model output that must reach the page as text.
 HOSTILE = '<script>window.pwned = 1</script><b>bold</b> & "quoted"'
 
-TAUGHT = {
-    "feedback": {"mode": "blend", "guidelines": "Show the working before the answer."},
-    "eval_every": 2,
-    "eval": {"max_tasks": 64, "n": 2, "sampling": {"temperature": 1.0, "max_tokens": 32, "seed": 0},
-             "preferences": ["working", "concise"]},
-}
+FEEDBACK = {"mode": "blend", "guidelines": "Show the working before the answer."}
+EVAL = {"max_tasks": 64, "n": 2, "sampling": {"temperature": 1.0, "max_tokens": 32, "seed": 0},
+        "preferences": ["working", "concise"]}
 
 
 def interval(share: float, n: int) -> tuple[float, float]:
@@ -87,7 +84,7 @@ def taught_run(owner: User, annotator: User, *, status: str = Run.Status.RUNNING
     at versions 0-3, and a blind evaluation of v0 against v3 with 4 votes and stored answers."""
     evalset = make_taskset(8, owner=owner, name="held-out")
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="taught",
-                   **{**TAUGHT, "eval": {**TAUGHT["eval"], "taskset": evalset.pk}})
+                   feedback=FEEDBACK, eval_every=2, eval={**EVAL, "taskset": evalset.pk})
     add_member(run, annotator)
     twin = run_twin_create(run=run, actor=owner)
     _evaluated(run, WORKING, ACCURACY)

@@ -274,6 +274,7 @@ def test_rft_demo_makes_the_demo_runs_twin_once(demo_model_dir: Path, settings: 
     # What the run page's held-out figures count, beside the build's greedy figure (issue 64):
     # recomputed from the config and the held-out taskset's rows.
     ev = people.cfg.eval
+    assert ev.taskset is not None
     held_out = Task.objects.filter(taskset_id=ev.taskset).count()
     tasks = min(ev.max_tasks, held_out)
     assert (f"run page's held-out figures: {tasks} tasks × {ev.n} samples, sampled at temperature "
