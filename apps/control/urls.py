@@ -16,6 +16,7 @@ urlpatterns = [
     path("<int:run_id>/summary/", views.run_summary_view, name="summary"),
     path("<int:run_id>/twin/", views.run_twin, name="twin"),
     path("<int:run_id>/versions/", views.run_versions, name="versions"),
+    path("<int:run_id>/headline/", views.run_headline_view, name="headline"),
     path("<int:run_id>/weights/<int:version>/", views.run_weights_prepare, name="weights_prepare"),
     path("<int:run_id>/weights/<int:version>.zip", views.run_weights_download, name="weights_download"),
     path("<int:run_id>/controls/", views.run_controls, name="controls"),

@@ -481,6 +481,15 @@ def _versions_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str 
 
 @login_required
 @require_GET
+def run_headline_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The run page's headline alone: the page swaps it in when an evaluation lands."""
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    context = {"run": run, "role": role, "headline": run_headline(run=run, twin=twin_comparison(run=run, user=request.user))}
+    return _partial(request, "runs/_headline.html", context, f"Headline · {run.name}")
+
+
+@login_required
+@require_GET
 def run_versions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """Every published version and the best by ?best_by= (one of the run's evaluation series)."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)

@@ -1,8 +1,9 @@
 """The run page's headline in Chromium at a phone's width and a laptop's (issue 64): it leads
 the page, above the charts; its figures read as tests/dashboard/headline_rows.py recomputes
 them; the answers stand side by side at 1280 px and stacked at 390 px, model output as text;
-nothing scrolls the page sideways; and picking another metric in the versions panel names the
-best by it without a reload."""
+nothing scrolls the page sideways; picking another metric in the versions panel names the best
+by it without a reload; and an evaluation landing while the page is open moves the headline
+and the panel live."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from apps.runs.models import ModelVersion
+from apps.runs.services import eval_result_record
 from tests.dashboard.headline_rows import ACCURACY, TASKS, WORKING, interval, taught_run
+from tests.dashboard.test_pages_live import in_a_thread
 from tests.servers import BROWSER_WAIT_MS, login_to_runs, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -58,5 +62,17 @@ def test_the_headline_at_a_phone_and_a_laptop_width(page: Any, live_url: str, ow
     page.select_option("#versions-best-by", "eval/accuracy")
     best = max(range(4), key=lambda v: (ACCURACY[v], -v))
     expect(page.locator("#versions-best")).to_contain_text(f"best by accuracy (the domain's verifier): v{best}",
+                                                           timeout=BROWSER_WAIT_MS)
+    assert page.evaluate("() => window.notReloaded === true")
+
+    # Version 4 is published and evaluated while the page is open, as a worker would: the
+    # headline's "now" and the panel (still by the metric picked) follow without a reload.
+    ModelVersion.objects.create(run=taught.run, number=4, checkpoint="/nowhere/v4", train_step=8)
+    in_a_thread(lambda: eval_result_record(run=taught.run, version=4, step=8, values={
+        "eval/preference/working": 0.7, "eval/accuracy": 0.9, "eval/tasks": 64.0, "eval/version": 4.0}))
+    low, high = interval(0.7, 64)
+    expect(page.locator('#headline [data-figure="now"]')).to_have_text("0.700", timeout=BROWSER_WAIT_MS)
+    expect(page.locator('#headline [data-figure="now-interval"]')).to_have_text(f"[{low:.3f}, {high:.3f}]")
+    expect(page.locator("#versions-best")).to_contain_text("best by accuracy (the domain's verifier): v4",
                                                            timeout=BROWSER_WAIT_MS)
     assert page.evaluate("() => window.notReloaded === true")
