@@ -62,6 +62,8 @@ def test_the_headline_leads_with_the_taught_share_the_twin_the_blind_verdict_and
     assert f'data-figure="twin">{f3(TWIN_WORKING[0])} → {f3(TWIN_WORKING[3])}</b>' in twin
     assert f'data-figure="difference">+{f3(difference)}</b>' in twin
     assert f'data-figure="difference-interval">[{f3(low)}, {f3(high)}]' in twin
+    # The comparison below says what its evaluations counted too.
+    assert f'id="twin-basis">{TASKS[3]} tasks × 2 samples, sampled at temperature 1<' in page
     # The blind verdict from the vote rows: v3's points over v0, the Wilson interval, the words.
     wins, n = v3_wins(taught.evaluation)
     wl, wh = wilson(wins, n)
