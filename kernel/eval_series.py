@@ -94,6 +94,20 @@ def share_interval(share: float, n: float, z: float = Z95) -> tuple[float, float
     return max(0.0, share - half), min(1.0, share + half)
 
 
+def change_interval(start: float, n_start: float, end: float, n_end: float, z: float = Z95) -> tuple[float, float]:
+    """The 95% interval of a share's change from one evaluation to another (`end - start`),
+    the two taken as independent, each with `share_variance` (the twin comparison's rule for
+    two shares rather than four)."""
+    half = z * math.sqrt(share_variance(start, n_start) + share_variance(end, n_end))
+    return end - start - half, end - start + half
+
+
+def change_words(interval: tuple[float, float]) -> str:
+    """What a change's interval says: "rose", "fell", or "no clear change" (it holds 0)."""
+    low, high = interval
+    return "rose" if low > 0 else "fell" if high < 0 else "no clear change"
+
+
 def sampling_words(*, samples: int, temperature: float) -> str:
     """How an evaluation answered each task, in words: "2 samples a task, sampled at
     temperature 1" or "one answer a task, greedy"."""

@@ -22,7 +22,7 @@ from apps.control.twins import ShareGain, TwinComparison
 from apps.evaluation.selectors import BlindVerdict, SideBySide, answers_side_by_side, blind_verdict
 from apps.runs.models import Metric, Run
 from apps.runs.selectors import TASKS_METRIC, EvalBasis, best_by_options, eval_basis, taught_preference
-from kernel.eval_series import PREFERENCE, PREFIX, is_share, metric_label, share_interval
+from kernel.eval_series import PREFERENCE, PREFIX, change_interval, change_words, is_share, metric_label, share_interval
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class Headline:
     taught: bool
     start: Point | None
     now: Point | None
+    # start -> now: the change, its 95% interval and its words ("rose", "fell", "no clear change").
+    change: float | None
+    change_low: float | None
+    change_high: float | None
+    change_words: str
     basis: EvalBasis | None
     # The twin comparison's row for the metric (None: no twin, or not both evaluated yet).
     twin_gain: ShareGain | None
@@ -87,8 +92,14 @@ def run_headline(*, run: Run, twin: TwinComparison | None) -> Headline:
         first, last = min(values), max(values)
         start = _point(run=run, metric=metric, step=first, value=values[first], versions=versions, tasks=tasks)
         now = _point(run=run, metric=metric, step=last, value=values[last], versions=versions, tasks=tasks)
+    low = high = None
+    if start is not None and now is not None and now.step != start.step and start.tasks and now.tasks and is_share(metric):
+        low, high = change_interval(start.value, start.tasks, now.value, now.tasks)
     gain = next((g for g in twin.shares if g.name == metric), None) if twin is not None else None
     return Headline(metric=metric, label=metric_label(metric) if metric else "", taught=taught, start=start, now=now,
                     preference=metric.removeprefix(PREFIX + PREFERENCE) if taught else "",
+                    change=now.value - start.value if start is not None and now is not None else None,
+                    change_low=low, change_high=high,
+                    change_words=change_words((low, high)) if low is not None and high is not None else "",
                     basis=eval_basis(run=run, tasks=now.tasks) if now is not None else None, twin_gain=gain, twin=twin, blind=blind_verdict(run=run),
                     answers=answers_side_by_side(run=run))

@@ -354,6 +354,8 @@ class EvalSeriesOut(Schema):
     start_interval: list[float] | None = Field(
         description="a share's 95% interval [low, high] over start_tasks (null for a reward or length)")
     end_interval: list[float] | None = Field(description="a share's 95% interval [low, high] over end_tasks")
+    change_interval: list[float] | None = Field(description="a share's change (end - start) 95% interval")
+    change_words: str = Field(description='"rose", "fell" or "no clear change" (the change interval holds 0); "" without one')
 
 
 class EvaluationOut(Schema):

@@ -12,7 +12,8 @@ from django.db.models import Q, QuerySet
 
 from kernel.algorithms import algorithm_get
 from kernel.config import line_ends_normalise
-from kernel.eval_series import (ACCURACY, BEST_BY_FIXED, PREFERENCE, PREFIX, basis_words, best_by_metric, is_eval_measure,
+from kernel.eval_series import (ACCURACY, BEST_BY_FIXED, PREFERENCE, PREFIX, basis_words, best_by_metric, change_interval,
+                                change_words, is_eval_measure,
                                 is_share, metric_label, sampling_words, share_interval)
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
@@ -273,6 +274,19 @@ class MetricMove:
     @property
     def end_interval(self) -> tuple[float, float] | None:
         return share_interval(self.end, self.end_tasks) if is_share(self.name) and self.end_tasks else None
+
+    @property
+    def change_interval(self) -> tuple[float, float] | None:
+        """A share's change, start to end, with its 95% interval over both evaluations' tasks."""
+        if not (is_share(self.name) and self.start_tasks and self.end_tasks and self.points > 1):
+            return None
+        return change_interval(self.start, self.start_tasks, self.end, self.end_tasks)
+
+    @property
+    def change_words(self) -> str:
+        """"rose", "fell" or "no clear change" for a share with tasks counted; "" otherwise."""
+        interval = self.change_interval
+        return change_words(interval) if interval else ""
 
 
 # The evaluation's series first in this order, the rest (preference shares) by name.

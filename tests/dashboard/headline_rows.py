@@ -39,6 +39,17 @@ def interval(share: float, n: int) -> tuple[float, float]:
     return max(0.0, share - half), min(1.0, share + half)
 
 
+def change(start: float, n0: int, end: float, n1: int) -> tuple[float, float, float, str]:
+    """end - start, its 95% interval (both shares' variances added), and its words."""
+    variance = 0.0
+    for share, n in ((start, n0), (end, n1)):
+        p = (share * n + 1) / (n + 2)
+        variance += p * (1 - p) / (n + 2)
+    half = Z * math.sqrt(variance)
+    low, high = end - start - half, end - start + half
+    return end - start, low, high, "rose" if low > 0 else "fell" if high < 0 else "no clear change"
+
+
 def difference_interval(shares: tuple[float, ...], tasks: tuple[int, ...]) -> tuple[float, float, float]:
     """(people end - start) - (twin end - start), and its 95% interval."""
     ps, pe, ts, te = shares

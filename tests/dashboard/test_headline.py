@@ -15,7 +15,7 @@ from django.utils.html import escape
 
 from apps.envapi.services import api_key_create
 from apps.runs.models import Run
-from tests.dashboard.headline_rows import (ACCURACY, HOSTILE, STEPS, TASKS, TWIN_WORKING, WORKING, difference_interval,
+from tests.dashboard.headline_rows import (ACCURACY, HOSTILE, STEPS, TASKS, TWIN_WORKING, WORKING, change, difference_interval,
                                            interval, taught_run, v3_wins, wilson)
 from tests.factories import make_run, make_user
 
@@ -53,6 +53,10 @@ def test_the_headline_leads_with_the_taught_share_the_twin_the_blind_verdict_and
     assert f'data-figure="now">{f3(WORKING[3])}</b>' in head
     assert f'data-figure="now-interval">[{f3(low3)}, {f3(high3)}]' in head
     assert "v3, train step 6" in head
+    moved, low, high, words = change(WORKING[0], TASKS[0], WORKING[3], TASKS[3])
+    assert (f'data-figure="change">+{f3(moved)}</b> <small data-figure="change-interval">[{f3(low)}, {f3(high)}]</small>: '
+            f'<span data-figure="change-words">{words}</span>') in head
+    assert words == "rose"
     assert (f"v0 on {TASKS[0]} held-out tasks, v3 on {TASKS[3]}, 2 samples a task, sampled at temperature 1; "
             "[95% interval over the tasks]") in head
     # The twin's beside it: the comparison's figures over the steps both evaluated.
@@ -134,6 +138,9 @@ def test_the_summary_lists_every_version_and_says_what_its_figures_count(owner: 
     start, end = interval(ACCURACY[0], TASKS[0]), interval(ACCURACY[3], TASKS[3])
     assert f'data-figure="start-interval">[{f3(start[0])}, {f3(start[1])}]' in row.group(1)
     assert f'data-figure="end-interval">[{f3(end[0])}, {f3(end[1])}]' in row.group(1)
+    moved, low, high, words = change(ACCURACY[0], TASKS[0], ACCURACY[3], TASKS[3])
+    assert f'data-figure="change-interval">[{f3(low)}, {f3(high)}]</small> <em data-figure="change-words">{words}</em>' in row.group(1)
+    assert words == "no clear change"  # 0.2 -> 0.1 on 64 and 60 tasks is within the noise
     reward = re.search(r'<tr data-metric="eval/reward_mean"[^>]*>(.*?)</tr>', summary, re.S)
     assert reward is not None and "interval" not in reward.group(1)  # a reward is no share
 
@@ -148,8 +155,10 @@ def test_the_api_and_the_cli_say_what_the_figures_count(owner: User, annotator: 
     assert (accuracy["start_tasks"], accuracy["end_tasks"]) == (TASKS[0], TASKS[3])
     assert accuracy["start_interval"] == pytest.approx(list(interval(ACCURACY[0], TASKS[0])))
     assert accuracy["end_interval"] == pytest.approx(list(interval(ACCURACY[3], TASKS[3])))
+    moved, low, high, words = change(ACCURACY[0], TASKS[0], ACCURACY[3], TASKS[3])
+    assert accuracy["change_interval"] == pytest.approx([low, high]) and accuracy["change_words"] == words
     reward = next(s for s in body["series"] if s["name"] == "eval/reward_mean")
-    assert reward["start_interval"] is None
+    assert reward["start_interval"] is None and reward["change_words"] == ""
     # The default best is the taught share's (the run has guidelines).
     assert body["best_by"] == "eval/preference/working" and body["best_version"] == 2
     out = StringIO()
@@ -157,7 +166,8 @@ def test_the_api_and_the_cli_say_what_the_figures_count(owner: User, annotator: 
     text = out.getvalue()
     assert "held-out evaluation on 60 tasks × 2 samples, sampled at temperature 1" in text
     low, high = interval(ACCURACY[3], TASKS[3])
-    assert f"-> {f3(ACCURACY[3])} [{f3(low)}, {f3(high)}]" in text
+    moved, clow, chigh, words = change(ACCURACY[0], TASKS[0], ACCURACY[3], TASKS[3])
+    assert f"-> {f3(ACCURACY[3])} [{f3(low)}, {f3(high)}] (change {f3(moved)} [{f3(clow)}, {f3(chigh)}]: {words})" in text
     assert "best version: v2, chosen by eval/preference/working" in text and str(STEPS[2]) in text
 
 

@@ -296,8 +296,9 @@ class Command(BaseCommand):
         write(f"run {run.pk} ({run.status}): held-out evaluation" + (f" on {basis['words']}" if basis else "")
               + ("" if moves else ": none recorded"))
         for m in moves:
-            write(f"  {m.label} [{m.name}]: {_figure(m.start, m.start_interval)} -> {_figure(m.end, m.end_interval)}, "
-                  f"best {m.best:.3f} at step {m.best_step}")
+            moved = f" (change {_figure(m.change, m.change_interval)}: {m.change_words})" if m.change_words else ""
+            write(f"  {m.label} [{m.name}]: {_figure(m.start, m.start_interval)} -> {_figure(m.end, m.end_interval)}"
+                  f"{moved}, best {m.best:.3f} at step {m.best_step}")
         best = eval_best(run=run)
         if best is not None:
             write(f"best version: v{best['version']}, chosen by {best['metric']} ({best['value']:.3f}; {best['how']})")
