@@ -86,6 +86,8 @@ ACCESS: dict[str, str] = {
     "runs:detail": MEMBER,
     "runs:metrics": MEMBER,
     "runs:summary": MEMBER,
+    "runs:versions": MEMBER,  # every version and the best by a metric picked there (issue 64)
+    "runs:headline": MEMBER,
     "runs:diff": MEMBER,  # the config diff: both runs must be visible (the other is checked in tests/dashboard/test_config_diff.py)
     "runs:diff_with": MEMBER,
     "runs:weights_prepare": MEMBER,  # the run's people may ask for and download its weights

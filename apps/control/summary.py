@@ -14,7 +14,7 @@ from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
 from apps.runs.models import AuditEntry, ModelVersion, Run
-from apps.runs.selectors import MetricMove, eval_best, eval_measures, metric_moves
+from apps.runs.selectors import EvalBasis, MetricMove, eval_basis, eval_best, eval_measures, metric_moves
 
 # The statuses a summary is shown for: nothing runs any more.
 SUMMARY_STATUSES = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
@@ -66,6 +66,8 @@ class RunSummary:
     reward_models: list[int] = field(default_factory=list)
     # Where each label went (apps/feedback/ledger.py), in all and per person.
     ledger: RunLedger | None = None
+    # What the held-out figures count (tasks, samples, greedy or sampled); None without any.
+    basis: EvalBasis | None = None
 
     @property
     def duration(self) -> timedelta | None:
@@ -107,8 +109,7 @@ def _best_version(run: Run) -> BestVersion | None:
     best = eval_best(run=run)
     if best is not None:
         number = int(best["version"])
-        how = "eval.best_by" if best["configured"] else "the default: accuracy where the domain has a verifier, else reward"
-        reason = f"highest held-out {best['label']} ({best['value']:.3f}); chosen by {best['metric']} ({how})"
+        reason = f"highest held-out {best['label']} ({best['value']:.3f}); chosen by {best['metric']} ({best['how']})"
         if number == 0:
             reason += "; no trained version did better than the starting model"
         metric = best["metric"]
@@ -141,5 +142,5 @@ def run_summary(*, run: Run) -> RunSummary | None:
         versions=ModelVersion.objects.filter(run=run, number__gt=0).count(),
         metrics=_metric_moves(run), labels=labels, labellers=labellers, best=_best_version(run),
         reward_models=list(RewardModel.objects.filter(run=run).order_by("version").values_list("version", flat=True)),
-        ledger=run_ledger(run=run),
+        ledger=run_ledger(run=run), basis=eval_basis(run=run),
     )

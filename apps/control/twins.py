@@ -28,15 +28,13 @@ from apps.runs.models import AuditEntry, Metric, Run
 from apps.runs.selectors import ConfigDifference, config_differences, runs_visible_to
 from apps.runs.services import run_create, run_transition
 from kernel.config import RunConfig, config_validate
-from kernel.eval_series import PREFERENCE, PREFIX, metric_label
+from kernel.eval_series import PREFERENCE, PREFIX, Z95, metric_label, share_variance
 
 TWIN_ACTION = "copied_as_twin"
 SHARE_PREFIX = PREFIX + PREFERENCE
 TASKS_METRIC = f"{PREFIX}tasks"
 # A comparison's figures are final once neither run can evaluate again.
 _ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
-# The normal quantile of a two-sided 95% interval.
-Z95 = 1.959964
 
 
 def twin_config(config: Mapping[str, object]) -> RunConfig:
@@ -80,15 +78,11 @@ def difference_interval(*, shares: tuple[float, float, float, float], tasks: tup
                         z: float = Z95) -> tuple[float, float]:
     """The interval of (people end - people start) - (twin end - twin start), four shares of
     evaluations on `tasks` tasks each, taken as independent: the normal interval with each
-    share's variance from one success and one failure added (Agresti and Caffo), so that a
-    share of 0 or 1 on few tasks still has a width. Tasks, not answers, are the count: a
-    task's samples are alike, so counting them apart would narrow the interval falsely."""
+    share's variance from one success and one failure added (Agresti and Caffo:
+    kernel.eval_series.share_variance, which a single share's interval on the run page uses too)."""
     ps, pe, ts, te = shares
     difference = (pe - ps) - (te - ts)
-    variance = 0.0
-    for share, n in zip(shares, tasks):
-        adjusted = (share * n + 1) / (n + 2)
-        variance += adjusted * (1 - adjusted) / (n + 2)
+    variance = sum(share_variance(share, n) for share, n in zip(shares, tasks))
     half = z * math.sqrt(variance)
     return difference - half, difference + half
 

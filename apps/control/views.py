@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,7 +59,9 @@ from apps.control.selectors import (
     tasksets_for,
 )
 from apps.control.summary import SUMMARY_STATUSES, run_summary
+from apps.control.headline import run_headline
 from apps.control.twins import run_twin_create, run_twins_start, twin_comparison
+from apps.control.versions import BEST_BY_PARAM, versions_panel
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
@@ -77,7 +80,6 @@ from apps.runs.selectors import (
     CHART_SECTIONS,
     CONSTANT_PATTERN,
     config_differences,
-    eval_best,
     metric_series,
     run_audit,
     run_invites_annotation,
@@ -366,6 +368,8 @@ def _feedback_form_context(run: Run, values: dict[str, str] | None = None, error
 def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     counts, timeline = buffer_counts(run=run), weight_sync_timeline(run=run)  # shown twice: read once
+    twin = twin_comparison(run=run, user=request.user)
+    versions = versions_panel(run=run, picked=request.GET.get(BEST_BY_PARAM))
     context = {
         **_controls_context(run, role),
         **_feedback_form_context(run),
@@ -405,16 +409,20 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "export_kinds": EXPORT_KINDS,
         **reward_model_panel_context(run=run, role=role),
         "rewards": rewards_summary(run=run),
-        "eval_best": eval_best(run=run),
+        "eval_best": versions.best,
         # Beside its twin (the run copied with people's feedback off): what people taught.
-        "twin": twin_comparison(run=run, user=request.user),
+        "twin": twin,
+        # What people teach, before the raw series; every version, the best by the owner's pick.
+        "headline": run_headline(run=run, twin=twin),
+        "versions": versions,
     }
-    return render(request, "runs/detail.html", context)
+    return render(request, "runs/detail.html", context, status=400 if versions.error else 200)
 
 
 def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str = "", status: int = 200) -> HttpResponse:
+    versions = versions_panel(run=run, picked=request.GET.get(BEST_BY_PARAM) or request.POST.get(BEST_BY_PARAM))
     context = {"run": run, "summary": run_summary(run=run), "export_kinds": EXPORT_KINDS, "weights_error": weights_error,
-               "twin": twin_comparison(run=run, user=request.user)}
+               "twin": twin_comparison(run=run, user=request.user), "versions": versions}
     if context["summary"] is None:
         # Not ended (yet): the run page says where it stands.
         if request.htmx:
@@ -458,21 +466,55 @@ def run_summary_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _summary_partial(request, run)
 
 
+def _versions_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str = "", status: int = 200) -> HttpResponse:
+    """The run page's (and summary's) versions panel, the best by the `best_by` picked there."""
+    versions = versions_panel(run=run, picked=request.GET.get(BEST_BY_PARAM) or request.POST.get(BEST_BY_PARAM))
+    if weights_error:
+        versions = replace(versions, error=weights_error)
+    status = 400 if versions.error and status == 200 else status
+    context = {"run": run, "versions": versions}
+    if request.htmx:
+        return render(request, "runs/_versions.html", context, status=200 if versions.error else status)
+    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_versions.html",
+                                                      "page_title": f"Versions · {run.name}"}, status=status)
+
+
+@login_required
+@require_GET
+def run_headline_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The run page's headline alone: the page swaps it in when an evaluation lands."""
+    run, role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    context = {"run": run, "role": role, "headline": run_headline(run=run, twin=twin_comparison(run=run, user=request.user))}
+    return _partial(request, "runs/_headline.html", context, f"Headline · {run.name}")
+
+
+@login_required
+@require_GET
+def run_versions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """Every published version and the best by ?best_by= (one of the run's evaluation series)."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    return _versions_partial(request, run)
+
+
 @login_required
 @require_POST
 def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
     """A member asks for a version's weights as a .zip: a train worker packs it (see
-    apps/control/weights.py); the summary shows it queued, packing, then the link."""
+    apps/control/weights.py); the summary, or the versions panel the form was in
+    (panel=versions), shows it queued, packing, then the link."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    in_panel = request.POST.get("panel") == "versions"
     try:
         weights_export_request(run=run, version=version)
     except RftError as exc:
         if exc.status == 404:
             raise Http404(exc.message) from None
+        if in_panel:
+            return _versions_partial(request, run, weights_error=exc.message, status=exc.status)
         return _summary_partial(request, run, weights_error=exc.message, status=200 if request.htmx else exc.status)
     if not request.htmx:
-        return redirect(f"{reverse('runs:detail', kwargs={'run_id': run.pk})}#summary")
-    return _summary_partial(request, run)
+        return redirect(f"{reverse('runs:detail', kwargs={'run_id': run.pk})}#{'versions' if in_panel else 'summary'}")
+    return _versions_partial(request, run) if in_panel else _summary_partial(request, run)
 
 
 @login_required

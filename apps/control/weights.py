@@ -66,12 +66,10 @@ def _version(*, run: Run, version: int) -> ModelVersion:
     return found
 
 
-def weights_export_state(*, run: Run, version: int) -> WeightsExport:
-    row = ModelVersion.objects.filter(run=run, number=version).first()
+def _export_state(*, run: Run, version: int, row: ModelVersion | None, out: Dispatch | None) -> WeightsExport:
     path = weights_zip_path(row) if row is not None else None
     if path is not None and path.is_file():
         return WeightsExport(version=version, ready=True, size=path.stat().st_size)
-    out = Dispatch.objects.filter(run=run, kind=Dispatch.Kind.EXPORT).first()
     if out is not None and out.state != Dispatch.State.IDLE:
         if out.step == version:
             return WeightsExport(version=version, stage="queued" if out.state == Dispatch.State.SENT else "packing")
@@ -82,6 +80,20 @@ def weights_export_state(*, run: Run, version: int) -> WeightsExport:
     if failure is not None and asked is not None and failure.created_at >= asked:
         return WeightsExport(version=version, error=failure.message or failure.exception)
     return WeightsExport(version=version)
+
+
+def weights_export_state(*, run: Run, version: int) -> WeightsExport:
+    return _export_state(run=run, version=version, row=ModelVersion.objects.filter(run=run, number=version).first(),
+                         out=Dispatch.objects.filter(run=run, kind=Dispatch.Kind.EXPORT).first())
+
+
+def weights_export_states(*, run: Run, versions: list[ModelVersion]) -> dict[int, WeightsExport]:
+    """weights_export_state of each of `versions` (trained ones of `run`), in two queries
+    however many there are (the run page lists every version)."""
+    if not versions:
+        return {}
+    out = Dispatch.objects.filter(run=run, kind=Dispatch.Kind.EXPORT).first()
+    return {v.number: _export_state(run=run, version=v.number, row=v, out=out) for v in versions}
 
 
 def weights_export_request(*, run: Run, version: int) -> WeightsExport:

@@ -48,7 +48,7 @@ from apps.feedback.selectors import annotation_waiting, feedback_counts, feedbac
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable, run_scope_check
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run
-from apps.runs.selectors import eval_best, eval_measures, metric_moves, run_takes_feedback
+from apps.runs.selectors import eval_basis, eval_best, eval_measures, metric_moves, run_takes_feedback
 from kernel.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
 from kernel.jsontypes import Body
 
@@ -243,9 +243,18 @@ def run_evaluation(request: HttpRequest, run_id: int = RunId) -> dict[str, objec
     run = run_reachable(request, run_id)
     moves = metric_moves(run=run, metrics=eval_measures(run=run))
     best = eval_best(run=run)
+    basis = eval_basis(run=run)
+    ev = run.cfg.eval
     return {
         "series": [{"name": m.name, "label": m.label, "start": m.start, "end": m.end, "best": m.best,
-                    "best_step": m.best_step, "points": m.points} for m in moves],
+                    "best_step": m.best_step, "points": m.points, "start_step": m.start_step, "end_step": m.end_step,
+                    "start_tasks": m.start_tasks, "end_tasks": m.end_tasks,
+                    "start_interval": list(m.start_interval) if m.start_interval else None,
+                    "end_interval": list(m.end_interval) if m.end_interval else None,
+                    "change_interval": list(m.change_interval) if m.change_interval else None,
+                    "change_words": m.change_words} for m in moves],
+        "tasks": basis["tasks"] if basis else None, "samples": ev.n, "greedy": ev.sampling.temperature == 0,
+        "temperature": ev.sampling.temperature, "basis": basis["words"] if basis else None,
         "best_version": best["version"] if best else None, "best_by": best["metric"] if best else None,
         "best_by_label": best["label"] if best else None, "best_value": best["value"] if best else None,
     }

@@ -347,13 +347,28 @@ class EvalSeriesOut(Schema):
     best: float
     best_step: int
     points: int
+    start_step: int
+    end_step: int
+    start_tasks: int | None = Field(description="the held-out tasks the first evaluation counted")
+    end_tasks: int | None = Field(description="the held-out tasks the last evaluation counted")
+    start_interval: list[float] | None = Field(
+        description="a share's 95% interval [low, high] over start_tasks (null for a reward or length)")
+    end_interval: list[float] | None = Field(description="a share's 95% interval [low, high] over end_tasks")
+    change_interval: list[float] | None = Field(description="a share's change (end - start) 95% interval")
+    change_words: str = Field(description='"rose", "fell" or "no clear change" (the change interval holds 0); "" without one')
 
 
 class EvaluationOut(Schema):
-    """The run's held-out evaluation: each series it recorded (start, end, best) and the best
-    version with the metric that chose it (eval.best_by)."""
+    """The run's held-out evaluation: each series it recorded (start, end, best, with the tasks
+    counted and a share's interval), what the figures count (tasks, samples per task, greedy
+    or sampled) and the best version with the metric that chose it (eval.best_by)."""
 
     series: list[EvalSeriesOut]
+    tasks: int | None = Field(description="the held-out tasks the newest evaluation counted")
+    samples: int = Field(description="answers per task (eval.n)")
+    greedy: bool = Field(description="greedy decoding (temperature 0), else sampled")
+    temperature: float
+    basis: str | None = Field(description='what the figures count, in words, e.g. "64 tasks × 2 samples, sampled at temperature 1"')
     best_version: int | None
     best_by: str | None = Field(description="the metric that chose the best version, e.g. eval/accuracy")
     best_by_label: str | None

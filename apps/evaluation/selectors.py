@@ -7,14 +7,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
-from apps.evaluation.models import Evaluation, Item, Vote
+from apps.evaluation.models import Answer, Evaluation, Item, Prompt, Vote
 from apps.evaluation.services import items_open_to
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
 from kernel.jsontypes import JSONObject
-from kernel.pairwise_stats import Figures, PairVote, figures
+from kernel.pairwise_stats import Figures, PairVote, WinRate, figures
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,11 @@ def progress_of(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousUse
 
 def prompt_shown(item: Item) -> str:
     """The prompt as the voter reads it: its text, or its chat messages one a line."""
-    prompt = item.prompt
+    return prompt_words(item.prompt)
+
+
+def prompt_words(prompt: Prompt) -> str:
+    """A prompt as people read it: its text, or its chat messages one a line."""
     if prompt.text or not isinstance(prompt.messages, list):
         return prompt.text
     return "\n\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in prompt.messages if isinstance(m, dict))
@@ -119,3 +123,60 @@ def votes_waiting(*, evaluation: Evaluation, user: AbstractBaseUser | AnonymousU
 
 def evaluation_by_token(token: str) -> Evaluation | None:
     return Evaluation.objects.select_related("run").filter(token=token).first() if token else None
+
+
+@dataclass(frozen=True)
+class BlindVerdict:
+    """The newest blind evaluation of a run with votes: its versions and each win rate
+    against its baseline (kernel.pairwise_stats: rate, Wilson interval, verdict)."""
+
+    evaluation: Evaluation
+    versions: list[str]
+    votes: int
+    win_rates: list[WinRate]
+
+
+def blind_verdict(*, run: Run) -> BlindVerdict | None:
+    """The run page headline's blind verdict: the newest of the run's evaluations that has
+    votes, None where none has (the headline then says none exists yet)."""
+    voted = Evaluation.objects.filter(run=run, items__votes__isnull=False).distinct().order_by("-created_at", "-pk")
+    evaluation = voted.prefetch_related("entrants").first()
+    if evaluation is None:
+        return None
+    fig = evaluation_figures(evaluation)
+    return BlindVerdict(evaluation=evaluation, versions=labels(evaluation), votes=fig.votes, win_rates=fig.win_rates)
+
+
+@dataclass(frozen=True)
+class AnswerPair:
+    prompt: str
+    start: str
+    newest: str
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """Held-out prompts answered by version 0 and by `version`, at the same seed: the answers
+    the blind evaluations cached (Answer, by run, version, prompt and seed); none is made here."""
+
+    version: int
+    seed: int
+    pairs: list[AnswerPair]
+
+
+def answers_side_by_side(*, run: Run, count: int = 3) -> SideBySide | None:
+    """`count` prompts answered by version 0 and by the newest version that has cached answers
+    to the same prompts at the same seed; None where no such answers exist."""
+    with_start = Answer.objects.filter(run=run, version=0, digest=OuterRef("digest"), seed=OuterRef("seed"))
+    version = (Answer.objects.filter(run=run, version__gt=0).filter(Exists(with_start))
+               .order_by("-version").values_list("version", flat=True).first())
+    if version is None:
+        return None
+    newest = list(Answer.objects.filter(run=run, version=version).filter(Exists(with_start)).order_by("seed", "digest")[:count])
+    seed = newest[0].seed
+    newest = [a for a in newest if a.seed == seed]
+    starts = {a.digest: a.text for a in Answer.objects.filter(run=run, version=0, seed=seed,
+                                                              digest__in=[a.digest for a in newest])}
+    prompts = {p.digest: prompt_words(p) for p in Prompt.objects.filter(digest__in=starts)}
+    return SideBySide(version=version, seed=seed, pairs=[
+        AnswerPair(prompt=prompts.get(a.digest, ""), start=starts[a.digest], newest=a.text) for a in newest])

@@ -12,7 +12,9 @@ from django.db.models import Q, QuerySet
 
 from kernel.algorithms import algorithm_get
 from kernel.config import line_ends_normalise
-from kernel.eval_series import best_by_metric, is_eval_measure, metric_label
+from kernel.eval_series import (ACCURACY, BEST_BY_FIXED, PREFERENCE, PREFIX, basis_words, best_by_metric, change_interval,
+                                change_words, is_eval_measure,
+                                is_share, metric_label, sampling_words, share_interval)
 from apps.runs.heartbeat import WorkerHealth, workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
 from kernel.jsontypes import JSON
@@ -245,7 +247,9 @@ def run_audit(*, run: Run, limit: int = 50) -> list[AuditEntry]:
 
 @dataclass(frozen=True)
 class MetricMove:
-    """A metric from the run's first value to its last, and its best (highest) value."""
+    """A metric from the run's first value to its last, and its best (highest) value. For an
+    evaluation share (accuracy, a preference): the tasks each end was counted on and its 95%
+    interval (kernel.eval_series.share_interval)."""
 
     name: str
     label: str
@@ -254,14 +258,40 @@ class MetricMove:
     best: float
     best_step: int
     points: int
+    start_step: int = 0
+    end_step: int = 0
+    start_tasks: int | None = None
+    end_tasks: int | None = None
 
     @property
     def change(self) -> float:
         return self.end - self.start
 
+    @property
+    def start_interval(self) -> tuple[float, float] | None:
+        return share_interval(self.start, self.start_tasks) if is_share(self.name) and self.start_tasks else None
+
+    @property
+    def end_interval(self) -> tuple[float, float] | None:
+        return share_interval(self.end, self.end_tasks) if is_share(self.name) and self.end_tasks else None
+
+    @property
+    def change_interval(self) -> tuple[float, float] | None:
+        """A share's change, start to end, with its 95% interval over both evaluations' tasks."""
+        if not (is_share(self.name) and self.start_tasks and self.end_tasks and self.points > 1):
+            return None
+        return change_interval(self.start, self.start_tasks, self.end, self.end_tasks)
+
+    @property
+    def change_words(self) -> str:
+        """"rose", "fell" or "no clear change" for a share with tasks counted; "" otherwise."""
+        interval = self.change_interval
+        return change_words(interval) if interval else ""
+
 
 # The evaluation's series first in this order, the rest (preference shares) by name.
 _EVAL_ORDER = ("eval/accuracy", "eval/format_share", "eval/reward_mean", "eval/reward_std", "eval/positive_share")
+TASKS_METRIC = f"{PREFIX}tasks"
 
 
 def eval_measures(*, run: Run) -> list[tuple[str, str]]:
@@ -274,20 +304,57 @@ def eval_measures(*, run: Run) -> list[tuple[str, str]]:
 
 
 def metric_moves(*, run: Run, metrics: list[tuple[str, str]]) -> list[MetricMove]:
-    """Each of `metrics` (name, words) the run recorded: first, last and best value."""
+    """Each of `metrics` (name, words) the run recorded: first, last and best value, and for
+    an evaluation series the tasks its first and last evaluations counted."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for name, step, value in (Metric.objects.filter(run=run, name__in=[n for n, _ in metrics])
+    names = [n for n, _ in metrics]
+    if any(n.startswith(PREFIX) for n in names):
+        names.append(TASKS_METRIC)
+    for name, step, value in (Metric.objects.filter(run=run, name__in=names)
                               .order_by("name", "step", "id").values_list("name", "step", "value")):
         series.setdefault(name, []).append((step, value))
+    tasks = dict(series.get(TASKS_METRIC, []))
     out = []
     for name, label in metrics:
         points = series.get(name)
         if not points:
             continue
         best_step, best = max(points, key=lambda p: (p[1], -p[0]))
-        out.append(MetricMove(name=name, label=label, start=points[0][1], end=points[-1][1], best=best,
-                              best_step=best_step, points=len(points)))
+        (first, start), (last, end) = points[0], points[-1]
+        out.append(MetricMove(name=name, label=label, start=start, end=end, best=best, best_step=best_step,
+                              points=len(points), start_step=first, end_step=last,
+                              start_tasks=int(tasks[first]) if first in tasks else None,
+                              end_tasks=int(tasks[last]) if last in tasks else None))
     return out
+
+
+class EvalBasis(TypedDict):
+    """What the run's held-out figures count: tasks (the newest evaluation's), answers per
+    task, greedy or sampled, in words ("64 tasks × 2 samples, sampled at temperature 1")."""
+
+    tasks: int
+    samples: int
+    greedy: bool
+    temperature: float
+    words: str
+    # How each task was answered, without the task count ("2 samples a task, sampled at temperature 1").
+    sampling: str
+
+
+def eval_basis(*, run: Run, tasks: int | None = None) -> EvalBasis | None:
+    """The run's evaluation basis: the config's samples and sampling, and `tasks` (else the
+    newest evaluation's task count); None before any evaluation recorded its tasks."""
+    if tasks is None:
+        newest = (Metric.objects.filter(run=run, name=TASKS_METRIC).order_by("-step", "-id")
+                  .values_list("value", flat=True).first())
+        if newest is None:
+            return None
+        tasks = int(newest)
+    ev = run.cfg.eval
+    temperature = ev.sampling.temperature
+    return {"tasks": tasks, "samples": ev.n, "greedy": temperature == 0, "temperature": temperature,
+            "words": basis_words(tasks=tasks, samples=ev.n, temperature=temperature),
+            "sampling": sampling_words(samples=ev.n, temperature=temperature)}
 
 
 class EvalBest(TypedDict):
@@ -299,23 +366,63 @@ class EvalBest(TypedDict):
     metric: str
     label: str
     value: float
-    # Whether the config named the metric (else the default: accuracy where verified, else reward).
+    # Whether the config named the metric (else picked on the page, or the default).
     configured: bool
+    # How the metric was chosen, in words.
+    how: str
 
 
-def eval_best(*, run: Run) -> EvalBest | None:
-    """The evaluated version with the highest value of the run's `eval.best_by` metric (the
-    earliest on ties), or None before any evaluation (or while the metric has no value)."""
+def taught_preference(*, run: Run) -> str | None:
+    """The preference the run's guidelines teach: the first of `eval.preferences` where the
+    run has guidelines (the demo's `working`); None without either."""
+    cfg = run.cfg
+    return cfg.eval.preferences[0] if cfg.feedback.guidelines.strip() and cfg.eval.preferences else None
+
+
+def best_by_options(*, run: Run) -> list[tuple[str, str]]:
+    """(metric, words) a best version may be chosen by on the run's pages: the series the run
+    recorded among accuracy, format share, reward mean and its preferences, the taught
+    preference first where the run has guidelines, accuracy first otherwise."""
+    recorded = dict(eval_measures(run=run))
+    taught = taught_preference(run=run)
+    first = [f"{PREFIX}{PREFERENCE}{taught}"] if taught else []
+    names = [*first, *(f"{PREFIX}{n}" for n in BEST_BY_FIXED), *(n for n in recorded if n.startswith(PREFIX + PREFERENCE))]
+    return [(n, recorded[n]) for n in dict.fromkeys(names) if n in recorded]
+
+
+def eval_metric_values(*, run: Run, metric: str) -> dict[int, tuple[int, float]]:
+    """{version: (step, value of `metric`)} for every evaluated version."""
+    values = dict(Metric.objects.filter(run=run, name=metric).values_list("step", "value"))
+    versions = dict(Metric.objects.filter(run=run, name=f"{PREFIX}version").values_list("step", "value"))
+    return {int(versions.get(step, 0)): (step, value) for step, value in sorted(values.items())}
+
+
+def eval_best(*, run: Run, metric: str | None = None) -> EvalBest | None:
+    """The evaluated version with the highest value of `metric` (the earliest on ties), or
+    None before any evaluation (or while the metric has no value). `metric`: one the owner
+    picked on the page (one of best_by_options); None: the run's `eval.best_by`, else the
+    taught preference where the run has guidelines (kernel.eval_series.best_by_metric)."""
     best_by = run.cfg.eval.best_by
-    has_accuracy = best_by is None and Metric.objects.filter(run=run, name="eval/accuracy").exists()
-    name = best_by_metric(best_by, has_accuracy=has_accuracy)
+    if metric is not None:
+        name, how = metric, "picked on this page"
+    else:
+        taught = taught_preference(run=run) if best_by is None else None
+        candidates = [f"{PREFIX}{ACCURACY}", *([f"{PREFIX}{PREFERENCE}{taught}"] if taught else [])]
+        recorded = set() if best_by is not None else set(
+            Metric.objects.filter(run=run, name__in=candidates).values_list("name", flat=True).distinct())
+        taught = taught if f"{PREFIX}{PREFERENCE}{taught}" in recorded else None
+        name = best_by_metric(best_by, has_accuracy=f"{PREFIX}{ACCURACY}" in recorded, taught=taught)
+        how = ("eval.best_by" if best_by is not None else "the default: the share the guidelines teach" if taught
+               else "the default: accuracy where the domain has a verifier, else reward")
     values = dict(Metric.objects.filter(run=run, name=name).values_list("step", "value"))
     if not values:
         return None
-    versions = dict(Metric.objects.filter(run=run, name="eval/version").values_list("step", "value"))
+    versions = dict(Metric.objects.filter(run=run, name=f"{PREFIX}version").values_list("step", "value"))
     step = max(sorted(values), key=lambda s: values[s])
     return {"version": int(versions.get(step, 0)), "step": step, "metric": name, "label": metric_label(name),
-            "value": values[step], "configured": best_by is not None}
+            "value": values[step], "configured": metric is None and best_by is not None, "how": how}
+
+
 def run_task_failures(*, run: Run, limit: int = 10) -> list[TaskFailure]:
     """The run's last failed explore and train tasks, newest first."""
     return list(TaskFailure.objects.filter(run=run).order_by("-created_at", "-id")[:limit])

@@ -345,7 +345,7 @@ def eval_dispatch(*, run_id: int, version: int) -> None:
 
 def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, float]) -> int:
     """Store an evaluation's `eval/…` metrics at the version's train step and announce the
-    result; returns the run's best version so far (by the run's `eval.best_by` metric,
+    result; returns the run's best version so far (by eval_best's default metric,
     earliest on ties; apps.runs.selectors.eval_best), which is also recorded as
     `eval/best_version`, or `version` while the metric has no value yet."""
     with transaction.atomic():

@@ -500,6 +500,20 @@
     }
   }
 
+  // A fragment the server renders again, swapped in place (htmx), where the page has it.
+  function swapIn(selector, url) {
+    if (document.querySelector(selector) && window.htmx) window.htmx.ajax("GET", url, { target: selector, swap: "outerHTML" });
+  }
+
+  // The versions panel keeps the metric the owner picked there (else the run's default).
+  function swapVersions() {
+    var panel = document.getElementById("versions");
+    if (!panel) return;
+    var pick = document.getElementById("versions-best-by");
+    var query = panel.hasAttribute("data-picked") && pick ? "?best_by=" + encodeURIComponent(pick.value) : "";
+    swapIn("#versions", panel.dataset.url + query);
+  }
+
   // A run that ends while the page is open: its summary appears, and a finished or failed
   // run no longer invites anyone to annotate it (the server renders the same on a reload).
   function showSummary(status) {
@@ -568,7 +582,7 @@
       say("run " + (p.status || "") + (p.action ? " (" + p.action + ")" : ""));
     },
     "weights.synced": function (p) {
-      if (p.event === "published") text("run-version", "v" + p.version);
+      if (p.event === "published") { text("run-version", "v" + p.version); swapVersions(); }
       refresh("#timeline a.refresh");
       syncSoon();
       countsSoon();
@@ -620,6 +634,9 @@
         if (p.best_value !== undefined) text("run-best-value", Number(p.best_value).toFixed(3));
       }
       say("held-out evaluation of v" + p.version + " (best v" + p.best_version + ")");
+      // The headline and the versions panel read the new evaluation (apps/control/headline.py).
+      swapIn("#headline", "/runs/" + runId + "/headline/");
+      swapVersions();
     },
   };
 

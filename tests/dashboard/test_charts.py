@@ -135,7 +135,9 @@ def test_wall_time_replaces_steps_on_the_x_axis_and_back(page: Any, owner: User)
     # The ticks are times of day, not step numbers.
     ticks = [str(t) for t in plot(page, "reward", "u.axes[0]._values") if t]
     assert ticks and not any(t.isdigit() and int(t) < 100 for t in ticks), ticks
-    # The legend names the time under the cursor.
+    # The legend names the time under the cursor (the chart scrolled into view: the run page's
+    # headline stands above the charts).
+    page.locator("#chart-reward").scroll_into_view_if_needed()
     at = plot(page, "reward", f"(() => {{ const r = u.over.getBoundingClientRect(); "
                               f"return {{x: r.left + u.valToPos({times[1]}, 'x'), y: r.top + 10}}; }})()")
     page.mouse.move(at["x"], at["y"])

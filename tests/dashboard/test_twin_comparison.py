@@ -27,6 +27,7 @@ from apps.feedback.kinds.rating import feedback_rate
 from apps.feedback.models import Feedback
 from apps.feedback.services import FeedbackClosed, assignment_claim
 from apps.runs.metrics import metric_record
+from apps.buffer.models import Task
 from apps.runs.models import Run
 from apps.runs.selectors import config_differences
 from apps.runs.services import run_transition
@@ -270,3 +271,12 @@ def test_rft_demo_makes_the_demo_runs_twin_once(demo_model_dir: Path, settings: 
     assert twin.cfg.feedback.mode == "auto" and not twin.cfg.reward_model.enabled
     assert twin.cfg.eval == people.cfg.eval and twin.cfg.seed == people.cfg.seed
     assert f"Its twin, run #{twin.pk}" in out.getvalue() and "starts with the demo run" in out.getvalue()
+    # What the run page's held-out figures count, beside the build's greedy figure (issue 64):
+    # recomputed from the config and the held-out taskset's rows.
+    ev = people.cfg.eval
+    assert ev.taskset is not None
+    held_out = Task.objects.filter(taskset_id=ev.taskset).count()
+    tasks = min(ev.max_tasks, held_out)
+    assert (f"run page's held-out figures: {tasks} tasks × {ev.n} samples, sampled at temperature "
+            f"{ev.sampling.temperature:g} (the first {tasks} of the {held_out} held-out problems; the build's "
+            f"figure above is greedy on all {held_out})") in out.getvalue()

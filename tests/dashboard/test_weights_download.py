@@ -169,3 +169,46 @@ def test_a_zip_not_packed_yet_is_a_409_and_a_version_that_does_not_exist_a_404(o
     outsider = Client()
     outsider.force_login(make_user("outsider"))
     assert outsider.get(f"/runs/{run.pk}/weights/1.zip").status_code == 404
+
+
+def test_a_version_that_is_not_the_best_downloads_from_the_running_runs_versions_panel(
+        owner: User, tmp_path: Path, train_worker: Path) -> None:
+    """Issue 64: any published version, not only the summary's best, and while the run goes on:
+    the run page's Versions panel packs v1 (v2 is the best by accuracy) and links its zip,
+    which holds v1's weights; a person who may not see the run gets a 404 for all of it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from apps.runs.metrics import metric_record
+
+    v1, v2 = tiny(tmp_path / "v1", seed=6), tiny(tmp_path / "v2", seed=7)
+    run = make_run(owner=owner, taskset=make_taskset(owner=owner), model=str(v1), name="going on")
+    run_transition(run=run, action="start", actor=owner)
+    for number, path in ((1, v1), (2, v2)):
+        ModelVersion.objects.create(run=run, number=number, checkpoint=str(path), train_step=2 * number)
+        metric_record(run=run, step=2 * number, values={"eval/accuracy": 0.2 * number, "eval/tasks": 8.0,
+                                                         "eval/version": float(number)})
+    client = Client()
+    client.force_login(owner)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "best by accuracy (the domain&#x27;s verifier): v2" in page
+    first = client.post(f"/runs/{run.pk}/weights/1/", {"panel": "versions"}, HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="versions"' in first and re.search(r'data-of-version="1".*?data-weights="(preparing|ready)"', first, re.S)
+    deadline, html = time.monotonic() + 180, ""
+    while time.monotonic() < deadline and f'href="/runs/{run.pk}/weights/1.zip"' not in html:
+        time.sleep(0.5)
+        html = client.get(f"/runs/{run.pk}/versions/", HTTP_HX_REQUEST="true").content.decode()
+    assert f'href="/runs/{run.pk}/weights/1.zip"' in html, html[-2000:]
+    response = client.get(f"/runs/{run.pk}/weights/1.zip")
+    assert response.status_code == 200
+    (tmp_path / "v1.zip").write_bytes(response.getvalue())
+    with zipfile.ZipFile(tmp_path / "v1.zip") as zf:
+        zf.extractall(tmp_path / "v1-unzipped")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "v1-unzipped", dtype=torch.float32)
+    original = AutoModelForCausalLM.from_pretrained(v1, dtype=torch.float32)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), original.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    outsider = Client()
+    outsider.force_login(make_user("outsider"))
+    assert outsider.get(f"/runs/{run.pk}/versions/").status_code == 404
+    assert outsider.get(f"/runs/{run.pk}/weights/1.zip").status_code == 404

@@ -46,7 +46,7 @@ from kernel.exceptions import ExportFailed, RftError
 from rftweb.exceptions import command_error
 from rftweb.celery import QUEUES
 from apps.feedback.ledger import REASON_WORDS, run_ledger
-from apps.runs.selectors import eval_best, eval_measures, metric_moves
+from apps.runs.selectors import eval_basis, eval_best, eval_measures, metric_moves
 from workers.adapters import model_export
 from workers.reward_models import reward_model_export
 
@@ -109,6 +109,11 @@ def evaluation_arguments(parser: ArgumentParser) -> None:
     ev_close.add_argument("evaluation", type=int)
     ev_close.add_argument("--as", dest="actor", required=True)
 
+
+
+def _figure(value: float, interval: tuple[float, float] | None) -> str:
+    """A figure as `rft figures` prints it: a share with its 95% interval over the tasks."""
+    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 class Command(BaseCommand):
     help = "Create, control and export runs; start workers."
@@ -287,12 +292,16 @@ class Command(BaseCommand):
             raise CommandError(f"no run {opts['run']}")
         write = self.stdout.write
         moves = metric_moves(run=run, metrics=eval_measures(run=run))
-        write(f"run {run.pk} ({run.status}): held-out evaluation" + ("" if moves else ": none recorded"))
+        basis = eval_basis(run=run)
+        write(f"run {run.pk} ({run.status}): held-out evaluation" + (f" on {basis['words']}" if basis else "")
+              + ("" if moves else ": none recorded"))
         for m in moves:
-            write(f"  {m.label} [{m.name}]: {m.start:.3f} -> {m.end:.3f}, best {m.best:.3f} at step {m.best_step}")
+            moved = f" (change {_figure(m.change, m.change_interval)}: {m.change_words})" if m.change_words else ""
+            write(f"  {m.label} [{m.name}]: {_figure(m.start, m.start_interval)} -> {_figure(m.end, m.end_interval)}"
+                  f"{moved}, best {m.best:.3f} at step {m.best_step}")
         best = eval_best(run=run)
         if best is not None:
-            write(f"best version: v{best['version']}, chosen by {best['metric']} ({best['value']:.3f})")
+            write(f"best version: v{best['version']}, chosen by {best['metric']} ({best['value']:.3f}; {best['how']})")
         ledger = run_ledger(run=run)
         for who, c in [("all labels", ledger.run), *ledger.people.items()]:
             reasons = "; ".join(f"{n} {REASON_WORDS[r]}" for r, n in c.unused_by.items() if n)

@@ -12,11 +12,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from apps.buffer.importers import taskset_create
+from apps.buffer.models import Task
 from apps.control.demo import demo_taskset_import
 from apps.control.twins import run_twin_create
 from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Run, RunMember
 from apps.runs.services import run_create
+from kernel.eval_series import basis_words
 from kernel.exceptions import RftError
 from rftweb.exceptions import command_error
 
@@ -173,12 +175,26 @@ class Command(BaseCommand):
             f"rate by the guidelines' preference (the working shown before the answer); the run page charts its "
             f"share of held-out answers. {self._twin_line(run)}"
         ))
+        if line := self._eval_line(run):
+            self.stdout.write(line)
         if k12:
             k12_run = Run.objects.get(name=K12_RUN, owner__username="owner")
             self.stdout.write(self.style.SUCCESS(
                 f"K-12 demo: run #{k12_run.pk} '{k12_run.name}' ({k12_run.status}) on the shipped K-12 taskset, "
                 "scored by the K-12 judge and the learned K-12 grader."
             ))
+
+    @staticmethod
+    def _eval_line(run: Run) -> str:
+        """What the run page's held-out figures will count, beside the build's line above
+        (greedy, every held-out problem): the two measure differently, so both say how."""
+        ev = run.cfg.eval
+        if ev.taskset is None:
+            return ""
+        held_out = Task.objects.filter(taskset_id=ev.taskset).count()
+        tasks = min(ev.max_tasks, held_out)
+        return (f"run page's held-out figures: {basis_words(tasks=tasks, samples=ev.n, temperature=ev.sampling.temperature)}"
+                f" (the first {tasks} of the {held_out} held-out problems; the build's figure above is greedy on all {held_out})")
 
     @staticmethod
     def _twin_line(run: Run) -> str:
