@@ -530,7 +530,9 @@ def code_check(spec: dict[str, object], *, where: str) -> None:
 READY, REFUSED = "rft/ready", "rft/refused"
 # Each follower's address as it reaches rank 0 (HOST + rank), its heartbeat counter (BEAT +
 # rank), and rank 0's operations in turn (OP + number: "go", or "abort" for a broken group).
-HOST, BEAT, OP = "rft/host/", "rft/beat/", "rft/op/"
+# Another host's `join` keeps a heartbeat of its own (JOINING + host) from when it has read the
+# group's plan: its ranks are starting (torch imported, the model loaded), not lost.
+HOST, BEAT, OP, JOINING = "rft/host/", "rft/beat/", "rft/op/", "rft/joining/"
 
 
 def _address_towards(addr: str, port: int) -> str:
@@ -545,16 +547,19 @@ def _address_towards(addr: str, port: int) -> str:
         return socket.gethostname()
 
 
-def beat_start(*, addr: str, port: int, rank: int) -> None:
-    """Say in rank 0's store where this rank is, and keep its heartbeat there until rank 0's
-    store goes (over a connection of its own: a store client is not shared between threads)."""
+def beat_start(*, addr: str, port: int, rank: int | None = None, host: int | None = None) -> None:
+    """Keep a heartbeat in rank 0's store until the store goes, over a connection of its own
+    (a store client is not shared between threads): a rank's (saying first at which address
+    it reaches rank 0), or another host's `join`'s."""
     store = dist_store(addr, port)
-    store.set(f"{HOST}{rank}", _address_towards(addr, port))
+    if rank is not None:
+        store.set(f"{HOST}{rank}", _address_towards(addr, port))
+    key = f"{BEAT}{rank}" if rank is not None else f"{JOINING}{host}"
 
     def beat() -> None:
         while True:
             try:
-                store.add(f"{BEAT}{rank}", 1)
+                store.add(key, 1)
             except Exception:
                 return  # rank 0's store is gone: so is the group
             time.sleep(BEAT_S)
@@ -610,11 +615,13 @@ def refusal_set(store: dist.Store, exc: BaseException, *, where: str) -> None:
 def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
                 followers: list[subprocess.Popen[bytes]], poll_s: float = 0.2) -> None:
     """Return once the other `world - 1` ranks are joining; raise with a rank's refusal
-    (`refusal_set`), when a follower started here ended first, or, GroupLost, when another
-    host's ranks have not come `timeout` after the ones started here did (those are waited
-    for while they live: their start, torch imported and the model loaded, is not a host lost)."""
+    (`refusal_set`), when a follower started here ended first, or, GroupLost, when a rank has
+    given no sign of life for `timeout`: ranks started here are waited for while they live,
+    another host's while its `join` or the rank itself beats (`beat_start`; their start,
+    torch imported and the model loaded, is not a host lost)."""
     local = len(followers) + 1  # ranks 0 … local − 1 are this host's
     deadline = time.monotonic() + timeout.total_seconds()
+    beats: dict[str, tuple[int, float]] = {}  # key: (counter, when it last moved)
     while True:
         ended = [(p.pid, p.returncode) for p in followers if p.poll() is not None]
         if store.check([REFUSED]):  # read after `ended`: a follower sets it before it exits
@@ -626,7 +633,8 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
         if ready >= world - 1:
             return
         absent = [r for r in range(1, world) if not store.check([f"{READY}/{r}"])]
-        if any(r < local for r in absent):
+        if any(r < local for r in absent) or _beating(store, [k for r in absent for k in (f"{BEAT}{r}", f"{JOINING}{r // local}")],
+                                                       beats):
             deadline = time.monotonic() + timeout.total_seconds()
         elif time.monotonic() > deadline:
             who = ", ".join(f"rank {r} (host {r // local})" for r in absent)
@@ -634,6 +642,17 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
                             "(trainer.collective_timeout_s); is `python -m workers.algorithms.distributed join ADDR "
                             "PORT HOST` running on every other host, and can it reach this one?")
         time.sleep(poll_s)
+
+
+def _beating(store: dist.Store, keys: list[str], seen: dict[str, tuple[int, float]]) -> bool:
+    """Whether any of these heartbeat counters moved within the last SILENT_S (`seen` keeps
+    each one's last value and when it changed)."""
+    now = time.monotonic()
+    for key in keys:
+        value = store.add(key, 0)
+        if key not in seen or seen[key][0] != value:
+            seen[key] = (value, now if value else 0.0)
+    return any(now - seen[k][1] < SILENT_S for k in keys if seen[k][0])
 
 
 def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
@@ -984,6 +1003,8 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     if parent:
         _orphan_watch(parent)
     store = dist_store(addr, port)
+    # From the start: while it loads, rank 0 sees it starting rather than absent.
+    beat_start(addr=addr, port=port, rank=rank)
     try:
         start = _follower_ready(store, rank=rank)
     except BaseException as exc:
@@ -997,7 +1018,6 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     plan = start.plan
     store.set(f"{READY}/{rank}", "1")
     store.add(READY, 1)
-    beat_start(addr=addr, port=port, rank=rank)
     group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
     try:
         channel = _Channel()
@@ -1132,6 +1152,7 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     # Not a refusal: a host numbered outside the group is not one rank 0 waits for.
     if not 0 < host < plan.hosts:
         raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
+    beat_start(addr=addr, port=port, host=host)
     ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid())
              for rank in range(host * plan.local, (host + 1) * plan.local)]
     codes = [p.wait() for p in ranks]
