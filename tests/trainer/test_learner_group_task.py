@@ -547,8 +547,12 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
     from workers.algorithms.distributed import SILENT_S
     from workers.algorithms.learner import Learner
 
+    from tests.servers import free_port
+
     timeout_s = 30.0
     settings.RFT_TRAIN_CHAIN_SECONDS = 0  # one step a call: step 2 is the one the stop meets
+    # A fixed port, as another host's ranks need: the re-formed group binds it again.
+    settings.RFT_LEARNER_PORT = free_port()
     run, followers, _ = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3,
                                                         trainer={"collective_timeout_s": timeout_s})
     _fill(run, expert=False, tag="c", version=2)  # step 3's batch

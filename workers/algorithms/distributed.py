@@ -547,11 +547,11 @@ def _address_towards(addr: str, port: int) -> str:
         return socket.gethostname()
 
 
-def beat_start(*, addr: str, port: int, rank: int | None = None, host: int | None = None) -> None:
+def beat_start(*, addr: str, port: int, generation: int, rank: int | None = None, host: int | None = None) -> None:
     """Keep a heartbeat in rank 0's store until the store goes, over a connection of its own
     (a store client is not shared between threads): a rank's (saying first at which address
     it reaches rank 0), or another host's `join`'s."""
-    store = dist_store(addr, port)
+    store, _ = dist_store(addr, port, generation)
     if rank is not None:
         store.set(f"{HOST}{rank}", _address_towards(addr, port))
     key = f"{BEAT}{rank}" if rank is not None else f"{JOINING}{host}"
@@ -772,10 +772,9 @@ class LearnerGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         # Port 0: the system picks a free one (no race with another group starting); ranks
         # on other hosts need a fixed one (RFT_LEARNER_PORT).
-        store = dist.TCPStore("0.0.0.0" if plan.hosts > 1 else addr, port, plan.world, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-        self._store: dist.TCPStore | None = store
-        self.port = store.port
+        store, self.generation, self.port = _store_open("0.0.0.0" if plan.hosts > 1 else addr, port, world=plan.world,
+                                                        timeout=timeout)
+        self._store: dist.Store | None = store
         # Rank 0's operations so far (each announced in the store as OP + its number).
         self.ops = 0
         # What every rank builds its learner from: read from the store, so a rank on another
@@ -790,7 +789,7 @@ class LearnerGroup:
         # are ended rather than sent a message they would mismatch.
         self.broken = False
         self.followers: list[subprocess.Popen[bytes]] = [
-            _follower_start(addr="127.0.0.1", port=self.port, rank=rank, parent=os.getpid())
+            _follower_start(addr="127.0.0.1", port=self.port, rank=rank, parent=os.getpid(), generation=self.generation)
             for rank in range(1, plan.local)
         ]
         # The processes started, kept after `close` forgets `followers` (to see them end).
@@ -974,15 +973,39 @@ class LearnerGroup:
         self.channel = None
         if dist.is_initialized():
             dist.destroy_process_group()
-        # The store's port is free for the group re-formed after a lost rank (RFT_LEARNER_PORT).
-        self._store = None
+        self._store = None  # (a fixed port's store server stays: the next group is a generation in it)
 
 
-def _follower_start(*, addr: str, port: int, rank: int, parent: int) -> subprocess.Popen[bytes]:
+# Rank 0's store on a fixed port (RFT_LEARNER_PORT, which other hosts' ranks are told), by
+# address and port: the train worker's for as long as it lives. Each group is a generation in
+# it (GENERATION counts them; a group's keys are under "rft/g<N>/"): the group re-formed after a
+# lost rank cannot bind the port again at once, since its store listens until its last reference
+# goes, and a broken group's references sit in reference cycles (the model's sharding state).
+_STORES: dict[tuple[str, int], dist.TCPStore] = {}
+_STORES_LOCK = threading.Lock()
+GENERATION = "rft/generation"
+
+
+def _store_open(addr: str, port: int, *, world: int, timeout: datetime.timedelta) -> tuple[dist.Store, int, int]:
+    """A new group's store in rank 0's store server (a fresh server on port 0: the system picks
+    a free port, no race with another group starting), its generation number and the port."""
+    import torch.distributed as dist
+
+    with _STORES_LOCK:
+        base = _STORES.get((addr, port)) if port else None
+        if base is None:
+            base = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+            if port:
+                _STORES[(addr, port)] = base
+    generation = int(base.add(GENERATION, 1))
+    return dist.PrefixStore(f"rft/g{generation}", base), generation, int(base.port)
+
+
+def _follower_start(*, addr: str, port: int, rank: int, parent: int, generation: int) -> subprocess.Popen[bytes]:
     # From the project's root (`-m` puts it on the path), whatever the worker's directory.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return subprocess.Popen([sys.executable, "-m", "workers.algorithms.distributed", "rank", addr, str(port), str(rank),
-                             str(parent)], cwd=root, close_fds=True)
+                             str(parent), str(generation)], cwd=root, close_fds=True)
 
 
 def _orphan_watch(parent: int) -> None:
@@ -996,15 +1019,15 @@ def _orphan_watch(parent: int) -> None:
     threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
 
 
-def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
+def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: int = 0) -> None:
     """A follower: build the run's learner as rank 0 did, take rank 0's state, shard it,
     then train on every batch it sends until told to stop. What stops it before it joins
     goes to rank 0 as its refusal (`refusal_set`)."""
     if parent:
         _orphan_watch(parent)
-    store = dist_store(addr, port)
+    store, _ = dist_store(addr, port, generation)
     # From the start: while it loads, rank 0 sees it starting rather than absent.
-    beat_start(addr=addr, port=port, rank=rank)
+    beat_start(addr=addr, port=port, generation=generation, rank=rank)
     try:
         start = _follower_ready(store, rank=rank)
     except BaseException as exc:
@@ -1141,7 +1164,7 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     rank 0's store at addr:port, run this host's ranks (host × local … + local − 1), one
     process each, until they end; returns the first failing one's exit status (0: all ended
     cleanly)."""
-    store = dist_store(addr, port)
+    store, generation = dist_store(addr, port)
     plan_in = json.loads(store.get("rft/spec"))
     try:
         code_check(plan_in, where=f"host {host}")
@@ -1152,17 +1175,23 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     # Not a refusal: a host numbered outside the group is not one rank 0 waits for.
     if not 0 < host < plan.hosts:
         raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
-    beat_start(addr=addr, port=port, host=host)
-    ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid())
+    beat_start(addr=addr, port=port, generation=generation, host=host)
+    ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid(), generation=generation)
              for rank in range(host * plan.local, (host + 1) * plan.local)]
     codes = [p.wait() for p in ranks]
     return next((c for c in codes if c), 0)
 
 
-def dist_store(addr: str, port: int) -> dist.TCPStore:
+def dist_store(addr: str, port: int, generation: int | None = None) -> tuple[dist.Store, int]:
+    """A client of rank 0's store at addr:port, in group `generation` (None: the newest, for
+    another host's `join`), and that generation."""
     import torch.distributed as dist
 
-    return dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    base = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    if generation is None:
+        base.wait([GENERATION])
+        generation = int(base.get(GENERATION))
+    return dist.PrefixStore(f"rft/g{generation}", base), generation
 
 
 if __name__ == "__main__":
@@ -1172,8 +1201,9 @@ if __name__ == "__main__":
             sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
         except GroupUnsupported as exc:
             sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
-    # rank ADDR PORT RANK PARENT: a follower rank 0 (or `join`) started on its host.
-    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]))
+    # rank ADDR PORT RANK PARENT GENERATION: a follower rank 0 (or `join`) started on its host.
+    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]),
+                  generation=int(sys.argv[6]))
     # Told to stop, it has left the group and written what it was asked to: end now, as
     # multiprocessing's children do. The interpreter's own teardown with torch loaded took
     # 3.9 s here and 11.6 s beside five busy loops (most of it collecting torch's objects),
