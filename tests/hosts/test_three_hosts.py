@@ -10,7 +10,10 @@ seeds each step from the run's seed, the trainer rebuilds from its journal: both
 on CPU). Then, on one run: the head's Redis restarted, a worker host's link cut for 30 s while
 it runs a step, and every process of the other worker host killed while it runs a step; after
 each the run moves on within a bound, and at its end SQL shows every experience trained once
-and every step recorded once. Each fault's time to recover is printed.
+and every step recorded once. Each fault's time to recover is printed. And on a run of its
+own, a learner group with a rank on each worker host: the second rank's host cut off mid-step
+fails the step within the run's collective timeout, naming the rank and its host, and the run
+resumes on a re-formed group once the host is back.
 
 Marked `hosts`: `make test-hosts` and `make test-stress` run it, `make test` does not (it
 needs root and takes minutes). Leases and the broker's visibility timeout stay at production
