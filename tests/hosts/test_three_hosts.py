@@ -455,7 +455,8 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
         assert cluster.state(run_id) == ("finished", steps, steps, ""), cluster.logs()
         experiences_used_once(cluster.sql, run_id, steps=steps, batch=BATCH)
         tries = len(cluster.sql(lost, [run_id, cut_db]))
-        print(f"learner rank's host cut mid-step: step failed after {detect_s:.1f} s (collective timeout"
+        met = reason.split(" stopped answering during ", 1)[-1].split(" (", 1)[0]  # a step, writing a version, …
+        print(f"learner rank's host cut mid-step (it met {met}): step failed after {detect_s:.1f} s (collective timeout"
               f" {COLLECTIVE_S:.0f} s), {tries - 1} re-forming tries while cut off, link mended after"
               f" {mended - cut_at:.0f} s -> a step on the re-formed group {recover_s:.1f} s later;"
               f" load average {os.getloadavg()[0]:.1f}")
