@@ -397,7 +397,7 @@ def test_a_learner_group_with_a_rank_on_each_worker_host_trains_over_gloo(cluste
 # The learner group's collective timeout in the rank-loss test (trainer.collective_timeout_s),
 # and how long the rank's host stays cut off: past one re-forming try, so the group is seen
 # waiting for the host, not only failing.
-COLLECTIVE_S = 20.0
+COLLECTIVE_S = 20
 RANK_CUT_S = 60.0
 
 
