@@ -454,6 +454,8 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
         cluster.wait("the run to finish", lambda: cluster.state(run_id)[0] == "finished", 300, run_id)
         assert cluster.state(run_id) == ("finished", steps, steps, ""), cluster.logs()
         experiences_used_once(cluster.sql, run_id, steps=steps, batch=BATCH)
+        # The last step's snapshot is written after the run shows finished: rank 1 stays till then.
+        cluster.wait("the last train task's end", lambda: not cluster.running_on(run_id, "w1", ("train",)), 120, run_id)
         tries = len(cluster.sql(lost, [run_id, cut_db]))
         met = reason.split(" stopped answering during ", 1)[-1].split(" (", 1)[0]  # a step, writing a version, …
         print(f"learner rank's host cut mid-step (it met {met}): step failed after {detect_s:.1f} s (collective timeout"
