@@ -114,9 +114,9 @@ test-stress: venv browser
 	TEST_WORKERS=$(TEST_WORKERS) $(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) scripts/stress.py $(STRESS_ARGS)
 
 # The loop on three hosts made of network namespaces (tests/hosts/, marked `hosts`): a run
-# across them, a worker host killed, a link cut for 30 s, the head's Redis restarted. Needs
-# root and iproute2 (skipped otherwise); the loop runs on a PostgreSQL and a Redis of its
-# own on the head host (the suite's, from scripts/services.py, serve pytest's session only).
+# across them, a worker host killed, a link cut for 30 s, the head's Redis restarted, a learner
+# rank's host cut off mid-step. Needs root and iproute2 (skipped otherwise); the loop runs on
+# a PostgreSQL and a Redis of its own on the head host (the suite's, from scripts/services.py, serve pytest's session only).
 # `make test-stress` runs it too; `make test` leaves tests/hosts out.
 test-hosts: venv
 	$(PY) scripts/services.py --dir $(CACHE)/test-services -- $(PY) -m pytest -n 0 -s -m hosts tests/hosts $(PYTEST_ARGS)

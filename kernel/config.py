@@ -384,6 +384,12 @@ class AlgorithmConfig(StrictModel):
     # parameters kept gathered from forward to backward; ZeRO-2-like), none (whole replicas,
     # PyTorch's DistributedDataParallel).
     sharding: Literal["full", "grad_op", "none"] = "full"
+    # Seconds a learner group waits on one collective, and on its ranks' rendezvous, before
+    # the step fails naming the rank and host that stopped answering (a host lost, a link
+    # cut: nothing resets the connection, so without a bound the group would wait forever).
+    # The step is sent again and runs once the group is whole again (workers/algorithms/
+    # distributed.py). Longer than the slowest rank's share of a step lags behind the others.
+    collective_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)
     # AdamW with 8-bit state (bitsandbytes, CUDA only; refused with a message elsewhere).
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 

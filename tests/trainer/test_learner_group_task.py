@@ -338,7 +338,8 @@ def _followers_end(processes: list[Any], *, within: float) -> bool:
 
 
 def _two_process_run_after_step_one(
-    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, *, total_steps: int
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, *, total_steps: int,
+    trainer: dict[str, Any] | None = None,
 ) -> tuple[Any, list[Any], list[Any]]:
     """A running two-process GRPO run that has trained step 1 through the train task (with a
     batch for step 2 waiting when it has steps left): the run, its group's followers, and
@@ -346,7 +347,7 @@ def _two_process_run_after_step_one(
     torch.set_num_threads(1)
     started = _group_spy(monkeypatch)
     run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=total_steps,
-                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2})
+                      trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2, **(trainer or {})})
     _fill(run, expert=False)
     if total_steps > 1:
         _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
@@ -512,3 +513,88 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     last = [p for group in started[1:] for p in group.followers_started]
     assert last and _followers_end(last, within=60), "a follower outlived its finished run"
     assert run.pk not in trainer_mod.RESIDENTS
+
+
+def _train_task(run_id: int, step: int) -> StepOutcome:
+    """The train task as the loop sends it: under the id the run's train dispatch names where
+    a step it ended sent the next one already (another id would be refused as superseded)."""
+    from apps.runs.models import Dispatch
+
+    sent = Dispatch.objects.filter(run_id=run_id, kind="train", state="sent").values_list("task_id", flat=True).first()
+    out: StepOutcome = trainer_mod.train_step.apply(args=(run_id, step), task_id=sent or None).get()
+    return out
+
+
+# Two groups start (each a follower importing torch, transformers and Django), and one step
+# waits out the collective timeout.
+@pytest.mark.timeout(1200)
+def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collective_timeout_naming_it(
+    owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """Step 2 of a two-process run with trainer.collective_timeout_s 30: once the follower
+    holds the batch it is stopped (SIGSTOP: its connections stay open and nothing resets
+    them, as when its host is lost or its link cut, where a killed process's reset fails the
+    collective at once). Rank 0's collective waits out the timeout; the train task answers
+    "group lost" within the timeout plus the heartbeat watch, naming rank 1 and its host; the
+    run keeps running with the reason on its page, nothing of step 2 is committed and its
+    batch is back in the buffer; the step sent again trains on a new group, and the run ends
+    with every experience used once."""
+    import signal
+    import time
+
+    from apps.runs.models import Run, TaskFailure
+    from tests.run_invariants import django_sql, experiences_used_once
+    from workers.algorithms.distributed import SILENT_S
+    from workers.algorithms.learner import Learner
+
+    from tests.servers import free_port
+
+    timeout_s = 30.0
+    settings.RFT_TRAIN_CHAIN_SECONDS = 0  # one step a call: step 2 is the one the stop meets
+    # A fixed port, as another host's ranks need: the re-formed group binds it again.
+    settings.RFT_LEARNER_PORT = free_port()
+    run, followers, _ = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3,
+                                                        trainer={"collective_timeout_s": timeout_s})
+    _fill(run, expert=False, tag="c", version=2)  # step 3's batch
+    real_step = Learner.step
+    stopped: list[float] = []
+
+    def step_after_stopping_the_follower(self: Learner, batch: Any, *, shard: Any = None) -> dict[str, float]:
+        if shard is not None and not stopped:
+            # Rank 0 is here once the follower holds the step's batch: it is mid-step.
+            followers[0].send_signal(signal.SIGSTOP)
+            stopped.append(time.monotonic())
+        return real_step(self, batch, shard=shard)
+
+    monkeypatch.setattr(Learner, "step", step_after_stopping_the_follower)
+    try:
+        out = _train_task(run.pk, 2)
+        detect_s = time.monotonic() - stopped[0]
+    finally:
+        if followers[0].poll() is None:
+            followers[0].send_signal(signal.SIGCONT)
+    assert out["status"] == "group lost", out
+    assert "rank 1 (host 0, 127.0.0.1) stopped answering during a step" in out["error"], out
+    assert "trainer.collective_timeout_s = 30 s" in out["error"], out
+    # It waited for the timeout (no reset came) and not much longer: the stated bound.
+    assert timeout_s * 0.9 <= detect_s <= timeout_s + SILENT_S + 30, detect_s
+    run.refresh_from_db()
+    assert (run.status, run.train_step) == (Run.Status.RUNNING, 1), "the run failed, or the step was committed"
+    assert not Metric.objects.filter(run=run, step=2).exists()
+    assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
+    assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'leased'", [run.pk]) == [(0,)]
+    shown = TaskFailure.objects.get(run=run)
+    assert (shown.task, shown.step) == ("learner group", 2) and "rank 1 (host 0, 127.0.0.1)" in shown.message
+    assert _followers_end(followers, within=60), "the stopped follower outlived its broken group"
+
+    monkeypatch.setattr(Learner, "step", real_step)
+    recovered = time.monotonic()
+    for step in (2, 3):  # sent again by the loop: a new group resumes the run
+        assert _train_task(run.pk, step)["status"] == "trained"
+        if step == 2:
+            recover_s = time.monotonic() - recovered
+    run.refresh_from_db()
+    assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
+    experiences_used_once(django_sql, run.pk, steps=3, batch=12)
+    print(f"rank stopped mid-step: failed after {detect_s:.1f} s (timeout {timeout_s:.0f} s), step 2 trained on a"
+          f" new group {recover_s:.1f} s after; load average {os.getloadavg()[0]:.1f}")

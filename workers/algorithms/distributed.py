@@ -34,8 +34,17 @@ The group is the process's default process group (DeviceMesh needs one), so a tr
 worker runs one learner group at a time and cannot also hold the NCCL weight sync's
 group (RFT_WEIGHT_SYNC=nccl). A follower ends when rank 0 closes the group or its parent
 process goes away; a rank that stops before joining tells rank 0 why through the store, and
-the group's start fails at once with that reason (`ranks_await`); a rank that dies mid-step
-fails the step (its collective times out or errors) and nothing of it is committed.
+the group's start fails at once with that reason (`ranks_await`).
+
+Every collective and the rendezvous wait at most the run's `trainer.collective_timeout_s`
+(gloo's and NCCL's own timeout, set when the group is made). A rank whose host is lost or
+whose link is cut sends no reset: the others' collective waits that long and fails; a rank
+whose process dies fails it at once (its connection resets). Either way rank 0 raises
+GroupLost naming the ranks that stopped answering and their hosts (each follower keeps a
+heartbeat counter in rank 0's store and says there at which address it reaches rank 0), and
+nothing of the step is committed. Between steps a follower waits for rank 0's next operation
+in the store (`_op_await`), not inside a collective, so a group idle for longer than the
+timeout (rollouts between two steps) is not taken for a lost one.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from workers.adapters import adapter_wrap
 from workers.algorithms import Learner, NothingToTrain, spec_from_config
 from workers.algorithms.objectives import objective_class
 from workers.engines.base import tokenizer_from_pretrained
+from workers.group_lost import GroupLost
 from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 from workers.vision import is_vision_model
 
@@ -88,6 +98,14 @@ SHARDINGS = ("full", "grad_op", "none")
 # backstop, not a pace. A follower ends at once (`os._exit` below), but a host's load can hold
 # any process off the CPU for seconds.
 FOLLOWER_EXIT_S = 60.0
+# A follower adds one to its heartbeat counter in rank 0's store every BEAT_S (a thread of its
+# own, which runs while the rank computes or waits in a collective). After a failed
+# collective rank 0 watches the counters for SILENT_S: the ranks whose counter did not move
+# are the ones lost (a stopped or cut-off process, or a host gone).
+BEAT_S = 0.5
+SILENT_S = 3.0
+# How often a follower between steps looks for rank 0's next operation in the store.
+OP_POLL_S = 0.05
 
 
 @dataclass
@@ -510,6 +528,78 @@ def code_check(spec: dict[str, object], *, where: str) -> None:
 # group's rendezvous would last its whole timeout (the train task's time limit) and then say
 # only that it timed out.
 READY, REFUSED = "rft/ready", "rft/refused"
+# Each follower's address as it reaches rank 0 (HOST + rank), its heartbeat counter (BEAT +
+# rank), and rank 0's operations in turn (OP + number: "go", or "abort" for a broken group).
+# Another host's `join` keeps a heartbeat of its own (JOINING + host) from when it has read the
+# group's plan: its ranks are starting (torch imported, the model loaded), not lost.
+HOST, BEAT, OP, JOINING = "rft/host/", "rft/beat/", "rft/op/", "rft/joining/"
+
+
+def _address_towards(addr: str, port: int) -> str:
+    """This host's address on the way to addr (what rank 0 names a lost rank's host by)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, port))  # a datagram socket sends nothing: only the route is looked up
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
+def beat_start(*, addr: str, port: int, generation: int, rank: int | None = None, host: int | None = None) -> None:
+    """Keep a heartbeat in rank 0's store until the store goes, over a connection of its own
+    (a store client is not shared between threads): a rank's (saying first at which address
+    it reaches rank 0), or another host's `join`'s."""
+    store, _ = dist_store(addr, port, generation)
+    if rank is not None:
+        store.set(f"{HOST}{rank}", _address_towards(addr, port))
+    key = f"{BEAT}{rank}" if rank is not None else f"{JOINING}{host}"
+
+    def beat() -> None:
+        while True:
+            try:
+                store.add(key, 1)
+            except Exception:
+                return  # rank 0's store is gone: so is the group
+            time.sleep(BEAT_S)
+
+    threading.Thread(target=beat, name="learner-group-beat", daemon=True).start()
+
+
+def ranks_silent(store: dist.Store, *, world: int, watch_s: float = SILENT_S) -> list[int]:
+    """The other ranks whose heartbeat did not move in `watch_s` (rank 0 calls it after a
+    collective failed)."""
+    keys = [f"{BEAT}{r}" for r in range(1, world)]
+    before = [store.add(k, 0) for k in keys]
+    time.sleep(watch_s)
+    return [r for r, k, b in zip(range(1, world), keys, before, strict=True) if store.add(k, 0) == b]
+
+
+def rank_where(store: dist.Store, rank: int) -> str:
+    """'rank R (host H, ADDRESS)': a rank as the run page names it."""
+    plan = json.loads(store.get("rft/spec"))
+    host = rank // max(1, int(plan["world"]) // int(plan["hosts"]))
+    at = store.get(f"{HOST}{rank}").decode() if store.check([f"{HOST}{rank}"]) else "address not known"
+    return f"rank {rank} (host {host}, {at})"
+
+
+def is_comm_error(exc: BaseException) -> bool:
+    """Whether `exc` came out of a collective's transport (a peer gone, reset or timed out),
+    not out of the step's own code."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, TimeoutError)) or (
+        isinstance(exc, RuntimeError) and any(s in text for s in ("/gloo/", "NCCL", "Connection reset", "Timed out")))
+
+
+def _op_await(store: dist.Store, number: int) -> bool:
+    """Wait (as long as it takes) for rank 0's operation `number`; False: rank 0 gave the group up."""
+    key = f"{OP}{number}"
+    while not store.check([key]):
+        time.sleep(OP_POLL_S)
+    return bool(store.get(key) != b"abort")
 
 
 def refusal_set(store: dist.Store, exc: BaseException, *, where: str) -> None:
@@ -525,9 +615,13 @@ def refusal_set(store: dist.Store, exc: BaseException, *, where: str) -> None:
 def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
                 followers: list[subprocess.Popen[bytes]], poll_s: float = 0.2) -> None:
     """Return once the other `world - 1` ranks are joining; raise with a rank's refusal
-    (`refusal_set`), when a follower started here ended first, or past `timeout` naming how
-    many came."""
+    (`refusal_set`), when a follower started here ended first, or, GroupLost, when a rank has
+    given no sign of life for `timeout`: ranks started here are waited for while they live,
+    another host's while its `join` or the rank itself beats (`beat_start`; their start,
+    torch imported and the model loaded, is not a host lost)."""
+    local = len(followers) + 1  # ranks 0 … local − 1 are this host's
     deadline = time.monotonic() + timeout.total_seconds()
+    beats: dict[str, tuple[int, float]] = {}  # key: (counter, when it last moved)
     while True:
         ended = [(p.pid, p.returncode) for p in followers if p.poll() is not None]
         if store.check([REFUSED]):  # read after `ended`: a follower sets it before it exits
@@ -538,11 +632,27 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
         ready = store.add(READY, 0)
         if ready >= world - 1:
             return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"learner group: {ready} of the {world - 1} other ranks came in "
-                               f"{timeout.total_seconds():.0f} s; is `python -m workers.algorithms.distributed join "
-                               "ADDR PORT HOST` running on every other host?")
+        absent = [r for r in range(1, world) if not store.check([f"{READY}/{r}"])]
+        if any(r < local for r in absent) or _beating(store, [k for r in absent for k in (f"{BEAT}{r}", f"{JOINING}{r // local}")],
+                                                       beats):
+            deadline = time.monotonic() + timeout.total_seconds()
+        elif time.monotonic() > deadline:
+            who = ", ".join(f"rank {r} (host {r // local})" for r in absent)
+            raise GroupLost(f"learner group: {who} did not come within {timeout.total_seconds():g} s "
+                            "(trainer.collective_timeout_s); is `python -m workers.algorithms.distributed join ADDR "
+                            "PORT HOST` running on every other host, and can it reach this one?")
         time.sleep(poll_s)
+
+
+def _beating(store: dist.Store, keys: list[str], seen: dict[str, tuple[int, float]]) -> bool:
+    """Whether any of these heartbeat counters moved within the last SILENT_S (`seen` keeps
+    each one's last value and when it changed)."""
+    now = time.monotonic()
+    for key in keys:
+        value = store.add(key, 0)
+        if key not in seen or seen[key][0] != value:
+            seen[key] = (value, now if value else 0.0)
+    return any(now - seen[k][1] < SILENT_S for k in keys if seen[k][0])
 
 
 def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
@@ -658,15 +768,18 @@ class LearnerGroup:
         # with it already; sharded `none`, each holds a whole replica.
         self.followers_shard_load = sharded_load_fits(plan.sharding, model=str(run_config.get("model", "")))
         self.rank0_sharded = learner is None
+        self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         # Port 0: the system picks a free one (no race with another group starting); ranks
         # on other hosts need a fixed one (RFT_LEARNER_PORT).
-        self._store = dist.TCPStore("0.0.0.0" if plan.hosts > 1 else addr, port, plan.world, is_master=True,
-                                    timeout=timeout, wait_for_workers=False)
-        self.port = self._store.port
+        store, self.generation, self.port = _store_open("0.0.0.0" if plan.hosts > 1 else addr, port, world=plan.world,
+                                                        timeout=timeout)
+        self._store: dist.Store | None = store
+        # Rank 0's operations so far (each announced in the store as OP + its number).
+        self.ops = 0
         # What every rank builds its learner from: read from the store, so a rank on another
         # host needs only the address (`python -m workers.algorithms.distributed join`).
-        self._store.set("rft/spec", json.dumps({
+        store.set("rft/spec", json.dumps({
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
             "sharded_load": self.followers_shard_load, "rank0_sharded": self.rank0_sharded,
@@ -676,15 +789,15 @@ class LearnerGroup:
         # are ended rather than sent a message they would mismatch.
         self.broken = False
         self.followers: list[subprocess.Popen[bytes]] = [
-            _follower_start(addr="127.0.0.1", port=self.port, rank=rank, parent=os.getpid())
+            _follower_start(addr="127.0.0.1", port=self.port, rank=rank, parent=os.getpid(), generation=self.generation)
             for rank in range(1, plan.local)
         ]
         # The processes started, kept after `close` forgets `followers` (to see them end).
         self.followers_started = list(self.followers)
         self.channel: _Channel | None = None
         try:
-            ranks_await(self._store, world=plan.world, timeout=timeout, followers=self.followers)
-            group_join(store=self._store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
+            ranks_await(store, world=plan.world, timeout=timeout, followers=self.followers)
+            group_join(store=store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = _Channel()
             if learner is None:
                 from workers.algorithms.shard_load import learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
@@ -698,9 +811,13 @@ class LearnerGroup:
                                        from_rank0=self.followers_shard_load and not self.rank0_sharded)
             if checkpoint is not None:
                 sharded_load(learner, checkpoint)
-        except BaseException:
+        except BaseException as exc:
+            # A rank lost while the group forms is a GroupLost too; a rank's refusal is not.
+            lost = self._failed(exc, "the group's start") if is_comm_error(exc) else None
             self.broken = True
             self.close()
+            if lost is not None:
+                raise lost from exc
             raise
         log.info("learner group of %s processes over %s host(s) (%s, sharding %s) started: followers %s", plan.world,
                  plan.hosts, self.backend, plan.sharding, [p.pid for p in self.followers])
@@ -713,8 +830,27 @@ class LearnerGroup:
 
     def _op(self, msg: GroupMessage) -> None:
         self._alive()
-        assert self.channel is not None
+        assert self.channel is not None and self._store is not None
+        self.ops += 1
+        self._store.set(f"{OP}{self.ops}", "go")  # the followers wait for it outside any collective
         self.channel.message(msg)
+
+    def _failed(self, exc: BaseException, doing: str) -> GroupLost | None:
+        """The group is broken; where a rank was lost (a collective's transport failed or
+        timed out, or a follower ended), the GroupLost to raise, naming the ranks whose
+        heartbeat stopped and their hosts; None where the step's own code failed."""
+        self.broken = True
+        dead = [p.pid for p in self.followers if p.poll() is not None]
+        if self._store is None or not (dead or is_comm_error(exc)):
+            return None
+        store = self._store
+        silent = ranks_silent(store, world=self.world)
+        who = (", ".join(rank_where(store, r) for r in silent) + " stopped answering" if silent
+               else "no rank stopped answering, but a collective failed")
+        cause = str(exc).split("] ", 1)[-1].split(". ", 1)[0]  # gloo's: "[file:line] What. Advice…"
+        log.warning("learner group: %s during %s", who, doing, exc_info=True)
+        return GroupLost(f"learner group: {who} during {doing} (collectives wait at most "
+                         f"trainer.collective_timeout_s = {self.timeout_s:g} s): {cause}")
 
     def step(self, batch: TrainBatch, *, entry: bytes) -> dict[str, float]:
         """One update on `batch` by every rank. `entry`: the batch as the journal encodes it
@@ -728,8 +864,10 @@ class LearnerGroup:
             metrics: dict[str, float] = self.learner.step(batch, shard=self.shard)
         except NothingToTrain:
             raise  # decided on the whole batch: every rank skipped together, the group is in step
-        except BaseException:
-            self.broken = True
+        except BaseException as exc:
+            lost = self._failed(exc, "a step")
+            if lost is not None:
+                raise lost from exc
             raise
         metrics["learner_processes"] = float(self.world)
         return metrics
@@ -743,8 +881,10 @@ class LearnerGroup:
         try:
             self._op({"op": "whole"})
             state = whole_gather(self.learner)
-        except BaseException:
-            self.broken = True
+        except BaseException as exc:
+            lost = self._failed(exc, "gathering the policy for a version")
+            if lost is not None:
+                raise lost from exc
             raise
         assert self.whole is not None, "a sharded learner group needs its policy's skeleton (whole)"
         return whole_assign(self.whole, state)
@@ -769,8 +909,10 @@ class LearnerGroup:
         try:
             self._op({"op": "whole"})
             size = whole_write(self.learner, out / "model.safetensors")
-        except BaseException:
-            self.broken = True
+        except BaseException as exc:
+            lost = self._failed(exc, "writing a version")
+            if lost is not None:
+                raise lost from exc
             raise
         # As save_pretrained writes them: the weights' dtype and the class in the config.
         skeleton.config.dtype = str(skeleton.dtype).split(".")[1]
@@ -793,8 +935,10 @@ class LearnerGroup:
             self.whole_release()
             self._op({"op": "save", "path": str(path)})
             sharded_save(self.learner, path)
-        except BaseException:
-            self.broken = True
+        except BaseException as exc:
+            lost = self._failed(exc, "a snapshot")
+            if lost is not None:
+                raise lost from exc
             raise
 
     def close(self) -> None:
@@ -804,12 +948,20 @@ class LearnerGroup:
 
         if self.channel is not None and not self.broken and all(p.poll() is None for p in self.followers):
             try:
-                self.channel.message({"op": "stop"})
+                self._op({"op": "stop"})
             except Exception:
+                self.broken = True
                 log.warning("learner group: could not tell the followers to stop; ending them", exc_info=True)
+        if self.broken and self._store is not None:
+            try:  # a rank waiting for the next operation (not in a collective) ends on this
+                self._store.set(f"{OP}{self.ops + 1}", "abort")
+            except Exception:
+                log.warning("learner group: could not tell the other ranks it is given up", exc_info=True)
         for p in self.followers:
             if self.broken:
-                p.terminate()
+                # It has nothing to finish, and may be stopped or stuck in a collective: a
+                # stopped process would not act on SIGTERM before FOLLOWER_EXIT_S.
+                p.kill()
             try:
                 p.wait(timeout=FOLLOWER_EXIT_S)
             except subprocess.TimeoutExpired:
@@ -821,13 +973,39 @@ class LearnerGroup:
         self.channel = None
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None  # (a fixed port's store server stays: the next group is a generation in it)
 
 
-def _follower_start(*, addr: str, port: int, rank: int, parent: int) -> subprocess.Popen[bytes]:
+# Rank 0's store on a fixed port (RFT_LEARNER_PORT, which other hosts' ranks are told), by
+# address and port: the train worker's for as long as it lives. Each group is a generation in
+# it (GENERATION counts them; a group's keys are under "rft/g<N>/"): the group re-formed after a
+# lost rank cannot bind the port again at once, since its store listens until its last reference
+# goes, and a broken group's references sit in reference cycles (the model's sharding state).
+_STORES: dict[tuple[str, int], dist.TCPStore] = {}
+_STORES_LOCK = threading.Lock()
+GENERATION = "rft/generation"
+
+
+def _store_open(addr: str, port: int, *, world: int, timeout: datetime.timedelta) -> tuple[dist.Store, int, int]:
+    """A new group's store in rank 0's store server (a fresh server on port 0: the system picks
+    a free port, no race with another group starting), its generation number and the port."""
+    import torch.distributed as dist
+
+    with _STORES_LOCK:
+        base = _STORES.get((addr, port)) if port else None
+        if base is None:
+            base = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+            if port:
+                _STORES[(addr, port)] = base
+    generation = int(base.add(GENERATION, 1))
+    return dist.PrefixStore(f"rft/g{generation}", base), generation, int(base.port)
+
+
+def _follower_start(*, addr: str, port: int, rank: int, parent: int, generation: int) -> subprocess.Popen[bytes]:
     # From the project's root (`-m` puts it on the path), whatever the worker's directory.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return subprocess.Popen([sys.executable, "-m", "workers.algorithms.distributed", "rank", addr, str(port), str(rank),
-                             str(parent)], cwd=root, close_fds=True)
+                             str(parent), str(generation)], cwd=root, close_fds=True)
 
 
 def _orphan_watch(parent: int) -> None:
@@ -841,13 +1019,15 @@ def _orphan_watch(parent: int) -> None:
     threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
 
 
-def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
+def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: int = 0) -> None:
     """A follower: build the run's learner as rank 0 did, take rank 0's state, shard it,
     then train on every batch it sends until told to stop. What stops it before it joins
     goes to rank 0 as its refusal (`refusal_set`)."""
     if parent:
         _orphan_watch(parent)
-    store = dist_store(addr, port)
+    store, _ = dist_store(addr, port, generation)
+    # From the start: while it loads, rank 0 sees it starting rather than absent.
+    beat_start(addr=addr, port=port, generation=generation, rank=rank)
     try:
         start = _follower_ready(store, rank=rank)
     except BaseException as exc:
@@ -859,6 +1039,7 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
     from workers.trainer import rng_restore, journal_decode
 
     plan = start.plan
+    store.set(f"{READY}/{rank}", "1")
     store.add(READY, 1)
     group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
     try:
@@ -872,7 +1053,12 @@ def follower_main(*, addr: str, port: int, rank: int, parent: int = 0) -> None:
                               from_rank0=start.learner is None and not start.rank0_sharded)
         if start.checkpoint:
             sharded_load(learner, Path(start.checkpoint))
+        number = 0
         while True:
+            number += 1
+            if not _op_await(store, number):
+                log.warning("learner group: rank 0 gave the group up (a rank was lost); rank %s ends", rank)
+                return
             msg = channel.message()
             op = msg.get("op")
             if op == "stop":
@@ -978,7 +1164,7 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     rank 0's store at addr:port, run this host's ranks (host × local … + local − 1), one
     process each, until they end; returns the first failing one's exit status (0: all ended
     cleanly)."""
-    store = dist_store(addr, port)
+    store, generation = dist_store(addr, port)
     plan_in = json.loads(store.get("rft/spec"))
     try:
         code_check(plan_in, where=f"host {host}")
@@ -989,16 +1175,23 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     # Not a refusal: a host numbered outside the group is not one rank 0 waits for.
     if not 0 < host < plan.hosts:
         raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
-    ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid())
+    beat_start(addr=addr, port=port, generation=generation, host=host)
+    ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid(), generation=generation)
              for rank in range(host * plan.local, (host + 1) * plan.local)]
     codes = [p.wait() for p in ranks]
     return next((c for c in codes if c), 0)
 
 
-def dist_store(addr: str, port: int) -> dist.TCPStore:
+def dist_store(addr: str, port: int, generation: int | None = None) -> tuple[dist.Store, int]:
+    """A client of rank 0's store at addr:port, in group `generation` (None: the newest, for
+    another host's `join`), and that generation."""
     import torch.distributed as dist
 
-    return dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    base = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    if generation is None:
+        base.wait([GENERATION])
+        generation = int(base.get(GENERATION))
+    return dist.PrefixStore(f"rft/g{generation}", base), generation
 
 
 if __name__ == "__main__":
@@ -1008,8 +1201,9 @@ if __name__ == "__main__":
             sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
         except GroupUnsupported as exc:
             sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
-    # rank ADDR PORT RANK PARENT: a follower rank 0 (or `join`) started on its host.
-    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]))
+    # rank ADDR PORT RANK PARENT GENERATION: a follower rank 0 (or `join`) started on its host.
+    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]),
+                  generation=int(sys.argv[6]))
     # Told to stop, it has left the group and written what it was asked to: end now, as
     # multiprocessing's children do. The interpreter's own teardown with torch loaded took
     # 3.9 s here and 11.6 s beside five busy loops (most of it collecting torch's objects),

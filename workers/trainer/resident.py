@@ -171,7 +171,10 @@ def _resident_kept(run: RunView, key: str) -> Resident | None:
     """The resident policy where it is the run's as of `run.train_step` (None: dropped, and
     room made for the one about to be loaded)."""
     res = RESIDENTS.get(run.pk)
-    if res is not None and res.config_key == key and res.step == run.train_step:
+    # A learner group that lost a rank after its step was committed (while publishing or
+    # writing a snapshot) is not kept: its ranks may be anywhere in a collective.
+    broken = res is not None and res.group is not None and res.group.broken
+    if res is not None and res.config_key == key and res.step == run.train_step and not broken:
         RESIDENTS.move_to_end(run.pk)
         res.used = time.monotonic()
         return res
@@ -265,7 +268,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
         whole = model_skeleton(cfg=run.cfg, spec=spec_from_config(run.cfg))
     return LearnerGroup(learner=learner, run_config=run.config_data,
                         plan=GroupPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
-                        timeout_s=float(settings.RFT_TRAIN_TIME_LIMIT), whole=whole,
+                        timeout_s=float(t.collective_timeout_s), whole=whole,
                         addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint,
                         build=build)
 
