@@ -1,5 +1,5 @@
 """Blind pairs between annotation items (an evaluation's placement "between"): the cards the
-annotation page hands out (apps/feedback/extras.py, registered in apps.py's ready()), and the
+annotation page hands out (apps/feedback/extras.py, declared in apps.py's config), and the
 person's evaluation votes as their ledger's line "evaluation vote: not trained".
 
 A card is as blind as the vote page: it names the pair by its opaque token and posts to the
@@ -54,6 +54,9 @@ class BlindCards:
                           .select_related("prompt", "left_answer", "right_answer")[:DRAWN_FROM]]
         chosen = secrets.SystemRandom().sample(drawn, min(count, len(drawn)))
         return [card(evaluation=e, item=item) for e, item in chosen]
+
+
+BLIND_CARDS = BlindCards()
 
 
 def votes_not_trained(run: Run, person: Person) -> list[NotTrained]:

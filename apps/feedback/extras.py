@@ -1,13 +1,17 @@
 """What an app above this one adds to the annotation page, without apps.feedback importing it
-(the apps' layers, pyproject.toml): the app registers a source from its AppConfig.ready().
+(the apps' layers, pyproject.toml): an installed app declares it on its AppConfig, as dotted
+paths this module loads by name (so neither side imports the other's modules at app loading):
+
+  annotation_cards = "apps.evaluation.between.BLIND_CARDS"           a CardSource
+  annotation_not_trained = "apps.evaluation.between.votes_not_trained"  a NotTrainedSource
 
 - Cards between the queue's items: a source that has something for the person (`waiting`)
   gives up to `count` cards, each a template and its context (`card` in it, beside the page's
   own context: its CSRF token): an `article.item` with an id of its own and, for the page's
-  keys, buttons carrying `data-key`. A card follows every
-  `RFT_ANNOTATION_BETWEEN_EVERY`-th item the person was handed on the run, counted over all
-  their assignments, so the page and its live top-ups place them alike (apps/evaluation/between.py:
-  blind votes, which are no feedback and never train).
+  keys, buttons carrying `data-key`. A card follows every `RFT_ANNOTATION_BETWEEN_EVERY`-th
+  item the person was handed on the run, counted over all their assignments, so the page and
+  its live top-ups place them alike (apps/evaluation/between.py: blind votes, which are no
+  feedback and never train).
 - Lines of the person's ledger for what they gave on the run that is no label: "3 evaluation
   votes: not trained". The label ledger (apps/feedback/ledger.py) counts labels only.
 
@@ -17,11 +21,14 @@ A run with no source waiting costs each source's `waiting` check and nothing els
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from django.apps import apps as installed
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from apps.feedback.holds import Person
 from apps.feedback.models import Assignment
@@ -57,17 +64,20 @@ class NotTrained:
 
 NotTrainedSource = Callable[[Run, Person], list[NotTrained]]
 
-_card_sources: dict[str, CardSource] = {}
-_not_trained_sources: dict[str, NotTrainedSource] = {}
+def _declared(attribute: str) -> list[str]:
+    """The dotted paths the installed apps declare under `attribute` on their AppConfig."""
+    return [path for config in installed.get_app_configs()
+            if isinstance(path := getattr(config, attribute, None), str)]
 
 
-def card_source_register(name: str, source: CardSource) -> None:
-    """Hand out `source`'s cards between annotation items (again under `name`: replaced)."""
-    _card_sources[name] = source
+@functools.cache
+def card_sources() -> list[CardSource]:
+    return [import_string(path) for path in _declared("annotation_cards")]
 
 
-def not_trained_register(name: str, source: NotTrainedSource) -> None:
-    _not_trained_sources[name] = source
+@functools.cache
+def not_trained_sources() -> list[NotTrainedSource]:
+    return [import_string(path) for path in _declared("annotation_not_trained")]
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ def _slots(*, run: Run, person: Person, items: Sequence[Assignment], every: int)
 def queue_entries(*, run: Run, person: Person, items: Sequence[Assignment]) -> list[QueueEntry]:
     entries = [QueueEntry(assignment=a) for a in items]
     every = settings.RFT_ANNOTATION_BETWEEN_EVERY
-    sources = [s for s in _card_sources.values() if items and every > 0 and s.waiting(run=run, person=person)]
+    sources = [s for s in card_sources() if items and every > 0 and s.waiting(run=run, person=person)]
     if not sources:
         return entries
     slots = _slots(run=run, person=person, items=items, every=every)
@@ -102,4 +112,4 @@ def queue_entries(*, run: Run, person: Person, items: Sequence[Assignment]) -> l
 
 
 def not_trained(*, run: Run, person: Person) -> list[NotTrained]:
-    return [line for source in _not_trained_sources.values() for line in source(run, person) if line.count]
+    return [line for source in not_trained_sources() for line in source(run, person) if line.count]

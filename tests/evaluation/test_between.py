@@ -37,7 +37,7 @@ ENTRY = re.compile(r'<article class="item[^"]*" id="((?:item|blind)-[\w-]+)"')
 
 def between_run(owner: User, annotator: User, *, items: int = 6, placement: str = "between") -> tuple[Run, Evaluation]:
     """A run with `items` single completions waiting for a rating, and an open blind evaluation."""
-    run = publish(make_run(owner=owner, taskset=make_taskset(owner=owner), name="between",
+    run = publish(make_run(owner=owner, taskset=make_taskset(owner=owner), name="Zanzibar tutoring run",
                            feedback={"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "overlap": 1}), 1, 2)
     add_member(run, annotator)
     rows = [experience_row(run, key=f"g{i}", group=f"g{i}", status="pending", reward=None, auto_reward=0.5,

@@ -100,7 +100,7 @@ def evaluation_arguments(parser: ArgumentParser) -> None:
     ev_create.add_argument("--votes-per-pair", type=int, default=1)
     ev_create.add_argument("--voters", default="", help="comma-separated usernames (default: owner and annotators)")
     ev_create.add_argument("--seed", type=int, default=None)
-    ev_create.add_argument("--placement", choices=["page", "between"], default="page",
+    ev_create.add_argument("--placement", default="page",
                            help="page: a vote page of its own (default); between: also between the items of the "
                                 "run's annotation page")
     ev_fig = ev_sub.add_parser("figures", help="an evaluation's win rates, scores and vote quality")
