@@ -393,6 +393,9 @@ RFT_REWARD_MODEL_BEAT_SECONDS = env_float("RFT_REWARD_MODEL_BEAT_SECONDS", 10.0)
 # How long an annotator's claim on an experience holds, and how many the annotation page queues.
 RFT_ANNOTATION_LEASE_SECONDS = env_float("RFT_ANNOTATION_LEASE_SECONDS", 900.0)
 RFT_ANNOTATION_QUEUE_SIZE = env_int("RFT_ANNOTATION_QUEUE_SIZE", 8)
+# A blind evaluation shown between annotation items (its placement "between") hands out a pair
+# after every this many items a person is given (apps/feedback/extras.py); 0: never.
+RFT_ANNOTATION_BETWEEN_EVERY = env_int("RFT_ANNOTATION_BETWEEN_EVERY", 3)
 # Pipeline operators' counters go to the run's metrics at most this often.
 RFT_PIPELINE_METRICS_SECONDS = env_float("RFT_PIPELINE_METRICS_SECONDS", 2.0)
 # Every Celery worker writes a heartbeat row this often (apps/runs/heartbeat.py); one whose

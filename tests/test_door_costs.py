@@ -25,14 +25,18 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 31,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 33,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
     # (round 49: the person's ledger is one statement counted in the database, not their labels,
     # the versions, reward models and experiences read one after another); 31 (round 61): the
-    # blind evaluations waiting for the person's vote (apps.evaluation), one statement
+    # blind evaluations waiting for the person's vote (apps.evaluation), one statement; 33
+    # (issue 63 item 2): whether a blind evaluation hands out pairs between the items
+    # (apps.feedback.extras: one exists(); the pairs themselves only where one does), and the
+    # person's evaluation votes counted for "your submissions" ("N evaluation votes: not trained")
     "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
-    "GET queue": 22,  # 23: the top-up's hand-out and hold renewal
+    "GET queue": 23,  # 23: the top-up's hand-out and hold renewal; 22, then 23 (issue 63 item 2):
+    # whether a blind evaluation hands out pairs between the items it tops up (one exists())
     "GET rank": 6,  # 7
     "POST rank": 23,  # 24; the second ranking of a group with overlap 2 also marks it ready
 }

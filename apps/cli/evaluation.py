@@ -103,9 +103,11 @@ def evaluation_command(opts: Mapping[str, object], *, write: Callable[[str], Non
                                        prompts=_prompts_file(_text(opts, "prompts_file") or None),
                                        prompt_count=_number(opts, "prompts") or 20,
                                        votes_per_pair=_number(opts, "votes_per_pair") or 1, voters=voters,
-                                       seed=_number(opts, "seed"))
+                                       seed=_number(opts, "seed"), placement=_text(opts, "placement") or "page")
+        between = ", also between annotation items" if evaluation.placement == "between" else ""
         write(f"evaluation {evaluation.pk} ({evaluation.status}): {' vs '.join(labels(evaluation))}, "
-              f"{evaluation.prompts.count()} prompts, seed {evaluation.seed}, vote page /vote/{evaluation.token}/")
+              f"{evaluation.prompts.count()} prompts, seed {evaluation.seed}, vote page /vote/{evaluation.token}/"
+              f"{between}")
     elif action == "figures":
         evaluation = _evaluation(_number(opts, "evaluation") or 0)
         for line in figures_lines(evaluation, evaluation_figures(evaluation)):

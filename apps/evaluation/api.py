@@ -57,6 +57,8 @@ class EvaluationIn(Schema):
     votes_per_pair: int = Field(1, ge=1, le=VOTES_PER_PAIR_MAX)
     voters: list[str] | None = Field(None, max_length=200, description="usernames; blank: the run's owner and annotators")
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="recorded; blank: drawn")
+    placement: str = Field("page", max_length=16, description="page: on the vote page of its own; between: also "
+                           "between the items of the run's annotation page")
 
 
 class BlindEvaluationOut(Schema):
@@ -66,6 +68,7 @@ class BlindEvaluationOut(Schema):
     seed: int
     prompts: int
     votes_per_pair: int
+    placement: str = Field(description="page (the vote page of its own) or between (also between annotation items)")
     items: int
     votes: int
     created_at: datetime
@@ -172,7 +175,7 @@ def _evaluation(request: HttpRequest, run_id: int, evaluation_id: int) -> Evalua
 def _out(evaluation: Evaluation) -> Body:
     return {"id": evaluation.pk, "status": evaluation.status, "versions": labels(evaluation), "seed": evaluation.seed,
             "prompts": evaluation.prompts.count(), "votes_per_pair": evaluation.votes_per_pair,
-            "items": evaluation.items.count(), "votes": Vote.objects.filter(item__evaluation=evaluation).count(),
+            "placement": evaluation.placement, "items": evaluation.items.count(), "votes": Vote.objects.filter(item__evaluation=evaluation).count(),
             "created_at": evaluation.created_at, "error": evaluation.error}
 
 
@@ -207,7 +210,7 @@ def evaluation_create_api(request: HttpRequest, payload: EvaluationIn, run_id: i
     versions = [VersionRef(number=v.version, run_id=v.run) for v in payload.versions] if payload.versions else None
     evaluation = evaluation_create(run=run, by=_person(request), versions=versions, prompts=payload.prompts,
                                    prompt_count=payload.prompt_count, votes_per_pair=payload.votes_per_pair,
-                                   voters=payload.voters, seed=payload.seed)
+                                   voters=payload.voters, seed=payload.seed, placement=payload.placement)
     return _out(evaluation)
 
 

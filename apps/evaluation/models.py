@@ -23,7 +23,15 @@ class Evaluation(models.Model):
                                    related_name="+")
     # The vote page's address: opaque, so no URL names the run, a version or a step.
     token = models.CharField(max_length=32, unique=True)
+    class Placement(models.TextChoices):
+        # The vote page of its own, /vote/<token>/.
+        PAGE = "page"
+        # Also handed out between the items of the run's annotation page (apps/evaluation/between.py).
+        BETWEEN = "between"
+
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.GENERATING)
+    # Where its pairs are shown to voters, the owner's choice: the vote page is always there.
+    placement = models.CharField(max_length=16, choices=Placement.choices, default=Placement.PAGE)
     # The answers' sampling seed and the prompts' draw: recorded so the evaluation can be repeated.
     seed = models.BigIntegerField()
     votes_per_pair = models.PositiveIntegerField()

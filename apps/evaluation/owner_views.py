@@ -53,7 +53,8 @@ def evaluation_create_view(request: HtmxHttpRequest, run_id: int) -> HttpRespons
             run=run, by=signed_in(request), versions=_versions(post.get("versions", "")),
             prompt_count=_int(post.get("prompt_count", ""), "prompt_count", 20),
             votes_per_pair=_int(post.get("votes_per_pair", ""), "votes_per_pair", 1),
-            voters=[v.strip() for v in post.get("voters", "").split(",") if v.strip()] or None)
+            voters=[v.strip() for v in post.get("voters", "").split(",") if v.strip()] or None,
+            placement=post.get("placement", "") or Evaluation.Placement.PAGE)
     except RftError as exc:
         messages.error(request, f"No evaluation: {exc.message}")
         return _back(run.pk)

@@ -109,18 +109,22 @@ def _voters(*, run: Run, usernames: Sequence[str] | None) -> list[User]:
 @transaction.atomic
 def evaluation_create(*, run: Run, by: User, versions: Sequence[VersionRef] | None = None,
                       prompts: Sequence[str] | None = None, prompt_count: int = 20, votes_per_pair: int = 1,
-                      voters: Sequence[str] | None = None, seed: int | None = None) -> Evaluation:
+                      voters: Sequence[str] | None = None, seed: int | None = None,
+                      placement: str = Evaluation.Placement.PAGE) -> Evaluation:
     """Ask for a blind evaluation of `run` (its owner or staff): `versions` (default the
     starting version 0 against the newest; the first is the baseline), on `prompt_count`
     prompts held out from training (the run's evaluation taskset, or `prompts`), each pair
     voted on by `votes_per_pair` different people among `voters` (default the run's owner and
-    annotators). The workers generate the answers not cached yet, then it opens."""
+    annotators), on the vote page of its own or (`placement` "between") also between the items
+    of the run's annotation page. The workers generate the answers not cached yet, then it opens."""
     if run_role(run=run, user=by) != "owner":
         raise NotAllowed("only the run's owner or staff may ask for an evaluation")
     if not 1 <= prompt_count <= PROMPTS_MAX:
         raise InvalidInput(f"prompt_count must be from 1 to {PROMPTS_MAX}", field="prompt_count")
     if not 1 <= votes_per_pair <= VOTES_PER_PAIR_MAX:
         raise InvalidInput(f"votes_per_pair must be from 1 to {VOTES_PER_PAIR_MAX}", field="votes_per_pair")
+    if placement not in Evaluation.Placement.values:
+        raise InvalidInput(f"placement must be one of {', '.join(Evaluation.Placement.values)}", field="placement")
     if seed is not None and not 0 <= seed < 2**31:
         raise InvalidInput("seed must be from 0 to 2^31-1", field="seed")
     seed = secrets.randbelow(2**31) if seed is None else seed
@@ -128,7 +132,7 @@ def evaluation_create(*, run: Run, by: User, versions: Sequence[VersionRef] | No
     chosen = _prompts(run=run, prompts=prompts, count=prompt_count, rng=random.Random(seed))
     people = _voters(run=run, usernames=voters)
     evaluation = Evaluation.objects.create(run=run, created_by=by, token=token_new(), seed=seed,
-                                           votes_per_pair=votes_per_pair)
+                                           votes_per_pair=votes_per_pair, placement=placement)
     evaluation.voters.set(people)
     Entrant.objects.bulk_create(Entrant(evaluation=evaluation, position=i, run=r, number=n)
                                 for i, (r, n) in enumerate(entrants))

@@ -19,6 +19,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.buffer.models import Experience
+from apps.feedback.extras import not_trained, queue_entries
 from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import run_ledger
@@ -109,6 +110,8 @@ def annotate_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     waiting = annotation_waiting(run=run, annotator=request.user, leased=len(queue)) if can_annotate else None
     return render(request, "feedback/annotate.html", {
         "run": run, "role": role, "can_annotate": can_annotate, "closed": closed, "queue": queue, "recent": recent,
+        # Another app's cards between the items (apps/feedback/extras.py: blind votes).
+        "entries": queue_entries(run=run, person=request.user, items=queue) if can_annotate else [],
         "closed_why": run_feedback_closed_why(run=run), "closed_reason": run_feedback_closed_reason(run=run),
         "feedback_cfg": feedback_cfg, "flags": FLAGS, **_counts_context(run, request.user, can_annotate, waiting=waiting),
         "ws_path": f"/ws/runs/{run.pk}/",
@@ -126,7 +129,7 @@ def _mine_in_box(run: Run, person: Person, can_annotate: bool) -> dict[str, obje
     if not can_annotate:
         return {"mine": []}
     listed = my_submissions_page(run=run, author=person, page=1, per_page=MINE_IN_BOX)
-    return {"mine": listed["items"], "listed": listed}
+    return {"mine": listed["items"], "listed": listed, "not_trained": not_trained(run=run, person=person)}
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
@@ -149,7 +152,8 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         return _error(request, InvalidInput("after must be an assignment id", field="after"))
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after] if run_takes_feedback(run=run) else []
-    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "feedback_cfg": run.cfg.feedback})
+    return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
+                                                    "entries": queue_entries(run=run, person=request.user, items=items)})
 
 
 @login_required
@@ -308,7 +312,8 @@ def _mine_context(request: HtmxHttpRequest, run: Run, on_queue_page: bool, page:
     here = f"{reverse('feedback:mine', kwargs={'run_id': run.pk})}?page={listed['page']}" if not on_queue_page else ""
     return {"run": run, "mine": listed["items"], "listed": listed, "own_page": not on_queue_page, "mine_here": here,
             "message": "", "reopened": [], "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
-            "queue_link": bool(shown.get("message")) and not on_queue_page, "box": "mine-box", **shown}
+            "queue_link": bool(shown.get("message")) and not on_queue_page, "box": "mine-box",
+            "not_trained": not_trained(run=run, person=request.user), **shown}
 
 
 def _page_asked(request: HtmxHttpRequest) -> int:

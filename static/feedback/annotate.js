@@ -80,9 +80,10 @@
       .then((html) => {
         const tpl = document.createElement("template");
         tpl.innerHTML = html;
-        const known = new Set(cards().map((c) => c.dataset.assignment));
+        // By id: an item's (item-N) or a card another app puts between items (apps/feedback/extras.py).
+        const known = new Set(cards().map((c) => c.id));
         for (const card of Array.from(tpl.content.querySelectorAll(".item"))) {
-          if (known.has(card.dataset.assignment)) continue;
+          if (known.has(card.id)) continue;
           queue.appendChild(card);
           if (window.htmx) window.htmx.process(card);
         }
@@ -277,6 +278,11 @@
       queue.appendChild(holder);
     }
   });
+  // A keyed card's form (one vote at a time, above) takes keys again once its answer is in.
+  document.body.addEventListener("htmx:afterRequest", (ev) => {
+    const sent = ev.detail.elt && ev.detail.elt.closest && ev.detail.elt.closest("form.sending");
+    if (sent) sent.classList.remove("sending");
+  });
   // An undo puts the item back in my queue: fetch it. A refresh of "my submissions" sent
   // before the undo (or a revision) was answered would show the withdrawn one again: drop its answer.
   let withdrawnAt = 0;
@@ -346,9 +352,11 @@
       return;
     }
     if (keys && keys.open && ev.key !== "?" && ev.key !== "Escape") return;
-    // An open comparison takes a / b / t (tie) before the item's own keys.
+    // An open comparison takes a / b / t (tie) before the item's own keys, unless the current
+    // card has keys of its own (data-keys: a blind pair between the items, apps/evaluation).
+    const ownKeys = current && current.isConnected && !current.classList.contains("done") && current.hasAttribute("data-keys");
     const cmp = ready(panel && panel.querySelector("form.compare"));
-    if (cmp && ["a", "b", "t"].includes(ev.key)) {
+    if (cmp && !ownKeys && ["a", "b", "t"].includes(ev.key)) {
       const winner = { a: "a", b: "b", t: "tie" }[ev.key];
       const button = cmp.querySelector('button[name=winner][value="' + winner + '"]');
       if (button) { ev.preventDefault(); button.click(); }
@@ -360,9 +368,16 @@
       return;
     }
     ensureCurrent();
-    // A kind's panel opens on its key (its link on the card names it: feedback/_item.html).
-    const panelLink = /^[a-z]$/.test(ev.key) && current && current.querySelector('a[data-key="' + ev.key + '"]');
-    if (panelLink) { click('a[data-key="' + ev.key + '"]'); ev.preventDefault(); return; }
+    // A kind's panel opens on its key (its link on the card names it: feedback/_item.html); a
+    // card's button that names a key is pressed by it (a blind pair's a / b / t / x).
+    const keyed = 'a[data-key="' + ev.key + '"], button[data-key="' + ev.key + '"]';
+    const panelLink = /^[a-z]$/.test(ev.key) && current && current.querySelector(keyed);
+    if (panelLink) {
+      const form = panelLink.closest("form");
+      if (form && form.classList.contains("sending")) { ev.preventDefault(); return; }
+      if (form) form.classList.add("sending");
+      click(keyed); ev.preventDefault(); return;
+    }
     switch (ev.key) {
       case "1": case "2": case "3": case "4": case "5":
         check('input[name=score][value="' + ev.key + '"]'); break;

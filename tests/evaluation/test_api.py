@@ -31,6 +31,12 @@ def test_create_vote_figures_export_and_close_through_the_api(run: Run, owner: U
     assert made.status_code == 200, made.content
     body = made.json()
     assert body["status"] == "generating" and body["versions"] == ["v0", "v2"] and body["seed"] == 5
+    assert body["placement"] == "page"  # the default: a vote page of its own
+    between = owners.post(f"/runs/{run.pk}/evaluations", {"prompts": ["p"], "placement": "between"})
+    assert between.status_code == 200 and between.json()["placement"] == "between"
+    Evaluation.objects.filter(pk=between.json()["id"]).delete()
+    refused = owners.post(f"/runs/{run.pk}/evaluations", {"prompts": ["p"], "placement": "sidebar"})
+    assert refused.status_code == 422 and "placement" in refused.content.decode()
     evaluation = Evaluation.objects.get(pk=body["id"])
     base = f"/runs/{run.pk}/evaluations/{evaluation.pk}"
     assert annotators.post(f"{base}/votes", {"token": "x", "choice": "a"}).status_code == 409  # not open yet

@@ -52,6 +52,10 @@ def test_create_figures_export_and_close_from_the_command_line(run: Run, owner: 
     assert len(records) == Vote.objects.count() == evaluation.items.count()
     assert [json.loads(line) for line in rft("evaluation", "export", str(evaluation.pk), "--out", "-").splitlines()] == records
     assert "is closed" in rft("evaluation", "close", str(evaluation.pk), "--as", "owner")
+    assert evaluation.placement == "page"
+    said = rft("evaluation", "create", str(run.pk), "--as", "owner", "--prompts-file", str(prompts), "--placement",
+               "between")
+    assert "also between annotation items" in said and Evaluation.objects.latest("pk").placement == "between"
 
 
 def test_bad_arguments_are_messages(run: Run, owner: User) -> None:
@@ -59,5 +63,7 @@ def test_bad_arguments_are_messages(run: Run, owner: User) -> None:
         rft("evaluation", "create", str(run.pk), "--as", "owner", "--prompts-file", __file__)
     with pytest.raises(CommandError, match="is not N or RUN:N"):
         rft("evaluation", "create", str(run.pk), "--as", "owner", "--versions", "0,x")
+    with pytest.raises(CommandError, match="placement must be one of page, between"):
+        rft("evaluation", "create", str(run.pk), "--as", "owner", "--placement", "aside")
     with pytest.raises(CommandError, match="no evaluation 99"):
         rft("evaluation", "figures", "99")

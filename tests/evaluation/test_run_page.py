@@ -71,6 +71,23 @@ def test_the_owner_asks_closes_and_downloads_from_the_run_page(run: Run, owner: 
     assert evaluation.status == "closed"
 
 
+def test_the_owners_form_chooses_a_page_of_its_own_or_between_annotation_items(owner: User) -> None:
+    from tests.factories import make_run, make_taskset
+
+    evalset = make_taskset(4, owner=owner, name="held-out")
+    run = publish(make_run(owner=owner, taskset=make_taskset(owner=owner), eval={"taskset": evalset.pk}), 1)
+    c = client_of(owner)
+    form = c.get(f"/runs/{run.pk}/").content.decode()
+    assert '<option value="page" selected>on a vote page of its own</option>' in form
+    assert '<option value="between">between annotation items too</option>' in form
+    c.post(f"/runs/{run.pk}/evaluations/", {"prompt_count": "2"})
+    c.post(f"/runs/{run.pk}/evaluations/", {"prompt_count": "2", "placement": "between"})
+    assert list(Evaluation.objects.order_by("pk").values_list("placement", flat=True)) == ["page", "between"]
+    said = c.post(f"/runs/{run.pk}/evaluations/", {"prompt_count": "2", "placement": "aside"}, follow=True)
+    assert "No evaluation: placement must be one of page, between" in said.content.decode()
+    assert "also between annotation items" in c.get(f"/runs/{run.pk}/").content.decode()
+
+
 def test_an_ended_run_offers_judging_it_against_its_start_and_its_twins_newest(owner: User) -> None:
     from apps.control.twins import run_twin_create
     from apps.runs.services import run_transition

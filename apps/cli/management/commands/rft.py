@@ -8,7 +8,7 @@
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
   rft list                                                          the runs, one a line
   rft feedback RUN rating|ranking|pairwise|flag|edit --as USER …    give feedback as a person
-  rft evaluation create RUN --as OWNER [--versions 0,5] [--prompts N] [--prompts-file F] …
+  rft evaluation create RUN --as OWNER [--versions 0,5] [--prompts N] [--prompts-file F] [--placement between] …
   rft evaluation figures EVALUATION | export EVALUATION --out PATH | close EVALUATION --as OWNER
                                                                     blind side-by-side evaluations
 
@@ -100,6 +100,9 @@ def evaluation_arguments(parser: ArgumentParser) -> None:
     ev_create.add_argument("--votes-per-pair", type=int, default=1)
     ev_create.add_argument("--voters", default="", help="comma-separated usernames (default: owner and annotators)")
     ev_create.add_argument("--seed", type=int, default=None)
+    ev_create.add_argument("--placement", default="page",
+                           help="page: a vote page of its own (default); between: also between the items of the "
+                                "run's annotation page")
     ev_fig = ev_sub.add_parser("figures", help="an evaluation's win rates, scores and vote quality")
     ev_fig.add_argument("evaluation", type=int)
     ev_exp = ev_sub.add_parser("export", help="an evaluation's votes as JSON lines")
