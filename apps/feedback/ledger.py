@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.db.models import Field
 
@@ -65,6 +66,14 @@ UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "r
 PENDING_REASONS = ("waiting", "queued", "training")
 STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", "pending": "pending",
                "unused": "unused"}
+# The states as every place that counts them shows them (the annotation header, the run page,
+# the summary, the notification, the API's `states`, the CLI): in this order, each count followed
+# by these words, the counts summing to the total shown beside them (issue 64 item 1: the
+# annotation header's line left "taught the reward model only" out). One list: a state added
+# here is shown, in its place, by all of them.
+STATE_LINE: tuple[tuple[State, str], ...] = (
+    ("trained", "trained"), ("reward_model", "taught the reward model only"), ("pending", "pending"),
+    ("unused", "unused"))
 REASON_WORDS = {
     "rejected": "rejected in review",
     "heldout": "held out to measure the reward model, which did not train on it",
@@ -122,6 +131,16 @@ class LedgerCounts:
         if by is not None:
             by[state.reason] = by.get(state.reason, 0) + n
 
+    def states(self) -> list[tuple[str, str, int]]:
+        """(state, words, count) of every state, in STATE_LINE's order (zeros too): what each
+        place shows, summing to `total`."""
+        return [(state, words, getattr(self, state)) for state, words in STATE_LINE]
+
+    def line(self, sep: str = ", ") -> str:
+        """The states in words, as the CLI and the notification write them: "3 trained, 0 taught
+        the reward model only, 1 pending, 2 unused"."""
+        return sep.join(f"{n} {words}" for _, words, n in self.states())
+
     def unused_reasons(self) -> list[tuple[str, str, int]]:
         """(reason, words, count) of the unused labels, in the pages' order."""
         return [(r, REASON_WORDS[r], self.unused_by[r]) for r in UNUSED_REASONS if self.unused_by.get(r)]
@@ -129,6 +148,7 @@ class LedgerCounts:
     def as_dict(self) -> dict[str, object]:
         return {"total": self.total, "trained": self.trained, "reward_model": self.reward_model,
                 "pending": self.pending, "unused": self.unused,
+                "states": [{"state": state, "words": words, "count": n} for state, words, n in self.states()],
                 "unused_by": {r: self.unused_by.get(r, 0) for r in UNUSED_REASONS},
                 "pending_by": {r: self.pending_by.get(r, 0) for r in PENDING_REASONS}}
 
@@ -356,6 +376,14 @@ def run_ledger(*, run: Run) -> RunLedger:
     the database (`_shapes`): one statement, whose rows are the distinct shapes of the run's
     labels per person, however many labels the run has (tests/test_door_costs.py)."""
     return _counted(run, _shapes(run))
+
+
+def ledger_counts(*, run: Run, person: AbstractBaseUser | None = None) -> LedgerCounts:
+    """The one count of label states (issue 64 item 1): the run's labels by state, or one
+    person's (`person`: the labels they gave), from the same statement as run_ledger's."""
+    if person is None:
+        return run_ledger(run=run).run
+    return _counted(run, _shapes(run, author_id=person.pk)).people.get(person.get_username(), LedgerCounts())
 
 
 def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:
