@@ -70,10 +70,18 @@ STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", 
 # the summary, the notification, the API's `states`, the CLI): in this order, each count followed
 # by these words, the counts summing to the total shown beside them (issue 64 item 1: the
 # annotation header's line left "taught the reward model only" out). One list: a state added
-# here is shown, in its place, by all of them.
-STATE_LINE: tuple[tuple[State, str], ...] = (
+# here (ledger_state_add) is shown, in its place, by all of them.
+STATE_LINE: list[tuple[str, str]] = [
     ("trained", "trained"), ("reward_model", "taught the reward model only"), ("pending", "pending"),
-    ("unused", "unused"))
+    ("unused", "unused")]
+
+
+def ledger_state_add(*, state: str, words: str) -> None:
+    """Show one more state after the label states, everywhere they are shown (a module that
+    counts something a person gave that is no label, e.g. a blind evaluation's votes, registers
+    it once and puts its counts in LedgerCounts.more). Idempotent."""
+    if state not in {name for name, _ in STATE_LINE}:
+        STATE_LINE.append((state, words))
 REASON_WORDS = {
     "rejected": "rejected in review",
     "heldout": "held out to measure the reward model, which did not train on it",
@@ -119,10 +127,16 @@ class LedgerCounts:
     unused: int = 0
     unused_by: dict[str, int] = field(default_factory=dict)
     pending_by: dict[str, int] = field(default_factory=dict)
+    # The counts of the states added to STATE_LINE (ledger_state_add), by state.
+    more: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.trained + self.reward_model + self.pending + self.unused
+        return self.trained + self.reward_model + self.pending + self.unused + sum(self.more.values())
+
+    def count(self, state: str) -> int:
+        """How many are in `state` (a label state, or one added to STATE_LINE)."""
+        return int(getattr(self, state)) if state in STATES else self.more.get(state, 0)
 
     def add(self, state: LabelState, n: int = 1) -> None:
         """Count `n` labels in `state`."""
@@ -134,7 +148,7 @@ class LedgerCounts:
     def states(self) -> list[tuple[str, str, int]]:
         """(state, words, count) of every state, in STATE_LINE's order (zeros too): what each
         place shows, summing to `total`."""
-        return [(state, words, getattr(self, state)) for state, words in STATE_LINE]
+        return [(state, words, self.count(state)) for state, words in STATE_LINE]
 
     def line(self, sep: str = ", ") -> str:
         """The states in words, as the CLI and the notification write them: "3 trained, 0 taught
@@ -235,16 +249,13 @@ class _Ledger:
         self.run = run
         self.ended = run.status in ENDED
         self.refusals: dict[str, str | None] = {}
-        self.versions: list[tuple[int, int]] = []
+        self._versions: list[tuple[int, int]] | None = None
         self.rm_labels: dict[int, tuple[int | None, str]] = {}
         self.targets: dict[int, _Target] = {}
         if rows:  # no labels, nothing more to read (the pages' query budgets)
             self._read(rows)
 
     def _read(self, rows: Sequence[Feedback]) -> None:
-        run = self.run
-        self.versions = list(ModelVersion.objects.filter(run=run, number__gt=0).order_by("train_step", "number")
-                             .values_list("number", "train_step"))
         self.rm_labels = _rm_labels([fb.pk for fb in rows])
         ids = {pk for fb in rows for pk in kind_get(fb.kind).trained_ids(fb)}
         self.targets = {
@@ -252,6 +263,16 @@ class _Ledger:
             for pk, status, step, used, why in Experience.objects.filter(pk__in=ids).values_list(
                 "pk", "status", "trained_step", "use_count", "filter_reason")
         }
+
+    @property
+    def versions(self) -> list[tuple[int, int]]:
+        """The run's published versions (number, train step), read when a trained label asks
+        which one it is in: the labels a card or "Your submissions" shows are rarely trained
+        yet (tests/test_door_costs.py)."""
+        if self._versions is None:
+            self._versions = list(ModelVersion.objects.filter(run=self.run, number__gt=0)
+                                  .order_by("train_step", "number").values_list("number", "train_step"))
+        return self._versions
 
     def refusal(self, kind: FeedbackKind) -> str | None:
         if kind.name not in self.refusals:
