@@ -204,8 +204,10 @@ def _item_done(request: HtmxHttpRequest, run: Run, a: Assignment, **note: object
 
 
 def _saved_notes(run: Run, saved: list[Feedback]) -> list[tuple[Feedback, str, LabelState | None]]:
-    """Each saved row, what it does, and where it stands (apps.feedback.ledger: a label's
-    state, as "Your submissions", the header and the run page count it; None for a flag)."""
+    """Each saved row, what it does (a late one's card says it still teaches the reward model),
+    and where it stands (apps.feedback.ledger: a label's state, as "Your submissions", the
+    header and the run page count it; None for a flag): issue 64 item 1, most cards said only
+    "done · rating 3/5", and a late one what it may do but not where it stands."""
     states = label_states(run=run, feedback=saved)
     return [(f, feedback_effect(run=run, feedback=f), states.get(f.pk)) for f in saved]
 
