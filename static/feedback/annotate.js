@@ -115,6 +115,7 @@
   }
   let newCount = 0;
   let backoff = 500;
+  let connected = false;
   function connect() {
     const proto = location.protocol === "https:" ? "wss://" : "ws://";
     const ws = new WebSocket(proto + location.host + root.dataset.wsPath);
@@ -124,6 +125,10 @@
       statusEl.classList.add("on");
       root.dataset.live = "open";
       loadMore(); // anything that arrived while we were away
+      // Where the labels stand may have moved meanwhile (the ledger box polls nothing: the
+      // events move it). Not on the first connect: the page was just drawn.
+      if (connected) statesSoon();
+      connected = true;
     };
     ws.onmessage = (msg) => {
       let frame;

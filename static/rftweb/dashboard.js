@@ -648,6 +648,7 @@
 
   var live = document.getElementById("live");
   var delay = 1000;
+  var reconnecting = false;
   function connect() {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws = new WebSocket(proto + location.host + root.dataset.ws);
@@ -656,6 +657,9 @@
       live.dataset.state = "live";
       live.textContent = "live";
       catchUp();
+      // Labels may have moved while the socket was down ("Where the labels went" polls nothing).
+      if (reconnecting) refresh("#run-ledger a.refresh");
+      reconnecting = true;
     };
     ws.onmessage = function (m) {
       var frame;
