@@ -2,7 +2,8 @@
 
 An annotator labels through the annotation page with the keyboard (1280 px) while the owner
 watches the run page. Every place that shows label states (the annotation header's ledger
-line, the finished cards, "Your submissions", the run page's "Where the labels went", later
+line, the finished cards, "Your submissions" (in the page's box and on its own paged page), the
+run page's "Where the labels went", later
 the summary, the API and `rft figures`) shows the states derived again here from the rows
 (tests/figures/test_ledger.py's rows_ledger), in the same order, summing to the total shown,
 without a reload: after the labels, again after a train step consumed a group and a
@@ -64,15 +65,16 @@ def _in_order(page: Any, box: str) -> None:
     assert tuple(order) == STATES, (box, order)
 
 
-def _each_label_agrees(page: Any, run: Run, author: User) -> None:
+def _each_label_agrees(page: Any, run: Run, author: User, cards: bool = True) -> None:
     """The finished cards and "Your submissions" show each label's own state, as the rows say."""
     derived = rows_ledger(run)
     for fb in Feedback.objects.filter(run=run, author=author, kind="rating"):
         state = derived[fb.pk][0]
         expect(page.locator(f"#mine li[data-feedback='{fb.pk}'] .label-state")).to_have_attribute(
             "data-state", state, timeout=BROWSER_WAIT_MS)
-        card = page.locator(f"#queue .item.done[data-experience='{fb.experience_id}'] .label-state")
-        expect(card).to_have_attribute("data-state", state, timeout=BROWSER_WAIT_MS)
+        if cards:
+            card = page.locator(f"#queue .item.done[data-experience='{fb.experience_id}'] .label-state")
+            expect(card).to_have_attribute("data-state", state, timeout=BROWSER_WAIT_MS)
 
 
 def _api_and_cli_agree(run: Run, api: Client, author: User) -> None:
@@ -138,6 +140,11 @@ def test_label_states_agree_everywhere_and_move_live(open_page: Any) -> None:
     assert _expected(run) == {"total": 6, "trained": 0, "reward_model": 0, "pending": 6, "unused": 0}
     _everywhere(page, owner_page, run, annie, api)
     shot(page, "states-agree-labelled")
+    # "Your submissions" on its own page (the paged list), opened now: it follows too.
+    mine_page = open_page(annie, LAPTOP)
+    mine_page.goto(f"/runs/{run.pk}/annotate/mine/")
+    mine_page.wait_for_selector("[data-mine-ws][data-live=open]")
+    _each_label_agrees(mine_page, run, annie, cards=False)
 
     # The trainer consumes group a (step 1); the reward model's next version learns from the
     # rated pairs (a's and d's): a's labels are trained, d's taught the reward model. Nobody
@@ -147,6 +154,7 @@ def test_label_states_agree_everywhere_and_move_live(open_page: Any) -> None:
     assert {f.pk for f in Feedback.objects.filter(experience__in=d)} <= set(rm.trained_on)
     assert _expected(run) == {"total": 6, "trained": 2, "reward_model": 2, "pending": 2, "unused": 0}
     _everywhere(page, owner_page, run, annie, api)
+    _each_label_agrees(mine_page, run, annie, cards=False)
     shot(page, "states-agree-trained")
     shot(owner_page, "states-agree-run-page")
 
