@@ -142,7 +142,9 @@ def ledger_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     the page asks for again on the events that move a label's state (feedback.saved,
     labels.changed, weights.synced, run.status): the same ledger as the page's."""
     run, _ = run_for_page(user=request.user, run_id=run_id)
-    return _fragment(request, run, "feedback/_ledger_box.html", _ledger_context(run, request.user))
+    # On a page of its own, its box takes the id its refresh link swaps into.
+    return _fragment(request, run, "feedback/_ledger_box.html",
+                     {"box": "annotate-ledger", **_ledger_context(run, request.user)})
 
 
 @login_required
