@@ -25,16 +25,20 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 33,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 35,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
     # (round 49: the person's ledger is one statement counted in the database, not their labels,
     # the versions, reward models and experiences read one after another); 31 (round 61): the
     # blind evaluations waiting for the person's vote (apps.evaluation), one statement; 33
     # (issue 63 item 2): whether a blind evaluation hands out pairs between the items
     # (apps.feedback.extras: one exists(); the pairs themselves only where one does), and the
-    # person's evaluation votes counted for "your submissions" ("N evaluation votes: not trained")
+    # person's evaluation votes counted for "your submissions" ("N evaluation votes: not trained");
+    # 35 (issue 64 item 1): each of "Your submissions"' labels shows its state (apps.feedback.ledger's
+    # label_states: what the reward model recorded of them, and their experiences; the versions
+    # only where one is trained)
     "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
-    "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
+    "POST rate": 22,  # 21 -> 20: the rating's transaction and its hold renewal after the commit; 22
+    # (issue 64 item 1): the finished card shows the label's state (label_states, as above)
     "GET queue": 23,  # 23: the top-up's hand-out and hold renewal; 22, then 23 (issue 63 item 2):
     # whether a blind evaluation hands out pairs between the items it tops up (one exists())
     "GET rank": 6,  # 7

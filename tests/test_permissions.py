@@ -97,6 +97,7 @@ ACCESS: dict[str, str] = {
     "runs:twin": OWNER,
     "runs:feedback_settings": OWNER,
     "runs:timeline": MEMBER,
+    "runs:ledger": MEMBER,  # "Where the labels went", refreshed live on the run page
     "runs:audit": MEMBER,
     "runs:experiences": MEMBER,
     "runs:group": MEMBER,
@@ -114,6 +115,7 @@ ACCESS: dict[str, str] = {
     "feedback:page": MEMBER,
     "feedback:queue": ANNOTATE,
     "feedback:counts": MEMBER,
+    "feedback:ledger": MEMBER,  # the annotation page's "Where the labels went", refreshed live
     "feedback:rate": ANNOTATE,
     "feedback:skip": ANNOTATE,
     "feedback:edit": ANNOTATE,

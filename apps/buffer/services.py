@@ -28,7 +28,7 @@ from apps.buffer.pipeline import (
     task_priorities_refresh,
 )
 from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
-from apps.runs.events import event_publish_many
+from apps.runs.events import event_publish_many, labels_changed_publish
 from apps.runs.metrics import metric_announce, metric_values_clean
 from apps.runs.models import Metric, Run
 from kernel.exceptions import InvalidInput
@@ -430,6 +430,8 @@ def batch_commit_step(*, run: Run, step: int, worker: str, ids: Sequence[int], m
     if acked != len(ids):
         return "lease lost"
     metric_announce(run=run, step=step, values=clean)
+    # The labels on the groups it trained are trained now, or late (apps.feedback.ledger).
+    labels_changed_publish(run_id=run.pk, why="trained")
     return None
 
 

@@ -80,8 +80,7 @@ def _figures(summary: RunSummary | None) -> list[str]:
                      f"{'person' if len(summary.labellers) == 1 else 'people'}")
     if summary.ledger is not None and summary.ledger.run.total:
         c = summary.ledger.run
-        lines.append(f"Where the labels went: {c.trained} trained, {c.reward_model} taught the reward model only, "
-                     f"{c.pending} pending, {c.unused} unused")
+        lines.append(f"Where the labels went: {c.line()}")
     if summary.best is not None:
         lines.append(f"Best version: v{summary.best.number} ({summary.best.reason})")
     return lines

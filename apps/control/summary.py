@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max
 
 from apps.control.weights import WeightsExport, weights_export_state
+from apps.feedback.kinds import kind_names
 from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.models import Feedback
 from apps.rewards.models import RewardModel
@@ -33,8 +34,9 @@ MAIN_METRICS: tuple[tuple[str, str], ...] = (
 @dataclass(frozen=True)
 class Labeller:
     who: str
-    total: int
-    kinds: dict[str, int]
+    total: int  # labels (the kinds the ledger counts): what the ledger's per-person total says
+    kinds: dict[str, int]  # labels by kind
+    others: dict[str, int] = field(default_factory=dict)  # other feedback (flags): not labels
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,13 @@ class RunSummary:
     total_steps: int
     versions: int
     metrics: list[MetricMove]
-    labels: dict[str, int]
+    labels: dict[str, int]  # labels by kind (summing to the ledger's total)
     labellers: list[Labeller]
     best: BestVersion | None
     reward_models: list[int] = field(default_factory=list)
+    # Feedback that is no label (flags, an environment's rewards) by kind: counted apart, so
+    # the labels figure is the ledger's total (issue 64 item 1: the summary said 48, the ledger 47).
+    other_feedback: dict[str, int] = field(default_factory=dict)
     # Where each label went (apps/feedback/ledger.py), in all and per person.
     ledger: RunLedger | None = None
     # What the held-out figures count (tasks, samples, greedy or sampled); None without any.
@@ -85,21 +90,30 @@ def _metric_moves(run: Run) -> list[MetricMove]:
     return metric_moves(run=run, metrics=[*MAIN_METRICS, *eval_measures(run=run)])
 
 
-def _labellers(run: Run) -> tuple[dict[str, int], list[Labeller]]:
+def _labellers(run: Run) -> tuple[dict[str, int], dict[str, int], list[Labeller]]:
+    """The run's labels by kind, its other feedback by kind, and who gave what."""
+    labelling = set(kind_names(labels=True))
     kinds: dict[str, int] = {}
-    people: dict[str, dict[str, int]] = {}
+    others: dict[str, int] = {}
+    people: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
     rows = (Feedback.objects.filter(run=run).values("kind", "author__username", "api_key__name")
             .annotate(n=Count("id")).order_by())
     for row in rows:
         kind, n = str(row["kind"]), int(row["n"])
-        kinds[kind] = kinds.get(kind, 0) + n
+        label = kind in labelling
+        into = kinds if label else others
+        into[kind] = into.get(kind, 0) + n
         who = row["author__username"] or (f"API key “{row['api_key__name']}”" if row["api_key__name"] else "someone")
-        by = people.setdefault(who, {})
+        by = people.setdefault(who, ({}, {}))[0 if label else 1]
         by[kind] = by.get(kind, 0) + n
-    labellers = [Labeller(who=who, total=sum(k.values()), kinds=dict(sorted(k.items())))
-                 for who, k in people.items()]
+    labellers = [Labeller(who=who, total=sum(k.values()), kinds=dict(sorted(k.items())), others=dict(sorted(o.items())))
+                 for who, (k, o) in people.items()]
     labellers.sort(key=lambda lab: (-lab.total, lab.who))
-    return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))), labellers
+    return _by_count(kinds), _by_count(others), labellers
+
+
+def _by_count(kinds: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _best_version(run: Run) -> BestVersion | None:
@@ -135,12 +149,12 @@ def run_summary(*, run: Run) -> RunSummary | None:
     started = audit.filter(action="start").order_by("created_at").values_list("created_at", flat=True).first()
     ended = (audit.filter(action__in=("finish", "fail", "stop")).aggregate(t=Max("created_at"))["t"]
              or run.updated_at)
-    labels, labellers = _labellers(run)
+    labels, others, labellers = _labellers(run)
     return RunSummary(
         status=run.status, error=run.error, started_at=started, ended_at=ended if started else None,
         explore_step=run.explore_step, train_step=run.train_step, total_steps=run.cfg.total_steps,
         versions=ModelVersion.objects.filter(run=run, number__gt=0).count(),
         metrics=_metric_moves(run), labels=labels, labellers=labellers, best=_best_version(run),
         reward_models=list(RewardModel.objects.filter(run=run).order_by("version").values_list("version", flat=True)),
-        ledger=run_ledger(run=run), basis=eval_basis(run=run),
+        ledger=run_ledger(run=run), basis=eval_basis(run=run), other_feedback=others,
     )

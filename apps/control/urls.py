@@ -28,6 +28,7 @@ urlpatterns = [
     path("<int:run_id>/failures/", views.run_failures, name="failures"),
     path("<int:run_id>/waiting/", views.run_waiting_view, name="waiting"),
     path("<int:run_id>/labelling/", views.run_labelling, name="labelling"),
+    path("<int:run_id>/labels/", views.run_ledger_view, name="ledger"),
     path("<int:run_id>/taskset-import/", views.run_taskset_import, name="taskset_import"),
     path("<int:run_id>/members/", views.run_members, name="members"),
     path("<int:run_id>/members/<int:member_id>/remove/", views.run_member_delete, name="member_remove"),

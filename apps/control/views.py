@@ -63,7 +63,7 @@ from apps.control.headline import run_headline
 from apps.control.twins import run_twin_create, run_twins_start, twin_comparison
 from apps.control.versions import BEST_BY_PARAM, versions_panel
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
-from apps.feedback.ledger import run_ledger
+from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters_views import reward_model_panel_context
 from apps.feedback.selectors import annotation_waiting, labelling_progress
@@ -388,7 +388,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "takes_feedback": run_takes_feedback(run=run),
         "summary": run_summary(run=run),
         # Where the labels went while the run goes on (once it ends, its summary shows it).
-        "run_ledger": run_ledger(run=run) if run.status not in SUMMARY_STATUSES and run.twin_of_id is None else None,
+        "run_ledger": _ledger_of(run),
         **_members_context(run, role),
         "invitations": invitations_open(run=run) if role == "owner" else [],
         "labelling": labelling_progress(run=run) if role == "owner" else None,
@@ -644,6 +644,14 @@ def _run_panel(template: str, title: str,
 
 run_timeline = _run_panel("runs/_timeline.html", "Weight sync", lambda run: {"timeline": weight_sync_timeline(run=run)})
 run_audit_log = _run_panel("runs/_audit.html", "Audit", lambda run: {"audit": run_audit(run=run, limit=200)})
+# "Where the labels went", asked for again on the events that move a label's state.
+run_ledger_view = _run_panel("runs/_ledger.html", "Where the labels went", lambda run: {"run_ledger": _ledger_of(run)})
+
+
+def _ledger_of(run: Run) -> RunLedger | None:
+    """The run page's ledger while the run goes on (once it ends, its summary shows it); none
+    for a twin, which takes no labels."""
+    return run_ledger(run=run) if run.status not in SUMMARY_STATUSES and run.twin_of_id is None else None
 
 
 def _members_context(run: Run, role: str, **extra: object) -> dict[str, object]:

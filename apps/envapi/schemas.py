@@ -320,8 +320,14 @@ class LabelStateOut(Schema):
     text: str = Field(description="the state in words, as the pages say it")
 
 
+class LedgerStateCountOut(Schema):
+    state: str = Field(description="trained, reward_model, pending or unused")
+    words: str = Field(description="the words the pages put after its count")
+    count: int
+
+
 class LedgerCountsOut(Schema):
-    total: int
+    total: int = Field(description="labels counted: the sum of the states' counts")
     trained: int
     reward_model: int = Field(description="taught the reward model (a version trained on a pair made from it), "
                                           "not trained by the policy")
@@ -330,6 +336,8 @@ class LedgerCountsOut(Schema):
     unused_by: dict[str, int] = Field(description="unused labels by why: rejected, heldout, lone, gold, untrusted, "
                                                   "no_pair, algorithm, late, filtered, run_ended")
     pending_by: dict[str, int] = Field(description="pending labels by where: waiting, queued, training")
+    states: list[LedgerStateCountOut] = Field(description="every state with its count, in the order and words every "
+                                                          "page, the summary and `rft figures` show them")
 
 
 class RunLedgerOut(Schema):

@@ -27,6 +27,7 @@ from django.db.models import Exists, OuterRef, Q
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
 from apps.feedback.kinds.flag import feedback_flag
+from apps.runs.events import labels_changed_publish
 from apps.runs.models import AuditEntry, Run
 from apps.runs.selectors import run_role
 from kernel.exceptions import InvalidInput, NotAllowed
@@ -173,10 +174,11 @@ def experiences_export(*, run: Run, user: Person, ids: Sequence[int]) -> Iterato
 def experiences_bulk(*, run: Run, user: Person, action: str, ids: Sequence[int], reason: str = "") -> BulkResult:
     """The changing actions by name (the page's and the API's one dispatch); export has its own."""
     bulk_allowed(run=run, user=user, action=action)
-    if action == "exclude":
-        return experiences_exclude(run=run, user=user, ids=ids)
-    if action == "include":
-        return experiences_include(run=run, user=user, ids=ids)
+    if action in ("exclude", "include"):
+        result = (experiences_exclude if action == "exclude" else experiences_include)(run=run, user=user, ids=ids)
+        # Dropped (or taken back) groups move their labels to or from "unused: filtered".
+        labels_changed_publish(run_id=run.pk, why="filtered")
+        return result
     if action == "flag":
         return experiences_flag(run=run, user=user, ids=ids, reason=reason)
     raise InvalidInput(f"{action} is not a changing action", field="action")

@@ -38,6 +38,7 @@ from apps.feedback.services.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
 from kernel.fold import reward_learned, votes_fold
+from apps.runs.events import labels_changed_publish
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ def reward_model_publish(
                       pairs_heldout=pairs_heldout, labels=labels, seconds=seconds, scale=scale, offset=offset,
                       accuracy_random=accuracy_random, pairs_random=pairs_random, recorded=recorded)
         label_taught_record(run=run, rm=rm)
+        # What it learned from moves labels to "taught the reward model" (apps.feedback.ledger).
+        labels_changed_publish(run_id=run.pk, why="reward_model")
     return rm
 
 

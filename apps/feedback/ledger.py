@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.db.models import Field
 
@@ -65,6 +66,22 @@ UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "r
 PENDING_REASONS = ("waiting", "queued", "training")
 STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", "pending": "pending",
                "unused": "unused"}
+# The states as every place that counts them shows them (the annotation header, the run page,
+# the summary, the notification, the API's `states`, the CLI): in this order, each count followed
+# by these words, the counts summing to the total shown beside them (issue 64 item 1: the
+# annotation header's line left "taught the reward model only" out). One list: a state added
+# here (ledger_state_add) is shown, in its place, by all of them.
+STATE_LINE: list[tuple[str, str]] = [
+    ("trained", "trained"), ("reward_model", "taught the reward model only"), ("pending", "pending"),
+    ("unused", "unused")]
+
+
+def ledger_state_add(*, state: str, words: str) -> None:
+    """Show one more state after the label states, everywhere they are shown (a module that
+    counts something a person gave that is no label, e.g. a blind evaluation's votes, registers
+    it once and puts its counts in LedgerCounts.more). Idempotent."""
+    if state not in {name for name, _ in STATE_LINE}:
+        STATE_LINE.append((state, words))
 REASON_WORDS = {
     "rejected": "rejected in review",
     "heldout": "held out to measure the reward model, which did not train on it",
@@ -110,10 +127,16 @@ class LedgerCounts:
     unused: int = 0
     unused_by: dict[str, int] = field(default_factory=dict)
     pending_by: dict[str, int] = field(default_factory=dict)
+    # The counts of the states added to STATE_LINE (ledger_state_add), by state.
+    more: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.trained + self.reward_model + self.pending + self.unused
+        return self.trained + self.reward_model + self.pending + self.unused + sum(self.more.values())
+
+    def count(self, state: str) -> int:
+        """How many are in `state` (a label state, or one added to STATE_LINE)."""
+        return int(getattr(self, state)) if state in STATES else self.more.get(state, 0)
 
     def add(self, state: LabelState, n: int = 1) -> None:
         """Count `n` labels in `state`."""
@@ -122,6 +145,16 @@ class LedgerCounts:
         if by is not None:
             by[state.reason] = by.get(state.reason, 0) + n
 
+    def states(self) -> list[tuple[str, str, int]]:
+        """(state, words, count) of every state, in STATE_LINE's order (zeros too): what each
+        place shows, summing to `total`."""
+        return [(state, words, self.count(state)) for state, words in STATE_LINE]
+
+    def line(self, sep: str = ", ") -> str:
+        """The states in words, as the CLI and the notification write them: "3 trained, 0 taught
+        the reward model only, 1 pending, 2 unused"."""
+        return sep.join(f"{n} {words}" for _, words, n in self.states())
+
     def unused_reasons(self) -> list[tuple[str, str, int]]:
         """(reason, words, count) of the unused labels, in the pages' order."""
         return [(r, REASON_WORDS[r], self.unused_by[r]) for r in UNUSED_REASONS if self.unused_by.get(r)]
@@ -129,6 +162,7 @@ class LedgerCounts:
     def as_dict(self) -> dict[str, object]:
         return {"total": self.total, "trained": self.trained, "reward_model": self.reward_model,
                 "pending": self.pending, "unused": self.unused,
+                "states": [{"state": state, "words": words, "count": n} for state, words, n in self.states()],
                 "unused_by": {r: self.unused_by.get(r, 0) for r in UNUSED_REASONS},
                 "pending_by": {r: self.pending_by.get(r, 0) for r in PENDING_REASONS}}
 
@@ -215,16 +249,13 @@ class _Ledger:
         self.run = run
         self.ended = run.status in ENDED
         self.refusals: dict[str, str | None] = {}
-        self.versions: list[tuple[int, int]] = []
+        self._versions: list[tuple[int, int]] | None = None
         self.rm_labels: dict[int, tuple[int | None, str]] = {}
         self.targets: dict[int, _Target] = {}
         if rows:  # no labels, nothing more to read (the pages' query budgets)
             self._read(rows)
 
     def _read(self, rows: Sequence[Feedback]) -> None:
-        run = self.run
-        self.versions = list(ModelVersion.objects.filter(run=run, number__gt=0).order_by("train_step", "number")
-                             .values_list("number", "train_step"))
         self.rm_labels = _rm_labels([fb.pk for fb in rows])
         ids = {pk for fb in rows for pk in kind_get(fb.kind).trained_ids(fb)}
         self.targets = {
@@ -232,6 +263,16 @@ class _Ledger:
             for pk, status, step, used, why in Experience.objects.filter(pk__in=ids).values_list(
                 "pk", "status", "trained_step", "use_count", "filter_reason")
         }
+
+    @property
+    def versions(self) -> list[tuple[int, int]]:
+        """The run's published versions (number, train step), read when a trained label asks
+        which one it is in: the labels a card or "Your submissions" shows are rarely trained
+        yet (tests/test_door_costs.py)."""
+        if self._versions is None:
+            self._versions = list(ModelVersion.objects.filter(run=self.run, number__gt=0)
+                                  .order_by("train_step", "number").values_list("number", "train_step"))
+        return self._versions
 
     def refusal(self, kind: FeedbackKind) -> str | None:
         if kind.name not in self.refusals:
@@ -356,6 +397,14 @@ def run_ledger(*, run: Run) -> RunLedger:
     the database (`_shapes`): one statement, whose rows are the distinct shapes of the run's
     labels per person, however many labels the run has (tests/test_door_costs.py)."""
     return _counted(run, _shapes(run))
+
+
+def ledger_counts(*, run: Run, person: AbstractBaseUser | None = None) -> LedgerCounts:
+    """The one count of label states (issue 64 item 1): the run's labels by state, or one
+    person's (`person`: the labels they gave), from the same statement as run_ledger's."""
+    if person is None:
+        return run_ledger(run=run).run
+    return _counted(run, _shapes(run, author_id=person.pk)).people.get(person.get_username(), LedgerCounts())
 
 
 def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:

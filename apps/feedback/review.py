@@ -28,6 +28,7 @@ from apps.feedback.revise import group_refold
 from apps.feedback.services import group_fold
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.rating import feedback_rate
+from apps.runs.events import labels_changed_publish
 from apps.runs.models import AuditEntry, Run
 from kernel.exceptions import Conflict, InvalidInput, NotFound
 
@@ -98,6 +99,7 @@ def _decide(*, run: Run, feedback_id: int, reviewer: Reviewer, state: str) -> Re
                 extra = "; ".join(p for p in (extra, "its items go back to the queue for someone else") if p)
         effect = _effect(fb=fb, rejected=rejected, changed=changed, trained=trained, extra=extra)
         if changed:
+            labels_changed_publish(run_id=run.pk, why="reviewed")
             AuditEntry.objects.create(run=run, actor=reviewer, action=f"label_{'reject' if rejected else 'accept'}",
                                       detail={"feedback": fb.pk, "kind": fb.kind,
                                               "author": fb.author.get_username() if fb.author else None,

@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.feedback.holds import Person
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names
+from apps.feedback.ledger import LabelState, label_states
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.services.handout import lease_seconds_default
@@ -69,6 +70,10 @@ class Submission(TypedDict):
     feedback: Feedback
     revisable: bool
     final: str  # why it can no longer change ("" while revisable)
+    # Where the label stands (apps.feedback.ledger: the state every place shows; None for a
+    # flag, which is no label) and the items it is on (its finished cards show the same state).
+    state: LabelState | None
+    targets: list[int]
 
 
 def my_submissions(*, run: Run, author: Person, limit: int = 30) -> list[Submission]:
@@ -115,15 +120,21 @@ def _page_rows(rows: QuerySet[Feedback], page: int, per_page: int) -> tuple[list
 
 
 def _revisable(rows: list[Feedback], run: Run) -> list[Submission]:
+    states = label_states(run=run, feedback=rows) if rows else {}
+
+    def item(f: Feedback, revisable: bool, final: str) -> Submission:
+        return {"feedback": f, "revisable": revisable, "final": final, "state": states.get(f.pk),
+                "targets": feedback_targets(f)}
+
     if not run_takes_revisions(run=run):
-        return [{"feedback": f, "revisable": False, "final": f"run {run.status}"} for f in rows]
+        return [item(f, False, f"run {run.status}") for f in rows]
     trained = set(Experience.objects.filter(run=run, group_id__in={f.group_id for f in rows}, is_expert=False,
                                             status__in=_TRAINED).values_list("group_id", flat=True))
     gold = _gold_ids(run.pk)
     out: list[Submission] = []
     for f in rows:
         revisable = not f.late and (f.group_id not in trained or _on_gold(f, gold))
-        out.append({"feedback": f, "revisable": revisable, "final": "" if revisable else "trained on"})
+        out.append(item(f, revisable, "" if revisable else "final: its group was trained"))
     return out
 
 

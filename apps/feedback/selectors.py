@@ -213,16 +213,20 @@ def labelling_progress(*, run: Run) -> LabellingProgress:
                 .annotate(n=Count("id"), n_late=Count("id", filter=Q(late=True)))):
         entry = person(row["author_id"], row["author__username"])
         entry["labels"], entry["late"] = row["n"], row["n_late"]
+    takes = run_takes_feedback(run=run)
     for queued in (Assignment.objects.filter(run=run).order_by().values("annotator_id", "annotator__username")
                 .annotate(n_skipped=Count("id", filter=Q(status=Assignment.Status.SKIPPED)),
                           n_leased=Count("id", filter=Q(status=Assignment.Status.LEASED)))):
         entry = person(queued["annotator_id"], queued["annotator__username"])
-        entry["skipped"], entry["leased"] = queued["n_skipped"], queued["n_leased"]
+        # An ended run's queues hand nothing out (annotation_waiting is 0 there): nothing is
+        # in anyone's queue, whatever leases its last hand-out left (issue 64 item 1: "In
+        # queue 18" after the run finished).
+        entry["skipped"], entry["leased"] = queued["n_skipped"], queued["n_leased"] if takes else 0
     total = done + remaining
     return {
         "done": done, "remaining": remaining, "leased": leased,
         "percent": round(100 * done / total) if total else (100 if done else 0),
-        "open": run_takes_feedback(run=run),
+        "open": takes,
         "people": sorted(people.values(), key=lambda p: (-p["labels"], p["username"])),
     }
 
@@ -271,13 +275,17 @@ def late_words(*, run: Run, feedback: Feedback) -> str:
 
 def feedback_counts(*, run: Run) -> dict[str, int]:
     """Feedback of the run by kind (every registered kind, none given: 0), plus `late` (stored
-    after its target was trained on)."""
+    after its target was trained on) and `labels` (the label kinds: the ledger's total, which
+    the annotation header shows beside the states)."""
     counts = dict.fromkeys(kind_names(), 0)
-    counts["late"] = 0
+    counts["late"] = counts["labels"] = 0
+    labels = set(kind_names(labels=True))
     # One query (the annotation header asks after every label and every 10 s).
     for row in Feedback.objects.filter(run=run).values("kind").annotate(n=Count("id"), late=Count("id", filter=Q(late=True))):
         counts[row["kind"]] = row["n"]
         counts["late"] += row["late"]
+        if row["kind"] in labels:
+            counts["labels"] += row["n"]
     return counts
 
 

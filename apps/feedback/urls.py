@@ -9,6 +9,7 @@ urlpatterns = [
     path("", views.annotate_page, name="page"),
     path("queue/", views.queue_partial, name="queue"),
     path("counts/", views.counts_partial, name="counts"),
+    path("labels/", views.ledger_partial, name="ledger"),
     path("mine/", views.submissions, name="mine"),
     path("mine/<int:feedback_id>/revise/", views.revise, name="revise"),
     path("items/<int:assignment_id>/rate/", views.rate, name="rate"),

@@ -22,7 +22,7 @@ from apps.buffer.models import Experience
 from apps.feedback.extras import not_trained, queue_entries
 from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
-from apps.feedback.ledger import run_ledger
+from apps.feedback.ledger import LabelState, LedgerCounts, label_states, run_ledger
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.revise import (
@@ -134,7 +134,22 @@ def _mine_in_box(run: Run, person: Person, can_annotate: bool) -> dict[str, obje
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
     ledger = run_ledger(run=run)
-    return {"run_ledger": ledger, "my_ledger": ledger.people.get(person.get_username())}
+    # What else the person gave that trains nothing (evaluation votes: apps.feedback.extras).
+    return {"run_ledger": ledger, "my_ledger": ledger.people.get(person.get_username(), LedgerCounts()),
+            "not_trained": not_trained(run=run, person=person)}
+
+
+@login_required
+@require_GET
+@_refusal_as_text
+def ledger_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The annotation page's "Where the labels went" (the person's labels and the run's), which
+    the page asks for again on the events that move a label's state (feedback.saved,
+    labels.changed, weights.synced, run.status): the same ledger as the page's."""
+    run, _ = run_for_page(user=request.user, run_id=run_id)
+    # On a page of its own, its box takes the id its refresh link swaps into.
+    return _fragment(request, run, "feedback/_ledger_box.html",
+                     {"box": "annotate-ledger", **_ledger_context(run, request.user)})
 
 
 @login_required
@@ -196,6 +211,15 @@ def _item_done(request: HtmxHttpRequest, run: Run, a: Assignment, **note: object
     return render(request, "feedback/_item_done.html", {**_item_context(run, a), **note})
 
 
+def _saved_notes(run: Run, saved: list[Feedback]) -> list[tuple[Feedback, str, LabelState | None]]:
+    """Each saved row, what it does (a late one's card says it still teaches the reward model),
+    and where it stands (apps.feedback.ledger: a label's state, as "Your submissions", the
+    header and the run page count it; None for a flag): issue 64 item 1, most cards said only
+    "done · rating 3/5", and a late one what it may do but not where it stands."""
+    states = label_states(run=run, feedback=saved)
+    return [(f, feedback_effect(run=run, feedback=f), states.get(f.pk)) for f in saved]
+
+
 def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
     raw, thumb = request.POST.get("score", ""), request.POST.get("thumb", "") or None
     if raw == "":
@@ -217,7 +241,7 @@ def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpRespo
                               flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
     except RftError as exc:
         return _error(request, exc)
-    return _item_done(request, run, a, saved_notes=[(f, feedback_effect(run=run, feedback=f)) for f in saved])
+    return _item_done(request, run, a, saved_notes=_saved_notes(run, saved))
 
 
 @login_required
@@ -356,7 +380,7 @@ def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpRespo
                  ) if on_queue_page else []
     return _fragment(request, run, "feedback/_mine.html", _mine_context(
         request, run, on_queue_page, revised=new, revised_cards=cards,
-        saved_notes=[(new, feedback_effect(run=run, feedback=new))]))
+        saved_notes=_saved_notes(run, [new])))
 
 
 def _revised_store(request: HtmxHttpRequest, run: Run, old: Feedback) -> Feedback:

@@ -34,6 +34,9 @@ EVENT_TYPES = (
     "eval.result",
     # The run ended and its people were notified (apps/control/notifications.py).
     "notification.created",
+    # Labels may have changed state (apps.feedback.ledger) for a reason other than a label
+    # saved (feedback.saved) or the run's status (run.status): labels_changed_publish.
+    "labels.changed",
 )
 
 
@@ -166,6 +169,18 @@ class AccessNotice(TypedDict):
     type: str
     user: int | None
     key: int | None
+
+
+def labels_changed_publish(*, run_id: int, why: str) -> None:
+    """Tell the run's pages that its labels' states may have moved (issue 64 item 1: "Where the
+    labels went" stayed as it was for 8 minutes while labels trained): a train step consumed
+    groups (`why` "trained"), a reward-model version recorded the labels it learned from
+    ("reward_model"), a label was reviewed ("reviewed"), groups were dropped ("filtered"). Once
+    the current transaction commits (the pages read what it wrote), at once outside one. Every
+    place that shows the states asks for them again on it, as on feedback.saved and run.status."""
+    from django.db import transaction
+
+    transaction.on_commit(lambda: event_publish(run_id=run_id, type="labels.changed", payload={"why": why}))
 
 
 def access_changed_publish(*, user_id: int | None = None, key_id: int | None = None) -> None:

@@ -116,6 +116,7 @@
   }
   let newCount = 0;
   let backoff = 500;
+  let connected = false;
   function connect() {
     const proto = location.protocol === "https:" ? "wss://" : "ws://";
     const ws = new WebSocket(proto + location.host + root.dataset.wsPath);
@@ -125,6 +126,10 @@
       statusEl.classList.add("on");
       root.dataset.live = "open";
       loadMore(); // anything that arrived while we were away
+      // Where the labels stand may have moved meanwhile (the ledger box polls nothing: the
+      // events move it). Not on the first connect: the page was just drawn.
+      if (connected) statesSoon();
+      connected = true;
     };
     ws.onmessage = (msg) => {
       let frame;
@@ -150,12 +155,18 @@
         loadMore();
       } else if (ev.type === "feedback.saved") {
         counted(p);
+        statesSoon();
         note((p.withdrawn ? "withdrawn: " : "feedback: ") + p.kind + (p.author ? " by " + p.author : "") +
              (p.late ? " (late)" : "") + (p.group_ready ? " · group trainable" : ""));
       } else if (ev.type === "weights.synced") {
+        if (p.event === "published") statesSoon();
         note("model v" + p.version + " " + (p.event || "synced"));
+      } else if (ev.type === "labels.changed") {
+        statesSoon();
       } else if (ev.type === "run.status") {
         note("run " + p.status);
+        statesSoon();
+        refreshCounts();
         if (CLOSED_WHY[p.status]) closeQueue(p.status);
       }
     }
@@ -206,9 +217,41 @@
     clearTimeout(countsTimer);
     countsTimer = setTimeout(() => window.rftRefresh("#counts-refresh"), 300);
   }
+  // Where the labels stand (apps.feedback.ledger), on every event that may move a state (a
+  // label saved, a train step, a reward-model version, a review, the run's end): the ledger box
+  // and "Your submissions" are asked for again, and the finished cards take their labels'
+  // states from the list (cardStates). At most one refresh a second, the last event of a burst
+  // always answered: a trainer stepping every second moves them once a second, not once an event.
+  let statesTimer = 0;
+  let statesAt = 0;
+  function statesSoon() {
+    if (statesTimer) return;
+    statesTimer = setTimeout(() => {
+      statesTimer = 0;
+      statesAt = Date.now();
+      window.rftRefresh("#ledger-refresh");
+      window.rftRefresh("#mine a.refresh");
+    }, Math.max(300, 1000 - (Date.now() - statesAt)));
+  }
+  // A finished card shows the state of the label on its item, as "Your submissions" lists it
+  // (the newest label with a state whose items include the card's).
+  function cardStates() {
+    if (!queue) return;
+    const listed = Array.from(document.querySelectorAll("#mine li.submission"));
+    queue.querySelectorAll(".item.done[data-experience]").forEach((card) => {
+      const li = listed.find((l) => l.querySelector(".label-state") &&
+                              (l.dataset.targets || "").split(" ").includes(card.dataset.experience));
+      const shown = card.querySelector(".label-state");
+      if (!li || !shown) return;
+      const state = li.querySelector(".label-state");
+      // Only a change is written: the queue's observer calls this again on what it writes.
+      if (shown.dataset.state !== state.dataset.state) shown.dataset.state = state.dataset.state;
+      if (shown.textContent !== state.textContent) shown.textContent = state.textContent;
+    });
+  }
   function counted(p) {
     const by = p.withdrawn ? -1 : 1;
-    if (p.kind === "rating") bump("feedback-count", by);
+    if (kinds.labels.includes(p.kind)) bump("feedback-count", by);
     if (p.late) bump("late-count", by);
     refreshCounts();
     if (!me || p.author !== me) return;
@@ -242,6 +285,7 @@
   const guidelines = document.getElementById("guidelines");
   if (guidelines && narrow.matches) guidelines.open = false;
   document.body.addEventListener("htmx:afterSwap", (ev) => {
+    if (ev.detail.target && ev.detail.target.id === "mine-box") cardStates();
     if (ev.detail.target === panel) {
       // Wire the new form now, not when the swap settles: a save clicked in between (a
       // ranking's, under load) went out as a plain POST and reloaded the page.
@@ -308,7 +352,7 @@
   // after the events we listen to: watching the queue itself keeps one item current.
   if (queue) {
     // The waiting count too: a feedback.saved event can arrive before its card is swapped.
-    new MutationObserver(() => { tidyDone(); updateEmpty(); ensureCurrent(); refreshCounts(); })
+    new MutationObserver(() => { tidyDone(); updateEmpty(); ensureCurrent(); refreshCounts(); cardStates(); })
       .observe(queue, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
   }
 

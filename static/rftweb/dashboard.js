@@ -561,7 +561,7 @@
       fetch("/runs/" + runId + "/metrics/?only=counts", { credentials: "same-origin" })
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (d) { if (d) { loadCounts(d.counts); buffer.custom(); showRun(d.run); } })
-        .then(function () { refresh("#waiting a.refresh"); refresh("#labelling a.refresh"); })
+        .then(function () { refresh("#waiting a.refresh"); refresh("#labelling a.refresh"); refresh("#run-ledger a.refresh"); })
         .catch(function () {});
     }, 2000);
   }
@@ -589,6 +589,14 @@
       say("v" + p.version + " " + (p.event === "loaded" ? "loaded by " + (p.worker || "an explorer") : "published"));
     },
     "buffer.counts": function (p) { loadCounts(p.counts || p); buffer.custom(); },
+    // A train step consumed labelled groups, a reward-model version recorded what it learned
+    // from, a label was reviewed or its group dropped (apps.runs.events.labels_changed_publish):
+    // "Where the labels went" is asked for again, as after a label (feedback.saved)
+    // (countsSoon: at most one refresh every 2 s, however fast the trainer steps.)
+    "labels.changed": function (p) {
+      countsSoon();
+      say("labels changed" + (p.why ? ": " + p.why : ""));
+    },
     "experience.created": function (p) {
       tally.experiences += Array.isArray(p.ids) ? p.ids.length : (Number(p.count) || 1);
       countsSoon();
@@ -657,6 +665,7 @@
 
   var live = document.getElementById("live");
   var delay = 1000;
+  var reconnecting = false;
   function connect() {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws = new WebSocket(proto + location.host + root.dataset.ws);
@@ -665,6 +674,9 @@
       live.dataset.state = "live";
       live.textContent = "live";
       catchUp();
+      // Labels may have moved while the socket was down ("Where the labels went" polls nothing).
+      if (reconnecting) refresh("#run-ledger a.refresh");
+      reconnecting = true;
     };
     ws.onmessage = function (m) {
       var frame;

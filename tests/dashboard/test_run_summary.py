@@ -72,9 +72,13 @@ def test_a_finished_run_shows_its_summary(finished: Run, owner: User) -> None:
     cells = re.findall(r'<td class="num"[^>]*>(.*?)</td>', row.group(1))
     assert cells == ["0.200", "0.500", "+0.300", "0.600", "2"]  # start, end, change, best, at step
     assert 'data-metric="eval/accuracy"' in html and 'data-metric="feedback/human_reward_mean"' in html
-    # Labels used, and by whom (kinds as people call them).
-    assert "4: 2 ratings, 1 flag, 1 A/B choice" in html
-    assert re.search(r"<strong>annotator</strong>: 3 \(1 flag, 2 ratings\)", html)
+    # Labels used, and by whom (kinds as people call them): the labels figure is the ledger's
+    # total (issue 64 item 1: it counted a flag, and said 48 where the ledger said 47); the flag
+    # is named apart.
+    assert re.search(r'data-figure="labels">3: 2 ratings, 1 A/B choice <span class="muted" '
+                     r'data-figure="other-feedback">\(and 1 flag: not labels\)', html), html
+    assert 'id="ledger-summary" data-total="3"' in html
+    assert re.search(r"<strong>annotator</strong>: 2 \(2 ratings\) <span class=\"muted\">and 1 flag</span>", html)
     assert re.search(r"<strong>owner</strong>: 1 \(1 A/B choice\)", html)
     # The best version is the held-out evaluation's best by its accuracy (the default where
     # the domain has a verifier), the metric named, offered for download once packed.

@@ -111,7 +111,7 @@ def test_no_revise_on_a_label_whose_group_trained(page: Any, live_url: str, owne
     page.wait_for_url(f"**{mine}")
     expect(page.locator("#mine li.submission")).to_have_count(2)
     expect(page.locator("#mine li.submission button")).to_have_count(0)
-    expect(page.locator("#mine li.submission .final").first).to_have_text("trained on")
+    expect(page.locator("#mine li.submission .final").first).to_have_text("final: its group was trained")
 
 
 def test_revise_on_the_annotation_page_edits_in_place_and_the_card_shows_the_new_value(

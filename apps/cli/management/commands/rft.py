@@ -308,8 +308,7 @@ class Command(BaseCommand):
         ledger = run_ledger(run=run)
         for who, c in [("all labels", ledger.run), *ledger.people.items()]:
             reasons = "; ".join(f"{n} {REASON_WORDS[r]}" for r, n in c.unused_by.items() if n)
-            write(f"{who}: {c.total} labels: {c.trained} trained, {c.reward_model} taught the reward model only, "
-                  f"{c.pending} pending, {c.unused} unused" + (f" ({reasons})" if reasons else ""))
+            write(f"{who}: {c.total} labels: {c.line()}" + (f" ({reasons})" if reasons else ""))
         for line in evaluation_figures_lines(run=run):
             write(line)
 
