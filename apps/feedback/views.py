@@ -129,7 +129,8 @@ def _mine_in_box(run: Run, person: Person, can_annotate: bool) -> dict[str, obje
     if not can_annotate:
         return {"mine": []}
     listed = my_submissions_page(run=run, author=person, page=1, per_page=MINE_IN_BOX)
-    return {"mine": listed["items"], "listed": listed, "not_trained": not_trained(run=run, person=person)}
+    # "not_trained" (the person's evaluation votes) comes with the ledger (_ledger_context), read once.
+    return {"mine": listed["items"], "listed": listed}
 
 
 def _ledger_context(run: Run, person: Person) -> dict[str, object]:
