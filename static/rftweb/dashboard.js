@@ -521,7 +521,13 @@
     document.querySelectorAll("a.annotate-link, #human-loop-hint").forEach(function (el) { el.remove(); });
     var box = document.getElementById("summary");
     if (!box || !window.htmx || box.dataset.status === status) return;
-    window.htmx.ajax("GET", "/runs/" + runId + "/summary/", { target: "#summary", swap: "outerHTML" });
+    window.htmx.ajax("GET", "/runs/" + runId + "/summary/", { target: "#summary", swap: "outerHTML" }).then(function () {
+      // The summary holds the labels, the twin, the blind evaluations and the versions: the
+      // running page's own copies go (two "Blind evaluations", two #versions otherwise).
+      var shown = document.getElementById("summary");
+      if (!shown || shown.hidden) return;
+      document.querySelectorAll("[data-until-summary]").forEach(function (el) { el.remove(); });
+    });
   }
 
   loadSeries(self, initial.series);

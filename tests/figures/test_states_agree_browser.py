@@ -180,6 +180,11 @@ def test_label_states_agree_everywhere_and_move_live(open_page: Any) -> None:
     _shows(owner_page, "#ledger-summary", everyone)
     _in_order(owner_page, "#ledger-summary")
     expect(owner_page.locator("#summary [data-figure='labels']")).to_contain_text(f"{everyone['total']}:")
+    # The summary swapped in live holds the labels, the blind evaluations and the versions: the
+    # running page's copies are gone (the walk saw two "Blind evaluations" on an ended run).
+    expect(owner_page.locator("h3", has_text="Blind evaluations")).to_have_count(1, timeout=BROWSER_WAIT_MS)
+    expect(owner_page.locator("#run-ledger")).to_have_count(0)
+    assert owner_page.locator("#versions").count() <= 1
     expect(owner_page.locator("#labelling tr[data-person='annie'] .leased")).to_have_text("0", timeout=BROWSER_WAIT_MS)
     _api_and_cli_agree(run, api, annie)
     shot(owner_page, "states-agree-summary")
