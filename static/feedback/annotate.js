@@ -152,7 +152,7 @@
         note((p.withdrawn ? "withdrawn: " : "feedback: ") + p.kind + (p.author ? " by " + p.author : "") +
              (p.late ? " (late)" : "") + (p.group_ready ? " · group trainable" : ""));
       } else if (ev.type === "weights.synced") {
-        note("model v" + p.version + " " + (p.event || "synced"));
+        note("model v" + p.version + " " + (p.event === "failed" ? "sync failed" : (p.event || "synced")));
       } else if (ev.type === "run.status") {
         note("run " + p.status);
         if (CLOSED_WHY[p.status]) closeQueue(p.status);
