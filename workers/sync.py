@@ -14,6 +14,10 @@ Both publish through `apps.runs.services.model_version_publish`; which one a tra
 `settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.adapters): the
 same paths move megabytes instead of the whole model. Each publish reports the bytes it
 wrote or sent and the seconds it took, and `weights.synced` carries both.
+
+Every sync is bounded by the run's `sync_timeout_s` (`sync_bounded`, NcclSync's per-tensor
+waits): one that stalls or fails raises `SyncFailed` naming what and where, which the caller
+records on the run's weight-sync timeline (`sync_failure_note`) instead of hanging.
 """
 
 from __future__ import annotations
