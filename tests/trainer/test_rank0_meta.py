@@ -71,7 +71,7 @@ def _rank0_start(run: Run, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return seen
 
 
-def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
     """Run `build` as rank 0 does, in a group of one: every parameter of what is sharded
     is on the meta device when the shard load starts, and the learner that comes out holds
     real storage."""
@@ -93,6 +93,10 @@ def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         learner = learner_sharded_build(build, world=1, sharding="full")
         assert devices and all(d == {"meta"} for d in devices), devices
         assert all(p.device.type == "cpu" for p in learner.model.parameters())
+        from torch.distributed.tensor import DTensor
+
+        return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                for n, p in learner.model.named_parameters()}
     finally:
         dist.destroy_process_group()
 
@@ -118,19 +122,25 @@ def test_resuming_from_a_learner_groups_snapshot_builds_rank_0_on_the_meta_devic
     _built_on_meta(seen["build"], monkeypatch)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 66.5, not done: after lost trainer state rank 0 loads the newest published version whole "
-    "(policy_load) and shards it from there (learner_shard from_rank0)"))
-def test_resuming_from_a_published_version_builds_rank_0_on_the_meta_device(
-    owner: Any, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_resuming_from_a_published_version_builds_rank_0_on_the_meta_device_with_the_versions_weights(
+    owner: Any, tiny_model_dir: Path, load_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from workers.trainer import resident
 
     run = _group_run(owner, tiny_model_dir, train_step=3)
+    trained = load_model()
+    with torch.no_grad():
+        trained.lm_head.weight.mul_(2.0)  # the version is not the run's model
     version = shutil.copytree(tiny_model_dir, tmp_path / "v3")
+    trained.save_pretrained(version, safe_serialization=True)
     model_version_publish(run=run_view_of(run), number=3, checkpoint=str(version), train_step=3)
     monkeypatch.setattr(resident, "restore_point", lambda run_id, step: None)  # the trainer state is lost
-    _rank0_start(run, monkeypatch)
+    seen = _rank0_start(run, monkeypatch)
+    assert seen["build"].source == str(version)
+    weights = _built_on_meta(seen["build"], monkeypatch)
+    for name, tensor in trained.state_dict().items():
+        if name in weights:
+            torch.testing.assert_close(weights[name], tensor, msg=name)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(

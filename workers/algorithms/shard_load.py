@@ -9,11 +9,12 @@ without a broadcast: the weights are the same files, and a fresh adapter draws t
 numbers on every rank from the run's seed, set just before it is made (as one process does:
 nothing between its seed and its adapter draws a number).
 
-Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model: a new
-run, or a learner group's own sharded snapshot (loaded into the shards after). A learner that
-starts from whole weights (a one-process snapshot with its optimizer, a published version
-after lost trainer state, an adapter directory) is still loaded whole on rank 0 and sharded
-from there (`learner_shard(from_rank0=True)`).
+Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model (a new
+run, or a learner group's own sharded snapshot, loaded into the shards after) or from a
+published version of full weights after lost trainer state (`LearnerBuild.source`: every rank
+reads its rows of the version, the reference model's of the run's model). A learner that
+starts from an adapter directory or a one-process snapshot with its optimizer is still loaded
+whole on rank 0 and sharded from there (`learner_shard(from_rank0=True)`; issue 66.5 left it).
 
 A published version is a whole model. With full weights and the checkpoint sync it is
 written from the shards (`whole_write`): the safetensors header is laid out from the
@@ -55,13 +56,21 @@ class LearnerBuild:
     cfg: RunConfig
     spec: LearnerSpec
     tokenizer: PreTrainedTokenizerBase
+    # The policy's weights where they are not the run's model: a published version of full
+    # weights (a run resuming after its trainer state was lost). Every rank reads its rows of
+    # it; the reference model is still the run's model.
+    source: str | None = None
 
 
-def rank0_sharded_fits(*, sharding: str, model: str, source: str) -> bool:
+def rank0_sharded_fits(*, sharding: str, model: str, source: str, lora: bool = False) -> bool:
     """Whether rank 0 loads only its shards too: its followers do (`sharded_load_fits`) and
-    its learner starts from the run's model (`source`: what it would load whole)."""
-
-    return source == model and sharded_load_fits(sharding, model=model)
+    its learner starts from the run's model, or from a published version of full weights
+    (`source`: what it would otherwise load whole). Not yet from an adapter folder or a
+    one-process snapshot (those are loaded whole on rank 0, then sharded)."""
+    if not sharded_load_fits(sharding, model=model):
+        return False
+    return source == model or (not lora and Path(source, "config.json").is_file()
+                               and sharded_load_fits(sharding, model=source))
 
 
 def group_device() -> str:
@@ -80,8 +89,8 @@ def learner_sharded_build(build: LearnerBuild, *, world: int, sharding: str) -> 
     # An adapter's base in the training precision, full weights in fp32: as a whole load.
     dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
     torch.manual_seed(cfg.seed)  # every rank's fresh adapter the same, and one process's
-    model = model_sharded_load(cfg.model, mesh=mesh, reshard=sharding == "full", precision=spec.precision, dtype=dtype,
-                               lora=spec.lora)
+    model = model_sharded_load(build.source or cfg.model, mesh=mesh, reshard=sharding == "full",
+                               precision=spec.precision, dtype=dtype, lora=spec.lora)
     ref = (model_sharded_load(cfg.model, mesh=mesh, reshard=True, precision=spec.precision)
            if spec.needs_ref_model else None)
     return Learner(spec=spec, model=model, tokenizer=build.tokenizer, ref_model=ref)
