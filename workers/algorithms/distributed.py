@@ -415,7 +415,10 @@ def whole_state(learner: Learner) -> dict[str, torch.Tensor]:
 def _dcp_state(learner: Learner) -> dict[str, object]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    fresh = not learner.optimizer.state
     model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    if fresh:  # get_state_dict gave it a zero step (Adam's step 2 next): as one process, none
+        learner.optimizer.state.clear()
     state: dict[str, object] = {"model": model_state, "optim": optim_state}
     if learner.scheduler is not None:
         state["scheduler"] = learner.scheduler.state_dict()
