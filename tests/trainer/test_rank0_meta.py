@@ -1,7 +1,9 @@
 """Rank 0 of a learner group never holds the whole model (issue 66.5): on each path a train
 worker starts its learner from, rank 0 builds the policy on the meta device and gives it
-storage for its shards only (workers/algorithms/shard_load.py), or, where it still loads the
-model whole first, the test says so (xfail, strict: it fails the day that path is fixed).
+storage for its shards only (workers/algorithms/shard_load.py): a new run, a learner group's
+snapshot, a published version of full weights and an adapter folder (the last two after lost
+trainer state). A one-process snapshot is not a learner group's start (a group snapshots
+sharded), and still loads whole.
 
 Cheap: the resident's start is followed up to the learner group (its start is stopped
 there, no follower process), and the build rank 0 would run is run in a one-process gloo
@@ -143,18 +145,29 @@ def test_resuming_from_a_published_version_builds_rank_0_on_the_meta_device_with
             torch.testing.assert_close(weights[name], tensor, msg=name)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 66.5, not done: a LoRA run resuming from an adapter folder loads its base whole on rank 0"))
-def test_resuming_from_an_adapter_folder_builds_rank_0_on_the_meta_device(
+def test_resuming_from_an_adapter_folder_builds_rank_0_on_the_meta_device_with_the_adapters_weights(
     owner: Any, tiny_model_dir: Path, load_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from safetensors.torch import load_file
+
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_save, adapter_wrap
+    from workers.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
     from workers.trainer import resident
 
     run = _group_run(owner, tiny_model_dir, lora=True, train_step=3)
-    folder = adapter_save(model=adapter_wrap(model=load_model(), lora=AdapterConfig(rank=4, target_modules=[
-        "q_proj", "v_proj"])), out=tmp_path / "v3")
+    trained = adapter_wrap(model=load_model(), lora=AdapterConfig(rank=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # a trained adapter: lora_B is no longer zero
+        for name, p in trained.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p))
+    folder = adapter_save(model=trained, out=tmp_path / "v3")
     model_version_publish(run=run_view_of(run), number=3, checkpoint=str(folder), train_step=3)
     monkeypatch.setattr(resident, "restore_point", lambda run_id, step: None)
-    _rank0_start(run, monkeypatch)
+    seen = _rank0_start(run, monkeypatch)
+    assert seen["build"].source == str(folder)
+    weights = _built_on_meta(seen["build"], monkeypatch)
+    saved = load_file(str(folder / ADAPTER_WEIGHTS))
+    live = {n.replace(".default.", "."): t for n, t in weights.items() if "lora_" in n}
+    assert live.keys() == saved.keys() and saved
+    for key, value in saved.items():
+        torch.testing.assert_close(live[key], value, msg=key)

@@ -1,5 +1,5 @@
 """Issue 66.5 end to end: a run of two learner processes whose trainer state was lost resumes
-from its newest published version (full weights) with rank 0 on its shards only, every rank
+from its newest published version (full weights, or a LoRA run's adapter folder) with rank 0 on its shards only, every rank
 reading its rows of the version (LearnerBuild.source), and its next version holds the weights
 a one-process trainer resuming from the same version makes. (It found a learner group's
 snapshot of a fresh optimizer giving it a zero step, so the group's next step was Adam's
@@ -60,10 +60,32 @@ def _fill(run: Run) -> None:
     experience_write(experiences=rows)
 
 
-def _resumed(owner: Any, model_dir: Path, version: Path, processes: int) -> dict[str, torch.Tensor]:
+def _adapter_version(model_dir: Path, out: Path) -> Path:
+    """A published LoRA version: an adapter folder of the run's adapter shape, trained (moved)."""
+    from transformers import AutoModelForCausalLM
+
+    from kernel.config import AdapterConfig
+    from workers.adapters import adapter_save, adapter_wrap
+
+    model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                         lora=AdapterConfig(**LORA))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return adapter_save(model=model, out=out)
+
+
+LORA: dict[str, Any] = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _resumed(owner: Any, model_dir: Path, version: Path, processes: int, lora: bool = False) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    trainer = {"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes}
+    from workers.adapters import ADAPTER_WEIGHTS
+
+    trainer = {"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes, **({"lora": LORA} if lora else {})}
     run = running_run(owner, model_dir, train_batch_size=12, total_steps=5, trainer=trainer)
     Run.objects.filter(pk=run.pk).update(train_step=1)  # step 1 was trained; its state is gone
     run.refresh_from_db()
@@ -77,19 +99,23 @@ def _resumed(owner: Any, model_dir: Path, version: Path, processes: int) -> dict
         for model in [m for m in (group.learner.model, group.learner.ref_model) if m is not None]:
             for name, p in model.named_parameters():
                 assert p.to_local().shape[0] <= -(-p.shape[0] // group.world), f"rank 0 holds all of {name}"
-    return load_file(str(Path(ModelVersion.objects.get(run=run, number=2).checkpoint) / "model.safetensors"))
+    return load_file(str(Path(ModelVersion.objects.get(run=run, number=2).checkpoint)
+                         / (ADAPTER_WEIGHTS if lora else "model.safetensors")))
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "adapter"])
 def test_two_ranks_resume_from_a_published_version_on_their_shards_to_the_one_process_weights(
-    owner: Any, tiny_model_dir: Path, tmp_path: Path
+    owner: Any, tiny_model_dir: Path, tmp_path: Path, lora: bool
 ) -> None:
     from safetensors.torch import load_file
 
+    from workers.adapters import ADAPTER_WEIGHTS
+
     torch.set_num_threads(1)
-    version = _version(tiny_model_dir, tmp_path / "v1")
-    one = _resumed(owner, tiny_model_dir, version, processes=1)
-    two = _resumed(owner, tiny_model_dir, version, processes=2)
-    start = load_file(str(version / "model.safetensors"))
+    version = (_adapter_version if lora else _version)(tiny_model_dir, tmp_path / "v1")
+    one = _resumed(owner, tiny_model_dir, version, processes=1, lora=lora)
+    two = _resumed(owner, tiny_model_dir, version, processes=2, lora=lora)
+    start = load_file(str(version / (ADAPTER_WEIGHTS if lora else "model.safetensors")))
     assert one.keys() == two.keys()
     assert any(not torch.equal(start[k], one[k]) for k in one), "the step changed nothing"
     for name in one:
