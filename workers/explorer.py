@@ -65,8 +65,8 @@ from workers.engines import (
     engine_version_ensure,
     prompt_ids,
 )
-from workers.handover import handover_apply, handover_has
-from workers.sync import SyncFailed, sync_bounded, sync_failure_note, sync_method
+from workers.handover import handover_apply, handover_has, sync_failure_note
+from workers.sync import SyncFailed, receiver_failure_take, sync_bounded, sync_method
 from workers.vision import images_open, stored_ids, vision_prompt
 
 if TYPE_CHECKING:
@@ -194,6 +194,9 @@ def engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
     """The resident engine holding `version` of the run; records the load when one happens.
     A sync that fails or runs past the run's `sync_timeout_s` raises SyncFailed, recorded on
     the run's weight-sync timeline first."""
+    stopped = receiver_failure_take()
+    if stopped is not None:  # this process's NCCL receiver failed mid-version since
+        sync_failure_note(stopped)
     try:
         return _engine_at(run=run, version=version, worker=worker)
     except SyncFailed as exc:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.background import background_writer
-from apps.runs.ports import model_version_publish, version_latest
+from apps.runs.ports import model_version_publish, sync_failure_record, version_latest
 from workers.engines import engine_cached
 from workers.sync import SyncFailed, process_name, save_pretrained_atomic, version_dir
 
@@ -99,6 +99,17 @@ def _written_within(*, future: Future[Path], path: str, timeout: float, run_id: 
                                f"sync_timeout_s ({timeout:g} s)") from None
     except Exception:
         log.exception("a background checkpoint write failed")
+
+
+def sync_failure_note(exc: SyncFailed) -> None:
+    """Record a failed sync for the run page's weight-sync timeline and its live event
+    (apps.runs.services.sync_failure_record); never raises, so that the failure itself is
+    what the caller sees. Here, not in workers.sync, which the GPU check imports without Django."""
+    try:
+        sync_failure_record(run_id=exc.run_id, version=exc.version, method=exc.method, stage=exc.stage,
+                            where=exc.where, worker=exc.worker, seconds=exc.seconds, message=exc.cause)
+    except Exception:
+        log.exception("could not record the sync failure: %s", exc)
 
 
 def handover_has(path: str) -> bool:

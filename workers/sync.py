@@ -17,7 +17,7 @@ wrote or sent and the seconds it took, and `weights.synced` carries both.
 
 Every sync is bounded by the run's `sync_timeout_s` (`sync_bounded`, NcclSync's per-tensor
 waits): one that stalls or fails raises `SyncFailed` naming what and where, which the caller
-records on the run's weight-sync timeline (`sync_failure_note`) instead of hanging.
+records on the run's weight-sync timeline (`workers.handover.sync_failure_note`) instead of hanging.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from kernel.exceptions import Unavailable
-from workers.adapters import adapter_save, is_adapter_model
+from workers.adapters import adapter_save, is_adapter_dir, is_adapter_model
 
 if TYPE_CHECKING:
     from django.conf import LazySettings
@@ -57,7 +57,7 @@ class SyncFailed(Unavailable):
 
     Raised instead of waiting for ever (issue 66: TRL's weight sync hangs when a process is
     lost). The caller records it for the run page's weight-sync timeline
-    (`apps.runs.ports.sync_failure_record`, through `sync_failure_note`)."""
+    (`workers.handover.sync_failure_note`)."""
 
     def __init__(self, *, method: str, stage: str, run_id: int, version: int, where: str, worker: str,
                  seconds: float, cause: str) -> None:
@@ -110,27 +110,13 @@ def sync_bounded(work: Callable[[], T], *, timeout: float, method: str, stage: s
         raise fail(seconds=time.monotonic() - started, cause=f"{type(exc).__name__}: {exc}") from exc
 
 
-def sync_failure_note(exc: SyncFailed) -> None:
-    """Record `exc` for the run page's weight-sync timeline (and its live event); never
-    raises, so that the failure itself is what the caller sees."""
-    import logging
-
-    try:
-        from apps.runs.ports import sync_failure_record
-
-        sync_failure_record(run_id=exc.run_id, version=exc.version, method=exc.method, stage=exc.stage,
-                            where=exc.where, worker=exc.worker, seconds=exc.seconds, message=exc.cause)
-    except Exception:
-        logging.getLogger(__name__).exception("could not record the sync failure: %s", exc)
-
-
-
 def _settings() -> LazySettings:
     """Django's settings, imported where a setting is read: workers.engines imports this module,
     and the GPU check runs the engines and learners on an image without Django (scripts/gpu_check.py)."""
     from django.conf import settings
 
     return settings
+
 
 def run_storage(run_id: int) -> Path:
     return Path(_settings().RFT_STORAGE_DIR) / "runs" / str(run_id)
@@ -247,8 +233,6 @@ class Published:
 def sync_method(name: str, model: torch.nn.Module | None = None, path: str | None = None) -> str:
     """How a failure names the sync: `adapter` for a LoRA version (its adapter moves, not the
     model), else the sync's own name (checkpoint, memory, nccl)."""
-    from workers.adapters import is_adapter_dir
-
     if (model is not None and is_adapter_model(model)) or (path is not None and is_adapter_dir(path)):
         return "adapter"
     return name
@@ -506,6 +490,8 @@ class SyncReceiver:
         self._lock = threading.Lock()
         self._kept: dict[str, Received] = {}
         self.received = 0
+        # The SyncFailed it stopped on, until `failure_take` hands it to be recorded.
+        self.failure: SyncFailed | None = None
         self._thread = threading.Thread(target=self._loop, name="weight-sync-receiver", daemon=True)
 
     def start(self) -> SyncReceiver:
@@ -519,7 +505,8 @@ class SyncReceiver:
             try:
                 got = self.sync.receive()
             except SyncFailed as exc:
-                sync_failure_note(exc)  # on the run's timeline: the version it was receiving
+                # For the run's timeline: the explorer notes it (workers.explorer.engine_at).
+                self.failure = exc
                 logging.getLogger(__name__).exception("weight sync receiver stopped; explorers load checkpoints")
                 return
             except Exception:
@@ -535,6 +522,11 @@ class SyncReceiver:
                     del self._kept[path]
             self._kept[os.path.realpath(got.path)] = got
             self.received += 1
+
+    def failure_take(self) -> SyncFailed | None:
+        with self._lock:
+            failure, self.failure = self.failure, None
+        return failure
 
     def take(self, path: str) -> Received | None:
         with self._lock:
@@ -559,6 +551,11 @@ def receiver_ensure() -> SyncReceiver | None:
     if _RECEIVER is None:
         _RECEIVER = SyncReceiver(NcclSync()).start()
     return _RECEIVER
+
+
+def receiver_failure_take() -> SyncFailed | None:
+    """The failure this process's receiver stopped on, once (None: none, or no receiver)."""
+    return _RECEIVER.failure_take() if _RECEIVER is not None else None
 
 
 def received_take(path: str) -> Received | None:

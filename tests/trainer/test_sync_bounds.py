@@ -209,13 +209,13 @@ def test_an_in_memory_handover_whose_write_stalls_fails_the_next_publish_within_
     assert first.exists()
 
 
-@pytest.mark.django_db(transaction=True)  # the receiver's thread has a connection of its own
 def test_a_receiver_that_fails_mid_version_records_it_on_the_timeline(
     owner: User, tiny_model_dir: Path, events: list[tuple[str, dict[str, Any]]],
 ) -> None:
-    """An explorer's receiver thread (NcclSync) that fails mid-version says so on the run's
-    timeline before it stops (its engine then loads checkpoints)."""
-    from workers.sync import SyncReceiver
+    """An explorer's receiver thread (NcclSync) that fails mid-version keeps the failure, and
+    the explorer's next step puts it on the run's timeline (its engine loads checkpoints)."""
+    from workers.explorer import engine_at
+    from workers.sync import SyncReceiver, receiver_install
 
     run = make_run(owner=owner, model=str(tiny_model_dir))
 
@@ -227,8 +227,14 @@ def test_a_receiver_that_fails_mid_version_records_it_on_the_timeline(
                              "(rank 1 of 2)", worker="explorer-host:7", seconds=0.5, cause="RuntimeError: timed out")
 
     receiver = SyncReceiver(Lost(), limit=5).start()  # type: ignore[arg-type]  # the receive side only
-    receiver._thread.join(30)
-    assert not receiver._thread.is_alive() and receiver.received == 0
+    receiver_install(receiver)
+    try:
+        receiver._thread.join(30)
+        assert not receiver._thread.is_alive() and receiver.received == 0
+        # The explorer's next step notes it (its engine then loads the checkpoint).
+        engine_at(run=run_view_of(run), version=0, worker="explorer@test")
+    finally:
+        receiver_install(None)
     _on_the_timeline(run, owner, version=3, said=["gloo group tcp://h:1 (rank 1 of 2)", "nccl receive failed"],
                      events=events)
 

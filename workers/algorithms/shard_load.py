@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from workers.adapters import adapter_wrap, is_adapter_dir
+from workers.adapters import ADAPTER_WEIGHTS, adapter_wrap, is_adapter_dir
 from workers.algorithms import Learner
 from workers.algorithms.distributed import model_sharded_load, sharded_load_fits
 from workers.precision import precision_dtype
@@ -109,8 +109,6 @@ def adapter_into_shards(model: torch.nn.Module, folder: str) -> None:
     names peft saves (the adapter's own name left out); one that does not fit is refused."""
     from safetensors.torch import load_file
     from torch.distributed.tensor import DTensor, distribute_tensor
-
-    from workers.adapters import ADAPTER_WEIGHTS
 
     saved = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
     live = {name.replace(".default.", "."): p for name, p in model.named_parameters() if "lora_" in name}

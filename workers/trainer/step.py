@@ -46,8 +46,8 @@ from workers.trainer.journal import (
     snapshot_due,
 )
 from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
-from workers.handover import memory_sync_applies, MemorySync
-from workers.sync import CheckpointSync, SyncFailed, sync_failure_note, weight_sync_for
+from workers.handover import memory_sync_applies, MemorySync, sync_failure_note
+from workers.sync import CheckpointSync, SyncFailed, weight_sync_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
