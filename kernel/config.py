@@ -525,6 +525,13 @@ class RunConfig(StrictModel):
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     max_staleness: int = Field(0, ge=0)
+    # The bound on every weight sync and handover of the run (a version's checkpoint written
+    # or read, the in-memory handover's background write, an NCCL broadcast): past it the
+    # sync raises workers.sync.SyncFailed naming what and where, and the run page's weight-sync
+    # timeline shows it, instead of the step hanging (issue 66). Generous: a 7B checkpoint on
+    # slow shared storage takes minutes.
+    sync_timeout_s: float = Field(600.0, gt=0.0, le=86400.0,
+                                  description="seconds a weight sync or handover may take before it fails")
     repeat_times: int = Field(4, ge=1, le=256)
     explore_batch_size: int = Field(8, ge=1, description="tasks per explore step")
     train_batch_size: int = Field(32, ge=1, description="experiences per trainer step")

@@ -87,8 +87,9 @@ def test_the_run_page_reads_as_much_for_twenty_versions_as_for_one(olga: User, a
     assert counts[20] == counts[1], counts
     # 33 with the buffer's counts and the sync timeline read twice; +1: the label ledger; +1: the
     # blind evaluations; +5 (issue 64): the headline (its share's rows, the blind verdict, the
-    # stored answers) and every version (the series to pick from, the versions, their packing).
-    assert counts[1] <= 39, counts
+    # stored answers) and every version (the series to pick from, the versions, their packing);
+    # +1: the timeline's failed syncs (issue 66).
+    assert counts[1] <= 40, counts
 
 
 def test_a_rating_is_saved_in_a_fixed_number_of_statements(olga: User, anna: User) -> None:

@@ -49,6 +49,7 @@ from apps.runs.ports import (
     run_status,
     run_view,
     version_checkpoint,
+    version_published_age,
     weight_load_record,
 )
 from kernel.exceptions import InvalidInput, Unavailable
@@ -57,13 +58,15 @@ from rftweb.taskkit import celery_bound_task, celery_task, on_signal
 from workers.engines import (
     SamplingSpec,
     engine_cache_close,
+    engine_cache_drop,
     engine_cached,
     engine_for,
     engine_last_load,
     engine_version_ensure,
     prompt_ids,
 )
-from workers.handover import handover_apply, handover_has
+from workers.handover import handover_apply, handover_has, sync_failure_note
+from workers.sync import SyncFailed, receiver_failure_take, sync_bounded, sync_method
 from workers.vision import images_open, stored_ids, vision_prompt
 
 if TYPE_CHECKING:
@@ -173,21 +176,54 @@ def model_version_path(*, run: RunView, version: int) -> str:
             _CHECKPOINTS.clear()
         _CHECKPOINTS[(run.pk, version)] = checkpoint
     if not handover_has(checkpoint) and not os.path.exists(checkpoint):
-        # MemorySync records a version before its files are written (workers/handover.py).
+        # MemorySync records a version before its files are written (workers/handover.py);
+        # past the run's bound a missing directory is a failed sync (storage not shared with
+        # the trainer's host, a write lost), not a version to wait for forever.
+        age = version_published_age(run_id=run.pk, number=version)
+        if age is not None and age > run.cfg.sync_timeout_s:
+            raise SyncFailed(method=sync_method("checkpoint"), stage="find the checkpoint", run_id=run.pk,
+                             version=version, where=checkpoint, worker=worker_name(), seconds=age,
+                             cause=f"not on this host's disk {age:.0f} s after it was published (the run's "
+                                   f"sync_timeout_s is {run.cfg.sync_timeout_s:g} s); is RFT_STORAGE_DIR "
+                                   "shared with the trainer's host?")
         raise VersionNotReady(f"run {run.pk} version {version}: {checkpoint} is not written yet")
     return checkpoint
 
 
 def engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
-    """The resident engine holding `version` of the run; records the load when one happens."""
+    """The resident engine holding `version` of the run; records the load when one happens.
+    A sync that fails or runs past the run's `sync_timeout_s` raises SyncFailed, recorded on
+    the run's weight-sync timeline first."""
+    stopped = receiver_failure_take()
+    if stopped is not None:  # this process's NCCL receiver failed mid-version since
+        sync_failure_note(stopped)
+    try:
+        return _engine_at(run=run, version=version, worker=worker)
+    except SyncFailed as exc:
+        sync_failure_note(exc)
+        raise
 
+
+def _engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
     path = model_version_path(run=run, version=version)
     started = time.monotonic()
     resident = engine_cached(run.cfg)
     engine = engine_for(run.cfg)
     current = engine.version == version and getattr(engine, "path", None) == path
-    loaded = not current and handover_apply(engine, version=version, path=path)
-    ensured = not loaded and engine_version_ensure(engine, version=version, path=path)
+    timeout = run.cfg.sync_timeout_s
+    try:
+        loaded = not current and handover_apply(engine, version=version, path=path, run_id=run.pk, timeout=timeout)
+        # A version's load is bounded (a read stalled on lost storage); the base model's is
+        # an engine's start, not a sync.
+        ensured = not loaded and (
+            sync_bounded(lambda: engine_version_ensure(engine, version=version, path=path), timeout=timeout,
+                         method=sync_method("checkpoint", path=path), stage="load", run_id=run.pk, version=version,
+                         where=path, worker=worker)
+            if version > 0 else engine_version_ensure(engine, version=version, path=path))
+    except SyncFailed:
+        # Half loaded, or still loading in the thread left behind: the next step builds it afresh.
+        engine_cache_drop(run.cfg)
+        raise
     if loaded or ensured or not resident:
         how = engine_last_load(engine) if ensured else None
         weight_load_record(run=run, version=version, worker=worker, seconds=time.monotonic() - started,

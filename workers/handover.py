@@ -29,13 +29,14 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workers.background import background_writer
-from apps.runs.ports import model_version_publish, version_latest
+from apps.runs.ports import model_version_publish, sync_failure_record, version_latest
 from workers.engines import engine_cached
-from workers.sync import save_pretrained_atomic, version_dir
+from workers.sync import SyncFailed, process_name, save_pretrained_atomic, version_dir
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +86,32 @@ def pending_wait() -> None:
             log.exception("a background checkpoint write failed")
 
 
+def _written_within(*, future: Future[Path], path: str, timeout: float, run_id: int, version: int, stage: str,
+                    started: float) -> None:
+    """Wait for the background write of `path` until `started + timeout` (monotonic); SyncFailed
+    past it, naming the write. Its own error is logged, as `pending_wait` does."""
+    try:
+        future.result(timeout=max(0.0, started + timeout - time.monotonic()))
+    except FutureTimeout:
+        raise SyncFailed(method="memory", stage=stage, run_id=run_id, version=version, where=path,
+                         worker=process_name(), seconds=time.monotonic() - started,
+                         cause=f"the background checkpoint write of {path} did not finish within the run's "
+                               f"sync_timeout_s ({timeout:g} s)") from None
+    except Exception:
+        log.exception("a background checkpoint write failed")
+
+
+def sync_failure_note(exc: SyncFailed) -> None:
+    """Record a failed sync for the run page's weight-sync timeline and its live event
+    (apps.runs.services.sync_failure_record); never raises, so that the failure itself is
+    what the caller sees. Here, not in workers.sync, which the GPU check imports without Django."""
+    try:
+        sync_failure_record(run_id=exc.run_id, version=exc.version, method=exc.method, stage=exc.stage,
+                            where=exc.where, worker=exc.worker, seconds=exc.seconds, message=exc.cause)
+    except Exception:
+        log.exception("could not record the sync failure: %s", exc)
+
+
 def handover_has(path: str) -> bool:
     """Whether this process keeps the version at `path` in memory."""
     with _LOCK:
@@ -109,7 +136,14 @@ class MemorySync:
         import torch
 
         started = time.perf_counter()
-        pending_wait()  # one write in flight at most (see the module docstring)
+        # One write in flight at most (see the module docstring), waited for within the run's
+        # bound: a write stalled on lost storage fails this publish rather than hanging it.
+        waiting = time.monotonic()
+        with _LOCK:
+            pending = list(_PENDING.items())
+        for path, previous in pending:
+            _written_within(future=previous, path=path, timeout=run.cfg.sync_timeout_s, run_id=run.pk, version=number,
+                            stage="wait for the previous version's write", started=waiting)
         with torch.no_grad():
             state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
         out = version_dir(run.pk, number)
@@ -133,20 +167,27 @@ def _forget_pending(key: str, future: Future[Path]) -> None:
             del _PENDING[key]
 
 
-def handover_apply(engine: Any, *, version: int, path: str) -> bool:
+def handover_apply(engine: Any, *, version: int, path: str, run_id: int = 0, timeout: float = 600.0) -> bool:
     """Load `version` into `engine` from memory when this process published it; True if it
     did. An engine that cannot take tensors directly (vLLM's CPU backend repacks its weights
-    on load) gets False after the files are written, and loads them as usual."""
+    on load) gets False after the files are written, and loads them as usual; a write not
+    done within `timeout` seconds (the run's sync_timeout_s) raises SyncFailed."""
     with _LOCK:
         kept = _STATES.get(path)
         future = _PENDING.get(path)
     if kept is None:
         return False
+    started = time.monotonic()
+
+    def files_wait() -> None:
+        if future is not None:
+            _written_within(future=future, path=path, timeout=timeout, run_id=run_id, version=version,
+                            stage="load (waits for its checkpoint write)", started=started)
+
     model = getattr(engine, "model", None)
     lock = getattr(engine, "_lock", None)
     if getattr(engine, "backend", None) != "transformers" or model is None or lock is None:
-        if future is not None:
-            future.result()
+        files_wait()
         return False
     import torch
 
@@ -155,8 +196,7 @@ def handover_apply(engine: Any, *, version: int, path: str) -> bool:
         target = engine.model
         own = target.state_dict()
         if set(own) != set(state) or any(own[k].shape != state[k].shape for k in state):
-            if future is not None:
-                future.result()
+            files_wait()
             return False  # another architecture: the files decide
         for name, tensor in state.items():
             own[name].copy_(tensor.to(own[name].device, own[name].dtype))

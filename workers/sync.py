@@ -14,20 +14,26 @@ Both publish through `apps.runs.services.model_version_publish`; which one a tra
 `settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.adapters): the
 same paths move megabytes instead of the whole model. Each publish reports the bytes it
 wrote or sent and the seconds it took, and `weights.synced` carries both.
+
+Every sync is bounded by the run's `sync_timeout_s` (`sync_bounded`, NcclSync's per-tensor
+waits): one that stalls or fails raises `SyncFailed` naming what and where, which the caller
+records on the run's weight-sync timeline (`workers.handover.sync_failure_note`) instead of hanging.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from kernel.exceptions import Unavailable
-from workers.adapters import adapter_save, is_adapter_model
+from workers.adapters import adapter_save, is_adapter_dir, is_adapter_model
 
 if TYPE_CHECKING:
     from django.conf import LazySettings
@@ -38,9 +44,70 @@ if TYPE_CHECKING:
     from apps.runs.ports import RunView
 
 
+T = TypeVar("T")
+
+
 class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
+
+class SyncFailed(Unavailable):
+    """A weight sync or handover failed, or ran past the run's `sync_timeout_s`: what failed
+    (the method and the stage), where (the path or address, the process) and why.
+
+    Raised instead of waiting for ever (issue 66: TRL's weight sync hangs when a process is
+    lost). The caller records it for the run page's weight-sync timeline
+    (`workers.handover.sync_failure_note`)."""
+
+    def __init__(self, *, method: str, stage: str, run_id: int, version: int, where: str, worker: str,
+                 seconds: float, cause: str) -> None:
+        self.method, self.stage, self.run_id, self.version = method, stage, run_id, version
+        self.where, self.worker, self.seconds, self.cause = where, worker, seconds, cause
+        super().__init__(f"{method} sync of run {run_id} version {version}: {stage} at {where} failed on {worker} "
+                         f"after {seconds:.1f} s: {cause}")
+
+
+def process_name() -> str:
+    """This process, as a sync failure names where it happened."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def sync_bounded(work: Callable[[], T], *, timeout: float, method: str, stage: str, run_id: int, version: int,
+                    where: str, worker: str = "", abandoned: threading.Event | None = None) -> T:
+    """`work()`, waited for at most `timeout` seconds; its error or the timeout as SyncFailed.
+
+    It runs in a daemon thread of its own: a read or write stalled on lost storage cannot
+    be interrupted, so on a timeout the thread is left behind and the caller goes on without
+    it (what it was writing never replaces a version: `save_pretrained_atomic`'s `abandoned`,
+    set here on a timeout)."""
+    from concurrent.futures import Future
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to the waiting caller, raised there
+            future.set_exception(exc)
+
+    started = time.monotonic()
+    threading.Thread(target=run, name=f"sync-{stage}", daemon=True).start()
+    fail = functools.partial(SyncFailed, method=method, stage=stage, run_id=run_id, version=version, where=where,
+                             worker=worker or process_name())
+    try:
+        return future.result(timeout=timeout)
+    except FutureTimeout:
+        if abandoned is not None:
+            abandoned.set()
+        raise fail(seconds=time.monotonic() - started,
+                   cause=f"no answer within the run's sync_timeout_s ({timeout:g} s)") from None
+    except SyncFailed:
+        raise
+    except Exception as exc:
+        raise fail(seconds=time.monotonic() - started, cause=f"{type(exc).__name__}: {exc}") from exc
 
 
 def _settings() -> LazySettings:
@@ -49,6 +116,7 @@ def _settings() -> LazySettings:
     from django.conf import settings
 
     return settings
+
 
 def run_storage(run_id: int) -> Path:
     return Path(_settings().RFT_STORAGE_DIR) / "runs" / str(run_id)
@@ -60,7 +128,7 @@ def version_dir(run_id: int, number: int) -> Path:
 
 def save_pretrained_atomic(
     *, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None, out: Path,
-    state: dict[str, torch.Tensor] | None = None, like: Path | None = None
+    state: dict[str, torch.Tensor] | None = None, like: Path | None = None, abandoned: threading.Event | None = None
 ) -> Path:
     """Write a save_pretrained directory so that readers see all of it or none of it:
     into a temporary sibling first, then one rename.
@@ -68,11 +136,10 @@ def save_pretrained_atomic(
     state: the tensors to write (default: the model's own). like: a directory this one
     differs from in its weights only (the run's previous version): when `weights_like`
     can, the new weights go into a file laid out as that one's and its other files (config,
-    generation config, tokenizer) are copied, instead of `save_pretrained` again."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    generation config, tokenizer) are copied, instead of `save_pretrained` again.
+    abandoned: set when the caller gave up waiting (`sync_bounded`'s timeout): the write
+    then never replaces `out`, which a later try may have written since."""
+    tmp = _tmp_for(out)
     if is_adapter_model(model):
         adapter_save(model=model, out=tmp)
     elif like is None or not weights_like(state=state if state is not None else model.state_dict(), like=like, out=tmp):
@@ -83,10 +150,27 @@ def save_pretrained_atomic(
         tokenizer = None  # copied with the rest of `like`
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
+    _replace(tmp, out, abandoned)
+    return out
+
+
+def _tmp_for(out: Path) -> Path:
+    """A fresh temporary sibling of `out`, its own per process and thread: a write a timeout
+    left behind (`sync_bounded`) and the try after it never share one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    return tmp
+
+
+def _replace(tmp: Path, out: Path, abandoned: threading.Event | None) -> None:
+    if abandoned is not None and abandoned.is_set():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TimeoutError(f"{out}: written after its sync had timed out; discarded")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return out
 
 
 WEIGHTS_FILE = "model.safetensors"
@@ -146,6 +230,14 @@ class Published:
     bytes: int
 
 
+def sync_method(name: str, model: torch.nn.Module | None = None, path: str | None = None) -> str:
+    """How a failure names the sync: `adapter` for a LoRA version (its adapter moves, not the
+    model), else the sync's own name (checkpoint, memory, nccl)."""
+    if (model is not None and is_adapter_model(model)) or (path is not None and is_adapter_dir(path)):
+        return "adapter"
+    return name
+
+
 def weight_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).glob("*.safetensors"))
 
@@ -165,8 +257,11 @@ class CheckpointSync:
     def _save(self, *, run: RunView, number: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
               ) -> tuple[Path, float, int]:
         started = time.perf_counter()
-        out = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=version_dir(run.pk, number),
-                                     like=version_dir(run.pk, number - 1) if number > 1 else None)
+        out, gone = version_dir(run.pk, number), threading.Event()
+        sync_bounded(lambda: save_pretrained_atomic(model=model, tokenizer=tokenizer, out=out, abandoned=gone,
+                                                    like=version_dir(run.pk, number - 1) if number > 1 else None),
+                     timeout=run.cfg.sync_timeout_s, method=sync_method(self.name, model), stage="write",
+                     run_id=run.pk, version=number, where=str(out), abandoned=gone)
         return out, time.perf_counter() - started, weight_bytes(out)
 
     def _record(self, *, run: RunView, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
@@ -187,17 +282,17 @@ class CheckpointSync:
         instead of from a whole model in memory (a learner group streams its weights there
         from the shards: LearnerGroup.version_write); atomic as `save_pretrained_atomic`."""
         started = time.perf_counter()
-        out = version_dir(run.pk, number)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        write(tmp)
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        out, gone = version_dir(run.pk, number), threading.Event()
+
+        def written() -> None:
+            tmp = _tmp_for(out)
+            tmp.mkdir()
+            write(tmp)
+            tokenizer.save_pretrained(tmp)
+            _replace(tmp, out, gone)
+
+        sync_bounded(written, timeout=run.cfg.sync_timeout_s, method=self.name, stage="write from the shards",
+                     run_id=run.pk, version=number, where=str(out), abandoned=gone)
         return self._record(run=run, number=number, train_step=train_step, out=out,
                             seconds=time.perf_counter() - started, size=weight_bytes(out))
 
@@ -212,6 +307,10 @@ class Received:
     tensors: dict[str, torch.Tensor]
     bytes: int
     seconds: float
+
+
+# The addresses of this process's broken NcclSync groups (NcclSync.broken).
+_BROKEN_GROUPS: set[str] = set()
 
 
 class NcclSync(CheckpointSync):
@@ -245,6 +344,20 @@ class NcclSync(CheckpointSync):
         self.rank = _settings().RFT_NCCL_RANK if rank is None else rank
         self._group: dist.ProcessGroup | None = None
 
+    @property
+    def broken(self) -> bool:
+        """A broadcast over this process's group failed or timed out: the ranks no longer
+        agree on the order of what is sent, so nothing more goes over it (versions go by
+        checkpoint only). Per process, not per object: `weight_sync_for` makes one a publish."""
+        return self.addr in _BROKEN_GROUPS
+
+    @broken.setter
+    def broken(self, value: bool) -> None:
+        if value:
+            _BROKEN_GROUPS.add(self.addr)
+        else:
+            _BROKEN_GROUPS.discard(self.addr)
+
     def _group_get(self) -> dist.ProcessGroup:
         import torch.distributed as dist
 
@@ -263,60 +376,103 @@ class NcclSync(CheckpointSync):
             return dict(get_peft_model_state_dict(model))
         return dict(model.state_dict())
 
-    def _bytes_broadcast(self, data: bytes | None) -> bytes:
-        import torch
+    def _broadcast_one(self, tensor: torch.Tensor, timeout: float | None) -> None:
+        """One broadcast from rank 0, waited for at most `timeout` seconds (None: the group's
+        own timeout, as an explorer waits for the next version). A wait that fails leaves the
+        group's order of collectives unknown: it is `broken` from then on."""
+        import datetime
+
         import torch.distributed as dist
 
-        group = self._group_get()
+        try:
+            work = dist.broadcast(tensor, src=0, group=self._group_get(), async_op=True)
+            assert work is not None  # async_op
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout=datetime.timedelta(seconds=timeout))
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _bytes_broadcast(self, data: bytes | None, timeout: float | None = None) -> bytes:
+        import torch
+
         size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
-        dist.broadcast(size, src=0, group=group)
+        self._broadcast_one(size, timeout)
         buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if data is not None
                else torch.empty(int(size.item()), dtype=torch.uint8, device=self.device))
-        dist.broadcast(buf, src=0, group=group)
+        self._broadcast_one(buf, timeout)
         return bytes(buf.cpu().numpy().tobytes())
 
-    def broadcast(self, model: torch.nn.Module, *, run_id: int = 0, version: int = 0, path: str = "") -> int:
-        """Rank 0: send the version's tensors; returns the bytes sent."""
+    def where(self) -> str:
+        return f"{self.backend} group {self.addr} (rank {self.rank} of {self.world_size})"
+
+    def broadcast(self, model: torch.nn.Module, *, run_id: int = 0, version: int = 0, path: str = "",
+                  timeout: float = 600.0) -> int:
+        """Rank 0: send the version's tensors, each within `timeout` seconds (the run's
+        sync_timeout_s, which the header passes on to the receivers); returns the bytes sent.
+        SyncFailed when a receiver does not take them in time, or the group broke before."""
         import json
 
-        import torch.distributed as dist
-
+        started = time.monotonic()
+        method = sync_method(self.name, model)
+        if self.broken:
+            raise SyncFailed(method=method, stage="broadcast", run_id=run_id, version=version, where=self.where(),
+                             worker=process_name(), seconds=0.0,
+                             cause="the group broke on an earlier failure; explorers load the checkpoint")
         tensors = sorted(self.sync_tensors(model).items())
-        header = {"run": run_id, "version": version, "path": path,
+        header = {"run": run_id, "version": version, "path": path, "timeout": timeout,
                   "tensors": [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors]}
-        self._bytes_broadcast(json.dumps(header).encode())
         sent = 0
-        for _, tensor in tensors:
-            t = tensor.detach().to(self.device).contiguous()
-            dist.broadcast(t, src=0, group=self._group_get())
-            sent += t.numel() * t.element_size()
+        try:
+            self._bytes_broadcast(json.dumps(header).encode(), timeout)
+            for _, tensor in tensors:
+                t = tensor.detach().to(self.device).contiguous()
+                self._broadcast_one(t, timeout)
+                sent += t.numel() * t.element_size()
+        except Exception as exc:
+            raise SyncFailed(method=method, stage="broadcast", run_id=run_id, version=version, where=self.where(),
+                             worker=process_name(), seconds=time.monotonic() - started,
+                             cause=f"{type(exc).__name__}: {exc} (sync_timeout_s {timeout:g} s)") from exc
         return sent
 
     def receive(self) -> Received:
-        """An explorer rank: take the next broadcast whole (blocks until rank 0 sends)."""
+        """An explorer rank: take the next broadcast whole. Waits for a version's header as
+        long as the group lets it; its tensors then within the header's timeout, else
+        SyncFailed."""
         import json
 
         import torch
-        import torch.distributed as dist
 
         header = json.loads(self._bytes_broadcast(None))
         started = time.perf_counter()
         tensors: dict[str, torch.Tensor] = {}
         size = 0
-        for name, shape, dtype in header["tensors"]:
-            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            dist.broadcast(buf, src=0, group=self._group_get())
-            tensors[name] = buf.cpu()
-            size += buf.numel() * buf.element_size()
+        timeout = float(header.get("timeout", 600.0))
+        try:
+            for name, shape, dtype in header["tensors"]:
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                self._broadcast_one(buf, timeout)
+                tensors[name] = buf.cpu()
+                size += buf.numel() * buf.element_size()
+        except Exception as exc:
+            raise SyncFailed(method=sync_method(self.name, path=str(header["path"])), stage="receive",
+                             run_id=int(header["run"]), version=int(header["version"]), where=self.where(),
+                             worker=process_name(), seconds=time.perf_counter() - started,
+                             cause=f"{type(exc).__name__}: {exc} (sync_timeout_s {timeout:g} s)") from exc
         return Received(run_id=int(header["run"]), version=int(header["version"]), path=str(header["path"]),
                         tensors=tensors, bytes=size, seconds=time.perf_counter() - started)
 
     def publish(self, *, run: RunView, number: int, train_step: int, model: torch.nn.Module,
                 tokenizer: PreTrainedTokenizerBase) -> Published:
+        """The checkpoint, then the broadcast (skipped once the group broke: explorers load
+        the files, written first); a broadcast that fails raises SyncFailed before the
+        version is recorded, and the step's re-dispatch publishes it from the files."""
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.broken:
             started = time.perf_counter()
-            size += self.broadcast(model, run_id=run.pk, version=number, path=str(out))
+            size += self.broadcast(model, run_id=run.pk, version=number, path=str(out), timeout=run.cfg.sync_timeout_s)
             seconds += time.perf_counter() - started
         return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 
@@ -334,6 +490,8 @@ class SyncReceiver:
         self._lock = threading.Lock()
         self._kept: dict[str, Received] = {}
         self.received = 0
+        # The SyncFailed it stopped on, until `failure_take` hands it to be recorded.
+        self.failure: SyncFailed | None = None
         self._thread = threading.Thread(target=self._loop, name="weight-sync-receiver", daemon=True)
 
     def start(self) -> SyncReceiver:
@@ -346,6 +504,11 @@ class SyncReceiver:
         while self.limit is None or self.received < self.limit:
             try:
                 got = self.sync.receive()
+            except SyncFailed as exc:
+                # For the run's timeline: the explorer notes it (workers.explorer.engine_at).
+                self.failure = exc
+                logging.getLogger(__name__).exception("weight sync receiver stopped; explorers load checkpoints")
+                return
             except Exception:
                 logging.getLogger(__name__).exception("weight sync receiver stopped; explorers load checkpoints")
                 return
@@ -359,6 +522,11 @@ class SyncReceiver:
                     del self._kept[path]
             self._kept[os.path.realpath(got.path)] = got
             self.received += 1
+
+    def failure_take(self) -> SyncFailed | None:
+        with self._lock:
+            failure, self.failure = self.failure, None
+        return failure
 
     def take(self, path: str) -> Received | None:
         with self._lock:
@@ -383,6 +551,11 @@ def receiver_ensure() -> SyncReceiver | None:
     if _RECEIVER is None:
         _RECEIVER = SyncReceiver(NcclSync()).start()
     return _RECEIVER
+
+
+def receiver_failure_take() -> SyncFailed | None:
+    """The failure this process's receiver stopped on, once (None: none, or no receiver)."""
+    return _RECEIVER.failure_take() if _RECEIVER is not None else None
 
 
 def received_take(path: str) -> Received | None:

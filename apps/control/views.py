@@ -376,6 +376,8 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "cfg": run.cfg,
         "counts": counts,
         "timeline": timeline,
+        # A failed sync opens the versions' table, where it is said (closed, it would hide it).
+        "timeline_failed": any(v["failures"] for v in timeline),
         "workers": workers_visible(user=request.user, run=run),
         "audit": run_audit(run=run, limit=20),
         "failures": run_task_failures(run=run),

@@ -191,6 +191,26 @@ class WeightLoad(models.Model):
         indexes = [models.Index(fields=["run", "version"], name="weight_load_run_idx")]
 
 
+class SyncFailure(models.Model):
+    """A weight sync or handover that failed or ran past the run's `sync_timeout_s`
+    (workers.sync.SyncFailed): what, where and why, on the weight-sync timeline."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="sync_failures")
+    version = models.PositiveIntegerField()
+    # checkpoint, memory, adapter or nccl; and the stage: write, load, broadcast, receive, …
+    method = models.CharField(max_length=40)
+    stage = models.CharField(max_length=80)
+    where = models.CharField(max_length=1000, help_text="the path or group address")
+    worker = models.CharField(max_length=200)
+    seconds = models.FloatField(default=0.0, help_text="how long it ran before it failed")
+    message = models.TextField(blank=True)
+    failed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "failed_at"]
+        indexes = [models.Index(fields=["run", "version"], name="sync_failure_run_idx")]
+
+
 class WorkerHeartbeat(models.Model):
     """A Celery worker's last sign of life, written by the worker itself (apps.runs.heartbeat).
 

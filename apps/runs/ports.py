@@ -44,7 +44,7 @@ __all__ = [
     "model_version_publish", "preference_shares", "publishes_at", "run_current_version", "run_ended", "run_explore_end",
     "run_explore_step_record", "run_explored", "run_status", "run_storage", "run_view", "run_view_of",
     "runs_ended", "staleness", "task_failure_record", "version_checkpoint", "version_for_train_step",
-    "version_latest", "version_train_step", "weight_load_record",
+    "version_latest", "version_train_step", "weight_load_record", "sync_failure_record", "version_published_age",
 ]
 
 DispatchKind = Dispatch.Kind
@@ -221,6 +221,21 @@ def weight_load_record(
     *, run: RunView, version: int, worker: str, seconds: float, size: int | None = None, via: str | None = None
 ) -> None:
     _services.weight_load_record(run=run._row, version=version, worker=worker, seconds=seconds, size=size, via=via)
+
+
+def sync_failure_record(*, run_id: int, version: int, method: str, stage: str, where: str, worker: str,
+                        seconds: float, message: str) -> None:
+    """A weight sync failed: on the run's weight-sync timeline (apps.runs.services.sync_failure_record)."""
+    _services.sync_failure_record(run_id=run_id, version=version, method=method, stage=stage, where=where,
+                                  worker=worker, seconds=seconds, message=message)
+
+
+def version_published_age(*, run_id: int, number: int) -> float | None:
+    """Seconds since version `number` of the run was published (None: it was not)."""
+    from django.utils import timezone
+
+    created = ModelVersion.objects.filter(run_id=run_id, number=number).values_list("created_at", flat=True).first()
+    return (timezone.now() - created).total_seconds() if created is not None else None
 
 
 def connection_release() -> None:

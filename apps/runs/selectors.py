@@ -16,7 +16,7 @@ from kernel.eval_series import (ACCURACY, BEST_BY_FIXED, PREFERENCE, PREFIX, bas
                                 change_words, is_eval_measure,
                                 is_share, metric_label, sampling_words, share_interval)
 from apps.runs.heartbeat import WorkerHealth, workers_health
-from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, TaskFailure, WeightLoad
+from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, RunMember, SyncFailure, TaskFailure, WeightLoad
 from kernel.jsontypes import JSON
 
 
@@ -204,23 +204,43 @@ class WeightLoadRow(TypedDict):
     lag: float | None  # seconds from publication to this load (None: publication unknown)
 
 
+class SyncFailureRow(TypedDict):
+    method: str
+    stage: str
+    where: str
+    worker: str
+    seconds: float
+    message: str
+    failed_at: datetime
+
+
 class VersionSync(TypedDict):
     number: int
     published_at: datetime | None
     train_step: int | None
     checkpoint: str
     loads: list[WeightLoadRow]
+    failures: list[SyncFailureRow]
 
 
 def weight_sync_timeline(*, run: Run) -> list[VersionSync]:
-    """Per model version, newest first: when it was published and when each explorer loaded it."""
+    """Per model version, newest first: when it was published, when each explorer loaded it,
+    and each sync of it that failed (what, where, why)."""
     versions: dict[int, VersionSync] = {}
+
+    def entry_of(number: int) -> VersionSync:
+        return versions.setdefault(number, {"number": number, "published_at": None, "train_step": None,
+                                            "checkpoint": "", "loads": [], "failures": []})
+
     for v in ModelVersion.objects.filter(run=run).order_by("number"):
         versions[v.number] = {"number": v.number, "published_at": v.created_at, "train_step": v.train_step,
-                              "checkpoint": v.checkpoint, "loads": []}
+                              "checkpoint": v.checkpoint, "loads": [], "failures": []}
+    for f in SyncFailure.objects.filter(run=run).order_by("failed_at", "pk"):
+        entry_of(f.version)["failures"].append({"method": f.method, "stage": f.stage, "where": f.where,
+                                                "worker": f.worker, "seconds": f.seconds, "message": f.message,
+                                                "failed_at": f.failed_at})
     for load in WeightLoad.objects.filter(run=run).order_by("loaded_at"):
-        entry = versions.setdefault(load.version, {"number": load.version, "published_at": None, "train_step": None,
-                                                   "checkpoint": "", "loads": []})
+        entry = entry_of(load.version)
         entry["loads"].append({"worker": load.worker, "loaded_at": load.loaded_at, "seconds": load.seconds,
                                "lag": (load.loaded_at - entry["published_at"]).total_seconds() if entry["published_at"] else None})
     return [versions[n] for n in sorted(versions, reverse=True)]

@@ -18,7 +18,7 @@ from kernel.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.invitations import Actor
 from apps.runs.metrics import metric_record
-from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, WeightLoad
+from apps.runs.models import AuditEntry, ModelVersion, Run, RunMember, SyncFailure, WeightLoad
 from apps.runs.selectors import eval_best
 from kernel.model_dirs import TOKENIZER, has_any, model_dir_missing, model_missing_said
 from kernel.exceptions import Conflict, InvalidInput
@@ -372,6 +372,24 @@ def weight_load_record(
     if via is not None:
         payload["via"] = via
     event_publish(run_id=run.pk, type="weights.synced", payload=payload)
+
+
+def sync_failure_record(*, run_id: int, version: int, method: str, stage: str, where: str, worker: str,
+                        seconds: float, message: str) -> SyncFailure | None:
+    """A weight sync or handover failed (workers.sync.SyncFailed): store it for the weight-sync
+    timeline and announce it as `weights.synced` with event `failed` (None: the run is gone).
+    The step that raised it is recorded as a task failure by its own task, as any other."""
+    run = Run.objects.filter(pk=run_id).only("pk").first()
+    if run is None:
+        return None
+    failure = SyncFailure.objects.create(run=run, version=version, method=method[:40], stage=stage[:80],
+                                         where=where[:1000], worker=worker[:200], seconds=seconds,
+                                         message=message[:4000])
+    event_publish(run_id=run_id, type="weights.synced", payload={
+        "version": version, "event": "failed", "method": failure.method, "stage": failure.stage,
+        "where": failure.where, "worker": failure.worker, "seconds": seconds, "message": failure.message[:500],
+    })
+    return failure
 
 
 def _audit_actor(actor: Actor) -> User | None:

@@ -160,7 +160,7 @@
              (p.late ? " (late)" : "") + (p.group_ready ? " · group trainable" : ""));
       } else if (ev.type === "weights.synced") {
         if (p.event === "published") statesSoon();
-        note("model v" + p.version + " " + (p.event || "synced"));
+        note("model v" + p.version + " " + (p.event === "failed" ? "sync failed" : (p.event || "synced")));
       } else if (ev.type === "labels.changed") {
         statesSoon();
       } else if (ev.type === "run.status") {

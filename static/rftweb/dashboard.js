@@ -590,6 +590,14 @@
     "weights.synced": function (p) {
       if (p.event === "published") { text("run-version", "v" + p.version); swapVersions(); }
       refresh("#timeline a.refresh");
+      if (p.event === "failed") {
+        // The versions' table says what failed and where: shown, not left folded away.
+        var table = document.querySelector("details.sync-table");
+        if (table) table.open = true;
+        say("v" + p.version + " " + (p.method || "weight") + " sync failed (" + (p.stage || "") + ") on " +
+            (p.worker || "a worker") + ": " + (p.message || ""));
+        return;
+      }
       syncSoon();
       countsSoon();
       say("v" + p.version + " " + (p.event === "loaded" ? "loaded by " + (p.worker || "an explorer") : "published"));

@@ -185,6 +185,49 @@ def test_nccl_sync_moves_the_trainers_weights_to_an_explorer_rank(model_dir: Pat
     assert sent["bytes"] == got["bytes"] > 0 and got["seconds"] > 0
 
 
+def _nccl_stalled_rank(rank: int, addr: str, out: str) -> None:
+    """Rank 0 broadcasts a version that rank 1 never takes (an explorer process that hangs)."""
+    import json
+    import time
+
+    from workers.sync import NcclSync, SyncFailed
+
+    torch.cuda.set_device(rank)
+    sync = NcclSync(addr=addr, world_size=2, rank=rank)
+    sync._group_get()
+    done = os.path.join(out, "rank0.json")
+    if rank == 0:
+        started, result = time.monotonic(), {}
+        try:
+            sync.broadcast(torch.nn.Linear(256, 256).cuda(), run_id=5, version=2, path="/shared/v2", timeout=2.0)
+        except SyncFailed as exc:
+            result = {"stage": exc.stage, "where": exc.where, "message": str(exc), "broken": sync.broken}
+        result["seconds"] = time.monotonic() - started
+        with open(done, "w") as fh:
+            json.dump(result, fh)
+    else:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    os._exit(0)  # NCCL's pending work must not hold the process at exit
+
+
+def test_an_nccl_broadcast_no_rank_takes_fails_within_the_runs_bound(tmp_path: Path) -> None:
+    """Issue 66.3 on NCCL itself (tests/trainer/test_sync_bounds_gloo.py runs the same code over gloo)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL between two ranks needs two CUDA devices")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    mp.start_processes(_nccl_stalled_rank, args=(addr, str(tmp_path)), nprocs=2, start_method="spawn")
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["stage"] == "broadcast" and got["broken"], got
+    assert got["where"] == f"nccl group {addr} (rank 0 of 2)"
+    assert 2.0 * 0.9 <= got["seconds"] < 30.0, got
+
+
 def test_a_learner_group_wider_than_the_hosts_gpus_is_refused_with_the_count(model_dir: Path) -> None:
     from workers.algorithms.distributed import GroupUnsupported, group_backend
 

@@ -433,7 +433,10 @@ def whole_state(learner: Learner) -> dict[str, torch.Tensor]:
 def _dcp_state(learner: Learner) -> dict[str, object]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    fresh = not learner.optimizer.state
     model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    if fresh:  # get_state_dict gave it a zero step (Adam's step 2 next): as one process, none
+        learner.optimizer.state.clear()
     state: dict[str, object] = {"model": model_state, "optim": optim_state}
     if learner.scheduler is not None:
         state["scheduler"] = learner.scheduler.state_dict()
@@ -783,6 +786,7 @@ class LearnerGroup:
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
             "sharded_load": self.followers_shard_load, "rank0_sharded": self.rank0_sharded,
+            "source": build.source if build is not None else None,  # issue 66.5: a version's weights
             "plugins": plugins_loaded(),
         }))
         # Set when a step failed part-way: the followers may be inside a collective, so they
@@ -1093,6 +1097,7 @@ class _FollowerReady:
     spec: LearnerSpec
     tokenizer: PreTrainedTokenizerBase
     rank0_sharded: bool = False
+    source: str | None = None  # the policy's weights where not the run's model (LearnerBuild.source)
 
 
 def sharded_load_fits(sharding: str, *, model: str) -> bool:
@@ -1112,7 +1117,7 @@ def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
     are the mesh's)."""
     from workers.algorithms.shard_load import LearnerBuild, learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
 
-    return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer),
+    return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer, source=start.source),
                                  world=start.plan.world, sharding=start.plan.sharding)
 
 
@@ -1156,7 +1161,7 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
     return _FollowerReady(learner=learner, plan=plan, backend=backend,
                           timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
                           checkpoint=str(checkpoint) if checkpoint else None, cfg=cfg, spec=spec, tokenizer=tokenizer,
-                          rank0_sharded=bool(spec_in.get("rank0_sharded")))
+                          rank0_sharded=bool(spec_in.get("rank0_sharded")), source=spec_in.get("source"))
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:

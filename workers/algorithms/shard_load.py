@@ -9,11 +9,14 @@ without a broadcast: the weights are the same files, and a fresh adapter draws t
 numbers on every rank from the run's seed, set just before it is made (as one process does:
 nothing between its seed and its adapter draws a number).
 
-Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model: a new
-run, or a learner group's own sharded snapshot (loaded into the shards after). A learner that
-starts from whole weights (a one-process snapshot with its optimizer, a published version
-after lost trainer state, an adapter directory) is still loaded whole on rank 0 and sharded
-from there (`learner_shard(from_rank0=True)`).
+Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model (a new
+run, or a learner group's own sharded snapshot, loaded into the shards after), or, after lost
+trainer state, from a published version (`LearnerBuild.source`, which the followers read from
+the group's spec): of full weights, every rank reads its rows of the version (the reference
+model's of the run's model); an adapter directory, every rank builds the run's model with a
+fresh adapter and copies its rows of the saved adapter in (`adapter_into_shards`). A learner
+that starts from a one-process snapshot with its optimizer is still loaded whole on rank 0 and
+sharded from there (`learner_shard(from_rank0=True)`; a learner group snapshots sharded).
 
 A published version is a whole model. With full weights and the checkpoint sync it is
 written from the shards (`whole_write`): the safetensors header is laid out from the
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from workers.adapters import adapter_wrap
+from workers.adapters import ADAPTER_WEIGHTS, adapter_wrap, is_adapter_dir
 from workers.algorithms import Learner
 from workers.algorithms.distributed import model_sharded_load, sharded_load_fits
 from workers.precision import precision_dtype
@@ -55,13 +58,22 @@ class LearnerBuild:
     cfg: RunConfig
     spec: LearnerSpec
     tokenizer: PreTrainedTokenizerBase
+    # The policy's weights where they are not the run's model: a published version of full
+    # weights (a run resuming after its trainer state was lost). Every rank reads its rows of
+    # it; the reference model is still the run's model.
+    source: str | None = None
 
 
-def rank0_sharded_fits(*, sharding: str, model: str, source: str) -> bool:
+def rank0_sharded_fits(*, sharding: str, model: str, source: str, lora: bool = False) -> bool:
     """Whether rank 0 loads only its shards too: its followers do (`sharded_load_fits`) and
-    its learner starts from the run's model (`source`: what it would load whole)."""
-
-    return source == model and sharded_load_fits(sharding, model=model)
+    its learner starts from the run's model, or from a published version of full weights
+    (`source`: what it would otherwise load whole). Not yet from an adapter folder or a
+    one-process snapshot (those are loaded whole on rank 0, then sharded)."""
+    if not sharded_load_fits(sharding, model=model):
+        return False
+    if lora:
+        return source == model or is_adapter_dir(source)
+    return source == model or (Path(source, "config.json").is_file() and sharded_load_fits(sharding, model=source))
 
 
 def group_device() -> str:
@@ -80,11 +92,39 @@ def learner_sharded_build(build: LearnerBuild, *, world: int, sharding: str) -> 
     # An adapter's base in the training precision, full weights in fp32: as a whole load.
     dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
     torch.manual_seed(cfg.seed)  # every rank's fresh adapter the same, and one process's
-    model = model_sharded_load(cfg.model, mesh=mesh, reshard=sharding == "full", precision=spec.precision, dtype=dtype,
-                               lora=spec.lora)
+    adapter = build.source if build.source is not None and is_adapter_dir(build.source) else None
+    weights = cfg.model if adapter is not None else build.source or cfg.model
+    model = model_sharded_load(weights, mesh=mesh, reshard=sharding == "full",
+                               precision=spec.precision, dtype=dtype, lora=spec.lora)
+    if adapter is not None:
+        adapter_into_shards(model, adapter)
     ref = (model_sharded_load(cfg.model, mesh=mesh, reshard=True, precision=spec.precision)
            if spec.needs_ref_model else None)
     return Learner(spec=spec, model=model, tokenizer=build.tokenizer, ref_model=ref)
+
+
+def adapter_into_shards(model: torch.nn.Module, folder: str) -> None:
+    """The adapter saved in `folder` into this rank's shards of `model`'s adapter (every rank
+    calls it; each reads the adapter's file whole: megabytes, not the model). Matched by the
+    names peft saves (the adapter's own name left out); one that does not fit is refused."""
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    saved = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    live = {name.replace(".default.", "."): p for name, p in model.named_parameters() if "lora_" in name}
+    misfit = sorted(set(live) ^ set(saved)) or [k for k in live if tuple(live[k].shape) != tuple(saved[k].shape)]
+    if misfit:
+        raise ValueError(f"{folder}: the adapter does not fit the run's ({misfit[0]} …)")
+    with torch.no_grad():
+        for key, param in live.items():
+            value = saved[key].to(param.dtype)
+            if isinstance(param, DTensor):
+                local = param.to_local()
+                # Each rank cuts its own rows from the whole it read: no collective.
+                local.copy_(distribute_tensor(value.to(local.device), param.device_mesh, param.placements,
+                                              src_data_rank=None).to_local())
+            else:
+                param.copy_(value)
 
 
 def model_skeleton(*, cfg: RunConfig, spec: LearnerSpec) -> torch.nn.Module:

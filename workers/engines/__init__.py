@@ -149,6 +149,18 @@ def engine_cache_put(*, backend: str, model: str, engine: RolloutEngine, options
         _ENGINES[_cache_key(backend, str(model), options or {})] = engine
 
 
+def engine_cache_drop(cfg: EngineConfig, *, backend: str | None = None) -> None:
+    """Forget the engine `engine_for(cfg)` returns, and close it in a thread of its own: a
+    load that failed or timed out left its weights unknown (workers.explorer), and a load
+    still stalled in it must not hold up this one."""
+    import threading
+
+    with _LOCK:
+        engine = _ENGINES.pop(_key(cfg, backend)[0], None)
+    if engine is not None:
+        threading.Thread(target=engine.close, name="engine-close", daemon=True).start()
+
+
 def engine_cache_clear() -> None:
     with _LOCK:
         _ENGINES.clear()

@@ -237,9 +237,10 @@ def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokeni
         return None
     from workers.algorithms.shard_load import LearnerBuild, rank0_sharded_fits
 
-    if not rank0_sharded_fits(sharding=str(t.sharding), model=str(run.cfg.model), source=str(source)):
+    model = str(run.cfg.model)
+    if not rank0_sharded_fits(sharding=str(t.sharding), model=model, source=str(source), lora=spec.lora is not None):
         return None
-    return LearnerBuild(cfg=run.cfg, spec=spec, tokenizer=tokenizer)
+    return LearnerBuild(cfg=run.cfg, spec=spec, tokenizer=tokenizer, source=None if str(source) == model else str(source))
 
 
 def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,

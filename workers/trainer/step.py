@@ -47,8 +47,8 @@ from workers.trainer.journal import (
     snapshot_due,
 )
 from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
-from workers.handover import memory_sync_applies, MemorySync
-from workers.sync import CheckpointSync, weight_sync_for
+from workers.handover import memory_sync_applies, MemorySync, sync_failure_note
+from workers.sync import CheckpointSync, SyncFailed, weight_sync_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -110,6 +110,17 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
 
 
 def publish_due(*, run: RunView, res: Resident) -> float | None:
+    """Publish the version the step just trained when one is due (its seconds; None: none was).
+    A sync that fails or runs past the run's sync_timeout_s raises SyncFailed, on the run's
+    weight-sync timeline first; the task retries it (workers/trainer/task.py)."""
+    try:
+        return _publish_due(run=run, res=res)
+    except SyncFailed as exc:
+        sync_failure_note(exc)
+        raise
+
+
+def _publish_due(*, run: RunView, res: Resident) -> float | None:
     cfg = run.cfg
     if not publishes_at(cfg=cfg, train_step=res.step):
         return None

@@ -1,6 +1,7 @@
 """The Celery task `workers.trainer.task.train_step(run_id, step)` on queue `train`: acked late,
 retried for transient database errors, a learner group's lost rank shown on the run page and
-the step sent again (once the run has trained a step), any other error fails the run with its message;
+the step sent again (once the run has trained a step), a failed weight sync sent again by the loop
+(failing the run once it keeps failing), any other error fails the run with its message;
 and the worker-start hook that imports the learner's libraries before the first step."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.db import InterfaceError, OperationalError
 from apps.runs.ports import run_view, task_failure_record
 from rftweb.taskkit import celery_bound_task, on_signal
 from workers.group_lost import GroupLost
+from workers.sync import SyncFailed
 from workers.trainer.resident import resident_drop
 from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker_name
 
@@ -81,6 +83,19 @@ def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
         if isinstance(exc, SoftTimeLimitExceeded):
             return {"status": "timed out"}
         raise
+    except SyncFailed as exc:
+        # The step is recorded, its version is not out: the loop sends the step again and it
+        # publishes (train_once). A fresh resident does it, rebuilt from the journal, since a
+        # write a timeout left behind may still be reading this one's tensors. Counted as the
+        # step's failure: one that keeps failing fails the run with this message.
+        log.warning("run %s train step %s: %s", run_id, step, exc)
+        resident_drop(run_id)
+        try:
+            task_failure_record(run_id=run_id, task="workers.trainer.task.train_step", step=step,
+                                worker=worker_name(), exception=exc)
+        except Exception:
+            log.exception("could not record the failure of run %s", run_id)
+        return {"status": "sync failed", "error": str(exc)}
     except Exception as exc:
         log.exception("run %s train step %s failed", run_id, step)
         run_fail(run_id, step, exc)
