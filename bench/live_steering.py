@@ -23,7 +23,8 @@ label a person takes a break of 15-45 s with probability `--breaks` (scaled by `
 A label arrives after its group trained whenever the loop outpaced the person (the label is then
 late: stored, taught to the reward model, not folded). The team's budget: the people stop
 labelling while the run's labels are 10% of its rollouts or more (`--budget`), and look again
-later.
+later; a person who stops for now hands back what is left on their page (Skip), so its groups
+are not held for them.
 
 Per (preference, seed): the people run and its twin, the same steps; the preference's share
 among 4 samples on each of `--heldout` held-out problems of each run's last version (the
@@ -64,7 +65,9 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -200,11 +203,15 @@ class Person:
 
     def items_rate(self, items: list[tuple[str, str, str, str, str]]) -> None:
         """Rate the page's items one by one at a person's pace, until the budget is reached."""
-        for _, assignment, _exp, prompt, completion in items:
+        for k, (_, assignment, _exp, prompt, completion) in enumerate(items):
             # Reading and deciding: log-normal around the pace.
             if not self.wait(self.pace.seconds * math.exp(self.rng.gauss(0.0, 0.4))):
                 return
             if not self.budget.take():
+                # Done for now: what is left on the page goes back (Skip), so that its groups
+                # are not held for a person who has stopped (feedback.hold_seconds).
+                for left in items[k:]:
+                    self.rater.post(f"/runs/{self.run_id}/annotate/items/{left[1]}/skip/", {})
                 return
             shown = html.unescape(re.sub(r"<[^>]+>", "", completion)).strip()
             score = self.rater.score_for(html.unescape(prompt), shown)
@@ -342,15 +349,22 @@ def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, s
     run_twins_start(run=run, actor=owner)
     deadline = started + args.minutes * 60
     ended = (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED)
+    shown = started
     while time.monotonic() < deadline:
         run.refresh_from_db()
         twin.refresh_from_db()
         if run.status in ended and twin.status in ended:
             break
+        if time.monotonic() - shown > 60:
+            shown = time.monotonic()
+            print(f"  {shown - started:4.0f} s: people run step {run.train_step}, labels "
+                  f"{sum(p.given for p in people)}; twin step {twin.train_step}; {load_average()}", flush=True)
         time.sleep(2)
     stop.set()
     for t in threads:
         t.join(timeout=120)
+    for p in people:
+        p.rater.http.close()  # no keep-alive connection holds the web server's shutdown
     seconds = time.monotonic() - started
     for r in (run, twin):
         r.refresh_from_db()
@@ -553,6 +567,9 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
+    # A SIGTERM ends the bench through its `finally`: the workers and the server it started
+    # stop with it (and its database is dropped at exit), not left running on the broker.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not os.environ.get("REDIS_URL"):
         raise SystemExit("bench.live_steering needs a Redis broker: set REDIS_URL (its database is flushed)")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-live-"))
