@@ -102,7 +102,7 @@ is mostly trajectory luck).
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
                               [--raters-start 0]] [--rm-gate calibrated|evidence|bound] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
-                             [--heldout 200]
+                             [--heldout 200] [--selection active|arrival]
                              [--out PATH [--resume | --report]]
 
 `--out PATH` appends each (preference, seed, arm) result to a JSON-lines file the moment that
@@ -646,6 +646,13 @@ all +0.163, rm10 +0.053 (0.32x, not met), random10 +0.005 (rm10 10.5x: met), ari
 read on one pair with a ceiling; `--report` on the file gives whatever finished after. The
 reward model over the family (bench/reward_model --raters generated:8, seed 0, 200 labels):
 `head` 0.813 on the mean (the mixed four 0.747), `mlp` 0.831 (0.774).
+
+The selection rule of rm10 and noisy is the run config's own default since 2026-11-28 (issue
+62 item 1: the reward model's least sure sibling pairs, a fifth of the pairs at random); it was
+arrival order there, and the arms overrode it. `--selection arrival` runs them in arrival order
+(three pairs of the family, seed 0, 30 steps: rm10 active +0.306 / +0.301 / +0.236 against
++0.242 / +0.260 / +0.258 in arrival order; bench/README.md). The live loop's twin of this bench
+is bench/live_steering.
 
 Under `--rm-gate bound` a reward model is folded into rewards only once the lower bound of its
 held-out accuracy at --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at
