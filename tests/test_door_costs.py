@@ -22,17 +22,21 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 # from the queue it has just read (-1); a hold renewal that would move no hold by more than
 # apps.feedback.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
 # after a label: -6), and that read is the queue's count (-1).
+# 2026-11-28 (issue 62 item 1): active selection is the run config's default, so a team's run
+# hands out under the rule (its candidates' reward-model scores, the random share's count, the
+# gold items): the annotate page 31 -> 42, the counts 7 -> 9 (what waits, counted as the rule
+# would hand it out), the queue's top-up 22 -> 31. A run in arrival order costs what it did.
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 31,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 42,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
     # (round 49: the person's ledger is one statement counted in the database, not their labels,
     # the versions, reward models and experiences read one after another); 31 (round 61): the
     # blind evaluations waiting for the person's vote (apps.evaluation), one statement
-    "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
+    "GET counts": 9,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 20,  # 21: the rating's transaction and its hold renewal after the commit
-    "GET queue": 22,  # 23: the top-up's hand-out and hold renewal
+    "GET queue": 31,  # 23: the top-up's hand-out and hold renewal
     "GET rank": 6,  # 7
     "POST rank": 23,  # 24; the second ranking of a group with overlap 2 also marks it ready
 }
