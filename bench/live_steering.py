@@ -52,6 +52,11 @@ Targets (issue 62, read on at least 6 preferences x 2 seeds): the gain beyond th
 +0.15 on the median and +0.05 at the 25th percentile, positive on at least 80% of pairs, labels
 at most 10% of rollouts, the label-to-effect lag's p90 at most 3 train steps, sampled arithmetic
 within 0.02 of the twin on the median. The last lines print each against its target.
+
+Measured 2026-11-28, reduced (3 preferences x seed 0 x 30 steps; bench/README.md): gain beyond
+the twin +0.265 / +0.250 / +0.303, the in-process bench's +0.265 / +0.263 / +0.230 on the same
+pairs, labels 0.095-0.098 of the rollouts, the label-to-effect lag 1 train step at the median and
+p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin.
 """
 
 from __future__ import annotations
@@ -524,9 +529,9 @@ def report(results: list[PairResult], *, lab: dict[tuple[str, int], float]) -> N
     for r in results:
         print(pair_line(r, lab.get((r.preference, r.seed))), flush=True)
     gains = sorted(r.gain for r in results)
-    labs = [lab[r.preference, r.seed] - r.gain for r in results if (r.preference, r.seed) in lab]
+    labs = [r.gain - lab[r.preference, r.seed] for r in results if (r.preference, r.seed) in lab]
     print(f"live_steering over {len(results)} pairs: gain beyond twin median {median(gains):+.3f}, spread "
-          f"{gains[0]:+.3f}..{gains[-1]:+.3f}; lab - live median "
+          f"{gains[0]:+.3f}..{gains[-1]:+.3f}; live - lab median "
           f"{'-' if not labs else format(median(labs), '+.3f')}; {load_average()}", flush=True)
     for line in verdicts(results):
         print(line, flush=True)
