@@ -102,7 +102,7 @@ is mostly trajectory luck).
                              [--rater bench.raters:correct|PATH.py:FUNCTION|generated:SEED | --raters generated:N
                               [--raters-start 0]] [--rm-gate calibrated|evidence|bound] [--noise 0] [--random-raters 0.5]
                              [--noisy-raters 2] [--max-tokens 32] [--verifier on|off] [--demo-styled SHARE] [--beta 0]
-                             [--heldout 200]
+                             [--heldout 200] [--selection active|arrival]
                              [--out PATH [--resume | --report]]
 
 `--out PATH` appends each (preference, seed, arm) result to a JSON-lines file the moment that
@@ -647,6 +647,13 @@ read on one pair with a ceiling; `--report` on the file gives whatever finished 
 reward model over the family (bench/reward_model --raters generated:8, seed 0, 200 labels):
 `head` 0.813 on the mean (the mixed four 0.747), `mlp` 0.831 (0.774).
 
+The selection rule of rm10 and noisy is the run config's own default since 2026-11-28 (issue
+62 item 1: the reward model's least sure sibling pairs, a fifth of the pairs at random); it was
+arrival order there, and the arms overrode it. `--selection arrival` runs them in arrival order
+(three pairs of the family, seed 0, 30 steps: rm10 active +0.306 / +0.301 / +0.236 against
++0.242 / +0.260 / +0.258 in arrival order; bench/README.md). The live loop's twin of this bench
+is bench/live_steering.
+
 Under `--rm-gate bound` a reward model is folded into rewards only once the lower bound of its
 held-out accuracy at --rm-confidence reaches --min-rm-accuracy (a perfect model on 9 pairs at
 0.75, 95%; a 0.9 one on ~30; one at 0.69 never); under the default `calibrated` from when that
@@ -711,7 +718,7 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
                rm_confidence: float = 0.95, w_auto: float = 0.2, crossval_folds: int = 4,
                pairs: bool = True, trust: bool = True, max_tokens: int = 32,
                verifier: bool = False, beta: float = 0.0,
-               rm_gate: str = RM_GATE_DEFAULT) -> tuple[dict[str, object], list[Override]]:
+               rm_gate: str = RM_GATE_DEFAULT, selection: str = "active") -> tuple[dict[str, object], list[Override]]:
     """The run config of `arm` and the overrides it is made of: the product's defaults
     (kernel.config) with these settings, and nothing else, set (`overrides_print` shows them at
     the bench's start; tests/test_bench_steering_config.py checks that no other setting differs)."""
@@ -776,8 +783,12 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
         Override("feedback.rm_accuracy_confidence", rm_confidence, "--rm-confidence"),
         Override("feedback.rm_gate", rm_gate, "--rm-gate"),
         overlap, *wait,
-        Override("feedback.selection.uncertainty", 1.0, "active selection: the reward model's least sure sibling pairs"),
-        Override("feedback.selection.random_share", 0.2, "a random share of pairs: the reward model's unbiased held-out pairs"),
+        # Active selection (the reward model's least sure sibling pairs and a fifth at random)
+        # is the product's default (kernel.config.SelectionRule): nothing to override, but to
+        # measure against the queue in arrival order, the default before 2026-11-28.
+        *([Override("feedback.selection.uncertainty", 0.0, "--selection arrival: the queue in arrival order"),
+           Override("feedback.selection.random_share", 0.0, "--selection arrival: no random share")]
+          if selection == "arrival" else []),
         Override("feedback.selection.pairs", pairs, "--pairs"),
         Override("reward_model.enabled", True, "the learned arms' reward model"),
         Override("reward_model.kind", rm_kind, "--rm-kind"),
@@ -883,7 +894,7 @@ class Rater:
         self.labels = 0
         self.retries = 0
 
-    def _post(self, path: str, data: dict[str, str]) -> Any:
+    def post(self, path: str, data: dict[str, str]) -> Any:
         # A person whose submit fails (a busy shared database answers 500 now and then) submits
         # again; the services are idempotent per assignment, so nothing is counted twice.
         for attempt in range(6):
@@ -895,7 +906,7 @@ class Rater:
             time.sleep(0.5 * (attempt + 1))
         return r
 
-    def _get(self, path: str) -> Any:
+    def get(self, path: str) -> Any:
         for attempt in range(6):
             r = self.http.get(path)
             if r.status_code < 500:
@@ -916,20 +927,20 @@ class Rater:
         """Open the annotation page, rate up to `budget` items (None: all), skip the rest."""
         done = 0
         while budget is None or done < budget:
-            page = self._get(f"/runs/{run_id}/annotate/")
+            page = self.get(f"/runs/{run_id}/annotate/")
             page.raise_for_status()
             items = ITEM.findall(page.text)
             if not items:
                 break
             for _, assignment, _exp, prompt, completion in items:
                 if budget is not None and done >= budget:
-                    self._post(f"/runs/{run_id}/annotate/items/{assignment}/skip/", {})
+                    self.post(f"/runs/{run_id}/annotate/items/{assignment}/skip/", {})
                     continue
                 # What a person reads: the rendered completion's text (its markup dropped, the
                 # completion's own characters, `<answer>` tags included, unescaped).
                 shown = html.unescape(re.sub(r"<[^>]+>", "", completion)).strip()
                 score = self.score_for(html.unescape(prompt), shown)
-                r = self._post(f"/runs/{run_id}/annotate/items/{assignment}/rate/", {"score": str(score)})
+                r = self.post(f"/runs/{run_id}/annotate/items/{assignment}/rate/", {"score": str(score)})
                 if r.status_code != 200:
                     raise SystemExit(f"rating failed: {r.status_code} {r.text[:200]}")
                 done += 1
@@ -974,7 +985,7 @@ class Sampled:
     untagged: float
 
 
-def _samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
+def held_out_samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
              samples: int = 4, heldout: int = HELDOUT) -> list[tuple[str, str]]:
     """(prompt, completion) for `samples` completions sampled per held-out problem
     (temperature 1, seeded): drawn once per model and read by every rater (`_rated`)."""
@@ -1003,7 +1014,7 @@ def _samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, seed: int,
     return out
 
 
-def _rated(samples: list[tuple[str, str]], rating: Rating) -> Sampled:
+def samples_rated(samples: list[tuple[str, str]], rating: Rating) -> Sampled:
     """The preferred share (rated 4 or 5), arithmetic accuracy and untagged share of `samples`.
     The expected accuracy counts the warm-up's four forms word for word, so a run that learns a
     form of its own would read as losing arithmetic there; this reads the answer in any style."""
@@ -1018,8 +1029,8 @@ def _rated(samples: list[tuple[str, str]], rating: Rating) -> Sampled:
 
 def _sampled(model_dir: str, tokenizer_dir: Path, rating: Rating, *, max_tokens: int, seed: int,
              samples: int = 4) -> Sampled:
-    """`_rated` over `_samples` of one model."""
-    return _rated(_samples(model_dir, tokenizer_dir, max_tokens=max_tokens, seed=seed, samples=samples), rating)
+    """`samples_rated` over `held_out_samples` of one model."""
+    return samples_rated(held_out_samples(model_dir, tokenizer_dir, max_tokens=max_tokens, seed=seed, samples=samples), rating)
 
 
 def _gold_mark(owner: Rater, run: Any) -> int:
@@ -1030,7 +1041,7 @@ def _gold_mark(owner: Rater, run: Any) -> int:
     for exp_id, prompt, response in (Experience.objects.filter(run=run, is_expert=False).order_by("id")
                                      .values_list("pk", "prompt_text", "response_text")[:12]):
         score = owner.score_for(prompt, response)
-        r = owner._post(f"/runs/{run.pk}/signal/raters/", {"experience": str(exp_id), "score": str(score)})
+        r = owner.post(f"/runs/{run.pk}/signal/raters/", {"experience": str(exp_id), "score": str(score)})
         if r.status_code not in (200, 302):
             raise SystemExit(f"gold marking failed: {r.status_code}")
         marked += 1
@@ -1163,7 +1174,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
             min_rm_heldout_pairs: int = 0, rm_confidence: float = 0.95, w_auto: float = 0.2,
             crossval_folds: int = 4, pairs: bool = True, trust: bool = True, rating: Rating = correct,
             noise: float = 0.0, noisy_raters: int = 2, random_share: float = 0.5, max_tokens: int = 32,
-            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT,
+            verifier: bool = False, beta: float = 0.0, rm_gate: str = RM_GATE_DEFAULT, selection: str = "active",
             heldout: int = HELDOUT) -> dict[str, Any]:
     """One arm on one seed: the run's figures and its final model's held-out samples
     (`samples`, rated by each rater afterwards: `_measured`); a `learned` arm's step probes."""
@@ -1191,7 +1202,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
                                     rm_kind=rm_kind, min_rm_heldout_pairs=min_rm_heldout_pairs,
                                     rm_confidence=rm_confidence, w_auto=w_auto, crossval_folds=crossval_folds,
                                     pairs=pairs, trust=trust, max_tokens=max_tokens, verifier=verifier,
-                                    beta=beta, rm_gate=rm_gate)[0])
+                                    beta=beta, rm_gate=rm_gate, selection=selection)[0])
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     for epoch in range(run.cfg.epochs):
         task_attempts_create(run=run, epoch=epoch)
@@ -1272,7 +1283,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
               + (f"\n      {_probe_line(probes[-1])}" if probes and len(probes) == step else ""), flush=True)
     checkpoint = ModelVersion.objects.get(run=run, train_step=steps).checkpoint
     acc, greedy = _accuracy(checkpoint, demo, heldout)
-    samples = _samples(checkpoint, demo, max_tokens=max_tokens, seed=seed, heldout=heldout)
+    samples = held_out_samples(checkpoint, demo, max_tokens=max_tokens, seed=seed, heldout=heldout)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
     labels = Feedback.objects.filter(run=run, kind="rating").count()
     skipped = Metric.objects.filter(run=run, name="train/skipped_no_signal", value=1.0).count()
@@ -1350,7 +1361,7 @@ def _noise(page: float, drawn: Any) -> float:
 def _measured(raw: dict[str, Any], rater: RaterSpec, base: Sampled) -> dict[str, Any]:
     """An arm's result read by one rater: its preferred share, arithmetic and untagged share
     over the arm's final samples, against the base's for the same rater and seed."""
-    after = _rated(raw["samples"], rater.rating)
+    after = samples_rated(raw["samples"], rater.rating)
     return {**raw, "rater": rater.name, "share": after.share, "share_gain": after.share - base.share,
             "arithmetic": after.arithmetic, "arithmetic_gain": after.arithmetic - base.arithmetic,
             "untagged": after.untagged}
@@ -1689,6 +1700,8 @@ def _journal_of(parser: argparse.ArgumentParser, args: argparse.Namespace, rater
     if args.heldout != HELDOUT:
         # Named only where it is not the default: the files written before the flag stay readable.
         settings["heldout"] = args.heldout
+    if args.selection != "active":
+        settings["selection"] = args.selection
     journal = Journal(args.out, settings)
     if args.out is not None and not (args.resume or args.report) and args.out.exists() and args.out.stat().st_size:
         parser.error(f"--out {args.out} holds results already: --resume to go on with them, or name another file")
@@ -1760,6 +1773,10 @@ def main() -> None:
                              "weighted by how far it has come (apps.feedback.learned.reward_model_weight); "
                              "calibrated, from when the bound is above chance, at its calibration's scale")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
+    parser.add_argument("--selection", default="active", choices=["active", "arrival"],
+                        help="rm10 / noisy's hand-out: active, the run config's default (the reward model's least "
+                             "sure sibling pairs, a fifth at random); arrival, the queue in arrival order (the "
+                             "default before 2026-11-28)")
     parser.add_argument("--demo-styled", type=float, default=None,
                         help="build the demo model with this share of styled warm-up answers, split evenly "
                              "among its styles (DemoSettings.styled, 0.75 by default: every style a quarter, "
@@ -1832,13 +1849,14 @@ def main() -> None:
         min_rm_accuracy=args.min_rm_accuracy, scale_rewards=args.scale_rewards, rm_kind=args.rm_kind,
         min_rm_heldout_pairs=args.min_rm_heldout_pairs, rm_confidence=args.rm_confidence, w_auto=args.w_auto,
         crossval_folds=args.crossval_folds, pairs=args.pairs == "on", trust=args.trust == "on",
-        max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta, rm_gate=args.rm_gate)
+        max_tokens=args.max_tokens, verifier=args.verifier == "on", beta=args.beta, rm_gate=args.rm_gate,
+        selection=args.selection)
     overrides_print(arms, model=str(demo), seed=seeds[0], **settings)
     base_acc = _accuracy(str(demo), demo, args.heldout)
     # The base's samples, drawn once per seed and read by every rater.
-    base_samples = {seed: _samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed, heldout=args.heldout)
+    base_samples = {seed: held_out_samples(str(demo), demo, max_tokens=args.max_tokens, seed=seed, heldout=args.heldout)
                     for seed in seeds}
-    base = {(r.name, seed): _rated(base_samples[seed], r.rating) for r in raters for seed in seeds}
+    base = {(r.name, seed): samples_rated(base_samples[seed], r.rating) for r in raters for seed in seeds}
     for r in raters:
         if len(raters) > 1:
             print(f"preference {r.description}", flush=True)

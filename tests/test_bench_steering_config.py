@@ -100,12 +100,22 @@ def test_the_print_of_several_arms_gives_each_arm_the_shared_overrides_and_its_o
         assert printed["every arm"] | printed[arm] == {o.path: o.value for o in overrides}
 
 
-def test_the_learned_arms_print_the_active_selection_the_product_does_not_default_to(
+def test_the_learned_arms_take_the_products_active_selection_and_print_only_arrival_order(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # Active selection is the product's default since issue 62: an rm10 arm sets nothing for it,
+    # and its run hands out by the reward model's uncertainty with a fifth at random.
     _print(["rm10"])
     printed = _printed(capsys.readouterr().out)["every arm"]
+    config, _ = _arm("rm10")
+    selection = config_validate(data=config).feedback.selection
 
-    assert printed["feedback.selection.uncertainty"] == 1.0
-    assert printed["feedback.selection.random_share"] == 0.2
+    assert not [path for path in printed if path.startswith("feedback.selection.") and path != "feedback.selection.pairs"]
+    assert (selection.uncertainty, selection.random_share) == (1.0, 0.2)
     assert printed["reward_model.retrain_every"] == 16
+
+    # --selection arrival (the old default) is an override, printed with its reason.
+    overrides_print(["rm10"], model=MODEL, steps=30, tasks=8, repeat=8, seed=1, lr=1e-4, beta=0.6, selection="arrival")
+    arrival = _printed(capsys.readouterr().out)["every arm"]
+    assert arrival["feedback.selection.uncertainty"] == 0.0
+    assert arrival["feedback.selection.random_share"] == 0.0

@@ -22,10 +22,14 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 # from the queue it has just read (-1); a hold renewal that would move no hold by more than
 # apps.feedback.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
 # after a label: -6), and that read is the queue's count (-1).
+# 2026-11-28 (issue 62 item 1): active selection is the run config's default, so a team's run
+# hands out under the rule (its candidates' reward-model scores, the random share's count, the
+# gold items): the annotate page 31 -> 42, the counts 7 -> 9 (what waits, counted as the rule
+# would hand it out), the queue's top-up 22 -> 31. A run in arrival order costs what it did.
 CEILINGS = {
     "GET login": 0,
     "POST login": 18,  # django-axes' checks and log, the session's row, last_login
-    "GET annotate page": 35,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
+    "GET annotate page": 46,  # 34 -> 33 -> 30: the hand-out, the hold renewal, the counts, the ledger
     # (round 49: the person's ledger is one statement counted in the database, not their labels,
     # the versions, reward models and experiences read one after another); 31 (round 61): the
     # blind evaluations waiting for the person's vote (apps.evaluation), one statement; 33
@@ -34,13 +38,14 @@ CEILINGS = {
     # person's evaluation votes counted for "your submissions" ("N evaluation votes: not trained");
     # 35 (issue 64 item 1): each of "Your submissions"' labels shows its state (apps.feedback.ledger's
     # label_states: what the reward model recorded of them, and their experiences; the versions
-    # only where one is trained)
-    "GET counts": 7,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
+    # only where one is trained); +11 (issue 62 item 1, above): the hand-out under the default rule
+    "GET counts": 9,  # 15: a renewal's 7 (right after a label: within the slack, one read, which also
     # counts the person's queue for what waits for them) and the counts
     "POST rate": 22,  # 21 -> 20: the rating's transaction and its hold renewal after the commit; 22
     # (issue 64 item 1): the finished card shows the label's state (label_states, as above)
-    "GET queue": 23,  # 23: the top-up's hand-out and hold renewal; 22, then 23 (issue 63 item 2):
-    # whether a blind evaluation hands out pairs between the items it tops up (one exists())
+    "GET queue": 32,  # 23: the top-up's hand-out and hold renewal; 22, then 23 (issue 63 item 2):
+    # whether a blind evaluation hands out pairs between the items it tops up (one exists()); +9
+    # (issue 62 item 1, above): the top-up under the default rule
     "GET rank": 6,  # 7
     "POST rank": 23,  # 24; the second ranking of a group with overlap 2 also marks it ready
 }

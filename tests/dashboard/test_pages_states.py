@@ -480,7 +480,7 @@ def test_the_owner_writes_guidelines_on_the_run_page_and_raters_see_them(page: A
     page.click("#feedback-settings button[type=submit]")
     page.wait_for_selector("#audit li:has-text('w_human') .changes")
     change = page.inner_text("#audit li:has-text('w_human') .changes")
-    assert change == "selection.uncertainty 0 → 0.5 · w_human 0.5 → 0.8", change
+    assert change == "selection.uncertainty 1 → 0.5 · w_human 0.5 → 0.8", change
     assert "{" not in page.inner_text("#audit")
     other = browser.new_context(base_url=live_url)
     rater_page = other.new_page()

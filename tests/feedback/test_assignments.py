@@ -37,7 +37,9 @@ def test_overlap_two_hands_each_item_to_two_annotators(owner: User) -> None:
 
 
 def test_concurrent_claimers_never_exceed_the_overlap(transactional_db: None, owner: User) -> None:
-    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
+    # Arrival order: a claim under a rule passes over a pair a parallel claimer took first and
+    # may end short (the next claim tops it up), so "all 20 handed out" is arrival order's.
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     make_experiences(run, groups=5, group_size=4, status="pending")
     claims_at_once(run, [make_user(f"racer{i}") for i in range(4)], size=6)
     ids = list(Assignment.objects.values_list("experience_id", flat=True))
@@ -48,7 +50,8 @@ def test_racing_claimers_under_overlap_two_take_the_second_slot_and_never_a_thir
                                                                                    owner: User) -> None:
     # A slot taken between a claimer's read and its insert is skipped by the conflict and the
     # item tried again on its other slot (apps.feedback.services.handout.slots_take).
-    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2})
+    # Arrival order, as above.
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2, "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     make_experiences(run, groups=5, group_size=4, status="pending")
     users = [make_user(f"racer{i}") for i in range(6)]
     got = claims_at_once(run, users, size=8)

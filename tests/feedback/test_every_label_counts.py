@@ -39,7 +39,8 @@ def _claimed(run: Run, who: User, size: int) -> list[int]:
 
 
 def test_a_fresh_groups_items_come_before_older_ones(olga: User, anna: User) -> None:
-    run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1})
+    # In arrival order (no rule: the default before issue 62), member by member.
+    run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1, "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     add_member(run, anna)
     first = _group(run, "first")
     second = _group(run, "second")
@@ -164,7 +165,8 @@ def test_the_waiting_count_is_one_number_on_every_page_and_the_api(olga: User, a
 
 
 def test_a_page_loaded_after_the_queue_went_stale_serves_fresh_items_first(olga: User, anna: User) -> None:
-    run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1})
+    # Arrival order (no rule: the default before issue 62).
+    run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1, "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     add_member(run, anna)
     early = _group(run, "step-9")
     page = Client()

@@ -25,6 +25,11 @@ from tests.factories import add_member, experience_row, make_run, make_user
 pytestmark = pytest.mark.django_db
 
 
+# A rule that weighs nothing (the run config's default before issue 62 made active selection
+# the default): the queue goes in arrival order.
+ARRIVAL = {"uncertainty": 0.0, "random_share": 0.0}
+
+
 def _run(olga: User, anna: User, *, seed: int = 0, **feedback: Any) -> Run:
     run = make_run(owner=olga, seed=seed, feedback={"mode": "blend", "overlap": 1, **feedback})
     add_member(run, anna)
@@ -66,7 +71,7 @@ def _rate_queue(run: Run, user: User) -> None:
 
 
 def test_without_a_selection_rule_the_page_hands_out_in_arrival_order_and_says_so(olga: User, anna: User) -> None:
-    run = _run(olga, anna)
+    run = _run(olga, anna, selection=ARRIVAL)
     groups = _groups(run, groups=6)
     queue = _open_page(run, anna)
     # Arrival order of what a label can still change: the freshest group first, its members in order.
@@ -89,7 +94,7 @@ def test_under_a_rule_each_pair_records_whether_the_rule_or_the_random_share_cho
 
 
 def test_gold_turns_record_gold_and_the_fresh_items_beside_them_arrival(olga: User, anna: User) -> None:
-    run = _run(olga, anna, gold_rate=0.25)
+    run = _run(olga, anna, gold_rate=0.25, selection=ARRIVAL)
     groups = _groups(run, groups=10, scores=[0.2 * (10 - g) for g in range(10)])  # the model must not choose
     gold = {e.pk for e in groups[-1] + groups[-2]}
     for pk in gold:
@@ -158,7 +163,7 @@ def test_rows_from_before_the_source_was_recorded_get_it_where_the_config_says_i
     from django.apps import apps as django_apps
 
     migration = importlib.import_module("apps.feedback.migrations.0004_assignment_source")
-    plain = _run(olga, anna)
+    plain = _run(olga, anna, selection=ARRIVAL)  # as a run of then stored its config
     ruled = _run(olga, anna, selection={"uncertainty": 1.0, "random_share": 0.2})
     rows = {}
     for run in (plain, ruled):

@@ -40,7 +40,9 @@ def _open_annotate(page: Any, live_url: str, run: Run, username: str) -> None:
 
 
 def test_an_annotator_rates_ranks_and_edits_live_rollouts(page: Any, live_url: str, owner: User, annotator: User) -> None:
-    run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "overlap": 1})
+    # Arrival order (the rule's random share would hand the items out in another order).
+    run = make_run(owner=owner, feedback={"mode": "blend", "w_auto": 0.5, "w_human": 0.5, "overlap": 1,
+                                          "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     add_member(run, annotator)
     group_a = _pending_group(run, "ga", [1.0, 0.0, 1.0])
     _open_annotate(page, live_url, run, "annotator")

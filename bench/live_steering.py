@@ -1,0 +1,625 @@
+"""Steering through the live loop at a person's pace (issue 62 item 2): how far a few people's
+labels steer a run when the run is the product's own loop, as a user runs it, and the people
+label at their own pace beside it.
+
+The loop: the deployment's web server (docker-compose.yml's uvicorn command) and Celery workers
+on a real broker (Redis), one a queue as `rft worker` plans them: the conductor (the `default`
+queue, with Celery beat: the conductor beat, the wait windows' expiry, the reward-model beat),
+the explorer (`rollout`), the trainer (`train`) and the reward model (`reward`, on its own queue,
+trained and scoring while the explorer and trainer go on). Nothing of the loop runs in this
+process; it only creates the runs, starts them as the Start button does (the people run and
+its twin, `run_twin_create`: the same config with people's feedback and the reward model off,
+started with it on the same workers), and reads the rows afterwards. The run's mode is the
+config's default (sync, sync_interval 1).
+
+The people: `--people` simulated annotators (two by default), each a person at the annotation
+page of the people run (bench/steering's `Rater`: the login form, the page the hand-out fills,
+its rating form's POST, CSRF and session cookie). They rate by a drawn preference nobody here
+wrote (bench.raters.preference_family, `--raters generated:N --raters-start S`: styles, phrases,
+lengths, and mixes of those with the right answer), with the preference's own noise. Their pace
+is a person's: each label takes a reading time drawn around `--pace` seconds (log-normal,
+sd 0.4 in log terms), a person who finds nothing waiting looks again after 2-6 s, and after any
+label a person takes a break of 15-45 s with probability `--breaks` (scaled by `--pace` / 4).
+A label arrives after its group trained whenever the loop outpaced the person (the label is then
+late: stored, taught to the reward model, not folded). The team's budget: the people stop
+labelling while the run's labels are 10% of its rollouts or more (`--budget`), and look again
+later; a person who stops for now hands back what is left on their page (Skip), so its groups
+are not held for them.
+
+Per (preference, seed): the people run and its twin, the same steps; the preference's share
+among 4 samples on each of `--heldout` held-out problems of each run's last version (the
+measurement of bench/steering, off the clock), the base's share beside them; the gain beyond the
+twin (people's share less the twin's: both start from the same base); the labels given and their
+share of the rollouts; the late labels; the lag from a label to the first reward-model version
+trained on a pair made from it (the ledger's LabelTaught rows) and to the first train step whose
+rewards it changed (its own group's train step when it was folded, else the first train step that
+trained on completions the reward model scored with that version or a newer one: "scored", not
+"opened the gate": an approximation from above of the effect's lag), in train steps (median,
+p90) and seconds; the sampled arithmetic against the twin. `--lab FILE` reads a bench/steering
+results file (`--out`) of the same preferences, seeds and steps and prints the in-process
+bench's gain beyond `format` (rm10's share gain less format's) beside each pair: the gap between
+lab and loop as a number.
+
+The run's config is the product's defaults (kernel.config) but for the overrides printed at the
+start, each with its reason: those of bench/steering's rm10 arm (the figures this bench is read
+beside) less its in-process loop's, and the wait window (a person's pace: `--wait`).
+
+    python -m bench.live_steering [--raters generated:2] [--raters-start 6] [--seeds 0] [--steps 12]
+                                  [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait 30]
+                                  [--heldout 200] [--minutes 40] [--lab FILE]
+
+Targets (issue 62, read on at least 6 preferences x 2 seeds): the gain beyond the twin at least
++0.15 on the median and +0.05 at the 25th percentile, positive on at least 80% of pairs, labels
+at most 10% of rollouts, the label-to-effect lag's p90 at most 3 train steps, sampled arithmetic
+within 0.02 of the twin on the median. The last lines print each against its target.
+
+Measured 2026-11-28, reduced (3 preferences x seed 0 x 30 steps; bench/README.md): gain beyond
+the twin +0.265 / +0.250 / +0.303, the in-process bench's +0.265 / +0.263 / +0.230 on the same
+pairs, labels 0.095-0.098 of the rollouts, the label-to-effect lag 1 train step at the median and
+p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, free_port, health_wait, median, \
+    percentile, processes_stop, server_env, setup_django
+from bench.raters import GeneratedRater, preference_family
+from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, arm_config, held_out_samples, samples_rated
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+# The in-process loop's overrides of bench/steering's rm10 arm that the live loop does not take:
+# the mode and its sync interval (the product's defaults: sync, 1) and the wait window (here a
+# person's pace sets it, `--wait`).
+LAB_ONLY = ("mode", "sync_interval", "feedback.wait_seconds")
+TASKS, REPEAT = 8, 8
+# The in-process bench's figures this one is read beside: its learning rate and KL weight.
+LR, BETA = 1e-4, 0.6
+
+
+def live_config(*, model: str, steps: int, seed: int, wait: float) -> tuple[dict[str, object], list[Override]]:
+    """The people run's config and its overrides of the product's defaults: bench/steering's
+    rm10 arm's, less its in-process loop's (LAB_ONLY), with the wait window of a person's pace."""
+    _, lab = arm_config("rm10", model=model, steps=steps, tasks=TASKS, repeat=REPEAT, seed=seed, lr=LR, beta=BETA)
+    overrides = [o for o in lab if o.path not in LAB_ONLY]
+    overrides.append(Override("feedback.wait_seconds", wait,
+                              "--wait: a group waits this long for people before its fallback (the default 600 s "
+                              "would hold each early step ten minutes on this host)"))
+    config: dict[str, object] = {}
+    for o in overrides:
+        *parents, leaf = o.path.split(".")
+        node = config
+        for key in parents:
+            child = node.setdefault(key, {})
+            assert isinstance(child, dict)
+            node = child
+        node[leaf] = o.value
+    return config, overrides
+
+
+# ---------------------------------------------------------------- the people
+
+
+@dataclass
+class Pace:
+    """How fast a person labels: a reading time around `seconds` a label, a look again after
+    2-6 s when nothing waits, a break of 15-45 s (both scaled by seconds / 4) after a label with
+    probability `breaks`, and the team's budget: no labels while the run's labels are `budget`
+    of its rollouts or more."""
+
+    seconds: float = 4.0
+    breaks: float = 0.04
+    budget: float = 0.1
+
+    def scale(self) -> float:
+        return self.seconds / 4.0
+
+
+class Budget:
+    """The team's label budget, shared by the people's threads: no label while the run's
+    labels (with those being posted) are `share` of its rollouts or more."""
+
+    def __init__(self, run_id: int, share: float) -> None:
+        self.run_id, self.share = run_id, share
+        self.lock = threading.Lock()
+        self.posting = 0
+
+    def counts(self) -> tuple[int, int]:
+        from django.db import close_old_connections
+
+        from apps.buffer.models import Experience
+        from apps.feedback.models import Feedback
+
+        close_old_connections()
+        return (Feedback.objects.filter(run_id=self.run_id, kind="rating").count(),
+                Experience.objects.filter(run_id=self.run_id, is_expert=False).count())
+
+    def room(self) -> bool:
+        labels, rollouts = self.counts()
+        return labels + self.posting + 1 <= self.share * rollouts
+
+    def take(self) -> bool:
+        """Room for one more label: taken (call `done` once it is posted)."""
+        with self.lock:
+            if not self.room():
+                return False
+            self.posting += 1
+            return True
+
+    def done(self) -> None:
+        with self.lock:
+            self.posting -= 1
+
+
+@dataclass
+class Person:
+    """One simulated annotator at the people run's annotation page, in a thread of its own."""
+
+    rater: Rater
+    run_id: int
+    pace: Pace
+    rng: random.Random
+    stop: threading.Event
+    budget: Budget
+    given: int = 0
+    breaks: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep `seconds` unless told to stop; whether to go on."""
+        return not self.stop.wait(max(0.0, seconds))
+
+    def loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if not self.budget.room():
+                    if not self.wait(self.rng.uniform(2, 6) * self.pace.scale()):
+                        return
+                    continue
+                page = self.rater.get(f"/runs/{self.run_id}/annotate/")
+                items = ITEM.findall(page.text) if page.status_code == 200 else []
+                if not items:
+                    if not self.wait(self.rng.uniform(2, 6) * self.pace.scale()):
+                        return
+                    continue
+                self.items_rate(items)
+        except Exception as exc:  # a person's thread ends with a line, not silently
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def items_rate(self, items: list[tuple[str, str, str, str, str]]) -> None:
+        """Rate the page's items one by one at a person's pace, until the budget is reached."""
+        for k, (_, assignment, _exp, prompt, completion) in enumerate(items):
+            # Reading and deciding: log-normal around the pace.
+            if not self.wait(self.pace.seconds * math.exp(self.rng.gauss(0.0, 0.4))):
+                return
+            if not self.budget.take():
+                # Done for now: what is left on the page goes back (Skip), so that its groups
+                # are not held for a person who has stopped (feedback.hold_seconds).
+                for left in items[k:]:
+                    self.rater.post(f"/runs/{self.run_id}/annotate/items/{left[1]}/skip/", {})
+                return
+            shown = html.unescape(re.sub(r"<[^>]+>", "", completion)).strip()
+            score = self.rater.score_for(html.unescape(prompt), shown)
+            try:
+                r = self.rater.post(f"/runs/{self.run_id}/annotate/items/{assignment}/rate/", {"score": str(score)})
+            finally:
+                self.budget.done()
+            if r.status_code == 200:
+                self.given += 1
+            elif r.status_code >= 500:
+                self.errors.append(f"rating {assignment}: {r.status_code}")
+            if self.rng.random() < self.pace.breaks:
+                self.breaks += 1
+                if not self.wait(self.rng.uniform(15, 45) * self.pace.scale()):
+                    return
+
+
+def people_start(*, url: str, run_id: int, names: list[str], preference: GeneratedRater, seed: int, pace: Pace,
+                 stop: threading.Event) -> tuple[list[Person], list[threading.Thread]]:
+    """Log each person in and start their thread at the people run's annotation page."""
+    budget = Budget(run_id, pace.budget)
+    people = [Person(rater=Rater(url, name, careful=True, seed=seed * 100 + i, rating=preference, noise=preference.noise),
+                     run_id=run_id, pace=pace, rng=random.Random(seed * 1000 + i), stop=stop, budget=budget)
+              for i, name in enumerate(names)]
+    threads = [threading.Thread(target=p.loop, name=f"person-{p.rater.username}", daemon=True) for p in people]
+    for t in threads:
+        t.start()
+    return people, threads
+
+
+# ---------------------------------------------------------------- the loop's processes
+
+
+def loop_start(*, env: dict[str, str], logs: Path) -> tuple[list[subprocess.Popen[bytes]], str]:
+    """The deployment's web server and one Celery worker a queue (conductor with beat,
+    explorer, trainer, reward model), all on the bench's database and broker; returns them
+    and the server's URL once it answers and every worker answers a ping."""
+    from rftweb.celery import app
+
+    procs = [bench_worker("conductor", "default", [], env=env, logs=logs, beat=True),
+             bench_worker("explorer", "rollout", ["workers.explorer"], env=env, logs=logs),
+             bench_worker("trainer", "train", ["workers.trainer"], env=env, logs=logs),
+             bench_worker("reward", "reward", ["workers.rewards", "workers.reward_trainer"], env=env, logs=logs)]
+    port = free_port()
+    procs.append(subprocess.Popen(compose_web_command(port=port, workers=1), cwd=ROOT, env=server_env(env),
+                                  stdout=(logs / "web.log").open("wb"), stderr=subprocess.STDOUT))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    if not health_wait(url, seconds=300, alive=lambda: procs[-1].poll() is None):
+        processes_stop(procs)
+        raise SystemExit(f"the web server did not answer: {(logs / 'web.log').read_text()[-2000:]}")
+    while time.monotonic() < deadline:
+        if len(app.control.inspect(timeout=1.0).ping() or {}) >= 4:
+            return procs, url
+        if any(p.poll() is not None for p in procs):
+            break
+    processes_stop(procs)
+    raise SystemExit(f"the Celery workers did not all answer (logs in {logs})")
+
+
+# ---------------------------------------------------------------- one (preference, seed)
+
+
+@dataclass
+class PairResult:
+    """One (preference, seed): the people run's and its twin's figures."""
+
+    preference: str
+    description: str
+    mixed: bool
+    seed: int
+    base: Sampled
+    people: Sampled
+    twin: Sampled
+    labels: int
+    rollouts: int
+    late: int
+    breaks: int
+    lags_rm: list[float]  # train steps from a label to the first reward-model version trained on it
+    lags_effect: list[float]  # train steps from a label to the first train step whose rewards it changed
+    seconds_rm: list[float]
+    seconds_effect: list[float]
+    untaught: int  # labels no version trained on
+    rm: str  # the last reward-model version: its held-out accuracy and pairs
+    seconds: float
+    load: str
+
+    @property
+    def gain(self) -> float:
+        """The gain in the preferred share beyond the twin (both start from the same base)."""
+        return self.people.share - self.twin.share
+
+    @property
+    def arithmetic(self) -> float:
+        return self.people.arithmetic - self.twin.arithmetic
+
+
+def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int, steps: int, wait: float,
+              people: int) -> tuple[Any, Any, list[str]]:
+    """The people run (its annotators made) and its twin, drafts; the annotators' names."""
+    from django.contrib.auth.models import User as Users
+
+    from apps.buffer.importers import taskset_import
+    from apps.control.twins import run_twin_create
+    from apps.runs.models import RunMember
+    from apps.runs.services import run_create
+    from workers.demo_model import TASKSET_FILE
+
+    taskset = taskset_import(name=f"live {preference.seed} {seed}", path=demo / TASKSET_FILE, owner=owner)
+    config, _ = live_config(model=str(demo), steps=steps, seed=seed, wait=wait)
+    run = run_create(name=f"live g{preference.seed} s{seed}", owner=owner, taskset=taskset, config=config)
+    twin = run_twin_create(run=run, actor=owner)
+    names = [f"p{run.pk}{chr(ord('a') + i)}" for i in range(people)]
+    for name in names:
+        RunMember.objects.create(run=run, user=Users.objects.create_user(username=name, password=PASSWORD),
+                                 role=RunMember.Role.ANNOTATOR)
+    return run, twin, names
+
+
+def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, seed: int, args: argparse.Namespace,
+             base: Sampled) -> PairResult:
+    """Run the people run and its twin to the end on the live loop, the people labelling
+    beside them; then measure both runs' last versions and the labels' lags."""
+    from apps.control.twins import run_twins_start
+    from apps.runs.models import Run
+    from apps.runs.services import run_transition
+
+    run, twin, names = pair_runs(owner=owner, demo=demo, preference=preference, seed=seed, steps=args.steps,
+                                 wait=args.wait, people=args.people)
+    stop = threading.Event()
+    started = time.monotonic()
+    people, threads = people_start(url=url, run_id=run.pk, names=names, preference=preference, seed=seed,
+                                   pace=Pace(seconds=args.pace, breaks=args.breaks, budget=args.budget), stop=stop)
+    run_transition(run=run, action="start", actor=owner)
+    run_twins_start(run=run, actor=owner)
+    deadline = started + args.minutes * 60
+    ended = (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED)
+    shown = started
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        twin.refresh_from_db()
+        if run.status in ended and twin.status in ended:
+            break
+        if time.monotonic() - shown > 60:
+            shown = time.monotonic()
+            print(f"  {shown - started:4.0f} s: people run step {run.train_step}, labels "
+                  f"{sum(p.given for p in people)}; twin step {twin.train_step}; {load_average()}", flush=True)
+        time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    for p in people:
+        p.rater.http.close()  # no keep-alive connection holds the web server's shutdown
+    seconds = time.monotonic() - started
+    for r in (run, twin):
+        r.refresh_from_db()
+        if r.status != Run.Status.FINISHED:
+            raise SystemExit(f"run #{r.pk} ended {r.status} at train step {r.train_step} of {args.steps} "
+                             f"after {seconds:.0f} s: {r.error or 'the time ran out (--minutes)'}")
+    for p in people:
+        for e in p.errors:
+            print(f"  person {p.rater.username}: {e}", flush=True)
+    return pair_measure(run=run, twin=twin, demo=demo, preference=preference, seed=seed, args=args, base=base,
+                        breaks=sum(p.breaks for p in people), seconds=seconds)
+
+
+def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater, seed: int, args: argparse.Namespace,
+                 base: Sampled, breaks: int, seconds: float) -> PairResult:
+    """Both runs' last versions sampled on the held-out problems (as bench/steering measures
+    them) and rated by the preference; the labels, their lateness and lags."""
+    from apps.buffer.models import Experience
+    from apps.feedback.models import Feedback
+    from apps.rewards.models import RewardModel
+    from apps.runs.models import ModelVersion
+
+    def sampled(r: Any) -> Sampled:
+        checkpoint = ModelVersion.objects.get(run=r, train_step=args.steps).checkpoint
+        return samples_rated(held_out_samples(checkpoint, demo, max_tokens=32, seed=seed, heldout=args.heldout),
+                             preference)
+
+    lags = label_lags(run)
+    rm = RewardModel.objects.filter(run=run).order_by("-version").first()
+    labels = Feedback.objects.filter(run=run, kind="rating")
+    return PairResult(
+        preference=f"generated:{preference.seed}", description=preference.describe(), mixed=preference.mixed,
+        seed=seed, base=base, people=sampled(run), twin=sampled(twin), labels=labels.count(),
+        rollouts=Experience.objects.filter(run=run, is_expert=False).count(), late=labels.filter(late=True).count(),
+        breaks=breaks, lags_rm=lags.rm_steps, lags_effect=lags.effect_steps, seconds_rm=lags.rm_seconds,
+        seconds_effect=lags.effect_seconds, untaught=lags.untaught,
+        rm="-" if rm is None else f"v{rm.version} {rm.accuracy or 0:.2f} on {rm.pairs_heldout}",
+        seconds=seconds, load=load_average())
+
+
+@dataclass
+class Lags:
+    rm_steps: list[float] = field(default_factory=list)
+    rm_seconds: list[float] = field(default_factory=list)
+    effect_steps: list[float] = field(default_factory=list)
+    effect_seconds: list[float] = field(default_factory=list)
+    untaught: int = 0
+
+
+def label_lags(run: Any) -> Lags:
+    """Per rating of the run: the train steps (and seconds) from it to the first reward-model
+    version whose pairs came from it (LabelTaught.taught) and to the first train step whose
+    rewards it changed: its own group's, when it was folded (not late); else the first train
+    step that trained on completions scored by that version or a newer one. A train step's
+    position is counted from the train steps published before the label was saved."""
+    from bisect import bisect_right
+    from collections import defaultdict
+
+    from apps.buffer.models import Experience
+    from apps.feedback.models import Feedback, LabelTaught
+    from apps.rewards.models import RewardModel, RewardModelScore
+    from apps.runs.models import ModelVersion
+
+    published = sorted((v.created_at, v.train_step) for v in ModelVersion.objects.filter(run=run, train_step__gt=0))
+    times = [t for t, _ in published]
+    step_at = {s: t for t, s in published}
+    versions = {v.version: v.created_at for v in RewardModel.objects.filter(run=run)}
+    # The newest reward-model version whose scores each train step trained on.
+    newest: dict[int, int] = defaultdict(int)
+    for at, scored_by in RewardModelScore.objects.filter(
+            experience__run=run, experience__trained_step__isnull=False).values_list(
+            "experience__trained_step", "reward_model__version"):
+        if at is not None:
+            newest[at] = max(newest[at], scored_by)
+    taught = dict(LabelTaught.objects.filter(run=run).values_list("feedback_id", "taught"))
+    trained = {pk: at for pk, at in Experience.objects.filter(run=run).values_list("pk", "trained_step")
+               if at is not None}
+    lags = Lags()
+    for fb in Feedback.objects.filter(run=run, kind="rating"):
+        before = bisect_right(times, fb.created_at)  # train steps published before the label
+        version = taught.get(fb.pk)
+        if version is None:
+            lags.untaught += 1
+        else:
+            lags.rm_steps.append(bisect_right(times, versions[version]) - before)
+            lags.rm_seconds.append((versions[version] - fb.created_at).total_seconds())
+        effects = [s for s, v in newest.items() if version is not None and v >= version
+                   and step_at[s] > versions[version]]
+        own = trained.get(fb.experience_id or 0)
+        if not fb.late and own is not None:
+            effects.append(own)
+        if effects:
+            step = min(effects)
+            lags.effect_steps.append(step - before)
+            lags.effect_seconds.append((step_at[step] - fb.created_at).total_seconds())
+    return lags
+
+
+def load_average() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ---------------------------------------------------------------- the report
+
+
+def lab_gains(path: Path | None, *, steps: int) -> dict[tuple[str, int], float]:
+    """From a bench/steering results file (`--out`): per (preference, seed), rm10's share gain
+    less `format`'s (the in-process bench's gain beyond the arm without people), for the rows
+    run at `steps` steps."""
+    if path is None:
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if (r.get("settings") or {}).get("steps") == steps]
+    # `format` (no people) runs once per seed; the file holds it read by every preference.
+    fmt = {(r["rater"], r["seed"]): r["share_gain"] for r in rows if r["arm"] == "format"}
+    by_pair = {(r["rater"], r["seed"]): r["share_gain"] for r in rows if r["arm"] == "rm10"}
+    return {pair: gain - fmt[pair] for pair, gain in by_pair.items() if pair in fmt}
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"median {median(values):.1f} p90 {percentile(values, 0.9):.1f}"
+
+
+def pair_line(r: PairResult, lab: float | None) -> str:
+    lab_words = "-" if lab is None or math.isnan(lab) else f"{lab:+.3f} (live - lab {r.gain - lab:+.3f})"
+    return (f"{r.preference}{' mixed' if r.mixed else ''} s{r.seed}: share base {r.base.share:.3f} people "
+            f"{r.people.share:.3f} twin {r.twin.share:.3f}, gain beyond twin {r.gain:+.3f}; lab {lab_words}; "
+            f"arithmetic people - twin {r.arithmetic:+.3f}; labels {r.labels} of {r.rollouts} rollouts "
+            f"({r.labels / max(1, r.rollouts):.3f}), late {r.late}, breaks {r.breaks}; lag to rm version (steps) "
+            f"{spread(r.lags_rm)}, (s) {spread(r.seconds_rm)}; to effect (steps) {spread(r.lags_effect)}, "
+            f"(s) {spread(r.seconds_effect)}; untaught {r.untaught}; rm {r.rm}; {r.seconds:.0f} s, {r.load}")
+
+
+def verdicts(results: list[PairResult]) -> list[str]:
+    """Each target against the pairs: the figure, the target and met / not met."""
+    gains = [r.gain for r in results]
+    effect = [x for r in results for x in r.lags_effect]
+    shares = [r.labels / max(1, r.rollouts) for r in results]
+    arithmetic = [r.arithmetic for r in results]
+    positive = sum(g > 0 for g in gains)
+    rows = [
+        ("median gain beyond twin", f"{median(gains):+.3f}", ">= +0.15", median(gains) >= 0.15),
+        ("25th percentile", f"{percentile(gains, 0.25):+.3f}", ">= +0.05", percentile(gains, 0.25) >= 0.05),
+        ("positive pairs", f"{positive} of {len(gains)}", ">= 80%", positive >= 0.8 * len(gains)),
+        ("labels / rollouts (most)", f"{max(shares):.3f}", "<= 0.10", max(shares) <= 0.1 + 1e-9),
+        ("label-to-effect lag p90 (train steps)", f"{percentile(effect, 0.9):.1f}", "<= 3",
+         bool(effect) and percentile(effect, 0.9) <= 3),
+        ("sampled arithmetic people - twin, median", f"{median(arithmetic):+.3f}", ">= -0.02",
+         median(arithmetic) >= -0.02),
+    ]
+    return [f"  {name}: {value} (target {target}): {'met' if ok else 'NOT met'}" for name, value, target, ok in rows]
+
+
+def report(results: list[PairResult], *, lab: dict[tuple[str, int], float]) -> None:
+    for r in results:
+        print(pair_line(r, lab.get((r.preference, r.seed))), flush=True)
+    gains = sorted(r.gain for r in results)
+    labs = [r.gain - lab[r.preference, r.seed] for r in results if (r.preference, r.seed) in lab]
+    print(f"live_steering over {len(results)} pairs: gain beyond twin median {median(gains):+.3f}, spread "
+          f"{gains[0]:+.3f}..{gains[-1]:+.3f}; live - lab median "
+          f"{'-' if not labs else format(median(labs), '+.3f')}; {load_average()}", flush=True)
+    for line in verdicts(results):
+        print(line, flush=True)
+
+
+# ---------------------------------------------------------------- main
+
+
+def overrides_print(overrides: list[Override]) -> None:
+    print("the people run's config: the product's defaults (kernel.config) but for these overrides "
+          "(its twin: the same, people's feedback and the reward model off)", flush=True)
+    for o in overrides:
+        print(f"    {o.path} = {o.value!r}  ({o.reason})", flush=True)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--raters", default="generated:2", help="generated:N, N drawn preferences")
+    parser.add_argument("--raters-start", type=int, default=6, help="the first drawn preference's seed")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--people", type=int, default=2, help="simulated annotators (two or three)")
+    parser.add_argument("--pace", type=float, default=4.0, help="seconds a label, around which a person's vary")
+    parser.add_argument("--breaks", type=float, default=0.04, help="chance of a break after a label")
+    parser.add_argument("--budget", type=float, default=0.1, help="the labels' share of the rollouts people stop at")
+    parser.add_argument("--wait", type=float, default=30.0, help="feedback.wait_seconds of the people run")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out problems sampled (4 each) to measure")
+    parser.add_argument("--minutes", type=float, default=40.0, help="give up on a pair after this long")
+    parser.add_argument("--lab", type=Path, default=None, help="a bench/steering results file (--out) of these pairs")
+    args = parser.parse_args()
+    count = args.raters.removeprefix("generated:")
+    if not args.raters.startswith("generated:") or not count.isdigit() or int(count) < 1:
+        parser.error(f"--raters {args.raters!r}: expected generated:N")
+    if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1:
+        parser.error("--people 1..5, --pace above 0, --budget a share above 0")
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    # A SIGTERM ends the bench through its `finally`: the workers and the server it started
+    # stop with it (and its database is dropped at exit), not left running on the broker.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if not os.environ.get("REDIS_URL"):
+        raise SystemExit("bench.live_steering needs a Redis broker: set REDIS_URL (its database is flushed)")
+    tmp = Path(tempfile.mkdtemp(prefix="rft-bench-live-"))
+    for name, value in (("RFT_STORAGE_DIR", str(tmp / "storage")), ("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"),
+                        ("TRANSFORMERS_VERBOSITY", "error"), ("RFT_FAST_PASSWORD_HASHER", "1")):
+        os.environ.setdefault(name, value)
+    setup_django()
+    import redis
+    import torch
+    from django.conf import settings
+    from django.contrib.auth.models import User
+
+    from workers.demo_model import demo_model_build
+
+    torch.set_num_threads(1)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
+    owner, _ = User.objects.get_or_create(username="bench-live-owner")
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    preferences = preference_family(int(args.raters.removeprefix("generated:")), start=args.raters_start)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    overrides_print(live_config(model=str(demo), steps=args.steps, seed=seeds[0], wait=args.wait)[1])
+    print(f"people: {args.people}, a label every ~{args.pace:g} s, breaks {args.breaks:g}, budget {args.budget:g} of "
+          f"the rollouts; {load_average()}", flush=True)
+    base_samples = {s: held_out_samples(str(demo), demo, max_tokens=32, seed=s, heldout=args.heldout) for s in seeds}
+    env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT))
+    procs, url = loop_start(env=env, logs=tmp)
+    results: list[PairResult] = []
+    try:
+        for seed in seeds:
+            for p in preferences:
+                print(f"preference {p.describe()}, seed {seed}", flush=True)
+                result = pair_run(url=url, owner=owner, demo=demo, preference=p, seed=seed, args=args,
+                                  base=samples_rated(base_samples[seed], p))
+                results.append(result)
+                print(pair_line(result, None), flush=True)
+    finally:
+        processes_stop(procs)
+        (ROOT / ".cache").mkdir(exist_ok=True)
+        for log in tmp.glob("*.log"):
+            shutil.copy(log, ROOT / ".cache" / f"bench-live-{log.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+    if results:
+        report(results, lab=lab_gains(args.lab, steps=args.steps))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Smoke test of bench/live_steering (issue 62 item 2) on tiny sizes: the product's loop (web
+server and one Celery worker a queue on the tests' Redis beside) runs a people run and its twin
+to the end with two simulated people at the annotation page; the bench prints the overrides it
+made with their reasons, one line for the pair (its shares, labels within the team's budget,
+lags) and the verdict per target. The figures are the bench's business (bench/README.md)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.bench, pytest.mark.slow]
+
+NUMBER = r"(\d+\.\d+)"
+
+
+def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and_the_verdicts(
+    bench: Callable[..., Any],
+) -> None:
+    out = bench("live_steering", "--raters", "generated:1", "--raters-start", "6", "--steps", "1", "--heldout", "8",
+                "--pace", "0.2", "--wait", "3", "--minutes", "4", timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    text = out.stdout
+    # Every override is printed with its reason, the live loop's wait window among them, and
+    # none of the in-process loop's (the run's mode is the product's default).
+    overrides = re.findall(r"^    ([a-z_.]+) = .+  \((.+)\)$", text, re.M)
+    assert overrides and all(reason.strip() for _, reason in overrides), text[:3000]
+    paths = {path for path, _ in overrides}
+    assert "feedback.wait_seconds" in paths and "mode" not in paths and "sync_interval" not in paths
+    pair = re.search(rf"^generated:6 s0: share base {NUMBER} people {NUMBER} twin {NUMBER}, gain beyond twin "
+                     rf"([-+]\d\.\d+);.* labels (\d+) of (\d+) rollouts \({NUMBER}\)", text, re.M)
+    assert pair, text[-3000:]
+    _, people, twin, gain = (float(x) for x in pair.groups()[:4])
+    assert gain == pytest.approx(people - twin, abs=1e-3)
+    labels, rollouts = int(pair[5]), int(pair[6])
+    # The people run ran its step of 8 tasks x 8, and the people kept within the 10% budget.
+    assert rollouts == 64 and 0 < labels <= 0.1 * rollouts
+    assert re.search(r"^live_steering over 1 pairs: gain beyond twin median [-+]\d\.\d+", text, re.M), text[-2000:]
+    verdicts = re.findall(r"^  (.+): .+ \(target .+\): (met|NOT met)$", text, re.M)
+    assert {name for name, _ in verdicts} >= {"median gain beyond twin", "labels / rollouts (most)",
+                                              "label-to-effect lag p90 (train steps)"}
