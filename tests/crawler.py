@@ -36,7 +36,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, urldefrag, urlsplit
 
@@ -493,7 +493,8 @@ class Crawl:
         # A GET (a filter, a sort, a refresh) counts once per kind of page it asks for; a POST
         # once per button too (accept and reject post to one URL).
         # Once wherever it shows (check() finds a control whose target is missing on any page).
-        key = (action.kind, pattern(action.target), action.label if action.method == "post" else "")
+        # A label's numbers do not make another kind of button ("Prepare v5", "Prepare v6").
+        key = (action.kind, pattern(action.target), re.sub(r"\d+", "{n}", action.label) if action.method == "post" else "")
         if key in done_actions:
             return
         done_actions.add(key)
@@ -514,6 +515,7 @@ class Crawl:
         then sent once more with an invalid value (`_refused`)."""
         where = action.describe()
         self._reopen(action.url)
+        action = self._found_again(action) or action  # not found: its index, and the failure below if gone
         requests = 0
         if action.kind == "form":
             fields = self.page.evaluate(FIELDS, action.index)
@@ -554,6 +556,17 @@ class Crawl:
             return  # the POST's own answer (a form with its errors): not a page to GET
         self._enqueue(landed, f"after {where}", pages, seen)
 
+    def _found_again(self, action: Action) -> Action | None:
+        """The action on the page opened again, by what it sends and its label rather than its
+        index alone: an earlier action may have added or removed a form above it (a version
+        prepared turns its form into a link). None where nothing matches."""
+        found = self.page.evaluate(HARVEST)
+        if action.kind == "form":
+            same = [f["index"] for f in found["forms"] if f["action"] == action.target and (f["label"] or f["id"]) == action.label]
+        else:
+            same = [c["index"] for c in found["controls"] if c["url"] == action.target and c["label"] == action.label]
+        return replace(action, index=same[0]) if same else None
+
     def _reopen(self, url: str) -> None:
         self.page.goto(url, wait_until="load")
         self.settle()
@@ -591,6 +604,11 @@ class Crawl:
         checks: the answer must be the form with a plain error (the 4xx is no fault; a 5xx, a
         debug page or no error shown is)."""
         self._reopen(action.url)
+        again = self._found_again(action)
+        if again is None:  # a form that acts once (a version prepared): gone once sent, as it should be
+            self.visited.append(f"{sent}: gone once sent, not sent again")
+            return
+        action = again
         fields = self.page.evaluate(FIELDS, action.index) or []
         # A required field emptied first: what a person most often sends by mistake.
         spoil = next(((f, bad) for f in sorted(fields, key=lambda f: not f["required"])
