@@ -118,3 +118,31 @@ def test_rating_an_item_closes_it_and_the_queue_tops_up(owner: User) -> None:
     assert first.status == "done"
     [third] = assignment_claim(run=run, annotator=a, size=2)
     assert third.experience_id not in (first.experience_id, second.experience_id)
+
+
+@pytest.mark.parametrize("overlap", [1, 2])
+def test_racing_claimers_under_the_default_rule_never_fail_nor_exceed_the_overlap(
+        transactional_db: None, owner: User, overlap: int) -> None:
+    # The run config's default hand-out (active selection, issue 62): every claim of a race
+    # returns (a thread that raised leaves no count), no item goes past its overlap, and a
+    # claim that ended short (a unit a parallel claimer took first is passed over) is topped
+    # up by the person's next claim.
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": overlap})
+    make_experiences(run, groups=5, group_size=4, status="pending")
+    users = [make_user(f"racer{i}") for i in range(4)]
+    got = claims_at_once(run, users, size=6)
+    assert sorted(got) == sorted(u.username for u in users), got
+    held: dict[int, list[int]] = {}
+    for exp_id, who in Assignment.objects.values_list("experience_id", "annotator_id"):
+        held.setdefault(exp_id, []).append(who)
+    assert all(len(w) <= overlap and len(set(w)) == len(w) for w in held.values()), held
+    for user in users:
+        assignment_claim(run=run, annotator=user, size=6)
+    held = {}
+    for exp_id, who in Assignment.objects.values_list("experience_id", "annotator_id"):
+        held.setdefault(exp_id, []).append(who)
+    assert all(len(w) <= overlap for w in held.values()), held
+    for user in users:  # topped up: 6 (one over where a sibling pair came whole), or nothing left for them
+        mine = Assignment.objects.filter(annotator=user).count()
+        assert 6 <= mine <= 7 or (mine < 6 and len(held) == 20 and all(len(w) == overlap or user.pk in w
+                                                                         for w in held.values())), (user, mine, held)
