@@ -230,7 +230,8 @@
       statesTimer = 0;
       statesAt = Date.now();
       window.rftRefresh("#ledger-refresh");
-      window.rftRefresh("#mine a.refresh");
+      // A label open for revising keeps its form: the revision's own answer redraws the list.
+      if (!document.querySelector("#mine li.revising")) window.rftRefresh("#mine a.refresh");
     }, Math.max(300, 1000 - (Date.now() - statesAt)));
   }
   // A finished card shows the state of the label on its item, as "Your submissions" lists it
@@ -336,6 +337,8 @@
   document.body.addEventListener("htmx:beforeSwap", (ev) => {
     const sent = ev.detail.xhr && ev.detail.xhr.rftSentAt;
     if (sent && sent <= withdrawnAt) ev.detail.shouldSwap = false;
+    // A refresh asked before Revise was pressed must not close the label opened for editing.
+    if (sent && document.querySelector("#mine li.revising")) ev.detail.shouldSwap = false;
     // Stamped when the answer swaps in (the event's own element is the target, #mine-box;
     // the form that asked is the request's).
     const elt = ev.detail.requestConfig && ev.detail.requestConfig.elt;

@@ -11,8 +11,19 @@
   let timer = 0;
   function soon() {
     if (timer) return;
-    timer = setTimeout(() => { timer = 0; window.rftRefresh("#mine a.refresh"); }, 1000);
+    timer = setTimeout(() => {
+      timer = 0;
+      // A label open for revising keeps its form: the revision's own answer redraws the list.
+      if (!document.querySelector("#mine li.revising")) window.rftRefresh("#mine a.refresh");
+    }, 1000);
   }
+  // A refresh on its way when Revise was pressed must not close the label opened for editing.
+  document.body.addEventListener("htmx:beforeSwap", (ev) => {
+    const elt = ev.detail.requestConfig && ev.detail.requestConfig.elt;
+    if (elt && elt.matches && elt.matches("#mine a.refresh") && document.querySelector("#mine li.revising")) {
+      ev.detail.shouldSwap = false;
+    }
+  });
   let delay = 1000;
   let opened = false;
   function connect() {

@@ -18,7 +18,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
 from apps.feedback.services import assignment_claim
 from apps.runs.models import Run
-from tests.factories import add_member, experience_row, make_run
+from tests.factories import add_member, experience_row, make_run, make_user
 from tests.servers import BROWSER_WAIT_MS, HeldAnswer, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -213,3 +213,42 @@ def test_a_refused_revision_keeps_the_label_and_other_kinds_revise_too(owner: Us
     other = Client()
     other.force_login(owner)
     assert other.get(url, HTTP_HX_REQUEST="true").status_code == 400
+
+
+def test_a_label_open_for_revising_stays_open_while_others_labels_move_the_states(
+        browser: Any, live_url: str, owner: User, annotator: User) -> None:
+    # The states refresh on every label saved (issue 64 item 1) redrew "Your submissions" and
+    # closed a label the person had opened for revising (seen under load in the suite).
+    run, members = _rated_run(owner, annotator)
+    first = Feedback.objects.get(experience=members[0])
+    other = make_user("other-rater")
+    add_member(run, other)
+    fresh = experience_row(run, key="o-0", group="o", status="pending", reward=None, auto_reward=1.0,
+                           response_text="Answer o")
+    experience_write(experiences=[fresh])
+    [theirs] = assignment_claim(run=run, annotator=other, size=1)  # theirs before the page hands it out
+    context = browser.new_context(base_url=live_url, viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    try:
+        here = f"/runs/{run.pk}/annotate/"
+        login(page, live_url, "annotator", next_path=here)
+        page.wait_for_selector("#annotate[data-live=open]")
+        page.locator(f'#mine li[data-feedback="{first.pk}"]').get_by_role("link", name="Revise").click()
+        _wired(page, f'#mine li.revising[data-feedback="{first.pk}"] form.revise')
+        page.locator(f'#mine li.revising[data-feedback="{first.pk}"] input[name=score][value="4"]').check()
+        web = Client()
+        web.force_login(other)
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if "/annotate/mine" in r.url else None)
+        with page.expect_response(lambda r: r.url.endswith(f"/runs/{run.pk}/annotate/labels/"),
+                                  timeout=BROWSER_WAIT_MS):
+            assert web.post(f"/runs/{run.pk}/annotate/items/{theirs.pk}/rate/", {"score": "5"}).status_code == 302
+        expect(page.locator("#ledger-run-total")).to_have_text("3")  # the states moved, and the list
+        assert asked == [], asked  # was not asked for in the same refresh (it is, with no label open)
+        form = page.locator(f'#mine li.revising[data-feedback="{first.pk}"] form.revise')
+        expect(form.locator("input[name=score][value='4']")).to_be_checked()  # still open, the choice kept
+        form.get_by_role("button", name="Save").click()
+        expect(page.locator("#mine .saved")).to_have_text(f"Revised: your rating on #{members[0].pk} is now 4/5.")
+    finally:
+        context.close()
