@@ -67,6 +67,7 @@ def test_an_old_flat_config_loads_with_its_algorithms_settings(algorithm: str, c
     # fields added since (their defaults fill in when the stored config is read).
     migrated = MIGRATION.trainer_forward(_old(algorithm, **changed, learning_rate=3e-6))["trainer"]
     dumped = config_dump(cfg)["trainer"]
+    assert isinstance(dumped, dict)
     assert set(dumped) - set(migrated) == ADDED_SINCE_THE_MIGRATION
     assert migrated == {key: value for key, value in dumped.items() if key not in ADDED_SINCE_THE_MIGRATION}
 
