@@ -43,8 +43,15 @@ def filled_run(run: Run) -> Run:
     return run
 
 
-def test_eight_claimers_never_get_the_same_experience_and_consume_each_once(filled_run: Run) -> None:
-    procs = [_spawn(filled_run, f"w{i}", 32) for i in range(8)]
+def test_eight_claimers_never_get_the_same_experience_and_consume_each_once(filled_run: Run, tmp_path: Path) -> None:
+    procs = [_spawn(filled_run, f"w{i}", 32, "--gate", str(tmp_path)) for i in range(8)]
+    # Released together once all eight are up (claimer.py --gate): under load the first could
+    # otherwise empty the buffer alone, and "spread over several" would be the scheduler's luck.
+    deadline = time.monotonic() + 300
+    while len(list(tmp_path.glob("ready-*"))) < 8:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a claimer did not start"
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
     claims = [_claimed(p) for p in procs]
     every = [pk for claim in claims for pk in claim]
     assert len(every) == len(set(every)) == 2000
