@@ -79,10 +79,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait, processes_stop
 from rftweb import localpg
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 
 def load_average() -> str:
@@ -193,10 +196,26 @@ def person_labels(*, url: str, run: int, preference: str, labels: int, until: fl
             item.locator(f"input[name=score][value='{score}']").check()
             item.locator("form.rate button[type=submit]").click()
             assignment = item.get_attribute("data-assignment")
-            page.wait_for_selector(f"#item-{assignment}.done")
+            if not saved_wait(page, f"#item-{assignment}.done", until=until, done=done):
+                break
             given += 1
         browser.close()
     return given
+
+
+def saved_wait(page: Page, selector: str, *, until: float, done: Callable[[], bool]) -> bool:
+    """Wait for the page to mark a label saved: on a loaded host saving one took over 30 s
+    (load 11-16), so a timeout is not a failure while the run still takes labels and the
+    person's time is not up; look again. False when it gave up (the run ended, or `until`)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    while True:
+        try:
+            page.wait_for_selector(selector, timeout=max(1.0, min(30.0, until - time.monotonic())) * 1000)
+            return True
+        except PlaywrightTimeout:
+            if time.monotonic() >= until or done():
+                return False
 
 
 def main() -> None:
@@ -235,8 +254,13 @@ def demo_once(args: argparse.Namespace, *, seed: int) -> float:
                                         rm_gate=args.rm_gate)
         print(f"demo runs (seed {seed}): #{people} with a person labelling by {demo.preference}, #{twin} without "
               f"people; {load_average()}", flush=True)
+        evaluated = time.monotonic()
         start_evaluate(demo, people=people, twin=twin)
-        given, figures = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started)
+        eval_seconds = (time.monotonic() - evaluated) / 2
+        print(f"version 0 evaluated: {eval_seconds:.0f} s an evaluation (with the shell's start); {load_average()}",
+              flush=True)
+        given, figures = demo_serve(demo, args=args, people=people, twin=twin, deadline=deadline, started=started,
+                                    eval_seconds=eval_seconds)
         print(demo.manage("shell", "-c", f"from bench.demo_teach import rm_probe_print, style_print; "
                                          f"rm_probe_print({people}); style_print({people}, {demo.preference!r}); "
                                          f"style_print({twin}, {demo.preference!r})"), end="", flush=True)
@@ -255,7 +279,7 @@ def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
 
 
 def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, deadline: float,
-               started: float) -> tuple[int, dict[str, Any] | None]:
+               started: float, eval_seconds: float) -> tuple[int, dict[str, Any] | None]:
     """Serve the demo, start both runs, label as the person until done, wait for both runs and
     their last evaluations, then (with `--blind-votes`) the blind votes on the newest versions;
     returns the labels given and the blind evaluation's figures."""
@@ -281,7 +305,9 @@ def demo_serve(demo: Demo, *, args: argparse.Namespace, people: int, twin: int, 
                 time.sleep(2)
             # The last versions' evaluations are sent on publish and run beside the trainer:
             # they may land after their run ended (the server must still be up for them).
-            evaluated_by = min(deadline, time.monotonic() + 180)
+            # Bounded by what it waits for: two evaluations a run at most, each as long as
+            # version 0's took, with room for a loaded host (and never under the former 180 s).
+            evaluated_by = min(deadline, time.monotonic() + max(180.0, 6 * eval_seconds))
             every = {run: eval_every(demo, run) for run in (people, twin)}
             while time.monotonic() < evaluated_by and any(evaluations_due(demo, run, every[run]) for run in every):
                 time.sleep(2)
