@@ -470,10 +470,6 @@ def sharded_load(learner: Learner, path: Path) -> None:
         learner.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
 
 
-def is_sharded_checkpoint(path: Path) -> bool:
-    return (path / ".metadata").exists()
-
-
 # ----------------------------------------------------------------------------- a group of processes
 
 
