@@ -120,6 +120,45 @@ def test_rating_an_item_closes_it_and_the_queue_tops_up(owner: User) -> None:
     assert third.experience_id not in (first.experience_id, second.experience_id)
 
 
+def test_two_claimers_offered_the_same_items_in_opposite_orders_both_return(
+        transactional_db: None, owner: User) -> None:
+    # A selection rule ranks items per person, so two claims can offer the same items in
+    # opposite orders; inserted as offered, each waited on a row the other had written and
+    # Postgres ended one claim with a deadlock (CI, stop 68). Both claims return, and the
+    # items are split between them, each leased once.
+    import threading
+
+    from apps.feedback.services.handout import slots_take
+
+    run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
+    ids = [e.pk for e in make_experiences(run, groups=500, group_size=4, status="pending")]
+    users = [make_user("forward"), make_user("backward")]
+    orders = {"forward": ids, "backward": ids[::-1]}
+    barrier = threading.Barrier(2)
+    got: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def claim(user: User) -> None:
+        barrier.wait()
+        try:
+            offers = [(exp_id, [0], Assignment.Source.ARRIVAL) for exp_id in orders[user.username]]
+            got[user.username] = len(slots_take(run=run, annotator=user, offers=offers, want=len(ids),
+                                                expires=timezone.now() + timedelta(minutes=5)))
+        except BaseException as exc:  # noqa: BLE001 - the assertion below names it
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(got.values()) == len(ids), got
+    assert Assignment.objects.count() == len(ids)
+
+
 @pytest.mark.parametrize("overlap", [1, 2])
 def test_racing_claimers_under_the_default_rule_never_fail_nor_exceed_the_overlap(
         transactional_db: None, owner: User, overlap: int) -> None:

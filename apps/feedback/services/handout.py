@@ -102,9 +102,12 @@ def slots_take(*, run: Run, annotator: User, offers: Sequence[tuple[int, Sequenc
     pending = [(exp_id, list(slots), source) for exp_id, slots, source in offers if slots]
     while pending and len(created) < want:
         batch, pending = pending[:want - len(created)], pending[want - len(created):]
+        # Rows go in in experience order: two claimers inserting the same items in their own
+        # (ranked) orders each waited on a row the other had just written, and Postgres ended
+        # one claim with a deadlock (a person's page failed). One order for all, no cycle.
         Assignment.objects.bulk_create(
             [Assignment(run=run, experience_id=exp_id, annotator=annotator, slot=slots[0], lease_expires_at=expires,
-                        source=source) for exp_id, slots, source in batch],
+                        source=source) for exp_id, slots, source in sorted(batch)],
             ignore_conflicts=True)
         # ON CONFLICT DO NOTHING returns no ids: this claim's rows are the ones with its lease.
         created.update((a.experience_id, a) for a in Assignment.objects.filter(
