@@ -123,9 +123,10 @@ def test_rating_an_item_closes_it_and_the_queue_tops_up(owner: User) -> None:
 def test_two_claimers_offered_the_same_items_in_opposite_orders_both_return(
         transactional_db: None, owner: User) -> None:
     # A selection rule ranks items per person, so two claims can offer the same items in
-    # opposite orders; inserted as offered, each waited on a row the other had written and
-    # Postgres ended one claim with a deadlock (CI, stop 68). Both claims return, and the
-    # items are split between them, each leased once.
+    # opposite orders; inserted as offered (their ids are the queue's order), each can wait on
+    # a row the other has written and Postgres ends one statement with a deadlock (CI, stop
+    # 68: a claim raised). The loser inserts again: both claims return, and the items are
+    # split between them, each leased once.
     import threading
 
     from apps.feedback.services.handout import slots_take

@@ -5,6 +5,7 @@ trust-aware shares (`feedback.trust`); skips, and the leases a label closes."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import OperationalError, connection
 from django.utils import timezone
+from psycopg.errors import DeadlockDetected
 
 from apps.feedback.holds import Person, holds_renew, holds_renew_on_commit
 from apps.feedback.models import Assignment
@@ -22,6 +25,7 @@ from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_takes_feedback
 
 _LIVE = (Assignment.Status.LEASED, Assignment.Status.DONE)
+logger = logging.getLogger(__name__)
 
 
 def lease_seconds_default() -> float:
@@ -102,13 +106,9 @@ def slots_take(*, run: Run, annotator: User, offers: Sequence[tuple[int, Sequenc
     pending = [(exp_id, list(slots), source) for exp_id, slots, source in offers if slots]
     while pending and len(created) < want:
         batch, pending = pending[:want - len(created)], pending[want - len(created):]
-        # Rows go in in experience order: two claimers inserting the same items in their own
-        # (ranked) orders each waited on a row the other had just written, and Postgres ended
-        # one claim with a deadlock (a person's page failed). One order for all, no cycle.
-        Assignment.objects.bulk_create(
-            [Assignment(run=run, experience_id=exp_id, annotator=annotator, slot=slots[0], lease_expires_at=expires,
-                        source=source) for exp_id, slots, source in sorted(batch)],
-            ignore_conflicts=True)
+        _insert_retrying_deadlocks([
+            Assignment(run=run, experience_id=exp_id, annotator=annotator, slot=slots[0], lease_expires_at=expires,
+                       source=source) for exp_id, slots, source in batch])
         # ON CONFLICT DO NOTHING returns no ids: this claim's rows are the ones with its lease.
         created.update((a.experience_id, a) for a in Assignment.objects.filter(
             run=run, annotator=annotator, experience_id__in=[exp_id for exp_id, _, _ in batch],
@@ -122,6 +122,24 @@ def slots_take(*, run: Run, annotator: User, offers: Sequence[tuple[int, Sequenc
             pending += [(exp_id, slots[1:], source) for exp_id, slots, source in batch
                         if exp_id in lost and exp_id not in theirs]
     return [created[exp_id] for exp_id, _, _ in offers if exp_id in created]
+
+
+def _insert_retrying_deadlocks(rows: list[Assignment], *, tries: int = 5) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING, in the order given: the rows' ids are the queue's
+    order (the rule's ranking), so they cannot go in sorted. Two claimers inserting the same
+    items in their own ranked orders can each wait on a row the other just wrote; Postgres
+    then ends one statement with a deadlock (CI, stop 68: a person's claim raised). Outside a
+    transaction that statement is rolled back whole, so it is simply run again: the other
+    claim has gone on, and its rows now conflict cleanly. Inside one the caller's transaction
+    is spoiled, so the error goes up."""
+    for attempt in range(tries):
+        try:
+            Assignment.objects.bulk_create(rows, ignore_conflicts=True)
+            return
+        except OperationalError as exc:
+            if connection.in_atomic_block or attempt == tries - 1 or not isinstance(exc.__cause__, DeadlockDetected):
+                raise
+            logger.info("hand-out insert lost a deadlock to a parallel claim; inserting again")
 
 
 def slots_free(slots: dict[int, Sequence[int]]) -> dict[int, list[int]]:
