@@ -1,7 +1,7 @@
 """The run's reward model, learned from its human feedback, on the `reward` queue.
 
 `reward_model_train` derives preference pairs from every kind of feedback
-(apps.feedback.reward_model.preferences), splits them by prompt into a training and a held-out share,
+(apps.feedback.preferences), splits them by prompt into a training and a held-out share,
 fits the run's kind of reward model (`reward_model.kind`, a registry: workers/reward_kinds/):
 `head` (the default: an ensemble of scalar heads on the pooled hidden states of the run's own
 model), `likelihood` (the base's token log-likelihoods weighed by a Bradley-Terry model,

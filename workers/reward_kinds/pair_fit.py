@@ -59,7 +59,7 @@ def pair_features(pairs: Sequence[PreferencePair], features: Features) -> PairFe
 
 def pair_weights(pairs: Sequence[PreferencePair]) -> list[float]:
     """Each pair's weight in a fit: how much more the chosen was preferred and how far its
-    raters are trusted (apps.feedback.reward_model.preferences)."""
+    raters are trusted (apps.feedback.preferences)."""
     return [max(p.margin, 1e-3) * p.trust for p in pairs]
 
 
