@@ -18,9 +18,9 @@ from django.utils import timezone
 from apps.buffer.models import Experience, Taskset
 from apps.buffer.selectors import ExperienceFilters
 from apps.control.conductor import batch_plan, train_readiness
-from apps.feedback.models import Feedback
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import kind_names
-from apps.feedback.handout.holds import HeldForPeople, Person, held_for_people
+from apps.feedback.handout.holds import HeldForPeople, held_for_people
 from apps.feedback.handout.queue import annotation_waiting
 from apps.runs import schedule
 from apps.runs.heartbeat import workers_health

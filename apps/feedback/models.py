@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models
 
 from apps.feedback.kinds import NAME_MAX, KindValue, kind_validate, value_parse
+
+# Whoever a request is from (request.user), or a user row: who gives feedback and is handed items.
+Person = AbstractBaseUser | AnonymousUser
 
 # The review states (Feedback.review). Only a rejected row is left out of what the loop reads.
 REVIEW_PENDING, REVIEW_ACCEPTED, REVIEW_REJECTED = "pending", "accepted", "rejected"

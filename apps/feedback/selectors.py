@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from django.db.models import Count, Q, QuerySet
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import kind_get, kind_names, preference_kind_names
 from apps.feedback.ledger import kind_refusal
-from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.selectors import run_role
 

@@ -23,7 +23,7 @@ from apps.feedback.extras import not_trained, queue_entries
 from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import LabelState, LedgerCounts, label_states, run_ledger
-from apps.feedback.models import Assignment, Feedback
+from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.rendering import markdown_safe
 from apps.feedback.review.revise import (
     feedback_revise,
@@ -32,7 +32,7 @@ from apps.feedback.review.revise import (
     my_submissions_page,
     revision_of,
 )
-from apps.feedback.handout.holds import Person, holds_renew_when_due
+from apps.feedback.handout.holds import holds_renew_when_due
 from apps.feedback.handout.queue import annotation_queue, annotation_waiting, annotator_progress
 from apps.feedback.selectors import feedback_counts, feedback_effect, late_words
 from apps.feedback.handout.lease import assignment_claim, assignment_skip

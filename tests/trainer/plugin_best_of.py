@@ -26,8 +26,7 @@ from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.handout.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.feedback.kinds.submit import ApiKeyRow
     from apps.runs.models import Run
 

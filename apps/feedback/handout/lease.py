@@ -14,8 +14,8 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from apps.feedback.handout.holds import Person, holds_renew, holds_renew_on_commit
-from apps.feedback.models import Assignment
+from apps.feedback.handout.holds import holds_renew, holds_renew_on_commit
+from apps.feedback.models import Assignment, Person
 from apps.feedback.handout.rule import WINDOW, selection_order, selection_ranks, share_slots
 from apps.feedback.handout.rule import Handout, annotation_handout, handout_selects
 from apps.feedback.handout.queue import queue_item_counts

@@ -10,10 +10,9 @@ from typing import TypedDict
 from django.db.models import Case, Count, IntegerField, Q, QuerySet, Value, When
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
+from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.handout.rule import annotation_handout
 from apps.feedback.kinds import kind_names
-from apps.feedback.models import Assignment, Feedback
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_takes_feedback
 

@@ -60,8 +60,7 @@ from dataclasses import dataclass
 from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Person
 from apps.feedback.raters.reliability import rater_standing
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from kernel.config import FeedbackSettings, SelectionRule

@@ -23,7 +23,7 @@ from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
-    from apps.feedback.handout.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 

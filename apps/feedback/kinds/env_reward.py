@@ -22,8 +22,7 @@ from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.feedback.handout.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.runs.models import Run
 
 PartName = Annotated[str, Field(min_length=1, max_length=100)]

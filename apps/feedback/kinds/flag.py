@@ -20,8 +20,7 @@ from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.handout.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.runs.models import Run
 
 FLAGS: tuple[str, ...] = ("unsafe", "broken", "off_task")

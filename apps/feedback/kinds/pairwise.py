@@ -32,7 +32,7 @@ from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.handout.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 WINNERS: tuple[str, ...] = ("a", "b", "tie")

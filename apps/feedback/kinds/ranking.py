@@ -34,7 +34,7 @@ from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.feedback.handout.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 

@@ -10,10 +10,9 @@ from collections.abc import Sequence
 from django.db import transaction
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds.flag import feedback_flag
 from apps.feedback.kinds.rating import feedback_rate
-from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 

@@ -19,9 +19,8 @@ from django.db import transaction
 from django.db.models import Model
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import KindValue, kind_get
-from apps.feedback.models import Feedback
 from apps.feedback.kinds.fold import FoldResult, group_fold, group_members_locked
 from apps.feedback.handout.lease import assignments_finish
 from apps.rewards.models import GoldItem

@@ -18,10 +18,9 @@ from django.db.models import Count, Q, QuerySet, Window
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback.handout.holds import Person
+from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.ledger import LabelState, label_states
-from apps.feedback.models import Assignment, Feedback
 from apps.feedback.raters.reliability import rater_offsets_cached, rater_weights_cached
 from apps.feedback.handout.lease import lease_seconds_default
 from apps.feedback.kinds.submit import FeedbackClosed
