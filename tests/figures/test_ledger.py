@@ -342,7 +342,7 @@ def unpaired(owner: User) -> dict[str, Any]:
     no preference pair, one that does, and a reward-model version trained after all of them."""
     import random
 
-    from apps.feedback.reward_model.preferences import TRUSTED_WEIGHT
+    from apps.feedback.raters.reliability import TRUSTED_WEIGHT
     from apps.feedback.raters.reliability import rater_weights
 
     share = 0.5

@@ -22,14 +22,11 @@ from dataclasses import dataclass, replace
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
+from apps.feedback.raters.reliability import TRUSTED_WEIGHT
 from apps.rewards.pairs import PreferencePair
 from kernel.fold import votes_fold
 from apps.runs.models import Run
 from kernel.jsontypes import Body
-
-# Votes whose raters' weights add up to less than this count as no one's rating (the
-# learned policy then uses the reward model for the member, and no rating pair is made).
-TRUSTED_WEIGHT = 0.5
 
 
 def _author_trust(fb: Feedback, weights: Mapping[int, float] | None) -> float:
