@@ -113,7 +113,7 @@ def wait_windows_end(*, run_ids: Collection[int], now: datetime) -> tuple[int, i
     """End the wait windows of the runs `run_ids` (the ones this bench made) that have run out
     at `now`, as the product's beat (`feedback_wait_expire`) does: (groups made trainable,
     groups dropped). Other runs' windows are left alone, whatever `now` says."""
-    from apps.feedback.services import feedback_wait_expire
+    from apps.feedback.handout.expiry import feedback_wait_expire
 
     result = feedback_wait_expire(now=now, run_ids=run_ids)
     return result.groups_ready, result.groups_dropped

@@ -426,7 +426,7 @@ def _median(values: list[float]) -> float:
 def _rm_parts(members: list[dict[str, Any]], scored: dict[int, list[tuple[Any, float]]], feedback_cfg: Any) -> list[float]:
     """w_rm x the reward-model part of each member whose reward is the learned fold of one of
     its scores (a member people rated, or one the fallback rewarded, has none)."""
-    from apps.feedback.learned import reward_model_weight, rm_reward_score
+    from apps.feedback.reward_model.versions import reward_model_weight, rm_reward_score
     from kernel.fold import reward_learned
 
     parts = []
@@ -446,7 +446,7 @@ def step_probe(*, run: Any, step: int, at: Any) -> StepProbe:
     from collections import defaultdict
 
     from apps.buffer.models import Experience
-    from apps.feedback.learned import reward_model_gate_open, reward_model_lower_bound, reward_model_weight
+    from apps.feedback.reward_model.versions import reward_model_gate_open, reward_model_lower_bound, reward_model_weight
     from apps.feedback.models import Feedback
     from apps.rewards.models import RewardModel, RewardModelScore
 

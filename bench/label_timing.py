@@ -69,13 +69,12 @@ def oldest_first() -> Iterator[None]:
     person's leased items in hand-out order, every one of them filling the queue's size."""
     from django.db.models import Q
 
-    from apps.feedback import selectors
-    from apps.feedback.services import handout
+    from apps.feedback.handout import lease, queue, rule
 
-    # The claim reads its candidates through selectors.annotation_handout (the waiting count's too).
-    real: Callable[..., Any] = selectors.annotation_candidates
-    real_queue: Callable[..., Any] = selectors.annotation_queue
-    real_counts: Callable[..., Any] = selectors.queue_item_counts  # what handout imported
+    # The claim reads its candidates through rule.annotation_handout (the waiting count's too).
+    real: Callable[..., Any] = rule.annotation_candidates
+    real_queue: Callable[..., Any] = queue.annotation_queue
+    real_counts: Callable[..., Any] = queue.queue_item_counts  # what lease imported
 
     def queue_before(*, run: Any, annotator: Any) -> Any:
         return real_queue(run=run, annotator=annotator).order_by("id")
@@ -86,15 +85,15 @@ def oldest_first() -> Iterator[None]:
         waiting = Case(When(status="pending", then=Value(0)), default=Value(1), output_field=IntegerField())
         return real(run=run, annotator=annotator).order_by(waiting, "id")
 
-    selectors.annotation_candidates = before
-    selectors.annotation_queue = queue_before
-    setattr(handout, "queue_item_counts", Q)  # every leased item fills the queue (handout's own name)
+    rule.annotation_candidates = before
+    queue.annotation_queue = queue_before
+    setattr(lease, "queue_item_counts", Q)  # every leased item fills the queue (lease's own name)
     try:
         yield
     finally:
-        selectors.annotation_candidates = real
-        selectors.annotation_queue = real_queue
-        setattr(handout, "queue_item_counts", real_counts)
+        rule.annotation_candidates = real
+        queue.annotation_queue = real_queue
+        setattr(lease, "queue_item_counts", real_counts)
 
 
 def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seconds: float, rate_seconds: float,
@@ -105,10 +104,10 @@ def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seco
     from apps.buffer.models import Experience
     from apps.buffer.selectors import experiences_claimable, experiences_in_whole_groups
     from apps.buffer.services import batch_ack, batch_claim, experience_write
-    from apps.feedback.holds import holds_renew
+    from apps.feedback.handout.holds import holds_renew
     from apps.feedback.models import Feedback
-    from apps.feedback import selectors
-    from apps.feedback.services import assignment_claim
+    from apps.feedback.handout import queue
+    from apps.feedback.handout.lease import assignment_claim
     from apps.feedback.kinds.rating import feedback_rate
     from apps.runs.models import RunMember
     from apps.runs.services import run_create
@@ -156,7 +155,7 @@ def simulate(*, arm: str, seed: int, steps: int, step_seconds: float, train_seco
                     batch = batch_claim(run=run, worker="trainer", size=64, group_complete=True, expert=False)
                     training = (t + train_seconds, [e.pk for e in batch])
             if t >= next_action:
-                item = next(iter(selectors.annotation_queue(run=run, annotator=person)), None)
+                item = next(iter(queue.annotation_queue(run=run, annotator=person)), None)
                 if item is None:
                     assignment_claim(run=run, annotator=person, size=8)
                     next_action = t + 1.0
@@ -194,7 +193,7 @@ def main() -> None:
     setup_django()
     import logging
 
-    logging.getLogger("apps.feedback.services").setLevel(logging.WARNING)  # a line per wait window
+    logging.getLogger("apps.feedback.handout.expiry").setLevel(logging.WARNING)  # a line per wait window
 
     results: dict[str, list[dict[str, float]]] = {arm: [] for arm in args.arms}
     for seed in args.seeds:

@@ -143,7 +143,7 @@ def kind_fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed
 
 def rating_pairs(rows: list[dict[str, Any]]) -> list[Any]:
     """Within each group, every higher-rated member over every lower-rated one (as
-    apps.feedback.preferences pairs ratings)."""
+    apps.feedback.reward_model.preferences pairs ratings)."""
     from apps.rewards.pairs import PreferencePair
 
     pairs = []

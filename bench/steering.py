@@ -199,7 +199,7 @@ accuracy >= 0.85 (0.99-1.00, optimistic as said above); noisy >= 0.8x rm10 (0.80
 ratio while random10 loses (rm10 is ahead by 0.07 on each seed).
 
 Round 11 (smoke only, no full bench): the hand-out's random draws are seeded by the run's seed
-and its hand-out count (apps.feedback.services.handout_rng), so the same seed repeats: two runs of
+and its hand-out count (apps.feedback.handout.lease.handout_rng), so the same seed repeats: two runs of
 `--steps 2 --seeds 0 --arms rm10 --share 0.5 --crossval-folds 4` handed out the same 64 items
 in the same order and ended at the same expected accuracy (0.1356; reward model v1 0.74 on 43
 pairs in both, v2 0.62 / 0.63 on 71), load 4.7-6.7. The "random" column (accuracy on the pairs
@@ -806,7 +806,7 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
     if arm == "rm10":
         return _nested(o + learned)
     # noisy: trust-aware hand-out (`--trust on`): a new rater rates 3 gold items before anything
-    # else, an untrusted one gets gold items only (apps.feedback.services._claim_selected).
+    # else, an untrusted one gets gold items only (apps.feedback.handout.lease._claim_selected).
     hand_out = [Override("feedback.trust.gold_first", 3, "--trust on: a new rater rates 3 gold items first"),
                 Override("feedback.trust.untrusted_share", 0.0, "--trust on: an untrusted rater gets gold items only")]
     return _nested(o + learned + [
@@ -1091,7 +1091,7 @@ def _step_probe(run: Any, *, after_assignment: int) -> tuple[StepProbe, int]:
     from collections import defaultdict
 
     from apps.buffer.models import Experience
-    from apps.feedback.learned import (reward_model_latest, reward_model_lower_bound, reward_model_usable,
+    from apps.feedback.reward_model.versions import (reward_model_latest, reward_model_lower_bound, reward_model_usable,
                                        reward_model_weight, rm_reward_score)
     from apps.feedback.models import Assignment
     from apps.rewards.models import RewardModel, RewardModelScore
@@ -1185,7 +1185,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.buffer.models import Experience
     from apps.buffer.services import task_attempts_create
     from apps.feedback.models import Feedback
-    from apps.feedback.learned import reward_model_usable
+    from apps.feedback.reward_model.versions import reward_model_usable
     from apps.rewards.models import RewardModel
     from apps.runs.models import Metric, ModelVersion, Run, RunMember
     from apps.runs.ports import run_view_of
@@ -1770,7 +1770,7 @@ def main() -> None:
                         help=f"feedback.rm_gate (default: the run config's, {RM_GATE_DEFAULT}): bound, the "
                              "reward model in all at once when its held-out accuracy's lower bound reaches "
                              "--min-rm-accuracy; evidence, from when the bound is above chance, "
-                             "weighted by how far it has come (apps.feedback.learned.reward_model_weight); "
+                             "weighted by how far it has come (apps.feedback.reward_model.versions.reward_model_weight); "
                              "calibrated, from when the bound is above chance, at its calibration's scale")
     parser.add_argument("--scale-rewards", default="batch", choices=["group", "batch", "none"])
     parser.add_argument("--selection", default="active", choices=["active", "arrival"],

@@ -110,7 +110,7 @@ class RewardTerm(StrictModel):
 
 
 class SelectionRule(StrictModel):
-    """How the annotation queue is ordered (apps/feedback/selection.py). Each weight scales
+    """How the annotation queue is ordered (apps/feedback/handout/rule.py). Each weight scales
     one source of a candidate's priority, each on [0, 1]; all zero keeps arrival order.
     `random_share` of the items handed out are drawn uniformly at random instead, so some
     labels stay an unbiased sample (held-out evaluation of the reward model). With `pairs`,
@@ -141,7 +141,7 @@ class SelectionRule(StrictModel):
 
 class TrustHandout(StrictModel):
     """How the annotation queue hands items out by each annotator's measured trust (the
-    reward-model trust of apps/feedback/reliability.py, earned on gold items or agreement):
+    reward-model trust of apps/feedback/raters/reliability.py, earned on gold items or agreement):
     a rater answering at random should cost the run little of its label budget, and a new
     rater should be measured within their first items. Needs `rater_weighting`."""
 
@@ -166,7 +166,7 @@ class FeedbackSettings(StrictModel):
     w_rm: float = Field(1.0, ge=0.0)
     # learned falls back as blend until a reward model's held-out pairwise accuracy is at least
     # this, with `rm_accuracy_confidence` confidence: the one-sided Wilson lower bound of the
-    # accuracy on its held-out pairs must reach it (apps.feedback.learned.accuracy_lower_bound).
+    # accuracy on its held-out pairs must reach it (apps.feedback.reward_model.versions.accuracy_lower_bound).
     # An accuracy on a handful of pairs is noise, and a chance-level reward model folded into
     # rewards steers the run at random; a bound asks a perfect model for few pairs (9 at 0.75,
     # 95%) and a mediocre one for many, where a fixed pair count holds both back alike.
@@ -179,7 +179,7 @@ class FeedbackSettings(StrictModel):
     # (until then not at all). `evidence`: as soon as the bound is above chance (0.5), its
     # calibrated score drawn toward the scale's middle by what the bound has not yet shown:
     # weight (bound - 0.5) / (min_rm_accuracy - 0.5), full from min_rm_accuracy on, where `bound`
-    # would open (apps.feedback.learned.reward_model_weight). A model that ranks pairs well on
+    # would open (apps.feedback.reward_model.versions.reward_model_weight). A model that ranks pairs well on
     # few pairs steers a little from the first steps instead of not at all for half the run.
     # `calibrated`: as soon as the bound is above chance, at full weight: the calibration
     # (fitted on out-of-fold scores) already draws a weak or noisy model's scores toward
@@ -194,7 +194,7 @@ class FeedbackSettings(StrictModel):
                              "evidence (from better than chance, weighted by how far its accuracy is shown) or "
                              "calibrated (from better than chance, as its calibration scales it)")
     # How each rater's votes count in the fold: equal (off), by accuracy on gold items, or by
-    # agreement with the other raters' consensus (apps/feedback/reliability.py).
+    # agreement with the other raters' consensus (apps/feedback/raters/reliability.py).
     rater_weighting: Literal["off", "gold", "agreement"] = "off"
     # Subtract each rater's scale offset (how far their ratings sit above the others' on
     # shared items) before folding, so a harsh or a generous rater counts like the rest.
@@ -207,7 +207,7 @@ class FeedbackSettings(StrictModel):
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
     # A group a person has open (an item of it on top of their queue: the first two open ones,
-    # apps.feedback.holds.HOLDS_PER_PERSON) waits for them rather than
+    # apps.feedback.handout.holds.HOLDS_PER_PERSON) waits for them rather than
     # training under their hands: the trainer's claim skips it for `hold_seconds` after their
     # last sign of work (opening or polling the page, a label), and never longer than
     # `hold_cap_seconds` after the item was handed to them. 0: no holds. Not under `auto`

@@ -8,8 +8,8 @@ policy folds in; a wait window in wall time ends with the policy's fallback.
 `learned`: people's reward is folded as in `blend` where they rated; a member no one rated
 gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
 scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
-trains without waiting for people (apps/feedback/learned.py); until then it waits as `blend`.
-Rater weights (`rater_weighting`, apps/feedback/reliability.py) weight each rater's votes
+trains without waiting for people (apps/feedback/reward_model/versions.py); until then it waits as `blend`.
+Rater weights (`rater_weighting`, apps/feedback/raters/reliability.py) weight each rater's votes
 in a member's mean.
 
 The scale. Human votes are normalised to [0, 1]:
@@ -173,7 +173,7 @@ def votes_fold(
     offsets: Mapping[int, float] | None = None,
 ) -> dict[int, MemberFold]:
     """Fold the human votes of a group's members; votes on other experiences are passed
-    over. `weights` are the raters' reliability weights (apps.feedback.reliability), None
+    over. `weights` are the raters' reliability weights (apps.feedback.raters.reliability), None
     for equal weights; `offsets` their scale offsets, subtracted from their scaled votes
     (ratings; clamped to [0, 1]) before folding."""
     folds = {pk: MemberFold(weights=weights) for pk in member_ids}

@@ -3,7 +3,7 @@ and the API's one translation of errors (kernel.exceptions' RftError, ninja's ow
 
 The routers: the environment API (apps/envapi/api.py: runs, tasks, trajectories, feedback,
 rollouts, events, exports), agent sessions (apps/envapi/session_api.py) and the raters
-figures (apps/feedback/raters_api.py), the review of labels (apps/feedback/review_api.py) and
+figures (apps/feedback/raters/api.py), the review of labels (apps/feedback/review/api.py) and
 blind evaluations (apps/evaluation/api.py). They share apps/runs/api_kit.py (errors, RunId, run
 access); authentication is the environment API's keys (apps.envapi.api.KeyAuth).
 """
@@ -25,8 +25,8 @@ from ninja.parser import Parser
 from apps.envapi import api as envapi
 from apps.envapi.session_api import router as sessions_router
 from apps.evaluation import api as evaluation_api
-from apps.feedback.review_api import router as review_router
-from apps.feedback.raters_api import router as raters_router
+from apps.feedback.review.api import router as review_router
+from apps.feedback.raters.api import router as raters_router
 from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
 from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message

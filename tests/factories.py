@@ -143,7 +143,7 @@ def claims_at_once(run: Run, users: list[User], *, size: int) -> dict[str, int]:
     database connection each, released together by a barrier); the leases each got, by name."""
     from django.db import connection
 
-    from apps.feedback.services import assignment_claim
+    from apps.feedback.handout.lease import assignment_claim
 
     barrier = threading.Barrier(len(users))
     got: dict[str, int] = {}

@@ -187,7 +187,7 @@ def test_the_api_answers_503_when_a_database_error_is_a_lost_connection_only(rf:
 
 def test_cache_reads_fall_back_to_computing_when_the_caches_redis_is_unreachable(
         settings: Any, owner: User, annotator: User) -> None:
-    from apps.feedback.reliability import rater_standing
+    from apps.feedback.raters.reliability import rater_standing
     from rftweb.degrade import cached
     from tests.servers import free_port
 

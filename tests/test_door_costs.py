@@ -20,7 +20,7 @@ from bench.door_costs import DOORS, Costs, costs_measure, team_build
 # 2026-11-26, before -> after (issue #49 item 5): the header's badge is counted only where the
 # header is shown (every fragment: -1); the annotation page takes what waits for the person
 # from the queue it has just read (-1); a hold renewal that would move no hold by more than
-# apps.feedback.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
+# apps.feedback.handout.holds.RENEW_SLACK_SECONDS reads once and writes nothing (the counts right
 # after a label: -6), and that read is the queue's count (-1).
 # 2026-11-28 (issue 62 item 1): active selection is the run config's default, so a team's run
 # hands out under the rule (its candidates' reward-model scores, the random share's count, the
@@ -81,9 +81,9 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     from django.test import Client
     from django.utils import timezone
 
-    from apps.feedback.holds import HOLDS_PER_PERSON, RENEW_SLACK_SECONDS
+    from apps.feedback.handout.holds import HOLDS_PER_PERSON, RENEW_SLACK_SECONDS
     from apps.feedback.models import Assignment
-    from apps.feedback.services import assignment_claim
+    from apps.feedback.handout.lease import assignment_claim
     from apps.runs.models import Run
 
     team = team_build(people=1, runs=1, groups=4, prefix="holds")
@@ -93,7 +93,7 @@ def test_the_counts_right_after_a_label_renew_no_hold_and_later_counts_do(monkey
     assignment_claim(run=run, annotator=anna, size=4)  # a sign of work: the holds renewed
 
     def holds() -> set[datetime | None]:
-        """The holds of the items on top of her queue (apps.feedback.holds.HOLDS_PER_PERSON);
+        """The holds of the items on top of her queue (apps.feedback.handout.holds.HOLDS_PER_PERSON);
         the items below them hold nothing."""
         leased = Assignment.objects.filter(run=run, annotator=anna, status="leased").order_by("id")
         assert set(leased[HOLDS_PER_PERSON:].values_list("held_until", flat=True)) <= {None}

@@ -150,7 +150,7 @@ def test_a_reward_model_and_a_k12_grader_accuracy_reach_the_trackers_and_the_liv
     `metrics`, a key the run page's chart does not read: the page showed the accuracy only
     after a reload and no tracker ever got it."""
     from apps.rewards.k12_rules import k12_grader_publish
-    from apps.feedback.learned import reward_model_publish
+    from apps.feedback.reward_model.versions import reward_model_publish
     from apps.runs import metrics
     from apps.runs.events import event_publish as real
 

@@ -18,10 +18,10 @@ from django.utils import timezone
 from apps.buffer.models import Experience, Taskset
 from apps.buffer.selectors import ExperienceFilters
 from apps.control.conductor import batch_plan, train_readiness
-from apps.feedback.models import Feedback
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import kind_names
-from apps.feedback.holds import HeldForPeople, Person, held_for_people
-from apps.feedback.selectors import annotation_waiting
+from apps.feedback.handout.holds import HeldForPeople, held_for_people
+from apps.feedback.handout.queue import annotation_waiting
 from apps.runs import schedule
 from apps.runs.heartbeat import workers_health
 from apps.runs.models import AuditEntry, Metric, ModelVersion, Run, WeightLoad
@@ -325,7 +325,7 @@ def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[E
     if filters.annotator:
         qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
     if filters.flagged:
-        # A flag the owner rejected on the review page flags nothing (apps.feedback.review).
+        # A flag the owner rejected on the review page flags nothing (apps.feedback.review.services).
         flagged = Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
         qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
     return qs

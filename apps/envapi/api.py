@@ -44,7 +44,8 @@ from apps.feedback.exports import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import KindApiIn, Who, kind_get
 from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback
-from apps.feedback.selectors import annotation_waiting, feedback_counts, feedback_effect, run_may_annotate
+from apps.feedback.handout.queue import annotation_waiting
+from apps.feedback.selectors import feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable, run_scope_check
 from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
 from apps.runs.models import Run

@@ -16,7 +16,7 @@ from apps.evaluation.models import Evaluation, Item, Vote
 from apps.evaluation.selectors import prompt_shown, votes_waiting
 from apps.evaluation.services import items_open_to
 from apps.feedback.extras import Card, NotTrained
-from apps.feedback.holds import Person
+from apps.feedback.models import Person
 from apps.runs.models import Run
 
 # The open pairs a card is drawn from: random among the first few, so a live top-up rarely

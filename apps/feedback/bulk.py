@@ -9,7 +9,7 @@ checking the person's role on the run, used by both doors.
   trained are skipped and counted.
 - include (owner): rows excluded by a person go back to the status they had. Rows the data
   pipeline filtered are not a person's to bring back.
-- flag (owner, annotator): a flag on each (the annotation page's flag, apps.feedback.services).
+- flag (owner, annotator): a flag on each (the annotation page's flag, apps.feedback.kinds.flag).
 - export (anyone on the run): the rows themselves as JSONL, exactly the selection.
 """
 

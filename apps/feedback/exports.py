@@ -40,8 +40,8 @@ from django.http import StreamingHttpResponse
 
 from apps.buffer.images import image_bytes
 from apps.buffer.models import Experience, Task, TasksetImage
-from apps.feedback.learned import gold_experience_ids
-from apps.feedback.preferences import preference_pairs
+from apps.feedback.reward_model.versions import gold_experience_ids
+from apps.feedback.reward_model.preferences import preference_pairs
 from apps.feedback.selectors import dpo_pairs
 from apps.runs.models import Run
 from kernel.exceptions import ExportFailed
@@ -269,7 +269,7 @@ def _grpo_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -
 
 def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | None) -> Iterator[ExportRow]:
     """Every preference people expressed (ratings within a group, rankings, A/B choices, edits
-    over their originals; apps.feedback.preferences), in TRL's conversational preference
+    over their originals; apps.feedback.reward_model.preferences), in TRL's conversational preference
     format: what the run's reward model learns from. Gold items are left out."""
 
     pairs = preference_pairs(run=run, exclude_experience_ids=gold_experience_ids(run=run))

@@ -30,8 +30,7 @@ from django.apps import apps as installed
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from apps.feedback.holds import Person
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Person
 from apps.runs.models import Run
 
 

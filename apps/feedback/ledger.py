@@ -20,7 +20,7 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
    (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out
    to measure the version), lone (a rating whose member no other rated member of its group could be
    compared with), gold (a gold item: it measures raters), untrusted (its rater's weight was
-   below the trust threshold, apps.feedback.preferences.TRUSTED_WEIGHT), no pair (it states
+   below the trust threshold, apps.feedback.raters.reliability.TRUSTED_WEIGHT), no pair (it states
    no preference: a tie, a correction that changed nothing). The reward model's reason goes
    before the policy's (6-9): it says what the label would have needed to teach anything;
 6. unused, algorithm: the run never trains on this kind of label: the feedback mode is auto
@@ -59,7 +59,7 @@ from apps.runs.models import ModelVersion, Run
 State = Literal["trained", "reward_model", "pending", "unused"]
 STATES: tuple[State, ...] = ("trained", "reward_model", "pending", "unused")
 # Why a label made no preference pair, as a reward-model version records it (RewardModel.held_out:
-# "heldout"; RewardModel.unpaired: apps.feedback.preferences.UNPAIRED_REASONS).
+# "heldout"; RewardModel.unpaired: apps.feedback.reward_model.preferences.UNPAIRED_REASONS).
 PAIR_REASONS = ("heldout", "lone", "gold", "untrusted", "no_pair")
 # Why a label is unused, and why one is pending, in the order pages list them.
 UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "run_ended")

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models
 
 from apps.feedback.kinds import NAME_MAX, KindValue, kind_validate, value_parse
+
+# Whoever a request is from (request.user), or a user row: who gives feedback and is handed items.
+Person = AbstractBaseUser | AnonymousUser
 
 # The review states (Feedback.review). Only a rejected row is left out of what the loop reads.
 REVIEW_PENDING, REVIEW_ACCEPTED, REVIEW_REJECTED = "pending", "accepted", "rejected"
@@ -12,7 +16,7 @@ REVIEW_PENDING, REVIEW_ACCEPTED, REVIEW_REJECTED = "pending", "accepted", "rejec
 class FeedbackQuerySet(models.QuerySet["Feedback"]):
     def effective(self) -> FeedbackQuerySet:
         """The rows that take effect: every one but those the run's owner rejected on the review
-        page (apps.feedback.review). What folds into rewards, the reward model's preference
+        page (apps.feedback.review.services). What folds into rewards, the reward model's preference
         pairs, DPO's choices and the exports read only these."""
         return self.exclude(review=REVIEW_REJECTED)
 
@@ -21,7 +25,7 @@ class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
     by the run's feedback policy.
 
-    Every door stores it through the service of its kind (`apps.feedback.services`), which
+    Every door stores it through the service of its kind (its module in `apps.feedback.kinds`), which
     builds `value` in the one shape of that kind (its typed model in `apps.feedback.kinds`,
     read back through `Feedback.parsed`):
 
@@ -64,7 +68,7 @@ class Feedback(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Review(models.TextChoices):
-        """The owner's review (apps.feedback.review): pending until someone reviews it; a
+        """The owner's review (apps.feedback.review.services): pending until someone reviews it; a
         rejected row takes no effect (FeedbackQuerySet.effective)."""
 
         PENDING = REVIEW_PENDING
@@ -128,7 +132,7 @@ class Assignment(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.LEASED)
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.UNKNOWN)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # While leased: how long the item's group waits for this annotator (apps.feedback.holds).
+    # While leased: how long the item's group waits for this annotator (apps.feedback.handout.holds).
     held_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -157,9 +161,9 @@ class LabelTaught(models.Model):
     """What the run's reward-model versions recorded of one label, kept per label so the ledger
     (apps.feedback.ledger) reads it in one join however many versions the run has: the first
     version whose training pairs came from it (`taught`; None: none yet) and the newest
-    version's reason it made no pair (`reason`: heldout or apps.feedback.preferences'
+    version's reason it made no pair (`reason`: heldout or apps.feedback.reward_model.preferences'
     UNPAIRED_REASONS; "" when that version trained on it). Written with each version, one
-    statement (apps.feedback.learned.label_taught_record); the versions' own rows keep the
+    statement (apps.feedback.reward_model.versions.label_taught_record); the versions' own rows keep the
     whole sets (RewardModel.trained_on, held_out, unpaired)."""
 
     feedback = models.OneToOneField(Feedback, primary_key=True, on_delete=models.CASCADE, related_name="+")

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from apps.buffer.models import Experience
-from apps.feedback import learned as _learned
-from apps.feedback import reliability as _reliability
-from apps.feedback.preferences import PairLabels, PairsRead, pair_is_heldout, pair_labels, prompt_is_heldout
-from apps.feedback.preferences import preference_pairs as _preference_pairs
-from apps.feedback.preferences import preference_pairs_read as _preference_pairs_read
-from apps.feedback.reliability import RaterFigures
+from apps.feedback.raters import reliability as _reliability
+from apps.feedback.reward_model import versions as _versions
+from apps.feedback.reward_model.preferences import PairLabels, PairsRead, pair_is_heldout, pair_labels, prompt_is_heldout
+from apps.feedback.reward_model.preferences import preference_pairs as _preference_pairs
+from apps.feedback.reward_model.preferences import preference_pairs_read as _preference_pairs_read
+from apps.feedback.raters.reliability import RaterFigures
 from apps.feedback.selectors import batch_feedback_metrics
-from apps.feedback.selectors import experiences_handed_out_unbiased as _unbiased
+from apps.feedback.handout.queue import experiences_handed_out_unbiased as _unbiased
 from apps.feedback.selectors import preferences_among as _preferences_among
 from apps.rewards.models import RewardModel
 from apps.rewards.pairs import PreferencePair
@@ -70,19 +70,19 @@ def experiences_handed_out_unbiased(*, run: RunView) -> set[int]:
 
 
 def run_label_count(*, run: RunView) -> int:
-    return _learned.run_label_count(run=row(run))
+    return _versions.run_label_count(run=row(run))
 
 
 def gold_experience_ids(*, run: RunView) -> set[int]:
-    return _learned.gold_experience_ids(run=row(run))
+    return _versions.gold_experience_ids(run=row(run))
 
 
 def reward_model_due(*, run: RunView) -> bool:
-    return _learned.reward_model_due(run=row(run))
+    return _versions.reward_model_due(run=row(run))
 
 
 def reward_model_latest(*, run: RunView) -> RewardModel | None:
-    return _learned.reward_model_latest(run=row(run))
+    return _versions.reward_model_latest(run=row(run))
 
 
 def reward_model_publish(
@@ -90,19 +90,19 @@ def reward_model_publish(
     labels: int, seconds: float, scale: float = 1.0, offset: float = 0.5, accuracy_random: float | None = None,
     pairs_random: int | None = None, pair_labels: PairLabels | None = None,
 ) -> RewardModel:
-    return _learned.reward_model_publish(
+    return _versions.reward_model_publish(
         run=row(run), path=path, base=base, accuracy=accuracy, pairs_train=pairs_train, pairs_heldout=pairs_heldout,
         labels=labels, seconds=seconds, scale=scale, offset=offset, accuracy_random=accuracy_random,
         pairs_random=pairs_random, pair_labels=pair_labels)
 
 
 def experiences_to_score(*, run: RunView, rm: RewardModel, limit: int) -> list[Experience]:
-    return list(_learned.experiences_to_score(run=row(run), rm=rm, limit=limit))
+    return list(_versions.experiences_to_score(run=row(run), rm=rm, limit=limit))
 
 
 def rm_scores_apply(*, run: RunView, rm: RewardModel, scores: Mapping[int, float],
                     spreads: Mapping[int, float] | None = None) -> int:
-    return _learned.rm_scores_apply(run=row(run), rm=rm, scores=scores, spreads=spreads)
+    return _versions.rm_scores_apply(run=row(run), rm=rm, scores=scores, spreads=spreads)
 
 
 def rated_experiences(*, run: RunView, exclude: Iterable[int] = (), limit: int) -> list[tuple[str, str, float | None, str]]:

@@ -13,9 +13,9 @@ from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.feedback.learned import reward_model_summary
-from apps.feedback.preferences import preference_pairs, preference_rows_trl
-from apps.feedback.reliability import rater_figures, run_agreement
+from apps.feedback.reward_model.versions import reward_model_summary
+from apps.feedback.reward_model.preferences import preference_pairs, preference_rows_trl
+from apps.feedback.raters.reliability import rater_figures, run_agreement
 from apps.rewards.export import (
     download_name,
     export_states,

@@ -1,7 +1,7 @@
 """The review page of a run (its owner's, and staff's): labels newest first with filters, accept
 and reject on each (an HTMX partial, or a plain form that comes back to the page), and the
 disagreements with their resolution. Thin: check the role, call a selector or a service
-(apps.feedback.review), render."""
+(apps.feedback.review.services), render."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.feedback.kinds import kind_get, kind_names
-from apps.feedback.review import (
+from apps.feedback.review.services import (
     Resolution,
     ReviewOutcome,
     disagreement_answer,
@@ -23,7 +23,7 @@ from apps.feedback.review import (
     feedback_accept,
     feedback_reject,
 )
-from apps.feedback.review_selectors import (
+from apps.feedback.review.selectors import (
     REVIEW_PAGE_SIZE,
     REVIEW_STATES,
     ReviewFilters,

@@ -14,10 +14,10 @@ from django.dispatch import receiver
 from apps.feedback.kinds import kind_names
 from apps.feedback.models import Feedback
 from apps.runs.services import run_ended
-from apps.feedback.learned import reward_model_due
+from apps.feedback.reward_model.versions import reward_model_due
 from apps.feedback.tasks import TRAIN_TASK
 from rftweb.celery import app
-from apps.feedback.holds import holds_release
+from apps.feedback.handout.holds import holds_release
 
 
 @receiver(post_save, sender=Feedback, dispatch_uid="rewards.feedback_saved_train")
@@ -38,5 +38,5 @@ def feedback_saved_train(sender: type[Feedback], instance: Feedback, created: bo
 @receiver(run_ended, dispatch_uid="apps.feedback.holds_release")
 def run_ended_release_holds(sender: object, run_id: int, **_: object) -> None:
     """A run that ends (finish, fail, stop) holds no group for anyone any more: its people's
-    groups are released inside the transition (apps.feedback.holds.holds_release)."""
+    groups are released inside the transition (apps.feedback.handout.holds.holds_release)."""
     holds_release(run_id=run_id)

@@ -8,8 +8,9 @@ module and function (the beat was `apps.rewards.tasks.reward_model_beat_task` un
 
 from __future__ import annotations
 
-from apps.feedback.learned import experiences_to_score, reward_model_due, reward_model_latest
-from apps.feedback.services import assignment_reap, feedback_wait_expire
+from apps.feedback.reward_model.versions import experiences_to_score, reward_model_due, reward_model_latest
+from apps.feedback.handout.lease import assignment_reap
+from apps.feedback.handout.expiry import feedback_wait_expire
 from apps.runs.models import Run
 from rftweb.celery import app
 from rftweb.taskkit import celery_task

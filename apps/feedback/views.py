@@ -23,25 +23,20 @@ from apps.feedback.extras import not_trained, queue_entries
 from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
 from apps.feedback.ledger import LabelState, LedgerCounts, label_states, run_ledger
-from apps.feedback.models import Assignment, Feedback
+from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.rendering import markdown_safe
-from apps.feedback.revise import (
+from apps.feedback.review.revise import (
     feedback_revise,
     feedback_targets,
     feedback_withdraw,
     my_submissions_page,
     revision_of,
 )
-from apps.feedback.holds import Person, holds_renew_when_due
-from apps.feedback.selectors import (
-    annotation_queue,
-    annotation_waiting,
-    annotator_progress,
-    feedback_counts,
-    feedback_effect,
-    late_words,
-)
-from apps.feedback.services import assignment_claim, assignment_skip, feedback_rate_and_flag
+from apps.feedback.handout.holds import holds_renew_when_due
+from apps.feedback.handout.queue import annotation_queue, annotation_waiting, annotator_progress
+from apps.feedback.selectors import feedback_counts, feedback_effect, late_words
+from apps.feedback.handout.lease import assignment_claim, assignment_skip
+from apps.feedback.kinds.rate_and_flag import feedback_rate_and_flag
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_feedback_closed_reason, run_feedback_closed_why, run_takes_feedback
@@ -178,7 +173,7 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 def counts_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The annotation header's counts, live: the page polls it and asks again after each label
     (ratings, late labels, what waits for you: the one annotation_waiting). A poll is a sign of
-    work: it renews the holds of the groups the annotator has open (apps.feedback.holds), unless
+    work: it renews the holds of the groups the annotator has open (apps.feedback.handout.holds), unless
     a renewal seconds ago (a label's) left nothing to renew."""
     run, role = run_for_page(user=request.user, run_id=run_id)
     can_annotate = role in ("owner", "annotator") and run_takes_feedback(run=run)

@@ -63,7 +63,7 @@ class RewardModel(VersionedScorer):
     pairs_random = models.PositiveIntegerField(null=True, blank=True)
     # The labels (feedback ids) this version's training pairs came from (PreferencePair.feedback_ids),
     # those whose every pair it held out for its evaluation (not trained on), and why each other
-    # label it read made no pair ({reason: [ids]}, apps.feedback.preferences.UNPAIRED_REASONS):
+    # label it read made no pair ({reason: [ids]}, apps.feedback.reward_model.preferences.UNPAIRED_REASONS):
     # what the ledger (apps.feedback.ledger) reads to say a label taught the reward model. Written
     # once, with the version; empty for a version from before they were recorded.
     trained_on = models.JSONField(default=list, blank=True)

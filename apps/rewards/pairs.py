@@ -1,5 +1,5 @@
 """The pair a reward model trains on: one text preferred over another for the same prompt.
-Built from human feedback (apps.feedback.preferences) and from graded answers
+Built from human feedback (apps.feedback.reward_model.preferences) and from graded answers
 (apps.rewards.k12_rules.k12_grade_pairs); read by the reward-model trainers in workers/."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ _CLOSED_WHY = {
 def run_takes_feedback(*, run: Run) -> bool:
     """Whether the run takes feedback: it can still change something (the run has not ended)
     and people are meant to give it (a twin is its run without people by construction). Every
-    door refuses it otherwise (apps.feedback.services.submit.FeedbackClosed says which)."""
+    door refuses it otherwise (apps.feedback.kinds.submit.FeedbackClosed says which)."""
     return run.status not in ENDED_STATUSES and run.twin_of_id is None
 
 

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from apps.buffer.models import Experience
-from apps.feedback.services import assignment_claim, assignment_skip
+from apps.feedback.handout.lease import assignment_claim, assignment_skip
 from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

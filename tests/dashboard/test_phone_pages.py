@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
-from apps.feedback.review_selectors import REVIEW_PAGE_SIZE
+from apps.feedback.review.selectors import REVIEW_PAGE_SIZE
 from apps.feedback.kinds.rating import feedback_rate
 from bench.common import CHROMIUM, CHROMIUM_ARGS
 from apps.runs.models import Run, RunMember

@@ -14,7 +14,8 @@ from django.test import Client
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
-from apps.feedback.services import FeedbackClosed, assignment_claim
+from apps.feedback.kinds.submit import FeedbackClosed
+from apps.feedback.handout.lease import assignment_claim
 from apps.feedback.kinds.flag import feedback_flag
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.rating import feedback_rate

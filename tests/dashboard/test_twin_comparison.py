@@ -25,7 +25,8 @@ from apps.control.twins import run_twin_create, run_twin_pair, share_gains, twin
 from apps.envapi.services import api_key_create
 from apps.feedback.kinds.rating import feedback_rate
 from apps.feedback.models import Feedback
-from apps.feedback.services import FeedbackClosed, assignment_claim
+from apps.feedback.kinds.submit import FeedbackClosed
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.metrics import metric_record
 from apps.buffer.models import Task
 from apps.runs.models import Run

@@ -21,8 +21,8 @@ from apps.evaluation.services import evaluation_close, evaluation_create
 from apps.feedback.exports import EXPORT_KINDS, export_rows
 from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Feedback
-from apps.feedback.preferences import preference_pairs_read
-from apps.feedback.reliability import rater_figures
+from apps.feedback.reward_model.preferences import preference_pairs_read
+from apps.feedback.raters.reliability import rater_figures
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 from tests.evaluation.conftest import answer_all, publish

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
-from apps.feedback.services.submit import feedback_store
+from apps.feedback.kinds.submit import feedback_store
 from kernel.fold import Vote
 from kernel.exceptions import InvalidInput
 

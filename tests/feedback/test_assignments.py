@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.feedback.models import Assignment
-from apps.feedback.services import assignment_claim, assignment_reap, assignment_skip
+from apps.feedback.handout.lease import assignment_claim, assignment_reap, assignment_skip
 from apps.feedback.kinds.rating import feedback_rate
 from tests.factories import claims_at_once, make_experiences, make_run, make_user
 
@@ -49,7 +49,7 @@ def test_concurrent_claimers_never_exceed_the_overlap(transactional_db: None, ow
 def test_racing_claimers_under_overlap_two_take_the_second_slot_and_never_a_third(transactional_db: None,
                                                                                    owner: User) -> None:
     # A slot taken between a claimer's read and its insert is skipped by the conflict and the
-    # item tried again on its other slot (apps.feedback.services.handout.slots_take).
+    # item tried again on its other slot (apps.feedback.handout.lease.slots_take).
     # Arrival order, as above.
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 2, "selection": {"uncertainty": 0.0, "random_share": 0.0}})
     make_experiences(run, groups=5, group_size=4, status="pending")
@@ -71,7 +71,7 @@ def test_an_item_the_annotator_got_meanwhile_is_not_tried_on_every_other_slot(ow
     # one round rather than tried on each of the 200 gold slots.
     from django.test.utils import CaptureQueriesContext
 
-    from apps.feedback.services import GOLD_SLOTS, slots_take
+    from apps.feedback.handout.lease import GOLD_SLOTS, slots_take
 
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
     [item] = make_experiences(run, groups=1, group_size=1, status="pending")
@@ -129,7 +129,7 @@ def test_two_claimers_offered_the_same_items_in_opposite_orders_both_return(
     # split between them, each leased once.
     import threading
 
-    from apps.feedback.services.handout import slots_take
+    from apps.feedback.handout.lease import slots_take
 
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1})
     ids = [e.pk for e in make_experiences(run, groups=500, group_size=4, status="pending")]

@@ -13,7 +13,7 @@ from django.test import Client
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import assignment_claim
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, found, make_run, make_user
 from apps.runs.ports import run_view_of

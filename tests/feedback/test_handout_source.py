@@ -146,7 +146,7 @@ def test_the_same_seed_hands_out_the_same_items_and_another_seed_others(olga: Us
 
 
 def test_two_annotators_claiming_at_the_same_count_draw_different_sequences(olga: User, anna: User) -> None:
-    from apps.feedback.services import handout_rng
+    from apps.feedback.handout.lease import handout_rng
 
     run = _run(olga, anna, selection={"random_share": 1.0})
     ben = make_user("ben")

@@ -29,9 +29,9 @@ from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
 from apps.feedback import kinds as registry
 from apps.feedback.kinds import kind_get
-from apps.feedback.learned import run_label_count
+from apps.feedback.reward_model.versions import run_label_count
 from apps.feedback.models import Feedback
-from apps.feedback.preferences import preference_pairs
+from apps.feedback.reward_model.preferences import preference_pairs
 from apps.feedback.selectors import feedback_counts
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput

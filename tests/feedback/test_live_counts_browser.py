@@ -14,8 +14,8 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.selectors import annotation_waiting
-from apps.feedback.services import assignment_claim
+from apps.feedback.handout.queue import annotation_waiting
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from tests.feedback.conftest import login, worker_write

@@ -15,7 +15,7 @@ from django.db import connection
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
 from apps.feedback.selectors import dpo_pairs
-from apps.feedback.services import group_fold
+from apps.feedback.kinds.fold import group_fold
 from apps.feedback.selectors import preferences_among
 from tests.envapi.conftest import make_key
 from tests.factories import make_experiences, make_run

@@ -13,7 +13,8 @@ from apps.buffer.services import batch_ack, batch_claim, experience_write
 from apps.feedback.models import Feedback
 from kernel.fold import DROP_REASON, borda_scores, rating_normalise, reward_combine
 from apps.feedback.selectors import dpo_pairs, feedback_counts
-from apps.feedback.services import feedback_rate_and_flag, feedback_wait_expire
+from apps.feedback.kinds.rate_and_flag import feedback_rate_and_flag
+from apps.feedback.handout.expiry import feedback_wait_expire
 from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank

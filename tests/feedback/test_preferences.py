@@ -10,7 +10,7 @@ from django.test import Client
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.preferences import pair_is_heldout, preference_pairs, preference_rows_trl
+from apps.feedback.reward_model.preferences import pair_is_heldout, preference_pairs, preference_rows_trl
 from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
@@ -135,7 +135,7 @@ def test_each_pair_names_the_labels_it_came_from_and_the_rest_say_why_not(
     """Issue 62: what a reward-model version records. A rating pair comes from the ratings of
     both its members (pooled raters included); a ranking, A/B choice or edit pair from its one
     row; a lone rating, a tie and a gold item's label make none, and say so."""
-    from apps.feedback.preferences import preference_pairs_read
+    from apps.feedback.reward_model.preferences import preference_pairs_read
 
     a, b, c = _group(blend_run, 3, group="g1")
     ra = feedback_rate(run=blend_run, author=annotator, experience=a, score=2)

@@ -130,7 +130,7 @@ def test_the_run_page_says_how_sure_the_gate_is_of_the_newest_reward_model(owner
 def test_the_reward_model_panel_says_when_the_runs_gate_opens_and_what_weight_it_gives(
     owner: User, gate: str, waiting: str, in_use: str,
 ) -> None:
-    from apps.feedback.learned import accuracy_lower_bound
+    from apps.feedback.reward_model.versions import accuracy_lower_bound
 
     run = make_run(owner=owner, feedback={"mode": "learned", "min_rm_accuracy": 0.75, "rm_gate": gate},
                    reward_model={"enabled": True})

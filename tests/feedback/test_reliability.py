@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.reliability import rater_figures, rater_weights, run_agreement
+from apps.feedback.raters.reliability import rater_figures, rater_weights, run_agreement
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate

@@ -14,9 +14,9 @@ from apps.buffer.models import Experience
 from apps.feedback import ports
 from apps.feedback.exports import export_rows
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.review import disagreement_answer, disagreement_resolve, feedback_accept, feedback_reject
-from apps.feedback.review_selectors import disagreements
-from apps.feedback.services import assignment_claim
+from apps.feedback.review.services import disagreement_answer, disagreement_resolve, feedback_accept, feedback_reject
+from apps.feedback.review.selectors import disagreements
+from apps.feedback.handout.lease import assignment_claim
 from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank

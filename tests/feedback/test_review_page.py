@@ -142,7 +142,7 @@ def test_annotators_and_viewers_are_refused_and_outsiders_see_no_run(
 
 def test_the_annotator_sees_on_their_submissions_that_a_label_was_rejected(
         owner: User, team: tuple[Run, User, User, User]) -> None:
-    from apps.feedback.review import feedback_reject
+    from apps.feedback.review.services import feedback_reject
 
     run, annie, _, _ = team
     [item] = make_experiences(run, groups=1, group_size=1, status="pending", auto_reward=0.0)

@@ -13,7 +13,7 @@ from django.test import Client
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
-from apps.feedback.review_selectors import REVIEW_PAGE_SIZE
+from apps.feedback.review.selectors import REVIEW_PAGE_SIZE
 from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, make_experiences, make_run, make_taskset, make_user

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Feedback
-from apps.feedback.services import assignment_claim
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
 from tests.servers import BROWSER_WAIT_MS, HeldAnswer, login

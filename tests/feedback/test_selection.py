@@ -12,8 +12,8 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment
-from apps.feedback.selection import candidate_priorities, share_slots
-from apps.feedback.services import assignment_claim
+from apps.feedback.handout.rule import candidate_priorities, share_slots
+from apps.feedback.handout.lease import assignment_claim
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, claims_at_once, experience_row, make_run, make_user
@@ -158,8 +158,8 @@ def test_a_trained_on_gold_item_reads_as_any_fresh_item(owner: User, annotator: 
                                                        django_capture_on_commit_callbacks: Any) -> None:
     """Gold items are usually old, consumed completions: nothing on the card, the answer to
     a rating, the live event or "your submissions" may say so."""
-    from apps.feedback.services import submit
-    from apps.feedback.revise import my_submissions
+    from apps.feedback.kinds import submit
+    from apps.feedback.review.revise import my_submissions
 
     run = make_run(owner=owner, feedback={"mode": "blend", "overlap": 1, "gold_rate": 0.5})
     add_member(run, annotator)
@@ -260,7 +260,7 @@ def test_labels_go_out_as_sibling_pairs_each_pair_to_one_annotator(owner: User) 
 
 
 def test_the_random_share_counts_pairs_and_random_pairs_are_siblings_too(owner: User) -> None:
-    from apps.feedback.selection import selection_order
+    from apps.feedback.handout.rule import selection_order
 
     run = _selected_run(owner, uncertainty=1.0, random_share=0.25)
     groups = _rated_groups(run, groups=40, size=4)
@@ -283,7 +283,7 @@ def test_pairs_make_more_reward_model_pairs_from_the_same_ratings(owner: User) -
     """The same six ratings through the annotation page: picked one by one by the reward
     model's smallest margins they are six wrong answers of one prompt, rated alike (no pair);
     picked as pairs straddling its decision they put each right answer beside a wrong one."""
-    from apps.feedback.preferences import preference_pairs
+    from apps.feedback.reward_model.preferences import preference_pairs
 
     derived = {}
     for pairs in (False, True):

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 
 from apps.envapi.services import api_key_create
 from apps.feedback.models import Feedback
-from apps.feedback.services import assignment_claim
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.models import Run
 from apps.runs.selectors import run_takes_feedback
 from apps.runs.services import run_transition

@@ -193,7 +193,7 @@ def test_standings_are_read_once_per_new_label_and_a_new_label_counts_at_once(ol
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from apps.feedback.reliability import rater_standing
+    from apps.feedback.raters.reliability import rater_standing
 
     run = _run(olga)
     _, gold = _items(run, olga)

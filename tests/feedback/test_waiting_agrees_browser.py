@@ -2,7 +2,7 @@
 "117 waiting for you" beside "Nothing to annotate right now", and "Load new items" brought
 nothing. The count read every open item; the queue's claim hands a new rater gold items only
 until they are measured, and an untrusted one (at untrusted_share 0) nothing fresh. Both now
-read one selector (apps.feedback.selectors.annotation_handout), checked here in those states
+read one selector (apps.feedback.handout.rule.annotation_handout), checked here in those states
 in a real browser: what the header says waits is what the queue holds once "Load new items"
 has asked for more."""
 
@@ -18,8 +18,8 @@ from playwright.sync_api import expect
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment
-from apps.feedback.reliability import rater_standing
-from apps.feedback.selectors import annotation_waiting
+from apps.feedback.raters.reliability import rater_standing
+from apps.feedback.handout.queue import annotation_waiting
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user

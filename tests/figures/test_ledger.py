@@ -31,13 +31,13 @@ from apps.buffer.services import batch_claim, batch_commit_step
 from apps.envapi.services import api_key_create
 from apps.feedback.bulk import experiences_bulk
 from apps.feedback.models import Feedback
-from apps.feedback.review import feedback_reject
+from apps.feedback.review.services import feedback_reject
 from apps.feedback.kinds.edit import feedback_edit
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate
-from apps.feedback.learned import reward_model_publish
-from apps.feedback.preferences import pair_labels, prompt_is_heldout
+from apps.feedback.reward_model.versions import reward_model_publish
+from apps.feedback.reward_model.preferences import pair_labels, prompt_is_heldout
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.ports import run_view_of
 from apps.runs.models import ModelVersion, Run
@@ -279,7 +279,7 @@ def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
     run_transition(run=run, action="stop", actor=owner)
     assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
     # An annotation page still open renews nothing on an ended run.
-    from apps.feedback.holds import holds_renew
+    from apps.feedback.handout.holds import holds_renew
 
     assert holds_renew(run=Run.objects.get(pk=run.pk), annotator=annotator) == 0
     assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
@@ -342,8 +342,8 @@ def unpaired(owner: User) -> dict[str, Any]:
     no preference pair, one that does, and a reward-model version trained after all of them."""
     import random
 
-    from apps.feedback.preferences import TRUSTED_WEIGHT
-    from apps.feedback.reliability import rater_weights
+    from apps.feedback.raters.reliability import TRUSTED_WEIGHT
+    from apps.feedback.raters.reliability import rater_weights
 
     share = 0.5
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="unpaired", total_steps=5,
@@ -444,7 +444,7 @@ def test_a_label_taught_the_first_version_that_trained_on_it(labelled: dict[str,
     """Version 2 no longer trusts the A/B choice's rater and pairs the late rating: the choice
     still taught v1 (a fact about v1), the late rating taught v2; rows and ledger agree."""
     from apps.feedback.ledger import label_states, run_ledger
-    from apps.feedback.preferences import PairLabels
+    from apps.feedback.reward_model.preferences import PairLabels
 
     run, expect = labelled["run"], labelled["expect"]
     (choice,) = [pk for pk, (s, _) in expect.items() if s == "reward_model"]

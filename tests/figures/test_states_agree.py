@@ -23,9 +23,9 @@ from apps.feedback import ledger
 from apps.feedback.bulk import experiences_bulk
 from apps.feedback.ledger import STATE_LINE, LedgerCounts, ledger_counts, run_ledger
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.review import feedback_reject
-from apps.feedback.selectors import labelling_progress
-from apps.feedback.services import assignment_claim
+from apps.feedback.review.services import feedback_reject
+from apps.feedback.handout.queue import labelling_progress
+from apps.feedback.handout.lease import assignment_claim
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.factories import make_experiences

@@ -30,7 +30,7 @@ from playwright.sync_api import expect
 from apps.envapi.services import api_key_create
 from apps.feedback.ledger import STATE_LINE
 from apps.feedback.models import Feedback
-from apps.feedback.preferences import prompt_is_heldout
+from apps.feedback.reward_model.preferences import prompt_is_heldout
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.dashboard.test_pages_round2 import LAPTOP, PHONE, no_sideways_scroll, open_page, shot  # noqa: F401

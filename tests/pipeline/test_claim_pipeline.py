@@ -92,7 +92,7 @@ def test_human_flagged_experiences_are_filtered_at_claim(make_pipeline_run, anno
 
 
 def test_a_flag_the_owner_rejected_filters_nothing(make_pipeline_run, annotator, owner) -> None:
-    from apps.feedback.review import feedback_reject
+    from apps.feedback.review.services import feedback_reject
 
     run = make_pipeline_run(on_claim=[{"name": "human_flagged"}])
     experience_write(experiences=[experience_row(run, key="flagged"), experience_row(run, key="fine")])

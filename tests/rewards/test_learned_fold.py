@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.kinds.rating import feedback_rate
-from apps.feedback.learned import reward_model_usable, rm_scores_apply
+from apps.feedback.reward_model.versions import reward_model_usable, rm_scores_apply
 from apps.rewards.models import GoldItem, RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
@@ -114,7 +114,7 @@ def test_the_evidence_gate_lets_a_better_than_chance_model_in_at_the_weight_its_
     """`rm_gate: evidence`: a version is folded in once its held-out accuracy's lower bound is
     above chance, its calibrated scores drawn toward the scale's middle by (bound - 0.5) /
     (min_rm_accuracy - 0.5); the rewards a group trains on carry that share of its differences."""
-    from apps.feedback.learned import accuracy_lower_bound, reward_model_weight
+    from apps.feedback.reward_model.versions import accuracy_lower_bound, reward_model_weight
 
     run, rm, a, b = _gated_run(owner, "evidence", accuracy=accuracy, pairs=pairs, scale=0.25)
     if weight is None:
@@ -143,7 +143,7 @@ def test_the_calibrated_gate_lets_a_better_than_chance_model_in_at_its_calibrati
 ) -> None:
     """`rm_gate: calibrated`: in once the bound is above chance, with no discount beside the
     calibration's own: the rewards carry the calibrated scores as they are."""
-    from apps.feedback.learned import reward_model_weight
+    from apps.feedback.reward_model.versions import reward_model_weight
 
     run, rm, a, b = _gated_run(owner, "calibrated", accuracy=accuracy, pairs=pairs, scale=0.1)
     if not usable:
@@ -177,7 +177,7 @@ def test_the_calibrated_gate_is_the_default_and_the_bound_gate_keeps_the_reward_
 def test_the_lower_bound_is_wilsons_and_confidence_one_half_is_the_point_estimate() -> None:
     from scipy.stats import binomtest
 
-    from apps.feedback.learned import accuracy_lower_bound
+    from apps.feedback.reward_model.versions import accuracy_lower_bound
 
     for hits, n in [(9, 9), (18, 20), (71, 103), (3, 10)]:
         for confidence in (0.9, 0.95):
@@ -236,9 +236,9 @@ def test_the_owners_rejection_of_a_label_the_newest_version_learnt_from_makes_th
     from django.conf import settings
     from django.utils import timezone
 
-    from apps.feedback.learned import reward_model_due
+    from apps.feedback.reward_model.versions import reward_model_due
     from apps.feedback.models import Feedback
-    from apps.feedback.review import feedback_reject
+    from apps.feedback.review.services import feedback_reject
 
     run = make_run(owner=owner, feedback={"mode": "blend"}, reward_model={"enabled": True, "retrain_every": 20})
     add_member(run, annotator)

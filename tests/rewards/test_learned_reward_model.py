@@ -19,7 +19,7 @@ from apps.buffer.services import experience_write
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate
-from apps.feedback.learned import reward_model_due, reward_model_usable
+from apps.feedback.reward_model.versions import reward_model_due, reward_model_usable
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
@@ -316,7 +316,7 @@ def test_a_version_records_the_labels_of_the_pairs_it_trained_on(
     the kind's own fit), as held out the labels of its held-out prompts, and a lone rating as
     lone; and the split agrees with the labels' prompts, computed here on their own."""
     from apps.feedback.models import Feedback
-    from apps.feedback.preferences import prompt_is_heldout
+    from apps.feedback.reward_model.preferences import prompt_is_heldout
     from workers.reward_kinds import Fitted, reward_kind_impl
 
     run = _blend_run(owner, annotator, demo_model_dir, kind="head", crossval_folds=0)

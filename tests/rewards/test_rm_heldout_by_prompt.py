@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.preferences import pair_is_heldout, prompt_is_heldout
+from apps.feedback.reward_model.preferences import pair_is_heldout, prompt_is_heldout
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run

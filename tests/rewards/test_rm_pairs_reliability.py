@@ -11,8 +11,8 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.preferences import TRUSTED_WEIGHT, preference_pairs
-from apps.feedback.reliability import rater_figures
+from apps.feedback.reward_model.preferences import preference_pairs
+from apps.feedback.raters.reliability import TRUSTED_WEIGHT, rater_figures
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.ranking import feedback_rank
 from apps.feedback.kinds.rating import feedback_rate

@@ -19,16 +19,15 @@ from typing import TYPE_CHECKING, Literal
 from django.db import transaction
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service, preference_pair
-from apps.feedback.services import submit
-from apps.feedback.services.fold import group_members_locked
+from apps.feedback.kinds import submit
+from apps.feedback.kinds.fold import group_members_locked
 from apps.rewards.pairs import PreferencePair
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
-    from apps.feedback.services.submit import ApiKeyRow
+    from apps.feedback.models import Feedback, Person
+    from apps.feedback.kinds.submit import ApiKeyRow
     from apps.runs.models import Run
 
 NAME = "best_of"

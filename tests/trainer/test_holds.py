@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
-from apps.feedback.services import assignment_claim, feedback_wait_expire
+from apps.feedback.handout.lease import assignment_claim
+from apps.feedback.handout.expiry import feedback_wait_expire
 from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
@@ -141,7 +142,7 @@ def test_a_held_group_beside_a_full_batch_leaves_the_trainer_its_batch(clock: Cl
     taken = _trainer_takes(run)
     assert len(taken) == 8 and taken.isdisjoint(held)
     # Her poll (the counts, every 10 s) renews only the groups on top: it writes no hold below them.
-    from apps.feedback.holds import holds_renew_when_due
+    from apps.feedback.handout.holds import holds_renew_when_due
 
     clock.wait(10)
     holds_renew_when_due(run=Run.objects.get(pk=run.pk), annotator=anna)

@@ -29,8 +29,8 @@ from apps.envapi.services import api_key_create
 from apps.feedback.exports import export_rows
 from apps.feedback.kinds import kind_unregister
 from apps.feedback.models import Feedback
-from apps.feedback.preferences import preference_pairs
-from apps.feedback.reliability import rater_figures, run_agreement
+from apps.feedback.reward_model.preferences import preference_pairs
+from apps.feedback.raters.reliability import rater_figures, run_agreement
 from apps.feedback.selectors import dpo_pairs, preferences_among
 from apps.runs.models import Run
 from kernel import plugins

@@ -5,7 +5,7 @@ its value as a typed model (validated in its constructor; `stored()` is the JSON
 `value`, `Feedback.parsed` reads it back), what it targets (one experience, a pair of one
 group, a whole group), whether and how it folds into a member's human reward, which
 preference pairs it yields for the reward model, whether it may be revised — and its doors:
-its service (`kind_service`, storing through apps.feedback.services.submit), its body on the
+its service (`kind_service`, storing through apps.feedback.kinds.submit), its body on the
 environment API (`ApiIn`: the API's feedback body is the union of the kinds' bodies,
 apps.envapi.schemas.FeedbackIn), its `rft feedback` options (`cli_arguments`) and its panel
 on the annotation page (`panel_template`, `panel_context`, `page_store`). Nothing else
@@ -21,6 +21,12 @@ test module and gives it through the page, the API and the CLI.
 
 The folding math stays in the kernel (`kernel.fold`, which cannot import this
 app): `feedback_votes` hands it each folding kind's votes as plain data.
+
+The package holds a label's way from the page to its reward, downwards: the annotation form's
+submit (`rate_and_flag`) calls a kind's service (its module), which stores through `submit`
+(what every kind's service shares: the row, its lateness, the author's leases, the
+announcement), which folds the group (`fold`) under the run's policy. Only the fold's
+arithmetic comes back up, for each row's votes (`feedback_votes`, the kind's `votes`).
 """
 
 from __future__ import annotations
@@ -129,7 +135,7 @@ class FeedbackKind:
     # wrote ("expert": an algorithm whose batches take expert experiences, SFT and MIX), or
     # not at all (None). Derived from `folds` when not set.
     reaches: ClassVar[Literal["reward", "preference", "expert"] | None] = None
-    # What its rows count toward in the raters' agreement (apps.feedback.reliability):
+    # What its rows count toward in the raters' agreement (apps.feedback.raters.reliability):
     # "rating", one score per item (its value has `normalised` on [0, 1] and a raw `score` or
     # `thumb`: the Rated protocol there), compared between the raters of the same item;
     # "preference", the (better, worse) pairs its rows state (`preferred`), compared between
@@ -142,9 +148,9 @@ class FeedbackKind:
     # row's experience and other; else the key of its value that holds one id or a list of ids.
     # The ledger's counts read it in SQL (apps.feedback.ledger), so it is a declaration, not code.
     trained_key: ClassVar[str] = ""
-    # The author may change or withdraw it until its group is trained on (apps.feedback.revise).
+    # The author may change or withdraw it until its group is trained on (apps.feedback.review.revise).
     revisable: ClassVar[bool] = False
-    # The run's owner may accept or reject it on the review page (apps.feedback.review).
+    # The run's owner may accept or reject it on the review page (apps.feedback.review.services).
     reviewable: ClassVar[bool] = True
     # Its body on the environment API (None: not posted there); `api_store` stores one.
     ApiIn: ClassVar[type[KindApiIn] | None] = None
@@ -209,7 +215,7 @@ class FeedbackKind:
 
     def preferred(self, fb: Feedback) -> list[tuple[int, int]]:
         """The (better, worse) experience ids the row itself states: for the raters' pair
-        agreement where `agreement` is "preference" (apps.feedback.reliability), and where its
+        agreement where `agreement` is "preference" (apps.feedback.raters.reliability), and where its
         labels reach training as preferences (`reaches`), for a preference algorithm's batches
         and the DPO export's human choices (apps.feedback.selectors). Default: none."""
         return []
@@ -287,9 +293,9 @@ _REGISTRY: Registry[FeedbackKind] = Registry(
     what="feedback kind", package=__name__,
     builtin=("env_reward", "rating", "pairwise", "ranking", "flag", "edit"),
 )
-# Each kind's service by kind name: registered where it is defined (apps.feedback.services for
-# the built-in kinds, which import this package; a kind's own module otherwise), so the kind
-# modules need not import the services.
+# Each kind's service by kind name: registered where it is defined (the built-in kinds' modules,
+# which import this package; a kind's own module otherwise), so the kind modules need not
+# import the services.
 _SERVICES: Registry[Callable[..., Any]] = Registry(what="feedback service", package=__name__, builtin=())
 F = TypeVar("F", bound=Callable[..., Any])
 

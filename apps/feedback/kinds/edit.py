@@ -17,13 +17,13 @@ from apps.buffer.services import experience_write
 from apps.feedback.kinds import FeedbackKind, KindValue, PageForm, Who, kind_register, kind_service, preference_pair
 from apps.feedback.ledger import correction_saved_words
 from apps.feedback.models import Feedback
-from apps.feedback.services import submit
+from apps.feedback.kinds import submit
 from apps.rewards.pairs import PreferencePair
 from apps.runs.selectors import run_takes_feedback
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
-    from apps.feedback.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 

@@ -15,15 +15,14 @@ from pydantic import Field, FiniteFloat, model_validator
 from apps.buffer.models import Experience
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
-from apps.feedback.services import submit
-from apps.feedback.services.fold import group_fold, group_members_locked
-from apps.feedback.services.submit import ApiKeyRow
+from apps.feedback.kinds import submit
+from apps.feedback.kinds.fold import group_fold, group_members_locked
+from apps.feedback.kinds.submit import ApiKeyRow
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.runs.models import Run
 
 PartName = Annotated[str, Field(min_length=1, max_length=100)]

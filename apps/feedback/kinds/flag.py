@@ -12,16 +12,15 @@ from django.db import transaction
 from pydantic import Field
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
-from apps.feedback.services import submit
-from apps.feedback.services.handout import assignments_finish
-from apps.feedback.services.submit import ApiKeyRow
+from apps.feedback.kinds import submit
+from apps.feedback.handout.lease import assignments_finish
+from apps.feedback.kinds.submit import ApiKeyRow
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.runs.models import Run
 
 FLAGS: tuple[str, ...] = ("unsafe", "broken", "off_task")

@@ -25,14 +25,14 @@ from apps.feedback.kinds import (
 )
 from apps.feedback.kinds.ranking import group_members
 from apps.feedback.models import Feedback
-from apps.feedback.services import submit
-from apps.feedback.services.submit import ApiKeyRow
+from apps.feedback.kinds import submit
+from apps.feedback.kinds.submit import ApiKeyRow
 from apps.rewards.pairs import PreferencePair
 from kernel.exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 WINNERS: tuple[str, ...] = ("a", "b", "tie")

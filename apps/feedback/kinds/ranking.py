@@ -25,16 +25,16 @@ from apps.feedback.kinds import (
     preference_pair,
 )
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.services import submit
-from apps.feedback.services.fold import group_members_locked
-from apps.feedback.services.submit import ApiKeyRow
+from apps.feedback.kinds import submit
+from apps.feedback.kinds.fold import group_members_locked
+from apps.feedback.kinds.submit import ApiKeyRow
 from apps.rewards.pairs import PreferencePair
 from kernel.fold import Vote, borda_scores
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
-    from apps.feedback.holds import Person
+    from apps.feedback.models import Person
     from apps.runs.models import Run
 
 

@@ -11,15 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, FiniteFloat, model_validator
 
 from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
-from apps.feedback.services.submit import ApiKeyRow, feedback_store
+from apps.feedback.kinds.submit import ApiKeyRow, feedback_store
 from kernel.fold import Vote, rating_normalise
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import Body
 
 if TYPE_CHECKING:
     from apps.buffer.models import Experience
-    from apps.feedback.holds import Person
-    from apps.feedback.models import Feedback
+    from apps.feedback.models import Feedback, Person
     from apps.runs.models import Run
 
 

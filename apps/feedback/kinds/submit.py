@@ -19,11 +19,10 @@ from django.db import transaction
 from django.db.models import Model
 
 from apps.buffer.models import Experience
-from apps.feedback.holds import Person
+from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import KindValue, kind_get
-from apps.feedback.models import Feedback
-from apps.feedback.services.fold import FoldResult, group_fold, group_members_locked
-from apps.feedback.services.handout import assignments_finish
+from apps.feedback.kinds.fold import FoldResult, group_fold, group_members_locked
+from apps.feedback.handout.lease import assignments_finish
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import feedback_is_late
@@ -40,7 +39,7 @@ ApiKeyRow = Model
 class FeedbackClosed(Conflict):
     """Feedback on a run that takes none (a 409): a twin, its run without people by
     construction, or a finished, failed or stopped run, where nothing it could change is left.
-    A withdrawal there is refused with the same words (apps.feedback.revise)."""
+    A withdrawal there is refused with the same words (apps.feedback.review.revise)."""
 
     def __init__(self, run: Run) -> None:
         super().__init__(run_feedback_closed_why(run=run), field="run")
@@ -152,31 +151,3 @@ def feedback_store(
         assignments_finish(run=run, annotator=fb.author, experience_ids=[target.pk], group_id=target.group_id)
         feedback_announce(run=run, feedback=fb, ready=False)
         return fb
-
-
-def feedback_rate_and_flag(
-    *, run: Run, author: Person | None, experience: Experience | int, score: int | None = None, thumb: str | None = None,
-    flags: Sequence[str] = (), comment: str = "",
-) -> list[Feedback]:
-    """The annotation form's submit: a rating and/or flags on one completion, all or none.
-    Each through its kind's service (apps.feedback.kinds.rating, .flag)."""
-    if score is None and thumb is None and not flags:
-        raise InvalidInput("give a rating (1-5 or a thumb) or at least one flag", field="score")
-    if score is not None and thumb is not None:
-        raise InvalidInput("give a score or a thumb, not both", field="score")
-
-    def rate(note: str) -> Feedback:
-        return kind_get("rating").store(run=run, author=author, experience=experience, score=score, thumb=thumb,
-                                        comment=note)
-
-    def flag(note: str) -> Feedback:
-        return kind_get("flag").store(run=run, author=author, experience=experience, flags=flags, comment=note)
-
-    # One label is its own service's transaction: wrapped in another, it cost a savepoint and
-    # its release, two of a rating's round trips to the database.
-    if not flags:
-        return [rate(comment)]
-    if score is None and thumb is None:
-        return [flag(comment)]
-    with transaction.atomic():
-        return [rate(comment), flag("")]

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback.services.fold import OPEN_STATUSES, group_fold, group_members_locked
+from apps.feedback.kinds.fold import OPEN_STATUSES, group_fold, group_members_locked
 from kernel.fold import DROP_REASON, reward_combine
 from apps.runs.models import Run
 

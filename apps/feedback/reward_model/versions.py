@@ -29,12 +29,12 @@ from django.db.models import Exists, OuterRef, QuerySet
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_names
 from apps.feedback.models import Feedback, LabelTaught
-from apps.feedback.preferences import TRUSTED_WEIGHT, PairLabels
-from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+from apps.feedback.reward_model.preferences import PairLabels
+from apps.feedback.raters.reliability import TRUSTED_WEIGHT, rater_offsets_cached, rater_weights_cached
 # The fold's public names, under the local names this module's code calls them by.
-from apps.feedback.services.fold import group_feedback as _group_feedback
-from apps.feedback.services.fold import group_fold
-from apps.feedback.services.fold import group_members_locked as _locked_members
+from apps.feedback.kinds.fold import group_feedback as _group_feedback
+from apps.feedback.kinds.fold import group_fold
+from apps.feedback.kinds.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
 from apps.rewards.services import scorer_publish
 from kernel.fold import reward_learned, votes_fold

@@ -17,10 +17,11 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 from psycopg.errors import DeadlockDetected
 
-from apps.feedback.holds import Person, holds_renew, holds_renew_on_commit
-from apps.feedback.models import Assignment
-from apps.feedback.selection import WINDOW, selection_order, selection_ranks, share_slots
-from apps.feedback.selectors import Handout, annotation_handout, handout_selects, queue_item_counts
+from apps.feedback.handout.holds import holds_renew, holds_renew_on_commit
+from apps.feedback.models import Assignment, Person
+from apps.feedback.handout.rule import WINDOW, selection_order, selection_ranks, share_slots
+from apps.feedback.handout.rule import Handout, annotation_handout, handout_selects
+from apps.feedback.handout.queue import queue_item_counts
 from apps.runs.models import Run, RunMember
 from apps.runs.selectors import run_takes_feedback
 
@@ -46,9 +47,9 @@ def assignment_reap(*, run: Run | None = None, now: datetime | None = None) -> i
 def assignment_claim(*, run: Run, annotator: Person, size: int = 5, lease_seconds: float | None = None) -> list[Assignment]:
     """Top the annotator's queue up to `size` leased items; returns the new assignments.
     A claim is a sign of work (the page opened or polled): it renews the holds of the groups
-    the annotator has open (apps.feedback.holds).
+    the annotator has open (apps.feedback.handout.holds).
 
-    What a label can still change comes first (apps.feedback.selectors.annotation_candidates:
+    What a label can still change comes first (apps.feedback.handout.rule.annotation_candidates:
     groups waiting for people, the freshest first, then the selection rule). An
     experience is handed to at most `run.cfg.feedback.overlap` annotators at once (leased
     or done): the unique live slot makes concurrent claimers lose cleanly instead of
@@ -66,7 +67,7 @@ def assignment_claim(*, run: Run, annotator: Person, size: int = 5, lease_second
 def _claim(*, run: Run, annotator: User, size: int, lease_seconds: float | None) -> list[Assignment]:
     assignment_reap(run=run)
     # Items whose group trained while they sat in the queue do not fill it: fresh ones come
-    # beside them (the queue shows them first, apps.feedback.selectors.annotation_queue).
+    # beside them (the queue shows them first, apps.feedback.handout.queue.annotation_queue).
     want = size - Assignment.objects.filter(run=run, annotator=annotator, status=Assignment.Status.LEASED).filter(
         queue_item_counts()).count()
     if want <= 0:
@@ -189,12 +190,12 @@ def handout_rngs(*, run: Run, annotator: User, streams: Sequence[str]) -> list[r
 
 
 def _claim_selected(*, run: Run, annotator: User, handout: Handout, want: int, expires: datetime) -> list[Assignment]:
-    """assignment_claim under a selection rule (apps.feedback.selection), gold items and
+    """assignment_claim under a selection rule (apps.feedback.handout.rule), gold items and
     trust-aware hand-out (`feedback.trust`): the same slots and leases, the order and the mix
     decided by the rule. A sibling pair (`selection.pairs`) goes to one annotator whole, so the
     queue may end one over `want`; gold items come between pairs.
 
-    By the annotator's standing (apps.feedback.selectors.annotation_handout, which
+    By the annotator's standing (apps.feedback.handout.rule.annotation_handout, which
     annotation_waiting counts from too): an unmeasured one gets gold items only until
     `trust.gold_first` are handed out (their fresh labels would teach the reward model nothing
     until trust is known, and half the budget went to a random rater before); an untrusted one

@@ -13,7 +13,7 @@ from django.db.models import Q
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.models import Feedback
-from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
+from apps.feedback.raters.reliability import rater_offsets_cached, rater_weights_cached
 from kernel.fold import member_is_final, reward_combine, votes_fold
 from apps.runs.models import Run
 
@@ -39,7 +39,7 @@ def group_members_locked(*, run: Run, group_id: str) -> list[Experience]:
 
 def group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
     """The group's feedback of the kinds that fold: on a member, or (a group's kinds) on the group;
-    none the owner rejected (apps.feedback.review)."""
+    none the owner rejected (apps.feedback.review.services)."""
     on = Q(pk__in=[])
     for name in kind_names(folds=True):
         target = kind_get(name).target

@@ -30,22 +30,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DatabaseError, transaction
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Max, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Least
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback.models import Assignment
+from apps.feedback.models import Assignment, Person
 from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 
 _OPEN = (Experience.Status.PENDING, Experience.Status.READY)
-
-# Whoever a request is from (request.user), or a user row.
-Person = AbstractBaseUser | AnonymousUser
 
 
 # A run in one of these trains no more: nothing is held for anyone (holds_release on its end).

@@ -1,6 +1,6 @@
 """The review of labels over the REST API (mounted in rftweb/api.py under keys with the
 `feedback` action): the same list, decisions and disagreements as the review page, through
-the same services (apps.feedback.review). Reviewing is the run owner's: the key must have
+the same services (apps.feedback.review.services). Reviewing is the run owner's: the key must have
 been made by the run's owner (or staff), whose name the decisions are recorded under."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from ninja import Router, Schema
 from ninja.params.functions import Path, Query
 from pydantic import Field
 
-from apps.feedback.review import Resolution, ReviewOutcome, disagreement_resolve, feedback_accept, feedback_reject
-from apps.feedback.review_selectors import (
+from apps.feedback.review.services import Resolution, ReviewOutcome, disagreement_resolve, feedback_accept, feedback_reject
+from apps.feedback.review.selectors import (
     Disagreement,
     ReviewRow,
     disagreements,

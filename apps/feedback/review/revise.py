@@ -18,13 +18,12 @@ from django.db.models import Count, Q, QuerySet, Window
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback.holds import Person
+from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names
 from apps.feedback.ledger import LabelState, label_states
-from apps.feedback.models import Assignment, Feedback
-from apps.feedback.reliability import rater_offsets_cached, rater_weights_cached
-from apps.feedback.services.handout import lease_seconds_default
-from apps.feedback.services.submit import FeedbackClosed
+from apps.feedback.raters.reliability import rater_offsets_cached, rater_weights_cached
+from apps.feedback.handout.lease import lease_seconds_default
+from apps.feedback.kinds.submit import FeedbackClosed
 from apps.rewards.models import GoldItem
 from apps.runs.events import event_publish
 from kernel.fold import (
@@ -183,7 +182,7 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
         on |= Q(kind=name, group_id__in=group_ids) if kind_get(name).target == "group" \
             else Q(kind=name, experience_id__in=ids)
     remaining = list(Feedback.objects.effective().filter(run=run, late=False).filter(on))
-    # Weighted and offset per rater as group_fold does (apps.feedback.services).
+    # Weighted and offset per rater as group_fold does (apps.feedback.kinds.fold).
     folds = votes_fold(member_ids=ids, votes=feedback_votes(remaining), weights=rater_weights_cached(run=run),
                          offsets=rater_offsets_cached(run=run))
     complete = all(member_is_final(feedback_cfg=feedback_cfg, fold=folds[m.pk]) for m in members)

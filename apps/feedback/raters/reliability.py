@@ -19,7 +19,7 @@
   taught to every rollout, and a random rater lucky on 4 gold items (accuracy 0.375: fold
   weight 0.5, trusted) put 112 random pairs into bench/steering's noisy arm; earned, 0.3.
 
-- Standing for the annotation queue (`feedback.trust`, apps.feedback.services): unmeasured
+- Standing for the annotation queue (`feedback.trust`, apps.feedback.handout.rule): unmeasured
   (fewer gold items rated than `trust.gold_first`, at least one; under agreement weighting no
   shared item yet), trusted (earned trust at least the reward model's bar, TRUSTED_WEIGHT) or
   untrusted. An unmeasured annotator gets gold items first, an untrusted one gold items and
@@ -42,11 +42,16 @@ from django.db.models import Count, Max, Sum
 
 from apps.feedback.kinds import kind_get, kind_names, value_parse
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.preferences import TRUSTED_WEIGHT
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from rftweb.degrade import cached
 from kernel.jsontypes import Body
+
+# Votes whose raters' weights add up to less than this count as no one's rating (the
+# learned policy then uses the reward model for the member, and no rating pair is made
+# for the reward model: apps.feedback.reward_model.preferences); a rater earning less is
+# untrusted (rater_standing).
+TRUSTED_WEIGHT = 0.5
 
 PRIOR_WEIGHT = 1.0  # pseudo-observations of full trust before a rater's figures count
 

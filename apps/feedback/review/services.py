@@ -1,6 +1,6 @@
 """The owner's review of people's labels (issue 32 item 5, from Argilla / Label Studio): accept
 or reject a label, and resolve a disagreement by accepting one side or giving one's own label.
-The review page (apps.feedback.review_views) and the API (apps.feedback.review_api) call these.
+The review page (apps.feedback.review_views) and the API (apps.feedback.review.api) call these.
 
 A rejected label takes no effect from then on: it leaves the reward its group folds (the group
 is refolded at once; one made trainable only by it waits for people again), the reward model's
@@ -23,9 +23,9 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 from apps.feedback.kinds import kind_get
 from apps.feedback.models import Assignment, Feedback
-from apps.feedback.review_selectors import Disagreement, conflicts_among, disagreements
-from apps.feedback.revise import group_refold
-from apps.feedback.services import group_fold
+from apps.feedback.review.selectors import Disagreement, conflicts_among, disagreements
+from apps.feedback.review.revise import group_refold
+from apps.feedback.kinds.fold import group_fold
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.feedback.kinds.rating import feedback_rate
 from apps.runs.events import labels_changed_publish

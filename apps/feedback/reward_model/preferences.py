@@ -22,14 +22,11 @@ from dataclasses import dataclass, replace
 from apps.buffer.models import Experience
 from apps.feedback.kinds import feedback_votes, kind_get, kind_names, preference_pair
 from apps.feedback.models import Feedback
+from apps.feedback.raters.reliability import TRUSTED_WEIGHT
 from apps.rewards.pairs import PreferencePair
 from kernel.fold import votes_fold
 from apps.runs.models import Run
 from kernel.jsontypes import Body
-
-# Votes whose raters' weights add up to less than this count as no one's rating (the
-# learned policy then uses the reward model for the member, and no rating pair is made).
-TRUSTED_WEIGHT = 0.5
 
 
 def _author_trust(fb: Feedback, weights: Mapping[int, float] | None) -> float:
@@ -73,14 +70,14 @@ def preference_pairs_read(
     Late feedback (stored after its target was trained on) still says what people prefer,
     so it is included unless `include_late` is False. `rater_weights` (author id -> weight)
     weights each rater's ratings in a member's mean, `rater_offsets` shifts each rater's scale
-    (apps.feedback.reliability). With weights, every pair records its trust
+    (apps.feedback.raters.reliability). With weights, every pair records its trust
     (`PreferencePair.trust`) and a pair trusted less than TRUSTED_WEIGHT is left out, whatever
     kind of feedback it came from: a rater who answers at random teaches the reward model
     nothing through ratings, choices, rankings or edits alike ("untrusted"). Gold items are left
     out by passing their ids in `exclude_experience_ids`, so a rater's gold answers teach nothing
     twice ("gold"). A rating whose member no other trusted rating in its group can be compared
     with makes no pair ("lone"); a tie or a correction that changed nothing neither ("no_pair").
-    A label the run's owner rejected (apps.feedback.review) yields no pair and is not read.
+    A label the run's owner rejected (apps.feedback.review.services) yields no pair and is not read.
     """
     skip = exclude_experience_ids or set()
     qs = Feedback.objects.effective().filter(run=run, kind__in=kind_names(labels=True))
