@@ -107,7 +107,7 @@ from apps.runs.services import (
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from kernel.exceptions import ExportFailed, RftError
-from rftweb.http import HtmxHttpRequest, signed_in
+from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_text, signed_in
 
 
 CONTROLS: dict[str, dict[str, str]] = {
@@ -132,9 +132,7 @@ _RUNS = Run.objects.select_related("owner", "taskset")
 
 def _partial(request: HtmxHttpRequest, template: str, context: dict[str, object], page_title: str) -> HttpResponse:
     """An HTMX request gets the fragment; a plain one the fragment inside a page."""
-    if request.htmx:
-        return render(request, template, context)
-    return render(request, "runs/partial_page.html", {**context, "fragment": template, "page_title": page_title})
+    return fragment(request, template, {**context, "page_title": page_title})
 
 
 # --- list and creation -------------------------------------------------------------------
@@ -430,10 +428,7 @@ def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str =
         if request.htmx:
             return HttpResponse('<section id="summary" hidden></section>')
         return redirect("runs:detail", run_id=run.pk)
-    if request.htmx:
-        return render(request, "runs/_summary.html", context, status=status)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_summary.html",
-                                                      "page_title": f"Summary · {run.name}"}, status=status)
+    return fragment(request, "runs/_summary.html", {**context, "page_title": f"Summary · {run.name}"}, status=status)
 
 
 @login_required
@@ -474,11 +469,8 @@ def _versions_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str 
     if weights_error:
         versions = replace(versions, error=weights_error)
     status = 400 if versions.error and status == 200 else status
-    context = {"run": run, "versions": versions}
-    if request.htmx:
-        return render(request, "runs/_versions.html", context, status=200 if versions.error else status)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_versions.html",
-                                                      "page_title": f"Versions · {run.name}"}, status=status)
+    context = {"run": run, "versions": versions, "page_title": f"Versions · {run.name}"}
+    return fragment(request, "runs/_versions.html", context, status=status, htmx_status=200 if versions.error else status)
 
 
 @login_required
@@ -498,22 +490,24 @@ def run_versions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _versions_partial(request, run)
 
 
+def _weights_refused(request: HtmxHttpRequest, error: RftError, run_id: int, **_: object) -> HttpResponse:
+    """A version that cannot be packed: the panel the form was in says why."""
+    run, _role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    if request.POST.get("panel") == "versions":
+        return _versions_partial(request, run, weights_error=error.message, status=error.status)
+    return _summary_partial(request, run, weights_error=error.message, status=200 if request.htmx else error.status)
+
+
 @login_required
 @require_POST
+@refusals(not_found_first(_weights_refused))
 def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
     """A member asks for a version's weights as a .zip: a train worker packs it (see
     apps/control/weights.py); the summary, or the versions panel the form was in
     (panel=versions), shows it queued, packing, then the link."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     in_panel = request.POST.get("panel") == "versions"
-    try:
-        weights_export_request(run=run, version=version)
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        if in_panel:
-            return _versions_partial(request, run, weights_error=exc.message, status=exc.status)
-        return _summary_partial(request, run, weights_error=exc.message, status=200 if request.htmx else exc.status)
+    weights_export_request(run=run, version=version)
     if not request.htmx:
         return redirect(f"{reverse('runs:detail', kwargs={'run_id': run.pk})}#{'versions' if in_panel else 'summary'}")
     return _versions_partial(request, run) if in_panel else _summary_partial(request, run)
@@ -521,15 +515,11 @@ def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> 
 
 @login_required
 @require_GET
+@refusals(not_found_first(refused_as_text))
 def run_weights_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponseBase:
     """The packed zip of a version's weights, for the run's members."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    try:
-        path = weights_zip_ready(run=run, version=version)
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+    path = weights_zip_ready(run=run, version=version)
     return FileResponse(path.open("rb"), as_attachment=True, filename=weights_download_name(run_id=run.pk, version=version),
                         content_type="application/zip")
 
@@ -679,8 +669,6 @@ def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         member = run_member_add(run=run, username=values["username"], role=values["role"], actor=request.user)
     except MemberInvalid as exc:
         context = _members_context(run, role, member_errors={exc.field: [exc.message]}, member_values=values)
-        if request.htmx:
-            return render(request, "runs/_members.html", context)
         return _partial(request, "runs/_members.html", context, f"People · {run.name}")
     saved = f"{member.user.get_username()} is now {member.role} of this run."
     if request.htmx:
