@@ -80,6 +80,11 @@ def refused_as_text(request: HtmxHttpRequest, error: RftError, *args: object, **
     return HttpResponse(error.message, status=error.status, content_type="text/plain; charset=utf-8")
 
 
+def refused_as_404(request: HtmxHttpRequest, error: RftError, *args: object, **kwargs: object) -> HttpResponse:
+    """Django's 404 page, whatever the refusal: a thing one may not act on is one one cannot see."""
+    raise Http404(str(error)) from None
+
+
 def not_found_first(show: Show) -> Show:
     """`show`, but for a NotFound: Django's 404 page, as for any object one cannot see."""
 

@@ -96,7 +96,6 @@ from apps.runs.selectors import (
 )
 from apps.runs.services import (
     MemberInvalid,
-    TransitionNotAllowed,
     run_create,
     run_feedback_settings_update,
     run_member_add,
@@ -107,7 +106,7 @@ from apps.runs.services import (
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from kernel.exceptions import ExportFailed, RftError
-from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_text, signed_in
+from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_404, refused_as_text, signed_in
 
 
 CONTROLS: dict[str, dict[str, str]] = {
@@ -544,8 +543,19 @@ def run_controls(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _partial(request, "runs/_controls.html", _controls_context(run, role), f"Controls · {run.name}")
 
 
+def _control_refused(request: HtmxHttpRequest, error: RftError, run_id: int, action: str) -> HttpResponse:
+    """A transition the run's status does not allow: the controls again with the message (a 200:
+    HTMX swaps only 2xx), or the run page with it."""
+    if request.htmx:
+        run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+        return render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error.message})
+    messages.error(request, error.message)
+    return redirect("runs:detail", run_id=run_id)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
+@refusals(_control_refused)
 def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpResponse:
     """GET: a confirmation page (the no-JavaScript path). POST with confirm=yes: do it."""
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
@@ -555,22 +565,12 @@ def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpRespo
     if request.method == "GET" or request.POST.get("confirm") != "yes":
         return render(request, "runs/confirm.html", {"run": run, "action": action, "label": CONTROLS[action]["label"],
                                                       "question": question})
-    error = ""
-    try:
-        run = run_transition(run=run, action=action, actor=request.user)
-        if action == "start":  # a twin made before its run started starts with it
-            run_twins_start(run=run, actor=request.user if isinstance(request.user, User) else None)
-    except TransitionNotAllowed as exc:
-        error = exc.message
+    run = run_transition(run=run, action=action, actor=request.user)
+    if action == "start":  # a twin made before its run started starts with it
+        run_twins_start(run=run, actor=request.user if isinstance(request.user, User) else None)
     if request.htmx:
-        response = render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error})
-        if error:
-            response.status_code = 200  # HTMX swaps only 2xx; the message is in the fragment
-        return response
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, f"{CONTROLS[action]['label']}: run is now {run.status}.")
+        return render(request, "runs/_controls.html", {**_controls_context(run, role), "error": ""})
+    messages.success(request, f"{CONTROLS[action]['label']}: run is now {run.status}.")
     return redirect("runs:detail", run_id=run.pk)
 
 
@@ -679,12 +679,10 @@ def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@refusals(refused_as_404)
 def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
-    try:
-        run_member_remove(run=run, member_id=member_id, actor=request.user)
-    except MemberInvalid as exc:
-        raise Http404(str(exc)) from None
+    run_member_remove(run=run, member_id=member_id, actor=request.user)
     if request.htmx:
         return render(request, "runs/_members.html", _members_context(run, role))
     messages.success(request, "Removed.")

@@ -29,10 +29,14 @@ from rftweb.celery import app
 class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
 
+    code = "transition_not_allowed"
+
 
 class RunCannotStart(TransitionNotAllowed):
     """The run's model, taskset or rewards do not allow it to start; `errors` maps fields
     (`model`, `taskset`, `rewards.0.params`) to messages."""
+
+    code = "run_cannot_start"
 
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors=errors)
@@ -399,6 +403,8 @@ def _audit_actor(actor: Actor) -> User | None:
 
 class MemberInvalid(InvalidInput):
     """A staffing change that cannot be made; `field` names the form field at fault."""
+
+    code = "member_invalid"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, field=field)
