@@ -71,7 +71,7 @@ from kernel.hygiene import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
-from kernel.config import ConfigInvalid, config_file_read
+from kernel.config import ConfigInvalid, RunConfig, config_file_read
 from kernel.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
@@ -101,7 +101,7 @@ from apps.runs.services import (
     run_member_add,
     run_member_remove,
     run_name_errors,
-    run_spec_errors,
+    run_spec_check,
     run_transition,
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
@@ -308,8 +308,10 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
         errors.setdefault("taskset", []).extend(taskset_errors)
     taskset_id = taskset.pk if taskset is not None else None
     unreadable = set(errors)
+    cfg: RunConfig | None = None
     if data is not None:
-        spec_errors = run_spec_errors(config=data, taskset=taskset)
+        # Validated once: what validates here is what run_create stores.
+        cfg, spec_errors = run_spec_check(config=data, taskset=taskset)
         for field_path, messages_ in errors_by_field(spec_errors, specs, fallback=fallback).items():
             if field_path in unreadable and field_path not in ("name", "taskset", FORM):
                 continue  # its own message (the YAML that did not parse) says it already
@@ -317,7 +319,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     run: Run | None = None
     if not errors and data is not None:
         try:
-            run = run_create(name=name, owner=signed_in(request), config=data, taskset=taskset)
+            run = run_create(name=name, owner=signed_in(request), config=cfg if cfg is not None else data, taskset=taskset)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=fallback)
     if errors or run is None:

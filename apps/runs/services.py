@@ -119,6 +119,14 @@ def _taskset_import_error(taskset: _Importing | None, *, starting: bool) -> str 
 def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
     """What stops a run from working, by field: the config (rewards and their params
     included), the model and tokenizer, and, when `starting`, tasks to explore."""
+    return run_spec_check(config=config, taskset=taskset, starting=starting)[1]
+
+
+def run_spec_check(*, config: Mapping[str, object] | RunConfig, taskset: Any = None,
+                   starting: bool = False) -> tuple[RunConfig | None, dict[str, str]]:
+    """`run_spec_errors`, and the config it validated (None where it did not validate): a form
+    that goes on to create the run passes that on (`run_create(config=cfg)`) and the config is
+    validated once per submit."""
     try:
         cfg = config_validate(data=config)
     except ConfigInvalid as exc:
@@ -136,7 +144,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
                 errors.setdefault("taskset", pending)
         elif taskset is not None and not taskset.tasks.exists():
             errors.setdefault("taskset", f"taskset {taskset.name!r} has no tasks")
-        return errors
+        return None, errors
     errors = {**model_name_errors(name=cfg.model, tokenizer_elsewhere=bool(cfg.tokenizer)),
               **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
     pending = _taskset_import_error(taskset, starting=starting)
@@ -151,7 +159,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
     elif starting and taskset is None and schedule.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
-    return errors
+    return cfg, errors
 
 
 def run_name_errors(*, name: str) -> dict[str, str]:
@@ -176,13 +184,15 @@ def _name_check(name: str) -> None:
 
 
 def run_create(*, name: str, owner: User, config: Mapping[str, object] | RunConfig, taskset: Any = None) -> Run:
-    """Create a draft run; ConfigInvalid names each bad field."""
+    """Create a draft run; ConfigInvalid names each bad field. A RunConfig (one a form has
+    validated already) is not validated again, nor is the row's config when the run is read."""
     errors = run_name_errors(name=name)
-    errors.update(run_spec_errors(config=config, taskset=taskset))
-    if errors:
+    cfg, spec_errors = run_spec_check(config=config, taskset=taskset)
+    errors.update(spec_errors)
+    if errors or cfg is None:
         raise ConfigInvalid(errors)
-    cfg = config_validate(data=config)
     run = Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
+    run.cfg_known(cfg)
     run_id = run.pk
     transaction.on_commit(lambda: runs_list_touch(run_id=run_id))  # open runs lists show it
     return run
