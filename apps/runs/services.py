@@ -116,17 +116,12 @@ def _taskset_import_error(taskset: _Importing | None, *, starting: bool) -> str 
             "start the run when the import is done")
 
 
-def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
-    """What stops a run from working, by field: the config (rewards and their params
-    included), the model and tokenizer, and, when `starting`, tasks to explore."""
-    return run_spec_check(config=config, taskset=taskset, starting=starting)[1]
-
-
 def run_spec_check(*, config: Mapping[str, object] | RunConfig, taskset: Any = None,
                    starting: bool = False) -> tuple[RunConfig | None, dict[str, str]]:
-    """`run_spec_errors`, and the config it validated (None where it did not validate): a form
-    that goes on to create the run passes that on (`run_create(config=cfg)`) and the config is
-    validated once per submit."""
+    """What stops a run from working, by field: the config (rewards and their params
+    included), the model and tokenizer, and, when `starting`, tasks to explore; with the config
+    it validated (None where it did not), which a form that goes on to create the run passes on
+    (`run_create(config=cfg)`): the config is validated once per submit."""
     try:
         cfg = config_validate(data=config)
     except ConfigInvalid as exc:
@@ -256,7 +251,7 @@ def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = 
     sources, target = _TRANSITIONS[action]
     if action == "start":
         run.refresh_from_db(fields=["config", "taskset"])
-        errors = run_spec_errors(config=run.config, taskset=run.taskset, starting=True)
+        errors = run_spec_check(config=run.config, taskset=run.taskset, starting=True)[1]
         if errors:
             raise RunCannotStart(errors)
     fields: dict[str, str] = {"status": target}
