@@ -61,6 +61,8 @@ class FieldConflict(InvalidInput, ValueError):
     that forms and the API report it beside that field rather than the whole config. A
     ValueError too: pydantic turns only those into its validation errors."""
 
+    code = "field_conflict"
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, field=field)
         # pydantic's message is str(error): the message alone, the field goes beside it.
@@ -627,6 +629,8 @@ class RunConfig(StrictModel):
 
 class ConfigInvalid(InvalidInput):
     """A run config failed validation; `errors` maps dotted field paths to messages."""
+
+    code = "config_invalid"
 
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__(errors=errors)

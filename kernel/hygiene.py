@@ -42,6 +42,8 @@ class InputRejected(InvalidInput, ValueError):
     every door answers it as a 422 naming the field), and a ValueError so that pydantic
     validators may raise it."""
 
+    code = "input_rejected"
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, field=field)
 

@@ -30,7 +30,7 @@ from apps.feedback.raters.api import router as raters_router
 from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
 from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
-from rftweb.exceptions import ErrorCode, MalformedJSON, Unauthenticated, error_code, status_code
+from rftweb.exceptions import ErrorClassCode, MalformedJSON, Unauthenticated, error_code, error_class_code, status_code
 
 # ---- errors --------------------------------------------------------------------------
 
@@ -61,8 +61,11 @@ DESCRIPTION = """The environment REST API, `/api/v1/`.
 
 Authentication: `Authorization: Bearer rft_…`. Scopes: `read` (runs, events, the raters
 figures), `submit` (tasks, rollouts, trajectories, sessions), `feedback` (feedback). Errors are
-`{"detail", "errors", "field", "code"}`: `code` is stable, one of the Error schema's enum (branch on
-it, not on the words), `field` the input concerned ("" for the request as a whole), with 401 (no or bad key), 403 (an action outside the key's scopes), 404
+`{"detail", "errors", "field", "code", "error_class"}`: `code` is stable, the error class's own, one of the
+Error schema's enum (branch on it, not on the words: `feedback_closed`, `transition_not_allowed`,
+`step_conflict`, …), `error_class` the code of its error class, one per status class (`conflict`
+for all three; until round 63 `code` held that alone), `field` the input concerned ("" for the request as a
+whole), with 401 (no or bad key), 403 (an action outside the key's scopes), 404
 (unknown ids, and runs outside the key's runs: the same answer, so run ids cannot be probed),
 413 (body past RFT_MAX_BODY_BYTES), 422 (field path -> message), 429 (over the key's rate, with
 Retry-After), 503 (no rollout worker answered). None of them writes anything.
@@ -77,9 +80,9 @@ api = NinjaAPI(
 )
 
 
-def _problem(request: HttpRequest, status: int, detail: str, *, code: ErrorCode, field: str = "",
+def _problem(request: HttpRequest, status: int, detail: str, *, code: str, error_class: ErrorClassCode, field: str = "",
              errors: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> HttpResponse:
-    body = {"detail": detail, "errors": errors or {}, "field": field, "code": code}
+    body = {"detail": detail, "errors": errors or {}, "field": field, "code": code, "error_class": error_class}
     response = api.create_response(request, body, status=status)
     for name, value in (headers or {}).items():
         response[name] = value
@@ -96,7 +99,8 @@ def _on_rft_error(request: HttpRequest, exc: RftError) -> HttpResponse:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     named = exc.status == 422 or bool(exc.field)
     errors = {field or "body": message for field, message in exc.errors.items()} if named else {}
-    return _problem(request, exc.status, str(exc), code=error_code(exc), field=exc.field, errors=errors, headers=headers)
+    return _problem(request, exc.status, str(exc), code=error_code(exc), error_class=error_class_code(exc), field=exc.field,
+                    errors=errors, headers=headers)
 
 
 def _on_dependency_down(request: HttpRequest, exc: Exception) -> HttpResponse:
@@ -137,7 +141,8 @@ def _on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
         return _on_rft_error(request, cause)
     if isinstance(cause, json.JSONDecodeError):
         return _on_rft_error(request, MalformedJSON(f"the body is not valid JSON: {cause.msg} at line {cause.lineno} column {cause.colno}"))
-    return _problem(request, exc.status_code, str(exc), code=status_code(exc.status_code))
+    error_class = status_code(exc.status_code)
+    return _problem(request, exc.status_code, str(exc), code=error_class, error_class=error_class)
 
 
 def _loc(loc: Sequence[object]) -> str:

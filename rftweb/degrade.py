@@ -230,7 +230,8 @@ def unavailable_response(request: HttpRequest, dependency: str) -> HttpResponse:
     message = unavailable_message(dependency)
     response: HttpResponse
     if request.path.startswith("/api/"):
-        response = JsonResponse({"detail": message, "errors": {}, "code": status_code(503)}, status=503)
+        code = status_code(503)  # no error class behind it: its code is its error class's
+        response = JsonResponse({"detail": message, "errors": {}, "code": code, "error_class": code}, status=503)
     else:
         page = (
             "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Unavailable · rftweb</title></head>"

@@ -16,6 +16,8 @@ N = TypeVar("N", int, float)
 class ConfigError(InvalidInput, RuntimeError):
     """A setting in the environment is missing or malformed."""
 
+    code = "config_error"
+
 
 def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, default)

@@ -3,15 +3,17 @@ CommandError, a form's field errors, and the API's stable error codes. They live
 in the kernel, because they name Django's classes or belong to the API's contract; the kernel
 imports no Django.
 
-Codes: every refusal of the REST API carries `code`, one of CODES (the OpenAPI Error schema's
-enum, apps/runs/api_kit.py), for a client to branch on instead of the words. An error's code
-is its nearest class's (`error_code`: TooLarge before InvalidInput); a code is never renamed
-or reused, and a new class adds one here. tests/test_error_codes.py shows each one raised.
+Codes: every refusal of the REST API carries `code`, its class's own (one of CODES, the OpenAPI
+Error schema's enum, apps/runs/api_kit.py), and `error_class`, the code of its nearest error
+class (one of ERROR_CLASS_CODES: `conflict` for FeedbackClosed, StepConflict and
+TransitionNotAllowed alike), for a client to branch on instead of the words. A code is never renamed or reused;
+a new class sets its own and adds it here (tests/test_exceptions.py). tests/test_error_codes.py
+shows each code raised.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from kernel.exceptions import (
     Conflict,
@@ -51,14 +53,22 @@ def form_errors_add(form: BaseForm, exc: RftError) -> None:
 class Unauthenticated(RftError):
     """No API key, or one that is unknown or revoked (a 401): the REST API's own refusal."""
 
+    code = "unauthenticated"
+
     status = 401
 
 
 class MalformedJSON(RftError):
     """A request body that is not JSON at all (a 400; JSON that does not fit is InvalidInput)."""
 
+    code = "malformed_json"
 
-ErrorCode = Literal[
+
+# The error classes' codes: the API's `error_class` of a refusal, the code of its nearest
+# error class (the bases of kernel/exceptions.py, and this module's two). Until each class
+# had a code of its own (round 63) these were the only codes and `code` held them: a client
+# that branched on "conflict" reads `error_class` now. Never renamed.
+ErrorClassCode = Literal[
     "bad_request",
     "malformed_json",
     "unauthenticated",
@@ -71,35 +81,74 @@ ErrorCode = Literal[
     "upstream_failed",
     "unavailable",
 ]
-CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
+ERROR_CLASS_CODES: tuple[ErrorClassCode, ...] = get_args(ErrorClassCode)
 
-# Each class's code (RftError's own for an error of no finer class).
-CLASS_CODES: dict[type[RftError], ErrorCode] = {
-    RftError: "bad_request",
-    MalformedJSON: "malformed_json",
-    Unauthenticated: "unauthenticated",
-    NotAllowed: "not_allowed",
-    NotFound: "not_found",
-    Conflict: "conflict",
-    TooLarge: "too_large",
-    InvalidInput: "invalid_input",
-    RateLimited: "rate_limited",
-    UpstreamFailed: "upstream_failed",
-    Unavailable: "unavailable",
+# Each error class's code (RftError's own for an error of no finer class): the class's `code`.
+CLASS_CODES: dict[type[RftError], ErrorClassCode] = {
+    cls: cast(ErrorClassCode, cls.code) for cls in (
+        RftError, MalformedJSON, Unauthenticated, NotAllowed, NotFound, Conflict, TooLarge, InvalidInput,
+        RateLimited, UpstreamFailed, Unavailable)
 }
 
+# Every error class's own code (its `code`, set in the class), the kinds' first: the OpenAPI
+# Error schema's enum. The web cannot import the workers' modules, so the list is written
+# here; tests/test_exceptions.py holds it to the classes (each code once, each class's here).
+CODES: tuple[str, ...] = (
+    *ERROR_CLASS_CODES,
+    "export_failed",
+    # apps/
+    "image_rejected",
+    "import_failed",
+    "session_rejected",
+    "openai_error",
+    "key_invalid",
+    "not_revisable",
+    "feedback_closed",
+    "invitation_invalid",
+    "invitation_gone",
+    "transition_not_allowed",
+    "run_cannot_start",
+    "member_invalid",
+    # kernel/ and rftweb/
+    "field_conflict",
+    "config_invalid",
+    "input_rejected",
+    "config_error",
+    "local_postgres_error",
+    "upload_too_large",
+    # workers/ (raised and answered inside the workers; listed so that no code is reused)
+    "adapter_targets_missing",
+    "group_unsupported",
+    "nothing_to_train",
+    "trl_api_moved",
+    "chat_request_invalid",
+    "version_not_ready",
+    "generate_request_invalid",
+    "demo_build_failed",
+    "precision_unsupported",
+    "sync_unavailable",
+    "sync_failed",
+    "step_conflict",
+)
 
-def error_code(exc: RftError) -> ErrorCode:
-    """The stable code of `exc`: its nearest class's, along its class's method resolution order."""
+
+def error_code(exc: RftError) -> str:
+    """The stable code of `exc`: its class's own (kernel.exceptions.RftError.code)."""
+    return type(exc).code
+
+
+def error_class_code(exc: RftError) -> ErrorClassCode:
+    """The code of `exc`'s error class: its nearest one's, along its class's method resolution
+    order (TooLarge before InvalidInput)."""
     for cls in type(exc).__mro__:
         if cls in CLASS_CODES:
             return CLASS_CODES[cls]
     return "bad_request"
 
 
-def status_code(status: int) -> ErrorCode:
-    """The code of a refusal with no RftError behind it (one ninja raised), by its status: the
-    class's with that status, else bad_request (4xx) or unavailable (5xx)."""
+def status_code(status: int) -> ErrorClassCode:
+    """The code (and error class) of a refusal with no RftError behind it (one ninja raised), by
+    its status: the error class's with that status, else bad_request (4xx) or unavailable (5xx)."""
     for error_class, code in CLASS_CODES.items():
         if error_class is not RftError and error_class.status == status:
             return code

@@ -158,7 +158,7 @@ def _unauthorised(path: str) -> dict[str, object]:
     message = "missing, unknown or revoked API key; send 'Authorization: Bearer rft_…'"
     if OPENAI_MARK in path:  # the OpenAI-compatible door answers in its clients' shape
         return {"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}}
-    return {"detail": message, "errors": {}, "code": status_code(401)}
+    return {"detail": message, "errors": {}, "code": status_code(401), "error_class": status_code(401)}
 
 
 def _too_large(path: str, cap: int) -> dict[str, object] | str:
@@ -166,7 +166,8 @@ def _too_large(path: str, cap: int) -> dict[str, object] | str:
     if OPENAI_MARK in path:
         return {"error": {"message": message, "type": "invalid_request_error", "code": "request_too_large"}}
     if path.startswith("/api/"):
-        return {"detail": message, "errors": {"body": message}, "field": "body", "code": status_code(413)}
+        return {"detail": message, "errors": {"body": message}, "field": "body", "code": status_code(413),
+                "error_class": status_code(413)}
     return f"Request too large: {message} (RFT_MAX_REQUEST_BYTES, all files and fields together).\n"
 
 

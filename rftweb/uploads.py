@@ -15,6 +15,8 @@ from kernel.exceptions import TooLarge
 class UploadTooLarge(TooLarge):
     """One uploaded file is past RFT_UPLOAD_MAX_BYTES (a 413)."""
 
+    code = "upload_too_large"
+
 
 def upload_cap_text() -> str:
     cap = settings.RFT_UPLOAD_MAX_BYTES

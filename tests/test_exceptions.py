@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 from apps.buffer.importers import ImportFailed
 from apps.envapi.services import KeyInvalid
 from kernel.config import ConfigInvalid
+from apps.feedback.services import FeedbackClosed
 from apps.runs.services import TransitionNotAllowed
 from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable
 from rftweb.exceptions import command_error
@@ -107,3 +108,58 @@ def test_every_domain_error_is_an_rft_error_and_each_is_defined_once() -> None:
     outside = {name: defs[0][0] for name, defs in classes.items()
                if name != "RftError" and not under_rft_error(defs[0][1])}
     assert outside == NOT_DOMAIN_ERRORS
+
+
+def _own_codes() -> dict[str, list[str]]:
+    """Every error class under RftError -> the codes its own body sets (`code = "…"`), read
+    from the source of kernel/, apps/, workers/ and rftweb/ (the web cannot import workers/)."""
+    root = Path(__file__).resolve().parent.parent
+    classes = _exception_classes()
+    domain = {name for name in classes if name not in NOT_DOMAIN_ERRORS and name not in dir(builtins)}
+    codes: dict[str, list[str]] = {name: [] for name in domain}
+    for package in ("kernel", "apps", "workers", "rftweb"):
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name in codes:
+                    for statement in node.body:
+                        target = statement.target if isinstance(statement, ast.AnnAssign) else (
+                            statement.targets[0] if isinstance(statement, ast.Assign) else None)
+                        value = statement.value if isinstance(statement, (ast.Assign, ast.AnnAssign)) else None
+                        if isinstance(target, ast.Name) and target.id == "code" and isinstance(value, ast.Constant):
+                            codes[node.name].append(str(value.value))
+    return codes
+
+
+def test_every_domain_error_class_has_a_code_of_its_own_that_no_other_class_has() -> None:
+    """One code per class, set in the class (FeedbackClosed, StepConflict and TransitionNotAllowed
+    each their own; their error class's, `conflict`, is the API's `error_class`): a class that set none would
+    answer with its base's code, two classes with one code could not be told apart."""
+    codes = _own_codes()
+    assert {name for name, own in codes.items() if len(own) != 1} == set()
+    by_code: dict[str, list[str]] = {}
+    for name, own in codes.items():
+        by_code.setdefault(own[0], []).append(name)
+    assert {code: names for code, names in by_code.items() if len(names) > 1} == {}
+
+
+def test_the_api_schema_lists_every_class_code_and_only_those() -> None:
+    from rftweb.api import api
+    from rftweb.exceptions import CODES, ERROR_CLASS_CODES
+
+    error = api.get_openapi_schema()["components"]["schemas"]["Error"]["properties"]
+    assert sorted(error["code"]["enum"]) == sorted(own[0] for own in _own_codes().values())
+    assert len(CODES) == len(set(CODES)) and set(ERROR_CLASS_CODES) <= set(CODES)
+    assert error["error_class"]["enum"] == list(ERROR_CLASS_CODES)
+
+
+def test_a_subclass_gets_its_own_code_and_keeps_its_error_class_status() -> None:
+    from rftweb.exceptions import error_code, error_class_code
+
+    closed = Exception.__new__(FeedbackClosed)  # its message is read from a run; its code is its class's
+    assert (error_code(closed), error_class_code(closed), closed.status) == ("feedback_closed", "conflict", 409)
+    step = StepConflict("step 3 was recorded by another trainer")
+    assert (error_code(step), error_class_code(step), step.status) == ("step_conflict", "conflict", 409)
+    moved = TransitionNotAllowed("cannot pause a run that is paused")
+    assert (error_code(moved), error_class_code(moved), moved.status) == ("transition_not_allowed", "conflict", 409)

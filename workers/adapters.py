@@ -73,6 +73,8 @@ def peft_config_for(lora: LoraSettings) -> LoraConfig:
 class AdapterTargetsMissing(InvalidInput, ValueError):
     """None of the adapter's target modules exist in the model."""
 
+    code = "adapter_targets_missing"
+
 
 def adapter_wrap(*, model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
     """A fresh adapter (B = 0, so at first the policy is exactly its base) on `model`, whose

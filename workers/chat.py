@@ -91,6 +91,8 @@ class ChatAnswer(TypedDict, total=False):
 class ChatRequestInvalid(InvalidInput, ValueError):
     """A request the worker cannot serve; `param` names the field, `status` the HTTP code."""
 
+    code = "chat_request_invalid"
+
     def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param

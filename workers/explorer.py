@@ -137,6 +137,8 @@ class Completion(TypedDict):
 class VersionNotReady(Unavailable):
     """The version this step needs is not published yet; the task retries shortly."""
 
+    code = "version_not_ready"
+
 
 def worker_name() -> str:
     return f"explorer@{socket.gethostname()}:{os.getpid()}"
@@ -493,6 +495,8 @@ def explore_step(self: Task, run_id: int, step: int) -> ExploreOutcome:
 
 class GenerateRequestInvalid(InvalidInput):
     """A generate request is malformed; the message names the request and the field."""
+
+    code = "generate_request_invalid"
 
 
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed")

@@ -67,6 +67,8 @@ S = TypeVar("S", bound=BuildSettings)
 class DemoBuildFailed(UpstreamFailed, RuntimeError):
     """The build's process exited with an error; the message holds the end of its output."""
 
+    code = "demo_build_failed"
+
 
 @dataclass
 class BuildResult(Generic[S]):

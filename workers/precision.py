@@ -23,6 +23,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class PrecisionUnsupported(InvalidInput, ValueError):
     """The device cannot train in the precision the run asks for."""
 
+    code = "precision_unsupported"
+
 
 def _cpu_features() -> str:
     import torch

@@ -50,6 +50,8 @@ T = TypeVar("T")
 class SyncUnavailable(Unavailable):
     """This weight-sync path cannot run on this host (e.g. NCCL without CUDA)."""
 
+    code = "sync_unavailable"
+
 
 class SyncFailed(Unavailable):
     """A weight sync or handover failed, or ran past the run's `sync_timeout_s`: what failed
@@ -58,6 +60,8 @@ class SyncFailed(Unavailable):
     Raised instead of waiting for ever (issue 66: TRL's weight sync hangs when a process is
     lost). The caller records it for the run page's weight-sync timeline
     (`workers.handover.sync_failure_note`)."""
+
+    code = "sync_failed"
 
     def __init__(self, *, method: str, stage: str, run_id: int, version: int, where: str, worker: str,
                  seconds: float, cause: str) -> None:

@@ -38,6 +38,8 @@ NAME_MAX = 255
 class ImageRejected(InvalidInput):
     """A picture could not be accepted; the message names it."""
 
+    code = "image_rejected"
+
 
 @dataclass(frozen=True)
 class ImageInfo:

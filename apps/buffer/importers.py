@@ -63,6 +63,8 @@ class ImportFailed(InvalidInput):
     """The source could not be imported; nothing was written. Names the bad line or record:
     a message "where: what" names `where` as its field."""
 
+    code = "import_failed"
+
     def __init__(self, message: str, *, field: str = "") -> None:
         where, sep, what = message.partition(": ")
         if not field and sep and what:

@@ -10,9 +10,9 @@ from django.db import transaction
 
 from apps.buffer.importers import taskset_import
 from apps.buffer.models import Taskset
-from kernel.config import ConfigInvalid, RunConfig, config_validate
+from kernel.config import ConfigInvalid, RunConfig
 from apps.runs.models import Run
-from apps.runs.services import run_create, run_name_errors, run_spec_errors
+from apps.runs.services import run_create, run_name_errors, run_spec_check
 
 
 def run_create_with_taskset(
@@ -30,10 +30,10 @@ def run_create_with_taskset(
     import, and a bad taskset (ImportFailed) leaves neither a taskset nor a run behind."""
     # Every error at once (a blank name too), before any import.
     errors = run_name_errors(name=name)
-    errors.update(run_spec_errors(config=config, taskset=taskset))
-    if errors:
+    cfg, spec_errors = run_spec_check(config=config, taskset=taskset)  # validated once, passed on
+    errors.update(spec_errors)
+    if errors or cfg is None:
         raise ConfigInvalid(errors)
-    cfg = config_validate(data=config)
     with transaction.atomic():
         if taskset_path is not None:
             path = Path(taskset_path)

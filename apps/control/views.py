@@ -71,7 +71,7 @@ from kernel.hygiene import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
-from kernel.config import ConfigInvalid, config_file_read
+from kernel.config import ConfigInvalid, RunConfig, config_file_read
 from kernel.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
@@ -96,18 +96,17 @@ from apps.runs.selectors import (
 )
 from apps.runs.services import (
     MemberInvalid,
-    TransitionNotAllowed,
     run_create,
     run_feedback_settings_update,
     run_member_add,
     run_member_remove,
     run_name_errors,
-    run_spec_errors,
+    run_spec_check,
     run_transition,
 )
 from rftweb.degrade import RETRY_AFTER_SECONDS, readiness_checks
 from kernel.exceptions import ExportFailed, RftError
-from rftweb.http import HtmxHttpRequest, signed_in
+from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_404, refused_as_text, signed_in
 
 
 CONTROLS: dict[str, dict[str, str]] = {
@@ -132,9 +131,7 @@ _RUNS = Run.objects.select_related("owner", "taskset")
 
 def _partial(request: HtmxHttpRequest, template: str, context: dict[str, object], page_title: str) -> HttpResponse:
     """An HTMX request gets the fragment; a plain one the fragment inside a page."""
-    if request.htmx:
-        return render(request, template, context)
-    return render(request, "runs/partial_page.html", {**context, "fragment": template, "page_title": page_title})
+    return fragment(request, template, {**context, "page_title": page_title})
 
 
 # --- list and creation -------------------------------------------------------------------
@@ -311,8 +308,10 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
         errors.setdefault("taskset", []).extend(taskset_errors)
     taskset_id = taskset.pk if taskset is not None else None
     unreadable = set(errors)
+    cfg: RunConfig | None = None
     if data is not None:
-        spec_errors = run_spec_errors(config=data, taskset=taskset)
+        # Validated once: what validates here is what run_create stores.
+        cfg, spec_errors = run_spec_check(config=data, taskset=taskset)
         for field_path, messages_ in errors_by_field(spec_errors, specs, fallback=fallback).items():
             if field_path in unreadable and field_path not in ("name", "taskset", FORM):
                 continue  # its own message (the YAML that did not parse) says it already
@@ -320,7 +319,7 @@ def _run_new_post(request: HtmxHttpRequest) -> HttpResponse | _Refused:
     run: Run | None = None
     if not errors and data is not None:
         try:
-            run = run_create(name=name, owner=signed_in(request), config=data, taskset=taskset)
+            run = run_create(name=name, owner=signed_in(request), config=cfg if cfg is not None else data, taskset=taskset)
         except ConfigInvalid as exc:
             errors = errors_by_field(exc.errors, specs, fallback=fallback)
     if errors or run is None:
@@ -430,10 +429,7 @@ def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str =
         if request.htmx:
             return HttpResponse('<section id="summary" hidden></section>')
         return redirect("runs:detail", run_id=run.pk)
-    if request.htmx:
-        return render(request, "runs/_summary.html", context, status=status)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_summary.html",
-                                                      "page_title": f"Summary · {run.name}"}, status=status)
+    return fragment(request, "runs/_summary.html", {**context, "page_title": f"Summary · {run.name}"}, status=status)
 
 
 @login_required
@@ -474,11 +470,8 @@ def _versions_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str 
     if weights_error:
         versions = replace(versions, error=weights_error)
     status = 400 if versions.error and status == 200 else status
-    context = {"run": run, "versions": versions}
-    if request.htmx:
-        return render(request, "runs/_versions.html", context, status=200 if versions.error else status)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "runs/_versions.html",
-                                                      "page_title": f"Versions · {run.name}"}, status=status)
+    context = {"run": run, "versions": versions, "page_title": f"Versions · {run.name}"}
+    return fragment(request, "runs/_versions.html", context, status=status, htmx_status=200 if versions.error else status)
 
 
 @login_required
@@ -498,22 +491,24 @@ def run_versions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _versions_partial(request, run)
 
 
+def _weights_refused(request: HtmxHttpRequest, error: RftError, run_id: int, **_: object) -> HttpResponse:
+    """A version that cannot be packed: the panel the form was in says why."""
+    run, _role = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
+    if request.POST.get("panel") == "versions":
+        return _versions_partial(request, run, weights_error=error.message, status=error.status)
+    return _summary_partial(request, run, weights_error=error.message, status=200 if request.htmx else error.status)
+
+
 @login_required
 @require_POST
+@refusals(not_found_first(_weights_refused))
 def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
     """A member asks for a version's weights as a .zip: a train worker packs it (see
     apps/control/weights.py); the summary, or the versions panel the form was in
     (panel=versions), shows it queued, packing, then the link."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     in_panel = request.POST.get("panel") == "versions"
-    try:
-        weights_export_request(run=run, version=version)
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        if in_panel:
-            return _versions_partial(request, run, weights_error=exc.message, status=exc.status)
-        return _summary_partial(request, run, weights_error=exc.message, status=200 if request.htmx else exc.status)
+    weights_export_request(run=run, version=version)
     if not request.htmx:
         return redirect(f"{reverse('runs:detail', kwargs={'run_id': run.pk})}#{'versions' if in_panel else 'summary'}")
     return _versions_partial(request, run) if in_panel else _summary_partial(request, run)
@@ -521,15 +516,11 @@ def run_weights_prepare(request: HtmxHttpRequest, run_id: int, version: int) -> 
 
 @login_required
 @require_GET
+@refusals(not_found_first(refused_as_text))
 def run_weights_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponseBase:
     """The packed zip of a version's weights, for the run's members."""
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    try:
-        path = weights_zip_ready(run=run, version=version)
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+    path = weights_zip_ready(run=run, version=version)
     return FileResponse(path.open("rb"), as_attachment=True, filename=weights_download_name(run_id=run.pk, version=version),
                         content_type="application/zip")
 
@@ -554,8 +545,19 @@ def run_controls(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     return _partial(request, "runs/_controls.html", _controls_context(run, role), f"Controls · {run.name}")
 
 
+def _control_refused(request: HtmxHttpRequest, error: RftError, run_id: int, action: str) -> HttpResponse:
+    """A transition the run's status does not allow: the controls again with the message (a 200:
+    HTMX swaps only 2xx), or the run page with it."""
+    if request.htmx:
+        run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
+        return render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error.message})
+    messages.error(request, error.message)
+    return redirect("runs:detail", run_id=run_id)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
+@refusals(_control_refused)
 def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpResponse:
     """GET: a confirmation page (the no-JavaScript path). POST with confirm=yes: do it."""
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
@@ -565,22 +567,12 @@ def run_control(request: HtmxHttpRequest, run_id: int, action: str) -> HttpRespo
     if request.method == "GET" or request.POST.get("confirm") != "yes":
         return render(request, "runs/confirm.html", {"run": run, "action": action, "label": CONTROLS[action]["label"],
                                                       "question": question})
-    error = ""
-    try:
-        run = run_transition(run=run, action=action, actor=request.user)
-        if action == "start":  # a twin made before its run started starts with it
-            run_twins_start(run=run, actor=request.user if isinstance(request.user, User) else None)
-    except TransitionNotAllowed as exc:
-        error = exc.message
+    run = run_transition(run=run, action=action, actor=request.user)
+    if action == "start":  # a twin made before its run started starts with it
+        run_twins_start(run=run, actor=request.user if isinstance(request.user, User) else None)
     if request.htmx:
-        response = render(request, "runs/_controls.html", {**_controls_context(run, role), "error": error})
-        if error:
-            response.status_code = 200  # HTMX swaps only 2xx; the message is in the fragment
-        return response
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, f"{CONTROLS[action]['label']}: run is now {run.status}.")
+        return render(request, "runs/_controls.html", {**_controls_context(run, role), "error": ""})
+    messages.success(request, f"{CONTROLS[action]['label']}: run is now {run.status}.")
     return redirect("runs:detail", run_id=run.pk)
 
 
@@ -679,8 +671,6 @@ def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         member = run_member_add(run=run, username=values["username"], role=values["role"], actor=request.user)
     except MemberInvalid as exc:
         context = _members_context(run, role, member_errors={exc.field: [exc.message]}, member_values=values)
-        if request.htmx:
-            return render(request, "runs/_members.html", context)
         return _partial(request, "runs/_members.html", context, f"People · {run.name}")
     saved = f"{member.user.get_username()} is now {member.role} of this run."
     if request.htmx:
@@ -691,12 +681,10 @@ def run_members(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@refusals(refused_as_404)
 def run_member_delete(request: HtmxHttpRequest, run_id: int, member_id: int) -> HttpResponse:
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
-    try:
-        run_member_remove(run=run, member_id=member_id, actor=request.user)
-    except MemberInvalid as exc:
-        raise Http404(str(exc)) from None
+    run_member_remove(run=run, member_id=member_id, actor=request.user)
     if request.htmx:
         return render(request, "runs/_members.html", _members_context(run, role))
     messages.success(request, "Removed.")

@@ -233,6 +233,8 @@ def _why(prompt: Sequence[int], before: Sequence[int]) -> str:
 class SessionRejected(Conflict):
     """The session cannot be finished in the state it is in (abandoned, no call)."""
 
+    code = "session_rejected"
+
 
 @dataclass(frozen=True)
 class FinishResult:

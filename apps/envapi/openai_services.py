@@ -55,6 +55,8 @@ _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
 class OpenAIError(RftError):
     """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with `status`."""
 
+    code = "openai_error"
+
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
              404: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
              429: "rate_limit_error", 502: "server_error", 503: "server_error"}

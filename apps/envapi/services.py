@@ -49,6 +49,8 @@ _LAST_USED_EVERY = timedelta(seconds=60)
 class KeyInvalid(InvalidInput):
     """Creating a key with bad arguments; `errors` maps field names to messages."""
 
+    code = "key_invalid"
+
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__(errors=errors)
 

@@ -17,12 +17,16 @@ from apps.evaluation.models import Evaluation
 from apps.evaluation.selectors import votes_export
 from apps.evaluation.services import VersionRef, evaluation_close, evaluation_create
 from apps.runs.access import run_for_page
-from kernel.exceptions import InvalidInput, RftError
-from rftweb.http import HtmxHttpRequest, signed_in
+from kernel.exceptions import InvalidInput
+from rftweb.http import HtmxHttpRequest, refusals, refused_back_to, signed_in
 
 
 def _back(run_id: int) -> HttpResponse:
-    return redirect(reverse("runs:detail", args=[run_id]) + "#blind-evaluations")
+    return redirect(_run_page_url(run_id))
+
+
+def _run_page_url(run_id: int) -> str:
+    return reverse("runs:detail", args=[run_id]) + "#blind-evaluations"
 
 
 def _int(value: str, field: str, default: int) -> int:
@@ -43,21 +47,22 @@ def _versions(text: str) -> list[VersionRef] | None:
     return refs or None
 
 
+def _run_page(request: HtmxHttpRequest, run_id: int, **_: object) -> str:
+    return _run_page_url(run_id)
+
+
 @login_required
 @require_POST
+@refusals(refused_back_to(_run_page, prefix="No evaluation: "))
 def evaluation_create_view(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     post = request.POST
-    try:
-        evaluation = evaluation_create(
-            run=run, by=signed_in(request), versions=_versions(post.get("versions", "")),
-            prompt_count=_int(post.get("prompt_count", ""), "prompt_count", 20),
-            votes_per_pair=_int(post.get("votes_per_pair", ""), "votes_per_pair", 1),
-            voters=[v.strip() for v in post.get("voters", "").split(",") if v.strip()] or None,
-            placement=post.get("placement", "") or Evaluation.Placement.PAGE)
-    except RftError as exc:
-        messages.error(request, f"No evaluation: {exc.message}")
-        return _back(run.pk)
+    evaluation = evaluation_create(
+        run=run, by=signed_in(request), versions=_versions(post.get("versions", "")),
+        prompt_count=_int(post.get("prompt_count", ""), "prompt_count", 20),
+        votes_per_pair=_int(post.get("votes_per_pair", ""), "votes_per_pair", 1),
+        voters=[v.strip() for v in post.get("voters", "").split(",") if v.strip()] or None,
+        placement=post.get("placement", "") or Evaluation.Placement.PAGE)
     messages.success(request, f"Blind evaluation #{evaluation.pk} asked for ({evaluation.status}).")
     return _back(run.pk)
 
@@ -72,12 +77,10 @@ def _evaluation(request: HtmxHttpRequest, run_id: int, evaluation_id: int) -> Ev
 
 @login_required
 @require_POST
+@refusals(refused_back_to(_run_page))
 def evaluation_close_view(request: HtmxHttpRequest, run_id: int, evaluation_id: int) -> HttpResponse:
     evaluation = _evaluation(request, run_id, evaluation_id)
-    try:
-        evaluation_close(evaluation=evaluation, by=signed_in(request))
-    except RftError as exc:
-        messages.error(request, exc.message)
+    evaluation_close(evaluation=evaluation, by=signed_in(request))
     return _back(run_id)
 
 

@@ -16,7 +16,7 @@ from apps.evaluation.models import Evaluation, Item
 from apps.evaluation.selectors import evaluation_by_token, next_item, progress_of
 from apps.evaluation.services import vote_cast, voter_check
 from kernel.exceptions import Conflict, InvalidInput, NotFound, RftError
-from rftweb.http import HtmxHttpRequest, signed_in
+from rftweb.http import HtmxHttpRequest, refusals, refused_as_text, signed_in
 
 CHOICE_WORDS = {"left": "A is better", "right": "B is better", "tie": "Tie", "both_bad": "Both bad"}
 
@@ -32,9 +32,6 @@ def _evaluation_for(request: HtmxHttpRequest, token: str) -> Evaluation:
     return evaluation
 
 
-def _refusal(error: RftError) -> HttpResponse:
-    """Plain text naming the problem, at the error's status (the page's script shows it)."""
-    return HttpResponse(error.message, status=error.status, content_type="text/plain; charset=utf-8")
 
 
 def _context(request: HtmxHttpRequest, evaluation: Evaluation) -> dict[str, object]:
@@ -46,33 +43,35 @@ def _context(request: HtmxHttpRequest, evaluation: Evaluation) -> dict[str, obje
 
 @login_required
 @require_GET
+@refusals(refused_as_text)
 def vote_page(request: HtmxHttpRequest, token: str) -> HttpResponse:
-    try:
-        evaluation = _evaluation_for(request, token)
-    except RftError as exc:
-        return _refusal(exc)
+    evaluation = _evaluation_for(request, token)
     return render(request, "evaluation/vote.html", _context(request, evaluation))
+
+
+def _vote_refused(request: HtmxHttpRequest, error: RftError, token: str, item: str) -> HttpResponse:
+    """A card between annotation items that can no longer be voted on (closed, voted, all its
+    votes in: a Conflict) is finished with the reason; other refusals as the vote page's."""
+    between = request.POST.get("shown_in") == "between"
+    evaluation = evaluation_by_token(token)
+    if between and request.htmx and isinstance(error, Conflict) and evaluation is not None:
+        return _between_done(request, evaluation, item, note=f"not counted: {error.message}.")
+    if between and isinstance(error, InvalidInput):
+        # The annotation page shows its forms' 400s beside the form (static/feedback/refused.js).
+        return HttpResponse(error.message, status=400, content_type="text/plain; charset=utf-8")
+    return refused_as_text(request, error)
 
 
 @login_required
 @require_POST
+@refusals(_vote_refused)
 def vote_submit(request: HtmxHttpRequest, token: str, item: str) -> HttpResponse:
     evaluation = evaluation_by_token(token)
     if evaluation is None:
         raise Http404("no such evaluation")
     between = request.POST.get("shown_in") == "between"
-    try:
-        vote = vote_cast(evaluation=evaluation, token=item, voter=signed_in(request),
-                         choice=request.POST.get("choice", ""), comment=request.POST.get("comment", ""))
-    except RftError as exc:
-        # A card between annotation items that can no longer be voted on (closed, voted, all
-        # its votes in: a Conflict) is finished with the reason; other refusals as the vote page's.
-        if between and request.htmx and isinstance(exc, Conflict):
-            return _between_done(request, evaluation, item, note=f"not counted: {exc.message}.")
-        if between and isinstance(exc, InvalidInput):
-            # The annotation page shows its forms' 400s beside the form (static/feedback/refused.js).
-            return HttpResponse(exc.message, status=400, content_type="text/plain; charset=utf-8")
-        return _refusal(exc)
+    vote = vote_cast(evaluation=evaluation, token=item, voter=signed_in(request),
+                     choice=request.POST.get("choice", ""), comment=request.POST.get("comment", ""))
     if between and request.htmx:
         return _between_done(request, evaluation, item, note="counted. Evaluation vote: not trained.",
                              choice=vote.choice)
@@ -88,6 +87,6 @@ def _between_done(request: HtmxHttpRequest, evaluation: Evaluation, token: str, 
     item = Item.objects.select_related("prompt", "left_answer", "right_answer").filter(
         evaluation=evaluation, token=token).first()
     if item is None:
-        return _refusal(NotFound("no such pair in this evaluation", field="token"))
+        return refused_as_text(request, NotFound("no such pair in this evaluation", field="token"))
     shown = card(evaluation=evaluation, item=item, note=note, choice=choice)
     return render(request, shown.template, {"card": shown.context})

@@ -9,7 +9,7 @@ from typing import TypedDict
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import FileResponse, Http404, HttpResponse, JsonResponse
+from django.http import FileResponse, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -27,8 +27,8 @@ from apps.rewards.gold import gold_item_mark, gold_item_unmark
 from apps.rewards.models import GoldItem
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
-from kernel.exceptions import InvalidInput, NotFound
-from rftweb.http import HtmxHttpRequest
+from kernel.exceptions import InvalidInput, RftError
+from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_text
 from kernel.jsontypes import Body
 
 
@@ -52,25 +52,32 @@ def raters_data(*, run: Run) -> RatersData:
     }
 
 
+def _raters_refused(request: HtmxHttpRequest, error: RftError, run_id: int) -> HttpResponse:
+    """A gold item that cannot be marked or unmarked: the page again, the refusal above it."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
+    return _raters(request, run, error=str(error))
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
+@refusals(_raters_refused)
 def raters_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
-    error = ""
     if request.method == "POST":
-        try:
-            if request.POST.get("unmark"):
-                if not request.POST["unmark"].isdigit():
-                    raise InvalidInput("give the id of a gold item's experience", field="unmark")
-                gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
-            else:
-                gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
-                               score=request.POST.get("score", ""),
-                               actor=request.user if isinstance(request.user, User) else None)  # login_required: a User
-        except InvalidInput as exc:
-            error = str(exc)
-        if not error and not request.htmx:
+        if request.POST.get("unmark"):
+            if not request.POST["unmark"].isdigit():
+                raise InvalidInput("give the id of a gold item's experience", field="unmark")
+            gold_item_unmark(run=run, experience_id=int(request.POST["unmark"]))
+        else:
+            gold_item_mark(run=run, experience_id=request.POST.get("experience", ""),
+                           score=request.POST.get("score", ""),
+                           actor=request.user if isinstance(request.user, User) else None)  # login_required: a User
+        if not request.htmx:
             return redirect("rewards:raters", run_id=run.pk)
+    return _raters(request, run)
+
+
+def _raters(request: HtmxHttpRequest, run: Run, *, error: str = "") -> HttpResponse:
     data = raters_data(run=run)
     context = {"run": run, "data": data, "figures": data["raters"], "agreement": data["agreement"],
                "gold": GoldItem.objects.filter(run=run).select_related("experience").order_by("-id")[:100],
@@ -101,11 +108,8 @@ def reward_model_panel_context(*, run: Run, role: str) -> Body:
 
 
 def _reward_model_panel(request: HtmxHttpRequest, run: Run, role: str, *, status: int = 200) -> HttpResponse:
-    context = {"run": run, **reward_model_panel_context(run=run, role=role)}
-    if request.htmx:
-        return render(request, "rewards/_reward_model.html", context, status=status)
-    return render(request, "runs/partial_page.html", {**context, "fragment": "rewards/_reward_model.html",
-                                                      "page_title": f"Reward model · {run.name}"}, status=status)
+    context = {"run": run, **reward_model_panel_context(run=run, role=role), "page_title": f"Reward model · {run.name}"}
+    return fragment(request, "rewards/_reward_model.html", context, status=status)
 
 
 @login_required
@@ -117,14 +121,12 @@ def reward_model_panel(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@refusals(not_found_first(refused_as_text))
 def reward_model_export(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse:
     """Ask for a version's download (a `reward` worker packs it); the panel shows
     "preparing" and, once the zip is there, the link."""
     run, role = run_for_page(user=request.user, run_id=run_id, need="owner")
-    try:
-        reward_model_export_request(run=run, version=version)
-    except NotFound as exc:
-        raise Http404(exc.message) from None
+    reward_model_export_request(run=run, version=version)
     if not request.htmx:
         return redirect("rewards:reward_model", run_id=run.pk)
     return _reward_model_panel(request, run, role)
@@ -132,13 +134,11 @@ def reward_model_export(request: HtmxHttpRequest, run_id: int, version: int) -> 
 
 @login_required
 @require_GET
+@refusals(not_found_first(refused_as_text))
 def reward_model_download(request: HtmxHttpRequest, run_id: int, version: int) -> HttpResponse | FileResponse:
     """The version's zip (what `rft reward-model` writes), once a worker packed it."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
-    try:
-        rm = reward_model_version_get(run=run, version=version)
-    except NotFound as exc:
-        raise Http404(exc.message) from None
+    rm = reward_model_version_get(run=run, version=version)
     path = export_zip_path(rm)
     if not path.is_file():
         return HttpResponse(f"reward model v{version} is not packed yet: ask for it on the run page "

@@ -9,7 +9,7 @@ from math import ceil
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -37,7 +37,7 @@ from apps.feedback.review.selectors import (
 from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from kernel.exceptions import RftError
-from rftweb.http import HtmxHttpRequest, signed_in
+from rftweb.http import HtmxHttpRequest, not_found_first, refusals, signed_in
 
 
 # Open disagreements shown above the labels (each with its forms); the others are a link away.
@@ -72,14 +72,18 @@ def _context(run: Run, filters: ReviewFilters, *, error: str = "", message: str 
     }
 
 
+def _filters_refused(request: HtmxHttpRequest, error: RftError, run_id: int) -> HttpResponse:
+    """A filter that does not parse: the whole page, unfiltered, with the message (a 400)."""
+    run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
+    return render(request, "feedback/review.html", _context(run, ReviewFilters(), error=error.message), status=400)
+
+
 @login_required
 @require_GET
+@refusals(_filters_refused)
 def review_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
-    try:
-        filters = review_filters_parse(request.GET)
-    except RftError as exc:
-        return render(request, "feedback/review.html", _context(run, ReviewFilters(), error=exc.message), status=400)
+    filters = review_filters_parse(request.GET)
     message = str(request.session.pop("review_message", ""))  # a plain form's outcome, once
     if request.htmx and request.htmx.target == "review-body":  # a page link: the list alone
         return render(request, "feedback/_review_body.html", _context(run, filters, message=message))
@@ -111,26 +115,30 @@ def _after(request: HtmxHttpRequest, run: Run, *, message: str = "", error: str 
     return redirect(url)
 
 
+def _decision_refused(request: HtmxHttpRequest, error: RftError, run_id: int, **_: object) -> HttpResponse:
+    """A decision refused (a label already decided, a disagreement gone): the outcome's place
+    shows the message (`_after`)."""
+    run, _role = run_for_page(user=request.user, run_id=run_id, need="owner")
+    return _after(request, run, error=error.message)
+
+
 def _decide(request: HtmxHttpRequest, run_id: int, feedback_id: int, *, reject: bool) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     service = feedback_reject if reject else feedback_accept
-    try:
-        outcome = service(run=run, feedback_id=feedback_id, reviewer=signed_in(request))
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        return _after(request, run, error=exc.message)
+    outcome = service(run=run, feedback_id=feedback_id, reviewer=signed_in(request))
     return _after(request, run, message=_said(outcome))
 
 
 @login_required
 @require_POST
+@refusals(not_found_first(_decision_refused))
 def label_accept(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpResponse:
     return _decide(request, run_id, feedback_id, reject=False)
 
 
 @login_required
 @require_POST
+@refusals(not_found_first(_decision_refused))
 def label_reject(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpResponse:
     return _decide(request, run_id, feedback_id, reject=True)
 
@@ -149,24 +157,20 @@ def _resolution_said(resolution: Resolution) -> str:
 
 @login_required
 @require_POST
+@refusals(not_found_first(_decision_refused))
 def disagreement_resolve_view(request: HtmxHttpRequest, run_id: int, group_id: str) -> HttpResponse:
     """Accept one side (`keep`: a label's id) or give one's own label (`experience_id` with
     `score`, or with `other_id` and `winner`)."""
     run, _ = run_for_page(user=request.user, run_id=run_id, need="owner")
     post = request.POST
-    try:
-        if post.get("keep"):
-            keep = _number(post.get("keep"))
-            if keep is None:
-                return _after(request, run, error="keep: give the id of the label to keep")
-            resolution = disagreement_resolve(run=run, group_id=group_id, keep=keep, reviewer=signed_in(request))
-        else:
-            resolution = disagreement_answer(
-                run=run, group_id=group_id, reviewer=signed_in(request), experience_id=_number(post.get("experience_id")),
-                score=_number(post.get("score")), other_id=_number(post.get("other_id")),
-                winner=str(post.get("winner") or "") or None)
-    except RftError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        return _after(request, run, error=exc.message)
+    if post.get("keep"):
+        keep = _number(post.get("keep"))
+        if keep is None:
+            return _after(request, run, error="keep: give the id of the label to keep")
+        resolution = disagreement_resolve(run=run, group_id=group_id, keep=keep, reviewer=signed_in(request))
+    else:
+        resolution = disagreement_answer(
+            run=run, group_id=group_id, reviewer=signed_in(request), experience_id=_number(post.get("experience_id")),
+            score=_number(post.get("score")), other_id=_number(post.get("other_id")),
+            winner=str(post.get("winner") or "") or None)
     return _after(request, run, message=_resolution_said(resolution))

@@ -41,7 +41,7 @@ from apps.runs.access import run_for_page
 from apps.runs.models import Run
 from apps.runs.selectors import run_feedback_closed_reason, run_feedback_closed_why, run_takes_feedback
 from kernel.exceptions import InvalidInput, RftError
-from rftweb.http import HtmxHttpRequest
+from rftweb.http import HtmxHttpRequest, fragment, refusals
 
 
 def _queue_size() -> int:
@@ -50,9 +50,12 @@ def _queue_size() -> int:
 
 def _refusal_as_text(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """The annotation page's script shows a refusal beside the item: a role short of giving
-    feedback (run_for_page's PermissionDenied) answers 403 with its reason as plain text."""
+    feedback (run_for_page's PermissionDenied) answers 403 with its reason as plain text, and
+    any other (an RftError the view or its services raise) 400 (`_error`, through rftweb.http's
+    one translation of refusals)."""
 
     @functools.wraps(view)
+    @refusals(_error)
     def wrapped(request: HtmxHttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         try:
             return view(request, *args, **kwargs)
@@ -66,7 +69,7 @@ def _forbidden(message: str) -> HttpResponse:
     return HttpResponseForbidden(message, content_type="text/plain; charset=utf-8")
 
 
-def _error(request: HtmxHttpRequest, error: RftError) -> HttpResponse:
+def _error(request: HtmxHttpRequest, error: RftError, *args: object, **kwargs: object) -> HttpResponse:
     """The views' one translation of the error base: plain text naming the problem, 400
     (the page's script shows it beside the form, as text; without JS it is the page)."""
     return HttpResponse(error.message, status=400, content_type="text/plain; charset=utf-8")
@@ -78,11 +81,10 @@ def _page_url(run: Run) -> str:
 
 def _fragment(request: HtmxHttpRequest, run: Run, template: str, context: dict[str, object]) -> HttpResponse:
     context = {"run": run, **context}
-    if request.htmx:
-        return render(request, template, context)
     # Without htmx the fragment is a page of its own: its forms and links swap into #panel,
     # the annotation page's box, so the page's one box takes that id unless it names another.
-    return render(request, "feedback/standalone.html", {"box": "panel", **context, "fragment": template})
+    return fragment(request, template, context if request.htmx else {"box": "panel", **context},
+                    page="feedback/standalone.html")
 
 
 def _item_context(run: Run, assignment: Assignment) -> dict[str, object]:
@@ -160,7 +162,7 @@ def queue_partial(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     try:
         after = int(request.GET.get("after", "0") or 0)
     except ValueError:
-        return _error(request, InvalidInput("after must be an assignment id", field="after"))
+        raise InvalidInput("after must be an assignment id", field="after") from None
     assignment_claim(run=run, annotator=request.user, size=_queue_size())
     items = [a for a in annotation_queue(run=run, annotator=request.user) if a.pk > after] if run_takes_feedback(run=run) else []
     return render(request, "feedback/_queue.html", {"run": run, "queue": items, "flags": FLAGS, "feedback_cfg": run.cfg.feedback,
@@ -231,12 +233,9 @@ def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
 @_refusal_as_text
 def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
     run, a = _my_assignment(request, run_id, assignment_id)
-    try:
-        score, thumb = _score(request)
-        saved = feedback_rate_and_flag(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
-                              flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
-    except RftError as exc:
-        return _error(request, exc)
+    score, thumb = _score(request)
+    saved = feedback_rate_and_flag(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
+                          flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
     return _item_done(request, run, a, saved_notes=_saved_notes(run, saved))
 
 
@@ -269,11 +268,8 @@ def panel(request: HtmxHttpRequest, run_id: int, experience_id: int, slug: str) 
     if request.method == "GET":
         return _fragment(request, run, door.panel_template,
                          {"e": e, **door.panel_context(run=run, experience=e, query=request.GET)})
-    try:
-        fb = door.page_store(request.POST, experience=e,
-                             who={"run": run, "author": request.user, "comment": request.POST.get("comment", "")})
-    except RftError as exc:
-        return _error(request, exc)
+    fb = door.page_store(request.POST, experience=e,
+                         who={"run": run, "author": request.user, "comment": request.POST.get("comment", "")})
     if not request.htmx:
         return redirect(_page_url(run))
     saved = door.page_saved(run=run, feedback=fb)
@@ -297,11 +293,9 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST":
         raw = request.POST.get("feedback", "").strip()
         if raw and not raw.isdigit():
-            return _error(request, InvalidInput("must be the id of one of your submissions", field="feedback"))
-        try:
-            fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
-        except RftError as exc:  # NotRevisable, or FeedbackClosed on a run that takes no labels
-            return _error(request, exc)
+            raise InvalidInput("must be the id of one of your submissions", field="feedback")
+        # NotRevisable, or FeedbackClosed on a run that takes no labels: the 400 of `_error`.
+        fb = feedback_withdraw(run=run, author=request.user, feedback_id=int(raw) if raw else None)
         message = f"Withdrawn: your {fb.kind} on #{fb.experience_id or fb.group_id}. Its item is back in your queue."
         if not request.htmx:
             return redirect(_page_url(run))
@@ -311,12 +305,8 @@ def submissions(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             reopened = list(Assignment.objects.filter(run=run, annotator_id=request.user.pk,
                                                       status=Assignment.Status.LEASED, experience_id__in=feedback_targets(fb))
                             .select_related("experience"))
-    try:
-        page = _page_asked(request)
-    except InvalidInput as exc:
-        return _error(request, exc)
     return _fragment(request, run, "feedback/_mine.html",
-                     _mine_context(request, run, on_queue_page, page, message=message, reopened=reopened))
+                     _mine_context(request, run, on_queue_page, _page_asked(request), message=message, reopened=reopened))
 
 
 # The annotation page's box shows the latest few (its height stays bounded); the list's own
@@ -355,19 +345,13 @@ def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpRespo
     # Another run's label is out of reach: 404, as any object of a run not this one (another
     # person's label on this run: revision_of's 400, "no such submission of yours").
     get_object_or_404(Feedback, pk=feedback_id, run=run)
-    try:
-        revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
-    except RftError as exc:
-        return _error(request, exc)
+    revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
     if request.method == "GET":
         return _fragment(request, run, "feedback/_revise.html",
                          {"r": revision, "flags": FLAGS, "box": "mine-box", "standalone": not request.htmx})
     old = revision["feedback"]
-    try:
-        _, new = feedback_revise(run=run, author=request.user, feedback_id=old.pk,
-                                 store=lambda: _revised_store(request, run, old))
-    except RftError as exc:
-        return _error(request, exc)
+    _, new = feedback_revise(run=run, author=request.user, feedback_id=old.pk,
+                             store=lambda: _revised_store(request, run, old))
     if not request.htmx:
         return redirect(reverse("feedback:mine", kwargs={"run_id": run.pk}))
     on_queue_page = _asked_from(request, _page_url(run))

@@ -20,15 +20,18 @@ from pydantic import Field
 
 from apps.runs.models import Run
 from kernel.exceptions import NotFound
-from rftweb.exceptions import ErrorCode
+from rftweb.exceptions import CODES, ErrorClassCode
 
 
 class Error(Schema):
     detail: str = Field(description="what went wrong, in words")
     errors: dict[str, str] = Field(default_factory=dict, description="field path -> message, for 422")
     field: str = Field("", description="the input it concerns, a dotted path; empty for the request as a whole")
-    code: ErrorCode = Field(description="the error's stable code: branch on this, not on the words "
-                                        "(rftweb/exceptions.py CODES; new codes may be added, none renamed)")
+    code: str = Field(description="the error class's own stable code: branch on this, not on the words "
+                                  "(rftweb/exceptions.py CODES; new codes may be added, none renamed)",
+                      json_schema_extra={"enum": list(CODES)})
+    error_class: ErrorClassCode = Field(description="the code of the error's class, one per status class (`conflict` "
+                                                   "for every state conflict): what `code` held before each error had its own")
 
 
 # Every endpoint documents its errors (Schemathesis holds the API to it), and every run id in a

@@ -33,9 +33,13 @@ from kernel.exceptions import Conflict, InvalidInput, NotFound
 class InvitationInvalid(InvalidInput):
     """An invitation that cannot be made as asked; `field` names the form field at fault."""
 
+    code = "invitation_invalid"
+
 
 class InvitationGone(NotFound):
     """No usable invitation under this token: never made, used already, revoked or expired."""
+
+    code = "invitation_gone"
 
 
 def _digest(token: str) -> str:

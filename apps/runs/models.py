@@ -51,6 +51,11 @@ class Run(models.Model):
             self._cfg_cache, self._cfg_source = cached, self.config
         return cached
 
+    def cfg_known(self, cfg: RunConfig) -> None:
+        """`cfg` is this row's config, validated where it was written (run_create): `cfg` keeps
+        it instead of validating the stored JSON again."""
+        self._cfg_cache, self._cfg_source = cfg, self.config
+
     @property
     def config_digest(self) -> str:
         """A fingerprint of the stored config: equal digests, equal configs. A rollout worker

@@ -29,10 +29,14 @@ from rftweb.celery import app
 class TransitionNotAllowed(Conflict):
     """The run is not in a status the action can start from."""
 
+    code = "transition_not_allowed"
+
 
 class RunCannotStart(TransitionNotAllowed):
     """The run's model, taskset or rewards do not allow it to start; `errors` maps fields
     (`model`, `taskset`, `rewards.0.params`) to messages."""
+
+    code = "run_cannot_start"
 
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("cannot start: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors=errors)
@@ -112,9 +116,12 @@ def _taskset_import_error(taskset: _Importing | None, *, starting: bool) -> str 
             "start the run when the import is done")
 
 
-def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = None, starting: bool = False) -> dict[str, str]:
+def run_spec_check(*, config: Mapping[str, object] | RunConfig, taskset: Any = None,
+                   starting: bool = False) -> tuple[RunConfig | None, dict[str, str]]:
     """What stops a run from working, by field: the config (rewards and their params
-    included), the model and tokenizer, and, when `starting`, tasks to explore."""
+    included), the model and tokenizer, and, when `starting`, tasks to explore; with the config
+    it validated (None where it did not), which a form that goes on to create the run passes on
+    (`run_create(config=cfg)`): the config is validated once per submit."""
     try:
         cfg = config_validate(data=config)
     except ConfigInvalid as exc:
@@ -132,7 +139,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
                 errors.setdefault("taskset", pending)
         elif taskset is not None and not taskset.tasks.exists():
             errors.setdefault("taskset", f"taskset {taskset.name!r} has no tasks")
-        return errors
+        return None, errors
     errors = {**model_name_errors(name=cfg.model, tokenizer_elsewhere=bool(cfg.tokenizer)),
               **model_name_errors(name=cfg.tokenizer, field="tokenizer")}
     pending = _taskset_import_error(taskset, starting=starting)
@@ -147,7 +154,7 @@ def run_spec_errors(*, config: Mapping[str, object] | RunConfig, taskset: Any = 
     elif starting and taskset is None and schedule.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
-    return errors
+    return cfg, errors
 
 
 def run_name_errors(*, name: str) -> dict[str, str]:
@@ -172,13 +179,15 @@ def _name_check(name: str) -> None:
 
 
 def run_create(*, name: str, owner: User, config: Mapping[str, object] | RunConfig, taskset: Any = None) -> Run:
-    """Create a draft run; ConfigInvalid names each bad field."""
+    """Create a draft run; ConfigInvalid names each bad field. A RunConfig (one a form has
+    validated already) is not validated again, nor is the row's config when the run is read."""
     errors = run_name_errors(name=name)
-    errors.update(run_spec_errors(config=config, taskset=taskset))
-    if errors:
+    cfg, spec_errors = run_spec_check(config=config, taskset=taskset)
+    errors.update(spec_errors)
+    if errors or cfg is None:
         raise ConfigInvalid(errors)
-    cfg = config_validate(data=config)
     run = Run.objects.create(name=name.strip(), owner=owner, config=config_dump(cfg), taskset=taskset)
+    run.cfg_known(cfg)
     run_id = run.pk
     transaction.on_commit(lambda: runs_list_touch(run_id=run_id))  # open runs lists show it
     return run
@@ -242,7 +251,7 @@ def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = 
     sources, target = _TRANSITIONS[action]
     if action == "start":
         run.refresh_from_db(fields=["config", "taskset"])
-        errors = run_spec_errors(config=run.config, taskset=run.taskset, starting=True)
+        errors = run_spec_check(config=run.config, taskset=run.taskset, starting=True)[1]
         if errors:
             raise RunCannotStart(errors)
     fields: dict[str, str] = {"status": target}
@@ -399,6 +408,8 @@ def _audit_actor(actor: Actor) -> User | None:
 
 class MemberInvalid(InvalidInput):
     """A staffing change that cannot be made; `field` names the form field at fault."""
+
+    code = "member_invalid"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, field=field)

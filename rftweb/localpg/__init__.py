@@ -63,6 +63,8 @@ STOP_TIMEOUT_SECONDS = 60
 class LocalPostgresError(Unavailable):
     """The private PostgreSQL could not be set up, started or stopped; the message says why."""
 
+    code = "local_postgres_error"
+
 
 @dataclass(frozen=True)
 class Cluster:

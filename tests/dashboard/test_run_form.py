@@ -198,3 +198,23 @@ def _unescape(text: str) -> str:
 
 def errors_of(html: str) -> list[str]:
     return re.findall(r'<p class="field-error[^"]*"[^>]*>(.*?)</p>', html)
+
+
+def test_one_submit_of_the_run_form_validates_the_config_once(browser_user: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The form checks the config (every error at once), run_create stores it and the page's
+    warnings read it: the RunConfig validated by the first is passed on (issue 65 item 5: four
+    validations a submit before, the form's, run_create's two and the stored row read back)."""
+    from kernel.config import RunConfig
+
+    validated: list[object] = []
+    original = RunConfig.model_validate
+
+    def counting(data: object, *args: Any, **kwargs: Any) -> RunConfig:
+        validated.append(data)
+        return original(data, *args, **kwargs)
+
+    monkeypatch.setattr(RunConfig, "model_validate", counting)
+    response = browser_user.post("/runs/new/", {"name": "once", "model": "org/model", "rewards": "- name: exact_match"})
+    assert response.status_code == 302, errors_of(response.content.decode())
+    assert len(validated) == 1
+    assert Run.objects.get(name="once").cfg.model == "org/model"

@@ -14,7 +14,7 @@ from apps.buffer.models import Experience
 from apps.envapi.models import AgentSession
 from apps.runs.models import Run
 from rftweb.api import api as ninja_api
-from rftweb.exceptions import CODES
+from rftweb.exceptions import CODES, ERROR_CLASS_CODES
 from tests.envapi.conftest import Api, make_key
 
 pytestmark = pytest.mark.django_db
@@ -30,8 +30,8 @@ def refusal(response: Any, status: int) -> dict[str, Any]:
     """The body of a refusal, after checking its status and the shape every one shares."""
     assert response.status_code == status, response.content
     body: dict[str, Any] = response.json()
-    assert set(body) == {"detail", "errors", "field", "code"}, body
-    assert body["code"] in CODES and body["detail"]
+    assert set(body) == {"detail", "errors", "field", "code", "error_class"}, body
+    assert body["code"] in CODES and body["error_class"] in ERROR_CLASS_CODES and body["detail"]
     return body
 
 
@@ -44,7 +44,8 @@ def test_the_rest_api_names_the_code_of_each_typical_refusal(run: Run, key: Any,
     assert refusal(reader.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj()]}), 403)["code"] == "not_allowed"
     assert refusal(api.get("/runs/987654"), 404)["code"] == "not_found"
     AgentSession.objects.create(run=run, name="empty", api_key=key[0])
-    assert refusal(api.post(f"/runs/{run.pk}/sessions/empty/finish", {"reward": 1}), 409)["code"] == "conflict"
+    finish = refusal(api.post(f"/runs/{run.pk}/sessions/empty/finish", {"reward": 1}), 409)
+    assert (finish["code"], finish["error_class"]) == ("session_rejected", "conflict")  # the class's own code, its error class's
     assert refusal(api.post(f"/runs/{run.pk}/trajectories", raw=b'{"trajectories": ['), 400)["code"] == "malformed_json"
     bad = refusal(api.post(f"/runs/{run.pk}/trajectories", {"trajectories": [traj(key="")]}), 422)
     assert (bad["code"], bad["field"]) == ("invalid_input", "trajectories.0.key") and "trajectories.0.key" in bad["errors"]
@@ -61,16 +62,17 @@ def test_over_the_rate_the_rest_api_answers_rate_limited(run: Run) -> None:
 
 
 def test_a_refusal_keeps_the_fields_clients_read_before_codes() -> None:
-    """`detail` and `errors` are what clients read before `code` came; they stay."""
+    """`detail` and `errors` are what clients read before `code` came; they stay, and `error_class` holds
+    what `code` held before each class had its own (one code per status class)."""
     schema = ninja_api.get_openapi_schema()["components"]["schemas"]["Error"]
-    assert {"detail", "errors", "field", "code"} <= set(schema["properties"])
-    assert "code" in schema["required"] and "detail" in schema["required"]
+    assert {"detail", "errors", "field", "code", "error_class"} <= set(schema["properties"])
+    assert {"code", "error_class", "detail"} <= set(schema["required"])
 
 
 def test_the_openapi_schema_lists_every_code_and_every_error_response_uses_it() -> None:
     document = ninja_api.get_openapi_schema()
-    code = document["components"]["schemas"]["Error"]["properties"]["code"]
-    assert code["enum"] == list(CODES)
+    error = document["components"]["schemas"]["Error"]["properties"]
+    assert error["code"]["enum"] == list(CODES) and error["error_class"]["enum"] == list(ERROR_CLASS_CODES)
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             for status, response in operation["responses"].items():

@@ -476,6 +476,8 @@ def sharded_load(learner: Learner, path: Path) -> None:
 class GroupUnsupported(InvalidInput, ValueError):
     """This host cannot run the learner group asked for (say, fewer GPUs than processes)."""
 
+    code = "group_unsupported"
+
 
 def group_backend(local: int) -> tuple[str, str]:
     """(backend, rank 0's device) for `local` learner processes on this host: NCCL (gloo

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 class NothingToTrain(Conflict, ValueError):
     """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
 
+    code = "nothing_to_train"
+
 
 # Step metric: 1.0 when the batch had no gradient and the optimizer did not step
 # (Learner.no_gradient), 0.0 when it stepped. Recorded on every step so the run page charts it.

@@ -93,6 +93,8 @@ def _unused_backends_hidden_from_trl() -> Iterator[None]:
 class TrlApiMoved(UpstreamFailed, RuntimeError):
     """The installed TRL is not the one this bridge was written and tested against."""
 
+    code = "trl_api_moved"
+
 
 def trl_check() -> str:
     import datasets

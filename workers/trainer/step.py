@@ -146,6 +146,8 @@ def _publish_due(*, run: RunView, res: Resident) -> float | None:
 class StepConflict(Conflict):
     """Another trainer recorded this step first; ours is dropped."""
 
+    code = "step_conflict"
+
 
 # Run statuses after which a run trains no more (a paused one may resume: the idle reaper's).
 _ENDED = ENDED

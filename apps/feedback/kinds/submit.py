@@ -41,6 +41,8 @@ class FeedbackClosed(Conflict):
     construction, or a finished, failed or stopped run, where nothing it could change is left.
     A withdrawal there is refused with the same words (apps.feedback.review.revise)."""
 
+    code = "feedback_closed"
+
     def __init__(self, run: Run) -> None:
         super().__init__(run_feedback_closed_why(run=run), field="run")
 

@@ -42,6 +42,8 @@ _TRAINED = (Experience.Status.LEASED, Experience.Status.CONSUMED)
 class NotRevisable(InvalidInput):
     """The feedback is not the author's, or its group has been trained on."""
 
+    code = "not_revisable"
+
 
 def feedback_targets(fb: Feedback) -> list[int]:
     return kind_get(fb.kind).targets(fb)
