@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from apps.buffer.importers import ImportFailed
 from apps.envapi.services import KeyInvalid
 from kernel.config import ConfigInvalid
-from apps.feedback.services import FeedbackClosed
+from apps.feedback.kinds.submit import FeedbackClosed
 from apps.runs.services import TransitionNotAllowed
 from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable
 from rftweb.exceptions import command_error
