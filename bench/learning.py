@@ -170,7 +170,7 @@ def _steps(algorithm: str, *, run: Any, steps: int, eval_every: int, demo: Path,
            points: list[tuple[int, float, float]], base_expected: float, step_times: list[float] | None) -> None:
     from apps.runs.models import ModelVersion
     from workers.explorer import explore
-    from workers.trainer import trainer_step
+    from workers.trainer.step import trainer_step
 
     explores = algorithm != "sft"
     clock = 0.0

@@ -1193,7 +1193,7 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from workers.demo_model import TASKSET_FILE
     from workers.explorer import explore
     from workers.reward_trainer import reward_model_score_run, reward_model_train_run
-    from workers.trainer import trainer_step
+    from workers.trainer.step import trainer_step
 
     taskset = taskset_import(name=f"steering {arm} {seed}", path=demo / TASKSET_FILE, owner=owner_user)
     run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,

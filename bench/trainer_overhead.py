@@ -112,7 +112,7 @@ def main() -> None:
     from apps.buffer.services import experience_write
     from apps.runs.models import Run
     from apps.runs.services import run_create
-    from workers import trainer as trainer_mod
+    from workers.trainer import step as step_module
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
     from workers.algorithms import trl_bridge as bridge
     from workers.algorithms.objectives import grpo
@@ -189,7 +189,7 @@ def main() -> None:
     # Warm-up: first calls allocate and load.
     bare(ready_inputs[0])
     learner.step(TrainBatch(usual=batches[0]))
-    assert trainer_mod.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    assert step_module.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
 
     breakdown = Breakdown() if args.breakdown else None
     if breakdown is not None:
@@ -206,7 +206,7 @@ def main() -> None:
         if breakdown is not None:
             breakdown.start()
         t0 = time.perf_counter()
-        out = trainer_mod.trainer_step(run_id=run.pk, step=s + 1)
+        out = step_module.trainer_step(run_id=run.pk, step=s + 1)
         timings["task"].append(time.perf_counter() - t0)
         if breakdown is not None:
             breakdown.stop(timings["task"][-1])

@@ -123,7 +123,7 @@ def fsdp_rank(rank: int, world: int, addr: str, device: str, shape: dict[str, in
     import torch
     import torch.distributed as dist
 
-    from workers.algorithms.distributed import learner_shard
+    from workers.algorithms.sharding import learner_shard
 
     if device == "cuda":
         torch.cuda.set_device(rank)

@@ -281,7 +281,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
 
     from apps.runs import heartbeat
     from apps.control.conductor_beat import conductor_beat_task
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     beats: list[str] = []
 
@@ -315,7 +315,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
     from django.db import close_old_connections, connections
 
     from apps.runs import heartbeat
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     for database in settings.DATABASES.values():
         monkeypatch.setitem(database, "CONN_MAX_AGE", 300)

@@ -18,7 +18,7 @@ from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Un
 from rftweb.exceptions import command_error
 from workers.explorer import GenerateRequestInvalid, VersionNotReady
 from workers.sync import SyncUnavailable
-from workers.trainer import StepConflict
+from workers.trainer.step import StepConflict
 
 
 @pytest.mark.parametrize(("error", "kind", "status"), [

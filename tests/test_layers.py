@@ -101,14 +101,14 @@ def test_no_worker_uses_a_model_manager() -> None:
 
 
 def test_a_learner_groups_follower_module_imports_before_django_is_set_up() -> None:
-    """A learner group's follower process (`python -m workers.algorithms.distributed`) imports
+    """A learner group's follower process (`python -m workers.trainer.follower`) imports
     its module before it calls django.setup(): the learner may import the kernel's pure config
     and algorithm registry there, never a port (which loads the models and would kill the
     follower, leaving the group's first step waiting for it)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "-c", "import workers.algorithms.distributed, workers.demo_model"],
+    result = subprocess.run([sys.executable, "-c", "import workers.trainer.follower, workers.demo_model"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 

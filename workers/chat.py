@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from apps.runs.ports import RunView, run_current_version, run_view
 from kernel.exceptions import InvalidInput
 from apps.envapi.ports import reply_push, StreamWriter
+from kernel.jsontypes import JSONObject
+from rftweb.taskkit import celery_task
 from workers.engines import engine_cached, engine_for, SamplingSpec
 from workers.explorer import checkpoint_known, engine_at, VersionNotReady, worker_name
 
@@ -420,3 +422,21 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
             choices.append(choice)
         answer_prompts.append({"prompt_token_ids": list(prompt), "choices": choices})
     return {"model_version": version, "prompts": answer_prompts}
+
+
+# OpenAI-compatible generation (apps/envapi/openai_api.py). Its name predates this module holding
+# it (it was the explorer's, whose routes it keeps): queued calls and the web side name it so.
+# Reads only; the waiting API request decides about retrying. Refusals come back as
+# {"error": {...}}, not exceptions, so the web side can answer them as OpenAI 4xx errors.
+@celery_task(
+    name="workers.explorer.chat",
+    acks_late=True,
+    soft_time_limit=300,
+    time_limit=330,
+)
+def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
+    answer = chat_serve(run_id=run_id, request=request)
+    # With a reply list the answer went there, and the sender ignores the result: returning
+    # it anyway made Celery walk it for its log line's repr (whether logged or not), ~2% of
+    # the worker's CPU per call outside the engine (bench/openai_endpoint).
+    return None if request.get("reply_key") else answer

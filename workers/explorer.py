@@ -11,7 +11,8 @@ each (attempt, sample) once. Nothing is written for a run that is not running.
 
 Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
 the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
-Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there).
+Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there), as does
+the OpenAI-style `workers.explorer.chat`, whose module is workers/chat.py.
 Importing this module is cheap (no torch: the engines package, the handover and vision
 modules load torch only inside their functions), so the web side can send these tasks by
 name without loading any model code.
@@ -71,7 +72,6 @@ from workers.vision import images_open, stored_ids, vision_prompt
 
 if TYPE_CHECKING:
     from apps.buffer.ports import TaskAttempt
-    from workers.chat import ChatAnswer
     from workers.engines.base import Prompt, RolloutEngine, Sample
     from workers.vision import ImagePrompt
 
@@ -573,22 +573,3 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
 )
 def generate(run_id: int, requests: list[JSONObject]) -> list[Completion]:
     return generate_completions(run_id=run_id, requests=requests)
-
-
-# OpenAI-compatible generation (apps/envapi/openai_api.py; the logic is workers/chat.py).
-# Reads only; the waiting API request decides about retrying. Refusals come back as
-# {"error": {...}}, not exceptions, so the web side can answer them as OpenAI 4xx errors.
-@celery_task(
-    name="workers.explorer.chat",
-    acks_late=True,
-    soft_time_limit=300,
-    time_limit=330,
-)
-def chat(run_id: int, request: JSONObject) -> ChatAnswer | None:
-    from workers.chat import chat_serve  # cycle: workers.chat imports this module
-
-    answer = chat_serve(run_id=run_id, request=request)
-    # With a reply list the answer went there, and the sender ignores the result: returning
-    # it anyway made Celery walk it for its log line's repr (whether logged or not), ~2% of
-    # the worker's CPU per call outside the engine (bench/openai_endpoint).
-    return None if request.get("reply_key") else answer

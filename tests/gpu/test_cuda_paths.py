@@ -229,7 +229,7 @@ def test_an_nccl_broadcast_no_rank_takes_fails_within_the_runs_bound(tmp_path: P
 
 
 def test_a_learner_group_wider_than_the_hosts_gpus_is_refused_with_the_count(model_dir: Path) -> None:
-    from workers.algorithms.distributed import GroupUnsupported, group_backend
+    from workers.algorithms.group import GroupUnsupported, group_backend
 
     n = torch.cuda.device_count()
     assert group_backend(n) == ("cpu:gloo,cuda:nccl", "cuda:0")
@@ -281,7 +281,7 @@ def _group_rank(rank: int, world: int, addr: str, model_dir: str, out: str, prec
     import torch.distributed as dist
 
     from workers.algorithms import TrainBatch
-    from workers.algorithms.distributed import learner_shard, whole_state
+    from workers.algorithms.sharding import learner_shard, whole_state
 
     torch.cuda.set_device(rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=addr, world_size=world, rank=rank)

@@ -1,4 +1,4 @@
-"""A rank of a learner group loads only its shard of the model (workers.algorithms.distributed
+"""A rank of a learner group loads only its shard of the model (workers.algorithms.sharding
 .model_sharded_load): built on the meta device, sharded, then its rows read from the
 safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
 loss and next weights on the same batch, for a model with its own output head and one
@@ -60,7 +60,7 @@ def _compared(rank: int, world: int, model_dirs: list[str], out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
-    from workers.algorithms.distributed import learner_shard, model_sharded_load, whole_state
+    from workers.algorithms.sharding import learner_shard, model_sharded_load, whole_state
 
     mesh = init_device_mesh("cpu", (world,))
     for i, model_dir in enumerate(model_dirs):
@@ -178,7 +178,7 @@ def _lora_sharded(model_dir: str, *, rank: int, world: int) -> tuple[Learner, An
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
-    from workers.algorithms.distributed import learner_shard, model_sharded_load
+    from workers.algorithms.sharding import learner_shard, model_sharded_load
 
     spec, lora = _lora_spec()
     torch.manual_seed(0)

@@ -134,7 +134,7 @@ def test_a_call_with_a_reply_list_answers_there_and_leaves_the_task_result_empty
     import asyncio
 
     from apps.envapi import token_stream
-    from workers.explorer import chat
+    from workers.chat import chat
 
     key = token_stream.reply_key_new()
     if key is None:

@@ -29,7 +29,7 @@ from rftweb.localpg.base import embedded_cluster
 from rftweb.celery import app
 from rftweb.localpg.base import embedded_stop
 
-WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize", "workers.reward_trainer",
+WORKER_MODULES = ["workers.explorer", "workers.chat", "workers.trainer.task", "workers.rewards", "workers.synthesize", "workers.reward_trainer",
                   "workers.exports"]
 
 

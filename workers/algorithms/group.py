@@ -19,13 +19,13 @@ on the whole batch. Every algorithm and loss type runs so.
 `LearnerGroup` is how a train worker runs a run's learner that way (`trainer.processes`
 > 1): its own process is rank 0 and keeps everything the trainer does (claims, journal,
 commits, checkpoints, versions); it starts the other ranks (`python -m
-workers.algorithms.distributed`) and they join one process group through a TCP store on
+workers.trainer.follower`) and they join one process group through a TCP store on
 rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
 (the journal entry, with the RNG state it starts from). The plugin modules rank 0 loaded
 (RFT_PLUGINS, kernel/plugins.py) are in the group's spec, and every other rank imports them
 before it reads the run's config: an algorithm added from a file of its own trains sharded
 too. Rank 0 too builds its learner on its
-shards only where it starts from the run's model (workers/algorithms/shard_load.py). A
+shards only where it starts from the run's model (workers/algorithms/sharding.py). A
 published version is a whole model: the ranks gather it one tensor at a time into rank 0's
 skeleton of the policy (`whole`, on the meta device), which lets go of it at the next step. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
 shard; they load on any number of ranks, or in one process).
@@ -43,13 +43,13 @@ whose process dies fails it at once (its connection resets). Either way rank 0 r
 GroupLost naming the ranks that stopped answering and their hosts (each follower keeps a
 heartbeat counter in rank 0's store and says there at which address it reaches rank 0), and
 nothing of the step is committed. Between steps a follower waits for rank 0's next operation
-in the store (`_op_await`), not inside a collective, so a group idle for longer than the
+in the store (`op_await`), not inside a collective, so a group idle for longer than the
 timeout (rollouts between two steps) is not taken for a lost one.
 """
 
+
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import hashlib
@@ -61,7 +61,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
@@ -69,31 +69,31 @@ import torch
 
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import JSONObject
-from kernel.plugins import PluginMissing, plugins_load, plugins_loaded
-from workers.algorithms.batch import TrainBatch
-from kernel.config import config_validate
-from workers.adapters import adapter_wrap
-from workers.algorithms import Learner, NothingToTrain, spec_from_config
+from kernel.plugins import plugins_loaded
+from workers.algorithms.learner import NothingToTrain
 from workers.algorithms.objectives import objective_class
-from workers.engines.base import tokenizer_from_pretrained
+from workers.algorithms.sharding import (
+    learner_shard,
+    learner_sharded_build,
+    sharded_load,
+    sharded_load_fits,
+    sharded_save,
+    whole_assign,
+    whole_gather,
+    whole_release,
+    whole_write,
+)
 from workers.group_lost import GroupLost
-from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
-from workers.vision import is_vision_model
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from transformers import PreTrainedTokenizerBase
-
-    from kernel.config import AdapterConfig, RunConfig
-    from workers.algorithms.learner import Learner, LearnerSpec
-    from workers.algorithms.shard_load import LearnerBuild
+    from workers.algorithms.batch import TrainBatch
+    from workers.algorithms.learner import Learner
+    from workers.algorithms.sharding import LearnerBuild
 
 log = logging.getLogger(__name__)
 
-SHARDINGS = ("full", "grad_op", "none")
 # How long rank 0 waits for a follower it told to stop (or terminated) before it kills it: a
 # backstop, not a pace. A follower ends at once (`os._exit` below), but a host's load can hold
 # any process off the CPU for seconds.
@@ -107,367 +107,10 @@ SILENT_S = 3.0
 # How often a follower between steps looks for rank 0's next operation in the store.
 OP_POLL_S = 0.05
 
-
-@dataclass
-class Shard:
-    """This process's place in a learner group: rank of world."""
-
-    rank: int
-    world: int
-    sharding: str = "full"
-    # The rank's weighted loss term of the last step (its share of the batch's loss).
-    last_term: float = field(default=0.0, init=False)
-
-    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        loss, metrics = learner.objective.shard_loss(batch, rank=self.rank, world=self.world)
-        self.last_term = float(loss.detach())
-        # FSDP2 and DDP average the gradients over the ranks; the terms are to be summed.
-        return loss * self.world, metrics
-
-    def reduce(self, loss: torch.Tensor) -> torch.Tensor:
-        """The whole batch's loss (the metric): the ranks' terms summed."""
-        import torch.distributed as dist
-
-        total = (loss.detach() / self.world).reshape(1).float().to(_comm_device())
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total[0]
-
-
-def _comm_device() -> str:
-    """Where this process's collectives' tensors live (NCCL takes GPU tensors only)."""
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return f"cuda:{torch.cuda.current_device()}"
-    return "cpu"
-
-
-# ----------------------------------------------------------------------------- sharding a learner
-
-
-def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks (transformers' `_no_split_modules`: the decoder layers),
-    outermost only (a vision tower's layers inside a listed module stay in it)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    inner = {id(c) for b in blocks for c in b.modules() if c is not b}
-    return [b for b in blocks if id(b) not in inner]
-
-
-def _units(model: torch.nn.Module) -> list[torch.nn.Module | list[torch.nn.Module]]:
-    """The model's FSDP2 units below the root, each gathered for its own forward and backward
-    only: the repeated blocks (transformers' `_no_split_modules`: the decoder layers), the
-    input embeddings unless tied, and the output head grouped with the last block."""
-    blocks = model_blocks(model)
-    units: list[torch.nn.Module | list[torch.nn.Module]] = list(blocks)
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    embed = get_in() if callable(get_in) else None
-    head = get_out() if callable(get_out) else None
-    tied = head is not None and embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
-    if isinstance(embed, torch.nn.Module) and not tied:
-        # Otherwise it would stay gathered in the root unit from the forward to the backward.
-        units.insert(0, embed)
-    if isinstance(head, torch.nn.Module) and not tied and blocks and not any(head in b.modules() for b in blocks):
-        # TRL's fused head reads the head's weight without calling it, inside the root's
-        # forward, so it cannot be a unit of its own; in the root it would be gathered, with
-        # its whole gradient, from the forward's start to the backward's end (on the ~100M
-        # bench model a quarter of a rank's peak, bench/sharding --phases). Grouped with
-        # the last block it is gathered from that block's forward (the group is completed at
-        # the root's post-forward: FSDP2's chunked-loss case) and its gradient reduced and
-        # freed right after that block's backward.
-        units[-1] = [blocks[-1], head]
-    return units
-
-
-def _mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """FSDP2's policy for bf16 on GPUs: bf16 compute, fp32 gradient reduction; the sharded
-    master weights (and the optimizer) stay fp32. Elsewhere None (autocast does the rest)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if precision == "bf16" and torch.cuda.is_available():
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
-def _fully_shard(model: torch.nn.Module, *, mesh: DeviceMesh, reshard: bool, precision: str) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    policy = _mixed_precision(precision)
-    for unit in _units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-
-
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                       "BOOL": torch.bool}
-
-
-class _SafetensorsRows:
-    """Rows of the tensors in one safetensors file, read with plain reads of just their
-    bytes (a tensor is stored row-major, so rows are one contiguous range). safetensors'
-    own reader maps the whole file: its pages would count in this process's memory (RSS as
-    they are touched, the whole file against RLIMIT_AS)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fh = open(path, "rb")  # noqa: SIM115 (closed by close())
-        size = int.from_bytes(self.fh.read(8), "little")
-        self.header: dict[str, dict[str, object]] = json.loads(self.fh.read(size))
-        self.header.pop("__metadata__", None)
-        self.base = 8 + size
-
-    def keys(self) -> list[str]:
-        return list(self.header)
-
-    def rows(self, key: str, start: int | None = None, end: int | None = None) -> torch.Tensor:
-        entry = self.header[key]
-        dtype = _SAFETENSORS_DTYPES[str(entry["dtype"])]
-        shape = [int(d) for d in entry["shape"]]  # type: ignore[attr-defined]
-        begin, stop = (int(o) for o in entry["data_offsets"])  # type: ignore[attr-defined]
-        if not shape:
-            start, end = 0, 1
-        rows = shape[0] if shape else 1
-        start, end = start or 0, rows if end is None else end
-        row_bytes = (stop - begin) // max(1, rows)
-        buf = bytearray((end - start) * row_bytes)
-        self.fh.seek(self.base + begin + start * row_bytes)
-        if self.fh.readinto(buf) != len(buf):
-            raise ValueError(f"{self.path}: {key} is cut short")
-        out = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        return out.reshape([end - start, *shape[1:]] if shape else [])
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def _safetensors_files(path: Path) -> dict[str, Path]:
-    """Which of a saved model's safetensors files holds each weight (one file, or the
-    index of a model saved in several)."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-    single = _SafetensorsRows(path / "model.safetensors")
-    single.close()
-    return {k: single.path for k in single.keys()}
-
-
-def _row_range(rows: int, rank: int, world: int) -> tuple[int, int]:
-    """The rows of a weight FSDP2 gives `rank` (its dim-0 `Shard`: `torch.chunk`'s split)."""
-    size = -(-rows // world)
-    start = min(rank * size, rows)
-    return start, min(start + size, rows)
-
-
-def _aliases(model: torch.nn.Module) -> dict[str, list[str]]:
-    """Each parameter's name (the first it is registered under) with its other names (tied
-    weights: a head that is the input embeddings)."""
-    first: dict[int, str] = {}
-    names: dict[str, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        key = first.setdefault(id(p), name)
-        names.setdefault(key, [])
-        if key != name:
-            names[key].append(name)
-    return names
-
-
-def _adapter_start(config: object, lora: AdapterConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A fresh adapter's weights (small: the whole of them) as `adapter_wrap` makes them on
-    the loaded model, drawing the same random numbers: peft sizes an adapter by its layers'
-    features, so it is made here on a skeleton whose weights are empty."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    with init_empty_weights(include_buffers=False):
-        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    for module in skeleton.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
-    wrapped = adapter_wrap(model=skeleton, lora=lora)
-    return {n: p.detach() for n, p in wrapped.named_parameters() if p.requires_grad}
-
-
-def _base_key(name: str) -> str:
-    """A weight's name in the base model's files (an adapter model's base weights are
-    renamed by peft: base_model.model.… and ….base_layer.…)."""
-    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-
-
-def model_sharded_load(path: str | Path, *, mesh: DeviceMesh, reshard: bool, precision: str,
-                       dtype: torch.dtype = torch.float32, lora: AdapterConfig | None = None) -> torch.nn.Module:
-    """The causal LM saved at `path` (transformers' directory of safetensors files), sharded
-    as `learner_shard` shards one, without this process ever holding the whole of it: built
-    on the meta device, sharded (FSDP2), then given storage for this rank's rows only, read
-    from the files. Buffers the files lack (rotary `inv_freq`) are computed on the CPU as a
-    whole build computes them; tied weights stay one parameter. `lora`: with a fresh adapter
-    (`adapter_wrap`'s, the same weights) on the frozen base."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path = Path(path)
-    config = AutoConfig.from_pretrained(path)
-    adapter = _adapter_start(config, lora, dtype) if lora is not None else {}
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    # As loading does (from_config leaves a tied head its own weight); outside the context,
-    # whose register_parameter would give the head a new meta weight again.
-    model.tie_weights()
-    if lora is not None:
-        with init_empty_weights(include_buffers=False):
-            model = adapter_wrap(model=model, lora=lora)
-    aliases = _aliases(model)
-    _fully_shard(model, mesh=mesh, reshard=reshard, precision=precision)
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    model.to_empty(device=mesh.device_type)
-    files = _safetensors_files(path)
-    rank, world = mesh.get_local_rank(), mesh.size()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    with contextlib.ExitStack() as stack, torch.no_grad():
-        opened = {f: _SafetensorsRows(f) for f in sorted(set(files.values()))}
-        for reader in opened.values():
-            stack.callback(reader.close)
-        for name, b in model.named_buffers():
-            # A persistent buffer as saved; the others (inv_freq) as the CPU build made them.
-            key = _base_key(name)
-            b.copy_(opened[files[key]].rows(key) if key in files else buffers[name])
-        for name, others in aliases.items():
-            param = params[name]
-            local = param.to_local() if hasattr(param, "to_local") else param
-            start, end = _row_range(param.shape[0], rank, world) if hasattr(param, "to_local") else (0, param.shape[0])
-            if end - start != local.shape[0]:
-                raise RuntimeError(f"{name}: rank {rank} holds {local.shape[0]} rows of {param.shape[0]}, "
-                                   f"expected rows {start}-{end}")
-            if name in adapter:
-                local.copy_(adapter[name][start:end])
-                continue
-            found = next((k for k in map(_base_key, (name, *others)) if k in files), None)
-            if found is None:
-                raise ValueError(f"{path}: no weight {_base_key(name)} in its safetensors files")
-            if end > start:
-                local.copy_(opened[files[found]].rows(found, start, end))
-    model.train()
-    return model
-
-
-def _is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def learner_shard(learner: Learner, *, rank: int, world: int, sharding: str, from_rank0: bool = False) -> Shard:
-    """Shard a learner that is the same on every rank of the (default) process group, in
-    place: its optimizer is rebuilt over the shards and keeps the state it had.
-
-    from_rank0 (sharding full or grad_op): the other ranks built theirs sharded already
-    (`model_sharded_load`: the run's model, frozen weights included) and take rank 0's
-    trainable weights, optimizer and scheduler state here, each rank its shards (rank 0's
-    whole tensors are broadcast one at a time)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    if sharding not in SHARDINGS:
-        raise ValueError(f"trainer.sharding: {sharding!r} is not one of {', '.join(SHARDINGS)}")
-    model = learner.model
-    if sharding == "none":
-        from torch.nn.parallel import DistributedDataParallel
-
-        device = next(model.parameters()).device
-        learner.forward_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            # A borrowed row's loss weighted by zero still reaches every weight.
-            find_unused_parameters=False,
-        )
-        return Shard(rank=rank, world=world, sharding=sharding)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=from_rank0)
-    # A fresh optimizer has no state; asking for its state dict would make one (a zero step).
-    optim_state = get_optimizer_state_dict(model, learner.optimizer, options=full) if learner.optimizer.state else None
-    scheduler_state = learner.scheduler.state_dict() if learner.scheduler is not None else None
-    weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad} if from_rank0 and rank == 0 else {}
-    if from_rank0:
-        import torch.distributed as dist
-
-        # What rank 0 has, every rank: whether there is optimizer state, and the scheduler's.
-        told: list[tuple[bool, dict[str, object] | None]] = [(optim_state is not None, scheduler_state)]
-        dist.broadcast_object_list(told, src=0)
-        has_optim, scheduler_state = told[0]
-        if has_optim and optim_state is None:
-            optim_state = {}
-    device = next(model.parameters()).device.type
-    mesh = init_device_mesh(device, (world,))
-    if not _is_sharded(model):  # else built sharded already (model_sharded_load)
-        _fully_shard(model, mesh=mesh, reshard=sharding == "full", precision=learner.spec.precision)
-    if learner.ref_model is not None and not _is_sharded(learner.ref_model):
-        # Frozen, forward only: gathered block by block like the policy.
-        _fully_shard(learner.ref_model, mesh=mesh, reshard=True, precision=learner.spec.precision)
-    learner.optimizer_rebuild()
-    if from_rank0:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        # Only the trainable weights (a frozen base is the run's model on every rank).
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                                      strict=False))
-    if optim_state is not None:
-        set_optimizer_state_dict(model, learner.optimizer, optim_state, options=full)
-    if scheduler_state is not None and learner.scheduler is not None:
-        learner.scheduler.load_state_dict(scheduler_state)
-    return Shard(rank=rank, world=world, sharding=sharding)
-
-
-def whole_state(learner: Learner) -> dict[str, torch.Tensor]:
-    """The policy's whole state dict (every rank calls it; rank 0 gets the tensors, on
-    the CPU, the others an empty dict)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return dict(get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
-
-
-def _dcp_state(learner: Learner) -> dict[str, object]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    fresh = not learner.optimizer.state
-    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-    if fresh:  # get_state_dict gave it a zero step (Adam's step 2 next): as one process, none
-        learner.optimizer.state.clear()
-    state: dict[str, object] = {"model": model_state, "optim": optim_state}
-    if learner.scheduler is not None:
-        state["scheduler"] = learner.scheduler.state_dict()
-    return state
-
-
-def sharded_save(learner: Learner, path: Path) -> None:
-    """Write the learner's weights and optimizer state through torch.distributed.checkpoint:
-    in a group every rank its shard (all ranks call it), in one process the whole."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    state = _dcp_state(learner)
-    scheduler = state.pop("scheduler", None)
-    dcp.save(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-    if scheduler is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-        torch.save(scheduler, path / "scheduler.pt")
-
-
-def sharded_load(learner: Learner, path: Path) -> None:
-    """Load what `sharded_save` wrote, on however many ranks (all call it) or in one process."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    state = _dcp_state(learner)
-    state.pop("scheduler", None)
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    if learner.scheduler is not None and (path / "scheduler.pt").exists():
-        learner.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+# The follower's program (its `rank` and `join` commands): the trainer's, since a follower
+# rebuilds the learner as the train worker does. Named here, not imported: the group starts
+# it as a process of its own.
+FOLLOWER_MODULE = "workers.trainer.follower"
 
 
 # ----------------------------------------------------------------------------- a group of processes
@@ -593,7 +236,7 @@ def is_comm_error(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and any(s in text for s in ("/gloo/", "NCCL", "Connection reset", "Timed out")))
 
 
-def _op_await(store: dist.Store, number: int) -> bool:
+def op_await(store: dist.Store, number: int) -> bool:
     """Wait (as long as it takes) for rank 0's operation `number`; False: rank 0 gave the group up."""
     key = f"{OP}{number}"
     while not store.check([key]):
@@ -638,7 +281,7 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
         elif time.monotonic() > deadline:
             who = ", ".join(f"rank {r} (host {r // local})" for r in absent)
             raise GroupLost(f"learner group: {who} did not come within {timeout.total_seconds():g} s "
-                            "(trainer.collective_timeout_s); is `python -m workers.algorithms.distributed join ADDR "
+                            "(trainer.collective_timeout_s); is `python -m workers.trainer.follower join ADDR "
                             "PORT HOST` running on every other host, and can it reach this one?")
         time.sleep(poll_s)
 
@@ -676,7 +319,7 @@ class GroupMessage(TypedDict, total=False):
     names: list[str]
 
 
-class _Channel:
+class Channel:
     """Bytes and tensors from rank 0 to the other ranks (over the default group, on the CPU)."""
 
     def bytes(self, data: bytes | None) -> bytes:
@@ -707,7 +350,7 @@ class _Channel:
                     t.copy_(buf)
 
 
-def state_share(channel: _Channel, learner: Learner, *, rank: int) -> None:
+def state_share(channel: Channel, learner: Learner, *, rank: int) -> None:
     """Make every rank's trainable weights and optimizer state rank 0's, before sharding (a
     frozen base is the run's model on every rank already)."""
     import io
@@ -751,7 +394,7 @@ class LearnerGroup:
                  whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None,
                  build: LearnerBuild | None = None) -> None:
         """`learner`: rank 0's, whole, sharded here; None: built here on its shards only once
-        the group is joined, from `build` (workers.algorithms.shard_load)."""
+        the group is joined, from `build` (workers.algorithms.sharding)."""
         import torch.distributed as dist
 
         spec = learner.spec if learner is not None else build.spec if build is not None else None
@@ -777,7 +420,7 @@ class LearnerGroup:
         # Rank 0's operations so far (each announced in the store as OP + its number).
         self.ops = 0
         # What every rank builds its learner from: read from the store, so a rank on another
-        # host needs only the address (`python -m workers.algorithms.distributed join`).
+        # host needs only the address (`python -m workers.trainer.follower join`).
         store.set("rft/spec", json.dumps({
             "world": plan.world, "hosts": plan.hosts, "sharding": plan.sharding, "timeout_s": timeout_s,
             "config": run_config, "checkpoint": str(checkpoint) if checkpoint else None, "code": code_fingerprint(),
@@ -794,14 +437,12 @@ class LearnerGroup:
         ]
         # The processes started, kept after `close` forgets `followers` (to see them end).
         self.followers_started = list(self.followers)
-        self.channel: _Channel | None = None
+        self.channel: Channel | None = None
         try:
             ranks_await(store, world=plan.world, timeout=timeout, followers=self.followers)
             group_join(store=store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
-            self.channel = _Channel()
+            self.channel = Channel()
             if learner is None:
-                from workers.algorithms.shard_load import learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
-
                 assert build is not None
                 learner = learner_sharded_build(build, world=plan.world, sharding=plan.sharding)
             self.learner: Learner = learner
@@ -874,8 +515,6 @@ class LearnerGroup:
 
     def whole_model(self) -> torch.nn.Module:
         """The unsharded policy as of the last step (gathered from every rank's shard)."""
-        from workers.algorithms.shard_load import whole_assign, whole_gather  # cycle: workers.algorithms.shard_load imports this module
-
         if self.plan.sharding == "none":
             return self.learner.model  # a whole replica already
         try:
@@ -902,8 +541,6 @@ class LearnerGroup:
         settings from the policy's skeleton. Returns the weight bytes written."""
         from transformers import PreTrainedModel
 
-        from workers.algorithms.shard_load import whole_write  # cycle: workers.algorithms.shard_load imports this module
-
         skeleton = self.whole
         assert isinstance(skeleton, PreTrainedModel) and self.streams_versions, "versions stream from full weights, sharded"
         try:
@@ -924,8 +561,6 @@ class LearnerGroup:
 
     def whole_release(self) -> None:
         """Let go of the whole weights `whole_model` gathered (the policy's skeleton stays)."""
-        from workers.algorithms.shard_load import whole_release  # cycle: workers.algorithms.shard_load imports this module
-
         if self.whole is not None and self.plan.sharding != "none":
             whole_release(self.whole)
 
@@ -1001,163 +636,13 @@ def _store_open(addr: str, port: int, *, world: int, timeout: datetime.timedelta
     return dist.PrefixStore(f"rft/g{generation}", base), generation, int(base.port)
 
 
+
 def _follower_start(*, addr: str, port: int, rank: int, parent: int, generation: int) -> subprocess.Popen[bytes]:
     # From the project's root (`-m` puts it on the path), whatever the worker's directory.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.Popen([sys.executable, "-m", "workers.algorithms.distributed", "rank", addr, str(port), str(rank),
+    return subprocess.Popen([sys.executable, "-m", FOLLOWER_MODULE, "rank", addr, str(port), str(rank),
                              str(parent), str(generation)], cwd=root, close_fds=True)
 
-
-def _orphan_watch(parent: int) -> None:
-    """End this follower when rank 0's process is gone (killed worker, crashed task)."""
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(3)
-            time.sleep(1.0)
-
-    threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
-
-
-def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: int = 0) -> None:
-    """A follower: build the run's learner as rank 0 did, take rank 0's state, shard it,
-    then train on every batch it sends until told to stop. What stops it before it joins
-    goes to rank 0 as its refusal (`refusal_set`)."""
-    if parent:
-        _orphan_watch(parent)
-    store, _ = dist_store(addr, port, generation)
-    # From the start: while it loads, rank 0 sees it starting rather than absent.
-    beat_start(addr=addr, port=port, generation=generation, rank=rank)
-    try:
-        start = _follower_ready(store, rank=rank)
-    except BaseException as exc:
-        refusal_set(store, exc, where=f"rank {rank}")
-        raise
-    import torch.distributed as dist
-
-    from workers.algorithms.shard_load import whole_gather  # cycle: workers.algorithms.shard_load imports this module
-    from workers.trainer import rng_restore, journal_decode
-
-    plan = start.plan
-    store.set(f"{READY}/{rank}", "1")
-    store.add(READY, 1)
-    group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
-    try:
-        channel = _Channel()
-        if start.learner is None:  # sharded_load: its shards only, rank 0's trainable state into them
-            learner = follower_learner_sharded(start, rank=rank)
-        else:
-            learner = start.learner
-            state_share(channel, learner, rank=rank)
-        shard = learner_shard(learner, rank=rank, world=plan.world, sharding=plan.sharding,
-                              from_rank0=start.learner is None and not start.rank0_sharded)
-        if start.checkpoint:
-            sharded_load(learner, Path(start.checkpoint))
-        number = 0
-        while True:
-            number += 1
-            if not _op_await(store, number):
-                log.warning("learner group: rank 0 gave the group up (a rank was lost); rank %s ends", rank)
-                return
-            msg = channel.message()
-            op = msg.get("op")
-            if op == "stop":
-                return
-            if op == "whole":
-                whole_gather(learner)
-            elif op == "save":
-                sharded_save(learner, Path(msg["path"]))
-            elif op == "step":
-                batch, rng = journal_decode(channel.bytes(None))
-                rng_restore(rng)
-                try:
-                    learner.step(batch, shard=shard)
-                except NothingToTrain:
-                    pass  # decided on the whole batch: every rank skipped this update together
-    finally:
-        dist.destroy_process_group()
-
-
-@dataclass(frozen=True)
-class _FollowerReady:
-    """What a follower needs to join: the run's learner (None where it loads only its
-    shards, once joined: `follower_learner_sharded`), the group's plan, its backend and
-    timeout, the sharded snapshot to start from (if any), and whether rank 0 loaded only its
-    shards too (then no rank takes rank 0's trainable state: they agree already)."""
-    learner: Learner | None
-    plan: GroupPlan
-    backend: str
-    timeout: datetime.timedelta
-    checkpoint: str | None
-    cfg: RunConfig
-    spec: LearnerSpec
-    tokenizer: PreTrainedTokenizerBase
-    rank0_sharded: bool = False
-    source: str | None = None  # the policy's weights where not the run's model (LearnerBuild.source)
-
-
-def sharded_load_fits(sharding: str, *, model: str) -> bool:
-    """Whether a learner group's followers load only their shards of the run's model
-    (`model_sharded_load`): sharded full or grad_op, a causal LM (a vision-language model is
-    loaded whole, then sharded)."""
-    path = Path(model)
-    if sharding == "none" or not ((path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()):
-        return False  # a model name the hub resolves is loaded whole (from_pretrained finds its files)
-
-    return not is_vision_model(model)
-
-
-def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
-    """A follower's learner on its shards only of the run's model (and of the reference
-    model, or the frozen base under an adapter), built once the group is joined (the shards
-    are the mesh's)."""
-    from workers.algorithms.shard_load import LearnerBuild, learner_sharded_build  # cycle: workers.algorithms.shard_load imports this module
-
-    return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer, source=start.source),
-                                 world=start.plan.world, sharding=start.plan.sharding)
-
-
-def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
-    """The run's learner built from the group's spec in rank 0's store as rank 0 built its
-    own, with the rest of what joining takes (`_FollowerReady`)."""
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
-    django.setup()
-
-    spec_in = json.loads(store.get("rft/spec"))
-    code_check(spec_in, where=f"rank {rank}")  # its files may have changed since rank 0 started
-    try:
-        # Rank 0's plugin modules (its RFT_PLUGINS), whatever this rank's environment names:
-        # the run's algorithm may be one of theirs.
-        plugins_load(spec_in.get("plugins") or [], where=f"rank {rank}, as rank 0's RFT_PLUGINS")
-    except PluginMissing as exc:
-        raise GroupUnsupported(f"{exc}; install it on every host of a learner group") from exc
-    plan = GroupPlan(world=int(spec_in["world"]), hosts=int(spec_in["hosts"]), sharding=str(spec_in["sharding"]))
-    backend, _ = group_backend(plan.local)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % plan.local)
-    cfg = config_validate(data=spec_in["config"])
-    torch.manual_seed(cfg.seed)
-    from workers.trainer import policy_load
-
-    spec = spec_from_config(cfg)
-    tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
-    from django.conf import settings
-
-    if backend == "gloo" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        # As rank 0's worker does (workers/trainer/resident.py), before the learner is built:
-        # scaled to this rank's share of the batch and of each gradient (workers/host_memory.py).
-        cpu_allocator_tune(threshold=rank_mmap_threshold(settings.RFT_TRAINER_CPU_MMAP_THRESHOLD, world=plan.world))
-    checkpoint = spec_in.get("checkpoint")
-    learner = None
-    if not spec_in.get("sharded_load"):
-        model, ref_model = policy_load(cfg=cfg, spec=spec, source=cfg.model)
-        learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model)
-    return _FollowerReady(learner=learner, plan=plan, backend=backend,
-                          timeout=datetime.timedelta(seconds=float(spec_in["timeout_s"])),
-                          checkpoint=str(checkpoint) if checkpoint else None, cfg=cfg, spec=spec, tokenizer=tokenizer,
-                          rank0_sharded=bool(spec_in.get("rank0_sharded")), source=spec_in.get("source"))
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:
@@ -1195,21 +680,3 @@ def dist_store(addr: str, port: int, generation: int | None = None) -> tuple[dis
     return dist.PrefixStore(f"rft/g{generation}", base), generation
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "join":
-        # join ADDR PORT HOST: this host's ranks of the learner group rank 0 opened at ADDR:PORT.
-        try:
-            sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
-        except GroupUnsupported as exc:
-            sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
-    # rank ADDR PORT RANK PARENT GENERATION: a follower rank 0 (or `join`) started on its host.
-    follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]),
-                  generation=int(sys.argv[6]))
-    # Told to stop, it has left the group and written what it was asked to: end now, as
-    # multiprocessing's children do. The interpreter's own teardown with torch loaded took
-    # 3.9 s here and 11.6 s beside five busy loops (most of it collecting torch's objects),
-    # longer than rank 0 waits before it kills a follower.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
