@@ -116,7 +116,7 @@ def main() -> None:
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
     from workers.algorithms import trl_bridge as bridge
     from workers.algorithms.objectives import grpo
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     model_dir = tiny_model_save(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=4)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

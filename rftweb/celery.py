@@ -107,8 +107,8 @@ app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedba
 # predate workers/ being arranged by role (round 63): "workers.explorer.chat" is defined in
 # workers/explore/chat.py, and the routes above match the names, not the modules.
 WORKER_TASK_MODULES = (
-    "workers.explorer", "workers.chat", "workers.evaluation", "workers.blind", "workers.trainer.task", "workers.rewards",
-    "workers.synthesize", "workers.reward_trainer", "workers.exports",
+    "workers.explore.explorer", "workers.explore.chat", "workers.explore.evaluation", "workers.explore.blind", "workers.trainer.task", "workers.reward.scoring",
+    "workers.explore.synthesize", "workers.reward.trainer", "workers.weights.exports",
 )
 for _package, _, _module in (name.rpartition(".") for name in WORKER_TASK_MODULES):
     app.autodiscover_tasks([_package], related_name=_module)

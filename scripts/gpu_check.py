@@ -99,7 +99,7 @@ def lora_step(*, device: str, shape: dict[str, int], batch: dict[str, int], step
     import torch
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
 
     precision = "bf16" if device == "cuda" else "fp32"
     if device == "cuda":

@@ -347,7 +347,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
 def test_a_second_reward_model_training_while_one_runs_starts_nothing_and_a_crashed_ones_lease_runs_out(
     owner: Any,
 ) -> None:
-    from workers.reward_trainer import TRAIN_LEASE_SECONDS, reward_model_train
+    from workers.reward.trainer import TRAIN_LEASE_SECONDS, reward_model_train
 
     run = make_run(owner=owner, reward_model={"enabled": True})
     training = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@a",

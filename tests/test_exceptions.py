@@ -16,8 +16,8 @@ from kernel.config import ConfigInvalid
 from apps.runs.services import TransitionNotAllowed
 from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable
 from rftweb.exceptions import command_error
-from workers.explorer import GenerateRequestInvalid, VersionNotReady
-from workers.sync import SyncUnavailable
+from workers.explore.explorer import GenerateRequestInvalid, VersionNotReady
+from workers.weights.sync import SyncUnavailable
 from workers.trainer.step import StepConflict
 
 

@@ -32,7 +32,7 @@ LORA = AdapterConfig(rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("cuda-model"), hidden_size=128, layers=4, heads=4, seed=0)
 
@@ -57,7 +57,7 @@ def _learner(model_dir: Path, *, precision: str = "fp32", lora: bool = False, ch
              optimizer: str = "adamw", algorithm: str = "grpo") -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
     from workers.precision import precision_dtype
@@ -156,7 +156,7 @@ def test_adamw_8bit_on_cuda_keeps_8_bit_optimizer_state_and_trains(model_dir: Pa
 def _nccl_rank(rank: int, addr: str, model_dir: str, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from workers.sync import NcclSync
+    from workers.weights.sync import NcclSync
 
     torch.cuda.set_device(rank)
     sync = NcclSync(addr=addr, world_size=2, rank=rank)
@@ -190,7 +190,7 @@ def _nccl_stalled_rank(rank: int, addr: str, out: str) -> None:
     import json
     import time
 
-    from workers.sync import NcclSync, SyncFailed
+    from workers.weights.sync import NcclSync, SyncFailed
 
     torch.cuda.set_device(rank)
     sync = NcclSync(addr=addr, world_size=2, rank=rank)

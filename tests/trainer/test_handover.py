@@ -1,6 +1,6 @@
 """Where the explorer and the trainer share a process (bench/learning, the embedded default),
 a published version reaches the explorer's engine from memory, and its durable checkpoint
-is still written, off the critical path (workers/handover.py). Real Postgres, this process,
+is still written, off the critical path (workers/weights/handover.py). Real Postgres, this process,
 the transformers engine on a tiny model."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from workers.trainer import resident as trainer_resident
 from workers.engines import engine_cache_clear, engine_for
 from workers.engines.hf_engine import HFEngine
 from workers.engines.hf_engine import HFEngine
-from workers.explorer import VersionNotReady, explore, model_version_path
-from workers.handover import handover_clear, pending_wait
+from workers.explore.explorer import VersionNotReady, explore, model_version_path
+from workers.weights.handover import handover_clear, pending_wait
 from workers.trainer.step import trainer_step
 from apps.runs.ports import run_view_of
 

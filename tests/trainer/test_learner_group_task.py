@@ -71,7 +71,7 @@ def _trained_now(owner: Any, model_dir: Path, *, algorithm: str, processes: int,
                  lora: dict[str, Any] | None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     trainer = {"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo", "processes": processes,
                "hosts": hosts, **({"lora": lora} if lora else {})}

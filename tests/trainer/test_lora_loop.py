@@ -18,7 +18,7 @@ from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
 from workers.trainer import resident as trainer_resident
-from workers.adapters import adapter_base, is_adapter_dir
+from workers.weights.adapters import adapter_base, is_adapter_dir
 from workers.trainer.step import trainer_step
 from apps.runs.ports import run_view_of
 

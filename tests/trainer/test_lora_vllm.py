@@ -40,7 +40,7 @@ def _storage(settings: Any, tmp_path: Path) -> Any:
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # vLLM's CPU attention wants a head size of 32 or more.
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("vllm-lora-model"), hidden_size=64, layers=2, heads=2, seed=0)
 

@@ -16,7 +16,7 @@ from apps.runs.models import Run
 from tests.trainer.conftest import running_run
 from tests.trainer.test_lora import LORA, _rollouts
 from workers.trainer import resident as trainer_resident
-from workers.adapters import adapter_wrap
+from workers.weights.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 from workers.precision import PrecisionUnsupported, precision_check, precision_supported

@@ -151,7 +151,7 @@ def test_resuming_from_an_adapter_folder_builds_rank_0_on_the_meta_device_with_t
     from safetensors.torch import load_file
 
     from kernel.config import AdapterConfig
-    from workers.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
+    from workers.weights.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
     from workers.trainer import resident
 
     run = _group_run(owner, tiny_model_dir, lora=True, train_step=3)

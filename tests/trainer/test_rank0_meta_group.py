@@ -65,7 +65,7 @@ def _adapter_version(model_dir: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_save, adapter_wrap
+    from workers.weights.adapters import adapter_save, adapter_wrap
 
     model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                          lora=AdapterConfig(**LORA))
@@ -83,7 +83,7 @@ LORA: dict[str, Any] = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "
 def _resumed(owner: Any, model_dir: Path, version: Path, processes: int, lora: bool = False) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     trainer = {"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes, **({"lora": LORA} if lora else {})}
     run = running_run(owner, model_dir, train_batch_size=12, total_steps=5, trainer=trainer)
@@ -109,7 +109,7 @@ def test_two_ranks_resume_from_a_published_version_on_their_shards_to_the_one_pr
 ) -> None:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     torch.set_num_threads(1)
     version = (_adapter_version if lora else _version)(tiny_model_dir, tmp_path / "v1")

@@ -17,8 +17,8 @@ from apps.buffer.services import task_attempts_create
 from tests.trainer.conftest import running_run
 from workers.trainer import journal as trainer_journal, resident as trainer_resident
 from workers.engines import engine_cache_clear
-from workers.explorer import explore
-from workers.handover import handover_clear, pending_wait
+from workers.explore.explorer import explore
+from workers.weights.handover import handover_clear, pending_wait
 from workers.trainer.step import trainer_step
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -95,7 +95,7 @@ def _spawn_bounded(fn: Any, world: int, *args: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("tied-model"), hidden_size=32, layers=2, heads=2, seed=1, tied=True)
 
@@ -192,7 +192,7 @@ def _lora_whole(model_dir: str) -> torch.nn.Module:
     loaded only its shard (this process's part of it: no collective)."""
     from transformers import AutoModelForCausalLM
 
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
 
     _, lora = _lora_spec()
     return adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
@@ -260,7 +260,7 @@ def _limited(rank: int, world: int, warm_dir: str, model_dir: str, weight_bytes:
 def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~100M parameters (400 MB of fp32 weights) in 24 blocks of 4M: a block gathered is
     small beside a rank's half of the weights."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("large-model"), hidden_size=512, layers=24, heads=8,
                            intermediate_size=2048, seed=2)

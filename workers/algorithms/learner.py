@@ -24,7 +24,7 @@ from workers.algorithms.batch import Rollout, TrainBatch
 from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_params_parse
 from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
-from workers.adapters import is_adapter_model
+from workers.weights.adapters import is_adapter_model
 from workers.host_memory import backward_trim
 from workers.precision import autocast, optimizer_check, precision_check
 from workers.vision import images_open, pixel_inputs
@@ -268,7 +268,7 @@ class Learner:
     def step(self, batch: TrainBatch, *, shard: Shard | None = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
-        shard: this process's place in a learner group (workers.algorithms.learner.Shard):
+        shard: this process's place in a learner group (`Shard`, above):
         the loss is this rank's term of the whole batch's objective (its part of the rows,
         weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
         over the group in the backward pass, before the same clipping and update.

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.adapters import ADAPTER_WEIGHTS, adapter_wrap, is_adapter_dir
+from workers.weights.adapters import ADAPTER_WEIGHTS, adapter_wrap, is_adapter_dir
 from workers.algorithms.learner import Learner, Shard, model_blocks
 from workers.precision import precision_dtype
 from workers.vision import is_vision_model

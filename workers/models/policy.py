@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
+from workers.weights.adapters import adapter_load, adapter_wrap, is_adapter_dir
 from workers.precision import precision_dtype
 from workers.vision import is_vision_model
 

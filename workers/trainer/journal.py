@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from django.conf import settings
-from workers.sync import run_storage
+from workers.weights.sync import run_storage
 
 if TYPE_CHECKING:
     import torch

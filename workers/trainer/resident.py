@@ -24,7 +24,7 @@ from apps.runs.ports import RunView, connection_release, runs_ended, version_lat
 from workers.trainer.journal import restore_point, rng_restore, journal_decode, snapshot_save
 from workers.engines.base import tokenizer_from_pretrained
 from workers.models.policy import policy_load, train_device
-from workers.handover import handover_repair
+from workers.weights.handover import handover_repair
 from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
 from workers.precision import optimizer_check, precision_check
 from workers.vision import is_vision_model, processor_load

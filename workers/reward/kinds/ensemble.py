@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, Self, TypeVar
 
 from apps.rewards.ports import PreferencePair
-from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl
-from workers.reward_kinds.base_model import causal_lm_load
-from workers.reward_kinds.pair_fit import pair_features, pair_weights, prompt_fold
-from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
+from workers.reward.kinds import Fitted, KindScorer, RewardKindImpl
+from workers.reward.kinds.base_model import causal_lm_load
+from workers.reward.kinds.pair_fit import pair_features, pair_weights, prompt_fold
+from workers.reward.trainer import pairwise_accuracy, scorer_accuracy
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ w · z, calibrated to the human scale like any version (reward_trainer.calibrati
 A version's directory holds `likelihood_reward.json` (the kind, the base checkpoint it read —
 pinned, so a later policy checkpoint does not change what a version means —, the feature
 names, standardisation and weights) and the base's tokenizer. The features are computed by
-workers/likelihood_rm_hf.py, which `likelihood_model_export` writes beside an exported version
+workers/reward/likelihood_hf.py, which `likelihood_model_export` writes beside an exported version
 so that `AutoModelForSequenceClassification` loads it. Worker-only (torch, transformers).
 """
 
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from kernel.exceptions import ExportFailed
-from workers.likelihood_rm_hf import FEATURES, completion_logprobs, features_of
-from workers.adapters import atomic_dir, atomic_dir_commit
-from workers.likelihood_rm_hf import LikelihoodRewardConfig, LikelihoodRewardModel
-from workers.reward_kinds.base_model import causal_lm_load, pad_of, rm_prompt_ids, rm_rows
-from workers.reward_kinds.pair_fit import bradley_terry_fit, pair_features, pair_weights, prompt_fold
-from workers.reward_trainer import pairwise_accuracy, scorer_accuracy
+from workers.reward.likelihood_hf import FEATURES, completion_logprobs, features_of
+from workers.weights.adapters import atomic_dir, atomic_dir_commit
+from workers.reward.likelihood_hf import LikelihoodRewardConfig, LikelihoodRewardModel
+from workers.reward.kinds.base_model import causal_lm_load, pad_of, rm_prompt_ids, rm_rows
+from workers.reward.kinds.pair_fit import bradley_terry_fit, pair_features, pair_weights, prompt_fold
+from workers.reward.trainer import pairwise_accuracy, scorer_accuracy
 
 if TYPE_CHECKING:
     import torch
@@ -238,7 +238,7 @@ def _response_template(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 def likelihood_model_export(*, source: str | Path, out: str | Path, scale: float, offset: float) -> Path:
     """Write the version at `source` as a directory `AutoModelForSequenceClassification`
-    loads with `trust_remote_code=True` (workers/likelihood_rm_hf.py, copied in): the pinned
+    loads with `trust_remote_code=True` (workers/reward/likelihood_hf.py, copied in): the pinned
     base's weights, the head and the calibration (`scale`, `offset`) in its config, the
     tokenizer. Written atomically."""
     import torch

@@ -27,10 +27,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from workers.reward_kinds import reward_kind_impl_register
-from workers.reward_kinds.base_model import pad_of, rm_batch, rm_rows
-from workers.reward_kinds.ensemble import Ensemble, EnsembleKind, Rows
-from workers.reward_kinds.pair_fit import bootstrap_weights, bradley_terry_fit
+from workers.reward.kinds import reward_kind_impl_register
+from workers.reward.kinds.base_model import pad_of, rm_batch, rm_rows
+from workers.reward.kinds.ensemble import Ensemble, EnsembleKind, Rows
+from workers.reward.kinds.pair_fit import bootstrap_weights, bradley_terry_fit
 
 if TYPE_CHECKING:
     import torch

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from workers.background import background_writer
 from apps.runs.ports import model_version_publish, sync_failure_record, version_latest
 from workers.engines import engine_cached
-from workers.sync import SyncFailed, process_name, save_pretrained_atomic, version_dir
+from workers.weights.sync import SyncFailed, process_name, save_pretrained_atomic, version_dir
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +69,7 @@ def _write(*, model: torch.nn.Module, state: dict[str, torch.Tensor], tokenizer:
            like: Path | None = None) -> Path:
     """`save_pretrained_atomic` of the cloned tensors: the live model goes on training while
     this runs, so only its config is read from it (none at all when `like`, the previous
-    version's directory, serves as the layout: workers.sync.weights_like)."""
+    version's directory, serves as the layout: workers.weights.sync.weights_like)."""
 
     return save_pretrained_atomic(model=model, tokenizer=tokenizer, out=out, state=state, like=like)
 
@@ -104,7 +104,7 @@ def _written_within(*, future: Future[Path], path: str, timeout: float, run_id: 
 def sync_failure_note(exc: SyncFailed) -> None:
     """Record a failed sync for the run page's weight-sync timeline and its live event
     (apps.runs.services.sync_failure_record); never raises, so that the failure itself is
-    what the caller sees. Here, not in workers.sync, which the GPU check imports without Django."""
+    what the caller sees. Here, not in workers.weights.sync, which the GPU check imports without Django."""
     try:
         sync_failure_record(run_id=exc.run_id, version=exc.version, method=exc.method, stage=exc.stage,
                             where=exc.where, worker=exc.worker, seconds=exc.seconds, message=exc.cause)

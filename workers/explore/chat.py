@@ -28,7 +28,7 @@ from apps.envapi.ports import reply_push, StreamWriter
 from kernel.jsontypes import JSONObject
 from rftweb.taskkit import celery_task
 from workers.engines import engine_cached, engine_for, SamplingSpec
-from workers.explorer import checkpoint_known, engine_at, VersionNotReady, worker_name
+from workers.explore.explorer import checkpoint_known, engine_at, VersionNotReady, worker_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

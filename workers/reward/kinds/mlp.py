@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, cast
 
-from workers.reward_kinds import reward_kind_impl_register
-from workers.reward_kinds.base_model import pad_of, rm_batch, rm_rows
-from workers.reward_kinds.ensemble import Ensemble, EnsembleKind, Rows
-from workers.reward_kinds.pair_fit import bootstrap_weights
+from workers.reward.kinds import reward_kind_impl_register
+from workers.reward.kinds.base_model import pad_of, rm_batch, rm_rows
+from workers.reward.kinds.ensemble import Ensemble, EnsembleKind, Rows
+from workers.reward.kinds.pair_fit import bootstrap_weights
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
 
     # The likelihood kind's statistics, from the file an exported likelihood version carries
     # (heavy: torch and transformers at its import).
-    from workers.likelihood_rm_hf import features_of
+    from workers.reward.likelihood_hf import features_of
 
     rows = rm_rows(tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern)
     pad = pad_of(tokenizer)

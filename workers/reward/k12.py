@@ -1,7 +1,7 @@
 """K-12 graders on the `reward` queue (apps/rewards/k12_rules.py says what they are).
 
 Both scorers take `(completions, tasks, *, run, **params)` and return one Verdict (a score
-on [0, 1] and its reason) per completion; workers/rewards.py stores the score as the term's
+on [0, 1] and its reason) per completion; workers/reward/scoring.py stores the score as the term's
 reward part and the reason in the experience's `metadata["reward_reasons"]`.
 
 - `k12_judge_verdicts`: the judge model through a rollout engine of workers/engines (the
@@ -11,7 +11,7 @@ reward part and the reason in the experience's `metadata["reward_reasons"]`.
   context (the demo model's 256 tokens cannot hold one: use a judge with a longer context).
 - `k12_learned_verdicts`: the run's newest K12Grader version, trained first when one is due
   (`k12_grader_train_run`: graded answers -> preference pairs per question -> TRL's
-  RewardTrainer through workers.reward_trainer.reward_model_fit, held-out accuracy on whole
+  RewardTrainer through workers.reward.trainer.reward_model_fit, held-out accuracy on whole
   questions, calibration onto the grade scale). Training claims the run's `k12_train`
   dispatch row under a lease (apps/runs/dispatch.py); a scorer that finds it held uses the
   newest version, or waits for the first.
@@ -50,8 +50,8 @@ from apps.rewards.ports import (
 from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
 from apps.feedback.ports import pair_is_heldout
 from workers.engines import engine_for, EngineWanted, prompt_ids, SamplingSpec
-from workers.reward_models import reward_model_load
-from workers.reward_trainer import calibration_fit, reward_model_fit, rm_score_texts
+from workers.reward.scorers import reward_model_load
+from workers.reward.trainer import calibration_fit, reward_model_fit, rm_score_texts
 
 if TYPE_CHECKING:
     from workers.engines.base import RolloutEngine
@@ -236,6 +236,6 @@ def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[object], *,
     return [Verdict(grader.calibrated(s), f"K-12 grader v{grader.version} (raw {s:.3f})") for s in raw_scores]
 
 
-# Scorers of workers/rewards.py that take the run and return verdicts.
+# Scorers of workers/reward/scoring.py that take the run and return verdicts.
 K12_SCORERS: dict[str, Callable[..., list[Verdict]]] = {"k12_judge": k12_judge_verdicts, "k12_learned": k12_learned_verdicts}
 

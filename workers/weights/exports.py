@@ -26,13 +26,13 @@ from django.db import InterfaceError, OperationalError
 from apps.control.ports import EXPORT_FAILURE, EXPORT_TASK, dispatch_begin, weights_export_of
 from apps.runs.ports import DispatchKind, task_failure_record
 from rftweb.taskkit import celery_bound_task
-from workers.adapters import model_export
+from workers.weights.adapters import model_export
 
 log = logging.getLogger(__name__)
 
 
 def weights_zip_write(*, source: str, target: Path) -> Path:
-    """Export the version at `source` (workers.adapters.model_export, merged) into a
+    """Export the version at `source` (workers.weights.adapters.model_export, merged) into a
     temporary directory beside `target` and zip it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="weights-export-", dir=target.parent) as tmp:

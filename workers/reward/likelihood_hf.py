@@ -10,11 +10,11 @@ The input is what rftweb's trainer sees: the prompt through the chat template wi
 assistant turn opened, then the completion's tokens and eos. Where the completion starts is
 read from `completion_mask` when given (1 on the completion's tokens), else found after the
 last occurrence of the chat template's assistant opening (`response_template`). The logit is
-the raw score w · z of workers/likelihood_rm.py; `config.calibration` holds the scale and
+the raw score w · z of workers/reward/likelihood.py; `config.calibration` holds the scale and
 offset that put it on the run's [0, 1] reward scale (clamped).
 
 Exported with transformers' `register_for_auto_class`, which copies this file into the
-directory, so it imports nothing of rftweb: workers/likelihood_rm.py computes its features
+directory, so it imports nothing of rftweb: workers/reward/likelihood.py computes its features
 with the functions below, and the two cannot drift apart.
 """
 

@@ -4,7 +4,7 @@ tokenises it (the prompt through the chat template, the completion's tokens, the
 into `max_length`, with the answer span's token range where `reward_model.answer_pattern`
 finds one: `rm_rows`).
 
-The span and the fitting into `max_length` are workers/likelihood_rm_hf.py's (`answer_span`,
+The span and the fitting into `max_length` are workers/reward/likelihood_hf.py's (`answer_span`,
 `truncated`): an exported `likelihood` version carries that file and computes its features
 with them, so they live there once. torch and transformers are imported when called.
 """
@@ -50,7 +50,7 @@ def rm_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
 def rm_completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
     """The completion's token ids (eos appended, as the trainer does) and the [start, end)
     token range of the answer span, None when there is none."""
-    from workers.likelihood_rm_hf import answer_span  # heavy: torch and transformers at its import
+    from workers.reward.likelihood_hf import answer_span  # heavy: torch and transformers at its import
 
     try:
         enc = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
@@ -69,7 +69,7 @@ def rm_rows(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], completi
     """Each (prompt, completion) as a Row, tokenised as the trainer tokenises it and fitted into
     `max_length` (the completion keeps its head, the prompt its tail); the answer span where
     `answer_pattern` (its first group, the last match) finds one."""
-    from workers.likelihood_rm_hf import truncated  # heavy: torch and transformers at its import
+    from workers.reward.likelihood_hf import truncated  # heavy: torch and transformers at its import
 
     pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
     rows: list[Row] = []

@@ -2,7 +2,7 @@
 preference pairs, how a saved version is recognised and loaded, how it scores.
 
 Registered under the same name as the kind's declaration (`kernel.reward_kinds`), which
-says what the config must know of it; workers/reward_trainer.py fits, publishes and scores
+says what the config must know of it; workers/reward/trainer.py fits, publishes and scores
 through these entries, never comparing kind names. Adding one: a module here (see `head.py`)
 listed in `_REGISTRY`'s built-ins, and its declaration. What the kinds share lives in
 modules of no kind: the base as they read it (`base_model.py`), the fitting on pairs
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 class OutOfFold(Protocol):
     """A cross-validated fit: each item scored by the fold's fit that never saw its prompt
-    (workers.likelihood_rm.LikelihoodScorer, workers.reward_kinds.ensemble.EnsembleFolds)."""
+    (workers.reward.likelihood.LikelihoodScorer, workers.reward.kinds.ensemble.EnsembleFolds)."""
 
     def fold_fitted(self, prompt: str) -> bool: ...
 
@@ -82,7 +82,7 @@ class RewardKindImpl:
 
     def export(self, *, source: str, out: str, scale: float, offset: float) -> Path:
         """The version at `source` as a directory `AutoModelForSequenceClassification`
-        loads (workers.reward_models.reward_model_export); ExportFailed where the kind has
+        loads (workers.reward.scorers.reward_model_export); ExportFailed where the kind has
         no such form."""
 
         raise ExportFailed(f"a {self.name!r} reward-model version cannot be exported as a transformers directory yet")

@@ -20,7 +20,7 @@ from apps.rewards.ports import reference_text, task_field
 from kernel.exceptions import ExportFailed
 from workers.engines.base import SamplingSpec
 from workers.engines import engine_for, EngineWanted
-from workers.reward_kinds import reward_kind_of_dir
+from workers.reward.kinds import reward_kind_of_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -291,9 +291,9 @@ BATCH_SCORERS: dict[str, Callable[..., list[float]]] = {"reward_model": reward_m
 
 def reward_model_export(*, source: str, out: str, scale: float, offset: float) -> Path:
     """A learned reward-model version as a directory `AutoModelForSequenceClassification`
-    loads, as its kind writes one (workers/reward_kinds/): a `classifier` version is one
+    loads, as its kind writes one (workers/reward/kinds/): a `classifier` version is one
     already (copied); a `likelihood` version is built as one (trust_remote_code=True;
-    workers/likelihood_rm_hf.py)."""
+    workers/reward/likelihood_hf.py)."""
 
     if not Path(source).is_dir():
         raise ExportFailed(f"{source} is not a saved reward model directory (is the run's storage mounted here?)")

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from kernel.config import AdapterConfig
-from workers.adapters import adapter_load, adapter_wrap
-from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
-from workers.reward_kinds.base_model import Row, causal_lm_load, pad_of, rm_batch, rm_rows
-from workers.reward_kinds.pair_fit import bradley_terry_fit, pair_texts, pair_weights
-from workers.reward_trainer import scorer_accuracy
+from workers.weights.adapters import adapter_load, adapter_wrap
+from workers.reward.kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.reward.kinds.base_model import Row, causal_lm_load, pad_of, rm_batch, rm_rows
+from workers.reward.kinds.pair_fit import bradley_terry_fit, pair_texts, pair_weights
+from workers.reward.trainer import scorer_accuracy
 
 if TYPE_CHECKING:
     import torch
@@ -208,7 +208,7 @@ def lora_reward_fit(*, base: str, train: list[PreferencePair], max_length: int, 
 
 
 def base_copy(base: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A copy of the resident base (workers.reward_kinds.base_model.causal_lm_load, shared with
+    """A copy of the resident base (workers.reward.kinds.base_model.causal_lm_load, shared with
     the other kinds) of this version's own: peft writes the adapter's layers into the model it
     wraps, and merging writes into its weights."""
     import copy

@@ -1,5 +1,5 @@
 """The one builder of the models made locally (no model hub): the text demo model
-(workers/demo_model.py) and the tiny vision-language model (workers/vision_model.py) are
+(workers/models/demo.py) and the tiny vision-language model (workers/models/vision_demo.py) are
 each a `Recipe` of it, built by `manage.py rft_demo_model` / `rft_vision_model` (one
 command, apps/cli/model_build.py).
 

@@ -1,8 +1,8 @@
-"""The answers of a blind side-by-side evaluation (apps/evaluation): `workers.blind.
+"""The answers of a blind side-by-side evaluation (apps/evaluation): `workers.explore.blind.
 answers_generate(evaluation_id)` on the `rollout` queue.
 
 For every (version, prompt, seed) the evaluation lacks an answer for, the version is loaded
-through the run's own engine path (`workers.explorer.engine_at`, as the held-out evaluation
+through the run's own engine path (`workers.explore.explorer.engine_at`, as the held-out evaluation
 does: the resident engine, the weight handover, the load recorded) and sampled with the run's
 `eval.sampling` at the evaluation's recorded seed; the answers are written through
 apps/evaluation/ports.py, cached by (run, version, prompt, seed), so a version answers a
@@ -25,7 +25,7 @@ from apps.evaluation.ports import AnswerNeed, answer_record, answers_needed, eva
 from apps.runs.ports import run_view
 from rftweb.taskkit import celery_task
 from workers.engines import SamplingSpec, prompt_ids
-from workers.explorer import engine_at, worker_name
+from workers.explore.explorer import engine_at, worker_name
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """`classifier` on the worker: a scalar-head sequence classifier trained whole with TRL's
-RewardTrainer (workers.reward_trainer.reward_model_fit)."""
+RewardTrainer (workers.reward.trainer.reward_model_fit)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
-from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
-from workers.adapters import model_export
-from workers.reward_models import reward_model_load
-from workers.reward_trainer import reward_model_fit, rm_score_texts
+from workers.reward.kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.weights.adapters import model_export
+from workers.reward.scorers import reward_model_load
+from workers.reward.trainer import reward_model_fit, rm_score_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -1,4 +1,4 @@
-"""`likelihood` on the worker: workers/likelihood_rm.py behind the kinds' interface."""
+"""`likelihood` on the worker: workers/reward/likelihood.py behind the kinds' interface."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
-from workers.reward_kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
+from workers.reward.kinds import Fitted, KindScorer, RewardKindImpl, reward_kind_impl_register
 
 if TYPE_CHECKING:
     from apps.runs.ports import RewardModelConfig
-    from workers.likelihood_rm import LikelihoodScorer
+    from workers.reward.likelihood import LikelihoodScorer
 
 
 class _Scorer(KindScorer):
@@ -28,7 +28,7 @@ class Likelihood(RewardKindImpl):
 
     def fit(self, *, cfg: RewardModelConfig, base: str, train: list[PreferencePair], heldout: list[PreferencePair],
             out: Path, seed: int) -> Fitted:
-        from workers.likelihood_rm import likelihood_model_fit
+        from workers.reward.likelihood import likelihood_model_fit
 
         scorer, accuracy = likelihood_model_fit(base=base, train=train, heldout=heldout, out=out,
                                                 max_length=cfg.max_length, answer_pattern=cfg.answer_pattern or None,
@@ -41,16 +41,16 @@ class Likelihood(RewardKindImpl):
         return Fitted(_Scorer(scorer), accuracy, train, heldout)
 
     def owns(self, path: Path) -> bool:
-        from workers.likelihood_rm import is_likelihood_dir
+        from workers.reward.likelihood import is_likelihood_dir
 
         return is_likelihood_dir(path)
 
     def load(self, path: str, *, max_length: int, batch_size: int) -> KindScorer:
-        from workers.likelihood_rm import likelihood_model_load
+        from workers.reward.likelihood import likelihood_model_load
 
         return _Scorer(likelihood_model_load(path), batch_size)
 
     def export(self, *, source: str, out: str, scale: float, offset: float) -> Path:
-        from workers.likelihood_rm import likelihood_model_export
+        from workers.reward.likelihood import likelihood_model_export
 
         return likelihood_model_export(source=source, out=out, scale=scale, offset=offset)

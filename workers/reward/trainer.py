@@ -2,10 +2,10 @@
 
 `reward_model_train` derives preference pairs from every kind of feedback
 (apps.feedback.preferences), splits them by prompt into a training and a held-out share,
-fits the run's kind of reward model (`reward_model.kind`, a registry: workers/reward_kinds/):
+fits the run's kind of reward model (`reward_model.kind`, a registry: workers/reward/kinds/):
 `head` (the default: an ensemble of scalar heads on the pooled hidden states of the run's own
 model), `likelihood` (the base's token log-likelihoods weighed by a Bradley-Terry model,
-workers/likelihood_rm.py) or `classifier` (a scalar-head sequence classifier trained with
+workers/reward/likelihood.py) or `classifier` (a scalar-head sequence classifier trained with
 TRL's `RewardTrainer`, saved where `AutoModelForSequenceClassification` loads it), measures
 pairwise accuracy on the held-out pairs, and publishes it as the run's next reward-model version. `reward_model_score` scores
 the experiences no person rated with the newest version, in batches, each score recording
@@ -52,14 +52,14 @@ from apps.runs.ports import reward_kind_get
 from apps.runs.ports import DispatchKind, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
 from rftweb.taskkit import celery_bound_task, celery_task, on_signal
-from workers.reward_kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
+from workers.reward.kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
 from kernel.exceptions import ExportFailed
-from workers.reward_models import reward_model_export, rm_text
+from workers.reward.scorers import reward_model_export, rm_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from workers.reward_kinds import OutOfFold
+    from workers.reward.kinds import OutOfFold
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _base_of(run: Run) -> str:
 
 
 def rm_texts_tokenize(tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], *, max_length: int) -> list[list[int]]:
-    """Token ids of (prompt, completion) as the scorer sees them (workers.reward_models)."""
+    """Token ids of (prompt, completion) as the scorer sees them (workers.reward.scorers)."""
 
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -382,7 +382,7 @@ def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | boo
 
 
 def reward_model_zip_write(*, rm: RewardModel, target: Path) -> Path:
-    """Export `rm` (workers.reward_models.reward_model_export) into a temporary directory
+    """Export `rm` (workers.reward.scorers.reward_model_export) into a temporary directory
     and zip it, stored (weights do not compress), under a temporary name renamed into place."""
     import os
     import zipfile

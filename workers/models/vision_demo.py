@@ -1,7 +1,7 @@
 """The local tiny vision-language model: an Idefics3 (SmolVLM-style) model that counts squares.
 
 No hub is reachable, so tests, benches and the demo build their VLM here, the way
-`workers/demo_model.py` builds the text demo model: a byte-level BPE tokenizer, a SigLIP-like
+`workers/models/demo.py` builds the text demo model: a byte-level BPE tokenizer, a SigLIP-like
 vision tower (one layer, 8×8 patches of a 32×32 image), Idefics3's pixel-shuffle connector
 (4 image tokens) and a small Llama text model, all with a seeded random init, then a short
 supervised warm-up on generated pictures ("How many squares are in the image?" over a white
@@ -15,7 +15,7 @@ CPU torch (STACK-NOTES); vLLM's Idefics3 / SmolVLM path and transformers' PIL im
 processor for it need no torchvision. Text attention heads are 32 wide: vLLM's CPU
 attention refuses 16.
 
-The build is a recipe of workers/model_build.py, as the demo model's is: a fresh process
+The build is a recipe of workers/models/build.py, as the demo model's is: a fresh process
 with the numerics pinned, cached by a manifest (`rft-vision.json`) recording settings and
 library versions. The model directory also holds the demo taskset in the import format:
 `vision-taskset.zip` with `tasks.jsonl` (prompt, answer, domain "vision", an `image` path
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
     from transformers import ProcessorMixin
 
-from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
-from workers.modelkit import tokenizer_build
+from workers.models.build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.models.tiny import tokenizer_build
 
 MANIFEST = "rft-vision.json"
 TASKSET_ZIP = "vision-taskset.zip"
@@ -54,7 +54,7 @@ COLOURS = ((220, 30, 30), (30, 150, 40), (40, 60, 220), (240, 150, 20), (150, 40
 
 # Content parts: `{"type": "image"}` renders the processor's `<image>` placeholder, which
 # the Idefics3 processor (and vLLM) expand into the image's tokens. Otherwise the turns of
-# workers/modelkit.py's template (no tools here).
+# workers/models/tiny.py's template (no tools here).
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
@@ -88,7 +88,7 @@ class VisionSettings:
 
 
 VisionResult = BuildResult[VisionSettings]
-BUILD = Recipe(name="vision model", module="workers.vision_model", manifest=MANIFEST, taskset=TASKSET_ZIP,
+BUILD = Recipe(name="vision model", module="workers.models.vision_demo", manifest=MANIFEST, taskset=TASKSET_ZIP,
                versions=VERSIONED, settings_type=VisionSettings)
 
 

@@ -11,13 +11,13 @@ still finds every version on disk), plus a broadcast of the tensors from the tra
 to the explorers' GPUs over an NCCL group, so explorers need not read the files.
 
 Both publish through `apps.runs.services.model_version_publish`; which one a trainer uses is
-`settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.adapters): the
+`settings.RFT_WEIGHT_SYNC`. A LoRA run's versions are its adapter (workers.weights.adapters): the
 same paths move megabytes instead of the whole model. Each publish reports the bytes it
 wrote or sent and the seconds it took, and `weights.synced` carries both.
 
 Every sync is bounded by the run's `sync_timeout_s` (`sync_bounded`, NcclSync's per-tensor
 waits): one that stalls or fails raises `SyncFailed` naming what and where, which the caller
-records on the run's weight-sync timeline (`workers.handover.sync_failure_note`) instead of hanging.
+records on the run's weight-sync timeline (`workers.weights.handover.sync_failure_note`) instead of hanging.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from kernel.exceptions import Unavailable
-from workers.adapters import adapter_save, is_adapter_dir, is_adapter_model
+from workers.weights.adapters import adapter_save, is_adapter_dir, is_adapter_model
 
 if TYPE_CHECKING:
     from django.conf import LazySettings
@@ -57,7 +57,7 @@ class SyncFailed(Unavailable):
 
     Raised instead of waiting for ever (issue 66: TRL's weight sync hangs when a process is
     lost). The caller records it for the run page's weight-sync timeline
-    (`workers.handover.sync_failure_note`)."""
+    (`workers.weights.handover.sync_failure_note`)."""
 
     def __init__(self, *, method: str, stage: str, run_id: int, version: int, where: str, worker: str,
                  seconds: float, cause: str) -> None:
@@ -505,7 +505,7 @@ class SyncReceiver:
             try:
                 got = self.sync.receive()
             except SyncFailed as exc:
-                # For the run's timeline: the explorer notes it (workers.explorer.engine_at).
+                # For the run's timeline: the explorer notes it (workers.explore.explorer.engine_at).
                 self.failure = exc
                 logging.getLogger(__name__).exception("weight sync receiver stopped; explorers load checkpoints")
                 return

@@ -31,8 +31,8 @@ from apps.rewards.ports import (
 from apps.runs.ports import RunView, run_view
 from kernel.config import RewardTerm
 from rftweb.taskkit import celery_bound_task
-from workers.k12 import K12_SCORERS, Verdict
-from workers.reward_models import BATCH_SCORERS
+from workers.reward.k12 import K12_SCORERS, Verdict
+from workers.reward.scorers import BATCH_SCORERS
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def rewards_remote_score(
     whether a scorer raised, which a retry may cure).
 
     Batch scorers (models) get every experience that awaits the same term in one call. The
-    K-12 graders (workers/k12.py) also get the run and give a reason with each score, which
+    K-12 graders (workers/reward/k12.py) also get the run and give a reason with each score, which
     lands in `reasons` (by experience id, then term key) when given.
     """
 

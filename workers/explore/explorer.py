@@ -12,7 +12,7 @@ each (attempt, sample) once. Nothing is written for a run that is not running.
 Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
 the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
 Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there), as does
-the OpenAI-style `workers.explorer.chat`, whose module is workers/chat.py.
+the OpenAI-style `workers.explorer.chat`, whose module is workers/explore/chat.py.
 Importing this module is cheap (no torch: the engines package, the handover and vision
 modules load torch only inside their functions), so the web side can send these tasks by
 name without loading any model code.
@@ -66,8 +66,8 @@ from workers.engines import (
     engine_version_ensure,
     prompt_ids,
 )
-from workers.handover import handover_apply, handover_has, sync_failure_note
-from workers.sync import SyncFailed, receiver_failure_take, sync_bounded, sync_method
+from workers.weights.handover import handover_apply, handover_has, sync_failure_note
+from workers.weights.sync import SyncFailed, receiver_failure_take, sync_bounded, sync_method
 from workers.vision import images_open, stored_ids, vision_prompt
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def model_version_path(*, run: RunView, version: int) -> str:
             _CHECKPOINTS.clear()
         _CHECKPOINTS[(run.pk, version)] = checkpoint
     if not handover_has(checkpoint) and not os.path.exists(checkpoint):
-        # MemorySync records a version before its files are written (workers/handover.py);
+        # MemorySync records a version before its files are written (workers/weights/handover.py);
         # past the run's bound a missing directory is a failed sync (storage not shared with
         # the trainer's host, a write lost), not a version to wait for forever.
         age = version_published_age(run_id=run.pk, number=version)

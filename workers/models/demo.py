@@ -16,7 +16,7 @@ run's reward terms (math_accuracy on the tag, math_format, strict or not) score 
 alike; the warm-up draws no style from any preference, it only shows them.
 
 Same files on another machine too, as far as the CPU allows: the build is a recipe of
-workers/model_build.py (as the tiny VLM's is), run in a fresh Python process with its
+workers/models/build.py (as the tiny VLM's is), run in a fresh Python process with its
 numerics pinned. Different torch / transformers / tokenizers versions may give other files
 (weight init and kernels move between releases): the manifest (`rft-demo.json`) records
 them and a build with other versions is not "current"; a build into a directory that
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 # The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
 from kernel.preferences import number_words
-from workers.model_build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
-from workers.modelkit import causal_lm_build, tokenizer_build
+from workers.models.build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.models.tiny import causal_lm_build, tokenizer_build
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +102,7 @@ class DemoSettings:
 
 
 DemoResult = BuildResult[DemoSettings]
-BUILD = Recipe(name="demo model", module="workers.demo_model", manifest=MANIFEST, taskset=TASKSET_FILE,
+BUILD = Recipe(name="demo model", module="workers.models.demo", manifest=MANIFEST, taskset=TASKSET_FILE,
                versions=VERSIONED, settings_type=DemoSettings)
 
 
@@ -315,7 +315,7 @@ def demo_model_build(
     log: Callable[[str], None] = print,
 ) -> DemoResult:
     """Build (or find already built) the demo model and its taskset in `out`, in a pinned
-    child process (workers/model_build.py); its log lines come back through `log`, its
+    child process (workers/models/build.py); its log lines come back through `log`, its
     progress bar on stderr."""
     return model_build(BUILD, out=out, settings=settings or DemoSettings(), force=force, progress=progress, log=log)
 

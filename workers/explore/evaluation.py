@@ -38,7 +38,7 @@ from apps.buffer.ports import taskset_tasks
 from apps.rewards.ports import answer_verdict, rewards_inline
 from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
 from workers.engines import SamplingSpec
-from workers.explorer import engine_at, task_prompt, worker_name
+from workers.explore.explorer import engine_at, task_prompt, worker_name
 
 from rftweb.taskkit import celery_task
 
