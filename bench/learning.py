@@ -3,7 +3,7 @@ corrections) and SFT alone on the same corrections.
 
 The loop runs in this process, step by step, through the real code: `workers.explore.explorer.explore`
 samples and scores (math_accuracy + 0.1 × math_format) into the Postgres buffer, and
-`workers.trainer.trainer_step` claims the batch, steps TRL's loss, saves and publishes the
+`workers.trainer.step.trainer_step` claims the batch, steps TRL's loss, saves and publishes the
 version the next explore step loads. No Celery (so the clock measures the loop, not queue
 latency). Expert corrections are written as the annotation UI writes a human correction
 (`feedback_edit`'s row: text only, `is_expert`, source human, reward 1) through

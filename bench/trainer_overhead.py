@@ -6,7 +6,7 @@ clipping, optimizer step: what a hand-written loop around TRL costs at least.
 Ours, two ways:
 - the learner step (`workers.algorithms.Learner.step`): experiences → advantages, padding,
   π_old, TRL's loss, backward, clip, step, metrics;
-- the whole task body (`workers.trainer.trainer_step`) against Postgres: readiness check,
+- the whole task body (`workers.trainer.step.trainer_step`) against Postgres: readiness check,
   claim under a lease, the learner step, the trainer-state checkpoint, ack, metrics.
 
 Prints a table and, on the last line, the whole-step ratio against the baseline.

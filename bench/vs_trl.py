@@ -5,7 +5,7 @@ rftweb, and rftweb's loop in one process and as real Celery workers.
     taskset as a conversational dataset, the reward functions rftweb registers
     (math_accuracy + 0.1 × math_format, the same code).
 (b) `inproc`: rftweb's loop in this process, what bench/learning runs: `workers.explore.explorer.explore`
-    then `workers.trainer.trainer_step`, sync mode (every step on the newest weights, like
+    then `workers.trainer.step.trainer_step`, sync mode (every step on the newest weights, like
     TRL), through Postgres.
 (c) `celery`: rftweb's whole loop with real Celery workers (conductor, explorer, trainer) on
     Postgres and Redis, async mode (max_staleness 2): exploring overlaps training.

@@ -495,7 +495,7 @@ class LearnerGroup:
 
     def step(self, batch: TrainBatch, *, entry: bytes) -> dict[str, float]:
         """One update on `batch` by every rank. `entry`: the batch as the journal encodes it
-        (workers.trainer.journal_encode), RNG state included, which is what followers decode."""
+        (workers.trainer.journal.journal_encode), RNG state included, which is what followers decode."""
 
         try:
             self.whole_release()
