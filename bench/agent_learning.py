@@ -51,7 +51,7 @@ def agent_config(*, rounds: int, tasks: int, group: int) -> dict[str, Any]:
 def held_out_rewards(client: Any, *, model: str, problems: list[tuple[int, str, int]]) -> list[float]:
     """The agent's reward per held-out problem, greedy, nothing recorded."""
     from examples.calculator_agent import CALC_TOOL_COMPACT, episode_play
-    from workers.demo_model import answer_of, problem_text
+    from workers.models.demo import answer_of, problem_text
 
     rewards = []
     for i, problem in enumerate(problems):
@@ -92,7 +92,7 @@ def _train(args: argparse.Namespace, url: str) -> None:
     from examples.calculator_agent import CALC_TOOL_COMPACT, agent_run
     from rftweb.client import RftClient
     from tests.factories import make_run, make_user
-    from workers.demo_model import DemoSettings, _problems
+    from workers.models.demo import DemoSettings, _problems
 
     owner = make_user(f"bench-agent-{os.getpid()}")
     taskset = demo_taskset_import(owner=owner, model_dir=DEMO_DIR)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT),
                RFT_ROLLOUT_TIMEOUT_SECONDS="300", RFT_STORAGE_DIR=str(logs / "storage"), RFT_CONDUCT_SECONDS="0.3")
     procs = [bench_worker("trainer", "train", ["workers.trainer"], env=env, logs=logs),
-             bench_worker("explorer", "rollout", ["workers.explorer"], env=env, logs=logs),
+             bench_worker("explorer", "rollout", ["workers.explore.explorer"], env=env, logs=logs),
              bench_worker("conductor", "default", [], env=env, logs=logs, beat=True)]
     port = free_port()
     procs.append(subprocess.Popen(

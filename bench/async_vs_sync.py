@@ -27,7 +27,7 @@ run N (e + t) / (min(e, t) + N max(e, t)), since the first explore step has noth
 with (explore 0.39 s, train 0.54 s, 16 steps: 1.72 a step, 1.65 over the run, so 1.6 leaves
 3% for everything else).
 
-Needs the explorer (`workers.explorer`, `workers.demo_model`).
+Needs the explorer (`workers.explore.explorer`, `workers.models.demo`).
 
 Measured 2026-11-23 (round 10), defaults, quiet 2-core host: 1.59 (sync 16.8 s, async 10.6 s,
 load 0.6-0.8) and 1.54 (15.4 / 10.0 s, load 0.9-1.0); explore 0.38-0.40 s and train 0.50-0.58 s a
@@ -163,7 +163,7 @@ def main() -> None:
     from django.contrib.auth.models import User
 
     from apps.buffer.importers import taskset_import
-    from workers.demo_model import TASKSET_FILE, demo_model_build
+    from workers.models.demo import TASKSET_FILE, demo_model_build
 
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
     owner, _ = User.objects.get_or_create(username="bench-async")
@@ -175,7 +175,7 @@ def main() -> None:
     procs = [
         _worker("conductor", "default", [], env, tmp),  # first: its pid is read for the CPU per beat
         _worker("trainer", "train", ["workers.trainer"], env, tmp),
-        _worker("explorer", "rollout", ["workers.explorer"], env, tmp),
+        _worker("explorer", "rollout", ["workers.explore.explorer"], env, tmp),
     ]
     results: list[_Timed] = []
     try:

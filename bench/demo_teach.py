@@ -147,7 +147,7 @@ def _json(value: object) -> dict[str, Any]:
 
 def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int,
                rm_gate: str | None = None) -> tuple[Demo, int, int]:
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     model = demo_model_build(out=DEMO_DIR, progress=True).out
     # The embedded default, as `make run` serves it: no DATABASE_URL or REDIS_URL (with Redis,
@@ -274,7 +274,7 @@ def start_evaluate(demo: Demo, *, people: int, twin: int) -> None:
     """Evaluate both runs' version 0, the model they both start from, before they start: each
     run's gain is then counted from the same point (the demo evaluates every second version,
     and by the people run's first, step 2, people's labels have already moved it)."""
-    demo.manage("shell", "-c", "from workers.evaluation import evaluate_version; "
+    demo.manage("shell", "-c", "from workers.explore.evaluation import evaluate_version; "
                                f"evaluate_version(run_id={people}, version=0); evaluate_version(run_id={twin}, version=0)")
 
 

@@ -1,9 +1,9 @@
 """Held-out accuracy against wall-clock on the demo task: GRPO, MIX (GRPO plus expert
 corrections) and SFT alone on the same corrections.
 
-The loop runs in this process, step by step, through the real code: `workers.explorer.explore`
+The loop runs in this process, step by step, through the real code: `workers.explore.explorer.explore`
 samples and scores (math_accuracy + 0.1 × math_format) into the Postgres buffer, and
-`workers.trainer.trainer_step` claims the batch, steps TRL's loss, saves and publishes the
+`workers.trainer.step.trainer_step` claims the batch, steps TRL's loss, saves and publishes the
 version the next explore step loads. No Celery (so the clock measures the loop, not queue
 latency). Expert corrections are written as the annotation UI writes a human correction
 (`feedback_edit`'s row: text only, `is_expert`, source human, reward 1) through
@@ -11,7 +11,7 @@ latency). Expert corrections are written as the annotation UI writes a human cor
 
 Accuracy is greedy `<answer>` accuracy on the demo model's 200 held-out problems (never in
 the taskset), of each published version, measured off the clock; each evaluation also prints
-the expected accuracy at temperature 1 (`workers.demo_model.expected_accuracy`), which moves
+the expected accuracy at temperature 1 (`workers.models.demo.expected_accuracy`), which moves
 with every step where greedy accuracy on 200 problems moves by luck. It counts a right answer
 in any of the warm-up's four forms since the demo model's RECIPE 7 (2026-11-26; the figures
 below, of RECIPE 4-6, count the bare form only, most of what those models wrote).
@@ -113,8 +113,8 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _problems, greedy_accuracy
-    from workers.handover import pending_wait
+    from workers.models.demo import DemoSettings, _problems, greedy_accuracy
+    from workers.weights.handover import pending_wait
 
     pending_wait()  # the in-memory handover writes the version's files in the background
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # the reloaded one, as engines see it
@@ -124,12 +124,12 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
 
 
 def _expected_accuracy(model_dir: str, tokenizer_dir: Path) -> float:
-    """Held-out expected accuracy at temperature 1 (workers.demo_model.expected_accuracy):
+    """Held-out expected accuracy at temperature 1 (workers.models.demo.expected_accuracy):
     what GRPO raises, with far less noise than greedy accuracy on 200 problems."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _problems, expected_accuracy
+    from workers.models.demo import DemoSettings, _problems, expected_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -144,7 +144,7 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
     from apps.buffer.services import task_attempts_create
     from apps.runs.models import Run
     from apps.runs.services import run_create
-    from workers.demo_model import TASKSET_FILE
+    from workers.models.demo import TASKSET_FILE
 
     taskset = taskset_import(name=f"demo {algorithm}", path=demo / TASKSET_FILE, owner=owner)
     config = _config(algorithm, model=str(demo), steps=steps, lr=lr, loss_type=loss_type, seed=seed)
@@ -169,8 +169,8 @@ def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: 
 def _steps(algorithm: str, *, run: Any, steps: int, eval_every: int, demo: Path, seed: int,
            points: list[tuple[int, float, float]], base_expected: float, step_times: list[float] | None) -> None:
     from apps.runs.models import ModelVersion
-    from workers.explorer import explore
-    from workers.trainer import trainer_step
+    from workers.explore.explorer import explore
+    from workers.trainer.step import trainer_step
 
     explores = algorithm != "sft"
     clock = 0.0
@@ -246,7 +246,7 @@ def _in_this_process(args: argparse.Namespace, *, seeds: list[int], algorithms: 
     import torch
     from django.contrib.auth.models import User
 
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     torch.set_num_threads(1)
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
@@ -269,7 +269,7 @@ def _in_this_process(args: argparse.Namespace, *, seeds: list[int], algorithms: 
 def _in_processes(args: argparse.Namespace, *, seeds: list[int], algorithms: list[str]) -> tuple[Results, list[float]]:
     """Each (algorithm, seed) run in a child process of its own, `--jobs` at a time, in the
     order seed by seed (a seed's algorithms side by side see the same load)."""
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     setup_django()  # migrate once here: children migrating at the same time would race
     demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)  # built once, before the children read it

@@ -257,9 +257,9 @@ def loop_start(*, env: dict[str, str], logs: Path) -> tuple[list[subprocess.Pope
     from rftweb.celery import app
 
     procs = [bench_worker("conductor", "default", [], env=env, logs=logs, beat=True),
-             bench_worker("explorer", "rollout", ["workers.explorer"], env=env, logs=logs),
+             bench_worker("explorer", "rollout", ["workers.explore.explorer"], env=env, logs=logs),
              bench_worker("trainer", "train", ["workers.trainer"], env=env, logs=logs),
-             bench_worker("reward", "reward", ["workers.rewards", "workers.reward_trainer"], env=env, logs=logs)]
+             bench_worker("reward", "reward", ["workers.reward.scoring", "workers.reward.trainer"], env=env, logs=logs)]
     port = free_port()
     procs.append(subprocess.Popen(compose_web_command(port=port, workers=1), cwd=ROOT, env=server_env(env),
                                   stdout=(logs / "web.log").open("wb"), stderr=subprocess.STDOUT))
@@ -323,7 +323,7 @@ def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int,
     from apps.control.twins import run_twin_create
     from apps.runs.models import RunMember
     from apps.runs.services import run_create
-    from workers.demo_model import TASKSET_FILE
+    from workers.models.demo import TASKSET_FILE
 
     taskset = taskset_import(name=f"live {preference.seed} {seed}", path=demo / TASKSET_FILE, owner=owner)
     config, _ = live_config(model=str(demo), steps=steps, seed=seed, wait=wait)
@@ -587,7 +587,7 @@ def main() -> None:
     from django.conf import settings
     from django.contrib.auth.models import User
 
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     torch.set_num_threads(1)
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -22,7 +22,7 @@ from 0.99 to 1.53 between runs with the load; neighbouring rounds share the load
 median of their ratios is the figure. The CPU milliseconds per request are the steadier
 profile: in Nov 2026 (load 7-15) the worker spent 33-35 ms per call against the engine's
 28-30 ms per generation, daphne 9-12 ms. With the worker reading nothing from the database
-per call (it keeps the run per config digest, workers/chat.py), paired runs at load 3.4-5.8:
+per call (it keeps the run per config digest, workers/explore/chat.py), paired runs at load 3.4-5.8:
 worker minus engine CPU per call 2.7-8.0 ms (median of each run's rounds) against 8.4-11.2 ms
 before; the wall-clock ratio's median 1.30-1.81 (before 1.71-1.95): the host's noise swamps it.
 Later in Nov 2026 the engine took ~95 ms of CPU per generation on this host, swinging ±10%
@@ -59,7 +59,7 @@ from bench.common import BENCH_DB, ROOT, free_port, percentile, processes_stop, 
 
 
 def _model(out: Path) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     if not (out / "model.safetensors").exists():
         tiny_model_save(out, hidden_size=128, layers=4, heads=4, max_positions=512, vocab_size=384)
@@ -184,7 +184,7 @@ def main() -> None:
     from apps.envapi.services import api_key_create
     from rftweb.celery import app
     from tests.factories import make_run, make_user
-    from workers.chat import chat_prompt_ids
+    from workers.explore.chat import chat_prompt_ids
     from workers.engines import SamplingSpec, engine_create
 
     torch.set_num_threads(1)
@@ -209,7 +209,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-P", "solo", "-Q", "rollout", "-n", f"bench-{os.getpid()}@%h",
-         "--include", "workers.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
+         "--include", "workers.explore.explorer", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
         cwd=ROOT, env=env, stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT,
     )
     port = free_port()

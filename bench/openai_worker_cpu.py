@@ -74,7 +74,7 @@ def serve(args: argparse.Namespace) -> None:
                   + (f"  (profiled, {args.profile})" if profile is not None else ""), flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    app.worker_main(["worker", "-P", "solo", "-Q", "rollout", "-n", f"cpu-{os.getpid()}@%h", "--include", "workers.explorer",
+    app.worker_main(["worker", "-P", "solo", "-Q", "rollout", "-n", f"cpu-{os.getpid()}@%h", "--include", "workers.explore.explorer",
                      "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"])
 
 

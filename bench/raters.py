@@ -99,7 +99,7 @@ def checked(rate: Callable[[str, str], object], *, name: str) -> Rating:
 # The three raters above are the ones the bench was built with; a figure read on them alone
 # says how far the mechanism was tuned to them. `preference_draw(seed)` draws a preference
 # from a space wide enough that tuning to one draw does not pay: likes and dislikes of each
-# form the demo model writes (workers/demo_model.STYLES: the bare answer, the working first,
+# form the demo model writes (workers/models/demo.STYLES: the bare answer, the working first,
 # the number in words, a preamble; and no tagged answer at all), of a word or phrase, of a
 # length band, combinations of these, combinations with a right answer, a person's own
 # partial-credit scale (2s, 3s and 4s, not only 1 and 5) and a noise level. Each part gives a

@@ -1,8 +1,8 @@
 """How well the run's learned reward model ranks held-out pairs, by kind, base and labels.
 
 The reward model of `learned` runs, of each kind (`reward_model.kind`): `likelihood`
-(workers/likelihood_rm.py `likelihood_model_fit`: the base's token log-likelihoods weighed by a
-Bradley-Terry model) and `classifier` (workers/reward_trainer.py `reward_model_fit`: TRL
+(workers/reward/likelihood.py `likelihood_model_fit`: the base's token log-likelihoods weighed by a
+Bradley-Terry model) and `classifier` (workers/reward/trainer.py `reward_model_fit`: TRL
 RewardTrainer) — the same calls the `reward` worker makes — is fitted on preference pairs
 made the way the run makes them from ratings: the steering bench's scripted rater rates each
 sampled completion of the demo taskset 5 when its `<answer>` is right and 1 when it is wrong,
@@ -37,7 +37,7 @@ judge base only; over the policy base no kind gets past what the policy knows.
                                  [--rater SPEC | --raters generated:N [--raters-start 0]] [--max-tokens 12]
                                  [--problems N] [--heldout-groups 96]
 
-Any registered kind is fitted as the reward worker fits it (`workers/reward_kinds`, no folds: the
+Any registered kind is fitted as the reward worker fits it (`workers/reward/kinds`, no folds: the
 held-out groups are the split; `--epochs`: the passes of the kinds that train the base, `lora`).
 Each fit's line gives its wall and CPU seconds. Measured 2026-11-26 on the drawn family
 (`--raters generated:8 --labels 200 --bases policy --max-tokens 32`, seeds 0 / 1, load 0.3-19),
@@ -75,7 +75,7 @@ ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
 def judge_settings() -> Any:
-    from workers.demo_model import DemoSettings
+    from workers.models.demo import DemoSettings
 
     # A judge of arithmetic: bare answers only (styles would only lengthen its long warm-up).
     return DemoSettings(target_accuracy=0.9, steps=3000, styled=0.0)
@@ -88,7 +88,7 @@ def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12, problems: int 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _encode, _problems, answer_of, problem_text
+    from workers.models.demo import DemoSettings, _encode, _problems, answer_of, problem_text
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -129,11 +129,11 @@ def rated(rows: list[dict[str, Any]], rating: Any, *, noise: float = 0.0, seed: 
 
 
 def kind_fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int, epochs: int = 6) -> float | None:
-    """A registered kind's fit as the reward worker makes it (workers/reward_kinds), held-out
+    """A registered kind's fit as the reward worker makes it (workers/reward/kinds), held-out
     accuracy on `heldout` (no folds: the bench's held-out groups are the split). `epochs`: the
     passes of the kinds that train the base (`lora`), bench/steering's 6 by default."""
     from kernel.config import RewardModelConfig
-    from workers.reward_kinds import reward_kind_impl
+    from workers.reward.kinds import reward_kind_impl
 
     cfg = RewardModelConfig(enabled=True, kind=kind, base=base, max_length=64, crossval_folds=0, epochs=epochs)
     with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
@@ -167,7 +167,7 @@ def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.reward_models import rm_text
+    from workers.reward.scorers import rm_text
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
@@ -195,8 +195,8 @@ def likelihood_accuracy(base: Path, rows: list[dict[str, Any]], groups: set[str]
 
 
 def _fit(kind: str, *, base: str, train: list[Any], heldout: list[Any], seed: int, args: argparse.Namespace) -> float:
-    from workers.likelihood_rm import likelihood_model_fit
-    from workers.reward_trainer import reward_model_fit
+    from workers.reward.likelihood import likelihood_model_fit
+    from workers.reward.trainer import reward_model_fit
 
     with tempfile.TemporaryDirectory(prefix="rm-bench-") as tmp:
         if kind == "likelihood":
@@ -267,7 +267,7 @@ def main() -> None:
 
     import torch
 
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)

@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one version")
     args = parser.parse_args()
 
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     model = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     url, drop = scratch_database(BENCH_DB, "rm_latency")
@@ -61,7 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rft-rm-latency-") as tmp:
         logs = Path(tmp)
         env["RFT_STORAGE_DIR"] = str(logs / "storage")
-        worker = bench_worker("reward", "reward", ["workers.reward_trainer"], env=env, logs=logs)
+        worker = bench_worker("reward", "reward", ["workers.reward.trainer"], env=env, logs=logs)
         try:
             # People label a running system: the clock starts once the worker answers.
             worker_wait(seconds=args.timeout, log=logs / "reward.log")

@@ -4,7 +4,7 @@ Same prompts, same sampling (temperature 1, n samples per prompt, up to `--token
 tokens), both engines given both cores. Prints tokens/s of each and, on the last line, the
 ratio vLLM / transformers (target >= 1.5 on CPU).
 
-The vision row, in the same run: the tiny VLM (workers/vision_model.py, 0.44M parameters) on
+The vision row, in the same run: the tiny VLM (workers/models/vision_demo.py, 0.44M parameters) on
 the same picture prompts (a 32×32 picture of squares and the counting question) through
 vLLM's multimodal inputs and through transformers with the processor's pixels; its ratio is
 printed before the text ratio (`--no-vision` skips it).
@@ -24,7 +24,7 @@ from typing import Any
 
 
 def _model(out: Path) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     if not (out / "model.safetensors").exists():
         # ~20M parameters: Qwen2, hidden 512, 5 layers.
@@ -115,7 +115,7 @@ def _vision_row(cache: Path, *, prompts: int, n: int, tokens: int) -> dict[str, 
 
     from workers.engines import engine_create
     from workers.vision import vision_prompt
-    from workers.vision_model import QUESTION, squares_image, vision_model_build
+    from workers.models.vision_demo import QUESTION, squares_image, vision_model_build
 
     model_dir = vision_model_build(out=cache / "vision-model", log=lambda _: None).out
     hf: Any = engine_create(backend="transformers", path=str(model_dir), batch_size=prompts * n)

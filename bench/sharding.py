@@ -31,7 +31,7 @@ Each setting runs in its own processes. As in bench/trainer_memory, every proces
 builds and steps a 2-layer, 64-wide learner (sharded too, for the ranks), so what TRL,
 transformers and torch.distributed set up once is in its baseline. Then it loads the
 model as a run does: one process whole (transformers' from_pretrained), each rank only its
-shard (workers.algorithms.distributed.model_sharded_load: built on the meta device, sharded,
+shard (workers.algorithms.sharding.model_sharded_load: built on the meta device, sharded,
 its rows read from the file). Memory is the whole process's RSS high-water mark (VmHWM),
 the imports, the warm-up and the load included ("peak MB"), against the one process's;
 "load pk" is that mark once the model is loaded, "held" what the built learner holds
@@ -144,7 +144,7 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
             torch.cuda.set_device(rank)
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 world_size=world, rank=rank)
-    from workers.algorithms.distributed import learner_shard
+    from workers.algorithms.sharding import learner_shard
 
     tokenizer = bench_tokenizer()
     rollouts = bench_rollouts(args)
@@ -208,7 +208,7 @@ def _version_probe(learner: Any, *, world: int) -> dict[str, float]:
     CheckpointSync); a group writes it from the shards one tensor at a time (`whole_write`,
     as a train worker's group does now) and, before, gathered it whole on rank 0
     (`whole_gather`, kept until the next step)."""
-    from workers.algorithms.shard_load import whole_gather, whole_write
+    from workers.algorithms.sharding import whole_gather, whole_write
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sharding-version-") as tmp:
@@ -254,7 +254,7 @@ def _load(args: argparse.Namespace, *, rank: int, world: int, tokenizer: Any) ->
 
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
-    from workers.algorithms.distributed import learner_shard, model_sharded_load
+    from workers.algorithms.sharding import learner_shard, model_sharded_load
 
     spec = LearnerSpec(algorithm="grpo", params=bridge.TrainParams(learning_rate=1e-5,
                                                                    max_completion_length=args.completion),

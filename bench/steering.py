@@ -51,7 +51,7 @@ reward alone). What no arm sees: the rater function or a drawn preference's desc
 noise level, the held-out problems (the measurement's 200, never in the taskset) or another
 arm's ratings; under `--rm-gate evidence` or `bound` alike the reward model sees only its own
 arm's ratings. The demo model's warm-up shows each
-style at a minority share (workers/demo_model.STYLES), drawn by a seed, not by any rater.
+style at a minority share (workers/models/demo.STYLES), drawn by a seed, not by any rater.
 
 A generated family (`--raters generated:N`, issue 47): N preferences drawn by
 bench.raters.preference_draw (seeds `--raters-start`..), each a person nobody here wrote:
@@ -91,7 +91,7 @@ The loop runs in this process step by step, as bench/learning does (explore, the
 model scores the new rollouts as the reward beat would, people rate, reward model trains and
 scores, wait windows end, train); the wait window is ended by the
 bench after the raters' turn, not by wall time. Accuracy is the expected accuracy (probability of
-sampling the right `<answer>`, workers.demo_model.expected_accuracy) on the demo model's 200
+sampling the right `<answer>`, workers.models.demo.expected_accuracy) on the demo model's 200
 held-out problems, off the clock; greedy accuracy is printed beside it (over a few dozen steps it
 is mostly trajectory luck).
 
@@ -726,7 +726,7 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
         raise SystemExit(f"unknown arm {arm!r}")
     loop = "the bench's loop explores, rates and trains in turn in this process"
     o = [
-        Override("model", model, "the demo model (workers/demo_model), its styles at a minority share"),
+        Override("model", model, "the demo model (workers/models/demo), its styles at a minority share"),
         Override("engine", "transformers", "rollouts sampled in this process (no vLLM server)"),
         Override("algorithm", "grpo", "the figures are GRPO's"),
         Override("mode", "sync", loop),
@@ -959,11 +959,11 @@ def _accuracy(model_dir: str, tokenizer_dir: Path, heldout: int = HELDOUT) -> tu
     """(expected, greedy) accuracy on the held-out problems. Gains are measured on the
     expected accuracy (the probability of sampling the right answer, what GRPO maximises):
     greedy accuracy over a few dozen steps is mostly trajectory luck (the learn helper's
-    measurement, workers.demo_model.expected_accuracy)."""
+    measurement, workers.models.demo.expected_accuracy)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _problems, expected_accuracy, greedy_accuracy
+    from workers.models.demo import DemoSettings, _problems, expected_accuracy, greedy_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
@@ -992,7 +992,7 @@ def held_out_samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, se
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _encode, _problems
+    from workers.models.demo import DemoSettings, _encode, _problems
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -1190,10 +1190,10 @@ def run_arm(arm: str, *, url: str, seed: int, steps: int, tasks: int, repeat: in
     from apps.runs.models import Metric, ModelVersion, Run, RunMember
     from apps.runs.ports import run_view_of
     from apps.runs.services import run_create
-    from workers.demo_model import TASKSET_FILE
-    from workers.explorer import explore
-    from workers.reward_trainer import reward_model_score_run, reward_model_train_run
-    from workers.trainer import trainer_step
+    from workers.models.demo import TASKSET_FILE
+    from workers.explore.explorer import explore
+    from workers.reward.trainer import reward_model_score_run, reward_model_train_run
+    from workers.trainer.step import trainer_step
 
     taskset = taskset_import(name=f"steering {arm} {seed}", path=demo / TASKSET_FILE, owner=owner_user)
     run = run_create(name=f"steering {arm} s{seed}", owner=owner_user, taskset=taskset,
@@ -1823,7 +1823,7 @@ def main() -> None:
     import torch
     from django.contrib.auth.models import User
 
-    from workers.demo_model import DemoSettings, demo_model_build
+    from workers.models.demo import DemoSettings, demo_model_build
 
     logging.disable(logging.INFO)
     torch.set_num_threads(1)

@@ -49,7 +49,7 @@ def _rss_mb() -> float:
 
 
 def bench_tokenizer() -> Any:
-    from workers.modelkit import tokenizer_build
+    from workers.models.tiny import tokenizer_build
 
     return tokenizer_build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
 
@@ -62,7 +62,7 @@ def qwen2_learner(args: argparse.Namespace, tokenizer: Any, *, layers: int, hidd
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
 

@@ -6,7 +6,7 @@ clipping, optimizer step: what a hand-written loop around TRL costs at least.
 Ours, two ways:
 - the learner step (`workers.algorithms.Learner.step`): experiences → advantages, padding,
   π_old, TRL's loss, backward, clip, step, metrics;
-- the whole task body (`workers.trainer.trainer_step`) against Postgres: readiness check,
+- the whole task body (`workers.trainer.step.trainer_step`) against Postgres: readiness check,
   claim under a lease, the learner step, the trainer-state checkpoint, ack, metrics.
 
 Prints a table and, on the last line, the whole-step ratio against the baseline.
@@ -112,11 +112,11 @@ def main() -> None:
     from apps.buffer.services import experience_write
     from apps.runs.models import Run
     from apps.runs.services import run_create
-    from workers import trainer as trainer_mod
+    from workers.trainer import step as step_module
     from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
     from workers.algorithms import trl_bridge as bridge
     from workers.algorithms.objectives import grpo
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     model_dir = tiny_model_save(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=4)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -189,7 +189,7 @@ def main() -> None:
     # Warm-up: first calls allocate and load.
     bare(ready_inputs[0])
     learner.step(TrainBatch(usual=batches[0]))
-    assert trainer_mod.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    assert step_module.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
 
     breakdown = Breakdown() if args.breakdown else None
     if breakdown is not None:
@@ -206,7 +206,7 @@ def main() -> None:
         if breakdown is not None:
             breakdown.start()
         t0 = time.perf_counter()
-        out = trainer_mod.trainer_step(run_id=run.pk, step=s + 1)
+        out = step_module.trainer_step(run_id=run.pk, step=s + 1)
         timings["task"].append(time.perf_counter() - t0)
         if breakdown is not None:
             breakdown.stop(timings["task"][-1])

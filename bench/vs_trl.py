@@ -4,8 +4,8 @@ rftweb, and rftweb's loop in one process and as real Celery workers.
 (a) `trl`: stock `trl.GRPOTrainer` with its own generation (`model.generate`), the demo
     taskset as a conversational dataset, the reward functions rftweb registers
     (math_accuracy + 0.1 × math_format, the same code).
-(b) `inproc`: rftweb's loop in this process, what bench/learning runs: `workers.explorer.explore`
-    then `workers.trainer.trainer_step`, sync mode (every step on the newest weights, like
+(b) `inproc`: rftweb's loop in this process, what bench/learning runs: `workers.explore.explorer.explore`
+    then `workers.trainer.step.trainer_step`, sync mode (every step on the newest weights, like
     TRL), through Postgres.
 (c) `celery`: rftweb's whole loop with real Celery workers (conductor, explorer, trainer) on
     Postgres and Redis, async mode (max_staleness 2): exploring overlaps training.
@@ -109,7 +109,7 @@ def _load() -> str:
 def _heldout_accuracy(model: Any, tokenizer_dir: Path) -> float:
     from transformers import AutoTokenizer
 
-    from workers.demo_model import DemoSettings, _problems, greedy_accuracy
+    from workers.models.demo import DemoSettings, _problems, greedy_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
@@ -138,7 +138,7 @@ def arm_trl(*, demo: Path, steps: int, eval_every: int, seed: int, threads: int,
     from trl import GRPOConfig, GRPOTrainer
 
     from apps.rewards.math_rules import math_accuracy, math_format
-    from workers.demo_model import TASKSET_FILE
+    from workers.models.demo import TASKSET_FILE
 
     torch.set_num_threads(threads)
     records = [json.loads(line) for line in (demo / TASKSET_FILE).read_text().splitlines()]
@@ -325,7 +325,7 @@ def arm_celery(*, demo: Path, steps: int, eval_every: int, seed: int, threads: i
         beat,
         _worker("conductor", "default", [], {**base_env, "OMP_NUM_THREADS": "1"}, tmp),
         _worker("trainer", "train", ["workers.trainer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
-        _worker("explorer", "rollout", ["workers.explorer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
+        _worker("explorer", "rollout", ["workers.explore.explorer"], {**base_env, "OMP_NUM_THREADS": side}, tmp),
     ]
 
     def config(n: int) -> dict[str, Any]:
@@ -390,7 +390,7 @@ def _arm_child(args: argparse.Namespace) -> None:
 
     from apps.buffer.importers import taskset_import
     from apps.runs.models import Run
-    from workers.demo_model import TASKSET_FILE
+    from workers.models.demo import TASKSET_FILE
 
     demo = DEMO_DIR
     # An owner per arm: arms run side by side, and each stops only its own leftovers.
@@ -468,7 +468,7 @@ def main() -> None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
         _arm_child(args)
         return
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None)
     # Make and migrate this bench's database once, before arms start side by side (the arms,

@@ -3,7 +3,7 @@ weights against a LoRA adapter, same model, same run. Target: adapter sync ≤ 0
 full-weight time.
 
 One process plays both sides on the checkpoint path (the default weight sync): the trainer
-writes the version (`workers.sync.save_pretrained_atomic`, as `CheckpointSync` does), the
+writes the version (`workers.weights.sync.save_pretrained_atomic`, as `CheckpointSync` does), the
 explorer's transformers engine loads it (`engine_version_ensure`) and generates one greedy
 token. The model is a ~100M-parameter Qwen2 built locally (random weights); the adapter is
 rank 16 on every linear layer of the blocks. Each is timed over `--repeats` versions after
@@ -42,11 +42,11 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
     from workers.engines import SamplingSpec, engine_version_ensure
     from workers.engines.hf_engine import HFEngine
-    from workers.modelkit import tokenizer_build
-    from workers.sync import save_pretrained_atomic, weight_bytes
+    from workers.models.tiny import tokenizer_build
+    from workers.weights.sync import save_pretrained_atomic, weight_bytes
 
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))

@@ -255,7 +255,7 @@ DEFAULT_CROSSVAL_FOLDS = 4
 
 
 class RewardModelConfig(StrictModel):
-    """A reward model learned from the run's human feedback (workers/reward_trainer.py)."""
+    """A reward model learned from the run's human feedback (workers/reward/trainer.py)."""
 
     enabled: bool = False
     # A registered reward-model kind (kernel.reward_kinds): head (the default: an ensemble
@@ -403,7 +403,7 @@ class AlgorithmConfig(StrictModel):
     # the step fails naming the rank and host that stopped answering (a host lost, a link
     # cut: nothing resets the connection, so without a bound the group would wait forever).
     # The step is sent again and runs once the group is whole again (workers/algorithms/
-    # distributed.py). Longer than the slowest rank's share of a step lags behind the others.
+    # group.py). Longer than the slowest rank's share of a step lags behind the others.
     collective_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)
     # AdamW with 8-bit state (bitsandbytes, CUDA only; refused with a message elsewhere).
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
@@ -542,7 +542,7 @@ class RunConfig(StrictModel):
     max_staleness: int = Field(0, ge=0)
     # The bound on every weight sync and handover of the run (a version's checkpoint written
     # or read, the in-memory handover's background write, an NCCL broadcast): past it the
-    # sync raises workers.sync.SyncFailed naming what and where, and the run page's weight-sync
+    # sync raises workers.weights.sync.SyncFailed naming what and where, and the run page's weight-sync
     # timeline shows it, instead of the step hanging (issue 66). Generous: a 7B checkpoint on
     # slow shared storage takes minutes.
     sync_timeout_s: float = Field(600.0, gt=0.0, le=86400.0,

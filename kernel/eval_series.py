@@ -1,4 +1,4 @@
-"""The held-out evaluation's series by what they measure (workers/evaluation.py records them):
+"""The held-out evaluation's series by what they measure (workers/explore/evaluation.py records them):
 their names as people read them, which of them may choose a run's best version
 (`eval.best_by`), and which are bookkeeping rather than measurements.
 

@@ -152,6 +152,6 @@ class UpstreamFailed(RftError):
 
 class ExportFailed(InvalidInput, ValueError):
     """Something cannot be exported as asked: feedback exports (apps/feedback/exports.py),
-    weights and reward models (workers/adapters.py, workers/reward_models.py)."""
+    weights and reward models (workers/weights/adapters.py, workers/reward/scorers.py)."""
 
     code = "export_failed"

@@ -5,7 +5,7 @@ other registry's entry) when imported, e.g. `algorithm_register(RWL)` at their e
 (`apps.runs` ready: the web, the Celery workers, commands, a learner group's followers), so
 the config validates their names and a worker trains them. A learner group's rank 0 also
 writes the modules it loaded into the group's spec, and each follower imports those before it
-reads the run's config (workers.algorithms.distributed): a rank started by `join` on another
+reads the run's config (workers.trainer.follower): a rank started by `join` on another
 host trains what rank 0 trains whatever its own environment says.
 
 A plugin module that holds an objective imports `workers.algorithms` (torch) when imported:

@@ -11,7 +11,7 @@ the scripted raters of `bench/steering` (bench/raters.py), so the bench's person
 run's chart agree on what the preference is.
 
 Evaluation only: `eval.preferences` in the run config names them, the evaluator
-(workers/evaluation.py) records their shares; nothing lets a reward term read them.
+(workers/explore/evaluation.py) records their shares; nothing lets a reward term read them.
 Adding one: a function of this shape and a `preference_register` line (here, or in any module
 imported before the config is read).
 

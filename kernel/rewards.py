@@ -81,7 +81,7 @@ class DomainRoute:
     name: str
     terms: tuple[tuple[str, float], ...]
     # The reward whose full score (1.0) says an answer is right: what the held-out evaluation
-    # reports as accuracy (workers/evaluation.py). None: the domain has no verifier (a judge
+    # reports as accuracy (workers/explore/evaluation.py). None: the domain has no verifier (a judge
     # or a learned grader scores it), so no accuracy is reported for it.
     verifier: str | None = None
     # The reward that checks the answer's form alone (1.0: well formed): the format share.

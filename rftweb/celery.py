@@ -102,10 +102,16 @@ def _settings_config(sender: Celery, **_: object) -> None:
 
 
 app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedback", "apps.control", "apps.envapi"])
-# Worker-side tasks live in workers/<name>.py; importing them loads no torch (models load
-# inside the tasks), so every process knows every task by name.
-for _module in ("explorer", "evaluation", "blind", "trainer", "rewards", "synthesize", "reward_trainer", "exports"):
-    app.autodiscover_tasks(["workers"], related_name=_module)
+# Worker-side tasks, by the module that holds them; importing them loads no torch (models load
+# inside the tasks), so every process knows every task by name. Their names are explicit and
+# predate workers/ being arranged by role (round 63): "workers.explorer.chat" is defined in
+# workers/explore/chat.py, and the routes above match the names, not the modules.
+WORKER_TASK_MODULES = (
+    "workers.explore.explorer", "workers.explore.chat", "workers.explore.evaluation", "workers.explore.blind", "workers.trainer.task", "workers.reward.scoring",
+    "workers.explore.synthesize", "workers.reward.trainer", "workers.weights.exports",
+)
+for _package, _, _module in (name.rpartition(".") for name in WORKER_TASK_MODULES):
+    app.autodiscover_tasks([_package], related_name=_module)
 # The RFT core's loop (apps/control/conductor_beat.py).
 app.autodiscover_tasks(["apps.control"], related_name="conductor_beat")
 

@@ -99,7 +99,7 @@ def lora_step(*, device: str, shape: dict[str, int], batch: dict[str, int], step
     import torch
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
 
     precision = "bf16" if device == "cuda" else "fp32"
     if device == "cuda":
@@ -123,7 +123,7 @@ def fsdp_rank(rank: int, world: int, addr: str, device: str, shape: dict[str, in
     import torch
     import torch.distributed as dist
 
-    from workers.algorithms.distributed import learner_shard
+    from workers.algorithms.sharding import learner_shard
 
     if device == "cuda":
         torch.cuda.set_device(rank)

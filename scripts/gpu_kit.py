@@ -47,7 +47,7 @@ def model_build(*, shape: dict[str, int], dtype: Any, device: str, seed: int = 0
 
 def tokenizer_build() -> Any:
     """A small tokenizer for the learner (it reads pad and eos); the rollouts are token ids."""
-    from workers.modelkit import tokenizer_build as build
+    from workers.models.tiny import tokenizer_build as build
 
     return build(texts=[f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)], vocab_size=300)
 

@@ -206,7 +206,7 @@ def meta_load(version: Path, *, device: str, precision: str) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
 
     from bench.common import free_port
-    from workers.algorithms.distributed import model_sharded_load
+    from workers.algorithms.sharding import model_sharded_load
 
     started_here = not dist.is_initialized()
     if started_here:
@@ -230,7 +230,7 @@ def learns(*, device: str, shape: dict[str, int], batch: dict[str, int]) -> Any:
 
     from scripts.gpu_kit import Figure, learner_build, model_build, rollouts
     from workers.algorithms import TrainBatch
-    from workers.algorithms.shard_load import whole_write
+    from workers.algorithms.sharding import whole_write
 
     precision = "bf16" if device == "cuda" else "fp32"
     model = model_build(shape=shape, dtype=torch.float32, device=device)

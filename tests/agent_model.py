@@ -37,8 +37,8 @@ def conversation(a: int, b: int) -> list[dict[str, Any]]:
 def tool_model_save(out: Path, *, steps: int = 60, seed: int = 0) -> Path:
     import torch
 
-    from workers.chat import messages_for_template
-    from workers.modelkit import causal_lm_build, tokenizer_build
+    from workers.explore.chat import messages_for_template
+    from workers.models.tiny import causal_lm_build, tokenizer_build
 
     torch.manual_seed(seed)
     corpus = [call_text(a, b) + f"<answer>{a + b}</answer>" + question(a, b) + json.dumps(CALC_TOOL) for a, b in QUESTIONS]

@@ -116,11 +116,11 @@ async def run_socket_connect(run: Run, user: object) -> tuple[Any, bool]:
 
 @pytest.fixture(scope="session")
 def vision_model_dir() -> Any:
-    """The tiny VLM (workers/vision_model.py, default settings), built once per cache like the demo model."""
+    """The tiny VLM (workers/models/vision_demo.py, default settings), built once per cache like the demo model."""
     import os
     from pathlib import Path
 
-    from workers.vision_model import vision_model_build
+    from workers.models.vision_demo import vision_model_build
 
     cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
     with _cache_lock(cache / "test-vision-model"):
@@ -131,7 +131,7 @@ def vision_model_dir() -> Any:
 def demo_model_dir() -> Path:
     """The real demo model (`rft_demo_model`'s default settings), built once per cache
     (RFT_TEST_CACHE, else the checkout's .cache) and shared by every module that needs it."""
-    from workers.demo_model import demo_model_build
+    from workers.models.demo import demo_model_build
 
     cache = Path(os.environ.get("RFT_TEST_CACHE", _ROOT / ".cache"))
     with _cache_lock(cache / "test-demo-model"):

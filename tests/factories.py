@@ -84,7 +84,7 @@ def picture_png(count: int, *, seed: int = 0, colour: tuple[int, int, int] = (22
     """A 32×32 PNG with `count` squares (as the tiny VLM's task draws them), deterministic."""
     import random
 
-    from workers.vision_model import png_bytes, squares_image
+    from workers.models.vision_demo import png_bytes, squares_image
 
     return png_bytes(squares_image(count=count, rng=random.Random(seed * 10 + count)))
 

@@ -313,7 +313,7 @@ def rollout_stack(*, logs: Path, name: str) -> Iterator[str]:
     """A live server and a real Celery worker on the `rollout` queue for the block; yields
     the server's URL. The server waits long for a rollout (300 s): a test that means a
     failure to come back at once must not pass by timing out."""
-    with celery_worker("rollout", name=name, log=logs / "worker.log", includes=("workers.explorer",)):
+    with celery_worker("rollout", name=name, log=logs / "worker.log", includes=("workers.explore.explorer",)):
         server, url = start_server(log=logs / "server.log", RFT_ROLLOUT_TIMEOUT_SECONDS="300")
         try:
             yield url

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Round 49 lowered it to 96: the coroutine type, the paraphrase worker's params (a TypedDict) and
 # samples (the engines' Sample), SamplingSpec.from_config's section (SamplingConfig), the reward
 # worker's terms (RewardTerm), the K-12 grader's versions (the port's K12GraderRow); then to 94:
-# a model build's manifest (workers/model_build.py's Manifest).
+# a model build's manifest (workers/models/build.py's Manifest).
 CEILING = 94
 
 

@@ -70,8 +70,8 @@ def test_no_task_names_its_queue_celery_6_would_ignore_it() -> None:
         "warnings.simplefilter('error', CDeprecationWarning);"
         "import django; django.setup();"
         "from rftweb.celery import app; import importlib;"
-        "[importlib.import_module(m) for m in ('workers.explorer', 'workers.evaluation', 'workers.trainer',"
-        " 'workers.rewards', 'workers.reward_trainer', 'workers.synthesize', 'apps.buffer.tasks', 'apps.control.tasks',"
+        "[importlib.import_module(m) for m in ('workers.explore.explorer', 'workers.explore.evaluation', 'workers.trainer',"
+        " 'workers.reward.scoring', 'workers.reward.trainer', 'workers.explore.synthesize', 'apps.buffer.tasks', 'apps.control.tasks',"
         " 'apps.control.conductor_beat', 'apps.feedback.tasks', 'apps.feedback.tasks', 'apps.envapi.tasks')];"
         "app.finalize(); [t.name for t in app.tasks.values()]; print('bound', len(app.tasks))"
     )

@@ -281,7 +281,7 @@ def test_the_loops_beat_task_costs_no_edge_heartbeat_but_a_step_does(monkeypatch
 
     from apps.runs import heartbeat
     from apps.control.conductor_beat import conductor_beat_task
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     beats: list[str] = []
 
@@ -315,7 +315,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
     from django.db import close_old_connections, connections
 
     from apps.runs import heartbeat
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     for database in settings.DATABASES.values():
         monkeypatch.setitem(database, "CONN_MAX_AGE", 300)
@@ -347,7 +347,7 @@ def test_an_edge_heartbeats_thread_closes_its_connection_when_it_ends(settings: 
 def test_a_second_reward_model_training_while_one_runs_starts_nothing_and_a_crashed_ones_lease_runs_out(
     owner: Any,
 ) -> None:
-    from workers.reward_trainer import TRAIN_LEASE_SECONDS, reward_model_train
+    from workers.reward.trainer import TRAIN_LEASE_SECONDS, reward_model_train
 
     run = make_run(owner=owner, reward_model={"enabled": True})
     training = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@a",

@@ -77,15 +77,15 @@ def test_the_readme_is_a_first_screen_whose_links_resolve() -> None:
 
 def test_the_readme_quotes_the_demo_models_figures_as_its_build_prints_them() -> None:
     """The build prints `demo model: after N steps, greedy accuracy on H held-out problems: A%`
-    (workers/demo_model.py); the README quotes that line for the hosts where it stops at its
+    (workers/models/demo.py); the README quotes that line for the hosts where it stops at its
     target's first check past 0.3, and the target must still be the 30% it states."""
-    from workers.demo_model import DemoSettings
+    from workers.models.demo import DemoSettings
 
     readme = (ROOT / "README.md").read_text()
     demo = DemoSettings()
     assert f"greedy accuracy on {demo.heldout} held-out problems: 33.5%" in readme
     assert f"reaches {demo.target_accuracy:.0%}" in readme
-    source = (ROOT / "workers" / "demo_model.py").read_text()
+    source = (ROOT / "workers" / "models" / "demo.py").read_text()
     assert 'log(f"demo model: after {trained_steps} steps, greedy accuracy on {len(heldout)} held-out problems: {accuracy:.1%}")' in source
 
 

@@ -17,9 +17,9 @@ from apps.feedback.kinds.submit import FeedbackClosed
 from apps.runs.services import TransitionNotAllowed
 from kernel.exceptions import Conflict, ExportFailed, InvalidInput, RftError, Unavailable
 from rftweb.exceptions import command_error
-from workers.explorer import GenerateRequestInvalid, VersionNotReady
-from workers.sync import SyncUnavailable
-from workers.trainer import StepConflict
+from workers.explore.explorer import GenerateRequestInvalid, VersionNotReady
+from workers.weights.sync import SyncUnavailable
+from workers.trainer.step import StepConflict
 
 
 @pytest.mark.parametrize(("error", "kind", "status"), [

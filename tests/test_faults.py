@@ -130,7 +130,7 @@ print(run.pk)
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")

@@ -77,13 +77,13 @@ def test_a_worker_importing_an_apps_model_breaks_the_ports_contract(tmp_path: Pa
     for name in ("kernel", "apps", "workers", "rftweb"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "migrations"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with (tmp_path / "workers" / "explorer.py").open("a") as f:
+    with (tmp_path / "workers" / "explore" / "explorer.py").open("a") as f:
         f.write("\n\ndef _around_the_port() -> None:\n    from apps.runs.models import Run  # noqa: F401\n")
     lint = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "workers reach the apps through their ports BROKEN" in result.stdout
-    assert "workers.explorer -> apps.runs.models" in result.stdout
+    assert "workers.explore.explorer -> apps.runs.models" in result.stdout
     assert "apps are layered KEPT" in result.stdout
 
 
@@ -101,14 +101,14 @@ def test_no_worker_uses_a_model_manager() -> None:
 
 
 def test_a_learner_groups_follower_module_imports_before_django_is_set_up() -> None:
-    """A learner group's follower process (`python -m workers.algorithms.distributed`) imports
+    """A learner group's follower process (`python -m workers.trainer.follower`) imports
     its module before it calls django.setup(): the learner may import the kernel's pure config
     and algorithm registry there, never a port (which loads the models and would kill the
     follower, leaving the group's first step waiting for it)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run([sys.executable, "-c", "import workers.algorithms.distributed, workers.demo_model"],
+    result = subprocess.run([sys.executable, "-c", "import workers.trainer.follower, workers.models.demo"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 

@@ -355,8 +355,8 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
 
 def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     import apps.control.tasks  # noqa: F401 - registers the tasks, as a worker does
-    import workers.explorer
-    import workers.trainer  # noqa: F401
+    import workers.explore.explorer
+    import workers.trainer.task  # noqa: F401
 
     assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
     # Bound tasks (self first) too: the run, not the step.

@@ -17,7 +17,7 @@ import sys
 from rftweb.celery import app
 app.loader.import_default_modules()
 print(sorted(name for name in ("rftweb.urls", "rftweb.api", "apps.control.views") if name in sys.modules))
-print("workers.explorer" in sys.modules and "apps.control.conductor_beat" in sys.modules)
+print("workers.explore.explorer" in sys.modules and "apps.control.conductor_beat" in sys.modules)
 """
 
 

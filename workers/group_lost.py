@@ -1,6 +1,6 @@
 """GroupLost: a learner group lost a rank mid-step (its host gone, its link cut, its process
 dead) or a rank did not come back to a re-formed group in time. Apart from
-workers/algorithms/distributed.py (which raises it) because the train task catches it, and
+workers/algorithms/group.py (which raises it) because the train task catches it, and
 the task's module is imported by every worker, torch-free ones included."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The one command behind `rft_demo_model` and `rft_vision_model`: build a model made
-locally (a recipe of workers/model_build.py) and its taskset, or say it is up to date.
+locally (a recipe of workers/models/build.py) and its taskset, or say it is up to date.
 
 The recipes' modules load no torch (they import it inside their build), so the web side may
 load these commands (Django lists them) without the heavy extras.
@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from workers.model_build import Recipe, model_build
+from workers.models.build import Recipe, model_build
 
 
 class ModelBuildCommand(BaseCommand):

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.models import Taskset
 
-# Same names as workers.demo_model.TASKSET_FILE / HELDOUT_FILE; repeated so this module stays torch-free.
+# Same names as workers.models.demo.TASKSET_FILE / HELDOUT_FILE; repeated so this module stays torch-free.
 DEMO_TASKSET_FILE = "demo-taskset.jsonl"
 DEMO_HELDOUT_FILE = "demo-heldout.jsonl"
 

@@ -9,7 +9,7 @@ API keys (the environment API's, made on the run's Keys page) as the api key:
 - `POST completions`: a prompt (text, token ids, or a list of texts), the same sampling;
 - `GET models`: `run-<id>` (the current version) and `run-<id>@v<N>` for each version.
 
-Generation runs on the run's rollout workers (`workers/chat.py`). With `stream: true` the
+Generation runs on the run's rollout workers (`workers/explore/chat.py`). With `stream: true` the
 text goes out as the worker samples it (either engine; `apps/envapi/token_stream.py`),
 holding back what may be a stop string or a tool call, which come from the whole answer at the
 end with the finish reason; where the request asks for logprobs, or there is no Redis, the

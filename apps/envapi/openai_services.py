@@ -2,7 +2,7 @@
 and the response bodies OpenAI's clients expect.
 
 A run's models are named `run-<id>` (its current version) and `run-<id>@v<N>` (version N).
-Generation is one `workers.explorer.chat` task on the `rollout` queue (`workers/chat.py`);
+Generation is one `workers.explorer.chat` task on the `rollout` queue (`workers/explore/chat.py`);
 its answer carries the exact token ids and logprobs, which the session recorder keeps.
 """
 
@@ -22,7 +22,7 @@ from kernel.exceptions import RftError, Unavailable, UpstreamFailed
 from kernel.jsontypes import Body
 from apps.envapi import token_stream
 
-# What a rollout worker answers (workers/chat.py `chat_generate`), once `_answer_checked`
+# What a rollout worker answers (workers/explore/chat.py `chat_generate`), once `_answer_checked`
 # has seen its shape.
 
 
@@ -121,7 +121,7 @@ def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | No
 
 
 def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> Body:
-    """What `workers/chat.py` gets for a chat completion."""
+    """What `workers/explore/chat.py` gets for a chat completion."""
     return {
         "kind": "chat",
         "messages": [m.for_template() for m in req.messages],
@@ -145,7 +145,7 @@ def completion_request_build(*, req: CompletionIn, version: int | None) -> Body:
 
 def worker_request_build(*, run: Run, request: Mapping[str, object]) -> Body:
     """The request with what this process already read of the run, so the worker need not
-    read it again per call (workers/chat.py): the current version as the floor of "current",
+    read it again per call (workers/explore/chat.py): the current version as the floor of "current",
     and the config's digest, under which the worker keeps the config it read last."""
     return {**request, "current": run.current_version, "config_digest": run.config_digest}
 

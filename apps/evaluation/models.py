@@ -13,7 +13,7 @@ from apps.runs.models import Run
 
 class Evaluation(models.Model):
     class Status(models.TextChoices):
-        # The workers are writing the answers it lacks (workers/blind.py).
+        # The workers are writing the answers it lacks (workers/explore/blind.py).
         GENERATING = "generating"
         OPEN = "open"
         CLOSED = "closed"

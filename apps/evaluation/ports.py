@@ -1,4 +1,4 @@
-"""The evaluation app's port to the workers (workers/blind.py): the answers an evaluation
+"""The evaluation app's port to the workers (workers/explore/blind.py): the answers an evaluation
 still needs, recording one, and opening the evaluation once none is missing. Nothing else
 of the app is reachable from workers/ (pyproject.toml: "workers reach the apps through their
 ports")."""

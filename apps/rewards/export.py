@@ -3,7 +3,7 @@
 Exporting a version builds a directory `AutoModelForSequenceClassification` loads (a
 `likelihood` version is rebuilt around its pinned base, which needs torch), so the web side
 cannot do it in the request: the owner asks for it (page or API), a `reward` worker builds the
-directory and packs it into one zip beside the version (`workers.reward_trainer
+directory and packs it into one zip beside the version (`workers.reward.trainer
 .reward_model_export_zip`), and the page offers the zip once it is there. The same export the
 CLI writes (`rft reward-model RUN --out DIR`).
 

@@ -5,9 +5,9 @@ from, and its versions.
 - `k12_judge`: a reference-guided LLM judge. The judge model (params.model, else the run's
   current model) is prompted with the question, the reference answer and a rubric through a
   rollout engine of workers/engines, and answers "Score: N" and "Reason: ...". Output without
-  a readable score scores 0 with the reason logged and stored (workers/k12.py).
+  a readable score scores 0 with the reason logged and stored (workers/reward/k12.py).
 - `k12_learned`: a learned grader, a scalar-head reward model trained with the machinery of
-  the human-feedback reward model (workers/reward_trainer.py: TRL's RewardTrainer, held-out
+  the human-feedback reward model (workers/reward/trainer.py: TRL's RewardTrainer, held-out
   pairwise accuracy, calibration onto the grade scale) on graded answers: the taskset's
   `graded_answers` column and people's ratings of K-12 experiences. Each trained grader is a
   numbered version of the run (K12Grader), retrained when `retrain_every` new grades came in.
@@ -93,7 +93,7 @@ def learned_params(params: Mapping[str, object]) -> K12LearnedParams:
 
 def _worker_only(name: str) -> RewardFn:
     def fn(completion: str, task: object, **params: object) -> RewardResult:
-        raise RuntimeError(f"reward {name!r} is scored by workers.k12 on queue 'reward', not inline")
+        raise RuntimeError(f"reward {name!r} is scored by workers.reward.k12 on queue 'reward', not inline")
 
     fn.__name__ = name
     return fn

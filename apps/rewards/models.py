@@ -47,7 +47,7 @@ class RewardModelManager(models.Manager["RewardModel"]):
 
 
 class RewardModel(VersionedScorer):
-    """One published version of a run's learned reward model (workers/reward_trainer.py)."""
+    """One published version of a run's learned reward model (workers/reward/trainer.py)."""
 
     LABEL_SETS = ("trained_on", "held_out", "unpaired")
 
@@ -117,7 +117,7 @@ class GoldItem(models.Model):
 
 
 class K12Grader(VersionedScorer):
-    """One published version of a run's learned K-12 grader (workers/k12.py): a scalar-head
+    """One published version of a run's learned K-12 grader (workers/reward/k12.py): a scalar-head
     reward model trained on graded answers to K-12 questions (the taskset's `graded_answers`
     and people's ratings of K-12 experiences). Versioned like RewardModel (numbered per run,
     published with its held-out pairwise accuracy), but kept apart from it: it scores one

@@ -1,5 +1,5 @@
 """Scorers that need a model: registered here so run configs can name and validate them,
-implemented in `workers/reward_models.py` and evaluated only by workers on queue `reward`
+implemented in `workers/reward/scorers.py` and evaluated only by workers on queue `reward`
 (the web side never loads torch or transformers)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ JUDGE_ENGINES = ("transformers", "vllm")
 
 def _worker_only(name: str) -> RewardFn:
     def fn(completion: str, task: object, **params: object) -> RewardResult:
-        raise RuntimeError(f"reward {name!r} is scored by workers.rewards on queue 'reward', not inline")
+        raise RuntimeError(f"reward {name!r} is scored by workers.reward.scoring on queue 'reward', not inline")
 
     fn.__name__ = name
     return fn

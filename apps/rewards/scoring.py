@@ -12,7 +12,7 @@ fallback. Each term's score is
 stored as a part under its key (the term's name; a name
 repeated in one spec gets "#2", "#3"…), and the reward is the weighted sum of the parts.
 Inline terms are scored by the explorer; terms registered `where="reward"` (code, reward
-models, judges) on the Celery queue `reward` (workers/rewards.py).
+models, judges) on the Celery queue `reward` (workers/reward/scoring.py).
 """
 
 from __future__ import annotations

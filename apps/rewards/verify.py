@@ -1,7 +1,7 @@
 """Is an answer right, and is it well formed: the task domain's verifier and format check,
 apart from the reward (which mixes them: math's format term lifts a wrong but tidy answer
 above 0). The held-out evaluation reports their shares as `eval/accuracy` and
-`eval/format_share` (workers/evaluation.py).
+`eval/format_share` (workers/explore/evaluation.py).
 
 A domain's verifier is the reward it registered as such (kernel.rewards.domain_register):
 math → math_accuracy (equivalence with the reference through math-verify), code → code_exec

@@ -5,9 +5,9 @@ processes asking at once exactly one wins (the row's previous state is part of t
 Every background job that must not run twice at once claims its row here:
 - the RFT loop's explore and train steps (apps/control/conductor.py sends them and takes
   back those whose worker died, by heartbeat and trainer lock);
-- reward-model training (workers/reward_trainer.py) and K-12 grader training
-  (workers/k12.py): one per run; a crashed one's row is free again when its lease runs out;
-- a reward-model version's export (apps/rewards/export.py, workers/reward_trainer.py): one
+- reward-model training (workers/reward/trainer.py) and K-12 grader training
+  (workers/reward/k12.py): one per run; a crashed one's row is free again when its lease runs out;
+- a reward-model version's export (apps/rewards/export.py, workers/reward/trainer.py): one
   per version (its key); queued (sent), then packing (running), with the last failure kept.
 
 A row is out while it is sent or running and its lease (`expires_at`, none for the loop's

@@ -59,7 +59,7 @@ class Run(models.Model):
     @property
     def config_digest(self) -> str:
         """A fingerprint of the stored config: equal digests, equal configs. A rollout worker
-        keeps a run's config between chat calls under it (workers/chat.py) and reads the run
+        keeps a run's config between chat calls under it (workers/explore/chat.py) and reads the run
         again when the web side sends another (an edited config, e.g. a feedback policy)."""
         raw = json.dumps(self.config, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
@@ -198,7 +198,7 @@ class WeightLoad(models.Model):
 
 class SyncFailure(models.Model):
     """A weight sync or handover that failed or ran past the run's `sync_timeout_s`
-    (workers.sync.SyncFailed): what, where and why, on the weight-sync timeline."""
+    (workers.weights.sync.SyncFailed): what, where and why, on the weight-sync timeline."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="sync_failures")
     version = models.PositiveIntegerField()
@@ -260,7 +260,7 @@ class Dispatch(models.Model):
         # A version's weights packed as a download (the run summary's button); `step` is the
         # version number. One at a time per run, sent and taken back by the conductor like a step.
         EXPORT = "export"
-        # The run's reward-model and K-12 grader training (workers/reward_trainer.py, workers/k12.py).
+        # The run's reward-model and K-12 grader training (workers/reward/trainer.py, workers/reward/k12.py).
         RM_TRAIN = "rm_train"
         K12_TRAIN = "k12_train"
         # A reward-model version packed as a download (apps/rewards/export.py); key: the version.

@@ -136,7 +136,7 @@ CHART_GROUPS: list[dict[str, str]] = [
     # kernel/preferences.py): what people teach, charted apart from the reward they are not.
     {"id": "preference", "title": "Preferences people teach (share of held-out answers)", "section": "rewards",
      "pattern": r"^eval[/_.]preference[/_.]"},
-    # The evaluator's scores (workers/evaluation.py); its response length charts with the
+    # The evaluator's scores (workers/explore/evaluation.py); its response length charts with the
     # training one, its version / task count / best version are constants, its seconds "other".
     {"id": "eval", "title": "Held-out evaluation", "section": "rewards", "pattern": r"^eval[/_.](.*[/_.])?(reward|acc|accuracy|score|pass|correct|format|positive)([/_.@].*)?$"},
     {"id": "loss", "title": "Loss", "section": "loss", "pattern": r"(^|[/_.])loss([/_.].*)?$"},

@@ -385,7 +385,7 @@ def weight_load_record(
 
 def sync_failure_record(*, run_id: int, version: int, method: str, stage: str, where: str, worker: str,
                         seconds: float, message: str) -> SyncFailure | None:
-    """A weight sync or handover failed (workers.sync.SyncFailed): store it for the weight-sync
+    """A weight sync or handover failed (workers.weights.sync.SyncFailed): store it for the weight-sync
     timeline and announce it as `weights.synced` with event `failed` (None: the run is gone).
     The step that raised it is recorded as a task failure by its own task, as any other."""
     run = Run.objects.filter(pk=run_id).only("pk").first()

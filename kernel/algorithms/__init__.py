@@ -87,7 +87,7 @@ class AlgorithmType:
     # and were migrated (apps/runs/migrations/0010) with these.
     legacy_keys: ClassVar[dict[str, str]] = {}
     # Its objective has a `shard_loss` (workers.algorithms.objectives): it trains as a
-    # sharded learner group (workers.algorithms.distributed). Every built-in one does.
+    # sharded learner group (workers.algorithms.group). Every built-in one does.
     learner_group: ClassVar[bool] = False
     # Values the new-run form fills in when this algorithm is picked (static/rftweb/newrun.js).
     form_defaults: ClassVar[dict[str, str]] = {}

@@ -4,7 +4,7 @@ declared once (`reward_model.kind` in the run config).
 A kind is registered here by name with what the config must know of it — whether it can
 measure its held-out accuracy by cross-validation over prompts, whether a version can start
 from the previous version's weights — and its training and scoring live on the worker side
-(`workers/reward_kinds/`, registered under the same name). The config and the reward
+(`workers/reward/kinds/`, registered under the same name). The config and the reward
 trainer read these declarations; nothing compares kind names. Adding one: a module here
 (see `head.py`) listed in `_REGISTRY`'s built-ins, and its worker-side implementation.
 

@@ -1,5 +1,5 @@
 """`likelihood`: the base's token log-likelihoods of the completion (sum, mean, min, answer
-span) weighed by a Bradley-Terry model fitted on the pairs (workers/likelihood_rm.py). It
+span) weighed by a Bradley-Terry model fitted on the pairs (workers/reward/likelihood.py). It
 learns how likely the base finds an answer, not a style."""
 
 from __future__ import annotations

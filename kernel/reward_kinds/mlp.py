@@ -1,6 +1,6 @@
 """`mlp`: an ensemble of small two-layer networks on the pooled hidden states of every layer
 of the run's own model (its base or current policy), the base frozen, trained on people's
-pairs with a Bradley-Terry loss (workers/reward_kinds/mlp.py). It reads more than `head`
+pairs with a Bradley-Terry loss (workers/reward/kinds/mlp.py). It reads more than `head`
 (every layer, not only the embeddings and the last) and can learn what a linear head
 cannot: a preference for one of two things but not both, a style only on right answers.
 Like `head`, an ensemble on bootstrap samples (its spread is the selection rule's

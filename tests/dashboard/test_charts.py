@@ -149,7 +149,7 @@ def test_wall_time_replaces_steps_on_the_x_axis_and_back(page: Any, owner: User)
 
 
 def _eval(version: int, mean: float) -> dict[str, float]:
-    # What workers/evaluation.py records for a version.
+    # What workers/explore/evaluation.py records for a version.
     return {"eval/reward_mean": mean, "eval/reward_std": 0.1, "eval/accuracy": mean, "eval/format_share": 1.0,
             "eval/response_length": 40.0, "eval/version": float(version), "eval/tasks": 5.0, "eval/seconds": 1.5}
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("model"), hidden_size=32, layers=1, heads=2)
 

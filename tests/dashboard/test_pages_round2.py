@@ -231,7 +231,7 @@ def finished_with_weights(owner: User, annotator: User, tmp_path: Path) -> Itera
 
     from django.conf import settings
 
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     version = tiny_model_save(tmp_path / "v2", hidden_size=16, layers=1, heads=2, seed=7)
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="finished", total_steps=2,
@@ -272,7 +272,7 @@ def test_a_run_that_finishes_stops_inviting_annotation_and_its_summary_downloads
     assert row.locator("a.annotate-link").count() == 0
     shot(home, "runs-list-annotator")
 
-    with celery_worker("train", name="summary-train", log=tmp_path / "train.log", includes=("workers.exports",)):
+    with celery_worker("train", name="summary-train", log=tmp_path / "train.log", includes=("workers.weights.exports",)):
         for size in (PHONE, LAPTOP):
             page = open_page(annotator, size)
             page.goto(f"/runs/{run.pk}/")

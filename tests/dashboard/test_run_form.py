@@ -103,7 +103,7 @@ def test_a_complete_model_directory_passes_and_a_separate_tokenizer_may_hold_the
 
 
 def test_a_real_model_folder_made_by_save_pretrained_is_accepted(tmp_path: Path, browser_user: Client) -> None:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     folder = tiny_model_save(tmp_path / "tiny", hidden_size=16, layers=1, heads=2)
     taskset = make_taskset(owner=User.objects.get(username="owner"))

@@ -35,13 +35,13 @@ def storage(tmp_path: Path, settings: Any) -> Path:
 @pytest.fixture
 def train_worker(storage: Path, tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "train-worker.log"
-    with celery_worker("train", name="export-train", log=log, includes=("workers.exports",),
+    with celery_worker("train", name="export-train", log=log, includes=("workers.weights.exports",),
                        RFT_STORAGE_DIR=str(storage)):
         yield log
 
 
 def tiny(out: Path, seed: int) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(out, hidden_size=16, layers=1, heads=2, seed=seed)
 
@@ -110,7 +110,7 @@ def test_a_lora_version_downloads_merged_into_its_base(owner: User, tmp_path: Pa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
 
     base = tiny(tmp_path / "base", seed=4)
     model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),

@@ -21,7 +21,7 @@ BEAT = 0.5  # RFT_HEARTBEAT_SECONDS in the worker; dead after 5 beats (2.5 s)
 
 
 def test_a_long_chat_task_keeps_its_worker_busy_not_stale(owner: User, tmp_path: Any, settings: Any) -> None:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
     from rftweb.celery import app
 
     settings.RFT_HEARTBEAT_SECONDS = BEAT
@@ -29,7 +29,7 @@ def test_a_long_chat_task_keeps_its_worker_busy_not_stale(owner: User, tmp_path:
     model = tiny_model_save(tmp_path / "model", hidden_size=64, layers=2, heads=2, max_positions=1024, vocab_size=384)
     run = make_run(owner=owner, model=str(model), engine="transformers", name="long chat",
                    sampling={"temperature": 1.0, "max_tokens": 16})
-    with celery_worker("rollout", name="chat-beat", log=tmp_path / "worker.log", includes=("workers.explorer",),
+    with celery_worker("rollout", name="chat-beat", log=tmp_path / "worker.log", includes=("workers.explore.explorer",),
                        RFT_HEARTBEAT_SECONDS=str(BEAT), RFT_WORKER_DEAD_SECONDS=str(5 * BEAT)):
         warm = {"kind": "completion", "prompts": ["What is"], "n": 1, "sampling": {"max_tokens": 2}}
         app.send_task("workers.explorer.chat", args=[run.pk, warm], queue="rollout").get(timeout=300)

@@ -48,7 +48,7 @@ def rollout_worker(django_db_setup: None, django_db_blocker: Any,
     the last test stops)."""
     logs = tmp_path_factory.mktemp("openai-stack")
     with django_db_blocker.unblock(), celery_worker("rollout", name="openai-rollout", log=logs / "worker.log",
-                                                    includes=("workers.explorer",)) as proc:
+                                                    includes=("workers.explore.explorer",)) as proc:
         yield proc
 
 
@@ -136,7 +136,7 @@ def test_a_stream_sends_chunks_that_add_up_to_the_whole_answer(stack: str, agent
 @pytest.fixture(scope="module")
 def rambling_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny model: greedy, it goes on for hundreds of tokens without an end."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("rambling") / "m", hidden_size=64, layers=2, heads=4, max_positions=1024)
 
@@ -146,7 +146,7 @@ def rambling_vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same kind of rambler with heads of 32 (vLLM's CPU attention has no head size 16),
     wider and deeper: vLLM steps the tiny one in about a millisecond, so 400 of its tokens took
     less time than handing the request to the worker, and the test measured the hand-over."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("rambling-vllm") / "m", hidden_size=256, layers=4, heads=8,
                            max_positions=2048)

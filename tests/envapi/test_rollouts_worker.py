@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 

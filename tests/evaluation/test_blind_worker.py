@@ -1,5 +1,5 @@
 """The workers write a blind evaluation's answers with the tiny demo model through the run's own
-engine path (workers/blind.py, the task called as Celery runs it), cache them by version,
+engine path (workers/explore/blind.py, the task called as Celery runs it), cache them by version,
 prompt and seed, and open the evaluation; asking for one enqueues the task on commit."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_asking_enqueues_the_answers_on_commit_on_the_rollout_queue(owner: User,
 
 @pytest.mark.slow
 def test_the_demo_model_answers_once_per_version_prompt_and_seed(owner: User, demo_model_dir: Path) -> None:
-    from workers.blind import answers_generate
+    from workers.explore.blind import answers_generate
 
     run = _run(owner, demo_model_dir)
     first = evaluation_create(run=run, by=owner, prompts=["What is 2 + 2?", "Name a colour."], seed=3)
@@ -67,7 +67,7 @@ def test_the_demo_model_answers_once_per_version_prompt_and_seed(owner: User, de
 
 
 def test_a_failure_is_recorded_on_the_evaluation(owner: User, run: Run) -> None:
-    from workers.blind import answers_generate
+    from workers.explore.blind import answers_generate
 
     ModelVersion.objects.create(run=run, number=1, checkpoint="/nowhere/at/all", train_step=1)
     Run.objects.filter(pk=run.pk).update(current_version=1)

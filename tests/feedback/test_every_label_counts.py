@@ -70,7 +70,7 @@ def test_under_a_selection_rule_the_newest_policys_waiting_group_comes_first(olg
 
 def test_a_late_label_lands_in_the_next_reward_model_training_set_and_the_page_says_so(olga: User,
                                                                                         anna: User) -> None:
-    from workers.reward_trainer import reward_model_pairs
+    from workers.reward.trainer import reward_model_pairs
 
     run = make_run(owner=olga, feedback={"mode": "blend", "overlap": 1},
                    reward_model={"enabled": True, "heldout_share": 0.01})

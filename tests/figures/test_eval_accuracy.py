@@ -41,8 +41,8 @@ class _Model:
 
 
 def _evaluate(monkeypatch: pytest.MonkeyPatch, run: Run, answer: Any, version: int = 0) -> dict[str, float]:
-    import workers.evaluation as evaluation
-    from workers.evaluation import evaluate_version
+    import workers.explore.evaluation as evaluation
+    from workers.explore.evaluation import evaluate_version
 
     monkeypatch.setattr(evaluation, "engine_at", lambda **_: _Model(answer))
     monkeypatch.setattr(evaluation, "task_prompt", lambda engine, task: task)
@@ -187,7 +187,7 @@ def test_the_new_run_form_offers_the_evaluation_series_to_choose_the_best_versio
     """A select of the series (each registered preference's share among them); a choice that
     names a preference the run does not measure is a field error, one it measures is kept."""
     from kernel.preferences import preference_names
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     owner = make_user("owner")
     client = Client()

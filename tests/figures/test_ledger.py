@@ -52,10 +52,10 @@ UNUSED = ("rejected", "heldout", "lone", "gold", "untrusted", "no_pair", "algori
 
 
 def rm_publish(run: Run) -> RewardModel:
-    """A reward-model version as the trainer publishes one (workers.reward_trainer): the pairs
+    """A reward-model version as the trainer publishes one (workers.reward.trainer): the pairs
     it reads now, split by prompt, and the labels they came from recorded with it (the fit
     itself, which changes none of that, left out)."""
-    from workers.reward_trainer import reward_model_pairs_read
+    from workers.reward.trainer import reward_model_pairs_read
 
     train, heldout, unpaired = reward_model_pairs_read(run=run_view_of(run))
     return reward_model_publish(run=run, path="/x/rm", base="b", accuracy=None, pairs_train=len(train),

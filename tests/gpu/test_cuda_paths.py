@@ -32,7 +32,7 @@ LORA = AdapterConfig(rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("cuda-model"), hidden_size=128, layers=4, heads=4, seed=0)
 
@@ -57,7 +57,7 @@ def _learner(model_dir: Path, *, precision: str = "fp32", lora: bool = False, ch
              optimizer: str = "adamw", algorithm: str = "grpo") -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
     from workers.algorithms import Learner, LearnerSpec
     from workers.algorithms import trl_bridge as bridge
     from workers.precision import precision_dtype
@@ -156,7 +156,7 @@ def test_adamw_8bit_on_cuda_keeps_8_bit_optimizer_state_and_trains(model_dir: Pa
 def _nccl_rank(rank: int, addr: str, model_dir: str, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from workers.sync import NcclSync
+    from workers.weights.sync import NcclSync
 
     torch.cuda.set_device(rank)
     sync = NcclSync(addr=addr, world_size=2, rank=rank)
@@ -190,7 +190,7 @@ def _nccl_stalled_rank(rank: int, addr: str, out: str) -> None:
     import json
     import time
 
-    from workers.sync import NcclSync, SyncFailed
+    from workers.weights.sync import NcclSync, SyncFailed
 
     torch.cuda.set_device(rank)
     sync = NcclSync(addr=addr, world_size=2, rank=rank)
@@ -229,7 +229,7 @@ def test_an_nccl_broadcast_no_rank_takes_fails_within_the_runs_bound(tmp_path: P
 
 
 def test_a_learner_group_wider_than_the_hosts_gpus_is_refused_with_the_count(model_dir: Path) -> None:
-    from workers.algorithms.distributed import GroupUnsupported, group_backend
+    from workers.algorithms.group import GroupUnsupported, group_backend
 
     n = torch.cuda.device_count()
     assert group_backend(n) == ("cpu:gloo,cuda:nccl", "cuda:0")
@@ -281,7 +281,7 @@ def _group_rank(rank: int, world: int, addr: str, model_dir: str, out: str, prec
     import torch.distributed as dist
 
     from workers.algorithms import TrainBatch
-    from workers.algorithms.distributed import learner_shard, whole_state
+    from workers.algorithms.sharding import learner_shard, whole_state
 
     torch.cuda.set_device(rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=addr, world_size=world, rank=rank)

@@ -362,7 +362,7 @@ def test_a_run_on_three_hosts_ends_with_the_one_host_runs_weights(cluster: Clust
 
 def test_a_learner_group_with_a_rank_on_each_worker_host_trains_over_gloo(cluster: Cluster) -> None:
     """trainer.processes 2, trainer.hosts 2: the train worker on w1 is rank 0 and opens the
-    group's store at its own address; `python -m workers.algorithms.distributed join` on w2
+    group's store at its own address; `python -m workers.trainer.follower join` on w2
     (docker-compose.worker-host.yml's learner-ranks) is rank 1, over gloo on the bridge. The
     first version equals the one-process run's within float tolerance (a two-rank reduction
     sums in another order, so later steps may sample other completions: those are checked for
@@ -375,7 +375,7 @@ def test_a_learner_group_with_a_rank_on_each_worker_host_trains_over_gloo(cluste
     # host's (GLOO_SOCKET_IFNAME), or each rank would offer the others its own loopback.
     group_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29600", "GLOO_SOCKET_IFNAME": "eth0"}
     cluster.start(("w1", "trainer", "train"), extra=group_env)
-    rank1 = spawn([*w2.wrap(), sys.executable, "-m", "workers.algorithms.distributed", "join", w1.address,
+    rank1 = spawn([*w2.wrap(), sys.executable, "-m", "workers.trainer.follower", "join", w1.address,
                    group_env["RFT_LEARNER_PORT"], "1"], env={**cluster.env, **group_env},
                   log=cluster.base / "logs" / "rank1@w2.log")
     try:
@@ -412,14 +412,14 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
     the run keeps running; while w2 is away each re-forming try waits the timeout for it and
     says so. Once the link is back the group re-forms and the run goes on; at its end every
     experience was trained once and every step recorded once."""
-    from workers.algorithms.distributed import SILENT_S
+    from workers.algorithms.group import SILENT_S
 
     w1, w2 = cluster.net["w1"], cluster.net["w2"]
     cluster.stop("trainer@w1", "trainer@w2", "explorer@w2")
     cluster.start(("w1", "explorer", "rollout"))
     group_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29601", "GLOO_SOCKET_IFNAME": "eth0"}
     cluster.start(("w1", "trainer", "train"), extra=group_env)
-    join = (f"while true; do {sys.executable} -m workers.algorithms.distributed join {w1.address}"
+    join = (f"while true; do {sys.executable} -m workers.trainer.follower join {w1.address}"
             f" {group_env['RFT_LEARNER_PORT']} 1; sleep 1; done")
     rank1 = spawn([*w2.wrap(), "bash", "-c", join], env={**cluster.env, **group_env},
                   log=cluster.base / "logs" / "rank1-again@w2.log")

@@ -47,7 +47,7 @@ def test_the_example_agent_trains_the_demo_model_round_by_round(
 ) -> None:
     from examples.calculator_agent import CALC_TOOL_COMPACT, agent_run
     from rftweb.client import RftClient
-    from workers.demo_model import DemoSettings, _problems
+    from workers.models.demo import DemoSettings, _problems
 
     taskset = demo_taskset_import(owner=owner, model_dir=demo_model_dir)
     run = make_run(owner=owner, taskset=taskset, model=str(demo_model_dir), name="calc-agent",

@@ -43,7 +43,8 @@ def test_an_sft_step_learns_from_a_human_correction_written_without_tokens(
     from transformers import AutoTokenizer
 
     from workers.engines import prompt_ids
-    from workers.trainer import state_dir, trainer_step
+    from workers.trainer.journal import state_dir
+    from workers.trainer.step import trainer_step
 
     settings.RFT_STORAGE_DIR = tmp_path
     taskset = demo_taskset_import(owner=owner, model_dir=demo_model_dir)

@@ -48,7 +48,7 @@ class NulSpeakingEngine:
 
 def test_an_explore_step_stores_completions_that_decode_to_nul(owner: Any, demo_model_dir: Path) -> None:
     from workers.engines import engine_cache_clear, engine_cache_put
-    from workers.explorer import explore
+    from workers.explore.explorer import explore
 
     run = make_run(owner=owner, taskset=make_taskset(2, owner=owner), model=str(demo_model_dir), repeat_times=2,
                    explore_batch_size=2, rewards=[{"name": "math_format"}])

@@ -18,7 +18,7 @@ RECORDS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b), "domain": "ma
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("para-model"), hidden_size=32, layers=1, heads=2)
 
@@ -40,7 +40,7 @@ def test_the_workers_params_type_names_every_field_the_pipeline_sends() -> None:
     """The pipeline sends ParaphraseParams dumped, with the model filled in; the worker reads
     them through its TypedDict, which names each of those fields."""
     from apps.buffer.pipeline.synthesize import ParaphraseParams
-    from workers.synthesize import ParaphraseParams as WorkerParams
+    from workers.explore.synthesize import ParaphraseParams as WorkerParams
 
     sent = set(ParaphraseParams().model_dump()) | {"model"}
     assert sent <= set(WorkerParams.__annotations__)
@@ -50,7 +50,7 @@ def test_the_workers_params_type_names_every_field_the_pipeline_sends() -> None:
 @pytest.mark.slow
 def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_reference(owner, tiny_model: Path) -> None:
     from workers.engines import engine_create
-    from workers.synthesize import Sampling, tasks_paraphrase
+    from workers.explore.synthesize import Sampling, tasks_paraphrase
 
     taskset = taskset_create(name="t", records=RECORDS, owner=owner)
     engine = engine_create(backend="transformers", path=str(tiny_model))
@@ -75,7 +75,7 @@ def test_paraphrases_from_the_engine_become_synthetic_tasks_keeping_the_referenc
 @pytest.mark.slow
 def test_an_import_step_has_a_celery_worker_paraphrase_the_taskset(owner, tiny_model: Path, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
-    with celery_worker("rollout", name="paraphrase", log=log, includes=("workers.synthesize",)) as worker:
+    with celery_worker("rollout", name="paraphrase", log=log, includes=("workers.explore.synthesize",)) as worker:
         taskset = taskset_create(name="t", records=RECORDS, owner=owner, pipeline=[{
             "name": "synth_paraphrase",
             "params": {"model": str(tiny_model), "n": 2, "max_tokens": 8, "require_numbers": False},

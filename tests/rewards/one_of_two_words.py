@@ -40,7 +40,7 @@ def one_of_two_pairs(rng: random.Random, n: int) -> list[PreferencePair]:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     texts = [f"What is {a} + {b}? " + " ".join(WORDS + FILLER) + f" <answer>{a + b}</answer>"
              for a in range(40) for b in range(10)]

@@ -22,8 +22,8 @@ from apps.rewards.k12_taskset import k12_records
 from apps.runs.models import Metric, Run
 from tests.factories import add_member, experience_row, make_run
 from workers.engines.base import Sample
-from workers.k12 import k12_judge_prompt, k12_judge_verdicts, k12_verdict_parse
-from workers.rewards import score_experiences
+from workers.reward.k12 import k12_judge_prompt, k12_judge_verdicts, k12_verdict_parse
+from workers.reward.scoring import score_experiences
 from apps.runs.ports import run_view_of
 
 TASK = {"domain": "k12", "prompt": "What gas do plants take in from the air to make their food?",
@@ -47,14 +47,14 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from workers.modelkit import tokenizer_build
+    from workers.models.tiny import tokenizer_build
 
     return tokenizer_build(texts=[r["question"] + " " + r["answer"] for r in k12_records()], vocab_size=400)
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, tokenizer: Any, replies: list[str]) -> ScriptedEngine:
     engine = ScriptedEngine(tokenizer, replies)
-    monkeypatch.setattr("workers.k12.judge_engine_for", lambda *, model, backend: engine)
+    monkeypatch.setattr("workers.reward.k12.judge_engine_for", lambda *, model, backend: engine)
     return engine
 
 
@@ -101,7 +101,7 @@ def test_malformed_judge_output_has_no_score_and_says_why(text: str) -> None:
 def test_malformed_judge_output_scores_zero_with_a_logged_reason(monkeypatch: pytest.MonkeyPatch, tokenizer: Any,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     _scripted(monkeypatch, tokenizer, ["Score: 7\nReason: close enough.", "I like this answer a lot", "Score: 99"])
-    with caplog.at_level(logging.WARNING, logger="workers.k12"):
+    with caplog.at_level(logging.WARNING, logger="workers.reward.k12"):
         verdicts = k12_judge_verdicts(["CO2", "oxygen", "carbon"], [TASK] * 3, model="judge")
     assert [v.score for v in verdicts] == [pytest.approx(0.7), 0.0, 0.0]
     assert verdicts[0].reason == "close enough."
@@ -165,7 +165,7 @@ LEARNED: dict[str, Any] = {"epochs": 4, "learning_rate": 3e-4, "max_length": 192
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_the_learned_grader_ranks_held_out_graded_answers_above_chance(owner: User, demo_model_dir: Path) -> None:
-    from workers.k12 import k12_grader_train_run
+    from workers.reward.k12 import k12_grader_train_run
     from apps.rewards.k12_rules import learned_params
     from apps.rewards.models import K12Grader
 
@@ -205,10 +205,10 @@ def test_a_k12_run_gets_experiences_whose_reward_parts_come_from_the_graders(own
     from apps.buffer.services import task_attempts_create
     from apps.rewards.k12_rules import grader_prompt, k12_grader_latest, learned_params
     from apps.runs.services import run_transition
-    from workers.explorer import explore
-    from workers.k12 import k12_grader_train_run
-    from workers.reward_models import reward_model_load
-    from workers.reward_trainer import rm_score_texts
+    from workers.explore.explorer import explore
+    from workers.reward.k12 import k12_grader_train_run
+    from workers.reward.scorers import reward_model_load
+    from workers.reward.trainer import rm_score_texts
 
     # One epoch: what is checked is that the parts are the grader's scores, not how well it grades
     # (the test above): the grader trained here is the run's own, a second fit of the same answers.
@@ -253,7 +253,7 @@ def test_a_scorer_uses_the_newest_grader_while_another_worker_trains_the_next(ow
     from apps.rewards.k12_rules import learned_params
     from apps.rewards.models import K12Grader
     from apps.runs.dispatch import dispatch_claim
-    from workers.k12 import TRAIN_LEASE_SECONDS, k12_grader_ensure
+    from workers.reward.k12 import TRAIN_LEASE_SECONDS, k12_grader_ensure
 
     run = _k12_run(owner, rewards=[{"name": "k12_learned", "domains": ["k12"]}])
     v1 = K12Grader.objects.create(run=run, version=1, path="/nowhere", base="b", grades=0)

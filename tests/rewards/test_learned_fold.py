@@ -216,7 +216,7 @@ def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User,
 def test_calibration_on_held_out_ratings_shrinks_an_uninformative_model_to_the_mean() -> None:
     """A model whose scores do not follow people adds no spread to a group's rewards (GRPO
     would otherwise train on its noise); one that does keeps its order on the human scale."""
-    from workers.reward_trainer import calibration_fit
+    from workers.reward.trainer import calibration_fit
 
     humans = [1.0, 0.0, 0.0, 0.0] * 4
     noise = [0.3, 2.0, -1.0, 0.7, -0.2, 1.1, 0.4, -2.0, 1.5, 0.9, -0.7, 0.1, 0.8, -1.4, 2.2, 0.0]

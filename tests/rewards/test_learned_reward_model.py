@@ -23,7 +23,7 @@ from apps.feedback.reward_model.versions import reward_model_due, reward_model_u
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from workers.reward_trainer import reward_model_score_run, reward_model_train_run
+from workers.reward.trainer import reward_model_score_run, reward_model_train_run
 from apps.runs.ports import run_view_of
 
 
@@ -157,7 +157,7 @@ def test_a_cross_validated_version_is_calibrated_by_fits_that_never_saw_the_rate
     steeper, and most must be much flatter."""
     from statistics import median, pstdev
 
-    from workers.reward_trainer import calibration_fit, reward_scorer_load
+    from workers.reward.trainer import calibration_fit, reward_scorer_load
 
     ratios = []
     draws = [(6, 11), (12, 11), (22, 21)] + [(100 + k, 200 + k) for k in range(6)]
@@ -273,7 +273,7 @@ def test_a_reward_model_over_the_demo_model_learns_a_preference_for_a_word_on_pr
 ) -> None:
     """The default kind (`head`) over the run's own model, from 60 of Anna's choices: held-out
     pairs (by prompt) ranked above 0.8, and so are pairs of 40 prompts no label touched."""
-    from workers.reward_trainer import pairwise_accuracy, reward_scorer_load
+    from workers.reward.trainer import pairwise_accuracy, reward_scorer_load
 
     run = make_run(owner=owner, feedback={"mode": "blend"},
                    reward_model={"enabled": True, "base": str(demo_model_dir), "retrain_every": 20,
@@ -317,7 +317,7 @@ def test_a_version_records_the_labels_of_the_pairs_it_trained_on(
     lone; and the split agrees with the labels' prompts, computed here on their own."""
     from apps.feedback.models import Feedback
     from apps.feedback.reward_model.preferences import prompt_is_heldout
-    from workers.reward_kinds import Fitted, reward_kind_impl
+    from workers.reward.kinds import Fitted, reward_kind_impl
 
     run = _blend_run(owner, annotator, demo_model_dir, kind="head", crossval_folds=0)
     groups = _groups(run, 24, seed=1)

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.likelihood_rm import likelihood_features
-from workers.reward_kinds.base_model import causal_lm_load
-from workers.reward_kinds.pair_fit import bradley_terry_fit
-from workers.likelihood_rm_hf import FEATURES
+from workers.reward.likelihood import likelihood_features
+from workers.reward.kinds.base_model import causal_lm_load
+from workers.reward.kinds.pair_fit import bradley_terry_fit
+from workers.reward.likelihood_hf import FEATURES
 
 
 

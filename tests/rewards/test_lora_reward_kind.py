@@ -1,4 +1,4 @@
-"""The `lora` reward-model kind (workers/reward_kinds/lora.py): the run's own base fine-tuned
+"""The `lora` reward-model kind (workers/reward/kinds/lora.py): the run's own base fine-tuned
 with a LoRA adapter under a scalar head learns a preference that no weighted sum of the frozen
 base's features separates (one of two words, not both and not neither), where the default
 `head` stays near chance; a saved version is recognised, loaded and scores as it was fitted,
@@ -17,9 +17,9 @@ def test_the_lora_kind_learns_one_of_two_words_that_a_linear_head_does_not(base:
     import torch
 
     from kernel.config import RewardModelConfig
-    from workers.reward_kinds.base_model import causal_lm_load
-    from workers.reward_kinds import reward_kind_impl, reward_kind_of_dir
-    from workers.reward_trainer import pairwise_accuracy
+    from workers.reward.kinds.base_model import causal_lm_load
+    from workers.reward.kinds import reward_kind_impl, reward_kind_of_dir
+    from workers.reward.trainer import pairwise_accuracy
 
     resident = causal_lm_load(str(base))[0]
     before = {k: v.clone() for k, v in resident.state_dict().items()}

@@ -1,4 +1,4 @@
-"""The `mlp` reward-model kind (workers/reward_kinds/mlp.py): small networks on every layer's
+"""The `mlp` reward-model kind (workers/reward/kinds/mlp.py): small networks on every layer's
 pooled hidden states of the run's own base learn a preference no weighted sum of the features
 separates (one of two words, not both and not neither), which the default `head` (a linear
 head) does not; a saved version is recognised, loaded and scores as it was fitted."""
@@ -14,8 +14,8 @@ from tests.rewards.one_of_two_words import base, one_of_two_pairs  # noqa: F401 
 
 def test_the_mlp_kind_learns_one_of_two_words_that_a_linear_head_does_not(base: Path, tmp_path: Path) -> None:
     from kernel.config import RewardModelConfig
-    from workers.reward_kinds import reward_kind_impl, reward_kind_of_dir
-    from workers.reward_trainer import pairwise_accuracy
+    from workers.reward.kinds import reward_kind_impl, reward_kind_of_dir
+    from workers.reward.trainer import pairwise_accuracy
 
     rng = random.Random(0)
     train, heldout = one_of_two_pairs(rng, 160), one_of_two_pairs(rng, 80)
@@ -41,7 +41,7 @@ def test_a_cross_validated_mlp_version_holds_every_pair_out_once(base: Path, tmp
     """With folds, the accuracy is out of fold over every pair, and each item is ranked by the
     networks that never saw its prompt."""
     from kernel.config import RewardModelConfig
-    from workers.reward_kinds import reward_kind_impl
+    from workers.reward.kinds import reward_kind_impl
 
     pairs = one_of_two_pairs(random.Random(1), 120)
     cfg = RewardModelConfig(enabled=True, kind="mlp", base=str(base), max_length=64)

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.modelkit import causal_lm_build, tokenizer_build
-from workers.reward_models import (
+from workers.models.tiny import causal_lm_build, tokenizer_build
+from workers.reward.scorers import (
     judge_engine,
     judge_prompt,
     judge_score_parse,
@@ -121,7 +121,7 @@ def judge_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     model = causal_lm_build(tokenizer=tokenizer, hidden_size=32, layers=1, heads=2, seed=0)
     prompts = [judge_prompt(template="Rate {completion} from 0 to {scale}.", completion=c, task=TASKS[0], scale=10)
                for c in ["<answer>19</answer>", "<answer>3</answer>", "blah", "12 + 7 = 19"]]
-    from workers.reward_models import DEFAULT_TEMPLATE
+    from workers.reward.scorers import DEFAULT_TEMPLATE
 
     prompts += [judge_prompt(template=DEFAULT_TEMPLATE, completion=c, task=TASKS[0], scale=10) for c in COMPLETIONS]
     rows = []

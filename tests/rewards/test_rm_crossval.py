@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from apps.rewards.pairs import PreferencePair
-from workers.likelihood_rm import crossval_accuracy
+from workers.reward.likelihood import crossval_accuracy
 
 
 def _pairs(n_prompts: int, *, informative: bool, seed: int = 0) -> tuple[list[list[float]], dict[tuple[str, str], int],
@@ -48,9 +48,9 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
     with the very ratings it trained on, so a calibration from those scores is steep and would
     carry noise into every learned reward; scored by the fold that never saw its prompt, each
     item's score follows people no better than chance, and the calibration is flat."""
-    from workers.likelihood_rm import fold_weights, out_of_fold_scores
-    from workers.reward_kinds.pair_fit import bradley_terry_fit
-    from workers.reward_trainer import calibration_fit
+    from workers.reward.likelihood import fold_weights, out_of_fold_scores
+    from workers.reward.kinds.pair_fit import bradley_terry_fit
+    from workers.reward.trainer import calibration_fit
 
     rng = random.Random(3)
     z: list[list[float]] = []
@@ -84,7 +84,7 @@ def test_out_of_fold_scores_do_not_carry_a_pattern_the_fit_found_in_its_own_nois
 
 
 def test_an_item_of_a_group_without_pairs_is_scored_by_the_fit_on_every_pair() -> None:
-    from workers.likelihood_rm import out_of_fold_scores
+    from workers.reward.likelihood import out_of_fold_scores
 
     # A fold that held no pair has no fit of its own: the item was in no pair, so the full fit
     # never saw it either.

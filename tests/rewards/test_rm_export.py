@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from apps.rewards.pairs import PreferencePair
 from apps.rewards.models import RewardModel
 from tests.factories import make_run
-from workers.likelihood_rm import likelihood_model_fit
+from workers.reward.likelihood import likelihood_model_fit
 
 
 PROBLEMS = [(a, b) for a in range(2, 9) for b in range(1, 6)]
@@ -52,7 +52,7 @@ def test_an_exported_likelihood_reward_model_scores_as_the_run_did(likelihood_ve
                                                                     tmp_path: Path) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from workers.reward_models import reward_model_export
+    from workers.reward.scorers import reward_model_export
 
     source, scorer = likelihood_version
     out = reward_model_export(source=str(source), out=str(tmp_path / "export"), scale=0.25, offset=0.5)
@@ -85,7 +85,7 @@ def test_an_input_without_an_assistant_turn_is_refused_naming_completion_mask(li
                                                                              tmp_path: Path) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from workers.reward_models import reward_model_export
+    from workers.reward.scorers import reward_model_export
 
     out = reward_model_export(source=str(likelihood_version[0]), out=str(tmp_path / "export"), scale=1.0, offset=0.5)
     model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True)
@@ -150,7 +150,7 @@ def test_a_head_version_is_refused_naming_its_kind(tmp_path: Path) -> None:
     """The default kind has no transformers form yet: its export says so instead of failing
     somewhere inside transformers."""
     from kernel.exceptions import ExportFailed
-    from workers.reward_models import reward_model_export
+    from workers.reward.scorers import reward_model_export
 
     version = tmp_path / "v1"
     version.mkdir()

@@ -26,7 +26,7 @@ from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_user
 from tests.servers import celery_worker
-from workers.likelihood_rm import likelihood_model_fit
+from workers.reward.likelihood import likelihood_model_fit
 
 pytestmark = [pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def version_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="module")
 def reward_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     log = tmp_path_factory.mktemp("reward-worker") / "worker.log"
-    with celery_worker("reward", name="rm-export", log=log, includes=("workers.reward_trainer",)):
+    with celery_worker("reward", name="rm-export", log=log, includes=("workers.reward.trainer",)):
         yield
 
 

@@ -15,7 +15,7 @@ from apps.feedback.reward_model.preferences import pair_is_heldout, prompt_is_he
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run
-from workers.reward_trainer import reward_model_pairs
+from workers.reward.trainer import reward_model_pairs
 from apps.runs.ports import run_view_of
 
 pytestmark = pytest.mark.django_db

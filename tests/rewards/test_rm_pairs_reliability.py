@@ -19,7 +19,7 @@ from apps.feedback.kinds.rating import feedback_rate
 from apps.rewards.models import GoldItem
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
-from workers.reward_trainer import pairwise_accuracy, reward_model_pairs
+from workers.reward.trainer import pairwise_accuracy, reward_model_pairs
 from apps.runs.ports import run_view_of
 
 pytestmark = pytest.mark.django_db

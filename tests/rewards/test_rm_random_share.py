@@ -29,7 +29,7 @@ from apps.feedback.models import Assignment
 from apps.rewards.models import RewardModel, RewardModelScore
 from apps.runs.models import Run
 from tests.factories import add_member, experience_row, make_run, make_user
-from workers.reward_trainer import reward_model_train_run
+from workers.reward.trainer import reward_model_train_run
 from apps.runs.ports import run_view_of
 
 

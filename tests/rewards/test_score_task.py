@@ -129,7 +129,7 @@ def test_enqueueing_waits_for_the_commit(reward_worker: subprocess.Popen) -> Non
 
 
 def test_a_failing_scorer_is_reported_scored_zero_and_recorded(tmp_path: Path) -> None:
-    from workers.rewards import rewards_remote_score
+    from workers.reward.scoring import rewards_remote_score
 
     owner = make_user()
     taskset = make_taskset(owner=owner)

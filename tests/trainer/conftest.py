@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2 with its tokenizer, built once per session (no hub)."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("tiny-model"), hidden_size=32, layers=2, heads=2, seed=0)
 
@@ -77,7 +77,7 @@ def loop_celery_workers(django_db_setup: Any, tmp_path_factory: pytest.TempPathF
     them: the whole loop, once for a module's tests (tests/trainer/test_loop.py). A run
     leaves nothing another reads: the engines hold versions by path, the trainer its
     residents by run id."""
-    explorer = ("explorer", "rollout", ("workers.explorer", "workers.evaluation"), False)
+    explorer = ("explorer", "rollout", ("workers.explore.explorer", "workers.explore.evaluation"), False)
     with _conductor_and_trainer(tmp_path_factory.mktemp("loop-workers"), explorer) as workers:
         yield workers
 

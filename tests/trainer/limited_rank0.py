@@ -34,8 +34,9 @@ def main(out: Path, warm_run: int, whole_run: int, sharded_run: int, weight_byte
     django.setup()
     import torch
 
-    from workers import trainer
-    from workers.algorithms import shard_load
+    from workers.trainer import resident as trainer_resident, step as step_module
+    from workers.models.policy import policy_load
+    from workers.algorithms import sharding
 
     torch.set_num_threads(1)
     # One malloc arena (MALLOC_ARENA_MAX=1 in the environment does it for the followers): a
@@ -44,37 +45,37 @@ def main(out: Path, warm_run: int, whole_run: int, sharded_run: int, weight_byte
     from apps.runs.models import Run
     from workers.algorithms import spec_from_config
 
-    warm = trainer.trainer_step(run_id=warm_run, step=1)
+    warm = step_module.trainer_step(run_id=warm_run, step=1)
     assert warm["status"] == "trained", warm
-    trainer.resident_drop(warm_run)
+    trainer_resident.resident_drop(warm_run)
     # The whole load's path warmed up too (its lazy imports are not what the limit meets).
     cfg = Run.objects.get(pk=warm_run).cfg
-    trainer.policy_load(cfg=cfg, spec=spec_from_config(cfg), source=str(cfg.model))
+    policy_load(cfg=cfg, spec=spec_from_config(cfg), source=str(cfg.model))
     gc.collect()
     limit = _vm_bytes() + int(share * weight_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     outcome = {}
-    sharded_fits = shard_load.rank0_sharded_fits
-    shard_load.rank0_sharded_fits = lambda **_: False  # type: ignore[assignment]
+    sharded_fits = sharding.rank0_sharded_fits
+    sharding.rank0_sharded_fits = lambda **_: False  # type: ignore[assignment]
     try:
-        result = trainer.trainer_step(run_id=whole_run, step=1)
+        result = step_module.trainer_step(run_id=whole_run, step=1)
         outcome["whole"] = f"{result['status']} {result}"
     except BaseException as exc:  # noqa: BLE001 (what the limit does is the outcome)
         # The whole load fails before the group starts: nothing of it is left but its memory,
         # freed here (mapped blocks, returned) before the sharded build under the same limit.
         outcome["whole"] = f"failed: {type(exc).__name__}: {exc}"[:2000]
-    shard_load.rank0_sharded_fits = sharded_fits  # type: ignore[assignment]
-    trainer.resident_drop(whole_run)
+    sharding.rank0_sharded_fits = sharded_fits  # type: ignore[assignment]
+    trainer_resident.resident_drop(whole_run)
     gc.collect()
     try:
-        result = trainer.trainer_step(run_id=sharded_run, step=1)
+        result = step_module.trainer_step(run_id=sharded_run, step=1)
         outcome["sharded"] = f"{result['status']} {result}"
     except BaseException as exc:  # noqa: BLE001 (what the limit does is the outcome)
         outcome["sharded"] = f"failed: {type(exc).__name__}: {exc}"[:2000]
         out.write_text(json.dumps(outcome))
         os._exit(0)  # a follower may be inside a collective; the outcome is written
     out.write_text(json.dumps(outcome))
-    trainer.resident_drop(sharded_run)
+    trainer_resident.resident_drop(sharded_run)
 
 
 if __name__ == "__main__":

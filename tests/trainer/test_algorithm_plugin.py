@@ -174,7 +174,7 @@ def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_s
     rwl: ModuleType, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """A real learner group, as a train worker starts one: this process is rank 0, its
-    follower a process of its own (`python -m workers.algorithms.distributed rank …`) that
+    follower a process of its own (`python -m workers.trainer.follower rank …`) that
     was told nothing of the plugin but what rank 0's group spec says (its environment has no
     RFT_PLUGINS); both build on their shards only, train one step with the plugin's sharded
     loss and write a version from their shards one tensor at a time (the train worker's way)
@@ -184,9 +184,9 @@ def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_s
 
     from kernel.config import config_dump
     from workers.algorithms import spec_from_config
-    from workers.algorithms.distributed import GroupPlan, LearnerGroup
-    from workers.algorithms.shard_load import LearnerBuild, model_skeleton
-    from workers.trainer import journal_encode, rng_state
+    from workers.algorithms.group import GroupPlan, LearnerGroup
+    from workers.algorithms.sharding import LearnerBuild, model_skeleton
+    from workers.trainer.journal import journal_encode, rng_state
 
     cfg = _config(tiny_model_dir, processes=2)
     spec = spec_from_config(cfg)

@@ -1,6 +1,6 @@
 """Where the explorer and the trainer share a process (bench/learning, the embedded default),
 a published version reaches the explorer's engine from memory, and its durable checkpoint
-is still written, off the critical path (workers/handover.py). Real Postgres, this process,
+is still written, off the critical path (workers/weights/handover.py). Real Postgres, this process,
 the transformers engine on a tiny model."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch
 from apps.buffer.services import task_attempts_create
 from apps.runs.models import ModelVersion
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
+from workers.trainer import resident as trainer_resident
 from workers.engines import engine_cache_clear, engine_for
 from workers.engines.hf_engine import HFEngine
 from workers.engines.hf_engine import HFEngine
-from workers.explorer import VersionNotReady, explore, model_version_path
-from workers.handover import handover_clear, pending_wait
-from workers.trainer import trainer_step
+from workers.explore.explorer import VersionNotReady, explore, model_version_path
+from workers.weights.handover import handover_clear, pending_wait
+from workers.trainer.step import trainer_step
 from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -30,13 +30,13 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _fresh(settings: Any, tmp_path: Path) -> Any:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     engine_cache_clear()
     handover_clear()
     yield
     handover_clear()
     engine_cache_clear()
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_the_explorer_in_the_trainer_s_process_samples_the_new_version_without_r
     assert file_loads == [str(tiny_model_dir)]
     engine = engine_for(run.cfg)
     assert isinstance(engine, HFEngine)
-    trained = _weights(trainer_mod.RESIDENTS[run.pk].model)
+    trained = _weights(trainer_resident.RESIDENTS[run.pk].model)
     assert engine.version == 3 and _same(_weights(engine.model), trained)
     assert base is not None and not _same(trained, base), "the steps should have moved the weights"
 
@@ -114,7 +114,7 @@ def test_a_version_recorded_before_its_files_waits_for_them_and_a_restarted_trai
     explore(run_id=run.pk, step=1, worker="one-process")
     trainer_step(run_id=run.pk, step=1, worker="one-process")
     pending_wait()
-    trained = _weights(trainer_mod.RESIDENTS[run.pk].model)
+    trained = _weights(trainer_resident.RESIDENTS[run.pk].model)
     checkpoint = Path(ModelVersion.objects.get(run=run, number=1).checkpoint)
 
     # A crash between the record and the background write: no files, nothing in memory.
@@ -125,7 +125,7 @@ def test_a_version_recorded_before_its_files_waits_for_them_and_a_restarted_trai
         model_version_path(run=run_view_of(run), version=1)
 
     # The restarted trainer rebuilds step 1 from its journal and writes version 1 again.
-    trainer_mod.RESIDENTS.clear()
-    trainer_mod.resident_for(run_view_of(run))
+    trainer_resident.RESIDENTS.clear()
+    trainer_resident.resident_for(run_view_of(run))
     assert model_version_path(run=run_view_of(run), version=1) == str(checkpoint)
     assert _same(_weights(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)), trained)

@@ -56,10 +56,10 @@ def _group(run: Run, name: str) -> list[int]:
 
 
 def _trainer_takes(run: Run) -> set[int]:
-    """One claim of the trainer (workers.trainer.train_batch_claim, as a train step makes it); the batch
+    """One claim of the trainer (workers.trainer.step.train_batch_claim, as a train step makes it); the batch
     goes back to the buffer so the next claim may see it again."""
     from apps.runs.ports import run_view_of
-    from workers.trainer import train_batch_claim
+    from workers.trainer.step import train_batch_claim
 
     _, rows = train_batch_claim(run=run_view_of(Run.objects.get(pk=run.pk)), worker="trainer-1", min_version=None)
     ids = {e.pk for e in rows}

@@ -91,7 +91,7 @@ def _grads_kept(learner: Learner) -> dict[str, torch.Tensor]:
 
 
 def _whole(learner: Learner) -> dict[str, torch.Tensor]:
-    from workers.algorithms.distributed import whole_state
+    from workers.algorithms.sharding import whole_state
 
     return whole_state(learner)
 
@@ -121,7 +121,7 @@ def _group(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[s
     update, then two ranks write a checkpoint and three resume the one two wrote."""
     import torch.distributed as dist
 
-    from workers.algorithms.distributed import learner_shard
+    from workers.algorithms.sharding import learner_shard
 
     dist.init_process_group("gloo", init_method=addr, world_size=world, rank=rank)
     try:
@@ -202,7 +202,7 @@ def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_
 
 def _ckpt_write(rank: int, world: int, model_dir: str, path: Path) -> None:
     """In a group: one GRPO step on the whole model sharded, then the checkpoint, each rank its shard."""
-    from workers.algorithms.distributed import learner_shard, sharded_save
+    from workers.algorithms.sharding import learner_shard, sharded_save
 
     learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
     shard = learner_shard(learner, rank=rank, world=world, sharding="full")
@@ -213,7 +213,7 @@ def _ckpt_write(rank: int, world: int, model_dir: str, path: Path) -> None:
 def _ckpt_resume(rank: int, world: int, model_dir: str, path: Path, out: Path) -> None:
     """In a group: the checkpoint at `path` loaded into a fresh sharded learner, the next step
     taken, the whole weights saved to `out` (rank 0)."""
-    from workers.algorithms.distributed import learner_shard, sharded_load, whole_state
+    from workers.algorithms.sharding import learner_shard, sharded_load, whole_state
 
     learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
     shard = learner_shard(learner, rank=rank, world=world, sharding="full")
@@ -227,7 +227,7 @@ def _ckpt_resume(rank: int, world: int, model_dir: str, path: Path, out: Path) -
 def test_a_checkpoint_two_ranks_wrote_resumes_on_one_process_and_on_three_to_the_same_next_step(
     tiny_model_dir: Path, groups: dict[int, Path]
 ) -> None:
-    from workers.algorithms.distributed import sharded_load
+    from workers.algorithms.sharding import sharded_load
 
     ckpt = groups[2] / "ckpt"
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], "each rank its shard"

@@ -18,7 +18,7 @@ from apps.buffer.services import experience_write
 from apps.runs.models import Metric, ModelVersion
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
+from workers.trainer import journal as trainer_journal, resident as trainer_resident, step as step_module, task as trainer_task
 from apps.runs.ports import run_view_of
 
 if TYPE_CHECKING:
@@ -30,10 +30,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Any:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    for run_id in list(trainer_mod.RESIDENTS):
-        trainer_mod.resident_drop(run_id)
+    for run_id in list(trainer_resident.RESIDENTS):
+        trainer_resident.resident_drop(run_id)
 
 
 def _fill(run: Any, *, expert: bool, tag: str = "", version: int = 0) -> None:
@@ -71,7 +71,7 @@ def _trained_now(owner: Any, model_dir: Path, *, algorithm: str, processes: int,
                  lora: dict[str, Any] | None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     trainer = {"learning_rate": 1e-2, "loss_type": "grpo" if algorithm == "grpo" else "dapo", "processes": processes,
                "hosts": hosts, **({"lora": lora} if lora else {})}
@@ -79,10 +79,10 @@ def _trained_now(owner: Any, model_dir: Path, *, algorithm: str, processes: int,
     _fill(run, expert=algorithm == "sft")
     # A batch for step 2, fresh enough for it: the run goes on (a finished one's group ends).
     _fill(run, expert=algorithm == "sft", tag="b", version=1)
-    out = trainer_mod.train_step.apply(args=(run.pk, 1)).get()
+    out = trainer_task.train_step.apply(args=(run.pk, 1)).get()
     assert out["status"] == "trained", out
     if processes > 1:
-        res = trainer_mod.RESIDENTS[run.pk]
+        res = trainer_resident.RESIDENTS[run.pk]
         assert res.group is not None and len(res.group.followers) == processes // hosts - 1
         assert all(p.poll() is None for p in res.group.followers), "a follower process ended"
         assert Metric.objects.get(run=run, step=1, name="learner_processes").value == processes
@@ -127,20 +127,20 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
     # with a train task sent before the stop (a stopped run gets no new one: the idle
     # reaper's case), refused before its step whether or not the stop took its dispatch back.
     # Checked on this test's group: a group of its own cost a follower's start (issue 50).
-    run_id, group = next((pk, res.group) for pk, res in trainer_mod.RESIDENTS.items() if res.group is not None)
+    run_id, group = next((pk, res.group) for pk, res in trainer_resident.RESIDENTS.items() if res.group is not None)
     followers = list(group.followers)  # close() empties the list
     assert followers and all(p.poll() is None for p in followers), "the group should live between steps"
     Run.objects.filter(pk=run_id).update(status=Run.Status.STOPPED)  # as run_transition's stop does
-    assert trainer_mod.train_step.apply(args=(run_id, 2)).get()["status"] in ("superseded", "not running")
+    assert trainer_task.train_step.apply(args=(run_id, 2)).get()["status"] in ("superseded", "not running")
     assert _followers_end(followers, within=60), "a stopped run's follower outlived it"
-    assert run_id not in trainer_mod.RESIDENTS
+    assert run_id not in trainer_resident.RESIDENTS
 
 
 def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_lora_update(
     owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
 ) -> None:
     """trainer.hosts: 2 with one process each, a LoRA run: the train task is rank 0 on its
-    host, and a second "host" (`python -m workers.algorithms.distributed join`, its own
+    host, and a second "host" (`python -m workers.trainer.follower join`, its own
     storage root) joins the group over 127.0.0.1 at RFT_LEARNER_PORT (with
     RFT_TRAINER_CPU_MMAP_THRESHOLD set there only). Every rank, rank 0 included, builds the
     frozen base on its shards and a fresh adapter from the run's seed: the adapter rank 0
@@ -159,17 +159,17 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_lor
     env = {**os.environ, "RFT_STORAGE_DIR": str(tmp_path / "host1-storage"), "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": "1", "RFT_TRAINER_CPU_MMAP_THRESHOLD": str(1 << 20)}
     # Started first: it waits for rank 0's store (as the compose file's learner-ranks service does).
-    host1 = spawn([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
+    host1 = spawn([sys.executable, "-m", "workers.trainer.follower", "join", "127.0.0.1",
                    str(settings.RFT_LEARNER_PORT), "1"], env=env, log=tmp_path / "host1.log")
     try:
         two = _trained(owner, tiny_model_dir, algorithm="grpo", processes=2, hosts=2, lora=lora)
-        group = next(res.group for res in trainer_mod.RESIDENTS.values() if res.group is not None)
+        group = next(res.group for res in trainer_resident.RESIDENTS.values() if res.group is not None)
         assert group.plan.hosts == 2 and group.followers_started == [], "rank 1 is the other host's, not a follower here"
         assert one.keys() == two.keys() and one
         for name in one:
             torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
-        for run_id in list(trainer_mod.RESIDENTS):
-            trainer_mod.resident_drop(run_id)  # rank 0 closes the group: the other host's rank ends
+        for run_id in list(trainer_resident.RESIDENTS):
+            trainer_resident.resident_drop(run_id)  # rank 0 closes the group: the other host's rank ends
         assert host1.wait(timeout=60) == 0, (tmp_path / "host1.log").read_text()[-3000:]
     finally:
         stop(host1)
@@ -181,7 +181,7 @@ def test_a_host_on_other_code_is_refused_naming_what_differs_and_nothing_else() 
     group's spec with its own (`code_check`) and refuses naming each difference with both
     sides, and nothing that agrees. (`join` itself, its message and exit status, is the next
     test's: a subprocess of its own here cost a torch import; issue 50.)"""
-    from workers.algorithms.distributed import GroupUnsupported, code_check, code_fingerprint
+    from workers.algorithms.group import GroupUnsupported, code_check, code_fingerprint
 
     mine = code_fingerprint()
     other = {**mine, "sources": "0123456789abcdef", "torch": "2.99.0"}
@@ -206,7 +206,7 @@ def _step_that_fails(owner: Any, model_dir: Path, *, processes: int, hosts: int)
                       trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes, "hosts": hosts})
     _fill(run, expert=False)
     started = time.monotonic()
-    out = trainer_mod.train_step.apply(args=(run.pk, 1)).get()
+    out = trainer_task.train_step.apply(args=(run.pk, 1)).get()
     return Run.objects.get(pk=run.pk), out, time.monotonic() - started
 
 
@@ -229,7 +229,7 @@ def test_a_host_on_other_code_fails_the_runs_step_at_once_naming_what_differs(
         shutil.copytree(ROOT / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
     with (other / "workers" / "algorithms" / "batch.py").open("a") as f:
         f.write("\n# A line rank 0's checkout does not have.\n")
-    host1 = spawn([sys.executable, "-m", "workers.algorithms.distributed", "join", "127.0.0.1",
+    host1 = spawn([sys.executable, "-m", "workers.trainer.follower", "join", "127.0.0.1",
                    str(settings.RFT_LEARNER_PORT), "1"], cwd=other,
                   env={**os.environ, "PYTHONPATH": str(other)}, log=tmp_path / "host1.log")
     try:
@@ -277,8 +277,8 @@ def one_process_grpo_weights(owner: Any, tiny_model_dir: Path) -> dict[str, torc
     torch.set_num_threads(1)
     weights = _trained(owner, tiny_model_dir, algorithm="grpo", processes=1)
     Run.objects.filter(status=Run.Status.RUNNING).update(status=Run.Status.STOPPED)
-    for run_id in list(trainer_mod.RESIDENTS):
-        trainer_mod.resident_drop(run_id)
+    for run_id in list(trainer_resident.RESIDENTS):
+        trainer_resident.resident_drop(run_id)
     return weights
 
 
@@ -312,7 +312,7 @@ def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights
 def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every learner group the train task starts (the resident may be gone by the time it returns)."""
     started: list[Any] = []
-    real = trainer_mod.group_start
+    real = trainer_resident.group_start
 
     def spy(**kwargs: Any) -> Any:
         group = real(**kwargs)
@@ -351,7 +351,7 @@ def _two_process_run_after_step_one(
     _fill(run, expert=False)
     if total_steps > 1:
         _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
-    assert trainer_mod.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
+    assert trainer_task.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
     return run, [p for group in started for p in group.followers_started], started
 
 
@@ -371,8 +371,8 @@ def _two_steps(owner: Any, model_dir: Path, settings: Any, monkeypatch: pytest.M
     _fill(run, expert=False)
     _fill(run, expert=False, tag="b", version=1)
     started = _group_spy(monkeypatch)
-    assert trainer_mod.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
-    snapshot = trainer_mod.state_dir(run.pk, 1)
+    assert step_module.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
+    snapshot = trainer_journal.state_dir(run.pk, 1)
     if processes[0] > 1:
         assert (snapshot / "dcp" / ".metadata").exists() and len(list((snapshot / "dcp").glob("*.distcp"))) == processes[0]
         # A run with steps left that gets no train task (paused, stopped, its buffer used up):
@@ -382,10 +382,10 @@ def _two_steps(owner: Any, model_dir: Path, settings: Any, monkeypatch: pytest.M
         followers = [p for group in started for p in group.followers_started]
         assert followers
         assert _followers_end(followers, within=90), "the idle reaper did not end the followers"
-        assert run.pk not in trainer_mod.RESIDENTS
-    trainer_mod.resident_drop(run.pk)  # the one-process resident (or none: the reaper's pass may have come)
+        assert run.pk not in trainer_resident.RESIDENTS
+    trainer_resident.resident_drop(run.pk)  # the one-process resident (or none: the reaper's pass may have come)
     Run.objects.filter(pk=run.pk).update(config={**run.config, "trainer": {**trainer, "processes": processes[1]}})
-    assert trainer_mod.trainer_step(run_id=run.pk, step=2)["status"] == "trained"
+    assert step_module.trainer_step(run_id=run.pk, step=2)["status"] == "trained"
     return load_file(str(Path(ModelVersion.objects.get(run=run, number=2).checkpoint) / "model.safetensors"))
 
 
@@ -406,15 +406,15 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
 
 def test_the_idle_reaper_leaves_a_resident_a_task_is_using(owner: Any, tiny_model_dir: Path) -> None:
     run = running_run(owner, tiny_model_dir, total_steps=5)
-    res = trainer_mod.resident_for(run_view_of(run))
+    res = trainer_resident.resident_for(run_view_of(run))
     res.used -= 100
-    with trainer_mod.resident_busy(run.pk):
-        assert trainer_mod.residents_reap(idle_seconds=10) == []
+    with trainer_resident.resident_busy(run.pk):
+        assert trainer_resident.residents_reap(idle_seconds=10) == []
     # The task's end restarts the idle clock.
-    assert trainer_mod.residents_reap(idle_seconds=10) == []
+    assert trainer_resident.residents_reap(idle_seconds=10) == []
     res.used -= 100
-    assert trainer_mod.residents_reap(idle_seconds=10) == [run.pk]
-    assert run.pk not in trainer_mod.RESIDENTS
+    assert trainer_resident.residents_reap(idle_seconds=10) == [run.pk]
+    assert run.pk not in trainer_resident.RESIDENTS
 
 
 def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pass(
@@ -425,20 +425,20 @@ def test_a_resident_whose_run_ended_with_steps_left_goes_at_the_reapers_next_pas
     at once, not after RFT_TRAINER_IDLE_SECONDS; a running run's resident stays."""
     from apps.runs.models import Run
 
-    for pk in list(trainer_mod.RESIDENTS):  # this test counts residents exactly: none left by others
-        trainer_mod.resident_drop(pk)
+    for pk in list(trainer_resident.RESIDENTS):  # this test counts residents exactly: none left by others
+        trainer_resident.resident_drop(pk)
     ended = running_run(owner, tiny_model_dir, total_steps=5)
     going = running_run(owner, tiny_model_dir, total_steps=5)
-    trainer_mod.resident_for(run_view_of(ended))
-    trainer_mod.resident_for(run_view_of(going))
+    trainer_resident.resident_for(run_view_of(ended))
+    trainer_resident.resident_for(run_view_of(going))
     # No conductor may run here: it finishes a train-mode run with no batch (CI once saw both
     # finished by the module-wide one an earlier test had left running).
-    assert trainer_mod.residents_ended() == set(), list(Run.objects.values_list("pk", "status", "error"))
+    assert trainer_resident.residents_ended() == set(), list(Run.objects.values_list("pk", "status", "error"))
     Run.objects.filter(pk=ended.pk).update(status=Run.Status.FINISHED)
-    assert trainer_mod.residents_ended() == {ended.pk}
-    assert trainer_mod.residents_reap(idle_seconds=600, ended=trainer_mod.residents_ended()) == [ended.pk]
-    assert ended.pk not in trainer_mod.RESIDENTS and going.pk in trainer_mod.RESIDENTS
-    trainer_mod.resident_drop(going.pk)
+    assert trainer_resident.residents_ended() == {ended.pk}
+    assert trainer_resident.residents_reap(idle_seconds=600, ended=trainer_resident.residents_ended()) == [ended.pk]
+    assert ended.pk not in trainer_resident.RESIDENTS and going.pk in trainer_resident.RESIDENTS
+    trainer_resident.resident_drop(going.pk)
 
 
 def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
@@ -448,16 +448,16 @@ def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
     recently used idle one, not one that another thread is stepping."""
     monkeypatch.setattr("workers.trainer.resident._MAX_RESIDENT_RUNS", 1)
     busy, idle, new = (running_run(owner, tiny_model_dir, total_steps=5) for _ in range(3))
-    with trainer_mod.resident_busy(busy.pk):
-        using = trainer_mod.resident_for(run_view_of(busy))
-        trainer_mod.resident_for(run_view_of(idle))
-        assert set(trainer_mod.RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
-        assert trainer_mod.RESIDENTS[busy.pk] is using
-        trainer_mod.resident_for(run_view_of(new))
-        assert set(trainer_mod.RESIDENTS) == {busy.pk, new.pk}
-    trainer_mod.resident_for(run_view_of(idle))  # none busy now: back to the cap, least recently used first
-    assert set(trainer_mod.RESIDENTS) == {idle.pk}
-    trainer_mod.resident_drop(idle.pk)
+    with trainer_resident.resident_busy(busy.pk):
+        using = trainer_resident.resident_for(run_view_of(busy))
+        trainer_resident.resident_for(run_view_of(idle))
+        assert set(trainer_resident.RESIDENTS) == {busy.pk, idle.pk}  # over the cap: the busy one stays
+        assert trainer_resident.RESIDENTS[busy.pk] is using
+        trainer_resident.resident_for(run_view_of(new))
+        assert set(trainer_resident.RESIDENTS) == {busy.pk, new.pk}
+    trainer_resident.resident_for(run_view_of(idle))  # none busy now: back to the cap, least recently used first
+    assert set(trainer_resident.RESIDENTS) == {idle.pk}
+    trainer_resident.resident_drop(idle.pk)
 
 
 # Three groups start (each a follower importing torch, transformers and Django): 16 min at load 40.
@@ -493,17 +493,17 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
 
     monkeypatch.setattr(Learner, "step", step_after_killing_the_follower)
     with pytest.raises(Exception):
-        trainer_mod.trainer_step(run_id=run.pk, step=2)
+        step_module.trainer_step(run_id=run.pk, step=2)
     assert killed, "the follower was not killed mid-step"
     run.refresh_from_db()
     assert run.train_step == 1, "the failed step was committed"
     assert not Metric.objects.filter(run=run, step=2).exists()
-    assert run.pk not in trainer_mod.RESIDENTS, "the broken group's weights were kept"
+    assert run.pk not in trainer_resident.RESIDENTS, "the broken group's weights were kept"
     assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
 
     monkeypatch.setattr(Learner, "step", real_step)
     for step in (2, 3):  # sent again by the loop: a new group (a new follower) resumes the run
-        assert trainer_mod.trainer_step(run_id=run.pk, step=step)["status"] == "trained"
+        assert step_module.trainer_step(run_id=run.pk, step=step)["status"] == "trained"
     run.refresh_from_db()
     assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
     assert Metric.objects.get(run=run, step=2, name="learner_processes").value == 2
@@ -512,7 +512,7 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     # test of its own, a group started for it alone; issue 50).
     last = [p for group in started[1:] for p in group.followers_started]
     assert last and _followers_end(last, within=60), "a follower outlived its finished run"
-    assert run.pk not in trainer_mod.RESIDENTS
+    assert run.pk not in trainer_resident.RESIDENTS
 
 
 def _train_task(run_id: int, step: int) -> StepOutcome:
@@ -521,7 +521,7 @@ def _train_task(run_id: int, step: int) -> StepOutcome:
     from apps.runs.models import Dispatch
 
     sent = Dispatch.objects.filter(run_id=run_id, kind="train", state="sent").values_list("task_id", flat=True).first()
-    out: StepOutcome = trainer_mod.train_step.apply(args=(run_id, step), task_id=sent or None).get()
+    out: StepOutcome = trainer_task.train_step.apply(args=(run_id, step), task_id=sent or None).get()
     return out
 
 
@@ -544,7 +544,7 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
 
     from apps.runs.models import Run, TaskFailure
     from tests.run_invariants import django_sql, experiences_used_once
-    from workers.algorithms.distributed import SILENT_S
+    from workers.algorithms.group import SILENT_S
     from workers.algorithms.learner import Learner
 
     from tests.servers import free_port

@@ -74,7 +74,7 @@ def _wait(predicate: Any, *, seconds: float, what: str, logs: Any) -> None:
 def test_a_running_lora_run_is_evaluated_every_other_version_and_its_tracker_holds_every_metric(
     owner: Any, client: Any, tiny_model_dir: Path, loop_celery_workers: Any
 ) -> None:
-    from workers.adapters import is_adapter_dir
+    from workers.weights.adapters import is_adapter_dir
 
     celery_workers = loop_celery_workers
     held_out = make_taskset(5, name="held-out", owner=owner)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernel.config import AdapterConfig
-from workers.adapters import adapter_wrap
+from workers.weights.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.objectives import grpo
@@ -94,7 +94,7 @@ def test_dpo_with_an_adapter_needs_no_reference_model(load_model: Any, tokenizer
 
 
 def test_adapter_targets_that_the_model_lacks_are_named(load_model: Any) -> None:
-    from workers.adapters import AdapterTargetsMissing
+    from workers.weights.adapters import AdapterTargetsMissing
 
     with pytest.raises(AdapterTargetsMissing, match="target_modules"):
         adapter_wrap(model=load_model(), lora=LORA.model_copy(update={"target_modules": ["wq", "wk"]}))

@@ -17,9 +17,9 @@ from apps.buffer.services import experience_write
 from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
-from workers.adapters import adapter_base, is_adapter_dir
-from workers.trainer import trainer_step
+from workers.trainer import resident as trainer_resident
+from workers.weights.adapters import adapter_base, is_adapter_dir
+from workers.trainer.step import trainer_step
 from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -31,9 +31,9 @@ PROMPTS = ["What is 3 + 4?", "What is 12 + 5?", "What is 7 + 7?"]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 def _groups(run: Run, *, tag: str, groups: int = 2, size: int = 4) -> None:
@@ -100,7 +100,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
     sync_bytes = Metric.objects.filter(run=run, name="sync_bytes", step=2).values_list("value", flat=True).get()
     assert sync_bytes == adapter_bytes
 
-    res = trainer_mod.RESIDENTS[run.pk]
+    res = trainer_resident.RESIDENTS[run.pk]
     prompts = [prompt_ids(tokenizer, text=p) for p in PROMPTS]
     eos = tokenizer.eos_token_id
     trainer_text = _trim(_greedy_of(res.model, tokenizer, prompts), eos)
@@ -121,7 +121,7 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
         v3 = ModelVersion.objects.get(run=run, number=3).checkpoint
         engine_version_ensure(engine, version=3, path=v3)
         assert engine.model is held
-        assert _engine_greedy(engine, prompts) == _trim(_greedy_of(trainer_mod.RESIDENTS[run.pk].model, tokenizer, prompts), eos)
+        assert _engine_greedy(engine, prompts) == _trim(_greedy_of(trainer_resident.RESIDENTS[run.pk].model, tokenizer, prompts), eos)
     finally:
         engine_cache_clear()
 
@@ -129,9 +129,9 @@ def test_a_lora_run_publishes_a_small_adapter_that_the_transformers_engine_gener
 def test_a_restarted_lora_trainer_rebuilds_the_same_adapter_and_optimizer(owner: Any, tiny_model_dir: Path) -> None:
     run = _lora_run(owner, tiny_model_dir, beta=0.05)
     _train(run, 3, spare=1)  # the run goes on: its trainer keeps the resident read below
-    before = {n: p.detach().clone() for n, p in trainer_mod.RESIDENTS[run.pk].model.named_parameters() if p.requires_grad}
-    trainer_mod.resident_drop(run.pk)
-    res = trainer_mod.resident_for(run_view_of(run))
+    before = {n: p.detach().clone() for n, p in trainer_resident.RESIDENTS[run.pk].model.named_parameters() if p.requires_grad}
+    trainer_resident.resident_drop(run.pk)
+    res = trainer_resident.resident_for(run_view_of(run))
     after = {n: p.detach() for n, p in res.model.named_parameters() if p.requires_grad}
     assert before.keys() == after.keys() and all("lora_" in n for n in after)
     for name in before:
@@ -154,7 +154,7 @@ def test_the_cli_exports_a_versions_adapter_and_its_merged_weights(
     assert not is_adapter_dir(tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     prompts = [prompt_ids(tokenizer, text=p) for p in PROMPTS]
-    expected = _greedy_of(trainer_mod.RESIDENTS[run.pk].model, tokenizer, prompts)
+    expected = _greedy_of(trainer_resident.RESIDENTS[run.pk].model, tokenizer, prompts)
     assert _greedy_of(merged, tokenizer, prompts) == expected
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     assert config["model_type"] == "qwen2"

@@ -19,7 +19,7 @@ from tests.trainer.test_lora_loop import (
     _train,
     _trim,
 )
-from workers import trainer as trainer_mod
+from workers.trainer import resident as trainer_resident
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow, pytest.mark.vllm]
 
@@ -32,15 +32,15 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Any:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # vLLM's CPU attention wants a head size of 32 or more.
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("vllm-lora-model"), hidden_size=64, layers=2, heads=2, seed=0)
 
@@ -59,7 +59,7 @@ def test_vllm_serves_a_published_adapter_with_the_trainers_greedy_text(owner: An
     checkpoint = ModelVersion.objects.get(run=run, number=2).checkpoint
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
     prompts = [prompt_ids(tokenizer, text=p) for p in PROMPTS]
-    res = trainer_mod.RESIDENTS[run.pk]
+    res = trainer_resident.RESIDENTS[run.pk]
     expected = _trim(_greedy_of(res.model, tokenizer, prompts), tokenizer.eos_token_id)
     with res.model.disable_adapter():
         base = _trim(_greedy_of(res.model, tokenizer, prompts), tokenizer.eos_token_id)

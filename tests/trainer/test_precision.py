@@ -15,8 +15,8 @@ import torch
 from apps.runs.models import Run
 from tests.trainer.conftest import running_run
 from tests.trainer.test_lora import LORA, _rollouts
-from workers import trainer as trainer_mod
-from workers.adapters import adapter_wrap
+from workers.trainer import resident as trainer_resident
+from workers.weights.adapters import adapter_wrap
 from workers.algorithms import Learner, LearnerSpec, TrainBatch
 from workers.algorithms import trl_bridge as bridge
 from workers.precision import PrecisionUnsupported, precision_check, precision_supported
@@ -60,10 +60,10 @@ def test_a_run_this_trainer_cannot_train_fails_with_the_message_and_keeps_its_ba
 ) -> None:
     from apps.buffer.models import Experience
     from tests.factories import make_experiences
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     settings.RFT_STORAGE_DIR = tmp_path
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     run = running_run(owner, tiny_model_dir, trainer={**trainer, "loss_type": "grpo"})
     make_experiences(run, groups=2, group_size=4)
     out = train_step.apply(args=(run.pk, 1)).get()

@@ -121,12 +121,12 @@ def test_a_preference_kind_reaches_agreement_pairs_exports_and_the_client(best_o
 
 @pytest.fixture
 def _storage(settings: Any, tmp_path: Path) -> Iterator[None]:
-    from workers import trainer as trainer_mod
+    from workers.trainer import resident as trainer_resident
 
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 @pytest.mark.slow
@@ -134,7 +134,8 @@ def test_a_preference_algorithm_trains_on_the_pairs_a_preference_kind_states(
     best_of: ModuleType, owner: User, tiny_model_dir: Path, _storage: None
 ) -> None:
     from tests.trainer.conftest import running_run
-    from workers.trainer import journal_path, journal_read, trainer_step
+    from workers.trainer.journal import journal_path, journal_read
+    from workers.trainer.step import trainer_step
 
     run = running_run(owner, tiny_model_dir, algorithm="slic", train_batch_size=4, repeat_times=2,
                       trainer={"learning_rate": 1e-3})

@@ -1,6 +1,6 @@
 """Rank 0 of a learner group never holds the whole model (issue 66.5): on each path a train
 worker starts its learner from, rank 0 builds the policy on the meta device and gives it
-storage for its shards only (workers/algorithms/shard_load.py): a new run, a learner group's
+storage for its shards only (workers/algorithms/sharding.py): a new run, a learner group's
 snapshot, a published version of full weights and an adapter folder (the last two after lost
 trainer state). A one-process snapshot is not a learner group's start (a group snapshots
 sharded), and still loads whole.
@@ -23,7 +23,7 @@ from apps.runs.models import Run
 from apps.runs.ports import model_version_publish, run_view_of
 from tests.factories import make_run
 from tests.servers import free_port
-from workers import trainer as trainer_mod
+from workers.trainer import resident as trainer_resident
 
 pytestmark = pytest.mark.django_db
 
@@ -35,9 +35,9 @@ class _GroupReached(Exception):
 @pytest.fixture(autouse=True)
 def _fresh(settings: Any, tmp_path: Path) -> Iterator[None]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 def _group_run(owner: Any, model_dir: Path, *, lora: bool = False, train_step: int = 0) -> Run:
@@ -79,17 +79,17 @@ def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, tor
     real storage."""
     import torch.distributed as dist
 
-    from workers.algorithms import distributed
-    from workers.algorithms.shard_load import learner_sharded_build
+    from workers.algorithms import sharding
+    from workers.algorithms.sharding import learner_sharded_build
 
-    real = distributed._fully_shard
+    real = sharding._fully_shard
     devices: list[set[str]] = []
 
     def watched(model: torch.nn.Module, **kw: Any) -> None:
         devices.append({p.device.type for p in model.parameters()})
         real(model, **kw)
 
-    monkeypatch.setattr(distributed, "_fully_shard", watched)
+    monkeypatch.setattr(sharding, "_fully_shard", watched)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
     try:
         learner = learner_sharded_build(build, world=1, sharding="full")
@@ -151,7 +151,7 @@ def test_resuming_from_an_adapter_folder_builds_rank_0_on_the_meta_device_with_t
     from safetensors.torch import load_file
 
     from kernel.config import AdapterConfig
-    from workers.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
+    from workers.weights.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
     from workers.trainer import resident
 
     run = _group_run(owner, tiny_model_dir, lora=True, train_step=3)

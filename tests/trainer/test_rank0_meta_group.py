@@ -3,7 +3,7 @@ from its newest published version (full weights, or a LoRA run's adapter folder)
 reading its rows of the version (LearnerBuild.source), and its next version holds the weights
 a one-process trainer resuming from the same version makes. (It found a learner group's
 snapshot of a fresh optimizer giving it a zero step, so the group's next step was Adam's
-second: workers/algorithms/distributed.py `_dcp_state` now leaves a fresh one fresh.)"""
+second: workers/algorithms/sharding.py `_dcp_state` now leaves a fresh one fresh.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from apps.runs.models import ModelVersion, Run
 from apps.runs.ports import model_version_publish, run_view_of
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
+from workers.trainer import resident as trainer_resident, task as trainer_task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Any:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield
-    for run_id in list(trainer_mod.RESIDENTS):
-        trainer_mod.resident_drop(run_id)
+    for run_id in list(trainer_resident.RESIDENTS):
+        trainer_resident.resident_drop(run_id)
 
 
 def _version(model_dir: Path, out: Path) -> Path:
@@ -65,7 +65,7 @@ def _adapter_version(model_dir: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_save, adapter_wrap
+    from workers.weights.adapters import adapter_save, adapter_wrap
 
     model = adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                          lora=AdapterConfig(**LORA))
@@ -83,7 +83,7 @@ LORA: dict[str, Any] = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "
 def _resumed(owner: Any, model_dir: Path, version: Path, processes: int, lora: bool = False) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     trainer = {"learning_rate": 1e-2, "loss_type": "grpo", "processes": processes, **({"lora": LORA} if lora else {})}
     run = running_run(owner, model_dir, train_batch_size=12, total_steps=5, trainer=trainer)
@@ -91,10 +91,10 @@ def _resumed(owner: Any, model_dir: Path, version: Path, processes: int, lora: b
     run.refresh_from_db()
     model_version_publish(run=run_view_of(run), number=1, checkpoint=str(version), train_step=1)
     _fill(run)
-    out = trainer_mod.train_step.apply(args=(run.pk, 2)).get()
+    out = trainer_task.train_step.apply(args=(run.pk, 2)).get()
     assert out["status"] == "trained", out
     if processes > 1:
-        group = trainer_mod.RESIDENTS[run.pk].group
+        group = trainer_resident.RESIDENTS[run.pk].group
         assert group is not None and group.rank0_sharded, "rank 0 loaded the whole version"
         for model in [m for m in (group.learner.model, group.learner.ref_model) if m is not None]:
             for name, p in model.named_parameters():
@@ -109,7 +109,7 @@ def test_two_ranks_resume_from_a_published_version_on_their_shards_to_the_one_pr
 ) -> None:
     from safetensors.torch import load_file
 
-    from workers.adapters import ADAPTER_WEIGHTS
+    from workers.weights.adapters import ADAPTER_WEIGHTS
 
     torch.set_num_threads(1)
     version = (_adapter_version if lora else _version)(tiny_model_dir, tmp_path / "v1")

@@ -15,11 +15,11 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.services import task_attempts_create
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
+from workers.trainer import journal as trainer_journal, resident as trainer_resident
 from workers.engines import engine_cache_clear
-from workers.explorer import explore
-from workers.handover import handover_clear, pending_wait
-from workers.trainer import trainer_step
+from workers.explore.explorer import explore
+from workers.weights.handover import handover_clear, pending_wait
+from workers.trainer.step import trainer_step
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ def _fresh() -> None:
     pending_wait()
     handover_clear()
     engine_cache_clear()
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def _learn(owner: Any, model_dir: Path, *, seed: int) -> tuple[list[str], dict[s
     # The trainer frees the policy after the last step; its snapshot of that step holds the weights.
     from safetensors.torch import load_file
 
-    weights = load_file(str(trainer_mod.state_dir(run.pk, STEPS) / "model.safetensors"))
+    weights = load_file(str(trainer_journal.state_dir(run.pk, STEPS) / "model.safetensors"))
     _fresh()
     return texts, weights
 

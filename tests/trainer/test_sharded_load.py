@@ -1,4 +1,4 @@
-"""A rank of a learner group loads only its shard of the model (workers.algorithms.distributed
+"""A rank of a learner group loads only its shard of the model (workers.algorithms.sharding
 .model_sharded_load): built on the meta device, sharded, then its rows read from the
 safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
 loss and next weights on the same batch, for a model with its own output head and one
@@ -60,7 +60,7 @@ def _compared(rank: int, world: int, model_dirs: list[str], out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
-    from workers.algorithms.distributed import learner_shard, model_sharded_load, whole_state
+    from workers.algorithms.sharding import learner_shard, model_sharded_load, whole_state
 
     mesh = init_device_mesh("cpu", (world,))
     for i, model_dir in enumerate(model_dirs):
@@ -95,7 +95,7 @@ def _spawn_bounded(fn: Any, world: int, *args: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("tied-model"), hidden_size=32, layers=2, heads=2, seed=1, tied=True)
 
@@ -178,7 +178,7 @@ def _lora_sharded(model_dir: str, *, rank: int, world: int) -> tuple[Learner, An
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
-    from workers.algorithms.distributed import learner_shard, model_sharded_load
+    from workers.algorithms.sharding import learner_shard, model_sharded_load
 
     spec, lora = _lora_spec()
     torch.manual_seed(0)
@@ -192,7 +192,7 @@ def _lora_whole(model_dir: str) -> torch.nn.Module:
     loaded only its shard (this process's part of it: no collective)."""
     from transformers import AutoModelForCausalLM
 
-    from workers.adapters import adapter_wrap
+    from workers.weights.adapters import adapter_wrap
 
     _, lora = _lora_spec()
     return adapter_wrap(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora=lora)
@@ -260,7 +260,7 @@ def _limited(rank: int, world: int, warm_dir: str, model_dir: str, weight_bytes:
 def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~100M parameters (400 MB of fp32 weights) in 24 blocks of 4M: a block gathered is
     small beside a rank's half of the weights."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     return tiny_model_save(tmp_path_factory.mktemp("large-model"), hidden_size=512, layers=24, heads=8,
                            intermediate_size=2048, seed=2)

@@ -21,10 +21,10 @@ from django.utils.html import escape
 from apps.runs.models import ModelVersion, Run, SyncFailure
 from apps.runs.ports import model_version_publish, run_view_of
 from tests.factories import make_run
-from workers import sync as sync_mod
+from workers.weights import sync as sync_mod
 from workers.engines import engine_cache_clear, engine_cached, engine_for
-from workers.handover import handover_clear
-from workers.sync import SyncFailed, version_dir
+from workers.weights.handover import handover_clear
+from workers.weights.sync import SyncFailed, version_dir
 
 pytestmark = pytest.mark.django_db
 
@@ -137,7 +137,7 @@ def test_a_checkpoint_not_on_the_explorers_disk_fails_after_the_bound_naming_the
 ) -> None:
     """The trainer wrote it, the explorer's host does not see it (storage not shared): the
     explorer waits while the bound allows, then fails instead of waiting for ever."""
-    from workers.explorer import VersionNotReady, engine_at
+    from workers.explore.explorer import VersionNotReady, engine_at
 
     run = make_run(owner=owner, model=str(tiny_model_dir), sync_timeout_s=30.0)
     missing = version_dir(run.pk, 1)
@@ -158,8 +158,8 @@ def test_an_adapter_version_whose_file_is_corrupt_fails_its_load_naming_the_adap
     owner: User, tiny_model_dir: Path, load_model: Any, events: list[tuple[str, dict[str, Any]]],
 ) -> None:
     from kernel.config import AdapterConfig
-    from workers.adapters import adapter_save, adapter_wrap
-    from workers.explorer import engine_at
+    from workers.weights.adapters import adapter_save, adapter_wrap
+    from workers.explore.explorer import engine_at
 
     run = make_run(owner=owner, model=str(tiny_model_dir), sync_timeout_s=BOUND)
     out = version_dir(run.pk, 1)
@@ -181,7 +181,7 @@ def test_an_in_memory_handover_whose_write_stalls_fails_the_next_publish_within_
     owner: User, tiny_model_dir: Path, load_model: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch,
     stall: threading.Event, events: list[tuple[str, dict[str, Any]]], settings: Any,
 ) -> None:
-    from workers import handover
+    from workers.weights import handover
     from workers.trainer.step import publish_due
 
     settings.RFT_WEIGHT_SYNC = "checkpoint"
@@ -214,8 +214,8 @@ def test_a_receiver_that_fails_mid_version_records_it_on_the_timeline(
 ) -> None:
     """An explorer's receiver thread (NcclSync) that fails mid-version keeps the failure, and
     the explorer's next step puts it on the run's timeline (its engine loads checkpoints)."""
-    from workers.explorer import engine_at
-    from workers.sync import SyncReceiver, receiver_install
+    from workers.explore.explorer import engine_at
+    from workers.weights.sync import SyncReceiver, receiver_install
 
     run = make_run(owner=owner, model=str(tiny_model_dir))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.servers import free_port
-from workers.sync import SyncFailed
+from workers.weights.sync import SyncFailed
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ SLACK = 10.0
 
 
 def _rank(rank: int, addr: str, out: str, case: str) -> None:
-    from workers.sync import NcclSync
+    from workers.weights.sync import NcclSync
 
     torch.set_num_threads(1)
     sync = NcclSync(backend="gloo", addr=addr, world_size=2, rank=rank)

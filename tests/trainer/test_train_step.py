@@ -16,8 +16,8 @@ from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Metric, ModelVersion, Run
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
-from workers.trainer import trainer_step
+from workers.trainer import resident as trainer_resident, step as step_module, task as trainer_task
+from workers.trainer.step import trainer_step
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 def _groups(run: Run, *, groups: int = 2, size: int = 4, version: int = 0, tag: str = "", **fields: Any) -> list[int]:
@@ -125,7 +125,7 @@ def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_au
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from apps.runs.models import AuditEntry
-    from workers.trainer import train_step
+    from workers.trainer.task import train_step
 
     run = running_run(owner, tiny_model_dir)
     ids = _groups(run)
@@ -144,7 +144,7 @@ def test_a_step_that_cannot_train_fails_the_run_through_its_lifecycle_with_an_au
     assert entry.actor is None and "logits and labels differ" in entry.detail["reason"]
     assert set(Experience.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"ready"}
     # A second failure report (another worker) leaves the run and its audit as they are.
-    trainer_mod.run_fail(run.pk, 1, RuntimeError("later error"))
+    trainer_task.run_fail(run.pk, 1, RuntimeError("later error"))
     run.refresh_from_db()
     assert "later error" not in run.error and AuditEntry.objects.filter(run=run, action="fail").count() == 1
 
@@ -168,7 +168,7 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(owner: Any, tiny
         _groups(run, version=0, tag="b")
         assert trainer_step(run_id=run.pk, step=1)["status"] == "trained"
         if restart:
-            trainer_mod.RESIDENTS.clear()
+            trainer_resident.RESIDENTS.clear()
         assert trainer_step(run_id=run.pk, step=2)["status"] == "trained"
         runs.append(run)
     a, b = (_weights(Path(ModelVersion.objects.get(run=r, number=2).checkpoint)) for r in runs)
@@ -297,7 +297,7 @@ def test_a_chained_step_that_finds_no_batch_after_all_goes_back_to_the_conductor
     run = running_run(owner, tiny_model_dir)
     _groups(run, tag="a")
     _groups(run, tag="b")
-    real_claim = trainer_mod.train_batch_claim
+    real_claim = step_module.train_batch_claim
     calls = 0
 
     def claim_then_nothing(**kwargs: Any) -> Any:
@@ -371,7 +371,7 @@ def test_a_trainer_whose_batch_lease_was_taken_back_does_not_record_its_step(
         return out
 
     monkeypatch.setattr(Learner, "step", step_while_the_loop_takes_the_lease_back)
-    with pytest.raises(trainer_mod.StepConflict, match="lease was lost"):
+    with pytest.raises(step_module.StepConflict, match="lease was lost"):
         trainer_step(run_id=run.pk, step=1, worker="trainer-under-test")
     run.refresh_from_db()
     assert run.train_step == 0 and not Metric.objects.filter(run=run, name="loss").exists()

@@ -20,8 +20,9 @@ from apps.runs.models import Metric, ModelVersion, Run
 from apps.feedback.selectors import preferences_among
 from tests.factories import experience_row
 from tests.trainer.conftest import running_run
-from workers import trainer as trainer_mod
-from workers.trainer import journal_path, journal_read, state_dir, trainer_dir, trainer_step
+from workers.trainer import resident as trainer_resident
+from workers.trainer.journal import journal_path, journal_read, state_dir, trainer_dir
+from workers.trainer.step import trainer_step
 from apps.runs.ports import run_view_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -33,9 +34,9 @@ SNAPSHOT_STEPS = 3
 def _storage(settings: Any, tmp_path: Path) -> Iterator[Path]:
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     settings.RFT_TRAINER_SNAPSHOT_STEPS = SNAPSHOT_STEPS
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     yield settings.RFT_STORAGE_DIR
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
 
 
 def _groups(run: Run, *, tag: str, groups: int = 2, size: int = 4) -> list[int]:
@@ -49,7 +50,7 @@ def _groups(run: Run, *, tag: str, groups: int = 2, size: int = 4) -> list[int]:
 
 def _state(run: Run) -> dict[str, Any]:
     """A copy of the resident trainer state of `run`: weights, optimizer and scheduler."""
-    res = trainer_mod.RESIDENTS[run.pk]
+    res = trainer_resident.RESIDENTS[run.pk]
     return {
         "weights": {k: v.detach().clone() for k, v in res.model.state_dict().items()},
         "optimizer": copy.deepcopy(res.learner.optimizer_state()),
@@ -58,9 +59,9 @@ def _state(run: Run) -> dict[str, Any]:
 
 def _restarted(run: Run) -> dict[str, Any]:
     """The state a freshly started worker rebuilds for `run` (the resident is forgotten)."""
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     run.refresh_from_db()
-    trainer_mod.resident_for(run_view_of(run))
+    trainer_resident.resident_for(run_view_of(run))
     return _state(run)
 
 
@@ -163,7 +164,7 @@ def test_pruning_keeps_exactly_what_a_restart_needs(owner: Any, tiny_model_dir: 
             live = _state(run)
             _assert_identical(_restarted(run), live, f"step {step}")
     # After the last step the trainer frees the run's state; its snapshot is all there is.
-    assert run.pk not in trainer_mod.RESIDENTS
+    assert run.pk not in trainer_resident.RESIDENTS
     assert (state_dir(run.pk, 8) / "config.json").exists()
 
 
@@ -230,7 +231,7 @@ def test_a_worker_killed_between_the_commit_and_the_publish_keeps_the_steps_metr
     assert (run.train_step, run.current_version) == (1, 0)
     assert {"loss", "claimed", "staleness"} <= set(Metric.objects.filter(run=run, step=1).values_list("name", flat=True))
 
-    trainer_mod.RESIDENTS.clear()
+    trainer_resident.RESIDENTS.clear()
     assert trainer_step(run_id=run.pk, step=1)["status"] == "published"
     run.refresh_from_db()
     assert run.current_version == 1

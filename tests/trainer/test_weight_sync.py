@@ -10,7 +10,7 @@ import torch
 
 from apps.runs.models import ModelVersion
 from tests.factories import make_run
-from workers.sync import CheckpointSync, NcclSync, SyncUnavailable, version_dir, weight_sync_for
+from workers.weights.sync import CheckpointSync, NcclSync, SyncUnavailable, version_dir, weight_sync_for
 from apps.runs.ports import run_view_of
 
 
@@ -42,13 +42,13 @@ def test_checkpoint_sync_writes_a_loadable_version_and_records_it(
 def test_a_later_version_is_written_like_the_one_before_byte_for_byte_and_loads_its_own_weights(
     owner: Any, tiny_model_dir: Path, load_model: Any, tokenizer: Any, settings: Any, tmp_path: Path
 ) -> None:
-    """Version n is written from version n-1's layout (workers.sync.weights_like), not by
+    """Version n is written from version n-1's layout (workers.weights.sync.weights_like), not by
     save_pretrained; the files are the ones save_pretrained writes, to the byte."""
     import filecmp
 
     from transformers import AutoModelForCausalLM
 
-    from workers.sync import save_pretrained_atomic
+    from workers.weights.sync import save_pretrained_atomic
 
     settings.RFT_STORAGE_DIR = tmp_path
     run = make_run(owner=owner, model=str(tiny_model_dir))
@@ -85,7 +85,7 @@ def test_a_directory_of_another_layout_is_not_copied(
     """A `like` whose tensors do not match (another shape, sharded, gone) gets save_pretrained."""
     from transformers import AutoModelForCausalLM
 
-    from workers.sync import save_pretrained_atomic, weights_like
+    from workers.weights.sync import save_pretrained_atomic, weights_like
 
     model = load_model()
     like = save_pretrained_atomic(model=model, tokenizer=tokenizer, out=tmp_path / "v1")

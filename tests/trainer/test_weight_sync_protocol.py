@@ -33,7 +33,7 @@ def _trainer_model(model_dir: str, lora: bool):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if lora:
-        from workers.adapters import adapter_wrap
+        from workers.weights.adapters import adapter_wrap
 
         model = adapter_wrap(model=model, lora=AdapterConfig(rank=4, alpha=16.0, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]))
     with torch.no_grad():  # a "trained" version: visibly different greedy text
@@ -48,7 +48,7 @@ def _rank(rank: int, addr: str, model_dir: str, lora: bool, out: str) -> None:
 
     from workers.engines import engine_last_load, engine_version_ensure, prompt_ids
     from workers.engines.hf_engine import HFEngine
-    from workers.sync import NcclSync, SyncReceiver, receiver_install, save_pretrained_atomic
+    from workers.weights.sync import NcclSync, SyncReceiver, receiver_install, save_pretrained_atomic
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -18,7 +18,7 @@ from apps.buffer.services import task_attempts_create
 from apps.runs.models import Run
 from apps.runs.services import run_transition
 from tests.factories import make_run
-from workers.vision_model import TASKSET_ZIP
+from workers.models.vision_demo import TASKSET_ZIP
 
 
 def vision_run(owner: User, model_dir: Path, *, engine: str = "transformers", tasks: int = 4, **config: Any) -> Run:
@@ -47,7 +47,7 @@ def vision_engine(vision_model_dir: Path) -> Any:
 def explored(run: Run, model_dir: Path) -> list[Experience]:
     from transformers import AutoConfig
 
-    from workers.explorer import explore
+    from workers.explore.explorer import explore
 
     summary = explore(run_id=run.pk, step=1)
     assert summary["experiences"] == 16, summary
@@ -123,8 +123,8 @@ def test_a_task_with_pictures_on_a_text_only_model_fails_the_step_naming_the_mod
     owner: User, vision_model_dir: Path, tmp_path: Path, settings: Any,
 ) -> None:
     from workers.engines import engine_cache_clear
-    from workers.explorer import explore
-    from workers.modelkit import tiny_model_save
+    from workers.explore.explorer import explore
+    from workers.models.tiny import tiny_model_save
 
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     text_model = tiny_model_save(tmp_path / "text", hidden_size=32, layers=1, heads=2)
@@ -146,7 +146,7 @@ def test_held_out_evaluation_sends_the_pictures_too(
     """Greedy evaluation of v0 on the picture taskset scores about what the warm-up measured:
     with the pictures left out it could only guess."""
     from apps.runs.models import Metric
-    from workers.evaluation import evaluate_version
+    from workers.explore.evaluation import evaluate_version
 
     settings.RFT_STORAGE_DIR = tmp_path / "storage"
     eval_set = taskset_import(name="held-out", path=vision_model_dir / TASKSET_ZIP, owner=owner)

@@ -18,7 +18,7 @@ from apps.runs.services import run_transition
 from bench.common import run_wait_ended
 from tests.factories import make_run
 from tests.servers import Workers, redis_flush
-from workers.vision_model import TASKSET_ZIP
+from workers.models.vision_demo import TASKSET_ZIP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def loop_workers(django_db_setup: Any, storage: Path, tmp_path: Path) -> Iterato
     redis_flush()
     workers = Workers(tmp_path, RFT_STORAGE_DIR=str(storage), RFT_CONDUCT_SECONDS="0.3", RFT_DISPATCH_TTL="60")
     try:
-        workers.start_together(("conductor", "default", (), True), ("explorer", "rollout", ("workers.explorer",), False),
+        workers.start_together(("conductor", "default", (), True), ("explorer", "rollout", ("workers.explore.explorer",), False),
                                ("trainer", "train", ("workers.trainer",), False))
         yield workers
     finally:

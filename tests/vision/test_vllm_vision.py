@@ -36,7 +36,7 @@ def test_vllm_and_transformers_answer_the_same_pictures_alike(vision_model_dir: 
     from workers.engines import SamplingSpec
     from workers.engines.hf_engine import HFEngine
     from workers.vision import vision_prompt
-    from workers.vision_model import QUESTION, squares_image
+    from workers.models.vision_demo import QUESTION, squares_image
 
     hf = HFEngine(path=str(vision_model_dir))
     rng = random.Random(7)
@@ -72,7 +72,7 @@ def test_a_published_version_reloads_into_the_running_vllm_engine(vision_model_d
     from workers.engines import SamplingSpec
     from workers.engines.hf_engine import HFEngine
     from workers.vision import vision_prompt
-    from workers.vision_model import QUESTION, squares_image
+    from workers.models.vision_demo import QUESTION, squares_image
 
     model = AutoModelForImageTextToText.from_pretrained(vision_model_dir, dtype=torch.float32)
     torch.manual_seed(1)

@@ -1,4 +1,4 @@
-"""The rollout worker's chat task (workers/chat.py) in this process, on real Postgres: what it
+"""The rollout worker's chat task (workers/explore/chat.py) in this process, on real Postgres: what it
 reads from the database per call. The endpoint sends the run's config digest and current
 version with each request (apps/envapi/openai_services.py), so a warm worker answers a call
 without a query; an edited config, an unknown run or version still come out right."""
@@ -19,7 +19,7 @@ from apps.envapi.openai_schemas import CompletionIn
 from apps.runs.models import Run
 from apps.runs.services import model_version_publish
 from tests.factories import make_run
-from workers.chat import chat_generate
+from workers.explore.chat import chat_generate
 
 pytestmark = pytest.mark.django_db
 
@@ -107,7 +107,7 @@ def _pieces_one_decode_at_a_time(tokenizer: Any, ids: list[int]) -> list[str]:
 
 
 def test_an_answers_token_texts_and_pieces_are_what_decoding_each_token_and_prefix_gives(demo_model_dir: Path) -> None:
-    from workers.chat import _decodes_plainly, token_pieces, token_texts
+    from workers.explore.chat import _decodes_plainly, token_pieces, token_texts
     from workers.engines.base import tokenizer_load
 
     tokenizer = tokenizer_load(str(demo_model_dir))
@@ -134,7 +134,7 @@ def test_a_call_with_a_reply_list_answers_there_and_leaves_the_task_result_empty
     import asyncio
 
     from apps.envapi import token_stream
-    from workers.explorer import chat
+    from workers.explore.chat import chat
 
     key = token_stream.reply_key_new()
     if key is None:

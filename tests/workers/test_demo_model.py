@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 from django.core.management import CommandError, call_command
 
-from workers.demo_model import (
+from workers.models.demo import (
     MANIFEST,
     STYLES,
     DemoResult,
@@ -67,7 +67,7 @@ def test_builds_from_processes_with_other_thread_settings_give_byte_identical_fi
     finally:
         torch.set_num_threads(threads)
     code = (
-        "import json, sys; from workers.demo_model import DemoSettings, demo_model_build; "
+        "import json, sys; from workers.models.demo import DemoSettings, demo_model_build; "
         "r = demo_model_build(out=sys.argv[1], settings=DemoSettings(**json.loads(sys.argv[2])), progress=False, "
         "log=lambda _: None); print(json.dumps(r.files))"
     )
@@ -90,7 +90,7 @@ def test_a_saved_model_s_tokenizer_reloads_with_exactly_the_model_s_vocabulary(t
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     model_dir = tiny_build.out if maker == "demo" else tiny_model_save(tmp_path, hidden_size=16, layers=1, heads=2)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -257,7 +257,7 @@ def _sampled(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problem
     """`n` completions of each problem (temperature 1, up to 32 tokens, seeded), with their problem."""
     import torch
 
-    from workers.demo_model import _encode
+    from workers.models.demo import _encode
 
     prompts = [_encode(tokenizer, p)[0] for p in problems]
     width = max(len(p) for p in prompts)

@@ -19,7 +19,7 @@ from apps.buffer.services import task_attempts_create
 from apps.runs.models import Metric, Run, WeightLoad
 from apps.runs.services import model_version_publish, run_transition
 from tests.factories import make_run, make_taskset
-from workers.explorer import (
+from workers.explore.explorer import (
     GenerateRequestInvalid,
     explore,
     explorer_version_for,
@@ -248,11 +248,11 @@ class StageFailed(Exception):
 # Each stage of a step, by the name it reaches through: claim -> generate (prompts, then the
 # engine) -> score -> write -> record.
 STAGES = {
-    "prompt": "workers.explorer.task_prompt",
+    "prompt": "workers.explore.explorer.task_prompt",
     "generate": "engine",
-    "score": "workers.explorer.rewards_inline",
-    "write": "workers.explorer.explore_step_write",
-    "record": "workers.explorer.metric_record",
+    "score": "workers.explore.explorer.rewards_inline",
+    "write": "workers.explore.explorer.explore_step_write",
+    "record": "workers.explore.explorer.metric_record",
 }
 
 
@@ -282,7 +282,7 @@ def test_an_exception_in_any_stage_leaves_no_task_held(
 def test_a_run_paused_while_it_generated_gets_its_tasks_back(
         owner: User, demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     run = demo_run(owner, demo_model_dir, tasks=2)
-    monkeypatch.setattr("workers.explorer.run_status", lambda run_id: "paused")
+    monkeypatch.setattr("workers.explore.explorer.run_status", lambda run_id: "paused")
     assert explore(run_id=run.pk, step=1)["skipped"] == "run left running during the step"
     assert set(TaskAttempt.objects.filter(run=run).values_list("status", "lease_owner")) == {("queued", "")}
     assert not Experience.objects.filter(run=run).exists()
@@ -295,7 +295,7 @@ def test_a_step_whose_tasks_were_handed_back_while_it_generated_writes_nothing_a
     heartbeat late under load, as tests/test_faults.py once saw). A step still generating must
     not then record itself: it did, the next step claimed the same tasks, found every
     experience a duplicate, and the run stalled, its trainer waiting for a batch."""
-    import workers.explorer as explorer_mod
+    import workers.explore.explorer as explorer_mod
     from apps.buffer.services import task_release
 
     run = demo_run(owner, demo_model_dir, tasks=2)
@@ -374,7 +374,7 @@ async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experie
 ) -> None:
     from rftweb.asgi import application
     from tests.factories import make_user
-    from workers.explorer import explore_step
+    from workers.explore.explorer import explore_step
 
     owner = make_user("owner")
     run = demo_run(owner, demo_model_dir, tasks=2)
@@ -420,7 +420,7 @@ async def test_a_celery_worker_explores_and_a_websocket_client_sees_each_experie
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_generate_task_answers_through_the_celery_worker(owner: User, demo_model_dir: Path, celery_rollout_worker: Any) -> None:
-    from workers.explorer import generate
+    from workers.explore.explorer import generate
 
     run = demo_run(owner, demo_model_dir, tasks=1)
     out = generate.delay(run.pk, [{"prompt": "What is 7 + 2?", "n": 2, "max_tokens": 8}]).get(timeout=120)

@@ -49,7 +49,7 @@ def test_a_learner_leaves_the_allocator_alone_unless_the_worker_asks() -> None:
     0.79-0.83 s with it against 0.48-0.53 s without, so only RFT_TRAINER_CPU_MMAP_THRESHOLD
     turns it on (workers/trainer/resident.py)."""
     code = ("import torch; from workers.algorithms import Learner, LearnerSpec; from workers import host_memory;"
-            "from workers.modelkit import causal_lm_build, tokenizer_build;"
+            "from workers.models.tiny import causal_lm_build, tokenizer_build;"
             "tok = tokenizer_build(texts=['1 + 1 = 2'], vocab_size=300);"
             "Learner(spec=LearnerSpec(algorithm='sft'), model=causal_lm_build(tokenizer=tok, hidden_size=32, layers=1,"
             " heads=2), tokenizer=tok); print(host_memory._tuned)")
@@ -95,7 +95,7 @@ BACKWARD_TRIM_CODE = """
 import sys, torch
 from workers import host_memory
 from workers.algorithms import Learner, LearnerSpec, Rollout, TrainBatch
-from workers.modelkit import causal_lm_build, tokenizer_build
+from workers.models.tiny import causal_lm_build, tokenizer_build
 if sys.argv[1] == "tuned":
     assert host_memory.cpu_allocator_tune()
 trims = []

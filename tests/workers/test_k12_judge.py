@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from apps.rewards.k12_taskset import k12_records
-from workers.k12 import k12_judge_verdicts
+from workers.reward.k12 import k12_judge_verdicts
 
 TASK = {"domain": "k12", "prompt": "Which planet is closest to the Sun?", "reference": "Mercury"}
 
@@ -19,7 +19,7 @@ TASK = {"domain": "k12", "prompt": "Which planet is closest to the Sun?", "refer
 @pytest.fixture(scope="module")
 def judge_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random judge with a 1024-token context and a tokenizer that knows K-12 words."""
-    from workers.modelkit import tiny_model_save
+    from workers.models.tiny import tiny_model_save
 
     corpus = [f"{r['question']} {r['answer']} {g['answer']} Score: 7 Reason:" for r in k12_records()
               for g in r["graded_answers"]]
@@ -74,7 +74,7 @@ def test_the_judge_runs_on_the_resident_vllm_engine(judge_model_dir: Path, monke
 def test_a_prompt_longer_than_the_judges_context_scores_zero_unjudged(
         demo_model_dir: Path, hf_engine: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     calls = _spy(hf_engine, monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="workers.k12"):
+    with caplog.at_level(logging.WARNING, logger="workers.reward.k12"):
         verdicts = k12_judge_verdicts(["Mercury."], [TASK], model=str(demo_model_dir), max_tokens=8)
     assert calls == [] and verdicts[0].score == 0.0
     assert "use a judge with a longer context" in verdicts[0].reason and hf_engine.max_model_len == 256

@@ -14,7 +14,7 @@ from apps.runs.failures import task_failure_record
 from apps.runs.models import Run
 from kernel.exceptions import InvalidInput
 from tests.factories import make_run, make_taskset
-from workers.modelkit import tiny_model_save
+from workers.models.tiny import tiny_model_save
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "chat_template.jinja")

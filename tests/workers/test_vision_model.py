@@ -8,7 +8,7 @@ import random
 import zipfile
 from pathlib import Path
 
-from workers.vision_model import (
+from workers.models.vision_demo import (
     MANIFEST,
     QUESTION,
     TASKSET_ZIP,
@@ -37,7 +37,7 @@ def test_the_warmed_up_model_counts_squares_better_than_a_constant_guess_but_not
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from workers.vision_model import greedy_accuracy
+    from workers.models.vision_demo import greedy_accuracy
 
     manifest = json.loads((vision_model_dir / MANIFEST).read_text())
     # The build stopped at its target: above 0.25 (always answering one count), below perfect.

@@ -3,7 +3,14 @@
 - `batch`: experiences → rollouts, group advantages, preference pairs (no TRL);
 - `trl_bridge`: what every TRL trainer shares (pinned to trl==1.16.0);
 - `objectives/`: each algorithm's objective (its TRL trainer and inputs, its loss);
-- `learner`: a resident policy trained by any registered algorithm.
+- `learner`: a resident policy trained by any registered algorithm (and a rank's `Shard`);
+- `sharding`: a learner on FSDP2/DDP shards (shard it, load a rank's rows, sharded snapshots,
+  the whole model gathered for a version);
+- `group`: a learner as a group of processes, rank 0's side (its followers are
+  workers/trainer/follower.py).
+
+The modules here import each other, never this package, whose re-exports are for the rooms
+above (the trainer, the reward trainer, tests and benches).
 """
 
 from workers.algorithms.batch import (

@@ -24,7 +24,7 @@ from workers.algorithms.batch import Rollout, TrainBatch
 from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_params_parse
 from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
-from workers.adapters import is_adapter_model
+from workers.weights.adapters import is_adapter_model
 from workers.host_memory import backward_trim
 from workers.precision import autocast, optimizer_check, precision_check
 from workers.vision import images_open, pixel_inputs
@@ -33,7 +33,54 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
     from kernel.config import AdapterConfig, RunConfig
-    from workers.algorithms.distributed import Shard
+
+
+# The model's blocks and a rank's Shard live with the learner, which trims the heap block by
+# block and steps on its shard; workers/algorithms/sharding.py, which shards a learner, builds
+# on them.
+def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (transformers' `_no_split_modules`: the decoder layers),
+    outermost only (a vision tower's layers inside a listed module stay in it)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    inner = {id(c) for b in blocks for c in b.modules() if c is not b}
+    return [b for b in blocks if id(b) not in inner]
+
+
+@dataclass
+class Shard:
+    """This process's place in a learner group: rank of world."""
+
+    rank: int
+    world: int
+    sharding: str = "full"
+    # The rank's weighted loss term of the last step (its share of the batch's loss).
+    last_term: float = field(default=0.0, init=False)
+
+    def loss(self, learner: Learner, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = learner.objective.shard_loss(batch, rank=self.rank, world=self.world)
+        self.last_term = float(loss.detach())
+        # FSDP2 and DDP average the gradients over the ranks; the terms are to be summed.
+        return loss * self.world, metrics
+
+    def reduce(self, loss: torch.Tensor) -> torch.Tensor:
+        """The whole batch's loss (the metric): the ranks' terms summed."""
+        import torch.distributed as dist
+
+        total = (loss.detach() / self.world).reshape(1).float().to(_comm_device())
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total[0]
+
+
+def _comm_device() -> str:
+    """Where this process's collectives' tensors live (NCCL takes GPU tensors only)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
 
 
 class NothingToTrain(Conflict, ValueError):
@@ -114,8 +161,6 @@ class Learner:
         bridge.fused_head_tiles_for(next(model.parameters()).device)
         if self.device == "cpu":
             # In a tuned worker, the heap is also trimmed after each block's backward.
-            from workers.algorithms.distributed import model_blocks  # cycle: workers.algorithms.distributed imports this module
-
             backward_trim(model_blocks(model))
         optimizer_check(spec.optimizer, device=self.device)
         self.spec = spec
@@ -147,7 +192,7 @@ class Learner:
 
     def optimizer_rebuild(self) -> None:
         """A fresh optimizer and scheduler over the model's parameters as they are now (FSDP2
-        replaces them with their shards: workers.algorithms.distributed.learner_shard)."""
+        replaces them with their shards: workers.algorithms.sharding.learner_shard)."""
         primary = self.objective.trainer
         primary.optimizer = None
         primary.lr_scheduler = None
@@ -225,7 +270,7 @@ class Learner:
     def step(self, batch: TrainBatch, *, shard: Shard | None = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
-        shard: this process's place in a learner group (workers.algorithms.distributed.Shard):
+        shard: this process's place in a learner group (`Shard`, above):
         the loss is this rank's term of the whole batch's objective (its part of the rows,
         weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
         over the group in the backward pass, before the same clipping and update.

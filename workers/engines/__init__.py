@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from workers.engines.base import RolloutEngine, Sample, SamplingSpec, prompt_ids
 from workers.engines.hf_engine import HFEngine
 from workers.engines.vllm_engine import VLLMEngine
-from workers.sync import received_take, receiver_ensure, weight_bytes
+from workers.weights.sync import received_take, receiver_ensure, weight_bytes
 
 if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
@@ -151,7 +151,7 @@ def engine_cache_put(*, backend: str, model: str, engine: RolloutEngine, options
 
 def engine_cache_drop(cfg: EngineConfig, *, backend: str | None = None) -> None:
     """Forget the engine `engine_for(cfg)` returns, and close it in a thread of its own: a
-    load that failed or timed out left its weights unknown (workers.explorer), and a load
+    load that failed or timed out left its weights unknown (workers.explore.explorer), and a load
     still stalled in it must not hold up this one."""
     import threading
 
@@ -181,7 +181,7 @@ def engine_version_ensure(engine: RolloutEngine, *, version: int, path: str) -> 
 
     Compared by path as well as number: two runs of one base model share an engine and
     their version 3s differ. Tensors this process received by broadcast for that path
-    (workers.sync.NcclSync) go in directly when the engine can take them.
+    (workers.weights.sync.NcclSync) go in directly when the engine can take them.
     """
     if engine.version == version and getattr(engine, "path", None) == path:
         return False

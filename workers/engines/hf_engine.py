@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from workers.adapters import (
+from workers.weights.adapters import (
     ADAPTER_CONFIG,
     adapter_base,
     adapter_load,

@@ -8,7 +8,7 @@ A LoRA version (a peft adapter directory) is served through vLLM's LoRA support 
 engine was started with `max_lora_rank` (the explorer does so for runs with `trainer.lora`):
 the base stays put and each version is a `LoRARequest` (vLLM caches adapters by id, so
 prefix-cache entries of an older version are never reused). An engine started without
-LoRA gets the adapter merged into full weights (`workers.adapters.merged_save`) and
+LoRA gets the adapter merged into full weights (`workers.weights.adapters.merged_save`) and
 reloaded: slower, same tokens.
 """
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from workers.adapters import adapter_base, is_adapter_dir, merged_save
+from workers.weights.adapters import adapter_base, is_adapter_dir, merged_save
 from workers.engines.base import FinishReason, Prompt, Sample, SamplingSpec, tokenizer_folder_check, tokenizer_load
 from workers.vision import ImagePrompt, is_vision_model, processor_load
 

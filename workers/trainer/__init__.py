@@ -41,49 +41,9 @@ growing with the model; a journal entry grows with the batch only (about 1 ms).
 
 The package, by responsibility: `task` (the Celery task and its failure policy), `step` (one
 step and the chain of steps), `resident` (the resident learner, its loading, restore and idle
-reaper), `journal` (the journal, snapshots and their pruning). `workers.trainer` re-exports
-what tests, benches and the learner group (workers/algorithms/distributed.py) use of them.
-Tests that replace a function replace it in the module that calls it (e.g.
+reaper), `journal` (the journal, snapshots and their pruning), `follower` (a learner group's
+other ranks, each a process of its own). This package re-exports nothing: importing it loads
+no submodule, so `python -m workers.trainer.follower` starts before Django is set up, and
+callers name the module that holds what they use. Tests that replace a function replace it in the module that calls it (e.g.
 `workers.trainer.step.train_batch_claim`).
 """
-
-from __future__ import annotations
-
-from workers.trainer.journal import (
-    journal_decode,
-    journal_encode,
-    journal_path,
-    journal_read,
-    journal_store,
-    restore_point,
-    rng_restore,
-    rng_state,
-    snapshot_due,
-    snapshot_save,
-    state_dir,
-    state_prune,
-    trainer_dir,
-)
-from workers.trainer.resident import (
-    RESIDENTS,
-    Resident,
-    residents_ended,
-    group_start,
-    policy_load,
-    resident_busy,
-    resident_drop,
-    resident_for,
-    residents_reap,
-)
-from workers.trainer.step import StepConflict, train_batch_claim, publish_due, train_once, run_lock, trainer_step, worker_name
-from workers.trainer.task import run_fail, train_step
-
-
-__all__ = [
-    "RESIDENTS", "Resident", "StepConflict", "train_batch_claim", "residents_ended", "run_fail", "group_start", "policy_load",
-    "publish_due", "resident_busy", "train_once", "journal_decode",
-    "journal_encode", "journal_path", "journal_read", "journal_store", "resident_drop", "resident_for", "restore_point",
-    "rng_restore", "rng_state",
-    "residents_reap", "run_lock", "snapshot_due", "snapshot_save", "state_dir", "state_prune", "train_step",
-    "trainer_dir", "trainer_step", "worker_name",
-]

@@ -14,16 +14,17 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict
 
 from django.conf import settings
-from workers.sync import run_storage
+from workers.weights.sync import run_storage
 
 if TYPE_CHECKING:
     import torch
 
     from workers.algorithms.batch import Rollout, TrainBatch
-    from workers.trainer.resident import Resident
+    from workers.algorithms.group import LearnerGroup
+    from workers.algorithms.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,21 @@ def journal_decode(data: bytes) -> tuple[TrainBatch, RngState]:
     return batch, entry["rng"]
 
 
-def snapshot_save(*, res: Resident, step: int) -> Path:
+class Snapshotted(Protocol):
+    """What a snapshot is written from: the train worker's resident learner (resident.py's
+    `Resident`), named by what is read of it so that this module needs nothing of that one."""
+
+    @property
+    def run_id(self) -> int: ...
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def learner(self) -> Learner: ...
+    @property
+    def group(self) -> LearnerGroup | None: ...
+
+
+def snapshot_save(*, res: Snapshotted, step: int) -> Path:
     """The full trainer state after `step`, atomically and durably (the journal it lets go
     of is deleted right after)."""
     import torch
@@ -206,7 +221,7 @@ def restore_point(run_id: int, train_step: int) -> tuple[Path | None, list[Path]
     return None
 
 
-def snapshot_and_prune(*, res: Resident, step: int) -> None:
+def snapshot_and_prune(*, res: Snapshotted, step: int) -> None:
     """After the step committed; a failure here loses nothing (the journal still holds the
     step), so it is logged, not raised."""
     try:
@@ -214,7 +229,3 @@ def snapshot_and_prune(*, res: Resident, step: int) -> None:
         state_prune(run_id=res.run_id, snapshot_step=step)
     except Exception:
         log.exception("run %s: could not write the trainer snapshot of step %s; the journal covers it", res.run_id, step)
-
-
-# The old names, for the modules beside this one that still import them (resident.py and
-# step.py, whose changes are under way elsewhere): they switch to the public names, then these go.

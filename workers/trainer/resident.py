@@ -22,11 +22,11 @@ from django.conf import settings
 
 from apps.runs.ports import RunView, connection_release, runs_ended, version_latest
 from workers.trainer.journal import restore_point, rng_restore, journal_decode, snapshot_save
-from workers.adapters import adapter_load, adapter_wrap, is_adapter_dir
 from workers.engines.base import tokenizer_from_pretrained
-from workers.handover import handover_repair
+from workers.models.policy import policy_load, train_device
+from workers.weights.handover import handover_repair
 from workers.host_memory import cpu_allocator_tune, rank_mmap_threshold
-from workers.precision import optimizer_check, precision_check, precision_dtype
+from workers.precision import optimizer_check, precision_check
 from workers.vision import is_vision_model, processor_load
 
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 
     from apps.runs.ports import RunConfig
     from workers.algorithms.batch import TrainBatch
-    from workers.algorithms.distributed import LearnerGroup
+    from workers.algorithms.group import LearnerGroup
     from workers.algorithms.learner import Learner, LearnerSpec
-    from workers.algorithms.shard_load import LearnerBuild
+    from workers.algorithms.sharding import LearnerBuild
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Resident:
     tokenizer: PreTrainedTokenizerBase
     ref_model: torch.nn.Module | None
     learner: Learner
-    # A learner group's rank 0 side (workers.algorithms.distributed) when trainer.processes > 1.
+    # A learner group's rank 0 side (workers.algorithms.group) when trainer.processes > 1.
     group: LearnerGroup | None = None
     # time.monotonic() of the last task that used it (the idle reaper's clock).
     used: float = field(default_factory=time.monotonic)
@@ -66,40 +66,6 @@ RESIDENTS_LOCK = threading.Lock()
 # Runs with a train task in progress in this process (count): the reaper leaves them be.
 _BUSY: dict[int, int] = {}
 _reaper: threading.Thread | None = None
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _load_model(path: str, dtype: torch.dtype | None = None, device: str | None = None) -> torch.nn.Module:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=dtype or torch.float32).to(device or _device())
-
-
-def policy_load(*, cfg: RunConfig, spec: LearnerSpec, source: str, device: str | None = None
-                 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-    """(policy, reference model or None) for a run config, its weights from `source` (the
-    config's model, a snapshot or a published version). With `trainer.lora` the policy is
-    the config's model (frozen; held in the training precision) plus an adapter, fresh or
-    loaded from `source`, and there is no reference model: the base is the reference."""
-
-    if spec.lora is None:
-        if is_adapter_dir(source):
-            raise ValueError(f"{source} holds an adapter but the run's trainer.lora is not set")
-        model = _load_model(source, device=device)
-        return model, (_load_model(cfg.model, device=device) if spec.needs_ref_model else None)
-    base = _load_model(cfg.model, dtype=precision_dtype(spec.precision), device=device)
-    if is_adapter_dir(source):
-        return adapter_load(base_model=base, path=source, trainable=True), None
-    if source != cfg.model:
-        raise ValueError(f"{source} holds full weights but the run trains a LoRA adapter on {cfg.model}")
-    return adapter_wrap(model=base, lora=spec.lora), None
 
 
 def resident_for(run: RunView) -> Resident:
@@ -120,18 +86,18 @@ def resident_for(run: RunView) -> Resident:
                                                           start.replay, start.fallback)
     spec = spec_from_config(cfg)
     # Before loading gigabytes: a precision the device lacks fails the run with its reason.
-    precision_check(spec.precision, device=_device())
-    optimizer_check(spec.optimizer, device=_device())
+    precision_check(spec.precision, device=train_device())
+    optimizer_check(spec.optimizer, device=train_device())
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
     # Rank 0 of a learner group that starts from the run's model builds on its shards only,
-    # once the group is joined (workers/algorithms/shard_load.py); else the learner is whole.
+    # once the group is joined (workers/algorithms/sharding.py); else the learner is whole.
     build = _rank0_build(run=run, spec=spec, tokenizer=tokenizer, source=source)
     learner: Learner | None = None
     if build is None:
         model, ref_model = policy_load(cfg=cfg, spec=spec, source=source)
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
-    if _device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
+    if train_device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
         # Rank 0 of a learner group holds its share of the batch and of each gradient: its
         # threshold is scaled to that share (workers/host_memory.py says why).
         cpu_allocator_tune(threshold=rank_mmap_threshold(settings.RFT_TRAINER_CPU_MMAP_THRESHOLD,
@@ -145,7 +111,7 @@ def resident_for(run: RunView) -> Resident:
         learner, model, ref_model = group.learner, group.learner.model, group.learner.ref_model
     assert learner is not None
     if group is None and sharded is not None:
-        from workers.algorithms.distributed import sharded_load
+        from workers.algorithms.sharding import sharded_load
 
         sharded_load(learner, sharded)
     if replay:
@@ -224,18 +190,18 @@ def _start_point(run: RunView) -> _StartPoint:
         start.sharded = snapshot / "dcp"
     elif snapshot is not None:
         start.source = str(snapshot)
-        start.optimizer_state = torch.load(snapshot / "optimizer.pt", map_location=_device(), weights_only=False)
+        start.optimizer_state = torch.load(snapshot / "optimizer.pt", map_location=train_device(), weights_only=False)
     return start
 
 
 def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokenizerBase, source: str
                  ) -> LearnerBuild | None:
     """What rank 0 of the run's learner group builds its learner from on its shards only
-    (None: one process, or a learner loaded whole first: see workers/algorithms/shard_load.py)."""
+    (None: one process, or a learner loaded whole first: see workers/algorithms/sharding.py)."""
     t = run.cfg.trainer
     if int(t.processes) <= 1:
         return None
-    from workers.algorithms.shard_load import LearnerBuild, rank0_sharded_fits
+    from workers.algorithms.sharding import LearnerBuild, rank0_sharded_fits
 
     model = str(run.cfg.model)
     if not rank0_sharded_fits(sharding=str(t.sharding), model=model, source=str(source), lora=spec.lora is not None):
@@ -251,7 +217,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
     t = run.cfg.trainer
     if int(t.processes) <= 1:
         return None
-    from workers.algorithms.distributed import GroupPlan, LearnerGroup
+    from workers.algorithms.group import GroupPlan, LearnerGroup
     from workers.algorithms.learner import spec_from_config
 
     # One learner group per process (it is the default process group): another run's idle
@@ -264,7 +230,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
     # a version gathers them from the shards (sharded `none`, rank 0's replica is whole already).
     whole = None
     if t.sharding != "none":
-        from workers.algorithms.shard_load import model_skeleton
+        from workers.algorithms.sharding import model_skeleton
 
         whole = model_skeleton(cfg=run.cfg, spec=spec_from_config(run.cfg))
     return LearnerGroup(learner=learner, run_config=run.config_data,

@@ -47,8 +47,8 @@ from workers.trainer.journal import (
     snapshot_due,
 )
 from workers.trainer.resident import Resident, learner_step, resident_busy, resident_whole, resident_drop, resident_for
-from workers.handover import memory_sync_applies, MemorySync, sync_failure_note
-from workers.sync import CheckpointSync, SyncFailed, weight_sync_for
+from workers.weights.handover import memory_sync_applies, MemorySync, sync_failure_note
+from workers.weights.sync import CheckpointSync, SyncFailed, weight_sync_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -127,7 +127,7 @@ def _publish_due(*, run: RunView, res: Resident) -> float | None:
     number = version_for_train_step(cfg=cfg, train_step=res.step)
     if run.current_version >= number:
         return None
-    # An explorer in this very process takes full weights from memory (workers/handover.py);
+    # An explorer in this very process takes full weights from memory (workers/weights/handover.py);
     # an adapter (LoRA) is small and goes the usual way.
     if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
         return MemorySync().publish(run=run, number=number, train_step=res.step, model=resident_whole(res), tokenizer=res.tokenizer)

@@ -16,7 +16,7 @@ from django.db import InterfaceError, OperationalError
 from apps.runs.ports import run_view, task_failure_record
 from rftweb.taskkit import celery_bound_task, on_signal
 from workers.group_lost import GroupLost
-from workers.sync import SyncFailed
+from workers.weights.sync import SyncFailed
 from workers.trainer.resident import resident_drop
 from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker_name
 

@@ -2,7 +2,7 @@
 a version, which experiences it should score, and folding its scores into rewards under the
 `learned` feedback policy.
 
-Training and scoring themselves run on the `reward` queue (workers/reward_trainer.py).
+Training and scoring themselves run on the `reward` queue (workers/reward/trainer.py).
 
 `learned` in short: a member no person rated gets w_auto * auto + w_rm * calibrated score;
 a member people rated gets the `blend` fold of their reward; a group is trainable once every

@@ -47,8 +47,8 @@ from rftweb.exceptions import command_error
 from rftweb.celery import QUEUES
 from apps.feedback.ledger import REASON_WORDS, run_ledger
 from apps.runs.selectors import eval_basis, eval_best, eval_measures, metric_moves
-from workers.adapters import model_export
-from workers.reward_models import reward_model_export
+from workers.weights.adapters import model_export
+from workers.reward.scorers import reward_model_export
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

@@ -78,7 +78,7 @@ def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_task
 
 # The style the demo's guidelines ask people for (kernel/preferences.py): the run page
 # charts its share of held-out answers. The demo model writes it in about one answer in four
-# (workers/demo_model.py: a quarter of its warm-up; 0.24 of held-out samples), so there is something to amplify;
+# (workers/models/demo.py: a quarter of its warm-up; 0.24 of held-out samples), so there is something to amplify;
 # bench/steering measured it the most teachable of the three with few labels (`working`: rm10
 # 0.92-1.05x of `all`'s gain with 0.094x its labels on this model, 3 seeds, its form as
 # accurate as the bare answer).

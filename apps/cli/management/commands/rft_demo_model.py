@@ -7,7 +7,7 @@ from pathlib import Path
 from django.conf import settings
 
 from apps.cli.model_build import ModelBuildCommand
-from workers.demo_model import BUILD
+from workers.models.demo import BUILD
 
 
 class Command(ModelBuildCommand):

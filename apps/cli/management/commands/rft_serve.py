@@ -29,8 +29,8 @@ from rftweb.localpg.base import embedded_cluster
 from rftweb.celery import app
 from rftweb.localpg.base import embedded_stop
 
-WORKER_MODULES = ["workers.explorer", "workers.trainer", "workers.rewards", "workers.synthesize", "workers.reward_trainer",
-                  "workers.exports"]
+WORKER_MODULES = ["workers.explore.explorer", "workers.explore.chat", "workers.trainer.task", "workers.reward.scoring", "workers.explore.synthesize", "workers.reward.trainer",
+                  "workers.weights.exports"]
 
 
 class Command(BaseCommand):

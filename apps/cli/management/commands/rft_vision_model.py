@@ -8,7 +8,7 @@ from pathlib import Path
 from django.conf import settings
 
 from apps.cli.model_build import ModelBuildCommand
-from workers.vision_model import BUILD
+from workers.models.vision_demo import BUILD
 
 
 class Command(ModelBuildCommand):
