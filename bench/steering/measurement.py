@@ -90,7 +90,6 @@ def samples_rated(samples: list[tuple[str, str]], rating: Rating) -> Sampled:
     return Sampled(share=liked / n, arithmetic=rightly / n, untagged=untagged / n)
 
 
-
 @dataclass(frozen=True)
 class StepProbe:
     """What one step of a `learned` arm did with its reward model, read from the rows the
@@ -214,7 +213,6 @@ def probe_line(p: StepProbe) -> str:
 def mean(values: list[float]) -> float:
     """The mean, NaN for none (a table's cell where no run gave the figure)."""
     return sum(values) / len(values) if values else float("nan")
-
 
 
 def measured(raw: dict[str, Any], rater: RaterSpec, base: Sampled) -> dict[str, Any]:

@@ -22,6 +22,7 @@ PASSWORD = "bench-steering-pw"
 
 
 def server_start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The web server the raters reach (`manage.py runserver` on the bench database), up."""
     import httpx
 
     port = free_port()
