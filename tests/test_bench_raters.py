@@ -134,7 +134,8 @@ def test_the_family_summary_reads_each_target_off_the_rows(capsys: pytest.Captur
     import argparse
     import statistics
 
-    from bench.steering import RaterSpec, _family_summary, family_pairs
+    from bench.steering.people import RaterSpec
+    from bench.steering.report import family_pairs, family_summary
 
     rows = []
     gains = {("generated:0", 0): (0.40, 0.36), ("generated:0", 1): (0.30, 0.15), ("generated:1", 0): (0.20, 0.19),
@@ -150,7 +151,7 @@ def test_the_family_summary_reads_each_target_off_the_rows(capsys: pytest.Captur
     q1 = ratios[0] + (ratios[1] - ratios[0]) * 0.5  # (n - 1) * 0.25 = 0.5
     raters = [RaterSpec(name=f"generated:{i}", rating=lambda p, c: 3, noise=0.0, description=f"preference {i}",
                         mixed=i == 1) for i in (0, 1)]
-    _family_summary(raters, rows, seeds=[0, 1], args=argparse.Namespace(steps=30, seeds="0,1"))
+    family_summary(raters, rows, seeds=[0, 1], args=argparse.Namespace(steps=30, seeds="0,1"))
     out = capsys.readouterr().out
     assert f"rm10/all share gain: median {statistics.median(ratios):+.3f}, 25th percentile {q1:+.3f}, worst " \
            f"{0.5:+.3f} (generated:0 seed 1: preference 0); met 2/3 pairs" in out

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bench.steering import ARMS, Override, arm_config, overrides_print
+from bench.steering.config import ARMS, Override, arm_config, overrides_print
 from kernel.config import config_dump, config_validate
 from kernel.jsontypes import JSON
 

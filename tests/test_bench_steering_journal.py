@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench.steering import Journal, RaterSpec, StepProbe, report_from, Sampled
+from bench.steering.journal import Journal, report_from, seed_run
+from bench.steering.measurement import Sampled, StepProbe
+from bench.steering.people import RaterSpec
 
 SETTINGS = {"steps": 30, "beta": 0.6, "rm_gate": "evidence"}
 ARMS = ["all", "rm10", "format"]
@@ -49,9 +51,7 @@ class Runs:
 
 
 def _run(journal: Journal, runs: Runs) -> list[dict[str, Any]]:
-    from bench.steering import _seed_run
-
-    return _seed_run(0, raters=RATERS, arms=ARMS, base=BASE, journal=journal, run=runs)
+    return seed_run(0, raters=RATERS, arms=ARMS, base=BASE, journal=journal, run=runs)
 
 
 def _figures(rows: list[dict[str, Any]]) -> list[tuple[str, str, float, float]]:

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
-from bench.steering import PASSWORD, Rater
+from bench.steering.people import PASSWORD, Rater
 from tests.factories import add_member, experience_row, make_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
