@@ -184,29 +184,38 @@ def person_labels(*, url: str, run: int, preference: str, labels: int, until: fl
         page.click("button[type=submit]")
         page.wait_for_selector("#annotate")
         while given < labels and time.monotonic() < until and not done():
-            item = page.locator("#queue article.item:not(.done)").first
-            if item.count() == 0:
+            first = page.locator("#queue article.item:not(.done)").first
+            if first.count() == 0:
                 # Nothing waiting for people right now: the run is between steps. Look again.
                 time.sleep(2)
                 page.goto(f"{url}/runs/{run}/annotate/")
                 continue
-            prompt = item.locator(".prompt").inner_text()
-            completion = item.locator(".completion").inner_text()
-            score = prefer.rate(prompt, completion)
+            # The card by its id, read before the click: a locator is looked up again at each
+            # use, and once the answer marks this card done, "the first open card" is the next
+            # one (seed 1, 2026-11-28: the 6th label stored, the script then waited on the 7th
+            # card, which nobody had rated, until the run ended).
+            assignment = first.get_attribute("data-assignment")
+            experience = first.get_attribute("data-experience")
+            item = page.locator(f"#item-{assignment}")
+            score = prefer.rate(item.locator(".prompt").inner_text(), item.locator(".completion").inner_text())
             item.locator(f"input[name=score][value='{score}']").check()
             item.locator("form.rate button[type=submit]").click()
-            assignment = item.get_attribute("data-assignment")
-            if not saved_wait(page, f"#item-{assignment}.done", until=until, done=done):
+            saved = saved_wait(page, f"#item-{assignment}.done", until=until, done=done,
+                               reload=f"{url}/runs/{run}/annotate/", experience=str(experience))
+            if saved is None:
                 break
-            given += 1
+            given += int(saved)
         browser.close()
     return given
 
 
-def saved_wait(page: Page, selector: str, *, until: float, done: Callable[[], bool]) -> bool:
+def saved_wait(page: Page, selector: str, *, until: float, done: Callable[[], bool], reload: str,
+               experience: str) -> bool | None:
     """Wait for the page to mark a label saved: on a loaded host saving one took over 30 s
-    (load 11-16), so a timeout is not a failure while the run still takes labels and the
-    person's time is not up; look again. False when it gave up (the run ended, or `until`)."""
+    (load 11-16). After each 30 s without the mark, reload the page and read the label's state
+    from it: saved if "Your submissions" lists a label on the item, else not saved (the loop
+    rates whatever is open then), so no wait can outlast the run. None when it gave up (the
+    run ended, or `until`)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     while True:
@@ -215,7 +224,16 @@ def saved_wait(page: Page, selector: str, *, until: float, done: Callable[[], bo
             return True
         except PlaywrightTimeout:
             if time.monotonic() >= until or done():
-                return False
+                return None
+        try:
+            page.goto(reload)
+            page.wait_for_selector("#annotate")
+        except PlaywrightTimeout:
+            continue
+        mine = page.locator(f"#mine li.submission[data-targets~='{experience}']")
+        print(f"a label's saved mark did not show in 30 s; after a reload it is {'stored' if mine.count() else 'not stored'}; "
+              f"{load_average()}", flush=True)
+        return mine.count() > 0
 
 
 def main() -> None:
