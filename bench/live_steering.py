@@ -651,6 +651,13 @@ def main() -> None:
           f"the rollouts; {load_average()}", flush=True)
     base_samples = {s: held_out_samples(str(demo), demo, max_tokens=32, seed=s, heldout=args.heldout) for s in seeds}
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT))
+    # The deployment's one setting for serving several runs: the train worker keeps every
+    # running run's policy resident (by default 2; a run evicted rebuilds from its snapshot and
+    # replays its journaled steps at nearly every step when more runs share the worker).
+    env.setdefault("RFT_TRAINER_RESIDENT_RUNS", str(max(2, 2 * args.concurrent)))
+    print(f"the loop: one web server, one Celery worker a queue, {args.concurrent} pair(s) at once; "
+          f"RFT_TRAINER_RESIDENT_RUNS={env['RFT_TRAINER_RESIDENT_RUNS']} (every run's policy kept by the "
+          f"train worker)", flush=True)
     procs, url = loop_start(env=env, logs=tmp)
     results: list[PairResult] = []
     failed: list[str] = []
