@@ -631,6 +631,10 @@ def main() -> None:
     for name, value in (("RFT_STORAGE_DIR", str(tmp / "storage")), ("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"),
                         ("TRANSFORMERS_VERBOSITY", "error"), ("RFT_FAST_PASSWORD_HASHER", "1")):
         os.environ.setdefault(name, value)
+    # This process's threads (a pair's, each person's) hold a connection each: no pool of 10 to
+    # wait on here (the web server and the workers keep the deployment's own).
+    pool = os.environ.get("RFT_DB_POOL_SIZE")
+    os.environ["RFT_DB_POOL_SIZE"] = "0"
     setup_django()
     import redis
     import torch
@@ -651,6 +655,9 @@ def main() -> None:
           f"the rollouts; {load_average()}", flush=True)
     base_samples = {s: held_out_samples(str(demo), demo, max_tokens=32, seed=s, heldout=args.heldout) for s in seeds}
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT))
+    env.pop("RFT_DB_POOL_SIZE")
+    if pool is not None:
+        env["RFT_DB_POOL_SIZE"] = pool
     # The deployment's one setting for serving several runs: the train worker keeps every
     # running run's policy resident (by default 2; a run evicted rebuilds from its snapshot and
     # replays its journaled steps at nearly every step when more runs share the worker).
@@ -697,6 +704,10 @@ def pairs_run(*, pairs: list[tuple[GeneratedRater, int]], url: str, owner: User,
         try:
             return pair_run(url=url, owner=owner, demo=demo, preference=preference, seed=seed, args=args,
                             base=samples_rated(base_samples[seed], preference))
+        except PairFailed:
+            raise
+        except Exception as exc:  # one pair's error is that pair's, not the others'
+            raise PairFailed(f"g{preference.seed} s{seed}: {type(exc).__name__}: {exc}") from exc
         finally:
             connections.close_all()  # this thread's connections
 
