@@ -65,7 +65,10 @@ Measured 2026-11-28 on bench/steering's rm10 recipe (before the product's defaul
 (3 preferences x seed 0 x 30 steps; bench/README.md): gain beyond
 the twin +0.265 / +0.250 / +0.303, the in-process bench's +0.265 / +0.263 / +0.230 on the same
 pairs, labels 0.095-0.098 of the rollouts, the label-to-effect lag 1 train step at the median and
-p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin.
+p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin. On the
+product's defaults (the same 3 pairs, run 3 at once): +0.278 / +0.205 / +0.125 beyond the twin,
+the in-process bench's +0.241 / +0.253 / +0.177, labels 0.096-0.097 of the rollouts, the lag to
+effect 1 train step at the median and p90, arithmetic +0.009 / -0.005 / -0.003.
 """
 
 from __future__ import annotations
