@@ -40,23 +40,35 @@ results file (`--out`) of the same preferences, seeds and steps and prints the i
 bench's gain beyond `format` (rm10's share gain less format's) beside each pair: the gap between
 lab and loop as a number.
 
-The run's config is the product's defaults (kernel.config) but for the overrides printed at the
-start, each with its reason: those of bench/steering's rm10 arm (the figures this bench is read
-beside) less its in-process loop's, and the wait window (a person's pace: `--wait`).
+The run's config is the product's defaults (kernel.config: what the new-run form, the API and
+the CLI give) but for the overrides printed at the start, each with its reason (`live_config`):
+the task's (the demo model, its sizes, the steps, the seed, the format reward alone, `learned`
+with its reward model), the demo model's own sampling, trainer and reward-model settings as
+`rft_demo` gives every run of it (read from its `demo_config`), and the wait window (a person's
+pace: `--wait`; why, in WAIT_REASON). None of bench/steering's training recipe (its `w_auto`,
+batch scaling, reward-model epochs and rate, gate) is taken.
+
+`--concurrent K` runs K pairs at once on the one web server and set of workers (the product
+serving several runs at once), each pair's people in threads of their own; a pair's line is
+printed as it ends, and a pair whose runs did not finish is reported while the others go on.
 
     python -m bench.live_steering [--raters generated:2] [--raters-start 6] [--seeds 0] [--steps 12]
                                   [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait 30]
-                                  [--heldout 200] [--minutes 40] [--lab FILE]
+                                  [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1]
 
 Targets (issue 62, read on at least 6 preferences x 2 seeds): the gain beyond the twin at least
 +0.15 on the median and +0.05 at the 25th percentile, positive on at least 80% of pairs, labels
 at most 10% of rollouts, the label-to-effect lag's p90 at most 3 train steps, sampled arithmetic
 within 0.02 of the twin on the median. The last lines print each against its target.
 
-Measured 2026-11-28, reduced (3 preferences x seed 0 x 30 steps; bench/README.md): gain beyond
+Measured 2026-11-28 on bench/steering's rm10 recipe (before the product's defaults), reduced
+(3 preferences x seed 0 x 30 steps; bench/README.md): gain beyond
 the twin +0.265 / +0.250 / +0.303, the in-process bench's +0.265 / +0.263 / +0.230 on the same
 pairs, labels 0.095-0.098 of the rollouts, the label-to-effect lag 1 train step at the median and
-p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin.
+p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twin. On the
+product's defaults (the same 3 pairs, run 3 at once): +0.278 / +0.205 / +0.125 beyond the twin,
+the in-process bench's +0.241 / +0.253 / +0.177, labels 0.096-0.097 of the rollouts, the lag to
+effect 1 train step at the median and p90, arithmetic +0.009 / -0.005 / -0.003.
 """
 
 from __future__ import annotations
@@ -83,28 +95,55 @@ from typing import TYPE_CHECKING, Any
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, free_port, health_wait, median, \
     percentile, processes_stop, server_env, setup_django
 from bench.raters import GeneratedRater, preference_family
-from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, arm_config, held_out_samples, samples_rated
+from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-# The in-process loop's overrides of bench/steering's rm10 arm that the live loop does not take:
-# the mode and its sync interval (the product's defaults: sync, 1) and the wait window (here a
-# person's pace sets it, `--wait`).
-LAB_ONLY = ("mode", "sync_interval", "feedback.wait_seconds")
 TASKS, REPEAT = 8, 8
-# The in-process bench's figures this one is read beside: its learning rate and KL weight.
-LR, BETA = 1e-4, 0.6
+# Why the wait window is shorter than the product's default (600 s), printed with it.
+WAIT_REASON = ("--wait: under `learned` a group no one has rated waits as under `blend` until the reward model "
+               "passes its gate; people labelling 10% of the rollouts never rate the other groups, so each step "
+               "before the gate would wait the whole window (600 s by default)")
+
+
+def leaves(prefix: str, value: object) -> list[tuple[str, object]]:
+    """The (dotted path, value) of every leaf of a nested mapping."""
+    if not isinstance(value, dict):
+        return [(prefix, value)]
+    return [leaf for key, child in value.items() for leaf in leaves(f"{prefix}.{key}" if prefix else str(key), child)]
 
 
 def live_config(*, model: str, steps: int, seed: int, wait: float) -> tuple[dict[str, object], list[Override]]:
-    """The people run's config and its overrides of the product's defaults: bench/steering's
-    rm10 arm's, less its in-process loop's (LAB_ONLY), with the wait window of a person's pace."""
-    _, lab = arm_config("rm10", model=model, steps=steps, tasks=TASKS, repeat=REPEAT, seed=seed, lr=LR, beta=BETA)
-    overrides = [o for o in lab if o.path not in LAB_ONLY]
-    overrides.append(Override("feedback.wait_seconds", wait,
-                              "--wait: a group waits this long for people before its fallback (the default 600 s "
-                              "would hold each early step ten minutes on this host)"))
+    """The people run's config and its overrides of the product's defaults (`config_validate`
+    of a config naming only the model): the task's (the demo model and its sizes, the steps,
+    the seed, the format reward alone, people steering through the reward model they teach),
+    the demo model's own settings as `rft_demo` gives every run of it (its sampling, trainer
+    and reward model, read from `demo_config`, not copied), and the wait window of a person's
+    pace. Nothing else differs from what a run gets by default."""
+    from apps.cli.management.commands.rft_demo import demo_config
+    from kernel.config import config_validate
+
+    task = [
+        Override("model", model, "the demo model (workers/demo_model), its styles at a minority share"),
+        Override("repeat_times", REPEAT, "8 samples a problem, as bench/steering's pairs (the lab figures beside)"),
+        Override("train_batch_size", TASKS * REPEAT, "one explore step's rollouts a train step"),
+        Override("total_steps", steps, "--steps"),
+        Override("epochs", 4, "enough passes over the demo taskset for --steps at 8 problems a step"),
+        Override("seed", seed, "--seeds"),
+        Override("rewards", [{"name": "math_format"}],
+                 "the format reward alone: whatever the run learns of the preference it learns from people"),
+        Override("feedback.mode", "learned", "people rate a few, the reward model they teach scores the rest"),
+        Override("reward_model.enabled", True, "the reward model people teach (`learned`)"),
+    ]
+    defaults = dict(leaves("", config_validate(data={"model": model}).model_dump()))
+    demo = demo_config(total_steps=steps)
+    taken = {o.path for o in task}
+    own = [Override(path, value, "the demo model's own setting, as rft_demo gives every run of it (demo_config)")
+           for section in ("sampling", "trainer", "reward_model")
+           for path, value in leaves(section, demo.get(section, {}))
+           if path not in taken and defaults.get(path) != value]
+    overrides = [*task, *own, Override("feedback.wait_seconds", wait, WAIT_REASON)]
     config: dict[str, object] = {}
     for o in overrides:
         *parents, leaf = o.path.split(".")
@@ -336,6 +375,15 @@ def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int,
     return run, twin, names
 
 
+class PairFailed(RuntimeError):
+    """A pair whose runs did not both finish: reported, and the other pairs go on."""
+
+
+# Set when the bench is ending (a SIGTERM, an error): every pair still running stops waiting.
+ABORT = threading.Event()
+MEASURING = threading.Lock()
+
+
 def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, seed: int, args: argparse.Namespace,
              base: Sampled) -> PairResult:
     """Run the people run and its twin to the end on the live loop, the people labelling
@@ -346,6 +394,7 @@ def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, s
 
     run, twin, names = pair_runs(owner=owner, demo=demo, preference=preference, seed=seed, steps=args.steps,
                                  wait=args.wait, people=args.people)
+    tag = f"g{preference.seed} s{seed}"
     stop = threading.Event()
     started = time.monotonic()
     people, threads = people_start(url=url, run_id=run.pk, names=names, preference=preference, seed=seed,
@@ -355,14 +404,14 @@ def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, s
     deadline = started + args.minutes * 60
     ended = (Run.Status.FINISHED, Run.Status.STOPPED, Run.Status.FAILED)
     shown = started
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not ABORT.is_set():
         run.refresh_from_db()
         twin.refresh_from_db()
         if run.status in ended and twin.status in ended:
             break
         if time.monotonic() - shown > 60:
             shown = time.monotonic()
-            print(f"  {shown - started:4.0f} s: people run step {run.train_step}, labels "
+            print(f"  {tag} {shown - started:4.0f} s: people run step {run.train_step}, labels "
                   f"{sum(p.given for p in people)}; twin step {twin.train_step}; {load_average()}", flush=True)
         time.sleep(2)
     stop.set()
@@ -374,11 +423,11 @@ def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, s
     for r in (run, twin):
         r.refresh_from_db()
         if r.status != Run.Status.FINISHED:
-            raise SystemExit(f"run #{r.pk} ended {r.status} at train step {r.train_step} of {args.steps} "
+            raise PairFailed(f"{tag}: run #{r.pk} ended {r.status} at train step {r.train_step} of {args.steps} "
                              f"after {seconds:.0f} s: {r.error or 'the time ran out (--minutes)'}")
     for p in people:
         for e in p.errors:
-            print(f"  person {p.rater.username}: {e}", flush=True)
+            print(f"  {tag} person {p.rater.username}: {e}", flush=True)
     return pair_measure(run=run, twin=twin, demo=demo, preference=preference, seed=seed, args=args, base=base,
                         breaks=sum(p.breaks for p in people), seconds=seconds)
 
@@ -394,8 +443,10 @@ def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater,
 
     def sampled(r: Any) -> Sampled:
         checkpoint = ModelVersion.objects.get(run=r, train_step=args.steps).checkpoint
-        return samples_rated(held_out_samples(checkpoint, demo, max_tokens=32, seed=seed, heldout=args.heldout),
-                             preference)
+        # One pair's sampling at a time: it seeds torch's global generator, which the pairs share.
+        with MEASURING:
+            samples = held_out_samples(checkpoint, demo, max_tokens=32, seed=seed, heldout=args.heldout)
+        return samples_rated(samples, preference)
 
     lags = label_lags(run)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
@@ -561,12 +612,14 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--heldout", type=int, default=200, help="held-out problems sampled (4 each) to measure")
     parser.add_argument("--minutes", type=float, default=40.0, help="give up on a pair after this long")
     parser.add_argument("--lab", type=Path, default=None, help="a bench/steering results file (--out) of these pairs")
+    parser.add_argument("--concurrent", type=int, default=1,
+                        help="pairs run at once on the one web server and set of workers (each pair's people in threads of their own)")
     args = parser.parse_args()
     count = args.raters.removeprefix("generated:")
     if not args.raters.startswith("generated:") or not count.isdigit() or int(count) < 1:
         parser.error(f"--raters {args.raters!r}: expected generated:N")
-    if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1:
-        parser.error("--people 1..5, --pace above 0, --budget a share above 0")
+    if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1 or args.concurrent < 1:
+        parser.error("--people 1..5, --pace above 0, --budget a share above 0, --concurrent at least 1")
     return args
 
 
@@ -581,6 +634,10 @@ def main() -> None:
     for name, value in (("RFT_STORAGE_DIR", str(tmp / "storage")), ("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"),
                         ("TRANSFORMERS_VERBOSITY", "error"), ("RFT_FAST_PASSWORD_HASHER", "1")):
         os.environ.setdefault(name, value)
+    # This process's threads (a pair's, each person's) hold a connection each: no pool of 10 to
+    # wait on here (the web server and the workers keep the deployment's own).
+    pool = os.environ.get("RFT_DB_POOL_SIZE")
+    os.environ["RFT_DB_POOL_SIZE"] = "0"
     setup_django()
     import redis
     import torch
@@ -601,24 +658,83 @@ def main() -> None:
           f"the rollouts; {load_average()}", flush=True)
     base_samples = {s: held_out_samples(str(demo), demo, max_tokens=32, seed=s, heldout=args.heldout) for s in seeds}
     env = dict(os.environ, DATABASE_URL=BENCH_DB, DJANGO_SETTINGS_MODULE="rftweb.settings", PYTHONPATH=str(ROOT))
+    env.pop("RFT_DB_POOL_SIZE")
+    if pool is not None:
+        env["RFT_DB_POOL_SIZE"] = pool
+    # The deployment's one setting for serving several runs: the train worker keeps every
+    # running run's policy resident (by default 2; a run evicted rebuilds from its snapshot and
+    # replays its journaled steps at nearly every step when more runs share the worker).
+    env.setdefault("RFT_TRAINER_RESIDENT_RUNS", str(max(2, 2 * args.concurrent)))
+    print(f"the loop: one web server, one Celery worker a queue, {args.concurrent} pair(s) at once; "
+          f"RFT_TRAINER_RESIDENT_RUNS={env['RFT_TRAINER_RESIDENT_RUNS']} (every run's policy kept by the "
+          f"train worker)", flush=True)
     procs, url = loop_start(env=env, logs=tmp)
     results: list[PairResult] = []
+    failed: list[str] = []
+    ending: BaseException | None = None
     try:
-        for seed in seeds:
-            for p in preferences:
-                print(f"preference {p.describe()}, seed {seed}", flush=True)
-                result = pair_run(url=url, owner=owner, demo=demo, preference=p, seed=seed, args=args,
-                                  base=samples_rated(base_samples[seed], p))
-                results.append(result)
-                print(pair_line(result, None), flush=True)
+        pairs_run(pairs=[(p, seed) for seed in seeds for p in preferences], url=url, owner=owner, demo=demo, args=args,
+                  base_samples=base_samples, results=results, failed=failed)
+    except (SystemExit, KeyboardInterrupt) as exc:  # a SIGTERM or ^C: the pairs done are still reported
+        ending = exc
     finally:
+        ABORT.set()
         processes_stop(procs)
         (ROOT / ".cache").mkdir(exist_ok=True)
         for log in tmp.glob("*.log"):
             shutil.copy(log, ROOT / ".cache" / f"bench-live-{log.name}")
         shutil.rmtree(tmp, ignore_errors=True)
+    for line in failed:
+        print(f"pair failed: {line}", flush=True)
     if results:
         report(results, lab=lab_gains(args.lab, steps=args.steps))
+    if ending is not None:
+        raise ending
+    if not results:
+        raise SystemExit("no pair finished")
+
+
+def pairs_run(*, pairs: list[tuple[GeneratedRater, int]], url: str, owner: User, demo: Path, args: argparse.Namespace,
+              base_samples: dict[int, list[tuple[str, str]]], results: list[PairResult], failed: list[str]) -> None:
+    """Run the pairs, `--concurrent` at a time, on the one loop (the product serving several
+    runs at once); each pair's line is printed as it ends, its result appended to `results`
+    (a pair that failed: its reason to `failed`, and the others go on)."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    def one(preference: GeneratedRater, seed: int) -> PairResult:
+        from django.db import connections
+
+        try:
+            return pair_run(url=url, owner=owner, demo=demo, preference=preference, seed=seed, args=args,
+                            base=samples_rated(base_samples[seed], preference))
+        except PairFailed:
+            raise
+        except Exception as exc:  # one pair's error is that pair's, not the others'
+            raise PairFailed(f"g{preference.seed} s{seed}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            connections.close_all()  # this thread's connections
+
+    pool = ThreadPoolExecutor(max_workers=args.concurrent, thread_name_prefix="pair")
+    running: dict[Future[PairResult], tuple[GeneratedRater, int]] = {}
+    try:
+        for p, seed in pairs:
+            print(f"preference g{p.seed} {p.describe()}, seed {seed}", flush=True)
+            running[pool.submit(one, p, seed)] = (p, seed)
+        while running:
+            done, _ = wait(list(running), timeout=5, return_when=FIRST_COMPLETED)
+            for future in done:
+                p, seed = running.pop(future)
+                try:
+                    result = future.result()
+                except PairFailed as exc:
+                    failed.append(str(exc))
+                    print(f"pair failed: {exc}", flush=True)
+                    continue
+                results.append(result)
+                print(pair_line(result, None), flush=True)
+    finally:
+        ABORT.set()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 if __name__ == "__main__":

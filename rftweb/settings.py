@@ -425,6 +425,12 @@ RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
 # the run has no step left, and when no train task has used it for this many seconds (a
 # stopped, paused or offline-finished run); 0: only at the run's last step or on eviction.
 RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
+# How many runs' policies a train worker keeps in memory between steps (least recently used
+# out). A run rebuilt after eviction reloads its snapshot and replays its journaled steps (up to
+# RFT_TRAINER_SNAPSHOT_STEPS - 1 of them): a worker serving more runs than this at once rebuilds
+# at nearly every step (bench/live_steering, 12 runs of the demo model on one train worker:
+# 4 train steps a minute in all). Raise it where the runs' models fit.
+RFT_TRAINER_RESIDENT_RUNS = env_int("RFT_TRAINER_RESIDENT_RUNS", 2)
 # A CPU train worker's glibc mmap threshold in bytes (0: glibc's dynamic default). Fixed at
 # 1 MB a step's freed tensors leave the process (bench/trainer_memory: LoRA + checkpointing
 # 0.33x full fp32 with it; smaller ones at a heap trim after each decoder block's backward,

@@ -20,8 +20,10 @@ NUMBER = r"(\d+\.\d+)"
 def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and_the_verdicts(
     bench: Callable[..., Any],
 ) -> None:
-    out = bench("live_steering", "--raters", "generated:1", "--raters-start", "6", "--steps", "1", "--heldout", "8",
-                "--pace", "0.2", "--wait", "3", "--minutes", "4", timeout=300)
+    # Two pairs at once on the one loop (--concurrent 2): the product serving two people runs
+    # and their twins side by side.
+    out = bench("live_steering", "--raters", "generated:2", "--raters-start", "6", "--steps", "1", "--heldout", "8",
+                "--pace", "0.2", "--wait", "3", "--minutes", "4", "--concurrent", "2", timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     text = out.stdout
     # Every override is printed with its reason, the live loop's wait window among them, and
@@ -30,6 +32,10 @@ def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and
     assert overrides and all(reason.strip() for _, reason in overrides), text[:3000]
     paths = {path for path, _ in overrides}
     assert "feedback.wait_seconds" in paths and "mode" not in paths and "sync_interval" not in paths
+    # None of bench/steering's training recipe: the product's defaults for everything the task
+    # and the demo model's own settings (rft_demo) do not set.
+    assert not paths & {"feedback.w_auto", "trainer.params.scale_rewards", "reward_model.retrain_every",
+                        "reward_model.epochs", "reward_model.learning_rate", "feedback.min_rm_accuracy"}, paths
     pair = re.search(rf"^generated:6 s0: share base {NUMBER} people {NUMBER} twin {NUMBER}, gain beyond twin "
                      rf"([-+]\d\.\d+);.* labels (\d+) of (\d+) rollouts \({NUMBER}\)", text, re.M)
     assert pair, text[-3000:]
@@ -38,7 +44,8 @@ def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and
     labels, rollouts = int(pair[5]), int(pair[6])
     # The people run ran its step of 8 tasks x 8, and the people kept within the 10% budget.
     assert rollouts == 64 and 0 < labels <= 0.1 * rollouts
-    assert re.search(r"^live_steering over 1 pairs: gain beyond twin median [-+]\d\.\d+", text, re.M), text[-2000:]
+    assert re.search(r"^generated:7 s0: share base", text, re.M), text[-3000:]
+    assert re.search(r"^live_steering over 2 pairs: gain beyond twin median [-+]\d\.\d+", text, re.M), text[-2000:]
     verdicts = re.findall(r"^  (.+): .+ \(target .+\): (met|NOT met)$", text, re.M)
     assert {name for name, _ in verdicts} >= {"median gain beyond twin", "labels / rollouts (most)",
                                               "label-to-effect lag p90 (train steps)"}

@@ -1,6 +1,7 @@
 """The resident learner: each trainer process keeps a run's policy (and the reference model
 when the algorithm needs one, and a learner group's followers when trainer.processes > 1)
-in memory between steps, at most `_MAX_RESIDENT_RUNS` runs, least recently used first out.
+in memory between steps, at most `_MAX_RESIDENT_RUNS` runs (RFT_TRAINER_RESIDENT_RUNS), least
+recently used first out.
 A resident is rebuilt as of the step the database says is done (workers/trainer/journal.py:
 the newest snapshot, then the journaled steps replayed); an idle reaper drops the residents
 of runs that stopped training (RFT_TRAINER_IDLE_SECONDS) or ended."""
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_MAX_RESIDENT_RUNS = 2
+# A deployment's setting (each resident holds a policy, its optimizer and its reference model).
+_MAX_RESIDENT_RUNS = max(1, settings.RFT_TRAINER_RESIDENT_RUNS)
 
 
 @dataclass
