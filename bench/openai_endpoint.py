@@ -6,7 +6,7 @@ in rounds that interleave the ways, the order flipped every round:
 - `engine`: straight to a resident rollout engine in this process, one generation at a time
   in arrival order (what a solo rollout worker does with its queue; the prompt rendered by
   the same chat template beforehand, the same sampling): what the hardware does;
-- `celery`: the `workers.explorer.chat` task on a real rollout worker, without HTTP (through
+- `celery`: the `workers.explore.chat.chat` task on a real rollout worker, without HTTP (through
   Celery's result backend, as the environment API's rollouts wait);
 - `endpoint`: the official `openai` client against daphne, through auth, validation, the
   rollout queue, the reply list and the response shaping.
@@ -224,7 +224,7 @@ def main() -> None:
 
         def by_celery(i: int) -> None:
             request = {"kind": "chat", "messages": messages[i], "n": 1, "sampling": {"temperature": 1.0, "max_tokens": args.tokens}}
-            answer = app.send_task("workers.explorer.chat", args=[run.pk, request], queue="rollout").get(timeout=600)
+            answer = app.send_task("workers.explore.chat.chat", args=[run.pk, request], queue="rollout").get(timeout=600)
             assert "error" not in answer, answer
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/api/v1/runs/{run.pk}/openai/v1", api_key=key,

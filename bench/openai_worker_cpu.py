@@ -2,7 +2,7 @@
 
 bench/openai_endpoint sets the endpoint against the engine, but on a busy host the engine's own
 CPU per generation swings between rounds by more than the worker adds around it. Here a real
-solo rollout worker (this module with `--serve`) serves `workers.explorer.chat` tasks sent the
+solo rollout worker (this module with `--serve`) serves `workers.explore.chat.chat` tasks sent the
 endpoint's way (a reply list and ignore_result, with the run's config digest and current
 version: apps/envapi/openai_services.py), all queued at once, as 16 waiting clients keep its
 queue full. Its engine generates once, then hands back that generation for every call, so the

@@ -32,13 +32,13 @@ app.conf.update(
     task_queues=[Queue(name) for name in QUEUES],
     task_default_queue="default",
     task_routes={
-        "workers.explorer.*": {"queue": "rollout"},
-        "workers.evaluation.*": {"queue": "rollout"},
-        "workers.blind.*": {"queue": "rollout"},
+        "workers.explore.explorer.*": {"queue": "rollout"},
+        "workers.explore.chat.*": {"queue": "rollout"},
+        "workers.explore.evaluation.*": {"queue": "rollout"},
+        "workers.explore.blind.*": {"queue": "rollout"},
         "workers.trainer.*": {"queue": "train"},
-        "workers.rewards.*": {"queue": "reward"},
-        "workers.reward_trainer.*": {"queue": "reward"},
-        "workers.exports.*": {"queue": "train"},
+        "workers.reward.*": {"queue": "reward"},
+        "workers.weights.*": {"queue": "train"},
     },
     # A task is acknowledged when it ends, so a worker that dies mid-task hands it back.
     task_acks_late=True,
@@ -104,7 +104,7 @@ def _settings_config(sender: Celery, **_: object) -> None:
 app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedback", "apps.control", "apps.envapi"])
 # Worker-side tasks, by the module that holds them; importing them loads no torch (models load
 # inside the tasks), so every process knows every task by name. Their names are explicit and
-# predate workers/ being arranged by role (round 63): "workers.explorer.chat" is defined in
+# predate workers/ being arranged by role (round 63): "workers.explore.chat.chat" is defined in
 # workers/explore/chat.py, and the routes above match the names, not the modules.
 WORKER_TASK_MODULES = (
     "workers.explore.explorer", "workers.explore.chat", "workers.explore.evaluation", "workers.explore.blind", "workers.trainer.task", "workers.reward.scoring",

@@ -6,7 +6,7 @@ These wrappers call Celery's own and say what comes back: a task keeps its funct
 signature, its `.delay` checks the arguments against it, and a result's `.get()` has the
 function's return type. Nothing changes at run time: the objects are Celery's.
 
-    @celery_task(name="workers.evaluation.evaluate", ignore_result=True)
+    @celery_task(name="workers.explore.evaluation.evaluate", ignore_result=True)
     def evaluate(run_id: int, version: int) -> EvalOutcome: ...
 
     @celery_bound_task(name="workers.trainer.task.train_step")  # bind=True: gets the task first

@@ -49,12 +49,12 @@ def test_there_is_one_worker_per_queue_and_gpu_reservations_for_rollout_and_trai
 
 def test_tasks_route_to_their_queues() -> None:
     router = app.amqp.router
-    assert router.route({}, "workers.explorer.explore_step")["queue"].name == "rollout"
-    assert router.route({}, "workers.evaluation.evaluate")["queue"].name == "rollout"
+    assert router.route({}, "workers.explore.explorer.explore_step")["queue"].name == "rollout"
+    assert router.route({}, "workers.explore.evaluation.evaluate")["queue"].name == "rollout"
     assert router.route({}, "workers.trainer.task.train_step")["queue"].name == "train"
-    assert router.route({}, "workers.rewards.score_experiences")["queue"].name == "reward"
+    assert router.route({}, "workers.reward.scoring.score_experiences")["queue"].name == "reward"
     assert router.route({}, "apps.buffer.tasks.lease_reap_task")["queue"].name == "default"
-    for name in ("workers.reward_trainer.reward_model_train", "workers.reward_trainer.reward_model_score"):
+    for name in ("workers.reward.trainer.reward_model_train", "workers.reward.trainer.reward_model_score"):
         assert router.route({}, name)["queue"].name == "reward"
 
 

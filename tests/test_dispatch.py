@@ -56,7 +56,7 @@ def _explore_out_on(run: Run, *, worker: str, holder: str, started_ago: float = 
 
 def _beat(hostname: str, *, ago: float = 0.0, active: Sequence[str] = (), started_ago: float = 3600.0) -> None:
     worker_heartbeat_record(hostname=hostname, queues=["rollout"], pool="solo", concurrency=1, pid=1,
-                            active=[{"id": t, "name": "workers.explorer.explore_step"} for t in active],
+                            active=[{"id": t, "name": "workers.explore.explorer.explore_step"} for t in active],
                             started_at=timezone.now() - timedelta(seconds=started_ago))
     from apps.runs.models import WorkerHeartbeat
 
@@ -67,7 +67,7 @@ def test_two_conductors_looking_at_once_send_a_step_once(owner: Any, sent: list[
     run = _running(owner, mode="explore")
     assert dispatch_send(run=run, kind="explore", step=1) is True
     assert dispatch_send(run=run, kind="explore", step=1) is False
-    assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
+    assert [(name, args) for name, args, _ in sent] == [("workers.explore.explorer.explore_step", [run.pk, 1])]
     row = Dispatch.objects.get(run=run, kind="explore")
     assert (row.state, row.step, row.task_id, row.sends) == ("sent", 1, sent[0][2], 1)
 
@@ -111,7 +111,7 @@ def test_a_dead_explorers_step_is_sent_again_and_its_tasks_go_back_within_second
     assert dispatch_recover(run=run) == []  # a beat 5 s ago: alive
     _beat("rollout@a", ago=11, active=[row.task_id])
     assert dispatch_recover(run=run) == ["explore:1 again"]
-    assert sent[-1] == ("workers.explorer.explore_step", [run.pk, 1], row.task_id)
+    assert sent[-1] == ("workers.explore.explorer.explore_step", [run.pk, 1], row.task_id)
     assert not TaskAttempt.objects.filter(run=run, status="leased").exists()  # back in the queue at once
     assert Dispatch.objects.get(pk=row.pk).state == "sent"
 
@@ -411,7 +411,7 @@ def test_the_loop_leaves_jobs_of_other_kinds_to_their_leases(owner: Any, sent: l
     Dispatch.objects.exclude(kind="explore").update(started_at=timezone.now() - timedelta(hours=1),
                                                     sent_at=timezone.now() - timedelta(hours=1))
     conductor_beat()
-    assert [(name, args) for name, args, _ in sent] == [("workers.explorer.explore_step", [run.pk, 1])]
+    assert [(name, args) for name, args, _ in sent] == [("workers.explore.explorer.explore_step", [run.pk, 1])]
     assert dict(Dispatch.objects.filter(run=run).values_list("kind", "state")) == {
         "explore": "sent", "rm_train": "running", "rm_export": "sent"}
 

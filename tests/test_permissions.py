@@ -358,12 +358,12 @@ def test_a_task_is_recorded_by_its_run_not_its_arguments() -> None:
     import workers.explore.explorer
     import workers.trainer.task  # noqa: F401
 
-    assert task_run_id(name="workers.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
+    assert task_run_id(name="workers.explore.explorer.generate", args=[7, [{"prompt": "secret"}]], kwargs={}) == 7
     # Bound tasks (self first) too: the run, not the step.
-    assert task_run_id(name="workers.explorer.explore_step", args=[3, 9], kwargs={}) == 3
+    assert task_run_id(name="workers.explore.explorer.explore_step", args=[3, 9], kwargs={}) == 3
     assert task_run_id(name="workers.trainer.task.train_step", args=[4, 9], kwargs={}) == 4
     assert task_run_id(name="apps.control.tasks.run_announce", args=[5], kwargs={}) == 5
-    assert task_run_id(name="workers.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
+    assert task_run_id(name="workers.explore.explorer.explore_step", args=[], kwargs={"run_id": 3, "step": 1}) == 3
     assert task_run_id(name="apps.buffer.tasks.lease_reap_task", args=[], kwargs={}) is None
 
 
@@ -371,7 +371,7 @@ def test_the_workers_page_shows_a_runs_tasks_to_its_people_only_and_never_argume
     run = world["run"]
     worker_heartbeat_record(
         hostname="rollout@gpu1", queues=["rollout"], pool="solo", concurrency=1, pid=1,
-        active=[{"id": "t1", "name": "workers.explorer.generate", "run_id": run.pk,
+        active=[{"id": "t1", "name": "workers.explore.explorer.generate", "run_id": run.pk,
                  # A heartbeat from before this change still holds the raw arguments.
                  "args": "(1, [{'prompt': 'the secret prompt', 'n': 16}])", "started_at": None}],
     )
@@ -383,15 +383,15 @@ def test_the_workers_page_shows_a_runs_tasks_to_its_people_only_and_never_argume
         assert "the secret prompt" not in pages[persona]
         assert "rollout@gpu1" in pages[persona]  # worker health itself is not a run's secret
     for persona in ("owner", "annotator", "viewer"):
-        assert "workers.explorer.generate" in pages[persona] and f"/runs/{run.pk}/" in pages[persona]
-    assert "workers.explorer.generate" not in pages["other_annotator"]
+        assert "workers.explore.explorer.generate" in pages[persona] and f"/runs/{run.pk}/" in pages[persona]
+    assert "workers.explore.explorer.generate" not in pages["other_annotator"]
     assert f"/runs/{run.pk}/" not in pages["other_annotator"]
     assert "1 task of other runs" in pages["other_annotator"]
 
     client = Client()
     client.force_login(world["users"]["owner"])
     detail = client.get(f"/runs/{run.pk}/").content.decode()
-    assert "workers.explorer.generate" in detail and "the secret prompt" not in detail
+    assert "workers.explore.explorer.generate" in detail and "the secret prompt" not in detail
 
 
 def test_an_outsider_gets_404_on_the_keys_page_like_on_every_run_page(world: dict[str, Any]) -> None:

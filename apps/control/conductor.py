@@ -50,11 +50,11 @@ from rftweb.celery import app
 
 log = logging.getLogger(__name__)
 
-EXPLORE_TASK = "workers.explorer.explore_step"
+EXPLORE_TASK = "workers.explore.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.task.train_step"
 # A version's weights zipped for download (apps/control/weights.py): on a train worker, which
 # has torch and peft (a LoRA version is merged into its base).
-EXPORT_TASK = "workers.exports.weights_export_zip"
+EXPORT_TASK = "workers.weights.exports.weights_export_zip"
 _TASKS = {Dispatch.Kind.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Kind.TRAIN: (TRAIN_TASK, "train"),
           Dispatch.Kind.EXPORT: (EXPORT_TASK, "train")}
 # First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer/).

@@ -2,7 +2,7 @@
 and the response bodies OpenAI's clients expect.
 
 A run's models are named `run-<id>` (its current version) and `run-<id>@v<N>` (version N).
-Generation is one `workers.explorer.chat` task on the `rollout` queue (`workers/explore/chat.py`);
+Generation is one `workers.explore.chat.chat` task on the `rollout` queue (`workers/explore/chat.py`);
 its answer carries the exact token ids and logprobs, which the session recorder keeps.
 """
 
@@ -48,7 +48,7 @@ class WorkerAnswer(TypedDict):
     model_version: int
     prompts: list[AnswerPrompt]
 
-CHAT_TASK = "workers.explorer.chat"
+CHAT_TASK = "workers.explore.chat.chat"
 _MODEL = re.compile(r"^run-(\d+)(?:@v(\d+))?$")
 
 

@@ -346,7 +346,7 @@ def trajectories_submit(*, run: Run, trajectories: Sequence[Mapping[str, Any]], 
 # ---------------------------------------------------------------------------------------
 # Rollouts
 
-GENERATE_TASK = "workers.explorer.generate"
+GENERATE_TASK = "workers.explore.explorer.generate"
 _START_ONE = "start a worker on the 'rollout' queue or try again"
 
 
@@ -399,7 +399,7 @@ class RolloutAnswer(TypedDict):
 def rollouts_generate(*, run: Run, requests: list[Body], timeout: float) -> list[RolloutAnswer]:
     """Generate with the run's current model on a `rollout` worker and wait for the answer.
 
-    Contract with the explorer: `workers.explorer.generate(run_id, requests)` returns one
+    Contract with the explorer: `workers.explore.explorer.generate(run_id, requests)` returns one
     dict per completion, in request order: {"request", "index", "text", "token_ids",
     "prompt_token_ids", "logprobs", "finish_reason", "model_version"}; the answer here is one
     dict per request: {"prompt_token_ids", "model_version", "completions": [...]}.

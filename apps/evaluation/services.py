@@ -30,7 +30,7 @@ from kernel.exceptions import Conflict, InvalidInput, NotAllowed, NotFound
 from kernel.hygiene import text_check
 from rftweb.celery import app
 
-ANSWERS_TASK = "workers.blind.answers_generate"
+ANSWERS_TASK = "workers.explore.blind.answers_generate"
 PROMPTS_MAX = 500
 VOTES_PER_PAIR_MAX = 20
 COMMENT_MAX = 2000

@@ -30,8 +30,8 @@ def assignment_reap_task() -> int:
     return assignment_reap()
 
 
-TRAIN_TASK = "workers.reward_trainer.reward_model_train"
-SCORE_TASK = "workers.reward_trainer.reward_model_score"
+TRAIN_TASK = "workers.reward.trainer.reward_model_train"
+SCORE_TASK = "workers.reward.trainer.reward_model_score"
 
 
 @celery_task(name="apps.feedback.tasks.reward_model_beat_task", ignore_result=True, time_limit=60,

@@ -35,7 +35,7 @@ from apps.runs.models import Dispatch, Run
 from kernel.exceptions import NotFound
 from rftweb.celery import app
 
-EXPORT_TASK = "workers.reward_trainer.reward_model_export_zip"
+EXPORT_TASK = "workers.reward.trainer.reward_model_export_zip"
 # As long as the worker task may run (its time limit): past it, "preparing" is stale.
 EXPORT_SECONDS = 1860
 # A request no reward worker has started on for this long may be asked again (a reward worker

@@ -18,7 +18,7 @@ from rftweb.celery import app
 
 Scorer = TypeVar("Scorer", bound=VersionedScorer)
 
-SCORE_TASK = "workers.rewards.score_experiences"
+SCORE_TASK = "workers.reward.scoring.score_experiences"
 
 
 def rewards_remote_enqueue(*, run_id: int, experience_ids: Sequence[int]) -> None:

@@ -25,7 +25,7 @@ from rftweb.taskkit import on_signal
 log = logging.getLogger(__name__)
 
 # The tasks that work for one run, with (run_id, step) as their arguments.
-RUN_TASKS = {"workers.explorer.explore_step": "explore", "workers.trainer.task.train_step": "train"}
+RUN_TASKS = {"workers.explore.explorer.explore_step": "explore", "workers.trainer.task.train_step": "train"}
 
 
 def _short(text: str, limit: int) -> str:

@@ -205,8 +205,8 @@ def _on_worker_ready(sender: Consumer | None = None, **_: object) -> None:
 # loop beat (every RFT_CONDUCT_SECONDS, milliseconds each: its two edge beats were most of
 # the conductor worker's CPU per beat, bench/async_vs_sync) and the short housekeeping beats.
 QUICK_TASKS = frozenset({
-    "workers.explorer.chat",
-    "workers.explorer.generate",
+    "workers.explore.chat.chat",
+    "workers.explore.explorer.generate",
     "apps.control.conductor_beat.conductor_beat_task",
     "apps.buffer.tasks.lease_reap_task",
     "apps.feedback.tasks.feedback_wait_expire_task",

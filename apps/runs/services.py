@@ -349,7 +349,7 @@ def _version_insert(*, run: Run, number: int, checkpoint: str, train_step: int) 
 
 
 def eval_dispatch(*, run_id: int, version: int) -> None:
-    app.send_task("workers.evaluation.evaluate", args=[run_id, version])
+    app.send_task("workers.explore.evaluation.evaluate", args=[run_id, version])
 
 
 def eval_result_record(*, run: Run, version: int, step: int, values: dict[str, float]) -> int:

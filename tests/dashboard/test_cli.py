@@ -122,7 +122,7 @@ def test_worker_health_tells_busy_idle_stale_and_stopped_apart(owner: User) -> N
     now = timezone.now()
     run = make_run(owner=owner)
     worker_heartbeat_record(hostname="rollout@a", queues=["rollout"], pool="solo", concurrency=1, pid=1,
-                            active=[{"id": "t1", "name": "workers.explorer.explore_step", "run_id": run.pk, "started_at": None}])
+                            active=[{"id": "t1", "name": "workers.explore.explorer.explore_step", "run_id": run.pk, "started_at": None}])
     worker_heartbeat_record(hostname="reward@a", queues=["reward"], pool="prefork", concurrency=2, pid=2, active=[])
     worker_heartbeat_record(hostname="train@b", queues=["train"], pool="solo", concurrency=1, pid=3, active=[])
     WorkerHeartbeat.objects.filter(hostname="train@b").update(last_seen=now - timedelta(minutes=5))
@@ -134,7 +134,7 @@ def test_worker_health_tells_busy_idle_stale_and_stopped_apart(owner: User) -> N
     client = Client()
     client.force_login(owner)
     html = client.get("/runs/workers/").content.decode()
-    assert "workers.explorer.explore_step" in html and "state-stale" in html
+    assert "workers.explore.explorer.explore_step" in html and "state-stale" in html
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_a_run_whose_worker_fails_emails_its_owner_the_reason_and_a_link_and_sho
 def test_an_end_reported_twice_tells_nobody_twice(eager_tasks: None) -> None:
     run, ada, bo = a_running_run()
     for _ in range(2):  # the worker reports the same failure again after the run failed
-        task_failure_record(run_id=run.pk, task="workers.explorer.explore_step", step=1, worker="gpu-1",
+        task_failure_record(run_id=run.pk, task="workers.explore.explorer.explore_step", step=1, worker="gpu-1",
                             exception=ValueError("bad tokenizer"), fail_now=True)
     # A redelivered task message runs the service again for the same end.
     end = AuditEntry.objects.get(run=run, action="fail")

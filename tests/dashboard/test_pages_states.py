@@ -166,7 +166,7 @@ def test_the_dashboard_is_no_wider_than_the_window(page: Any, owner: User) -> No
     run = running(owner, model="some-organisation/" + "-".join(["a-very-long-model-name"] * 4))
     worker_heartbeat_record(hostname="explorer-" + "x" * 80 + "@gpu-host-with-a-long-name.example.org",
                             queues=["rollout", "train", "reward", "default"], pool="prefork", concurrency=4, pid=1,
-                            active=[{"id": "t" * 36, "name": "workers.explorer.explore_step", "args": str([run.pk, 12] * 20),
+                            active=[{"id": "t" * 36, "name": "workers.explore.explorer.explore_step", "args": str([run.pk, 12] * 20),
                                      "started_at": "2026-01-01T00:00:00+00:00"}])
     log_in(page, owner)
     for width in (1280, 900):

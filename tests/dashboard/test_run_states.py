@@ -98,7 +98,7 @@ def test_a_run_fails_after_failures_in_a_row_and_progress_resets_the_count(owner
     run_transition(run=run, action="start", actor=owner)
 
     def fail(step: int) -> None:
-        task_failure_record(run_id=run.pk, task="workers.explorer.explore_step", step=step, worker="w1",
+        task_failure_record(run_id=run.pk, task="workers.explore.explorer.explore_step", step=step, worker="w1",
                             exception=OSError(f"cannot load step {step}"))
 
     fail(1)

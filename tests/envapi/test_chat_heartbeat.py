@@ -32,12 +32,12 @@ def test_a_long_chat_task_keeps_its_worker_busy_not_stale(owner: User, tmp_path:
     with celery_worker("rollout", name="chat-beat", log=tmp_path / "worker.log", includes=("workers.explore.explorer",),
                        RFT_HEARTBEAT_SECONDS=str(BEAT), RFT_WORKER_DEAD_SECONDS=str(5 * BEAT)):
         warm = {"kind": "completion", "prompts": ["What is"], "n": 1, "sampling": {"max_tokens": 2}}
-        app.send_task("workers.explorer.chat", args=[run.pk, warm], queue="rollout").get(timeout=300)
+        app.send_task("workers.explore.chat.chat", args=[run.pk, warm], queue="rollout").get(timeout=300)
         # Long enough for many beats: 24 samples of 900 tokens (a random model rarely ends early);
         # 8 of 700 took 2.4 s on a quiet host once the engine read a batch with tensor ops.
         request = {"kind": "completion", "prompts": ["What is"], "n": 24,
                    "sampling": {"max_tokens": 900, "temperature": 1.0, "seed": 0}}
-        result = app.send_task("workers.explorer.chat", args=[run.pk, request], queue="rollout")
+        result = app.send_task("workers.explore.chat.chat", args=[run.pk, request], queue="rollout")
         seen: list[tuple[float, str, list[Any]]] = []
         while not result.ready():
             for row in workers_health():
@@ -47,7 +47,7 @@ def test_a_long_chat_task_keeps_its_worker_busy_not_stale(owner: User, tmp_path:
             time.sleep(0.2)
         answer = result.get(timeout=10)
     assert "error" not in answer
-    during = [s for s in seen if ("workers.explorer.chat", run.pk) in s[2]]
+    during = [s for s in seen if ("workers.explore.chat.chat", run.pk) in s[2]]
     assert during, f"the chat task never showed in its worker's heartbeat: {seen[-3:]}"
     # The task ran for longer than the worker would take to look dead without beats ...
     assert during[-1][0] - during[0][0] > 5 * BEAT, "the task was too short to tell"

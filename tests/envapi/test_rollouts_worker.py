@@ -1,4 +1,4 @@
-"""Rollouts through a real Celery worker on the `rollout` queue (`workers.explorer.generate`),
+"""Rollouts through a real Celery worker on the `rollout` queue (`workers.explore.explorer.generate`),
 and the example environment driving the model through the API."""
 
 from __future__ import annotations

@@ -208,8 +208,8 @@ def test_the_beat_puts_due_training_and_scoring_on_the_reward_queue(owner: User,
     RewardModel.objects.create(run=run, version=1, path="/x", base="b", accuracy=0.9, labels=0)
     assert reward_model_beat_task() == {"train": 1, "score": 1}
     names = [json.loads(m)["headers"]["task"] for m in r.lrange("reward", 0, -1)]
-    assert names.count("workers.reward_trainer.reward_model_train") >= 1
-    assert "workers.reward_trainer.reward_model_score" in names
+    assert names.count("workers.reward.trainer.reward_model_train") >= 1
+    assert "workers.reward.trainer.reward_model_score" in names
     r.delete("reward")
 
 
@@ -256,7 +256,7 @@ def test_the_owners_rejection_of_a_label_the_newest_version_learnt_from_makes_th
         feedback_reject(run=run, feedback_id=wrong.pk, reviewer=owner)
     assert reward_model_due(run=run)
     names = [json.loads(m)["headers"]["task"] for m in r.lrange("reward", 0, -1)]
-    assert names == ["workers.reward_trainer.reward_model_train"], names
+    assert names == ["workers.reward.trainer.reward_model_train"], names
     # Once a version read the labels after the rejection, nothing more is due.
     Feedback.objects.filter(pk=wrong.pk).update(reviewed_at=timezone.now() - timedelta(minutes=10))
     RewardModel.objects.create(run=run, version=2, path="/y", base="b", accuracy=0.9, labels=1, seconds=3.0)

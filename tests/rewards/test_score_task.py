@@ -64,7 +64,7 @@ def _write(run: Run, task: Task, completions: list[str], *, awaiting: list[str] 
 
 
 def _send(run: Run, ids: list[int]):
-    return app.send_task("workers.rewards.score_experiences", args=[run.pk, ids], queue="reward")
+    return app.send_task("workers.reward.scoring.score_experiences", args=[run.pk, ids], queue="reward")
 
 
 def test_the_reward_worker_scores_code_and_makes_experiences_ready(reward_worker: subprocess.Popen) -> None:

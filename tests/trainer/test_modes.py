@@ -1,6 +1,6 @@
 """The run modes through the real loop: the conductor and the trainer as Celery workers,
 Postgres, Redis. The explorer's side is played by `Explorer` below, which explores a step
-exactly when `apps.runs.schedule` lets it (what `workers.explorer.explore_step` does) and
+exactly when `apps.runs.schedule` lets it (what `workers.explore.explorer.explore_step` does) and
 writes through `experience_write`; the explorer issue's own tests cover the real one.
 """
 

@@ -206,7 +206,7 @@ def test_remote_reward_terms_leave_experiences_pending_and_name_what_they_await(
     # One message on the reward queue names the scoring task and these experiences.
     messages = [json.loads(m) for m in broker.lrange("reward", 0, -1)]
     broker.delete("reward")
-    assert [m["headers"]["task"] for m in messages] == ["workers.rewards.score_experiences"]
+    assert [m["headers"]["task"] for m in messages] == ["workers.reward.scoring.score_experiences"]
     assert json.loads(base64.b64decode(messages[0]["body"]))[0] == [run.pk, [e.pk for e in experiences]]
 
 

@@ -75,7 +75,7 @@ def answers_write(*, evaluation_id: int, worker: str | None = None) -> BlindOutc
 # Database hiccups retry; anything else is recorded on the evaluation (its page says why) and
 # dropped: a failed evaluation must never stop the run's own work on the rollout queue.
 @celery_task(
-    name="workers.blind.answers_generate",
+    name="workers.explore.blind.answers_generate",
     acks_late=True,
     soft_time_limit=1500,
     time_limit=1800,

@@ -2,7 +2,7 @@
 exact token ids, logprobs and parsed tool calls out.
 
 The web side (`apps/envapi/openai_api.py`) validates the request and sends it here as one
-`workers.explorer.chat` task on the `rollout` queue; everything that needs the tokenizer
+`workers.explore.chat.chat` task on the `rollout` queue; everything that needs the tokenizer
 happens here: the chat template (tools included), incremental detokenisation for streaming
 (both engines hand over each step's tokens: `generate(on_tokens=…)`),
 the tool-call parser. The answer is plain JSON and always carries the exact prompt and
@@ -431,7 +431,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
 # Reads only; the waiting API request decides about retrying. Refusals come back as
 # {"error": {...}}, not exceptions, so the web side can answer them as OpenAI 4xx errors.
 @celery_task(
-    name="workers.explorer.chat",
+    name="workers.explore.chat.chat",
     acks_late=True,
     soft_time_limit=300,
     time_limit=330,

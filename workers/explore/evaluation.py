@@ -1,4 +1,4 @@
-"""Held-out evaluation during a run: `workers.evaluation.evaluate(run_id, version)` on the
+"""Held-out evaluation during a run: `workers.explore.evaluation.evaluate(run_id, version)` on the
 `rollout` queue.
 
 When a version whose number is a multiple of the run's `eval_every` is published
@@ -133,7 +133,7 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
 # once the metrics are there). Database hiccups retry; anything else is logged and dropped:
 # a failed evaluation must never stop the run.
 @celery_task(
-    name="workers.evaluation.evaluate",
+    name="workers.explore.evaluation.evaluate",
     acks_late=True,
     soft_time_limit=1500,
     time_limit=1800,

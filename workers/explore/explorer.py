@@ -11,8 +11,8 @@ each (attempt, sample) once. Nothing is written for a run that is not running.
 
 Rollout workers run `celery worker -P solo` (or threads): a resident engine must live in
 the worker's main process, and vLLM spawns processes, which prefork's daemonic children cannot.
-Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explorer.*` there), as does
-the OpenAI-style `workers.explorer.chat`, whose module is workers/explore/chat.py.
+Both tasks run on the `rollout` queue (rftweb.celery routes `workers.explore.explorer.*` there), as does
+the OpenAI-style `workers.explore.chat.chat`, whose module is workers/explore/chat.py.
 Importing this module is cheap (no torch: the engines package, the handover and vision
 modules load torch only inside their functions), so the web side can send these tasks by
 name without loading any model code.
@@ -458,7 +458,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutc
 # loop sends the step again once the policy lets it go. Time limits leave the soft one room
 # to hand the claimed tasks back.
 @celery_bound_task(
-    name="workers.explorer.explore_step",
+    name="workers.explore.explorer.explore_step",
     acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=1500,
@@ -570,7 +570,7 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
 # Reads only, so safe to run twice; the caller (an API request) waits for it and decides
 # about retrying, hence no automatic retry. Bad requests raise GenerateRequestInvalid.
 @celery_task(
-    name="workers.explorer.generate",
+    name="workers.explore.explorer.generate",
     acks_late=True,
     soft_time_limit=300,
     time_limit=330,

@@ -104,7 +104,7 @@ def _counts_record(run_id: int | None, counts: dict[str, int]) -> None:
 # Idempotent (tasks already paraphrased are skipped); retried a few times when the engine
 # fails to start; a time limit because a stuck generation must not hold the GPU forever.
 @celery_task(
-    name="workers.synthesize.taskset_paraphrase", acks_late=True, autoretry_for=(OSError,),
+    name="workers.explore.synthesize.taskset_paraphrase", acks_late=True, autoretry_for=(OSError,),
     max_retries=3, retry_backoff=True, time_limit=1800, soft_time_limit=1700,
 )
 def taskset_paraphrase(*, taskset_id: int, params: ParaphraseParams, run_id: int | None = None) -> dict[str, int]:

@@ -161,7 +161,7 @@ def model_build(recipe: Recipe[S], *, out: str | Path, settings: S, force: bool 
             return BuildResult(out=out, settings=settings, accuracy=manifest["accuracy"], built=False,
                                files=manifest["files"])
     started = time.monotonic()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", recipe.module, "--out", str(out.resolve()),
            "--settings", json.dumps(asdict(settings))] + ([] if progress else ["--quiet"])
     # The child inherits this environment (not a setting: what the process was started with),

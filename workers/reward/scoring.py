@@ -103,7 +103,7 @@ def rewards_remote_score(
 
 
 @celery_bound_task(
-    name="workers.rewards.score_experiences",
+    name="workers.reward.scoring.score_experiences",
     acks_late=True,
     reject_on_worker_lost=True,
     soft_time_limit=900,

@@ -327,7 +327,7 @@ _REWARD_TASK: dict[str, object] = {
 }
 
 
-@celery_task(name="workers.reward_trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
+@celery_task(name="workers.reward.trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
 def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
     if run is None or not run.cfg.reward_model.enabled:
@@ -345,7 +345,7 @@ def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     return {"version": rm.version if rm else None, "accuracy": rm.accuracy if rm else None}
 
 
-@celery_task(name="workers.reward_trainer.reward_model_score", soft_time_limit=600, time_limit=660, **_REWARD_TASK)
+@celery_task(name="workers.reward.trainer.reward_model_score", soft_time_limit=600, time_limit=660, **_REWARD_TASK)
 def reward_model_score(run_id: int) -> dict[str, int]:
     run = run_view(run_id)
     if run is None:
@@ -355,7 +355,7 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 
 
 
-@celery_bound_task(name="workers.reward_trainer.reward_model_export_zip", soft_time_limit=1800, time_limit=1860,
+@celery_bound_task(name="workers.reward.trainer.reward_model_export_zip", soft_time_limit=1800, time_limit=1860,
                    **_REWARD_TASK)
 def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | bool | None]:
     """Pack a version as the web download (apps/rewards/export.py): the directory
