@@ -34,8 +34,8 @@ urlpatterns = [
     path("notifications/runs/<int:run_id>/email/", notification_views.notification_email, name="notifications_email"),
     path("runs/", include("apps.control.urls")),
     path("runs/<int:run_id>/annotate/", include("apps.feedback.urls")),
-    path("runs/<int:run_id>/signal/", include("apps.feedback.raters_urls")),
-    path("runs/<int:run_id>/review/", include("apps.feedback.review_urls")),
+    path("runs/<int:run_id>/signal/", include("apps.feedback.raters.urls")),
+    path("runs/<int:run_id>/review/", include("apps.feedback.review.urls")),
     # The blind vote page: opaque tokens only, no run id in its URLs (apps/evaluation/views.py).
     path("vote/", include("apps.evaluation.urls")),
     path("runs/<int:run_id>/evaluations/", include("apps.evaluation.owner_urls")),

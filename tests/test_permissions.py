@@ -124,7 +124,7 @@ ACCESS: dict[str, str] = {
     "feedback:panel": ANNOTATE,  # a feedback kind's panel, at its slug (apps/feedback/kinds)
     "feedback:mine": ANNOTATE,
     "feedback:revise": ANNOTATE,  # revise one of my labels in place (a label not theirs: 400)
-    "review:page": OWNER,  # the review of labels (apps/feedback/review_views.py)
+    "review:page": OWNER,  # the review of labels (apps/feedback/review/views.py)
     "review:accept": OWNER,
     "review:reject": OWNER,
     "review:resolve": OWNER,

@@ -10,7 +10,7 @@ from django.http import FileResponse, HttpRequest
 from ninja import Router, Schema, Status
 from ninja.params.functions import Path
 
-from apps.feedback.raters_views import RatersData, raters_data
+from apps.feedback.raters.figures import RatersData, raters_data
 from apps.rewards.export import (
     ExportState,
     download_name,

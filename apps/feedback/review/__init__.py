@@ -1,3 +1,3 @@
 """The review of people's labels: the owner accepts, rejects and resolves disagreements
 (`services`, read by `selectors`, served to the API by `api`; the page is
-apps.feedback.review_views), and a person takes back or revises their own labels (`revise`)."""
+apps.feedback.review.views), and a person takes back or revises their own labels (`revise`)."""

@@ -1,6 +1,6 @@
 """The owner's review of people's labels (issue 32 item 5, from Argilla / Label Studio): accept
 or reject a label, and resolve a disagreement by accepting one side or giving one's own label.
-The review page (apps.feedback.review_views) and the API (apps.feedback.review.api) call these.
+The review page (apps.feedback.review.views) and the API (apps.feedback.review.api) call these.
 
 A rejected label takes no effect from then on: it leaves the reward its group folds (the group
 is refolded at once; one made trainable only by it waits for people again), the reward model's

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.feedback import review_views as views
+from apps.feedback.review import views
 
 app_name = "review"
 

@@ -5,7 +5,6 @@ role, call a selector or service, render."""
 from __future__ import annotations
 
 import json
-from typing import TypedDict
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
@@ -15,7 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from apps.feedback.reward_model.versions import reward_model_summary
 from apps.feedback.reward_model.preferences import preference_pairs, preference_rows_trl
-from apps.feedback.raters.reliability import rater_figures, run_agreement
+from apps.feedback.raters.figures import raters_data
 from apps.rewards.export import (
     download_name,
     export_states,
@@ -30,26 +29,6 @@ from apps.runs.models import Run
 from kernel.exceptions import InvalidInput, RftError
 from rftweb.http import HtmxHttpRequest, fragment, not_found_first, refusals, refused_as_text
 from kernel.jsontypes import Body
-
-
-class RatersData(TypedDict):
-    weighting: str
-    gold_rate: float
-    trust: Body
-    agreement: dict[str, float | None]
-    raters: list[Body]
-
-
-def raters_data(*, run: Run) -> RatersData:
-    """The Raters page's figures as JSON-ready data (the page and the API show the same)."""
-    figures = rater_figures(run=run)
-    return {
-        "weighting": run.cfg.feedback.rater_weighting,
-        "gold_rate": run.cfg.feedback.gold_rate,
-        "trust": run.cfg.feedback.trust.model_dump(),
-        "agreement": run_agreement(run=run),
-        "raters": [f.as_dict() for f in figures],
-    }
 
 
 def _raters_refused(request: HtmxHttpRequest, error: RftError, run_id: int) -> HttpResponse:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.feedback import raters_views as views
+from apps.feedback.raters import views
 
 app_name = "rewards"
 
