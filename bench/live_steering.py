@@ -125,7 +125,7 @@ def live_config(*, model: str, steps: int, seed: int, wait: float) -> tuple[dict
     from kernel.config import config_validate
 
     task = [
-        Override("model", model, "the demo model (workers/demo_model), its styles at a minority share"),
+        Override("model", model, "the demo model (workers/models/demo), its styles at a minority share"),
         Override("repeat_times", REPEAT, "8 samples a problem, as bench/steering's pairs (the lab figures beside)"),
         Override("train_batch_size", TASKS * REPEAT, "one explore step's rollouts a train step"),
         Override("total_steps", steps, "--steps"),
