@@ -18,7 +18,7 @@ held-out accuracy is out of fold, as `head`'s.
 
 Why not the base fine-tuned with LoRA (TRL's RewardTrainer, the `classifier` kind on a
 whole network): from the 100-200 pairs a run collects, a whole network overfits (bench/
-bench/README.md's "Steering: the rounds": 0.60-0.67 against the head's 0.69-0.75 on the same 150 pairs), while
+README.md's "Steering: the rounds": 0.60-0.67 against the head's 0.69-0.75 on the same 150 pairs), while
 a few tens of thousands of weights on features the base already computes fit in a second
 or two on a CPU.
 """
