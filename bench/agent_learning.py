@@ -92,7 +92,7 @@ def _train(args: argparse.Namespace, url: str) -> None:
     from examples.calculator_agent import CALC_TOOL_COMPACT, agent_run
     from rftweb.client import RftClient
     from tests.factories import make_run, make_user
-    from workers.models.demo import DemoSettings, _problems
+    from workers.models.demo import DemoSettings, problems_split
 
     owner = make_user(f"bench-agent-{os.getpid()}")
     taskset = demo_taskset_import(owner=owner, model_dir=DEMO_DIR)
@@ -113,7 +113,7 @@ def _train(args: argparse.Namespace, url: str) -> None:
     print(f"run {run.status} at version {run.current_version} in {time.monotonic() - started:.0f} s; "
           f"training rounds' mean reward {[round(statistics.fmean(e.reward for e in r), 3) for r in history]}; {_load()}",
           flush=True)
-    problems = _problems(DemoSettings())[1][:args.problems]
+    problems = problems_split(DemoSettings())[1][:args.problems]
     before = held_out_rewards(client, model=f"run-{run.pk}@v0", problems=problems)
     after = held_out_rewards(client, model=f"run-{run.pk}@v{run.current_version}", problems=problems)
     print(gain_line(before, after, version=run.current_version) + f"; {_load()}", flush=True)

@@ -113,14 +113,14 @@ def _accuracy(model_dir: str, tokenizer_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _problems, greedy_accuracy
+    from workers.models.demo import DemoSettings, problems_split, greedy_accuracy
     from workers.weights.handover import pending_wait
 
     pending_wait()  # the in-memory handover writes the version's files in the background
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # the reloaded one, as engines see it
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    return greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems_split(DemoSettings())[1])
 
 
 def _expected_accuracy(model_dir: str, tokenizer_dir: Path) -> float:
@@ -129,11 +129,11 @@ def _expected_accuracy(model_dir: str, tokenizer_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _problems, expected_accuracy
+    from workers.models.demo import DemoSettings, problems_split, expected_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return expected_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    return expected_accuracy(model=model, tokenizer=tokenizer, problems=problems_split(DemoSettings())[1])
 
 
 def _run_one(algorithm: str, *, steps: int, eval_every: int, demo: Path, owner: Any, lr: float,

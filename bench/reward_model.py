@@ -88,17 +88,17 @@ def rollouts(model_dir: Path, *, seed: int, max_tokens: int = 12, problems: int 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _encode, _problems, answer_of, problem_text
+    from workers.models.demo import DemoSettings, problem_encode, problems_split, answer_of, problem_text
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    taskset = _problems(DemoSettings())[2][:problems]
+    taskset = problems_split(DemoSettings())[2][:problems]
     out: list[dict[str, Any]] = []
     for start in range(0, len(taskset), 32):
         chunk = taskset[start:start + 32]
-        prompts = [_encode(tokenizer, p)[0] for p in chunk]
+        prompts = [problem_encode(tokenizer, p)[0] for p in chunk]
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

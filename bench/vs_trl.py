@@ -109,13 +109,13 @@ def _load() -> str:
 def _heldout_accuracy(model: Any, tokenizer_dir: Path) -> float:
     from transformers import AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _problems, greedy_accuracy
+    from workers.models.demo import DemoSettings, problems_split, greedy_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
     was_training = model.training
     try:
-        return greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+        return greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems_split(DemoSettings())[1])
     finally:
         model.train(was_training)
 

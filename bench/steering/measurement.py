@@ -26,12 +26,12 @@ def held_out_accuracy(model_dir: str, tokenizer_dir: Path, heldout: int = HELDOU
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _problems, expected_accuracy, greedy_accuracy
+    from workers.models.demo import DemoSettings, problems_split, expected_accuracy, greedy_accuracy
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    problems = _problems(DemoSettings())[1][:heldout]
+    problems = problems_split(DemoSettings())[1][:heldout]
     expected = expected_accuracy(model=model, tokenizer=tokenizer, problems=problems)
     return expected, greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems)
 
@@ -55,16 +55,16 @@ def held_out_samples(model_dir: str, tokenizer_dir: Path, *, max_tokens: int, se
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.models.demo import DemoSettings, _encode, _problems
+    from workers.models.demo import DemoSettings, problem_encode, problems_split
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    problems = [p for p in _problems(DemoSettings())[1][:heldout] for _ in range(samples)]
+    problems = [p for p in problems_split(DemoSettings())[1][:heldout] for _ in range(samples)]
     torch.manual_seed(seed)
     out: list[tuple[str, str]] = []
     for start in range(0, len(problems), 200):
         chunk = problems[start:start + 200]
-        prompts = [_encode(tokenizer, p)[0] for p in chunk]
+        prompts = [problem_encode(tokenizer, p)[0] for p in chunk]
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

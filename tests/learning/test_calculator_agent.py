@@ -47,7 +47,7 @@ def test_the_example_agent_trains_the_demo_model_round_by_round(
 ) -> None:
     from examples.calculator_agent import CALC_TOOL_COMPACT, agent_run
     from rftweb.client import RftClient
-    from workers.models.demo import DemoSettings, _problems
+    from workers.models.demo import DemoSettings, problems_split
 
     taskset = demo_taskset_import(owner=owner, model_dir=demo_model_dir)
     run = make_run(owner=owner, taskset=taskset, model=str(demo_model_dir), name="calc-agent",
@@ -71,7 +71,7 @@ def test_the_example_agent_trains_the_demo_model_round_by_round(
         assert run.status == Run.Status.FINISHED, (run.status, run.error, run.train_step, logs)
         assert len(history) == ROUNDS and all(len(r) == TASKS * GROUP for r in history)
 
-        _, heldout, _ = _problems(DemoSettings())
+        _, heldout, _ = problems_split(DemoSettings())
         problems = heldout[:EVAL_PROBLEMS]
         before = agent_learning.held_out_rewards(client, model=f"run-{run.pk}@v0", problems=problems)
         after = agent_learning.held_out_rewards(client, model=f"run-{run.pk}@v{run.current_version}", problems=problems)

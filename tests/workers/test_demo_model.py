@@ -21,7 +21,7 @@ from workers.models.demo import (
     STYLES,
     DemoResult,
     DemoSettings,
-    _problems,
+    problems_split,
     completion_text,
     demo_model_build,
     expected_accuracy,
@@ -121,7 +121,7 @@ def test_a_second_build_with_the_same_settings_is_skipped_and_other_settings_reb
 def test_the_demo_taskset_holds_math_tasks_with_answers_the_model_never_trained_on(tiny_build: DemoResult) -> None:
     records = [json.loads(line) for line in (tiny_build.out / "demo-taskset.jsonl").read_text().splitlines()]
     assert len(records) == TINY.taskset_size
-    train, heldout, taskset = _problems(TINY)
+    train, heldout, taskset = problems_split(TINY)
     assert not set(train) & set(taskset) and not set(heldout) & set(taskset)
     for record in records:
         assert record["domain"] == "math"
@@ -174,7 +174,7 @@ def test_the_real_demo_model_answers_some_but_not_most_held_out_problems(demo_mo
     assert 1_000_000 <= manifest["parameters"] <= 20_000_000
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
-    accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=_problems(DemoSettings())[1])
+    accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=problems_split(DemoSettings())[1])
     assert accuracy == pytest.approx(manifest["accuracy"], abs=0.011)
     assert 0.10 <= accuracy <= 0.60
 
@@ -214,7 +214,7 @@ def test_the_real_demo_model_samples_each_style_some_of_the_time(demo_model_dir:
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
-    problems = _problems(DemoSettings())[1]
+    problems = problems_split(DemoSettings())[1]
     texts = [(problem_text(*p), text) for p, text in _sampled(model, tokenizer, problems, n=1)]
 
     def share(rate: Rating, at_least: int) -> float:
@@ -239,7 +239,7 @@ def test_the_expected_accuracy_counts_a_right_answer_in_every_form_the_warm_up_w
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
-    problems = _problems(DemoSettings())[1]
+    problems = problems_split(DemoSettings())[1]
     each = {style: expected_accuracy(model=model, tokenizer=tokenizer, problems=problems, styles=(style,))
             for style in STYLES}
     every = expected_accuracy(model=model, tokenizer=tokenizer, problems=problems)
@@ -257,9 +257,9 @@ def _sampled(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, problem
     """`n` completions of each problem (temperature 1, up to 32 tokens, seeded), with their problem."""
     import torch
 
-    from workers.models.demo import _encode
+    from workers.models.demo import problem_encode
 
-    prompts = [_encode(tokenizer, p)[0] for p in problems]
+    prompts = [problem_encode(tokenizer, p)[0] for p in problems]
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

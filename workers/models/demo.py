@@ -143,8 +143,9 @@ def style_draw(rng: random.Random, settings: DemoSettings) -> str:
     return others[min(len(others) - 1, int(x / settings.styled * len(others)))]
 
 
-def _problems(settings: DemoSettings) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]], list[tuple[int, str, int]]]:
-    """All problems split deterministically into train / held-out eval / demo taskset."""
+def problems_split(settings: DemoSettings) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]], list[tuple[int, str, int]]]:
+    """All problems split deterministically into train / held-out eval / demo taskset. Public:
+    the benches and tests measure on the same held-out split the build prints."""
     space = [(a, op, b) for op in OPS for a in range(settings.max_operand + 1) for b in range(settings.max_second + 1)]
     rng = random.Random(settings.seed)
     rng.shuffle(space)
@@ -164,8 +165,9 @@ def _tokenizer_corpus(settings: DemoSettings) -> list[str]:
     return texts
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int], style: str = "plain"
+def problem_encode(tokenizer: PreTrainedTokenizerBase, problem: tuple[int, str, int], style: str = "plain"
             ) -> tuple[list[int], list[int]]:
+    """A problem's prompt ids (the chat template's) and its answer ids in `style`, EOS ended."""
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": problem_text(*problem)}], add_generation_prompt=True, tokenize=False
     )
@@ -204,7 +206,7 @@ def greedy_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     model.eval()
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        prompts = [_encode(tokenizer, p)[0] for p in chunk]
+        prompts = [problem_encode(tokenizer, p)[0] for p in chunk]
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -233,7 +235,7 @@ def expected_accuracy(*, model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     model.eval()
     work = [(p, style) for p in problems for style in styles]
     for start in range(0, len(work), batch_size):
-        rows = [_encode(tokenizer, p, style) for p, style in work[start : start + batch_size]]
+        rows = [problem_encode(tokenizer, p, style) for p, style in work[start : start + batch_size]]
         width = max(len(p) + len(c) for p, c in rows)
         ids = torch.full((len(rows), width), tokenizer.pad_token_id)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -340,7 +342,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train, heldout, taskset = _problems(settings)
+        train, heldout, taskset = problems_split(settings)
         built = tokenizer_build(texts=_tokenizer_corpus(settings), vocab_size=settings.vocab_size)
         model = causal_lm_build(
             tokenizer=built,
@@ -371,7 +373,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
             for p in next(batches):
                 style = style_draw(styles, settings)
                 if (p, style) not in encoded:
-                    encoded[p, style] = _encode(tokenizer, p, style)
+                    encoded[p, style] = problem_encode(tokenizer, p, style)
                 rows.append(encoded[p, style])
             loss = sft_step_loss(model, rows, pad_id=tokenizer.pad_token_id)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
