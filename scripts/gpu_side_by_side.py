@@ -32,7 +32,7 @@ from typing import Any
 
 # What both sides' LoRA adapters are: the rank and alpha scripts/gpu_check.py's LoRA step uses,
 # on kernel.config.AdapterConfig's default modules.
-LORA_RANK, LORA_ALPHA = 16, 32.0
+LORA_RANK, LORA_ALPHA = 16, 32  # peft types lora_alpha an int
 LEARNS_STEPS = 4
 LEARNS_LR = 1e-4
 

@@ -53,7 +53,7 @@ from django.db.models import Field
 from apps.buffer.models import Experience
 from apps.feedback.kinds import FeedbackKind, kind_get, kind_names
 from apps.feedback.models import Feedback, LabelTaught
-from kernel.algorithms import algorithm_get
+from kernel.algorithms import algorithm_get, algorithms
 from apps.runs.models import ModelVersion, Run
 
 State = Literal["trained", "reward_model", "pending", "unused"]
@@ -202,7 +202,9 @@ def _algorithm_refusal(run: Run, kind: FeedbackKind) -> str | None:
     if reaches == "preference":
         if algorithm.preference_pairs:
             return None
-        return f"{cfg.algorithm} does not train on {many}: DPO does (and a reward model learns from them)"
+        # Named from the registry (each algorithm declares preference_pairs), not a fixed name.
+        pairs = " or ".join(a.name for a in algorithms() if a.preference_pairs) or "no algorithm"
+        return f"{cfg.algorithm} does not train on {many}: {pairs} does (and a reward model learns from them)"
     if reaches == "reward":
         if cfg.feedback.mode == "auto":
             return f"feedback mode auto: {many} move no reward"
