@@ -403,7 +403,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "compare": runs_to_compare(user=request.user, run=run),
             "run": {"id": run.pk, "name": run.name, **run_state(run=run)},
             "series": metric_series(run=run),
-            "feedback": feedback_per_minute(run=run),
+            "feedback": _feedback_chart(run),
             "counts": counts,
             "sync": weight_sync_points(run=run, timeline=timeline),
         },
@@ -525,6 +525,12 @@ def run_weights_download(request: HtmxHttpRequest, run_id: int, version: int) ->
                         content_type="application/zip")
 
 
+def _feedback_chart(run: Run) -> list[list[float]] | None:
+    """The feedback-per-minute points, or None for a twin: it takes no labels by construction,
+    so its page draws no (always empty) feedback chart."""
+    return None if run.twin_of_id is not None else feedback_per_minute(run=run)
+
+
 @login_required
 @require_GET
 def run_metrics(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
@@ -534,7 +540,7 @@ def run_metrics(request: HtmxHttpRequest, run_id: int) -> JsonResponse:
         return JsonResponse({"counts": buffer_counts(run=run), "status": run.status, "run": state})
     if request.GET.get("only") == "sync":
         return JsonResponse({"sync": weight_sync_points(run=run)})
-    return JsonResponse({"series": metric_series(run=run), "feedback": feedback_per_minute(run=run),
+    return JsonResponse({"series": metric_series(run=run), "feedback": _feedback_chart(run),
                          "counts": buffer_counts(run=run), "status": run.status, "run": state})
 
 

@@ -400,10 +400,13 @@
     };
     return chart;
   }
-  var feedback = timeChart("feedback", "Feedback per minute", "feedback");
-  feedback.perMinute = true;
-  feedback.names.push("feedback");
-  function loadFeedback(rows) { rows.forEach(function (r) { feedback.put("feedback", r[0], r[1]); }); }
+  // A twin takes no labels: the server sends no feedback points (null) and no chart is drawn.
+  var feedback = initial.feedback === null ? null : timeChart("feedback", "Feedback per minute", "feedback");
+  if (feedback) { feedback.perMinute = true; feedback.names.push("feedback"); }
+  function loadFeedback(rows) {
+    if (!feedback || !rows) return;
+    rows.forEach(function (r) { feedback.put("feedback", r[0], r[1]); });
+  }
   var buffer = timeChart("buffer", "Buffer by status", "buffer");
   function loadCounts(counts) {
     var now = Math.floor(Date.now() / 1000);
@@ -619,10 +622,12 @@
     "feedback.saved": function (p) {
       tally.feedback += 1;
       countsSoon();
-      var minute = Math.floor(Date.now() / 60000) * 60;
-      var row = feedback.points.get(minute);
-      feedback.put("feedback", minute, (row && row.feedback ? row.feedback : 0) + 1);
-      feedback.custom();
+      if (feedback) {
+        var minute = Math.floor(Date.now() / 60000) * 60;
+        var row = feedback.points.get(minute);
+        feedback.put("feedback", minute, (row && row.feedback ? row.feedback : 0) + 1);
+        feedback.custom();
+      }
       say("feedback: " + (p.kind || "") + (p.author ? " by " + p.author : ""));
     },
     // The run ended and its people were told (apps/control/notifications.py): the header's

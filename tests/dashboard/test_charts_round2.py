@@ -129,6 +129,21 @@ def test_feedback_per_minute_is_zero_over_minutes_without_feedback(browser: Any,
         page.context.close()
 
 
+def test_a_twins_page_draws_no_feedback_chart(browser: Any, live_url: str, owner: User) -> None:
+    """A twin takes no labels by construction: its page drew an always-empty "Feedback per
+    minute" chart beside the others. Its run (people's) still draws one."""
+    people = running(owner, name="people", feedback={"mode": "blend"})
+    twin = running(owner, name="twin")
+    Run.objects.filter(pk=twin.pk).update(twin_of=people)
+    for run, drawn in ((people, 1), (twin, 0)):
+        page = opened(browser, live_url, owner, run)
+        try:
+            page.wait_for_selector("#chart-buffer canvas")  # the page's charts are drawn by now
+            assert page.locator("#chart-feedback").count() == drawn, run.name
+        finally:
+            page.context.close()
+
+
 @pytest.mark.parametrize(("size", "every"), [(PHONE, 5), (LAPTOP, 5), (PHONE, 240), (LAPTOP, 240)],
                          ids=["390-seconds", "1280-seconds", "390-minutes", "1280-minutes"])
 def test_the_weight_sync_axes_leave_room_between_their_labels(browser: Any, live_url: str, owner: User,
