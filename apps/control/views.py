@@ -600,9 +600,9 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
     if run.twin_of_id is not None:
-        errors = {FORM: [f"{run_feedback_closed_why(run=run)}: its feedback policy stays off"]}
+        errors = {FORM: [f"{run_feedback_closed_why(run=run)}: its feedback settings stay off"]}
     elif request.POST.get("confirm") != "yes":
-        errors = {FORM: ["tick the box to confirm the change of policy"]}
+        errors = {FORM: ["tick the box to confirm the change of settings"]}
     else:
         data, read_errors = config_from_post(request.POST, specs)
         if read_errors:
@@ -620,6 +620,12 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
         return _partial(request, "runs/_feedback_settings.html", context, f"Feedback settings · {run.name}")
     messages.success(request, "Feedback settings updated.")
     return redirect("runs:detail", run_id=run.pk)
+
+
+def run_feedback_settings_moved(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The settings' old path: a permanent redirect that keeps the method (308), so a form
+    open in an old tab still posts its change."""
+    return redirect("runs:feedback_settings", run_id=run_id, permanent=True, preserve_request=True)
 
 
 def _run_panel(template: str, title: str,

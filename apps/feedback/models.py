@@ -23,7 +23,7 @@ class FeedbackQuerySet(models.QuerySet["Feedback"]):
 
 class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
-    by the run's feedback policy.
+    by the run's feedback settings.
 
     Every door stores it through the service of its kind (its module in `apps.feedback.kinds`), which
     builds `value` in the one shape of that kind (its typed model in `apps.feedback.kinds`,

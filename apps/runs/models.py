@@ -60,7 +60,7 @@ class Run(models.Model):
     def config_digest(self) -> str:
         """A fingerprint of the stored config: equal digests, equal configs. A rollout worker
         keeps a run's config between chat calls under it (workers/explore/chat.py) and reads the run
-        again when the web side sends another (an edited config, e.g. a feedback policy)."""
+        again when the web side sends another (an edited config, e.g. new feedback settings)."""
         raw = json.dumps(self.config, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 

@@ -250,7 +250,7 @@ def weight_sync_timeline(*, run: Run) -> list[VersionSync]:
 # "by <person>" only when a person did it (the system's own finish or failure says no more).
 _AUDIT_WORDS = {
     "start": "started", "pause": "paused", "resume": "resumed", "stop": "stopped", "finish": "finished",
-    "fail": "failed", "feedback_policy": "feedback settings changed", "member_add": "member added",
+    "fail": "failed", "feedback_settings": "feedback settings changed", "member_add": "member added",
     "member_role": "member's role changed", "member_remove": "member removed", "invite": "invitation made",
     "invite_used": "invitation accepted", "invite_revoke": "invitation revoked",
     "label_accept": "label accepted", "label_reject": "label rejected",

@@ -206,13 +206,13 @@ def run_feedback_settings_update(*, run: Run, feedback: object, actor: Actor = N
         AuditEntry.objects.create(
             run=locked,
             actor=_audit_actor(actor),
-            action="feedback_policy",  # the stored audit action keeps its old word (rows and clients read it)
+            action="feedback_settings",
             detail={"before": before, "after": after},
         )
     run.refresh_from_db()
     transaction.on_commit(
         lambda: event_publish(
-            run_id=run.pk, type="run.status", payload={"status": run.status, "action": "feedback_policy", "feedback": after}
+            run_id=run.pk, type="run.status", payload={"status": run.status, "action": "feedback_settings", "feedback": after}
         )
     )
     return run

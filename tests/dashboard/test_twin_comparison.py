@@ -239,7 +239,7 @@ def test_labels_on_a_twin_are_refused_at_every_door_naming_why(pair: tuple[Run, 
         call_command("rft", "feedback", str(twin.pk), "rating", "--as", owner.username, "--experience",
                      str(members[0].pk), "--score", "4", stdout=StringIO(), stderr=StringIO())
     # The policy stays off.
-    policy = client.post(f"/runs/{twin.pk}/feedback-policy/", {"confirm": "yes", "feedback.mode": "blend"})
+    policy = client.post(f"/runs/{twin.pk}/feedback-settings/", {"confirm": "yes", "feedback.mode": "blend"})
     assert why in policy.content.decode() and Run.objects.get(pk=twin.pk).cfg.feedback.mode == "auto"
     assert not Feedback.objects.filter(run=twin).exists()
 

@@ -310,7 +310,7 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
 
 # run id -> (config digest, the run as read then). The web side sends the digest of the
 # config it read for the call (apps/envapi/openai_services.py), so a call whose digest
-# matches needs no query here, and an edited config (a feedback policy change) is read
+# matches needs no query here, and an edited config (a feedback settings change) is read
 # again on the next call. Only the config and pk of the kept run are used: its
 # current_version goes stale, and "current" comes with the request. Bounded: cleared whole
 # when full; one dict assignment per miss, safe across a pool's threads.

@@ -1,6 +1,6 @@
 """The run's learned reward model, web side (no torch): when a new version is due, publishing
 a version, which experiences it should score, and folding its scores into rewards under the
-`learned` feedback policy.
+`learned` feedback mode.
 
 Training and scoring themselves run on the `reward` queue (workers/reward/trainer.py).
 
