@@ -41,7 +41,7 @@ from apps.control.forms import (
     errors_by_field,
     feedback_field_specs,
     field_help,
-    form_groups,
+    form_sections,
     values_from_config,
 )
 from apps.control.bulk_views import bulk_context, filter_fields
@@ -52,7 +52,7 @@ from apps.control.selectors import (
     experience_group_detail,
     experiences_browse,
     feedback_per_minute,
-    group_feedback,
+    whole_group_feedback,
     run_columns,
     run_rows,
     run_waiting,
@@ -158,7 +158,7 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
         spec.errors = errors.get(spec.path, [])
         spec.help = field_help(spec.path, spec.help)
     return {
-        "groups": form_groups(specs, errors),
+        "sections": form_sections(specs, errors),
         "errors": errors,
         # Errors no field shows (the form as a whole, a key the form lacks): listed on top.
         "form_errors": errors.get(FORM, []),
@@ -769,7 +769,7 @@ def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> Ht
         raise Http404("no such group")
     return _partial(request, "runs/_group.html",
                     {"run": run, "group_id": group_id, "members": members,
-                     "group_feedback": group_feedback(run=run, group_id=group_id)},
+                     "whole_group_feedback": whole_group_feedback(run=run, group_id=group_id)},
                     f"Group {group_id} · {run.name}")
 
 

@@ -241,7 +241,7 @@ run_ended = Signal()
 
 def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
-    processes cannot both win; audited and announced on the run's group.
+    processes cannot both win; audited and announced on the run's stream.
 
     A start checks the run's model, taskset and rewards first (RunCannotStart names each
     problem) and clears the error of an earlier failure; a fail stores `reason` as the run's

@@ -32,7 +32,7 @@ from apps.feedback.models import Feedback, LabelTaught
 from apps.feedback.reward_model.preferences import PairLabels
 from apps.feedback.raters.reliability import TRUSTED_WEIGHT, rater_offsets_cached, rater_weights_cached
 # The fold's public names, under the local names this module's code calls them by.
-from apps.feedback.kinds.fold import group_feedback as _group_feedback
+from apps.feedback.kinds.fold import group_feedback_to_fold
 from apps.feedback.kinds.fold import group_fold
 from apps.feedback.kinds.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
@@ -268,7 +268,7 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
         group_fold(run=run, group_id=group_id, members=members)
         ids = [m.pk for m in members]
         weights = rater_weights_cached(run=run)
-        rows = _group_feedback(run=run, group_id=group_id, member_ids=ids)
+        rows = group_feedback_to_fold(run=run, group_id=group_id, member_ids=ids)
         folds = votes_fold(member_ids=ids, votes=feedback_votes(rows), weights=weights,
                              offsets=rater_offsets_cached(run=run))
         scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
