@@ -20,7 +20,7 @@ from django.test import Client
 
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.models import Experience, Task, Taskset
-from kernel.hygiene import InputRejected, json_parse, yaml_parse
+from kernel.input_checks import InputRejected, json_parse, yaml_parse
 from kernel.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
 from tests.envapi.conftest import Api, make_key

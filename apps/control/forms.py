@@ -21,13 +21,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonDict
 
-from kernel.hygiene import InputRejected, yaml_parse
+from kernel.input_checks import InputRejected, yaml_parse
 from kernel.algorithms import algorithm_get, algorithm_names, algorithms
 from kernel.config import FeedbackSettings, RunConfig, config_validate
 from kernel.eval_series import best_by_choices
 from kernel.preferences import preference_names
 from kernel.reward_kinds import reward_kind_names
-from kernel.vocabulary import domains
+from kernel.plugin_names import domains
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
 FORM = "__all__"

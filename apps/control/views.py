@@ -67,7 +67,7 @@ from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters.views import reward_model_panel_context
 from apps.feedback.handout.queue import annotation_waiting, labelling_progress
-from kernel.hygiene import MAX_CONFIG_BYTES
+from kernel.input_checks import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page

@@ -90,15 +90,6 @@ class RunView:
     def storage(self) -> Path:
         return run_storage(self.id)
 
-    # Worker code reads runs as Django spelled them; the same values under those names.
-    @property
-    def pk(self) -> int:
-        return self.id
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.config
-
     @property
     def status(self) -> str:
         return str(self._row.status)

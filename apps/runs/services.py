@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.dispatch import Signal
 
-from kernel.hygiene import InputRejected, text_check
+from kernel.input_checks import InputRejected, text_check
 from apps.runs import schedule
-from kernel import vocabulary
+from kernel import plugin_names
 from kernel.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.invitations import Actor
@@ -149,8 +149,8 @@ def run_spec_check(*, config: Mapping[str, object] | RunConfig, taskset: Any = N
     elif taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
     elif taskset is not None:
-        # The rewards app's checks (kernel.vocabulary): every task domain routed to a term.
-        errors.update(vocabulary.taskset_errors(config=cfg, taskset=taskset))
+        # The rewards app's checks (kernel.plugin_names): every task domain routed to a term.
+        errors.update(plugin_names.taskset_errors(config=cfg, taskset=taskset))
     elif starting and taskset is None and schedule.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
