@@ -38,7 +38,7 @@ _ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
 
 
 def twin_config(config: Mapping[str, object]) -> RunConfig:
-    """`config` without people: no policy that folds labels, no reward model learning from
+    """`config` without people: no feedback settings that fold labels, no reward model learning from
     them; the rest (algorithm, seed, steps, rewards, evaluation) as it is, for a fair comparison."""
     cfg = config_validate(data=config)
     return cfg.model_copy(update={"feedback": cfg.feedback.model_copy(update={"mode": "auto"}),

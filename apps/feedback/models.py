@@ -30,7 +30,7 @@ class Feedback(models.Model):
     read back through `Feedback.parsed`):
 
     - rating: {"score": 1..5 | null, "thumb": "up" | "down" | null, "normalised": 0..1 | null}
-      (one of score and thumb; normalised is what the policy folds. normalised is null
+      (one of score and thumb; normalised is what the fold reads. normalised is null
       only on rows migrated from an old API number with no readable scale, which then also
       carry "legacy": the number, and are never folded);
     - ranking: {"order": [every experience id of the group, best first]};

@@ -141,7 +141,7 @@ class Metric(models.Model):
 
 
 class AuditEntry(models.Model):
-    """Who did what to a run, and when (controls, policy edits)."""
+    """Who did what to a run, and when (controls, feedback settings edits)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="audit")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

@@ -9,7 +9,7 @@ trainer that chains steps sees its own progress without reading the run again, a
 before the ports.
 
 Pure helpers a worker needs of the kernel (the config type and its checks, the algorithm
-registry, the run-mode policy, the Dispatch claim) are re-exported here, so that one import
+registry, the run modes' schedule, the Dispatch claim) are re-exported here, so that one import
 contract (pyproject.toml: "workers reach the apps through their ports") covers workers/.
 """
 

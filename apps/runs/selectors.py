@@ -96,7 +96,7 @@ def run_feedback_closed_why(*, run: Run) -> str:
 
 def run_invites_annotation(*, run: Run) -> bool:
     """Whether pages offer "Annotate" on the run: it takes feedback and people's labels
-    count (a policy that folds them, a reward model learning from them, or an algorithm
+    count (feedback settings that fold them, a reward model learning from them, or an algorithm
     that trains on people's corrections). An `auto` run with none of these trains on the
     reward functions alone."""
     if not run_takes_feedback(run=run):

@@ -299,7 +299,7 @@ def test_a_run_that_finishes_stops_inviting_annotation_and_its_summary_downloads
 
 # --- the run page's fixes ------------------------------------------------------------------------
 
-def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(open_page: Any, owner: User) -> None:
+def test_a_failure_clears_the_waiting_banner_and_saving_the_feedback_settings_asks_once(open_page: Any, owner: User) -> None:
     from tests.dashboard.test_pages_states import _pending
 
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="waits", feedback={"mode": "blend"})
@@ -324,7 +324,7 @@ def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(ope
     expect(page.locator("#run-error")).to_contain_text("explore step 1 failed")
     shot(page, "run-failed")
 
-    # The policy: one confirmation (the box), no dialog on top of it; the change is saved.
+    # The feedback settings: one confirmation (the box), no dialog on top of it; the change is saved.
     page.select_option("[id='id_feedback.mode']", "human")
     page.check("#feedback-settings input[name=confirm]")
     page.click("#feedback-settings button[type=submit]")

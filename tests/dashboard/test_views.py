@@ -162,15 +162,15 @@ def test_a_control_that_does_not_apply_says_why(client_of, owner: User, run: Run
 def test_editing_the_feedback_settings_is_confirmed_validated_and_audited(client_of, owner: User, run: Run) -> None:
     c = client_of(owner)
     url = f"/runs/{run.pk}/feedback-settings/"
-    policy = {"feedback.mode": "blend", "feedback.w_auto": "0.3", "feedback.w_human": "0.7",
-              "feedback.wait_seconds": "60", "feedback.fallback": "auto", "feedback.overlap": "2", "feedback.rank_rule": "borda"}
-    unconfirmed = c.post(url, policy, HTTP_HX_REQUEST="true")
+    feedback = {"feedback.mode": "blend", "feedback.w_auto": "0.3", "feedback.w_human": "0.7",
+                "feedback.wait_seconds": "60", "feedback.fallback": "auto", "feedback.overlap": "2", "feedback.rank_rule": "borda"}
+    unconfirmed = c.post(url, feedback, HTTP_HX_REQUEST="true")
     assert "tick the box" in unconfirmed.content.decode()
-    bad = c.post(url, {**policy, "feedback.overlap": "99", "confirm": "yes"}, HTTP_HX_REQUEST="true")
+    bad = c.post(url, {**feedback, "feedback.overlap": "99", "confirm": "yes"}, HTTP_HX_REQUEST="true")
     assert "Overlap must be at most 10" in field_block(bad.content.decode(), "feedback.overlap")
     run.refresh_from_db()
     assert run.cfg.feedback.mode == "auto"
-    ok = c.post(url, {**policy, "confirm": "yes"})
+    ok = c.post(url, {**feedback, "confirm": "yes"})
     assert ok.status_code == 302
     run.refresh_from_db()
     assert (run.cfg.feedback.mode, run.cfg.feedback.w_human, run.cfg.feedback.overlap) == ("blend", 0.7, 2)

@@ -1,5 +1,5 @@
 """The fold: a group's feedback folded into its open members' human and final rewards under
-the run's policy (the arithmetic is the kernel's, kernel.fold), making the group
+the run's feedback settings (the arithmetic is the kernel's, kernel.fold), making the group
 trainable when every member's reward is final. The feedback services and the wait windows
 call it with the group locked."""
 

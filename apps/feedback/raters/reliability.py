@@ -48,7 +48,7 @@ from rftweb.degrade import cached
 from kernel.jsontypes import Body
 
 # Votes whose raters' weights add up to less than this count as no one's rating (the
-# learned policy then uses the reward model for the member, and no rating pair is made
+# `learned` mode then uses the reward model for the member, and no rating pair is made
 # for the reward model: apps.feedback.reward_model.preferences); a rater earning less is
 # untrusted (rater_standing).
 TRUSTED_WEIGHT = 0.5

@@ -240,7 +240,7 @@ def rm_scores_apply(*, run: Run, rm: RewardModel, scores: Mapping[int, float],
                     spreads: Mapping[int, float] | None = None) -> int:
     """Store a version's scores (idempotent: a score already stored stays), each with its
     spread where the kind has one (an ensemble's disagreement, RewardModelScore.spread), and,
-    under the `learned` policy with a usable version, fold them into the groups they touch.
+    under the `learned` mode with a usable version, fold them into the groups they touch.
     Returns how many groups became trainable."""
     spreads = spreads or {}
     RewardModelScore.objects.bulk_create(
@@ -320,7 +320,7 @@ class RewardModelSummary(TypedDict):
 
 def reward_model_summary(*, run: Run) -> RewardModelSummary:
     """What the run page shows: versions with their held-out accuracy, the one in use, the
-    labels so far and the weights of the learned policy."""
+    labels so far and the weights of the `learned` mode."""
     versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:10])
     usable = reward_model_usable(run=run)
     feedback_cfg = run.cfg.feedback
