@@ -169,9 +169,9 @@ def _visible_ids(user: AbstractBaseUser | AnonymousUser) -> set[int]:
 
 
 class RunEventsConsumer(_Guarded):
-    """Checks the user may view the run, then joins this process's subscription to `run.<id>`
-    (apps/runs/fanout.py), which sends each event to every local socket of the run; closed
-    with 4403 once the user may view it no longer."""
+    """Checks the user may view the run, then joins this process's subscription to the run's
+    stream `run.<id>` (apps/runs/fanout.py), which sends each event to every local socket of
+    the run; closed with 4403 once the user may view it no longer."""
 
     # No channel of its own: the process's hub is the stream's only member, so a socket costs
     # no layer channel (a Redis subscription on the pub/sub layer, a receive task on core).
