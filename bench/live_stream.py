@@ -9,7 +9,7 @@ each client timestamps arrival, checks that events arrive in order, and counts w
 missed. Phases, in the same run and on the same channel layer:
 
   per-client  the path before apps/runs/fanout.py (bench/per_client_asgi.py under daphne):
-              every socket is a group member, so one layer message and one encode per
+              every socket is a stream member, so one layer message and one encode per
               socket per event. The baseline, at N clients.
   hub         the project's consumer: one subscription per process per run, one encode per
               flush, frames batched under load. At 1 client and at N, on one server

@@ -1,5 +1,5 @@
 """The live stream as it was before apps/runs/fanout.py, for bench/live_stream.py's baseline:
-every socket is its own member of the run's group, so each event is one channel-layer
+every socket is its own member of the run's stream (its Channels group), so each event is one channel-layer
 message and one JSON encode per socket. Served by daphne as `bench.per_client_asgi:application`."""
 
 from __future__ import annotations
@@ -19,23 +19,23 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path
 
 from apps.runs.consumers import run_socket_admit
-from apps.runs.events import run_group
+from apps.runs.events import run_stream_name
 
 
 class PerClientRunEventsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels ships no types: its consumer is Any to mypy
-    group: str | None = None
+    stream: str | None = None
 
     async def connect(self) -> None:
         run_id = await run_socket_admit(self)
         if run_id is None:
             return
-        self.group = run_group(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.stream = run_stream_name(run_id)
+        await self.channel_layer.group_add(self.stream, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.stream:
+            await self.channel_layer.group_discard(self.stream, self.channel_name)
 
     async def _forward(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": event["type"], "payload": event.get("payload", {})})

@@ -18,7 +18,7 @@ each starting at a random moment of the first `--ramp` seconds:
   environments  each with its own API key: claim a task, post a group of `--group`
                 trajectories, finish the task, read the run, every `--env-interval` seconds.
   owners        log in, load the run page and its metrics, and watch the run's websocket
-                (one channel-layer group per run), counting frames and events; while events
+                (one stream, a channel-layer group, per run), counting frames and events; while events
                 arrive they fetch the counts as the page does (at most one request per 2 s).
                 Owners connect before anyone else starts, so each must receive every event:
                 every numbered metric, an `experience.created` for every stored trajectory,

@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from kernel.hygiene import InputRejected, config_text_parse, tree_check
-from kernel import vocabulary
+from kernel.input_checks import InputRejected, config_text_parse, tree_check
+from kernel import plugin_names
 from kernel.algorithms import (
     LEGACY_TRAINER_KEYS,
     AlgorithmParams,
@@ -38,7 +38,7 @@ from kernel.plain_errors import error_plain
 from kernel.preferences import preference_names
 from kernel.reward_kinds import DEFAULT_REWARD_KIND, reward_kind_get, reward_kind_names, reward_kinds
 from kernel.exceptions import InvalidInput
-from kernel.strict import StrictModel
+from kernel.config_base import StrictModel
 from kernel.jsontypes import JSON, JSONObject
 
 
@@ -93,21 +93,21 @@ class RewardTerm(StrictModel):
     @field_validator("name")
     @classmethod
     def _known_reward(cls, name: str) -> str:
-        return _known(name, vocabulary.reward_names(), what="reward")
+        return _known(name, plugin_names.reward_names(), what="reward")
 
     @field_validator("domains")
     @classmethod
     def _known_domains(cls, domains: list[str]) -> list[str]:
         for domain in domains:
-            if domain not in vocabulary.domains():
-                raise ValueError(f"unknown domain {domain!r}; known: {', '.join(vocabulary.domains())}")
+            if domain not in plugin_names.domains():
+                raise ValueError(f"unknown domain {domain!r}; known: {', '.join(plugin_names.domains())}")
         return domains
 
     @model_validator(mode="after")
     def _params_fit(self) -> RewardTerm:
         # Each reward checks its own params (a regex that compiles, a model path), so a bad
         # term fails run validation instead of every explore step.
-        vocabulary.reward_params_check(self.name, self.params)
+        plugin_names.reward_params_check(self.name, self.params)
         return self
 
 
@@ -443,14 +443,14 @@ class PipelineStep(StrictModel):
     @field_validator("name")
     @classmethod
     def _known_operator(cls, name: str) -> str:
-        return _known(name, vocabulary.operator_names(), what="pipeline operator")
+        return _known(name, plugin_names.operator_names(), what="pipeline operator")
 
     @field_validator("params")
     @classmethod
     def _params_fit(cls, params: dict[str, object], info: ValidationInfo) -> dict[str, object]:
         name = info.data.get("name")
         if name is not None:  # an unknown name was already reported
-            vocabulary.operator_params_check(name, params)
+            plugin_names.operator_params_check(name, params)
         return params
 
 
@@ -467,7 +467,7 @@ class PipelineConfig(StrictModel):
         stage = str(info.field_name).removeprefix("on_")
         for i, step in enumerate(steps):
             try:
-                vocabulary.operator_stage_check(step.name, stage)
+                plugin_names.operator_stage_check(step.name, stage)
             except ValueError as exc:
                 raise ValueError(f"step {i}: {exc}") from None
         return steps
@@ -653,7 +653,7 @@ def _errors_by_field(exc: ValidationError) -> dict[str, str]:
 def config_validate(*, data: object) -> RunConfig:
     """Validate a config mapping; raise ConfigInvalid naming each bad field. Values
     Postgres cannot store (NUL, lone surrogates, NaN, too deep) are refused first
-    (`kernel.hygiene.tree_check`), so whatever validates can be written."""
+    (`kernel.input_checks.tree_check`), so whatever validates can be written."""
     if isinstance(data, RunConfig):
         return data
     if not isinstance(data, dict):

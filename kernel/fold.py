@@ -1,4 +1,4 @@
-"""The run's feedback policy: how automatic and human rewards become the final reward.
+"""The fold: how automatic and human rewards become the final reward, as the run's feedback settings say.
 
 `auto`: the reward functions decide; an experience is ready when written. Human feedback
 is still stored and its mean kept in `human_reward` (for export, DPO and SFT), but the

@@ -96,7 +96,7 @@ def domain_register(
 ) -> None:
     """Register a reward domain and its default terms, next to the rewards that score it
     (math_rules.py registers `math`), with its verifier and format check when it has them.
-    The run config learns the name through the kernel's vocabulary (kernel.vocabulary.domains)."""
+    The run config learns the name through kernel.plugin_names.domains."""
     DOMAINS.add(name, DomainRoute(name=name, terms=tuple((reward, float(weight)) for reward, weight in terms.items()),
                                   verifier=verifier, format=format))
 

@@ -28,7 +28,7 @@ from apps.evaluation import api as evaluation_api
 from apps.feedback.review.api import router as review_router
 from apps.feedback.raters.api import router as raters_router
 from kernel.exceptions import InvalidInput, RftError, TooLarge, Unavailable
-from kernel.hygiene import MAX_DEPTH, InputRejected, tree_check
+from kernel.input_checks import MAX_DEPTH, InputRejected, tree_check
 from rftweb.degrade import POSTGRES_ERRORS, REDIS_ERRORS, RETRY_AFTER_SECONDS, dependency_failed, unavailable_message
 from rftweb.exceptions import ErrorClassCode, MalformedJSON, Unauthenticated, error_code, error_class_code, status_code
 
@@ -36,7 +36,7 @@ from rftweb.exceptions import ErrorClassCode, MalformedJSON, Unauthenticated, er
 
 
 # Values the database could not hold (NUL characters, lone surrogates, NaN, deep nesting)
-# are refused by the one input hygiene of every door (kernel/hygiene.py): InputRejected is
+# are refused by the one input hygiene of every door (kernel/input_checks.py): InputRejected is
 # an InvalidInput, a 422 naming the field.
 
 

@@ -1,4 +1,4 @@
-"""Input hygiene for every form and query string (`kernel.hygiene`): a field holding text
+"""Input hygiene for every form and query string (`kernel.input_checks`): a field holding text
 Postgres cannot store (NUL) is refused with 400 naming the field before any view runs, so
 no form handler can fail with a DataError on it. The environment API (`/api/`) parses and
 checks its own JSON bodies and answers in its own error format."""
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
-from kernel.hygiene import InputRejected, text_check
+from kernel.input_checks import InputRejected, text_check
 from rftweb.uploads import UploadTooLarge, upload_refused
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")

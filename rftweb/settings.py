@@ -117,7 +117,7 @@ MIDDLEWARE = [
     # DEBUG's technical 404/500 pages answered with the site's own (rftweb/errorpages.py); sync
     # like the one under it. Not loaded with DEBUG off, where Django renders the site's pages.
     "rftweb.errorpages.SiteErrorPagesMiddleware",
-    # Refuses form and query fields Postgres cannot store, naming the field (kernel/hygiene.py).
+    # Refuses form and query fields Postgres cannot store, naming the field (kernel/input_checks.py).
     # Sync-only, so innermost: under ASGI Django then runs the whole chain in one thread,
     # entered once per request; in the middle, each middleware inside it crossed between the
     # event loop and a thread for each of its hooks (tests/envapi/test_openai_hops.py).

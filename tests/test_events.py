@@ -1,4 +1,4 @@
-"""Live events: typed events on the run's group, published from anywhere, Celery included."""
+"""Live events: typed events on the run's stream, published from anywhere, Celery included."""
 
 from __future__ import annotations
 
@@ -145,12 +145,12 @@ async def test_a_process_that_exits_right_after_touching_runs_delivers_every_not
 
     from channels.layers import get_channel_layer
 
-    from apps.runs.events import RUNS_LIST_GROUP, RUNS_LIST_NOTICE
+    from apps.runs.events import RUNS_LIST_STREAM, RUNS_LIST_NOTICE
     from tests.servers import ROOT, child_env
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    await layer.group_add(RUNS_LIST_GROUP, channel)
+    await layer.group_add(RUNS_LIST_STREAM, channel)
     runs = 40
     code = ("import django; django.setup(); from apps.runs.events import runs_list_touch;"
             f"[runs_list_touch(run_id=900000 + i) for i in range({runs})];"
@@ -165,7 +165,7 @@ async def test_a_process_that_exits_right_after_touching_runs_delivers_every_not
         assert message["type"] == RUNS_LIST_NOTICE
         got.append(message["run"])
     assert sorted(set(got)) == [900000 + i for i in range(runs)] and got.count(900000) == 2
-    await layer.group_discard(RUNS_LIST_GROUP, channel)
+    await layer.group_discard(RUNS_LIST_STREAM, channel)
 
 
 async def test_events_published_together_cross_the_layer_as_few_messages_and_reach_the_page_in_order(
@@ -176,11 +176,11 @@ async def test_events_published_together_cross_the_layer_as_few_messages_and_rea
     and a browser socket still gets every event, in order."""
     from channels.layers import get_channel_layer
 
-    from apps.runs.events import ENVELOPE_BYTES, event_publish_many, layer_events, run_group
+    from apps.runs.events import ENVELOPE_BYTES, event_publish_many, layer_events, run_stream_name
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    await layer.group_add(run_group(run.pk), channel)
+    await layer.group_add(run_stream_name(run.pk), channel)
     page, ok = await run_socket_connect(run, owner)
     assert ok
     short = [("experience.created", {"id": i, "response": f"<answer>{i}</answer>"}) for i in range(128)]
@@ -202,4 +202,4 @@ async def test_events_published_together_cross_the_layer_as_few_messages_and_rea
         seen += [e["payload"]["id"] for e in events if e["type"] == "experience.created"]
     assert seen == list(range(128)) + list(range(7))
     await page.disconnect()
-    await layer.group_discard(run_group(run.pk), channel)
+    await layer.group_discard(run_stream_name(run.pk), channel)

@@ -1,4 +1,4 @@
-"""The live stream's per-process hub (apps/runs/fanout.py): one group membership per run per
+"""The live stream's per-process hub (apps/runs/fanout.py): one stream membership per run per
 process however many sockets watch it, events in order in single or batch frames, slow
 sockets closed instead of buffered without bound, and a clean unsubscribe. Real Redis."""
 
@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 
 from apps.runs import fanout
-from apps.runs.events import event_publish_async, run_group
+from apps.runs.events import event_publish_async, run_stream_name
 from apps.runs.fanout import SLOW_CLIENT_CLOSE_CODE, fanout_hub, fanout_join, fanout_leave
 from apps.runs.models import Run
 from tests.conftest import run_socket_connect
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def no_stale_members(run: Run) -> None:
     # Run ids restart with each test database; a killed earlier session may have left members.
     layer = get_channel_layer()
-    await layer.connection(layer.consistent_hash(run_group(run.pk))).delete(layer._group_key(run_group(run.pk)))
+    await layer.connection(layer.consistent_hash(run_stream_name(run.pk))).delete(layer._group_key(run_stream_name(run.pk)))
 
 
 async def _events(comm: WebsocketCommunicator, count: int, frames: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -42,10 +42,10 @@ async def _events(comm: WebsocketCommunicator, count: int, frames: list[dict[str
     return events
 
 
-async def _group_members(run: Run) -> list[bytes]:
+async def _stream_members(run: Run) -> list[bytes]:
     layer = get_channel_layer()
-    connection = layer.connection(layer.consistent_hash(run_group(run.pk)))
-    return await connection.zrange(layer._group_key(run_group(run.pk)), 0, -1)
+    connection = layer.connection(layer.consistent_hash(run_stream_name(run.pk)))
+    return await connection.zrange(layer._group_key(run_stream_name(run.pk)), 0, -1)
 
 
 async def _until(predicate: Any, timeout: float = EVENT_WAIT_S) -> None:
@@ -56,9 +56,9 @@ async def _until(predicate: Any, timeout: float = EVENT_WAIT_S) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_sockets_of_a_run_in_one_process_share_one_group_membership(run: Run, owner: User, annotator: User) -> None:
+async def test_sockets_of_a_run_in_one_process_share_one_stream_membership(run: Run, owner: User, annotator: User) -> None:
     comms = [(await run_socket_connect(run, user))[0] for user in (owner, annotator, owner)]
-    assert len(await _group_members(run)) == 1
+    assert len(await _stream_members(run)) == 1
     await event_publish_async(run_id=run.pk, type="weights.synced", payload={"version": 2})
     for comm in comms:
         assert await comm.receive_json_from(timeout=EVENT_WAIT_S) == {"type": "weights.synced", "payload": {"version": 2}}
@@ -70,12 +70,12 @@ async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner
     first, _ = await run_socket_connect(run, owner)
     second, _ = await run_socket_connect(run, owner)
     await first.disconnect()
-    assert fanout_hub(run_id=run.pk) is not None and len(await _group_members(run)) == 1
+    assert fanout_hub(run_id=run.pk) is not None and len(await _stream_members(run)) == 1
     await second.disconnect()
     assert fanout_hub(run_id=run.pk) is None
 
     async def unsubscribed() -> bool:
-        return await _group_members(run) == []
+        return await _stream_members(run) == []
 
     await _until(unsubscribed)
     # A socket that comes back subscribes afresh and receives again.
@@ -88,7 +88,7 @@ async def test_the_last_socket_to_leave_unsubscribes_the_process(run: Run, owner
 async def test_a_refused_socket_does_not_subscribe_the_process(run: Run, outsider: User) -> None:
     _, connected = await run_socket_connect(run, outsider)
     assert not connected
-    assert fanout_hub(run_id=run.pk) is None and await _group_members(run) == []
+    assert fanout_hub(run_id=run.pk) is None and await _stream_members(run) == []
 
 
 async def test_a_burst_reaches_every_socket_in_order_in_fewer_frames(run: Run, owner: User, annotator: User,
@@ -243,7 +243,7 @@ def private_redis(settings: Any, tmp_path: Any) -> Any:
 async def test_after_a_redis_restart_a_live_page_is_told_to_reconnect_and_then_gets_events_again(
     run: Run, owner: User, private_redis: Any
 ) -> None:
-    """Redis keeps nothing on disk: a restart forgets the process's group membership. A
+    """Redis keeps nothing on disk: a restart forgets the process's stream membership. A
     stream that silently stopped would leave a page showing stale state; instead the socket
     is closed with RESUBSCRIBE_CLOSE_CODE (the pages reconnect on close), and the new socket
     resubscribes against the restarted Redis."""
@@ -289,7 +289,7 @@ async def test_the_first_event_published_after_a_redis_restart_is_not_dropped(ru
     await asyncio.to_thread(event_publish, run_id=run.pk, type="worker.heartbeat", payload={"n": 0})
     await asyncio.to_thread(private_redis.restart)
     channel = await layer.new_channel()
-    await layer.group_add(run_group(run.pk), channel)  # the restart forgot every membership
+    await layer.group_add(run_stream_name(run.pk), channel)  # the restart forgot every membership
     for n in (1, 2):
         await asyncio.to_thread(event_publish, run_id=run.pk, type="worker.heartbeat", payload={"n": n})
     first = await asyncio.wait_for(layer.receive(channel), EVENT_WAIT_S)

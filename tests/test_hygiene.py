@@ -20,7 +20,7 @@ from django.test import Client
 
 from apps.buffer.importers import ImportFailed, taskset_import
 from apps.buffer.models import Experience, Task, Taskset
-from kernel.hygiene import InputRejected, json_parse, yaml_parse
+from kernel.input_checks import InputRejected, json_parse, yaml_parse
 from kernel.config import ConfigInvalid, config_parse
 from apps.runs.models import Run
 from tests.envapi.conftest import Api, make_key
@@ -259,7 +259,7 @@ def test_the_new_run_form_refuses_what_postgres_cannot_hold(web: Client, field: 
 def test_the_feedback_settings_form_refuses_non_finite_numbers(web: Client, owner: User, field: str, value: str) -> None:
     run = make_run(owner=owner)
     before = dict(run.config["feedback"])
-    response = web.post(f"/runs/{run.pk}/feedback-policy/", {"confirm": "yes", "feedback.mode": "blend", field: value})
+    response = web.post(f"/runs/{run.pk}/feedback-settings/", {"confirm": "yes", "feedback.mode": "blend", field: value})
     assert response.status_code < 500
     assert "finite number" in response.content.decode()
     run.refresh_from_db()

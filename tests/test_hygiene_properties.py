@@ -211,7 +211,7 @@ def test_arbitrary_text_in_the_run_forms_is_never_a_500_and_what_is_stored_valid
 
     run = make_run(owner=owner)
     fields = {spec.path: data.draw(form_text) for spec in data.draw(st.lists(st.sampled_from(feedback_field_specs()), min_size=1, max_size=3))}
-    response = client.post(f"/runs/{run.pk}/feedback-policy/", {"confirm": "yes", **fields})
+    response = client.post(f"/runs/{run.pk}/feedback-settings/", {"confirm": "yes", **fields})
     assert response.status_code < 500
     run.refresh_from_db()
     config_validate(data=run.config)

@@ -10,7 +10,7 @@ constructor owns the checks a stored experience must pass, so no caller repeats 
   prompt_text, response_text, messages and metadata (the token ids keep what was sampled);
 - column limits: key, group_id, finish_reason, filter_reason fit their columns;
 - status: never leased or consumed; `ExperienceDraft.scored` sets the initial status and
-  rewards from the run's feedback policy.
+  rewards from the run's feedback settings.
 
 A malformed draft raises `InvalidInput` naming the field; nothing is written. The same
 object gives the row that is stored and the payload of its `experience.created` event.
@@ -173,7 +173,7 @@ class ExperienceDraft(Mapping[str, object]):
 
     @classmethod
     def scored(cls, *, cfg: RunConfig, auto_reward: float | None, **values: Any) -> ExperienceDraft:
-        """A fresh experience whose status and rewards follow the run's feedback policy:
+        """A fresh experience whose status and rewards follow the run's feedback settings:
         under `auto` ready with its automatic reward, under `blend`/`human` pending for
         people. Without an automatic reward yet (remote scorers or the environment will
         give it) it is pending, with no reward."""

@@ -23,8 +23,8 @@ from django.db import transaction
 from apps.buffer.models import Task, Taskset, TasksetImage
 from apps.buffer.pipeline import PipelineSession, pipeline_import_session
 from kernel.operators import Row
-from kernel.hygiene import InputRejected, jsonl_records, tree_check
-from kernel.vocabulary import domain_misspelt, domain_misspelt_message
+from kernel.input_checks import InputRejected, jsonl_records, tree_check
+from kernel.plugin_names import domain_misspelt, domain_misspelt_message
 from kernel.exceptions import InvalidInput
 from apps.buffer.images import ImageRejected, image_store
 

@@ -21,13 +21,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonDict
 
-from kernel.hygiene import InputRejected, yaml_parse
+from kernel.input_checks import InputRejected, yaml_parse
 from kernel.algorithms import algorithm_get, algorithm_names, algorithms
 from kernel.config import FeedbackSettings, RunConfig, config_validate
 from kernel.eval_series import best_by_choices
 from kernel.preferences import preference_names
 from kernel.reward_kinds import reward_kind_names
-from kernel.vocabulary import domains
+from kernel.plugin_names import domains
 
 # Where errors with no field of their own go: the whole form, or the uploaded file.
 FORM = "__all__"
@@ -242,7 +242,7 @@ def section_specs(specs: list[FieldSpec]) -> list[tuple[str, list[FieldSpec]]]:
 # other sections ("more run settings").
 ESSENTIAL = ("model", "tokenizer", "algorithm", "mode", "engine", "repeat_times", "explore_batch_size",
              "train_batch_size", "total_steps", "rewards")
-GROUP_ORDER = ("run", "sampling", "feedback", "trainer", "reward_model", "feedback.selection", "feedback.trust",
+SECTION_ORDER = ("run", "sampling", "feedback", "trainer", "reward_model", "feedback.selection", "feedback.trust",
                "run.more", "eval", "eval.sampling", "replay", "trainer.lora", "pipeline", "rollout")
 SECTION_TITLES: dict[str, str] = {
     "run": "Run", "run.more": "More run settings", "sampling": "Sampling", "feedback": "Feedback settings",
@@ -254,8 +254,8 @@ SECTION_TITLES: dict[str, str] = {
 
 
 @dataclass
-class FormGroup:
-    """One box of the new-run form: open (the essentials, or any with an error) or folded
+class FormSection:
+    """One section (a folding box) of the new-run form: open (the essentials, or any with an error) or folded
     with a line saying what in it differs from the defaults."""
 
     id: str
@@ -272,7 +272,7 @@ def _said(value: str, limit: int = 40) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
 
 
-def group_summary(fields: list[FieldSpec]) -> str:
+def section_summary(fields: list[FieldSpec]) -> str:
     """What a folded box holds: its values that differ from the defaults, or "defaults"."""
     changed = []
     for spec in fields:
@@ -287,10 +287,10 @@ def group_summary(fields: list[FieldSpec]) -> str:
     return " · ".join(changed) if changed else ("off" if fields and all(f.optional_block for f in fields) else "defaults")
 
 
-def form_groups(specs: list[FieldSpec], errors: dict[str, list[str]]) -> list[FormGroup]:
+def form_sections(specs: list[FieldSpec], errors: dict[str, list[str]]) -> list[FormSection]:
     """The form's boxes in schema order: the run's essentials first and open, every other
     section folded unless one of its fields (or the section) has an error."""
-    groups: list[FormGroup] = []
+    boxes: list[FormSection] = []
     for section, fields in section_specs(specs):
         parts = [(section, fields)]
         if section == "run":
@@ -299,13 +299,13 @@ def form_groups(specs: list[FieldSpec], errors: dict[str, list[str]]) -> list[Fo
         for gid, members in parts:
             section_errors = errors.get(section, []) if gid == section else []
             has_errors = bool(section_errors) or any(f.errors for f in members)
-            groups.append(FormGroup(
+            boxes.append(FormSection(
                 id=gid, title=SECTION_TITLES.get(gid, gid), help=SECTION_HELP.get(gid, ""), errors=section_errors,
-                fields=members, open=gid == "run" or has_errors, summary=group_summary(members),
+                fields=members, open=gid == "run" or has_errors, summary=section_summary(members),
             ))
     # What people change most first; the rarely touched blocks after (unknown ones last).
-    rank = {gid: i for i, gid in enumerate(GROUP_ORDER)}
-    return sorted(groups, key=lambda g: rank.get(g.id, len(rank)))
+    rank = {gid: i for i, gid in enumerate(SECTION_ORDER)}
+    return sorted(boxes, key=lambda box: rank.get(box.id, len(rank)))
 
 
 # Help shown on the new-run form, by section and by field (the schema's descriptions first).

@@ -371,6 +371,6 @@ def experience_group_detail(*, run: Run, group_id: str) -> list[GroupMember]:
     return [{"exp": m, "feedback": feedback.get(m.pk, []), "best": best is not None and m.reward == best} for m in members]
 
 
-def group_feedback(*, run: Run, group_id: str) -> list[Feedback]:
-    """Feedback on the group as a whole (rankings)."""
+def whole_group_feedback(*, run: Run, group_id: str) -> list[Feedback]:
+    """Feedback on the group as a whole (rankings), not on one member."""
     return list(Feedback.objects.filter(run=run, group_id=group_id, experience__isnull=True).select_related("author"))

@@ -2,7 +2,7 @@
 that what people taught shows as the difference between the two (issues #46 item 4, #62
 item 4). The demo makes one with its run (`rft_demo`), and starts it when the run starts.
 
-A twin is a run without people by construction: the copy's feedback policy is `auto` and its
+A twin is a run without people by construction: the copy's feedback mode is `auto` and its
 reward model off (everything else, the algorithm, seed, steps, tasksets and evaluation, as the
 run has it), and `Run.twin_of` names the run it copies, so every door refuses labels on it by
 the one check whether a run takes feedback (apps.runs.selectors.run_takes_feedback) and its
@@ -38,7 +38,7 @@ _ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
 
 
 def twin_config(config: Mapping[str, object]) -> RunConfig:
-    """`config` without people: no policy that folds labels, no reward model learning from
+    """`config` without people: no feedback settings that fold labels, no reward model learning from
     them; the rest (algorithm, seed, steps, rewards, evaluation) as it is, for a fair comparison."""
     cfg = config_validate(data=config)
     return cfg.model_copy(update={"feedback": cfg.feedback.model_copy(update={"mode": "auto"}),

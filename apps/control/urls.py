@@ -21,8 +21,9 @@ urlpatterns = [
     path("<int:run_id>/weights/<int:version>.zip", views.run_weights_download, name="weights_download"),
     path("<int:run_id>/controls/", views.run_controls, name="controls"),
     path("<int:run_id>/control/<str:action>/", views.run_control, name="control"),
-    # The path keeps its old word (forms open in old tabs post to it); the name is the new one.
-    path("<int:run_id>/feedback-policy/", views.run_feedback_settings, name="feedback_settings"),
+    path("<int:run_id>/feedback-settings/", views.run_feedback_settings, name="feedback_settings"),
+    # The old path (bookmarks, forms open in old tabs) answers 308: a POST stays a POST.
+    path("<int:run_id>/feedback-policy/", views.run_feedback_settings_moved, name="feedback_settings_moved"),
     path("<int:run_id>/timeline/", views.run_timeline, name="timeline"),
     path("<int:run_id>/audit/", views.run_audit_log, name="audit"),
     path("<int:run_id>/failures/", views.run_failures, name="failures"),

@@ -41,7 +41,7 @@ from apps.control.forms import (
     errors_by_field,
     feedback_field_specs,
     field_help,
-    form_groups,
+    form_sections,
     values_from_config,
 )
 from apps.control.bulk_views import bulk_context, filter_fields
@@ -52,7 +52,7 @@ from apps.control.selectors import (
     experience_group_detail,
     experiences_browse,
     feedback_per_minute,
-    group_feedback,
+    whole_group_feedback,
     run_columns,
     run_rows,
     run_waiting,
@@ -67,7 +67,7 @@ from apps.feedback.ledger import RunLedger, run_ledger
 from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters.views import reward_model_panel_context
 from apps.feedback.handout.queue import annotation_waiting, labelling_progress
-from kernel.hygiene import MAX_CONFIG_BYTES
+from kernel.input_checks import MAX_CONFIG_BYTES
 from kernel.rewards import reward_names
 from apps.rewards.selectors import rewards_summary
 from apps.runs.access import run_for_page
@@ -158,7 +158,7 @@ def _create_context(values: dict[str, str], errors: dict[str, list[str]], name: 
         spec.errors = errors.get(spec.path, [])
         spec.help = field_help(spec.path, spec.help)
     return {
-        "groups": form_groups(specs, errors),
+        "sections": form_sections(specs, errors),
         "errors": errors,
         # Errors no field shows (the form as a whole, a key the form lacks): listed on top.
         "form_errors": errors.get(FORM, []),
@@ -606,9 +606,9 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
     values = {k: str(v) for k, v in request.POST.items() if k in {s.path for s in specs}}
     errors: dict[str, list[str]] = {}
     if run.twin_of_id is not None:
-        errors = {FORM: [f"{run_feedback_closed_why(run=run)}: its feedback policy stays off"]}
+        errors = {FORM: [f"{run_feedback_closed_why(run=run)}: its feedback settings stay off"]}
     elif request.POST.get("confirm") != "yes":
-        errors = {FORM: ["tick the box to confirm the change of policy"]}
+        errors = {FORM: ["tick the box to confirm the change of settings"]}
     else:
         data, read_errors = config_from_post(request.POST, specs)
         if read_errors:
@@ -626,6 +626,12 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
         return _partial(request, "runs/_feedback_settings.html", context, f"Feedback settings · {run.name}")
     messages.success(request, "Feedback settings updated.")
     return redirect("runs:detail", run_id=run.pk)
+
+
+def run_feedback_settings_moved(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
+    """The settings' old path: a permanent redirect that keeps the method (308), so a form
+    open in an old tab still posts its change."""
+    return redirect("runs:feedback_settings", run_id=run_id, permanent=True, preserve_request=True)
 
 
 def _run_panel(template: str, title: str,
@@ -769,7 +775,7 @@ def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> Ht
         raise Http404("no such group")
     return _partial(request, "runs/_group.html",
                     {"run": run, "group_id": group_id, "members": members,
-                     "group_feedback": group_feedback(run=run, group_id=group_id)},
+                     "whole_group_feedback": whole_group_feedback(run=run, group_id=group_id)},
                     f"Group {group_id} · {run.name}")
 
 

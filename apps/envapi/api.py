@@ -47,7 +47,7 @@ from apps.feedback.models import Feedback
 from apps.feedback.handout.queue import annotation_waiting
 from apps.feedback.selectors import feedback_counts, feedback_effect, run_may_annotate
 from apps.runs.api_kit import ERRORS, RunId, responses, run_reachable, run_scope_check
-from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE, layer_events, run_group
+from apps.runs.events import ACCESS_STREAM, ACCESS_NOTICE, layer_events, run_stream_name
 from apps.runs.models import Run
 from apps.runs.selectors import eval_basis, eval_best, eval_measures, metric_moves, run_takes_feedback
 from kernel.exceptions import NotAllowed, NotFound, RateLimited, UpstreamFailed
@@ -348,10 +348,10 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    group = run_group(run_id)
-    await layer.group_add(group, channel)
+    stream = run_stream_name(run_id)
+    await layer.group_add(stream, channel)
     # The access notices too: a revoked key, or its maker deactivated, ends the stream at once.
-    await layer.group_add(ACCESS_GROUP, channel)
+    await layer.group_add(ACCESS_STREAM, channel)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds
     checked = time.monotonic()
@@ -385,8 +385,8 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
                 if max_events is not None and sent >= max_events:
                     return
     finally:
-        await layer.group_discard(group, channel)
-        await layer.group_discard(ACCESS_GROUP, channel)
+        await layer.group_discard(stream, channel)
+        await layer.group_discard(ACCESS_STREAM, channel)
 
 
 @router.get("/runs/{run_id}/events", auth=READ, response={k: v for k, v in ERRORS.items() if k not in (413,)},

@@ -52,7 +52,7 @@ from apps.envapi import openai_services as oa
 from apps.envapi import token_stream
 from apps.envapi.openai_schemas import ChatCompletionIn, CompletionIn
 from apps.envapi.services import KeyPrincipal, api_key_authenticate, rate_limit_hit
-from kernel.hygiene import InputRejected, tree_check
+from kernel.input_checks import InputRejected, tree_check
 from apps.runs.models import Run
 from rftweb.degrade import RETRY_AFTER_SECONDS
 from kernel.exceptions import Unavailable, UpstreamFailed

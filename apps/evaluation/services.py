@@ -27,7 +27,7 @@ from apps.evaluation.models import Answer, Entrant, Evaluation, Item, Prompt, Vo
 from apps.runs.models import ModelVersion, Run
 from apps.runs.selectors import run_role
 from kernel.exceptions import Conflict, InvalidInput, NotAllowed, NotFound
-from kernel.hygiene import text_check
+from kernel.input_checks import text_check
 from rftweb.celery import app
 
 ANSWERS_TASK = "workers.explore.blind.answers_generate"

@@ -23,14 +23,14 @@ class FeedbackQuerySet(models.QuerySet["Feedback"]):
 
 class Feedback(models.Model):
     """One piece of feedback, stored as it came (who, what, when) and folded into rewards
-    by the run's feedback policy.
+    by the run's feedback settings.
 
     Every door stores it through the service of its kind (its module in `apps.feedback.kinds`), which
     builds `value` in the one shape of that kind (its typed model in `apps.feedback.kinds`,
     read back through `Feedback.parsed`):
 
     - rating: {"score": 1..5 | null, "thumb": "up" | "down" | null, "normalised": 0..1 | null}
-      (one of score and thumb; normalised is what the policy folds. normalised is null
+      (one of score and thumb; normalised is what the fold reads. normalised is null
       only on rows migrated from an old API number with no readable scale, which then also
       carry "legacy": the number, and are never folded);
     - ranking: {"order": [every experience id of the group, best first]};

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 
 from apps.rewards.pairs import PreferencePair
 from kernel.rewards import ParamsCheck, RewardFn, RewardResult, domain_register, register
-from kernel.strict import StrictModel
+from kernel.config_base import StrictModel
 from kernel.plain_errors import error_plain
 from kernel.rewards import task_field
 from kernel.rewards import reference_text

@@ -5,7 +5,7 @@ A run's `rewards` list (RewardTerm: name, weight, params, domains) applies to a 
 the term's `domains` is empty or names the task's domain. An empty list means the default
 routes: math → math_accuracy + 0.1 × math_format, code → code_exec, k12 → k12_judge
 (apps/rewards/k12_rules.py), vision → vision_answer (apps/rewards/vision_rules.py), anything
-else → exact_match. A term's `domains` must name registered domains (kernel.vocabulary.domains): a misspelt one is a
+else → exact_match. A term's `domains` must name registered domains (kernel.plugin_names.domains): a misspelt one is a
 config error naming it, not a term that silently scores nothing; a task's domain that
 misspells a routed one (`K12`) is refused at import (`domain_misspelt`), not scored by the
 fallback. Each term's score is
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from kernel.rewards import RewardResult, domain_routes, reward_get, task_field
 from kernel.config import RewardTerm, RunConfig
-from kernel.vocabulary import DEFAULT_DOMAIN, TASKSET_CHECKS, domain_misspelt, domain_misspelt_message
+from kernel.plugin_names import DEFAULT_DOMAIN, TASKSET_CHECKS, domain_misspelt, domain_misspelt_message
 
 if TYPE_CHECKING:
     from apps.buffer.models import Taskset
@@ -121,7 +121,7 @@ def reward_combine(*, terms: Sequence[RewardTerm], parts: Mapping[str, float]) -
 
 
 def taskset_routing_errors(cfg: RunConfig, taskset: Taskset) -> dict[str, str]:
-    """The rewards' check of a run's taskset (registered with kernel.vocabulary): every
+    """The rewards' check of a run's taskset (registered with kernel.plugin_names): every
     domain of its tasks is scored by a term of `cfg.rewards`; with the default routes, no
     task's domain misspells a routed one (imported before the importers refused it, it would
     be scored by exact_match instead)."""
@@ -139,6 +139,6 @@ def taskset_routing_errors(cfg: RunConfig, taskset: Taskset) -> dict[str, str]:
     return {}
 
 
-# The kernel runs it at a run's start (kernel.vocabulary.taskset_errors), loading this module
+# The kernel runs it at a run's start (kernel.plugin_names.taskset_errors), loading this module
 # by name.
 TASKSET_CHECKS.add("rewards", taskset_routing_errors)

@@ -8,7 +8,7 @@ from apps.rewards.k12_rules import DOMAIN as K12
 from apps.rewards.models import K12Grader
 from apps.rewards.scoring import rewards_for_domain
 from apps.runs.models import ModelVersion, Run
-from kernel.vocabulary import domains
+from kernel.plugin_names import domains
 
 
 def experiences_awaiting_rewards(*, run: Run, ids: Sequence[int]) -> list[Experience]:

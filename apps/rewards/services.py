@@ -41,7 +41,7 @@ def experience_rewards_apply(
 
     For each: parts merged into `reward_parts`, `auto_reward` recomputed over all parts,
     `metadata["awaiting_rewards"]` cleared, and, while the experience is still pending,
-    status and reward set by the run's feedback policy (auto → ready with the reward;
+    status and reward set by the run's feedback settings (auto → ready with the reward;
     blend/human → stays pending for people). Rows are locked and re-checked, so a second
     worker scoring the same experiences applies nothing. A scorer's reasons (the K-12
     judge's) go to `metadata["reward_reasons"]` by term key. Returns the ids applied.

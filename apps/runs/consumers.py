@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypedDict, TypeVar
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from apps.runs.events import RUNS_LIST_GROUP
+from apps.runs.events import RUNS_LIST_STREAM
 from apps.runs.fanout import Member, fanout_join, fanout_leave
 from apps.runs.models import Run
 from apps.runs.selectors import run_can_view, runs_visible_to
@@ -169,11 +169,11 @@ def _visible_ids(user: AbstractBaseUser | AnonymousUser) -> set[int]:
 
 
 class RunEventsConsumer(_Guarded):
-    """Checks the user may view the run, then joins this process's subscription to `run.<id>`
-    (apps/runs/fanout.py), which sends each event to every local socket of the run; closed
-    with 4403 once the user may view it no longer."""
+    """Checks the user may view the run, then joins this process's subscription to the run's
+    stream `run.<id>` (apps/runs/fanout.py), which sends each event to every local socket of
+    the run; closed with 4403 once the user may view it no longer."""
 
-    # No channel of its own: the process's hub is the only group member, so a socket costs
+    # No channel of its own: the process's hub is the stream's only member, so a socket costs
     # no layer channel (a Redis subscription on the pub/sub layer, a receive task on core).
     channel_layer_alias = "rftweb.no-layer-per-socket"
     member: Member | None = None
@@ -216,14 +216,14 @@ class RunEventsConsumer(_Guarded):
 
 
 class RunsChanged(TypedDict):
-    """The `runs` group's message: run N changed (apps.runs.events.runs_list_touch)."""
+    """The `runs` stream's message: run N changed (apps.runs.events.runs_list_touch)."""
 
     type: str
     run: int
 
 
 class RunsListConsumer(_Guarded):
-    """The runs list's live refresh. A signed-in user's socket joins the `runs` group, which
+    """The runs list's live refresh. A signed-in user's socket joins the `runs` stream, which
     carries only "run N changed" (apps.runs.events.runs_list_touch); a notice goes on to the
     browser only when the user may view run N, as `{"type": "runs.changed", "payload":
     {"run": N}}`, and the page then fetches its rows over HTTP, filtered as every page is.
@@ -241,7 +241,7 @@ class RunsListConsumer(_Guarded):
             # The runs this list shows: a run taken from the user (staffing) is told once more,
             # so that the page drops its row.
             self.shown = await _visible_ids(user)
-            await self.channel_layer.group_add(RUNS_LIST_GROUP, self.channel_name)
+            await self.channel_layer.group_add(RUNS_LIST_STREAM, self.channel_name)
         except LAYER_DOWN as exc:
             await self.refuse_for_now(exc)
             return
@@ -249,9 +249,9 @@ class RunsListConsumer(_Guarded):
 
     async def access_end(self) -> None:
         try:
-            await self.channel_layer.group_discard(RUNS_LIST_GROUP, self.channel_name)
+            await self.channel_layer.group_discard(RUNS_LIST_STREAM, self.channel_name)
         except LAYER_DOWN:
-            pass  # the group's membership expires on its own
+            pass  # the stream's membership expires on its own
 
     async def disconnect(self, code: int) -> None:
         await self.unguard()

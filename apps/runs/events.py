@@ -1,7 +1,7 @@
-"""Typed live events on a run's channel-layer group, publishable from anywhere (views,
+"""Typed live events on a run's stream (its Channels group), publishable from anywhere (views,
 Celery tasks, management commands).
 
-Each web process subscribes to a run's group once, for all its sockets of that run
+Each web process subscribes to a run's stream once, for all its sockets of that run
 (apps/runs/fanout.py), and forwards `{"type": "experience.created", "payload": {...}}` to the
 browser as it came, or several in order in one `{"type": "batch", "events": [...]}` frame.
 Events published together cross the layer as one envelope (`layer_events` unpacks it).
@@ -40,14 +40,16 @@ EVENT_TYPES = (
 )
 
 
-def run_group(run_id: int) -> str:
+def run_stream_name(run_id: int) -> str:
+    """The name of a run's stream: the Channels group its live events go to ("group" alone
+    means an experience group here: docs/concepts.md, Names)."""
     return f"run.{run_id}"
 
 
-# The runs list's live refresh (RunsListConsumer): one group for every list page, told only
+# The runs list's live refresh (RunsListConsumer): one stream for every list page, told only
 # "run N changed"; each socket passes on the notices for runs its user may see, and the page
 # fetches its rows over HTTP, filtered as always. Heartbeats change no row.
-RUNS_LIST_GROUP = "runs"
+RUNS_LIST_STREAM = "runs"
 RUNS_LIST_NOTICE = "runs.changed"
 _LIST_QUIET = frozenset({"worker.heartbeat"})
 # A busy run (a metric a step, an experience a rollout) tells the lists at most once per this
@@ -64,7 +66,7 @@ ENVELOPE_BYTES = 256 * 1024
 
 
 class LayerMessage(TypedDict):
-    """One event as it goes onto the run's group."""
+    """One event as it goes onto the run's stream."""
 
     type: str
     payload: Mapping[str, object]
@@ -84,8 +86,8 @@ def _message(type: str, payload: Mapping[str, object]) -> LayerMessage:
 
 
 def layer_events(message: dict[str, Any]) -> list[LayerMessage]:
-    """The events one layer message of a run's group carries, in order: itself, or an
-    envelope's. Every reader of the group (the fanout, the API's event stream) goes through it."""
+    """The events one layer message of a run's stream carries, in order: itself, or an
+    envelope's. Every reader of the stream (the fanout, the API's event stream) goes through it."""
     if message.get("type") == ENVELOPE:
         return [{"type": e["type"], "payload": e.get("payload", {})} for e in message.get("events", ())]
     return [{"type": message["type"], "payload": message.get("payload", {})}]
@@ -107,13 +109,13 @@ def _envelopes(messages: Sequence[LayerMessage]) -> list[LayerMessage | Envelope
 
 
 def event_publish(*, run_id: int, type: str, payload: Mapping[str, object]) -> None:
-    """Send one event to the run's group. Never raises for a broken layer: live events are
+    """Send one event to the run's stream. Never raises for a broken layer: live events are
     a view of the buffer, which stays the source of truth."""
     event_publish_many(run_id=run_id, events=[(type, payload)])
 
 
 def event_publish_many(*, run_id: int, events: Sequence[tuple[str, Mapping[str, object]]]) -> None:
-    """Send several events to the run's group, in order, from sync code, and wait until they
+    """Send several events to the run's stream, in order, from sync code, and wait until they
     are sent. One hop into the process's publisher loop for all of them."""
     messages = [_message(type, payload) for type, payload in events]
     layer = get_channel_layer()
@@ -121,11 +123,11 @@ def event_publish_many(*, run_id: int, events: Sequence[tuple[str, Mapping[str, 
         return
     if any(m["type"] not in _LIST_QUIET for m in messages):
         runs_list_touch(run_id=run_id)
-    group = run_group(run_id)
+    stream = run_stream_name(run_id)
 
     async def send_all() -> None:
         for message in _envelopes(messages):
-            await layer.group_send(group, message)
+            await layer.group_send(stream, message)
 
     future = asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop())
     try:
@@ -156,15 +158,15 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
 
 
 # Access that narrows (a member removed, an account deactivated, a logout, a password
-# changed, a key revoked) is told to every web process on one group: each re-checks its open
+# changed, a key revoked) is told to every web process on one stream: each re-checks its open
 # sockets of that person (apps/runs/socket_access.py) and the API's event streams of that key,
 # and closes those that lost access. `user` None: anyone's access may have changed.
-ACCESS_GROUP = "access"
+ACCESS_STREAM = "access"
 ACCESS_NOTICE = "access.changed"
 
 
 class AccessNotice(TypedDict):
-    """The access group's message (access_changed_publish)."""
+    """The access stream's message (access_changed_publish)."""
 
     type: str
     user: int | None
@@ -196,7 +198,7 @@ def access_changed_publish(*, user_id: int | None = None, key_id: int | None = N
         layer = get_channel_layer()
         if layer is None:
             return
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(ACCESS_GROUP, dict(notice)), _publisher_loop())
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(ACCESS_STREAM, dict(notice)), _publisher_loop())
         try:
             future.result(timeout=5)
         except Exception:  # the sweep catches up; a broken layer must not fail the change itself
@@ -254,7 +256,7 @@ async def _list_send(run_id: int) -> None:
     if layer is None:
         return
     try:
-        await layer.group_send(RUNS_LIST_GROUP, {"type": RUNS_LIST_NOTICE, "run": run_id})
+        await layer.group_send(RUNS_LIST_STREAM, {"type": RUNS_LIST_NOTICE, "run": run_id})
     except Exception:  # a list that misses a notice still refreshes on reconnect
         log.exception("runs_list_touch: could not tell the runs lists about run %s", run_id)
 
@@ -308,6 +310,6 @@ async def event_publish_async(*, run_id: int, type: str, payload: Mapping[str, o
     if type not in _LIST_QUIET:
         runs_list_touch(run_id=run_id)
     try:
-        await layer.group_send(run_group(run_id), message)
+        await layer.group_send(run_stream_name(run_id), message)
     except Exception:
         log.exception("event_publish_async: could not send %s to run %s", type, run_id)

@@ -1,6 +1,6 @@
 """One channel-layer subscription per run per web process, fanned out to that process's sockets.
 
-Why: with one group member per browser socket, every event became N channel-layer messages
+Why: with one stream member (a Channels group member) per browser socket, every event became N channel-layer messages
 (N Redis list entries, pulled back one blocking pop at a time) and N JSON encodes in the same
 process. At 50 sockets and 200 events/s that is 10,000 layer messages a second through one
 process: the per-process queue overflowed its capacity, deliveries were dropped, and p99
@@ -36,7 +36,7 @@ from typing import Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.runs.events import LayerMessage, layer_events, run_group
+from apps.runs.events import LayerMessage, layer_events, run_stream_name
 from rftweb.degrade import REDIS_ERRORS, TRY_AGAIN_CLOSE_CODE
 
 log = logging.getLogger(__name__)
@@ -128,11 +128,11 @@ class Member:
 
 class RunFanout:
     """A run's subscription in this process (one event loop): one layer channel in the run's
-    group, one reader task, the local members."""
+    stream, one reader task, the local members."""
 
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
-        self.group = run_group(run_id)
+        self.stream = run_stream_name(run_id)
         self.layer = get_channel_layer()
         self.members: dict[int, Member] = {}
         self.channel: str | None = None
@@ -149,7 +149,7 @@ class RunFanout:
         if self.layer is None:
             return
         self.channel = await self.layer.new_channel()
-        await self.layer.group_add(self.group, self.channel)
+        await self.layer.group_add(self.stream, self.channel)
         if self._closed:  # every joiner left while subscribing; _unsubscribe undoes the add
             return
         self._spawn(self._read(), "read")
@@ -202,7 +202,7 @@ class RunFanout:
         while True:
             await asyncio.sleep(GROUP_RENEW_SECONDS)
             try:
-                await self.layer.group_add(self.group, self.channel)
+                await self.layer.group_add(self.stream, self.channel)
             except Exception:
                 log.exception("fanout: could not renew run %s's subscription", self.run_id)
 
@@ -290,7 +290,7 @@ class RunFanout:
             return
         if self.layer is not None and self.channel is not None:
             try:
-                await self.layer.group_discard(self.group, self.channel)
+                await self.layer.group_discard(self.stream, self.channel)
             except LAYER_DOWN as exc:
                 # Redis is gone (and with it the membership, if it restarted); the member
                 # expires on its own otherwise (group_expiry).
@@ -323,7 +323,7 @@ _cleanups: set[asyncio.Future[None]] = set()
 
 async def fanout_join(*, run_id: int, socket: LiveSocket) -> Member:
     """Subscribe `socket` to the run's events in this process, subscribing the process to the
-    run's group if it is the first. Call after checking the user may view the run and before
+    run's stream if it is the first. Call after checking the user may view the run and before
     accept(); call `member.start()` after accept() and `fanout_leave` on disconnect."""
     loop = asyncio.get_running_loop()
     hubs = _hubs.setdefault(loop, {})

@@ -11,7 +11,7 @@ from apps.runs.trackers import trackers_log_on_commit
 
 
 def metric_record(*, run: Run, step: int, values: dict[str, float]) -> None:
-    """Store one step's metrics, publish them to the run's group and, once committed, log
+    """Store one step's metrics, publish them to the run's stream and, once committed, log
     them to the run's experiment trackers (apps.runs.trackers)."""
     clean = metric_values_clean(values)
     Metric.objects.bulk_create([Metric(run=run, step=step, name=k, value=v) for k, v in clean.items()])

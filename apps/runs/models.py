@@ -23,7 +23,8 @@ class Run(models.Model):
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT, db_index=True)
-    # Always written through config_validate, so it holds a valid RunConfig's JSON.
+    # The stored JSON, always written through config_validate, so it holds a valid RunConfig's
+    # JSON; `cfg` is the same config validated (a RunConfig).
     config = models.JSONField()
     taskset = models.ForeignKey("buffer.Taskset", null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
     current_version = models.PositiveIntegerField(default=0)
@@ -45,6 +46,7 @@ class Run(models.Model):
 
     @property
     def cfg(self) -> RunConfig:
+        """The stored `config` JSON validated: a RunConfig, cached until `config` changes."""
         cached: RunConfig | None = getattr(self, "_cfg_cache", None)
         if cached is None or getattr(self, "_cfg_source", None) is not self.config:
             cached = config_validate(data=self.config)
@@ -60,13 +62,9 @@ class Run(models.Model):
     def config_digest(self) -> str:
         """A fingerprint of the stored config: equal digests, equal configs. A rollout worker
         keeps a run's config between chat calls under it (workers/explore/chat.py) and reads the run
-        again when the web side sends another (an edited config, e.g. a feedback policy)."""
+        again when the web side sends another (an edited config, e.g. new feedback settings)."""
         raw = json.dumps(self.config, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
-
-    @property
-    def group_name(self) -> str:
-        return f"run.{self.pk}"
 
 
 class RunMember(models.Model):
@@ -143,7 +141,7 @@ class Metric(models.Model):
 
 
 class AuditEntry(models.Model):
-    """Who did what to a run, and when (controls, policy edits)."""
+    """Who did what to a run, and when (controls, feedback settings edits)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="audit")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

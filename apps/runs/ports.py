@@ -9,7 +9,7 @@ trainer that chains steps sees its own progress without reading the run again, a
 before the ports.
 
 Pure helpers a worker needs of the kernel (the config type and its checks, the algorithm
-registry, the run-mode policy, the Dispatch claim) are re-exported here, so that one import
+registry, the run modes' schedule, the Dispatch claim) are re-exported here, so that one import
 contract (pyproject.toml: "workers reach the apps through their ports") covers workers/.
 """
 
@@ -89,15 +89,6 @@ class RunView:
     @property
     def storage(self) -> Path:
         return run_storage(self.id)
-
-    # Worker code reads runs as Django spelled them; the same values under those names.
-    @property
-    def pk(self) -> int:
-        return self.id
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self.config
 
     @property
     def status(self) -> str:

@@ -96,7 +96,7 @@ def run_feedback_closed_why(*, run: Run) -> str:
 
 def run_invites_annotation(*, run: Run) -> bool:
     """Whether pages offer "Annotate" on the run: it takes feedback and people's labels
-    count (a policy that folds them, a reward model learning from them, or an algorithm
+    count (feedback settings that fold them, a reward model learning from them, or an algorithm
     that trains on people's corrections). An `auto` run with none of these trains on the
     reward functions alone."""
     if not run_takes_feedback(run=run):
@@ -250,7 +250,7 @@ def weight_sync_timeline(*, run: Run) -> list[VersionSync]:
 # "by <person>" only when a person did it (the system's own finish or failure says no more).
 _AUDIT_WORDS = {
     "start": "started", "pause": "paused", "resume": "resumed", "stop": "stopped", "finish": "finished",
-    "fail": "failed", "feedback_policy": "feedback settings changed", "member_add": "member added",
+    "fail": "failed", "feedback_settings": "feedback settings changed", "member_add": "member added",
     "member_role": "member's role changed", "member_remove": "member removed", "invite": "invitation made",
     "invite_used": "invitation accepted", "invite_revoke": "invitation revoked",
     "label_accept": "label accepted", "label_reject": "label rejected",

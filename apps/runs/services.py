@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.dispatch import Signal
 
-from kernel.hygiene import InputRejected, text_check
+from kernel.input_checks import InputRejected, text_check
 from apps.runs import schedule
-from kernel import vocabulary
+from kernel import plugin_names
 from kernel.config import ConfigInvalid, RunConfig, config_dump, config_validate
 from apps.runs.events import event_publish, runs_list_touch
 from apps.runs.invitations import Actor
@@ -149,8 +149,8 @@ def run_spec_check(*, config: Mapping[str, object] | RunConfig, taskset: Any = N
     elif taskset is not None and not taskset.tasks.exists():
         errors["taskset"] = f"taskset {taskset.name!r} has no tasks"
     elif taskset is not None:
-        # The rewards app's checks (kernel.vocabulary): every task domain routed to a term.
-        errors.update(vocabulary.taskset_errors(config=cfg, taskset=taskset))
+        # The rewards app's checks (kernel.plugin_names): every task domain routed to a term.
+        errors.update(plugin_names.taskset_errors(config=cfg, taskset=taskset))
     elif starting and taskset is None and schedule.explores(cfg):
         errors["taskset"] = (f"a {cfg.mode} run explores tasks and this one has none: choose or upload a taskset, "
                              "or add tasks through the API, before starting")
@@ -206,13 +206,13 @@ def run_feedback_settings_update(*, run: Run, feedback: object, actor: Actor = N
         AuditEntry.objects.create(
             run=locked,
             actor=_audit_actor(actor),
-            action="feedback_policy",  # the stored audit action keeps its old word (rows and clients read it)
+            action="feedback_settings",
             detail={"before": before, "after": after},
         )
     run.refresh_from_db()
     transaction.on_commit(
         lambda: event_publish(
-            run_id=run.pk, type="run.status", payload={"status": run.status, "action": "feedback_policy", "feedback": after}
+            run_id=run.pk, type="run.status", payload={"status": run.status, "action": "feedback_settings", "feedback": after}
         )
     )
     return run
@@ -241,7 +241,7 @@ run_ended = Signal()
 
 def run_transition(*, run: Run, action: str, actor: Actor = None, reason: str = "") -> Run:
     """Move a run through its lifecycle with a conditional UPDATE, so two clicks or two
-    processes cannot both win; audited and announced on the run's group.
+    processes cannot both win; audited and announced on the run's stream.
 
     A start checks the run's model, taskset and rewards first (RunCannotStart names each
     problem) and clears the error of an earlier failure; a fail stores `reason` as the run's

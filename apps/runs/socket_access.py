@@ -3,9 +3,9 @@
 A socket is admitted once, at its handshake; access can end afterwards in many ways: the
 owner removes the member, staff deactivate the account or take away staff, the person logs
 out, or changes their password (which ends their other sessions). Each of those is told to
-every web process as one notice on the channel layer's ACCESS_GROUP
+every web process as one notice on the channel layer's ACCESS_STREAM
 (apps.runs.events.access_changed_publish, sent by apps/runs/access_signals.py). Here, each
-event loop that holds guarded sockets subscribes to that group once; a notice re-checks the
+event loop that holds guarded sockets subscribes to that stream once; a notice re-checks the
 sockets of the person it names, and a socket that no longer passes its own check is closed
 (4403, which the pages take as "not allowed", not as a reason to reconnect).
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.runs.events import ACCESS_GROUP, ACCESS_NOTICE
+from apps.runs.events import ACCESS_STREAM, ACCESS_NOTICE
 from kernel.exceptions import Unavailable
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # The application close code for "no longer allowed": the pages stop and say so.
 ACCESS_LOST_CLOSE_CODE = 4403
-# How long a failed subscription to the access group waits before it is tried again.
+# How long a failed subscription to the access stream waits before it is tried again.
 RESUBSCRIBE_SECONDS = 2.0
 # How long a socket's handshake waits for its loop's subscription before it is refused as
 # "try again" (the channel layer's Redis is unreachable).
@@ -71,7 +71,7 @@ def session_user(session_key: str | None) -> AbstractBaseUser | AnonymousUser:
 
 
 class AccessWatch:
-    """This event loop's guarded sockets by user, one subscription to ACCESS_GROUP and the sweep."""
+    """This event loop's guarded sockets by user, one subscription to ACCESS_STREAM and the sweep."""
 
     def __init__(self) -> None:
         self.sockets: dict[int | None, set[GuardedSocket]] = {}
@@ -112,7 +112,7 @@ class AccessWatch:
         while True:
             try:
                 self.channel = await self.layer.new_channel()
-                await self.layer.group_add(ACCESS_GROUP, self.channel)
+                await self.layer.group_add(ACCESS_STREAM, self.channel)
                 self._subscribed.set()
                 while True:
                     message = await self.layer.receive(self.channel)
@@ -123,7 +123,7 @@ class AccessWatch:
             except Exception as exc:
                 # Redis gone: the sweep goes on meanwhile; subscribe again when it is back.
                 log.warning("access watch: the subscription to %s failed (%s: %s); retrying in %g s",
-                            ACCESS_GROUP, type(exc).__name__, exc, RESUBSCRIBE_SECONDS)
+                            ACCESS_STREAM, type(exc).__name__, exc, RESUBSCRIBE_SECONDS)
                 self._subscribed.clear()
                 await asyncio.sleep(RESUBSCRIBE_SECONDS)
 
@@ -154,9 +154,9 @@ class AccessWatch:
             task.cancel()
         if self.layer is not None and self.channel is not None:
             try:
-                await self.layer.group_discard(ACCESS_GROUP, self.channel)
+                await self.layer.group_discard(ACCESS_STREAM, self.channel)
             except Exception:
-                log.debug("access watch: could not leave %s", ACCESS_GROUP, exc_info=True)
+                log.debug("access watch: could not leave %s", ACCESS_STREAM, exc_info=True)
 
 
 _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AccessWatch] = weakref.WeakKeyDictionary()

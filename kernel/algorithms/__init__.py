@@ -23,7 +23,7 @@ from pydantic import ConfigDict
 from pydantic.config import JsonDict
 
 from kernel.registry import Registry
-from kernel.strict import StrictModel
+from kernel.config_base import StrictModel
 
 if TYPE_CHECKING:
     from kernel.config import RunConfig

@@ -18,9 +18,9 @@
     var line = text.split(/\s+/).join(" ").trim();
     return line.length <= limit ? line : line.slice(0, limit - 1) + "…";
   }
-  function summarise(group) {
+  function summarise(section) {
     var out = [];
-    group.querySelectorAll(".field[data-field]").forEach(function (box) {
+    section.querySelectorAll(".field[data-field]").forEach(function (box) {
       var el = box.querySelector("[name]");
       if (!el) return;
       var value = valueOf(el), dflt = el.dataset.default || "";
@@ -31,14 +31,14 @@
       else if (el.tagName === "TEXTAREA") out.push(value ? label + ": " + said(value, 40) : label + " cleared");
       else out.push(label + " " + (value ? said(value, 24) : "(blank)"));
     });
-    var line = group.querySelector("[data-summary]");
-    if (line) line.textContent = out.length ? out.join(" · ") : (group.dataset.block === "optional" ? "off" : "defaults");
+    var line = section.querySelector("[data-summary]");
+    if (line) line.textContent = out.length ? out.join(" · ") : (section.dataset.block === "optional" ? "off" : "defaults");
   }
 
   form.addEventListener("input", function (ev) {
     if (ev.target.name) touched[ev.target.name] = true;
-    var group = ev.target.closest("details[data-group]");
-    if (group) summarise(group);
+    var section = ev.target.closest("details[data-form-section]");
+    if (section) summarise(section);
   });
   var algorithm = form.querySelector('[name="algorithm"]');
   if (!algorithm) return;
@@ -49,6 +49,6 @@
       var el = form.querySelector('[name="' + CSS.escape(name) + '"]');
       if (el) el.value = values[name];
     });
-    form.querySelectorAll("details[data-group]").forEach(summarise);
+    form.querySelectorAll("details[data-form-section]").forEach(summarise);
   });
 })();

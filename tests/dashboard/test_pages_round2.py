@@ -78,7 +78,7 @@ def test_the_owner_sees_every_error_at_once_beside_its_field_then_creates_from_a
     page.fill("#id_name", "three problems")
     page.fill("#id_model", "/no/such/model")
     page.fill("#id_rewards", "- name: [unclosed")
-    page.click("details[data-group=trainer] > summary")
+    page.click("details[data-form-section=trainer] > summary")
     page.fill("[id='id_trainer.learning_rate']", "-0.001")
     page.click("#run-form button[type=submit]")
     page.wait_for_selector("#error-count")
@@ -90,8 +90,8 @@ def test_the_owner_sees_every_error_at_once_beside_its_field_then_creates_from_a
         assert said in error.inner_text(), (path, error.inner_text())
     # What was typed is kept; the trainer box is open because it holds an error, sampling is not.
     assert page.input_value("#id_model") == "/no/such/model"
-    assert page.locator("details[data-group=trainer]").get_attribute("open") is not None
-    assert page.locator("details[data-group=sampling]").get_attribute("open") is None
+    assert page.locator("details[data-form-section=trainer]").get_attribute("open") is not None
+    assert page.locator("details[data-form-section=sampling]").get_attribute("open") is None
     no_sideways_scroll(page)
     shot(page, "new-run-errors")
     assert not Run.objects.exists()
@@ -100,15 +100,15 @@ def test_the_owner_sees_every_error_at_once_beside_its_field_then_creates_from_a
     page.click("a[data-preset=dpo-preferences]")
     page.wait_for_selector("a[data-preset=dpo-preferences][aria-current]")
     assert page.input_value("#id_algorithm") == "dpo"
-    assert "mode human" in page.inner_text("details[data-group=feedback] [data-summary]")
+    assert "mode human" in page.inner_text("details[data-form-section=feedback] [data-summary]")
     folder = model_dir(tmp_path / "my-model")
     page.fill("#id_name", "from a preset")
     page.fill("#id_model", str(folder))
     page.select_option("#id_taskset_id", str(taskset.pk))
     # Editing a folded box updates its line before it is sent.
-    page.click("details[data-group=sampling] > summary")
+    page.click("details[data-form-section=sampling] > summary")
     page.fill("[id='id_sampling.max_tokens']", "128")
-    expect(page.locator("details[data-group=sampling] [data-summary]")).to_contain_text("max tokens 128")
+    expect(page.locator("details[data-form-section=sampling] [data-summary]")).to_contain_text("max tokens 128")
     no_sideways_scroll(page)
     shot(page, "new-run-preset")
     page.click("#run-form button[type=submit]")
@@ -299,7 +299,7 @@ def test_a_run_that_finishes_stops_inviting_annotation_and_its_summary_downloads
 
 # --- the run page's fixes ------------------------------------------------------------------------
 
-def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(open_page: Any, owner: User) -> None:
+def test_a_failure_clears_the_waiting_banner_and_saving_the_feedback_settings_asks_once(open_page: Any, owner: User) -> None:
     from tests.dashboard.test_pages_states import _pending
 
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), name="waits", feedback={"mode": "blend"})
@@ -324,7 +324,7 @@ def test_a_failure_clears_the_waiting_banner_and_saving_the_policy_asks_once(ope
     expect(page.locator("#run-error")).to_contain_text("explore step 1 failed")
     shot(page, "run-failed")
 
-    # The policy: one confirmation (the box), no dialog on top of it; the change is saved.
+    # The feedback settings: one confirmation (the box), no dialog on top of it; the change is saved.
     page.select_option("[id='id_feedback.mode']", "human")
     page.check("#feedback-settings input[name=confirm]")
     page.click("#feedback-settings button[type=submit]")

@@ -216,7 +216,7 @@ def test_a_blank_name_is_reported_with_the_config_errors_on_the_first_submit_and
     page.goto("/runs/new/")
     page.fill("#id_model", "local/demo")
     page.fill("#id_rewards", "- name: exact_match")
-    page.click("details[data-group=sampling] > summary")  # a folded box, opened as a person would
+    page.click("details[data-form-section=sampling] > summary")  # a folded box, opened as a person would
     page.fill("#id_sampling\\.temperature", "-1")
     page.set_input_files("#id_taskset", str(tasks))
     page.click("#run-form button[type=submit]")
@@ -437,7 +437,7 @@ def test_choosing_an_algorithm_fills_its_defaults_and_a_config_that_cannot_learn
     log_in(page, owner)
     page.goto("/runs/new/")
     assert "Completions per task" in page.inner_text("[data-field=repeat_times] .help")
-    page.click("details[data-group=trainer] > summary")
+    page.click("details[data-form-section=trainer] > summary")
     page.fill("#id_trainer\\.learning_rate", "3e-06")  # edited by hand: kept
     page.select_option("#id_algorithm", "dpo")
     assert page.input_value("#id_repeat_times") == "2"

@@ -38,9 +38,9 @@ def browser_user(client: Client, owner: User) -> Client:
     return client
 
 
-def group(html: str, gid: str) -> str:
-    match = re.search(rf'<details class="form-group card" data-group="{re.escape(gid)}"[^>]*>(.*?)</details>', html, re.S)
-    assert match, f"no group {gid}"
+def form_section(html: str, sid: str) -> str:
+    match = re.search(rf'<details class="form-section card" data-form-section="{re.escape(sid)}"[^>]*>(.*?)</details>', html, re.S)
+    assert match, f"no form section {sid}"
     return match.group(0)
 
 
@@ -59,8 +59,8 @@ def test_garbage_yaml_a_negative_learning_rate_and_a_missing_model_are_all_repor
     assert "Learning rate must be more than 0" in field_block(html, "trainer.learning_rate")
     assert "3 problems to fix" in html
     # The sections holding an error are open; a clean advanced section stays folded.
-    assert " open>" in group(html, "trainer")
-    assert " open>" not in group(html, "sampling")
+    assert " open>" in form_section(html, "trainer")
+    assert " open>" not in form_section(html, "sampling")
     assert not Run.objects.exists()
 
 
@@ -140,7 +140,7 @@ def test_copy_from_run_n_fills_the_form_with_its_config_and_makes_the_same_run(b
                       sampling={"temperature": 0.7, "max_tokens": 99}, feedback={"mode": "blend", "w_human": 0.8})
     html = browser_user.get(f"/runs/new/?from={source.pk}").content.decode()
     assert "Copied from run “original”" in html and 'value="original (copy)"' in html
-    assert "temperature 0.7 · max tokens 99" in group(html, "sampling")
+    assert "temperature 0.7 · max tokens 99" in form_section(html, "sampling")
     posted = form_values(html)
     posted["taskset_id"] = str(source.taskset_id)
     response = browser_user.post("/runs/new/", posted)
@@ -158,13 +158,13 @@ def test_a_run_one_may_not_see_cannot_be_copied(browser_user: Client) -> None:
 
 def test_folded_sections_say_what_differs_from_the_defaults(browser_user: Client) -> None:
     html = browser_user.get("/runs/new/").content.decode()
-    assert " open>" in group(html, "run")
+    assert " open>" in form_section(html, "run")
     for gid in ("run.more", "sampling", "trainer", "feedback", "reward_model", "pipeline"):
-        assert " open>" not in group(html, gid), gid
-    assert "defaults" in group(html, "sampling")
-    assert ">off<" in group(html, "trainer.lora")  # no LoRA unless a rank is given
+        assert " open>" not in form_section(html, gid), gid
+    assert "defaults" in form_section(html, "sampling")
+    assert ">off<" in form_section(html, "trainer.lora")  # no LoRA unless a rank is given
     html = browser_user.get("/runs/new/?preset=human-preference").content.decode()
-    assert "mode learned" in group(html, "feedback") and "enabled on" in group(html, "reward_model")
+    assert "mode learned" in form_section(html, "feedback") and "enabled on" in form_section(html, "reward_model")
 
 
 # --- helpers: what a browser would post ---------------------------------------------------------

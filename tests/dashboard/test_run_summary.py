@@ -206,7 +206,7 @@ def test_a_preference_saved_says_which_answer_won(owner: User, annotator: User) 
     assert "Preference saved: A is better" in response.content.decode()
 
 
-def test_saving_the_policy_asks_once(owner: User) -> None:
+def test_saving_the_feedback_settings_asks_once(owner: User) -> None:
     run = make_run(owner=owner)
     html = logged_in(owner).get(f"/runs/{run.pk}/").content.decode()
     form = re.search(r'<form id="feedback-settings".*?</form>', html, re.S)

@@ -190,7 +190,7 @@ def test_the_owner_makes_a_twin_from_the_run_page_and_lands_on_a_page_that_invit
     make_experiences(twin, groups=4, group_size=4, status="pending")
     twin_page = client.get(f"/runs/{twin.pk}/").content.decode()
     # Nothing on it invites a label: no Annotate button, no count of what waits, no ledger of
-    # labels, no policy form, no "learned" reward, no groups waiting for people, no twin door.
+    # labels, no feedback settings form, no "learned" reward, no groups waiting for people, no twin door.
     assert 'class="button annotate-link"' not in twin_page and "waiting" not in twin_page.split("<nav")[0]
     assert 'id="run-ledger"' not in twin_page and 'id="feedback-settings"' not in twin_page
     assert 'id="twin-no-feedback"' in twin_page and "human-loop-hint" not in twin_page
@@ -238,9 +238,9 @@ def test_labels_on_a_twin_are_refused_at_every_door_naming_why(pair: tuple[Run, 
     with pytest.raises(CommandError, match=why):
         call_command("rft", "feedback", str(twin.pk), "rating", "--as", owner.username, "--experience",
                      str(members[0].pk), "--score", "4", stdout=StringIO(), stderr=StringIO())
-    # The policy stays off.
-    policy = client.post(f"/runs/{twin.pk}/feedback-policy/", {"confirm": "yes", "feedback.mode": "blend"})
-    assert why in policy.content.decode() and Run.objects.get(pk=twin.pk).cfg.feedback.mode == "auto"
+    # Its feedback settings stay off.
+    edit = client.post(f"/runs/{twin.pk}/feedback-settings/", {"confirm": "yes", "feedback.mode": "blend"})
+    assert why in edit.content.decode() and Run.objects.get(pk=twin.pk).cfg.feedback.mode == "auto"
     assert not Feedback.objects.filter(run=twin).exists()
 
 

@@ -1,8 +1,9 @@
-"""The dashboard's pages through Django's test client: creation form, controls, policy edits,
+"""The dashboard's pages through Django's test client: creation form, controls, feedback settings edits,
 permissions, escaping, exports."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import re
@@ -10,15 +11,20 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from django.apps import apps as django_apps
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
 from django.test import Client
 
 from apps.buffer.models import Taskset
 from apps.runs.metrics import metric_record
 from apps.runs.models import AuditEntry, Run
+from apps.runs.selectors import audit_text
 from apps.runs.services import run_transition
 from tests.factories import found, make_experiences, taskset_of
+
+audit_rename = importlib.import_module("apps.runs.migrations.0013_audit_feedback_settings")
 
 pytestmark = pytest.mark.django_db
 
@@ -155,21 +161,39 @@ def test_a_control_that_does_not_apply_says_why(client_of, owner: User, run: Run
 
 def test_editing_the_feedback_settings_is_confirmed_validated_and_audited(client_of, owner: User, run: Run) -> None:
     c = client_of(owner)
-    url = f"/runs/{run.pk}/feedback-policy/"
-    policy = {"feedback.mode": "blend", "feedback.w_auto": "0.3", "feedback.w_human": "0.7",
-              "feedback.wait_seconds": "60", "feedback.fallback": "auto", "feedback.overlap": "2", "feedback.rank_rule": "borda"}
-    unconfirmed = c.post(url, policy, HTTP_HX_REQUEST="true")
+    url = f"/runs/{run.pk}/feedback-settings/"
+    feedback = {"feedback.mode": "blend", "feedback.w_auto": "0.3", "feedback.w_human": "0.7",
+                "feedback.wait_seconds": "60", "feedback.fallback": "auto", "feedback.overlap": "2", "feedback.rank_rule": "borda"}
+    unconfirmed = c.post(url, feedback, HTTP_HX_REQUEST="true")
     assert "tick the box" in unconfirmed.content.decode()
-    bad = c.post(url, {**policy, "feedback.overlap": "99", "confirm": "yes"}, HTTP_HX_REQUEST="true")
+    bad = c.post(url, {**feedback, "feedback.overlap": "99", "confirm": "yes"}, HTTP_HX_REQUEST="true")
     assert "Overlap must be at most 10" in field_block(bad.content.decode(), "feedback.overlap")
     run.refresh_from_db()
     assert run.cfg.feedback.mode == "auto"
-    ok = c.post(url, {**policy, "confirm": "yes"})
+    ok = c.post(url, {**feedback, "confirm": "yes"})
     assert ok.status_code == 302
     run.refresh_from_db()
     assert (run.cfg.feedback.mode, run.cfg.feedback.w_human, run.cfg.feedback.overlap) == ("blend", 0.7, 2)
-    entry = AuditEntry.objects.get(run=run, action="feedback_policy")
+    entry = AuditEntry.objects.get(run=run, action="feedback_settings")
     assert entry.actor == owner and entry.detail["before"]["mode"] == "auto" and entry.detail["after"]["mode"] == "blend"
+
+
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_the_feedback_settings_old_path_redirects_keeping_the_method(client_of, owner: User, run: Run,
+                                                                     method: str) -> None:
+    # 308: a browser re-sends a POST (a form open in an old tab) to the new path as a POST.
+    response = getattr(client_of(owner), method)(f"/runs/{run.pk}/feedback-policy/")
+    assert response.status_code == 308
+    assert response["Location"] == f"/runs/{run.pk}/feedback-settings/"
+
+
+def test_stored_feedback_policy_audit_rows_read_as_feedback_settings(owner: User, run: Run) -> None:
+    old = AuditEntry.objects.create(run=run, actor=owner, action="feedback_policy", detail={})
+    with connection.schema_editor() as editor:
+        audit_rename.forwards(django_apps, editor)
+    old.refresh_from_db()
+    assert old.action == "feedback_settings"
+    assert audit_text(action=old.action, actor=owner) == "feedback settings changed by owner"
 
 
 def test_model_output_is_escaped_in_the_group_view(client_of, owner: User, run: Run) -> None:

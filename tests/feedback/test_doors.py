@@ -2,7 +2,7 @@
 
 An environment (the REST API) and a person (the annotation page) give the same choice, the
 same rating and the same ranking to the same group; what each door stores, the rewards the
-policy folds, the DPO pairs the trainer takes and the pairs the DPO export writes must be
+fold gives, the DPO pairs the trainer takes and the pairs the DPO export writes must be
 the same, in the same direction.
 """
 
@@ -112,8 +112,8 @@ def _outcome(run: Run, m: list[Experience]) -> dict[str, Any]:
 def test_the_api_the_annotation_page_and_the_cli_give_the_same_feedback_the_same_effect(
     owner: User, annotator: User
 ) -> None:
-    policy = {"mode": "blend", "w_auto": 0.5, "w_human": 0.5}
-    by_env, by_person, by_cli = (make_run(owner=owner, name=name, feedback=policy) for name in ("env", "page", "cli"))
+    feedback = {"mode": "blend", "w_auto": 0.5, "w_human": 0.5}
+    by_env, by_person, by_cli = (make_run(owner=owner, name=name, feedback=feedback) for name in ("env", "page", "cli"))
     add_member(by_person, annotator)
     add_member(by_cli, annotator)
     env_members, person_members, cli_members = _group(by_env), _group(by_person), _group(by_cli)

@@ -176,7 +176,7 @@ def test_a_trust_setting_that_cannot_work_is_refused_naming_its_field(olga: User
     before = dict(run.config["feedback"])
     owner = Client()
     owner.force_login(olga)
-    response = owner.post(f"/runs/{run.pk}/feedback-policy/", {"confirm": "yes", "feedback.mode": "blend", **fields},
+    response = owner.post(f"/runs/{run.pk}/feedback-settings/", {"confirm": "yes", "feedback.mode": "blend", **fields},
                           HTTP_HX_REQUEST="true")
     assert response.status_code < 500
     html = response.content.decode()

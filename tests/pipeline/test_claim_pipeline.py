@@ -19,7 +19,7 @@ def _group(run, group: str, rewards: list[float | None], **fields) -> list[Exper
 
 
 def _fold_late_ratings(run, group: str, rewards: list[float]) -> None:
-    # What the feedback policy does when human ratings arrive: rewards set, rows ready.
+    # What the fold does when human ratings arrive: rewards set, rows ready.
     for i, reward in enumerate(rewards):
         Experience.objects.filter(run=run, key=f"{group}-{i}").update(
             human_reward=reward, reward=reward, status="ready"

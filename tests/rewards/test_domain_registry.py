@@ -14,7 +14,7 @@ from kernel import rewards as registry
 from kernel.rewards import RewardResult, domain_register, register
 from apps.rewards.scoring import rewards_inline
 from kernel.config import config_validate
-from kernel.vocabulary import domain_misspelt, domains
+from kernel.plugin_names import domain_misspelt, domains
 
 
 def _has_unit(completion: str, task: object, **_: object) -> RewardResult:

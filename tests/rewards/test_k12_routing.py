@@ -20,7 +20,7 @@ from apps.rewards.k12_taskset import k12_records
 from apps.rewards.scoring import default_routes, rewards_awaiting, rewards_inline
 from kernel.config import ConfigInvalid, config_validate
 from apps.runs.models import Run
-from kernel.vocabulary import domains
+from kernel.plugin_names import domains
 from tests.factories import base_config, make_run
 
 K12 = {"domain": "k12", "prompt": "What gas do plants take in to make food?", "reference": "carbon dioxide"}
@@ -212,7 +212,7 @@ def test_k12_grader_versions_are_numbered_per_run_and_listed_by_the_api(owner: U
 
 
 def test_a_domain_that_misspells_a_routed_one_is_named_and_other_domains_are_their_own() -> None:
-    from kernel.vocabulary import domain_misspelt
+    from kernel.plugin_names import domain_misspelt
 
     assert [domain_misspelt(d) for d in ("K12", "k-12", " Math", "CODE", "Vision_", "General")] == [
         "k12", "k12", "math", "code", "vision", "general"]

@@ -94,7 +94,7 @@ def test_scoring_twice_applies_once(reward_worker: subprocess.Popen) -> None:
     assert sorted(r or 0.0 for r in Experience.objects.filter(pk__in=ids).values_list("auto_reward", flat=True)) == [1.0, 2.0]
 
 
-def test_under_a_human_policy_scored_experiences_stay_pending(reward_worker: subprocess.Popen) -> None:
+def test_in_human_feedback_mode_scored_experiences_stay_pending(reward_worker: subprocess.Popen) -> None:
     run, (code_task, _math) = _code_run(feedback="human")
     ids = _write(run, code_task, [GOOD])
     assert _send(run, ids).get(timeout=90) == {"applied": 1, "skipped": 0}

@@ -74,7 +74,7 @@ def test_a_published_version_is_read_once_then_served_without_queries(
 def test_an_edited_config_is_read_again_on_the_next_call(owner: User, demo_model_dir: Path, hf_engine: Any) -> None:
     run = _run(owner, demo_model_dir, temperature=0.0, max_tokens=6)
     assert len(_tokens(chat_generate(run_id=run.pk, request=_request(run)))) == 6
-    # An edit (as a feedback policy change writes one): the next call carries another digest.
+    # An edit (as a feedback settings change writes one): the next call carries another digest.
     Run.objects.filter(pk=run.pk).update(config={**run.config, "sampling": {**run.config["sampling"], "max_tokens": 2}})
     run.refresh_from_db()
     assert len(_tokens(chat_generate(run_id=run.pk, request=_request(run)))) == 2

@@ -1,5 +1,5 @@
 """The explorer on real Postgres and Redis: in this process for the logic, and through a real
-Celery worker subprocess with a websocket client listening on the run's group."""
+Celery worker subprocess with a websocket client listening on the run's stream."""
 
 from __future__ import annotations
 

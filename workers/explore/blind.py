@@ -59,7 +59,7 @@ def answers_write(*, evaluation_id: int, worker: str | None = None) -> BlindOutc
         if run is None:
             raise LookupError(f"run {run_id} is gone")
         engine = engine_at(run=run, version=version, worker=worker or worker_name())
-        base = SamplingSpec.from_config(run.cfg.eval.sampling)
+        base = SamplingSpec.from_config(run.config.eval.sampling)
         # One call per seed (an evaluation has one): the seed is part of the cache key.
         for seed in sorted({n.seed for n in wanted}):
             batch = [n for n in wanted if n.seed == seed]

@@ -310,7 +310,7 @@ def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
 
 # run id -> (config digest, the run as read then). The web side sends the digest of the
 # config it read for the call (apps/envapi/openai_services.py), so a call whose digest
-# matches needs no query here, and an edited config (a feedback policy change) is read
+# matches needs no query here, and an edited config (a feedback settings change) is read
 # again on the next call. Only the config and pk of the kept run are used: its
 # current_version goes stale, and "current" comes with the request. Bounded: cleared whole
 # when full; one dict assignment per miss, safe across a pool's threads.
@@ -339,11 +339,11 @@ def _version_current(*, run: RunView, floor: int) -> int:
     explorer loaded it after a publish), so a call queued across a publish neither reads
     the run again nor swaps the engine back to older weights."""
 
-    if not engine_cached(run.cfg):
+    if not engine_cached(run.config):
         return floor
-    engine = engine_for(run.cfg)
+    engine = engine_for(run.config)
     held = getattr(engine, "version", None)
-    if isinstance(held, int) and held > floor and getattr(engine, "path", None) == checkpoint_known(run_id=run.pk, version=held):
+    if isinstance(held, int) and held > floor and getattr(engine, "path", None) == checkpoint_known(run_id=run.id, version=held):
         return held
     return floor
 
@@ -366,7 +366,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
         raise ChatRequestInvalid(f"run {run_id} has no model version {version}", status=404, code="model_not_found",
                                  param="model") from None
     tokenizer = engine.tokenizer
-    base = SamplingSpec.from_config(run.cfg.sampling)
+    base = SamplingSpec.from_config(run.config.sampling)
     try:
         sampling = base.with_overrides({k: v for k, v in dict(request.get("sampling") or {}).items() if k in SAMPLING_KEYS})
     except (TypeError, ValueError) as exc:

@@ -82,16 +82,16 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
     run = run_view(run_id)
     if run is None:
         return {"run": run_id, "version": version, "skipped": "no such run"}
-    cfg = run.cfg
+    cfg = run.config
     if cfg.eval.taskset is None:
         return {"run": run_id, "version": version, "skipped": "the run has no evaluation taskset"}
     step = 0
     if version > 0:
-        found = version_train_step(run_id=run.pk, number=version)
+        found = version_train_step(run_id=run.id, number=version)
         if found is None:
             return {"run": run_id, "version": version, "skipped": "no such version"}
         step = found
-    if metric_exists(run_id=run.pk, step=step, name=f"{EVAL_PREFIX}reward_mean"):
+    if metric_exists(run_id=run.id, step=step, name=f"{EVAL_PREFIX}reward_mean"):
         return {"run": run_id, "version": version, "skipped": "already evaluated"}
     tasks = taskset_tasks(taskset_id=cfg.eval.taskset, limit=cfg.eval.max_tasks)
     if not tasks:

@@ -147,9 +147,9 @@ def worker_name() -> str:
 def explorer_version_for(*, run: RunView, step: int) -> int:
     """The model version explore step `step` must use, from the run's mode (apps/runs/schedule.py);
     VersionNotReady makes the step wait for the trainer."""
-    version = explore_version(cfg=run.cfg, explore_step=step, current_version=run.current_version)
+    version = explore_version(cfg=run.config, explore_step=step, current_version=run.current_version)
     if version is None:
-        raise VersionNotReady(f"run {run.pk} explore step {step} waits for the trainer (current v{run.current_version})")
+        raise VersionNotReady(f"run {run.id} explore step {step} waits for the trainer (current v{run.current_version})")
     return version
 
 
@@ -168,27 +168,27 @@ def checkpoint_known(*, run_id: int, version: int) -> str | None:
 def model_version_path(*, run: RunView, version: int) -> str:
     """Where version `version` of the run lives: the base model for 0, else its checkpoint."""
     if version == 0:
-        return str(run.cfg.model)
-    checkpoint = _CHECKPOINTS.get((run.pk, version))
+        return str(run.config.model)
+    checkpoint = _CHECKPOINTS.get((run.id, version))
     if checkpoint is None:
-        checkpoint = version_checkpoint(run_id=run.pk, number=version)
+        checkpoint = version_checkpoint(run_id=run.id, number=version)
         if checkpoint is None:
-            raise VersionNotReady(f"run {run.pk} has no published version {version}")
+            raise VersionNotReady(f"run {run.id} has no published version {version}")
         if len(_CHECKPOINTS) >= _CHECKPOINTS_MAX:
             _CHECKPOINTS.clear()
-        _CHECKPOINTS[(run.pk, version)] = checkpoint
+        _CHECKPOINTS[(run.id, version)] = checkpoint
     if not handover_has(checkpoint) and not os.path.exists(checkpoint):
         # MemorySync records a version before its files are written (workers/weights/handover.py);
         # past the run's bound a missing directory is a failed sync (storage not shared with
         # the trainer's host, a write lost), not a version to wait for forever.
-        age = version_published_age(run_id=run.pk, number=version)
-        if age is not None and age > run.cfg.sync_timeout_s:
-            raise SyncFailed(method=sync_method("checkpoint"), stage="find the checkpoint", run_id=run.pk,
+        age = version_published_age(run_id=run.id, number=version)
+        if age is not None and age > run.config.sync_timeout_s:
+            raise SyncFailed(method=sync_method("checkpoint"), stage="find the checkpoint", run_id=run.id,
                              version=version, where=checkpoint, worker=worker_name(), seconds=age,
                              cause=f"not on this host's disk {age:.0f} s after it was published (the run's "
-                                   f"sync_timeout_s is {run.cfg.sync_timeout_s:g} s); is RFT_STORAGE_DIR "
+                                   f"sync_timeout_s is {run.config.sync_timeout_s:g} s); is RFT_STORAGE_DIR "
                                    "shared with the trainer's host?")
-        raise VersionNotReady(f"run {run.pk} version {version}: {checkpoint} is not written yet")
+        raise VersionNotReady(f"run {run.id} version {version}: {checkpoint} is not written yet")
     return checkpoint
 
 
@@ -209,22 +209,22 @@ def engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
 def _engine_at(*, run: RunView, version: int, worker: str) -> RolloutEngine:
     path = model_version_path(run=run, version=version)
     started = time.monotonic()
-    resident = engine_cached(run.cfg)
-    engine = engine_for(run.cfg)
+    resident = engine_cached(run.config)
+    engine = engine_for(run.config)
     current = engine.version == version and getattr(engine, "path", None) == path
-    timeout = run.cfg.sync_timeout_s
+    timeout = run.config.sync_timeout_s
     try:
-        loaded = not current and handover_apply(engine, version=version, path=path, run_id=run.pk, timeout=timeout)
+        loaded = not current and handover_apply(engine, version=version, path=path, run_id=run.id, timeout=timeout)
         # A version's load is bounded (a read stalled on lost storage); the base model's is
         # an engine's start, not a sync.
         ensured = not loaded and (
             sync_bounded(lambda: engine_version_ensure(engine, version=version, path=path), timeout=timeout,
-                         method=sync_method("checkpoint", path=path), stage="load", run_id=run.pk, version=version,
+                         method=sync_method("checkpoint", path=path), stage="load", run_id=run.id, version=version,
                          where=path, worker=worker)
             if version > 0 else engine_version_ensure(engine, version=version, path=path))
     except SyncFailed:
         # Half loaded, or still loading in the thread left behind: the next step builds it afresh.
-        engine_cache_drop(run.cfg)
+        engine_cache_drop(run.config)
         raise
     if loaded or ensured or not resident:
         how = engine_last_load(engine) if ensured else None
@@ -293,7 +293,7 @@ def _claim(*, run: RunView, worker: str) -> list[TaskAttempt]:
     # those, and the stale leases held the run's end until they ran out (RFT_LEASE_SECONDS,
     # 300 s; tests/test_faults.py timed out on it once in CI).
     TaskSource.release(run=run, worker=worker)
-    return TaskSource.claim(run=run, worker=worker, size=run.cfg.explore_batch_size)
+    return TaskSource.claim(run=run, worker=worker, size=run.config.explore_batch_size)
 
 
 @contextmanager
@@ -328,13 +328,13 @@ class Scored:
 
 
 def _sampling(run: RunView, engine: RolloutEngine, step: int) -> SamplingSpec:
-    sampling = SamplingSpec.from_config(run.cfg.sampling)
+    sampling = SamplingSpec.from_config(run.config.sampling)
     if sampling.seed is None and engine.backend == "transformers":
         # The transformers engine draws from the process's global RNG, whose state depends
         # on what the process did before (other runs, the trainer beside it in one process,
         # step 1 coming before the trainer seeds anything): seeded per step from the run's
         # seed, a rerun samples the same completions. vLLM seeds its own engine.
-        sampling = sampling.with_overrides({"seed": explore_seed(seed=run.cfg.seed, step=step)})
+        sampling = sampling.with_overrides({"seed": explore_seed(seed=run.config.seed, step=step)})
     return sampling
 
 
@@ -342,14 +342,14 @@ def _generate(*, run: RunView, engine: RolloutEngine, step: int, attempts: Seque
     prompts = [task_prompt(engine, attempt.task) for attempt in attempts]
     sampling = _sampling(run, engine, step)
     started = time.monotonic()
-    samples = engine.generate(prompts, n=run.cfg.repeat_times, sampling=sampling)
+    samples = engine.generate(prompts, n=run.config.repeat_times, sampling=sampling)
     return Generated(prompts=prompts, samples=samples, seconds=time.monotonic() - started)
 
 
 def _draft(*, run: RunView, step: int, version: int, attempt: TaskAttempt, prompt: Prompt, index: int,
            sample: Sample, scored: Scored, awaiting: list[str]) -> ExperienceDraft:
     task = attempt.task
-    result = rewards_inline(terms=run.cfg.rewards, completion=sample.text, task=task)
+    result = rewards_inline(terms=run.config.rewards, completion=sample.text, task=task)
     scored.scores.append(result.score)
     scored.lengths.append(len(sample.token_ids))
     metadata: dict[str, object] = {"step": step, "epoch": attempt.epoch, "attempt": attempt.pk, "sample": index}
@@ -360,9 +360,9 @@ def _draft(*, run: RunView, step: int, version: int, attempt: TaskAttempt, promp
         # The total waits for the queued scorers; they fill it in and flip the status.
         metadata["awaiting_rewards"] = awaiting
     return ExperienceDraft.scored(
-        cfg=run.cfg,
+        cfg=run.config,
         auto_reward=None if awaiting else result.score,
-        run_id=run.pk,
+        run_id=run.id,
         task_id=task.pk,
         group_id=f"attempt-{attempt.pk}",
         key=f"explore:{attempt.pk}:{index}",
@@ -385,7 +385,7 @@ def _score(*, run: RunView, step: int, version: int, attempts: Sequence[TaskAtte
     for attempt, prompt, group in zip(attempts, generated.prompts, generated.samples):
         # Keys, not names: a term repeated in the spec is awaited as "name#2", the key the
         # reward worker scores it under.
-        awaiting = rewards_awaiting(terms=run.cfg.rewards, task=attempt.task)
+        awaiting = rewards_awaiting(terms=run.config.rewards, task=attempt.task)
         for i, sample in enumerate(group):
             scored.drafts.append(_draft(run=run, step=step, version=version, attempt=attempt, prompt=prompt,
                                         index=i, sample=sample, scored=scored, awaiting=awaiting))
@@ -410,12 +410,12 @@ def _record(*, run: RunView, step: int, version: int, scored: Scored, generated:
 
 
 def _nothing_to_explore(*, run: RunView, step: int, version: int) -> ExploreOutcome:
-    outcome: ExploreOutcome = {"run": run.pk, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
+    outcome: ExploreOutcome = {"run": run.id, "step": step, "tasks": 0, "experiences": 0, "model_version": version}
     if tasks_exhausted(run=run):
         # Every epoch is explored: exploring ends here rather than stalling the run, and
         # the trainer gets to train on what the buffer holds and finish.
         if run_explore_end(run=run):
-            log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.pk, run.cfg.epochs, step)
+            log.info("run %s: the taskset's %s epoch(s) are explored; exploring ends at step %s", run.id, run.config.epochs, step)
         outcome["exhausted"] = True
     return outcome
 
@@ -538,7 +538,7 @@ def generate_completions(*, run_id: int, requests: Sequence[object]) -> list[Com
         raise GenerateRequestInvalid(f"no run {run_id}")
     if not isinstance(requests, list) or not requests:
         raise GenerateRequestInvalid("requests must be a non-empty list")
-    base = SamplingSpec.from_config(run.cfg.sampling)
+    base = SamplingSpec.from_config(run.config.sampling)
     parsed = [_request_parts(i, r, base) for i, r in enumerate(requests)]
     version = run.current_version
     engine = engine_at(run=run, version=version, worker=worker_name())

@@ -171,19 +171,19 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
     if not force and not k12_grader_due(run=run, params=params, grades=len(answers)):
         return None
     pairs = k12_grade_pairs(answers)
-    heldout = [p for p in pairs if pair_is_heldout(p, share=params.heldout_share, seed=run.cfg.seed)]
-    train = [p for p in pairs if not pair_is_heldout(p, share=params.heldout_share, seed=run.cfg.seed)]
+    heldout = [p for p in pairs if pair_is_heldout(p, share=params.heldout_share, seed=run.config.seed)]
+    train = [p for p in pairs if not pair_is_heldout(p, share=params.heldout_share, seed=run.config.seed)]
     if not train:
-        log.info("K-12 grader of run %s: no training pairs (%d graded answers)", run.pk, len(answers))
+        log.info("K-12 grader of run %s: no training pairs (%d graded answers)", run.id, len(answers))
         return None
     base = params.base or run_current_model(run=run)
     latest = k12_grader_latest(run=run)
     number = (latest.version if latest is not None else 0) + 1
-    out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.pk) / "k12_graders" / f"v{number}-{int(time.time())}"
+    out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.id) / "k12_graders" / f"v{number}-{int(time.time())}"
     started = time.monotonic()
     net, tokenizer, accuracy = reward_model_fit(
         base=base, train=train, heldout=heldout, out=out, epochs=params.epochs, learning_rate=params.learning_rate,
-        batch_size=params.batch_size, max_length=params.max_length, seed=run.cfg.seed + number,
+        batch_size=params.batch_size, max_length=params.max_length, seed=run.config.seed + number,
     )
     # Raw scores onto the grade scale, fitted on every graded answer.
     prompts = [grader_prompt(question=a.question, reference=a.reference) for a in answers]
@@ -193,7 +193,7 @@ def k12_grader_train_run(*, run: RunView, params: K12LearnedParams, force: bool 
         run=run, path=str(out), base=base, accuracy=accuracy, pairs_train=len(train), pairs_heldout=len(heldout),
         grades=len(answers), seconds=time.monotonic() - started, scale=scale, offset=offset,
     )
-    log.info("run %s K-12 grader v%d: %d train / %d held-out pairs, accuracy %s, %.1fs", run.pk, grader.version,
+    log.info("run %s K-12 grader v%d: %d train / %d held-out pairs, accuracy %s, %.1fs", run.id, grader.version,
              len(train), len(heldout), accuracy, grader.seconds)
     return grader
 
@@ -205,7 +205,7 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow
     up the new one), else wait for that training (up to TRAIN_WAIT_SECONDS)."""
     deadline = time.monotonic() + TRAIN_WAIT_SECONDS
     while k12_grader_due(run=run, params=params):
-        hold = dispatch_claim(run_id=run.pk, kind=DispatchKind.K12_TRAIN, state=DispatchState.RUNNING,
+        hold = dispatch_claim(run_id=run.id, kind=DispatchKind.K12_TRAIN, state=DispatchState.RUNNING,
                               lease_seconds=TRAIN_LEASE_SECONDS)
         if hold is not None:
             try:
@@ -217,7 +217,7 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow
         if latest is not None:
             return latest
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the K-12 grader of run {run.pk} is being trained by another worker")
+            raise RuntimeError(f"the K-12 grader of run {run.id} is being trained by another worker")
         time.sleep(2.0)
     return k12_grader_latest(run=run)
 
@@ -228,7 +228,7 @@ def k12_learned_verdicts(completions: Sequence[str], tasks: Sequence[object], *,
     grader = k12_grader_ensure(run=run, params=params)
     if grader is None:
         reason = "no K-12 grader yet: the run has no graded answers of K-12 tasks to learn from"
-        log.warning("k12_learned scores 0 for run %s: %s", run.pk, reason)
+        log.warning("k12_learned scores 0 for run %s: %s", run.id, reason)
         return [Verdict(0.0, reason) for _ in completions]
     net, tokenizer = reward_model_load(grader.path)
     prompts = [grader_prompt(question=task_question(t), reference=reference_text(t)) for t in tasks]

@@ -58,7 +58,7 @@ def rewards_remote_score(
     lands in `reasons` (by experience id, then term key) when given.
     """
 
-    terms = run.cfg.rewards
+    terms = run.config.rewards
     scored: dict[int, dict[str, float]] = {e.pk: {} for e in experiences}
     errors: dict[int, dict[str, str]] = defaultdict(dict)
     # key -> (term, [experiences awaiting it])
@@ -89,7 +89,7 @@ def rewards_remote_score(
             values = batch(completions, tasks, **params)
         except Exception as exc:
             raised = True
-            log.exception("reward %s failed for %d experiences of run %s", key, len(members), run.pk)
+            log.exception("reward %s failed for %d experiences of run %s", key, len(members), run.id)
             for exp in members:
                 errors[exp.pk][key] = f"{type(exc).__name__}: {exc}"[:500]
                 scored[exp.pk][key] = 0.0

@@ -71,7 +71,7 @@ Scorer = Callable[[Sequence[str], Sequence[str]], list[float]]
 
 
 def _base_of(run: Run) -> str:
-    cfg = run.cfg.reward_model
+    cfg = run.config.reward_model
     # Only some kinds' versions have weights to start from (RewardKind.warm_start).
     if cfg.warm_start and reward_kind_get(cfg.kind).warm_start:
         latest = reward_model_latest(run=run)
@@ -208,14 +208,14 @@ def reward_model_pairs_read(
     rater weighted by the reliability they earned when the run weights raters (an untrusted or
     unmeasured rater's pairs left out of both, a half-trusted one's counting by its trust),
     gold items left out, split by prompt; and why each label that made no pair made none."""
-    cfg = run.cfg.reward_model
+    cfg = run.config.reward_model
     gold = gold_experience_ids(run=run) if gold is None else gold
     figures = rater_figures(run=run)
     # Earned trust, not the fold's: a rater not yet measured teaches the reward model nothing.
     read = preference_pairs_read(run=run, rater_weights=rater_weights(run=run, figures=figures, earned=True),
                                  rater_offsets=rater_offsets(run=run, figures=figures), exclude_experience_ids=gold)
-    heldout = [p for p in read.pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
-    train = [p for p in read.pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.cfg.seed)]
+    heldout = [p for p in read.pairs if pair_is_heldout(p, share=cfg.heldout_share, seed=run.config.seed)]
+    train = [p for p in read.pairs if not pair_is_heldout(p, share=cfg.heldout_share, seed=run.config.seed)]
     return train, heldout, read.unpaired
 
 
@@ -246,23 +246,23 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
     None when nothing was due or no pair can be learned from."""
     if not force and not reward_model_due(run=run):
         return None
-    cfg = run.cfg.reward_model
+    cfg = run.config.reward_model
     labels = run_label_count(run=run)
     gold = gold_experience_ids(run=run)
     train, heldout, unpaired = reward_model_pairs_read(run=run, gold=gold)
     unbiased = experiences_handed_out_unbiased(run=run)  # read with the pairs
     if not train:
-        log.info("reward model of run %s: no training pairs yet (%d labels)", run.pk, labels)
+        log.info("reward model of run %s: no training pairs yet (%d labels)", run.id, labels)
         return None
     base = _base_of(run)
     latest = reward_model_latest(run=run)
     number = (latest.version if latest is not None else 0) + 1
-    out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.pk) / "reward_models" / f"v{number}-{int(time.time())}"
+    out = Path(settings.RFT_STORAGE_DIR) / "runs" / str(run.id) / "reward_models" / f"v{number}-{int(time.time())}"
     started = time.monotonic()
-    rng = random.Random(run.cfg.seed + number)
+    rng = random.Random(run.config.seed + number)
     rng.shuffle(train)
     fitted = reward_kind_impl(cfg.kind).fit(cfg=cfg, base=base, train=train, heldout=heldout, out=out,
-                                            seed=run.cfg.seed + number)
+                                            seed=run.config.seed + number)
     train, heldout, accuracy = fitted.train, fitted.heldout, fitted.accuracy
     score: Scorer = fitted.scorer
     calibration_score, out_of_fold = fitted.calibration_score, fitted.out_of_fold
@@ -275,7 +275,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         rated = rated_all[:512]
         scores = calibration_score([r[0] for r in rated], [r[1] for r in rated], [r[0] for r in rated])
     else:
-        rated = [r for r in rated_all if prompt_is_heldout(r[0], share=cfg.heldout_share, seed=run.cfg.seed)][:512]
+        rated = [r for r in rated_all if prompt_is_heldout(r[0], share=cfg.heldout_share, seed=run.config.seed)][:512]
         if len(rated) < MIN_CALIBRATION_POINTS:
             rated = rated_all[:512]
         scores = score([r[0] for r in rated], [r[1] for r in rated])
@@ -290,7 +290,7 @@ def reward_model_train_run(*, run: Run, force: bool = False) -> RewardModel | No
         pair_labels=pair_labels(train=train, heldout=heldout, unpaired=unpaired),
     )
     log.info("run %s reward model v%d: %d train / %d held-out pairs, accuracy %s (random share %s on %d), %.1fs",
-             run.pk, rm.version, len(train), len(heldout), accuracy, accuracy_random, pairs_random, rm.seconds)
+             run.id, rm.version, len(train), len(heldout), accuracy, accuracy_random, pairs_random, rm.seconds)
     return rm
 
 
@@ -306,7 +306,7 @@ def reward_model_score_run(*, run: Run, limit: int | None = None) -> int:
     rm = reward_model_latest(run=run)
     if rm is None:
         return 0
-    cfg = run.cfg.reward_model
+    cfg = run.config.reward_model
     score = reward_scorer_load(rm.path, max_length=cfg.max_length, batch_size=cfg.score_batch_size)
     done = 0
     while limit is None or done < limit:
@@ -330,7 +330,7 @@ _REWARD_TASK: dict[str, object] = {
 @celery_task(name="workers.reward.trainer.reward_model_train", soft_time_limit=1800, time_limit=1860, **_REWARD_TASK)
 def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
-    if run is None or not run.cfg.reward_model.enabled:
+    if run is None or not run.config.reward_model.enabled:
         return {"version": None}
     hold = dispatch_claim(run_id=run_id, kind=DispatchKind.RM_TRAIN, state=DispatchState.RUNNING,
                           lease_seconds=TRAIN_LEASE_SECONDS)

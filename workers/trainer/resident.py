@@ -81,7 +81,7 @@ def resident_for(run: RunView) -> Resident:
     res = _resident_kept(run, key)
     if res is not None:
         return res
-    cfg = run.cfg
+    cfg = run.config
     torch.manual_seed(cfg.seed)
     start = _start_point(run)
     source, optimizer_state, sharded, replay, fallback = (start.source, start.optimizer_state, start.sharded,
@@ -118,10 +118,10 @@ def resident_for(run: RunView) -> Resident:
         sharded_load(learner, sharded)
     if replay:
         _replay(learner, replay, group=group)
-        log.info("run %s: replayed %s journaled step(s) up to step %s", run.pk, len(replay), run.train_step)
+        log.info("run %s: replayed %s journaled step(s) up to step %s", run.id, len(replay), run.train_step)
     # With a learner group the resident's model is the group's unsharded copy (what versions
     # are written from), brought up to date from the shards where one is written (`resident_whole`).
-    res = Resident(run.pk, key, run.train_step, group.whole if group is not None and group.whole is not None else model,
+    res = Resident(run.id, key, run.train_step, group.whole if group is not None and group.whole is not None else model,
                    tokenizer, ref_model, learner, group)
     if run.train_step > 0 and not fallback:
         # A crash may have left the newest version's background checkpoint unwritten.
@@ -130,7 +130,7 @@ def resident_for(run: RunView) -> Resident:
         # The journal from here on needs a base that a later restart can find.
         snapshot_save(res=res, step=run.train_step)
     with RESIDENTS_LOCK:
-        RESIDENTS[run.pk] = res
+        RESIDENTS[run.id] = res
     _reaper_ensure()
     return res
 
@@ -138,15 +138,15 @@ def resident_for(run: RunView) -> Resident:
 def _resident_kept(run: RunView, key: str) -> Resident | None:
     """The resident policy where it is the run's as of `run.train_step` (None: dropped, and
     room made for the one about to be loaded)."""
-    res = RESIDENTS.get(run.pk)
+    res = RESIDENTS.get(run.id)
     # A learner group that lost a rank after its step was committed (while publishing or
     # writing a snapshot) is not kept: its ranks may be anywhere in a collective.
     broken = res is not None and res.group is not None and res.group.broken
     if res is not None and res.config_key == key and res.step == run.train_step and not broken:
-        RESIDENTS.move_to_end(run.pk)
+        RESIDENTS.move_to_end(run.id)
         res.used = time.monotonic()
         return res
-    resident_drop(run.pk)
+    resident_drop(run.id)
     # Least recently used first, but never one a train task is using (another thread of the
     # embedded pool, mid-step: its learner group would be closed under it); with every
     # resident busy, the cap is exceeded until one of them is done.
@@ -173,19 +173,19 @@ class _StartPoint:
 def _start_point(run: RunView) -> _StartPoint:
     import torch
 
-    cfg = run.cfg
+    cfg = run.config
     start = _StartPoint(source=cfg.model)
     if run.train_step <= 0:
         return start
-    point = restore_point(run.pk, run.train_step)
+    point = restore_point(run.id, run.train_step)
     if point is None:
         # Storage lost the trainer state (not our own crash: every step is journaled
         # before it commits). Carry on from the newest published version, with a fresh
         # optimizer.
-        latest = version_latest(run_id=run.pk)
+        latest = version_latest(run_id=run.id)
         start.source = latest.checkpoint if latest is not None else cfg.model
         start.fallback = True
-        log.warning("run %s: no trainer state for step %s; resuming from %s", run.pk, run.train_step, start.source)
+        log.warning("run %s: no trainer state for step %s; resuming from %s", run.id, run.train_step, start.source)
         return start
     snapshot, start.replay = point
     if snapshot is not None and (snapshot / "dcp" / ".metadata").exists():
@@ -200,15 +200,15 @@ def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokeni
                  ) -> LearnerBuild | None:
     """What rank 0 of the run's learner group builds its learner from on its shards only
     (None: one process, or a learner loaded whole first: see workers/algorithms/sharding.py)."""
-    t = run.cfg.trainer
+    t = run.config.trainer
     if int(t.processes) <= 1:
         return None
     from workers.algorithms.sharding import LearnerBuild, rank0_sharded_fits
 
-    model = str(run.cfg.model)
+    model = str(run.config.model)
     if not rank0_sharded_fits(sharding=str(t.sharding), model=model, source=str(source), lora=spec.lora is not None):
         return None
-    return LearnerBuild(cfg=run.cfg, spec=spec, tokenizer=tokenizer, source=None if str(source) == model else str(source))
+    return LearnerBuild(cfg=run.config, spec=spec, tokenizer=tokenizer, source=None if str(source) == model else str(source))
 
 
 def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
@@ -216,7 +216,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
     """With trainer.processes > 1, the run's learner group (this process rank 0, followers
     started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's;
     `learner` None: rank 0's is built on its shards from `build` (None: one process)."""
-    t = run.cfg.trainer
+    t = run.config.trainer
     if int(t.processes) <= 1:
         return None
     from workers.algorithms.group import GroupPlan, LearnerGroup
@@ -225,7 +225,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
     # One learner group per process (it is the default process group): another run's idle
     # one goes first.
     with RESIDENTS_LOCK:
-        others = [rid for rid, r in RESIDENTS.items() if r.group is not None and rid != run.pk and rid not in _BUSY]
+        others = [rid for rid, r in RESIDENTS.items() if r.group is not None and rid != run.id and rid not in _BUSY]
     for rid in others:
         resident_drop(rid)
     # The policy's skeleton versions are written from, its weights on the meta device until
@@ -234,7 +234,7 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
     if t.sharding != "none":
         from workers.algorithms.sharding import model_skeleton
 
-        whole = model_skeleton(cfg=run.cfg, spec=spec_from_config(run.cfg))
+        whole = model_skeleton(cfg=run.config, spec=spec_from_config(run.config))
     return LearnerGroup(learner=learner, run_config=run.config_data,
                         plan=GroupPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
                         timeout_s=float(t.collective_timeout_s), whole=whole,

@@ -90,7 +90,7 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
            ) -> tuple[TrainBatch, list[Experience]]:
     from workers.algorithms import TrainBatch, rollout_from_experience
 
-    plan = batch_plan(cfg=run.cfg)
+    plan = batch_plan(cfg=run.config)
     usual = (
         TrainSource.claim(run=run, worker=worker, size=plan.usual, group_complete=plan.whole_groups,
                           min_version=min_version, expert=False)
@@ -104,7 +104,7 @@ def train_batch_claim(*, run: RunView, worker: str, min_version: int | None, tok
     )
     # An algorithm that trains on preference pairs (its declaration says so) gets the pairs people
     # stated among the batch's rollouts.
-    if algorithm_get(run.cfg.algorithm).preference_pairs and usual:
+    if algorithm_get(run.config.algorithm).preference_pairs and usual:
         batch.preferences = preferences_among(run=run, ids=[e.pk for e in usual])
     return batch, rows
 
@@ -121,7 +121,7 @@ def publish_due(*, run: RunView, res: Resident) -> float | None:
 
 
 def _publish_due(*, run: RunView, res: Resident) -> float | None:
-    cfg = run.cfg
+    cfg = run.config
     if not publishes_at(cfg=cfg, train_step=res.step):
         return None
     number = version_for_train_step(cfg=cfg, train_step=res.step)
@@ -207,7 +207,7 @@ def trainer_step(
                 chained = True
     finally:
         hold.end()
-    if (run is not None and run.train_step >= run.cfg.total_steps) or result.get("run_status") in _ENDED:
+    if (run is not None and run.train_step >= run.config.total_steps) or result.get("run_status") in _ENDED:
         # Nothing left to train: the policy's memory and a learner group's processes go now,
         # not when another run evicts them (the last step's snapshot holds the state). A run
         # that ends otherwise (a used-up buffer, a stop) is the reaper's next pass.
@@ -225,7 +225,7 @@ def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: 
     StepConflict where the batch or the step is no longer this trainer's)."""
     from workers.algorithms import NothingToTrain
 
-    run_id, ids = run.pk, [e.pk for e in rows]
+    run_id, ids = run.id, [e.pk for e in rows]
     # The journal entry is encoded here and written and fsynced while the learner
     # steps (file I/O leaves the GIL; encoding there would hold it against the
     # learner's Python), then waited for before the commit.
@@ -276,7 +276,7 @@ def train_once(
         return None, {"status": "gone"}
     if not run.running:
         return None, {"status": "not running", "run_status": run.status}
-    cfg = run.cfg
+    cfg = run.config
     if step == run.train_step and step > 0:
         # Re-dispatched after a crash between the step and its publish.
         seconds = publish_due(run=run, res=resident_for(run))

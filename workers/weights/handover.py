@@ -142,18 +142,18 @@ class MemorySync:
         with _LOCK:
             pending = list(_PENDING.items())
         for path, previous in pending:
-            _written_within(future=previous, path=path, timeout=run.cfg.sync_timeout_s, run_id=run.pk, version=number,
+            _written_within(future=previous, path=path, timeout=run.config.sync_timeout_s, run_id=run.id, version=number,
                             stage="wait for the previous version's write", started=waiting)
         with torch.no_grad():
             state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-        out = version_dir(run.pk, number)
+        out = version_dir(run.id, number)
         key = str(out)
         with _LOCK:
             _STATES[key] = (state, model.config)
             _STATES.move_to_end(key)
             while len(_STATES) > _KEEP:
                 _STATES.popitem(last=False)
-            like = version_dir(run.pk, number - 1) if number > 1 else None
+            like = version_dir(run.id, number - 1) if number > 1 else None
             future = background_writer("handover-writer").submit(_write, model=model, state=state, tokenizer=tokenizer, out=out, like=like)
             _PENDING[key] = future
         future.add_done_callback(functools.partial(_forget_pending, key))
@@ -209,15 +209,15 @@ def handover_repair(*, run: RunView, model: torch.nn.Module, tokenizer: PreTrain
     it unwritten and it is the version of `train_step` (the weights just restored). True if
     it wrote."""
 
-    latest = version_latest(run_id=run.pk)
+    latest = version_latest(run_id=run.id)
     if latest is None or not latest.checkpoint or Path(latest.checkpoint).exists() or checkpoint_pending(latest.checkpoint):
         return False
     if latest.train_step != train_step:
         log.warning("run %s: version %s's checkpoint %s is missing and not rebuildable from step %s",
-                    run.pk, latest.number, latest.checkpoint, train_step)
+                    run.id, latest.number, latest.checkpoint, train_step)
         return False
     save_pretrained_atomic(model=model, tokenizer=tokenizer, out=Path(latest.checkpoint))
-    log.info("run %s: rewrote the checkpoint of version %s from step %s", run.pk, latest.number, train_step)
+    log.info("run %s: rewrote the checkpoint of version %s from step %s", run.id, latest.number, train_step)
     return True
 
 

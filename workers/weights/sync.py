@@ -261,11 +261,11 @@ class CheckpointSync:
     def _save(self, *, run: RunView, number: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase
               ) -> tuple[Path, float, int]:
         started = time.perf_counter()
-        out, gone = version_dir(run.pk, number), threading.Event()
+        out, gone = version_dir(run.id, number), threading.Event()
         sync_bounded(lambda: save_pretrained_atomic(model=model, tokenizer=tokenizer, out=out, abandoned=gone,
-                                                    like=version_dir(run.pk, number - 1) if number > 1 else None),
-                     timeout=run.cfg.sync_timeout_s, method=sync_method(self.name, model), stage="write",
-                     run_id=run.pk, version=number, where=str(out), abandoned=gone)
+                                                    like=version_dir(run.id, number - 1) if number > 1 else None),
+                     timeout=run.config.sync_timeout_s, method=sync_method(self.name, model), stage="write",
+                     run_id=run.id, version=number, where=str(out), abandoned=gone)
         return out, time.perf_counter() - started, weight_bytes(out)
 
     def _record(self, *, run: RunView, number: int, train_step: int, out: Path, seconds: float, size: int) -> Published:
@@ -286,7 +286,7 @@ class CheckpointSync:
         instead of from a whole model in memory (a learner group streams its weights there
         from the shards: LearnerGroup.version_write); atomic as `save_pretrained_atomic`."""
         started = time.perf_counter()
-        out, gone = version_dir(run.pk, number), threading.Event()
+        out, gone = version_dir(run.id, number), threading.Event()
 
         def written() -> None:
             tmp = _tmp_for(out)
@@ -295,8 +295,8 @@ class CheckpointSync:
             tokenizer.save_pretrained(tmp)
             _replace(tmp, out, gone)
 
-        sync_bounded(written, timeout=run.cfg.sync_timeout_s, method=self.name, stage="write from the shards",
-                     run_id=run.pk, version=number, where=str(out), abandoned=gone)
+        sync_bounded(written, timeout=run.config.sync_timeout_s, method=self.name, stage="write from the shards",
+                     run_id=run.id, version=number, where=str(out), abandoned=gone)
         return self._record(run=run, number=number, train_step=train_step, out=out,
                             seconds=time.perf_counter() - started, size=weight_bytes(out))
 
@@ -476,7 +476,7 @@ class NcclSync(CheckpointSync):
         out, seconds, size = self._save(run=run, number=number, model=model, tokenizer=tokenizer)
         if self.world_size > 1 and not self.broken:
             started = time.perf_counter()
-            size += self.broadcast(model, run_id=run.pk, version=number, path=str(out), timeout=run.cfg.sync_timeout_s)
+            size += self.broadcast(model, run_id=run.id, version=number, path=str(out), timeout=run.config.sync_timeout_s)
             seconds += time.perf_counter() - started
         return self._record(run=run, number=number, train_step=train_step, out=out, seconds=seconds, size=size)
 

@@ -25,7 +25,7 @@ app): `feedback_votes` hands it each folding kind's votes as plain data.
 The package holds a label's way from the page to its reward, downwards: the annotation form's
 submit (`rate_and_flag`) calls a kind's service (its module), which stores through `submit`
 (what every kind's service shares: the row, its lateness, the author's leases, the
-announcement), which folds the group (`fold`) under the run's policy. Only the fold's
+announcement), which folds the group (`fold`) under the run's feedback settings. Only the fold's
 arithmetic comes back up, for each row's votes (`feedback_votes`, the kind's `votes`).
 """
 

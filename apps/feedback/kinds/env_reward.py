@@ -86,7 +86,7 @@ def feedback_env_reward(
     author: Person | None = None, api_key: ApiKeyRow | None = None, comment: str = "",
 ) -> Feedback:
     """An environment's reward for one experience: it becomes the experience's automatic
-    reward (its parts merged into reward_parts), and the policy recomputes the training
+    reward (its parts merged into reward_parts), and the fold recomputes the training
     reward (auto: the reward itself, making a pending experience ready; blend: combined
     with the human fold). Late: stored, reward unchanged under the trainer's feet."""
     value = EnvRewardValue(reward=reward, reward_parts=reward_parts or {})

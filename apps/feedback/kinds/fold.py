@@ -1,5 +1,5 @@
 """The fold: a group's feedback folded into its open members' human and final rewards under
-the run's policy (the arithmetic is the kernel's, kernel.fold), making the group
+the run's feedback settings (the arithmetic is the kernel's, kernel.fold), making the group
 trainable when every member's reward is final. The feedback services and the wait windows
 call it with the group locked."""
 
@@ -37,7 +37,7 @@ def group_members_locked(*, run: Run, group_id: str) -> list[Experience]:
     )
 
 
-def group_feedback(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
+def group_feedback_to_fold(*, run: Run, group_id: str, member_ids: Sequence[int]) -> list[Feedback]:
     """The group's feedback of the kinds that fold: on a member, or (a group's kinds) on the group;
     none the owner rejected (apps.feedback.review.services)."""
     on = Q(pk__in=[])
@@ -59,7 +59,7 @@ def group_fold(*, run: Run, group_id: str, members: list[Experience] | None = No
         members = group_members_locked(run=run, group_id=group_id)
 
     ids = [m.pk for m in members]
-    rows = group_feedback(run=run, group_id=group_id, member_ids=ids)
+    rows = group_feedback_to_fold(run=run, group_id=group_id, member_ids=ids)
     folds = votes_fold(member_ids=ids, votes=feedback_votes(rows), weights=rater_weights_cached(run=run),
                          offsets=rater_offsets_cached(run=run))
     changed: list[Experience] = []

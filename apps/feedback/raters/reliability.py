@@ -48,7 +48,7 @@ from rftweb.degrade import cached
 from kernel.jsontypes import Body
 
 # Votes whose raters' weights add up to less than this count as no one's rating (the
-# learned policy then uses the reward model for the member, and no rating pair is made
+# `learned` mode then uses the reward model for the member, and no rating pair is made
 # for the reward model: apps.feedback.reward_model.preferences); a rater earning less is
 # untrusted (rater_standing).
 TRUSTED_WEIGHT = 0.5
@@ -287,7 +287,7 @@ def rater_standing(*, run: Run, annotator_id: int) -> str | None:
 
     Every claim asks, and the figures read all of the run's feedback: the standings are
     cached under what they are computed from (the run's feedback and gold items as of now,
-    and its feedback policy), so a new label or gold item is a new key and never a stale one."""
+    and its feedback settings), so a new label or gold item is a new key and never a stale one."""
     feedback_cfg = run.cfg.feedback
     if feedback_cfg.rater_weighting == "off":
         return None

@@ -1,6 +1,6 @@
 """The run's learned reward model, web side (no torch): when a new version is due, publishing
 a version, which experiences it should score, and folding its scores into rewards under the
-`learned` feedback policy.
+`learned` feedback mode.
 
 Training and scoring themselves run on the `reward` queue (workers/reward/trainer.py).
 
@@ -32,7 +32,7 @@ from apps.feedback.models import Feedback, LabelTaught
 from apps.feedback.reward_model.preferences import PairLabels
 from apps.feedback.raters.reliability import TRUSTED_WEIGHT, rater_offsets_cached, rater_weights_cached
 # The fold's public names, under the local names this module's code calls them by.
-from apps.feedback.kinds.fold import group_feedback as _group_feedback
+from apps.feedback.kinds.fold import group_feedback_to_fold
 from apps.feedback.kinds.fold import group_fold
 from apps.feedback.kinds.fold import group_members_locked as _locked_members
 from apps.rewards.models import GoldItem, RewardModel, RewardModelScore
@@ -240,7 +240,7 @@ def rm_scores_apply(*, run: Run, rm: RewardModel, scores: Mapping[int, float],
                     spreads: Mapping[int, float] | None = None) -> int:
     """Store a version's scores (idempotent: a score already stored stays), each with its
     spread where the kind has one (an ensemble's disagreement, RewardModelScore.spread), and,
-    under the `learned` policy with a usable version, fold them into the groups they touch.
+    under the `learned` mode with a usable version, fold them into the groups they touch.
     Returns how many groups became trainable."""
     spreads = spreads or {}
     RewardModelScore.objects.bulk_create(
@@ -268,7 +268,7 @@ def learned_group_fold(*, run: Run, group_id: str, rm: RewardModel) -> bool:
         group_fold(run=run, group_id=group_id, members=members)
         ids = [m.pk for m in members]
         weights = rater_weights_cached(run=run)
-        rows = _group_feedback(run=run, group_id=group_id, member_ids=ids)
+        rows = group_feedback_to_fold(run=run, group_id=group_id, member_ids=ids)
         folds = votes_fold(member_ids=ids, votes=feedback_votes(rows), weights=weights,
                              offsets=rater_offsets_cached(run=run))
         scores = dict(RewardModelScore.objects.filter(reward_model=rm, experience_id__in=ids)
@@ -320,7 +320,7 @@ class RewardModelSummary(TypedDict):
 
 def reward_model_summary(*, run: Run) -> RewardModelSummary:
     """What the run page shows: versions with their held-out accuracy, the one in use, the
-    labels so far and the weights of the learned policy."""
+    labels so far and the weights of the `learned` mode."""
     versions = list(RewardModel.objects.filter(run=run).order_by("-version")[:10])
     usable = reward_model_usable(run=run)
     feedback_cfg = run.cfg.feedback

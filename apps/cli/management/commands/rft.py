@@ -37,7 +37,7 @@ from apps.control.twins import run_twins_start
 from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kinds
 from apps.feedback.selectors import feedback_effect, run_may_annotate
-from kernel.hygiene import MAX_CONFIG_BYTES
+from kernel.input_checks import MAX_CONFIG_BYTES
 from apps.rewards.models import RewardModel
 from kernel.config import config_parse
 from apps.runs.models import ModelVersion, Run

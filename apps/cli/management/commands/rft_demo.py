@@ -178,7 +178,7 @@ class Command(BaseCommand):
                 RunMember.objects.get_or_create(run=k12_run, user=annotator, defaults={"role": RunMember.Role.ANNOTATOR})
         self.stdout.write(self.style.SUCCESS(
             f"demo ready: log in as owner / {password}; run #{run.pk} '{run.name}' is {run.status} — start it from "
-            f"its page. Its feedback policy is learned: people's ratings, and the reward model they teach, change "
+            f"its page. Its feedback mode is learned: people's ratings, and the reward model they teach, change "
             f"training. Open /runs/{run.pk}/annotate/ as annotator / {password} in a second (private) window and "
             f"rate by the guidelines' preference (the working shown before the answer); the run page charts its "
             f"share of held-out answers. {self._twin_line(run)}"

@@ -1,4 +1,4 @@
-"""The feedback policy: blend arithmetic, wait windows, late feedback, rankings."""
+"""The fold and its wait windows: blend arithmetic, wait windows, late feedback, rankings."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from kernel.hygiene import MAX_INT
+from kernel.input_checks import MAX_INT
 
 
 class StrictModel(BaseModel):
