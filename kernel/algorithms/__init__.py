@@ -70,6 +70,14 @@ class AlgorithmType:
     """One training algorithm's declaration. Subclasses set the class attributes and
     override what differs; `algorithm_register` makes one instance of each."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Round 64 renamed `learner_group` to `learner_gang`: an algorithm written on the old
+        # name would be refused as one without a sharded objective, so it is refused where it
+        # is declared, naming the new one.
+        super().__init_subclass__()
+        if "learner_group" in vars(cls):
+            raise TypeError(f"{cls.__name__}.learner_group is now learner_gang (docs/concepts.md#names)")
+
     name: ClassVar[str]
     summary: ClassVar[str]
     # Advantages are relative to the other completions of the task's group: a group needs
