@@ -27,7 +27,8 @@ def test_an_algorithm_on_the_old_learner_group_name_is_refused() -> None:
 
     with pytest.raises(TypeError, match="learner_group is now learner_gang"):
         type("OldAlgorithm", (AlgorithmType,), {"learner_group": True})
-    assert type("NewAlgorithm", (AlgorithmType,), {"learner_gang": True}).learner_gang
+    new: type[AlgorithmType] = type("NewAlgorithm", (AlgorithmType,), {"learner_gang": True})
+    assert new.learner_gang
 
 
 @pytest.mark.django_db
