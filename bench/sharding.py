@@ -23,7 +23,7 @@ ranks 3662-3665 MB against 6112, 0.60x in all three (0.54x above the baseline), 
 (346-358 at 1 MB). A rank's step at load 2-3: 13.0 s, 11.7 CPU-s, against 12.6 s, 11.3 CPU-s
 at 1 MB (+3-4%).
 --version: writing a version adds 64 MB on each rank when streamed from the shards
-(`whole_write`, as the train worker's group now does), against 1105-1112 MB on rank 0 gathered
+(`whole_write`, as the train worker's gang now does), against 1105-1112 MB on rank 0 gathered
 whole (`whole_gather`, before: held until the next step, it would have put rank 0 at ~4.4 GB,
 0.70x); one process's save_pretrained added nothing above its RSS.
 
@@ -43,7 +43,7 @@ RFT_TRAINER_CPU_MMAP_THRESHOLD.
 On a CUDA host (--device cuda) memory is the allocator's peak instead.
 
 The ranks share the host's cores: each gets --threads / ranks threads, so the step times
-compare the same CPU budget (a group on N hosts or GPUs gets N times the compute).
+compare the same CPU budget (a gang on N hosts or GPUs gets N times the compute).
 
 At 100m (--size 100m; the default until round 49), measured (--steps 2, two-core host
 shared with other jobs, load 15-23, 2026-11-26): one process 2367 MB whole-process peak (817 MB of it the baseline: imports and
@@ -61,7 +61,7 @@ process's peak, after its activations are freed, does not (bench/README.md, Shar
 Before (the peak reset once the learner was built, so not counting the load; every rank
 built the whole model first): Measured (defaults, --steps 3, two-core host shared with other jobs, 2026-11-25): one
 process 1552 MB, ranks 958-961 MB: 0.62× in each of three runs (load 7-39; the step times,
-0.36-1.79× one process, are the load's, not the group's). Before the heap trim after each
+0.36-1.79× one process, are the load's, not the gang's). Before the heap trim after each
 block's backward (workers/host_memory.py) 1585 MB against 1032-1037 MB, 0.65× (load
 0.3-0.6; 0.70× before the output head was grouped with the last block): a rank's half of
 the batch has activations under the 1 MB mmap threshold, which the backward freed into the
@@ -205,8 +205,8 @@ def _one(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[
 def _version_probe(learner: Any, *, world: int) -> dict[str, float]:
     """What writing a full-weight version adds to the process's RSS (MB above the RSS
     before it, its own high-water mark): one process saves its model (save_pretrained, as
-    CheckpointSync); a group writes it from the shards one tensor at a time (`whole_write`,
-    as a train worker's group does now) and, before, gathered it whole on rank 0
+    CheckpointSync); a gang writes it from the shards one tensor at a time (`whole_write`,
+    as a train worker's gang does now) and, before, gathered it whole on rank 0
     (`whole_gather`, kept until the next step)."""
     from workers.algorithms.sharding import whole_gather, whole_write
 
@@ -232,7 +232,7 @@ def _version_probe(learner: Any, *, world: int) -> dict[str, float]:
 
 def _tensors_mb(learner: Any) -> dict[str, float]:
     """This process's part of the learner's tensors, counted exactly (MB): its weights (its
-    shards in a group), their gradients and the optimizer's state (AdamW's moments)."""
+    shards in a gang), their gradients and the optimizer's state (AdamW's moments)."""
     import torch
 
     def mb(tensors: Any) -> float:
@@ -374,9 +374,9 @@ def main() -> None:
         for i in range(args.repeat):
             if args.repeat > 1:
                 print(f"\n=== repeat {i + 1} of {args.repeat} ===", flush=True)
-            load_one, one, load_group, ranks = _settings(args, env, tmp)
+            load_one, one, load_gang, ranks = _settings(args, env, tmp)
             one["params"] = params
-            ratios.append((*_report(args, load_one, one, load_group, ranks), load_group))
+            ratios.append((*_report(args, load_one, one, load_gang, ranks), load_gang))
     if args.repeat > 1:
         whole, above, loads = zip(*ratios)
         print(f"\nover {args.repeat} repeats: peak per rank / one process {min(whole):.2f}-{max(whole):.2f} "
@@ -388,13 +388,13 @@ def _settings(args: argparse.Namespace, env: dict[str, str], model_dir: str
     load_one = os.getloadavg()[0]
     one = _run(args, 1, env, model_dir)[0]
     print(f"  done: one process (load average {load_one:.2f})", flush=True)
-    load_group = os.getloadavg()[0]
+    load_gang = os.getloadavg()[0]
     ranks = _run(args, args.ranks, env, model_dir)
-    print(f"  done: {args.ranks} ranks {args.sharding} (load average {load_group:.2f})", flush=True)
-    return load_one, one, load_group, ranks
+    print(f"  done: {args.ranks} ranks {args.sharding} (load average {load_gang:.2f})", flush=True)
+    return load_one, one, load_gang, ranks
 
 
-def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load_group: float,
+def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load_gang: float,
             ranks: list[dict[str, Any]]) -> tuple[float, float]:
     """Print one comparison; returns (peak per rank / one process, the same above the baseline)."""
 
@@ -404,7 +404,7 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
     print(f"{'setting':<22}{'base MB':>9}{'held MB':>9}{'load pk':>9}{'peak MB':>9}{'× one':>7}{'step s':>8}"
           f"{'× one':>7}{'cpu s':>8}{'threads':>8}{'mmap KB':>8}{'load':>7}")
     for name, res, load in [("one process", one, load_one),
-                            *((f"rank {r} of {args.ranks} ({args.sharding})", res, load_group) for r, res in enumerate(ranks))]:
+                            *((f"rank {r} of {args.ranks} ({args.sharding})", res, load_gang) for r, res in enumerate(ranks))]:
         print(f"{name:<22}{res['base_mb']:>9.0f}{res['held_mb']:>9.0f}{res['load_peak_mb']:>9.0f}{res['peak_mb']:>9.0f}"
               f"{res['peak_mb'] / one['peak_mb']:>7.2f}{res['step_seconds']:>8.2f}"
               f"{res['step_seconds'] / one['step_seconds']:>7.2f}{res.get('step_cpu_seconds', 0.0):>8.2f}{res['threads']:>8}{res['mmap_kb']:>8}{load:>7.2f}")
@@ -414,7 +414,7 @@ def _report(args: argparse.Namespace, load_one: float, one: dict[str, Any], load
           f"Above base, peak per rank / one process: {above:.2f})")
     if args.phases:
         _phases_report(args, one, ranks)
-    _where_report(args, one, ranks, load_one, load_group)
+    _where_report(args, one, ranks, load_one, load_gang)
     if args.version:
         print("\nversion written after the steps (MB of RSS above the RSS before it): one process saves its model; "
               "a rank streams it from the shards (whole_write), or gathers it whole (whole_gather, before)")
@@ -437,19 +437,19 @@ def _phases_report(args: argparse.Namespace, one: dict[str, Any], ranks: list[di
 
 
 def _where_report(args: argparse.Namespace, one: dict[str, Any], ranks: list[dict[str, Any]], load_one: float,
-                  load_group: float) -> None:
+                  load_gang: float) -> None:
     """Where each process's memory goes (MB of RSS): the imports, the warm-up above them, the
     model's load above the baseline (its weights counted exactly), the steps' peak above the
     load; the load average beside each setting."""
     print(f"\n{'setting':<22}{'imports':>9}{'warm-up':>9}{'load':>7}{'weights':>9}{'steps':>7}{'peak':>7}"
           f"{'load@imp':>9}{'load@ld':>8}{'load':>7}")
     for name, res, load in [("one process", one, load_one),
-                            *((f"rank {r} of {args.ranks}", res, load_group) for r, res in enumerate(ranks))]:
+                            *((f"rank {r} of {args.ranks}", res, load_gang) for r, res in enumerate(ranks))]:
         print(f"{name:<22}{res['imports_mb']:>9.0f}{res['base_mb'] - res['imports_mb']:>9.0f}"
               f"{res['load_peak_mb'] - res['base_mb']:>7.0f}{res['loaded']['tensors']['weights']:>9.0f}"
               f"{res['peak_mb'] - res['load_peak_mb']:>7.0f}{res['peak_mb']:>7.0f}{res['imports_load']:>9.2f}"
               f"{res['loaded']['load avg']:>8.2f}{load:>7.2f}")
-    print("(imports: RSS once torch, TRL and the group are set up; warm-up: the small learner's build and step "
+    print("(imports: RSS once torch, TRL and the gang are set up; warm-up: the small learner's build and step "
           "above that; load: the load's high-water mark above the baseline, weights: the weights it holds, exactly; "
           "steps: the steps' high-water mark above the load's; load@…: the load average then)")
 

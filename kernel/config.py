@@ -394,25 +394,25 @@ class AlgorithmConfig(StrictModel):
     # train worker's own process) claims, journals, commits and publishes whole versions.
     processes: int = Field(1, ge=1, le=64)
     hosts: int = Field(1, ge=1, le=16)
-    # How the learner group splits the model: full (parameters, gradients and optimizer
+    # How the learner gang splits the model: full (parameters, gradients and optimizer
     # state sharded; FSDP2, ZeRO-3-like), grad_op (gradients and optimizer state sharded,
     # parameters kept gathered from forward to backward; ZeRO-2-like), none (whole replicas,
     # PyTorch's DistributedDataParallel).
     sharding: Literal["full", "grad_op", "none"] = "full"
-    # Seconds a learner group waits on one collective, and on its ranks' rendezvous, before
+    # Seconds a learner gang waits on one collective, and on its ranks' rendezvous, before
     # the step fails naming the rank and host that stopped answering (a host lost, a link
-    # cut: nothing resets the connection, so without a bound the group would wait forever).
-    # The step is sent again and runs once the group is whole again (workers/algorithms/
-    # group.py). Longer than the slowest rank's share of a step lags behind the others.
+    # cut: nothing resets the connection, so without a bound the gang would wait forever).
+    # The step is sent again and runs once the gang is whole again (workers/algorithms/
+    # gang.py). Longer than the slowest rank's share of a step lags behind the others.
     collective_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)
     # AdamW with 8-bit state (bitsandbytes, CUDA only; refused with a message elsewhere).
     optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
 
 
-def learner_group_refusal(*, algorithm: str, params: AlgorithmParams) -> str | None:
-    """Why a learner of these settings cannot run as a group of processes (None: it can):
+def learner_gang_refusal(*, algorithm: str, params: AlgorithmParams) -> str | None:
+    """Why a learner of these settings cannot run as a gang of processes (None: it can):
     the algorithm's own declaration says (kernel.algorithms)."""
-    return algorithm_get(algorithm).group_refusal(params)
+    return algorithm_get(algorithm).gang_refusal(params)
 
 
 def _trainer_params(raw: dict[str, object], algorithm: str) -> dict[str, object]:
@@ -605,15 +605,15 @@ class RunConfig(StrictModel):
 
     @field_validator("trainer")
     @classmethod
-    def _group_splits(cls, t: AlgorithmConfig, info: ValidationInfo) -> AlgorithmConfig:
+    def _gang_splits(cls, t: AlgorithmConfig, info: ValidationInfo) -> AlgorithmConfig:
         # A field validator, so the error is reported under `trainer` (algorithm comes first).
         algorithm = info.data.get("algorithm")
         if t.processes > 1 and algorithm is not None:
-            reason = learner_group_refusal(algorithm=str(algorithm), params=t.params)
+            reason = learner_gang_refusal(algorithm=str(algorithm), params=t.params)
             if reason:
                 raise ValueError(f"processes: {reason}")
         if t.processes > 1 and t.precision == "fp16":
-            raise ValueError("processes: fp16's loss scaler is one process's; a learner group trains in fp32 or bf16")
+            raise ValueError("processes: fp16's loss scaler is one process's; a learner gang trains in fp32 or bf16")
         if t.processes % t.hosts:
             raise ValueError(f"hosts: {t.processes} processes do not split evenly over {t.hosts} hosts")
         return t

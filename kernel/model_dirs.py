@@ -1,6 +1,6 @@
 """What a local model folder holds and lacks, by file name (no Django, no I/O beyond the folder):
 the run form's model check and the workers' tokenizer check (workers/engines/base.py, which
-runs in processes where Django is not set up, such as a learner group's ranks) share it."""
+runs in processes where Django is not set up, such as a learner gang's ranks) share it."""
 
 from __future__ import annotations
 

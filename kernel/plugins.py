@@ -2,9 +2,9 @@
 other registry's entry) when imported, e.g. `algorithm_register(RWL)` at their end.
 
 `RFT_PLUGINS` (rftweb/settings.py) names them; every Django process imports them at start
-(`apps.runs` ready: the web, the Celery workers, commands, a learner group's followers), so
-the config validates their names and a worker trains them. A learner group's rank 0 also
-writes the modules it loaded into the group's spec, and each follower imports those before it
+(`apps.runs` ready: the web, the Celery workers, commands, a learner gang's followers), so
+the config validates their names and a worker trains them. A learner gang's rank 0 also
+writes the modules it loaded into the gang's spec, and each follower imports those before it
 reads the run's config (workers.trainer.follower): a rank started by `join` on another
 host trains what rank 0 trains whatever its own environment says.
 
@@ -43,5 +43,5 @@ def plugins_load(modules: Iterable[str], *, where: str = "RFT_PLUGINS") -> list[
 
 
 def plugins_loaded() -> list[str]:
-    """The plugin modules this process loaded (what a learner group's followers load too)."""
+    """The plugin modules this process loaded (what a learner gang's followers load too)."""
     return list(LOADED)

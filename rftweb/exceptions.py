@@ -118,7 +118,7 @@ CODES: tuple[str, ...] = (
     "upload_too_large",
     # workers/ (raised and answered inside the workers; listed so that no code is reused)
     "adapter_targets_missing",
-    "group_unsupported",
+    "gang_unsupported",
     "nothing_to_train",
     "trl_api_moved",
     "chat_request_invalid",

@@ -421,7 +421,7 @@ RFT_TRAIN_CHAIN_SECONDS = min(env_float("RFT_TRAIN_CHAIN_SECONDS", 60.0), RFT_TR
 # Every how many train steps the trainer writes a full snapshot (weights, optimizer); the
 # steps in between are journaled (their batch only) and replayed from the snapshot on restart.
 RFT_TRAINER_SNAPSHOT_STEPS = env_int("RFT_TRAINER_SNAPSHOT_STEPS", 10)
-# A train worker drops a run's resident policy (and ends its learner group's processes) when
+# A train worker drops a run's resident policy (and ends its learner gang's processes) when
 # the run has no step left, and when no train task has used it for this many seconds (a
 # stopped, paused or offline-finished run); 0: only at the run's last step or on eviction.
 RFT_TRAINER_IDLE_SECONDS = env_float("RFT_TRAINER_IDLE_SECONDS", 600.0)
@@ -434,19 +434,19 @@ RFT_TRAINER_RESIDENT_RUNS = env_int("RFT_TRAINER_RESIDENT_RUNS", 2)
 # A CPU train worker's glibc mmap threshold in bytes (0: glibc's dynamic default). Fixed at
 # 1 MB a step's freed tensors leave the process (bench/trainer_memory: LoRA + checkpointing
 # 0.33x full fp32 with it; smaller ones at a heap trim after each decoder block's backward,
-# in a learner group's ranks too), but every large tensor is then mapped afresh: the update step of
+# in a learner gang's ranks too), but every large tensor is then mapped afresh: the update step of
 # bench/vs_trl took 0.79-0.83 s with it against 0.48-0.53 s without. Off by default. A
-# learner group's rank (rank 0 too) uses it divided by trainer.processes, not under 128 KB: it
+# learner gang's rank (rank 0 too) uses it divided by trainer.processes, not under 128 KB: it
 # holds that share of the batch and of each gradient (workers/host_memory.rank_mmap_threshold).
 RFT_TRAINER_CPU_MMAP_THRESHOLD = env_int("RFT_TRAINER_CPU_MMAP_THRESHOLD", 0)
-# A learner group's rendezvous (trainer.processes > 1): the TCP store rank 0 (the train
+# A learner gang's rendezvous (trainer.processes > 1): the TCP store rank 0 (the train
 # worker that runs the step) opens on its host, which the other ranks join. The address is
 # where the other hosts reach rank 0's host (trainer.hosts > 1); port 0 lets the system pick
 # a free one, which only ranks started on rank 0's own host can learn.
 RFT_LEARNER_ADDR = env_str("RFT_LEARNER_ADDR", "127.0.0.1")
 RFT_LEARNER_PORT = env_int("RFT_LEARNER_PORT", 0)
 # Plugin modules (dotted names, comma-separated) every process imports at start: an algorithm
-# or another registry's entry from a file of its own (kernel/plugins.py). A learner group's
+# or another registry's entry from a file of its own (kernel/plugins.py). A learner gang's
 # followers import rank 0's too.
 RFT_PLUGINS = env_list("RFT_PLUGINS", [])
 # Weight sync: "checkpoint" (files on RFT_STORAGE_DIR) or "nccl" (GPU hosts; checkpoints too).

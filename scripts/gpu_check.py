@@ -4,7 +4,7 @@ On the lent machine's own PyTorch (its image holds torch, transformers, peft, ac
 pytest; the rest travels as wheels under .whl/, scripts/gpu_wheels.txt), in this order:
 
 1. `tests/gpu` (the CUDA paths: bf16/fp16 steps, checkpointing memory, LoRA on a bf16 base,
-   8-bit AdamW, NCCL sync and learner groups where there are GPUs enough);
+   8-bit AdamW, NCCL sync and learner gangs where there are GPUs enough);
 2. a GRPO step with a LoRA adapter on a bf16 base,
 3. a full-weight GRPO step under FSDP2 (`learner_shard`, sharding `full`, bf16 compute with
    fp32 master weights) over NCCL on every GPU of the host,

@@ -17,7 +17,7 @@ model, the same batch (the same token ids, sequence lengths and rewards) and the
 - `learns`: rftweb's learner on one fixed batch for a few steps at a learning rate of 1e-4:
   the loss must go down and the weights must move; then the version it trained is written as
   safetensors (`whole_write`, a version's file) and loaded back through the product's
-  meta-device path (`model_sharded_load`, how rank 0 of a learner group builds from a version
+  meta-device path (`model_sharded_load`, how rank 0 of a learner gang builds from a version
   without holding the whole model): every tensor equal.
 
 Each returns a `Figure` (scripts/gpu_kit.py); `ratios` turns the pairs into rftweb/TRL lines.
@@ -200,7 +200,7 @@ def generation(*, device: str, shape: dict[str, int], batch: dict[str, int]) -> 
 
 def meta_load(version: Path, *, device: str, precision: str) -> dict[str, Any]:
     """A version's weights as the product loads one on the meta device (rank 0 of a learner
-    group: `model_sharded_load`, here a group of one), each tensor whole on the CPU."""
+    gang: `model_sharded_load`, here a gang of one), each tensor whole on the CPU."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # 4-39) and from what failed CI or a full run under load in earlier rounds (`issues stops`).
 MODULES: tuple[str, ...] = (
     # 418 s, the longest; CI failed it under load ({'status': 'superseded'}).
-    "tests/trainer/test_learner_group_task.py",
+    "tests/trainer/test_learner_gang_task.py",
     # 171 s; real Celery workers, pause/kill windows.
     "tests/trainer/test_modes.py",
     # 196 s; a run stalled after a Postgres restart in a full run.

@@ -119,7 +119,7 @@ def test_compose_validates_both_deployment_files_and_refuses_a_missing_secret() 
     workers = _resolved(WORKER_HOST)
     assert {"postgres", "redis", "migrate", "web", "worker-rollout", "worker-train"} <= set(head["services"])
     assert set(workers["services"]) == {"worker-rollout", "worker-train", "learner-ranks"}
-    # A host joins a learner group spread over hosts only when asked: the ranks are a profile.
+    # A host joins a learner gang spread over hosts only when asked: the ranks are a profile.
     assert workers["services"]["learner-ranks"]["profiles"] == ["learner"]
     cli = _compose_cli()
     assert cli is not None  # _resolved above needed it

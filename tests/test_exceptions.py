@@ -67,9 +67,9 @@ NOT_DOMAIN_ERRORS = {
     # Stops a process's start (RFT_PLUGINS names a module that cannot be imported): an
     # ImportError, so it reads as one; no door answers it.
     "PluginMissing": "kernel/plugins.py",
-    # A learner group's lost rank, raised and caught inside the train worker (workers/trainer/task.py
+    # A learner gang's lost rank, raised and caught inside the train worker (workers/trainer/task.py
     # shows it on the run page and the loop sends the step again): no door answers it.
-    "GroupLost": "workers/group_lost.py",
+    "GangLost": "workers/gang_lost.py",
 }
 
 

@@ -100,11 +100,11 @@ def test_no_worker_uses_a_model_manager() -> None:
     assert found == []
 
 
-def test_a_learner_groups_follower_module_imports_before_django_is_set_up() -> None:
-    """A learner group's follower process (`python -m workers.trainer.follower`) imports
+def test_a_learner_gangs_follower_module_imports_before_django_is_set_up() -> None:
+    """A learner gang's follower process (`python -m workers.trainer.follower`) imports
     its module before it calls django.setup(): the learner may import the kernel's pure config
     and algorithm registry there, never a port (which loads the models and would kill the
-    follower, leaving the group's first step waiting for it)."""
+    follower, leaving the gang's first step waiting for it)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}

@@ -27,7 +27,7 @@ EACH_TEST = ("tests/bench_smokes/",)
 # The first does not need the demo model: the second group's worker builds it (~110 s on a
 # fresh clone, as in CI) while the first's runs.
 FIRST: tuple[str, ...] = (
-    "tests/trainer/test_learner_group_task.py",  # ~180: 104 measured, +75 for the lost-rank test (h5, not re-measured)
+    "tests/trainer/test_learner_gang_task.py",  # ~180: 104 measured, +75 for the lost-rank test (h5, not re-measured)
     "tests/envapi/test_openai_endpoint.py",  # 171
     "tests/test_newcomer_crawl.py",  # 118
     "tests/dashboard/test_pages_states.py",  # 85

@@ -10,7 +10,7 @@ tensors, and set the peak (bench/trainer_memory). A fixed threshold turns the ad
 off: blocks of `MMAP_THRESHOLD` and more are always mapped and always returned.
 
 Blocks under the threshold still come from the heap, and a freed one stays resident until
-the heap is trimmed. A learner group's rank trains on its part of the batch, so most of its
+the heap is trimmed. A learner gang's rank trains on its part of the batch, so most of its
 saved activations are under 1 MB (2 of the ~100M bench model's 4 rows: 0.6 MB a hidden
 state): the backward freed them into the heap while it added the gradients, and they stayed
 resident through the step's peak (~120 MB of free heap per rank, bench/sharding --phases).
@@ -19,7 +19,7 @@ the heap back too) after each decoder block's backward (`backward_trim`): a rank
 958-960 MB against 1068-1080 MB untrimmed, its step 10.6-11.3 s against 8.9-9.9 s (the
 trimmed pages fault in again; trim and no trim in turn at load 7-8).
 
-A learner group's rank holds 1/world of each of the step's tensors that set its peak: its
+A learner gang's rank holds 1/world of each of the step's tensors that set its peak: its
 rows of the batch (activations) and its shard of each gradient. At the one process's
 threshold, the rank's counterparts of blocks one process maps fall under it: at 350M on 2
 ranks and 1 MB, a half batch's hidden states (0.79 MB) and the K/V gradient shards (0.5 MB)
@@ -53,7 +53,7 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20
 
 # glibc's own starting threshold (DEFAULT_MMAP_THRESHOLD_MIN, 128 KB): a rank's scaled
-# threshold stops there, so a many-rank group never maps a block that an untuned process
+# threshold stops there, so a many-rank gang never maps a block that an untuned process
 # would serve from its heap, where a mapping's page faults would cost more than it keeps.
 RANK_MMAP_THRESHOLD_MIN = 128 << 10
 
@@ -65,7 +65,7 @@ _libc: ctypes.CDLL | None = None
 
 
 def rank_mmap_threshold(threshold: int, *, world: int) -> int:
-    """The mmap threshold of one of `world` ranks of a learner group in a worker whose
+    """The mmap threshold of one of `world` ranks of a learner gang in a worker whose
     threshold is `threshold` (RFT_TRAINER_CPU_MMAP_THRESHOLD; 0: off, stays off): scaled
     by the rank's share of the batch and of each gradient, not under
     RANK_MMAP_THRESHOLD_MIN (nor above `threshold`)."""
@@ -78,7 +78,7 @@ def cpu_allocator_tune(*, threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at `threshold` bytes for this process; True when set,
     False where the C library has no `mallopt` or refuses. Process-wide: once tuned, a
     higher threshold changes nothing and a lower one is set (a train worker that holds a
-    learner group's rank 0 and a one-process run keeps the rank's, which maps the other
+    learner gang's rank 0 and a one-process run keeps the rank's, which maps the other
     run's blocks in that range too: page faults, never memory kept)."""
     global _tuned, _libc, _threshold
     if _tuned and threshold >= _threshold:

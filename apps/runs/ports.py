@@ -23,8 +23,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from kernel.algorithms import GROUP_PER_SEQUENCE, algorithm_get, algorithm_names
-from kernel.config import RewardModelConfig, RunConfig, config_validate, learner_group_refusal
+from kernel.algorithms import PER_SEQUENCE_LOSS_TYPES, algorithm_get, algorithm_names
+from kernel.config import RewardModelConfig, RunConfig, config_validate, learner_gang_refusal
 from apps.runs.dispatch import DispatchHold, dispatch_claim
 from apps.runs.failures import task_failure_record
 from apps.runs.metrics import metric_record as _metric_record
@@ -37,10 +37,10 @@ from kernel.preferences import preference_shares
 from kernel.jsontypes import JSONObject
 
 __all__ = [
-    "GROUP_PER_SEQUENCE", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
+    "PER_SEQUENCE_LOSS_TYPES", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
     "RewardModelConfig", "VersionView", "advisory_lock", "reward_kind_get", "row", "train_step_recorded",
     "algorithm_get", "algorithm_names", "config_validate", "connection_release", "dispatch_claim",
-    "eval_result_record", "explore_version", "learner_group_refusal", "metric_exists", "metric_record", "model_dir_missing", "model_missing_said",
+    "eval_result_record", "explore_version", "learner_gang_refusal", "metric_exists", "metric_record", "model_dir_missing", "model_missing_said",
     "model_version_publish", "preference_shares", "publishes_at", "run_current_version", "run_ended", "run_explore_end",
     "run_explore_step_record", "run_explored", "run_status", "run_storage", "run_view", "run_view_of",
     "runs_ended", "staleness", "task_failure_record", "version_checkpoint", "version_for_train_step",
@@ -63,7 +63,7 @@ def run_storage(run_id: int) -> Path:
 @dataclass(frozen=True)
 class RunView:
     """What a worker needs of a run: its id, `config` (the validated RunConfig),
-    `config_data` (the stored JSON it came from: a learner group's followers and the resident
+    `config_data` (the stored JSON it came from: a learner gang's followers and the resident
     policy's key get that), `config_digest` (its fingerprint: a rollout worker's cache key),
     `storage` (its directory on shared storage) and its progress. Only the id is fixed; the
     rest is the run as the ports last read or recorded it (a trainer that finds its next

@@ -3,7 +3,7 @@
 An algorithm is registered here by name with what the rest of the loop must know of it —
 its settings (`params`: the config's `trainer.params`), whether it compares the completions
 of a group, whether it needs a frozen reference model, what a train step claims from the
-buffer, when that batch is ready, whether its loss splits over a learner group — and which
+buffer, when that batch is ready, whether its loss splits over a learner gang — and which
 objective is its own on the worker side (`objective`: the class, or for the built-ins its
 path in `workers/algorithms/objectives/`). The config, the run form, the conductor and the
 learner read these declarations; nothing compares algorithm names. Adding one: one module
@@ -28,11 +28,11 @@ from kernel.config_base import StrictModel
 if TYPE_CHECKING:
     from kernel.config import RunConfig
 
-# How TRL normalises each GRPO loss type, hence how a learner group weights each rank's
+# How TRL normalises each GRPO loss type, hence how a learner gang weights each rank's
 # part of a batch: these take a mean over sequences (each part by its share of the
 # sequences); the others (dapo, bnpo, cispo, vespo) over completion tokens (its share of the
 # action tokens).
-GROUP_PER_SEQUENCE = ("grpo", "dr_grpo", "sapo", "luspo")
+PER_SEQUENCE_LOSS_TYPES = ("grpo", "dr_grpo", "sapo", "luspo")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,14 @@ class AlgorithmType:
     """One training algorithm's declaration. Subclasses set the class attributes and
     override what differs; `algorithm_register` makes one instance of each."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Round 64 renamed `learner_group` to `learner_gang`: an algorithm written on the old
+        # name would be refused as one without a sharded objective, so it is refused where it
+        # is declared, naming the new one.
+        super().__init_subclass__()
+        if "learner_group" in vars(cls):
+            raise TypeError(f"{cls.__name__}.learner_group is now learner_gang (docs/concepts.md#names)")
+
     name: ClassVar[str]
     summary: ClassVar[str]
     # Advantages are relative to the other completions of the task's group: a group needs
@@ -87,8 +95,8 @@ class AlgorithmType:
     # and were migrated (apps/runs/migrations/0010) with these.
     legacy_keys: ClassVar[dict[str, str]] = {}
     # Its objective has a `shard_loss` (workers.algorithms.objectives): it trains as a
-    # sharded learner group (workers.algorithms.group). Every built-in one does.
-    learner_group: ClassVar[bool] = False
+    # sharded learner gang (workers.algorithms.gang). Every built-in one does.
+    learner_gang: ClassVar[bool] = False
     # Values the new-run form fills in when this algorithm is picked (static/rftweb/newrun.js).
     form_defaults: ClassVar[dict[str, str]] = {}
     # Its objective on the worker side (workers.algorithms.objectives.Objective): the class
@@ -110,9 +118,9 @@ class AlgorithmType:
             return expert >= plan.expert, expert > 0
         return usual >= plan.usual, usual > 0
 
-    def group_refusal(self, params: AlgorithmParams) -> str | None:
-        """Why a learner of these settings cannot run as a group of processes (None: it can)."""
-        if not self.learner_group:
+    def gang_refusal(self, params: AlgorithmParams) -> str | None:
+        """Why a learner of these settings cannot run as a gang of processes (None: it can)."""
+        if not self.learner_gang:
             return f"{self.name} has no sharded objective (its objective's shard_loss); set processes: 1"
         return None
 

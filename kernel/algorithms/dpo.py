@@ -20,7 +20,7 @@ class DPO(AlgorithmType):
     name = "dpo"
     objective = "workers.algorithms.objectives.dpo:DPO"
     summary = "direct preference optimisation on pairs ranked within a group"
-    learner_group = True
+    learner_gang = True
     preference_pairs = True
     params = DPOParams
     legacy_keys = {"dpo_beta": "beta"}

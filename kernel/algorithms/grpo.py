@@ -32,7 +32,7 @@ class GRPO(AlgorithmType):
     objective = "workers.algorithms.objectives.grpo:GRPO"
     summary = "policy gradient on rewards relative to the other completions of the same task"
     group_relative = True
-    learner_group = True
+    learner_gang = True
     params = GRPOParams
     legacy_keys = GRPO_LEGACY_KEYS
     form_defaults = {"repeat_times": "8", "trainer.learning_rate": "1e-05", "trainer.params": "loss_type: dapo",

@@ -15,7 +15,7 @@ class SFT(AlgorithmType):
     name = "sft"
     objective = "workers.algorithms.objectives.sft:SFT"
     summary = "supervised fine-tuning on expert experiences"
-    learner_group = True
+    learner_gang = True
     form_defaults = {"repeat_times": "1", "trainer.learning_rate": "2e-05", "trainer.params": "",
                      "mode": "train"}
 

@@ -1,6 +1,6 @@
 """The CUDA paths of the trainer and weight sync: bf16 / fp16 learner steps, gradient
 checkpointing's memory on the GPU allocator, a LoRA step on a bf16 base, AdamW with 8-bit
-state (bitsandbytes), the NCCL weight sync and the NCCL learner group.
+state (bitsandbytes), the NCCL weight sync and the NCCL learner gang.
 
 Self-contained (no database, no Django app, no conftest fixtures), so it also runs on a GPU
 machine that holds only torch, transformers, peft, TRL and pydantic:
@@ -228,26 +228,26 @@ def test_an_nccl_broadcast_no_rank_takes_fails_within_the_runs_bound(tmp_path: P
     assert 2.0 * 0.9 <= got["seconds"] < 30.0, got
 
 
-def test_a_learner_group_wider_than_the_hosts_gpus_is_refused_with_the_count(model_dir: Path) -> None:
-    from workers.algorithms.group import GroupUnsupported, group_backend
+def test_a_learner_gang_wider_than_the_hosts_gpus_is_refused_with_the_count(model_dir: Path) -> None:
+    from workers.algorithms.gang import GangUnsupported, gang_backend
 
     n = torch.cuda.device_count()
-    assert group_backend(n) == ("cpu:gloo,cuda:nccl", "cuda:0")
-    with pytest.raises(GroupUnsupported, match=f"{n + 1} learner processes need {n + 1} GPUs .* it has {n}"):
-        group_backend(n + 1)
+    assert gang_backend(n) == ("cpu:gloo,cuda:nccl", "cuda:0")
+    with pytest.raises(GangUnsupported, match=f"{n + 1} learner processes need {n + 1} GPUs .* it has {n}"):
+        gang_backend(n + 1)
 
 
-def test_nccl_learner_group_of_two_makes_the_one_process_update(model_dir: Path, tmp_path: Path) -> None:
+def test_nccl_learner_gang_of_two_makes_the_one_process_update(model_dir: Path, tmp_path: Path) -> None:
     """Two ranks over NCCL (cuda:0, cuda:1), FSDP2 `full`, against one process on the same batch."""
     if torch.cuda.device_count() < 2:
-        pytest.skip("an NCCL learner group of two needs two CUDA devices")
+        pytest.skip("an NCCL learner gang of two needs two CUDA devices")
     single = _learner(model_dir, algorithm="grpo")
     from workers.algorithms import TrainBatch
 
     single.step(TrainBatch(usual=_rollouts()))
     expected = {n: p.detach().cpu() for n, p in single.model.named_parameters()}
-    _group_spawn(2, model_dir, tmp_path, precision="fp32")
-    got = torch.load(tmp_path / "group0.pt")
+    _gang_spawn(2, model_dir, tmp_path, precision="fp32")
+    got = torch.load(tmp_path / "gang0.pt")
     for name, value in expected.items():
         torch.testing.assert_close(got["params"][name], value, atol=1e-4, rtol=1e-3)
 
@@ -263,21 +263,21 @@ def test_fsdp2_in_bf16_over_nccl_trains_like_one_bf16_process(model_dir: Path, t
     single = _learner(model_dir, algorithm="grpo", precision="bf16")
     before = {n: p.detach().cpu().clone() for n, p in single.model.named_parameters()}
     loss = single.step(TrainBatch(usual=_rollouts()))["loss"]
-    _group_spawn(world, model_dir, tmp_path, precision="bf16", sharding=sharding)
-    got = torch.load(tmp_path / "group0.pt")
+    _gang_spawn(world, model_dir, tmp_path, precision="bf16", sharding=sharding)
+    got = torch.load(tmp_path / "gang0.pt")
     assert got["loss"] == pytest.approx(loss, abs=2e-2)
     assert all(v.dtype == torch.float32 for v in got["params"].values()), "the master weights are fp32"
     assert any(not torch.equal(before[n], got["params"][n]) for n in before), "the step changed nothing"
 
 
-def _group_spawn(world: int, model_dir: Path, out: Path, *, precision: str, sharding: str = "full") -> None:
+def _gang_spawn(world: int, model_dir: Path, out: Path, *, precision: str, sharding: str = "full") -> None:
     import torch.multiprocessing as mp
 
-    mp.start_processes(_group_rank, args=(world, f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(out), precision,
-                                          sharding), nprocs=world, start_method="spawn")
+    mp.start_processes(_gang_rank, args=(world, f"tcp://127.0.0.1:{free_port()}", str(model_dir), str(out), precision,
+                                         sharding), nprocs=world, start_method="spawn")
 
 
-def _group_rank(rank: int, world: int, addr: str, model_dir: str, out: str, precision: str, sharding: str) -> None:
+def _gang_rank(rank: int, world: int, addr: str, model_dir: str, out: str, precision: str, sharding: str) -> None:
     import torch.distributed as dist
 
     from workers.algorithms import TrainBatch
@@ -291,6 +291,6 @@ def _group_rank(rank: int, world: int, addr: str, model_dir: str, out: str, prec
         metrics = learner.step(TrainBatch(usual=_rollouts()), shard=shard)
         params = whole_state(learner)
         if rank == 0:
-            torch.save({"params": params, "loss": metrics["loss"]}, os.path.join(out, "group0.pt"))
+            torch.save({"params": params, "loss": metrics["loss"]}, os.path.join(out, "gang0.pt"))
     finally:
         dist.destroy_process_group()

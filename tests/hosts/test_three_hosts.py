@@ -11,9 +11,9 @@ on CPU). Then, on one run: the head's Redis restarted, a worker host's link cut 
 it runs a step, and every process of the other worker host killed while it runs a step; after
 each the run moves on within a bound, and at its end SQL shows every experience trained once
 and every step recorded once. Each fault's time to recover is printed. And on a run of its
-own, a learner group with a rank on each worker host: the second rank's host cut off mid-step
+own, a learner gang with a rank on each worker host: the second rank's host cut off mid-step
 fails the step within the run's collective timeout, naming the rank and its host, and the run
-resumes on a re-formed group once the host is back.
+resumes on a re-formed gang once the host is back.
 
 Marked `hosts`: `make test-hosts` and `make test-stress` run it, `make test` does not (it
 needs root and takes minutes). Leases and the broker's visibility timeout stay at production
@@ -360,9 +360,9 @@ def test_a_run_on_three_hosts_ends_with_the_one_host_runs_weights(cluster: Clust
           f" {again_s:.1f} s; tasks taken by the worker hosts' workers {taken}")
 
 
-def test_a_learner_group_with_a_rank_on_each_worker_host_trains_over_gloo(cluster: Cluster) -> None:
+def test_a_learner_gang_with_a_rank_on_each_worker_host_trains_over_gloo(cluster: Cluster) -> None:
     """trainer.processes 2, trainer.hosts 2: the train worker on w1 is rank 0 and opens the
-    group's store at its own address; `python -m workers.trainer.follower join` on w2
+    gang's store at its own address; `python -m workers.trainer.follower join` on w2
     (docker-compose.worker-host.yml's learner-ranks) is rank 1, over gloo on the bridge. The
     first version equals the one-process run's within float tolerance (a two-rank reduction
     sums in another order, so later steps may sample other completions: those are checked for
@@ -373,29 +373,29 @@ def test_a_learner_group_with_a_rank_on_each_worker_host_trains_over_gloo(cluste
     cluster.start(("w1", "explorer", "rollout"), ("w2", "explorer", "rollout"))
     # The machine's name resolves to 127.0.0.1 here: gloo must be told which interface is the
     # host's (GLOO_SOCKET_IFNAME), or each rank would offer the others its own loopback.
-    group_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29600", "GLOO_SOCKET_IFNAME": "eth0"}
-    cluster.start(("w1", "trainer", "train"), extra=group_env)
+    gang_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29600", "GLOO_SOCKET_IFNAME": "eth0"}
+    cluster.start(("w1", "trainer", "train"), extra=gang_env)
     rank1 = spawn([*w2.wrap(), sys.executable, "-m", "workers.trainer.follower", "join", w1.address,
-                   group_env["RFT_LEARNER_PORT"], "1"], env={**cluster.env, **group_env},
+                   gang_env["RFT_LEARNER_PORT"], "1"], env={**cluster.env, **gang_env},
                   log=cluster.base / "logs" / "rank1@w2.log")
     try:
-        group, group_s = cluster.run_timed(name="learner-group", trainer={"processes": 2, "hosts": 2})
+        gang, gang_s = cluster.run_timed(name="learner-gang", trainer={"processes": 2, "hosts": 2})
         ranks = cluster.sql("SELECT step, value FROM runs_metric WHERE run_id = %s AND name = 'learner_processes'"
-                            " ORDER BY step", [group])
+                            " ORDER BY step", [gang])
         assert ranks == [(s, 2.0) for s in range(1, EQUAL_STEPS + 1)], ranks
         from safetensors.torch import load_file
 
         first = {r: load_file(str(Path(cluster.sql("SELECT checkpoint FROM runs_modelversion WHERE run_id = %s AND"
-                                                   " number = 1", [r])[0][0]) / "model.safetensors")) for r in (one, group)}
-        _versions_close(first[one], first[group])
-        print(f"{EQUAL_STEPS} steps with a learner group across w1 and w2: {group_s:.1f} s")
+                                                   " number = 1", [r])[0][0]) / "model.safetensors")) for r in (one, gang)}
+        _versions_close(first[one], first[gang])
+        print(f"{EQUAL_STEPS} steps with a learner gang across w1 and w2: {gang_s:.1f} s")
     finally:
         stop(rank1)
         cluster.stop("trainer@w1")
 
 
-# The learner group's collective timeout in the rank-loss test (trainer.collective_timeout_s),
-# and how long the rank's host stays cut off: past one re-forming try, so the group is seen
+# The learner gang's collective timeout in the rank-loss test (trainer.collective_timeout_s),
+# and how long the rank's host stays cut off: past one re-forming try, so the gang is seen
 # waiting for the host, not only failing.
 COLLECTIVE_S = 20
 RANK_CUT_S = 60.0
@@ -410,29 +410,29 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
     connections stall, as when its host loses power): the step fails within the timeout
     plus the heartbeat watch with a reason naming rank 1 and w2's address on the run page;
     the run keeps running; while w2 is away each re-forming try waits the timeout for it and
-    says so. Once the link is back the group re-forms and the run goes on; at its end every
+    says so. Once the link is back the gang re-forms and the run goes on; at its end every
     experience was trained once and every step recorded once."""
-    from workers.algorithms.group import SILENT_S
+    from workers.algorithms.gang import SILENT_S
 
     w1, w2 = cluster.net["w1"], cluster.net["w2"]
     cluster.stop("trainer@w1", "trainer@w2", "explorer@w2")
     cluster.start(("w1", "explorer", "rollout"))
-    group_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29601", "GLOO_SOCKET_IFNAME": "eth0"}
-    cluster.start(("w1", "trainer", "train"), extra=group_env)
+    gang_env = {"RFT_LEARNER_ADDR": w1.address, "RFT_LEARNER_PORT": "29601", "GLOO_SOCKET_IFNAME": "eth0"}
+    cluster.start(("w1", "trainer", "train"), extra=gang_env)
     join = (f"while true; do {sys.executable} -m workers.trainer.follower join {w1.address}"
-            f" {group_env['RFT_LEARNER_PORT']} 1; sleep 1; done")
-    rank1 = spawn([*w2.wrap(), "bash", "-c", join], env={**cluster.env, **group_env},
+            f" {gang_env['RFT_LEARNER_PORT']} 1; sleep 1; done")
+    rank1 = spawn([*w2.wrap(), "bash", "-c", join], env={**cluster.env, **gang_env},
                   log=cluster.base / "logs" / "rank1-again@w2.log")
     try:
         run_id = cluster.run_make(steps=600, name="rank-lost", trainer={"processes": 2, "hosts": 2,
                                                                          "collective_timeout_s": COLLECTIVE_S})
-        cluster.wait("the group's first step", lambda: cluster.state(run_id)[2] >= 1, 300, run_id)
+        cluster.wait("the gang's first step", lambda: cluster.state(run_id)[2] >= 1, 300, run_id)
         cluster.wait("a train step running on w1", lambda: cluster.running_on(run_id, "w1", ("train",)), 120, run_id)
         cut_at, cut_db = time.monotonic(), cluster.db_now()
         trained_at_cut = cluster.state(run_id)[2]
         cluster.net.cut("w2")
         try:
-            lost = "SELECT message FROM runs_taskfailure WHERE run_id = %s AND task = 'learner group' AND created_at > to_timestamp(%s) ORDER BY id"
+            lost = "SELECT message FROM runs_taskfailure WHERE run_id = %s AND task = 'learner gang' AND created_at > to_timestamp(%s) ORDER BY id"
             detect_s = cluster.wait("the step failing with the lost rank's reason",
                                     lambda: bool(cluster.sql(lost, [run_id, cut_db])), COLLECTIVE_S + SILENT_S + 30, run_id)
             reason = cluster.sql(lost, [run_id, cut_db])[0][0]
@@ -447,7 +447,7 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
             cluster.net.mend("w2")
         mended = time.monotonic()
         before = cluster.state(run_id)[2]
-        recover_s = cluster.wait("a step trained on the re-formed group", lambda: cluster.state(run_id)[2] > before,
+        recover_s = cluster.wait("a step trained on the re-formed gang", lambda: cluster.state(run_id)[2] > before,
                                  3 * COLLECTIVE_S + READY_S, run_id)
         steps = cluster.sql("UPDATE runs_run SET config = jsonb_set(config, '{total_steps}', to_jsonb(GREATEST(explore_step,"
                             " train_step) + 2)) WHERE id = %s RETURNING (config->>'total_steps')::int", [run_id])[0][0]
@@ -460,10 +460,10 @@ def test_a_learner_ranks_host_cut_off_mid_step_fails_the_step_within_the_bound_a
         met = reason.split(" stopped answering during ", 1)[-1].split(" (", 1)[0]  # a step, writing a version, …
         print(f"learner rank's host cut mid-step (it met {met}): step failed after {detect_s:.1f} s (collective timeout"
               f" {COLLECTIVE_S:.0f} s), {tries - 1} re-forming tries while cut off, link mended after"
-              f" {mended - cut_at:.0f} s -> a step on the re-formed group {recover_s:.1f} s later;"
+              f" {mended - cut_at:.0f} s -> a step on the re-formed gang {recover_s:.1f} s later;"
               f" load average {os.getloadavg()[0]:.1f}")
         # The bounds: detection within the timeout and the heartbeat watch (plus the 0.2-s poll
-        # and a write); recovery within one re-forming window, rank 1's start and the group's.
+        # and a write); recovery within one re-forming window, rank 1's start and the gang's.
         assert detect_s < COLLECTIVE_S + SILENT_S + 10
         assert recover_s < 2 * COLLECTIVE_S + 60
     finally:

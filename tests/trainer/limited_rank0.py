@@ -1,14 +1,14 @@
 """`python tests/trainer/limited_rank0.py OUT WARM_RUN WHOLE_RUN SHARDED_RUN WEIGHT_BYTES SHARE`: a
-train worker's process as rank 0 of a learner group under an address-space limit (RLIMIT_AS).
+train worker's process as rank 0 of a learner gang under an address-space limit (RLIMIT_AS).
 
 It trains step 1 of WARM_RUN (a two-process run on a tiny model: what torch, TRL, gloo and
-Django set up once), drops that resident (its group ends), then is held to SHARE ×
+Django set up once), drops that resident (its gang ends), then is held to SHARE ×
 WEIGHT_BYTES more address space than it has and, through `trainer_step` as a train task does,
 trains step 1 of WHOLE_RUN with rank 0 loading the whole model first (as it did before it
 built on its shards only), then under the same limit step 1 of SHARDED_RUN (both two-process
 runs whose model's weights are WEIGHT_BYTES) building on its shards only. OUT gets what
 happened to each, a JSON object {"whole": …, "sharded": …}: `trained …`, or `failed: <error>`.
-One process for both: a second would set up Django, torch and a warm group again.
+One process for both: a second would set up Django, torch and a warm gang again.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(out: Path, warm_run: int, whole_run: int, sharded_run: int, weight_byte
         result = step_module.trainer_step(run_id=whole_run, step=1)
         outcome["whole"] = f"{result['status']} {result}"
     except BaseException as exc:  # noqa: BLE001 (what the limit does is the outcome)
-        # The whole load fails before the group starts: nothing of it is left but its memory,
+        # The whole load fails before the gang starts: nothing of it is left but its memory,
         # freed here (mapped blocks, returned) before the sharded build under the same limit.
         outcome["whole"] = f"failed: {type(exc).__name__}: {exc}"[:2000]
     sharding.rank0_sharded_fits = sharded_fits  # type: ignore[assignment]

@@ -3,10 +3,10 @@
 Reward-weighted likelihood (RWL): each completion token's log-likelihood weighted by its
 reward minus a baseline, a loss no TRL trainer has. This file is all of it: its settings (a
 parameter model, torch-free), its objective (its loss, its no-gradient check and its term on one
-rank of a learner group) and its declaration; the last line registers it when the module is
+rank of a learner gang) and its declaration; the last line registers it when the module is
 imported. A deployment names the module in RFT_PLUGINS (every process imports it at start;
-a learner group's followers import what rank 0 loaded); tests/trainer/test_algorithm_plugin.py
-loads it so and trains it in one process and on a learner group of two ranks."""
+a learner gang's followers import what rank 0 loaded); tests/trainer/test_algorithm_plugin.py
+loads it so and trains it in one process and on a learner gang of two ranks."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class RWL(AlgorithmType):
     summary = "each completion token's log-likelihood weighted by its reward minus a baseline"
     objective = RWLObjective
     params = RWLParams
-    learner_group = True
+    learner_gang = True
     form_defaults = {"repeat_times": "4", "trainer.learning_rate": "1e-05", "trainer.params": "baseline: 0.5",
                      "mode": "sync"}
 

@@ -25,7 +25,7 @@ def test_each_declaration_names_an_objective_of_its_name_that_shards_as_declared
     declaration = algorithm_get(name)
     objective = objective_class(name)
     assert objective.name == declaration.name
-    assert objective.shards() == declaration.learner_group, f"{name}: learner_group says otherwise than its objective"
+    assert objective.shards() == declaration.learner_gang, f"{name}: learner_gang says otherwise than its objective"
     assert set(declaration.legacy_keys.values()) <= set(declaration.params.model_fields), name
     assert declaration.params() == declaration.params.model_validate({})  # every setting has a default
 

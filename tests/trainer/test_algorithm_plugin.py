@@ -6,7 +6,7 @@ rftweb. tests/trainer/plugin_rwl.py is all of it: its settings, its objective an
 declaration, registered by its last line when imported. Loaded as RFT_PLUGINS loads it at a
 process's start, the config validates its settings as `trainer.params`, the run form offers
 it, the conductor claims what it declares, a learner trains a step with its loss, and a real
-learner group of two ranks (its follower a process of its own that imports the plugin because
+learner gang of two ranks (its follower a process of its own that imports the plugin because
 rank 0 loaded it) makes the same step."""
 
 from __future__ import annotations
@@ -167,15 +167,15 @@ def test_a_learner_trains_a_step_with_its_loss(rwl: ModuleType, tiny_model_dir: 
 
 
 # Bounded, generous: the follower imports Django, torch and TRL on a loaded 2-core host.
-GROUP_TIMEOUT_S = 600.0
+GANG_TIMEOUT_S = 600.0
 
 
-def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_step(
+def test_a_learner_gang_of_two_processes_trains_it_sharded_to_the_one_process_step(
     rwl: ModuleType, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """A real learner group, as a train worker starts one: this process is rank 0, its
+    """A real learner gang, as a train worker starts one: this process is rank 0, its
     follower a process of its own (`python -m workers.trainer.follower rank …`) that
-    was told nothing of the plugin but what rank 0's group spec says (its environment has no
+    was told nothing of the plugin but what rank 0's gang spec says (its environment has no
     RFT_PLUGINS); both build on their shards only, train one step with the plugin's sharded
     loss and write a version from their shards one tensor at a time (the train worker's way)
     and gathered whole: both are the one process's weights after the same step."""
@@ -184,7 +184,7 @@ def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_s
 
     from kernel.config import config_dump
     from workers.algorithms import spec_from_config
-    from workers.algorithms.group import GroupPlan, LearnerGroup
+    from workers.algorithms.gang import GangPlan, LearnerGang
     from workers.algorithms.sharding import LearnerBuild, model_skeleton
     from workers.trainer.journal import journal_encode, rng_state
 
@@ -192,24 +192,24 @@ def test_a_learner_group_of_two_processes_trains_it_sharded_to_the_one_process_s
     spec = spec_from_config(cfg)
     torch.set_num_threads(1)
     batch = TrainBatch(usual=_rows())
-    group = LearnerGroup(learner=None, run_config=config_dump(cfg), plan=GroupPlan(world=2, sharding="full"),
-                         timeout_s=GROUP_TIMEOUT_S, whole=model_skeleton(cfg=cfg, spec=spec),
-                         build=LearnerBuild(cfg=cfg, spec=spec, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir)))
+    gang = LearnerGang(learner=None, run_config=config_dump(cfg), plan=GangPlan(world=2, sharding="full"),
+                       timeout_s=GANG_TIMEOUT_S, whole=model_skeleton(cfg=cfg, spec=spec),
+                       build=LearnerBuild(cfg=cfg, spec=spec, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir)))
     try:
-        assert isinstance(group.learner.objective, rwl.RWLObjective)
-        metrics = group.step(batch, entry=journal_encode(step=1, batch=batch, batch_ids=[r.id for r in batch.usual],
-                                                         rng=rng_state()))
+        assert isinstance(gang.learner.objective, rwl.RWLObjective)
+        metrics = gang.step(batch, entry=journal_encode(step=1, batch=batch, batch_ids=[r.id for r in batch.usual],
+                                                        rng=rng_state()))
         # A version two ways: streamed from the shards to a file, and gathered whole.
         version = tmp_path / "v1"
         version.mkdir()
-        written = group.version_write(version)
-        whole = {n: p.detach().clone() for n, p in group.whole_model().named_parameters()}
+        written = gang.version_write(version)
+        whole = {n: p.detach().clone() for n, p in gang.whole_model().named_parameters()}
     finally:
-        group.close()
+        gang.close()
     assert written == (version / "model.safetensors").stat().st_size
     streamed = dict(AutoModelForCausalLM.from_pretrained(version, dtype=torch.float32).named_parameters())
     assert metrics["learner_processes"] == 2.0
-    assert all(p.returncode == 0 for p in group.followers_started), "the follower did not end cleanly"
+    assert all(p.returncode == 0 for p in gang.followers_started), "the follower did not end cleanly"
     learner = _learner(tiny_model_dir)
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     one = learner.step(TrainBatch(usual=_rows()))

@@ -1,13 +1,13 @@
-"""Rank 0 of a learner group never holds the whole model (issue 66.5): on each path a train
+"""Rank 0 of a learner gang never holds the whole model (issue 66.5): on each path a train
 worker starts its learner from, rank 0 builds the policy on the meta device and gives it
-storage for its shards only (workers/algorithms/sharding.py): a new run, a learner group's
+storage for its shards only (workers/algorithms/sharding.py): a new run, a learner gang's
 snapshot, a published version of full weights and an adapter folder (the last two after lost
-trainer state). A one-process snapshot is not a learner group's start (a group snapshots
+trainer state). A one-process snapshot is not a learner gang's start (a gang snapshots
 sharded), and still loads whole.
 
-Cheap: the resident's start is followed up to the learner group (its start is stopped
+Cheap: the resident's start is followed up to the learner gang (its start is stopped
 there, no follower process), and the build rank 0 would run is run in a one-process gloo
-group on the tiny model, watching that every parameter is on meta before the shard load."""
+gang on the tiny model, watching that every parameter is on meta before the shard load."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from workers.trainer import resident as trainer_resident
 pytestmark = pytest.mark.django_db
 
 
-class _GroupReached(Exception):
-    """resident_for got as far as starting the learner group."""
+class _GangReached(Exception):
+    """resident_for got as far as starting the learner gang."""
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def _fresh(settings: Any, tmp_path: Path) -> Iterator[None]:
     trainer_resident.RESIDENTS.clear()
 
 
-def _group_run(owner: Any, model_dir: Path, *, lora: bool = False, train_step: int = 0) -> Run:
+def _gang_run(owner: Any, model_dir: Path, *, lora: bool = False, train_step: int = 0) -> Run:
     trainer: dict[str, Any] = {"learning_rate": 1e-3, "loss_type": "grpo", "processes": 2, "sharding": "full"}
     if lora:
         trainer["lora"] = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
@@ -52,7 +52,7 @@ def _group_run(owner: Any, model_dir: Path, *, lora: bool = False, train_step: i
 
 
 def _rank0_start(run: Run, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What rank 0 hands its learner group: `learner` None and a `build` when it builds on
+    """What rank 0 hands its learner gang: `learner` None and a `build` when it builds on
     its shards only; a whole load (policy_load) fails the test at once."""
     from workers.trainer import resident
 
@@ -61,20 +61,20 @@ def _rank0_start(run: Run, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     seen: dict[str, Any] = {}
 
-    def group_start(**kw: Any) -> Any:
+    def gang_start(**kw: Any) -> Any:
         seen.update(kw)
-        raise _GroupReached
+        raise _GangReached
 
     monkeypatch.setattr(resident, "policy_load", whole)
-    monkeypatch.setattr(resident, "group_start", group_start)
-    with pytest.raises(_GroupReached):
+    monkeypatch.setattr(resident, "gang_start", gang_start)
+    with pytest.raises(_GangReached):
         resident.resident_for(run_view_of(run))
     assert seen["learner"] is None and seen["build"] is not None, seen
     return seen
 
 
 def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
-    """Run `build` as rank 0 does, in a group of one: every parameter of what is sharded
+    """Run `build` as rank 0 does, in a gang of one: every parameter of what is sharded
     is on the meta device when the shard load starts, and the learner that comes out holds
     real storage."""
     import torch.distributed as dist
@@ -105,12 +105,12 @@ def _built_on_meta(build: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, tor
 
 def test_a_new_run_builds_rank_0_on_the_meta_device(owner: Any, tiny_model_dir: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _rank0_start(_group_run(owner, tiny_model_dir), monkeypatch)
+    seen = _rank0_start(_gang_run(owner, tiny_model_dir), monkeypatch)
     assert seen["checkpoint"] is None
     _built_on_meta(seen["build"], monkeypatch)
 
 
-def test_resuming_from_a_learner_groups_snapshot_builds_rank_0_on_the_meta_device(
+def test_resuming_from_a_learner_gangs_snapshot_builds_rank_0_on_the_meta_device(
     owner: Any, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from workers.trainer import resident
@@ -119,7 +119,7 @@ def test_resuming_from_a_learner_groups_snapshot_builds_rank_0_on_the_meta_devic
     (snapshot / "dcp").mkdir(parents=True)
     (snapshot / "dcp" / ".metadata").write_bytes(b"")  # a sharded snapshot (read after the build)
     monkeypatch.setattr(resident, "restore_point", lambda run_id, step: (snapshot, []))
-    seen = _rank0_start(_group_run(owner, tiny_model_dir, train_step=3), monkeypatch)
+    seen = _rank0_start(_gang_run(owner, tiny_model_dir, train_step=3), monkeypatch)
     assert seen["checkpoint"] == snapshot / "dcp"
     _built_on_meta(seen["build"], monkeypatch)
 
@@ -129,7 +129,7 @@ def test_resuming_from_a_published_version_builds_rank_0_on_the_meta_device_with
 ) -> None:
     from workers.trainer import resident
 
-    run = _group_run(owner, tiny_model_dir, train_step=3)
+    run = _gang_run(owner, tiny_model_dir, train_step=3)
     trained = load_model()
     with torch.no_grad():
         trained.lm_head.weight.mul_(2.0)  # the version is not the run's model
@@ -154,7 +154,7 @@ def test_resuming_from_an_adapter_folder_builds_rank_0_on_the_meta_device_with_t
     from workers.weights.adapters import ADAPTER_WEIGHTS, adapter_save, adapter_wrap
     from workers.trainer import resident
 
-    run = _group_run(owner, tiny_model_dir, lora=True, train_step=3)
+    run = _gang_run(owner, tiny_model_dir, lora=True, train_step=3)
     trained = adapter_wrap(model=load_model(), lora=AdapterConfig(rank=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():  # a trained adapter: lora_B is no longer zero
         for name, p in trained.named_parameters():

@@ -1,4 +1,4 @@
-"""A rank of a learner group loads only its shard of the model (workers.algorithms.sharding
+"""A rank of a learner gang loads only its shard of the model (workers.algorithms.sharding
 .model_sharded_load): built on the meta device, sharded, then its rows read from the
 safetensors files. Two gloo ranks so loaded give the one-process model's logits, first
 loss and next weights on the same batch, for a model with its own output head and one
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 # Bounded, generous: two ranks import torch and TRL on a loaded 2-core host.
-GROUP_TIMEOUT_S = 900.0
+GANG_TIMEOUT_S = 900.0
 
 
 def _batch() -> TrainBatch:
@@ -55,7 +55,7 @@ def _ids() -> torch.Tensor:
 
 
 def _compared(rank: int, world: int, model_dirs: list[str], out: str) -> None:
-    """In the group: each model loaded sharded, its logits on `_ids`, one GRPO step; rank 0
+    """In the gang: each model loaded sharded, its logits on `_ids`, one GRPO step; rank 0
     saves what the one process is compared with, every rank the rows it holds of each weight."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
@@ -80,17 +80,17 @@ def _compared(rank: int, world: int, model_dirs: list[str], out: str) -> None:
 
 def _spawn_bounded(fn: Any, world: int, *args: Any) -> None:
     """The ranks, waited on until they end (a rank that fails ends the others), at most
-    GROUP_TIMEOUT_S."""
+    GANG_TIMEOUT_S."""
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(fn, args=(world, f"tcp://127.0.0.1:{free_port()}", *args), nprocs=world,
                              start_method="spawn", join=False)
-    deadline = time.monotonic() + GROUP_TIMEOUT_S
+    deadline = time.monotonic() + GANG_TIMEOUT_S
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(f"the {world} ranks did not end within {GROUP_TIMEOUT_S:.0f} s")
+            pytest.fail(f"the {world} ranks did not end within {GANG_TIMEOUT_S:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +115,11 @@ def _one_process(model_dir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def group_out(tiny_model_dir: Path, tied_model_dir: Path, large_model_dir: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What the module's one group of two ranks wrote (`_rank`): the untied and the tied
+def gang_out(tiny_model_dir: Path, tied_model_dir: Path, large_model_dir: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the module's one gang of two ranks wrote (`_rank`): the untied and the tied
     model compared, then the large model under the limit."""
-    out = tmp_path_factory.mktemp("group")
+    out = tmp_path_factory.mktemp("gang")
     weight_bytes = (large_model_dir / "model.safetensors").stat().st_size
     _spawn_bounded(_rank, 2, [str(tiny_model_dir), str(tied_model_dir)], str(tiny_model_dir), str(large_model_dir),
                    weight_bytes, str(out))
@@ -127,13 +127,13 @@ def group_out(tiny_model_dir: Path, tied_model_dir: Path, large_model_dir: Path,
 
 
 def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_loss_and_update(
-    tiny_model_dir: Path, tied_model_dir: Path, group_out: Path
+    tiny_model_dir: Path, tied_model_dir: Path, gang_out: Path
 ) -> None:
     dirs = [tiny_model_dir, tied_model_dir]
     for i, model_dir in enumerate(dirs):
         what = "tied" if i else "untied"
         one = _one_process(model_dir)
-        got = torch.load(group_out / f"model{i}-rank0.pt", weights_only=False)
+        got = torch.load(gang_out / f"model{i}-rank0.pt", weights_only=False)
         # The forward gathers the very weights one process holds: the same logits.
         torch.testing.assert_close(got["logits"], one["logits"], atol=1e-6, rtol=1e-5, msg=lambda m: f"{what}: {m}")
         assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), what
@@ -143,7 +143,7 @@ def test_two_ranks_that_load_only_their_shards_compute_the_one_process_logits_lo
         if i:
             assert torch.equal(got["whole"]["lm_head.weight"], got["whole"]["model.embed_tokens.weight"]), "still tied"
         for rank in (0, 1):
-            held = torch.load(group_out / f"model{i}-rank{rank}.pt", weights_only=False)["held"]
+            held = torch.load(gang_out / f"model{i}-rank{rank}.pt", weights_only=False)["held"]
             for name, (local, total) in held.items():
                 # Its rows only (FSDP2's dim-0 split): never a whole weight of more than one row.
                 rows = one["whole"][name].shape[0]
@@ -174,7 +174,7 @@ def _lora_spec() -> tuple[LearnerSpec, AdapterConfig]:
 
 def _lora_sharded(model_dir: str, *, rank: int, world: int) -> tuple[Learner, Any]:
     """A GRPO learner with a fresh adapter on the model at `model_dir`, loaded sharded over
-    the group (`model_sharded_load`)."""
+    the gang (`model_sharded_load`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoTokenizer
 
@@ -200,9 +200,9 @@ def _lora_whole(model_dir: str) -> torch.nn.Module:
 
 def _rank(rank: int, world: int, addr: str, model_dirs: list[str], warm_dir: str, model_dir: str, weight_bytes: int,
           out: str) -> None:
-    """One rank of the module's one group of two: the comparison with one process on
+    """One rank of the module's one gang of two: the comparison with one process on
     `model_dirs` (`_compared`), then the model at `model_dir` under an address-space limit
-    (`_limited`). One group for both tests: each more would start and warm up two more
+    (`_limited`). One gang for both tests: each more would start and warm up two more
     interpreters (torch, TRL and gloo set up in each)."""
     import ctypes
 
@@ -225,7 +225,7 @@ def _rank(rank: int, world: int, addr: str, model_dirs: list[str], warm_dir: str
 
 
 def _limited(rank: int, world: int, warm_dir: str, model_dir: str, weight_bytes: int, out: str) -> None:
-    """In the group: warmed up on a tiny model (what the LoRA loads and step set up once),
+    """In the gang: warmed up on a tiny model (what the LoRA loads and step set up once),
     then held to LIMIT_SHARE of `model_dir`'s weights more address space (RLIMIT_AS): loads
     that model whole (the old way), then under the same limit takes a LoRA step on it loaded
     sharded; writes what happened to each (the step's loss, or the error) to
@@ -267,9 +267,9 @@ def large_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_model_whose_weights_exceed_a_ranks_memory_trains_on_ranks_that_load_only_their_shards(
-    group_out: Path,
+    gang_out: Path,
 ) -> None:
-    outcome = {mode: [(group_out / f"rank{r}-{mode}.txt").read_text() for r in (0, 1)] for mode in ("whole", "sharded")}
+    outcome = {mode: [(gang_out / f"rank{r}-{mode}.txt").read_text() for r in (0, 1)] for mode in ("whole", "sharded")}
     # The limit bites: a rank that loads the whole model first runs out of address space.
     assert all(o.startswith("failed") for o in outcome["whole"]), outcome["whole"]
     assert any("alloc" in o.lower() or "memory" in o.lower() for o in outcome["whole"]), outcome["whole"]
@@ -318,7 +318,7 @@ RANK0_LIMIT_SHARE = 1.25
 def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_on_its_shards_only(
     owner: Any, tiny_model_dir: Path, large_model_dir: Path, tmp_path: Path, settings: Any
 ) -> None:
-    """Rank 0 as a train worker runs it (`trainer_step`: the resident learner, the group, the
+    """Rank 0 as a train worker runs it (`trainer_step`: the resident learner, the gang, the
     version), held to RANK0_LIMIT_SHARE of the model's weights more address space after a warm-up:
     loading the whole model first fails, then building on its shards only, under the same
     limit in the same process, trains the step."""
@@ -336,7 +336,7 @@ def test_a_train_workers_rank_0_trains_a_model_whose_weights_exceed_its_memory_o
                     MALLOC_ARENA_MAX="1")
     proc = spawn([sys.executable, str(ROOT / "tests" / "trainer" / "limited_rank0.py"), str(out), str(warm.pk),
                   str(whole.pk), str(sharded.pk), str(weight_bytes), str(RANK0_LIMIT_SHARE)], env=env, log=log)
-    assert proc.wait(timeout=GROUP_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=GANG_TIMEOUT_S) == 0, log.read_text()[-3000:]
     outcome = json.loads(out.read_text())
     tail = log.read_text()[-3000:]
     # The limit bites: a rank 0 that loads the whole model first runs out of address space.

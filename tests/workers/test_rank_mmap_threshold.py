@@ -1,4 +1,4 @@
-"""A learner group's rank sets its glibc mmap threshold from what it holds
+"""A learner gang's rank sets its glibc mmap threshold from what it holds
 (workers.host_memory.rank_mmap_threshold): the worker's RFT_TRAINER_CPU_MMAP_THRESHOLD scaled
 by its share of the batch and of each gradient, so the rank's part of a block one process maps
 is mapped too and goes back to the system when freed (bench/sharding: the heap a rank kept at
@@ -84,7 +84,7 @@ def test_a_rank_returns_the_blocks_of_its_share_that_a_whole_process_threshold_k
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
 def test_a_worker_that_holds_a_rank_and_a_whole_learner_keeps_the_ranks_threshold() -> None:
-    # A train worker that built a one-process run's learner, then a group's rank 0, then another one-process run's.
+    # A train worker that built a one-process run's learner, then a gang's rank 0, then another one-process run's.
     held_mapped, retained = _mapped_and_retained_mb(1, 2, 1)
     assert held_mapped >= 17
     assert retained <= 2

@@ -6,7 +6,7 @@
 - `learner`: a resident policy trained by any registered algorithm (and a rank's `Shard`);
 - `sharding`: a learner on FSDP2/DDP shards (shard it, load a rank's rows, sharded snapshots,
   the whole model gathered for a version);
-- `group`: a learner as a group of processes, rank 0's side (its followers are
+- `gang`: a learner as a gang of processes, rank 0's side (its followers are
   workers/trainer/follower.py).
 
 The modules here import each other, never this package, whose re-exports are for the rooms

@@ -209,5 +209,5 @@ T = TypeVar("T")
 
 
 def deal(items: Sequence[T], world: int) -> list[list[T]]:
-    """Deal `items` round-robin to `world` parts, in order (a learner group's ranks)."""
+    """Deal `items` round-robin to `world` parts, in order (a learner gang's ranks)."""
     return [list(items[rank::world]) for rank in range(world)]

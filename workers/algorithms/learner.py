@@ -51,7 +51,7 @@ def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 @dataclass
 class Shard:
-    """This process's place in a learner group: rank of world."""
+    """This process's place in a learner gang: rank of world."""
 
     rank: int
     world: int
@@ -166,7 +166,7 @@ class Learner:
         self.spec = spec
         self.model = model
         # What the losses call: the model itself, or its DistributedDataParallel wrapper in a
-        # learner group sharded `none` (FSDP2 shards the model in place).
+        # learner gang sharded `none` (FSDP2 shards the model in place).
         self.forward_model: torch.nn.Module = model
         self.tokenizer = tokenizer
         # A vision-language model's processor: the pictures of image prompts become pixel inputs.
@@ -246,7 +246,7 @@ class Learner:
         gradients and its weight decay shrinks every weight, so a run fed batches without
         gradient (a reward model's fallback scoring every member alike, a rater budget that
         leaves whole groups tied) drifts with nothing to learn. `step` then skips the update.
-        Decided on the whole batch, before any learner-group shard, so every rank agrees.
+        Decided on the whole batch, before any learner-gang shard, so every rank agrees.
         TRL's own trainers do not skip (they step on whatever the batch gives)."""
         return self.objective.no_gradient(batch)
 
@@ -270,10 +270,10 @@ class Learner:
     def step(self, batch: TrainBatch, *, shard: Shard | None = None) -> dict[str, float]:
         """One optimizer step on `batch`; returns the step's metrics.
 
-        shard: this process's place in a learner group (`Shard`, above):
+        shard: this process's place in a learner gang (`Shard`, above):
         the loss is this rank's term of the whole batch's objective (its part of the rows,
         weighted by the part's share), and PyTorch's FSDP2 (or DDP) reduces the gradients
-        over the group in the backward pass, before the same clipping and update.
+        over the gang in the backward pass, before the same clipping and update.
 
         A batch without gradient (`no_gradient`) leaves the weights, the optimizer's
         state and the scheduler exactly as they were, and says so in SKIPPED_NO_GRADIENT."""

@@ -2,11 +2,11 @@
 DistributedDataParallel: sharding a learner that is the same on every rank (`learner_shard`),
 loading only a rank's rows of a model (`model_sharded_load`), sharded snapshots
 (`sharded_save`/`sharded_load`, torch.distributed.checkpoint), and the whole model gathered
-from the shards for a version. The process group they run in is workers/algorithms/group.py's.
+from the shards for a version. The process group they run in is workers/algorithms/gang.py's.
 
-Every rank of a learner group on its shards only, rank 0 of the train worker included.
+Every rank of a learner gang on its shards only, rank 0 of the train worker included.
 
-A rank builds its learner once the group is joined (the shards are the mesh's), the same way
+A rank builds its learner once the gang is joined (the shards are the mesh's), the same way
 on every rank (`learner_sharded_build`): the policy, the reference model and a fresh adapter
 are built on the meta device, sharded (FSDP2), and given storage for this rank's rows only,
 read from the run's safetensors files (`model_sharded_load`).
@@ -16,13 +16,13 @@ numbers on every rank from the run's seed, set just before it is made (as one pr
 nothing between its seed and its adapter draws a number).
 
 Rank 0 loads so (`rank0_sharded_fits`) when its learner starts from the run's model (a new
-run, or a learner group's own sharded snapshot, loaded into the shards after), or, after lost
+run, or a learner gang's own sharded snapshot, loaded into the shards after), or, after lost
 trainer state, from a published version (`LearnerBuild.source`, which the followers read from
-the group's spec): of full weights, every rank reads its rows of the version (the reference
+the gang's spec): of full weights, every rank reads its rows of the version (the reference
 model's of the run's model); an adapter directory, every rank builds the run's model with a
 fresh adapter and copies its rows of the saved adapter in (`adapter_into_shards`). A learner
 that starts from a one-process snapshot with its optimizer is still loaded whole on rank 0 and
-sharded from there (`learner_shard(from_rank0=True)`; a learner group snapshots sharded).
+sharded from there (`learner_shard(from_rank0=True)`; a learner gang snapshots sharded).
 
 A published version is a whole model. With full weights and the checkpoint sync it is
 written from the shards (`whole_write`): the safetensors header is laid out from the
@@ -33,7 +33,7 @@ handover, the NCCL broadcast) rank 0 keeps a skeleton of the policy on the meta 
 (`model_skeleton`); every rank gathers the weights it holds one tensor at a time
 (`whole_gather`: all of them, or only the adapter's under LoRA, whose base is the run's
 model), rank 0 assigns them into the skeleton (`whole_assign`) for the version's writer, and
-lets go of them when the group's next step starts (`whole_release`).
+lets go of them when the gang's next step starts (`whole_release`).
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def _dcp_state(learner: Learner) -> dict[str, object]:
 
 def sharded_save(learner: Learner, path: Path) -> None:
     """Write the learner's weights and optimizer state through torch.distributed.checkpoint:
-    in a group every rank its shard (all ranks call it), in one process the whole."""
+    in a gang every rank its shard (all ranks call it), in one process the whole."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -384,7 +384,7 @@ def sharded_load(learner: Learner, path: Path) -> None:
 
 
 def sharded_load_fits(sharding: str, *, model: str) -> bool:
-    """Whether a learner group's followers load only their shards of the run's model
+    """Whether a learner gang's followers load only their shards of the run's model
     (`model_sharded_load`): sharded full or grad_op, a causal LM (a vision-language model is
     loaded whole, then sharded)."""
     path = Path(model)
@@ -396,7 +396,7 @@ def sharded_load_fits(sharding: str, *, model: str) -> bool:
 
 @dataclass(frozen=True)
 class LearnerBuild:
-    """What a rank builds its learner from once the group is joined."""
+    """What a rank builds its learner from once the gang is joined."""
 
     cfg: RunConfig
     spec: LearnerSpec
@@ -419,7 +419,7 @@ def rank0_sharded_fits(*, sharding: str, model: str, source: str, lora: bool = F
     return source == model or (Path(source, "config.json").is_file() and sharded_load_fits(sharding, model=source))
 
 
-def group_device() -> str:
+def gang_device() -> str:
     """The device type of this rank's shards: a GPU per rank where there are GPUs (each
     rank's current device), else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -431,7 +431,7 @@ def learner_sharded_build(build: LearnerBuild, *, world: int, sharding: str) -> 
     from torch.distributed.device_mesh import init_device_mesh
 
     cfg, spec = build.cfg, build.spec
-    mesh = init_device_mesh(group_device(), (world,))
+    mesh = init_device_mesh(gang_device(), (world,))
     # An adapter's base in the training precision, full weights in fp32: as a whole load.
     dtype = precision_dtype(spec.precision) if spec.lora is not None else torch.float32
     torch.manual_seed(cfg.seed)  # every rank's fresh adapter the same, and one process's

@@ -160,7 +160,7 @@ def pad(seqs: list[list[int]] | list[list[float]], *, value: float, side: str, d
 
 def on_model(trainer: TrlTrainer, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The batch's tensors on the device of the trainer's model (built on the CPU; a model
-    on a GPU — cuda:rank in a learner group — takes them there)."""
+    on a GPU — cuda:rank in a learner gang — takes them there)."""
     device = next(trainer.model.parameters()).device
     for key, value in list(inputs.items()):
         if isinstance(value, torch.Tensor) and value.device != device:

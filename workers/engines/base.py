@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_che
 
 from kernel.exceptions import InvalidInput
 # The pure folder check, not the port: engines run where Django is not set up (a learner
-# group's ranks, the weight-sync protocol's spawned processes).
+# gang's ranks, the weight-sync protocol's spawned processes).
 from kernel.model_dirs import model_dir_missing, model_missing_said
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The policy a run trains and its reference model, loaded from a run's config: the train
-worker's resident learner (workers/trainer/resident.py) and every follower of a learner group
+worker's resident learner (workers/trainer/resident.py) and every follower of a learner gang
 (workers/trainer/follower.py) load them so. Importing it loads no torch.
 """
 

@@ -41,7 +41,7 @@ growing with the model; a journal entry grows with the batch only (about 1 ms).
 
 The package, by responsibility: `task` (the Celery task and its failure policy), `step` (one
 step and the chain of steps), `resident` (the resident learner, its loading, restore and idle
-reaper), `journal` (the journal, snapshots and their pruning), `follower` (a learner group's
+reaper), `journal` (the journal, snapshots and their pruning), `follower` (a learner gang's
 other ranks, each a process of its own). This package re-exports nothing: importing it loads
 no submodule, so `python -m workers.trainer.follower` starts before Django is set up, and
 callers name the module that holds what they use. Tests that replace a function replace it in the module that calls it (e.g.

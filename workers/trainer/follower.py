@@ -1,6 +1,6 @@
-"""A learner group's follower: a rank other than rank 0, in a process of its own
+"""A learner gang's follower: a rank other than rank 0, in a process of its own
 (`python -m workers.trainer.follower rank ADDR PORT RANK PARENT GENERATION`, started by rank
-0's LearnerGroup, workers/algorithms/group.py), and another host's part of a group (`python -m
+0's LearnerGang, workers/algorithms/gang.py), and another host's part of a gang (`python -m
 workers.trainer.follower join ADDR PORT HOST`). It builds the run's learner as the train
 worker does (workers/trainer/resident.py's `policy_load`), takes rank 0's state, and trains on
 every batch rank 0 sends (the journal's entry, workers/trainer/journal.py) until told to stop.
@@ -23,16 +23,16 @@ import torch
 
 from kernel.config import config_validate
 from kernel.plugins import PluginMissing, plugins_load
-from workers.algorithms.group import (
+from workers.algorithms.gang import (
     READY,
     Channel,
-    GroupPlan,
-    GroupUnsupported,
+    GangPlan,
+    GangUnsupported,
     beat_start,
     code_check,
     dist_store,
-    group_backend,
-    group_join,
+    gang_backend,
+    gang_join,
     host_join,
     op_await,
     refusal_set,
@@ -70,7 +70,7 @@ def _orphan_watch(parent: int) -> None:
                 os._exit(3)
             time.sleep(1.0)
 
-    threading.Thread(target=watch, name="learner-group-parent", daemon=True).start()
+    threading.Thread(target=watch, name="learner-gang-parent", daemon=True).start()
 
 
 def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: int = 0) -> None:
@@ -92,7 +92,7 @@ def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: i
     plan = start.plan
     store.set(f"{READY}/{rank}", "1")
     store.add(READY, 1)
-    group_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
+    gang_join(store=store, rank=rank, world=plan.world, backend=start.backend, timeout=start.timeout)
     try:
         channel = Channel()
         if start.learner is None:  # sharded_load: its shards only, rank 0's trainable state into them
@@ -108,7 +108,7 @@ def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: i
         while True:
             number += 1
             if not op_await(store, number):
-                log.warning("learner group: rank 0 gave the group up (a rank was lost); rank %s ends", rank)
+                log.warning("learner gang: rank 0 gave the gang up (a rank was lost); rank %s ends", rank)
                 return
             msg = channel.message()
             op = msg.get("op")
@@ -132,11 +132,11 @@ def follower_main(*, addr: str, port: int, rank: int, generation: int, parent: i
 @dataclass(frozen=True)
 class _FollowerReady:
     """What a follower needs to join: the run's learner (None where it loads only its
-    shards, once joined: `follower_learner_sharded`), the group's plan, its backend and
+    shards, once joined: `follower_learner_sharded`), the gang's plan, its backend and
     timeout, the sharded snapshot to start from (if any), and whether rank 0 loaded only its
     shards too (then no rank takes rank 0's trainable state: they agree already)."""
     learner: Learner | None
-    plan: GroupPlan
+    plan: GangPlan
     backend: str
     timeout: datetime.timedelta
     checkpoint: str | None
@@ -150,14 +150,14 @@ class _FollowerReady:
 
 def follower_learner_sharded(start: _FollowerReady, *, rank: int) -> Learner:
     """A follower's learner on its shards only of the run's model (and of the reference
-    model, or the frozen base under an adapter), built once the group is joined (the shards
+    model, or the frozen base under an adapter), built once the gang is joined (the shards
     are the mesh's)."""
     return learner_sharded_build(LearnerBuild(cfg=start.cfg, spec=start.spec, tokenizer=start.tokenizer, source=start.source),
                                  world=start.plan.world, sharding=start.plan.sharding)
 
 
 def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
-    """The run's learner built from the group's spec in rank 0's store as rank 0 built its
+    """The run's learner built from the gang's spec in rank 0's store as rank 0 built its
     own, with the rest of what joining takes (`_FollowerReady`)."""
     import django
 
@@ -171,9 +171,9 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
         # the run's algorithm may be one of theirs.
         plugins_load(spec_in.get("plugins") or [], where=f"rank {rank}, as rank 0's RFT_PLUGINS")
     except PluginMissing as exc:
-        raise GroupUnsupported(f"{exc}; install it on every host of a learner group") from exc
-    plan = GroupPlan(world=int(spec_in["world"]), hosts=int(spec_in["hosts"]), sharding=str(spec_in["sharding"]))
-    backend, _ = group_backend(plan.local)
+        raise GangUnsupported(f"{exc}; install it on every host of a learner gang") from exc
+    plan = GangPlan(world=int(spec_in["world"]), hosts=int(spec_in["hosts"]), sharding=str(spec_in["sharding"]))
+    backend, _ = gang_backend(plan.local)
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % plan.local)
     cfg = config_validate(data=spec_in["config"])
@@ -200,15 +200,15 @@ def _follower_ready(store: dist.Store, *, rank: int) -> _FollowerReady:
 
 if __name__ == "__main__":
     if sys.argv[1] == "join":
-        # join ADDR PORT HOST: this host's ranks of the learner group rank 0 opened at ADDR:PORT.
+        # join ADDR PORT HOST: this host's ranks of the learner gang rank 0 opened at ADDR:PORT.
         try:
             sys.exit(host_join(addr=sys.argv[2], port=int(sys.argv[3]), host=int(sys.argv[4])))
-        except GroupUnsupported as exc:
-            sys.exit(f"learner group: {exc}")  # the message on stderr, exit status 1
+        except GangUnsupported as exc:
+            sys.exit(f"learner gang: {exc}")  # the message on stderr, exit status 1
     # rank ADDR PORT RANK PARENT GENERATION: a follower rank 0 (or `join`) started on its host.
     follower_main(addr=sys.argv[2], port=int(sys.argv[3]), rank=int(sys.argv[4]), parent=int(sys.argv[5]),
                   generation=int(sys.argv[6]))
-    # Told to stop, it has left the group and written what it was asked to: end now, as
+    # Told to stop, it has left the gang and written what it was asked to: end now, as
     # multiprocessing's children do. The interpreter's own teardown with torch loaded took
     # 3.9 s here and 11.6 s beside five busy loops (most of it collecting torch's objects),
     # longer than rank 0 waits before it kills a follower.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from workers.algorithms.batch import Rollout, TrainBatch
-    from workers.algorithms.group import LearnerGroup
+    from workers.algorithms.gang import LearnerGang
     from workers.algorithms.learner import Learner
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class Snapshotted(Protocol):
     @property
     def learner(self) -> Learner: ...
     @property
-    def group(self) -> LearnerGroup | None: ...
+    def gang(self) -> LearnerGang | None: ...
 
 
 def snapshot_save(*, res: Snapshotted, step: int) -> Path:
@@ -165,9 +165,9 @@ def snapshot_save(*, res: Snapshotted, step: int) -> Path:
     staging = parent / f".stage-{step}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
-    if res.group is not None:
+    if res.gang is not None:
         # Each rank its shard of the weights and optimizer state (torch.distributed.checkpoint).
-        res.group.save(staging / "dcp")
+        res.gang.save(staging / "dcp")
     else:
         res.model.save_pretrained(staging, safe_serialization=True)
         torch.save(res.learner.optimizer_state(), staging / "optimizer.pt")

@@ -1,5 +1,5 @@
 """The resident learner: each trainer process keeps a run's policy (and the reference model
-when the algorithm needs one, and a learner group's followers when trainer.processes > 1)
+when the algorithm needs one, and a learner gang's followers when trainer.processes > 1)
 in memory between steps, at most `_MAX_RESIDENT_RUNS` runs (RFT_TRAINER_RESIDENT_RUNS), least
 recently used first out.
 A resident is rebuilt as of the step the database says is done (workers/trainer/journal.py:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from apps.runs.ports import RunConfig
     from workers.algorithms.batch import TrainBatch
-    from workers.algorithms.group import LearnerGroup
+    from workers.algorithms.gang import LearnerGang
     from workers.algorithms.learner import Learner, LearnerSpec
     from workers.algorithms.sharding import LearnerBuild
 
@@ -55,8 +55,8 @@ class Resident:
     tokenizer: PreTrainedTokenizerBase
     ref_model: torch.nn.Module | None
     learner: Learner
-    # A learner group's rank 0 side (workers.algorithms.group) when trainer.processes > 1.
-    group: LearnerGroup | None = None
+    # A learner gang's rank 0 side (workers.algorithms.gang) when trainer.processes > 1.
+    gang: LearnerGang | None = None
     # time.monotonic() of the last task that used it (the idle reaper's clock).
     used: float = field(default_factory=time.monotonic)
 
@@ -91,8 +91,8 @@ def resident_for(run: RunView) -> Resident:
     precision_check(spec.precision, device=train_device())
     optimizer_check(spec.optimizer, device=train_device())
     tokenizer = tokenizer_from_pretrained(cfg.tokenizer or cfg.model)
-    # Rank 0 of a learner group that starts from the run's model builds on its shards only,
-    # once the group is joined (workers/algorithms/sharding.py); else the learner is whole.
+    # Rank 0 of a learner gang that starts from the run's model builds on its shards only,
+    # once the gang is joined (workers/algorithms/sharding.py); else the learner is whole.
     build = _rank0_build(run=run, spec=spec, tokenizer=tokenizer, source=source)
     learner: Learner | None = None
     if build is None:
@@ -100,7 +100,7 @@ def resident_for(run: RunView) -> Resident:
 
     processor = processor_load(str(cfg.model)) if is_vision_model(str(cfg.model)) else None
     if train_device() == "cpu" and settings.RFT_TRAINER_CPU_MMAP_THRESHOLD > 0:
-        # Rank 0 of a learner group holds its share of the batch and of each gradient: its
+        # Rank 0 of a learner gang holds its share of the batch and of each gradient: its
         # threshold is scaled to that share (workers/host_memory.py says why).
         cpu_allocator_tune(threshold=rank_mmap_threshold(settings.RFT_TRAINER_CPU_MMAP_THRESHOLD,
                                                          world=max(1, int(cfg.trainer.processes))))
@@ -108,21 +108,21 @@ def resident_for(run: RunView) -> Resident:
         learner = Learner(spec=spec, model=model, tokenizer=tokenizer, ref_model=ref_model, processor=processor)
         if optimizer_state is not None:
             learner.optimizer_state_load(optimizer_state)
-    group = group_start(run=run, learner=learner, checkpoint=sharded, build=build)
-    if group is not None:
-        learner, model, ref_model = group.learner, group.learner.model, group.learner.ref_model
+    gang = gang_start(run=run, learner=learner, checkpoint=sharded, build=build)
+    if gang is not None:
+        learner, model, ref_model = gang.learner, gang.learner.model, gang.learner.ref_model
     assert learner is not None
-    if group is None and sharded is not None:
+    if gang is None and sharded is not None:
         from workers.algorithms.sharding import sharded_load
 
         sharded_load(learner, sharded)
     if replay:
-        _replay(learner, replay, group=group)
+        _replay(learner, replay, gang=gang)
         log.info("run %s: replayed %s journaled step(s) up to step %s", run.id, len(replay), run.train_step)
-    # With a learner group the resident's model is the group's unsharded copy (what versions
+    # With a learner gang the resident's model is the gang's unsharded copy (what versions
     # are written from), brought up to date from the shards where one is written (`resident_whole`).
-    res = Resident(run.id, key, run.train_step, group.whole if group is not None and group.whole is not None else model,
-                   tokenizer, ref_model, learner, group)
+    res = Resident(run.id, key, run.train_step, gang.whole if gang is not None and gang.whole is not None else model,
+                   tokenizer, ref_model, learner, gang)
     if run.train_step > 0 and not fallback:
         # A crash may have left the newest version's background checkpoint unwritten.
         handover_repair(run=run, model=resident_whole(res), tokenizer=tokenizer, train_step=run.train_step)
@@ -139,16 +139,16 @@ def _resident_kept(run: RunView, key: str) -> Resident | None:
     """The resident policy where it is the run's as of `run.train_step` (None: dropped, and
     room made for the one about to be loaded)."""
     res = RESIDENTS.get(run.id)
-    # A learner group that lost a rank after its step was committed (while publishing or
+    # A learner gang that lost a rank after its step was committed (while publishing or
     # writing a snapshot) is not kept: its ranks may be anywhere in a collective.
-    broken = res is not None and res.group is not None and res.group.broken
+    broken = res is not None and res.gang is not None and res.gang.broken
     if res is not None and res.config_key == key and res.step == run.train_step and not broken:
         RESIDENTS.move_to_end(run.id)
         res.used = time.monotonic()
         return res
     resident_drop(run.id)
     # Least recently used first, but never one a train task is using (another thread of the
-    # embedded pool, mid-step: its learner group would be closed under it); with every
+    # embedded pool, mid-step: its learner gang would be closed under it); with every
     # resident busy, the cap is exceeded until one of them is done.
     with RESIDENTS_LOCK:
         idle = [run_id for run_id in RESIDENTS if run_id not in _BUSY]
@@ -160,7 +160,7 @@ def _resident_kept(run: RunView, key: str) -> Resident | None:
 @dataclass
 class _StartPoint:
     """Where a resident policy starts from: whole weights (`source`, with the optimizer's
-    state where saved) or a learner group's sharded snapshot (`sharded`, loaded after the
+    state where saved) or a learner gang's sharded snapshot (`sharded`, loaded after the
     learner is built from the config's model), then the journaled steps to replay."""
 
     source: str
@@ -198,7 +198,7 @@ def _start_point(run: RunView) -> _StartPoint:
 
 def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokenizerBase, source: str
                  ) -> LearnerBuild | None:
-    """What rank 0 of the run's learner group builds its learner from on its shards only
+    """What rank 0 of the run's learner gang builds its learner from on its shards only
     (None: one process, or a learner loaded whole first: see workers/algorithms/sharding.py)."""
     t = run.config.trainer
     if int(t.processes) <= 1:
@@ -211,21 +211,21 @@ def _rank0_build(*, run: RunView, spec: LearnerSpec, tokenizer: PreTrainedTokeni
     return LearnerBuild(cfg=run.config, spec=spec, tokenizer=tokenizer, source=None if str(source) == model else str(source))
 
 
-def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
-                 build: LearnerBuild | None = None) -> LearnerGroup | None:
-    """With trainer.processes > 1, the run's learner group (this process rank 0, followers
+def gang_start(*, run: RunView, learner: Learner | None, checkpoint: Path | None = None,
+               build: LearnerBuild | None = None) -> LearnerGang | None:
+    """With trainer.processes > 1, the run's learner gang (this process rank 0, followers
     started on this host), given this learner's state or, `checkpoint`, a sharded snapshot's;
     `learner` None: rank 0's is built on its shards from `build` (None: one process)."""
     t = run.config.trainer
     if int(t.processes) <= 1:
         return None
-    from workers.algorithms.group import GroupPlan, LearnerGroup
+    from workers.algorithms.gang import GangPlan, LearnerGang
     from workers.algorithms.learner import spec_from_config
 
-    # One learner group per process (it is the default process group): another run's idle
+    # One learner gang per process (it is the default process group): another run's idle
     # one goes first.
     with RESIDENTS_LOCK:
-        others = [rid for rid, r in RESIDENTS.items() if r.group is not None and rid != run.id and rid not in _BUSY]
+        others = [rid for rid, r in RESIDENTS.items() if r.gang is not None and rid != run.id and rid not in _BUSY]
     for rid in others:
         resident_drop(rid)
     # The policy's skeleton versions are written from, its weights on the meta device until
@@ -235,25 +235,25 @@ def group_start(*, run: RunView, learner: Learner | None, checkpoint: Path | Non
         from workers.algorithms.sharding import model_skeleton
 
         whole = model_skeleton(cfg=run.config, spec=spec_from_config(run.config))
-    return LearnerGroup(learner=learner, run_config=run.config_data,
-                        plan=GroupPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
-                        timeout_s=float(t.collective_timeout_s), whole=whole,
-                        addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint,
-                        build=build)
+    return LearnerGang(learner=learner, run_config=run.config_data,
+                       plan=GangPlan(world=int(t.processes), hosts=int(t.hosts), sharding=str(t.sharding)),
+                       timeout_s=float(t.collective_timeout_s), whole=whole,
+                       addr=settings.RFT_LEARNER_ADDR, port=settings.RFT_LEARNER_PORT, checkpoint=checkpoint,
+                       build=build)
 
 
 def resident_whole(res: Resident) -> torch.nn.Module:
-    """The resident's whole policy: its model, or its learner group's shards gathered."""
-    return res.group.whole_model() if res.group is not None else res.model
+    """The resident's whole policy: its model, or its learner gang's shards gathered."""
+    return res.gang.whole_model() if res.gang is not None else res.model
 
 
-def learner_step(learner: Learner, batch: TrainBatch, *, group: LearnerGroup | None, entry: bytes) -> dict[str, float]:
-    if group is None:
+def learner_step(learner: Learner, batch: TrainBatch, *, gang: LearnerGang | None, entry: bytes) -> dict[str, float]:
+    if gang is None:
         return learner.step(batch)
-    return dict(group.step(batch, entry=entry))
+    return dict(gang.step(batch, entry=entry))
 
 
-def _replay(learner: Learner, entries: list[Path], *, group: LearnerGroup | None = None) -> None:
+def _replay(learner: Learner, entries: list[Path], *, gang: LearnerGang | None = None) -> None:
     from workers.algorithms import NothingToTrain
 
     for path in entries:
@@ -261,17 +261,17 @@ def _replay(learner: Learner, entries: list[Path], *, group: LearnerGroup | None
         batch, rng = journal_decode(data)
         rng_restore(rng)
         try:
-            learner_step(learner, batch, group=group, entry=data)
+            learner_step(learner, batch, gang=gang, entry=data)
         except NothingToTrain:
             pass  # the original step made no update either
 
 
 def resident_drop(run_id: int) -> None:
-    """Forget the run's resident policy; a learner group's followers are told to end."""
+    """Forget the run's resident policy; a learner gang's followers are told to end."""
     with RESIDENTS_LOCK:
         res = RESIDENTS.pop(run_id, None)
-    if res is not None and res.group is not None:
-        res.group.close()
+    if res is not None and res.gang is not None:
+        res.gang.close()
 
 
 @contextmanager
@@ -303,10 +303,10 @@ def residents_reap(*, idle_seconds: float, ended: Collection[int] = ()) -> list[
                 if run_id not in _BUSY and (run_id in ended or now - res.used >= idle_seconds)]
         dropped = [RESIDENTS.pop(run_id) for run_id in idle]
     for res in dropped:
-        log.info("run %s: %s; its resident policy (and learner group) ends", res.run_id,
+        log.info("run %s: %s; its resident policy (and learner gang) ends", res.run_id,
                  "the run has ended" if res.run_id in ended else f"trainer idle for {now - res.used:.0f} s")
-        if res.group is not None:
-            res.group.close()
+        if res.gang is not None:
+            res.gang.close()
     return idle
 
 

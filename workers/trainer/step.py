@@ -132,10 +132,10 @@ def _publish_due(*, run: RunView, res: Resident) -> float | None:
     if memory_sync_applies(cfg) and not getattr(cfg.trainer, "lora", None):
         return MemorySync().publish(run=run, number=number, train_step=res.step, model=resident_whole(res), tokenizer=res.tokenizer)
     sync = weight_sync_for()
-    if res.group is not None and res.group.streams_versions and type(sync) is CheckpointSync:
+    if res.gang is not None and res.gang.streams_versions and type(sync) is CheckpointSync:
         # From the shards to the files one tensor at a time: rank 0 never holds the whole model.
         published = sync.publish_written(run=run, number=number, train_step=res.step, tokenizer=res.tokenizer,
-                                         write=res.group.version_write)
+                                         write=res.gang.version_write)
     else:
         published = sync.publish(run=run, number=number, train_step=res.step, model=resident_whole(res),
                                  tokenizer=res.tokenizer)
@@ -208,7 +208,7 @@ def trainer_step(
     finally:
         hold.end()
     if (run is not None and run.train_step >= run.config.total_steps) or result.get("run_status") in _ENDED:
-        # Nothing left to train: the policy's memory and a learner group's processes go now,
+        # Nothing left to train: the policy's memory and a learner gang's processes go now,
         # not when another run evicts them (the last step's snapshot holds the state). A run
         # that ends otherwise (a used-up buffer, a stop) is the reaper's next pass.
         resident_drop(run_id)
@@ -232,7 +232,7 @@ def _step_commit(*, run: RunView, res: Resident, step: int, worker: str, batch: 
     data = journal_encode(step=step, batch=batch, batch_ids=ids, rng=rng_state())
     journal = background_writer("trainer-journal").submit(journal_store, run_id=run_id, step=step, data=data)
     try:
-        metrics = learner_step(res.learner, batch, group=res.group, entry=data)
+        metrics = learner_step(res.learner, batch, gang=res.gang, entry=data)
     except NothingToTrain as exc:
         log.info("run %s step %s: %s; the batch is used up without an update", run_id, step, exc)
         metrics = {"skipped": 1.0}

@@ -1,5 +1,5 @@
 """The Celery task `workers.trainer.task.train_step(run_id, step)` on queue `train`: acked late,
-retried for transient database errors, a learner group's lost rank shown on the run page and
+retried for transient database errors, a learner gang's lost rank shown on the run page and
 the step sent again (once the run has trained a step), a failed weight sync sent again by the loop
 (failing the run once it keeps failing), any other error fails the run with its message;
 and the worker-start hook that imports the learner's libraries before the first step."""
@@ -15,7 +15,7 @@ from django.db import InterfaceError, OperationalError
 
 from apps.runs.ports import run_view, task_failure_record
 from rftweb.taskkit import celery_bound_task, on_signal
-from workers.group_lost import GroupLost
+from workers.gang_lost import GangLost
 from workers.weights.sync import SyncFailed
 from workers.trainer.resident import resident_drop
 from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker_name
@@ -23,26 +23,26 @@ from workers.trainer.step import StepConflict, StepOutcome, trainer_step, worker
 log = logging.getLogger(__name__)
 
 
-# The run page's name for a learner group's lost rank: not one of the run's tasks
+# The run page's name for a learner gang's lost rank: not one of the run's tasks
 # (apps.runs.failures.RUN_TASKS), so shown there but never counted towards failing the run.
-GROUP_LOST_TASK = "learner group"
+GANG_LOST_TASK = "learner gang"
 
 
-def group_lost(run_id: int, step: int, exc: GroupLost) -> StepOutcome:
-    """A learner group lost a rank (or one did not come back in time) during a step that has
+def gang_lost(run_id: int, step: int, exc: GangLost) -> StepOutcome:
+    """A learner gang lost a rank (or one did not come back in time) during a step that has
     trained before: nothing of the step was committed and its batch went back to the buffer
     (workers/trainer/step.py). The reason goes on the run page; the run keeps running and
-    the loop sends the step again, which re-forms the group once the host is back. At a run's
-    first step the group has never formed: that is a setup error, and the run fails with it."""
+    the loop sends the step again, which re-forms the gang once the host is back. At a run's
+    first step the gang has never formed: that is a setup error, and the run fails with it."""
     view = run_view(run_id)
     if view is None or view.train_step <= 0:
         run_fail(run_id, step, exc)
         return {"status": "failed", "error": str(exc)}
     try:
-        task_failure_record(run_id=run_id, task=GROUP_LOST_TASK, step=step, worker=worker_name(), exception=exc)
+        task_failure_record(run_id=run_id, task=GANG_LOST_TASK, step=step, worker=worker_name(), exception=exc)
     except Exception:
         log.exception("could not record run %s's lost learner rank", run_id)
-    return {"status": "group lost", "error": str(exc)}
+    return {"status": "gang lost", "error": str(exc)}
 
 
 def run_fail(run_id: int, step: int, exc: BaseException) -> None:
@@ -73,10 +73,10 @@ def train_step(self: Task, run_id: int, step: int) -> StepOutcome:
     try:
         return trainer_step(run_id=run_id, step=step, chain_seconds=settings.RFT_TRAIN_CHAIN_SECONDS,
                             task_id=self.request.id, node=self.request.hostname or "")
-    except GroupLost as exc:
+    except GangLost as exc:
         log.warning("run %s train step %s: %s", run_id, step, exc)
-        resident_drop(run_id)  # lost after its step committed (publishing): the group goes now
-        return group_lost(run_id, step, exc)
+        resident_drop(run_id)  # lost after its step committed (publishing): the gang goes now
+        return gang_lost(run_id, step, exc)
     except (OperationalError, InterfaceError, StepConflict, SoftTimeLimitExceeded) as exc:
         if isinstance(exc, StepConflict):
             return {"status": "conflict"}

@@ -283,8 +283,8 @@ class CheckpointSync:
     def publish_written(self, *, run: RunView, number: int, train_step: int, write: Callable[[Path], object],
                         tokenizer: PreTrainedTokenizerBase) -> Published:
         """As `publish`, the version's model files made by `write` in a fresh directory
-        instead of from a whole model in memory (a learner group streams its weights there
-        from the shards: LearnerGroup.version_write); atomic as `save_pretrained_atomic`."""
+        instead of from a whole model in memory (a learner gang streams its weights there
+        from the shards: LearnerGang.version_write); atomic as `save_pretrained_atomic`."""
         started = time.perf_counter()
         out, gone = version_dir(run.id, number), threading.Event()
 

@@ -1,6 +1,6 @@
 """Each algorithm's objective on the learner, one module each: the TRL trainer it borrows a
 loss from and the inputs it builds for it, its loss on a batch, whether a batch can move the
-weights at all, and its term of the loss on one rank of a learner group.
+weights at all, and its term of the loss on one rank of a learner gang.
 
 An objective is built once per `Learner` (`Objective(learner)`) and keeps what it built
 (its TRL trainers); the learner keeps what every algorithm shares (the models, the
@@ -61,20 +61,20 @@ class Objective:
         """Why `batch` cannot move the weights (None: it can, or only the loss can tell)."""
         return None
 
-    # -- a learner group ---------------------------------------------------------------
+    # -- a learner gang ---------------------------------------------------------------
 
     def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
         """Rank `rank`'s term of the objective on the whole `batch`: summed over the `world`
-        ranks the terms are `loss(batch)`, so the group's update is the one-process update.
+        ranks the terms are `loss(batch)`, so the gang's update is the one-process update.
         Every rank gets the whole batch and must call the model the same number of times (the
         FSDP2 collectives run in each forward and backward): a rank whose part is empty
         computes the loss on a borrowed row and weights it by zero. Whatever makes the
         whole batch untrainable raises NothingToTrain on every rank alike."""
-        raise NotImplementedError(f"{self.name} does not run as a learner group")
+        raise NotImplementedError(f"{self.name} does not run as a learner gang")
 
     @classmethod
     def shards(cls) -> bool:
-        """Whether it has a `shard_loss`, hence trains as a learner group."""
+        """Whether it has a `shard_loss`, hence trains as a learner gang."""
         return cls.shard_loss is not Objective.shard_loss
 
 

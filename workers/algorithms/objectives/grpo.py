@@ -2,7 +2,7 @@
 
 Its TRL trainer, the inputs dict TRL's own pipeline would have built from our stored
 rollouts, the KL reference's logprobs, the loss with its metrics, the no-gradient check and
-a learner group's term of the loss: all here (TRL's internals each leans on are pinned by
+a learner gang's term of the loss: all here (TRL's internals each leans on are pinned by
 tests/trainer/test_trl_bridge.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernel.algorithms import GROUP_PER_SEQUENCE
+from kernel.algorithms import PER_SEQUENCE_LOSS_TYPES
 from kernel.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, scored, trainable
@@ -159,7 +159,7 @@ class GRPO(Objective):
     def plan(self, rollouts: list[Rollout]) -> tuple[list[Rollout], torch.Tensor]:
         """(the rows the loss trains on, their advantages): advantages over every scored
         row of the whole batch (a masked one's reward still sets its group's baseline); the
-        loss sees only rows with at least one action token. A learner group takes the plan of
+        loss sees only rows with at least one action token. A learner gang takes the plan of
         the whole batch on every rank and deals its rows, so the advantages never change."""
         rows = scored(rollouts)
         if not rows:
@@ -228,7 +228,7 @@ class GRPO(Objective):
     def shard_loss(self, batch: TrainBatch, *, rank: int, world: int) -> tuple[torch.Tensor, dict[str, float]]:
         rows, advantages = self.plan(batch.usual)  # the whole batch's advantages
         index = {id(r): i for i, r in enumerate(rows)}
-        per_sequence = self.settings.loss_type in GROUP_PER_SEQUENCE
+        per_sequence = self.settings.loss_type in PER_SEQUENCE_LOSS_TYPES
 
         def loss_on(part: list[Rollout]) -> tuple[torch.Tensor, dict[str, float]]:
             return self.loss_on(part, advantages[[index[id(r)] for r in part]])

@@ -1,7 +1,7 @@
 """A learner sharded over 2 and 3 gloo processes with PyTorch's FSDP2 (and, sharded `none`,
 its DistributedDataParallel) makes the same update as one process on the whole batch: GRPO
 with every loss type (one with a KL term, so a sharded reference model), DPO, SFT and MIX.
-A checkpoint the group writes through torch.distributed.checkpoint (each rank its shard)
+A checkpoint the gang writes through torch.distributed.checkpoint (each rank its shard)
 resumes on one process and on three with the same next-step weights."""
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def _whole(learner: Learner) -> dict[str, torch.Tensor]:
 
 
 def _rank(rank: int, world: int, addr: str, addr_two: str, model_dir: str, out: str) -> None:
-    """One of three processes: ranks 0 and 1 first form a group of two (`addr_two`; rank 2
-    waits) for CASES_TWO and write a checkpoint (out/two/ckpt), then all three form a group of
+    """One of three processes: ranks 0 and 1 first form a gang of two (`addr_two`; rank 2
+    waits) for CASES_TWO and write a checkpoint (out/two/ckpt), then all three form a gang of
     three (`addr`) for CASES and resume the two ranks' checkpoint (out/three/three.pt). Each
     case's update is saved (rank 0's whole weights and gradients, or every rank's under DDP).
-    One set of processes for both groups, so each imports torch and TRL once (five starts
+    One set of processes for both gangs, so each imports torch and TRL once (five starts
     were most of the module's time)."""
     if rank < 2:
         # As a CPU train worker with RFT_TRAINER_CPU_MMAP_THRESHOLD: the heap trimmed after
@@ -109,15 +109,15 @@ def _rank(rank: int, world: int, addr: str, addr_two: str, model_dir: str, out: 
         from workers.host_memory import cpu_allocator_tune
 
         assert cpu_allocator_tune()
-        _group(rank, 2, addr_two, model_dir, CASES_TWO, Path(out) / "two")
-    _group(rank, world, addr, model_dir, CASES, Path(out) / "three")
+        _gang(rank, 2, addr_two, model_dir, CASES_TWO, Path(out) / "two")
+    _gang(rank, world, addr, model_dir, CASES, Path(out) / "three")
     # Every algorithm's TRL trainer was built here without importing vLLM or MLflow, which
     # TRL's GRPO trainer otherwise imports (~5 CPU s a process; workers/algorithms/trl_bridge.py).
     assert not {"vllm", "mlflow"} & set(sys.modules), "a learner process imported vLLM or MLflow"
 
 
-def _group(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: Path) -> None:
-    """In a group of `world` (the default process group, ended at the end): each case's
+def _gang(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[str, str, float, str]], out: Path) -> None:
+    """In a gang of `world` (the default process group, ended at the end): each case's
     update, then two ranks write a checkpoint and three resume the one two wrote."""
     import torch.distributed as dist
 
@@ -143,12 +143,12 @@ def _group(rank: int, world: int, addr: str, model_dir: str, cases: list[tuple[s
 
 
 @pytest.fixture(scope="module")
-def groups(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """The groups' outputs by world size (two/: CASES_TWO, then a checkpoint, ckpt/; three/:
+def gangs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The gangs' outputs by world size (two/: CASES_TWO, then a checkpoint, ckpt/; three/:
     CASES, then that checkpoint resumed, three.pt), from three processes started once."""
     import torch.multiprocessing as mp
 
-    out = tmp_path_factory.mktemp("learner-groups")
+    out = tmp_path_factory.mktemp("learner-gangs")
     for world in (2, 3):
         (out / ("two", "three")[world - 2]).mkdir()
     mp.start_processes(_rank, args=(3, f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}",
@@ -172,10 +172,10 @@ def _one_process(model_dir: Path, algorithm: str, loss_type: str, beta: float) -
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_loss_type(
-    tiny_model_dir: Path, groups: dict[int, Path], world: int
+    tiny_model_dir: Path, gangs: dict[int, Path], world: int
 ) -> None:
     cases = CASES_TWO if world == 2 else CASES
-    out = groups[world]
+    out = gangs[world]
     before = dict(_learner(str(tiny_model_dir), _spec("sft", "dapo", 0.0)).model.state_dict())
     for i, (algorithm, loss_type, beta, sharding) in enumerate(cases):
         case = f"{algorithm}/{loss_type}/beta={beta}/{sharding} on {world} ranks"
@@ -190,7 +190,7 @@ def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_
             # to lr on noise alone, hence a looser bound on the weights than on the gradients.
             torch.testing.assert_close(got["params"][name], value, atol=1e-4, rtol=1e-3, msg=lambda m: f"{case}: {name}: {m}")
         assert any(not torch.equal(before[n], one["params"][n]) for n in before), f"{case}: the step changed nothing"
-        assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), f"{case}: the group's loss metric is not the batch's"
+        assert got["loss"] == pytest.approx(one["loss"], abs=1e-5), f"{case}: the gang's loss metric is not the batch's"
         if sharding == "none":  # DDP: every rank holds the same whole weights
             other = torch.load(out / f"case{i}-rank1.pt")
             for name, value in got["params"].items():
@@ -201,7 +201,7 @@ def test_a_sharded_learner_makes_the_one_process_update_for_every_algorithm_and_
 
 
 def _ckpt_write(rank: int, world: int, model_dir: str, path: Path) -> None:
-    """In a group: one GRPO step on the whole model sharded, then the checkpoint, each rank its shard."""
+    """In a gang: one GRPO step on the whole model sharded, then the checkpoint, each rank its shard."""
     from workers.algorithms.sharding import learner_shard, sharded_save
 
     learner = _learner(model_dir, _spec("grpo", "dapo", 0.0))
@@ -211,7 +211,7 @@ def _ckpt_write(rank: int, world: int, model_dir: str, path: Path) -> None:
 
 
 def _ckpt_resume(rank: int, world: int, model_dir: str, path: Path, out: Path) -> None:
-    """In a group: the checkpoint at `path` loaded into a fresh sharded learner, the next step
+    """In a gang: the checkpoint at `path` loaded into a fresh sharded learner, the next step
     taken, the whole weights saved to `out` (rank 0)."""
     from workers.algorithms.sharding import learner_shard, sharded_load, whole_state
 
@@ -225,13 +225,13 @@ def _ckpt_resume(rank: int, world: int, model_dir: str, path: Path, out: Path) -
 
 
 def test_a_checkpoint_two_ranks_wrote_resumes_on_one_process_and_on_three_to_the_same_next_step(
-    tiny_model_dir: Path, groups: dict[int, Path]
+    tiny_model_dir: Path, gangs: dict[int, Path]
 ) -> None:
     from workers.algorithms.sharding import sharded_load
 
-    ckpt = groups[2] / "ckpt"
+    ckpt = gangs[2] / "ckpt"
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], "each rank its shard"
-    three = torch.load(groups[3] / "three.pt")
+    three = torch.load(gangs[3] / "three.pt")
 
     one = _learner(str(tiny_model_dir), _spec("grpo", "dapo", 0.0))
     sharded_load(one, ckpt)

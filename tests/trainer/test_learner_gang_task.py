@@ -1,8 +1,8 @@
 """A run whose trainer config asks for two learner processes: the train task starts the
-group itself (its own process as rank 0, one follower over gloo) and the version it
+gang itself (its own process as rank 0, one follower over gloo) and the version it
 publishes after a step holds the same weights as a one-process run trained on the same
 batch, for GRPO and SFT (FSDP2 over gloo; a published version is the whole model). What a
-group cannot run is refused in the run config (tests/trainer/test_learner_group_config.py)."""
+gang cannot run is refused in the run config (tests/trainer/test_learner_gang_config.py)."""
 
 from __future__ import annotations
 
@@ -77,32 +77,32 @@ def _trained_now(owner: Any, model_dir: Path, *, algorithm: str, processes: int,
                "hosts": hosts, **({"lora": lora} if lora else {})}
     run = running_run(owner, model_dir, algorithm=algorithm, train_batch_size=12, total_steps=5, trainer=trainer)
     _fill(run, expert=algorithm == "sft")
-    # A batch for step 2, fresh enough for it: the run goes on (a finished one's group ends).
+    # A batch for step 2, fresh enough for it: the run goes on (a finished one's gang ends).
     _fill(run, expert=algorithm == "sft", tag="b", version=1)
     out = trainer_task.train_step.apply(args=(run.pk, 1)).get()
     assert out["status"] == "trained", out
     if processes > 1:
         res = trainer_resident.RESIDENTS[run.pk]
-        assert res.group is not None and len(res.group.followers) == processes // hosts - 1
-        assert all(p.poll() is None for p in res.group.followers), "a follower process ended"
+        assert res.gang is not None and len(res.gang.followers) == processes // hosts - 1
+        assert all(p.poll() is None for p in res.gang.followers), "a follower process ended"
         assert Metric.objects.get(run=run, step=1, name="learner_processes").value == processes
-        _rank0_holds_its_rows_only(res.group)
+        _rank0_holds_its_rows_only(res.gang)
     version = ModelVersion.objects.get(run=run, number=1)
     return load_file(str(Path(version.checkpoint) / (ADAPTER_WEIGHTS if lora else "model.safetensors")))
 
 
-def _rank0_holds_its_rows_only(group: Any) -> None:
+def _rank0_holds_its_rows_only(gang: Any) -> None:
     """Rank 0 built its learner on its shards (the run's model) and holds its rows only of
     every weight of the policy and the reference model; the version's whole weights it
     gathered went when the next step began, or go now (the skeleton stays on the meta device)."""
-    assert group.rank0_sharded, "rank 0 loaded the whole model"
-    models = [group.learner.model, *([group.learner.ref_model] if group.learner.ref_model is not None else [])]
+    assert gang.rank0_sharded, "rank 0 loaded the whole model"
+    models = [gang.learner.model, *([gang.learner.ref_model] if gang.learner.ref_model is not None else [])]
     for model in models:
         for name, p in model.named_parameters():
             rows = p.shape[0]
-            assert p.to_local().shape[0] <= -(-rows // group.world), f"rank 0 holds all of {name}"
-    group.whole_release()
-    assert all(p.device.type == "meta" for p in group.whole.parameters())
+            assert p.to_local().shape[0] <= -(-rows // gang.world), f"rank 0 holds all of {name}"
+    gang.whole_release()
+    assert all(p.device.type == "meta" for p in gang.whole.parameters())
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "sft"])
@@ -123,13 +123,13 @@ def test_two_learner_processes_started_by_the_train_task_publish_the_one_process
         # Two partial gradient sums then the all-reduce: float noise only (Adam's first
         # step moves a weight by up to lr on a near-zero gradient, hence this bound).
         torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
-    # The group lives between steps (its run has steps left), and a stopped run's group ends
+    # The gang lives between steps (its run has steps left), and a stopped run's gang ends
     # with a train task sent before the stop (a stopped run gets no new one: the idle
     # reaper's case), refused before its step whether or not the stop took its dispatch back.
-    # Checked on this test's group: a group of its own cost a follower's start (issue 50).
-    run_id, group = next((pk, res.group) for pk, res in trainer_resident.RESIDENTS.items() if res.group is not None)
-    followers = list(group.followers)  # close() empties the list
-    assert followers and all(p.poll() is None for p in followers), "the group should live between steps"
+    # Checked on this test's gang: a gang of its own cost a follower's start (issue 50).
+    run_id, gang = next((pk, res.gang) for pk, res in trainer_resident.RESIDENTS.items() if res.gang is not None)
+    followers = list(gang.followers)  # close() empties the list
+    assert followers and all(p.poll() is None for p in followers), "the gang should live between steps"
     Run.objects.filter(pk=run_id).update(status=Run.Status.STOPPED)  # as run_transition's stop does
     assert trainer_task.train_step.apply(args=(run_id, 2)).get()["status"] in ("superseded", "not running")
     assert _followers_end(followers, within=60), "a stopped run's follower outlived it"
@@ -141,11 +141,11 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_lor
 ) -> None:
     """trainer.hosts: 2 with one process each, a LoRA run: the train task is rank 0 on its
     host, and a second "host" (`python -m workers.trainer.follower join`, its own
-    storage root) joins the group over 127.0.0.1 at RFT_LEARNER_PORT (with
+    storage root) joins the gang over 127.0.0.1 at RFT_LEARNER_PORT (with
     RFT_TRAINER_CPU_MMAP_THRESHOLD set there only). Every rank, rank 0 included, builds the
     frozen base on its shards and a fresh adapter from the run's seed: the adapter rank 0
     publishes is the one-process adapter, and the joined host ends cleanly with the run's
-    group. (A LoRA run on two processes of one host was a test of its own until 2026-11-26:
+    gang. (A LoRA run on two processes of one host was a test of its own until 2026-11-26:
     its ranks run the same code as a joined host's, started by rank 0 instead of `join`, and
     the follower path is the full-weight test's above; issue 50.)"""
     from tests.servers import ROOT, free_port, spawn, stop
@@ -163,13 +163,13 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_lor
                    str(settings.RFT_LEARNER_PORT), "1"], env=env, log=tmp_path / "host1.log")
     try:
         two = _trained(owner, tiny_model_dir, algorithm="grpo", processes=2, hosts=2, lora=lora)
-        group = next(res.group for res in trainer_resident.RESIDENTS.values() if res.group is not None)
-        assert group.plan.hosts == 2 and group.followers_started == [], "rank 1 is the other host's, not a follower here"
+        gang = next(res.gang for res in trainer_resident.RESIDENTS.values() if res.gang is not None)
+        assert gang.plan.hosts == 2 and gang.followers_started == [], "rank 1 is the other host's, not a follower here"
         assert one.keys() == two.keys() and one
         for name in one:
             torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
         for run_id in list(trainer_resident.RESIDENTS):
-            trainer_resident.resident_drop(run_id)  # rank 0 closes the group: the other host's rank ends
+            trainer_resident.resident_drop(run_id)  # rank 0 closes the gang: the other host's rank ends
         assert host1.wait(timeout=60) == 0, (tmp_path / "host1.log").read_text()[-3000:]
     finally:
         stop(host1)
@@ -178,15 +178,15 @@ def test_two_hosts_over_loopback_with_their_own_storage_make_the_one_process_lor
 def test_a_host_on_other_code_is_refused_naming_what_differs_and_nothing_else() -> None:
     """A host whose checkout or libraries differ from rank 0's would fail inside a collective
     with an error about tensor sizes: `join` compares the fingerprint rank 0 put in the
-    group's spec with its own (`code_check`) and refuses naming each difference with both
+    gang's spec with its own (`code_check`) and refuses naming each difference with both
     sides, and nothing that agrees. (`join` itself, its message and exit status, is the next
     test's: a subprocess of its own here cost a torch import; issue 50.)"""
-    from workers.algorithms.group import GroupUnsupported, code_check, code_fingerprint
+    from workers.algorithms.gang import GangUnsupported, code_check, code_fingerprint
 
     mine = code_fingerprint()
     other = {**mine, "sources": "0123456789abcdef", "torch": "2.99.0"}
     code_check({"code": mine}, where="host 1")  # the same code: no refusal
-    with pytest.raises(GroupUnsupported) as refused:
+    with pytest.raises(GangUnsupported) as refused:
         code_check({"code": other}, where="host 1")
     why = str(refused.value)
     assert "host 1 runs other code than rank 0" in why
@@ -213,8 +213,8 @@ def _step_that_fails(owner: Any, model_dir: Path, *, processes: int, hosts: int)
 def test_a_host_on_other_code_fails_the_runs_step_at_once_naming_what_differs(
     owner: Any, tiny_model_dir: Path, settings: Any, tmp_path: Path
 ) -> None:
-    """The other host's `join` refuses a group on other code (above); rank 0, waiting for
-    it, fails the step with that reason as soon as it refuses, not when the group's timeout
+    """The other host's `join` refuses a gang on other code (above); rank 0, waiting for
+    it, fails the step with that reason as soon as it refuses, not when the gang's timeout
     (the train task's time limit) has passed, and the run says why."""
     import shutil
 
@@ -222,7 +222,7 @@ def test_a_host_on_other_code_fails_the_runs_step_at_once_naming_what_differs(
     from tests.servers import ROOT, free_port, spawn, stop
 
     settings.RFT_LEARNER_PORT = free_port()
-    settings.RFT_TRAIN_TIME_LIMIT = 600  # the group's timeout: what rank 0 waited out before
+    settings.RFT_TRAIN_TIME_LIMIT = 600  # the gang's timeout: what rank 0 waited out before
     # The other host's checkout: this one with a file changed.
     other = tmp_path / "other-checkout"
     for part in ("kernel", "apps", "workers", "rftweb"):
@@ -251,7 +251,7 @@ def test_a_follower_that_cannot_start_fails_the_runs_step_at_once_with_its_reaso
     owner: Any, tiny_model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A follower rank 0 starts on its own host stops before it joins (here a setting it
-    cannot read): the step fails with the follower's reason at once, not at the group's
+    cannot read): the step fails with the follower's reason at once, not at the gang's
     timeout with a rendezvous error."""
     from apps.runs.models import Run
 
@@ -309,18 +309,18 @@ def test_a_celery_train_worker_runs_a_two_process_run_to_the_one_process_weights
         torch.testing.assert_close(two[name], one[name], atol=1e-4, rtol=1e-3)
 
 
-def _group_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every learner group the train task starts (the resident may be gone by the time it returns)."""
+def _gang_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every learner gang the train task starts (the resident may be gone by the time it returns)."""
     started: list[Any] = []
-    real = trainer_resident.group_start
+    real = trainer_resident.gang_start
 
     def spy(**kwargs: Any) -> Any:
-        group = real(**kwargs)
-        if group is not None:  # None: a one-process run's
-            started.append(group)
-        return group
+        gang = real(**kwargs)
+        if gang is not None:  # None: a one-process run's
+            started.append(gang)
+        return gang
 
-    monkeypatch.setattr("workers.trainer.resident.group_start", spy)
+    monkeypatch.setattr("workers.trainer.resident.gang_start", spy)
     return started
 
 
@@ -342,23 +342,23 @@ def _two_process_run_after_step_one(
     trainer: dict[str, Any] | None = None,
 ) -> tuple[Any, list[Any], list[Any]]:
     """A running two-process GRPO run that has trained step 1 through the train task (with a
-    batch for step 2 waiting when it has steps left): the run, its group's followers, and
-    every group the train task starts (this one first, later ones appended as they start)."""
+    batch for step 2 waiting when it has steps left): the run, its gang's followers, and
+    every gang the train task starts (this one first, later ones appended as they start)."""
     torch.set_num_threads(1)
-    started = _group_spy(monkeypatch)
+    started = _gang_spy(monkeypatch)
     run = running_run(owner, tiny_model_dir, train_batch_size=12, total_steps=total_steps,
                       trainer={"learning_rate": 1e-2, "loss_type": "grpo", "processes": 2, **(trainer or {})})
     _fill(run, expert=False)
     if total_steps > 1:
         _fill(run, expert=False, tag="b", version=1)  # a batch for step 2: the run goes on after step 1
     assert trainer_task.train_step.apply(args=(run.pk, 1)).get()["status"] == "trained"
-    return run, [p for group in started for p in group.followers_started], started
+    return run, [p for gang in started for p in gang.followers_started], started
 
 
 def _two_steps(owner: Any, model_dir: Path, settings: Any, monkeypatch: pytest.MonkeyPatch, *,
                processes: tuple[int, int]) -> dict[str, torch.Tensor]:
     """Step 1 with `processes[0]` learner processes (a snapshot after it), the resident gone
-    as a restarted worker would have it (a learner group's by the idle reaper, below), then
+    as a restarted worker would have it (a learner gang's by the idle reaper, below), then
     step 2 with `processes[1]`: version 2."""
     from safetensors.torch import load_file
 
@@ -370,16 +370,16 @@ def _two_steps(owner: Any, model_dir: Path, settings: Any, monkeypatch: pytest.M
     run = running_run(owner, model_dir, train_batch_size=12, total_steps=5, trainer=trainer)
     _fill(run, expert=False)
     _fill(run, expert=False, tag="b", version=1)
-    started = _group_spy(monkeypatch)
+    started = _gang_spy(monkeypatch)
     assert step_module.trainer_step(run_id=run.pk, step=1)["status"] == "trained"
     snapshot = trainer_journal.state_dir(run.pk, 1)
     if processes[0] > 1:
         assert (snapshot / "dcp" / ".metadata").exists() and len(list((snapshot / "dcp").glob("*.distcp"))) == processes[0]
         # A run with steps left that gets no train task (paused, stopped, its buffer used up):
         # the worker's idle reaper frees its policy and ends the followers after
-        # RFT_TRAINER_IDLE_SECONDS (1 s here; this was a test of its own, a group started
+        # RFT_TRAINER_IDLE_SECONDS (1 s here; this was a test of its own, a gang started
         # for it alone: issue 50).
-        followers = [p for group in started for p in group.followers_started]
+        followers = [p for gang in started for p in gang.followers_started]
         assert followers
         assert _followers_end(followers, within=90), "the idle reaper did not end the followers"
         assert run.pk not in trainer_resident.RESIDENTS
@@ -394,7 +394,7 @@ def test_a_sharded_snapshot_two_processes_wrote_resumes_in_one_process_to_the_on
 ) -> None:
     """The trainer's snapshot of a two-process run is sharded (each rank its file); a worker
     that restarts the run in one process loads it and trains step 2 as if nothing changed.
-    The two-process run's group, idle once step 1 is in, ends by the idle reaper."""
+    The two-process run's gang, idle once step 1 is in, ends by the idle reaper."""
     torch.set_num_threads(1)
     # Set before any resident loads: the reaper a load starts sleeps a quarter of this between passes.
     settings.RFT_TRAINER_IDLE_SECONDS = 1.0
@@ -460,7 +460,7 @@ def test_loading_a_resident_never_evicts_one_a_train_task_is_using(
     trainer_resident.resident_drop(idle.pk)
 
 
-# Three groups start (each a follower importing torch, transformers and Django): 16 min at load 40.
+# Three gangs start (each a follower importing torch, transformers and Django): 16 min at load 40.
 @pytest.mark.timeout(1800)
 def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resumes_using_every_experience_once(
     owner: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
@@ -468,7 +468,7 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     """Step 2 of a two-process run: once the follower has the batch and is inside its update,
     it is killed (SIGKILL, as a dead host). Rank 0's collective fails, the step raises and
     records nothing (the run stays at step 1, its batch goes back to the buffer unused); the
-    step sent again starts a new group from the last committed step, and the run finishes
+    step sent again starts a new gang from the last committed step, and the run finishes
     with every experience used exactly once."""
     import signal
 
@@ -498,19 +498,19 @@ def test_a_rank_killed_mid_step_fails_the_step_commits_nothing_and_the_run_resum
     run.refresh_from_db()
     assert run.train_step == 1, "the failed step was committed"
     assert not Metric.objects.filter(run=run, step=2).exists()
-    assert run.pk not in trainer_resident.RESIDENTS, "the broken group's weights were kept"
+    assert run.pk not in trainer_resident.RESIDENTS, "the broken gang's weights were kept"
     assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
 
     monkeypatch.setattr(Learner, "step", real_step)
-    for step in (2, 3):  # sent again by the loop: a new group (a new follower) resumes the run
+    for step in (2, 3):  # sent again by the loop: a new gang (a new follower) resumes the run
         assert step_module.trainer_step(run_id=run.pk, step=step)["status"] == "trained"
     run.refresh_from_db()
     assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
     assert Metric.objects.get(run=run, step=2, name="learner_processes").value == 2
     experiences_used_once(django_sql, run.pk, steps=3, batch=12)
-    # The run has no step left: the last group's followers exit and the resident goes (was a
-    # test of its own, a group started for it alone; issue 50).
-    last = [p for group in started[1:] for p in group.followers_started]
+    # The run has no step left: the last gang's followers exit and the resident goes (was a
+    # test of its own, a gang started for it alone; issue 50).
+    last = [p for gang in started[1:] for p in gang.followers_started]
     assert last and _followers_end(last, within=60), "a follower outlived its finished run"
     assert run.pk not in trainer_resident.RESIDENTS
 
@@ -525,7 +525,7 @@ def _train_task(run_id: int, step: int) -> StepOutcome:
     return out
 
 
-# Two groups start (each a follower importing torch, transformers and Django), and one step
+# Two gangs start (each a follower importing torch, transformers and Django), and one step
 # waits out the collective timeout.
 @pytest.mark.timeout(1200)
 def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collective_timeout_naming_it(
@@ -535,23 +535,23 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
     holds the batch it is stopped (SIGSTOP: its connections stay open and nothing resets
     them, as when its host is lost or its link cut, where a killed process's reset fails the
     collective at once). Rank 0's collective waits out the timeout; the train task answers
-    "group lost" within the timeout plus the heartbeat watch, naming rank 1 and its host; the
+    "gang lost" within the timeout plus the heartbeat watch, naming rank 1 and its host; the
     run keeps running with the reason on its page, nothing of step 2 is committed and its
-    batch is back in the buffer; the step sent again trains on a new group, and the run ends
+    batch is back in the buffer; the step sent again trains on a new gang, and the run ends
     with every experience used once."""
     import signal
     import time
 
     from apps.runs.models import Run, TaskFailure
     from tests.run_invariants import django_sql, experiences_used_once
-    from workers.algorithms.group import SILENT_S
+    from workers.algorithms.gang import SILENT_S
     from workers.algorithms.learner import Learner
 
     from tests.servers import free_port
 
     timeout_s = 30.0
     settings.RFT_TRAIN_CHAIN_SECONDS = 0  # one step a call: step 2 is the one the stop meets
-    # A fixed port, as another host's ranks need: the re-formed group binds it again.
+    # A fixed port, as another host's ranks need: the re-formed gang binds it again.
     settings.RFT_LEARNER_PORT = free_port()
     run, followers, _ = _two_process_run_after_step_one(owner, tiny_model_dir, monkeypatch, total_steps=3,
                                                         trainer={"collective_timeout_s": timeout_s})
@@ -573,7 +573,7 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
     finally:
         if followers[0].poll() is None:
             followers[0].send_signal(signal.SIGCONT)
-    assert out["status"] == "group lost", out
+    assert out["status"] == "gang lost", out
     assert "rank 1 (host 0, 127.0.0.1) stopped answering during a step" in out["error"], out
     assert "trainer.collective_timeout_s = 30 s" in out["error"], out
     # It waited for the timeout (no reset came) and not much longer: the stated bound.
@@ -584,12 +584,12 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
     assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'consumed'", [run.pk]) == [(12,)]
     assert django_sql("SELECT count(*) FROM buffer_experience WHERE run_id = %s AND status = 'leased'", [run.pk]) == [(0,)]
     shown = TaskFailure.objects.get(run=run)
-    assert (shown.task, shown.step) == ("learner group", 2) and "rank 1 (host 0, 127.0.0.1)" in shown.message
-    assert _followers_end(followers, within=60), "the stopped follower outlived its broken group"
+    assert (shown.task, shown.step) == ("learner gang", 2) and "rank 1 (host 0, 127.0.0.1)" in shown.message
+    assert _followers_end(followers, within=60), "the stopped follower outlived its broken gang"
 
     monkeypatch.setattr(Learner, "step", real_step)
     recovered = time.monotonic()
-    for step in (2, 3):  # sent again by the loop: a new group resumes the run
+    for step in (2, 3):  # sent again by the loop: a new gang resumes the run
         assert _train_task(run.pk, step)["status"] == "trained"
         if step == 2:
             recover_s = time.monotonic() - recovered
@@ -597,4 +597,4 @@ def test_a_rank_that_stops_answering_mid_step_fails_the_step_within_the_collecti
     assert (run.status, run.train_step) == (Run.Status.FINISHED, 3)
     experiences_used_once(django_sql, run.pk, steps=3, batch=12)
     print(f"rank stopped mid-step: failed after {detect_s:.1f} s (timeout {timeout_s:.0f} s), step 2 trained on a"
-          f" new group {recover_s:.1f} s after; load average {os.getloadavg()[0]:.1f}")
+          f" new gang {recover_s:.1f} s after; load average {os.getloadavg()[0]:.1f}")

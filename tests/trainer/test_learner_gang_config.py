@@ -1,7 +1,7 @@
-"""What a learner group cannot run (fp16's loss scaler, hosts that do not split the ranks
+"""What a learner gang cannot run (fp16's loss scaler, hosts that do not split the ranks
 evenly, a sharding that does not exist) is refused in the run config, naming the field; every
-algorithm and loss type may run as one. The config alone: no database, no process (the groups
-themselves are tests/trainer/test_learner_group_task.py's)."""
+algorithm and loss type may run as one. The config alone: no database, no process (the gangs
+themselves are tests/trainer/test_learner_gang_task.py's)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kernel.config import ConfigInvalid, config_validate
     ({"trainer": {"processes": 2, "precision": "fp16"}}, "processes: fp16's loss scaler is one process's"),
     ({"trainer": {"processes": 3, "hosts": 2}}, "hosts: 3 processes do not split evenly over 2 hosts"),
 ])
-def test_a_learner_group_that_cannot_run_is_refused_in_the_config_naming_the_field(
+def test_a_learner_gang_that_cannot_run_is_refused_in_the_config_naming_the_field(
     config: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigInvalid) as refused:
@@ -29,7 +29,7 @@ def test_a_learner_group_that_cannot_run_is_refused_in_the_config_naming_the_fie
     {"processes": 4, "hosts": 2, "sharding": "grad_op"}, {"processes": 2, "sharding": "none", "precision": "bf16"},
 ])
 @pytest.mark.parametrize("algorithm", ["grpo", "dpo", "sft", "mix"])
-def test_every_algorithm_and_loss_type_may_run_as_a_learner_group(algorithm: str, trainer: dict[str, Any]) -> None:
+def test_every_algorithm_and_loss_type_may_run_as_a_learner_gang(algorithm: str, trainer: dict[str, Any]) -> None:
     cfg = config_validate(data={"model": "m", "algorithm": algorithm, "trainer": trainer})
     assert cfg.trainer.processes == trainer["processes"]
 

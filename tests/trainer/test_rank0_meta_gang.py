@@ -1,8 +1,8 @@
 """Issue 66.5 end to end: a run of two learner processes whose trainer state was lost resumes
 from its newest published version (full weights, or a LoRA run's adapter folder) with rank 0 on its shards only, every rank
 reading its rows of the version (LearnerBuild.source), and its next version holds the weights
-a one-process trainer resuming from the same version makes. (It found a learner group's
-snapshot of a fresh optimizer giving it a zero step, so the group's next step was Adam's
+a one-process trainer resuming from the same version makes. (It found a learner gang's
+snapshot of a fresh optimizer giving it a zero step, so the gang's next step was Adam's
 second: workers/algorithms/sharding.py `_dcp_state` now leaves a fresh one fresh.)"""
 
 from __future__ import annotations
@@ -94,11 +94,11 @@ def _resumed(owner: Any, model_dir: Path, version: Path, processes: int, lora: b
     out = trainer_task.train_step.apply(args=(run.pk, 2)).get()
     assert out["status"] == "trained", out
     if processes > 1:
-        group = trainer_resident.RESIDENTS[run.pk].group
-        assert group is not None and group.rank0_sharded, "rank 0 loaded the whole version"
-        for model in [m for m in (group.learner.model, group.learner.ref_model) if m is not None]:
+        gang = trainer_resident.RESIDENTS[run.pk].gang
+        assert gang is not None and gang.rank0_sharded, "rank 0 loaded the whole version"
+        for model in [m for m in (gang.learner.model, gang.learner.ref_model) if m is not None]:
             for name, p in model.named_parameters():
-                assert p.to_local().shape[0] <= -(-p.shape[0] // group.world), f"rank 0 holds all of {name}"
+                assert p.to_local().shape[0] <= -(-p.shape[0] // gang.world), f"rank 0 holds all of {name}"
     return load_file(str(Path(ModelVersion.objects.get(run=run, number=2).checkpoint)
                          / (ADAPTER_WEIGHTS if lora else "model.safetensors")))
 

@@ -1,4 +1,4 @@
-"""A learner as a group of processes, on PyTorch's own sharding: FSDP2 (`fully_shard`) or,
+"""A learner as a gang of processes, on PyTorch's own sharding: FSDP2 (`fully_shard`) or,
 sharded `none`, DistributedDataParallel (gloo on CPU, NCCL on GPUs).
 
 Every rank builds the same learner, takes rank 0's trainable state (weights, optimizer),
@@ -16,13 +16,13 @@ completion tokens or pairs, as TRL normalises each loss — with GRPO advantages
 the whole batch first), so the reduced gradient, and the update, is the one-process update
 on the whole batch. Every algorithm and loss type runs so.
 
-`LearnerGroup` is how a train worker runs a run's learner that way (`trainer.processes`
+`LearnerGang` is how a train worker runs a run's learner that way (`trainer.processes`
 > 1): its own process is rank 0 and keeps everything the trainer does (claims, journal,
 commits, checkpoints, versions); it starts the other ranks (`python -m
 workers.trainer.follower`) and they join one process group through a TCP store on
 rank 0's host (RFT_LEARNER_ADDR / RFT_LEARNER_PORT). Rank 0 sends them each step's batch
 (the journal entry, with the RNG state it starts from). The plugin modules rank 0 loaded
-(RFT_PLUGINS, kernel/plugins.py) are in the group's spec, and every other rank imports them
+(RFT_PLUGINS, kernel/plugins.py) are in the gang's spec, and every other rank imports them
 before it reads the run's config: an algorithm added from a file of its own trains sharded
 too. Rank 0 too builds its learner on its
 shards only where it starts from the run's model (workers/algorithms/sharding.py). A
@@ -30,20 +30,20 @@ published version is a whole model: the ranks gather it one tensor at a time int
 skeleton of the policy (`whole`, on the meta device), which lets go of it at the next step. Snapshots are sharded (`torch.distributed.checkpoint`: each rank writes its
 shard; they load on any number of ranks, or in one process).
 
-The group is the process's default process group (DeviceMesh needs one), so a train
-worker runs one learner group at a time and cannot also hold the NCCL weight sync's
-group (RFT_WEIGHT_SYNC=nccl). A follower ends when rank 0 closes the group or its parent
+The gang is the process's default process group (DeviceMesh needs one), so a train
+worker runs one learner gang at a time and cannot also hold the NCCL weight sync's
+group (RFT_WEIGHT_SYNC=nccl). A follower ends when rank 0 closes the gang or its parent
 process goes away; a rank that stops before joining tells rank 0 why through the store, and
-the group's start fails at once with that reason (`ranks_await`).
+the gang's start fails at once with that reason (`ranks_await`).
 
 Every collective and the rendezvous wait at most the run's `trainer.collective_timeout_s`
-(gloo's and NCCL's own timeout, set when the group is made). A rank whose host is lost or
+(gloo's and NCCL's own timeout, set when the gang is made). A rank whose host is lost or
 whose link is cut sends no reset: the others' collective waits that long and fails; a rank
 whose process dies fails it at once (its connection resets). Either way rank 0 raises
-GroupLost naming the ranks that stopped answering and their hosts (each follower keeps a
+GangLost naming the ranks that stopped answering and their hosts (each follower keeps a
 heartbeat counter in rank 0's store and says there at which address it reaches rank 0), and
 nothing of the step is committed. Between steps a follower waits for rank 0's next operation
-in the store (`op_await`), not inside a collective, so a group idle for longer than the
+in the store (`op_await`), not inside a collective, so a gang idle for longer than the
 timeout (rollouts between two steps) is not taken for a lost one.
 """
 
@@ -83,7 +83,7 @@ from workers.algorithms.sharding import (
     whole_release,
     whole_write,
 )
-from workers.group_lost import GroupLost
+from workers.gang_lost import GangLost
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -108,21 +108,21 @@ SILENT_S = 3.0
 OP_POLL_S = 0.05
 
 # The follower's program (its `rank` and `join` commands): the trainer's, since a follower
-# rebuilds the learner as the train worker does. Named here, not imported: the group starts
+# rebuilds the learner as the train worker does. Named here, not imported: the gang starts
 # it as a process of its own.
 FOLLOWER_MODULE = "workers.trainer.follower"
 
 
-# ----------------------------------------------------------------------------- a group of processes
+# ----------------------------------------------------------------------------- a gang of processes
 
 
-class GroupUnsupported(InvalidInput, ValueError):
-    """This host cannot run the learner group asked for (say, fewer GPUs than processes)."""
+class GangUnsupported(InvalidInput, ValueError):
+    """This host cannot run the learner gang asked for (say, fewer GPUs than processes)."""
 
-    code = "group_unsupported"
+    code = "gang_unsupported"
 
 
-def group_backend(local: int) -> tuple[str, str]:
+def gang_backend(local: int) -> tuple[str, str]:
     """(backend, rank 0's device) for `local` learner processes on this host: NCCL (gloo
     beside it for the CPU messages) with a GPU per process, gloo where there is no GPU; a
     host with GPUs, but fewer than processes, is refused (NCCL will not put two ranks on
@@ -130,8 +130,8 @@ def group_backend(local: int) -> tuple[str, str]:
     if not torch.cuda.is_available():
         return "gloo", "cpu"
     if torch.cuda.device_count() < local:
-        raise GroupUnsupported(f"trainer.processes: {local} learner processes need {local} GPUs on the train "
-                               f"worker's host; it has {torch.cuda.device_count()}")
+        raise GangUnsupported(f"trainer.processes: {local} learner processes need {local} GPUs on the train "
+                              f"worker's host; it has {torch.cuda.device_count()}")
     return "cpu:gloo,cuda:nccl", "cuda:0"
 
 
@@ -139,7 +139,7 @@ def group_backend(local: int) -> tuple[str, str]:
 def code_fingerprint() -> dict[str, str]:
     """What every rank must share with rank 0: this checkout's Python sources (apps, workers,
     rftweb) and the libraries that shape the model and the messages. Read once a process (at
-    its first group), so files changed under a running worker after that do not move it."""
+    its first gang), so files changed under a running worker after that do not move it."""
     root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(p for part in ("apps", "workers", "rftweb") for p in (root / part).rglob("*.py")):
@@ -152,8 +152,8 @@ def code_fingerprint() -> dict[str, str]:
 
 
 def code_check(spec: dict[str, object], *, where: str) -> None:
-    """GroupUnsupported naming what differs when this process runs other code than rank 0
-    (whose fingerprint the group's spec carries): on other code a rank would fail inside a
+    """GangUnsupported naming what differs when this process runs other code than rank 0
+    (whose fingerprint the gang's spec carries): on other code a rank would fail inside a
     collective, with an error about tensor sizes rather than the cause."""
     theirs = spec.get("code")
     mine = code_fingerprint()
@@ -161,21 +161,21 @@ def code_check(spec: dict[str, object], *, where: str) -> None:
         theirs = {}
     differ = [f"{k} {mine[k]} here, {theirs.get(k, 'unknown')} at rank 0" for k in mine if theirs.get(k) != mine[k]]
     if differ:
-        raise GroupUnsupported(f"{where} runs other code than rank 0 ({'; '.join(differ)}): install the same "
-                               "commit and libraries on every host of a learner group")
+        raise GangUnsupported(f"{where} runs other code than rank 0 ({'; '.join(differ)}): install the same "
+                              "commit and libraries on every host of a learner gang")
 
 
-# A group's start in rank 0's store: each other rank adds one to READY just before it joins
+# A gang's start in rank 0's store: each other rank adds one to READY just before it joins
 # the process group; a rank, or another host's `join`, that cannot join sets REFUSED to why.
 # Rank 0 waits on these before it joins itself (`ranks_await`): a refusal, or a follower that
-# ended, fails the group start at once with its reason, where waiting inside the process
+# ended, fails the gang start at once with its reason, where waiting inside the process
 # group's rendezvous would last its whole timeout (the train task's time limit) and then say
 # only that it timed out.
 READY, REFUSED = "rft/ready", "rft/refused"
 # Each follower's address as it reaches rank 0 (HOST + rank), its heartbeat counter (BEAT +
-# rank), and rank 0's operations in turn (OP + number: "go", or "abort" for a broken group).
+# rank), and rank 0's operations in turn (OP + number: "go", or "abort" for a broken gang).
 # Another host's `join` keeps a heartbeat of its own (JOINING + host) from when it has read the
-# group's plan: its ranks are starting (torch imported, the model loaded), not lost.
+# gang's plan: its ranks are starting (torch imported, the model loaded), not lost.
 HOST, BEAT, OP, JOINING = "rft/host/", "rft/beat/", "rft/op/", "rft/joining/"
 
 
@@ -205,10 +205,10 @@ def beat_start(*, addr: str, port: int, generation: int, rank: int | None = None
             try:
                 store.add(key, 1)
             except Exception:
-                return  # rank 0's store is gone: so is the group
+                return  # rank 0's store is gone: so is the gang
             time.sleep(BEAT_S)
 
-    threading.Thread(target=beat, name="learner-group-beat", daemon=True).start()
+    threading.Thread(target=beat, name="learner-gang-beat", daemon=True).start()
 
 
 def ranks_silent(store: dist.Store, *, world: int, watch_s: float = SILENT_S) -> list[int]:
@@ -239,7 +239,7 @@ def is_comm_error(exc: BaseException) -> bool:
 
 
 def op_await(store: dist.Store, number: int) -> bool:
-    """Wait (as long as it takes) for rank 0's operation `number`; False: rank 0 gave the group up."""
+    """Wait (as long as it takes) for rank 0's operation `number`; False: rank 0 gave the gang up."""
     key = f"{OP}{number}"
     while not store.check([key]):
         time.sleep(OP_POLL_S)
@@ -247,19 +247,19 @@ def op_await(store: dist.Store, number: int) -> bool:
 
 
 def refusal_set(store: dist.Store, exc: BaseException, *, where: str) -> None:
-    """Tell rank 0 why `where` will not join: GroupUnsupported stays one there (the run's
+    """Tell rank 0 why `where` will not join: GangUnsupported stays one there (the run's
     error names what to change), anything else comes back as a RuntimeError."""
-    why = str(exc) if isinstance(exc, GroupUnsupported) else f"{where} could not start: {type(exc).__name__}: {exc}"
+    why = str(exc) if isinstance(exc, GangUnsupported) else f"{where} could not start: {type(exc).__name__}: {exc}"
     try:
-        store.set(REFUSED, json.dumps({"unsupported": isinstance(exc, GroupUnsupported), "why": why}))
+        store.set(REFUSED, json.dumps({"unsupported": isinstance(exc, GangUnsupported), "why": why}))
     except Exception:  # rank 0 gone too: nobody to tell
-        log.warning("learner group: could not tell rank 0 why %s stopped", where, exc_info=True)
+        log.warning("learner gang: could not tell rank 0 why %s stopped", where, exc_info=True)
 
 
 def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
                 followers: list[subprocess.Popen[bytes]], poll_s: float = 0.2) -> None:
     """Return once the other `world - 1` ranks are joining; raise with a rank's refusal
-    (`refusal_set`), when a follower started here ended first, or, GroupLost, when a rank has
+    (`refusal_set`), when a follower started here ended first, or, GangLost, when a rank has
     given no sign of life for `timeout`: ranks started here are waited for while they live,
     another host's while its `join` or the rank itself beats (`beat_start`; their start,
     torch imported and the model loaded, is not a host lost)."""
@@ -270,9 +270,9 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
         ended = [(p.pid, p.returncode) for p in followers if p.poll() is not None]
         if store.check([REFUSED]):  # read after `ended`: a follower sets it before it exits
             refusal = json.loads(store.get(REFUSED))
-            raise (GroupUnsupported if refusal["unsupported"] else RuntimeError)(f"learner group: {refusal['why']}")
+            raise (GangUnsupported if refusal["unsupported"] else RuntimeError)(f"learner gang: {refusal['why']}")
         if ended:
-            raise RuntimeError(f"learner group: follower process(es) ended before joining (pid, exit status): {ended}")
+            raise RuntimeError(f"learner gang: follower process(es) ended before joining (pid, exit status): {ended}")
         ready = store.add(READY, 0)
         if ready >= world - 1:
             return
@@ -282,9 +282,9 @@ def ranks_await(store: dist.Store, *, world: int, timeout: datetime.timedelta,
             deadline = time.monotonic() + timeout.total_seconds()
         elif time.monotonic() > deadline:
             who = ", ".join(f"rank {r} (host {r // local})" for r in absent)
-            raise GroupLost(f"learner group: {who} did not come within {timeout.total_seconds():g} s "
-                            "(trainer.collective_timeout_s); is `python -m workers.trainer.follower join ADDR "
-                            "PORT HOST` running on every other host, and can it reach this one?")
+            raise GangLost(f"learner gang: {who} did not come within {timeout.total_seconds():g} s "
+                           "(trainer.collective_timeout_s); is `python -m workers.trainer.follower join ADDR "
+                           "PORT HOST` running on every other host, and can it reach this one?")
         time.sleep(poll_s)
 
 
@@ -299,22 +299,22 @@ def _beating(store: dist.Store, keys: list[str], seen: dict[str, tuple[int, floa
     return any(now - seen[k][1] < SILENT_S for k in keys if seen[k][0])
 
 
-def group_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
-    """Make the learner group this process's default process group (FSDP2's DeviceMesh
+def gang_join(*, store: dist.Store, rank: int, world: int, backend: str, timeout: datetime.timedelta) -> None:
+    """Make the learner gang this process's default process group (FSDP2's DeviceMesh
     takes the default one)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        raise GroupUnsupported("a learner group needs this process's default process group, and it is taken (the NCCL "
-                               "weight sync, or another run's learner group): use RFT_WEIGHT_SYNC=checkpoint, or one "
-                               "learner group per train worker")
+        raise GangUnsupported("a learner gang needs this process's default process group, and it is taken (the NCCL "
+                              "weight sync, or another run's learner gang): use RFT_WEIGHT_SYNC=checkpoint, or one "
+                              "learner gang per train worker")
     dist.init_process_group(backend, store=dist.PrefixStore("learner", store), rank=rank, world_size=world,
                             timeout=timeout)
 
 
-class GroupMessage(TypedDict, total=False):
+class GangMessage(TypedDict, total=False):
     """What rank 0 tells the other ranks over the channel: an operation (with the path a
-    `save` writes to), or the names of the trainable weights when the group starts."""
+    `save` writes to), or the names of the trainable weights when the gang starts."""
 
     op: Literal["step", "whole", "save", "stop"]
     path: str
@@ -336,8 +336,8 @@ class Channel:
         dist.broadcast(buf, src=0)
         return data if data is not None else bytes(buf.numpy().tobytes())
 
-    def message(self, msg: GroupMessage | None = None) -> GroupMessage:
-        out: GroupMessage = json.loads(self.bytes(json.dumps(msg).encode() if msg is not None else None))
+    def message(self, msg: GangMessage | None = None) -> GangMessage:
+        out: GangMessage = json.loads(self.bytes(json.dumps(msg).encode() if msg is not None else None))
         return out
 
     def tensors(self, tensors: list[torch.Tensor]) -> None:
@@ -360,7 +360,7 @@ def state_share(channel: Channel, learner: Learner, *, rank: int) -> None:
     names = [n for n, p in learner.model.named_parameters() if p.requires_grad]
     got = channel.message({"names": names} if rank == 0 else None)["names"]
     if got != names:
-        raise RuntimeError(f"learner group: rank {rank} holds other trainable weights than rank 0 "
+        raise RuntimeError(f"learner gang: rank {rank} holds other trainable weights than rank 0 "
                            f"({len(names)} against {len(got)})")
     channel.tensors([p for p in learner.model.parameters() if p.requires_grad])
     if rank == 0:
@@ -374,8 +374,8 @@ def state_share(channel: Channel, learner: Learner, *, rank: int) -> None:
 
 
 @dataclass
-class GroupPlan:
-    """What a learner group is: ranks in all, over how many hosts, sharded how."""
+class GangPlan:
+    """What a learner gang is: ranks in all, over how many hosts, sharded how."""
 
     world: int
     hosts: int = 1
@@ -387,25 +387,25 @@ class GroupPlan:
         return self.world // self.hosts
 
 
-class LearnerGroup:
-    """Rank 0's side of a learner group: the follower processes it started on its host, the
+class LearnerGang:
+    """Rank 0's side of a learner gang: the follower processes it started on its host, the
     channel to every rank, and an unsharded copy of the policy (`whole`) that versions are
-    written from. `step` is one update of the whole group on a batch."""
+    written from. `step` is one update of the whole gang on a batch."""
 
-    def __init__(self, *, learner: Learner | None, run_config: JSONObject, plan: GroupPlan, timeout_s: float,
+    def __init__(self, *, learner: Learner | None, run_config: JSONObject, plan: GangPlan, timeout_s: float,
                  whole: torch.nn.Module | None = None, addr: str = "127.0.0.1", port: int = 0, checkpoint: Path | None = None,
                  build: LearnerBuild | None = None) -> None:
         """`learner`: rank 0's, whole, sharded here; None: built here on its shards only once
-        the group is joined, from `build` (workers.algorithms.sharding)."""
+        the gang is joined, from `build` (workers.algorithms.sharding)."""
         import torch.distributed as dist
 
         spec = learner.spec if learner is not None else build.spec if build is not None else None
-        assert spec is not None, "a learner group needs rank 0's learner or what to build it from"
+        assert spec is not None, "a learner gang needs rank 0's learner or what to build it from"
         if not objective_class(spec.algorithm).shards():
-            raise GroupUnsupported(f"trainer.processes: {spec.algorithm} has no sharded objective; set processes: 1")
+            raise GangUnsupported(f"trainer.processes: {spec.algorithm} has no sharded objective; set processes: 1")
         self.plan = plan
         self.world = plan.world
-        self.backend, _ = group_backend(plan.local)
+        self.backend, _ = gang_backend(plan.local)
         self.whole = whole
         # The followers load only their shards of the model and take rank 0's trainable state
         # into them (`learner_shard` from_rank0), or, rank 0 built on its shards too, agree
@@ -414,7 +414,7 @@ class LearnerGroup:
         self.rank0_sharded = learner is None
         self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
-        # Port 0: the system picks a free one (no race with another group starting); ranks
+        # Port 0: the system picks a free one (no race with another gang starting); ranks
         # on other hosts need a fixed one (RFT_LEARNER_PORT).
         store, self.generation, self.port = _store_open("0.0.0.0" if plan.hosts > 1 else addr, port, world=plan.world,
                                                         timeout=timeout)
@@ -442,7 +442,7 @@ class LearnerGroup:
         self.channel: Channel | None = None
         try:
             ranks_await(store, world=plan.world, timeout=timeout, followers=self.followers)
-            group_join(store=store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
+            gang_join(store=store, rank=0, world=plan.world, backend=self.backend, timeout=timeout)
             self.channel = Channel()
             if learner is None:
                 assert build is not None
@@ -455,32 +455,32 @@ class LearnerGroup:
             if checkpoint is not None:
                 sharded_load(learner, checkpoint)
         except BaseException as exc:
-            # A rank lost while the group forms is a GroupLost too; a rank's refusal is not.
-            lost = self._failed(exc, "the group's start") if is_comm_error(exc) else None
+            # A rank lost while the gang forms is a GangLost too; a rank's refusal is not.
+            lost = self._failed(exc, "the gang's start") if is_comm_error(exc) else None
             self.broken = True
             self.close()
             if lost is not None:
                 raise lost from exc
             raise
-        log.info("learner group of %s processes over %s host(s) (%s, sharding %s) started: followers %s", plan.world,
+        log.info("learner gang of %s processes over %s host(s) (%s, sharding %s) started: followers %s", plan.world,
                  plan.hosts, self.backend, plan.sharding, [p.pid for p in self.followers])
 
     def _alive(self) -> None:
         dead = [p.pid for p in self.followers if p.poll() is not None]
         if dead:
             self.broken = True
-            raise RuntimeError(f"learner group: follower process(es) {dead} ended; the group is restarted")
+            raise RuntimeError(f"learner gang: follower process(es) {dead} ended; the gang is restarted")
 
-    def _op(self, msg: GroupMessage) -> None:
+    def _op(self, msg: GangMessage) -> None:
         self._alive()
         assert self.channel is not None and self._store is not None
         self.ops += 1
         self._store.set(f"{OP}{self.ops}", "go")  # the followers wait for it outside any collective
         self.channel.message(msg)
 
-    def _failed(self, exc: BaseException, doing: str) -> GroupLost | None:
-        """The group is broken; where a rank was lost (a collective's transport failed or
-        timed out, or a follower ended), the GroupLost to raise, naming the ranks whose
+    def _failed(self, exc: BaseException, doing: str) -> GangLost | None:
+        """The gang is broken; where a rank was lost (a collective's transport failed or
+        timed out, or a follower ended), the GangLost to raise, naming the ranks whose
         heartbeat stopped and their hosts; None where the step's own code failed."""
         self.broken = True
         dead = [p.pid for p in self.followers if p.poll() is not None]
@@ -491,9 +491,9 @@ class LearnerGroup:
         who = (", ".join(rank_where(store, r) for r in silent) + " stopped answering" if silent
                else "no rank stopped answering, but a collective failed")
         cause = str(exc).split("] ", 1)[-1].split(". ", 1)[0]  # gloo's: "[file:line] What. Advice…"
-        log.warning("learner group: %s during %s", who, doing, exc_info=True)
-        return GroupLost(f"learner group: {who} during {doing} (collectives wait at most "
-                         f"trainer.collective_timeout_s = {self.timeout_s:g} s): {cause}")
+        log.warning("learner gang: %s during %s", who, doing, exc_info=True)
+        return GangLost(f"learner gang: {who} during {doing} (collectives wait at most "
+                        f"trainer.collective_timeout_s = {self.timeout_s:g} s): {cause}")
 
     def step(self, batch: TrainBatch, *, entry: bytes) -> dict[str, float]:
         """One update on `batch` by every rank. `entry`: the batch as the journal encodes it
@@ -506,7 +506,7 @@ class LearnerGroup:
             self.channel.bytes(entry)
             metrics: dict[str, float] = self.learner.step(batch, shard=self.shard)
         except NothingToTrain:
-            raise  # decided on the whole batch: every rank skipped together, the group is in step
+            raise  # decided on the whole batch: every rank skipped together, the gang is in step
         except BaseException as exc:
             lost = self._failed(exc, "a step")
             if lost is not None:
@@ -527,7 +527,7 @@ class LearnerGroup:
             if lost is not None:
                 raise lost from exc
             raise
-        assert self.whole is not None, "a sharded learner group needs its policy's skeleton (whole)"
+        assert self.whole is not None, "a sharded learner gang needs its policy's skeleton (whole)"
         return whole_assign(self.whole, state)
 
     @property
@@ -588,12 +588,12 @@ class LearnerGroup:
                 self._op({"op": "stop"})
             except Exception:
                 self.broken = True
-                log.warning("learner group: could not tell the followers to stop; ending them", exc_info=True)
+                log.warning("learner gang: could not tell the followers to stop; ending them", exc_info=True)
         if self.broken and self._store is not None:
             try:  # a rank waiting for the next operation (not in a collective) ends on this
                 self._store.set(f"{OP}{self.ops + 1}", "abort")
             except Exception:
-                log.warning("learner group: could not tell the other ranks it is given up", exc_info=True)
+                log.warning("learner gang: could not tell the other ranks it is given up", exc_info=True)
         for p in self.followers:
             if self.broken:
                 # It has nothing to finish, and may be stopped or stuck in a collective: a
@@ -602,7 +602,7 @@ class LearnerGroup:
             try:
                 p.wait(timeout=FOLLOWER_EXIT_S)
             except subprocess.TimeoutExpired:
-                log.warning("learner group: follower %s had not ended %.0f s after it was told to; killing it", p.pid,
+                log.warning("learner gang: follower %s had not ended %.0f s after it was told to; killing it", p.pid,
                             FOLLOWER_EXIT_S)
                 p.kill()
                 p.wait()
@@ -610,22 +610,22 @@ class LearnerGroup:
         self.channel = None
         if dist.is_initialized():
             dist.destroy_process_group()
-        self._store = None  # (a fixed port's store server stays: the next group is a generation in it)
+        self._store = None  # (a fixed port's store server stays: the next gang is a generation in it)
 
 
 # Rank 0's store on a fixed port (RFT_LEARNER_PORT, which other hosts' ranks are told), by
-# address and port: the train worker's for as long as it lives. Each group is a generation in
-# it (GENERATION counts them; a group's keys are under "rft/g<N>/"): the group re-formed after a
+# address and port: the train worker's for as long as it lives. Each gang is a generation in
+# it (GENERATION counts them; a gang's keys are under "rft/g<N>/"): the gang re-formed after a
 # lost rank cannot bind the port again at once, since its store listens until its last reference
-# goes, and a broken group's references sit in reference cycles (the model's sharding state).
+# goes, and a broken gang's references sit in reference cycles (the model's sharding state).
 _STORES: dict[tuple[str, int], dist.TCPStore] = {}
 _STORES_LOCK = threading.Lock()
 GENERATION = "rft/generation"
 
 
 def _store_open(addr: str, port: int, *, world: int, timeout: datetime.timedelta) -> tuple[dist.Store, int, int]:
-    """A new group's store in rank 0's store server (a fresh server on port 0: the system picks
-    a free port, no race with another group starting), its generation number and the port."""
+    """A new gang's store in rank 0's store server (a fresh server on port 0: the system picks
+    a free port, no race with another gang starting), its generation number and the port."""
     import torch.distributed as dist
 
     with _STORES_LOCK:
@@ -648,7 +648,7 @@ def _follower_start(*, addr: str, port: int, rank: int, parent: int, generation:
 
 
 def host_join(*, addr: str, port: int, host: int) -> int:
-    """Another host's part of a learner group (trainer.hosts > 1): read the group's plan from
+    """Another host's part of a learner gang (trainer.hosts > 1): read the gang's plan from
     rank 0's store at addr:port, run this host's ranks (host × local … + local − 1), one
     process each, until they end; returns the first failing one's exit status (0: all ended
     cleanly)."""
@@ -656,13 +656,13 @@ def host_join(*, addr: str, port: int, host: int) -> int:
     plan_in = json.loads(store.get("rft/spec"))
     try:
         code_check(plan_in, where=f"host {host}")
-    except GroupUnsupported as exc:
+    except GangUnsupported as exc:
         refusal_set(store, exc, where=f"host {host}")
         raise
-    plan = GroupPlan(world=int(plan_in["world"]), hosts=int(plan_in["hosts"]), sharding=str(plan_in["sharding"]))
-    # Not a refusal: a host numbered outside the group is not one rank 0 waits for.
+    plan = GangPlan(world=int(plan_in["world"]), hosts=int(plan_in["hosts"]), sharding=str(plan_in["sharding"]))
+    # Not a refusal: a host numbered outside the gang is not one rank 0 waits for.
     if not 0 < host < plan.hosts:
-        raise GroupUnsupported(f"host {host}: the learner group at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
+        raise GangUnsupported(f"host {host}: the learner gang at {addr}:{port} has hosts 1 to {plan.hosts - 1} to join")
     beat_start(addr=addr, port=port, generation=generation, host=host)
     ranks = [_follower_start(addr=addr, port=port, rank=rank, parent=os.getpid(), generation=generation)
              for rank in range(host * plan.local, (host + 1) * plan.local)]
@@ -671,7 +671,7 @@ def host_join(*, addr: str, port: int, host: int) -> int:
 
 
 def dist_store(addr: str, port: int, generation: int | None = None) -> tuple[dist.Store, int]:
-    """A client of rank 0's store at addr:port, in group `generation` (None: the newest, for
+    """A client of rank 0's store at addr:port, in gang `generation` (None: the newest, for
     another host's `join`), and that generation."""
     import torch.distributed as dist
 
