@@ -147,3 +147,18 @@ def test_the_run_page_says_when_a_group_stops_waiting_under_learned() -> None:
     Run.objects.filter(pk=blend.pk).update(status=Run.Status.RUNNING)
     people = {w["what"]: w for w in run_waiting(run=Run.objects.get(pk=blend.pk))}["people"]["text"]
     assert f"at {timezone.localtime(_after(since, WAIT)):%H:%M:%S} (600 s wait)" in people
+
+
+def test_the_annotation_page_says_how_long_a_group_waits() -> None:
+    from django.test import Client
+
+    learned, blend = _run("learned"), _run("blend")
+    heads = []
+    for run in (learned, blend):
+        client = Client()
+        client.force_login(run.owner)
+        page = client.get(f"/runs/{run.pk}/annotate/").content.decode()
+        heads.append(" ".join(page.split()))
+    assert ("wait 600 s at most (until the reward model passes its gate, a group nobody has open waits 30 s), "
+            "then auto") in heads[0]
+    assert "wait 600 s, then auto" in heads[1] and "nobody has open" not in heads[1]
