@@ -192,7 +192,7 @@ def _age_the_request(rm: RewardModel, minutes: float) -> None:
     from apps.runs.models import Dispatch
 
     asked = timezone.now() - timedelta(minutes=minutes)
-    row, _ = Dispatch.objects.get_or_create(run_id=rm.run_id, kind="rm_export", key=export_key(rm))
+    row, _ = Dispatch.objects.get_or_create(run_id=rm.run_id, job="rm_export", key=export_key(rm))
     Dispatch.objects.filter(pk=row.pk).update(state="sent", sent_at=asked, started_at=None,
                                               expires_at=asked + timedelta(minutes=31))
 
@@ -260,7 +260,7 @@ def test_a_packing_whose_worker_crashed_shows_until_its_lease_ran_out_then_may_b
     assert export_begin(rm=rm, task_id="second-copy") is None
     assert api.post(base).json()["stage"] == "packing"
     assert api.get(base).json()["stage"] == "packing"
-    Dispatch.objects.filter(run=run, kind="rm_export", key=export_key(rm)).update(
+    Dispatch.objects.filter(run=run, job="rm_export", key=export_key(rm)).update(
         expires_at=timezone.now() - timedelta(seconds=1))  # half an hour later: its lease ran out
     assert api.get(base).json() | {"bytes": 0} == {"version": 1, "state": "none", "stage": "", "bytes": 0, "error": "",
                                                    "download": None}

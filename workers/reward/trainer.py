@@ -49,7 +49,7 @@ from apps.rewards.ports import RewardModelRow as RewardModel  # the type of the 
 from apps.rewards.ports import reward_model_export_begin, reward_model_get, run_current_model
 from apps.runs.ports import dispatch_claim
 from apps.runs.ports import reward_kind_get
-from apps.runs.ports import DispatchKind, DispatchState, run_view
+from apps.runs.ports import DispatchJob, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
 from rftweb.taskkit import celery_bound_task, celery_task, on_signal
 from workers.reward.kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
@@ -332,7 +332,7 @@ def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
     if run is None or not run.cfg.reward_model.enabled:
         return {"version": None}
-    hold = dispatch_claim(run_id=run_id, kind=DispatchKind.RM_TRAIN, state=DispatchState.RUNNING,
+    hold = dispatch_claim(run_id=run_id, job=DispatchJob.RM_TRAIN, state=DispatchState.RUNNING,
                           lease_seconds=TRAIN_LEASE_SECONDS)
     if hold is None:
         return {"version": None, "busy": True}
