@@ -54,7 +54,7 @@ EXPLORE_TASK = "workers.explore.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.task.train_step"
 # A version's weights zipped for download (apps/control/weights.py): on a train worker, which
 # has torch and peft (a LoRA version is merged into its base).
-EXPORT_TASK = "workers.weights.exports.weights_export_zip"
+EXPORT_TASK = "workers.weights.download.weights_export_zip"
 _TASKS = {Dispatch.Job.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Job.TRAIN: (TRAIN_TASK, "train"),
           Dispatch.Job.EXPORT: (EXPORT_TASK, "train")}
 # First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer/).

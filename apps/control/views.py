@@ -64,7 +64,7 @@ from apps.control.twins import run_twin_create, run_twins_start, twin_comparison
 from apps.control.versions import BEST_BY_PARAM, versions_panel
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import RunLedger, run_ledger
-from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
+from apps.feedback.training_data import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
 from apps.feedback.raters.views import reward_model_panel_context
 from apps.feedback.handout.queue import annotation_waiting, labelling_progress
 from kernel.hygiene import MAX_CONFIG_BYTES

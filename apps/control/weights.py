@@ -3,7 +3,7 @@
 What `rft weights RUN --version N --merged` writes (a full-weight version as it is, a LoRA
 version folded into its base), zipped, for the run's members. Copying gigabytes, and merging
 an adapter, which needs torch, are no work for a request: a member asks, the run's `export`
-Dispatch row sends `workers.weights.exports.weights_export_zip` to a train worker (the mechanism the
+Dispatch row sends `workers.weights.download.weights_export_zip` to a train worker (the mechanism the
 RFT core sends its steps with: a conditional UPDATE idle -> sent, so two clicks send one
 task; a lost message or a dead worker is taken back and sent again), the worker writes the
 zip under a temporary name and renames it into place, so a zip that is there is complete.

@@ -40,7 +40,7 @@ from apps.envapi.services import (
     trajectories_submit,
 )
 from apps.feedback.bulk import bulk_allowed, bulk_ids, experiences_bulk, experiences_export
-from apps.feedback.exports import export_jsonl_response, export_options_parse
+from apps.feedback.training_data import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import KindApiIn, Who, kind_get
 from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback

@@ -11,7 +11,7 @@ import datasets
 import pytest
 from django.db import connection
 
-from apps.feedback.exports import (
+from apps.feedback.training_data import (
     ExportOptions,
     export_hf_dataset,
     export_jsonl,
@@ -121,7 +121,7 @@ def test_a_failed_export_leaves_no_file(run: Run, tmp_path: Path) -> None:
 _MEASURE = """
 import json, resource, sys, django
 django.setup()
-from apps.feedback.exports import export_jsonl
+from apps.feedback.training_data import export_jsonl
 from apps.runs.models import Run
 run = Run.objects.get(pk=int(sys.argv[1]))
 list(Run.objects.filter(pk=run.pk).values_list("config", flat=True))  # connection and caches warm
@@ -183,7 +183,7 @@ def test_the_web_side_and_its_exports_never_import_torch_trl_or_transformers(run
 import sys, django
 django.setup()
 import rftweb.urls, rftweb.asgi, apps.control.views, apps.control.tasks, apps.cli.management.commands.rft
-from apps.feedback.exports import export_hf_dataset, export_jsonl
+from apps.feedback.training_data import export_hf_dataset, export_jsonl
 from apps.runs.models import Run
 run = Run.objects.get(pk={run.pk})
 export_hf_dataset(run=run, kind="dpo", out_dir=sys.argv[1] + "/hf")

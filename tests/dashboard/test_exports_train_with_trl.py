@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.feedback.exports import export_hf_dataset, export_jsonl
+from apps.feedback.training_data import export_hf_dataset, export_jsonl
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
 from tests.factories import experience_row

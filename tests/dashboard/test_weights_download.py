@@ -35,7 +35,7 @@ def storage(tmp_path: Path, settings: Any) -> Path:
 @pytest.fixture
 def train_worker(storage: Path, tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "train-worker.log"
-    with celery_worker("train", name="export-train", log=log, includes=("workers.weights.exports",),
+    with celery_worker("train", name="export-train", log=log, includes=("workers.weights.download",),
                        RFT_STORAGE_DIR=str(storage)):
         yield log
 

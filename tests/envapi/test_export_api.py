@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.feedback.exports import EXPORT_KINDS
+from apps.feedback.training_data import EXPORT_KINDS
 from apps.envapi.services import api_key_create
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Run

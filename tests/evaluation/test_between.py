@@ -18,7 +18,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.evaluation.models import Evaluation, Vote
 from apps.evaluation.services import evaluation_close, evaluation_create
-from apps.feedback.exports import EXPORT_KINDS, export_rows
+from apps.feedback.training_data import EXPORT_KINDS, export_rows
 from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Feedback
 from apps.feedback.reward_model.preferences import preference_pairs_read

@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.feedback import ports
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.review.services import disagreement_answer, disagreement_resolve, feedback_accept, feedback_reject
 from apps.feedback.review.selectors import disagreements

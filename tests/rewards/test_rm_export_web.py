@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from apps.envapi.services import api_key_create
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.export import export_zip_path
+from apps.rewards.rm_download import export_zip_path
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_user
@@ -188,7 +188,7 @@ def _age_the_request(rm: RewardModel, minutes: float) -> None:
 
     from django.utils import timezone
 
-    from apps.rewards.export import export_key
+    from apps.rewards.rm_download import export_key
     from apps.runs.models import Dispatch
 
     asked = timezone.now() - timedelta(minutes=minutes)
@@ -245,7 +245,7 @@ def test_a_packing_whose_worker_crashed_shows_until_its_lease_ran_out_then_may_b
 
     from django.utils import timezone
 
-    from apps.rewards.export import export_begin, export_key
+    from apps.rewards.rm_download import export_begin, export_key
     from apps.runs.models import Dispatch
 
     olga = make_user("olga")

@@ -26,7 +26,7 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.feedback.kinds import kind_unregister
 from apps.feedback.models import Feedback
 from apps.feedback.reward_model.preferences import preference_pairs

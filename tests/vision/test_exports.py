@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from apps.feedback.exports import export_hf_dataset, export_jsonl_chunks
+from apps.feedback.training_data import export_hf_dataset, export_jsonl_chunks
 from apps.buffer.models import Task
 from apps.buffer.services import experience_write
 from tests.factories import experience_row, make_image_taskset, make_run

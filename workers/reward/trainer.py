@@ -358,7 +358,7 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 @celery_bound_task(name="workers.reward.trainer.reward_model_export_zip", soft_time_limit=1800, time_limit=1860,
                    **_REWARD_TASK)
 def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | bool | None]:
-    """Pack a version as the web download (apps/rewards/export.py): the directory
+    """Pack a version as the web download (apps/rewards/rm_download.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
     complete: it is renamed into place); one packing at a time per version (its dispatch
     row); a failure is kept for the page to show."""

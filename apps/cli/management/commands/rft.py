@@ -34,7 +34,7 @@ from apps.buffer.importers import ImportFailed
 from apps.cli.evaluation import evaluation_command, evaluation_figures_lines
 from apps.control.services import run_create_with_taskset
 from apps.control.twins import run_twins_start
-from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.training_data import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kinds
 from apps.feedback.selectors import feedback_effect, run_may_annotate
 from kernel.hygiene import MAX_CONFIG_BYTES
