@@ -105,7 +105,7 @@ def _outcome(run: Run, m: list[Experience]) -> dict[str, Any]:
         "rewards": [(e.status, e.human_reward, e.reward) for e in fresh],
         "trained_pairs": [(pos[w], pos[lose]) for w, lose in preferences_among(run=run, ids=list(pos))],
         "exported_pairs": [(row["chosen"][0]["content"], row["rejected"][0]["content"])
-                           for row in export_rows(run=run, kind="dpo")],
+                           for row in export_rows(run=run, export_format="dpo")],
     }
 
 

@@ -51,8 +51,8 @@ def rm_pairs(run: Run) -> set[tuple[int, int]]:
     return {(p.chosen_id, p.rejected_id) for p in ports.preference_pairs(run=run_view_of(run))}
 
 
-def exported(run: Run, kind: str) -> list[dict[str, Any]]:
-    return list(export_rows(run=run, kind=kind))
+def exported(run: Run, export_format: str) -> list[dict[str, Any]]:
+    return list(export_rows(run=run, export_format=export_format))
 
 
 def annie_rates_a_pair(run: Run, people: dict[str, User], *, bad_score: int = 1) -> tuple[Experience, Experience, Feedback]:
