@@ -76,6 +76,7 @@ def test_every_cli_error_is_a_message_and_a_nonzero_exit(tmp_path: Path) -> None
         (("pause", "999"), "no run 999"),
         (("export", "999", "--format", "sft", "--out", "/tmp/x.jsonl"), "no run 999"),
         (("export", "999", "--out", "/tmp/x.jsonl"), "--format is required"),
+        (("export", "999", "--format", "ppo", "--out", "/tmp/x.jsonl"), "use one of sft, dpo, grpo, preferences"),
         (("worker", "--queues", "rollout,gpu"), "unknown queue 'gpu'"),
     ],
 )

@@ -144,8 +144,9 @@ class Command(BaseCommand):
         export.add_argument("run", type=int)
         # `--format` once named the file written (jsonl or hf; now --hf) and `--kind` the export's
         # format: both old spellings are still read, each with a one-line note (_export_format).
-        export.add_argument("--format", dest="export_format", choices=(*EXPORT_FORMATS, *_FILE_FORMERLY),
-                            metavar="{" + ",".join(EXPORT_FORMATS) + "}", help="the export's format (required)")
+        # No argparse choices: those would list the old file spellings (_export_format checks).
+        export.add_argument("--format", dest="export_format", metavar="{" + ",".join(EXPORT_FORMATS) + "}",
+                            help=f"the export's format (required): one of {', '.join(EXPORT_FORMATS)}")
         export.add_argument("--kind", dest="kind_formerly", choices=EXPORT_FORMATS, help=SUPPRESS)
         export.add_argument("--out", required=True, help="a .jsonl file, or a directory with --hf")
         export.add_argument("--hf", action="store_true", help="write a Hugging Face datasets directory, not a JSONL file")
@@ -378,6 +379,8 @@ class Command(BaseCommand):
             export_format = export_format or opts["kind_formerly"]
         if export_format is None:
             raise CommandError(f"--format is required: one of {', '.join(EXPORT_FORMATS)}")
+        if export_format not in EXPORT_FORMATS:
+            raise CommandError(f"--format {export_format!r}: use one of {', '.join(EXPORT_FORMATS)}")
         return export_format, hf
 
     def _weights(self, opts: dict[str, Any]) -> None:
