@@ -54,9 +54,9 @@ def _async_run() -> int:
     host = f"explorer-{run.pk}@bench"
     WorkerHeartbeat.objects.update_or_create(hostname=host, defaults={
         "started_at": now - timedelta(hours=1), "last_seen": now + timedelta(hours=1), "active": [{"id": f"e{run.pk}"}]})
-    Dispatch.objects.create(run=run, kind="explore", step=6, state="running", task_id=f"e{run.pk}", worker=host,
+    Dispatch.objects.create(run=run, job="explore", step=6, state="running", task_id=f"e{run.pk}", worker=host,
                             holder=host, sent_at=now, started_at=now - timedelta(hours=1))
-    Dispatch.objects.create(run=run, kind="train", step=5, state="running", task_id=f"t{run.pk}",
+    Dispatch.objects.create(run=run, job="train", step=5, state="running", task_id=f"t{run.pk}",
                             worker="trainer@bench", holder="trainer@bench", sent_at=now, started_at=now - timedelta(hours=1))
     return int(run.pk)
 
@@ -70,7 +70,7 @@ def _idle_run() -> int:
     owner = make_user("beat-" + uuid.uuid4().hex[:8])
     run = make_run(owner=owner, taskset=make_taskset(owner=owner), mode="explore", total_steps=1000)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, explore_step=0)
-    Dispatch.objects.create(run=run, kind="explore", step=1, state="sent", task_id=f"e{run.pk}",
+    Dispatch.objects.create(run=run, job="explore", step=1, state="sent", task_id=f"e{run.pk}",
                             sent_at=timezone.now() + timedelta(hours=1))
     return int(run.pk)
 

@@ -223,7 +223,7 @@ def main() -> None:
             engine.generate([prompts[i]], n=1, sampling=sampling)
 
         def by_celery(i: int) -> None:
-            request = {"kind": "chat", "messages": messages[i], "n": 1, "sampling": {"temperature": 1.0, "max_tokens": args.tokens}}
+            request = {"endpoint": "chat", "messages": messages[i], "n": 1, "sampling": {"temperature": 1.0, "max_tokens": args.tokens}}
             answer = app.send_task("workers.explore.chat.chat", args=[run.pk, request], queue="rollout").get(timeout=600)
             assert "error" not in answer, answer
 

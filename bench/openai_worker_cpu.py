@@ -105,7 +105,7 @@ def drive(args: argparse.Namespace) -> None:
     client = token_stream._sync_client()
 
     def send(i: int) -> str:
-        request = {"kind": "chat", "messages": [{"role": "user", "content": f"What is {i % 50} + {i % 7}?"}], "tools": None,
+        request = {"endpoint": "chat", "messages": [{"role": "user", "content": f"What is {i % 50} + {i % 7}?"}], "tools": None,
                    "tool_choice": None, "n": 1, "sampling": {"logprobs": 0, "temperature": 1.0, "max_tokens": args.tokens},
                    "version": None}
         key = token_stream.reply_key_new()

@@ -151,7 +151,7 @@ class UpstreamFailed(RftError):
 
 
 class ExportFailed(InvalidInput, ValueError):
-    """Something cannot be exported as asked: feedback exports (apps/feedback/exports.py),
+    """Something cannot be exported as asked: feedback exports (apps/feedback/training_data.py),
     weights and reward models (workers/weights/adapters.py, workers/reward/scorers.py)."""
 
     code = "export_failed"

@@ -108,7 +108,7 @@ app.autodiscover_tasks(["apps.runs", "apps.buffer", "apps.rewards", "apps.feedba
 # workers/explore/chat.py, and the routes above match the names, not the modules.
 WORKER_TASK_MODULES = (
     "workers.explore.explorer", "workers.explore.chat", "workers.explore.evaluation", "workers.explore.blind", "workers.trainer.task", "workers.reward.scoring",
-    "workers.explore.synthesize", "workers.reward.trainer", "workers.weights.exports",
+    "workers.explore.synthesize", "workers.reward.trainer", "workers.weights.download",
 )
 for _package, _, _module in (name.rpartition(".") for name in WORKER_TASK_MODULES):
     app.autodiscover_tasks([_package], related_name=_module)

@@ -272,7 +272,8 @@ def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def options_table(parser: argparse.ArgumentParser) -> list[str]:
     rows = []
     for action in parser_actions(parser):
-        if action.dest in DJANGO_OPTIONS or isinstance(action.choices, dict):
+        # A hidden option (help=SUPPRESS: a deprecated spelling still read) is not documented.
+        if action.dest in DJANGO_OPTIONS or isinstance(action.choices, dict) or action.help == argparse.SUPPRESS:
             continue
         name = ", ".join(action.option_strings) or action.metavar or action.dest
         default = "" if action.default in (None, argparse.SUPPRESS, False) or not action.option_strings \

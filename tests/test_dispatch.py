@@ -45,9 +45,9 @@ def _running(owner: Any, **config: Any) -> Run:
 
 def _explore_out_on(run: Run, *, worker: str, holder: str, started_ago: float = 0.0) -> Dispatch:
     """Explore step 1 sent, picked up by `worker`, its tasks leased to `holder`."""
-    assert dispatch_send(run=run, kind="explore", step=1)
-    row = Dispatch.objects.get(run=run, kind="explore")
-    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=row.task_id, worker=worker, holder=holder)
+    assert dispatch_send(run=run, job="explore", step=1)
+    row = Dispatch.objects.get(run=run, job="explore")
+    assert dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=row.task_id, worker=worker, holder=holder)
     Dispatch.objects.filter(pk=row.pk).update(started_at=timezone.now() - timedelta(seconds=started_ago))
     task_attempts_create(run=run, epoch=0)
     assert task_claim(run=run, worker=holder, size=2)
@@ -65,39 +65,39 @@ def _beat(hostname: str, *, ago: float = 0.0, active: Sequence[str] = (), starte
 
 def test_two_conductors_looking_at_once_send_a_step_once(owner: Any, sent: list[Any]) -> None:
     run = _running(owner, mode="explore")
-    assert dispatch_send(run=run, kind="explore", step=1) is True
-    assert dispatch_send(run=run, kind="explore", step=1) is False
+    assert dispatch_send(run=run, job="explore", step=1) is True
+    assert dispatch_send(run=run, job="explore", step=1) is False
     assert [(name, args) for name, args, _ in sent] == [("workers.explore.explorer.explore_step", [run.pk, 1])]
-    row = Dispatch.objects.get(run=run, kind="explore")
+    row = Dispatch.objects.get(run=run, job="explore")
     assert (row.state, row.step, row.task_id, row.sends) == ("sent", 1, sent[0][2], 1)
 
 
 def test_only_the_dispatched_message_runs_a_step_and_only_once(owner: Any, sent: list[Any]) -> None:
     run = _running(owner, mode="explore")
-    dispatch_send(run=run, kind="explore", step=1)
+    dispatch_send(run=run, job="explore", step=1)
     task_id = sent[0][2]
-    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id="stray", worker="w", holder="h") is None
-    hold = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w", holder="h")
+    assert dispatch_begin(run_id=run.pk, job="explore", step=1, task_id="stray", worker="w", holder="h") is None
+    hold = dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="w", holder="h")
     assert hold is not None
     # A copy of the same message (re-sent while it was thought lost) finds it running...
-    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
+    assert dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
     hold.end()
     # ...or done, and does nothing either; the loop's next step goes out as usual.
-    assert dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
-    assert dispatch_send(run=run, kind="explore", step=2)
+    assert dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="w2", holder="h2") is None
+    assert dispatch_send(run=run, job="explore", step=2)
 
 
 def test_a_message_the_broker_lost_is_sent_again_under_its_id_and_runs_once(owner: Any, sent: list[Any], settings: Any) -> None:
     settings.RFT_DISPATCH_RESEND_SECONDS = 15
     run = _running(owner, mode="explore")
-    dispatch_send(run=run, kind="explore", step=1)
+    dispatch_send(run=run, job="explore", step=1)
     assert dispatch_recover(run=run) == []  # just sent: waiting for a worker is normal
     Dispatch.objects.filter(run=run).update(sent_at=timezone.now() - timedelta(seconds=16))
     assert dispatch_recover(run=run) == ["explore:1 again"]
     assert sent[1] == sent[0]  # the same message again: same step, same task id
     task_id = sent[0][2]
-    first = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="a", holder="a")
-    second = dispatch_begin(run_id=run.pk, kind="explore", step=1, task_id=task_id, worker="b", holder="b")
+    first = dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="a", holder="a")
+    second = dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="b", holder="b")
     assert first is not None and second is None
 
 
@@ -150,9 +150,9 @@ def test_a_dead_trainers_step_is_sent_again_with_its_batch_back_while_a_live_one
     settings.RFT_HEARTBEAT_SECONDS = 1
     run = _running(owner, mode="train")
     experience_write(experiences=[experience_row(run, key=f"k{i}", group="g", reward=float(i)) for i in range(4)])
-    assert dispatch_send(run=run, kind="train", step=1)
+    assert dispatch_send(run=run, job="train", step=1)
     task_id = sent[0][2]
-    assert dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=task_id, worker="train@b", holder="trainer@b:7")
+    assert dispatch_begin(run_id=run.pk, job="train", step=1, task_id=task_id, worker="train@b", holder="trainer@b:7")
     assert batch_claim(run=run, worker="trainer@b:7", size=4)
     Dispatch.objects.filter(run=run).update(started_at=timezone.now() - timedelta(seconds=5))
     db = connection.settings_dict
@@ -232,8 +232,8 @@ def test_a_beat_under_a_train_step_that_is_out_does_not_count_the_buffer(owner: 
 
     run = _running(owner, mode="async", max_staleness=2)
     conductor_beat()
-    assert dispatch_send(run=run, kind="train", step=1)
-    assert dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
+    assert dispatch_send(run=run, job="train", step=1)
+    assert dispatch_begin(run_id=run.pk, job="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
     with CaptureQueriesContext(connection) as queries:
         conductor_beat()
     tables = " ".join(q["sql"] for q in queries.captured_queries)
@@ -248,8 +248,8 @@ def test_a_run_with_nothing_left_to_train_finishes_only_after_the_train_step_tha
     still out (its trainer would find the run finished halfway): the beat after it ends does."""
     run = _running(owner, mode="train", total_steps=5)
     TaskAttempt.objects.filter(run=run).update(status=TaskAttempt.Status.DONE)
-    assert dispatch_send(run=run, kind="train", step=1)
-    hold = dispatch_begin(run_id=run.pk, kind="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
+    assert dispatch_send(run=run, job="train", step=1)
+    hold = dispatch_begin(run_id=run.pk, job="train", step=1, task_id=sent[-1][2], worker="train@b", holder="trainer@b:7")
     assert hold is not None
     conductor_beat()
     run.refresh_from_db()
@@ -350,22 +350,22 @@ def test_a_second_reward_model_training_while_one_runs_starts_nothing_and_a_cras
     from workers.reward.trainer import TRAIN_LEASE_SECONDS, reward_model_train
 
     run = make_run(owner=owner, reward_model={"enabled": True})
-    training = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@a",
+    training = dispatch_claim(run_id=run.pk, job="rm_train", state="running", worker="reward@a",
                               lease_seconds=TRAIN_LEASE_SECONDS)
     assert training is not None
     assert reward_model_train(run.pk) == {"version": None, "busy": True}  # a second trigger meanwhile
     training.end()
     assert reward_model_train(run.pk) == {"version": None, "accuracy": None}  # ran: nothing was due
     # A training whose worker crashed never ends its hold: the next trigger waits out its lease.
-    crashed = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@b",
+    crashed = dispatch_claim(run_id=run.pk, job="rm_train", state="running", worker="reward@b",
                              lease_seconds=TRAIN_LEASE_SECONDS)
     assert crashed is not None
     assert reward_model_train(run.pk)["busy"] is True
-    Dispatch.objects.filter(run=run, kind="rm_train").update(expires_at=timezone.now() - timedelta(seconds=1))
-    taker = dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@c", lease_seconds=60)
+    Dispatch.objects.filter(run=run, job="rm_train").update(expires_at=timezone.now() - timedelta(seconds=1))
+    taker = dispatch_claim(run_id=run.pk, job="rm_train", state="running", worker="reward@c", lease_seconds=60)
     assert taker is not None
     crashed.end()  # the crashed one, come back late, frees nothing of its successor's
-    row = Dispatch.objects.get(run=run, kind="rm_train")
+    row = Dispatch.objects.get(run=run, job="rm_train")
     assert (row.state, row.worker, row.task_id) == ("running", "reward@c", taker.task_id)
     taker.end()
     assert reward_model_train(run.pk) == {"version": None, "accuracy": None}
@@ -380,19 +380,19 @@ def test_two_claims_at_once_from_two_sessions_give_one_holder(owner: Any) -> Non
     from django.db import close_old_connections, transaction
 
     run = make_run(owner=owner)
-    Dispatch.objects.create(run=run, kind="k12_train")
+    Dispatch.objects.create(run=run, job="k12_train")
     won: list[bool] = []
     second_started = threading.Event()
 
     def second() -> None:
         try:
             second_started.set()
-            won.append(dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=60) is not None)
+            won.append(dispatch_claim(run_id=run.pk, job="k12_train", state="running", lease_seconds=60) is not None)
         finally:
             close_old_connections()
 
     with transaction.atomic():
-        assert dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=60) is not None
+        assert dispatch_claim(run_id=run.pk, job="k12_train", state="running", lease_seconds=60) is not None
         other = threading.Thread(target=second)
         other.start()
         second_started.wait(5)
@@ -400,19 +400,19 @@ def test_two_claims_at_once_from_two_sessions_give_one_holder(owner: Any) -> Non
         assert won == []  # blocked on the row until this transaction commits
     other.join(10)
     assert won == [False]
-    assert Dispatch.objects.get(run=run, kind="k12_train").state == "running"
+    assert Dispatch.objects.get(run=run, job="k12_train").state == "running"
 
 
-def test_the_loop_leaves_jobs_of_other_kinds_to_their_leases(owner: Any, sent: list[Any], settings: Any) -> None:
+def test_the_loop_leaves_other_jobs_to_their_leases(owner: Any, sent: list[Any], settings: Any) -> None:
     settings.RFT_DISPATCH_TTL = 1
     run = _running(owner, mode="explore")
-    dispatch_claim(run_id=run.pk, kind="rm_train", state="running", worker="reward@quiet", lease_seconds=1800)
-    dispatch_claim(run_id=run.pk, kind="rm_export", key="v1", state="sent", lease_seconds=1800)
-    Dispatch.objects.exclude(kind="explore").update(started_at=timezone.now() - timedelta(hours=1),
+    dispatch_claim(run_id=run.pk, job="rm_train", state="running", worker="reward@quiet", lease_seconds=1800)
+    dispatch_claim(run_id=run.pk, job="rm_export", key="v1", state="sent", lease_seconds=1800)
+    Dispatch.objects.exclude(job="explore").update(started_at=timezone.now() - timedelta(hours=1),
                                                     sent_at=timezone.now() - timedelta(hours=1))
     conductor_beat()
     assert [(name, args) for name, args, _ in sent] == [("workers.explore.explorer.explore_step", [run.pk, 1])]
-    assert dict(Dispatch.objects.filter(run=run).values_list("kind", "state")) == {
+    assert dict(Dispatch.objects.filter(run=run).values_list("job", "state")) == {
         "explore": "sent", "rm_train": "running", "rm_export": "sent"}
 
 

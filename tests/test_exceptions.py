@@ -25,7 +25,7 @@ from workers.trainer.step import StepConflict
 @pytest.mark.parametrize(("error", "kind", "status"), [
     (ConfigInvalid({"sampling.temperature": "must be >= 0"}), InvalidInput, 422),
     (ImportFailed("line 3: not valid JSON"), InvalidInput, 422),
-    (ExportFailed("unknown export kind 'x'"), InvalidInput, 422),
+    (ExportFailed("unknown export format 'x'"), InvalidInput, 422),
     (KeyInvalid({"name": "a key needs a name"}), InvalidInput, 422),
     (GenerateRequestInvalid("requests.0: expected an object"), InvalidInput, 422),
     (TransitionNotAllowed("cannot pause a run that is paused"), Conflict, 409),

@@ -255,7 +255,7 @@ def _url(key: str, route: str, pattern: URLPattern, world: dict[str, Any], perso
     values = {
         "run_id": world["run"].pk, "experience_id": world["experience"].pk, "group_id": world["experience"].group_id,
         "assignment_id": world["assignments"].get(persona, world["assignments"]["annotator"]).pk,
-        "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "kind": "sft", "rest": "nothing-here", "name": "a-session",
+        "key_id": world["key"].pk, "member_id": world["member"].pk, "action": "pause", "export_format": "sft", "format": "sft", "rest": "nothing-here", "name": "a-session",
         "slug": "rank",
         "object_id": world["run"].pk, "app_label": "runs", "content_type_id": 1, "id": world["users"]["owner"].pk,
         "sha256": world["image"], "version": 1, "invitation_id": world["invitation"].pk, "token": "not-a-token",
@@ -342,7 +342,7 @@ def test_a_runs_urls_never_reach_another_runs_objects(world: dict[str, Any]) -> 
         names = {a or b for a, b in re.findall(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>", route)}
         if not pattern.name or "run_id" not in names or not names & set(foreign_ids) or rule_of(key) == API:
             continue
-        values = {"run_id": world["run"].pk, "action": "pause", "kind": "sft", "slug": "rank", **foreign_ids}
+        values = {"run_id": world["run"].pk, "action": "pause", "export_format": "sft", "slug": "rank", **foreign_ids}
         kwargs = {n: values[n] for n in names}
         url = reverse(key, kwargs=kwargs)
         response = _visit(client, url)

@@ -1,9 +1,9 @@
 """The conductor, the RFT core's one loop: it decides, from Postgres alone, which explore and
 train steps of the running runs may go now, and sends them to their queues.
 
-Its whole state is the `Dispatch` row of each run and kind (explore, train): idle, sent (with
+Its whole state is the `Dispatch` row of each run and job (explore, train): idle, sent (with
 the Celery task id of the message), running (on which worker, under which lease owner),
-claimed through the project's one mechanism (apps/runs/dispatch.py); the other kinds of row
+claimed through the project's one mechanism (apps/runs/dispatch.py); the other jobs' rows
 there (reward-model training and export) are not the loop's and it leaves them alone.
 
 - `conductor_beat` is one pass of the loop: a beat every RFT_CONDUCT_SECONDS
@@ -54,9 +54,9 @@ EXPLORE_TASK = "workers.explore.explorer.explore_step"
 TRAIN_TASK = "workers.trainer.task.train_step"
 # A version's weights zipped for download (apps/control/weights.py): on a train worker, which
 # has torch and peft (a LoRA version is merged into its base).
-EXPORT_TASK = "workers.weights.exports.weights_export_zip"
-_TASKS = {Dispatch.Kind.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Kind.TRAIN: (TRAIN_TASK, "train"),
-          Dispatch.Kind.EXPORT: (EXPORT_TASK, "train")}
+EXPORT_TASK = "workers.weights.download.weights_export_zip"
+_TASKS = {Dispatch.Job.EXPLORE: (EXPLORE_TASK, "rollout"), Dispatch.Job.TRAIN: (TRAIN_TASK, "train"),
+          Dispatch.Job.EXPORT: (EXPORT_TASK, "train")}
 # First key of the trainer's pg_try_advisory_lock(int, int) on a run (workers/trainer/).
 TRAINER_LOCK_NAMESPACE = 7401
 
@@ -132,25 +132,25 @@ def _send(name: str, args: list[object], queue: str, task_id: str) -> None:
     app.send_task(name, args=args, queue=queue, task_id=task_id)
 
 
-def dispatch_send(*, run: Run, kind: str, step: int) -> bool:
-    """Claim the run's `kind` for `step` (idle → sent: of two conductors looking at once, one
-    wins) and queue its task. False: a step of that kind is out already."""
-    hold = dispatch_claim(run_id=run.pk, kind=kind, state=Dispatch.State.SENT, step=step)
+def dispatch_send(*, run: Run, job: str, step: int) -> bool:
+    """Claim the run's `job` for `step` (idle → sent: of two conductors looking at once, one
+    wins) and queue its task. False: a step of that job is out already."""
+    hold = dispatch_claim(run_id=run.pk, job=job, state=Dispatch.State.SENT, step=step)
     if hold is None:
         return False
-    name, queue = _TASKS[Dispatch.Kind(kind)]
+    name, queue = _TASKS[Dispatch.Job(job)]
     try:
         _send(name, [run.pk, step], queue, hold.task_id)
     except Exception:
         # The broker is away: idle again, so the loop's next beat sends it once it is back.
-        Dispatch.objects.filter(run=run, kind=kind, task_id=hold.task_id, state=Dispatch.State.SENT).update(
+        Dispatch.objects.filter(run=run, job=job, task_id=hold.task_id, state=Dispatch.State.SENT).update(
             state=Dispatch.State.IDLE
         )
         raise
     return True
 
 
-def dispatch_begin(*, run_id: int, kind: str, step: int, task_id: str | None, worker: str, holder: str) -> DispatchHold | None:
+def dispatch_begin(*, run_id: int, job: str, step: int, task_id: str | None, worker: str, holder: str) -> DispatchHold | None:
     """A task is about to run `step`: it may if the run's row names its message, or if
     nothing is out (an idle row, or none: a task sent by hand). None: another message owns
     the row, or this message already ran (a copy re-sent for a message thought lost), so
@@ -158,7 +158,7 @@ def dispatch_begin(*, run_id: int, kind: str, step: int, task_id: str | None, wo
     benches), which takes the row over whatever it holds."""
     mine = (Q(state=Dispatch.State.SENT, task_id=task_id) | (Q(state=Dispatch.State.IDLE) & ~Q(task_id=task_id))
             if task_id is not None else Q())
-    return dispatch_claim(run_id=run_id, kind=kind, state=Dispatch.State.RUNNING, when=mine, step=step,
+    return dispatch_claim(run_id=run_id, job=job, state=Dispatch.State.RUNNING, when=mine, step=step,
                           task_id=task_id, worker=worker, holder=holder)
 
 
@@ -191,7 +191,7 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
     if dispatch.state != Dispatch.State.RUNNING:
         return None
     started = dispatch.started_at or now
-    if dispatch.kind == Dispatch.Kind.TRAIN:
+    if dispatch.job == Dispatch.Job.TRAIN:
         # The lock is taken right after the task begins and held until just before it ends.
         if now - started < timedelta(seconds=settings.RFT_HEARTBEAT_SECONDS * 2):
             return None
@@ -211,24 +211,24 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
 
 
 def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | None = None,
-                     kinds: tuple[str, ...] | None = None) -> list[str]:
-    """Take back the run's dispatches (of `kinds`, default all) that will not end by
+                     jobs: tuple[str, ...] | None = None) -> list[str]:
+    """Take back the run's dispatches (of `jobs`, default all) that will not end by
     themselves and send them again under their task id; a dead worker's leases go back to
-    the buffer first. `busy` gets the kinds that are out (sent or running, recovered or not)
+    the buffer first. `busy` gets the jobs that are out (sent or running, recovered or not)
     as read here."""
     now = now or timezone.now()
     out: list[str] = []
-    # Only the kinds the conductor sends (_TASKS); the other jobs' rows go by their lease.
-    rows = list(Dispatch.objects.filter(run=run, kind__in=_TASKS if kinds is None else kinds)
+    # Only the jobs the conductor sends (_TASKS); the other jobs' rows go by their lease.
+    rows = list(Dispatch.objects.filter(run=run, job__in=_TASKS if jobs is None else jobs)
                 .exclude(state=Dispatch.State.IDLE))
     if busy is not None:
-        busy.update(str(d.kind) for d in rows)
+        busy.update(str(d.job) for d in rows)
     if not rows:
         return out
     # Only a running explore-side step is judged by its worker's heartbeat (a sent one by its
     # age, a train step by the trainer's lock): the beat reads no heartbeats otherwise.
     hosts = [d.worker for d in rows if d.worker and d.state == Dispatch.State.RUNNING
-             and d.kind != Dispatch.Kind.TRAIN]
+             and d.job != Dispatch.Job.TRAIN]
     beats = {b.hostname: b for b in WorkerHeartbeat.objects.filter(hostname__in=hosts)} if hosts else {}
     for d in rows:
         lost = dispatch_lost(dispatch=d, now=now, beat=beats.get(d.worker))
@@ -240,14 +240,14 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
         if not taken:
             continue  # it moved on meanwhile, or another conductor took it
         if lost.release and d.holder:
-            if d.kind == Dispatch.Kind.TRAIN:
+            if d.job == Dispatch.Job.TRAIN:
                 batch_release(run=run, worker=d.holder)
-            elif d.kind == Dispatch.Kind.EXPLORE:
+            elif d.job == Dispatch.Job.EXPLORE:
                 task_release(run=run, worker=d.holder)
-        log.warning("run %s: %s step %s sent again: %s", run.pk, d.kind, d.step, lost.reason)
-        name, queue = _TASKS[Dispatch.Kind(d.kind)]
+        log.warning("run %s: %s step %s sent again: %s", run.pk, d.job, d.step, lost.reason)
+        name, queue = _TASKS[Dispatch.Job(d.job)]
         _send(name, [run.pk, d.step], queue, d.task_id)
-        out.append(f"{d.kind}:{d.step} again")
+        out.append(f"{d.job}:{d.step} again")
     return out
 
 
@@ -307,10 +307,10 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
         explore_done = False
         k = run.explore_step + 1
         # A step already out (sent or running, seen just now): sending would find the row taken.
-        if Dispatch.Kind.EXPLORE not in busy and (
+        if Dispatch.Job.EXPLORE not in busy and (
             schedule.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is not None
         ):
-            if dispatch_send(run=run, kind=Dispatch.Kind.EXPLORE, step=k):
+            if dispatch_send(run=run, job=Dispatch.Job.EXPLORE, step=k):
                 out.dispatched.append(f"explore:{k}")
 
     if not train:
@@ -321,9 +321,9 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
         if run.train_step > 0 and schedule.publishes_at(cfg=cfg, train_step=run.train_step) and run.current_version < expected:
             # A trainer died between its step and publishing: the same step again publishes.
             train_done = False
-            if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=run.train_step):
+            if Dispatch.Job.TRAIN not in busy and dispatch_send(run=run, job=Dispatch.Job.TRAIN, step=run.train_step):
                 out.dispatched.append(f"publish:{run.train_step}")
-        elif run.train_step < cfg.total_steps and Dispatch.Kind.TRAIN in busy:
+        elif run.train_step < cfg.total_steps and Dispatch.Job.TRAIN in busy:
             # A step is out (in async mode the trainer goes on to the next one itself): the
             # run is not done, and whether a batch is there is the trainer's question now.
             # Not counting the buffer here halves an async beat's statements.
@@ -333,7 +333,7 @@ def run_advance(*, run: Run, train: bool = True, fresh: bool = False) -> Advance
             if readiness.ready:
                 train_done = False
                 t = run.train_step + 1
-                if Dispatch.Kind.TRAIN not in busy and dispatch_send(run=run, kind=Dispatch.Kind.TRAIN, step=t):
+                if Dispatch.Job.TRAIN not in busy and dispatch_send(run=run, job=Dispatch.Job.TRAIN, step=t):
                     out.dispatched.append(f"train:{t}")
             elif not readiness.final:
                 train_done = False

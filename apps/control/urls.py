@@ -40,6 +40,6 @@ urlpatterns = [
     path("<int:run_id>/experiences/bulk/", bulk_views.experience_bulk, name="experiences_bulk"),
     path("<int:run_id>/groups/<str:group_id>/", views.experience_group, name="group"),
     path("<int:run_id>/export/", views.export_page, name="export"),
-    path("<int:run_id>/export/<str:kind>.jsonl", views.export_download, name="export_download"),
+    path("<int:run_id>/export/<str:export_format>.jsonl", views.export_download, name="export_download"),
     path("<int:run_id>/images/<str:sha256>/", buffer_views.task_image, name="image"),
 ]

@@ -64,7 +64,7 @@ from apps.control.twins import run_twin_create, run_twins_start, twin_comparison
 from apps.control.versions import BEST_BY_PARAM, versions_panel
 from apps.control.weights import weights_download_name, weights_export_request, weights_zip_ready
 from apps.feedback.ledger import RunLedger, run_ledger
-from apps.feedback.exports import EXPORT_FILTERS, EXPORT_KINDS, export_jsonl_response, export_options_parse
+from apps.feedback.training_data import EXPORT_FILTERS, EXPORT_FORMATS, export_jsonl_response, export_options_parse
 from apps.feedback.raters.views import reward_model_panel_context
 from apps.feedback.handout.queue import annotation_waiting, labelling_progress
 from kernel.input_checks import MAX_CONFIG_BYTES
@@ -407,7 +407,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
             "counts": counts,
             "sync": weight_sync_points(run=run, timeline=timeline),
         },
-        "export_kinds": EXPORT_KINDS,
+        "export_formats": EXPORT_FORMATS,
         **reward_model_panel_context(run=run, role=role),
         "rewards": rewards_summary(run=run),
         "eval_best": versions.best,
@@ -422,7 +422,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
 
 def _summary_partial(request: HtmxHttpRequest, run: Run, *, weights_error: str = "", status: int = 200) -> HttpResponse:
     versions = versions_panel(run=run, picked=request.GET.get(BEST_BY_PARAM) or request.POST.get(BEST_BY_PARAM))
-    context = {"run": run, "summary": run_summary(run=run), "export_kinds": EXPORT_KINDS, "weights_error": weights_error,
+    context = {"run": run, "summary": run_summary(run=run), "export_formats": EXPORT_FORMATS, "weights_error": weights_error,
                "twin": twin_comparison(run=run, user=request.user), "versions": versions}
     if context["summary"] is None:
         # Not ended (yet): the run page says where it stands.
@@ -785,20 +785,20 @@ def experience_group(request: HtmxHttpRequest, run_id: int, group_id: str) -> Ht
 @require_GET
 def export_page(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
-    return render(request, "runs/export.html", {"run": run, "kinds": EXPORT_KINDS})
+    return render(request, "runs/export.html", {"run": run, "formats": EXPORT_FORMATS})
 
 
 @login_required
 @require_GET
-def export_download(request: HtmxHttpRequest, run_id: int, kind: str) -> HttpResponseBase:
+def export_download(request: HtmxHttpRequest, run_id: int, export_format: str) -> HttpResponseBase:
     run, _ = run_for_page(user=request.user, run_id=run_id, runs=_RUNS)
     try:
-        return export_jsonl_response(run=run, kind=kind, options=export_options_parse(request.GET))
+        return export_jsonl_response(run=run, export_format=export_format, options=export_options_parse(request.GET))
     except ExportFailed as exc:
         # The export page again, the refused value kept and the error beside its field.
         field = exc.field if exc.field in EXPORT_FILTERS else ""
         return render(request, "runs/export.html", {
-            "run": run, "kinds": EXPORT_KINDS, "error_kind": kind, "error_field": field, "error": exc.message,
+            "run": run, "formats": EXPORT_FORMATS, "error_format": export_format, "error_field": field, "error": exc.message,
             "values": {k: request.GET.get(k, "") for k in EXPORT_FILTERS},
         }, status=400)
 

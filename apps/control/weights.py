@@ -3,7 +3,7 @@
 What `rft weights RUN --version N --merged` writes (a full-weight version as it is, a LoRA
 version folded into its base), zipped, for the run's members. Copying gigabytes, and merging
 an adapter, which needs torch, are no work for a request: a member asks, the run's `export`
-Dispatch row sends `workers.weights.exports.weights_export_zip` to a train worker (the mechanism the
+Dispatch row sends `workers.weights.download.weights_export_zip` to a train worker (the mechanism the
 RFT core sends its steps with: a conditional UPDATE idle -> sent, so two clicks send one
 task; a lost message or a dead worker is taken back and sent again), the worker writes the
 zip under a temporary name and renames it into place, so a zip that is there is complete.
@@ -84,7 +84,7 @@ def _export_state(*, run: Run, version: int, row: ModelVersion | None, out: Disp
 
 def weights_export_state(*, run: Run, version: int) -> WeightsExport:
     return _export_state(run=run, version=version, row=ModelVersion.objects.filter(run=run, number=version).first(),
-                         out=Dispatch.objects.filter(run=run, kind=Dispatch.Kind.EXPORT).first())
+                         out=Dispatch.objects.filter(run=run, job=Dispatch.Job.EXPORT).first())
 
 
 def weights_export_states(*, run: Run, versions: list[ModelVersion]) -> dict[int, WeightsExport]:
@@ -92,7 +92,7 @@ def weights_export_states(*, run: Run, versions: list[ModelVersion]) -> dict[int
     however many there are (the run page lists every version)."""
     if not versions:
         return {}
-    out = Dispatch.objects.filter(run=run, kind=Dispatch.Kind.EXPORT).first()
+    out = Dispatch.objects.filter(run=run, job=Dispatch.Job.EXPORT).first()
     return {v.number: _export_state(run=run, version=v.number, row=v, out=out) for v in versions}
 
 
@@ -101,7 +101,7 @@ def weights_export_request(*, run: Run, version: int) -> WeightsExport:
     as it is). A run's previous request that no worker took, or whose worker died, is taken
     back and sent again first (the RFT core's beat does that only for running runs)."""
     _version(run=run, version=version)
-    dispatch_recover(run=run, kinds=(Dispatch.Kind.EXPORT,))
+    dispatch_recover(run=run, jobs=(Dispatch.Job.EXPORT,))
     state = weights_export_state(run=run, version=version)
     if state.ready or state.preparing:
         return state
@@ -109,7 +109,7 @@ def weights_export_request(*, run: Run, version: int) -> WeightsExport:
         raise Conflict(f"the weights of v{state.busy_with} are being packed; ask for v{version} when they are ready",
                        field="version")
     try:
-        sent = dispatch_send(run=run, kind=Dispatch.Kind.EXPORT, step=version)
+        sent = dispatch_send(run=run, job=Dispatch.Job.EXPORT, step=version)
     except Exception as exc:  # the broker is away: the row went back to idle
         raise Unavailable(f"the task queue cannot be reached ({type(exc).__name__}); try again in a moment") from None
     if not sent:

@@ -112,7 +112,7 @@ def session_check(*, run: Run, key: ApiKey, session: SessionRef) -> AgentSession
     return row
 
 
-def call_record(*, run: Run, key: ApiKey, session: SessionRef, kind: str, answer: Mapping[str, Any]) -> AgentCall:
+def call_record(*, run: Run, key: ApiKey, session: SessionRef, endpoint: str, answer: Mapping[str, Any]) -> AgentCall:
     """Keep one call's exact tokens: one AgentCall per prompt of the answer (a completions
     call with several prompts records each). `answer`: a WorkerAnswer, of which this reads the
     prompts' token ids and the choices' tokens, logprobs, finish reason and text."""
@@ -123,7 +123,7 @@ def call_record(*, run: Run, key: ApiKey, session: SessionRef, kind: str, answer
         start = AgentCall.objects.filter(session=locked).count()
         calls = AgentCall.objects.bulk_create([
             AgentCall(
-                session=locked, index=start + i, kind=kind, model_version=version,
+                session=locked, index=start + i, endpoint=endpoint, model_version=version,
                 prompt_token_ids=list(p["prompt_token_ids"]),
                 choices=[{"token_ids": list(c["token_ids"]), "logprobs": list(c["logprobs"]),
                           # Sampled text can decode to NUL, which Postgres's JSON refuses (a 500

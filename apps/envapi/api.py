@@ -40,7 +40,7 @@ from apps.envapi.services import (
     trajectories_submit,
 )
 from apps.feedback.bulk import bulk_allowed, bulk_ids, experiences_bulk, experiences_export
-from apps.feedback.exports import export_jsonl_response, export_options_parse
+from apps.feedback.training_data import export_jsonl_response, export_options_parse
 from apps.feedback.kinds import KindApiIn, Who, kind_get
 from apps.feedback.ledger import label_state, run_ledger
 from apps.feedback.models import Feedback
@@ -418,12 +418,12 @@ _JSONL_DOC = {
 }
 
 
-@router.get("/runs/{run_id}/export/{kind}.jsonl", auth=READ, response=ERRORS, tags=["exports"],
+@router.get("/runs/{run_id}/export/{format}.jsonl", auth=READ, response=ERRORS, tags=["exports"],
          summary="The run's data as TRL reads it: sft, dpo, grpo or preferences", openapi_extra=_JSONL_DOC)
 def run_export(
     request: HttpRequest,
     run_id: int = RunId,
-    kind: str = Path(..., description="sft, dpo, grpo or preferences"),
+    format: str = Path(..., description="the export's format: sft, dpo, grpo or preferences"),  # the wire's name
     min_reward: str | None = Query(None, description="only experiences with at least this reward"),
     min_version: str | None = Query(None, description="only experiences of this model version or later"),
     min_margin: str | None = Query(None, description="dpo: chosen beats rejected by more than this"),
@@ -432,4 +432,4 @@ def run_export(
     run = run_reachable(request, run_id)
     options = export_options_parse({"min_reward": min_reward, "min_version": min_version, "min_margin": min_margin,
                                     "domain": domain})
-    return export_jsonl_response(run=run, kind=kind, options=options)
+    return export_jsonl_response(run=run, export_format=format, options=options)

@@ -60,7 +60,8 @@ class AgentCall(models.Model):
 
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="calls")
     index = models.PositiveIntegerField()
-    kind = models.CharField(max_length=12)
+    # Which OpenAI-compatible door took it: "chat" (chat/completions) or "completion" (completions).
+    endpoint = models.CharField(max_length=12)
     model_version = models.PositiveIntegerField()
     prompt_token_ids = models.JSONField(default=list)
     # One entry per choice: {"token_ids", "logprobs", "finish_reason", "text"}.

@@ -168,12 +168,12 @@ def _in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return sync_to_async(pooled, thread_sensitive=False, executor=_db_pool)
 
 
-def _prepare(request: HttpRequest, run_id: int, kind: str) -> tuple[
+def _prepare(request: HttpRequest, run_id: int, endpoint: str) -> tuple[
         Run, KeyPrincipal, ChatCompletionIn | CompletionIn, int | None, SessionRef | None]:
     """Everything before generation, in one trip to the database: key, body, model, session."""
     run, principal = _authorise(request, run_id, "submit")
     req: ChatCompletionIn | CompletionIn = (
-        _parse(request, ChatCompletionIn) if kind == "chat" else _parse(request, CompletionIn))
+        _parse(request, ChatCompletionIn) if endpoint == "chat" else _parse(request, CompletionIn))
     version = oa.model_resolve(run=run, name=req.model)
     session = agent_sessions.session_named(headers=request.headers, user=req.user, metadata=req.metadata)
     if session is not None:
@@ -211,26 +211,26 @@ def _sse(chunks: Iterator[Body]) -> StreamingHttpResponse:
     return response
 
 
-async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBase:
+async def _serve(request: HttpRequest, run_id: int, endpoint: str) -> HttpResponseBase:
     try:
         if request.method != "POST":
             raise oa.OpenAIError(405, "use POST", code="method_not_allowed")
-        run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, kind)
-        # The request's type follows the kind (_prepare): a chat request for "chat".
+        run, principal, req, version, session = await _in_thread(_prepare)(request, run_id, endpoint)
+        # The request's type follows the endpoint (_prepare): a chat request for "chat".
         body = (oa.chat_request_build(req=req, version=version) if isinstance(req, ChatCompletionIn)
                 else oa.completion_request_build(req=req, version=version))
 
         async def answer_recorded() -> oa.WorkerAnswer:
             answer = await _generate(run, body)
             if session is not None:
-                await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, kind=kind,
+                await _in_thread(agent_sessions.call_record)(run=run, key=principal.key, session=session, endpoint=endpoint,
                                                              answer=answer)
             return answer
 
         key = token_stream.stream_key_new() if oa.live_streamable(req) else None
         if key is not None:
             body["stream_key"] = key
-            live = await _live(kind=kind, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key,
+            live = await _live(endpoint=endpoint, req=req, run=run, job=asyncio.ensure_future(answer_recorded()), key=key,
                                version=run.current_version if version is None else version)
             if isinstance(live, StreamingHttpResponse):
                 return live
@@ -239,7 +239,7 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
             answer = await answer_recorded()
     except oa.OpenAIError as exc:
         return _error(exc)
-    env = oa.envelope(kind=kind, model=req.model, run=run, version=int(answer["model_version"]))
+    env = oa.envelope(endpoint=endpoint, model=req.model, run=run, version=int(answer["model_version"]))
     if isinstance(req, ChatCompletionIn):
         if req.stream:
             return _sse(oa.chat_chunks(req=req, answer=answer, env=env))
@@ -249,7 +249,7 @@ async def _serve(request: HttpRequest, run_id: int, kind: str) -> HttpResponseBa
     return JsonResponse(oa.completion_body(req=req, answer=answer, env=env))
 
 
-async def _live(*, kind: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer], key: str,
+async def _live(*, endpoint: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer], key: str,
                 version: int) -> StreamingHttpResponse | oa.WorkerAnswer:
     """Token-by-token streaming: a StreamingHttpResponse once the worker has started
     generating (its first event), or the answer itself when the job ends first (a refusal,
@@ -273,7 +273,7 @@ async def _live(*, kind: str, req: ChatCompletionIn | CompletionIn, run: Run, jo
     if first is None:
         await _quietly(reader.close())
         return await job
-    return _sse_async(_live_chunks(kind=kind, req=req, run=run, job=job, reader=reader, first=first, version=version))
+    return _sse_async(_live_chunks(endpoint=endpoint, req=req, run=run, job=job, reader=reader, first=first, version=version))
 
 
 async def _quietly(close: Awaitable[object]) -> None:
@@ -283,13 +283,13 @@ async def _quietly(close: Awaitable[object]) -> None:
         log.warning("token stream: could not clean up", exc_info=True)
 
 
-async def _live_chunks(*, kind: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer],
+async def _live_chunks(*, endpoint: str, req: ChatCompletionIn | CompletionIn, run: Run, job: asyncio.Future[oa.WorkerAnswer],
                        reader: token_stream.StreamReader, first: dict[str, object], version: int) -> AsyncIterator[Body]:
     # The version asked for (the worker read the current one a moment later: the tail says which answered).
-    env = oa.envelope(kind=kind, model=req.model, run=run, version=version)
+    env = oa.envelope(endpoint=endpoint, model=req.model, run=run, version=version)
     texts = [oa.LiveText(oa.live_markers(req)) for _ in range(req.n)]
     try:
-        if isinstance(req, ChatCompletionIn):  # kind "chat"
+        if isinstance(req, ChatCompletionIn):  # endpoint "chat"
             for chunk in oa.chat_live_head(req=req, env=env):
                 yield chunk
         event: dict[str, object] | None = first

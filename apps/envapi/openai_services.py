@@ -123,7 +123,7 @@ def _sampling(req: ChatCompletionIn | CompletionIn, *, top: int, limit: int | No
 def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> Body:
     """What `workers/explore/chat.py` gets for a chat completion."""
     return {
-        "kind": "chat",
+        "endpoint": "chat",
         "messages": [m.for_template() for m in req.messages],
         "tools": [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
         "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else None,
@@ -135,7 +135,7 @@ def chat_request_build(*, req: ChatCompletionIn, version: int | None) -> Body:
 
 def completion_request_build(*, req: CompletionIn, version: int | None) -> Body:
     return {
-        "kind": "completion",
+        "endpoint": "completion",
         "prompts": req.prompts(),
         "n": req.n,
         "sampling": _sampling(req, top=req.logprobs or 0, limit=req.max_tokens),
@@ -206,8 +206,8 @@ class Envelope:
     fingerprint: str
 
 
-def envelope(*, kind: str, model: str, run: Run, version: int) -> Envelope:
-    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+def envelope(*, endpoint: str, model: str, run: Run, version: int) -> Envelope:
+    prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
     return Envelope(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model,
                     fingerprint=f"rft-run{run.pk}-v{version}")
 

@@ -21,7 +21,7 @@ from apps.rewards.k12_rules import (
     learned_params,
     task_question,
 )
-from apps.rewards import export as _export
+from apps.rewards import rm_download as _rm_download
 from apps.rewards import k12_rules as _k12
 from apps.rewards.models import K12Grader, RewardModel
 from apps.rewards.pairs import PreferencePair
@@ -95,4 +95,4 @@ def reward_model_get(rm_id: int) -> RewardModel | None:
 
 def reward_model_export_begin(*, rm: RewardModel, task_id: str | None) -> tuple[Path, DispatchHold | None]:
     """(where the version's zip goes, the hold on its export dispatch or None: another has it)."""
-    return _export.export_zip_path(rm), _export.export_begin(rm=rm, task_id=task_id)
+    return _rm_download.export_zip_path(rm), _rm_download.export_begin(rm=rm, task_id=task_id)

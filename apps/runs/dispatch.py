@@ -1,4 +1,4 @@
-"""The one scheduling mechanism of the project: a `Dispatch` row per run, kind and key, moved
+"""The one scheduling mechanism of the project: a `Dispatch` row per run, job and key, moved
 between idle, sent and running only by conditional UPDATEs, so that of any number of
 processes asking at once exactly one wins (the row's previous state is part of the WHERE).
 
@@ -7,7 +7,7 @@ Every background job that must not run twice at once claims its row here:
   back those whose worker died, by heartbeat and trainer lock);
 - reward-model training (workers/reward/trainer.py) and K-12 grader training
   (workers/reward/k12.py): one per run; a crashed one's row is free again when its lease runs out;
-- a reward-model version's export (apps/rewards/export.py, workers/reward/trainer.py): one
+- a reward-model version's export (apps/rewards/rm_download.py, workers/reward/trainer.py): one
   per version (its key); queued (sent), then packing (running), with the last failure kept.
 
 A row is out while it is sent or running and its lease (`expires_at`, none for the loop's
@@ -41,14 +41,14 @@ class DispatchHold:
     """A task's hold on one dispatch row, for as long as it runs."""
 
     run_id: int
-    kind: str
+    job: str
     task_id: str
     step: int
     key: str = ""
     ended: bool = False
 
     def _row(self) -> QuerySet[Dispatch]:
-        return Dispatch.objects.filter(run_id=self.run_id, kind=self.kind, key=self.key, task_id=self.task_id)
+        return Dispatch.objects.filter(run_id=self.run_id, job=self.job, key=self.key, task_id=self.task_id)
 
     def move_to(self, step: int) -> bool:
         """Go on with `step` in the same task (a trainer's chain); False if the row was taken
@@ -71,14 +71,14 @@ class DispatchHold:
             )
         except Exception:
             log.exception("run %s: could not end the %s dispatch %s; it is taken back later", self.run_id,
-                          self.kind, self.task_id)
+                          self.job, self.task_id)
 
 
 def dispatch_claim(
-    *, run_id: int, kind: str, state: str, key: str = "", when: Q | None = None, step: int = 0,
+    *, run_id: int, job: str, state: str, key: str = "", when: Q | None = None, step: int = 0,
     task_id: str | None = None, worker: str = "", holder: str = "", lease_seconds: float | None = None,
 ) -> DispatchHold | None:
-    """Move the row (run, kind, key) to `state` (sent: a message is queued for it; running: a
+    """Move the row (run, job, key) to `state` (sent: a message is queued for it; running: a
     task runs it now) with one conditional UPDATE, if it is free (`dispatch_free`) or `when`
     (the caller's own condition, replacing that) holds; make it when there is none. None:
     another holds it. `lease_seconds`: after so long the row is free again, whatever its
@@ -93,7 +93,7 @@ def dispatch_claim(
         fields |= {"sent_at": now, "started_at": None}
     else:
         fields["started_at"] = now
-    rows = Dispatch.objects.filter(run_id=run_id, kind=kind, key=key)
+    rows = Dispatch.objects.filter(run_id=run_id, job=job, key=key)
     claimed = rows.filter(dispatch_free(now) if when is None else when).update(
         **fields, **({"sends": F("sends") + 1} if sent else {})
     )
@@ -102,8 +102,8 @@ def dispatch_claim(
             return None
         try:
             with transaction.atomic():
-                Dispatch.objects.create(run_id=run_id, kind=kind, key=key, sends=1 if sent else 0,
+                Dispatch.objects.create(run_id=run_id, job=job, key=key, sends=1 if sent else 0,
                                         **({"sent_at": now} | fields))
         except IntegrityError:
             return None  # another process made the row first, or the run is gone
-    return DispatchHold(run_id=run_id, kind=kind, key=key, task_id=task_id, step=step)
+    return DispatchHold(run_id=run_id, job=job, key=key, task_id=task_id, step=step)

@@ -241,17 +241,17 @@ class WorkerHeartbeat(models.Model):
 
 
 class Dispatch(models.Model):
-    """A background job of a run that must not run twice at once: one row per run, kind and
+    """A background job of a run that must not run twice at once: one row per run, job and
     key, the project's whole scheduling state, claimed only through apps/runs/dispatch.py.
 
     idle → sent (a message `task_id` is queued for it) → running (the worker that got it,
     with the lease owner it claims under) → idle (the task ended, whatever its outcome).
     The loop's explore and train steps (apps/control/conductor.py) are taken back by the
-    conductor when their worker dies; the other kinds carry a lease (`expires_at`) after
+    conductor when their worker dies; the other jobs carry a lease (`expires_at`) after
     which a new claim takes them over.
     """
 
-    class Kind(models.TextChoices):
+    class Job(models.TextChoices):
         # The RFT loop's steps (apps/control/conductor.py): one row per run, no key.
         EXPLORE = "explore"
         TRAIN = "train"
@@ -261,7 +261,7 @@ class Dispatch(models.Model):
         # The run's reward-model and K-12 grader training (workers/reward/trainer.py, workers/reward/k12.py).
         RM_TRAIN = "rm_train"
         K12_TRAIN = "k12_train"
-        # A reward-model version packed as a download (apps/rewards/export.py); key: the version.
+        # A reward-model version packed as a download (apps/rewards/rm_download.py); key: the version.
         RM_EXPORT = "rm_export"
 
     class State(models.TextChoices):
@@ -270,8 +270,8 @@ class Dispatch(models.Model):
         RUNNING = "running"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="dispatches")
-    kind = models.CharField(max_length=16, choices=Kind.choices)
-    # What the job is about within its run and kind, where a run has several ("v3": a version).
+    job = models.CharField(max_length=16, choices=Job.choices)
+    # What the job is about within its run, where a run has several ("v3": a version).
     key = models.CharField(max_length=64, blank=True, default="")
     step = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.IDLE)
@@ -289,10 +289,10 @@ class Dispatch(models.Model):
     sends = models.PositiveIntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "kind", "key"], name="dispatch_run_kind_key_unique")]
+        constraints = [models.UniqueConstraint(fields=["run", "job", "key"], name="dispatch_run_job_key_unique")]
 
     def __str__(self) -> str:
-        return f"run {self.run_id} {self.kind}{':' + self.key if self.key else ''}:{self.step} {self.state}"
+        return f"run {self.run_id} {self.job}{':' + self.key if self.key else ''}:{self.step} {self.state}"
 
 
 class Notification(models.Model):

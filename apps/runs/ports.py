@@ -37,7 +37,7 @@ from kernel.preferences import preference_shares
 from kernel.jsontypes import JSONObject
 
 __all__ = [
-    "PER_SEQUENCE_LOSS_TYPES", "DispatchHold", "DispatchKind", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
+    "PER_SEQUENCE_LOSS_TYPES", "DispatchHold", "DispatchJob", "DispatchState", "ENDED", "RUNNING", "RunConfig", "RunView",
     "RewardModelConfig", "VersionView", "advisory_lock", "reward_kind_get", "row", "train_step_recorded",
     "algorithm_get", "algorithm_names", "config_validate", "connection_release", "dispatch_claim",
     "eval_result_record", "explore_version", "learner_gang_refusal", "metric_exists", "metric_record", "model_dir_missing", "model_missing_said",
@@ -47,7 +47,7 @@ __all__ = [
     "version_latest", "version_train_step", "weight_load_record", "sync_failure_record", "version_published_age",
 ]
 
-DispatchKind = Dispatch.Kind
+DispatchJob = Dispatch.Job
 DispatchState = Dispatch.State
 
 RUNNING = Run.Status.RUNNING.value

@@ -74,7 +74,9 @@ def test_every_cli_error_is_a_message_and_a_nonzero_exit(tmp_path: Path) -> None
     [
         (("create", "/no/such.yaml", "--name", "x"), "no such file"),
         (("pause", "999"), "no run 999"),
-        (("export", "999", "--kind", "sft", "--out", "/tmp/x.jsonl"), "no run 999"),
+        (("export", "999", "--format", "sft", "--out", "/tmp/x.jsonl"), "no run 999"),
+        (("export", "999", "--out", "/tmp/x.jsonl"), "--format is required"),
+        (("export", "999", "--format", "ppo", "--out", "/tmp/x.jsonl"), "use one of sft, dpo, grpo, preferences"),
         (("worker", "--queues", "rollout,gpu"), "unknown queue 'gpu'"),
     ],
 )
@@ -100,10 +102,28 @@ def test_export_writes_jsonl_and_a_datasets_directory(run: Run, tmp_path: Path) 
     import datasets
 
     make_experiences(run, groups=2, group_size=4)
-    assert "wrote 2 dpo rows from 8" in rft("export", str(run.pk), "--kind", "dpo", "--out", str(tmp_path / "dpo.jsonl"))
+    assert "wrote 2 dpo rows from 8" in rft("export", str(run.pk), "--format", "dpo", "--out", str(tmp_path / "dpo.jsonl"))
     assert len((tmp_path / "dpo.jsonl").read_text().splitlines()) == 2
-    rft("export", str(run.pk), "--kind", "sft", "--format", "hf", "--out", str(tmp_path / "sft"), "--min-reward", "2")
+    rft("export", str(run.pk), "--format", "sft", "--hf", "--out", str(tmp_path / "sft"), "--min-reward", "2")
     assert len(datasets.load_from_disk(str(tmp_path / "sft"))) == 4
+
+
+def test_export_still_reads_the_old_spellings_with_a_note(run: Run, tmp_path: Path) -> None:
+    """`--kind F` was `--format F`, and `--format jsonl|hf` the file written (now `--hf`):
+    old command lines still work, each old spelling noted on stderr; `--format` wins over `--kind`."""
+    import datasets
+    from io import StringIO
+
+    make_experiences(run, groups=2, group_size=4)
+    out, err = StringIO(), StringIO()
+    call_command("rft", "export", str(run.pk), "--kind", "sft", "--format", "hf", "--out", str(tmp_path / "sft"),
+                 stdout=out, stderr=err)
+    assert "wrote 8 sft rows" in out.getvalue() and len(datasets.load_from_disk(str(tmp_path / "sft"))) == 8
+    assert err.getvalue().count("note: ") == 2 and "--kind is deprecated: use --format" in err.getvalue()
+    err = StringIO()
+    call_command("rft", "export", str(run.pk), "--kind", "sft", "--format", "dpo", "--out", str(tmp_path / "d.jsonl"),
+                 stdout=out, stderr=err)
+    assert "wrote 2 dpo rows" in out.getvalue() and "--kind is deprecated" in err.getvalue()
 
 
 def test_the_worker_plan_gives_gpu_queues_a_solo_process_each_and_cpu_queues_a_prefork_pool() -> None:

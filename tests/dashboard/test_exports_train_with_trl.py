@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from apps.feedback.exports import export_hf_dataset, export_jsonl
+from apps.feedback.training_data import export_hf_dataset, export_jsonl
 from apps.buffer.services import experience_write
 from apps.runs.models import Run
 from tests.factories import experience_row
@@ -69,8 +69,8 @@ def test_sft_trainer_takes_a_step_on_the_sft_export(run: Run, tiny_model: Path, 
     from trl import SFTConfig, SFTTrainer
 
     fill(run)
-    export_jsonl(run=run, kind="sft", out=tmp_path / "sft.jsonl")
-    export_hf_dataset(run=run, kind="sft", out_dir=tmp_path / "sft-hf")
+    export_jsonl(run=run, export_format="sft", out=tmp_path / "sft.jsonl")
+    export_hf_dataset(run=run, export_format="sft", out_dir=tmp_path / "sft-hf")
     from_jsonl = datasets.load_dataset("json", data_files=str(tmp_path / "sft.jsonl"), split="train",
                                        cache_dir=str(tmp_path / "cache"))
     dataset = datasets.load_from_disk(str(tmp_path / "sft-hf"))
@@ -83,7 +83,7 @@ def test_dpo_trainer_takes_a_step_on_the_dpo_export(run: Run, tiny_model: Path, 
     from trl import DPOConfig, DPOTrainer
 
     fill(run)
-    export_jsonl(run=run, kind="dpo", out=tmp_path / "dpo.jsonl")
+    export_jsonl(run=run, export_format="dpo", out=tmp_path / "dpo.jsonl")
     dataset = datasets.load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train",
                                     cache_dir=str(tmp_path / "cache"))
     assert len(dataset) == 4

@@ -272,7 +272,7 @@ def test_a_run_that_finishes_stops_inviting_annotation_and_its_summary_downloads
     assert row.locator("a.annotate-link").count() == 0
     shot(home, "runs-list-annotator")
 
-    with celery_worker("train", name="summary-train", log=tmp_path / "train.log", includes=("workers.weights.exports",)):
+    with celery_worker("train", name="summary-train", log=tmp_path / "train.log", includes=("workers.weights.download",)):
         for size in (PHONE, LAPTOP):
             page = open_page(annotator, size)
             page.goto(f"/runs/{run.pk}/")

@@ -35,7 +35,7 @@ def storage(tmp_path: Path, settings: Any) -> Path:
 @pytest.fixture
 def train_worker(storage: Path, tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "train-worker.log"
-    with celery_worker("train", name="export-train", log=log, includes=("workers.weights.exports",),
+    with celery_worker("train", name="export-train", log=log, includes=("workers.weights.download",),
                        RFT_STORAGE_DIR=str(storage)):
         yield log
 
@@ -95,7 +95,7 @@ def test_an_annotator_downloads_the_best_version_and_it_loads_as_that_model(
     original = AutoModelForCausalLM.from_pretrained(version, dtype=torch.float32)
     for (name, a), (_, b) in zip(loaded.state_dict().items(), original.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    export = Dispatch.objects.get(run=run, kind=Dispatch.Kind.EXPORT)
+    export = Dispatch.objects.get(run=run, job=Dispatch.Job.EXPORT)
     assert export.sends == 1
     # The worker lets go of the run's export just after the zip is in place (the page may
     # offer the link first): under load that can take a moment, but it must happen.

@@ -28,7 +28,7 @@ def _answer(prompt: list[int], *choices: list[int], version: int = 0) -> dict[st
 
 
 def _record(run: Run, key: Any, name: str, answer: dict[str, Any], task: int | None = None) -> None:
-    sessions.call_record(run=run, key=key, session=sessions.SessionRef(name=name, task_id=task), kind="chat", answer=answer)
+    sessions.call_record(run=run, key=key, session=sessions.SessionRef(name=name, task_id=task), endpoint="chat", answer=answer)
 
 
 def test_calls_that_extend_each_other_become_one_experience_masked_on_the_samples(run: Run, key: Any) -> None:

@@ -478,7 +478,7 @@ def test_a_rollout_task_message_does_not_repr_the_request(run: Run) -> None:
 
     before_task_publish.connect(capture, weak=False)
     try:
-        request = {"kind": "chat", "messages": [{"role": "user", "content": "2 + 2?"}]}
+        request = {"endpoint": "chat", "messages": [{"role": "user", "content": "2 + 2?"}]}
         with pytest.raises(Unavailable):  # no rollout worker in this test
             rollout_task_wait(task="workers.explore.chat.chat", args=[run.pk, request], timeout=0.2)
     finally:

@@ -31,11 +31,11 @@ def test_a_long_chat_task_keeps_its_worker_busy_not_stale(owner: User, tmp_path:
                    sampling={"temperature": 1.0, "max_tokens": 16})
     with celery_worker("rollout", name="chat-beat", log=tmp_path / "worker.log", includes=("workers.explore.explorer",),
                        RFT_HEARTBEAT_SECONDS=str(BEAT), RFT_WORKER_DEAD_SECONDS=str(5 * BEAT)):
-        warm = {"kind": "completion", "prompts": ["What is"], "n": 1, "sampling": {"max_tokens": 2}}
+        warm = {"endpoint": "completion", "prompts": ["What is"], "n": 1, "sampling": {"max_tokens": 2}}
         app.send_task("workers.explore.chat.chat", args=[run.pk, warm], queue="rollout").get(timeout=300)
         # Long enough for many beats: 24 samples of 900 tokens (a random model rarely ends early);
         # 8 of 700 took 2.4 s on a quiet host once the engine read a batch with tensor ops.
-        request = {"kind": "completion", "prompts": ["What is"], "n": 24,
+        request = {"endpoint": "completion", "prompts": ["What is"], "n": 24,
                    "sampling": {"max_tokens": 900, "temperature": 1.0, "seed": 0}}
         result = app.send_task("workers.explore.chat.chat", args=[run.pk, request], queue="rollout")
         seen: list[tuple[float, str, list[Any]]] = []

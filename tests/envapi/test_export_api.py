@@ -12,10 +12,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from apps.feedback.exports import EXPORT_KINDS
+from apps.feedback.training_data import EXPORT_FORMATS
 from apps.envapi.services import api_key_create
 from apps.feedback.kinds.pairwise import feedback_compare
 from apps.runs.models import Run
+from rftweb.api import api as ninja_api
 from tests.factories import make_experiences, make_run, make_taskset
 
 pytestmark = pytest.mark.django_db
@@ -44,17 +45,17 @@ def run(olga: User) -> Run:
     return run
 
 
-@pytest.mark.parametrize("kind", EXPORT_KINDS)
-def test_the_api_gives_the_export_pages_bytes_for_every_kind(olga: User, run: Run, kind: str) -> None:
-    api = _job(run).get(f"/api/v1/runs/{run.pk}/export/{kind}.jsonl")
-    page = _page(olga).get(f"/runs/{run.pk}/export/{kind}.jsonl")
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
+def test_the_api_gives_the_export_pages_bytes_for_every_format(olga: User, run: Run, fmt: str) -> None:
+    api = _job(run).get(f"/api/v1/runs/{run.pk}/export/{fmt}.jsonl")
+    page = _page(olga).get(f"/runs/{run.pk}/export/{fmt}.jsonl")
     assert api.status_code == page.status_code == 200
     assert api["Content-Type"].startswith("application/jsonl")
-    assert f'filename="run-{run.pk}-{kind}.jsonl"' in api["Content-Disposition"]
+    assert f'filename="run-{run.pk}-{fmt}.jsonl"' in api["Content-Disposition"]
     body = _body(api)
-    assert body == _body(page) and body  # every kind has rows here: answers, pairs, tasks, the A/B choice
+    assert body == _body(page) and body  # every format has rows here: answers, pairs, tasks, the A/B choice
     rows = [json.loads(line) for line in body.decode().splitlines()]
-    if kind in ("dpo", "preferences"):
+    if fmt in ("dpo", "preferences"):
         assert all({"prompt", "chosen", "rejected"} <= set(row) for row in rows)
 
 
@@ -74,7 +75,19 @@ def test_the_filters_apply_alike_and_a_bad_one_is_a_422_naming_its_field(olga: U
         assert refused.status_code == 422 and words in refused.json()["errors"][field]
         assert words in page.get(f"/runs/{run.pk}/export/dpo.jsonl", params).content.decode()
     unknown = job.get(f"/api/v1/runs/{run.pk}/export/parquet.jsonl")
-    assert unknown.status_code == 422 and "use one of sft, dpo, grpo, preferences" in unknown.json()["errors"]["kind"]
+    assert unknown.status_code == 422 and "use one of sft, dpo, grpo, preferences" in unknown.json()["errors"]["format"]
+
+
+def test_the_export_is_named_by_its_format_and_the_old_links_still_work(olga: User, run: Run) -> None:
+    """Round 64 renamed the export's `kind` its `format`: the schema's path parameter and a
+    refusal's field say `format`; the path is positional, so every link made before is the same
+    link and still downloads, on the API and on the page."""
+    operation = ninja_api.get_openapi_schema()["paths"]["/api/v1/runs/{run_id}/export/{format}.jsonl"]["get"]
+    assert [p["name"] for p in operation["parameters"] if p["in"] == "path"] == ["run_id", "format"]
+    assert _job(run).get(f"/api/v1/runs/{run.pk}/export/sft.jsonl").status_code == 200
+    assert _page(olga).get(f"/runs/{run.pk}/export/sft.jsonl").status_code == 200
+    refused = _job(run).get(f"/api/v1/runs/{run.pk}/export/ppo.jsonl").json()
+    assert refused["field"] == "format" and "unknown export format 'ppo'" in refused["errors"]["format"]
 
 
 def test_a_key_of_another_run_or_none_gets_nothing(olga: User, run: Run) -> None:

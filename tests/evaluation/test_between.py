@@ -18,7 +18,7 @@ from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.evaluation.models import Evaluation, Vote
 from apps.evaluation.services import evaluation_close, evaluation_create
-from apps.feedback.exports import EXPORT_KINDS, export_rows
+from apps.feedback.training_data import EXPORT_FORMATS, export_rows
 from apps.feedback.ledger import run_ledger
 from apps.feedback.models import Feedback
 from apps.feedback.reward_model.preferences import preference_pairs_read
@@ -135,7 +135,7 @@ def _training_reads(run: Run) -> object:
     return (Feedback.objects.count(), [repr(p) for p in pairs.pairs], pairs.unpaired,
         [repr(f) for f in rater_figures(run=run)], repr(ledger.run), sorted(ledger.people),
         list(Experience.objects.filter(run=run).order_by("pk").values_list("reward", "human_reward", "status")),
-        {kind: list(export_rows(run=run, kind=kind)) for kind in EXPORT_KINDS})
+        {fmt: list(export_rows(run=run, export_format=fmt)) for fmt in EXPORT_FORMATS})
 
 
 def test_votes_reach_no_training_reward_model_reliability_or_export(owner: User, annotator: User) -> None:

@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.feedback.models import Assignment, Feedback
@@ -105,7 +105,7 @@ def _outcome(run: Run, m: list[Experience]) -> dict[str, Any]:
         "rewards": [(e.status, e.human_reward, e.reward) for e in fresh],
         "trained_pairs": [(pos[w], pos[lose]) for w, lose in preferences_among(run=run, ids=list(pos))],
         "exported_pairs": [(row["chosen"][0]["content"], row["rejected"][0]["content"])
-                           for row in export_rows(run=run, kind="dpo")],
+                           for row in export_rows(run=run, export_format="dpo")],
     }
 
 

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 
 from apps.buffer.models import Experience
 from apps.feedback import ports
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.feedback.models import Assignment, Feedback
 from apps.feedback.review.services import disagreement_answer, disagreement_resolve, feedback_accept, feedback_reject
 from apps.feedback.review.selectors import disagreements
@@ -51,8 +51,8 @@ def rm_pairs(run: Run) -> set[tuple[int, int]]:
     return {(p.chosen_id, p.rejected_id) for p in ports.preference_pairs(run=run_view_of(run))}
 
 
-def exported(run: Run, kind: str) -> list[dict[str, Any]]:
-    return list(export_rows(run=run, kind=kind))
+def exported(run: Run, export_format: str) -> list[dict[str, Any]]:
+    return list(export_rows(run=run, export_format=export_format))
 
 
 def annie_rates_a_pair(run: Run, people: dict[str, User], *, bad_score: int = 1) -> tuple[Experience, Experience, Feedback]:

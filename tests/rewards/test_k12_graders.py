@@ -258,6 +258,6 @@ def test_a_scorer_uses_the_newest_grader_while_another_worker_trains_the_next(ow
     run = _k12_run(owner, rewards=[{"name": "k12_learned", "domains": ["k12"]}])
     v1 = K12Grader.objects.create(run=run, version=1, path="/nowhere", base="b", grades=0)
     # Another worker is training v2: it holds the run's grader training.
-    training = dispatch_claim(run_id=run.pk, kind="k12_train", state="running", lease_seconds=TRAIN_LEASE_SECONDS)
+    training = dispatch_claim(run_id=run.pk, job="k12_train", state="running", lease_seconds=TRAIN_LEASE_SECONDS)
     assert training is not None
     assert k12_grader_ensure(run=run_view_of(run), params=learned_params({"retrain_every": 1})) == v1

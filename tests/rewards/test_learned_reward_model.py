@@ -228,7 +228,7 @@ def _fresh(exps: list[Experience]) -> list[Experience]:
 def test_the_preference_export_trains_a_reward_model_with_trl(
     owner: User, annotator: User, demo_model_dir: Path, tmp_path: Path,
 ) -> None:
-    """`rft export --kind preferences` writes TRL's conversational preference rows, which
+    """`rft export --format preferences` writes TRL's conversational preference rows, which
     RewardTrainer takes as they are."""
     import json
 
@@ -243,7 +243,7 @@ def test_the_preference_export_trains_a_reward_model_with_trl(
     for good, bad, worse in groups[3:]:
         feedback_rank(run=run, author=annotator, group_id=good.group_id, order=[good.pk, bad.pk, worse.pk])
     out = tmp_path / "prefs.jsonl"
-    call_command("rft", "export", str(run.pk), "--kind", "preferences", "--out", str(out))
+    call_command("rft", "export", str(run.pk), "--format", "preferences", "--out", str(out))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 + 3 * 3
     assert all(r["chosen"][0]["content"].startswith("<answer>") for r in rows[:3])

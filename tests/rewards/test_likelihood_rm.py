@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from workers.reward.likelihood import likelihood_features
 from workers.reward.kinds.base_model import causal_lm_load
 from workers.reward.kinds.pair_fit import bradley_terry_fit
-from workers.reward.likelihood_hf import FEATURES
+from workers.reward.logprob_features import FEATURES
 
 
 

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from apps.envapi.services import api_key_create
 from apps.rewards.pairs import PreferencePair
-from apps.rewards.export import export_zip_path
+from apps.rewards.rm_download import export_zip_path
 from apps.rewards.models import RewardModel
 from apps.runs.models import Run
 from tests.factories import add_member, make_run, make_user
@@ -188,11 +188,11 @@ def _age_the_request(rm: RewardModel, minutes: float) -> None:
 
     from django.utils import timezone
 
-    from apps.rewards.export import export_key
+    from apps.rewards.rm_download import export_key
     from apps.runs.models import Dispatch
 
     asked = timezone.now() - timedelta(minutes=minutes)
-    row, _ = Dispatch.objects.get_or_create(run_id=rm.run_id, kind="rm_export", key=export_key(rm))
+    row, _ = Dispatch.objects.get_or_create(run_id=rm.run_id, job="rm_export", key=export_key(rm))
     Dispatch.objects.filter(pk=row.pk).update(state="sent", sent_at=asked, started_at=None,
                                               expires_at=asked + timedelta(minutes=31))
 
@@ -245,7 +245,7 @@ def test_a_packing_whose_worker_crashed_shows_until_its_lease_ran_out_then_may_b
 
     from django.utils import timezone
 
-    from apps.rewards.export import export_begin, export_key
+    from apps.rewards.rm_download import export_begin, export_key
     from apps.runs.models import Dispatch
 
     olga = make_user("olga")
@@ -260,7 +260,7 @@ def test_a_packing_whose_worker_crashed_shows_until_its_lease_ran_out_then_may_b
     assert export_begin(rm=rm, task_id="second-copy") is None
     assert api.post(base).json()["stage"] == "packing"
     assert api.get(base).json()["stage"] == "packing"
-    Dispatch.objects.filter(run=run, kind="rm_export", key=export_key(rm)).update(
+    Dispatch.objects.filter(run=run, job="rm_export", key=export_key(rm)).update(
         expires_at=timezone.now() - timedelta(seconds=1))  # half an hour later: its lease ran out
     assert api.get(base).json() | {"bytes": 0} == {"version": 1, "state": "none", "stage": "", "bytes": 0, "error": "",
                                                    "download": None}

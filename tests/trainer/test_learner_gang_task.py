@@ -520,7 +520,7 @@ def _train_task(run_id: int, step: int) -> StepOutcome:
     a step it ended sent the next one already (another id would be refused as superseded)."""
     from apps.runs.models import Dispatch
 
-    sent = Dispatch.objects.filter(run_id=run_id, kind="train", state="sent").values_list("task_id", flat=True).first()
+    sent = Dispatch.objects.filter(run_id=run_id, job="train", state="sent").values_list("task_id", flat=True).first()
     out: StepOutcome = trainer_task.train_step.apply(args=(run_id, step), task_id=sent or None).get()
     return out
 

@@ -75,7 +75,7 @@ def drive(run: Run, until: Callable[[Run], bool], *, explorer: Explorer | None, 
 
 def _train_dispatch_idle(run: Run, *, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
-    out = Dispatch.objects.filter(run=run, kind=Dispatch.Kind.TRAIN).exclude(state=Dispatch.State.IDLE)
+    out = Dispatch.objects.filter(run=run, job=Dispatch.Job.TRAIN).exclude(state=Dispatch.State.IDLE)
     while out.exists():
         assert time.monotonic() < deadline, f"a train task still out {timeout:.0f} s after the pause: {list(out.values())}"
         time.sleep(0.2)

@@ -26,7 +26,7 @@ from django.test import Client
 from apps.buffer.models import Experience
 from apps.buffer.services import experience_write
 from apps.envapi.services import api_key_create
-from apps.feedback.exports import export_rows
+from apps.feedback.training_data import export_rows
 from apps.feedback.kinds import kind_unregister
 from apps.feedback.models import Feedback
 from apps.feedback.reward_model.preferences import preference_pairs
@@ -103,11 +103,11 @@ def test_a_preference_kind_reaches_agreement_pairs_exports_and_the_client(best_o
     assert preferences_among(run=run, ids=[worst.pk, best.pk]) == [(worst.pk, best.pk)] * 2
 
     # The DPO export: the group's best over its worst by reward, then each pair people stated once.
-    dpo = [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in export_rows(run=run, kind="dpo")]
+    dpo = [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in export_rows(run=run, export_format="dpo")]
     text = {e.pk: e.response_text for e in (worst, middle, best)}
     assert dpo == [(text[best.pk], text[worst.pk])] + [(text[a], text[b]) for a, b in dict.fromkeys(ids)]
     preferences = [(r["chosen"][0]["content"], r["rejected"][0]["content"])
-                   for r in export_rows(run=run, kind="preferences")]
+                   for r in export_rows(run=run, export_format="preferences")]
     assert sorted(preferences) == sorted((text[a], text[b]) for a, b in ids)
 
     # The client: the kind is in the API schema's feedback bodies, and posting one stores it.

@@ -246,7 +246,7 @@ def _sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[Any]]]:
 def _train_dispatch(run: Run) -> Any:
     from apps.runs.models import Dispatch
 
-    return Dispatch.objects.get(run=run, kind="train")
+    return Dispatch.objects.get(run=run, job="train")
 
 
 def test_a_chained_task_trains_every_ready_step_and_keeps_the_conductor_from_sending_them(
@@ -342,7 +342,7 @@ def test_a_message_that_is_not_the_dispatched_one_does_nothing(owner: Any, tiny_
     run = running_run(owner, tiny_model_dir)
     _groups(run)
     _sends(monkeypatch)
-    assert dispatch_send(run=run, kind="train", step=1)
+    assert dispatch_send(run=run, job="train", step=1)
     sent_id = _train_dispatch(run).task_id
     # A stray copy (another id) finds the step sent to someone else.
     assert trainer_step(run_id=run.pk, step=1, task_id="a-stray-copy")["status"] == "superseded"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from apps.feedback.exports import export_hf_dataset, export_jsonl_chunks
+from apps.feedback.training_data import export_hf_dataset, export_jsonl_chunks
 from apps.buffer.models import Task
 from apps.buffer.services import experience_write
 from tests.factories import experience_row, make_image_taskset, make_run
@@ -32,11 +32,11 @@ def _vision_run(owner: User, tmp: Path) -> Any:
 
 def test_the_jsonl_exports_carry_image_parts_and_the_pictures_digests(owner: User, tmp_path: Path) -> None:
     run, tasks = _vision_run(owner, tmp_path)
-    grpo = [json.loads(line) for line in b"".join(export_jsonl_chunks(run=run, kind="grpo")).splitlines()]
+    grpo = [json.loads(line) for line in b"".join(export_jsonl_chunks(run=run, export_format="grpo")).splitlines()]
     assert [r["images"] for r in grpo] == [t.images for t in tasks]
     assert grpo[0]["prompt"] == [{"role": "user", "content": [{"type": "image", "text": None},
                                                                {"type": "text", "text": tasks[0].prompt}]}]
-    sft = [json.loads(line) for line in b"".join(export_jsonl_chunks(run=run, kind="sft")).splitlines()]
+    sft = [json.loads(line) for line in b"".join(export_jsonl_chunks(run=run, export_format="sft")).splitlines()]
     assert sft and all(r["images"] and r["messages"][0]["content"][0]["type"] == "image" for r in sft)
     assert sft[0]["messages"][-1] == {"role": "assistant", "content": [{"type": "text", "text": "<answer>1</answer>"}]}
 
@@ -50,7 +50,7 @@ def test_a_datasets_export_holds_the_pictures_and_trl_trains_on_it(owner: User, 
     from workers.vision import processor_load
 
     run, tasks = _vision_run(owner, tmp_path)
-    result = export_hf_dataset(run=run, kind="sft", out_dir=tmp_path / "sft")
+    result = export_hf_dataset(run=run, export_format="sft", out_dir=tmp_path / "sft")
     ds = datasets.load_from_disk(str(tmp_path / "sft"))
     assert len(ds) == result.rows == 6
     picture = ds[0]["images"][0]
@@ -59,7 +59,7 @@ def test_a_datasets_export_holds_the_pictures_and_trl_trains_on_it(owner: User, 
 
     assert picture.convert("RGB").tobytes() == image_open(tasks[0].images[0]).tobytes()
 
-    grpo = datasets.load_from_disk(str(export_hf_dataset(run=run, kind="grpo", out_dir=tmp_path / "grpo").path))
+    grpo = datasets.load_from_disk(str(export_hf_dataset(run=run, export_format="grpo", out_dir=tmp_path / "grpo").path))
     assert grpo[0]["prompt"][0]["content"][0]["type"] == "image" and len(grpo[0]["images"]) == 1
 
     # The effect: TRL's SFTTrainer reads the export with the VLM's processor and takes a step.

@@ -299,7 +299,7 @@ def chat_serve(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
 
 
 def chat_generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
-    """Serve one request: {"kind": "chat"|"completion", "messages"|"prompts", "tools",
+    """Serve one request: {"endpoint": "chat"|"completion", "messages"|"prompts", "tools",
     "tool_choice", "n", "sampling": {...}, "version"}. Returns {"model_version", "prompts":
     [{"prompt_token_ids", "choices": [...]}]} or {"error": {...}} for a request it refuses."""
     try:
@@ -372,10 +372,10 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
     except (TypeError, ValueError) as exc:
         raise ChatRequestInvalid(str(exc)) from None
     n = int(request.get("n") or 1)
-    kind = request.get("kind", "chat")
+    endpoint = request.get("endpoint", "chat")
     tools = request.get("tools") or None
     tool_choice = request.get("tool_choice")
-    if kind == "chat":
+    if endpoint == "chat":
         offered = tools if tool_choice != "none" else None
         prompts = [chat_prompt_ids(tokenizer, messages=request["messages"], tools=offered)]
     else:
@@ -399,7 +399,7 @@ def _generate(*, run_id: int, request: Mapping[str, Any]) -> ChatAnswer:
         outputs = _generate_streaming(engine, prompts, n=n, sampling=sampling, key=str(stream_key))
     else:
         outputs = engine.generate(prompts, n=n, sampling=sampling)
-    parse = kind == "chat" and bool(tools) and tool_choice != "none"
+    parse = endpoint == "chat" and bool(tools) and tool_choice != "none"
     answer_prompts: list[ChatPrompt] = []
     for prompt, samples in zip(prompts, outputs, strict=True):
         choices: list[ChatChoice] = []

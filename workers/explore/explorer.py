@@ -41,7 +41,7 @@ from apps.control.ports import dispatch_begin, explore_step_write, run_advance_a
 from apps.rewards.ports import rewards_awaiting, rewards_inline
 from apps.runs.ports import (
     RUNNING,
-    DispatchKind,
+    DispatchJob,
     RunView,
     explore_version,
     metric_record,
@@ -469,7 +469,7 @@ def explore(*, run_id: int, step: int, worker: str | None = None) -> ExploreOutc
 )
 def explore_step(self: Task, run_id: int, step: int) -> ExploreOutcome:
     holder = worker_name()
-    hold = dispatch_begin(run_id=run_id, kind=DispatchKind.EXPLORE, step=step, task_id=self.request.id,
+    hold = dispatch_begin(run_id=run_id, job=DispatchJob.EXPLORE, step=step, task_id=self.request.id,
                           worker=self.request.hostname or holder, holder=holder)
     if hold is None:
         return {"run": run_id, "step": step, "skipped": "another dispatch has the run's explore step"}

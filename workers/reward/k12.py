@@ -47,7 +47,7 @@ from apps.rewards.ports import (
     run_current_model,
     task_question,
 )
-from apps.runs.ports import DispatchKind, DispatchState, RunView, dispatch_claim
+from apps.runs.ports import DispatchJob, DispatchState, RunView, dispatch_claim
 from apps.feedback.ports import pair_is_heldout
 from workers.engines import engine_for, EngineWanted, prompt_ids, SamplingSpec
 from workers.reward.scorers import reward_model_load
@@ -205,7 +205,7 @@ def k12_grader_ensure(*, run: RunView, params: K12LearnedParams) -> K12GraderRow
     up the new one), else wait for that training (up to TRAIN_WAIT_SECONDS)."""
     deadline = time.monotonic() + TRAIN_WAIT_SECONDS
     while k12_grader_due(run=run, params=params):
-        hold = dispatch_claim(run_id=run.id, kind=DispatchKind.K12_TRAIN, state=DispatchState.RUNNING,
+        hold = dispatch_claim(run_id=run.id, job=DispatchJob.K12_TRAIN, state=DispatchState.RUNNING,
                               lease_seconds=TRAIN_LEASE_SECONDS)
         if hold is not None:
             try:

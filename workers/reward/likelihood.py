@@ -20,8 +20,8 @@ w · z, calibrated to the human scale like any version (reward_trainer.calibrati
 A version's directory holds `likelihood_reward.json` (the kind, the base checkpoint it read —
 pinned, so a later policy checkpoint does not change what a version means —, the feature
 names, standardisation and weights) and the base's tokenizer. The features are computed by
-workers/reward/likelihood_hf.py, which `likelihood_model_export` writes beside an exported version
-so that `AutoModelForSequenceClassification` loads it. Worker-only (torch, transformers).
+workers/reward/logprob_features.py, which `likelihood_model_export` writes beside an exported
+version with workers/reward/likelihood_hf.py so that `AutoModelForSequenceClassification` loads it. Worker-only (torch, transformers).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 
 from apps.rewards.ports import PreferencePair
 from kernel.exceptions import ExportFailed
-from workers.reward.likelihood_hf import FEATURES, completion_logprobs, features_of
+from workers.reward.likelihood_hf import completion_logprobs
+from workers.reward.logprob_features import FEATURES, features_of
 from workers.weights.adapters import atomic_dir, atomic_dir_commit
 from workers.reward.likelihood_hf import LikelihoodRewardConfig, LikelihoodRewardModel
 from workers.reward.kinds.base_model import causal_lm_load, pad_of, rm_prompt_ids, rm_rows

@@ -49,7 +49,7 @@ from apps.rewards.ports import RewardModelRow as RewardModel  # the type of the 
 from apps.rewards.ports import reward_model_export_begin, reward_model_get, run_current_model
 from apps.runs.ports import dispatch_claim
 from apps.runs.ports import reward_kind_get
-from apps.runs.ports import DispatchKind, DispatchState, run_view
+from apps.runs.ports import DispatchJob, DispatchState, run_view
 from apps.runs.ports import RunView as Run  # the port's view of a run, under the name this module used
 from rftweb.taskkit import celery_bound_task, celery_task, on_signal
 from workers.reward.kinds import KindScorer, reward_kind_impl, reward_kind_of_dir
@@ -332,7 +332,7 @@ def reward_model_train(run_id: int) -> dict[str, int | float | bool | None]:
     run = run_view(run_id)
     if run is None or not run.config.reward_model.enabled:
         return {"version": None}
-    hold = dispatch_claim(run_id=run_id, kind=DispatchKind.RM_TRAIN, state=DispatchState.RUNNING,
+    hold = dispatch_claim(run_id=run_id, job=DispatchJob.RM_TRAIN, state=DispatchState.RUNNING,
                           lease_seconds=TRAIN_LEASE_SECONDS)
     if hold is None:
         return {"version": None, "busy": True}
@@ -358,7 +358,7 @@ def reward_model_score(run_id: int) -> dict[str, int]:
 @celery_bound_task(name="workers.reward.trainer.reward_model_export_zip", soft_time_limit=1800, time_limit=1860,
                    **_REWARD_TASK)
 def reward_model_export_zip(self: Task, rm_id: int) -> dict[str, str | int | bool | None]:
-    """Pack a version as the web download (apps/rewards/export.py): the directory
+    """Pack a version as the web download (apps/rewards/rm_download.py): the directory
     `rft reward-model` writes, zipped beside the version. Idempotent (a zip that is there is
     complete: it is renamed into place); one packing at a time per version (its dispatch
     row); a failure is kept for the page to show."""

@@ -27,7 +27,7 @@ from apps.control.ports import (
 from apps.feedback.ports import batch_feedback_metrics, preferences_among
 from apps.runs.ports import (
     ENDED,
-    DispatchKind,
+    DispatchJob,
     RunView,
     metric_record,
     publishes_at,
@@ -167,7 +167,7 @@ def trainer_step(
     a step).
     """
     worker = worker or worker_name()
-    hold = dispatch_begin(run_id=run_id, kind=DispatchKind.TRAIN, step=step, task_id=task_id, worker=node or worker,
+    hold = dispatch_begin(run_id=run_id, job=DispatchJob.TRAIN, step=step, task_id=task_id, worker=node or worker,
                           holder=worker)
     if hold is None:
         if run_ended(run_id):

@@ -1,6 +1,6 @@
 """The raters figures over the REST API (keys with `read`): the same rater figures
 and agreement as the Raters page, the run's reward-model versions, and a version as a
-download (the zip the run page offers: apps/rewards/export.py)."""
+download (the zip the run page offers: apps/rewards/rm_download.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ninja import Router, Schema, Status
 from ninja.params.functions import Path
 
 from apps.feedback.raters.figures import RatersData, raters_data
-from apps.rewards.export import (
+from apps.rewards.rm_download import (
     ExportState,
     download_name,
     export_states,

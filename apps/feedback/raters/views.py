@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from apps.feedback.reward_model.versions import reward_model_summary
 from apps.feedback.reward_model.preferences import preference_pairs, preference_rows_trl
 from apps.feedback.raters.figures import raters_data
-from apps.rewards.export import (
+from apps.rewards.rm_download import (
     download_name,
     export_states,
     export_zip_path,

@@ -4,9 +4,9 @@ tokenises it (the prompt through the chat template, the completion's tokens, the
 into `max_length`, with the answer span's token range where `reward_model.answer_pattern`
 finds one: `rm_rows`).
 
-The span and the fitting into `max_length` are workers/reward/likelihood_hf.py's (`answer_span`,
-`truncated`): an exported `likelihood` version carries that file and computes its features
-with them, so they live there once. torch and transformers are imported when called.
+The span and the fitting into `max_length` are workers/reward/logprob_features.py's
+(`answer_span`, `truncated`): an exported `likelihood` version carries that file and computes
+its features with them, so they live there once. torch and transformers are imported when called.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from workers.engines.base import prompt_ids
+from workers.reward.logprob_features import answer_span, truncated
 
 if TYPE_CHECKING:
     import torch
@@ -50,8 +51,6 @@ def rm_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
 def rm_completion_ids(tokenizer: PreTrainedTokenizerBase, completion: str, pattern: re.Pattern[str] | None) -> tuple[list[int], tuple[int, int] | None]:
     """The completion's token ids (eos appended, as the trainer does) and the [start, end)
     token range of the answer span, None when there is none."""
-    from workers.reward.likelihood_hf import answer_span  # heavy: torch and transformers at its import
-
     try:
         enc = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
@@ -69,8 +68,6 @@ def rm_rows(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], completi
     """Each (prompt, completion) as a Row, tokenised as the trainer tokenises it and fitted into
     `max_length` (the completion keeps its head, the prompt its tail); the answer span where
     `answer_pattern` (its first group, the last match) finds one."""
-    from workers.reward.likelihood_hf import truncated  # heavy: torch and transformers at its import
-
     pattern = re.compile(answer_pattern, re.DOTALL) if answer_pattern else None
     rows: list[Row] = []
     for prompt, completion in zip(prompts, completions, strict=True):

@@ -34,6 +34,7 @@ from workers.reward.kinds import reward_kind_impl_register
 from workers.reward.kinds.base_model import pad_of, rm_batch, rm_rows
 from workers.reward.kinds.ensemble import Ensemble, EnsembleKind, Rows
 from workers.reward.kinds.pair_fit import bootstrap_weights
+from workers.reward.logprob_features import features_of
 
 if TYPE_CHECKING:
     import torch
@@ -58,10 +59,6 @@ def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     `likelihood` kind's: sum, mean, least, over the answer span; what the base knows of a
     right answer)."""
     import torch
-
-    # The likelihood kind's statistics, from the file an exported likelihood version carries
-    # (heavy: torch and transformers at its import).
-    from workers.reward.likelihood_hf import features_of
 
     rows = rm_rows(tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern)
     pad = pad_of(tokenizer)

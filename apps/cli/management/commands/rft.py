@@ -2,7 +2,7 @@
 
   rft create CONFIG --name NAME [--owner USER] [--taskset FILE]   create a draft run
   rft start|pause|resume|stop RUN [--as USER]                      move a run (audited)
-  rft export RUN --kind sft|dpo|grpo|preferences --out PATH [--format jsonl|hf] export the buffer
+  rft export RUN --format sft|dpo|grpo|preferences --out PATH [--hf]   export the buffer
   rft weights RUN [--version N] --out DIR [--merged]                 export a version's weights
   rft reward-model RUN [--version N] --out DIR                      export the learned reward model
   rft worker --queues rollout,train [--concurrency N] [--dry-run]  start Celery workers
@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import sys
-from argparse import ArgumentParser
+from argparse import SUPPRESS, ArgumentParser
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -34,7 +34,7 @@ from apps.buffer.importers import ImportFailed
 from apps.cli.evaluation import evaluation_command, evaluation_figures_lines
 from apps.control.services import run_create_with_taskset
 from apps.control.twins import run_twins_start
-from apps.feedback.exports import EXPORT_KINDS, ExportOptions, export_hf_dataset, export_jsonl
+from apps.feedback.training_data import EXPORT_FORMATS, ExportOptions, export_hf_dataset, export_jsonl
 from apps.feedback.kinds import kind_get, kinds
 from apps.feedback.selectors import feedback_effect, run_may_annotate
 from kernel.input_checks import MAX_CONFIG_BYTES
@@ -52,6 +52,9 @@ from workers.reward.scorers import reward_model_export
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+# What `rft export --format` once named: the file written (now `--hf` or not).
+_FILE_FORMERLY = ("jsonl", "hf")
 
 # GPU queues hold a model resident in the worker process: one process, one task at a time
 # (solo pool; a forked child would re-initialise CUDA and double the memory). CPU queues
@@ -139,9 +142,14 @@ class Command(BaseCommand):
 
         export = sub.add_parser("export", help="export a run's buffer for TRL")
         export.add_argument("run", type=int)
-        export.add_argument("--kind", required=True, choices=EXPORT_KINDS)
-        export.add_argument("--out", required=True, help="a .jsonl file, or a directory for --format hf")
-        export.add_argument("--format", default="jsonl", choices=("jsonl", "hf"))
+        # `--format` once named the file written (jsonl or hf; now --hf) and `--kind` the export's
+        # format: both old spellings are still read, each with a one-line note (_export_format).
+        # No argparse choices: those would list the old file spellings (_export_format checks).
+        export.add_argument("--format", dest="export_format", metavar="{" + ",".join(EXPORT_FORMATS) + "}",
+                            help=f"the export's format (required): one of {', '.join(EXPORT_FORMATS)}")
+        export.add_argument("--kind", dest="kind_formerly", choices=EXPORT_FORMATS, help=SUPPRESS)
+        export.add_argument("--out", required=True, help="a .jsonl file, or a directory with --hf")
+        export.add_argument("--hf", action="store_true", help="write a Hugging Face datasets directory, not a JSONL file")
         export.add_argument("--min-reward", type=float)
         export.add_argument("--min-version", type=int)
         export.add_argument("--min-margin", type=float, default=0.0)
@@ -330,6 +338,7 @@ class Command(BaseCommand):
     def _export(self, opts: dict[str, Any]) -> None:
         from tqdm import tqdm
 
+        export_format, hf = self._export_format(opts)
         run = Run.objects.filter(pk=opts["run"]).first()
         if run is None:
             raise CommandError(f"no run {opts['run']}")
@@ -337,22 +346,42 @@ class Command(BaseCommand):
             min_reward=opts["min_reward"], min_version=opts["min_version"],
             domain=opts["domain"], min_margin=opts["min_margin"],
         )
-        bar = tqdm(desc=f"export {opts['kind']}", unit="row", file=self.stderr._out, disable=None)
+        bar = tqdm(desc=f"export {export_format}", unit="row", file=self.stderr._out, disable=None)
 
         def progress(done: int, total: int | None) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
         try:
-            if opts["format"] == "hf":
-                result = export_hf_dataset(run=run, kind=opts["kind"], out_dir=opts["out"], options=options, progress=progress)
+            if hf:
+                result = export_hf_dataset(run=run, export_format=export_format, out_dir=opts["out"], options=options,
+                                           progress=progress)
             else:
-                result = export_jsonl(run=run, kind=opts["kind"], out=opts["out"], options=options, progress=progress)
+                result = export_jsonl(run=run, export_format=export_format, out=opts["out"], options=options,
+                                      progress=progress)
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
         finally:
             bar.close()
-        self.stdout.write(f"wrote {result.rows} {opts['kind']} rows from {result.scanned} to {result.path}")
+        self.stdout.write(f"wrote {result.rows} {result.format} rows from {result.scanned} to {result.path}")
+
+    def _export_format(self, opts: dict[str, Any]) -> tuple[str, bool]:
+        """(the export's format, whether to write a datasets directory), reading the old
+        spellings too: `--kind F` (now `--format F`, which wins when both are given) and
+        `--format jsonl|hf` (now no flag or `--hf`), each with a note on stderr."""
+        export_format, hf = opts["export_format"], bool(opts["hf"])
+        if export_format in _FILE_FORMERLY:
+            self.stderr.write(f"note: --format {export_format} is deprecated: "
+                              f"{'use --hf' if export_format == 'hf' else 'JSONL is the default'}")
+            export_format, hf = None, hf or export_format == "hf"
+        if opts["kind_formerly"]:
+            self.stderr.write("note: --kind is deprecated: use --format")
+            export_format = export_format or opts["kind_formerly"]
+        if export_format is None:
+            raise CommandError(f"--format is required: one of {', '.join(EXPORT_FORMATS)}")
+        if export_format not in EXPORT_FORMATS:
+            raise CommandError(f"--format {export_format!r}: use one of {', '.join(EXPORT_FORMATS)}")
+        return export_format, hf
 
     def _weights(self, opts: dict[str, Any]) -> None:
         run = Run.objects.filter(pk=opts["run"]).first()
@@ -372,8 +401,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         except OSError as exc:
             raise CommandError(f"{opts['out']}: {exc.strerror or exc}") from None
-        kind = "merged weights" if opts["merged"] else "adapter"
-        self.stdout.write(f"wrote version {number} of run {run.pk} ({kind}) to {out}")
+        written = "merged weights" if opts["merged"] else "adapter"
+        self.stdout.write(f"wrote version {number} of run {run.pk} ({written}) to {out}")
 
     def _reward_model(self, opts: dict[str, Any]) -> None:
         run = Run.objects.filter(pk=opts["run"]).first()

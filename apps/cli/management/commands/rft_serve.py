@@ -30,7 +30,7 @@ from rftweb.celery import app
 from rftweb.localpg.base import embedded_stop
 
 WORKER_MODULES = ["workers.explore.explorer", "workers.explore.chat", "workers.trainer.task", "workers.reward.scoring", "workers.explore.synthesize", "workers.reward.trainer",
-                  "workers.weights.exports"]
+                  "workers.weights.download"]
 
 
 class Command(BaseCommand):

@@ -92,7 +92,7 @@ def export_states(versions: list[RewardModel]) -> dict[int, ExportState]:
     """Each version's state by version number, in one query."""
     rows = {
         (d.run_id, d.key): d
-        for d in Dispatch.objects.filter(kind=Dispatch.Kind.RM_EXPORT, run_id__in={rm.run_id for rm in versions},
+        for d in Dispatch.objects.filter(job=Dispatch.Job.RM_EXPORT, run_id__in={rm.run_id for rm in versions},
                                          key__in=[export_key(rm) for rm in versions])
     } if versions else {}
     now = timezone.now()
@@ -114,7 +114,7 @@ def export_begin(*, rm: RewardModel, task_id: str | None) -> DispatchHold | None
     """A reward worker starts packing `rm` (the page: no longer just queued); None while
     another packs it. The hold's end keeps the failure, if any, for the page."""
     now = timezone.now()
-    return dispatch_claim(run_id=rm.run_id, kind=Dispatch.Kind.RM_EXPORT, key=export_key(rm),
+    return dispatch_claim(run_id=rm.run_id, job=Dispatch.Job.RM_EXPORT, key=export_key(rm),
                           state=Dispatch.State.RUNNING, when=dispatch_free(now) | Q(state=Dispatch.State.SENT),
                           task_id=task_id, lease_seconds=EXPORT_SECONDS)
 
@@ -137,7 +137,7 @@ def reward_model_export_request(*, run: Run, version: int) -> ExportState:
     now = timezone.now()
     # Free, or queued so long that no worker is taking it: of two requests at once, one sends.
     stale = Q(state=Dispatch.State.SENT, sent_at__lt=now - timedelta(seconds=REQUEUE_SECONDS))
-    hold = dispatch_claim(run_id=rm.run_id, kind=Dispatch.Kind.RM_EXPORT, key=export_key(rm),
+    hold = dispatch_claim(run_id=rm.run_id, job=Dispatch.Job.RM_EXPORT, key=export_key(rm),
                           state=Dispatch.State.SENT, when=dispatch_free(now) | stale, lease_seconds=EXPORT_SECONDS)
     if hold is None:
         return export_states([rm])[rm.version]  # another request got there first

@@ -24,7 +24,7 @@ from celery import Task
 from django.db import InterfaceError, OperationalError
 
 from apps.control.ports import EXPORT_FAILURE, EXPORT_TASK, dispatch_begin, weights_export_of
-from apps.runs.ports import DispatchKind, task_failure_record
+from apps.runs.ports import DispatchJob, task_failure_record
 from rftweb.taskkit import celery_bound_task
 from workers.weights.adapters import model_export
 
@@ -51,7 +51,7 @@ def weights_zip_write(*, source: str, target: Path) -> Path:
 )
 def weights_export_zip(self: Task, run_id: int, version: int) -> dict[str, object]:
     node = self.request.hostname or "export"
-    hold = dispatch_begin(run_id=run_id, kind=DispatchKind.EXPORT, step=version, task_id=self.request.id,
+    hold = dispatch_begin(run_id=run_id, job=DispatchJob.EXPORT, step=version, task_id=self.request.id,
                           worker=node, holder=node)
     if hold is None:
         return {"run": run_id, "version": version, "skipped": "another request holds the run's export"}

@@ -1,4 +1,5 @@
-"""Exports of a run's buffer in the formats TRL's trainers read, streamed row by row.
+"""Training data: exports of a run's buffer in the formats TRL's trainers read (an export's
+*format*: sft, dpo, grpo, preferences; EXPORT_FORMATS), streamed row by row.
 
 - `sft`:  {"messages": [...prompt messages, {"role": "assistant", "content": response}]}
           (SFTTrainer's conversational language-modeling format)
@@ -49,7 +50,7 @@ from kernel.exceptions import ExportFailed
 if TYPE_CHECKING:
     from datasets import Features
 
-EXPORT_KINDS: tuple[str, ...] = ("sft", "dpo", "grpo", "preferences")
+EXPORT_FORMATS: tuple[str, ...] = ("sft", "dpo", "grpo", "preferences")
 Progress = Callable[[int, int | None], None]
 # A chat turn as the exports write it, and one exported row (written out as JSON).
 Turn = dict[str, str]
@@ -105,7 +106,7 @@ def export_options_parse(params: Mapping[str, object]) -> ExportOptions:
 
 @dataclass(frozen=True)
 class ExportResult:
-    kind: str
+    format: str
     rows: int
     scanned: int
     path: Path | None = None
@@ -290,9 +291,9 @@ def _preference_rows(*, run: Run, options: ExportOptions, progress: Progress | N
 _ROWS = {"sft": _sft_rows, "dpo": _dpo_rows, "grpo": _grpo_rows, "preferences": _preference_rows}
 
 
-def export_is_vision(*, run: Run, kind: str) -> bool:
+def export_is_vision(*, run: Run, export_format: str) -> bool:
     """Whether the export is in TRL's vision-language format: a run whose taskset has pictures."""
-    return kind in ("sft", "dpo", "grpo") and run.taskset_id is not None and \
+    return export_format in ("sft", "dpo", "grpo") and run.taskset_id is not None and \
         TasksetImage.objects.filter(taskset_id=run.taskset_id).exists()
 
 
@@ -314,16 +315,22 @@ def _vision_row(row: ExportRow, *, embed: bool) -> ExportRow:
     return shaped
 
 
+def export_format_check(export_format: str) -> None:
+    """Refuse a format that is not one of EXPORT_FORMATS, naming the `format` field."""
+    if export_format not in _ROWS:
+        raise ExportFailed(f"unknown export format {export_format!r}; use one of {', '.join(EXPORT_FORMATS)}",
+                           field="format")
+
+
 def export_rows(
-    *, run: Run, kind: str, options: ExportOptions | None = None, progress: Progress | None = None,
+    *, run: Run, export_format: str, options: ExportOptions | None = None, progress: Progress | None = None,
     embed_images: bool = False,
-) -> Iterator[dict[str, Any]]:  # JSON of the kind's known shape, read as such
+) -> Iterator[dict[str, Any]]:  # JSON of the format's known shape, read as such
     """The export's rows, one at a time. `progress(done, total)` counts source rows read.
     `embed_images`: a vision export's `images` hold the bytes (a datasets directory), not digests."""
-    if kind not in _ROWS:
-        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}", field="kind")
-    rows = _ROWS[kind](run=run, options=options or ExportOptions(), progress=progress)
-    if export_is_vision(run=run, kind=kind):
+    export_format_check(export_format)
+    rows = _ROWS[export_format](run=run, options=options or ExportOptions(), progress=progress)
+    if export_is_vision(run=run, export_format=export_format):
         return (_vision_row(row, embed=embed_images) for row in rows)
     return ({k: v for k, v in row.items() if k != _IMAGES} for row in rows)
 
@@ -333,10 +340,10 @@ def _line(row: ExportRow) -> bytes:
 
 
 def export_jsonl_chunks(
-    *, run: Run, kind: str, options: ExportOptions | None = None, chunk_bytes: int = 64 * 1024
+    *, run: Run, export_format: str, options: ExportOptions | None = None, chunk_bytes: int = 64 * 1024
 ) -> Iterator[bytes]:
     """JSONL bytes in chunks of about `chunk_bytes`, for a streamed HTTP download."""
-    rows = export_rows(run=run, kind=kind, options=options)  # raises ExportFailed before streaming starts
+    rows = export_rows(run=run, export_format=export_format, options=options)  # raises ExportFailed before streaming starts
 
     def chunks() -> Iterator[bytes]:
         buf: list[bytes] = []
@@ -354,12 +361,12 @@ def export_jsonl_chunks(
     return chunks()
 
 
-def export_jsonl_response(*, run: Run, kind: str, options: ExportOptions) -> StreamingHttpResponse:
+def export_jsonl_response(*, run: Run, export_format: str, options: ExportOptions) -> StreamingHttpResponse:
     """The streamed JSONL download the export page and the API both serve (the same bytes).
     Raises ExportFailed before anything is sent: each door answers it in its own way."""
-    response = StreamingHttpResponse(export_jsonl_chunks(run=run, kind=kind, options=options),
+    response = StreamingHttpResponse(export_jsonl_chunks(run=run, export_format=export_format, options=options),
                                      content_type="application/jsonl; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}.jsonl"'
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{export_format}.jsonl"'
     response["X-Accel-Buffering"] = "no"  # a proxy passes chunks on as they come
     return response
 
@@ -378,13 +385,13 @@ class _Counting:
 
 
 def export_jsonl(
-    *, run: Run, kind: str, out: str | Path | IO[bytes], options: ExportOptions | None = None,
+    *, run: Run, export_format: str, out: str | Path | IO[bytes], options: ExportOptions | None = None,
     progress: Progress | None = None,
 ) -> ExportResult:
     """Write the export as JSONL to a path (atomically: a temp file renamed at the end) or a
     binary stream."""
     counting = _Counting(progress)
-    rows = export_rows(run=run, kind=kind, options=options, progress=counting)
+    rows = export_rows(run=run, export_format=export_format, options=options, progress=counting)
     written = 0
     if isinstance(out, (str, Path)):
         path = Path(out)
@@ -401,14 +408,14 @@ def export_jsonl(
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
-        return ExportResult(kind=kind, rows=written, scanned=counting.scanned, path=path)
+        return ExportResult(format=export_format, rows=written, scanned=counting.scanned, path=path)
     for row in rows:
         out.write(_line(row))
         written += 1
-    return ExportResult(kind=kind, rows=written, scanned=counting.scanned)
+    return ExportResult(format=export_format, rows=written, scanned=counting.scanned)
 
 
-def _features(kind: str, *, vision: bool = False) -> Features:
+def _features(export_format: str, *, vision: bool = False) -> Features:
     from datasets import Features, Image, List, Value
 
     if vision:
@@ -417,22 +424,22 @@ def _features(kind: str, *, vision: bool = False) -> Features:
     else:
         turn = {"role": Value("string"), "content": Value("string")}
         images = {}
-    if kind == "sft":
+    if export_format == "sft":
         return Features({"messages": List(turn), **images})
-    if kind in ("dpo", "preferences"):
+    if export_format in ("dpo", "preferences"):
         return Features({"prompt": List(turn), "chosen": List(turn), "rejected": List(turn), **images})
     return Features({"prompt": List(turn), "answer": Value("string"), "domain": Value("string"), "task_id": Value("int64"),
                      **images})
 
 
-def _generate(run_id: int, kind: str, options: dict[str, Any], progress: Progress | None) -> Iterator[ExportRow]:
+def _generate(run_id: int, export_format: str, options: dict[str, Any], progress: Progress | None) -> Iterator[ExportRow]:
     run = Run.objects.get(pk=run_id)
     opts = ExportOptions(**{**options, "statuses": tuple(options["statuses"])})
-    yield from export_rows(run=run, kind=kind, options=opts, progress=progress, embed_images=True)
+    yield from export_rows(run=run, export_format=export_format, options=opts, progress=progress, embed_images=True)
 
 
 def export_hf_dataset(
-    *, run: Run, kind: str, out_dir: str | Path, options: ExportOptions | None = None,
+    *, run: Run, export_format: str, out_dir: str | Path, options: ExportOptions | None = None,
     progress: Progress | None = None,
 ) -> ExportResult:
     """Write a Hugging Face `datasets` directory (`datasets.load_from_disk` reads it)."""
@@ -441,9 +448,8 @@ def export_hf_dataset(
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ExportFailed(f"{out} exists and is not empty")
-    if kind not in _ROWS:
-        raise ExportFailed(f"unknown export kind {kind!r}; use one of {', '.join(EXPORT_KINDS)}", field="kind")
-    if kind == "grpo" and run.taskset_id is None:
+    export_format_check(export_format)
+    if export_format == "grpo" and run.taskset_id is None:
         raise ExportFailed(f"run {run.pk} has no taskset to export prompts from")
     out.parent.mkdir(parents=True, exist_ok=True)
     # A private cache per export: from_generator would otherwise reuse an earlier export's
@@ -457,9 +463,9 @@ def export_hf_dataset(
         try:
             ds = datasets.Dataset.from_generator(
                 _generate,
-                features=_features(kind, vision=export_is_vision(run=run, kind=kind)),
+                features=_features(export_format, vision=export_is_vision(run=run, export_format=export_format)),
                 cache_dir=str(cache),
-                gen_kwargs={"run_id": run.pk, "kind": kind, "options": opts, "progress": counting},
+                gen_kwargs={"run_id": run.pk, "export_format": export_format, "options": opts, "progress": counting},
             )
             ds.save_to_disk(str(out))
         finally:
@@ -468,4 +474,4 @@ def export_hf_dataset(
         rows = len(ds)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return ExportResult(kind=kind, rows=rows, scanned=counting.scanned, path=out)
+    return ExportResult(format=export_format, rows=rows, scanned=counting.scanned, path=out)
