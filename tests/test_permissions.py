@@ -96,6 +96,7 @@ ACCESS: dict[str, str] = {
     "runs:control": OWNER,
     "runs:twin": OWNER,
     "runs:feedback_settings": OWNER,
+    "runs:feedback_settings_moved": OWNER,  # the old path: a 308 to the owner, a 404 to the rest
     "runs:timeline": MEMBER,
     "runs:ledger": MEMBER,  # "Where the labels went", refreshed live on the run page
     "runs:audit": MEMBER,

@@ -19,7 +19,7 @@ from tests.test_permissions import API, all_urls, rule_of
 
 pytestmark = pytest.mark.django_db
 
-OTHER_IDS = {"experience_id": 1, "group_id": "g", "key_id": 1, "member_id": 1, "assignment_id": 1, "kind": "sft",
+OTHER_IDS = {"experience_id": 1, "group_id": "g", "key_id": 1, "member_id": 1, "assignment_id": 1, "format": "sft", "export_format": "sft",
              "name": "a-session", "version": 1, "sha256": "0" * 64, "action": "pause", "feedback_id": 1,
              "evaluation_id": 1}
 

@@ -628,9 +628,13 @@ def run_feedback_settings(request: HtmxHttpRequest, run_id: int) -> HttpResponse
     return redirect("runs:detail", run_id=run.pk)
 
 
+@login_required
 def run_feedback_settings_moved(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
     """The settings' old path: a permanent redirect that keeps the method (308), so a form
-    open in an old tab still posts its change."""
+    open in an old tab still posts its change. Only for the run's owner: to anyone else the
+    old path is a missing page, as every page of a run they may not change is (a redirect
+    for every id would tell nothing, but would be the one run page that is not a 404)."""
+    run_for_page(user=request.user, run_id=run_id, need="owner", runs=_RUNS)
     return redirect("runs:feedback_settings", run_id=run_id, permanent=True, preserve_request=True)
 
 

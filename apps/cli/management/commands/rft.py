@@ -365,18 +365,20 @@ class Command(BaseCommand):
             bar.close()
         self.stdout.write(f"wrote {result.rows} {result.format} rows from {result.scanned} to {result.path}")
 
-    def _export_format(self, opts: dict[str, Any]) -> tuple[str, bool]:
+    def _export_format(self, opts: dict[str, object]) -> tuple[str, bool]:
         """(the export's format, whether to write a datasets directory), reading the old
         spellings too: `--kind F` (now `--format F`, which wins when both are given) and
         `--format jsonl|hf` (now no flag or `--hf`), each with a note on stderr."""
-        export_format, hf = opts["export_format"], bool(opts["hf"])
+        given, formerly = opts["export_format"], opts["kind_formerly"]
+        export_format = given if isinstance(given, str) else None
+        hf = bool(opts["hf"])
         if export_format in _FILE_FORMERLY:
             self.stderr.write(f"note: --format {export_format} is deprecated: "
                               f"{'use --hf' if export_format == 'hf' else 'JSONL is the default'}")
             export_format, hf = None, hf or export_format == "hf"
-        if opts["kind_formerly"]:
+        if isinstance(formerly, str):
             self.stderr.write("note: --kind is deprecated: use --format")
-            export_format = export_format or opts["kind_formerly"]
+            export_format = export_format or formerly
         if export_format is None:
             raise CommandError(f"--format is required: one of {', '.join(EXPORT_FORMATS)}")
         if export_format not in EXPORT_FORMATS:
