@@ -15,7 +15,8 @@ config's default (sync, sync_interval 1).
 The people: `--people` simulated annotators (two by default), each a person at the annotation
 page of the people run (bench/steering's `Rater`: the login form, the page the hand-out fills,
 its rating form's POST, CSRF and session cookie). They rate by a drawn preference nobody here
-wrote (bench.raters.preference_family, `--raters generated:N --raters-start S`: styles, phrases,
+wrote (bench.raters.preference_family, `--raters generated:N --raters-start S`, or the drawn
+seeds one by one, `--preferences 2,5,6`: styles, phrases,
 lengths, and mixes of those with the right answer), with the preference's own noise. Their pace
 is a person's: each label takes a reading time drawn around `--pace` seconds (log-normal,
 sd 0.4 in log terms), a person who finds nothing waiting looks again after 2-6 s, and after any
@@ -68,7 +69,8 @@ needs at the observed rate. The last line counts the runs checked and agreeing, 
 votes needed. The answers are the run's evaluation sampling (greedy by default), the share's
 are 4 samples at temperature 1: the two read the same versions differently.
 
-    python -m bench.live_steering [--raters generated:2] [--raters-start 6] [--seeds 0] [--steps 12]
+    python -m bench.live_steering [--raters generated:2] [--raters-start 6 | --preferences 2,5,6] [--seeds 0]
+                                  [--steps 12]
                                   [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait 30]
                                   [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1] [--blind-votes 20]
 
@@ -111,7 +113,7 @@ from typing import TYPE_CHECKING, Any
 from bench.blind import Arm, ArmVotes, blind_ask, blind_collect, blind_lines
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, free_port, health_wait, median, \
     percentile, processes_stop, server_env, setup_django
-from bench.raters import GeneratedRater, preference_family
+from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
 
 if TYPE_CHECKING:
@@ -727,6 +729,9 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--raters", default="generated:2", help="generated:N, N drawn preferences")
     parser.add_argument("--raters-start", type=int, default=6, help="the first drawn preference's seed")
+    parser.add_argument("--preferences", default=None,
+                        help="the drawn preferences' seeds, comma-separated (e.g. 2,5,6), instead of --raters and "
+                             "--raters-start")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--people", type=int, default=2, help="simulated annotators (two or three)")
@@ -746,6 +751,8 @@ def arguments() -> argparse.Namespace:
     count = args.raters.removeprefix("generated:")
     if not args.raters.startswith("generated:") or not count.isdigit() or int(count) < 1:
         parser.error(f"--raters {args.raters!r}: expected generated:N")
+    if args.preferences is not None and not all(s.strip().isdigit() for s in args.preferences.split(",")):
+        parser.error(f"--preferences {args.preferences!r}: expected seeds, comma-separated (2,5,6)")
     if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1 or args.concurrent < 1 \
             or not 0 <= args.blind_votes <= 500:
         parser.error("--people 1..5, --pace above 0, --budget a share above 0, --concurrent at least 1, "
@@ -781,7 +788,8 @@ def main() -> None:
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-live-owner")
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    preferences = preference_family(int(args.raters.removeprefix("generated:")), start=args.raters_start)
+    preferences = ([preference_draw(int(s)) for s in args.preferences.split(",")] if args.preferences is not None
+                   else preference_family(int(args.raters.removeprefix("generated:")), start=args.raters_start))
     seeds = [int(s) for s in args.seeds.split(",")]
     overrides_print(live_config(model=str(demo), steps=args.steps, seed=seeds[0], wait=args.wait)[1])
     print(f"people: {args.people}, a label every ~{args.pace:g} s, breaks {args.breaks:g}, budget {args.budget:g} of "
