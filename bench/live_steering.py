@@ -45,9 +45,13 @@ The run's config is the product's defaults (kernel.config: what the new-run form
 the CLI give) but for the overrides printed at the start, each with its reason (`live_config`):
 the task's (the demo model, its sizes, the steps, the seed, the format reward alone, `learned`
 with its reward model), the demo model's own sampling, trainer and reward-model settings as
-`rft_demo` gives every run of it (read from its `demo_config`), and the wait window (a person's
-pace: `--wait`; why, in WAIT_REASON). None of bench/steering's training recipe (its `w_auto`,
-batch scaling, reward-model epochs and rate, gate) is taken.
+`rft_demo` gives every run of it (read from its `demo_config`). The wait window is the
+product's: under `learned`, until the reward model passes its gate, a group nobody holds waits
+`feedback.hold_seconds` (45 s), a group a person has open while their hold lasts
+(apps.feedback.handout.expiry.wait_window; before round 64 every group waited the whole
+`wait_seconds`, 600 s, and the bench set it to 30 s to run at all). `--wait S` still sets
+`feedback.wait_seconds`, printed with its reason (WAIT_REASON). None of bench/steering's
+training recipe (its `w_auto`, batch scaling, reward-model epochs and rate, gate) is taken.
 
 `--concurrent K` runs K pairs at once on the one web server and set of workers (the product
 serving several runs at once), each pair's people in threads of their own; a pair's line is
@@ -71,7 +75,7 @@ are 4 samples at temperature 1: the two read the same versions differently.
 
     python -m bench.live_steering [--raters generated:2] [--raters-start 6 | --preferences 2,5,6] [--seeds 0]
                                   [--steps 12]
-                                  [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait 30]
+                                  [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait S]
                                   [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1] [--blind-votes 20]
 
 Targets (issue 62, read on at least 6 preferences x 2 seeds): the gain beyond the twin at least
@@ -120,10 +124,9 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 TASKS, REPEAT = 8, 8
-# Why the wait window is shorter than the product's default (600 s), printed with it.
-WAIT_REASON = ("--wait: under `learned` a group no one has rated waits as under `blend` until the reward model "
-               "passes its gate; people labelling 10% of the rollouts never rate the other groups, so each step "
-               "before the gate would wait the whole window (600 s by default)")
+# Printed with `--wait` where it is given: the product's window is the default.
+WAIT_REASON = ("--wait: the people run's wait window set by hand (by default the product's: under `learned`, "
+               "until the reward model passes its gate, a group nobody holds waits feedback.hold_seconds)")
 
 
 def leaves(prefix: str, value: object) -> list[tuple[str, object]]:
@@ -133,13 +136,14 @@ def leaves(prefix: str, value: object) -> list[tuple[str, object]]:
     return [leaf for key, child in value.items() for leaf in leaves(f"{prefix}.{key}" if prefix else str(key), child)]
 
 
-def live_config(*, model: str, steps: int, seed: int, wait: float) -> tuple[dict[str, object], list[Override]]:
+def live_config(*, model: str, steps: int, seed: int,
+                wait: float | None = None) -> tuple[dict[str, object], list[Override]]:
     """The people run's config and its overrides of the product's defaults (`config_validate`
     of a config naming only the model): the task's (the demo model and its sizes, the steps,
     the seed, the format reward alone, people steering through the reward model they teach),
     the demo model's own settings as `rft_demo` gives every run of it (its sampling, trainer
-    and reward model, read from `demo_config`, not copied), and the wait window of a person's
-    pace. Nothing else differs from what a run gets by default."""
+    and reward model, read from `demo_config`, not copied), and `wait` as the wait window
+    where given (None: the product's). Nothing else differs from what a run gets by default."""
     from apps.cli.management.commands.rft_demo import demo_config
     from kernel.config import config_validate
 
@@ -162,7 +166,8 @@ def live_config(*, model: str, steps: int, seed: int, wait: float) -> tuple[dict
            for section in ("sampling", "trainer", "reward_model")
            for path, value in leaves(section, demo.get(section, {}))
            if path not in taken and defaults.get(path) != value]
-    overrides = [*task, *own, Override("feedback.wait_seconds", wait, WAIT_REASON)]
+    window = [] if wait is None else [Override("feedback.wait_seconds", wait, WAIT_REASON)]
+    overrides = [*task, *own, *window]
     config: dict[str, object] = {}
     for o in overrides:
         *parents, leaf = o.path.split(".")
@@ -376,7 +381,7 @@ class PairResult:
         return self.people.arithmetic - self.twin.arithmetic
 
 
-def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int, steps: int, wait: float,
+def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int, steps: int, wait: float | None,
               people: int) -> tuple[Any, Any, list[str]]:
     """The people run (its annotators made) and its twin, drafts; the annotators' names."""
     from django.contrib.auth.models import User as Users
@@ -738,7 +743,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--pace", type=float, default=4.0, help="seconds a label, around which a person's vary")
     parser.add_argument("--breaks", type=float, default=0.04, help="chance of a break after a label")
     parser.add_argument("--budget", type=float, default=0.1, help="the labels' share of the rollouts people stop at")
-    parser.add_argument("--wait", type=float, default=30.0, help="feedback.wait_seconds of the people run")
+    parser.add_argument("--wait", type=float, default=None,
+                        help="feedback.wait_seconds of the people run (default: the product's window)")
     parser.add_argument("--heldout", type=int, default=200, help="held-out problems sampled (4 each) to measure")
     parser.add_argument("--minutes", type=float, default=40.0, help="give up on a pair after this long")
     parser.add_argument("--lab", type=Path, default=None, help="a bench/steering results file (--out) of these pairs")

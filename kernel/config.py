@@ -205,7 +205,9 @@ class FeedbackSettings(StrictModel):
     gold_rate: float = Field(0.0, ge=0.0, le=0.5)
     selection: SelectionRule = Field(default_factory=SelectionRule)
     trust: TrustHandout = Field(default_factory=TrustHandout)
-    # How long a group waits for human rewards before the fallback applies.
+    # How long a group waits for human rewards before the fallback applies. Under `learned`,
+    # until the reward model passes its gate, the most a group waits: one nobody holds waits
+    # `hold_seconds`, a held one while the hold lasts (apps.feedback.handout.expiry.wait_window).
     wait_seconds: float = Field(600.0, ge=0.0)
     fallback: Literal["auto", "drop"] = "auto"
     # A group a person has open (an item of it on top of their queue: the first two open ones,

@@ -8,7 +8,11 @@ policy folds in; a wait window in wall time ends with the policy's fallback.
 `learned`: people's reward is folded as in `blend` where they rated; a member no one rated
 gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
 scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group
-trains without waiting for people (apps/feedback/reward_model/versions.py); until then it waits as `blend`.
+trains without waiting for people (apps/feedback/reward_model/versions.py); until then a group
+waits for people as under `blend`, but only as long as a person could still label it in time:
+`hold_seconds` while nobody holds it, while a person's hold lasts (`hold_cap_seconds` at most),
+and never past `wait_seconds` (apps/feedback/handout/expiry.py, wait_window). People label a
+sample there, so a group nobody picks up waits no longer than a person's grace.
 Rater weights (`rater_weighting`, apps/feedback/raters/reliability.py) weight each rater's votes
 in a member's mean.
 
@@ -26,7 +30,7 @@ position it received, from every annotator). Reward functions are taken on their
 
 A member's human reward is final once `overlap` distinct annotators have given it a vote;
 a group is trainable (pending -> ready) when every member's reward is final. When the wait
-window (`wait_seconds` since a member was written) ends first, members that have some human
+window (`wait_seconds` since a member was written; under `learned` see above) ends first, members that have some human
 vote keep the fold of what they have, and the rest follow `fallback`: `auto` uses the
 automatic reward, `drop` filters the whole group with a stated reason.
 """

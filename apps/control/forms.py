@@ -315,7 +315,8 @@ SECTION_HELP: dict[str, str] = {
            "explore only writes experiences; train only learns from the buffer), batch sizes and steps.",
     "sampling": "How the explorer samples completions from the model.",
     "feedback": "How people's feedback enters the reward: auto (reward functions only), blend "
-                "(w_auto·auto + w_human·human) or human; how long a group waits for people before the fallback.",
+                "(w_auto·auto + w_human·human), human or learned; how long a group waits for people before the fallback "
+                "(under learned, until the reward model passes its gate, a group nobody has open waits hold_seconds).",
     "replay": "How often an experience may be trained on, and how its priority decays.",
     "trainer": "The optimiser and loss of the trainer.",
     "pipeline": "Data operators over the buffer at write, import and claim time.",

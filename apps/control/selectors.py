@@ -20,6 +20,7 @@ from apps.buffer.selectors import ExperienceFilters
 from apps.control.conductor import batch_plan, train_readiness
 from apps.feedback.models import Feedback, Person
 from apps.feedback.kinds import kind_names
+from apps.feedback.handout.expiry import wait_window
 from apps.feedback.handout.holds import HeldForPeople, held_for_people
 from apps.feedback.handout.queue import annotation_waiting
 from apps.runs import schedule
@@ -252,16 +253,9 @@ def run_waiting(*, run: Run) -> list[Waiting]:
                or run.updated_at)
     latest_version = ModelVersion.objects.filter(run=run).aggregate(t=Max("created_at"))["t"] or started
 
-    if cfg.feedback.mode != "auto":
-        pending = Experience.objects.filter(run=run, status=Experience.Status.PENDING, is_expert=False)
-        agg = pending.aggregate(since=Min("created_at"))
-        if agg["since"] is not None:
-            groups = pending.values("group_id").distinct().count()
-            fallback_at = agg["since"] + timedelta(seconds=cfg.feedback.wait_seconds)
-            then = ("then trains on the automatic reward" if cfg.feedback.fallback == "auto" else "then is dropped")
-            out.append({"what": "people", "since": agg["since"],
-                        "text": f"{groups} group{'s' if groups != 1 else ''} wait for people's feedback; the oldest "
-                                f"{then} at {timezone.localtime(fallback_at):%H:%M:%S} ({cfg.feedback.wait_seconds:g} s wait)"})
+    people = _people_wait(run=run) if cfg.feedback.mode != "auto" else None
+    if people is not None:
+        out.append(people)
     if schedule.explores(cfg) and run.explore_step < cfg.total_steps:
         k = run.explore_step + 1
         if schedule.explore_version(cfg=cfg, explore_step=k, current_version=run.current_version) is None:
@@ -292,6 +286,29 @@ def run_waiting(*, run: Run) -> list[Waiting]:
                         "text": f"no live worker serves the {queue} queue"
                                 + (" (the last one was seen then)" if last else " (none has reported)")})
     return out
+
+
+def _people_wait(*, run: Run) -> Waiting | None:
+    """The groups that wait for people's feedback, and when the oldest follows the fallback:
+    its wait window as the sweep ends it (apps.feedback.handout.expiry.wait_window, its hold
+    included). None when no group waits."""
+    pending = Experience.objects.filter(run=run, status=Experience.Status.PENDING, is_expert=False)
+    oldest = (pending.values("group_id").annotate(since=Min("created_at"), held=Max("held_until"))
+              .order_by("since", "group_id").first())
+    if oldest is None:
+        return None
+    groups = pending.values("group_id").distinct().count()
+    window = wait_window(run=run)
+    fallback_at = window.ends(since=oldest["since"], held_until=oldest["held"])
+    then = "then trains on the automatic reward" if run.cfg.feedback.fallback == "auto" else "then is dropped"
+    if window.unheld < window.longest:
+        rule = (f"learned, until the reward model passes its gate: {window.unheld:g} s unless a person holds it, "
+                f"{window.longest:g} s at most")
+    else:
+        rule = f"{window.longest:g} s wait"
+    return {"what": "people", "since": oldest["since"],
+            "text": f"{groups} group{'s' if groups != 1 else ''} wait for people's feedback; the oldest "
+                    f"{then} at {timezone.localtime(fallback_at):%H:%M:%S} ({rule})"}
 
 
 def _held_wait(held: HeldForPeople) -> Waiting:

@@ -9,9 +9,12 @@ handed out. Every open member of the group carries the latest hold of any of its
 apps.buffer.selectors.experiences_claimable skips a held group until the hold ends or its cap
 passes). A finished or skipped item holds nothing; an abandoned one lapses within hold_seconds.
 
-Under `auto` nothing is held (labels move no reward there), nor with hold_seconds 0. The wait
-window (feedback.wait_seconds) still ends as before: a held group may become ready, and is
-claimed once the hold is over, with what its people gave in the meantime folded in.
+Under `auto` nothing is held (labels move no reward there), nor with hold_seconds 0. Under
+`blend` and `human` the wait window (feedback.wait_seconds) ends as ever: a held group may
+become ready, and is claimed once the hold is over, with what its people gave in the meantime
+folded in. Under `learned`, until the reward model passes its gate, holds bound the window
+itself (apps.feedback.handout.expiry.wait_window): a group nobody holds waits hold_seconds, a
+held one stays pending while its hold lasts (never past wait_seconds).
 
 The annotation header's counts renew through holds_renew_when_due: one that would move no hold
 by more than RENEW_SLACK_SECONDS (the last sign of work was that recent: a label and the counts

@@ -9,7 +9,8 @@ a member people rated gets the `blend` fold of their reward; a group is trainabl
 member has a reward, so groups never wait for people. Until a version's held-out accuracy
 is at least `feedback.min_rm_accuracy` with `feedback.rm_accuracy_confidence` confidence,
 nothing is scored into rewards and the run behaves as `blend` (groups wait for people, then
-the wait window's fallback); under `feedback.rm_gate: evidence` the version scores from when
+the wait window's fallback), its window bounded by people's holds (a group nobody holds waits
+`hold_seconds`: apps.feedback.handout.expiry.wait_window); under `feedback.rm_gate: evidence` the version scores from when
 that bound is above chance, its scores weighted by how far the bound has come
 (`reward_model_weight`); under `calibrated` from then on at the calibration's own scale.
 """
