@@ -91,6 +91,9 @@ p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twi
 product's defaults (the same 3 pairs, run 3 at once): +0.278 / +0.205 / +0.125 beyond the twin,
 the in-process bench's +0.241 / +0.253 / +0.177, labels 0.096-0.097 of the rollouts, the lag to
 effect 1 train step at the median and p90, arithmetic +0.009 / -0.005 / -0.003.
+Blind votes (2026-11-28, g2 g5 g6 g7 seed 0, the product's wait window, `--blind-votes 40`):
+every people run's share moved +0.11..+0.29 and its v30 won over v0 at 0.69-0.79, each interval
+above 0.5; the twins moved 0.03 or less and read even; ±0.1 needs 65-97 votes (bench/README.md).
 """
 
 from __future__ import annotations
