@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.blind import Arm, blind_ask, blind_collect, blind_lines
 from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait, processes_stop
 from rftweb import localpg
 
@@ -559,89 +560,32 @@ for name in ("owner", "annotator", "voter"):
                                created_by=User.objects.get(username=name), rate_limit_per_minute=100_000)[1])
 """
 
-# A share move at or below this is within the evaluation's own noise: no direction to check.
-SHARE_MOVED = 0.1
-
-
-def api_call(url: str, key: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """One request to the REST API with a voter's key; the JSON answer."""
-    import urllib.request
-
-    request = urllib.request.Request(
-        f"{url}/api/v1{path}", data=None if body is None else json.dumps(body).encode(), method="GET" if body is None else "POST",
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
-def blind_choice(prefer: Callable[[str, str], int], prompt: str, a: str, b: str) -> str:
-    """A voter's choice by the preference: the higher-rated answer, equal ratings a tie, both
-    rated lowest both bad. The voter sees only the prompt and the two texts."""
-    left, right = prefer(prompt, a), prefer(prompt, b)
-    if left == right:
-        return "both_bad" if left == 1 else "tie"
-    return "a" if left > right else "b"
-
 
 def blind_votes(demo: Demo, *, url: str, people: int, twin: int, prompts: int, seconds: float) -> dict[str, Any] | None:
-    """Ask, through the REST API with the owner's key, for one blind evaluation of version 0
-    against the people run's and the twin's newest versions; wait (bounded) for its answers;
-    let the three voters vote until nothing is left for them; return its figures (None when the
-    answers were not ready in time)."""
+    """The voters' keys (the owner's, the demo's annotator's and a `voter`'s), then one blind
+    evaluation of version 0 against the people run's and the twin's newest versions, voted by
+    the guidelines' preference (bench/blind); its figures (None when the answers were not ready
+    in time)."""
     from kernel.preferences import preference_get
 
     lines = [line.split() for line in demo.manage("shell", "-c", _KEYS.replace("PEOPLE", str(people))).splitlines()]
     keys = {words[0]: words[1] for words in lines if len(words) == 2 and words[0] in {"owner", "annotator", "voter"}}
     newest = {run: int(str(demo.query("SELECT max(number) FROM runs_modelversion WHERE run_id = ?", run)[0][0]))
               for run in (people, twin)}
-    evaluation = api_call(url, keys["owner"], f"/runs/{people}/evaluations", {
-        "versions": [{"version": 0}, {"version": newest[people]}, {"version": newest[twin], "run": twin}],
-        "prompt_count": prompts, "votes_per_pair": 1, "voters": sorted(keys), "seed": 0})
-    path = f"/runs/{people}/evaluations/{evaluation['id']}"
-    until = time.monotonic() + seconds
-    while evaluation["status"] == "generating" and time.monotonic() < until:
-        time.sleep(2)
-        evaluation = next(e for e in api_call(url, keys["owner"], f"/runs/{people}/evaluations")
-                          if e["id"] == evaluation["id"])
-    if evaluation["status"] != "open":
-        print(f"blind votes: evaluation {evaluation['id']} still {evaluation['status']} after {seconds:.0f} s "
-              f"{evaluation['error']}".rstrip(), flush=True)
-        return None
-    prefer = preference_get(demo.preference).rate
-    cast = 0
-    for key in keys.values():
-        while (item := api_call(url, key, f"{path}/next")["item"]) is not None:
-            api_call(url, key, f"{path}/votes", {"token": item["token"],
-                                                 "choice": blind_choice(prefer, item["prompt"], item["a"], item["b"])})
-            cast += 1
-    figures: dict[str, Any] = api_call(url, keys["owner"], f"{path}/figures")
-    figures["cast"] = cast
-    figures["newest"] = newest
-    return figures
+    evaluation = blind_ask(url=url, owner_key=keys["owner"], people=people, twin=twin, newest=newest,
+                           voters=sorted(keys), prompt_count=prompts)
+    return blind_collect(url=url, owner_key=keys["owner"], keys=list(keys.values()), people=people,
+                         evaluation=evaluation, newest=newest, prefer=preference_get(demo.preference).rate,
+                         seconds=seconds, log=lambda line: print(line, flush=True))
 
 
 def blind_print(figures: dict[str, Any], *, people: int, twin: int, moves: dict[int, float]) -> None:
     """Per version against version 0: the win rate with its interval and votes, the verdict,
     the direction check against the run's measured share move, the votes a ±0.1 interval needs."""
-    print(f"blind votes: evaluation {figures['evaluation']}, {figures['cast']} votes cast by 3 voters "
-          f"({figures['checks']} planted checks), both-bad share "
-          f"{'-' if figures['both_bad_share'] is None else format(figures['both_bad_share'], '.3f')}")
-    names = {f"v{figures['newest'][people]}": (people, "people"),
-             f"run {twin} v{figures['newest'][twin]}": (twin, "without people")}
-    for rate in figures["win_rates"]:
-        run, arm = names[rate["version"]]
-        move = moves[run]
-        if abs(move) <= SHARE_MOVED:
-            check = f"share moved {move:+.3f} (<= {SHARE_MOVED}): no check"
-        elif rate["rate"] == 0.5:
-            check = f"share moved {move:+.3f}: DISAGREE (win rate even)"
-        else:
-            # The point estimate's direction; the verdict beside it says whether the interval
-            # can tell it from even.
-            check = f"share moved {move:+.3f}: " + ("agree" if (rate["rate"] > 0.5) == (move > 0) else "DISAGREE")
-        print(f"blind {arm} {rate['version']} vs v0: win rate {rate['rate']:.3f} [{rate['interval']['low']:.3f}, "
-              f"{rate['interval']['high']:.3f}] over {rate['votes']} votes ({rate['verdict']}); {check}; "
-              f"±0.1 needs {rate['votes_for_margin']} votes", flush=True)
+    lines, _ = blind_lines(figures, [Arm(run=people, name="people", move=moves[people]),
+                                     Arm(run=twin, name="without people", move=moves[twin])])
+    for line in lines:
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ config's default (sync, sync_interval 1).
 The people: `--people` simulated annotators (two by default), each a person at the annotation
 page of the people run (bench/steering's `Rater`: the login form, the page the hand-out fills,
 its rating form's POST, CSRF and session cookie). They rate by a drawn preference nobody here
-wrote (bench.raters.preference_family, `--raters generated:N --raters-start S`: styles, phrases,
+wrote (bench.raters.preference_family, `--raters generated:N --raters-start S`, or the drawn
+seeds one by one, `--preferences 2,5,6`: styles, phrases,
 lengths, and mixes of those with the right answer), with the preference's own noise. Their pace
 is a person's: each label takes a reading time drawn around `--pace` seconds (log-normal,
 sd 0.4 in log terms), a person who finds nothing waiting looks again after 2-6 s, and after any
@@ -56,9 +57,26 @@ training recipe (its `w_auto`, batch scaling, reward-model epochs and rate, gate
 serving several runs at once), each pair's people in threads of their own; a pair's line is
 printed as it ends, and a pair whose runs did not finish is reported while the others go on.
 
-    python -m bench.live_steering [--raters generated:2] [--raters-start 6] [--seeds 0] [--steps 12]
+Blind votes (issue #63 item 6, `--blind-votes N`, 0 for none; 20 by default: one task of
+3 x N greedy answers on the rollout queue and some 2 x 3.3 N API calls, seconds beside a pair's
+minutes): once a pair's runs end, the server still up, the owner's API key asks the REST API
+for one blind evaluation of version 0 against the people run's last version and the twin's
+(bench/blind, as bench/demo_teach asks it) on the first N held-out problems, the ones the share
+is measured on (the runs have no evaluation taskset: the prompts go with the request). Three
+voters (the owner and the pair's people, each with a key of their own) take the pairs in turn
+and vote through the API by the pair's own drawn preference, the function its people label by
+(without their noise: the share reads it so), seeing only the prompt and the two texts. Per
+pair: each run's win rate over version 0 with its 95% interval, votes and verdict; its share
+(the base's to its last version's) and the move; the direction check (a move above 0.1 must put
+the win rate on the same side of 0.5; a smaller one checks nothing); the votes a ±0.1 interval
+needs at the observed rate. The last line counts the runs checked and agreeing, and the median
+votes needed. The answers are the run's evaluation sampling (greedy by default), the share's
+are 4 samples at temperature 1: the two read the same versions differently.
+
+    python -m bench.live_steering [--raters generated:2] [--raters-start 6 | --preferences 2,5,6] [--seeds 0]
+                                  [--steps 12]
                                   [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait S]
-                                  [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1]
+                                  [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1] [--blind-votes 20]
 
 Targets (issue 62, read on at least 6 preferences x 2 seeds): the gain beyond the twin at least
 +0.15 on the median and +0.05 at the 25th percentile, positive on at least 80% of pairs, labels
@@ -73,6 +91,9 @@ p90 (17-18 s at the median), arithmetic -0.004 / -0.004 / -0.016 against the twi
 product's defaults (the same 3 pairs, run 3 at once): +0.278 / +0.205 / +0.125 beyond the twin,
 the in-process bench's +0.241 / +0.253 / +0.177, labels 0.096-0.097 of the rollouts, the lag to
 effect 1 train step at the median and p90, arithmetic +0.009 / -0.005 / -0.003.
+Blind votes (2026-11-28, g2 g5 g6 g7 seed 0, the product's wait window, `--blind-votes 40`):
+every people run's share moved +0.11..+0.29 and its v30 won over v0 at 0.69-0.79, each interval
+above 0.5; the twins moved 0.03 or less and read even; ±0.1 needs 65-97 votes (bench/README.md).
 """
 
 from __future__ import annotations
@@ -96,9 +117,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.blind import Arm, ArmVotes, blind_ask, blind_collect, blind_lines
 from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, free_port, health_wait, median, \
     percentile, processes_stop, server_env, setup_django
-from bench.raters import GeneratedRater, preference_family
+from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
 
 if TYPE_CHECKING:
@@ -347,6 +369,10 @@ class PairResult:
     rm: str  # the last reward-model version: its held-out accuracy and pairs
     seconds: float
     load: str
+    # The blind votes on version 0 against each run's last version (`--blind-votes`): their
+    # lines and each run's win rate with its direction check (empty: none asked, or not ready).
+    blind_lines: list[str] = field(default_factory=list)
+    blind: list[ArmVotes] = field(default_factory=list)
 
     @property
     def gain(self) -> float:
@@ -433,8 +459,94 @@ def pair_run(*, url: str, owner: User, demo: Path, preference: GeneratedRater, s
     for p in people:
         for e in p.errors:
             print(f"  {tag} person {p.rater.username}: {e}", flush=True)
-    return pair_measure(run=run, twin=twin, demo=demo, preference=preference, seed=seed, args=args, base=base,
-                        breaks=sum(p.breaks for p in people), seconds=seconds)
+    # Asked before the measurement: the workers write its answers while this thread samples.
+    asked = blind_start(url=url, run=run, twin=twin, owner=owner, names=names, demo=demo, seed=seed,
+                        prompts=args.blind_votes, tag=tag) if args.blind_votes > 0 else None
+    result = pair_measure(run=run, twin=twin, demo=demo, preference=preference, seed=seed, args=args, base=base,
+                          breaks=sum(p.breaks for p in people), seconds=seconds)
+    if asked is not None:
+        blind_finish(result, asked=asked, url=url, run=run, twin=twin, preference=preference, tag=tag)
+    return result
+
+
+# ---------------------------------------------------------------- the blind votes (issue #63 item 6)
+
+VOTERS = 3
+
+
+@dataclass
+class BlindAsked:
+    """A blind evaluation asked for, not yet voted on: the evaluation as the API gave it, the
+    voters' keys (the owner's first) and the versions it compares."""
+
+    evaluation: dict[str, Any]
+    keys: list[str]
+    newest: dict[int, int]
+
+
+def voter_keys(*, run: Any, owner: User, names: list[str]) -> dict[str, str]:
+    """Three voters' API keys by username, the owner's first, as each would make one on the keys page: the
+    run's owner and its people, with annotators added when the pair has fewer than two people.
+    Unthrottled: each voter calls the API twice a vote (next, vote), past a key's default rate
+    limit at `--blind-votes` 100."""
+    from django.contrib.auth.models import User as Users
+
+    from apps.envapi.services import api_key_create
+    from apps.runs.models import RunMember
+
+    voters = [owner, *Users.objects.filter(username__in=names).order_by("username")][:VOTERS]
+    while len(voters) < VOTERS:
+        voter = Users.objects.create_user(username=f"p{run.pk}v{len(voters)}", password=PASSWORD)
+        RunMember.objects.create(run=run, user=voter, role=RunMember.Role.ANNOTATOR)
+        voters.append(voter)
+    return {v.username: api_key_create(name="blind votes", runs=[run], actions=["read", "feedback"], created_by=v,
+                                       rate_limit_per_minute=100_000)[1] for v in voters}
+
+
+def blind_start(*, url: str, run: Any, twin: Any, owner: User, names: list[str], demo: Path, seed: int, prompts: int,
+                tag: str) -> BlindAsked | None:
+    """Ask, with the owner's key, for one blind evaluation of version 0 against each run's
+    last version on the first `prompts` held-out problems (those the share is measured on: the
+    runs here have no evaluation taskset, so the prompts go with the request, as a user uploads
+    them). None, with a line, when the API refused."""
+    import urllib.error
+
+    from apps.runs.models import ModelVersion
+    from workers.models.demo import HELDOUT_FILE
+
+    texts = [json.loads(line)["prompt"] for line in (demo / HELDOUT_FILE).read_text().splitlines()[:prompts]]
+    newest = {r.pk: max(ModelVersion.objects.filter(run=r).values_list("number", flat=True)) for r in (run, twin)}
+    keys = voter_keys(run=run, owner=owner, names=names)
+    try:
+        evaluation = blind_ask(url=url, owner_key=keys[owner.username], people=run.pk, twin=twin.pk, newest=newest,
+                               voters=list(keys), prompt_count=len(texts), prompts=texts, seed=seed)
+    except urllib.error.HTTPError as exc:
+        print(f"  {tag} blind votes: the API refused the evaluation: {exc.code} {exc.read()[:500]!r}", flush=True)
+        return None
+    return BlindAsked(evaluation=evaluation, keys=list(keys.values()), newest=newest)
+
+
+def blind_finish(result: PairResult, *, asked: BlindAsked, url: str, run: Any, twin: Any, preference: GeneratedRater,
+                 tag: str) -> None:
+    """The voters vote by the pair's own preference (the function its people label by, without
+    their noise: the one the measured share reads) on each pair's prompt and two texts; the
+    lines and each run's win rate with its direction check against its measured share move
+    (the base's share to the run's last version's) go into `result`."""
+    import urllib.error
+
+    try:
+        figures = blind_collect(url=url, owner_key=asked.keys[0], keys=asked.keys, people=run.pk,
+                                evaluation=asked.evaluation, newest=asked.newest, prefer=preference, seconds=600,
+                                log=lambda line: print(f"  {tag} {line}", flush=True))
+    except urllib.error.URLError as exc:  # the pair's own figures stand without its votes
+        print(f"  {tag} blind votes: the API failed: {exc}", flush=True)
+        return
+    if figures is None:
+        return
+    base = result.base.share
+    arms = [Arm(run=run.pk, name="people", move=result.people.share - base, start=base, end=result.people.share),
+            Arm(run=twin.pk, name="twin", move=result.twin.share - base, start=base, end=result.twin.share)]
+    result.blind_lines, result.blind = blind_lines(figures, arms, prefix=f"{tag} ")
 
 
 def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater, seed: int, args: argparse.Namespace,
@@ -581,9 +693,25 @@ def verdicts(results: list[PairResult]) -> list[str]:
     return [f"  {name}: {value} (target {target}): {'met' if ok else 'NOT met'}" for name, value, target, ok in rows]
 
 
+def blind_summary(results: list[PairResult]) -> str | None:
+    """The blind votes over the pairs: how many runs' share moved by more than 0.1 (checked),
+    how many of those have their win rate over version 0 on the same side of 0.5 (agreeing),
+    and the median votes a ±0.1 interval needs at the observed win rates (None: no votes)."""
+    arms = [a for r in results for a in r.blind]
+    if not arms:
+        return None
+    checked = [a for a in arms if a.agree is not None]
+    needed = [float(a.votes_for_margin) for a in arms]
+    return (f"blind votes over {sum(1 for r in results if r.blind)} pairs ({len(arms)} runs against version 0): "
+            f"{len(checked)} checked (share moved > 0.1), {sum(1 for a in checked if a.agree)} agreeing in "
+            f"direction; ±0.1 needs median {median(needed):.0f} votes (most {max(needed):.0f})")
+
+
 def report(results: list[PairResult], *, lab: dict[tuple[str, int], float]) -> None:
     for r in results:
         print(pair_line(r, lab.get((r.preference, r.seed))), flush=True)
+        for line in r.blind_lines:
+            print(line, flush=True)
     gains = sorted(r.gain for r in results)
     labs = [r.gain - lab[r.preference, r.seed] for r in results if (r.preference, r.seed) in lab]
     print(f"live_steering over {len(results)} pairs: gain beyond twin median {median(gains):+.3f}, spread "
@@ -591,6 +719,8 @@ def report(results: list[PairResult], *, lab: dict[tuple[str, int], float]) -> N
           f"{'-' if not labs else format(median(labs), '+.3f')}; {load_average()}", flush=True)
     for line in verdicts(results):
         print(line, flush=True)
+    if (summary := blind_summary(results)) is not None:
+        print(summary, flush=True)
 
 
 # ---------------------------------------------------------------- main
@@ -607,6 +737,9 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--raters", default="generated:2", help="generated:N, N drawn preferences")
     parser.add_argument("--raters-start", type=int, default=6, help="the first drawn preference's seed")
+    parser.add_argument("--preferences", default=None,
+                        help="the drawn preferences' seeds, comma-separated (e.g. 2,5,6), instead of --raters and "
+                             "--raters-start")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--people", type=int, default=2, help="simulated annotators (two or three)")
@@ -620,12 +753,19 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--lab", type=Path, default=None, help="a bench/steering results file (--out) of these pairs")
     parser.add_argument("--concurrent", type=int, default=1,
                         help="pairs run at once on the one web server and set of workers (each pair's people in threads of their own)")
+    parser.add_argument("--blind-votes", type=int, default=20,
+                        help="after a pair's runs end, a blind evaluation of version 0 against each run's last version "
+                             "on this many held-out prompts, voted through the API by three simulated people (0: none)")
     args = parser.parse_args()
     count = args.raters.removeprefix("generated:")
     if not args.raters.startswith("generated:") or not count.isdigit() or int(count) < 1:
         parser.error(f"--raters {args.raters!r}: expected generated:N")
-    if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1 or args.concurrent < 1:
-        parser.error("--people 1..5, --pace above 0, --budget a share above 0, --concurrent at least 1")
+    if args.preferences is not None and not all(s.strip().isdigit() for s in args.preferences.split(",")):
+        parser.error(f"--preferences {args.preferences!r}: expected seeds, comma-separated (2,5,6)")
+    if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1 or args.concurrent < 1 \
+            or not 0 <= args.blind_votes <= 500:
+        parser.error("--people 1..5, --pace above 0, --budget a share above 0, --concurrent at least 1, "
+                     "--blind-votes 0..500")
     return args
 
 
@@ -657,7 +797,8 @@ def main() -> None:
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
     owner, _ = User.objects.get_or_create(username="bench-live-owner")
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    preferences = preference_family(int(args.raters.removeprefix("generated:")), start=args.raters_start)
+    preferences = ([preference_draw(int(s)) for s in args.preferences.split(",")] if args.preferences is not None
+                   else preference_family(int(args.raters.removeprefix("generated:")), start=args.raters_start))
     seeds = [int(s) for s in args.seeds.split(",")]
     overrides_print(live_config(model=str(demo), steps=args.steps, seed=seeds[0], wait=args.wait)[1])
     print(f"people: {args.people}, a label every ~{args.pace:g} s, breaks {args.breaks:g}, budget {args.budget:g} of "
@@ -738,6 +879,8 @@ def pairs_run(*, pairs: list[tuple[GeneratedRater, int]], url: str, owner: User,
                     continue
                 results.append(result)
                 print(pair_line(result, None), flush=True)
+                for line in result.blind_lines:
+                    print(line, flush=True)
     finally:
         ABORT.set()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -2,7 +2,8 @@
 server and one Celery worker a queue on the tests' Redis beside) runs a people run and its twin
 to the end with two simulated people at the annotation page; the bench prints the overrides it
 made with their reasons, one line for the pair (its shares, labels within the team's budget,
-lags) and the verdict per target. The figures are the bench's business (bench/README.md)."""
+lags), its blind votes through the API (issue #63 item 6) and the verdict per target. The figures
+are the bench's business (bench/README.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and
     # groups nobody holds (hold_seconds, 45 s; it ran in 185 s of 300 on 2026-11-28 at load ~3):
     # a minute more of room than with the 3 s window the smoke used to set.
     out = bench("live_steering", "--raters", "generated:2", "--raters-start", "6", "--steps", "1", "--heldout", "8",
-                "--pace", "0.2", "--minutes", "5", "--concurrent", "2", timeout=360)
+                "--pace", "0.2", "--minutes", "5", "--concurrent", "2", "--blind-votes", "3", timeout=360)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     text = out.stdout
     # Every override is printed with its reason, and none of the in-process loop's (the run's
@@ -53,3 +54,17 @@ def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and
     verdicts = re.findall(r"^  (.+): .+ \(target .+\): (met|NOT met)$", text, re.M)
     assert {name for name, _ in verdicts} >= {"median gain beyond twin", "labels / rollouts (most)",
                                               "label-to-effect lag p90 (train steps)"}
+    # The blind votes, per pair: 3 prompts x 3 pairs voted (and the planted checks) by 3 voters,
+    # then each run's win rate over version 0 with its interval, votes, share move, direction
+    # check and the votes a ±0.1 interval needs; the summary counts them.
+    for tag in ("g6 s0", "g7 s0"):
+        cast = re.search(rf"^{tag} blind votes: evaluation \d+, (\d+) votes cast by 3 voters \((\d+) planted checks\)",
+                         text, re.M)
+        assert cast is not None and int(cast[1]) == 9 + int(cast[2]), text[-3000:]
+        rows = re.findall(rf"^{tag} blind (people|twin) (?:run \d+ )?v1 vs v0: win rate {NUMBER} \[{NUMBER}, {NUMBER}\] "
+                          rf"over 3 votes \([^)]+\); share {NUMBER} -> {NUMBER}, moved [-+]\d\.\d+"
+                          r"(?: \(<= 0\.1\): no check|: agree|: DISAGREE.*); ±0\.1 needs \d+ votes$", text, re.M)
+        # Printed as the pair ends and again in the report.
+        assert sorted({row[0] for row in rows}) == ["people", "twin"], text[-3000:]
+    assert re.search(r"^blind votes over 2 pairs \(4 runs against version 0\): \d+ checked \(share moved > 0\.1\), "
+                     r"\d+ agreeing in direction; ±0\.1 needs median \d+ votes", text, re.M), text[-2000:]
