@@ -122,6 +122,7 @@ from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_com
     percentile, processes_stop, server_env, setup_django
 from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
+from bench.steering.config import config_nested, size_overrides
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -152,11 +153,8 @@ def live_config(*, model: str, steps: int, seed: int,
 
     task = [
         Override("model", model, "the demo model (workers/models/demo), its styles at a minority share"),
-        Override("repeat_times", REPEAT, "8 samples a problem, as bench/steering's pairs (the lab figures beside)"),
-        Override("train_batch_size", TASKS * REPEAT, "one explore step's rollouts a train step"),
-        Override("total_steps", steps, "--steps"),
-        Override("epochs", 4, "enough passes over the demo taskset for --steps at 8 problems a step"),
-        Override("seed", seed, "--seeds"),
+        *size_overrides(tasks=TASKS, repeat=REPEAT, steps=steps, seed=seed, tasks_reason="8 problems",
+                        repeat_reason="8 samples a problem, as bench/steering's pairs (the lab figures beside)"),
         Override("rewards", [{"name": "math_format"}],
                  "the format reward alone: whatever the run learns of the preference it learns from people"),
         Override("feedback.mode", "learned", "people rate a few, the reward model they teach scores the rest"),
@@ -170,17 +168,7 @@ def live_config(*, model: str, steps: int, seed: int,
            for path, value in leaves(section, demo.get(section, {}))
            if path not in taken and defaults.get(path) != value]
     window = [] if wait is None else [Override("feedback.wait_seconds", wait, WAIT_REASON)]
-    overrides = [*task, *own, *window]
-    config: dict[str, object] = {}
-    for o in overrides:
-        *parents, leaf = o.path.split(".")
-        node = config
-        for key in parents:
-            child = node.setdefault(key, {})
-            assert isinstance(child, dict)
-            node = child
-        node[leaf] = o.value
-    return config, overrides
+    return config_nested([*task, *own, *window])
 
 
 # ---------------------------------------------------------------- the people

@@ -40,23 +40,31 @@ def _characters(n: object) -> str:
     return f"{n} character" if n == 1 else f"{n} characters"
 
 
-# pydantic's error type → the message after the label, given the error's context.
+# pydantic's error type → the message after the label, where the error's context changes nothing.
+_FIXED: dict[str, str] = {
+    "missing": "is required",
+    "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be text",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping of keys to values",
+    "model_type": "must be a mapping of keys to values",
+    "model_attributes_type": "must be a mapping of keys to values",
+}
+
+# pydantic's error type → the message after the label, given the error's context (a bound, a pattern).
 _PLAIN: dict[str, Callable[[_Ctx], str]] = {
-    "missing": lambda c: "is required",
     "greater_than_equal": lambda c: f"must be at least {_number(c.get('ge'))}",
     "greater_than": lambda c: f"must be more than {_number(c.get('gt'))}",
     "less_than_equal": lambda c: f"must be at most {_number(c.get('le'))}",
     "less_than": lambda c: f"must be less than {_number(c.get('lt'))}",
     "multiple_of": lambda c: f"must be a multiple of {_number(c.get('multiple_of'))}",
-    "int_parsing": lambda c: "must be a whole number",
-    "int_type": lambda c: "must be a whole number",
-    "int_from_float": lambda c: "must be a whole number",
-    "float_parsing": lambda c: "must be a number",
-    "float_type": lambda c: "must be a number",
-    "finite_number": lambda c: "must be a finite number",
-    "bool_parsing": lambda c: "must be true or false",
-    "bool_type": lambda c: "must be true or false",
-    "string_type": lambda c: "must be text",
     "string_too_short": lambda c: f"must be at least {_characters(c.get('min_length'))} long",
     "string_too_long": lambda c: f"must be at most {_characters(c.get('max_length'))} long",
     "string_pattern_mismatch": lambda c: f"must match the pattern {c.get('pattern')}",
@@ -64,10 +72,6 @@ _PLAIN: dict[str, Callable[[_Ctx], str]] = {
     "enum": lambda c: f"must be one of {c.get('expected')}",
     "too_short": lambda c: f"needs at least {_items(c.get('min_length'))}",
     "too_long": lambda c: f"may have at most {_items(c.get('max_length'))}",
-    "list_type": lambda c: "must be a list",
-    "dict_type": lambda c: "must be a mapping of keys to values",
-    "model_type": lambda c: "must be a mapping of keys to values",
-    "model_attributes_type": lambda c: "must be a mapping of keys to values",
 }
 
 
@@ -79,6 +83,9 @@ def error_plain(err: ErrorDetails) -> str:
     if kind == "value_error":
         message = err["msg"].removeprefix("Value error, ")
         return f"{label} {message}" if message.startswith(("must ", "needs ")) else message
+    fixed = _FIXED.get(kind)
+    if fixed is not None:
+        return f"{label} {fixed}"
     plain = _PLAIN.get(kind)
     if plain is not None:
         return f"{label} {plain(err.get('ctx') or {})}"

@@ -31,6 +31,21 @@ class Override:
     reason: str
 
 
+def size_overrides(*, tasks: int, repeat: int, steps: int, seed: int, repeat_reason: str = "--repeat",
+                   tasks_reason: str = "--tasks") -> list[Override]:
+    """The run's size as both steering benches set it (bench/steering's arms and
+    bench/live_steering's people run): `repeat` samples of each of `tasks` problems a step, one
+    explore step's rollouts a train step, `steps` steps over enough epochs, at `seed`. The
+    reasons name where `tasks` and `repeat` come from (a flag here, a constant there)."""
+    return [
+        Override("repeat_times", repeat, repeat_reason),
+        Override("train_batch_size", tasks * repeat, "one explore step's rollouts per train step"),
+        Override("total_steps", steps, "--steps"),
+        Override("epochs", 4, f"enough passes over the demo taskset for --steps at {tasks_reason} a step"),
+        Override("seed", seed, "--seeds"),
+    ]
+
+
 def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, seed: int, lr: float,
                rm_base: str | None = None, min_rm_accuracy: float = 0.75, scale_rewards: str = "batch",
                rm_kind: str = "head", min_rm_heldout_pairs: int = 0,
@@ -51,11 +66,7 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
         Override("mode", "sync", loop),
         Override("sync_interval", 1, loop),
         Override("explore_batch_size", tasks, "--tasks"),
-        Override("repeat_times", repeat, "--repeat"),
-        Override("train_batch_size", tasks * repeat, "one explore step's rollouts per train step"),
-        Override("total_steps", steps, "--steps"),
-        Override("epochs", 4, "enough passes over the demo taskset for --steps at --tasks a step"),
-        Override("seed", seed, "--seeds"),
+        *size_overrides(tasks=tasks, repeat=repeat, steps=steps, seed=seed),
         Override("sampling.temperature", 1.0, "sampled as the measurement samples"),
         Override("sampling.max_tokens", max_tokens, "--max-tokens"),
         # Only the format reward: correctness comes from people (or the model learned from them);
@@ -74,21 +85,21 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
         Override("trainer.params.beta", beta, "--beta: a KL penalty toward the base model (what no reward term checks)"),
     ]
     if arm == "auto":
-        return _nested(o + [Override("rewards", [{"name": "math_accuracy"}], "the automatic correctness reward in place of people"),
+        return config_nested(o + [Override("rewards", [{"name": "math_accuracy"}], "the automatic correctness reward in place of people"),
                             Override("feedback.mode", "auto", "no people (a control)")])
     if arm == "format":
-        return _nested(o + [Override("feedback.mode", "auto", "no people: the format reward alone (a control)")])
+        return config_nested(o + [Override("feedback.mode", "auto", "no people: the format reward alone (a control)")])
     wait = [Override("feedback.wait_seconds", 3600, "the bench ends each wait window itself after the raters' turn"),
             Override("feedback.fallback", "auto", "an unrated member keeps its automatic reward")]
     overlap = Override("feedback.overlap", 1, "one rating an item")
     weights = [Override("feedback.w_auto", w_auto, "--w-auto"), Override("feedback.w_human", 1.0, "a rating at full weight")]
     if arm == "all":
         if verifier:  # people's ratings beside the verifier, weighted as in the other arms
-            return _nested(o + [Override("feedback.mode", "blend", "people's ratings beside the verifier"),
+            return config_nested(o + [Override("feedback.mode", "blend", "people's ratings beside the verifier"),
                                 *weights, overlap, *wait])
-        return _nested(o + [Override("feedback.mode", "human", "every rollout rated (the ceiling)"), overlap, *wait])
+        return config_nested(o + [Override("feedback.mode", "human", "every rollout rated (the ceiling)"), overlap, *wait])
     if arm == "random10":
-        return _nested(o + [Override("feedback.mode", "blend", "ratings where given, the format reward elsewhere"),
+        return config_nested(o + [Override("feedback.mode", "blend", "ratings where given, the format reward elsewhere"),
                             *weights, overlap, *wait,
                             Override("feedback.selection.random_share", 1.0, "items chosen uniformly at random"),
                             Override("feedback.selection.pairs", False, "single items")])
@@ -123,19 +134,19 @@ def arm_config(arm: str, *, model: str, steps: int, tasks: int, repeat: int, see
                  "--crossval-folds (0 for a kind without folds)"),
     ]
     if arm == "rm10":
-        return _nested(o + learned)
+        return config_nested(o + learned)
     # noisy: trust-aware hand-out (`--trust on`): a new rater rates 3 gold items before anything
     # else, an untrusted one gets gold items only (apps.feedback.handout.lease._claim_selected).
     hand_out = [Override("feedback.trust.gold_first", 3, "--trust on: a new rater rates 3 gold items first"),
                 Override("feedback.trust.untrusted_share", 0.0, "--trust on: an untrusted rater gets gold items only")]
-    return _nested(o + learned + [
+    return config_nested(o + learned + [
         Override("feedback.rater_weighting", "gold", "reliability weights from the owner's gold items"),
         Override("feedback.gold_rate", 0.2, "gold items mixed in at 20%"), *(hand_out if trust else [])])
 
 
-def _nested(overrides: list[Override]) -> tuple[dict[str, object], list[Override]]:
+def config_nested(overrides: list[Override]) -> tuple[dict[str, object], list[Override]]:
     """The config the overrides make (a later one of a path replaces an earlier one), and the
-    overrides as they stand, one a path."""
+    overrides as they stand, one a path (bench/live_steering's config too)."""
     last = {o.path: o for o in overrides}
     config: dict[str, object] = {}
     for o in last.values():

@@ -19,13 +19,12 @@ import logging
 from collections import defaultdict
 from typing import TypedDict
 
-from django.db import OperationalError
-
 from apps.evaluation.ports import AnswerNeed, answer_record, answers_needed, evaluation_failed, evaluation_open
 from apps.runs.ports import run_view
 from rftweb.taskkit import celery_task
 from workers.engines import SamplingSpec, prompt_ids
 from workers.explore.explorer import engine_at, worker_name
+from workers.explore.guarded import EVALUATION_TASK_OPTIONS, failure_dropped
 
 log = logging.getLogger(__name__)
 
@@ -72,23 +71,13 @@ def answers_write(*, evaluation_id: int, worker: str | None = None) -> BlindOutc
     return {"evaluation": evaluation_id, "written": written, "opened": evaluation_open(evaluation_id=evaluation_id)}
 
 
-# Database hiccups retry; anything else is recorded on the evaluation (its page says why) and
-# dropped: a failed evaluation must never stop the run's own work on the rollout queue.
-@celery_task(
-    name="workers.explore.blind.answers_generate",
-    acks_late=True,
-    soft_time_limit=1500,
-    time_limit=1800,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=3,
-)
+# A failure other than the database's is recorded on the evaluation (its page says why) and
+# dropped (workers/explore/guarded.py).
+@celery_task(name="workers.explore.blind.answers_generate", **EVALUATION_TASK_OPTIONS)
 def answers_generate(evaluation_id: int) -> BlindOutcome:
-    try:
-        return answers_write(evaluation_id=evaluation_id)
-    except OperationalError:
-        raise
-    except Exception as exc:
+    def failed(error: str) -> BlindOutcome:
         log.exception("blind evaluation %s: answers failed", evaluation_id)
-        evaluation_failed(evaluation_id=evaluation_id, error=f"{type(exc).__name__}: {exc}")
-        return {"evaluation": evaluation_id, "failed": f"{type(exc).__name__}: {exc}"}
+        evaluation_failed(evaluation_id=evaluation_id, error=error)
+        return {"evaluation": evaluation_id, "failed": error}
+
+    return failure_dropped(lambda: answers_write(evaluation_id=evaluation_id), failed)

@@ -33,12 +33,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db import OperationalError
 from apps.buffer.ports import taskset_tasks
 from apps.rewards.ports import answer_verdict, rewards_inline
 from apps.runs.ports import eval_result_record, metric_exists, preference_shares, run_view, version_train_step
 from workers.engines import SamplingSpec
 from workers.explore.explorer import engine_at, task_prompt, worker_name
+from workers.explore.guarded import EVALUATION_TASK_OPTIONS, failure_dropped
 
 from rftweb.taskkit import celery_task
 
@@ -130,22 +130,12 @@ def evaluate_version(*, run_id: int, version: int, worker: str | None = None) ->
 
 
 # Reads the buffer's tasks and writes metrics only, so a redelivery is harmless (and skipped
-# once the metrics are there). Database hiccups retry; anything else is logged and dropped:
-# a failed evaluation must never stop the run.
-@celery_task(
-    name="workers.explore.evaluation.evaluate",
-    acks_late=True,
-    soft_time_limit=1500,
-    time_limit=1800,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=3,
-)
+# once the metrics are there). A failure other than the database's is logged and dropped
+# (workers/explore/guarded.py).
+@celery_task(name="workers.explore.evaluation.evaluate", **EVALUATION_TASK_OPTIONS)
 def evaluate(run_id: int, version: int) -> EvalOutcome:
-    try:
-        return evaluate_version(run_id=run_id, version=version)
-    except OperationalError:
-        raise
-    except Exception as exc:
+    def failed(error: str) -> EvalOutcome:
         log.exception("evaluation of run %s version %s failed", run_id, version)
-        return {"run": run_id, "version": version, "failed": f"{type(exc).__name__}: {exc}"}
+        return {"run": run_id, "version": version, "failed": error}
+
+    return failure_dropped(lambda: evaluate_version(run_id=run_id, version=version), failed)

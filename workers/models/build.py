@@ -197,6 +197,33 @@ def manifest_write(recipe: Recipe[S], out: Path, *, settings: S, accuracy: float
     return files
 
 
+class Pretrained(Protocol):
+    """What transformers saves with `save_pretrained`: a model, a tokenizer, a processor."""
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Any: ...
+
+
+def build_save(recipe: Recipe[S], out: Path, *, model: Pretrained, companion: Pretrained,
+               data_write: Callable[[Path], None], settings: S, accuracy: float, parameters: int, steps: int,
+               **extra: object) -> dict[str, str]:
+    """Write a finished build into `out`: the model (safetensors), its tokenizer or processor
+    (`companion`), the recipe's own data (`data_write(out)`: a taskset), the manifest last.
+    The old manifest goes first, so a build cut short leaves none and is not taken for current.
+    Returns the files' hashes."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / recipe.manifest).unlink(missing_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    companion.save_pretrained(out)
+    data_write(out)
+    return manifest_write(recipe, out, settings=settings, accuracy=accuracy, parameters=parameters, steps=steps, **extra)
+
+
+def check_due(*, step: int, every: int, steps: int) -> bool:
+    """Whether a warm-up measures held-out accuracy after its 0-based `step`: every `every`
+    steps (0: never), but not after the last (the build measures once more after the loop)."""
+    return bool(every) and (step + 1) % every == 0 and step + 1 < steps
+
+
 def build_main(recipe: Recipe[S], build_here: Callable[..., BuildResult[S]], argv: list[str] | None = None) -> None:
     """The child process's entry: `build_here(out=, settings=, progress=, log=)` in it."""
     import argparse

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 # The words the `in_words` preference looks for (pure: no Django, fine in the build's pinned child).
 from kernel.preferences import number_words
-from workers.models.build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.models.build import BuildResult, Recipe, build_main, build_save, check_due, model_build, sft_batch
 from workers.models.tiny import causal_lm_build, tokenizer_build
 
 if TYPE_CHECKING:
@@ -383,7 +383,7 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
             bar.update(1)
             if step % 50 == 0 or step == settings.steps - 1:
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-            if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+            if check_due(step=step, every=settings.eval_every, steps=settings.steps):
                 accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout)
                 if progress:
                     bar.write(f"step {step + 1}: held-out accuracy {accuracy:.1%}")
@@ -397,13 +397,10 @@ def _build_here(*, out: Path, settings: DemoSettings, progress: bool, log: Calla
             accuracy = greedy_accuracy(model=model, tokenizer=tokenizer, problems=heldout)
         log(f"demo model: after {trained_steps} steps, greedy accuracy on {len(heldout)} held-out problems: {accuracy:.1%}")
 
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MANIFEST).unlink(missing_ok=True)
-        model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        _problems_write(out, taskset=taskset, heldout=heldout)
-        files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps,
-                               cpu_capability=torch.backends.cpu.get_cpu_capability())
+        files = build_save(BUILD, out, model=model, companion=tokenizer,
+                           data_write=lambda at: _problems_write(at, taskset=taskset, heldout=heldout),
+                           settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps,
+                           cpu_capability=torch.backends.cpu.get_cpu_capability())
     finally:
         torch.set_num_threads(threads)
     return DemoResult(

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image
     from transformers import ProcessorMixin
 
-from workers.models.build import BuildResult, Recipe, build_main, manifest_write, model_build, sft_batch
+from workers.models.build import BuildResult, Recipe, build_main, build_save, check_due, model_build, sft_batch
 from workers.models.tiny import tokenizer_build
 
 MANIFEST = "rft-vision.json"
@@ -243,7 +243,7 @@ def _build_here(*, out: Path, settings: VisionSettings, progress: bool = False,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         optim.zero_grad(set_to_none=True)
-        if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+        if check_due(step=step, every=settings.eval_every, steps=settings.steps):
             accuracy = greedy_accuracy(model=model, processor=processor, examples=heldout)
             log(f"vision model: step {step + 1}: loss {loss.item():.3f}, held-out accuracy {accuracy:.1%}")
             if accuracy >= settings.target_accuracy:
@@ -254,12 +254,9 @@ def _build_here(*, out: Path, settings: VisionSettings, progress: bool = False,
         accuracy = greedy_accuracy(model=model, processor=processor, examples=heldout)
     log(f"vision model: after {trained_steps} steps, greedy accuracy on {len(heldout)} held-out pictures: {accuracy:.1%}")
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    processor.save_pretrained(out)
-    _taskset_zip_write(out / TASKSET_ZIP, taskset)
-    files = manifest_write(BUILD, out, settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps)
+    files = build_save(BUILD, out, model=model, companion=processor,
+                       data_write=lambda at: _taskset_zip_write(at / TASKSET_ZIP, taskset),
+                       settings=settings, accuracy=accuracy, parameters=params, steps=trained_steps)
     return VisionResult(out=out, settings=settings, accuracy=accuracy, built=True, seconds=time.monotonic() - started, files=files)
 
 

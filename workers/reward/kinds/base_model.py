@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from workers.engines.base import prompt_ids
@@ -89,3 +89,14 @@ def rm_batch(rows: Sequence[Row], *, pad: int, device: torch.device) -> tuple[to
     width = max(len(ids) for ids, _, _ in rows)
     return (torch.tensor([ids + [pad] * (width - len(ids)) for ids, _, _ in rows], device=device),
             torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in rows], device=device))
+
+
+def rm_chunks(rows: Sequence[Row], *, tokenizer: PreTrainedTokenizerBase, device: torch.device,
+              batch_size: int) -> Iterator[tuple[Sequence[Row], torch.Tensor, torch.Tensor]]:
+    """`rows` `batch_size` at a time, in order, each chunk with its (input ids, attention mask)
+    padded as `rm_batch` pads (the pooled-feature kinds' forward passes)."""
+    pad = pad_of(tokenizer)
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        input_ids, mask = rm_batch(chunk, pad=pad, device=device)
+        yield chunk, input_ids, mask

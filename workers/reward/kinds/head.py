@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from workers.reward.kinds import reward_kind_impl_register
-from workers.reward.kinds.base_model import pad_of, rm_batch, rm_rows
+from workers.reward.kinds.base_model import rm_chunks, rm_rows
 from workers.reward.kinds.ensemble import Ensemble, EnsembleKind, Rows
 from workers.reward.kinds.pair_fit import bootstrap_weights, bradley_terry_fit
 
@@ -50,12 +50,9 @@ def hidden_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     import torch
 
     rows = rm_rows(tokenizer, prompts, completions, max_length=max_length)
-    pad = pad_of(tokenizer)
     backbone = getattr(model, "base_model", model)
     out: list[list[float]] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        input_ids, mask = rm_batch(chunk, pad=pad, device=model.device)
+    for chunk, input_ids, mask in rm_chunks(rows, tokenizer=tokenizer, device=model.device, batch_size=batch_size):
         with torch.inference_mode():
             result = backbone(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             embedded = result.hidden_states[0].float()

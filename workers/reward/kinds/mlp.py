@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, cast
 
 from workers.reward.kinds import reward_kind_impl_register
-from workers.reward.kinds.base_model import pad_of, rm_batch, rm_rows
+from workers.reward.kinds.base_model import rm_chunks, rm_rows
 from workers.reward.kinds.ensemble import Ensemble, EnsembleKind, Rows
 from workers.reward.kinds.pair_fit import bootstrap_weights
 from workers.reward.logprob_features import features_of
@@ -61,11 +61,8 @@ def layer_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, p
     import torch
 
     rows = rm_rows(tokenizer, prompts, completions, max_length=max_length, answer_pattern=answer_pattern)
-    pad = pad_of(tokenizer)
     out: list[list[float]] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        input_ids, mask = rm_batch(chunk, pad=pad, device=model.device)
+    for chunk, input_ids, mask in rm_chunks(rows, tokenizer=tokenizer, device=model.device, batch_size=batch_size):
         with torch.inference_mode():
             result = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             layers = [h.float() for h in result.hidden_states]  # the last one after the model's final norm
