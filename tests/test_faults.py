@@ -48,16 +48,16 @@ class Demo:
                                  [self.run_id])[0])  # type: ignore[return-value]
 
     def dispatch(self, kind: str) -> str:
-        rows = self.pg.sql("SELECT state FROM runs_dispatch WHERE run_id = %s AND kind = %s", [self.run_id, kind])
+        rows = self.pg.sql("SELECT state FROM runs_dispatch WHERE run_id = %s AND job = %s", [self.run_id, kind])
         return rows[0][0] if rows else "none"
 
     def sent_since(self, kind: str, since: float) -> bool:
         """The loop sent a step of `kind` (again, or the next one) after `since`."""
-        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND sent_at > to_timestamp(%s)",
+        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND job = %s AND sent_at > to_timestamp(%s)",
                                 [self.run_id, kind, since]))
 
     def running_since(self, kind: str, since: float) -> bool:
-        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND state = 'running'"
+        return bool(self.pg.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND job = %s AND state = 'running'"
                                 " AND started_at > to_timestamp(%s)", [self.run_id, kind, since]))
 
     def step_of(self, kind: str) -> int:

@@ -196,7 +196,7 @@ class Cluster:
                          lambda: self.progress(run_id) > before or self.state(run_id)[0] == "finished", timeout, run_id)
 
     def running_on(self, run_id: int, host_name: str, kinds: tuple[str, ...] = ("explore", "train")) -> bool:
-        return bool(self.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = ANY(%s)"
+        return bool(self.sql("SELECT 1 FROM runs_dispatch WHERE run_id = %s AND job = ANY(%s)"
                              " AND state = 'running' AND worker LIKE %s", [run_id, list(kinds), f"%@{host_name}"]))
 
     def final_weights(self, run_id: int) -> dict[str, Any]:
@@ -504,14 +504,14 @@ def test_faults_on_three_hosts_each_recover_within_the_bound_and_lose_nothing(cl
     # (a) Every process of w1 killed while it runs a step: the step goes back and w2 (the
     # host that was cut) takes it and the rest.
     cluster.wait("a step running on w1", lambda: cluster.running_on(run_id, "w1"), 120, run_id)
-    running = cluster.sql("SELECT kind, step FROM runs_dispatch WHERE run_id = %s AND state = 'running' AND worker LIKE %s"
-                          " AND kind IN ('explore', 'train')", [run_id, "%@w1"])
+    running = cluster.sql("SELECT job, step FROM runs_dispatch WHERE run_id = %s AND state = 'running' AND worker LIKE %s"
+                          " AND job IN ('explore', 'train')", [run_id, "%@w1"])
     killed_at = cluster.db_now()
     killed = cluster.kill_host("w1")
     for kind, step in running:  # (it may have ended between the wait and the kill)
         recovered[f"w1 killed: its {kind} step taken by w2"] = cluster.wait(
             f"w1's {kind} step {step} taken again", lambda: bool(cluster.sql(
-                "SELECT 1 FROM runs_dispatch WHERE run_id = %s AND kind = %s AND (step > %s OR (state = 'running'"
+                "SELECT 1 FROM runs_dispatch WHERE run_id = %s AND job = %s AND (step > %s OR (state = 'running'"
                 " AND worker LIKE %s AND started_at > to_timestamp(%s)))", [run_id, kind, step, "%@w2", killed_at])),
             RECOVER_S, run_id)
     assert killed >= 2 and cluster.net["w1"].pids() == []
