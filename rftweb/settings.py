@@ -404,10 +404,13 @@ RFT_PIPELINE_METRICS_SECONDS = env_float("RFT_PIPELINE_METRICS_SECONDS", 2.0)
 RFT_HEARTBEAT_SECONDS = max(0.5, env_float("RFT_HEARTBEAT_SECONDS", 2.0))
 RFT_WORKER_DEAD_SECONDS = max(2 * RFT_HEARTBEAT_SECONDS, env_float("RFT_WORKER_DEAD_SECONDS", 5 * RFT_HEARTBEAT_SECONDS))
 # The RFT core's loop (apps/control/conductor.py): its beat; how long a sent step may wait
-# for a worker to pick it up before it is sent again (a broker that lost it); how long a
-# running step is trusted to a worker that writes no heartbeat (a task run by hand).
+# for a worker to pick it up before it is sent again (a broker that lost it), doubled for
+# each further copy of the same message up to RFT_DISPATCH_RESEND_MAX_SECONDS (a message
+# waiting behind others on a busy queue is not piled up there); how long a running step is
+# trusted to a worker that writes no heartbeat (a task run by hand).
 RFT_CONDUCT_SECONDS = env_float("RFT_CONDUCT_SECONDS", 0.5)
 RFT_DISPATCH_RESEND_SECONDS = env_float("RFT_DISPATCH_RESEND_SECONDS", 15.0)
+RFT_DISPATCH_RESEND_MAX_SECONDS = max(RFT_DISPATCH_RESEND_SECONDS, env_float("RFT_DISPATCH_RESEND_MAX_SECONDS", 300.0))
 RFT_DISPATCH_TTL = env_float("RFT_DISPATCH_TTL", 120.0)
 # A run whose explore or train steps fail this many times in a row (no progress between)
 # goes to `failed` with the last error (apps/runs/failures.py).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+import math
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from apps.buffer.services import batch_claim, experience_write, task_attempts_cr
 from apps.control import conductor
 from apps.runs.heartbeat import worker_heartbeat_record
 from apps.runs.dispatch import dispatch_claim
-from apps.runs.models import Dispatch, Run
+from apps.runs.models import Dispatch, Run, WorkerHeartbeat
 from apps.control.conductor import dispatch_begin, dispatch_recover, dispatch_send, conductor_beat
 from tests.factories import experience_row, make_run, make_taskset
 
@@ -58,8 +59,6 @@ def _beat(hostname: str, *, ago: float = 0.0, active: Sequence[str] = (), starte
     worker_heartbeat_record(hostname=hostname, queues=["rollout"], pool="solo", concurrency=1, pid=1,
                             active=[{"id": t, "name": "workers.explore.explorer.explore_step"} for t in active],
                             started_at=timezone.now() - timedelta(seconds=started_ago))
-    from apps.runs.models import WorkerHeartbeat
-
     WorkerHeartbeat.objects.filter(hostname=hostname).update(last_seen=timezone.now() - timedelta(seconds=ago))
 
 
@@ -99,6 +98,82 @@ def test_a_message_the_broker_lost_is_sent_again_under_its_id_and_runs_once(owne
     first = dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="a", holder="a")
     second = dispatch_begin(run_id=run.pk, job="explore", step=1, task_id=task_id, worker="b", holder="b")
     assert first is not None and second is None
+
+
+def _copies_over(run: Run, *, seconds: float, beat: float = 0.5, alive: str = "") -> int:
+    """Messages queued for the run's explore step over `seconds` of loop beats on a clock that
+    advances (no wall time passes), counting the first; `alive`: a worker picked it up and
+    beats, running it, all along."""
+    start = timezone.now()
+    copies = 1
+    for i in range(1, int(seconds / beat) + 1):
+        now = start + timedelta(seconds=i * beat)
+        if alive:
+            WorkerHeartbeat.objects.filter(hostname=alive).update(last_seen=now)
+        copies += len(dispatch_recover(run=run, now=now))
+    return copies
+
+
+def test_a_message_waiting_on_a_busy_queue_is_sent_again_ever_more_rarely(
+    owner: Any, sent: list[Any], settings: Any
+) -> None:
+    """No worker takes the message for ten minutes (one busy with other runs' steps): the
+    first copy still goes after RFT_DISPATCH_RESEND_SECONDS, each next one after twice the
+    wait, up to RFT_DISPATCH_RESEND_MAX_SECONDS. A fixed 15 s queued 40 copies over ten minutes."""
+    settings.RFT_DISPATCH_RESEND_SECONDS = 15
+    settings.RFT_DISPATCH_RESEND_MAX_SECONDS = 300
+    run = _running(owner, mode="explore")
+    dispatch_send(run=run, job="explore", step=1)
+    copies = _copies_over(run, seconds=600)
+    # 0, 15, 45, 105, 225 and 465 s (each a beat late): at most log2(600 / 15) + 1 copies.
+    assert copies == len(sent) == 6 <= math.log2(600 / 15) + 1
+    assert {task_id for _, _, task_id in sent} == {sent[0][2]}  # the same message each time
+    assert Dispatch.objects.get(run=run, job="explore").copies == 6
+    # Without the backoff (a cap at the first wait) it is one copy every 15 s.
+    settings.RFT_DISPATCH_RESEND_MAX_SECONDS = 15
+    other = _running(owner, mode="explore", name="fixed")
+    dispatch_send(run=other, job="explore", step=1)
+    assert _copies_over(other, seconds=600) == 39
+
+
+def test_a_message_picked_up_is_not_sent_again_and_its_copies_start_over(
+    owner: Any, sent: list[Any], settings: Any
+) -> None:
+    settings.RFT_DISPATCH_RESEND_SECONDS = 15
+    settings.RFT_WORKER_DEAD_SECONDS = 10
+    run = _running(owner, mode="explore")
+    row = _explore_out_on(run, worker="rollout@a", holder="explorer@a:11")
+    _beat("rollout@a", active=[row.task_id])
+    assert _copies_over(run, seconds=600, alive="rollout@a") == 1  # running all along
+    Dispatch.objects.filter(pk=row.pk).update(copies=5)  # as if it had waited long before
+    _beat("rollout@a", ago=11, active=[row.task_id])  # its worker died
+    assert dispatch_recover(run=run) == ["explore:1 again"]
+    row = Dispatch.objects.get(pk=row.pk)
+    assert (row.state, row.copies) == ("sent", 1) and row.sent_at is not None
+    # Lost again on the way to the next worker: the shortest wait, not the one it was at.
+    assert dispatch_recover(run=run, now=row.sent_at + timedelta(seconds=16)) == ["explore:1 again"]
+
+
+def test_a_copy_the_broker_refused_is_not_counted(owner: Any, sent: list[Any], settings: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.RFT_DISPATCH_RESEND_SECONDS = 15
+    run = _running(owner, mode="explore")
+    dispatch_send(run=run, job="explore", step=1)
+    row = Dispatch.objects.get(run=run, job="explore")
+    assert row.sent_at is not None
+
+    def away(*_: Any) -> None:
+        raise ConnectionError("broker restarting")
+
+    monkeypatch.setattr(conductor, "_send", away)
+    with pytest.raises(ConnectionError):
+        dispatch_recover(run=run, now=row.sent_at + timedelta(seconds=16))
+    after = Dispatch.objects.get(pk=row.pk)
+    assert (after.state, after.copies, after.sent_at) == ("sent", 1, row.sent_at)
+    monkeypatch.setattr(conductor, "_send", lambda name, args, queue, task_id: sent.append((name, args, task_id)))
+    # The broker is back a beat later: the copy goes then, not after a doubled wait.
+    assert dispatch_recover(run=run, now=row.sent_at + timedelta(seconds=16.5)) == ["explore:1 again"]
+    assert Dispatch.objects.get(pk=row.pk).copies == 2
 
 
 def test_a_dead_explorers_step_is_sent_again_and_its_tasks_go_back_within_seconds(

@@ -16,7 +16,15 @@ there (reward-model training and export) are not the loop's and it leaves them a
   (`DispatchHold.move_to`) and sets it idle when the task ends (`DispatchHold.end`).
 - `dispatch_recover` takes back what was lost: a message no worker picked up within
   RFT_DISPATCH_RESEND_SECONDS is sent again under the same id (the first copy to arrive
-  runs, later ones find the row taken); a running step whose worker died (its heartbeat
+  runs, later ones find the row taken). Each further copy waits twice as long as the one
+  before, up to RFT_DISPATCH_RESEND_MAX_SECONDS (15, 30, 60 ... 300 s; the row counts its
+  `copies`): a message the broker lost is sent again within the first wait as before (one
+  lost after it had already waited long, within the wait it was at: 5 minutes at most), and
+  one merely waiting behind other runs' steps on a busy queue gets a handful of copies
+  rather than one every 15 s (24 runs on one train worker piled 150-190 in the queue). The
+  backoff rather than asking the broker whether the message still waits: it needs no
+  knowledge of the transport (Celery's Redis lists today), and a copy costs a worker only
+  a claim that finds the row taken. A running step whose worker died (its heartbeat
   stopped or it restarted; for the trainer, no session holds the run's trainer lock) has
   its leases handed back and is sent again, within seconds rather than a lease's or the
   broker's visibility timeout. Nothing runs twice for it: the explorer's writes are keyed
@@ -181,11 +189,21 @@ def _trainer_lock_held(run_id: int) -> bool:
         return bool(cur.fetchone()[0])
 
 
+def resend_wait(*, copies: int) -> timedelta:
+    """How long the latest of `copies` copies of a message may wait in its queue before the
+    next is sent: RFT_DISPATCH_RESEND_SECONDS for the first, doubled for each further one,
+    at most RFT_DISPATCH_RESEND_MAX_SECONDS."""
+    first = settings.RFT_DISPATCH_RESEND_SECONDS
+    # The exponent is bounded before the power: a row sent for days has many copies.
+    doublings = min(max(copies - 1, 0), 32)
+    return timedelta(seconds=min(first * 2**doublings, max(first, settings.RFT_DISPATCH_RESEND_MAX_SECONDS)))
+
+
 def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | None) -> Lost | None:
     """Why `dispatch` will not end by itself, or None while it may (see the module docstring)."""
     dead = timedelta(seconds=settings.RFT_WORKER_DEAD_SECONDS)
     if dispatch.state == Dispatch.State.SENT:
-        if dispatch.sent_at is None or now - dispatch.sent_at > timedelta(seconds=settings.RFT_DISPATCH_RESEND_SECONDS):
+        if dispatch.sent_at is None or now - dispatch.sent_at > resend_wait(copies=dispatch.copies):
             return Lost("no worker picked its message up", release=False)
         return None
     if dispatch.state != Dispatch.State.RUNNING:
@@ -208,6 +226,19 @@ def dispatch_lost(*, dispatch: Dispatch, now: datetime, beat: WorkerHeartbeat | 
     if now - started > dead and dispatch.task_id not in {a.get("id") for a in beat.active or []}:
         return Lost("its worker is no longer running it", release=False)
     return None
+
+
+def _resend(*, run: Run, dispatch: Dispatch, copies: int) -> None:
+    """Queue `dispatch`'s message again, the row already updated to `copies` copies. A broker
+    that is away queued nothing: the row goes back to the copies and send time it had, so the
+    next beat tries again at once rather than after a longer wait for a copy never sent."""
+    name, queue = _TASKS[Dispatch.Job(dispatch.job)]
+    try:
+        _send(name, [run.pk, dispatch.step], queue, dispatch.task_id)
+    except Exception:
+        Dispatch.objects.filter(pk=dispatch.pk, state=Dispatch.State.SENT, task_id=dispatch.task_id,
+                                copies=copies).update(copies=copies - 1, sent_at=dispatch.sent_at)
+        raise
 
 
 def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | None = None,
@@ -234,8 +265,13 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
         lost = dispatch_lost(dispatch=d, now=now, beat=beats.get(d.worker))
         if lost is None:
             continue
-        taken = Dispatch.objects.filter(pk=d.pk, state=d.state, task_id=d.task_id, started_at=d.started_at).update(
-            state=Dispatch.State.SENT, worker="", holder="", sent_at=now, started_at=None, sends=F("sends") + 1
+        # A sent row gets one more copy of its message; a running one taken back from its
+        # worker was picked up, so its copies start again (the next waits the shortest time).
+        copies = d.copies + 1 if d.state == Dispatch.State.SENT else 1
+        taken = Dispatch.objects.filter(pk=d.pk, state=d.state, task_id=d.task_id, started_at=d.started_at,
+                                        copies=d.copies).update(
+            state=Dispatch.State.SENT, worker="", holder="", sent_at=now, started_at=None, sends=F("sends") + 1,
+            copies=copies,
         )
         if not taken:
             continue  # it moved on meanwhile, or another conductor took it
@@ -244,9 +280,8 @@ def dispatch_recover(*, run: Run, now: datetime | None = None, busy: set[str] | 
                 batch_release(run=run, worker=d.holder)
             elif d.job == Dispatch.Job.EXPLORE:
                 task_release(run=run, worker=d.holder)
-        log.warning("run %s: %s step %s sent again: %s", run.pk, d.job, d.step, lost.reason)
-        name, queue = _TASKS[Dispatch.Job(d.job)]
-        _send(name, [run.pk, d.step], queue, d.task_id)
+        log.warning("run %s: %s step %s sent again (copy %d): %s", run.pk, d.job, d.step, copies, lost.reason)
+        _resend(run=run, dispatch=d, copies=copies)
         out.append(f"{d.job}:{d.step} again")
     return out
 

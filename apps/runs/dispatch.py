@@ -90,7 +90,7 @@ def dispatch_claim(
                               "expires_at": expires_at, "error": ""}
     sent = state == Dispatch.State.SENT
     if sent:
-        fields |= {"sent_at": now, "started_at": None}
+        fields |= {"sent_at": now, "started_at": None, "copies": 1}
     else:
         fields["started_at"] = now
     rows = Dispatch.objects.filter(run_id=run_id, job=job, key=key)

@@ -287,6 +287,10 @@ class Dispatch(models.Model):
     error = models.CharField(max_length=500, blank=True, default="")
     # How many times a message was queued for it (re-sends after a lost message or worker).
     sends = models.PositiveIntegerField(default=0)
+    # Copies of the current message queued since the row was last sent afresh (from idle, or
+    # taken back from a worker that died): the conductor waits longer before each next copy
+    # (apps/control/conductor.py), so a message waiting on a busy queue is not piled up there.
+    copies = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "job", "key"], name="dispatch_run_job_key_unique")]
