@@ -10,7 +10,7 @@ import pytest
 
 from kernel.config import ConfigInvalid, config_validate
 from kernel.preferences import preference_get, preference_names, preference_register, preference_shares
-from apps.runs.selectors import CHART_GROUPS
+from apps.runs.selectors import CHARTS
 
 BASE = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "eval": {"taskset": 1}}
 
@@ -55,7 +55,7 @@ def test_a_preference_of_ones_own_is_one_function_and_one_line() -> None:
 
 def test_preference_shares_chart_apart_from_the_evaluation_reward() -> None:
     def group(name: str) -> str:
-        return next(g["id"] for g in CHART_GROUPS if re.search(g["pattern"], name, re.IGNORECASE))
+        return next(g["id"] for g in CHARTS if re.search(g["pattern"], name, re.IGNORECASE))
 
     assert group("eval/preference/in_words") == "preference"
     assert group("eval/reward_mean") == "eval" and group("eval/accuracy") == "eval"

@@ -38,7 +38,7 @@ CONFIG_FILE = "config_file"
 class FieldSpec:
     path: str
     label: str
-    kind: str  # text | number | select | checkbox | yaml
+    widget: str  # text | number | select | checkbox | yaml
     section: str
     required: bool = False
     choices: list[str] = field(default_factory=list)
@@ -65,7 +65,7 @@ def _unwrap_optional(annotation: object) -> tuple[object, bool]:
 _NO_BASE = object()
 
 
-def _default_text(info: FieldInfo, kind: str, base: object = _NO_BASE) -> str:
+def _default_text(info: FieldInfo, widget: str, base: object = _NO_BASE) -> str:
     if base is _NO_BASE and info.is_required():
         return ""
     # A nested block's field takes its default from the block's own default (eval.sampling
@@ -75,7 +75,7 @@ def _default_text(info: FieldInfo, kind: str, base: object = _NO_BASE) -> str:
         return ""
     if value is None:
         return ""
-    if kind == "yaml":
+    if widget == "yaml":
         return "" if value in ([], {}) else yaml.safe_dump(value, sort_keys=False).strip()
     if isinstance(value, enum.Enum):
         return str(value.value)
@@ -105,33 +105,33 @@ def _specs(model: type[BaseModel], prefix: str, section: str, optional_block: bo
         origin = typing.get_origin(annotation)
         choices: list[str] = []
         if origin is typing.Literal:
-            kind, choices = "select", [str(a) for a in typing.get_args(annotation)]
+            widget, choices = "select", [str(a) for a in typing.get_args(annotation)]
         elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-            kind, choices = "select", [str(m.value) for m in annotation]
+            widget, choices = "select", [str(m.value) for m in annotation]
         elif annotation is bool:
-            kind = "checkbox"
+            widget = "checkbox"
         elif annotation in (int, float):
-            kind = "number"
+            widget = "number"
         elif annotation is str and _extra(info).get("registry") == "algorithms":
-            kind, choices = "select", algorithm_names()
+            widget, choices = "select", algorithm_names()
         elif annotation is str and _extra(info).get("registry") == "reward_kinds":
-            kind, choices = "select", reward_kind_names()
+            widget, choices = "select", reward_kind_names()
         elif annotation is str and _extra(info).get("registry") == "eval_series":
             # The evaluation's series, each registered preference's share among them; blank:
             # the default (accuracy where the domain has a verifier, else reward_mean).
-            kind, choices = "select", ["", *best_by_choices(preference_names())]
+            widget, choices = "select", ["", *best_by_choices(preference_names())]
         elif annotation is str:
-            kind = "markdown" if _extra(info).get("widget") == "markdown" else "text"
+            widget = "markdown" if _extra(info).get("widget") == "markdown" else "text"
         else:
-            kind = "yaml"
+            widget = "yaml"
         specs.append(FieldSpec(
             path=path,
             label=name.replace("_", " "),
-            kind=kind,
+            widget=widget,
             section=section,
             required=info.is_required(),
             choices=choices,
-            default="" if optional_block else _default_text(info, kind, getattr(base, name) if base is not None else _NO_BASE),
+            default="" if optional_block else _default_text(info, widget, getattr(base, name) if base is not None else _NO_BASE),
             help=info.description or "",
             step="1" if annotation is int else "any",
             optional_block=optional_block,
@@ -174,12 +174,12 @@ def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tupl
     errors: dict[str, str] = {}
     for spec in specs:
         raw = post.get(spec.path)
-        if spec.kind == "checkbox":
+        if spec.widget == "checkbox":
             _set(data, spec.path, raw is not None and raw not in ("", "off", "false", "0"))
             continue
         if raw is None or str(raw).strip() == "":
             continue
-        if spec.kind == "yaml":
+        if spec.widget == "yaml":
             try:
                 _set(data, spec.path, yaml_parse(str(raw), where=spec.path))
             except InputRejected as exc:
@@ -188,7 +188,7 @@ def config_from_post(post: Mapping[str, object], specs: list[FieldSpec]) -> tupl
         # Numbers stay strings: the schema parses them and names the field when it can't.
         # Markdown is kept as written (its line endings made \n by the schema): a trailing
         # newline stripped here made a copied run's guidelines differ from its original's.
-        _set(data, spec.path, str(raw) if spec.kind == "markdown" else str(raw).strip())
+        _set(data, spec.path, str(raw) if spec.widget == "markdown" else str(raw).strip())
     return data, errors
 
 
@@ -202,9 +202,9 @@ def values_from_config(data: object, specs: list[FieldSpec]) -> dict[str, str]:
         value = _get(data, spec.path)
         if value is None:
             continue
-        if spec.kind == "yaml":
+        if spec.widget == "yaml":
             values[spec.path] = yaml.safe_dump(value, sort_keys=False).strip() if value not in ([], {}) else ""
-        elif spec.kind == "checkbox":
+        elif spec.widget == "checkbox":
             values[spec.path] = "on" if value else ""
         else:
             values[spec.path] = value if isinstance(value, str) else json.dumps(value)
@@ -278,9 +278,9 @@ def section_summary(fields: list[FieldSpec]) -> str:
     for spec in fields:
         if (spec.value or "") == (spec.default or ""):
             continue
-        if spec.kind == "checkbox":
+        if spec.widget == "checkbox":
             changed.append(f"{spec.label} {'on' if spec.value else 'off'}")
-        elif spec.kind in ("yaml", "markdown"):
+        elif spec.widget in ("yaml", "markdown"):
             changed.append(f"{spec.label}: {_said(spec.value)}" if spec.value else f"{spec.label} cleared")
         else:
             changed.append(f"{spec.label} {_said(spec.value, 24) if spec.value else '(blank)'}")

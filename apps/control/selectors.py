@@ -19,7 +19,7 @@ from apps.buffer.models import Experience, Taskset
 from apps.buffer.selectors import ExperienceFilters
 from apps.control.conductor import batch_plan, train_readiness
 from apps.feedback.models import Feedback, Person
-from apps.feedback.kinds import kind_names
+from apps.feedback.kinds import kind_names, kinds_that_flag
 from apps.feedback.handout.expiry import wait_window
 from apps.feedback.handout.holds import HeldForPeople, held_for_people
 from apps.feedback.handout.queue import annotation_waiting
@@ -343,7 +343,7 @@ def _experiences_matching(*, run: Run, filters: ExperienceFilters) -> QuerySet[E
         qs = qs.filter(Exists(Feedback.objects.filter(experience=OuterRef("pk"), author__username=filters.annotator)))
     if filters.flagged:
         # A flag the owner rejected on the review page flags nothing (apps.feedback.review.services).
-        flagged = Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+        flagged = Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind__in=kinds_that_flag()))
         qs = qs.filter(flagged) if filters.flagged == "yes" else qs.exclude(flagged)
     return qs
 
@@ -355,7 +355,7 @@ def experiences_browse(*, run: Run, filters: ExperienceFilters, limit: int = 50)
         qs = qs.filter(pk__lt=filters.before)
     qs = qs.annotate(
         n_feedback=Count("feedback", distinct=True),
-        is_flagged=Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG)),
+        is_flagged=Exists(Feedback.objects.effective().filter(experience=OuterRef("pk"), kind__in=kinds_that_flag())),
     ).select_related("task")
     return list(qs.order_by("-id")[:limit])
 

@@ -76,7 +76,7 @@ from kernel.eval_series import LABELS as EVAL_LABELS
 from apps.runs.invitations import invitations_open
 from apps.runs.models import Run
 from apps.runs.selectors import (
-    CHART_GROUPS,
+    CHARTS,
     CHART_SECTIONS,
     CONSTANT_PATTERN,
     config_differences,
@@ -395,7 +395,7 @@ def run_detail(request: HtmxHttpRequest, run_id: int) -> HttpResponse:
         "labelling": labelling_progress(run=run) if role == "owner" else None,
         "demo_annotator": _demo_annotator(run),
         "chart_data": {
-            "groups": CHART_GROUPS,
+            "charts": CHARTS,
             "sections": CHART_SECTIONS,
             "constant_pattern": CONSTANT_PATTERN,
             # Legends name a series by what it measures (kernel/eval_series.py).

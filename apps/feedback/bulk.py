@@ -26,6 +26,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback
+from apps.feedback.kinds import kinds_that_flag
 from apps.feedback.kinds.flag import feedback_flag
 from apps.runs.events import labels_changed_publish
 from apps.runs.models import AuditEntry, Run
@@ -139,7 +140,7 @@ def experiences_include(*, run: Run, user: Person, ids: Sequence[int]) -> BulkRe
 def experiences_flag(*, run: Run, user: Person, ids: Sequence[int], reason: str = "") -> BulkResult:
     """Flag each selected row once (one the person flagged before is skipped)."""
     bulk_allowed(run=run, user=user, action="flag")
-    already = Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG, author_id=user.pk)
+    already = Feedback.objects.filter(experience=OuterRef("pk"), kind__in=kinds_that_flag(), author_id=user.pk)
     todo = list(Experience.objects.filter(run=run, pk__in=ids).exclude(Exists(already)).order_by("pk"))
     with transaction.atomic():
         for exp in todo:
@@ -157,7 +158,7 @@ def experiences_export(*, run: Run, user: Person, ids: Sequence[int]) -> Iterato
     """The selected rows as JSONL lines (one per experience, in id order), with whether each
     is flagged. Checks the person's role before the first line."""
     bulk_allowed(run=run, user=user, action="export")
-    flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+    flagged = Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind__in=kinds_that_flag()))
     rows = (Experience.objects.filter(Q(run=run) & Q(pk__in=list(ids))).annotate(flagged=flagged).order_by("pk")
             .values_list(*_EXPORT_FIELDS, "flagged"))
 

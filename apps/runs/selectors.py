@@ -126,10 +126,10 @@ def workers_visible(*, user: AbstractBaseUser | AnonymousUser, run: Run | None =
 
 # --- the dashboard's reads -------------------------------------------------------------
 
-# Charts of the run page: metrics go to the first group whose pattern matches their name
+# Charts of the run page, by pattern: metrics go to the first chart whose pattern matches their name
 # (the browser applies the same patterns to metrics that arrive live); the rest get a chart
 # each. Names are whatever the explorer and trainer record through `metric_record`.
-CHART_GROUPS: list[dict[str, str]] = [
+CHARTS: list[dict[str, str]] = [
     {"id": "reward", "title": "Reward mean / std", "section": "rewards", "pattern": r"^(reward|rewards?)([/_.](mean|std|avg|max|min))?$"},
     {"id": "accuracy", "title": "Accuracy per domain", "section": "rewards", "pattern": r"^acc(uracy)?([/_.].*)?$"},
     # The shares of held-out answers each measured preference of style likes (eval.preferences,
@@ -147,7 +147,7 @@ CHART_GROUPS: list[dict[str, str]] = [
     {"id": "throughput", "title": "Tokens / s", "section": "throughput", "pattern": r"tokens?[/_.]?(per[/_.]?s(ec(ond)?)?|/s|_s)$|throughput"},
     {"id": "staleness", "title": "Staleness", "section": "throughput", "pattern": r"stale"},
 ]
-# Sections of the run page's charts, in order; metrics no group claims go to "other".
+# Sections of the run page's charts, in order; metrics no chart's pattern claims go to "other".
 CHART_SECTIONS: list[dict[str, str]] = [
     {"id": "rewards", "title": "Rewards and accuracy"},
     {"id": "loss", "title": "Loss and KL"},
@@ -159,7 +159,7 @@ CHART_SECTIONS: list[dict[str, str]] = [
 # Metrics that are settings rather than measurements: a table of their last values, no chart.
 CONSTANT_PATTERN = (r"(^|[/_.])(lr|learning_rate|batch_size|train_batch_size|explore_batch_size|repeat_times|beta|epsilon)$"
                     r"|^eval[/_.](version|tasks|best_version)$")
-REWARD_SPARK_PATTERN = CHART_GROUPS[0]["pattern"]
+REWARD_SPARK_PATTERN = CHARTS[0]["pattern"]
 
 
 def metric_series(*, run: Run, last_steps: int = 2000) -> dict[str, list[list[float]]]:

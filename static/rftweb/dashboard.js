@@ -8,7 +8,7 @@
   if (!root || typeof uPlot === "undefined") return;
   var initial = JSON.parse(document.getElementById("chart-data").textContent);
   var runId = root.dataset.run;
-  var groups = initial.groups.map(function (g) {
+  var patterns = initial.charts.map(function (g) {
     return { id: g.id, title: g.title, section: g.section || "other", re: new RegExp(g.pattern, "i") };
   });
   var sections = initial.sections || [];
@@ -82,8 +82,8 @@
     if (/^eval\/preference\//.test(name)) return "preference share: " + name.slice("eval/preference/".length);
     return name;
   }
-  function groupOf(name) {
-    for (var i = 0; i < groups.length; i++) if (groups[i].re.test(name)) return groups[i];
+  function patternOf(name) {
+    for (var i = 0; i < patterns.length; i++) if (patterns[i].re.test(name)) return patterns[i];
     return { id: "m-" + name.replace(/[^a-zA-Z0-9_-]/g, "_"), title: name, section: "other" };
   }
   function chartFor(id, title, section) {
@@ -245,7 +245,7 @@
       var run = runs[rid];
       if (!run) return;
       Object.keys(run.metrics).sort().forEach(function (name) {
-        if (isConstant(name) || groupOf(name).id !== chartId) return;
+        if (isConstant(name) || patternOf(name).id !== chartId) return;
         out.push({ run: run, name: name, ri: ri });
       });
     });
@@ -348,7 +348,7 @@
       if (!runs[rid]) return;
       Object.keys(runs[rid].metrics).forEach(function (name) {
         if (isConstant(name)) return;
-        var g = groupOf(name);
+        var g = patternOf(name);
         chartFor(g.id, g.title, g.section);
       });
     });

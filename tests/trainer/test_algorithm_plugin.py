@@ -95,7 +95,7 @@ def test_its_declaration_reaches_the_config_the_form_and_the_conductor(rwl: Modu
         config_validate(data={"model": "m", "algorithm": "rwl", "trainer": {"params": {"loss_type": "dapo"}}})
     assert bad.value.errors == {"trainer.params.loss_type": "unknown key 'loss_type'"}
     algorithm_field = next(f for f in config_field_specs() if f.path == "algorithm")
-    assert algorithm_field.kind == "select" and "rwl" in algorithm_field.choices
+    assert algorithm_field.widget == "select" and "rwl" in algorithm_field.choices
     assert algorithm_defaults()["rwl"]["trainer.params"] == "baseline: 0.5"
     plan = batch_plan(cfg=cfg)
     assert (plan.usual, plan.expert, plan.whole_groups) == (6, 0, True)

@@ -22,10 +22,9 @@ from workers.algorithms.batch import (
 )
 from workers.algorithms.learner import (
     Learner,
-    LearnerSpec,
-    NothingToTrain,
     spec_from_config,
 )
+from workers.algorithms.trainee import LearnerSpec, NothingToTrain
 
 __all__ = [
     "Learner",

@@ -70,7 +70,7 @@ import torch
 from kernel.exceptions import InvalidInput
 from kernel.jsontypes import JSONObject
 from kernel.plugins import plugins_loaded
-from workers.algorithms.learner import NothingToTrain
+from workers.algorithms.trainee import NothingToTrain
 from workers.algorithms.objectives import objective_class
 from workers.algorithms.sharding import (
     learner_shard,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -20,9 +20,8 @@ import torch
 
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch
+from workers.algorithms.trainee import LearnerSpec, NothingToTrain
 
-from kernel.algorithms import AlgorithmParams, algorithm_get, algorithm_params_parse
-from kernel.exceptions import Conflict
 from workers.algorithms.objectives import objective_class
 from workers.weights.adapters import is_adapter_model
 from workers.host_memory import backward_trim
@@ -32,7 +31,7 @@ from workers.vision import images_open, pixel_inputs
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-    from kernel.config import AdapterConfig, RunConfig
+    from kernel.config import RunConfig
 
 
 # The model's blocks and a rank's Shard live with the learner, which trims the heap block by
@@ -83,50 +82,10 @@ def _comm_device() -> str:
     return "cpu"
 
 
-class NothingToTrain(Conflict, ValueError):
-    """The batch holds nothing this algorithm can learn from (no tokens, no pairs)."""
-
-    code = "nothing_to_train"
-
-
 # Step metric: 1.0 when the batch had no gradient and the optimizer did not step
 # (Learner.no_gradient), 0.0 when it stepped. Recorded on every step so the run page charts it.
 # The stored metric keeps its old name (runs' charts and the benches read it).
 SKIPPED_NO_GRADIENT = "train/skipped_no_signal"
-
-
-@dataclass
-class LearnerSpec:
-    algorithm: str
-    params: bridge.TrainParams = field(default_factory=bridge.TrainParams)
-    # The algorithm's own settings (the config's `trainer.params`): an instance of its
-    # declaration's params model, or a mapping validated into one; None: its defaults.
-    algorithm_params: AlgorithmParams | Mapping[str, object] | None = None
-    # fp32 | bf16 | fp16 (autocast; workers.precision) and activation recomputation.
-    precision: str = "fp32"
-    gradient_checkpointing: bool = False
-    # The run's `trainer.lora` section, or None for full fine-tuning.
-    lora: AdapterConfig | None = None
-    # adamw | adamw_8bit (bitsandbytes, CUDA; workers.precision.optimizer_check)
-    optimizer: str = "adamw"
-
-    def __post_init__(self) -> None:
-        self.algorithm_params = algorithm_params_parse(self.algorithm, self.algorithm_params)
-
-    @property
-    def settings(self) -> AlgorithmParams:
-        """The algorithm's own settings, validated (`algorithm_params`)."""
-        assert isinstance(self.algorithm_params, AlgorithmParams)
-        return self.algorithm_params
-
-    @property
-    def needs_ref(self) -> bool:
-        return algorithm_get(self.algorithm).needs_reference(self.settings)
-
-    @property
-    def needs_ref_model(self) -> bool:
-        """A separate reference model: not with an adapter, whose base is the reference."""
-        return self.needs_ref and self.lora is None
 
 
 def spec_from_config(cfg: RunConfig) -> LearnerSpec:

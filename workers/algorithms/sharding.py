@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from kernel.config import AdapterConfig, RunConfig
     from workers.algorithms.batch import TrainBatch
-    from workers.algorithms.learner import LearnerSpec
+    from workers.algorithms.trainee import LearnerSpec
 
 SHARDINGS = ("full", "grad_op", "none")
 

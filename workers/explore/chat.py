@@ -185,9 +185,9 @@ def _decodes_plainly(tokenizer: PreTrainedTokenizerBase) -> bool:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:  # another transformers than the one pinned: its own decode
         return False
-    kind = type(tokenizer)
-    return (isinstance(tokenizer, TokenizersBackend) and kind.decode is PreTrainedTokenizerBase.decode
-            and kind._decode is TokenizersBackend._decode and not tokenizer.clean_up_tokenization_spaces)
+    tokenizer_class = type(tokenizer)
+    return (isinstance(tokenizer, TokenizersBackend) and tokenizer_class.decode is PreTrainedTokenizerBase.decode
+            and tokenizer_class._decode is TokenizersBackend._decode and not tokenizer.clean_up_tokenization_spaces)
 
 
 def decode_each(tokenizer: PreTrainedTokenizerBase, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from kernel.config import RunConfig
-    from workers.algorithms.learner import LearnerSpec
+    from workers.algorithms.trainee import LearnerSpec
 
 
 def train_device() -> str:

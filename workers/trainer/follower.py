@@ -38,7 +38,8 @@ from workers.algorithms.gang import (
     refusal_set,
     state_share,
 )
-from workers.algorithms.learner import Learner, NothingToTrain, spec_from_config
+from workers.algorithms.learner import Learner, spec_from_config
+from workers.algorithms.trainee import NothingToTrain
 from workers.algorithms.sharding import (
     LearnerBuild,
     learner_shard,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from kernel.config import RunConfig
-    from workers.algorithms.learner import LearnerSpec
+    from workers.algorithms.trainee import LearnerSpec
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from apps.runs.ports import RunConfig
     from workers.algorithms.batch import TrainBatch
     from workers.algorithms.gang import LearnerGang
-    from workers.algorithms.learner import Learner, LearnerSpec
+    from workers.algorithms.learner import Learner
+    from workers.algorithms.trainee import LearnerSpec
     from workers.algorithms.sharding import LearnerBuild
 
 log = logging.getLogger(__name__)

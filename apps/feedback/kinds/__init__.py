@@ -148,6 +148,9 @@ class FeedbackKind:
     # row's experience and other; else the key of its value that holds one id or a list of ids.
     # The ledger's counts read it in SQL (apps.feedback.ledger), so it is a declaration, not code.
     trained_key: ClassVar[str] = ""
+    # A row of it marks its experience as flagged: the experience browser's flagged filter and
+    # mark, the bulk export's `flagged`, the bulk flag's "flagged by you before" (`kinds_that_flag`).
+    marks_flagged: ClassVar[bool] = False
     # The author may change or withdraw it until its group is trained on (apps.feedback.review.revise).
     revisable: ClassVar[bool] = False
     # The run's owner may accept or reject it on the review page (apps.feedback.review.services).
@@ -364,6 +367,11 @@ def preference_kind_names() -> list[str]:
     return [k.name for k in kinds() if k.reaches_training() == "preference"]
 
 
+def kinds_that_flag() -> list[str]:
+    """The kinds whose rows mark their experience as flagged (`marks_flagged`)."""
+    return [k.name for k in kinds() if k.marks_flagged]
+
+
 def kind_of_panel(slug: str) -> FeedbackKind:
     """The kind whose panel is at `slug` (LookupError when none is)."""
     for kind in kinds():
@@ -398,5 +406,5 @@ def value_of(fb: Feedback, cls: type[V]) -> V:
 __all__: Sequence[str] = (
     "NAME_MAX", "ExperienceId", "FeedbackKind", "KindApiIn", "KindValue", "PageForm", "Target", "Who", "kind_get",
     "kind_names", "kind_of_panel", "kind_register", "kind_service", "kind_unregister", "kind_validate", "kinds",
-    "kinds_load", "preference_kind_names", "preference_pair", "value_of", "value_parse",
+    "kinds_load", "kinds_that_flag", "preference_kind_names", "preference_pair", "value_of", "value_parse",
 )

@@ -88,6 +88,7 @@ class Flag(FeedbackKind):
     name = "flag"
     Value = FlagValue
     target = "experience"
+    marks_flagged = True
     revisable = True
     ApiIn = FlagIn
     cli = True

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from kernel.algorithms import algorithm_get
 from workers.algorithms import trl_bridge
 from workers.algorithms.batch import deal
+from workers.algorithms.trainee import Trainee
 
 if TYPE_CHECKING:
     import torch
 
     from workers.algorithms.batch import TrainBatch
-    from workers.algorithms.learner import Learner
     from workers.algorithms.trl_bridge import TrlTrainer
 
 R = TypeVar("R")
@@ -39,7 +39,7 @@ class Objective:
         if "no_signal" in vars(cls):
             raise TypeError(f"{cls.__name__}.no_signal is now no_gradient (docs/concepts.md#names)")
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Trainee) -> None:
         """Build what the loss needs around `learner`'s model (its TRL trainers)."""
         self.learner = learner
         self._plain: TrlTrainer | None = None

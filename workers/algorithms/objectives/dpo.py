@@ -10,7 +10,7 @@ import torch
 from kernel.algorithms.dpo import DPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, preference_pairs
-from workers.algorithms.learner import NothingToTrain
+from workers.algorithms.trainee import NothingToTrain, Trainee
 from workers.algorithms.objectives import Objective, weighted_part
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from trl import DPOTrainer
 
-    from workers.algorithms.learner import Learner
 
 Pair = tuple[Rollout, Rollout]
 
@@ -91,7 +90,7 @@ def trl_loss(*, trainer: DPOTrainer, model: torch.nn.Module, inputs: dict[str, t
 class DPO(Objective):
     name = "dpo"
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Trainee) -> None:
         super().__init__(learner)
         settings = learner.spec.settings
         assert isinstance(settings, DPOParams)

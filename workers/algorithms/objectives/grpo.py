@@ -17,14 +17,13 @@ from kernel.algorithms import PER_SEQUENCE_LOSS_TYPES
 from kernel.algorithms.grpo import GRPOParams
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, group_advantages, scored, trainable
-from workers.algorithms.learner import NothingToTrain
+from workers.algorithms.trainee import NothingToTrain, Trainee
 from workers.algorithms.objectives import Objective, weighted_part
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from trl import GRPOTrainer
 
-    from workers.algorithms.learner import Learner
 
 
 @bridge.holding_trl_state
@@ -143,7 +142,7 @@ def trl_loss(*, trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict[str, 
 class GRPO(Objective):
     name = "grpo"
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Trainee) -> None:
         super().__init__(learner)
         # GRPO's settings, or MIX's (its GRPO side's and its own).
         settings = learner.spec.settings

@@ -11,7 +11,7 @@ import torch
 
 from kernel.algorithms.mix import MIXParams
 from workers.algorithms.batch import TrainBatch, trainable
-from workers.algorithms.learner import Learner, NothingToTrain
+from workers.algorithms.trainee import NothingToTrain, Trainee
 from workers.algorithms.objectives import Objective
 from workers.algorithms.objectives.grpo import GRPO
 from workers.algorithms.objectives.sft import SFT
@@ -25,7 +25,7 @@ Term = Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 class MIX(Objective):
     name = "mix"
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Trainee) -> None:
         super().__init__(learner)
         settings = learner.spec.settings
         assert isinstance(settings, MIXParams)

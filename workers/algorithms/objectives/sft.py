@@ -9,7 +9,7 @@ import torch
 
 from workers.algorithms import trl_bridge as bridge
 from workers.algorithms.batch import Rollout, TrainBatch, trainable
-from workers.algorithms.learner import NothingToTrain
+from workers.algorithms.trainee import NothingToTrain, Trainee
 from workers.algorithms.objectives import Objective, weighted_part
 
 if TYPE_CHECKING:
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
     from trl import SFTTrainer
 
-    from workers.algorithms.learner import Learner
 
 
 @bridge.holding_trl_state
@@ -73,7 +72,7 @@ def trl_loss(*, trainer: SFTTrainer, model: torch.nn.Module, inputs: dict[str, t
 class SFT(Objective):
     name = "sft"
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: Trainee) -> None:
         super().__init__(learner)
         self.sft = trainer_build(model=learner.model, tokenizer=learner.tokenizer, params=learner.spec.params)
 
