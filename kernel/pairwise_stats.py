@@ -132,9 +132,21 @@ def wilson(successes: float, n: int, z: float = Z95) -> Interval:
 
 
 def votes_for_margin(rate: float, margin: float = MARGIN, z: float = Z95) -> int:
-    """The votes a 95% interval of half-width `margin` needs at win rate `rate` (the normal
-    approximation: z² p(1-p) / margin², at least one)."""
-    return max(1, math.ceil(z * z * rate * (1 - rate) / (margin * margin)))
+    """The votes a 95% interval of half-width `margin` needs at win rate `rate`: the fewest
+    votes whose Wilson interval (the one shown) at that rate is no wider than ±margin. Not the
+    normal approximation z² p(1-p) / margin², which says 1 vote at a rate of 0 or 1 (a
+    bench read "±0.1 needs 1 votes" beside a 40-vote interval [0.912, 1.000])."""
+    def half_width(n: int) -> float:
+        interval = wilson(rate * n, n, z)
+        return (interval.high - interval.low) / 2
+
+    low, high = 1, 1
+    while half_width(high) > margin:  # the half-width falls as the votes grow
+        low, high = high + 1, high * 2
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if half_width(mid) > margin else (low, mid)
+    return low
 
 
 def points(vote: PairVote, version: str) -> float:

@@ -70,7 +70,7 @@ def test_two_versions_win_rate_interval_both_bad_and_position_bias_from_rows(mak
     _wilson_check(newer_side_wins + halves / 2, n, rate.interval.low, rate.interval.high)
     assert rate.verdict == ("too few votes to tell" if rate.interval.low <= 0.5 <= rate.interval.high
                             else "better than the baseline" if rate.rate > 0.5 else "worse than the baseline")
-    assert rate.votes_for_margin == math.ceil(Z * Z * rate.rate * (1 - rate.rate) / 0.01)
+    assert rate.votes_for_margin == _votes_for_tenth(rate.rate)
     assert fig.both_bad_share == pytest.approx(judged.filter(choice="both_bad").count() / n)
     decisive = judged.filter(choice__in=["left", "right"])
     assert fig.decisive == decisive.count()
@@ -131,10 +131,20 @@ def test_agreement_with_the_majority_and_check_flags_by_brute_force(make_evaluat
         assert (row.compared, row.agreed) == (compared, agreed)
 
 
+def _votes_for_tenth(rate: float) -> int:
+    """The fewest votes whose Wilson interval at `rate` spans ±0.1 at most, by counting up."""
+    n = 1
+    while (wilson(rate * n, n).high - wilson(rate * n, n).low) / 2 > 0.1:
+        n += 1
+    return n
+
+
 def test_pure_figures_edge_cases() -> None:
     assert wilson(0, 0).low == 0.0 and wilson(0, 0).high == 1.0
     assert figures([], [], seed=0).win_rates == []
-    assert votes_for_margin(0.5) == 97  # 1.96² · ¼ / 0.01 = 96.04
+    assert votes_for_margin(0.5) == _votes_for_tenth(0.5) == 93  # the normal approximation said 97
+    # At a win rate of 1 the normal approximation said 1 vote; Wilson's interval needs 16.
+    assert votes_for_margin(1.0) == _votes_for_tenth(1.0) == 16 and votes_for_margin(0.0) == 16
     votes = [PairVote(item=i, left="v0", right="v1", choice="right", voter=f"p{i}") for i in range(30)]
     fig = figures(votes, ["v0", "v1"], seed=0)
     assert fig.win_rates[0].rate == 1.0 and fig.win_rates[0].verdict == "better than the baseline"
