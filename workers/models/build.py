@@ -200,7 +200,9 @@ def manifest_write(recipe: Recipe[S], out: Path, *, settings: S, accuracy: float
 class Pretrained(Protocol):
     """What transformers saves with `save_pretrained`: a model, a tokenizer, a processor."""
 
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> Any: ...
+    # A read-only attribute of any call shape: transformers types each class's own keywords.
+    @property
+    def save_pretrained(self) -> Callable[..., object]: ...
 
 
 def build_save(recipe: Recipe[S], out: Path, *, model: Pretrained, companion: Pretrained,
