@@ -4,7 +4,7 @@
 is still stored and its mean kept in `human_reward` (for export, DPO and SFT), but the
 training reward stays the automatic one.
 `blend` / `human`: an experience waits (status pending) for human feedback, which the
-policy folds in; a wait window in wall time ends with the policy's fallback.
+fold takes in; a wait window in wall time ends with the settings' fallback.
 `learned`: people's reward is folded as in `blend` where they rated; a member no one rated
 gets `w_auto * auto_reward + w_rm * reward model score` (the score calibrated to the human
 scale) once the run's reward model reaches `min_rm_accuracy` held-out accuracy, and its group

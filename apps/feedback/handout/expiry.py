@@ -1,5 +1,6 @@
 """The wait windows: a group whose members have waited for people longer than its window
-follows the policy's fallback (the automatic reward, or dropped).
+follows the fallback its feedback settings name (`feedback.fallback`: the automatic reward,
+or dropped).
 
 The window is `feedback.wait_seconds` under `blend` and `human` (people are the reward there).
 Under `learned` before the reward model passes its gate, a group waits for people only while a
