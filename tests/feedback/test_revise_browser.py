@@ -177,6 +177,9 @@ def test_revise_on_the_annotation_page_edits_in_place_and_the_card_shows_the_new
     done = page.locator(f'#queue .item.done[data-experience="{fresh_id}"]')
     expect(done).to_contain_text("1/5")
     rated = Feedback.objects.get(experience_id=fresh_id)
+    # The list was just swapped in after the rating: a click before htmx wired its link would
+    # follow the plain href to the revise page (CI saw that once, under load).
+    _wired(page, f'#mine li[data-feedback="{rated.pk}"] a.revise')
     page.locator(f'#mine li[data-feedback="{rated.pk}"]').get_by_role("link", name="Revise").click()
     page.locator(f'#mine li.revising[data-feedback="{rated.pk}"] input[name=score][value="3"]').check()
     _wired(page, "#mine li.revising form.revise")
