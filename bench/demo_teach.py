@@ -284,6 +284,7 @@ def demo_once(args: argparse.Namespace, *, seed: int) -> float:
                                          f"rm_probe_print({people}); style_print({people}, {demo.preference!r}); "
                                          f"style_print({twin}, {demo.preference!r})"), end="", flush=True)
         gain, moves = report(demo, people=people, twin=twin, given=given, seconds=time.monotonic() - started)
+        expected_print(demo, people=people, twin=twin)
         if figures is not None:
             blind_print(figures, people=people, twin=twin, moves=moves)
         return gain
@@ -392,6 +393,35 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
           f"(difference {last_people - last_twin:+.3f}); gain people {gain[people]:+.3f}, without people "
           f"{gain[twin]:+.3f}, gain difference {gain[people] - gain[twin]:+.3f}; {load_average()}", flush=True)
     return gain[people] - gain[twin], gain
+
+
+def expected_print(demo: Demo, *, people: int, twin: int) -> dict[str, float]:
+    """Both runs' newest versions and version 0 read exactly on every held-out problem: the
+    expected accuracy (workers.models.demo.expected_accuracy, the probability of sampling a right
+    answer at temperature 1) over all 200 of them, off the clock. The demo's own evaluation
+    samples 64 problems x 2 (one standard error about 0.034); this one has no sampling noise, so
+    a change of 0.01 between two versions is the models', not the draw's. Returns the figures."""
+    from bench.steering.measurement import held_out_accuracy
+
+    def newest(run: int) -> tuple[int, str]:
+        ((number, checkpoint),) = demo.query(
+            "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
+        return int(str(number)), str(checkpoint)
+
+    model = DEMO_DIR
+    figures = {"v0": held_out_accuracy(str(model), model)[0]}
+    for name, run in (("people", people), ("twin", twin)):
+        number, checkpoint = newest(run)
+        if not (Path(checkpoint) / "config.json").is_file():  # an adapter or a key: not a whole model to read
+            print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no expected accuracy")
+            return {}
+        figures[name] = held_out_accuracy(checkpoint, model)[0]
+        figures[f"{name}_version"] = number
+    print(f"demo_teach: expected accuracy on all 200 held-out problems (exact): v0 {figures['v0']:.3f} -> people "
+          f"v{figures['people_version']:.0f} {figures['people']:.3f} ({figures['people'] - figures['v0']:+.3f}), twin "
+          f"v{figures['twin_version']:.0f} {figures['twin']:.3f} ({figures['twin'] - figures['v0']:+.3f}); "
+          f"{load_average()}", flush=True)
+    return figures
 
 
 def share_gain(series: dict[int, float]) -> float:

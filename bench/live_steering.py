@@ -122,6 +122,7 @@ from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_com
     percentile, processes_stop, server_env, setup_django
 from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
+from bench.steering.measurement import held_out_accuracy
 from bench.steering.config import config_nested, size_overrides
 
 if TYPE_CHECKING:
@@ -357,6 +358,11 @@ class PairResult:
     rm: str  # the last reward-model version: its held-out accuracy and pairs
     seconds: float
     load: str
+    # Each last version's expected arithmetic (workers.models.demo.expected_accuracy on the same
+    # held-out problems: exact, no sampling noise), people run's and twin's: beside the sampled
+    # figure, it tells a model that lost arithmetic from 800 samples that drew fewer right ones.
+    expected_people: float = math.nan
+    expected_twin: float = math.nan
     # The blind votes on version 0 against each run's last version (`--blind-votes`): their
     # lines and each run's win rate with its direction check (empty: none asked, or not ready).
     blind_lines: list[str] = field(default_factory=list)
@@ -370,6 +376,11 @@ class PairResult:
     @property
     def arithmetic(self) -> float:
         return self.people.arithmetic - self.twin.arithmetic
+
+    @property
+    def expected_arithmetic(self) -> float:
+        """The expected (exact) arithmetic, people run's less the twin's."""
+        return self.expected_people - self.expected_twin
 
 
 def pair_runs(*, owner: User, demo: Path, preference: GeneratedRater, seed: int, steps: int, wait: float | None,
@@ -546,11 +557,14 @@ def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater,
     from apps.rewards.models import RewardModel
     from apps.runs.models import ModelVersion
 
+    expected: dict[int, float] = {}
+
     def sampled(r: Any) -> Sampled:
         checkpoint = ModelVersion.objects.get(run=r, train_step=args.steps).checkpoint
         # One pair's sampling at a time: it seeds torch's global generator, which the pairs share.
         with MEASURING:
             samples = held_out_samples(checkpoint, demo, max_tokens=32, seed=seed, heldout=args.heldout)
+            expected[r.pk] = held_out_accuracy(checkpoint, demo, heldout=args.heldout)[0]
         return samples_rated(samples, preference)
 
     lags = label_lags(run)
@@ -563,7 +577,7 @@ def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater,
         breaks=breaks, lags_rm=lags.rm_steps, lags_effect=lags.effect_steps, seconds_rm=lags.rm_seconds,
         seconds_effect=lags.effect_seconds, untaught=lags.untaught,
         rm="-" if rm is None else f"v{rm.version} {rm.accuracy or 0:.2f} on {rm.pairs_heldout}",
-        seconds=seconds, load=load_average())
+        seconds=seconds, load=load_average(), expected_people=expected[run.pk], expected_twin=expected[twin.pk])
 
 
 @dataclass
@@ -655,7 +669,9 @@ def pair_line(r: PairResult, lab: float | None) -> str:
     lab_words = "-" if lab is None or math.isnan(lab) else f"{lab:+.3f} (live - lab {r.gain - lab:+.3f})"
     return (f"{r.preference}{' mixed' if r.mixed else ''} s{r.seed}: share base {r.base.share:.3f} people "
             f"{r.people.share:.3f} twin {r.twin.share:.3f}, gain beyond twin {r.gain:+.3f}; lab {lab_words}; "
-            f"arithmetic people - twin {r.arithmetic:+.3f}; labels {r.labels} of {r.rollouts} rollouts "
+            f"arithmetic people - twin {r.arithmetic:+.3f} (people {r.people.arithmetic:.3f}, twin "
+            f"{r.twin.arithmetic:.3f}, base {r.base.arithmetic:.3f}), expected {r.expected_arithmetic:+.3f} "
+            f"(people {r.expected_people:.3f}, twin {r.expected_twin:.3f}); labels {r.labels} of {r.rollouts} rollouts "
             f"({r.labels / max(1, r.rollouts):.3f}), late {r.late}, breaks {r.breaks}; lag to rm version (steps) "
             f"{spread(r.lags_rm)}, (s) {spread(r.seconds_rm)}; to effect (steps) {spread(r.lags_effect)}, "
             f"(s) {spread(r.seconds_effect)}; untaught {r.untaught}; rm {r.rm}; {r.seconds:.0f} s, {r.load}")
@@ -707,6 +723,10 @@ def report(results: list[PairResult], *, lab: dict[tuple[str, int], float]) -> N
           f"{'-' if not labs else format(median(labs), '+.3f')}; {load_average()}", flush=True)
     for line in verdicts(results):
         print(line, flush=True)
+    expected = [r.expected_arithmetic for r in results if not math.isnan(r.expected_arithmetic)]
+    if expected:
+        print(f"  beside it, the expected (exact) arithmetic people - twin: median {median(expected):+.3f}, spread "
+              f"{min(expected):+.3f}..{max(expected):+.3f} (no sampling noise; the training's own remains)", flush=True)
     if (summary := blind_summary(results)) is not None:
         print(summary, flush=True)
 

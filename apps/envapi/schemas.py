@@ -335,7 +335,8 @@ class LedgerCountsOut(Schema):
     unused: int
     unused_by: dict[str, int] = Field(description="unused labels by why: rejected, heldout, lone, gold, untrusted, "
                                                   "no_pair, algorithm, late, filtered, run_ended")
-    pending_by: dict[str, int] = Field(description="pending labels by where: waiting, queued, training")
+    pending_by: dict[str, int] = Field(description="pending labels by where: waiting, queued, training, "
+                                                   "reward_model_next (the reward model's next version reads it)")
     states: list[LedgerStateCountOut] = Field(description="every state with its count, in the order and words every "
                                                           "page, the summary and `rft figures` show them")
 

@@ -14,7 +14,10 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
    LabelTaught; not a timestamp);
 4. pending: the policy may still train on it: its group waits for labels, is in the queue
    for training, or is being trained (and the run has not ended). A label that made no
-   pair is pending here too: its group is open, and a rating made later may pair it;
+   pair is pending here too: its group is open, and a rating made later may pair it. And a
+   label the policy will not train on (6-9 hold) that no reward-model version has read yet, in
+   a running run with a reward model: the next version reads it (every version trains on all
+   the run's labels), so it may still teach it;
 5. unused, because it made no preference pair: the policy will not train on it (4 does not
    hold) and the newest reward-model version that read it recorded why it taught nothing
    (RewardModel.held_out, unpaired; LabelTaught.reason): heldout (its pairs were held out
@@ -30,8 +33,8 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
 8. unused, filtered: a filter dropped its group (the reason is the row's filter_reason);
 9. unused, run ended: the run ended before its group trained.
 
-A label no reward-model version read yet (given after the newest one, or in a run without a
-reward model) has no reason of 5; versions published before they recorded their labels
+A label no reward-model version read yet has no reason of 5: in a running run with a reward
+model it is pending for the next version (4), else its policy reason (6-9) stands; versions published before they recorded their labels
 (RewardModel.trained_on empty) taught nothing the ledger can show, and the next version
 records every label again (each version trains on all the run's pairs).
 
@@ -63,7 +66,7 @@ STATES: tuple[State, ...] = ("trained", "reward_model", "pending", "unused")
 PAIR_REASONS = ("heldout", "lone", "gold", "untrusted", "no_pair")
 # Why a label is unused, and why one is pending, in the order pages list them.
 UNUSED_REASONS = ("rejected", *PAIR_REASONS, "algorithm", "late", "filtered", "run_ended")
-PENDING_REASONS = ("waiting", "queued", "training")
+PENDING_REASONS = ("waiting", "queued", "training", "reward_model_next")
 STATE_WORDS = {"trained": "trained", "reward_model": "taught the reward model", "pending": "pending",
                "unused": "unused"}
 # The states as every place that counts them shows them (the annotation header, the run page,
@@ -96,6 +99,7 @@ REASON_WORDS = {
     "waiting": "its group waits for labels",
     "queued": "in the queue for training",
     "training": "in a batch being trained",
+    "reward_model_next": "the reward model's next version reads it (the policy will not train on it)",
 }
 ENDED = (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.STOPPED)
 
@@ -158,6 +162,10 @@ class LedgerCounts:
     def unused_reasons(self) -> list[tuple[str, str, int]]:
         """(reason, words, count) of the unused labels, in the pages' order."""
         return [(r, REASON_WORDS[r], self.unused_by[r]) for r in UNUSED_REASONS if self.unused_by.get(r)]
+
+    def pending_reasons(self) -> list[tuple[str, str, int]]:
+        """(reason, words, count) of the pending labels, in the pages' order."""
+        return [(r, REASON_WORDS[r], self.pending_by[r]) for r in PENDING_REASONS if self.pending_by.get(r)]
 
     def as_dict(self) -> dict[str, object]:
         return {"total": self.total, "trained": self.trained, "reward_model": self.reward_model,
@@ -250,6 +258,7 @@ class _Ledger:
     def __init__(self, run: Run, rows: Sequence[Feedback]) -> None:
         self.run = run
         self.ended = run.status in ENDED
+        self.rm_next = rm_reads_next(run)
         self.refusals: dict[str, str | None] = {}
         self._versions: list[tuple[int, int]] | None = None
         self.rm_labels: dict[int, tuple[int | None, str]] = {}
@@ -293,9 +302,9 @@ class _Ledger:
         refusal = self.refusal(kind)
         state, reason = _verdict(Shape(
             kind=kind, rejected=False, late=fb.late, taught=taught is not None, rm_reason=rm_reason,
-            targets=len(targets),
+            read=fb.pk in self.rm_labels, targets=len(targets),
             trained=len(trained), filtered=bool(filtered), leased=Experience.Status.LEASED in statuses,
-            pending=Experience.Status.PENDING in statuses), refusal=refusal, ended=self.ended)
+            pending=Experience.Status.PENDING in statuses), refusal=refusal, ended=self.ended, rm_next=self.rm_next)
         if state == "trained":
             whole = kind.reaches_training() == "preference"
             steps = [t.trained_step for t in trained if t.trained_step is not None]
@@ -323,7 +332,7 @@ class _Ledger:
 class Shape:
     """What decides a label's state: its kind, whether it was rejected, came late, taught a
     reward-model version (one trained on a pair from it), the newest version's reason it made
-    no pair ("" for none recorded), and its trained-on experiences (`trained_ids`: how many
+    no pair ("" for none recorded), whether any version read it (LabelTaught has its row), and its trained-on experiences (`trained_ids`: how many
     exist, how many were trained, whether any is filtered, leased or pending). The per-label reader
     (`_Ledger`) and the counts in SQL (`_shapes`) both derive it and hand it to `_verdict`."""
 
@@ -332,6 +341,7 @@ class Shape:
     late: bool
     taught: bool
     rm_reason: str
+    read: bool
     targets: int
     trained: int
     filtered: bool
@@ -339,8 +349,15 @@ class Shape:
     pending: bool
 
 
-def _verdict(shape: Shape, *, refusal: str | None, ended: bool) -> tuple[State, str]:
-    """The label's state and reason, the first of the module's list that holds."""
+def rm_reads_next(run: Run) -> bool:
+    """Whether a reward-model version may still read the run's labels: it has a reward model
+    and has not ended (versions train while the run runs)."""
+    return run.status not in ENDED and run.cfg.reward_model.enabled
+
+
+def _verdict(shape: Shape, *, refusal: str | None, ended: bool, rm_next: bool) -> tuple[State, str]:
+    """The label's state and reason, the first of the module's list that holds (`rm_next`:
+    rm_reads_next of the run)."""
     if shape.rejected:
         return "unused", "rejected"
     kind = shape.kind
@@ -357,6 +374,8 @@ def _verdict(shape: Shape, *, refusal: str | None, ended: bool) -> tuple[State, 
               else "filtered" if not shape.targets or shape.filtered else "run_ended" if ended else None)
     if closed is None:
         return "pending", ("training" if shape.leased else "waiting" if shape.pending else "queued")
+    if rm_next and not shape.read:
+        return "pending", "reward_model_next"
     return "unused", shape.rm_reason if shape.rm_reason in PAIR_REASONS else closed
 
 
@@ -412,14 +431,14 @@ def ledger_counts(*, run: Run, person: AbstractBaseUser | None = None) -> Ledger
 def _counted(run: Run, shapes: list[tuple[str, Shape, int]]) -> RunLedger:
     """The labels of `shapes` by state, in all and per person."""
     refusals: dict[str, str | None] = {}
-    ended = run.status in ENDED
+    ended, rm_next = run.status in ENDED, rm_reads_next(run)
     total = LedgerCounts()
     people: dict[str, LedgerCounts] = {}
     for who, shape, n in shapes:
         kind = shape.kind
         if kind.name not in refusals:
             refusals[kind.name] = _algorithm_refusal(run, kind)
-        state, reason = _verdict(shape, refusal=refusals[kind.name], ended=ended)
+        state, reason = _verdict(shape, refusal=refusals[kind.name], ended=ended, rm_next=rm_next)
         counted = LabelState(state, reason=reason)
         mine = people.setdefault(who, LedgerCounts())
         total.add(counted, n)
@@ -448,19 +467,19 @@ WITH label AS (
         ELSE '[]'::jsonb END) AS x(v)
 ), per_label AS (
     SELECT l.id, l.kind, l.review = %(rejected)s AS rejected, l.late, m.taught IS NOT NULL AS taught,
-           COALESCE(m.reason, '') AS rm_reason, l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
+           COALESCE(m.reason, '') AS rm_reason, m.feedback_id IS NOT NULL AS read, l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
                WHERE e.trained_step IS NOT NULL OR e.use_count > 0) AS n_trained,
            COALESCE(bool_or(e.status = %(filtered)s), false) AS filtered,
            COALESCE(bool_or(e.status = %(leased)s), false) AS leased,
            COALESCE(bool_or(e.status = %(pending)s), false) AS pending
     FROM label l LEFT JOIN target t ON t.id = l.id LEFT JOIN {experience} e ON e.id = t.eid
     LEFT JOIN {taught} m ON m.feedback_id = l.id
-    GROUP BY l.id, l.kind, l.review, l.late, m.taught, m.reason, l.author_id, l.api_key_id
+    GROUP BY l.id, l.kind, l.review, l.late, m.taught, m.reason, m.feedback_id, l.author_id, l.api_key_id
 )
-SELECT p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+SELECT p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.read, p.n, p.n_trained, p.filtered, p.leased, p.pending,
        u.{username}, k.name, count(*)
 FROM per_label p LEFT JOIN {user} u ON u.id = p.author_id LEFT JOIN {api_key} k ON k.id = p.api_key_id
-GROUP BY p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.n, p.n_trained, p.filtered, p.leased, p.pending,
+GROUP BY p.kind, p.rejected, p.late, p.taught, p.rm_reason, p.read, p.n, p.n_trained, p.filtered, p.leased, p.pending,
          u.{username}, k.name
 """
 
@@ -490,9 +509,9 @@ def _shapes(run: Run, author_id: int | None = None) -> list[tuple[str, Shape, in
         rows = cursor.fetchall()
     by_name = {k.name: k for k in kinds}
     return [(_who(username, key_name), Shape(kind=by_name[kind], rejected=rejected, late=late, taught=taught,
-                                               rm_reason=rm_reason, targets=n, trained=n_trained,
+                                               rm_reason=rm_reason, read=read, targets=n, trained=n_trained,
                                                filtered=filtered, leased=leased, pending=pending), count)
-            for (kind, rejected, late, taught, rm_reason, n, n_trained, filtered, leased, pending, username,
+            for (kind, rejected, late, taught, rm_reason, read, n, n_trained, filtered, leased, pending, username,
                  key_name, count) in rows]
 
 

@@ -49,6 +49,15 @@ def test_the_live_loop_runs_a_people_run_beside_its_twin_and_prints_the_pair_and
     labels, rollouts = int(pair[5]), int(pair[6])
     # The people run ran its step of 8 tasks x 8, and the people kept within the 10% budget.
     assert rollouts == 64 and 0 < labels <= 0.1 * rollouts
+    # The arithmetic against the twin, sampled and expected (exact), each the difference of the
+    # two runs' figures printed beside it.
+    line = text[pair.start():].splitlines()[0]
+    sampled = re.search(rf"arithmetic people - twin ([-+]\d\.\d+) \(people {NUMBER}, twin {NUMBER}, base {NUMBER}\)", line)
+    expected = re.search(rf"expected ([-+]\d\.\d+) \(people {NUMBER}, twin {NUMBER}\)", line)
+    assert sampled and expected, line
+    assert float(sampled[1]) == pytest.approx(float(sampled[2]) - float(sampled[3]), abs=1.1e-3)
+    assert float(expected[1]) == pytest.approx(float(expected[2]) - float(expected[3]), abs=1.1e-3)
+    assert 0 < float(expected[2]) < 1 and 0 < float(expected[3]) < 1
     assert re.search(r"^generated:7 s0: share base", text, re.M), text[-3000:]
     assert re.search(r"^live_steering over 2 pairs: gain beyond twin median [-+]\d\.\d+", text, re.M), text[-2000:]
     verdicts = re.findall(r"^  (.+): .+ \(target .+\): (met|NOT met)$", text, re.M)

@@ -103,13 +103,16 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     fb = feedback_rank(run=run, order=[e.pk for e in g_trained], author=bob)
     expect[fb.pk] = ("trained", "")
     _train(run, 1, g_trained)
-    # Late: rated after its group was trained.
+    # Late: rated after its group was trained. The policy will not train on it, but no
+    # reward-model version has read it yet and the run's next one will: pending for it (once
+    # the run ends unread: unused, late).
     fb = feedback_rate(run=run, experience=g_trained[1], score=2, author=bob)
     assert fb.late
-    expect[fb.pk] = ("unused", "late")
-    # A correction in GRPO: saved as an expert experience that this run never trains.
+    expect[fb.pk] = ("pending", "reward_model_next")
+    # A correction in GRPO: saved as an expert experience that this run never trains (the
+    # reward model's next version reads it, as above).
     fb, _expert = feedback_edit(run=run, author=annotator, experience=_group(run)[0], text="<answer>4</answer>")
-    expect[fb.pk] = ("unused", "algorithm")
+    expect[fb.pk] = ("pending", "reward_model_next")
     # Rejected on review.
     fb = feedback_rate(run=run, experience=_group(run)[0], score=1, author=bob)
     feedback_reject(run=run, feedback_id=fb.pk, reviewer=owner)
@@ -118,7 +121,7 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     g_dropped = _group(run)
     fb = feedback_rate(run=run, experience=g_dropped[0], score=4, author=annotator)
     experiences_bulk(run=run, user=owner, action="exclude", ids=[e.pk for e in g_dropped])
-    expect[fb.pk] = ("unused", "filtered")
+    expect[fb.pk] = ("pending", "reward_model_next")
     # Pending: its group waits for labels; another's is in the queue for training.
     fb = feedback_rate(run=run, experience=_group(run)[0], score=3, author=annotator)
     expect[fb.pk] = ("pending", "waiting")
@@ -129,12 +132,15 @@ def labelled(owner: User, annotator: User) -> dict[str, Any]:
     return {"run": run, "expect": expect, "bob": bob}
 
 
-def rm_records(run: Run) -> tuple[dict[int, int], dict[int, str]]:
+def rm_records(run: Run) -> tuple[dict[int, int], dict[int, str], set[int]]:
     """From the reward-model versions' recorded pair rows: label id -> the first version that
-    trained on it, and label id -> why the newest version that read it made no pair of it."""
+    trained on it, label id -> why the newest version that read it made no pair of it, and the
+    labels any version read."""
     taught: dict[int, int] = {}
     why: dict[int, str] = {}
+    read: set[int] = set()
     for rm in RewardModel.objects.filter(run=run).order_by("version"):
+        read.update(rm.trained_on, rm.held_out, *rm.unpaired.values())
         for pk in rm.trained_on:
             taught.setdefault(pk, rm.version)
         for pk in rm.held_out:
@@ -142,14 +148,16 @@ def rm_records(run: Run) -> tuple[dict[int, int], dict[int, str]]:
         for reason, ids in rm.unpaired.items():
             for pk in ids:
                 why[pk] = reason
-    return taught, why
+    return taught, why, read
 
 
 def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
     """Each label's state, derived here from the rows alone (what the ledger promises): the
     policy's from the experiences, the reward model's from its versions' recorded pairs."""
     states: dict[int, tuple[str, str]] = {}
-    taught, why = rm_records(run)
+    taught, why, read = rm_records(run)
+    ended = run.status in ("finished", "failed", "stopped")
+    rm_next = not ended and bool(run.config.get("reward_model", {}).get("enabled"))
     for fb in Feedback.objects.filter(run=run, kind__in=["rating", "ranking", "pairwise", "edit"]):
         targets = ([fb.value["expert_id"]] if fb.kind == "edit" else fb.value["order"] if fb.kind == "ranking"
                    else [i for i in (fb.experience_id, fb.other_id) if i])
@@ -164,9 +172,10 @@ def rows_ledger(run: Run) -> dict[int, tuple[str, str]]:
         else:
             closed = ("algorithm" if not trains_kind else "late" if fb.late or any(
                 e.trained_step is not None for e in exps) else "filtered" if not exps or any(
-                e.status == "filtered" for e in exps) else "run_ended" if run.status in (
-                "finished", "failed", "stopped") else "")
-            if closed:
+                e.status == "filtered" for e in exps) else "run_ended" if ended else "")
+            if closed and rm_next and fb.pk not in read:
+                states[fb.pk] = ("pending", "reward_model_next")
+            elif closed:
                 states[fb.pk] = ("unused", why.get(fb.pk, closed))
             else:
                 status = {e.status for e in exps}
@@ -250,8 +259,9 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
         ("reward_model", str(bobs["reward_model"])), ("pending", str(bobs["pending"])), ("unused", str(bobs["unused"]))]
     reasons_of_bob = re.search(r'<p class="muted" data-person-unused="bob">(.*?)</p>', section.group(0), re.S)
     assert reasons_of_bob
-    assert 'data-unused="late">1 came after its group was trained' in reasons_of_bob.group(1)
     assert 'data-unused="rejected">1 rejected in review' in reasons_of_bob.group(1)
+    # Bob's late label waits for the reward model's next version: not unused yet.
+    assert 'data-unused="late"' not in reasons_of_bob.group(1)
     # The API: the run's ledger and each label's state.
     api = _api(run, owner)
     body = api.get(f"/api/v1/runs/{run.pk}/labels").json()
@@ -274,7 +284,8 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
 def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
         labelled: dict[str, Any], owner: User, annotator: User) -> None:
     run = labelled["run"]
-    pending = [pk for pk, (s, _) in labelled["expect"].items() if s == "pending"]
+    pending = [pk for pk, (s, r) in labelled["expect"].items() if s == "pending" and r != "reward_model_next"]
+    unread = [pk for pk, (s, r) in labelled["expect"].items() if r == "reward_model_next"]
     Experience.objects.filter(run=run, status__in=["pending", "ready"]).update(held_until="2099-01-01T00:00:00Z")
     run_transition(run=run, action="stop", actor=owner)
     assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
@@ -285,6 +296,11 @@ def test_when_the_run_ends_held_groups_are_released_and_their_labels_unused(
     assert not Experience.objects.filter(run=run, held_until__isnull=False).exists()
     derived = rows_ledger(run)
     assert all(derived[pk] == ("unused", "run_ended") for pk in pending)
+    # No reward-model version will read the labels it had not read: their policy's reasons.
+    assert sorted(derived[pk][1] for pk in unread) == ["algorithm", "filtered", "late"]
+    from apps.feedback.ledger import label_states
+
+    assert {pk: (s.state, s.reason) for pk, s in label_states(run=run).items()} == derived
     # The summary says so, per run and per person, as the rows do.
     client = Client()
     client.force_login(owner)
@@ -448,7 +464,7 @@ def test_a_label_taught_the_first_version_that_trained_on_it(labelled: dict[str,
 
     run, expect = labelled["run"], labelled["expect"]
     (choice,) = [pk for pk, (s, _) in expect.items() if s == "reward_model"]
-    (late,) = [pk for pk, (_, r) in expect.items() if r == "late"]
+    late = Feedback.objects.get(run=run, kind="rating", late=True).pk
     rm = reward_model_publish(run=run, path="/x/rm2", base="b", accuracy=None, pairs_train=1, pairs_heldout=0,
                               labels=0, seconds=0.0,
                               pair_labels=PairLabels(trained_on=[late], held_out=[], unpaired={"untrusted": [choice]}))
@@ -459,3 +475,23 @@ def test_a_label_taught_the_first_version_that_trained_on_it(labelled: dict[str,
     assert (states[late].state, states[late].version) == ("reward_model", 2)
     assert {pk: (s.state, s.reason) for pk, s in states.items()} == rows_ledger(run)
     assert run_ledger(run=run).run.reward_model == 2 == counts(rows_ledger(run))["reward_model"]
+
+
+def test_a_label_the_policy_will_not_train_waits_for_the_reward_models_next_version(
+        labelled: dict[str, Any]) -> None:
+    """A late label in a running run with a reward model is pending for the next version, not
+    unused; once a version has read it, it is what that version recorded of it (taught, or
+    unused with the version's reason or, with none, its policy's), as the rows say."""
+    from apps.feedback.ledger import label_states
+
+    run = labelled["run"]
+    late = Feedback.objects.get(run=run, kind="rating", late=True)
+    assert (label_states(run=run)[late.pk].state, label_states(run=run)[late.pk].reason) == (
+        "pending", "reward_model_next")
+    rm = rm_publish(run)
+    assert late.pk in {*rm.trained_on, *rm.held_out, *(pk for ids in rm.unpaired.values() for pk in ids)}
+    derived = rows_ledger(run)
+    states = {pk: (s.state, s.reason) for pk, s in label_states(run=run).items()}
+    assert states == derived
+    assert "reward_model_next" not in {reason for _, reason in states.values()}
+    assert states[late.pk][0] in ("reward_model", "unused")

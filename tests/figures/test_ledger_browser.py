@@ -81,7 +81,8 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
                                                      "other_experience_id": e[1].pk, "preferred": "a"},
                  content_type="application/json")
     assert r.status_code == 200, r.content
-    assert r.json()["state"]["state"] == "unused"  # nothing trains on it yet, and GRPO never will
+    # GRPO never trains on it, but the run's reward model has not read it yet: its next version will.
+    assert (r.json()["state"]["state"], r.json()["state"]["reason"]) == ("pending", "reward_model_next")
     assert rm_publish(run).trained_on == [Feedback.objects.get(run=run, kind="pairwise").pk]
 
     _rate(page, a[0].pk, "4", 1)   # trained once group a trains
@@ -112,8 +113,11 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
 
     derived = rows_ledger(run)
     reasons = Counter(r for s, r in derived.values() if s == "unused")
+    waiting = Counter(r for s, r in derived.values() if s == "pending")
     assert {s for s, _ in derived.values()} == set(STATES)
-    assert {"late", "algorithm", "rejected", "filtered"} <= set(reasons)
+    # The late rating, the correction and the dropped group's rating: the policy will not train
+    # on them, the reward model's next version reads them (unused only once the run ends unread).
+    assert set(reasons) == {"rejected"} and waiting["reward_model_next"] == 3 and waiting["waiting"] >= 2
     # The API, each label: as the rows say.
     for pk, (state, reason) in derived.items():
         got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
@@ -125,8 +129,8 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
     mine = set(Feedback.objects.filter(run=run, author=annie).values_list("pk", flat=True))
     assert _shown(page, "ledger-mine") == _expected(derived, mine)
     assert _shown(page, "ledger-run") == _expected(derived)
-    for reason in ("late", "algorithm", "rejected", "filtered"):
-        expect(page.locator(f"#ledger-mine [data-unused='{reason}'] [data-n]")).to_have_text(str(reasons[reason]))
+    expect(page.locator("#ledger-mine [data-unused='rejected'] [data-n]")).to_have_text(str(reasons["rejected"]))
+    expect(page.locator("#ledger-mine [data-pending='reward_model_next'] [data-n]")).to_have_text("3")
     shot(page, "ledger-annotate")
 
     # The run page, on a laptop and a phone: the run's and each person's.
@@ -147,11 +151,17 @@ def test_each_label_state_through_the_browser_and_the_api(open_page: Any) -> Non
     run.refresh_from_db()
     assert run.status == "stopped"
     derived = rows_ledger(run)
-    ended = Counter(r for s, r in derived.values() if s == "unused")["run_ended"]
+    unused = Counter(r for s, r in derived.values() if s == "unused")
+    ended = unused["run_ended"]
     assert ended >= 2 and not counts(derived)["pending"]
+    # What no reward-model version read now says why the policy did not train on it.
+    assert {r: unused[r] for r in ("late", "algorithm", "filtered", "rejected")} == {
+        "late": 1, "algorithm": 1, "filtered": 1, "rejected": 1}
     owner_page.reload()
     assert _shown(owner_page, "ledger-summary") == _expected(derived)
     expect(owner_page.locator("#ledger-summary [data-unused='run_ended'] [data-n]")).to_have_text(str(ended))
+    for reason in ("late", "algorithm", "filtered"):
+        expect(owner_page.locator(f"#ledger-summary [data-unused='{reason}'] [data-n]")).to_have_text("1")
     no_sideways_scroll(owner_page)
     shot(owner_page, "ledger-summary")
     assert re.search(r"\d", owner_page.inner_text("#ledger-summary-people"))
