@@ -396,31 +396,39 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
 
 
 def expected_print(demo: Demo, *, people: int, twin: int) -> dict[str, float]:
-    """Both runs' newest versions and version 0 read exactly on every held-out problem: the
-    expected accuracy (workers.models.demo.expected_accuracy, the probability of sampling a right
-    answer at temperature 1) over all 200 of them, off the clock. The demo's own evaluation
-    samples 64 problems x 2 (one standard error about 0.034); this one has no sampling noise, so
-    a change of 0.01 between two versions is the models', not the draw's. Returns the figures."""
-    from bench.steering.measurement import held_out_accuracy
+    """Version 0 and both runs' newest versions read off the clock on all 200 held-out problems,
+    two ways: the expected accuracy (workers.models.demo.expected_accuracy, the probability of
+    sampling a right answer in one of the warm-up's forms word for word: exact, but blind to a
+    form a run learned of its own) and the sampled arithmetic, 8 answers a problem at
+    temperature 1 with the same seed for every version (1,600 answers, read in any style: one
+    standard error about 0.009, and the versions' draws paired). The demo's own evaluation
+    samples 64 problems x 2 (one standard error about 0.034). Returns the figures."""
+    from bench.steering.measurement import held_out_accuracy, held_out_samples, samples_rated
 
     def newest(run: int) -> tuple[int, str]:
         ((number, checkpoint),) = demo.query(
             "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
         return int(str(number)), str(checkpoint)
 
-    model = DEMO_DIR
-    figures = {"v0": held_out_accuracy(str(model), model)[0]}
+    def read(name: str, folder: str) -> None:
+        figures[name] = held_out_accuracy(folder, DEMO_DIR)[0]
+        samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
+        figures[f"{name}_sampled"] = samples_rated(samples, lambda _prompt, _completion: 0).arithmetic
+
+    figures: dict[str, float] = {}
+    read("v0", str(DEMO_DIR))
     for name, run in (("people", people), ("twin", twin)):
         number, checkpoint = newest(run)
         if not (Path(checkpoint) / "config.json").is_file():  # an adapter or a key: not a whole model to read
-            print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no expected accuracy")
+            print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no held-out reading")
             return {}
-        figures[name] = held_out_accuracy(checkpoint, model)[0]
+        read(name, checkpoint)
         figures[f"{name}_version"] = number
-    print(f"demo_teach: expected accuracy on all 200 held-out problems (exact): v0 {figures['v0']:.3f} -> people "
-          f"v{figures['people_version']:.0f} {figures['people']:.3f} ({figures['people'] - figures['v0']:+.3f}), twin "
-          f"v{figures['twin_version']:.0f} {figures['twin']:.3f} ({figures['twin'] - figures['v0']:+.3f}); "
-          f"{load_average()}", flush=True)
+    for what, key, words in (("expected accuracy", "", "exact"), ("sampled arithmetic", "_sampled", "8 answers each")):
+        v0, mine, theirs = figures[f"v0{key}"], figures[f"people{key}"], figures[f"twin{key}"]
+        print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {v0:.3f} -> people "
+              f"v{figures['people_version']:.0f} {mine:.3f} ({mine - v0:+.3f}), twin v{figures['twin_version']:.0f} "
+              f"{theirs:.3f} ({theirs - v0:+.3f}); {load_average()}", flush=True)
     return figures
 
 

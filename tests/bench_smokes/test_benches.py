@@ -223,12 +223,14 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
                      r"gain difference [+-]\d+\.\d+; load ", out.stdout, re.MULTILINE), out.stdout[-2000:]
     # Both runs' newest versions against version 0, read exactly on the 200 held-out problems;
     # each change is the difference of the figures printed beside it.
-    exact = re.search(rf"^demo_teach: expected accuracy on all 200 held-out problems \(exact\): v0 {NUMBER} -> people "
-                      rf"v\d+ {NUMBER} \(([+-]\d+\.\d+)\), twin v\d+ {NUMBER} \(([+-]\d+\.\d+)\)", out.stdout, re.MULTILINE)
-    assert exact is not None, out.stdout[-2000:]
-    v0, people, people_change, twin, twin_change = (float(x) for x in exact.groups())
-    assert 0 < v0 < 1 and people_change == pytest.approx(people - v0, abs=1.1e-3)
-    assert twin_change == pytest.approx(twin - v0, abs=1.1e-3)
+    for what in (r"expected accuracy on all 200 held-out problems \(exact\)",
+                 r"sampled arithmetic on all 200 held-out problems \(8 answers each\)"):
+        read = re.search(rf"^demo_teach: {what}: v0 {NUMBER} -> people v\d+ {NUMBER} \(([+-]\d+\.\d+)\), twin v\d+ "
+                         rf"{NUMBER} \(([+-]\d+\.\d+)\)", out.stdout, re.MULTILINE)
+        assert read is not None, (what, out.stdout[-2000:])
+        v0, people, people_change, twin, twin_change = (float(x) for x in read.groups())
+        assert 0 < v0 < 1 and people_change == pytest.approx(people - v0, abs=1.1e-3)
+        assert twin_change == pytest.approx(twin - v0, abs=1.1e-3)
     # The reward model's probe, per train step of the people run, and both runs' style shares.
     assert re.search(r"^reward model per train step, run #\d+ \(gate \w+", out.stdout, re.MULTILINE), out.stdout[-2000:]
     assert len(re.findall(r"^run #\d+ rollouts by model version: working share", out.stdout, re.MULTILINE)) == 2
