@@ -94,6 +94,9 @@ effect 1 train step at the median and p90, arithmetic +0.009 / -0.005 / -0.003.
 Blind votes (2026-11-28, g2 g5 g6 g7 seed 0, the product's wait window, `--blind-votes 40`):
 every people run's share moved +0.11..+0.29 and its v30 won over v0 at 0.69-0.79, each interval
 above 0.5; the twins moved 0.03 or less and read even; ±0.1 needs 65-97 votes (bench/README.md).
+Round 65 (one build of the demo model, the product's defaults, g2-g7 seeds 0 and 1): median gain
++0.222, 25th percentile +0.034 (g3, g4), 11 of 12 positive, arithmetic people - twin -0.004
+(expected -0.002); `--wait 30` on seed 0 of the same build +0.009: the window costs none.
 """
 
 from __future__ import annotations
