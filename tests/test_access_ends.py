@@ -224,3 +224,22 @@ async def test_a_change_made_without_a_notice_is_caught_by_the_sweep(settings: A
         assert closed == {"type": "websocket.close", "code": 4403}
     finally:
         await comm.disconnect()
+
+
+def test_an_event_stream_whose_key_lost_access_without_a_notice_ends_within_its_recheck(
+        live_url: str, owner: User, run_with_annotator: Run) -> None:
+    """No notice at all (an UPDATE outside the services): the stream re-reads its key every
+    ACCESS_RECHECK_SECONDS, quiet or not, so it ends within that (was: at its 15 s keep-alive)."""
+    from apps.envapi.api import ACCESS_RECHECK_SECONDS, KEEP_ALIVE_SECONDS
+
+    assert ACCESS_RECHECK_SECONDS < KEEP_ALIVE_SECONDS
+    run = run_with_annotator
+    _, raw = api_key_create(name="env", runs=[run], actions=["read"], created_by=owner)
+    with httpx.Client(base_url=live_url, timeout=30) as http, \
+            http.stream("GET", f"/api/v1/runs/{run.pk}/events", headers={"Authorization": f"Bearer {raw}"}) as events:
+        lines = events.iter_lines()
+        assert next(lines).startswith(": subscribed")
+        started = time.monotonic()
+        assert User.objects.filter(pk=owner.pk).update(is_active=False) == 1
+        assert "event: error" in next(line for line in lines if line.startswith("event:"))
+        assert time.monotonic() - started < ACCESS_RECHECK_SECONDS + 3.0

@@ -336,6 +336,12 @@ async def _key_live(key_id: int) -> bool:
     return await api_keys_live().filter(pk=key_id).aexists()
 
 
+# How often an open event stream re-reads whether its key still may read (beside the access
+# notices, which end it at once), and how long a quiet one goes before a keep-alive comment.
+ACCESS_RECHECK_SECONDS = 5.0
+KEEP_ALIVE_SECONDS = 15.0
+
+
 def _access_notice_concerns(message: Mapping[str, object], key_id: int, creator_id: int | None) -> bool:
     """Whether an access notice (apps.runs.events.access_changed_publish) may be about this key."""
     return (message.get("key") == key_id or (creator_id is not None and message.get("user") == creator_id)
@@ -354,27 +360,36 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
     await layer.group_add(ACCESS_STREAM, channel)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_seconds
-    checked = time.monotonic()
+    checked = spoke = time.monotonic()
     sent = 0
+    receiving: asyncio.Future[dict[str, object]] | None = None
     try:
         # Tells the client the subscription is live: events published from now on arrive.
         yield f": subscribed to run {run_id}\nretry: 3000\n\n"
         while (remaining := deadline - loop.time()) > 0:
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=min(15.0, remaining))
-            except TimeoutError:
-                message = None
+            # One receive at a time, kept across the rechecks rather than cancelled at each
+            # (a cancelled receive can lose the message it was taking).
+            if receiving is None:
+                receiving = asyncio.ensure_future(layer.receive(channel))
+            done, _ = await asyncio.wait({receiving}, timeout=min(ACCESS_RECHECK_SECONDS, remaining))
+            message = receiving.result() if done else None
+            if done:
+                receiving = None
             notice = message is not None and message.get("type") == ACCESS_NOTICE
-            # Also re-read at each keep-alive and every 5 s of events: a notice lost with Redis.
-            recheck = (message is None or time.monotonic() - checked > 5
-                       or (notice and _access_notice_concerns(message, key_id, creator_id)))
+            # Also re-read every ACCESS_RECHECK_SECONDS, quiet or not: a notice lost (with Redis,
+            # or never delivered: CI once saw a deactivation end the stream only at the 15 s
+            # keep-alive) ends the stream that much later, not never and not a keep-alive later.
+            recheck = (time.monotonic() - checked >= ACCESS_RECHECK_SECONDS
+                       or (message is not None and notice and _access_notice_concerns(message, key_id, creator_id)))
             if recheck and not await _key_live(key_id):
                 yield "event: error\ndata: {\"detail\": \"the API key was revoked, or its maker's account deactivated\"}\n\n"
                 return
             if recheck:
                 checked = time.monotonic()
             if message is None:
-                yield ": keep-alive\n\n"
+                if time.monotonic() - spoke >= KEEP_ALIVE_SECONDS:
+                    spoke = time.monotonic()
+                    yield ": keep-alive\n\n"
                 continue
             if notice:
                 continue
@@ -382,9 +397,12 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
                 sent += 1
                 data = json.dumps(event["payload"], separators=(",", ":"), default=str)
                 yield f"id: {sent}\nevent: {event['type']}\ndata: {data}\n\n"
+                spoke = time.monotonic()
                 if max_events is not None and sent >= max_events:
                     return
     finally:
+        if receiving is not None:
+            receiving.cancel()
         await layer.group_discard(stream, channel)
         await layer.group_discard(ACCESS_STREAM, channel)
 
