@@ -380,7 +380,8 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
             # or never delivered: CI once saw a deactivation end the stream only at the 15 s
             # keep-alive) ends the stream that much later, not never and not a keep-alive later.
             recheck = (time.monotonic() - checked >= ACCESS_RECHECK_SECONDS
-                       or (message is not None and notice and _access_notice_concerns(message, key_id, creator_id)))
+                       or (message is not None and notice
+                           and _access_notice_concerns(message, key_id, creator_id)))
             if recheck and not await _key_live(key_id):
                 yield "event: error\ndata: {\"detail\": \"the API key was revoked, or its maker's account deactivated\"}\n\n"
                 return

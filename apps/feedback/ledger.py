@@ -34,9 +34,10 @@ A label is a feedback row of a kind that labels (rating, ranking, A/B choice, co
 9. unused, run ended: the run ended before its group trained.
 
 A label no reward-model version read yet has no reason of 5: in a running run with a reward
-model it is pending for the next version (4), else its policy reason (6-9) stands; versions published before they recorded their labels
-(RewardModel.trained_on empty) taught nothing the ledger can show, and the next version
-records every label again (each version trains on all the run's pairs).
+model it is pending for the next version (4), else its policy reason (6-9) stands; versions
+published before they recorded their labels (RewardModel.trained_on empty) taught nothing the
+ledger can show, and the next version records every label again (each version trains on all
+the run's pairs).
 
 Counted per run and per person from the same states, so no label is counted twice. A read:
 no writes. Its own module so that whatever restructures the feedback app keeps one ledger.
@@ -332,8 +333,9 @@ class _Ledger:
 class Shape:
     """What decides a label's state: its kind, whether it was rejected, came late, taught a
     reward-model version (one trained on a pair from it), the newest version's reason it made
-    no pair ("" for none recorded), whether any version read it (LabelTaught has its row), and its trained-on experiences (`trained_ids`: how many
-    exist, how many were trained, whether any is filtered, leased or pending). The per-label reader
+    no pair ("" for none recorded), whether any version read it (LabelTaught has its row), and
+    its trained-on experiences (`trained_ids`: how many exist, how many were trained, whether any
+    is filtered, leased or pending). The per-label reader
     (`_Ledger`) and the counts in SQL (`_shapes`) both derive it and hand it to `_verdict`."""
 
     kind: FeedbackKind
@@ -467,7 +469,8 @@ WITH label AS (
         ELSE '[]'::jsonb END) AS x(v)
 ), per_label AS (
     SELECT l.id, l.kind, l.review = %(rejected)s AS rejected, l.late, m.taught IS NOT NULL AS taught,
-           COALESCE(m.reason, '') AS rm_reason, m.feedback_id IS NOT NULL AS read, l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
+           COALESCE(m.reason, '') AS rm_reason, m.feedback_id IS NOT NULL AS read,
+           l.author_id, l.api_key_id, count(e.id) AS n, count(e.id) FILTER (
                WHERE e.trained_step IS NOT NULL OR e.use_count > 0) AS n_trained,
            COALESCE(bool_or(e.status = %(filtered)s), false) AS filtered,
            COALESCE(bool_or(e.status = %(leased)s), false) AS leased,
