@@ -395,41 +395,35 @@ def report(demo: Demo, *, people: int, twin: int, given: int, seconds: float) ->
     return gain[people] - gain[twin], gain
 
 
-def expected_print(demo: Demo, *, people: int, twin: int) -> dict[str, float]:
+def expected_print(demo: Demo, *, people: int, twin: int) -> None:
     """Version 0 and both runs' newest versions read off the clock on all 200 held-out problems,
     two ways: the expected accuracy (workers.models.demo.expected_accuracy, the probability of
     sampling a right answer in one of the warm-up's forms word for word: exact, but blind to a
     form a run learned of its own) and the sampled arithmetic, 8 answers a problem at
     temperature 1 with the same seed for every version (1,600 answers, read in any style: one
     standard error about 0.009, and the versions' draws paired). The demo's own evaluation
-    samples 64 problems x 2 (one standard error about 0.034). Returns the figures."""
+    samples 64 problems x 2 (one standard error about 0.034)."""
     from bench.steering.measurement import held_out_accuracy, held_out_samples, samples_rated
 
-    def newest(run: int) -> tuple[int, str]:
+    def read(folder: str) -> tuple[float, float]:
+        """(expected, sampled) of the model in `folder`."""
+        samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
+        return held_out_accuracy(folder, DEMO_DIR)[0], samples_rated(samples, lambda _p, _c: 0).arithmetic
+
+    newest: dict[str, tuple[int, tuple[float, float]]] = {}
+    for name, run in (("people", people), ("twin", twin)):
         ((number, checkpoint),) = demo.query(
             "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
-        return int(str(number)), str(checkpoint)
-
-    def read(name: str, folder: str) -> None:
-        figures[name] = held_out_accuracy(folder, DEMO_DIR)[0]
-        samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
-        figures[f"{name}_sampled"] = samples_rated(samples, lambda _prompt, _completion: 0).arithmetic
-
-    figures: dict[str, float] = {}
-    read("v0", str(DEMO_DIR))
-    for name, run in (("people", people), ("twin", twin)):
-        number, checkpoint = newest(run)
-        if not (Path(checkpoint) / "config.json").is_file():  # an adapter or a key: not a whole model to read
+        if not (Path(str(checkpoint)) / "config.json").is_file():  # an adapter or a key: no whole model
             print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no held-out reading")
-            return {}
-        read(name, checkpoint)
-        figures[f"{name}_version"] = number
-    for what, key, words in (("expected accuracy", "", "exact"), ("sampled arithmetic", "_sampled", "8 answers each")):
-        v0, mine, theirs = figures[f"v0{key}"], figures[f"people{key}"], figures[f"twin{key}"]
-        print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {v0:.3f} -> people "
-              f"v{figures['people_version']:.0f} {mine:.3f} ({mine - v0:+.3f}), twin v{figures['twin_version']:.0f} "
-              f"{theirs:.3f} ({theirs - v0:+.3f}); {load_average()}", flush=True)
-    return figures
+            return
+        newest[name] = int(str(number)), read(str(checkpoint))
+    v0 = read(str(DEMO_DIR))
+    (people_v, people_read), (twin_v, twin_read) = newest["people"], newest["twin"]
+    for i, (what, words) in enumerate((("expected accuracy", "exact"), ("sampled arithmetic", "8 answers each"))):
+        print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {v0[i]:.3f} -> people v{people_v} "
+              f"{people_read[i]:.3f} ({people_read[i] - v0[i]:+.3f}), twin v{twin_v} {twin_read[i]:.3f} "
+              f"({twin_read[i] - v0[i]:+.3f}); {load_average()}", flush=True)
 
 
 def share_gain(series: dict[int, float]) -> float:

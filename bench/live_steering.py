@@ -560,15 +560,18 @@ def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater,
     from apps.rewards.models import RewardModel
     from apps.runs.models import ModelVersion
 
-    expected: dict[int, float] = {}
+    def last(r: Any) -> str:
+        return ModelVersion.objects.get(run=r, train_step=args.steps).checkpoint
 
     def sampled(r: Any) -> Sampled:
-        checkpoint = ModelVersion.objects.get(run=r, train_step=args.steps).checkpoint
         # One pair's sampling at a time: it seeds torch's global generator, which the pairs share.
         with MEASURING:
-            samples = held_out_samples(checkpoint, demo, max_tokens=32, seed=seed, heldout=args.heldout)
-            expected[r.pk] = held_out_accuracy(checkpoint, demo, heldout=args.heldout)[0]
+            samples = held_out_samples(last(r), demo, max_tokens=32, seed=seed, heldout=args.heldout)
         return samples_rated(samples, preference)
+
+    def exact(r: Any) -> float:
+        with MEASURING:  # one model read at a time, as the sampling (the host's cores)
+            return held_out_accuracy(last(r), demo, heldout=args.heldout)[0]
 
     lags = label_lags(run)
     rm = RewardModel.objects.filter(run=run).order_by("-version").first()
@@ -580,7 +583,7 @@ def pair_measure(*, run: Any, twin: Any, demo: Path, preference: GeneratedRater,
         breaks=breaks, lags_rm=lags.rm_steps, lags_effect=lags.effect_steps, seconds_rm=lags.rm_seconds,
         seconds_effect=lags.effect_seconds, untaught=lags.untaught,
         rm="-" if rm is None else f"v{rm.version} {rm.accuracy or 0:.2f} on {rm.pairs_heldout}",
-        seconds=seconds, load=load_average(), expected_people=expected[run.pk], expected_twin=expected[twin.pk])
+        seconds=seconds, load=load_average(), expected_people=exact(run), expected_twin=exact(twin))
 
 
 @dataclass

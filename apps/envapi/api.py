@@ -367,8 +367,8 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
         # Tells the client the subscription is live: events published from now on arrive.
         yield f": subscribed to run {run_id}\nretry: 3000\n\n"
         while (remaining := deadline - loop.time()) > 0:
-            # One receive at a time, kept across the rechecks rather than cancelled at each
-            # (a cancelled receive can lose the message it was taking).
+            # One receive at a time, kept across the rechecks rather than cancelled at each (a
+            # receive cancelled while it takes a message may lose it).
             if receiving is None:
                 receiving = asyncio.ensure_future(layer.receive(channel))
             done, _ = await asyncio.wait({receiving}, timeout=min(ACCESS_RECHECK_SECONDS, remaining))
@@ -380,7 +380,7 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
             # or never delivered: CI once saw a deactivation end the stream only at the 15 s
             # keep-alive) ends the stream that much later, not never and not a keep-alive later.
             recheck = (time.monotonic() - checked >= ACCESS_RECHECK_SECONDS
-                       or (message is not None and notice
+                       or (notice and message is not None
                            and _access_notice_concerns(message, key_id, creator_id)))
             if recheck and not await _key_live(key_id):
                 yield "event: error\ndata: {\"detail\": \"the API key was revoked, or its maker's account deactivated\"}\n\n"

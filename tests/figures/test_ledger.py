@@ -269,6 +269,9 @@ def test_the_pages_api_and_cli_show_the_rows_counts(labelled: dict[str, Any], ow
         k: everyone[k] for k in ("trained", "reward_model", "pending", "unused")}
     reasons = Counter(r for s, r in derived.values() if s == "unused")
     assert body["run"]["unused_by"] == {r: reasons[r] for r in UNUSED}
+    waiting = Counter(r for s, r in derived.values() if s == "pending")
+    assert body["run"]["pending_by"] == {r: waiting[r] for r in ("waiting", "queued", "training", "reward_model_next")}
+    assert waiting["reward_model_next"] == 3
     assert body["people"]["bob"]["total"] == len(by_author["bob"])
     for pk, (state, reason) in derived.items():
         got = api.get(f"/api/v1/runs/{run.pk}/feedback/{pk}").json()["state"]
