@@ -60,6 +60,22 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def demo_model_identity(folder: Path) -> str:
+    """Which build of the demo model a bench read: its weights' hash and what it was built
+    with, from the build's manifest, so figures from two machines can be told apart by build
+    (workers/models/build.py pins the numerics; a library version or recipe moves the bits)."""
+    from workers.models.build import manifest_read
+    from workers.models.demo import MANIFEST
+
+    manifest = manifest_read(folder, name=MANIFEST)
+    if manifest is None:
+        return f"the demo model at {folder}: no build manifest"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(manifest.get("versions", {}).items()))
+    recipe = manifest.get("settings", {}).get("recipe", "?")
+    weights = manifest.get("files", {}).get("model.safetensors", "?")[:12]
+    return f"the demo model: recipe {recipe}, weights sha256 {weights}, built with {versions}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
     with socket.socket() as sock:

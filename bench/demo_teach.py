@@ -82,7 +82,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.blind import Arm, blind_ask, blind_collect, blind_lines
-from bench.common import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, free_port, health_wait, processes_stop
+from bench.common import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, demo_model_identity, free_port,
+                          health_wait, processes_stop)
 from rftweb import localpg
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int,
     from workers.models.demo import demo_model_build
 
     model = demo_model_build(out=DEMO_DIR, progress=True).out
+    print(demo_model_identity(model), flush=True)
     # The embedded default, as `make run` serves it: no DATABASE_URL or REDIS_URL (with Redis,
     # rft_serve leaves the workers to Celery processes of their own).
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "TEST_DATABASE_NAME"}}
@@ -405,12 +407,15 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
     samples 64 problems x 2 (one standard error about 0.034)."""
     from bench.steering.measurement import held_out_accuracy, held_out_samples, samples_rated
 
-    def read(folder: str) -> tuple[float, float]:
-        """(expected, sampled) of the model in `folder`."""
+    def read(folder: str) -> tuple[float, float, float]:
+        """(expected, sampled, untagged) of the model in `folder`: the untagged share says how
+        many sampled answers never reached an `<answer>` (cut off at the run's 32 tokens, or none
+        written), which the sampled arithmetic counts wrong."""
         samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
-        return held_out_accuracy(folder, DEMO_DIR)[0], samples_rated(samples, lambda _p, _c: 0).arithmetic
+        sampled = samples_rated(samples, lambda _p, _c: 0)
+        return held_out_accuracy(folder, DEMO_DIR)[0], sampled.arithmetic, sampled.untagged
 
-    newest: dict[str, tuple[int, tuple[float, float]]] = {}
+    newest: dict[str, tuple[int, tuple[float, float, float]]] = {}
     for name, run in (("people", people), ("twin", twin)):
         ((number, checkpoint),) = demo.query(
             "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
@@ -424,6 +429,8 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
         print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {v0[i]:.3f} -> people v{people_v} "
               f"{people_read[i]:.3f} ({people_read[i] - v0[i]:+.3f}), twin v{twin_v} {twin_read[i]:.3f} "
               f"({twin_read[i] - v0[i]:+.3f}); {load_average()}", flush=True)
+    print(f"demo_teach: untagged share of those sampled answers: v0 {v0[2]:.3f}, people v{people_v} "
+          f"{people_read[2]:.3f}, twin v{twin_v} {twin_read[2]:.3f}", flush=True)
 
 
 def share_gain(series: dict[int, float]) -> float:

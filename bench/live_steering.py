@@ -121,8 +121,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.blind import Arm, ArmVotes, blind_ask, blind_collect, blind_lines
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, free_port, health_wait, median, \
-    percentile, processes_stop, server_env, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, demo_model_identity, free_port, \
+    health_wait, median, percentile, processes_stop, server_env, setup_django
 from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
 from bench.steering.measurement import held_out_accuracy
@@ -809,6 +809,7 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out
+    print(demo_model_identity(demo), flush=True)
     owner, _ = User.objects.get_or_create(username="bench-live-owner")
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     preferences = ([preference_draw(int(s)) for s in args.preferences.split(",")] if args.preferences is not None

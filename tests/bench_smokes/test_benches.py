@@ -231,6 +231,10 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
         v0, people, people_change, twin, twin_change = (float(x) for x in read.groups())
         assert 0 < v0 < 1 and people_change == pytest.approx(people - v0, abs=1.1e-3)
         assert twin_change == pytest.approx(twin - v0, abs=1.1e-3)
+    assert re.search(rf"^demo_teach: untagged share of those sampled answers: v0 {NUMBER}, people v\d+ {NUMBER}, "
+                     rf"twin v\d+ {NUMBER}$", out.stdout, re.MULTILINE), out.stdout[-2000:]
+    assert re.search(r"^the demo model: recipe \d+, weights sha256 [0-9a-f]{12}, built with ", out.stdout,
+                     re.MULTILINE), out.stdout[-2000:]
     # The reward model's probe, per train step of the people run, and both runs' style shares.
     assert re.search(r"^reward model per train step, run #\d+ \(gate \w+", out.stdout, re.MULTILINE), out.stdout[-2000:]
     assert len(re.findall(r"^run #\d+ rollouts by model version: working share", out.stdout, re.MULTILINE)) == 2
