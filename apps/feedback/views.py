@@ -22,6 +22,7 @@ from apps.buffer.models import Experience
 from apps.feedback.extras import not_trained, queue_entries
 from apps.feedback.kinds import kind_get, kind_of_panel
 from apps.feedback.kinds.flag import FLAGS
+from apps.feedback.kinds.rating import score_from_form
 from apps.feedback.ledger import LabelState, LedgerCounts, label_states, run_ledger
 from apps.feedback.models import Assignment, Feedback, Person
 from apps.feedback.rendering import markdown_safe
@@ -218,22 +219,12 @@ def _saved_notes(run: Run, saved: list[Feedback]) -> list[tuple[Feedback, str, L
     return [(f, feedback_effect(run=run, feedback=f), states.get(f.pk)) for f in saved]
 
 
-def _score(request: HtmxHttpRequest) -> tuple[int | None, str | None]:
-    raw, thumb = request.POST.get("score", ""), request.POST.get("thumb", "") or None
-    if raw == "":
-        return None, thumb
-    try:
-        return int(raw), thumb
-    except ValueError:
-        raise InvalidInput(f"a rating is a whole number from 1 to 5, got {raw!r}", field="score") from None
-
-
 @login_required
 @require_POST
 @_refusal_as_text
 def rate(request: HtmxHttpRequest, run_id: int, assignment_id: int) -> HttpResponse:
     run, a = _my_assignment(request, run_id, assignment_id)
-    score, thumb = _score(request)
+    score, thumb = score_from_form(request.POST)
     saved = feedback_rate_and_flag(run=run, author=request.user, experience=a.experience, score=score, thumb=thumb,
                           flags=request.POST.getlist("flags"), comment=request.POST.get("comment", ""))
     return _item_done(request, run, a, saved_notes=_saved_notes(run, saved))
@@ -364,22 +355,14 @@ def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpRespo
 
 
 def _revised_store(request: HtmxHttpRequest, run: Run, old: Feedback) -> Feedback:
-    """The revised label, stored by its kind's service from the revision form (the fields of
-    the card's rating form, or of the kind's panel)."""
-    comment = request.POST.get("comment", "")
-    if old.kind == "rating":
-        score, thumb = _score(request)
-        return kind_get("rating").store(run=run, author=request.user, experience=old.experience_id, score=score,
-                                        thumb=thumb, comment=comment)
-    if old.kind == "flag":
-        return kind_get("flag").store(run=run, author=request.user, experience=old.experience_id,
-                                      flags=request.POST.getlist("flags"), comment=comment)
-    door = kind_get(old.kind)
-    # A group's label (a ranking) names no experience: its panel reads the group from a member.
+    """The revised label, stored by its kind from the revision form (the fields of the form it
+    was given on: the card's, or the kind's panel's)."""
+    # A group's label (a ranking) names no experience: its form reads the group from a member.
     experience = old.experience or Experience.objects.filter(run=run, group_id=old.group_id, is_expert=False).order_by("id").first()
     if experience is None:
         raise InvalidInput("the group of this label is gone", field="feedback")
-    return door.page_store(request.POST, experience=experience, who={"run": run, "author": request.user, "comment": comment})
+    return kind_get(old.kind).revision_store(request.POST, experience=experience, who={
+        "run": run, "author": request.user, "comment": request.POST.get("comment", "")})
 
 
 def _asked_from(request: HtmxHttpRequest, url: str) -> bool:

@@ -209,6 +209,14 @@ def test_a_refused_revision_keeps_the_label_and_other_kinds_revise_too(owner: Us
     saved = web.post(pair_url, {"other": members[1].pk, "winner": "b"}, HTTP_HX_REQUEST="true")
     assert saved.status_code == 200 and "is now B better" in saved.content.decode()
     assert Feedback.objects.get(kind="pairwise", author=annotator).value["winner"] == "b"
+    # A flag, revised through the card's flag boxes (its kind reads them, not a panel).
+    from apps.feedback.kinds import kind_get
+
+    flag = kind_get("flag").store(run=run, experience=members[1].pk, flags=["unsafe"], author=annotator)
+    flag_url = f"/runs/{run.pk}/annotate/mine/{flag.pk}/revise/"
+    saved = web.post(flag_url, {"flags": ["broken", "off_task"]}, HTTP_HX_REQUEST="true")
+    assert saved.status_code == 200, saved.content.decode()[:500]
+    assert Feedback.objects.get(kind="flag", author=annotator).value["flags"] == ["broken", "off_task"]
     # Someone else's label, or one whose group trained, opens no form.
     Experience.objects.filter(pk__in=[m.pk for m in members]).update(status="consumed")
     trained = web.get(url, HTTP_HX_REQUEST="true")

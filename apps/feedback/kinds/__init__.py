@@ -270,6 +270,12 @@ class FeedbackKind:
         names the field that is wrong."""
         raise NotImplementedError(f"{self.name} feedback has no panel on the annotation page")
 
+    def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
+        """Store a person's revision of one of its labels from the revision form, which has the
+        fields of the form the label was given on (its panel's by default; a kind given on the
+        item's card reads the card's fields)."""
+        return self.page_store(form, experience=experience, who=who)
+
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
         """What the page shows once its panel's form is saved (feedback/_saved.html's context:
         at least `message`; a late one's effect follows it where `late_note`)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from django.db import transaction
 from pydantic import Field
 
-from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
+from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
 from apps.feedback.kinds import submit
 from apps.feedback.handout.lease import assignments_finish
 from apps.feedback.kinds.submit import ApiKeyRow
@@ -104,6 +104,9 @@ class Flag(FeedbackKind):
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
         return self.store(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
+
+    def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
+        return self.store(experience=experience, flags=form.getlist("flags"), **who)  # the card's flag boxes
 
     def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
         assert isinstance(payload, FlagIn)

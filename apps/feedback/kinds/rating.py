@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, FiniteFloat, model_validator
 
-from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, Who, kind_register, kind_service
+from apps.feedback.kinds import FeedbackKind, KindApiIn, KindValue, PageForm, Who, kind_register, kind_service
 from apps.feedback.kinds.submit import ApiKeyRow, feedback_store
 from kernel.fold import Vote, rating_normalise
 from kernel.exceptions import InvalidInput
@@ -85,6 +85,18 @@ def feedback_rate(
                           author=author, api_key=api_key, comment=comment)
 
 
+def score_from_form(form: PageForm) -> tuple[int | None, str | None]:
+    """(score, thumb) from a rating form's `score` and `thumb` fields (either may be empty);
+    InvalidInput names `score` when it is not a whole number."""
+    raw, thumb = form.get("score", ""), form.get("thumb", "") or None
+    if raw == "":
+        return None, thumb
+    try:
+        return int(raw), thumb
+    except ValueError:
+        raise InvalidInput(f"a rating is a whole number from 1 to 5, got {raw!r}", field="score") from None
+
+
 @kind_register
 class Rating(FeedbackKind):
     name = "rating"
@@ -117,3 +129,7 @@ class Rating(FeedbackKind):
     def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
         assert isinstance(payload, RatingIn)
         return self.store(experience=experience, score=payload.score, thumb=payload.thumb, **who)
+
+    def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
+        score, thumb = score_from_form(form)  # the card's rating fields
+        return self.store(experience=experience, score=score, thumb=thumb, **who)
