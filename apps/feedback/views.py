@@ -339,7 +339,7 @@ def revise(request: HtmxHttpRequest, run_id: int, feedback_id: int) -> HttpRespo
     revision = revision_of(run=run, author=request.user, feedback_id=feedback_id)
     if request.method == "GET":
         return _fragment(request, run, "feedback/_revise.html",
-                         {"r": revision, "flags": FLAGS, "box": "mine-box", "standalone": not request.htmx})
+                         {"r": revision, "box": "mine-box", "standalone": not request.htmx})
     old = revision["feedback"]
     _, new = feedback_revise(run=run, author=request.user, feedback_id=old.pk,
                              store=lambda: _revised_store(request, run, old))

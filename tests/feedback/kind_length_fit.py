@@ -1,6 +1,7 @@
 """A feedback kind of a test's own, in one module as a kind is (apps/feedback/kinds/rating.py):
-its value, its service, its body on the environment API, its `rft feedback` options and its
-panel on the annotation page (the template beside it, kind_templates/feedback/_length_fit.html).
+its value, its service, its body on the environment API, its `rft feedback` options, its
+panel on the annotation page (the template beside it, kind_templates/feedback/_length_fit.html)
+and its revision's fields (_length_fit_revise.html).
 
 The persona: a researcher whose raters say only whether an answer is too short, too long or
 right ("length_fit"), and who wants that to steer training like a rating does. Importing the
@@ -70,6 +71,8 @@ class LengthFit(FeedbackKind):
     panel_link = "Length"
     panel_key = "l"
     page_mark = "length judged"
+    revisable = True
+    revision_template = "feedback/_length_fit_revise.html"
 
     def votes(self, fb: Feedback) -> Iterable[Vote]:
         value = self.parse(fb.value)
@@ -92,3 +95,6 @@ class LengthFit(FeedbackKind):
 
     def page_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
         return self.store(experience=experience, verdict=form.get("verdict", ""), **who)
+
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        return {"verdict": (fb.value or {}).get("verdict"), "verdicts": VERDICTS}

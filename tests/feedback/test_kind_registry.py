@@ -100,6 +100,19 @@ def test_an_unregistered_kind_is_refused_by_name(owner: User) -> None:
     assert not Feedback.objects.filter(run=run).exists()
 
 
+def test_a_revisable_kind_without_its_revision_fields_is_refused_at_registration() -> None:
+    from apps.feedback.kinds import FeedbackKind, kind_register
+
+    class Unformed(FeedbackKind):
+        name = "unformed"
+        revisable = True
+
+    with pytest.raises(ValueError, match="unformed feedback kind is revisable: .*revision_template"):
+        kind_register(Unformed)
+    with pytest.raises(ValueError, match="unknown feedback kind 'unformed'"):
+        kind_get("unformed")
+
+
 def test_a_registered_kind_is_stored_typed_and_folded_into_rewards(length_fit: ModuleType, owner: User,
                                                                    annotator: User) -> None:
     run = make_run(owner=owner, feedback={"mode": "human", "overlap": 1})
@@ -184,6 +197,17 @@ def test_a_kind_from_one_module_is_given_through_the_page_the_api_and_the_cli_to
     assert sorted(Feedback.objects.filter(run=run).values_list("value__verdict", flat=True)) == [
         "right", "too_long", "too_short"]
     assert _rewards([short, right, long_]) == [(0.0, "ready"), (1.0, "ready"), (0.0, "ready")]
+
+    # The person's revision, before the group trains: the form shows the kind's own fields with
+    # its value, and the kind stores what they post; the fold takes the new verdict.
+    mine = Feedback.objects.get(run=run, author=annotator, experience=short)
+    revise = f"/runs/{run.pk}/annotate/mine/{mine.pk}/revise/"
+    shown = person.get(revise, **HX).content.decode()
+    assert 'name="verdict" value="too_short" checked' in shown and 'value="right">' in shown
+    revised = person.post(revise, {"verdict": "right"}, **HX)
+    assert revised.status_code == 200, revised.content.decode()[:500]
+    assert Feedback.objects.get(run=run, author=annotator, experience=short).value == {"verdict": "right"}
+    assert _rewards([short, right, long_]) == [(1.0, "ready"), (1.0, "ready"), (0.0, "ready")]
 
 
 def test_a_new_kind_touches_its_own_files_only_and_needs_no_migration(length_fit: ModuleType) -> None:

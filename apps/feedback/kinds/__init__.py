@@ -151,8 +151,11 @@ class FeedbackKind:
     # A row of it marks its experience as flagged: the experience browser's flagged filter and
     # mark, the bulk export's `flagged`, the bulk flag's "flagged by you before" (`kinds_that_flag`).
     marks_flagged: ClassVar[bool] = False
-    # The author may change or withdraw it until its group is trained on (apps.feedback.review.revise).
+    # The author may change or withdraw it until its group is trained on (apps.feedback.review.revise):
+    # its revision form's fields are `revision_template`, pre-filled from `revision_values`,
+    # and `revision_store` stores what they post.
     revisable: ClassVar[bool] = False
+    revision_template: ClassVar[str] = ""
     # The run's owner may accept or reject it on the review page (apps.feedback.review.services).
     reviewable: ClassVar[bool] = True
     # Its body on the environment API (None: not posted there); `api_store` stores one.
@@ -270,6 +273,10 @@ class FeedbackKind:
         names the field that is wrong."""
         raise NotImplementedError(f"{self.name} feedback has no panel on the annotation page")
 
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        """What its revision fields (`revision_template`) show of the label `fb`, pre-filled."""
+        return {}
+
     def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
         """Store a person's revision of one of its labels from the revision form, which has the
         fields of the form the label was given on (its panel's by default; a kind given on the
@@ -319,6 +326,9 @@ def kind_register(cls: type[FeedbackKind]) -> type[FeedbackKind]:
     """Class decorator: register one instance of `cls` under `cls.name` (once)."""
     if not cls.name or len(cls.name) > NAME_MAX:
         raise ValueError(f"a feedback kind's name is 1 to {NAME_MAX} characters (Feedback.kind), got {cls.name!r}")
+    if cls.revisable and not cls.revision_template:
+        raise ValueError(f"the {cls.name} feedback kind is revisable: it names its revision form's fields "
+                         "(revision_template)")
     kind = cls()
     _REGISTRY.add(cls.name, kind)
     return cls

@@ -90,6 +90,7 @@ class Flag(FeedbackKind):
     target = "experience"
     marks_flagged = True
     revisable = True
+    revision_template = "feedback/revise/_flag.html"
     ApiIn = FlagIn
     cli = True
     cli_help = "a completion marked unsafe, broken or off task, or a reason in words"
@@ -104,6 +105,10 @@ class Flag(FeedbackKind):
     def cli_store(self, opts: Mapping[str, Any], *, who: Who) -> Feedback:
         flags = [f.strip() for f in opts["flags"].split(",") if f.strip()]
         return self.store(experience=opts["experience"], flags=flags, reason=opts["reason"], **who)
+
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        value = fb.value if isinstance(fb.value, dict) else {}
+        return {"flags": list(value.get("flags") or []), "choices": FLAGS}
 
     def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
         return self.store(experience=experience, flags=form.getlist("flags"), **who)  # the card's flag boxes

@@ -109,6 +109,7 @@ class Pairwise(FeedbackKind):
     agreement = "preference"
     labels = True
     revisable = True
+    revision_template = "feedback/revise/_pairwise.html"
     ApiIn = PairwiseIn
     cli = True
     cli_help = "a choice between two completions of one group"
@@ -161,6 +162,10 @@ class Pairwise(FeedbackKind):
         if not other_raw.isdigit():
             raise InvalidInput("choose the completion to compare with", field="other")
         return self.store(experience=experience, other=int(other_raw), winner=form.get("winner", ""), **who)
+
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        value = fb.value if isinstance(fb.value, dict) else {}
+        return {"winner": str(value.get("winner") or ""), "other": fb.other_id, "experience": fb.experience_id}
 
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
         value = self.parse(feedback.value)

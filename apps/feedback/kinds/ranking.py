@@ -112,6 +112,7 @@ class Ranking(FeedbackKind):
     labels = True
     agreement = "preference"  # every ordered pair of its ranking
     revisable = True
+    revision_template = "feedback/revise/_ranking.html"
     ApiIn = RankingIn
     cli = True
     cli_help = "a whole group ordered best first"
@@ -174,6 +175,10 @@ class Ranking(FeedbackKind):
         if sorted(ranks.values()) != list(range(1, len(members) + 1)):
             raise InvalidInput(f"ranks must be 1 to {len(members)}, each used once", field="rank")
         return self.store(group_id=experience.group_id, order=sorted(ranks, key=ranks.__getitem__), **who)
+
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        # (experience id, its place, 1 = best), in id order: one number box a member
+        return {"ranks": sorted((pk, place) for place, pk in enumerate(self._order(fb), start=1))}
 
     def page_saved(self, *, run: Run, feedback: Feedback) -> dict[str, object]:
         order = self._order(feedback)

@@ -107,6 +107,7 @@ class Rating(FeedbackKind):
     pairs_by_fold = True
     agreement = "rating"  # its score or thumb, between the raters of one item
     revisable = True
+    revision_template = "feedback/revise/_rating.html"
     ApiIn = RatingIn
     cli = True
     cli_help = "a score from 1 to 5, or a thumb"
@@ -133,3 +134,7 @@ class Rating(FeedbackKind):
     def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
         score, thumb = score_from_form(form)  # the card's rating fields
         return self.store(experience=experience, score=score, thumb=thumb, **who)
+
+    def revision_values(self, fb: Feedback) -> dict[str, object]:
+        value = fb.value if isinstance(fb.value, dict) else {}
+        return {"score": value.get("score"), "thumb": value.get("thumb")}

@@ -205,14 +205,11 @@ def group_refold(*, run: Run, members: list[Experience]) -> None:
 
 
 class Revision(TypedDict):
-    """What the revision form of one label shows, its current value pre-filled (feedback/_revise.html)."""
+    """What the revision form of one label shows (feedback/_revise.html): the label, and its
+    kind's fields (`template`) pre-filled with its current value (`values`)."""
     feedback: Feedback
-    score: int | None  # a rating's
-    thumb: str | None
-    flags: list[str]  # a flag's, or none
-    winner: str  # a comparison's: "a", "b", "tie"
-    other: int | None
-    ranks: list[tuple[int, int]]  # a ranking's: (experience id, its place, 1 = best), in id order
+    template: str
+    values: dict[str, object]
 
 
 def revision_of(*, run: Run, author: Person, feedback_id: int) -> Revision:
@@ -225,11 +222,8 @@ def revision_of(*, run: Run, author: Person, feedback_id: int) -> Revision:
         raise NotRevisable("no such submission of yours on this run")
     if not next(s for s in _revisable([fb], run) if s["feedback"] is fb)["revisable"]:
         raise NotRevisable("this group has been trained on: its feedback can no longer change")
-    raw = fb.value if isinstance(fb.value, dict) else {}
-    order = [int(x) for x in raw.get("order") or []]
-    return {"feedback": fb, "score": raw.get("score"), "thumb": raw.get("thumb"), "flags": list(raw.get("flags") or []),
-            "winner": str(raw.get("winner") or ""), "other": fb.other_id,
-            "ranks": sorted((pk, place) for place, pk in enumerate(order, start=1))}
+    kind = kind_get(fb.kind)
+    return {"feedback": fb, "template": kind.revision_template, "values": kind.revision_values(fb)}
 
 
 def feedback_revise(*, run: Run, author: Person, feedback_id: int,
