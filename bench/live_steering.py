@@ -74,7 +74,7 @@ votes needed. The answers are the run's evaluation sampling (greedy by default),
 are 4 samples at temperature 1: the two read the same versions differently.
 
     python -m bench.live_steering [--raters generated:2] [--raters-start 6 | --preferences 2,5,6] [--seeds 0]
-                                  [--steps 12]
+                                  [--steps 40]
                                   [--people 2] [--pace 4] [--breaks 0.04] [--budget 0.1] [--wait S]
                                   [--heldout 200] [--minutes 40] [--lab FILE] [--concurrent 1] [--blind-votes 20]
 
@@ -152,13 +152,15 @@ def live_config(*, model: str, steps: int, seed: int,
     the demo model's own settings as `rft_demo` gives every run of it (its sampling, trainer
     and reward model, read from `demo_config`, not copied), and `wait` as the wait window
     where given (None: the product's). Nothing else differs from what a run gets by default."""
-    from apps.cli.management.commands.rft_demo import demo_config
+    from apps.cli.management.commands.rft_demo import DEMO_TOTAL_STEPS, demo_config
     from kernel.config import config_validate
 
     task = [
         Override("model", model, "the demo model (workers/models/demo), its styles at a minority share"),
         *size_overrides(tasks=TASKS, repeat=REPEAT, steps=steps, seed=seed, tasks_reason="8 problems",
-                        repeat_reason="8 samples a problem, as bench/steering's pairs (the lab figures beside)"),
+                        repeat_reason="8 samples a problem, as bench/steering's pairs (the lab figures beside)",
+                        steps_reason="the demo run's own length (rft_demo --total-steps)" if steps == DEMO_TOTAL_STEPS
+                        else "--steps"),
         Override("rewards", [{"name": "math_format"}],
                  "the format reward alone: whatever the run learns of the preference it learns from people"),
         Override("feedback.mode", "learned", "people rate a few, the reward model they teach scores the rest"),
@@ -755,7 +757,8 @@ def arguments() -> argparse.Namespace:
                         help="the drawn preferences' seeds, comma-separated (e.g. 2,5,6), instead of --raters and "
                              "--raters-start")
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train steps of each run (default: the demo run's own, rft_demo's --total-steps, 40)")
     parser.add_argument("--people", type=int, default=2, help="simulated annotators (two or three)")
     parser.add_argument("--pace", type=float, default=4.0, help="seconds a label, around which a person's vary")
     parser.add_argument("--breaks", type=float, default=0.04, help="chance of a break after a label")
@@ -777,9 +780,9 @@ def arguments() -> argparse.Namespace:
     if args.preferences is not None and not all(s.strip().isdigit() for s in args.preferences.split(",")):
         parser.error(f"--preferences {args.preferences!r}: expected seeds, comma-separated (2,5,6)")
     if not 1 <= args.people <= 5 or args.pace <= 0 or not 0 < args.budget <= 1 or args.concurrent < 1 \
-            or not 0 <= args.blind_votes <= 500:
+            or not 0 <= args.blind_votes <= 500 or (args.steps is not None and args.steps < 1):
         parser.error("--people 1..5, --pace above 0, --budget a share above 0, --concurrent at least 1, "
-                     "--blind-votes 0..500")
+                     "--blind-votes 0..500, --steps at least 1")
     return args
 
 
@@ -804,8 +807,11 @@ def main() -> None:
     from django.conf import settings
     from django.contrib.auth.models import User
 
+    from apps.cli.management.commands.rft_demo import DEMO_TOTAL_STEPS
     from workers.models.demo import demo_model_build
 
+    if args.steps is None:
+        args.steps = DEMO_TOTAL_STEPS
     torch.set_num_threads(1)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     demo = demo_model_build(out=DEMO_DIR, progress=False, log=lambda _: None).out

@@ -6,6 +6,7 @@ from that print, field by field; every printed override says why."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import pytest
@@ -119,3 +120,23 @@ def test_the_learned_arms_take_the_products_active_selection_and_print_only_arri
     arrival = _printed(capsys.readouterr().out)["every arm"]
     assert arrival["feedback.selection.uncertainty"] == 0.0
     assert arrival["feedback.selection.random_share"] == 0.0
+
+
+@pytest.mark.parametrize("steps", [None, 12])
+def test_the_live_benchs_people_run_is_the_defaults_with_its_overrides_and_the_demo_runs_length(
+    steps: int | None,
+) -> None:
+    """bench/live_steering's people run: the product's defaults with the overrides it prints,
+    field by field; without --steps it runs as long as the demo run `rft_demo` makes, and says so."""
+    from apps.cli.management.commands.rft_demo import DEMO_TOTAL_STEPS
+    from bench.live_steering import live_config
+
+    config, overrides = live_config(model=MODEL, steps=steps or DEMO_TOTAL_STEPS, seed=0)
+    made = _leaves(config_dump(config_validate(data=config)))
+    printed: dict[str, JSON] = json.loads(json.dumps({o.path: o.value for o in overrides}))  # as a config file holds them
+    expected = _defaults_with(printed)
+    assert made.keys() == expected.keys()
+    assert {path: (made[path], expected[path]) for path in made if made[path] != expected[path]} == {}
+    (length,) = [o for o in overrides if o.path == "total_steps"]
+    assert length.value == (steps or 40)
+    assert length.reason == ("the demo run's own length (rft_demo --total-steps)" if steps is None else "--steps")

@@ -32,7 +32,7 @@ class Override:
 
 
 def size_overrides(*, tasks: int, repeat: int, steps: int, seed: int, repeat_reason: str = "--repeat",
-                   tasks_reason: str = "--tasks") -> list[Override]:
+                   tasks_reason: str = "--tasks", steps_reason: str = "--steps") -> list[Override]:
     """The run's size as both steering benches set it (bench/steering's arms and
     bench/live_steering's people run): `repeat` samples of each of `tasks` problems a step, one
     explore step's rollouts a train step, `steps` steps over enough epochs, at `seed`. The
@@ -40,7 +40,7 @@ def size_overrides(*, tasks: int, repeat: int, steps: int, seed: int, repeat_rea
     return [
         Override("repeat_times", repeat, repeat_reason),
         Override("train_batch_size", tasks * repeat, "one explore step's rollouts per train step"),
-        Override("total_steps", steps, "--steps"),
+        Override("total_steps", steps, steps_reason),
         Override("epochs", 4, f"enough passes over the demo taskset for --steps at {tasks_reason} a step"),
         Override("seed", seed, "--seeds"),
     ]

@@ -23,10 +23,13 @@ from kernel.exceptions import RftError
 from rftweb.exceptions import command_error
 
 DEMO_RUN = "demo: GRPO on arithmetic"
+# The demo run's length in train steps (`--total-steps`): bench/live_steering and bench/demo_teach
+# measure runs of this length, the run `make run` starts.
+DEMO_TOTAL_STEPS = 40
 K12_RUN = "demo: K-12 short answers"
 
 
-def demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0, eval_taskset: int | None = None) -> dict[str, object]:
+def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 20.0, eval_taskset: int | None = None) -> dict[str, object]:
     """The demo run: GRPO on arithmetic, its automatic reward the answer's correctness, and
     people teaching what that reward does not know (the guidelines' preference: the working
     shown before the answer). With `eval_taskset` (the demo's held-out problems), every second
@@ -104,7 +107,7 @@ Use *skip* when you cannot tell.
 """
 
 
-def k12_demo_config(*, total_steps: int = 40, feedback_wait: float = 20.0) -> dict[str, object]:
+def k12_demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 20.0) -> dict[str, object]:
     """GRPO on the shipped K-12 taskset, scored half by the reference-guided judge and half by
     the learned grader trained on the taskset's graded answers and people's ratings. The judge
     is the run's own model: the demo model's 256-token context cannot hold the judge's prompt,
@@ -139,7 +142,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--password", default=settings.RFT_DEMO_PASSWORD,
                             help="password of the demo accounts (default rftweb-demo, or RFT_DEMO_PASSWORD)")
-        parser.add_argument("--total-steps", type=int, default=40, help="trainer steps of the demo run")
+        parser.add_argument("--total-steps", type=int, default=DEMO_TOTAL_STEPS, help="trainer steps of the demo run")
         parser.add_argument("--feedback-wait", type=float, default=20.0,
                             help="seconds a group waits for a person's rating before it trains on the automatic reward")
         parser.add_argument("--k12", action="store_true",
