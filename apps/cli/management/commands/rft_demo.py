@@ -66,7 +66,9 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # both runs against 0.188 at the start (seeds 0-2 alone: 0.180 with people), and people's
         # gain beyond the twin +0.398: a rise of ~0.02 is all 40 steps give at a rate that holds.
         # Read on all 200 held-out problems (1,600 paired answers, round 65, 3 seeds): the twin
-        # +0.012, the people run -0.003 (flat; w_auto 1.0 or w_rm 0.25 no better, not adopted).
+        # +0.012, the people run -0.003 (flat; w_auto 1.0 or w_rm 0.25 no better, not adopted);
+        # round 66, the same settings: the twin repeats (+0.012), the people run -0.012 (its
+        # answers are not cut off: untagged 0.056-0.062 as the base's 0.057).
         "trainer": {"learning_rate": 1e-4, "params": {"loss_type": "grpo", "beta": 0.6}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
