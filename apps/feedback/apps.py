@@ -11,7 +11,10 @@ class FeedbackConfig(AppConfig):
         # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback import signals  # noqa: F401
         # app loading: apps.py loads before the models, ready() after them.
-        from apps.feedback.kinds import kinds_load
+        from apps.buffer.flags import flagging_kinds_source
+        from apps.feedback.kinds import kinds_load, kinds_that_flag
 
         # Every kind registered at start, with its service (each kind's module).
         kinds_load()
+        # The buffer's pipeline, below this app, reads which kinds flag from the registry.
+        flagging_kinds_source(kinds_that_flag)

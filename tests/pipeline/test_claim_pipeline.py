@@ -91,6 +91,31 @@ def test_human_flagged_experiences_are_filtered_at_claim(make_pipeline_run, anno
     assert reasons(run) == {"flagged": "human_flagged: wrong maths"}
 
 
+def test_a_kind_of_its_own_that_flags_is_filtered_at_claim_by_its_declaration(make_pipeline_run, annotator) -> None:
+    """The pipeline asks the kinds which flag (`marks_flagged`), not for the name "flag": a kind a
+    plugin adds that flags drops its experiences too, and the built-in flag still does."""
+    from apps.feedback.kinds import FeedbackKind, kind_register, kind_unregister
+    from apps.feedback.models import Feedback
+
+    class Unsafe(FeedbackKind):  # a team's own "this leaks a secret" mark
+        name = "leaks_secret"
+        marks_flagged = True
+
+    kind_register(Unsafe)
+    try:
+        run = make_pipeline_run(on_claim=[{"name": "human_flagged"}])
+        experience_write(experiences=[experience_row(run, key=k) for k in ("leaks", "flagged", "fine")])
+        leaks = Experience.objects.get(run=run, key="leaks")
+        Feedback.objects.create(run=run, kind="leaks_secret", experience=leaks, group_id=leaks.group_id,
+                                author=annotator, value={"reason": "prints the API key"})
+        feedback_flag(run=run, experience=Experience.objects.get(run=run, key="flagged"), author=annotator,
+                      reason="wrong maths")
+        assert [e.key for e in batch_claim(run=run, worker="w", size=5)] == ["fine"]
+        assert reasons(run) == {"leaks": "human_flagged: prints the API key", "flagged": "human_flagged: wrong maths"}
+    finally:
+        kind_unregister("leaks_secret")
+
+
 def test_a_flag_the_owner_rejected_filters_nothing(make_pipeline_run, annotator, owner) -> None:
     from apps.feedback.review.services import feedback_reject
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.utils import timezone
 
+from apps.buffer.flags import flagging_kinds
 from apps.buffer.pipeline.core import Ctx, ModelRow, row_pk, steps_apply
 from kernel.operators import Row
 from kernel.config import PipelineStep, RunConfig, config_validate
@@ -244,7 +245,7 @@ def experience_priorities_refresh(*, run: Run, chunk: int = 2000) -> int:
     # above the buffer (pyproject.toml's layers), so its model is not imported here.
     flagged = set(
         # A flag the run's owner rejected (feedback.Feedback.review) flags nothing.
-        Experience.objects.filter(status=Experience.Status.READY, feedback__run=run, feedback__kind="flag",
+        Experience.objects.filter(status=Experience.Status.READY, feedback__run=run, feedback__kind__in=flagging_kinds(),
                                   feedback__review__in=("pending", "accepted"))
         .values_list("pk", flat=True)
     )

@@ -336,8 +336,9 @@ class FlaggedParams(Params):
 
 @register("human_flagged", stages=("claim",), params=FlaggedParams)
 def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
-    """Drop experiences a person flagged (Feedback of kind "flag")."""
+    """Drop experiences a person flagged (Feedback of a kind that flags, apps.buffer.flags)."""
     # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
+    from apps.buffer.flags import flagging_kinds
     from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]
@@ -346,12 +347,13 @@ def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     # on the same feedback row): the feedback app sits above the buffer, so its model is not
     # imported here.
     for pk, value in Experience.objects.filter(
-        pk__in=ids, feedback__run_id=ctx.run_id or 0, feedback__kind="flag",
+        pk__in=ids, feedback__run_id=ctx.run_id or 0, feedback__kind__in=flagging_kinds(),
         feedback__review__in=("pending", "accepted"),  # a flag the run's owner rejected flags nothing
     ).values_list("pk", "feedback__value"):
         flags.setdefault(pk, value)
     for row in rows:
         if row["id"] in flags:
-            value = flags[row["id"]]  # {"flags": [...], "reason": str}, see Feedback
-            detail = value.get("reason") or ", ".join(value.get("flags") or ())
+            value = flags[row["id"]]  # the flag's {"flags": [...], "reason": str}, see Feedback
+            value = value if isinstance(value, dict) else {}
+            detail = value.get("reason") or ", ".join(value.get("flags") or ()) or "flagged"
             ctx.drop(row, "human_flagged", str(detail)[:100])
