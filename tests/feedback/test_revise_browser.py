@@ -212,11 +212,15 @@ def test_a_refused_revision_keeps_the_label_and_other_kinds_revise_too(owner: Us
     # A flag, revised through the card's flag boxes (its kind reads them, not a panel).
     from apps.feedback.kinds import kind_get
 
-    flag = kind_get("flag").store(run=run, experience=members[1].pk, flags=["unsafe"], author=annotator)
+    flag = kind_get("flag").store(run=run, experience=members[1].pk, flags=["unsafe"], reason="leaks <a key>",
+                                  author=annotator)
     flag_url = f"/runs/{run.pk}/annotate/mine/{flag.pk}/revise/"
-    saved = web.post(flag_url, {"flags": ["broken", "off_task"]}, HTTP_HX_REQUEST="true")
+    opened = web.get(flag_url, HTTP_HX_REQUEST="true").content.decode()
+    assert 'value="unsafe" checked' in opened and 'name="reason" value="leaks &lt;a key&gt;"' in opened
+    saved = web.post(flag_url, {"flags": ["broken", "off_task"], "reason": "leaks <a key>"}, HTTP_HX_REQUEST="true")
     assert saved.status_code == 200, saved.content.decode()[:500]
-    assert Feedback.objects.get(kind="flag", author=annotator).value["flags"] == ["broken", "off_task"]
+    revised_flag = Feedback.objects.get(kind="flag", author=annotator).value
+    assert (revised_flag["flags"], revised_flag["reason"]) == (["broken", "off_task"], "leaks <a key>")
     # Someone else's label, or one whose group trained, opens no form.
     Experience.objects.filter(pk__in=[m.pk for m in members]).update(status="consumed")
     trained = web.get(url, HTTP_HX_REQUEST="true")

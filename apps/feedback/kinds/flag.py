@@ -108,10 +108,11 @@ class Flag(FeedbackKind):
 
     def revision_values(self, fb: Feedback) -> dict[str, object]:
         value = fb.value if isinstance(fb.value, dict) else {}
-        return {"flags": list(value.get("flags") or []), "choices": FLAGS}
+        return {"flags": list(value.get("flags") or []), "choices": FLAGS, "reason": str(value.get("reason") or "")}
 
     def revision_store(self, form: PageForm, *, experience: Experience, who: Who) -> Feedback:
-        return self.store(experience=experience, flags=form.getlist("flags"), **who)  # the card's flag boxes
+        # The card's flag boxes, and the reason in words a flag from the API, CLI or bulk action has.
+        return self.store(experience=experience, flags=form.getlist("flags"), reason=form.get("reason", ""), **who)
 
     def api_store(self, payload: KindApiIn, *, experience: int, who: Who) -> Feedback:
         assert isinstance(payload, FlagIn)
