@@ -147,7 +147,7 @@ def _json(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else json.loads(str(value))
 
 
-def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int,
+def demo_setup(*, var: Path, steps: int | None, feedback_wait: float, seed: int,
                rm_gate: str | None = None) -> tuple[Demo, int, int]:
     from workers.models.demo import demo_model_build
 
@@ -159,7 +159,9 @@ def demo_setup(*, var: Path, steps: int, feedback_wait: float, seed: int,
     env.update(RFT_VAR_DIR=str(var), RFT_DEMO_MODEL_DIR=str(model), PYTHONUNBUFFERED="1")
     demo = Demo(var=var, env=env)
     demo.manage("migrate", "--noinput", "-v", "0")
-    demo.manage("rft_demo", "--total-steps", str(steps), "--feedback-wait", str(feedback_wait), "--password", "pw")
+    # Without --steps, the demo run's own length (rft_demo's --total-steps default).
+    length = [] if steps is None else ["--total-steps", str(steps)]
+    demo.manage("rft_demo", *length, "--feedback-wait", str(feedback_wait), "--password", "pw")
     people, twin = (int(x) for x in demo.manage("shell", "-c", _TWIN.replace("SEED", str(seed)).replace("GATE", repr(rm_gate or ""))).split()[-2:])
     ((config,),) = demo.query("SELECT config FROM runs_run WHERE id = ?", people)
     demo.preference = _json(config)["eval"]["preferences"][0]
@@ -241,7 +243,8 @@ def saved_wait(page: Page, selector: str, *, until: float, done: Callable[[], bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train steps of both runs (default: the demo run's own, rft_demo's --total-steps, 40)")
     parser.add_argument("--labels", type=int, default=100)
     parser.add_argument("--feedback-wait", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -254,6 +257,8 @@ def main() -> None:
                         help="after both runs, a blind evaluation of version 0 against each run's newest on this "
                              "many held-out prompts, voted by three simulated people (0: none)")
     args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
     gains = [demo_once(args, seed=seed) for seed in (args.seeds or [args.seed])]
     if len(gains) > 1:
         ordered = sorted(gains)
