@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from apps.buffer.flags import flagging_kinds_source  # Django-free: safe before the models load
+
 
 class FeedbackConfig(AppConfig):
     name = "apps.feedback"
@@ -11,7 +13,6 @@ class FeedbackConfig(AppConfig):
         # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback import signals  # noqa: F401
         # app loading: apps.py loads before the models, ready() after them.
-        from apps.buffer.flags import flagging_kinds_source
         from apps.feedback.kinds import kinds_load, kinds_that_flag
 
         # Every kind registered at start, with its service (each kind's module).

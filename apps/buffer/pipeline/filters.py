@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from apps.buffer.flags import flagging_kinds  # Django-free, as this module must be
 from apps.buffer.pipeline.core import (
     Ctx,
     is_number,
@@ -338,7 +339,6 @@ class FlaggedParams(Params):
 def human_flagged(rows: list[Row], ctx: Ctx, params: FlaggedParams) -> None:
     """Drop experiences a person flagged (Feedback of a kind that flags, apps.buffer.flags)."""
     # Django-free: the kernel's registries import this module without Django (tests/test_layers.py).
-    from apps.buffer.flags import flagging_kinds
     from apps.buffer.models import Experience
 
     ids = [row["id"] for row in rows]
