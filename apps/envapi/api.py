@@ -372,9 +372,9 @@ async def _event_stream(run_id: int, key_id: int, creator_id: int | None, max_se
             if receiving is None:
                 receiving = asyncio.ensure_future(layer.receive(channel))
             done, _ = await asyncio.wait({receiving}, timeout=min(ACCESS_RECHECK_SECONDS, remaining))
-            message = receiving.result() if done else None
+            message = None
             if done:
-                receiving = None
+                message, receiving = receiving.result(), None
             notice = message is not None and message.get("type") == ACCESS_NOTICE
             # Also re-read every ACCESS_RECHECK_SECONDS, quiet or not: a notice lost (with Redis,
             # or never delivered: CI once saw a deactivation end the stream only at the 15 s

@@ -9,10 +9,9 @@ class FeedbackConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # signals connects the receivers.
-        # app loading: apps.py loads before the models, ready() after them.
+        # app loading: apps.py loads before the models, ready() after them. signals connects
+        # the receivers; the kinds' modules load models.
         from apps.feedback import signals  # noqa: F401
-        # app loading: apps.py loads before the models, ready() after them.
         from apps.feedback.kinds import kinds_load, kinds_that_flag
 
         # Every kind registered at start, with its service (each kind's module).
