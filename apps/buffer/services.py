@@ -331,15 +331,17 @@ def _claim_through_pipeline(*, run: Run, qs: QuerySet[Experience], size: int, gr
 
 
 def _claim_whole_groups(*, run: Run, qs: QuerySet[Experience], size: int, overflow: bool = True) -> list[int]:
-    from django.db.models import Count, Max
+    from django.db.models import Count, Max, Min
 
     candidates = experiences_in_whole_groups(run=run, qs=qs)
     # Groups in order of their best member, then lock their rows; a group that another
-    # claimer holds part of (SKIP LOCKED left rows out) is left alone this time.
+    # claimer holds part of (SKIP LOCKED left rows out) is left alone this time. Ties go to
+    # the group written first (its first member's id), not to group_id's text, whose order
+    # ("g100" before "g99") moves with the ids a database hands out.
     top = (
         candidates.values("group_id")
-        .annotate(best=Max("priority"), n=Count("id"))
-        .order_by("-best", "group_id")[: size + 16]
+        .annotate(best=Max("priority"), n=Count("id"), first=Min("id"))
+        .order_by("-best", "first")[: size + 16]
     )
     wanted = {row["group_id"]: row["n"] for row in top}
     if not wanted:

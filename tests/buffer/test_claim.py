@@ -132,6 +132,15 @@ def test_group_claims_never_split_a_group_to_fit_the_size(run: Run) -> None:
     assert len(second) == 4
 
 
+def test_equal_priority_groups_are_claimed_in_the_order_they_were_written(run: Run) -> None:
+    # Group names whose text order is the reverse of their writing order ("g10" < "g9"): the
+    # claim must follow the writing (first member's id), which a rerun of a seed repeats.
+    for name in ("g9", "g10", "g100"):
+        experience_write(experiences=[experience_row(run, key=f"{name}-{i}", group=name) for i in range(2)])
+    order = [batch_claim(run=run, worker="w", size=2, group_complete=True)[0].group_id for _ in range(3)]
+    assert order == ["g9", "g10", "g100"]
+
+
 def test_a_group_with_a_leased_member_waits(run: Run) -> None:
     (exp, *_rest) = make_experiences(run, groups=1, group_size=3)
     batch_claim(run=run, worker="w", size=1)
