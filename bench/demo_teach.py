@@ -411,16 +411,23 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
     standard error about 0.009, and the versions' draws paired). The demo's own evaluation
     samples 64 problems x 2 (one standard error about 0.034)."""
     from bench.steering.measurement import held_out_accuracy, held_out_samples, samples_rated
+    from kernel.preferences import preference_get
+
+    prefer = preference_get(demo.preference)
+    styles: dict[str, StyleSplit] = {}
 
     def read(folder: str) -> tuple[float, float, float]:
         """(expected, sampled, untagged) of the model in `folder`: the untagged share says how
         many sampled answers never reached an `<answer>` (cut off at the run's 32 tokens, or none
-        written), which the sampled arithmetic counts wrong."""
+        written), which the sampled arithmetic counts wrong. Also kept, by folder: the
+        preference's share of the answers and the arithmetic in and out of its style."""
         samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
         sampled = samples_rated(samples, lambda _p, _c: 0)
+        styles[folder] = style_split(samples, prefer.liked)
         return held_out_accuracy(folder, DEMO_DIR)[0], sampled.arithmetic, sampled.untagged
 
     newest: dict[str, tuple[int, tuple[float, float, float]]] = {}
+    checkpoints: dict[str, str] = {}
     for name, run in (("people", people), ("twin", twin)):
         ((number, checkpoint),) = demo.query(
             "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
@@ -428,6 +435,7 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
             print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no held-out reading")
             return
         newest[name] = int(str(number)), read(str(checkpoint))
+        checkpoints[name] = str(checkpoint)
     v0 = read(str(DEMO_DIR))
     (people_v, people_read), (twin_v, twin_read) = newest["people"], newest["twin"]
     for i, (what, words) in enumerate((("expected accuracy", "exact"), ("sampled arithmetic", "8 answers each"))):
@@ -436,6 +444,40 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
               f"({twin_read[i] - v0[i]:+.3f}); {load_average()}", flush=True)
     print(f"demo_teach: untagged share of those sampled answers: v0 {v0[2]:.3f}, people v{people_v} "
           f"{people_read[2]:.3f}, twin v{twin_v} {twin_read[2]:.3f}", flush=True)
+    named = [("v0", styles[str(DEMO_DIR)])] + [
+        (f"{name} v{newest[name][0]}", styles[folder]) for name, folder in checkpoints.items()]
+    print(f"demo_teach: those answers in / out of the {demo.preference} style (share; arithmetic in / out): "
+          + ", ".join(f"{label} {split}" for label, split in named), flush=True)
+
+
+@dataclass(frozen=True)
+class StyleSplit:
+    """Sampled answers split by a style: its share, and the arithmetic in it and out of it
+    (None where no answer falls on that side). Whether amplifying a style costs arithmetic by
+    itself (the style less often right) or within each style (both less often right)."""
+
+    share: float
+    inside: float | None
+    outside: float | None
+
+    def __str__(self) -> str:
+        def fmt(x: float | None) -> str:
+            return "-" if x is None else f"{x:.3f}"
+
+        return f"{self.share:.3f}; {fmt(self.inside)} / {fmt(self.outside)}"
+
+
+def style_split(samples: list[tuple[str, str]], liked: Callable[[str, str], bool]) -> StyleSplit:
+    from bench.raters import correct
+
+    sides: dict[bool, list[bool]] = {True: [], False: []}
+    for prompt, completion in samples:
+        sides[liked(prompt, completion)].append(correct(prompt, completion) == 5)
+
+    def mean(xs: list[bool]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return StyleSplit(share=len(sides[True]) / max(1, len(samples)), inside=mean(sides[True]), outside=mean(sides[False]))
 
 
 def share_gain(series: dict[int, float]) -> float:

@@ -233,6 +233,9 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
         assert twin_change == pytest.approx(twin - v0, abs=1.1e-3)
     assert re.search(rf"^demo_teach: untagged share of those sampled answers: v0 {NUMBER}, people v\d+ {NUMBER}, "
                      rf"twin v\d+ {NUMBER}$", out.stdout, re.MULTILINE), out.stdout[-2000:]
+    split = rf"{NUMBER}; (?:{NUMBER}|-) / (?:{NUMBER}|-)"
+    assert re.search(rf"^demo_teach: those answers in / out of the working style \(share; arithmetic in / out\): "
+                     rf"v0 {split}, people v\d+ {split}, twin v\d+ {split}$", out.stdout, re.MULTILINE), out.stdout[-2000:]
     assert re.search(r"^the demo model: recipe \d+, weights sha256 [0-9a-f]{12}, built with ", out.stdout,
                      re.MULTILINE), out.stdout[-2000:]
     # The reward model's probe, per train step of the people run, and both runs' style shares.
