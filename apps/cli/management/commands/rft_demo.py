@@ -68,7 +68,10 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # Read on all 200 held-out problems (1,600 paired answers, round 65, 3 seeds): the twin
         # +0.012, the people run -0.003 (flat; w_auto 1.0 or w_rm 0.25 no better, not adopted);
         # round 66, the same settings: the twin repeats (+0.012), the people run -0.012 (its
-        # answers are not cut off: untagged 0.056-0.062 as the base's 0.057).
+        # answers are not cut off: untagged 0.056-0.062 as the base's 0.057). Round 67: the cost
+        # is teaching the style on wrong answers (paying people's part only on right answers kept
+        # the arithmetic, +0.001, but taught the style +0.03..+0.07, short of people's +0.15);
+        # batch scaling and never reinforcing a wrong answer did not help (bench/README.md).
         "trainer": {"learning_rate": 1e-4, "params": {"loss_type": "grpo", "beta": 0.6}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
