@@ -82,8 +82,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.blind import Arm, blind_ask, blind_collect, blind_lines
-from bench.common import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, demo_model_identity, free_port,
-                          health_wait, processes_stop)
+from bench.common import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, demo_model_identity,
+                          exit_on_sigterm, free_port, health_wait, processes_stop)
 from rftweb import localpg
 
 if TYPE_CHECKING:
@@ -259,6 +259,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
+    exit_on_sigterm()  # the demo's server, its private PostgreSQL and its folder go with it
     gains = [demo_once(args, seed=seed) for seed in (args.seeds or [args.seed])]
     if len(gains) > 1:
         ordered = sorted(gains)

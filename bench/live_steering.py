@@ -114,7 +114,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -125,8 +124,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.blind import Arm, ArmVotes, blind_ask, blind_collect, blind_lines
-from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, demo_model_identity, free_port, \
-    health_wait, median, percentile, processes_stop, server_env, setup_django
+from bench.common import BENCH_DB, DEMO_DIR, ROOT, bench_worker, compose_web_command, demo_model_identity, \
+    exit_on_sigterm, free_port, health_wait, median, percentile, processes_stop, server_env, setup_django
 from bench.raters import GeneratedRater, preference_draw, preference_family
 from bench.steering import ITEM, PASSWORD, Override, Rater, Sampled, held_out_samples, samples_rated
 from bench.steering.measurement import held_out_accuracy
@@ -792,9 +791,9 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
-    # A SIGTERM ends the bench through its `finally`: the workers and the server it started
-    # stop with it (and its database is dropped at exit), not left running on the broker.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # The workers and the server it started stop with it (and its database is dropped at
+    # exit), not left running on the broker.
+    exit_on_sigterm()
     if not os.environ.get("REDIS_URL"):
         raise SystemExit("bench.live_steering needs a Redis broker: set REDIS_URL (its database is flushed)")
     tmp = Path(tempfile.mkdtemp(prefix="rft-bench-live-"))

@@ -12,8 +12,16 @@ outside the repository (`--rater`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,9 +163,6 @@ def test_steering_runs_a_generated_family_of_preferences(bench: Callable[..., An
 
 
 def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_path: Any) -> None:
-    import subprocess
-    import sys
-
     from tests.conftest import _ROOT
 
     (tmp_path / "r.py").write_text("def rate(prompt, completion):\n    return 3\n")
@@ -171,8 +176,6 @@ def test_a_rater_that_is_not_there_stops_the_steering_bench_naming_the_flag(tmp_
 
 def test_the_steering_bench_refuses_a_verifier_beside_the_correctness_rater() -> None:
     """The rater's own answer key in the run's rewards: nothing would be learned from people."""
-    import subprocess
-    import sys
 
     from tests.conftest import _ROOT
 
@@ -184,8 +187,6 @@ def test_the_steering_bench_refuses_a_verifier_beside_the_correctness_rater() ->
 def test_the_steering_bench_refuses_a_demo_model_with_no_bare_answers() -> None:
     """`--demo-styled` is the share of styled warm-up answers: all of them would leave `concise`
     nothing to amplify, and a share is not above 1."""
-    import subprocess
-    import sys
 
     from tests.conftest import _ROOT
 
@@ -196,9 +197,6 @@ def test_the_steering_bench_refuses_a_demo_model_with_no_bare_answers() -> None:
 
 
 def test_the_steering_bench_refuses_a_negative_kl_weight() -> None:
-    import subprocess
-    import sys
-
     from tests.conftest import _ROOT
 
     out = subprocess.run([sys.executable, "-m", "bench.steering", "--beta", "-0.1"],
@@ -251,3 +249,46 @@ def test_the_demo_teach_bench_labels_in_a_browser_and_prints_both_runs_preferenc
                       rf"\[{decimal}, {decimal}\] over 3 votes \((?:better|worse|too few)[^)]*\); share moved "
                       r"[+-]\d+\.\d+.*; ±0\.1 needs \d+ votes$", out.stdout, re.MULTILINE)
     assert sorted(rows) == ["people", "without people"], out.stdout[-2000:]
+
+
+def test_a_demo_teach_stopped_by_sigterm_stops_its_database_and_removes_its_folder(demo_model_dir: Path) -> None:
+    """A bench killed mid-run (a timeout, a person's kill) cleans up as an error would: before,
+    the demo's private PostgreSQL kept running and its folder stayed in /tmp."""
+    root = Path(__file__).resolve().parents[2]
+    # A short folder of its own (the private PostgreSQL's socket path has a length limit).
+    tmp = Path(tempfile.mkdtemp(prefix="dt-", dir="/tmp"))
+    env = {**os.environ, "BENCH_DEMO_DIR": str(demo_model_dir), "TMPDIR": str(tmp), "PYTHONPATH": str(root)}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "bench.demo_teach", "--steps", "2", "--labels", "2",
+                                 "--blind-votes", "0", "--minutes", "8"], cwd=root, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # the demo's database is up and its runs made
+            seen.append(line)
+            if line.startswith("demo runs (seed 0)"):
+                break
+        assert proc.poll() is None, "".join(seen)[-2000:]
+        assert list(tmp.glob("rft-demo-teach-*")), "the bench's folder is where TMPDIR says"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=180) == 143
+        assert not list(tmp.glob("rft-demo-teach-*"))
+        assert not _processes_naming(str(tmp))
+    finally:
+        for pid, _ in _processes_naming(str(tmp)):  # a failed run's leftovers, not the next test's
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _processes_naming(text: str) -> list[tuple[int, str]]:
+    """(pid, command line) of the running processes whose command line names `text`."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it ended while we looked
+            continue
+        if text in line:
+            found.append((int(path.parent.name), line))
+    return found
