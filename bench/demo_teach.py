@@ -79,11 +79,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bench.blind import Arm, blind_ask, blind_collect, blind_lines
+from bench.raters import correct
 from bench.common import (CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BROWSER, DEMO_DIR, ROOT, demo_model_identity,
                           exit_on_sigterm, free_port, health_wait, processes_stop)
+from kernel.preferences import preference_get
 from rftweb import localpg
 
 if TYPE_CHECKING:
@@ -173,8 +175,6 @@ def person_labels(*, url: str, run: int, preference: str, labels: int, until: fl
     """The annotator in Chromium: rate items by the preference until `labels` are given, the
     run has ended (`done()`), or the clock passes `until`. Returns the labels given."""
     from playwright.sync_api import sync_playwright
-
-    from kernel.preferences import preference_get
 
     prefer = preference_get(preference)
     given = 0
@@ -412,23 +412,16 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
     standard error about 0.009, and the versions' draws paired). The demo's own evaluation
     samples 64 problems x 2 (one standard error about 0.034)."""
     from bench.steering.measurement import held_out_accuracy, held_out_samples, samples_rated
-    from kernel.preferences import preference_get
 
     prefer = preference_get(demo.preference)
-    styles: dict[str, StyleSplit] = {}
 
-    def read(folder: str) -> tuple[float, float, float]:
-        """(expected, sampled, untagged) of the model in `folder`: the untagged share says how
-        many sampled answers never reached an `<answer>` (cut off at the run's 32 tokens, or none
-        written), which the sampled arithmetic counts wrong. Also kept, by folder: the
-        preference's share of the answers and the arithmetic in and out of its style."""
+    def read(folder: str) -> HeldOut:
         samples = held_out_samples(folder, DEMO_DIR, max_tokens=32, seed=0, samples=8)
         sampled = samples_rated(samples, lambda _p, _c: 0)
-        styles[folder] = style_split(samples, prefer.liked)
-        return held_out_accuracy(folder, DEMO_DIR)[0], sampled.arithmetic, sampled.untagged
+        return HeldOut(held_out_accuracy(folder, DEMO_DIR)[0], sampled.arithmetic, sampled.untagged,
+                       style_split(samples, prefer.liked))
 
-    newest: dict[str, tuple[int, tuple[float, float, float]]] = {}
-    checkpoints: dict[str, str] = {}
+    newest: dict[str, tuple[int, HeldOut]] = {}
     for name, run in (("people", people), ("twin", twin)):
         ((number, checkpoint),) = demo.query(
             "SELECT number, checkpoint FROM runs_modelversion WHERE run_id = ? ORDER BY number DESC LIMIT 1", run)
@@ -436,19 +429,29 @@ def expected_print(demo: Demo, *, people: int, twin: int) -> None:
             print(f"demo_teach: run #{run}'s v{number} is not a model folder ({checkpoint}): no held-out reading")
             return
         newest[name] = int(str(number)), read(str(checkpoint))
-        checkpoints[name] = str(checkpoint)
     v0 = read(str(DEMO_DIR))
     (people_v, people_read), (twin_v, twin_read) = newest["people"], newest["twin"]
-    for i, (what, words) in enumerate((("expected accuracy", "exact"), ("sampled arithmetic", "8 answers each"))):
-        print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {v0[i]:.3f} -> people v{people_v} "
-              f"{people_read[i]:.3f} ({people_read[i] - v0[i]:+.3f}), twin v{twin_v} {twin_read[i]:.3f} "
-              f"({twin_read[i] - v0[i]:+.3f}); {load_average()}", flush=True)
-    print(f"demo_teach: untagged share of those sampled answers: v0 {v0[2]:.3f}, people v{people_v} "
-          f"{people_read[2]:.3f}, twin v{twin_v} {twin_read[2]:.3f}", flush=True)
-    named = [("v0", styles[str(DEMO_DIR)])] + [
-        (f"{name} v{newest[name][0]}", styles[folder]) for name, folder in checkpoints.items()]
+    for what, words, start, ours, theirs in (
+            ("expected accuracy", "exact", v0.expected, people_read.expected, twin_read.expected),
+            ("sampled arithmetic", "8 answers each", v0.sampled, people_read.sampled, twin_read.sampled)):
+        print(f"demo_teach: {what} on all 200 held-out problems ({words}): v0 {start:.3f} -> people v{people_v} "
+              f"{ours:.3f} ({ours - start:+.3f}), twin v{twin_v} {theirs:.3f} ({theirs - start:+.3f}); "
+              f"{load_average()}", flush=True)
+    print(f"demo_teach: untagged share of those sampled answers: v0 {v0.untagged:.3f}, people v{people_v} "
+          f"{people_read.untagged:.3f}, twin v{twin_v} {twin_read.untagged:.3f}", flush=True)
     print(f"demo_teach: those answers in / out of the {demo.preference} style (share; arithmetic in / out): "
-          + ", ".join(f"{label} {split}" for label, split in named), flush=True)
+          f"v0 {v0.style}, people v{people_v} {people_read.style}, twin v{twin_v} {twin_read.style}", flush=True)
+
+
+class HeldOut(NamedTuple):
+    """One model read on the held-out problems (expected_print)."""
+
+    expected: float
+    sampled: float
+    # Sampled answers that never reached an `<answer>` (cut off at the run's 32 tokens, or
+    # none written), which the sampled arithmetic counts wrong.
+    untagged: float
+    style: StyleSplit  # the preference's share of the answers, the arithmetic in and out of it
 
 
 @dataclass(frozen=True)
@@ -469,8 +472,6 @@ class StyleSplit:
 
 
 def style_split(samples: list[tuple[str, str]], liked: Callable[[str, str], bool]) -> StyleSplit:
-    from bench.raters import correct
-
     sides: dict[bool, list[bool]] = {True: [], False: []}
     for prompt, completion in samples:
         sides[liked(prompt, completion)].append(correct(prompt, completion) == 5)
@@ -607,7 +608,6 @@ def style_print(run_id: int, preference: str, *, every: int = 5) -> None:
     from collections import defaultdict
 
     from apps.buffer.models import Experience
-    from kernel.preferences import preference_get
 
     liked = preference_get(preference).liked
     tally: dict[int, list[list[float]]] = defaultdict(lambda: [[], []])
@@ -653,8 +653,6 @@ def blind_votes(demo: Demo, *, url: str, people: int, twin: int, prompts: int, s
     evaluation of version 0 against the people run's and the twin's newest versions, voted by
     the guidelines' preference (bench/blind); its figures (None when the answers were not ready
     in time)."""
-    from kernel.preferences import preference_get
-
     lines = [line.split() for line in demo.manage("shell", "-c", _KEYS.replace("PEOPLE", str(people))).splitlines()]
     keys = {words[0]: words[1] for words in lines if len(words) == 2 and words[0] in {"owner", "annotator", "voter"}}
     newest = {run: int(str(demo.query("SELECT max(number) FROM runs_modelversion WHERE run_id = ?", run)[0][0]))
