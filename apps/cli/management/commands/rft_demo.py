@@ -63,7 +63,7 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # median over nine readings); our reading of why: `grpo` takes each answer's loss as its
         # tokens' mean, so once people make the run write its working (~25 tokens against the
         # bare answer's ~8) each digit of it trains at about a third of a bare answer's weight,
-        # where `dapo` weighs every token alike (not shown apart from the figures). Measured:
+        # where `dapo` weighs every token alike (a guess: seeds 3-5 below do not bear it out). Measured:
         # `dapo` alone people +0.000 (median), twin +0.003; KL 0.3 alone people -0.002, twin
         # +0.017; both: people +0.010/+0.024/+0.011, twin +0.022/+0.012/+0.005, people's gain in
         # the working share beyond the twin +0.555..+0.664 (was +0.35..+0.41), the share still
