@@ -71,7 +71,8 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # +0.005/+0.020/+0.021; over six the people run ends about level with its start (+0.004
         # on the median; the old settings -0.007 over the same six), not reliably above: on seeds
         # 3-5 alone the old settings did as well (-0.006 against -0.012). The twin rises on every
-        # seed, and people teach the style half as far again (bench/README.md, round 68).
+        # seed, and people teach the style half as far again. Seeds 0-2 read again: people
+        # -0.009/+0.015/+0.006, twin +0.022/+0.003/+0.009 (bench/README.md, round 68).
         "trainer": {"learning_rate": 1e-4, "params": {"loss_type": "dapo", "beta": 0.3}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
