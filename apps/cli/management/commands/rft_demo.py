@@ -57,22 +57,12 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # rate 1 scored above the liked ones by step 15, and the taught share fell back); the
         # penalty keeps the run near what was labelled. Learning rate 1e-4 (2e-4 to 5e-4 lowered
         # the held-out arithmetic the automatic reward pays for, in every form tried), sync mode.
-        # The loss `dapo` and KL 0.3 (was `grpo` and 0.6), chosen in bench/demo_teach (issue 62
-        # item 5, round 68, 3 seeds, held-out arithmetic sampled on all 200 problems x 8 against
-        # version 0's 0.174). Under `grpo` the people run ended below its start (-0.009 on the
-        # median over nine readings); our reading of why: `grpo` takes each answer's loss as its
-        # tokens' mean, so once people make the run write its working (~25 tokens against the
-        # bare answer's ~8) each digit of it trains at about a third of a bare answer's weight,
-        # where `dapo` weighs every token alike (a guess: seeds 3-5 below do not bear it out). Measured:
-        # `dapo` alone people +0.000 (median), twin +0.003; KL 0.3 alone people -0.002, twin
-        # +0.017; both: people +0.010/+0.024/+0.011, twin +0.022/+0.012/+0.005, people's gain in
-        # the working share beyond the twin +0.555..+0.664 (was +0.35..+0.41), the share still
-        # rising at step 40. Three fresh seeds (3-5): people -0.002/-0.012/-0.017, twin
-        # +0.005/+0.020/+0.021; over six the people run ends about level with its start (+0.004
-        # on the median; the old settings -0.007 over the same six), not reliably above: on seeds
-        # 3-5 alone the old settings did as well (-0.006 against -0.012). The twin rises on every
-        # seed, and people teach the style half as far again. Seeds 0-2 read again: people
-        # -0.009/+0.015/+0.006, twin +0.022/+0.003/+0.009 (bench/README.md, round 68).
+        # The loss `dapo` and KL 0.3 (were `grpo` and 0.6 until round 68, issue 62 item 5): on
+        # six seeds of bench/demo_teach the people run's held-out arithmetic ends level with its
+        # start (+0.004 on the median, where the old settings left it 0.007 below), its twin's
+        # rises on every seed (+0.016), and people teach the style half as far again (+0.58 beyond
+        # the twin against +0.375). Level, not a reliable rise: seeds 3-5 alone end below the
+        # start. Every reading, and the screens beside it, in bench/README.md (round 68).
         "trainer": {"learning_rate": 1e-4, "params": {"loss_type": "dapo", "beta": 0.3}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
         # model they teach (over the demo model itself, on the reward queue) scores what nobody
