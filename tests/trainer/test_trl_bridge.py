@@ -89,3 +89,26 @@ def test_the_fused_heads_tile_sizes_are_module_globals_read_at_each_call() -> No
     assert "TOKEN_CHUNK_SIZE" in inspect.getsource(chunked_logprob.ChunkedLogProbFunction.forward)
     assert "_CHUNKED_LOGPROB_CHUNK_SIZE" in inspect.getsource(utils.add_fused_lm_head)
     assert inspect.signature(chunked_logprob._use_triton).parameters.keys() == {"device"}
+
+
+def test_every_trainer_of_a_process_shares_one_scratch_folder_removed_at_exit() -> None:
+    """transformers' Trainer makes its `output_dir` when built, though nothing is saved there:
+    one folder a trainer filled the temporary directory with empty folders."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("from workers.algorithms import trl_bridge as b\n"
+              "first = b.common_args(b.TrainParams())['output_dir']\n"
+              "import transformers, pathlib\n"
+              "transformers.Trainer(model=__import__('torch').nn.Linear(1, 1),"
+              " args=transformers.TrainingArguments(**b.common_args(b.TrainParams(seed=3))))\n"
+              "second = b.common_args(b.TrainParams(learning_rate=1.0))['output_dir']\n"
+              "assert first == second and pathlib.Path(first).is_dir(), (first, second)\n"
+              "print(first)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = Path(done.stdout.strip().splitlines()[-1])
+    assert folder.name.startswith("rft-trl-")
+    assert not folder.exists(), f"{folder} outlived its process"

@@ -14,6 +14,7 @@ moves them fails there, loudly, before a run trains on wrong numbers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -124,10 +125,21 @@ class TrainParams:
     seed: int = 0
 
 
+@functools.cache
+def scratch_dir() -> str:
+    """The one `output_dir` of every TRL trainer this process builds, removed when it exits.
+    With saving and logging off nothing is written there, but transformers' Trainer makes
+    the folder when it is built: a fresh one per trainer left hundreds of empty folders in
+    the temporary directory after a test run, and more on every run a worker rebuilt."""
+    folder = tempfile.TemporaryDirectory(prefix="rft-trl-")
+    atexit.register(folder.cleanup)
+    return folder.name
+
+
 def common_args(params: TrainParams) -> dict[str, object]:
     # CPU-safe, quiet, and nothing written unless we write it.
     return {
-        "output_dir": tempfile.mkdtemp(prefix="rft-trl-"),
+        "output_dir": scratch_dir(),
         "use_cpu": not torch.cuda.is_available(),
         "bf16": False,
         "fp16": False,
