@@ -36,7 +36,10 @@ if TYPE_CHECKING:
 # Set before torch loads in the build's process. MKL_CBWR: MKL's conditional numerical
 # reproducibility (the same code path on every AVX2 CPU); ATEN_CPU_CAPABILITY and
 # ONEDNN_MAX_CPU_ISA: torch's own and oneDNN's kernels no wider than AVX2. A CPU without
-# AVX2 falls back to its default path (and may then give other bits).
+# AVX2 falls back to its default path (and may then give other bits). The pins narrow the
+# spread, they do not close it: two machines with every pin in place still built two sets of
+# weights (round 69: sha256 160d3e773468 on an Intel Xeon with AVX-512, ac8a24be366e before),
+# so the manifest's hashes, which the benches print, are what tell two builds apart.
 NUMERICS_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
