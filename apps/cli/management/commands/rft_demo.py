@@ -62,7 +62,8 @@ def demo_config(*, total_steps: int = DEMO_TOTAL_STEPS, feedback_wait: float = 2
         # start (+0.004 on the median, where the old settings left it 0.007 below), its twin's
         # rises on every seed (+0.016), and people teach the style half as far again (+0.58 beyond
         # the twin against +0.375). On a second build (round 69), nothing chosen on it, the people
-        # run rose +0.043 on every seed (old settings +0.021), the twin +0.024, the gain +0.516.
+        # run rose on every seed (+0.043 on the median; old settings +0.021), the twin +0.024, the
+        # gain beyond it +0.516.
         # Every reading, and the screens beside it, in bench/README.md (rounds 68 and 69).
         "trainer": {"learning_rate": 1e-4, "params": {"loss_type": "dapo", "beta": 0.3}},
         # learned: people's ratings are folded where they rated (as blend), and the reward
