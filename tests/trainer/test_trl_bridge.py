@@ -4,7 +4,10 @@ them, these fail first and name what moved (the numerics tests would fail too, l
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,19 +96,17 @@ def test_the_fused_heads_tile_sizes_are_module_globals_read_at_each_call() -> No
 
 def test_every_trainer_of_a_process_shares_one_scratch_folder_removed_at_exit() -> None:
     """transformers' Trainer makes its `output_dir` when built, though nothing is saved there:
-    one folder a trainer filled the temporary directory with empty folders."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = ("from workers.algorithms import trl_bridge as b\n"
-              "first = b.common_args(b.TrainParams())['output_dir']\n"
-              "import transformers, pathlib\n"
-              "transformers.Trainer(model=__import__('torch').nn.Linear(1, 1),"
-              " args=transformers.TrainingArguments(**b.common_args(b.TrainParams(seed=3))))\n"
-              "second = b.common_args(b.TrainParams(learning_rate=1.0))['output_dir']\n"
-              "assert first == second and pathlib.Path(first).is_dir(), (first, second)\n"
-              "print(first)\n")
+    a folder per trainer filled the temporary directory with empty folders."""
+    script = "\n".join([
+        "import pathlib, torch, transformers",
+        "from workers.algorithms import trl_bridge as b",
+        "first = b.common_args(b.TrainParams())['output_dir']",
+        "args = transformers.TrainingArguments(**b.common_args(b.TrainParams(seed=3)))",
+        "transformers.Trainer(model=torch.nn.Linear(1, 1), args=args)",
+        "second = b.common_args(b.TrainParams(learning_rate=1.0))['output_dir']",
+        "assert first == second and pathlib.Path(first).is_dir(), (first, second)",
+        "print(first)",
+    ])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]

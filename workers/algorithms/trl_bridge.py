@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import shutil
 import sys
 import tempfile
 import threading
@@ -131,9 +132,9 @@ def scratch_dir() -> str:
     With saving and logging off nothing is written there, but transformers' Trainer makes
     the folder when it is built: a fresh one per trainer left hundreds of empty folders in
     the temporary directory after a test run, and more on every run a worker rebuilt."""
-    folder = tempfile.TemporaryDirectory(prefix="rft-trl-")
-    atexit.register(folder.cleanup)
-    return folder.name
+    folder = tempfile.mkdtemp(prefix="rft-trl-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def common_args(params: TrainParams) -> dict[str, object]:
